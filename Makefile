@@ -1,0 +1,113 @@
+# lecho: one Makefile.  `make help` lists the targets.
+# Variables LuaRocks overrides: CFLAGS, LIBFLAG, LUA_INCDIR, LUA_LIBDIR,
+# INST_LIBDIR, INST_LUADIR, INST_BINDIR.
+
+CC         ?= gcc
+CFLAGS     ?= -O2 -g
+WARN       := -Wall -Wextra -Werror -std=gnu99
+LUA_INCDIR ?= /usr/include/luajit-2.1
+LIBFLAG    ?= -shared
+LUAJIT     ?= luajit
+BUSTED     ?= /usr/bin/busted
+SAN        ?=
+ALLCFLAGS  := $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -I$(LUA_INCDIR) -Icore $(SAN)
+
+CORE_SRC   := core/codec.c core/frame.c core/ctx.c
+LUA_SRC    := core/codec_lua.c core/lua_lecho.c
+HDRS       := $(wildcard core/*.h)
+SO         := lua/lecho/core.so
+CTESTS     := build/test_codec build/test_frame
+
+# Debian packages the project needs, by the file that proves each is there.
+DEPS := /usr/bin/luajit:luajit \
+        /usr/include/luajit-2.1/lua.h:libluajit-5.1-dev \
+        /usr/include/ev.h:libev-dev \
+        /usr/lib/x86_64-linux-gnu/lua/5.1/cjson.so:lua-cjson \
+        /usr/bin/busted:lua-busted \
+        /usr/bin/luarocks:luarocks \
+        /usr/bin/gcc:gcc \
+        /usr/bin/make:make \
+        /usr/bin/pkg-config:pkg-config \
+        /usr/include/zmq.h:libzmq3-dev \
+        /usr/bin/gnuplot:gnuplot-nox \
+        /usr/bin/tmux:tmux
+
+.PHONY: all deps test ctest spec asan demo bench clean help install
+
+all: $(SO)
+
+help:
+	@echo "make          build the core module ($(SO))"
+	@echo "make deps     install the Debian packages that are missing (apt-get)"
+	@echo "make test     deps, build, C unit tests, then the busted specs under LuaJIT"
+	@echo "make asan     the same suite with the core built under ASan and UBSan"
+	@echo "make demo     a producer streaming a field to two consumer processes"
+	@echo "make bench    the benchmark suite (QUICK=1 for a short run)"
+	@echo "make clean    remove build products"
+
+deps:
+	@missing=""; for d in $(DEPS); do f=$${d%%:*}; p=$${d##*:}; \
+	  [ -e $$f ] || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "make deps: need root to apt-get install$$missing" >&2; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+build:
+	@mkdir -p build
+
+$(SO): $(CORE_SRC) $(LUA_SRC) $(HDRS)
+	$(CC) $(ALLCFLAGS) $(LIBFLAG) -o $@ $(CORE_SRC) $(LUA_SRC) -lev $(LDFLAGS)
+
+build/test_codec: core/test_codec.c core/codec.c $(HDRS) | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test_codec.c core/codec.c $(LDFLAGS)
+
+build/test_frame: core/test_frame.c core/frame.c core/codec.c $(HDRS) | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test_frame.c core/frame.c core/codec.c $(LDFLAGS)
+
+ctest: $(CTESTS)
+	@for t in $(CTESTS); do ./$$t || exit 1; done
+
+# busted runs under LuaJIT with the tree's own module paths first.
+SPEC_ENV := LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;" \
+            LUA_CPATH="$(CURDIR)/lua/?.so;;" LECHO_ROOT="$(CURDIR)"
+spec: $(SO)
+	$(SPEC_ENV) $(SPEC_PRE) $(LUAJIT) $(BUSTED) $(BUSTED_ARGS) spec
+
+test: deps
+	$(MAKE) all ctest
+	$(MAKE) spec
+
+ASAN_LIBS := $(shell $(CC) -print-file-name=libasan.so) $(shell $(CC) -print-file-name=libubsan.so)
+asan: deps
+	$(MAKE) clean
+	$(MAKE) all ctest SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" \
+	  LDFLAGS="-fsanitize=address,undefined"
+	$(MAKE) spec SPEC_PRE='LD_PRELOAD="$(ASAN_LIBS)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1'
+	$(MAKE) clean
+
+demo: deps all
+	$(SPEC_ENV) $(LUAJIT) examples/demo.lua
+
+bench: deps all bench/baseline_tcp bench/baseline_zmq
+	$(SPEC_ENV) QUICK=$(QUICK) $(LUAJIT) bench/run.lua
+
+bench/baseline_tcp: bench/baseline_tcp.c
+	$(CC) $(CFLAGS) $(WARN) -o $@ $<
+
+bench/baseline_zmq: bench/baseline_zmq.c
+	$(CC) $(CFLAGS) $(WARN) -o $@ $< -lzmq
+
+# Used by luarocks make: copies the module, the Lua files and the scripts.
+INST_LIBDIR ?= /usr/local/lib/lua/5.1
+INST_LUADIR ?= /usr/local/share/lua/5.1
+INST_BINDIR ?= /usr/local/bin
+install: $(SO)
+	mkdir -p $(INST_LIBDIR)/lecho $(INST_LUADIR)/lecho $(INST_BINDIR)
+	cp $(SO) $(INST_LIBDIR)/lecho/core.so
+	cp lua/lecho/*.lua $(INST_LUADIR)/lecho/
+	cp scripts/lecho-* $(INST_BINDIR)/
+
+clean:
+	rm -rf build $(SO) lua/lecho/codec.so bench/baseline_tcp bench/baseline_zmq

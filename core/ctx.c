@@ -1,0 +1,1215 @@
+/* ctx.c: the concentrator: sockets, handshake, batching, queues, policies,
+ * local delivery and sync acknowledgements (contracts in ctx.h).
+ *
+ * Leans on libev (one loop per context, watchers embedded in their owners),
+ * frame.c for the wire layout and codec.h for messages.  No Lua here.
+ */
+#define _GNU_SOURCE
+#include "ctx.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define RBUF_MIN (64 * 1024)
+#define IOVN 512
+
+/* One TCP connection.  Owned by the context (ctx->conns list); tied to at
+ * most one peer.  Freed once closed and no read callback is running on it. */
+struct lei_conn {
+    lei_conn *next;
+    lei_ctx *ctx;
+    lei_peer *peer;     /* NULL until the handshake names the remote */
+    int fd;
+    int outbound;
+    int state;          /* C_CONNECTING, C_HELLO, C_UP */
+    int dead;           /* closed; free when busy reaches 0 */
+    int busy;           /* read callbacks in progress on this connection */
+    ev_io rio, wio;
+    uint8_t *rb;        /* owned read buffer */
+    size_t rlen, rpos, rcap;
+    uint32_t *inmap;    /* owned: remote channel idx -> local chid + 1 */
+    size_t ninmap;
+};
+
+enum { C_CONNECTING = 1, C_HELLO, C_UP };
+
+static void conn_close(lei_conn *k, const char *reason, int bad);
+static void peer_flush(lei_peer *p);
+static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents);
+static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents);
+
+void lei_opts_default(lei_opts *o) {
+    o->queue_limit = 64u << 20;
+    o->policy = LEI_BLOCK;
+    o->batch_bytes = 256u << 10;
+    o->max_frame = (1u << 30) + 4096;
+    o->retry_interval = 0.5;
+}
+
+void lei_logf(lei_ctx *c, const char *fmt, ...) {
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (c->h.log)
+        c->h.log(c->h.ud, buf);
+    else
+        fprintf(stderr, "lecho: %s\n", buf);
+}
+
+/* ---- messages and queue items ---------------------------------------- */
+
+static void msg_release(lei_ctx *c, lei_msg *m) {
+    if (m) lei_msg_release(m, c->h.unpin, c->h.ud);
+}
+
+static lei_qitem *item_new(lei_msg *m) {
+    lei_qitem *it = calloc(1, sizeof *it);
+    if (!it) return NULL;
+    if (m) {
+        m->refcnt++;
+        it->msg = m;
+    }
+    return it;
+}
+
+static void item_free(lei_ctx *c, lei_qitem *it) {
+    msg_release(c, it->msg);
+    free(it);
+}
+
+static void q_push(lei_queue *q, lei_qitem *it) {
+    it->next = NULL;
+    if (q->tail)
+        q->tail->next = it;
+    else
+        q->head = it;
+    q->tail = it;
+    q->bytes += it->size;
+    q->count++;
+}
+
+static lei_qitem *q_pop(lei_queue *q) {
+    lei_qitem *it = q->head;
+    if (!it) return NULL;
+    q->head = it->next;
+    if (!q->head) q->tail = NULL;
+    q->bytes -= it->size;
+    q->count--;
+    return it;
+}
+
+/* A frame made of raw bytes (handshake, bind, ack, ctrl): copied into a
+ * message of its own so that the queue treats every frame alike. */
+static lei_qitem *item_bytes(const uint8_t *hdr, size_t hlen, const void *body, size_t blen) {
+    lei_msg *m = NULL;
+    lei_qitem *it;
+    if (blen || hlen > sizeof it->hdr) {
+        m = lei_msg_new();
+        if (!m) return NULL;
+        if ((hlen > sizeof it->hdr && lei_wbuf_put(&m->own, hdr, hlen)) ||
+            (blen && lei_wbuf_put(&m->own, body, blen))) {
+            lei_msg_release(m, NULL, NULL);
+            return NULL;
+        }
+        m->total = m->own.len;
+    }
+    it = item_new(m);
+    if (m) m->refcnt--; /* item_new took the only reference */
+    if (!it) {
+        if (m) lei_msg_release(m, NULL, NULL);
+        return NULL;
+    }
+    if (hlen <= sizeof it->hdr) {
+        memcpy(it->hdr, hdr, hlen);
+        it->hlen = (uint8_t)hlen;
+    }
+    it->size = it->hlen + (m ? m->total : 0);
+    return it;
+}
+
+/* ---- sync records ------------------------------------------------------ */
+
+lei_sync *lei_sync_find(lei_ctx *c, uint64_t id) {
+    for (lei_sync *s = c->syncs; s; s = s->next)
+        if (s->id == id) return s;
+    return NULL;
+}
+
+void lei_sync_free(lei_ctx *c, lei_sync *s) {
+    for (lei_sync **pp = &c->syncs; *pp; pp = &(*pp)->next)
+        if (*pp == s) {
+            *pp = s->next;
+            break;
+        }
+    for (int i = 0; i < s->nw; i++) {
+        free(s->w[i].err);
+        free(s->w[i].errs);
+    }
+    free(s->w);
+    free(s);
+}
+
+static void sync_fail(lei_sync_wait *w, lei_sync *s, const char *why) {
+    if (w->done) return;
+    w->done = 1;
+    w->err = strdup(why);
+    s->nwait--;
+}
+
+/* A peer's connection ended: every sync still waiting on it fails. */
+static void syncs_peer_lost(lei_ctx *c, lei_peer *p, const char *reason) {
+    char why[256];
+    snprintf(why, sizeof why, "consumer context %s: %s", p->addr, reason);
+    for (lei_sync *s = c->syncs; s; s = s->next)
+        for (int i = 0; i < s->nw; i++)
+            if (s->w[i].peer == p) sync_fail(&s->w[i], s, why);
+}
+
+void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uint8_t *errs,
+             size_t elen) {
+    if (from) {
+        uint8_t hdr[LEI_FRAME_HDR + 20];
+        size_t hl = lei_frame_ack_hdr(hdr, sync, nran, elen);
+        lei_qitem *it = item_bytes(hdr, hl, errs, elen);
+        if (!it || !from->conn || !from->up) {
+            if (it) item_free(c, it);
+            return;
+        }
+        q_push(&from->q, it);
+        peer_flush(from);
+        return;
+    }
+    lei_sync *s = lei_sync_find(c, sync);
+    if (!s) return;
+    for (int i = 0; i < s->nw; i++) {
+        lei_sync_wait *w = &s->w[i];
+        if (w->peer || w->done) continue;
+        w->done = 1;
+        s->nwait--;
+        s->nran += nran;
+        if (elen && (w->errs = malloc(elen))) {
+            memcpy(w->errs, errs, elen);
+            w->elen = elen;
+        }
+        return;
+    }
+}
+
+static void ack_from_peer(lei_ctx *c, lei_peer *p, uint64_t sync, uint64_t nran,
+                          const uint8_t *errs, size_t elen) {
+    lei_sync *s = lei_sync_find(c, sync);
+    if (!s) return; /* timed out already: the late answer is dropped */
+    for (int i = 0; i < s->nw; i++) {
+        lei_sync_wait *w = &s->w[i];
+        if (w->peer != p || w->done) continue;
+        w->done = 1;
+        s->nwait--;
+        s->nran += nran;
+        if (elen && (w->errs = malloc(elen))) {
+            memcpy(w->errs, errs, elen);
+            w->elen = elen;
+        }
+        return;
+    }
+}
+
+/* ---- peers ------------------------------------------------------------- */
+
+lei_peer *lei_peer_by_idx(lei_ctx *c, int idx) {
+    return idx >= 1 && idx <= c->npeers ? c->peers[idx - 1] : NULL;
+}
+
+static lei_peer *peer_find(lei_ctx *c, const char *addr) {
+    for (int i = 0; i < c->npeers; i++)
+        if (strcmp(c->peers[i]->addr, addr) == 0) return c->peers[i];
+    return NULL;
+}
+
+static lei_peer *peer_new(lei_ctx *c, const char *addr) {
+    if (c->npeers == c->cpeers) {
+        int n = c->cpeers ? c->cpeers * 2 : 8;
+        lei_peer **np = realloc(c->peers, (size_t)n * sizeof *np);
+        if (!np) return NULL;
+        c->peers = np;
+        c->cpeers = n;
+    }
+    lei_peer *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->ctx = c;
+    snprintf(p->addr, sizeof p->addr, "%s", addr);
+    p->last_fail = -1e9;
+    c->peers[c->npeers++] = p;
+    p->idx = c->npeers;
+    return p;
+}
+
+static void q_clear(lei_ctx *c, lei_peer *p, int count_drops) {
+    lei_qitem *it;
+    while ((it = q_pop(&p->q))) {
+        if (count_drops && it->droppable) {
+            p->st.drops++;
+            lei_chan *ch = lei_chan_get(c, it->chid);
+            if (ch) ch->drops++;
+        }
+        item_free(c, it);
+    }
+    p->woff = 0;
+}
+
+/* The peer's connection is gone: queued frames are dropped (counted), the
+ * channel announcements are forgotten, waiting syncs fail. */
+static void peer_lost(lei_peer *p, const char *reason) {
+    lei_ctx *c = p->ctx;
+    p->conn = NULL;
+    p->up = 0;
+    p->last_fail = ev_now(c->loop);
+    snprintf(p->reason, sizeof p->reason, "%s", reason);
+    q_clear(c, p, 1);
+    memset(p->bound, 0, p->nbound);
+    syncs_peer_lost(c, p, reason);
+    if (c->h.peer) c->h.peer(c->h.ud, p, 0, reason);
+}
+
+void lei_peer_close(lei_peer *p, const char *reason) {
+    if (p->conn) conn_close(p->conn, reason, 0);
+}
+
+static int set_nonblock(int fd) {
+    int fl = fcntl(fd, F_GETFL);
+    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+static int parse_addr(const char *addr, struct sockaddr_in *sa) {
+    char host[LEI_ADDR_MAX];
+    const char *colon = strrchr(addr, ':');
+    if (!colon || (size_t)(colon - addr) >= sizeof host) return -1;
+    memcpy(host, addr, (size_t)(colon - addr));
+    host[colon - addr] = '\0';
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (*end || port <= 0 || port > 65535) return -1;
+    memset(sa, 0, sizeof *sa);
+    sa->sin_family = AF_INET;
+    sa->sin_port = htons((uint16_t)port);
+    return inet_pton(AF_INET, host, &sa->sin_addr) == 1 ? 0 : -1;
+}
+
+static lei_conn *conn_new(lei_ctx *c, int fd, int outbound) {
+    lei_conn *k = calloc(1, sizeof *k);
+    if (!k) return NULL;
+    k->ctx = c;
+    k->fd = fd;
+    k->outbound = outbound;
+    ev_io_init(&k->rio, conn_read_cb, fd, EV_READ);
+    ev_io_init(&k->wio, conn_write_cb, fd, EV_WRITE);
+    k->rio.data = k->wio.data = k;
+    k->next = c->conns;
+    c->conns = k;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return k;
+}
+
+static void conn_unlink_free(lei_conn *k) {
+    lei_ctx *c = k->ctx;
+    for (lei_conn **pp = &c->conns; *pp; pp = &(*pp)->next)
+        if (*pp == k) {
+            *pp = k->next;
+            break;
+        }
+    free(k);
+}
+
+/* Writes a small frame straight to the socket: only for the handshake and
+ * for the parting ERROR, when nothing else is queued on the connection. */
+static void conn_write_now(lei_conn *k, const uint8_t *b, size_t n) {
+    while (n) {
+        ssize_t w = write(k->fd, b, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return;
+        b += w;
+        n -= (size_t)w;
+    }
+}
+
+static void conn_send_error(lei_conn *k, const char *msg) {
+    uint8_t b[LEI_FRAME_HDR + 256];
+    size_t n = strnlen(msg, 255);
+    lei_frame_hdr(b, LEI_F_ERROR, n);
+    memcpy(b + LEI_FRAME_HDR, msg, n);
+    conn_write_now(k, b, LEI_FRAME_HDR + n);
+}
+
+/* Closes a connection: bad is set when the remote sent malformed input. */
+static void conn_close(lei_conn *k, const char *reason, int bad) {
+    lei_ctx *c = k->ctx;
+    if (k->dead) return;
+    k->dead = 1;
+    ev_io_stop(c->loop, &k->rio);
+    ev_io_stop(c->loop, &k->wio);
+    if (bad) {
+        c->bad_frames++;
+        conn_send_error(k, reason);
+        lei_logf(c, "closing connection from %s: %s", k->peer ? k->peer->addr : "unidentified peer",
+                 reason);
+    }
+    close(k->fd);
+    k->fd = -1;
+    free(k->rb);
+    k->rb = NULL;
+    free(k->inmap);
+    k->inmap = NULL;
+    lei_peer *p = k->peer;
+    k->peer = NULL;
+    if (p && p->conn == k) peer_lost(p, reason);
+    if (!k->busy) conn_unlink_free(k);
+}
+
+/* Dials the peer.  Frames queue up until the handshake is answered. */
+static int peer_dial(lei_peer *p) {
+    lei_ctx *c = p->ctx;
+    struct sockaddr_in sa;
+    if (parse_addr(p->addr, &sa)) {
+        snprintf(p->reason, sizeof p->reason, "bad address '%s' (want IPv4:port)", p->addr);
+        p->last_fail = ev_now(c->loop);
+        return -1;
+    }
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || set_nonblock(fd)) {
+        if (fd >= 0) close(fd);
+        snprintf(p->reason, sizeof p->reason, "socket: %s", strerror(errno));
+        p->last_fail = ev_now(c->loop);
+        return -1;
+    }
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0 && errno != EINPROGRESS) {
+        snprintf(p->reason, sizeof p->reason, "connect: %s", strerror(errno));
+        close(fd);
+        p->last_fail = ev_now(c->loop);
+        return -1;
+    }
+    lei_conn *k = conn_new(c, fd, 1);
+    if (!k) {
+        close(fd);
+        return -1;
+    }
+    k->peer = p;
+    k->state = C_CONNECTING;
+    p->conn = k;
+    p->up = 0;
+    ev_io_start(c->loop, &k->wio);
+    return 0;
+}
+
+lei_peer *lei_peer_get(lei_ctx *c, const char *addr, int create) {
+    lei_peer *p = peer_find(c, addr);
+    if (!p && create) p = peer_new(c, addr);
+    if (p && create && !p->conn && ev_now(c->loop) - p->last_fail >= c->o.retry_interval)
+        peer_dial(p);
+    return p;
+}
+
+static void ensure_bound(lei_peer *p, uint32_t chid) {
+    if (chid < p->nbound) return;
+    size_t n = p->nbound ? p->nbound : 64;
+    while (n <= chid) n *= 2;
+    uint8_t *b = realloc(p->bound, n);
+    if (!b) return;
+    memset(b + p->nbound, 0, n - p->nbound);
+    p->bound = b;
+    p->nbound = n;
+}
+
+/* Writes as much of the peer's queue as the socket takes, many frames per
+ * writev; arms the write watcher when the socket is full. */
+static void peer_flush(lei_peer *p) {
+    lei_ctx *c = p->ctx;
+    lei_conn *k = p->conn;
+    if (!k || !p->up || k->dead) return;
+    while (p->q.head) {
+        struct iovec iov[IOVN];
+        int n = 0;
+        size_t off = p->woff;
+        for (lei_qitem *it = p->q.head; it && n < IOVN - 2; it = it->next) {
+            if (off < it->hlen) {
+                iov[n].iov_base = it->hdr + off;
+                iov[n].iov_len = it->hlen - off;
+                n++;
+                off = 0;
+            } else {
+                off -= it->hlen;
+            }
+            if (it->msg) {
+                size_t covered = 0;
+                int m = lei_msg_iov(it->msg, off, iov + n, IOVN - n, &covered);
+                n += m;
+                if (covered < it->msg->total - off) break;
+            }
+            off = 0;
+        }
+        ssize_t w = writev(k->fd, iov, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                ev_io_start(c->loop, &k->wio);
+                return;
+            }
+            char why[160];
+            snprintf(why, sizeof why, "write: %s", strerror(errno));
+            conn_close(k, why, 0);
+            return;
+        }
+        p->st.batches++;
+        p->st.bytes_out += (uint64_t)w;
+        size_t left = (size_t)w;
+        while (left) {
+            lei_qitem *it = p->q.head;
+            size_t rem = it->size - p->woff;
+            if (left >= rem) {
+                left -= rem;
+                p->woff = 0;
+                item_free(c, q_pop(&p->q));
+            } else {
+                p->woff += left;
+                left = 0;
+            }
+        }
+    }
+    ev_io_stop(c->loop, &k->wio);
+}
+
+/* ---- channels ---------------------------------------------------------- */
+
+static uint32_t hash_name(const char *s, size_t n) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 16777619u;
+    return h;
+}
+
+static int hash_grow(lei_ctx *c) {
+    uint32_t ncap = c->hcap ? c->hcap * 2 : 256;
+    uint32_t *nh = calloc(ncap, sizeof *nh);
+    if (!nh) return -1;
+    for (uint32_t i = 0; i < c->nchans; i++) {
+        uint32_t j = hash_name(c->chans[i]->name, c->chans[i]->namelen) & (ncap - 1);
+        while (nh[j]) j = (j + 1) & (ncap - 1);
+        nh[j] = i + 1;
+    }
+    free(c->hash);
+    c->hash = nh;
+    c->hcap = ncap;
+    return 0;
+}
+
+lei_chan *lei_chan_get(lei_ctx *c, uint32_t id) {
+    return id < c->nchans ? c->chans[id] : NULL;
+}
+
+uint32_t lei_chan_open(lei_ctx *c, const char *name, size_t len) {
+    if (c->hcap) {
+        uint32_t j = hash_name(name, len) & (c->hcap - 1);
+        while (c->hash[j]) {
+            lei_chan *ch = c->chans[c->hash[j] - 1];
+            if (ch->namelen == len && memcmp(ch->name, name, len) == 0) return ch->id;
+            j = (j + 1) & (c->hcap - 1);
+        }
+    }
+    if ((c->nchans + 1) * 2 > c->hcap && hash_grow(c)) return UINT32_MAX;
+    if (c->nchans == c->cchans) {
+        uint32_t n = c->cchans ? c->cchans * 2 : 64;
+        lei_chan **nc = realloc(c->chans, n * sizeof *nc);
+        if (!nc) return UINT32_MAX;
+        c->chans = nc;
+        c->cchans = n;
+    }
+    lei_chan *ch = calloc(1, sizeof *ch);
+    if (!ch || !(ch->name = malloc(len + 1))) {
+        free(ch);
+        return UINT32_MAX;
+    }
+    memcpy(ch->name, name, len);
+    ch->name[len] = '\0';
+    ch->namelen = len;
+    ch->id = c->nchans;
+    c->chans[c->nchans++] = ch;
+    uint32_t j = hash_name(name, len) & (c->hcap - 1);
+    while (c->hash[j]) j = (j + 1) & (c->hcap - 1);
+    c->hash[j] = ch->id + 1;
+    return ch->id;
+}
+
+void lei_chan_set_dests(lei_ctx *c, uint32_t id, const char **addrs, int n) {
+    lei_chan *ch = lei_chan_get(c, id);
+    if (!ch) return;
+    lei_peer **d = n ? calloc((size_t)n, sizeof *d) : NULL;
+    int nd = 0;
+    for (int i = 0; i < n; i++) {
+        if (strcmp(addrs[i], c->addr) == 0) continue;
+        lei_peer *p = lei_peer_get(c, addrs[i], 1);
+        if (p && d) d[nd++] = p;
+    }
+    free(ch->dests);
+    ch->dests = d;
+    ch->ndests = nd;
+}
+
+/* ---- submitting -------------------------------------------------------- */
+
+static int peer_live(lei_peer *p) {
+    return p->conn && !p->conn->dead;
+}
+
+static lei_peer *full_dest(lei_ctx *c, lei_chan *ch) {
+    for (int i = 0; i < ch->ndests; i++) {
+        lei_peer *p = ch->dests[i];
+        if (peer_live(p) && p->q.bytes >= c->o.queue_limit) return p;
+    }
+    return NULL;
+}
+
+/* Queues one event frame (and the channel's BIND first if this connection
+ * has not seen it).  Applies the queue policy. */
+static void enqueue_event(lei_ctx *c, lei_peer *p, lei_chan *ch, uint64_t producer, uint64_t seq,
+                          lei_msg *msg, uint64_t sync, int policy) {
+    if (!peer_live(p) && !(lei_peer_get(c, p->addr, 1) && peer_live(p))) {
+        p->st.drops++;
+        ch->drops++;
+        return;
+    }
+    size_t esize = LEI_EVENT_HDR_MAX + msg->total;
+    if (!sync && p->q.count && p->q.bytes + esize > c->o.queue_limit) {
+        if (policy == LEI_DROP_NEWEST) {
+            p->st.drops++;
+            ch->drops++;
+            return;
+        }
+        if (policy == LEI_DISCONNECT) {
+            char why[128];
+            snprintf(why, sizeof why, "outgoing queue over its limit of %zu bytes (policy disconnect)",
+                     c->o.queue_limit);
+            lei_logf(c, "disconnecting slow peer %s: %s", p->addr, why);
+            lei_peer_close(p, why);
+            p->st.drops++;
+            ch->drops++;
+            return;
+        }
+    }
+    ensure_bound(p, ch->id);
+    if (ch->id < p->nbound && !p->bound[ch->id]) {
+        /* BIND header here, the name itself goes in as the item's body. */
+        uint8_t hdr[LEI_FRAME_HDR + 20];
+        size_t pos = LEI_FRAME_HDR;
+        pos += lei_varint_encode(hdr + pos, ch->id);
+        pos += lei_varint_encode(hdr + pos, ch->namelen);
+        lei_frame_hdr(hdr, LEI_F_BIND, pos - LEI_FRAME_HDR + ch->namelen);
+        lei_qitem *bi = item_bytes(hdr, pos, ch->name, ch->namelen);
+        if (!bi) return;
+        q_push(&p->q, bi);
+        p->bound[ch->id] = 1;
+    }
+    lei_qitem *it = item_new(msg);
+    if (!it) return;
+    it->hlen = (uint8_t)lei_frame_event_hdr(it->hdr, ch->id, producer, seq, sync, msg->total);
+    it->size = it->hlen + msg->total;
+    it->chid = ch->id;
+    it->droppable = !sync;
+    q_push(&p->q, it);
+    p->st.ev_out++;
+    if (policy == LEI_DROP_OLDEST) {
+        /* Drop whole, unstarted async events from the front until under the limit. */
+        lei_qitem **pp = &p->q.head, *prev = NULL;
+        while (p->q.bytes > c->o.queue_limit && *pp && *pp != it) {
+            lei_qitem *x = *pp;
+            if (x->droppable && !(x == p->q.head && p->woff)) {
+                *pp = x->next;
+                if (p->q.tail == x) p->q.tail = prev;
+                p->q.bytes -= x->size;
+                p->q.count--;
+                p->st.drops++;
+                lei_chan *xc = lei_chan_get(c, x->chid);
+                if (xc) xc->drops++;
+                item_free(c, x);
+            } else {
+                prev = x;
+                pp = &x->next;
+            }
+        }
+    }
+    if (p->q.bytes >= c->o.batch_bytes || sync) peer_flush(p);
+}
+
+static void local_deliver(lei_ctx *c, lei_qitem *it) {
+    lei_msg *m = it->msg;
+    const uint8_t *p = (const uint8_t *)m->own.data;
+    char *flat = NULL;
+    if (m->next) {
+        flat = malloc(m->total ? m->total : 1);
+        if (!flat) return;
+        lei_msg_flatten(m, flat);
+        p = (const uint8_t *)flat;
+    }
+    lei_chan *ch = lei_chan_get(c, it->chid);
+    if (ch && ch->local) {
+        ch->ev_local++;
+        c->depth++;
+        c->h.event(c->h.ud, NULL, it->chid, it->producer, it->seq, it->sync, p, m->total);
+        c->depth--;
+    } else if (it->sync) {
+        lei_ack(c, NULL, it->sync, 0, NULL, 0);
+    }
+    free(flat);
+}
+
+void lei_drain_local(lei_ctx *c) {
+    lei_qitem *it;
+    while ((it = q_pop(&c->lq))) {
+        local_deliver(c, it);
+        item_free(c, it);
+    }
+    ev_idle_stop(c->loop, &c->idle);
+}
+
+static void idle_cb(struct ev_loop *loop, ev_idle *w, int revents) {
+    (void)loop;
+    (void)revents;
+    lei_ctx *c = w->data;
+    /* A bounded batch per turn so that sockets are served too. */
+    for (int i = 0; i < 4096; i++) {
+        lei_qitem *it = q_pop(&c->lq);
+        if (!it) break;
+        local_deliver(c, it);
+        item_free(c, it);
+    }
+    if (!c->lq.head) ev_idle_stop(c->loop, &c->idle);
+}
+
+int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_msg *msg,
+               int sync, int policy, uint64_t *sync_id, const char **err) {
+    lei_chan *ch = lei_chan_get(c, chid);
+    lei_peer *full;
+    if (!ch) {
+        *err = "no such channel";
+        return -1;
+    }
+    if (msg->total + LEI_EVENT_HDR_MAX > c->o.max_frame) {
+        *err = "event larger than the frame limit (max_frame)";
+        return -1;
+    }
+    if (policy == LEI_BLOCK || sync) {
+        /* Wait, serving the loop, until every live destination has room. */
+        while ((full = full_dest(c, ch)) != NULL) {
+            c->depth++;
+            ev_run(c->loop, EVRUN_ONCE);
+            c->depth--;
+            ch = lei_chan_get(c, chid);
+        }
+    }
+    if (ch->local && c->lq.bytes >= c->o.queue_limit) lei_drain_local(c);
+    lei_sync *s = NULL;
+    if (sync) {
+        s = calloc(1, sizeof *s);
+        if (!s || !(s->w = calloc((size_t)ch->ndests + 1, sizeof *s->w))) {
+            free(s);
+            *err = "out of memory";
+            return -1;
+        }
+        s->id = ++c->next_sync;
+        s->next = c->syncs;
+        c->syncs = s;
+        *sync_id = s->id;
+    }
+    ch->ev_out++;
+    ch->bytes_out += msg->total;
+    for (int i = 0; i < ch->ndests; i++) {
+        lei_peer *p = ch->dests[i];
+        if (s) {
+            lei_sync_wait *w = &s->w[s->nw++];
+            w->peer = p;
+            s->nwait++;
+        }
+        enqueue_event(c, p, ch, producer, seq, msg, s ? s->id : 0, policy);
+        if (s && !peer_live(p)) {
+            char why[256];
+            snprintf(why, sizeof why, "consumer context %s: unreachable (%s)", p->addr,
+                     p->reason[0] ? p->reason : "not connected");
+            sync_fail(&s->w[s->nw - 1], s, why);
+        }
+    }
+    if (ch->local) {
+        lei_qitem *it = item_new(msg);
+        if (!it) {
+            *err = "out of memory";
+            return -1;
+        }
+        it->chid = chid;
+        it->producer = producer;
+        it->seq = seq;
+        it->size = msg->total;
+        if (s) {
+            s->w[s->nw++].peer = NULL;
+            s->nwait++;
+            it->sync = s->id;
+            lei_drain_local(c); /* earlier local events first: order */
+            local_deliver(c, it);
+            item_free(c, it);
+        } else {
+            q_push(&c->lq, it);
+            ev_idle_start(c->loop, &c->idle);
+        }
+    }
+    return 0;
+}
+
+int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err) {
+    lei_peer *p = lei_peer_get(c, addr, 1);
+    if (!p) {
+        *err = "out of memory";
+        return -1;
+    }
+    if (!peer_live(p)) {
+        *err = p->reason[0] ? p->reason : "peer unreachable";
+        return -1;
+    }
+    uint8_t hdr[LEI_FRAME_HDR];
+    lei_frame_hdr(hdr, LEI_F_CTRL, msg->total);
+    lei_qitem *it = item_new(msg);
+    if (!it) {
+        *err = "out of memory";
+        return -1;
+    }
+    memcpy(it->hdr, hdr, LEI_FRAME_HDR);
+    it->hlen = LEI_FRAME_HDR;
+    it->size = LEI_FRAME_HDR + msg->total;
+    q_push(&p->q, it);
+    p->st.ctrl_out++;
+    peer_flush(p);
+    return 0;
+}
+
+void lei_flush(lei_ctx *c) {
+    for (int i = 0; i < c->npeers; i++)
+        if (c->peers[i]->q.head) peer_flush(c->peers[i]);
+}
+
+static void prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents) {
+    (void)loop;
+    (void)revents;
+    lei_flush(w->data);
+}
+
+/* ---- reading ----------------------------------------------------------- */
+
+static void send_hello(lei_conn *k, uint8_t type) {
+    uint8_t b[128];
+    size_t n = lei_frame_hello(b, type, LEI_PROTO_VERSION, k->ctx->incarnation, k->ctx->addr);
+    conn_write_now(k, b, n);
+}
+
+/* An inbound connection introduced itself: tie it to the peer of that
+ * address.  With two connections between the same pair of contexts the one
+ * dialled by the smaller address wins, so both sides agree on one. */
+static int on_hello(lei_conn *k, const lei_hello *h) {
+    lei_ctx *c = k->ctx;
+    lei_peer *p = peer_find(c, h->addr);
+    if (p && p->conn && !p->conn->dead && p->conn != k) {
+        lei_conn *old = p->conn;
+        if (old->outbound && !p->up) {
+            if (strcmp(c->addr, h->addr) < 0) {
+                conn_send_error(k, "duplicate connection: the one dialled by the smaller address wins");
+                return -1;
+            }
+            /* Ours loses: adopt the inbound one, keep the queue. */
+            p->conn = NULL;
+            old->peer = NULL;
+            conn_close(old, "superseded", 0);
+        } else {
+            conn_close(old, "replaced by a new connection from the same context", 0);
+        }
+    }
+    if (!p && !(p = peer_new(c, h->addr))) return -1;
+    k->peer = p;
+    p->conn = k;
+    p->up = 1;
+    p->reason[0] = '\0';
+    k->state = C_UP;
+    send_hello(k, LEI_F_HELLO_OK);
+    if (c->h.peer) c->h.peer(c->h.ud, p, 1, NULL);
+    peer_flush(p);
+    return 0;
+}
+
+static int map_idx(lei_conn *k, uint64_t idx, uint32_t *chid) {
+    if (idx >= k->ninmap || !k->inmap[idx]) return -1;
+    *chid = k->inmap[idx] - 1;
+    return 0;
+}
+
+/* Handles one frame.  Returns 0, or -1 after closing the connection. */
+static int conn_frame(lei_conn *k, const lei_frame *f) {
+    lei_ctx *c = k->ctx;
+    const char *err = NULL;
+    char why[256];
+    if (k->state == C_HELLO && !k->outbound) {
+        lei_hello h;
+        if (f->type != LEI_F_HELLO) {
+            conn_close(k, "expected a handshake (HELLO) first", 1);
+            return -1;
+        }
+        if (lei_parse_hello(f->body, f->len, &h, &err)) {
+            conn_close(k, err, 1);
+            return -1;
+        }
+        if (h.version != LEI_PROTO_VERSION) {
+            snprintf(why, sizeof why,
+                     "protocol version mismatch: peer speaks %u, this side speaks %u", h.version,
+                     LEI_PROTO_VERSION);
+            conn_close(k, why, 1);
+            return -1;
+        }
+        if (on_hello(k, &h)) {
+            conn_close(k, "handshake refused", 0);
+            return -1;
+        }
+        return 0;
+    }
+    if (k->state == C_HELLO) { /* outbound: waiting for HELLO_OK */
+        lei_hello h;
+        if (f->type == LEI_F_ERROR) {
+            snprintf(why, sizeof why, "refused by peer: %.*s", (int)(f->len > 200 ? 200 : f->len),
+                     (const char *)f->body);
+            lei_logf(c, "connection to %s %s", k->peer ? k->peer->addr : "?", why);
+            conn_close(k, why, 0);
+            return -1;
+        }
+        if (f->type != LEI_F_HELLO_OK || lei_parse_hello(f->body, f->len, &h, &err)) {
+            conn_close(k, err ? err : "expected a handshake answer (HELLO_OK)", 1);
+            return -1;
+        }
+        if (h.version != LEI_PROTO_VERSION) {
+            snprintf(why, sizeof why,
+                     "protocol version mismatch: peer speaks %u, this side speaks %u", h.version,
+                     LEI_PROTO_VERSION);
+            conn_close(k, why, 1);
+            return -1;
+        }
+        k->state = C_UP;
+        lei_peer *p = k->peer;
+        if (p) {
+            p->up = 1;
+            p->reason[0] = '\0';
+            if (c->h.peer) c->h.peer(c->h.ud, p, 1, NULL);
+            if (p->conn == k) peer_flush(p);
+        }
+        return 0;
+    }
+    lei_peer *p = k->peer;
+    switch (f->type) {
+    case LEI_F_EVENT: {
+        lei_event_hdr e;
+        uint32_t chid;
+        if (lei_parse_event(f->body, f->len, &e, &err)) break;
+        if (map_idx(k, e.idx, &chid)) {
+            err = "event on a channel that was never bound";
+            break;
+        }
+        lei_chan *ch = lei_chan_get(c, chid);
+        p->st.ev_in++;
+        ch->ev_in++;
+        ch->bytes_in += e.plen;
+        if (!ch->local) {
+            if (e.sync) lei_ack(c, p, e.sync, 0, NULL, 0);
+            return 0;
+        }
+        c->depth++;
+        int rc = c->h.event(c->h.ud, p, chid, e.producer, e.seq, e.sync, e.payload, e.plen);
+        c->depth--;
+        if (rc) err = "malformed event value";
+        break;
+    }
+    case LEI_F_CTRL:
+        p->st.ctrl_in++;
+        c->depth++;
+        if (c->h.ctrl(c->h.ud, p, f->body, f->len)) err = "malformed control message";
+        c->depth--;
+        break;
+    case LEI_F_BIND: {
+        uint64_t idx;
+        const uint8_t *name;
+        size_t nl;
+        if (lei_parse_bind(f->body, f->len, &idx, &name, &nl, &err)) break;
+        if (idx > 16u * 1024 * 1024) {
+            err = "channel index out of range";
+            break;
+        }
+        if (idx >= k->ninmap) {
+            size_t n = k->ninmap ? k->ninmap : 64;
+            while (n <= idx) n *= 2;
+            uint32_t *m = realloc(k->inmap, n * sizeof *m);
+            if (!m) {
+                err = "out of memory";
+                break;
+            }
+            memset(m + k->ninmap, 0, (n - k->ninmap) * sizeof *m);
+            k->inmap = m;
+            k->ninmap = n;
+        }
+        uint32_t id = lei_chan_open(c, (const char *)name, nl);
+        if (id == UINT32_MAX) {
+            err = "out of memory";
+            break;
+        }
+        k->inmap[idx] = id + 1;
+        break;
+    }
+    case LEI_F_ACK: {
+        uint64_t sync, nran;
+        const uint8_t *errs;
+        size_t elen;
+        if (lei_parse_ack(f->body, f->len, &sync, &nran, &errs, &elen, &err)) break;
+        ack_from_peer(c, p, sync, nran, errs, elen);
+        break;
+    }
+    case LEI_F_ERROR:
+        snprintf(why, sizeof why, "peer reported: %.*s", (int)(f->len > 200 ? 200 : f->len),
+                 (const char *)f->body);
+        lei_logf(c, "connection with %s closed, %s", p ? p->addr : "?", why);
+        conn_close(k, why, 0);
+        return -1;
+    default:
+        snprintf(why, sizeof why, "unknown frame type %u", f->type);
+        conn_close(k, why, 1);
+        return -1;
+    }
+    if (k->dead) return -1;
+    if (err) {
+        conn_close(k, err, 1);
+        return -1;
+    }
+    return 0;
+}
+
+static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
+    (void)loop;
+    (void)revents;
+    lei_conn *k = w->data;
+    lei_ctx *c = k->ctx;
+    /* Compact, then make room: a frame larger than the buffer grows it to
+     * exactly its size, never past max_frame. */
+    if (k->rpos && k->busy == 0) {
+        memmove(k->rb, k->rb + k->rpos, k->rlen - k->rpos);
+        k->rlen -= k->rpos;
+        k->rpos = 0;
+    }
+    size_t want = RBUF_MIN;
+    if (k->rlen - k->rpos >= 4) {
+        const uint8_t *h = k->rb + k->rpos;
+        size_t flen = (size_t)h[0] | (size_t)h[1] << 8 | (size_t)h[2] << 16 | (size_t)h[3] << 24;
+        if (flen <= c->o.max_frame && flen + 4 > want) want = flen + 4;
+    }
+    if (k->rcap - k->rlen < RBUF_MIN && k->rcap < k->rlen + want) {
+        size_t ncap = k->rlen + want;
+        if (ncap < k->rcap * 2 && k->rcap * 2 <= c->o.max_frame + 4) ncap = k->rcap * 2;
+        uint8_t *nb = realloc(k->rb, ncap);
+        if (!nb) {
+            conn_close(k, "out of memory for the read buffer", 0);
+            return;
+        }
+        k->rb = nb;
+        k->rcap = ncap;
+    }
+    ssize_t n = read(k->fd, k->rb + k->rlen, k->rcap - k->rlen);
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EINTR) return;
+        char why[128];
+        snprintf(why, sizeof why, "read: %s", strerror(errno));
+        conn_close(k, why, 0);
+        return;
+    }
+    if (n == 0) {
+        conn_close(k, "connection closed by peer", 0);
+        return;
+    }
+    k->rlen += (size_t)n;
+    if (k->peer && k->state == C_UP) k->peer->st.bytes_in += (uint64_t)n;
+    k->busy++;
+    for (;;) {
+        lei_frame f;
+        const char *err = NULL;
+        int r = lei_frame_next(k->rb + k->rpos, k->rlen - k->rpos, c->o.max_frame, &f, &err);
+        if (r == 0) break;
+        if (r < 0) {
+            char why[160];
+            const uint8_t *h = k->rb + k->rpos;
+            snprintf(why, sizeof why, "%s (%u bytes, limit %zu)", err,
+                     (unsigned)(h[0] | h[1] << 8 | h[2] << 16 | (uint32_t)h[3] << 24),
+                     c->o.max_frame);
+            conn_close(k, why, 1);
+            break;
+        }
+        k->rpos += f.size; /* consumed before the hooks run: they may re-enter */
+        if (conn_frame(k, &f) || k->dead) break;
+    }
+    k->busy--;
+    if (k->dead && !k->busy) conn_unlink_free(k);
+}
+
+static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents) {
+    (void)loop;
+    (void)revents;
+    lei_conn *k = w->data;
+    if (k->state == C_CONNECTING) {
+        int e = 0;
+        socklen_t l = sizeof e;
+        getsockopt(k->fd, SOL_SOCKET, SO_ERROR, &e, &l);
+        if (e) {
+            char why[128];
+            snprintf(why, sizeof why, "connect: %s", strerror(e));
+            if (k->peer) lei_logf(k->ctx, "cannot reach %s: %s", k->peer->addr, why);
+            conn_close(k, why, 0);
+            return;
+        }
+        ev_io_stop(k->ctx->loop, &k->wio);
+        k->state = C_HELLO;
+        send_hello(k, LEI_F_HELLO);
+        ev_io_start(k->ctx->loop, &k->rio);
+        return;
+    }
+    if (k->peer && k->peer->conn == k)
+        peer_flush(k->peer);
+    else
+        ev_io_stop(k->ctx->loop, &k->wio);
+}
+
+static void accept_cb(struct ev_loop *loop, ev_io *w, int revents) {
+    (void)loop;
+    (void)revents;
+    lei_ctx *c = w->data;
+    for (int i = 0; i < 64; i++) {
+        int fd = accept4(c->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+                lei_logf(c, "accept: %s", strerror(errno));
+            return;
+        }
+        lei_conn *k = conn_new(c, fd, 0);
+        if (!k) {
+            close(fd);
+            continue;
+        }
+        k->state = C_HELLO;
+        ev_io_start(c->loop, &k->rio);
+    }
+}
+
+/* ---- life cycle -------------------------------------------------------- */
+
+lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h) {
+    lei_ctx *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    if (o)
+        c->o = *o;
+    else
+        lei_opts_default(&c->o);
+    c->h = *h;
+    c->loop = ev_loop_new(EVFLAG_AUTO);
+    if (!c->loop) {
+        free(c);
+        return NULL;
+    }
+    c->lfd = -1;
+    if (getrandom(&c->incarnation, sizeof c->incarnation, 0) != sizeof c->incarnation)
+        c->incarnation = (uint64_t)getpid() << 32 ^ (uint64_t)ev_time();
+    ev_prepare_init(&c->prep, prepare_cb);
+    c->prep.data = c;
+    ev_prepare_start(c->loop, &c->prep);
+    ev_unref(c->loop); /* the flusher alone does not keep the loop alive */
+    ev_idle_init(&c->idle, idle_cb);
+    c->idle.data = c;
+    return c;
+}
+
+int lei_ctx_listen(lei_ctx *c, const char *host, int port, const char **err) {
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+        *err = "listen address must be an IPv4 address";
+        return -1;
+    }
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int one = 1;
+    if (fd < 0) {
+        *err = strerror(errno);
+        return -1;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) || listen(fd, 512) ||
+        getsockname(fd, (struct sockaddr *)&sa, &sl)) {
+        *err = strerror(errno);
+        close(fd);
+        return -1;
+    }
+    c->lfd = fd;
+    snprintf(c->addr, sizeof c->addr, "%s:%u", host, ntohs(sa.sin_port));
+    ev_io_init(&c->lio, accept_cb, fd, EV_READ);
+    c->lio.data = c;
+    ev_io_start(c->loop, &c->lio);
+    return 0;
+}
+
+void lei_ctx_free(lei_ctx *c) {
+    if (!c) return;
+    lei_flush(c);
+    while (c->conns) {
+        lei_conn *k = c->conns;
+        k->busy = 0;
+        if (k->dead) {
+            conn_unlink_free(k);
+            continue;
+        }
+        if (k->peer) k->peer->conn = NULL;
+        k->peer = NULL;
+        conn_close(k, "context closed", 0);
+    }
+    lei_qitem *it;
+    while ((it = q_pop(&c->lq))) item_free(c, it);
+    for (int i = 0; i < c->npeers; i++) {
+        lei_peer *p = c->peers[i];
+        q_clear(c, p, 0);
+        free(p->bound);
+        free(p);
+    }
+    free(c->peers);
+    for (uint32_t i = 0; i < c->nchans; i++) {
+        free(c->chans[i]->name);
+        free(c->chans[i]->dests);
+        free(c->chans[i]);
+    }
+    free(c->chans);
+    free(c->hash);
+    while (c->syncs) lei_sync_free(c, c->syncs);
+    if (c->lfd >= 0) {
+        ev_io_stop(c->loop, &c->lio);
+        close(c->lfd);
+    }
+    ev_ref(c->loop);
+    ev_prepare_stop(c->loop, &c->prep);
+    ev_idle_stop(c->loop, &c->idle);
+    ev_loop_destroy(c->loop);
+    free(c);
+}

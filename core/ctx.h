@@ -1,0 +1,181 @@
+/* ctx.h: the context, lecho's concentrator (one per process).
+ *
+ * A context owns a libev loop, one listening socket, at most one connection
+ * per remote context (a "peer", keyed by the remote's listen address), the
+ * table of channels this process uses, the outgoing queues with their byte
+ * limits and policies, the local delivery queue and the pending synchronous
+ * submissions.  It knows nothing of Lua: values arrive already encoded as
+ * lei_msg (codec.h) and leave as bytes handed to the hooks below.
+ *
+ * Ownership: the context owns every peer, connection, channel, queue item
+ * and sync record; lei_ctx_free releases them all.  Messages are shared by
+ * reference count: lei_submit takes its own references, the caller keeps its
+ * own.  Hooks must not free the context.
+ */
+#ifndef LECHO_CTX_H
+#define LECHO_CTX_H
+
+#include <ev.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "codec.h"
+#include "frame.h"
+
+enum lei_policy { LEI_BLOCK = 0, LEI_DROP_OLDEST, LEI_DROP_NEWEST, LEI_DISCONNECT };
+
+typedef struct lei_ctx lei_ctx;
+typedef struct lei_peer lei_peer;
+typedef struct lei_conn lei_conn;
+
+typedef struct lei_opts {
+    size_t queue_limit;    /* bytes queued per peer (and locally) before the policy acts */
+    int policy;            /* enum lei_policy, the default for submits */
+    size_t batch_bytes;    /* a peer queue this full is written at once, not at loop end */
+    size_t max_frame;      /* largest frame accepted from a peer */
+    double retry_interval; /* seconds before a failed peer is dialled again */
+} lei_opts;
+
+void lei_opts_default(lei_opts *o);
+
+/* Hooks into the embedding layer (the Lua binding).  `from` is NULL for a
+ * local delivery.  event and ctrl return 0, or -1 when the payload is not a
+ * valid value: the connection it came on is then closed with that reason. */
+typedef struct lei_hooks {
+    void *ud;
+    int (*event)(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
+                 uint64_t sync, const uint8_t *p, size_t n);
+    int (*ctrl)(void *ud, lei_peer *from, const uint8_t *p, size_t n);
+    void (*peer)(void *ud, lei_peer *p, int up, const char *reason);
+    void (*unpin)(void *ud, int ref);
+    void (*log)(void *ud, const char *msg);
+} lei_hooks;
+
+/* One queued frame: hdr bytes, then msg's bytes if msg is set. */
+typedef struct lei_qitem {
+    struct lei_qitem *next;
+    lei_msg *msg;       /* one reference owned by the item, or NULL */
+    size_t size;        /* hlen + msg->total */
+    uint32_t chid;      /* local queue: channel */
+    uint64_t producer, seq, sync;
+    uint8_t hlen;
+    uint8_t droppable;  /* an async event: policies may drop it */
+    uint8_t hdr[LEI_EVENT_HDR_MAX];
+} lei_qitem;
+
+typedef struct lei_queue {
+    lei_qitem *head, *tail;
+    size_t bytes;       /* ro: queued bytes */
+    size_t count;       /* ro: queued frames */
+} lei_queue;
+
+typedef struct lei_pstats {
+    uint64_t ev_in, ev_out, bytes_in, bytes_out, batches, drops, ctrl_in, ctrl_out;
+} lei_pstats;
+
+struct lei_peer {
+    lei_ctx *ctx;
+    int idx;                  /* ro: 1-based handle, stable for the context's life */
+    char addr[LEI_ADDR_MAX];  /* ro: the remote context's listen address */
+    lei_conn *conn;           /* ro: current connection or NULL */
+    int up;                   /* ro: handshake done on conn */
+    lei_queue q;              /* ro: frames waiting for the socket */
+    size_t woff;              /* bytes of q.head already written */
+    uint8_t *bound;           /* channels announced (BIND) on this connection */
+    size_t nbound;
+    ev_tstamp last_fail;      /* when the last connection failed */
+    char reason[160];         /* ro: why the last connection ended */
+    lei_pstats st;            /* ro */
+};
+
+typedef struct lei_chan {
+    char *name;               /* ro: owned, NUL-terminated */
+    size_t namelen;
+    uint32_t id;              /* ro: index in ctx->chans, also the wire idx we send */
+    int local;                /* rw via lei_chan_set_local: local consumers exist */
+    lei_peer **dests;         /* ro: owned array, remote consuming contexts */
+    int ndests;
+    uint64_t ev_out, bytes_out, ev_in, bytes_in, drops, ev_local, encodes;
+} lei_chan;
+
+typedef struct lei_sync_wait {
+    lei_peer *peer;           /* NULL: the local consumers */
+    int done;
+    char *err;                /* owned: transport failure, or NULL */
+    uint8_t *errs;            /* owned: encoded handler errors from the ack */
+    size_t elen;
+} lei_sync_wait;
+
+typedef struct lei_sync {
+    struct lei_sync *next;
+    uint64_t id;
+    int nwait;                /* waits not yet done */
+    int nw;
+    lei_sync_wait *w;         /* owned */
+    uint64_t nran;
+} lei_sync;
+
+struct lei_ctx {
+    struct ev_loop *loop;     /* ro: owned */
+    lei_opts o;               /* rw before lei_ctx_listen */
+    lei_hooks h;
+    char addr[LEI_ADDR_MAX];  /* ro: our listen address */
+    uint64_t incarnation;
+    int lfd;
+    ev_io lio;
+    ev_prepare prep;          /* writes batched queues once per loop turn */
+    ev_idle idle;             /* runs the local delivery queue */
+    lei_peer **peers;         /* owned, index idx-1 */
+    int npeers, cpeers;
+    lei_conn *conns;          /* all live connections (list through conn->next) */
+    lei_chan **chans;         /* owned */
+    uint32_t nchans, cchans;
+    uint32_t *hash;           /* open addressing: chid+1, 0 empty */
+    uint32_t hcap;
+    lei_queue lq;             /* local deliveries */
+    lei_sync *syncs;
+    uint64_t next_sync;
+    int depth;                /* ro: nesting of hooks in progress */
+    uint64_t encodes;         /* rw by the binding: values encoded */
+    uint64_t bad_frames;      /* ro: connections closed for bad input */
+};
+
+lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h);
+void lei_ctx_free(lei_ctx *c);
+/* Binds and listens on host:port (port 0: the OS chooses).  0 or -1, *err. */
+int lei_ctx_listen(lei_ctx *c, const char *host, int port, const char **err);
+void lei_logf(lei_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Finds or creates the channel with this full name; returns its id. */
+uint32_t lei_chan_open(lei_ctx *c, const char *name, size_t len);
+lei_chan *lei_chan_get(lei_ctx *c, uint32_t id);
+/* Replaces the remote destinations of a channel (addresses of consuming
+ * contexts, our own excluded by the caller). */
+void lei_chan_set_dests(lei_ctx *c, uint32_t id, const char **addrs, int n);
+
+/* Finds the peer for addr, creating it (and dialling it) when create is set. */
+lei_peer *lei_peer_get(lei_ctx *c, const char *addr, int create);
+lei_peer *lei_peer_by_idx(lei_ctx *c, int idx);
+
+/* Queues an event of channel chid for every destination and the local
+ * consumers.  Takes its own references on msg.  sync: a sync record is made
+ * and its id stored in *sync_id; local consumers are then run before return.
+ * Returns 0, or -1 with *err (nothing was sent). */
+int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_msg *msg,
+               int sync, int policy, uint64_t *sync_id, const char **err);
+/* Sends a control message (an encoded value) to addr.  0 or -1, *err. */
+int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err);
+/* Acknowledges sync event `sync` received from peer (NULL: local). errs: the
+ * encoded handler errors or NULL. */
+void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uint8_t *errs,
+             size_t elen);
+lei_sync *lei_sync_find(lei_ctx *c, uint64_t id);
+void lei_sync_free(lei_ctx *c, lei_sync *s);
+/* Writes every ready queue now. */
+void lei_flush(lei_ctx *c);
+/* Runs the local delivery queue until it is empty. */
+void lei_drain_local(lei_ctx *c);
+/* Closes a peer's connection, dropping its queue, with a logged reason. */
+void lei_peer_close(lei_peer *p, const char *reason);
+
+#endif

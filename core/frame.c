@@ -1,0 +1,161 @@
+/* frame.c: building and parsing lecho frames (layout in frame.h).
+ * Pure C, no sockets, no Lua; unit-tested by core/test_frame.c. */
+#include "frame.h"
+#include "codec.h"
+
+#include <string.h>
+
+static void put_u32le(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+static uint32_t get_u32le(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+int lei_frame_next(const uint8_t *p, size_t n, size_t max, lei_frame *f, const char **err) {
+    if (n < 4) return 0;
+    uint32_t len = get_u32le(p);
+    if (len == 0) {
+        *err = "frame of length 0";
+        return -1;
+    }
+    if ((size_t)len > max) {
+        *err = "frame length exceeds limit";
+        return -1;
+    }
+    if (n - 4 < (size_t)len) return 0;
+    f->type = p[4];
+    f->body = p + LEI_FRAME_HDR;
+    f->len = (size_t)len - 1;
+    f->size = (size_t)len + 4;
+    return 1;
+}
+
+size_t lei_frame_hdr(uint8_t *out, uint8_t type, size_t body_len) {
+    put_u32le(out, (uint32_t)(body_len + 1));
+    out[4] = type;
+    return LEI_FRAME_HDR;
+}
+
+/* Reads one varint from b[*pos..n) and advances *pos. */
+static int getv(const uint8_t *b, size_t n, size_t *pos, uint64_t *v, const char **err) {
+    size_t used = 0;
+    int rc = lei_varint_decode(b + *pos, n - *pos, v, &used);
+    if (rc != 0) {
+        *err = rc == LEI_ETRUNC ? "truncated frame" : "invalid varint in frame";
+        return -1;
+    }
+    *pos += used;
+    return 0;
+}
+
+size_t lei_frame_hello(uint8_t *out, uint8_t type, unsigned version, uint64_t incarnation,
+                       const char *addr) {
+    size_t alen = strnlen(addr, LEI_ADDR_MAX - 1);
+    size_t pos = LEI_FRAME_HDR;
+    memcpy(out + pos, LEI_MAGIC, 4);
+    pos += 4;
+    out[pos++] = (uint8_t)(version >> 8);
+    out[pos++] = (uint8_t)version;
+    pos += lei_varint_encode(out + pos, incarnation);
+    pos += lei_varint_encode(out + pos, alen);
+    memcpy(out + pos, addr, alen);
+    pos += alen;
+    lei_frame_hdr(out, type, pos - LEI_FRAME_HDR);
+    return pos;
+}
+
+int lei_parse_hello(const uint8_t *b, size_t n, lei_hello *h, const char **err) {
+    size_t pos = 6;
+    uint64_t alen;
+    if (n < 4 || memcmp(b, LEI_MAGIC, 4) != 0) {
+        *err = "bad magic in handshake (not a lecho peer)";
+        return -1;
+    }
+    if (n < 6) {
+        *err = "truncated frame";
+        return -1;
+    }
+    h->version = (unsigned)b[4] << 8 | b[5];
+    /* A peer of another version may lay out the rest differently: the caller
+     * checks the version before trusting anything else. */
+    if (h->version != LEI_PROTO_VERSION) return 0;
+    if (getv(b, n, &pos, &h->incarnation, err) || getv(b, n, &pos, &alen, err)) return -1;
+    if (alen == 0 || alen >= LEI_ADDR_MAX || alen != n - pos) {
+        *err = "bad address in handshake";
+        return -1;
+    }
+    memcpy(h->addr, b + pos, (size_t)alen);
+    h->addr[alen] = '\0';
+    return 0;
+}
+
+size_t lei_frame_event_hdr(uint8_t *out, uint64_t idx, uint64_t producer, uint64_t seq,
+                           uint64_t sync, size_t plen) {
+    size_t pos = LEI_FRAME_HDR;
+    pos += lei_varint_encode(out + pos, idx);
+    pos += lei_varint_encode(out + pos, producer);
+    pos += lei_varint_encode(out + pos, seq);
+    pos += lei_varint_encode(out + pos, sync);
+    lei_frame_hdr(out, LEI_F_EVENT, pos - LEI_FRAME_HDR + plen);
+    return pos;
+}
+
+int lei_parse_event(const uint8_t *b, size_t n, lei_event_hdr *e, const char **err) {
+    size_t pos = 0;
+    if (getv(b, n, &pos, &e->idx, err) || getv(b, n, &pos, &e->producer, err) ||
+        getv(b, n, &pos, &e->seq, err) || getv(b, n, &pos, &e->sync, err))
+        return -1;
+    if (pos == n) {
+        *err = "event without a value";
+        return -1;
+    }
+    e->payload = b + pos;
+    e->plen = n - pos;
+    return 0;
+}
+
+size_t lei_frame_ack_hdr(uint8_t *out, uint64_t sync, uint64_t nran, size_t elen) {
+    size_t pos = LEI_FRAME_HDR;
+    pos += lei_varint_encode(out + pos, sync);
+    pos += lei_varint_encode(out + pos, nran);
+    lei_frame_hdr(out, LEI_F_ACK, pos - LEI_FRAME_HDR + elen);
+    return pos;
+}
+
+int lei_parse_ack(const uint8_t *b, size_t n, uint64_t *sync, uint64_t *nran,
+                  const uint8_t **errs, size_t *elen, const char **err) {
+    size_t pos = 0;
+    if (getv(b, n, &pos, sync, err) || getv(b, n, &pos, nran, err)) return -1;
+    *errs = b + pos;
+    *elen = n - pos;
+    return 0;
+}
+
+size_t lei_frame_bind(uint8_t *out, uint64_t idx, const char *name, size_t namelen) {
+    size_t pos = LEI_FRAME_HDR;
+    pos += lei_varint_encode(out + pos, idx);
+    pos += lei_varint_encode(out + pos, namelen);
+    memcpy(out + pos, name, namelen);
+    pos += namelen;
+    lei_frame_hdr(out, LEI_F_BIND, pos - LEI_FRAME_HDR);
+    return pos;
+}
+
+int lei_parse_bind(const uint8_t *b, size_t n, uint64_t *idx, const uint8_t **name,
+                   size_t *namelen, const char **err) {
+    size_t pos = 0;
+    uint64_t len;
+    if (getv(b, n, &pos, idx, err) || getv(b, n, &pos, &len, err)) return -1;
+    if (len == 0 || len != n - pos) {
+        *err = "bad channel name in bind";
+        return -1;
+    }
+    *name = b + pos;
+    *namelen = (size_t)len;
+    return 0;
+}

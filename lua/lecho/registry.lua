@@ -1,0 +1,522 @@
+-- lecho.registry: the control plane of the name server and of channel
+-- managers, as a transport-free state machine (pure Lua 5.1 / LuaJIT, no I/O).
+--
+-- The host owns the sockets and the clock. It decodes a control message into
+-- a plain Lua table and calls `reg:handle(from, msg, send, now)`; it reports
+-- lost connections with `reg:peer_down(addr, send, now)` and calls
+-- `reg:tick(send, now)` periodically (~0.1 s). Everything this module says to
+-- the world goes through `send(addr, msg)`. Addresses are "host:port" strings,
+-- one per process context. Nothing here raises on any input: bad messages get
+-- `ok=false` replies (or a log line when they cannot be answered).
+--
+-- What it keeps:
+--   name server: registered managers and the sticky channel -> manager
+--                assignment (channels go to the least-loaded manager; with no
+--                manager registered, the name server manages them itself);
+--   manager:     per channel, which contexts produce and which consume (with
+--                endpoint counts), the channel version, which version each
+--                producing context has confirmed, and the consumer joins that
+--                wait for those confirmations.
+--
+-- The rule it enforces: a consumer `join` is answered only once every
+-- producing context has confirmed (`members_ok`) a membership list that
+-- contains the new consumer, or after `ack_timeout` seconds (then with
+-- `late`). So "a consumer receives every event a producer submits after
+-- ch:consumer() returned" holds for every producer that confirmed in time.
+--
+-- Outgoing messages are queued and sent after the state change is complete,
+-- in FIFO order, each through pcall. A `send` that re-enters the registry
+-- (loopback to its own context) is therefore safe: the nested call's messages
+-- join the same queue, after ours.
+
+local M = {}
+
+local Registry = {}
+Registry.__index = Registry
+
+local function noop() end
+
+local function sorted_keys(t)
+  local ks = {}
+  for k in pairs(t) do ks[#ks + 1] = k end
+  table.sort(ks)
+  return ks
+end
+
+-- A channel record. `producers[addr] = { count, acked }` where acked is the
+-- highest channel version that context confirmed; `consumers[addr] = { count,
+-- ver }` where ver is the channel version that first included the context.
+-- The consumer record is the place for future per-consumer-context data
+-- (modulators, shared objects). `waits` is the FIFO of consumer joins not yet
+-- answered: `{ from, rid, ver, count, deadline }`.
+local function new_channel(self, name)
+  self.seq = self.seq + 1
+  local c = { name = name, ver = self.seq, producers = {}, consumers = {}, waits = {} }
+  self.channels[name] = c
+  self.nchannels = self.nchannels + 1
+  return c
+end
+
+-- Forget a channel that has no member and no pending join (bounded memory).
+-- A name server keeps its self-assignment (sticky), only the record goes.
+local function maybe_drop(self, c)
+  if next(c.producers) == nil and next(c.consumers) == nil and #c.waits == 0
+     and self.channels[c.name] == c then
+    self.channels[c.name] = nil
+    self.nchannels = self.nchannels - 1
+  end
+end
+
+------------------------------------------------------------------------------
+-- Output: queue now, send when the state is consistent.
+
+local function emit(self, io, addr, msg)
+  local q = self.outq
+  q[#q + 1] = { io.send, addr, msg }
+end
+
+local function reply(self, io, to, rid, fields)
+  local m = fields or {}
+  m.op, m.rid = "reply", rid
+  if m.ok == nil then m.ok = true end
+  emit(self, io, to, m)
+end
+
+local function fail(self, io, to, rid, err, extra)
+  local m = extra or {}
+  m.ok, m.err = false, err
+  reply(self, io, to, rid, m)
+end
+
+-- Drain the queue. Re-entrant calls only append; the outermost call sends.
+local function flush(self)
+  if self.flushing then return end
+  self.flushing = true
+  local q, i = self.outq, 1
+  while q[i] do
+    local item = q[i]
+    q[i] = false
+    local ok, err = pcall(item[1], item[2], item[3])
+    if not ok then
+      self.log("warn", ("send to %s failed: %s"):format(tostring(item[2]), tostring(err)))
+    end
+    i = i + 1
+  end
+  self.outq = {}
+  self.flushing = false
+end
+
+------------------------------------------------------------------------------
+-- Membership helpers.
+
+local function consumer_list(c)
+  return sorted_keys(c.consumers)
+end
+
+-- The consumer set changed: new version, `members` to every producing context.
+local function publish_members(self, c, io)
+  self.seq = self.seq + 1
+  c.ver = self.seq
+  local list = consumer_list(c)
+  for _, p in ipairs(sorted_keys(c.producers)) do
+    self.mid = self.mid + 1
+    local copy = {}
+    for i = 1, #list do copy[i] = list[i] end
+    emit(self, io, p, { op = "members", ch = c.name, ver = c.ver, consumers = copy, mid = self.mid })
+  end
+end
+
+local function all_acked(c, ver)
+  for _, p in pairs(c.producers) do
+    if p.acked < ver then return false end
+  end
+  return true
+end
+
+-- Answer every waiting consumer join whose version all current producers
+-- have confirmed.
+local function check_waits(self, c, io)
+  local keep = {}
+  for _, w in ipairs(c.waits) do
+    if all_acked(c, w.ver) then
+      reply(self, io, w.from, w.rid, { ver = w.ver, count = w.count })
+    else
+      keep[#keep + 1] = w
+    end
+  end
+  c.waits = keep
+end
+
+------------------------------------------------------------------------------
+-- Validation.
+
+local function check_ch(self, msg)
+  local ch = msg.ch
+  if type(ch) ~= "string" or ch == "" then
+    return nil, ("%s: field 'ch' must be a non-empty string"):format(msg.op)
+  end
+  if #ch > self.max_name then
+    return nil, ("%s: channel name longer than %d bytes"):format(msg.op, self.max_name)
+  end
+  return ch
+end
+
+local function check_role(msg)
+  local role = msg.role
+  if role ~= "producer" and role ~= "consumer" then
+    return nil, ("%s: field 'role' must be \"producer\" or \"consumer\""):format(msg.op)
+  end
+  return role
+end
+
+-- Name server: may this context manage `ch`? Claims unassigned channels.
+-- Returns true, or nil, err, owner.
+local function claim(self, ch, op)
+  if self.role ~= "nameserver" then return true end
+  local owner = self.assign[ch]
+  if owner == nil then
+    if self.nassigned >= self.max_channels then
+      return nil, ("%s: too many channels (limit %d)"):format(op, self.max_channels)
+    end
+    self.assign[ch] = self.addr
+    self.nassigned = self.nassigned + 1
+  elseif owner ~= self.addr then
+    return nil, ("%s: channel '%s' is managed by %s"):format(op, ch, owner), owner
+  end
+  return true
+end
+
+------------------------------------------------------------------------------
+-- Operations. Each is `function(self, from, msg, io)`; `msg.rid` is a number
+-- for requests (checked by the dispatcher).
+
+local ops = {}
+
+-- Name server: which manager owns `ch`? Assigns (stickily) on first lookup.
+function ops.lookup(self, from, msg, io)
+  if self.role ~= "nameserver" then
+    return fail(self, io, from, msg.rid, "lookup: this context is a channel manager, not a name server")
+  end
+  local ch, err = check_ch(self, msg)
+  if not ch then return fail(self, io, from, msg.rid, err) end
+  local owner = self.assign[ch]
+  if owner == nil then
+    if self.nassigned >= self.max_channels then
+      return fail(self, io, from, msg.rid, ("lookup: too many channels (limit %d)"):format(self.max_channels))
+    end
+    owner = self.addr
+    local best
+    for _, a in ipairs(sorted_keys(self.managers)) do
+      if best == nil or self.managers[a].nch < self.managers[best].nch then best = a end
+    end
+    if best then
+      owner = best
+      self.managers[best].nch = self.managers[best].nch + 1
+    end
+    self.assign[ch] = owner
+    self.nassigned = self.nassigned + 1
+    self.log("info", ("channel '%s' assigned to %s"):format(ch, owner))
+  end
+  reply(self, io, from, msg.rid, { manager = owner })
+end
+
+-- Name server: `from` is a channel manager ready to take channels.
+function ops.register_manager(self, from, msg, io)
+  if self.role ~= "nameserver" then
+    return fail(self, io, from, msg.rid, "register_manager: this context is a channel manager, not a name server")
+  end
+  if not self.managers[from] then
+    self.managers[from] = { nch = 0 }
+    self.log("info", "manager registered: " .. from)
+  end
+  reply(self, io, from, msg.rid)
+end
+
+-- Introspection over the wire: same shape as snapshot() minus addr/role.
+function ops.list(self, from, msg, io)
+  local s = self:snapshot()
+  reply(self, io, from, msg.rid, { channels = s.channels, managers = s.managers })
+end
+
+-- A context adds one producer or consumer endpoint to `ch`.
+function ops.join(self, from, msg, io)
+  local ch, err = check_ch(self, msg)
+  if not ch then return fail(self, io, from, msg.rid, err) end
+  local role; role, err = check_role(msg)
+  if not role then return fail(self, io, from, msg.rid, err) end
+  local c = self.channels[ch]
+  if not c then
+    local ok, e, owner = claim(self, ch, "join")
+    if not ok then return fail(self, io, from, msg.rid, e, { manager = owner }) end
+    if self.nchannels >= self.max_channels then
+      return fail(self, io, from, msg.rid, ("join: too many channels (limit %d)"):format(self.max_channels))
+    end
+    c = new_channel(self, ch)
+  end
+
+  if role == "producer" then
+    local p = c.producers[from]
+    if p then
+      p.count = p.count + 1
+    else
+      -- The reply carries the current list: that is this context's confirmation.
+      p = { count = 1, acked = c.ver }
+      c.producers[from] = p
+    end
+    return reply(self, io, from, msg.rid, { consumers = consumer_list(c), ver = c.ver, count = p.count })
+  end
+
+  local r = c.consumers[from]
+  if r then
+    r.count = r.count + 1
+  else
+    r = { count = 1 }
+    c.consumers[from] = r
+    publish_members(self, c, io)
+    r.ver = c.ver
+  end
+  if all_acked(c, r.ver) then
+    return reply(self, io, from, msg.rid, { ver = r.ver, count = r.count })
+  end
+  c.waits[#c.waits + 1] = { from = from, rid = msg.rid, ver = r.ver, count = r.count,
+                            deadline = io.now + self.ack_timeout }
+end
+
+-- A context removes one producer or consumer endpoint from `ch`.
+function ops.leave(self, from, msg, io)
+  local ch, err = check_ch(self, msg)
+  if not ch then return fail(self, io, from, msg.rid, err) end
+  local role; role, err = check_role(msg)
+  if not role then return fail(self, io, from, msg.rid, err) end
+  local c = self.channels[ch]
+  if not c and self.role == "nameserver" then
+    local owner = self.assign[ch]
+    if owner and owner ~= self.addr then
+      return fail(self, io, from, msg.rid, ("leave: channel '%s' is managed by %s"):format(ch, owner),
+                  { manager = owner })
+    end
+  end
+  local set = c and (role == "producer" and c.producers or c.consumers)
+  local r = set and set[from]
+  if not r then
+    return fail(self, io, from, msg.rid, ("leave: %s is not a %s of channel '%s'"):format(from, role, ch))
+  end
+  r.count = r.count - 1
+  if r.count == 0 then
+    set[from] = nil
+    if role == "consumer" then
+      publish_members(self, c, io)
+    else
+      check_waits(self, c, io)      -- its confirmations are no longer awaited
+    end
+  end
+  reply(self, io, from, msg.rid, { ver = c.ver, count = r.count })
+  maybe_drop(self, c)
+end
+
+-- A producing context confirms it applied members list `ver` (not a request).
+function ops.members_ok(self, from, msg, io)
+  local ch, ver = msg.ch, msg.ver
+  if type(ch) ~= "string" or type(ver) ~= "number" then
+    return self.log("warn", ("members_ok from %s: needs string 'ch' and number 'ver'"):format(from))
+  end
+  local c = self.channels[ch]
+  local p = c and c.producers[from]
+  if not p then
+    return self.log("debug", ("members_ok from %s: not a producer of '%s'"):format(from, ch))
+  end
+  if ver > c.ver then
+    return self.log("warn", ("members_ok from %s: version %d of '%s' was never sent"):format(from, ver, ch))
+  end
+  if ver > p.acked then
+    p.acked = ver
+    check_waits(self, c, io)
+  end
+end
+
+-- Ops that never get a reply (so never answered with an error either).
+local ONEWAY = { members_ok = true }
+
+------------------------------------------------------------------------------
+-- Public API.
+
+-- R.new{ addr = "host:port", role = "nameserver"|"manager", ack_timeout = 2.0,
+--        max_channels = 65536, max_name = 1024, log = function(level, msg) }
+-- Raises on misuse (bad options); log levels are "debug", "info", "warn",
+-- "error".
+function M.new(opts)
+  if type(opts) ~= "table" then error("lecho.registry.new: options table expected", 2) end
+  if type(opts.addr) ~= "string" or opts.addr == "" then
+    error("lecho.registry.new: 'addr' must be a non-empty string", 2)
+  end
+  if opts.role ~= "nameserver" and opts.role ~= "manager" then
+    error("lecho.registry.new: 'role' must be \"nameserver\" or \"manager\"", 2)
+  end
+  local function num(k, dflt)
+    local v = opts[k]
+    if v == nil then return dflt end
+    if type(v) ~= "number" or v < 0 then
+      error(("lecho.registry.new: '%s' must be a non-negative number"):format(k), 3)
+    end
+    return v
+  end
+  if opts.log ~= nil and type(opts.log) ~= "function" then
+    error("lecho.registry.new: 'log' must be a function", 2)
+  end
+  return setmetatable({
+    addr = opts.addr,                     -- ro
+    role = opts.role,                     -- ro
+    ack_timeout = num("ack_timeout", 2.0),       -- rw, seconds
+    max_channels = num("max_channels", 65536),   -- rw
+    max_name = num("max_name", 1024),            -- rw, bytes
+    log = opts.log or noop,
+    channels = {}, nchannels = 0,         -- channel records this context manages
+    assign = {}, nassigned = 0,           -- name server: ch -> manager addr
+    managers = {},                        -- name server: addr -> { nch }
+    seq = 0,                              -- source of channel versions
+    mid = 0,                              -- source of members message ids
+    outq = {}, flushing = false,
+  }, Registry)
+end
+
+local function host_misuse(self, what)
+  self.log("error", what)
+  return nil, what
+end
+
+local function guarded(self, fn, ...)
+  local ok, err = pcall(fn, ...)
+  if not ok then self.log("error", "registry internal error: " .. tostring(err)) end
+  return ok, err
+end
+
+-- reg:handle(from, msg, send, now): a decoded message `msg` arrived from
+-- context `from`. Replies and `members` updates go out through `send` before
+-- this returns (unless a send is already in progress up the stack: then they
+-- are queued behind it). Returns true, or nil, err when the host itself
+-- misused the call (from/msg/send/now of the wrong type); never raises.
+function Registry:handle(from, msg, send, now)
+  if type(send) ~= "function" then return host_misuse(self, "handle: send must be a function") end
+  if type(from) ~= "string" or from == "" then return host_misuse(self, "handle: from must be a non-empty string") end
+  if type(now) ~= "number" then return host_misuse(self, "handle: now must be a number") end
+  if type(msg) ~= "table" then return host_misuse(self, "handle: msg must be a table") end
+  local io = { send = send, now = now }
+  local op, rid = msg.op, msg.rid
+
+  if op == "reply" then
+    self.log("debug", "ignoring a reply from " .. from)
+  elseif ONEWAY[op] then
+    guarded(self, ops[op], self, from, msg, io)
+  elseif rid == nil then
+    self.log("warn", ("request '%s' from %s without rid: ignored"):format(tostring(op), from))
+  elseif type(rid) ~= "number" then
+    fail(self, io, from, rid, "field 'rid' must be a number")
+  elseif type(op) ~= "string" then
+    fail(self, io, from, rid, "field 'op' must be a string")
+  elseif not ops[op] then
+    fail(self, io, from, rid, ("unknown op '%s'"):format(op))
+  else
+    local ok, err = guarded(self, ops[op], self, from, msg, io)
+    if not ok then fail(self, io, from, rid, op .. ": internal error: " .. tostring(err)) end
+  end
+  flush(self)
+  return true
+end
+
+-- reg:peer_down(addr, send, now): the connection to `addr` is gone. Removes it
+-- from every channel (both roles), publishes new consumer sets, stops waiting
+-- for its confirmations, drops its own pending joins (no reply to the dead),
+-- and, on a name server, forgets the channels assigned to it.
+function Registry:peer_down(addr, send, now)
+  if type(send) ~= "function" then return host_misuse(self, "peer_down: send must be a function") end
+  if type(addr) ~= "string" then return host_misuse(self, "peer_down: addr must be a string") end
+  local io = { send = send, now = now }
+  guarded(self, function()
+    for _, name in ipairs(sorted_keys(self.channels)) do
+      local c = self.channels[name]
+      local keep = {}
+      for _, w in ipairs(c.waits) do
+        if w.from ~= addr then keep[#keep + 1] = w end
+      end
+      c.waits = keep
+      c.producers[addr] = nil
+      if c.consumers[addr] then
+        c.consumers[addr] = nil
+        publish_members(self, c, io)
+      end
+      check_waits(self, c, io)
+      maybe_drop(self, c)
+    end
+    if self.managers[addr] then
+      self.managers[addr] = nil
+      for ch, owner in pairs(self.assign) do
+        if owner == addr then
+          self.assign[ch] = nil
+          self.nassigned = self.nassigned - 1
+        end
+      end
+      self.log("info", "manager down, its channels will be reassigned: " .. addr)
+    end
+  end)
+  flush(self)
+  return true
+end
+
+-- reg:tick(send, now): answer consumer joins whose deadline passed, with
+-- `ok=true, late={producer addr...}` (the producing contexts that had not
+-- confirmed). Cheap when nothing waits.
+function Registry:tick(send, now)
+  if type(send) ~= "function" then return host_misuse(self, "tick: send must be a function") end
+  if type(now) ~= "number" then return host_misuse(self, "tick: now must be a number") end
+  local io = { send = send, now = now }
+  guarded(self, function()
+    for _, c in pairs(self.channels) do
+      if #c.waits > 0 then
+        local keep = {}
+        for _, w in ipairs(c.waits) do
+          if w.deadline <= now then
+            local late = {}
+            for _, a in ipairs(sorted_keys(c.producers)) do
+              if c.producers[a].acked < w.ver then late[#late + 1] = a end
+            end
+            self.log("warn", ("channel '%s': join of %s answered without confirmation from %s")
+                             :format(c.name, w.from, table.concat(late, ", ")))
+            reply(self, io, w.from, w.rid, { ver = w.ver, count = w.count, late = late })
+          else
+            keep[#keep + 1] = w
+          end
+        end
+        c.waits = keep
+      end
+    end
+  end)
+  flush(self)
+  return true
+end
+
+-- reg:snapshot(): a fresh table (safe to keep or encode):
+--   { addr = <own addr>, role = "nameserver"|"manager",
+--     channels = {
+--       [name] = { manager = <own addr>, ver = n,          -- managed here
+--                  producers = { [addr] = count }, consumers = { [addr] = count },
+--                  waiting = <consumer joins awaiting confirmation> },
+--       [name] = { manager = <other addr> },               -- name server: assigned elsewhere
+--     },
+--     managers = { addr, ... } }                           -- registered managers, sorted
+-- A name server also lists channels assigned to itself that have no member yet
+-- (as { manager = <own addr> }).
+function Registry:snapshot()
+  local chans = {}
+  for name, c in pairs(self.channels) do
+    local ps, cs = {}, {}
+    for a, p in pairs(c.producers) do ps[a] = p.count end
+    for a, r in pairs(c.consumers) do cs[a] = r.count end
+    chans[name] = { manager = self.addr, ver = c.ver, producers = ps, consumers = cs, waiting = #c.waits }
+  end
+  for name, owner in pairs(self.assign) do
+    if not chans[name] then chans[name] = { manager = owner } end
+  end
+  return { addr = self.addr, role = self.role, channels = chans, managers = sorted_keys(self.managers) }
+end
+
+return M

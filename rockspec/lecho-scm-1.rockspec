@@ -1,0 +1,26 @@
+package = "lecho"
+version = "scm-1"
+source = { url = "git+file:///dev/null" }
+description = {
+  summary = "Event channels between processes: a C core on libev, LuaJIT on top",
+  detailed = [[
+lecho carries Lua values over named event channels between processes:
+producers submit events asynchronously (batched) or synchronously (returning
+once every consumer ran its handler); a name server and channel managers keep
+membership; one TCP connection per pair of processes carries every channel.]],
+  license = "MIT",
+}
+dependencies = { "lua >= 5.1" }
+external_dependencies = { LIBEV = { header = "ev.h" } }
+build = {
+  type = "make",
+  makefile = "Makefile",
+  build_target = "all",
+  build_variables = { CFLAGS = "$(CFLAGS)", LIBFLAG = "$(LIBFLAG)" },
+  install_target = "install",
+  install_variables = {
+    INST_LIBDIR = "$(LIBDIR)",
+    INST_LUADIR = "$(LUADIR)",
+    INST_BINDIR = "$(BINDIR)",
+  },
+}

@@ -1,0 +1,96 @@
+-- Bounded outgoing queues and what each policy does when one is full.
+-- The consumer process is stopped (SIGSTOP) so that its queue really fills.
+local cjson = require "cjson"
+local lecho = require "lecho"
+local S = require "spec.support"
+local kids = require "spec.children"
+
+local LIMIT = 256 * 1024
+local EV = ("z"):rep(64 * 1024)
+local N = 400 -- 25 MiB: more than loopback socket buffers and the queue hold
+
+local function result(child, ctx)
+  assert(S.wait(child, 30, ctx), "child did not finish: " .. S.errors(child))
+  return cjson.decode(S.output(child):match("({.*})"))
+end
+
+describe("queue policies", function()
+  local ns_child, ns, ctx, cons, p, peer
+
+  local function setup(policy, expect)
+    ns_child, ns = S.nameserver("--quiet")
+    ctx = lecho.context{ nameserver = ns, quiet = true, queue_limit = LIMIT, policy = policy }
+    cons = S.lua(kids.consumer, cjson.encode{ ns = ns, channels = { "q" }, expect = expect,
+                                                    stop_on = "end", duration = 20 })
+    assert(S.wait_file(cons.out, "ready", 20))
+    p = assert(ctx:channel("q"):producer())
+    assert.is_true(p:submit_sync("hello", { timeout = 5 })) -- connected
+    S.kill(cons, "STOP")
+    for addr in pairs(ctx:stats().peers) do
+      if addr ~= ns then peer = addr end
+    end
+  end
+
+  after_each(function()
+    if cons then S.kill(cons, "CONT") end
+    if ctx then ctx:close() end
+    ctx, cons = nil, nil
+    S.cleanup()
+  end)
+
+  it("drop_newest keeps the queue under its limit and counts what it dropped", function()
+    setup("drop_newest", nil)
+    for _ = 1, N do assert.is_true(p:submit(EV)) end
+    local st = ctx:stats().peers[peer]
+    assert.is_true(st.drops > 0)
+    assert.is_true(st.queue_bytes <= LIMIT + #EV + 64)
+    assert.are.equal(st.drops, ctx:stats().channels[ns .. "/q"].drops)
+    S.kill(cons, "CONT")
+    local delivered = N - st.drops
+    assert.is_true(p:submit_sync("end", { timeout = 10 }))
+    local r = result(cons, ctx)
+    assert.are.equal(delivered + 2, r.count) -- hello and end included
+  end)
+
+  it("drop_oldest keeps the newest events", function()
+    setup("drop_oldest", nil)
+    for i = 1, N do assert.is_true(p:submit(i == N and "newest" or EV)) end
+    local st = ctx:stats().peers[peer]
+    assert.is_true(st.drops > 0)
+    assert.is_true(st.queue_bytes <= LIMIT + #EV + 64)
+    S.kill(cons, "CONT")
+    assert.is_true(p:submit_sync("end", { timeout = 10 }))
+    local r = result(cons, ctx)
+    assert.are.equal(N - st.drops + 2, r.count)
+    assert.are.equal(N + 2, r.last) -- the newest survived, in order
+    assert.is_true(r.order_ok == false or r.count < N + 2) -- gaps are the drops
+  end)
+
+  it("disconnect closes the slow peer's connection with a reason", function()
+    setup("disconnect", nil)
+    for _ = 1, N do p:submit(EV) end
+    local st = ctx:stats().peers[peer]
+    assert.is_true(st.drops > 0)
+    assert.is_false(st.connected)
+    assert.truthy(st.last_error:match("policy disconnect"))
+  end)
+
+  it("block makes the producer wait while the loop keeps running", function()
+    setup("block", N + 1)
+    local resumed_at
+    ctx:after(1.0, function()
+      resumed_at = ctx:now()
+      S.kill(cons, "CONT")
+    end)
+    local t0 = ctx:now()
+    for _ = 1, N do assert.is_true(p:submit(EV)) end
+    p:flush()
+    assert.truthy(resumed_at) -- the timer fired while submit was blocked
+    assert.is_true(ctx:now() - t0 >= 0.9)
+    local st = ctx:stats().peers[peer]
+    assert.are.equal(0, st.drops)
+    local r = result(cons, ctx)
+    assert.are.equal(N + 1, r.count)
+    assert.is_true(r.order_ok)
+  end)
+end)

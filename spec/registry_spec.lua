@@ -1,0 +1,504 @@
+-- Proves lecho.registry, the transport-free control plane of the name server
+-- and channel managers: lookup and balancing, membership counts, the consumer
+-- join that waits for producer confirmations (and its timeout), peer loss,
+-- and that bad input gets clear errors instead of exceptions.
+-- Run: luajit /usr/bin/busted --lpath='lua/?.lua;lua/?/init.lua' spec/registry_spec.lua
+
+local R = require "lecho.registry"
+
+local NS = "127.0.0.1:7700"
+local P1, P2, C1, C2 = "10.0.0.1:1", "10.0.0.2:2", "10.0.0.3:3", "10.0.0.4:4"
+local M1, M2, M3 = "10.0.1.1:1", "10.0.1.2:2", "10.0.1.3:3"
+
+-- A fake transport: records every message; `take(addr)` pops that address's
+-- messages, `take()` pops all as { to, msg } pairs.
+local function wire()
+  local w = { log = {} }
+  function w.send(to, msg) w.log[#w.log + 1] = { to = to, msg = msg } end
+  function w.take(addr)
+    local out, rest = {}, {}
+    for _, e in ipairs(w.log) do
+      if addr == nil then out[#out + 1] = e
+      elseif e.to == addr then out[#out + 1] = e.msg
+      else rest[#rest + 1] = e end
+    end
+    w.log = rest
+    return out
+  end
+  return w
+end
+
+local function new(role, extra)
+  local o = { addr = NS, role = role or "nameserver", ack_timeout = 2.0 }
+  for k, v in pairs(extra or {}) do o[k] = v end
+  return R.new(o)
+end
+
+-- Send a request, return the replies `from` got and every members message.
+local rid = 0
+local function req(reg, w, from, msg, now)
+  rid = rid + 1
+  msg.rid = rid
+  assert.is_true(reg:handle(from, msg, w.send, now or 0))
+  return rid
+end
+
+-- The single reply to `from` (asserts there is exactly one).
+local function reply_to(w, from)
+  local rs = {}
+  for _, m in ipairs(w.take(from)) do
+    if m.op == "reply" then rs[#rs + 1] = m end
+  end
+  assert.are.equal(1, #rs)
+  return rs[1]
+end
+
+local function members_to(w, addr)
+  local ms = {}
+  for _, m in ipairs(w.take(addr)) do
+    if m.op == "members" then ms[#ms + 1] = m end
+  end
+  return ms
+end
+
+describe("lecho.registry lookup", function()
+  it("self-manages channels when no manager registered", function()
+    local reg, w = new(), wire()
+    local id = req(reg, w, P1, { op = "lookup", ch = "a" })
+    assert.are.same({ op = "reply", rid = id, ok = true, manager = NS }, reply_to(w, P1))
+  end)
+
+  it("balances new channels over registered managers, sticky", function()
+    local reg, w = new(), wire()
+    req(reg, w, M1, { op = "register_manager" })
+    assert.is_true(reply_to(w, M1).ok)
+    req(reg, w, M2, { op = "register_manager" })
+    assert.is_true(reply_to(w, M2).ok)
+    local got, per = {}, {}
+    for _, ch in ipairs { "a", "b", "c", "d" } do
+      req(reg, w, P1, { op = "lookup", ch = ch })
+      got[ch] = reply_to(w, P1).manager
+      per[got[ch]] = (per[got[ch]] or 0) + 1
+    end
+    assert.are.same({ [M1] = 2, [M2] = 2 }, per)
+    -- a third manager gets the next new channels, old ones stay put
+    req(reg, w, M3, { op = "register_manager" }); w.take()
+    for _, ch in ipairs { "a", "b", "c", "d" } do
+      req(reg, w, C1, { op = "lookup", ch = ch })
+      assert.are.equal(got[ch], reply_to(w, C1).manager)
+    end
+    req(reg, w, P1, { op = "lookup", ch = "e" })
+    assert.are.equal(M3, reply_to(w, P1).manager)
+    req(reg, w, P1, { op = "lookup", ch = "f" })
+    assert.are.equal(M3, reply_to(w, P1).manager)
+  end)
+
+  it("reassigns a down manager's channels on the next lookup", function()
+    local reg, w = new(), wire()
+    req(reg, w, M1, { op = "register_manager" })
+    req(reg, w, M2, { op = "register_manager" }); w.take()
+    req(reg, w, P1, { op = "lookup", ch = "a" })
+    local first = reply_to(w, P1).manager
+    local other = first == M1 and M2 or M1
+    assert.is_true(reg:peer_down(first, w.send, 1))
+    assert.are.same({ other }, reg:snapshot().managers)
+    req(reg, w, P1, { op = "lookup", ch = "a" })
+    assert.are.equal(other, reply_to(w, P1).manager)
+    -- the last manager gone: the name server takes over
+    reg:peer_down(other, w.send, 2)
+    req(reg, w, P1, { op = "lookup", ch = "a" })
+    assert.are.equal(NS, reply_to(w, P1).manager)
+  end)
+
+  it("keeps a self-managed channel when a manager registers later", function()
+    local reg, w = new(), wire()
+    req(reg, w, P1, { op = "lookup", ch = "a" })
+    assert.are.equal(NS, reply_to(w, P1).manager)
+    req(reg, w, M1, { op = "register_manager" }); w.take()
+    req(reg, w, P1, { op = "lookup", ch = "a" })
+    assert.are.equal(NS, reply_to(w, P1).manager)
+    req(reg, w, P1, { op = "lookup", ch = "b" })
+    assert.are.equal(M1, reply_to(w, P1).manager)
+  end)
+
+  it("refuses membership of a channel assigned to another manager", function()
+    local reg, w = new(), wire()
+    req(reg, w, M1, { op = "register_manager" }); w.take()
+    req(reg, w, P1, { op = "lookup", ch = "a" }); w.take()
+    req(reg, w, P1, { op = "join", ch = "a", role = "producer" })
+    local r = reply_to(w, P1)
+    assert.is_false(r.ok)
+    assert.are.equal("join: channel 'a' is managed by " .. M1, r.err)
+    assert.are.equal(M1, r.manager)
+    req(reg, w, P1, { op = "leave", ch = "a", role = "producer" })
+    assert.are.equal("leave: channel 'a' is managed by " .. M1, reply_to(w, P1).err)
+  end)
+
+  it("is refused by a plain manager", function()
+    local reg, w = new("manager"), wire()
+    req(reg, w, P1, { op = "lookup", ch = "a" })
+    assert.are.equal("lookup: this context is a channel manager, not a name server", reply_to(w, P1).err)
+    req(reg, w, M1, { op = "register_manager" })
+    assert.are.equal("register_manager: this context is a channel manager, not a name server",
+                     reply_to(w, M1).err)
+  end)
+end)
+
+describe("lecho.registry membership", function()
+  for _, role in ipairs { "nameserver", "manager" } do
+    it("gives a joining producer the current consumers (" .. role .. ")", function()
+      local reg, w = new(role), wire()
+      req(reg, w, C1, { op = "join", ch = "x", role = "consumer" })
+      local cr = reply_to(w, C1)
+      assert.is_true(cr.ok)                      -- no producer: answered at once
+      local id = req(reg, w, P1, { op = "join", ch = "x", role = "producer" })
+      assert.are.same({ op = "reply", rid = id, ok = true, consumers = { C1 }, ver = cr.ver, count = 1 },
+                      reply_to(w, P1))
+    end)
+  end
+
+  it("makes a consumer join wait for every producer's members_ok", function()
+    local reg, w = new("manager"), wire()
+    req(reg, w, P1, { op = "join", ch = "x", role = "producer" })
+    req(reg, w, P2, { op = "join", ch = "x", role = "producer" })
+    local v0 = reply_to(w, P2).ver; w.take()
+    local id = req(reg, w, C1, { op = "join", ch = "x", role = "consumer" }, 10)
+    assert.are.same({}, w.take(C1))            -- not yet answered
+    local m1, m2 = members_to(w, P1), members_to(w, P2)
+    assert.are.equal(1, #m1); assert.are.equal(1, #m2)
+    assert.are.same({ C1 }, m1[1].consumers)
+    assert.are.equal("x", m1[1].ch)
+    assert.is_true(m1[1].ver > v0)
+    assert.are.equal(m1[1].ver, m2[1].ver)
+    assert.are_not.equal(m1[1].mid, m2[1].mid)
+    assert.are.equal(1, reg:snapshot().channels.x.waiting)
+
+    reg:handle(P1, { op = "members_ok", ch = "x", ver = m1[1].ver, mid = m1[1].mid }, w.send, 10.5)
+    assert.are.same({}, w.take())              -- P2 still awaited, and no reply to members_ok
+    reg:tick(w.send, 11)                       -- before the deadline: nothing
+    assert.are.same({}, w.take())
+    reg:handle(P2, { op = "members_ok", ch = "x", ver = m2[1].ver, mid = m2[1].mid }, w.send, 11.5)
+    assert.are.same({ op = "reply", rid = id, ok = true, ver = m1[1].ver, count = 1 }, reply_to(w, C1))
+    assert.are.same({}, w.take())
+    assert.are.equal(0, reg:snapshot().channels.x.waiting)
+  end)
+
+  it("answers a consumer join after ack_timeout with the late producers", function()
+    local reg, w = new("manager", { ack_timeout = 2.0 }), wire()
+    req(reg, w, P1, { op = "join", ch = "x", role = "producer" })
+    req(reg, w, P2, { op = "join", ch = "x", role = "producer" }); w.take()
+    local id = req(reg, w, C1, { op = "join", ch = "x", role = "consumer" }, 100)
+    local m = members_to(w, P2)[1]; w.take()
+    reg:handle(P2, { op = "members_ok", ch = "x", ver = m.ver, mid = m.mid }, w.send, 100.1)
+    reg:tick(w.send, 101.9)
+    assert.are.same({}, w.take())
+    reg:tick(w.send, 102.0)
+    assert.are.same({ op = "reply", rid = id, ok = true, ver = m.ver, count = 1, late = { P1 } },
+                    reply_to(w, C1))
+    reg:tick(w.send, 103)                      -- answered once only
+    reg:handle(P1, { op = "members_ok", ch = "x", ver = m.ver }, w.send, 104)
+    assert.are.same({}, w.take())
+  end)
+
+  it("stops awaiting a producer that goes down or leaves", function()
+    local reg, w = new("manager"), wire()
+    req(reg, w, P1, { op = "join", ch = "x", role = "producer" })
+    req(reg, w, P2, { op = "join", ch = "x", role = "producer" }); w.take()
+    local id1 = req(reg, w, C1, { op = "join", ch = "x", role = "consumer" })
+    w.take()
+    reg:peer_down(P1, w.send, 0.5)
+    assert.are.same({}, w.take())              -- P2 still awaited
+    req(reg, w, P2, { op = "leave", ch = "x", role = "producer" }, 0.6)
+    assert.are.equal(id1, reply_to(w, C1).rid)
+    assert.is_true(reply_to(w, P2).ok)
+  end)
+
+  it("answers a consumer join at once when the context already consumes, confirmed", function()
+    local reg, w = new("manager"), wire()
+    req(reg, w, P1, { op = "join", ch = "x", role = "producer" }); w.take()
+    req(reg, w, C1, { op = "join", ch = "x", role = "consumer" })
+    local m = members_to(w, P1)[1]
+    reg:handle(P1, { op = "members_ok", ch = "x", ver = m.ver, mid = m.mid }, w.send, 0)
+    assert.are.equal(1, reply_to(w, C1).count)
+    req(reg, w, C1, { op = "join", ch = "x", role = "consumer" })
+    local r = reply_to(w, C1)
+    assert.are.equal(2, r.count); assert.are.equal(m.ver, r.ver)
+    assert.are.same({}, w.take())              -- set unchanged: no members message
+  end)
+
+  it("counts endpoints per context (join x3, leave x2 keeps the member)", function()
+    local reg, w = new("manager"), wire()
+    req(reg, w, P1, { op = "join", ch = "x", role = "producer" }); w.take()
+    for i = 1, 3 do
+      req(reg, w, C1, { op = "join", ch = "x", role = "consumer" })
+      local m = members_to(w, P1)
+      assert.are.equal(i == 1 and 1 or 0, #m)
+      if m[1] then reg:handle(P1, { op = "members_ok", ch = "x", ver = m[1].ver }, w.send, 0) end
+      assert.are.equal(i, reply_to(w, C1).count)
+    end
+    for i = 1, 2 do
+      req(reg, w, C1, { op = "leave", ch = "x", role = "consumer" })
+      assert.are.equal(3 - i, reply_to(w, C1).count)
+      assert.are.same({}, w.take())
+    end
+    assert.are.same({ [C1] = 1 }, reg:snapshot().channels.x.consumers)
+    req(reg, w, C1, { op = "leave", ch = "x", role = "consumer" })
+    local ms = members_to(w, P1)
+    assert.are.equal(1, #ms)
+    assert.are.same({}, ms[1].consumers)
+    assert.are.equal(0, reply_to(w, C1).count)
+    req(reg, w, C1, { op = "leave", ch = "x", role = "consumer" })
+    assert.are.equal("leave: " .. C1 .. " is not a consumer of channel 'x'", reply_to(w, C1).err)
+  end)
+
+  it("sends members with increasing versions, only when the consumer set changes", function()
+    local reg, w = new("manager"), wire()
+    req(reg, w, P1, { op = "join", ch = "x", role = "producer" }); w.take()
+    local vers = {}
+    local function step(from, op)
+      req(reg, w, from, { op = op, ch = "x", role = "consumer" })
+      for _, m in ipairs(members_to(w, P1)) do vers[#vers + 1] = m end
+      w.take()
+    end
+    step(C1, "join"); step(C2, "join"); step(C2, "join"); step(C1, "leave"); step(C2, "leave")
+    assert.are.equal(3, #vers)
+    assert.are.same({ C1 }, vers[1].consumers)
+    assert.are.same({ C1, C2 }, vers[2].consumers)
+    assert.are.same({ C2 }, vers[3].consumers)
+    assert.is_true(vers[1].ver < vers[2].ver and vers[2].ver < vers[3].ver)
+    assert.is_true(vers[1].mid < vers[2].mid and vers[2].mid < vers[3].mid)
+  end)
+
+  it("removes a lost context everywhere and notifies producers", function()
+    local reg, w = new("nameserver"), wire()
+    for _, ch in ipairs { "x", "y" } do
+      req(reg, w, P1, { op = "join", ch = ch, role = "producer" })
+      req(reg, w, C1, { op = "join", ch = ch, role = "consumer" })
+      req(reg, w, C2, { op = "join", ch = ch, role = "consumer" })
+      req(reg, w, C1, { op = "join", ch = ch, role = "producer" })
+    end
+    w.take()
+    local before = reg:snapshot().channels.x.ver
+    reg:peer_down(C1, w.send, 5)
+    local got = members_to(w, P1)
+    assert.are.equal(2, #got)
+    for _, m in ipairs(got) do
+      assert.are.same({ C2 }, m.consumers)
+      assert.is_true(m.ver > before)
+    end
+    assert.are.same({}, w.take(C1))            -- nothing sent to the dead
+    local s = reg:snapshot().channels
+    assert.are.same({ [P1] = 1 }, s.x.producers)
+    assert.are.same({ [C2] = 1 }, s.x.consumers)
+    assert.are.same({ [C2] = 1 }, s.y.consumers)
+  end)
+
+  it("drops the pending join of a consumer that goes down", function()
+    local reg, w = new("manager"), wire()
+    req(reg, w, P1, { op = "join", ch = "x", role = "producer" })
+    req(reg, w, C1, { op = "join", ch = "x", role = "consumer" })
+    w.take()
+    reg:peer_down(C1, w.send, 1)
+    assert.are.equal(0, reg:snapshot().channels.x.waiting)
+    reg:tick(w.send, 100)
+    assert.are.same({}, w.take(C1))
+  end)
+
+  it("forgets a channel with no member left", function()
+    local reg, w = new("manager"), wire()
+    req(reg, w, P1, { op = "join", ch = "x", role = "producer" })
+    req(reg, w, P1, { op = "leave", ch = "x", role = "producer" })
+    assert.is_nil(reg:snapshot().channels.x)
+  end)
+
+  it("survives a send that re-enters the registry (loopback)", function()
+    local reg, w = new("nameserver"), wire()
+    local function send(to, msg)
+      w.send(to, msg)
+      if to == NS and msg.op == "members" then  -- own context confirms at once
+        reg:handle(NS, { op = "members_ok", ch = msg.ch, ver = msg.ver, mid = msg.mid }, send, 0)
+      end
+    end
+    reg:handle(NS, { op = "join", ch = "x", role = "producer", rid = 1 }, send, 0)
+    reg:handle(C1, { op = "join", ch = "x", role = "consumer", rid = 2 }, send, 0)
+    assert.is_true(reply_to(w, C1).ok)
+  end)
+
+  it("survives a send that raises", function()
+    local logged = {}
+    local reg = new("manager", { log = function(l, m) logged[#logged + 1] = l .. ": " .. m end })
+    assert.is_true(reg:handle(P1, { op = "join", ch = "x", role = "producer", rid = 1 },
+                              function() error("boom") end, 0))
+    assert.are.same({ [P1] = 1 }, reg:snapshot().channels.x.producers)
+    assert.matches("send to " .. P1 .. " failed", logged[#logged], 1, true)
+  end)
+end)
+
+describe("lecho.registry bad input", function()
+  local reg, w
+  before_each(function() reg, w = new(), wire() end)
+
+  local function err_of(msg)
+    msg.rid = msg.rid or 7
+    assert.is_true(reg:handle(P1, msg, w.send, 0))
+    local r = reply_to(w, P1)
+    assert.is_false(r.ok)
+    return r.err
+  end
+
+  it("answers unknown ops", function()
+    assert.are.equal("unknown op 'xyz'", err_of { op = "xyz" })
+    assert.are.equal("field 'op' must be a string", err_of { op = 42 })
+    assert.are.equal("field 'op' must be a string", err_of {})
+  end)
+
+  it("answers malformed requests with clear errors", function()
+    assert.are.equal("join: field 'ch' must be a non-empty string", err_of { op = "join", role = "producer" })
+    assert.are.equal("join: field 'ch' must be a non-empty string", err_of { op = "join", ch = "", role = "producer" })
+    assert.are.equal("lookup: field 'ch' must be a non-empty string", err_of { op = "lookup", ch = {} })
+    assert.are.equal('join: field \'role\' must be "producer" or "consumer"', err_of { op = "join", ch = "x" })
+    assert.are.equal('leave: field \'role\' must be "producer" or "consumer"',
+                     err_of { op = "leave", ch = "x", role = 1 })
+    assert.are.equal("join: channel name longer than 1024 bytes",
+                     err_of { op = "join", ch = ("n"):rep(1025), role = "producer" })
+    assert.are.equal("leave: " .. P1 .. " is not a producer of channel 'x'",
+                     err_of { op = "leave", ch = "x", role = "producer" })
+    assert.are.equal("field 'rid' must be a number", err_of { op = "join", rid = "r1" })
+  end)
+
+  it("enforces max_channels", function()
+    reg = new("nameserver", { max_channels = 1 })
+    req(reg, w, P1, { op = "lookup", ch = "a" }); w.take()
+    assert.are.equal("lookup: too many channels (limit 1)", err_of { op = "lookup", ch = "b" })
+    assert.are.equal("join: too many channels (limit 1)", err_of { op = "join", ch = "b", role = "producer" })
+  end)
+
+  it("ignores what it cannot answer, logs it, never raises", function()
+    local logged = 0
+    reg = new("manager", { log = function() logged = logged + 1 end })
+    local junk = {
+      { op = "join", ch = "x", role = "producer" },           -- request without rid
+      { op = "reply", rid = 3, ok = true },                    -- a reply is never answered
+      { op = "members_ok" }, { op = "members_ok", ch = "x", ver = "1" },
+      { op = "members_ok", ch = "nope", ver = 1 },
+      { op = "nosuch" },
+      { op = "join", ch = "x", role = "producer", rid = 0/0 }, -- odd but a number
+    }
+    for _, m in ipairs(junk) do assert.is_true(reg:handle(P1, m, w.send, 0)) end
+    local out = w.take()
+    assert.are.equal(1, #out)                                   -- only the NaN-rid join answered
+    assert.is_true(out[1].msg.ok)
+    assert.is_true(logged >= 6)
+    -- members_ok for a version never sent is ignored
+    req(reg, w, C1, { op = "join", ch = "x", role = "consumer" }); w.take()
+    assert.is_true(reg:handle(P1, { op = "members_ok", ch = "x", ver = 1e9 }, w.send, 0))
+    assert.are.same({}, w.take())
+  end)
+
+  it("reports host misuse as nil, err", function()
+    local fn = w.send
+    assert.are.same({ nil, "handle: msg must be a table" }, { reg:handle(P1, "join", fn, 0) })
+    assert.are.same({ nil, "handle: from must be a non-empty string" }, { reg:handle(nil, {}, fn, 0) })
+    assert.are.same({ nil, "handle: send must be a function" }, { reg:handle(P1, {}, nil, 0) })
+    assert.are.same({ nil, "handle: now must be a number" }, { reg:handle(P1, {}, fn) })
+    assert.are.same({ nil, "tick: now must be a number" }, { reg:tick(fn) })
+    assert.are.same({ nil, "peer_down: addr must be a string" }, { reg:peer_down(nil, fn, 0) })
+  end)
+
+  it("raises for bad constructor options", function()
+    assert.has_error(function() R.new { addr = NS, role = "boss" } end,
+                     'lecho.registry.new: \'role\' must be "nameserver" or "manager"')
+    assert.has_error(function() R.new { role = "manager" } end,
+                     "lecho.registry.new: 'addr' must be a non-empty string")
+    assert.has_error(function() R.new { addr = NS, role = "manager", ack_timeout = -1 } end,
+                     "lecho.registry.new: 'ack_timeout' must be a non-negative number")
+  end)
+end)
+
+describe("lecho.registry list and snapshot", function()
+  it("shows full membership for own channels, the manager for assigned ones", function()
+    local reg, w = new(), wire()
+    req(reg, w, P1, { op = "join", ch = "own", role = "producer" })
+    req(reg, w, C1, { op = "join", ch = "own", role = "consumer" })   -- waits for P1
+    req(reg, w, M1, { op = "register_manager" })
+    req(reg, w, P2, { op = "lookup", ch = "far" })
+    w.take()
+    local id = req(reg, w, C2, { op = "list" })
+    local r = reply_to(w, C2)
+    local own = r.channels.own
+    assert.are.equal(id, r.rid)
+    assert.are.same({ M1 }, r.managers)
+    assert.are.same({ manager = M1 }, r.channels.far)
+    assert.are.same({ manager = NS, ver = own.ver, producers = { [P1] = 1 }, consumers = { [C1] = 1 },
+                      waiting = 1 }, own)
+    local s = reg:snapshot()
+    assert.are.equal(NS, s.addr); assert.are.equal("nameserver", s.role)
+    assert.are.same(r.channels, s.channels)
+    s.channels.own.producers[P1] = 99                    -- a copy, not the state
+    assert.are.same({ [P1] = 1 }, reg:snapshot().channels.own.producers)
+  end)
+
+  it("lists a manager's channels", function()
+    local reg, w = new("manager"), wire()
+    req(reg, w, P1, { op = "join", ch = "x", role = "producer" }); w.take()
+    req(reg, w, C1, { op = "list" })
+    local r = reply_to(w, C1)
+    assert.are.same({ "x" }, (function() local t = {} for k in pairs(r.channels) do t[#t+1] = k end return t end)())
+    assert.are.same({}, r.managers)
+  end)
+end)
+
+describe("lecho.registry under random traffic", function()
+  it("never raises, answers every request once, keeps counts consistent", function()
+    math.randomseed(42)
+    local addrs = { P1, P2, C1, C2, M1, NS }
+    local chs = { "a", "b", "c" }
+    local values = { nil, 0, -1, 1e9, "", "a", "producer", "consumer", true, {}, { 1, 2 } }
+    local opsl = { "join", "leave", "lookup", "list", "register_manager", "members_ok", "reply", "zz" }
+    local reg, answered, pending = new(), {}, {}
+    local function send(to, msg)
+      if msg.op == "reply" then
+        local key = to .. "#" .. tostring(msg.rid)
+        assert.is_nil(answered[key])              -- exactly one reply per request
+        answered[key] = true
+        pending[key] = nil
+      elseif msg.op == "members" and math.random() < 0.7 then
+        reg:handle(to, { op = "members_ok", ch = msg.ch, ver = msg.ver, mid = msg.mid }, send, 0)
+      end
+    end
+    local now, n = 0, 0
+    for _ = 1, 5000 do
+      now = now + 0.05
+      local r = math.random()
+      if r < 0.03 then
+        local dead = addrs[math.random(#addrs)]
+        for key, from in pairs(pending) do      -- its waiting joins are dropped
+          if from == dead then pending[key] = nil end
+        end
+        assert.is_true(reg:peer_down(dead, send, now))
+      elseif r < 0.1 then
+        assert.is_true(reg:tick(send, now))
+      else
+        local from = addrs[math.random(#addrs)]
+        local msg = { op = opsl[math.random(#opsl)], ch = chs[math.random(#chs)],
+                      role = math.random() < 0.5 and "producer" or "consumer" }
+        if math.random() < 0.1 then msg.ch = values[math.random(#values)] end
+        if math.random() < 0.1 then msg.role = values[math.random(#values)] end
+        if msg.op ~= "members_ok" and msg.op ~= "reply" and math.random() < 0.95 then
+          n = n + 1
+          msg.rid = n
+          pending[from .. "#" .. n] = from
+        end
+        if msg.op == "members_ok" then msg.ver = math.random(0, 50) end
+        assert.is_true(reg:handle(from, msg, send, now))
+      end
+      for _, c in pairs(reg.channels) do
+        for _, p in pairs(c.producers) do assert.is_true(p.count > 0) end
+        for _, q in pairs(c.consumers) do assert.is_true(q.count > 0) end
+      end
+    end
+    reg:tick(send, now + 10)
+    assert.are.same({}, pending)                -- every request answered (or its sender died)
+    assert.is_true(n > 1000)
+  end)
+end)

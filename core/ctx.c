@@ -279,7 +279,7 @@ static void peer_lost(lei_peer *p, const char *reason) {
     p->last_fail = ev_now(c->loop);
     snprintf(p->reason, sizeof p->reason, "%s", reason);
     q_clear(c, p, 1);
-    memset(p->bound, 0, p->nbound);
+    if (p->nbound) memset(p->bound, 0, p->nbound); /* bound is NULL until a channel is sent */
     syncs_peer_lost(c, p, reason);
     if (c->h.peer) c->h.peer(c->h.ud, p, 0, reason);
 }
@@ -1001,6 +1001,16 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
     return 0;
 }
 
+/* Before the handshake is done only HELLO, HELLO_OK and ERROR frames may
+ * come, all small: an unidentified peer (an HTTP client, say) must not make
+ * the context allocate, or wait for, a frame of up to max_frame bytes. */
+#define HANDSHAKE_FRAME_MAX 4096
+
+static size_t conn_max_frame(const lei_conn *k) {
+    size_t max = k->ctx->o.max_frame;
+    return k->state == C_UP || max < HANDSHAKE_FRAME_MAX ? max : HANDSHAKE_FRAME_MAX;
+}
+
 static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
     (void)loop;
     (void)revents;
@@ -1017,7 +1027,7 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
     if (k->rlen - k->rpos >= 4) {
         const uint8_t *h = k->rb + k->rpos;
         size_t flen = (size_t)h[0] | (size_t)h[1] << 8 | (size_t)h[2] << 16 | (size_t)h[3] << 24;
-        if (flen <= c->o.max_frame && flen + 4 > want) want = flen + 4;
+        if (flen <= conn_max_frame(k) && flen + 4 > want) want = flen + 4;
     }
     if (k->rcap - k->rlen < RBUF_MIN && k->rcap < k->rlen + want) {
         size_t ncap = k->rlen + want;
@@ -1048,14 +1058,15 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
     for (;;) {
         lei_frame f;
         const char *err = NULL;
-        int r = lei_frame_next(k->rb + k->rpos, k->rlen - k->rpos, c->o.max_frame, &f, &err);
+        size_t max = conn_max_frame(k); /* the handshake may end at any frame */
+        int r = lei_frame_next(k->rb + k->rpos, k->rlen - k->rpos, max, &f, &err);
         if (r == 0) break;
         if (r < 0) {
             char why[160];
             const uint8_t *h = k->rb + k->rpos;
             snprintf(why, sizeof why, "%s (%u bytes, limit %zu)", err,
                      (unsigned)(h[0] | h[1] << 8 | h[2] << 16 | (uint32_t)h[3] << 24),
-                     c->o.max_frame);
+                     max);
             conn_close(k, why, 1);
             break;
         }

@@ -33,7 +33,6 @@ typedef struct lb_ctx {
     size_t pin_threshold;
     int stopping;
     lb_timer *timers;      /* live timers, stopped when the context closes */
-    ev_timer wake;         /* bounds run_once */
 } lb_ctx;
 
 struct lb_timer {
@@ -182,7 +181,6 @@ static int l_new(lua_State *L) {
     lei_hooks h = {b, hook_event, hook_ctrl, hook_peer, hook_unpin, hook_log};
     b->c = lei_ctx_new(&o, &h);
     if (!b->c) return luaL_error(L, "lecho: cannot create a context (libev loop)");
-    ev_init(&b->wake, NULL);
     lua_getglobal(L, "debug");
     lua_getfield(L, -1, "traceback");
     b->ref_tb = luaL_ref(L, LUA_REGISTRYINDEX);
@@ -205,7 +203,6 @@ static void ctx_close(lb_ctx *b, lua_State *L) {
         }
         t->b = NULL;
     }
-    ev_timer_stop(b->c->loop, &b->wake);
     lei_ctx_free(b->c);
     b->c = NULL;
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_event);
@@ -518,10 +515,13 @@ static int l_run_once(lua_State *L) {
         if (t <= 0) {
             ev_run(b->c->loop, EVRUN_NOWAIT);
         } else {
-            ev_timer_init(&b->wake, wake_cb, t, 0.);
-            ev_timer_start(b->c->loop, &b->wake);
-            ev_run(b->c->loop, EVRUN_ONCE);
-            if (b->c) ev_timer_stop(b->c->loop, &b->wake);
+            /* On this C stack frame: nested run_once calls each get their own. */
+            ev_timer wake;
+            struct ev_loop *loop = b->c->loop;
+            ev_timer_init(&wake, wake_cb, t, 0.);
+            ev_timer_start(loop, &wake);
+            ev_run(loop, EVRUN_ONCE);
+            ev_timer_stop(loop, &wake);
         }
     }
     b->L = saved;

@@ -32,7 +32,7 @@ M.consumer = M.gen .. [[
 local cjson = require "cjson"
 local lecho = require "lecho"
 local opts = cjson.decode(arg[1])
-local ctx = lecho.context{ nameserver = opts.ns, quiet = true }
+local ctx = lecho.context{ nameserver = opts.ns, quiet = not os.getenv("LECHO_SPEC_LOG") }
 local res = { count = 0, ran = 0, order_ok = true, values_ok = true, by = {} }
 local last = {}
 local cons = {}
@@ -69,7 +69,13 @@ for _, name in ipairs(opts.channels) do
 end
 io.stdout:write("ready\n")
 io.stdout:flush()
-ctx:after(opts.duration or 20, function() res.timeout = true; ctx:stop() end)
+-- The bound is checked against the wall clock once a second: after a
+-- SIGSTOP/SIGCONT (the policy specs do that) a single long libev timer was
+-- seen firing early, which is under investigation (see the issue notes).
+local started = os.time()
+ctx:every(1.0, function()
+  if os.time() - started >= (opts.duration or 20) then res.timeout = true; ctx:stop() end
+end)
 ctx:run()
 local s = ctx:stats()
 res.peers = {}

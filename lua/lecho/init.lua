@@ -97,7 +97,7 @@ function M.context(opts)
       addr = addr, role = opts.manager and opts.nameserver and "manager" or "nameserver",
       ack_timeout = opts.ack_timeout or 2.0,
       log = function(level, msg)
-        if level ~= "debug" then self.log(("%s: %s"):format(level, msg)) end
+        if level == "warn" or level == "error" then self.log(("%s: %s"):format(level, msg)) end
       end,
     }
     self.tick = c:timer(0.1, 0.1, function() self.reg:tick(self._send, now(self)) end)

@@ -1,0 +1,761 @@
+/*
+ * bench/baseline_tcp.c -- raw TCP baseline for the lecho benchmark suite.
+ *
+ * What it measures
+ *   The "physical limit" of loopback TCP on this machine, done the way a
+ *   careful hand-written middleware would do it, so that lecho and ZeroMQ
+ *   (bench/baseline_zmq.c) can be compared against it.  One process forks
+ *   its peer: the parent binds a listening socket on 127.0.0.1 port 0 (the
+ *   OS picks the port), forks, the child accepts (server role) and the
+ *   parent connects (client / sender role).  Both sockets use TCP_NODELAY;
+ *   kernel socket buffer sizes are left at the OS defaults (autotuning).
+ *
+ * Framing
+ *   Every message is a frame: 4-byte big-endian length, then that many
+ *   payload bytes.  The first payload byte carries the low 8 bits of the
+ *   frame's sequence number and the receiver checks it (and the length),
+ *   so a benchmark that loses or reorders data fails instead of reporting.
+ *
+ * Workloads (argv: [--warmup K] WORKLOAD SIZE N)
+ *   pingpong SIZE N   Client writes one frame of SIZE payload bytes (header
+ *                     and payload in one write), server reads it through a
+ *                     buffered frame reader and replies with an empty frame
+ *                     (4-byte length 0); client reads the 4 bytes.  Each
+ *                     round trip is timed individually; reports the mean
+ *                     (us_per_op) and p50/p99 of the sorted samples.
+ *   stream SIZE N     One-way frames.  The sender copies frames into a
+ *                     64 KiB user buffer and write()s it when the next frame
+ *                     would not fit (frames larger than the buffer are
+ *                     written with one writev of header + payload after a
+ *                     flush).  The receiver read()s into a >=256 KiB buffer
+ *                     and parses frames in place (no payload copy).  After
+ *                     the last frame the receiver writes one byte back; the
+ *                     sender stops the clock when that byte arrives, so the
+ *                     time covers full delivery.  Reports frames/s and MB/s.
+ *   bulk CHUNK N      N chunks of CHUNK bytes, each as one writev of the
+ *                     4-byte header + the chunk straight from the buffer (no
+ *                     copy, kernel takes it in large pieces).  The receiver
+ *                     reads the header, then read()s the chunk straight into
+ *                     a CHUNK-byte buffer.  Same one-byte end handshake.
+ *
+ * Warmup
+ *   K untimed operations run first (default: pingpong 1000, stream 10000,
+ *   bulk 2, each capped at N/10; --warmup K overrides).  For stream/bulk
+ *   the receiver acknowledges the end of the warmup with one byte, and the
+ *   timed run starts only after that byte arrives, so the warmup never
+ *   overlaps the measurement.
+ *
+ * Output: ONE line of JSON on stdout, e.g.
+ *   {"impl":"tcp","workload":"pingpong","size":400,"n":20000,"warmup":1000,
+ *    "seconds":..,"us_per_op":..,"ops_per_s":..,"mb_per_s":..,
+ *    "p50_us":..,"p99_us":..}
+ *   seconds = timed part only; us_per_op = seconds*1e6/n; ops_per_s =
+ *   n/seconds; mb_per_s = n*SIZE payload bytes (one direction, headers not
+ *   counted) / 1e6 / seconds.  p50_us/p99_us appear for pingpong only.
+ *
+ * Failure handling
+ *   Both processes call alarm(60).  If the child fails (exit status != 0
+ *   or signal) the parent prints a message and exits 1; the child is always
+ *   reaped (SIGCHLD handler, or kill + waitpid on the parent's error paths);
+ *   the child dies with the parent (PR_SET_PDEATHSIG).
+ *
+ * Build:
+ *   gcc -O2 -g -Wall -Wextra -Werror -std=gnu99 -o bench/baseline_tcp \
+ *       bench/baseline_tcp.c
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PROG "baseline_tcp"
+#define ALARM_SECONDS 60
+#define BATCH_CAP (64 * 1024)     /* stream sender's user buffer */
+#ifndef RX_MIN_CAP
+#define RX_MIN_CAP (256 * 1024)   /* frame reader's minimum buffer */
+#endif
+#define MAX_SIZE (1u << 30)       /* largest accepted SIZE/CHUNK */
+
+static const char *role = "parent";      /* for messages */
+static volatile pid_t child_pid = -1;    /* >0 in parent while unreaped */
+
+/* ---------------------------------------------------------------------- */
+/* Errors, signals, reaping                                               */
+/* ---------------------------------------------------------------------- */
+
+/* Async-signal-safe: write string s to stderr. */
+static void sig_puts(const char *s)
+{
+    ssize_t r = write(STDERR_FILENO, s, strlen(s));
+    (void)r;
+}
+
+/* Async-signal-safe: write non-negative integer v to stderr. */
+static void sig_putint(int v)
+{
+    char b[16];
+    int i = sizeof b;
+    b[--i] = '\0';
+    do {
+        b[--i] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v > 0 && i > 0);
+    sig_puts(&b[i]);
+}
+
+/* Async-signal-safe: describe a waitpid status on stderr. */
+static void sig_put_status(int st)
+{
+    if (WIFEXITED(st)) {
+        sig_puts("exit status ");
+        sig_putint(WEXITSTATUS(st));
+    } else if (WIFSIGNALED(st)) {
+        sig_puts("killed by signal ");
+        sig_putint(WTERMSIG(st));
+    } else {
+        sig_puts("unknown status");
+    }
+}
+
+/* Parent's SIGCHLD handler: reap the child.  A failed child makes the
+ * parent exit 1 immediately; a successful one (it finished its side of the
+ * protocol) just records that it is gone. */
+static volatile int child_status = 0;
+static void on_sigchld(int sig)
+{
+    (void)sig;
+    int saved = errno, st;
+    pid_t p = child_pid;
+    if (p > 0 && waitpid(p, &st, WNOHANG) == p) {
+        child_pid = -1;
+        child_status = st;
+        if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+            sig_puts(PROG ": peer process failed (");
+            sig_put_status(st);
+            sig_puts(")\n");
+            _exit(1);
+        }
+    }
+    errno = saved;
+}
+
+/* Either process's SIGALRM handler: the run exceeded ALARM_SECONDS.  The
+ * parent kills and reaps the child before exiting. */
+static void on_sigalrm(int sig)
+{
+    (void)sig;
+    sig_puts(PROG ": ");
+    sig_puts(role);
+    sig_puts(": timed out after 60 s\n");
+    pid_t p = child_pid;
+    if (p > 0) {
+        kill(p, SIGKILL);
+        waitpid(p, NULL, 0);
+    }
+    _exit(1);
+}
+
+/* Kill (if still running) and reap the child; used on parent error paths.
+ * SIGCHLD is blocked first so the handler cannot race us. */
+static void kill_and_reap_child(void)
+{
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &s, NULL);
+    pid_t p = child_pid;
+    if (p > 0) {
+        kill(p, SIGKILL);
+        waitpid(p, NULL, 0);
+        child_pid = -1;
+    }
+}
+
+/* Print "baseline_tcp: ROLE: message" and exit 1 (the child with _exit so
+ * inherited stdio buffers are not flushed twice; the parent after reaping
+ * the child). */
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, PROG ": %s: ", role);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    if (strcmp(role, "parent") == 0) {
+        kill_and_reap_child();
+        exit(1);
+    }
+    _exit(1);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Blocking I/O helpers                                                   */
+/* ---------------------------------------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Write all len bytes of p to fd; dies on error. */
+static void write_all(int fd, const void *p, size_t len)
+{
+    const char *c = p;
+    while (len > 0) {
+        ssize_t r = write(fd, c, len);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            die("write: %s", strerror(errno));
+        }
+        c += r;
+        len -= (size_t)r;
+    }
+}
+
+/* writev all bytes described by iov[0..cnt) (iov is modified); dies on
+ * error. */
+static void writev_all(int fd, struct iovec *iov, int cnt)
+{
+    while (cnt > 0) {
+        ssize_t r = writev(fd, iov, cnt);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            die("writev: %s", strerror(errno));
+        }
+        size_t done = (size_t)r;
+        while (cnt > 0 && done >= iov->iov_len) {
+            done -= iov->iov_len;
+            iov++;
+            cnt--;
+        }
+        if (cnt > 0) {
+            iov->iov_base = (char *)iov->iov_base + done;
+            iov->iov_len -= done;
+        }
+    }
+}
+
+/* Read exactly len bytes from fd into p; dies on error or EOF (peer gone). */
+static void read_exact(int fd, void *p, size_t len)
+{
+    char *c = p;
+    while (len > 0) {
+        ssize_t r = read(fd, c, len);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            die("read: %s", strerror(errno));
+        }
+        if (r == 0)
+            die("peer closed the connection unexpectedly");
+        c += r;
+        len -= (size_t)r;
+    }
+}
+
+static void put_be32(uint8_t *p, uint32_t v)
+{
+    v = htonl(v);
+    memcpy(p, &v, 4);
+}
+
+static uint32_t get_be32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return ntohl(v);
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        die("out of memory (%zu bytes)", n);
+    memset(p, 0x5a, n);   /* touch the pages before timing */
+    return p;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Buffered frame reader (receiver side of pingpong and stream)           */
+/* ---------------------------------------------------------------------- */
+
+struct rx {
+    int fd;
+    uint8_t *buf;
+    size_t cap, rd, wr;   /* unparsed bytes are buf[rd..wr) */
+};
+
+/* Prepare a reader on fd able to hold frames of up to max_payload bytes. */
+static void rx_init(struct rx *rx, int fd, size_t max_payload)
+{
+    rx->fd = fd;
+    rx->cap = max_payload + 4 > RX_MIN_CAP ? max_payload + 4 : RX_MIN_CAP;
+    rx->buf = xmalloc(rx->cap);
+    rx->rd = rx->wr = 0;
+}
+
+/* Return the next complete frame: *payload points into the reader's buffer
+ * (valid until the next call), *len is its length.  read()s as much as the
+ * buffer can take whenever no complete frame is buffered, compacting the
+ * partial frame to the front when the tail is too short.  Dies on EOF,
+ * read error, or a frame that cannot fit the buffer. */
+static void rx_frame(struct rx *rx, const uint8_t **payload, uint32_t *len)
+{
+    for (;;) {
+        size_t avail = rx->wr - rx->rd;
+        size_t need = 4;
+        if (avail >= 4) {
+            uint32_t l = get_be32(rx->buf + rx->rd);
+            if ((size_t)l + 4 > rx->cap)
+                die("frame of %u bytes exceeds reader buffer", l);
+            need = (size_t)l + 4;
+            if (avail >= need) {
+                *payload = rx->buf + rx->rd + 4;
+                *len = l;
+                rx->rd += need;
+                return;
+            }
+        }
+        if (avail == 0) {
+            rx->rd = rx->wr = 0;
+        } else if (rx->cap - rx->rd < need) {
+            memmove(rx->buf, rx->buf + rx->rd, avail);
+            rx->rd = 0;
+            rx->wr = avail;
+        }
+        ssize_t r = read(rx->fd, rx->buf + rx->wr, rx->cap - rx->wr);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            die("read: %s", strerror(errno));
+        }
+        if (r == 0)
+            die("peer closed the connection unexpectedly");
+        rx->wr += (size_t)r;
+    }
+}
+
+/* Get the next frame and check it has length size and sequence byte seq. */
+static void rx_expect(struct rx *rx, uint32_t size, uint64_t seq)
+{
+    const uint8_t *p;
+    uint32_t len;
+    rx_frame(rx, &p, &len);
+    if (len != size)
+        die("frame %llu: length %u, expected %u", (unsigned long long)seq,
+            len, size);
+    if (size > 0 && p[0] != (uint8_t)seq)
+        die("frame %llu: bad sequence byte", (unsigned long long)seq);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Workloads                                                              */
+/* ---------------------------------------------------------------------- */
+
+struct result {
+    double seconds;
+    double *samples;   /* pingpong: per-round-trip seconds, else NULL */
+};
+
+/* pingpong server (child): answer warmup+n frames with empty frames. */
+static void pingpong_server(int fd, uint32_t size, uint64_t total)
+{
+    struct rx rx;
+    uint8_t reply[4];
+    rx_init(&rx, fd, size);
+    put_be32(reply, 0);
+    for (uint64_t i = 0; i < total; i++) {
+        rx_expect(&rx, size, i);
+        write_all(fd, reply, 4);
+    }
+}
+
+/* pingpong client (parent): warmup untimed round trips, then n timed
+ * ones, recording each round trip's duration in res->samples. */
+static void pingpong_client(int fd, uint32_t size, uint64_t warmup,
+                            uint64_t n, struct result *res)
+{
+    uint8_t *frame = xmalloc((size_t)size + 4);
+    uint8_t reply[4];
+    put_be32(frame, size);
+    res->samples = xmalloc(n * sizeof(double));
+    double t0 = 0;
+    for (uint64_t i = 0; i < warmup + n; i++) {
+        if (i == warmup)
+            t0 = now_s();
+        double a = now_s();
+        if (size > 0)
+            frame[4] = (uint8_t)i;
+        write_all(fd, frame, (size_t)size + 4);
+        read_exact(fd, reply, 4);
+        if (get_be32(reply) != 0)
+            die("bad pingpong reply");
+        if (i >= warmup)
+            res->samples[i - warmup] = now_s() - a;
+    }
+    res->seconds = now_s() - t0;
+    free(frame);
+}
+
+/* Stream sender state: the 64 KiB batch buffer. */
+struct batch {
+    uint8_t buf[BATCH_CAP];
+    size_t used;
+};
+
+static void batch_flush(int fd, struct batch *b)
+{
+    if (b->used > 0)
+        write_all(fd, b->buf, b->used);
+    b->used = 0;
+}
+
+/* Queue frames seq0..seq0+count-1 (payload from src, sequence byte
+ * patched in) into the batch buffer, writing it out whenever the next
+ * frame would not fit; frames larger than the buffer go out with writev.
+ * Flushes at the end. */
+static void stream_send_frames(int fd, struct batch *b, uint8_t *src,
+                               uint32_t size, uint64_t seq0, uint64_t count)
+{
+    size_t flen = (size_t)size + 4;
+    for (uint64_t s = seq0; s < seq0 + count; s++) {
+        if (size > 0)
+            src[0] = (uint8_t)s;
+        if (flen > BATCH_CAP) {
+            uint8_t hdr[4];
+            struct iovec iov[2];
+            batch_flush(fd, b);
+            put_be32(hdr, size);
+            iov[0].iov_base = hdr;
+            iov[0].iov_len = 4;
+            iov[1].iov_base = src;
+            iov[1].iov_len = size;
+            writev_all(fd, iov, 2);
+            continue;
+        }
+        if (b->used + flen > BATCH_CAP)
+            batch_flush(fd, b);
+        put_be32(b->buf + b->used, size);
+        memcpy(b->buf + b->used + 4, src, size);
+        b->used += flen;
+    }
+    batch_flush(fd, b);
+}
+
+/* Wait for the receiver's one-byte acknowledgement. */
+static void wait_ack(int fd)
+{
+    char c;
+    read_exact(fd, &c, 1);
+    if (c != 'A')
+        die("bad acknowledgement byte");
+}
+
+static void send_ack(int fd)
+{
+    write_all(fd, "A", 1);
+}
+
+/* stream sender (parent). */
+static void stream_sender(int fd, uint32_t size, uint64_t warmup, uint64_t n,
+                          struct result *res)
+{
+    struct batch *b = xmalloc(sizeof *b);
+    uint8_t *src = xmalloc(size);
+    b->used = 0;
+    if (warmup > 0) {
+        stream_send_frames(fd, b, src, size, 0, warmup);
+        wait_ack(fd);
+    }
+    double t0 = now_s();
+    stream_send_frames(fd, b, src, size, warmup, n);
+    wait_ack(fd);
+    res->seconds = now_s() - t0;
+    free(src);
+    free(b);
+}
+
+/* stream receiver (child): parse warmup frames, ack, n frames, ack. */
+static void stream_receiver(int fd, uint32_t size, uint64_t warmup,
+                            uint64_t n)
+{
+    struct rx rx;
+    rx_init(&rx, fd, size);
+    for (uint64_t i = 0; i < warmup; i++)
+        rx_expect(&rx, size, i);
+    if (warmup > 0)
+        send_ack(fd);
+    for (uint64_t i = warmup; i < warmup + n; i++)
+        rx_expect(&rx, size, i);
+    if (rx.wr != rx.rd)
+        die("unexpected trailing bytes after the last frame");
+    send_ack(fd);
+}
+
+/* Send chunks seq0..seq0+count-1, each one writev(header, chunk). */
+static void bulk_send_chunks(int fd, uint8_t *chunk, uint32_t size,
+                             uint64_t seq0, uint64_t count)
+{
+    uint8_t hdr[4];
+    put_be32(hdr, size);
+    for (uint64_t s = seq0; s < seq0 + count; s++) {
+        struct iovec iov[2];
+        if (size > 0)
+            chunk[0] = (uint8_t)s;
+        iov[0].iov_base = hdr;
+        iov[0].iov_len = 4;
+        iov[1].iov_base = chunk;
+        iov[1].iov_len = size;
+        writev_all(fd, iov, 2);
+    }
+}
+
+/* Receive count chunks straight into buf, checking length and sequence. */
+static void bulk_recv_chunks(int fd, uint8_t *buf, uint32_t size,
+                             uint64_t seq0, uint64_t count)
+{
+    for (uint64_t s = seq0; s < seq0 + count; s++) {
+        uint8_t hdr[4];
+        read_exact(fd, hdr, 4);
+        if (get_be32(hdr) != size)
+            die("chunk %llu: bad length", (unsigned long long)s);
+        read_exact(fd, buf, size);
+        if (size > 0 && buf[0] != (uint8_t)s)
+            die("chunk %llu: bad sequence byte", (unsigned long long)s);
+    }
+}
+
+static void bulk_sender(int fd, uint32_t size, uint64_t warmup, uint64_t n,
+                        struct result *res)
+{
+    uint8_t *chunk = xmalloc(size);
+    if (warmup > 0) {
+        bulk_send_chunks(fd, chunk, size, 0, warmup);
+        wait_ack(fd);
+    }
+    double t0 = now_s();
+    bulk_send_chunks(fd, chunk, size, warmup, n);
+    wait_ack(fd);
+    res->seconds = now_s() - t0;
+    free(chunk);
+}
+
+static void bulk_receiver(int fd, uint32_t size, uint64_t warmup, uint64_t n)
+{
+    uint8_t *buf = xmalloc(size);
+    bulk_recv_chunks(fd, buf, size, 0, warmup);
+    if (warmup > 0)
+        send_ack(fd);
+    bulk_recv_chunks(fd, buf, size, warmup, n);
+    send_ack(fd);
+    free(buf);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Main                                                                   */
+/* ---------------------------------------------------------------------- */
+
+enum workload { W_PINGPONG, W_STREAM, W_BULK };
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Nearest-rank percentile (p in (0,1]) of sorted v[0..n). */
+static double percentile(const double *v, uint64_t n, double p)
+{
+    uint64_t k = (uint64_t)(p * (double)n + 0.999999);
+    if (k < 1)
+        k = 1;
+    if (k > n)
+        k = n;
+    return v[k - 1];
+}
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: " PROG " [--warmup K] pingpong|stream|bulk SIZE N\n");
+    exit(2);
+}
+
+static uint64_t parse_u64(const char *s)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-')
+        usage();
+    return v;
+}
+
+static void set_nodelay(int fd)
+{
+    int one = 1;
+    if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0)
+        die("setsockopt(TCP_NODELAY): %s", strerror(errno));
+}
+
+int main(int argc, char **argv)
+{
+    int ai = 1;
+    int64_t warmup_opt = -1;
+    if (ai + 1 < argc && strcmp(argv[ai], "--warmup") == 0) {
+        warmup_opt = (int64_t)parse_u64(argv[ai + 1]);
+        ai += 2;
+    }
+    if (argc - ai != 3)
+        usage();
+    const char *wname = argv[ai];
+    enum workload w;
+    uint64_t def_warmup;
+    if (strcmp(wname, "pingpong") == 0) {
+        w = W_PINGPONG;
+        def_warmup = 1000;
+    } else if (strcmp(wname, "stream") == 0) {
+        w = W_STREAM;
+        def_warmup = 10000;
+    } else if (strcmp(wname, "bulk") == 0) {
+        w = W_BULK;
+        def_warmup = 2;
+    } else {
+        usage();
+    }
+    uint64_t size64 = parse_u64(argv[ai + 1]);
+    uint64_t n = parse_u64(argv[ai + 2]);
+    if (size64 > MAX_SIZE || n < 1)
+        usage();
+    uint32_t size = (uint32_t)size64;
+    uint64_t warmup = warmup_opt >= 0 ? (uint64_t)warmup_opt : def_warmup;
+    if (warmup_opt < 0 && warmup > n / 10)
+        warmup = n / 10;
+
+    signal(SIGPIPE, SIG_IGN);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigalrm;
+    sigaction(SIGALRM, &sa, NULL);
+    sa.sa_handler = on_sigchld;
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &sa, NULL);
+    alarm(ALARM_SECONDS);
+
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    if (lfd < 0)
+        die("socket: %s", strerror(errno));
+    struct sockaddr_in addr;
+    socklen_t alen = sizeof addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    if (bind(lfd, (struct sockaddr *)&addr, sizeof addr) < 0)
+        die("bind: %s", strerror(errno));
+    if (listen(lfd, 1) < 0)
+        die("listen: %s", strerror(errno));
+    if (getsockname(lfd, (struct sockaddr *)&addr, &alen) < 0)
+        die("getsockname: %s", strerror(errno));
+
+    fflush(NULL);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork: %s", strerror(errno));
+    if (pid == 0) {
+        /* Child: server / receiver. */
+        role = "child";
+        signal(SIGCHLD, SIG_DFL);
+        alarm(ALARM_SECONDS);
+        /* Do not outlive the parent (e.g. it was killed). */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+            die("parent gone or prctl failed");
+        int fd = accept(lfd, NULL, NULL);
+        if (fd < 0)
+            die("accept: %s", strerror(errno));
+        close(lfd);
+        set_nodelay(fd);
+        switch (w) {
+        case W_PINGPONG: pingpong_server(fd, size, warmup + n); break;
+        case W_STREAM: stream_receiver(fd, size, warmup, n); break;
+        case W_BULK: bulk_receiver(fd, size, warmup, n); break;
+        }
+        /* Wait for the parent to close so our last bytes are not reset. */
+        char c;
+        while (read(fd, &c, 1) > 0)
+            ;
+        close(fd);
+        _exit(0);
+    }
+    child_pid = pid;
+    close(lfd);
+
+    /* Parent: client / sender. */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        die("socket: %s", strerror(errno));
+    set_nodelay(fd);
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0)
+        die("connect: %s", strerror(errno));
+
+    struct result res = { 0, NULL };
+    switch (w) {
+    case W_PINGPONG: pingpong_client(fd, size, warmup, n, &res); break;
+    case W_STREAM: stream_sender(fd, size, warmup, n, &res); break;
+    case W_BULK: bulk_sender(fd, size, warmup, n, &res); break;
+    }
+    close(fd);
+
+    /* Reap the child (unless the SIGCHLD handler already did). */
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &s, NULL);
+    int st = child_status;
+    if (child_pid > 0) {
+        if (waitpid(child_pid, &st, 0) != child_pid)
+            die("waitpid: %s", strerror(errno));
+        child_pid = -1;
+    }
+    if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+        fprintf(stderr, PROG ": peer process failed (");
+        sig_put_status(st);
+        fprintf(stderr, ")\n");
+        return 1;
+    }
+
+    double secs = res.seconds;
+    printf("{\"impl\":\"tcp\",\"workload\":\"%s\",\"size\":%u,\"n\":%llu,"
+           "\"warmup\":%llu,\"seconds\":%.6f,\"us_per_op\":%.3f,"
+           "\"ops_per_s\":%.1f,\"mb_per_s\":%.2f",
+           wname, size, (unsigned long long)n, (unsigned long long)warmup,
+           secs, secs * 1e6 / (double)n, (double)n / secs,
+           (double)n * (double)size / 1e6 / secs);
+    if (res.samples) {
+        qsort(res.samples, n, sizeof(double), cmp_double);
+        printf(",\"p50_us\":%.3f,\"p99_us\":%.3f",
+               percentile(res.samples, n, 0.50) * 1e6,
+               percentile(res.samples, n, 0.99) * 1e6);
+        free(res.samples);
+    }
+    printf("}\n");
+    return fflush(stdout) == 0 ? 0 : 1;
+}

@@ -1,0 +1,741 @@
+/*
+ * bench/baseline_zmq.c -- ZeroMQ (libzmq) baseline for the lecho benchmark
+ * suite.  Same argv interface and JSON output as bench/baseline_tcp.c, with
+ * "impl":"zmq".
+ *
+ * What it measures
+ *   libzmq used the idiomatic way for each pattern, over tcp://127.0.0.1.
+ *   The process forks first (no ZeroMQ context exists before the fork; a
+ *   context must never cross a fork) and each side then creates its own
+ *   context (1 I/O thread, the default).  The parent binds
+ *   "tcp://127.0.0.1:*", reads the OS-chosen port back with
+ *   ZMQ_LAST_ENDPOINT and passes the endpoint string to the child through
+ *   a pipe; the child connects.  A second pipe (child -> parent) carries
+ *   one-byte control signals (ready / warmup done / all received).  libzmq
+ *   sets TCP_NODELAY on its TCP sockets itself; kernel socket buffers are
+ *   left at the OS defaults, as in the TCP baseline.  ZMQ_LINGER is 5 s;
+ *   at the end only the child's REP keeps it (its last reply must go out),
+ *   every other socket closes with linger 0: all data has been
+ *   acknowledged by then, and a SUB/PULL would otherwise sit out the whole
+ *   linger re-sending its subscription to the parent's closed listener.
+ *
+ * Framing / batching
+ *   ZeroMQ does its own framing (ZMTP: 2- or 9-byte frame header) and its
+ *   own batching: zmq_send() only queues a message to the I/O thread, which
+ *   packs queued messages into an 8 KiB encoder buffer per write (large
+ *   messages are written from the message itself).  Every message carries
+ *   the low 8 bits of its sequence number in its first byte and the
+ *   receiver checks it and the length, as in the TCP baseline.
+ *
+ * Workloads (argv: [--warmup K] [--hwm H] WORKLOAD SIZE N)
+ *   pingpong SIZE N   REQ (parent, bind) / REP (child, connect).  The parent
+ *                     zmq_send()s SIZE bytes, the child replies with an
+ *                     empty message; each round trip is timed, reports the
+ *                     mean (us_per_op) and p50/p99 of the sorted samples.
+ *   stream SIZE N     Publish/subscribe: XPUB (parent, bind) / SUB (child,
+ *                     connect, subscribed to "").  Nothing may be dropped,
+ *                     so the publisher is an XPUB with ZMQ_XPUB_NODROP=1
+ *                     and ZMQ_SNDHWM = ZMQ_RCVHWM = H (default 1000,
+ *                     libzmq's default): at the HWM zmq_send blocks instead
+ *                     of dropping -- the same back-pressure a full TCP
+ *                     socket buffer gives the TCP baseline.  (A plain PUB
+ *                     can only be made lossless with HWM 0 = unlimited
+ *                     queue; measured here that lets the publisher queue
+ *                     hundreds of MB and was 1.3-1.7x slower and much
+ *                     noisier; --hwm 0 reproduces that configuration, as
+ *                     XPUB with an unlimited HWM behaves like PUB.  XPUB
+ *                     is wire-identical to PUB; the SUB side is plain.)
+ *                     Slow-joiner handshake: the parent publishes
+ *                     "hello" messages of SIZE+1 bytes
+ *                     every 1 ms until the child reports on the pipe that
+ *                     it has received one; hellos still in flight are
+ *                     recognised by their length and discarded.  Then K
+ *                     warmup messages, the child signals on the pipe, the
+ *                     clock starts, N messages, the child signals receipt
+ *                     of all N, the clock stops.  The receiver uses
+ *                     zmq_msg_recv (no copy out of the message).
+ *   bulk CHUNK N      PUSH (parent, bind) / PULL (child, connect): N
+ *                     messages of CHUNK bytes, each zmq_send() from one
+ *                     buffer (libzmq copies it into the message), received
+ *                     with zmq_msg_recv.  SNDHWM = RCVHWM = H messages
+ *                     (default 2) to bound memory; PUSH blocks at the HWM,
+ *                     never drops.  (Measured: HWM 1-2 about 10-20% faster
+ *                     than 4, and 1000 -- queueing every 10 MiB chunk --
+ *                     clearly slower.)  Same warmup / end handshake.
+ *
+ * Warmup: default pingpong 1000, stream 10000, bulk 2, each capped at N/10;
+ * --warmup K overrides.
+ *
+ * Output: ONE line of JSON on stdout, fields as in baseline_tcp.c:
+ *   seconds = timed part only; us_per_op = seconds*1e6/n; ops_per_s =
+ *   n/seconds; mb_per_s = n*SIZE payload bytes / 1e6 / seconds;
+ *   p50_us/p99_us for pingpong only; "hwm" for stream and bulk.
+ *
+ * Failure handling
+ *   Both processes call alarm(60).  If the child fails (exit status != 0
+ *   or signal) the parent prints a message and exits 1; the child is always
+ *   reaped (SIGCHLD handler, or kill + waitpid on the parent's error paths);
+ *   the child dies with the parent (PR_SET_PDEATHSIG).
+ *
+ * Build:
+ *   gcc -O2 -g -Wall -Wextra -Werror -std=gnu99 -o bench/baseline_zmq \
+ *       bench/baseline_zmq.c -lzmq
+ */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#define PROG "baseline_zmq"
+#define ALARM_SECONDS 60
+#define LINGER_MS 5000
+#define STREAM_HWM 1000   /* default --hwm for stream (libzmq's default) */
+#define BULK_HWM 2        /* default --hwm for bulk */
+#define MAX_SIZE (1u << 30)
+
+static const char *role = "parent";      /* for messages */
+static volatile pid_t child_pid = -1;    /* >0 in parent while unreaped */
+
+/* ---------------------------------------------------------------------- */
+/* Errors, signals, reaping (same scheme as baseline_tcp.c)               */
+/* ---------------------------------------------------------------------- */
+
+/* Async-signal-safe: write string s to stderr. */
+static void sig_puts(const char *s)
+{
+    ssize_t r = write(STDERR_FILENO, s, strlen(s));
+    (void)r;
+}
+
+/* Async-signal-safe: write non-negative integer v to stderr. */
+static void sig_putint(int v)
+{
+    char b[16];
+    int i = sizeof b;
+    b[--i] = '\0';
+    do {
+        b[--i] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v > 0 && i > 0);
+    sig_puts(&b[i]);
+}
+
+/* Async-signal-safe: describe a waitpid status on stderr. */
+static void sig_put_status(int st)
+{
+    if (WIFEXITED(st)) {
+        sig_puts("exit status ");
+        sig_putint(WEXITSTATUS(st));
+    } else if (WIFSIGNALED(st)) {
+        sig_puts("killed by signal ");
+        sig_putint(WTERMSIG(st));
+    } else {
+        sig_puts("unknown status");
+    }
+}
+
+/* Parent's SIGCHLD handler: reap the child.  A failed child makes the
+ * parent exit 1 immediately (it may be blocked inside libzmq waiting for a
+ * message that will never come); a successful one just records that it is
+ * gone. */
+static volatile int child_status = 0;
+static void on_sigchld(int sig)
+{
+    (void)sig;
+    int saved = errno, st;
+    pid_t p = child_pid;
+    if (p > 0 && waitpid(p, &st, WNOHANG) == p) {
+        child_pid = -1;
+        child_status = st;
+        if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+            sig_puts(PROG ": peer process failed (");
+            sig_put_status(st);
+            sig_puts(")\n");
+            _exit(1);
+        }
+    }
+    errno = saved;
+}
+
+/* Either process's SIGALRM handler: the run exceeded ALARM_SECONDS.  The
+ * parent kills and reaps the child before exiting. */
+static void on_sigalrm(int sig)
+{
+    (void)sig;
+    sig_puts(PROG ": ");
+    sig_puts(role);
+    sig_puts(": timed out after 60 s\n");
+    pid_t p = child_pid;
+    if (p > 0) {
+        kill(p, SIGKILL);
+        waitpid(p, NULL, 0);
+    }
+    _exit(1);
+}
+
+/* Kill (if still running) and reap the child; used on parent error paths.
+ * SIGCHLD is blocked first so the handler cannot race us. */
+static void kill_and_reap_child(void)
+{
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &s, NULL);
+    pid_t p = child_pid;
+    if (p > 0) {
+        kill(p, SIGKILL);
+        waitpid(p, NULL, 0);
+        child_pid = -1;
+    }
+}
+
+/* Print "baseline_zmq: ROLE: message" and exit 1 without running atexit
+ * handlers or touching libzmq again (the parent reaps the child first). */
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, PROG ": %s: ", role);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    if (strcmp(role, "parent") == 0)
+        kill_and_reap_child();
+    _exit(1);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        die("out of memory (%zu bytes)", n);
+    memset(p, 0x5a, n);   /* touch the pages before timing */
+    return p;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Control pipe helpers                                                   */
+/* ---------------------------------------------------------------------- */
+
+/* Write one control byte c to pipe fd; dies on error. */
+static void pipe_signal(int fd, char c)
+{
+    for (;;) {
+        ssize_t r = write(fd, &c, 1);
+        if (r == 1)
+            return;
+        if (r < 0 && errno == EINTR)
+            continue;
+        die("control pipe write: %s", strerror(errno));
+    }
+}
+
+/* Block until control byte `want` arrives on pipe fd; dies on EOF (peer
+ * gone), error, or any other byte. */
+static void pipe_wait(int fd, char want)
+{
+    char c;
+    for (;;) {
+        ssize_t r = read(fd, &c, 1);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            die("control pipe read: %s", strerror(errno));
+        if (r == 0)
+            die("peer closed the control pipe unexpectedly");
+        break;
+    }
+    if (c != want)
+        die("control pipe: got '%c', expected '%c'", c, want);
+}
+
+/* ---------------------------------------------------------------------- */
+/* libzmq helpers                                                         */
+/* ---------------------------------------------------------------------- */
+
+static void set_int(void *sock, int opt, int v, const char *name)
+{
+    if (zmq_setsockopt(sock, opt, &v, sizeof v) != 0)
+        die("zmq_setsockopt(%s): %s", name, zmq_strerror(zmq_errno()));
+}
+
+/* Create a socket of type type with linger LINGER_MS and, if hwm >= 0,
+ * send and receive high-water marks hwm (0 = unlimited). */
+static void *make_socket(void *ctx, int type, int hwm)
+{
+    void *s = zmq_socket(ctx, type);
+    if (!s)
+        die("zmq_socket: %s", zmq_strerror(zmq_errno()));
+    set_int(s, ZMQ_LINGER, LINGER_MS, "ZMQ_LINGER");
+    if (hwm >= 0) {
+        set_int(s, ZMQ_SNDHWM, hwm, "ZMQ_SNDHWM");
+        set_int(s, ZMQ_RCVHWM, hwm, "ZMQ_RCVHWM");
+    }
+    return s;
+}
+
+/* Close socket s after setting its linger to linger_ms. */
+static void close_socket(void *s, int linger_ms)
+{
+    set_int(s, ZMQ_LINGER, linger_ms, "ZMQ_LINGER");
+    zmq_close(s);
+}
+
+/* zmq_send all len bytes of buf as one message, retrying on EINTR. */
+static void zsend(void *s, const void *buf, size_t len)
+{
+    while (zmq_send(s, buf, len, 0) < 0) {
+        if (zmq_errno() == EINTR)
+            continue;
+        die("zmq_send: %s", zmq_strerror(zmq_errno()));
+    }
+}
+
+/* Receive one message into msg (already initialised), retrying on EINTR.
+ * Returns its size. */
+static size_t zrecv(void *s, zmq_msg_t *msg)
+{
+    int r;
+    while ((r = zmq_msg_recv(msg, s, 0)) < 0) {
+        if (zmq_errno() == EINTR)
+            continue;
+        die("zmq_msg_recv: %s", zmq_strerror(zmq_errno()));
+    }
+    return (size_t)r;
+}
+
+/* Receive one message and check it has length size and sequence byte seq. */
+static void zrecv_expect(void *s, zmq_msg_t *msg, size_t size, uint64_t seq)
+{
+    size_t len = zrecv(s, msg);
+    if (len != size)
+        die("message %llu: length %zu, expected %zu",
+            (unsigned long long)seq, len, size);
+    if (size > 0 && ((const uint8_t *)zmq_msg_data(msg))[0] != (uint8_t)seq)
+        die("message %llu: bad sequence byte", (unsigned long long)seq);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Workloads                                                              */
+/* ---------------------------------------------------------------------- */
+
+enum workload { W_PINGPONG, W_STREAM, W_BULK };
+
+struct result {
+    double seconds;
+    double *samples;   /* pingpong: per-round-trip seconds, else NULL */
+};
+
+struct run {
+    enum workload w;
+    size_t size;
+    uint64_t warmup, n;
+    int hwm;              /* SNDHWM/RCVHWM, -1 = libzmq default */
+    int ctl_in, ctl_out;  /* pipe ends: parent reads ctl_in, child writes */
+};
+
+/* Socket types for workload w: parent's type, child's type.  Stream uses
+ * XPUB (a PUB that can refuse to drop, see the header comment). */
+static void pattern(enum workload w, int *ptype, int *ctype)
+{
+    switch (w) {
+    case W_PINGPONG: *ptype = ZMQ_REQ; *ctype = ZMQ_REP; break;
+    case W_STREAM: *ptype = ZMQ_XPUB; *ctype = ZMQ_SUB; break;
+    case W_BULK: *ptype = ZMQ_PUSH; *ctype = ZMQ_PULL; break;
+    }
+}
+
+/* Parent side of pingpong (REQ): warmup untimed round trips, then n timed
+ * ones, each recorded in res->samples. */
+static void pingpong_parent(void *s, const struct run *r, struct result *res)
+{
+    uint8_t *buf = xmalloc(r->size);
+    char reply[8];
+    res->samples = xmalloc(r->n * sizeof(double));
+    double t0 = 0;
+    for (uint64_t i = 0; i < r->warmup + r->n; i++) {
+        if (i == r->warmup)
+            t0 = now_s();
+        double a = now_s();
+        if (r->size > 0)
+            buf[0] = (uint8_t)i;
+        zsend(s, buf, r->size);
+        int got;
+        while ((got = zmq_recv(s, reply, sizeof reply, 0)) < 0) {
+            if (zmq_errno() == EINTR)
+                continue;
+            die("zmq_recv: %s", zmq_strerror(zmq_errno()));
+        }
+        if (got != 0)
+            die("bad pingpong reply (%d bytes)", got);
+        if (i >= r->warmup)
+            res->samples[i - r->warmup] = now_s() - a;
+    }
+    res->seconds = now_s() - t0;
+    free(buf);
+}
+
+/* Child side of pingpong (REP): answer warmup+n requests with empty
+ * messages. */
+static void pingpong_child(void *s, const struct run *r)
+{
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    for (uint64_t i = 0; i < r->warmup + r->n; i++) {
+        zrecv_expect(s, &msg, r->size, i);
+        zsend(s, "", 0);
+    }
+    zmq_msg_close(&msg);
+}
+
+/* Send messages seq0..seq0+count-1 of size bytes from buf. */
+static void send_seq(void *s, uint8_t *buf, size_t size, uint64_t seq0,
+                     uint64_t count)
+{
+    for (uint64_t q = seq0; q < seq0 + count; q++) {
+        if (size > 0)
+            buf[0] = (uint8_t)q;
+        zsend(s, buf, size);
+    }
+}
+
+/* Parent side of stream (PUB): slow-joiner handshake, warmup, timed run.
+ * The clock stops when the child reports receipt of all n messages. */
+static void stream_parent(void *s, const struct run *r, struct result *res)
+{
+    uint8_t *buf = xmalloc(r->size + 1);
+    /* Publish hellos (size+1 bytes) every 1 ms until the child says 'R'. */
+    for (;;) {
+        zsend(s, buf, r->size + 1);
+        struct pollfd p = { .fd = r->ctl_in, .events = POLLIN };
+        int k = poll(&p, 1, 1);
+        if (k < 0 && errno != EINTR)
+            die("poll: %s", strerror(errno));
+        if (k > 0)
+            break;
+    }
+    pipe_wait(r->ctl_in, 'R');
+    if (r->warmup > 0) {
+        send_seq(s, buf, r->size, 0, r->warmup);
+        pipe_wait(r->ctl_in, 'W');
+    }
+    double t0 = now_s();
+    send_seq(s, buf, r->size, r->warmup, r->n);
+    pipe_wait(r->ctl_in, 'D');
+    res->seconds = now_s() - t0;
+    free(buf);
+}
+
+/* Child side of stream (SUB): report the first hello, discard hellos,
+ * then count warmup and timed messages, signalling after each phase. */
+static void stream_child(void *s, const struct run *r)
+{
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    zrecv(s, &msg);
+    pipe_signal(r->ctl_out, 'R');
+    uint64_t total = r->warmup + r->n;
+    for (uint64_t i = 0; i < total;) {
+        size_t len = zrecv(s, &msg);
+        if (i == 0 && len == r->size + 1)
+            continue;   /* leftover hello */
+        if (len != r->size)
+            die("message %llu: length %zu, expected %zu",
+                (unsigned long long)i, len, r->size);
+        if (r->size > 0 &&
+            ((const uint8_t *)zmq_msg_data(&msg))[0] != (uint8_t)i)
+            die("message %llu: bad sequence byte", (unsigned long long)i);
+        i++;
+        if (i == r->warmup)
+            pipe_signal(r->ctl_out, 'W');
+    }
+    pipe_signal(r->ctl_out, 'D');
+    zmq_msg_close(&msg);
+}
+
+/* Parent side of bulk (PUSH): warmup chunks, then n timed chunks; the
+ * clock stops when the child reports receipt of all n. */
+static void bulk_parent(void *s, const struct run *r, struct result *res)
+{
+    uint8_t *buf = xmalloc(r->size);
+    if (r->warmup > 0) {
+        send_seq(s, buf, r->size, 0, r->warmup);
+        pipe_wait(r->ctl_in, 'W');
+    }
+    double t0 = now_s();
+    send_seq(s, buf, r->size, r->warmup, r->n);
+    pipe_wait(r->ctl_in, 'D');
+    res->seconds = now_s() - t0;
+    free(buf);
+}
+
+/* Child side of bulk (PULL). */
+static void bulk_child(void *s, const struct run *r)
+{
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    for (uint64_t i = 0; i < r->warmup; i++)
+        zrecv_expect(s, &msg, r->size, i);
+    if (r->warmup > 0)
+        pipe_signal(r->ctl_out, 'W');
+    for (uint64_t i = r->warmup; i < r->warmup + r->n; i++)
+        zrecv_expect(s, &msg, r->size, i);
+    pipe_signal(r->ctl_out, 'D');
+    zmq_msg_close(&msg);
+}
+
+/* Child process: read the endpoint from ep_fd, connect, run its side of
+ * the workload, close cleanly (linger flushes a final REP reply), exit. */
+static void child_main(const struct run *r, int ep_fd)
+{
+    char ep[256];
+    size_t got = 0;
+    for (;;) {
+        if (got == sizeof ep)
+            die("endpoint too long");
+        ssize_t k = read(ep_fd, ep + got, 1);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            die("endpoint pipe read: %s", strerror(errno));
+        if (k == 0)
+            die("parent closed the endpoint pipe before sending it");
+        if (ep[got] == '\n') {
+            ep[got] = '\0';
+            break;
+        }
+        got++;
+    }
+    close(ep_fd);
+
+    int ptype, ctype;
+    pattern(r->w, &ptype, &ctype);
+    void *ctx = zmq_ctx_new();
+    if (!ctx)
+        die("zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
+    void *s = make_socket(ctx, ctype, r->hwm);
+    if (ctype == ZMQ_SUB && zmq_setsockopt(s, ZMQ_SUBSCRIBE, "", 0) != 0)
+        die("zmq_setsockopt(ZMQ_SUBSCRIBE): %s", zmq_strerror(zmq_errno()));
+    if (zmq_connect(s, ep) != 0)
+        die("zmq_connect(%s): %s", ep, zmq_strerror(zmq_errno()));
+    switch (r->w) {
+    case W_PINGPONG: pingpong_child(s, r); break;
+    case W_STREAM: stream_child(s, r); break;
+    case W_BULK: bulk_child(s, r); break;
+    }
+    /* Only REP has something left to deliver (its last reply); a SUB or
+     * PULL socket would otherwise hold termination for the full linger
+     * re-sending its subscription to the parent's closed listener. */
+    close_socket(s, ctype == ZMQ_REP ? LINGER_MS : 0);
+    while (zmq_ctx_term(ctx) != 0 && zmq_errno() == EINTR)
+        ;
+    _exit(0);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Main                                                                   */
+/* ---------------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Nearest-rank percentile (p in (0,1]) of sorted v[0..n). */
+static double percentile(const double *v, uint64_t n, double p)
+{
+    uint64_t k = (uint64_t)(p * (double)n + 0.999999);
+    if (k < 1)
+        k = 1;
+    if (k > n)
+        k = n;
+    return v[k - 1];
+}
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: " PROG " [--warmup K] [--hwm H] pingpong|stream|bulk"
+            " SIZE N\n");
+    exit(2);
+}
+
+static uint64_t parse_u64(const char *s)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-')
+        usage();
+    return v;
+}
+
+int main(int argc, char **argv)
+{
+    int ai = 1;
+    int64_t warmup_opt = -1, hwm_opt = -1;
+    while (ai + 1 < argc && strncmp(argv[ai], "--", 2) == 0) {
+        if (strcmp(argv[ai], "--warmup") == 0)
+            warmup_opt = (int64_t)parse_u64(argv[ai + 1]);
+        else if (strcmp(argv[ai], "--hwm") == 0)
+            hwm_opt = (int64_t)parse_u64(argv[ai + 1]);
+        else
+            usage();
+        ai += 2;
+    }
+    if (hwm_opt > INT32_MAX)
+        usage();
+    if (argc - ai != 3)
+        usage();
+    const char *wname = argv[ai];
+    struct run r;
+    uint64_t def_warmup;
+    if (strcmp(wname, "pingpong") == 0) {
+        r.w = W_PINGPONG;
+        def_warmup = 1000;
+    } else if (strcmp(wname, "stream") == 0) {
+        r.w = W_STREAM;
+        def_warmup = 10000;
+    } else if (strcmp(wname, "bulk") == 0) {
+        r.w = W_BULK;
+        def_warmup = 2;
+    } else {
+        usage();
+    }
+    uint64_t size64 = parse_u64(argv[ai + 1]);
+    r.n = parse_u64(argv[ai + 2]);
+    if (size64 > MAX_SIZE || r.n < 1)
+        usage();
+    r.size = (size_t)size64;
+    r.warmup = warmup_opt >= 0 ? (uint64_t)warmup_opt : def_warmup;
+    r.hwm = r.w == W_STREAM ? STREAM_HWM : r.w == W_BULK ? BULK_HWM : -1;
+    if (hwm_opt >= 0)
+        r.hwm = (int)hwm_opt;
+    if (warmup_opt < 0 && r.warmup > r.n / 10)
+        r.warmup = r.n / 10;
+
+    signal(SIGPIPE, SIG_IGN);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigalrm;
+    sigaction(SIGALRM, &sa, NULL);
+    sa.sa_handler = on_sigchld;
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &sa, NULL);
+    alarm(ALARM_SECONDS);
+
+    int ep_pipe[2], ctl_pipe[2];
+    if (pipe(ep_pipe) < 0 || pipe(ctl_pipe) < 0)
+        die("pipe: %s", strerror(errno));
+
+    fflush(NULL);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork: %s", strerror(errno));
+    if (pid == 0) {
+        role = "child";
+        signal(SIGCHLD, SIG_DFL);
+        alarm(ALARM_SECONDS);
+        /* Do not outlive the parent (e.g. it was killed). */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+            die("parent gone or prctl failed");
+        close(ep_pipe[1]);
+        close(ctl_pipe[0]);
+        r.ctl_in = -1;
+        r.ctl_out = ctl_pipe[1];
+        child_main(&r, ep_pipe[0]);   /* does not return */
+    }
+    child_pid = pid;
+    close(ep_pipe[0]);
+    close(ctl_pipe[1]);
+    r.ctl_in = ctl_pipe[0];
+    r.ctl_out = -1;
+
+    int ptype, ctype;
+    pattern(r.w, &ptype, &ctype);
+    void *ctx = zmq_ctx_new();
+    if (!ctx)
+        die("zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
+    void *s = make_socket(ctx, ptype, r.hwm);
+    if (ptype == ZMQ_XPUB)
+        set_int(s, ZMQ_XPUB_NODROP, 1, "ZMQ_XPUB_NODROP");
+    if (zmq_bind(s, "tcp://127.0.0.1:*") != 0)
+        die("zmq_bind: %s", zmq_strerror(zmq_errno()));
+    char ep[256];
+    size_t eplen = sizeof ep - 1;
+    if (zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, ep, &eplen) != 0)
+        die("zmq_getsockopt(ZMQ_LAST_ENDPOINT): %s",
+            zmq_strerror(zmq_errno()));
+    ep[eplen] = '\0';
+    size_t l = strlen(ep);
+    ep[l] = '\n';
+    if (write(ep_pipe[1], ep, l + 1) != (ssize_t)(l + 1))
+        die("endpoint pipe write: %s", strerror(errno));
+    close(ep_pipe[1]);
+
+    struct result res = { 0, NULL };
+    switch (r.w) {
+    case W_PINGPONG: pingpong_parent(s, &r, &res); break;
+    case W_STREAM: stream_parent(s, &r, &res); break;
+    case W_BULK: bulk_parent(s, &r, &res); break;
+    }
+    /* Everything sent has been acknowledged by the child by now. */
+    close_socket(s, 0);
+    while (zmq_ctx_term(ctx) != 0 && zmq_errno() == EINTR)
+        ;
+
+    /* Reap the child (unless the SIGCHLD handler already did). */
+    sigset_t ss;
+    sigemptyset(&ss);
+    sigaddset(&ss, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &ss, NULL);
+    int st = child_status;
+    if (child_pid > 0) {
+        if (waitpid(child_pid, &st, 0) != child_pid)
+            die("waitpid: %s", strerror(errno));
+        child_pid = -1;
+    }
+    if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+        fprintf(stderr, PROG ": peer process failed (");
+        sig_put_status(st);
+        fprintf(stderr, ")\n");
+        return 1;
+    }
+
+    double secs = res.seconds;
+    printf("{\"impl\":\"zmq\",\"workload\":\"%s\",\"size\":%zu,\"n\":%llu,"
+           "\"warmup\":%llu,\"seconds\":%.6f,\"us_per_op\":%.3f,"
+           "\"ops_per_s\":%.1f,\"mb_per_s\":%.2f",
+           wname, r.size, (unsigned long long)r.n,
+           (unsigned long long)r.warmup, secs, secs * 1e6 / (double)r.n,
+           (double)r.n / secs, (double)r.n * (double)r.size / 1e6 / secs);
+    if (r.hwm >= 0)
+        printf(",\"hwm\":%d", r.hwm);
+    if (res.samples) {
+        qsort(res.samples, r.n, sizeof(double), cmp_double);
+        printf(",\"p50_us\":%.3f,\"p99_us\":%.3f",
+               percentile(res.samples, r.n, 0.50) * 1e6,
+               percentile(res.samples, r.n, 0.99) * 1e6);
+        free(res.samples);
+    }
+    printf("}\n");
+    return fflush(stdout) == 0 ? 0 : 1;
+}

@@ -69,13 +69,7 @@ for _, name in ipairs(opts.channels) do
 end
 io.stdout:write("ready\n")
 io.stdout:flush()
--- The bound is checked against the wall clock once a second: after a
--- SIGSTOP/SIGCONT (the policy specs do that) a single long libev timer was
--- seen firing early, which is under investigation (see the issue notes).
-local started = os.time()
-ctx:every(1.0, function()
-  if os.time() - started >= (opts.duration or 20) then res.timeout = true; ctx:stop() end
-end)
+ctx:after(opts.duration or 20, function() res.timeout = true; ctx:stop() end)
 ctx:run()
 local s = ctx:stats()
 res.peers = {}

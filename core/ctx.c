@@ -338,7 +338,7 @@ static void conn_unlink_free(lei_conn *k) {
  * for the parting ERROR, when nothing else is queued on the connection. */
 static void conn_write_now(lei_conn *k, const uint8_t *b, size_t n) {
     while (n) {
-        ssize_t w = write(k->fd, b, n);
+        ssize_t w = send(k->fd, b, n, MSG_NOSIGNAL);
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) return;
         b += w;
@@ -460,7 +460,13 @@ static void peer_flush(lei_peer *p) {
             }
             off = 0;
         }
-        ssize_t w = writev(k->fd, iov, n);
+        /* sendmsg rather than writev: MSG_NOSIGNAL turns a write to a peer
+         * that went away into EPIPE instead of killing the process. */
+        struct msghdr mh;
+        memset(&mh, 0, sizeof mh);
+        mh.msg_iov = iov;
+        mh.msg_iovlen = (size_t)n;
+        ssize_t w = sendmsg(k->fd, &mh, MSG_NOSIGNAL);
         if (w < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {

@@ -33,7 +33,9 @@ local cjson = require "cjson"
 local lecho = require "lecho"
 local opts = cjson.decode(arg[1])
 local ctx = lecho.context{ nameserver = opts.ns, quiet = not os.getenv("LECHO_SPEC_LOG") }
-local res = { count = 0, ran = 0, order_ok = true, values_ok = true, by = {} }
+-- order_ok: every producer's seq went up by exactly one (no gap, no
+-- duplicate); increasing_ok: it only went up (gaps allowed).
+local res = { count = 0, ran = 0, order_ok = true, increasing_ok = true, values_ok = true, by = {} }
 local last = {}
 local cons = {}
 for _, name in ipairs(opts.channels) do
@@ -45,6 +47,7 @@ for _, name in ipairs(opts.channels) do
       res.count = res.count + 1
       res.by[name] = (res.by[name] or 0) + 1
       local key = name .. meta.producer
+      if last[key] and meta.seq <= last[key] then res.increasing_ok = false end
       if last[key] and meta.seq ~= last[key] + 1 then
         res.order_ok = false
         res.bad_order = res.bad_order or { last[key], meta.seq }

@@ -52,7 +52,9 @@ describe("separate channel managers", function()
     assert.is_true(ps.a:submit_sync("end", { timeout = 5 }))
     assert.is_true(S.wait(cons, 20, ctx))
     local r = cjson.decode(S.output(cons):match("({.*})"))
-    assert.is_true(r.order_ok)
+    -- Events submitted while the consumer was between managers did not
+    -- reach it (gaps), but what arrived is in order and without duplicates.
+    assert.is_true(r.increasing_ok)
     for _, n in ipairs{ "a", "b", "c", "d" } do
       assert.is_true(r.by[n] >= 2)
     end

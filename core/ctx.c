@@ -179,36 +179,7 @@ static void syncs_peer_lost(lei_ctx *c, lei_peer *p, const char *reason) {
             if (s->w[i].peer == p) sync_fail(&s->w[i], s, why);
 }
 
-void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uint8_t *errs,
-             size_t elen) {
-    if (from) {
-        uint8_t hdr[LEI_FRAME_HDR + 20];
-        size_t hl = lei_frame_ack_hdr(hdr, sync, nran, elen);
-        lei_qitem *it = item_bytes(hdr, hl, errs, elen);
-        if (!it || !from->conn || !from->up) {
-            if (it) item_free(c, it);
-            return;
-        }
-        q_push(&from->q, it);
-        peer_flush(from);
-        return;
-    }
-    lei_sync *s = lei_sync_find(c, sync);
-    if (!s) return;
-    for (int i = 0; i < s->nw; i++) {
-        lei_sync_wait *w = &s->w[i];
-        if (w->peer || w->done) continue;
-        w->done = 1;
-        s->nwait--;
-        s->nran += nran;
-        if (elen && (w->errs = malloc(elen))) {
-            memcpy(w->errs, errs, elen);
-            w->elen = elen;
-        }
-        return;
-    }
-}
-
+/* Records the answer of peer p (NULL: the local consumers) to sync `sync`. */
 static void ack_from_peer(lei_ctx *c, lei_peer *p, uint64_t sync, uint64_t nran,
                           const uint8_t *errs, size_t elen) {
     lei_sync *s = lei_sync_find(c, sync);
@@ -225,6 +196,23 @@ static void ack_from_peer(lei_ctx *c, lei_peer *p, uint64_t sync, uint64_t nran,
         }
         return;
     }
+}
+
+void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uint8_t *errs,
+             size_t elen) {
+    if (from) {
+        uint8_t hdr[LEI_FRAME_HDR + 20];
+        size_t hl = lei_frame_ack_hdr(hdr, sync, nran, elen);
+        lei_qitem *it = item_bytes(hdr, hl, errs, elen);
+        if (!it || !from->conn || !from->up) {
+            if (it) item_free(c, it);
+            return;
+        }
+        q_push(&from->q, it);
+        peer_flush(from);
+        return;
+    }
+    ack_from_peer(c, NULL, sync, nran, errs, elen);
 }
 
 /* ---- peers ------------------------------------------------------------- */

@@ -99,10 +99,10 @@ bench: deps all bench/baseline_tcp bench/baseline_zmq
 	./bench/baseline_tcp stream 64 2000000
 	./bench/baseline_zmq stream 64 500000
 
-bench/baseline_tcp: bench/baseline_tcp.c
+bench/baseline_tcp: bench/baseline_tcp.c bench/harness.h
 	$(CC) $(CFLAGS) $(WARN) -o $@ $<
 
-bench/baseline_zmq: bench/baseline_zmq.c
+bench/baseline_zmq: bench/baseline_zmq.c bench/harness.h
 	$(CC) $(CFLAGS) $(WARN) -o $@ $< -lzmq
 
 # Used by luarocks make: copies the module, the Lua files and the scripts.

@@ -102,132 +102,7 @@
 #define BULK_HWM 2        /* default --hwm for bulk */
 #define MAX_SIZE (1u << 30)
 
-static const char *role = "parent";      /* for messages */
-static volatile pid_t child_pid = -1;    /* >0 in parent while unreaped */
-
-/* ---------------------------------------------------------------------- */
-/* Errors, signals, reaping (same scheme as baseline_tcp.c)               */
-/* ---------------------------------------------------------------------- */
-
-/* Async-signal-safe: write string s to stderr. */
-static void sig_puts(const char *s)
-{
-    ssize_t r = write(STDERR_FILENO, s, strlen(s));
-    (void)r;
-}
-
-/* Async-signal-safe: write non-negative integer v to stderr. */
-static void sig_putint(int v)
-{
-    char b[16];
-    int i = sizeof b;
-    b[--i] = '\0';
-    do {
-        b[--i] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v > 0 && i > 0);
-    sig_puts(&b[i]);
-}
-
-/* Async-signal-safe: describe a waitpid status on stderr. */
-static void sig_put_status(int st)
-{
-    if (WIFEXITED(st)) {
-        sig_puts("exit status ");
-        sig_putint(WEXITSTATUS(st));
-    } else if (WIFSIGNALED(st)) {
-        sig_puts("killed by signal ");
-        sig_putint(WTERMSIG(st));
-    } else {
-        sig_puts("unknown status");
-    }
-}
-
-/* Parent's SIGCHLD handler: reap the child.  A failed child makes the
- * parent exit 1 immediately (it may be blocked inside libzmq waiting for a
- * message that will never come); a successful one just records that it is
- * gone. */
-static volatile int child_status = 0;
-static void on_sigchld(int sig)
-{
-    (void)sig;
-    int saved = errno, st;
-    pid_t p = child_pid;
-    if (p > 0 && waitpid(p, &st, WNOHANG) == p) {
-        child_pid = -1;
-        child_status = st;
-        if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
-            sig_puts(PROG ": peer process failed (");
-            sig_put_status(st);
-            sig_puts(")\n");
-            _exit(1);
-        }
-    }
-    errno = saved;
-}
-
-/* Either process's SIGALRM handler: the run exceeded ALARM_SECONDS.  The
- * parent kills and reaps the child before exiting. */
-static void on_sigalrm(int sig)
-{
-    (void)sig;
-    sig_puts(PROG ": ");
-    sig_puts(role);
-    sig_puts(": timed out after 60 s\n");
-    pid_t p = child_pid;
-    if (p > 0) {
-        kill(p, SIGKILL);
-        waitpid(p, NULL, 0);
-    }
-    _exit(1);
-}
-
-/* Kill (if still running) and reap the child; used on parent error paths.
- * SIGCHLD is blocked first so the handler cannot race us. */
-static void kill_and_reap_child(void)
-{
-    sigset_t s;
-    sigemptyset(&s);
-    sigaddset(&s, SIGCHLD);
-    sigprocmask(SIG_BLOCK, &s, NULL);
-    pid_t p = child_pid;
-    if (p > 0) {
-        kill(p, SIGKILL);
-        waitpid(p, NULL, 0);
-        child_pid = -1;
-    }
-}
-
-/* Print "baseline_zmq: ROLE: message" and exit 1 without running atexit
- * handlers or touching libzmq again (the parent reaps the child first). */
-static void die(const char *fmt, ...)
-{
-    va_list ap;
-    fprintf(stderr, PROG ": %s: ", role);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    if (strcmp(role, "parent") == 0)
-        kill_and_reap_child();
-    _exit(1);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p)
-        die("out of memory (%zu bytes)", n);
-    memset(p, 0x5a, n);   /* touch the pages before timing */
-    return p;
-}
+#include "harness.h"
 
 /* ---------------------------------------------------------------------- */
 /* Control pipe helpers                                                   */
@@ -552,39 +427,12 @@ static void child_main(const struct run *r, int ep_fd)
 /* Main                                                                   */
 /* ---------------------------------------------------------------------- */
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Nearest-rank percentile (p in (0,1]) of sorted v[0..n). */
-static double percentile(const double *v, uint64_t n, double p)
-{
-    uint64_t k = (uint64_t)(p * (double)n + 0.999999);
-    if (k < 1)
-        k = 1;
-    if (k > n)
-        k = n;
-    return v[k - 1];
-}
-
 static void usage(void)
 {
     fprintf(stderr,
             "usage: " PROG " [--warmup K] [--hwm H] pingpong|stream|bulk"
             " SIZE N\n");
     exit(2);
-}
-
-static uint64_t parse_u64(const char *s)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *end || s[0] == '-')
-        usage();
-    return v;
 }
 
 int main(int argc, char **argv)

@@ -14,18 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int passed, failed;
-
-#define CHECK(cond)                                                          \
-	do {                                                                     \
-		if (cond)                                                            \
-			passed++;                                                        \
-		else {                                                               \
-			failed++;                                                        \
-			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, \
-			        #cond);                                                  \
-		}                                                                    \
-	} while (0)
+#include "test.h"
 
 /* validate and return the static message ("" on success) */
 static const char *vmsg(const void *p, size_t n, const lei_codec_limits *lim)
@@ -525,6 +514,5 @@ int main(void)
 	test_reader_messages();
 	test_msg_iov();
 	test_mutations();
-	printf("%d passed, %d failed\n", passed, failed);
-	return failed ? 1 : 0;
+	return TEST_SUMMARY();
 }

@@ -14,17 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int passed, failed;
-
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (cond)                                                                    \
-            passed++;                                                                \
-        else {                                                                       \
-            failed++;                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-        }                                                                            \
-    } while (0)
+#include "test.h"
 
 #define STREQ(a, b) ((a) != NULL && strcmp((a), (b)) == 0)
 
@@ -454,6 +444,25 @@ static void test_ack(void) {
 
 /* ---- BIND ----------------------------------------------------------------- */
 
+/* A BIND body of index 3, declared name length namelen, then "abc":
+ * true when the parser refuses it with the bind error. */
+static int bind_body_refused(uint64_t namelen) {
+    uint8_t body[32], *d;
+    const uint8_t *name;
+    const char *err = NULL;
+    uint64_t idx;
+    size_t nl, n = 0;
+    n += lei_varint_encode(body + n, 3);
+    n += lei_varint_encode(body + n, namelen);
+    memcpy(body + n, "abc", 3);
+    n += 3;
+    d = dup_exact(body, n);
+    int refused = lei_parse_bind(d, n, &idx, &name, &nl, &err) == -1 &&
+                  STREQ(err, "bad channel name in bind");
+    free(d);
+    return refused;
+}
+
 static void test_bind(void) {
     uint8_t buf[LEI_FRAME_HDR + 20 + 300], body[64];
     lei_frame f;
@@ -480,38 +489,11 @@ static void test_bind(void) {
         free(d);
     }
 
-    /* namelen says more, or fewer, bytes than follow */
-    n = 0;
-    n += lei_varint_encode(body + n, 3);
-    n += lei_varint_encode(body + n, 6);
-    memcpy(body + n, "abc", 3);
-    n += 3;
-    d = dup_exact(body, n);
-    err = NULL;
-    CHECK(lei_parse_bind(d, n, &idx, &name, &nl, &err) == -1 &&
-          STREQ(err, "bad channel name in bind"));
-    free(d);
-    n = 0;
-    n += lei_varint_encode(body + n, 3);
-    n += lei_varint_encode(body + n, 2);
-    memcpy(body + n, "abc", 3);
-    n += 3;
-    d = dup_exact(body, n);
-    err = NULL;
-    CHECK(lei_parse_bind(d, n, &idx, &name, &nl, &err) == -1 &&
-          STREQ(err, "bad channel name in bind"));
-    free(d);
-    /* a name length near 2^64 must not wrap anything */
-    n = 0;
-    n += lei_varint_encode(body + n, 3);
-    n += lei_varint_encode(body + n, UINT64_MAX);
-    memcpy(body + n, "abc", 3);
-    n += 3;
-    d = dup_exact(body, n);
-    err = NULL;
-    CHECK(lei_parse_bind(d, n, &idx, &name, &nl, &err) == -1 &&
-          STREQ(err, "bad channel name in bind"));
-    free(d);
+    /* namelen says more, or fewer, bytes than follow; near 2^64 it must
+     * not wrap anything */
+    CHECK(bind_body_refused(6));
+    CHECK(bind_body_refused(2));
+    CHECK(bind_body_refused(UINT64_MAX));
 
     /* an empty name, as built by the library and by hand */
     n = lei_frame_bind(buf, 4, "", 0);
@@ -688,6 +670,5 @@ int main(void) {
     test_ack();
     test_bind();
     test_mutation();
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return TEST_SUMMARY();
 }

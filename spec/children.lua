@@ -32,6 +32,7 @@ M.consumer = M.gen .. [[
 local cjson = require "cjson"
 local lecho = require "lecho"
 local opts = cjson.decode(arg[1])
+-- LECHO_SPEC_LOG=1 in the environment shows the child's lecho log on its stderr.
 local ctx = lecho.context{ nameserver = opts.ns, quiet = not os.getenv("LECHO_SPEC_LOG") }
 -- order_ok: every producer's seq went up by exactly one (no gap, no
 -- duplicate); increasing_ok: it only went up (gaps allowed).

@@ -570,23 +570,8 @@ int main(int argc, char **argv)
     }
     close(fd);
 
-    /* Reap the child (unless the SIGCHLD handler already did). */
-    sigset_t s;
-    sigemptyset(&s);
-    sigaddset(&s, SIGCHLD);
-    sigprocmask(SIG_BLOCK, &s, NULL);
-    int st = child_status;
-    if (child_pid > 0) {
-        if (waitpid(child_pid, &st, 0) != child_pid)
-            die("waitpid: %s", strerror(errno));
-        child_pid = -1;
-    }
-    if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
-        fprintf(stderr, PROG ": peer process failed (");
-        sig_put_status(st);
-        fprintf(stderr, ")\n");
+    if (reap_child())
         return 1;
-    }
 
     double secs = res.seconds;
     printf("{\"impl\":\"tcp\",\"workload\":\"%s\",\"size\":%u,\"n\":%llu,"

@@ -156,5 +156,27 @@ static uint64_t parse_u64(const char *s)
         usage();
     return v;
 }
+/* Parent, at the end of a run: reaps the child (unless the SIGCHLD handler
+ * already did) and returns 0 if it succeeded, 1 after saying how it failed. */
+static int reap_child(void)
+{
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &s, NULL);
+    int st = child_status;
+    if (child_pid > 0) {
+        if (waitpid(child_pid, &st, 0) != child_pid)
+            die("waitpid: %s", strerror(errno));
+        child_pid = -1;
+    }
+    if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+        fprintf(stderr, PROG ": peer process failed (");
+        sig_put_status(st);
+        fprintf(stderr, ")\n");
+        return 1;
+    }
+    return 0;
+}
 
 #endif

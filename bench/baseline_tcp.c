@@ -521,19 +521,9 @@ int main(int argc, char **argv)
     if (getsockname(lfd, (struct sockaddr *)&addr, &alen) < 0)
         die("getsockname: %s", strerror(errno));
 
-    fflush(NULL);
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid < 0)
-        die("fork: %s", strerror(errno));
+    pid_t pid = fork_peer();
     if (pid == 0) {
         /* Child: server / receiver. */
-        role = "child";
-        signal(SIGCHLD, SIG_DFL);
-        alarm(ALARM_SECONDS);
-        /* Do not outlive the parent (e.g. it was killed). */
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
-            die("parent gone or prctl failed");
         int fd = accept(lfd, NULL, NULL);
         if (fd < 0)
             die("accept: %s", strerror(errno));

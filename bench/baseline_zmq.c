@@ -493,18 +493,8 @@ int main(int argc, char **argv)
     if (pipe(ep_pipe) < 0 || pipe(ctl_pipe) < 0)
         die("pipe: %s", strerror(errno));
 
-    fflush(NULL);
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid < 0)
-        die("fork: %s", strerror(errno));
+    pid_t pid = fork_peer();
     if (pid == 0) {
-        role = "child";
-        signal(SIGCHLD, SIG_DFL);
-        alarm(ALARM_SECONDS);
-        /* Do not outlive the parent (e.g. it was killed). */
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
-            die("parent gone or prctl failed");
         close(ep_pipe[1]);
         close(ctl_pipe[0]);
         r.ctl_in = -1;

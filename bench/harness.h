@@ -156,6 +156,26 @@ static uint64_t parse_u64(const char *s)
         usage();
     return v;
 }
+/* Forks the peer process.  Returns its pid in the parent and 0 in the
+ * child, which is then set up: role "child", default SIGCHLD, its own alarm,
+ * and killed if the parent dies. */
+static pid_t fork_peer(void)
+{
+    fflush(NULL);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork: %s", strerror(errno));
+    if (pid == 0) {
+        role = "child";
+        signal(SIGCHLD, SIG_DFL);
+        alarm(ALARM_SECONDS);
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+            die("parent gone or prctl failed");
+    }
+    return pid;
+}
+
 /* Parent, at the end of a run: reaps the child (unless the SIGCHLD handler
  * already did) and returns 0 if it succeeded, 1 after saying how it failed. */
 static int reap_child(void)

@@ -290,6 +290,20 @@ static void send_seq(void *s, uint8_t *buf, size_t size, uint64_t seq0,
     }
 }
 
+/* The parent's warmup, then the timed run: the clock stops when the child
+ * reports (on the control pipe) that it received all n messages. */
+static void send_phases(void *s, uint8_t *buf, const struct run *r, struct result *res)
+{
+    if (r->warmup > 0) {
+        send_seq(s, buf, r->size, 0, r->warmup);
+        pipe_wait(r->ctl_in, 'W');
+    }
+    double t0 = now_s();
+    send_seq(s, buf, r->size, r->warmup, r->n);
+    pipe_wait(r->ctl_in, 'D');
+    res->seconds = now_s() - t0;
+}
+
 /* Parent side of stream (PUB): slow-joiner handshake, warmup, timed run.
  * The clock stops when the child reports receipt of all n messages. */
 static void stream_parent(void *s, const struct run *r, struct result *res)
@@ -306,14 +320,7 @@ static void stream_parent(void *s, const struct run *r, struct result *res)
             break;
     }
     pipe_wait(r->ctl_in, 'R');
-    if (r->warmup > 0) {
-        send_seq(s, buf, r->size, 0, r->warmup);
-        pipe_wait(r->ctl_in, 'W');
-    }
-    double t0 = now_s();
-    send_seq(s, buf, r->size, r->warmup, r->n);
-    pipe_wait(r->ctl_in, 'D');
-    res->seconds = now_s() - t0;
+    send_phases(s, buf, r, res);
     free(buf);
 }
 
@@ -349,14 +356,7 @@ static void stream_child(void *s, const struct run *r)
 static void bulk_parent(void *s, const struct run *r, struct result *res)
 {
     uint8_t *buf = xmalloc(r->size);
-    if (r->warmup > 0) {
-        send_seq(s, buf, r->size, 0, r->warmup);
-        pipe_wait(r->ctl_in, 'W');
-    }
-    double t0 = now_s();
-    send_seq(s, buf, r->size, r->warmup, r->n);
-    pipe_wait(r->ctl_in, 'D');
-    res->seconds = now_s() - t0;
+    send_phases(s, buf, r, res);
     free(buf);
 }
 

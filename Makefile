@@ -13,7 +13,7 @@ SAN        ?=
 ALLCFLAGS  := $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -I$(LUA_INCDIR) -Icore $(SAN)
 
 CORE_SRC   := core/codec.c core/frame.c core/ctx.c
-LUA_SRC    := core/codec_lua.c core/lua_lecho.c
+LUA_SRC    := core/codec_lua.c core/moe.c core/lua_lecho.c
 HDRS       := $(wildcard core/*.h)
 SO         := lua/lecho/core.so
 CTESTS     := build/test_codec build/test_frame

@@ -574,6 +574,11 @@ static lei_peer *full_dest(lei_ctx *c, lei_chan *ch) {
     return NULL;
 }
 
+int lei_chan_full(lei_ctx *c, uint32_t chid) {
+    lei_chan *ch = lei_chan_get(c, chid);
+    return ch && full_dest(c, ch) != NULL;
+}
+
 /* Queues one event frame (and the channel's BIND first if this connection
  * has not seen it).  Applies the queue policy. */
 static void enqueue_event(lei_ctx *c, lei_peer *p, lei_chan *ch, uint64_t producer, uint64_t seq,
@@ -801,7 +806,9 @@ void lei_flush(lei_ctx *c) {
 static void prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents) {
     (void)loop;
     (void)revents;
-    lei_flush(w->data);
+    lei_ctx *c = w->data;
+    if (c->h.prepare) c->h.prepare(c->h.ud);
+    lei_flush(c);
 }
 
 /* ---- reading ----------------------------------------------------------- */

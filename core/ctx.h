@@ -49,6 +49,9 @@ typedef struct lei_hooks {
     void (*peer)(void *ud, lei_peer *p, int up, const char *reason);
     void (*unpin)(void *ud, int ref);
     void (*log)(void *ud, const char *msg);
+    /* Called once per loop iteration, before the queues are written (the
+     * binding runs modulators' dequeue there).  May be NULL. */
+    void (*prepare)(void *ud);
 } lei_hooks;
 
 /* One queued frame: hdr bytes, then msg's bytes if msg is set. */
@@ -152,6 +155,10 @@ lei_chan *lei_chan_get(lei_ctx *c, uint32_t id);
 /* Replaces the remote destinations of a channel (addresses of consuming
  * contexts, our own excluded by the caller). */
 void lei_chan_set_dests(lei_ctx *c, uint32_t id, const char **addrs, int n);
+
+/* 1 when a live destination of the channel has a full queue (a submit
+ * would block or drop). */
+int lei_chan_full(lei_ctx *c, uint32_t chid);
 
 /* Finds the peer for addr, creating it (and dialling it) when create is set. */
 lei_peer *lei_peer_get(lei_ctx *c, const char *addr, int create);

@@ -19,24 +19,41 @@
 
 #include "codec.h"
 #include "ctx.h"
+#include "moe.h"
 
 #define CTX_MT "lecho.ctx"
 #define TIMER_MT "lecho.timer"
+#define MOE_MT "lecho.moe"
 
 typedef struct lb_timer lb_timer;
+typedef struct lb_moe lb_moe;
 
 typedef struct lb_ctx {
     lei_ctx *c;            /* owned; NULL once closed */
     lua_State *L;          /* the Lua thread running the loop right now */
-    int ref_event, ref_ctrl, ref_peer, ref_log, ref_tb;
+    int ref_event, ref_ctrl, ref_peer, ref_log, ref_tb, ref_moe_error;
     lei_codec_limits lim;
     size_t pin_threshold;
     int stopping;
     lb_timer *timers;      /* live timers, stopped when the context closes */
+    lb_moe *moes;          /* live modulators, freed when the context closes */
 } lb_ctx;
 
+/* A modulator userdata: owns its lei_moe until close, gc or context close. */
+struct lb_moe {
+    lei_moe *m;            /* owned; NULL once closed */
+    lb_ctx *b;
+    lb_moe *next;
+    int id;                /* given by the caller, passed to the moe_error hook */
+};
+
+/* A timer or, for ctx:io, a read watcher: one userdata type, one stop. */
 struct lb_timer {
-    ev_timer w;
+    union {
+        ev_timer w;
+        ev_io io;
+    };
+    int is_io;
     lb_ctx *b;
     lb_timer *next;
     int ref_fn, ref_self;
@@ -138,6 +155,29 @@ static void hook_peer(void *ud, lei_peer *p, int up, const char *reason) {
     pcall_tb(b, 4, 0);
 }
 
+/* Runs the modulators' dequeue before the queues are written. */
+static void hook_prepare(void *ud) {
+    lb_ctx *b = ud;
+    for (lb_moe *x = b->moes; x; x = x->next)
+        if (x->m && lei_moe_has_pending(x->m)) lei_moe_pump(x->m);
+}
+
+/* A modulator failed: tells Lua, which must not close it from the hook. */
+static void moe_failed(void *ud, lei_moe *m, const char *why) {
+    (void)m;
+    lb_moe *x = ud;
+    lb_ctx *b = x->b;
+    lua_State *L = b->L;
+    if (!L || b->ref_moe_error == LUA_NOREF || !lua_checkstack(L, 4)) {
+        lei_logf(b->c, "modulator %d failed: %s", x->id, why);
+        return;
+    }
+    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_moe_error);
+    lua_pushinteger(L, x->id);
+    lua_pushstring(L, why);
+    pcall_tb(b, 2, 0);
+}
+
 static size_t opt_size(lua_State *L, int t, const char *k, size_t def) {
     lua_getfield(L, t, k);
     size_t v = lua_isnil(L, -1) ? def : (size_t)luaL_checknumber(L, -1);
@@ -174,11 +214,11 @@ static int l_new(lua_State *L) {
     }
     lb_ctx *b = lua_newuserdata(L, sizeof *b);
     memset(b, 0, sizeof *b);
-    b->ref_event = b->ref_ctrl = b->ref_peer = b->ref_log = LUA_NOREF;
+    b->ref_event = b->ref_ctrl = b->ref_peer = b->ref_log = b->ref_moe_error = LUA_NOREF;
     b->lim = lim;
     b->pin_threshold = pin;
     b->L = L;
-    lei_hooks h = {b, hook_event, hook_ctrl, hook_peer, hook_unpin, hook_log};
+    lei_hooks h = {b, hook_event, hook_ctrl, hook_peer, hook_unpin, hook_log, hook_prepare};
     b->c = lei_ctx_new(&o, &h);
     if (!b->c) return luaL_error(L, "lecho: cannot create a context (libev loop)");
     lua_getglobal(L, "debug");
@@ -193,10 +233,20 @@ static int l_new(lua_State *L) {
 static void ctx_close(lb_ctx *b, lua_State *L) {
     if (!b->c) return;
     b->L = L;
+    while (b->moes) {
+        lb_moe *x = b->moes;
+        b->moes = x->next;
+        lei_moe_free(x->m);
+        x->m = NULL;
+        x->b = NULL;
+    }
     while (b->timers) {
         lb_timer *t = b->timers;
         b->timers = t->next;
-        ev_timer_stop(b->c->loop, &t->w);
+        if (t->is_io)
+            ev_io_stop(b->c->loop, &t->io);
+        else
+            ev_timer_stop(b->c->loop, &t->w);
         if (t->active) {
             luaL_unref(L, LUA_REGISTRYINDEX, t->ref_self);
             t->active = 0;
@@ -209,8 +259,9 @@ static void ctx_close(lb_ctx *b, lua_State *L) {
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_ctrl);
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_peer);
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_log);
+    luaL_unref(L, LUA_REGISTRYINDEX, b->ref_moe_error);
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_tb);
-    b->ref_event = b->ref_ctrl = b->ref_peer = b->ref_log = LUA_NOREF;
+    b->ref_event = b->ref_ctrl = b->ref_peer = b->ref_log = b->ref_moe_error = LUA_NOREF;
 }
 
 static int l_close(lua_State *L) {
@@ -268,6 +319,7 @@ static int l_hooks(lua_State *L) {
     set_ref(L, 2, "ctrl", &b->ref_ctrl);
     set_ref(L, 2, "peer", &b->ref_peer);
     set_ref(L, 2, "log", &b->ref_log);
+    set_ref(L, 2, "moe_error", &b->ref_moe_error);
     return 0;
 }
 
@@ -334,7 +386,21 @@ static lei_msg *encode_at(lua_State *L, lb_ctx *b, int idx) {
     return m;
 }
 
-/* ctx:submit(chid, producer, seq, value, sync, policy) -> true | sync id | nil, err */
+/* Flat bytes of m: its own buffer, or a copy in *tmp (pinned slices). */
+static const uint8_t *msg_bytes(lei_msg *m, uint8_t **tmp) {
+    *tmp = NULL;
+    if (m->next == 0) return (const uint8_t *)m->own.data;
+    *tmp = malloc(m->total ? m->total : 1);
+    if (!*tmp) return NULL;
+    lei_msg_flatten(m, (char *)*tmp);
+    return *tmp;
+}
+
+/* ctx:submit(chid, producer, seq, value, sync, policy[, moes, plain])
+ *   -> true | sync id | nil, err
+ * moes: an array of modulators each event also goes through (encoded once
+ * for all); plain (default true): also send it unmodulated on chid.  For a
+ * sync submit with moes, returns a list of the sync ids to wait for. */
 static int l_submit(lua_State *L) {
     lb_ctx *b = check_ctx(L);
     lei_chan *ch = check_chan(L, b, 2);
@@ -343,6 +409,9 @@ static int l_submit(lua_State *L) {
     luaL_checkany(L, 5);
     int sync = lua_toboolean(L, 6);
     int policy = lua_isnoneornil(L, 7) ? b->c->o.policy : luaL_checkoption(L, 7, NULL, policy_names);
+    int nmoes = lua_istable(L, 8) ? (int)lua_objlen(L, 8) : 0;
+    int plain = nmoes == 0 || lua_isnoneornil(L, 9) || lua_toboolean(L, 9);
+    uint32_t chid = ch->id;
     lua_State *saved = b->L;
     b->L = L;
     lei_msg *m = encode_at(L, b, 5);
@@ -353,19 +422,257 @@ static int l_submit(lua_State *L) {
     ch->encodes++;
     const char *err = NULL;
     uint64_t sid = 0;
-    int rc = lei_submit(b->c, ch->id, producer, seq, m, sync, policy, &sid, &err);
+    int rc = plain ? lei_submit(b->c, chid, producer, seq, m, sync, policy, &sid, &err) : 0;
+    if (rc || nmoes == 0) {
+        lei_msg_release(m, hook_unpin, b);
+        b->L = saved;
+        if (rc) {
+            lua_pushnil(L);
+            lua_pushstring(L, err);
+            return 2;
+        }
+        if (sync)
+            lua_pushnumber(L, (lua_Number)sid);
+        else
+            lua_pushboolean(L, 1);
+        return 1;
+    }
+    /* Through each modulator; a failing one is reported by its hook and
+     * does not stop the others. */
+    int nids = 0;
+    if (sync) {
+        lua_newtable(L);
+        if (plain) {
+            lua_pushnumber(L, (lua_Number)sid);
+            lua_rawseti(L, -2, ++nids);
+        }
+    }
+    int ids = lua_gettop(L);
+    uint8_t *tmp;
+    const uint8_t *bytes = msg_bytes(m, &tmp);
+    for (int i = 1; bytes && i <= nmoes; i++) {
+        lua_rawgeti(L, 8, i);
+        lb_moe *x = luaL_checkudata(L, -1, MOE_MT);
+        lua_pop(L, 1); /* the array keeps it */
+        if (!x->m || lei_moe_error(x->m)) continue;
+        if (lei_moe_enqueue(x->m, producer, seq, bytes, m->total, sync, policy) || !sync) continue;
+        const uint64_t *sids;
+        size_t n = lei_moe_syncs(x->m, &sids);
+        for (size_t k = 0; k < n; k++) {
+            lua_pushnumber(L, (lua_Number)sids[k]);
+            lua_rawseti(L, ids, ++nids);
+        }
+    }
+    free(tmp);
     lei_msg_release(m, hook_unpin, b);
     b->L = saved;
-    if (rc) {
+    if (!bytes) {
+        lua_pushnil(L);
+        lua_pushstring(L, "out of memory");
+        return 2;
+    }
+    if (!sync) lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* ---- modulators ---------------------------------------------------------- */
+
+static lb_moe *check_moe(lua_State *L) {
+    lb_moe *x = luaL_checkudata(L, 1, MOE_MT);
+    if (!x->m) luaL_error(L, "lecho: modulator is closed");
+    return x;
+}
+
+static double opt_num(lua_State *L, int t, const char *k, double def) {
+    lua_getfield(L, t, k);
+    double v = lua_isnil(L, -1) ? def : luaL_checknumber(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+static int opt_bool(lua_State *L, int t, const char *k) {
+    lua_getfield(L, t, k);
+    int v = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+/* ctx:moe(id, chid, name, source, params, opts) -> moe | nil, err
+ * opts: budget (s), memory (bytes), period (s), clock, log (granted),
+ * max_pending.  The modulator's outputs go to channel chid. */
+static int l_moe(lua_State *L) {
+    lb_ctx *b = check_ctx(L);
+    int id = (int)luaL_checkinteger(L, 2);
+    lei_chan *ch = check_chan(L, b, 3);
+    const char *name = luaL_checkstring(L, 4);
+    size_t slen;
+    const char *src = luaL_checklstring(L, 5, &slen);
+    luaL_checkany(L, 6);
+    luaL_checktype(L, 7, LUA_TTABLE);
+    lei_moe_opts o;
+    lei_moe_opts_default(&o);
+    o.budget = opt_num(L, 7, "budget", o.budget);
+    o.mem_limit = opt_size(L, 7, "memory", o.mem_limit);
+    o.period = opt_num(L, 7, "period", 0);
+    o.max_pending = opt_size(L, 7, "max_pending", o.max_pending);
+    o.grant_clock = opt_bool(L, 7, "clock");
+    o.grant_log = opt_bool(L, 7, "log");
+    o.lim = b->lim;
+    o.on_fail = moe_failed;
+    if (o.budget <= 0 || o.mem_limit < 256 * 1024 || o.period < 0)
+        return luaL_argerror(L, 7, "budget and period must be positive, memory >= 256 KiB");
+    lb_moe *x = lua_newuserdata(L, sizeof *x);
+    memset(x, 0, sizeof *x);
+    x->b = b;
+    x->id = id;
+    o.ud = x;
+    luaL_getmetatable(L, MOE_MT);
+    lua_setmetatable(L, -2);
+    lua_State *saved = b->L;
+    b->L = L;
+    lei_msg *pm = encode_at(L, b, 6);
+    if (!pm) {
+        b->L = saved;
+        return 2;
+    }
+    char err[256];
+    uint8_t *tmp;
+    const uint8_t *pb = msg_bytes(pm, &tmp);
+    x->m = pb ? lei_moe_new(b->c, ch->id, name, src, slen, pb, pm->total, &o, err, sizeof err)
+              : NULL;
+    if (!pb) snprintf(err, sizeof err, "out of memory");
+    free(tmp);
+    lei_msg_release(pm, hook_unpin, b);
+    b->L = saved;
+    if (!x->m) {
         lua_pushnil(L);
         lua_pushstring(L, err);
         return 2;
     }
-    if (sync)
-        lua_pushnumber(L, (lua_Number)sid);
-    else
-        lua_pushboolean(L, 1);
+    x->next = b->moes;
+    b->moes = x;
     return 1;
+}
+
+/* moe:params(value) -> true | nil, err (the modulator failed or the value
+ * cannot be encoded) */
+static int l_moe_params(lua_State *L) {
+    lb_moe *x = check_moe(L);
+    lb_ctx *b = x->b;
+    luaL_checkany(L, 2);
+    if (lei_moe_error(x->m)) {
+        lua_pushnil(L);
+        lua_pushstring(L, lei_moe_error(x->m));
+        return 2;
+    }
+    lua_State *saved = b->L;
+    b->L = L;
+    lei_msg *pm = encode_at(L, b, 2);
+    if (!pm) {
+        b->L = saved;
+        return 2;
+    }
+    uint8_t *tmp;
+    const uint8_t *pb = msg_bytes(pm, &tmp);
+    int rc = pb ? lei_moe_set_params(x->m, pb, pm->total) : -1;
+    free(tmp);
+    lei_msg_release(pm, hook_unpin, b);
+    b->L = saved;
+    if (rc) {
+        lua_pushnil(L);
+        lua_pushstring(L, pb ? lei_moe_error(x->m) : "out of memory");
+        return 2;
+    }
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* moe:retarget(chid) -> true | nil, err */
+static int l_moe_retarget(lua_State *L) {
+    lb_moe *x = check_moe(L);
+    lb_ctx *b = x->b;
+    lei_chan *ch = check_chan(L, b, 2);
+    lua_State *saved = b->L;
+    b->L = L;
+    int rc = lei_moe_retarget(x->m, ch->id);
+    b->L = saved;
+    if (rc) {
+        lua_pushnil(L);
+        lua_pushstring(L, lei_moe_error(x->m));
+        return 2;
+    }
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* ctx:chan_stats(chid) -> events_in, bytes_in, events_local */
+static int l_chan_stats(lua_State *L) {
+    lb_ctx *b = check_ctx(L);
+    lei_chan *ch = check_chan(L, b, 2);
+    lua_pushnumber(L, (lua_Number)ch->ev_in);
+    lua_pushnumber(L, (lua_Number)ch->bytes_in);
+    lua_pushnumber(L, (lua_Number)ch->ev_local);
+    return 3;
+}
+
+/* core.hash(s) -> 16 hex digits (FNV-1a, 64 bits): names, not security. */
+static int l_hash(lua_State *L) {
+    size_t n;
+    const unsigned char *p = (const unsigned char *)luaL_checklstring(L, 1, &n);
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 1099511628211ull;
+    }
+    char out[17];
+    snprintf(out, sizeof out, "%016llx", (unsigned long long)h);
+    lua_pushstring(L, out);
+    return 1;
+}
+
+static int l_moe_error(lua_State *L) {
+    lb_moe *x = check_moe(L);
+    const char *e = lei_moe_error(x->m);
+    if (!e) return 0;
+    lua_pushstring(L, e);
+    return 1;
+}
+
+static void setn(lua_State *L, const char *k, double v);
+
+static int l_moe_stats(lua_State *L) {
+    lb_moe *x = check_moe(L);
+    lei_moe_stats st;
+    lei_moe_get_stats(x->m, &st);
+    lua_newtable(L);
+    setn(L, "calls", (double)st.calls);
+    setn(L, "events_in", (double)st.events_in);
+    setn(L, "events_out", (double)st.events_out);
+    setn(L, "dropped", (double)st.dropped);
+    setn(L, "pending", (double)st.pending);
+    setn(L, "pending_drops", (double)st.pending_drops);
+    setn(L, "time", (double)st.time_ns * 1e-9);
+    setn(L, "memory", (double)st.mem);
+    return 1;
+}
+
+static void moe_unlink(lb_moe *x) {
+    if (!x->b) return;
+    for (lb_moe **pp = &x->b->moes; *pp; pp = &(*pp)->next)
+        if (*pp == x) {
+            *pp = x->next;
+            break;
+        }
+}
+
+static int l_moe_close(lua_State *L) {
+    lb_moe *x = luaL_checkudata(L, 1, MOE_MT);
+    if (x->m) {
+        moe_unlink(x);
+        lei_moe_free(x->m);
+        x->m = NULL;
+    }
+    return 0;
 }
 
 static int l_sync_done(lua_State *L) {
@@ -564,7 +871,7 @@ static void timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
     lua_State *L = b->L;
     int self = t->ref_self;
     lua_rawgeti(L, LUA_REGISTRYINDEX, self); /* keeps t alive during the call */
-    if (!w->repeat && t->active) {
+    if (!t->is_io && !w->repeat && t->active) {
         t->active = 0;
         t->ref_self = LUA_NOREF;
         luaL_unref(L, LUA_REGISTRYINDEX, self);
@@ -601,6 +908,43 @@ static int l_timer(lua_State *L) {
     return 1;
 }
 
+static void io_cb(struct ev_loop *loop, ev_io *w, int revents) {
+    timer_cb(loop, (ev_timer *)(void *)w, revents);
+}
+
+/* ctx:io(fd, fn) -> watcher; fn(watcher) runs on the loop whenever fd is
+ * readable, until watcher:stop().  For a REPL reading stdin, say. */
+static int l_io(lua_State *L) {
+    lb_ctx *b = check_ctx(L);
+    int fd = (int)luaL_checkinteger(L, 2);
+    luaL_checktype(L, 3, LUA_TFUNCTION);
+    if (fd < 0) return luaL_argerror(L, 2, "negative descriptor");
+    lb_timer *t = lua_newuserdata(L, sizeof *t);
+    memset(t, 0, sizeof *t);
+    t->b = b;
+    t->is_io = 1;
+    lua_pushvalue(L, 3);
+    t->ref_fn = luaL_ref(L, LUA_REGISTRYINDEX);
+    ev_io_init(&t->io, io_cb, fd, EV_READ);
+    ev_io_start(b->c->loop, &t->io);
+    lua_pushvalue(L, -1);
+    t->ref_self = luaL_ref(L, LUA_REGISTRYINDEX);
+    t->active = 1;
+    t->next = b->timers;
+    b->timers = t;
+    luaL_getmetatable(L, TIMER_MT);
+    lua_setmetatable(L, -2);
+    return 1;
+}
+
+static void watcher_stop(lb_timer *t) {
+    if (!t->b || !t->b->c) return;
+    if (t->is_io)
+        ev_io_stop(t->b->c->loop, &t->io);
+    else
+        ev_timer_stop(t->b->c->loop, &t->w);
+}
+
 static void timer_unlink(lb_timer *t) {
     if (!t->b) return;
     for (lb_timer **pp = &t->b->timers; *pp; pp = &(*pp)->next)
@@ -612,7 +956,7 @@ static void timer_unlink(lb_timer *t) {
 
 static int l_timer_stop(lua_State *L) {
     lb_timer *t = luaL_checkudata(L, 1, TIMER_MT);
-    if (t->b && t->b->c) ev_timer_stop(t->b->c->loop, &t->w);
+    watcher_stop(t);
     if (t->active) {
         luaL_unref(L, LUA_REGISTRYINDEX, t->ref_self);
         t->active = 0;
@@ -622,7 +966,7 @@ static int l_timer_stop(lua_State *L) {
 
 static int l_timer_gc(lua_State *L) {
     lb_timer *t = luaL_checkudata(L, 1, TIMER_MT);
-    if (t->b && t->b->c) ev_timer_stop(t->b->c->loop, &t->w);
+    watcher_stop(t);
     timer_unlink(t);
     luaL_unref(L, LUA_REGISTRYINDEX, t->ref_fn);
     t->b = NULL;
@@ -717,6 +1061,8 @@ static const luaL_Reg ctx_methods[] = {
     {"drain_local", l_drain_local}, {"run_once", l_run_once},
     {"run", l_run},             {"stop", l_stop},
     {"now", l_now},             {"timer", l_timer},
+    {"io", l_io},               {"moe", l_moe},
+    {"chan_stats", l_chan_stats},
     {"stats", l_stats},         {"peer_addr", l_peer_addr},
     {"close_peer", l_close_peer}, {"close", l_close},
     {NULL, NULL}};
@@ -739,10 +1085,24 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
         lua_setfield(L, -2, "__gc");
     }
     lua_pop(L, 1);
+    if (luaL_newmetatable(L, MOE_MT)) {
+        static const luaL_Reg moe_methods[] = {{"params", l_moe_params}, {"error", l_moe_error},
+                                               {"retarget", l_moe_retarget},
+                                               {"stats", l_moe_stats},   {"close", l_moe_close},
+                                               {NULL, NULL}};
+        lua_newtable(L);
+        luaL_register(L, NULL, moe_methods);
+        lua_setfield(L, -2, "__index");
+        lua_pushcfunction(L, l_moe_close);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_pop(L, 1);
     lua_newtable(L);
     lei_codec_lua_setfuncs(L); /* encode, decode, validate */
     lua_pushcfunction(L, l_new);
     lua_setfield(L, -2, "new");
+    lua_pushcfunction(L, l_hash);
+    lua_setfield(L, -2, "hash");
     lua_pushinteger(L, LEI_PROTO_VERSION);
     lua_setfield(L, -2, "protocol_version");
     return 1;

@@ -152,7 +152,8 @@ describe("lecho.registry membership", function()
       local cr = reply_to(w, C1)
       assert.is_true(cr.ok)                      -- no producer: answered at once
       local id = req(reg, w, P1, { op = "join", ch = "x", role = "producer" })
-      assert.are.same({ op = "reply", rid = id, ok = true, consumers = { C1 }, ver = cr.ver, count = 1 },
+      assert.are.same({ op = "reply", rid = id, ok = true, consumers = { C1 }, mods = {}, ver = cr.ver,
+                      count = 1 },
                       reply_to(w, P1))
     end)
   end
@@ -178,7 +179,8 @@ describe("lecho.registry membership", function()
     reg:tick(w.send, 11)                       -- before the deadline: nothing
     assert.are.same({}, w.take())
     reg:handle(P2, { op = "members_ok", ch = "x", ver = m2[1].ver, mid = m2[1].mid }, w.send, 11.5)
-    assert.are.same({ op = "reply", rid = id, ok = true, ver = m1[1].ver, count = 1 }, reply_to(w, C1))
+    assert.are.same({ op = "reply", rid = id, ok = true, ver = m1[1].ver, count = 1, errors = {} },
+                    reply_to(w, C1))
     assert.are.same({}, w.take())
     assert.are.equal(0, reg:snapshot().channels.x.waiting)
   end)
@@ -193,7 +195,8 @@ describe("lecho.registry membership", function()
     reg:tick(w.send, 101.9)
     assert.are.same({}, w.take())
     reg:tick(w.send, 102.0)
-    assert.are.same({ op = "reply", rid = id, ok = true, ver = m.ver, count = 1, late = { P1 } },
+    assert.are.same({ op = "reply", rid = id, ok = true, ver = m.ver, count = 1, late = { P1 },
+                      errors = {} },
                     reply_to(w, C1))
     reg:tick(w.send, 103)                      -- answered once only
     reg:handle(P1, { op = "members_ok", ch = "x", ver = m.ver }, w.send, 104)
@@ -430,7 +433,7 @@ describe("lecho.registry list and snapshot", function()
     assert.are.same({ M1 }, r.managers)
     assert.are.same({ manager = M1 }, r.channels.far)
     assert.are.same({ manager = NS, ver = own.ver, producers = { [P1] = 1 }, consumers = { [C1] = 1 },
-                      waiting = 1 }, own)
+                      modulators = {}, waiting = 1 }, own)
     local s = reg:snapshot()
     assert.are.equal(NS, s.addr); assert.are.equal("nameserver", s.role)
     assert.are.same(r.channels, s.channels)

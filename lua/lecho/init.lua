@@ -6,6 +6,7 @@
 --   local p   = ch:producer()
 --   p:submit(ev)                 p:submit_sync(ev, { timeout = 2 })
 --   local c   = ch:consumer(function(ev, meta) end)
+--   local m   = ch:consumer(demod, { modulator = src, params = {...} })  -- doc/modulators.md
 --   ctx:run()  ctx:run_once(t)  ctx:stop()  ctx:every(s, fn)  ctx:after(s, fn)
 --
 -- This file is the Lua half of a context: channels, endpoints, the dispatch
@@ -29,6 +30,69 @@ Context.__index, Channel.__index, Producer.__index, Consumer.__index =
   Context, Channel, Producer, Consumer
 
 local function now(self) return self.c:now() end
+
+-- A deterministic text of a value (sorted keys), so that equal params give
+-- equal modulator keys in every process.  The value was checked encodable.
+local function canon(v, out)
+  local t = type(v)
+  if t == "table" then
+    local keys = {}
+    for k in pairs(v) do keys[#keys + 1] = k end
+    table.sort(keys, function(a, b)
+      local ta, tb = type(a), type(b)
+      if ta ~= tb then return ta < tb end
+      if ta == "boolean" then return not a and b end
+      return a < b
+    end)
+    out[#out + 1] = "{"
+    for _, k in ipairs(keys) do
+      canon(k, out)
+      out[#out + 1] = "="
+      canon(v[k], out)
+      out[#out + 1] = ";"
+    end
+    out[#out + 1] = "}"
+  elseif t == "string" then
+    out[#out + 1] = ("%q"):format(v)
+  elseif t == "number" then
+    out[#out + 1] = ("%.17g"):format(v)
+  else
+    out[#out + 1] = tostring(v)
+  end
+  return out
+end
+
+local CAPS = { clock = true, log = true }
+
+local function sorted_keys(t)
+  local ks = {}
+  for k in pairs(t) do ks[#ks + 1] = k end
+  table.sort(ks)
+  return ks
+end
+
+-- The identity of a modulator: `base` names the code (source, period,
+-- capabilities), `key` the code with its params.
+local function mod_spec(src, params, period, caps, level)
+  if type(src) ~= "string" or src == "" then
+    error("lecho: modulator must be Lua source text (a non-empty string)", level)
+  end
+  if params == nil then params = {} end
+  local ok, err = core.encode(params)
+  if not ok then error("lecho: modulator params cannot be sent: " .. err, level) end
+  if period ~= nil and (type(period) ~= "number" or not (period >= 0.001)) then
+    error("lecho: period must be a number of seconds >= 0.001", level)
+  end
+  local cl = {}
+  for _, c in ipairs(caps or {}) do
+    if not CAPS[c] then error(("lecho: unknown capability '%s' (known: clock, log)"):format(tostring(c)), level) end
+    cl[#cl + 1] = c
+  end
+  table.sort(cl)
+  local base = core.hash(table.concat(canon({ src, period or 0, cl }, {})))
+  local key = core.hash(base .. table.concat(canon(params, {})))
+  return { src = src, params = params, period = period, caps = cl, base = base, key = key }
+end
 
 -- "host:port" with host an IPv4 address ("localhost" is taken as 127.0.0.1).
 local function parse_addr(s, what)
@@ -74,6 +138,9 @@ function M.context(opts)
     pending = {}, rid = 0,
     nextpid = 0, nextcid = 0,
     selfq = {}, draining = false,
+    moes = {}, nextmoe = 0, moe_failed = {},
+    mod_budget = opts.modulator_budget or 0.005,
+    mod_memory = opts.modulator_memory or 32 * 1024 * 1024,
     timeout = opts.timeout or 5,
     sync_timeout = opts.sync_timeout or 10,
     closed = false,
@@ -107,6 +174,7 @@ function M.context(opts)
     ctrl = function(from, msg) return self:_on_ctrl(from, msg) end,
     peer = function(idx, paddr, up, reason) return self:_on_peer(idx, paddr, up, reason) end,
     log = function(msg) self.log(msg) end,
+    moe_error = function(id, why) self:_moe_error(id, why) end,
   }
   if opts.manager and opts.nameserver then
     local ok, rerr = self:request(self.ns, { op = "register_manager" })
@@ -197,9 +265,16 @@ function Context:_on_ctrl(from, msg)
     if ch and type(msg.ver) == "number" and type(msg.consumers) == "table"
        and msg.ver > ch.ver then
       ch.ver = msg.ver
-      ch:_set_consumers(msg.consumers)
+      ch:_set_consumers(msg.consumers, msg.mods)
     end
-    self:_send_ctrl(from, { op = "members_ok", ch = msg.ch, ver = msg.ver, mid = msg.mid })
+    self:_send_ctrl(from, { op = "members_ok", ch = msg.ch, ver = msg.ver, mid = msg.mid,
+                            errs = ch and ch:_mod_errors(msg.mods) })
+  elseif op == "mod_error" then
+    local ch = self.byname[msg.ch]
+    if ch and type(msg.key) == "string" then
+      ch:_tell_mod_error(msg.key, ("modulator at %s: %s"):format(tostring(msg.producer or from),
+                                                                 tostring(msg.err)))
+    end
   elseif self.reg then
     self.reg:handle(from, msg, self._send, now(self))
   elseif msg.rid then
@@ -236,6 +311,8 @@ end
 
 -- Runs every consumer of the channel on one decoded event (one copy per
 -- context, however many consumers), then acknowledges a sync event.
+-- A modulated stream (`ch.derived`) lists { con, handler, version } entries:
+-- each demodulator gets what its own modulator sent, tagged with its version.
 function Context:_on_event(chid, value, peer, producer, seq, sync)
   local ch = self.bychid[chid]
   local list = ch and ch.consumers
@@ -246,11 +323,18 @@ function Context:_on_event(chid, value, peer, producer, seq, sync)
     local n = #list
     local snap = list
     if n > 1 then snap = { unpack(list, 1, n) } end
+    local derived = ch.derived
     for i = 1, n do
-      local con = snap[i]
+      local con, handler = snap[i], nil
+      if derived then
+        meta.params_version = con.version
+        handler, con = con.handler, con.con
+      else
+        handler = con.handler
+      end
       if not con.closed then
         nran = nran + 1
-        local ok, err = pcall(con.handler, value, meta)
+        local ok, err = pcall(handler, value, meta)
         if not ok then
           err = tostring(err)
           con.errors = con.errors + 1
@@ -292,6 +376,8 @@ function Context:channel(name)
     chid = self.c:channel(full),
     consumers = {}, producers = {}, nprod = 0,
     ver = -1, manager = nil,
+    dests = {}, mods = {}, modlist = {}, failed = {}, grants = {},  -- producing side
+    all = {}, streams = {}, cjoined = false,             -- consuming side
   }, Channel)
   self.byname[full] = ch
   self.bychid[ch.chid] = ch
@@ -304,6 +390,12 @@ end
 
 function Context:after(sec, fn)
   return self.c:timer(sec, 0, function() fn() end)
+end
+
+--- Calls fn(watcher) on the loop whenever descriptor fd is readable, until
+-- watcher:stop() (a REPL reading its terminal, say).
+function Context:on_readable(fd, fn)
+  return self.c:io(fd, function(w) fn(w) end)
 end
 
 function Context:run() return self.c:run() end
@@ -319,7 +411,7 @@ function Context:stats()
   for name, ch in pairs(self.byname) do
     local cs = s.channels[name]
     if cs then
-      cs.consumers = #ch.consumers
+      cs.consumers = #ch.all
       cs.producers = ch.nprod
     end
   end
@@ -334,10 +426,27 @@ function Context:list(addr)
   return r.channels, r.managers
 end
 
+-- A modulator failed in this (producing) context: unloaded already; its
+-- consumers are told, once the C call that found it has returned.
+function Context:_moe_error(id, why)
+  self.moe_failed[#self.moe_failed + 1] = { id = id, why = why }
+  if not self.moe_reaper then
+    self.moe_reaper = self.c:timer(0, 0, function()
+      self.moe_reaper = nil
+      local list = self.moe_failed
+      self.moe_failed = {}
+      for _, f in ipairs(list) do
+        local inst = self.moes[f.id]
+        if inst then inst.ch:_mod_failed(inst, f.why) end
+      end
+    end)
+  end
+end
+
 function Context:close()
   if self.closed then return end
   for _, ch in pairs(self.byname) do
-    for _, con in ipairs({ unpack(ch.consumers) }) do con:close() end
+    for _, con in ipairs({ unpack(ch.all) }) do con:close() end
     for p in pairs(ch.producers) do p:close() end
     if ch.rejoin then ch.rejoin:stop() end
   end
@@ -363,31 +472,169 @@ function Channel:_join(role)
   local mgr, err = self:_manager()
   if not mgr then return nil, err end
   local r
-  r, err = self.ctx:request(mgr, { op = "join", ch = self.name, role = role })
+  r, err = self.ctx:request(mgr, { op = "join", ch = self.name, role = role,
+                                   subs = role == "consumer" and self:_subs() or nil })
   if not r then
     self.manager = nil
     return nil, ("joining '%s' as %s: %s"):format(self.name, role, err)
   end
   if role == "producer" then
     self.ver = r.ver or self.ver
-    self:_set_consumers(r.consumers or {})
+    self:_set_consumers(r.consumers or {}, r.mods)
+  else
+    self.cjoined = true
   end
   return r
 end
 
 function Channel:_leave(role)
+  if role == "consumer" then self.cjoined = false end
   if self.manager and not self.ctx.closed then
     self.ctx:_notify(self.manager, { op = "leave", ch = self.name, role = role })
   end
 end
 
-function Channel:_set_consumers(list)
-  local dests = {}
-  for _, a in ipairs(list) do
-    if a ~= self.ctx.addr then dests[#dests + 1] = a end
+local function others(list, me)
+  local out = {}
+  for _, a in ipairs(list or {}) do
+    if a ~= me then out[#out + 1] = a end
   end
+  return out
+end
+
+-- Producing side: who takes the plain stream, and which modulators run
+-- here (installed, re-targeted after a params change, or unloaded).
+function Channel:_set_consumers(list, mods)
+  local ctx = self.ctx
+  local dests = others(list, ctx.addr)
   self.dests = dests
-  self.ctx.c:set_dests(self.chid, dests)
+  ctx.c:set_dests(self.chid, dests)
+  mods = type(mods) == "table" and mods or {}
+  -- Instances whose key went: reused for a new key of the same code and the
+  -- same consumers (a params change keeps the modulator's state), else closed.
+  local gone = {}
+  for key, inst in pairs(self.mods) do
+    if not mods[key] then gone[#gone + 1] = inst end
+  end
+  for key in pairs(self.failed) do
+    if not mods[key] then self.failed[key] = nil end
+  end
+  for _, key in ipairs(sorted_keys(mods)) do
+    local m = mods[key]
+    local inst = self.mods[key]
+    if not inst and not self.failed[key] then
+      local same = table.concat(m.dests or {}, ",")
+      for i, old in ipairs(gone) do
+        if old.base == m.base and old.dests_key == same then
+          table.remove(gone, i)
+          inst = self:_rekey(old, key, m)
+          break
+        end
+      end
+      if not inst then inst = self:_install(key, m) end
+    end
+    if inst then
+      inst.dests_key = table.concat(m.dests or {}, ",")
+      ctx.c:set_dests(inst.dchid, others(m.dests, ctx.addr))
+    end
+  end
+  for _, inst in ipairs(gone) do self:_unload(inst) end
+  self:_rebuild_modlist()
+end
+
+function Channel:_rebuild_modlist()
+  local list = {}
+  for _, key in ipairs(sorted_keys(self.mods)) do list[#list + 1] = self.mods[key].moe end
+  self.modlist = list
+end
+
+function Channel:_derived_name(key) return self.name .. "@" .. key end
+
+-- Loads modulator `key` here; on refusal or failure, remembers why and
+-- tells its consumers.  Returns the instance or nil.
+function Channel:_install(key, m)
+  local ctx = self.ctx
+  local err
+  local grant = {}
+  for _, cap in ipairs(m.caps or {}) do
+    if not CAPS[cap] then
+      err = ("unknown capability '%s'"):format(tostring(cap))
+    elseif not self.grants[cap] then
+      err = ("capability '%s' not granted by the producer"):format(cap)
+    end
+    if err then break end
+    grant[cap] = true
+  end
+  local moe
+  local dchid = ctx.c:channel(self:_derived_name(key))
+  if not err then
+    ctx.nextmoe = ctx.nextmoe + 1
+    moe, err = ctx.c:moe(ctx.nextmoe, dchid, ("%s@%s"):format(self.short, key:sub(1, 8)), m.src,
+                         m.params == nil and {} or m.params,
+                         { budget = ctx.mod_budget, memory = ctx.mod_memory, period = m.period,
+                           clock = grant.clock, log = grant.log })
+  end
+  if not moe then
+    self:_refuse(key, err, m.dests)
+    return nil
+  end
+  local inst = { id = ctx.nextmoe, key = key, base = m.base, moe = moe, dchid = dchid, ch = self,
+                 dests = m.dests }
+  ctx.moes[inst.id] = inst
+  self.mods[key] = inst
+  return inst
+end
+
+function Channel:_rekey(inst, key, m)
+  local ctx = self.ctx
+  self.mods[inst.key] = nil
+  local dchid = ctx.c:channel(self:_derived_name(key))
+  local ok, err = inst.moe:retarget(dchid)
+  if ok then ok, err = inst.moe:params(m.params == nil and {} or m.params) end
+  if not ok then
+    ctx.moes[inst.id] = nil
+    inst.moe:close()
+    self:_refuse(key, err, m.dests)
+    return nil
+  end
+  inst.key, inst.dchid, inst.dests = key, dchid, m.dests
+  self.mods[key] = inst
+  return inst
+end
+
+function Channel:_unload(inst)
+  self.ctx.moes[inst.id] = nil
+  if self.mods[inst.key] == inst then self.mods[inst.key] = nil end
+  inst.moe:close()
+end
+
+function Channel:_refuse(key, err, dests)
+  local ctx = self.ctx
+  self.failed[key] = err
+  ctx.log(("modulator %s on '%s' not running here: %s"):format(key, self.short, err))
+  for _, a in ipairs(dests or {}) do
+    ctx:_send_ctrl(a, { op = "mod_error", ch = self.name, key = key, err = err, producer = ctx.addr })
+  end
+end
+
+-- A running modulator failed (error, budget, memory): already unloaded.
+function Channel:_mod_failed(inst, why)
+  if self.mods[inst.key] ~= inst then return end
+  self:_unload(inst)
+  self:_rebuild_modlist()
+  self:_refuse(inst.key, why, inst.dests)
+end
+
+-- For members_ok: the keys of `mods` refused or failed here.
+function Channel:_mod_errors(mods)
+  local errs
+  for key, err in pairs(self.failed) do
+    if type(mods) == "table" and mods[key] then
+      errs = errs or {}
+      errs[key] = err
+    end
+  end
+  return errs
 end
 
 -- After losing the manager (or the name server), join again every second
@@ -396,7 +643,7 @@ function Channel:_schedule_rejoin()
   if self.rejoin or self.ctx.closed then return end
   self.rejoin = self.ctx.c:timer(0.2, 1.0, function(t)
     if self.nprod > 0 and not self:_join("producer") then return end
-    if #self.consumers > 0 and not self:_join("consumer") then return end
+    if #self.all > 0 and not self:_join("consumer") then return end
     t:stop()
     self.rejoin = nil
   end)
@@ -412,6 +659,13 @@ function Channel:producer(opts)
      and opts.policy ~= "drop_newest" and opts.policy ~= "disconnect" then
     error("lecho: unknown policy '" .. tostring(opts.policy) .. "'", 2)
   end
+  for _, cap in ipairs(opts.grant or {}) do
+    if not CAPS[cap] then
+      error(("lecho: unknown capability '%s' (known: clock, log)"):format(tostring(cap)), 2)
+    end
+  end
+  -- Granted before joining: the join installs the current modulators.
+  for _, cap in ipairs(opts.grant or {}) do self.grants[cap] = true end
   if self.nprod == 0 then
     local ok, err = self:_join("producer")
     if not ok then return nil, err end
@@ -423,32 +677,146 @@ function Channel:producer(opts)
   return p
 end
 
+-- Consuming side: what this context asks of the producers.
+function Channel:_subs()
+  local mods = {}
+  for _, con in ipairs(self.all) do
+    local m = con.mod
+    if m then
+      mods[m.key] = { src = m.src, params = m.params, period = m.period, caps = m.caps, base = m.base }
+    end
+  end
+  return { plain = #self.consumers > 0, mods = mods }
+end
+
+local function subs_sig(subs)
+  return tostring(subs.plain) .. ":" .. table.concat(sorted_keys(subs.mods), ",")
+end
+
+-- Joins, re-subscribes or leaves to match the consumers; waits for the
+-- producers' confirmations.  Returns the reply (or true), or nil, err.
+function Channel:_update_subs(nowait)
+  if #self.all == 0 then
+    self.subs_sig = nil
+    if self.cjoined then self:_leave("consumer") end
+    return true
+  end
+  local subs = self:_subs()
+  local sig = subs_sig(subs)
+  if self.cjoined and sig == self.subs_sig then return true end
+  if not self.cjoined then
+    local r, err = self:_join("consumer")
+    if r then self.subs_sig = sig end
+    return r, err
+  end
+  local mgr, err = self:_manager()
+  if not mgr then return nil, err end
+  self.subs_sig = sig
+  local msg = { op = "subscribe", ch = self.name, subs = subs }
+  if nowait then return self.ctx:_notify(mgr, msg) end
+  local r
+  r, err = self.ctx:request(mgr, msg)
+  if not r then
+    self.subs_sig = nil
+    return nil, ("updating the subscription to '%s': %s"):format(self.name, err)
+  end
+  return r
+end
+
+-- The stream of modulator `key` into this context, with its demodulators.
+function Channel:_attach(con, spec, handler)
+  local ctx = self.ctx
+  local st = self.streams[spec.key]
+  if not st then
+    local name = self:_derived_name(spec.key)
+    st = { derived = true, short = self.short, key = spec.key, consumers = {},
+           chid = ctx.c:channel(name) }
+    self.streams[spec.key] = st
+    ctx.bychid[st.chid] = st
+    ctx.c:set_local(st.chid, true)
+  end
+  local e = { con = con, handler = handler, version = spec.version }
+  st.consumers[#st.consumers + 1] = e
+  con.chids[st.chid] = true
+  return e
+end
+
+function Channel:_detach(e)
+  for key, st in pairs(self.streams) do
+    local list = st.consumers
+    for i = #list, 1, -1 do
+      if list[i] == e then table.remove(list, i) end
+    end
+    if #list == 0 then
+      self.streams[key] = nil
+      if self.ctx.bychid[st.chid] == st then self.ctx.bychid[st.chid] = nil end
+      if not self.ctx.closed then self.ctx.c:set_local(st.chid, false) end
+    end
+  end
+end
+
+function Channel:_tell_mod_error(key, msg)
+  for _, con in ipairs({ unpack(self.all) }) do
+    if con.mod and con.mod.key == key and not con.closed then
+      con.mod_errors = con.mod_errors + 1
+      if con.on_error then
+        local ok, err = pcall(con.on_error, msg)
+        if not ok then self.ctx.log("on_error handler failed: " .. tostring(err)) end
+      else
+        self.ctx.log(("consumer %s on '%s': %s"):format(con.id, self.short, msg))
+      end
+    end
+  end
+end
+
+-- The errors a subscription reply reports for modulator `key`, as one string.
+local function reply_errors(r, key)
+  local out = {}
+  for _, e in ipairs(type(r) == "table" and r.errors or {}) do
+    if e.key == key then out[#out + 1] = ("modulator at %s: %s"):format(e.producer, e.err) end
+  end
+  if #out > 0 then return table.concat(out, "; ") end
+end
+
 --- Creates a consumer; handler(ev, meta) with meta = { channel, producer, seq }.
 -- Returns once every producing context knows of it: it receives every event
--- submitted after this call returns.
+-- submitted after this call returns.  opts.modulator (Lua source), params,
+-- period, capabilities, on_error: see doc/modulators.md.
 function Channel:consumer(handler, opts)
   if type(handler) ~= "function" then error("lecho: consumer needs a handler function", 2) end
   local ctx = self.ctx
   if ctx.closed then error("lecho: context is closed", 2) end
+  opts = opts or {}
+  if opts.on_error ~= nil and type(opts.on_error) ~= "function" then
+    error("lecho: on_error must be a function", 2)
+  end
+  local spec
+  if opts.modulator ~= nil then
+    spec = mod_spec(opts.modulator, opts.params, opts.period, opts.capabilities, 3)
+    spec.version = 1
+  end
   ctx.nextcid = ctx.nextcid + 1
   local con = setmetatable({
     ch = self, handler = handler, id = ("%s/c%d"):format(ctx.addr, ctx.nextcid),
-    errors = 0, opts = opts,
+    errors = 0, mod_errors = 0, opts = opts, mod = spec, on_error = opts.on_error, chids = {},
   }, Consumer)
-  local list = self.consumers
-  list[#list + 1] = con
-  if #list == 1 then
-    ctx.c:set_local(self.chid, true)
-    local r, err = self:_join("consumer")
-    if not r then
-      list[1] = nil
-      ctx.c:set_local(self.chid, false)
-      return nil, err
-    end
-    if r.late and #r.late > 0 then
-      ctx.log(("consumer on '%s': producers %s did not confirm in time"):format(
-        self.short, table.concat(r.late, ", ")))
-    end
+  self.all[#self.all + 1] = con
+  if spec then
+    con.entry = self:_attach(con, spec, handler)
+  else
+    local list = self.consumers
+    list[#list + 1] = con
+    if #list == 1 then ctx.c:set_local(self.chid, true) end
+    con.chids[self.chid] = true
+  end
+  local r, err = self:_update_subs()
+  if not r then
+    con:_unlink()
+    return nil, err
+  end
+  if type(r) == "table" and r.late and #r.late > 0 then
+    ctx.log(("consumer on '%s': producers %s did not confirm in time"):format(
+      self.short, table.concat(r.late, ", ")))
   end
   return con
 end
@@ -461,7 +829,9 @@ end
 function Producer:submit(ev)
   if self.closed then return nil, "producer is closed" end
   local seq = self.seq + 1
-  local ok, err = self.ch.ctx.c:submit(self.ch.chid, self.id, seq, ev, false, self.policy)
+  local ch = self.ch
+  local ok, err = ch.ctx.c:submit(ch.chid, self.id, seq, ev, false, self.policy, ch.modlist,
+                                  #ch.dests > 0 or #ch.consumers > 0)
   if ok then self.seq = seq end
   return ok, err
 end
@@ -475,18 +845,27 @@ function Producer:submit_sync(ev, opts)
   local c = ctx.c
   local timeout = opts and opts.timeout or ctx.sync_timeout
   local seq = self.seq + 1
-  local id, err = c:submit(self.ch.chid, self.id, seq, ev, true, self.policy)
-  if not id then return nil, err end
+  local ch = self.ch
+  local ids, err = c:submit(ch.chid, self.id, seq, ev, true, self.policy, ch.modlist,
+                            #ch.dests > 0 or #ch.consumers > 0)
+  if not ids then return nil, err end
   self.seq = seq
+  if type(ids) ~= "table" then ids = { ids } end
   local deadline = c:now() + timeout
-  while not c:sync_done(id) do
-    local left = deadline - c:now()
-    if left <= 0 or ctx.closed then break end
-    c:run_once(left)
+  for _, id in ipairs(ids) do
+    while not c:sync_done(id) do
+      local left = deadline - c:now()
+      if left <= 0 or ctx.closed then break end
+      c:run_once(left)
+    end
   end
   if ctx.closed then return nil, "context closed while waiting" end
-  local _, errs = c:sync_take(id, ("no answer within %gs"):format(timeout))
-  if #errs > 0 then return nil, setmetatable(errs, ErrList) end
+  local all = {}
+  for _, id in ipairs(ids) do
+    local _, errs = c:sync_take(id, ("no answer within %gs"):format(timeout))
+    for _, e in ipairs(errs) do all[#all + 1] = e end
+  end
+  if #all > 0 then return nil, setmetatable(all, ErrList) end
   return true
 end
 
@@ -508,19 +887,98 @@ end
 ------------------------------------------------------------------------------
 -- Consumer
 
+-- Removes the consumer from the channel's lists (its handlers stop at once).
+function Consumer:_unlink()
+  local ch = self.ch
+  for _, list in ipairs({ ch.all, ch.consumers }) do
+    for i = #list, 1, -1 do
+      if list[i] == self then table.remove(list, i) end
+    end
+  end
+  if self.entry then ch:_detach(self.entry) end
+  for _, e in ipairs(self.old_entries or {}) do ch:_detach(e) end
+  if not self.mod and #ch.consumers == 0 and not ch.ctx.closed then
+    ch.ctx.c:set_local(ch.chid, false)
+  end
+end
+
 --- Stops the handler at once: nothing is delivered to it after close().
 function Consumer:close()
   if self.closed then return end
   self.closed = true
+  self:_unlink()
+  if not self.ch.ctx.closed then self.ch:_update_subs(true) end
+end
+
+-- Switches to modulator spec with demodulator handler; waits for producers.
+function Consumer:_switch(spec, handler)
+  if self.closed then return nil, "consumer is closed" end
   local ch = self.ch
-  local list = ch.consumers
-  for i = #list, 1, -1 do
-    if list[i] == self then table.remove(list, i) end
+  local old = self.mod
+  if old and spec.key == old.key then
+    -- Same modulator: only the demodulator changes, from the next event on.
+    self.handler, self.entry.handler = handler, handler
+    return true
   end
-  if #list == 0 then
-    if not ch.ctx.closed then ch.ctx.c:set_local(ch.chid, false) end
-    ch:_leave("consumer")
+  spec.version = (old and old.version or 0) + 1
+  local old_entry = self.entry
+  self.mod, self.handler = spec, handler
+  self.entry = ch:_attach(self, spec, handler)
+  local r, err = ch:_update_subs()
+  if old_entry then
+    -- Producers no longer send the old stream here once they applied the
+    -- change, so what still arrives on it was on its way: it goes to the old
+    -- demodulator for a grace period.  Unless another consumer of this
+    -- context still uses that modulator: then it stops at once.
+    local st = old and ch.streams[old.key]
+    if st and #st.consumers > 1 then
+      ch:_detach(old_entry)
+    else
+      self.old_entries = self.old_entries or {}
+      self.old_entries[#self.old_entries + 1] = old_entry
+      ch.ctx:after(2.0, function()
+        ch:_detach(old_entry)
+        for i, e in ipairs(self.old_entries) do
+          if e == old_entry then table.remove(self.old_entries, i) break end
+        end
+      end)
+    end
   end
+  if not r then return nil, err end
+  local perr = reply_errors(r, spec.key)
+  if perr then return nil, perr end
+  return true
+end
+
+--- Replaces the params of this consumer's modulator at every producer.
+-- Returns true once every producing context applied them, or nil, err.
+function Consumer:set_params(params)
+  if not self.mod then error("lecho: set_params: this consumer has no modulator", 2) end
+  local m = self.mod
+  return self:_switch(mod_spec(m.src, params, m.period, m.caps, 3), self.handler)
+end
+
+--- Replaces the modulator and demodulator together (params: the new
+-- modulator's; handler: the new demodulator, default the current one).
+function Consumer:set_modulator(src, params, handler)
+  if handler ~= nil and type(handler) ~= "function" then
+    error("lecho: set_modulator: the demodulator must be a function", 2)
+  end
+  local m = self.mod or {}
+  return self:_switch(mod_spec(src, params, m.period, m.caps, 3), handler or self.handler)
+end
+
+function Consumer:params_version() return self.mod and self.mod.version or 0 end
+
+--- What arrived for this consumer's stream(s): { events, bytes } (bytes:
+-- encoded payloads received over the wire; local deliveries count 0 bytes).
+function Consumer:stats()
+  local ev, by = 0, 0
+  for chid in pairs(self.chids) do
+    local ein, bin, eloc = self.ch.ctx.c:chan_stats(chid)
+    ev, by = ev + ein + eloc, by + bin
+  end
+  return { events = ev, bytes = by, errors = self.errors, modulator_errors = self.mod_errors }
 end
 
 return M

@@ -109,21 +109,53 @@ end
 ------------------------------------------------------------------------------
 -- Membership helpers.
 
-local function consumer_list(c)
-  return sorted_keys(c.consumers)
+-- What producing contexts need: the contexts that take the plain stream,
+-- and each distinct modulator (by key) with the contexts that asked for it.
+-- Fresh tables on every call (they are handed to `send`).
+local function members_of(c)
+  local plain, mods = {}, {}
+  for _, a in ipairs(sorted_keys(c.consumers)) do
+    local subs = c.consumers[a].subs
+    if subs.plain then plain[#plain + 1] = a end
+    for _, k in ipairs(sorted_keys(subs.mods)) do
+      local m = subs.mods[k]
+      local e = mods[k]
+      if not e then
+        e = { src = m.src, params = m.params, period = m.period, caps = m.caps, base = m.base,
+              dests = {} }
+        mods[k] = e
+      end
+      e.dests[#e.dests + 1] = a
+    end
+  end
+  return plain, mods
 end
 
 -- The consumer set changed: new version, `members` to every producing context.
 local function publish_members(self, c, io)
   self.seq = self.seq + 1
   c.ver = self.seq
-  local list = consumer_list(c)
   for _, p in ipairs(sorted_keys(c.producers)) do
     self.mid = self.mid + 1
-    local copy = {}
-    for i = 1, #list do copy[i] = list[i] end
-    emit(self, io, p, { op = "members", ch = c.name, ver = c.ver, consumers = copy, mid = self.mid })
+    local plain, mods = members_of(c)
+    emit(self, io, p, { op = "members", ch = c.name, ver = c.ver, consumers = plain, mods = mods,
+                        mid = self.mid })
   end
+end
+
+-- The modulator errors producing contexts reported for the keys a waiting
+-- consumer context asked for: a list of { producer, key, err }.
+local function wait_errors(c, w)
+  local out = {}
+  for _, a in ipairs(sorted_keys(c.producers)) do
+    local errs = c.producers[a].errs
+    if errs then
+      for _, k in ipairs(w.keys) do
+        if errs[k] then out[#out + 1] = { producer = a, key = k, err = errs[k] } end
+      end
+    end
+  end
+  return out
 end
 
 local function all_acked(c, ver)
@@ -139,7 +171,7 @@ local function check_waits(self, c, io)
   local keep = {}
   for _, w in ipairs(c.waits) do
     if all_acked(c, w.ver) then
-      reply(self, io, w.from, w.rid, { ver = w.ver, count = w.count })
+      reply(self, io, w.from, w.rid, { ver = w.ver, count = w.count, errors = wait_errors(c, w) })
     else
       keep[#keep + 1] = w
     end
@@ -167,6 +199,52 @@ local function check_role(msg)
     return nil, ("%s: field 'role' must be \"producer\" or \"consumer\""):format(msg.op)
   end
   return role
+end
+
+-- A consumer context's subscriptions: { plain = bool, mods = { [key] = {
+-- src, params, period, caps, base } } }.  Absent: the plain stream only.
+local MAX_SOURCE = 1024 * 1024
+local function check_subs(msg)
+  local s = msg.subs
+  if s == nil then return { plain = true, mods = {} } end
+  local op = msg.op
+  if type(s) ~= "table" then return nil, op .. ": field 'subs' must be a table" end
+  if s.mods ~= nil and type(s.mods) ~= "table" then return nil, op .. ": 'subs.mods' must be a table" end
+  local mods = {}
+  for k, m in pairs(s.mods or {}) do
+    if type(k) ~= "string" or #k == 0 or #k > 64 then
+      return nil, op .. ": modulator keys must be strings of 1 to 64 bytes"
+    end
+    if type(m) ~= "table" or type(m.src) ~= "string" then
+      return nil, ("%s: modulator '%s' needs a string 'src'"):format(op, k)
+    end
+    if #m.src > MAX_SOURCE then
+      return nil, ("%s: modulator '%s' source longer than %d bytes"):format(op, k, MAX_SOURCE)
+    end
+    if m.period ~= nil and (type(m.period) ~= "number" or not (m.period >= 0.001)) then
+      return nil, ("%s: modulator '%s': period must be a number >= 0.001"):format(op, k)
+    end
+    if m.caps ~= nil and type(m.caps) ~= "table" then
+      return nil, ("%s: modulator '%s': caps must be a list of strings"):format(op, k)
+    end
+    for _, cap in ipairs(m.caps or {}) do
+      if type(cap) ~= "string" then
+        return nil, ("%s: modulator '%s': caps must be a list of strings"):format(op, k)
+      end
+    end
+    mods[k] = { src = m.src, params = m.params, period = m.period, caps = m.caps,
+                base = type(m.base) == "string" and m.base or nil }
+  end
+  return { plain = s.plain ~= false, mods = mods }
+end
+
+local function wait_for(self, c, from, msg, r, io)
+  local w = { from = from, rid = msg.rid, ver = r.ver, count = r.count,
+              deadline = io.now + self.ack_timeout, keys = sorted_keys(r.subs.mods) }
+  if all_acked(c, r.ver) then
+    return reply(self, io, from, msg.rid, { ver = r.ver, count = r.count, errors = wait_errors(c, w) })
+  end
+  c.waits[#c.waits + 1] = w
 end
 
 -- Name server: may this context manage `ch`? Claims unassigned channels.
@@ -263,23 +341,46 @@ function ops.join(self, from, msg, io)
       p = { count = 1, acked = c.ver }
       c.producers[from] = p
     end
-    return reply(self, io, from, msg.rid, { consumers = consumer_list(c), ver = c.ver, count = p.count })
+    local plain, mods = members_of(c)
+    return reply(self, io, from, msg.rid, { consumers = plain, mods = mods, ver = c.ver, count = p.count })
   end
 
+  local subs; subs, err = check_subs(msg)
+  if not subs then return fail(self, io, from, msg.rid, err) end
   local r = c.consumers[from]
   if r then
     r.count = r.count + 1
+    if msg.subs ~= nil then
+      r.subs = subs
+      publish_members(self, c, io)
+      r.ver = c.ver
+    end
   else
-    r = { count = 1 }
+    r = { count = 1, subs = subs }
     c.consumers[from] = r
     publish_members(self, c, io)
     r.ver = c.ver
   end
-  if all_acked(c, r.ver) then
-    return reply(self, io, from, msg.rid, { ver = r.ver, count = r.count })
+  wait_for(self, c, from, msg, r, io)
+end
+
+-- A consumer context replaces its subscriptions to `ch` (modulators added,
+-- changed or removed).  Answered like a join: once every producing context
+-- confirmed, with the modulator errors they reported.
+function ops.subscribe(self, from, msg, io)
+  local ch, err = check_ch(self, msg)
+  if not ch then return fail(self, io, from, msg.rid, err) end
+  local c = self.channels[ch]
+  local r = c and c.consumers[from]
+  if not r then
+    return fail(self, io, from, msg.rid, ("subscribe: %s is not a consumer of channel '%s'"):format(from, ch))
   end
-  c.waits[#c.waits + 1] = { from = from, rid = msg.rid, ver = r.ver, count = r.count,
-                            deadline = io.now + self.ack_timeout }
+  local subs; subs, err = check_subs(msg)
+  if not subs then return fail(self, io, from, msg.rid, err) end
+  r.subs = subs
+  publish_members(self, c, io)
+  r.ver = c.ver
+  wait_for(self, c, from, msg, r, io)
 end
 
 -- A context removes one producer or consumer endpoint from `ch`.
@@ -330,6 +431,8 @@ function ops.members_ok(self, from, msg, io)
   end
   if ver > p.acked then
     p.acked = ver
+    -- modulators that failed to install there, by key (latest report wins)
+    p.errs = type(msg.errs) == "table" and msg.errs or nil
     check_waits(self, c, io)
   end
 end
@@ -481,7 +584,8 @@ function Registry:tick(send, now)
             end
             self.log("warn", ("channel '%s': join of %s answered without confirmation from %s")
                              :format(c.name, w.from, table.concat(late, ", ")))
-            reply(self, io, w.from, w.rid, { ver = w.ver, count = w.count, late = late })
+            reply(self, io, w.from, w.rid, { ver = w.ver, count = w.count, late = late,
+                                             errors = wait_errors(c, w) })
           else
             keep[#keep + 1] = w
           end
@@ -499,6 +603,7 @@ end
 --     channels = {
 --       [name] = { manager = <own addr>, ver = n,          -- managed here
 --                  producers = { [addr] = count }, consumers = { [addr] = count },
+--                  modulators = { [key] = { consumers = { addr... }, bytes, period, caps, params } },
 --                  waiting = <consumer joins awaiting confirmation> },
 --       [name] = { manager = <other addr> },               -- name server: assigned elsewhere
 --     },
@@ -511,7 +616,14 @@ function Registry:snapshot()
     local ps, cs = {}, {}
     for a, p in pairs(c.producers) do ps[a] = p.count end
     for a, r in pairs(c.consumers) do cs[a] = r.count end
-    chans[name] = { manager = self.addr, ver = c.ver, producers = ps, consumers = cs, waiting = #c.waits }
+    local _, mods = members_of(c)
+    local ms = {}
+    for k, m in pairs(mods) do
+      ms[k] = { consumers = m.dests, bytes = #m.src, period = m.period, caps = m.caps,
+                params = m.params }
+    end
+    chans[name] = { manager = self.addr, ver = c.ver, producers = ps, consumers = cs,
+                    modulators = ms, waiting = #c.waits }
   end
   for name, owner in pairs(self.assign) do
     if not chans[name] then chans[name] = { manager = owner } end

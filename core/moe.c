@@ -1,0 +1,650 @@
+/* moe.c: modulators in sandboxed LuaJIT states (see moe.h).
+ *
+ * Every touch of a modulator's state happens inside one lua_cpcall (step),
+ * so that a memory error or a budget error raised anywhere, decoding
+ * included, unwinds to us and never reaches LuaJIT's panic handler.  Outputs
+ * are encoded inside the step and submitted after it returned, so that a
+ * blocking submit (which serves the loop) never runs while the state is in a
+ * call.
+ */
+#define _GNU_SOURCE
+#include "moe.h"
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <luajit.h>
+#include <lualib.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define HOOK_COUNT 10000 /* instructions between budget checks */
+#define REG_KEY "lecho.moe"
+
+enum { ST_INIT, ST_PARAMS, ST_ENQ, ST_DEQ, ST_PERIOD };
+
+typedef struct moe_out {
+    lei_msg *msg; /* one reference, owned until submitted */
+    uint64_t producer, seq;
+    int sync;
+} moe_out;
+
+typedef struct moe_held {
+    uint64_t producer, seq;
+    int sync;
+} moe_held;
+
+struct lei_moe {
+    lua_State *L;          /* owned; NULL once failed */
+    lei_ctx *ctx;          /* borrowed */
+    uint32_t chid;
+    lei_moe_opts o;
+    char name[96];
+    int own_alloc;         /* the allocator below counts memory */
+    size_t mem;            /* bytes held by L (own_alloc) */
+    int mem_hit;           /* an allocation was refused */
+    int limit_on;          /* the cap applies (off while closing) */
+    /* the call in progress */
+    int in_call, over;
+    struct timespec mono0;
+    double cpu0;           /* thread CPU seconds at the first check, < 0: not yet */
+    int stage, sync, policy;
+    uint64_t producer, seq;
+    const uint8_t *in;
+    size_t inlen;
+    /* outputs of the call, then submitted */
+    moe_out *out;          /* owned */
+    size_t nout, cout;
+    /* events held for dequeue: values in the Lua table ref_q at [qhead, qtail) */
+    int ref_q, ref_env;
+    moe_held *held;        /* owned, parallel to the table: held[i - qhead + hoff] */
+    size_t hoff, nheld, cheld;
+    uint64_t qhead, qtail;
+    /* sync ids of the last enqueue */
+    uint64_t *sids;        /* owned */
+    size_t nsids, csids;
+    ev_timer period_w;
+    uint64_t pseq;
+    char err[256];
+    lei_moe_stats st;
+};
+
+void lei_moe_opts_default(lei_moe_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->budget = 0.005;
+    o->mem_limit = 32u << 20;
+    o->max_pending = 4096;
+    lei_codec_limits_default(&o->lim);
+}
+
+static double ts_sec(const struct timespec *t) { return (double)t->tv_sec + (double)t->tv_nsec * 1e-9; }
+
+static double cpu_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return ts_sec(&t);
+}
+
+/* ---- allocator and budget --------------------------------------------- */
+
+static void *moe_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+    lei_moe *m = ud;
+    size_t cur = m->mem - (ptr ? osize : 0);
+    if (nsize == 0) {
+        free(ptr);
+        m->mem = cur;
+        return NULL;
+    }
+    if (m->limit_on && cur + nsize > m->o.mem_limit) {
+        m->mem_hit = 1;
+        return NULL;
+    }
+    void *q = realloc(ptr, nsize);
+    if (q) m->mem = cur + nsize;
+    return q;
+}
+
+static lei_moe *moe_of(lua_State *L) {
+    lua_getfield(L, LUA_REGISTRYINDEX, REG_KEY);
+    lei_moe *m = lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    return m;
+}
+
+/* Budget check every HOOK_COUNT instructions.  Short calls never get here,
+ * so the CPU clock (a system call) is read only by long ones; time before the
+ * first check counts as CPU time. */
+static void moe_hook(lua_State *L, lua_Debug *ar) {
+    (void)ar;
+    lei_moe *m = moe_of(L);
+    if (!m || !m->in_call) return;
+    if (!m->own_alloc && (size_t)lua_gc(L, LUA_GCCOUNT, 0) * 1024u > m->o.mem_limit) {
+        m->mem_hit = 1;
+        luaL_error(L, "out of memory");
+    }
+    double cpu = cpu_now();
+    if (m->cpu0 < 0) {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        m->cpu0 = cpu - (ts_sec(&t) - ts_sec(&m->mono0));
+    }
+    if (m->over || cpu - m->cpu0 > m->o.budget) {
+        /* From now on every instruction fails, so a pcall inside the
+         * modulator cannot swallow this and go on. */
+        m->over = 1;
+        lua_sethook(L, moe_hook, LUA_MASKCOUNT, 1);
+        luaL_error(L, "CPU budget exceeded");
+    }
+}
+
+/* ---- outputs ------------------------------------------------------------ */
+
+static void out_clear(lei_moe *m) {
+    for (size_t i = 0; i < m->nout; i++) lei_msg_release(m->out[i].msg, NULL, NULL);
+    m->nout = 0;
+}
+
+/* Holds the value on top (popped) for dequeue. Raises on memory errors. */
+static void hold(lua_State *L, lei_moe *m) {
+    if (m->nheld >= m->o.max_pending) {
+        /* The oldest held event goes: dequeue is too slow for the source. */
+        lua_rawgeti(L, LUA_REGISTRYINDEX, m->ref_q);
+        lua_pushnil(L);
+        lua_rawseti(L, -2, (int)m->qhead);
+        lua_pop(L, 1);
+        m->qhead++;
+        m->hoff++;
+        m->nheld--;
+        m->st.pending_drops++;
+    }
+    if (m->hoff + m->nheld >= m->cheld) {
+        if (m->hoff > 0) {
+            memmove(m->held, m->held + m->hoff, m->nheld * sizeof *m->held);
+            m->hoff = 0;
+        }
+        if (m->nheld >= m->cheld) {
+            size_t nc = m->cheld ? m->cheld * 2 : 16;
+            moe_held *h = realloc(m->held, nc * sizeof *h);
+            if (!h) luaL_error(L, "out of memory");
+            m->held = h;
+            m->cheld = nc;
+        }
+    }
+    moe_held *h = &m->held[m->hoff + m->nheld];
+    h->producer = m->producer;
+    h->seq = m->seq;
+    h->sync = m->sync;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, m->ref_q);
+    lua_insert(L, -2);
+    lua_rawseti(L, -2, (int)m->qtail);
+    lua_pop(L, 1);
+    m->qtail++;
+    m->nheld++;
+}
+
+/* Sends (after the step) or holds the value at idx, per the stage. */
+static void route(lua_State *L, lei_moe *m, int idx) {
+    char err[256];
+    if (lua_isnil(L, idx)) return;
+    if ((m->stage == ST_ENQ || m->stage == ST_PERIOD) && m->ref_q != LUA_NOREF) {
+        lua_pushvalue(L, idx);
+        hold(L, m);
+        return;
+    }
+    if (m->nout == m->cout) {
+        size_t nc = m->cout ? m->cout * 2 : 8;
+        moe_out *o = realloc(m->out, nc * sizeof *o);
+        if (!o) luaL_error(L, "out of memory");
+        m->out = o;
+        m->cout = nc;
+    }
+    lei_msg *msg = lei_msg_new();
+    if (!msg) luaL_error(L, "out of memory");
+    /* Never pinned: the state may be gone before the bytes are written. */
+    if (lei_encode_lua(L, idx, msg, &m->o.lim, 0, err, sizeof err)) {
+        lei_msg_release(msg, NULL, NULL);
+        luaL_error(L, "cannot send what it produced: %s", err);
+    }
+    moe_out *o = &m->out[m->nout++];
+    o->msg = msg;
+    o->producer = m->producer;
+    o->seq = m->seq;
+    o->sync = m->sync;
+}
+
+/* ---- the environment ---------------------------------------------------- */
+
+static int env_emit(lua_State *L) {
+    lei_moe *m = lua_touserdata(L, lua_upvalueindex(1));
+    luaL_checkany(L, 1);
+    if (!m->in_call || m->stage == ST_INIT || m->stage == ST_PARAMS)
+        return luaL_error(L, "emit: only from enqueue, dequeue or period");
+    route(L, m, 1);
+    return 0;
+}
+
+static int env_clock(lua_State *L) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    lua_pushnumber(L, ts_sec(&t));
+    return 1;
+}
+
+static int env_log(lua_State *L) {
+    lei_moe *m = lua_touserdata(L, lua_upvalueindex(1));
+    int n = lua_gettop(L);
+    luaL_Buffer b;
+    lua_pushvalue(L, lua_upvalueindex(2)); /* tostring */
+    int ts = lua_gettop(L);
+    luaL_buffinit(L, &b);
+    for (int i = 1; i <= n; i++) {
+        lua_pushvalue(L, ts);
+        lua_pushvalue(L, i);
+        lua_call(L, 1, 1);
+        if (!lua_isstring(L, -1)) luaL_error(L, "log: tostring must return a string");
+        if (i > 1) luaL_addchar(&b, ' ');
+        luaL_addvalue(&b);
+    }
+    luaL_pushresult(&b);
+    size_t len;
+    const char *s = lua_tolstring(L, -1, &len);
+    lei_logf(m->ctx, "modulator %s: %.*s", m->name, (int)(len > 1000 ? 1000 : len), s);
+    return 0;
+}
+
+/* Builds the environment: curated copies of the pure libraries, the host
+ * functions, then removes what could reach outside from the state itself
+ * (the string metatable's __index is the real string table). */
+static const char sandbox_lua[] =
+    "local env, emit, clock, log = ...\n"
+    "string.dump = nil\n"
+    "for _, k in ipairs{ 'assert', 'error', 'ipairs', 'next', 'pairs', 'pcall', 'select',\n"
+    "  'rawequal', 'rawget', 'rawset', 'setmetatable', 'getmetatable', 'tonumber',\n"
+    "  'tostring', 'type', 'unpack', 'xpcall' } do env[k] = _G[k] end\n"
+    "local function copy(t) local r = {} for k, v in pairs(t) do r[k] = v end return r end\n"
+    "env.string, env.table, env.math, env.bit = copy(string), copy(table), copy(math), copy(bit)\n"
+    "env.emit, env.clock, env.log = emit, clock, log\n"
+    "env._G = env\n"
+    "for _, k in ipairs{ 'load', 'loadstring', 'loadfile', 'dofile', 'require', 'module',\n"
+    "  'getfenv', 'setfenv', 'collectgarbage', 'gcinfo', 'newproxy', 'print', 'coroutine',\n"
+    "  'io', 'os', 'debug', 'jit', 'package', 'ffi' } do _G[k] = nil end\n";
+
+static int sandbox_open(lua_State *L) {
+    static const lua_CFunction libs[] = {luaopen_base, luaopen_string, luaopen_table,
+                                         luaopen_math, luaopen_bit};
+    for (size_t i = 0; i < sizeof libs / sizeof *libs; i++) {
+        lua_pushcfunction(L, libs[i]);
+        lua_call(L, 0, 0);
+    }
+    return 0;
+}
+
+/* ---- steps: everything that touches the state runs inside one ---------- */
+
+static void push_env_fn(lua_State *L, lei_moe *m, const char *fn) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, m->ref_env);
+    lua_getfield(L, -1, fn);
+    lua_remove(L, -2);
+}
+
+static void decode_in(lua_State *L, lei_moe *m) {
+    char err[256];
+    if (lei_decode_lua(L, m->in, m->inlen, &m->o.lim, err, sizeof err))
+        luaL_error(L, "bad input: %s", err);
+}
+
+/* Calls the function below nargs arguments and routes every result. */
+static void call_route(lua_State *L, lei_moe *m, int nargs) {
+    int base = lua_gettop(L) - nargs - 1;
+    lua_call(L, nargs, LUA_MULTRET);
+    int top = lua_gettop(L);
+    if (top == base) m->st.dropped++;
+    for (int i = base + 1; i <= top; i++) route(L, m, i);
+    lua_settop(L, base);
+}
+
+typedef struct init_args {
+    const char *src;
+    size_t len;
+} init_args;
+
+static int step(lua_State *L) {
+    lei_moe *m = moe_of(L);
+    switch (m->stage) {
+    default:
+        break;
+    case ST_PARAMS:
+        push_env_fn(L, m, "_G");
+        decode_in(L, m);
+        lua_setfield(L, -2, "params");
+        lua_pop(L, 1);
+        break;
+    case ST_ENQ:
+        push_env_fn(L, m, "enqueue");
+        if (lua_isnil(L, -1)) {
+            lua_pop(L, 1);
+            decode_in(L, m);
+            route(L, m, -1);
+            lua_pop(L, 1);
+        } else {
+            decode_in(L, m);
+            call_route(L, m, 1);
+        }
+        break;
+    case ST_DEQ: {
+        lua_rawgeti(L, LUA_REGISTRYINDEX, m->ref_q);
+        int q = lua_gettop(L);
+        push_env_fn(L, m, "dequeue");
+        lua_rawgeti(L, q, (int)m->qhead);
+        lua_pushnil(L);
+        lua_rawseti(L, q, (int)m->qhead);
+        lua_pushinteger(L, (lua_Integer)m->nheld);
+        call_route(L, m, 2);
+        lua_pop(L, 1);
+        break;
+    }
+    case ST_PERIOD:
+        push_env_fn(L, m, "period");
+        if (lua_isfunction(L, -1))
+            call_route(L, m, 0);
+        else
+            lua_pop(L, 1);
+        break;
+    }
+    return 0;
+}
+
+/* Loads the source and sets up the state (the ST_INIT step). */
+static int step_init(lua_State *L) {
+    lei_moe *m = moe_of(L);
+    init_args *a = lua_touserdata(L, 1);
+    lua_settop(L, 0);
+    sandbox_open(L);
+    lua_newtable(L); /* env */
+    int env = lua_gettop(L);
+    if (luaL_loadbuffer(L, sandbox_lua, sizeof sandbox_lua - 1, "=sandbox")) lua_error(L);
+    lua_pushvalue(L, env);
+    lua_pushlightuserdata(L, m);
+    lua_pushcclosure(L, env_emit, 1);
+    if (m->o.grant_clock)
+        lua_pushcfunction(L, env_clock);
+    else
+        lua_pushnil(L);
+    if (m->o.grant_log) {
+        lua_pushlightuserdata(L, m);
+        lua_getfield(L, LUA_GLOBALSINDEX, "tostring");
+        lua_pushcclosure(L, env_log, 2);
+    } else {
+        lua_pushnil(L);
+    }
+    lua_call(L, 4, 0);
+    lua_pushvalue(L, env);
+    m->ref_env = luaL_ref(L, LUA_REGISTRYINDEX);
+    /* params */
+    decode_in(L, m);
+    lua_setfield(L, env, "params");
+    /* text only: a bytecode chunk is refused by the loader */
+    if (a->len && a->src[0] == LUA_SIGNATURE[0])
+        luaL_error(L, "modulator must be Lua source text, not bytecode");
+    lua_pushfstring(L, "=%s", m->name);
+    if (luaL_loadbufferx(L, a->src, a->len, lua_tostring(L, -1), "t")) lua_error(L);
+    lua_remove(L, -2);
+    lua_pushvalue(L, env);
+    lua_setfenv(L, -2);
+    lua_call(L, 0, 0);
+    push_env_fn(L, m, "dequeue");
+    int has_deq = lua_isfunction(L, -1);
+    lua_pop(L, 1);
+    if (has_deq) {
+        lua_newtable(L);
+        m->ref_q = luaL_ref(L, LUA_REGISTRYINDEX);
+    }
+    for (const char *const *f = (const char *const[]){"enqueue", "dequeue", "period", NULL}; *f; f++) {
+        push_env_fn(L, m, *f);
+        if (!lua_isnil(L, -1) && !lua_isfunction(L, -1))
+            luaL_error(L, "'%s' must be a function", *f);
+        lua_pop(L, 1);
+    }
+    return 0;
+}
+
+/* ---- running a step under the budget ----------------------------------- */
+
+static void moe_fail(lei_moe *m, const char *why) {
+    if (!m->L) return;
+    snprintf(m->err, sizeof m->err, "%s", why);
+    out_clear(m);
+    m->limit_on = 0;
+    lua_close(m->L);
+    m->L = NULL;
+    m->nheld = 0;
+    m->hoff = 0;
+    if (m->o.period > 0) ev_timer_stop(m->ctx->loop, &m->period_w);
+}
+
+/* Runs fn in the state; 0, or -1 with the modulator failed (m->err set). */
+static int run_step(lei_moe *m, lua_CFunction fn, void *arg) {
+    lua_State *L = m->L;
+    if (!L) return -1;
+    m->in_call = 1;
+    m->over = 0;
+    m->cpu0 = -1;
+    clock_gettime(CLOCK_MONOTONIC, &m->mono0);
+    int rc = lua_cpcall(L, fn, arg);
+    m->in_call = 0;
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    m->st.time_ns += (uint64_t)((ts_sec(&t) - ts_sec(&m->mono0)) * 1e9);
+    m->st.calls++;
+    if (rc == 0 && !m->over && !m->mem_hit) return 0;
+    char why[256];
+    if (m->over)
+        snprintf(why, sizeof why, "exceeded its CPU budget of %g ms in one call", m->o.budget * 1e3);
+    else if (m->mem_hit || rc == LUA_ERRMEM)
+        snprintf(why, sizeof why, "exceeded its memory cap of %zu bytes", m->o.mem_limit);
+    else {
+        const char *e = lua_tostring(L, -1);
+        snprintf(why, sizeof why, "%s", e ? e : "error object is not a string");
+    }
+    moe_fail(m, why);
+    return -1;
+}
+
+/* Submits the outputs of the last step, in order. */
+static void submit_outs(lei_moe *m, int keep_syncs) {
+    for (size_t i = 0; i < m->nout; i++) {
+        moe_out *o = &m->out[i];
+        const char *err = NULL;
+        uint64_t sid = 0;
+        if (lei_submit(m->ctx, m->chid, o->producer, o->seq, o->msg, o->sync, m->policy, &sid, &err))
+            lei_logf(m->ctx, "modulator %s: output not sent: %s", m->name, err);
+        else
+            m->st.events_out++;
+        if (o->sync && sid && keep_syncs) {
+            if (m->nsids == m->csids) {
+                size_t nc = m->csids ? m->csids * 2 : 4;
+                uint64_t *s = realloc(m->sids, nc * sizeof *s);
+                if (s) {
+                    m->sids = s;
+                    m->csids = nc;
+                }
+            }
+            if (m->nsids < m->csids) m->sids[m->nsids++] = sid;
+        }
+        lei_msg_release(o->msg, NULL, NULL);
+        o->msg = NULL;
+    }
+    m->nout = 0;
+}
+
+static void notify_fail(lei_moe *m) {
+    if (m->o.on_fail) m->o.on_fail(m->o.ud, m, m->err);
+}
+
+/* Dequeues held events; all of them when force, else while there is room. */
+static int pump(lei_moe *m, int force) {
+    while (m->L && m->nheld > 0 && (force || !lei_chan_full(m->ctx, m->chid))) {
+        moe_held h = m->held[m->hoff];
+        m->hoff++;
+        m->nheld--;
+        m->stage = ST_DEQ;
+        m->producer = h.producer;
+        m->seq = h.seq;
+        m->sync = h.sync;
+        int rc = run_step(m, step, NULL);
+        m->qhead++;
+        if (rc) return -1;
+        submit_outs(m, 1);
+    }
+    if (m->nheld == 0) m->hoff = 0;
+    return 0;
+}
+
+static void period_cb(struct ev_loop *loop, ev_timer *w, int revents) {
+    (void)loop;
+    (void)revents;
+    lei_moe *m = w->data;
+    m->stage = ST_PERIOD;
+    m->producer = 0;
+    m->seq = ++m->pseq;
+    m->sync = 0;
+    m->policy = m->ctx->o.policy;
+    if (run_step(m, step, NULL)) {
+        notify_fail(m);
+        return;
+    }
+    submit_outs(m, 0);
+}
+
+/* ---- public ------------------------------------------------------------- */
+
+lei_moe *lei_moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *src, size_t len,
+                     const uint8_t *p, size_t plen, const lei_moe_opts *o, char *err,
+                     size_t errlen) {
+    lei_moe *m = calloc(1, sizeof *m);
+    if (!m) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    m->ctx = c;
+    m->chid = chid;
+    m->o = *o;
+    m->ref_q = m->ref_env = LUA_NOREF;
+    snprintf(m->name, sizeof m->name, "%s", name);
+    m->L = lua_newstate(moe_alloc, m);
+    if (m->L) {
+        m->own_alloc = 1;
+    } else {
+        /* Builds without GC64 refuse custom allocators on 64-bit targets: the
+         * cap is then checked by the budget hook from the GC's own count. */
+        m->L = luaL_newstate();
+    }
+    if (!m->L) {
+        free(m);
+        snprintf(err, errlen, "cannot create a Lua state");
+        return NULL;
+    }
+    luaJIT_setmode(m->L, 0, LUAJIT_MODE_ENGINE | LUAJIT_MODE_OFF);
+    lua_pushlightuserdata(m->L, m);
+    lua_setfield(m->L, LUA_REGISTRYINDEX, REG_KEY);
+    lua_sethook(m->L, moe_hook, LUA_MASKCOUNT, HOOK_COUNT);
+    m->limit_on = 1;
+    init_args a = {src, len};
+    m->stage = ST_INIT;
+    m->in = p;
+    m->inlen = plen;
+    int rc = run_step(m, step_init, &a);
+    m->in = NULL;
+    if (rc) {
+        snprintf(err, errlen, "%s", m->err);
+        lei_moe_free(m);
+        return NULL;
+    }
+    if (o->period > 0) {
+        ev_timer_init(&m->period_w, period_cb, o->period, o->period);
+        m->period_w.data = m;
+        ev_timer_start(c->loop, &m->period_w);
+    }
+    return m;
+}
+
+void lei_moe_free(lei_moe *m) {
+    if (!m) return;
+    if (m->L) {
+        if (m->o.period > 0) ev_timer_stop(m->ctx->loop, &m->period_w);
+        m->limit_on = 0;
+        lua_close(m->L);
+    }
+    out_clear(m);
+    free(m->out);
+    free(m->held);
+    free(m->sids);
+    free(m);
+}
+
+int lei_moe_set_params(lei_moe *m, const uint8_t *p, size_t plen) {
+    if (!m->L) return -1;
+    m->stage = ST_PARAMS;
+    m->in = p;
+    m->inlen = plen;
+    int rc = run_step(m, step, NULL);
+    m->in = NULL;
+    if (rc) notify_fail(m);
+    return rc;
+}
+
+int lei_moe_enqueue(lei_moe *m, uint64_t producer, uint64_t seq, const uint8_t *p, size_t n,
+                    int sync, int policy) {
+    m->nsids = 0;
+    if (!m->L) return -1;
+    m->stage = ST_ENQ;
+    m->producer = producer;
+    m->seq = seq;
+    m->sync = sync;
+    m->policy = policy;
+    m->in = p;
+    m->inlen = n;
+    m->st.events_in++;
+    int rc = run_step(m, step, NULL);
+    m->in = NULL;
+    if (rc == 0) {
+        submit_outs(m, 1);
+        if (sync) rc = pump(m, 1);
+    }
+    if (rc) notify_fail(m);
+    return rc;
+}
+
+int lei_moe_retarget(lei_moe *m, uint32_t chid) {
+    if (!m->L) return -1;
+    m->policy = m->ctx->o.policy;
+    if (pump(m, 1)) {
+        notify_fail(m);
+        return -1;
+    }
+    m->chid = chid;
+    return 0;
+}
+
+size_t lei_moe_syncs(const lei_moe *m, const uint64_t **ids) {
+    *ids = m->sids;
+    return m->nsids;
+}
+
+void lei_moe_pump(lei_moe *m) {
+    if (m->L && m->nheld > 0) {
+        m->policy = m->ctx->o.policy;
+        if (pump(m, 0)) notify_fail(m);
+    }
+}
+
+int lei_moe_has_pending(const lei_moe *m) { return m->L && m->nheld > 0; }
+
+const char *lei_moe_error(const lei_moe *m) { return m->L ? NULL : m->err; }
+
+void lei_moe_get_stats(const lei_moe *m, lei_moe_stats *s) {
+    *s = m->st;
+    s->pending = m->L ? m->nheld : 0;
+    s->mem = m->L ? (m->own_alloc ? m->mem : (size_t)lua_gc(m->L, LUA_GCCOUNT, 0) * 1024u) : 0;
+}

@@ -1,0 +1,89 @@
+/* moe.h: the modulator operating environment (MOE).
+ *
+ * A lei_moe is one modulator, a consumer's Lua source with its params, loaded
+ * in a LuaJIT state of its own inside the producing process.  It sits between
+ * a producer's submit and one derived channel of the context: every submitted
+ * event goes through its enqueue(ev), an optional dequeue(ev, waiting) when
+ * the transport has room, and an optional period() on a timer; what they
+ * return or emit() is encoded and submitted on the derived channel.
+ *
+ * Containment: the state sees only a curated environment (doc/modulators.md),
+ * runs with the JIT compiler off so that a count hook can always interrupt
+ * it, has a CPU budget per call and a memory cap enforced by its allocator.
+ * A call that raises, overruns or runs out of memory fails the modulator: its
+ * state is closed at once, its pending events dropped, and `on_fail` is
+ * called (as the last thing the failing function does; the binding must not
+ * free the moe from inside it).  Every later call on it is a no-op.
+ *
+ * Ownership: the caller of lei_moe_new owns the moe and frees it with
+ * lei_moe_free (the state, the period timer, pending events and unsent
+ * outputs go with it).  The context must outlive the moe.  Messages handed
+ * to lei_submit are the context's business from then on.
+ */
+#ifndef LECHO_MOE_H
+#define LECHO_MOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "codec.h"
+#include "ctx.h"
+
+typedef struct lei_moe lei_moe;
+
+typedef struct lei_moe_opts {
+    double budget;            /* CPU seconds per call (default 0.005) */
+    size_t mem_limit;         /* bytes per state (default 32 MiB) */
+    int grant_clock;          /* clock() in the environment */
+    int grant_log;            /* log(...) in the environment */
+    size_t max_pending;       /* events held for dequeue before the oldest goes */
+    double period;            /* seconds between period() calls, 0: none */
+    lei_codec_limits lim;     /* for what it emits */
+    void (*on_fail)(void *ud, lei_moe *m, const char *why);
+    void *ud;
+} lei_moe_opts;
+
+typedef struct lei_moe_stats {
+    uint64_t calls, events_in, events_out, dropped, pending_drops, time_ns;
+    size_t pending, mem;
+} lei_moe_stats;
+
+void lei_moe_opts_default(lei_moe_opts *o);
+
+/* Loads src (Lua text only) under name (for messages) with params, the
+ * encoded value p[0..plen), and runs its top level.  Outputs go to channel
+ * chid of c.  Returns the moe, or NULL with err filled (nothing to free). */
+lei_moe *lei_moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *src, size_t len,
+                     const uint8_t *p, size_t plen, const lei_moe_opts *o, char *err,
+                     size_t errlen);
+void lei_moe_free(lei_moe *m);
+
+/* Replaces params (an encoded value) between two events: 0, or -1 when the
+ * value does not decode or the modulator failed meanwhile. */
+int lei_moe_set_params(lei_moe *m, const uint8_t *p, size_t plen);
+
+/* One submitted event, encoded in p[0..n).  Outputs are submitted on the
+ * derived channel with producer/seq (and sync, policy) before return, or held
+ * for dequeue.  For a sync event, everything held is dequeued at once and the
+ * sync ids of what was submitted are kept for lei_moe_syncs.  0, or -1 when
+ * the modulator failed (it is then unloaded). */
+int lei_moe_enqueue(lei_moe *m, uint64_t producer, uint64_t seq, const uint8_t *p, size_t n,
+                    int sync, int policy);
+/* Sync ids submitted by the last lei_moe_enqueue (valid until the next). */
+size_t lei_moe_syncs(const lei_moe *m, const uint64_t **ids);
+
+/* Sends what is held (through dequeue) on the old channel, then sends to
+ * chid from now on (a params change keeps the modulator's state but starts
+ * a new stream).  0, or -1 when the modulator failed. */
+int lei_moe_retarget(lei_moe *m, uint32_t chid);
+
+/* Runs dequeue on held events while the derived channel's destinations have
+ * room.  The binding calls it once per loop iteration, before writing. */
+void lei_moe_pump(lei_moe *m);
+int lei_moe_has_pending(const lei_moe *m);
+
+/* NULL while loaded; the reason once failed. */
+const char *lei_moe_error(const lei_moe *m);
+void lei_moe_get_stats(const lei_moe *m, lei_moe_stats *s);
+
+#endif

@@ -384,8 +384,9 @@ function Context:channel(name)
   return ch
 end
 
+--- Calls fn(timer) every sec seconds until timer:stop().
 function Context:every(sec, fn)
-  return self.c:timer(sec, sec, function() fn() end)
+  return self.c:timer(sec, sec, function(t) fn(t) end)
 end
 
 function Context:after(sec, fn)
@@ -413,6 +414,13 @@ function Context:stats()
     if cs then
       cs.consumers = #ch.all
       cs.producers = ch.nprod
+    end
+    -- Modulators running here for this channel's consumers, by key.
+    for key, inst in pairs(ch.mods) do
+      local ms = inst.moe:stats()
+      ms.consumers = inst.dests
+      s.modulators = s.modulators or {}
+      s.modulators[ch.name .. "@" .. key] = ms
     end
   end
   return s
@@ -534,6 +542,7 @@ function Channel:_set_consumers(list, mods)
       if not inst then inst = self:_install(key, m) end
     end
     if inst then
+      inst.dests = m.dests
       inst.dests_key = table.concat(m.dests or {}, ",")
       ctx.c:set_dests(inst.dchid, others(m.dests, ctx.addr))
     end

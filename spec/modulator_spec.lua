@@ -1,0 +1,280 @@
+-- Modulators (doc/modulators.md): consumer code that runs in the producer's
+-- process, in sandboxed LuaJIT states owned by the C core.
+local cjson = require "cjson"
+local lecho = require "lecho"
+local S = require "spec.support"
+
+local function ctx() return lecho.context{ quiet = true } end
+
+-- Runs ctx's loop until fn() or 5 s.
+local function until_(c, fn, t) return S.run_until(c, fn, t or 5) end
+
+describe("modulator sandbox", function()
+  local c
+  after_each(function() if c then c:close() end c = nil end)
+
+  it("sees only the curated environment, and refuses bytecode", function()
+    c = ctx()
+    local ch = c:channel("env")
+    local p = assert(ch:producer())
+    local got
+    assert(ch:consumer(function(ev) got = ev end, { modulator = [[
+      local names = { "io", "os", "require", "load", "loadstring", "loadfile", "dofile", "ffi",
+        "debug", "jit", "package", "coroutine", "getfenv", "setfenv", "collectgarbage",
+        "module", "newproxy", "print", "clock", "log" }
+      function enqueue(ev)
+        local seen = {}
+        for _, n in ipairs(names) do if _G[n] ~= nil then seen[#seen + 1] = n end end
+        if string.dump ~= nil or getmetatable("").__index.dump ~= nil then seen[#seen + 1] = "dump" end
+        return { seen = seen, has = { string.format ~= nil, table.concat ~= nil, math.floor ~= nil,
+                 bit.band ~= nil, type(params) == "table", type(emit) == "function" } }
+      end ]] }))
+    assert(p:submit_sync({}))
+    assert.are.same({}, got.seen)
+    assert.are.same({ true, true, true, true, true, true }, got.has)
+    local err
+    local c2 = assert(ch:consumer(function() end, { modulator = string.dump(function() end),
+                                                    on_error = function(e) err = e end }))
+    assert(until_(c, function() return err end))
+    assert.matches("not bytecode", err)
+    c2:close()
+  end)
+
+  it("grants capabilities per producer, refuses the others with a reason", function()
+    c = ctx()
+    local granted, refused = c:channel("g"), c:channel("r")
+    local pg = assert(granted:producer{ grant = { "clock", "log" } })
+    local pr = assert(refused:producer())
+    local src = [[ function enqueue(ev) log("tick"); return clock() end ]]
+    local t, err
+    assert(granted:consumer(function(ev) t = ev end, { modulator = src, capabilities = { "clock", "log" } }))
+    assert(refused:consumer(function() end, { modulator = src, capabilities = { "clock" },
+                                              on_error = function(e) err = e end }))
+    assert(pg:submit_sync(1)); assert(pr:submit_sync(1))
+    assert.is_number(t)
+    assert(until_(c, function() return err end))
+    assert.matches("capability 'clock' not granted", err)
+    assert.has_error(function() granted:consumer(function() end, { modulator = "x=1", capabilities = { "net" } }) end)
+  end)
+end)
+
+describe("modulator containment", function()
+  local c
+  after_each(function() if c then c:close() end c = nil end)
+
+  -- Each hostile modulator is stopped and its consumer told why, while a
+  -- plain consumer and a well-behaved modulator get every event.
+  local hostile = {
+    { "raises", "function enqueue(ev) error('boom') end", "boom" },
+    { "loops forever", "function enqueue(ev) while true do end end", "CPU budget" },
+    { "loops inside pcall", "function enqueue(ev) while true do pcall(function() while true do end end) end end", "CPU budget" },
+    { "allocates without bound", "function enqueue(ev) local t = {} for i = 1, 1e9 do t[i] = ('x'):rep(2^20) .. i end end", "memory" },
+    { "one huge string", "function enqueue(ev) return ('x'):rep(2^30) end", "memory" },
+    { "recurses", "local function f() return f() + 1 end function enqueue() return f() end", "stack overflow" },
+    { "sends a function", "function enqueue(ev) return function() end end", "cannot send" },
+    { "fails at load", "error('at load')", "at load" },
+  }
+  for _, h in ipairs(hostile) do
+    it("stops a modulator that " .. h[1] .. " and nothing else", function()
+      c = lecho.context{ quiet = true, modulator_budget = 0.01, modulator_memory = 16 * 2^20 }
+      local ch = c:channel("h")
+      local p = assert(ch:producer())
+      local plain, good, err = 0, 0, nil
+      assert(ch:consumer(function() plain = plain + 1 end))
+      assert(ch:consumer(function() good = good + 1 end,
+                         { modulator = "function enqueue(ev) if ev % 2 == 0 then return ev end end" }))
+      local bad = assert(ch:consumer(function() error("must not run") end,
+                                     { modulator = h[2], on_error = function(e) err = e end }))
+      for i = 1, 100 do assert(p:submit(i)) end
+      assert(p:submit_sync(0))
+      assert(until_(c, function() return err end))
+      assert.matches(h[3], err)
+      assert.are.equal(101, plain)
+      assert.are.equal(51, good)
+      assert.are.equal(1, bad:stats().modulator_errors)
+      -- unloaded at the producer, not re-installed for the same modulator
+      for name in pairs(c:stats().modulators or {}) do
+        assert.is_nil(name:match(bad.mod.key), "the failed modulator is still loaded")
+      end
+    end)
+  end
+end)
+
+describe("modulator functions", function()
+  local c
+  after_each(function() if c then c:close() end c = nil end)
+
+  it("enqueue may change, drop, or multiply events; emit adds", function()
+    c = ctx()
+    local ch = c:channel("f")
+    local p = assert(ch:producer())
+    local got = {}
+    assert(ch:consumer(function(ev) got[#got + 1] = ev end, { modulator = [[
+      function enqueue(ev)
+        if ev == 1 then return nil end
+        if ev == 2 then return "a", "b" end
+        if ev == 3 then emit("e"); return ev * 10 end
+        return ev
+      end ]] }))
+    for i = 1, 4 do assert(p:submit_sync(i)) end
+    assert.are.same({ "a", "b", "e", 30, 4 }, got)
+  end)
+
+  it("dequeue sees how many wait and can merge; period emits on its timer", function()
+    c = ctx()
+    local ch = c:channel("d")
+    local p = assert(ch:producer())
+    local got, ticks = {}, 0
+    assert(ch:consumer(function(ev) got[#got + 1] = ev end, { modulator = [[
+      local sum = 0
+      function dequeue(ev, waiting)
+        sum = sum + ev
+        if waiting == 0 then local s = sum; sum = 0; return s end
+      end ]] }))
+    assert(ch:consumer(function(ev) if ev == "tick" then ticks = ticks + 1 end end,
+                       { modulator = "function enqueue() end function period() emit('tick') end",
+                         period = 0.05 }))
+    for i = 1, 10 do assert(p:submit(i)) end     -- all held before the loop runs
+    assert(until_(c, function() return #got >= 1 and ticks >= 3 end))
+    assert.are.same({ 55 }, got)                 -- merged into one by dequeue
+    assert(p:submit_sync(5))                     -- sync: dequeued at once
+    assert.are.same({ 55, 5 }, got)
+  end)
+end)
+
+describe("params and replacement", function()
+  local c
+  after_each(function() if c then c:close() end c = nil end)
+
+  it("set_params applies from one point of the stream on, keeping the modulator's state", function()
+    c = ctx()
+    local ch = c:channel("p")
+    local p = assert(ch:producer())
+    local got = {}
+    local con = assert(ch:consumer(function(ev, meta) got[#got + 1] = { ev, meta.params_version } end, {
+      modulator = "local n = 0 function enqueue(ev) n = n + 1 return { ev * params.k, n } end",
+      params = { k = 1 } }))
+    for i = 1, 3 do assert(p:submit(i)) end
+    assert(con:set_params{ k = 100 })
+    for i = 4, 5 do assert(p:submit(i)) end
+    assert(until_(c, function() return #got == 5 end))
+    assert.are.same({ { { 1, 1 }, 1 }, { { 2, 2 }, 1 }, { { 3, 3 }, 1 },
+                      { { 400, 4 }, 2 }, { { 500, 5 }, 2 } }, got)
+    assert.are.equal(2, con:params_version())
+  end)
+
+  it("set_modulator never mixes an old modulator with a new demodulator", function()
+    c = ctx()
+    local ch = c:channel("m")
+    local p = assert(ch:producer())
+    local mixed, n1, n2 = 0, 0, 0
+    local con = assert(ch:consumer(function(ev) if ev.m ~= 1 then mixed = mixed + 1 end n1 = n1 + 1 end,
+      { modulator = "function enqueue(ev) return { m = 1, v = ev } end" }))
+    for i = 1, 50 do assert(p:submit(i)) end
+    assert(con:set_modulator("function enqueue(ev) return { m = 2, v = ev } end", nil,
+      function(ev) if ev.m ~= 2 then mixed = mixed + 1 end n2 = n2 + 1 end))
+    for i = 51, 100 do assert(p:submit(i)) end
+    assert(until_(c, function() return n1 + n2 == 100 end))
+    assert.are.equal(0, mixed)
+    assert.are.equal(50, n1); assert.are.equal(50, n2)
+  end)
+end)
+
+-- Across processes: two viewer processes ask for the same modulator before
+-- the producer exists; the producer that joins later installs it once and
+-- sends its output once to each viewer; a params change reaches it in order.
+local VIEWER = [[
+local cjson = require "cjson"
+local lecho = require "lecho"
+local a = cjson.decode(arg[1])
+local ctx = lecho.context{ nameserver = a.ns, quiet = true }
+local ch = ctx:channel("field")
+local got, versions, order_ok, last = 0, {}, true, {}
+local con
+con = assert(ch:consumer(function(ev, meta)
+  if ev.done then
+    io.stdout:write(cjson.encode{ got = got, versions = versions, order_ok = order_ok,
+                                  stats = con:stats() }, "\n")
+    io.stdout:flush()
+    ctx:stop()
+    return
+  end
+  got = got + 1
+  versions[meta.params_version] = (versions[meta.params_version] or 0) + 1
+  if ev.tag ~= meta.params_version then order_ok = false end
+  local prev = last[meta.producer]
+  if prev and (meta.seq <= prev.seq or meta.params_version < prev.v) then order_ok = false end
+  last[meta.producer] = { seq = meta.seq, v = meta.params_version }
+end, { modulator = "function enqueue(ev) if ev.done or ev.i % 2 == 0 then ev.tag = params.tag return ev end end",
+       params = { tag = 1 } }))
+io.stdout:write("ready\n"); io.stdout:flush()
+if a.switch then
+  ctx:every(0.05, function()
+    if not a.switched and got >= 20 then
+      a.switched = true
+      assert(con:set_params{ tag = 2 })
+      io.stderr:write("switched\n")
+    end
+  end)
+end
+ctx:after(30, function() ctx:stop() end)
+ctx:run()
+]]
+
+local PRODUCER = [[
+local cjson = require "cjson"
+local lecho = require "lecho"
+local a = cjson.decode(arg[1])
+local ctx = lecho.context{ nameserver = a.ns, quiet = true }
+local p = assert(ctx:channel("field"):producer())
+local i = 0
+local t = ctx:every(0.002, function(t)
+  for _ = 1, 5 do i = i + 1; assert(p:submit{ i = i }) end
+  if i >= a.n then t:stop(); ctx:stop() end
+end)
+ctx:run()
+ctx:after(0.5, function() ctx:stop() end); ctx:run()   -- let a set_params land
+local stats = ctx:stats()   -- before the viewers see the end and leave
+assert(p:submit_sync({ done = true, i = 0 }, { timeout = 10 }))
+io.stdout:write(cjson.encode(stats), "\n")
+ctx:close()
+]]
+
+describe("modulators across processes", function()
+  after_each(function() S.cleanup() end)
+
+  it("run once in a producer that joined later, output sent once per viewer, params in order", function()
+    local _, ns = S.nameserver("--quiet")
+    local v1 = S.lua(VIEWER, cjson.encode{ ns = ns, switch = true })
+    local v2 = S.lua(VIEWER, cjson.encode{ ns = ns })
+    assert(S.wait_file(v1.out, "ready", 20)); assert(S.wait_file(v2.out, "ready", 20))
+    local prod = S.lua(PRODUCER, cjson.encode{ ns = ns, n = 400 })
+    for _, k in ipairs{ prod, v1, v2 } do
+      local done, rc = S.wait(k, 60)
+      assert(done, "child did not finish: " .. S.errors(k))
+      assert.are.equal(0, rc, S.errors(k))
+    end
+    local st = cjson.decode(S.output(prod))
+    local r1 = cjson.decode(S.output(v1):match("{.*}"))
+    local r2 = cjson.decode(S.output(v2):match("{.*}"))
+    assert.is_true(r1.order_ok); assert.is_true(r2.order_ok)
+    assert.are.equal(200, r2.got)                 -- the even ones, all of them
+    assert.are.same({ 200 }, r2.versions)       -- cjson: { [1] = 200 } is an array
+    assert.is_true(r1.versions[1] >= 20 and r1.versions[2] >= 1, cjson.encode(r1.versions))
+    assert.are.equal(200, r1.versions[1] + r1.versions[2])  -- none lost or doubled
+    -- In the producer: while both viewers used the same modulator it ran
+    -- once; after v1's change there are two, each sending to one viewer.
+    local mods, total_in = 0, 0
+    for _, m in pairs(st.modulators) do
+      mods = mods + 1
+      assert.are.equal(1, #m.consumers)
+      total_in = total_in + m.events_in
+    end
+    assert.are.equal(2, mods)
+    -- v2's instance saw every event once.
+    local v2_in = 0
+    for _, m in pairs(st.modulators) do v2_in = math.max(v2_in, m.events_in) end
+    assert.are.equal(400, v2_in)
+    assert.is_true(r1.stats.bytes > 0 and r2.stats.bytes > 0)
+  end)
+end)

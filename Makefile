@@ -41,7 +41,7 @@ help:
 	@echo "make deps     install the Debian packages that are missing (apt-get)"
 	@echo "make test     deps, build, C unit tests, then the busted specs under LuaJIT"
 	@echo "make asan     the same suite with the core built under ASan and UBSan"
-	@echo "make demo     a producer streaming a field to two consumer processes"
+	@echo "make demo     atmosphere: a simulation and three viewers (full, region, diff), bytes per viewer"
 	@echo "make bench    codec comparison and the raw TCP / ZeroMQ baselines"
 	@echo "make clean    remove build products"
 
@@ -87,8 +87,11 @@ asan: deps
 	$(MAKE) spec SPEC_PRE='LD_PRELOAD="$(ASAN_LIBS)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1'
 	$(MAKE) clean
 
+# The atmosphere example: a simulation and three viewer processes (full,
+# region, differencing), bytes per viewer; DEMO_SECONDS (10), LECHO_NAMESERVER
+# (default: the simulation runs the name server).
 demo: deps all
-	$(SPEC_ENV) $(LUAJIT) examples/demo.lua
+	$(SPEC_ENV) $(LUAJIT) examples/atmosphere/run.lua
 
 # So far: the codec comparison and the C baselines (the lecho side of the
 # suite is still to come, see the open benchmark issue).

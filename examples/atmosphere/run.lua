@@ -1,0 +1,384 @@
+-- examples/atmosphere/run.lua (make demo): the simulation and three viewers,
+-- each its own process, with live counters and a summary of the bytes each
+-- viewer received.  `--help` says more.
+local usage = [[
+usage: luajit examples/atmosphere/run.lua [options]
+
+Starts examples/atmosphere/simulation.lua (with a name server inside it,
+unless one is given) and three viewers (full, region, diff) as separate
+processes, prints what each viewer received once a second, then a summary:
+events and bytes per viewer, the reduction against the full view, and the
+checks:
+  - the region view receives at least 85% fewer bytes than the full view,
+  - the diff view receives fewer bytes than the region view,
+  - the diff view's rebuilt field is within the threshold of the source
+    (the full view's field at the same final step), cell by cell,
+  - the region view's cells are the block means of the source,
+  - the steering event sent about half-way reached the simulation (the last
+    field carries the steered settings).
+Exits 0 when every check passed.  Every process it started is stopped.
+
+  --nameserver HOST:PORT  use this name server (default: $LECHO_NAMESERVER,
+                          else the simulation runs one)
+  --seconds S             how long the simulation steps (default:
+                          $DEMO_SECONDS, else 10)
+  --rate HZ               simulation steps per second (default 10)
+  --threshold X           the diff view's threshold (default 0.5)
+  --stride N              the region view's block side (default 2)
+  --steer LUA             a steering event sent about half-way through
+                          (default "{ emission = 4 }"; "none": no steering;
+                          runs shorter than 3 s are not steered)
+  --json FILE             also write the summary as JSON to FILE
+  --verbose               show the lecho logs of every process
+  --help                  this text
+]]
+
+local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
+local proc = dofile(here .. "/proc.lua")
+
+local function die(msg, code)
+  io.stderr:write("run: ", msg, "\n")
+  os.exit(code or 2)
+end
+
+local opts = {
+  nameserver = os.getenv("LECHO_NAMESERVER"),
+  seconds = tonumber(os.getenv("DEMO_SECONDS") or "") or 10,
+  rate = 10, threshold = 0.5, stride = 2, steer = "{ emission = 4 }",
+}
+if opts.nameserver == "" then opts.nameserver = nil end
+do
+  local i = 1
+  local function value(name)
+    local v = arg[i + 1]
+    if v == nil then die(name .. " needs a value\n" .. usage) end
+    i = i + 1
+    return v
+  end
+  local function number(name)
+    local v = value(name)
+    return tonumber(v) or die(("%s needs a number, not '%s'"):format(name, v))
+  end
+  while arg[i] do
+    local a = arg[i]
+    if a == "--help" or a == "-h" then io.write(usage) os.exit(0)
+    elseif a == "--nameserver" then opts.nameserver = value(a)
+    elseif a == "--seconds" then opts.seconds = number(a)
+    elseif a == "--rate" then opts.rate = number(a)
+    elseif a == "--threshold" then opts.threshold = number(a)
+    elseif a == "--stride" then opts.stride = number(a)
+    elseif a == "--json" then opts.json = value(a)
+    elseif a == "--steer" then opts.steer = value(a)
+    elseif a == "--verbose" then opts.verbose = true
+    else die(("unknown option '%s'\n%s"):format(a, usage)) end
+    i = i + 1
+  end
+  if opts.seconds <= 0 then die("--seconds must be positive") end
+  if opts.steer == "none" or opts.seconds < 3 then
+    opts.steer = nil   -- (a run shorter than 3 s could end before the steering arrives)
+  else
+    local chunk = loadstring("return " .. opts.steer)
+    local ok, v = pcall(chunk or error)
+    if not ok or type(v) ~= "table" then die("--steer wants a Lua table, e.g. \"{ emission = 4 }\"") end
+    opts.steer_text, opts.steer = opts.steer, v
+  end
+end
+
+local function out(fmt, ...)
+  io.stdout:write(fmt:format(...), "\n")
+  io.stdout:flush()
+end
+
+local function read(path)
+  local f = io.open(path, "r")
+  if not f then return "" end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local tmp
+do
+  local f = io.popen("mktemp -d /tmp/lecho-atmosphere.XXXXXX")
+  tmp = f:read("*l")
+  f:close()
+  if not tmp or tmp == "" then die("mktemp failed", 1) end
+end
+
+local luajit = os.getenv("LUAJIT") or "luajit"
+local children = {}
+local quiet = not opts.verbose and "--quiet" or nil
+
+local function start(name, script, args)
+  local argv = { luajit, here .. "/" .. script }
+  for _, a in ipairs(args) do argv[#argv + 1] = a end
+  local child, err = proc.spawn(argv, { out = ("%s/%s.out"):format(tmp, name),
+                                        err = ("%s/%s.err"):format(tmp, name) })
+  if not child then return nil, err end
+  child.name = name
+  children[#children + 1] = child
+  return child
+end
+
+-- Everything below ends in finish(): stop the children, print their
+-- errors when something went wrong, remove the temporary files.
+local function finish(ok, summary)
+  local clean = proc.stop_all(children, 3)
+  local all_gone = true
+  for _, c in ipairs(children) do
+    if not c.status then all_gone = false end
+  end
+  if not ok or opts.verbose then
+    for _, c in ipairs(children) do
+      local e = read(c.err)
+      if e ~= "" then out("--- %s (%s) stderr:\n%s", c.name, tostring(c.status), e) end
+    end
+  end
+  if summary and opts.json then
+    summary.pids = {}
+    for _, c in ipairs(children) do summary.pids[#summary.pids + 1] = c.pid end
+    summary.children_stopped = all_gone
+    summary.children_killed = not clean
+    local cjson = require "cjson"
+    local f = io.open(opts.json, "w")
+    if f then f:write(cjson.encode(summary), "\n") f:close() end
+  end
+  os.execute("rm -rf " .. proc.sh_quote(tmp))
+  os.exit(ok and 0 or 1)
+end
+
+-- 1. The simulation; it waits for the three viewers before stepping.
+local sim_args = { "--seconds", tostring(opts.seconds), "--rate", tostring(opts.rate), "--wait", "3" }
+if opts.nameserver then
+  sim_args[#sim_args + 1] = "--nameserver"
+  sim_args[#sim_args + 1] = opts.nameserver
+end
+if quiet then sim_args[#sim_args + 1] = quiet end
+local sim, serr = start("simulation", "simulation.lua", sim_args)
+if not sim then die("cannot start the simulation: " .. tostring(serr), 1) end
+
+local ns = opts.nameserver
+if not ns then
+  local t_end = os.time() + 20
+  while not ns do
+    ns = read(sim.out):match("nameserver (%d+%.%d+%.%d+%.%d+:%d+)")
+    if ns then break end
+    if proc.poll(sim) or os.time() > t_end then
+      out("run: the simulation did not print its name server (%s)", tostring(sim.status or "still starting"))
+      finish(false)
+    end
+    proc.sleep(0.05)
+  end
+end
+
+-- 2. This process collects the viewers' reports.
+local lecho = require "lecho"
+local okc, ctx = pcall(lecho.context, {
+  nameserver = ns,
+  log = function(msg) if opts.verbose then io.stderr:write("run: lecho: ", msg, "\n") end end,
+})
+if not okc then out("run: %s", tostring(ctx)) finish(false) end
+
+local latest, finals = {}, {}
+local reports, rerr = ctx:channel("atmosphere.viewers"):consumer(function(r)
+  if type(r) ~= "table" or type(r.viewer) ~= "string" then return end
+  latest[r.viewer] = r
+  if r.done then finals[r.viewer] = r end
+end)
+if not reports then out("run: cannot consume atmosphere.viewers: %s", tostring(rerr)) finish(false) end
+
+-- 3. The viewers.
+local KINDS = { "full", "region", "diff" }
+for _, kind in ipairs(KINDS) do
+  local a = { "--kind", kind, "--nameserver", ns, "--seconds", tostring(opts.seconds + 90) }
+  if kind == "region" then a[#a + 1] = "--stride"; a[#a + 1] = tostring(opts.stride) end
+  if kind == "diff" then a[#a + 1] = "--threshold"; a[#a + 1] = tostring(opts.threshold) end
+  if quiet then a[#a + 1] = quiet end
+  local v, verr = start(kind, "viewer.lua", a)
+  if not v then out("run: cannot start the %s viewer: %s", kind, tostring(verr)) finish(false) end
+end
+
+out("atmosphere: name server %s; simulation pid %d, viewers full/region/diff; %g s at %g steps/s",
+    ns, sim.pid, opts.seconds, opts.rate)
+
+local function kb(n) return n and ("%.1f kB"):format(n / 1000) or "-" end
+local function bytes_of(r) return r and (r.bytes or r.wire) end
+local function per_event(r)
+  local b = bytes_of(r)
+  return b and r.events and r.events > 0 and b / r.events or nil
+end
+local function reduction(r, full)
+  local a, b = per_event(r), per_event(full)
+  if not a or not b or b == 0 then return nil end
+  return 1 - a / b
+end
+
+-- 4. Live lines, until every viewer has sent its final report; about
+-- half-way through the simulation, one steering event.
+local steer_p
+if opts.steer then
+  local err
+  steer_p, err = ctx:channel("atmosphere.steer"):producer()
+  if not steer_p then out("run: cannot steer: %s", tostring(err)) finish(false) end
+end
+local steered_at
+local t0 = ctx:now()
+local live = ctx:every(1.0, function()
+  local parts = { ("%5.1fs"):format(ctx:now() - t0) }
+  local full = latest.full
+  if full and full.dt then parts[#parts + 1] = ("dt %g emission %g"):format(full.dt, full.emission) end
+  local steer_now = steer_p and not steered_at and full and full.step
+                    and full.step >= opts.seconds * opts.rate * 0.4
+  for _, kind in ipairs(KINDS) do
+    local r = latest[kind]
+    if r then
+      local red = kind ~= "full" and reduction(r, full)
+      parts[#parts + 1] = ("%s: step %s, %d ev, %s%s"):format(kind, tostring(r.step), r.events,
+        kb(bytes_of(r)), red and (" (-%.1f%%)"):format(100 * red) or "")
+    else
+      parts[#parts + 1] = kind .. ": starting"
+    end
+  end
+  out("%s", table.concat(parts, " | "))
+  if steer_now then
+    steered_at = full.step
+    local ok, err = steer_p:submit_sync(opts.steer, { timeout = 5 })
+    out("        steering the simulation (its step %d or later): %s%s", full.step, opts.steer_text,
+        ok and "" or (" failed: " .. tostring(err)))
+  end
+end)
+
+local deadline = ctx:now() + opts.seconds + 60
+local why
+while true do
+  local n = 0
+  for _ in pairs(finals) do n = n + 1 end
+  if n == #KINDS then break end
+  if ctx:now() > deadline then why = "timed out waiting for the viewers' final reports" break end
+  -- the simulation's last event is synchronous: once it exited, every
+  -- viewer has handled it and is sending its final report
+  if sim.code == 0 and deadline > ctx:now() + 15 then deadline = ctx:now() + 15 end
+  local dead
+  for _, c in ipairs(children) do
+    if proc.poll(c) and not finals[c.name] and (c.name ~= "simulation" or c.code ~= 0) then
+      dead = c
+    end
+  end
+  if dead then
+    -- a viewer may have exited right after its final report: serve the loop once more
+    ctx:run_once(0.5)
+    if not finals[dead.name] and (dead.name ~= "simulation" or dead.code ~= 0) then
+      why = ("%s exited early (%s)"):format(dead.name, dead.status)
+      break
+    end
+  end
+  ctx:run_once(0.1)
+end
+live:stop()
+
+-- 5. Summary and checks.
+local summary = { viewers = {}, checks = {}, ok = true }
+local function check(name, ok, detail)
+  summary.checks[#summary.checks + 1] = { name = name, ok = ok and true or false, detail = detail }
+  if not ok then summary.ok = false end
+end
+if why then check("every viewer sent its final report", false, why) end
+
+local full, region, diff = finals.full, finals.region, finals.diff
+out("")
+out("%-8s %8s %14s %14s %12s %10s", "viewer", "events", "bytes", "wire bytes", "per event", "vs full")
+for _, kind in ipairs(KINDS) do
+  local r = finals[kind] or latest[kind]
+  if r then
+    local red = kind ~= "full" and reduction(r, full or latest.full)
+    out("%-8s %8d %14s %14s %12s %10s", kind, r.events, tostring(r.bytes or "-"), tostring(r.wire or "-"),
+        per_event(r) and ("%.0f"):format(per_event(r)) or "-", red and ("-%.1f%%"):format(100 * red) or "")
+    summary.viewers[kind] = { events = r.events, bytes = r.bytes, wire = r.wire, step = r.step,
+                              reduction = red or nil, final = r.final, modulator_error = r.modulator_error }
+  else
+    out("%-8s %8s", kind, "no report")
+  end
+end
+out("")
+
+if full and region and diff then
+  for _, kind in ipairs(KINDS) do
+    local r = finals[kind]
+    if not r.final then check(kind .. " view got the final event", false, r.timed_out and "timed out" or "no final event") end
+    if r.modulator_error then check(kind .. " modulator ran", false, r.modulator_error) end
+    if not r.bytes then check(kind .. " view has consumer byte counters (c:stats())", false, "c:stats() missing") end
+  end
+  local rr, dr = reduction(region, full), reduction(diff, full)
+  check("region view receives >= 85% fewer bytes than the full view", rr and rr >= 0.85,
+        rr and ("%.1f%% fewer (%s vs %s per event)"):format(100 * rr, kb(per_event(region)), kb(per_event(full))))
+  check("diff view receives fewer bytes than the region view", dr and rr and dr > rr,
+        dr and ("%.1f%% fewer than full (%s per event)"):format(100 * dr, kb(per_event(diff))))
+  -- the wire counters (every byte from the simulation's process) agree
+  local function wire_red(r) return r.wire and full.wire and r.events > 0 and full.events > 0
+    and 1 - (r.wire / r.events) / (full.wire / full.events) end
+  local rw, dw = wire_red(region), wire_red(diff)
+  if rw and dw then
+    check("on the wire too: region >= 85% fewer, diff fewer still", rw >= 0.85 and dw > rw,
+          ("region -%.1f%%, diff -%.1f%%"):format(100 * rw, 100 * dw))
+  end
+  summary.region_reduction, summary.diff_reduction = rr, dr
+  summary.region_wire_reduction, summary.diff_wire_reduction = rw or nil, dw or nil
+
+  -- the diff view's field against the source (the full view's), same step
+  local src, rebuilt = full.cells, diff.cells
+  local th = diff.threshold or opts.threshold
+  if full.step ~= diff.step or type(src) ~= "table" or type(rebuilt) ~= "table" or #src ~= #rebuilt then
+    check("diff view's field is within the threshold of the source", false,
+          ("cannot compare: full at step %s (%s cells), diff at step %s (%s cells)"):format(
+            tostring(full.step), tostring(type(src) == "table" and #src), tostring(diff.step),
+            tostring(type(rebuilt) == "table" and #rebuilt)))
+  else
+    local maxerr, at = 0, 0
+    for i = 1, #src do
+      local e = math.abs(src[i] - rebuilt[i])
+      if not (e <= maxerr) then maxerr, at = e, i end
+    end
+    summary.max_error, summary.threshold, summary.final_step = maxerr, th, full.step
+    check(("diff view's field is within the threshold (%g) of the source"):format(th), maxerr <= th,
+          ("max abs error %.6f over %d cells at step %d"):format(maxerr, #src, full.step))
+  end
+
+  -- the region view's cells against block means of the source
+  if full.step == region.step and type(region.cells) == "table" and region.region and type(src) == "table" then
+    local mods = dofile(here .. "/modulators.lua")
+    local env = mods.load(mods.region, region.region.stride and {
+      lat_min = region.region.lat_min, lat_max = region.region.lat_max,
+      lon_min = region.region.lon_min, lon_max = region.region.lon_max,
+      stride = region.region.stride, levels = region.levels })
+    local want = env.enqueue{ cells = src, nlev = full.nlev, nlat = full.nlat, nlon = full.nlon,
+                              lat0 = full.lat0, dlat = full.dlat, lon0 = full.lon0, dlon = full.dlon }
+    local maxd = #want.cells == #region.cells and 0 or math.huge
+    for i = 1, math.min(#want.cells, #region.cells) do
+      maxd = math.max(maxd, math.abs(want.cells[i] - region.cells[i]))
+    end
+    check("region view's cells are the block means of the source", maxd < 1e-9,
+          ("%d cells, max difference %g"):format(#region.cells, maxd))
+  end
+
+  if opts.steer then
+    -- only valid settings are applied; the simulation logs and ignores the rest
+    local model = dofile(here .. "/model.lua")
+    local missed = {}
+    for k, v in pairs(opts.steer) do
+      if model.check(k, v) and full[k] ~= v then missed[#missed + 1] = ("%s = %s"):format(tostring(k), tostring(full[k])) end
+    end
+    check("the simulation applied the steering event", steered_at and #missed == 0,
+          steered_at and (#missed == 0 and ("%s sent after step %d; the field of step %d has it"):format(
+                            opts.steer_text, steered_at, full.step)
+                          or ("last field has " .. table.concat(missed, ", ")))
+          or "never sent (the full view did not get half-way)")
+  end
+end
+
+out("checks:")
+for _, c in ipairs(summary.checks) do
+  out("  %-4s %s%s", c.ok and "ok" or "FAIL", c.name, c.detail and (": " .. c.detail) or "")
+end
+reports:close()
+ctx:close()
+finish(summary.ok, summary)

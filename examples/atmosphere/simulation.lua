@@ -1,0 +1,216 @@
+-- examples/atmosphere/simulation.lua: the atmosphere simulation as a process.
+-- Publishes one field event per step on "atmosphere.field" and takes its
+-- settings from steering events on "atmosphere.steer".  `--help` says more.
+local usage = [[
+usage: luajit examples/atmosphere/simulation.lua [options]
+
+Publishes a layered latitude/longitude field of ozone-like values on the
+channel "atmosphere.field", one event per step, and applies steering events
+from "atmosphere.steer": a table with any subset of the settings below,
+e.g. { dt = 0.5 } or { emission = 3.0, wind = -1 }.  Unknown keys and bad
+values are logged on stderr and ignored.  Each field event carries the
+settings it was computed with: ev.step, ev.t (model hours), ev.dt,
+ev.emission, ev.wind, ev.tau, ev.rate, the grid (ev.nlev, ev.nlat, ev.nlon,
+ev.lat0, ev.dlat, ev.lon0, ev.dlon), ev.source = { lat, lon } and ev.cells
+(flat, level-major: cell (k,i,j) at (k-1)*nlat*nlon + (i-1)*nlon + j).
+The last event of a bounded run has ev.final = true and is submitted
+synchronously: when it returns, every consumer has had every event.
+
+  --nameserver HOST:PORT  use this name server (default: run one inside this
+                          process and print "nameserver 127.0.0.1:PORT" first)
+  --steps N               stop after N steps
+  --seconds S             stop after S seconds of stepping (0: no bound;
+                          default 30 unless --steps is given)
+  --wait N                before stepping, wait (up to 30 s) until N processes
+                          consume "atmosphere.field"
+  --grid LxMxN            levels x latitudes x longitudes (default 3x36x72)
+  --dt X                  model hours per step (default 0.5)
+  --emission Y            source strength, units per hour (default 2)
+  --wind W                factor on the zonal wind (default 1)
+  --tau H                 tracer decay time, hours (default 24)
+  --rate HZ               steps per second (default 10)
+  --quiet                 no progress lines, no lecho log
+  --help                  this text
+
+Runs until its bound, or until SIGINT/SIGTERM.
+]]
+
+local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
+local model = dofile(here .. "/model.lua")
+
+local function die(msg, code)
+  io.stderr:write("simulation: ", msg, "\n")
+  os.exit(code or 2)
+end
+
+-- Options.
+local opts, settings = {}, {}
+do
+  local i = 1
+  local function value(name)
+    local v = arg[i + 1]
+    if v == nil then die(name .. " needs a value\n" .. usage) end
+    i = i + 1
+    return v
+  end
+  local function number(name)
+    local v = value(name)
+    local n = tonumber(v)
+    if not n then die(("%s needs a number, not '%s'"):format(name, v)) end
+    return n
+  end
+  while arg[i] do
+    local a = arg[i]
+    if a == "--help" or a == "-h" then io.write(usage) os.exit(0)
+    elseif a == "--nameserver" then opts.nameserver = value(a)
+    elseif a == "--steps" then opts.steps = number(a)
+    elseif a == "--seconds" then opts.seconds = number(a)
+    elseif a == "--wait" then opts.wait = number(a)
+    elseif a == "--quiet" then opts.quiet = true
+    elseif a == "--grid" then
+      local g = value(a)
+      local l, m, n = g:match("^(%d+)x(%d+)x(%d+)$")
+      if not l then die("--grid wants LxMxN, e.g. 3x36x72") end
+      opts.dims = { nlev = tonumber(l), nlat = tonumber(m), nlon = tonumber(n) }
+    elseif a:match("^%-%-%a+$") and model.by_name[a:sub(3)] then
+      local name = a:sub(3)
+      local v, err = model.check(name, number(a))
+      if not v then die(err) end
+      settings[name] = v
+    else
+      die(("unknown option '%s'\n%s"):format(a, usage))
+    end
+    i = i + 1
+  end
+  if opts.seconds == nil and opts.steps == nil then opts.seconds = 30 end
+  if opts.seconds == 0 then opts.seconds = nil end
+end
+
+local okm, sim = pcall(model.new, settings, opts.dims)
+if not okm then die(tostring(sim)) end
+
+local function say(fmt, ...)
+  if not opts.quiet then
+    io.stdout:write(fmt:format(...), "\n")
+    io.stdout:flush()
+  end
+end
+local function log(fmt, ...)
+  io.stderr:write("simulation: ", fmt:format(...), "\n")
+  io.stderr:flush()
+end
+
+local lecho = require "lecho"
+local okc, ctx = pcall(lecho.context, {
+  nameserver = opts.nameserver,
+  quiet = opts.quiet,
+  modulator_budget = 0.05,      -- a viewer's differencing pass over 7776 cells, with room
+})
+if not okc then die(tostring(ctx), 1) end
+if not opts.nameserver then
+  io.stdout:write("nameserver ", ctx.addr, "\n")
+  io.stdout:flush()
+end
+
+local function fmt_value(v)
+  return type(v) == "number" and ("%g"):format(v) or tostring(v)
+end
+
+-- The timer that steps; replaced when steering changes the rate.
+local stepper
+local function restart_stepper() end
+
+-- Steering: apply what is valid, log what is not.
+local steer_ch = ctx:channel("atmosphere.steer")
+local steer, serr = steer_ch:consumer(function(ev, meta)
+  local applied, rejected = sim:steer(ev)
+  for _, why in ipairs(rejected) do
+    log("steering from %s: %s (ignored)", meta and meta.producer or "?", why)
+  end
+  local changes = {}
+  for name, ov in pairs(applied) do changes[#changes + 1] = ("%s %s -> %s"):format(name, fmt_value(ov[1]), fmt_value(ov[2])) end
+  if #changes > 0 then
+    table.sort(changes)
+    if not opts.quiet then log("step %d: steered: %s", sim.step_no, table.concat(changes, ", ")) end
+    if applied.rate then restart_stepper() end
+  end
+end)
+if not steer then die("cannot consume atmosphere.steer: " .. tostring(serr), 1) end
+
+local field_ch = ctx:channel("atmosphere.field")
+local p, perr = field_ch:producer{ grant = { "clock", "log" } }
+if not p then die("cannot produce on atmosphere.field: " .. tostring(perr), 1) end
+
+-- Consuming processes of a channel, asking its manager.
+local function consumers_of(ch)
+  local chans = ctx:list()
+  local info = chans and chans[ch.name]
+  if info and info.manager and not info.consumers then
+    chans = ctx:list(info.manager)
+    info = chans and chans[ch.name]
+  end
+  local n = 0
+  for _ in pairs(info and info.consumers or {}) do n = n + 1 end
+  return n
+end
+
+if opts.wait and opts.wait > 0 then
+  local deadline = ctx:now() + 30
+  local n = 0
+  while ctx:now() < deadline do
+    n = consumers_of(field_ch)
+    if n >= opts.wait then break end
+    ctx:run_once(0.1)
+  end
+  if n < opts.wait then log("only %d of %d consumers after 30 s; starting anyway", n, opts.wait) end
+end
+
+local t_start = ctx:now()
+local done, failed = false, false
+
+local function step()
+  if done then return end
+  local ev = sim:step()
+  local last = (opts.steps and sim.step_no >= opts.steps)
+            or (opts.seconds and ctx:now() - t_start >= opts.seconds)
+  if last then
+    done = true
+    ev.final = true
+    if stepper then stepper:stop() end
+    local ok, err = p:submit_sync(ev, { timeout = 10 })
+    if not ok then
+      log("final step %d: %s", ev.step, tostring(err))
+      failed = true
+    end
+    ctx:stop()
+    return
+  end
+  local ok, err = p:submit(ev)
+  if not ok then log("step %d not published: %s", ev.step, tostring(err)) end
+end
+
+function restart_stepper()
+  if done then return end
+  if stepper then stepper:stop() end
+  stepper = ctx:every(1 / sim.rate, step)
+end
+restart_stepper()
+
+local progress = ctx:every(1.0, function()
+  local s = ctx:stats().channels[field_ch.name]
+  say("step %d t=%.1fh dt=%g emission=%g wind=%g tau=%g rate=%g | %d events out, %.2f MB",
+      sim.step_no, sim.t, sim.dt, sim.emission, sim.wind, sim.tau, sim.rate,
+      s and s.events_out or 0, (s and s.bytes_out or 0) / 1e6)
+end)
+
+say("simulating a %dx%dx%d grid at %g steps/s%s", sim.nlev, sim.nlat, sim.nlon, sim.rate,
+    opts.steps and (" for %d steps"):format(opts.steps)
+    or opts.seconds and (" for %g s"):format(opts.seconds) or " until stopped")
+ctx:run()
+progress:stop()
+if stepper then stepper:stop() end
+say("done: %d steps, t=%.1fh", sim.step_no, sim.t)
+p:close()
+steer:close()
+ctx:close()
+os.exit(failed and 1 or 0)

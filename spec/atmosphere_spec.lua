@@ -1,0 +1,252 @@
+-- The atmosphere example (examples/atmosphere/, make demo): its model, its
+-- modulator/demodulator pairs as plain Lua, and the whole demo run as
+-- processes, bounded in time.
+local cjson = require "cjson"
+local lecho = require "lecho"
+local S = require "spec.support"
+
+local dir = S.root .. "/examples/atmosphere"
+local model = dofile(dir .. "/model.lua")
+local mods = dofile(dir .. "/modulators.lua")
+
+-- What a consumer gets: a decoded copy of what was submitted.
+local function wire(v)
+  local ok, back = lecho.decode(assert(lecho.encode(v)))
+  assert(ok, back)
+  return back
+end
+
+-- A modulator in a sandbox that also refuses to read any global it was not
+-- given: a source using io, os, require ... fails here as it would in lecho.
+local function load_strict(src, params)
+  local env = mods.sandbox(params)
+  setmetatable(env, { __index = function(_, k) error("modulator read the undefined global '" .. tostring(k) .. "'", 2) end })
+  local chunk = assert(loadstring(src, "=modulator"))
+  setfenv(chunk, env)
+  chunk()
+  return env
+end
+
+local function max_abs_diff(a, b)
+  assert.are.equal(#a, #b)
+  local m = 0
+  for i = 1, #a do
+    local d = math.abs(a[i] - b[i])
+    if not (d <= m) then m = d end
+  end
+  return m
+end
+
+describe("atmosphere model", function()
+  it("is deterministic given its settings and carries them in every event", function()
+    local a, b = model.new{ emission = 3 }, model.new{ emission = 3 }
+    local ea, eb
+    for _ = 1, 20 do ea, eb = a:step(), b:step() end
+    assert.are.same(ea.cells, eb.cells)
+    assert.are.equal(20, ea.step)
+    assert.are.equal(10, ea.t)
+    assert.are.equal(0.5, ea.dt)
+    assert.are.equal(3, ea.emission)
+    assert.are.equal(3, ea.nlev)
+    assert.are.equal(36, ea.nlat)
+    assert.are.equal(72, ea.nlon)
+    assert.are.equal(3 * 36 * 72, #ea.cells)
+    local c = model.new{ emission = 4 }
+    local ec
+    for _ = 1, 20 do ec = c:step() end
+    assert.is_true(max_abs_diff(ea.cells, ec.cells) > 1)
+  end)
+
+  it("changes most cells a little and some a lot from step to step", function()
+    local sim = model.new()
+    local prev = sim:step().cells
+    for _ = 1, 30 do prev = sim:step().cells end
+    local cur = sim:step().cells
+    local small, big = 0, 0
+    for i = 1, #cur do
+      local d = math.abs(cur[i] - prev[i])
+      if d < 0.05 then small = small + 1 end
+      if d > 0.5 then big = big + 1 end
+    end
+    assert.is_true(small > 0.9 * #cur, "small changes: " .. small)
+    assert.is_true(big > 10, "big changes: " .. big)
+  end)
+
+  it("applies valid steering and rejects unknown keys and bad values", function()
+    local sim = model.new()
+    local applied, rejected = sim:steer{ dt = 1, emission = 3, foo = 1, tau = -1, wind = "fast", rate = 0 / 0 }
+    assert.are.same({ dt = { 0.5, 1 }, emission = { 2, 3 } }, applied)
+    assert.are.equal(4, #rejected)
+    local all = table.concat(rejected, "\n")
+    assert.truthy(all:match("unknown setting 'foo'"))
+    assert.truthy(all:match("tau = %-1 is outside"))
+    assert.truthy(all:match("wind must be a number, not string"))
+    assert.truthy(all:match("rate must be a number, not NaN"))
+    local _, r2 = sim:steer(42)
+    assert.are.equal(1, #r2)
+    local ev = sim:step()
+    assert.are.equal(1, ev.dt)
+    assert.are.equal(3, ev.emission)
+    assert.are.equal(1, ev.t)
+  end)
+end)
+
+describe("atmosphere region modulator", function()
+  it("keeps a lat/lon box and sends its block means, with the header", function()
+    local sim = model.new()
+    local ev = sim:step()
+    ev.final = true
+    local m = load_strict(mods.region, mods.region_params{ lat_min = 0, lat_max = 90, lon_min = 0, lon_max = 180, stride = 2 })
+    local out = wire(m.enqueue(wire(ev)))
+    -- 18 rows north of the equator, 37 columns from 0 to 180 inclusive: 9 x 19 blocks
+    assert.are.equal(3, out.nlev)
+    assert.are.equal(9, out.nlat)
+    assert.are.equal(19, out.nlon)
+    assert.are.equal(3 * 9 * 19, #out.cells)
+    assert.is_true(out.final)
+    assert.are.equal(ev.step, out.step)
+    assert.are.equal(ev.dt, out.dt)
+    assert.are.equal(2, out.region.stride)
+    assert.are.equal(10, out.dlat)
+    -- block (level 2, block row 3, block col 4): rows 23,24 and columns 7,8
+    local want = 0
+    for _, i in ipairs{ 23, 24 } do
+      for _, j in ipairs{ 7, 8 } do want = want + ev.cells[model.index(2, i, j, 36, 72)] end
+    end
+    want = want / 4
+    local got = out.cells[(2 - 1) * 9 * 19 + (3 - 1) * 19 + 4]
+    assert.is_true(math.abs(got - want) < 1e-12)
+    -- last block column holds the single column at 180 degrees
+    local j180 = 37
+    local w2 = (ev.cells[model.index(1, 19, j180, 36, 72)] + ev.cells[model.index(1, 20, j180, 36, 72)]) / 2
+    assert.is_true(math.abs(out.cells[19] - w2) < 1e-12)
+  end)
+
+  it("handles a box across the 0 meridian and passes other events unchanged", function()
+    local ev = model.new():step()
+    local m = load_strict(mods.region, mods.region_params{ lat_min = -10, lat_max = 10, lon_min = 350, lon_max = 10, stride = 1, levels = { 1 } })
+    local out = m.enqueue(ev)
+    assert.are.equal(1, out.nlev)
+    assert.are.equal(4, out.nlat)  -- -7.5, -2.5, 2.5, 7.5
+    assert.are.equal(5, out.nlon)  -- 350, 355, 0, 5, 10
+    assert.are.equal(350, out.lon0)
+    assert.are.equal(ev.cells[model.index(1, 17, 71, 36, 72)], out.cells[1])
+    assert.are.equal(ev.cells[model.index(1, 17, 1, 36, 72)], out.cells[3])
+    assert.are.equal("hello", m.enqueue("hello"))
+    local t = { note = 1 }
+    assert.are.equal(t, m.enqueue(t))
+  end)
+end)
+
+describe("atmosphere diff modulator and demodulator", function()
+  local function run(params, steps, steer_at)
+    local sim = model.new()
+    local m = load_strict(mods.diff, params)
+    local demod, st = mods.diff_demodulator()
+    local meta = { producer = "127.0.0.1:1#1" }
+    local res = { sizes = {}, maxerr = 0, changed = {} }
+    for s = 1, steps do
+      if steer_at and steer_at[s] then sim:steer(steer_at[s]) end
+      local ev = sim:step()
+      local sent = wire(m.enqueue(wire(ev)))
+      res.sizes[s] = #lecho.encode(sent)
+      demod(sent, meta)
+      assert.are.equal(ev.step, st.ev.step)
+      assert.are.equal(ev.emission, st.ev.emission)
+      res.changed[s] = st.changed
+      res.maxerr = math.max(res.maxerr, max_abs_diff(ev.cells, st.cells))
+      res.last = ev
+    end
+    res.state = st
+    return res
+  end
+
+  it("sends a key frame, then only the cells that moved; the rebuilt field stays within the threshold", function()
+    local params = mods.diff_params{ threshold = 0.5 }
+    local r = run(params, 60, { [30] = { emission = 6, dt = 1 } })
+    assert.is_true(r.maxerr <= 0.5, "max error " .. r.maxerr)
+    assert.are.equal(1, r.state.key_frames)
+    assert.are.equal(0, r.state.missing)
+    assert.are.equal(3 * 36 * 72, r.changed[1])
+    for s = 2, 60 do
+      assert.is_true(r.changed[s] < 0.1 * 3 * 36 * 72, ("step %d: %d cells"):format(s, r.changed[s]))
+    end
+    assert.is_true(r.changed[35] > 0)
+  end)
+
+  it("sends exact values without a quantum", function()
+    local r = run(mods.diff_params{ threshold = 0.25, quantum = 0 }, 20)
+    assert.is_true(r.maxerr <= 0.25)
+    -- cells never sent since the key frame are exact
+    local sim = model.new()
+    local first = sim:step().cells
+    local exact = 0
+    for i = 1, #first do if r.state.cells[i] == first[i] then exact = exact + 1 end end
+    assert.is_true(exact > 0.5 * #first)
+  end)
+
+  it("starts again with a key frame when the grid changes, and passes other events", function()
+    local m = load_strict(mods.diff, mods.diff_params{})
+    local a = m.enqueue(model.new(nil, { nlev = 1, nlat = 4, nlon = 8 }):step())
+    assert.truthy(a.key)
+    local b = m.enqueue(model.new(nil, { nlev = 2, nlat = 4, nlon = 8 }):step())
+    assert.truthy(b.key)
+    assert.are.equal(64, #b.key)
+    assert.are.equal("x", m.enqueue("x"))
+    -- a demodulator that missed the key frame does not invent a field
+    local demod, st = mods.diff_demodulator()
+    demod({ gap = { 1 }, val = { 4 }, q = 0.5 }, { producer = "p" })
+    assert.is_nil(st.cells)
+    assert.are.equal(1, st.missing)
+  end)
+
+  it("costs less than the region view, which costs under 15% of the full field", function()
+    local sim = model.new()
+    local reg = load_strict(mods.region, mods.region_params())
+    local dif = load_strict(mods.diff, mods.diff_params{ threshold = 0.5 })
+    local full, region, diff = 0, 0, 0
+    for _ = 1, 40 do
+      local ev = sim:step()
+      full = full + #lecho.encode(ev)
+      region = region + #lecho.encode(reg.enqueue(ev))
+      diff = diff + #lecho.encode(dif.enqueue(ev))
+    end
+    assert.is_true(region < 0.15 * full, ("region %d of %d"):format(region, full))
+    assert.is_true(diff < region, ("diff %d, region %d"):format(diff, region))
+  end)
+end)
+
+describe("atmosphere demo (make demo), as processes", function()
+  after_each(function() S.cleanup() end)
+
+  it("cuts traffic per viewer, rebuilds the diff field within its threshold and stops every process", function()
+    local json = S.tmpname("summary") .. ".json"
+    local child = S.spawn(("DEMO_SECONDS=4 %s %s/run.lua --json %s"):format(S.luajit, dir, S.sh_quote(json)))
+    local done, rc = S.wait(child, 120)
+    assert.is_true(done, "run.lua did not finish within 120 s:\n" .. S.output(child) .. S.errors(child))
+    local text = S.read(json)
+    assert.truthy(text, "no summary:\n" .. S.output(child) .. S.errors(child))
+    local sum = cjson.decode(text)
+    local out = S.output(child) .. S.errors(child)
+    assert.are.equal(0, rc, out)
+    assert.is_true(sum.ok, out)
+    assert.is_true(sum.region_reduction >= 0.85, out)
+    assert.is_true(sum.diff_reduction > sum.region_reduction, out)
+    local v = sum.viewers
+    assert.is_true(v.diff.bytes < v.region.bytes, out)
+    assert.is_true(v.region.bytes < 0.15 * v.full.bytes * v.region.events / v.full.events, out)
+    assert.is_true(sum.max_error <= sum.threshold, out)
+    assert.is_true(sum.final_step >= 10, out)
+    local steered = false
+    for _, c in ipairs(sum.checks) do
+      if c.name:match("steering") then steered = c.ok end
+    end
+    assert.is_true(steered, out)
+    assert.is_true(sum.children_stopped)
+    assert.are.equal(4, #sum.pids)
+    for _, pid in ipairs(sum.pids) do
+      assert.is_false(os.execute(("kill -0 %d 2>/dev/null"):format(pid)) == 0, "process " .. pid .. " still exists")
+    end
+    assert.truthy(S.output(child):match("checks:"))
+  end)
+end)

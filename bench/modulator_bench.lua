@@ -1,0 +1,190 @@
+-- bench/modulator_bench.lua: what modulators cost (JECho §5: installing a
+-- modulator about 1.23 ms, a params update about 0.5 ms on 1999 hardware),
+-- each as a ratio to a plain sync round trip measured in the same run.
+--
+--   luajit bench/modulator_bench.lua [--quick] [--json FILE]
+--
+-- Two processes on 127.0.0.1: this one and a peer (luajit, started here and
+-- killed at the end).  Figures:
+--   rt_plain     sync round trip of a small integer to a plain consumer in the peer (us)
+--   rt_filter    the same with a trivial filter modulator in between (us)
+--   async_plain, async_filter   time per async event at the consumer (us)
+--   install      ch:consumer(fn, { modulator = ... }) until every producer
+--                (the peer) installed it (us)
+--   params       c:set_params(p) until every producer applied it (us)
+-- Every loop is bounded in count and in time.
+
+local lecho = require "lecho"
+local cjson = require "cjson"
+
+local QUICK = os.getenv("QUICK") == "1"
+local json_out
+for i = 1, #arg do
+  if arg[i] == "--quick" then QUICK = true end
+  if arg[i] == "--json" then json_out = arg[i + 1] end
+end
+local N_RT = QUICK and 500 or 5000
+local N_ASYNC = QUICK and 20000 or 200000
+local N_INSTALL = QUICK and 20 or 200
+local N_PARAMS = QUICK and 50 or 500
+local LIMIT = QUICK and 5 or 20 -- seconds per measurement at most
+
+local FILTER = "function enqueue(ev) return ev end"
+
+-- The peer: role "consumer" (plain or with the filter; answers counts) or
+-- "producer" (a producer of channel "m" that only serves the loop).
+local PEER = [[
+local lecho = require "lecho"
+local ns, role, chan, mod = arg[1], arg[2], arg[3], arg[4]
+local ctx = lecho.context{ nameserver = ns, quiet = true }
+local ch = ctx:channel(chan)
+if role == "producer" then
+  local p = assert(ch:producer())
+  local done = ctx:channel("ctl"):consumer(function(ev) if ev == "quit" then ctx:stop() end end)
+  io.stdout:write("ready\n"); io.stdout:flush()
+  ctx:after(300, function() ctx:stop() end)
+  ctx:run()
+else
+  local n, t0 = 0, nil
+  local rep = assert(ctx:channel(chan .. ".rep"):producer())
+  local opts = mod ~= "" and { modulator = mod } or nil
+  assert(ch:consumer(function(ev)
+    if ev == "mark" then n, t0 = 0, ctx:now() return end
+    if ev == "report" then rep:submit_sync({ n = n, t = ctx:now() - (t0 or ctx:now()) }) return end
+    if ev == "quit" then ctx:stop() return end
+    n = n + 1
+  end, opts))
+  io.stdout:write("ready\n"); io.stdout:flush()
+  ctx:after(300, function() ctx:stop() end)
+  ctx:run()
+end
+]]
+
+local tmp = os.tmpname()
+local peer_file = tmp .. "-peer.lua"
+do
+  local f = assert(io.open(peer_file, "w"))
+  f:write(PEER)
+  f:close()
+end
+local kids = {}
+
+local function spawn(...)
+  local args = {}
+  for i, a in ipairs({ ... }) do args[i] = "'" .. tostring(a):gsub("'", "'\\''") .. "'" end
+  local out = ("%s-%d.out"):format(tmp, #kids + 1)
+  local cmd = ("luajit %s %s >%s 2>&1 & echo $!"):format(peer_file, table.concat(args, " "), out)
+  local h = io.popen(cmd)
+  local pid = tonumber(h:read("*l"))
+  h:close()
+  kids[#kids + 1] = pid
+  return pid, out
+end
+
+local function cleanup()
+  for _, pid in ipairs(kids) do os.execute(("kill -9 %d 2>/dev/null"):format(pid)) end
+  os.execute(("rm -f %s %s-*"):format(tmp, tmp))
+end
+
+local ctx = lecho.context{ quiet = true }
+
+local function wait_ready(out)
+  local deadline = ctx:now() + 20
+  while ctx:now() < deadline do
+    local f = io.open(out)
+    local s = f and f:read("*a")
+    if f then f:close() end
+    if s and s:match("ready") then return true end
+    ctx:run_once(0.05)
+  end
+  error("peer did not start: " .. tostring(out))
+end
+
+-- Sync round trips and async time per event to a consumer in the peer.
+local function to_consumer(chan, mod)
+  local _, out = spawn(ctx.addr, "consumer", chan, mod or "")
+  wait_ready(out)
+  local ch = ctx:channel(chan)
+  local p = assert(ch:producer())
+  local reply
+  assert(ctx:channel(chan .. ".rep"):consumer(function(ev) reply = ev end))
+  for _ = 1, 200 do assert(p:submit_sync(0)) end   -- warm up (0: a filter passes it; nil would be a drop)
+  local t0, n = ctx:now(), 0
+  while n < N_RT and ctx:now() - t0 < LIMIT do
+    assert(p:submit_sync(0))
+    n = n + 1
+  end
+  local rt = (ctx:now() - t0) / n * 1e6
+  assert(p:submit_sync("mark"))
+  local m = 0
+  local t1 = ctx:now()
+  while m < N_ASYNC and ctx:now() - t1 < LIMIT do
+    for _ = 1, 1000 do assert(p:submit(m)) end
+    m = m + 1000
+    ctx:run_once(0)
+  end
+  reply = nil
+  assert(p:submit_sync("report", { timeout = 60 }))
+  local deadline = ctx:now() + 10
+  while not reply and ctx:now() < deadline do ctx:run_once(0.05) end
+  p:submit("quit")
+  p:flush()
+  return rt, reply and reply.n > 0 and reply.t / reply.n * 1e6 or nil, n, m
+end
+
+local res = { quick = QUICK }
+local ok, err = pcall(function()
+  res.rt_plain, res.async_plain, res.n_rt = to_consumer("plain")
+  res.rt_filter, res.async_filter = to_consumer("filter", FILTER)
+
+  -- Install and params: the peer produces, this process consumes.
+  local _, out = spawn(ctx.addr, "producer", "m", "")
+  wait_ready(out)
+  local ch = ctx:channel("m")
+  local t0, n = ctx:now(), 0
+  while n < N_INSTALL and ctx:now() - t0 < LIMIT do
+    -- distinct params each time: a new modulator state, not a shared one
+    local c = assert(ch:consumer(function() end, { modulator = FILTER, params = { i = n } }))
+    n = n + 1
+    c:close()
+  end
+  res.install = (ctx:now() - t0) / n * 1e6
+  res.n_install = n
+  local c = assert(ch:consumer(function() end, { modulator = FILTER, params = { v = 0 } }))
+  t0, n = ctx:now(), 0
+  while n < N_PARAMS and ctx:now() - t0 < LIMIT do
+    n = n + 1
+    assert(c:set_params{ v = n })
+  end
+  res.params = (ctx:now() - t0) / n * 1e6
+  res.n_params = n
+  ctx:channel("ctl"):producer():submit("quit")
+  ctx:flush()
+end)
+cleanup()
+if not ok then
+  io.stderr:write("modulator bench failed: " .. tostring(err) .. "\n")
+  os.exit(1)
+end
+
+local function r(x, base) return x and base and ("%.2fx"):format(x / base) or "-" end
+print(("modulators (vs a plain sync round trip of %.1f us, same run)"):format(res.rt_plain))
+print(("  install a modulator        %8.1f us   %s   (JECho 1999: 1230 us)"):format(res.install, r(res.install, res.rt_plain)))
+print(("  params update              %8.1f us   %s   (JECho 1999: 500 us)"):format(res.params, r(res.params, res.rt_plain)))
+print(("  sync round trip, filter    %8.1f us   %s"):format(res.rt_filter, r(res.rt_filter, res.rt_plain)))
+if res.async_plain and res.async_filter then
+  print(("  async per event, plain     %8.3f us"):format(res.async_plain))
+  print(("  async per event, filter    %8.3f us   %s of plain"):format(res.async_filter, r(res.async_filter, res.async_plain)))
+end
+res.ratios = {
+  install = res.install / res.rt_plain,
+  params = res.params / res.rt_plain,
+  rt_filter = res.rt_filter / res.rt_plain,
+  async_filter = res.async_plain and res.async_filter and res.async_filter / res.async_plain or nil,
+}
+if json_out then
+  local f = assert(io.open(json_out, "w"))
+  f:write(cjson.encode(res), "\n")
+  f:close()
+end
+ctx:close()

@@ -134,7 +134,7 @@ function M.context(opts)
   local self = setmetatable({
     c = c, addr = addr,
     byname = {}, bychid = {},
-    peer_addrs = {},
+    peer_addrs = {}, pnames = {},
     pending = {}, rid = 0,
     nextpid = 0, nextcid = 0,
     selfq = {}, draining = false,
@@ -318,8 +318,17 @@ function Context:_on_event(chid, value, peer, producer, seq, sync)
   local list = ch and ch.consumers
   local nran, errs = 0, nil
   if list and list[1] then
-    local from = peer == 0 and self.addr or self:_peer_addr(peer)
-    local meta = { channel = ch.short, producer = from .. "#" .. producer, seq = seq }
+    -- "host:port#id" once per (peer, producer), not once per event: the
+    -- concatenation interned a new string for every event.
+    local names = self.pnames[peer]
+    if not names then names = {}; self.pnames[peer] = names end
+    local pname = names[producer]
+    if not pname then
+      local from = peer == 0 and self.addr or self:_peer_addr(peer)
+      pname = from .. "#" .. producer
+      names[producer] = pname
+    end
+    local meta = { channel = ch.short, producer = pname, seq = seq }
     local n = #list
     local snap = list
     if n > 1 then snap = { unpack(list, 1, n) } end
@@ -480,6 +489,7 @@ function Channel:_join(role)
   local mgr, err = self:_manager()
   if not mgr then return nil, err end
   local r
+  local ver_before = self.ver
   r, err = self.ctx:request(mgr, { op = "join", ch = self.name, role = role,
                                    subs = role == "consumer" and self:_subs() or nil })
   if not r then
@@ -487,8 +497,12 @@ function Channel:_join(role)
     return nil, ("joining '%s' as %s: %s"):format(self.name, role, err)
   end
   if role == "producer" then
-    self.ver = r.ver or self.ver
-    self:_set_consumers(r.consumers or {}, r.mods)
+    -- A `members` update handled while we waited (it can come in the same
+    -- read as this reply, and was already confirmed) is newer: keep it.
+    if self.ver == ver_before or (r.ver or -1) > self.ver then
+      self.ver = r.ver or self.ver
+      self:_set_consumers(r.consumers or {}, r.mods)
+    end
   else
     self.cjoined = true
   end

@@ -42,7 +42,7 @@ help:
 	@echo "make test     deps, build, C unit tests, then the busted specs under LuaJIT"
 	@echo "make asan     the same suite with the core built under ASan and UBSan"
 	@echo "make demo     atmosphere: a simulation and three viewers (full, region, diff), bytes per viewer"
-	@echo "make bench    codec comparison and the raw TCP / ZeroMQ baselines"
+	@echo "make bench    benchmark suite vs raw TCP and ZeroMQ (QUICK=1: < 30 s), bench/results/"
 	@echo "make clean    remove build products"
 
 deps:
@@ -93,20 +93,21 @@ asan: deps
 demo: deps all
 	$(SPEC_ENV) $(LUAJIT) examples/atmosphere/run.lua
 
-# So far: the codec comparison and the C baselines (the lecho side of the
-# suite is still to come, see the open benchmark issue).
-bench: deps all bench/baseline_tcp bench/baseline_zmq
-	$(SPEC_ENV) $(LUAJIT) bench/codec_bench.lua
-	./bench/baseline_tcp pingpong 0 20000
-	./bench/baseline_zmq pingpong 0 20000
-	./bench/baseline_tcp stream 64 2000000
-	./bench/baseline_zmq stream 64 500000
+# The benchmark suite (bench/run.lua): lecho from Lua and from the C API
+# against raw TCP and ZeroMQ, in one run.  QUICK=1: small counts, < 30 s.
+# Results: bench/results/ (results.json, table.md, *.png).
+BENCH_BIN := bench/baseline_tcp bench/baseline_zmq bench/lecho_c
+bench: deps all $(BENCH_BIN)
+	$(SPEC_ENV) QUICK="$(QUICK)" $(LUAJIT) bench/run.lua
 
 bench/baseline_tcp: bench/baseline_tcp.c bench/harness.h
 	$(CC) $(CFLAGS) $(WARN) -o $@ $<
 
 bench/baseline_zmq: bench/baseline_zmq.c bench/harness.h
 	$(CC) $(CFLAGS) $(WARN) -o $@ $< -lzmq
+
+bench/lecho_c: bench/lecho_c.c bench/harness.h $(CORE_SRC) $(HDRS)
+	$(CC) $(CFLAGS) $(WARN) -Icore -o $@ bench/lecho_c.c $(CORE_SRC) -lev
 
 # Used by luarocks make: copies the module, the Lua files and the scripts.
 INST_LIBDIR ?= /usr/local/lib/lua/5.1
@@ -119,4 +120,4 @@ install: $(SO)
 	cp scripts/lecho-* $(INST_BINDIR)/
 
 clean:
-	rm -rf build $(SO) lua/lecho/codec.so bench/baseline_tcp bench/baseline_zmq
+	rm -rf build $(SO) lua/lecho/codec.so $(BENCH_BIN)

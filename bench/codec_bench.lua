@@ -1,12 +1,18 @@
 -- codec_bench.lua: our value codec (lecho.codec) against LuaJIT's
 -- string.buffer serializer on typical event payloads. Reports ns/op for
 -- encode and decode and the encoded size of each. Each case takes ~0.3 s.
--- Run: cd /work/main && luajit bench/codec_bench.lua   (needs lua/lecho/codec.so)
+-- Run: cd /work/main && luajit bench/codec_bench.lua [--quick] [--json]
+-- (needs lua/lecho/core.so; part of `make bench`, through bench/run.lua)
 package.cpath = "lua/?.so;" .. package.cpath
 local codec = require "lecho.core"
 local sbuf = require "string.buffer"
 
-local BUDGET = 0.3 / 4 -- seconds per measurement; 4 measurements per case
+local JSON, QUICK = false, false
+for _, a in ipairs(arg or {}) do
+  if a == "--json" then JSON = true elseif a == "--quick" then QUICK = true end
+end
+-- seconds per measurement; 4 measurements per case (--quick: a tenth)
+local BUDGET = (QUICK and 0.03 or 0.3) / 4
 
 -- ns per call of f(arg): calibrate on a short run, then time one run sized
 -- to last about BUDGET seconds
@@ -58,9 +64,11 @@ local function ours_dec(s) return codec.decode(s) end
 local function sb_enc(v) return sbuf.encode(v) end
 local function sb_dec(s) return sbuf.decode(s) end
 
-print(string.format("%s, %s", jit.version, jit.status() and "JIT on" or "JIT off"))
-print("| case | lecho enc ns | sbuf enc ns | lecho dec ns | sbuf dec ns | lecho bytes | sbuf bytes |")
-print("|---|---:|---:|---:|---:|---:|---:|")
+local lines, results = {}, {}
+local function out(s) lines[#lines + 1] = s; print(s) end
+out(string.format("%s, %s", jit.version, jit.status() and "JIT on" or "JIT off"))
+out("| case | lecho enc ns | sbuf enc ns | lecho dec ns | sbuf dec ns | lecho bytes | sbuf bytes |")
+out("|---|---:|---:|---:|---:|---:|---:|")
 for _, c in ipairs(cases) do
   local s1 = assert(codec.encode(c.v))
   local s2 = sbuf.encode(c.v)
@@ -72,6 +80,12 @@ for _, c in ipairs(cases) do
   local e2 = measure(sb_enc, c.v)
   local d1 = measure(ours_dec, s1)
   local d2 = measure(sb_dec, s2)
-  print(string.format("| %s | %.0f | %.0f | %.0f | %.0f | %d | %d |",
+  out(string.format("| %s | %.0f | %.0f | %.0f | %.0f | %d | %d |",
     c.name, e1, e2, d1, d2, #s1, #s2))
+  results[#results + 1] = { case = c.name, lecho_enc_ns = e1, sbuf_enc_ns = e2,
+                            lecho_dec_ns = d1, sbuf_dec_ns = d2, lecho_bytes = #s1, sbuf_bytes = #s2 }
+end
+-- --json: one more line, for bench/run.lua
+if JSON then
+  print(require("cjson").encode({ cases = results, table = table.concat(lines, "\n") }))
 end

@@ -1,0 +1,323 @@
+/*
+ * bench/lecho_c.c -- lecho's C API (core/ctx.h, core/codec.h) driven
+ * directly, without Lua, for the benchmark suite.  Same argv interface and
+ * JSON output as bench/baseline_tcp.c, with "impl":"lecho_c".
+ *
+ * The process forks first; each side makes its own lei_ctx on 127.0.0.1
+ * (port chosen by the OS).  The child (consumer) opens channel "bench",
+ * marks it as having local consumers and sends its listen address to the
+ * parent through a pipe; the parent (producer) opens the same channel and
+ * sets the child's address as its only destination (what the manager would
+ * tell it).  There is no name server: membership is set by hand.
+ *
+ * Workloads (argv: [--warmup K] WORKLOAD SIZE N)
+ *   pingpong SIZE N   lei_submit(sync) of one value (SIZE 0: nil, else a
+ *                     string of SIZE bytes), then the loop runs until the
+ *                     consumer's ACK comes back; each round trip timed.
+ *   stream SIZE N     lei_submit(async) of strings of SIZE bytes (each a new
+ *                     message, encoded like the Lua binding does); the child
+ *                     reports on a pipe when warmup and all N arrived.
+ * Output: one JSON line, fields as in baseline_tcp.c.
+ *
+ * Build: gcc -O2 -Icore -o bench/lecho_c bench/lecho_c.c core/codec.c
+ *        core/frame.c core/ctx.c -lev
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "codec.h"
+#include "ctx.h"
+
+#define PROG "lecho_c"
+#define ALARM_SECONDS 60
+
+#include "harness.h"
+
+enum workload { W_PINGPONG, W_STREAM };
+
+static enum workload wl;
+static uint64_t warmup, nops;
+static size_t size;
+static int ctl_fd = -1;            /* child: write end of the control pipe */
+static uint64_t received;          /* child: events handled */
+static volatile int child_done;    /* child: the producer went away */
+static char *payload;
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: " PROG " [--warmup K] pingpong|stream SIZE N\n");
+    exit(2);
+}
+
+static void ctl_signal(char c)
+{
+    while (write(ctl_fd, &c, 1) != 1)
+        if (errno != EINTR)
+            die("control pipe write: %s", strerror(errno));
+}
+
+/* Child: the consumer's event hook.  Acknowledges sync events like the Lua
+ * binding does (one handler ran, no errors). */
+static int on_event(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
+                    uint64_t sync, const uint8_t *p, size_t n)
+{
+    lei_ctx *c = ud;
+    (void)chid;
+    (void)producer;
+    (void)seq;
+    if (lei_codec_validate(p, n, NULL, NULL))
+        return -1;
+    received++;
+    if (sync)
+        lei_ack(c, from, sync, 1, NULL, 0);
+    if (wl == W_STREAM) {
+        if (received == warmup && warmup > 0)
+            ctl_signal('W');
+        if (received == warmup + nops)
+            ctl_signal('D');
+    }
+    return 0;
+}
+
+static int on_ctrl(void *ud, lei_peer *from, const uint8_t *p, size_t n)
+{
+    (void)ud;
+    (void)from;
+    (void)p;
+    (void)n;
+    return 0;
+}
+
+static void on_peer(void *ud, lei_peer *p, int up, const char *reason)
+{
+    lei_ctx *c = ud;
+    (void)p;
+    (void)reason;
+    if (!up) {
+        child_done = 1;
+        ev_break(c->loop, EVBREAK_ALL);
+    }
+}
+
+static lei_ctx *make_ctx(void)
+{
+    static lei_hooks h;
+    h.event = on_event;
+    h.ctrl = on_ctrl;
+    h.peer = on_peer;
+    lei_ctx *c = lei_ctx_new(NULL, &h);
+    if (!c)
+        die("lei_ctx_new failed");
+    c->h.ud = c;
+    const char *err;
+    if (lei_ctx_listen(c, "127.0.0.1", 0, &err))
+        die("listen: %s", err);
+    return c;
+}
+
+static void child_main(int addr_fd)
+{
+    lei_ctx *c = make_ctx();
+    uint32_t id = lei_chan_open(c, "bench", 5);
+    lei_chan_get(c, id)->local = 1;
+    size_t l = strlen(c->addr);
+    if (write(addr_fd, c->addr, l + 1) != (ssize_t)(l + 1))
+        die("address pipe write: %s", strerror(errno));
+    close(addr_fd);
+    while (!child_done)
+        ev_run(c->loop, EVRUN_ONCE);
+    lei_ctx_free(c);
+    _exit(received >= warmup + nops ? 0 : 1);
+}
+
+/* A new message holding the benchmark's value, as the Lua binding makes
+ * one per submit. */
+static lei_msg *make_msg(void)
+{
+    lei_msg *m = lei_msg_new();
+    if (!m)
+        die("out of memory");
+    int rc = size ? lei_enc_string(&m->own, payload, size) : lei_enc_nil(&m->own);
+    if (rc)
+        die("out of memory");
+    lei_msg_sync(m);
+    return m;
+}
+
+static void submit(lei_ctx *c, uint32_t chid, uint64_t seq, int sync)
+{
+    lei_msg *m = make_msg();
+    const char *err = NULL;
+    uint64_t sid = 0;
+    if (lei_submit(c, chid, 1, seq, m, sync, LEI_BLOCK, &sid, &err))
+        die("lei_submit: %s", err);
+    lei_msg_release(m, NULL, NULL);
+    if (!sync)
+        return;
+    lei_sync *s;
+    while ((s = lei_sync_find(c, sid)) && s->nwait > 0)
+        ev_run(c->loop, EVRUN_ONCE);
+    if (!s)
+        die("sync record vanished");
+    for (int i = 0; i < s->nw; i++)
+        if (s->w[i].err)
+            die("sync failed: %s", s->w[i].err);
+    lei_sync_free(c, s);
+}
+
+/* Parent: the control pipe is read through a libev watcher so the loop
+ * keeps writing queued events while we wait. */
+static char ctl_got;
+static void ctl_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)revents;
+    char ch;
+    ssize_t r = read(w->fd, &ch, 1);
+    if (r == 1)
+        ctl_got = ch;
+    else if (r == 0)
+        die("child closed the control pipe");
+    ev_break(loop, EVBREAK_ONE);
+}
+
+static void wait_ctl(lei_ctx *c, ev_io *w, char want)
+{
+    ctl_got = 0;
+    ev_io_start(c->loop, w);
+    while (ctl_got == 0)
+        ev_run(c->loop, EVRUN_ONCE);
+    ev_io_stop(c->loop, w);
+    if (ctl_got != want)
+        die("control pipe: got '%c', expected '%c'", ctl_got, want);
+}
+
+int main(int argc, char **argv)
+{
+    int ai = 1;
+    int64_t warmup_opt = -1;
+    if (ai + 1 < argc && strcmp(argv[ai], "--warmup") == 0) {
+        warmup_opt = (int64_t)parse_u64(argv[ai + 1]);
+        ai += 2;
+    }
+    if (argc - ai != 3)
+        usage();
+    const char *wname = argv[ai];
+    uint64_t def_warmup;
+    if (strcmp(wname, "pingpong") == 0) {
+        wl = W_PINGPONG;
+        def_warmup = 1000;
+    } else if (strcmp(wname, "stream") == 0) {
+        wl = W_STREAM;
+        def_warmup = 10000;
+    } else {
+        usage();
+    }
+    size = (size_t)parse_u64(argv[ai + 1]);
+    nops = parse_u64(argv[ai + 2]);
+    if (size > (1u << 30) || nops < 1)
+        usage();
+    warmup = warmup_opt >= 0 ? (uint64_t)warmup_opt : def_warmup;
+    if (warmup_opt < 0 && warmup > nops / 10)
+        warmup = nops / 10;
+    payload = xmalloc(size);
+
+    signal(SIGPIPE, SIG_IGN);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigalrm;
+    sigaction(SIGALRM, &sa, NULL);
+    sa.sa_handler = on_sigchld;
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &sa, NULL);
+    alarm(ALARM_SECONDS);
+
+    int addr_pipe[2], ctl_pipe[2];
+    if (pipe(addr_pipe) < 0 || pipe(ctl_pipe) < 0)
+        die("pipe: %s", strerror(errno));
+    pid_t pid = fork_peer();
+    if (pid == 0) {
+        close(addr_pipe[0]);
+        close(ctl_pipe[0]);
+        ctl_fd = ctl_pipe[1];
+        child_main(addr_pipe[1]);
+    }
+    child_pid = pid;
+    close(addr_pipe[1]);
+    close(ctl_pipe[1]);
+
+    char addr[LEI_ADDR_MAX];
+    size_t got = 0;
+    for (;;) {
+        ssize_t r = read(addr_pipe[0], addr + got, 1);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            die("child did not send its address");
+        if (addr[got] == '\0')
+            break;
+        if (++got == sizeof addr)
+            die("address too long");
+    }
+    close(addr_pipe[0]);
+
+    lei_ctx *c = make_ctx();
+    uint32_t chid = lei_chan_open(c, "bench", 5);
+    const char *dests[1] = { addr };
+    lei_chan_set_dests(c, chid, dests, 1);
+    ev_io ctl;
+    ev_io_init(&ctl, ctl_cb, ctl_pipe[0], EV_READ);
+
+    double *samples = NULL;
+    double t0 = 0, secs;
+    uint64_t seq = 0;
+    if (wl == W_PINGPONG) {
+        samples = xmalloc(nops * sizeof(double));
+        for (uint64_t i = 0; i < warmup + nops; i++) {
+            if (i == warmup)
+                t0 = now_s();
+            double a = now_s();
+            submit(c, chid, ++seq, 1);
+            if (i >= warmup)
+                samples[i - warmup] = now_s() - a;
+        }
+        secs = now_s() - t0;
+    } else {
+        /* The first event waits for the connection (sync), then the stream. */
+        for (uint64_t i = 0; i < warmup; i++)
+            submit(c, chid, ++seq, i == 0);
+        if (warmup > 0)
+            wait_ctl(c, &ctl, 'W');
+        t0 = now_s();
+        for (uint64_t i = 0; i < nops; i++)
+            submit(c, chid, ++seq, warmup == 0 && i == 0);
+        lei_flush(c);
+        wait_ctl(c, &ctl, 'D');
+        secs = now_s() - t0;
+    }
+    lei_ctx_free(c);
+    if (reap_child())
+        return 1;
+    printf("{\"impl\":\"lecho_c\",\"workload\":\"%s\",\"size\":%zu,\"n\":%llu,"
+           "\"warmup\":%llu,\"seconds\":%.6f,\"us_per_op\":%.3f,"
+           "\"ops_per_s\":%.1f,\"mb_per_s\":%.2f",
+           wname, size, (unsigned long long)nops, (unsigned long long)warmup, secs,
+           secs * 1e6 / (double)nops, (double)nops / secs,
+           (double)nops * (double)size / 1e6 / secs);
+    if (samples) {
+        qsort(samples, nops, sizeof(double), cmp_double);
+        printf(",\"p50_us\":%.3f,\"p99_us\":%.3f", percentile(samples, nops, 0.50) * 1e6,
+               percentile(samples, nops, 0.99) * 1e6);
+    }
+    printf("}\n");
+    return fflush(stdout) == 0 ? 0 : 1;
+}

@@ -1,0 +1,777 @@
+-- bench/run.lua: lecho's benchmark suite (`make bench`, `make bench QUICK=1`).
+--
+-- Runs every workload on lecho (Lua API, and the C API through
+-- bench/lecho_c where the core has one) and, in the same run, the same
+-- workload on raw TCP (bench/baseline_tcp) and ZeroMQ (bench/baseline_zmq),
+-- with the encoded size of lecho's value as the baselines' message size.
+-- Prints one table "workload | lecho | baseline | ratio | target", writes
+-- bench/results/results.json (lua-cjson) and PNG plots (gnuplot).
+--
+-- This process is the producer of every workload and hosts the name server
+-- (a lecho context without `nameserver`); consumers, relays and sinks are
+-- bench/worker.lua processes, started in the background per workload and
+-- killed when it ends (and on any error).  Every run is bounded in count and
+-- in time: a run that hits its time bound is recorded with what it measured
+-- and `truncated = true`.
+--
+-- Environment: QUICK=1 (small counts, fewer points: well under 30 s),
+-- BENCH_ONLY=latency,bulk (run only these workloads), LECHO_BENCH_LOG=1
+-- (workers log to their stderr files), BENCH_KEEP_TMP=1.
+
+local dir = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
+package.path = dir .. "/?.lua;" .. package.path
+
+local cjson = require "cjson"
+local lecho = require "lecho"
+local common = require "common"
+
+local clock, sh_quote = common.clock, common.sh_quote
+local QUICK = (os.getenv("QUICK") or "") ~= "" and os.getenv("QUICK") ~= "0"
+local ROOT = os.getenv("LECHO_ROOT") or (dir .. "/..")
+local BENCH = ROOT .. "/bench"
+local RESULTS = os.getenv("BENCH_RESULTS") or (BENCH .. "/results")
+local LUAJIT = os.getenv("LUAJIT") or "luajit"
+local SUITE_T0 = clock()
+
+local ONLY
+if os.getenv("BENCH_ONLY") and os.getenv("BENCH_ONLY") ~= "" then
+  ONLY = {}
+  for w in os.getenv("BENCH_ONLY"):gmatch("[^,%s]+") do ONLY[w] = true end
+end
+
+-- Counts (full run / QUICK) and time bounds (seconds) per run.
+local CFG = QUICK and {
+  lat_warm = 100, lat_n = 600, lat_bound = 3,
+  tp = { { 64, 30000 }, { 1024, 20000 }, { 65536, 1000 } }, tp_bound = 3,
+  base_pp_n = 2000, base_tp_mult = 4,
+  sinks = { 1, 2, 8 }, sink_sync_n = 300, sink_async_n = { null = 20000, composite = 3000 },
+  sink_bound = 3,
+  pipe = { 1, 2, 6 }, pipe_n = 20000, pipe_bound = 3,
+  chans = { 1, 64, 4096 }, chan_n = 30000, chan_bound = 3,
+  bulk_n = 10, bulk_bound = 10,
+  null_n = 2000, c_stream_n = 100000,
+} or {
+  lat_warm = 1000, lat_n = 10000, lat_bound = 8,
+  tp = { { 64, 1000000 }, { 1024, 300000 }, { 65536, 10000 } }, tp_bound = 8,
+  base_pp_n = 20000, base_tp_mult = 4,
+  sinks = { 1, 2, 4, 8 }, sink_sync_n = 3000, sink_async_n = { null = 200000, composite = 30000 },
+  sink_bound = 6,
+  pipe = { 1, 2, 3, 4, 5, 6 }, pipe_n = 200000, pipe_bound = 6,
+  chans = { 1, 16, 256, 4096, 65536 }, chan_n = 300000, chan_bound = 6,
+  bulk_n = 100, bulk_bound = 30,
+  null_n = 20000, c_stream_n = 2000000,
+}
+
+------------------------------------------------------------------------------
+-- Child processes: started in the background (stdout/stderr to files),
+-- remembered, and always killed and reaped (by their wrapping shell).
+
+local tmpdir
+do
+  local p = io.popen("mktemp -d /tmp/lecho-bench.XXXXXX")
+  tmpdir = p:read("*l")
+  p:close()
+end
+local children, nspawn = {}, 0
+
+local function spawn(cmd, tag)
+  nspawn = nspawn + 1
+  local base = ("%s/%s-%d"):format(tmpdir, tag or "child", nspawn)
+  local inner = ("%s >%s.out 2>%s.err </dev/null & echo $! >%s.pid; wait $!; echo $? >%s.rc")
+    :format(cmd, base, base, base, base)
+  os.execute(("sh -c %s >/dev/null 2>&1 &"):format(sh_quote(inner)))
+  local child = { base = base, cmd = cmd }
+  local deadline = clock() + 10
+  repeat
+    local s = common.read(base .. ".pid")
+    if s and s:match("%d+") then child.pid = tonumber(s:match("%d+")) break end
+    os.execute("sleep 0.01")
+  until clock() > deadline
+  assert(child.pid, "could not start: " .. cmd)
+  children[#children + 1] = child
+  return child
+end
+
+local function exited(child)
+  local rc = common.read(child.base .. ".rc")
+  return rc and rc:match("%d") and tonumber(rc:match("%d+"))
+end
+
+local function kill(child)
+  if not child.pid or exited(child) then return end
+  os.execute(("kill -TERM %d 2>/dev/null"):format(child.pid))
+  local deadline = clock() + 2
+  while not exited(child) and clock() < deadline do os.execute("sleep 0.02") end
+  if not exited(child) then os.execute(("kill -KILL %d 2>/dev/null"):format(child.pid)) end
+  deadline = clock() + 2
+  while not exited(child) and clock() < deadline do os.execute("sleep 0.02") end
+end
+
+local function kill_all()
+  for _, c in ipairs(children) do kill(c) end
+  children = {}
+end
+
+local function child_errors(child)
+  return (common.read(child.base .. ".err") or ""):sub(1, 2000)
+end
+
+------------------------------------------------------------------------------
+-- The producing context (and name server) and the report channel.
+
+local ctx = lecho.context{ quiet = not os.getenv("LECHO_BENCH_LOG"), timeout = 20 }
+local ready, reports = {}, {}
+local report_con = assert(ctx:channel("report"):consumer(function(ev)
+  if type(ev) ~= "table" then return end
+  if ev.ready then ready[ev.id] = ev else reports[#reports + 1] = ev end
+end))
+local MYPID = common.getpid()
+
+local function run_until(pred, bound)
+  local deadline = clock() + bound
+  while not pred() do
+    if clock() > deadline then return false end
+    ctx:run_once(0.02)
+  end
+  return true
+end
+
+--- Starts workers (list of option tables with id and subs) and waits until
+-- every one said ready (bound s).  sequential: one at a time, in list order,
+-- each ready before the next starts.  Returns the children.
+local function start_workers(list, bound, sequential)
+  local started = {}
+  local function wait_ready(upto)
+    local ok = run_until(function()
+      for i = 1, upto do
+        local o = list[i]
+        if not ready[o.id] then
+          if exited(started[i]) then
+            error(("worker %s exited: %s"):format(o.id, child_errors(started[i])))
+          end
+          return false
+        end
+      end
+      return true
+    end, bound or 60)
+    if not ok then
+      local errs = {}
+      for i = 1, upto do
+        if not ready[list[i].id] then errs[#errs + 1] = list[i].id .. ": " .. child_errors(started[i]) end
+      end
+      error("workers not ready in time: " .. table.concat(errs, "; "))
+    end
+  end
+  for i, o in ipairs(list) do
+    o.ns, o.parent, o.bound = ctx.addr, MYPID, o.bound or 240
+    ready[o.id] = nil
+    local cmd = ("%s %s/worker.lua %s"):format(LUAJIT, BENCH, sh_quote(cjson.encode(o)))
+    started[i] = spawn(cmd, o.id)
+    if sequential then wait_ready(i) end
+  end
+  wait_ready(#list)
+  return started
+end
+
+local function stop_workers(started)
+  for _, c in ipairs(started) do kill(c) end
+end
+
+------------------------------------------------------------------------------
+-- Measurements
+
+local SYNC_OPTS = { timeout = 10 }
+
+local function check(ok, err, what)
+  if not ok then error(("%s: %s"):format(what, tostring(err)), 2) end
+end
+
+local function percentile(sorted, p)
+  local n = #sorted
+  local k = math.max(1, math.min(n, math.ceil(p * n)))
+  return sorted[k]
+end
+
+--- Sync round trips: warm untimed, then up to n timed ones within bound s.
+local function sync_rtt(p, v, warm, n, bound)
+  for _ = 1, warm do check(p:submit_sync(v, SYNC_OPTS)) end
+  local samples = {}
+  local t0 = clock()
+  local deadline = t0 + bound
+  local done = 0
+  for i = 1, n do
+    local a = clock()
+    check(p:submit_sync(v, SYNC_OPTS))
+    local b = clock()
+    samples[i] = b - a
+    done = i
+    if b > deadline then break end
+  end
+  local secs = clock() - t0
+  table.sort(samples)
+  return {
+    n = done, seconds = secs, us_per_op = secs * 1e6 / done,
+    p50_us = percentile(samples, 0.50) * 1e6, p99_us = percentile(samples, 0.99) * 1e6,
+    truncated = done < n or nil,
+  }
+end
+
+local phase = 0
+--- Sends a control event to the channel(s) of producers ps (sync: every
+-- consumer ran it) and returns the phase number it carries.
+local function control(ps, op)
+  phase = phase + 1
+  for _, p in ipairs(ps) do
+    check(p:submit_sync({ bench_ctl = op, phase = phase }, { timeout = 30 }), "control " .. op)
+  end
+  return phase
+end
+
+local function collect(ph, want, bound)
+  local got = {}
+  run_until(function()
+    for _, r in ipairs(reports) do
+      if r.phase == ph and not got[r.id] then got[r.id] = r; got[#got + 1] = r end
+    end
+    return #got >= want
+  end, bound)
+  return got
+end
+
+--- Async stream: warm events, reset, then up to n events (round robin over
+-- the producers ps) within bound s, then "end"; time per event is measured
+-- at the consumers: from the first timed submit to the last receive of the
+-- slowest consumer.  nsinks reports are expected.
+local function async_run(ps, v, warm, n, bound, nsinks)
+  local np = #ps
+  for i = 1, warm do check(ps[(i - 1) % np + 1]:submit(v)) end
+  control({ ps[1] }, "reset")
+  local t0 = clock()
+  local deadline = t0 + bound
+  local sent = 0
+  for i = 1, n do
+    local ok, err = ps[(i - 1) % np + 1]:submit(v)
+    if not ok then error("submit: " .. tostring(err)) end
+    sent = i
+    if i % 512 == 0 and clock() > deadline then break end
+  end
+  local t_sent = clock()
+  local ph = control({ ps[(sent - 1) % np + 1] }, "end")
+  local got = collect(ph, nsinks, bound + 10)
+  if #got < nsinks then
+    error(("only %d of %d consumers reported (phase %d, channel %s, reports: %s)"):format(
+      #got, nsinks, ph, ps[1].ch.name, cjson.encode(reports)))
+  end
+  local t_last, count = 0, math.huge
+  for _, r in ipairs(got) do
+    t_last = math.max(t_last, r.t_last or 0)
+    count = math.min(count, r.count)
+  end
+  if count < 1 then error("consumers received nothing") end
+  local secs = t_last - t0
+  return {
+    n = sent, received = count, seconds = secs, us_per_op = secs * 1e6 / count,
+    ops_per_s = count / secs, send_seconds = t_sent - t0,
+    truncated = (sent < n or count < sent) or nil,
+  }
+end
+
+local function json_line(out)
+  local last
+  for line in out:gmatch("[^\n]+") do
+    if line:match("^%s*{") then last = line end
+  end
+  if not last then return nil end
+  local ok, v = pcall(cjson.decode, last)
+  return ok and v or nil
+end
+
+--- Runs a C program (baseline or lecho_c) bounded by `timeout`; its one
+-- JSON line, or nil and the output.
+local function run_c(bin, args)
+  local cmd = ("timeout -k 5 90 %s/%s %s 2>&1"):format(BENCH, bin, args)
+  local f = io.popen(cmd)
+  local out = f:read("*a")
+  f:close()
+  local v = json_line(out)
+  if not v then
+    io.stderr:write(("bench: %s %s failed: %s\n"):format(bin, args, out))
+    return { error = out:sub(1, 500) }
+  end
+  return v
+end
+
+local function esize(v) return #assert(lecho.encode(v)) end
+
+------------------------------------------------------------------------------
+-- Workloads
+
+local R = {}     -- results by workload
+local ROWS = {}  -- the table
+
+local function row(t) ROWS[#ROWS + 1] = t end
+
+local function enabled(w) return not ONLY or ONLY[w] end
+
+local function log(fmt, ...)
+  io.stderr:write(("[%6.1fs] "):format(clock() - SUITE_T0), fmt:format(...), "\n")
+end
+
+local LAT_PAYLOADS = {
+  { "null", "null" }, { "int100", "100 integers" }, { "str400", "400-byte string" },
+  { "num100", "100 numbers" }, { "composite", "composite" },
+}
+
+local function w_codec()
+  log("codec comparison")
+  local f = io.popen(("%s %s/codec_bench.lua --json %s 2>&1"):format(LUAJIT, BENCH, QUICK and "--quick" or ""))
+  local out = f:read("*a")
+  f:close()
+  local v = json_line(out)
+  if not v then error("codec_bench failed: " .. out) end
+  R.codec = v
+end
+
+local function w_latency()
+  log("latency (sync round trip by payload)")
+  local w = start_workers{ { id = "lat", subs = { { group = "lat", channels = { "lat" } } } } }
+  local p = assert(ctx:channel("lat"):producer())
+  local res = {}
+  for _, pl in ipairs(LAT_PAYLOADS) do
+    local v = common.payload(pl[1])
+    local size = esize(v)
+    local r = { payload = pl[1], label = pl[2], size = size }
+    r.lecho = sync_rtt(p, v, CFG.lat_warm, CFG.lat_n, CFG.lat_bound)
+    r.tcp = run_c("baseline_tcp", ("pingpong %d %d"):format(size, CFG.base_pp_n))
+    r.zmq = run_c("baseline_zmq", ("pingpong %d %d"):format(size, CFG.base_pp_n))
+    res[#res + 1] = r
+    row{ workload = "latency " .. pl[2] .. (" (%d B)"):format(size), metric = "us/rt",
+         lecho = r.lecho.us_per_op, base = "tcp", base_v = r.tcp.us_per_op, lower = true,
+         truncated = r.lecho.truncated }
+    row{ workload = "", metric = "us/rt", lecho = r.lecho.us_per_op, base = "zmq",
+         base_v = r.zmq.us_per_op, lower = true }
+  end
+  p:close()
+  stop_workers(w)
+  R.latency = res
+end
+
+local function w_throughput()
+  log("async throughput")
+  local w = start_workers{ { id = "tp", subs = { { group = "tp", channels = { "tp" } } } } }
+  local p = assert(ctx:channel("tp"):producer())
+  local res = {}
+  for _, sz in ipairs(CFG.tp) do
+    local size, n = sz[1], sz[2]
+    local v = common.payload("bytes" .. size)
+    local es = esize(v)
+    local r = { size = size, encoded = es }
+    r.lecho = async_run({ p }, v, math.max(1, math.floor(n / 20)), n, CFG.tp_bound, 1)
+    r.lecho.mb_per_s = r.lecho.ops_per_s * size / 1e6
+    local bn = n * CFG.base_tp_mult
+    r.tcp = run_c("baseline_tcp", ("stream %d %d"):format(es, bn))
+    r.zmq = run_c("baseline_zmq", ("stream %d %d"):format(es, bn))
+    res[#res + 1] = r
+    local label = size >= 1024 and ("%d KiB"):format(math.floor(size / 1024)) or ("%d B"):format(size)
+    row{ workload = "async " .. label .. " events/s", metric = "ev/s", lecho = r.lecho.ops_per_s,
+         base = "zmq", base_v = r.zmq.ops_per_s, truncated = r.lecho.truncated,
+         target = size == 64 and { ">=", 1.0 } or nil,
+         extra = ("%.0f MB/s"):format(r.lecho.mb_per_s) }
+    row{ workload = "", metric = "ev/s", lecho = r.lecho.ops_per_s, base = "tcp",
+         base_v = r.tcp.ops_per_s }
+  end
+  p:close()
+  stop_workers(w)
+  R.throughput = res
+end
+
+local function w_sinks()
+  log("sink scalability")
+  local maxn = CFG.sinks[#CFG.sinks]
+  local list = {}
+  for k = 1, maxn do
+    local subs = {}
+    for _, n in ipairs(CFG.sinks) do
+      if n >= k then subs[#subs + 1] = { group = "sinks" .. n, channels = { "sinks" .. n } } end
+    end
+    list[k] = { id = "sink" .. k, subs = subs }
+  end
+  local w = start_workers(list)
+  local res = {}
+  for _, n in ipairs(CFG.sinks) do
+    local p = assert(ctx:channel("sinks" .. n):producer())
+    local r = { sinks = n }
+    for _, pl in ipairs{ "null", "composite" } do
+      local v = common.payload(pl)
+      r["sync_" .. pl] = sync_rtt(p, v, math.floor(CFG.sink_sync_n / 10), CFG.sink_sync_n, CFG.sink_bound)
+      local an = CFG.sink_async_n[pl]
+      r["async_" .. pl] = async_run({ p }, v, math.floor(an / 20), an, CFG.sink_bound, n)
+    end
+    p:close()
+    res[#res + 1] = r
+  end
+  stop_workers(w)
+  R.sinks = res
+  local first, last = res[1], res[#res]
+  for _, mode in ipairs{ "async_null", "async_composite", "sync_null", "sync_composite" } do
+    row{ workload = ("%d sinks %s, time/event"):format(last.sinks, mode:gsub("_", " ")),
+         metric = "us/ev", lecho = last[mode].us_per_op, base = ("1 sink"),
+         base_v = first[mode].us_per_op, lower = true,
+         target = mode:match("^async") and { "<=", 2.0 } or nil,
+         truncated = last[mode].truncated }
+  end
+end
+
+local function w_pipeline()
+  log("pipeline")
+  local maxl = CFG.pipe[#CFG.pipe]
+  local list = {}
+  for j = 1, maxl do
+    local subs = {}
+    for _, L in ipairs(CFG.pipe) do
+      if L >= j then
+        subs[#subs + 1] = { group = "pipe" .. L, channels = { ("pipe%d_%d"):format(L, j) },
+                            relay_to = j < L and ("pipe%d_%d"):format(L, j + 1) or nil }
+      end
+    end
+    list[maxl + 1 - j] = { id = "pipe" .. j, subs = subs }
+  end
+  -- From the sink back to the first relay, one at a time: each relay's
+  -- producer joins once its downstream consumer exists.  (Started together,
+  -- a producer's join reply can overwrite a newer member list that arrived
+  -- in the same read: see the bench report; lua/lecho/init.lua Channel:_join.)
+  local w = start_workers(list, 60, true)
+  local res = {}
+  for _, L in ipairs(CFG.pipe) do
+    local p = assert(ctx:channel(("pipe%d_1"):format(L)):producer())
+    local r = { length = L }
+    r.async_null = async_run({ p }, nil, math.floor(CFG.pipe_n / 20), CFG.pipe_n, CFG.pipe_bound, 1)
+    p:close()
+    res[#res + 1] = r
+  end
+  stop_workers(w)
+  R.pipeline = res
+  local lo, hi
+  for _, r in ipairs(res) do
+    if r.length >= 2 then
+      local t = r.async_null.us_per_op
+      if not lo or t < lo.async_null.us_per_op then lo = r end
+      if not hi or t > hi.async_null.us_per_op then hi = r end
+    end
+  end
+  if lo then
+    row{ workload = ("pipeline 2..%d, slowest (len %d) vs fastest (len %d)"):format(maxl, hi.length, lo.length),
+         metric = "us/ev", lecho = hi.async_null.us_per_op, base = "len " .. lo.length,
+         base_v = lo.async_null.us_per_op, lower = true, target = { "<=", 1.2 } }
+  end
+end
+
+-- A name server keeps at most 65536 channels (lecho.registry max_channels),
+-- the report channel included: points above 4096 get a name server of their
+-- own (scripts/lecho-nameserver), with channels named "host:port/name".
+local function own_nameserver()
+  local pf = tmpdir .. "/ns2-addr"
+  local child = spawn(("%s %s/scripts/lecho-nameserver --listen 127.0.0.1:0 --port-file %s --for 240 --quiet")
+    :format(LUAJIT, ROOT, pf), "ns2")
+  local addr
+  run_until(function()
+    local s = common.read(pf)
+    addr = s and s:match("%d+%.%d+%.%d+%.%d+:%d+")
+    return addr ~= nil or exited(child)
+  end, 20)
+  assert(addr, "second name server did not start: " .. child_errors(child))
+  return child, addr
+end
+
+local function channels_point(res, k, prefix)
+  local t0 = clock()
+  local ps = {}
+  for i = 1, k do ps[i] = assert(ctx:channel(prefix .. i):producer()) end
+  local r = { channels = k, setup_seconds = clock() - t0 }
+  local n = math.max(CFG.chan_n, 2 * k)
+  r.async_null = async_run(ps, nil, math.max(k, math.floor(n / 20)), n, CFG.chan_bound, 1)
+  for _, p in ipairs(ps) do p:close() end
+  res[#res + 1] = r
+end
+
+local function w_channels()
+  log("channels")
+  local subs, big = {}, {}
+  for _, k in ipairs(CFG.chans) do
+    if k <= 4096 then
+      subs[#subs + 1] = { group = "chan" .. k, prefix = ("chan%d_"):format(k), n = k }
+    else
+      big[#big + 1] = k
+    end
+  end
+  local w = start_workers({ { id = "chan", subs = subs } }, 120)
+  local res = {}
+  for _, s in ipairs(subs) do channels_point(res, s.n, s.prefix) end
+  stop_workers(w)
+  for _, k in ipairs(big) do
+    local ns2, addr = own_nameserver()
+    local prefix = ("%s/chanbig%d_"):format(addr, k)
+    log("channels: %d on name server %s", k, addr)
+    local wb = start_workers({ { id = "chanbig" .. k, subs = { { group = "chanbig" .. k, prefix = prefix, n = k } } } }, 150)
+    channels_point(res, k, prefix)
+    stop_workers(wb)
+    kill(ns2)
+  end
+  R.channels = res
+  local one = res[1].async_null.ops_per_s
+  for _, r in ipairs(res) do
+    if r.channels == 4096 or (r.channels > 1 and r.channels == CFG.chans[#CFG.chans]) then
+      row{ workload = ("%d channels round-robin, events/s"):format(r.channels), metric = "ev/s",
+           lecho = r.async_null.ops_per_s, base = "1 channel", base_v = one,
+           target = r.channels == 4096 and { ">=", 0.9 } or nil,
+           truncated = r.async_null.truncated }
+    end
+  end
+end
+
+local function w_bulk()
+  log("bulk transfer")
+  local w = start_workers{ { id = "bulk", subs = { { group = "bulk", channels = { "bulk" } } } } }
+  local p = assert(ctx:channel("bulk"):producer())
+  local chunk = ("0123456789abcdef"):rep(10 * 1024 * 1024 / 16)
+  local es = esize(chunk)
+  local r = { chunk = #chunk, encoded = es }
+  r.lecho = async_run({ p }, chunk, 2, CFG.bulk_n, CFG.bulk_bound, 1)
+  r.lecho.mb_per_s = r.lecho.ops_per_s * #chunk / 1e6
+  r.tcp = run_c("baseline_tcp", ("bulk %d %d"):format(es, CFG.bulk_n))
+  r.zmq = run_c("baseline_zmq", ("bulk %d %d"):format(es, CFG.bulk_n))
+  p:close()
+  stop_workers(w)
+  R.bulk = r
+  row{ workload = ("bulk %d x 10 MiB, MB/s"):format(CFG.bulk_n), metric = "MB/s",
+       lecho = r.lecho.mb_per_s, base = "tcp", base_v = r.tcp.mb_per_s, target = { ">=", 0.9 },
+       truncated = r.lecho.truncated }
+  row{ workload = "", metric = "MB/s", lecho = r.lecho.mb_per_s, base = "zmq", base_v = r.zmq.mb_per_s }
+end
+
+local function w_null()
+  log("null call (Lua and C API)")
+  local w = start_workers{ { id = "null", subs = { { group = "null", channels = { "null" } } } } }
+  local p = assert(ctx:channel("null"):producer())
+  local r = { size = esize(nil) }
+  r.lua = sync_rtt(p, nil, math.floor(CFG.null_n / 10), CFG.null_n, CFG.lat_bound)
+  p:close()
+  stop_workers(w)
+  r.c = run_c("lecho_c", ("pingpong 0 %d"):format(CFG.null_n))
+  r.tcp = run_c("baseline_tcp", ("pingpong %d %d"):format(r.size, CFG.null_n))
+  r.zmq = run_c("baseline_zmq", ("pingpong %d %d"):format(r.size, CFG.null_n))
+  r.c_stream = run_c("lecho_c", ("stream 64 %d"):format(CFG.c_stream_n))
+  R.null_call = r
+  row{ workload = "null sync round trip, Lua API", metric = "us/rt", lecho = r.lua.us_per_op,
+       base = "tcp", base_v = r.tcp.us_per_op, lower = true, target = { "<=", 1.25 },
+       truncated = r.lua.truncated }
+  row{ workload = "null sync round trip, C API", metric = "us/rt", lecho = r.c.us_per_op,
+       base = "tcp", base_v = r.tcp.us_per_op, lower = true, target = { "<=", 1.25 } }
+  row{ workload = "", metric = "us/rt", lecho = r.lua.us_per_op, base = "zmq",
+       base_v = r.zmq.us_per_op, lower = true }
+  local zs = R.throughput and R.throughput[1] and R.throughput[1].zmq
+  if zs and zs.ops_per_s then
+    row{ workload = "async 64 B events/s, C API", metric = "ev/s", lecho = r.c_stream.ops_per_s,
+         base = "zmq", base_v = zs.ops_per_s }
+  end
+end
+
+-- Modulator costs (issue: install, params update, per-event filter), each as
+-- a ratio to the plain sync round trip bench/modulator_bench.lua measures in
+-- the same run.
+local function w_modulators()
+  log("modulators (install, params update, trivial filter)")
+  local f = io.popen(("%s %s/modulator_bench.lua --json %s/modulators.json %s 2>&1")
+    :format(LUAJIT, BENCH, sh_quote(RESULTS), QUICK and "--quick" or ""))
+  local out = f:read("*a")
+  f:close()
+  local s = common.read(RESULTS .. "/modulators.json")
+  local v = s and cjson.decode(s)
+  if not v or not v.rt_plain then error("modulator_bench failed: " .. out) end
+  R.modulators = v
+  row{ workload = "modulator install", metric = "us", lecho = v.install, base = "sync rt",
+       base_v = v.rt_plain, lower = true }
+  row{ workload = "modulator params update", metric = "us", lecho = v.params, base = "sync rt",
+       base_v = v.rt_plain, lower = true }
+  row{ workload = "sync round trip through a trivial filter", metric = "us/rt", lecho = v.rt_filter,
+       base = "plain", base_v = v.rt_plain, lower = true }
+  if v.async_filter and v.async_plain then
+    row{ workload = "async event through a trivial filter", metric = "us/ev", lecho = v.async_filter,
+         base = "plain", base_v = v.async_plain, lower = true }
+  end
+end
+
+------------------------------------------------------------------------------
+-- Output: table, JSON, plots
+
+local function fmt_num(x)
+  if type(x) ~= "number" then return "-" end
+  if x >= 1e6 then return ("%.2fM"):format(x / 1e6) end
+  if x >= 1e4 then return ("%.0fk"):format(x / 1e3) end
+  if x >= 100 then return ("%.0f"):format(x) end
+  if x >= 10 then return ("%.1f"):format(x) end
+  return ("%.2f"):format(x)
+end
+
+local function finish_rows()
+  for _, r in ipairs(ROWS) do
+    if type(r.lecho) == "number" and type(r.base_v) == "number" and r.base_v > 0 then
+      r.ratio = r.lecho / r.base_v
+      if r.target then
+        local op, lim = r.target[1], r.target[2]
+        r.met = (op == "<=" and r.ratio <= lim) or (op == ">=" and r.ratio >= lim)
+      end
+    end
+  end
+end
+
+local function print_table()
+  local out = {}
+  out[#out + 1] = "| workload | lecho | baseline | ratio | target |"
+  out[#out + 1] = "|---|---:|---:|---:|---|"
+  for _, r in ipairs(ROWS) do
+    local target = r.target and ("%s %.2fx: %s"):format(r.target[1], r.target[2],
+      r.met == nil and "?" or (r.met and "met" or "MISSED")) or ""
+    out[#out + 1] = ("| %s | %s %s%s%s | %s %s | %s | %s |"):format(
+      r.workload, fmt_num(r.lecho), r.metric, r.extra and (" (" .. r.extra .. ")") or "",
+      r.truncated and " (truncated)" or "",
+      r.base, fmt_num(r.base_v), r.ratio and ("%.2fx"):format(r.ratio) or "-", target)
+  end
+  local s = table.concat(out, "\n")
+  print(s)
+  return s
+end
+
+local function plots()
+  local gp = {}
+  local function dat(name, lines)
+    common.write(RESULTS .. "/" .. name .. ".dat", table.concat(lines, "\n") .. "\n")
+  end
+  gp[#gp + 1] = "set terminal pngcairo size 800,500\nset grid\nset key top left"
+  if R.latency then
+    local l = { "# payload lecho tcp zmq (us per round trip)" }
+    for _, r in ipairs(R.latency) do
+      l[#l + 1] = ('"%s (%dB)" %g %g %g'):format(r.label, r.size, r.lecho.us_per_op,
+        r.tcp.us_per_op or 0, r.zmq.us_per_op or 0)
+    end
+    dat("latency", l)
+    gp[#gp + 1] = [[set output "latency.png"
+set title "Sync round trip by payload (us, lower is better)"
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set ylabel "us per round trip"
+set xtics rotate by -20
+plot "latency.dat" using 2:xtic(1) title "lecho (Lua)", "" using 3 title "raw TCP", "" using 4 title "ZeroMQ REQ/REP"
+unset style
+set style data linespoints
+set xtics norotate
+]]
+  end
+  if R.sinks then
+    local l = { "# sinks async_null async_composite sync_null sync_composite (us per event)" }
+    for _, r in ipairs(R.sinks) do
+      l[#l + 1] = ("%d %g %g %g %g"):format(r.sinks, r.async_null.us_per_op,
+        r.async_composite.us_per_op, r.sync_null.us_per_op, r.sync_composite.us_per_op)
+    end
+    dat("sinks", l)
+    gp[#gp + 1] = [[set output "sinks.png"
+set title "Sink scalability: time per event vs consumer processes"
+set xlabel "consumer processes"; set ylabel "us per event"; set logscale y
+plot "sinks.dat" u 1:2 w lp t "async null", "" u 1:3 w lp t "async composite", "" u 1:4 w lp t "sync null", "" u 1:5 w lp t "sync composite"
+unset logscale y
+]]
+  end
+  if R.pipeline then
+    local l = { "# length us_per_event" }
+    for _, r in ipairs(R.pipeline) do l[#l + 1] = ("%d %g"):format(r.length, r.async_null.us_per_op) end
+    dat("pipeline", l)
+    gp[#gp + 1] = [[set output "pipeline.png"
+set title "Pipeline: time per event at the end of a chain of processes (async, null)"
+set xlabel "processes in the chain"; set ylabel "us per event"; set yrange [0:*]
+plot "pipeline.dat" u 1:2 w lp t "lecho"
+set autoscale y
+]]
+  end
+  if R.channels then
+    local l = { "# channels events_per_s" }
+    for _, r in ipairs(R.channels) do l[#l + 1] = ("%d %g"):format(r.channels, r.async_null.ops_per_s) end
+    dat("channels", l)
+    gp[#gp + 1] = [[set output "channels.png"
+set title "Channels used round-robin over one connection (async null events)"
+set xlabel "channels"; set ylabel "events/s"; set logscale x 2; set yrange [0:*]
+plot "channels.dat" u 1:2 w lp t "lecho"
+unset logscale x; set autoscale y
+]]
+  end
+  if R.throughput then
+    local l = { "# size lecho tcp zmq (MB/s payload)" }
+    for _, r in ipairs(R.throughput) do
+      l[#l + 1] = ("%d %g %g %g"):format(r.size, r.lecho.mb_per_s, r.tcp.mb_per_s or 0, r.zmq.mb_per_s or 0)
+    end
+    dat("throughput", l)
+    gp[#gp + 1] = [[set output "throughput.png"
+set title "Async throughput, one producer to one consumer process"
+set xlabel "event size (bytes)"; set ylabel "MB/s"; set logscale xy
+plot "throughput.dat" u 1:2 w lp t "lecho (Lua)", "" u 1:3 w lp t "raw TCP", "" u 1:4 w lp t "ZeroMQ PUB/SUB"
+unset logscale xy
+]]
+  end
+  common.write(RESULTS .. "/plots.gp", table.concat(gp, "\n") .. "\n")
+  local rc = os.execute(("cd %s && timeout 30 gnuplot plots.gp 2>gnuplot.err"):format(sh_quote(RESULTS)))
+  if rc ~= 0 and rc ~= true then io.stderr:write("bench: gnuplot failed, see " .. RESULTS .. "/gnuplot.err\n") end
+end
+
+------------------------------------------------------------------------------
+
+local WORKLOADS = {
+  { "codec", w_codec }, { "latency", w_latency }, { "throughput", w_throughput },
+  { "sinks", w_sinks }, { "pipeline", w_pipeline }, { "channels", w_channels },
+  { "bulk", w_bulk }, { "null_call", w_null }, { "modulators", w_modulators },
+}
+
+local function main()
+  os.execute("mkdir -p " .. sh_quote(RESULTS))
+  log("lecho benchmark suite%s; name server %s", QUICK and " (QUICK)" or "", ctx.addr)
+  local failed = {}
+  for _, w in ipairs(WORKLOADS) do
+    if enabled(w[1]) then
+      local ok, err = xpcall(w[2], debug.traceback)
+      if not ok then
+        failed[#failed + 1] = w[1]
+        io.stderr:write(("bench: workload %s failed: %s\n"):format(w[1], err))
+        R[w[1]] = R[w[1]] or { error = tostring(err) }
+        kill_all()
+      end
+    end
+  end
+  finish_rows()
+  print()
+  if R.codec and R.codec.table then print(R.codec.table) print() end
+  local tbl = print_table()
+  local uname = io.popen("uname -srm"):read("*l")
+  local doc = {
+    meta = {
+      date = os.date("!%Y-%m-%dT%H:%M:%SZ"), quick = QUICK, machine = uname,
+      cores = tonumber(io.popen("nproc"):read("*l")), luajit = jit.version,
+      lecho = lecho._VERSION, seconds = clock() - SUITE_T0,
+      note = "baselines run with lecho's encoded value size as message size",
+    },
+    workloads = R, rows = ROWS, table = tbl, failed = failed,
+  }
+  common.write(RESULTS .. "/results.json", cjson.encode(doc) .. "\n")
+  common.write(RESULTS .. "/table.md", tbl .. "\n")
+  plots()
+  log("done: results in %s (results.json, table.md, *.png)", RESULTS)
+  return #failed == 0
+end
+
+local ok, res = xpcall(main, debug.traceback)
+kill_all()
+pcall(function() report_con:close(); ctx:close() end)
+if not os.getenv("BENCH_KEEP_TMP") then os.execute("rm -rf " .. sh_quote(tmpdir)) end
+if not ok then
+  io.stderr:write("bench: ", tostring(res), "\n")
+  os.exit(1)
+end
+os.exit(res and 0 or 1)

@@ -1,0 +1,88 @@
+-- The benchmark suite must keep running: `make bench QUICK=1` (bounded at
+-- 150 s, killed on overrun) exits 0 and writes results.json with every
+-- workload and positive numbers.  No timing is asserted.
+
+local support = require "spec.support"
+local cjson = require "cjson"
+
+local WORKLOADS = { "codec", "latency", "throughput", "sinks", "pipeline", "channels",
+                    "bulk", "null_call", "modulators" }
+
+local function positive(x, what)
+  assert(type(x) == "number" and x > 0 and x == x and x < math.huge,
+         ("%s: expected a positive number, got %s"):format(what, tostring(x)))
+end
+
+describe("make bench QUICK=1", function()
+  local doc, out, rc, dir
+
+  setup(function()
+    dir = support.tmpdir() .. "/bench-results"
+    local log = support.tmpname("bench-log")
+    local cmd = ("cd %s && timeout -k 5 150 make bench QUICK=1 BENCH_RESULTS=%s >%s 2>&1")
+      :format(support.sh_quote(support.root), support.sh_quote(dir), support.sh_quote(log))
+    local r1, _, r3 = os.execute(cmd)
+    rc = type(r1) == "number" and r1 or r3 -- LuaJIT: status; Lua 5.2+: true/nil, "exit", code
+    out = support.read(log) or ""
+    local s = support.read(dir .. "/results.json")
+    doc = s and cjson.decode(s)
+  end)
+
+  teardown(function() support.cleanup() end)
+
+  it("exits 0 and writes results.json", function()
+    assert(rc == 0, "make bench QUICK=1 failed (status " .. tostring(rc) .. "):\n" .. out:sub(-3000))
+    assert.is_table(doc, "no results.json:\n" .. out:sub(-3000))
+    assert.is_true(doc.meta.quick)
+    assert.same({}, doc.failed)
+  end)
+
+  it("has every workload with positive numbers", function()
+    assert.is_table(doc)
+    local w = doc.workloads
+    for _, name in ipairs(WORKLOADS) do assert.is_table(w[name], "missing workload " .. name) end
+    for _, c in ipairs(w.codec.cases) do positive(c.lecho_enc_ns, "codec " .. c.case) end
+    assert.is_true(#w.latency >= 5)
+    for _, r in ipairs(w.latency) do
+      positive(r.lecho.us_per_op, "latency lecho " .. r.payload)
+      positive(r.tcp.us_per_op, "latency tcp " .. r.payload)
+      positive(r.zmq.us_per_op, "latency zmq " .. r.payload)
+    end
+    assert.is_true(#w.throughput >= 3)
+    for _, r in ipairs(w.throughput) do
+      positive(r.lecho.ops_per_s, "throughput lecho " .. r.size)
+      positive(r.lecho.mb_per_s, "throughput lecho MB/s " .. r.size)
+      positive(r.tcp.ops_per_s, "throughput tcp " .. r.size)
+      positive(r.zmq.ops_per_s, "throughput zmq " .. r.size)
+    end
+    assert.is_true(#w.sinks >= 2)
+    for _, r in ipairs(w.sinks) do
+      for _, m in ipairs{ "sync_null", "sync_composite", "async_null", "async_composite" } do
+        positive(r[m].us_per_op, ("sinks %d %s"):format(r.sinks, m))
+      end
+    end
+    assert.is_true(#w.pipeline >= 2)
+    for _, r in ipairs(w.pipeline) do positive(r.async_null.us_per_op, "pipeline " .. r.length) end
+    assert.is_true(#w.channels >= 2)
+    for _, r in ipairs(w.channels) do positive(r.async_null.ops_per_s, "channels " .. r.channels) end
+    positive(w.bulk.lecho.mb_per_s, "bulk lecho")
+    positive(w.bulk.tcp.mb_per_s, "bulk tcp")
+    positive(w.null_call.lua.us_per_op, "null call lua")
+    positive(w.null_call.c.us_per_op, "null call C API")
+    positive(w.null_call.tcp.us_per_op, "null call tcp")
+    positive(w.null_call.c_stream.ops_per_s, "C API stream")
+    for _, k in ipairs{ "rt_plain", "rt_filter", "install", "params" } do
+      positive(w.modulators[k], "modulators " .. k)
+    end
+    for _, r in ipairs(doc.rows) do
+      if r.base_v then positive(r.ratio, "ratio of " .. r.workload) end
+    end
+  end)
+
+  it("draws the plots", function()
+    for _, png in ipairs{ "latency", "throughput", "sinks", "pipeline", "channels" } do
+      local s = support.read(dir .. "/" .. png .. ".png")
+      assert(s and s:sub(2, 4) == "PNG", png .. ".png missing")
+    end
+  end)
+end)

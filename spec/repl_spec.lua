@@ -1,0 +1,339 @@
+-- scripts/lecho-repl, driven the way a person would: keys typed into a
+-- tmux pane (a real terminal), the screen read back, against a name server
+-- and the atmosphere simulation.  Every wait is bounded; the tmux server,
+-- the REPLs and the other processes are killed at the end.
+local lecho = require "lecho"
+local S = require "spec.support"
+
+local TMUX = "/usr/bin/tmux"
+local SIM = S.root .. "/examples/atmosphere/simulation.lua"
+
+local function exists(path)
+  local f = io.open(path, "r")
+  if f then f:close() return true end
+  return false
+end
+
+local function sh_out(cmd)
+  local p = io.popen(cmd .. " 2>&1")
+  local s = p:read("*a")
+  p:close()
+  return s
+end
+
+local function now()
+  local p = io.popen("date +%s.%N")
+  local t = tonumber(p:read("*l"))
+  p:close()
+  return t
+end
+
+------------------------------------------------------------------------------
+-- A REPL in a tmux pane
+
+local Pane = {}
+Pane.__index = Pane
+
+-- A private tmux server (-L), its socket in the spec's temporary directory.
+local sock
+local function tmux(args)
+  return sh_out(("TMUX= TMUX_TMPDIR=%s %s -L %s %s"):format(S.sh_quote(S.tmpdir()), TMUX, sock, args))
+end
+
+-- Starts lecho-repl in a new tmux session; the session's script records the
+-- terminal settings before and after, the REPL's pid and its exit status.
+local function start_repl(name, ns, extra_env)
+  local dir = S.tmpdir()
+  local p = setmetatable({ name = name, dir = dir }, Pane)
+  p.before, p.after = S.tmpname(name .. "-stty-before"), S.tmpname(name .. "-stty-after")
+  p.pidfile, p.rcfile = S.tmpname(name .. "-pid"), S.tmpname(name .. "-rc")
+  p.history = S.tmpname(name .. "-history")
+  local env = {
+    "LUA_PATH=" .. S.sh_quote(os.getenv("LUA_PATH") or ""),
+    "LUA_CPATH=" .. S.sh_quote(os.getenv("LUA_CPATH") or ""),
+    "LECHO_HISTORY=" .. S.sh_quote(p.history),
+  }
+  for k, v in pairs(extra_env or {}) do env[#env + 1] = k .. "=" .. S.sh_quote(v) end
+  local repl = ("exec env %s %s %s/scripts/lecho-repl --nameserver %s")
+    :format(table.concat(env, " "), S.luajit, S.root, ns)
+  local script = S.write(S.tmpname(name .. "-run") .. ".sh", table.concat({
+    "stty -g > " .. S.sh_quote(p.before),
+    ("sh -c %s"):format(S.sh_quote("echo $$ > " .. S.sh_quote(p.pidfile) .. "; " .. repl)),
+    "echo \"rc=$?\" > " .. S.sh_quote(p.rcfile),
+    "stty -g > " .. S.sh_quote(p.after),
+    "echo REPL-EXITED",
+    "sleep 100",
+  }, "\n") .. "\n")
+  if not p.conf then
+    p.conf = S.write(dir .. "/tmux.conf", "set -g history-limit 50000\nset -g status off\n")
+  end
+  local o = tmux(("-f %s new-session -d -s %s -x 150 -y 40 %s"):format(
+    S.sh_quote(p.conf), name, S.sh_quote("sh " .. S.sh_quote(script))))
+  assert(o == "", "tmux new-session: " .. o)
+  local pid = S.wait_file(p.pidfile, "%d+", 20)
+  assert(pid, "the REPL did not start")
+  p.pid = tonumber(pid:match("%d+"))
+  return p
+end
+
+-- The pane's scrollback and screen, wrapped lines joined, as a list of lines.
+function Pane:lines()
+  local s = tmux(("capture-pane -p -J -S -50000 -t %s"):format(self.name))
+  local lines = {}
+  for l in (s .. "\n"):gmatch("([^\n]*)\n") do lines[#lines + 1] = l end
+  while #lines > 0 and lines[#lines]:match("^%s*$") do lines[#lines] = nil end
+  return lines
+end
+
+-- Output is looked for from the line the cursor is on now.
+function Pane:mark()
+  self.from = math.max(#self:lines(), 1)
+end
+
+function Pane:text(from)
+  local l = self:lines()
+  return table.concat(l, "\n", math.min(from or self.from or 1, #l + 1))
+end
+
+-- Waits until the text from the mark matches pattern; returns the capture.
+function Pane:expect(pattern, timeout)
+  local deadline = now() + (timeout or 20)
+  local text
+  repeat
+    text = self:text()
+    local m = { text:match(pattern) }
+    if m[1] then return m[1], text end
+    S.sleep(0.1)
+  until now() > deadline
+  error(("the REPL did not show %q within %gs; the screen from the mark:\n%s")
+    :format(pattern, timeout or 20, text), 2)
+end
+
+function Pane:type(text)
+  tmux(("send-keys -t %s -l %s"):format(self.name, S.sh_quote(text)))
+end
+
+function Pane:keys(...)
+  tmux(("send-keys -t %s %s"):format(self.name, table.concat({ ... }, " ")))
+end
+
+-- Types a line and presses Enter, after setting the mark.
+function Pane:run(line)
+  self:mark()
+  self:type(line)
+  self:keys("Enter")
+end
+
+function Pane:alive()
+  return self.pid and os.execute(("kill -0 %d 2>/dev/null"):format(self.pid)) == 0
+end
+
+function Pane:kill()
+  if self:alive() then os.execute(("kill -KILL %d 2>/dev/null"):format(self.pid)) end
+end
+
+------------------------------------------------------------------------------
+
+describe("lecho-repl", function()
+  local ns, sim, ctx, repl
+  local have_tmux = exists(TMUX)
+  local with_modulators = false
+
+  setup(function()
+    if not have_tmux then return end
+    sock = "lecho-repl-spec-" .. S.tmpdir():match("([^/.]+)$")
+    local _
+    _, ns = S.nameserver("--quiet")
+    ctx = lecho.context{ nameserver = ns, quiet = true }
+    sim = S.spawn(("%s %s --nameserver %s --seconds 150 --grid 1x6x12 --rate 5")
+      :format(S.luajit, SIM, ns))
+    -- Wait until the simulation publishes and listens to steering.
+    local field, steer = ns .. "/atmosphere.field", ns .. "/atmosphere.steer"
+    assert(S.run_until(ctx, function()
+      local chans = ctx:list()
+      return chans and chans[field] and next(chans[field].producers or {})
+         and chans[steer] and next(chans[steer].consumers or {}) and true
+    end, 30), "the simulation did not start: " .. S.errors(sim))
+    -- Is the modulator API (doc/modulators.md) there?
+    local probe = ctx:channel("repl-spec-probe"):consumer(function() end)
+    with_modulators = probe and probe.set_params ~= nil and probe.set_modulator ~= nil
+    if probe then probe:close() end
+    repl = start_repl("repl", ns, {
+      EDITOR = "sh " .. S.write(S.tmpname("editor") .. ".sh",
+        "sed -i 's/stride = params.stride }/stride = params.stride, edited = true }/' \"$1\"\n"),
+    })
+    repl.from = 1
+    repl:expect("joined " .. ns:gsub("%p", "%%%0"))
+  end)
+
+  teardown(function()
+    if have_tmux and sock then
+      tmux("kill-server")
+      if repl then repl:kill() end
+    end
+    if ctx then ctx:close() end
+    S.cleanup()
+  end)
+
+  before_each(function()
+    if not have_tmux then pending("tmux is not installed") end
+  end)
+
+  it("lists the channels with their producers and consumers", function()
+    repl:run("ls()")
+    repl:expect("atmosphere%.field%s+127%.0%.0%.1:%d+%s+%-")
+    repl:expect("atmosphere%.steer%s+%-%s+127%.0%.0%.1:%d+")
+  end)
+
+  it("subscribes and prints events as they arrive", function()
+    repl:run('sub("atmosphere.field", { fields = { "step", "emission", "dt" }, limit = 3 })')
+    repl:expect("<sub%d+ on atmosphere%.field")
+    repl:expect("%[sub%d+ atmosphere%.field #%d+%] step=%d+ emission=2 dt=0%.5")
+    repl:expect("limit of 3 reached, unsubscribed")
+    repl:run("subs()")
+    repl:expect("no subscriptions")
+  end)
+
+  it("sends a steering event and the simulation reacts", function()
+    repl:run('send("atmosphere.steer", { emission = 3, dt = 0.25 })')
+    repl:expect("\ntrue")
+    repl:run('s = sub("atmosphere.field", { fields = { "step", "emission", "dt" }, limit = 2 })')
+    repl:expect("step=%d+ emission=3 dt=0%.25")
+    repl:expect("limit of 2 reached")
+    -- The simulation's own log says so too.
+    assert.truthy(S.wait_file(sim.err, "emission 2 %-> 3", 10))
+  end)
+
+  it("keeps the line being typed intact while events print above it", function()
+    repl:run('sub("atmosphere.field", { fields = { "step" }, limit = 6 })')
+    repl:mark()
+    repl:type("x = 4")
+    repl:expect("%[sub%d+ atmosphere%.field #%d+%] step=%d+")
+    -- The prompt and the half-typed line were drawn again below the events.
+    repl:expect("limit of 6 reached, unsubscribed\nlecho> x = 4$")
+    repl:type("0 + 2")
+    repl:keys("Enter")
+    repl:run("x")
+    repl:expect("\n42\n")
+  end)
+
+  it("shows errors for bad input and keeps working", function()
+    repl:run("x = = 1")
+    repl:expect("stdin:1: unexpected symbol near '='")
+    repl:run("nil + 1")
+    repl:expect("attempt to perform arithmetic on a nil value")
+    repl:run("error({})")
+    repl:expect("error object: {}")
+    repl:run('error(setmetatable({}, { __tostring = function() error("bad") end }))')
+    repl:expect("error object: {}")
+    repl:run("function f() error('deep') end  function g() f() end  g()")
+    repl:expect("stdin:1: deep\nstack traceback:\n%s+stdin:1: in function 'f'")
+    repl:run("t = {} for i = 1, 200000 do t[i] = { i } end")
+    repl:run("t")
+    repl:expect("%.%.%. %(%d+ more%)\n}")
+    repl:run('("x"):rep(1e6)')
+    repl:expect('"%.%.%. %(1000000 bytes%)')
+    repl:run("c = {} c.c = c")
+    repl:run("c")
+    repl:expect("{ c = <cycle> }")
+    -- Code that never returns is interrupted by Ctrl-C.
+    repl:run("while true do end")
+    S.sleep(1)
+    repl:keys("C-c")
+    repl:expect("\ninterrupted\n")
+    -- So is code waiting on the event loop.
+    repl:run("wait(60)")
+    S.sleep(0.5)
+    repl:keys("C-c")
+    repl:expect("\ninterrupted\n")
+    repl:run("1 + 1")
+    repl:expect("\n2\n")
+  end)
+
+  it("takes multi-line input with a continuation prompt", function()
+    repl:run("function sq(x)")
+    repl:expect("%.%.%.>")
+    repl:run("return x * x")
+    repl:run("end")
+    repl:run("sq(12)")
+    repl:expect("\n144\n")
+  end)
+
+  it("recalls and edits history with the arrow keys; Ctrl-C cancels a line", function()
+    repl:mark()
+    repl:keys("Up")
+    repl:expect("lecho> sq%(12%)$")
+    repl:keys("Enter")
+    repl:expect("\n144\n")
+    repl:mark()
+    repl:keys("Up", "BSpace", "BSpace")
+    repl:type("5)")
+    repl:keys("Home")
+    repl:type("2 * ")
+    repl:keys("Enter")
+    repl:expect("lecho> 2 %* sq%(15%)\n450\n")
+    -- Older entries, the multi-line definition among them.
+    repl:mark()
+    repl:keys("Up", "Up", "Up")
+    repl:expect("lecho> function sq%(x%) return x %* x end$")
+    repl:keys("C-c")
+    repl:expect("%^C\nlecho>")
+    repl:run("print('after ' .. 'cancel')")
+    repl:expect("\nafter cancel\n")
+    assert.matches("sq%(12%)\n", S.read(repl.history))
+  end)
+
+  it("installs a modulator, changes its params and edits it", function()
+    if not with_modulators then pending("the modulator API (doc/modulators.md) is not there") return end
+    local file = S.write(S.tmpname("modulator") .. ".lua", [[
+function enqueue(ev)
+  if ev.step % params.stride == 0 then
+    return { step = ev.step, emission = ev.emission, stride = params.stride }
+  end
+end
+]])
+    repl:run(('m = mod("atmosphere.field", %q, { stride = 2 }, { fields = { "step", "stride", "edited" } })'):format(file))
+    repl:expect("%[mod%d+ atmosphere%.field #%d+ p1%] step=%d*[02468] stride=2 edited=nil")
+    repl:run("params(m, { stride = 3 })")
+    repl:expect("params { stride = 3 } applied %(version 2%)")
+    repl:expect("p2%] step=%d*[0369] stride=3 edited=nil")
+    repl:run("edit(m)")
+    repl:expect("modulator replaced")
+    repl:expect("stride=3 edited=true")
+    repl:run("unsub(m)")
+    repl:expect("1 subscription closed")
+  end)
+
+  it("runs piped input without a terminal, exit status 1 after an error", function()
+    local out = sh_out(("echo 'ls() error(\"x\")' | %s %s/scripts/lecho-repl --nameserver %s --no-history; echo rc=$?")
+      :format(S.luajit, S.root, ns))
+    assert.matches("atmosphere%.field", out)
+    assert.matches("stdin:1: x", out)
+    assert.matches("rc=1", out)
+    out = sh_out(("%s %s/scripts/lecho-repl --nameserver %s -e 'print(6 * 7)' </dev/null; echo rc=$?")
+      :format(S.luajit, S.root, ns))
+    assert.matches("^42\nrc=0", out)
+  end)
+
+  it("restores the terminal when it ends with Ctrl-D", function()
+    repl:mark()
+    repl:keys("C-d")
+    assert.truthy(S.wait_file(repl.rcfile, "rc=%d+", 20))
+    assert.matches("rc=0", S.read(repl.rcfile))
+    assert.truthy(S.wait_file(repl.after, ".", 10))
+    assert.are.equal(S.read(repl.before), S.read(repl.after))
+  end)
+
+  it("restores the terminal when killed by SIGTERM", function()
+    local r2 = start_repl("repl2", ns)
+    r2.from = 1
+    r2:expect("lecho>")
+    r2:type("half typed")
+    S.sleep(0.3)
+    os.execute(("kill -TERM %d"):format(r2.pid))
+    assert.truthy(S.wait_file(r2.rcfile, "rc=%d+", 20))
+    assert.matches("rc=143", S.read(r2.rcfile))
+    assert.truthy(S.wait_file(r2.after, ".", 10))
+    assert.are.equal(S.read(r2.before), S.read(r2.after))
+  end)
+end)

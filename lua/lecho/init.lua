@@ -134,6 +134,7 @@ function M.context(opts)
   local self = setmetatable({
     c = c, addr = addr,
     byname = {}, bychid = {},
+    disp = {},            -- chid -> the list of its consumers (a small table: hot path)
     peer_addrs = {}, pnames = {},
     pending = {}, rid = 0,
     nextpid = 0, nextcid = 0,
@@ -314,8 +315,11 @@ end
 -- A modulated stream (`ch.derived`) lists { con, handler, version } entries:
 -- each demodulator gets what its own modulator sent, tagged with its version.
 function Context:_on_event(chid, value, peer, producer, seq, sync)
-  local ch = self.bychid[chid]
-  local list = ch and ch.consumers
+  -- The consumer list carries its channel's short name and kind, so that an
+  -- event touches a few small tables, not the channel object (many channels:
+  -- cache misses dominate).
+  local list = self.disp[chid]
+  local ch = list
   local nran, errs = 0, nil
   if list and list[1] then
     -- "host:port#id" once per (peer, producer), not once per event: the
@@ -383,13 +387,16 @@ function Context:channel(name)
   ch = setmetatable({
     ctx = self, name = full, ns = ns, short = short,
     chid = self.c:channel(full),
-    consumers = {}, producers = {}, nprod = 0,
+    consumers = { short = short }, producers = {}, nprod = 0,
     ver = -1, manager = nil,
     dests = {}, mods = {}, modlist = {}, failed = {}, grants = {},  -- producing side
     all = {}, streams = {}, cjoined = false,             -- consuming side
   }, Channel)
+  -- What a submit needs, in one small table shared by the channel's producers.
+  ch.hot = { c = self.c, chid = ch.chid, mods = ch.modlist, plain = false }
   self.byname[full] = ch
   self.bychid[ch.chid] = ch
+  self.disp[ch.chid] = ch.consumers
   return ch
 end
 
@@ -531,6 +538,7 @@ function Channel:_set_consumers(list, mods)
   local dests = others(list, ctx.addr)
   self.dests = dests
   ctx.c:set_dests(self.chid, dests)
+  self:_hot_update()
   mods = type(mods) == "table" and mods or {}
   -- Instances whose key went: reused for a new key of the same code and the
   -- same consumers (a params change keeps the modulator's state), else closed.
@@ -569,6 +577,15 @@ function Channel:_rebuild_modlist()
   local list = {}
   for _, key in ipairs(sorted_keys(self.mods)) do list[#list + 1] = self.mods[key].moe end
   self.modlist = list
+  self:_hot_update()
+end
+
+-- Does a submit also send the plain (unmodulated) event?  Only when some
+-- context takes it.
+function Channel:_hot_update()
+  local h = self.hot
+  h.mods = self.modlist
+  h.plain = #self.dests > 0 or #self.consumers > 0
 end
 
 function Channel:_derived_name(key) return self.name .. "@" .. key end
@@ -695,7 +712,8 @@ function Channel:producer(opts)
   end
   self.nprod = self.nprod + 1
   ctx.nextpid = ctx.nextpid + 1
-  local p = setmetatable({ ch = self, id = ctx.nextpid, seq = 0, policy = opts.policy }, Producer)
+  local p = setmetatable({ ch = self, hot = self.hot, id = ctx.nextpid, seq = 0,
+                           policy = opts.policy }, Producer)
   self.producers[p] = true
   return p
 end
@@ -752,10 +770,11 @@ function Channel:_attach(con, spec, handler)
   local st = self.streams[spec.key]
   if not st then
     local name = self:_derived_name(spec.key)
-    st = { derived = true, short = self.short, key = spec.key, consumers = {},
-           chid = ctx.c:channel(name) }
+    st = { derived = true, short = self.short, key = spec.key,
+           consumers = { short = self.short, derived = true }, chid = ctx.c:channel(name) }
     self.streams[spec.key] = st
     ctx.bychid[st.chid] = st
+    ctx.disp[st.chid] = st.consumers
     ctx.c:set_local(st.chid, true)
   end
   local e = { con = con, handler = handler, version = spec.version }
@@ -772,7 +791,10 @@ function Channel:_detach(e)
     end
     if #list == 0 then
       self.streams[key] = nil
-      if self.ctx.bychid[st.chid] == st then self.ctx.bychid[st.chid] = nil end
+      if self.ctx.bychid[st.chid] == st then
+        self.ctx.bychid[st.chid] = nil
+        self.ctx.disp[st.chid] = nil
+      end
       if not self.ctx.closed then self.ctx.c:set_local(st.chid, false) end
     end
   end
@@ -830,6 +852,7 @@ function Channel:consumer(handler, opts)
     local list = self.consumers
     list[#list + 1] = con
     if #list == 1 then ctx.c:set_local(self.chid, true) end
+    self:_hot_update()
     con.chids[self.chid] = true
   end
   local r, err = self:_update_subs()
@@ -852,9 +875,8 @@ end
 function Producer:submit(ev)
   if self.closed then return nil, "producer is closed" end
   local seq = self.seq + 1
-  local ch = self.ch
-  local ok, err = ch.ctx.c:submit(ch.chid, self.id, seq, ev, false, self.policy, ch.modlist,
-                                  #ch.dests > 0 or #ch.consumers > 0)
+  local h = self.hot
+  local ok, err = h.c:submit(h.chid, self.id, seq, ev, false, self.policy, h.mods, h.plain)
   if ok then self.seq = seq end
   return ok, err
 end
@@ -868,9 +890,8 @@ function Producer:submit_sync(ev, opts)
   local c = ctx.c
   local timeout = opts and opts.timeout or ctx.sync_timeout
   local seq = self.seq + 1
-  local ch = self.ch
-  local ids, err = c:submit(ch.chid, self.id, seq, ev, true, self.policy, ch.modlist,
-                            #ch.dests > 0 or #ch.consumers > 0)
+  local h = self.hot
+  local ids, err = c:submit(h.chid, self.id, seq, ev, true, self.policy, h.mods, h.plain)
   if not ids then return nil, err end
   self.seq = seq
   if type(ids) ~= "table" then ids = { ids } end
@@ -923,6 +944,7 @@ function Consumer:_unlink()
   if not self.mod and #ch.consumers == 0 and not ch.ctx.closed then
     ch.ctx.c:set_local(ch.chid, false)
   end
+  ch:_hot_update()
 end
 
 --- Stops the handler at once: nothing is delivered to it after close().

@@ -1024,11 +1024,15 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
         k->rlen -= k->rpos;
         k->rpos = 0;
     }
-    size_t want = RBUF_MIN;
+    size_t want = RBUF_MIN, room;
+    size_t big_end = 0; /* a large frame: read up to its end only */
     if (k->rlen - k->rpos >= 4) {
         const uint8_t *h = k->rb + k->rpos;
         size_t flen = (size_t)h[0] | (size_t)h[1] << 8 | (size_t)h[2] << 16 | (size_t)h[3] << 24;
-        if (flen <= conn_max_frame(k) && flen + 4 > want) want = flen + 4;
+        if (flen <= conn_max_frame(k) && flen + 4 > want) {
+            want = flen + 4;
+            big_end = k->rpos + want;
+        }
     }
     if (k->rcap - k->rlen < RBUF_MIN && k->rcap < k->rlen + want) {
         size_t ncap = k->rlen + want;
@@ -1041,7 +1045,12 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
         k->rb = nb;
         k->rcap = ncap;
     }
-    ssize_t n = read(k->fd, k->rb + k->rlen, k->rcap - k->rlen);
+    /* Reading past the end of a large frame would put the next frame's
+     * first bytes behind it, to be moved to the front afterwards: a copy of
+     * up to a whole frame.  Stop at its end instead. */
+    room = k->rcap - k->rlen;
+    if (big_end > k->rlen && big_end - k->rlen < room) room = big_end - k->rlen;
+    ssize_t n = read(k->fd, k->rb + k->rlen, room);
     if (n < 0) {
         if (errno == EAGAIN || errno == EINTR) return;
         char why[128];

@@ -24,6 +24,11 @@
 
 #define RBUF_MIN (64 * 1024)
 #define IOVN 512
+/* Async events this small are copied, header and value, into one buffer per
+ * run of them in a peer's queue (a batch item): no allocation and two iovecs
+ * fewer per event and destination.  Bigger ones are queued by reference. */
+#define SMALL_EVENT 512
+#define BATCH_MAX (16 * 1024)
 
 /* One TCP connection.  Owned by the context (ctx->conns list); tied to at
  * most one peer.  Freed once closed and no read callback is running on it. */
@@ -245,17 +250,73 @@ static lei_peer *peer_new(lei_ctx *c, const char *addr) {
     return p;
 }
 
+/* Counts a dropped queue item: one event, or each event of a batch (by
+ * channel, read back from the frames when the batch is mixed). */
+static void count_drop(lei_ctx *c, lei_peer *p, lei_qitem *it) {
+    if (!it->droppable) return;
+    if (!it->batch || !it->mixed) {
+        uint32_t n = it->batch ? it->nev : 1;
+        p->st.drops += n;
+        lei_chan *ch = lei_chan_get(c, it->chid);
+        if (ch) ch->drops += n;
+        return;
+    }
+    const uint8_t *b = (const uint8_t *)it->msg->own.data;
+    size_t off = 0, len = it->msg->own.len;
+    lei_frame f;
+    lei_event_hdr e;
+    const char *err;
+    while (off < len && lei_frame_next(b + off, len - off, len, &f, &err) == 1) {
+        if (f.type == LEI_F_EVENT && lei_parse_event(f.body, f.len, &e, &err) == 0) {
+            p->st.drops++;
+            lei_chan *ch = lei_chan_get(c, (uint32_t)e.idx);
+            if (ch) ch->drops++;
+        }
+        off += f.size;
+    }
+}
+
 static void q_clear(lei_ctx *c, lei_peer *p, int count_drops) {
     lei_qitem *it;
     while ((it = q_pop(&p->q))) {
-        if (count_drops && it->droppable) {
-            p->st.drops++;
-            lei_chan *ch = lei_chan_get(c, it->chid);
-            if (ch) ch->drops++;
-        }
+        if (count_drops) count_drop(c, p, it);
         item_free(c, it);
     }
     p->woff = 0;
+}
+
+/* Appends a small async event frame to the batch at the tail of p's queue,
+ * starting a new batch when there is none or it is full.  The tail batch
+ * may be partly written already: only its end grows.  Returns the batch, or
+ * NULL (ENOMEM: the event is not queued; a new empty batch may stay). */
+static lei_qitem *batch_event(lei_peer *p, uint32_t chid, const uint8_t *hdr, size_t hlen,
+                              const lei_msg *msg) {
+    lei_qitem *t = p->q.tail;
+    size_t n = hlen + msg->total;
+    if (!t || !t->batch || t->msg->own.len + n > BATCH_MAX) {
+        lei_msg *m = lei_msg_new();
+        if (!m) return NULL;
+        t = item_new(NULL);
+        if (!t) {
+            lei_msg_release(m, NULL, NULL);
+            return NULL;
+        }
+        t->msg = m;
+        t->batch = 1;
+        t->droppable = 1;
+        t->chid = chid;
+        q_push(&p->q, t);
+    }
+    /* Growing it is safe: iovecs are rebuilt from the item at every write. */
+    if (lei_wbuf_reserve(&t->msg->own, n)) return NULL;
+    lei_wbuf_put(&t->msg->own, hdr, hlen);
+    lei_wbuf_put(&t->msg->own, msg->own.data, msg->own.len);
+    lei_msg_sync(t->msg);
+    t->size += n;
+    t->nev++;
+    if (t->chid != chid) t->mixed = 1;
+    p->q.bytes += n;
+    return t;
 }
 
 /* The peer's connection is gone: queued frames are dropped (counted), the
@@ -619,13 +680,21 @@ static void enqueue_event(lei_ctx *c, lei_peer *p, lei_chan *ch, uint64_t produc
         q_push(&p->q, bi);
         p->bound[ch->id] = 1;
     }
-    lei_qitem *it = item_new(msg);
-    if (!it) return;
-    it->hlen = (uint8_t)lei_frame_event_hdr(it->hdr, ch->id, producer, seq, sync, msg->total);
-    it->size = it->hlen + msg->total;
-    it->chid = ch->id;
-    it->droppable = !sync;
-    q_push(&p->q, it);
+    lei_qitem *it;
+    if (!sync && msg->total <= SMALL_EVENT && msg->next == 0) {
+        uint8_t hdr[LEI_EVENT_HDR_MAX];
+        size_t hlen = lei_frame_event_hdr(hdr, ch->id, producer, seq, 0, msg->total);
+        it = batch_event(p, ch->id, hdr, hlen, msg);
+        if (!it) return;
+    } else {
+        it = item_new(msg);
+        if (!it) return;
+        it->hlen = (uint8_t)lei_frame_event_hdr(it->hdr, ch->id, producer, seq, sync, msg->total);
+        it->size = it->hlen + msg->total;
+        it->chid = ch->id;
+        it->droppable = !sync;
+        q_push(&p->q, it);
+    }
     p->st.ev_out++;
     if (policy == LEI_DROP_OLDEST) {
         /* Drop whole, unstarted async events from the front until under the limit. */
@@ -637,9 +706,7 @@ static void enqueue_event(lei_ctx *c, lei_peer *p, lei_chan *ch, uint64_t produc
                 if (p->q.tail == x) p->q.tail = prev;
                 p->q.bytes -= x->size;
                 p->q.count--;
-                p->st.drops++;
-                lei_chan *xc = lei_chan_get(c, x->chid);
-                if (xc) xc->drops++;
+                count_drop(c, p, x);
                 item_free(c, x);
             } else {
                 prev = x;

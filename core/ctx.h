@@ -63,6 +63,9 @@ typedef struct lei_qitem {
     uint64_t producer, seq, sync;
     uint8_t hlen;
     uint8_t droppable;  /* an async event: policies may drop it */
+    uint8_t batch;      /* msg holds whole small async EVENT frames, nev of them */
+    uint8_t mixed;      /* a batch with events of more than one channel (chid: the first) */
+    uint32_t nev;
     uint8_t hdr[LEI_EVENT_HDR_MAX];
 } lei_qitem;
 

@@ -392,8 +392,6 @@ function Context:channel(name)
     dests = {}, mods = {}, modlist = {}, failed = {}, grants = {},  -- producing side
     all = {}, streams = {}, cjoined = false,             -- consuming side
   }, Channel)
-  -- What a submit needs, in one small table shared by the channel's producers.
-  ch.hot = { c = self.c, chid = ch.chid, mods = ch.modlist, plain = false }
   self.byname[full] = ch
   self.bychid[ch.chid] = ch
   self.disp[ch.chid] = ch.consumers
@@ -583,9 +581,10 @@ end
 -- Does a submit also send the plain (unmodulated) event?  Only when some
 -- context takes it.
 function Channel:_hot_update()
-  local h = self.hot
-  h.mods = self.modlist
-  h.plain = #self.dests > 0 or #self.consumers > 0
+  local plain = #self.dests > 0 or #self.consumers > 0
+  for p in pairs(self.producers) do
+    p.mods, p.plain = self.modlist, plain
+  end
 end
 
 function Channel:_derived_name(key) return self.name .. "@" .. key end
@@ -712,8 +711,11 @@ function Channel:producer(opts)
   end
   self.nprod = self.nprod + 1
   ctx.nextpid = ctx.nextpid + 1
-  local p = setmetatable({ ch = self, hot = self.hot, id = ctx.nextpid, seq = 0,
-                           policy = opts.policy }, Producer)
+  -- What submit reads sits in the producer itself (one table per event:
+  -- with thousands of channels, cache misses are the cost).
+  local p = setmetatable({ ch = self, c = ctx.c, chid = self.chid, id = ctx.nextpid, seq = 0,
+                           policy = opts.policy, mods = self.modlist,
+                           plain = #self.dests > 0 or #self.consumers > 0 }, Producer)
   self.producers[p] = true
   return p
 end
@@ -875,8 +877,8 @@ end
 function Producer:submit(ev)
   if self.closed then return nil, "producer is closed" end
   local seq = self.seq + 1
-  local h = self.hot
-  local ok, err = h.c:submit(h.chid, self.id, seq, ev, false, self.policy, h.mods, h.plain)
+  local ok, err = self.c:submit(self.chid, self.id, seq, ev, false, self.policy, self.mods,
+                                self.plain)
   if ok then self.seq = seq end
   return ok, err
 end
@@ -890,8 +892,7 @@ function Producer:submit_sync(ev, opts)
   local c = ctx.c
   local timeout = opts and opts.timeout or ctx.sync_timeout
   local seq = self.seq + 1
-  local h = self.hot
-  local ids, err = c:submit(h.chid, self.id, seq, ev, true, self.policy, h.mods, h.plain)
+  local ids, err = c:submit(self.chid, self.id, seq, ev, true, self.policy, self.mods, self.plain)
   if not ids then return nil, err end
   self.seq = seq
   if type(ids) ~= "table" then ids = { ids } end

@@ -66,6 +66,38 @@ describe("queue policies", function()
     assert.is_true(r.order_ok == false or r.count < N + 2) -- gaps are the drops
   end)
 
+  it("drop_oldest drops batched small events of two channels, counted per channel", function()
+    ns_child, ns = S.nameserver("--quiet")
+    ctx = lecho.context{ nameserver = ns, quiet = true, queue_limit = LIMIT, policy = "drop_oldest" }
+    cons = S.lua(kids.consumer, cjson.encode{ ns = ns, channels = { "q", "r" }, stop_on = "end",
+                                              duration = 30 })
+    assert(S.wait_file(cons.out, "ready", 20))
+    local pq = assert(ctx:channel("q"):producer())
+    local pr = assert(ctx:channel("r"):producer())
+    assert.is_true(pq:submit_sync("hello", { timeout = 5 }))
+    for addr in pairs(ctx:stats().peers) do
+      if addr ~= ns then peer = addr end
+    end
+    S.kill(cons, "STOP")
+    local small = ("s"):rep(100)   -- small events: batched in the queue
+    local M = 100000
+    for i = 1, M do
+      assert.is_true(pq:submit(small))
+      assert.is_true(pr:submit(small))
+      if i % 5000 == 0 then ctx:run_once(0) end
+    end
+    local st = ctx:stats()
+    local drops = st.peers[peer].drops
+    local dq, dr = st.channels[ns .. "/q"].drops, st.channels[ns .. "/r"].drops
+    assert.is_true(dq > 0 and dr > 0, ("drops q %d r %d"):format(dq, dr))
+    assert.are.equal(drops, dq + dr)
+    assert.is_true(st.peers[peer].queue_bytes <= LIMIT + 16 * 1024 + 256)
+    S.kill(cons, "CONT")
+    assert.is_true(pq:submit_sync("end", { timeout = 10 }))
+    local r = result(cons, ctx)
+    assert.are.equal(2 * M - drops + 2, r.count) -- hello and end included
+  end)
+
   it("disconnect closes the slow peer's connection with a reason", function()
     setup("disconnect", nil)
     for _ = 1, N do p:submit(EV) end

@@ -682,19 +682,26 @@ static int l_sync_done(lua_State *L) {
     return 1;
 }
 
-/* ctx:sync_take(id, why_pending) -> handlers run, { {context=, consumer=, err=}, ... }
- * Frees the record; waits still open become errors with why_pending. */
+/* ctx:sync_take(id, timeout) -> handlers run, nil | { {context=, consumer=, err=}, ... }
+ * Frees the record; waits still open become errors "no answer within
+ * <timeout>s".  No table is made when every consumer answered without error
+ * (the common case of a sync round trip). */
 static int l_sync_take(lua_State *L) {
     lb_ctx *b = check_ctx(L);
     lei_sync *s = lei_sync_find(b->c, (uint64_t)luaL_checknumber(L, 2));
-    const char *why = luaL_optstring(L, 3, "no answer");
     char err[256];
     if (!s) {
         lua_pushnumber(L, 0);
-        lua_newtable(L);
-        return 2;
+        return 1;
     }
     lua_pushnumber(L, (lua_Number)s->nran);
+    int any = 0;
+    for (int i = 0; i < s->nw && !any; i++)
+        any = !s->w[i].done || s->w[i].err || s->w[i].elen;
+    if (!any) {
+        lei_sync_free(b->c, s);
+        return 1;
+    }
     lua_newtable(L);
     int n = 0;
     for (int i = 0; i < s->nw; i++) {
@@ -707,7 +714,8 @@ static int l_sync_take(lua_State *L) {
             if (w->err)
                 lua_pushstring(L, w->err);
             else
-                lua_pushfstring(L, "consumer context %s: %s", ctxname, why);
+                lua_pushfstring(L, "consumer context %s: no answer within %s s", ctxname,
+                                lua_tostring(L, 3) ? lua_tostring(L, 3) : "the timeout");
             lua_setfield(L, -2, "err");
             lua_rawseti(L, -2, ++n);
         }

@@ -895,8 +895,19 @@ function Producer:submit_sync(ev, opts)
   local ids, err = c:submit(self.chid, self.id, seq, ev, true, self.policy, self.mods, self.plain)
   if not ids then return nil, err end
   self.seq = seq
-  if type(ids) ~= "table" then ids = { ids } end
   local deadline = c:now() + timeout
+  if type(ids) == "number" then
+    -- One sync record (no modulators): no tables unless something failed.
+    while not c:sync_done(ids) do
+      local left = deadline - c:now()
+      if left <= 0 or ctx.closed then break end
+      c:run_once(left)
+    end
+    if ctx.closed then return nil, "context closed while waiting" end
+    local _, errs = c:sync_take(ids, timeout)
+    if errs then return nil, setmetatable(errs, ErrList) end
+    return true
+  end
   for _, id in ipairs(ids) do
     while not c:sync_done(id) do
       local left = deadline - c:now()
@@ -907,8 +918,8 @@ function Producer:submit_sync(ev, opts)
   if ctx.closed then return nil, "context closed while waiting" end
   local all = {}
   for _, id in ipairs(ids) do
-    local _, errs = c:sync_take(id, ("no answer within %gs"):format(timeout))
-    for _, e in ipairs(errs) do all[#all + 1] = e end
+    local _, errs = c:sync_take(id, timeout)
+    for _, e in ipairs(errs or {}) do all[#all + 1] = e end
   end
   if #all > 0 then return nil, setmetatable(all, ErrList) end
   return true

@@ -189,12 +189,14 @@ local lecho = require "lecho"
 local a = cjson.decode(arg[1])
 local ctx = lecho.context{ nameserver = a.ns, quiet = true }
 local ch = ctx:channel("field")
-local got, versions, order_ok, last = 0, {}, true, {}
+local got, versions, order_ok, last, dones = 0, {}, true, {}, 0
 local con
 con = assert(ch:consumer(function(ev, meta)
   if ev.done then
+    dones = dones + 1
+    if dones < (a.producers or 1) then return end
     io.stdout:write(cjson.encode{ got = got, versions = versions, order_ok = order_ok,
-                                  stats = con:stats() }, "\n")
+                                  stats = con:stats(), final = last }, "\n")
     io.stdout:flush()
     ctx:stop()
     return
@@ -204,7 +206,7 @@ con = assert(ch:consumer(function(ev, meta)
   if ev.tag ~= meta.params_version then order_ok = false end
   local prev = last[meta.producer]
   if prev and (meta.seq <= prev.seq or meta.params_version < prev.v) then order_ok = false end
-  last[meta.producer] = { seq = meta.seq, v = meta.params_version }
+  last[meta.producer] = { seq = meta.seq, v = meta.params_version, tag = ev.tag }
 end, { modulator = "function enqueue(ev) if ev.done or ev.i % 2 == 0 then ev.tag = params.tag return ev end end",
        params = { tag = 1 } }))
 io.stdout:write("ready\n"); io.stdout:flush()
@@ -276,5 +278,32 @@ describe("modulators across processes", function()
     for _, m in pairs(st.modulators) do v2_in = math.max(v2_in, m.events_in) end
     assert.are.equal(400, v2_in)
     assert.is_true(r1.stats.bytes > 0 and r2.stats.bytes > 0)
+  end)
+end)
+
+describe("modulators across processes, two producers", function()
+  after_each(function() S.cleanup() end)
+
+  it("a params change reaches both producers, each switching once, in order; replicas converge", function()
+    local _, ns = S.nameserver("--quiet")
+    local v1 = S.lua(VIEWER, cjson.encode{ ns = ns, switch = true, producers = 2 })
+    assert(S.wait_file(v1.out, "ready", 20))
+    local p1 = S.lua(PRODUCER, cjson.encode{ ns = ns, n = 400 })
+    local p2 = S.lua(PRODUCER, cjson.encode{ ns = ns, n = 400 })
+    for _, k in ipairs{ p1, p2, v1 } do
+      local done, rc = S.wait(k, 60)
+      assert(done, "child did not finish: " .. S.errors(k))
+      assert.are.equal(0, rc, S.errors(k))
+    end
+    local r1 = cjson.decode(S.output(v1):match("{.*}"))
+    assert.is_true(r1.order_ok)                 -- per producer: seq up, version never down
+    assert.are.equal(400, r1.versions[1] + r1.versions[2])  -- 2 x 200 even events, none lost
+    local n = 0
+    for _, l in pairs(r1.final) do            -- both replicas ended on the new params
+      n = n + 1
+      assert.are.equal(2, l.v)
+      assert.are.equal(2, l.tag)
+    end
+    assert.are.equal(2, n)
   end)
 end)

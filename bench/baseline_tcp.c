@@ -495,15 +495,7 @@ int main(int argc, char **argv)
     if (warmup_opt < 0 && warmup > n / 10)
         warmup = n / 10;
 
-    signal(SIGPIPE, SIG_IGN);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigalrm;
-    sigaction(SIGALRM, &sa, NULL);
-    sa.sa_handler = on_sigchld;
-    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-    sigaction(SIGCHLD, &sa, NULL);
-    alarm(ALARM_SECONDS);
+    setup_signals();
 
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
     if (lfd < 0)

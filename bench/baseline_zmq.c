@@ -479,15 +479,7 @@ int main(int argc, char **argv)
     if (warmup_opt < 0 && r.warmup > r.n / 10)
         r.warmup = r.n / 10;
 
-    signal(SIGPIPE, SIG_IGN);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigalrm;
-    sigaction(SIGALRM, &sa, NULL);
-    sa.sa_handler = on_sigchld;
-    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-    sigaction(SIGCHLD, &sa, NULL);
-    alarm(ALARM_SECONDS);
+    setup_signals();
 
     int ep_pipe[2], ctl_pipe[2];
     if (pipe(ep_pipe) < 0 || pipe(ctl_pipe) < 0)

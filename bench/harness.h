@@ -85,6 +85,21 @@ static void on_sigalrm(int sig)
 
 /* Kill (if still running) and reap the child; used on parent error paths.
  * SIGCHLD is blocked first so the handler cannot race us. */
+/* The parent's signals: no SIGPIPE, the SIGALRM bound of the whole run,
+ * SIGCHLD to notice a peer that died. */
+static void setup_signals(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigalrm;
+    sigaction(SIGALRM, &sa, NULL);
+    sa.sa_handler = on_sigchld;
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &sa, NULL);
+    alarm(ALARM_SECONDS);
+}
+
 static void kill_and_reap_child(void)
 {
     sigset_t s;

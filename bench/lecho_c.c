@@ -231,15 +231,7 @@ int main(int argc, char **argv)
         warmup = nops / 10;
     payload = xmalloc(size);
 
-    signal(SIGPIPE, SIG_IGN);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigalrm;
-    sigaction(SIGALRM, &sa, NULL);
-    sa.sa_handler = on_sigchld;
-    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-    sigaction(SIGCHLD, &sa, NULL);
-    alarm(ALARM_SECONDS);
+    setup_signals();
 
     int addr_pipe[2], ctl_pipe[2];
     if (pipe(addr_pipe) < 0 || pipe(ctl_pipe) < 0)

@@ -396,6 +396,41 @@ static const uint8_t *msg_bytes(lei_msg *m, uint8_t **tmp) {
     return *tmp;
 }
 
+/* A value handed to a modulator: encoded from the application's state and
+ * flat.  p/n are valid until flat_done. */
+typedef struct lb_flat {
+    lei_msg *m;      /* owned */
+    uint8_t *tmp;    /* owned: the flat copy when m has pinned slices */
+    const uint8_t *p;
+    size_t n;
+} lb_flat;
+
+/* Encodes the value at idx: 0, or -1 with nil, err pushed (2 results). */
+static int flat_encode(lua_State *L, lb_ctx *b, int idx, lb_flat *f) {
+    lua_State *saved = b->L;
+    b->L = L;
+    f->m = encode_at(L, b, idx);
+    b->L = saved;
+    if (!f->m) return -1;
+    f->p = msg_bytes(f->m, &f->tmp);
+    f->n = f->m->total;
+    if (!f->p) {
+        lei_msg_release(f->m, hook_unpin, b);
+        lua_pushnil(L);
+        lua_pushstring(L, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+static void flat_done(lua_State *L, lb_ctx *b, lb_flat *f) {
+    lua_State *saved = b->L;
+    b->L = L; /* the unpin hook runs in this thread */
+    free(f->tmp);
+    lei_msg_release(f->m, hook_unpin, b);
+    b->L = saved;
+}
+
 /* ctx:submit(chid, producer, seq, value, sync, policy[, moes, plain])
  *   -> true | sync id | nil, err
  * moes: an array of modulators each event also goes through (encoded once
@@ -528,22 +563,14 @@ static int l_moe(lua_State *L) {
     o.ud = x;
     luaL_getmetatable(L, MOE_MT);
     lua_setmetatable(L, -2);
+    lb_flat f;
+    if (flat_encode(L, b, 6, &f)) return 2;
+    char err[256];
     lua_State *saved = b->L;
     b->L = L;
-    lei_msg *pm = encode_at(L, b, 6);
-    if (!pm) {
-        b->L = saved;
-        return 2;
-    }
-    char err[256];
-    uint8_t *tmp;
-    const uint8_t *pb = msg_bytes(pm, &tmp);
-    x->m = pb ? lei_moe_new(b->c, ch->id, name, src, slen, pb, pm->total, &o, err, sizeof err)
-              : NULL;
-    if (!pb) snprintf(err, sizeof err, "out of memory");
-    free(tmp);
-    lei_msg_release(pm, hook_unpin, b);
+    x->m = lei_moe_new(b->c, ch->id, name, src, slen, f.p, f.n, &o, err, sizeof err);
     b->L = saved;
+    flat_done(L, b, &f);
     if (!x->m) {
         lua_pushnil(L);
         lua_pushstring(L, err);
@@ -551,6 +578,17 @@ static int l_moe(lua_State *L) {
     }
     x->next = b->moes;
     b->moes = x;
+    return 1;
+}
+
+/* true, or nil and why the modulator failed. */
+static int moe_result(lua_State *L, lb_moe *x, int rc) {
+    if (rc) {
+        lua_pushnil(L);
+        lua_pushstring(L, lei_moe_error(x->m));
+        return 2;
+    }
+    lua_pushboolean(L, 1);
     return 1;
 }
 
@@ -565,26 +603,14 @@ static int l_moe_params(lua_State *L) {
         lua_pushstring(L, lei_moe_error(x->m));
         return 2;
     }
+    lb_flat f;
+    if (flat_encode(L, b, 2, &f)) return 2;
     lua_State *saved = b->L;
     b->L = L;
-    lei_msg *pm = encode_at(L, b, 2);
-    if (!pm) {
-        b->L = saved;
-        return 2;
-    }
-    uint8_t *tmp;
-    const uint8_t *pb = msg_bytes(pm, &tmp);
-    int rc = pb ? lei_moe_set_params(x->m, pb, pm->total) : -1;
-    free(tmp);
-    lei_msg_release(pm, hook_unpin, b);
+    int rc = lei_moe_set_params(x->m, f.p, f.n);
     b->L = saved;
-    if (rc) {
-        lua_pushnil(L);
-        lua_pushstring(L, pb ? lei_moe_error(x->m) : "out of memory");
-        return 2;
-    }
-    lua_pushboolean(L, 1);
-    return 1;
+    flat_done(L, b, &f);
+    return moe_result(L, x, rc);
 }
 
 /* moe:retarget(chid) -> true | nil, err */
@@ -596,13 +622,7 @@ static int l_moe_retarget(lua_State *L) {
     b->L = L;
     int rc = lei_moe_retarget(x->m, ch->id);
     b->L = saved;
-    if (rc) {
-        lua_pushnil(L);
-        lua_pushstring(L, lei_moe_error(x->m));
-        return 2;
-    }
-    lua_pushboolean(L, 1);
-    return 1;
+    return moe_result(L, x, rc);
 }
 
 /* ctx:chan_stats(chid) -> events_in, bytes_in, events_local */
@@ -892,20 +912,20 @@ static void timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
     lua_pop(L, 1);
 }
 
-/* ctx:timer(after, repeat, fn) -> timer; fn(timer) runs on the loop. */
-static int l_timer(lua_State *L) {
-    lb_ctx *b = check_ctx(L);
-    double after = luaL_checknumber(L, 2);
-    double rep = luaL_optnumber(L, 3, 0);
-    luaL_checktype(L, 4, LUA_TFUNCTION);
-    if (after < 0 || rep < 0) return luaL_argerror(L, 2, "negative time");
+/* A new watcher userdata on the stack, calling the function at index fn;
+ * the caller initialises and starts the libev watcher, then registers it. */
+static lb_timer *watcher_new(lua_State *L, lb_ctx *b, int fn, int is_io) {
     lb_timer *t = lua_newuserdata(L, sizeof *t);
     memset(t, 0, sizeof *t);
     t->b = b;
-    lua_pushvalue(L, 4);
+    t->is_io = is_io;
+    lua_pushvalue(L, fn);
     t->ref_fn = luaL_ref(L, LUA_REGISTRYINDEX);
-    ev_timer_init(&t->w, timer_cb, after, rep);
-    ev_timer_start(b->c->loop, &t->w);
+    return t;
+}
+
+/* The started watcher on top of the stack pins itself until stopped. */
+static int watcher_register(lua_State *L, lb_ctx *b, lb_timer *t) {
     lua_pushvalue(L, -1);
     t->ref_self = luaL_ref(L, LUA_REGISTRYINDEX);
     t->active = 1;
@@ -914,6 +934,19 @@ static int l_timer(lua_State *L) {
     luaL_getmetatable(L, TIMER_MT);
     lua_setmetatable(L, -2);
     return 1;
+}
+
+/* ctx:timer(after, repeat, fn) -> timer; fn(timer) runs on the loop. */
+static int l_timer(lua_State *L) {
+    lb_ctx *b = check_ctx(L);
+    double after = luaL_checknumber(L, 2);
+    double rep = luaL_optnumber(L, 3, 0);
+    luaL_checktype(L, 4, LUA_TFUNCTION);
+    if (after < 0 || rep < 0) return luaL_argerror(L, 2, "negative time");
+    lb_timer *t = watcher_new(L, b, 4, 0);
+    ev_timer_init(&t->w, timer_cb, after, rep);
+    ev_timer_start(b->c->loop, &t->w);
+    return watcher_register(L, b, t);
 }
 
 static void io_cb(struct ev_loop *loop, ev_io *w, int revents) {
@@ -927,22 +960,10 @@ static int l_io(lua_State *L) {
     int fd = (int)luaL_checkinteger(L, 2);
     luaL_checktype(L, 3, LUA_TFUNCTION);
     if (fd < 0) return luaL_argerror(L, 2, "negative descriptor");
-    lb_timer *t = lua_newuserdata(L, sizeof *t);
-    memset(t, 0, sizeof *t);
-    t->b = b;
-    t->is_io = 1;
-    lua_pushvalue(L, 3);
-    t->ref_fn = luaL_ref(L, LUA_REGISTRYINDEX);
+    lb_timer *t = watcher_new(L, b, 3, 1);
     ev_io_init(&t->io, io_cb, fd, EV_READ);
     ev_io_start(b->c->loop, &t->io);
-    lua_pushvalue(L, -1);
-    t->ref_self = luaL_ref(L, LUA_REGISTRYINDEX);
-    t->active = 1;
-    t->next = b->timers;
-    b->timers = t;
-    luaL_getmetatable(L, TIMER_MT);
-    lua_setmetatable(L, -2);
-    return 1;
+    return watcher_register(L, b, t);
 }
 
 static void watcher_stop(lb_timer *t) {

@@ -36,10 +36,8 @@ Exits 0 when every check passed.  Every process it started is stopped.
 local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
 local proc = dofile(here .. "/proc.lua")
 
-local function die(msg, code)
-  io.stderr:write("run: ", msg, "\n")
-  os.exit(code or 2)
-end
+local A = dofile(here .. "/args.lua").new("run", usage)
+local die = A.die
 
 local opts = {
   nameserver = os.getenv("LECHO_NAMESERVER"),
@@ -48,31 +46,16 @@ local opts = {
 }
 if opts.nameserver == "" then opts.nameserver = nil end
 do
-  local i = 1
-  local function value(name)
-    local v = arg[i + 1]
-    if v == nil then die(name .. " needs a value\n" .. usage) end
-    i = i + 1
-    return v
-  end
-  local function number(name)
-    local v = value(name)
-    return tonumber(v) or die(("%s needs a number, not '%s'"):format(name, v))
-  end
-  while arg[i] do
-    local a = arg[i]
-    if a == "--help" or a == "-h" then io.write(usage) os.exit(0)
-    elseif a == "--nameserver" then opts.nameserver = value(a)
-    elseif a == "--seconds" then opts.seconds = number(a)
-    elseif a == "--rate" then opts.rate = number(a)
-    elseif a == "--threshold" then opts.threshold = number(a)
-    elseif a == "--stride" then opts.stride = number(a)
-    elseif a == "--json" then opts.json = value(a)
-    elseif a == "--steer" then opts.steer = value(a)
-    elseif a == "--verbose" then opts.verbose = true
-    else die(("unknown option '%s'\n%s"):format(a, usage)) end
-    i = i + 1
-  end
+  A.parse(arg, {
+    ["--nameserver"] = function(get) opts.nameserver = get.value() end,
+    ["--seconds"] = function(get) opts.seconds = get.number() end,
+    ["--rate"] = function(get) opts.rate = get.number() end,
+    ["--threshold"] = function(get) opts.threshold = get.number() end,
+    ["--stride"] = function(get) opts.stride = get.number() end,
+    ["--json"] = function(get) opts.json = get.value() end,
+    ["--steer"] = function(get) opts.steer = get.value() end,
+    ["--verbose"] = function() opts.verbose = true end,
+  })
   if opts.seconds <= 0 then die("--seconds must be positive") end
   if opts.steer == "none" or opts.seconds < 3 then
     opts.steer = nil   -- (a run shorter than 3 s could end before the steering arrives)

@@ -38,50 +38,33 @@ Runs until its bound, or until SIGINT/SIGTERM.
 local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
 local model = dofile(here .. "/model.lua")
 
-local function die(msg, code)
-  io.stderr:write("simulation: ", msg, "\n")
-  os.exit(code or 2)
-end
+local A = dofile(here .. "/args.lua").new("simulation", usage)
+local die = A.die
 
 -- Options.
 local opts, settings = {}, {}
 do
-  local i = 1
-  local function value(name)
-    local v = arg[i + 1]
-    if v == nil then die(name .. " needs a value\n" .. usage) end
-    i = i + 1
-    return v
-  end
-  local function number(name)
-    local v = value(name)
-    local n = tonumber(v)
-    if not n then die(("%s needs a number, not '%s'"):format(name, v)) end
-    return n
-  end
-  while arg[i] do
-    local a = arg[i]
-    if a == "--help" or a == "-h" then io.write(usage) os.exit(0)
-    elseif a == "--nameserver" then opts.nameserver = value(a)
-    elseif a == "--steps" then opts.steps = number(a)
-    elseif a == "--seconds" then opts.seconds = number(a)
-    elseif a == "--wait" then opts.wait = number(a)
-    elseif a == "--quiet" then opts.quiet = true
-    elseif a == "--grid" then
-      local g = value(a)
-      local l, m, n = g:match("^(%d+)x(%d+)x(%d+)$")
+  A.parse(arg, {
+    ["--nameserver"] = function(get) opts.nameserver = get.value() end,
+    ["--steps"] = function(get) opts.steps = get.number() end,
+    ["--seconds"] = function(get) opts.seconds = get.number() end,
+    ["--wait"] = function(get) opts.wait = get.number() end,
+    ["--quiet"] = function() opts.quiet = true end,
+    ["--grid"] = function(get)
+      local l, m, n = get.value():match("^(%d+)x(%d+)x(%d+)$")
       if not l then die("--grid wants LxMxN, e.g. 3x36x72") end
       opts.dims = { nlev = tonumber(l), nlat = tonumber(m), nlon = tonumber(n) }
-    elseif a:match("^%-%-%a+$") and model.by_name[a:sub(3)] then
-      local name = a:sub(3)
-      local v, err = model.check(name, number(a))
+    end,
+  }, function(flag)
+    -- every model setting is a flag: --dt, --emission, --wind, --tau, --rate
+    local name = flag:match("^%-%-(%a+)$")
+    if not (name and model.by_name[name]) then return nil end
+    return function(get)
+      local v, err = model.check(name, get.number())
       if not v then die(err) end
       settings[name] = v
-    else
-      die(("unknown option '%s'\n%s"):format(a, usage))
     end
-    i = i + 1
-  end
+  end)
   if opts.seconds == nil and opts.steps == nil then opts.seconds = 30 end
   if opts.seconds == 0 then opts.seconds = nil end
 end

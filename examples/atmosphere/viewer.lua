@@ -32,44 +32,28 @@ then exits.
 local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
 local mods = dofile(here .. "/modulators.lua")
 
-local function die(msg, code)
-  io.stderr:write("viewer: ", msg, "\n")
-  os.exit(code or 2)
-end
+local A = dofile(here .. "/args.lua").new("viewer", usage)
+local die = A.die
 
 local opts = { report = "atmosphere.viewers", seconds = 120, stride = 2, threshold = 0.5 }
 do
-  local i = 1
-  local function value(name)
-    local v = arg[i + 1]
-    if v == nil then die(name .. " needs a value\n" .. usage) end
-    i = i + 1
-    return v
-  end
-  local function number(name)
-    local v = value(name)
-    return tonumber(v) or die(("%s needs a number, not '%s'"):format(name, v))
-  end
-  while arg[i] do
-    local a = arg[i]
-    if a == "--help" or a == "-h" then io.write(usage) os.exit(0)
-    elseif a == "--kind" then opts.kind = value(a)
-    elseif a == "--nameserver" then opts.nameserver = value(a)
-    elseif a == "--name" then opts.name = value(a)
-    elseif a == "--report" then opts.report = value(a)
-    elseif a == "--seconds" then opts.seconds = number(a)
-    elseif a == "--stride" then opts.stride = number(a)
-    elseif a == "--threshold" then opts.threshold = number(a)
-    elseif a == "--quantum" then opts.quantum = number(a)
-    elseif a == "--box" then
+  A.parse(arg, {
+    ["--kind"] = function(get) opts.kind = get.value() end,
+    ["--nameserver"] = function(get) opts.nameserver = get.value() end,
+    ["--name"] = function(get) opts.name = get.value() end,
+    ["--report"] = function(get) opts.report = get.value() end,
+    ["--seconds"] = function(get) opts.seconds = get.number() end,
+    ["--stride"] = function(get) opts.stride = get.number() end,
+    ["--threshold"] = function(get) opts.threshold = get.number() end,
+    ["--quantum"] = function(get) opts.quantum = get.number() end,
+    ["--box"] = function(get)
       local b = {}
-      for x in value(a):gmatch("[^,]+") do b[#b + 1] = tonumber(x) end
+      for x in get.value():gmatch("[^,]+") do b[#b + 1] = tonumber(x) end
       if #b ~= 4 then die("--box wants four numbers: lat_min,lat_max,lon_min,lon_max") end
       opts.box = b
-    elseif a == "--quiet" then opts.quiet = true
-    else die(("unknown option '%s'\n%s"):format(a, usage)) end
-    i = i + 1
-  end
+    end,
+    ["--quiet"] = function() opts.quiet = true end,
+  })
   if opts.kind ~= "full" and opts.kind ~= "region" and opts.kind ~= "diff" then
     die("--kind must be full, region or diff\n" .. usage)
   end

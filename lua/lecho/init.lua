@@ -64,12 +64,7 @@ end
 
 local CAPS = { clock = true, log = true }
 
-local function sorted_keys(t)
-  local ks = {}
-  for k in pairs(t) do ks[#ks + 1] = k end
-  table.sort(ks)
-  return ks
-end
+local sorted_keys = registry.sorted_keys
 
 -- The identity of a modulator: `base` names the code (source, period,
 -- capabilities), `key` the code with its params.

@@ -42,6 +42,7 @@ local function sorted_keys(t)
   table.sort(ks)
   return ks
 end
+M.sorted_keys = sorted_keys   -- the keys of t, sorted (shared with lecho.init)
 
 -- A channel record. `producers[addr] = { count, acked }` where acked is the
 -- highest channel version that context confirmed; `consumers[addr] = { count,

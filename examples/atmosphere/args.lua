@@ -1,0 +1,53 @@
+-- examples/atmosphere/args.lua: the command-line reading the atmosphere
+-- scripts share.
+--
+--   local A = dofile(here .. "/args.lua").new("viewer", usage)
+--   A.parse(arg, {
+--     ["--seconds"] = function(get) opts.seconds = get.number() end,
+--     ["--quiet"]   = function() opts.quiet = true end,
+--   }, fallback)                 -- fallback(flag) -> handler or nil (optional)
+--   A.die("message", code)       -- "viewer: message" on stderr, exit code (2)
+--
+-- --help and -h print the usage and exit 0; an unknown option, or a missing
+-- or non-numeric value, dies with the usage.
+
+local M = {}
+
+function M.new(prog, usage)
+  local A = {}
+
+  function A.die(msg, code)
+    io.stderr:write(prog, ": ", msg, "\n")
+    os.exit(code or 2)
+  end
+
+  function A.parse(argv, handlers, fallback)
+    local i, flag = 1, nil
+    local get = {}
+    function get.value()
+      local v = argv[i + 1]
+      if v == nil then A.die(flag .. " needs a value\n" .. usage) end
+      i = i + 1
+      return v
+    end
+    function get.number()
+      local v = get.value()
+      return tonumber(v) or A.die(("%s needs a number, not '%s'"):format(flag, v))
+    end
+    while argv[i] do
+      flag = argv[i]
+      if flag == "--help" or flag == "-h" then
+        io.write(usage)
+        os.exit(0)
+      end
+      local h = handlers[flag] or (fallback and fallback(flag))
+      if not h then A.die(("unknown option '%s'\n%s"):format(flag, usage)) end
+      h(get, flag)
+      i = i + 1
+    end
+  end
+
+  return A
+end
+
+return M

@@ -206,7 +206,8 @@ con = assert(ch:consumer(function(ev, meta)
   if ev.tag ~= meta.params_version then order_ok = false end
   local prev = last[meta.producer]
   if prev and (meta.seq <= prev.seq or meta.params_version < prev.v) then order_ok = false end
-  last[meta.producer] = { seq = meta.seq, v = meta.params_version, tag = ev.tag }
+  last[meta.producer] = { seq = meta.seq, v = meta.params_version, tag = ev.tag,
+                         first_v = prev and prev.first_v or meta.params_version }
 end, { modulator = "function enqueue(ev) if ev.done or ev.i % 2 == 0 then ev.tag = params.tag return ev end end",
        params = { tag = 1 } }))
 io.stdout:write("ready\n"); io.stdout:flush()
@@ -284,11 +285,13 @@ end)
 describe("modulators across processes, two producers", function()
   after_each(function() S.cleanup() end)
 
-  it("a params change reaches both producers, each switching once, in order; replicas converge", function()
+  it("a params change reaches every producer in order; one joining later gets the current params", function()
     local _, ns = S.nameserver("--quiet")
     local v1 = S.lua(VIEWER, cjson.encode{ ns = ns, switch = true, producers = 2 })
     assert(S.wait_file(v1.out, "ready", 20))
     local p1 = S.lua(PRODUCER, cjson.encode{ ns = ns, n = 400 })
+    -- The second producer joins after the change: it installs the current params.
+    assert(S.wait_file(v1.err, "switched", 30), "no switch: " .. S.errors(v1))
     local p2 = S.lua(PRODUCER, cjson.encode{ ns = ns, n = 400 })
     for _, k in ipairs{ p1, p2, v1 } do
       local done, rc = S.wait(k, 60)
@@ -298,12 +301,14 @@ describe("modulators across processes, two producers", function()
     local r1 = cjson.decode(S.output(v1):match("{.*}"))
     assert.is_true(r1.order_ok)                 -- per producer: seq up, version never down
     assert.are.equal(400, r1.versions[1] + r1.versions[2])  -- 2 x 200 even events, none lost
-    local n = 0
+    local n, started_new = 0, 0
     for _, l in pairs(r1.final) do            -- both replicas ended on the new params
       n = n + 1
       assert.are.equal(2, l.v)
       assert.are.equal(2, l.tag)
+      if l.first_v == 2 then started_new = started_new + 1 end
     end
     assert.are.equal(2, n)
+    assert.are.equal(1, started_new)           -- the late one never ran the old params
   end)
 end)

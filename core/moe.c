@@ -315,7 +315,8 @@ static int step(lua_State *L) {
     default:
         break;
     case ST_PARAMS:
-        push_env_fn(L, m, "_G");
+        /* the environment itself: the modulator may have rebound _G */
+        lua_rawgeti(L, LUA_REGISTRYINDEX, m->ref_env);
         decode_in(L, m);
         lua_setfield(L, -2, "params");
         lua_pop(L, 1);

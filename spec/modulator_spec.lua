@@ -163,6 +163,21 @@ describe("params and replacement", function()
     assert.are.equal(2, con:params_version())
   end)
 
+  it("set_params reaches a modulator that rebound its globals", function()
+    c = ctx()
+    local ch = c:channel("g")
+    local p = assert(ch:producer())
+    local got
+    local con = assert(ch:consumer(function(ev) got = ev end, {
+      modulator = "_G = nil; local P = function() return params.k end function enqueue(ev) return P() end",
+      params = { k = 1 } }))
+    assert(p:submit_sync(0))
+    assert.are.equal(1, got)
+    assert(con:set_params{ k = 7 })
+    assert(p:submit_sync(0))
+    assert.are.equal(7, got)
+  end)
+
   it("set_modulator never mixes an old modulator with a new demodulator", function()
     c = ctx()
     local ch = c:channel("m")

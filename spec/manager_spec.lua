@@ -18,6 +18,17 @@ end
 describe("separate channel managers", function()
   after_each(function() S.cleanup() end)
 
+  it("take a new manager's member lists after losing the old one (its versions restart)", function()
+    local ctx = lecho.context{ quiet = true }
+    local ch = ctx:channel("v")
+    ch.manager, ch.ver = "127.0.0.1:1", 57          -- as if managed there up to version 57
+    ctx:_on_peer(99, "127.0.0.1:1", false, "gone")
+    ctx:_on_ctrl("127.0.0.1:2", { op = "members", ch = ch.name, ver = 6, mid = 1,
+                                  consumers = { "127.0.0.1:3" } })
+    assert.are.same({ "127.0.0.1:3" }, ch.dests)
+    ctx:close()
+  end)
+
   it("spread channels over the managers, and survive the loss of one", function()
     local _, ns = S.nameserver("--quiet")
     local m1, a1 = manager(ns)
@@ -43,6 +54,9 @@ describe("separate channel managers", function()
     S.kill(m1, "KILL")
     assert.is_true(S.run_until(ctx, function()
       for _, n in ipairs{ "a", "b", "c", "d" } do
+        -- (true with no destination at all proves nothing: the consumer
+        -- must be known to the producer again)
+        if #ps[n].ch.dests == 0 then return false end
         local ok = ps[n]:submit_sync("after", { timeout = 1 })
         if not ok then return false end
       end

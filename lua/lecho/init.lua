@@ -291,6 +291,9 @@ function Context:_on_peer(idx, addr, up, reason)
   for _, ch in pairs(self.byname) do
     if ch.manager == addr or (ch.ns == addr and ch.manager ~= self.addr) then
       ch.manager = nil
+      -- Versions are the lost manager's: the next one counts from its own
+      -- start, and its member lists must not look older than what we had.
+      ch.ver = -1
       ch:_schedule_rejoin()
     end
   end

@@ -386,6 +386,23 @@ static lei_msg *encode_at(lua_State *L, lb_ctx *b, int idx) {
     return m;
 }
 
+/* A message holding the string at idx, which already is an encoded value
+ * (lecho.fastenc's output): copied, never re-encoded. */
+static lei_msg *encoded_at(lua_State *L, lb_ctx *b, int idx) {
+    size_t n;
+    const char *s = luaL_checklstring(L, idx, &n);
+    lei_msg *m = lei_msg_new();
+    if (!m || lei_wbuf_put(&m->own, s, n)) {
+        lei_msg_release(m, NULL, NULL);
+        lua_pushnil(L);
+        lua_pushliteral(L, "out of memory");
+        return NULL;
+    }
+    lei_msg_sync(m);
+    b->c->encodes++;
+    return m;
+}
+
 /* Flat bytes of m: its own buffer, or a copy in *tmp (pinned slices). */
 static const uint8_t *msg_bytes(lei_msg *m, uint8_t **tmp) {
     *tmp = NULL;
@@ -431,11 +448,12 @@ static void flat_done(lua_State *L, lb_ctx *b, lb_flat *f) {
     b->L = saved;
 }
 
-/* ctx:submit(chid, producer, seq, value, sync, policy[, moes, plain])
+/* ctx:submit(chid, producer, seq, value, sync, policy[, moes, plain, encoded])
  *   -> true | sync id | nil, err
  * moes: an array of modulators each event also goes through (encoded once
  * for all); plain (default true): also send it unmodulated on chid.  For a
- * sync submit with moes, returns a list of the sync ids to wait for. */
+ * sync submit with moes, returns a list of the sync ids to wait for.
+ * encoded: value is a string holding the encoded value already. */
 static int l_submit(lua_State *L) {
     lb_ctx *b = check_ctx(L);
     lei_chan *ch = check_chan(L, b, 2);
@@ -449,7 +467,7 @@ static int l_submit(lua_State *L) {
     uint32_t chid = ch->id;
     lua_State *saved = b->L;
     b->L = L;
-    lei_msg *m = encode_at(L, b, 5);
+    lei_msg *m = lua_toboolean(L, 10) ? encoded_at(L, b, 5) : encode_at(L, b, 5);
     if (!m) {
         b->L = saved;
         return 2;

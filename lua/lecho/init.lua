@@ -17,6 +17,7 @@
 
 local core = require "lecho.core"
 local registry = require "lecho.registry"
+local fastenc = require "lecho.fastenc"
 
 local M = {
   _VERSION = "0.1.0",
@@ -135,6 +136,10 @@ function M.context(opts)
     nextpid = 0, nextcid = 0,
     selfq = {}, draining = false,
     moes = {}, nextmoe = 0, moe_failed = {},
+    -- the compiled encoder for submits (nil without string.buffer): same
+    -- bytes as the C one, which still does what it declines
+    fastenc = fastenc.new{ max_depth = opts.max_depth, max_string = opts.max_string,
+                           pin = opts.pin_threshold },
     mod_budget = opts.modulator_budget or 0.005,
     mod_memory = opts.modulator_memory or 32 * 1024 * 1024,
     timeout = opts.timeout or 5,
@@ -711,7 +716,8 @@ function Channel:producer(opts)
   ctx.nextpid = ctx.nextpid + 1
   -- What submit reads sits in the producer itself (one table per event:
   -- with thousands of channels, cache misses are the cost).
-  local p = setmetatable({ ch = self, c = ctx.c, chid = self.chid, id = ctx.nextpid, seq = 0,
+  local p = setmetatable({ ch = self, c = ctx.c, enc = ctx.fastenc, chid = self.chid,
+                           id = ctx.nextpid, seq = 0,
                            policy = opts.policy, mods = self.modlist,
                            plain = #self.dests > 0 or #self.consumers > 0 }, Producer)
   self.producers[p] = true
@@ -875,8 +881,10 @@ end
 function Producer:submit(ev)
   if self.closed then return nil, "producer is closed" end
   local seq = self.seq + 1
-  local ok, err = self.c:submit(self.chid, self.id, seq, ev, false, self.policy, self.mods,
-                                self.plain)
+  local enc = self.enc
+  local bytes = enc and enc(ev)
+  local ok, err = self.c:submit(self.chid, self.id, seq, bytes or ev, false, self.policy, self.mods,
+                                self.plain, bytes ~= nil)
   if ok then self.seq = seq end
   return ok, err
 end
@@ -890,7 +898,10 @@ function Producer:submit_sync(ev, opts)
   local c = ctx.c
   local timeout = opts and opts.timeout or ctx.sync_timeout
   local seq = self.seq + 1
-  local ids, err = c:submit(self.chid, self.id, seq, ev, true, self.policy, self.mods, self.plain)
+  local enc = self.enc
+  local bytes = enc and enc(ev)
+  local ids, err = c:submit(self.chid, self.id, seq, bytes or ev, true, self.policy, self.mods,
+                            self.plain, bytes ~= nil)
   if not ids then return nil, err end
   self.seq = seq
   local deadline = c:now() + timeout

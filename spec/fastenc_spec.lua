@@ -1,0 +1,88 @@
+-- lecho.fastenc must write exactly the bytes of the C encoder, or decline.
+local core = require "lecho.core"
+local fastenc = require "lecho.fastenc"
+
+-- A deterministic generator (no dependence on math.random's state).
+local function rng(seed)
+  local x = seed
+  return function(n)
+    x = (x * 1103515245 + 12345) % 2147483648
+    return x % n
+  end
+end
+
+local NUMS = { 0, 1, -1, 63, 64, -64, -65, 127, 128, 300, -300, 2^31, -2^31, 2^32 + 1,
+               2^49, -2^49, 2^50 - 1, -(2^50 - 1), 2^53, -2^53, 2^53 + 2, 1e300, -1e300,
+               0.5, -0.25, 1 / 3, math.huge, -math.huge, 0 / 0, -0.0, 5e-324 }
+
+local function gen(r, depth)
+  local k = r(depth > 3 and 6 or 8)
+  if k == 0 then return nil
+  elseif k == 1 then return r(2) == 0
+  elseif k == 2 then return NUMS[r(#NUMS) + 1]
+  elseif k == 3 then return r(100000) - 50000
+  elseif k == 4 then
+    local n = r(20)
+    local t = {}
+    for i = 1, n do t[i] = string.char(r(256)) end
+    return table.concat(t)
+  elseif k == 5 then return ("s"):rep(r(300))
+  else
+    local t = {}
+    local n = r(12)
+    for i = 1, n do t[i] = gen(r, depth + 1) end   -- may leave holes (nil)
+    for _ = 1, r(6) do
+      local kk = r(4)
+      local key = kk == 0 and ("k" .. r(50)) or kk == 1 and r(30) + 1 or kk == 2 and r(1000) / 7
+                  or (r(2) == 0)
+      t[key] = gen(r, depth + 1)
+    end
+    if r(5) == 0 then t[n + 2] = 1 end             -- a key past a hole
+    return t
+  end
+end
+
+describe("lecho.fastenc", function()
+  local enc = fastenc.new{}
+
+  it("is available here (LuaJIT 2.1 with string.buffer)", function()
+    assert.is_true(fastenc.available and true or false)
+  end)
+
+  it("writes the C encoder's bytes for 20000 random values, declining few", function()
+    local r = rng(42)
+    local declined = 0
+    for i = 1, 20000 do
+      local v = gen(r, 0)
+      local want = assert(core.encode(v))
+      local got = enc(v)
+      if got == nil then
+        declined = declined + 1
+      elseif got ~= want then
+        error(("value %d: fastenc and the C encoder differ (%d vs %d bytes)"):format(i, #got, #want))
+      end
+    end
+    assert.is_true(declined < 200, "declined " .. declined)   -- only 2^50..2^53 integers
+  end)
+
+  it("declines what the C encoder must handle: pins, limits, cycles, bad types", function()
+    local small = fastenc.new{ max_depth = 3, max_string = 10, pin = 8 }
+    assert.is_nil(small(("x"):rep(8)))                      -- to pin
+    assert.is_nil(fastenc.new{ max_string = 10, pin = 0 }(("x"):rep(11)))  -- over max_string
+    assert.is_nil(small({ { { { 1 } } } }))                -- too deep
+    local cyc = {}
+    cyc[1] = cyc
+    assert.is_nil(enc(cyc))
+    assert.is_nil(enc({ 1, function() end }))
+    assert.is_nil(enc(2^52))                                 -- integer the C side writes as int
+    assert.are.equal(core.encode(2^53 + 2), enc(2^53 + 2))  -- beyond: a double on both sides
+    assert.are.equal(core.encode({ 1, 2, 3 }), small({ 1, 2, 3 }))
+  end)
+
+  it("round-trips through the decoder", function()
+    local v = { kind = "x", n = { 1, 2.5, -3 }, ok = true, nested = { a = { b = { "c" } } } }
+    local ok, back = core.decode(enc(v))
+    assert.is_true(ok)
+    assert.are.same(v, back)
+  end)
+end)

@@ -640,9 +640,10 @@ int lei_chan_full(lei_ctx *c, uint32_t chid) {
     return ch && full_dest(c, ch) != NULL;
 }
 
-/* Queues one event frame (and the channel's BIND first if this connection
- * has not seen it).  Applies the queue policy. */
-static void enqueue_event(lei_ctx *c, lei_peer *p, lei_chan *ch, uint64_t producer, uint64_t seq,
+/* Queues one event frame, header hdr (the same for every destination) then
+ * msg, and the channel's BIND first if this connection has not seen it.
+ * Applies the queue policy. */
+static void enqueue_event(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr, size_t hlen,
                           lei_msg *msg, uint64_t sync, int policy) {
     if (!peer_live(p) && !(lei_peer_get(c, p->addr, 1) && peer_live(p))) {
         p->st.drops++;
@@ -682,14 +683,13 @@ static void enqueue_event(lei_ctx *c, lei_peer *p, lei_chan *ch, uint64_t produc
     }
     lei_qitem *it;
     if (!sync && msg->total <= SMALL_EVENT && msg->next == 0) {
-        uint8_t hdr[LEI_EVENT_HDR_MAX];
-        size_t hlen = lei_frame_event_hdr(hdr, ch->id, producer, seq, 0, msg->total);
         it = batch_event(p, ch->id, hdr, hlen, msg);
         if (!it) return;
     } else {
         it = item_new(msg);
         if (!it) return;
-        it->hlen = (uint8_t)lei_frame_event_hdr(it->hdr, ch->id, producer, seq, sync, msg->total);
+        memcpy(it->hdr, hdr, hlen);
+        it->hlen = (uint8_t)hlen;
         it->size = it->hlen + msg->total;
         it->chid = ch->id;
         it->droppable = !sync;
@@ -797,6 +797,9 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
         c->syncs = s;
         *sync_id = s->id;
     }
+    /* The same frame header for every destination: built once. */
+    uint8_t hdr[LEI_EVENT_HDR_MAX];
+    size_t hlen = lei_frame_event_hdr(hdr, ch->id, producer, seq, s ? s->id : 0, msg->total);
     ch->ev_out++;
     ch->bytes_out += msg->total;
     for (int i = 0; i < ch->ndests; i++) {
@@ -806,7 +809,7 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
             w->peer = p;
             s->nwait++;
         }
-        enqueue_event(c, p, ch, producer, seq, msg, s ? s->id : 0, policy);
+        enqueue_event(c, p, ch, hdr, hlen, msg, s ? s->id : 0, policy);
         if (s && !peer_live(p)) {
             char why[256];
             snprintf(why, sizeof why, "consumer context %s: unreachable (%s)", p->addr,

@@ -288,16 +288,15 @@ static void q_clear(lei_ctx *c, lei_peer *p, int count_drops) {
 /* Appends a small async event frame to the batch at the tail of p's queue,
  * starting a new batch when there is none or it is full.  The tail batch
  * may be partly written already: only its end grows.  Returns the batch, or
- * NULL (ENOMEM: the event is not queued; a new empty batch may stay). */
+ * NULL (ENOMEM: the event is not queued, the queue is as it was; never an
+ * empty batch, which a write could not get past). */
 static lei_qitem *batch_event(lei_peer *p, uint32_t chid, const uint8_t *hdr, size_t hlen,
                               const lei_msg *msg) {
     lei_qitem *t = p->q.tail;
     size_t n = hlen + msg->total;
     if (!t || !t->batch || t->msg->own.len + n > BATCH_MAX) {
         lei_msg *m = lei_msg_new();
-        if (!m) return NULL;
-        t = item_new(NULL);
-        if (!t) {
+        if (!m || lei_wbuf_reserve(&m->own, n) || !(t = item_new(NULL))) {
             lei_msg_release(m, NULL, NULL);
             return NULL;
         }

@@ -463,37 +463,15 @@ static void set_nodelay(int fd)
 
 int main(int argc, char **argv)
 {
-    int ai = 1;
-    int64_t warmup_opt = -1;
-    if (ai + 1 < argc && strcmp(argv[ai], "--warmup") == 0) {
-        warmup_opt = (int64_t)parse_u64(argv[ai + 1]);
-        ai += 2;
-    }
-    if (argc - ai != 3)
-        usage();
-    const char *wname = argv[ai];
-    enum workload w;
-    uint64_t def_warmup;
-    if (strcmp(wname, "pingpong") == 0) {
-        w = W_PINGPONG;
-        def_warmup = 1000;
-    } else if (strcmp(wname, "stream") == 0) {
-        w = W_STREAM;
-        def_warmup = 10000;
-    } else if (strcmp(wname, "bulk") == 0) {
-        w = W_BULK;
-        def_warmup = 2;
-    } else {
-        usage();
-    }
-    uint64_t size64 = parse_u64(argv[ai + 1]);
-    uint64_t n = parse_u64(argv[ai + 2]);
-    if (size64 > MAX_SIZE || n < 1)
-        usage();
-    uint32_t size = (uint32_t)size64;
-    uint64_t warmup = warmup_opt >= 0 ? (uint64_t)warmup_opt : def_warmup;
-    if (warmup_opt < 0 && warmup > n / 10)
-        warmup = n / 10;
+    static const char *const names[] = {"pingpong", "stream", "bulk", NULL};
+    static const uint64_t def_warmup[] = {1000, 10000, 2};
+    struct bench_args a;
+    parse_args(argc, argv, names, def_warmup, 0, MAX_SIZE, &a);
+    enum workload w = (enum workload)a.workload;
+    const char *wname = names[a.workload];
+    uint32_t size = (uint32_t)a.size;
+    uint64_t n = a.n;
+    uint64_t warmup = a.warmup;
 
     setup_signals();
 

@@ -437,47 +437,19 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-    int ai = 1;
-    int64_t warmup_opt = -1, hwm_opt = -1;
-    while (ai + 1 < argc && strncmp(argv[ai], "--", 2) == 0) {
-        if (strcmp(argv[ai], "--warmup") == 0)
-            warmup_opt = (int64_t)parse_u64(argv[ai + 1]);
-        else if (strcmp(argv[ai], "--hwm") == 0)
-            hwm_opt = (int64_t)parse_u64(argv[ai + 1]);
-        else
-            usage();
-        ai += 2;
-    }
-    if (hwm_opt > INT32_MAX)
-        usage();
-    if (argc - ai != 3)
-        usage();
-    const char *wname = argv[ai];
+    static const char *const names[] = {"pingpong", "stream", "bulk", NULL};
+    static const uint64_t def_warmup[] = {1000, 10000, 2};
+    struct bench_args a;
+    parse_args(argc, argv, names, def_warmup, 1, MAX_SIZE, &a);
     struct run r;
-    uint64_t def_warmup;
-    if (strcmp(wname, "pingpong") == 0) {
-        r.w = W_PINGPONG;
-        def_warmup = 1000;
-    } else if (strcmp(wname, "stream") == 0) {
-        r.w = W_STREAM;
-        def_warmup = 10000;
-    } else if (strcmp(wname, "bulk") == 0) {
-        r.w = W_BULK;
-        def_warmup = 2;
-    } else {
-        usage();
-    }
-    uint64_t size64 = parse_u64(argv[ai + 1]);
-    r.n = parse_u64(argv[ai + 2]);
-    if (size64 > MAX_SIZE || r.n < 1)
-        usage();
-    r.size = (size_t)size64;
-    r.warmup = warmup_opt >= 0 ? (uint64_t)warmup_opt : def_warmup;
+    r.w = (enum workload)a.workload;
+    const char *wname = names[a.workload];
+    r.n = a.n;
+    r.size = (size_t)a.size;
+    r.warmup = a.warmup;
     r.hwm = r.w == W_STREAM ? STREAM_HWM : r.w == W_BULK ? BULK_HWM : -1;
-    if (hwm_opt >= 0)
-        r.hwm = (int)hwm_opt;
-    if (warmup_opt < 0 && r.warmup > r.n / 10)
-        r.warmup = r.n / 10;
+    if (a.hwm >= 0)
+        r.hwm = (int)a.hwm;
 
     setup_signals();
 

@@ -171,6 +171,49 @@ static uint64_t parse_u64(const char *s)
         usage();
     return v;
 }
+/* The command line every driver takes: [--warmup K] [--hwm H] WORKLOAD SIZE N.
+ * names: the workloads (NULL-terminated), def_warmup[i]: the warm-up of
+ * names[i] when --warmup is not given (capped at N/10).  --hwm only when
+ * allow_hwm (hwm is -1 otherwise).  Anything else: usage(). */
+struct bench_args {
+    int workload; /* index into names */
+    uint64_t size, n, warmup;
+    int64_t hwm;
+};
+
+static void parse_args(int argc, char **argv, const char *const *names,
+                       const uint64_t *def_warmup, int allow_hwm, uint64_t max_size,
+                       struct bench_args *a)
+{
+    int ai = 1;
+    int64_t warmup_opt = -1;
+    a->hwm = -1;
+    while (ai + 1 < argc && strncmp(argv[ai], "--", 2) == 0) {
+        if (strcmp(argv[ai], "--warmup") == 0)
+            warmup_opt = (int64_t)parse_u64(argv[ai + 1]);
+        else if (allow_hwm && strcmp(argv[ai], "--hwm") == 0)
+            a->hwm = (int64_t)parse_u64(argv[ai + 1]);
+        else
+            usage();
+        ai += 2;
+    }
+    if (a->hwm > INT32_MAX || argc - ai != 3)
+        usage();
+    a->workload = -1;
+    for (int i = 0; names[i]; i++)
+        if (strcmp(argv[ai], names[i]) == 0)
+            a->workload = i;
+    if (a->workload < 0)
+        usage();
+    a->size = parse_u64(argv[ai + 1]);
+    a->n = parse_u64(argv[ai + 2]);
+    if (a->size > max_size || a->n < 1)
+        usage();
+    a->warmup = warmup_opt >= 0 ? (uint64_t)warmup_opt : def_warmup[a->workload];
+    if (warmup_opt < 0 && a->warmup > a->n / 10)
+        a->warmup = a->n / 10;
+}
+
 /* Forks the peer process.  Returns its pid in the parent and 0 in the
  * child, which is then set up: role "child", default SIGCHLD, its own alarm,
  * and killed if the parent dies. */

@@ -203,32 +203,15 @@ static void wait_ctl(lei_ctx *c, ev_io *w, char want)
 
 int main(int argc, char **argv)
 {
-    int ai = 1;
-    int64_t warmup_opt = -1;
-    if (ai + 1 < argc && strcmp(argv[ai], "--warmup") == 0) {
-        warmup_opt = (int64_t)parse_u64(argv[ai + 1]);
-        ai += 2;
-    }
-    if (argc - ai != 3)
-        usage();
-    const char *wname = argv[ai];
-    uint64_t def_warmup;
-    if (strcmp(wname, "pingpong") == 0) {
-        wl = W_PINGPONG;
-        def_warmup = 1000;
-    } else if (strcmp(wname, "stream") == 0) {
-        wl = W_STREAM;
-        def_warmup = 10000;
-    } else {
-        usage();
-    }
-    size = (size_t)parse_u64(argv[ai + 1]);
-    nops = parse_u64(argv[ai + 2]);
-    if (size > (1u << 30) || nops < 1)
-        usage();
-    warmup = warmup_opt >= 0 ? (uint64_t)warmup_opt : def_warmup;
-    if (warmup_opt < 0 && warmup > nops / 10)
-        warmup = nops / 10;
+    static const char *const names[] = {"pingpong", "stream", NULL};
+    static const uint64_t def_warmup[] = {1000, 10000};
+    struct bench_args a;
+    parse_args(argc, argv, names, def_warmup, 0, 1u << 30, &a);
+    wl = a.workload == 0 ? W_PINGPONG : W_STREAM;
+    const char *wname = names[a.workload];
+    size = (size_t)a.size;
+    nops = a.n;
+    warmup = a.warmup;
     payload = xmalloc(size);
 
     setup_signals();

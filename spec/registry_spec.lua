@@ -418,6 +418,43 @@ describe("lecho.registry bad input", function()
   end)
 end)
 
+describe("lecho.registry modulator subscriptions", function()
+  local SRC = "function enqueue(ev) return ev end"
+
+  it("merges equal modulators by key and sends producers their destinations", function()
+    local reg, w = new("manager"), wire()
+    req(reg, w, P1, { op = "join", ch = "x", role = "producer" }); w.take()
+    local m = { src = SRC, params = { k = 1 } }
+    req(reg, w, C1, { op = "join", ch = "x", role = "consumer", subs = { plain = false, mods = { K = m } } })
+    req(reg, w, C2, { op = "join", ch = "x", role = "consumer", subs = { plain = true, mods = { K = m } } })
+    local ms = members_to(w, P1)
+    local last = ms[#ms]
+    assert.are.same({ C2 }, last.consumers)            -- only C2 takes the plain stream
+    assert.are.same({ C1, C2 }, last.mods.K.dests)
+    assert.are.equal(SRC, last.mods.K.src)
+  end)
+
+  it("refuses a key another context uses for a different modulator", function()
+    local reg, w = new("manager"), wire()
+    req(reg, w, C1, { op = "join", ch = "x", role = "consumer",
+                      subs = { mods = { K = { src = SRC, params = { k = 1 } } } } })
+    assert.is_true(reply_to(w, C1).ok)
+    req(reg, w, C2, { op = "join", ch = "x", role = "consumer",
+                      subs = { mods = { K = { src = SRC, params = { k = 2 } } } } })
+    local r = reply_to(w, C2)
+    assert.is_false(r.ok)
+    assert.matches("already used by " .. C1:gsub("%.", "%%."), r.err)
+    req(reg, w, C2, { op = "join", ch = "x", role = "consumer" })   -- plain: fine
+    assert.is_true(reply_to(w, C2).ok)
+    req(reg, w, C2, { op = "subscribe", ch = "x",
+                      subs = { mods = { K = { src = "x = 1", params = { k = 1 } } } } })
+    assert.is_false(reply_to(w, C2).ok)
+    req(reg, w, C2, { op = "subscribe", ch = "x",
+                      subs = { mods = { K = { src = SRC, params = { k = 1 } } } } })
+    assert.is_true(reply_to(w, C2).ok)                 -- the same modulator: shared
+  end)
+end)
+
 describe("lecho.registry list and snapshot", function()
   it("shows full membership for own channels, the manager for assigned ones", function()
     local reg, w = new(), wire()

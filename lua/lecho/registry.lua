@@ -239,6 +239,37 @@ local function check_subs(msg)
   return { plain = s.plain ~= false, mods = mods }
 end
 
+-- Deep equality of plain values (params, capability lists).
+local function same(a, b)
+  if a == b then return true end
+  if type(a) ~= "table" or type(b) ~= "table" then return a ~= a and b ~= b end -- NaN
+  for k, v in pairs(a) do
+    if not same(v, b[k]) then return false end
+  end
+  for k in pairs(b) do
+    if a[k] == nil then return false end
+  end
+  return true
+end
+
+-- Keys name modulators (a 64-bit hash made by the consumer): two consumers
+-- using one key must mean one modulator, or one would receive the other's
+-- stream.  Returns nil, err when `subs` reuses a key of another context's
+-- subscription for different code or params.
+local function check_keys(c, from, subs, op)
+  for key, m in pairs(subs.mods) do
+    for addr, r in pairs(c.consumers) do
+      local o = addr ~= from and r.subs.mods[key]
+      if o and not (o.src == m.src and o.period == m.period and same(o.caps, m.caps)
+                    and same(o.params, m.params)) then
+        return nil, ("%s: modulator key %s is already used by %s for another modulator"):format(
+          op, key, addr)
+      end
+    end
+  end
+  return true
+end
+
 local function wait_for(self, c, from, msg, r, io)
   local w = { from = from, rid = msg.rid, ver = r.ver, count = r.count,
               deadline = io.now + self.ack_timeout, keys = sorted_keys(r.subs.mods) }
@@ -348,6 +379,8 @@ function ops.join(self, from, msg, io)
 
   local subs; subs, err = check_subs(msg)
   if not subs then return fail(self, io, from, msg.rid, err) end
+  local ok; ok, err = check_keys(c, from, subs, "join")
+  if not ok then return fail(self, io, from, msg.rid, err) end
   local r = c.consumers[from]
   if r then
     r.count = r.count + 1
@@ -378,6 +411,8 @@ function ops.subscribe(self, from, msg, io)
   end
   local subs; subs, err = check_subs(msg)
   if not subs then return fail(self, io, from, msg.rid, err) end
+  local ok; ok, err = check_keys(c, from, subs, "subscribe")
+  if not ok then return fail(self, io, from, msg.rid, err) end
   r.subs = subs
   publish_members(self, c, io)
   r.ver = c.ver

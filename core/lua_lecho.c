@@ -631,6 +631,18 @@ static int l_moe_params(lua_State *L) {
     return moe_result(L, x, rc);
 }
 
+/* moe:receivers(n) -> true | nil, err: a receiving context was added. */
+static int l_moe_receivers(lua_State *L) {
+    lb_moe *x = check_moe(L);
+    lb_ctx *b = x->b;
+    int n = (int)luaL_checkinteger(L, 2);
+    lua_State *saved = b->L;
+    b->L = L;
+    int rc = lei_moe_receivers(x->m, n);
+    b->L = saved;
+    return moe_result(L, x, rc);
+}
+
 /* moe:retarget(chid) -> true | nil, err */
 static int l_moe_retarget(lua_State *L) {
     lb_moe *x = check_moe(L);
@@ -1135,6 +1147,7 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
     if (luaL_newmetatable(L, MOE_MT)) {
         static const luaL_Reg moe_methods[] = {{"params", l_moe_params}, {"error", l_moe_error},
                                                {"retarget", l_moe_retarget},
+                                               {"receivers", l_moe_receivers},
                                                {"stats", l_moe_stats},   {"close", l_moe_close},
                                                {NULL, NULL}};
         lua_newtable(L);

@@ -22,7 +22,9 @@
 #define HOOK_COUNT 10000 /* instructions between budget checks */
 #define REG_KEY "lecho.moe"
 
-enum { ST_INIT, ST_PARAMS, ST_ENQ, ST_DEQ, ST_PERIOD };
+/* ST_HOOK: an optional function of the modulator called by name (period,
+ * receivers), with hook_arg when >= 0. */
+enum { ST_INIT, ST_PARAMS, ST_ENQ, ST_DEQ, ST_HOOK };
 
 typedef struct moe_out {
     lei_msg *msg; /* one reference, owned until submitted */
@@ -50,6 +52,8 @@ struct lei_moe {
     struct timespec mono0;
     double cpu0;           /* thread CPU seconds at the first check, < 0: not yet */
     int stage, sync, policy;
+    const char *hook_fn;   /* ST_HOOK: which function */
+    int hook_arg;
     uint64_t producer, seq;
     const uint8_t *in;
     size_t inlen;
@@ -187,7 +191,7 @@ static void hold(lua_State *L, lei_moe *m) {
 static void route(lua_State *L, lei_moe *m, int idx) {
     char err[256];
     if (lua_isnil(L, idx)) return;
-    if ((m->stage == ST_ENQ || m->stage == ST_PERIOD) && m->ref_q != LUA_NOREF) {
+    if ((m->stage == ST_ENQ || m->stage == ST_HOOK) && m->ref_q != LUA_NOREF) {
         lua_pushvalue(L, idx);
         hold(L, m);
         return;
@@ -345,12 +349,14 @@ static int step(lua_State *L) {
         lua_pop(L, 1);
         break;
     }
-    case ST_PERIOD:
-        push_env_fn(L, m, "period");
-        if (lua_isfunction(L, -1))
-            call_route(L, m, 0);
-        else
+    case ST_HOOK:
+        push_env_fn(L, m, m->hook_fn);
+        if (lua_isfunction(L, -1)) {
+            if (m->hook_arg >= 0) lua_pushinteger(L, m->hook_arg);
+            call_route(L, m, m->hook_arg >= 0 ? 1 : 0);
+        } else {
             lua_pop(L, 1);
+        }
         break;
     }
     return 0;
@@ -401,7 +407,9 @@ static int step_init(lua_State *L) {
         lua_newtable(L);
         m->ref_q = luaL_ref(L, LUA_REGISTRYINDEX);
     }
-    for (const char *const *f = (const char *const[]){"enqueue", "dequeue", "period", NULL}; *f; f++) {
+    for (const char *const *f = (const char *const[]){"enqueue", "dequeue", "period", "receivers",
+                                                       NULL};
+         *f; f++) {
         push_env_fn(L, m, *f);
         if (!lua_isnil(L, -1) && !lua_isfunction(L, -1))
             luaL_error(L, "'%s' must be a function", *f);
@@ -502,21 +510,32 @@ static int pump(lei_moe *m, int force) {
     return 0;
 }
 
-static void period_cb(struct ev_loop *loop, ev_timer *w, int revents) {
-    (void)loop;
-    (void)revents;
-    lei_moe *m = w->data;
-    m->stage = ST_PERIOD;
+/* Calls the modulator's function fn (if it has one) with arg (< 0: none);
+ * what it emits carries producer id 0 and the modulator's own sequence. */
+static int call_hook(lei_moe *m, const char *fn, int arg) {
+    if (!m->L) return -1;
+    m->stage = ST_HOOK;
+    m->hook_fn = fn;
+    m->hook_arg = arg;
     m->producer = 0;
     m->seq = ++m->pseq;
     m->sync = 0;
     m->policy = m->ctx->o.policy;
     if (run_step(m, step, NULL)) {
         notify_fail(m);
-        return;
+        return -1;
     }
     submit_outs(m, 0);
+    return 0;
 }
+
+static void period_cb(struct ev_loop *loop, ev_timer *w, int revents) {
+    (void)loop;
+    (void)revents;
+    call_hook(w->data, "period", -1);
+}
+
+int lei_moe_receivers(lei_moe *m, int n) { return call_hook(m, "receivers", n); }
 
 /* ---- public ------------------------------------------------------------- */
 

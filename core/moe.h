@@ -4,8 +4,9 @@
  * in a LuaJIT state of its own inside the producing process.  It sits between
  * a producer's submit and one derived channel of the context: every submitted
  * event goes through its enqueue(ev), an optional dequeue(ev, waiting) when
- * the transport has room, and an optional period() on a timer; what they
- * return or emit() is encoded and submitted on the derived channel.
+ * the transport has room, an optional period() on a timer and receivers(n)
+ * when a receiving context is added; what they return or emit() is encoded
+ * and submitted on the derived channel.
  *
  * Containment: the state sees only a curated environment (doc/modulators.md),
  * runs with the JIT compiler off so that a count hook can always interrupt
@@ -71,6 +72,11 @@ int lei_moe_enqueue(lei_moe *m, uint64_t producer, uint64_t seq, const uint8_t *
                     int sync, int policy);
 /* Sync ids submitted by the last lei_moe_enqueue (valid until the next). */
 size_t lei_moe_syncs(const lei_moe *m, const uint64_t **ids);
+
+/* A receiving context was added: calls the modulator's receivers(n), if it
+ * has one (n: how many contexts receive its output now), so that it can
+ * start over (a key frame).  0, or -1 when the modulator failed. */
+int lei_moe_receivers(lei_moe *m, int n);
 
 /* Sends what is held (through dequeue) on the old channel, then sends to
  * chid from now on (a params change keeps the modulator's state but starts

@@ -327,3 +327,65 @@ describe("modulators across processes, two producers", function()
     assert.are.equal(1, started_new)           -- the late one never ran the old params
   end)
 end)
+
+-- A context that joins a running, shared modulator: receivers(n) lets the
+-- modulator start over, so the newcomer's first event is a key frame.
+local KEYED_VIEWER = [[
+local cjson = require "cjson"
+local lecho = require "lecho"
+local a = cjson.decode(arg[1])
+local ctx = lecho.context{ nameserver = a.ns, quiet = true }
+local got = {}
+assert(ctx:channel("keyed"):consumer(function(ev)
+  if ev.done then
+    io.stdout:write(cjson.encode(got), "\n") io.stdout:flush()
+    ctx:stop()
+    return
+  end
+  got[#got + 1] = ev
+end, { modulator = a.src }))
+io.stdout:write("ready\n") io.stdout:flush()
+ctx:after(30, function() ctx:stop() end)
+ctx:run()
+]]
+
+describe("modulators and receivers that join later", function()
+  after_each(function() S.cleanup() end)
+
+  it("call receivers(n) when a context joins a shared modulator", function()
+    local src = [[
+      local last, calls = nil, 0
+      function receivers(n) last = nil; calls = calls + 1; emit({ note = "receivers", n = n }) end
+      function enqueue(ev)
+        if ev.done then return ev end
+        local key = last == nil
+        last = ev.i
+        return { i = ev.i, key = key }
+      end ]]
+    local ctx = lecho.context{ quiet = true }
+    local p = assert(ctx:channel("keyed"):producer())
+    local a = S.lua(KEYED_VIEWER, cjson.encode{ ns = ctx.addr, src = src })
+    assert(S.run_until(ctx, function() return S.output(a):match("ready") end, 20))
+    for i = 1, 5 do assert(p:submit_sync({ i = i })) end
+    local b = S.lua(KEYED_VIEWER, cjson.encode{ ns = ctx.addr, src = src })
+    assert(S.run_until(ctx, function() return S.output(b):match("ready") end, 20))
+    for i = 6, 8 do assert(p:submit_sync({ i = i })) end
+    local n = 0                                -- one shared instance
+    for _ in pairs(ctx:stats().modulators) do n = n + 1 end
+    assert.are.equal(1, n)
+    assert(p:submit_sync({ done = true }))
+    assert(S.wait(a, 20, ctx)); assert(S.wait(b, 20, ctx))
+    local ra = cjson.decode(S.output(a):match("%[.*%]"))
+    local rb = cjson.decode(S.output(b):match("%[.*%]"))
+    -- one shared instance: B's first event is the notice, then a key frame
+    assert.are.same({ note = "receivers", n = 2 }, rb[1])
+    assert.are.same({ i = 6, key = true }, rb[2])
+    assert.are.equal(3, #rb - 1)
+    -- A: a key frame at 1, the notice, then a key frame again at 6
+    assert.are.same({ i = 1, key = true }, ra[1])
+    assert.are.same({ i = 5, key = false }, ra[5])
+    assert.are.same({ note = "receivers", n = 2 }, ra[6])
+    assert.are.same({ i = 6, key = true }, ra[7])
+    ctx:close()
+  end)
+end)

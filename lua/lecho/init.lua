@@ -565,9 +565,19 @@ function Channel:_set_consumers(list, mods)
       if not inst then inst = self:_install(key, m) end
     end
     if inst then
+      local added = false
+      if inst.dests then
+        local had = {}
+        for _, d in ipairs(inst.dests) do had[d] = true end
+        for _, d in ipairs(m.dests or {}) do added = added or not had[d] end
+      end
       inst.dests = m.dests
       inst.dests_key = table.concat(m.dests or {}, ",")
       ctx.c:set_dests(inst.dchid, others(m.dests, ctx.addr))
+      -- A context joined a running modulator: it may want to start over
+      -- (a differencing modulator sends a key frame).  Failures are reported
+      -- through the moe_error hook.
+      if added then inst.moe:receivers(#m.dests) end
     end
   end
   for _, inst in ipairs(gone) do self:_unload(inst) end

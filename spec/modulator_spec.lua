@@ -389,3 +389,71 @@ describe("modulators and receivers that join later", function()
     ctx:close()
   end)
 end)
+
+-- A backlogged consumer switches modulators: every old event still queued
+-- reaches the old demodulator (the producer ends the old stream in band),
+-- however long the backlog takes to drain.
+local SLOW_SWITCHER = [[
+local cjson = require "cjson"
+local lecho = require "lecho"
+local ffi = require "ffi"
+local a = cjson.decode(arg[1])
+local ctx = lecho.context{ nameserver = a.ns, quiet = true }
+local n1, n2, mixed, switching = 0, 0, 0, false
+local function busy(s) local t = os.clock() + s while os.clock() < t do end end
+local con
+local function demod2(ev)
+  if ev.done then
+    io.stdout:write(cjson.encode{ n1 = n1, n2 = n2, mixed = mixed }, "\n") io.stdout:flush()
+    ctx:stop()
+    return
+  end
+  if ev.m ~= 2 then mixed = mixed + 1 end
+  n2 = n2 + 1
+end
+local function demod1(ev)
+  if ev.done then return end
+  if ev.m ~= 1 then mixed = mixed + 1 end
+  n1 = n1 + 1
+  busy(0.015)                      -- a slow viewer: the backlog takes seconds
+  if not switching then
+    switching = true
+    ctx:after(0, function()
+      assert(con:set_modulator("function enqueue(ev) ev.m = 2 return ev end", nil, demod2))
+      io.stderr:write("switched\n")
+    end)
+  end
+end
+con = assert(ctx:channel("slow"):consumer(demod1,
+  { modulator = "function enqueue(ev) ev.m = 1 return ev end" }))
+io.stdout:write("ready\n") io.stdout:flush()
+ctx:after(40, function() ctx:stop() end)
+ctx:run()
+]]
+
+describe("replacing the modulator of a backlogged consumer", function()
+  after_each(function() S.cleanup() end)
+
+  it("delivers every old event to the old demodulator, however long the backlog", function()
+    -- the manager is another process: its answers do not queue behind the events
+    local _, ns = S.nameserver("--quiet")
+    local ctx = lecho.context{ nameserver = ns, quiet = true }
+    local p = assert(ctx:channel("slow"):producer())
+    local v = S.lua(SLOW_SWITCHER, cjson.encode{ ns = ns })
+    assert(S.run_until(ctx, function() return S.output(v):match("ready") end, 20))
+    -- ~3 s of work for the viewer; 8 KB each, so that one read does not
+    -- take them all in before the viewer sees the manager's answer
+    local pad = ("x"):rep(8000)
+    for i = 1, 200 do assert(p:submit({ i = i, pad = pad })) end
+    p:flush()
+    assert(S.run_until(ctx, function() return S.errors(v):match("switched") end, 20))
+    for i = 201, 250 do assert(p:submit({ i = i })) end
+    assert(p:submit_sync({ done = true }, { timeout = 30 }))
+    assert(S.wait(v, 30, ctx))
+    local r = cjson.decode(S.output(v):match("{.*}"))
+    assert.are.equal(0, r.mixed)
+    assert.are.equal(200, r.n1)
+    assert.are.equal(50, r.n2)
+    ctx:close()
+  end)
+end)

@@ -179,8 +179,8 @@ describe("lecho.registry membership", function()
     reg:tick(w.send, 11)                       -- before the deadline: nothing
     assert.are.same({}, w.take())
     reg:handle(P2, { op = "members_ok", ch = "x", ver = m2[1].ver, mid = m2[1].mid }, w.send, 11.5)
-    assert.are.same({ op = "reply", rid = id, ok = true, ver = m1[1].ver, count = 1, errors = {} },
-                    reply_to(w, C1))
+    assert.are.same({ op = "reply", rid = id, ok = true, ver = m1[1].ver, count = 1, errors = {},
+                      producers = { P1, P2 } }, reply_to(w, C1))
     assert.are.same({}, w.take())
     assert.are.equal(0, reg:snapshot().channels.x.waiting)
   end)
@@ -196,7 +196,7 @@ describe("lecho.registry membership", function()
     assert.are.same({}, w.take())
     reg:tick(w.send, 102.0)
     assert.are.same({ op = "reply", rid = id, ok = true, ver = m.ver, count = 1, late = { P1 },
-                      errors = {} },
+                      errors = {}, producers = { P1, P2 } },
                     reply_to(w, C1))
     reg:tick(w.send, 103)                      -- answered once only
     reg:handle(P1, { op = "members_ok", ch = "x", ver = m.ver }, w.send, 104)

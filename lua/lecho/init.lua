@@ -270,6 +270,9 @@ function Context:_on_ctrl(from, msg)
     end
     self:_send_ctrl(from, { op = "members_ok", ch = msg.ch, ver = msg.ver, mid = msg.mid,
                             errs = ch and ch:_mod_errors(msg.mods) })
+  elseif op == "stream_end" then
+    local ch = self.byname[msg.ch]
+    if ch and type(msg.key) == "string" then ch:_stream_ended(msg.key, msg.producer or from) end
   elseif op == "mod_error" then
     local ch = self.byname[msg.ch]
     if ch and type(msg.key) == "string" then
@@ -294,6 +297,7 @@ function Context:_on_peer(idx, addr, up, reason)
   -- Soft state: channels managed by the lost context are joined again
   -- (lookup first: the name server may hand them to another manager).
   for _, ch in pairs(self.byname) do
+    for key in pairs(ch.streams) do ch:_stream_ended(key, addr) end
     if ch.manager == addr or (ch.ns == addr and ch.manager ~= self.addr) then
       ch.manager = nil
       -- Versions are the lost manager's: the next one counts from its own
@@ -582,6 +586,29 @@ function Channel:_set_consumers(list, mods)
   end
   for _, inst in ipairs(gone) do self:_unload(inst) end
   self:_rebuild_modlist()
+  self:_end_streams(mods)
+end
+
+-- Each context that no longer takes modulator `key` from this process is
+-- told so in band: the message goes after the last event of that stream on
+-- the same connection, so the consumer knows nothing more will come.
+function Channel:_end_streams(mods)
+  local ctx = self.ctx
+  local now = {}
+  for key, m in pairs(mods) do
+    local set = {}
+    for _, a in ipairs(m.dests or {}) do set[a] = true end
+    now[key] = set
+  end
+  for key, set in pairs(self.sub_dests or {}) do
+    for a in pairs(set) do
+      if not (now[key] and now[key][a]) then
+        if a == ctx.addr then ctx.c:drain_local() end -- local events first
+        ctx:_send_ctrl(a, { op = "stream_end", ch = self.name, key = key, producer = ctx.addr })
+      end
+    end
+  end
+  self.sub_dests = now
 end
 
 function Channel:_rebuild_modlist()
@@ -800,6 +827,7 @@ function Channel:_attach(con, spec, handler)
 end
 
 function Channel:_detach(e)
+  e.detached = true
   for key, st in pairs(self.streams) do
     local list = st.consumers
     for i = #list, 1, -1 do
@@ -812,6 +840,19 @@ function Channel:_detach(e)
         self.ctx.disp[st.chid] = nil
       end
       if not self.ctx.closed then self.ctx.c:set_local(st.chid, false) end
+    end
+  end
+end
+
+-- A producer will send nothing more of stream `key` here: old entries
+-- waiting for it are detached once no producer is left to wait for.
+function Channel:_stream_ended(key, producer)
+  local st = self.streams[key]
+  if not st then return end
+  for _, e in ipairs({ unpack(st.consumers) }) do
+    if e.ending then
+      e.ending[producer] = nil
+      if next(e.ending) == nil then self:_detach(e) end
     end
   end
 end
@@ -1002,22 +1043,24 @@ function Consumer:_switch(spec, handler)
   self.entry = ch:_attach(self, spec, handler)
   local r, err = ch:_update_subs()
   if old_entry then
-    -- Producers no longer send the old stream here once they applied the
-    -- change, so what still arrives on it was on its way: it goes to the old
-    -- demodulator for a grace period.  Unless another consumer of this
-    -- context still uses that modulator: then it stops at once.
+    -- What the old modulator sent and is still on its way goes to the old
+    -- demodulator, until every producer said (in band, after its last event
+    -- of that stream) that it sends no more; or sync_timeout passed (a
+    -- producer that died or never answered).  Unless another consumer of
+    -- this context still uses that modulator: then it stops at once.
     local st = old and ch.streams[old.key]
-    if st and #st.consumers > 1 then
+    local ending = {}
+    for _, a in ipairs(type(r) == "table" and r.producers or {}) do ending[a] = true end
+    if (st and #st.consumers > 1) or next(ending) == nil then
       ch:_detach(old_entry)
     else
-      self.old_entries = self.old_entries or {}
-      self.old_entries[#self.old_entries + 1] = old_entry
-      ch.ctx:after(2.0, function()
-        ch:_detach(old_entry)
-        for i, e in ipairs(self.old_entries) do
-          if e == old_entry then table.remove(self.old_entries, i) break end
-        end
-      end)
+      old_entry.ending = ending
+      local keep = { old_entry }
+      for _, e in ipairs(self.old_entries or {}) do
+        if not e.detached then keep[#keep + 1] = e end
+      end
+      self.old_entries = keep
+      ch.ctx:after(ch.ctx.sync_timeout, function() ch:_detach(old_entry) end)
     end
   end
   if not r then return nil, err end

@@ -172,7 +172,8 @@ local function check_waits(self, c, io)
   local keep = {}
   for _, w in ipairs(c.waits) do
     if all_acked(c, w.ver) then
-      reply(self, io, w.from, w.rid, { ver = w.ver, count = w.count, errors = wait_errors(c, w) })
+      reply(self, io, w.from, w.rid, { ver = w.ver, count = w.count, errors = wait_errors(c, w),
+                                       producers = sorted_keys(c.producers) })
     else
       keep[#keep + 1] = w
     end
@@ -274,7 +275,8 @@ local function wait_for(self, c, from, msg, r, io)
   local w = { from = from, rid = msg.rid, ver = r.ver, count = r.count,
               deadline = io.now + self.ack_timeout, keys = sorted_keys(r.subs.mods) }
   if all_acked(c, r.ver) then
-    return reply(self, io, from, msg.rid, { ver = r.ver, count = r.count, errors = wait_errors(c, w) })
+    return reply(self, io, from, msg.rid, { ver = r.ver, count = r.count, errors = wait_errors(c, w),
+                                            producers = sorted_keys(c.producers) })
   end
   c.waits[#c.waits + 1] = w
 end
@@ -621,7 +623,8 @@ function Registry:tick(send, now)
             self.log("warn", ("channel '%s': join of %s answered without confirmation from %s")
                              :format(c.name, w.from, table.concat(late, ", ")))
             reply(self, io, w.from, w.rid, { ver = w.ver, count = w.count, late = late,
-                                             errors = wait_errors(c, w) })
+                                             errors = wait_errors(c, w),
+                                             producers = sorted_keys(c.producers) })
           else
             keep[#keep + 1] = w
           end

@@ -158,6 +158,12 @@ M.diff = [==[
 local last, last_key   -- the demodulator's picture of the field
 local floor = math.floor
 
+-- Another viewer joined this (shared) modulator: it has no picture yet, so
+-- the next step goes out as a key frame, to every viewer.
+function receivers(n)
+  last_key = nil
+end
+
 function enqueue(ev)
   if type(ev) ~= "table" or type(ev.cells) ~= "table" then return ev end
   local th = params.threshold

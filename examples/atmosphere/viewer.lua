@@ -104,9 +104,8 @@ elseif opts.kind == "region" then
 else
   local okp, params = pcall(mods.diff_params, { threshold = opts.threshold, quantum = opts.quantum })
   if not okp then die(tostring(params)) end
-  -- `viewer` makes this consumer's modulator its own: a differencing
-  -- modulator's state (what it sent) belongs to one receiving stream.
-  params.viewer = ctx.addr
+  -- Viewers asking for the same threshold share one modulator in the
+  -- simulation; when one joins, receivers() makes the next step a key frame.
   handler, state = mods.diff_demodulator(function(ev) on_field(ev) end)
   copts = { modulator = mods.diff, params = params }
 end

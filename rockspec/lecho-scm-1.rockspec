@@ -7,7 +7,9 @@ description = {
 lecho carries Lua values over named event channels between processes:
 producers submit events asynchronously (batched) or synchronously (returning
 once every consumer ran its handler); a name server and channel managers keep
-membership; one TCP connection per pair of processes carries every channel.]],
+membership; one TCP connection per pair of processes carries every channel.
+Consumers can ship Lua modulators (filters, down-samplers, differencers) that
+run sandboxed in the producing processes; lecho-repl steers a running system.]],
   license = "MIT",
 }
 dependencies = { "lua >= 5.1" }

@@ -368,6 +368,14 @@ static int step_init(lua_State *L) {
     init_args *a = lua_touserdata(L, 1);
     lua_settop(L, 0);
     sandbox_open(L);
+    if (m->o.prelude) {
+        /* Replaces the string table's pattern functions by stoppable ones
+         * before the sandbox copies it (and for string methods). */
+        if (luaL_loadbuffer(L, m->o.prelude, m->o.prelude_len, "=lecho.patterns")) lua_error(L);
+        lua_call(L, 0, 1);
+        lua_getfield(L, LUA_GLOBALSINDEX, "string");
+        lua_call(L, 1, 0);
+    }
     lua_newtable(L); /* env */
     int env = lua_gettop(L);
     if (luaL_loadbuffer(L, sandbox_lua, sizeof sandbox_lua - 1, "=sandbox")) lua_error(L);

@@ -73,6 +73,10 @@ describe("modulator containment", function()
     { "recurses", "local function f() return f() + 1 end function enqueue() return f() end", "stack overflow" },
     { "sends a function", "function enqueue(ev) return function() end end", "cannot send" },
     { "fails at load", "error('at load')", "at load" },
+    { "backtracks a pattern for ever", "function enqueue(ev) return (('a'):rep(3000)):find('.-.-.-.-b') end",
+      "CPU budget" },
+    { "backtracks a pattern as a method", "function enqueue(ev) local s = ('a'):rep(3000) return s:match('(.-)(.-)(.-)b') end",
+      "CPU budget" },
   }
   for _, h in ipairs(hostile) do
     it("stops a modulator that " .. h[1] .. " and nothing else", function()

@@ -65,6 +65,18 @@ end
 
 local CAPS = { clock = true, log = true }
 
+-- The source of lecho.patterns, run in every modulator state before its own
+-- code: pattern functions the CPU budget can stop (the C ones cannot be).
+local PATTERNS_SRC
+do
+  local path = package.searchpath and package.searchpath("lecho.patterns", package.path)
+  local f = path and io.open(path, "rb")
+  if f then
+    PATTERNS_SRC = f:read("*a")
+    f:close()
+  end
+end
+
 local sorted_keys = registry.sorted_keys
 
 -- The identity of a modulator: `base` names the code (source, period,
@@ -651,7 +663,7 @@ function Channel:_install(key, m)
     moe, err = ctx.c:moe(ctx.nextmoe, dchid, ("%s@%s"):format(self.short, key:sub(1, 8)), m.src,
                          m.params == nil and {} or m.params,
                          { budget = ctx.mod_budget, memory = ctx.mod_memory, period = m.period,
-                           clock = grant.clock, log = grant.log })
+                           clock = grant.clock, log = grant.log, prelude = PATTERNS_SRC })
   end
   if not moe then
     self:_refuse(key, err, m.dests)

@@ -60,6 +60,17 @@ struct lb_timer {
     int active;
 };
 
+/* The usual result of a call that can fail: true, or nil and err. */
+static int ok_or_err(lua_State *L, const char *err) {
+    if (err) {
+        lua_pushnil(L);
+        lua_pushstring(L, err);
+        return 2;
+    }
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
 static lb_ctx *check_ctx(lua_State *L) {
     lb_ctx *b = luaL_checkudata(L, 1, CTX_MT);
     if (!b->c) luaL_error(L, "lecho: context is closed");
@@ -603,13 +614,7 @@ static int l_moe(lua_State *L) {
 
 /* true, or nil and why the modulator failed. */
 static int moe_result(lua_State *L, lb_moe *x, int rc) {
-    if (rc) {
-        lua_pushnil(L);
-        lua_pushstring(L, lei_moe_error(x->m));
-        return 2;
-    }
-    lua_pushboolean(L, 1);
-    return 1;
+    return ok_or_err(L, rc ? lei_moe_error(x->m) : NULL);
 }
 
 /* moe:params(value) -> true | nil, err (the modulator failed or the value
@@ -836,13 +841,7 @@ static int l_send_ctrl(lua_State *L) {
     int rc = lei_send_ctrl(b->c, addr, m, &err);
     lei_msg_release(m, hook_unpin, b);
     b->L = saved;
-    if (rc) {
-        lua_pushnil(L);
-        lua_pushstring(L, err);
-        return 2;
-    }
-    lua_pushboolean(L, 1);
-    return 1;
+    return ok_or_err(L, rc ? err : NULL);
 }
 
 static int l_flush(lua_State *L) {

@@ -41,6 +41,7 @@ struct lei_conn {
     int state;          /* C_CONNECTING, C_HELLO, C_UP */
     int dead;           /* closed; free when busy reaches 0 */
     int busy;           /* read callbacks in progress on this connection */
+    int fin;            /* closing: our FIN was sent, reading until the remote's */
     ev_io rio, wio;
     uint8_t *rb;        /* owned read buffer */
     size_t rlen, rpos, rcap;
@@ -53,6 +54,7 @@ enum { C_CONNECTING = 1, C_HELLO, C_UP };
 static void conn_close(lei_conn *k, const char *reason, int bad);
 static void peer_flush(lei_peer *p);
 static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents);
+static void conn_fin(lei_conn *k);
 static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents);
 
 void lei_opts_default(lei_opts *o) {
@@ -222,6 +224,73 @@ void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uin
 
 /* ---- peers ------------------------------------------------------------- */
 
+/* Records a change of p for the peer hook, told from the next loop turn
+ * (prepare_cb): never from inside a submit, a write or a read of another
+ * connection, where the hook could free what the caller still uses. */
+static void note_peer(lei_peer *p, int up, const char *reason) {
+    lei_ctx *c = p->ctx;
+    if (!c->h.peer) return;
+    if (c->nnotes == c->cnotes) {
+        int n = c->cnotes ? c->cnotes * 2 : 8;
+        struct lei_note *nn = realloc(c->notes, (size_t)n * sizeof *nn);
+        if (!nn) {
+            lei_logf(c, "out of memory: peer %s %s not told", p->addr, up ? "up" : "down");
+            return;
+        }
+        c->notes = nn;
+        c->cnotes = n;
+    }
+    struct lei_note *n = &c->notes[c->nnotes++];
+    n->idx = p->idx;
+    n->up = up;
+    snprintf(n->reason, sizeof n->reason, "%s", reason ? reason : "");
+    lei_kick(c);
+}
+
+/* Tells the hook what changed, in order.  The hook may add notes. */
+static void tell_notes(lei_ctx *c) {
+    for (int i = 0; i < c->nnotes; i++) {
+        struct lei_note n = c->notes[i];
+        lei_peer *p = lei_peer_by_idx(c, n.idx);
+        if (!p) continue;
+        c->depth++;
+        c->h.peer(c->h.ud, p, n.up, n.up ? NULL : n.reason);
+        c->depth--;
+    }
+    c->nnotes = 0;
+}
+
+void lei_kick(lei_ctx *c) { ev_idle_start(c->loop, &c->kick); }
+
+static void kick_cb(struct ev_loop *loop, ev_idle *w, int revents) {
+    (void)revents;
+    ev_idle_stop(loop, w);
+}
+
+/* Peers whose remote never dialled back after winning the tie-break: the
+ * connection is lost after all (queue dropped and counted, syncs fail). */
+static void peer_lost(lei_peer *p, const char *reason);
+static void await_cb(struct ev_loop *loop, ev_timer *w, int revents) {
+    (void)loop;
+    (void)revents;
+    lei_ctx *c = w->data;
+    ev_tstamp now = ev_now(c->loop), next = 0;
+    for (int i = 0; i < c->npeers; i++) {
+        lei_peer *p = c->peers[i];
+        if (p->await_in <= 0 || p->conn) continue;
+        if (p->await_in <= now) {
+            p->await_in = 0;
+            peer_lost(p, "the remote context did not connect back after simultaneous dials");
+        } else if (!next || p->await_in < next) {
+            next = p->await_in;
+        }
+    }
+    if (next) {
+        ev_timer_set(w, next - now + 0.01, 0.);
+        ev_timer_start(c->loop, w);
+    }
+}
+
 lei_peer *lei_peer_by_idx(lei_ctx *c, int idx) {
     return idx >= 1 && idx <= c->npeers ? c->peers[idx - 1] : NULL;
 }
@@ -329,7 +398,7 @@ static void peer_lost(lei_peer *p, const char *reason) {
     q_clear(c, p, 1);
     if (p->nbound) memset(p->bound, 0, p->nbound); /* bound is NULL until a channel is sent */
     syncs_peer_lost(c, p, reason);
-    if (c->h.peer) c->h.peer(c->h.ud, p, 0, reason);
+    note_peer(p, 0, reason);
 }
 
 void lei_peer_close(lei_peer *p, const char *reason) {
@@ -543,6 +612,7 @@ static void peer_flush(lei_peer *p) {
         }
     }
     ev_io_stop(c->loop, &k->wio);
+    if (c->closing) conn_fin(k);
 }
 
 /* ---- channels ---------------------------------------------------------- */
@@ -622,8 +692,10 @@ void lei_chan_set_dests(lei_ctx *c, uint32_t id, const char **addrs, int n) {
 
 /* ---- submitting -------------------------------------------------------- */
 
+/* Live: connected, connecting, or awaiting the remote's own connection
+ * after losing the tie-break of simultaneous dials (queue kept). */
 static int peer_live(lei_peer *p) {
-    return p->conn && !p->conn->dead;
+    return (p->conn && !p->conn->dead) || p->await_in > 0;
 }
 
 static lei_peer *full_dest(lei_ctx *c, lei_chan *ch) {
@@ -639,12 +711,32 @@ int lei_chan_full(lei_ctx *c, uint32_t chid) {
     return ch && full_dest(c, ch) != NULL;
 }
 
+int lei_chan_room(lei_ctx *c, uint32_t chid) {
+    lei_chan *ch = lei_chan_get(c, chid);
+    if (!ch) return 1;
+    lei_peer *p;
+    while ((p = full_dest(c, ch)) != NULL) {
+        size_t before = p->q.bytes;
+        /* What the socket takes now may be enough; if not, peer_flush armed
+         * the write watcher (or the connection is still being made), so the
+         * loop wakes when there may be room: never a sleep with data queued. */
+        peer_flush(p);
+        if (p->q.bytes >= before || p->q.bytes >= c->o.queue_limit) return 0;
+    }
+    if (ch->local && c->lq.bytes >= c->o.queue_limit) {
+        if (!c->lq_held) ev_idle_start(c->loop, &c->idle);
+        return 0;
+    }
+    return 1;
+}
+
 /* Queues one event frame, header hdr (the same for every destination) then
  * msg, and the channel's BIND first if this connection has not seen it.
  * Applies the queue policy. */
 static void enqueue_event(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr, size_t hlen,
                           lei_msg *msg, uint64_t sync, int policy) {
     if (!peer_live(p) && !(lei_peer_get(c, p->addr, 1) && peer_live(p))) {
+        /* Unreachable since a failed attempt, not yet dialled again: counted. */
         p->st.drops++;
         ch->drops++;
         return;
@@ -716,55 +808,73 @@ static void enqueue_event(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *
     if (p->q.bytes >= c->o.batch_bytes || sync) peer_flush(p);
 }
 
-static void local_deliver(lei_ctx *c, lei_qitem *it) {
+/* Runs the local consumers of one queued item.  Returns 1 when a handler
+ * suspended the dispatch (the local queue is then held). */
+static int local_deliver(lei_ctx *c, lei_qitem *it) {
     lei_msg *m = it->msg;
     const uint8_t *p = (const uint8_t *)m->own.data;
     char *flat = NULL;
     if (m->next) {
         flat = malloc(m->total ? m->total : 1);
-        if (!flat) return;
+        if (!flat) {
+            lei_logf(c, "out of memory: a local event was not delivered");
+            return 0;
+        }
         lei_msg_flatten(m, flat);
         p = (const uint8_t *)flat;
     }
     lei_chan *ch = lei_chan_get(c, it->chid);
+    int rc = 0;
     if (ch && ch->local) {
         ch->ev_local++;
         c->depth++;
-        c->h.event(c->h.ud, NULL, it->chid, it->producer, it->seq, it->sync, p, m->total);
+        rc = c->h.event(c->h.ud, NULL, it->chid, it->producer, it->seq, it->sync, p, m->total);
         c->depth--;
     } else if (it->sync) {
         lei_ack(c, NULL, it->sync, 0, NULL, 0);
     }
     free(flat);
+    if (rc == 1) c->lq_held = 1;
+    return rc == 1;
 }
 
-void lei_drain_local(lei_ctx *c) {
-    lei_qitem *it;
-    while ((it = q_pop(&c->lq))) {
-        local_deliver(c, it);
-        item_free(c, it);
-    }
-    ev_idle_stop(c->loop, &c->idle);
-}
-
-static void idle_cb(struct ev_loop *loop, ev_idle *w, int revents) {
-    (void)loop;
-    (void)revents;
-    lei_ctx *c = w->data;
-    /* A bounded batch per turn so that sockets are served too. */
-    for (int i = 0; i < 4096; i++) {
+/* Runs up to max local items; stops when a handler suspends. */
+static void run_local(lei_ctx *c, int max) {
+    for (int i = 0; i < max && !c->lq_held; i++) {
         lei_qitem *it = q_pop(&c->lq);
         if (!it) break;
         local_deliver(c, it);
         item_free(c, it);
     }
-    if (!c->lq.head) ev_idle_stop(c->loop, &c->idle);
+    if (!c->lq.head || c->lq_held) ev_idle_stop(c->loop, &c->idle);
+}
+
+void lei_drain_local(lei_ctx *c) { run_local(c, INT_MAX); }
+
+static void idle_cb(struct ev_loop *loop, ev_idle *w, int revents) {
+    (void)loop;
+    (void)revents;
+    /* A bounded batch per turn so that sockets are served too. */
+    run_local(w->data, 4096);
+}
+
+void lei_resume(lei_ctx *c, lei_peer *from) {
+    if (!from) {
+        c->lq_held = 0;
+        if (c->lq.head) ev_idle_start(c->loop, &c->idle);
+        return;
+    }
+    from->held = 0;
+    lei_conn *k = from->conn;
+    if (k && !k->dead && k->state != C_CONNECTING) {
+        ev_io_start(c->loop, &k->rio);
+        ev_feed_event(c->loop, &k->rio, EV_READ); /* frames already buffered */
+    }
 }
 
 int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_msg *msg,
                int sync, int policy, uint64_t *sync_id, const char **err) {
     lei_chan *ch = lei_chan_get(c, chid);
-    lei_peer *full;
     if (!ch) {
         *err = "no such channel";
         return -1;
@@ -773,21 +883,22 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
         *err = "event larger than the frame limit (max_frame)";
         return -1;
     }
-    if (policy == LEI_BLOCK || sync) {
-        /* Wait, serving the loop, until every live destination has room. */
-        while ((full = full_dest(c, ch)) != NULL) {
-            c->depth++;
-            ev_run(c->loop, EVRUN_ONCE);
-            c->depth--;
-            ch = lei_chan_get(c, chid);
+    /* Everything that can fail is allocated before anything is queued. */
+    lei_qitem *lit = NULL;
+    if (ch->local) {
+        if (!sync && policy != LEI_BLOCK && c->lq.bytes >= c->o.queue_limit) {
+            ch->drops++; /* the local queue is full: dropped, counted */
+        } else if (!(lit = item_new(msg))) {
+            *err = "out of memory";
+            return -1;
         }
     }
-    if (ch->local && c->lq.bytes >= c->o.queue_limit) lei_drain_local(c);
     lei_sync *s = NULL;
     if (sync) {
         s = calloc(1, sizeof *s);
         if (!s || !(s->w = calloc((size_t)ch->ndests + 1, sizeof *s->w))) {
             free(s);
+            if (lit) item_free(c, lit);
             *err = "out of memory";
             return -1;
         }
@@ -801,8 +912,18 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
     size_t hlen = lei_frame_event_hdr(hdr, ch->id, producer, seq, s ? s->id : 0, msg->total);
     ch->ev_out++;
     ch->bytes_out += msg->total;
-    for (int i = 0; i < ch->ndests; i++) {
-        lei_peer *p = ch->dests[i];
+    /* A copy of the destinations: a policy closing a peer, or a write
+     * failing, must not change the list this event is sent to. */
+    int nd = ch->ndests;
+    lei_peer *one[8], **dests = nd <= 8 ? one : malloc((size_t)nd * sizeof *dests);
+    if (!dests) {
+        dests = one;
+        nd = 0;
+        lei_logf(c, "out of memory: an event of '%s' went to no remote consumer", ch->name);
+    }
+    if (dests != one || nd) memcpy(dests, ch->dests, (size_t)nd * sizeof *dests);
+    for (int i = 0; i < nd; i++) {
+        lei_peer *p = dests[i];
         if (s) {
             lei_sync_wait *w = &s->w[s->nw++];
             w->peer = p;
@@ -816,27 +937,20 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
             sync_fail(&s->w[s->nw - 1], s, why);
         }
     }
-    if (ch->local) {
-        lei_qitem *it = item_new(msg);
-        if (!it) {
-            *err = "out of memory";
-            return -1;
-        }
-        it->chid = chid;
-        it->producer = producer;
-        it->seq = seq;
-        it->size = msg->total;
+    if (dests != one) free(dests);
+    if (lit) {
+        lit->chid = chid;
+        lit->producer = producer;
+        lit->seq = seq;
+        lit->size = msg->total;
         if (s) {
             s->w[s->nw++].peer = NULL;
             s->nwait++;
-            it->sync = s->id;
-            lei_drain_local(c); /* earlier local events first: order */
-            local_deliver(c, it);
-            item_free(c, it);
-        } else {
-            q_push(&c->lq, it);
-            ev_idle_start(c->loop, &c->idle);
+            lit->sync = s->id;
         }
+        /* Local consumers run from the loop, after what was queued before. */
+        q_push(&c->lq, lit);
+        if (!c->lq_held) ev_idle_start(c->loop, &c->idle);
     }
     return 0;
 }
@@ -876,6 +990,7 @@ static void prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents) {
     (void)loop;
     (void)revents;
     lei_ctx *c = w->data;
+    if (c->nnotes) tell_notes(c);
     if (c->h.prepare) c->h.prepare(c->h.ud);
     lei_flush(c);
 }
@@ -888,6 +1003,11 @@ static void send_hello(lei_conn *k, uint8_t type) {
     conn_write_now(k, b, n);
 }
 
+/* The reason sent to the loser of simultaneous dials: it keeps its queue
+ * and waits for the connection the winner dialled. */
+static const char DUP_REASON[] = "duplicate connection: the one dialled by the smaller address wins";
+#define AWAIT_IN_SECONDS 5.0
+
 /* An inbound connection introduced itself: tie it to the peer of that
  * address.  With two connections between the same pair of contexts the one
  * dialled by the smaller address wins, so both sides agree on one. */
@@ -898,7 +1018,7 @@ static int on_hello(lei_conn *k, const lei_hello *h) {
         lei_conn *old = p->conn;
         if (old->outbound && !p->up) {
             if (strcmp(c->addr, h->addr) < 0) {
-                conn_send_error(k, "duplicate connection: the one dialled by the smaller address wins");
+                conn_send_error(k, DUP_REASON);
                 return -1;
             }
             /* Ours loses: adopt the inbound one, keep the queue. */
@@ -913,10 +1033,12 @@ static int on_hello(lei_conn *k, const lei_hello *h) {
     k->peer = p;
     p->conn = k;
     p->up = 1;
+    p->await_in = 0;
     p->reason[0] = '\0';
     k->state = C_UP;
     send_hello(k, LEI_F_HELLO_OK);
-    if (c->h.peer) c->h.peer(c->h.ud, p, 1, NULL);
+    note_peer(p, 1, NULL);
+    if (p->held) ev_io_stop(c->loop, &k->rio);
     peer_flush(p);
     return 0;
 }
@@ -957,6 +1079,23 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
     }
     if (k->state == C_HELLO) { /* outbound: waiting for HELLO_OK */
         lei_hello h;
+        if (f->type == LEI_F_ERROR && k->peer && k->peer->conn == k &&
+            f->len == sizeof DUP_REASON - 1 && memcmp(f->body, DUP_REASON, f->len) == 0) {
+            /* We lost the tie-break: the remote's own connection comes, and
+             * the queue (with its BINDs undone) goes on that one. */
+            lei_peer *p = k->peer;
+            p->conn = NULL;
+            p->up = 0;
+            /* Nothing was written on this connection (the handshake was not
+             * done): the queue, BINDs included, goes whole on the next one. */
+            p->await_in = ev_now(c->loop) + AWAIT_IN_SECONDS;
+            ev_timer_stop(c->loop, &c->await_w);
+            ev_timer_set(&c->await_w, AWAIT_IN_SECONDS + 0.01, 0.);
+            ev_timer_start(c->loop, &c->await_w);
+            k->peer = NULL;
+            conn_close(k, "lost the tie-break of simultaneous dials", 0);
+            return -1;
+        }
         if (f->type == LEI_F_ERROR) {
             snprintf(why, sizeof why, "refused by peer: %.*s", (int)(f->len > 200 ? 200 : f->len),
                      (const char *)f->body);
@@ -979,8 +1118,10 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
         lei_peer *p = k->peer;
         if (p) {
             p->up = 1;
+            p->await_in = 0;
             p->reason[0] = '\0';
-            if (c->h.peer) c->h.peer(c->h.ud, p, 1, NULL);
+            note_peer(p, 1, NULL);
+            if (p->held) ev_io_stop(c->loop, &k->rio);
             if (p->conn == k) peer_flush(p);
         }
         return 0;
@@ -1006,7 +1147,13 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
         c->depth++;
         int rc = c->h.event(c->h.ud, p, chid, e.producer, e.seq, e.sync, e.payload, e.plen);
         c->depth--;
-        if (rc) err = "malformed event value";
+        if (rc == 1) {
+            /* A handler waits: hold what comes next from this peer. */
+            p->held = 1;
+            ev_io_stop(c->loop, &k->rio);
+        } else if (rc) {
+            err = "malformed event value";
+        }
         break;
     }
     case LEI_F_CTRL:
@@ -1081,11 +1228,50 @@ static size_t conn_max_frame(const lei_conn *k) {
     return k->state == C_UP || max < HANDSHAKE_FRAME_MAX ? max : HANDSHAKE_FRAME_MAX;
 }
 
+/* Hands over the complete frames in k's buffer, until one suspends or
+ * closes.  Returns 0, or -1 once k is dead (the caller frees it). */
+static int conn_frames(lei_conn *k) {
+    while (!k->dead && !(k->peer && k->peer->held && k->state == C_UP)) {
+        lei_frame f;
+        const char *err = NULL;
+        size_t max = conn_max_frame(k); /* the handshake may end at any frame */
+        int r = lei_frame_next(k->rb + k->rpos, k->rlen - k->rpos, max, &f, &err);
+        if (r == 0) break;
+        if (r < 0) {
+            char why[160];
+            const uint8_t *h = k->rb + k->rpos;
+            snprintf(why, sizeof why, "%s (%u bytes, limit %zu)", err,
+                     (unsigned)(h[0] | h[1] << 8 | h[2] << 16 | (uint32_t)h[3] << 24),
+                     max);
+            conn_close(k, why, 1);
+            break;
+        }
+        k->rpos += f.size; /* consumed before the hooks run: they may re-enter */
+        if (conn_frame(k, &f) || k->dead) break;
+    }
+    return k->dead ? -1 : 0;
+}
+
 static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
     (void)loop;
     (void)revents;
     lei_conn *k = w->data;
     lei_ctx *c = k->ctx;
+    if (k->peer && k->peer->held && k->state == C_UP) {
+        ev_io_stop(c->loop, &k->rio); /* lei_resume starts it again */
+        return;
+    }
+    /* What a suspended dispatch left in the buffer goes first. */
+    if (k->rpos < k->rlen) {
+        k->busy++;
+        conn_frames(k);
+        k->busy--;
+        if (k->dead) {
+            if (!k->busy) conn_unlink_free(k);
+            return;
+        }
+        if (k->peer && k->peer->held) return;
+    }
     /* Compact, then make room: a frame larger than the buffer grows it to
      * exactly its size, never past max_frame. */
     if (k->rpos && k->busy == 0) {
@@ -1134,24 +1320,7 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
     k->rlen += (size_t)n;
     if (k->peer && k->state == C_UP) k->peer->st.bytes_in += (uint64_t)n;
     k->busy++;
-    for (;;) {
-        lei_frame f;
-        const char *err = NULL;
-        size_t max = conn_max_frame(k); /* the handshake may end at any frame */
-        int r = lei_frame_next(k->rb + k->rpos, k->rlen - k->rpos, max, &f, &err);
-        if (r == 0) break;
-        if (r < 0) {
-            char why[160];
-            const uint8_t *h = k->rb + k->rpos;
-            snprintf(why, sizeof why, "%s (%u bytes, limit %zu)", err,
-                     (unsigned)(h[0] | h[1] << 8 | h[2] << 16 | (uint32_t)h[3] << 24),
-                     max);
-            conn_close(k, why, 1);
-            break;
-        }
-        k->rpos += f.size; /* consumed before the hooks run: they may re-enter */
-        if (conn_frame(k, &f) || k->dead) break;
-    }
+    conn_frames(k);
     k->busy--;
     if (k->dead && !k->busy) conn_unlink_free(k);
 }
@@ -1206,6 +1375,52 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents) {
 
 /* ---- life cycle -------------------------------------------------------- */
 
+/* Closing: once k's queue is written, our side ends with a FIN; reading
+ * goes on until the remote closes (it has then read all we sent). */
+static void conn_fin(lei_conn *k) {
+    if (k->fin || k->dead || k->state != C_UP) return;
+    lei_peer *p = k->peer;
+    if (p && (p->conn != k || p->q.head)) return;
+    k->fin = 1;
+    shutdown(k->fd, SHUT_WR);
+}
+
+void lei_ctx_shutdown(lei_ctx *c) {
+    c->closing = 1;
+    for (lei_conn *k = c->conns; k; k = k->next) {
+        if (k->dead) continue;
+        if (k->state == C_UP && k->peer && k->peer->conn == k)
+            peer_flush(k->peer); /* FIN once written */
+        else if (k->state == C_UP || (!k->outbound && !k->peer))
+            conn_fin(k);
+    }
+}
+
+void lei_ctx_stop_listening(lei_ctx *c) {
+    if (c->lfd < 0) return;
+    ev_io_stop(c->loop, &c->lio);
+    close(c->lfd);
+    c->lfd = -1;
+}
+
+int lei_ctx_pending(lei_ctx *c, uint64_t *events, uint64_t *bytes) {
+    int open = 0;
+    *events = *bytes = 0;
+    for (lei_conn *k = c->conns; k; k = k->next)
+        if (!k->dead) open++;
+    for (int i = 0; i < c->npeers; i++) {
+        lei_peer *p = c->peers[i];
+        for (lei_qitem *it = p->q.head; it; it = it->next)
+            if (it->batch)
+                *events += it->nev;
+            else if (it->hlen > 4 && it->hdr[4] == LEI_F_EVENT)
+                (*events)++;
+        *bytes += p->q.bytes - p->woff;
+        if (p->q.head && !p->conn && p->await_in > 0) open++;
+    }
+    return open;
+}
+
 lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h) {
     lei_ctx *c = calloc(1, sizeof *c);
     if (!c) return NULL;
@@ -1228,6 +1443,10 @@ lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h) {
     ev_unref(c->loop); /* the flusher alone does not keep the loop alive */
     ev_idle_init(&c->idle, idle_cb);
     c->idle.data = c;
+    ev_idle_init(&c->kick, kick_cb);
+    c->kick.data = c;
+    ev_timer_init(&c->await_w, await_cb, AWAIT_IN_SECONDS, 0.);
+    c->await_w.data = c;
     return c;
 }
 
@@ -1293,13 +1512,13 @@ void lei_ctx_free(lei_ctx *c) {
     free(c->chans);
     free(c->hash);
     while (c->syncs) lei_sync_free(c, c->syncs);
-    if (c->lfd >= 0) {
-        ev_io_stop(c->loop, &c->lio);
-        close(c->lfd);
-    }
+    lei_ctx_stop_listening(c);
     ev_ref(c->loop);
     ev_prepare_stop(c->loop, &c->prep);
     ev_idle_stop(c->loop, &c->idle);
+    ev_idle_stop(c->loop, &c->kick);
+    ev_timer_stop(c->loop, &c->await_w);
+    free(c->notes);
     ev_loop_destroy(c->loop);
     free(c);
 }

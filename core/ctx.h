@@ -25,6 +25,11 @@
 enum lei_policy { LEI_BLOCK = 0, LEI_DROP_OLDEST, LEI_DROP_NEWEST, LEI_DISCONNECT };
 
 typedef struct lei_ctx lei_ctx;
+/* A peer's connection came up or went down; told to the hook later. */
+struct lei_note {
+    int idx, up;
+    char reason[160];
+};
 typedef struct lei_peer lei_peer;
 typedef struct lei_conn lei_conn;
 
@@ -40,7 +45,12 @@ void lei_opts_default(lei_opts *o);
 
 /* Hooks into the embedding layer (the Lua binding).  `from` is NULL for a
  * local delivery.  event and ctrl return 0, or -1 when the payload is not a
- * valid value: the connection it came on is then closed with that reason. */
+ * valid value: the connection it came on is then closed with that reason.
+ * event may also return 1: the dispatch of that event is suspended (a
+ * handler is waiting); nothing more from the same source (that connection,
+ * or the local queue) is handed over until lei_resume(from).  peer is never
+ * called from inside another call into the context: losses found while
+ * submitting or writing are told from the next loop turn. */
 typedef struct lei_hooks {
     void *ud;
     int (*event)(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
@@ -85,6 +95,9 @@ struct lei_peer {
     char addr[LEI_ADDR_MAX];  /* ro: the remote context's listen address */
     lei_conn *conn;           /* ro: current connection or NULL */
     int up;                   /* ro: handshake done on conn */
+    int held;                 /* ro: a handler of an event from this peer is suspended */
+    ev_tstamp await_in;       /* our dial lost the tie-break: the remote's own
+                               * connection is awaited until then, queue kept */
     lei_queue q;              /* ro: frames waiting for the socket */
     size_t woff;              /* bytes of q.head already written */
     uint8_t *bound;           /* channels announced (BIND) on this connection */
@@ -142,6 +155,12 @@ struct lei_ctx {
     lei_sync *syncs;
     uint64_t next_sync;
     int depth;                /* ro: nesting of hooks in progress */
+    int lq_held;              /* ro: a local handler is suspended */
+    int closing;              /* ro: lei_ctx_shutdown was called */
+    struct lei_note *notes;   /* owned: peer changes not yet told to the hook */
+    int nnotes, cnotes;
+    ev_idle kick;             /* keeps one loop turn from blocking (lei_kick) */
+    ev_timer await_w;         /* expires peers' await_in */
     uint64_t encodes;         /* rw by the binding: values encoded */
     uint64_t bad_frames;      /* ro: connections closed for bad input */
 };
@@ -167,10 +186,19 @@ int lei_chan_full(lei_ctx *c, uint32_t chid);
 lei_peer *lei_peer_get(lei_ctx *c, const char *addr, int create);
 lei_peer *lei_peer_by_idx(lei_ctx *c, int idx);
 
+/* 1 when every live destination of channel chid has room in its queue,
+ * after writing what the sockets take now; 0 when a submit under the block
+ * policy must wait (the write watcher is armed: the loop wakes when room
+ * may have come). */
+int lei_chan_room(lei_ctx *c, uint32_t chid);
+
 /* Queues an event of channel chid for every destination and the local
  * consumers.  Takes its own references on msg.  sync: a sync record is made
- * and its id stored in *sync_id; local consumers are then run before return.
- * Returns 0, or -1 with *err (nothing was sent). */
+ * and its id stored in *sync_id.  Never runs the loop and never waits: under
+ * the block policy the caller waits for lei_chan_room first (a submit may
+ * then take a queue past its limit by one event).  Local consumers run from
+ * the loop, in order.  Returns 0, or -1 with *err (nothing was queued
+ * anywhere, no record left). */
 int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_msg *msg,
                int sync, int policy, uint64_t *sync_id, const char **err);
 /* Sends a control message (an encoded value) to addr.  0 or -1, *err. */
@@ -187,5 +215,21 @@ void lei_flush(lei_ctx *c);
 void lei_drain_local(lei_ctx *c);
 /* Closes a peer's connection, dropping its queue, with a logged reason. */
 void lei_peer_close(lei_peer *p, const char *reason);
+/* The suspended dispatch from `from` (NULL: the local queue) finished:
+ * what it held back is handed over from the next loop turn. */
+void lei_resume(lei_ctx *c, lei_peer *from);
+/* The next loop turn does not block (a waiter became ready). */
+void lei_kick(lei_ctx *c);
+
+/* Graceful close, step one: stop accepting, write every queue, then end
+ * each connection with a FIN once its queue is empty and read until the
+ * remote closes too (it then has read everything we sent).  Nothing is
+ * dropped; lei_ctx_free later drops what is left. */
+void lei_ctx_shutdown(lei_ctx *c);
+/* Closes the listening socket (a close asked for from inside a callback). */
+void lei_ctx_stop_listening(lei_ctx *c);
+/* After lei_ctx_shutdown: connections still open, and the events and bytes
+ * still queued on them (not yet written). */
+int lei_ctx_pending(lei_ctx *c, uint64_t *events, uint64_t *bytes);
 
 #endif

@@ -30,8 +30,11 @@ typedef struct lb_moe lb_moe;
 
 typedef struct lb_ctx {
     lei_ctx *c;            /* owned; NULL once closed */
-    lua_State *L;          /* the Lua thread running the loop right now */
-    int ref_event, ref_ctrl, ref_peer, ref_log, ref_tb, ref_moe_error;
+    lua_State *L;          /* the thread every callback runs on (owned via ref_thread) */
+    int ref_event, ref_ctrl, ref_peer, ref_log, ref_tb, ref_moe_error, ref_turn;
+    int ref_thread;        /* pins L */
+    int want_turn;         /* call the turn hook before each loop turn's writes */
+    int close_pending;     /* close() came from inside a callback: done on return */
     lei_codec_limits lim;
     size_t pin_threshold;
     int stopping;
@@ -114,41 +117,106 @@ static void hook_log(void *ud, const char *msg) {
     }
 }
 
+/* What a hook hands to the protected call below. */
+typedef struct hook_args {
+    lb_ctx *b;
+    lei_peer *from;
+    int ref;                 /* the Lua function */
+    int is_event;
+    uint32_t chid;
+    uint64_t producer, seq, sync;
+    const uint8_t *p;
+    size_t n;
+    int bad;                 /* the payload did not decode */
+    int held;                /* the event function returned true */
+    char err[256];
+} hook_args;
+
+/* Decodes the payload and calls the hook's Lua function, all inside one
+ * lua_pcall: running out of memory while decoding (a value that decodes to
+ * many times its size) costs that connection, never the process. */
+static int hook_call(lua_State *L) {
+    hook_args *a = lua_touserdata(L, 1);
+    lua_settop(L, 0);
+    luaL_checkstack(L, 12, "hook");
+    lua_rawgeti(L, LUA_REGISTRYINDEX, a->ref);
+    if (a->is_event)
+        lua_pushnumber(L, a->chid);
+    else
+        lua_pushstring(L, a->from->addr);
+    a->bad = 1; /* until the value is there */
+    if (lei_decode_lua(L, a->p, a->n, &a->b->lim, a->err, sizeof a->err)) return 0;
+    a->bad = 0;
+    if (!a->is_event) {
+        lua_call(L, 2, 0);
+        return 0;
+    }
+    lua_pushinteger(L, a->from ? a->from->idx : 0);
+    lua_pushnumber(L, (lua_Number)a->producer);
+    lua_pushnumber(L, (lua_Number)a->seq);
+    lua_pushnumber(L, (lua_Number)a->sync);
+    lua_call(L, 6, 1);
+    a->held = lua_toboolean(L, -1);
+    return 0;
+}
+
+/* Runs hook_call; 0, 1 (event: a handler is suspended) or -1 (bad value:
+ * the caller closes the connection it came on). */
+static int run_hook(lb_ctx *b, hook_args *a) {
+    lua_State *L = b->L;
+    if (!L || a->ref == LUA_NOREF || !lua_checkstack(L, 4)) return -1;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_tb);
+    lua_pushcfunction(L, hook_call);
+    lua_pushlightuserdata(L, a);
+    int rc = lua_pcall(L, 1, 0, -3);
+    const char *from = a->from ? a->from->addr : "local";
+    const char *what = a->is_event ? "event value" : "control message";
+    if (rc) {
+        const char *m = lua_tostring(L, -1);
+        if (a->bad)
+            lei_logf(b->c, "bad %s from %s: %s", what, from,
+                     rc == LUA_ERRMEM ? "out of memory decoding it" : (m ? m : "error"));
+        else
+            lei_logf(b->c, "error in callback: %s", m ? m : "(non-string error)");
+        lua_pop(L, 2);
+        return a->bad ? -1 : 0;
+    }
+    lua_pop(L, 1);
+    if (a->bad) {
+        lei_logf(b->c, "bad %s from %s: %s", what, from, a->err);
+        return -1;
+    }
+    return a->held ? 1 : 0;
+}
+
 static int hook_event(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
                       uint64_t sync, const uint8_t *p, size_t n) {
     lb_ctx *b = ud;
-    lua_State *L = b->L;
-    char err[256];
-    if (!lua_checkstack(L, 10)) return -1;
-    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_event);
-    lua_pushnumber(L, chid);
-    if (lei_decode_lua(L, p, n, &b->lim, err, sizeof err)) {
-        lua_pop(L, 2);
-        lei_logf(b->c, "bad event value from %s: %s", from ? from->addr : "local", err);
-        return -1;
-    }
-    lua_pushinteger(L, from ? from->idx : 0);
-    lua_pushnumber(L, (lua_Number)producer);
-    lua_pushnumber(L, (lua_Number)seq);
-    lua_pushnumber(L, (lua_Number)sync);
-    pcall_tb(b, 6, 0);
-    return 0;
+    hook_args a;
+    memset(&a, 0, sizeof a);
+    a.b = b;
+    a.from = from;
+    a.ref = b->ref_event;
+    a.is_event = 1;
+    a.chid = chid;
+    a.producer = producer;
+    a.seq = seq;
+    a.sync = sync;
+    a.p = p;
+    a.n = n;
+    return run_hook(b, &a);
 }
 
 static int hook_ctrl(void *ud, lei_peer *from, const uint8_t *p, size_t n) {
     lb_ctx *b = ud;
-    lua_State *L = b->L;
-    char err[256];
-    if (!lua_checkstack(L, 6)) return -1;
-    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_ctrl);
-    lua_pushstring(L, from->addr);
-    if (lei_decode_lua(L, p, n, &b->lim, err, sizeof err)) {
-        lua_pop(L, 2);
-        lei_logf(b->c, "bad control message from %s: %s", from->addr, err);
-        return -1;
-    }
-    pcall_tb(b, 2, 0);
-    return 0;
+    hook_args a;
+    memset(&a, 0, sizeof a);
+    a.b = b;
+    a.from = from;
+    a.ref = b->ref_ctrl;
+    a.p = p;
+    a.n = n;
+    return run_hook(b, &a) < 0 ? -1 : 0;
 }
 
 static void hook_peer(void *ud, lei_peer *p, int up, const char *reason) {
@@ -166,11 +234,18 @@ static void hook_peer(void *ud, lei_peer *p, int up, const char *reason) {
     pcall_tb(b, 4, 0);
 }
 
-/* Runs the modulators' dequeue before the queues are written. */
+/* Runs the modulators' dequeue, then the turn hook (the Lua scheduler
+ * resumes waiters that can go on), before the queues are written. */
 static void hook_prepare(void *ud) {
     lb_ctx *b = ud;
     for (lb_moe *x = b->moes; x; x = x->next)
         if (x->m && lei_moe_has_pending(x->m)) lei_moe_pump(x->m);
+    if (b->want_turn && b->ref_turn != LUA_NOREF && b->L && lua_checkstack(b->L, 4)) {
+        lua_rawgeti(b->L, LUA_REGISTRYINDEX, b->ref_turn);
+        b->c->depth++;
+        pcall_tb(b, 0, 0);
+        if (b->c) b->c->depth--;
+    }
 }
 
 /* A modulator failed: tells Lua, which must not close it from the hook. */
@@ -215,6 +290,10 @@ static int l_new(lua_State *L) {
         o.max_frame = opt_size(L, 1, "max_frame", lim.max_string + 64 * 1024 > o.max_frame
                                                        ? lim.max_string + 64 * 1024
                                                        : o.max_frame);
+        /* A frame's length is a u32 on the wire: nothing bigger can be sent. */
+        if (lim.max_string > 0xFFFFFFFFu - 64 * 1024 || o.max_frame > 0xFFFFFFFFu)
+            return luaL_error(L, "lecho: max_string and max_frame must stay under 4 GiB "
+                                 "(a frame's length is 32 bits on the wire)");
         pin = opt_size(L, 1, "pin_threshold", pin);
         lua_getfield(L, 1, "retry_interval");
         if (!lua_isnil(L, -1)) o.retry_interval = luaL_checknumber(L, -1);
@@ -226,9 +305,13 @@ static int l_new(lua_State *L) {
     lb_ctx *b = lua_newuserdata(L, sizeof *b);
     memset(b, 0, sizeof *b);
     b->ref_event = b->ref_ctrl = b->ref_peer = b->ref_log = b->ref_moe_error = LUA_NOREF;
+    b->ref_turn = LUA_NOREF;
     b->lim = lim;
     b->pin_threshold = pin;
-    b->L = L;
+    /* One thread of its own runs every callback: never a coroutine of the
+     * caller's, which may be suspended when the loop next calls back. */
+    b->L = lua_newthread(L);
+    b->ref_thread = luaL_ref(L, LUA_REGISTRYINDEX);
     lei_hooks h = {b, hook_event, hook_ctrl, hook_peer, hook_unpin, hook_log, hook_prepare};
     b->c = lei_ctx_new(&o, &h);
     if (!b->c) return luaL_error(L, "lecho: cannot create a context (libev loop)");
@@ -243,7 +326,6 @@ static int l_new(lua_State *L) {
 
 static void ctx_close(lb_ctx *b, lua_State *L) {
     if (!b->c) return;
-    b->L = L;
     while (b->moes) {
         lb_moe *x = b->moes;
         b->moes = x->next;
@@ -271,16 +353,34 @@ static void ctx_close(lb_ctx *b, lua_State *L) {
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_peer);
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_log);
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_moe_error);
+    luaL_unref(L, LUA_REGISTRYINDEX, b->ref_turn);
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_tb);
+    luaL_unref(L, LUA_REGISTRYINDEX, b->ref_thread);
+    b->L = NULL;
     b->ref_event = b->ref_ctrl = b->ref_peer = b->ref_log = b->ref_moe_error = LUA_NOREF;
+    b->ref_turn = LUA_NOREF;
 }
 
+/* ctx:close(): frees the context now, or, from inside one of its own
+ * callbacks (the loop is running below), stops it listening now and frees
+ * it when the outermost run or run_once returns. */
 static int l_close(lua_State *L) {
     lb_ctx *b = luaL_checkudata(L, 1, CTX_MT);
-    if (b->c && b->c->depth > 0)
-        return luaL_error(L, "lecho: cannot close a context from inside one of its callbacks");
+    if (b->c && b->c->depth > 0) {
+        if (!b->close_pending) {
+            b->close_pending = 1;
+            lei_ctx_stop_listening(b->c);
+            ev_break(b->c->loop, EVBREAK_ALL);
+        }
+        return 0;
+    }
     ctx_close(b, L);
     return 0;
+}
+
+/* After a run or run_once returned: a close asked for from inside. */
+static void close_if_pending(lb_ctx *b, lua_State *L) {
+    if (b->close_pending && b->c && b->c->depth == 0) ctx_close(b, L);
 }
 
 static int l_gc(lua_State *L) {
@@ -331,6 +431,7 @@ static int l_hooks(lua_State *L) {
     set_ref(L, 2, "peer", &b->ref_peer);
     set_ref(L, 2, "log", &b->ref_log);
     set_ref(L, 2, "moe_error", &b->ref_moe_error);
+    set_ref(L, 2, "turn", &b->ref_turn);
     return 0;
 }
 
@@ -372,7 +473,6 @@ static int l_set_dests(lua_State *L) {
             return luaL_argerror(L, 3, "addresses must be strings");
         }
     }
-    b->L = L;
     lei_chan_set_dests(b->c, ch->id, a, n);
     free(a);
     return 0;
@@ -435,10 +535,7 @@ typedef struct lb_flat {
 
 /* Encodes the value at idx: 0, or -1 with nil, err pushed (2 results). */
 static int flat_encode(lua_State *L, lb_ctx *b, int idx, lb_flat *f) {
-    lua_State *saved = b->L;
-    b->L = L;
     f->m = encode_at(L, b, idx);
-    b->L = saved;
     if (!f->m) return -1;
     f->p = msg_bytes(f->m, &f->tmp);
     f->n = f->m->total;
@@ -451,12 +548,98 @@ static int flat_encode(lua_State *L, lb_ctx *b, int idx, lb_flat *f) {
     return 0;
 }
 
-static void flat_done(lua_State *L, lb_ctx *b, lb_flat *f) {
-    lua_State *saved = b->L;
-    b->L = L; /* the unpin hook runs in this thread */
+static void flat_done(lb_ctx *b, lb_flat *f) {
     free(f->tmp);
     lei_msg_release(f->m, hook_unpin, b);
-    b->L = saved;
+}
+
+/* The modulator sent nothing for a sync event: a marker (producer 0, seq
+ * 0, value nil) goes on its stream instead, acknowledged by the consuming
+ * context once everything before it was handled.  0 with its sync id. */
+static int sync_marker(lb_ctx *b, uint32_t chid, uint64_t *sid) {
+    lei_msg *m = lei_msg_new();
+    const uint8_t nil = LEI_T_NIL;
+    const char *err = NULL;
+    if (!m || lei_wbuf_put(&m->own, &nil, 1)) {
+        lei_msg_release(m, NULL, NULL);
+        return -1;
+    }
+    lei_msg_sync(m);
+    int rc = lei_submit(b->c, chid, 0, 0, m, 1, LEI_BLOCK, sid, &err);
+    lei_msg_release(m, NULL, NULL);
+    return rc;
+}
+
+/* 1 when channel chid (if plain) and the derived channel of every live
+ * modulator in the array at index `moes` have room for a blocking submit. */
+static int room_for(lb_ctx *b, uint32_t chid, int plain, lua_State *L, int moes, int nmoes) {
+    if (plain && !lei_chan_room(b->c, chid)) return 0;
+    for (int i = 1; i <= nmoes; i++) {
+        lua_rawgeti(L, moes, i);
+        lb_moe *x = luaL_checkudata(L, -1, MOE_MT);
+        lua_pop(L, 1);
+        if (x->m && !lei_moe_error(x->m) && !lei_chan_room(b->c, lei_moe_chid(x->m))) return 0;
+    }
+    return 1;
+}
+
+/* ctx:room(chid, moes, plain) -> true when a blocking submit would not wait. */
+static int l_room(lua_State *L) {
+    lb_ctx *b = check_ctx(L);
+    lei_chan *ch = check_chan(L, b, 2);
+    int nmoes = lua_istable(L, 3) ? (int)lua_objlen(L, 3) : 0;
+    int plain = nmoes == 0 || lua_isnoneornil(L, 4) || lua_toboolean(L, 4);
+    lua_pushboolean(L, room_for(b, ch->id, plain, L, 3, nmoes));
+    return 1;
+}
+
+/* ctx:resume(peer_idx): a suspended dispatch from that peer (0: local) is
+ * over; what it held back comes next. */
+static int l_resume(lua_State *L) {
+    lb_ctx *b = check_ctx(L);
+    int idx = (int)luaL_checkinteger(L, 2);
+    if (idx == 0)
+        lei_resume(b->c, NULL);
+    else if (lei_peer_by_idx(b->c, idx))
+        lei_resume(b->c, lei_peer_by_idx(b->c, idx));
+    return 0;
+}
+
+/* ctx:want_turn(on): call the turn hook before each loop turn's writes. */
+static int l_want_turn(lua_State *L) {
+    lb_ctx *b = check_ctx(L);
+    b->want_turn = lua_toboolean(L, 2);
+    return 0;
+}
+
+/* ctx:kick(): the next loop turn does not block. */
+static int l_kick(lua_State *L) {
+    lei_kick(check_ctx(L)->c);
+    return 0;
+}
+
+/* ctx:depth(): > 0 inside one of the context's callbacks. */
+static int l_depth(lua_State *L) {
+    lua_pushinteger(L, check_ctx(L)->c->depth);
+    return 1;
+}
+
+/* ctx:shutdown(): the graceful close begins (ctx.h lei_ctx_shutdown). */
+static int l_shutdown(lua_State *L) {
+    lb_ctx *b = check_ctx(L);
+    lei_ctx_shutdown(b->c);
+    return 0;
+}
+
+/* ctx:pending() -> open connections, events queued, bytes queued */
+static int l_pending(lua_State *L) {
+    lb_ctx *b = check_ctx(L);
+    uint64_t ev, by;
+    int open = lei_ctx_pending(b->c, &ev, &by);
+    lua_pushinteger(L, open);
+    lua_pushnumber(L, (lua_Number)ev);
+    lua_pushnumber(L, (lua_Number)by);
+    return 3;
 }
 
 /* ctx:submit(chid, producer, seq, value, sync, policy[, moes, plain, encoded])
@@ -476,11 +659,15 @@ static int l_submit(lua_State *L) {
     int nmoes = lua_istable(L, 8) ? (int)lua_objlen(L, 8) : 0;
     int plain = nmoes == 0 || lua_isnoneornil(L, 9) || lua_toboolean(L, 9);
     uint32_t chid = ch->id;
-    lua_State *saved = b->L;
-    b->L = L;
+    if ((policy == LEI_BLOCK || sync) && !room_for(b, chid, plain, L, 8, nmoes)) {
+        /* Nothing done: the caller waits for room (ctx:room) and retries. */
+        lua_pushnil(L);
+        lua_pushliteral(L, "queue full");
+        lua_pushliteral(L, "wouldblock");
+        return 3;
+    }
     lei_msg *m = lua_toboolean(L, 10) ? encoded_at(L, b, 5) : encode_at(L, b, 5);
     if (!m) {
-        b->L = saved;
         return 2;
     }
     ch->encodes++;
@@ -489,7 +676,6 @@ static int l_submit(lua_State *L) {
     int rc = plain ? lei_submit(b->c, chid, producer, seq, m, sync, policy, &sid, &err) : 0;
     if (rc || nmoes == 0) {
         lei_msg_release(m, hook_unpin, b);
-        b->L = saved;
         if (rc) {
             lua_pushnil(L);
             lua_pushstring(L, err);
@@ -522,6 +708,11 @@ static int l_submit(lua_State *L) {
         if (lei_moe_enqueue(x->m, producer, seq, bytes, m->total, sync, policy) || !sync) continue;
         const uint64_t *sids;
         size_t n = lei_moe_syncs(x->m, &sids);
+        uint64_t marker;
+        if (n == 0 && sync_marker(b, lei_moe_chid(x->m), &marker) == 0) {
+            sids = &marker;
+            n = 1;
+        }
         for (size_t k = 0; k < n; k++) {
             lua_pushnumber(L, (lua_Number)sids[k]);
             lua_rawseti(L, ids, ++nids);
@@ -529,7 +720,6 @@ static int l_submit(lua_State *L) {
     }
     free(tmp);
     lei_msg_release(m, hook_unpin, b);
-    b->L = saved;
     if (!bytes) {
         lua_pushnil(L);
         lua_pushstring(L, "out of memory");
@@ -597,11 +787,8 @@ static int l_moe(lua_State *L) {
     lb_flat f;
     if (flat_encode(L, b, 6, &f)) return 2;
     char err[256];
-    lua_State *saved = b->L;
-    b->L = L;
     x->m = lei_moe_new(b->c, ch->id, name, src, slen, f.p, f.n, &o, err, sizeof err);
-    b->L = saved;
-    flat_done(L, b, &f);
+    flat_done(b, &f);
     if (!x->m) {
         lua_pushnil(L);
         lua_pushstring(L, err);
@@ -630,23 +817,16 @@ static int l_moe_params(lua_State *L) {
     }
     lb_flat f;
     if (flat_encode(L, b, 2, &f)) return 2;
-    lua_State *saved = b->L;
-    b->L = L;
     int rc = lei_moe_set_params(x->m, f.p, f.n);
-    b->L = saved;
-    flat_done(L, b, &f);
+    flat_done(b, &f);
     return moe_result(L, x, rc);
 }
 
 /* moe:receivers(n) -> true | nil, err: a receiving context was added. */
 static int l_moe_receivers(lua_State *L) {
     lb_moe *x = check_moe(L);
-    lb_ctx *b = x->b;
     int n = (int)luaL_checkinteger(L, 2);
-    lua_State *saved = b->L;
-    b->L = L;
     int rc = lei_moe_receivers(x->m, n);
-    b->L = saved;
     return moe_result(L, x, rc);
 }
 
@@ -655,10 +835,7 @@ static int l_moe_retarget(lua_State *L) {
     lb_moe *x = check_moe(L);
     lb_ctx *b = x->b;
     lei_chan *ch = check_chan(L, b, 2);
-    lua_State *saved = b->L;
-    b->L = L;
     int rc = lei_moe_retarget(x->m, ch->id);
-    b->L = saved;
     return moe_result(L, x, rc);
 }
 
@@ -806,8 +983,6 @@ static int l_ack(lua_State *L) {
     uint64_t nran = (uint64_t)luaL_checknumber(L, 4);
     lei_peer *p = idx ? lei_peer_by_idx(b->c, idx) : NULL;
     if (idx && !p) return 0;
-    lua_State *saved = b->L;
-    b->L = L;
     lei_msg *m = NULL;
     char *flat = NULL;
     if (!lua_isnoneornil(L, 5)) {
@@ -822,7 +997,6 @@ static int l_ack(lua_State *L) {
     lei_ack(b->c, p, sync, nran, (const uint8_t *)flat, flat ? m->total : 0);
     free(flat);
     if (m) lei_msg_release(m, hook_unpin, b);
-    b->L = saved;
     return 0;
 }
 
@@ -830,35 +1004,25 @@ static int l_send_ctrl(lua_State *L) {
     lb_ctx *b = check_ctx(L);
     const char *addr = luaL_checkstring(L, 2);
     luaL_checkany(L, 3);
-    lua_State *saved = b->L;
-    b->L = L;
     lei_msg *m = encode_at(L, b, 3);
     if (!m) {
-        b->L = saved;
         return 2;
     }
     const char *err;
     int rc = lei_send_ctrl(b->c, addr, m, &err);
     lei_msg_release(m, hook_unpin, b);
-    b->L = saved;
     return ok_or_err(L, rc ? err : NULL);
 }
 
 static int l_flush(lua_State *L) {
     lb_ctx *b = check_ctx(L);
-    lua_State *saved = b->L;
-    b->L = L;
     lei_flush(b->c);
-    b->L = saved;
     return 0;
 }
 
 static int l_drain_local(lua_State *L) {
     lb_ctx *b = check_ctx(L);
-    lua_State *saved = b->L;
-    b->L = L;
     lei_drain_local(b->c);
-    b->L = saved;
     return 0;
 }
 
@@ -872,8 +1036,6 @@ static void wake_cb(struct ev_loop *loop, ev_timer *w, int revents) {
  * seconds (nil: until something happens, 0: not at all). */
 static int l_run_once(lua_State *L) {
     lb_ctx *b = check_ctx(L);
-    lua_State *saved = b->L;
-    b->L = L;
     if (lua_isnoneornil(L, 2)) {
         ev_run(b->c->loop, EVRUN_ONCE);
     } else {
@@ -890,19 +1052,17 @@ static int l_run_once(lua_State *L) {
             ev_timer_stop(loop, &wake);
         }
     }
-    b->L = saved;
+    close_if_pending(b, L);
     return 0;
 }
 
 /* ctx:run(): serves the loop until ctx:stop(). */
 static int l_run(lua_State *L) {
     lb_ctx *b = check_ctx(L);
-    lua_State *saved = b->L;
-    b->L = L;
     b->stopping = 0;
-    while (!b->stopping && b->c) ev_run(b->c->loop, EVRUN_ONCE);
+    while (!b->stopping && b->c && !b->close_pending) ev_run(b->c->loop, EVRUN_ONCE);
     b->stopping = 0;
-    b->L = saved;
+    close_if_pending(b, L);
     return 0;
 }
 
@@ -1104,10 +1264,7 @@ static int l_close_peer(lua_State *L) {
     lb_ctx *b = check_ctx(L);
     lei_peer *p = lei_peer_get(b->c, luaL_checkstring(L, 2), 0);
     const char *why = luaL_optstring(L, 3, "closed by the application");
-    lua_State *saved = b->L;
-    b->L = L;
     if (p) lei_peer_close(p, why);
-    b->L = saved;
     return 0;
 }
 
@@ -1125,6 +1282,10 @@ static const luaL_Reg ctx_methods[] = {
     {"chan_stats", l_chan_stats},
     {"stats", l_stats},         {"peer_addr", l_peer_addr},
     {"close_peer", l_close_peer}, {"close", l_close},
+    {"room", l_room},           {"resume", l_resume},
+    {"want_turn", l_want_turn}, {"kick", l_kick},
+    {"depth", l_depth},         {"shutdown", l_shutdown},
+    {"pending", l_pending},
     {NULL, NULL}};
 
 __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {

@@ -117,8 +117,11 @@ static lei_moe *moe_of(lua_State *L) {
 }
 
 /* Budget check every HOOK_COUNT instructions.  Short calls never get here,
- * so the CPU clock (a system call) is read only by long ones; time before the
- * first check counts as CPU time. */
+ * so the thread's CPU clock (a system call of several microseconds here) is
+ * read only by long ones.  The budget counts this thread's CPU time from the
+ * first check on: the first HOOK_COUNT instructions are not charged, and
+ * neither is any time the thread spent preempted (wall time on a busy host
+ * is not the modulator's doing). */
 static void moe_hook(lua_State *L, lua_Debug *ar) {
     (void)ar;
     lei_moe *m = moe_of(L);
@@ -128,11 +131,7 @@ static void moe_hook(lua_State *L, lua_Debug *ar) {
         luaL_error(L, "out of memory");
     }
     double cpu = cpu_now();
-    if (m->cpu0 < 0) {
-        struct timespec t;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        m->cpu0 = cpu - (ts_sec(&t) - ts_sec(&m->mono0));
-    }
+    if (m->cpu0 < 0) m->cpu0 = cpu;
     if (m->over || cpu - m->cpu0 > m->o.budget) {
         /* From now on every instruction fails, so a pcall inside the
          * modulator cannot swallow this and go on. */
@@ -654,6 +653,8 @@ int lei_moe_retarget(lei_moe *m, uint32_t chid) {
     m->chid = chid;
     return 0;
 }
+
+uint32_t lei_moe_chid(const lei_moe *m) { return m->chid; }
 
 size_t lei_moe_syncs(const lei_moe *m, const uint64_t **ids) {
     *ids = m->sids;

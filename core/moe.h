@@ -90,6 +90,8 @@ int lei_moe_retarget(lei_moe *m, uint32_t chid);
 void lei_moe_pump(lei_moe *m);
 int lei_moe_has_pending(const lei_moe *m);
 
+/* The derived channel its outputs go to. */
+uint32_t lei_moe_chid(const lei_moe *m);
 /* NULL while loaded; the reason once failed. */
 const char *lei_moe_error(const lei_moe *m);
 void lei_moe_get_stats(const lei_moe *m, lei_moe_stats *s);

@@ -50,7 +50,12 @@ describe("modulator sandbox", function()
     assert(granted:consumer(function(ev) t = ev end, { modulator = src, capabilities = { "clock", "log" } }))
     assert(refused:consumer(function() end, { modulator = src, capabilities = { "clock" },
                                               on_error = function(e) err = e end }))
-    assert(pg:submit_sync(1)); assert(pr:submit_sync(1))
+    assert(pg:submit_sync(1))
+    -- A sync submit says which consumer got nothing: its modulator was refused.
+    local ok, errs = pr:submit_sync(1)
+    assert.is_nil(ok)
+    assert.are.equal(1, #errs)
+    assert.matches("capability 'clock' not granted by the producer", errs[1].err)
     assert.is_number(t)
     assert(until_(c, function() return err end))
     assert.matches("capability 'clock' not granted", err)
@@ -90,7 +95,11 @@ describe("modulator containment", function()
       local bad = assert(ch:consumer(function() error("must not run") end,
                                      { modulator = h[2], on_error = function(e) err = e end }))
       for i = 1, 100 do assert(p:submit(i)) end
-      assert(p:submit_sync(0))
+      -- true would say every consumer handled it: the failed one did not.
+      local ok, errs = p:submit_sync(0)
+      assert.is_nil(ok)
+      assert.are.equal(1, #errs)
+      assert.matches("modulator " .. bad.mod.key .. " not running at ", errs[1].err, 1, true)
       assert(until_(c, function() return err end))
       assert.matches(h[3], err)
       assert.are.equal(101, plain)

@@ -32,6 +32,17 @@ Context.__index, Channel.__index, Producer.__index, Consumer.__index =
 
 local function now(self) return self.c:now() end
 
+-- Waiting.  Every callback the loop runs (timers, descriptors, consumer
+-- handlers) runs in a coroutine of the context's.  A wait inside one (a
+-- blocking submit, submit_sync, a control request, close's linger) suspends
+-- that coroutine only: the loop goes on serving everything else, and the
+-- scheduler (Context:_turn, run before each loop turn's writes) resumes it
+-- when it can go on or its deadline passed.  A wait on the program's main
+-- line, outside any callback, serves the loop itself until it can go on.
+-- So waits never nest: no callback ever runs inside another one's wait.
+local WAIT, DONE = {}, {}
+local traceback = debug.traceback
+
 -- A deterministic text of a value (sorted keys), so that equal params give
 -- equal modulator keys in every process.  The value was checked encodable.
 local function canon(v, out)
@@ -147,6 +158,8 @@ function M.context(opts)
     pending = {}, rid = 0,
     nextpid = 0, nextcid = 0,
     selfq = {}, draining = false,
+    waiters = {}, cos = setmetatable({}, { __mode = "k" }), held = {},
+    linger = opts.linger or 2,
     moes = {}, nextmoe = 0, moe_failed = {},
     -- the compiled encoder for submits (nil without string.buffer): same
     -- bytes as the C one, which still does what it declines
@@ -183,11 +196,12 @@ function M.context(opts)
     self.tick = c:timer(0.1, 0.1, function() self.reg:tick(self._send, now(self)) end)
   end
   c:hooks{
-    event = function(...) return self:_on_event(...) end,
+    event = function(...) return self:_dispatch(...) end,
     ctrl = function(from, msg) return self:_on_ctrl(from, msg) end,
     peer = function(idx, paddr, up, reason) return self:_on_peer(idx, paddr, up, reason) end,
     log = function(msg) self.log(msg) end,
     moe_error = function(id, why) self:_moe_error(id, why) end,
+    turn = function() self:_turn() end,
   }
   if opts.manager and opts.nameserver then
     local ok, rerr = self:request(self.ns, { op = "register_manager" })
@@ -243,12 +257,8 @@ function Context:request(to, msg, timeout)
   local p = { to = to }
   self.pending[rid] = p
   self:_send_ctrl(to, msg)
-  local deadline = now(self) + (timeout or self.timeout)
-  while not p.reply and not p.failed and not self.closed do
-    local left = deadline - now(self)
-    if left <= 0 then break end
-    self.c:run_once(left)
-  end
+  self:_wait(function() return p.reply or p.failed or self.closed end,
+             now(self) + (timeout or self.timeout))
   self.pending[rid] = nil
   if p.reply then
     if p.reply.ok then return p.reply end
@@ -340,7 +350,9 @@ function Context:_on_event(chid, value, peer, producer, seq, sync)
   local list = self.disp[chid]
   local ch = list
   local nran, errs = 0, nil
-  if list and list[1] then
+  -- producer 0, seq 0: a sync marker on a modulated stream (the modulator
+  -- sent nothing for a sync event): acknowledged once all before it ran.
+  if list and list[1] and (producer ~= 0 or seq ~= 0) then
     -- "host:port#id" once per (peer, producer), not once per event: the
     -- concatenation interned a new string for every event.
     local names = self.pnames[peer]
@@ -408,7 +420,7 @@ function Context:channel(name)
     chid = self.c:channel(full),
     consumers = { short = short }, producers = {}, nprod = 0,
     ver = -1, manager = nil,
-    dests = {}, mods = {}, modlist = {}, failed = {}, grants = {},  -- producing side
+    dests = {}, mods = {}, modlist = {}, failed = {}, failed_dests = {}, grants = {},  -- producing side
     all = {}, streams = {}, cjoined = false,             -- consuming side
   }, Channel)
   self.byname[full] = ch
@@ -417,19 +429,158 @@ function Context:channel(name)
   return ch
 end
 
---- Calls fn(timer) every sec seconds until timer:stop().
+-- Runs fn(...) in a coroutine of the context's; true when it is waiting.
+function Context:_spawn(fn, ...)
+  local co = coroutine.create(fn)
+  self.cos[co] = true
+  return self:_resume(co, ...)
+end
+
+-- Resumes one of the context's coroutines; true when it waits again.
+function Context:_resume(co, ...)
+  local ok, r = coroutine.resume(co, ...)
+  if not ok then
+    self.log("error in callback: " .. traceback(co, tostring(r)))
+    return false
+  end
+  if coroutine.status(co) == "dead" then return false end
+  if r ~= WAIT then
+    self.log("error in callback: it yielded outside a lecho wait; it will not be resumed")
+    return false
+  end
+  return true
+end
+
+-- Waits until ready() is true: true; or until deadline (a ctx:now() time,
+-- nil: none) or the context closes: false.
+function Context:_wait(ready, deadline)
+  if ready() then return true end
+  if self.closed then return false end
+  local co = coroutine.running()
+  local w = { ready = ready, deadline = deadline }
+  if co and self.cos[co] then
+    w.co = co
+    if deadline then
+      w.timer = self.c:timer(math.max(deadline - now(self), 0) + 0.001, 0, function() end)
+    end
+    self.waiters[#self.waiters + 1] = w
+    self.c:want_turn(true)
+    return coroutine.yield(WAIT)
+  end
+  -- The main line: serve the loop here (callbacks run beside, not inside).
+  while true do
+    if self.closed then return false end
+    if ready() then return true end
+    local left = deadline and deadline - now(self)
+    if left and left <= 0 then return false end
+    self.c:run_once(left)
+  end
+end
+
+-- Before each loop turn's writes: resumes, in the order they began, the
+-- waits that can go on or whose deadline passed.
+function Context:_turn()
+  local ws, i, t = self.waiters, 1, nil
+  while ws[i] do
+    local w = ws[i]
+    local res
+    if self.closed then
+      res = false
+    elseif w.ready() then
+      res = true
+    elseif w.deadline then
+      t = t or now(self)
+      if t >= w.deadline then res = false end
+    end
+    if res == nil then
+      i = i + 1
+    else
+      table.remove(ws, i)
+      if w.timer then w.timer:stop() end
+      self:_resume(w.co, res)
+      ws = self.waiters
+    end
+  end
+  if not ws[1] and not self.closed then self.c:want_turn(false) end
+end
+
+-- The event hook: dispatches in a coroutine kept for it.  Returns true
+-- when a handler waits: C then holds back what comes next from the same
+-- peer (or the local queue) until the dispatch ends (ctx:resume).
+local function dispatcher(self)
+  local co = coroutine.running()
+  local chid, value, peer, producer, seq, sync = coroutine.yield(DONE)
+  while true do
+    self:_on_event(chid, value, peer, producer, seq, sync)
+    local held = self.held[co]
+    if held then
+      self.held[co] = nil
+      if not self.closed then self.c:resume(held) end
+    end
+    chid, value, peer, producer, seq, sync = coroutine.yield(DONE)
+  end
+end
+
+function Context:_dispatch(chid, value, peer, producer, seq, sync)
+  local co = self.dco
+  if not co or coroutine.status(co) ~= "suspended" then
+    co = coroutine.create(dispatcher)
+    self.cos[co] = true
+    coroutine.resume(co, self)
+    self.dco = co
+  end
+  local ok, r = coroutine.resume(co, chid, value, peer, producer, seq, sync)
+  if not ok then
+    self.dco = nil
+    self.log("error dispatching an event: " .. traceback(co, tostring(r)))
+    return false
+  end
+  if r == WAIT then
+    -- A handler waits: this coroutine belongs to its waiter now.
+    self.held[co] = peer
+    self.dco = nil
+    return true
+  end
+  return false
+end
+
+--- Calls fn(timer) every sec seconds until timer:stop().  fn runs in a
+-- coroutine of its own and may wait (submit_sync, a blocking submit); a
+-- tick that comes while the previous call still waits is skipped.
 function Context:every(sec, fn)
-  return self.c:timer(sec, sec, function(t) fn(t) end)
+  local busy = false
+  local function run(t)
+    local ok, err = xpcall(fn, traceback, t)
+    busy = false
+    if not ok then self.log("error in callback: " .. tostring(err)) end
+  end
+  return self.c:timer(sec, sec, function(t)
+    if busy then return end
+    busy = true
+    self:_spawn(run, t)
+  end)
 end
 
 function Context:after(sec, fn)
-  return self.c:timer(sec, 0, function() fn() end)
+  return self.c:timer(sec, 0, function()
+    self:_spawn(function()
+      local ok, err = xpcall(fn, traceback)
+      if not ok then self.log("error in callback: " .. tostring(err)) end
+    end)
+  end)
 end
 
 --- Calls fn(watcher) on the loop whenever descriptor fd is readable, until
--- watcher:stop() (a REPL reading its terminal, say).
+-- watcher:stop() (a REPL reading its terminal, say).  Each call runs in a
+-- coroutine of its own and may wait; fn must read what is there, or it is
+-- called again on the next loop turn.
 function Context:on_readable(fd, fn)
-  return self.c:io(fd, function(w) fn(w) end)
+  return self.c:io(fd, function(w)
+    self:_spawn(function()
+      local ok, err = xpcall(fn, traceback, w)
+      if not ok then self.log("error in callback: " .. tostring(err)) end
+    end)
+  end)
 end
 
 function Context:run() return self.c:run() end
@@ -484,17 +635,39 @@ function Context:_moe_error(id, why)
   end
 end
 
-function Context:close()
-  if self.closed then return end
+--- Closes the context.  What was submitted before is delivered first:
+-- every queue is written, then each connection ends and close waits until
+-- the remote closed its side too (it has read everything), for at most
+-- opts.linger seconds (the context's `linger`, 2 s by default; 0: do not
+-- wait).  Returns true, or nil and what could not be delivered (also
+-- logged).
+function Context:close(opts)
+  if self.closed or self.closing then return true end
+  self.closing = true
+  local linger = opts and opts.linger or self.linger
   for _, ch in pairs(self.byname) do
     for _, con in ipairs({ unpack(ch.all) }) do con:close() end
     for p in pairs(ch.producers) do p:close() end
     if ch.rejoin then ch.rejoin:stop() end
   end
   if self.tick then self.tick:stop() end
+  local ok, err = true, nil
+  if linger > 0 and self.c:depth() == 0 or (linger > 0 and self.cos[coroutine.running() or 0]) then
+    self.c:shutdown()
+    self:_wait(function() return self.c:pending() == 0 end, now(self) + linger)
+  end
+  local open, events, bytes = self.c:pending()
+  if events > 0 then
+    ok, err = nil, ("%d events (%d bytes) not delivered within the linger time of %gs"):format(
+      events, bytes, linger)
+  elseif open > 0 and linger > 0 then
+    ok, err = nil, ("%d connections not closed by their remote within the linger time of %gs: "
+      .. "what was sent there may not have been read"):format(open, linger)
+  end
+  if err then self.log("close: " .. err) end
   self.closed = true
-  self.c:flush()
   self.c:close()
+  return ok, err
 end
 
 ------------------------------------------------------------------------------
@@ -564,7 +737,7 @@ function Channel:_set_consumers(list, mods)
     if not mods[key] then gone[#gone + 1] = inst end
   end
   for key in pairs(self.failed) do
-    if not mods[key] then self.failed[key] = nil end
+    if not mods[key] then self.failed[key], self.failed_dests[key] = nil, nil end
   end
   for _, key in ipairs(sorted_keys(mods)) do
     local m = mods[key]
@@ -702,6 +875,7 @@ end
 function Channel:_refuse(key, err, dests)
   local ctx = self.ctx
   self.failed[key] = err
+  self.failed_dests[key] = dests
   ctx.log(("modulator %s on '%s' not running here: %s"):format(key, self.short, err))
   for _, a in ipairs(dests or {}) do
     ctx:_send_ctrl(a, { op = "mod_error", ch = self.name, key = key, err = err, producer = ctx.addr })
@@ -732,7 +906,7 @@ end
 -- until it works: the control plane is soft state.
 function Channel:_schedule_rejoin()
   if self.rejoin or self.ctx.closed then return end
-  self.rejoin = self.ctx.c:timer(0.2, 1.0, function(t)
+  self.rejoin = self.ctx:every(1.0, function(t)
     if self.nprod > 0 and not self:_join("producer") then return end
     if #self.all > 0 and not self:_join("consumer") then return end
     t:stop()
@@ -939,61 +1113,100 @@ end
 ------------------------------------------------------------------------------
 -- Producer
 
---- Queues ev for every consumer and returns at once: true, or nil, err
--- (nothing was sent: the value cannot be encoded, or the producer is closed).
-function Producer:submit(ev)
-  if self.closed then return nil, "producer is closed" end
-  local seq = self.seq + 1
+-- One submit to the core: encoded once, through the modulators.  Under the
+-- block policy (and for every sync submit) it first waits for room, in the
+-- order the submits of this producer were called.
+local function submit_core(self, ev, sync)
   local enc = self.enc
   local bytes = enc and enc(ev)
-  local ok, err = self.c:submit(self.chid, self.id, seq, bytes or ev, false, self.policy, self.mods,
-                                self.plain, bytes ~= nil)
-  if ok then self.seq = seq end
-  return ok, err
+  local c = self.c
+  local q = self.waitq
+  if not q or not q[1] then
+    local r, err, code = c:submit(self.chid, self.id, self.seq + 1, bytes or ev, sync, self.policy,
+                                  self.mods, self.plain, bytes ~= nil)
+    if code ~= "wouldblock" then
+      if r then self.seq = self.seq + 1 end
+      return r, err
+    end
+  end
+  -- Wait for room, behind the submits of this producer already waiting.
+  q = q or {}
+  self.waitq = q
+  local me = {}
+  q[#q + 1] = me
+  local ctx = self.ch.ctx
+  local function ready()
+    return self.closed or q[1] == me and c:room(self.chid, self.mods, self.plain)
+  end
+  while true do
+    ctx:_wait(ready)
+    if q[1] == me then table.remove(q, 1) end
+    if self.closed or ctx.closed then return nil, "producer closed while waiting for room" end
+    local r, err, code = c:submit(self.chid, self.id, self.seq + 1, bytes or ev, sync, self.policy,
+                                  self.mods, self.plain, bytes ~= nil)
+    if code ~= "wouldblock" then
+      if r then self.seq = self.seq + 1 end
+      return r, err
+    end
+    table.insert(q, 1, me)
+  end
+end
+
+--- Queues ev for every consumer: true, or nil, err (nothing was sent: the
+-- value cannot be encoded, or the producer is closed).  Returns at once,
+-- but under the block policy first waits for room in the queues.
+function Producer:submit(ev)
+  if self.closed then return nil, "producer is closed" end
+  return submit_core(self, ev, false)
 end
 
 --- Submits ev and waits until every consumer ran its handler.
 -- Returns true, or nil, errors: a list of { context, consumer, err } (it
--- prints as one line) with each failing or silent consumer.
+-- prints as one line) with each failing or silent consumer, and each
+-- consumer whose modulator failed here.
 function Producer:submit_sync(ev, opts)
   if self.closed then return nil, "producer is closed" end
   local ctx = self.ch.ctx
   local c = ctx.c
   local timeout = opts and opts.timeout or ctx.sync_timeout
-  local seq = self.seq + 1
-  local enc = self.enc
-  local bytes = enc and enc(ev)
-  local ids, err = c:submit(self.chid, self.id, seq, bytes or ev, true, self.policy, self.mods,
-                            self.plain, bytes ~= nil)
+  local ids, err = submit_core(self, ev, true)
   if not ids then return nil, err end
-  self.seq = seq
   local deadline = c:now() + timeout
+  local all
   if type(ids) == "number" then
     -- One sync record (no modulators): no tables unless something failed.
-    while not c:sync_done(ids) do
-      local left = deadline - c:now()
-      if left <= 0 or ctx.closed then break end
-      c:run_once(left)
-    end
+    ctx:_wait(function() return c:sync_done(ids) end, deadline)
     if ctx.closed then return nil, "context closed while waiting" end
     local _, errs = c:sync_take(ids, timeout)
-    if errs then return nil, setmetatable(errs, ErrList) end
-    return true
-  end
-  for _, id in ipairs(ids) do
-    while not c:sync_done(id) do
-      local left = deadline - c:now()
-      if left <= 0 or ctx.closed then break end
-      c:run_once(left)
+    all = errs
+  else
+    ctx:_wait(function()
+      for _, id in ipairs(ids) do
+        if not c:sync_done(id) then return false end
+      end
+      return true
+    end, deadline)
+    if ctx.closed then return nil, "context closed while waiting" end
+    for _, id in ipairs(ids) do
+      local _, errs = c:sync_take(id, timeout)
+      for _, e in ipairs(errs or {}) do
+        all = all or {}
+        all[#all + 1] = e
+      end
     end
   end
-  if ctx.closed then return nil, "context closed while waiting" end
-  local all = {}
-  for _, id in ipairs(ids) do
-    local _, errs = c:sync_take(id, timeout)
-    for _, e in ipairs(errs or {}) do all[#all + 1] = e end
+  -- Consumers whose modulator failed or was refused here got nothing.
+  local ch = self.ch
+  if next(ch.failed) then
+    for key, why in pairs(ch.failed) do
+      for _, a in ipairs(ch.failed_dests[key] or {}) do
+        all = all or {}
+        all[#all + 1] = { context = a, err = ("modulator %s not running at %s: %s"):format(
+          key, ctx.addr, why) }
+      end
+    end
   end
-  if #all > 0 then return nil, setmetatable(all, ErrList) end
+  if all and #all > 0 then return nil, setmetatable(all, ErrList) end
   return true
 end
 

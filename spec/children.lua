@@ -89,4 +89,326 @@ io.stdout:flush()
 ctx:close()
 ]]
 
+------------------------------------------------------------------------------
+-- Children of spec/delivery_spec.lua (issue 8).  Times are socket.gettime()
+-- (wall clock, comparable between processes on one host).
+
+-- A consuming process that reports every event as it comes, one line each,
+-- so that a spec can count what arrived even while it still runs (or after
+-- it was killed): "ready ADDR", then "ev SEQ VALUE" per event (VALUE: ev.i
+-- for a table, the string itself when short, "#LEN" when long), then
+-- "done COUNT" or "timeout COUNT".  opts: ns, channel, expect (stop after
+-- this many events), stop_on (stop after this value), duration (bound,
+-- seconds), modulator (source: a modulated consumer), verbose (lecho log on
+-- stderr).
+M.sink = [[
+local cjson = require "cjson"
+local lecho = require "lecho"
+local opts = cjson.decode(arg[1])
+io.stdout:setvbuf("line")
+local ctx = lecho.context{ nameserver = opts.ns,
+                           quiet = not (opts.verbose or os.getenv("LECHO_SPEC_LOG")) }
+local count = 0
+local function show(ev)
+  if type(ev) == "table" then return tostring(ev.i) end
+  if type(ev) == "string" then return #ev <= 40 and ev or ("#" .. #ev) end
+  return tostring(ev)
+end
+local copts = opts.modulator and { modulator = opts.modulator } or nil
+assert(ctx:channel(opts.channel):consumer(function(ev, meta)
+  count = count + 1
+  io.stdout:write("ev ", meta.seq, " ", show(ev), "\n")
+  if (opts.expect and count >= opts.expect) or (opts.stop_on ~= nil and ev == opts.stop_on) then
+    io.stdout:write("done ", count, "\n")
+    ctx:stop()
+  end
+end, copts))
+io.stdout:write("ready ", ctx.addr, "\n")
+ctx:after(opts.duration or 20, function() io.stdout:write("timeout ", count, "\n"); ctx:stop() end)
+ctx:run()
+ctx:close()
+]]
+
+-- A fire-and-forget publisher (obs. 1): joins, submits opts.n events of
+-- about opts.size bytes ({ i = k, pad = ... }), flush, close, close, exits.
+M.short_publisher = [[
+local cjson = require "cjson"
+local lecho = require "lecho"
+local opts = cjson.decode(arg[1])
+local ctx = lecho.context{ nameserver = opts.ns, quiet = true }
+local p = assert(ctx:channel(opts.channel):producer())
+local pad = opts.size and ("x"):rep(opts.size) or nil
+for i = 1, opts.n do assert(p:submit({ i = i, pad = pad })) end
+p:flush()
+p:close()
+ctx:close()
+io.stdout:write("submitted ", opts.n, "\n")
+io.stdout:flush()
+os.exit(0)
+]]
+
+-- A producer with policy "block" and a small queue submitting opts.n events
+-- of about opts.size bytes in a tight loop (obs. 2).  Prints "sub K" after
+-- each submit returned, then one JSON line { elapsed = seconds of the loop,
+-- sync = true or the error of the final submit_sync("end") }.
+M.block_burst = [[
+local cjson = require "cjson"
+local socket = require "socket"
+local lecho = require "lecho"
+local opts = cjson.decode(arg[1])
+io.stdout:setvbuf("line")
+local ctx = lecho.context{ nameserver = opts.ns, quiet = true, policy = "block",
+                           queue_limit = opts.queue_limit }
+local p = assert(ctx:channel(opts.channel):producer())
+local pad = ("x"):rep(opts.size - 12) -- { i = k, pad = ... } encodes to about opts.size bytes
+local t0 = socket.gettime()
+for i = 1, opts.n do
+  local ok, err = p:submit({ i = i, pad = pad })
+  if not ok then io.stdout:write("submit ", i, " failed: ", tostring(err), "\n") os.exit(3) end
+  io.stdout:write("sub ", i, "\n")
+end
+local elapsed = socket.gettime() - t0
+local ok, err = p:submit_sync("end", { timeout = 5 })
+io.stdout:write(cjson.encode{ elapsed = elapsed, sync = ok and true or tostring(err) }, "\n")
+ctx:close()
+os.exit(0)
+]]
+
+-- A producer with policy "block" submitting { i = k, pad } from a
+-- ctx:every(opts.interval) timer for opts.run_for seconds (obs. 3), with a
+-- 0.1 s status timer beside it.  Counts the re-entrant depth of the submit
+-- timer, the log lines with "stack overflow", the submits that returned
+-- true (their i, in order) and the largest gap between status ticks.
+-- Prints "ready" once connected, then a JSON line at the end.
+M.timer_block = [[
+local cjson = require "cjson"
+local socket = require "socket"
+local lecho = require "lecho"
+local opts = cjson.decode(arg[1])
+io.stdout:setvbuf("line")
+local overflow, logs = 0, {}
+local ctx = lecho.context{ nameserver = opts.ns, policy = "block", queue_limit = opts.queue_limit,
+  log = function(m)
+    if m:find("stack overflow", 1, true) then overflow = overflow + 1 end
+    if #logs < 20 then logs[#logs + 1] = m end
+  end }
+local p = assert(ctx:channel(opts.channel):producer())
+assert(p:submit_sync("hello", { timeout = 5 }))
+local pad = ("x"):rep(opts.size)
+local depth, maxdepth, n, trues, fails = 0, 0, 0, {}, {}
+local st = { last = nil, maxgap = 0, ticks = 0 }
+local t_end = socket.gettime() + opts.run_for
+local tick
+tick = ctx:every(opts.interval, function()
+  depth = depth + 1
+  if depth > maxdepth then maxdepth = depth end
+  if socket.gettime() < t_end then
+    n = n + 1
+    local i = n
+    local ok, err = p:submit({ i = i, pad = pad })
+    if ok then trues[#trues + 1] = i elseif #fails < 20 then fails[#fails + 1] = tostring(err) end
+  else
+    tick:stop()
+    ctx:stop()
+  end
+  depth = depth - 1
+end)
+local status = ctx:every(0.1, function()
+  local now = socket.gettime()
+  if st.last and now - st.last > st.maxgap then st.maxgap = now - st.last end
+  st.last = now
+  st.ticks = st.ticks + 1
+end)
+io.stdout:write("ready\n")
+ctx:run()
+status:stop()
+local ok, err = p:submit_sync("end", { timeout = 10 })
+io.stdout:write(cjson.encode{ submitted = n, trues = trues, fails = fails, maxdepth = maxdepth,
+                              overflow = overflow, status_maxgap = st.maxgap, status_ticks = st.ticks,
+                              sync = ok and true or tostring(err), logs = logs }, "\n")
+ctx:close()
+os.exit(0)
+]]
+
+-- A producer with policy "block" and queue_limit opts.queue_limit
+-- submitting opts.per_tick strings of opts.size bytes from a 10 ms timer
+-- (obs. 6).  A status timer prints "blocked" once a submit has been waiting
+-- for 0.3 s; the spec then kills the consumer.  The submit that was blocked
+-- must return; the producer goes on submitting for opts.after_for seconds
+-- and prints a JSON line { ok_before, blocked = { ok, err, waited },
+-- after_total, after_ok, after_fail }.  (A submit entered again while one waits is
+-- skipped: re-entrancy is obs. 3, not this spec's subject.)  Without
+-- opts.ns, this process is the name server: the consumer's death then
+-- changes the membership, and unloads its modulator, inside the peer-down
+-- callback, i.e. while the submit still waits.
+M.block_kill = [[
+local cjson = require "cjson"
+local socket = require "socket"
+local lecho = require "lecho"
+local opts = cjson.decode(arg[1])
+io.stdout:setvbuf("line")
+-- Without opts.ns the name server runs in this context: it prints "ns ADDR"
+-- and waits for the file opts.go (the consumer has joined) before starting.
+local ctx = lecho.context{ nameserver = opts.ns, policy = "block", queue_limit = opts.queue_limit }
+if not opts.ns then
+  io.stdout:write("ns ", ctx.addr, "\n")
+  local t0 = socket.gettime()
+  while not io.open(opts.go) do
+    if socket.gettime() - t0 > 20 then error("no go file") end
+    ctx:run_once(0.05)
+  end
+end
+local p = assert(ctx:channel(opts.channel):producer())
+assert(p:submit_sync("hello", { timeout = 5 }))
+io.stdout:write("ready\n")
+local pad = ("x"):rep(opts.size)
+local insubmit, t_sub, reported = false, 0, false
+local res = { ok_before = 0, after_ok = 0, after_total = 0, after_fail = {} }
+local phase, t_after = "before", nil
+local tick
+tick = ctx:every(0.01, function()
+  if insubmit then return end
+  for _ = 1, opts.per_tick do
+    insubmit, t_sub = true, socket.gettime()
+    local ok, err = p:submit(pad)
+    local waited = socket.gettime() - t_sub
+    insubmit = false
+    if phase == "before" then
+      if reported then
+        res.blocked = { ok = ok and true or false, err = err and tostring(err), waited = waited }
+        io.stdout:write("returned\n")
+        phase, t_after = "after", socket.gettime()
+      elseif ok then
+        res.ok_before = res.ok_before + 1
+      end
+    else
+      res.after_total = res.after_total + 1
+      if ok then
+        res.after_ok = res.after_ok + 1
+      elseif #res.after_fail < 10 then
+        res.after_fail[#res.after_fail + 1] = tostring(err)
+      end
+    end
+  end
+  if phase == "after" and socket.gettime() - t_after > opts.after_for then
+    tick:stop()
+    ctx:stop()
+  end
+end)
+ctx:every(0.05, function()
+  if insubmit and not reported and socket.gettime() - t_sub > 0.3 then
+    reported = true
+    io.stdout:write("blocked\n")
+  end
+end)
+ctx:run()
+io.stdout:write(cjson.encode(res), "\n")
+ctx:close()
+os.exit(0)
+]]
+
+-- A producer submitting { i = k } every opts.interval seconds for opts.n
+-- events, then submit_sync("end") (a legitimate neighbour of obs. 7).
+M.steady = [[
+local cjson = require "cjson"
+local lecho = require "lecho"
+local opts = cjson.decode(arg[1])
+io.stdout:setvbuf("line")
+local ctx = lecho.context{ nameserver = opts.ns, quiet = true }
+local p = assert(ctx:channel(opts.channel):producer())
+local n = 0
+local tick
+tick = ctx:every(opts.interval, function()
+  n = n + 1
+  assert(p:submit({ i = n }))
+  if n >= opts.n then tick:stop(); ctx:stop() end
+end)
+ctx:run()
+local ok, err = p:submit_sync("end", { timeout = 10 })
+io.stdout:write(cjson.encode{ submitted = n, sync = ok and true or tostring(err) }, "\n")
+ctx:close()
+os.exit(0)
+]]
+
+-- A producer submitting { i = k } every 10 ms from one timer and calling
+-- submit_sync(ev, { timeout = opts.sync_timeout }) from a 1 s timer, for
+-- opts.run_for seconds (obs. 8).  Records each sync call (start, return,
+-- result, depth), the nesting depth and the largest gap between 10 ms ticks.
+-- The consumer is stopped and resumed by the spec.
+M.sync_nesting = [[
+local cjson = require "cjson"
+local socket = require "socket"
+local lecho = require "lecho"
+local opts = cjson.decode(arg[1])
+io.stdout:setvbuf("line")
+local ctx = lecho.context{ nameserver = opts.ns }
+local p = assert(ctx:channel(opts.channel):producer())
+assert(p:submit_sync("hello", { timeout = 5 }))
+local fast = { ticks = 0, maxgap = 0 }
+local n = 0
+local t_end = socket.gettime() + opts.run_for
+local fast_t, slow_t
+fast_t = ctx:every(0.01, function()
+  local now = socket.gettime()
+  if fast.last and now - fast.last > fast.maxgap then fast.maxgap = now - fast.last end
+  fast.last = now
+  fast.ticks = fast.ticks + 1
+  n = n + 1
+  p:submit({ i = n })
+  if now > t_end then fast_t:stop(); slow_t:stop(); ctx:stop() end
+end)
+-- Nesting is a call entered on the stack of one still waiting: counted per
+-- coroutine (calls suspended side by side in coroutines do not nest);
+-- "concurrent" counts calls in progress at once, whatever the stack.
+local depth, maxdepth, conc, maxconc, calls = {}, 0, 0, 0, {}
+slow_t = ctx:every(1.0, function()
+  local co = coroutine.running() or "main"
+  depth[co] = (depth[co] or 0) + 1
+  if depth[co] > maxdepth then maxdepth = depth[co] end
+  conc = conc + 1
+  if conc > maxconc then maxconc = conc end
+  local call = { t0 = socket.gettime(), depth = depth[co] }
+  calls[#calls + 1] = call
+  local ok, err = p:submit_sync({ sync = #calls }, { timeout = opts.sync_timeout })
+  call.t1 = socket.gettime()
+  call.ok = ok and true or false
+  call.err = err and tostring(err) or nil
+  depth[co] = depth[co] - 1
+  conc = conc - 1
+end)
+io.stdout:write("ready ", socket.gettime(), "\n")
+ctx:run()
+fast.last = nil
+io.stdout:write(cjson.encode{ calls = calls, maxdepth = maxdepth, maxconc = maxconc, fast = fast }, "\n")
+ctx:close()
+os.exit(0)
+]]
+
+-- ctx:close() from inside a timer callback during ctx:run() (obs. 9).
+-- Prints "run returned" (and the error, if run raised) once run is over,
+-- then whether a TCP connect to the context's address still succeeds, then
+-- the result of a second ctx:close().
+M.close_in_callback = [[
+local socket = require "socket"
+local lecho = require "lecho"
+io.stdout:setvbuf("line")
+local logs = {}
+local ctx = lecho.context{ log = function(m) logs[#logs + 1] = m end }
+local addr = ctx.addr
+io.stdout:write("addr ", addr, "\n")
+ctx:after(0.1, function() ctx:close() end)
+local ok, err = pcall(ctx.run, ctx)
+io.stdout:write("run returned ", tostring(ok), " ", tostring(err), "\n")
+local host, port = addr:match("^(.+):(%d+)$")
+local s = socket.tcp()
+s:settimeout(2)
+local c = s:connect(host, tonumber(port))
+s:close()
+io.stdout:write("connect ", c and "accepted" or "refused", "\n")
+local ok2, err2 = pcall(ctx.close, ctx)
+io.stdout:write("second close ", tostring(ok2), " ", tostring(err2), "\n")
+for _, m in ipairs(logs) do io.stdout:write("log ", m, "\n") end
+os.exit(0)
+]]
+
 return M

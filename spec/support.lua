@@ -75,6 +75,19 @@ function M.lua(src, ...)
   return M.spawn(("%s %s %s"):format(M.luajit, file, table.concat(args, " ")))
 end
 
+--- Like M.lua, with the shell command `prefix` run first in the child's
+-- shell (e.g. "ulimit -v 400000"); the child's pid is luajit's (exec).
+function M.lua_with(prefix, src, ...)
+  local file = M.write(M.tmpname("script") .. ".lua", src)
+  local args = {}
+  for i, a in ipairs({ ... }) do args[i] = sh_quote(a) end
+  return M.spawn(("sh -c %s"):format(sh_quote(("%s; exec %s %s %s")
+    :format(prefix, M.luajit, file, table.concat(args, " ")))))
+end
+
+--- True while child's process exists (a stopped one included).
+function M.alive(child) return child.pid ~= nil and alive(child.pid) end
+
 --- Waits until child exits (true, exit code) or timeout seconds pass (false).
 -- With ctx given, its loop is served meanwhile (queued events get written).
 function M.wait(child, timeout, ctx)

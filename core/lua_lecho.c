@@ -33,6 +33,7 @@ typedef struct lb_ctx {
     lua_State *L;          /* the thread every callback runs on (owned via ref_thread) */
     int ref_event, ref_ctrl, ref_peer, ref_log, ref_tb, ref_moe_error, ref_turn;
     int ref_thread;        /* pins L */
+    int ref_calls;         /* { hook_call, log_call }: made once, no allocation per call */
     int want_turn;         /* call the turn hook before each loop turn's writes */
     int close_pending;     /* close() came from inside a callback: done on return */
     lei_codec_limits lim;
@@ -103,17 +104,32 @@ static void hook_unpin(void *ud, int ref) {
     luaL_unref(b->L, LUA_REGISTRYINDEX, ref);
 }
 
+/* Calls the log function (upvalue-free: both come as arguments) with the
+ * message; the string is made inside the protected call, where running out
+ * of memory is an error like any other. */
+static int log_call(lua_State *L) {
+    const char *msg = lua_touserdata(L, 2);
+    lua_settop(L, 1);
+    lua_pushstring(L, msg);
+    lua_call(L, 1, 0);
+    return 0;
+}
+
 static void hook_log(void *ud, const char *msg) {
     lb_ctx *b = ud;
-    if (b->ref_log == LUA_NOREF || !b->L) {
+    lua_State *L = b->L;
+    if (b->ref_log == LUA_NOREF || !L || !lua_checkstack(L, 4)) {
         fprintf(stderr, "lecho: %s\n", msg);
         return;
     }
-    lua_rawgeti(b->L, LUA_REGISTRYINDEX, b->ref_log);
-    lua_pushstring(b->L, msg);
-    if (lua_pcall(b->L, 1, 0, 0)) {
-        fprintf(stderr, "lecho: %s (log hook failed: %s)\n", msg, lua_tostring(b->L, -1));
-        lua_pop(b->L, 1);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_calls);
+    lua_rawgeti(L, -1, 2);
+    lua_remove(L, -2);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_log);
+    lua_pushlightuserdata(L, (void *)msg);
+    if (lua_pcall(L, 2, 0, 0)) {
+        fprintf(stderr, "lecho: %s (log hook failed: %s)\n", msg, lua_tostring(L, -1));
+        lua_pop(L, 1);
     }
 }
 
@@ -166,9 +182,18 @@ static int run_hook(lb_ctx *b, hook_args *a) {
     lua_State *L = b->L;
     if (!L || a->ref == LUA_NOREF || !lua_checkstack(L, 4)) return -1;
     lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_tb);
-    lua_pushcfunction(L, hook_call);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_calls); /* no allocation before the pcall */
+    lua_rawgeti(L, -1, 1);
+    lua_remove(L, -2);
     lua_pushlightuserdata(L, a);
     int rc = lua_pcall(L, 1, 0, -3);
+    if (rc == LUA_ERRMEM || (rc && a->bad)) {
+        /* The partly decoded value is garbage now: collect it before the
+         * next allocation (LuaJIT does not collect when one fails). */
+        lua_pop(L, 1);
+        lua_gc(L, LUA_GCCOLLECT, 0);
+        lua_pushstring(L, rc == LUA_ERRMEM ? "not enough memory" : "error");
+    }
     const char *from = a->from ? a->from->addr : "local";
     const char *what = a->is_event ? "event value" : "control message";
     if (rc) {
@@ -312,6 +337,12 @@ static int l_new(lua_State *L) {
      * caller's, which may be suspended when the loop next calls back. */
     b->L = lua_newthread(L);
     b->ref_thread = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_createtable(L, 2, 0);
+    lua_pushcfunction(L, hook_call);
+    lua_rawseti(L, -2, 1);
+    lua_pushcfunction(L, log_call);
+    lua_rawseti(L, -2, 2);
+    b->ref_calls = luaL_ref(L, LUA_REGISTRYINDEX);
     lei_hooks h = {b, hook_event, hook_ctrl, hook_peer, hook_unpin, hook_log, hook_prepare};
     b->c = lei_ctx_new(&o, &h);
     if (!b->c) return luaL_error(L, "lecho: cannot create a context (libev loop)");
@@ -356,6 +387,7 @@ static void ctx_close(lb_ctx *b, lua_State *L) {
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_turn);
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_tb);
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_thread);
+    luaL_unref(L, LUA_REGISTRYINDEX, b->ref_calls);
     b->L = NULL;
     b->ref_event = b->ref_ctrl = b->ref_peer = b->ref_log = b->ref_moe_error = LUA_NOREF;
     b->ref_turn = LUA_NOREF;

@@ -335,7 +335,7 @@ describe("issue 8, obs. 8: submit_sync while the consumer is stopped", function(
       assert(call.t1, ("call #%d never returned; %s"):format(k, summary))
       assert(call.t1 - call.t0 <= 2.5, ("call #%d took %.2f s; %s"):format(k, call.t1 - call.t0, summary))
       -- A call whose whole wait fell inside the stop has nobody to answer it.
-      if call.t0 > t_stop + 0.05 and call.t0 + 2.5 < t_cont then
+      if call.t0 > t_stop + 0.05 and call.t1 < t_cont - 0.05 then
         timed_out = timed_out + 1
         assert(not call.ok, ("call #%d returned true while the consumer was stopped; %s"):format(k, summary))
         local err = call.err:lower()
@@ -344,7 +344,9 @@ describe("issue 8, obs. 8: submit_sync while the consumer is stopped", function(
                ("call #%d's error does not say it timed out: %s"):format(k, call.err))
       end
     end
-    assert(timed_out >= 3, ("only %d calls fell inside the stop; %s"):format(timed_out, summary))
+    -- A tick that comes while the previous call still waits is skipped (a
+    -- timer never runs twice at once): 2 s calls every 3 s in a 6 s stop.
+    assert(timed_out >= 2, ("only %d calls fell inside the stop; %s"):format(timed_out, summary))
   end)
 end)
 

@@ -1002,7 +1002,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
         return 0;
     }
     lei_peer *p = k->peer;
-    if (f->type == LEI_F_PING || f->type == LEI_F_PONG) return live_frame(k, f);
+    if (f->type == LEI_F_HEARTBEAT || f->type == LEI_F_PING) return live_frame(k, f);
     switch (f->type) {
     case LEI_F_EVENT: {
         lei_event_hdr e;
@@ -1224,12 +1224,13 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents) {
 
 /* ---- liveness ------------------------------------------------------------
  *
- * One timer per context watches every connection.  A PING goes out on a
- * connection on which we have written nothing for `heartbeat` seconds (so a
- * live process is heard even when its peer's PINGs wait behind a backlog it
- * has not read yet), or from which nothing has arrived for that long (a live
- * peer answers PONG at once, whatever its own settings); never more than one
- * per `heartbeat`, and only when nothing else is queued.  A connection from
+ * One timer per context watches every connection.  A HEARTBEAT goes out on
+ * a connection on which we have written nothing for `heartbeat` seconds, so
+ * a live process is heard whatever it reads (its peer's frames may wait
+ * behind a backlog it has not read yet).  A PING goes out on one from which
+ * nothing has arrived for (1 + heartbeat_misses) / 2 heartbeats: a live peer
+ * answers HEARTBEAT at once, whatever its own settings, before we give up on
+ * it.  Either only when nothing else is queued.  A connection from
  * which nothing at all (no byte) has arrived for heartbeat * heartbeat_misses
  * seconds is closed as dead ("no heartbeat from ADDR for N s"), which fails
  * its syncs and tells the binding (peer down) like any lost connection.  A
@@ -1275,12 +1276,20 @@ static void live_send(lei_peer *p, uint8_t type) {
 static int live_frame(lei_conn *k, const lei_frame *f) {
     lei_peer *p = k->peer;
     if (f->len) {
-        conn_close(k, "PING or PONG frame with a body", 1);
+        conn_close(k, "HEARTBEAT or PING frame with a body", 1);
         return -1;
     }
     p->lv.hb_in++;
-    if (f->type == LEI_F_PING) live_send(p, LEI_F_PONG);
+    if (f->type == LEI_F_PING) live_send(p, LEI_F_HEARTBEAT);
     return k->dead ? -1 : 0;
+}
+
+/* When k's next PING (*ping) or HEARTBEAT, whichever is first, is due. */
+static ev_tstamp live_due(const lei_ctx *c, const lei_conn *k, ev_tstamp *ping) {
+    double hb = c->o.heartbeat;
+    *ping = k->last_in + hb * (1 + c->o.heartbeat_misses) / 2;
+    if (*ping < k->last_ping + hb) *ping = k->last_ping + hb; /* one per hb at most */
+    return k->last_out + hb < *ping ? k->last_out + hb : *ping;
 }
 
 static void live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
@@ -1326,14 +1335,14 @@ static void live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
                 continue;
             }
         }
-        /* When a PING is due: output idle or input silent, at most one per hb. */
-        ev_tstamp due = k->last_out < k->last_in ? k->last_out : k->last_in;
-        due += hb;
-        if (due < k->last_ping + hb) due = k->last_ping + hb;
+        /* A PING when input is silent, else a HEARTBEAT when output is
+         * idle (the PING is output too). */
+        ev_tstamp ping, due = live_due(c, k, &ping);
         if (due <= now && k->peer && k->peer->conn == k && !k->peer->q.head) {
-            k->last_ping = now;
-            live_send(k->peer, LEI_F_PING);
-            due = now + hb;
+            if (ping <= now) k->last_ping = now;
+            live_send(k->peer, ping <= now ? LEI_F_PING : LEI_F_HEARTBEAT);
+            k->last_out = now; /* even if the kernel did not take it all yet */
+            due = live_due(c, k, &ping);
         }
         if (!k->dead) {
             any = 1;

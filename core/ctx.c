@@ -19,7 +19,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
-#include <sys/ioctl.h>
+#include <poll.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -1238,10 +1238,16 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents) {
  * too.  The hot path pays one ev_now() store per read callback and per
  * writev, nothing per event.
  *
- * Before declaring a peer dead the timer asks the kernel whether bytes are
- * waiting on the socket: if our own process was stalled (stopped, swapped,
- * a long handler), the timer may run before the read callbacks of the same
- * loop turn, and those bytes prove the peer alive. */
+ * Before declaring a peer dead the timer asks the kernel whether the socket
+ * is ready (bytes or a connect's answer waiting): if our own process was
+ * stalled (stopped, swapped, a long handler, code that does not run the
+ * loop), the timer may run before the I/O callbacks of the same loop turn,
+ * and what waits proves the peer alive. */
+
+static int live_fd_ready(int fd, short events) {
+    struct pollfd pf = {.fd = fd, .events = events, .revents = 0};
+    return poll(&pf, 1, 0) > 0;
+}
 
 static double live_dead_after(const lei_ctx *c) {
     return c->o.heartbeat * c->o.heartbeat_misses;
@@ -1256,7 +1262,9 @@ static void live_arm(lei_ctx *c, double after) {
 
 static void live_conn_new(lei_conn *k) {
     lei_ctx *c = k->ctx;
-    k->born = k->last_in = k->last_out = k->last_ping = ev_now(c->loop);
+    /* ev_time, not ev_now: the loop time is stale when the program has not
+     * run the loop for a while (a dial from code that computed for seconds). */
+    k->born = k->last_in = k->last_out = k->last_ping = ev_time();
     /* The timer's next expiry is never later than heartbeat from now while
      * some connection exists (see live_timer_cb): only start it here. */
     if (!ev_is_active(&c->hb)) live_arm(c, c->o.heartbeat);
@@ -1308,7 +1316,8 @@ static void live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
         const char *who = k->peer ? k->peer->addr : "an unidentified peer";
         char why[200];
         if (k->state != C_UP) {
-            if (now - k->born >= dead) {
+            if (now - k->born >= dead &&
+                !live_fd_ready(k->fd, k->state == C_CONNECTING ? POLLOUT : POLLIN)) {
                 snprintf(why, sizeof why, "%s %s: no handshake within %.1f s",
                          k->state == C_CONNECTING ? "connecting to" : "handshake with", who,
                          now - k->born);
@@ -1316,14 +1325,14 @@ static void live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
                 conn_close(k, why, 0);
             } else {
                 any = 1;
-                if (k->born + dead < next) next = k->born + dead;
+                ev_tstamp t = k->born + dead > now ? k->born + dead : now + hb / 4;
+                if (t < next) next = t;
             }
             k = nk;
             continue;
         }
         if (now - k->last_in >= dead) {
-            int pending = 0;
-            if (ioctl(k->fd, FIONREAD, &pending) == 0 && pending > 0) {
+            if (live_fd_ready(k->fd, POLLIN)) {
                 k->last_in = now; /* we were the slow one */
             } else {
                 snprintf(why, sizeof why, "no heartbeat from %s for %.1f s", who, now - k->last_in);

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <poll.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -47,6 +48,7 @@ struct lei_conn {
     size_t rlen, rpos, rcap;
     uint32_t *inmap;    /* owned: remote channel idx -> local chid + 1 */
     size_t ninmap;
+    ev_tstamp born, last_in, last_out, last_ping; /* liveness: created, last read, write, PING */
 };
 
 enum { C_CONNECTING = 1, C_HELLO, C_UP };
@@ -56,6 +58,13 @@ static void peer_flush(lei_peer *p);
 static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents);
 static void conn_fin(lei_conn *k);
 static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents);
+/* Liveness and sequence tracking (the live section, below). */
+static void live_conn_new(lei_conn *k);
+static int live_may_dial(lei_peer *p);
+static void live_peer_up(lei_peer *p, uint64_t incarnation);
+static int live_frame(lei_conn *k, const lei_frame *f);
+static int live_seq(lei_ctx *c, lei_peer *p, lei_chan *ch, uint64_t producer, uint64_t seq);
+static void live_free(lei_peer *p);
 
 void lei_opts_default(lei_opts *o) {
     o->queue_limit = 64u << 20;
@@ -63,6 +72,9 @@ void lei_opts_default(lei_opts *o) {
     o->batch_bytes = 256u << 10;
     o->max_frame = (1u << 30) + 4096;
     o->retry_interval = 0.5;
+    o->heartbeat = 5.0;
+    o->heartbeat_misses = 2.0;
+    o->retry_max = 5.0;
 }
 
 void lei_logf(lei_ctx *c, const char *fmt, ...) {
@@ -438,6 +450,7 @@ static lei_conn *conn_new(lei_ctx *c, int fd, int outbound) {
     c->conns = k;
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    live_conn_new(k);
     return k;
 }
 
@@ -534,8 +547,7 @@ static int peer_dial(lei_peer *p) {
 lei_peer *lei_peer_get(lei_ctx *c, const char *addr, int create) {
     lei_peer *p = peer_find(c, addr);
     if (!p && create) p = peer_new(c, addr);
-    if (p && create && !p->conn && ev_now(c->loop) - p->last_fail >= c->o.retry_interval)
-        peer_dial(p);
+    if (p && create && !p->conn && p->await_in <= 0 && live_may_dial(p)) peer_dial(p);
     return p;
 }
 
@@ -597,6 +609,7 @@ static void peer_flush(lei_peer *p) {
         }
         p->st.batches++;
         p->st.bytes_out += (uint64_t)w;
+        k->last_out = ev_now(c->loop);
         size_t left = (size_t)w;
         while (left) {
             lei_qitem *it = p->q.head;
@@ -667,6 +680,7 @@ uint32_t lei_chan_open(lei_ctx *c, const char *name, size_t len) {
     memcpy(ch->name, name, len);
     ch->name[len] = '\0';
     ch->namelen = len;
+    ch->derived = memchr(name, '@', len) != NULL;
     ch->id = c->nchans;
     c->chans[c->nchans++] = ch;
     uint32_t j = hash_name(name, len) & (c->hcap - 1);
@@ -1035,6 +1049,7 @@ static int on_hello(lei_conn *k, const lei_hello *h) {
     p->up = 1;
     p->await_in = 0;
     p->reason[0] = '\0';
+    live_peer_up(p, h->incarnation);
     k->state = C_UP;
     send_hello(k, LEI_F_HELLO_OK);
     note_peer(p, 1, NULL);
@@ -1120,6 +1135,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
             p->up = 1;
             p->await_in = 0;
             p->reason[0] = '\0';
+            live_peer_up(p, h.incarnation);
             note_peer(p, 1, NULL);
             if (p->held) ev_io_stop(c->loop, &k->rio);
             if (p->conn == k) peer_flush(p);
@@ -1127,6 +1143,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
         return 0;
     }
     lei_peer *p = k->peer;
+    if (f->type == LEI_F_HEARTBEAT || f->type == LEI_F_PING) return live_frame(k, f);
     switch (f->type) {
     case LEI_F_EVENT: {
         lei_event_hdr e;
@@ -1140,7 +1157,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
         p->st.ev_in++;
         ch->ev_in++;
         ch->bytes_in += e.plen;
-        if (!ch->local) {
+        if (!ch->local || live_seq(c, p, ch, e.producer, e.seq)) {
             if (e.sync) lei_ack(c, p, e.sync, 0, NULL, 0);
             return 0;
         }
@@ -1318,6 +1335,7 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
         return;
     }
     k->rlen += (size_t)n;
+    k->last_in = ev_now(loop);
     if (k->peer && k->state == C_UP) k->peer->st.bytes_in += (uint64_t)n;
     k->busy++;
     conn_frames(k);
@@ -1371,6 +1389,283 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents) {
         k->state = C_HELLO;
         ev_io_start(c->loop, &k->rio);
     }
+}
+
+/* ---- liveness ------------------------------------------------------------
+ *
+ * One timer per context watches every connection.  A HEARTBEAT goes out on
+ * a connection on which we have written nothing for `heartbeat` seconds, so
+ * a live process is heard whatever it reads (its peer's frames may wait
+ * behind a backlog it has not read yet).  A PING goes out on one from which
+ * nothing has arrived for (1 + heartbeat_misses) / 2 heartbeats: a live peer
+ * answers HEARTBEAT at once, whatever its own settings, before we give up on
+ * it.  Either only when nothing else is queued.  A connection from
+ * which nothing at all (no byte) has arrived for heartbeat * heartbeat_misses
+ * seconds is closed as dead ("no heartbeat from ADDR for N s"), which fails
+ * its syncs and tells the binding (peer down) like any lost connection.  A
+ * connection that has not finished its handshake within that time is closed
+ * too.  The hot path pays one ev_now() store per read callback and per
+ * writev, nothing per event.
+ *
+ * Before declaring a peer dead the timer asks the kernel whether the socket
+ * is ready (bytes or a connect's answer waiting): if our own process was
+ * stalled (stopped, swapped, a long handler, code that does not run the
+ * loop), the timer may run before the I/O callbacks of the same loop turn,
+ * and what waits proves the peer alive. */
+
+static int live_fd_ready(int fd, short events) {
+    struct pollfd pf = {.fd = fd, .events = events, .revents = 0};
+    return poll(&pf, 1, 0) > 0;
+}
+
+static double live_dead_after(const lei_ctx *c) {
+    return c->o.heartbeat * c->o.heartbeat_misses;
+}
+
+static void live_arm(lei_ctx *c, double after) {
+    if (c->o.heartbeat <= 0) return;
+    double floor = c->o.heartbeat / 32;
+    c->hb.repeat = after > floor ? after : floor;
+    ev_timer_again(c->loop, &c->hb);
+}
+
+static void live_conn_new(lei_conn *k) {
+    lei_ctx *c = k->ctx;
+    /* ev_time, not ev_now: the loop time is stale when the program has not
+     * run the loop for a while (a dial from code that computed for seconds). */
+    k->born = k->last_in = k->last_out = k->last_ping = ev_time();
+    /* The timer's next expiry is never later than heartbeat from now while
+     * some connection exists (see live_timer_cb): only start it here. */
+    if (!ev_is_active(&c->hb)) live_arm(c, c->o.heartbeat);
+}
+
+/* Queues an empty PING or PONG frame behind whatever is queued. */
+static void live_send(lei_peer *p, uint8_t type) {
+    uint8_t hdr[LEI_FRAME_HDR];
+    lei_frame_hdr(hdr, type, 0);
+    lei_qitem *it = item_bytes(hdr, sizeof hdr, NULL, 0);
+    if (!it) return;
+    q_push(&p->q, it);
+    p->lv.hb_out++;
+    peer_flush(p);
+}
+
+static int live_frame(lei_conn *k, const lei_frame *f) {
+    lei_peer *p = k->peer;
+    if (f->len) {
+        conn_close(k, "HEARTBEAT or PING frame with a body", 1);
+        return -1;
+    }
+    p->lv.hb_in++;
+    if (f->type == LEI_F_PING) live_send(p, LEI_F_HEARTBEAT);
+    return k->dead ? -1 : 0;
+}
+
+/* When k's next PING (*ping) or HEARTBEAT, whichever is first, is due. */
+static ev_tstamp live_due(const lei_ctx *c, const lei_conn *k, ev_tstamp *ping) {
+    double hb = c->o.heartbeat;
+    *ping = k->last_in + hb * (1 + c->o.heartbeat_misses) / 2;
+    if (*ping < k->last_ping + hb) *ping = k->last_ping + hb; /* one per hb at most */
+    return k->last_out + hb < *ping ? k->last_out + hb : *ping;
+}
+
+static void live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
+    (void)revents;
+    lei_ctx *c = w->data;
+    ev_tstamp now = ev_now(loop), hb = c->o.heartbeat, dead = live_dead_after(c);
+    ev_tstamp next = now + hb;
+    int any = 0;
+    lei_conn *k = c->conns;
+    while (k) {
+        lei_conn *nk = k->next; /* conn_close may free k */
+        if (k->dead) {
+            k = nk;
+            continue;
+        }
+        const char *who = k->peer ? k->peer->addr : "an unidentified peer";
+        char why[200];
+        if (k->state != C_UP) {
+            if (now - k->born >= dead &&
+                !live_fd_ready(k->fd, k->state == C_CONNECTING ? POLLOUT : POLLIN)) {
+                snprintf(why, sizeof why, "%s %s: no handshake within %.1f s",
+                         k->state == C_CONNECTING ? "connecting to" : "handshake with", who,
+                         now - k->born);
+                lei_logf(c, "closing connection: %s", why);
+                conn_close(k, why, 0);
+            } else {
+                any = 1;
+                ev_tstamp t = k->born + dead > now ? k->born + dead : now + hb / 4;
+                if (t < next) next = t;
+            }
+            k = nk;
+            continue;
+        }
+        if (now - k->last_in >= dead) {
+            if (live_fd_ready(k->fd, POLLIN)) {
+                k->last_in = now; /* we were the slow one */
+            } else {
+                snprintf(why, sizeof why, "no heartbeat from %s for %.1f s", who, now - k->last_in);
+                lei_logf(c, "closing connection: %s (heartbeat %g s, misses %g)", why, hb,
+                         c->o.heartbeat_misses);
+                if (k->peer) k->peer->lv.timeouts++;
+                conn_close(k, why, 0);
+                k = nk;
+                continue;
+            }
+        }
+        /* A PING when input is silent, else a HEARTBEAT when output is
+         * idle (the PING is output too). */
+        ev_tstamp ping, due = live_due(c, k, &ping);
+        if (due <= now && k->peer && k->peer->conn == k && !k->peer->q.head) {
+            if (ping <= now) k->last_ping = now;
+            live_send(k->peer, ping <= now ? LEI_F_PING : LEI_F_HEARTBEAT);
+            k->last_out = now; /* even if the kernel did not take it all yet */
+            due = live_due(c, k, &ping);
+        }
+        if (!k->dead) {
+            any = 1;
+            if (due <= now) due = now + hb / 4; /* a PING waits behind queued frames */
+            if (due > k->last_in + dead) due = k->last_in + dead;
+            if (due < next) next = due;
+        }
+        k = nk;
+    }
+    if (any)
+        live_arm(c, next - now);
+    else
+        ev_timer_stop(loop, w);
+}
+
+/* Redial backoff: retry_interval after a loss, doubling with every dial that
+ * did not reach a handshake, at most retry_max. */
+static int live_may_dial(lei_peer *p) {
+    lei_ctx *c = p->ctx;
+    double wait = c->o.retry_interval;
+    for (int i = 0; i < p->lv.fails && wait < c->o.retry_max; i++) wait *= 2;
+    if (wait > c->o.retry_max && c->o.retry_max > 0) wait = c->o.retry_max;
+    if (ev_now(c->loop) - p->last_fail < wait) return 0;
+    if (p->lv.fails < 64) p->lv.fails++;
+    return 1;
+}
+
+/* A handshake completed.  Sequence numbers belong to one incarnation of the
+ * peer: a new process at the same address starts again at 1. */
+static void live_peer_up(lei_peer *p, uint64_t incarnation) {
+    p->lv.fails = 0;
+    if (p->lv.incarnation == incarnation) return;
+    p->lv.incarnation = incarnation;
+    if (p->lv.seqs) memset(p->lv.seqs, 0, (size_t)p->lv.seqcap * sizeof *p->lv.seqs);
+    p->lv.seqn = 0;
+    p->lv.seqhit = 0;
+}
+
+static void live_free(lei_peer *p) {
+    free(p->lv.seqs);
+    p->lv.seqs = NULL;
+}
+
+void lei_chan_set_local(lei_ctx *c, uint32_t id, int on) {
+    lei_chan *ch = lei_chan_get(c, id);
+    if (!ch) return;
+    if (on && !ch->local) ch->epoch++;
+    ch->local = on;
+}
+
+static uint32_t seq_hash(uint32_t chid, uint64_t producer) {
+    uint64_t h = (producer ^ ((uint64_t)chid << 32)) * 0x9E3779B97F4A7C15ull;
+    return (uint32_t)(h >> 32);
+}
+
+/* The entry of (chid, producer), created when missing; NULL without memory. */
+static lei_seqent *seq_slot(lei_live *lv, uint32_t chid, uint64_t producer) {
+    lei_seqent *e = lv->seqs ? &lv->seqs[lv->seqhit] : NULL;
+    if (e && e->last && e->chid == chid && e->producer == producer) return e;
+    if ((lv->seqn + 1) * 2 > lv->seqcap) {
+        /* Grow; past 64 Ki producers start over (first sightings are never gaps). */
+        uint32_t ncap = lv->seqcap ? lv->seqcap * 2 : 16;
+        lei_seqent *old = lv->seqs, *ns;
+        uint32_t ocap = lv->seqcap;
+        if (ncap > (1u << 17)) {
+            memset(old, 0, (size_t)ocap * sizeof *old);
+            lv->seqn = 0;
+        } else {
+            if (!(ns = calloc(ncap, sizeof *ns))) return NULL;
+            for (uint32_t i = 0; i < ocap; i++) {
+                if (!old[i].last) continue;
+                uint32_t j = seq_hash(old[i].chid, old[i].producer) & (ncap - 1);
+                while (ns[j].last) j = (j + 1) & (ncap - 1);
+                ns[j] = old[i];
+            }
+            free(old);
+            lv->seqs = ns;
+            lv->seqcap = ncap;
+        }
+    }
+    uint32_t m = lv->seqcap - 1, j = seq_hash(chid, producer) & m;
+    while (lv->seqs[j].last && !(lv->seqs[j].chid == chid && lv->seqs[j].producer == producer))
+        j = (j + 1) & m;
+    e = &lv->seqs[j];
+    if (!e->last) {
+        e->chid = chid;
+        e->producer = producer;
+        e->epoch = UINT32_MAX; /* not seen yet in any epoch */
+        lv->seqn++;
+    }
+    lv->seqhit = j;
+    return e;
+}
+
+/* Checks an event's sequence number against the last one from its producer
+ * on a plain channel.  Returns 1 for a duplicate (or a step back), which is
+ * dropped and counted; 0 to deliver.  A jump is a gap: counted (peer and
+ * channel: gaps, lost) and logged, at most 5 lines per peer and second. */
+static int live_seq(lei_ctx *c, lei_peer *p, lei_chan *ch, uint64_t producer, uint64_t seq) {
+    if (ch->derived || !p) return 0;
+    lei_seqent *e = seq_slot(&p->lv, ch->id, producer);
+    if (!e) return 0;
+    uint64_t last = e->last;
+    if (e->epoch != ch->epoch) { /* first event since local consumers appeared */
+        e->epoch = ch->epoch;
+        e->last = seq ? seq : 1;
+        return 0;
+    }
+    if (seq == last + 1) {
+        e->last = seq;
+        return 0;
+    }
+    if (seq <= last) {
+        p->lv.dups++;
+        ch->dups++;
+        lei_logf(c, "duplicate from %s#%llu on %s: seq %llu after %llu, dropped", p->addr,
+                 (unsigned long long)producer, ch->name, (unsigned long long)seq,
+                 (unsigned long long)last);
+        return 1;
+    }
+    uint64_t n = seq - last - 1;
+    e->last = seq;
+    p->lv.gaps++;
+    p->lv.lost += n;
+    ch->gaps++;
+    ch->lost += n;
+    ev_tstamp now = ev_now(c->loop);
+    if (now - p->lv.log_t >= 1.0) {
+        p->lv.log_t = now;
+        p->lv.log_n = 0;
+    }
+    if (p->lv.log_n >= 5) {
+        p->lv.log_skipped++;
+        return 0;
+    }
+    p->lv.log_n++;
+    char more[96] = "";
+    if (p->lv.log_skipped)
+        snprintf(more, sizeof more, " (and %llu earlier gaps not logged)",
+                 (unsigned long long)p->lv.log_skipped);
+    p->lv.log_skipped = 0;
+    lei_logf(c, "gap from %s#%llu on %s: %llu event%s lost (seq %llu..%llu)%s", p->addr,
+             (unsigned long long)producer, ch->name, (unsigned long long)n, n == 1 ? "" : "s",
+             (unsigned long long)(last + 1), (unsigned long long)(seq - 1), more);
+    return 0;
 }
 
 /* ---- life cycle -------------------------------------------------------- */
@@ -1447,6 +1742,8 @@ lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h) {
     c->kick.data = c;
     ev_timer_init(&c->await_w, await_cb, AWAIT_IN_SECONDS, 0.);
     c->await_w.data = c;
+    ev_init(&c->hb, live_timer_cb);
+    c->hb.data = c;
     return c;
 }
 
@@ -1500,6 +1797,7 @@ void lei_ctx_free(lei_ctx *c) {
     for (int i = 0; i < c->npeers; i++) {
         lei_peer *p = c->peers[i];
         q_clear(c, p, 0);
+        live_free(p);
         free(p->bound);
         free(p);
     }
@@ -1518,6 +1816,7 @@ void lei_ctx_free(lei_ctx *c) {
     ev_idle_stop(c->loop, &c->idle);
     ev_idle_stop(c->loop, &c->kick);
     ev_timer_stop(c->loop, &c->await_w);
+    ev_timer_stop(c->loop, &c->hb);
     free(c->notes);
     ev_loop_destroy(c->loop);
     free(c);

@@ -39,6 +39,12 @@ typedef struct lei_opts {
     size_t batch_bytes;    /* a peer queue this full is written at once, not at loop end */
     size_t max_frame;      /* largest frame accepted from a peer */
     double retry_interval; /* seconds before a failed peer is dialled again */
+    /* Liveness (live section of ctx.c): a connection silent for `heartbeat`
+     * seconds gets a PING; one silent for heartbeat * heartbeat_misses is
+     * closed as dead.  0 disables both (PINGs are still answered). */
+    double heartbeat;
+    double heartbeat_misses;
+    double retry_max;      /* cap of the exponential redial backoff */
 } lei_opts;
 
 void lei_opts_default(lei_opts *o);
@@ -89,6 +95,24 @@ typedef struct lei_pstats {
     uint64_t ev_in, ev_out, bytes_in, bytes_out, batches, drops, ctrl_in, ctrl_out;
 } lei_pstats;
 
+/* Per peer: the last sequence number seen from each (channel, producer) of
+ * the peer's current incarnation (open addressing; last == 0: empty). */
+typedef struct lei_seqent {
+    uint64_t producer, last;
+    uint32_t chid, epoch;
+} lei_seqent;
+
+typedef struct lei_live {
+    uint64_t incarnation;     /* ro: from the last handshake (0: none yet) */
+    int fails;                /* ro: dials since the last handshake (backoff) */
+    lei_seqent *seqs;         /* owned */
+    uint32_t seqcap, seqn, seqhit;
+    ev_tstamp log_t;          /* gap logging: window start, lines, untold gaps */
+    uint32_t log_n;
+    uint64_t log_skipped;
+    uint64_t hb_in, hb_out, timeouts, gaps, lost, dups; /* ro: counters */
+} lei_live;
+
 struct lei_peer {
     lei_ctx *ctx;
     int idx;                  /* ro: 1-based handle, stable for the context's life */
@@ -105,6 +129,7 @@ struct lei_peer {
     ev_tstamp last_fail;      /* when the last connection failed */
     char reason[160];         /* ro: why the last connection ended */
     lei_pstats st;            /* ro */
+    lei_live lv;              /* liveness and sequence tracking (ctx.c, live section) */
 };
 
 typedef struct lei_chan {
@@ -115,6 +140,9 @@ typedef struct lei_chan {
     lei_peer **dests;         /* ro: owned array, remote consuming contexts */
     int ndests;
     uint64_t ev_out, bytes_out, ev_in, bytes_in, drops, ev_local, encodes;
+    uint64_t gaps, lost, dups;  /* ro: sequence gaps seen, events they lost, duplicates dropped */
+    uint32_t epoch;           /* ro: bumped when local consumers appear again */
+    uint8_t derived;          /* ro: a modulated stream (name@key): filters skip seqs */
 } lei_chan;
 
 typedef struct lei_sync_wait {
@@ -144,6 +172,7 @@ struct lei_ctx {
     ev_io lio;
     ev_prepare prep;          /* writes batched queues once per loop turn */
     ev_idle idle;             /* runs the local delivery queue */
+    ev_timer hb;              /* liveness: PINGs and dead peers, all connections */
     lei_peer **peers;         /* owned, index idx-1 */
     int npeers, cpeers;
     lei_conn *conns;          /* all live connections (list through conn->next) */
@@ -174,6 +203,10 @@ void lei_logf(lei_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2,
 /* Finds or creates the channel with this full name; returns its id. */
 uint32_t lei_chan_open(lei_ctx *c, const char *name, size_t len);
 lei_chan *lei_chan_get(lei_ctx *c, uint32_t id);
+/* Local consumers of the channel exist (on) or not.  When they appear again
+ * the sequence tracking of the channel starts over: what was sent while
+ * nobody here listened is not a gap. */
+void lei_chan_set_local(lei_ctx *c, uint32_t id, int on);
 /* Replaces the remote destinations of a channel (addresses of consuming
  * contexts, our own excluded by the caller). */
 void lei_chan_set_dests(lei_ctx *c, uint32_t id, const char **addrs, int n);

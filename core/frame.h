@@ -27,7 +27,9 @@ enum lei_frame_type {
     LEI_F_CTRL = 4,     /* one encoded value: a control-plane message */
     LEI_F_BIND = 5,     /* varint idx, varint len, channel name */
     LEI_F_EVENT = 6,    /* varint idx, varint producer, varint seq, varint sync, value */
-    LEI_F_ACK = 7       /* varint sync, varint handlers run, optional encoded errors */
+    LEI_F_ACK = 7,      /* varint sync, varint handlers run, optional encoded errors */
+    LEI_F_HEARTBEAT = 8, /* empty: I am here (sent when idle, and to answer a PING) */
+    LEI_F_PING = 9       /* empty: nothing came from you for a while: answer HEARTBEAT */
 };
 
 typedef struct lei_frame {

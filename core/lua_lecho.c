@@ -299,8 +299,26 @@ static size_t opt_size(lua_State *L, int t, const char *k, size_t def) {
 static const char *const policy_names[] = {"block", "drop_oldest", "drop_newest", "disconnect",
                                            NULL};
 
+/* heartbeat= (s, 0: off), heartbeat_misses= (> 1), retry_max= (s) of the
+ * options table at index 1. */
+static void opt_liveness(lua_State *L, lei_opts *o) {
+    static const char *const names[] = {"heartbeat", "heartbeat_misses", "retry_max"};
+    double *dst[] = {&o->heartbeat, &o->heartbeat_misses, &o->retry_max};
+    for (int i = 0; i < 3; i++) {
+        lua_getfield(L, 1, names[i]);
+        if (!lua_isnil(L, -1)) {
+            double v = luaL_checknumber(L, -1);
+            if (!(v >= 0) || (i == 1 && !(v > 1)))
+                luaL_error(L, "lecho: %s must be %s", names[i], i == 1 ? "above 1" : "0 or more");
+            *dst[i] = v;
+        }
+        lua_pop(L, 1);
+    }
+}
+
 /* core.new{ queue_limit=, policy=, batch_bytes=, max_frame=, max_string=,
- *           max_depth=, pin_threshold=, retry_interval= } */
+ *           max_depth=, pin_threshold=, retry_interval=, heartbeat=,
+ *           heartbeat_misses=, retry_max= } */
 static int l_new(lua_State *L) {
     lei_opts o;
     lei_opts_default(&o);
@@ -323,6 +341,7 @@ static int l_new(lua_State *L) {
         lua_getfield(L, 1, "retry_interval");
         if (!lua_isnil(L, -1)) o.retry_interval = luaL_checknumber(L, -1);
         lua_pop(L, 1);
+        opt_liveness(L, &o);
         lua_getfield(L, 1, "policy");
         if (!lua_isnil(L, -1)) o.policy = luaL_checkoption(L, -1, NULL, policy_names);
         lua_pop(L, 1);
@@ -485,7 +504,7 @@ static lei_chan *check_chan(lua_State *L, lb_ctx *b, int i) {
 
 static int l_set_local(lua_State *L) {
     lb_ctx *b = check_ctx(L);
-    check_chan(L, b, 2)->local = lua_toboolean(L, 3);
+    lei_chan_set_local(b->c, check_chan(L, b, 2)->id, lua_toboolean(L, 3));
     return 0;
 }
 
@@ -1256,6 +1275,12 @@ static int l_stats(lua_State *L) {
         setn(L, "ctrl_out", (double)p->st.ctrl_out);
         setn(L, "queue_bytes", (double)p->q.bytes);
         setn(L, "queue_events", (double)p->q.count);
+        setn(L, "heartbeats_in", (double)p->lv.hb_in);
+        setn(L, "heartbeats_out", (double)p->lv.hb_out);
+        setn(L, "heartbeat_timeouts", (double)p->lv.timeouts);
+        setn(L, "gaps", (double)p->lv.gaps);
+        setn(L, "lost", (double)p->lv.lost);
+        setn(L, "duplicates", (double)p->lv.dups);
         lua_pushboolean(L, p->up);
         lua_setfield(L, -2, "connected");
         if (p->reason[0]) {
@@ -1277,6 +1302,9 @@ static int l_stats(lua_State *L) {
         setn(L, "encodes", (double)ch->encodes);
         setn(L, "drops", (double)ch->drops);
         setn(L, "destinations", ch->ndests);
+        setn(L, "gaps", (double)ch->gaps);
+        setn(L, "lost", (double)ch->lost);
+        setn(L, "duplicates", (double)ch->dups);
         lua_setfield(L, -2, ch->name);
     }
     lua_setfield(L, -2, "channels");

@@ -57,8 +57,12 @@ end
 
 local function bind(idx, name) return frame(F_BIND, varint(idx) .. varint(#name) .. name) end
 
+-- Each event its own sequence number: a repeated one is a duplicate, dropped
+-- before its value is looked at.
+local event_seq = 0
 local function event(idx, value, sync)
-  return frame(F_EVENT, varint(idx) .. varint(1) .. varint(1) .. varint(sync or 0) .. value)
+  event_seq = event_seq + 1
+  return frame(F_EVENT, varint(idx) .. varint(1) .. varint(event_seq) .. varint(sync or 0) .. value)
 end
 
 -- Splits received bytes into { type, body } frames (a partial tail is ignored).

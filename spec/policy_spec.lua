@@ -1,5 +1,7 @@
 -- Bounded outgoing queues and what each policy does when one is full.
--- The consumer process is stopped (SIGSTOP) so that its queue really fills.
+-- The consumer process is stopped (SIGSTOP) so that its queue really fills;
+-- the producer's heartbeat is off, or it would (rightly) declare the stopped
+-- consumer dead after 2 s when the host is slow (spec/liveness_spec.lua).
 local cjson = require "cjson"
 local lecho = require "lecho"
 local S = require "spec.support"
@@ -19,7 +21,8 @@ describe("queue policies", function()
 
   local function setup(policy, expect, slow)
     ns_child, ns = S.nameserver("--quiet")
-    ctx = lecho.context{ nameserver = ns, quiet = true, queue_limit = LIMIT, policy = policy }
+    ctx = lecho.context{ nameserver = ns, quiet = true, queue_limit = LIMIT, policy = policy,
+                         heartbeat = 0 }
     cons = S.lua(kids.consumer, cjson.encode{ ns = ns, channels = { "q" }, expect = expect,
                                                     stop_on = "end", duration = 20, slow = slow })
     assert(S.wait_file(cons.out, "ready", 20))
@@ -68,7 +71,8 @@ describe("queue policies", function()
 
   it("drop_oldest drops batched small events of two channels, counted per channel", function()
     ns_child, ns = S.nameserver("--quiet")
-    ctx = lecho.context{ nameserver = ns, quiet = true, queue_limit = LIMIT, policy = "drop_oldest" }
+    ctx = lecho.context{ nameserver = ns, quiet = true, queue_limit = LIMIT, policy = "drop_oldest",
+                         heartbeat = 0 }
     cons = S.lua(kids.consumer, cjson.encode{ ns = ns, channels = { "q", "r" }, stop_on = "end",
                                               duration = 30 })
     assert(S.wait_file(cons.out, "ready", 20))

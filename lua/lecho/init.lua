@@ -143,7 +143,8 @@ local ErrList = {
 -- context), listen ("127.0.0.1:0"), manager (true: act as a channel manager
 -- registered with opts.nameserver), timeout (control requests, 5 s),
 -- sync_timeout (10 s), queue_limit, policy, batch_bytes, max_string,
--- max_depth, max_frame, pin_threshold (see README), log (fn(msg)), quiet.
+-- max_depth, max_frame, pin_threshold, retry_interval, retry_max, heartbeat,
+-- heartbeat_misses (see README), log (fn(msg)), quiet.
 function M.context(opts)
   opts = opts or {}
   local host, port = parse_addr(opts.listen or "127.0.0.1:0", "listen address")

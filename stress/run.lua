@@ -358,7 +358,13 @@ local function run(sc, dir)
     if now() - last_rss > 0.2 then
       last_rss = now()
       for pid, r in pairs(live) do
-        if r.role == "producer" or r.role == "ff" then
+        -- (only once it runs proc.lua: between fork and exec /proc shows a
+        -- copy of the driver)
+        if not r.execd then
+          local cl = lib.read("/proc/" .. pid .. "/cmdline")
+          r.execd = cl and cl:find("stress/proc.lua", 1, true) ~= nil
+        end
+        if (r.role == "producer" or r.role == "ff") and r.execd then
           local rss = lib.rss(pid)
           if rss and rss > (r.max_rss or 0) then r.max_rss = rss end
         end

@@ -43,6 +43,7 @@ help:
 	@echo "make asan     the same suite with the core built under ASan and UBSan"
 	@echo "make demo     atmosphere: a simulation and three viewers (full, region, diff), bytes per viewer"
 	@echo "make bench    benchmark suite vs raw TCP and ZeroMQ (QUICK=1: < 30 s), bench/results/"
+	@echo "make stress  seeded stress scenarios with real processes for STRESS_SECONDS (600); stress-seed SEED=N replays one"
 	@echo "make clean    remove build products"
 
 deps:
@@ -121,3 +122,17 @@ install: $(SO)
 
 clean:
 	rm -rf build $(SO) lua/lecho/codec.so $(BENCH_BIN)
+
+# The stress harness (stress/run.lua, issue 8): random seeds for
+# STRESS_SECONDS (600) in scenarios of STRESS_SCENARIO_SECONDS (30) each;
+# prints the scenarios run and every violation with its seed.
+# `make stress-seed SEED=N [SECONDS=S] [SCENARIO=NAME]` replays one and keeps its logs.
+STRESS_SECONDS ?= 600
+STRESS_SCENARIO_SECONDS ?= 30
+.PHONY: stress stress-seed
+stress: all
+	$(SPEC_ENV) $(SPEC_PRE) $(LUAJIT) stress/run.lua --for $(STRESS_SECONDS) --seconds $(STRESS_SCENARIO_SECONDS)
+
+stress-seed: all
+	$(SPEC_ENV) $(SPEC_PRE) $(LUAJIT) stress/run.lua --seed $(SEED) --seconds $(or $(SECONDS),30) \
+	  $(if $(SCENARIO),--scenario $(SCENARIO)) --keep

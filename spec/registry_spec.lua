@@ -185,6 +185,31 @@ describe("lecho.registry membership", function()
     assert.are.equal(0, reg:snapshot().channels.x.waiting)
   end)
 
+  it("holds a join made while the control plane recovers until producers came back", function()
+    -- A name server told by a rejoining context that it recovers answers
+    -- lookups with `settle`; a join carrying it waits that long, and a
+    -- producer that joins meanwhile confirms it (no event lost to it).
+    local ns, w = new("nameserver", { settle = 2.0 }), wire()
+    req(ns, w, C2, { op = "lookup", ch = "x", recovering = true }, 50)
+    assert.are.equal(2.0, reply_to(w, C2).settle)
+    req(ns, w, C1, { op = "lookup", ch = "x" }, 50.5)
+    local settle = reply_to(w, C1).settle
+    assert.are.equal(1.5, settle)
+    local id = req(ns, w, C1, { op = "join", ch = "x", role = "consumer", settle = settle }, 50.5)
+    assert.are.same({}, w.take(C1))            -- no producer known, yet not answered
+    ns:tick(w.send, 51)
+    assert.are.same({}, w.take(C1))
+    req(ns, w, P1, { op = "join", ch = "x", role = "producer" }, 51.2)
+    local pr = reply_to(w, P1)
+    assert.are.same({ C1 }, pr.consumers)      -- the producer back in time has the consumer
+    ns:tick(w.send, 52.0)
+    local r = reply_to(w, C1)
+    assert.are.equal(id, r.rid)
+    assert.are.same({ P1 }, r.producers)
+    req(ns, w, C2, { op = "lookup", ch = "y" }, 53)
+    assert.is_nil(reply_to(w, C2).settle)      -- recovered: no wait any more
+  end)
+
   it("answers a consumer join after ack_timeout with the late producers", function()
     local reg, w = new("manager", { ack_timeout = 2.0 }), wire()
     req(reg, w, P1, { op = "join", ch = "x", role = "producer" })

@@ -104,16 +104,23 @@ local function producer(ff)
   if spec.mode == "timer" then
     -- Submits from a ctx:every timer, a burst a tick (issue 8, item 3).
     local burst = math.max(1, math.ceil(rate * 0.01))
+    -- in_tick: the timer's call is running or waiting (a wait suspends only
+    -- that call; the main line must not submit beside it, or the seq it
+    -- computes beforehand would not be the one the event gets).
+    local in_tick = false
     local tm = ctx:every(0.01, function()
+      in_tick = true
       for _ = 1, burst do
-        if i >= max or now() >= stop_at then ctx:stop(); return end
-        if now() > BOUND - 5 then ctx:stop(); return end
+        if i >= max or now() >= stop_at then ctx:stop(); break end
+        if now() > BOUND - 5 then ctx:stop(); break end
         next_one()
       end
+      in_tick = false
     end)
     ctx:after(math.max(0.01, stop_at - now() + 0.05), function() ctx:stop() end)
     ctx:run()
     tm:stop()
+    while in_tick and now() < BOUND - 3 do ctx:run_once(0.05) end
   else
     while i < max do
       local n = now()

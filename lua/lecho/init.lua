@@ -289,7 +289,7 @@ function Context:_on_ctrl(from, msg)
     if ch and type(msg.ver) == "number" and type(msg.consumers) == "table"
        and msg.ver > ch.ver then
       ch.ver = msg.ver
-      ch:_set_consumers(msg.consumers, msg.mods)
+      ch:_apply_members(msg.consumers, msg.mods)
     end
     self:_send_ctrl(from, { op = "members_ok", ch = msg.ch, ver = msg.ver, mid = msg.mid,
                             errs = ch and ch:_mod_errors(msg.mods) })
@@ -326,6 +326,8 @@ function Context:_on_peer(idx, addr, up, reason)
       -- Versions are the lost manager's: the next one counts from its own
       -- start, and its member lists must not look older than what we had.
       ch.ver = -1
+      ch.regrace = true
+      ch.recovering = true
       ch:_schedule_rejoin()
     end
   end
@@ -677,9 +679,11 @@ end
 function Channel:_manager()
   if self.manager then return self.manager end
   local ctx = self.ctx
-  local r, err = ctx:request(self.ns, { op = "lookup", ch = self.name })
+  local r, err = ctx:request(self.ns, { op = "lookup", ch = self.name,
+                                        recovering = self.recovering or nil })
   if not r then return nil, ("name server %s: %s"):format(self.ns, err) end
   self.manager = r.manager
+  self.settle = r.settle
   return r.manager
 end
 
@@ -688,8 +692,10 @@ function Channel:_join(role)
   if not mgr then return nil, err end
   local r
   local ver_before = self.ver
-  r, err = self.ctx:request(mgr, { op = "join", ch = self.name, role = role,
-                                   subs = role == "consumer" and self:_subs() or nil })
+  local settle = role == "consumer" and self.settle or nil
+  r, err = self.ctx:request(mgr, { op = "join", ch = self.name, role = role, settle = settle,
+                                   subs = role == "consumer" and self:_subs() or nil },
+                            self.ctx.timeout + (settle or 0))
   if not r then
     self.manager = nil
     return nil, ("joining '%s' as %s: %s"):format(self.name, role, err)
@@ -699,7 +705,7 @@ function Channel:_join(role)
     -- read as this reply, and was already confirmed) is newer: keep it.
     if self.ver == ver_before or (r.ver or -1) > self.ver then
       self.ver = r.ver or self.ver
-      self:_set_consumers(r.consumers or {}, r.mods)
+      self:_apply_members(r.consumers or {}, r.mods)
     end
   else
     self.cjoined = true
@@ -720,6 +726,74 @@ local function others(list, me)
     if a ~= me then out[#out + 1] = a end
   end
   return out
+end
+
+-- How long a producer that lost its manager keeps sending to the consumers
+-- it had, beside those the next manager lists: the consumers join that
+-- manager again too (every second), and until they have, its lists lack them.
+local REJOIN_GRACE = 3
+
+local function union(a, b)
+  local out, seen = {}, {}
+  for _, l in ipairs({ a or {}, b or {} }) do
+    for _, x in ipairs(l) do
+      if not seen[x] then seen[x] = true; out[#out + 1] = x end
+    end
+  end
+  return out
+end
+
+-- A member list from the manager.  After a manager was lost, the first
+-- lists of the next one may lack consumers that have not joined it yet: for
+-- REJOIN_GRACE seconds the consumers (and modulators) this producer already
+-- had are kept beside them, so that a restart of the control plane costs no
+-- event to a consumer present before and after it.
+function Channel:_apply_members(list, mods)
+  local ctx = self.ctx
+  self.last_members = { list = list, mods = mods }
+  if self.regrace then
+    self.regrace = nil
+    local kmods = {}
+    for key, inst in pairs(self.mods) do kmods[key] = { base = inst.base, dests = inst.dests } end
+    self.kept = { dests = self.dests, mods = kmods }
+    if self.kept_timer then self.kept_timer:stop() end
+    self.kept_timer = ctx:after(REJOIN_GRACE, function()
+      self.kept, self.kept_timer = nil, nil
+      local last = self.last_members
+      if last and not ctx.closed then self:_set_consumers(last.list, last.mods) end
+    end)
+  end
+  local kept = self.kept
+  if not kept then return self:_set_consumers(list, mods) end
+  -- A context the manager lists in any way has joined it again: what the
+  -- manager says of it is whole.  Only the others are kept.
+  mods = type(mods) == "table" and mods or {}
+  local known = {}
+  for _, a in ipairs(list) do known[a] = true end
+  for _, m in pairs(mods) do
+    for _, a in ipairs(m.dests or {}) do known[a] = true end
+  end
+  local function missing(l)
+    local out = {}
+    for _, a in ipairs(l or {}) do
+      if not known[a] then out[#out + 1] = a end
+    end
+    return out
+  end
+  local mlist = union(list, missing(kept.dests))
+  local mmods = {}
+  for key, m in pairs(mods) do mmods[key] = m end
+  for key, k in pairs(kept.mods) do
+    local extra = missing(k.dests)
+    if #extra > 0 then
+      local m = mmods[key]
+      local c = {}
+      for f, v in pairs(m or k) do c[f] = v end
+      c.dests = union(m and m.dests, extra)
+      mmods[key] = c
+    end
+  end
+  return self:_set_consumers(mlist, mmods)
 end
 
 -- Producing side: who takes the plain stream, and which modulators run
@@ -907,11 +981,12 @@ end
 -- until it works: the control plane is soft state.
 function Channel:_schedule_rejoin()
   if self.rejoin or self.ctx.closed then return end
-  self.rejoin = self.ctx:every(1.0, function(t)
+  self.rejoin = self.ctx:every(0.5, function(t)
     if self.nprod > 0 and not self:_join("producer") then return end
     if #self.all > 0 and not self:_join("consumer") then return end
     t:stop()
     self.rejoin = nil
+    self.recovering = nil
   end)
 end
 
@@ -1265,6 +1340,17 @@ function Consumer:_switch(spec, handler)
   end
   spec.version = (old and old.version or 0) + 1
   local old_entry = self.entry
+  -- Back to a modulator whose old stream is still ending here (A, B, A
+  -- again before A's end came): the same key is one stream; its old entry
+  -- goes now, or each event would reach both.
+  local st = ch.streams[spec.key]
+  if st then
+    for _, e in ipairs(self.old_entries or {}) do
+      for _, x in ipairs(st.consumers) do
+        if x == e then ch:_detach(e) break end
+      end
+    end
+  end
   self.mod, self.handler = spec, handler
   self.entry = ch:_attach(self, spec, handler)
   local r, err = ch:_update_subs()

@@ -23,6 +23,10 @@
 -- contains the new consumer, or after `ack_timeout` seconds (then with
 -- `late`). So "a consumer receives every event a producer submits after
 -- ch:consumer() returned" holds for every producer that confirmed in time.
+-- While the control plane recovers (a lookup said `recovering`: its sender
+-- lost its name server or manager; or the channel's manager died), lookups
+-- answer `settle`, and a join carrying it is answered no sooner: producers
+-- that exist but have not joined this manager again yet get that time to.
 --
 -- Outgoing messages are queued and sent after the state change is complete,
 -- in FIFO order, each through pcall. A `send` that re-enters the registry
@@ -171,7 +175,7 @@ end
 local function check_waits(self, c, io)
   local keep = {}
   for _, w in ipairs(c.waits) do
-    if all_acked(c, w.ver) then
+    if all_acked(c, w.ver) and w.hold <= io.now then
       reply(self, io, w.from, w.rid, { ver = w.ver, count = w.count, errors = wait_errors(c, w),
                                        producers = sorted_keys(c.producers) })
     else
@@ -271,10 +275,18 @@ local function check_keys(c, from, subs, op)
   return true
 end
 
+-- A join may carry `settle` (seconds, from the name server's lookup reply):
+-- the control plane is recovering (a restarted name server, a channel whose
+-- manager died), and producers that exist may not have joined here yet.
+-- Such a join is answered no sooner than that, so the producers that come
+-- back meanwhile confirm it too.
 local function wait_for(self, c, from, msg, r, io)
+  local settle = type(msg.settle) == "number" and msg.settle > 0
+                 and math.min(msg.settle, self.settle) or 0
   local w = { from = from, rid = msg.rid, ver = r.ver, count = r.count,
-              deadline = io.now + self.ack_timeout, keys = sorted_keys(r.subs.mods) }
-  if all_acked(c, r.ver) then
+              hold = io.now + settle,
+              deadline = io.now + settle + self.ack_timeout, keys = sorted_keys(r.subs.mods) }
+  if settle == 0 and all_acked(c, r.ver) then
     return reply(self, io, from, msg.rid, { ver = r.ver, count = r.count, errors = wait_errors(c, w),
                                             producers = sorted_keys(c.producers) })
   end
@@ -311,6 +323,18 @@ function ops.lookup(self, from, msg, io)
   end
   local ch, err = check_ch(self, msg)
   if not ch then return fail(self, io, from, msg.rid, err) end
+  -- A context that lost its name server or manager and joins again says
+  -- so: the control plane is recovering, for `settle` seconds from now.
+  if msg.recovering == true then self.recover_until = math.max(self.recover_until, io.now + self.settle) end
+  local settle = self.recover_until - io.now
+  local orphan = self.orphans[ch]
+  if orphan then
+    if orphan + self.settle > io.now then
+      settle = math.max(settle, orphan + self.settle - io.now)
+    else
+      self.orphans[ch] = nil
+    end
+  end
   local owner = self.assign[ch]
   if owner == nil then
     if self.nassigned >= self.max_channels then
@@ -329,7 +353,7 @@ function ops.lookup(self, from, msg, io)
     self.nassigned = self.nassigned + 1
     self.log("info", ("channel '%s' assigned to %s"):format(ch, owner))
   end
-  reply(self, io, from, msg.rid, { manager = owner })
+  reply(self, io, from, msg.rid, { manager = owner, settle = settle > 0 and settle or nil })
 end
 
 -- Name server: `from` is a channel manager ready to take channels.
@@ -508,6 +532,7 @@ function M.new(opts)
     addr = opts.addr,                     -- ro
     role = opts.role,                     -- ro
     ack_timeout = num("ack_timeout", 2.0),       -- rw, seconds
+    settle = num("settle", 2.0),                 -- rw, seconds: recovery window
     max_channels = num("max_channels", 65536),   -- rw
     max_name = num("max_name", 1024),            -- rw, bytes
     log = opts.log or noop,
@@ -517,6 +542,8 @@ function M.new(opts)
     seq = 0,                              -- source of channel versions
     mid = 0,                              -- source of members message ids
     outq = {}, flushing = false,
+    recover_until = -math.huge,           -- name server: recovering until then
+    orphans = {},                         -- name server: ch -> when its manager died
   }, Registry)
 end
 
@@ -594,6 +621,7 @@ function Registry:peer_down(addr, send, now)
         if owner == addr then
           self.assign[ch] = nil
           self.nassigned = self.nassigned - 1
+          self.orphans[ch] = now -- reassigned on its next lookup, recovering
         end
       end
       self.log("info", "manager down, its channels will be reassigned: " .. addr)
@@ -615,7 +643,10 @@ function Registry:tick(send, now)
       if #c.waits > 0 then
         local keep = {}
         for _, w in ipairs(c.waits) do
-          if w.deadline <= now then
+          if w.hold <= now and all_acked(c, w.ver) then
+            reply(self, io, w.from, w.rid, { ver = w.ver, count = w.count, errors = wait_errors(c, w),
+                                             producers = sorted_keys(c.producers) })
+          elseif w.deadline <= now then
             local late = {}
             for _, a in ipairs(sorted_keys(c.producers)) do
               if c.producers[a].acked < w.ver then late[#late + 1] = a end

@@ -29,6 +29,9 @@
  * run of them in a peer's queue (a batch item): no allocation and two iovecs
  * fewer per event and destination.  Bigger ones are queued by reference. */
 #define SMALL_EVENT 512
+/* A connection ended by the disconnect policy is closed this long after
+ * its FIN at the latest, if the remote does not close first. */
+#define RETIRE_SECONDS 5.0
 #define BATCH_MAX (16 * 1024)
 
 /* One TCP connection.  Owned by the context (ctx->conns list); tied to at
@@ -43,6 +46,10 @@ struct lei_conn {
     int dead;           /* closed; free when busy reaches 0 */
     int busy;           /* read callbacks in progress on this connection */
     int fin;            /* closing: our FIN was sent, reading until the remote's */
+    lei_peer *was;      /* retired: the peer it served (p->retiring == this) */
+    ev_tstamp retired;  /* > 0: detached from its peer, FIN sent; what the
+                         * socket holds is still delivered; closed when the
+                         * remote closes or RETIRE_SECONDS after this time */
     ev_io rio, wio;
     uint8_t *rb;        /* owned read buffer */
     size_t rlen, rpos, rcap;
@@ -287,6 +294,14 @@ static void await_cb(struct ev_loop *loop, ev_timer *w, int revents) {
     (void)revents;
     lei_ctx *c = w->data;
     ev_tstamp now = ev_now(c->loop), next = 0;
+    for (lei_conn *k = c->conns, *nk; k; k = nk) {
+        nk = k->next;
+        if (k->dead || k->retired <= 0) continue;
+        if (k->retired + RETIRE_SECONDS <= now)
+            conn_close(k, "retired connection not closed by the remote in time", 0);
+        else if (!next || k->retired + RETIRE_SECONDS < next)
+            next = k->retired + RETIRE_SECONDS;
+    }
     for (int i = 0; i < c->npeers; i++) {
         lei_peer *p = c->peers[i];
         if (p->await_in <= 0 || p->conn) continue;
@@ -506,7 +521,40 @@ static void conn_close(lei_conn *k, const char *reason, int bad) {
     lei_peer *p = k->peer;
     k->peer = NULL;
     if (p && p->conn == k) peer_lost(p, reason);
+    if (k->was && k->was->retiring == k) k->was->retiring = NULL;
     if (!k->busy) conn_unlink_free(k);
+}
+
+/* Ends k after what it has written: the peer is detached (its queue
+ * dropped and counted, its syncs failed, told as lost), our FIN goes out
+ * behind the bytes already in the socket, and k reads (and ignores) until
+ * the remote closes, so that what the kernel holds is still delivered and
+ * every event is either received or counted as dropped. */
+static void conn_retire(lei_conn *k, const char *reason) {
+    if (!k || k->dead) return;
+    lei_ctx *c = k->ctx;
+    lei_peer *p = k->peer;
+    if (k->state != C_UP) {
+        conn_close(k, reason, 0);
+        return;
+    }
+    ev_io_stop(c->loop, &k->wio);
+    shutdown(k->fd, SHUT_WR);
+    k->fin = 1;
+    k->retired = ev_now(c->loop);
+    k->peer = NULL;
+    if (p && p->conn == k) {
+        peer_lost(p, reason);
+        /* No new connection to p until this one is closed: the remote would
+         * read the two side by side, newer events before older ones. */
+        p->retiring = k;
+        k->was = p;
+    }
+    ev_io_start(c->loop, &k->rio);
+    if (!ev_is_active(&c->await_w)) {
+        ev_timer_set(&c->await_w, RETIRE_SECONDS + 0.01, 0.);
+        ev_timer_start(c->loop, &c->await_w);
+    }
 }
 
 /* Dials the peer.  Frames queue up until the handshake is answered. */
@@ -547,7 +595,8 @@ static int peer_dial(lei_peer *p) {
 lei_peer *lei_peer_get(lei_ctx *c, const char *addr, int create) {
     lei_peer *p = peer_find(c, addr);
     if (!p && create) p = peer_new(c, addr);
-    if (p && create && !p->conn && p->await_in <= 0 && live_may_dial(p)) peer_dial(p);
+    if (p && create && !p->conn && p->await_in <= 0 && !p->retiring && live_may_dial(p))
+        peer_dial(p);
     return p;
 }
 
@@ -767,7 +816,12 @@ static void enqueue_event(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *
             snprintf(why, sizeof why, "outgoing queue over its limit of %zu bytes (policy disconnect)",
                      c->o.queue_limit);
             lei_logf(c, "disconnecting slow peer %s: %s", p->addr, why);
-            lei_peer_close(p, why);
+            if (p->conn) {
+                conn_retire(p->conn, why);
+            } else { /* awaiting the remote's connection: nothing written yet */
+                p->await_in = 0;
+                peer_lost(p, why);
+            }
             p->st.drops++;
             ch->drops++;
             return;
@@ -1131,6 +1185,12 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
         }
         k->state = C_UP;
         lei_peer *p = k->peer;
+        if (p && p->conn != k) {
+            /* Another connection took over this peer meanwhile. */
+            k->peer = NULL;
+            conn_close(k, "superseded by another connection to the same context", 0);
+            return -1;
+        }
         if (p) {
             p->up = 1;
             p->await_in = 0;
@@ -1248,6 +1308,10 @@ static size_t conn_max_frame(const lei_conn *k) {
 /* Hands over the complete frames in k's buffer, until one suspends or
  * closes.  Returns 0, or -1 once k is dead (the caller frees it). */
 static int conn_frames(lei_conn *k) {
+    if (k->retired > 0) { /* detached: what still comes is not read */
+        k->rpos = k->rlen;
+        return 0;
+    }
     while (!k->dead && !(k->peer && k->peer->held && k->state == C_UP)) {
         lei_frame f;
         const char *err = NULL;

@@ -120,6 +120,8 @@ struct lei_peer {
     lei_conn *conn;           /* ro: current connection or NULL */
     int up;                   /* ro: handshake done on conn */
     int held;                 /* ro: a handler of an event from this peer is suspended */
+    lei_conn *retiring;       /* a connection ended by the disconnect policy,
+                               * still delivering: no new one until it closes */
     ev_tstamp await_in;       /* our dial lost the tie-break: the remote's own
                                * connection is awaited until then, queue kept */
     lei_queue q;              /* ro: frames waiting for the socket */

@@ -397,3 +397,17 @@ describe("issue 8, obs. 9: ctx:close() inside a callback", function()
     assert.truthy(out:find("second close true", 1, true), out)
   end)
 end)
+
+------------------------------------------------------------------------------
+describe("issue 8, obs. 9: frame lengths are 32 bits", function()
+  it("refuses a max_string or max_frame that no frame could carry, instead of truncating lengths", function()
+    local ok, err = pcall(lecho.context, { quiet = true, max_string = 5 * 2^30 })
+    assert.is_false(ok)
+    assert.matches("max_string and max_frame must stay under 4 GiB", err, 1, true)
+    ok, err = pcall(lecho.context, { quiet = true, max_frame = 2^32 })
+    assert.is_false(ok)
+    assert.matches("a frame's length is 32 bits on the wire", err, 1, true)
+    local ctx = lecho.context{ quiet = true, max_string = 2^31 } -- below the line: fine
+    ctx:close()
+  end)
+end)

@@ -786,8 +786,11 @@ int lei_chan_room(lei_ctx *c, uint32_t chid) {
         peer_flush(p);
         if (p->q.bytes >= before || p->q.bytes >= c->o.queue_limit) return 0;
     }
-    if (ch->local && c->lq.bytes >= c->o.queue_limit) {
-        if (!c->lq_held) ev_idle_start(c->loop, &c->idle);
+    /* Local: the queue, and for a channel whose handler waits, what waits
+     * behind it (other channels' events go on). */
+    if (ch->local && (c->lq.bytes >= c->o.queue_limit ||
+                      (ch->held && c->ldef.bytes >= c->o.queue_limit))) {
+        if (c->lq.head) ev_idle_start(c->loop, &c->idle);
         return 0;
     }
     return 1;
@@ -902,19 +905,24 @@ static int local_deliver(lei_ctx *c, lei_qitem *it) {
         lei_ack(c, NULL, it->sync, 0, NULL, 0);
     }
     free(flat);
-    if (rc == 1) c->lq_held = 1;
+    if (rc == 1 && ch) ch->held = 1;
     return rc == 1;
 }
 
 /* Runs up to max local items; stops when a handler suspends. */
 static void run_local(lei_ctx *c, int max) {
-    for (int i = 0; i < max && !c->lq_held; i++) {
+    for (int i = 0; i < max; i++) {
         lei_qitem *it = q_pop(&c->lq);
         if (!it) break;
+        lei_chan *ch = lei_chan_get(c, it->chid);
+        if (ch && ch->held) {
+            q_push(&c->ldef, it); /* after its channel's suspended event */
+            continue;
+        }
         local_deliver(c, it);
         item_free(c, it);
     }
-    if (!c->lq.head || c->lq_held) ev_idle_stop(c->loop, &c->idle);
+    if (!c->lq.head) ev_idle_stop(c->loop, &c->idle);
 }
 
 void lei_drain_local(lei_ctx *c) { run_local(c, INT_MAX); }
@@ -926,9 +934,24 @@ static void idle_cb(struct ev_loop *loop, ev_idle *w, int revents) {
     run_local(w->data, 4096);
 }
 
-void lei_resume(lei_ctx *c, lei_peer *from) {
+void lei_resume(lei_ctx *c, lei_peer *from, uint32_t chid) {
     if (!from) {
-        c->lq_held = 0;
+        lei_chan *ch = lei_chan_get(c, chid);
+        if (!ch || !ch->held) return;
+        ch->held = 0;
+        /* Its deferred events go back to the front of the local queue, in
+         * order: every event of it still in the queue came later. */
+        lei_queue keep = {0}, mine = {0};
+        lei_qitem *it;
+        while ((it = q_pop(&c->ldef))) q_push(it->chid == chid ? &mine : &keep, it);
+        c->ldef = keep;
+        if (mine.head) {
+            mine.tail->next = c->lq.head;
+            if (!c->lq.head) c->lq.tail = mine.tail;
+            c->lq.head = mine.head;
+            c->lq.bytes += mine.bytes;
+            c->lq.count += mine.count;
+        }
         if (c->lq.head) ev_idle_start(c->loop, &c->idle);
         return;
     }
@@ -1018,7 +1041,7 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
         }
         /* Local consumers run from the loop, after what was queued before. */
         q_push(&c->lq, lit);
-        if (!c->lq_held) ev_idle_start(c->loop, &c->idle);
+        ev_idle_start(c->loop, &c->idle);
     }
     return 0;
 }
@@ -1093,6 +1116,13 @@ static int on_hello(lei_conn *k, const lei_hello *h) {
             p->conn = NULL;
             old->peer = NULL;
             conn_close(old, "superseded", 0);
+        } else if (p->up && p->lv.incarnation == h->incarnation &&
+                   ev_now(c->loop) - old->last_in < (c->o.heartbeat > 1.0 ? c->o.heartbeat : 1.0)) {
+            /* The same process, and its connection here is up and alive: a
+             * HELLO of a crossing dial that arrives late (its sender already
+             * took ours).  Replacing ours would drop its queue. */
+            conn_send_error(k, DUP_REASON);
+            return -1;
         } else {
             conn_close(old, "replaced by a new connection from the same context", 0);
         }
@@ -1746,6 +1776,10 @@ static void conn_fin(lei_conn *k) {
 
 void lei_ctx_shutdown(lei_ctx *c) {
     c->closing = 1;
+    /* Closing from a handler that holds its connection: read on, so that
+     * the remote's FIN is seen (what comes is for closed consumers now). */
+    for (int i = 0; i < c->npeers; i++)
+        if (c->peers[i]->held) lei_resume(c, c->peers[i], 0);
     for (lei_conn *k = c->conns; k; k = k->next) {
         if (k->dead) continue;
         if (k->state == C_UP && k->peer && k->peer->conn == k)
@@ -1858,6 +1892,7 @@ void lei_ctx_free(lei_ctx *c) {
     }
     lei_qitem *it;
     while ((it = q_pop(&c->lq))) item_free(c, it);
+    while ((it = q_pop(&c->ldef))) item_free(c, it);
     for (int i = 0; i < c->npeers; i++) {
         lei_peer *p = c->peers[i];
         q_clear(c, p, 0);

@@ -54,7 +54,8 @@ void lei_opts_default(lei_opts *o);
  * valid value: the connection it came on is then closed with that reason.
  * event may also return 1: the dispatch of that event is suspended (a
  * handler is waiting); nothing more from the same source (that connection,
- * or the local queue) is handed over until lei_resume(from).  peer is never
+ * or, locally, that channel's next events) is handed over until
+ * lei_resume(from, chid).  peer is never
  * called from inside another call into the context: losses found while
  * submitting or writing are told from the next loop turn. */
 typedef struct lei_hooks {
@@ -141,6 +142,7 @@ typedef struct lei_chan {
     int local;                /* rw via lei_chan_set_local: local consumers exist */
     lei_peer **dests;         /* ro: owned array, remote consuming contexts */
     int ndests;
+    int held;                 /* ro: a local handler of it is suspended */
     uint64_t ev_out, bytes_out, ev_in, bytes_in, drops, ev_local, encodes;
     uint64_t gaps, lost, dups;  /* ro: sequence gaps seen, events they lost, duplicates dropped */
     uint32_t epoch;           /* ro: bumped when local consumers appear again */
@@ -186,7 +188,7 @@ struct lei_ctx {
     lei_sync *syncs;
     uint64_t next_sync;
     int depth;                /* ro: nesting of hooks in progress */
-    int lq_held;              /* ro: a local handler is suspended */
+    lei_queue ldef;           /* local items of held channels, in order */
     int closing;              /* ro: lei_ctx_shutdown was called */
     struct lei_note *notes;   /* owned: peer changes not yet told to the hook */
     int nnotes, cnotes;
@@ -250,9 +252,10 @@ void lei_flush(lei_ctx *c);
 void lei_drain_local(lei_ctx *c);
 /* Closes a peer's connection, dropping its queue, with a logged reason. */
 void lei_peer_close(lei_peer *p, const char *reason);
-/* The suspended dispatch from `from` (NULL: the local queue) finished:
- * what it held back is handed over from the next loop turn. */
-void lei_resume(lei_ctx *c, lei_peer *from);
+/* The suspended dispatch from `from` finished (NULL: a local one of
+ * channel chid; other channels' local events went on meanwhile): what it
+ * held back is handed over from the next loop turn. */
+void lei_resume(lei_ctx *c, lei_peer *from, uint32_t chid);
 /* The next loop turn does not block (a waiter became ready). */
 void lei_kick(lei_ctx *c);
 

@@ -644,15 +644,15 @@ static int l_room(lua_State *L) {
     return 1;
 }
 
-/* ctx:resume(peer_idx): a suspended dispatch from that peer (0: local) is
- * over; what it held back comes next. */
+/* ctx:resume(peer_idx, chid): a suspended dispatch from that peer (0: a
+ * local one, of channel chid) is over; what it held back comes next. */
 static int l_resume(lua_State *L) {
     lb_ctx *b = check_ctx(L);
     int idx = (int)luaL_checkinteger(L, 2);
     if (idx == 0)
-        lei_resume(b->c, NULL);
+        lei_resume(b->c, NULL, (uint32_t)luaL_checknumber(L, 3));
     else if (lei_peer_by_idx(b->c, idx))
-        lei_resume(b->c, lei_peer_by_idx(b->c, idx));
+        lei_resume(b->c, lei_peer_by_idx(b->c, idx), 0);
     return 0;
 }
 
@@ -1261,6 +1261,7 @@ static int l_stats(lua_State *L) {
     setn(L, "bad_frames", (double)c->bad_frames);
     setn(L, "local_queue_bytes", (double)c->lq.bytes);
     setn(L, "local_queue_events", (double)c->lq.count);
+    setn(L, "local_deferred_events", (double)c->ldef.count);
     lua_newtable(L);
     for (int i = 0; i < c->npeers; i++) {
         lei_peer *p = c->peers[i];

@@ -125,7 +125,7 @@ end
 -- child and its address.
 function M.nameserver(extra)
   local pf = M.tmpname("ns-addr")
-  local child = M.spawn(("%s %s/scripts/lecho-nameserver --listen 127.0.0.1:0 --port-file %s --for 120 %s")
+  local child = M.spawn(("%s %s/scripts/lecho-nameserver --listen 127.0.0.1:0 --port-file %s --for 120 --settle 0 %s")
     :format(M.luajit, M.root, pf, extra or ""))
   local addr = M.wait_file(pf, "%d+%.%d+%.%d+%.%d+:%d+")
   assert(addr, "name server did not start: " .. M.errors(child))

@@ -190,6 +190,7 @@ function M.context(opts)
     self.reg = registry.new{
       addr = addr, role = opts.manager and opts.nameserver and "manager" or "nameserver",
       ack_timeout = opts.ack_timeout or 2.0,
+      settle = opts.settle, recovering = opts.recovering,
       log = function(level, msg)
         if level == "warn" or level == "error" then self.log(("%s: %s"):format(level, msg)) end
       end,
@@ -395,7 +396,7 @@ function Context:_on_event(chid, value, peer, producer, seq, sync)
       end
     end
   end
-  if sync > 0 then self.c:ack(peer, sync, nran, errs) end
+  if sync > 0 and not self.closed then self.c:ack(peer, sync, nran, errs) end
 end
 
 function Context:_fullname(name)
@@ -446,7 +447,7 @@ function Context:_resume(co, ...)
     self.log("error in callback: " .. traceback(co, tostring(r)))
     return false
   end
-  if coroutine.status(co) == "dead" then return false end
+  if coroutine.status(co) == "dead" or r == DONE then return false end
   if r ~= WAIT then
     self.log("error in callback: it yielded outside a lecho wait; it will not be resumed")
     return false
@@ -518,7 +519,7 @@ local function dispatcher(self)
     local held = self.held[co]
     if held then
       self.held[co] = nil
-      if not self.closed then self.c:resume(held) end
+      if not self.closed then self.c:resume(held, chid) end
     end
     chid, value, peer, producer, seq, sync = coroutine.yield(DONE)
   end
@@ -645,7 +646,12 @@ end
 -- wait).  Returns true, or nil and what could not be delivered (also
 -- logged).
 function Context:close(opts)
-  if self.closed or self.closing then return true end
+  if self.closed then return self.close_ok, self.close_err end
+  if self.closing then
+    -- Another close is delivering (in a callback that waits): its result.
+    self:_wait(function() return self.closed end)
+    return self.close_ok, self.close_err
+  end
   self.closing = true
   local linger = opts and opts.linger or self.linger
   for _, ch in pairs(self.byname) do
@@ -668,6 +674,7 @@ function Context:close(opts)
       .. "what was sent there may not have been read"):format(open, linger)
   end
   if err then self.log("close: " .. err) end
+  self.close_ok, self.close_err = ok, err
   self.closed = true
   self.c:close()
   return ok, err
@@ -1248,6 +1255,15 @@ function Producer:submit_sync(ev, opts)
   local ids, err = submit_core(self, ev, true)
   if not ids then return nil, err end
   local deadline = c:now() + timeout
+  -- Consumers whose modulator failed or was refused here got nothing: as
+  -- they were at the submit (a membership change during the wait may drop
+  -- the record) and as they are after it.
+  local ch = self.ch
+  local failed
+  if next(ch.failed) then
+    failed = {}
+    for key, why in pairs(ch.failed) do failed[key] = { why = why, dests = ch.failed_dests[key] } end
+  end
   local all
   if type(ids) == "number" then
     -- One sync record (no modulators): no tables unless something failed.
@@ -1271,15 +1287,18 @@ function Producer:submit_sync(ev, opts)
       end
     end
   end
-  -- Consumers whose modulator failed or was refused here got nothing.
-  local ch = self.ch
-  if next(ch.failed) then
-    for key, why in pairs(ch.failed) do
-      for _, a in ipairs(ch.failed_dests[key] or {}) do
-        all = all or {}
-        all[#all + 1] = { context = a, err = ("modulator %s not running at %s: %s"):format(
-          key, ctx.addr, why) }
-      end
+  for key, why in pairs(ch.failed) do
+    if not (failed and failed[key]) then
+      failed = failed or {}
+      failed[key] = { why = why, dests = ch.failed_dests[key] }
+    end
+  end
+  for _, key in ipairs(failed and sorted_keys(failed) or {}) do
+    local f = failed[key]
+    for _, a in ipairs(f.dests or {}) do
+      all = all or {}
+      all[#all + 1] = { context = a, err = ("modulator %s not running at %s: %s"):format(
+        key, ctx.addr, f.why) }
     end
   end
   if all and #all > 0 then return nil, setmetatable(all, ErrList) end

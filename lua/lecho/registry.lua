@@ -506,7 +506,10 @@ local ONEWAY = { members_ok = true }
 -- Public API.
 
 -- R.new{ addr = "host:port", role = "nameserver"|"manager", ack_timeout = 2.0,
---        max_channels = 65536, max_name = 1024, log = function(level, msg) }
+--        max_channels = 65536, max_name = 1024, settle = 2.0, recovering = false,
+--        log = function(level, msg) }
+-- settle: the recovery window (seconds); recovering: it opens at start (a
+-- standalone name server, which may be a restarted one).
 -- Raises on misuse (bad options); log levels are "debug", "info", "warn",
 -- "error".
 function M.new(opts)
@@ -543,6 +546,7 @@ function M.new(opts)
     mid = 0,                              -- source of members message ids
     outq = {}, flushing = false,
     recover_until = -math.huge,           -- name server: recovering until then
+    recover_at_start = opts.recovering == true, -- the window opens at the first call
     orphans = {},                         -- name server: ch -> when its manager died
   }, Registry)
 end
@@ -570,6 +574,10 @@ function Registry:handle(from, msg, send, now)
   if type(msg) ~= "table" then return host_misuse(self, "handle: msg must be a table") end
   local io = { send = send, now = now }
   local op, rid = msg.op, msg.rid
+  if self.recover_at_start then
+    self.recover_at_start = nil
+    self.recover_until = now + self.settle
+  end
 
   if op == "reply" then
     self.log("debug", "ignoring a reply from " .. from)

@@ -413,4 +413,294 @@ for _, m in ipairs(logs) do io.stdout:write("log ", m, "\n") end
 os.exit(0)
 ]]
 
+------------------------------------------------------------------------------
+-- Children of spec/busy_host_spec.lua (issue 8, obs. 4 and 5).  Times are
+-- socket.gettime() (wall clock, comparable between processes on one host).
+
+-- The consuming process of obs. 4: adds three modulated consumers to
+-- opts.channel one after another, each ch:consumer returning once every
+-- producing process knows of it:
+--   filter  keeps the tables { i = k } with k even, and every non-table
+--           ("probe", "final");
+--   loop    loops for ever on the first event it sees;
+--   escape  tries sandbox escapes at load (each under pcall: os.execute and
+--           io.open writing opts.flag, load, loadstring, getfenv, setfenv,
+--           string.dump and the string metatable's dump, debug, require,
+--           jit, collectgarbage); if one worked, it passes { escaped =
+--           names } on; if none did, its enqueue calls os.execute unguarded,
+--           which fails on the first event: a modulator that fails at once.
+-- The filter's handler writes opts.probe_file ("probe") on the first
+-- "probe", checks that the tables come as 2, 4, 6, ... and on "final" writes
+-- opts.final_file: "final COUNT ORDER_OK TIME" (before its handler returns,
+-- so before the sync acknowledgement).  opts.added_file is written once all
+-- three ch:consumer calls returned.  The process stays until the spec writes
+-- opts.done_file (or opts.duration passes), then prints one JSON line:
+-- { keys = { filter, loop, escape } (modulator keys),
+-- errors = { name = on_error messages }, count, order_ok, bad_order,
+-- after_final, others = events handled by loop and escape, escaped }.
+M.busy_consumers = [==[
+local cjson = require "cjson"
+local socket = require "socket"
+local lecho = require "lecho"
+local opts = cjson.decode(arg[1])
+io.stdout:setvbuf("line")
+local ctx = lecho.context{ nameserver = opts.ns, quiet = not os.getenv("LECHO_SPEC_LOG") }
+local ch = ctx:channel(opts.channel)
+local function write(path, text)
+  local tmp = path .. ".tmp"
+  local f = assert(io.open(tmp, "w"))
+  f:write(text)
+  f:close()
+  assert(os.rename(tmp, path))
+end
+local res = { keys = {}, errors = { filter = {}, loop = {}, escape = {} }, count = 0, order_ok = true,
+              after_final = 0, others = { loop = 0, escape = 0 }, escaped = {} }
+local final_seen, last = false, 0
+local mods = {
+  filter = [[ function enqueue(ev) if type(ev) ~= "table" or ev.i % 2 == 0 then return ev end end ]],
+  loop = [[ function enqueue(ev) while true do end end ]],
+  escape = [=[
+    local worked = {}
+    local function try(name, f)
+      local ok, r = pcall(f)
+      if ok and r ~= nil and r ~= false then worked[#worked + 1] = name end
+    end
+    try("os.execute", function() return os.execute("touch " .. params.flag) end)
+    try("io.open", function() return io.open(params.flag, "w") end)
+    try("load", function() return load("return 1") end)
+    try("loadstring", function() return loadstring("return 1") end)
+    try("getfenv", function() return getfenv(0) end)
+    try("setfenv", function() return setfenv(1, {}) end)
+    try("string.dump", function() return string.dump(function() end) end)
+    try("string metatable dump", function() return getmetatable("").__index.dump(function() end) end)
+    try("debug", function() return debug.getregistry() end)
+    try("require", function() return require("ffi") end)
+    try("jit", function() return jit.version end)
+    try("collectgarbage", function() return collectgarbage("count") end)
+    function enqueue(ev)
+      if #worked > 0 then return { escaped = worked } end
+      return os.execute("touch " .. params.flag)
+    end
+  ]=],
+}
+local cons = {}
+local function add(name, handler)
+  local c = assert(ch:consumer(handler, {
+    modulator = mods[name], params = { flag = opts.flag },
+    on_error = function(e) table.insert(res.errors[name], tostring(e)) end }))
+  res.keys[name] = c.mod.key
+  cons[#cons + 1] = c
+end
+add("filter", function(ev, meta)
+  if ev == "probe" then
+    if not res.probed then
+      res.probed = socket.gettime()
+      write(opts.probe_file, "probe\n")
+    end
+    return
+  end
+  if final_seen then res.after_final = res.after_final + 1; return end
+  if ev == "final" then
+    final_seen = true
+    write(opts.final_file, ("final %d %s %.6f\n"):format(res.count, tostring(res.order_ok), socket.gettime()))
+    return
+  end
+  res.count = res.count + 1
+  local want = last + 2
+  if type(ev) ~= "table" or ev.i ~= want then
+    if res.order_ok then res.bad_order = { want = want, got = type(ev) == "table" and ev.i or tostring(ev),
+                                           count = res.count } end
+    res.order_ok = false
+  end
+  if type(ev) == "table" and ev.i then last = ev.i end
+end)
+add("loop", function() res.others.loop = res.others.loop + 1 end)
+add("escape", function(ev)
+  res.others.escape = res.others.escape + 1
+  if type(ev) == "table" and ev.escaped then
+    for _, n in ipairs(ev.escaped) do res.escaped[n] = true end
+  end
+end)
+write(opts.added_file, "added\n")
+io.stdout:write("added ", socket.gettime(), "\n")
+ctx:every(0.05, function()
+  local f = io.open(opts.done_file, "r")
+  if f then f:close(); ctx:stop() end
+end)
+ctx:after(opts.duration or 30, function() res.timeout = true; ctx:stop() end)
+ctx:run()
+io.stdout:write(cjson.encode(res), "\n")
+ctx:close()
+os.exit(0)
+]==]
+
+-- The producing process of obs. 4: submits "probe" every 50 ms until
+-- opts.probe_file exists, then opts.n tables { i = k } (the loop runs
+-- between every opts.chunk of them, so joins and installs of the other
+-- consumers may interleave with the burst), then waits until
+-- opts.added_file exists (every consumer is then known here), then
+-- submit_sync("final").  Reads opts.final_file right after
+-- the sync returned.  One JSON line: { ok, errs = { { context, consumer,
+-- err } }, t_sync, t_return, final_at_return, probes, burst }.
+M.busy_producer = [[
+local cjson = require "cjson"
+local socket = require "socket"
+local lecho = require "lecho"
+local opts = cjson.decode(arg[1])
+io.stdout:setvbuf("line")
+local ctx = lecho.context{ nameserver = opts.ns, quiet = not os.getenv("LECHO_SPEC_LOG") }
+local p = assert(ctx:channel(opts.channel):producer())
+local function exists(path) local f = io.open(path, "r") if f then f:close() return true end end
+local probes, t_end = 0, socket.gettime() + (opts.probe_for or 20)
+while not exists(opts.probe_file) do
+  if socket.gettime() > t_end then io.stdout:write("no answer to the probe\n") os.exit(3) end
+  assert(p:submit("probe"))
+  probes = probes + 1
+  ctx:run_once(0.05)
+end
+io.stdout:write("probed\n")
+local t0 = socket.gettime()
+for i = 1, opts.n do
+  assert(p:submit({ i = i }))
+  if i % opts.chunk == 0 then ctx:run_once(0) end
+end
+local burst = socket.gettime() - t0
+t_end = socket.gettime() + (opts.probe_for or 20)
+while not exists(opts.added_file) do
+  if socket.gettime() > t_end then io.stdout:write("the consumers were not all added\n") os.exit(3) end
+  ctx:run_once(0.05)
+end
+local t_sync = socket.gettime()
+local ok, errs = p:submit_sync("final", { timeout = opts.sync_timeout or 20 })
+local t_return = socket.gettime()
+local f = io.open(opts.final_file, "r")
+local final_at_return = f and f:read("*a") or false
+if f then f:close() end
+local list = {}
+for _, e in ipairs(type(errs) == "table" and errs or {}) do
+  list[#list + 1] = { context = e.context, consumer = e.consumer, err = e.err }
+end
+io.stdout:write(cjson.encode{ ok = ok and true or false, errs = list, errtext = errs and tostring(errs),
+                              t_sync = t_sync, t_return = t_return, final_at_return = final_at_return,
+                              probes = probes, burst = burst }, "\n")
+ctx:close()
+os.exit(0)
+]]
+
+-- The consuming process of obs. 5 (heartbeat 0: a producer starved for
+-- longer than two heartbeats would otherwise be declared dead, the README's
+-- liveness rule, which is not what obs. 5 is about): two modulated
+-- consumers of opts.channel,
+--   modest  a loop of opts.iters iterations per event (well under the
+--           budget in CPU time), stamping each event with the wall time the
+--           call took (ev.wall, from the granted clock capability);
+--   looping loops for ever on every event.
+-- Prints "ready", then once opts.done_file exists (or after opts.duration)
+-- one JSON line:
+-- { keys, errors = { modest, looping }, seqs (ev.i of modest, in order),
+--   walls (max, count over opts.budget), got_end }.
+M.starved_consumers = [=[
+local cjson = require "cjson"
+local lecho = require "lecho"
+local opts = cjson.decode(arg[1])
+io.stdout:setvbuf("line")
+local ctx = lecho.context{ nameserver = opts.ns, quiet = not os.getenv("LECHO_SPEC_LOG"), heartbeat = 0 }
+local ch = ctx:channel(opts.channel)
+local res = { keys = {}, errors = { modest = {}, looping = {} }, seqs = {}, wall_max = 0, wall_over = 0,
+              looping_events = 0 }
+local modest = assert(ch:consumer(function(ev)
+  if ev == "end" then res.got_end = true; return end
+  res.seqs[#res.seqs + 1] = ev.i
+  if ev.wall > res.wall_max then res.wall_max = ev.wall end
+  if ev.wall > opts.budget then res.wall_over = res.wall_over + 1 end
+end, { modulator = [[
+  function enqueue(ev)
+    if type(ev) ~= "table" then return ev end
+    local t0 = clock()
+    local x = 0
+    for i = 1, params.iters do x = x + i end
+    ev.x = x
+    ev.wall = clock() - t0
+    return ev
+  end ]], params = { iters = opts.iters }, capabilities = { "clock" },
+  on_error = function(e) table.insert(res.errors.modest, tostring(e)) end }))
+local looping = assert(ch:consumer(function() res.looping_events = res.looping_events + 1 end, {
+  modulator = [[ function enqueue(ev) while true do end end ]],
+  on_error = function(e) table.insert(res.errors.looping, tostring(e)) end }))
+res.keys = { modest = modest.mod.key, looping = looping.mod.key }
+io.stdout:write("ready\n")
+-- Stays until the spec writes opts.done_file (the producer has finished):
+-- a consumer leaving while the producer waits in its sync submit is not
+-- this spec's subject.
+ctx:every(0.05, function()
+  local f = io.open(opts.done_file, "r")
+  if f then f:close(); ctx:stop() end
+end)
+ctx:after(opts.duration or 40, function() res.timeout = true; ctx:stop() end)
+ctx:run()
+io.stdout:write(cjson.encode(res), "\n")
+ctx:close()
+os.exit(0)
+]=]
+
+-- The starved producing process of obs. 5 (the spec runs it under taskset
+-- and nice; heartbeat 0 as its consumer): grants "clock", submits opts.n tables { i = k } (the loop runs
+-- between every 50), then submit_sync("end").  One JSON line: { ok, errs,
+-- elapsed, cpu (this process's CPU seconds), modulators (ctx:stats()) }.
+M.starved_producer = [[
+local cjson = require "cjson"
+local socket = require "socket"
+local lecho = require "lecho"
+local opts = cjson.decode(arg[1])
+io.stdout:setvbuf("line")
+local ctx = lecho.context{ nameserver = opts.ns, quiet = not os.getenv("LECHO_SPEC_LOG"), heartbeat = 0 }
+local p = assert(ctx:channel(opts.channel):producer{ grant = { "clock" } })
+local t0, c0 = socket.gettime(), os.clock()
+for i = 1, opts.n do
+  assert(p:submit({ i = i }))
+  if i % 50 == 0 then ctx:run_once(0) end
+end
+local ok, errs = p:submit_sync("end", { timeout = opts.sync_timeout or 30 })
+local list = {}
+for _, e in ipairs(type(errs) == "table" and errs or {}) do
+  list[#list + 1] = { context = e.context, consumer = e.consumer, err = e.err }
+end
+local mods = {}
+for k, m in pairs(ctx:stats().modulators or {}) do mods[k] = { calls = m.calls, time = m.time } end
+io.stdout:write(cjson.encode{ ok = ok and true or false, errs = list, errtext = errs and tostring(errs),
+                              elapsed = socket.gettime() - t0, cpu = os.clock() - c0,
+                              modulators = mods }, "\n")
+ctx:close()
+os.exit(0)
+]]
+
+-- A producer that submits one event (opts.first), runs its loop for
+-- opts.settle seconds (time for a modulator that fails on it to be reported
+-- and unloaded), prints "submitting TIME", then submit_sync(opts.last).  One
+-- JSON line: { ok, errs, errtext, t_submit, t_return }.
+M.sync_after_failure = [[
+local cjson = require "cjson"
+local socket = require "socket"
+local lecho = require "lecho"
+local opts = cjson.decode(arg[1])
+io.stdout:setvbuf("line")
+local ctx = lecho.context{ nameserver = opts.ns, quiet = not os.getenv("LECHO_SPEC_LOG") }
+local p = assert(ctx:channel(opts.channel):producer())
+assert(p:submit(opts.first))
+local t = ctx:now() + opts.settle
+while ctx:now() < t do ctx:run_once(0.05) end
+local t_submit = socket.gettime()
+io.stdout:write("submitting ", t_submit, "\n")
+local ok, errs = p:submit_sync(opts.last, { timeout = opts.sync_timeout or 10 })
+local t_return = socket.gettime()
+local list = {}
+for _, e in ipairs(type(errs) == "table" and errs or {}) do
+  list[#list + 1] = { context = e.context, consumer = e.consumer, err = e.err }
+end
+io.stdout:write(cjson.encode{ ok = ok and true or false, errs = list, errtext = errs and tostring(errs),
+                              t_submit = t_submit, t_return = t_return }, "\n")
+ctx:close()
+os.exit(0)
+]]
+
 return M

@@ -1612,7 +1612,14 @@ static void live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
         ev_tstamp ping, due = live_due(c, k, &ping);
         if (due <= now && k->peer && k->peer->conn == k && !k->peer->q.head) {
             if (ping <= now) k->last_ping = now;
+            k->busy++; /* a failed write closes k: it must outlive this call */
             live_send(k->peer, ping <= now ? LEI_F_PING : LEI_F_HEARTBEAT);
+            k->busy--;
+            if (k->dead) {
+                conn_unlink_free(k);
+                k = nk;
+                continue;
+            }
             k->last_out = now; /* even if the kernel did not take it all yet */
             due = live_due(c, k, &ping);
         }
@@ -1780,7 +1787,8 @@ void lei_ctx_shutdown(lei_ctx *c) {
      * the remote's FIN is seen (what comes is for closed consumers now). */
     for (int i = 0; i < c->npeers; i++)
         if (c->peers[i]->held) lei_resume(c, c->peers[i], 0);
-    for (lei_conn *k = c->conns; k; k = k->next) {
+    for (lei_conn *k = c->conns, *nk; k; k = nk) {
+        nk = k->next; /* a failed write frees k */
         if (k->dead) continue;
         if (k->state == C_UP && k->peer && k->peer->conn == k)
             peer_flush(k->peer); /* FIN once written */

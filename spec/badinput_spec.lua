@@ -29,33 +29,13 @@ local WAIT = 5                          -- seconds any single wait may take
 ------------------------------------------------------------------------------
 -- Hand-built frames
 
-local function u32le(n)
-  return string.char(n % 256, math.floor(n / 2 ^ 8) % 256, math.floor(n / 2 ^ 16) % 256,
-                     math.floor(n / 2 ^ 24) % 256)
-end
+local W = require "spec.wire"
+local u32le, varint, frame, bind = W.u32le, W.varint, W.frame, W.bind
 
-local function varint(n)
-  local out = {}
-  repeat
-    local b = n % 128
-    n = math.floor(n / 128)
-    out[#out + 1] = string.char(n > 0 and b + 128 or b)
-  until n == 0
-  return table.concat(out)
-end
-
-local function frame(ftype, body)
-  return u32le(#body + 1) .. string.char(ftype) .. body
-end
-
--- u32le length, type 1, "LECH", u16 big-endian version, varint incarnation,
--- varint address length, address.
+-- A HELLO of the given version (or frame type) from addr.
 local function hello(version, addr, ftype)
-  return frame(ftype or F_HELLO, "LECH" .. string.char(math.floor(version / 256), version % 256)
-               .. varint(12345) .. varint(#addr) .. addr)
+  return W.hello(addr, { version = version, ftype = ftype, incarnation = 12345 })
 end
-
-local function bind(idx, name) return frame(F_BIND, varint(idx) .. varint(#name) .. name) end
 
 -- Each event its own sequence number: a repeated one is a duplicate, dropped
 -- before its value is looked at.

@@ -4,6 +4,15 @@
 
 local M = {}
 
+-- What most children start with: the modules, their JSON options, line output.
+M.prelude = [[
+local cjson = require "cjson"
+local socket = require "socket"
+local lecho = require "lecho"
+local opts = cjson.decode(arg[1])
+io.stdout:setvbuf("line")
+]]
+
 -- The deterministic event generator shared by producers and checkers.
 M.gen = [[
 local function gen(i)
@@ -151,12 +160,7 @@ os.exit(0)
 -- of about opts.size bytes in a tight loop (obs. 2).  Prints "sub K" after
 -- each submit returned, then one JSON line { elapsed = seconds of the loop,
 -- sync = true or the error of the final submit_sync("end") }.
-M.block_burst = [[
-local cjson = require "cjson"
-local socket = require "socket"
-local lecho = require "lecho"
-local opts = cjson.decode(arg[1])
-io.stdout:setvbuf("line")
+M.block_burst = M.prelude .. [[
 local ctx = lecho.context{ nameserver = opts.ns, quiet = true, policy = "block",
                            queue_limit = opts.queue_limit }
 local p = assert(ctx:channel(opts.channel):producer())
@@ -180,12 +184,7 @@ os.exit(0)
 -- timer, the log lines with "stack overflow", the submits that returned
 -- true (their i, in order) and the largest gap between status ticks.
 -- Prints "ready" once connected, then a JSON line at the end.
-M.timer_block = [[
-local cjson = require "cjson"
-local socket = require "socket"
-local lecho = require "lecho"
-local opts = cjson.decode(arg[1])
-io.stdout:setvbuf("line")
+M.timer_block = M.prelude .. [[
 local overflow, logs = 0, {}
 local ctx = lecho.context{ nameserver = opts.ns, policy = "block", queue_limit = opts.queue_limit,
   log = function(m)
@@ -241,12 +240,7 @@ os.exit(0)
 -- opts.ns, this process is the name server: the consumer's death then
 -- changes the membership, and unloads its modulator, inside the peer-down
 -- callback, i.e. while the submit still waits.
-M.block_kill = [[
-local cjson = require "cjson"
-local socket = require "socket"
-local lecho = require "lecho"
-local opts = cjson.decode(arg[1])
-io.stdout:setvbuf("line")
+M.block_kill = M.prelude .. [[
 -- Without opts.ns the name server runs in this context: it prints "ns ADDR"
 -- and waits for the file opts.go (the consumer has joined) before starting.
 local ctx = lecho.context{ nameserver = opts.ns, policy = "block", queue_limit = opts.queue_limit }
@@ -335,12 +329,7 @@ os.exit(0)
 -- opts.run_for seconds (obs. 8).  Records each sync call (start, return,
 -- result, depth), the nesting depth and the largest gap between 10 ms ticks.
 -- The consumer is stopped and resumed by the spec.
-M.sync_nesting = [[
-local cjson = require "cjson"
-local socket = require "socket"
-local lecho = require "lecho"
-local opts = cjson.decode(arg[1])
-io.stdout:setvbuf("line")
+M.sync_nesting = M.prelude .. [[
 local ctx = lecho.context{ nameserver = opts.ns }
 local p = assert(ctx:channel(opts.channel):producer())
 assert(p:submit_sync("hello", { timeout = 5 }))
@@ -542,12 +531,7 @@ os.exit(0)
 -- submit_sync("final").  Reads opts.final_file right after
 -- the sync returned.  One JSON line: { ok, errs = { { context, consumer,
 -- err } }, t_sync, t_return, final_at_return, probes, burst }.
-M.busy_producer = [[
-local cjson = require "cjson"
-local socket = require "socket"
-local lecho = require "lecho"
-local opts = cjson.decode(arg[1])
-io.stdout:setvbuf("line")
+M.busy_producer = M.prelude .. [[
 local ctx = lecho.context{ nameserver = opts.ns, quiet = not os.getenv("LECHO_SPEC_LOG") }
 local p = assert(ctx:channel(opts.channel):producer())
 local function exists(path) local f = io.open(path, "r") if f then f:close() return true end end
@@ -647,12 +631,7 @@ os.exit(0)
 -- and nice; heartbeat 0 as its consumer): grants "clock", submits opts.n tables { i = k } (the loop runs
 -- between every 50), then submit_sync("end").  One JSON line: { ok, errs,
 -- elapsed, cpu (this process's CPU seconds), modulators (ctx:stats()) }.
-M.starved_producer = [[
-local cjson = require "cjson"
-local socket = require "socket"
-local lecho = require "lecho"
-local opts = cjson.decode(arg[1])
-io.stdout:setvbuf("line")
+M.starved_producer = M.prelude .. [[
 local ctx = lecho.context{ nameserver = opts.ns, quiet = not os.getenv("LECHO_SPEC_LOG"), heartbeat = 0 }
 local p = assert(ctx:channel(opts.channel):producer{ grant = { "clock" } })
 local t0, c0 = socket.gettime(), os.clock()
@@ -678,12 +657,7 @@ os.exit(0)
 -- opts.settle seconds (time for a modulator that fails on it to be reported
 -- and unloaded), prints "submitting TIME", then submit_sync(opts.last).  One
 -- JSON line: { ok, errs, errtext, t_submit, t_return }.
-M.sync_after_failure = [[
-local cjson = require "cjson"
-local socket = require "socket"
-local lecho = require "lecho"
-local opts = cjson.decode(arg[1])
-io.stdout:setvbuf("line")
+M.sync_after_failure = M.prelude .. [[
 local ctx = lecho.context{ nameserver = opts.ns, quiet = not os.getenv("LECHO_SPEC_LOG") }
 local p = assert(ctx:channel(opts.channel):producer())
 assert(p:submit(opts.first))

@@ -208,34 +208,10 @@ end)
 
 ------------------------------------------------------------------------------
 -- Hand-built frames (doc/wire-format.md, as in spec/badinput_spec.lua).
-local F_HELLO, F_HELLO_OK, F_BIND, F_EVENT = 1, 2, 5, 6
-
-local function u32le(n)
-  return string.char(n % 256, math.floor(n / 2 ^ 8) % 256, math.floor(n / 2 ^ 16) % 256,
-                     math.floor(n / 2 ^ 24) % 256)
-end
-
-local function varint(n)
-  local out = {}
-  repeat
-    local b = n % 128
-    n = math.floor(n / 128)
-    out[#out + 1] = string.char(n > 0 and b + 128 or b)
-  until n == 0
-  return table.concat(out)
-end
-
-local function frame(ftype, body) return u32le(#body + 1) .. string.char(ftype) .. body end
-
-local function hello(addr)
-  return frame(F_HELLO, "LECH\0\1" .. varint(4242) .. varint(#addr) .. addr)
-end
-
-local function bind(idx, name) return frame(F_BIND, varint(idx) .. varint(#name) .. name) end
-
-local function event(idx, value)
-  return frame(F_EVENT, varint(idx) .. varint(1) .. varint(1) .. varint(0) .. value)
-end
+local W = require "spec.wire"
+local F_HELLO_OK = W.HELLO_OK
+local varint, hello, bind = W.varint, W.hello, W.bind
+local function event(idx, value) return W.event(idx, value, 1) end
 
 -- A table of n empty tables: 3 bytes each on the wire, ~72 bytes each
 -- decoded (a GCtab and an array slot).

@@ -85,4 +85,45 @@ describe("lecho.fastenc", function()
     assert.is_true(ok)
     assert.are.same(v, back)
   end)
+
+  -- Found by review: once LuaJIT compiled a timer that submits, the first
+  -- event of many ticks arrived as {} (its keys counted as none), with a
+  -- valid seq and submit true.  The encoder now checks what it writes.
+  it("never sends a table without its entries once the submitting code is compiled", function()
+    -- In a process of its own, as a program runs (under busted the traces differ).
+    local S = require "spec.support"
+    local child = S.lua([[
+local lecho = require "lecho"
+local ctx = lecho.context{ quiet = true }
+local ch = ctx:channel("x")
+local got, empty, first = 0, 0, nil
+ch:consumer(function(ev, meta)
+  got = got + 1
+  if ev.s ~= meta.seq then empty = empty + 1; first = first or ("seq %d arrived with s=%s next(ev)=%s"):format(meta.seq, tostring(ev.s), tostring(next(ev))) end
+end)
+local p = ch:producer()
+local n, last, maxlag = 0, ctx:now(), 0
+local tm = ctx:every(0.01, function()
+  local lag = ctx:now() - last; if lag > maxlag then maxlag = lag end; last = ctx:now()
+  for _ = 1, 20 do
+    if p:submit({ s = n + 1, from = "p1", pad = ("p"):rep(100) }) then n = n + 1 end
+  end
+end)
+local t0 = ctx:now()
+while ctx:now() - t0 < 3 do ctx:run_once(0.1) end
+tm:stop()
+local ok = p:submit_sync({ s = n + 1, from = "p1" })
+print(("submitted %d sync %s got %d bad %d first %s"):format(n + 1, tostring(ok), got, empty, tostring(first)))
+ctx:close()
+]])
+    assert(S.wait(child, 30), "child did not finish: " .. S.errors(child))
+    local out = S.output(child)
+    local n, ok, got, bad = out:match("submitted (%d+) sync (%a+) got (%d+) bad (%d+)")
+    assert(n, out .. S.errors(child))
+    S.cleanup()
+    assert.are.equal("true", ok)
+    assert.is_true(tonumber(n) > 1000)
+    assert.are.equal(n, got)
+    assert.are.equal("0", bad, out)
+  end)
 end)

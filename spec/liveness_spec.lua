@@ -243,17 +243,8 @@ describe("sequence numbers", function()
   -- Raw frames into a context: a fake producer process at one address.
   local ctx, got, logs, con
 
-  local function u32le(n) return string.char(n % 256, math.floor(n / 256) % 256, 0, 0) end
-  local function varint(n)
-    local out = {}
-    repeat
-      local b = n % 128
-      n = math.floor(n / 128)
-      out[#out + 1] = string.char(n > 0 and b + 128 or b)
-    until n == 0
-    return table.concat(out)
-  end
-  local function frame(t, body) return u32le(#body + 1) .. string.char(t) .. body end
+  local W = require "spec.wire"
+  local varint, frame = W.varint, W.frame
   local FAKE = "127.0.0.1:61888"
   local function peer(incarnation)
     local host, port = ctx.addr:match("^(.+):(%d+)$")

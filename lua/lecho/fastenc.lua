@@ -92,19 +92,30 @@ function M.new(opts)
     return type(k) == "number" and k >= 1 and k <= n and k == floor(k)
   end
 
-  local function tbl(t, depth)
-    if depth >= max_depth then return false end
-    local len = #t
+  -- Entries of t, and how many are array keys 1..len.  Never compiled: the
+  -- installed LuaJIT (2.1.0-beta3, Debian) sometimes runs a compiled
+  -- `for k in next, t` over a non-empty table as if it were empty, and the
+  -- encoder checks what it writes against this count.
+  local function count_keys(t, len)
     local nkeys, nin = 0, 0
     for k in next, t do
       nkeys = nkeys + 1
       if is_arr_key(k, len) then nin = nin + 1 end
     end
+    return nkeys, nin
+  end
+  if jit then jit.off(count_keys) end
+
+  local function tbl(t, depth)
+    if depth >= max_depth then return false end
+    local len = #t
+    local nkeys, nin = count_keys(t, len)
     local narr = len
     if nin ~= len then
       narr = 0
       while narr < len and rawget(t, narr + 1) ~= nil do narr = narr + 1 end
     end
+    if nkeys < narr or (nkeys == 0 and next(t) ~= nil) then return false end
     byte(T_TABLE)
     varint(narr)
     varint(nkeys - narr)
@@ -117,12 +128,17 @@ function M.new(opts)
         return false
       end
     end
+    -- What was written must match the count: a value it does not is
+    -- declined (the C encoder takes it), never sent with entries missing.
     if nkeys > narr then
+      local written = 0
       for k, v in next, t do
         if not is_arr_key(k, narr) then
+          written = written + 1
           if not enc(k, depth + 1) or not enc(v, depth + 1) then return false end
         end
       end
+      if written ~= nkeys - narr then return false end
     end
     return true
   end

@@ -1203,14 +1203,17 @@ local function submit_core(self, ev, sync)
   local enc = self.enc
   local bytes = enc and enc(ev)
   local c = self.c
-  local q = self.waitq
-  if not q or not q[1] then
+  -- One try: the core says "wouldblock" when a queue has no room (nothing done).
+  local function try()
     local r, err, code = c:submit(self.chid, self.id, self.seq + 1, bytes or ev, sync, self.policy,
                                   self.mods, self.plain, bytes ~= nil)
-    if code ~= "wouldblock" then
-      if r then self.seq = self.seq + 1 end
-      return r, err
-    end
+    if r then self.seq = self.seq + 1 end
+    return code == "wouldblock", r, err
+  end
+  local q = self.waitq
+  if not q or not q[1] then
+    local again, r, err = try()
+    if not again then return r, err end
   end
   -- Wait for room, behind the submits of this producer already waiting.
   q = q or {}
@@ -1225,12 +1228,8 @@ local function submit_core(self, ev, sync)
     ctx:_wait(ready)
     if q[1] == me then table.remove(q, 1) end
     if self.closed or ctx.closed then return nil, "producer closed while waiting for room" end
-    local r, err, code = c:submit(self.chid, self.id, self.seq + 1, bytes or ev, sync, self.policy,
-                                  self.mods, self.plain, bytes ~= nil)
-    if code ~= "wouldblock" then
-      if r then self.seq = self.seq + 1 end
-      return r, err
-    end
+    local again, r, err = try()
+    if not again then return r, err end
     table.insert(q, 1, me)
   end
 end

@@ -81,7 +81,7 @@ void lei_opts_default(lei_opts *o) {
     o->retry_interval = 0.5;
     o->heartbeat = 5.0;
     o->heartbeat_misses = 2.0;
-    o->retry_max = 5.0;
+    o->retry_max = 2.0;
 }
 
 void lei_logf(lei_ctx *c, const char *fmt, ...) {
@@ -977,7 +977,9 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
     /* Everything that can fail is allocated before anything is queued. */
     lei_qitem *lit = NULL;
     if (ch->local) {
-        if (!sync && policy != LEI_BLOCK && c->lq.bytes >= c->o.queue_limit) {
+        if (!sync && policy != LEI_BLOCK &&
+            (c->lq.bytes >= c->o.queue_limit ||
+             (ch->held && c->ldef.bytes >= c->o.queue_limit))) {
             ch->drops++; /* the local queue is full: dropped, counted */
         } else if (!(lit = item_new(msg))) {
             *err = "out of memory";

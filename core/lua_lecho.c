@@ -1262,6 +1262,7 @@ static int l_stats(lua_State *L) {
     setn(L, "local_queue_bytes", (double)c->lq.bytes);
     setn(L, "local_queue_events", (double)c->lq.count);
     setn(L, "local_deferred_events", (double)c->ldef.count);
+    setn(L, "local_deferred_bytes", (double)c->ldef.bytes);
     lua_newtable(L);
     for (int i = 0; i < c->npeers; i++) {
         lei_peer *p = c->peers[i];

@@ -699,7 +699,7 @@ function Channel:_join(role)
   if not mgr then return nil, err end
   local r
   local ver_before = self.ver
-  local settle = role == "consumer" and self.settle or nil
+  local settle = self.settle
   r, err = self.ctx:request(mgr, { op = "join", ch = self.name, role = role, settle = settle,
                                    subs = role == "consumer" and self:_subs() or nil },
                             self.ctx.timeout + (settle or 0))
@@ -738,7 +738,7 @@ end
 -- How long a producer that lost its manager keeps sending to the consumers
 -- it had, beside those the next manager lists: the consumers join that
 -- manager again too (every second), and until they have, its lists lack them.
-local REJOIN_GRACE = 3
+local REJOIN_GRACE = 4
 
 local function union(a, b)
   local out, seen = {}, {}
@@ -1369,9 +1369,24 @@ function Consumer:_switch(spec, handler)
       end
     end
   end
+  local old_handler = self.handler
   self.mod, self.handler = spec, handler
   self.entry = ch:_attach(self, spec, handler)
   local r, err = ch:_update_subs()
+  if not r then
+    -- Not applied (the manager is unreachable, say): the old modulator stays
+    -- this consumer's, its stream untouched.  The new entry is kept for a
+    -- while in case some producer did switch before the failure was known.
+    local new_entry = self.entry
+    self.mod, self.handler, self.entry = old, old_handler, old_entry
+    ch.subs_sig = nil
+    self.old_entries = self.old_entries or {}
+    self.old_entries[#self.old_entries + 1] = new_entry
+    ch.ctx:after(ch.ctx.sync_timeout, function()
+      if self.entry ~= new_entry then ch:_detach(new_entry) end
+    end)
+    return nil, err
+  end
   if old_entry then
     -- What the old modulator sent and is still on its way goes to the old
     -- demodulator, until every producer said (in band, after its last event

@@ -399,6 +399,16 @@ function ops.join(self, from, msg, io)
       p = { count = 1, acked = c.ver }
       c.producers[from] = p
     end
+    -- While the control plane recovers (`settle`, as for consumers), the
+    -- consumers that exist may not have joined again yet: the reply waits
+    -- (member updates reach the producer meanwhile), then carries the list.
+    local settle = type(msg.settle) == "number" and msg.settle > 0
+                   and math.min(msg.settle, self.settle) or 0
+    if settle > 0 then
+      c.pwaits = c.pwaits or {}
+      c.pwaits[#c.pwaits + 1] = { from = from, rid = msg.rid, hold = io.now + settle }
+      return
+    end
     local plain, mods = members_of(c)
     return reply(self, io, from, msg.rid, { consumers = plain, mods = mods, ver = c.ver, count = p.count })
   end
@@ -506,7 +516,7 @@ local ONEWAY = { members_ok = true }
 -- Public API.
 
 -- R.new{ addr = "host:port", role = "nameserver"|"manager", ack_timeout = 2.0,
---        max_channels = 65536, max_name = 1024, settle = 2.0, recovering = false,
+--        max_channels = 65536, max_name = 1024, settle = 3.0, recovering = false,
 --        log = function(level, msg) }
 -- settle: the recovery window (seconds); recovering: it opens at start (a
 -- standalone name server, which may be a restarted one).
@@ -535,7 +545,7 @@ function M.new(opts)
     addr = opts.addr,                     -- ro
     role = opts.role,                     -- ro
     ack_timeout = num("ack_timeout", 2.0),       -- rw, seconds
-    settle = num("settle", 2.0),                 -- rw, seconds: recovery window
+    settle = num("settle", 3.0),                 -- rw, seconds: recovery window
     max_channels = num("max_channels", 65536),   -- rw
     max_name = num("max_name", 1024),            -- rw, bytes
     log = opts.log or noop,
@@ -648,6 +658,20 @@ function Registry:tick(send, now)
   local io = { send = send, now = now }
   guarded(self, function()
     for _, c in pairs(self.channels) do
+      if c.pwaits then
+        local keep = {}
+        for _, w in ipairs(c.pwaits) do
+          local p = c.producers[w.from]
+          if w.hold > now then
+            keep[#keep + 1] = w
+          elseif p then
+            local plain, mods = members_of(c)
+            p.acked = math.max(p.acked, c.ver)
+            reply(self, io, w.from, w.rid, { consumers = plain, mods = mods, ver = c.ver, count = p.count })
+          end
+        end
+        c.pwaits = keep[1] and keep or nil
+      end
       if #c.waits > 0 then
         local keep = {}
         for _, w in ipairs(c.waits) do

@@ -226,6 +226,12 @@ describe("issue 8, obs. 7: a value that decodes to many times its size", functio
   after_each(function() S.cleanup() end)
 
   it("closes that one connection with a logged reason; the consumer survives and keeps receiving", function()
+    -- The consumer runs under `ulimit -v`, which AddressSanitizer's shadow
+    -- memory cannot live with (make asan preloads it).
+    if (os.getenv("LD_PRELOAD") or ""):find("libasan", 1, true) then
+      pending("needs ulimit -v, which ASan cannot run under")
+      return
+    end
     local _, ns = S.nameserver("--quiet")
     -- The consumer gets an address space of 512 MiB: a 24 MB frame of empty
     -- tables decodes to ~580 MB (it had ~25 MB at the start).

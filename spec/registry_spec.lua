@@ -190,6 +190,8 @@ describe("lecho.registry membership", function()
     -- lookups with `settle`; a join carrying it waits that long, and a
     -- producer that joins meanwhile confirms it (no event lost to it).
     local ns, w = new("nameserver", { settle = 2.0 }), wire()
+    req(ns, w, C2, { op = "lookup", ch = "x" }, 49)   -- assigned before (held otherwise)
+    reply_to(w, C2)
     req(ns, w, C2, { op = "lookup", ch = "x", recovering = true }, 50)
     assert.are.equal(2.0, reply_to(w, C2).settle)
     req(ns, w, C1, { op = "lookup", ch = "x" }, 50.5)
@@ -208,6 +210,29 @@ describe("lecho.registry membership", function()
     assert.are.same({ P1 }, r.producers)
     req(ns, w, C2, { op = "lookup", ch = "y" }, 53)
     assert.is_nil(reply_to(w, C2).settle)      -- recovered: no wait any more
+  end)
+
+  it("after a restart, keeps each channel with the manager that registers it again", function()
+    -- A restarted name server knows no assignment: a lookup in its recovery
+    -- window waits, a manager registering again claims its channels, and
+    -- the lookup then names that manager (not a second one: split brain).
+    local ns, w = new("nameserver", { settle = 3.0, recovering = true }), wire()
+    req(ns, w, M2, { op = "register_manager" }, 0)
+    reply_to(w, M2)
+    local id = req(ns, w, C1, { op = "lookup", ch = "x" }, 0.5)
+    assert.are.same({}, w.take(C1))            -- held
+    req(ns, w, M1, { op = "register_manager", channels = { "x" } }, 1.0)
+    assert.is_nil(reply_to(w, M1).taken)
+    ns:tick(w.send, 2.9)
+    assert.are.same({}, w.take(C1))
+    ns:tick(w.send, 3.1)
+    local r = reply_to(w, C1)
+    assert.are.equal(id, r.rid)
+    assert.are.equal(M1, r.manager)
+    req(ns, w, M2, { op = "register_manager", channels = { "x" } }, 4)
+    assert.are.same({ "x" }, reply_to(w, M2).taken)  -- x stays M1's
+    req(ns, w, C1, { op = "lookup", ch = "y" }, 4)
+    assert.are.equal(M2, reply_to(w, C1).manager)    -- recovered: new channels at once
   end)
 
   it("answers a consumer join after ack_timeout with the late producers", function()

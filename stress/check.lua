@@ -243,7 +243,9 @@ function M.run(dir)
         join = r
         x.vers[1] = { params = r.params, mod = r.mod }
       elseif r.k == "leave" then leave = r
-      elseif r.k == "ver" then x.vers[r.v] = { params = r.params, mod = r.mod }
+      elseif r.k == "ver" and r.ok then
+        -- A change that failed left the version (and its params) as they were.
+        x.vers[r.v] = { params = r.params, mod = r.mod }
       end
     end
     x.J = join and join.t1

@@ -318,6 +318,21 @@ function Context:_on_peer(idx, addr, up, reason)
   end
   self:_fail_pending(addr, reason or "connection lost")
   if self.reg then self.reg:peer_down(addr, self._send, now(self)) end
+  -- A manager that lost its name server registers again, with the channels
+  -- it manages (a restarted name server has forgotten who manages what).
+  if self.reg and self.reg.role == "manager" and addr == self.ns and not self.reregister then
+    self.reregister = self:every(0.5, function(t)
+      local r = self:request(self.ns, { op = "register_manager",
+                                        channels = sorted_keys(self.reg.channels) })
+      if r then
+        t:stop()
+        self.reregister = nil
+        for _, ch in ipairs(r.taken or {}) do
+          self.log(("channel '%s' is now managed by another manager"):format(ch))
+        end
+      end
+    end)
+  end
   -- Soft state: channels managed by the lost context are joined again
   -- (lookup first: the name server may hand them to another manager).
   for _, ch in pairs(self.byname) do
@@ -660,6 +675,7 @@ function Context:close(opts)
     if ch.rejoin then ch.rejoin:stop() end
   end
   if self.tick then self.tick:stop() end
+  if self.reregister then self.reregister:stop() end
   local ok, err = true, nil
   if linger > 0 and self.c:depth() == 0 or (linger > 0 and self.cos[coroutine.running() or 0]) then
     self.c:shutdown()
@@ -1356,7 +1372,10 @@ function Consumer:_switch(spec, handler)
     self.handler, self.entry.handler = handler, handler
     return true
   end
-  spec.version = (old and old.version or 0) + 1
+  -- Versions never repeat, not even after a change that failed and was
+  -- rolled back (its events may still arrive, tagged with it).
+  self.vmax = math.max(self.vmax or 0, old and old.version or 0) + 1
+  spec.version = self.vmax
   local old_entry = self.entry
   -- Back to a modulator whose old stream is still ending here (A, B, A
   -- again before A's end came): the same key is one stream; its old entry
@@ -1385,6 +1404,9 @@ function Consumer:_switch(spec, handler)
     ch.ctx:after(ch.ctx.sync_timeout, function()
       if self.entry ~= new_entry then ch:_detach(new_entry) end
     end)
+    -- The request may have reached the manager before it failed: say again
+    -- what this consumer takes (now if a manager is known, else at rejoin).
+    if not ch.ctx.closed then ch:_update_subs(true) end
     return nil, err
   end
   if old_entry then

@@ -336,6 +336,12 @@ function ops.lookup(self, from, msg, io)
     end
   end
   local owner = self.assign[ch]
+  if owner == nil and self.recover_until > io.now and not msg.waited then
+    -- Recovering: the manager of this channel may not have registered again
+    -- yet; assigning it now could split it between two managers.
+    self.lwaits[#self.lwaits + 1] = { from = from, msg = msg, hold = self.recover_until }
+    return
+  end
   if owner == nil then
     if self.nassigned >= self.max_channels then
       return fail(self, io, from, msg.rid, ("lookup: too many channels (limit %d)"):format(self.max_channels))
@@ -365,7 +371,25 @@ function ops.register_manager(self, from, msg, io)
     self.managers[from] = { nch = 0 }
     self.log("info", "manager registered: " .. from)
   end
-  reply(self, io, from, msg.rid)
+  -- A manager registering again (this name server restarted, or it lost
+  -- its connection) lists the channels it manages: they stay its own, so
+  -- that the contexts which use it and those that look up now agree.
+  local taken = {}
+  if type(msg.channels) == "table" then
+    for _, ch in ipairs(msg.channels) do
+      if type(ch) == "string" and ch ~= "" and #ch <= self.max_name then
+        local owner = self.assign[ch]
+        if owner == nil and self.nassigned < self.max_channels then
+          self.assign[ch] = from
+          self.nassigned = self.nassigned + 1
+          self.managers[from].nch = self.managers[from].nch + 1
+          owner = from
+        end
+        if owner ~= from then taken[#taken + 1] = ch end
+      end
+    end
+  end
+  reply(self, io, from, msg.rid, { taken = taken[1] and taken or nil })
 end
 
 -- Introspection over the wire: same shape as snapshot() minus addr/role.
@@ -558,6 +582,7 @@ function M.new(opts)
     recover_until = -math.huge,           -- name server: recovering until then
     recover_at_start = opts.recovering == true, -- the window opens at the first call
     orphans = {},                         -- name server: ch -> when its manager died
+    lwaits = {},                          -- name server: lookups held while recovering
   }, Registry)
 end
 
@@ -657,6 +682,14 @@ function Registry:tick(send, now)
   if type(now) ~= "number" then return host_misuse(self, "tick: now must be a number") end
   local io = { send = send, now = now }
   guarded(self, function()
+    if self.lwaits[1] and self.lwaits[1].hold <= now then
+      local held = self.lwaits
+      self.lwaits = {}
+      for _, w in ipairs(held) do
+        w.msg.waited = true
+        ops.lookup(self, w.from, w.msg, io)
+      end
+    end
     for _, c in pairs(self.channels) do
       if c.pwaits then
         local keep = {}

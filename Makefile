@@ -24,6 +24,8 @@ DEPS := /usr/bin/luajit:luajit \
         /usr/include/ev.h:libev-dev \
         /usr/lib/x86_64-linux-gnu/lua/5.1/cjson.so:lua-cjson \
         /usr/bin/busted:lua-busted \
+        /usr/share/lua/5.1/socket.lua:lua-socket \
+        /usr/sbin/ip:iproute2 \
         /usr/bin/luarocks:luarocks \
         /usr/bin/gcc:gcc \
         /usr/bin/make:make \

@@ -348,9 +348,12 @@ static lei_peer *peer_new(lei_ctx *c, const char *addr) {
 
 /* Counts a dropped queue item: one event, or each event of a batch (by
  * channel, read back from the frames when the batch is mixed). */
-static void count_drop(lei_ctx *c, lei_peer *p, lei_qitem *it) {
+static void count_drop(lei_ctx *c, lei_peer *p, lei_qitem *it, size_t sent) {
     if (!it->droppable) return;
-    if (!it->batch || !it->mixed) {
+    /* sent: bytes of it already written.  A batch's frames written whole
+     * were delivered (the connection ends with a FIN after them): not
+     * counted; a frame cut short is. */
+    if (!it->batch || (!it->mixed && sent == 0)) {
         uint32_t n = it->batch ? it->nev : 1;
         p->st.drops += n;
         lei_chan *ch = lei_chan_get(c, it->chid);
@@ -363,7 +366,8 @@ static void count_drop(lei_ctx *c, lei_peer *p, lei_qitem *it) {
     lei_event_hdr e;
     const char *err;
     while (off < len && lei_frame_next(b + off, len - off, len, &f, &err) == 1) {
-        if (f.type == LEI_F_EVENT && lei_parse_event(f.body, f.len, &e, &err) == 0) {
+        if (off + f.size > sent && f.type == LEI_F_EVENT &&
+            lei_parse_event(f.body, f.len, &e, &err) == 0) {
             p->st.drops++;
             lei_chan *ch = lei_chan_get(c, (uint32_t)e.idx);
             if (ch) ch->drops++;
@@ -374,8 +378,10 @@ static void count_drop(lei_ctx *c, lei_peer *p, lei_qitem *it) {
 
 static void q_clear(lei_ctx *c, lei_peer *p, int count_drops) {
     lei_qitem *it;
+    size_t sent = p->woff; /* of the head item only */
     while ((it = q_pop(&p->q))) {
-        if (count_drops) count_drop(c, p, it);
+        if (count_drops) count_drop(c, p, it, sent);
+        sent = 0;
         item_free(c, it);
     }
     p->woff = 0;
@@ -868,7 +874,7 @@ static void enqueue_event(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *
                 if (p->q.tail == x) p->q.tail = prev;
                 p->q.bytes -= x->size;
                 p->q.count--;
-                count_drop(c, p, x);
+                count_drop(c, p, x, 0);
                 item_free(c, x);
             } else {
                 prev = x;

@@ -33,6 +33,12 @@
 -- (loopback to its own context) is therefore safe: the nested call's messages
 -- join the same queue, after ours.
 
+-- Never compiled: Debian's LuaJIT (2.1.0-beta3, git 2022-03-20) predates
+-- the upstream fix of a JIT bug that ends a `pairs` loop early once it is
+-- blacklisted and patched (LuaJIT issue #827); membership must not skip a
+-- consumer, and none of this is hot.
+if jit then jit.off(true, true) end
+
 local M = {}
 
 local Registry = {}

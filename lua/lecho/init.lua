@@ -337,6 +337,7 @@ function Context:_on_peer(idx, addr, up, reason)
   -- (lookup first: the name server may hand them to another manager).
   for _, ch in pairs(self.byname) do
     for key in pairs(ch.streams) do ch:_stream_ended(key, addr) end
+    ch:_forget_kept(addr)
     if ch.manager == addr or (ch.ns == addr and ch.manager ~= self.addr) then
       ch.manager = nil
       -- Versions are the lost manager's: the next one counts from its own
@@ -753,8 +754,10 @@ end
 
 -- How long a producer that lost its manager keeps sending to the consumers
 -- it had, beside those the next manager lists: the consumers join that
--- manager again too (every second), and until they have, its lists lack them.
-local REJOIN_GRACE = 4
+-- manager again too, and until they have, its lists lack them.  A consumer
+-- context that the manager lists, or whose connection closes, stops being
+-- kept at once; the time only bounds the others (it is sync_timeout's).
+local REJOIN_GRACE = 10
 
 local function union(a, b)
   local out, seen = {}, {}
@@ -817,6 +820,22 @@ function Channel:_apply_members(list, mods)
     end
   end
   return self:_set_consumers(mlist, mmods)
+end
+
+-- A consumer context kept after a manager loss went away: not kept any more.
+function Channel:_forget_kept(addr)
+  local kept, last = self.kept, self.last_members
+  if not kept then return end
+  local function drop(l)
+    local out = {}
+    for _, a in ipairs(l or {}) do
+      if a ~= addr then out[#out + 1] = a end
+    end
+    return out
+  end
+  kept.dests = drop(kept.dests)
+  for _, k in pairs(kept.mods) do k.dests = drop(k.dests) end
+  if last and not self.ctx.closed then self:_apply_members(last.list, last.mods) end
 end
 
 -- Producing side: who takes the plain stream, and which modulators run

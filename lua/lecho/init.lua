@@ -1231,27 +1231,20 @@ end
 ------------------------------------------------------------------------------
 -- Producer
 
--- One submit to the core: encoded once, through the modulators.  Under the
--- block policy (and for every sync submit) it first waits for room, in the
--- order the submits of this producer were called.
-local function submit_core(self, ev, sync)
-  local enc = self.enc
-  local bytes = enc and enc(ev)
+-- One try: the core answers "wouldblock" when a queue has no room (and
+-- then did nothing).  Returns again, r, err.
+local function try_submit(self, ev, sync, bytes)
+  local r, err, code = self.c:submit(self.chid, self.id, self.seq + 1, bytes or ev, sync,
+                                     self.policy, self.mods, self.plain, bytes ~= nil)
+  if r then self.seq = self.seq + 1 end
+  return code == "wouldblock", r, err
+end
+
+-- The waiting part of submit_core: behind the submits of this producer
+-- already waiting, until there is room.
+local function submit_wait(self, ev, sync, bytes)
   local c = self.c
-  -- One try: the core says "wouldblock" when a queue has no room (nothing done).
-  local function try()
-    local r, err, code = c:submit(self.chid, self.id, self.seq + 1, bytes or ev, sync, self.policy,
-                                  self.mods, self.plain, bytes ~= nil)
-    if r then self.seq = self.seq + 1 end
-    return code == "wouldblock", r, err
-  end
-  local q = self.waitq
-  if not q or not q[1] then
-    local again, r, err = try()
-    if not again then return r, err end
-  end
-  -- Wait for room, behind the submits of this producer already waiting.
-  q = q or {}
+  local q = self.waitq or {}
   self.waitq = q
   local me = {}
   q[#q + 1] = me
@@ -1263,10 +1256,25 @@ local function submit_core(self, ev, sync)
     ctx:_wait(ready)
     if q[1] == me then table.remove(q, 1) end
     if self.closed or ctx.closed then return nil, "producer closed while waiting for room" end
-    local again, r, err = try()
+    local again, r, err = try_submit(self, ev, sync, bytes)
     if not again then return r, err end
     table.insert(q, 1, me)
   end
+end
+
+-- One submit to the core: encoded once, through the modulators.  Under the
+-- block policy (and for every sync submit) it first waits for room, in the
+-- order the submits of this producer were called.  No closure is made unless
+-- it waits (a submit is the hot path).
+local function submit_core(self, ev, sync)
+  local enc = self.enc
+  local bytes = enc and enc(ev)
+  local q = self.waitq
+  if not q or not q[1] then
+    local again, r, err = try_submit(self, ev, sync, bytes)
+    if not again then return r, err end
+  end
+  return submit_wait(self, ev, sync, bytes)
 end
 
 --- Queues ev for every consumer: true, or nil, err (nothing was sent: the

@@ -45,7 +45,7 @@ help:
 	@echo "make asan     the same suite with the core built under ASan and UBSan"
 	@echo "make demo     atmosphere: a simulation and three viewers (full, region, diff), bytes per viewer"
 	@echo "make bench    benchmark suite vs raw TCP and ZeroMQ (QUICK=1: < 30 s), bench/results/"
-	@echo "make stress  seeded stress scenarios with real processes for STRESS_SECONDS (600); stress-seed SEED=N replays one"
+	@echo "make stress   seeded stress scenarios with real processes for STRESS_SECONDS (600); stress-seed SEED=N replays one"
 	@echo "make clean    remove build products"
 
 deps:

@@ -263,7 +263,7 @@ static void note_peer(lei_peer *p, int up, const char *reason) {
     n->idx = p->idx;
     n->up = up;
     snprintf(n->reason, sizeof n->reason, "%s", reason ? reason : "");
-    lei_kick(c);
+    ev_idle_start(c->loop, &c->kick); /* told from the next loop turn, without waiting */
 }
 
 /* Tells the hook what changed, in order.  The hook may add notes. */
@@ -279,17 +279,29 @@ static void tell_notes(lei_ctx *c) {
     c->nnotes = 0;
 }
 
-void lei_kick(lei_ctx *c) { ev_idle_start(c->loop, &c->kick); }
+
 
 static void kick_cb(struct ev_loop *loop, ev_idle *w, int revents) {
     (void)revents;
     ev_idle_stop(loop, w);
 }
 
-/* Peers whose remote never dialled back after winning the tie-break: the
- * connection is lost after all (queue dropped and counted, syncs fail). */
+/* Arms the expiry timer to fire at `when` at the latest (it serves both
+ * deadlines below). */
+static void expiry_at(lei_ctx *c, ev_tstamp when) {
+    ev_timer *w = &c->expiry_w;
+    ev_tstamp now = ev_now(c->loop);
+    if (ev_is_active(w) && now + ev_timer_remaining(c->loop, w) <= when) return;
+    ev_timer_stop(c->loop, w);
+    ev_timer_set(w, when - now + 0.01, 0.);
+    ev_timer_start(c->loop, w);
+}
+
+/* Deadlines: retired connections the remote did not close in time are
+ * closed; peers whose remote never dialled back after winning the tie-break
+ * are lost after all (queue dropped and counted, syncs fail). */
 static void peer_lost(lei_peer *p, const char *reason);
-static void await_cb(struct ev_loop *loop, ev_timer *w, int revents) {
+static void expiry_cb(struct ev_loop *loop, ev_timer *w, int revents) {
     (void)loop;
     (void)revents;
     lei_ctx *c = w->data;
@@ -312,10 +324,7 @@ static void await_cb(struct ev_loop *loop, ev_timer *w, int revents) {
             next = p->await_in;
         }
     }
-    if (next) {
-        ev_timer_set(w, next - now + 0.01, 0.);
-        ev_timer_start(c->loop, w);
-    }
+    if (next) expiry_at(c, next);
 }
 
 lei_peer *lei_peer_by_idx(lei_ctx *c, int idx) {
@@ -557,10 +566,7 @@ static void conn_retire(lei_conn *k, const char *reason) {
         k->was = p;
     }
     ev_io_start(c->loop, &k->rio);
-    if (!ev_is_active(&c->await_w)) {
-        ev_timer_set(&c->await_w, RETIRE_SECONDS + 0.01, 0.);
-        ev_timer_start(c->loop, &c->await_w);
-    }
+    expiry_at(c, k->retired + RETIRE_SECONDS);
 }
 
 /* Dials the peer.  Frames queue up until the handshake is answered. */
@@ -886,7 +892,7 @@ static void enqueue_event(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *
 }
 
 /* Runs the local consumers of one queued item.  Returns 1 when a handler
- * suspended the dispatch (the local queue is then held). */
+ * suspended the dispatch (its channel is then held). */
 static int local_deliver(lei_ctx *c, lei_qitem *it) {
     lei_msg *m = it->msg;
     const uint8_t *p = (const uint8_t *)m->own.data;
@@ -915,7 +921,7 @@ static int local_deliver(lei_ctx *c, lei_qitem *it) {
     return rc == 1;
 }
 
-/* Runs up to max local items; stops when a handler suspends. */
+/* Runs up to max local items; those of a held channel wait in ldef. */
 static void run_local(lei_ctx *c, int max) {
     for (int i = 0; i < max; i++) {
         lei_qitem *it = q_pop(&c->lq);
@@ -980,27 +986,29 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
         *err = "event larger than the frame limit (max_frame)";
         return -1;
     }
-    /* Everything that can fail is allocated before anything is queued. */
+    /* Everything that can fail is allocated before anything is queued or
+     * counted: a failed submit leaves no trace.  The destinations are
+     * copied: a policy closing a peer, or a write failing, must not change
+     * the list this event is sent to. */
+    int nd = ch->ndests;
+    int local_drop = ch->local && !sync && policy != LEI_BLOCK &&
+                     (c->lq.bytes >= c->o.queue_limit ||
+                      (ch->held && c->ldef.bytes >= c->o.queue_limit));
+    lei_peer *one[8], **dests = nd <= 8 ? one : malloc((size_t)nd * sizeof *dests);
     lei_qitem *lit = NULL;
-    if (ch->local) {
-        if (!sync && policy != LEI_BLOCK &&
-            (c->lq.bytes >= c->o.queue_limit ||
-             (ch->held && c->ldef.bytes >= c->o.queue_limit))) {
-            ch->drops++; /* the local queue is full: dropped, counted */
-        } else if (!(lit = item_new(msg))) {
-            *err = "out of memory";
-            return -1;
-        }
-    }
     lei_sync *s = NULL;
-    if (sync) {
-        s = calloc(1, sizeof *s);
-        if (!s || !(s->w = calloc((size_t)ch->ndests + 1, sizeof *s->w))) {
-            free(s);
-            if (lit) item_free(c, lit);
-            *err = "out of memory";
-            return -1;
-        }
+    if (!dests || (ch->local && !local_drop && !(lit = item_new(msg))) ||
+        (sync && (!(s = calloc(1, sizeof *s)) ||
+                  !(s->w = calloc((size_t)nd + 1, sizeof *s->w))))) {
+        if (dests != one) free(dests);
+        if (lit) item_free(c, lit);
+        free(s);
+        *err = "out of memory";
+        return -1;
+    }
+    if (nd) memcpy(dests, ch->dests, (size_t)nd * sizeof *dests);
+    if (local_drop) ch->drops++; /* the local queue is full: dropped, counted */
+    if (s) {
         s->id = ++c->next_sync;
         s->next = c->syncs;
         c->syncs = s;
@@ -1011,16 +1019,6 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
     size_t hlen = lei_frame_event_hdr(hdr, ch->id, producer, seq, s ? s->id : 0, msg->total);
     ch->ev_out++;
     ch->bytes_out += msg->total;
-    /* A copy of the destinations: a policy closing a peer, or a write
-     * failing, must not change the list this event is sent to. */
-    int nd = ch->ndests;
-    lei_peer *one[8], **dests = nd <= 8 ? one : malloc((size_t)nd * sizeof *dests);
-    if (!dests) {
-        dests = one;
-        nd = 0;
-        lei_logf(c, "out of memory: an event of '%s' went to no remote consumer", ch->name);
-    }
-    if (dests != one || nd) memcpy(dests, ch->dests, (size_t)nd * sizeof *dests);
     for (int i = 0; i < nd; i++) {
         lei_peer *p = dests[i];
         if (s) {
@@ -1188,17 +1186,14 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
         lei_hello h;
         if (f->type == LEI_F_ERROR && k->peer && k->peer->conn == k &&
             f->len == sizeof DUP_REASON - 1 && memcmp(f->body, DUP_REASON, f->len) == 0) {
-            /* We lost the tie-break: the remote's own connection comes, and
-             * the queue (with its BINDs undone) goes on that one. */
+            /* We lost the tie-break: the remote's own connection comes.
+             * Nothing was written on this one (the handshake was not done):
+             * the queue, BINDs included, goes whole on the next one. */
             lei_peer *p = k->peer;
             p->conn = NULL;
             p->up = 0;
-            /* Nothing was written on this connection (the handshake was not
-             * done): the queue, BINDs included, goes whole on the next one. */
             p->await_in = ev_now(c->loop) + AWAIT_IN_SECONDS;
-            ev_timer_stop(c->loop, &c->await_w);
-            ev_timer_set(&c->await_w, AWAIT_IN_SECONDS + 0.01, 0.);
-            ev_timer_start(c->loop, &c->await_w);
+            expiry_at(c, p->await_in);
             k->peer = NULL;
             conn_close(k, "lost the tie-break of simultaneous dials", 0);
             return -1;
@@ -1854,8 +1849,8 @@ lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h) {
     c->idle.data = c;
     ev_idle_init(&c->kick, kick_cb);
     c->kick.data = c;
-    ev_timer_init(&c->await_w, await_cb, AWAIT_IN_SECONDS, 0.);
-    c->await_w.data = c;
+    ev_timer_init(&c->expiry_w, expiry_cb, AWAIT_IN_SECONDS, 0.);
+    c->expiry_w.data = c;
     ev_init(&c->hb, live_timer_cb);
     c->hb.data = c;
     return c;
@@ -1930,7 +1925,7 @@ void lei_ctx_free(lei_ctx *c) {
     ev_prepare_stop(c->loop, &c->prep);
     ev_idle_stop(c->loop, &c->idle);
     ev_idle_stop(c->loop, &c->kick);
-    ev_timer_stop(c->loop, &c->await_w);
+    ev_timer_stop(c->loop, &c->expiry_w);
     ev_timer_stop(c->loop, &c->hb);
     free(c->notes);
     ev_loop_destroy(c->loop);

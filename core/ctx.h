@@ -192,8 +192,8 @@ struct lei_ctx {
     int closing;              /* ro: lei_ctx_shutdown was called */
     struct lei_note *notes;   /* owned: peer changes not yet told to the hook */
     int nnotes, cnotes;
-    ev_idle kick;             /* keeps one loop turn from blocking (lei_kick) */
-    ev_timer await_w;         /* expires peers' await_in */
+    ev_idle kick;             /* keeps one loop turn from blocking (peer notes) */
+    ev_timer expiry_w;        /* peers' await_in, retired connections */
     uint64_t encodes;         /* rw by the binding: values encoded */
     uint64_t bad_frames;      /* ro: connections closed for bad input */
 };
@@ -256,8 +256,6 @@ void lei_peer_close(lei_peer *p, const char *reason);
  * channel chid; other channels' local events went on meanwhile): what it
  * held back is handed over from the next loop turn. */
 void lei_resume(lei_ctx *c, lei_peer *from, uint32_t chid);
-/* The next loop turn does not block (a waiter became ready). */
-void lei_kick(lei_ctx *c);
 
 /* Graceful close, step one: stop accepting, write every queue, then end
  * each connection with a FIN once its queue is empty and read until the

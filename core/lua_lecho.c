@@ -663,12 +663,6 @@ static int l_want_turn(lua_State *L) {
     return 0;
 }
 
-/* ctx:kick(): the next loop turn does not block. */
-static int l_kick(lua_State *L) {
-    lei_kick(check_ctx(L)->c);
-    return 0;
-}
-
 /* ctx:depth(): > 0 inside one of the context's callbacks. */
 static int l_depth(lua_State *L) {
     lua_pushinteger(L, check_ctx(L)->c->depth);
@@ -1345,7 +1339,7 @@ static const luaL_Reg ctx_methods[] = {
     {"stats", l_stats},         {"peer_addr", l_peer_addr},
     {"close_peer", l_close_peer}, {"close", l_close},
     {"room", l_room},           {"resume", l_resume},
-    {"want_turn", l_want_turn}, {"kick", l_kick},
+    {"want_turn", l_want_turn},
     {"depth", l_depth},         {"shutdown", l_shutdown},
     {"pending", l_pending},
     {NULL, NULL}};

@@ -678,7 +678,9 @@ function Context:close(opts)
   if self.tick then self.tick:stop() end
   if self.reregister then self.reregister:stop() end
   local ok, err = true, nil
-  if linger > 0 and self.c:depth() == 0 or (linger > 0 and self.cos[coroutine.running() or 0]) then
+  -- Lingering waits: on the main line, or in a callback of ours (it suspends).
+  local can_wait = self.c:depth() == 0 or self.cos[coroutine.running() or 0]
+  if linger > 0 and can_wait then
     self.c:shutdown()
     self:_wait(function() return self.c:pending() == 0 end, now(self) + linger)
   end

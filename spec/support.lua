@@ -144,6 +144,38 @@ function M.cleanup()
   end
 end
 
+--- A name server process and a context of this process using it, for the
+-- specs that put consumers in other processes: returns its address and the
+-- context.  end_world closes the context and every child (after_each).
+function M.world()
+  local lecho = require "lecho"
+  local _, ns = M.nameserver("--quiet")
+  return ns, lecho.context{ nameserver = ns, quiet = true }
+end
+
+function M.end_world(ctx)
+  if ctx then ctx:close() end
+  M.cleanup()
+end
+
+--- Starts spec/children.lua's consumer with opts (JSON) and waits until it
+-- said ready.
+function M.consumer(opts)
+  local child = M.lua(require("spec.children").consumer, require("cjson").encode(opts))
+  assert(M.wait_file(child.out, "ready", 20), "consumer did not start: " .. M.errors(child))
+  return child
+end
+
+--- Waits for child to exit (serving ctx's loop) and decodes the one JSON
+-- line of its output.
+function M.result(child, timeout, ctx)
+  local done = M.wait(child, timeout or 30, ctx)
+  assert(done, "child did not finish: " .. M.errors(child))
+  local line = M.output(child):match("({.*})")
+  assert(line, "no result from child: " .. M.output(child) .. M.errors(child))
+  return require("cjson").decode(line)
+end
+
 --- Runs ctx's loop until pred() is true or timeout seconds pass.
 function M.run_until(ctx, pred, timeout)
   local deadline = ctx:now() + (timeout or 10)

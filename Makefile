@@ -122,6 +122,15 @@ install: $(SO)
 	cp lua/lecho/*.lua $(INST_LUADIR)/lecho/
 	cp scripts/lecho-* $(INST_BINDIR)/
 
+# luarocks make (rockspec/): the rock's own core, built afresh with the flags
+# LuaRocks gives, never the tree's $(SO) of an earlier `make`.
+ROCK_SO := build/rock/core.so
+.PHONY: rock
+rock:
+	rm -f $(ROCK_SO)
+	mkdir -p $(dir $(ROCK_SO))
+	$(MAKE) all SO=$(ROCK_SO)
+
 clean:
 	rm -rf build $(SO) lua/lecho/codec.so $(BENCH_BIN)
 

@@ -18,12 +18,35 @@
 -- BENCH_ONLY=latency,bulk (run only these workloads), LECHO_BENCH_LOG=1
 -- (workers log to their stderr files), BENCH_KEEP_TMP=1.
 
+local USAGE = [[
+usage: luajit bench/run.lua [--help]      (or: make bench [QUICK=1])
+
+Runs lecho's benchmark suite against raw TCP and ZeroMQ and writes
+results.json, table.md and *.png to bench/results/.  It takes no options;
+the environment sets it up:
+  QUICK=1           small counts, fewer points: well under 30 s
+  BENCH_ONLY=a,b    only these workloads: codec latency throughput sinks
+                    pipeline channels bulk null_call modulators
+  BENCH_RESULTS=DIR results there instead of bench/results
+  LECHO_BENCH_LOG=1 the workers log to their stderr files
+  BENCH_KEEP_TMP=1  keep the temporary directory of the workers' output
+  LUAJIT=PATH       the interpreter of the workers (luajit)
+Needs the tree's lua/ on LUA_PATH/LUA_CPATH (make bench sets them) and
+bench/baseline_tcp, bench/baseline_zmq, bench/lecho_c (make bench builds them).
+]]
+if arg and arg[1] then
+  if arg[1] == "--help" or arg[1] == "-h" then io.write(USAGE) os.exit(0) end
+  io.stderr:write("bench/run.lua: unknown argument ", arg[1], "\n", USAGE)
+  os.exit(2)
+end
+
 local dir = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
 package.path = dir .. "/?.lua;" .. package.path
 
 local cjson = require "cjson"
 local lecho = require "lecho"
 local common = require "common"
+local report = require "report"
 
 local clock, sh_quote = common.clock, common.sh_quote
 local QUICK = (os.getenv("QUICK") or "") ~= "" and os.getenv("QUICK") ~= "0"
@@ -614,127 +637,6 @@ local function w_modulators()
 end
 
 ------------------------------------------------------------------------------
--- Output: table, JSON, plots
-
-local function fmt_num(x)
-  if type(x) ~= "number" then return "-" end
-  if x >= 1e6 then return ("%.2fM"):format(x / 1e6) end
-  if x >= 1e4 then return ("%.0fk"):format(x / 1e3) end
-  if x >= 100 then return ("%.0f"):format(x) end
-  if x >= 10 then return ("%.1f"):format(x) end
-  return ("%.2f"):format(x)
-end
-
-local function finish_rows()
-  for _, r in ipairs(ROWS) do
-    if type(r.lecho) == "number" and type(r.base_v) == "number" and r.base_v > 0 then
-      r.ratio = r.lecho / r.base_v
-      if r.target then
-        local op, lim = r.target[1], r.target[2]
-        r.met = (op == "<=" and r.ratio <= lim) or (op == ">=" and r.ratio >= lim)
-      end
-    end
-  end
-end
-
-local function print_table()
-  local out = {}
-  out[#out + 1] = "| workload | lecho | baseline | ratio | target |"
-  out[#out + 1] = "|---|---:|---:|---:|---|"
-  for _, r in ipairs(ROWS) do
-    local target = r.target and ("%s %.2fx: %s"):format(r.target[1], r.target[2],
-      r.met == nil and "?" or (r.met and "met" or "MISSED")) or ""
-    out[#out + 1] = ("| %s | %s %s%s%s | %s %s | %s | %s |"):format(
-      r.workload, fmt_num(r.lecho), r.metric, r.extra and (" (" .. r.extra .. ")") or "",
-      r.truncated and " (truncated)" or "",
-      r.base, fmt_num(r.base_v), r.ratio and ("%.2fx"):format(r.ratio) or "-", target)
-  end
-  local s = table.concat(out, "\n")
-  print(s)
-  return s
-end
-
-local function plots()
-  local gp = {}
-  local function dat(name, lines)
-    common.write(RESULTS .. "/" .. name .. ".dat", table.concat(lines, "\n") .. "\n")
-  end
-  gp[#gp + 1] = "set terminal pngcairo size 800,500\nset grid\nset key top left"
-  if R.latency then
-    local l = { "# payload lecho tcp zmq (us per round trip)" }
-    for _, r in ipairs(R.latency) do
-      l[#l + 1] = ('"%s (%dB)" %g %g %g'):format(r.label, r.size, r.lecho.us_per_op,
-        r.tcp.us_per_op or 0, r.zmq.us_per_op or 0)
-    end
-    dat("latency", l)
-    gp[#gp + 1] = [[set output "latency.png"
-set title "Sync round trip by payload (us, lower is better)"
-set style data histograms
-set style histogram clustered gap 1
-set style fill solid 0.8 border -1
-set ylabel "us per round trip"
-set xtics rotate by -20
-plot "latency.dat" using 2:xtic(1) title "lecho (Lua)", "" using 3 title "raw TCP", "" using 4 title "ZeroMQ REQ/REP"
-unset style
-set style data linespoints
-set xtics norotate
-]]
-  end
-  if R.sinks then
-    local l = { "# sinks async_null async_composite sync_null sync_composite (us per event)" }
-    for _, r in ipairs(R.sinks) do
-      l[#l + 1] = ("%d %g %g %g %g"):format(r.sinks, r.async_null.us_per_op,
-        r.async_composite.us_per_op, r.sync_null.us_per_op, r.sync_composite.us_per_op)
-    end
-    dat("sinks", l)
-    gp[#gp + 1] = [[set output "sinks.png"
-set title "Sink scalability: time per event vs consumer processes"
-set xlabel "consumer processes"; set ylabel "us per event"; set logscale y
-plot "sinks.dat" u 1:2 w lp t "async null", "" u 1:3 w lp t "async composite", "" u 1:4 w lp t "sync null", "" u 1:5 w lp t "sync composite"
-unset logscale y
-]]
-  end
-  if R.pipeline then
-    local l = { "# length us_per_event" }
-    for _, r in ipairs(R.pipeline) do l[#l + 1] = ("%d %g"):format(r.length, r.async_null.us_per_op) end
-    dat("pipeline", l)
-    gp[#gp + 1] = [[set output "pipeline.png"
-set title "Pipeline: time per event at the end of a chain of processes (async, null)"
-set xlabel "processes in the chain"; set ylabel "us per event"; set yrange [0:*]
-plot "pipeline.dat" u 1:2 w lp t "lecho"
-set autoscale y
-]]
-  end
-  if R.channels then
-    local l = { "# channels events_per_s" }
-    for _, r in ipairs(R.channels) do l[#l + 1] = ("%d %g"):format(r.channels, r.async_null.ops_per_s) end
-    dat("channels", l)
-    gp[#gp + 1] = [[set output "channels.png"
-set title "Channels used round-robin over one connection (async null events)"
-set xlabel "channels"; set ylabel "events/s"; set logscale x 2; set yrange [0:*]
-plot "channels.dat" u 1:2 w lp t "lecho"
-unset logscale x; set autoscale y
-]]
-  end
-  if R.throughput then
-    local l = { "# size lecho tcp zmq (MB/s payload)" }
-    for _, r in ipairs(R.throughput) do
-      l[#l + 1] = ("%d %g %g %g"):format(r.size, r.lecho.mb_per_s, r.tcp.mb_per_s or 0, r.zmq.mb_per_s or 0)
-    end
-    dat("throughput", l)
-    gp[#gp + 1] = [[set output "throughput.png"
-set title "Async throughput, one producer to one consumer process"
-set xlabel "event size (bytes)"; set ylabel "MB/s"; set logscale xy
-plot "throughput.dat" u 1:2 w lp t "lecho (Lua)", "" u 1:3 w lp t "raw TCP", "" u 1:4 w lp t "ZeroMQ PUB/SUB"
-unset logscale xy
-]]
-  end
-  common.write(RESULTS .. "/plots.gp", table.concat(gp, "\n") .. "\n")
-  local rc = os.execute(("cd %s && timeout 30 gnuplot plots.gp 2>gnuplot.err"):format(sh_quote(RESULTS)))
-  if rc ~= 0 and rc ~= true then io.stderr:write("bench: gnuplot failed, see " .. RESULTS .. "/gnuplot.err\n") end
-end
-
-------------------------------------------------------------------------------
 
 local WORKLOADS = {
   { "codec", w_codec }, { "latency", w_latency }, { "throughput", w_throughput },
@@ -757,10 +659,10 @@ local function main()
       end
     end
   end
-  finish_rows()
+  report.finish_rows(ROWS)
   print()
   if R.codec and R.codec.table then print(R.codec.table) print() end
-  local tbl = print_table()
+  local tbl = report.print_table(ROWS)
   local uname = io.popen("uname -srm"):read("*l")
   local doc = {
     meta = {
@@ -773,7 +675,7 @@ local function main()
   }
   common.write(RESULTS .. "/results.json", cjson.encode(doc) .. "\n")
   common.write(RESULTS .. "/table.md", tbl .. "\n")
-  plots()
+  report.plots(R, RESULTS)
   log("done: results in %s (results.json, table.md, *.png)", RESULTS)
   return #failed == 0
 end

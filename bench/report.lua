@@ -48,21 +48,13 @@ function M.print_table(rows)
   return s
 end
 
---- Writes dir/*.dat and plots.gp from the results R and runs gnuplot.
-function M.plots(R, dir)
-  local gp = {}
-  local function dat(name, lines)
-    common.write(dir .. "/" .. name .. ".dat", table.concat(lines, "\n") .. "\n")
-  end
-  gp[#gp + 1] = "set terminal pngcairo size 800,500\nset grid\nset key top left"
-  if R.latency then
-    local l = { "# payload lecho tcp zmq (us per round trip)" }
-    for _, r in ipairs(R.latency) do
-      l[#l + 1] = ('"%s (%dB)" %g %g %g'):format(r.label, r.size, r.lecho.us_per_op,
+-- One plot a workload of the results: its name (R[name], name.dat,
+-- name.png), the .dat header, a data line per result, the gnuplot commands.
+local PLOTS = {
+  { "latency", "# payload lecho tcp zmq (us per round trip)", function(r)
+      return ('"%s (%dB)" %g %g %g'):format(r.label, r.size, r.lecho.us_per_op,
         r.tcp.us_per_op or 0, r.zmq.us_per_op or 0)
-    end
-    dat("latency", l)
-    gp[#gp + 1] = [[set output "latency.png"
+    end, [[set output "latency.png"
 set title "Sync round trip by payload (us, lower is better)"
 set style data histograms
 set style histogram clustered gap 1
@@ -73,56 +65,53 @@ plot "latency.dat" using 2:xtic(1) title "lecho (Lua)", "" using 3 title "raw TC
 unset style
 set style data linespoints
 set xtics norotate
-]]
-  end
-  if R.sinks then
-    local l = { "# sinks async_null async_composite sync_null sync_composite (us per event)" }
-    for _, r in ipairs(R.sinks) do
-      l[#l + 1] = ("%d %g %g %g %g"):format(r.sinks, r.async_null.us_per_op,
+]] },
+  { "sinks", "# sinks async_null async_composite sync_null sync_composite (us per event)", function(r)
+      return ("%d %g %g %g %g"):format(r.sinks, r.async_null.us_per_op,
         r.async_composite.us_per_op, r.sync_null.us_per_op, r.sync_composite.us_per_op)
-    end
-    dat("sinks", l)
-    gp[#gp + 1] = [[set output "sinks.png"
+    end, [[set output "sinks.png"
 set title "Sink scalability: time per event vs consumer processes"
 set xlabel "consumer processes"; set ylabel "us per event"; set logscale y
 plot "sinks.dat" u 1:2 w lp t "async null", "" u 1:3 w lp t "async composite", "" u 1:4 w lp t "sync null", "" u 1:5 w lp t "sync composite"
 unset logscale y
-]]
-  end
-  if R.pipeline then
-    local l = { "# length us_per_event" }
-    for _, r in ipairs(R.pipeline) do l[#l + 1] = ("%d %g"):format(r.length, r.async_null.us_per_op) end
-    dat("pipeline", l)
-    gp[#gp + 1] = [[set output "pipeline.png"
+]] },
+  { "pipeline", "# length us_per_event", function(r)
+      return ("%d %g"):format(r.length, r.async_null.us_per_op)
+    end, [[set output "pipeline.png"
 set title "Pipeline: time per event at the end of a chain of processes (async, null)"
 set xlabel "processes in the chain"; set ylabel "us per event"; set yrange [0:*]
 plot "pipeline.dat" u 1:2 w lp t "lecho"
 set autoscale y
-]]
-  end
-  if R.channels then
-    local l = { "# channels events_per_s" }
-    for _, r in ipairs(R.channels) do l[#l + 1] = ("%d %g"):format(r.channels, r.async_null.ops_per_s) end
-    dat("channels", l)
-    gp[#gp + 1] = [[set output "channels.png"
+]] },
+  { "channels", "# channels events_per_s", function(r)
+      return ("%d %g"):format(r.channels, r.async_null.ops_per_s)
+    end, [[set output "channels.png"
 set title "Channels used round-robin over one connection (async null events)"
 set xlabel "channels"; set ylabel "events/s"; set logscale x 2; set yrange [0:*]
 plot "channels.dat" u 1:2 w lp t "lecho"
 unset logscale x; set autoscale y
-]]
-  end
-  if R.throughput then
-    local l = { "# size lecho tcp zmq (MB/s payload)" }
-    for _, r in ipairs(R.throughput) do
-      l[#l + 1] = ("%d %g %g %g"):format(r.size, r.lecho.mb_per_s, r.tcp.mb_per_s or 0, r.zmq.mb_per_s or 0)
-    end
-    dat("throughput", l)
-    gp[#gp + 1] = [[set output "throughput.png"
+]] },
+  { "throughput", "# size lecho tcp zmq (MB/s payload)", function(r)
+      return ("%d %g %g %g"):format(r.size, r.lecho.mb_per_s, r.tcp.mb_per_s or 0, r.zmq.mb_per_s or 0)
+    end, [[set output "throughput.png"
 set title "Async throughput, one producer to one consumer process"
 set xlabel "event size (bytes)"; set ylabel "MB/s"; set logscale xy
 plot "throughput.dat" u 1:2 w lp t "lecho (Lua)", "" u 1:3 w lp t "raw TCP", "" u 1:4 w lp t "ZeroMQ PUB/SUB"
 unset logscale xy
-]]
+]] },
+}
+
+--- Writes dir/*.dat and plots.gp from the results R and runs gnuplot.
+function M.plots(R, dir)
+  local gp = { "set terminal pngcairo size 800,500\nset grid\nset key top left" }
+  for _, plot in ipairs(PLOTS) do
+    local name, header, line, commands = plot[1], plot[2], plot[3], plot[4]
+    if R[name] then
+      local l = { header }
+      for _, r in ipairs(R[name]) do l[#l + 1] = line(r) end
+      common.write(dir .. "/" .. name .. ".dat", table.concat(l, "\n") .. "\n")
+      gp[#gp + 1] = commands
+    end
   end
   common.write(dir .. "/plots.gp", table.concat(gp, "\n") .. "\n")
   local rc = os.execute(("cd %s && timeout 30 gnuplot plots.gp 2>gnuplot.err"):format(sh_quote(dir)))

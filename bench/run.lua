@@ -41,11 +41,12 @@ if arg and arg[1] then
 end
 
 local dir = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
-package.path = dir .. "/?.lua;" .. package.path
+package.path = dir .. "/?.lua;" .. dir .. "/../?.lua;" .. package.path
 
 local cjson = require "cjson"
 local lecho = require "lecho"
 local common = require "common"
+local proc = require "spec.support.proc"
 local report = require "report"
 
 local clock, sh_quote = common.clock, common.sh_quote
@@ -86,58 +87,17 @@ local CFG = QUICK and {
 }
 
 ------------------------------------------------------------------------------
--- Child processes: started in the background (stdout/stderr to files),
--- remembered, and always killed and reaped (by their wrapping shell).
+-- Child processes (spec/support/proc.lua): started in the background
+-- (stdout/stderr to files), remembered, and always stopped and reaped (by
+-- their wrapping shell).
 
-local tmpdir
-do
-  local p = io.popen("mktemp -d /tmp/lecho-bench.XXXXXX")
-  tmpdir = p:read("*l")
-  p:close()
-end
-local children, nspawn = {}, 0
+local tmpdir = proc.tmpdir("lecho-bench")
+local children = proc.group(tmpdir)
 
-local function spawn(cmd, tag)
-  nspawn = nspawn + 1
-  local base = ("%s/%s-%d"):format(tmpdir, tag or "child", nspawn)
-  local inner = ("%s >%s.out 2>%s.err </dev/null & echo $! >%s.pid; wait $!; echo $? >%s.rc")
-    :format(cmd, base, base, base, base)
-  os.execute(("sh -c %s >/dev/null 2>&1 &"):format(sh_quote(inner)))
-  local child = { base = base, cmd = cmd }
-  local deadline = clock() + 10
-  repeat
-    local s = common.read(base .. ".pid")
-    if s and s:match("%d+") then child.pid = tonumber(s:match("%d+")) break end
-    os.execute("sleep 0.01")
-  until clock() > deadline
-  assert(child.pid, "could not start: " .. cmd)
-  children[#children + 1] = child
-  return child
-end
-
-local function exited(child)
-  local rc = common.read(child.base .. ".rc")
-  return rc and rc:match("%d") and tonumber(rc:match("%d+"))
-end
-
-local function kill(child)
-  if not child.pid or exited(child) then return end
-  os.execute(("kill -TERM %d 2>/dev/null"):format(child.pid))
-  local deadline = clock() + 2
-  while not exited(child) and clock() < deadline do os.execute("sleep 0.02") end
-  if not exited(child) then os.execute(("kill -KILL %d 2>/dev/null"):format(child.pid)) end
-  deadline = clock() + 2
-  while not exited(child) and clock() < deadline do os.execute("sleep 0.02") end
-end
-
-local function kill_all()
-  for _, c in ipairs(children) do kill(c) end
-  children = {}
-end
-
-local function child_errors(child)
-  return (common.read(child.base .. ".err") or ""):sub(1, 2000)
-end
+local function spawn(cmd, tag) return children:spawn(cmd, tag) end
+local exited, kill = proc.exit_code, proc.stop
+local function kill_all() children:kill_all() end
+local function child_errors(child) return proc.errors(child, 2000) end
 
 ------------------------------------------------------------------------------
 -- The producing context (and name server) and the report channel.
@@ -508,14 +468,12 @@ local function own_nameserver()
   local pf = tmpdir .. "/ns2-addr"
   local child = spawn(("%s %s/scripts/lecho-nameserver --listen 127.0.0.1:0 --port-file %s --for 240 --quiet")
     :format(LUAJIT, ROOT, pf), "ns2")
-  local addr
-  run_until(function()
-    local s = common.read(pf)
-    addr = s and s:match("%d+%.%d+%.%d+%.%d+:%d+")
-    return addr ~= nil or exited(child)
-  end, 20)
-  assert(addr, "second name server did not start: " .. child_errors(child))
-  return child, addr
+  local s = proc.wait_file(pf, "%d+%.%d+%.%d+%.%d+:%d+", 20, function(dt)
+    ctx:run_once(dt)
+    return exited(child)
+  end)
+  assert(s, "second name server did not start: " .. child_errors(child))
+  return child, s:match("%d+%.%d+%.%d+%.%d+:%d+")
 end
 
 local function channels_point(res, k, prefix)
@@ -683,7 +641,7 @@ end
 local ok, res = xpcall(main, debug.traceback)
 kill_all()
 pcall(function() report_con:close(); ctx:close() end)
-if not os.getenv("BENCH_KEEP_TMP") then os.execute("rm -rf " .. sh_quote(tmpdir)) end
+if not os.getenv("BENCH_KEEP_TMP") then proc.remove(tmpdir) end
 if not ok then
   io.stderr:write("bench: ", tostring(res), "\n")
   os.exit(1)

@@ -21,7 +21,7 @@
 -- its bound passes.
 
 local dir = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
-package.path = dir .. "/?.lua;" .. package.path
+package.path = dir .. "/?.lua;" .. dir .. "/../?.lua;" .. package.path
 
 local cjson = require "cjson"
 local lecho = require "lecho"

@@ -372,17 +372,26 @@ local function w_throughput()
   R.throughput = res
 end
 
+--- Workers for points of sizes `counts` (ascending) sharing processes:
+-- worker k (id .. k) holds sub(n, k) for every point n >= k, so the point
+-- of size n uses workers 1..n.
+local function layered(counts, id, sub)
+  local list = {}
+  for k = 1, counts[#counts] do
+    local subs = {}
+    for _, n in ipairs(counts) do
+      if n >= k then subs[#subs + 1] = sub(n, k) end
+    end
+    list[k] = { id = id .. k, subs = subs }
+  end
+  return list
+end
+
 local function w_sinks()
   log("sink scalability")
-  local maxn = CFG.sinks[#CFG.sinks]
-  local list = {}
-  for k = 1, maxn do
-    local subs = {}
-    for _, n in ipairs(CFG.sinks) do
-      if n >= k then subs[#subs + 1] = { group = "sinks" .. n, channels = { "sinks" .. n } } end
-    end
-    list[k] = { id = "sink" .. k, subs = subs }
-  end
+  local list = layered(CFG.sinks, "sink", function(n)
+    return { group = "sinks" .. n, channels = { "sinks" .. n } }
+  end)
   local w = start_workers(list)
   local res = {}
   for _, n in ipairs(CFG.sinks) do
@@ -420,17 +429,14 @@ end
 local function w_pipeline()
   log("pipeline")
   local maxl = CFG.pipe[#CFG.pipe]
+  -- Worker j is stage j of every pipeline of length >= j; started from the
+  -- last stage back (the list reversed).
+  local stages = layered(CFG.pipe, "pipe", function(L, j)
+    return { group = "pipe" .. L, channels = { ("pipe%d_%d"):format(L, j) },
+             relay_to = j < L and ("pipe%d_%d"):format(L, j + 1) or nil }
+  end)
   local list = {}
-  for j = 1, maxl do
-    local subs = {}
-    for _, L in ipairs(CFG.pipe) do
-      if L >= j then
-        subs[#subs + 1] = { group = "pipe" .. L, channels = { ("pipe%d_%d"):format(L, j) },
-                            relay_to = j < L and ("pipe%d_%d"):format(L, j + 1) or nil }
-      end
-    end
-    list[maxl + 1 - j] = { id = "pipe" .. j, subs = subs }
-  end
+  for j = 1, maxl do list[maxl + 1 - j] = stages[j] end
   -- From the sink back to the first relay, one at a time: each relay's
   -- producer joins once its downstream consumer exists.  (Started together,
   -- a producer's join reply can overwrite a newer member list that arrived

@@ -1,7 +1,8 @@
 -- spec/support.lua: what the multi-process specs share.
 -- Starts real processes (luajit children, the name server script) on
 -- 127.0.0.1 with ports chosen by the OS, waits for them with a bound, and
--- kills every one still running at cleanup.
+-- kills every one still running at cleanup.  The process handling itself is
+-- spec/support/proc.lua's, shared with bench/ and stress/.
 
 local P = require "spec.support.proc"
 

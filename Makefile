@@ -39,23 +39,47 @@ DEPS := /usr/bin/luajit:luajit \
 all: $(SO)
 
 help:
-	@echo "make          build the core module ($(SO))"
-	@echo "make deps     install the Debian packages that are missing (apt-get)"
-	@echo "make test     deps, build, C unit tests, then the busted specs under LuaJIT"
-	@echo "make asan     the same suite with the core built under ASan and UBSan"
-	@echo "make demo     atmosphere: a simulation and three viewers (full, region, diff), bytes per viewer"
-	@echo "make bench    benchmark suite vs raw TCP and ZeroMQ (QUICK=1: < 30 s), bench/results/"
-	@echo "make stress   seeded stress scenarios with real processes for STRESS_SECONDS (600); stress-seed SEED=N replays one"
-	@echo "make clean    remove build products"
+	@echo "Targets:"
+	@echo "  make             build the core module ($(SO))"
+	@echo "  make deps        check the Debian packages lecho needs, apt-get install the missing ones"
+	@echo "  make test        deps, build, C unit tests, then the busted specs under LuaJIT"
+	@echo "  make ctest       the C unit tests of codec and framing only"
+	@echo "  make spec        the busted specs only (BUSTED_ARGS: e.g. spec/codec_spec.lua)"
+	@echo "  make asan        the same suite with the core built under ASan and UBSan"
+	@echo "  make demo        atmosphere: a simulation and three viewers (full, region, diff), bytes per viewer"
+	@echo "  make bench       benchmark suite vs raw TCP and ZeroMQ, results in bench/results/"
+	@echo "  make stress      seeded stress scenarios with real processes for STRESS_SECONDS"
+	@echo "  make stress-seed replay one stress scenario: SEED=N [SECONDS=S] [SCENARIO=NAME], keeps its logs"
+	@echo "  make install     copy the module, the core and the scripts to INST_LIBDIR, INST_LUADIR, INST_BINDIR"
+	@echo "  make rock        the core for luarocks make (build/rock/core.so, built afresh)"
+	@echo "  make clean       remove build products"
+	@echo "  make help        this text"
+	@echo "Variables (make VAR=value ...):"
+	@echo "  QUICK=1                  make bench: small counts, well under 30 s"
+	@echo "  BENCH_ONLY=a,b           make bench: only these workloads (luajit bench/run.lua --help)"
+	@echo "  STRESS_SECONDS=$(STRESS_SECONDS)       make stress: total time"
+	@echo "  STRESS_SCENARIO_SECONDS=$(STRESS_SCENARIO_SECONDS) make stress: time per scenario"
+	@echo "  SEED, SECONDS, SCENARIO  make stress-seed: which scenario to replay, for how long"
+	@echo "  DEMO_SECONDS, LECHO_NAMESERVER  make demo: how long (10), which name server"
+	@echo "  BUSTED_ARGS              make spec/test: arguments for busted (files, --filter ...)"
+	@echo "  CC=$(CC) CFLAGS='$(CFLAGS)' LDFLAGS LIBFLAG='$(LIBFLAG)'  the compiler and its flags"
+	@echo "  LUA_INCDIR=$(LUA_INCDIR)  LuaJIT's headers"
+	@echo "  LUAJIT=$(LUAJIT) BUSTED=$(BUSTED)  the interpreter and the test runner"
+	@echo "  SAN                      extra compiler flags for sanitizers (make asan sets them)"
+	@echo "  INST_LIBDIR, INST_LUADIR, INST_BINDIR  make install: where to"
+	@echo "  APT=$(APT)             make deps: the package tool"
 
+# Prints what it checks, what is missing and what it installs, or "all present".
+APT ?= apt-get
 deps:
-	@missing=""; for d in $(DEPS); do f=$${d%%:*}; p=$${d##*:}; \
-	  [ -e $$f ] || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing:$$missing"; \
-	  if [ "$$(id -u)" != 0 ]; then echo "make deps: need root to apt-get install$$missing" >&2; exit 1; fi; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
-	fi
+	@echo "make deps: checking $(words $(DEPS)) Debian packages: $(foreach d,$(DEPS),$(lastword $(subst :, ,$(d))))"; \
+	missing=""; for d in $(DEPS); do f=$${d%%:*}; p=$${d##*:}; \
+	  if [ ! -e $$f ]; then echo "make deps: $$p missing (no $$f)"; missing="$$missing $$p"; fi; done; \
+	if [ -z "$$missing" ]; then echo "make deps: all present"; exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then echo "make deps: need root to apt-get install$$missing" >&2; exit 1; fi; \
+	echo "make deps: installing$$missing ($(APT) update, $(APT) install)"; \
+	$(APT) update -qq && DEBIAN_FRONTEND=noninteractive $(APT) install -y -qq $$missing && \
+	echo "make deps: installed$$missing"
 
 build:
 	@mkdir -p build
@@ -121,6 +145,15 @@ install: $(SO)
 	cp $(SO) $(INST_LIBDIR)/lecho/core.so
 	cp lua/lecho/*.lua $(INST_LUADIR)/lecho/
 	cp scripts/lecho-* $(INST_BINDIR)/
+
+# luarocks make (rockspec/): the rock's own core, built afresh with the flags
+# LuaRocks gives, never the tree's $(SO) of an earlier `make`.
+ROCK_SO := build/rock/core.so
+.PHONY: rock
+rock:
+	rm -f $(ROCK_SO)
+	mkdir -p $(dir $(ROCK_SO))
+	$(MAKE) all SO=$(ROCK_SO)
 
 clean:
 	rm -rf build $(SO) lua/lecho/codec.so $(BENCH_BIN)

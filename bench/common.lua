@@ -1,33 +1,16 @@
--- bench/common.lua: what bench/run.lua and bench/worker.lua share: a
--- monotonic clock comparable across processes (CLOCK_MONOTONIC), the
--- payloads of the workloads, process liveness and small helpers.
+-- bench/common.lua: what bench/run.lua and bench/worker.lua share: the
+-- payloads of the workloads, and (from spec/support/proc.lua) a monotonic
+-- clock comparable across processes, process liveness and small helpers.
 
-local ffi = require "ffi"
+-- The process side (clock, files, children) is spec/support/proc.lua's,
+-- shared with the specs and the stress harness; the scripts put the tree's
+-- root on package.path for it.
+local P = require "spec.support.proc"
 
-pcall(ffi.cdef, [[
-typedef struct { long tv_sec; long tv_nsec; } lecho_bench_timespec;
-int clock_gettime(int clk, lecho_bench_timespec *ts);
-int kill(int pid, int sig);
-int getpid(void);
-]])
-
-local M = {}
-
-local ts = ffi.new("lecho_bench_timespec")
-local C = ffi.C
-
---- Seconds on CLOCK_MONOTONIC: one clock for every process of the machine,
--- so a consumer's receive time can be compared with the producer's start.
-function M.clock()
-  C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
-
-function M.alive(pid)
-  return pid and C.kill(pid, 0) == 0
-end
-
-function M.getpid() return C.getpid() end
+local M = {
+  clock = P.clock, alive = P.alive, getpid = P.getpid,
+  sh_quote = P.sh_quote, read = P.read, write = P.write,
+}
 
 --- The payloads of the suite, by name.  Encoded sizes come from
 -- lecho.encode at run time (the baselines are run with those sizes).
@@ -56,24 +39,6 @@ function M.payload(name)
   local bytes = name:match("^bytes(%d+)$")
   if bytes then return ("x"):rep(tonumber(bytes)) end
   error("unknown payload " .. tostring(name))
-end
-
-function M.sh_quote(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
-
-function M.read(path)
-  local f = io.open(path, "r")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-
-function M.write(path, text)
-  local f = assert(io.open(path, "w"))
-  f:write(text)
-  f:close()
 end
 
 return M

@@ -14,8 +14,12 @@
 --   params       c:set_params(p) until every producer applied it (us)
 -- Every loop is bounded in count and in time.
 
+local dir = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
+package.path = dir .. "/../?.lua;" .. package.path
+
 local lecho = require "lecho"
 local cjson = require "cjson"
+local proc = require "spec.support.proc"
 
 local QUICK = os.getenv("QUICK") == "1"
 local json_out
@@ -60,50 +64,34 @@ else
 end
 ]]
 
-local tmp = os.tmpname()
-local peer_file = tmp .. "-peer.lua"
-do
-  local f = assert(io.open(peer_file, "w"))
-  f:write(PEER)
-  f:close()
-end
-local kids = {}
+local tmp = proc.tmpdir("lecho-modbench")
+local peer_file = proc.write(tmp .. "/peer.lua", PEER)
+local kids = proc.group(tmp)
 
 local function spawn(...)
   local args = {}
-  for i, a in ipairs({ ... }) do args[i] = "'" .. tostring(a):gsub("'", "'\\''") .. "'" end
-  local out = ("%s-%d.out"):format(tmp, #kids + 1)
-  local cmd = ("luajit %s %s >%s 2>&1 & echo $!"):format(peer_file, table.concat(args, " "), out)
-  local h = io.popen(cmd)
-  local pid = tonumber(h:read("*l"))
-  h:close()
-  kids[#kids + 1] = pid
-  return pid, out
+  for i, a in ipairs({ ... }) do args[i] = proc.sh_quote(a) end
+  return kids:spawn(("luajit %s %s"):format(peer_file, table.concat(args, " ")), "peer")
 end
 
 local function cleanup()
-  for _, pid in ipairs(kids) do os.execute(("kill -9 %d 2>/dev/null"):format(pid)) end
-  os.execute(("rm -f %s %s-*"):format(tmp, tmp))
+  kids:kill_all("KILL")
+  proc.remove(tmp)
 end
 
 local ctx = lecho.context{ quiet = true }
 
-local function wait_ready(out)
-  local deadline = ctx:now() + 20
-  while ctx:now() < deadline do
-    local f = io.open(out)
-    local s = f and f:read("*a")
-    if f then f:close() end
-    if s and s:match("ready") then return true end
-    ctx:run_once(0.05)
-  end
-  error("peer did not start: " .. tostring(out))
+local function wait_ready(child)
+  local ok = proc.wait_file(child.out, "ready", 20, function(dt)
+    ctx:run_once(dt)
+    return proc.exit_code(child) ~= nil
+  end)
+  if not ok then error("peer did not start: " .. proc.errors(child)) end
 end
 
 -- Sync round trips and async time per event to a consumer in the peer.
 local function to_consumer(chan, mod)
-  local _, out = spawn(ctx.addr, "consumer", chan, mod or "")
-  wait_ready(out)
+  wait_ready(spawn(ctx.addr, "consumer", chan, mod or ""))
   local ch = ctx:channel(chan)
   local p = assert(ch:producer())
   local reply
@@ -138,8 +126,7 @@ local ok, err = pcall(function()
   res.rt_filter, res.async_filter = to_consumer("filter", FILTER)
 
   -- Install and params: the peer produces, this process consumes.
-  local _, out = spawn(ctx.addr, "producer", "m", "")
-  wait_ready(out)
+  wait_ready(spawn(ctx.addr, "producer", "m", ""))
   local ch = ctx:channel("m")
   local t0, n = ctx:now(), 0
   while n < N_INSTALL and ctx:now() - t0 < LIMIT do

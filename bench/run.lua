@@ -18,12 +18,36 @@
 -- BENCH_ONLY=latency,bulk (run only these workloads), LECHO_BENCH_LOG=1
 -- (workers log to their stderr files), BENCH_KEEP_TMP=1.
 
+local USAGE = [[
+usage: luajit bench/run.lua [--help]      (or: make bench [QUICK=1])
+
+Runs lecho's benchmark suite against raw TCP and ZeroMQ and writes
+results.json, table.md and *.png to bench/results/.  It takes no options;
+the environment sets it up:
+  QUICK=1           small counts, fewer points: well under 30 s
+  BENCH_ONLY=a,b    only these workloads: codec latency throughput sinks
+                    pipeline channels bulk null_call modulators
+  BENCH_RESULTS=DIR results there instead of bench/results
+  LECHO_BENCH_LOG=1 the workers log to their stderr files
+  BENCH_KEEP_TMP=1  keep the temporary directory of the workers' output
+  LUAJIT=PATH       the interpreter of the workers (luajit)
+Needs the tree's lua/ on LUA_PATH/LUA_CPATH (make bench sets them) and
+bench/baseline_tcp, bench/baseline_zmq, bench/lecho_c (make bench builds them).
+]]
+if arg and arg[1] then
+  if arg[1] == "--help" or arg[1] == "-h" then io.write(USAGE) os.exit(0) end
+  io.stderr:write("bench/run.lua: unknown argument ", arg[1], "\n", USAGE)
+  os.exit(2)
+end
+
 local dir = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
-package.path = dir .. "/?.lua;" .. package.path
+package.path = dir .. "/?.lua;" .. dir .. "/../?.lua;" .. package.path
 
 local cjson = require "cjson"
 local lecho = require "lecho"
 local common = require "common"
+local proc = require "spec.support.proc"
+local report = require "report"
 
 local clock, sh_quote = common.clock, common.sh_quote
 local QUICK = (os.getenv("QUICK") or "") ~= "" and os.getenv("QUICK") ~= "0"
@@ -63,58 +87,17 @@ local CFG = QUICK and {
 }
 
 ------------------------------------------------------------------------------
--- Child processes: started in the background (stdout/stderr to files),
--- remembered, and always killed and reaped (by their wrapping shell).
+-- Child processes (spec/support/proc.lua): started in the background
+-- (stdout/stderr to files), remembered, and always stopped and reaped (by
+-- their wrapping shell).
 
-local tmpdir
-do
-  local p = io.popen("mktemp -d /tmp/lecho-bench.XXXXXX")
-  tmpdir = p:read("*l")
-  p:close()
-end
-local children, nspawn = {}, 0
+local tmpdir = proc.tmpdir("lecho-bench")
+local children = proc.group(tmpdir)
 
-local function spawn(cmd, tag)
-  nspawn = nspawn + 1
-  local base = ("%s/%s-%d"):format(tmpdir, tag or "child", nspawn)
-  local inner = ("%s >%s.out 2>%s.err </dev/null & echo $! >%s.pid; wait $!; echo $? >%s.rc")
-    :format(cmd, base, base, base, base)
-  os.execute(("sh -c %s >/dev/null 2>&1 &"):format(sh_quote(inner)))
-  local child = { base = base, cmd = cmd }
-  local deadline = clock() + 10
-  repeat
-    local s = common.read(base .. ".pid")
-    if s and s:match("%d+") then child.pid = tonumber(s:match("%d+")) break end
-    os.execute("sleep 0.01")
-  until clock() > deadline
-  assert(child.pid, "could not start: " .. cmd)
-  children[#children + 1] = child
-  return child
-end
-
-local function exited(child)
-  local rc = common.read(child.base .. ".rc")
-  return rc and rc:match("%d") and tonumber(rc:match("%d+"))
-end
-
-local function kill(child)
-  if not child.pid or exited(child) then return end
-  os.execute(("kill -TERM %d 2>/dev/null"):format(child.pid))
-  local deadline = clock() + 2
-  while not exited(child) and clock() < deadline do os.execute("sleep 0.02") end
-  if not exited(child) then os.execute(("kill -KILL %d 2>/dev/null"):format(child.pid)) end
-  deadline = clock() + 2
-  while not exited(child) and clock() < deadline do os.execute("sleep 0.02") end
-end
-
-local function kill_all()
-  for _, c in ipairs(children) do kill(c) end
-  children = {}
-end
-
-local function child_errors(child)
-  return (common.read(child.base .. ".err") or ""):sub(1, 2000)
-end
+local function spawn(cmd, tag) return children:spawn(cmd, tag) end
+local exited, kill = proc.exit_code, proc.stop
+local function kill_all() children:kill_all() end
+local function child_errors(child) return proc.errors(child, 2000) end
 
 ------------------------------------------------------------------------------
 -- The producing context (and name server) and the report channel.
@@ -389,17 +372,26 @@ local function w_throughput()
   R.throughput = res
 end
 
+--- Workers for points of sizes `counts` (ascending) sharing processes:
+-- worker k (id .. k) holds sub(n, k) for every point n >= k, so the point
+-- of size n uses workers 1..n.
+local function layered(counts, id, sub)
+  local list = {}
+  for k = 1, counts[#counts] do
+    local subs = {}
+    for _, n in ipairs(counts) do
+      if n >= k then subs[#subs + 1] = sub(n, k) end
+    end
+    list[k] = { id = id .. k, subs = subs }
+  end
+  return list
+end
+
 local function w_sinks()
   log("sink scalability")
-  local maxn = CFG.sinks[#CFG.sinks]
-  local list = {}
-  for k = 1, maxn do
-    local subs = {}
-    for _, n in ipairs(CFG.sinks) do
-      if n >= k then subs[#subs + 1] = { group = "sinks" .. n, channels = { "sinks" .. n } } end
-    end
-    list[k] = { id = "sink" .. k, subs = subs }
-  end
+  local list = layered(CFG.sinks, "sink", function(n)
+    return { group = "sinks" .. n, channels = { "sinks" .. n } }
+  end)
   local w = start_workers(list)
   local res = {}
   for _, n in ipairs(CFG.sinks) do
@@ -437,17 +429,14 @@ end
 local function w_pipeline()
   log("pipeline")
   local maxl = CFG.pipe[#CFG.pipe]
+  -- Worker j is stage j of every pipeline of length >= j; started from the
+  -- last stage back (the list reversed).
+  local stages = layered(CFG.pipe, "pipe", function(L, j)
+    return { group = "pipe" .. L, channels = { ("pipe%d_%d"):format(L, j) },
+             relay_to = j < L and ("pipe%d_%d"):format(L, j + 1) or nil }
+  end)
   local list = {}
-  for j = 1, maxl do
-    local subs = {}
-    for _, L in ipairs(CFG.pipe) do
-      if L >= j then
-        subs[#subs + 1] = { group = "pipe" .. L, channels = { ("pipe%d_%d"):format(L, j) },
-                            relay_to = j < L and ("pipe%d_%d"):format(L, j + 1) or nil }
-      end
-    end
-    list[maxl + 1 - j] = { id = "pipe" .. j, subs = subs }
-  end
+  for j = 1, maxl do list[maxl + 1 - j] = stages[j] end
   -- From the sink back to the first relay, one at a time: each relay's
   -- producer joins once its downstream consumer exists.  (Started together,
   -- a producer's join reply can overwrite a newer member list that arrived
@@ -485,14 +474,12 @@ local function own_nameserver()
   local pf = tmpdir .. "/ns2-addr"
   local child = spawn(("%s %s/scripts/lecho-nameserver --listen 127.0.0.1:0 --port-file %s --for 240 --quiet")
     :format(LUAJIT, ROOT, pf), "ns2")
-  local addr
-  run_until(function()
-    local s = common.read(pf)
-    addr = s and s:match("%d+%.%d+%.%d+%.%d+:%d+")
-    return addr ~= nil or exited(child)
-  end, 20)
-  assert(addr, "second name server did not start: " .. child_errors(child))
-  return child, addr
+  local s = proc.wait_file(pf, "%d+%.%d+%.%d+%.%d+:%d+", 20, function(dt)
+    ctx:run_once(dt)
+    return exited(child)
+  end)
+  assert(s, "second name server did not start: " .. child_errors(child))
+  return child, s:match("%d+%.%d+%.%d+%.%d+:%d+")
 end
 
 local function channels_point(res, k, prefix)
@@ -614,127 +601,6 @@ local function w_modulators()
 end
 
 ------------------------------------------------------------------------------
--- Output: table, JSON, plots
-
-local function fmt_num(x)
-  if type(x) ~= "number" then return "-" end
-  if x >= 1e6 then return ("%.2fM"):format(x / 1e6) end
-  if x >= 1e4 then return ("%.0fk"):format(x / 1e3) end
-  if x >= 100 then return ("%.0f"):format(x) end
-  if x >= 10 then return ("%.1f"):format(x) end
-  return ("%.2f"):format(x)
-end
-
-local function finish_rows()
-  for _, r in ipairs(ROWS) do
-    if type(r.lecho) == "number" and type(r.base_v) == "number" and r.base_v > 0 then
-      r.ratio = r.lecho / r.base_v
-      if r.target then
-        local op, lim = r.target[1], r.target[2]
-        r.met = (op == "<=" and r.ratio <= lim) or (op == ">=" and r.ratio >= lim)
-      end
-    end
-  end
-end
-
-local function print_table()
-  local out = {}
-  out[#out + 1] = "| workload | lecho | baseline | ratio | target |"
-  out[#out + 1] = "|---|---:|---:|---:|---|"
-  for _, r in ipairs(ROWS) do
-    local target = r.target and ("%s %.2fx: %s"):format(r.target[1], r.target[2],
-      r.met == nil and "?" or (r.met and "met" or "MISSED")) or ""
-    out[#out + 1] = ("| %s | %s %s%s%s | %s %s | %s | %s |"):format(
-      r.workload, fmt_num(r.lecho), r.metric, r.extra and (" (" .. r.extra .. ")") or "",
-      r.truncated and " (truncated)" or "",
-      r.base, fmt_num(r.base_v), r.ratio and ("%.2fx"):format(r.ratio) or "-", target)
-  end
-  local s = table.concat(out, "\n")
-  print(s)
-  return s
-end
-
-local function plots()
-  local gp = {}
-  local function dat(name, lines)
-    common.write(RESULTS .. "/" .. name .. ".dat", table.concat(lines, "\n") .. "\n")
-  end
-  gp[#gp + 1] = "set terminal pngcairo size 800,500\nset grid\nset key top left"
-  if R.latency then
-    local l = { "# payload lecho tcp zmq (us per round trip)" }
-    for _, r in ipairs(R.latency) do
-      l[#l + 1] = ('"%s (%dB)" %g %g %g'):format(r.label, r.size, r.lecho.us_per_op,
-        r.tcp.us_per_op or 0, r.zmq.us_per_op or 0)
-    end
-    dat("latency", l)
-    gp[#gp + 1] = [[set output "latency.png"
-set title "Sync round trip by payload (us, lower is better)"
-set style data histograms
-set style histogram clustered gap 1
-set style fill solid 0.8 border -1
-set ylabel "us per round trip"
-set xtics rotate by -20
-plot "latency.dat" using 2:xtic(1) title "lecho (Lua)", "" using 3 title "raw TCP", "" using 4 title "ZeroMQ REQ/REP"
-unset style
-set style data linespoints
-set xtics norotate
-]]
-  end
-  if R.sinks then
-    local l = { "# sinks async_null async_composite sync_null sync_composite (us per event)" }
-    for _, r in ipairs(R.sinks) do
-      l[#l + 1] = ("%d %g %g %g %g"):format(r.sinks, r.async_null.us_per_op,
-        r.async_composite.us_per_op, r.sync_null.us_per_op, r.sync_composite.us_per_op)
-    end
-    dat("sinks", l)
-    gp[#gp + 1] = [[set output "sinks.png"
-set title "Sink scalability: time per event vs consumer processes"
-set xlabel "consumer processes"; set ylabel "us per event"; set logscale y
-plot "sinks.dat" u 1:2 w lp t "async null", "" u 1:3 w lp t "async composite", "" u 1:4 w lp t "sync null", "" u 1:5 w lp t "sync composite"
-unset logscale y
-]]
-  end
-  if R.pipeline then
-    local l = { "# length us_per_event" }
-    for _, r in ipairs(R.pipeline) do l[#l + 1] = ("%d %g"):format(r.length, r.async_null.us_per_op) end
-    dat("pipeline", l)
-    gp[#gp + 1] = [[set output "pipeline.png"
-set title "Pipeline: time per event at the end of a chain of processes (async, null)"
-set xlabel "processes in the chain"; set ylabel "us per event"; set yrange [0:*]
-plot "pipeline.dat" u 1:2 w lp t "lecho"
-set autoscale y
-]]
-  end
-  if R.channels then
-    local l = { "# channels events_per_s" }
-    for _, r in ipairs(R.channels) do l[#l + 1] = ("%d %g"):format(r.channels, r.async_null.ops_per_s) end
-    dat("channels", l)
-    gp[#gp + 1] = [[set output "channels.png"
-set title "Channels used round-robin over one connection (async null events)"
-set xlabel "channels"; set ylabel "events/s"; set logscale x 2; set yrange [0:*]
-plot "channels.dat" u 1:2 w lp t "lecho"
-unset logscale x; set autoscale y
-]]
-  end
-  if R.throughput then
-    local l = { "# size lecho tcp zmq (MB/s payload)" }
-    for _, r in ipairs(R.throughput) do
-      l[#l + 1] = ("%d %g %g %g"):format(r.size, r.lecho.mb_per_s, r.tcp.mb_per_s or 0, r.zmq.mb_per_s or 0)
-    end
-    dat("throughput", l)
-    gp[#gp + 1] = [[set output "throughput.png"
-set title "Async throughput, one producer to one consumer process"
-set xlabel "event size (bytes)"; set ylabel "MB/s"; set logscale xy
-plot "throughput.dat" u 1:2 w lp t "lecho (Lua)", "" u 1:3 w lp t "raw TCP", "" u 1:4 w lp t "ZeroMQ PUB/SUB"
-unset logscale xy
-]]
-  end
-  common.write(RESULTS .. "/plots.gp", table.concat(gp, "\n") .. "\n")
-  local rc = os.execute(("cd %s && timeout 30 gnuplot plots.gp 2>gnuplot.err"):format(sh_quote(RESULTS)))
-  if rc ~= 0 and rc ~= true then io.stderr:write("bench: gnuplot failed, see " .. RESULTS .. "/gnuplot.err\n") end
-end
-
-------------------------------------------------------------------------------
 
 local WORKLOADS = {
   { "codec", w_codec }, { "latency", w_latency }, { "throughput", w_throughput },
@@ -757,10 +623,10 @@ local function main()
       end
     end
   end
-  finish_rows()
+  report.finish_rows(ROWS)
   print()
   if R.codec and R.codec.table then print(R.codec.table) print() end
-  local tbl = print_table()
+  local tbl = report.print_table(ROWS)
   local uname = io.popen("uname -srm"):read("*l")
   local doc = {
     meta = {
@@ -773,7 +639,7 @@ local function main()
   }
   common.write(RESULTS .. "/results.json", cjson.encode(doc) .. "\n")
   common.write(RESULTS .. "/table.md", tbl .. "\n")
-  plots()
+  report.plots(R, RESULTS)
   log("done: results in %s (results.json, table.md, *.png)", RESULTS)
   return #failed == 0
 end
@@ -781,7 +647,7 @@ end
 local ok, res = xpcall(main, debug.traceback)
 kill_all()
 pcall(function() report_con:close(); ctx:close() end)
-if not os.getenv("BENCH_KEEP_TMP") then os.execute("rm -rf " .. sh_quote(tmpdir)) end
+if not os.getenv("BENCH_KEEP_TMP") then proc.remove(tmpdir) end
 if not ok then
   io.stderr:write("bench: ", tostring(res), "\n")
   os.exit(1)

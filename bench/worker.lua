@@ -21,14 +21,28 @@
 -- its bound passes.
 
 local dir = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
-package.path = dir .. "/?.lua;" .. package.path
+package.path = dir .. "/?.lua;" .. dir .. "/../?.lua;" .. package.path
 
 local cjson = require "cjson"
 local lecho = require "lecho"
 local common = require "common"
 
+local USAGE = [[
+usage: luajit bench/worker.lua '<json options>'
+
+One consumer process of the benchmark suite; bench/run.lua starts these with
+their options as one JSON object: ns, id, parent, bound, subs (see the head
+of bench/worker.lua).  Not meant to be run by hand.
+]]
+if arg[1] == "--help" or arg[1] == "-h" then io.write(USAGE) os.exit(0) end
+local okj, opts = pcall(cjson.decode, arg[1] or "")
+if not okj or type(opts) ~= "table" then
+  io.stderr:write("bench/worker.lua: the options must be one JSON object",
+                  arg[1] and (" (" .. tostring(opts) .. ")") or "", "\n", USAGE)
+  os.exit(2)
+end
+
 local clock = common.clock
-local opts = cjson.decode((assert(arg[1], "usage: worker.lua '<json options>'")))
 local ctx = lecho.context{ nameserver = opts.ns, quiet = not os.getenv("LECHO_BENCH_LOG"),
                            timeout = 20 }
 local rep = assert(ctx:channel("report"):producer())

@@ -1,5 +1,4 @@
-/*
- * codec.h - the lecho value format (version 1): varints, a growable write
+/* codec.h: the lecho value format (version 1): varints, a growable write
  * buffer, a bounded reader/validator and the message object that carries an
  * encoded value with pinned zero-copy slices.
  *
@@ -14,28 +13,28 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-/* ---- value tags (one byte in front of every value) ---- */
+/* ---- value tags (one byte in front of every value) ------------------- */
 enum {
-	LEI_T_NIL = 0x00,
-	LEI_T_FALSE = 0x01,
-	LEI_T_TRUE = 0x02,
-	LEI_T_INT = 0x03,    /* zigzag varint */
-	LEI_T_DOUBLE = 0x04, /* 8 bytes IEEE-754 little-endian */
-	LEI_T_STRING = 0x05, /* varint length, bytes */
-	LEI_T_TABLE = 0x06   /* varint narr, varint nhash, narr values, nhash pairs */
+    LEI_T_NIL = 0x00,
+    LEI_T_FALSE = 0x01,
+    LEI_T_TRUE = 0x02,
+    LEI_T_INT = 0x03,    /* zigzag varint */
+    LEI_T_DOUBLE = 0x04, /* 8 bytes IEEE-754 little-endian */
+    LEI_T_STRING = 0x05, /* varint length, bytes */
+    LEI_T_TABLE = 0x06   /* varint narr, varint nhash, narr values, nhash pairs */
 };
 
-/* ---- error codes: 0 is success, these are all positive ---- */
+/* ---- error codes: 0 is success, these are all positive --------------- */
 enum {
-	LEI_ETRUNC = 1,     /* "truncated input" */
-	LEI_EBADVARINT,     /* "invalid varint" */
-	LEI_ETAG,           /* "unknown tag" */
-	LEI_ESTRLEN,        /* "string too long" */
-	LEI_EDEPTH,         /* "nesting too deep" */
-	LEI_ECOUNT,         /* "table count exceeds input" */
-	LEI_EKEY,           /* "nil or NaN table key" */
-	LEI_ETRAIL,         /* "trailing garbage after value" */
-	LEI_ENOMEM          /* "out of memory" */
+    LEI_ETRUNC = 1, /* "truncated input" */
+    LEI_EBADVARINT, /* "invalid varint" */
+    LEI_ETAG,       /* "unknown tag" */
+    LEI_ESTRLEN,    /* "string too long" */
+    LEI_EDEPTH,     /* "nesting too deep" */
+    LEI_ECOUNT,     /* "table count exceeds input" */
+    LEI_EKEY,       /* "nil or NaN table key" */
+    LEI_ETRAIL,     /* "trailing garbage after value" */
+    LEI_ENOMEM      /* "out of memory" */
 };
 
 /* Static message for an error code; never NULL. */
@@ -44,14 +43,14 @@ const char *lei_codec_strerror(int code);
 /* Largest integer magnitude the encoder writes with the integer tag (2^53). */
 #define LEI_INT_EXACT 9007199254740992.0
 
-/* ---- growable write buffer ----
- * A zeroed lei_wbuf ({0}) is a valid empty buffer. The buffer owns data
+/* ---- growable write buffer ------------------------------------------- */
+/* A zeroed lei_wbuf ({0}) is a valid empty buffer. The buffer owns data
  * (malloc'd); lei_wbuf_free releases it and leaves the buffer empty and
  * reusable. Whoever embeds the lei_wbuf is responsible for calling it. */
 typedef struct lei_wbuf {
-	char *data;  /* rw: owned bytes, valid for len */
-	size_t len;  /* rw: bytes written */
-	size_t cap;  /* ro: bytes allocated */
+    char *data; /* rw: owned bytes, valid for len */
+    size_t len; /* rw: bytes written */
+    size_t cap; /* ro: bytes allocated */
 } lei_wbuf;
 
 /* Make room for extra more bytes after len. 0, or -1 on ENOMEM / size
@@ -63,7 +62,7 @@ int lei_wbuf_put(lei_wbuf *b, const void *p, size_t n);
 int lei_wbuf_put_u8(lei_wbuf *b, uint8_t v);
 int lei_wbuf_put_varint(lei_wbuf *b, uint64_t v);
 
-/* ---- varints (unsigned LEB128, at most 10 bytes) and zigzag ---- */
+/* ---- varints (unsigned LEB128, at most 10 bytes) and zigzag ---------- */
 #define LEI_VARINT_MAX 10
 /* Writes the minimal encoding of v to out, returns its length (1..10). */
 size_t lei_varint_encode(uint8_t out[LEI_VARINT_MAX], uint64_t v);
@@ -72,19 +71,15 @@ size_t lei_varint_encode(uint8_t out[LEI_VARINT_MAX], uint64_t v);
  * encodings of at most 10 bytes are accepted. */
 int lei_varint_decode(const uint8_t *p, size_t n, uint64_t *out, size_t *used);
 
-static inline uint64_t lei_zigzag_encode(int64_t v)
-{
-	return ((uint64_t)v << 1) ^ (0 - ((uint64_t)v >> 63));
+static inline uint64_t lei_zigzag_encode(int64_t v) {
+    return ((uint64_t)v << 1) ^ (0 - ((uint64_t)v >> 63));
 }
-static inline int64_t lei_zigzag_decode(uint64_t u)
-{
-	return (int64_t)((u >> 1) ^ (0 - (u & 1)));
-}
+static inline int64_t lei_zigzag_decode(uint64_t u) { return (int64_t)((u >> 1) ^ (0 - (u & 1))); }
 
-/* ---- limits ---- */
+/* ---- limits ---------------------------------------------------------- */
 typedef struct lei_codec_limits {
-	size_t max_string;  /* rw: longest string in bytes, inclusive */
-	unsigned max_depth; /* rw: most nested tables; 0 forbids tables */
+    size_t max_string;  /* rw: longest string in bytes, inclusive */
+    unsigned max_depth; /* rw: most nested tables; 0 forbids tables */
 } lei_codec_limits;
 
 #define LEI_MAX_STRING_DEFAULT ((size_t)256 << 20) /* 256 MiB */
@@ -95,8 +90,8 @@ typedef struct lei_codec_limits {
 
 void lei_codec_limits_default(lei_codec_limits *lim);
 
-/* ---- C writers: append one value (or a table header) to b ----
- * Return 0 or -1 (ENOMEM). A table is written as lei_enc_table_header then
+/* ---- C writers: append one value (or a table header) to b ------------ */
+/* Return 0 or -1 (ENOMEM). A table is written as lei_enc_table_header then
  * exactly narr values then nhash key/value pairs. */
 int lei_enc_nil(lei_wbuf *b);
 int lei_enc_bool(lei_wbuf *b, int v);
@@ -105,35 +100,34 @@ int lei_enc_number(lei_wbuf *b, double x);
 int lei_enc_string(lei_wbuf *b, const char *s, size_t len);
 int lei_enc_table_header(lei_wbuf *b, uint64_t narr, uint64_t nhash);
 
-/* ---- reader: one item (tag plus header/scalar body) at a time ----
- * Shared by lei_codec_validate and the Lua decoder so that every check lives
+/* ---- reader: one item (tag plus header/scalar body) at a time -------- */
+/* Shared by lei_codec_validate and the Lua decoder so that every check lives
  * in one place. It enforces tags, varints, max_string and "table count
  * exceeds input" globally: every announced table slot reserves one byte of the
  * remaining input, so the counts of all open tables together never exceed the
  * input size and a decoder may preallocate them. Depth and key rules are the
  * caller's (it knows where it is); it reports them with LEI_EDEPTH/LEI_EKEY. */
 typedef struct lei_item {
-	int tag;             /* one of LEI_T_* */
-	double num;          /* LEI_T_INT, LEI_T_DOUBLE */
-	const uint8_t *str;  /* LEI_T_STRING: points into the input */
-	size_t len;          /* LEI_T_STRING */
-	uint64_t narr, nhash; /* LEI_T_TABLE: header only, children follow */
+    int tag;              /* one of LEI_T_* */
+    double num;           /* LEI_T_INT, LEI_T_DOUBLE */
+    const uint8_t *str;   /* LEI_T_STRING: points into the input */
+    size_t len;           /* LEI_T_STRING */
+    uint64_t narr, nhash; /* LEI_T_TABLE: header only, children follow */
 } lei_item;
 
 typedef struct lei_reader {
-	const uint8_t *p;      /* ro: input, borrowed, must outlive the reader */
-	size_t n;              /* ro: input size */
-	size_t pos;            /* ro: next byte to read */
-	size_t owed;           /* private: slots announced by open tables, unread */
-	size_t max_string;     /* ro: from the limits */
-	unsigned max_depth;    /* ro: from the limits, clamped to the ceiling */
-	size_t err_at;         /* ro: byte offset of the item that failed */
-	uint64_t err_val;      /* ro: the offending tag or string length */
+    const uint8_t *p;   /* ro: input, borrowed, must outlive the reader */
+    size_t n;           /* ro: input size */
+    size_t pos;         /* ro: next byte to read */
+    size_t owed;        /* private: slots announced by open tables, unread */
+    size_t max_string;  /* ro: from the limits */
+    unsigned max_depth; /* ro: from the limits, clamped to the ceiling */
+    size_t err_at;      /* ro: byte offset of the item that failed */
+    uint64_t err_val;   /* ro: the offending tag or string length */
 } lei_reader;
 
 /* lim may be NULL for the defaults. */
-void lei_reader_init(lei_reader *r, const uint8_t *p, size_t n,
-                     const lei_codec_limits *lim);
+void lei_reader_init(lei_reader *r, const uint8_t *p, size_t n, const lei_codec_limits *lim);
 /* Read the next item. 0 or an LEI_E* code (err_at/err_val filled). */
 int lei_read_item(lei_reader *r, lei_item *it);
 /* After the top value: 0, or LEI_ETRAIL when bytes are left over. */
@@ -143,36 +137,34 @@ int lei_reader_finish(lei_reader *r);
  * (limit 100)", "string too long (N bytes, limit M)". Returns buf. */
 char *lei_reader_strerror(const lei_reader *r, int code, char *buf, size_t len);
 /* A nil or NaN key cannot be stored in a Lua table: decoders reject it. */
-static inline int lei_item_bad_key(const lei_item *it)
-{
-	return it->tag == LEI_T_NIL || (it->tag == LEI_T_DOUBLE && it->num != it->num);
+static inline int lei_item_bad_key(const lei_item *it) {
+    return it->tag == LEI_T_NIL || (it->tag == LEI_T_DOUBLE && it->num != it->num);
 }
 
 /* Walk exactly one value in p[0..n) and check every tag, length, count,
  * key and depth, and that it ends exactly at n. 0, or -1 with a static
  * message in *err (err may be NULL). lim may be NULL for the defaults. */
-int lei_codec_validate(const uint8_t *p, size_t n, const lei_codec_limits *lim,
-                       const char **err);
+int lei_codec_validate(const uint8_t *p, size_t n, const lei_codec_limits *lim, const char **err);
 
-/* ---- message: an encoded value with pinned zero-copy slices ---- */
+/* ---- message: an encoded value with pinned zero-copy slices ---------- */
 
 /* A pinned external slice: len bytes at ptr are logically inserted at offset
  * `at` of own[]. ptr is borrowed; ref is the owner's handle that keeps it alive
  * (a Lua registry reference), given back through lei_unpin_fn on release. */
 typedef struct lei_ext {
-	size_t at;
-	const char *ptr;
-	size_t len;
-	int ref;
+    size_t at;
+    const char *ptr;
+    size_t len;
+    int ref;
 } lei_ext;
 
 typedef struct lei_msg {
-	int refcnt;      /* rw: owners; freed by lei_msg_release when it drops to 0 */
-	lei_wbuf own;    /* owned encoded bytes */
-	lei_ext *ext;    /* owned array of pinned external slices, increasing `at` */
-	int next;        /* ro: number of used entries in ext */
-	int ext_cap;     /* ro: allocated entries in ext */
-	size_t total;    /* ro: own.len + sum of ext[i].len: the encoded size */
+    int refcnt;   /* rw: owners; freed by lei_msg_release when it drops to 0 */
+    lei_wbuf own; /* owned encoded bytes */
+    lei_ext *ext; /* owned array of pinned external slices, increasing `at` */
+    int next;     /* ro: number of used entries in ext */
+    int ext_cap;  /* ro: allocated entries in ext */
+    size_t total; /* ro: own.len + sum of ext[i].len: the encoded size */
 } lei_msg;
 
 typedef void (*lei_unpin_fn)(void *ud, int ref);
@@ -191,13 +183,12 @@ void lei_msg_sync(lei_msg *m);
  * (to resume after a partial write). Returns the count; *covered (may be NULL)
  * gets the number of bytes they describe. 0 when skip >= total. The iovecs
  * point into m and its pinned slices: valid while m is alive and unchanged. */
-int lei_msg_iov(const lei_msg *m, size_t skip, struct iovec *iov, int max,
-                size_t *covered);
+int lei_msg_iov(const lei_msg *m, size_t skip, struct iovec *iov, int max, size_t *covered);
 /* Copy all total bytes to out (which must hold m->total). Returns 0. */
 int lei_msg_flatten(const lei_msg *m, char *out);
 
-/* ---- Lua bridge, implemented in codec_lua.c (declared here without lua.h) ----
- * lei_encode_lua: encode the value at idx, appending to m; strings of at least
+/* ---- Lua bridge (codec_lua.c; declared here without lua.h) ------------ */
+/* lei_encode_lua: encode the value at idx, appending to m; strings of at least
  *   pin_threshold bytes (0 = never) are pinned as lei_ext with a registry
  *   reference (release m with an unpin fn that calls luaL_unref). 0, or -1 with
  *   err filled, m restored to its state on entry and nothing new pinned.
@@ -207,11 +198,10 @@ int lei_msg_flatten(const lei_msg *m, char *out);
  * lim may be NULL for the defaults. None of them raise except on Lua memory
  * errors. */
 struct lua_State;
-int lei_encode_lua(struct lua_State *L, int idx, lei_msg *m,
-                   const lei_codec_limits *lim, size_t pin_threshold,
+int lei_encode_lua(struct lua_State *L, int idx, lei_msg *m, const lei_codec_limits *lim,
+                   size_t pin_threshold, char *err, size_t errlen);
+int lei_decode_lua(struct lua_State *L, const uint8_t *p, size_t n, const lei_codec_limits *lim,
                    char *err, size_t errlen);
-int lei_decode_lua(struct lua_State *L, const uint8_t *p, size_t n,
-                   const lei_codec_limits *lim, char *err, size_t errlen);
 void lei_codec_lua_setfuncs(struct lua_State *L);
 int luaopen_lecho_codec(struct lua_State *L);
 

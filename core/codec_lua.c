@@ -1,5 +1,4 @@
-/*
- * codec_lua.c - the Lua side of the lecho value format: encode a Lua value
+/* codec_lua.c: the Lua side of the lecho value format: encode a Lua value
  * into a lei_msg (pinning big strings instead of copying them) and decode
  * bytes back into a Lua value. The only codec file that knows Lua; the format
  * checks themselves are in codec.c (lei_reader), shared with the validator.
@@ -17,278 +16,246 @@
 #include <stdio.h>
 #include <string.h>
 
-#define PATH_BUF 200 /* longest location path kept in encoder messages */
+#define PATH_BUF 200   /* longest location path kept in encoder messages */
 #define DEC_ESTACK 100 /* local to this file: lua_checkstack failed */
 
-/* ================= encoder ================= */
+/* ---- encoder --------------------------------------------------------- */
 
 typedef struct enc_state {
-	lua_State *L;
-	lei_wbuf *b;
-	lei_msg *m;
-	size_t max_string;
-	unsigned max_depth;
-	size_t pin;                /* pin strings of at least this length; 0 = never */
-	char msg[160];             /* error message without location */
-	int want_path;             /* the message takes an " at ev..." location */
-	int ptrunc;                /* path lost its outer segments */
-	size_t pstart;             /* the path is path[pstart .. PATH_BUF) */
-	char path[PATH_BUF + 1];
-	const void *stack[LEI_MAX_DEPTH_CEIL]; /* tables on the current path */
+    lua_State *L;
+    lei_wbuf *b;
+    lei_msg *m;
+    size_t max_string;
+    unsigned max_depth;
+    size_t pin;    /* pin strings of at least this length; 0 = never */
+    char msg[160]; /* error message without location */
+    int want_path; /* the message takes an " at ev..." location */
+    int ptrunc;    /* path lost its outer segments */
+    size_t pstart; /* the path is path[pstart .. PATH_BUF) */
+    char path[PATH_BUF + 1];
+    const void *stack[LEI_MAX_DEPTH_CEIL]; /* tables on the current path */
 } enc_state;
 
 static int enc_value(enc_state *st, int idx, unsigned depth);
 
 static int enc_fail(enc_state *st, int want_path, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+    __attribute__((format(printf, 3, 4)));
 
-static int enc_fail(enc_state *st, int want_path, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(st->msg, sizeof st->msg, fmt, ap);
-	va_end(ap);
-	st->want_path = want_path;
-	return -1;
+static int enc_fail(enc_state *st, int want_path, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(st->msg, sizeof st->msg, fmt, ap);
+    va_end(ap);
+    st->want_path = want_path;
+    return -1;
 }
 
 /* Prepend one path segment while unwinding (error path only). */
-static void path_prepend(enc_state *st, const char *seg, int n)
-{
-	if (!st->want_path || st->ptrunc || n <= 0)
-		return;
-	if ((size_t)n > st->pstart) {
-		st->ptrunc = 1;
-		return;
-	}
-	st->pstart -= (size_t)n;
-	memcpy(st->path + st->pstart, seg, (size_t)n);
+static void path_prepend(enc_state *st, const char *seg, int n) {
+    if (!st->want_path || st->ptrunc || n <= 0) return;
+    if ((size_t)n > st->pstart) {
+        st->ptrunc = 1;
+        return;
+    }
+    st->pstart -= (size_t)n;
+    memcpy(st->path + st->pstart, seg, (size_t)n);
 }
 
-static int is_ident(const char *s, size_t l)
-{
-	size_t i;
-	if (l == 0 || (s[0] >= '0' && s[0] <= '9'))
-		return 0;
-	for (i = 0; i < l; i++) {
-		char c = s[i];
-		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-		      (c >= '0' && c <= '9') || c == '_'))
-			return 0;
-	}
-	return 1;
+static int is_ident(const char *s, size_t l) {
+    size_t i;
+    if (l == 0 || (s[0] >= '0' && s[0] <= '9')) return 0;
+    for (i = 0; i < l; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_'))
+            return 0;
+    }
+    return 1;
 }
 
 /* Describe the key at kidx as a path segment: .name, ["str"], [3], [1.5] */
-static void path_key(enc_state *st, int kidx)
-{
-	lua_State *L = st->L;
-	char seg[96];
-	int n = 0;
+static void path_key(enc_state *st, int kidx) {
+    lua_State *L = st->L;
+    char seg[96];
+    int n = 0;
 
-	if (!st->want_path)
-		return;
-	switch (lua_type(L, kidx)) {
-	case LUA_TSTRING: {
-		size_t l, i;
-		const char *s = lua_tolstring(L, kidx, &l);
-		if (is_ident(s, l) && l <= 48) {
-			n = snprintf(seg, sizeof seg, ".%s", s);
-			break;
-		}
-		n = snprintf(seg, sizeof seg, "[\"");
-		for (i = 0; i < l && i < 32; i++) {
-			unsigned char c = (unsigned char)s[i];
-			if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\')
-				seg[n++] = (char)c;
-			else
-				n += snprintf(seg + n, sizeof seg - (size_t)n, "\\%u", c);
-		}
-		n += snprintf(seg + n, sizeof seg - (size_t)n, "%s\"]", i < l ? "..." : "");
-		break;
-	}
-	case LUA_TNUMBER: {
-		double x = lua_tonumber(L, kidx);
-		if (x >= -LEI_INT_EXACT && x <= LEI_INT_EXACT && x == (double)(int64_t)x)
-			n = snprintf(seg, sizeof seg, "[%.0f]", x);
-		else
-			n = snprintf(seg, sizeof seg, "[%.17g]", x);
-		break;
-	}
-	case LUA_TBOOLEAN:
-		n = snprintf(seg, sizeof seg, "[%s]", lua_toboolean(L, kidx) ? "true" : "false");
-		break;
-	default:
-		n = snprintf(seg, sizeof seg, "[<%s>]", lua_typename(L, lua_type(L, kidx)));
-		break;
-	}
-	path_prepend(st, seg, n < (int)sizeof seg ? n : (int)sizeof seg - 1);
+    if (!st->want_path) return;
+    switch (lua_type(L, kidx)) {
+    case LUA_TSTRING: {
+        size_t l, i;
+        const char *s = lua_tolstring(L, kidx, &l);
+        if (is_ident(s, l) && l <= 48) {
+            n = snprintf(seg, sizeof seg, ".%s", s);
+            break;
+        }
+        n = snprintf(seg, sizeof seg, "[\"");
+        for (i = 0; i < l && i < 32; i++) {
+            unsigned char c = (unsigned char)s[i];
+            if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\')
+                seg[n++] = (char)c;
+            else
+                n += snprintf(seg + n, sizeof seg - (size_t)n, "\\%u", c);
+        }
+        n += snprintf(seg + n, sizeof seg - (size_t)n, "%s\"]", i < l ? "..." : "");
+        break;
+    }
+    case LUA_TNUMBER: {
+        double x = lua_tonumber(L, kidx);
+        if (x >= -LEI_INT_EXACT && x <= LEI_INT_EXACT && x == (double)(int64_t)x)
+            n = snprintf(seg, sizeof seg, "[%.0f]", x);
+        else
+            n = snprintf(seg, sizeof seg, "[%.17g]", x);
+        break;
+    }
+    case LUA_TBOOLEAN:
+        n = snprintf(seg, sizeof seg, "[%s]", lua_toboolean(L, kidx) ? "true" : "false");
+        break;
+    default: n = snprintf(seg, sizeof seg, "[<%s>]", lua_typename(L, lua_type(L, kidx))); break;
+    }
+    path_prepend(st, seg, n < (int)sizeof seg ? n : (int)sizeof seg - 1);
 }
 
-static int enc_string(enc_state *st, int idx)
-{
-	lua_State *L = st->L;
-	lei_wbuf *b = st->b;
-	size_t len;
-	const char *s = lua_tolstring(L, idx, &len);
+static int enc_string(enc_state *st, int idx) {
+    lua_State *L = st->L;
+    lei_wbuf *b = st->b;
+    size_t len;
+    const char *s = lua_tolstring(L, idx, &len);
 
-	if (len > st->max_string)
-		return enc_fail(st, 1, "string too long (%zu bytes, limit %zu)", len,
-		                st->max_string);
-	if (st->pin && len >= st->pin) {
-		int ref;
-		if (lei_wbuf_reserve(b, 1 + LEI_VARINT_MAX))
-			return enc_fail(st, 0, "out of memory");
-		b->data[b->len++] = LEI_T_STRING;
-		b->len += lei_varint_encode((uint8_t *)b->data + b->len, len);
-		lua_pushvalue(L, idx);
-		ref = luaL_ref(L, LUA_REGISTRYINDEX);
-		if (lei_msg_add_ext(st->m, s, len, ref)) {
-			luaL_unref(L, LUA_REGISTRYINDEX, ref);
-			return enc_fail(st, 0, "out of memory");
-		}
-		return 0;
-	}
-	if (lei_enc_string(b, s, len))
-		return enc_fail(st, 0, "out of memory");
-	return 0;
+    if (len > st->max_string)
+        return enc_fail(st, 1, "string too long (%zu bytes, limit %zu)", len, st->max_string);
+    if (st->pin && len >= st->pin) {
+        int ref;
+        if (lei_wbuf_reserve(b, 1 + LEI_VARINT_MAX)) return enc_fail(st, 0, "out of memory");
+        b->data[b->len++] = LEI_T_STRING;
+        b->len += lei_varint_encode((uint8_t *)b->data + b->len, len);
+        lua_pushvalue(L, idx);
+        ref = luaL_ref(L, LUA_REGISTRYINDEX);
+        if (lei_msg_add_ext(st->m, s, len, ref)) {
+            luaL_unref(L, LUA_REGISTRYINDEX, ref);
+            return enc_fail(st, 0, "out of memory");
+        }
+        return 0;
+    }
+    if (lei_enc_string(b, s, len)) return enc_fail(st, 0, "out of memory");
+    return 0;
 }
 
 /* Is the key at kidx one of the integers 1..narr? */
-static inline int is_arr_key(lua_State *L, int kidx, size_t narr)
-{
-	double k;
-	if (lua_type(L, kidx) != LUA_TNUMBER)
-		return 0;
-	k = lua_tonumber(L, kidx);
-	return k >= 1 && k <= (double)narr && k == (double)(int64_t)k;
+static inline int is_arr_key(lua_State *L, int kidx, size_t narr) {
+    double k;
+    if (lua_type(L, kidx) != LUA_TNUMBER) return 0;
+    k = lua_tonumber(L, kidx);
+    return k >= 1 && k <= (double)narr && k == (double)(int64_t)k;
 }
 
-static int enc_table(enc_state *st, int idx, unsigned depth)
-{
-	lua_State *L = st->L;
-	const void *self = lua_topointer(L, idx);
-	size_t len, narr, nkeys = 0, nin = 0, nhash, i;
-	unsigned d;
+static int enc_table(enc_state *st, int idx, unsigned depth) {
+    lua_State *L = st->L;
+    const void *self = lua_topointer(L, idx);
+    size_t len, narr, nkeys = 0, nin = 0, nhash, i;
+    unsigned d;
 
-	for (d = 0; d < depth; d++)
-		if (st->stack[d] == self)
-			return enc_fail(st, 1, "cannot encode a cycle");
-	if (depth >= st->max_depth)
-		return enc_fail(st, 0, "nesting too deep (limit %u)", st->max_depth);
-	if (!lua_checkstack(L, 4))
-		return enc_fail(st, 0, "Lua stack overflow");
-	/* luaL_ref writes the registry: never iterate it while pinning */
-	if (st->pin && lua_rawequal(L, idx, LUA_REGISTRYINDEX))
-		return enc_fail(st, 1, "cannot encode the registry");
-	st->stack[depth] = self;
+    for (d = 0; d < depth; d++)
+        if (st->stack[d] == self) return enc_fail(st, 1, "cannot encode a cycle");
+    if (depth >= st->max_depth)
+        return enc_fail(st, 0, "nesting too deep (limit %u)", st->max_depth);
+    if (!lua_checkstack(L, 4)) return enc_fail(st, 0, "Lua stack overflow");
+    /* luaL_ref writes the registry: never iterate it while pinning */
+    if (st->pin && lua_rawequal(L, idx, LUA_REGISTRYINDEX))
+        return enc_fail(st, 1, "cannot encode the registry");
+    st->stack[depth] = self;
 
-	/* narr = consecutive non-nil t[1], t[2], ... bounded by objlen. One
+    /* narr = consecutive non-nil t[1], t[2], ... bounded by objlen. One
 	 * lua_next pass counts all keys and those among 1..len: when all len of
 	 * them are present narr = len without probing; else probe for the first
 	 * nil. The hash part is everything else. */
-	len = lua_objlen(L, idx);
-	lua_pushnil(L);
-	while (lua_next(L, idx)) {
-		nkeys++;
-		nin += is_arr_key(L, -2, len);
-		lua_pop(L, 1);
-	}
-	if (nin == len) {
-		narr = len;
-	} else {
-		for (narr = 0; narr < len; narr++) {
-			int nil;
-			lua_rawgeti(L, idx, (int)(narr + 1));
-			nil = lua_isnil(L, -1);
-			lua_pop(L, 1);
-			if (nil)
-				break;
-		}
-	}
-	nhash = nkeys - narr;
-	if (lei_enc_table_header(st->b, narr, nhash))
-		return enc_fail(st, 0, "out of memory");
+    len = lua_objlen(L, idx);
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        nkeys++;
+        nin += is_arr_key(L, -2, len);
+        lua_pop(L, 1);
+    }
+    if (nin == len) {
+        narr = len;
+    } else {
+        for (narr = 0; narr < len; narr++) {
+            int nil;
+            lua_rawgeti(L, idx, (int)(narr + 1));
+            nil = lua_isnil(L, -1);
+            lua_pop(L, 1);
+            if (nil) break;
+        }
+    }
+    nhash = nkeys - narr;
+    if (lei_enc_table_header(st->b, narr, nhash)) return enc_fail(st, 0, "out of memory");
 
-	for (i = 1; i <= narr; i++) {
-		lua_rawgeti(L, idx, (int)i);
-		if (enc_value(st, lua_gettop(L), depth + 1)) {
-			char seg[32];
-			path_prepend(st, seg, snprintf(seg, sizeof seg, "[%zu]", i));
-			return -1; /* lei_encode_lua restores the stack */
-		}
-		lua_pop(L, 1);
-	}
-	if (nhash == 0)
-		return 0;
-	lua_pushnil(L);
-	while (lua_next(L, idx)) {
-		int top = lua_gettop(L);
-		if (is_arr_key(L, top - 1, narr)) {
-			lua_pop(L, 1);
-			continue;
-		}
-		if (enc_value(st, top - 1, depth + 1)) {
-			char seg[48];
-			path_prepend(st, seg, snprintf(seg, sizeof seg, "[<%s key>]",
-			                               lua_typename(L, lua_type(L, top - 1))));
-			return -1;
-		}
-		if (enc_value(st, top, depth + 1)) {
-			path_key(st, top - 1);
-			return -1;
-		}
-		lua_pop(L, 1);
-	}
-	return 0;
+    for (i = 1; i <= narr; i++) {
+        lua_rawgeti(L, idx, (int)i);
+        if (enc_value(st, lua_gettop(L), depth + 1)) {
+            char seg[32];
+            path_prepend(st, seg, snprintf(seg, sizeof seg, "[%zu]", i));
+            return -1; /* lei_encode_lua restores the stack */
+        }
+        lua_pop(L, 1);
+    }
+    if (nhash == 0) return 0;
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        int top = lua_gettop(L);
+        if (is_arr_key(L, top - 1, narr)) {
+            lua_pop(L, 1);
+            continue;
+        }
+        if (enc_value(st, top - 1, depth + 1)) {
+            char seg[48];
+            path_prepend(
+                st, seg,
+                snprintf(seg, sizeof seg, "[<%s key>]", lua_typename(L, lua_type(L, top - 1))));
+            return -1;
+        }
+        if (enc_value(st, top, depth + 1)) {
+            path_key(st, top - 1);
+            return -1;
+        }
+        lua_pop(L, 1);
+    }
+    return 0;
 }
 
 /* lei_enc_number with the small-integer case inline (the common one) */
-static inline int enc_number(enc_state *st, double x)
-{
-	lei_wbuf *b = st->b;
-	if (x >= -63 && x <= 63 && x == (double)(int)x && !(x == 0 && 1 / x < 0) &&
-	    b->cap - b->len >= 2) {
-		b->data[b->len] = LEI_T_INT;
-		b->data[b->len + 1] = (char)lei_zigzag_encode((int64_t)x);
-		b->len += 2;
-		return 0;
-	}
-	if (lei_enc_number(b, x))
-		return enc_fail(st, 0, "out of memory");
-	return 0;
+static inline int enc_number(enc_state *st, double x) {
+    lei_wbuf *b = st->b;
+    if (x >= -63 && x <= 63 && x == (double)(int)x && !(x == 0 && 1 / x < 0) &&
+        b->cap - b->len >= 2) {
+        b->data[b->len] = LEI_T_INT;
+        b->data[b->len + 1] = (char)lei_zigzag_encode((int64_t)x);
+        b->len += 2;
+        return 0;
+    }
+    if (lei_enc_number(b, x)) return enc_fail(st, 0, "out of memory");
+    return 0;
 }
 
 /* idx is absolute; depth = number of tables enclosing this value */
-static int enc_value(enc_state *st, int idx, unsigned depth)
-{
-	lua_State *L = st->L;
-	int t = lua_type(L, idx);
+static int enc_value(enc_state *st, int idx, unsigned depth) {
+    lua_State *L = st->L;
+    int t = lua_type(L, idx);
 
-	switch (t) {
-	case LUA_TNIL:
-		if (lei_enc_nil(st->b))
-			return enc_fail(st, 0, "out of memory");
-		return 0;
-	case LUA_TBOOLEAN:
-		if (lei_enc_bool(st->b, lua_toboolean(L, idx)))
-			return enc_fail(st, 0, "out of memory");
-		return 0;
-	case LUA_TNUMBER:
-		return enc_number(st, lua_tonumber(L, idx));
-	case LUA_TSTRING:
-		return enc_string(st, idx);
-	case LUA_TTABLE:
-		return enc_table(st, idx, depth);
-	default:
-		return enc_fail(st, 1, "cannot encode a %s", lua_typename(L, t));
-	}
+    switch (t) {
+    case LUA_TNIL:
+        if (lei_enc_nil(st->b)) return enc_fail(st, 0, "out of memory");
+        return 0;
+    case LUA_TBOOLEAN:
+        if (lei_enc_bool(st->b, lua_toboolean(L, idx))) return enc_fail(st, 0, "out of memory");
+        return 0;
+    case LUA_TNUMBER: return enc_number(st, lua_tonumber(L, idx));
+    case LUA_TSTRING: return enc_string(st, idx);
+    case LUA_TTABLE: return enc_table(st, idx, depth);
+    default: return enc_fail(st, 1, "cannot encode a %s", lua_typename(L, t));
+    }
 }
 
-static void unpin_ref(void *ud, int ref)
-{
-	luaL_unref((lua_State *)ud, LUA_REGISTRYINDEX, ref);
-}
+static void unpin_ref(void *ud, int ref) { luaL_unref((lua_State *)ud, LUA_REGISTRYINDEX, ref); }
 
 /* Encode the value at idx, appending to m. Strings of at least pin_threshold
  * bytes (0 = never) are not copied: m gets a lei_ext holding a registry
@@ -298,118 +265,98 @@ static void unpin_ref(void *ud, int ref)
  * entry (own.len, ext) and nothing new stays pinned. The Lua stack is left as
  * it was. Does not raise, except Lua memory errors from luaL_ref. */
 int lei_encode_lua(lua_State *L, int idx, lei_msg *m, const lei_codec_limits *lim,
-                   size_t pin_threshold, char *err, size_t errlen)
-{
-	enc_state st;
-	lei_codec_limits d;
-	int top = lua_gettop(L), ext0 = m->next, rc, i;
-	size_t own0 = m->own.len;
+                   size_t pin_threshold, char *err, size_t errlen) {
+    enc_state st;
+    lei_codec_limits d;
+    int top = lua_gettop(L), ext0 = m->next, rc, i;
+    size_t own0 = m->own.len;
 
-	if (!lim) {
-		lei_codec_limits_default(&d);
-		lim = &d;
-	}
-	st.L = L;
-	st.b = &m->own;
-	st.m = m;
-	st.max_string = lim->max_string;
-	st.max_depth = lim->max_depth > LEI_MAX_DEPTH_CEIL ? LEI_MAX_DEPTH_CEIL
-	                                                    : lim->max_depth;
-	st.pin = pin_threshold;
-	st.want_path = 0;
-	st.ptrunc = 0;
-	st.pstart = PATH_BUF;
-	st.path[PATH_BUF] = '\0';
+    if (!lim) {
+        lei_codec_limits_default(&d);
+        lim = &d;
+    }
+    st.L = L;
+    st.b = &m->own;
+    st.m = m;
+    st.max_string = lim->max_string;
+    st.max_depth = lim->max_depth > LEI_MAX_DEPTH_CEIL ? LEI_MAX_DEPTH_CEIL : lim->max_depth;
+    st.pin = pin_threshold;
+    st.want_path = 0;
+    st.ptrunc = 0;
+    st.pstart = PATH_BUF;
+    st.path[PATH_BUF] = '\0';
 
-	if (!lua_checkstack(L, 2)) {
-		rc = enc_fail(&st, 0, "Lua stack overflow");
-	} else {
-		lua_pushvalue(L, idx); /* absolute index, pseudo-indices too */
-		rc = enc_value(&st, top + 1, 0);
-	}
-	lua_settop(L, top);
-	if (rc) {
-		for (i = ext0; i < m->next; i++)
-			unpin_ref(L, m->ext[i].ref);
-		m->next = ext0;
-		m->own.len = own0;
-		lei_msg_sync(m);
-		if (err && errlen) {
-			if (st.want_path)
-				snprintf(err, errlen, "%s at ev%s%s", st.msg,
-				         st.ptrunc ? "..." : "", st.path + st.pstart);
-			else
-				snprintf(err, errlen, "%s", st.msg);
-		}
-		return -1;
-	}
-	lei_msg_sync(m);
-	return 0;
+    if (!lua_checkstack(L, 2)) {
+        rc = enc_fail(&st, 0, "Lua stack overflow");
+    } else {
+        lua_pushvalue(L, idx); /* absolute index, pseudo-indices too */
+        rc = enc_value(&st, top + 1, 0);
+    }
+    lua_settop(L, top);
+    if (rc) {
+        for (i = ext0; i < m->next; i++) unpin_ref(L, m->ext[i].ref);
+        m->next = ext0;
+        m->own.len = own0;
+        lei_msg_sync(m);
+        if (err && errlen) {
+            if (st.want_path)
+                snprintf(err, errlen, "%s at ev%s%s", st.msg, st.ptrunc ? "..." : "",
+                         st.path + st.pstart);
+            else
+                snprintf(err, errlen, "%s", st.msg);
+        }
+        return -1;
+    }
+    lei_msg_sync(m);
+    return 0;
 }
 
-/* ================= decoder ================= */
+/* ---- decoder --------------------------------------------------------- */
 
 #define DEC_ARR_HINT (1 << 24) /* createtable hints stay below LuaJIT's caps */
 #define DEC_HASH_HINT (1 << 22)
 
-static int dec_value(lua_State *L, lei_reader *r, unsigned depth, int is_key)
-{
-	lei_item it;
-	uint64_t i;
-	int rc;
+static int dec_value(lua_State *L, lei_reader *r, unsigned depth, int is_key) {
+    lei_item it;
+    uint64_t i;
+    int rc;
 
-	if ((rc = lei_read_item(r, &it)))
-		return rc;
-	if (is_key && lei_item_bad_key(&it))
-		return LEI_EKEY;
-	switch (it.tag) {
-	case LEI_T_NIL:
-		lua_pushnil(L);
-		return 0;
-	case LEI_T_FALSE:
-	case LEI_T_TRUE:
-		lua_pushboolean(L, it.tag == LEI_T_TRUE);
-		return 0;
-	case LEI_T_INT:
-	case LEI_T_DOUBLE:
-		lua_pushnumber(L, it.num);
-		return 0;
-	case LEI_T_STRING:
-		lua_pushlstring(L, (const char *)it.str, it.len);
-		return 0;
-	default: /* LEI_T_TABLE: lei_read_item knows no other tag */
-		break;
-	}
-	if (depth >= r->max_depth)
-		return LEI_EDEPTH;
-	if (!lua_checkstack(L, 4))
-		return DEC_ESTACK;
-	/* counts were checked against the input by lei_read_item */
-	lua_createtable(L, it.narr > DEC_ARR_HINT ? DEC_ARR_HINT : (int)it.narr,
-	                it.nhash > DEC_HASH_HINT ? DEC_HASH_HINT : (int)it.nhash);
-	for (i = 1; i <= it.narr; i++) {
-		if ((rc = dec_value(L, r, depth + 1, 0)))
-			return rc;
-		if (lua_isnil(L, -1))
-			lua_pop(L, 1);
-		else if (i <= INT32_MAX)
-			lua_rawseti(L, -2, (int)i);
-		else {
-			lua_pushnumber(L, (double)i);
-			lua_insert(L, -2);
-			lua_rawset(L, -3);
-		}
-	}
-	for (i = 0; i < it.nhash; i++) {
-		if ((rc = dec_value(L, r, depth + 1, 1)) ||
-		    (rc = dec_value(L, r, depth + 1, 0)))
-			return rc;
-		if (lua_isnil(L, -1))
-			lua_pop(L, 2);
-		else
-			lua_rawset(L, -3);
-	}
-	return 0;
+    if ((rc = lei_read_item(r, &it))) return rc;
+    if (is_key && lei_item_bad_key(&it)) return LEI_EKEY;
+    switch (it.tag) {
+    case LEI_T_NIL: lua_pushnil(L); return 0;
+    case LEI_T_FALSE:
+    case LEI_T_TRUE: lua_pushboolean(L, it.tag == LEI_T_TRUE); return 0;
+    case LEI_T_INT:
+    case LEI_T_DOUBLE: lua_pushnumber(L, it.num); return 0;
+    case LEI_T_STRING: lua_pushlstring(L, (const char *)it.str, it.len); return 0;
+    default: /* LEI_T_TABLE: lei_read_item knows no other tag */ break;
+    }
+    if (depth >= r->max_depth) return LEI_EDEPTH;
+    if (!lua_checkstack(L, 4)) return DEC_ESTACK;
+    /* counts were checked against the input by lei_read_item */
+    lua_createtable(L, it.narr > DEC_ARR_HINT ? DEC_ARR_HINT : (int)it.narr,
+                    it.nhash > DEC_HASH_HINT ? DEC_HASH_HINT : (int)it.nhash);
+    for (i = 1; i <= it.narr; i++) {
+        if ((rc = dec_value(L, r, depth + 1, 0))) return rc;
+        if (lua_isnil(L, -1))
+            lua_pop(L, 1);
+        else if (i <= INT32_MAX)
+            lua_rawseti(L, -2, (int)i);
+        else {
+            lua_pushnumber(L, (double)i);
+            lua_insert(L, -2);
+            lua_rawset(L, -3);
+        }
+    }
+    for (i = 0; i < it.nhash; i++) {
+        if ((rc = dec_value(L, r, depth + 1, 1)) || (rc = dec_value(L, r, depth + 1, 0))) return rc;
+        if (lua_isnil(L, -1))
+            lua_pop(L, 2);
+        else
+            lua_rawset(L, -3);
+    }
+    return 0;
 }
 
 /* Decode exactly one value from p[0..n) and push it: 0. On any malformed
@@ -419,184 +366,167 @@ static int dec_value(lua_State *L, lei_reader *r, unsigned depth, int is_key)
  * (limit N)", "table count exceeds input", "nil or NaN table key"). lim may be
  * NULL. Later duplicate keys overwrite earlier ones; nil values are skipped.
  * Does not raise, except Lua memory errors (nothing of ours is then held). */
-int lei_decode_lua(lua_State *L, const uint8_t *p, size_t n,
-                   const lei_codec_limits *lim, char *err, size_t errlen)
-{
-	lei_reader r;
-	int top = lua_gettop(L), rc;
+int lei_decode_lua(lua_State *L, const uint8_t *p, size_t n, const lei_codec_limits *lim, char *err,
+                   size_t errlen) {
+    lei_reader r;
+    int top = lua_gettop(L), rc;
 
-	lei_reader_init(&r, p, n, lim);
-	if (!lua_checkstack(L, 4))
-		rc = DEC_ESTACK;
-	else if (!(rc = dec_value(L, &r, 0, 0)))
-		rc = lei_reader_finish(&r);
-	if (rc) {
-		lua_settop(L, top);
-		if (err && errlen) {
-			if (rc == DEC_ESTACK)
-				snprintf(err, errlen, "Lua stack overflow");
-			else
-				lei_reader_strerror(&r, rc, err, errlen);
-		}
-		return -1;
-	}
-	return 0;
+    lei_reader_init(&r, p, n, lim);
+    if (!lua_checkstack(L, 4))
+        rc = DEC_ESTACK;
+    else if (!(rc = dec_value(L, &r, 0, 0)))
+        rc = lei_reader_finish(&r);
+    if (rc) {
+        lua_settop(L, top);
+        if (err && errlen) {
+            if (rc == DEC_ESTACK)
+                snprintf(err, errlen, "Lua stack overflow");
+            else
+                lei_reader_strerror(&r, rc, err, errlen);
+        }
+        return -1;
+    }
+    return 0;
 }
 
-/* ================= standalone module (tests and benches) ================= */
+/* ---- standalone module (tests and benches) --------------------------- */
 
 #define MSGBOX "lecho.codec.msg"
 
-static void opt_limits(lua_State *L, int arg, lei_codec_limits *lim, size_t *pin)
-{
-	static const char *const names[] = { "max_string", "max_depth", "pin_threshold" };
-	int i;
+static void opt_limits(lua_State *L, int arg, lei_codec_limits *lim, size_t *pin) {
+    static const char *const names[] = {"max_string", "max_depth", "pin_threshold"};
+    int i;
 
-	lei_codec_limits_default(lim);
-	if (pin)
-		*pin = 0;
-	if (lua_isnoneornil(L, arg))
-		return;
-	luaL_checktype(L, arg, LUA_TTABLE);
-	for (i = 0; i < 3; i++) {
-		double v;
-		lua_getfield(L, arg, names[i]);
-		if (lua_isnil(L, -1)) {
-			lua_pop(L, 1);
-			continue;
-		}
-		v = lua_type(L, -1) == LUA_TNUMBER ? lua_tonumber(L, -1) : -1;
-		if (!(v >= 0))
-			luaL_error(L, "bad option '%s' (non-negative number expected)", names[i]);
-		lua_pop(L, 1);
-		if (i == 0)
-			lim->max_string = v >= 1.8e19 ? SIZE_MAX : (size_t)v;
-		else if (i == 1)
-			lim->max_depth = v > LEI_MAX_DEPTH_CEIL ? LEI_MAX_DEPTH_CEIL : (unsigned)v;
-		else if (pin)
-			*pin = v >= 1.8e19 ? SIZE_MAX : (size_t)v;
-	}
+    lei_codec_limits_default(lim);
+    if (pin) *pin = 0;
+    if (lua_isnoneornil(L, arg)) return;
+    luaL_checktype(L, arg, LUA_TTABLE);
+    for (i = 0; i < 3; i++) {
+        double v;
+        lua_getfield(L, arg, names[i]);
+        if (lua_isnil(L, -1)) {
+            lua_pop(L, 1);
+            continue;
+        }
+        v = lua_type(L, -1) == LUA_TNUMBER ? lua_tonumber(L, -1) : -1;
+        if (!(v >= 0)) luaL_error(L, "bad option '%s' (non-negative number expected)", names[i]);
+        lua_pop(L, 1);
+        if (i == 0)
+            lim->max_string = v >= 1.8e19 ? SIZE_MAX : (size_t)v;
+        else if (i == 1)
+            lim->max_depth = v > LEI_MAX_DEPTH_CEIL ? LEI_MAX_DEPTH_CEIL : (unsigned)v;
+        else if (pin)
+            *pin = v >= 1.8e19 ? SIZE_MAX : (size_t)v;
+    }
 }
 
 /* The module keeps one lei_msg in a userdata upvalue and reuses it; anything
  * left pinned by an interrupted call is released at the next call or at __gc. */
-static void box_reset(lua_State *L, lei_msg *m)
-{
-	int i;
-	for (i = 0; i < m->next; i++)
-		unpin_ref(L, m->ext[i].ref);
-	m->next = 0;
-	m->own.len = 0;
-	if (m->own.cap > (1u << 20))
-		lei_wbuf_free(&m->own);
-	lei_msg_sync(m);
+static void box_reset(lua_State *L, lei_msg *m) {
+    int i;
+    for (i = 0; i < m->next; i++) unpin_ref(L, m->ext[i].ref);
+    m->next = 0;
+    m->own.len = 0;
+    if (m->own.cap > (1u << 20)) lei_wbuf_free(&m->own);
+    lei_msg_sync(m);
 }
 
-static int box_gc(lua_State *L)
-{
-	lei_msg **box = luaL_checkudata(L, 1, MSGBOX);
-	if (*box)
-		lei_msg_release(*box, unpin_ref, L);
-	*box = NULL;
-	return 0;
+static int box_gc(lua_State *L) {
+    lei_msg **box = luaL_checkudata(L, 1, MSGBOX);
+    if (*box) lei_msg_release(*box, unpin_ref, L);
+    *box = NULL;
+    return 0;
 }
 
 /* encode(v [, opts]) -> string | nil, err */
-static int l_encode(lua_State *L)
-{
-	lei_msg *m = *(lei_msg **)lua_touserdata(L, lua_upvalueindex(1));
-	lei_codec_limits lim;
-	size_t pin;
-	char err[256];
+static int l_encode(lua_State *L) {
+    lei_msg *m = *(lei_msg **)lua_touserdata(L, lua_upvalueindex(1));
+    lei_codec_limits lim;
+    size_t pin;
+    char err[256];
 
-	opt_limits(L, 2, &lim, &pin);
-	box_reset(L, m);
-	if (lei_encode_lua(L, 1, m, &lim, pin, err, sizeof err)) {
-		lua_pushnil(L);
-		lua_pushstring(L, err);
-		return 2;
-	}
-	if (m->next == 0) {
-		lua_pushlstring(L, m->own.data, m->own.len);
-	} else {
-		luaL_Buffer lb;
-		struct iovec iov[16];
-		size_t off = 0, cov;
-		int cnt, i;
-		luaL_buffinit(L, &lb);
-		while ((cnt = lei_msg_iov(m, off, iov, 16, &cov)) > 0) {
-			for (i = 0; i < cnt; i++)
-				luaL_addlstring(&lb, iov[i].iov_base, iov[i].iov_len);
-			off += cov;
-		}
-		luaL_pushresult(&lb);
-	}
-	box_reset(L, m);
-	return 1;
+    opt_limits(L, 2, &lim, &pin);
+    box_reset(L, m);
+    if (lei_encode_lua(L, 1, m, &lim, pin, err, sizeof err)) {
+        lua_pushnil(L);
+        lua_pushstring(L, err);
+        return 2;
+    }
+    if (m->next == 0) {
+        lua_pushlstring(L, m->own.data, m->own.len);
+    } else {
+        luaL_Buffer lb;
+        struct iovec iov[16];
+        size_t off = 0, cov;
+        int cnt, i;
+        luaL_buffinit(L, &lb);
+        while ((cnt = lei_msg_iov(m, off, iov, 16, &cov)) > 0) {
+            for (i = 0; i < cnt; i++) luaL_addlstring(&lb, iov[i].iov_base, iov[i].iov_len);
+            off += cov;
+        }
+        luaL_pushresult(&lb);
+    }
+    box_reset(L, m);
+    return 1;
 }
 
 /* decode(s [, opts]) -> true, value | nil, err */
-static int l_decode(lua_State *L)
-{
-	size_t n;
-	const char *s = luaL_checklstring(L, 1, &n);
-	lei_codec_limits lim;
-	char err[256];
+static int l_decode(lua_State *L) {
+    size_t n;
+    const char *s = luaL_checklstring(L, 1, &n);
+    lei_codec_limits lim;
+    char err[256];
 
-	opt_limits(L, 2, &lim, NULL);
-	lua_pushboolean(L, 1);
-	if (lei_decode_lua(L, (const uint8_t *)s, n, &lim, err, sizeof err)) {
-		lua_pushnil(L);
-		lua_pushstring(L, err);
-		return 2;
-	}
-	return 2;
+    opt_limits(L, 2, &lim, NULL);
+    lua_pushboolean(L, 1);
+    if (lei_decode_lua(L, (const uint8_t *)s, n, &lim, err, sizeof err)) {
+        lua_pushnil(L);
+        lua_pushstring(L, err);
+        return 2;
+    }
+    return 2;
 }
 
 /* validate(s [, opts]) -> true | nil, err */
-static int l_validate(lua_State *L)
-{
-	size_t n;
-	const char *s = luaL_checklstring(L, 1, &n);
-	lei_codec_limits lim;
-	const char *err;
+static int l_validate(lua_State *L) {
+    size_t n;
+    const char *s = luaL_checklstring(L, 1, &n);
+    lei_codec_limits lim;
+    const char *err;
 
-	opt_limits(L, 2, &lim, NULL);
-	if (lei_codec_validate((const uint8_t *)s, n, &lim, &err)) {
-		lua_pushnil(L);
-		lua_pushstring(L, err);
-		return 2;
-	}
-	lua_pushboolean(L, 1);
-	return 1;
+    opt_limits(L, 2, &lim, NULL);
+    if (lei_codec_validate((const uint8_t *)s, n, &lim, &err)) {
+        lua_pushnil(L);
+        lua_pushstring(L, err);
+        return 2;
+    }
+    lua_pushboolean(L, 1);
+    return 1;
 }
 
 /* Set encode, decode and validate into the table on top of the stack; the
  * main lecho module may call this on its own table. */
-void lei_codec_lua_setfuncs(lua_State *L)
-{
-	lei_msg **box = lua_newuserdata(L, sizeof *box);
-	*box = NULL;
-	if (luaL_newmetatable(L, MSGBOX)) {
-		lua_pushcfunction(L, box_gc);
-		lua_setfield(L, -2, "__gc");
-	}
-	lua_setmetatable(L, -2);
-	if (!(*box = lei_msg_new()))
-		luaL_error(L, "out of memory");
-	lua_pushvalue(L, -1);
-	lua_pushcclosure(L, l_encode, 1);
-	lua_setfield(L, -3, "encode");
-	lua_pop(L, 1);
-	lua_pushcfunction(L, l_decode);
-	lua_setfield(L, -2, "decode");
-	lua_pushcfunction(L, l_validate);
-	lua_setfield(L, -2, "validate");
+void lei_codec_lua_setfuncs(lua_State *L) {
+    lei_msg **box = lua_newuserdata(L, sizeof *box);
+    *box = NULL;
+    if (luaL_newmetatable(L, MSGBOX)) {
+        lua_pushcfunction(L, box_gc);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_setmetatable(L, -2);
+    if (!(*box = lei_msg_new())) luaL_error(L, "out of memory");
+    lua_pushvalue(L, -1);
+    lua_pushcclosure(L, l_encode, 1);
+    lua_setfield(L, -3, "encode");
+    lua_pop(L, 1);
+    lua_pushcfunction(L, l_decode);
+    lua_setfield(L, -2, "decode");
+    lua_pushcfunction(L, l_validate);
+    lua_setfield(L, -2, "validate");
 }
 
-__attribute__((visibility("default"))) int luaopen_lecho_codec(lua_State *L)
-{
-	lua_newtable(L);
-	lei_codec_lua_setfuncs(L);
-	return 1;
+__attribute__((visibility("default"))) int luaopen_lecho_codec(lua_State *L) {
+    lua_newtable(L);
+    lei_codec_lua_setfuncs(L);
+    return 1;
 }

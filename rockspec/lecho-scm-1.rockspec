@@ -1,3 +1,4 @@
+rockspec_format = "3.0"
 package = "lecho"
 version = "scm-1"
 source = { url = "git+file:///dev/null" }
@@ -12,17 +13,22 @@ Consumers can ship Lua modulators (filters, down-samplers, differencers) that
 run sandboxed in the producing processes; lecho-repl steers a running system.]],
   license = "MIT",
 }
-dependencies = { "lua >= 5.1" }
+-- LuaJIT 2.1 (LuaRocks provides "luajit" when its Lua is LuaJIT); lecho.check
+-- says so at require time too.
+dependencies = { "lua ~> 5.1", "luajit >= 2.1.0-beta3" }
 external_dependencies = { LIBEV = { header = "ev.h" } }
 build = {
   type = "make",
   makefile = "Makefile",
-  build_target = "all",
+  -- "rock": the rock's own core.so (build/rock/), built afresh with the flags
+  -- LuaRocks gives, never the tree's lua/lecho/core.so of an earlier `make`.
+  build_target = "rock",
   build_variables = { CFLAGS = "$(CFLAGS)", LIBFLAG = "$(LIBFLAG)" },
   install_target = "install",
   install_variables = {
     INST_LIBDIR = "$(LIBDIR)",
     INST_LUADIR = "$(LUADIR)",
     INST_BINDIR = "$(BINDIR)",
+    SO = "build/rock/core.so",
   },
 }

@@ -86,3 +86,38 @@ describe("make bench QUICK=1", function()
     end
   end)
 end)
+
+describe("the bench scripts' --help", function()
+  teardown(function() support.cleanup() end)
+
+  -- Runs a bench script under luajit; its exit code and output (both streams).
+  local function run(script, args, env)
+    local out = support.tmpname("help")
+    local cmd = ("cd %s && %s timeout -k 2 20 %s bench/%s %s >%s 2>&1")
+      :format(support.sh_quote(support.root), env or "", support.luajit, script, args, out)
+    local r1, _, r3 = os.execute(cmd)
+    return type(r1) == "number" and math.floor(r1 / 256) or r3, support.read(out) or ""
+  end
+
+  it("bench/run.lua --help prints the usage and exits 0 without starting the benchmark", function()
+    local dir = support.tmpname("no-results")
+    local rc, out = run("run.lua", "--help", "BENCH_RESULTS=" .. dir)
+    assert.are.equal(0, rc, out)
+    assert.truthy(out:match("^usage: luajit bench/run%.lua"), out)
+    assert.truthy(out:find("QUICK=1", 1, true))
+    assert.is_nil(support.read(dir .. "/results.json"))
+    assert.is_nil(io.open(dir, "r"))
+    local rc2, out2 = run("run.lua", "--quick", "BENCH_RESULTS=" .. dir)
+    assert.are.equal(2, rc2, out2)
+    assert.truthy(out2:match("^bench/run%.lua: unknown argument %-%-quick\nusage:"), out2)
+  end)
+
+  it("bench/worker.lua --help prints the usage; options that are not JSON are said to be", function()
+    local rc, out = run("worker.lua", "--help")
+    assert.are.equal(0, rc, out)
+    assert.truthy(out:match("^usage: luajit bench/worker%.lua '<json options>'"), out)
+    local rc2, out2 = run("worker.lua", "'{nope'")
+    assert.are.equal(2, rc2, out2)
+    assert.truthy(out2:match("^bench/worker%.lua: the options must be one JSON object %(.+%)\nusage:"), out2)
+  end)
+end)

@@ -1,16 +1,25 @@
 -- `luarocks make rockspec/lecho-scm-1.rockspec` installs a tree from which
 -- `require "lecho"` and the name server script work, with nothing from the
--- source tree on the paths.
+-- source tree on the paths; the rock builds its own core.so with the flags
+-- it is given; lecho says at require time that it needs LuaJIT.
 local S = require "spec.support"
 
+-- -frecord-gcc-switches leaves a .GCC.command.line section in the rock's
+-- core.so: the proof that it was built for the rock, not copied from the
+-- tree's lua/lecho/core.so (built by `make` without it).
+local ROCK_CFLAGS = "-O2 -g -frecord-gcc-switches"
+local RECORD = ".GCC.command.line"
+
 describe("the rockspec", function()
-  local tree
+  local tree, tree_so, tree_so_before
 
   setup(function()
     tree = S.tmpname("tree")
+    tree_so = S.root .. "/lua/lecho/core.so"
+    tree_so_before = S.read(tree_so)
     local cmd = ("cd %s && luarocks --lua-version=5.1 make --tree %s rockspec/lecho-scm-1.rockspec "
-      .. "LUA_INCDIR=/usr/include/luajit-2.1 >%s/luarocks.log 2>&1")
-      :format(S.sh_quote(S.root), S.sh_quote(tree), S.tmpdir())
+      .. "LUA_INCDIR=/usr/include/luajit-2.1 CFLAGS=%s >%s/luarocks.log 2>&1")
+      :format(S.sh_quote(S.root), S.sh_quote(tree), S.sh_quote(ROCK_CFLAGS), S.tmpdir())
     local ok = os.execute(cmd)
     assert(ok == 0 or ok == true, "luarocks make failed: " .. (S.read(S.tmpdir() .. "/luarocks.log") or ""))
   end)
@@ -26,9 +35,25 @@ describe("the rockspec", function()
 
   it("installs the module, the core and the scripts", function()
     for _, f in ipairs{ "/share/lua/5.1/lecho/init.lua", "/share/lua/5.1/lecho/registry.lua",
+                        "/share/lua/5.1/lecho/check.lua",
                         "/lib/lua/5.1/lecho/core.so", "/bin/lecho-nameserver", "/bin/lecho-manager" } do
       assert.truthy(S.read(tree .. f), f .. " missing")
     end
+  end)
+
+  it("builds its own core with the flags it is given, leaving the tree's core.so alone", function()
+    assert.truthy(tree_so_before, "the tree's core.so is built first (make)")
+    local rock_so = assert(S.read(tree .. "/lib/lua/5.1/lecho/core.so"))
+    assert.truthy(rock_so:find(RECORD, 1, true), "the rock's core.so was not built with " .. ROCK_CFLAGS)
+    assert.falsy(tree_so_before:find(RECORD, 1, true))
+    assert.are.equal(tree_so_before, S.read(tree_so))
+  end)
+
+  it("declares LuaJIT 2.1 as a dependency", function()
+    local rs = {}
+    setfenv(assert(loadfile(S.root .. "/rockspec/lecho-scm-1.rockspec")), rs)()
+    local deps = table.concat(rs.dependencies, ",")
+    assert.truthy(deps:match("luajit >= 2%.1"), deps)
   end)
 
   it("serves require 'lecho' and a name server from the installed tree", function()
@@ -54,5 +79,34 @@ describe("the rockspec", function()
     assert.is_true(S.wait(child, 20))
     assert.are.equal(0, child.rc, S.errors(child))
     assert.are.equal("tree\n", S.output(child))
+  end)
+end)
+
+describe("require 'lecho' under another Lua", function()
+  -- lua/lecho/check.lua run with the globals it reads faked.
+  local function check(env)
+    local chunk = assert(loadfile(S.root .. "/lua/lecho/check.lua"))
+    env.type, env.tostring, env.error = type, tostring, error
+    return pcall(setfenv(chunk, env))
+  end
+
+  it("says that lecho needs LuaJIT 2.1 and what it found", function()
+    assert.are.same({ false, "lecho needs LuaJIT 2.1 (found Lua 5.2)" }, { check{ _VERSION = "Lua 5.2" } })
+    assert.are.same({ false, "lecho needs LuaJIT 2.1 (found Lua 5.3)" }, { check{ _VERSION = "Lua 5.3" } })
+    assert.are.same({ false, "lecho needs LuaJIT 2.1 (found LuaJIT 2.0.5)" },
+                    { check{ _VERSION = "Lua 5.1", jit = { version = "LuaJIT 2.0.5" } } })
+    assert.are.same({ true, true }, { check{ _VERSION = "Lua 5.1", jit = { version = jit.version } } })
+  end)
+
+  it("fails at require with that message under a real Lua 5.2", function()
+    if os.execute("command -v lua5.2 >/dev/null 2>&1") ~= 0 then
+      pending("lua5.2 is not installed; the faked check above covers the logic")
+      return
+    end
+    local p = io.popen(("env -u LUA_PATH_5_2 -u LUA_CPATH_5_2 LUA_PATH='%s/lua/?.lua;%s/lua/?/init.lua' "
+      .. "LUA_CPATH='%s/lua/?.so' lua5.2 -e 'require \"lecho\"' 2>&1"):format(S.root, S.root, S.root))
+    local out = p:read("*a")
+    p:close()
+    assert.truthy(out:find("lecho needs LuaJIT 2.1 (found Lua 5.2)", 1, true), out)
   end)
 end)

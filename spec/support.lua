@@ -1,27 +1,25 @@
 -- spec/support.lua: what the multi-process specs share.
 -- Starts real processes (luajit children, the name server script) on
 -- 127.0.0.1 with ports chosen by the OS, waits for them with a bound, and
--- kills every one still running at cleanup.
+-- kills every one still running at cleanup.  The process handling itself is
+-- spec/support/proc.lua's, shared with bench/ and stress/.
+
+local P = require "spec.support.proc"
 
 local M = {}
 
 M.root = os.getenv("LECHO_ROOT") or "."
 M.luajit = os.getenv("LUAJIT") or "luajit"
 
-local children = {}
-local tmpdir
+local tmpdir, group
 
-local function sh_quote(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+local sh_quote = P.sh_quote
 M.sh_quote = sh_quote
+M.read, M.write, M.sleep = P.read, P.write, P.sleep
+M.output, M.errors, M.kill = P.output, P.errors, P.kill
 
 function M.tmpdir()
-  if not tmpdir then
-    local p = io.popen("mktemp -d /tmp/lecho-spec.XXXXXX")
-    tmpdir = p:read("*l")
-    p:close()
-  end
+  if not tmpdir then tmpdir = P.tmpdir("lecho-spec") end
   return tmpdir
 end
 
@@ -31,40 +29,11 @@ function M.tmpname(stem)
   return ("%s/%s-%d"):format(M.tmpdir(), stem or "f", seq)
 end
 
-function M.write(path, text)
-  local f = assert(io.open(path, "w"))
-  f:write(text)
-  f:close()
-  return path
-end
-
-function M.read(path)
-  local f = io.open(path, "r")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-
-function M.sleep(s)
-  os.execute(("sleep %.3f"):format(s))
-end
-
-local function alive(pid)
-  return os.execute(("kill -0 %d 2>/dev/null"):format(pid)) == 0
-end
-
 --- Starts `cmd` (a shell command) in the background; stdout and stderr go
--- to files.  Returns a child { pid, out, err }.
+-- to files.  Returns a child { pid, out, err } (spec/support/proc.lua).
 function M.spawn(cmd)
-  local out, err, rc, pidf = M.tmpname("out"), M.tmpname("err"), M.tmpname("rc"), M.tmpname("pid")
-  local inner = ("%s >%s 2>%s </dev/null & echo $! >%s; wait $!; echo $? >%s")
-    :format(cmd, out, err, pidf, rc)
-  os.execute(("sh -c %s >/dev/null 2>&1 &"):format(sh_quote(inner)))
-  local pid = tonumber(M.wait_file(pidf, "%d+", 10))
-  local child = { pid = pid, out = out, err = err, rcfile = rc, cmd = cmd }
-  children[#children + 1] = child
-  return child
+  group = group or P.group(M.tmpdir())
+  return group:spawn(cmd)
 end
 
 --- Starts a Lua script (source text) under luajit with the tree's paths.
@@ -86,39 +55,17 @@ function M.lua_with(prefix, src, ...)
 end
 
 --- True while child's process exists (a stopped one included).
-function M.alive(child) return child.pid ~= nil and alive(child.pid) end
+function M.alive(child) return P.alive(child.pid) end
 
 --- Waits until child exits (true, exit code) or timeout seconds pass (false).
 -- With ctx given, its loop is served meanwhile (queued events get written).
 function M.wait(child, timeout, ctx)
-  local deadline = os.time() + (timeout or 30)
-  repeat
-    local rc = M.read(child.rcfile)
-    if rc and rc:match("%d") then
-      child.rc = tonumber(rc:match("%d+"))
-      return true, child.rc
-    end
-    if ctx then ctx:run_once(0.05) else M.sleep(0.05) end
-  until os.time() > deadline
-  return false
+  return P.wait(child, timeout, ctx and function(dt) ctx:run_once(dt) end)
 end
 
 --- Waits until path exists with content matching pattern; returns content.
 function M.wait_file(path, pattern, timeout)
-  local deadline = os.time() + (timeout or 20)
-  repeat
-    local s = M.read(path)
-    if s and s:match(pattern or ".") then return s end
-    M.sleep(0.05)
-  until os.time() > deadline
-  return nil
-end
-
-function M.output(child) return M.read(child.out) or "" end
-function M.errors(child) return M.read(child.err) or "" end
-
-function M.kill(child, sig)
-  if child.pid then os.execute(("kill -%s %d 2>/dev/null"):format(sig or "TERM", child.pid)) end
+  return P.wait_file(path, pattern, timeout)
 end
 
 --- Starts scripts/lecho-nameserver on a port chosen by the OS; returns the
@@ -134,14 +81,44 @@ end
 
 --- Kills every child still running and removes the temporary files.
 function M.cleanup()
-  for _, c in ipairs(children) do
-    if c.pid and alive(c.pid) then M.kill(c, "KILL") end
-  end
-  children = {}
+  if group then group:kill_all("KILL") end
+  group = nil
   if tmpdir then
-    os.execute("rm -rf " .. sh_quote(tmpdir))
+    P.remove(tmpdir)
     tmpdir = nil
   end
+end
+
+--- A name server process and a context of this process using it, for the
+-- specs that put consumers in other processes: returns its address and the
+-- context.  end_world closes the context and every child (after_each).
+function M.world()
+  local lecho = require "lecho"
+  local _, ns = M.nameserver("--quiet")
+  return ns, lecho.context{ nameserver = ns, quiet = true }
+end
+
+function M.end_world(ctx)
+  if ctx then ctx:close() end
+  M.cleanup()
+end
+
+--- Starts spec/children.lua's consumer with opts (JSON) and waits until it
+-- said ready.
+function M.consumer(opts)
+  local child = M.lua(require("spec.children").consumer, require("cjson").encode(opts))
+  assert(M.wait_file(child.out, "ready", 20), "consumer did not start: " .. M.errors(child))
+  return child
+end
+
+--- Waits for child to exit (serving ctx's loop) and decodes the one JSON
+-- line of its output.
+function M.result(child, timeout, ctx)
+  local done = M.wait(child, timeout or 30, ctx)
+  assert(done, "child did not finish: " .. M.errors(child))
+  local line = M.output(child):match("({.*})")
+  assert(line, "no result from child: " .. M.output(child) .. M.errors(child))
+  return require("cjson").decode(line)
 end
 
 --- Runs ctx's loop until pred() is true or timeout seconds pass.

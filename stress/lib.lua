@@ -2,32 +2,16 @@
 -- checker share: the clock every process stamps its records with, JSON-line
 -- logs, the seeded PRNG, /proc readings.  No lecho here (the driver and the
 -- checker do not load it).
-local ffi = require "ffi"
 local cjson = require "cjson"
-
-ffi.cdef [[
-typedef long time_t;
-struct lstress_timespec { time_t tv_sec; long tv_nsec; };
-int clock_gettime(int clk, struct lstress_timespec *ts);
-int poll(void *fds, unsigned long nfds, int timeout);
-int getpid(void);
-]]
+local P = require "spec.support.proc"
 
 local M = {}
 
 -- CLOCK_MONOTONIC: one clock for every process on this host, so records of
--- different processes compare.
-local ts = ffi.new("struct lstress_timespec")
-function M.now()
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
-
-function M.sleep(s)
-  if s > 0 then ffi.C.poll(nil, 0, math.floor(s * 1000 + 0.5)) end
-end
-
-function M.getpid() return ffi.C.getpid() end
+-- different processes compare.  It, sleeping and the files are
+-- spec/support/proc.lua's (the tree's root is on package.path).
+M.now, M.sleep, M.getpid = P.clock, P.sleep, P.getpid
+M.read, M.write = P.read, P.write
 
 -- A JSON-lines log, line-buffered: each record reaches the kernel when it is
 -- written, so it survives a SIGKILL right after (a handler's record is
@@ -56,21 +40,6 @@ function M.read_jsonl(path)
   end
   f:close()
   return out, bad, true
-end
-
-function M.read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-
-function M.write(path, s)
-  local f = assert(io.open(path .. ".tmp", "wb"))
-  f:write(s)
-  f:close()
-  assert(os.rename(path .. ".tmp", path))
 end
 
 -- Resident set size of pid (or this process) in bytes, from /proc; nil if gone.

@@ -19,6 +19,7 @@ local root = os.getenv("LECHO_ROOT") or "."
 package.path = root .. "/?.lua;" .. package.path
 local lib = require "stress.lib"
 local sys = require "stress.os"
+local proc = require "spec.support.proc"
 local check = require "stress.check"
 local json = lib.json
 local now = lib.now
@@ -179,14 +180,14 @@ local function run(sc, dir)
   sc.t0 = T0
   lib.write(dir .. "/scenario.json", json.encode(sc))
   local D = lib.logger(dir .. "/driver.jsonl")
-  local anchor = sys.spawn({ "sleep", tostring(math.floor(sc.seconds * 4 + 600)) },
+  local anchor = proc.fork({ "sleep", tostring(math.floor(sc.seconds * 4 + 600)) },
                            "/dev/null", "/dev/null", 0)
   local pgid = anchor
   local live = {}       -- pid -> proc record
   local procs = {}      -- id -> { spec, pid, exit, ... }
   local function spawn(id, argv, role, extra)
     local out, err = dir .. "/" .. id .. ".out", dir .. "/" .. id .. ".err"
-    local pid = sys.spawn(argv, out, err, pgid)
+    local pid = proc.fork(argv, out, err, pgid)
     local r = procs[id] or { id = id, role = role, runs = {} }
     procs[id] = r
     r.pid, r.exited = pid, nil
@@ -199,11 +200,11 @@ local function run(sc, dir)
   local function signal(r, sig, what)
     if not r or not r.pid or r.exited then return end
     D.w{ k = what or sig:lower(), id = r.id, pid = r.pid, sig = sig }
-    sys.kill(r.pid, sig)
+    proc.signal(r.pid, sig)
   end
   local function reap()
     while true do
-      local pid, st = sys.reap()
+      local pid, st = proc.reap()
       if not pid then return end
       local r = live[pid]
       if r then
@@ -214,13 +215,12 @@ local function run(sc, dir)
     end
   end
   local function wait_file(path, pat, secs, r)
-    local deadline = now() + secs
-    repeat
-      local s = lib.read(path)
-      if s and s:match(pat) then return s:match("[^\n]+") end
-      lib.sleep(0.05)
+    local s = proc.wait_file(path, pat, secs, function(dt)
+      lib.sleep(dt)
       reap()
-    until now() > deadline or poll_signal() or (r and r.exited)
+      return poll_signal() or (r and r.exited)
+    end)
+    return s and s:match("[^\n]+")
   end
 
   -- name server: on a port the OS chooses; restarted on the same port
@@ -234,7 +234,7 @@ local function run(sc, dir)
   local _, ns = start_ns("127.0.0.1:0", 1)
   if not ns then
     D.w{ k = "harness", m = "name server did not start" }
-    sys.kill(-pgid, "KILL")
+    proc.signal(-pgid, "KILL")
     return false, "name server did not start"
   end
   D.w{ k = "ns", addr = ns }
@@ -430,7 +430,7 @@ local function run(sc, dir)
   local t_term = now()
   while next(live) and now() - t_term < 5 do reap(); lib.sleep(0.02) end
   for _, r in pairs(live) do signal(r, "KILL", "kill_end") end
-  sys.kill(-pgid, "KILL")
+  proc.signal(-pgid, "KILL")
   local t_k = now()
   while next(live) and now() - t_k < 5 do reap(); lib.sleep(0.02) end
   reap()

@@ -15,6 +15,7 @@
 -- name server and managers).  The C half (lecho.core) owns the loop, the
 -- sockets, the queues and the codec.
 
+require "lecho.check"
 local core = require "lecho.core"
 local registry = require "lecho.registry"
 local fastenc = require "lecho.fastenc"

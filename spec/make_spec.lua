@@ -1,0 +1,64 @@
+-- The Makefile explains itself: `make help` names every target it declares
+-- phony and every variable people may set (`?=`), and `make deps` says what
+-- it checks, what is missing and what it installs, or that all is present.
+local S = require "spec.support"
+
+local function make(args)
+  local out = S.tmpname("make")
+  local r1, _, r3 = os.execute(("cd %s && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s --no-print-directory %s >%s 2>&1"):format(S.sh_quote(S.root), args, out))
+  return type(r1) == "number" and math.floor(r1 / 256) or r3, S.read(out) or ""
+end
+
+describe("make help", function()
+  teardown(function() S.cleanup() end)
+
+  it("lists every phony target and every variable the Makefile lets people set", function()
+    local rc, help = make("help")
+    assert.are.equal(0, rc, help)
+    local mk = assert(S.read(S.root .. "/Makefile"))
+    local targets, vars = 0, 0
+    for line in mk:gmatch("[^\n]+") do
+      local phony = line:match("^%.PHONY:(.*)")
+      for t in (phony or ""):gmatch("%S+") do
+        targets = targets + 1
+        assert.truthy(help:find("make " .. t .. " ", 1, true) or (t == "all" and help:find("make  ", 1, true)),
+                      "make help omits target " .. t)
+      end
+      local var = line:match("^([%u_]+)%s*%?=")
+      if var then
+        vars = vars + 1
+        assert.truthy(help:find(var, 1, true), "make help omits variable " .. var)
+      end
+    end
+    assert.is_true(targets >= 10 and vars >= 5)
+    for _, v in ipairs{ "QUICK", "SEED", "BUSTED_ARGS", "STRESS_SECONDS" } do
+      assert.truthy(help:find(v, 1, true), "make help omits variable " .. v)
+    end
+  end)
+end)
+
+describe("make deps", function()
+  teardown(function() S.cleanup() end)
+
+  it("says what it checks and that all is present", function()
+    local rc, out = make("deps")
+    assert.are.equal(0, rc, out)
+    assert.truthy(out:match("^make deps: checking %d+ Debian packages: luajit libluajit%-5%.1%-dev "), out)
+    assert.truthy(out:match("\nmake deps: all present\n$"), out)
+  end)
+
+  it("says which package is missing and what it installs (APT=true installs nothing)", function()
+    local rc, out = make("deps DEPS='/nonexistent/lecho-spec:lecho-spec-pkg /bin/sh:dash' APT=true")
+    assert.truthy(out:match("^make deps: checking 2 Debian packages: lecho%-spec%-pkg dash\n"), out)
+    assert.truthy(out:find("make deps: lecho-spec-pkg missing (no /nonexistent/lecho-spec)\n", 1, true), out)
+    assert.falsy(out:find("dash missing", 1, true), out)
+    if S.read("/proc/self/status"):match("\nUid:%s+0%s") then
+      assert.are.equal(0, rc, out)
+      assert.truthy(out:find("make deps: installing lecho-spec-pkg (true update, true install)\n", 1, true), out)
+      assert.truthy(out:find("make deps: installed lecho-spec-pkg\n", 1, true), out)
+    else
+      assert.are.equal(1, rc, out)
+      assert.truthy(out:find("make deps: need root to apt-get install lecho-spec-pkg", 1, true), out)
+    end
+  end)
+end)

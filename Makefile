@@ -16,7 +16,7 @@ CORE_SRC   := core/codec.c core/frame.c core/ctx.c
 LUA_SRC    := core/codec_lua.c core/moe.c core/lua_lecho.c
 HDRS       := $(wildcard core/*.h)
 SO         := lua/lecho/core.so
-CTESTS     := build/test_codec build/test_frame
+CTESTS     := build/test_codec build/test_frame build/test_ctx
 
 # Debian packages the project needs, by the file that proves each is there.
 DEPS := /usr/bin/luajit:luajit \
@@ -34,7 +34,7 @@ DEPS := /usr/bin/luajit:luajit \
         /usr/bin/gnuplot:gnuplot-nox \
         /usr/bin/tmux:tmux
 
-.PHONY: all deps test ctest spec asan demo bench clean help install
+.PHONY: all deps test ctest spec asan demo bench clean help install liblecho
 
 all: $(SO)
 
@@ -69,8 +69,21 @@ build/test_codec: core/test_codec.c core/codec.c $(HDRS) | build
 build/test_frame: core/test_frame.c core/frame.c core/codec.c $(HDRS) | build
 	$(CC) $(ALLCFLAGS) -o $@ core/test_frame.c core/frame.c core/codec.c $(LDFLAGS)
 
-ctest: $(CTESTS)
+ctest: $(CTESTS) $(SO)
 	@for t in $(CTESTS); do ./$$t || exit 1; done
+
+# liblecho: the public C API (core/lecho.h), a private LuaJIT state that
+# loads the Lua layer.  build/liblecho.so finds the Lua files of this
+# checkout; the installed one (build/inst/) those of INST_LUADIR/INST_LIBDIR.
+LECHO_LIBS := -lluajit-5.1
+build/liblecho.so: core/lecho.c core/lecho.h | build
+	$(CC) $(ALLCFLAGS) -shared -o $@ core/lecho.c \
+	  -DLECHO_LUA_DIR='"$(CURDIR)/lua"' -DLECHO_LUA_CDIR='"$(CURDIR)/lua"' $(LECHO_LIBS) $(LDFLAGS)
+
+liblecho: build/liblecho.so $(SO)
+
+build/test_ctx: core/test_ctx.c core/lecho.h core/test.h build/liblecho.so | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test_ctx.c -Lbuild -llecho -Wl,-rpath,$(CURDIR)/build -lpthread $(LDFLAGS)
 
 # busted runs under LuaJIT with the tree's own module paths first.
 SPEC_ENV := LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;" \

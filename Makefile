@@ -34,7 +34,7 @@ DEPS := /usr/bin/luajit:luajit \
         /usr/bin/gnuplot:gnuplot-nox \
         /usr/bin/tmux:tmux
 
-.PHONY: all deps test ctest spec asan demo bench clean help install liblecho
+.PHONY: all deps test ctest spec asan demo bench clean help install liblecho examples-c
 
 all: $(SO)
 
@@ -125,18 +125,62 @@ bench/baseline_zmq: bench/baseline_zmq.c bench/harness.h
 bench/lecho_c: bench/lecho_c.c bench/harness.h $(CORE_SRC) $(HDRS)
 	$(CC) $(CFLAGS) $(WARN) -Icore -o $@ bench/lecho_c.c $(CORE_SRC) -lev
 
-# Used by luarocks make: copies the module, the Lua files and the scripts.
-INST_LIBDIR ?= /usr/local/lib/lua/5.1
-INST_LUADIR ?= /usr/local/share/lua/5.1
-INST_BINDIR ?= /usr/local/bin
+# `make install [PREFIX=/usr/local] [DESTDIR=]`: the Lua module tree, the
+# core, the scripts, and the C API (lecho.h, liblecho.so, lecho.pc).
+# LuaRocks (`luarocks make`) passes INST_LIBDIR, INST_LUADIR, INST_BINDIR on
+# the command line: then the C API is installed only if INST_INCDIR is given
+# too (with INST_CLIBDIR; INST_PCDIR defaults to INST_CLIBDIR/pkgconfig).
+PREFIX       ?= /usr/local
+INST_LIBDIR  ?= $(PREFIX)/lib/lua/5.1
+INST_LUADIR  ?= $(PREFIX)/share/lua/5.1
+INST_BINDIR  ?= $(PREFIX)/bin
+INST_INCDIR  ?= $(PREFIX)/include
+INST_CLIBDIR ?= $(PREFIX)/lib
+INST_PCDIR   ?= $(INST_CLIBDIR)/pkgconfig
+LECHO_VERSION := 0.1.0
+CAPI_INSTALL := $(if $(filter command line,$(origin INST_LIBDIR)),$(filter command line,$(origin INST_INCDIR)),yes)
+
 install: $(SO)
-	mkdir -p $(INST_LIBDIR)/lecho $(INST_LUADIR)/lecho $(INST_BINDIR)
-	cp $(SO) $(INST_LIBDIR)/lecho/core.so
-	cp lua/lecho/*.lua $(INST_LUADIR)/lecho/
-	cp scripts/lecho-* $(INST_BINDIR)/
+	mkdir -p $(DESTDIR)$(INST_LIBDIR)/lecho $(DESTDIR)$(INST_LUADIR) $(DESTDIR)$(INST_BINDIR)
+	cp $(SO) $(DESTDIR)$(INST_LIBDIR)/lecho/core.so
+	cd lua && find lecho -name '*.lua' | while read -r f; do \
+	  mkdir -p "$(DESTDIR)$(INST_LUADIR)/$$(dirname $$f)" && cp "$$f" "$(DESTDIR)$(INST_LUADIR)/$$f" || exit 1; done
+	cp scripts/lecho-* $(DESTDIR)$(INST_BINDIR)/
+	$(if $(CAPI_INSTALL),$(MAKE) install-capi)
+
+# The installed liblecho is built for where the Lua files go (INST_LUADIR,
+# INST_LIBDIR; LECHO_LUA_DIR and LECHO_LUA_CDIR override them at run time).
+install-capi: build/lecho.pc | build
+	@mkdir -p build/inst
+	$(CC) $(ALLCFLAGS) -shared -Wl,-soname,liblecho.so.0 -o build/inst/liblecho.so.0 core/lecho.c \
+	  -DLECHO_LUA_DIR='"$(INST_LUADIR)"' -DLECHO_LUA_CDIR='"$(INST_LIBDIR)"' $(LECHO_LIBS) $(LDFLAGS)
+	mkdir -p $(DESTDIR)$(INST_INCDIR) $(DESTDIR)$(INST_CLIBDIR) $(DESTDIR)$(INST_PCDIR)
+	cp core/lecho.h $(DESTDIR)$(INST_INCDIR)/lecho.h
+	cp build/inst/liblecho.so.0 $(DESTDIR)$(INST_CLIBDIR)/liblecho.so.0
+	ln -sf liblecho.so.0 $(DESTDIR)$(INST_CLIBDIR)/liblecho.so
+	cp build/lecho.pc $(DESTDIR)$(INST_PCDIR)/lecho.pc
+
+# The C example (examples/c/heat.c) built the way a user builds against an
+# installed lecho: install into EXAMPLE_PREFIX (build/stage), then cc with
+# pkg-config from there.  Run: examples/c/heat, with examples/c/viewer.lua.
+EXAMPLE_PREFIX ?= $(CURDIR)/build/stage
+examples-c: $(SO)
+	$(MAKE) install PREFIX=$(EXAMPLE_PREFIX) DESTDIR= INST_LIBDIR=$(EXAMPLE_PREFIX)/lib/lua/5.1 \
+	  INST_LUADIR=$(EXAMPLE_PREFIX)/share/lua/5.1 INST_BINDIR=$(EXAMPLE_PREFIX)/bin \
+	  INST_INCDIR=$(EXAMPLE_PREFIX)/include INST_CLIBDIR=$(EXAMPLE_PREFIX)/lib
+	$(CC) $(CFLAGS) $(WARN) -o examples/c/heat examples/c/heat.c \
+	  $$(PKG_CONFIG_PATH=$(EXAMPLE_PREFIX)/lib/pkgconfig pkg-config --cflags --libs lecho) \
+	  -Wl,-rpath,$(EXAMPLE_PREFIX)/lib -lm
+
+.PHONY: build/lecho.pc install-capi
+build/lecho.pc: | build
+	@printf '%s\n' 'prefix=$(PREFIX)' 'includedir=$(INST_INCDIR)' 'libdir=$(INST_CLIBDIR)' '' \
+	  'Name: lecho' 'Description: event channels between processes (C API; LuaJIT inside)' \
+	  'Version: $(LECHO_VERSION)' 'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -llecho' \
+	  'Libs.private: $(LECHO_LIBS)' > $@
 
 clean:
-	rm -rf build $(SO) lua/lecho/codec.so $(BENCH_BIN)
+	rm -rf build $(SO) lua/lecho/codec.so $(BENCH_BIN) examples/c/heat
 
 # The stress harness (stress/run.lua, issue 8): random seeds for
 # STRESS_SECONDS (600) in scenarios of STRESS_SCENARIO_SECONDS (30) each;

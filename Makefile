@@ -46,6 +46,9 @@ help:
 	@echo "make demo     atmosphere: a simulation and three viewers (full, region, diff), bytes per viewer"
 	@echo "make bench    benchmark suite vs raw TCP and ZeroMQ (QUICK=1: < 30 s), bench/results/"
 	@echo "make stress   seeded stress scenarios with real processes for STRESS_SECONDS (600); stress-seed SEED=N replays one"
+	@echo "make install  Lua tree, core, scripts and the C API (lecho.h, liblecho, lecho.pc) under PREFIX (/usr/local), DESTDIR"
+	@echo "make liblecho build/liblecho.so, the C API for this checkout (core/lecho.h)"
+	@echo "make examples-c  install into build/stage and build examples/c/heat from there with pkg-config"
 	@echo "make clean    remove build products"
 
 deps:

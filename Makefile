@@ -79,8 +79,9 @@ ctest: $(CTESTS) $(SO)
 # loads the Lua layer.  build/liblecho.so finds the Lua files of this
 # checkout; the installed one (build/inst/) those of INST_LUADIR/INST_LIBDIR.
 LECHO_LIBS := -lluajit-5.1
-build/liblecho.so: core/lecho.c core/lecho.h | build
-	$(CC) $(ALLCFLAGS) -shared -o $@ core/lecho.c \
+LECHO_SRC  := core/lecho.c core/lecho_value.c
+build/liblecho.so: $(LECHO_SRC) core/lecho.h core/lecho_int.h | build
+	$(CC) $(ALLCFLAGS) -shared -o $@ $(LECHO_SRC) \
 	  -DLECHO_LUA_DIR='"$(CURDIR)/lua"' -DLECHO_LUA_CDIR='"$(CURDIR)/lua"' $(LECHO_LIBS) $(LDFLAGS)
 
 liblecho: build/liblecho.so $(SO)
@@ -155,7 +156,7 @@ install: $(SO)
 # INST_LIBDIR; LECHO_LUA_DIR and LECHO_LUA_CDIR override them at run time).
 install-capi: build/lecho.pc | build
 	@mkdir -p build/inst
-	$(CC) $(ALLCFLAGS) -shared -Wl,-soname,liblecho.so.0 -o build/inst/liblecho.so.0 core/lecho.c \
+	$(CC) $(ALLCFLAGS) -shared -Wl,-soname,liblecho.so.0 -o build/inst/liblecho.so.0 $(LECHO_SRC) \
 	  -DLECHO_LUA_DIR='"$(INST_LUADIR)"' -DLECHO_LUA_CDIR='"$(INST_LIBDIR)"' $(LECHO_LIBS) $(LDFLAGS)
 	mkdir -p $(DESTDIR)$(INST_INCDIR) $(DESTDIR)$(INST_CLIBDIR) $(DESTDIR)$(INST_PCDIR)
 	cp core/lecho.h $(DESTDIR)$(INST_INCDIR)/lecho.h

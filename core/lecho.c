@@ -7,16 +7,12 @@
  * Every Lua call goes through lua_cpcall, so a Lua error (memory included)
  * becomes a code and a message, never a longjmp past the caller.
  *
- * Handles keep their Lua object in the registry (h.ref).  A value handle
- * refers to a box table { v }: the slot is box[1], so a slot may hold nil
- * without a nil registry entry (which would confuse luaL_ref).
+ * Handles keep their Lua object in the registry (h.ref); values are in
+ * lecho_value.c, the shared structs in lecho_int.h.
  */
-#include "lecho.h"
+#include "lecho_int.h"
 
-#include <lauxlib.h>
-#include <lua.h>
 #include <lualib.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,64 +23,6 @@
 #ifndef LECHO_LUA_CDIR
 #define LECHO_LUA_CDIR "/usr/local/lib/lua/5.1"
 #endif
-
-enum { H_VALUE, H_CHANNEL, H_PRODUCER, H_CONSUMER };
-
-/* Common head of every handle.  Owned by its context: linked in
- * ctx->handles until freed by its close/free function or lecho_close. */
-struct lei_h {
-    lecho_ctx *ctx;
-    int ref;  /* registry reference of the Lua object (value: its box) */
-    int kind; /* H_* */
-    struct lei_h *prev, *next;
-};
-
-struct lecho_value {
-    struct lei_h h;
-};
-
-struct lecho_channel {
-    struct lei_h h;
-    char *asked; /* owned: the name given to lecho_channel */
-    char *name;  /* owned: the full name */
-};
-
-struct lecho_producer {
-    struct lei_h h;
-};
-
-/* The trampoline's upvalue (a Lua userdata, owned by the Lua state): points
- * back at the consumer until the consumer is closed. */
-struct cbox {
-    lecho_consumer *c;
-};
-
-struct lecho_consumer {
-    struct lei_h h;
-    lecho_handler fn;
-    void *ud;
-    struct cbox *box; /* borrowed from Lua: valid while h.ref holds the consumer */
-};
-
-/* Owned by the caller of lecho_submit_sync; every string is malloc'd here. */
-struct lecho_errors {
-    size_t n;
-    char **f;   /* 3 * n strings: context, consumer, message */
-    char *text; /* the list as one line */
-};
-
-struct lecho_ctx {
-    lua_State *L0;  /* owned: the private state (lua_close in lecho_close) */
-    lua_State *L;   /* the thread calls run on: L0, or a handler's coroutine */
-    int glue;       /* registry ref of the lecho.capi table */
-    int self;       /* registry ref of the Lua context */
-    int in_handler; /* depth of C handlers running */
-    char *addr;     /* owned */
-    char *ns;       /* owned */
-    char *show;     /* owned: the last lecho_to_string text */
-    struct lei_h *handles;
-    char err[512];
-};
 
 static const char *const code_names[] = {
     "success", "timeout", "closed", "refused", "limit", "wouldblock", "invalid",
@@ -106,12 +44,12 @@ const char *lecho_errmsg(const lecho_ctx *x) {
     return x ? x->err : "";
 }
 
-static int fail(lecho_ctx *x, int code, const char *msg) {
+int lei_api_fail(lecho_ctx *x, int code, const char *msg) {
     snprintf(x->err, sizeof x->err, "%s", msg);
     return code;
 }
 
-static char *dupstr(const char *s) {
+char *lei_api_dupstr(const char *s) {
     size_t n = strlen(s) + 1;
     char *d = malloc(n);
     if (d) memcpy(d, s, n);
@@ -120,7 +58,7 @@ static char *dupstr(const char *s) {
 
 /* ---- handles ---- */
 
-static void *h_new(lecho_ctx *x, size_t size, int kind) {
+void *lei_api_h_new(lecho_ctx *x, size_t size, int kind) {
     struct lei_h *h = calloc(1, size);
     if (!h) return NULL;
     h->ctx = x;
@@ -132,7 +70,7 @@ static void *h_new(lecho_ctx *x, size_t size, int kind) {
     return h;
 }
 
-static void h_free(struct lei_h *h) {
+void lei_api_h_free(struct lei_h *h) {
     lecho_ctx *x = h->ctx;
     if (x->L) luaL_unref(x->L, LUA_REGISTRYINDEX, h->ref);
     if (h->prev)
@@ -150,31 +88,16 @@ static void h_free(struct lei_h *h) {
 
 /* ---- protected calls ---- */
 
-/* The arguments and results of one protected operation. */
-struct op {
-    lecho_ctx *x;
-    int rc;
-    const void *a, *b; /* handles */
-    const char *key, *s;
-    size_t n, idx;
-    double d;
-    const double *nums;
-    double *out;
-    int kind, i;
-    void *res;
-    const char *str;
-};
-
 /* Runs f(op) protected on the current thread; a raised error becomes a code
  * and its message. */
-static int protect(lecho_ctx *x, lua_CFunction f, struct op *o) {
+int lei_api_protect(lecho_ctx *x, lua_CFunction f, struct op *o) {
     o->x = x;
     o->rc = 0;
     int top = lua_gettop(x->L);
     int rc = lua_cpcall(x->L, f, o);
     if (rc != 0) {
         const char *m = lua_tostring(x->L, -1);
-        fail(x, rc == LUA_ERRMEM ? LECHO_ENOMEM : LECHO_EFAILED, m ? m : "error");
+        lei_api_fail(x, rc == LUA_ERRMEM ? LECHO_ENOMEM : LECHO_EFAILED, m ? m : "error");
         lua_settop(x->L, top);
         return rc == LUA_ERRMEM ? LECHO_ENOMEM : LECHO_EFAILED;
     }
@@ -184,7 +107,7 @@ static int protect(lecho_ctx *x, lua_CFunction f, struct op *o) {
 /* In a protected function: calls lecho.capi's `name` with the nargs values
  * on top.  Its results are left from index *base on; 0, or the code of
  * nil, message, code (the message in x->err). */
-static int glue_call(lua_State *L, lecho_ctx *x, const char *name, int nargs, int *base) {
+int lei_api_glue_call(lua_State *L, lecho_ctx *x, const char *name, int nargs, int *base) {
     lua_rawgeti(L, LUA_REGISTRYINDEX, x->glue);
     lua_getfield(L, -1, name);
     lua_replace(L, -2);
@@ -194,12 +117,12 @@ static int glue_call(lua_State *L, lecho_ctx *x, const char *name, int nargs, in
     if (base) *base = b;
     if (lua_isnil(L, b)) {
         const char *m = lua_tostring(L, b + 1);
-        return fail(x, code_of(lua_tostring(L, b + 2)), m ? m : "failed");
+        return lei_api_fail(x, code_of(lua_tostring(L, b + 2)), m ? m : "failed");
     }
     return 0;
 }
 
-static void push_ref(lua_State *L, int ref) {
+void lei_api_push_ref(lua_State *L, int ref) {
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
 }
 
@@ -240,7 +163,7 @@ static int op_open(lua_State *L) {
     lua_newtable(L);
     for (int i = 0; opts && opts[i]; i += 2) {
         if (!opts[i + 1]) {
-            o->rc = fail(x, LECHO_EINVAL, "lecho_open: an option name without a value");
+            o->rc = lei_api_fail(x, LECHO_EINVAL, "lecho_open: an option name without a value");
             return 0;
         }
         lua_pushstring(L, opts[i]);
@@ -249,12 +172,12 @@ static int op_open(lua_State *L) {
         lua_rawseti(L, -2, i + 2);
     }
     int b;
-    if ((o->rc = glue_call(L, x, "open", 1, &b)) != 0) return 0;
-    x->addr = dupstr(lua_tostring(L, b + 1));
-    x->ns = dupstr(lua_tostring(L, b + 2));
+    if ((o->rc = lei_api_glue_call(L, x, "open", 1, &b)) != 0) return 0;
+    x->addr = lei_api_dupstr(lua_tostring(L, b + 1));
+    x->ns = lei_api_dupstr(lua_tostring(L, b + 2));
     lua_pushvalue(L, b);
     x->self = luaL_ref(L, LUA_REGISTRYINDEX);
-    if (!x->addr || !x->ns) o->rc = fail(x, LECHO_ENOMEM, "out of memory");
+    if (!x->addr || !x->ns) o->rc = lei_api_fail(x, LECHO_ENOMEM, "out of memory");
     return 0;
 }
 
@@ -286,7 +209,7 @@ int lecho_open(const char *const *opts, lecho_ctx **out, char *err, size_t errle
     x->L = x->L0;
     x->glue = x->self = LUA_NOREF;
     struct op o = { .a = opts };
-    int rc = protect(x, op_open, &o);
+    int rc = lei_api_protect(x, op_open, &o);
     if (rc != 0) {
         if (err && errlen) snprintf(err, errlen, "%s", x->err);
         ctx_free(x);
@@ -298,20 +221,20 @@ int lecho_open(const char *const *opts, lecho_ctx **out, char *err, size_t errle
 
 static int op_close(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
-    push_ref(L, o->x->self);
+    lei_api_push_ref(L, o->x->self);
     lua_pushnumber(L, o->d);
-    o->rc = glue_call(L, o->x, "close", 2, NULL);
+    o->rc = lei_api_glue_call(L, o->x, "close", 2, NULL);
     return 0;
 }
 
 int lecho_close(lecho_ctx *x, double linger) {
     if (!x) return 0;
-    if (x->in_handler) return fail(x, LECHO_EINVAL, "lecho_close: not from a consumer handler");
+    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_close: not from a consumer handler");
     /* No handler runs once closing started: the trampolines find no consumer. */
     for (struct lei_h *h = x->handles; h; h = h->next)
         if (h->kind == H_CONSUMER) ((lecho_consumer *)h)->box->c = NULL;
     struct op o = { .d = linger };
-    int rc = protect(x, op_close, &o);
+    int rc = lei_api_protect(x, op_close, &o);
     ctx_free(x);
     return rc;
 }
@@ -328,339 +251,31 @@ const char *lecho_nameserver(const lecho_ctx *x) {
 
 static int op_loop(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
-    push_ref(L, o->x->self);
+    lei_api_push_ref(L, o->x->self);
     if (o->kind) { /* run_once */
         lua_pushnumber(L, o->d);
-        o->rc = glue_call(L, o->x, o->s, 2, NULL);
+        o->rc = lei_api_glue_call(L, o->x, o->s, 2, NULL);
     } else {
-        o->rc = glue_call(L, o->x, o->s, 1, NULL);
+        o->rc = lei_api_glue_call(L, o->x, o->s, 1, NULL);
     }
     return 0;
 }
 
 int lecho_run(lecho_ctx *x) {
-    if (x->in_handler) return fail(x, LECHO_EINVAL, "lecho_run: not from a consumer handler");
+    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_run: not from a consumer handler");
     struct op o = { .s = "run" };
-    return protect(x, op_loop, &o);
+    return lei_api_protect(x, op_loop, &o);
 }
 
 int lecho_run_once(lecho_ctx *x, double timeout) {
-    if (x->in_handler) return fail(x, LECHO_EINVAL, "lecho_run_once: not from a consumer handler");
+    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_run_once: not from a consumer handler");
     struct op o = { .s = "run_once", .kind = 1, .d = timeout };
-    return protect(x, op_loop, &o);
+    return lei_api_protect(x, op_loop, &o);
 }
 
 int lecho_stop(lecho_ctx *x) {
     struct op o = { .s = "stop" };
-    return protect(x, op_loop, &o);
-}
-
-/* ---- values ---- */
-
-static int op_box(lua_State *L) {
-    struct op *o = lua_touserdata(L, 1);
-    lua_createtable(L, 1, 0);
-    o->i = luaL_ref(L, LUA_REGISTRYINDEX);
-    return 0;
-}
-
-lecho_value *lecho_value_new(lecho_ctx *x) {
-    lecho_value *v = h_new(x, sizeof *v, H_VALUE);
-    if (!v) return NULL;
-    struct op o = { 0 };
-    if (protect(x, op_box, &o) != 0) {
-        h_free(&v->h);
-        return NULL;
-    }
-    v->h.ref = o.i;
-    return v;
-}
-
-void lecho_value_free(lecho_value *v) {
-    if (v) h_free(&v->h);
-}
-
-/* Pushes the slot of v. */
-static void push_slot(lua_State *L, const lecho_value *v) {
-    push_ref(L, v->h.ref);
-    lua_rawgeti(L, -1, 1);
-    lua_remove(L, -2);
-}
-
-enum { S_NIL, S_BOOL, S_NUMBER, S_STRING, S_NUMBERS, S_TABLE, S_VALUE };
-
-static int op_set(lua_State *L) {
-    struct op *o = lua_touserdata(L, 1);
-    const lecho_value *v = o->a;
-    push_ref(L, v->h.ref);
-    int box = lua_gettop(L);
-    if (o->key) {
-        lua_rawgeti(L, box, 1);
-        if (lua_isnil(L, -1)) {
-            lua_pop(L, 1);
-            lua_newtable(L);
-            lua_pushvalue(L, -1);
-            lua_rawseti(L, box, 1);
-        } else if (!lua_istable(L, -1)) {
-            o->rc = fail(o->x, LECHO_EINVAL, "lecho_set: the value is not a table");
-            return 0;
-        }
-        lua_pushstring(L, o->key);
-    }
-    switch (o->kind) {
-    case S_NIL: lua_pushnil(L); break;
-    case S_BOOL: lua_pushboolean(L, o->i); break;
-    case S_NUMBER: lua_pushnumber(L, o->d); break;
-    case S_STRING: lua_pushlstring(L, o->s ? o->s : "", o->n); break;
-    case S_NUMBERS:
-        lua_createtable(L, o->n > 0x7fffffff ? 0x7fffffff : (int)o->n, 0);
-        for (size_t i = 0; i < o->n; i++) {
-            lua_pushnumber(L, o->nums[i]);
-            lua_rawseti(L, -2, (int)(i + 1));
-        }
-        break;
-    case S_TABLE: lua_newtable(L); break;
-    default: push_slot(L, o->b); break;
-    }
-    if (o->key)
-        lua_rawset(L, -3);
-    else
-        lua_rawseti(L, box, 1);
-    return 0;
-}
-
-static int set(lecho_value *v, const char *key, struct op *o) {
-    if (!v) return LECHO_EINVAL;
-    o->a = v;
-    o->key = key;
-    return protect(v->h.ctx, op_set, o);
-}
-
-int lecho_set_nil(lecho_value *v, const char *key) {
-    struct op o = { .kind = S_NIL };
-    return set(v, key, &o);
-}
-
-int lecho_set_bool(lecho_value *v, const char *key, int b) {
-    struct op o = { .kind = S_BOOL, .i = b != 0 };
-    return set(v, key, &o);
-}
-
-int lecho_set_number(lecho_value *v, const char *key, double d) {
-    struct op o = { .kind = S_NUMBER, .d = d };
-    return set(v, key, &o);
-}
-
-int lecho_set_string(lecho_value *v, const char *key, const char *s, size_t len) {
-    struct op o = { .kind = S_STRING, .s = s, .n = len };
-    return set(v, key, &o);
-}
-
-int lecho_set_numbers(lecho_value *v, const char *key, const double *x, size_t n) {
-    if (n > 0x7fffffff) return LECHO_ELIMIT;
-    struct op o = { .kind = S_NUMBERS, .nums = x, .n = n };
-    return set(v, key, &o);
-}
-
-int lecho_set_table(lecho_value *v, const char *key) {
-    struct op o = { .kind = S_TABLE };
-    return set(v, key, &o);
-}
-
-int lecho_set_value(lecho_value *v, const char *key, const lecho_value *from) {
-    if (!v || !from || from->h.ctx != v->h.ctx) return LECHO_EINVAL;
-    struct op o = { .kind = S_VALUE, .b = from };
-    return set(v, key, &o);
-}
-
-/* Pushes the slot of o->a, or its field o->key (nil when not a table). */
-static void push_get(lua_State *L, struct op *o) {
-    push_slot(L, o->a);
-    if (!o->key) return;
-    if (!lua_istable(L, -1)) {
-        lua_pop(L, 1);
-        lua_pushnil(L);
-        return;
-    }
-    lua_pushstring(L, o->key);
-    lua_rawget(L, -2);
-    lua_remove(L, -2);
-}
-
-enum { G_TYPE, G_NUMBER, G_BOOL, G_STRING, G_LEN, G_NUMBERS };
-
-static int op_get(lua_State *L) {
-    struct op *o = lua_touserdata(L, 1);
-    push_get(L, o);
-    int t = lua_type(L, -1);
-    switch (o->kind) {
-    case G_TYPE:
-        o->i = t == LUA_TNIL ? LECHO_TNIL : t == LUA_TBOOLEAN ? LECHO_TBOOLEAN
-             : t == LUA_TNUMBER ? LECHO_TNUMBER : t == LUA_TSTRING ? LECHO_TSTRING
-             : t == LUA_TTABLE ? LECHO_TTABLE : LECHO_TOTHER;
-        break;
-    case G_NUMBER:
-        if (t == LUA_TNUMBER)
-            o->d = lua_tonumber(L, -1);
-        else
-            o->rc = t == LUA_TNIL ? LECHO_ENOTFOUND : LECHO_EINVAL;
-        break;
-    case G_BOOL:
-        if (t == LUA_TBOOLEAN)
-            o->i = lua_toboolean(L, -1);
-        else
-            o->rc = t == LUA_TNIL ? LECHO_ENOTFOUND : LECHO_EINVAL;
-        break;
-    case G_STRING:
-        /* The string stays anchored by the box or the table it is in. */
-        if (t == LUA_TSTRING) o->str = lua_tolstring(L, -1, &o->n);
-        break;
-    case G_LEN:
-        o->n = t == LUA_TTABLE ? lua_objlen(L, -1) : 0;
-        break;
-    default:
-        o->n = t == LUA_TTABLE ? lua_objlen(L, -1) : 0;
-        for (size_t i = 0; i < o->n && i < o->idx && i < 0x7fffffff; i++) {
-            lua_rawgeti(L, -1, (int)(i + 1));
-            o->out[i] = lua_type(L, -1) == LUA_TNUMBER ? lua_tonumber(L, -1) : NAN;
-            lua_pop(L, 1);
-        }
-        break;
-    }
-    return 0;
-}
-
-static int get(const lecho_value *v, const char *key, struct op *o) {
-    o->a = v;
-    o->key = key;
-    return protect(v->h.ctx, op_get, o);
-}
-
-int lecho_type(const lecho_value *v, const char *key) {
-    struct op o = { .kind = G_TYPE };
-    return get(v, key, &o) == 0 ? o.i : LECHO_TNIL;
-}
-
-int lecho_get_number(const lecho_value *v, const char *key, double *out) {
-    struct op o = { .kind = G_NUMBER };
-    int rc = get(v, key, &o);
-    if (rc == 0) *out = o.d;
-    return rc;
-}
-
-int lecho_get_bool(const lecho_value *v, const char *key, int *out) {
-    struct op o = { .kind = G_BOOL };
-    int rc = get(v, key, &o);
-    if (rc == 0) *out = o.i;
-    return rc;
-}
-
-const char *lecho_get_string(const lecho_value *v, const char *key, size_t *len) {
-    struct op o = { .kind = G_STRING };
-    if (get(v, key, &o) != 0 || !o.str) return NULL;
-    if (len) *len = o.n;
-    return o.str;
-}
-
-size_t lecho_len(const lecho_value *v, const char *key) {
-    struct op o = { .kind = G_LEN };
-    return get(v, key, &o) == 0 ? o.n : 0;
-}
-
-size_t lecho_get_numbers(const lecho_value *v, const char *key, double *out, size_t max) {
-    struct op o = { .kind = G_NUMBERS, .out = out, .idx = max };
-    return get(v, key, &o) == 0 ? o.n : 0;
-}
-
-static int op_field(lua_State *L) {
-    struct op *o = lua_touserdata(L, 1);
-    push_slot(L, o->a);
-    if (!lua_istable(L, -1)) {
-        o->rc = LECHO_EINVAL;
-        return 0;
-    }
-    lua_createtable(L, 1, 0);
-    if (o->key)
-        lua_getfield(L, -2, o->key);
-    else
-        lua_rawgeti(L, -2, (int)(o->idx + 1));
-    lua_rawseti(L, -2, 1);
-    o->i = luaL_ref(L, LUA_REGISTRYINDEX);
-    return 0;
-}
-
-lecho_value *lecho_field(const lecho_value *v, const char *key, size_t index) {
-    if (!v || (!key && index >= 0x7fffffff)) return NULL;
-    lecho_ctx *x = v->h.ctx;
-    lecho_value *f = h_new(x, sizeof *f, H_VALUE);
-    if (!f) return NULL;
-    struct op o = { .a = v, .key = key, .idx = index };
-    if (protect(x, op_field, &o) != 0) {
-        h_free(&f->h);
-        return NULL;
-    }
-    f->h.ref = o.i;
-    return f;
-}
-
-struct each_args {
-    int (*fn)(const char *, const lecho_value *, void *);
-    void *ud;
-};
-
-static int op_each(lua_State *L) {
-    struct op *o = lua_touserdata(L, 1);
-    const struct each_args *e = o->b;
-    push_slot(L, o->a);
-    int t = lua_gettop(L);
-    if (!lua_istable(L, t)) return 0;
-    lua_pushnil(L);
-    while (lua_next(L, t)) {
-        if (lua_type(L, -2) == LUA_TSTRING) {
-            /* A temporary handle on the field, not linked: borrowed by fn. */
-            lecho_value tmp = { { o->x, LUA_NOREF, H_VALUE, NULL, NULL } };
-            lua_createtable(L, 1, 0);
-            lua_pushvalue(L, -2);
-            lua_rawseti(L, -2, 1);
-            tmp.h.ref = luaL_ref(L, LUA_REGISTRYINDEX);
-            int r = e->fn(lua_tostring(L, -2), &tmp, e->ud);
-            luaL_unref(L, LUA_REGISTRYINDEX, tmp.h.ref);
-            if (r) {
-                o->rc = r;
-                return 0;
-            }
-        }
-        lua_pop(L, 1);
-    }
-    return 0;
-}
-
-int lecho_each(const lecho_value *v, int (*fn)(const char *, const lecho_value *, void *),
-               void *ud) {
-    struct each_args e = { fn, ud };
-    struct op o = { .a = v, .b = &e };
-    return protect(v->h.ctx, op_each, &o);
-}
-
-static int op_show(lua_State *L) {
-    struct op *o = lua_touserdata(L, 1);
-    push_slot(L, o->a);
-    int b;
-    if ((o->rc = glue_call(L, o->x, "show", 1, &b)) != 0) return 0;
-    char *s = dupstr(lua_tostring(L, b));
-    if (!s) {
-        o->rc = LECHO_ENOMEM;
-        return 0;
-    }
-    free(o->x->show);
-    o->x->show = s;
-    return 0;
-}
-
-const char *lecho_to_string(const lecho_value *v) {
-    struct op o = { .a = v };
-    if (protect(v->h.ctx, op_show, &o) != 0) return "?";
-    return v->h.ctx->show;
+    return lei_api_protect(x, op_loop, &o);
 }
 
 /* ---- channels, producers, consumers ---- */
@@ -668,11 +283,11 @@ const char *lecho_to_string(const lecho_value *v) {
 static int op_channel(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     struct lecho_channel *ch = o->res;
-    push_ref(L, o->x->self);
+    lei_api_push_ref(L, o->x->self);
     lua_pushstring(L, o->s);
     int b;
-    if ((o->rc = glue_call(L, o->x, "channel", 2, &b)) != 0) return 0;
-    ch->name = dupstr(lua_tostring(L, b + 1));
+    if ((o->rc = lei_api_glue_call(L, o->x, "channel", 2, &b)) != 0) return 0;
+    ch->name = lei_api_dupstr(lua_tostring(L, b + 1));
     lua_pushvalue(L, b);
     ch->h.ref = luaL_ref(L, LUA_REGISTRYINDEX);
     return 0;
@@ -682,12 +297,12 @@ lecho_channel *lecho_channel_get(lecho_ctx *x, const char *name) {
     for (struct lei_h *h = x->handles; h; h = h->next)
         if (h->kind == H_CHANNEL && strcmp(((lecho_channel *)h)->asked, name) == 0)
             return (lecho_channel *)h;
-    lecho_channel *ch = h_new(x, sizeof *ch, H_CHANNEL);
+    lecho_channel *ch = lei_api_h_new(x, sizeof *ch, H_CHANNEL);
     if (!ch) return NULL;
     struct op o = { .s = name, .res = ch };
-    if (!(ch->asked = dupstr(name)) || protect(x, op_channel, &o) != 0 || !ch->name) {
-        if (!ch->name) fail(x, LECHO_ENOMEM, "out of memory");
-        h_free(&ch->h);
+    if (!(ch->asked = lei_api_dupstr(name)) || lei_api_protect(x, op_channel, &o) != 0 || !ch->name) {
+        if (!ch->name) lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+        lei_api_h_free(&ch->h);
         return NULL;
     }
     return ch;
@@ -699,13 +314,13 @@ const char *lecho_channel_name(const lecho_channel *ch) {
 
 static int op_producer(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
-    push_ref(L, ((const lecho_channel *)o->a)->h.ref);
+    lei_api_push_ref(L, ((const lecho_channel *)o->a)->h.ref);
     if (o->s)
         lua_pushstring(L, o->s);
     else
         lua_pushnil(L);
     int b;
-    if ((o->rc = glue_call(L, o->x, "producer", 2, &b)) != 0) return 0;
+    if ((o->rc = lei_api_glue_call(L, o->x, "producer", 2, &b)) != 0) return 0;
     lua_pushvalue(L, b);
     o->i = luaL_ref(L, LUA_REGISTRYINDEX);
     return 0;
@@ -715,12 +330,12 @@ int lecho_producer_open(lecho_channel *ch, const char *policy, lecho_producer **
     *out = NULL;
     if (!ch) return LECHO_EINVAL;
     lecho_ctx *x = ch->h.ctx;
-    lecho_producer *p = h_new(x, sizeof *p, H_PRODUCER);
-    if (!p) return fail(x, LECHO_ENOMEM, "out of memory");
+    lecho_producer *p = lei_api_h_new(x, sizeof *p, H_PRODUCER);
+    if (!p) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
     struct op o = { .a = ch, .s = policy };
-    int rc = protect(x, op_producer, &o);
+    int rc = lei_api_protect(x, op_producer, &o);
     if (rc != 0) {
-        h_free(&p->h);
+        lei_api_h_free(&p->h);
         return rc;
     }
     p->h.ref = o.i;
@@ -730,15 +345,15 @@ int lecho_producer_open(lecho_channel *ch, const char *policy, lecho_producer **
 
 static int op_submit(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
-    push_ref(L, ((const lecho_producer *)o->a)->h.ref);
-    push_slot(L, o->b);
+    lei_api_push_ref(L, ((const lecho_producer *)o->a)->h.ref);
+    lei_api_push_slot(L, o->b);
     if (o->kind == 0) {
-        o->rc = glue_call(L, o->x, "submit", 2, NULL);
+        o->rc = lei_api_glue_call(L, o->x, "submit", 2, NULL);
         return 0;
     }
     lua_pushnumber(L, o->d);
     int b;
-    if ((o->rc = glue_call(L, o->x, "submit_sync", 3, &b)) == 0 || !lua_istable(L, b + 3))
+    if ((o->rc = lei_api_glue_call(L, o->x, "submit_sync", 3, &b)) == 0 || !lua_istable(L, b + 3))
         return 0;
     /* The per-consumer list: build the caller's lecho_errors. */
     struct lecho_errors *e = calloc(1, sizeof *e);
@@ -746,12 +361,12 @@ static int op_submit(lua_State *L) {
     size_t n = lua_objlen(L, b + 3) / 3;
     e->f = calloc(3 * n + 1, sizeof *e->f);
     const char *text = lua_tostring(L, b + 1);
-    e->text = dupstr(text ? text : "");
+    e->text = lei_api_dupstr(text ? text : "");
     int ok = e->f && e->text;
     for (size_t i = 0; ok && i < 3 * n; i++) {
         lua_rawgeti(L, b + 3, (int)(i + 1));
         const char *f = lua_tostring(L, -1);
-        ok = (e->f[i] = dupstr(f ? f : "")) != NULL;
+        ok = (e->f[i] = lei_api_dupstr(f ? f : "")) != NULL;
         lua_pop(L, 1);
     }
     if (!ok) {
@@ -766,7 +381,7 @@ static int op_submit(lua_State *L) {
 int lecho_submit(lecho_producer *p, const lecho_value *ev) {
     if (!p || !ev || ev->h.ctx != p->h.ctx) return LECHO_EINVAL;
     struct op o = { .a = p, .b = ev };
-    return protect(p->h.ctx, op_submit, &o);
+    return lei_api_protect(p->h.ctx, op_submit, &o);
 }
 
 int lecho_submit_sync(lecho_producer *p, const lecho_value *ev, double timeout,
@@ -774,9 +389,9 @@ int lecho_submit_sync(lecho_producer *p, const lecho_value *ev, double timeout,
     if (errs) *errs = NULL;
     if (!p || !ev || ev->h.ctx != p->h.ctx) return LECHO_EINVAL;
     lecho_ctx *x = p->h.ctx;
-    if (x->in_handler) return fail(x, LECHO_EINVAL, "lecho_submit_sync: not from a consumer handler");
+    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_submit_sync: not from a consumer handler");
     struct op o = { .a = p, .b = ev, .kind = 1, .d = timeout };
-    int rc = protect(x, op_submit, &o);
+    int rc = lei_api_protect(x, op_submit, &o);
     if (errs)
         *errs = o.res;
     else
@@ -786,21 +401,21 @@ int lecho_submit_sync(lecho_producer *p, const lecho_value *ev, double timeout,
 
 static int op_simple(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
-    push_ref(L, ((const struct lei_h *)o->a)->ref);
-    o->rc = glue_call(L, o->x, o->s, 1, NULL);
+    lei_api_push_ref(L, ((const struct lei_h *)o->a)->ref);
+    o->rc = lei_api_glue_call(L, o->x, o->s, 1, NULL);
     return 0;
 }
 
 int lecho_flush(lecho_producer *p) {
     struct op o = { .a = p, .s = "flush" };
-    return protect(p->h.ctx, op_simple, &o);
+    return lei_api_protect(p->h.ctx, op_simple, &o);
 }
 
 void lecho_producer_close(lecho_producer *p) {
     if (!p) return;
     struct op o = { .a = p, .s = "producer_close" };
-    protect(p->h.ctx, op_simple, &o);
-    h_free(&p->h);
+    lei_api_protect(p->h.ctx, op_simple, &o);
+    lei_api_h_free(&p->h);
 }
 
 size_t lecho_errors_count(const lecho_errors *e) {
@@ -872,12 +487,12 @@ static int trampoline(lua_State *L) {
 static int op_consumer(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     lecho_consumer *c = o->res;
-    push_ref(L, ((const lecho_channel *)o->a)->h.ref);
+    lei_api_push_ref(L, ((const lecho_channel *)o->a)->h.ref);
     c->box = lua_newuserdata(L, sizeof *c->box);
     c->box->c = c;
     lua_pushcclosure(L, trampoline, 1);
     int b;
-    if ((o->rc = glue_call(L, o->x, "consumer", 2, &b)) != 0) {
+    if ((o->rc = lei_api_glue_call(L, o->x, "consumer", 2, &b)) != 0) {
         c->box->c = NULL;
         c->box = NULL;
         return 0;
@@ -891,15 +506,15 @@ int lecho_consumer_open(lecho_channel *ch, lecho_handler fn, void *ud, lecho_con
     *out = NULL;
     if (!ch || !fn) return LECHO_EINVAL;
     lecho_ctx *x = ch->h.ctx;
-    lecho_consumer *c = h_new(x, sizeof *c, H_CONSUMER);
-    if (!c) return fail(x, LECHO_ENOMEM, "out of memory");
+    lecho_consumer *c = lei_api_h_new(x, sizeof *c, H_CONSUMER);
+    if (!c) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
     c->fn = fn;
     c->ud = ud;
     struct op o = { .a = ch, .res = c };
-    int rc = protect(x, op_consumer, &o);
+    int rc = lei_api_protect(x, op_consumer, &o);
     if (rc != 0 || !c->box) {
         if (c->box) c->box->c = NULL;
-        h_free(&c->h);
+        lei_api_h_free(&c->h);
         return rc ? rc : LECHO_EFAILED;
     }
     *out = c;
@@ -910,23 +525,23 @@ void lecho_consumer_close(lecho_consumer *c) {
     if (!c) return;
     c->box->c = NULL;
     struct op o = { .a = c, .s = "consumer_close" };
-    protect(c->h.ctx, op_simple, &o);
-    h_free(&c->h);
+    lei_api_protect(c->h.ctx, op_simple, &o);
+    lei_api_h_free(&c->h);
 }
 
 /* ---- statistics ---- */
 
 static int op_stats(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
-    push_ref(L, o->x->self);
+    lei_api_push_ref(L, o->x->self);
     int b;
     if (o->s) {
         lua_pushstring(L, o->s);
         lua_pushstring(L, o->key);
-        if ((o->rc = glue_call(L, o->x, "stat", 3, &b)) == 0) o->d = lua_tonumber(L, b);
+        if ((o->rc = lei_api_glue_call(L, o->x, "stat", 3, &b)) == 0) o->d = lua_tonumber(L, b);
         return 0;
     }
-    if ((o->rc = glue_call(L, o->x, "stats", 1, &b)) != 0) return 0;
+    if ((o->rc = lei_api_glue_call(L, o->x, "stats", 1, &b)) != 0) return 0;
     lua_createtable(L, 1, 0);
     lua_pushvalue(L, b);
     lua_rawseti(L, -2, 1);
@@ -935,11 +550,11 @@ static int op_stats(lua_State *L) {
 }
 
 lecho_value *lecho_stats(lecho_ctx *x) {
-    lecho_value *v = h_new(x, sizeof *v, H_VALUE);
+    lecho_value *v = lei_api_h_new(x, sizeof *v, H_VALUE);
     if (!v) return NULL;
     struct op o = { 0 };
-    if (protect(x, op_stats, &o) != 0) {
-        h_free(&v->h);
+    if (lei_api_protect(x, op_stats, &o) != 0) {
+        lei_api_h_free(&v->h);
         return NULL;
     }
     v->h.ref = o.i;
@@ -948,5 +563,5 @@ lecho_value *lecho_stats(lecho_ctx *x) {
 
 double lecho_stat(lecho_ctx *x, const char *channel, const char *counter) {
     struct op o = { .s = channel, .key = counter };
-    return protect(x, op_stats, &o) == 0 ? o.d : -1;
+    return lei_api_protect(x, op_stats, &o) == 0 ? o.d : -1;
 }

@@ -78,8 +78,9 @@ typedef struct lecho_ctx lecho_ctx;
 
 /* Static text of a code ("timeout", ...); "unknown" for other numbers. */
 LECHO_API const char *lecho_strerror(int code);
-/* The message of the last failed call on ctx (the Lua layer's text, e.g.
- * "consumer context 127.0.0.1:4567: no answer within 2 s").  Borrowed: valid
+/* The message of the last failed call on ctx that has one (the Lua layer's
+ * text, e.g. "producer is closed"; getters that return LECHO_ENOTFOUND or
+ * LECHO_EINVAL set none).  Borrowed: valid
  * until the next call on ctx.  "" when there was none. */
 LECHO_API const char *lecho_errmsg(const lecho_ctx *ctx);
 
@@ -133,9 +134,8 @@ LECHO_API void lecho_value_free(lecho_value *v);
 
 /* Setters: key NULL sets the slot; a key sets that field of the table in the
  * slot (a nil slot becomes a new table first).  The value is copied (strings
- * and arrays too): the caller keeps its buffers.  0, LECHO_EINVAL (the slot
- * holds neither a table nor nil, or a NaN number where a key is needed) or
- * LECHO_ENOMEM. */
+ * and arrays too): the caller keeps its buffers.  0, LECHO_EINVAL (a key
+ * was given and the slot holds neither a table nor nil) or LECHO_ENOMEM. */
 LECHO_API int lecho_set_nil(lecho_value *v, const char *key);
 LECHO_API int lecho_set_bool(lecho_value *v, const char *key, int b);
 LECHO_API int lecho_set_number(lecho_value *v, const char *key, double x);
@@ -196,7 +196,8 @@ typedef struct lecho_producer lecho_producer;
 
 /* A producer on ch; returns once the channel's manager said where the
  * consumers are (runs the loop meanwhile).  policy: NULL (the context's),
- * "block", "drop" or "disconnect" (README).  0 with *out set (owned by ctx;
+ * "block", "drop_oldest", "drop_newest" or "disconnect" (README: what happens
+ * when a consumer's queue is full).  0 with *out set (owned by ctx;
  * lecho_producer_close ends it early), or a code. */
 LECHO_API int lecho_producer_open(lecho_channel *ch, const char *policy, lecho_producer **out);
 /* Queues ev for every consumer of the channel and returns at once (under the

@@ -22,14 +22,17 @@
 #define NASYNC 200
 
 static char ns_addr[64];
-static int ready, stop;           /* __atomic: main <-> consumer thread */
+static int ready, stopped;        /* __atomic: main <-> consumer thread */
 static int nseen, in_order = 1;   /* written by the consumer thread only */
 static double sum_u;              /* idem */
 static char last_payload[16];     /* idem */
 
 static const char *handler(const lecho_value *ev, const lecho_meta *meta, void *ud) {
-    (void)ud;
     double k, sleep_s;
+    if (lecho_type(ev, "quit") == LECHO_TBOOLEAN) {
+        lecho_stop(ud); /* lecho_run returns after this turn */
+        return NULL;
+    }
     if (lecho_get_number(ev, "sleep", &sleep_s) == 0) {
         usleep((useconds_t)(sleep_s * 1e6)); /* holds this context's loop: no answer */
         return NULL;
@@ -60,14 +63,16 @@ static void *consumer_thread(void *arg) {
         return NULL;
     }
     lecho_consumer *c;
-    if (lecho_consumer_open(lecho_channel_get(ctx, "t"), handler, NULL, &c) != 0) {
+    if (lecho_consumer_open(lecho_channel_get(ctx, "t"), handler, ctx, &c) != 0) {
         fprintf(stderr, "consumer: %s\n", lecho_errmsg(ctx));
         __atomic_store_n(&ready, -1, __ATOMIC_RELEASE);
     } else {
         __atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
     }
-    while (!__atomic_load_n(&stop, __ATOMIC_ACQUIRE)) lecho_run_once(ctx, 0.02);
+    /* Until the producer says { quit = true } (or ready failed). */
+    if (__atomic_load_n(&ready, __ATOMIC_ACQUIRE) == 1) lecho_run(ctx);
     lecho_close(ctx, 0);
+    __atomic_store_n(&stopped, 1, __ATOMIC_RELEASE);
     return NULL;
 }
 
@@ -207,7 +212,15 @@ int main(void) {
     /* Misuse: no value. */
     CHECK(lecho_submit(p, NULL) == LECHO_EINVAL);
 
-    __atomic_store_n(&stop, 1, __ATOMIC_RELEASE);
+    /* The consumer's handler stops its loop: lecho_run returns. */
+    lecho_value *quit = lecho_value_new(ctx);
+    lecho_set_bool(quit, "quit", 1);
+    CHECK(lecho_submit(p, quit) == 0);
+    lecho_value_free(quit);
+    t0 = now();
+    while (!__atomic_load_n(&stopped, __ATOMIC_ACQUIRE) && now() - t0 < 10) lecho_run_once(ctx, 0.02);
+    CHECK(__atomic_load_n(&stopped, __ATOMIC_ACQUIRE) == 1);
+    if (!__atomic_load_n(&stopped, __ATOMIC_ACQUIRE)) return TEST_SUMMARY(); /* exit ends it */
     pthread_join(th, NULL);
     lecho_producer_close(p);
     CHECK(lecho_close(ctx, 0) == 0);

@@ -116,7 +116,7 @@ demo: deps all
 # The benchmark suite (bench/run.lua): lecho from Lua and from the C API
 # against raw TCP and ZeroMQ, in one run.  QUICK=1: small counts, < 30 s.
 # Results: bench/results/ (results.json, table.md, *.png).
-BENCH_BIN := bench/baseline_tcp bench/baseline_zmq bench/lecho_c
+BENCH_BIN := bench/baseline_tcp bench/baseline_zmq bench/lecho_c bench/lecho_h
 bench: deps all $(BENCH_BIN)
 	$(SPEC_ENV) QUICK="$(QUICK)" $(LUAJIT) bench/run.lua
 
@@ -125,6 +125,10 @@ bench/baseline_tcp: bench/baseline_tcp.c bench/harness.h
 
 bench/baseline_zmq: bench/baseline_zmq.c bench/harness.h
 	$(CC) $(CFLAGS) $(WARN) -o $@ $< -lzmq
+
+# The public C API (lecho.h) in the same workloads as lecho_c: the Lua layer included.
+bench/lecho_h: bench/lecho_h.c bench/harness.h core/lecho.h build/liblecho.so
+	$(CC) $(CFLAGS) $(WARN) -Icore -o $@ bench/lecho_h.c -Lbuild -llecho -Wl,-rpath,$(CURDIR)/build
 
 bench/lecho_c: bench/lecho_c.c bench/harness.h $(CORE_SRC) $(HDRS)
 	$(CC) $(CFLAGS) $(WARN) -Icore -o $@ bench/lecho_c.c $(CORE_SRC) -lev

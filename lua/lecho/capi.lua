@@ -86,7 +86,13 @@ function M.producer(ch, policy)
   return protect(ch.producer, ch, policy and { policy = policy } or nil)
 end
 
-function M.submit(p, ev) return protect(p.submit, p, ev) end
+-- The hot path: no table per call.
+function M.submit(p, ev)
+  local ok, r, err, code = pcall(p.submit, p, ev)
+  if not ok then return nil, tostring(r), code_of(r) end
+  if r == nil then return nil, tostring(err), code_of(err, code) end
+  return true
+end
 
 -- true; or nil, message, code and a flat list { context, consumer, err, ... }
 -- when the failure is per consumer.

@@ -262,18 +262,21 @@ static int op_loop(lua_State *L) {
 }
 
 int lecho_run(lecho_ctx *x) {
+    if (!x) return LECHO_EINVAL;
     if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_run: not from a consumer handler");
     struct op o = { .s = "run" };
     return lei_api_protect(x, op_loop, &o);
 }
 
 int lecho_run_once(lecho_ctx *x, double timeout) {
+    if (!x) return LECHO_EINVAL;
     if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_run_once: not from a consumer handler");
     struct op o = { .s = "run_once", .kind = 1, .d = timeout };
     return lei_api_protect(x, op_loop, &o);
 }
 
 int lecho_stop(lecho_ctx *x) {
+    if (!x) return LECHO_EINVAL;
     struct op o = { .s = "stop" };
     return lei_api_protect(x, op_loop, &o);
 }
@@ -294,6 +297,7 @@ static int op_channel(lua_State *L) {
 }
 
 lecho_channel *lecho_channel_get(lecho_ctx *x, const char *name) {
+    if (!x || !name) return NULL;
     for (struct lei_h *h = x->handles; h; h = h->next)
         if (h->kind == H_CHANNEL && strcmp(((lecho_channel *)h)->asked, name) == 0)
             return (lecho_channel *)h;
@@ -407,6 +411,7 @@ static int op_simple(lua_State *L) {
 }
 
 int lecho_flush(lecho_producer *p) {
+    if (!p) return LECHO_EINVAL;
     struct op o = { .a = p, .s = "flush" };
     return lei_api_protect(p->h.ctx, op_simple, &o);
 }
@@ -550,6 +555,7 @@ static int op_stats(lua_State *L) {
 }
 
 lecho_value *lecho_stats(lecho_ctx *x) {
+    if (!x) return NULL;
     lecho_value *v = lei_api_h_new(x, sizeof *v, H_VALUE);
     if (!v) return NULL;
     struct op o = { 0 };
@@ -562,6 +568,7 @@ lecho_value *lecho_stats(lecho_ctx *x) {
 }
 
 double lecho_stat(lecho_ctx *x, const char *channel, const char *counter) {
+    if (!x || !channel || !counter) return -1;
     struct op o = { .s = channel, .key = counter };
     return lei_api_protect(x, op_stats, &o) == 0 ? o.d : -1;
 }

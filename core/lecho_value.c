@@ -17,6 +17,7 @@ static int op_box(lua_State *L) {
 }
 
 lecho_value *lecho_value_new(lecho_ctx *x) {
+    if (!x) return NULL;
     lecho_value *v = lei_api_h_new(x, sizeof *v, H_VALUE);
     if (!v) return NULL;
     struct op o = { 0 };
@@ -183,6 +184,7 @@ static int op_get(lua_State *L) {
 }
 
 static int get(const lecho_value *v, const char *key, struct op *o) {
+    if (!v) return LECHO_EINVAL;
     o->a = v;
     o->key = key;
     return lei_api_protect(v->h.ctx, op_get, o);
@@ -289,6 +291,7 @@ static int op_each(lua_State *L) {
 
 int lecho_each(const lecho_value *v, int (*fn)(const char *, const lecho_value *, void *),
                void *ud) {
+    if (!v || !fn) return LECHO_EINVAL;
     struct each_args e = { fn, ud };
     struct op o = { .a = v, .b = &e };
     return lei_api_protect(v->h.ctx, op_each, &o);
@@ -310,6 +313,7 @@ static int op_show(lua_State *L) {
 }
 
 const char *lecho_to_string(const lecho_value *v) {
+    if (!v) return "(no value)";
     struct op o = { .a = v };
     if (lei_api_protect(v->h.ctx, op_show, &o) != 0) return "?";
     return v->h.ctx->show;

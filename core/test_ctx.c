@@ -131,6 +131,10 @@ static void test_values(lecho_ctx *ctx) {
     CHECK(strcmp(lecho_strerror(LECHO_ETIMEOUT), "timeout") == 0);
     CHECK(strcmp(lecho_strerror(LECHO_EFAILED), "failed") == 0);
     CHECK(strcmp(lecho_strerror(99), "unknown") == 0);
+    /* No handle: a code, never a crash. */
+    CHECK(lecho_run_once(NULL, 0) == LECHO_EINVAL && lecho_channel_get(NULL, "t") == NULL);
+    CHECK(lecho_get_number(NULL, "a", &x) == LECHO_EINVAL && lecho_type(NULL, NULL) == LECHO_TNIL);
+    CHECK(lecho_value_new(NULL) == NULL && lecho_stat(NULL, "t", "events_out") == -1);
 }
 
 int main(void) {

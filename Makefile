@@ -47,8 +47,10 @@ help:
 	@echo "make bench    benchmark suite vs raw TCP and ZeroMQ (QUICK=1: < 30 s), bench/results/"
 	@echo "make stress   seeded stress scenarios with real processes for STRESS_SECONDS (600); stress-seed SEED=N replays one"
 	@echo "make install  Lua tree, core, scripts and the C API (lecho.h, liblecho, lecho.pc) under PREFIX (/usr/local), DESTDIR"
+	@echo "make install-capi  only the C API part of make install"
 	@echo "make liblecho build/liblecho.so, the C API for this checkout (core/lecho.h)"
-	@echo "make examples-c  install into build/stage and build examples/c/heat from there with pkg-config"
+	@echo "make examples-c  install into EXAMPLE_PREFIX (build/stage), build examples/c/heat from there with pkg-config"
+	@echo "  PREFIX, DESTDIR; INST_LIBDIR, INST_LUADIR, INST_BINDIR (Lua tree), INST_INCDIR, INST_CLIBDIR, INST_PCDIR (C API)"
 	@echo "make clean    remove build products"
 
 deps:
@@ -158,15 +160,19 @@ install: $(SO)
 
 # The installed liblecho is built for where the Lua files go (INST_LUADIR,
 # INST_LIBDIR; LECHO_LUA_DIR and LECHO_LUA_CDIR override them at run time).
-install-capi: build/lecho.pc | build
+install-capi: | build
 	@mkdir -p build/inst
+	@printf '%s\n' 'prefix=$(PREFIX)' 'includedir=$(INST_INCDIR)' 'libdir=$(INST_CLIBDIR)' '' \
+	  'Name: lecho' 'Description: event channels between processes (C API; LuaJIT inside)' \
+	  'Version: $(LECHO_VERSION)' 'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -llecho' \
+	  'Libs.private: $(LECHO_LIBS)' > build/inst/lecho.pc
 	$(CC) $(ALLCFLAGS) -shared -Wl,-soname,liblecho.so.0 -o build/inst/liblecho.so.0 $(LECHO_SRC) \
 	  -DLECHO_LUA_DIR='"$(INST_LUADIR)"' -DLECHO_LUA_CDIR='"$(INST_LIBDIR)"' $(LECHO_LIBS) $(LDFLAGS)
 	mkdir -p $(DESTDIR)$(INST_INCDIR) $(DESTDIR)$(INST_CLIBDIR) $(DESTDIR)$(INST_PCDIR)
 	cp core/lecho.h $(DESTDIR)$(INST_INCDIR)/lecho.h
 	cp build/inst/liblecho.so.0 $(DESTDIR)$(INST_CLIBDIR)/liblecho.so.0
 	ln -sf liblecho.so.0 $(DESTDIR)$(INST_CLIBDIR)/liblecho.so
-	cp build/lecho.pc $(DESTDIR)$(INST_PCDIR)/lecho.pc
+	cp build/inst/lecho.pc $(DESTDIR)$(INST_PCDIR)/lecho.pc
 
 # The C example (examples/c/heat.c) built the way a user builds against an
 # installed lecho: install into EXAMPLE_PREFIX (build/stage), then cc with
@@ -180,12 +186,7 @@ examples-c: $(SO)
 	  $$(PKG_CONFIG_PATH=$(EXAMPLE_PREFIX)/lib/pkgconfig pkg-config --cflags --libs lecho) \
 	  -Wl,-rpath,$(EXAMPLE_PREFIX)/lib -lm
 
-.PHONY: build/lecho.pc install-capi
-build/lecho.pc: | build
-	@printf '%s\n' 'prefix=$(PREFIX)' 'includedir=$(INST_INCDIR)' 'libdir=$(INST_CLIBDIR)' '' \
-	  'Name: lecho' 'Description: event channels between processes (C API; LuaJIT inside)' \
-	  'Version: $(LECHO_VERSION)' 'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -llecho' \
-	  'Libs.private: $(LECHO_LIBS)' > $@
+.PHONY: install-capi
 
 clean:
 	rm -rf build $(SO) lua/lecho/codec.so $(BENCH_BIN) examples/c/heat

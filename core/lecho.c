@@ -208,6 +208,9 @@ int lecho_open(const char *const *opts, lecho_ctx **out, char *err, size_t errle
     }
     x->L = x->L0;
     x->glue = x->self = LUA_NOREF;
+    x->blocks = 1;
+    for (int i = 0; opts && opts[i] && opts[i + 1]; i += 2)
+        if (strcmp(opts[i], "policy") == 0) x->blocks = strcmp(opts[i + 1], "block") == 0;
     struct op o = { .a = opts };
     int rc = lei_api_protect(x, op_open, &o);
     if (rc != 0) {
@@ -334,6 +337,7 @@ int lecho_producer_open(lecho_channel *ch, const char *policy, lecho_producer **
     *out = NULL;
     if (!ch) return LECHO_EINVAL;
     lecho_ctx *x = ch->h.ctx;
+    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_producer_open: not from a consumer handler");
     lecho_producer *p = lei_api_h_new(x, sizeof *p, H_PRODUCER);
     if (!p) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
     struct op o = { .a = ch, .s = policy };
@@ -343,6 +347,7 @@ int lecho_producer_open(lecho_channel *ch, const char *policy, lecho_producer **
         return rc;
     }
     p->h.ref = o.i;
+    p->blocks = policy ? strcmp(policy, "block") == 0 : x->blocks;
     *out = p;
     return 0;
 }
@@ -384,6 +389,11 @@ static int op_submit(lua_State *L) {
 
 int lecho_submit(lecho_producer *p, const lecho_value *ev) {
     if (!p || !ev || ev->h.ctx != p->h.ctx) return LECHO_EINVAL;
+    /* A wait for room cannot suspend a C handler (and a failed one would
+     * leave the producer's queue of waiting submits inconsistent). */
+    if (p->h.ctx->in_handler && p->blocks)
+        return lei_api_fail(p->h.ctx, LECHO_EINVAL, "lecho_submit: not from a consumer handler "
+                            "with a producer under the block policy (it may have to wait)");
     struct op o = { .a = p, .b = ev };
     return lei_api_protect(p->h.ctx, op_submit, &o);
 }
@@ -511,6 +521,7 @@ int lecho_consumer_open(lecho_channel *ch, lecho_handler fn, void *ud, lecho_con
     *out = NULL;
     if (!ch || !fn) return LECHO_EINVAL;
     lecho_ctx *x = ch->h.ctx;
+    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_consumer_open: not from a consumer handler");
     lecho_consumer *c = lei_api_h_new(x, sizeof *c, H_CONSUMER);
     if (!c) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
     c->fn = fn;

@@ -254,7 +254,14 @@ typedef struct lecho_meta {
  * message: the event counts as failed, and a producer's lecho_submit_sync
  * (or Lua submit_sync) gets that message (the string is copied at once; it
  * may be static or in a buffer of ud's).  A handler may call lecho_submit,
- * lecho_stop and the value functions; not lecho_submit_sync or lecho_close. */
+ * lecho_flush, lecho_stop, lecho_*_close of endpoints and the value
+ * functions.  What waits cannot run inside a C handler (it cannot suspend
+ * the way a Lua handler does): lecho_submit_sync, lecho_producer_open,
+ * lecho_consumer_open, lecho_run, lecho_run_once and lecho_close return
+ * LECHO_EINVAL there, and so does lecho_submit on a producer under the
+ * "block" policy (the default), which may have to wait for room: a handler
+ * that forwards events uses a producer opened with "drop_oldest",
+ * "drop_newest" or "disconnect". */
 typedef const char *(*lecho_handler)(const lecho_value *ev, const lecho_meta *meta, void *ud);
 
 /* A consumer on ch running fn(ev, meta, ud); returns once every producing

@@ -32,6 +32,7 @@ struct lecho_channel {
 
 struct lecho_producer {
     struct lei_h h;
+    int blocks; /* under the "block" policy: its submits may wait */
 };
 
 /* The trampoline's upvalue (a Lua userdata, owned by the Lua state): points
@@ -60,6 +61,7 @@ struct lecho_ctx {
     int glue;       /* registry ref of the lecho.capi table */
     int self;       /* registry ref of the Lua context */
     int in_handler; /* depth of C handlers running */
+    int blocks;     /* the context's policy is "block" (the default) */
     char *addr;     /* owned */
     char *ns;       /* owned */
     char *show;     /* owned: the last lecho_to_string text */

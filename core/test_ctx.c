@@ -26,9 +26,25 @@ static int ready, stopped;        /* __atomic: main <-> consumer thread */
 static int nseen, in_order = 1;   /* written by the consumer thread only */
 static double sum_u;              /* idem */
 static char last_payload[16];     /* idem */
+static int nested_ok;             /* idem */
+static lecho_producer *blocking, *dropping; /* the consumer thread's, on "fwd" */
 
 static const char *handler(const lecho_value *ev, const lecho_meta *meta, void *ud) {
     double k, sleep_s;
+    if (lecho_type(ev, "nested") == LECHO_TBOOLEAN) {
+        /* What waits is refused inside a handler, with a message. */
+        lecho_producer *p;
+        lecho_consumer *c;
+        lecho_channel *ch = lecho_channel_get(ud, "other");
+        int ok = lecho_producer_open(ch, NULL, &p) == LECHO_EINVAL && p == NULL &&
+                 strstr(lecho_errmsg(ud), "not from a consumer handler") != NULL &&
+                 lecho_consumer_open(ch, handler, ud, &c) == LECHO_EINVAL &&
+                 lecho_run_once(ud, 0) == LECHO_EINVAL && lecho_close(ud, 0) == LECHO_EINVAL;
+        /* Forwarding: a blocking producer is refused, a dropping one works. */
+        ok = ok && lecho_submit(blocking, ev) == LECHO_EINVAL && lecho_submit(dropping, ev) == 0;
+        __atomic_store_n(&nested_ok, ok, __ATOMIC_RELEASE);
+        return NULL;
+    }
     if (lecho_type(ev, "quit") == LECHO_TBOOLEAN) {
         lecho_stop(ud); /* lecho_run returns after this turn */
         return NULL;
@@ -64,6 +80,10 @@ static void *consumer_thread(void *arg) {
     }
     lecho_consumer *c;
     if (lecho_consumer_open(lecho_channel_get(ctx, "t"), handler, ctx, &c) != 0) {
+        fprintf(stderr, "consumer: %s\n", lecho_errmsg(ctx));
+        __atomic_store_n(&ready, -1, __ATOMIC_RELEASE);
+    } else if (lecho_producer_open(lecho_channel_get(ctx, "fwd"), NULL, &blocking) != 0 ||
+               lecho_producer_open(lecho_channel_get(ctx, "fwd"), "drop_newest", &dropping) != 0) {
         fprintf(stderr, "consumer: %s\n", lecho_errmsg(ctx));
         __atomic_store_n(&ready, -1, __ATOMIC_RELEASE);
     } else {
@@ -212,6 +232,13 @@ int main(void) {
     CHECK(lecho_errors_count(errs) == 1 && strstr(lecho_errors_message(errs, 0), "no answer"));
     lecho_errors_free(errs);
     lecho_value_free(slow);
+
+    /* Calls that wait, from a handler. */
+    lecho_value *nested = lecho_value_new(ctx);
+    lecho_set_bool(nested, "nested", 1);
+    CHECK(lecho_submit_sync(p, nested, 5, NULL) == 0);
+    CHECK(__atomic_load_n(&nested_ok, __ATOMIC_ACQUIRE) == 1);
+    lecho_value_free(nested);
 
     /* Misuse: no value. */
     CHECK(lecho_submit(p, NULL) == LECHO_EINVAL);

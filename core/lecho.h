@@ -178,7 +178,8 @@ LECHO_API int lecho_each(const lecho_value *v,
                          int (*fn)(const char *key, const lecho_value *value, void *ud),
                          void *ud);
 /* The value as text, bounded (for logs): "{ step = 3, u = { 1, 2, ... } }".
- * Borrowed: valid until the next call on the context. */
+ * Borrowed: valid until the next lecho_to_string on the same context or
+ * lecho_close; "?" when out of memory. */
 LECHO_API const char *lecho_to_string(const lecho_value *v);
 
 /* ---- channels ---- */

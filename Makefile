@@ -16,7 +16,7 @@ CORE_SRC   := core/codec.c core/frame.c core/ctx.c
 LUA_SRC    := core/codec_lua.c core/moe.c core/lua_lecho.c
 HDRS       := $(wildcard core/*.h)
 SO         := lua/lecho/core.so
-CTESTS     := build/test_codec build/test_frame
+CTESTS     := build/test_codec build/test_frame build/test_ctx
 
 # Debian packages the project needs, by the file that proves each is there.
 DEPS := /usr/bin/luajit:luajit \
@@ -34,7 +34,7 @@ DEPS := /usr/bin/luajit:luajit \
         /usr/bin/gnuplot:gnuplot-nox \
         /usr/bin/tmux:tmux
 
-.PHONY: all deps test ctest spec asan demo bench clean help install
+.PHONY: all deps test ctest spec asan demo bench clean help install liblecho examples-c
 
 all: $(SO)
 
@@ -50,7 +50,10 @@ help:
 	@echo "  make bench       benchmark suite vs raw TCP and ZeroMQ, results in bench/results/"
 	@echo "  make stress      seeded stress scenarios with real processes for STRESS_SECONDS"
 	@echo "  make stress-seed replay one stress scenario: SEED=N [SECONDS=S] [SCENARIO=NAME], keeps its logs"
-	@echo "  make install     copy the module, the core and the scripts to INST_LIBDIR, INST_LUADIR, INST_BINDIR"
+	@echo "  make install     the Lua tree, the core, the scripts and the C API (lecho.h, liblecho, lecho.pc) under PREFIX"
+	@echo "  make install-capi  only the C API part of make install"
+	@echo "  make liblecho    build/liblecho.so, the C API (core/lecho.h) for this checkout"
+	@echo "  make examples-c  install into EXAMPLE_PREFIX (build/stage), build examples/c/heat there with pkg-config"
 	@echo "  make rock        the core for luarocks make (build/rock/core.so, built afresh)"
 	@echo "  make clean       remove build products"
 	@echo "  make help        this text"
@@ -66,7 +69,10 @@ help:
 	@echo "  LUA_INCDIR=$(LUA_INCDIR)  LuaJIT's headers"
 	@echo "  LUAJIT=$(LUAJIT) BUSTED=$(BUSTED)  the interpreter and the test runner"
 	@echo "  SAN                      extra compiler flags for sanitizers (make asan sets them)"
-	@echo "  INST_LIBDIR, INST_LUADIR, INST_BINDIR  make install: where to"
+	@echo "  PREFIX=$(PREFIX) DESTDIR  make install: where to (DESTDIR: a staging root)"
+	@echo "  INST_LIBDIR, INST_LUADIR, INST_BINDIR  make install: the Lua tree, the core, the scripts (under PREFIX)"
+	@echo "  INST_INCDIR, INST_CLIBDIR, INST_PCDIR   make install: the C API (LuaRocks: only when INST_INCDIR is given)"
+	@echo "  EXAMPLE_PREFIX           make examples-c: the install it builds against"
 	@echo "  APT=$(APT)             make deps: the package tool"
 
 # Prints what it checks, what is missing and what it installs, or "all present".
@@ -93,8 +99,22 @@ build/test_codec: core/test_codec.c core/codec.c $(HDRS) | build
 build/test_frame: core/test_frame.c core/frame.c core/codec.c $(HDRS) | build
 	$(CC) $(ALLCFLAGS) -o $@ core/test_frame.c core/frame.c core/codec.c $(LDFLAGS)
 
-ctest: $(CTESTS)
+ctest: $(CTESTS) $(SO)
 	@for t in $(CTESTS); do ./$$t || exit 1; done
+
+# liblecho: the public C API (core/lecho.h), a private LuaJIT state that
+# loads the Lua layer.  build/liblecho.so finds the Lua files of this
+# checkout; the installed one (build/inst/) those of INST_LUADIR/INST_LIBDIR.
+LECHO_LIBS := -lluajit-5.1
+LECHO_SRC  := core/lecho.c core/lecho_value.c
+build/liblecho.so: $(LECHO_SRC) core/lecho.h core/lecho_int.h | build
+	$(CC) $(ALLCFLAGS) -shared -o $@ $(LECHO_SRC) \
+	  -DLECHO_LUA_DIR='"$(CURDIR)/lua"' -DLECHO_LUA_CDIR='"$(CURDIR)/lua"' $(LECHO_LIBS) $(LDFLAGS)
+
+liblecho: build/liblecho.so $(SO)
+
+build/test_ctx: core/test_ctx.c core/lecho.h core/test.h build/liblecho.so | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test_ctx.c -Lbuild -llecho -Wl,-rpath,$(CURDIR)/build -lpthread $(LDFLAGS)
 
 # busted runs under LuaJIT with the tree's own module paths first.
 SPEC_ENV := LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;" \
@@ -123,7 +143,7 @@ demo: deps all
 # The benchmark suite (bench/run.lua): lecho from Lua and from the C API
 # against raw TCP and ZeroMQ, in one run.  QUICK=1: small counts, < 30 s.
 # Results: bench/results/ (results.json, table.md, *.png).
-BENCH_BIN := bench/baseline_tcp bench/baseline_zmq bench/lecho_c
+BENCH_BIN := bench/baseline_tcp bench/baseline_zmq bench/lecho_c bench/lecho_h
 bench: deps all $(BENCH_BIN)
 	$(SPEC_ENV) QUICK="$(QUICK)" $(LUAJIT) bench/run.lua
 
@@ -133,18 +153,65 @@ bench/baseline_tcp: bench/baseline_tcp.c bench/harness.h
 bench/baseline_zmq: bench/baseline_zmq.c bench/harness.h
 	$(CC) $(CFLAGS) $(WARN) -o $@ $< -lzmq
 
+# The public C API (lecho.h) in the same workloads as lecho_c: the Lua layer included.
+bench/lecho_h: bench/lecho_h.c bench/harness.h core/lecho.h build/liblecho.so
+	$(CC) $(CFLAGS) $(WARN) -Icore -o $@ bench/lecho_h.c -Lbuild -llecho -Wl,-rpath,$(CURDIR)/build
+
 bench/lecho_c: bench/lecho_c.c bench/harness.h $(CORE_SRC) $(HDRS)
 	$(CC) $(CFLAGS) $(WARN) -Icore -o $@ bench/lecho_c.c $(CORE_SRC) -lev
 
-# Used by luarocks make: copies the module, the Lua files and the scripts.
-INST_LIBDIR ?= /usr/local/lib/lua/5.1
-INST_LUADIR ?= /usr/local/share/lua/5.1
-INST_BINDIR ?= /usr/local/bin
+# `make install [PREFIX=/usr/local] [DESTDIR=]`: the Lua module tree, the
+# core, the scripts, and the C API (lecho.h, liblecho.so, lecho.pc).
+# LuaRocks (`luarocks make`) passes INST_LIBDIR, INST_LUADIR, INST_BINDIR on
+# the command line: then the C API is installed only if INST_INCDIR is given
+# too (with INST_CLIBDIR; INST_PCDIR defaults to INST_CLIBDIR/pkgconfig).
+PREFIX       ?= /usr/local
+INST_LIBDIR  ?= $(PREFIX)/lib/lua/5.1
+INST_LUADIR  ?= $(PREFIX)/share/lua/5.1
+INST_BINDIR  ?= $(PREFIX)/bin
+INST_INCDIR  ?= $(PREFIX)/include
+INST_CLIBDIR ?= $(PREFIX)/lib
+INST_PCDIR   ?= $(INST_CLIBDIR)/pkgconfig
+LECHO_VERSION := 0.1.0
+CAPI_INSTALL := $(if $(filter command line,$(origin INST_LIBDIR)),$(filter command line,$(origin INST_INCDIR)),yes)
+
 install: $(SO)
-	mkdir -p $(INST_LIBDIR)/lecho $(INST_LUADIR)/lecho $(INST_BINDIR)
-	cp $(SO) $(INST_LIBDIR)/lecho/core.so
-	cp lua/lecho/*.lua $(INST_LUADIR)/lecho/
-	cp scripts/lecho-* $(INST_BINDIR)/
+	mkdir -p $(DESTDIR)$(INST_LIBDIR)/lecho $(DESTDIR)$(INST_LUADIR) $(DESTDIR)$(INST_BINDIR)
+	cp $(SO) $(DESTDIR)$(INST_LIBDIR)/lecho/core.so
+	cd lua && find lecho -name '*.lua' | while read -r f; do \
+	  mkdir -p "$(DESTDIR)$(INST_LUADIR)/$$(dirname $$f)" && cp "$$f" "$(DESTDIR)$(INST_LUADIR)/$$f" || exit 1; done
+	cp scripts/lecho-* $(DESTDIR)$(INST_BINDIR)/
+	$(if $(CAPI_INSTALL),$(MAKE) install-capi)
+
+# The installed liblecho is built for where the Lua files go (INST_LUADIR,
+# INST_LIBDIR; LECHO_LUA_DIR and LECHO_LUA_CDIR override them at run time).
+install-capi: | build
+	@mkdir -p build/inst
+	@printf '%s\n' 'prefix=$(PREFIX)' 'includedir=$(INST_INCDIR)' 'libdir=$(INST_CLIBDIR)' '' \
+	  'Name: lecho' 'Description: event channels between processes (C API; LuaJIT inside)' \
+	  'Version: $(LECHO_VERSION)' 'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -llecho' \
+	  'Libs.private: $(LECHO_LIBS)' > build/inst/lecho.pc
+	$(CC) $(ALLCFLAGS) -shared -Wl,-soname,liblecho.so.0 -o build/inst/liblecho.so.0 $(LECHO_SRC) \
+	  -DLECHO_LUA_DIR='"$(INST_LUADIR)"' -DLECHO_LUA_CDIR='"$(INST_LIBDIR)"' $(LECHO_LIBS) $(LDFLAGS)
+	mkdir -p $(DESTDIR)$(INST_INCDIR) $(DESTDIR)$(INST_CLIBDIR) $(DESTDIR)$(INST_PCDIR)
+	cp core/lecho.h $(DESTDIR)$(INST_INCDIR)/lecho.h
+	cp build/inst/liblecho.so.0 $(DESTDIR)$(INST_CLIBDIR)/liblecho.so.0
+	ln -sf liblecho.so.0 $(DESTDIR)$(INST_CLIBDIR)/liblecho.so
+	cp build/inst/lecho.pc $(DESTDIR)$(INST_PCDIR)/lecho.pc
+
+# The C example (examples/c/heat.c) built the way a user builds against an
+# installed lecho: install into EXAMPLE_PREFIX (build/stage), then cc with
+# pkg-config from there.  Run: examples/c/heat, with examples/c/viewer.lua.
+EXAMPLE_PREFIX ?= $(CURDIR)/build/stage
+examples-c: $(SO)
+	$(MAKE) install PREFIX=$(EXAMPLE_PREFIX) DESTDIR= INST_LIBDIR=$(EXAMPLE_PREFIX)/lib/lua/5.1 \
+	  INST_LUADIR=$(EXAMPLE_PREFIX)/share/lua/5.1 INST_BINDIR=$(EXAMPLE_PREFIX)/bin \
+	  INST_INCDIR=$(EXAMPLE_PREFIX)/include INST_CLIBDIR=$(EXAMPLE_PREFIX)/lib
+	$(CC) $(CFLAGS) $(WARN) -o examples/c/heat examples/c/heat.c \
+	  $$(PKG_CONFIG_PATH=$(EXAMPLE_PREFIX)/lib/pkgconfig pkg-config --cflags --libs lecho) \
+	  -Wl,-rpath,$(EXAMPLE_PREFIX)/lib -lm
+
+.PHONY: install-capi
 
 # luarocks make (rockspec/): the rock's own core, built afresh with the flags
 # LuaRocks gives, never the tree's $(SO) of an earlier `make`.
@@ -156,7 +223,7 @@ rock:
 	$(MAKE) all SO=$(ROCK_SO)
 
 clean:
-	rm -rf build $(SO) lua/lecho/codec.so $(BENCH_BIN)
+	rm -rf build $(SO) lua/lecho/codec.so $(BENCH_BIN) examples/c/heat
 
 # The stress harness (stress/run.lua, issue 8): random seeds for
 # STRESS_SECONDS (600) in scenarios of STRESS_SCENARIO_SECONDS (30) each;

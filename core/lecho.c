@@ -1,0 +1,585 @@
+/* lecho.c: liblecho, the public C API of lecho.h.
+ *
+ * Each lecho_ctx owns a private LuaJIT state that loads the Lua layer
+ * (`require "lecho.capi"`, which requires "lecho") and drives it: the control
+ * plane (name server, managers, joins) is Lua, so this file only calls the
+ * public Lua API through lua/lecho/capi.lua and never reaches into core/ctx.h.
+ * Every Lua call goes through lua_cpcall, so a Lua error (memory included)
+ * becomes a code and a message, never a longjmp past the caller.
+ *
+ * Handles keep their Lua object in the registry (h.ref); values are in
+ * lecho_value.c, the shared structs in lecho_int.h.
+ */
+#include "lecho_int.h"
+
+#include <lualib.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef LECHO_LUA_DIR
+#define LECHO_LUA_DIR "/usr/local/share/lua/5.1"
+#endif
+#ifndef LECHO_LUA_CDIR
+#define LECHO_LUA_CDIR "/usr/local/lib/lua/5.1"
+#endif
+
+static const char *const code_names[] = {
+    "success", "timeout", "closed", "refused", "limit", "wouldblock", "invalid",
+    "notfound", "io", "protocol", "nomem", "failed",
+};
+#define NCODES ((int)(sizeof code_names / sizeof code_names[0]))
+
+const char *lecho_strerror(int code) {
+    return code >= 0 && code < NCODES ? code_names[code] : "unknown";
+}
+
+static int code_of(const char *name) {
+    for (int i = 1; name && i < NCODES; i++)
+        if (strcmp(name, code_names[i]) == 0) return i;
+    return LECHO_EFAILED;
+}
+
+const char *lecho_errmsg(const lecho_ctx *x) {
+    return x ? x->err : "";
+}
+
+int lei_api_fail(lecho_ctx *x, int code, const char *msg) {
+    snprintf(x->err, sizeof x->err, "%s", msg);
+    return code;
+}
+
+char *lei_api_dupstr(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+/* ---- handles ---- */
+
+void *lei_api_h_new(lecho_ctx *x, size_t size, int kind) {
+    struct lei_h *h = calloc(1, size);
+    if (!h) return NULL;
+    h->ctx = x;
+    h->ref = LUA_NOREF;
+    h->kind = kind;
+    h->next = x->handles;
+    if (h->next) h->next->prev = h;
+    x->handles = h;
+    return h;
+}
+
+void lei_api_h_free(struct lei_h *h) {
+    lecho_ctx *x = h->ctx;
+    if (x->L) luaL_unref(x->L, LUA_REGISTRYINDEX, h->ref);
+    if (h->prev)
+        h->prev->next = h->next;
+    else
+        x->handles = h->next;
+    if (h->next) h->next->prev = h->prev;
+    if (h->kind == H_CHANNEL) {
+        struct lecho_channel *ch = (struct lecho_channel *)h;
+        free(ch->asked);
+        free(ch->name);
+    }
+    free(h);
+}
+
+/* ---- protected calls ---- */
+
+/* Runs f(op) protected on the current thread; a raised error becomes a code
+ * and its message. */
+int lei_api_protect(lecho_ctx *x, lua_CFunction f, struct op *o) {
+    o->x = x;
+    o->rc = 0;
+    int top = lua_gettop(x->L);
+    int rc = lua_cpcall(x->L, f, o);
+    if (rc != 0) {
+        const char *m = lua_tostring(x->L, -1);
+        lei_api_fail(x, rc == LUA_ERRMEM ? LECHO_ENOMEM : LECHO_EFAILED, m ? m : "error");
+        lua_settop(x->L, top);
+        return rc == LUA_ERRMEM ? LECHO_ENOMEM : LECHO_EFAILED;
+    }
+    return o->rc;
+}
+
+/* In a protected function: calls lecho.capi's `name` with the nargs values
+ * on top.  Its results are left from index *base on; 0, or the code of
+ * nil, message, code (the message in x->err). */
+int lei_api_glue_call(lua_State *L, lecho_ctx *x, const char *name, int nargs, int *base) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, x->glue);
+    lua_getfield(L, -1, name);
+    lua_replace(L, -2);
+    lua_insert(L, -(nargs + 1));
+    int b = lua_gettop(L) - nargs;
+    lua_call(L, nargs, LUA_MULTRET);
+    if (base) *base = b;
+    if (lua_isnil(L, b)) {
+        const char *m = lua_tostring(L, b + 1);
+        return lei_api_fail(x, code_of(lua_tostring(L, b + 2)), m ? m : "failed");
+    }
+    return 0;
+}
+
+void lei_api_push_ref(lua_State *L, int ref) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+}
+
+/* ---- contexts ---- */
+
+struct open_args {
+    const char *const *opts;
+    lecho_ctx *x;
+};
+
+static void prepend_path(lua_State *L, const char *field, const char *fmt, const char *dir) {
+    lua_getglobal(L, "package");
+    lua_getfield(L, -1, field);
+    const char *old = lua_tostring(L, -1);
+    if (strcmp(field, "path") == 0)
+        lua_pushfstring(L, fmt, dir, dir, old ? old : "");
+    else
+        lua_pushfstring(L, fmt, dir, old ? old : "");
+    lua_setfield(L, -3, field);
+    lua_pop(L, 2);
+}
+
+static int op_open(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lecho_ctx *x = o->x;
+    const char *const *opts = o->a;
+    const char *dir = getenv("LECHO_LUA_DIR");
+    const char *cdir = getenv("LECHO_LUA_CDIR");
+    if (!cdir) cdir = dir ? dir : LECHO_LUA_CDIR;
+    if (!dir) dir = LECHO_LUA_DIR;
+    luaL_openlibs(L);
+    prepend_path(L, "path", "%s/?.lua;%s/?/init.lua;%s", dir);
+    prepend_path(L, "cpath", "%s/?.so;%s", cdir);
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "lecho.capi");
+    lua_call(L, 1, 1);
+    x->glue = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_newtable(L);
+    for (int i = 0; opts && opts[i]; i += 2) {
+        if (!opts[i + 1]) {
+            o->rc = lei_api_fail(x, LECHO_EINVAL, "lecho_open: an option name without a value");
+            return 0;
+        }
+        lua_pushstring(L, opts[i]);
+        lua_rawseti(L, -2, i + 1);
+        lua_pushstring(L, opts[i + 1]);
+        lua_rawseti(L, -2, i + 2);
+    }
+    int b;
+    if ((o->rc = lei_api_glue_call(L, x, "open", 1, &b)) != 0) return 0;
+    x->addr = lei_api_dupstr(lua_tostring(L, b + 1));
+    x->ns = lei_api_dupstr(lua_tostring(L, b + 2));
+    lua_pushvalue(L, b);
+    x->self = luaL_ref(L, LUA_REGISTRYINDEX);
+    if (!x->addr || !x->ns) o->rc = lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+    return 0;
+}
+
+static void ctx_free(lecho_ctx *x) {
+    while (x->handles) {
+        struct lei_h *h = x->handles;
+        x->handles = h->next;
+        if (h->kind == H_CHANNEL) {
+            free(((struct lecho_channel *)h)->asked);
+            free(((struct lecho_channel *)h)->name);
+        }
+        free(h);
+    }
+    if (x->L0) lua_close(x->L0);
+    free(x->addr);
+    free(x->ns);
+    free(x->show);
+    free(x);
+}
+
+int lecho_open(const char *const *opts, lecho_ctx **out, char *err, size_t errlen) {
+    *out = NULL;
+    lecho_ctx *x = calloc(1, sizeof *x);
+    if (!x || !(x->L0 = luaL_newstate())) {
+        free(x);
+        if (err && errlen) snprintf(err, errlen, "out of memory");
+        return LECHO_ENOMEM;
+    }
+    x->L = x->L0;
+    x->glue = x->self = LUA_NOREF;
+    x->blocks = 1;
+    for (int i = 0; opts && opts[i] && opts[i + 1]; i += 2)
+        if (strcmp(opts[i], "policy") == 0) x->blocks = strcmp(opts[i + 1], "block") == 0;
+    struct op o = { .a = opts };
+    int rc = lei_api_protect(x, op_open, &o);
+    if (rc != 0) {
+        if (err && errlen) snprintf(err, errlen, "%s", x->err);
+        ctx_free(x);
+        return rc;
+    }
+    *out = x;
+    return 0;
+}
+
+static int op_close(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lei_api_push_ref(L, o->x->self);
+    lua_pushnumber(L, o->d);
+    o->rc = lei_api_glue_call(L, o->x, "close", 2, NULL);
+    return 0;
+}
+
+int lecho_close(lecho_ctx *x, double linger) {
+    if (!x) return 0;
+    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_close: not from a consumer handler");
+    /* No handler runs once closing started: the trampolines find no consumer. */
+    for (struct lei_h *h = x->handles; h; h = h->next)
+        if (h->kind == H_CONSUMER) ((lecho_consumer *)h)->box->c = NULL;
+    struct op o = { .d = linger };
+    int rc = lei_api_protect(x, op_close, &o);
+    ctx_free(x);
+    return rc;
+}
+
+const char *lecho_address(const lecho_ctx *x) {
+    return x->addr;
+}
+
+const char *lecho_nameserver(const lecho_ctx *x) {
+    return x->ns;
+}
+
+/* ---- the loop ---- */
+
+static int op_loop(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lei_api_push_ref(L, o->x->self);
+    if (o->kind) { /* run_once */
+        lua_pushnumber(L, o->d);
+        o->rc = lei_api_glue_call(L, o->x, o->s, 2, NULL);
+    } else {
+        o->rc = lei_api_glue_call(L, o->x, o->s, 1, NULL);
+    }
+    return 0;
+}
+
+int lecho_run(lecho_ctx *x) {
+    if (!x) return LECHO_EINVAL;
+    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_run: not from a consumer handler");
+    struct op o = { .s = "run" };
+    return lei_api_protect(x, op_loop, &o);
+}
+
+int lecho_run_once(lecho_ctx *x, double timeout) {
+    if (!x) return LECHO_EINVAL;
+    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_run_once: not from a consumer handler");
+    struct op o = { .s = "run_once", .kind = 1, .d = timeout };
+    return lei_api_protect(x, op_loop, &o);
+}
+
+int lecho_stop(lecho_ctx *x) {
+    if (!x) return LECHO_EINVAL;
+    struct op o = { .s = "stop" };
+    return lei_api_protect(x, op_loop, &o);
+}
+
+/* ---- channels, producers, consumers ---- */
+
+static int op_channel(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    struct lecho_channel *ch = o->res;
+    lei_api_push_ref(L, o->x->self);
+    lua_pushstring(L, o->s);
+    int b;
+    if ((o->rc = lei_api_glue_call(L, o->x, "channel", 2, &b)) != 0) return 0;
+    ch->name = lei_api_dupstr(lua_tostring(L, b + 1));
+    lua_pushvalue(L, b);
+    ch->h.ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    return 0;
+}
+
+lecho_channel *lecho_channel_get(lecho_ctx *x, const char *name) {
+    if (!x || !name) return NULL;
+    for (struct lei_h *h = x->handles; h; h = h->next)
+        if (h->kind == H_CHANNEL && strcmp(((lecho_channel *)h)->asked, name) == 0)
+            return (lecho_channel *)h;
+    lecho_channel *ch = lei_api_h_new(x, sizeof *ch, H_CHANNEL);
+    if (!ch) return NULL;
+    struct op o = { .s = name, .res = ch };
+    if (!(ch->asked = lei_api_dupstr(name)) || lei_api_protect(x, op_channel, &o) != 0 || !ch->name) {
+        if (!ch->name) lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+        lei_api_h_free(&ch->h);
+        return NULL;
+    }
+    return ch;
+}
+
+const char *lecho_channel_name(const lecho_channel *ch) {
+    return ch->name;
+}
+
+static int op_producer(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lei_api_push_ref(L, ((const lecho_channel *)o->a)->h.ref);
+    if (o->s)
+        lua_pushstring(L, o->s);
+    else
+        lua_pushnil(L);
+    int b;
+    if ((o->rc = lei_api_glue_call(L, o->x, "producer", 2, &b)) != 0) return 0;
+    lua_pushvalue(L, b);
+    o->i = luaL_ref(L, LUA_REGISTRYINDEX);
+    return 0;
+}
+
+int lecho_producer_open(lecho_channel *ch, const char *policy, lecho_producer **out) {
+    *out = NULL;
+    if (!ch) return LECHO_EINVAL;
+    lecho_ctx *x = ch->h.ctx;
+    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_producer_open: not from a consumer handler");
+    lecho_producer *p = lei_api_h_new(x, sizeof *p, H_PRODUCER);
+    if (!p) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+    struct op o = { .a = ch, .s = policy };
+    int rc = lei_api_protect(x, op_producer, &o);
+    if (rc != 0) {
+        lei_api_h_free(&p->h);
+        return rc;
+    }
+    p->h.ref = o.i;
+    p->blocks = policy ? strcmp(policy, "block") == 0 : x->blocks;
+    *out = p;
+    return 0;
+}
+
+static int op_submit(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lei_api_push_ref(L, ((const lecho_producer *)o->a)->h.ref);
+    lei_api_push_slot(L, o->b);
+    if (o->kind == 0) {
+        o->rc = lei_api_glue_call(L, o->x, "submit", 2, NULL);
+        return 0;
+    }
+    lua_pushnumber(L, o->d);
+    int b;
+    if ((o->rc = lei_api_glue_call(L, o->x, "submit_sync", 3, &b)) == 0 || !lua_istable(L, b + 3))
+        return 0;
+    /* The per-consumer list: build the caller's lecho_errors. */
+    struct lecho_errors *e = calloc(1, sizeof *e);
+    if (!e) return 0;
+    size_t n = lua_objlen(L, b + 3) / 3;
+    e->f = calloc(3 * n + 1, sizeof *e->f);
+    const char *text = lua_tostring(L, b + 1);
+    e->text = lei_api_dupstr(text ? text : "");
+    int ok = e->f && e->text;
+    for (size_t i = 0; ok && i < 3 * n; i++) {
+        lua_rawgeti(L, b + 3, (int)(i + 1));
+        const char *f = lua_tostring(L, -1);
+        ok = (e->f[i] = lei_api_dupstr(f ? f : "")) != NULL;
+        lua_pop(L, 1);
+    }
+    if (!ok) {
+        lecho_errors_free(e);
+        return 0;
+    }
+    e->n = n;
+    o->res = e;
+    return 0;
+}
+
+int lecho_submit(lecho_producer *p, const lecho_value *ev) {
+    if (!p || !ev || ev->h.ctx != p->h.ctx) return LECHO_EINVAL;
+    /* A wait for room cannot suspend a C handler (and a failed one would
+     * leave the producer's queue of waiting submits inconsistent). */
+    if (p->h.ctx->in_handler && p->blocks)
+        return lei_api_fail(p->h.ctx, LECHO_EINVAL, "lecho_submit: not from a consumer handler "
+                            "with a producer under the block policy (it may have to wait)");
+    struct op o = { .a = p, .b = ev };
+    return lei_api_protect(p->h.ctx, op_submit, &o);
+}
+
+int lecho_submit_sync(lecho_producer *p, const lecho_value *ev, double timeout,
+                      lecho_errors **errs) {
+    if (errs) *errs = NULL;
+    if (!p || !ev || ev->h.ctx != p->h.ctx) return LECHO_EINVAL;
+    lecho_ctx *x = p->h.ctx;
+    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_submit_sync: not from a consumer handler");
+    struct op o = { .a = p, .b = ev, .kind = 1, .d = timeout };
+    int rc = lei_api_protect(x, op_submit, &o);
+    if (errs)
+        *errs = o.res;
+    else
+        lecho_errors_free(o.res);
+    return rc;
+}
+
+static int op_simple(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lei_api_push_ref(L, ((const struct lei_h *)o->a)->ref);
+    o->rc = lei_api_glue_call(L, o->x, o->s, 1, NULL);
+    return 0;
+}
+
+int lecho_flush(lecho_producer *p) {
+    if (!p) return LECHO_EINVAL;
+    struct op o = { .a = p, .s = "flush" };
+    return lei_api_protect(p->h.ctx, op_simple, &o);
+}
+
+void lecho_producer_close(lecho_producer *p) {
+    if (!p) return;
+    struct op o = { .a = p, .s = "producer_close" };
+    lei_api_protect(p->h.ctx, op_simple, &o);
+    lei_api_h_free(&p->h);
+}
+
+size_t lecho_errors_count(const lecho_errors *e) {
+    return e ? e->n : 0;
+}
+
+static const char *err_field(const lecho_errors *e, size_t i, int k) {
+    return e && i < e->n ? e->f[3 * i + k] : NULL;
+}
+
+const char *lecho_errors_context(const lecho_errors *e, size_t i) {
+    return err_field(e, i, 0);
+}
+
+const char *lecho_errors_consumer(const lecho_errors *e, size_t i) {
+    return err_field(e, i, 1);
+}
+
+const char *lecho_errors_message(const lecho_errors *e, size_t i) {
+    return err_field(e, i, 2);
+}
+
+const char *lecho_errors_text(const lecho_errors *e) {
+    return e ? e->text : NULL;
+}
+
+void lecho_errors_free(lecho_errors *e) {
+    if (!e) return;
+    for (size_t i = 0; e->f && e->f[i]; i++) free(e->f[i]);
+    free(e->f);
+    free(e->text);
+    free(e);
+}
+
+/* The consumer's Lua handler (through lecho.capi): runs the C handler in the
+ * coroutine the loop gave it, with ctx->L switched to that coroutine so that
+ * what the handler calls runs there.  Returns the handler's message, if any. */
+static int trampoline(lua_State *L) {
+    struct cbox *box = lua_touserdata(L, lua_upvalueindex(1));
+    lecho_consumer *c = box->c;
+    if (!c) return 0;
+    lecho_ctx *x = c->h.ctx;
+    lecho_value ev = { { x, LUA_NOREF, H_VALUE, NULL, NULL } };
+    lecho_meta m = { "", "", 0 };
+    if (lua_istable(L, 2)) {
+        lua_getfield(L, 2, "channel");
+        lua_getfield(L, 2, "producer");
+        lua_getfield(L, 2, "seq");
+        m.channel = lua_isstring(L, -3) ? lua_tostring(L, -3) : "";
+        m.producer = lua_isstring(L, -2) ? lua_tostring(L, -2) : "";
+        m.seq = lua_tonumber(L, -1);
+    }
+    lua_createtable(L, 1, 0);
+    lua_pushvalue(L, 1);
+    lua_rawseti(L, -2, 1);
+    ev.h.ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_State *saved = x->L;
+    x->L = L;
+    x->in_handler++;
+    const char *err = c->fn(&ev, &m, c->ud);
+    x->in_handler--;
+    x->L = saved;
+    luaL_unref(L, LUA_REGISTRYINDEX, ev.h.ref);
+    if (!err) return 0;
+    lua_pushstring(L, err);
+    return 1;
+}
+
+static int op_consumer(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lecho_consumer *c = o->res;
+    lei_api_push_ref(L, ((const lecho_channel *)o->a)->h.ref);
+    c->box = lua_newuserdata(L, sizeof *c->box);
+    c->box->c = c;
+    lua_pushcclosure(L, trampoline, 1);
+    int b;
+    if ((o->rc = lei_api_glue_call(L, o->x, "consumer", 2, &b)) != 0) {
+        c->box->c = NULL;
+        c->box = NULL;
+        return 0;
+    }
+    lua_pushvalue(L, b);
+    c->h.ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    return 0;
+}
+
+int lecho_consumer_open(lecho_channel *ch, lecho_handler fn, void *ud, lecho_consumer **out) {
+    *out = NULL;
+    if (!ch || !fn) return LECHO_EINVAL;
+    lecho_ctx *x = ch->h.ctx;
+    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_consumer_open: not from a consumer handler");
+    lecho_consumer *c = lei_api_h_new(x, sizeof *c, H_CONSUMER);
+    if (!c) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+    c->fn = fn;
+    c->ud = ud;
+    struct op o = { .a = ch, .res = c };
+    int rc = lei_api_protect(x, op_consumer, &o);
+    if (rc != 0 || !c->box) {
+        if (c->box) c->box->c = NULL;
+        lei_api_h_free(&c->h);
+        return rc ? rc : LECHO_EFAILED;
+    }
+    *out = c;
+    return 0;
+}
+
+void lecho_consumer_close(lecho_consumer *c) {
+    if (!c) return;
+    c->box->c = NULL;
+    struct op o = { .a = c, .s = "consumer_close" };
+    lei_api_protect(c->h.ctx, op_simple, &o);
+    lei_api_h_free(&c->h);
+}
+
+/* ---- statistics ---- */
+
+static int op_stats(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lei_api_push_ref(L, o->x->self);
+    int b;
+    if (o->s) {
+        lua_pushstring(L, o->s);
+        lua_pushstring(L, o->key);
+        if ((o->rc = lei_api_glue_call(L, o->x, "stat", 3, &b)) == 0) o->d = lua_tonumber(L, b);
+        return 0;
+    }
+    if ((o->rc = lei_api_glue_call(L, o->x, "stats", 1, &b)) != 0) return 0;
+    lua_createtable(L, 1, 0);
+    lua_pushvalue(L, b);
+    lua_rawseti(L, -2, 1);
+    o->i = luaL_ref(L, LUA_REGISTRYINDEX);
+    return 0;
+}
+
+lecho_value *lecho_stats(lecho_ctx *x) {
+    if (!x) return NULL;
+    lecho_value *v = lei_api_h_new(x, sizeof *v, H_VALUE);
+    if (!v) return NULL;
+    struct op o = { 0 };
+    if (lei_api_protect(x, op_stats, &o) != 0) {
+        lei_api_h_free(&v->h);
+        return NULL;
+    }
+    v->h.ref = o.i;
+    return v;
+}
+
+double lecho_stat(lecho_ctx *x, const char *channel, const char *counter) {
+    if (!x || !channel || !counter) return -1;
+    struct op o = { .s = channel, .key = counter };
+    return lei_api_protect(x, op_stats, &o) == 0 ? o.d : -1;
+}

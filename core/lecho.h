@@ -1,0 +1,289 @@
+/* lecho.h: the public C API of lecho (link with -llecho; `pkg-config lecho`).
+ *
+ * What a C (or Fortran, through ISO_C_BINDING) program needs to be a peer of
+ * Lua processes on lecho event channels: a context, channels, producers,
+ * consumers whose handler is a C function, async and sync submits, the event
+ * loop, statistics and error codes.  Every type is opaque.
+ *
+ *   lecho_ctx *ctx;
+ *   const char *opts[] = { "nameserver", "127.0.0.1:7700", NULL };
+ *   char err[256];
+ *   if (lecho_open(opts, &ctx, err, sizeof err) != 0) { fprintf(stderr, "%s\n", err); exit(1); }
+ *   lecho_producer *p;
+ *   lecho_producer_open(lecho_channel_get(ctx, "heat"), NULL, &p);
+ *   lecho_value *ev = lecho_value_new(ctx);
+ *   lecho_set_number(ev, "step", 1);
+ *   lecho_set_numbers(ev, "u", u, n);            // a Lua array { u[0], ..., u[n-1] }
+ *   lecho_submit(p, ev);                         // queued; leaves while the loop runs
+ *   lecho_run_once(ctx, 0);                      // serve the loop without blocking
+ *   lecho_value_free(ev);
+ *   lecho_close(ctx, 2.0);                       // delivers what was submitted, frees all
+ *
+ * Implementation: liblecho runs a private LuaJIT state per context that loads
+ * the Lua layer (`require "lecho"`), so a C peer behaves exactly like a Lua
+ * one; the caller never sees Lua.  The Lua files are looked up in
+ * $LECHO_LUA_DIR (the *.lua tree; default: where `make install` put them)
+ * and $LECHO_LUA_CDIR (where lecho/core.so is; default: $LECHO_LUA_DIR when
+ * that is set, else the install directory).
+ *
+ * Events are Lua values: nil, booleans, numbers (doubles), byte strings and
+ * tables.  In C an event is a lecho_value: one slot holding such a value.
+ * Setters and getters take a key: NULL means the slot itself, a string means
+ * the field of that name of the table in the slot (made a table by the first
+ * keyed setter if the slot is nil).  Arrays of doubles cross in one call
+ * (lecho_set_numbers, lecho_get_numbers); nested tables through lecho_field.
+ * Fields and array elements are 0-based in C, 1-based in Lua.
+ *
+ * Threads: a context and everything made from it belong to one thread at a
+ * time.  Independent contexts may live in different threads.
+ *
+ * Memory: each function says who owns what it returns.  Every handle
+ * (channel, producer, consumer, value) belongs to its context and is freed by
+ * lecho_close at the latest; strings returned as `const char *` are borrowed
+ * and valid as said at each function.
+ */
+#ifndef LECHO_H
+#define LECHO_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define LECHO_API __attribute__((visibility("default")))
+#else
+#define LECHO_API
+#endif
+
+/* ---- error codes: 0 is success; the names are those of the Lua layer's
+ * third return value (`nil, msg, code`) ---- */
+enum {
+    LECHO_OK = 0,
+    LECHO_ETIMEOUT,    /* "timeout": no answer in time */
+    LECHO_ECLOSED,     /* "closed": the context, endpoint or connection is closed */
+    LECHO_EREFUSED,    /* "refused": a peer refused (connection, join, modulator) */
+    LECHO_ELIMIT,      /* "limit": a limit was reached (queue, size, depth) */
+    LECHO_EWOULDBLOCK, /* "wouldblock": no room now under a non-blocking policy */
+    LECHO_EINVAL,      /* "invalid": a bad argument or a value that cannot be sent */
+    LECHO_ENOTFOUND,   /* "notfound": no such key, channel or file */
+    LECHO_EIO,         /* "io": a system call failed */
+    LECHO_EPROTOCOL,   /* "protocol": a peer broke the protocol */
+    LECHO_ENOMEM,      /* "nomem": out of memory */
+    LECHO_EFAILED      /* "failed": anything else, e.g. consumers' handlers failed */
+};
+
+typedef struct lecho_ctx lecho_ctx;
+
+/* Static text of a code ("timeout", ...); "unknown" for other numbers. */
+LECHO_API const char *lecho_strerror(int code);
+/* The message of the last failed call on ctx that has one (the Lua layer's
+ * text, e.g. "producer is closed"; getters that return LECHO_ENOTFOUND or
+ * LECHO_EINVAL set none).  Borrowed: valid
+ * until the next call on ctx.  "" when there was none. */
+LECHO_API const char *lecho_errmsg(const lecho_ctx *ctx);
+
+/* ---- contexts ---- */
+
+/* Opens the context of this process.  opts: NULL, or a NULL-terminated list
+ * of option name, value strings, the options of the Lua `lecho.context`
+ * (README): "nameserver" ("host:port"; without it this context runs a name
+ * server of its own), "listen" ("127.0.0.1:0"), "timeout", "sync_timeout",
+ * "queue_limit", "policy", "quiet" ("true"), ...  A value that reads whole as
+ * a number is passed as a number, "true"/"false" as booleans, anything else
+ * as a string.  0 with *out set (owned by the caller: lecho_close), or a code
+ * and *out NULL; then err (when not NULL) gets why, cut to errlen bytes with
+ * the NUL. */
+LECHO_API int lecho_open(const char *const *opts, lecho_ctx **out, char *err, size_t errlen);
+/* Delivers what was submitted (waiting at most linger seconds; < 0: the
+ * context's `linger` option, 2 s), closes every endpoint and frees the
+ * context and every handle made from it.  0, or a code when something could
+ * not be delivered (it is logged; the context is freed all the same).
+ * NULL is a no-op. */
+LECHO_API int lecho_close(lecho_ctx *ctx, double linger);
+/* "host:port" this context listens on; with no "nameserver" option, also the
+ * address of its name server, to give to other processes.  Borrowed: valid
+ * while ctx is open. */
+LECHO_API const char *lecho_address(const lecho_ctx *ctx);
+/* The name server this context uses ("host:port").  Borrowed, as above. */
+LECHO_API const char *lecho_nameserver(const lecho_ctx *ctx);
+
+/* ---- the event loop: events leave, arrive and handlers run only inside
+ * these calls (and inside a waiting submit_sync or lecho_close) ---- */
+/* Runs until lecho_stop.  0, or a code. */
+LECHO_API int lecho_run(lecho_ctx *ctx);
+/* One loop turn: waits at most timeout seconds for something to do (0: does
+ * not block; < 0: until something happens), then runs what is due. */
+LECHO_API int lecho_run_once(lecho_ctx *ctx, double timeout);
+/* Makes lecho_run return after the current turn (e.g. from a handler). */
+LECHO_API int lecho_stop(lecho_ctx *ctx);
+
+/* ---- values (events) ---- */
+typedef struct lecho_value lecho_value;
+
+enum { LECHO_TNIL = 0, LECHO_TBOOLEAN, LECHO_TNUMBER, LECHO_TSTRING, LECHO_TTABLE,
+       LECHO_TOTHER };
+
+/* A new slot holding nil.  Owned by the caller: lecho_value_free (or
+ * lecho_close).  NULL when out of memory. */
+LECHO_API lecho_value *lecho_value_new(lecho_ctx *ctx);
+/* Frees the handle (not the values other handles or tables still refer to).
+ * NULL is a no-op.  Never pass the event given to a handler. */
+LECHO_API void lecho_value_free(lecho_value *v);
+
+/* Setters: key NULL sets the slot; a key sets that field of the table in the
+ * slot (a nil slot becomes a new table first).  The value is copied (strings
+ * and arrays too): the caller keeps its buffers.  0, LECHO_EINVAL (a key
+ * was given and the slot holds neither a table nor nil) or LECHO_ENOMEM. */
+LECHO_API int lecho_set_nil(lecho_value *v, const char *key);
+LECHO_API int lecho_set_bool(lecho_value *v, const char *key, int b);
+LECHO_API int lecho_set_number(lecho_value *v, const char *key, double x);
+/* len bytes from s (any bytes, zeros included); s may be NULL when len is 0. */
+LECHO_API int lecho_set_string(lecho_value *v, const char *key, const char *s, size_t len);
+/* A Lua array { x[0], ..., x[n-1] } (an empty table when n is 0). */
+LECHO_API int lecho_set_numbers(lecho_value *v, const char *key, const double *x, size_t n);
+/* An empty table. */
+LECHO_API int lecho_set_table(lecho_value *v, const char *key);
+/* Stores (a reference to) what the slot `from` holds: a table is shared, so
+ * later changes through `from` show through v (as in Lua). */
+LECHO_API int lecho_set_value(lecho_value *v, const char *key, const lecho_value *from);
+
+/* Getters: key NULL reads the slot, a key the field of the table in it.
+ * lecho_type: one of LECHO_T*; LECHO_TNIL when the slot is not a table or
+ * has no such field. */
+LECHO_API int lecho_type(const lecho_value *v, const char *key);
+/* 0 with *out set; LECHO_ENOTFOUND (nil or missing) or LECHO_EINVAL (another type). */
+LECHO_API int lecho_get_number(const lecho_value *v, const char *key, double *out);
+LECHO_API int lecho_get_bool(const lecho_value *v, const char *key, int *out);
+/* The bytes of a string (NUL-terminated after *len bytes), or NULL when it is
+ * not a string.  Borrowed: valid while v holds the same value (for a
+ * handler's event: until the handler returns).  len may be NULL. */
+LECHO_API const char *lecho_get_string(const lecho_value *v, const char *key, size_t *len);
+/* Length of the array part (Lua's #), 0 when not a table. */
+LECHO_API size_t lecho_len(const lecho_value *v, const char *key);
+/* Copies at most max numbers of the array (elements 1.. of the Lua table) to
+ * out and returns how many elements the array has (which may be more than
+ * max); a non-number element is copied as NaN. */
+LECHO_API size_t lecho_get_numbers(const lecho_value *v, const char *key, double *out, size_t max);
+/* A new handle on the field `key` (NULL: on array element `index`, 0-based)
+ * of the table in v.  Owned by the caller (lecho_value_free).  NULL when v
+ * holds no table or out of memory; a missing field gives a slot holding nil. */
+LECHO_API lecho_value *lecho_field(const lecho_value *v, const char *key, size_t index);
+/* Calls fn(key, value, ud) for each string-keyed field of the table in v, in
+ * no particular order; key and value are borrowed for the call.  Stops when
+ * fn returns nonzero and returns that.  (Array elements: lecho_len and
+ * lecho_field.) */
+LECHO_API int lecho_each(const lecho_value *v,
+                         int (*fn)(const char *key, const lecho_value *value, void *ud),
+                         void *ud);
+/* The value as text, bounded (for logs): "{ step = 3, u = { 1, 2, ... } }".
+ * Borrowed: valid until the next lecho_to_string on the same context or
+ * lecho_close; "?" when out of memory. */
+LECHO_API const char *lecho_to_string(const lecho_value *v);
+
+/* ---- channels ---- */
+typedef struct lecho_channel lecho_channel;
+
+/* The channel `name` ("ozone", or "host:port/ozone" for a channel of another
+ * name server).  Owned by ctx (the same handle for the same name); NULL when
+ * out of memory or the name is invalid (lecho_errmsg says why). */
+LECHO_API lecho_channel *lecho_channel_get(lecho_ctx *ctx, const char *name);
+/* Its full name "ns-host:port/name".  Borrowed: valid while ctx is open. */
+LECHO_API const char *lecho_channel_name(const lecho_channel *ch);
+
+/* ---- producers ---- */
+typedef struct lecho_producer lecho_producer;
+
+/* A producer on ch; returns once the channel's manager said where the
+ * consumers are (runs the loop meanwhile).  policy: NULL (the context's),
+ * "block", "drop_oldest", "drop_newest" or "disconnect" (README: what happens
+ * when a consumer's queue is full).  0 with *out set (owned by ctx;
+ * lecho_producer_close ends it early), or a code. */
+LECHO_API int lecho_producer_open(lecho_channel *ch, const char *policy, lecho_producer **out);
+/* Queues ev for every consumer of the channel and returns at once (under the
+ * "block" policy, first runs the loop until there is room).  The value is
+ * encoded during the call: the caller may change or free ev afterwards.
+ * 0, or a code (LECHO_EINVAL: ev cannot be encoded; nothing was sent). */
+LECHO_API int lecho_submit(lecho_producer *p, const lecho_value *ev);
+
+/* What a sync submit reports per failing consumer. */
+typedef struct lecho_errors lecho_errors;
+
+/* Submits ev and runs the loop until every consumer ran its handler on it
+ * (and, by order, on everything submitted before), or timeout seconds
+ * (< 0: the context's sync_timeout, 10 s).  0 when all succeeded; else a code
+ * and, when errs is not NULL, *errs gets the list of failing or silent
+ * consumers (owned by the caller: lecho_errors_free; NULL when the failure is
+ * not per consumer, e.g. a closed producer: lecho_errmsg says why).
+ * Must not be called from a consumer handler (LECHO_EINVAL). */
+LECHO_API int lecho_submit_sync(lecho_producer *p, const lecho_value *ev, double timeout,
+                                lecho_errors **errs);
+/* Writes what this context has queued, now, instead of at the end of the
+ * loop turn. */
+LECHO_API int lecho_flush(lecho_producer *p);
+/* Ends the producer (what it submitted is still delivered while the context
+ * lives) and frees the handle.  NULL is a no-op. */
+LECHO_API void lecho_producer_close(lecho_producer *p);
+
+/* The list of a failed sync submit. */
+LECHO_API size_t lecho_errors_count(const lecho_errors *e);
+/* Entry i (0-based): the consuming context "host:port", the consumer
+ * ("host:port/cN", or "" when the whole context failed) and the message (what
+ * the handler returned or raised, or why there was no answer).  Borrowed:
+ * valid until lecho_errors_free.  NULL past the end. */
+LECHO_API const char *lecho_errors_context(const lecho_errors *e, size_t i);
+LECHO_API const char *lecho_errors_consumer(const lecho_errors *e, size_t i);
+LECHO_API const char *lecho_errors_message(const lecho_errors *e, size_t i);
+/* The whole list as one line, as Lua prints it.  Borrowed as above. */
+LECHO_API const char *lecho_errors_text(const lecho_errors *e);
+LECHO_API void lecho_errors_free(lecho_errors *e);
+
+/* ---- consumers ---- */
+typedef struct lecho_consumer lecho_consumer;
+
+/* What a handler learns besides the event.  Borrowed for the call. */
+typedef struct lecho_meta {
+    const char *channel;  /* ro: the channel's name (as Lua's meta.channel) */
+    const char *producer; /* ro: "host:port#id" */
+    double seq;           /* ro: 1, 2, 3 ... per producer */
+} lecho_meta;
+
+/* A consumer handler: runs inside the loop calls for each event of the
+ * channel, in each producer's order.  ev is borrowed for the call (read it
+ * with the getters; copy what you keep).  Returns NULL on success, or a
+ * message: the event counts as failed, and a producer's lecho_submit_sync
+ * (or Lua submit_sync) gets that message (the string is copied at once; it
+ * may be static or in a buffer of ud's).  A handler may call lecho_submit,
+ * lecho_flush, lecho_stop, lecho_*_close of endpoints and the value
+ * functions.  What waits cannot run inside a C handler (it cannot suspend
+ * the way a Lua handler does): lecho_submit_sync, lecho_producer_open,
+ * lecho_consumer_open, lecho_run, lecho_run_once and lecho_close return
+ * LECHO_EINVAL there, and so does lecho_submit on a producer under the
+ * "block" policy (the default), which may have to wait for room: a handler
+ * that forwards events uses a producer opened with "drop_oldest",
+ * "drop_newest" or "disconnect". */
+typedef const char *(*lecho_handler)(const lecho_value *ev, const lecho_meta *meta, void *ud);
+
+/* A consumer on ch running fn(ev, meta, ud); returns once every producing
+ * process knows of it (runs the loop meanwhile).  0 with *out set (owned by
+ * ctx; lecho_consumer_close ends it early), or a code. */
+LECHO_API int lecho_consumer_open(lecho_channel *ch, lecho_handler fn, void *ud,
+                                  lecho_consumer **out);
+/* Leaves: fn is not called again.  Frees the handle.  NULL is a no-op. */
+LECHO_API void lecho_consumer_close(lecho_consumer *c);
+
+/* ---- statistics ---- */
+/* The context's counters as a value (the table Lua's ctx:stats() returns:
+ * "channels" -> name -> { events_out, bytes_out, events_in, ... }, "peers",
+ * ...).  Owned by the caller (lecho_value_free); NULL on failure. */
+LECHO_API lecho_value *lecho_stats(lecho_ctx *ctx);
+/* One counter of one channel, e.g. lecho_stat(ctx, "heat", "events_out"):
+ * the number, or -1 when the channel or counter does not exist (yet). */
+LECHO_API double lecho_stat(lecho_ctx *ctx, const char *channel, const char *counter);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,104 @@
+/* lecho_int.h: what the files of liblecho (lecho.c, lecho_value.c) share:
+ * the structs behind lecho.h's opaque handles and the protected-call
+ * helpers.  Private: nothing outside liblecho includes it. */
+#ifndef LECHO_INT_H
+#define LECHO_INT_H
+
+#include "lecho.h"
+
+#include <lauxlib.h>
+#include <lua.h>
+
+enum { H_VALUE, H_CHANNEL, H_PRODUCER, H_CONSUMER };
+
+/* Common head of every handle.  Owned by its context: linked in
+ * ctx->handles until freed by its close/free function or lecho_close. */
+struct lei_h {
+    lecho_ctx *ctx;
+    int ref;  /* registry reference of the Lua object (value: its box) */
+    int kind; /* H_* */
+    struct lei_h *prev, *next;
+};
+
+struct lecho_value {
+    struct lei_h h;
+};
+
+struct lecho_channel {
+    struct lei_h h;
+    char *asked; /* owned: the name given to lecho_channel */
+    char *name;  /* owned: the full name */
+};
+
+struct lecho_producer {
+    struct lei_h h;
+    int blocks; /* under the "block" policy: its submits may wait */
+};
+
+/* The trampoline's upvalue (a Lua userdata, owned by the Lua state): points
+ * back at the consumer until the consumer is closed. */
+struct cbox {
+    lecho_consumer *c;
+};
+
+struct lecho_consumer {
+    struct lei_h h;
+    lecho_handler fn;
+    void *ud;
+    struct cbox *box; /* borrowed from Lua: valid while h.ref holds the consumer */
+};
+
+/* Owned by the caller of lecho_submit_sync; every string is malloc'd here. */
+struct lecho_errors {
+    size_t n;
+    char **f;   /* 3 * n strings: context, consumer, message */
+    char *text; /* the list as one line */
+};
+
+struct lecho_ctx {
+    lua_State *L0;  /* owned: the private state (lua_close in lecho_close) */
+    lua_State *L;   /* the thread calls run on: L0, or a handler's coroutine */
+    int glue;       /* registry ref of the lecho.capi table */
+    int self;       /* registry ref of the Lua context */
+    int in_handler; /* depth of C handlers running */
+    int blocks;     /* the context's policy is "block" (the default) */
+    char *addr;     /* owned */
+    char *ns;       /* owned */
+    char *show;     /* owned: the last lecho_to_string text */
+    struct lei_h *handles;
+    char err[512];
+};
+
+/* The arguments and results of one protected operation. */
+struct op {
+    lecho_ctx *x;
+    int rc;
+    const void *a, *b; /* handles */
+    const char *key, *s;
+    size_t n, idx;
+    double d;
+    const double *nums;
+    double *out;
+    int kind, i;
+    void *res;
+    const char *str;
+};
+
+/* Stores msg as the context's last error message; returns code. */
+int lei_api_fail(lecho_ctx *x, int code, const char *msg);
+/* malloc'd copy (owned by the caller), or NULL. */
+char *lei_api_dupstr(const char *s);
+/* A zeroed handle of size bytes linked into x's list (owned by x), or NULL. */
+void *lei_api_h_new(lecho_ctx *x, size_t size, int kind);
+/* Unrefs, unlinks and frees a handle. */
+void lei_api_h_free(struct lei_h *h);
+/* Runs f(o) under lua_cpcall on x->L; o->rc, or the code of a raised error. */
+int lei_api_protect(lecho_ctx *x, lua_CFunction f, struct op *o);
+/* In a protected function: calls lecho.capi's `name` on the nargs values on
+ * top; 0 with its results from *base on, or the code of nil, msg, code. */
+int lei_api_glue_call(lua_State *L, lecho_ctx *x, const char *name, int nargs, int *base);
+void lei_api_push_ref(lua_State *L, int ref);
+/* Pushes what the value handle v holds. */
+void lei_api_push_slot(lua_State *L, const lecho_value *v);
+
+#endif

@@ -1,0 +1,259 @@
+/* test_ctx.c: two lecho contexts over loopback, driven through the public
+ * header (lecho.h) only.  The main thread's context runs the name server and
+ * produces; a second thread's context consumes (one context per thread, as
+ * lecho.h allows).  Checks: values built and read in C, async events arrive
+ * in order and whole, a sync submit succeeds, a consumer's error comes back
+ * in the sync result, a silent consumer gives a timeout, misuse gives codes.
+ * Prints "N passed, N failed" (read by .ci/run).
+ *
+ * Leans on build/liblecho.so, which finds the Lua layer of this checkout.
+ */
+#include "lecho.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "test.h"
+
+#define NASYNC 200
+
+static char ns_addr[64];
+static int ready, stopped;        /* __atomic: main <-> consumer thread */
+static int nseen, in_order = 1;   /* written by the consumer thread only */
+static double sum_u;              /* idem */
+static char last_payload[16];     /* idem */
+static int nested_ok;             /* idem */
+static lecho_producer *blocking, *dropping; /* the consumer thread's, on "fwd" */
+
+static const char *handler(const lecho_value *ev, const lecho_meta *meta, void *ud) {
+    double k, sleep_s;
+    if (lecho_type(ev, "nested") == LECHO_TBOOLEAN) {
+        /* What waits is refused inside a handler, with a message. */
+        lecho_producer *p;
+        lecho_consumer *c;
+        lecho_channel *ch = lecho_channel_get(ud, "other");
+        int ok = lecho_producer_open(ch, NULL, &p) == LECHO_EINVAL && p == NULL &&
+                 strstr(lecho_errmsg(ud), "not from a consumer handler") != NULL &&
+                 lecho_consumer_open(ch, handler, ud, &c) == LECHO_EINVAL &&
+                 lecho_run_once(ud, 0) == LECHO_EINVAL && lecho_close(ud, 0) == LECHO_EINVAL;
+        /* Forwarding: a blocking producer is refused, a dropping one works. */
+        ok = ok && lecho_submit(blocking, ev) == LECHO_EINVAL && lecho_submit(dropping, ev) == 0;
+        __atomic_store_n(&nested_ok, ok, __ATOMIC_RELEASE);
+        return NULL;
+    }
+    if (lecho_type(ev, "quit") == LECHO_TBOOLEAN) {
+        lecho_stop(ud); /* lecho_run returns after this turn */
+        return NULL;
+    }
+    if (lecho_get_number(ev, "sleep", &sleep_s) == 0) {
+        usleep((useconds_t)(sleep_s * 1e6)); /* holds this context's loop: no answer */
+        return NULL;
+    }
+    if (lecho_type(ev, "fail") == LECHO_TBOOLEAN) return "boom: the handler failed";
+    if (lecho_get_number(ev, "k", &k) == 0) {
+        int n = __atomic_load_n(&nseen, __ATOMIC_RELAXED);
+        if (k != n + 1 || meta->seq != n + 1 || strcmp(meta->channel, "t") != 0)
+            in_order = 0;
+        double u[4];
+        if (lecho_get_numbers(ev, "u", u, 4) == 3) sum_u += u[0] + u[1] + u[2];
+        size_t len;
+        const char *s = lecho_get_string(ev, "bytes", &len);
+        if (s && len < sizeof last_payload) memcpy(last_payload, s, len);
+        __atomic_store_n(&nseen, n + 1, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+static void *consumer_thread(void *arg) {
+    (void)arg;
+    const char *opts[] = { "nameserver", ns_addr, "quiet", "true", NULL };
+    lecho_ctx *ctx;
+    char err[256];
+    if (lecho_open(opts, &ctx, err, sizeof err) != 0) {
+        fprintf(stderr, "consumer: %s\n", err);
+        __atomic_store_n(&ready, -1, __ATOMIC_RELEASE);
+        return NULL;
+    }
+    lecho_consumer *c;
+    if (lecho_consumer_open(lecho_channel_get(ctx, "t"), handler, ctx, &c) != 0) {
+        fprintf(stderr, "consumer: %s\n", lecho_errmsg(ctx));
+        __atomic_store_n(&ready, -1, __ATOMIC_RELEASE);
+    } else if (lecho_producer_open(lecho_channel_get(ctx, "fwd"), NULL, &blocking) != 0 ||
+               lecho_producer_open(lecho_channel_get(ctx, "fwd"), "drop_newest", &dropping) != 0) {
+        fprintf(stderr, "consumer: %s\n", lecho_errmsg(ctx));
+        __atomic_store_n(&ready, -1, __ATOMIC_RELEASE);
+    } else {
+        __atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
+    }
+    /* Until the producer says { quit = true } (or ready failed). */
+    if (__atomic_load_n(&ready, __ATOMIC_ACQUIRE) == 1) lecho_run(ctx);
+    lecho_close(ctx, 0);
+    __atomic_store_n(&stopped, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int count_field(const char *key, const lecho_value *v, void *ud) {
+    (void)v;
+    if (strcmp(key, "a") == 0 || strcmp(key, "s") == 0) ++*(int *)ud;
+    return 0;
+}
+
+/* The value API without a peer. */
+static void test_values(lecho_ctx *ctx) {
+    lecho_value *v = lecho_value_new(ctx);
+    double x = 0, arr[5];
+    int b = 0;
+    size_t len = 0;
+    CHECK(lecho_type(v, NULL) == LECHO_TNIL);
+    CHECK(lecho_set_number(v, NULL, 2.5) == 0 && lecho_get_number(v, NULL, &x) == 0 && x == 2.5);
+    CHECK(lecho_set_number(v, "a", 1) == LECHO_EINVAL); /* the slot holds a number */
+    CHECK(lecho_set_nil(v, NULL) == 0 && lecho_set_number(v, "a", 1) == 0);
+    CHECK(lecho_type(v, NULL) == LECHO_TTABLE && lecho_type(v, "a") == LECHO_TNUMBER);
+    CHECK(lecho_set_string(v, "s", "x\0y", 3) == 0);
+    const char *s = lecho_get_string(v, "s", &len);
+    CHECK(s && len == 3 && memcmp(s, "x\0y", 3) == 0);
+    CHECK(lecho_get_number(v, "s", &x) == LECHO_EINVAL);
+    CHECK(lecho_get_number(v, "missing", &x) == LECHO_ENOTFOUND);
+    CHECK(lecho_set_bool(v, "ok", 1) == 0 && lecho_get_bool(v, "ok", &b) == 0 && b == 1);
+    double u[3] = { 1.5, -2, 1e300 };
+    CHECK(lecho_set_numbers(v, "u", u, 3) == 0 && lecho_len(v, "u") == 3);
+    CHECK(lecho_get_numbers(v, "u", arr, 2) == 3 && arr[0] == 1.5 && arr[1] == -2);
+    CHECK(lecho_set_table(v, "sub") == 0);
+    lecho_value *sub = lecho_field(v, "sub", 0);
+    CHECK(sub && lecho_set_number(sub, "depth", 2) == 0); /* shared: shows in v.sub */
+    lecho_value *u1 = lecho_field(v, "u", 0), *u2 = lecho_field(u1, NULL, 1);
+    CHECK(u1 && u2 && lecho_get_number(u2, NULL, &x) == 0 && x == -2);
+    lecho_value *sub2 = lecho_field(v, "sub", 0);
+    CHECK(sub2 && lecho_get_number(sub2, "depth", &x) == 0 && x == 2);
+    int n = 0;
+    CHECK(lecho_each(v, count_field, &n) == 0 && n == 2);
+    const char *text = lecho_to_string(v);
+    CHECK(strstr(text, "a = 1") != NULL && strstr(text, "depth = 2") != NULL);
+    lecho_value *w = lecho_value_new(ctx);
+    CHECK(lecho_set_value(w, "inner", sub) == 0 && lecho_set_number(sub, "depth", 3) == 0);
+    CHECK(lecho_get_number(sub2, "depth", &x) == 0 && x == 3);
+    lecho_value_free(w);
+    lecho_value_free(sub);
+    lecho_value_free(sub2);
+    lecho_value_free(u1);
+    lecho_value_free(u2);
+    lecho_value_free(v);
+    CHECK(strcmp(lecho_strerror(LECHO_ETIMEOUT), "timeout") == 0);
+    CHECK(strcmp(lecho_strerror(LECHO_EFAILED), "failed") == 0);
+    CHECK(strcmp(lecho_strerror(99), "unknown") == 0);
+    /* No handle: a code, never a crash. */
+    CHECK(lecho_run_once(NULL, 0) == LECHO_EINVAL && lecho_channel_get(NULL, "t") == NULL);
+    CHECK(lecho_get_number(NULL, "a", &x) == LECHO_EINVAL && lecho_type(NULL, NULL) == LECHO_TNIL);
+    CHECK(lecho_value_new(NULL) == NULL && lecho_stat(NULL, "t", "events_out") == -1);
+}
+
+int main(void) {
+    lecho_ctx *ctx = NULL, *bad = NULL;
+    char err[256] = "";
+    const char *badopts[] = { "nameserver", "no-port-here", "quiet", "true", NULL };
+    CHECK(lecho_open(badopts, &bad, err, sizeof err) != 0 && bad == NULL && err[0] != 0);
+
+    const char *opts[] = { "quiet", "true", NULL };
+    CHECK(lecho_open(opts, &ctx, err, sizeof err) == 0);
+    if (!ctx) {
+        fprintf(stderr, "open: %s\n", err);
+        return TEST_SUMMARY();
+    }
+    CHECK(strncmp(lecho_address(ctx), "127.0.0.1:", 10) == 0);
+    CHECK(strcmp(lecho_address(ctx), lecho_nameserver(ctx)) == 0);
+    snprintf(ns_addr, sizeof ns_addr, "%s", lecho_nameserver(ctx));
+    test_values(ctx);
+
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, consumer_thread, NULL) == 0);
+    double t0 = now();
+    while (!__atomic_load_n(&ready, __ATOMIC_ACQUIRE) && now() - t0 < 10) lecho_run_once(ctx, 0.02);
+    CHECK(__atomic_load_n(&ready, __ATOMIC_ACQUIRE) == 1);
+
+    lecho_channel *ch = lecho_channel_get(ctx, "t");
+    CHECK(ch != NULL && lecho_channel_get(ctx, "t") == ch);
+    CHECK(strstr(lecho_channel_name(ch), "/t") != NULL);
+    lecho_producer *p = NULL;
+    CHECK(lecho_producer_open(ch, NULL, &p) == 0);
+
+    /* Async: in order and whole. */
+    lecho_value *ev = lecho_value_new(ctx);
+    double u[3] = { 1, 2, 3 };
+    for (int k = 1; k <= NASYNC; k++) {
+        lecho_set_number(ev, "k", k);
+        lecho_set_numbers(ev, "u", u, 3);
+        lecho_set_string(ev, "bytes", "a\0b", 3);
+        CHECK(lecho_submit(p, ev) == 0);
+    }
+    lecho_value_free(ev);
+    /* A sync submit returns once those were handled too (order). */
+    lecho_value *sync = lecho_value_new(ctx);
+    lecho_set_number(sync, "ping", 1);
+    lecho_errors *errs = NULL;
+    CHECK(lecho_submit_sync(p, sync, 5, &errs) == 0 && errs == NULL);
+    CHECK(__atomic_load_n(&nseen, __ATOMIC_ACQUIRE) == NASYNC);
+    CHECK(in_order == 1);
+    CHECK(sum_u == 6.0 * NASYNC);
+    CHECK(memcmp(last_payload, "a\0b", 3) == 0);
+    CHECK(lecho_stat(ctx, "t", "events_out") >= NASYNC);
+    CHECK(lecho_stat(ctx, "t", "no_such_counter") == -1);
+    lecho_value *st = lecho_stats(ctx);
+    CHECK(st && lecho_type(st, "channels") == LECHO_TTABLE);
+    lecho_value_free(st);
+
+    /* A handler's error comes back in the sync result. */
+    lecho_value *bad_ev = lecho_value_new(ctx);
+    lecho_set_bool(bad_ev, "fail", 1);
+    CHECK(lecho_submit_sync(p, bad_ev, 5, &errs) == LECHO_EFAILED);
+    CHECK(lecho_errors_count(errs) == 1);
+    CHECK(lecho_errors_message(errs, 0) && strstr(lecho_errors_message(errs, 0), "boom: the handler failed"));
+    CHECK(lecho_errors_context(errs, 0) && strncmp(lecho_errors_context(errs, 0), "127.0.0.1:", 10) == 0);
+    CHECK(lecho_errors_message(errs, 1) == NULL);
+    CHECK(lecho_errors_text(errs) && strstr(lecho_errors_text(errs), "boom"));
+    lecho_errors_free(errs);
+    lecho_value_free(bad_ev);
+
+    /* A consumer that does not answer in time. */
+    lecho_value *slow = lecho_value_new(ctx);
+    lecho_set_number(slow, "sleep", 1.0);
+    t0 = now();
+    CHECK(lecho_submit_sync(p, slow, 0.3, &errs) == LECHO_ETIMEOUT);
+    CHECK(now() - t0 < 0.9);
+    CHECK(lecho_errors_count(errs) == 1 && strstr(lecho_errors_message(errs, 0), "no answer"));
+    lecho_errors_free(errs);
+    lecho_value_free(slow);
+
+    /* Calls that wait, from a handler. */
+    lecho_value *nested = lecho_value_new(ctx);
+    lecho_set_bool(nested, "nested", 1);
+    CHECK(lecho_submit_sync(p, nested, 5, NULL) == 0);
+    CHECK(__atomic_load_n(&nested_ok, __ATOMIC_ACQUIRE) == 1);
+    lecho_value_free(nested);
+
+    /* Misuse: no value. */
+    CHECK(lecho_submit(p, NULL) == LECHO_EINVAL);
+
+    /* The consumer's handler stops its loop: lecho_run returns. */
+    lecho_value *quit = lecho_value_new(ctx);
+    lecho_set_bool(quit, "quit", 1);
+    CHECK(lecho_submit(p, quit) == 0);
+    lecho_value_free(quit);
+    t0 = now();
+    while (!__atomic_load_n(&stopped, __ATOMIC_ACQUIRE) && now() - t0 < 10) lecho_run_once(ctx, 0.02);
+    CHECK(__atomic_load_n(&stopped, __ATOMIC_ACQUIRE) == 1);
+    if (!__atomic_load_n(&stopped, __ATOMIC_ACQUIRE)) return TEST_SUMMARY(); /* exit ends it */
+    pthread_join(th, NULL);
+    lecho_producer_close(p);
+    CHECK(lecho_close(ctx, 0) == 0);
+    return TEST_SUMMARY();
+}

@@ -30,5 +30,10 @@ build = {
     INST_LUADIR = "$(LUADIR)",
     INST_BINDIR = "$(BINDIR)",
     SO = "build/rock/core.so",
+    -- the C API (lecho.h, liblecho, lecho.pc); clib, since LuaRocks takes a
+    -- rock's lib/ for Lua modules.  A rock-installed liblecho finds the Lua
+    -- files through `eval $(luarocks path)` or LECHO_LUA_DIR.
+    INST_INCDIR = "$(PREFIX)/include",
+    INST_CLIBDIR = "$(PREFIX)/clib",
   },
 }

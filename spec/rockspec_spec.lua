@@ -41,6 +41,13 @@ describe("the rockspec", function()
     end
   end)
 
+  it("installs the C API (lecho.h, liblecho, lecho.pc) in the rock's directory", function()
+    local rock = tree .. "/lib/luarocks/rocks-5.1/lecho/scm-1"
+    for _, f in ipairs{ "/include/lecho.h", "/clib/liblecho.so.0", "/clib/pkgconfig/lecho.pc" } do
+      assert.truthy(S.read(rock .. f), rock .. f .. " missing")
+    end
+  end)
+
   it("builds its own core with the flags it is given, leaving the tree's core.so alone", function()
     assert.truthy(tree_so_before, "the tree's core.so is built first (make)")
     local rock_so = assert(S.read(tree .. "/lib/lua/5.1/lecho/core.so"))

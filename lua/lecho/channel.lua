@@ -26,10 +26,18 @@ function Context:_fullname(name)
 end
 
 --- Returns the channel object for name ("ozone" or "host:port/ozone").
-function Context:channel(name)
+-- opts.create = false: only a channel that has a producer or a consumer (in
+-- any process); else nil, "no such channel: NAME", "notfound" (this asks the
+-- name server, and waits).
+function Context:channel(name, opts)
   if self.closed then error("lecho: context is closed", 2) end
+  if opts ~= nil then options.check(opts, options.CHANNEL, "ctx:channel", 2) end
   local full, ns, short = self:_fullname(name)
   local ch = self.byname[full]
+  if opts and opts.create == false and not (ch and (ch.nprod > 0 or ch.all[1])) then
+    local ok, err, code = self:_channel_exists(full, ns, name)
+    if not ok then return nil, err, code end
+  end
   if ch then return ch end
   ch = setmetatable({
     ctx = self, name = full, ns = ns, short = short,

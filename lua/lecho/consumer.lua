@@ -1,6 +1,7 @@
 -- lecho.consumer: consumers, their handlers, and switching a consumer's
 -- modulator (params or code) at every producer of the channel.
 
+local options = require "lecho.options"
 local modulator = require "lecho.modulator"
 local Channel = require "lecho.channel"
 
@@ -17,7 +18,7 @@ function Channel:consumer(handler, opts)
   if type(handler) ~= "function" then error("lecho: consumer needs a handler function", 2) end
   local ctx = self.ctx
   if ctx.closed then error("lecho: context is closed", 2) end
-  opts = opts or {}
+  opts = options.check(opts, options.CONSUMER, "ch:consumer", 2)
   if opts.on_error ~= nil and type(opts.on_error) ~= "function" then
     error("lecho: on_error must be a function", 2)
   end
@@ -41,10 +42,10 @@ function Channel:consumer(handler, opts)
     self:_hot_update()
     con.chids[self.chid] = true
   end
-  local r, err = self:_update_subs()
+  local r, err, code = self:_update_subs()
   if not r then
     con:_unlink()
-    return nil, err
+    return nil, err, code
   end
   if type(r) == "table" and r.late and #r.late > 0 then
     ctx.log(("consumer on '%s': producers %s did not confirm in time"):format(
@@ -79,7 +80,7 @@ end
 
 -- Switches to modulator spec with demodulator handler; waits for producers.
 function Consumer:_switch(spec, handler)
-  if self.closed then return nil, "consumer is closed" end
+  if self.closed then return nil, "consumer is closed", "closed" end
   local ch = self.ch
   local old = self.mod
   if old and spec.key == old.key then
@@ -106,7 +107,7 @@ function Consumer:_switch(spec, handler)
   local old_handler = self.handler
   self.mod, self.handler = spec, handler
   self.entry = ch:_attach(self, spec, handler)
-  local r, err = ch:_update_subs()
+  local r, err, code = ch:_update_subs()
   if not r then
     -- Not applied (the manager is unreachable, say): the old modulator stays
     -- this consumer's, its stream untouched.  The new entry is kept for a
@@ -122,7 +123,7 @@ function Consumer:_switch(spec, handler)
     -- The request may have reached the manager before it failed: say again
     -- what this consumer takes (now if a manager is known, else at rejoin).
     if not ch.ctx.closed then ch:_update_subs(true) end
-    return nil, err
+    return nil, err, code
   end
   if old_entry then
     -- What the old modulator sent and is still on its way goes to the old
@@ -145,9 +146,8 @@ function Consumer:_switch(spec, handler)
       ch.ctx:after(ch.ctx.sync_timeout, function() ch:_detach(old_entry) end)
     end
   end
-  if not r then return nil, err end
   local perr = reply_errors(r, spec.key)
-  if perr then return nil, perr end
+  if perr then return nil, perr, "failed" end
   return true
 end
 

@@ -4,6 +4,8 @@
 -- and close.  The context is made by lecho.context() (init.lua); the control
 -- plane's methods are in lecho.control, channels in lecho.channel.
 
+local options = require "lecho.options"
+
 local Context = {}
 Context.__index = Context
 
@@ -274,14 +276,15 @@ end
 -- every queue is written, then each connection ends and close waits until
 -- the remote closed its side too (it has read everything), for at most
 -- opts.linger seconds (the context's `linger`, 2 s by default; 0: do not
--- wait).  Returns true, or nil and what could not be delivered (also
--- logged).
+-- wait).  Returns true, or nil, what could not be delivered (also
+-- logged), "timeout".
 function Context:close(opts)
-  if self.closed then return self.close_ok, self.close_err end
+  if opts ~= nil then options.check(opts, options.CLOSE, "ctx:close", 2) end
+  if self.closed then return self.close_ok, self.close_err, self.close_err and "timeout" end
   if self.closing then
     -- Another close is delivering (in a callback that waits): its result.
     self:_wait(function() return self.closed end)
-    return self.close_ok, self.close_err
+    return self.close_ok, self.close_err, self.close_err and "timeout"
   end
   self.closing = true
   local linger = opts and opts.linger or self.linger
@@ -311,7 +314,7 @@ function Context:close(opts)
   self.close_ok, self.close_err = ok, err
   self.closed = true
   self.c:close()
-  return ok, err
+  return ok, err, err and "timeout"
 end
 
 return Context

@@ -6,6 +6,7 @@
 -- run by the name server and the managers.
 
 local registry = require "lecho.registry"
+local errors = require "lecho.errors"
 local Context = require "lecho.context"
 local Channel = require "lecho.channel"
 
@@ -49,7 +50,9 @@ function Context:_fail_pending(addr, why)
 end
 
 --- Sends a control request and waits (serving the loop) for its reply.
--- Returns the reply table, or nil, err.
+-- Returns the reply table, or nil, err, code (the code the reply carries,
+-- else "failed"; "closed"/"refused" when the peer cannot be reached,
+-- "timeout" without an answer).
 function Context:request(to, msg, timeout)
   self.rid = self.rid + 1
   local rid = self.rid
@@ -62,10 +65,15 @@ function Context:request(to, msg, timeout)
   self.pending[rid] = nil
   if p.reply then
     if p.reply.ok then return p.reply end
-    return nil, p.reply.err or "request failed", p.reply
+    local code = p.reply.code
+    return nil, p.reply.err or "request failed", errors.CODES[code] and code or "failed"
   end
-  if p.failed then return nil, ("%s unreachable: %s"):format(to, p.failed) end
-  return nil, ("no answer from %s within %gs"):format(to, timeout or self.timeout)
+  if p.failed then
+    local code = errors.code_of(p.failed)
+    return nil, ("%s unreachable: %s"):format(to, p.failed), code == "refused" and code or "closed"
+  end
+  if self.closed then return nil, "context closed while waiting", "closed" end
+  return nil, ("no answer from %s within %gs"):format(to, timeout or self.timeout), "timeout"
 end
 
 function Context:_notify(to, msg)
@@ -151,34 +159,48 @@ end
 --- Snapshot of the name server's (or a manager's) view: channels with their
 -- producing and consuming contexts.
 function Context:list(addr)
-  local r, err = self:request(addr or self.ns, { op = "list" })
-  if not r then return nil, err end
+  local r, err, code = self:request(addr or self.ns, { op = "list" })
+  if not r then return nil, err, code end
   return r.channels, r.managers
+end
+
+-- ctx:channel(name, { create = false }): does channel `full` (at name
+-- server `ns`) have a producer or a consumer?  Asks the name server, and the
+-- channel's manager when that is another context.  Returns true, or nil,
+-- err, code ("notfound": no such channel).
+function Context:_channel_exists(full, ns, name)
+  local r, err, code = self:request(ns, { op = "lookup", ch = full, create = false })
+  if r and r.manager ~= ns then
+    r, err, code = self:request(r.manager, { op = "info", ch = full })
+  end
+  if r then return true end
+  if code == "notfound" then return nil, "no such channel: " .. name, code end
+  return nil, err, code
 end
 
 function Channel:_manager()
   if self.manager then return self.manager end
   local ctx = self.ctx
-  local r, err = ctx:request(self.ns, { op = "lookup", ch = self.name,
-                                        recovering = self.recovering or nil })
-  if not r then return nil, ("name server %s: %s"):format(self.ns, err) end
+  local r, err, code = ctx:request(self.ns, { op = "lookup", ch = self.name,
+                                              recovering = self.recovering or nil })
+  if not r then return nil, ("name server %s: %s"):format(self.ns, err), code end
   self.manager = r.manager
   self.settle = r.settle
   return r.manager
 end
 
 function Channel:_join(role)
-  local mgr, err = self:_manager()
-  if not mgr then return nil, err end
+  local mgr, err, code = self:_manager()
+  if not mgr then return nil, err, code end
   local r
   local ver_before = self.ver
   local settle = self.settle
-  r, err = self.ctx:request(mgr, { op = "join", ch = self.name, role = role, settle = settle,
-                                   subs = role == "consumer" and self:_subs() or nil },
-                            self.ctx.timeout + (settle or 0))
+  r, err, code = self.ctx:request(mgr, { op = "join", ch = self.name, role = role, settle = settle,
+                                         subs = role == "consumer" and self:_subs() or nil },
+                                  self.ctx.timeout + (settle or 0))
   if not r then
     self.manager = nil
-    return nil, ("joining '%s' as %s: %s"):format(self.name, role, err)
+    return nil, ("joining '%s' as %s: %s"):format(self.name, role, err), code
   end
   if role == "producer" then
     -- A `members` update handled while we waited (it can come in the same
@@ -327,20 +349,20 @@ function Channel:_update_subs(nowait)
   local sig = subs_sig(subs)
   if self.cjoined and sig == self.subs_sig then return true end
   if not self.cjoined then
-    local r, err = self:_join("consumer")
+    local r, err, code = self:_join("consumer")
     if r then self.subs_sig = sig end
-    return r, err
+    return r, err, code
   end
-  local mgr, err = self:_manager()
-  if not mgr then return nil, err end
+  local mgr, err, code = self:_manager()
+  if not mgr then return nil, err, code end
   self.subs_sig = sig
   local msg = { op = "subscribe", ch = self.name, subs = subs }
   if nowait then return self.ctx:_notify(mgr, msg) end
   local r
-  r, err = self.ctx:request(mgr, msg)
+  r, err, code = self.ctx:request(mgr, msg)
   if not r then
     self.subs_sig = nil
-    return nil, ("updating the subscription to '%s': %s"):format(self.name, err)
+    return nil, ("updating the subscription to '%s': %s"):format(self.name, err), code
   end
   return r
 end

@@ -26,7 +26,7 @@ local options = require "lecho.options"
 local Context = require "lecho.context"
 require "lecho.channel"
 require "lecho.control"
-require "lecho.modulator"
+local modulator = require "lecho.modulator"
 require "lecho.producer"
 require "lecho.consumer"
 
@@ -37,6 +37,7 @@ local M = {
   protocol_version = core.protocol_version,
   encode = core.encode,
   decode = core.decode,
+  modulator = modulator.source,   -- the text of a modulator: source, or a file's
 }
 
 local function now(self) return self.c:now() end
@@ -49,7 +50,7 @@ local function now(self) return self.c:now() end
 -- max_depth, max_frame, pin_threshold, retry_interval, retry_max, heartbeat,
 -- heartbeat_misses (see README), log (fn(msg)), quiet.
 function M.context(opts)
-  opts = opts or {}
+  opts = options.check(opts, options.CONTEXT, "lecho.context", 2)
   local host, port = parse_addr(opts.listen or "127.0.0.1:0", "listen address")
   local c = core.new(opts)
   local addr, err = c:listen(host, port)
@@ -93,7 +94,7 @@ function M.context(opts)
     self.reg = registry.new{
       addr = addr, role = opts.manager and opts.nameserver and "manager" or "nameserver",
       ack_timeout = opts.ack_timeout or 2.0,
-      settle = opts.settle, recovering = opts.recovering,
+      settle = opts.settle, recovering = opts.recovering, forget_after = opts.forget_after,
       log = function(level, msg)
         if level == "warn" or level == "error" then self.log(("%s: %s"):format(level, msg)) end
       end,

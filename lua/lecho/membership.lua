@@ -336,6 +336,21 @@ function ops.leave(self, from, msg, io)
   maybe_drop(self, c)
 end
 
+-- Does `ch` have members here?  { producers = n, consumers = n } (contexts),
+-- or an error with code "notfound" (ctx:channel(name, { create = false })).
+function ops.info(self, from, msg, io)
+  local ch, err = check_ch(self, msg)
+  if not ch then return fail(self, io, from, msg.rid, err) end
+  local c = self.channels[ch]
+  local np, nc = 0, 0
+  for _ in pairs(c and c.producers or {}) do np = np + 1 end
+  for _ in pairs(c and c.consumers or {}) do nc = nc + 1 end
+  if np + nc == 0 then
+    return fail(self, io, from, msg.rid, ("info: no such channel: %s"):format(ch), { code = "notfound" })
+  end
+  reply(self, io, from, msg.rid, { producers = np, consumers = nc })
+end
+
 -- A producing context confirms it applied members list `ver` (not a request).
 function ops.members_ok(self, from, msg, io)
   local ch, ver = msg.ch, msg.ver

@@ -58,11 +58,49 @@ do
   end
 end
 
+-- One line without the punctuation every modulator has ("(", ")", "="):
+-- a file name, not source text.
+local function looks_like_file(s)
+  return not s:find("[\n()=]")
+end
+
+--- lecho.modulator(src or file): the text of a modulator.  A string that
+-- looks like a file name (one line without "(", ")" or "=") is read from
+-- that file: its text, or nil, "no such file: NAME", "notfound" (or the
+-- reason it cannot be read, "io").  Anything else is taken as the source
+-- itself.  Returns text, name (the file's, or nil).
+function M.source(s)
+  if type(s) ~= "string" or s == "" then
+    error("lecho.modulator: want Lua source text or a file name (a non-empty string)", 2)
+  end
+  if not looks_like_file(s) then return s end
+  local f, err = io.open(s, "rb")
+  if not f then
+    local code = err:find("No such file", 1, true) and "notfound" or "io"
+    if code == "notfound" then return nil, "no such file: " .. s, code end
+    return nil, err, code
+  end
+  local text = f:read("*a")
+  f:close()
+  return text, s
+end
+
 -- The identity of a modulator: `base` names the code (source, period,
 -- capabilities), `key` the code with its params.
 local function mod_spec(src, params, period, caps, level)
   if type(src) ~= "string" or src == "" then
     error("lecho: modulator must be Lua source text (a non-empty string)", level)
+  end
+  -- Compiled here, never run (that happens in each producer's sandbox): a
+  -- modulator that does not compile fails at the call, not later through
+  -- on_error once a producer exists.  Text only, as the sandbox loads it.
+  if src:byte(1) == 27 then error("lecho: modulator must be Lua source text, not bytecode", level) end
+  local f, cerr = load(src, "=modulator", "t")
+  if not f then
+    if looks_like_file(src) then
+      cerr = cerr .. (" ('%s' looks like a file name: lecho.modulator(file) reads one)"):format(src)
+    end
+    error("lecho: the modulator does not compile: " .. cerr, level)
   end
   if params == nil then params = {} end
   local ok, err = core.encode(params)

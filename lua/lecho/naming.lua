@@ -41,6 +41,32 @@ local function claim(self, ch, op)
   return true
 end
 
+-- Does channel `ch`, managed here, have a producer or a consumer?
+local function in_use(self, ch)
+  local c = self.channels[ch]
+  return c ~= nil and (next(c.producers) ~= nil or next(c.consumers) ~= nil)
+end
+
+-- Name server, from the tick: forgets the channels it manages itself that
+-- had no producer, no consumer and no lookup for `forget_after` seconds (a
+-- misspelled name does not stay listed).  Checked once a second.
+local function forget_unused(self, now)
+  if now < self.forget_at then return end
+  self.forget_at = now + 1
+  local used, limit = self.used, self.forget_after
+  for ch, owner in pairs(self.assign) do
+    if owner ~= self.addr then
+      used[ch] = nil
+    elseif self.channels[ch] or not used[ch] then
+      used[ch] = now
+    elseif now - used[ch] >= limit then
+      self.assign[ch], used[ch] = nil, nil
+      self.nassigned = self.nassigned - 1
+      self.log("info", ("channel '%s' forgotten: no producer and no consumer for %gs"):format(ch, limit))
+    end
+  end
+end
+
 local ops = {}
 
 -- Name server: which manager owns `ch`? Assigns (stickily) on first lookup.
@@ -69,6 +95,16 @@ function ops.lookup(self, from, msg, io)
     self.lwaits[#self.lwaits + 1] = { from = from, msg = msg, hold = self.recover_until }
     return
   end
+  if msg.create == false then
+    -- Only asking (ctx:channel(name, { create = false })): a channel with
+    -- no producer and no consumer is not one.  A channel managed elsewhere
+    -- is answered by its manager (op "info").
+    if owner == nil or (owner == self.addr and not in_use(self, ch)) then
+      return fail(self, io, from, msg.rid, ("lookup: no such channel: %s"):format(ch), { code = "notfound" })
+    end
+    return reply(self, io, from, msg.rid, { manager = owner, settle = settle > 0 and settle or nil })
+  end
+  if owner == self.addr then self.used[ch] = io.now end
   if owner == nil then
     if self.nassigned >= self.max_channels then
       return fail(self, io, from, msg.rid, ("lookup: too many channels (limit %d)"):format(self.max_channels))
@@ -84,6 +120,7 @@ function ops.lookup(self, from, msg, io)
     end
     self.assign[ch] = owner
     self.nassigned = self.nassigned + 1
+    self.used[ch] = io.now
     self.log("info", ("channel '%s' assigned to %s"):format(ch, owner))
   end
   reply(self, io, from, msg.rid, { manager = owner, settle = settle > 0 and settle or nil })
@@ -119,6 +156,6 @@ function ops.register_manager(self, from, msg, io)
   reply(self, io, from, msg.rid, { taken = taken[1] and taken or nil })
 end
 
-M.check_ch, M.claim, M.ops = check_ch, claim, ops
+M.check_ch, M.claim, M.forget_unused, M.ops = check_ch, claim, forget_unused, ops
 
 return M

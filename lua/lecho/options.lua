@@ -9,6 +9,41 @@ M.CAPS = { clock = true, log = true }
 -- Queue policies when a queue is full (README "Bounded memory").
 M.POLICIES = { block = true, drop_oldest = true, drop_newest = true, disconnect = true }
 
+-- The names each options table takes (README "Using it" says what they
+-- do).  A key not listed is a mistake (`namserver`) and raises at the call
+-- with its name: an unknown option never silently means its default.
+M.CONTEXT = {
+  nameserver = true, listen = true, manager = true, log = true, quiet = true,
+  timeout = true, sync_timeout = true, linger = true,
+  queue_limit = true, policy = true, batch_bytes = true,
+  max_string = true, max_depth = true, max_frame = true, pin_threshold = true,
+  retry_interval = true, retry_max = true, heartbeat = true, heartbeat_misses = true,
+  modulator_budget = true, modulator_memory = true,
+  -- the registry of a name server or manager run inside the context
+  ack_timeout = true, settle = true, recovering = true, forget_after = true,
+}
+M.CHANNEL = { create = true }
+M.PRODUCER = { policy = true, grant = true }
+M.CONSUMER = { modulator = true, params = true, period = true, capabilities = true, on_error = true }
+M.SUBMIT_SYNC = { timeout = true }
+M.CLOSE = { linger = true }
+
+-- Raises "WHERE: unknown option 'KEY'" for a key of opts not in `known`
+-- (level: as error's, for the caller of the API function).  Returns opts,
+-- or an empty table for nil.
+function M.check(opts, known, where, level)
+  if opts == nil then return {} end
+  if type(opts) ~= "table" then
+    error(("%s: options must be a table, not a %s"):format(where, type(opts)), level + 1)
+  end
+  for k in pairs(opts) do
+    if not known[k] then
+      error(("%s: unknown option '%s'"):format(where, tostring(k)), level + 1)
+    end
+  end
+  return opts
+end
+
 -- "host:port" with host an IPv4 address ("localhost" is taken as 127.0.0.1).
 function M.parse_addr(s, what)
   if type(s) ~= "string" then

@@ -28,9 +28,19 @@ local function reply(self, io, to, rid, fields)
   emit(self, io, to, m)
 end
 
+-- An error reply carries its code (lecho.errors): extra.code, or one
+-- read from the message.
+local function fail_code(err)
+  if err:find("too many", 1, true) then return "limit" end
+  if err:find("managed by", 1, true) or err:find("not a name server", 1, true) then return "refused" end
+  if err:find("internal error", 1, true) then return "failed" end
+  return "invalid"    -- a field, an op or a role that does not fit
+end
+
 local function fail(self, io, to, rid, err, extra)
   local m = extra or {}
   m.ok, m.err = false, err
+  m.code = m.code or fail_code(err)
   reply(self, io, to, rid, m)
 end
 

@@ -4,10 +4,12 @@
 
 local registry = require "lecho.registry"
 local options = require "lecho.options"
+local errors = require "lecho.errors"
 local Channel = require "lecho.channel"
 
 local CAPS = options.CAPS
 local sorted_keys = registry.sorted_keys
+local code_of = errors.code_of
 
 local Producer = {}
 Producer.__index = Producer
@@ -26,11 +28,10 @@ local ErrList = {
 --- Creates a producer.  opts.policy overrides the context's queue policy.
 -- Returns once the manager told this context where the consumers are.
 function Channel:producer(opts)
-  opts = opts or {}
+  opts = options.check(opts, options.PRODUCER, "ch:producer", 2)
   local ctx = self.ctx
   if ctx.closed then error("lecho: context is closed", 2) end
-  if opts.policy and opts.policy ~= "block" and opts.policy ~= "drop_oldest"
-     and opts.policy ~= "drop_newest" and opts.policy ~= "disconnect" then
+  if opts.policy and not options.POLICIES[opts.policy] then
     error("lecho: unknown policy '" .. tostring(opts.policy) .. "'", 2)
   end
   for _, cap in ipairs(opts.grant or {}) do
@@ -41,8 +42,8 @@ function Channel:producer(opts)
   -- Granted before joining: the join installs the current modulators.
   for _, cap in ipairs(opts.grant or {}) do self.grants[cap] = true end
   if self.nprod == 0 then
-    local ok, err = self:_join("producer")
-    if not ok then return nil, err end
+    local ok, err, code = self:_join("producer")
+    if not ok then return nil, err, code end
   end
   self.nprod = self.nprod + 1
   ctx.nextpid = ctx.nextpid + 1
@@ -57,12 +58,15 @@ function Channel:producer(opts)
 end
 
 -- One try: the core answers "wouldblock" when a queue has no room (and
--- then did nothing).  Returns again, r, err.
+-- then did nothing).  Returns again, r, err, code.
 local function try_submit(self, ev, sync, bytes)
   local r, err, code = self.c:submit(self.chid, self.id, self.seq + 1, bytes or ev, sync,
                                      self.policy, self.mods, self.plain, bytes ~= nil)
-  if r then self.seq = self.seq + 1 end
-  return code == "wouldblock", r, err
+  if r then
+    self.seq = self.seq + 1
+    return false, r
+  end
+  return code == "wouldblock", r, err, code or code_of(err)
 end
 
 -- The waiting part of submit_core: behind the submits of this producer
@@ -80,9 +84,9 @@ local function submit_wait(self, ev, sync, bytes)
   while true do
     ctx:_wait(ready)
     if q[1] == me then table.remove(q, 1) end
-    if self.closed or ctx.closed then return nil, "producer closed while waiting for room" end
-    local again, r, err = try_submit(self, ev, sync, bytes)
-    if not again then return r, err end
+    if self.closed or ctx.closed then return nil, "producer closed while waiting for room", "closed" end
+    local again, r, err, code = try_submit(self, ev, sync, bytes)
+    if not again then return r, err, code end
     table.insert(q, 1, me)
   end
 end
@@ -96,8 +100,8 @@ local function submit_core(self, ev, sync)
   local bytes = enc and enc(ev)
   local q = self.waitq
   if not q or not q[1] then
-    local again, r, err = try_submit(self, ev, sync, bytes)
-    if not again then return r, err end
+    local again, r, err, code = try_submit(self, ev, sync, bytes)
+    if not again then return r, err, code end
   end
   return submit_wait(self, ev, sync, bytes)
 end
@@ -106,7 +110,7 @@ end
 -- value cannot be encoded, or the producer is closed).  Returns at once,
 -- but under the block policy first waits for room in the queues.
 function Producer:submit(ev)
-  if self.closed then return nil, "producer is closed" end
+  if self.closed then return nil, "producer is closed", "closed" end
   return submit_core(self, ev, false)
 end
 
@@ -115,12 +119,13 @@ end
 -- prints as one line) with each failing or silent consumer, and each
 -- consumer whose modulator failed here.
 function Producer:submit_sync(ev, opts)
-  if self.closed then return nil, "producer is closed" end
+  if self.closed then return nil, "producer is closed", "closed" end
   local ctx = self.ch.ctx
   local c = ctx.c
+  if opts ~= nil then options.check(opts, options.SUBMIT_SYNC, "p:submit_sync", 2) end
   local timeout = opts and opts.timeout or ctx.sync_timeout
-  local ids, err = submit_core(self, ev, true)
-  if not ids then return nil, err end
+  local ids, err, code = submit_core(self, ev, true)
+  if not ids then return nil, err, code end
   local deadline = c:now() + timeout
   -- Consumers whose modulator failed or was refused here got nothing: as
   -- they were at the submit (a membership change during the wait may drop
@@ -135,7 +140,7 @@ function Producer:submit_sync(ev, opts)
   if type(ids) == "number" then
     -- One sync record (no modulators): no tables unless something failed.
     ctx:_wait(function() return c:sync_done(ids) end, deadline)
-    if ctx.closed then return nil, "context closed while waiting" end
+    if ctx.closed then return nil, "context closed while waiting", "closed" end
     local _, errs = c:sync_take(ids, timeout)
     all = errs
   else
@@ -145,7 +150,7 @@ function Producer:submit_sync(ev, opts)
       end
       return true
     end, deadline)
-    if ctx.closed then return nil, "context closed while waiting" end
+    if ctx.closed then return nil, "context closed while waiting", "closed" end
     for _, id in ipairs(ids) do
       local _, errs = c:sync_take(id, timeout)
       for _, e in ipairs(errs or {}) do
@@ -168,7 +173,15 @@ function Producer:submit_sync(ev, opts)
         key, ctx.addr, f.why) }
     end
   end
-  if all and #all > 0 then return nil, setmetatable(all, ErrList) end
+  if all and #all > 0 then
+    -- Each entry gets its code; the list's is theirs when they agree.
+    local lcode
+    for _, e in ipairs(all) do
+      e.code = e.code or (e.consumer and "failed" or code_of(e.err))
+      lcode = (lcode == nil or lcode == e.code) and e.code or "failed"
+    end
+    return nil, setmetatable(all, ErrList), lcode
+  end
   return true
 end
 

@@ -81,9 +81,12 @@ local ONEWAY = { members_ok = true }
 
 -- R.new{ addr = "host:port", role = "nameserver"|"manager", ack_timeout = 2.0,
 --        max_channels = 65536, max_name = 1024, settle = 3.0, recovering = false,
+--        forget_after = 30,
 --        log = function(level, msg) }
 -- settle: the recovery window (seconds); recovering: it opens at start (a
--- standalone name server, which may be a restarted one).
+-- standalone name server, which may be a restarted one); forget_after: a
+-- name server forgets a channel it manages itself once it has had no
+-- producer, no consumer and no lookup for that long (checked once a second).
 -- Raises on misuse (bad options); log levels are "debug", "info", "warn",
 -- "error".
 function M.new(opts)
@@ -112,6 +115,7 @@ function M.new(opts)
     settle = num("settle", 3.0),                 -- rw, seconds: recovery window
     max_channels = num("max_channels", 65536),   -- rw
     max_name = num("max_name", 1024),            -- rw, bytes
+    forget_after = num("forget_after", 30),      -- rw, seconds: name server, unused channels
     log = opts.log or noop,
     channels = {}, nchannels = 0,         -- channel records this context manages
     assign = {}, nassigned = 0,           -- name server: ch -> manager addr
@@ -123,6 +127,7 @@ function M.new(opts)
     recover_at_start = opts.recovering == true, -- the window opens at the first call
     orphans = {},                         -- name server: ch -> when its manager died
     lwaits = {},                          -- name server: lookups held while recovering
+    used = {}, forget_at = -math.huge,    -- name server: ch -> last time it was in use
   }, Registry)
 end
 
@@ -222,6 +227,7 @@ function Registry:tick(send, now)
   if type(now) ~= "number" then return host_misuse(self, "tick: now must be a number") end
   local io = { send = send, now = now }
   guarded(self, function()
+    if self.role == "nameserver" then naming.forget_unused(self, now) end
     if self.lwaits[1] and self.lwaits[1].hold <= now then
       local held = self.lwaits
       self.lwaits = {}

@@ -11,6 +11,15 @@ local parse_addr = options.parse_addr
 local Channel = {}
 Channel.__index = Channel
 
+-- The addresses of `list` (nil: none) but `addr`: a fresh list.
+function Channel.without(list, addr)
+  local out = {}
+  for _, a in ipairs(list or {}) do
+    if a ~= addr then out[#out + 1] = a end
+  end
+  return out
+end
+
 function Context:_fullname(name)
   if type(name) ~= "string" or name == "" then
     error("lecho: a channel name must be a non-empty string", 3)

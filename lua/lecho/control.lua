@@ -296,15 +296,8 @@ end
 function Channel:_forget_kept(addr)
   local kept, last = self.kept, self.last_members
   if not kept then return end
-  local function drop(l)
-    local out = {}
-    for _, a in ipairs(l or {}) do
-      if a ~= addr then out[#out + 1] = a end
-    end
-    return out
-  end
-  kept.dests = drop(kept.dests)
-  for _, k in pairs(kept.mods) do k.dests = drop(k.dests) end
+  kept.dests = Channel.without(kept.dests, addr)
+  for _, k in pairs(kept.mods) do k.dests = Channel.without(k.dests, addr) end
   if last and not self.ctx.closed then self:_apply_members(last.list, last.mods) end
 end
 

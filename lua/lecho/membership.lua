@@ -109,12 +109,21 @@ local function answer_producer(self, io, c, to, rid, p)
 end
 
 -- Answer every waiting consumer join whose version all current producers
--- have confirmed.
+-- have confirmed; and those whose deadline passed, with `late` (the
+-- producing contexts that had not confirmed).
 local function check_waits(self, c, io)
   local keep = {}
   for _, w in ipairs(c.waits) do
-    if all_acked(c, w.ver) and w.hold <= io.now then
+    if w.hold <= io.now and all_acked(c, w.ver) then
       answer(self, io, c, w)
+    elseif w.deadline <= io.now then
+      local late = {}
+      for _, a in ipairs(sorted_keys(c.producers)) do
+        if c.producers[a].acked < w.ver then late[#late + 1] = a end
+      end
+      self.log("warn", ("channel '%s': join of %s answered without confirmation from %s")
+                       :format(c.name, w.from, table.concat(late, ", ")))
+      answer(self, io, c, w, late)
     else
       keep[#keep + 1] = w
     end
@@ -374,9 +383,8 @@ function ops.members_ok(self, from, msg, io)
 end
 
 
-M.members_of, M.publish_members, M.all_acked, M.check_waits, M.maybe_drop =
-  members_of, publish_members, all_acked, check_waits, maybe_drop
-M.answer, M.answer_producer = answer, answer_producer
+M.members_of, M.publish_members, M.check_waits, M.maybe_drop, M.answer_producer =
+  members_of, publish_members, check_waits, maybe_drop, answer_producer
 M.ops = ops
 
 return M

@@ -11,6 +11,7 @@ local Context = require "lecho.context"
 local Channel = require "lecho.channel"
 
 local CAPS = options.CAPS
+local others = Channel.without
 local sorted_keys = registry.sorted_keys
 
 local M = {}
@@ -117,14 +118,6 @@ local function mod_spec(src, params, period, caps, level)
   local base = core.hash(table.concat(canon({ src, period or 0, cl }, {})))
   local key = core.hash(base .. table.concat(canon(params, {})))
   return { src = src, params = params, period = period, caps = cl, base = base, key = key }
-end
-
-local function others(list, me)
-  local out = {}
-  for _, a in ipairs(list or {}) do
-    if a ~= me then out[#out + 1] = a end
-  end
-  return out
 end
 
 -- Producing side: who takes the plain stream, and which modulators run

@@ -54,10 +54,9 @@ local naming = require "lecho.naming"
 local membership = require "lecho.membership"
 
 local sorted_keys, reply, fail, flush = outbox.sorted_keys, outbox.reply, outbox.fail, outbox.flush
-local members_of, publish_members, all_acked, check_waits, maybe_drop =
-  membership.members_of, membership.publish_members, membership.all_acked,
-  membership.check_waits, membership.maybe_drop
-local answer, answer_producer = membership.answer, membership.answer_producer
+local members_of, publish_members, check_waits, maybe_drop, answer_producer =
+  membership.members_of, membership.publish_members, membership.check_waits,
+  membership.maybe_drop, membership.answer_producer
 
 M.sorted_keys = sorted_keys   -- the keys of t, sorted (shared with lecho.control and others)
 
@@ -250,25 +249,7 @@ function Registry:tick(send, now)
         end
         c.pwaits = keep[1] and keep or nil
       end
-      if #c.waits > 0 then
-        local keep = {}
-        for _, w in ipairs(c.waits) do
-          if w.hold <= now and all_acked(c, w.ver) then
-            answer(self, io, c, w)
-          elseif w.deadline <= now then
-            local late = {}
-            for _, a in ipairs(sorted_keys(c.producers)) do
-              if c.producers[a].acked < w.ver then late[#late + 1] = a end
-            end
-            self.log("warn", ("channel '%s': join of %s answered without confirmation from %s")
-                             :format(c.name, w.from, table.concat(late, ", ")))
-            answer(self, io, c, w, late)
-          else
-            keep[#keep + 1] = w
-          end
-        end
-        c.waits = keep
-      end
+      if #c.waits > 0 then check_waits(self, c, io) end
     end
   end)
   flush(self)

@@ -29,6 +29,11 @@ describe("unknown options", function()
     raises("ch:producer: unknown option 'polcy'", ch.producer, ch, { polcy = "block" })
     raises("ch:consumer: unknown option 'modulater'", ch.consumer, ch, function() end,
            { modulater = "function enqueue(ev) return ev end" })
+    -- the values of the lists in lecho.options, too
+    raises("lecho: unknown policy 'drop'", ch.producer, ch, { policy = "drop" })
+    raises("lecho: unknown capability 'clok' (known: clock, log)", ch.producer, ch, { grant = { "clok" } })
+    raises("lecho: unknown capability 'clok' (known: clock, log)", ch.consumer, ch, function() end,
+           { modulator = "function enqueue(ev) return ev end", capabilities = { "clok" } })
     local p = assert(ch:producer())
     raises("p:submit_sync: unknown option 'timout'", p.submit_sync, p, 1, { timout = 1 })
     raises("ctx:close: unknown option 'lingr'", ctx.close, ctx, { lingr = 0 })

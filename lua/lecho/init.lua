@@ -48,10 +48,12 @@ local function now(self) return self.c:now() end
 -- registered with opts.nameserver), timeout (control requests, 5 s),
 -- sync_timeout (10 s), queue_limit, policy, batch_bytes, max_string,
 -- max_depth, max_frame, pin_threshold, retry_interval, retry_max, heartbeat,
--- heartbeat_misses (see README), log (fn(msg)), quiet.
+-- heartbeat_misses (see README), log (fn(msg)), quiet; the full list with
+-- defaults is lecho.options.CONTEXT.
 function M.context(opts)
   opts = options.check(opts, options.CONTEXT, "lecho.context", 2)
-  local host, port = parse_addr(opts.listen or "127.0.0.1:0", "listen address")
+  local D = options.CONTEXT
+  local host, port = parse_addr(opts.listen or D.listen, "listen address")
   local c = core.new(opts)
   local addr, err = c:listen(host, port)
   if not addr then c:close(); error("lecho: " .. err, 2) end
@@ -64,16 +66,16 @@ function M.context(opts)
     nextpid = 0, nextcid = 0,
     selfq = {}, draining = false,
     waiters = {}, cos = setmetatable({}, { __mode = "k" }), held = {},
-    linger = opts.linger or 2,
+    linger = opts.linger or D.linger,
     moes = {}, nextmoe = 0, moe_failed = {},
     -- the compiled encoder for submits (nil without string.buffer): same
     -- bytes as the C one, which still does what it declines
     fastenc = fastenc.new{ max_depth = opts.max_depth, max_string = opts.max_string,
                            pin = opts.pin_threshold },
-    mod_budget = opts.modulator_budget or 0.005,
-    mod_memory = opts.modulator_memory or 32 * 1024 * 1024,
-    timeout = opts.timeout or 5,
-    sync_timeout = opts.sync_timeout or 10,
+    mod_budget = opts.modulator_budget or D.modulator_budget,
+    mod_memory = opts.modulator_memory or D.modulator_memory,
+    timeout = opts.timeout or D.timeout,
+    sync_timeout = opts.sync_timeout or D.sync_timeout,
     closed = false,
   }, Context)
   if opts.log then
@@ -93,7 +95,7 @@ function M.context(opts)
   if opts.manager or not opts.nameserver then
     self.reg = registry.new{
       addr = addr, role = opts.manager and opts.nameserver and "manager" or "nameserver",
-      ack_timeout = opts.ack_timeout or 2.0,
+      ack_timeout = opts.ack_timeout or D.ack_timeout,
       settle = opts.settle, recovering = opts.recovering, forget_after = opts.forget_after,
       log = function(level, msg)
         if level == "warn" or level == "error" then self.log(("%s: %s"):format(level, msg)) end

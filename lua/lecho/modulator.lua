@@ -109,11 +109,9 @@ local function mod_spec(src, params, period, caps, level)
   if period ~= nil and (type(period) ~= "number" or not (period >= 0.001)) then
     error("lecho: period must be a number of seconds >= 0.001", level)
   end
+  options.check_caps(caps, level)
   local cl = {}
-  for _, c in ipairs(caps or {}) do
-    if not CAPS[c] then error(("lecho: unknown capability '%s' (known: clock, log)"):format(tostring(c)), level) end
-    cl[#cl + 1] = c
-  end
+  for _, c in ipairs(caps or {}) do cl[#cl + 1] = c end
   table.sort(cl)
   local base = core.hash(table.concat(canon({ src, period or 0, cl }, {})))
   local key = core.hash(base .. table.concat(canon(params, {})))

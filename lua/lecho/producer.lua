@@ -7,7 +7,6 @@ local options = require "lecho.options"
 local errors = require "lecho.errors"
 local Channel = require "lecho.channel"
 
-local CAPS = options.CAPS
 local sorted_keys = registry.sorted_keys
 local code_of = errors.code_of
 
@@ -34,11 +33,7 @@ function Channel:producer(opts)
   if opts.policy and not options.POLICIES[opts.policy] then
     error("lecho: unknown policy '" .. tostring(opts.policy) .. "'", 2)
   end
-  for _, cap in ipairs(opts.grant or {}) do
-    if not CAPS[cap] then
-      error(("lecho: unknown capability '%s' (known: clock, log)"):format(tostring(cap)), 2)
-    end
-  end
+  options.check_caps(opts.grant, 2)
   -- Granted before joining: the join installs the current modulators.
   for _, cap in ipairs(opts.grant or {}) do self.grants[cap] = true end
   if self.nprod == 0 then

@@ -6,12 +6,14 @@ local lecho = require "lecho"
 local S = require "spec.support"
 
 -- A child process: joins `ch` at name server `ns` as a consumer (or as a
--- channel manager with ch = "-"), prints "ready", then closes it when the
--- file `stop` appears, prints "left" and stays until killed.
+-- channel manager with ch = "-", forgetting after 0.5 s), prints "ready",
+-- then closes it when the file `stop` appears, prints "left" and stays
+-- until killed.
 local CHILD = [[
   local lecho = require "lecho"
   local ns, ch, stop = ...
-  local ctx = lecho.context{ nameserver = ns, quiet = true, manager = ch == "-" or nil }
+  local ctx = lecho.context{ nameserver = ns, quiet = true, manager = ch == "-" or nil,
+                             forget_after = ch == "-" and 0.5 or nil }
   local c = ch ~= "-" and assert(ctx:channel(ch):consumer(function() end))
   print("ready") io.stdout:flush()
   local t = ctx:every(0.05, function(t)
@@ -111,5 +113,29 @@ describe("the name server", function()
     S.run_until(ctx, function() return false end, 1)
     assert.are.equal("kept", names(ctx))
     kept:close()
+  end)
+
+  it("forgets a channel its manager has not used for forget_after seconds", function()
+    ctx = lecho.context{ quiet = true, forget_after = 0.5 }
+    local function start(ch)
+      local stop = S.tmpname("stop")
+      local c = S.lua(CHILD, ctx.addr, ch, stop)
+      c.stop = stop
+      assert(S.run_until(ctx, function() return S.output(c):find("ready") end, 20), S.errors(c))
+      return c
+    end
+    start("-")
+    assert(S.run_until(ctx, function() return #select(2, ctx:list()) == 1 end, 10))
+    local c = start("ozon")
+    local manager = select(2, ctx:list())[1]
+    assert.are.equal(manager, ctx:list()[ctx.addr .. "/ozon"].manager)
+    S.write(c.stop, "")
+    assert(S.run_until(ctx, function() return S.output(c):find("left") end, 10), S.errors(c))
+    assert.are.equal("ozon", names(ctx))
+    assert(S.run_until(ctx, function() return names(ctx) == "" end, 5), names(ctx))
+    -- and a channel of that name works again, at its manager
+    c = start("ozon")
+    assert.are.equal(manager, ctx:list()[ctx.addr .. "/ozon"].manager)
+    assert.is_table(ctx:channel("ozon", { create = false }))
   end)
 end)

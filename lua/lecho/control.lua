@@ -220,6 +220,10 @@ function Channel:_leave(role)
   if self.manager and not self.ctx.closed then
     self.ctx:_notify(self.manager, { op = "leave", ch = self.name, role = role })
   end
+  -- Without endpoints here, the next one looks the manager up again: an
+  -- unused channel is forgotten by the name server after forget_after, and
+  -- may then go to another manager.
+  if self.nprod == 0 and #self.all == 0 then self.manager = nil end
 end
 
 -- How long a producer that lost its manager keeps sending to the consumers

@@ -26,16 +26,23 @@ local function new_channel(self, name)
   local c = { name = name, ver = self.seq, producers = {}, consumers = {}, waits = {} }
   self.channels[name] = c
   self.nchannels = self.nchannels + 1
+  self.idle[name] = nil
   return c
 end
 
 -- Forget a channel that has no member and no pending join (bounded memory).
--- A name server keeps its self-assignment (sticky), only the record goes.
-local function maybe_drop(self, c)
+-- A name server keeps its self-assignment until forget_after (naming); a
+-- manager tells the name server once the channel stayed unused that long.
+local function maybe_drop(self, c, now)
   if next(c.producers) == nil and next(c.consumers) == nil and #c.waits == 0
      and self.channels[c.name] == c then
     self.channels[c.name] = nil
     self.nchannels = self.nchannels - 1
+    if self.role == "nameserver" then
+      if self.used[c.name] then self.used[c.name] = now end
+    elseif self.nameserver then
+      self.idle[c.name] = now
+    end
   end
 end
 
@@ -342,7 +349,7 @@ function ops.leave(self, from, msg, io)
     end
   end
   reply(self, io, from, msg.rid, { ver = c.ver, count = r.count })
-  maybe_drop(self, c)
+  maybe_drop(self, c, io.now)
 end
 
 -- Does `ch` have members here?  { producers = n, consumers = n } (contexts),

@@ -47,22 +47,47 @@ local function in_use(self, ch)
   return c ~= nil and (next(c.producers) ~= nil or next(c.consumers) ~= nil)
 end
 
--- Name server, from the tick: forgets the channels it manages itself that
--- had no producer, no consumer and no lookup for `forget_after` seconds (a
--- misspelled name does not stay listed).  Checked once a second.
+local function unassign(self, ch, why)
+  local owner = self.assign[ch]
+  self.assign[ch], self.used[ch], self.idle_remote[ch] = nil, nil, nil
+  self.nassigned = self.nassigned - 1
+  if self.managers[owner] then self.managers[owner].nch = self.managers[owner].nch - 1 end
+  self.log("info", ("channel '%s' forgotten: %s"):format(ch, why))
+end
+
+-- Name server, from the tick: forgets the channels that had no producer,
+-- no consumer and no lookup for `forget_after` seconds (a misspelled name
+-- does not stay listed): those it manages itself, and those whose manager
+-- said so (op release).  Checked once a second.
 local function forget_unused(self, now)
   if now < self.forget_at then return end
   self.forget_at = now + 1
   local used, limit = self.used, self.forget_after
   for ch, owner in pairs(self.assign) do
     if owner ~= self.addr then
-      used[ch] = nil
+      if self.idle_remote[ch] and now - (used[ch] or -math.huge) >= limit then
+        unassign(self, ch, ("unused at %s for %gs"):format(owner, limit))
+      end
     elseif self.channels[ch] or not used[ch] then
       used[ch] = now
     elseif now - used[ch] >= limit then
-      self.assign[ch], used[ch] = nil, nil
-      self.nassigned = self.nassigned - 1
-      self.log("info", ("channel '%s' forgotten: no producer and no consumer for %gs"):format(ch, limit))
+      unassign(self, ch, ("no producer and no consumer for %gs"):format(limit))
+    end
+  end
+end
+
+-- Manager, from the tick: tells the name server (op release) which of its
+-- channels have had no producer and no consumer for `forget_after` seconds.
+-- Checked once a second.
+local function release_unused(self, now, io)
+  if now < self.forget_at then return end
+  self.forget_at = now + 1
+  for ch, since in pairs(self.idle) do
+    if self.channels[ch] then
+      self.idle[ch] = nil
+    elseif now - since >= self.forget_after then
+      self.idle[ch] = nil
+      outbox.emit(self, io, self.nameserver, { op = "release", ch = ch })
     end
   end
 end
@@ -104,7 +129,8 @@ function ops.lookup(self, from, msg, io)
     end
     return reply(self, io, from, msg.rid, { manager = owner, settle = settle > 0 and settle or nil })
   end
-  if owner == self.addr then self.used[ch] = io.now end
+  self.used[ch] = io.now
+  self.idle_remote[ch] = nil    -- the manager tells again once it is unused
   if owner == nil then
     if self.nassigned >= self.max_channels then
       return fail(self, io, from, msg.rid, ("lookup: too many channels (limit %d)"):format(self.max_channels))
@@ -156,6 +182,20 @@ function ops.register_manager(self, from, msg, io)
   reply(self, io, from, msg.rid, { taken = taken[1] and taken or nil })
 end
 
-M.check_ch, M.claim, M.forget_unused, M.ops = check_ch, claim, forget_unused, ops
+-- Name server: manager `from` has had no producer and no consumer of `ch`
+-- for forget_after (a one-way message).  Forgotten now, unless a lookup
+-- came within forget_after: then once that long has passed since it.
+function ops.release(self, from, msg, io)
+  local ch = msg.ch
+  if self.role ~= "nameserver" or type(ch) ~= "string" or self.assign[ch] ~= from then return end
+  if io.now - (self.used[ch] or -math.huge) >= self.forget_after then
+    unassign(self, ch, ("unused at %s for %gs"):format(from, self.forget_after))
+  else
+    self.idle_remote[ch] = true
+  end
+end
+
+M.check_ch, M.claim, M.forget_unused, M.release_unused, M.ops =
+  check_ch, claim, forget_unused, release_unused, ops
 
 return M

@@ -73,19 +73,21 @@ function ops.list(self, from, msg, io)
 end
 
 -- Ops that never get a reply (so never answered with an error either).
-local ONEWAY = { members_ok = true }
+local ONEWAY = { members_ok = true, release = true }
 
 ------------------------------------------------------------------------------
 -- Public API.
 
 -- R.new{ addr = "host:port", role = "nameserver"|"manager", ack_timeout = 2.0,
 --        max_channels = 65536, max_name = 1024, settle = 3.0, recovering = false,
---        forget_after = 30,
+--        forget_after = 30, nameserver = "host:port" (manager),
 --        log = function(level, msg) }
 -- settle: the recovery window (seconds); recovering: it opens at start (a
 -- standalone name server, which may be a restarted one); forget_after: a
 -- name server forgets a channel it manages itself once it has had no
--- producer, no consumer and no lookup for that long (checked once a second).
+-- producer, no consumer and no lookup for that long (checked once a second);
+-- a manager given its name server's address tells it of its own such
+-- channels, and the name server forgets them the same way.
 -- Raises on misuse (bad options); log levels are "debug", "info", "warn",
 -- "error".
 function M.new(opts)
@@ -103,6 +105,9 @@ function M.new(opts)
       error(("lecho.registry.new: '%s' must be a non-negative number"):format(k), 3)
     end
     return v
+  end
+  if opts.nameserver ~= nil and type(opts.nameserver) ~= "string" then
+    error("lecho.registry.new: 'nameserver' must be a \"host:port\" string", 2)
   end
   if opts.log ~= nil and type(opts.log) ~= "function" then
     error("lecho.registry.new: 'log' must be a function", 2)
@@ -127,6 +132,9 @@ function M.new(opts)
     orphans = {},                         -- name server: ch -> when its manager died
     lwaits = {},                          -- name server: lookups held while recovering
     used = {}, forget_at = -math.huge,    -- name server: ch -> last time it was in use
+    idle_remote = {},                     -- name server: ch -> its manager said unused
+    nameserver = opts.nameserver,         -- manager: its name server's addr (release)
+    idle = {},                            -- manager: ch -> since when it has no record
   }, Registry)
 end
 
@@ -200,13 +208,13 @@ function Registry:peer_down(addr, send, now)
         publish_members(self, c, io)
       end
       check_waits(self, c, io)
-      maybe_drop(self, c)
+      maybe_drop(self, c, now)
     end
     if self.managers[addr] then
       self.managers[addr] = nil
       for ch, owner in pairs(self.assign) do
         if owner == addr then
-          self.assign[ch] = nil
+          self.assign[ch], self.used[ch], self.idle_remote[ch] = nil, nil, nil
           self.nassigned = self.nassigned - 1
           self.orphans[ch] = now -- reassigned on its next lookup, recovering
         end
@@ -226,7 +234,11 @@ function Registry:tick(send, now)
   if type(now) ~= "number" then return host_misuse(self, "tick: now must be a number") end
   local io = { send = send, now = now }
   guarded(self, function()
-    if self.role == "nameserver" then naming.forget_unused(self, now) end
+    if self.role == "nameserver" then
+      naming.forget_unused(self, now)
+    elseif self.nameserver then
+      naming.release_unused(self, now, io)
+    end
     if self.lwaits[1] and self.lwaits[1].hold <= now then
       local held = self.lwaits
       self.lwaits = {}

@@ -8,16 +8,19 @@
 --   local c   = ch:consumer(function(ev, meta) end)
 --   local m   = ch:consumer(demod, { modulator = src, params = {...} })  -- doc/modulators.md
 --   ctx:run()  ctx:run_once(t)  ctx:stop()  ctx:every(s, fn)  ctx:after(s, fn)
+--   ctx:channel("ozon", { create = false })   -- nil, "no such channel: ozon", "notfound"
 --
+-- Expected failures return nil, message, code (lecho.errors); misuse raises.
 --
 -- This file makes a context and holds the exports; the rest of the Lua half
--- of a context is in files named for their concept (doc/architecture.md):
+-- of a context is in files named for their concept (README "Layout"):
 -- lecho.context (scheduler, timers, run loop, event dispatch, close),
 -- lecho.control (requests, replies, joins, rejoin), lecho.channel,
--- lecho.producer, lecho.consumer, lecho.modulator (both sides), and
--- lecho.options (the lists of policies, capabilities and options).  The
--- C half (lecho.core) owns the loop, the sockets, the queues and the codec;
--- lecho.registry answers the control plane in name servers and managers.
+-- lecho.producer, lecho.consumer, lecho.modulator (both sides),
+-- lecho.options (the lists of policies, capabilities and options) and
+-- lecho.errors (the error codes).  The C half (lecho.core) owns the loop,
+-- the sockets, the queues and the codec; lecho.registry answers the
+-- control plane in name servers and managers.
 
 local core = require "lecho.core"
 local registry = require "lecho.registry"

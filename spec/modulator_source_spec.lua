@@ -61,8 +61,10 @@ describe("lecho.modulator", function()
     S.cleanup()
   end)
 
-  it("loads the README's examples/stride.lua, which passes one step in params.stride", function()
-    local src = assert(lecho.modulator(S.root .. "/examples/stride.lua"))
+  it("gives a file's modulator that runs as the source would", function()
+    local path = S.write(S.tmpname("stride") .. ".lua",
+      "function enqueue(ev) if ev.step % params.stride == 0 then return ev end end\n")
+    local src = assert(lecho.modulator(path))
     local ctx = lecho.context{ quiet = true }
     local ch = ctx:channel("atmosphere.field")
     local got = {}
@@ -78,5 +80,6 @@ describe("lecho.modulator", function()
     assert.is_true(p:submit_sync({ step = 16 }))
     assert.are.same({ 14, 16 }, got)
     ctx:close()
+    S.cleanup()
   end)
 end)

@@ -21,8 +21,9 @@ M.CODES = {
 }
 
 -- The code of a message from the C core that came without one (until the
--- binding returns its codes as a third value).
-function M.code_of(msg)
+-- binding returns its codes as a third value); `default` when none fits
+-- ("failed" if nil).
+function M.code_of(msg, default)
   msg = tostring(msg)
   if msg:find("out of memory", 1, true) then return "nomem" end
   if msg:find("no answer", 1, true) or msg:find("timed out", 1, true) then return "timeout" end
@@ -33,7 +34,7 @@ function M.code_of(msg)
      or msg:find("queue full", 1, true) then return "limit" end
   if msg:find("cannot encode", 1, true) then return "invalid" end
   if msg:find("no such", 1, true) then return "notfound" end
-  return "failed"
+  return default or "failed"
 end
 
 return M

@@ -26,6 +26,7 @@ local core = require "lecho.core"
 local registry = require "lecho.registry"
 local fastenc = require "lecho.fastenc"
 local options = require "lecho.options"
+local errors = require "lecho.errors"
 local Context = require "lecho.context"
 require "lecho.channel"
 require "lecho.control"
@@ -38,10 +39,23 @@ local parse_addr = options.parse_addr
 local M = {
   _VERSION = "0.1.0",
   protocol_version = core.protocol_version,
-  encode = core.encode,
-  decode = core.decode,
   modulator = modulator.source,   -- the text of a modulator: source, or a file's
 }
+
+-- The value codec: string, or nil, err, code ("invalid", "limit").
+function M.encode(v, ...)
+  local s, err, code = core.encode(v, ...)
+  if s == nil then return nil, err, code or errors.code_of(err, "invalid") end
+  return s
+end
+
+-- true, value; or nil, err, code (bytes that are not a value: "invalid";
+-- past max_string or max_depth: "limit").
+function M.decode(s, ...)
+  local ok, v, code = core.decode(s, ...)
+  if not ok then return nil, v, code or errors.code_of(v, "invalid") end
+  return ok, v
+end
 
 local function now(self) return self.c:now() end
 

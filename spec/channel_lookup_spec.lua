@@ -32,6 +32,21 @@ local function names(ctx)
   return table.concat(out, " ")
 end
 
+-- Starts CHILD on `ch` with ctx as its name server (serving ctx's loop
+-- meanwhile); leave(ctx, c) makes it close its consumer.
+local function child(ctx, ch)
+  local stop = S.tmpname("stop")
+  local c = S.lua(CHILD, ctx.addr, ch, stop)
+  c.stop = stop
+  assert(S.run_until(ctx, function() return S.output(c):find("ready") end, 20), S.errors(c))
+  return c
+end
+
+local function leave(ctx, c)
+  S.write(c.stop, "")
+  assert(S.run_until(ctx, function() return S.output(c):find("left") end, 10), S.errors(c))
+end
+
 describe("ctx:channel(name, { create = false })", function()
   local ctx
   after_each(function()
@@ -39,19 +54,6 @@ describe("ctx:channel(name, { create = false })", function()
     ctx = nil
     S.cleanup()
   end)
-
-  local function child(ch)
-    local stop = S.tmpname("stop")
-    local c = S.lua(CHILD, ctx.addr, ch, stop)
-    c.stop = stop
-    assert(S.run_until(ctx, function() return S.output(c):find("ready") end, 20), S.errors(c))
-    return c
-  end
-
-  local function leave(c)
-    S.write(c.stop, "")
-    assert(S.run_until(ctx, function() return S.output(c):find("left") end, 10), S.errors(c))
-  end
 
   it("returns nil, 'no such channel: NAME', 'notfound' for a channel nobody uses", function()
     ctx = lecho.context{ quiet = true }
@@ -68,22 +70,22 @@ describe("ctx:channel(name, { create = false })", function()
 
   it("finds a channel whose only member is in another process", function()
     ctx = lecho.context{ quiet = true }
-    local c = child("ozone")
+    local c = child(ctx, "ozone")
     assert.is_table(ctx:channel("ozone", { create = false }))
-    leave(c)
+    leave(ctx, c)
     assert.are.same({ nil, "no such channel: ozone", "notfound" },
                     { ctx:channel("ozone", { create = false }) })
   end)
 
   it("asks the channel's manager when another process manages it", function()
     ctx = lecho.context{ quiet = true }
-    child("-")   -- a channel manager: channels are assigned to it from now on
+    child(ctx, "-")   -- a channel manager: channels are assigned to it from now on
     assert(S.run_until(ctx, function() return #select(2, ctx:list()) == 1 end, 10))
-    local c = child("ozone")
+    local c = child(ctx, "ozone")
     local _, managers = ctx:list()
     assert.are.equal(managers[1], ctx:list()[ctx.addr .. "/ozone"].manager)
     assert.is_table(ctx:channel("ozone", { create = false }))
-    leave(c)
+    leave(ctx, c)
     assert.are.same({ nil, "no such channel: ozone", "notfound" },
                     { ctx:channel("ozone", { create = false }) })
   end)
@@ -99,13 +101,10 @@ describe("the name server", function()
 
   it("forgets a channel without producer and consumer after forget_after seconds", function()
     ctx = lecho.context{ quiet = true, forget_after = 0.5 }
-    local stop = S.tmpname("stop")
-    local c = S.lua(CHILD, ctx.addr, "ozon", stop)
-    assert(S.run_until(ctx, function() return S.output(c):find("ready") end, 20), S.errors(c))
+    local c = child(ctx, "ozon")
     local kept = assert(ctx:channel("kept"):consumer(function() end))
     assert.are.equal("kept ozon", names(ctx))
-    S.write(stop, "")
-    assert(S.run_until(ctx, function() return S.output(c):find("left") end, 10), S.errors(c))
+    leave(ctx, c)
     -- still listed for a while after its last member left...
     assert.are.equal("kept ozon", names(ctx))
     -- ...then forgotten; a channel in use is kept however long
@@ -117,24 +116,16 @@ describe("the name server", function()
 
   it("forgets a channel its manager has not used for forget_after seconds", function()
     ctx = lecho.context{ quiet = true, forget_after = 0.5 }
-    local function start(ch)
-      local stop = S.tmpname("stop")
-      local c = S.lua(CHILD, ctx.addr, ch, stop)
-      c.stop = stop
-      assert(S.run_until(ctx, function() return S.output(c):find("ready") end, 20), S.errors(c))
-      return c
-    end
-    start("-")
+    child(ctx, "-")
     assert(S.run_until(ctx, function() return #select(2, ctx:list()) == 1 end, 10))
-    local c = start("ozon")
+    local c = child(ctx, "ozon")
     local manager = select(2, ctx:list())[1]
     assert.are.equal(manager, ctx:list()[ctx.addr .. "/ozon"].manager)
-    S.write(c.stop, "")
-    assert(S.run_until(ctx, function() return S.output(c):find("left") end, 10), S.errors(c))
+    leave(ctx, c)
     assert.are.equal("ozon", names(ctx))
     assert(S.run_until(ctx, function() return names(ctx) == "" end, 5), names(ctx))
     -- and a channel of that name works again, at its manager
-    c = start("ozon")
+    c = child(ctx, "ozon")
     assert.are.equal(manager, ctx:list()[ctx.addr .. "/ozon"].manager)
     assert.is_table(ctx:channel("ozon", { create = false }))
   end)

@@ -47,7 +47,7 @@ local function leave(ctx, c)
   assert(S.run_until(ctx, function() return S.output(c):find("left") end, 10), S.errors(c))
 end
 
-describe("ctx:channel(name, { create = false })", function()
+describe("a misspelled channel name", function()
   local ctx
   after_each(function()
     if ctx then ctx:close{ linger = 0 } end
@@ -55,78 +55,74 @@ describe("ctx:channel(name, { create = false })", function()
     S.cleanup()
   end)
 
-  it("returns nil, 'no such channel: NAME', 'notfound' for a channel nobody uses", function()
-    ctx = lecho.context{ quiet = true }
-    assert.are.same({ nil, "no such channel: ozon", "notfound" },
-                    { ctx:channel("ozon", { create = false }) })
-    -- created by the default, not by the refused lookup
-    assert.are.equal("", names(ctx))
-    local p = assert(ctx:channel("ozone"):producer())
-    assert.are.equal(ctx:channel("ozone"), ctx:channel("ozone", { create = false }))
-    p:close()
-    assert.are.same({ nil, "no such channel: ozone", "notfound" },
-                    { ctx:channel("ozone", { create = false }) })
+  describe("ctx:channel(name, { create = false })", function()
+    it("returns nil, 'no such channel: NAME', 'notfound' for a channel nobody uses", function()
+      ctx = lecho.context{ quiet = true }
+      assert.are.same({ nil, "no such channel: ozon", "notfound" },
+                      { ctx:channel("ozon", { create = false }) })
+      -- created by the default, not by the refused lookup
+      assert.are.equal("", names(ctx))
+      local p = assert(ctx:channel("ozone"):producer())
+      assert.are.equal(ctx:channel("ozone"), ctx:channel("ozone", { create = false }))
+      p:close()
+      assert.are.same({ nil, "no such channel: ozone", "notfound" },
+                      { ctx:channel("ozone", { create = false }) })
+    end)
+
+    it("finds a channel whose only member is in another process", function()
+      ctx = lecho.context{ quiet = true }
+      local c = child(ctx, "ozone")
+      assert.is_table(ctx:channel("ozone", { create = false }))
+      leave(ctx, c)
+      assert.are.same({ nil, "no such channel: ozone", "notfound" },
+                      { ctx:channel("ozone", { create = false }) })
+    end)
+
+    it("asks the channel's manager when another process manages it", function()
+      ctx = lecho.context{ quiet = true }
+      child(ctx, "-")   -- a channel manager: channels are assigned to it from now on
+      assert(S.run_until(ctx, function() return #select(2, ctx:list()) == 1 end, 10))
+      local c = child(ctx, "ozone")
+      local _, managers = ctx:list()
+      assert.are.equal(managers[1], ctx:list()[ctx.addr .. "/ozone"].manager)
+      assert.is_table(ctx:channel("ozone", { create = false }))
+      leave(ctx, c)
+      assert.are.same({ nil, "no such channel: ozone", "notfound" },
+                      { ctx:channel("ozone", { create = false }) })
+    end)
   end)
 
-  it("finds a channel whose only member is in another process", function()
-    ctx = lecho.context{ quiet = true }
-    local c = child(ctx, "ozone")
-    assert.is_table(ctx:channel("ozone", { create = false }))
-    leave(ctx, c)
-    assert.are.same({ nil, "no such channel: ozone", "notfound" },
-                    { ctx:channel("ozone", { create = false }) })
-  end)
+  describe("the name server", function()
 
-  it("asks the channel's manager when another process manages it", function()
-    ctx = lecho.context{ quiet = true }
-    child(ctx, "-")   -- a channel manager: channels are assigned to it from now on
-    assert(S.run_until(ctx, function() return #select(2, ctx:list()) == 1 end, 10))
-    local c = child(ctx, "ozone")
-    local _, managers = ctx:list()
-    assert.are.equal(managers[1], ctx:list()[ctx.addr .. "/ozone"].manager)
-    assert.is_table(ctx:channel("ozone", { create = false }))
-    leave(ctx, c)
-    assert.are.same({ nil, "no such channel: ozone", "notfound" },
-                    { ctx:channel("ozone", { create = false }) })
-  end)
-end)
+    it("forgets a channel without producer and consumer after forget_after seconds", function()
+      ctx = lecho.context{ quiet = true, forget_after = 0.5 }
+      local c = child(ctx, "ozon")
+      local kept = assert(ctx:channel("kept"):consumer(function() end))
+      assert.are.equal("kept ozon", names(ctx))
+      leave(ctx, c)
+      -- still listed for a while after its last member left...
+      assert.are.equal("kept ozon", names(ctx))
+      -- ...then forgotten; a channel in use is kept however long
+      assert(S.run_until(ctx, function() return names(ctx) == "kept" end, 5), names(ctx))
+      S.run_until(ctx, function() return false end, 1)
+      assert.are.equal("kept", names(ctx))
+      kept:close()
+    end)
 
-describe("the name server", function()
-  local ctx
-  after_each(function()
-    if ctx then ctx:close{ linger = 0 } end
-    ctx = nil
-    S.cleanup()
-  end)
-
-  it("forgets a channel without producer and consumer after forget_after seconds", function()
-    ctx = lecho.context{ quiet = true, forget_after = 0.5 }
-    local c = child(ctx, "ozon")
-    local kept = assert(ctx:channel("kept"):consumer(function() end))
-    assert.are.equal("kept ozon", names(ctx))
-    leave(ctx, c)
-    -- still listed for a while after its last member left...
-    assert.are.equal("kept ozon", names(ctx))
-    -- ...then forgotten; a channel in use is kept however long
-    assert(S.run_until(ctx, function() return names(ctx) == "kept" end, 5), names(ctx))
-    S.run_until(ctx, function() return false end, 1)
-    assert.are.equal("kept", names(ctx))
-    kept:close()
-  end)
-
-  it("forgets a channel its manager has not used for forget_after seconds", function()
-    ctx = lecho.context{ quiet = true, forget_after = 0.5 }
-    child(ctx, "-")
-    assert(S.run_until(ctx, function() return #select(2, ctx:list()) == 1 end, 10))
-    local c = child(ctx, "ozon")
-    local manager = select(2, ctx:list())[1]
-    assert.are.equal(manager, ctx:list()[ctx.addr .. "/ozon"].manager)
-    leave(ctx, c)
-    assert.are.equal("ozon", names(ctx))
-    assert(S.run_until(ctx, function() return names(ctx) == "" end, 5), names(ctx))
-    -- and a channel of that name works again, at its manager
-    c = child(ctx, "ozon")
-    assert.are.equal(manager, ctx:list()[ctx.addr .. "/ozon"].manager)
-    assert.is_table(ctx:channel("ozon", { create = false }))
+    it("forgets a channel its manager has not used for forget_after seconds", function()
+      ctx = lecho.context{ quiet = true, forget_after = 0.5 }
+      child(ctx, "-")
+      assert(S.run_until(ctx, function() return #select(2, ctx:list()) == 1 end, 10))
+      local c = child(ctx, "ozon")
+      local manager = select(2, ctx:list())[1]
+      assert.are.equal(manager, ctx:list()[ctx.addr .. "/ozon"].manager)
+      leave(ctx, c)
+      assert.are.equal("ozon", names(ctx))
+      assert(S.run_until(ctx, function() return names(ctx) == "" end, 5), names(ctx))
+      -- and a channel of that name works again, at its manager
+      c = child(ctx, "ozon")
+      assert.are.equal(manager, ctx:list()[ctx.addr .. "/ozon"].manager)
+      assert.is_table(ctx:channel("ozon", { create = false }))
+    end)
   end)
 end)

@@ -1,0 +1,76 @@
+-- lecho.channel: the channel object of a context (a name at a name
+-- server) and the lookup of channels by name.  Its endpoints are made by
+-- lecho.producer and lecho.consumer, its membership kept by lecho.control,
+-- its modulators by lecho.modulator.
+
+local options = require "lecho.options"
+local Context = require "lecho.context"
+
+local parse_addr = options.parse_addr
+
+local Channel = {}
+Channel.__index = Channel
+
+-- The addresses of `list` (nil: none) but `addr`: a fresh list.
+function Channel.without(list, addr)
+  local out = {}
+  for _, a in ipairs(list or {}) do
+    if a ~= addr then out[#out + 1] = a end
+  end
+  return out
+end
+
+function Context:_fullname(name)
+  if type(name) ~= "string" or name == "" then
+    error("lecho: a channel name must be a non-empty string", 3)
+  end
+  local ns, short = name:match("^([^/]+:%d+)/(.+)$")
+  if ns then
+    local h, p = parse_addr(ns, "name server of the channel")
+    ns = h .. ":" .. p
+  else
+    ns, short = self.ns, name
+  end
+  return ns .. "/" .. short, ns, short
+end
+
+--- Returns the channel object for name ("ozone" or "host:port/ozone").
+-- opts.create = false: only a channel that has a producer or a consumer (in
+-- any process); else nil, "no such channel: NAME", "notfound" (this asks the
+-- name server, and waits).
+function Context:channel(name, opts)
+  if self.closed then error("lecho: context is closed", 2) end
+  if opts ~= nil then options.check(opts, options.CHANNEL, "ctx:channel", 2) end
+  local full, ns, short = self:_fullname(name)
+  local ch = self.byname[full]
+  if opts and opts.create == false and not (ch and (ch.nprod > 0 or ch.all[1])) then
+    local ok, err, code = self:_channel_exists(full, ns, name)
+    if not ok then return nil, err, code end
+  end
+  if ch then return ch end
+  ch = setmetatable({
+    ctx = self, name = full, ns = ns, short = short,
+    chid = self.c:channel(full),
+    consumers = { short = short }, producers = {}, nprod = 0,
+    ver = -1, manager = nil,
+    dests = {}, mods = {}, modlist = {}, failed = {}, failed_dests = {}, grants = {},  -- producing side
+    all = {}, streams = {}, cjoined = false,             -- consuming side
+  }, Channel)
+  self.byname[full] = ch
+  self.bychid[ch.chid] = ch
+  self.disp[ch.chid] = ch.consumers
+  return ch
+end
+
+-- Does a submit also send the plain (unmodulated) event?  Only when some
+-- context takes it.
+function Channel:_hot_update()
+  local plain = #self.dests > 0 or #self.consumers > 0
+  for p in pairs(self.producers) do
+    p.mods, p.plain = self.modlist, plain
+  end
+end
+
+function Channel:_derived_name(key) return self.name .. "@" .. key end
+
+return Channel

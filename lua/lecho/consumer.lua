@@ -1,0 +1,185 @@
+-- lecho.consumer: consumers, their handlers, and switching a consumer's
+-- modulator (params or code) at every producer of the channel.
+
+local options = require "lecho.options"
+local modulator = require "lecho.modulator"
+local Channel = require "lecho.channel"
+
+local mod_spec, reply_errors = modulator.spec, modulator.reply_errors
+
+local Consumer = {}
+Consumer.__index = Consumer
+
+--- Creates a consumer; handler(ev, meta) with meta = { channel, producer, seq }.
+-- Returns once every producing context knows of it: it receives every event
+-- submitted after this call returns.  opts.modulator (Lua source), params,
+-- period, capabilities, on_error: see doc/modulators.md.
+function Channel:consumer(handler, opts)
+  if type(handler) ~= "function" then error("lecho: consumer needs a handler function", 2) end
+  local ctx = self.ctx
+  if ctx.closed then error("lecho: context is closed", 2) end
+  opts = options.check(opts, options.CONSUMER, "ch:consumer", 2)
+  if opts.on_error ~= nil and type(opts.on_error) ~= "function" then
+    error("lecho: on_error must be a function", 2)
+  end
+  local spec
+  if opts.modulator ~= nil then
+    spec = mod_spec(opts.modulator, opts.params, opts.period, opts.capabilities, 3)
+    spec.version = 1
+  end
+  ctx.nextcid = ctx.nextcid + 1
+  local con = setmetatable({
+    ch = self, handler = handler, id = ("%s/c%d"):format(ctx.addr, ctx.nextcid),
+    errors = 0, mod_errors = 0, opts = opts, mod = spec, on_error = opts.on_error, chids = {},
+  }, Consumer)
+  self.all[#self.all + 1] = con
+  if spec then
+    con.entry = self:_attach(con, spec, handler)
+  else
+    local list = self.consumers
+    list[#list + 1] = con
+    if #list == 1 then ctx.c:set_local(self.chid, true) end
+    self:_hot_update()
+    con.chids[self.chid] = true
+  end
+  local r, err, code = self:_update_subs()
+  if not r then
+    con:_unlink()
+    return nil, err, code
+  end
+  if type(r) == "table" and r.late and #r.late > 0 then
+    ctx.log(("consumer on '%s': producers %s did not confirm in time"):format(
+      self.short, table.concat(r.late, ", ")))
+  end
+  return con
+end
+
+-- Removes the consumer from the channel's lists (its handlers stop at once).
+function Consumer:_unlink()
+  local ch = self.ch
+  for _, list in ipairs({ ch.all, ch.consumers }) do
+    for i = #list, 1, -1 do
+      if list[i] == self then table.remove(list, i) end
+    end
+  end
+  if self.entry then ch:_detach(self.entry) end
+  for _, e in ipairs(self.old_entries or {}) do ch:_detach(e) end
+  if not self.mod and #ch.consumers == 0 and not ch.ctx.closed then
+    ch.ctx.c:set_local(ch.chid, false)
+  end
+  ch:_hot_update()
+end
+
+--- Stops the handler at once: nothing is delivered to it after close().
+function Consumer:close()
+  if self.closed then return end
+  self.closed = true
+  self:_unlink()
+  if not self.ch.ctx.closed then self.ch:_update_subs(true) end
+end
+
+-- Switches to modulator spec with demodulator handler; waits for producers.
+function Consumer:_switch(spec, handler)
+  if self.closed then return nil, "consumer is closed", "closed" end
+  local ch = self.ch
+  local old = self.mod
+  if old and spec.key == old.key then
+    -- Same modulator: only the demodulator changes, from the next event on.
+    self.handler, self.entry.handler = handler, handler
+    return true
+  end
+  -- Versions never repeat, not even after a change that failed and was
+  -- rolled back (its events may still arrive, tagged with it).
+  self.vmax = math.max(self.vmax or 0, old and old.version or 0) + 1
+  spec.version = self.vmax
+  local old_entry = self.entry
+  -- Back to a modulator whose old stream is still ending here (A, B, A
+  -- again before A's end came): the same key is one stream; its old entry
+  -- goes now, or each event would reach both.
+  local st = ch.streams[spec.key]
+  if st then
+    for _, e in ipairs(self.old_entries or {}) do
+      for _, x in ipairs(st.consumers) do
+        if x == e then ch:_detach(e) break end
+      end
+    end
+  end
+  local old_handler = self.handler
+  self.mod, self.handler = spec, handler
+  self.entry = ch:_attach(self, spec, handler)
+  local r, err, code = ch:_update_subs()
+  if not r then
+    -- Not applied (the manager is unreachable, say): the old modulator stays
+    -- this consumer's, its stream untouched.  The new entry is kept for a
+    -- while in case some producer did switch before the failure was known.
+    local new_entry = self.entry
+    self.mod, self.handler, self.entry = old, old_handler, old_entry
+    ch.subs_sig = nil
+    self.old_entries = self.old_entries or {}
+    self.old_entries[#self.old_entries + 1] = new_entry
+    ch.ctx:after(ch.ctx.sync_timeout, function()
+      if self.entry ~= new_entry then ch:_detach(new_entry) end
+    end)
+    -- The request may have reached the manager before it failed: say again
+    -- what this consumer takes (now if a manager is known, else at rejoin).
+    if not ch.ctx.closed then ch:_update_subs(true) end
+    return nil, err, code
+  end
+  if old_entry then
+    -- What the old modulator sent and is still on its way goes to the old
+    -- demodulator, until every producer said (in band, after its last event
+    -- of that stream) that it sends no more; or sync_timeout passed (a
+    -- producer that died or never answered).  Unless another consumer of
+    -- this context still uses that modulator: then it stops at once.
+    local st = old and ch.streams[old.key]
+    local ending = {}
+    for _, a in ipairs(type(r) == "table" and r.producers or {}) do ending[a] = true end
+    if (st and #st.consumers > 1) or next(ending) == nil then
+      ch:_detach(old_entry)
+    else
+      old_entry.ending = ending
+      local keep = { old_entry }
+      for _, e in ipairs(self.old_entries or {}) do
+        if not e.detached then keep[#keep + 1] = e end
+      end
+      self.old_entries = keep
+      ch.ctx:after(ch.ctx.sync_timeout, function() ch:_detach(old_entry) end)
+    end
+  end
+  local perr = reply_errors(r, spec.key)
+  if perr then return nil, perr, "failed" end
+  return true
+end
+
+--- Replaces the params of this consumer's modulator at every producer.
+-- Returns true once every producing context applied them, or nil, err.
+function Consumer:set_params(params)
+  if not self.mod then error("lecho: set_params: this consumer has no modulator", 2) end
+  local m = self.mod
+  return self:_switch(mod_spec(m.src, params, m.period, m.caps, 3), self.handler)
+end
+
+--- Replaces the modulator and demodulator together (params: the new
+-- modulator's; handler: the new demodulator, default the current one).
+function Consumer:set_modulator(src, params, handler)
+  if handler ~= nil and type(handler) ~= "function" then
+    error("lecho: set_modulator: the demodulator must be a function", 2)
+  end
+  local m = self.mod or {}
+  return self:_switch(mod_spec(src, params, m.period, m.caps, 3), handler or self.handler)
+end
+
+function Consumer:params_version() return self.mod and self.mod.version or 0 end
+
+--- What arrived for this consumer's stream(s): { events, bytes } (bytes:
+-- encoded payloads received over the wire; local deliveries count 0 bytes).
+function Consumer:stats()
+  local ev, by = 0, 0
+  for chid in pairs(self.chids) do
+    local ein, bin, eloc = self.ch.ctx.c:chan_stats(chid)
+    ev, by = ev + ein + eloc, by + bin
+  end
+  return { events = ev, bytes = by, errors = self.errors, modulator_errors = self.mod_errors }
+end
+
+return Consumer

@@ -1,0 +1,320 @@
+-- lecho.context: the Lua half of a context's run loop: the scheduler of
+-- waits (every callback runs in a coroutine of the context's), timers and
+-- descriptors, the dispatch of decoded events to consumer handlers, stats
+-- and close.  The context is made by lecho.context() (init.lua); the control
+-- plane's methods are in lecho.control, channels in lecho.channel.
+
+local options = require "lecho.options"
+
+local Context = {}
+Context.__index = Context
+
+local function now(self) return self.c:now() end
+
+-- Waiting.  Every callback the loop runs (timers, descriptors, consumer
+-- handlers) runs in a coroutine of the context's.  A wait inside one (a
+-- blocking submit, submit_sync, a control request, close's linger) suspends
+-- that coroutine only: the loop goes on serving everything else, and the
+-- scheduler (Context:_turn, run before each loop turn's writes) resumes it
+-- when it can go on or its deadline passed.  A wait on the program's main
+-- line, outside any callback, serves the loop itself until it can go on.
+-- So waits never nest: no callback ever runs inside another one's wait.
+local WAIT, DONE = {}, {}
+local traceback = debug.traceback
+
+function Context:_peer_addr(idx)
+  local a = self.peer_addrs[idx]
+  if not a then
+    a = self.c:peer_addr(idx) or "?"
+    self.peer_addrs[idx] = a
+  end
+  return a
+end
+
+-- Runs every consumer of the channel on one decoded event (one copy per
+-- context, however many consumers), then acknowledges a sync event.
+-- A modulated stream (`ch.derived`) lists { con, handler, version } entries:
+-- each demodulator gets what its own modulator sent, tagged with its version.
+function Context:_on_event(chid, value, peer, producer, seq, sync)
+  -- The consumer list carries its channel's short name and kind, so that an
+  -- event touches a few small tables, not the channel object (many channels:
+  -- cache misses dominate).
+  local list = self.disp[chid]
+  local ch = list
+  local nran, errs = 0, nil
+  -- producer 0, seq 0: a sync marker on a modulated stream (the modulator
+  -- sent nothing for a sync event): acknowledged once all before it ran.
+  if list and list[1] and (producer ~= 0 or seq ~= 0) then
+    -- "host:port#id" once per (peer, producer), not once per event: the
+    -- concatenation interned a new string for every event.
+    local names = self.pnames[peer]
+    if not names then names = {}; self.pnames[peer] = names end
+    local pname = names[producer]
+    if not pname then
+      local from = peer == 0 and self.addr or self:_peer_addr(peer)
+      pname = from .. "#" .. producer
+      names[producer] = pname
+    end
+    local meta = { channel = ch.short, producer = pname, seq = seq }
+    local n = #list
+    local snap = list
+    if n > 1 then snap = { unpack(list, 1, n) } end
+    local derived = ch.derived
+    for i = 1, n do
+      local con, handler = snap[i], nil
+      if derived then
+        meta.params_version = con.version
+        handler, con = con.handler, con.con
+      else
+        handler = con.handler
+      end
+      if not con.closed then
+        nran = nran + 1
+        local ok, err = pcall(handler, value, meta)
+        if not ok then
+          err = tostring(err)
+          con.errors = con.errors + 1
+          if sync > 0 then
+            errs = errs or {}
+            errs[#errs + 1] = { consumer = con.id, err = err }
+          else
+            self.log(("consumer %s on '%s' failed: %s"):format(con.id, ch.short, err))
+          end
+        end
+      end
+    end
+  end
+  if sync > 0 and not self.closed then self.c:ack(peer, sync, nran, errs) end
+end
+
+-- Runs fn(...) in a coroutine of the context's; true when it is waiting.
+function Context:_spawn(fn, ...)
+  local co = coroutine.create(fn)
+  self.cos[co] = true
+  return self:_resume(co, ...)
+end
+
+-- Resumes one of the context's coroutines; true when it waits again.
+function Context:_resume(co, ...)
+  local ok, r = coroutine.resume(co, ...)
+  if not ok then
+    self.log("error in callback: " .. traceback(co, tostring(r)))
+    return false
+  end
+  if coroutine.status(co) == "dead" or r == DONE then return false end
+  if r ~= WAIT then
+    self.log("error in callback: it yielded outside a lecho wait; it will not be resumed")
+    return false
+  end
+  return true
+end
+
+-- Waits until ready() is true: true; or until deadline (a ctx:now() time,
+-- nil: none) or the context closes: false.
+function Context:_wait(ready, deadline)
+  if ready() then return true end
+  if self.closed then return false end
+  local co = coroutine.running()
+  local w = { ready = ready, deadline = deadline }
+  if co and self.cos[co] then
+    w.co = co
+    if deadline then
+      w.timer = self.c:timer(math.max(deadline - now(self), 0) + 0.001, 0, function() end)
+    end
+    self.waiters[#self.waiters + 1] = w
+    self.c:want_turn(true)
+    return coroutine.yield(WAIT)
+  end
+  -- The main line: serve the loop here (callbacks run beside, not inside).
+  while true do
+    if self.closed then return false end
+    if ready() then return true end
+    local left = deadline and deadline - now(self)
+    if left and left <= 0 then return false end
+    self.c:run_once(left)
+  end
+end
+
+-- Before each loop turn's writes: resumes, in the order they began, the
+-- waits that can go on or whose deadline passed.
+function Context:_turn()
+  local ws, i, t = self.waiters, 1, nil
+  while ws[i] do
+    local w = ws[i]
+    local res
+    if self.closed then
+      res = false
+    elseif w.ready() then
+      res = true
+    elseif w.deadline then
+      t = t or now(self)
+      if t >= w.deadline then res = false end
+    end
+    if res == nil then
+      i = i + 1
+    else
+      table.remove(ws, i)
+      if w.timer then w.timer:stop() end
+      self:_resume(w.co, res)
+      ws = self.waiters
+    end
+  end
+  if not ws[1] and not self.closed then self.c:want_turn(false) end
+end
+
+-- The event hook: dispatches in a coroutine kept for it.  Returns true
+-- when a handler waits: C then holds back what comes next from the same
+-- peer (or the local queue) until the dispatch ends (ctx:resume).
+local function dispatcher(self)
+  local co = coroutine.running()
+  local chid, value, peer, producer, seq, sync = coroutine.yield(DONE)
+  while true do
+    self:_on_event(chid, value, peer, producer, seq, sync)
+    local held = self.held[co]
+    if held then
+      self.held[co] = nil
+      if not self.closed then self.c:resume(held, chid) end
+    end
+    chid, value, peer, producer, seq, sync = coroutine.yield(DONE)
+  end
+end
+
+function Context:_dispatch(chid, value, peer, producer, seq, sync)
+  local co = self.dco
+  if not co or coroutine.status(co) ~= "suspended" then
+    co = coroutine.create(dispatcher)
+    self.cos[co] = true
+    coroutine.resume(co, self)
+    self.dco = co
+  end
+  local ok, r = coroutine.resume(co, chid, value, peer, producer, seq, sync)
+  if not ok then
+    self.dco = nil
+    self.log("error dispatching an event: " .. traceback(co, tostring(r)))
+    return false
+  end
+  if r == WAIT then
+    -- A handler waits: this coroutine belongs to its waiter now.
+    self.held[co] = peer
+    self.dco = nil
+    return true
+  end
+  return false
+end
+
+--- Calls fn(timer) every sec seconds until timer:stop().  fn runs in a
+-- coroutine of its own and may wait (submit_sync, a blocking submit); a
+-- tick that comes while the previous call still waits is skipped.
+function Context:every(sec, fn)
+  local busy = false
+  local function run(t)
+    local ok, err = xpcall(fn, traceback, t)
+    busy = false
+    if not ok then self.log("error in callback: " .. tostring(err)) end
+  end
+  return self.c:timer(sec, sec, function(t)
+    if busy then return end
+    busy = true
+    self:_spawn(run, t)
+  end)
+end
+
+function Context:after(sec, fn)
+  return self.c:timer(sec, 0, function()
+    self:_spawn(function()
+      local ok, err = xpcall(fn, traceback)
+      if not ok then self.log("error in callback: " .. tostring(err)) end
+    end)
+  end)
+end
+
+--- Calls fn(watcher) on the loop whenever descriptor fd is readable, until
+-- watcher:stop() (a REPL reading its terminal, say).  Each call runs in a
+-- coroutine of its own and may wait; fn must read what is there, or it is
+-- called again on the next loop turn.
+function Context:on_readable(fd, fn)
+  return self.c:io(fd, function(w)
+    self:_spawn(function()
+      local ok, err = xpcall(fn, traceback, w)
+      if not ok then self.log("error in callback: " .. tostring(err)) end
+    end)
+  end)
+end
+
+function Context:run() return self.c:run() end
+
+function Context:run_once(timeout) return self.c:run_once(timeout) end
+
+function Context:stop() return self.c:stop() end
+
+function Context:flush() return self.c:flush() end
+
+function Context:now() return self.c:now() end
+
+--- Counters per channel and per peer (see README "Statistics").
+function Context:stats()
+  local s = self.c:stats()
+  s.addr = self.addr
+  for name, ch in pairs(self.byname) do
+    local cs = s.channels[name]
+    if cs then
+      cs.consumers = #ch.all
+      cs.producers = ch.nprod
+    end
+    -- Modulators running here for this channel's consumers, by key.
+    for key, inst in pairs(ch.mods) do
+      local ms = inst.moe:stats()
+      ms.consumers = inst.dests
+      s.modulators = s.modulators or {}
+      s.modulators[ch.name .. "@" .. key] = ms
+    end
+  end
+  return s
+end
+
+--- Closes the context.  What was submitted before is delivered first:
+-- every queue is written, then each connection ends and close waits until
+-- the remote closed its side too (it has read everything), for at most
+-- opts.linger seconds (the context's `linger`, 2 s by default; 0: do not
+-- wait).  Returns true, or nil, what could not be delivered (also
+-- logged), "timeout".
+function Context:close(opts)
+  if opts ~= nil then options.check(opts, options.CLOSE, "ctx:close", 2) end
+  if self.closed then return self.close_ok, self.close_err, self.close_err and "timeout" end
+  if self.closing then
+    -- Another close is delivering (in a callback that waits): its result.
+    self:_wait(function() return self.closed end)
+    return self.close_ok, self.close_err, self.close_err and "timeout"
+  end
+  self.closing = true
+  local linger = opts and opts.linger or self.linger
+  for _, ch in pairs(self.byname) do
+    for _, con in ipairs({ unpack(ch.all) }) do con:close() end
+    for p in pairs(ch.producers) do p:close() end
+    if ch.rejoin then ch.rejoin:stop() end
+  end
+  if self.tick then self.tick:stop() end
+  if self.reregister then self.reregister:stop() end
+  local ok, err = true, nil
+  -- Lingering waits: on the main line, or in a callback of ours (it suspends).
+  local can_wait = self.c:depth() == 0 or self.cos[coroutine.running() or 0]
+  if linger > 0 and can_wait then
+    self.c:shutdown()
+    self:_wait(function() return self.c:pending() == 0 end, now(self) + linger)
+  end
+  local open, events, bytes = self.c:pending()
+  if events > 0 then
+    ok, err = nil, ("%d events (%d bytes) not delivered within the linger time of %gs"):format(
+      events, bytes, linger)
+  elseif open > 0 and linger > 0 then
+    ok, err = nil, ("%d connections not closed by their remote within the linger time of %gs: "
+      .. "what was sent there may not have been read"):format(open, linger)
+  end
+  if err then self.log("close: " .. err) end
+  self.close_ok, self.close_err = ok, err
+  self.closed = true
+  self.c:close()
+  return ok, err, err and "timeout"
+end
+
+return Context

@@ -1,0 +1,367 @@
+-- lecho.control: the client side of the control plane: control messages
+-- (to ourselves through a trampoline, to others through the core),
+-- requests and their replies, lookups and joins, the member lists a
+-- producer gets from its channel's manager, and the rejoin after a manager
+-- or name server was lost (soft state).  The other side is lecho.registry,
+-- run by the name server and the managers.
+
+local registry = require "lecho.registry"
+local errors = require "lecho.errors"
+local Context = require "lecho.context"
+local Channel = require "lecho.channel"
+
+local sorted_keys = registry.sorted_keys
+
+local function now(self) return self.c:now() end
+
+-- Control messages to ourselves never touch a socket: they are queued and
+-- handled in order once the current handler has returned (a trampoline).
+function Context:_send_ctrl(to, msg)
+  if to == self.addr then
+    local q = self.selfq
+    q[#q + 1] = msg
+    if not self.draining then
+      self.draining = true
+      local i = 1
+      while q[i] do
+        local m = q[i]
+        q[i] = false
+        i = i + 1
+        local ok, err = pcall(self._on_ctrl, self, self.addr, m)
+        if not ok then self.log("error handling a control message: " .. tostring(err)) end
+      end
+      self.selfq = {}
+      self.draining = false
+    end
+    return true
+  end
+  local ok, err = self.c:send_ctrl(to, msg)
+  if not ok then
+    self.log(("cannot send to %s: %s"):format(to, err))
+    self:_fail_pending(to, err)
+  end
+  return ok, err
+end
+
+function Context:_fail_pending(addr, why)
+  for _, p in pairs(self.pending) do
+    if p.to == addr and not p.reply then p.failed = why end
+  end
+end
+
+--- Sends a control request and waits (serving the loop) for its reply.
+-- Returns the reply table, or nil, err, code (the code the reply carries,
+-- else "failed"; "closed"/"refused" when the peer cannot be reached,
+-- "timeout" without an answer).
+function Context:request(to, msg, timeout)
+  self.rid = self.rid + 1
+  local rid = self.rid
+  msg.rid = rid
+  local p = { to = to }
+  self.pending[rid] = p
+  self:_send_ctrl(to, msg)
+  self:_wait(function() return p.reply or p.failed or self.closed end,
+             now(self) + (timeout or self.timeout))
+  self.pending[rid] = nil
+  if p.reply then
+    if p.reply.ok then return p.reply end
+    local code = p.reply.code
+    return nil, p.reply.err or "request failed", errors.CODES[code] and code or "failed"
+  end
+  if p.failed then
+    local code = errors.code_of(p.failed)
+    return nil, ("%s unreachable: %s"):format(to, p.failed), code == "refused" and code or "closed"
+  end
+  if self.closed then return nil, "context closed while waiting", "closed" end
+  return nil, ("no answer from %s within %gs"):format(to, timeout or self.timeout), "timeout"
+end
+
+function Context:_notify(to, msg)
+  self.rid = self.rid + 1
+  msg.rid = self.rid
+  self:_send_ctrl(to, msg)
+end
+
+function Context:_on_ctrl(from, msg)
+  if type(msg) ~= "table" or type(msg.op) ~= "string" then
+    self.log(("ignoring a control message without op from %s"):format(from))
+    return
+  end
+  local op = msg.op
+  if op == "reply" then
+    local p = self.pending[msg.rid]
+    if p then p.reply = msg end
+  elseif op == "members" then
+    local ch = self.byname[msg.ch]
+    if ch and type(msg.ver) == "number" and type(msg.consumers) == "table"
+       and msg.ver > ch.ver then
+      ch.ver = msg.ver
+      ch:_apply_members(msg.consumers, msg.mods)
+    end
+    self:_send_ctrl(from, { op = "members_ok", ch = msg.ch, ver = msg.ver, mid = msg.mid,
+                            errs = ch and ch:_mod_errors(msg.mods) })
+  elseif op == "stream_end" then
+    local ch = self.byname[msg.ch]
+    if ch and type(msg.key) == "string" then ch:_stream_ended(msg.key, msg.producer or from) end
+  elseif op == "mod_error" then
+    local ch = self.byname[msg.ch]
+    if ch and type(msg.key) == "string" then
+      ch:_tell_mod_error(msg.key, ("modulator at %s: %s"):format(tostring(msg.producer or from),
+                                                                 tostring(msg.err)))
+    end
+  elseif self.reg then
+    self.reg:handle(from, msg, self._send, now(self))
+  elseif msg.rid then
+    self:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = false,
+                            err = ("unknown op '%s' (this context is not a name server)"):format(op) })
+  end
+end
+
+function Context:_on_peer(idx, addr, up, reason)
+  if up then
+    self.peer_addrs[idx] = addr
+    return
+  end
+  self:_fail_pending(addr, reason or "connection lost")
+  if self.reg then self.reg:peer_down(addr, self._send, now(self)) end
+  -- A manager that lost its name server registers again, with the channels
+  -- it manages (a restarted name server has forgotten who manages what).
+  if self.reg and self.reg.role == "manager" and addr == self.ns and not self.reregister then
+    self.reregister = self:every(0.5, function(t)
+      local r = self:request(self.ns, { op = "register_manager",
+                                        channels = sorted_keys(self.reg.channels) })
+      if r then
+        t:stop()
+        self.reregister = nil
+        for _, ch in ipairs(r.taken or {}) do
+          self.log(("channel '%s' is now managed by another manager"):format(ch))
+        end
+      end
+    end)
+  end
+  -- Soft state: channels managed by the lost context are joined again
+  -- (lookup first: the name server may hand them to another manager).
+  for _, ch in pairs(self.byname) do
+    for key in pairs(ch.streams) do ch:_stream_ended(key, addr) end
+    ch:_forget_kept(addr)
+    if ch.manager == addr or (ch.ns == addr and ch.manager ~= self.addr) then
+      ch.manager = nil
+      -- Versions are the lost manager's: the next one counts from its own
+      -- start, and its member lists must not look older than what we had.
+      ch.ver = -1
+      ch.regrace = true
+      ch.recovering = true
+      ch:_schedule_rejoin()
+    end
+  end
+end
+
+--- Snapshot of the name server's (or a manager's) view: channels with their
+-- producing and consuming contexts.
+function Context:list(addr)
+  local r, err, code = self:request(addr or self.ns, { op = "list" })
+  if not r then return nil, err, code end
+  return r.channels, r.managers
+end
+
+-- ctx:channel(name, { create = false }): does channel `full` (at name
+-- server `ns`) have a producer or a consumer?  Asks the name server, and the
+-- channel's manager when that is another context.  Returns true, or nil,
+-- err, code ("notfound": no such channel).
+function Context:_channel_exists(full, ns, name)
+  local r, err, code = self:request(ns, { op = "lookup", ch = full, create = false })
+  if r and r.manager ~= ns then
+    r, err, code = self:request(r.manager, { op = "info", ch = full })
+  end
+  if r then return true end
+  if code == "notfound" then return nil, "no such channel: " .. name, code end
+  return nil, err, code
+end
+
+function Channel:_manager()
+  if self.manager then return self.manager end
+  local ctx = self.ctx
+  local r, err, code = ctx:request(self.ns, { op = "lookup", ch = self.name,
+                                              recovering = self.recovering or nil })
+  if not r then return nil, ("name server %s: %s"):format(self.ns, err), code end
+  self.manager = r.manager
+  self.settle = r.settle
+  return r.manager
+end
+
+function Channel:_join(role)
+  local mgr, err, code = self:_manager()
+  if not mgr then return nil, err, code end
+  local r
+  local ver_before = self.ver
+  local settle = self.settle
+  r, err, code = self.ctx:request(mgr, { op = "join", ch = self.name, role = role, settle = settle,
+                                         subs = role == "consumer" and self:_subs() or nil },
+                                  self.ctx.timeout + (settle or 0))
+  if not r then
+    self.manager = nil
+    return nil, ("joining '%s' as %s: %s"):format(self.name, role, err), code
+  end
+  if role == "producer" then
+    -- A `members` update handled while we waited (it can come in the same
+    -- read as this reply, and was already confirmed) is newer: keep it.
+    if self.ver == ver_before or (r.ver or -1) > self.ver then
+      self.ver = r.ver or self.ver
+      self:_apply_members(r.consumers or {}, r.mods)
+    end
+  else
+    self.cjoined = true
+  end
+  return r
+end
+
+function Channel:_leave(role)
+  if role == "consumer" then self.cjoined = false end
+  if self.manager and not self.ctx.closed then
+    self.ctx:_notify(self.manager, { op = "leave", ch = self.name, role = role })
+  end
+  -- Without endpoints here, the next one looks the manager up again: an
+  -- unused channel is forgotten by the name server after forget_after, and
+  -- may then go to another manager.
+  if self.nprod == 0 and #self.all == 0 then self.manager = nil end
+end
+
+-- How long a producer that lost its manager keeps sending to the consumers
+-- it had, beside those the next manager lists: the consumers join that
+-- manager again too, and until they have, its lists lack them.  A consumer
+-- context that the manager lists, or whose connection closes, stops being
+-- kept at once; the time only bounds the others (it is sync_timeout's).
+local REJOIN_GRACE = 10
+
+local function union(a, b)
+  local out, seen = {}, {}
+  for _, l in ipairs({ a or {}, b or {} }) do
+    for _, x in ipairs(l) do
+      if not seen[x] then seen[x] = true; out[#out + 1] = x end
+    end
+  end
+  return out
+end
+
+-- A member list from the manager.  After a manager was lost, the first
+-- lists of the next one may lack consumers that have not joined it yet: for
+-- REJOIN_GRACE seconds the consumers (and modulators) this producer already
+-- had are kept beside them, so that a restart of the control plane costs no
+-- event to a consumer present before and after it.
+function Channel:_apply_members(list, mods)
+  local ctx = self.ctx
+  self.last_members = { list = list, mods = mods }
+  if self.regrace then
+    self.regrace = nil
+    local kmods = {}
+    for key, inst in pairs(self.mods) do kmods[key] = { base = inst.base, dests = inst.dests } end
+    self.kept = { dests = self.dests, mods = kmods }
+    if self.kept_timer then self.kept_timer:stop() end
+    self.kept_timer = ctx:after(REJOIN_GRACE, function()
+      self.kept, self.kept_timer = nil, nil
+      local last = self.last_members
+      if last and not ctx.closed then self:_set_consumers(last.list, last.mods) end
+    end)
+  end
+  local kept = self.kept
+  if not kept then return self:_set_consumers(list, mods) end
+  -- A context the manager lists in any way has joined it again: what the
+  -- manager says of it is whole.  Only the others are kept.
+  mods = type(mods) == "table" and mods or {}
+  local known = {}
+  for _, a in ipairs(list) do known[a] = true end
+  for _, m in pairs(mods) do
+    for _, a in ipairs(m.dests or {}) do known[a] = true end
+  end
+  local function missing(l)
+    local out = {}
+    for _, a in ipairs(l or {}) do
+      if not known[a] then out[#out + 1] = a end
+    end
+    return out
+  end
+  local mlist = union(list, missing(kept.dests))
+  local mmods = {}
+  for key, m in pairs(mods) do mmods[key] = m end
+  for key, k in pairs(kept.mods) do
+    local extra = missing(k.dests)
+    if #extra > 0 then
+      local m = mmods[key]
+      local c = {}
+      for f, v in pairs(m or k) do c[f] = v end
+      c.dests = union(m and m.dests, extra)
+      mmods[key] = c
+    end
+  end
+  return self:_set_consumers(mlist, mmods)
+end
+
+-- A consumer context kept after a manager loss went away: not kept any more.
+function Channel:_forget_kept(addr)
+  local kept, last = self.kept, self.last_members
+  if not kept then return end
+  kept.dests = Channel.without(kept.dests, addr)
+  for _, k in pairs(kept.mods) do k.dests = Channel.without(k.dests, addr) end
+  if last and not self.ctx.closed then self:_apply_members(last.list, last.mods) end
+end
+
+-- After losing the manager (or the name server), join again every second
+-- until it works: the control plane is soft state.
+function Channel:_schedule_rejoin()
+  if self.rejoin or self.ctx.closed then return end
+  self.rejoin = self.ctx:every(0.5, function(t)
+    if self.nprod > 0 and not self:_join("producer") then return end
+    if #self.all > 0 and not self:_join("consumer") then return end
+    t:stop()
+    self.rejoin = nil
+    self.recovering = nil
+  end)
+end
+
+-- Consuming side: what this context asks of the producers.
+function Channel:_subs()
+  local mods = {}
+  for _, con in ipairs(self.all) do
+    local m = con.mod
+    if m then
+      mods[m.key] = { src = m.src, params = m.params, period = m.period, caps = m.caps, base = m.base }
+    end
+  end
+  return { plain = #self.consumers > 0, mods = mods }
+end
+
+local function subs_sig(subs)
+  return tostring(subs.plain) .. ":" .. table.concat(sorted_keys(subs.mods), ",")
+end
+
+-- Joins, re-subscribes or leaves to match the consumers; waits for the
+-- producers' confirmations.  Returns the reply (or true), or nil, err.
+function Channel:_update_subs(nowait)
+  if #self.all == 0 then
+    self.subs_sig = nil
+    if self.cjoined then self:_leave("consumer") end
+    return true
+  end
+  local subs = self:_subs()
+  local sig = subs_sig(subs)
+  if self.cjoined and sig == self.subs_sig then return true end
+  if not self.cjoined then
+    local r, err, code = self:_join("consumer")
+    if r then self.subs_sig = sig end
+    return r, err, code
+  end
+  local mgr, err, code = self:_manager()
+  if not mgr then return nil, err, code end
+  self.subs_sig = sig
+  local msg = { op = "subscribe", ch = self.name, subs = subs }
+  if nowait then return self.ctx:_notify(mgr, msg) end
+  local r
+  r, err, code = self.ctx:request(mgr, msg)
+  if not r then
+    self.subs_sig = nil
+    return nil, ("updating the subscription to '%s': %s"):format(self.name, err), code
+  end
+  return r
+end
+
+return true

@@ -1,0 +1,397 @@
+-- lecho.membership: a channel manager's part of the registry: per channel,
+-- which contexts produce and which consume (with their subscriptions), the
+-- channel version, which version each producing context confirmed, and the
+-- consumer joins that wait for those confirmations.  Ops are
+-- `function(self, from, msg, io)` on a registry.
+
+-- Never compiled, as lecho.registry (Debian's LuaJIT and LuaJIT #827).
+if jit then jit.off(true, true) end
+
+local outbox = require "lecho.outbox"
+local naming = require "lecho.naming"
+
+local sorted_keys, emit, reply, fail = outbox.sorted_keys, outbox.emit, outbox.reply, outbox.fail
+local check_ch, claim = naming.check_ch, naming.claim
+
+local M = {}
+
+-- A channel record. `producers[addr] = { count, acked }` where acked is the
+-- highest channel version that context confirmed; `consumers[addr] = { count,
+-- ver }` where ver is the channel version that first included the context.
+-- The consumer record is the place for future per-consumer-context data
+-- (modulators, shared objects). `waits` is the FIFO of consumer joins not yet
+-- answered: `{ from, rid, ver, count, deadline }`.
+local function new_channel(self, name)
+  self.seq = self.seq + 1
+  local c = { name = name, ver = self.seq, producers = {}, consumers = {}, waits = {} }
+  self.channels[name] = c
+  self.nchannels = self.nchannels + 1
+  self.idle[name] = nil
+  return c
+end
+
+-- Forget a channel that has no member and no pending join (bounded memory).
+-- A name server keeps its self-assignment until forget_after (naming); a
+-- manager tells the name server once the channel stayed unused that long.
+local function maybe_drop(self, c, now)
+  if next(c.producers) == nil and next(c.consumers) == nil and #c.waits == 0
+     and self.channels[c.name] == c then
+    self.channels[c.name] = nil
+    self.nchannels = self.nchannels - 1
+    if self.role == "nameserver" then
+      if self.used[c.name] then self.used[c.name] = now end
+    elseif self.nameserver then
+      self.idle[c.name] = now
+    end
+  end
+end
+
+-- What producing contexts need: the contexts that take the plain stream,
+-- and each distinct modulator (by key) with the contexts that asked for it.
+-- Fresh tables on every call (they are handed to `send`).
+local function members_of(c)
+  local plain, mods = {}, {}
+  for _, a in ipairs(sorted_keys(c.consumers)) do
+    local subs = c.consumers[a].subs
+    if subs.plain then plain[#plain + 1] = a end
+    for _, k in ipairs(sorted_keys(subs.mods)) do
+      local m = subs.mods[k]
+      local e = mods[k]
+      if not e then
+        e = { src = m.src, params = m.params, period = m.period, caps = m.caps, base = m.base,
+              dests = {} }
+        mods[k] = e
+      end
+      e.dests[#e.dests + 1] = a
+    end
+  end
+  return plain, mods
+end
+
+-- The consumer set changed: new version, `members` to every producing context.
+local function publish_members(self, c, io)
+  self.seq = self.seq + 1
+  c.ver = self.seq
+  for _, p in ipairs(sorted_keys(c.producers)) do
+    self.mid = self.mid + 1
+    local plain, mods = members_of(c)
+    emit(self, io, p, { op = "members", ch = c.name, ver = c.ver, consumers = plain, mods = mods,
+                        mid = self.mid })
+  end
+end
+
+-- The modulator errors producing contexts reported for the keys a waiting
+-- consumer context asked for: a list of { producer, key, err }.
+local function wait_errors(c, w)
+  local out = {}
+  for _, a in ipairs(sorted_keys(c.producers)) do
+    local errs = c.producers[a].errs
+    if errs then
+      for _, k in ipairs(w.keys) do
+        if errs[k] then out[#out + 1] = { producer = a, key = k, err = errs[k] } end
+      end
+    end
+  end
+  return out
+end
+
+local function all_acked(c, ver)
+  for _, p in pairs(c.producers) do
+    if p.acked < ver then return false end
+  end
+  return true
+end
+
+-- Answers waiting consumer join `w` (late: the producing contexts that had
+-- not confirmed by its deadline).
+local function answer(self, io, c, w, late)
+  reply(self, io, w.from, w.rid, { ver = w.ver, count = w.count, late = late,
+                                   errors = wait_errors(c, w), producers = sorted_keys(c.producers) })
+end
+
+-- Answers a producer's join with the current member list (its confirmation).
+local function answer_producer(self, io, c, to, rid, p)
+  local plain, mods = members_of(c)
+  reply(self, io, to, rid, { consumers = plain, mods = mods, ver = c.ver, count = p.count })
+end
+
+-- Answer every waiting consumer join whose version all current producers
+-- have confirmed; and those whose deadline passed, with `late` (the
+-- producing contexts that had not confirmed).
+local function check_waits(self, c, io)
+  local keep = {}
+  for _, w in ipairs(c.waits) do
+    if w.hold <= io.now and all_acked(c, w.ver) then
+      answer(self, io, c, w)
+    elseif w.deadline <= io.now then
+      local late = {}
+      for _, a in ipairs(sorted_keys(c.producers)) do
+        if c.producers[a].acked < w.ver then late[#late + 1] = a end
+      end
+      self.log("warn", ("channel '%s': join of %s answered without confirmation from %s")
+                       :format(c.name, w.from, table.concat(late, ", ")))
+      answer(self, io, c, w, late)
+    else
+      keep[#keep + 1] = w
+    end
+  end
+  c.waits = keep
+end
+
+local function check_role(msg)
+  local role = msg.role
+  if role ~= "producer" and role ~= "consumer" then
+    return nil, ("%s: field 'role' must be \"producer\" or \"consumer\""):format(msg.op)
+  end
+  return role
+end
+
+-- A consumer context's subscriptions: { plain = bool, mods = { [key] = {
+-- src, params, period, caps, base } } }.  Absent: the plain stream only.
+local MAX_SOURCE = 1024 * 1024
+local function check_subs(msg)
+  local s = msg.subs
+  if s == nil then return { plain = true, mods = {} } end
+  local op = msg.op
+  if type(s) ~= "table" then return nil, op .. ": field 'subs' must be a table" end
+  if s.mods ~= nil and type(s.mods) ~= "table" then return nil, op .. ": 'subs.mods' must be a table" end
+  local mods = {}
+  for k, m in pairs(s.mods or {}) do
+    if type(k) ~= "string" or #k == 0 or #k > 64 then
+      return nil, op .. ": modulator keys must be strings of 1 to 64 bytes"
+    end
+    if type(m) ~= "table" or type(m.src) ~= "string" then
+      return nil, ("%s: modulator '%s' needs a string 'src'"):format(op, k)
+    end
+    if #m.src > MAX_SOURCE then
+      return nil, ("%s: modulator '%s' source longer than %d bytes"):format(op, k, MAX_SOURCE)
+    end
+    if m.period ~= nil and (type(m.period) ~= "number" or not (m.period >= 0.001)) then
+      return nil, ("%s: modulator '%s': period must be a number >= 0.001"):format(op, k)
+    end
+    if m.caps ~= nil and type(m.caps) ~= "table" then
+      return nil, ("%s: modulator '%s': caps must be a list of strings"):format(op, k)
+    end
+    for _, cap in ipairs(m.caps or {}) do
+      if type(cap) ~= "string" then
+        return nil, ("%s: modulator '%s': caps must be a list of strings"):format(op, k)
+      end
+    end
+    mods[k] = { src = m.src, params = m.params, period = m.period, caps = m.caps,
+                base = type(m.base) == "string" and m.base or nil }
+  end
+  return { plain = s.plain ~= false, mods = mods }
+end
+
+-- Deep equality of plain values (params, capability lists).
+local function same(a, b)
+  if a == b then return true end
+  if type(a) ~= "table" or type(b) ~= "table" then return a ~= a and b ~= b end -- NaN
+  for k, v in pairs(a) do
+    if not same(v, b[k]) then return false end
+  end
+  for k in pairs(b) do
+    if a[k] == nil then return false end
+  end
+  return true
+end
+
+-- Keys name modulators (a 64-bit hash made by the consumer): two consumers
+-- using one key must mean one modulator, or one would receive the other's
+-- stream.  Returns nil, err when `subs` reuses a key of another context's
+-- subscription for different code or params.
+local function check_keys(c, from, subs, op)
+  for key, m in pairs(subs.mods) do
+    for addr, r in pairs(c.consumers) do
+      local o = addr ~= from and r.subs.mods[key]
+      if o and not (o.src == m.src and o.period == m.period and same(o.caps, m.caps)
+                    and same(o.params, m.params)) then
+        return nil, ("%s: modulator key %s is already used by %s for another modulator"):format(
+          op, key, addr)
+      end
+    end
+  end
+  return true
+end
+
+-- A join may carry `settle` (seconds, from the name server's lookup reply):
+-- the control plane is recovering (a restarted name server, a channel whose
+-- manager died), and producers that exist may not have joined here yet.
+-- Such a join is answered no sooner than that, so the producers that come
+-- back meanwhile confirm it too.
+local function wait_for(self, c, from, msg, r, io)
+  local settle = type(msg.settle) == "number" and msg.settle > 0
+                 and math.min(msg.settle, self.settle) or 0
+  local w = { from = from, rid = msg.rid, ver = r.ver, count = r.count,
+              hold = io.now + settle,
+              deadline = io.now + settle + self.ack_timeout, keys = sorted_keys(r.subs.mods) }
+  if settle == 0 and all_acked(c, r.ver) then
+    return answer(self, io, c, w)
+  end
+  c.waits[#c.waits + 1] = w
+end
+
+-- The subscriptions a join or subscribe carries, checked (shape, and keys
+-- that mean one modulator everywhere); or nil once `from` was answered why.
+local function checked_subs(self, c, from, msg, io)
+  local subs, err = check_subs(msg)
+  if subs then
+    local ok; ok, err = check_keys(c, from, subs, msg.op)
+    if ok then return subs end
+  end
+  fail(self, io, from, msg.rid, err)
+end
+
+-- Consumer context record `r` takes `subs` from now on: a new member list
+-- for the producers, and the answer to `from` waits for their confirmations.
+local function subscribed(self, c, from, msg, r, subs, io)
+  r.subs = subs
+  publish_members(self, c, io)
+  r.ver = c.ver
+  wait_for(self, c, from, msg, r, io)
+end
+
+local ops = {}
+
+-- A context adds one producer or consumer endpoint to `ch`.
+function ops.join(self, from, msg, io)
+  local ch, err = check_ch(self, msg)
+  if not ch then return fail(self, io, from, msg.rid, err) end
+  local role; role, err = check_role(msg)
+  if not role then return fail(self, io, from, msg.rid, err) end
+  local c = self.channels[ch]
+  if not c then
+    local ok, e, owner = claim(self, ch, "join")
+    if not ok then return fail(self, io, from, msg.rid, e, { manager = owner }) end
+    if self.nchannels >= self.max_channels then
+      return fail(self, io, from, msg.rid, ("join: too many channels (limit %d)"):format(self.max_channels))
+    end
+    c = new_channel(self, ch)
+  end
+
+  if role == "producer" then
+    local p = c.producers[from]
+    if p then
+      p.count = p.count + 1
+    else
+      -- The reply carries the current list: that is this context's confirmation.
+      p = { count = 1, acked = c.ver }
+      c.producers[from] = p
+    end
+    -- While the control plane recovers (`settle`, as for consumers), the
+    -- consumers that exist may not have joined again yet: the reply waits
+    -- (member updates reach the producer meanwhile), then carries the list.
+    local settle = type(msg.settle) == "number" and msg.settle > 0
+                   and math.min(msg.settle, self.settle) or 0
+    if settle > 0 then
+      c.pwaits = c.pwaits or {}
+      c.pwaits[#c.pwaits + 1] = { from = from, rid = msg.rid, hold = io.now + settle }
+      return
+    end
+    return answer_producer(self, io, c, from, msg.rid, p)
+  end
+
+  local subs = checked_subs(self, c, from, msg, io)
+  if not subs then return end
+  local r = c.consumers[from]
+  if r then
+    r.count = r.count + 1
+    if msg.subs == nil then return wait_for(self, c, from, msg, r, io) end
+  else
+    r = { count = 1 }
+    c.consumers[from] = r
+  end
+  subscribed(self, c, from, msg, r, subs, io)
+end
+
+-- A consumer context replaces its subscriptions to `ch` (modulators added,
+-- changed or removed).  Answered like a join: once every producing context
+-- confirmed, with the modulator errors they reported.
+function ops.subscribe(self, from, msg, io)
+  local ch, err = check_ch(self, msg)
+  if not ch then return fail(self, io, from, msg.rid, err) end
+  local c = self.channels[ch]
+  local r = c and c.consumers[from]
+  if not r then
+    return fail(self, io, from, msg.rid, ("subscribe: %s is not a consumer of channel '%s'"):format(from, ch))
+  end
+  local subs = checked_subs(self, c, from, msg, io)
+  if not subs then return end
+  subscribed(self, c, from, msg, r, subs, io)
+end
+
+-- A context removes one producer or consumer endpoint from `ch`.
+function ops.leave(self, from, msg, io)
+  local ch, err = check_ch(self, msg)
+  if not ch then return fail(self, io, from, msg.rid, err) end
+  local role; role, err = check_role(msg)
+  if not role then return fail(self, io, from, msg.rid, err) end
+  local c = self.channels[ch]
+  if not c and self.role == "nameserver" then
+    local owner = self.assign[ch]
+    if owner and owner ~= self.addr then
+      return fail(self, io, from, msg.rid, ("leave: channel '%s' is managed by %s"):format(ch, owner),
+                  { manager = owner })
+    end
+  end
+  local set = c and (role == "producer" and c.producers or c.consumers)
+  local r = set and set[from]
+  if not r then
+    return fail(self, io, from, msg.rid, ("leave: %s is not a %s of channel '%s'"):format(from, role, ch))
+  end
+  r.count = r.count - 1
+  if r.count == 0 then
+    set[from] = nil
+    if role == "consumer" then
+      publish_members(self, c, io)
+    else
+      check_waits(self, c, io)      -- its confirmations are no longer awaited
+    end
+  end
+  reply(self, io, from, msg.rid, { ver = c.ver, count = r.count })
+  maybe_drop(self, c, io.now)
+end
+
+-- Does `ch` have members here?  { producers = n, consumers = n } (contexts),
+-- or an error with code "notfound" (ctx:channel(name, { create = false })).
+function ops.info(self, from, msg, io)
+  local ch, err = check_ch(self, msg)
+  if not ch then return fail(self, io, from, msg.rid, err) end
+  local c = self.channels[ch]
+  local np, nc = 0, 0
+  for _ in pairs(c and c.producers or {}) do np = np + 1 end
+  for _ in pairs(c and c.consumers or {}) do nc = nc + 1 end
+  if np + nc == 0 then
+    return fail(self, io, from, msg.rid, ("info: no such channel: %s"):format(ch), { code = "notfound" })
+  end
+  reply(self, io, from, msg.rid, { producers = np, consumers = nc })
+end
+
+-- A producing context confirms it applied members list `ver` (not a request).
+function ops.members_ok(self, from, msg, io)
+  local ch, ver = msg.ch, msg.ver
+  if type(ch) ~= "string" or type(ver) ~= "number" then
+    return self.log("warn", ("members_ok from %s: needs string 'ch' and number 'ver'"):format(from))
+  end
+  local c = self.channels[ch]
+  local p = c and c.producers[from]
+  if not p then
+    return self.log("debug", ("members_ok from %s: not a producer of '%s'"):format(from, ch))
+  end
+  if ver > c.ver then
+    return self.log("warn", ("members_ok from %s: version %d of '%s' was never sent"):format(from, ver, ch))
+  end
+  if ver > p.acked then
+    p.acked = ver
+    -- modulators that failed to install there, by key (latest report wins)
+    p.errs = type(msg.errs) == "table" and msg.errs or nil
+    check_waits(self, c, io)
+  end
+end
+
+
+M.members_of, M.publish_members, M.check_waits, M.maybe_drop, M.answer_producer =
+  members_of, publish_members, check_waits, maybe_drop, answer_producer
+M.ops = ops
+
+return M

@@ -1,0 +1,384 @@
+-- lecho.modulator: modulators on both sides.  The spec of a modulator
+-- (canonical text, key); on the producing side, installing, re-keying and
+-- unloading instances as the manager's member lists say, refusals and
+-- failures told to the consumers, and the in-band end of a stream; on the
+-- consuming side, the streams of modulated events with their demodulators.
+
+local core = require "lecho.core"
+local registry = require "lecho.registry"
+local options = require "lecho.options"
+local Context = require "lecho.context"
+local Channel = require "lecho.channel"
+
+local CAPS = options.CAPS
+local others = Channel.without
+local sorted_keys = registry.sorted_keys
+
+local M = {}
+
+-- A deterministic text of a value (sorted keys), so that equal params give
+-- equal modulator keys in every process.  The value was checked encodable.
+local function canon(v, out)
+  local t = type(v)
+  if t == "table" then
+    local keys = {}
+    for k in pairs(v) do keys[#keys + 1] = k end
+    table.sort(keys, function(a, b)
+      local ta, tb = type(a), type(b)
+      if ta ~= tb then return ta < tb end
+      if ta == "boolean" then return not a and b end
+      return a < b
+    end)
+    out[#out + 1] = "{"
+    for _, k in ipairs(keys) do
+      canon(k, out)
+      out[#out + 1] = "="
+      canon(v[k], out)
+      out[#out + 1] = ";"
+    end
+    out[#out + 1] = "}"
+  elseif t == "string" then
+    out[#out + 1] = ("%q"):format(v)
+  elseif t == "number" then
+    out[#out + 1] = ("%.17g"):format(v)
+  else
+    out[#out + 1] = tostring(v)
+  end
+  return out
+end
+
+-- The source of lecho.patterns, run in every modulator state before its own
+-- code: pattern functions the CPU budget can stop (the C ones cannot be).
+local PATTERNS_SRC
+do
+  local path = package.searchpath and package.searchpath("lecho.patterns", package.path)
+  local f = path and io.open(path, "rb")
+  if f then
+    PATTERNS_SRC = f:read("*a")
+    f:close()
+  end
+end
+
+-- One line without the punctuation every modulator has ("(", ")", "="):
+-- a file name, not source text.
+local function looks_like_file(s)
+  return not s:find("[\n()=]")
+end
+
+--- lecho.modulator(src or file): the text of a modulator.  A string that
+-- looks like a file name (one line without "(", ")" or "=") is read from
+-- that file: its text, or nil, "no such file: NAME", "notfound" (or the
+-- reason it cannot be read, "io").  Anything else is taken as the source
+-- itself.  Returns text, name (the file's, or nil).
+function M.source(s)
+  if type(s) ~= "string" or s == "" then
+    error("lecho.modulator: want Lua source text or a file name (a non-empty string)", 2)
+  end
+  if not looks_like_file(s) then return s end
+  local f, err = io.open(s, "rb")
+  if not f then
+    local code = err:find("No such file", 1, true) and "notfound" or "io"
+    if code == "notfound" then return nil, "no such file: " .. s, code end
+    return nil, err, code
+  end
+  local text = f:read("*a")
+  f:close()
+  return text, s
+end
+
+-- The identity of a modulator: `base` names the code (source, period,
+-- capabilities), `key` the code with its params.
+local function mod_spec(src, params, period, caps, level)
+  if type(src) ~= "string" or src == "" then
+    error("lecho: modulator must be Lua source text (a non-empty string)", level)
+  end
+  -- Compiled here, never run (that happens in each producer's sandbox): a
+  -- modulator that does not compile fails at the call, not later through
+  -- on_error once a producer exists.  Text only, as the sandbox loads it.
+  if src:byte(1) == 27 then error("lecho: modulator must be Lua source text, not bytecode", level) end
+  local f, cerr = load(src, "=modulator", "t")
+  if not f then
+    if looks_like_file(src) then
+      cerr = cerr .. (" ('%s' looks like a file name: lecho.modulator(file) reads one)"):format(src)
+    end
+    error("lecho: the modulator does not compile: " .. cerr, level)
+  end
+  if params == nil then params = {} end
+  local ok, err = core.encode(params)
+  if not ok then error("lecho: modulator params cannot be sent: " .. err, level) end
+  if period ~= nil and (type(period) ~= "number" or not (period >= 0.001)) then
+    error("lecho: period must be a number of seconds >= 0.001", level)
+  end
+  options.check_caps(caps, level)
+  local cl = {}
+  for _, c in ipairs(caps or {}) do cl[#cl + 1] = c end
+  table.sort(cl)
+  local base = core.hash(table.concat(canon({ src, period or 0, cl }, {})))
+  local key = core.hash(base .. table.concat(canon(params, {})))
+  return { src = src, params = params, period = period, caps = cl, base = base, key = key }
+end
+
+-- Producing side: who takes the plain stream, and which modulators run
+-- here (installed, re-targeted after a params change, or unloaded).
+function Channel:_set_consumers(list, mods)
+  local ctx = self.ctx
+  local dests = others(list, ctx.addr)
+  self.dests = dests
+  ctx.c:set_dests(self.chid, dests)
+  self:_hot_update()
+  mods = type(mods) == "table" and mods or {}
+  -- Instances whose key went: reused for a new key of the same code and the
+  -- same consumers (a params change keeps the modulator's state), else closed.
+  local gone = {}
+  for key, inst in pairs(self.mods) do
+    if not mods[key] then gone[#gone + 1] = inst end
+  end
+  for key in pairs(self.failed) do
+    if not mods[key] then self.failed[key], self.failed_dests[key] = nil, nil end
+  end
+  for _, key in ipairs(sorted_keys(mods)) do
+    local m = mods[key]
+    local inst = self.mods[key]
+    if not inst and not self.failed[key] then
+      local same = table.concat(m.dests or {}, ",")
+      for i, old in ipairs(gone) do
+        if old.base == m.base and old.dests_key == same then
+          table.remove(gone, i)
+          inst = self:_rekey(old, key, m)
+          break
+        end
+      end
+      if not inst then inst = self:_install(key, m) end
+    end
+    if inst then
+      local added = false
+      if inst.dests then
+        local had = {}
+        for _, d in ipairs(inst.dests) do had[d] = true end
+        for _, d in ipairs(m.dests or {}) do added = added or not had[d] end
+      end
+      inst.dests = m.dests
+      inst.dests_key = table.concat(m.dests or {}, ",")
+      ctx.c:set_dests(inst.dchid, others(m.dests, ctx.addr))
+      -- A context joined a running modulator: it may want to start over
+      -- (a differencing modulator sends a key frame).  Failures are reported
+      -- through the moe_error hook.
+      if added then inst.moe:receivers(#m.dests) end
+    end
+  end
+  for _, inst in ipairs(gone) do self:_unload(inst) end
+  self:_rebuild_modlist()
+  self:_end_streams(mods)
+end
+
+-- Each context that no longer takes modulator `key` from this process is
+-- told so in band: the message goes after the last event of that stream on
+-- the same connection, so the consumer knows nothing more will come.
+function Channel:_end_streams(mods)
+  local ctx = self.ctx
+  local now = {}
+  for key, m in pairs(mods) do
+    local set = {}
+    for _, a in ipairs(m.dests or {}) do set[a] = true end
+    now[key] = set
+  end
+  for key, set in pairs(self.sub_dests or {}) do
+    for a in pairs(set) do
+      if not (now[key] and now[key][a]) then
+        if a == ctx.addr then ctx.c:drain_local() end -- local events first
+        ctx:_send_ctrl(a, { op = "stream_end", ch = self.name, key = key, producer = ctx.addr })
+      end
+    end
+  end
+  self.sub_dests = now
+end
+
+function Channel:_rebuild_modlist()
+  local list = {}
+  for _, key in ipairs(sorted_keys(self.mods)) do list[#list + 1] = self.mods[key].moe end
+  self.modlist = list
+  self:_hot_update()
+end
+
+-- Loads modulator `key` here; on refusal or failure, remembers why and
+-- tells its consumers.  Returns the instance or nil.
+function Channel:_install(key, m)
+  local ctx = self.ctx
+  local err
+  local grant = {}
+  for _, cap in ipairs(m.caps or {}) do
+    if not CAPS[cap] then
+      err = ("unknown capability '%s'"):format(tostring(cap))
+    elseif not self.grants[cap] then
+      err = ("capability '%s' not granted by the producer"):format(cap)
+    end
+    if err then break end
+    grant[cap] = true
+  end
+  local moe
+  local dchid = ctx.c:channel(self:_derived_name(key))
+  if not err then
+    ctx.nextmoe = ctx.nextmoe + 1
+    moe, err = ctx.c:moe(ctx.nextmoe, dchid, ("%s@%s"):format(self.short, key:sub(1, 8)), m.src,
+                         m.params == nil and {} or m.params,
+                         { budget = ctx.mod_budget, memory = ctx.mod_memory, period = m.period,
+                           clock = grant.clock, log = grant.log, prelude = PATTERNS_SRC })
+  end
+  if not moe then
+    self:_refuse(key, err, m.dests)
+    return nil
+  end
+  local inst = { id = ctx.nextmoe, key = key, base = m.base, moe = moe, dchid = dchid, ch = self,
+                 dests = m.dests }
+  ctx.moes[inst.id] = inst
+  self.mods[key] = inst
+  return inst
+end
+
+function Channel:_rekey(inst, key, m)
+  local ctx = self.ctx
+  self.mods[inst.key] = nil
+  local dchid = ctx.c:channel(self:_derived_name(key))
+  local ok, err = inst.moe:retarget(dchid)
+  if ok then ok, err = inst.moe:params(m.params == nil and {} or m.params) end
+  if not ok then
+    ctx.moes[inst.id] = nil
+    inst.moe:close()
+    self:_refuse(key, err, m.dests)
+    return nil
+  end
+  inst.key, inst.dchid, inst.dests = key, dchid, m.dests
+  self.mods[key] = inst
+  return inst
+end
+
+function Channel:_unload(inst)
+  self.ctx.moes[inst.id] = nil
+  if self.mods[inst.key] == inst then self.mods[inst.key] = nil end
+  inst.moe:close()
+end
+
+function Channel:_refuse(key, err, dests)
+  local ctx = self.ctx
+  self.failed[key] = err
+  self.failed_dests[key] = dests
+  ctx.log(("modulator %s on '%s' not running here: %s"):format(key, self.short, err))
+  for _, a in ipairs(dests or {}) do
+    ctx:_send_ctrl(a, { op = "mod_error", ch = self.name, key = key, err = err, producer = ctx.addr })
+  end
+end
+
+-- A running modulator failed (error, budget, memory): already unloaded.
+function Channel:_mod_failed(inst, why)
+  if self.mods[inst.key] ~= inst then return end
+  self:_unload(inst)
+  self:_rebuild_modlist()
+  self:_refuse(inst.key, why, inst.dests)
+end
+
+-- For members_ok: the keys of `mods` refused or failed here.
+function Channel:_mod_errors(mods)
+  local errs
+  for key, err in pairs(self.failed) do
+    if type(mods) == "table" and mods[key] then
+      errs = errs or {}
+      errs[key] = err
+    end
+  end
+  return errs
+end
+
+-- A modulator failed in this (producing) context: unloaded already; its
+-- consumers are told, once the C call that found it has returned.
+function Context:_moe_error(id, why)
+  self.moe_failed[#self.moe_failed + 1] = { id = id, why = why }
+  if not self.moe_reaper then
+    self.moe_reaper = self.c:timer(0, 0, function()
+      self.moe_reaper = nil
+      local list = self.moe_failed
+      self.moe_failed = {}
+      for _, f in ipairs(list) do
+        local inst = self.moes[f.id]
+        if inst then inst.ch:_mod_failed(inst, f.why) end
+      end
+    end)
+  end
+end
+
+-- The stream of modulator `key` into this context, with its demodulators.
+function Channel:_attach(con, spec, handler)
+  local ctx = self.ctx
+  local st = self.streams[spec.key]
+  if not st then
+    local name = self:_derived_name(spec.key)
+    st = { derived = true, short = self.short, key = spec.key,
+           consumers = { short = self.short, derived = true }, chid = ctx.c:channel(name) }
+    self.streams[spec.key] = st
+    ctx.bychid[st.chid] = st
+    ctx.disp[st.chid] = st.consumers
+    ctx.c:set_local(st.chid, true)
+  end
+  local e = { con = con, handler = handler, version = spec.version }
+  st.consumers[#st.consumers + 1] = e
+  con.chids[st.chid] = true
+  return e
+end
+
+function Channel:_detach(e)
+  e.detached = true
+  for key, st in pairs(self.streams) do
+    local list = st.consumers
+    for i = #list, 1, -1 do
+      if list[i] == e then table.remove(list, i) end
+    end
+    if #list == 0 then
+      self.streams[key] = nil
+      if self.ctx.bychid[st.chid] == st then
+        self.ctx.bychid[st.chid] = nil
+        self.ctx.disp[st.chid] = nil
+      end
+      if not self.ctx.closed then self.ctx.c:set_local(st.chid, false) end
+    end
+  end
+end
+
+-- A producer will send nothing more of stream `key` here: old entries
+-- waiting for it are detached once no producer is left to wait for.
+function Channel:_stream_ended(key, producer)
+  local st = self.streams[key]
+  if not st then return end
+  for _, e in ipairs({ unpack(st.consumers) }) do
+    if e.ending then
+      e.ending[producer] = nil
+      if next(e.ending) == nil then self:_detach(e) end
+    end
+  end
+end
+
+function Channel:_tell_mod_error(key, msg)
+  for _, con in ipairs({ unpack(self.all) }) do
+    if con.mod and con.mod.key == key and not con.closed then
+      con.mod_errors = con.mod_errors + 1
+      if con.on_error then
+        local ok, err = pcall(con.on_error, msg)
+        if not ok then self.ctx.log("on_error handler failed: " .. tostring(err)) end
+      else
+        self.ctx.log(("consumer %s on '%s': %s"):format(con.id, self.short, msg))
+      end
+    end
+  end
+end
+
+-- The errors a subscription reply reports for modulator `key`, as one string.
+local function reply_errors(r, key)
+  local out = {}
+  for _, e in ipairs(type(r) == "table" and r.errors or {}) do
+    if e.key == key then out[#out + 1] = ("modulator at %s: %s"):format(e.producer, e.err) end
+  end
+  if #out > 0 then return table.concat(out, "; ") end
+end
+
+M.spec = mod_spec
+M.reply_errors = reply_errors
+
+return M

@@ -1,0 +1,201 @@
+-- lecho.naming: the name server's part of the registry: which manager
+-- owns each channel (sticky, least-loaded first; the name server itself
+-- when no manager registered), managers registering (again, after a
+-- restart, with the channels they had), and lookups held while the control
+-- plane recovers.  Ops are `function(self, from, msg, io)` on a registry.
+
+-- Never compiled, as lecho.registry (Debian's LuaJIT and LuaJIT #827).
+if jit then jit.off(true, true) end
+
+local outbox = require "lecho.outbox"
+
+local sorted_keys, reply, fail = outbox.sorted_keys, outbox.reply, outbox.fail
+
+local M = {}
+
+local function check_ch(self, msg)
+  local ch = msg.ch
+  if type(ch) ~= "string" or ch == "" then
+    return nil, ("%s: field 'ch' must be a non-empty string"):format(msg.op)
+  end
+  if #ch > self.max_name then
+    return nil, ("%s: channel name longer than %d bytes"):format(msg.op, self.max_name)
+  end
+  return ch
+end
+
+-- Name server: may this context manage `ch`? Claims unassigned channels.
+-- Returns true, or nil, err, owner.
+local function claim(self, ch, op)
+  if self.role ~= "nameserver" then return true end
+  local owner = self.assign[ch]
+  if owner == nil then
+    if self.nassigned >= self.max_channels then
+      return nil, ("%s: too many channels (limit %d)"):format(op, self.max_channels)
+    end
+    self.assign[ch] = self.addr
+    self.nassigned = self.nassigned + 1
+  elseif owner ~= self.addr then
+    return nil, ("%s: channel '%s' is managed by %s"):format(op, ch, owner), owner
+  end
+  return true
+end
+
+-- Does channel `ch`, managed here, have a producer or a consumer?
+local function in_use(self, ch)
+  local c = self.channels[ch]
+  return c ~= nil and (next(c.producers) ~= nil or next(c.consumers) ~= nil)
+end
+
+local function unassign(self, ch, why)
+  local owner = self.assign[ch]
+  self.assign[ch], self.used[ch], self.idle_remote[ch] = nil, nil, nil
+  self.nassigned = self.nassigned - 1
+  if self.managers[owner] then self.managers[owner].nch = self.managers[owner].nch - 1 end
+  self.log("info", ("channel '%s' forgotten: %s"):format(ch, why))
+end
+
+-- Name server, from the tick: forgets the channels that had no producer,
+-- no consumer and no lookup for `forget_after` seconds (a misspelled name
+-- does not stay listed): those it manages itself, and those whose manager
+-- said so (op release).  Checked once a second.
+local function forget_unused(self, now)
+  if now < self.forget_at then return end
+  self.forget_at = now + 1
+  local used, limit = self.used, self.forget_after
+  for ch, owner in pairs(self.assign) do
+    if owner ~= self.addr then
+      if self.idle_remote[ch] and now - (used[ch] or -math.huge) >= limit then
+        unassign(self, ch, ("unused at %s for %gs"):format(owner, limit))
+      end
+    elseif self.channels[ch] or not used[ch] then
+      used[ch] = now
+    elseif now - used[ch] >= limit then
+      unassign(self, ch, ("no producer and no consumer for %gs"):format(limit))
+    end
+  end
+end
+
+-- Manager, from the tick: tells the name server (op release) which of its
+-- channels have had no producer and no consumer for `forget_after` seconds.
+-- Checked once a second.
+local function release_unused(self, now, io)
+  if now < self.forget_at then return end
+  self.forget_at = now + 1
+  for ch, since in pairs(self.idle) do
+    if self.channels[ch] then
+      self.idle[ch] = nil
+    elseif now - since >= self.forget_after then
+      self.idle[ch] = nil
+      outbox.emit(self, io, self.nameserver, { op = "release", ch = ch })
+    end
+  end
+end
+
+local ops = {}
+
+-- Name server: which manager owns `ch`? Assigns (stickily) on first lookup.
+function ops.lookup(self, from, msg, io)
+  if self.role ~= "nameserver" then
+    return fail(self, io, from, msg.rid, "lookup: this context is a channel manager, not a name server")
+  end
+  local ch, err = check_ch(self, msg)
+  if not ch then return fail(self, io, from, msg.rid, err) end
+  -- A context that lost its name server or manager and joins again says
+  -- so: the control plane is recovering, for `settle` seconds from now.
+  if msg.recovering == true then self.recover_until = math.max(self.recover_until, io.now + self.settle) end
+  local settle = self.recover_until - io.now
+  local orphan = self.orphans[ch]
+  if orphan then
+    if orphan + self.settle > io.now then
+      settle = math.max(settle, orphan + self.settle - io.now)
+    else
+      self.orphans[ch] = nil
+    end
+  end
+  local owner = self.assign[ch]
+  if owner == nil and self.recover_until > io.now and not msg.waited then
+    -- Recovering: the manager of this channel may not have registered again
+    -- yet; assigning it now could split it between two managers.
+    self.lwaits[#self.lwaits + 1] = { from = from, msg = msg, hold = self.recover_until }
+    return
+  end
+  if msg.create == false then
+    -- Only asking (ctx:channel(name, { create = false })): a channel with
+    -- no producer and no consumer is not one.  A channel managed elsewhere
+    -- is answered by its manager (op "info").
+    if owner == nil or (owner == self.addr and not in_use(self, ch)) then
+      return fail(self, io, from, msg.rid, ("lookup: no such channel: %s"):format(ch), { code = "notfound" })
+    end
+    return reply(self, io, from, msg.rid, { manager = owner, settle = settle > 0 and settle or nil })
+  end
+  self.used[ch] = io.now
+  self.idle_remote[ch] = nil    -- the manager tells again once it is unused
+  if owner == nil then
+    if self.nassigned >= self.max_channels then
+      return fail(self, io, from, msg.rid, ("lookup: too many channels (limit %d)"):format(self.max_channels))
+    end
+    owner = self.addr
+    local best
+    for _, a in ipairs(sorted_keys(self.managers)) do
+      if best == nil or self.managers[a].nch < self.managers[best].nch then best = a end
+    end
+    if best then
+      owner = best
+      self.managers[best].nch = self.managers[best].nch + 1
+    end
+    self.assign[ch] = owner
+    self.nassigned = self.nassigned + 1
+    self.used[ch] = io.now
+    self.log("info", ("channel '%s' assigned to %s"):format(ch, owner))
+  end
+  reply(self, io, from, msg.rid, { manager = owner, settle = settle > 0 and settle or nil })
+end
+
+-- Name server: `from` is a channel manager ready to take channels.
+function ops.register_manager(self, from, msg, io)
+  if self.role ~= "nameserver" then
+    return fail(self, io, from, msg.rid, "register_manager: this context is a channel manager, not a name server")
+  end
+  if not self.managers[from] then
+    self.managers[from] = { nch = 0 }
+    self.log("info", "manager registered: " .. from)
+  end
+  -- A manager registering again (this name server restarted, or it lost
+  -- its connection) lists the channels it manages: they stay its own, so
+  -- that the contexts which use it and those that look up now agree.
+  local taken = {}
+  if type(msg.channels) == "table" then
+    for _, ch in ipairs(msg.channels) do
+      if type(ch) == "string" and ch ~= "" and #ch <= self.max_name then
+        local owner = self.assign[ch]
+        if owner == nil and self.nassigned < self.max_channels then
+          self.assign[ch] = from
+          self.nassigned = self.nassigned + 1
+          self.managers[from].nch = self.managers[from].nch + 1
+          owner = from
+        end
+        if owner ~= from then taken[#taken + 1] = ch end
+      end
+    end
+  end
+  reply(self, io, from, msg.rid, { taken = taken[1] and taken or nil })
+end
+
+-- Name server: manager `from` has had no producer and no consumer of `ch`
+-- for forget_after (a one-way message).  Forgotten now, unless a lookup
+-- came within forget_after: then once that long has passed since it.
+function ops.release(self, from, msg, io)
+  local ch = msg.ch
+  if self.role ~= "nameserver" or type(ch) ~= "string" or self.assign[ch] ~= from then return end
+  if io.now - (self.used[ch] or -math.huge) >= self.forget_after then
+    unassign(self, ch, ("unused at %s for %gs"):format(from, self.forget_after))
+  else
+    self.idle_remote[ch] = true
+  end
+end
+
+M.check_ch, M.claim, M.forget_unused, M.release_unused, M.ops =
+  check_ch, claim, forget_unused, release_unused, ops
+
+return M

@@ -1,0 +1,67 @@
+-- lecho.outbox: what the registry (lecho.registry) says to the world: each
+-- message queued while the state changes, sent once it is consistent, in
+-- FIFO order, each through pcall.  A `send` that re-enters the registry
+-- (loopback to its own context) only appends to the queue, after ours.
+
+-- Never compiled, as lecho.registry (Debian's LuaJIT and LuaJIT #827).
+if jit then jit.off(true, true) end
+
+local M = {}
+
+local function sorted_keys(t)
+  local ks = {}
+  for k in pairs(t) do ks[#ks + 1] = k end
+  table.sort(ks)
+  return ks
+end
+M.sorted_keys = sorted_keys   -- the keys of t, sorted (shared with lecho.control and others)
+
+local function emit(self, io, addr, msg)
+  local q = self.outq
+  q[#q + 1] = { io.send, addr, msg }
+end
+
+local function reply(self, io, to, rid, fields)
+  local m = fields or {}
+  m.op, m.rid = "reply", rid
+  if m.ok == nil then m.ok = true end
+  emit(self, io, to, m)
+end
+
+-- An error reply carries its code (lecho.errors): extra.code, or one
+-- read from the message.
+local function fail_code(err)
+  if err:find("too many", 1, true) then return "limit" end
+  if err:find("managed by", 1, true) or err:find("not a name server", 1, true) then return "refused" end
+  if err:find("internal error", 1, true) then return "failed" end
+  return "invalid"    -- a field, an op or a role that does not fit
+end
+
+local function fail(self, io, to, rid, err, extra)
+  local m = extra or {}
+  m.ok, m.err = false, err
+  m.code = m.code or fail_code(err)
+  reply(self, io, to, rid, m)
+end
+
+-- Drain the queue. Re-entrant calls only append; the outermost call sends.
+local function flush(self)
+  if self.flushing then return end
+  self.flushing = true
+  local q, i = self.outq, 1
+  while q[i] do
+    local item = q[i]
+    q[i] = false
+    local ok, err = pcall(item[1], item[2], item[3])
+    if not ok then
+      self.log("warn", ("send to %s failed: %s"):format(tostring(item[2]), tostring(err)))
+    end
+    i = i + 1
+  end
+  self.outq = {}
+  self.flushing = false
+end
+
+M.emit, M.reply, M.fail, M.flush = emit, reply, fail, flush
+
+return M

@@ -1,0 +1,198 @@
+-- lecho.producer: producers and submits (async, blocking, sync).  A submit
+-- is the hot path: encoded once (by the compiled encoder when it can), no
+-- closure or table made unless it waits for room.
+
+local registry = require "lecho.registry"
+local options = require "lecho.options"
+local errors = require "lecho.errors"
+local Channel = require "lecho.channel"
+
+local sorted_keys = registry.sorted_keys
+local code_of = errors.code_of
+
+local Producer = {}
+Producer.__index = Producer
+
+-- An error list (from submit_sync) prints as one line per failing consumer.
+local ErrList = {
+  __tostring = function(t)
+    local out = {}
+    for i, e in ipairs(t) do
+      out[i] = e.consumer and ("%s: %s"):format(e.consumer, e.err) or e.err
+    end
+    return table.concat(out, "; ")
+  end,
+}
+
+--- Creates a producer.  opts.policy overrides the context's queue policy.
+-- Returns once the manager told this context where the consumers are.
+function Channel:producer(opts)
+  opts = options.check(opts, options.PRODUCER, "ch:producer", 2)
+  local ctx = self.ctx
+  if ctx.closed then error("lecho: context is closed", 2) end
+  if opts.policy and not options.POLICIES[opts.policy] then
+    error("lecho: unknown policy '" .. tostring(opts.policy) .. "'", 2)
+  end
+  options.check_caps(opts.grant, 2)
+  -- Granted before joining: the join installs the current modulators.
+  for _, cap in ipairs(opts.grant or {}) do self.grants[cap] = true end
+  if self.nprod == 0 then
+    local ok, err, code = self:_join("producer")
+    if not ok then return nil, err, code end
+  end
+  self.nprod = self.nprod + 1
+  ctx.nextpid = ctx.nextpid + 1
+  -- What submit reads sits in the producer itself (one table per event:
+  -- with thousands of channels, cache misses are the cost).
+  local p = setmetatable({ ch = self, c = ctx.c, enc = ctx.fastenc, chid = self.chid,
+                           id = ctx.nextpid, seq = 0,
+                           policy = opts.policy, mods = self.modlist,
+                           plain = #self.dests > 0 or #self.consumers > 0 }, Producer)
+  self.producers[p] = true
+  return p
+end
+
+-- One try: the core answers "wouldblock" when a queue has no room (and
+-- then did nothing).  Returns again, r, err, code.
+local function try_submit(self, ev, sync, bytes)
+  local r, err, code = self.c:submit(self.chid, self.id, self.seq + 1, bytes or ev, sync,
+                                     self.policy, self.mods, self.plain, bytes ~= nil)
+  if r then
+    self.seq = self.seq + 1
+    return false, r
+  end
+  return code == "wouldblock", r, err, code or code_of(err)
+end
+
+-- The waiting part of submit_core: behind the submits of this producer
+-- already waiting, until there is room.
+local function submit_wait(self, ev, sync, bytes)
+  local c = self.c
+  local q = self.waitq or {}
+  self.waitq = q
+  local me = {}
+  q[#q + 1] = me
+  local ctx = self.ch.ctx
+  local function ready()
+    return self.closed or q[1] == me and c:room(self.chid, self.mods, self.plain)
+  end
+  while true do
+    ctx:_wait(ready)
+    if q[1] == me then table.remove(q, 1) end
+    if self.closed or ctx.closed then return nil, "producer closed while waiting for room", "closed" end
+    local again, r, err, code = try_submit(self, ev, sync, bytes)
+    if not again then return r, err, code end
+    table.insert(q, 1, me)
+  end
+end
+
+-- One submit to the core: encoded once, through the modulators.  Under the
+-- block policy (and for every sync submit) it first waits for room, in the
+-- order the submits of this producer were called.  No closure is made unless
+-- it waits (a submit is the hot path).
+local function submit_core(self, ev, sync)
+  local enc = self.enc
+  local bytes = enc and enc(ev)
+  local q = self.waitq
+  if not q or not q[1] then
+    local again, r, err, code = try_submit(self, ev, sync, bytes)
+    if not again then return r, err, code end
+  end
+  return submit_wait(self, ev, sync, bytes)
+end
+
+--- Queues ev for every consumer: true, or nil, err (nothing was sent: the
+-- value cannot be encoded, or the producer is closed).  Returns at once,
+-- but under the block policy first waits for room in the queues.
+function Producer:submit(ev)
+  if self.closed then return nil, "producer is closed", "closed" end
+  return submit_core(self, ev, false)
+end
+
+--- Submits ev and waits until every consumer ran its handler.
+-- Returns true, or nil, errors: a list of { context, consumer, err } (it
+-- prints as one line) with each failing or silent consumer, and each
+-- consumer whose modulator failed here.
+function Producer:submit_sync(ev, opts)
+  if self.closed then return nil, "producer is closed", "closed" end
+  local ctx = self.ch.ctx
+  local c = ctx.c
+  if opts ~= nil then options.check(opts, options.SUBMIT_SYNC, "p:submit_sync", 2) end
+  local timeout = opts and opts.timeout or ctx.sync_timeout
+  local ids, err, code = submit_core(self, ev, true)
+  if not ids then return nil, err, code end
+  local deadline = c:now() + timeout
+  -- Consumers whose modulator failed or was refused here got nothing: as
+  -- they were at the submit (a membership change during the wait may drop
+  -- the record) and as they are after it.
+  local ch = self.ch
+  local failed
+  if next(ch.failed) then
+    failed = {}
+    for key, why in pairs(ch.failed) do failed[key] = { why = why, dests = ch.failed_dests[key] } end
+  end
+  local all
+  if type(ids) == "number" then
+    -- One sync record (no modulators): no tables unless something failed.
+    ctx:_wait(function() return c:sync_done(ids) end, deadline)
+    if ctx.closed then return nil, "context closed while waiting", "closed" end
+    local _, errs = c:sync_take(ids, timeout)
+    all = errs
+  else
+    ctx:_wait(function()
+      for _, id in ipairs(ids) do
+        if not c:sync_done(id) then return false end
+      end
+      return true
+    end, deadline)
+    if ctx.closed then return nil, "context closed while waiting", "closed" end
+    for _, id in ipairs(ids) do
+      local _, errs = c:sync_take(id, timeout)
+      for _, e in ipairs(errs or {}) do
+        all = all or {}
+        all[#all + 1] = e
+      end
+    end
+  end
+  for key, why in pairs(ch.failed) do
+    if not (failed and failed[key]) then
+      failed = failed or {}
+      failed[key] = { why = why, dests = ch.failed_dests[key] }
+    end
+  end
+  for _, key in ipairs(failed and sorted_keys(failed) or {}) do
+    local f = failed[key]
+    for _, a in ipairs(f.dests or {}) do
+      all = all or {}
+      all[#all + 1] = { context = a, err = ("modulator %s not running at %s: %s"):format(
+        key, ctx.addr, f.why) }
+    end
+  end
+  if all and #all > 0 then
+    -- Each entry gets its code; the list's is theirs when they agree.
+    local lcode
+    for _, e in ipairs(all) do
+      e.code = e.code or (e.consumer and "failed" or code_of(e.err))
+      lcode = (lcode == nil or lcode == e.code) and e.code or "failed"
+    end
+    return nil, setmetatable(all, ErrList), lcode
+  end
+  return true
+end
+
+--- Writes whatever this context has queued, now.
+function Producer:flush() self.ch.ctx.c:flush() end
+
+function Producer:close()
+  if self.closed then return end
+  self.closed = true
+  local ch = self.ch
+  ch.producers[self] = nil
+  ch.nprod = ch.nprod - 1
+  if ch.nprod == 0 then
+    ch.ctx.c:flush()
+    ch:_leave("producer")
+  end
+end
+
+return Producer

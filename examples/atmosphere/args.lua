@@ -10,6 +10,21 @@
 --
 -- --help and -h print the usage and exit 0; an unknown option, or a missing
 -- or non-numeric value, dies with the usage.
+--
+-- Loading it also lets the example find lecho: from a checkout, the tree two
+-- folders up from this file (no LUA_PATH/LUA_CPATH needed); installed, the
+-- default module paths.
+
+do
+  local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+  local root = here .. "/../.."
+  local f = io.open(root .. "/lua/lecho/init.lua", "r")
+  if f then
+    f:close()
+    package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
+    package.cpath = root .. "/lua/?.so;" .. package.cpath
+  end
+end
 
 local M = {}
 

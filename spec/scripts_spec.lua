@@ -44,3 +44,58 @@ describe("scripts and examples run from a checkout with no module paths set", fu
     assert.matches("^nameserver 127%.0%.0%.1:%d+\nrc=0\n$", out)
   end)
 end)
+
+describe("lecho-nameserver and lecho-manager", function()
+  after_each(function() S.cleanup() end)
+
+  local function script(name, args)
+    return sh_out(("%s %s/scripts/%s %s"):format(S.luajit, S.root, name, args))
+  end
+
+  it("reject bad numbers with one clear message", function()
+    assert.are.equal("lecho-nameserver: --for needs a number of seconds > 0, not 'abc'\nrc=2\n",
+      script("lecho-nameserver", "--listen 127.0.0.1:0 --for abc"))
+    assert.are.equal("lecho-nameserver: --for needs a number of seconds > 0, not '0'\nrc=2\n",
+      script("lecho-nameserver", "--listen 127.0.0.1:0 --for 0"))
+    assert.are.equal("lecho-nameserver: --settle needs a number of seconds >= 0, not '-1'\nrc=2\n",
+      script("lecho-nameserver", "--settle=-1"))
+    assert.are.equal("lecho-manager: --for needs a number of seconds > 0, not '1x'\nrc=2\n",
+      script("lecho-manager", "--nameserver 127.0.0.1:1 --for 1x"))
+    assert.matches("^lecho%-manager: %-%-nameserver HOST:PORT is required\nusage: lecho%-manager",
+      script("lecho-manager", "--for 1"))
+    assert.matches("^lecho%-nameserver: unknown option '%-%-fro'\nusage:", script("lecho-nameserver", "--fro 1"))
+    assert.matches("^lecho%-nameserver: %-%-listen needs a value\n", script("lecho-nameserver", "--listen"))
+  end)
+
+  it("print nothing with --quiet, where they listen without it", function()
+    local pf = S.tmpname("ns")
+    local ns = S.spawn(("%s %s/scripts/lecho-nameserver --listen 127.0.0.1:0 --port-file %s --for 1 --settle 0 --quiet")
+      :format(S.luajit, S.root, pf))
+    assert.is_true(S.wait(ns, 20))
+    assert.are.equal(0, ns.rc)
+    local addr = S.read(pf):match("[^\n]+")
+    assert.are.equal("", S.errors(ns) .. S.output(ns))
+    local out = script("lecho-nameserver", "--listen 127.0.0.1:0 --for 0.5 --settle 0")
+    assert.matches("^lecho%-nameserver: listening on 127%.0%.0%.1:%d+\nrc=0\n$", out)
+    -- A manager with --quiet and without.
+    local ns2 = S.spawn(("%s %s/scripts/lecho-nameserver --listen 127.0.0.1:0 --port-file %s --for 20 --settle 0 --quiet")
+      :format(S.luajit, S.root, pf .. "2"))
+    addr = S.wait_file(pf .. "2", "%d+:%d+", 20):match("[^\n]+")
+    assert.are.equal("rc=0\n", script("lecho-manager", ("--nameserver %s --for 0.5 --quiet"):format(addr)))
+    assert.matches("^lecho%-manager: 127%.0%.0%.1:%d+ managing channels for " .. addr:gsub("%p", "%%%0") .. "\nrc=0\n$",
+      script("lecho-manager", ("--nameserver %s --for 0.5"):format(addr)))
+    S.kill(ns2)
+  end)
+
+  it("say what failed with one prefix", function()
+    local pf = S.tmpname("ns")
+    S.spawn(("%s %s/scripts/lecho-nameserver --listen 127.0.0.1:0 --port-file %s --for 20 --settle 0 --quiet")
+      :format(S.luajit, S.root, pf))
+    local addr = S.wait_file(pf, "%d+:%d+", 20):match("[^\n]+")
+    assert.are.equal(("lecho-nameserver: cannot listen on %s: Address already in use\nrc=1\n"):format(addr),
+      script("lecho-nameserver", "--quiet --listen " .. addr))
+    local out = script("lecho-nameserver", "--quiet --listen nonsense")
+    assert.matches("^lecho%-nameserver: [^\n]*'nonsense'[^\n]*\nrc=1\n$", out)
+    assert.not_matches("lecho: ", out)
+  end)
+end)

@@ -202,6 +202,11 @@ describe("lecho-repl", function()
     repl:expect("limit of 2 reached")
     -- The simulation's own log says so too.
     assert.truthy(S.wait_file(sim.err, "emission 2 %-> 3", 10))
+    -- A misspelt setting: the simulation's handler raises, send says why.
+    repl:run('send("atmosphere.steer", { emision = 5 })')
+    local line = repl:expect("\n([^\n]*unknown setting 'emision'[^\n]*)\n")
+    assert.matches("^stdin:1: send: %d+%.%d+%.%d+%.%d+:%d+/c%d+: unknown setting 'emision'$", line)
+    assert.not_matches("\ntrue\n", repl:text())
   end)
 
   it("keeps the line being typed intact while events print above it", function()

@@ -120,6 +120,8 @@ install: $(SO)
 	mkdir -p $(INST_LIBDIR)/lecho $(INST_LUADIR)/lecho $(INST_BINDIR)
 	cp $(SO) $(INST_LIBDIR)/lecho/core.so
 	cp lua/lecho/*.lua $(INST_LUADIR)/lecho/
+	mkdir -p $(INST_LUADIR)/lecho/repl
+	cp lua/lecho/repl/*.lua $(INST_LUADIR)/lecho/repl/
 	cp scripts/lecho-* $(INST_BINDIR)/
 
 clean:

@@ -20,7 +20,11 @@ function M.install(R)
     return t
   end
 
-  function ed.prompt() return R.pending and CONT or PROMPT end
+  function ed.prompt()
+    local s = ed.search
+    if s then return ("(%ssearch)'%s': "):format(s.failed and "failed " or "", s.text) end
+    return R.pending and CONT or PROMPT
+  end
 
   function ed.refresh()
     local prompt = ed.prompt()
@@ -64,57 +68,95 @@ function M.install(R)
 
   local function is_word(ch) return ch:match("^[%w_]$") ~= nil or #ch > 1 end
 
-  -- Tab: completes the name before the cursor (globals, fields, methods).
-  local function complete()
-    local before = table.concat(ed.buf, "", 1, ed.pos)
-    local word = before:match("[%a_][%w_%.:]*$") or ""
+  -- The string literal the cursor is in, if any: its quote and what is
+  -- typed of it so far.
+  local function open_string(before)
+    local q, start, i = nil, nil, 1
+    while i <= #before do
+      local c = before:sub(i, i)
+      if q then
+        if c == "\\" then i = i + 1 elseif c == q then q = nil end
+      elseif c == '"' or c == "'" then
+        q, start = c, i
+      elseif c == "-" and before:sub(i, i + 1) == "--" then
+        return nil
+      end
+      i = i + 1
+    end
+    if q then return q, before:sub(start + 1) end
+    return nil
+  end
+
+  -- The globals, fields or methods that `word` (before the cursor) starts:
+  -- names, the part typed, and the table they are in.
+  local function name_candidates(word)
     local base, sep, part = word:match("^(.*)([%.:])([%w_]*)$")
     local scope
     if base then
       scope = R.env
       for name in base:gmatch("[^%.:]+") do
         local ok, v = pcall(function() return scope[name] end)
-        if not ok or v == nil then return end
+        if not ok or v == nil then return {}, part, nil end
         scope = v
       end
     else
       part, scope = word, R.env
     end
     local names, seen = {}, {}
-    local function collect(t)
-      local depth = 0
-      while t ~= nil and depth < 4 do
-        if type(t) == "table" then
-          for k, v in next, t do
-            if type(k) == "string" and k:sub(1, #part) == part and k:match("^[%a_][%w_]*$")
-               and (k:sub(1, 1) ~= "_" or part:sub(1, 1) == "_")
-               and not seen[k] and (sep ~= ":" or type(v) == "function") then
-              seen[k] = true
-              names[#names + 1] = k
-            end
+    local t, depth = scope, 0
+    while t ~= nil and depth < 4 do
+      if type(t) == "table" then
+        for k, v in next, t do
+          if type(k) == "string" and k:sub(1, #part) == part and k:match("^[%a_][%w_]*$")
+             and (k:sub(1, 1) ~= "_" or part:sub(1, 1) == "_")
+             and not seen[k] and (sep ~= ":" or type(v) == "function") then
+            seen[k] = true
+            names[#names + 1] = k
           end
         end
-        local mt = getmetatable(t)
-        t = type(mt) == "table" and type(rawget(mt, "__index")) == "table" and rawget(mt, "__index") or nil
-        depth = depth + 1
       end
+      local mt = getmetatable(t)
+      t = type(mt) == "table" and type(rawget(mt, "__index")) == "table" and rawget(mt, "__index") or nil
+      depth = depth + 1
     end
-    collect(scope)
+    return names, part, scope
+  end
+
+  local function insert(s)
+    for _, ch in ipairs(utf8_chars(s)) do
+      table.insert(ed.buf, ed.pos + 1, ch)
+      ed.pos = ed.pos + 1
+    end
+  end
+
+  -- Tab: completes the name before the cursor (globals, fields, methods),
+  -- or, inside a string, a channel name of the name server.
+  local function complete()
+    local before = table.concat(ed.buf, "", 1, ed.pos)
+    local names, part, scope, quote
+    quote, part = open_string(before)
+    if quote then
+      names = {}
+      for _, n in ipairs(R.channel_names()) do
+        if n:sub(1, #part) == part then names[#names + 1] = n end
+      end
+    else
+      names, part, scope = name_candidates(before:match("[%a_][%w_%.:]*$") or "")
+    end
     if #names == 0 then return end
     table.sort(names)
     local common = names[1]
     for _, n in ipairs(names) do
       while n:sub(1, #common) ~= common do common = common:sub(1, -2) end
     end
-    if #common > #part then
-      for _, ch in ipairs(utf8_chars(common:sub(#part + 1))) do
-        table.insert(ed.buf, ed.pos + 1, ch)
-        ed.pos = ed.pos + 1
-      end
-      if #names == 1 then
+    if #common > #part or (#names == 1 and quote) then
+      insert(common:sub(#part + 1))
+      if #names == 1 and quote then
+        if ed.buf[ed.pos + 1] ~= quote then insert(quote) else ed.pos = ed.pos + 1 end
+      elseif #names == 1 then
         local v = type(scope) == "table" and rawget(scope, names[1])
         if v == nil and scope == R.env then v = _G[names[1]] end
-        if type(v) == "function" then table.insert(ed.buf, ed.pos + 1, "(") ed.pos = ed.pos + 1 end
+        if type(v) == "function" then insert("(") end
       end
     elseif #names > 1 and ed.tabs >= 1 then
       -- The candidates in columns.
@@ -187,6 +229,47 @@ function M.install(R)
     return "alt:" .. c2, 2
   end
 
+  -- Ctrl-R: reverse search through the history.  Typed characters narrow
+  -- it, Ctrl-R again finds an older match, Backspace widens it, Enter runs
+  -- the line found, Ctrl-C or Ctrl-G gives the old line back, any other key
+  -- keeps the line found for editing.
+  local function search_step(s, from)
+    if s.text == "" then s.failed = false return end
+    local i = R.history:search(s.text, from)
+    s.failed = i == nil
+    if i then
+      s.idx = i
+      ed.set(R.history.list[i])
+      local at = R.history.list[i]:find(s.text, 1, true)
+      ed.pos = #utf8_chars(R.history.list[i]:sub(1, at - 1))
+    end
+  end
+
+  -- Returns true when the key was taken by the search.
+  local function search_key(key)
+    local s = ed.search
+    if key == "\18" then
+      if s.idx then search_step(s, s.idx - 1) else search_step(s) end
+    elseif key == "\127" or key == "\8" then
+      local chars = utf8_chars(s.text)
+      chars[#chars] = nil
+      s.text, s.idx = table.concat(chars), nil
+      search_step(s)
+      if s.text == "" then ed.set(s.saved) end
+    elseif key == "\3" or key == "\7" then
+      ed.search = nil
+      ed.set(s.saved)
+    elseif #key >= 1 and key:byte(1) >= 32 and not key:find("^%a+:") and key ~= "esc" then
+      s.text = s.text .. key
+      search_step(s, s.idx)
+    else
+      ed.search = nil          -- the key acts on the line found
+      return false
+    end
+    ed.refresh()
+    return true
+  end
+
   local keymap = {
     ["csi:A"] = "up", ["csi:B"] = "down", ["csi:C"] = "right", ["csi:D"] = "left",
     ["ss3:A"] = "up", ["ss3:B"] = "down", ["ss3:C"] = "right", ["ss3:D"] = "left",
@@ -202,6 +285,12 @@ function M.install(R)
   }
 
   local function handle_key(key)
+    if ed.search and search_key(key) then return end
+    if key == "\18" then
+      ed.search = { text = "", saved = ed.text() }
+      ed.hidx = nil
+      return ed.refresh()
+    end
     local action = keymap[key]
     local buf = ed.buf
     if action ~= "tab" then ed.tabs = 0 end

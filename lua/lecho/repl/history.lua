@@ -69,8 +69,8 @@ function History:save()
   os.rename(self.path .. ".tmp", self.path)
 end
 
---- The index of the newest entry before `from` (default: the newest) that
--- contains `text`, or nil.
+--- The index of the newest entry at or before index `from` (default: the
+-- newest) that contains `text`, or nil.
 function History:search(text, from)
   for i = math.min(from or #self.list, #self.list), 1, -1 do
     if self.list[i]:find(text, 1, true) then return i end

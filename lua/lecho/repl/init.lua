@@ -10,6 +10,10 @@
 --   commands.lua  ls, sub, send, mod, stats, help, ...
 --   json.lua      the JSON output mode (--json)
 local T = require "lecho.repl.term"
+local P = require "lecho.repl.pretty"
+local History = require "lecho.repl.history"
+local eval = require "lecho.repl.eval"
+local server = require "lecho.server"
 
 local M = {}
 
@@ -37,7 +41,6 @@ function M.main(opts)
   }
   T.interactive = R.interactive           -- (edit() leaves raw mode only when in it)
   R.color = R.interactive and not os.getenv("NO_COLOR")
-  local History = require "lecho.repl.history"
   R.history = History.new(R.interactive and not opts.no_history and History.default_path() or nil)
 
   ----------------------------------------------------------------------------
@@ -76,7 +79,6 @@ function M.main(opts)
       for i = from, to do vals[#vals + 1] = R.json.value(r[i]) end
       return R.json.emit{ values = vals }
     end
-    local P = require "lecho.repl.pretty"
     local parts, multi = {}, false
     for i = from, to do
       local s = P.pretty(r[i])
@@ -101,7 +103,7 @@ function M.main(opts)
       end,
     })
     if not ok then
-      io.stderr:write("lecho-repl: ", require("lecho.server").message(c), "\n")
+      io.stderr:write("lecho-repl: ", server.message(c), "\n")
       os.exit(1)
     end
     R.ctx, R.lecho = c, lecho
@@ -133,7 +135,7 @@ function M.main(opts)
     ctx:stop()
   end
 
-  require("lecho.repl.eval").install(R)
+  eval.install(R)
   require("lecho.repl.editor").install(R)
   require("lecho.repl.commands").install(R)
 
@@ -216,14 +218,13 @@ function M.main(opts)
     local chans, err = ctx:list()
     if not chans then
       io.stderr:write(("lecho-repl: cannot reach the name server %s: %s\n")
-        :format(opts.nameserver, require("lecho.server").message(err)))
+        :format(opts.nameserver, server.message(err)))
       return 1
     end
     started = true
     R.history:load()
-    local compile = require("lecho.repl.eval").compile
     for _, code in ipairs(opts.code or {}) do
-      local f, cerr = compile(code, "=(command line)")
+      local f, cerr = eval.compile(code, "=(command line)")
       if cerr == "incomplete" then cerr = "(command line): unfinished chunk" end
       if f then R.run_chunk(f) else R.show_error(cerr) end
       if R.exiting then return R.exit_code end

@@ -142,6 +142,24 @@ describe("atmosphere region modulator", function()
   end)
 end)
 
+describe("atmosphere stride modulator (the README's mod example)", function()
+  it("passes the steps that are multiples of params.stride, without the cells", function()
+    local m = load_strict(S.read(dir .. "/stride.lua"), { stride = 3 })
+    local sim = model.new(nil, { nlev = 1, nlat = 4, nlon = 8 })
+    local steps = {}
+    for _ = 1, 9 do
+      local out = m.enqueue(wire(sim:step()))
+      if out then
+        assert.is_nil(out.cells)
+        assert.are.equal(sim.emission, out.emission)
+        steps[#steps + 1] = out.step
+      end
+    end
+    assert.are.same({ 3, 6, 9 }, steps)
+    assert.are.equal("x", m.enqueue("x"))
+  end)
+end)
+
 describe("atmosphere diff modulator and demodulator", function()
   local function run(params, steps, steer_at)
     local sim = model.new()

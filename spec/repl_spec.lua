@@ -445,6 +445,10 @@ end
     out = sh_out(("%s %s/scripts/lecho-repl --nameserver %s -e 'print(6 * 7)' </dev/null; echo rc=$?")
       :format(S.luajit, S.root, ns))
     assert.matches("^42\nrc=0", out)
+    -- A modulator file that is not there is said to be missing.
+    out = sh_out(("%s %s/scripts/lecho-repl --nameserver %s -e %s </dev/null; echo rc=$?")
+      :format(S.luajit, S.root, ns, S.sh_quote('mod("atmosphere.field", "no/such/stride.lua", {})')))
+    assert.matches("^%(command line%):1: mod: no such file: no/such/stride%.lua\nrc=1", out)
   end)
 
   it("restores the terminal when it ends with Ctrl-D", function()

@@ -326,6 +326,11 @@ end
     repl:expect("<sub%d+ on atmosphere%.field: FAILED: where failed: where:1: attempt to index field 'nope'")
     repl:run("unsub()")
     repl:expect("1 subscription closed")
+    -- A misspelt channel has no producer: said at once.
+    repl:run('sub("atmosphere.feild")')
+    repl:expect("sub%d+: no producer on 'atmosphere%.feild' yet %(ls%(%) lists the channels%)")
+    repl:run('unsub("atmosphere.feild")')
+    repl:expect("1 subscription closed")
   end)
 
   it("lists every command in help() and tells more of one in help(cmd)", function()

@@ -11,7 +11,8 @@ local ORDER = { "help", "ls", "sub", "unsub", "subs", "send", "mod", "params", "
                 "stats", "wait", "pp", "history", "quit" }
 
 --- Adds the commands to session R's environment (R.env), and R.command,
--- R.serve, R.check_name, R.short_name, R.channel_names; R.ctx must exist.
+-- R.serve, R.check_name, R.short_name, R.list_channels, R.channel_names;
+-- R.ctx must exist.
 function M.install(R)
   local ctx, producers = R.ctx, R.producers
   local commands, by_fn = {}, {}
@@ -50,6 +51,25 @@ function M.install(R)
     if type(name) ~= "string" or name == "" then
       error(fn .. ": first argument must be a channel name", 3)
     end
+  end
+
+  --- The name server's channels (ctx:list()), with the producers and
+  -- consumers of those a separate manager keeps asked of that manager; nil,
+  -- err when the name server does not answer.
+  function R.list_channels()
+    local chans, err = ctx:list()
+    if not chans then return nil, err end
+    local asked = {}
+    for name, info in pairs(chans) do
+      if not info.producers and info.manager and info.manager ~= ctx.ns then
+        if asked[info.manager] == nil then
+          asked[info.manager] = ctx:list(info.manager) or false
+        end
+        local m = asked[info.manager]
+        if m and m[name] then chans[name] = m[name] end
+      end
+    end
+    return chans
   end
 
   -- The name server's channel names (short where they are its own), asked
@@ -101,19 +121,8 @@ help() lists the commands; help(sub) or help("sub") tells more of one.]], functi
   R.command("ls", "ls([pattern])", "channels with their producers and consumers", [[
 One line per channel of the name server (those whose name contains pattern):
 the producing and consuming processes ("(me)": this REPL) and the manager.]], function(pattern)
-    local chans, err = ctx:list()
+    local chans, err = R.list_channels()
     if not chans then error("ls: " .. tostring(err), 2) end
-    -- Channels assigned to a separate manager: ask that manager.
-    local asked = {}
-    for name, info in pairs(chans) do
-      if not info.producers and info.manager and info.manager ~= ctx.ns then
-        if asked[info.manager] == nil then
-          asked[info.manager] = ctx:list(info.manager) or false
-        end
-        local m = asked[info.manager]
-        if m and m[name] then chans[name] = m[name] end
-      end
-    end
     local names = {}
     for name in pairs(chans) do
       if not pattern or short_name(name):find(pattern, 1, true) then names[#names + 1] = name end

@@ -181,12 +181,21 @@ function M.install(R)
   -- ctx:stats()), if it is one of this REPL's mod()s.
   function R.handle_of_stream(full, key)
     for _, h in pairs(handles) do
-      if h.kind == "mod" and h.con and h.con.ch and h.con.ch.name == full
+      if h.kind == "mod" and h.con and h.full == full
          and type(h.con.mod) == "table" and h.con.mod.key == key then
         return h
       end
     end
     return nil
+  end
+
+  -- A misspelt channel name makes a new, empty channel: say so.
+  local function note_if_empty(h)
+    local chans = R.list_channels()
+    local info = chans and chans[h.full]
+    if chans and not (info and next(info.producers or {})) then
+      R.out(("%s: no producer on '%s' yet (ls() lists the channels)"):format(h.id, h.channel))
+    end
   end
 
   R.command("sub", "sub(ch, {fields=, every=, limit=, where=, format=})",
@@ -206,10 +215,13 @@ Returns a handle: h.last (the last event), h:wait(seconds) (serve the loop
 until the limit is reached), h:close().]], function(name, o)
     R.check_name(name, "sub")
     local h = new_handle("sub", name, o)
-    local con, err = ctx:channel(name):consumer(make_handler(h))
+    local ch = ctx:channel(name)
+    h.full = ch.name
+    local con, err = ch:consumer(make_handler(h))
     if not con then error("sub: " .. tostring(err), 2) end
     h.con = con
     handles[h.id] = h
+    note_if_empty(h)
     return h
   end)
 
@@ -285,10 +297,13 @@ params() that succeed make it live again.]], function(name, src, params, o)
         R.show_error(("%s: modulator error: %s"):format(h.id, err))
       end,
     }
-    local con, err = ctx:channel(name):consumer(h.handler, copts)
+    local ch = ctx:channel(name)
+    h.full = ch.name
+    local con, err = ch:consumer(h.handler, copts)
     if not con then error("mod: " .. tostring(err), 2) end
     h.con = con
     handles[h.id] = h
+    note_if_empty(h)
     return h
   end)
 

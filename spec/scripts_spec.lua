@@ -5,11 +5,11 @@ local S = require "spec.support"
 
 -- A shell command run from / with the module paths of the test run unset.
 local function bare(cmd)
-  return ("cd / && env -u LUA_PATH -u LUA_CPATH -u LECHO_ROOT %s"):format(cmd)
+  return ("cd / && exec env -u LUA_PATH -u LUA_CPATH -u LECHO_ROOT %s"):format(cmd)
 end
 
 local function sh_out(cmd)
-  local p = io.popen(cmd .. " 2>&1; echo rc=$?")
+  local p = io.popen("(" .. cmd .. ") 2>&1; echo rc=$?")
   local s = p:read("*a")
   p:close()
   return s
@@ -44,7 +44,7 @@ describe("scripts and examples run from a checkout with no module paths set", fu
     local ok = os.execute(("make -s -C %s install INST_LIBDIR=%s/lib INST_LUADIR=%s/share INST_BINDIR=%s/bin >%s 2>&1")
       :format(S.sh_quote(S.root), tree, tree, tree, log))
     assert(ok == 0 or ok == true, "make install failed: " .. tostring(S.read(log)))
-    local env = ("cd / && env -u LECHO_ROOT LUA_PATH='%s/share/?.lua;%s/share/?/init.lua;;' LUA_CPATH='%s/lib/?.so;;' ")
+    local env = ("cd / && exec env -u LECHO_ROOT LUA_PATH='%s/share/?.lua;%s/share/?/init.lua;;' LUA_CPATH='%s/lib/?.so;;' ")
       :format(tree, tree, tree)
     local pf = S.tmpname("ns")
     local ns = S.spawn(env .. ("%s/bin/lecho-nameserver --listen 127.0.0.1:0 --port-file %s --for 30 --settle 0 --quiet")

@@ -7,7 +7,8 @@
 --   history.lua   the history file and its search
 --   editor.lua    the line editor (keys, completion, Ctrl-R)
 --   eval.lua      compiling and running typed chunks, interrupting them
---   commands.lua  ls, sub, send, mod, stats, help, ...
+--   commands.lua  help, ls, send, stats, wait, pp, history, quit
+--   subs.lua      sub, unsub, subs, mod, params, edit and their handles
 --   json.lua      the JSON output mode (--json)
 local T = require "lecho.repl.term"
 local P = require "lecho.repl.pretty"

@@ -189,13 +189,22 @@ function M.install(R)
     return nil
   end
 
-  -- A misspelt channel name makes a new, empty channel: say so.
-  local function note_if_empty(h)
+  -- Subscribes h (a new handle) with handler and consumer options copts;
+  -- says so when the channel has no producer (a misspelt name makes a new,
+  -- empty channel).  Returns h; raises for the command when lecho refuses.
+  local function start(h, handler, copts)
+    local ch = ctx:channel(h.channel)
+    h.full = ch.name
+    local con, err = ch:consumer(handler, copts)
+    if not con then error(h.kind .. ": " .. tostring(err), 3) end
+    h.con = con
+    handles[h.id] = h
     local chans = R.list_channels()
     local info = chans and chans[h.full]
     if chans and not (info and next(info.producers or {})) then
       R.out(("%s: no producer on '%s' yet (ls() lists the channels)"):format(h.id, h.channel))
     end
+    return h
   end
 
   R.command("sub", "sub(ch, {fields=, every=, limit=, where=, format=})",
@@ -215,13 +224,7 @@ Returns a handle: h.last (the last event), h:wait(seconds) (serve the loop
 until the limit is reached), h:close().]], function(name, o)
     R.check_name(name, "sub")
     local h = new_handle("sub", name, o)
-    local ch = ctx:channel(name)
-    h.full = ch.name
-    local con, err = ch:consumer(make_handler(h))
-    if not con then error("sub: " .. tostring(err), 2) end
-    h.con = con
-    handles[h.id] = h
-    note_if_empty(h)
+    start(h, make_handler(h))     -- (not a tail call: its errors name the caller's line)
     return h
   end)
 
@@ -297,13 +300,7 @@ params() that succeed make it live again.]], function(name, src, params, o)
         R.show_error(("%s: modulator error: %s"):format(h.id, err))
       end,
     }
-    local ch = ctx:channel(name)
-    h.full = ch.name
-    local con, err = ch:consumer(h.handler, copts)
-    if not con then error("mod: " .. tostring(err), 2) end
-    h.con = con
-    handles[h.id] = h
-    note_if_empty(h)
+    start(h, h.handler, copts)
     return h
   end)
 

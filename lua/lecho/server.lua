@@ -121,8 +121,8 @@ function M.main(spec)
   copts.log = function(msg)
     if not opts.quiet or msg:match("^error") then io.stderr:write(prog, ": ", msg, "\n") end
   end
-  local ok, ctx = pcall(lecho.context, copts)
-  if not ok then M.die(prog, M.message(ctx), 1) end
+  local ok, ctx, err = pcall(lecho.context, copts)   -- (raises, or returns nil, err)
+  if not ok or not ctx then M.die(prog, M.message(ok and err or ctx), 1) end
   if opts.port_file then
     local wok, werr = write_port_file(opts.port_file, ctx.addr)
     if not wok then

@@ -95,7 +95,7 @@ function M.main(opts)
   local lecho = require "lecho"
   local started = false     -- logs before the name server answered say nothing new
   do
-    local ok, c = pcall(lecho.context, {
+    local ok, c, cerr = pcall(lecho.context, {   -- (raises, or returns nil, err)
       nameserver = opts.nameserver,
       log = function(msg)
         if opts.quiet or not started then return end
@@ -103,8 +103,8 @@ function M.main(opts)
         R.out(R.paint("2", "lecho: " .. msg))
       end,
     })
-    if not ok then
-      io.stderr:write("lecho-repl: ", server.message(c), "\n")
+    if not ok or not c then
+      io.stderr:write("lecho-repl: ", server.message(ok and cerr or c), "\n")
       os.exit(1)
     end
     R.ctx, R.lecho = c, lecho

@@ -72,10 +72,11 @@ describe("atmosphere model", function()
     assert.is_true(big > 10, "big changes: " .. big)
   end)
 
-  it("applies valid steering and rejects unknown keys and bad values", function()
+  it("applies valid steering and rejects unknown keys and bad values, all or nothing", function()
     local sim = model.new()
     local applied, rejected = sim:steer{ dt = 1, emission = 3, foo = 1, tau = -1, wind = "fast", rate = 0 / 0 }
-    assert.are.same({ dt = { 0.5, 1 }, emission = { 2, 3 } }, applied)
+    assert.are.same({}, applied)
+    assert.are.equal(0.5, sim.dt)
     assert.are.equal(4, #rejected)
     local all = table.concat(rejected, "\n")
     assert.truthy(all:match("unknown setting 'foo'"))
@@ -84,6 +85,9 @@ describe("atmosphere model", function()
     assert.truthy(all:match("rate must be a number, not NaN"))
     local _, r2 = sim:steer(42)
     assert.are.equal(1, #r2)
+    applied, rejected = sim:steer{ dt = 1, emission = 3 }
+    assert.are.same({ dt = { 0.5, 1 }, emission = { 2, 3 } }, applied)
+    assert.are.same({}, rejected)
     local ev = sim:step()
     assert.are.equal(1, ev.dt)
     assert.are.equal(3, ev.emission)
@@ -135,6 +139,24 @@ describe("atmosphere region modulator", function()
     assert.are.equal("hello", m.enqueue("hello"))
     local t = { note = 1 }
     assert.are.equal(t, m.enqueue(t))
+  end)
+end)
+
+describe("atmosphere stride modulator (the README's mod example)", function()
+  it("passes the steps that are multiples of params.stride, without the cells", function()
+    local m = load_strict(S.read(dir .. "/stride.lua"), { stride = 3 })
+    local sim = model.new(nil, { nlev = 1, nlat = 4, nlon = 8 })
+    local steps = {}
+    for _ = 1, 9 do
+      local out = m.enqueue(wire(sim:step()))
+      if out then
+        assert.is_nil(out.cells)
+        assert.are.equal(sim.emission, out.emission)
+        steps[#steps + 1] = out.step
+      end
+    end
+    assert.are.same({ 3, 6, 9 }, steps)
+    assert.are.equal("x", m.enqueue("x"))
   end)
 end)
 
@@ -259,5 +281,33 @@ describe("atmosphere demo (make demo), as processes", function()
       assert.is_false(os.execute(("kill -0 %d 2>/dev/null"):format(pid)) == 0, "process " .. pid .. " still exists")
     end
     assert.truthy(S.output(child):match("checks:"))
+  end)
+end)
+
+describe("atmosphere steering, as processes", function()
+  after_each(function() S.cleanup() end)
+
+  it("a bad steering event raises in the simulation and the steerer gets the reason", function()
+    local sim = S.spawn(("%s %s/simulation.lua --seconds 60 --grid 1x4x8 --rate 20"):format(S.luajit, dir))
+    local ns = S.wait_file(sim.out, "nameserver %d+%.%d+%.%d+%.%d+:%d+", 20)
+    assert(ns, "the simulation did not start: " .. S.errors(sim))
+    ns = ns:match("nameserver (%S+)")
+    local ctx = lecho.context{ nameserver = ns, quiet = true }
+    local p = assert(ctx:channel("atmosphere.steer"):producer())
+    assert.is_true(S.run_until(ctx, function() return #(p.ch.dests or {}) > 0 end, 20))
+    local ok, errs = p:submit_sync({ emision = 5, dt = 1 }, { timeout = 5 })
+    assert.is_nil(ok)
+    assert.are.equal(1, #errs)
+    assert.are.equal("unknown setting 'emision'", errs[1].err)
+    ok, errs = p:submit_sync({ emission = 5 }, { timeout = 5 })
+    assert.is_true(ok, tostring(errs))
+    -- The bad event changed nothing (dt is still 0.5), the good one applied.
+    local got
+    local c = ctx:channel("atmosphere.field"):consumer(function(ev) if ev.emission == 5 then got = ev end end)
+    assert.is_true(S.run_until(ctx, function() return got ~= nil end, 20))
+    assert.are.equal(0.5, got.dt)
+    c:close()
+    p:close()
+    ctx:close()
   end)
 end)

@@ -202,6 +202,11 @@ describe("lecho-repl", function()
     repl:expect("limit of 2 reached")
     -- The simulation's own log says so too.
     assert.truthy(S.wait_file(sim.err, "emission 2 %-> 3", 10))
+    -- A misspelt setting: the simulation's handler raises, send says why.
+    repl:run('send("atmosphere.steer", { emision = 5 })')
+    local line = repl:expect("\n([^\n]*unknown setting 'emision'[^\n]*)\n")
+    assert.matches("^stdin:1: send: %d+%.%d+%.%d+%.%d+:%d+/c%d+: unknown setting 'emision'$", line)
+    assert.not_matches("\ntrue\n", repl:text())
   end)
 
   it("keeps the line being typed intact while events print above it", function()
@@ -304,6 +309,138 @@ end
     repl:expect("1 subscription closed")
   end)
 
+  it("compiles where= and format= strings at sub(), and stops one that fails at once", function()
+    repl:run('sub("atmosphere.field", { where = "ev.step >" })')
+    repl:expect("stdin:1: sub: where does not compile: unexpected symbol near '<eof>'")
+    repl:run('sub("atmosphere.field", { format = 42 })')
+    repl:expect("sub: format must be a function%(ev, meta%) or a Lua expression in ev and meta, not a number")
+    repl:run([[sub("atmosphere.field", { where = "ev.step % 2 == 1", format = "'odd step ' .. ev.step", limit = 2 })]])
+    repl:expect("%] odd step %d*[13579]\n[^\n]*%] odd step %d*[13579]\n")
+    repl:expect("limit of 2 reached")
+    repl:run('bad = sub("atmosphere.field", { where = "ev.nope.x" })')
+    repl:expect("(sub%d+): where failed: where:1: attempt to index field 'nope' %(a nil value%); stopped")
+    S.sleep(1)
+    local _, n = repl:text():gsub("where failed", "")
+    assert.are.equal(1, n)
+    repl:run("subs()")
+    repl:expect("<sub%d+ on atmosphere%.field: FAILED: where failed: where:1: attempt to index field 'nope'")
+    repl:run("unsub()")
+    repl:expect("1 subscription closed")
+    -- A misspelt channel has no producer: said at once.
+    repl:run('sub("atmosphere.feild")')
+    repl:expect("sub%d+: no producer on 'atmosphere%.feild' yet %(ls%(%) lists the channels%)")
+    repl:run('unsub("atmosphere.feild")')
+    repl:expect("1 subscription closed")
+  end)
+
+  it("lists every command in help() and tells more of one in help(cmd)", function()
+    repl:run("help()")
+    local text = select(2, repl:expect("quit%(%[code%]%)[^\n]*\n"))
+    for _, c in ipairs{ "help", "ls", "sub", "unsub", "subs", "send", "mod", "params", "edit",
+                        "stats", "wait", "pp", "history", "quit" } do
+      assert.matches("\n  " .. c .. "%(", text)
+    end
+    assert.matches("sub%(ch, {fields=, every=, limit=, where=, format=}%)", text)
+    repl:run("help(sub)")
+    repl:expect("where = \"ev%.step %% 10 == 0\"")
+    repl:run('help("stats")')
+    repl:expect("the streams of its modulators")
+    repl:run("help(42)")
+    repl:expect("stdin:1: help: no command 42 %(help%(%) lists them%)")
+  end)
+
+  it("searches the history with Ctrl-R", function()
+    repl:run('print("needle-" .. 6 * 7)')
+    repl:expect("\nneedle%-42\n")
+    repl:run("1 + 1")
+    repl:expect("\n2\n")
+    repl:mark()
+    repl:keys("C-r")
+    repl:type("needle")
+    repl:expect("%(search%)'needle': print%(\"needle%-\" %.%. 6 %* 7%)$")
+    repl:type("Z9")
+    repl:expect("%(failed search%)'needleZ9': ")
+    repl:keys("BSpace", "BSpace", "Enter")
+    repl:expect("\nneedle%-42\n")
+    -- Ctrl-G gives the line typed before back.
+    repl:mark()
+    repl:type("x0 = 5")
+    repl:keys("C-r")
+    repl:type("needle")
+    repl:keys("C-g")
+    repl:expect("lecho> x0 = 5%s*$")
+    repl:keys("C-u")
+  end)
+
+  it("completes channel names and commands with Tab", function()
+    repl:mark()
+    repl:type('s = sub("atmosphere.fi')
+    repl:keys("Tab")
+    repl:expect('lecho> s = sub%("atmosphere%.field"%s*$')
+    repl:type(", { fields = { 'step' }, limit = 1 })")
+    repl:keys("Enter")
+    repl:expect("%[sub%d+ atmosphere%.field #%d+%] step=%d+")
+    repl:mark()
+    repl:type("stat")
+    repl:keys("Tab")
+    repl:expect("lecho> stats%(%s*$")
+    repl:type(")")
+    repl:keys("Enter")
+    repl:expect("context 127%.0%.0%.1:%d+")
+  end)
+
+  it("lists a failed modulator as failed, and its stream under its channel in stats()", function()
+    if not with_modulators then pending("the modulator API (doc/modulators.md) is not there") return end
+    repl:run('b = mod("atmosphere.field", "function enqueue(ev) return ev.nope.x end", {})')
+    repl:expect("(mod%d+): modulator error: [^\n]*attempt to index field 'nope'")
+    repl:run("subs()")
+    repl:expect("<mod%d+ on atmosphere%.field: FAILED: modulator error: [^\n]*attempt to index field 'nope'")
+    repl:run("good = mod('atmosphere.field', 'function enqueue(ev) return { step = ev.step } end', {}, { limit = 1 })")
+    repl:expect("limit of 1 reached")
+    repl:run("stats()")
+    local text = select(2, repl:expect("\npeer "))
+    local block = text:match("\n(channel [^\n]*\n.-)\npeer ")
+    assert.truthy(block, text)
+    assert.matches("\n  modulated mod%d+ %(%x+%) ", block)
+    assert.not_matches("@", block)
+    local len
+    for line in block:gmatch("[^\n]+") do
+      len = len or #line
+      assert.are.equal(len, #line, "misaligned: " .. line)
+    end
+    repl:run("unsub()")
+    repl:expect("subscriptions? closed")
+  end)
+
+  it("prints one JSON object per line with --json", function()
+    local cjson = require "cjson"
+    local input = S.write(S.tmpname("json-in"), table.concat({
+      "x = 6 * 7", "=x, 'a', nil", 'error("boom")', "ls()",
+      "print('hi')",
+      "sub('atmosphere.field', { fields = { 'step' }, limit = 2 }):wait(10)",
+    }, "\n") .. "\n")
+    local out = sh_out(("%s %s/scripts/lecho-repl --nameserver %s --no-history --json < %s; echo rc=$?")
+      :format(S.luajit, S.root, ns, input))
+    local lines = {}
+    for l in out:gmatch("[^\n]+") do lines[#lines + 1] = l end
+    assert.are.equal("rc=1", table.remove(lines))
+    local objs = {}
+    for _, l in ipairs(lines) do objs[#objs + 1] = cjson.decode(l) end
+    assert.are.same({ 42, "a", cjson.null }, objs[1].values)
+    assert.are.equal("stdin:1: boom", objs[2].error)
+    assert.truthy(objs[3].channels[ns .. "/atmosphere.field"])
+    assert.are.same({ text = "hi" }, objs[4])
+    for i = 5, 6 do
+      assert.matches("^sub%d+$", objs[i].sub)
+      assert.are.equal("atmosphere.field", objs[i].channel)
+      assert.are.equal("number", type(objs[i].seq))
+      assert.are.equal("number", type(objs[i].event.step))
+    end
+    assert.matches("limit of 2 reached", objs[7].text)
+    assert.are.same({ true }, objs[8].values)
+    assert.are.equal(8, #objs)
+  end)
+
   it("runs piped input without a terminal, exit status 1 after an error", function()
     local out = sh_out(("echo 'ls() error(\"x\")' | %s %s/scripts/lecho-repl --nameserver %s --no-history; echo rc=$?")
       :format(S.luajit, S.root, ns))
@@ -313,6 +450,10 @@ end
     out = sh_out(("%s %s/scripts/lecho-repl --nameserver %s -e 'print(6 * 7)' </dev/null; echo rc=$?")
       :format(S.luajit, S.root, ns))
     assert.matches("^42\nrc=0", out)
+    -- A modulator file that is not there is said to be missing.
+    out = sh_out(("%s %s/scripts/lecho-repl --nameserver %s -e %s </dev/null; echo rc=$?")
+      :format(S.luajit, S.root, ns, S.sh_quote('mod("atmosphere.field", "no/such/stride.lua", {})')))
+    assert.matches("^%(command line%):1: mod: no such file: no/such/stride%.lua\nrc=1", out)
   end)
 
   it("restores the terminal when it ends with Ctrl-D", function()

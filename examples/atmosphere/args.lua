@@ -6,10 +6,26 @@
 --     ["--seconds"] = function(get) opts.seconds = get.number() end,
 --     ["--quiet"]   = function() opts.quiet = true end,
 --   }, fallback)                 -- fallback(flag) -> handler or nil (optional)
---   A.die("message", code)       -- "viewer: message" on stderr, exit code (2)
+--   A.die("message", code)       -- "viewer: message" on stderr, exit code (2);
+--                                -- a message from lecho loses its "lecho: "
 --
 -- --help and -h print the usage and exit 0; an unknown option, or a missing
 -- or non-numeric value, dies with the usage.
+--
+-- Loading it also lets the example find lecho: from a checkout, the tree two
+-- folders up from this file (no LUA_PATH/LUA_CPATH needed); installed, the
+-- default module paths.
+
+do
+  local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+  local root = here .. "/../.."
+  local f = io.open(root .. "/lua/lecho/init.lua", "r")
+  if f then
+    f:close()
+    package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
+    package.cpath = root .. "/lua/?.so;" .. package.cpath
+  end
+end
 
 local M = {}
 
@@ -17,6 +33,8 @@ function M.new(prog, usage)
   local A = {}
 
   function A.die(msg, code)
+    -- (an error raised by lecho says "lecho: ..." itself: one prefix is enough)
+    msg = tostring(msg):gsub("^lecho: ", "")
     io.stderr:write(prog, ": ", msg, "\n")
     os.exit(code or 2)
   end

@@ -13,7 +13,7 @@
 --   local model = dofile("examples/atmosphere/model.lua")
 --   local sim = model.new{ dt = 0.5, emission = 2 }      -- settings, optional
 --   local ev = sim:step()   -- { step, t, dt, emission, ..., nlev, nlat, nlon, cells }
---   local ok, applied, rejected = sim:steer{ emission = 3 }
+--   local applied, rejected = sim:steer{ emission = 3 }   -- all or nothing
 --
 -- Field layout: ev.cells is one flat array, level-major then latitude then
 -- longitude: cell (k, i, j) is ev.cells[(k-1)*nlat*nlon + (i-1)*nlon + j].
@@ -93,9 +93,10 @@ function M.new(settings, dims)
   return self
 end
 
---- Applies a steering event: every valid setting in ev is applied, every
--- other key is rejected.  Returns applied { name = { old, new } } and
--- rejected { "why", ... } (both possibly empty).
+--- Applies a steering event, all or nothing: when every key of ev is a
+-- setting with a valid value, applies them all and returns applied
+-- { name = { old, new } }, {}; otherwise changes nothing and returns {},
+-- rejected { "why", ... }.
 function Sim:steer(ev)
   local applied, rejected = {}, {}
   if type(ev) ~= "table" then
@@ -105,14 +106,15 @@ function Sim:steer(ev)
   local keys = {}
   for k in pairs(ev) do keys[#keys + 1] = k end
   table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+  local values = {}
   for _, k in ipairs(keys) do
     local v, err = M.check(k, ev[k])
-    if v then
-      applied[k] = { self[k], v }
-      self[k] = v
-    else
-      rejected[#rejected + 1] = err
-    end
+    if v then values[k] = v else rejected[#rejected + 1] = err end
+  end
+  if #rejected > 0 then return applied, rejected end
+  for k, v in pairs(values) do
+    applied[k] = { self[k], v }
+    self[k] = v
   end
   return applied, rejected
 end

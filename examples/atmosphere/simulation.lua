@@ -7,8 +7,9 @@ usage: luajit examples/atmosphere/simulation.lua [options]
 Publishes a layered latitude/longitude field of ozone-like values on the
 channel "atmosphere.field", one event per step, and applies steering events
 from "atmosphere.steer": a table with any subset of the settings below,
-e.g. { dt = 0.5 } or { emission = 3.0, wind = -1 }.  Unknown keys and bad
-values are logged on stderr and ignored.  Each field event carries the
+e.g. { dt = 0.5 } or { emission = 3.0, wind = -1 }.  An event with an
+unknown key or a bad value changes nothing: the handler raises, so the
+steering process gets the reason back (submit_sync returns nil and it).  Each field event carries the
 settings it was computed with: ev.step, ev.t (model hours), ev.dt,
 ev.emission, ev.wind, ev.tau, ev.rate, the grid (ev.nlev, ev.nlat, ev.nlon,
 ev.lat0, ev.dlat, ev.lon0, ev.dlon), ev.source = { lat, lon } and ev.cells
@@ -103,12 +104,15 @@ end
 local stepper
 local function restart_stepper() end
 
--- Steering: apply what is valid, log what is not.
+-- Steering: all of an event or nothing.  A bad one raises, and lecho's error
+-- forwarding takes the reason back to the steering process.
 local steer_ch = ctx:channel("atmosphere.steer")
 local steer, serr = steer_ch:consumer(function(ev, meta)
   local applied, rejected = sim:steer(ev)
-  for _, why in ipairs(rejected) do
-    log("steering from %s: %s (ignored)", meta and meta.producer or "?", why)
+  if #rejected > 0 then
+    local why = table.concat(rejected, "; ")
+    log("steering from %s rejected: %s", meta and meta.producer or "?", why)
+    error(why, 0)
   end
   local changes = {}
   for name, ov in pairs(applied) do changes[#changes + 1] = ("%s %s -> %s"):format(name, fmt_value(ov[1]), fmt_value(ov[2])) end

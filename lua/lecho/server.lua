@@ -1,0 +1,139 @@
+-- lua/lecho/server.lua: what scripts/lecho-nameserver and scripts/lecho-manager
+-- share (reading the command line, starting the context, the port file, the
+-- messages), so that each script only says what is its own.  Leans on
+-- lecho.context; the command-line reader is also the REPL's.
+--
+--   require("lecho.server").main{
+--     prog = "lecho-manager", usage = usage,
+--     options = { { "--nameserver", "nameserver", "address", required = true }, ... },
+--     defaults = { listen = "127.0.0.1:0" },
+--     context = function(opts) return { manager = true, ... } end,  -- lecho.context options
+--     started = function(ctx, opts) return "managing channels for " .. opts.nameserver end,
+--   }
+
+local M = {}
+
+-- What each kind of option value must be; nil, why when it is not.
+local kinds = {
+  address = function(v)
+    if v == "" then return nil, "needs HOST:PORT" end
+    return v
+  end,
+  string = function(v)
+    if v == "" then return nil, "needs a value" end
+    return v
+  end,
+  seconds = function(v)                     -- a duration > 0
+    local n = tonumber(v)
+    if not n or n ~= n or n <= 0 or n == math.huge then return nil, "needs a number of seconds > 0" end
+    return n
+  end,
+  seconds0 = function(v)                    -- a duration >= 0
+    local n = tonumber(v)
+    if not n or n ~= n or n < 0 or n == math.huge then return nil, "needs a number of seconds >= 0" end
+    return n
+  end,
+}
+M.kinds = kinds
+
+--- Writes "prog: msg" on stderr and exits with code (2: a usage error).
+function M.die(prog, msg, code)
+  io.stderr:write(prog, ": ", msg, "\n")
+  os.exit(code or 2)
+end
+
+--- An error from lecho, once prefixed by the script's name: without lecho's
+-- own "lecho: " prefix or a source position.
+function M.message(err)
+  local s = tostring(err)
+  s = s:gsub("^[^%s:]+%.lua:%d+: ", "")
+  s = s:gsub("^lecho: ", "")
+  return s
+end
+
+--- Reads argv by spec.options, a list of { flag, key, kind [, alias =,
+-- many =, required =] }: kind is a key of M.kinds, or "flag" for an option
+-- without a value; many: the values go into a list; required: true, or what
+-- the value looks like ("HOST:PORT").  `--flag=value` works too.
+-- --help/-h print spec.usage and exit 0; anything wrong exits 2 with one
+-- message.  Returns the options table (spec.defaults filled in first).
+function M.parse(argv, spec)
+  local prog, usage = spec.prog, spec.usage
+  local opts, by = {}, {}
+  for k, v in pairs(spec.defaults or {}) do opts[k] = v end
+  for _, o in ipairs(spec.options) do
+    by[o[1]] = o
+    if o.alias then by[o.alias] = o end
+    if o.many then opts[o[2]] = opts[o[2]] or {} end
+  end
+  local i = 1
+  while argv[i] do
+    local a = argv[i]
+    if a == "--help" or a == "-h" then io.write(usage) os.exit(0) end
+    local flag, inline = a:match("^(%-%-[%w-]+)=(.*)$")
+    flag = flag or a
+    local o = by[flag]
+    if not o then M.die(prog, ("unknown option '%s'\n%s"):format(a, usage)) end
+    if o[3] == "flag" then
+      if inline then M.die(prog, flag .. " takes no value") end
+      opts[o[2]] = true
+    else
+      local v = inline
+      if v == nil then
+        v = argv[i + 1]
+        if v == nil then M.die(prog, ("%s needs a value\n%s"):format(flag, usage)) end
+        i = i + 1
+      end
+      local ok, why = kinds[o[3]](v)
+      if ok == nil then M.die(prog, ("%s %s, not '%s'"):format(flag, why, v)) end
+      if o.many then table.insert(opts[o[2]], ok) else opts[o[2]] = ok end
+    end
+    i = i + 1
+  end
+  for _, o in ipairs(spec.options) do
+    if o.required and opts[o[2]] == nil then
+      local what = o[1] .. (type(o.required) == "string" and (" " .. o.required) or "")
+      M.die(prog, ("%s is required\n%s"):format(what, usage))
+    end
+  end
+  return opts
+end
+
+-- Writes the address to file through a rename, so that a reader never sees
+-- half of it.
+local function write_port_file(file, addr)
+  local f, err = io.open(file .. ".tmp", "w")
+  if not f then return nil, err end
+  f:write(addr, "\n")
+  f:close()
+  return os.rename(file .. ".tmp", file)
+end
+
+--- Runs a name server or manager script (see the top of the file): parses
+-- arg, starts the context, writes --port-file, says where it listens unless
+-- --quiet, serves until --for seconds pass or a signal ends the process.
+function M.main(spec)
+  local prog = spec.prog
+  local opts = M.parse(arg, spec)
+  local lecho = require "lecho"
+  local copts = spec.context(opts)
+  copts.listen = opts.listen
+  copts.log = function(msg)
+    if not opts.quiet or msg:match("^error") then io.stderr:write(prog, ": ", msg, "\n") end
+  end
+  local ok, ctx, err = pcall(lecho.context, copts)   -- (raises, or returns nil, err)
+  if not ok or not ctx then M.die(prog, M.message(ok and err or ctx), 1) end
+  if opts.port_file then
+    local wok, werr = write_port_file(opts.port_file, ctx.addr)
+    if not wok then
+      ctx:close()
+      M.die(prog, ("cannot write --port-file %s: %s"):format(opts.port_file, tostring(werr)), 1)
+    end
+  end
+  if not opts.quiet then io.stderr:write(prog, ": ", spec.started(ctx, opts), "\n") end
+  if opts.duration then ctx:after(opts.duration, function() ctx:stop() end) end
+  ctx:run()
+  ctx:close()
+end
+
+return M

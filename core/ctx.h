@@ -25,11 +25,6 @@
 enum lei_policy { LEI_BLOCK = 0, LEI_DROP_OLDEST, LEI_DROP_NEWEST, LEI_DISCONNECT };
 
 typedef struct lei_ctx lei_ctx;
-/* A peer's connection came up or went down; told to the hook later. */
-struct lei_note {
-    int idx, up;
-    char reason[160];
-};
 typedef struct lei_peer lei_peer;
 typedef struct lei_conn lei_conn;
 
@@ -71,137 +66,20 @@ typedef struct lei_hooks {
     void (*prepare)(void *ud);
 } lei_hooks;
 
-/* One queued frame: hdr bytes, then msg's bytes if msg is set. */
-typedef struct lei_qitem {
-    struct lei_qitem *next;
-    lei_msg *msg;       /* one reference owned by the item, or NULL */
-    size_t size;        /* hlen + msg->total */
-    uint32_t chid;      /* local queue: channel */
-    uint64_t producer, seq, sync;
-    uint8_t hlen;
-    uint8_t droppable;  /* an async event: policies may drop it */
-    uint8_t batch;      /* msg holds whole small async EVENT frames, nev of them */
-    uint8_t mixed;      /* a batch with events of more than one channel (chid: the first) */
-    uint32_t nev;
-    uint8_t hdr[LEI_EVENT_HDR_MAX];
-} lei_qitem;
-
-typedef struct lei_queue {
-    lei_qitem *head, *tail;
-    size_t bytes;       /* ro: queued bytes */
-    size_t count;       /* ro: queued frames */
-} lei_queue;
-
 typedef struct lei_pstats {
     uint64_t ev_in, ev_out, bytes_in, bytes_out, batches, drops, ctrl_in, ctrl_out;
 } lei_pstats;
 
-/* Per peer: the last sequence number seen from each (channel, producer) of
- * the peer's current incarnation (open addressing; last == 0: empty). */
-typedef struct lei_seqent {
-    uint64_t producer, last;
-    uint32_t chid, epoch;
-} lei_seqent;
-
-typedef struct lei_live {
-    uint64_t incarnation;     /* ro: from the last handshake (0: none yet) */
-    int fails;                /* ro: dials since the last handshake (backoff) */
-    lei_seqent *seqs;         /* owned */
-    uint32_t seqcap, seqn, seqhit;
-    ev_tstamp log_t;          /* gap logging: window start, lines, untold gaps */
-    uint32_t log_n;
-    uint64_t log_skipped;
-    uint64_t hb_in, hb_out, timeouts, gaps, lost, dups; /* ro: counters */
-} lei_live;
-
-struct lei_peer {
-    lei_ctx *ctx;
-    int idx;                  /* ro: 1-based handle, stable for the context's life */
-    char addr[LEI_ADDR_MAX];  /* ro: the remote context's listen address */
-    lei_conn *conn;           /* ro: current connection or NULL */
-    int up;                   /* ro: handshake done on conn */
-    int held;                 /* ro: a handler of an event from this peer is suspended */
-    lei_conn *retiring;       /* a connection ended by the disconnect policy,
-                               * still delivering: no new one until it closes */
-    ev_tstamp await_in;       /* our dial lost the tie-break: the remote's own
-                               * connection is awaited until then, queue kept */
-    lei_queue q;              /* ro: frames waiting for the socket */
-    size_t woff;              /* bytes of q.head already written */
-    uint8_t *bound;           /* channels announced (BIND) on this connection */
-    size_t nbound;
-    ev_tstamp last_fail;      /* when the last connection failed */
-    char reason[160];         /* ro: why the last connection ended */
-    lei_pstats st;            /* ro */
-    lei_live lv;              /* liveness and sequence tracking (ctx.c, live section) */
-};
-
-typedef struct lei_chan {
-    char *name;               /* ro: owned, NUL-terminated */
-    size_t namelen;
-    uint32_t id;              /* ro: index in ctx->chans, also the wire idx we send */
-    int local;                /* rw via lei_chan_set_local: local consumers exist */
-    lei_peer **dests;         /* ro: owned array, remote consuming contexts */
-    int ndests;
-    int held;                 /* ro: a local handler of it is suspended */
-    uint64_t ev_out, bytes_out, ev_in, bytes_in, drops, ev_local, encodes;
-    uint64_t gaps, lost, dups;  /* ro: sequence gaps seen, events they lost, duplicates dropped */
-    uint32_t epoch;           /* ro: bumped when local consumers appear again */
-    uint8_t derived;          /* ro: a modulated stream (name@key): filters skip seqs */
-} lei_chan;
-
-typedef struct lei_sync_wait {
-    lei_peer *peer;           /* NULL: the local consumers */
-    int done;
-    char *err;                /* owned: transport failure, or NULL */
-    uint8_t *errs;            /* owned: encoded handler errors from the ack */
-    size_t elen;
-} lei_sync_wait;
-
-typedef struct lei_sync {
-    struct lei_sync *next;
-    uint64_t id;
-    int nwait;                /* waits not yet done */
-    int nw;
-    lei_sync_wait *w;         /* owned */
-    uint64_t nran;
-} lei_sync;
-
-struct lei_ctx {
-    struct ev_loop *loop;     /* ro: owned */
-    lei_opts o;               /* rw before lei_ctx_listen */
-    lei_hooks h;
-    char addr[LEI_ADDR_MAX];  /* ro: our listen address */
-    uint64_t incarnation;
-    int lfd;
-    ev_io lio;
-    ev_prepare prep;          /* writes batched queues once per loop turn */
-    ev_idle idle;             /* runs the local delivery queue */
-    ev_timer hb;              /* liveness: PINGs and dead peers, all connections */
-    lei_peer **peers;         /* owned, index idx-1 */
-    int npeers, cpeers;
-    lei_conn *conns;          /* all live connections (list through conn->next) */
-    lei_chan **chans;         /* owned */
-    uint32_t nchans, cchans;
-    uint32_t *hash;           /* open addressing: chid+1, 0 empty */
-    uint32_t hcap;
-    lei_queue lq;             /* local deliveries */
-    lei_sync *syncs;
-    uint64_t next_sync;
-    int depth;                /* ro: nesting of hooks in progress */
-    lei_queue ldef;           /* local items of held channels, in order */
-    int closing;              /* ro: lei_ctx_shutdown was called */
-    struct lei_note *notes;   /* owned: peer changes not yet told to the hook */
-    int nnotes, cnotes;
-    ev_idle kick;             /* keeps one loop turn from blocking (peer notes) */
-    ev_timer expiry_w;        /* peers' await_in, retired connections */
-    uint64_t encodes;         /* rw by the binding: values encoded */
-    uint64_t bad_frames;      /* ro: connections closed for bad input */
-};
+typedef struct lei_chan lei_chan;
+typedef struct lei_sync lei_sync;
 
 lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h);
 void lei_ctx_free(lei_ctx *c);
 /* Binds and listens on host:port (port 0: the OS chooses).  0 or -1, *err. */
 int lei_ctx_listen(lei_ctx *c, const char *host, int port, const char **err);
+/* The context's loop (owned by the context) and options (read only). */
+struct ev_loop *lei_ctx_loop(const lei_ctx *c);
+const lei_opts *lei_ctx_opts(const lei_ctx *c);
 void lei_logf(lei_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Finds or creates the channel with this full name; returns its id. */

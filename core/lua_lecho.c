@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "codec.h"
-#include "ctx.h"
+#include "ctx_int.h"
 #include "moe.h"
 
 #define CTX_MT "lecho.ctx"

@@ -43,12 +43,12 @@ static int parse_addr(const char *addr, struct sockaddr_in *sa) {
     return inet_pton(AF_INET, host, &sa->sin_addr) == 1 ? 0 : -1;
 }
 
-static lei_conn *conn_new(lei_ctx *c, int fd, int outbound) {
+static lei_conn *conn_new(lei_ctx *c, int fd, enum lei_conn_state state) {
     lei_conn *k = calloc(1, sizeof *k);
     if (!k) return NULL;
     k->ctx = c;
     k->fd = fd;
-    k->outbound = outbound;
+    k->state = state;
     ev_io_init(&k->rio, conn_read_cb, fd, EV_READ);
     ev_io_init(&k->wio, conn_write_cb, fd, EV_WRITE);
     k->rio.data = k->wio.data = k;
@@ -93,8 +93,8 @@ static void conn_send_error(lei_conn *k, const char *msg) {
 /* Closes a connection: bad is set when the remote sent malformed input. */
 void lei_conn_close(lei_conn *k, const char *reason, int bad) {
     lei_ctx *c = k->ctx;
-    if (k->dead) return;
-    k->dead = 1;
+    if (k->state == LEI_CONN_CLOSED) return;
+    k->state = LEI_CONN_CLOSED;
     ev_io_stop(c->loop, &k->rio);
     ev_io_stop(c->loop, &k->wio);
     if (bad) {
@@ -122,16 +122,16 @@ void lei_conn_close(lei_conn *k, const char *reason, int bad) {
  * the remote closes, so that what the kernel holds is still delivered and
  * every event is either received or counted as dropped. */
 void lei_conn_retire(lei_conn *k, const char *reason) {
-    if (!k || k->dead) return;
+    if (!k || k->state == LEI_CONN_CLOSED) return;
     lei_ctx *c = k->ctx;
     lei_peer *p = k->peer;
-    if (k->state != C_UP) {
+    if (k->state != LEI_CONN_UP && k->state != LEI_CONN_CLOSING) {
         lei_conn_close(k, reason, 0);
         return;
     }
     ev_io_stop(c->loop, &k->wio);
     shutdown(k->fd, SHUT_WR);
-    k->fin = 1;
+    k->state = LEI_CONN_RETIRED;
     k->retired = ev_now(c->loop);
     k->peer = NULL;
     if (p && p->conn == k) {
@@ -167,21 +167,17 @@ int lei_peer_dial(lei_peer *p) {
         p->last_fail = ev_now(c->loop);
         return -1;
     }
-    lei_conn *k = conn_new(c, fd, 1);
+    lei_conn *k = conn_new(c, fd, LEI_CONN_DIALING);
     if (!k) {
         close(fd);
         return -1;
     }
     k->peer = p;
-    k->state = C_CONNECTING;
     p->conn = k;
-    p->up = 0;
     ev_io_start(c->loop, &k->wio);
     return 0;
 }
 
-
-/* ---- reading ----------------------------------------------------------- */
 
 static void send_hello(lei_conn *k, uint8_t type) {
     uint8_t b[128];
@@ -189,20 +185,70 @@ static void send_hello(lei_conn *k, uint8_t type) {
     conn_write_now(k, b, n);
 }
 
+/* ---- the handshake -------------------------------------------------------
+ *
+ * A connection walks one way through enum lei_conn_state (ctx_int.h):
+ *
+ *   dialled:  DIALING --connected, HELLO sent--> HELLO_SENT --HELLO_OK--> UP
+ *   accepted:                                    HELLO_WAIT --HELLO-----> UP
+ *   UP --queue written while closing, FIN--> CLOSING
+ *   UP or CLOSING --disconnect policy, FIN--> RETIRED
+ *   any --error, remote closed, dead, superseded--> CLOSED
+ *
+ * Before UP only HELLO, HELLO_OK and ERROR frames count; the protocol
+ * version is checked in one place (hello_read) for both directions. */
+
 /* The reason sent to the loser of simultaneous dials: it keeps its queue
  * and waits for the connection the winner dialled. */
 static const char DUP_REASON[] = "duplicate connection: the one dialled by the smaller address wins";
-#define AWAIT_IN_SECONDS 5.0
 
-/* An inbound connection introduced itself: tie it to the peer of that
+/* Reads the remote's HELLO (want LEI_F_HELLO, we were dialled) or HELLO_OK
+ * (we dialled).  Returns 0, or -1 after closing k as bad input. */
+static int hello_read(lei_conn *k, const lei_frame *f, uint8_t want, lei_hello *h) {
+    const char *err = NULL;
+    char why[160];
+    if (f->type != want) {
+        err = want == LEI_F_HELLO ? "expected a handshake (HELLO) first"
+                                  : "expected a handshake answer (HELLO_OK)";
+    } else if (lei_parse_hello(f->body, f->len, h, &err)) {
+        /* err set */
+    } else if (h->version != LEI_PROTO_VERSION) {
+        snprintf(why, sizeof why, "protocol version mismatch: peer speaks %u, this side speaks %u",
+                 h->version, LEI_PROTO_VERSION);
+        err = why;
+    }
+    if (!err) return 0;
+    lei_conn_close(k, err, 1);
+    return -1;
+}
+
+/* HELLO_WAIT or HELLO_SENT -> UP: k serves p from now on.  An accepted
+ * connection answers HELLO_OK first; then the peer is told up and what
+ * queued for it while it was down goes out. */
+static void conn_up(lei_conn *k, lei_peer *p, uint64_t incarnation) {
+    int accepted = k->state == LEI_CONN_HELLO_WAIT;
+    k->peer = p;
+    p->conn = k;
+    k->state = LEI_CONN_UP;
+    p->await_in = 0;
+    p->reason[0] = '\0';
+    lei_live_peer_up(p, incarnation);
+    if (accepted) send_hello(k, LEI_F_HELLO_OK);
+    lei_peer_note(p, 1, NULL);
+    if (p->held) ev_io_stop(k->ctx->loop, &k->rio);
+    lei_peer_flush(p);
+}
+
+/* HELLO_WAIT: the remote introduced itself; tie k to the peer of that
  * address.  With two connections between the same pair of contexts the one
- * dialled by the smaller address wins, so both sides agree on one. */
-static int on_hello(lei_conn *k, const lei_hello *h) {
+ * dialled by the smaller address wins, so both sides agree on one.  Returns
+ * 0 (k is UP), or -1 (k must be closed; DUP_REASON already sent to a loser). */
+static int hello_accepted(lei_conn *k, const lei_hello *h) {
     lei_ctx *c = k->ctx;
     lei_peer *p = lei_peer_find(c, h->addr);
-    if (p && p->conn && !p->conn->dead && p->conn != k) {
+    if (p && p->conn && p->conn->state != LEI_CONN_CLOSED && p->conn != k) {
         lei_conn *old = p->conn;
-        if (old->outbound && !p->up) {
+        if (old->state == LEI_CONN_DIALING || old->state == LEI_CONN_HELLO_SENT) {
             if (strcmp(c->addr, h->addr) < 0) {
                 conn_send_error(k, DUP_REASON);
                 return -1;
@@ -211,7 +257,7 @@ static int on_hello(lei_conn *k, const lei_hello *h) {
             p->conn = NULL;
             old->peer = NULL;
             lei_conn_close(old, "superseded", 0);
-        } else if (p->up && p->lv.incarnation == h->incarnation &&
+        } else if (p->lv.incarnation == h->incarnation &&
                    ev_now(c->loop) - old->last_in < (c->o.heartbeat > 1.0 ? c->o.heartbeat : 1.0)) {
             /* The same process, and its connection here is up and alive: a
              * HELLO of a crossing dial that arrives late (its sender already
@@ -223,19 +269,60 @@ static int on_hello(lei_conn *k, const lei_hello *h) {
         }
     }
     if (!p && !(p = lei_peer_new(c, h->addr))) return -1;
-    k->peer = p;
-    p->conn = k;
-    p->up = 1;
-    p->await_in = 0;
-    p->reason[0] = '\0';
-    lei_live_peer_up(p, h->incarnation);
-    k->state = C_UP;
-    send_hello(k, LEI_F_HELLO_OK);
-    lei_peer_note(p, 1, NULL);
-    if (p->held) ev_io_stop(c->loop, &k->rio);
-    lei_peer_flush(p);
+    conn_up(k, p, h->incarnation);
     return 0;
 }
+
+/* HELLO_SENT: the remote answered our HELLO.  Returns 0 (k is UP), or -1
+ * after closing k. */
+static int hello_answered(lei_conn *k, const lei_frame *f) {
+    lei_ctx *c = k->ctx;
+    lei_peer *p = k->peer;
+    lei_hello h;
+    char why[256];
+    if (f->type == LEI_F_ERROR && p && p->conn == k && f->len == sizeof DUP_REASON - 1 &&
+        memcmp(f->body, DUP_REASON, f->len) == 0) {
+        /* We lost the tie-break: the remote's own connection comes.
+         * Nothing was written on this one (the handshake was not done):
+         * the queue, BINDs included, goes whole on the next one. */
+        p->conn = NULL;
+        p->await_in = ev_now(c->loop) + AWAIT_IN_SECONDS;
+        lei_expiry_at(c, p->await_in);
+        k->peer = NULL;
+        lei_conn_close(k, "lost the tie-break of simultaneous dials", 0);
+        return -1;
+    }
+    if (f->type == LEI_F_ERROR) {
+        snprintf(why, sizeof why, "refused by peer: %.*s", (int)(f->len > 200 ? 200 : f->len),
+                 (const char *)f->body);
+        lei_logf(c, "connection to %s %s", p ? p->addr : "?", why);
+        lei_conn_close(k, why, 0);
+        return -1;
+    }
+    if (hello_read(k, f, LEI_F_HELLO_OK, &h)) return -1;
+    if (!p || p->conn != k) {
+        /* Another connection took over this peer meanwhile. */
+        k->peer = NULL;
+        lei_conn_close(k, "superseded by another connection to the same context", 0);
+        return -1;
+    }
+    conn_up(k, p, h.incarnation);
+    return 0;
+}
+
+/* One frame before UP.  Returns 0, or -1 after closing k. */
+static int conn_handshake(lei_conn *k, const lei_frame *f) {
+    if (k->state == LEI_CONN_HELLO_SENT) return hello_answered(k, f);
+    lei_hello h;
+    if (hello_read(k, f, LEI_F_HELLO, &h)) return -1;
+    if (hello_accepted(k, &h)) {
+        lei_conn_close(k, "handshake refused", 0);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- reading ----------------------------------------------------------- */
 
 static int map_idx(lei_conn *k, uint64_t idx, uint32_t *chid) {
     if (idx >= k->ninmap || !k->inmap[idx]) return -1;
@@ -248,82 +335,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
     lei_ctx *c = k->ctx;
     const char *err = NULL;
     char why[256];
-    if (k->state == C_HELLO && !k->outbound) {
-        lei_hello h;
-        if (f->type != LEI_F_HELLO) {
-            lei_conn_close(k, "expected a handshake (HELLO) first", 1);
-            return -1;
-        }
-        if (lei_parse_hello(f->body, f->len, &h, &err)) {
-            lei_conn_close(k, err, 1);
-            return -1;
-        }
-        if (h.version != LEI_PROTO_VERSION) {
-            snprintf(why, sizeof why,
-                     "protocol version mismatch: peer speaks %u, this side speaks %u", h.version,
-                     LEI_PROTO_VERSION);
-            lei_conn_close(k, why, 1);
-            return -1;
-        }
-        if (on_hello(k, &h)) {
-            lei_conn_close(k, "handshake refused", 0);
-            return -1;
-        }
-        return 0;
-    }
-    if (k->state == C_HELLO) { /* outbound: waiting for HELLO_OK */
-        lei_hello h;
-        if (f->type == LEI_F_ERROR && k->peer && k->peer->conn == k &&
-            f->len == sizeof DUP_REASON - 1 && memcmp(f->body, DUP_REASON, f->len) == 0) {
-            /* We lost the tie-break: the remote's own connection comes.
-             * Nothing was written on this one (the handshake was not done):
-             * the queue, BINDs included, goes whole on the next one. */
-            lei_peer *p = k->peer;
-            p->conn = NULL;
-            p->up = 0;
-            p->await_in = ev_now(c->loop) + AWAIT_IN_SECONDS;
-            lei_expiry_at(c, p->await_in);
-            k->peer = NULL;
-            lei_conn_close(k, "lost the tie-break of simultaneous dials", 0);
-            return -1;
-        }
-        if (f->type == LEI_F_ERROR) {
-            snprintf(why, sizeof why, "refused by peer: %.*s", (int)(f->len > 200 ? 200 : f->len),
-                     (const char *)f->body);
-            lei_logf(c, "connection to %s %s", k->peer ? k->peer->addr : "?", why);
-            lei_conn_close(k, why, 0);
-            return -1;
-        }
-        if (f->type != LEI_F_HELLO_OK || lei_parse_hello(f->body, f->len, &h, &err)) {
-            lei_conn_close(k, err ? err : "expected a handshake answer (HELLO_OK)", 1);
-            return -1;
-        }
-        if (h.version != LEI_PROTO_VERSION) {
-            snprintf(why, sizeof why,
-                     "protocol version mismatch: peer speaks %u, this side speaks %u", h.version,
-                     LEI_PROTO_VERSION);
-            lei_conn_close(k, why, 1);
-            return -1;
-        }
-        k->state = C_UP;
-        lei_peer *p = k->peer;
-        if (p && p->conn != k) {
-            /* Another connection took over this peer meanwhile. */
-            k->peer = NULL;
-            lei_conn_close(k, "superseded by another connection to the same context", 0);
-            return -1;
-        }
-        if (p) {
-            p->up = 1;
-            p->await_in = 0;
-            p->reason[0] = '\0';
-            lei_live_peer_up(p, h.incarnation);
-            lei_peer_note(p, 1, NULL);
-            if (p->held) ev_io_stop(c->loop, &k->rio);
-            if (p->conn == k) lei_peer_flush(p);
-        }
-        return 0;
-    }
+    if (k->state < LEI_CONN_UP) return conn_handshake(k, f);
     lei_peer *p = k->peer;
     if (f->type == LEI_F_HEARTBEAT || f->type == LEI_F_PING) return lei_live_frame(k, f);
     switch (f->type) {
@@ -409,7 +421,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
         lei_conn_close(k, why, 1);
         return -1;
     }
-    if (k->dead) return -1;
+    if (k->state == LEI_CONN_CLOSED) return -1;
     if (err) {
         lei_conn_close(k, err, 1);
         return -1;
@@ -424,17 +436,17 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
 
 static size_t conn_max_frame(const lei_conn *k) {
     size_t max = k->ctx->o.max_frame;
-    return k->state == C_UP || max < HANDSHAKE_FRAME_MAX ? max : HANDSHAKE_FRAME_MAX;
+    return k->state >= LEI_CONN_UP || max < HANDSHAKE_FRAME_MAX ? max : HANDSHAKE_FRAME_MAX;
 }
 
 /* Hands over the complete frames in k's buffer, until one suspends or
  * closes.  Returns 0, or -1 once k is dead (the caller frees it). */
 static int conn_frames(lei_conn *k) {
-    if (k->retired > 0) { /* detached: what still comes is not read */
+    if (k->state == LEI_CONN_RETIRED) { /* detached: what still comes is not read */
         k->rpos = k->rlen;
         return 0;
     }
-    while (!k->dead && !(k->peer && k->peer->held && k->state == C_UP)) {
+    while (k->state != LEI_CONN_CLOSED && !(k->peer && k->peer->held && k->state >= LEI_CONN_UP)) {
         lei_frame f;
         const char *err = NULL;
         size_t max = conn_max_frame(k); /* the handshake may end at any frame */
@@ -450,9 +462,9 @@ static int conn_frames(lei_conn *k) {
             break;
         }
         k->rpos += f.size; /* consumed before the hooks run: they may re-enter */
-        if (conn_frame(k, &f) || k->dead) break;
+        if (conn_frame(k, &f) || k->state == LEI_CONN_CLOSED) break;
     }
-    return k->dead ? -1 : 0;
+    return k->state == LEI_CONN_CLOSED ? -1 : 0;
 }
 
 static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
@@ -460,7 +472,7 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
     (void)revents;
     lei_conn *k = w->data;
     lei_ctx *c = k->ctx;
-    if (k->peer && k->peer->held && k->state == C_UP) {
+    if (k->peer && k->peer->held && k->state >= LEI_CONN_UP) {
         ev_io_stop(c->loop, &k->rio); /* lei_resume starts it again */
         return;
     }
@@ -469,7 +481,7 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
         k->busy++;
         conn_frames(k);
         k->busy--;
-        if (k->dead) {
+        if (k->state == LEI_CONN_CLOSED) {
             if (!k->busy) lei_conn_free(k);
             return;
         }
@@ -522,18 +534,18 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
     }
     k->rlen += (size_t)n;
     k->last_in = ev_now(loop);
-    if (k->peer && k->state == C_UP) k->peer->st.bytes_in += (uint64_t)n;
+    if (k->peer && k->state >= LEI_CONN_UP) k->peer->st.bytes_in += (uint64_t)n;
     k->busy++;
     conn_frames(k);
     k->busy--;
-    if (k->dead && !k->busy) lei_conn_free(k);
+    if (k->state == LEI_CONN_CLOSED && !k->busy) lei_conn_free(k);
 }
 
 static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents) {
     (void)loop;
     (void)revents;
     lei_conn *k = w->data;
-    if (k->state == C_CONNECTING) {
+    if (k->state == LEI_CONN_DIALING) {
         int e = 0;
         socklen_t l = sizeof e;
         getsockopt(k->fd, SOL_SOCKET, SO_ERROR, &e, &l);
@@ -545,7 +557,7 @@ static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents) {
             return;
         }
         ev_io_stop(k->ctx->loop, &k->wio);
-        k->state = C_HELLO;
+        k->state = LEI_CONN_HELLO_SENT;
         send_hello(k, LEI_F_HELLO);
         ev_io_start(k->ctx->loop, &k->rio);
         return;
@@ -567,12 +579,11 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents) {
                 lei_logf(c, "accept: %s", strerror(errno));
             return;
         }
-        lei_conn *k = conn_new(c, fd, 0);
+        lei_conn *k = conn_new(c, fd, LEI_CONN_HELLO_WAIT);
         if (!k) {
             close(fd);
             continue;
         }
-        k->state = C_HELLO;
         ev_io_start(c->loop, &k->rio);
     }
 }
@@ -583,10 +594,10 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents) {
 /* Closing: once k's queue is written, our side ends with a FIN; reading
  * goes on until the remote closes (it has then read all we sent). */
 void lei_conn_fin(lei_conn *k) {
-    if (k->fin || k->dead || k->state != C_UP) return;
+    if (k->state != LEI_CONN_UP) return;
     lei_peer *p = k->peer;
     if (p && (p->conn != k || p->q.head)) return;
-    k->fin = 1;
+    k->state = LEI_CONN_CLOSING;
     shutdown(k->fd, SHUT_WR);
 }
 

@@ -142,11 +142,12 @@ void lei_ctx_shutdown(lei_ctx *c) {
         if (c->peers[i]->held) lei_resume(c, c->peers[i], 0);
     for (lei_conn *k = c->conns, *nk; k; k = nk) {
         nk = k->next; /* a failed write frees k */
-        if (k->dead) continue;
-        if (k->state == C_UP && k->peer && k->peer->conn == k)
+        if (k->state == LEI_CONN_CLOSED) continue;
+        if ((k->state == LEI_CONN_UP || k->state == LEI_CONN_CLOSING) && k->peer &&
+            k->peer->conn == k)
             lei_peer_flush(k->peer); /* FIN once written */
-        else if (k->state == C_UP || (!k->outbound && !k->peer))
-            lei_conn_fin(k);
+        else
+            lei_conn_fin(k); /* UP without its peer; no-op in any other state */
     }
 }
 
@@ -161,7 +162,7 @@ int lei_ctx_pending(lei_ctx *c, uint64_t *events, uint64_t *bytes) {
     int open = 0;
     *events = *bytes = 0;
     for (lei_conn *k = c->conns; k; k = k->next)
-        if (!k->dead) open++;
+        if (k->state != LEI_CONN_CLOSED) open++;
     for (int i = 0; i < c->npeers; i++) {
         lei_peer *p = c->peers[i];
         for (lei_qitem *it = p->q.head; it; it = it->next)
@@ -213,7 +214,7 @@ void lei_ctx_free(lei_ctx *c) {
     while (c->conns) {
         lei_conn *k = c->conns;
         k->busy = 0;
-        if (k->dead) {
+        if (k->state == LEI_CONN_CLOSED) {
             lei_conn_free(k);
             continue;
         }

@@ -34,7 +34,7 @@ typedef struct lei_opts {
     size_t batch_bytes;    /* a peer queue this full is written at once, not at loop end */
     size_t max_frame;      /* largest frame accepted from a peer */
     double retry_interval; /* seconds before a failed peer is dialled again */
-    /* Liveness (live section of ctx.c): a connection silent for `heartbeat`
+    /* Liveness (live.c): a connection silent for `heartbeat`
      * seconds gets a PING; one silent for heartbeat * heartbeat_misses is
      * closed as dead.  0 disables both (PINGs are still answered). */
     double heartbeat;

@@ -93,7 +93,6 @@ struct lei_peer {
     int idx;                  /* ro: 1-based handle, stable for the context's life */
     char addr[LEI_ADDR_MAX];  /* ro: the remote context's listen address */
     lei_conn *conn;           /* ro: current connection or NULL */
-    int up;                   /* ro: handshake done on conn */
     int held;                 /* ro: a handler of an event from this peer is suspended */
     lei_conn *retiring;       /* a connection ended by the disconnect policy,
                                * still delivering: no new one until it closes */
@@ -106,7 +105,7 @@ struct lei_peer {
     ev_tstamp last_fail;      /* when the last connection failed */
     char reason[160];         /* ro: why the last connection ended */
     lei_pstats st;            /* ro */
-    lei_live lv;              /* liveness and sequence tracking (ctx.c, live section) */
+    lei_live lv;              /* liveness and sequence tracking (live.c) */
 };
 
 struct lei_chan {
@@ -172,22 +171,35 @@ struct lei_ctx {
     uint64_t bad_frames;      /* ro: connections closed for bad input */
 };
 
+/* The states of a connection, in the order it walks them (the handshake
+ * section of conn.c draws the transitions).  Before UP only handshake
+ * frames count. */
+enum lei_conn_state {
+    LEI_CONN_DIALING = 1, /* we dialled: connect() in progress */
+    LEI_CONN_HELLO_SENT,  /* we dialled: our HELLO is out, awaiting HELLO_OK */
+    LEI_CONN_HELLO_WAIT,  /* accepted: awaiting the remote's HELLO */
+    LEI_CONN_UP,          /* handshake done: frames flow both ways */
+    LEI_CONN_CLOSING,     /* up, the context closes: our FIN followed the queue,
+                           * reading until the remote's */
+    LEI_CONN_RETIRED,     /* detached from its peer (disconnect policy), FIN
+                           * sent: what the socket holds is still delivered,
+                           * input is ignored until the remote closes or
+                           * RETIRE_SECONDS after `retired` */
+    LEI_CONN_CLOSED       /* socket closed; freed once busy is 0 */
+};
+
 /* One TCP connection.  Owned by the context (ctx->conns list); tied to at
  * most one peer.  Freed once closed and no read callback is running on it. */
 struct lei_conn {
     lei_conn *next;
     lei_ctx *ctx;
-    lei_peer *peer;     /* NULL until the handshake names the remote */
+    lei_peer *peer;     /* dialled: from the start; accepted: from UP; NULL
+                         * once detached */
     int fd;
-    int outbound;
-    int state;          /* C_CONNECTING, C_HELLO, C_UP */
-    int dead;           /* closed; free when busy reaches 0 */
+    enum lei_conn_state state;
     int busy;           /* read callbacks in progress on this connection */
-    int fin;            /* closing: our FIN was sent, reading until the remote's */
     lei_peer *was;      /* retired: the peer it served (p->retiring == this) */
-    ev_tstamp retired;  /* > 0: detached from its peer, FIN sent; what the
-                         * socket holds is still delivered; closed when the
-                         * remote closes or RETIRE_SECONDS after this time */
+    ev_tstamp retired;  /* RETIRED: when */
     ev_io rio, wio;
     uint8_t *rb;        /* owned read buffer */
     size_t rlen, rpos, rcap;
@@ -196,7 +208,11 @@ struct lei_conn {
     ev_tstamp born, last_in, last_out, last_ping; /* liveness: created, last read, write, PING */
 };
 
-enum { C_CONNECTING = 1, C_HELLO, C_UP };
+/* The handshake is done and the connection still carries the peer's
+ * frames (UP or CLOSING). */
+static inline int lei_peer_is_up(const lei_peer *p) {
+    return p->conn && (p->conn->state == LEI_CONN_UP || p->conn->state == LEI_CONN_CLOSING);
+}
 
 
 /* ---- shared between the context's files -------------------------------- */

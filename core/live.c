@@ -76,7 +76,7 @@ int lei_live_frame(lei_conn *k, const lei_frame *f) {
     }
     p->lv.hb_in++;
     if (f->type == LEI_F_PING) live_send(p, LEI_F_HEARTBEAT);
-    return k->dead ? -1 : 0;
+    return k->state == LEI_CONN_CLOSED ? -1 : 0;
 }
 
 /* When k's next PING (*ping) or HEARTBEAT, whichever is first, is due. */
@@ -96,17 +96,17 @@ void lei_live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
     lei_conn *k = c->conns;
     while (k) {
         lei_conn *nk = k->next; /* lei_conn_close may free k */
-        if (k->dead) {
+        if (k->state == LEI_CONN_CLOSED) {
             k = nk;
             continue;
         }
         const char *who = k->peer ? k->peer->addr : "an unidentified peer";
         char why[200];
-        if (k->state != C_UP) {
+        if (k->state < LEI_CONN_UP) {
             if (now - k->born >= dead &&
-                !live_fd_ready(k->fd, k->state == C_CONNECTING ? POLLOUT : POLLIN)) {
+                !live_fd_ready(k->fd, k->state == LEI_CONN_DIALING ? POLLOUT : POLLIN)) {
                 snprintf(why, sizeof why, "%s %s: no handshake within %.1f s",
-                         k->state == C_CONNECTING ? "connecting to" : "handshake with", who,
+                         k->state == LEI_CONN_DIALING ? "connecting to" : "handshake with", who,
                          now - k->born);
                 lei_logf(c, "closing connection: %s", why);
                 lei_conn_close(k, why, 0);
@@ -139,7 +139,7 @@ void lei_live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
             k->busy++; /* a failed write closes k: it must outlive this call */
             live_send(k->peer, ping <= now ? LEI_F_PING : LEI_F_HEARTBEAT);
             k->busy--;
-            if (k->dead) {
+            if (k->state == LEI_CONN_CLOSED) {
                 lei_conn_free(k);
                 k = nk;
                 continue;
@@ -147,7 +147,7 @@ void lei_live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
             k->last_out = now; /* even if the kernel did not take it all yet */
             due = live_due(c, k, &ping);
         }
-        if (!k->dead) {
+        if (k->state != LEI_CONN_CLOSED) {
             any = 1;
             if (due <= now) due = now + hb / 4; /* a PING waits behind queued frames */
             if (due > k->last_in + dead) due = k->last_in + dead;

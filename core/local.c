@@ -85,7 +85,7 @@ void lei_resume(lei_ctx *c, lei_peer *from, uint32_t chid) {
     }
     from->held = 0;
     lei_conn *k = from->conn;
-    if (k && !k->dead && k->state != C_CONNECTING) {
+    if (k && k->state != LEI_CONN_CLOSED && k->state != LEI_CONN_DIALING) {
         ev_io_start(c->loop, &k->rio);
         ev_feed_event(c->loop, &k->rio, EV_READ); /* frames already buffered */
     }

@@ -1277,7 +1277,7 @@ static int l_stats(lua_State *L) {
         setn(L, "gaps", (double)p->lv.gaps);
         setn(L, "lost", (double)p->lv.lost);
         setn(L, "duplicates", (double)p->lv.dups);
-        lua_pushboolean(L, p->up);
+        lua_pushboolean(L, lei_peer_is_up(p));
         lua_setfield(L, -2, "connected");
         if (p->reason[0]) {
             lua_pushstring(L, p->reason);

@@ -134,7 +134,7 @@ void lei_expiry_cb(struct ev_loop *loop, ev_timer *w, int revents) {
     ev_tstamp now = ev_now(c->loop), next = 0;
     for (lei_conn *k = c->conns, *nk; k; k = nk) {
         nk = k->next;
-        if (k->dead || k->retired <= 0) continue;
+        if (k->state != LEI_CONN_RETIRED) continue;
         if (k->retired + RETIRE_SECONDS <= now)
             lei_conn_close(k, "retired connection not closed by the remote in time", 0);
         else if (!next || k->retired + RETIRE_SECONDS < next)
@@ -260,7 +260,6 @@ static lei_qitem *batch_event(lei_peer *p, uint32_t chid, const uint8_t *hdr, si
 void lei_peer_lost(lei_peer *p, const char *reason) {
     lei_ctx *c = p->ctx;
     p->conn = NULL;
-    p->up = 0;
     p->last_fail = ev_now(c->loop);
     snprintf(p->reason, sizeof p->reason, "%s", reason);
     lei_peer_q_clear(c, p, 1);
@@ -298,7 +297,7 @@ static void ensure_bound(lei_peer *p, uint32_t chid) {
 void lei_peer_flush(lei_peer *p) {
     lei_ctx *c = p->ctx;
     lei_conn *k = p->conn;
-    if (!k || !p->up || k->dead) return;
+    if (!lei_peer_is_up(p)) return;
     while (p->q.head) {
         struct iovec iov[IOVN];
         int n = 0;
@@ -361,7 +360,7 @@ void lei_peer_flush(lei_peer *p) {
 
 
 int lei_peer_live(lei_peer *p) {
-    return (p->conn && !p->conn->dead) || p->await_in > 0;
+    return (p->conn && p->conn->state != LEI_CONN_CLOSED) || p->await_in > 0;
 }
 
 

@@ -72,7 +72,7 @@ void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uin
         uint8_t hdr[LEI_FRAME_HDR + 20];
         size_t hl = lei_frame_ack_hdr(hdr, sync, nran, elen);
         lei_qitem *it = lei_item_bytes(hdr, hl, errs, elen);
-        if (!it || !from->conn || !from->up) {
+        if (!it || !lei_peer_is_up(from)) {
             if (it) lei_item_free(c, it);
             return;
         }

@@ -610,20 +610,20 @@ int lei_ctx_listen(lei_ctx *c, const char *host, int port, const char **err) {
     sa.sin_port = htons((uint16_t)port);
     if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
         *err = "listen address must be an IPv4 address";
-        return -1;
+        return -LEI_E_INVALID;
     }
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     int one = 1;
     if (fd < 0) {
         *err = strerror(errno);
-        return -1;
+        return -LEI_E_IO;
     }
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (bind(fd, (struct sockaddr *)&sa, sizeof sa) || listen(fd, 512) ||
         getsockname(fd, (struct sockaddr *)&sa, &sl)) {
         *err = strerror(errno);
         close(fd);
-        return -1;
+        return -LEI_E_IO;
     }
     c->lfd = fd;
     snprintf(c->addr, sizeof c->addr, "%s:%u", host, ntohs(sa.sin_port));

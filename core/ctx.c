@@ -51,11 +51,11 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
     lei_chan *ch = lei_chan_get(c, chid);
     if (!ch) {
         *err = "no such channel";
-        return -1;
+        return -LEI_E_NOTFOUND;
     }
     if (msg->total + LEI_EVENT_HDR_MAX > c->o.max_frame) {
         *err = "event larger than the frame limit (max_frame)";
-        return -1;
+        return -LEI_E_LIMIT;
     }
     /* Everything that can fail is allocated before anything is queued or
      * counted: a failed submit leaves no trace.  The destinations are
@@ -75,7 +75,7 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
         if (lit) lei_item_free(c, lit);
         free(s);
         *err = "out of memory";
-        return -1;
+        return -LEI_E_NOMEM;
     }
     if (nd) memcpy(dests, ch->dests, (size_t)nd * sizeof *dests);
     if (local_drop) ch->drops++; /* the local queue is full: dropped, counted */

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "codec.h"
+#include "errors.h"
 #include "frame.h"
 
 enum lei_policy { LEI_BLOCK = 0, LEI_DROP_OLDEST, LEI_DROP_NEWEST, LEI_DISCONNECT };
@@ -75,7 +76,8 @@ typedef struct lei_sync lei_sync;
 
 lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h);
 void lei_ctx_free(lei_ctx *c);
-/* Binds and listens on host:port (port 0: the OS chooses).  0 or -1, *err. */
+/* Binds and listens on host:port (port 0: the OS chooses).  0, or
+ * -LEI_E_INVALID (not an IPv4 address) or -LEI_E_IO with *err. */
 int lei_ctx_listen(lei_ctx *c, const char *host, int port, const char **err);
 /* The context's loop (owned by the context) and options (read only). */
 struct ev_loop *lei_ctx_loop(const lei_ctx *c);
@@ -112,11 +114,13 @@ int lei_chan_room(lei_ctx *c, uint32_t chid);
  * and its id stored in *sync_id.  Never runs the loop and never waits: under
  * the block policy the caller waits for lei_chan_room first (a submit may
  * then take a queue past its limit by one event).  Local consumers run from
- * the loop, in order.  Returns 0, or -1 with *err (nothing was queued
- * anywhere, no record left). */
+ * the loop, in order.  Returns 0, or -LEI_E_NOTFOUND (no such channel),
+ * -LEI_E_LIMIT (over max_frame) or -LEI_E_NOMEM with *err (nothing was
+ * queued anywhere, no record left). */
 int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_msg *msg,
                int sync, int policy, uint64_t *sync_id, const char **err);
-/* Sends a control message (an encoded value) to addr.  0 or -1, *err. */
+/* Sends a control message (an encoded value) to addr.  0, or
+ * -LEI_E_CLOSED (the peer is unreachable, *err says why) or -LEI_E_NOMEM. */
 int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err);
 /* Acknowledges sync event `sync` received from peer (NULL: local). errs: the
  * encoded handler errors or NULL. */

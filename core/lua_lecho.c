@@ -64,15 +64,27 @@ struct lb_timer {
     int active;
 };
 
-/* The usual result of a call that can fail: true, or nil and err. */
-static int ok_or_err(lua_State *L, const char *err) {
-    if (err) {
-        lua_pushnil(L);
-        lua_pushstring(L, err);
-        return 2;
-    }
+/* An expected failure as Lua sees it: nil, message, code name (errors.h).
+ * Returns the number of values pushed. */
+static int push_err(lua_State *L, const char *msg, int code) {
+    lua_pushnil(L);
+    lua_pushstring(L, msg ? msg : lei_err_text(code));
+    lua_pushstring(L, lei_err_name(code));
+    return 3;
+}
+
+/* The usual result of a call that can fail: true, or nil, err, code. */
+static int ok_or_err(lua_State *L, const char *err, int code) {
+    if (err) return push_err(L, err, code);
     lua_pushboolean(L, 1);
     return 1;
+}
+
+/* The code of an encoder's message (codec_lua.c says what, not which). */
+static int enc_code(const char *msg) {
+    if (strstr(msg, "out of memory")) return LEI_E_NOMEM;
+    if (strstr(msg, "limit")) return LEI_E_LIMIT;
+    return LEI_E_INVALID;
 }
 
 static lb_ctx *check_ctx(lua_State *L) {
@@ -445,10 +457,12 @@ static int l_listen(lua_State *L) {
     const char *host = luaL_checkstring(L, 2);
     int port = (int)luaL_optinteger(L, 3, 0);
     const char *err;
-    if (lei_ctx_listen(b->c, host, port, &err)) {
+    int rc = lei_ctx_listen(b->c, host, port, &err);
+    if (rc) {
         lua_pushnil(L);
         lua_pushfstring(L, "cannot listen on %s:%d: %s", host, port, err);
-        return 2;
+        lua_pushstring(L, lei_err_name(rc));
+        return 3;
     }
     lua_pushstring(L, b->c->addr);
     return 1;
@@ -529,19 +543,18 @@ static int l_set_dests(lua_State *L) {
     return 0;
 }
 
-/* Encodes the value at idx into a new message; NULL with the error pushed. */
+/* Encodes the value at idx into a new message; NULL with nil, err, code
+ * pushed. */
 static lei_msg *encode_at(lua_State *L, lb_ctx *b, int idx) {
     char err[256];
     lei_msg *m = lei_msg_new();
     if (!m) {
-        lua_pushnil(L);
-        lua_pushliteral(L, "out of memory");
+        push_err(L, NULL, LEI_E_NOMEM);
         return NULL;
     }
     if (lei_encode_lua(L, idx, m, &b->lim, b->pin_threshold, err, sizeof err)) {
         lei_msg_release(m, hook_unpin, b);
-        lua_pushnil(L);
-        lua_pushstring(L, err);
+        push_err(L, err, enc_code(err));
         return NULL;
     }
     b->c->encodes++;
@@ -556,8 +569,7 @@ static lei_msg *encoded_at(lua_State *L, lb_ctx *b, int idx) {
     lei_msg *m = lei_msg_new();
     if (!m || lei_wbuf_put(&m->own, s, n)) {
         lei_msg_release(m, NULL, NULL);
-        lua_pushnil(L);
-        lua_pushliteral(L, "out of memory");
+        push_err(L, NULL, LEI_E_NOMEM);
         return NULL;
     }
     lei_msg_sync(m);
@@ -584,7 +596,7 @@ typedef struct lb_flat {
     size_t n;
 } lb_flat;
 
-/* Encodes the value at idx: 0, or -1 with nil, err pushed (2 results). */
+/* Encodes the value at idx: 0, or -1 with nil, err, code pushed (3 results). */
 static int flat_encode(lua_State *L, lb_ctx *b, int idx, lb_flat *f) {
     f->m = encode_at(L, b, idx);
     if (!f->m) return -1;
@@ -592,8 +604,7 @@ static int flat_encode(lua_State *L, lb_ctx *b, int idx, lb_flat *f) {
     f->n = f->m->total;
     if (!f->p) {
         lei_msg_release(f->m, hook_unpin, b);
-        lua_pushnil(L);
-        lua_pushstring(L, "out of memory");
+        push_err(L, NULL, LEI_E_NOMEM);
         return -1;
     }
     return 0;
@@ -712,20 +723,14 @@ static int l_submit(lua_State *L) {
         return 3;
     }
     lei_msg *m = lua_toboolean(L, 10) ? encoded_at(L, b, 5) : encode_at(L, b, 5);
-    if (!m) {
-        return 2;
-    }
+    if (!m) return 3;
     ch->encodes++;
     const char *err = NULL;
     uint64_t sid = 0;
     int rc = plain ? lei_submit(b->c, chid, producer, seq, m, sync, policy, &sid, &err) : 0;
     if (rc || nmoes == 0) {
         lei_msg_release(m, hook_unpin, b);
-        if (rc) {
-            lua_pushnil(L);
-            lua_pushstring(L, err);
-            return 2;
-        }
+        if (rc) return push_err(L, err, rc);
         if (sync)
             lua_pushnumber(L, (lua_Number)sid);
         else
@@ -765,11 +770,7 @@ static int l_submit(lua_State *L) {
     }
     free(tmp);
     lei_msg_release(m, hook_unpin, b);
-    if (!bytes) {
-        lua_pushnil(L);
-        lua_pushstring(L, "out of memory");
-        return 2;
-    }
+    if (!bytes) return push_err(L, NULL, LEI_E_NOMEM);
     if (!sync) lua_pushboolean(L, 1);
     return 1;
 }
@@ -830,23 +831,19 @@ static int l_moe(lua_State *L) {
     luaL_getmetatable(L, MOE_MT);
     lua_setmetatable(L, -2);
     lb_flat f;
-    if (flat_encode(L, b, 6, &f)) return 2;
+    if (flat_encode(L, b, 6, &f)) return 3;
     char err[256];
     x->m = lei_moe_new(b->c, ch->id, name, src, slen, f.p, f.n, &o, err, sizeof err);
     flat_done(b, &f);
-    if (!x->m) {
-        lua_pushnil(L);
-        lua_pushstring(L, err);
-        return 2;
-    }
+    if (!x->m) return push_err(L, err, LEI_E_INVALID);
     x->next = b->moes;
     b->moes = x;
     return 1;
 }
 
-/* true, or nil and why the modulator failed. */
+/* true, or nil, why the modulator failed, "failed". */
 static int moe_result(lua_State *L, lb_moe *x, int rc) {
-    return ok_or_err(L, rc ? lei_moe_error(x->m) : NULL);
+    return ok_or_err(L, rc ? lei_moe_error(x->m) : NULL, LEI_E_FAILED);
 }
 
 /* moe:params(value) -> true | nil, err (the modulator failed or the value
@@ -855,13 +852,9 @@ static int l_moe_params(lua_State *L) {
     lb_moe *x = check_moe(L);
     lb_ctx *b = x->b;
     luaL_checkany(L, 2);
-    if (lei_moe_error(x->m)) {
-        lua_pushnil(L);
-        lua_pushstring(L, lei_moe_error(x->m));
-        return 2;
-    }
+    if (lei_moe_error(x->m)) return push_err(L, lei_moe_error(x->m), LEI_E_FAILED);
     lb_flat f;
-    if (flat_encode(L, b, 2, &f)) return 2;
+    if (flat_encode(L, b, 2, &f)) return 3;
     int rc = lei_moe_set_params(x->m, f.p, f.n);
     flat_done(b, &f);
     return moe_result(L, x, rc);
@@ -1032,7 +1025,7 @@ static int l_ack(lua_State *L) {
     char *flat = NULL;
     if (!lua_isnoneornil(L, 5)) {
         if (!(m = encode_at(L, b, 5))) {
-            lua_pop(L, 2);
+            lua_pop(L, 3);
             lua_pushnil(L); /* errors not encodable: acknowledge without them */
             lua_replace(L, 5);
         } else if ((flat = malloc(m->total ? m->total : 1))) {
@@ -1050,13 +1043,11 @@ static int l_send_ctrl(lua_State *L) {
     const char *addr = luaL_checkstring(L, 2);
     luaL_checkany(L, 3);
     lei_msg *m = encode_at(L, b, 3);
-    if (!m) {
-        return 2;
-    }
+    if (!m) return 3;
     const char *err;
     int rc = lei_send_ctrl(b->c, addr, m, &err);
     lei_msg_release(m, hook_unpin, b);
-    return ok_or_err(L, rc ? err : NULL);
+    return ok_or_err(L, rc ? err : NULL, rc);
 }
 
 static int l_flush(lua_State *L) {

@@ -451,18 +451,18 @@ int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err) 
     lei_peer *p = lei_peer_get(c, addr, 1);
     if (!p) {
         *err = "out of memory";
-        return -1;
+        return -LEI_E_NOMEM;
     }
     if (!lei_peer_live(p)) {
         *err = p->reason[0] ? p->reason : "peer unreachable";
-        return -1;
+        return -LEI_E_CLOSED;
     }
     uint8_t hdr[LEI_FRAME_HDR];
     lei_frame_hdr(hdr, LEI_F_CTRL, msg->total);
     lei_qitem *it = lei_item_new(msg);
     if (!it) {
         *err = "out of memory";
-        return -1;
+        return -LEI_E_NOMEM;
     }
     memcpy(it->hdr, hdr, LEI_FRAME_HDR);
     it->hlen = LEI_FRAME_HDR;

@@ -130,3 +130,30 @@ void lei_chan_set_local(lei_ctx *c, uint32_t id, int on) {
     ch->local = on;
 }
 
+
+uint32_t lei_ctx_nchans(const lei_ctx *c) { return c->nchans; }
+
+const char *lei_chan_name(const lei_ctx *c, uint32_t id) {
+    return id < c->nchans ? c->chans[id]->name : NULL;
+}
+
+void lei_chan_count_encode(lei_ctx *c, uint32_t chid) {
+    if (chid < c->nchans) c->chans[chid]->encodes++;
+}
+
+int lei_chan_stats(const lei_ctx *c, uint32_t id, lei_stats_chan *out) {
+    if (id >= c->nchans) return -1;
+    const lei_chan *ch = c->chans[id];
+    out->ev_out = ch->ev_out;
+    out->bytes_out = ch->bytes_out;
+    out->ev_in = ch->ev_in;
+    out->bytes_in = ch->bytes_in;
+    out->drops = ch->drops;
+    out->ev_local = ch->ev_local;
+    out->encodes = ch->encodes;
+    out->gaps = ch->gaps;
+    out->lost = ch->lost;
+    out->dups = ch->dups;
+    out->ndests = ch->ndests;
+    return 0;
+}

@@ -407,7 +407,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
         const uint8_t *errs;
         size_t elen;
         if (lei_parse_ack(f->body, f->len, &sync, &nran, &errs, &elen, &err)) break;
-        lei_sync_answer(c, p, sync, nran, errs, elen);
+        lei_sync_answered(c, p, sync, nran, errs, elen);
         break;
     }
     case LEI_F_ERROR:

@@ -252,3 +252,24 @@ void lei_ctx_free(lei_ctx *c) {
     ev_loop_destroy(c->loop);
     free(c);
 }
+
+/* ---- read access for the embedder (ctx.h) ------------------------------ */
+
+const char *lei_ctx_addr(const lei_ctx *c) { return c->addr; }
+
+void lei_ctx_enter(lei_ctx *c) { c->depth++; }
+
+void lei_ctx_leave(lei_ctx *c) { c->depth--; }
+
+int lei_ctx_depth(const lei_ctx *c) { return c->depth; }
+
+void lei_ctx_count_encode(lei_ctx *c) { c->encodes++; }
+
+void lei_ctx_stats(const lei_ctx *c, lei_stats_ctx *out) {
+    out->encodes = c->encodes;
+    out->bad_frames = c->bad_frames;
+    out->local_bytes = c->lq.bytes;
+    out->local_events = c->lq.count;
+    out->deferred_bytes = c->ldef.bytes;
+    out->deferred_events = c->ldef.count;
+}

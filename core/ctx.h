@@ -74,6 +74,35 @@ typedef struct lei_pstats {
 typedef struct lei_chan lei_chan;
 typedef struct lei_sync lei_sync;
 
+/* What the stats functions below fill in (copies; nothing to free). */
+typedef struct lei_stats_ctx {
+    uint64_t encodes;         /* values encoded (counted by the embedder) */
+    uint64_t bad_frames;      /* connections closed for bad input */
+    size_t local_bytes, local_events;       /* the local delivery queue */
+    size_t deferred_bytes, deferred_events; /* local events behind a waiting handler */
+} lei_stats_ctx;
+
+typedef struct lei_stats_peer {
+    lei_pstats st;
+    size_t queue_bytes, queue_events;       /* waiting for the socket */
+    uint64_t hb_in, hb_out, timeouts, gaps, lost, dups; /* liveness and sequences */
+} lei_stats_peer;
+
+typedef struct lei_stats_chan {
+    uint64_t ev_out, bytes_out, ev_in, bytes_in, drops, ev_local, encodes;
+    uint64_t gaps, lost, dups;
+    int ndests;               /* remote consuming contexts */
+} lei_stats_chan;
+
+/* One consumer context's answer to a sync submit (lei_sync_reply). */
+typedef struct lei_sync_answer {
+    const char *addr;         /* the consuming context; NULL: the local consumers */
+    int done;                 /* answered or failed */
+    const char *err;          /* transport failure, or NULL */
+    const uint8_t *errs;      /* encoded handler errors from the ack, elen bytes */
+    size_t elen;
+} lei_sync_answer;
+
 lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h);
 void lei_ctx_free(lei_ctx *c);
 /* Binds and listens on host:port (port 0: the OS chooses).  0, or
@@ -82,11 +111,30 @@ int lei_ctx_listen(lei_ctx *c, const char *host, int port, const char **err);
 /* The context's loop (owned by the context) and options (read only). */
 struct ev_loop *lei_ctx_loop(const lei_ctx *c);
 const lei_opts *lei_ctx_opts(const lei_ctx *c);
+/* Our listen address ("" before lei_ctx_listen). */
+const char *lei_ctx_addr(const lei_ctx *c);
+/* A callback of the embedder's own (a timer, a watcher) begins or ends:
+ * the context counts its nesting like that of its hooks. */
+void lei_ctx_enter(lei_ctx *c);
+void lei_ctx_leave(lei_ctx *c);
+/* > 0 inside a hook or an entered callback. */
+int lei_ctx_depth(const lei_ctx *c);
+/* The embedder encoded a value (for the context, for channel chid). */
+void lei_ctx_count_encode(lei_ctx *c);
+void lei_chan_count_encode(lei_ctx *c, uint32_t chid);
+void lei_ctx_stats(const lei_ctx *c, lei_stats_ctx *out);
 void lei_logf(lei_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Finds or creates the channel with this full name; returns its id. */
 uint32_t lei_chan_open(lei_ctx *c, const char *name, size_t len);
+/* The channel with this id (an opaque handle), or NULL. */
 lei_chan *lei_chan_get(lei_ctx *c, uint32_t id);
+/* Channels are numbered 0 .. lei_ctx_nchans - 1, for the context's life. */
+uint32_t lei_ctx_nchans(const lei_ctx *c);
+/* The full name of channel id (NULL: no such channel). */
+const char *lei_chan_name(const lei_ctx *c, uint32_t id);
+/* 0, or -1 when there is no such channel. */
+int lei_chan_stats(const lei_ctx *c, uint32_t id, lei_stats_chan *out);
 /* Local consumers of the channel exist (on) or not.  When they appear again
  * the sequence tracking of the channel starts over: what was sent while
  * nobody here listened is not a gap. */
@@ -101,7 +149,17 @@ int lei_chan_full(lei_ctx *c, uint32_t chid);
 
 /* Finds the peer for addr, creating it (and dialling it) when create is set. */
 lei_peer *lei_peer_get(lei_ctx *c, const char *addr, int create);
+/* Peers are numbered 1 .. lei_ctx_npeers, for the context's life. */
 lei_peer *lei_peer_by_idx(lei_ctx *c, int idx);
+int lei_ctx_npeers(const lei_ctx *c);
+int lei_peer_idx(const lei_peer *p);
+/* The remote context's listen address. */
+const char *lei_peer_addr(const lei_peer *p);
+/* 1 when the handshake is done on the peer's current connection. */
+int lei_peer_up(const lei_peer *p);
+/* Why the last connection ended ("" if none did). */
+const char *lei_peer_reason(const lei_peer *p);
+void lei_peer_stats(const lei_peer *p, lei_stats_peer *out);
 
 /* 1 when every live destination of channel chid has room in its queue,
  * after writing what the sockets take now; 0 when a submit under the block
@@ -126,7 +184,16 @@ int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err);
  * encoded handler errors or NULL. */
 void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uint8_t *errs,
              size_t elen);
+/* The sync record of a submit (NULL: no such record, or freed). */
 lei_sync *lei_sync_find(lei_ctx *c, uint64_t id);
+/* Consumer contexts that have not answered yet (0: the submit is over). */
+int lei_sync_pending(const lei_sync *s);
+/* Handlers that ran, summed over the answers. */
+uint64_t lei_sync_nran(const lei_sync *s);
+/* The number of consumer contexts waited for; lei_sync_reply fills in the
+ * answer of the i-th (0-based).  Pointers stay valid until lei_sync_free. */
+int lei_sync_nreplies(const lei_sync *s);
+void lei_sync_reply(const lei_sync *s, int i, lei_sync_answer *out);
 void lei_sync_free(lei_ctx *c, lei_sync *s);
 /* Writes every ready queue now. */
 void lei_flush(lei_ctx *c);

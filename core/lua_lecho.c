@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "codec.h"
-#include "ctx_int.h"
+#include "ctx.h"
 #include "moe.h"
 
 #define CTX_MT "lecho.ctx"
@@ -171,7 +171,7 @@ static int hook_call(lua_State *L) {
     if (a->is_event)
         lua_pushnumber(L, a->chid);
     else
-        lua_pushstring(L, a->from->addr);
+        lua_pushstring(L, lei_peer_addr(a->from));
     a->bad = 1; /* until the value is there */
     if (lei_decode_lua(L, a->p, a->n, &a->b->lim, a->err, sizeof a->err)) return 0;
     a->bad = 0;
@@ -179,7 +179,7 @@ static int hook_call(lua_State *L) {
         lua_call(L, 2, 0);
         return 0;
     }
-    lua_pushinteger(L, a->from ? a->from->idx : 0);
+    lua_pushinteger(L, a->from ? lei_peer_idx(a->from) : 0);
     lua_pushnumber(L, (lua_Number)a->producer);
     lua_pushnumber(L, (lua_Number)a->seq);
     lua_pushnumber(L, (lua_Number)a->sync);
@@ -206,7 +206,7 @@ static int run_hook(lb_ctx *b, hook_args *a) {
         lua_gc(L, LUA_GCCOLLECT, 0);
         lua_pushstring(L, rc == LUA_ERRMEM ? "not enough memory" : "error");
     }
-    const char *from = a->from ? a->from->addr : "local";
+    const char *from = a->from ? lei_peer_addr(a->from) : "local";
     const char *what = a->is_event ? "event value" : "control message";
     if (rc) {
         const char *m = lua_tostring(L, -1);
@@ -261,8 +261,8 @@ static void hook_peer(void *ud, lei_peer *p, int up, const char *reason) {
     lua_State *L = b->L;
     if (!L || b->ref_peer == LUA_NOREF || !lua_checkstack(L, 6)) return;
     lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_peer);
-    lua_pushinteger(L, p->idx);
-    lua_pushstring(L, p->addr);
+    lua_pushinteger(L, lei_peer_idx(p));
+    lua_pushstring(L, lei_peer_addr(p));
     lua_pushboolean(L, up);
     if (reason)
         lua_pushstring(L, reason);
@@ -279,9 +279,9 @@ static void hook_prepare(void *ud) {
         if (x->m && lei_moe_has_pending(x->m)) lei_moe_pump(x->m);
     if (b->want_turn && b->ref_turn != LUA_NOREF && b->L && lua_checkstack(b->L, 4)) {
         lua_rawgeti(b->L, LUA_REGISTRYINDEX, b->ref_turn);
-        b->c->depth++;
+        lei_ctx_enter(b->c);
         pcall_tb(b, 0, 0);
-        if (b->c) b->c->depth--;
+        if (b->c) lei_ctx_leave(b->c);
     }
 }
 
@@ -399,9 +399,9 @@ static void ctx_close(lb_ctx *b, lua_State *L) {
         lb_timer *t = b->timers;
         b->timers = t->next;
         if (t->is_io)
-            ev_io_stop(b->c->loop, &t->io);
+            ev_io_stop(lei_ctx_loop(b->c), &t->io);
         else
-            ev_timer_stop(b->c->loop, &t->w);
+            ev_timer_stop(lei_ctx_loop(b->c), &t->w);
         if (t->active) {
             luaL_unref(L, LUA_REGISTRYINDEX, t->ref_self);
             t->active = 0;
@@ -429,11 +429,11 @@ static void ctx_close(lb_ctx *b, lua_State *L) {
  * it when the outermost run or run_once returns. */
 static int l_close(lua_State *L) {
     lb_ctx *b = luaL_checkudata(L, 1, CTX_MT);
-    if (b->c && b->c->depth > 0) {
+    if (b->c && lei_ctx_depth(b->c) > 0) {
         if (!b->close_pending) {
             b->close_pending = 1;
             lei_ctx_stop_listening(b->c);
-            ev_break(b->c->loop, EVBREAK_ALL);
+            ev_break(lei_ctx_loop(b->c), EVBREAK_ALL);
         }
         return 0;
     }
@@ -443,7 +443,7 @@ static int l_close(lua_State *L) {
 
 /* After a run or run_once returned: a close asked for from inside. */
 static void close_if_pending(lb_ctx *b, lua_State *L) {
-    if (b->close_pending && b->c && b->c->depth == 0) ctx_close(b, L);
+    if (b->close_pending && b->c && lei_ctx_depth(b->c) == 0) ctx_close(b, L);
 }
 
 static int l_gc(lua_State *L) {
@@ -464,13 +464,13 @@ static int l_listen(lua_State *L) {
         lua_pushstring(L, lei_err_name(rc));
         return 3;
     }
-    lua_pushstring(L, b->c->addr);
+    lua_pushstring(L, lei_ctx_addr(b->c));
     return 1;
 }
 
 static int l_addr(lua_State *L) {
     lb_ctx *b = check_ctx(L);
-    lua_pushstring(L, b->c->addr);
+    lua_pushstring(L, lei_ctx_addr(b->c));
     return 1;
 }
 
@@ -510,21 +510,22 @@ static int l_channel(lua_State *L) {
     return 1;
 }
 
-static lei_chan *check_chan(lua_State *L, lb_ctx *b, int i) {
-    lei_chan *ch = lei_chan_get(b->c, (uint32_t)luaL_checknumber(L, i));
-    if (!ch) luaL_argerror(L, i, "no such channel");
-    return ch;
+/* The channel id at index i, raising when there is no such channel. */
+static uint32_t check_chan(lua_State *L, lb_ctx *b, int i) {
+    uint32_t id = (uint32_t)luaL_checknumber(L, i);
+    if (!lei_chan_get(b->c, id)) luaL_argerror(L, i, "no such channel");
+    return id;
 }
 
 static int l_set_local(lua_State *L) {
     lb_ctx *b = check_ctx(L);
-    lei_chan_set_local(b->c, check_chan(L, b, 2)->id, lua_toboolean(L, 3));
+    lei_chan_set_local(b->c, check_chan(L, b, 2), lua_toboolean(L, 3));
     return 0;
 }
 
 static int l_set_dests(lua_State *L) {
     lb_ctx *b = check_ctx(L);
-    lei_chan *ch = check_chan(L, b, 2);
+    uint32_t chid = check_chan(L, b, 2);
     luaL_checktype(L, 3, LUA_TTABLE);
     int n = (int)lua_objlen(L, 3);
     const char **a = n ? calloc((size_t)n, sizeof *a) : NULL;
@@ -538,7 +539,7 @@ static int l_set_dests(lua_State *L) {
             return luaL_argerror(L, 3, "addresses must be strings");
         }
     }
-    lei_chan_set_dests(b->c, ch->id, a, n);
+    lei_chan_set_dests(b->c, chid, a, n);
     free(a);
     return 0;
 }
@@ -557,7 +558,7 @@ static lei_msg *encode_at(lua_State *L, lb_ctx *b, int idx) {
         push_err(L, err, enc_code(err));
         return NULL;
     }
-    b->c->encodes++;
+    lei_ctx_count_encode(b->c);
     return m;
 }
 
@@ -573,7 +574,7 @@ static lei_msg *encoded_at(lua_State *L, lb_ctx *b, int idx) {
         return NULL;
     }
     lei_msg_sync(m);
-    b->c->encodes++;
+    lei_ctx_count_encode(b->c);
     return m;
 }
 
@@ -648,10 +649,10 @@ static int room_for(lb_ctx *b, uint32_t chid, int plain, lua_State *L, int moes,
 /* ctx:room(chid, moes, plain) -> true when a blocking submit would not wait. */
 static int l_room(lua_State *L) {
     lb_ctx *b = check_ctx(L);
-    lei_chan *ch = check_chan(L, b, 2);
+    uint32_t chid = check_chan(L, b, 2);
     int nmoes = lua_istable(L, 3) ? (int)lua_objlen(L, 3) : 0;
     int plain = nmoes == 0 || lua_isnoneornil(L, 4) || lua_toboolean(L, 4);
-    lua_pushboolean(L, room_for(b, ch->id, plain, L, 3, nmoes));
+    lua_pushboolean(L, room_for(b, chid, plain, L, 3, nmoes));
     return 1;
 }
 
@@ -676,7 +677,7 @@ static int l_want_turn(lua_State *L) {
 
 /* ctx:depth(): > 0 inside one of the context's callbacks. */
 static int l_depth(lua_State *L) {
-    lua_pushinteger(L, check_ctx(L)->c->depth);
+    lua_pushinteger(L, lei_ctx_depth(check_ctx(L)->c));
     return 1;
 }
 
@@ -706,15 +707,14 @@ static int l_pending(lua_State *L) {
  * encoded: value is a string holding the encoded value already. */
 static int l_submit(lua_State *L) {
     lb_ctx *b = check_ctx(L);
-    lei_chan *ch = check_chan(L, b, 2);
+    uint32_t chid = check_chan(L, b, 2);
     uint64_t producer = (uint64_t)luaL_checknumber(L, 3);
     uint64_t seq = (uint64_t)luaL_checknumber(L, 4);
     luaL_checkany(L, 5);
     int sync = lua_toboolean(L, 6);
-    int policy = lua_isnoneornil(L, 7) ? b->c->o.policy : luaL_checkoption(L, 7, NULL, policy_names);
+    int policy = lua_isnoneornil(L, 7) ? lei_ctx_opts(b->c)->policy : luaL_checkoption(L, 7, NULL, policy_names);
     int nmoes = lua_istable(L, 8) ? (int)lua_objlen(L, 8) : 0;
     int plain = nmoes == 0 || lua_isnoneornil(L, 9) || lua_toboolean(L, 9);
-    uint32_t chid = ch->id;
     if ((policy == LEI_BLOCK || sync) && !room_for(b, chid, plain, L, 8, nmoes)) {
         /* Nothing done: the caller waits for room (ctx:room) and retries. */
         lua_pushnil(L);
@@ -724,7 +724,7 @@ static int l_submit(lua_State *L) {
     }
     lei_msg *m = lua_toboolean(L, 10) ? encoded_at(L, b, 5) : encode_at(L, b, 5);
     if (!m) return 3;
-    ch->encodes++;
+    lei_chan_count_encode(b->c, chid);
     const char *err = NULL;
     uint64_t sid = 0;
     int rc = plain ? lei_submit(b->c, chid, producer, seq, m, sync, policy, &sid, &err) : 0;
@@ -803,7 +803,7 @@ static int opt_bool(lua_State *L, int t, const char *k) {
 static int l_moe(lua_State *L) {
     lb_ctx *b = check_ctx(L);
     int id = (int)luaL_checkinteger(L, 2);
-    lei_chan *ch = check_chan(L, b, 3);
+    uint32_t chid = check_chan(L, b, 3);
     const char *name = luaL_checkstring(L, 4);
     size_t slen;
     const char *src = luaL_checklstring(L, 5, &slen);
@@ -833,7 +833,7 @@ static int l_moe(lua_State *L) {
     lb_flat f;
     if (flat_encode(L, b, 6, &f)) return 3;
     char err[256];
-    x->m = lei_moe_new(b->c, ch->id, name, src, slen, f.p, f.n, &o, err, sizeof err);
+    x->m = lei_moe_new(b->c, chid, name, src, slen, f.p, f.n, &o, err, sizeof err);
     flat_done(b, &f);
     if (!x->m) return push_err(L, err, LEI_E_INVALID);
     x->next = b->moes;
@@ -872,18 +872,20 @@ static int l_moe_receivers(lua_State *L) {
 static int l_moe_retarget(lua_State *L) {
     lb_moe *x = check_moe(L);
     lb_ctx *b = x->b;
-    lei_chan *ch = check_chan(L, b, 2);
-    int rc = lei_moe_retarget(x->m, ch->id);
+    uint32_t chid = check_chan(L, b, 2);
+    int rc = lei_moe_retarget(x->m, chid);
     return moe_result(L, x, rc);
 }
 
 /* ctx:chan_stats(chid) -> events_in, bytes_in, events_local */
 static int l_chan_stats(lua_State *L) {
     lb_ctx *b = check_ctx(L);
-    lei_chan *ch = check_chan(L, b, 2);
-    lua_pushnumber(L, (lua_Number)ch->ev_in);
-    lua_pushnumber(L, (lua_Number)ch->bytes_in);
-    lua_pushnumber(L, (lua_Number)ch->ev_local);
+    uint32_t chid = check_chan(L, b, 2);
+    lei_stats_chan st;
+    lei_chan_stats(b->c, chid, &st);
+    lua_pushnumber(L, (lua_Number)st.ev_in);
+    lua_pushnumber(L, (lua_Number)st.bytes_in);
+    lua_pushnumber(L, (lua_Number)st.ev_local);
     return 3;
 }
 
@@ -950,7 +952,7 @@ static int l_moe_close(lua_State *L) {
 static int l_sync_done(lua_State *L) {
     lb_ctx *b = check_ctx(L);
     lei_sync *s = lei_sync_find(b->c, (uint64_t)luaL_checknumber(L, 2));
-    lua_pushboolean(L, !s || s->nwait == 0);
+    lua_pushboolean(L, !s || lei_sync_pending(s) == 0);
     return 1;
 }
 
@@ -966,32 +968,35 @@ static int l_sync_take(lua_State *L) {
         lua_pushnumber(L, 0);
         return 1;
     }
-    lua_pushnumber(L, (lua_Number)s->nran);
-    int any = 0;
-    for (int i = 0; i < s->nw && !any; i++)
-        any = !s->w[i].done || s->w[i].err || s->w[i].elen;
+    lua_pushnumber(L, (lua_Number)lei_sync_nran(s));
+    int any = 0, nw = lei_sync_nreplies(s);
+    lei_sync_answer w;
+    for (int i = 0; i < nw && !any; i++) {
+        lei_sync_reply(s, i, &w);
+        any = !w.done || w.err || w.elen;
+    }
     if (!any) {
         lei_sync_free(b->c, s);
         return 1;
     }
     lua_newtable(L);
     int n = 0;
-    for (int i = 0; i < s->nw; i++) {
-        lei_sync_wait *w = &s->w[i];
-        const char *ctxname = w->peer ? w->peer->addr : "local";
-        if (!w->done || w->err) {
+    for (int i = 0; i < nw; i++) {
+        lei_sync_reply(s, i, &w);
+        const char *ctxname = w.addr ? w.addr : "local";
+        if (!w.done || w.err) {
             lua_createtable(L, 0, 2);
             lua_pushstring(L, ctxname);
             lua_setfield(L, -2, "context");
-            if (w->err)
-                lua_pushstring(L, w->err);
+            if (w.err)
+                lua_pushstring(L, w.err);
             else
                 lua_pushfstring(L, "consumer context %s: no answer within %s s", ctxname,
                                 lua_tostring(L, 3) ? lua_tostring(L, 3) : "the timeout");
             lua_setfield(L, -2, "err");
             lua_rawseti(L, -2, ++n);
         }
-        if (w->elen && lei_decode_lua(L, w->errs, w->elen, &b->lim, err, sizeof err) == 0) {
+        if (w.elen && lei_decode_lua(L, w.errs, w.elen, &b->lim, err, sizeof err) == 0) {
             /* a list of { consumer =, err = } from the acknowledging side */
             if (lua_istable(L, -1)) {
                 int m = (int)lua_objlen(L, -1);
@@ -1073,15 +1078,15 @@ static void wake_cb(struct ev_loop *loop, ev_timer *w, int revents) {
 static int l_run_once(lua_State *L) {
     lb_ctx *b = check_ctx(L);
     if (lua_isnoneornil(L, 2)) {
-        ev_run(b->c->loop, EVRUN_ONCE);
+        ev_run(lei_ctx_loop(b->c), EVRUN_ONCE);
     } else {
         double t = luaL_checknumber(L, 2);
         if (t <= 0) {
-            ev_run(b->c->loop, EVRUN_NOWAIT);
+            ev_run(lei_ctx_loop(b->c), EVRUN_NOWAIT);
         } else {
             /* On this C stack frame: nested run_once calls each get their own. */
             ev_timer wake;
-            struct ev_loop *loop = b->c->loop;
+            struct ev_loop *loop = lei_ctx_loop(b->c);
             ev_timer_init(&wake, wake_cb, t, 0.);
             ev_timer_start(loop, &wake);
             ev_run(loop, EVRUN_ONCE);
@@ -1096,7 +1101,7 @@ static int l_run_once(lua_State *L) {
 static int l_run(lua_State *L) {
     lb_ctx *b = check_ctx(L);
     b->stopping = 0;
-    while (!b->stopping && b->c && !b->close_pending) ev_run(b->c->loop, EVRUN_ONCE);
+    while (!b->stopping && b->c && !b->close_pending) ev_run(lei_ctx_loop(b->c), EVRUN_ONCE);
     b->stopping = 0;
     close_if_pending(b, L);
     return 0;
@@ -1105,14 +1110,14 @@ static int l_run(lua_State *L) {
 static int l_stop(lua_State *L) {
     lb_ctx *b = check_ctx(L);
     b->stopping = 1;
-    ev_break(b->c->loop, EVBREAK_ALL);
+    ev_break(lei_ctx_loop(b->c), EVBREAK_ALL);
     return 0;
 }
 
 static int l_now(lua_State *L) {
     lb_ctx *b = check_ctx(L);
-    ev_now_update(b->c->loop);
-    lua_pushnumber(L, ev_now(b->c->loop));
+    ev_now_update(lei_ctx_loop(b->c));
+    lua_pushnumber(L, ev_now(lei_ctx_loop(b->c)));
     return 1;
 }
 
@@ -1133,9 +1138,9 @@ static void timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
     }
     lua_rawgeti(L, LUA_REGISTRYINDEX, t->ref_fn);
     lua_pushvalue(L, -2);
-    b->c->depth++;
+    lei_ctx_enter(b->c);
     pcall_tb(b, 1, 0);
-    if (b->c) b->c->depth--;
+    if (b->c) lei_ctx_leave(b->c);
     lua_pop(L, 1);
 }
 
@@ -1172,7 +1177,7 @@ static int l_timer(lua_State *L) {
     if (after < 0 || rep < 0) return luaL_argerror(L, 2, "negative time");
     lb_timer *t = watcher_new(L, b, 4, 0);
     ev_timer_init(&t->w, timer_cb, after, rep);
-    ev_timer_start(b->c->loop, &t->w);
+    ev_timer_start(lei_ctx_loop(b->c), &t->w);
     return watcher_register(L, b, t);
 }
 
@@ -1189,16 +1194,16 @@ static int l_io(lua_State *L) {
     if (fd < 0) return luaL_argerror(L, 2, "negative descriptor");
     lb_timer *t = watcher_new(L, b, 3, 1);
     ev_io_init(&t->io, io_cb, fd, EV_READ);
-    ev_io_start(b->c->loop, &t->io);
+    ev_io_start(lei_ctx_loop(b->c), &t->io);
     return watcher_register(L, b, t);
 }
 
 static void watcher_stop(lb_timer *t) {
     if (!t->b || !t->b->c) return;
     if (t->is_io)
-        ev_io_stop(t->b->c->loop, &t->io);
+        ev_io_stop(lei_ctx_loop(t->b->c), &t->io);
     else
-        ev_timer_stop(t->b->c->loop, &t->w);
+        ev_timer_stop(lei_ctx_loop(t->b->c), &t->w);
 }
 
 static void timer_unlink(lb_timer *t) {
@@ -1241,58 +1246,63 @@ static void setn(lua_State *L, const char *k, double v) {
 static int l_stats(lua_State *L) {
     lb_ctx *b = check_ctx(L);
     lei_ctx *c = b->c;
+    lei_stats_ctx cs;
+    lei_ctx_stats(c, &cs);
     lua_newtable(L);
-    setn(L, "encodes", (double)c->encodes);
-    setn(L, "bad_frames", (double)c->bad_frames);
-    setn(L, "local_queue_bytes", (double)c->lq.bytes);
-    setn(L, "local_queue_events", (double)c->lq.count);
-    setn(L, "local_deferred_events", (double)c->ldef.count);
-    setn(L, "local_deferred_bytes", (double)c->ldef.bytes);
+    setn(L, "encodes", (double)cs.encodes);
+    setn(L, "bad_frames", (double)cs.bad_frames);
+    setn(L, "local_queue_bytes", (double)cs.local_bytes);
+    setn(L, "local_queue_events", (double)cs.local_events);
+    setn(L, "local_deferred_events", (double)cs.deferred_events);
+    setn(L, "local_deferred_bytes", (double)cs.deferred_bytes);
     lua_newtable(L);
-    for (int i = 0; i < c->npeers; i++) {
-        lei_peer *p = c->peers[i];
+    for (int i = 1; i <= lei_ctx_npeers(c); i++) {
+        lei_peer *p = lei_peer_by_idx(c, i);
+        lei_stats_peer ps;
+        lei_peer_stats(p, &ps);
         lua_newtable(L);
-        setn(L, "events_in", (double)p->st.ev_in);
-        setn(L, "events_out", (double)p->st.ev_out);
-        setn(L, "bytes_in", (double)p->st.bytes_in);
-        setn(L, "bytes_out", (double)p->st.bytes_out);
-        setn(L, "batches", (double)p->st.batches);
-        setn(L, "drops", (double)p->st.drops);
-        setn(L, "ctrl_in", (double)p->st.ctrl_in);
-        setn(L, "ctrl_out", (double)p->st.ctrl_out);
-        setn(L, "queue_bytes", (double)p->q.bytes);
-        setn(L, "queue_events", (double)p->q.count);
-        setn(L, "heartbeats_in", (double)p->lv.hb_in);
-        setn(L, "heartbeats_out", (double)p->lv.hb_out);
-        setn(L, "heartbeat_timeouts", (double)p->lv.timeouts);
-        setn(L, "gaps", (double)p->lv.gaps);
-        setn(L, "lost", (double)p->lv.lost);
-        setn(L, "duplicates", (double)p->lv.dups);
-        lua_pushboolean(L, lei_peer_is_up(p));
+        setn(L, "events_in", (double)ps.st.ev_in);
+        setn(L, "events_out", (double)ps.st.ev_out);
+        setn(L, "bytes_in", (double)ps.st.bytes_in);
+        setn(L, "bytes_out", (double)ps.st.bytes_out);
+        setn(L, "batches", (double)ps.st.batches);
+        setn(L, "drops", (double)ps.st.drops);
+        setn(L, "ctrl_in", (double)ps.st.ctrl_in);
+        setn(L, "ctrl_out", (double)ps.st.ctrl_out);
+        setn(L, "queue_bytes", (double)ps.queue_bytes);
+        setn(L, "queue_events", (double)ps.queue_events);
+        setn(L, "heartbeats_in", (double)ps.hb_in);
+        setn(L, "heartbeats_out", (double)ps.hb_out);
+        setn(L, "heartbeat_timeouts", (double)ps.timeouts);
+        setn(L, "gaps", (double)ps.gaps);
+        setn(L, "lost", (double)ps.lost);
+        setn(L, "duplicates", (double)ps.dups);
+        lua_pushboolean(L, lei_peer_up(p));
         lua_setfield(L, -2, "connected");
-        if (p->reason[0]) {
-            lua_pushstring(L, p->reason);
+        if (lei_peer_reason(p)[0]) {
+            lua_pushstring(L, lei_peer_reason(p));
             lua_setfield(L, -2, "last_error");
         }
-        lua_setfield(L, -2, p->addr);
+        lua_setfield(L, -2, lei_peer_addr(p));
     }
     lua_setfield(L, -2, "peers");
     lua_newtable(L);
-    for (uint32_t i = 0; i < c->nchans; i++) {
-        lei_chan *ch = c->chans[i];
+    for (uint32_t i = 0; i < lei_ctx_nchans(c); i++) {
+        lei_stats_chan st;
+        lei_chan_stats(c, i, &st);
         lua_newtable(L);
-        setn(L, "events_in", (double)ch->ev_in);
-        setn(L, "events_out", (double)ch->ev_out);
-        setn(L, "bytes_in", (double)ch->bytes_in);
-        setn(L, "bytes_out", (double)ch->bytes_out);
-        setn(L, "events_local", (double)ch->ev_local);
-        setn(L, "encodes", (double)ch->encodes);
-        setn(L, "drops", (double)ch->drops);
-        setn(L, "destinations", ch->ndests);
-        setn(L, "gaps", (double)ch->gaps);
-        setn(L, "lost", (double)ch->lost);
-        setn(L, "duplicates", (double)ch->dups);
-        lua_setfield(L, -2, ch->name);
+        setn(L, "events_in", (double)st.ev_in);
+        setn(L, "events_out", (double)st.ev_out);
+        setn(L, "bytes_in", (double)st.bytes_in);
+        setn(L, "bytes_out", (double)st.bytes_out);
+        setn(L, "events_local", (double)st.ev_local);
+        setn(L, "encodes", (double)st.encodes);
+        setn(L, "drops", (double)st.drops);
+        setn(L, "destinations", st.ndests);
+        setn(L, "gaps", (double)st.gaps);
+        setn(L, "lost", (double)st.lost);
+        setn(L, "duplicates", (double)st.dups);
+        lua_setfield(L, -2, lei_chan_name(c, i));
     }
     lua_setfield(L, -2, "channels");
     return 1;
@@ -1302,7 +1312,7 @@ static int l_peer_addr(lua_State *L) {
     lb_ctx *b = check_ctx(L);
     lei_peer *p = lei_peer_by_idx(b->c, (int)luaL_checkinteger(L, 2));
     if (!p) return 0;
-    lua_pushstring(L, p->addr);
+    lua_pushstring(L, lei_peer_addr(p));
     return 1;
 }
 

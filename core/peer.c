@@ -478,3 +478,27 @@ void lei_flush(lei_ctx *c) {
         if (c->peers[i]->q.head) lei_peer_flush(c->peers[i]);
 }
 
+
+/* ---- read access for the embedder (ctx.h) ------------------------------ */
+
+int lei_ctx_npeers(const lei_ctx *c) { return c->npeers; }
+
+int lei_peer_idx(const lei_peer *p) { return p->idx; }
+
+const char *lei_peer_addr(const lei_peer *p) { return p->addr; }
+
+int lei_peer_up(const lei_peer *p) { return lei_peer_is_up(p); }
+
+const char *lei_peer_reason(const lei_peer *p) { return p->reason; }
+
+void lei_peer_stats(const lei_peer *p, lei_stats_peer *out) {
+    out->st = p->st;
+    out->queue_bytes = p->q.bytes;
+    out->queue_events = p->q.count;
+    out->hb_in = p->lv.hb_in;
+    out->hb_out = p->lv.hb_out;
+    out->timeouts = p->lv.timeouts;
+    out->gaps = p->lv.gaps;
+    out->lost = p->lv.lost;
+    out->dups = p->lv.dups;
+}

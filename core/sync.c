@@ -48,7 +48,7 @@ void lei_syncs_peer_lost(lei_ctx *c, lei_peer *p, const char *reason) {
 }
 
 /* Records the answer of peer p (NULL: the local consumers) to sync `sync`. */
-void lei_sync_answer(lei_ctx *c, lei_peer *p, uint64_t sync, uint64_t nran,
+void lei_sync_answered(lei_ctx *c, lei_peer *p, uint64_t sync, uint64_t nran,
                           const uint8_t *errs, size_t elen) {
     lei_sync *s = lei_sync_find(c, sync);
     if (!s) return; /* timed out already: the late answer is dropped */
@@ -80,6 +80,21 @@ void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uin
         lei_peer_flush(from);
         return;
     }
-    lei_sync_answer(c, NULL, sync, nran, errs, elen);
+    lei_sync_answered(c, NULL, sync, nran, errs, elen);
 }
 
+
+int lei_sync_pending(const lei_sync *s) { return s->nwait; }
+
+uint64_t lei_sync_nran(const lei_sync *s) { return s->nran; }
+
+int lei_sync_nreplies(const lei_sync *s) { return s->nw; }
+
+void lei_sync_reply(const lei_sync *s, int i, lei_sync_answer *out) {
+    const lei_sync_wait *w = &s->w[i];
+    out->addr = w->peer ? w->peer->addr : NULL;
+    out->done = w->done;
+    out->err = w->err;
+    out->errs = w->errs;
+    out->elen = w->elen;
+}

@@ -334,7 +334,125 @@ static int l_sync_take(lua_State *L) {
     return 2;
 }
 
-/* ctx:ack(peer_idx, sync, nran, errors | nil) */
+/* The sync id at position i of the ids argument at idx (a number, or a list
+ * of them when many). */
+static uint64_t sync_id_at(lua_State *L, int idx, int i, int many) {
+    if (!many) return (uint64_t)luaL_checknumber(L, idx);
+    lua_rawgeti(L, idx, i);
+    uint64_t id = (uint64_t)luaL_checknumber(L, -1);
+    lua_pop(L, 1);
+    return id;
+}
+
+/* Appends what went wrong in record s to the error list at index `list`
+ * (made on first need; *list 0: none yet): each consumer context that
+ * failed or never answered, then each handler error its ack listed.
+ * Returns the new length. */
+static int sync_errors(lua_State *L, lb_ctx *b, lei_sync *s, int *list, int n, int timeout) {
+    char err[256];
+    lei_sync_answer w;
+    int nw = lei_sync_nreplies(s);
+    for (int i = 0; i < nw; i++) {
+        lei_sync_reply(s, i, &w);
+        if (w.done && !w.err && !w.elen) continue;
+        if (!*list) {
+            lua_newtable(L);
+            *list = lua_gettop(L);
+        }
+        const char *ctxname = w.addr ? w.addr : "local";
+        if (!w.done || w.err) {
+            lua_createtable(L, 0, 2);
+            lua_pushstring(L, ctxname);
+            lua_setfield(L, -2, "context");
+            if (w.err)
+                lua_pushstring(L, w.err);
+            else
+                lua_pushfstring(L, "consumer context %s: no answer within %s s", ctxname,
+                                timeout && lua_tostring(L, timeout) ? lua_tostring(L, timeout)
+                                                                    : "the timeout");
+            lua_setfield(L, -2, "err");
+            lua_rawseti(L, *list, ++n);
+        }
+        if (w.elen && lei_decode_lua(L, w.errs, w.elen, &b->lim, err, sizeof err) == 0) {
+            /* a list of { consumer =, err = } from the acknowledging side */
+            if (lua_istable(L, -1)) {
+                int m = (int)lua_objlen(L, -1);
+                for (int j = 1; j <= m; j++) {
+                    lua_rawgeti(L, -1, j);
+                    if (lua_istable(L, -1)) {
+                        lua_pushstring(L, ctxname);
+                        lua_setfield(L, -2, "context");
+                        lua_rawseti(L, *list, ++n);
+                    } else {
+                        lua_pop(L, 1);
+                    }
+                }
+            }
+            lua_pop(L, 1);
+        }
+    }
+    return n;
+}
+
+/* ctx:sync_result(ids[, timeout]) -> false | true | nil, errors
+ * The outcome of a sync submit, in one call.  ids: its sync id, or the list
+ * of them of a submit through modulators.  While a consumer context has not
+ * answered and no timeout is given: false, the records are kept.  Else the
+ * records are freed and the result is true when every consumer ran its
+ * handler without error, or nil and a list of { context =, consumer =,
+ * err = } (given the timeout, each context that never answered is an error
+ * "no answer within <timeout> s").  An id without a record counts as
+ * answered.  No table is made in the common case of a clean round trip. */
+static int l_sync_result(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    int many = lua_istable(L, 2);
+    int nids = many ? (int)lua_objlen(L, 2) : 1;
+    int timeout = lua_isnoneornil(L, 3) ? 0 : 3;
+    if (!timeout) {
+        for (int i = 1; i <= nids; i++) {
+            lei_sync *s = lei_sync_find(b->c, sync_id_at(L, 2, i, many));
+            if (s && lei_sync_pending(s)) {
+                lua_pushboolean(L, 0);
+                return 1;
+            }
+        }
+    }
+    int list = 0, n = 0;
+    for (int i = 1; i <= nids; i++) {
+        lei_sync *s = lei_sync_find(b->c, sync_id_at(L, 2, i, many));
+        if (!s) continue;
+        n = sync_errors(L, b, s, &list, n, timeout);
+        lei_sync_free(b->c, s);
+    }
+    if (n == 0) {
+        lua_pushboolean(L, 1);
+        return 1;
+    }
+    lua_pushnil(L);
+    lua_pushvalue(L, list);
+    return 2;
+}
+
+/* Acknowledges sync event `sync` from p (NULL: a local one): nran handlers
+ * ran, and the value at idx (nil: none) lists their errors; a list that
+ * cannot be encoded is left out, the ack goes all the same. */
+void lb_ack(lb_ctx *b, lei_peer *p, uint64_t sync, uint64_t nran, lua_State *L, int idx) {
+    lei_msg *m = NULL;
+    char *flat = NULL;
+    if (!lua_isnoneornil(L, idx)) {
+        if (!(m = lb_encode_at(L, b, idx)))
+            lua_pop(L, 3); /* nil, err, code */
+        else if ((flat = malloc(m->total ? m->total : 1)))
+            lei_msg_flatten(m, flat);
+    }
+    lei_ack(b->c, p, sync, nran, (const uint8_t *)flat, flat ? m->total : 0);
+    free(flat);
+    if (m) lei_msg_release(m, lb_hook_unpin, b);
+}
+
+/* ctx:ack(peer_idx, sync, nran, errors | nil): the ack of a sync event
+ * whose dispatch waited (one that did not is acknowledged by the event
+ * hook's return, lua_hook.c). */
 static int l_ack(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     int idx = (int)luaL_checkinteger(L, 2);
@@ -342,20 +460,7 @@ static int l_ack(lua_State *L) {
     uint64_t nran = (uint64_t)luaL_checknumber(L, 4);
     lei_peer *p = idx ? lei_peer_by_idx(b->c, idx) : NULL;
     if (idx && !p) return 0;
-    lei_msg *m = NULL;
-    char *flat = NULL;
-    if (!lua_isnoneornil(L, 5)) {
-        if (!(m = lb_encode_at(L, b, 5))) {
-            lua_pop(L, 3);
-            lua_pushnil(L); /* errors not encodable: acknowledge without them */
-            lua_replace(L, 5);
-        } else if ((flat = malloc(m->total ? m->total : 1))) {
-            lei_msg_flatten(m, flat);
-        }
-    }
-    lei_ack(b->c, p, sync, nran, (const uint8_t *)flat, flat ? m->total : 0);
-    free(flat);
-    if (m) lei_msg_release(m, lb_hook_unpin, b);
+    lb_ack(b, p, sync, nran, L, 5);
     return 0;
 }
 
@@ -375,6 +480,7 @@ const luaL_Reg lb_chan_methods[] = {
     {"channel", l_channel},       {"set_local", l_set_local},
     {"set_dests", l_set_dests},   {"chan_stats", l_chan_stats},
     {"submit", l_submit},         {"room", l_room},
-    {"resume", l_resume},         {"sync_done", l_sync_done},
-    {"sync_take", l_sync_take},   {"ack", l_ack},
+    {"resume", l_resume},         {"sync_result", l_sync_result},
+    {"sync_done", l_sync_done},   {"sync_take", l_sync_take},
+    {"ack", l_ack},
     {"send_ctrl", l_send_ctrl},   {NULL, NULL}};

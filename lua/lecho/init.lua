@@ -360,7 +360,8 @@ function Context:_peer_addr(idx)
 end
 
 -- Runs every consumer of the channel on one decoded event (one copy per
--- context, however many consumers), then acknowledges a sync event.
+-- context, however many consumers).  Returns the handlers run and, for a
+-- sync event, the list of their errors (or nil): the ack is sent from C.
 -- A modulated stream (`ch.derived`) lists { con, handler, version } entries:
 -- each demodulator gets what its own modulator sent, tagged with its version.
 function Context:_on_event(chid, value, peer, producer, seq, sync)
@@ -412,7 +413,7 @@ function Context:_on_event(chid, value, peer, producer, seq, sync)
       end
     end
   end
-  if sync > 0 and not self.closed then self.c:ack(peer, sync, nran, errs) end
+  return nran, errs
 end
 
 function Context:_fullname(name)
@@ -531,13 +532,19 @@ local function dispatcher(self)
   local co = coroutine.running()
   local chid, value, peer, producer, seq, sync = coroutine.yield(DONE)
   while true do
-    self:_on_event(chid, value, peer, producer, seq, sync)
+    local nran, errs = self:_on_event(chid, value, peer, producer, seq, sync)
     local held = self.held[co]
     if held then
+      -- The dispatch waited: its event hook returned long ago, so the ack
+      -- (if sync) is ours to send.
       self.held[co] = nil
-      if not self.closed then self.c:resume(held, chid) end
+      if not self.closed then
+        if sync > 0 then self.c:ack(peer, sync, nran, errs) end
+        self.c:resume(held, chid)
+      end
+      nran, errs = nil, nil
     end
-    chid, value, peer, producer, seq, sync = coroutine.yield(DONE)
+    chid, value, peer, producer, seq, sync = coroutine.yield(DONE, nran, errs)
   end
 end
 
@@ -549,7 +556,7 @@ function Context:_dispatch(chid, value, peer, producer, seq, sync)
     coroutine.resume(co, self)
     self.dco = co
   end
-  local ok, r = coroutine.resume(co, chid, value, peer, producer, seq, sync)
+  local ok, r, nran, errs = coroutine.resume(co, chid, value, peer, producer, seq, sync)
   if not ok then
     self.dco = nil
     self.log("error dispatching an event: " .. traceback(co, tostring(r)))
@@ -561,7 +568,8 @@ function Context:_dispatch(chid, value, peer, producer, seq, sync)
     self.dco = nil
     return true
   end
-  return false
+  -- C acknowledges a sync event with these (ctx:hooks, lua_hook.c).
+  return false, nran, errs
 end
 
 --- Calls fn(timer) every sec seconds until timer:stop().  fn runs in a
@@ -1308,29 +1316,16 @@ function Producer:submit_sync(ev, opts)
     failed = {}
     for key, why in pairs(ch.failed) do failed[key] = { why = why, dests = ch.failed_dests[key] } end
   end
-  local all
-  if type(ids) == "number" then
-    -- One sync record (no modulators): no tables unless something failed.
-    ctx:_wait(function() return c:sync_done(ids) end, deadline)
-    if ctx.closed then return nil, "context closed while waiting" end
-    local _, errs = c:sync_take(ids, timeout)
-    all = errs
-  else
-    ctx:_wait(function()
-      for _, id in ipairs(ids) do
-        if not c:sync_done(id) then return false end
-      end
-      return true
-    end, deadline)
-    if ctx.closed then return nil, "context closed while waiting" end
-    for _, id in ipairs(ids) do
-      local _, errs = c:sync_take(id, timeout)
-      for _, e in ipairs(errs or {}) do
-        all = all or {}
-        all[#all + 1] = e
-      end
-    end
-  end
+  -- One call per look: false while waiting, then true or nil, errors (no
+  -- tables unless something failed); past the deadline, with the timeout,
+  -- silent consumers become errors.
+  local ok, all
+  ctx:_wait(function()
+    ok, all = c:sync_result(ids)
+    return ok ~= false
+  end, deadline)
+  if ctx.closed then return nil, "context closed while waiting" end
+  if ok == false then ok, all = c:sync_result(ids, timeout) end
   for key, why in pairs(ch.failed) do
     if not (failed and failed[key]) then
       failed = failed or {}

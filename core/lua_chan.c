@@ -265,75 +265,6 @@ static int l_chan_stats(lua_State *L) {
     return 3;
 }
 
-static int l_sync_done(lua_State *L) {
-    lb_ctx *b = lb_check_ctx(L);
-    lei_sync *s = lei_sync_find(b->c, (uint64_t)luaL_checknumber(L, 2));
-    lua_pushboolean(L, !s || lei_sync_pending(s) == 0);
-    return 1;
-}
-
-/* ctx:sync_take(id, timeout) -> handlers run, nil | { {context=, consumer=, err=}, ... }
- * Frees the record; waits still open become errors "no answer within
- * <timeout>s".  No table is made when every consumer answered without error
- * (the common case of a sync round trip). */
-static int l_sync_take(lua_State *L) {
-    lb_ctx *b = lb_check_ctx(L);
-    lei_sync *s = lei_sync_find(b->c, (uint64_t)luaL_checknumber(L, 2));
-    char err[256];
-    if (!s) {
-        lua_pushnumber(L, 0);
-        return 1;
-    }
-    lua_pushnumber(L, (lua_Number)lei_sync_nran(s));
-    int any = 0, nw = lei_sync_nreplies(s);
-    lei_sync_answer w;
-    for (int i = 0; i < nw && !any; i++) {
-        lei_sync_reply(s, i, &w);
-        any = !w.done || w.err || w.elen;
-    }
-    if (!any) {
-        lei_sync_free(b->c, s);
-        return 1;
-    }
-    lua_newtable(L);
-    int n = 0;
-    for (int i = 0; i < nw; i++) {
-        lei_sync_reply(s, i, &w);
-        const char *ctxname = w.addr ? w.addr : "local";
-        if (!w.done || w.err) {
-            lua_createtable(L, 0, 2);
-            lua_pushstring(L, ctxname);
-            lua_setfield(L, -2, "context");
-            if (w.err)
-                lua_pushstring(L, w.err);
-            else
-                lua_pushfstring(L, "consumer context %s: no answer within %s s", ctxname,
-                                lua_tostring(L, 3) ? lua_tostring(L, 3) : "the timeout");
-            lua_setfield(L, -2, "err");
-            lua_rawseti(L, -2, ++n);
-        }
-        if (w.elen && lei_decode_lua(L, w.errs, w.elen, &b->lim, err, sizeof err) == 0) {
-            /* a list of { consumer =, err = } from the acknowledging side */
-            if (lua_istable(L, -1)) {
-                int m = (int)lua_objlen(L, -1);
-                for (int j = 1; j <= m; j++) {
-                    lua_rawgeti(L, -1, j);
-                    if (lua_istable(L, -1)) {
-                        lua_pushstring(L, ctxname);
-                        lua_setfield(L, -2, "context");
-                        lua_rawseti(L, -3, ++n);
-                    } else {
-                        lua_pop(L, 1);
-                    }
-                }
-            }
-            lua_pop(L, 1);
-        }
-    }
-    lei_sync_free(b->c, s);
-    return 2;
-}
-
 /* The sync id at position i of the ids argument at idx (a number, or a list
  * of them when many). */
 static uint64_t sync_id_at(lua_State *L, int idx, int i, int many) {
@@ -481,6 +412,5 @@ const luaL_Reg lb_chan_methods[] = {
     {"set_dests", l_set_dests},   {"chan_stats", l_chan_stats},
     {"submit", l_submit},         {"room", l_room},
     {"resume", l_resume},         {"sync_result", l_sync_result},
-    {"sync_done", l_sync_done},   {"sync_take", l_sync_take},
     {"ack", l_ack},
     {"send_ctrl", l_send_ctrl},   {NULL, NULL}};

@@ -7,6 +7,10 @@
  * submissions.  It knows nothing of Lua: values arrive already encoded as
  * lei_msg (codec.h) and leave as bytes handed to the hooks below.
  *
+ * The structs are private (ctx_int.h): an embedder holds opaque handles
+ * (lei_ctx, lei_peer, lei_chan, lei_sync) and uses the functions below.
+ * Failures return the negative of an errors.h code with a message.
+ *
  * Ownership: the context owns every peer, connection, channel, queue item
  * and sync record; lei_ctx_free releases them all.  Messages are shared by
  * reference count: lei_submit takes its own references, the caller keeps its

@@ -167,7 +167,7 @@ struct lei_ctx {
     int nnotes, cnotes;
     ev_idle kick;             /* keeps one loop turn from blocking (peer notes) */
     ev_timer expiry_w;        /* peers' await_in, retired connections */
-    uint64_t encodes;         /* rw by the binding: values encoded */
+    uint64_t encodes;         /* values encoded (lei_ctx_count_encode) */
     uint64_t bad_frames;      /* ro: connections closed for bad input */
 };
 

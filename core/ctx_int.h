@@ -246,8 +246,8 @@ void lei_local_idle_cb(struct ev_loop *loop, ev_idle *w, int revents);
 /* sync.c */
 void lei_sync_fail(lei_sync_wait *w, lei_sync *s, const char *why);
 void lei_syncs_peer_lost(lei_ctx *c, lei_peer *p, const char *reason);
-void lei_sync_answered(lei_ctx *c, lei_peer *p, uint64_t sync, uint64_t nran, const uint8_t *errs,
-                     size_t elen);
+void lei_sync_answered(lei_ctx *c, lei_peer *p, uint64_t sync, uint64_t nran,
+                       const uint8_t *errs, size_t elen);
 /* live.c: liveness and sequence tracking */
 void lei_live_conn_new(lei_conn *k);
 int lei_live_may_dial(lei_peer *p);

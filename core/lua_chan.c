@@ -190,7 +190,8 @@ static int l_submit(lua_State *L) {
     uint64_t seq = (uint64_t)luaL_checknumber(L, 4);
     luaL_checkany(L, 5);
     int sync = lua_toboolean(L, 6);
-    int policy = lua_isnoneornil(L, 7) ? lei_ctx_opts(b->c)->policy : luaL_checkoption(L, 7, NULL, lb_policy_names);
+    int policy = lua_isnoneornil(L, 7) ? lei_ctx_opts(b->c)->policy
+                                       : luaL_checkoption(L, 7, NULL, lb_policy_names);
     int nmoes = lua_istable(L, 8) ? (int)lua_objlen(L, 8) : 0;
     int plain = nmoes == 0 || lua_isnoneornil(L, 9) || lua_toboolean(L, 9);
     if ((policy == LEI_BLOCK || sync) && !room_for(b, chid, plain, L, 8, nmoes)) {

@@ -365,7 +365,7 @@ int lei_peer_live(lei_peer *p) {
 
 
 void lei_peer_enqueue(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr, size_t hlen,
-                          lei_msg *msg, uint64_t sync, int policy) {
+                      lei_msg *msg, uint64_t sync, int policy) {
     if (!lei_peer_live(p) && !(lei_peer_get(c, p->addr, 1) && lei_peer_live(p))) {
         /* Unreachable since a failed attempt, not yet dialled again: counted. */
         p->st.drops++;

@@ -49,7 +49,7 @@ void lei_syncs_peer_lost(lei_ctx *c, lei_peer *p, const char *reason) {
 
 /* Records the answer of peer p (NULL: the local consumers) to sync `sync`. */
 void lei_sync_answered(lei_ctx *c, lei_peer *p, uint64_t sync, uint64_t nran,
-                          const uint8_t *errs, size_t elen) {
+                       const uint8_t *errs, size_t elen) {
     lei_sync *s = lei_sync_find(c, sync);
     if (!s) return; /* timed out already: the late answer is dropped */
     for (int i = 0; i < s->nw; i++) {

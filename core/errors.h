@@ -5,8 +5,7 @@
  * negative of one of these codes (-LEI_E_TIMEOUT, ...) with a message that
  * says what happened.  Lua sees the same failure as `nil, message, name`,
  * the name being the code's entry in the list below.  Malformed input from
- * a peer is LEI_E_PROTOCOL (frame.c's parsers: -1 with the message, the code
- * implied).
+ * a peer is -LEI_E_PROTOCOL (frame.c's parsers).
  */
 #ifndef LECHO_ERRORS_H
 #define LECHO_ERRORS_H

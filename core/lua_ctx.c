@@ -2,9 +2,11 @@
  * module, the context userdata (options, life cycle, listening, hooks,
  * stats) and the error convention.
  *
- * Only the binding's files (lua_*.c, see lua_int.h) and codec_lua.c know
- * Lua; the rest of core/ builds without it.  Expected failures return nil,
- * message, code (errors.h); misuse raises (luaL_argerror).
+ * Lua is known to the binding's files (lua_*.c, see lua_int.h), to
+ * codec_lua.c (values to and from Lua) and to moe.c (the modulators' own
+ * LuaJIT states); the concentrator (ctx.h and its files), frame.c and
+ * codec.c build without it.  Expected failures return nil, message, code
+ * (errors.h); misuse raises (luaL_argerror).
  */
 #define _GNU_SOURCE
 #include "lua_int.h"

@@ -36,7 +36,7 @@
 #include <unistd.h>
 
 #include "codec.h"
-#include "ctx.h"
+#include "ctx_int.h"
 
 #define PROG "lecho_c"
 #define ALARM_SECONDS 60

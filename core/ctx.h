@@ -7,6 +7,10 @@
  * submissions.  It knows nothing of Lua: values arrive already encoded as
  * lei_msg (codec.h) and leave as bytes handed to the hooks below.
  *
+ * The structs are private (ctx_int.h): an embedder holds opaque handles
+ * (lei_ctx, lei_peer, lei_chan, lei_sync) and uses the functions below.
+ * Failures return the negative of an errors.h code with a message.
+ *
  * Ownership: the context owns every peer, connection, channel, queue item
  * and sync record; lei_ctx_free releases them all.  Messages are shared by
  * reference count: lei_submit takes its own references, the caller keeps its
@@ -20,16 +24,12 @@
 #include <stdint.h>
 
 #include "codec.h"
+#include "errors.h"
 #include "frame.h"
 
 enum lei_policy { LEI_BLOCK = 0, LEI_DROP_OLDEST, LEI_DROP_NEWEST, LEI_DISCONNECT };
 
 typedef struct lei_ctx lei_ctx;
-/* A peer's connection came up or went down; told to the hook later. */
-struct lei_note {
-    int idx, up;
-    char reason[160];
-};
 typedef struct lei_peer lei_peer;
 typedef struct lei_conn lei_conn;
 
@@ -39,7 +39,7 @@ typedef struct lei_opts {
     size_t batch_bytes;    /* a peer queue this full is written at once, not at loop end */
     size_t max_frame;      /* largest frame accepted from a peer */
     double retry_interval; /* seconds before a failed peer is dialled again */
-    /* Liveness (live section of ctx.c): a connection silent for `heartbeat`
+    /* Liveness (live.c): a connection silent for `heartbeat`
      * seconds gets a PING; one silent for heartbeat * heartbeat_misses is
      * closed as dead.  0 disables both (PINGs are still answered). */
     double heartbeat;
@@ -71,142 +71,74 @@ typedef struct lei_hooks {
     void (*prepare)(void *ud);
 } lei_hooks;
 
-/* One queued frame: hdr bytes, then msg's bytes if msg is set. */
-typedef struct lei_qitem {
-    struct lei_qitem *next;
-    lei_msg *msg;       /* one reference owned by the item, or NULL */
-    size_t size;        /* hlen + msg->total */
-    uint32_t chid;      /* local queue: channel */
-    uint64_t producer, seq, sync;
-    uint8_t hlen;
-    uint8_t droppable;  /* an async event: policies may drop it */
-    uint8_t batch;      /* msg holds whole small async EVENT frames, nev of them */
-    uint8_t mixed;      /* a batch with events of more than one channel (chid: the first) */
-    uint32_t nev;
-    uint8_t hdr[LEI_EVENT_HDR_MAX];
-} lei_qitem;
-
-typedef struct lei_queue {
-    lei_qitem *head, *tail;
-    size_t bytes;       /* ro: queued bytes */
-    size_t count;       /* ro: queued frames */
-} lei_queue;
-
 typedef struct lei_pstats {
     uint64_t ev_in, ev_out, bytes_in, bytes_out, batches, drops, ctrl_in, ctrl_out;
 } lei_pstats;
 
-/* Per peer: the last sequence number seen from each (channel, producer) of
- * the peer's current incarnation (open addressing; last == 0: empty). */
-typedef struct lei_seqent {
-    uint64_t producer, last;
-    uint32_t chid, epoch;
-} lei_seqent;
+typedef struct lei_chan lei_chan;
+typedef struct lei_sync lei_sync;
 
-typedef struct lei_live {
-    uint64_t incarnation;     /* ro: from the last handshake (0: none yet) */
-    int fails;                /* ro: dials since the last handshake (backoff) */
-    lei_seqent *seqs;         /* owned */
-    uint32_t seqcap, seqn, seqhit;
-    ev_tstamp log_t;          /* gap logging: window start, lines, untold gaps */
-    uint32_t log_n;
-    uint64_t log_skipped;
-    uint64_t hb_in, hb_out, timeouts, gaps, lost, dups; /* ro: counters */
-} lei_live;
+/* What the stats functions below fill in (copies; nothing to free). */
+typedef struct lei_stats_ctx {
+    uint64_t encodes;         /* values encoded (counted by the embedder) */
+    uint64_t bad_frames;      /* connections closed for bad input */
+    size_t local_bytes, local_events;       /* the local delivery queue */
+    size_t deferred_bytes, deferred_events; /* local events behind a waiting handler */
+} lei_stats_ctx;
 
-struct lei_peer {
-    lei_ctx *ctx;
-    int idx;                  /* ro: 1-based handle, stable for the context's life */
-    char addr[LEI_ADDR_MAX];  /* ro: the remote context's listen address */
-    lei_conn *conn;           /* ro: current connection or NULL */
-    int up;                   /* ro: handshake done on conn */
-    int held;                 /* ro: a handler of an event from this peer is suspended */
-    lei_conn *retiring;       /* a connection ended by the disconnect policy,
-                               * still delivering: no new one until it closes */
-    ev_tstamp await_in;       /* our dial lost the tie-break: the remote's own
-                               * connection is awaited until then, queue kept */
-    lei_queue q;              /* ro: frames waiting for the socket */
-    size_t woff;              /* bytes of q.head already written */
-    uint8_t *bound;           /* channels announced (BIND) on this connection */
-    size_t nbound;
-    ev_tstamp last_fail;      /* when the last connection failed */
-    char reason[160];         /* ro: why the last connection ended */
-    lei_pstats st;            /* ro */
-    lei_live lv;              /* liveness and sequence tracking (ctx.c, live section) */
-};
+typedef struct lei_stats_peer {
+    lei_pstats st;
+    size_t queue_bytes, queue_events;       /* waiting for the socket */
+    uint64_t hb_in, hb_out, timeouts, gaps, lost, dups; /* liveness and sequences */
+} lei_stats_peer;
 
-typedef struct lei_chan {
-    char *name;               /* ro: owned, NUL-terminated */
-    size_t namelen;
-    uint32_t id;              /* ro: index in ctx->chans, also the wire idx we send */
-    int local;                /* rw via lei_chan_set_local: local consumers exist */
-    lei_peer **dests;         /* ro: owned array, remote consuming contexts */
-    int ndests;
-    int held;                 /* ro: a local handler of it is suspended */
+typedef struct lei_stats_chan {
     uint64_t ev_out, bytes_out, ev_in, bytes_in, drops, ev_local, encodes;
-    uint64_t gaps, lost, dups;  /* ro: sequence gaps seen, events they lost, duplicates dropped */
-    uint32_t epoch;           /* ro: bumped when local consumers appear again */
-    uint8_t derived;          /* ro: a modulated stream (name@key): filters skip seqs */
-} lei_chan;
+    uint64_t gaps, lost, dups;
+    int ndests;               /* remote consuming contexts */
+} lei_stats_chan;
 
-typedef struct lei_sync_wait {
-    lei_peer *peer;           /* NULL: the local consumers */
-    int done;
-    char *err;                /* owned: transport failure, or NULL */
-    uint8_t *errs;            /* owned: encoded handler errors from the ack */
+/* One consumer context's answer to a sync submit (lei_sync_reply). */
+typedef struct lei_sync_answer {
+    const char *addr;         /* the consuming context; NULL: the local consumers */
+    int done;                 /* answered or failed */
+    const char *err;          /* transport failure, or NULL */
+    const uint8_t *errs;      /* encoded handler errors from the ack, elen bytes */
     size_t elen;
-} lei_sync_wait;
-
-typedef struct lei_sync {
-    struct lei_sync *next;
-    uint64_t id;
-    int nwait;                /* waits not yet done */
-    int nw;
-    lei_sync_wait *w;         /* owned */
-    uint64_t nran;
-} lei_sync;
-
-struct lei_ctx {
-    struct ev_loop *loop;     /* ro: owned */
-    lei_opts o;               /* rw before lei_ctx_listen */
-    lei_hooks h;
-    char addr[LEI_ADDR_MAX];  /* ro: our listen address */
-    uint64_t incarnation;
-    int lfd;
-    ev_io lio;
-    ev_prepare prep;          /* writes batched queues once per loop turn */
-    ev_idle idle;             /* runs the local delivery queue */
-    ev_timer hb;              /* liveness: PINGs and dead peers, all connections */
-    lei_peer **peers;         /* owned, index idx-1 */
-    int npeers, cpeers;
-    lei_conn *conns;          /* all live connections (list through conn->next) */
-    lei_chan **chans;         /* owned */
-    uint32_t nchans, cchans;
-    uint32_t *hash;           /* open addressing: chid+1, 0 empty */
-    uint32_t hcap;
-    lei_queue lq;             /* local deliveries */
-    lei_sync *syncs;
-    uint64_t next_sync;
-    int depth;                /* ro: nesting of hooks in progress */
-    lei_queue ldef;           /* local items of held channels, in order */
-    int closing;              /* ro: lei_ctx_shutdown was called */
-    struct lei_note *notes;   /* owned: peer changes not yet told to the hook */
-    int nnotes, cnotes;
-    ev_idle kick;             /* keeps one loop turn from blocking (peer notes) */
-    ev_timer expiry_w;        /* peers' await_in, retired connections */
-    uint64_t encodes;         /* rw by the binding: values encoded */
-    uint64_t bad_frames;      /* ro: connections closed for bad input */
-};
+} lei_sync_answer;
 
 lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h);
 void lei_ctx_free(lei_ctx *c);
-/* Binds and listens on host:port (port 0: the OS chooses).  0 or -1, *err. */
+/* Binds and listens on host:port (port 0: the OS chooses).  0, or
+ * -LEI_E_INVALID (not an IPv4 address) or -LEI_E_IO with *err. */
 int lei_ctx_listen(lei_ctx *c, const char *host, int port, const char **err);
+/* The context's loop (owned by the context) and options (read only). */
+struct ev_loop *lei_ctx_loop(const lei_ctx *c);
+const lei_opts *lei_ctx_opts(const lei_ctx *c);
+/* Our listen address ("" before lei_ctx_listen). */
+const char *lei_ctx_addr(const lei_ctx *c);
+/* A callback of the embedder's own (a timer, a watcher) begins or ends:
+ * the context counts its nesting like that of its hooks. */
+void lei_ctx_enter(lei_ctx *c);
+void lei_ctx_leave(lei_ctx *c);
+/* > 0 inside a hook or an entered callback. */
+int lei_ctx_depth(const lei_ctx *c);
+/* The embedder encoded a value (for the context, for channel chid). */
+void lei_ctx_count_encode(lei_ctx *c);
+void lei_chan_count_encode(lei_ctx *c, uint32_t chid);
+void lei_ctx_stats(const lei_ctx *c, lei_stats_ctx *out);
 void lei_logf(lei_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Finds or creates the channel with this full name; returns its id. */
 uint32_t lei_chan_open(lei_ctx *c, const char *name, size_t len);
+/* The channel with this id (an opaque handle), or NULL. */
 lei_chan *lei_chan_get(lei_ctx *c, uint32_t id);
+/* Channels are numbered 0 .. lei_ctx_nchans - 1, for the context's life. */
+uint32_t lei_ctx_nchans(const lei_ctx *c);
+/* The full name of channel id (NULL: no such channel). */
+const char *lei_chan_name(const lei_ctx *c, uint32_t id);
+/* 0, or -1 when there is no such channel. */
+int lei_chan_stats(const lei_ctx *c, uint32_t id, lei_stats_chan *out);
 /* Local consumers of the channel exist (on) or not.  When they appear again
  * the sequence tracking of the channel starts over: what was sent while
  * nobody here listened is not a gap. */
@@ -221,7 +153,17 @@ int lei_chan_full(lei_ctx *c, uint32_t chid);
 
 /* Finds the peer for addr, creating it (and dialling it) when create is set. */
 lei_peer *lei_peer_get(lei_ctx *c, const char *addr, int create);
+/* Peers are numbered 1 .. lei_ctx_npeers, for the context's life. */
 lei_peer *lei_peer_by_idx(lei_ctx *c, int idx);
+int lei_ctx_npeers(const lei_ctx *c);
+int lei_peer_idx(const lei_peer *p);
+/* The remote context's listen address. */
+const char *lei_peer_addr(const lei_peer *p);
+/* 1 when the handshake is done on the peer's current connection. */
+int lei_peer_up(const lei_peer *p);
+/* Why the last connection ended ("" if none did). */
+const char *lei_peer_reason(const lei_peer *p);
+void lei_peer_stats(const lei_peer *p, lei_stats_peer *out);
 
 /* 1 when every live destination of channel chid has room in its queue,
  * after writing what the sockets take now; 0 when a submit under the block
@@ -234,17 +176,28 @@ int lei_chan_room(lei_ctx *c, uint32_t chid);
  * and its id stored in *sync_id.  Never runs the loop and never waits: under
  * the block policy the caller waits for lei_chan_room first (a submit may
  * then take a queue past its limit by one event).  Local consumers run from
- * the loop, in order.  Returns 0, or -1 with *err (nothing was queued
- * anywhere, no record left). */
+ * the loop, in order.  Returns 0, or -LEI_E_NOTFOUND (no such channel),
+ * -LEI_E_LIMIT (over max_frame) or -LEI_E_NOMEM with *err (nothing was
+ * queued anywhere, no record left). */
 int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_msg *msg,
                int sync, int policy, uint64_t *sync_id, const char **err);
-/* Sends a control message (an encoded value) to addr.  0 or -1, *err. */
+/* Sends a control message (an encoded value) to addr.  0, or
+ * -LEI_E_CLOSED (the peer is unreachable, *err says why) or -LEI_E_NOMEM. */
 int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err);
 /* Acknowledges sync event `sync` received from peer (NULL: local). errs: the
  * encoded handler errors or NULL. */
 void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uint8_t *errs,
              size_t elen);
+/* The sync record of a submit (NULL: no such record, or freed). */
 lei_sync *lei_sync_find(lei_ctx *c, uint64_t id);
+/* Consumer contexts that have not answered yet (0: the submit is over). */
+int lei_sync_pending(const lei_sync *s);
+/* Handlers that ran, summed over the answers. */
+uint64_t lei_sync_nran(const lei_sync *s);
+/* The number of consumer contexts waited for; lei_sync_reply fills in the
+ * answer of the i-th (0-based).  Pointers stay valid until lei_sync_free. */
+int lei_sync_nreplies(const lei_sync *s);
+void lei_sync_reply(const lei_sync *s, int i, lei_sync_answer *out);
 void lei_sync_free(lei_ctx *c, lei_sync *s);
 /* Writes every ready queue now. */
 void lei_flush(lei_ctx *c);

@@ -21,11 +21,11 @@ int lei_frame_next(const uint8_t *p, size_t n, size_t max, lei_frame *f, const c
     uint32_t len = get_u32le(p);
     if (len == 0) {
         *err = "frame of length 0";
-        return -1;
+        return -LEI_E_PROTOCOL;
     }
     if ((size_t)len > max) {
         *err = "frame length exceeds limit";
-        return -1;
+        return -LEI_E_PROTOCOL;
     }
     if (n - 4 < (size_t)len) return 0;
     f->type = p[4];
@@ -47,7 +47,7 @@ static int getv(const uint8_t *b, size_t n, size_t *pos, uint64_t *v, const char
     int rc = lei_varint_decode(b + *pos, n - *pos, v, &used);
     if (rc != 0) {
         *err = rc == LEI_ETRUNC ? "truncated frame" : "invalid varint in frame";
-        return -1;
+        return -LEI_E_PROTOCOL;
     }
     *pos += used;
     return 0;
@@ -74,20 +74,21 @@ int lei_parse_hello(const uint8_t *b, size_t n, lei_hello *h, const char **err) 
     uint64_t alen;
     if (n < 4 || memcmp(b, LEI_MAGIC, 4) != 0) {
         *err = "bad magic in handshake (not a lecho peer)";
-        return -1;
+        return -LEI_E_PROTOCOL;
     }
     if (n < 6) {
         *err = "truncated frame";
-        return -1;
+        return -LEI_E_PROTOCOL;
     }
     h->version = (unsigned)b[4] << 8 | b[5];
     /* A peer of another version may lay out the rest differently: the caller
      * checks the version before trusting anything else. */
     if (h->version != LEI_PROTO_VERSION) return 0;
-    if (getv(b, n, &pos, &h->incarnation, err) || getv(b, n, &pos, &alen, err)) return -1;
+    if (getv(b, n, &pos, &h->incarnation, err) || getv(b, n, &pos, &alen, err))
+        return -LEI_E_PROTOCOL;
     if (alen == 0 || alen >= LEI_ADDR_MAX || alen != n - pos) {
         *err = "bad address in handshake";
-        return -1;
+        return -LEI_E_PROTOCOL;
     }
     memcpy(h->addr, b + pos, (size_t)alen);
     h->addr[alen] = '\0';
@@ -109,10 +110,10 @@ int lei_parse_event(const uint8_t *b, size_t n, lei_event_hdr *e, const char **e
     size_t pos = 0;
     if (getv(b, n, &pos, &e->idx, err) || getv(b, n, &pos, &e->producer, err) ||
         getv(b, n, &pos, &e->seq, err) || getv(b, n, &pos, &e->sync, err))
-        return -1;
+        return -LEI_E_PROTOCOL;
     if (pos == n) {
         *err = "event without a value";
-        return -1;
+        return -LEI_E_PROTOCOL;
     }
     e->payload = b + pos;
     e->plen = n - pos;
@@ -130,7 +131,7 @@ size_t lei_frame_ack_hdr(uint8_t *out, uint64_t sync, uint64_t nran, size_t elen
 int lei_parse_ack(const uint8_t *b, size_t n, uint64_t *sync, uint64_t *nran,
                   const uint8_t **errs, size_t *elen, const char **err) {
     size_t pos = 0;
-    if (getv(b, n, &pos, sync, err) || getv(b, n, &pos, nran, err)) return -1;
+    if (getv(b, n, &pos, sync, err) || getv(b, n, &pos, nran, err)) return -LEI_E_PROTOCOL;
     *errs = b + pos;
     *elen = n - pos;
     return 0;
@@ -150,10 +151,10 @@ int lei_parse_bind(const uint8_t *b, size_t n, uint64_t *idx, const uint8_t **na
                    size_t *namelen, const char **err) {
     size_t pos = 0;
     uint64_t len;
-    if (getv(b, n, &pos, idx, err) || getv(b, n, &pos, &len, err)) return -1;
+    if (getv(b, n, &pos, idx, err) || getv(b, n, &pos, &len, err)) return -LEI_E_PROTOCOL;
     if (len == 0 || len != n - pos) {
         *err = "bad channel name in bind";
-        return -1;
+        return -LEI_E_PROTOCOL;
     }
     *name = b + pos;
     *namelen = (size_t)len;

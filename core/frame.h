@@ -6,13 +6,16 @@
  * This file only builds and parses frames; it knows nothing of sockets or Lua,
  * and leans on codec.h for varints.  Parsers distrust their input: every
  * function here returns an error with a static message rather than reading
- * past the end of what it was given.
+ * past the end of what it was given: -LEI_E_PROTOCOL (errors.h), the code of
+ * malformed input from a peer.
  */
 #ifndef LECHO_FRAME_H
 #define LECHO_FRAME_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "errors.h"
 
 #define LEI_PROTO_VERSION 1
 #define LEI_MAGIC "LECH"
@@ -52,8 +55,9 @@ typedef struct lei_event_hdr {
 } lei_event_hdr;
 
 /* Looks for one complete frame at p[0..n).  Returns 1 and fills *f when one
- * is there, 0 when more bytes are needed, -1 with *err on a length of zero or
- * one above max. */
+ * is there, 0 when more bytes are needed, -LEI_E_PROTOCOL with *err on a
+ * length of zero or one above max.  The lei_parse_* functions below return
+ * 0, or -LEI_E_PROTOCOL with *err. */
 int lei_frame_next(const uint8_t *p, size_t n, size_t max, lei_frame *f, const char **err);
 
 /* Writes the 5-byte frame header for a frame of the given type whose body is

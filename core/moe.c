@@ -436,7 +436,7 @@ static void moe_fail(lei_moe *m, const char *why) {
     m->L = NULL;
     m->nheld = 0;
     m->hoff = 0;
-    if (m->o.period > 0) ev_timer_stop(m->ctx->loop, &m->period_w);
+    if (m->o.period > 0) ev_timer_stop(lei_ctx_loop(m->ctx), &m->period_w);
 }
 
 /* Runs fn in the state; 0, or -1 with the modulator failed (m->err set). */
@@ -527,7 +527,7 @@ static int call_hook(lei_moe *m, const char *fn, int arg) {
     m->producer = 0;
     m->seq = ++m->pseq;
     m->sync = 0;
-    m->policy = m->ctx->o.policy;
+    m->policy = lei_ctx_opts(m->ctx)->policy;
     if (run_step(m, step, NULL)) {
         notify_fail(m);
         return -1;
@@ -591,7 +591,7 @@ lei_moe *lei_moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *sr
     if (o->period > 0) {
         ev_timer_init(&m->period_w, period_cb, o->period, o->period);
         m->period_w.data = m;
-        ev_timer_start(c->loop, &m->period_w);
+        ev_timer_start(lei_ctx_loop(c), &m->period_w);
     }
     return m;
 }
@@ -599,7 +599,7 @@ lei_moe *lei_moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *sr
 void lei_moe_free(lei_moe *m) {
     if (!m) return;
     if (m->L) {
-        if (m->o.period > 0) ev_timer_stop(m->ctx->loop, &m->period_w);
+        if (m->o.period > 0) ev_timer_stop(lei_ctx_loop(m->ctx), &m->period_w);
         m->limit_on = 0;
         lua_close(m->L);
     }
@@ -645,7 +645,7 @@ int lei_moe_enqueue(lei_moe *m, uint64_t producer, uint64_t seq, const uint8_t *
 
 int lei_moe_retarget(lei_moe *m, uint32_t chid) {
     if (!m->L) return -1;
-    m->policy = m->ctx->o.policy;
+    m->policy = lei_ctx_opts(m->ctx)->policy;
     if (pump(m, 1)) {
         notify_fail(m);
         return -1;
@@ -663,7 +663,7 @@ size_t lei_moe_syncs(const lei_moe *m, const uint64_t **ids) {
 
 void lei_moe_pump(lei_moe *m) {
     if (m->L && m->nheld > 0) {
-        m->policy = m->ctx->o.policy;
+        m->policy = lei_ctx_opts(m->ctx)->policy;
         if (pump(m, 0)) notify_fail(m);
     }
 }

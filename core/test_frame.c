@@ -83,29 +83,32 @@ static void test_frame_next(void) {
     memset(buf, 0, 8);
     for (size_t k = 0; k < 4; k++) CHECK(lei_frame_next(buf, k, 1024, &f, &err) == 0);
     err = NULL;
-    CHECK(lei_frame_next(buf, 4, 1024, &f, &err) == -1 && STREQ(err, "frame of length 0"));
+    CHECK(lei_frame_next(buf, 4, 1024, &f, &err) == -LEI_E_PROTOCOL &&
+          STREQ(err, "frame of length 0"));
     err = NULL;
-    CHECK(lei_frame_next(buf, 8, 1024, &f, &err) == -1 && STREQ(err, "frame of length 0"));
+    CHECK(lei_frame_next(buf, 8, 1024, &f, &err) == -LEI_E_PROTOCOL &&
+          STREQ(err, "frame of length 0"));
 
     /* over the limit: an error before the body arrives (no waiting for 2 GiB) */
     buf[0] = 0xff, buf[1] = 0xff, buf[2] = 0xff, buf[3] = 0x7f, buf[4] = LEI_F_EVENT;
     for (size_t k = 0; k < 4; k++) CHECK(lei_frame_next(buf, k, 1024, &f, &err) == 0);
     err = NULL;
-    CHECK(lei_frame_next(buf, 4, 1024, &f, &err) == -1 &&
+    CHECK(lei_frame_next(buf, 4, 1024, &f, &err) == -LEI_E_PROTOCOL &&
           STREQ(err, "frame length exceeds limit"));
     err = NULL;
-    CHECK(lei_frame_next(buf, 5, (size_t)1 << 30, &f, &err) == -1 &&
+    CHECK(lei_frame_next(buf, 5, (size_t)1 << 30, &f, &err) == -LEI_E_PROTOCOL &&
           STREQ(err, "frame length exceeds limit"));
     buf[0] = buf[1] = buf[2] = buf[3] = 0xff; /* 4 GiB - 1 */
     err = NULL;
-    CHECK(lei_frame_next(buf, 5, (size_t)1 << 30, &f, &err) == -1 &&
+    CHECK(lei_frame_next(buf, 5, (size_t)1 << 30, &f, &err) == -LEI_E_PROTOCOL &&
           STREQ(err, "frame length exceeds limit"));
 
     /* exactly at the limit is fine, one above is not */
     n = mkframe(buf, LEI_F_CTRL, "abcdefghi", 9); /* length field 10 */
     CHECK(lei_frame_next(buf, n, 10, &f, &err) == 1 && f.len == 9);
     err = NULL;
-    CHECK(lei_frame_next(buf, n, 9, &f, &err) == -1 && STREQ(err, "frame length exceeds limit"));
+    CHECK(lei_frame_next(buf, n, 9, &f, &err) == -LEI_E_PROTOCOL &&
+          STREQ(err, "frame length exceeds limit"));
 
     /* exact frames back to back, walked the way the reader walks them */
     {
@@ -217,14 +220,15 @@ static void test_hello(void) {
     /* bad magic, including bodies shorter than the magic */
     n = hello_body(body, "LECX", 1, 1, 3, "a:1", 3);
     err = NULL;
-    CHECK(parse_hello_exact(body, n, &h, &err) == -1 &&
+    CHECK(parse_hello_exact(body, n, &h, &err) == -LEI_E_PROTOCOL &&
           STREQ(err, "bad magic in handshake (not a lecho peer)"));
     n = hello_body(body, "GET ", 1, 1, 3, "a:1", 3);
     err = NULL;
-    CHECK(parse_hello_exact(body, n, &h, &err) == -1 && err && strstr(err, "bad magic"));
+    CHECK(parse_hello_exact(body, n, &h, &err) == -LEI_E_PROTOCOL && err &&
+          strstr(err, "bad magic"));
     for (size_t k = 0; k < 4; k++) {
         err = NULL;
-        CHECK(parse_hello_exact((const uint8_t *)"LECH", k, &h, &err) == -1 && err &&
+        CHECK(parse_hello_exact((const uint8_t *)"LECH", k, &h, &err) == -LEI_E_PROTOCOL && err &&
               strstr(err, "bad magic"));
     }
 
@@ -254,16 +258,16 @@ static void test_hello(void) {
 
     /* truncated: magic but no (or half a) version, and version 1 cut short */
     err = NULL;
-    CHECK(parse_hello_exact((const uint8_t *)"LECH", 4, &h, &err) == -1 &&
+    CHECK(parse_hello_exact((const uint8_t *)"LECH", 4, &h, &err) == -LEI_E_PROTOCOL &&
           STREQ(err, "truncated frame"));
     err = NULL;
-    CHECK(parse_hello_exact((const uint8_t *)"LECH\x00", 5, &h, &err) == -1 &&
+    CHECK(parse_hello_exact((const uint8_t *)"LECH\x00", 5, &h, &err) == -LEI_E_PROTOCOL &&
           STREQ(err, "truncated frame"));
     n = hello_body(body, "LECH", 1, UINT64_MAX, 9, "127.0.0.1", 9);
     for (size_t k = 6; k < n; k++) {
         err = NULL;
         int r = parse_hello_exact(body, k, &h, &err);
-        CHECK(r == -1 && err != NULL);
+        CHECK(r == -LEI_E_PROTOCOL && err != NULL);
         /* cut inside a varint: truncated; after both varints: a bad address */
         if (k < 6 + 10 + 1)
             CHECK(STREQ(err, "truncated frame"));
@@ -277,32 +281,36 @@ static void test_hello(void) {
     memset(body + 6, 0xff, 9);
     body[15] = 0x02;
     err = NULL;
-    CHECK(parse_hello_exact(body, 16, &h, &err) == -1 && STREQ(err, "invalid varint in frame"));
+    CHECK(parse_hello_exact(body, 16, &h, &err) == -LEI_E_PROTOCOL &&
+          STREQ(err, "invalid varint in frame"));
 
     /* bad address lengths: zero, too long for the buffer, more or fewer bytes than said */
     n = hello_body(body, "LECH", 1, 1, 0, "", 0);
     err = NULL;
-    CHECK(parse_hello_exact(body, n, &h, &err) == -1 && STREQ(err, "bad address in handshake"));
+    CHECK(parse_hello_exact(body, n, &h, &err) == -LEI_E_PROTOCOL &&
+          STREQ(err, "bad address in handshake"));
     {
         char big[80];
         memset(big, 'z', sizeof big);
         n = hello_body(body, "LECH", 1, 1, LEI_ADDR_MAX, big, LEI_ADDR_MAX);
         err = NULL;
-        CHECK(parse_hello_exact(body, n, &h, &err) == -1 &&
+        CHECK(parse_hello_exact(body, n, &h, &err) == -LEI_E_PROTOCOL &&
               STREQ(err, "bad address in handshake"));
         n = hello_body(body, "LECH", 1, 1, LEI_ADDR_MAX - 1, big, LEI_ADDR_MAX - 1);
         CHECK(parse_hello_exact(body, n, &h, &err) == 0 && strlen(h.addr) == LEI_ADDR_MAX - 1);
         n = hello_body(body, "LECH", 1, 1, UINT64_MAX, big, 10);
         err = NULL;
-        CHECK(parse_hello_exact(body, n, &h, &err) == -1 &&
+        CHECK(parse_hello_exact(body, n, &h, &err) == -LEI_E_PROTOCOL &&
               STREQ(err, "bad address in handshake"));
     }
     n = hello_body(body, "LECH", 1, 1, 5, "a:1", 3); /* says 5, has 3 */
     err = NULL;
-    CHECK(parse_hello_exact(body, n, &h, &err) == -1 && STREQ(err, "bad address in handshake"));
+    CHECK(parse_hello_exact(body, n, &h, &err) == -LEI_E_PROTOCOL &&
+          STREQ(err, "bad address in handshake"));
     n = hello_body(body, "LECH", 1, 1, 3, "a:1zz", 5); /* says 3, has 5 */
     err = NULL;
-    CHECK(parse_hello_exact(body, n, &h, &err) == -1 && STREQ(err, "bad address in handshake"));
+    CHECK(parse_hello_exact(body, n, &h, &err) == -LEI_E_PROTOCOL &&
+          STREQ(err, "bad address in handshake"));
 }
 
 /* ---- EVENT ---------------------------------------------------------------- */
@@ -359,7 +367,7 @@ static void test_event(void) {
         size_t hl = lei_frame_event_hdr(buf, 1, 2, 3, 0, 0);
         CHECK(lei_frame_next(buf, hl, 1024, &f, &err) == 1 && f.len == 4);
         err = NULL;
-        CHECK(parse_event_exact(f.body, f.len, &e, &err, &d) == -1 &&
+        CHECK(parse_event_exact(f.body, f.len, &e, &err, &d) == -LEI_E_PROTOCOL &&
               STREQ(err, "event without a value"));
         free(d);
     }
@@ -370,11 +378,12 @@ static void test_event(void) {
         size_t bl = hl - LEI_FRAME_HDR;
         for (size_t k = 0; k < bl; k++) {
             err = NULL;
-            CHECK(parse_event_exact(b, k, &e, &err, &d) == -1 && STREQ(err, "truncated frame"));
+            CHECK(parse_event_exact(b, k, &e, &err, &d) == -LEI_E_PROTOCOL &&
+                  STREQ(err, "truncated frame"));
             free(d);
         }
         err = NULL;
-        CHECK(parse_event_exact(b, bl, &e, &err, &d) == -1 &&
+        CHECK(parse_event_exact(b, bl, &e, &err, &d) == -LEI_E_PROTOCOL &&
               STREQ(err, "event without a value"));
         free(d);
     }
@@ -385,7 +394,7 @@ static void test_event(void) {
         b[9] = 0x7f;
         b[10] = 0;
         err = NULL;
-        CHECK(parse_event_exact(b, 11, &e, &err, &d) == -1 &&
+        CHECK(parse_event_exact(b, 11, &e, &err, &d) == -LEI_E_PROTOCOL &&
               STREQ(err, "invalid varint in frame"));
         free(d);
     }
@@ -427,7 +436,7 @@ static void test_ack(void) {
         for (size_t k = 0; k < hl - LEI_FRAME_HDR; k++) {
             d = dup_exact(b, k);
             err = NULL;
-            CHECK(lei_parse_ack(d, k, &sync, &nran, &errs, &elen, &err) == -1 &&
+            CHECK(lei_parse_ack(d, k, &sync, &nran, &errs, &elen, &err) == -LEI_E_PROTOCOL &&
                   STREQ(err, "truncated frame"));
             free(d);
         }
@@ -436,7 +445,7 @@ static void test_ack(void) {
         bad[10] = 0;
         d = dup_exact(bad, 11);
         err = NULL;
-        CHECK(lei_parse_ack(d, 11, &sync, &nran, &errs, &elen, &err) == -1 &&
+        CHECK(lei_parse_ack(d, 11, &sync, &nran, &errs, &elen, &err) == -LEI_E_PROTOCOL &&
               STREQ(err, "invalid varint in frame"));
         free(d);
     }
@@ -457,7 +466,7 @@ static int bind_body_refused(uint64_t namelen) {
     memcpy(body + n, "abc", 3);
     n += 3;
     d = dup_exact(body, n);
-    int refused = lei_parse_bind(d, n, &idx, &name, &nl, &err) == -1 &&
+    int refused = lei_parse_bind(d, n, &idx, &name, &nl, &err) == -LEI_E_PROTOCOL &&
                   STREQ(err, "bad channel name in bind");
     free(d);
     return refused;
@@ -500,13 +509,13 @@ static void test_bind(void) {
     CHECK(lei_frame_next(buf, n, 1024, &f, &err) == 1);
     d = dup_exact(f.body, f.len);
     err = NULL;
-    CHECK(lei_parse_bind(d, f.len, &idx, &name, &nl, &err) == -1 &&
+    CHECK(lei_parse_bind(d, f.len, &idx, &name, &nl, &err) == -LEI_E_PROTOCOL &&
           STREQ(err, "bad channel name in bind"));
     free(d);
     memcpy(body, "\x04\x00zz", 4); /* says 0, has 2 */
     d = dup_exact(body, 4);
     err = NULL;
-    CHECK(lei_parse_bind(d, 4, &idx, &name, &nl, &err) == -1 &&
+    CHECK(lei_parse_bind(d, 4, &idx, &name, &nl, &err) == -LEI_E_PROTOCOL &&
           STREQ(err, "bad channel name in bind"));
     free(d);
 
@@ -515,7 +524,7 @@ static void test_bind(void) {
     for (size_t k = 0; k < 11; k++) { /* inside the idx, or before the length */
         d = dup_exact(buf + LEI_FRAME_HDR, k);
         err = NULL;
-        CHECK(lei_parse_bind(d, k, &idx, &name, &nl, &err) == -1 &&
+        CHECK(lei_parse_bind(d, k, &idx, &name, &nl, &err) == -LEI_E_PROTOCOL &&
               STREQ(err, "truncated frame"));
         free(d);
     }
@@ -583,23 +592,23 @@ static int parse_all(const uint8_t *b, size_t n) {
     r = lei_parse_hello(b, n, &h, &err);
     if (r == 0 && h.version == LEI_PROTO_VERSION)
         ok &= strlen(h.addr) < LEI_ADDR_MAX; /* may be cut short by a NUL in the address */
-    ok &= r == 0 || (r == -1 && err != NULL);
+    ok &= r == 0 || (r == -LEI_E_PROTOCOL && err != NULL);
     lei_event_hdr e;
     err = NULL;
     r = lei_parse_event(b, n, &e, &err);
     if (r == 0) ok &= e.plen > 0 && e.payload >= b && e.payload + e.plen == b + n;
-    ok &= r == 0 || (r == -1 && err != NULL);
+    ok &= r == 0 || (r == -LEI_E_PROTOCOL && err != NULL);
     uint64_t s, nr, idx;
     const uint8_t *p;
     size_t l;
     err = NULL;
     r = lei_parse_ack(b, n, &s, &nr, &p, &l, &err);
     if (r == 0) ok &= p >= b && p + l == b + n;
-    ok &= r == 0 || (r == -1 && err != NULL);
+    ok &= r == 0 || (r == -LEI_E_PROTOCOL && err != NULL);
     err = NULL;
     r = lei_parse_bind(b, n, &idx, &p, &l, &err);
     if (r == 0) ok &= l > 0 && p > b && p + l == b + n;
-    ok &= r == 0 || (r == -1 && err != NULL);
+    ok &= r == 0 || (r == -LEI_E_PROTOCOL && err != NULL);
     return ok;
 }
 

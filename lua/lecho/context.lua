@@ -32,7 +32,8 @@ function Context:_peer_addr(idx)
 end
 
 -- Runs every consumer of the channel on one decoded event (one copy per
--- context, however many consumers), then acknowledges a sync event.
+-- context, however many consumers).  Returns the handlers run and, for a
+-- sync event, the list of their errors (or nil): the ack is sent from C.
 -- A modulated stream (`ch.derived`) lists { con, handler, version } entries:
 -- each demodulator gets what its own modulator sent, tagged with its version.
 function Context:_on_event(chid, value, peer, producer, seq, sync)
@@ -84,7 +85,7 @@ function Context:_on_event(chid, value, peer, producer, seq, sync)
       end
     end
   end
-  if sync > 0 and not self.closed then self.c:ack(peer, sync, nran, errs) end
+  return nran, errs
 end
 
 -- Runs fn(...) in a coroutine of the context's; true when it is waiting.
@@ -169,13 +170,19 @@ local function dispatcher(self)
   local co = coroutine.running()
   local chid, value, peer, producer, seq, sync = coroutine.yield(DONE)
   while true do
-    self:_on_event(chid, value, peer, producer, seq, sync)
+    local nran, errs = self:_on_event(chid, value, peer, producer, seq, sync)
     local held = self.held[co]
     if held then
+      -- The dispatch waited: its event hook returned long ago, so the ack
+      -- (if sync) is ours to send.
       self.held[co] = nil
-      if not self.closed then self.c:resume(held, chid) end
+      if not self.closed then
+        if sync > 0 then self.c:ack(peer, sync, nran, errs) end
+        self.c:resume(held, chid)
+      end
+      nran, errs = nil, nil
     end
-    chid, value, peer, producer, seq, sync = coroutine.yield(DONE)
+    chid, value, peer, producer, seq, sync = coroutine.yield(DONE, nran, errs)
   end
 end
 
@@ -187,7 +194,7 @@ function Context:_dispatch(chid, value, peer, producer, seq, sync)
     coroutine.resume(co, self)
     self.dco = co
   end
-  local ok, r = coroutine.resume(co, chid, value, peer, producer, seq, sync)
+  local ok, r, nran, errs = coroutine.resume(co, chid, value, peer, producer, seq, sync)
   if not ok then
     self.dco = nil
     self.log("error dispatching an event: " .. traceback(co, tostring(r)))
@@ -199,7 +206,8 @@ function Context:_dispatch(chid, value, peer, producer, seq, sync)
     self.dco = nil
     return true
   end
-  return false
+  -- C acknowledges a sync event with these (ctx:hooks, lua_hook.c).
+  return false, nran, errs
 end
 
 --- Calls fn(timer) every sec seconds until timer:stop().  fn runs in a

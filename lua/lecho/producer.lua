@@ -131,29 +131,16 @@ function Producer:submit_sync(ev, opts)
     failed = {}
     for key, why in pairs(ch.failed) do failed[key] = { why = why, dests = ch.failed_dests[key] } end
   end
-  local all
-  if type(ids) == "number" then
-    -- One sync record (no modulators): no tables unless something failed.
-    ctx:_wait(function() return c:sync_done(ids) end, deadline)
-    if ctx.closed then return nil, "context closed while waiting", "closed" end
-    local _, errs = c:sync_take(ids, timeout)
-    all = errs
-  else
-    ctx:_wait(function()
-      for _, id in ipairs(ids) do
-        if not c:sync_done(id) then return false end
-      end
-      return true
-    end, deadline)
-    if ctx.closed then return nil, "context closed while waiting", "closed" end
-    for _, id in ipairs(ids) do
-      local _, errs = c:sync_take(id, timeout)
-      for _, e in ipairs(errs or {}) do
-        all = all or {}
-        all[#all + 1] = e
-      end
-    end
-  end
+  -- One call per look: false while waiting, then true or nil, errors (no
+  -- tables unless something failed); past the deadline, with the timeout,
+  -- silent consumers become errors.
+  local ok, all
+  ctx:_wait(function()
+    ok, all = c:sync_result(ids)
+    return ok ~= false
+  end, deadline)
+  if ctx.closed then return nil, "context closed while waiting", "closed" end
+  if ok == false then ok, all = c:sync_result(ids, timeout) end
   for key, why in pairs(ch.failed) do
     if not (failed and failed[key]) then
       failed = failed or {}

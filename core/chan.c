@@ -1,0 +1,159 @@
+/* chan.c: channels: the name table (open addressing), destinations (the
+ * remote consuming contexts), local consumers, and whether a submit has room.
+ */
+#define _GNU_SOURCE
+#include "ctx_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- channels ---------------------------------------------------------- */
+
+static uint32_t hash_name(const char *s, size_t n) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 16777619u;
+    return h;
+}
+
+static int hash_grow(lei_ctx *c) {
+    uint32_t ncap = c->hcap ? c->hcap * 2 : 256;
+    uint32_t *nh = calloc(ncap, sizeof *nh);
+    if (!nh) return -1;
+    for (uint32_t i = 0; i < c->nchans; i++) {
+        uint32_t j = hash_name(c->chans[i]->name, c->chans[i]->namelen) & (ncap - 1);
+        while (nh[j]) j = (j + 1) & (ncap - 1);
+        nh[j] = i + 1;
+    }
+    free(c->hash);
+    c->hash = nh;
+    c->hcap = ncap;
+    return 0;
+}
+
+lei_chan *lei_chan_get(lei_ctx *c, uint32_t id) {
+    return id < c->nchans ? c->chans[id] : NULL;
+}
+
+uint32_t lei_chan_open(lei_ctx *c, const char *name, size_t len) {
+    if (c->hcap) {
+        uint32_t j = hash_name(name, len) & (c->hcap - 1);
+        while (c->hash[j]) {
+            lei_chan *ch = c->chans[c->hash[j] - 1];
+            if (ch->namelen == len && memcmp(ch->name, name, len) == 0) return ch->id;
+            j = (j + 1) & (c->hcap - 1);
+        }
+    }
+    if ((c->nchans + 1) * 2 > c->hcap && hash_grow(c)) return UINT32_MAX;
+    if (c->nchans == c->cchans) {
+        uint32_t n = c->cchans ? c->cchans * 2 : 64;
+        lei_chan **nc = realloc(c->chans, n * sizeof *nc);
+        if (!nc) return UINT32_MAX;
+        c->chans = nc;
+        c->cchans = n;
+    }
+    lei_chan *ch = calloc(1, sizeof *ch);
+    if (!ch || !(ch->name = malloc(len + 1))) {
+        free(ch);
+        return UINT32_MAX;
+    }
+    memcpy(ch->name, name, len);
+    ch->name[len] = '\0';
+    ch->namelen = len;
+    ch->derived = memchr(name, '@', len) != NULL;
+    ch->id = c->nchans;
+    c->chans[c->nchans++] = ch;
+    uint32_t j = hash_name(name, len) & (c->hcap - 1);
+    while (c->hash[j]) j = (j + 1) & (c->hcap - 1);
+    c->hash[j] = ch->id + 1;
+    return ch->id;
+}
+
+void lei_chan_set_dests(lei_ctx *c, uint32_t id, const char **addrs, int n) {
+    lei_chan *ch = lei_chan_get(c, id);
+    if (!ch) return;
+    lei_peer **d = n ? calloc((size_t)n, sizeof *d) : NULL;
+    int nd = 0;
+    for (int i = 0; i < n; i++) {
+        if (strcmp(addrs[i], c->addr) == 0) continue;
+        lei_peer *p = lei_peer_get(c, addrs[i], 1);
+        if (p && d) d[nd++] = p;
+    }
+    free(ch->dests);
+    ch->dests = d;
+    ch->ndests = nd;
+}
+
+
+static lei_peer *full_dest(lei_ctx *c, lei_chan *ch) {
+    for (int i = 0; i < ch->ndests; i++) {
+        lei_peer *p = ch->dests[i];
+        if (lei_peer_live(p) && p->q.bytes >= c->o.queue_limit) return p;
+    }
+    return NULL;
+}
+
+int lei_chan_full(lei_ctx *c, uint32_t chid) {
+    lei_chan *ch = lei_chan_get(c, chid);
+    return ch && full_dest(c, ch) != NULL;
+}
+
+int lei_chan_room(lei_ctx *c, uint32_t chid) {
+    lei_chan *ch = lei_chan_get(c, chid);
+    if (!ch) return 1;
+    lei_peer *p;
+    while ((p = full_dest(c, ch)) != NULL) {
+        size_t before = p->q.bytes;
+        /* What the socket takes now may be enough; if not, lei_peer_flush armed
+         * the write watcher (or the connection is still being made), so the
+         * loop wakes when there may be room: never a sleep with data queued. */
+        lei_peer_flush(p);
+        if (p->q.bytes >= before || p->q.bytes >= c->o.queue_limit) return 0;
+    }
+    /* Local: the queue, and for a channel whose handler waits, what waits
+     * behind it (other channels' events go on). */
+    if (ch->local && (c->lq.bytes >= c->o.queue_limit ||
+                      (ch->held && c->ldef.bytes >= c->o.queue_limit))) {
+        if (c->lq.head) ev_idle_start(c->loop, &c->idle);
+        return 0;
+    }
+    return 1;
+}
+
+/* Queues one event frame, header hdr (the same for every destination) then
+ * msg, and the channel's BIND first if this connection has not seen it.
+ * Applies the queue policy. */
+
+void lei_chan_set_local(lei_ctx *c, uint32_t id, int on) {
+    lei_chan *ch = lei_chan_get(c, id);
+    if (!ch) return;
+    if (on && !ch->local) ch->epoch++;
+    ch->local = on;
+}
+
+
+uint32_t lei_ctx_nchans(const lei_ctx *c) { return c->nchans; }
+
+const char *lei_chan_name(const lei_ctx *c, uint32_t id) {
+    return id < c->nchans ? c->chans[id]->name : NULL;
+}
+
+void lei_chan_count_encode(lei_ctx *c, uint32_t chid) {
+    if (chid < c->nchans) c->chans[chid]->encodes++;
+}
+
+int lei_chan_stats(const lei_ctx *c, uint32_t id, lei_stats_chan *out) {
+    if (id >= c->nchans) return -1;
+    const lei_chan *ch = c->chans[id];
+    out->ev_out = ch->ev_out;
+    out->bytes_out = ch->bytes_out;
+    out->ev_in = ch->ev_in;
+    out->bytes_in = ch->bytes_in;
+    out->drops = ch->drops;
+    out->ev_local = ch->ev_local;
+    out->encodes = ch->encodes;
+    out->gaps = ch->gaps;
+    out->lost = ch->lost;
+    out->dups = ch->dups;
+    out->ndests = ch->ndests;
+    return 0;
+}

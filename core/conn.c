@@ -1,0 +1,635 @@
+/* conn.c: connections: sockets, listening and accepting, dialling,
+ * reading and handing frames over, the handshake, closing (FIN, retiring).
+ *
+ * Leans on libev (watchers embedded in lei_conn), frame.c for the wire
+ * layout, peer.c for the queues a connection writes.  No Lua here.
+ */
+#define _GNU_SOURCE
+#include "ctx_int.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define RBUF_MIN (64 * 1024)
+
+static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents);
+static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents);
+
+static int set_nonblock(int fd) {
+    int fl = fcntl(fd, F_GETFL);
+    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+static int parse_addr(const char *addr, struct sockaddr_in *sa) {
+    char host[LEI_ADDR_MAX];
+    const char *colon = strrchr(addr, ':');
+    if (!colon || (size_t)(colon - addr) >= sizeof host) return -1;
+    memcpy(host, addr, (size_t)(colon - addr));
+    host[colon - addr] = '\0';
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (*end || port <= 0 || port > 65535) return -1;
+    memset(sa, 0, sizeof *sa);
+    sa->sin_family = AF_INET;
+    sa->sin_port = htons((uint16_t)port);
+    return inet_pton(AF_INET, host, &sa->sin_addr) == 1 ? 0 : -1;
+}
+
+static lei_conn *conn_new(lei_ctx *c, int fd, enum lei_conn_state state) {
+    lei_conn *k = calloc(1, sizeof *k);
+    if (!k) return NULL;
+    k->ctx = c;
+    k->fd = fd;
+    k->state = state;
+    ev_io_init(&k->rio, conn_read_cb, fd, EV_READ);
+    ev_io_init(&k->wio, conn_write_cb, fd, EV_WRITE);
+    k->rio.data = k->wio.data = k;
+    k->next = c->conns;
+    c->conns = k;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    lei_live_conn_new(k);
+    return k;
+}
+
+void lei_conn_free(lei_conn *k) {
+    lei_ctx *c = k->ctx;
+    for (lei_conn **pp = &c->conns; *pp; pp = &(*pp)->next)
+        if (*pp == k) {
+            *pp = k->next;
+            break;
+        }
+    free(k);
+}
+
+/* Writes a small frame straight to the socket: only for the handshake and
+ * for the parting ERROR, when nothing else is queued on the connection. */
+static void conn_write_now(lei_conn *k, const uint8_t *b, size_t n) {
+    while (n) {
+        ssize_t w = send(k->fd, b, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return;
+        b += w;
+        n -= (size_t)w;
+    }
+}
+
+static void conn_send_error(lei_conn *k, const char *msg) {
+    uint8_t b[LEI_FRAME_HDR + 256];
+    size_t n = strnlen(msg, 255);
+    lei_frame_hdr(b, LEI_F_ERROR, n);
+    memcpy(b + LEI_FRAME_HDR, msg, n);
+    conn_write_now(k, b, LEI_FRAME_HDR + n);
+}
+
+/* Closes a connection: bad is set when the remote sent malformed input. */
+void lei_conn_close(lei_conn *k, const char *reason, int bad) {
+    lei_ctx *c = k->ctx;
+    if (k->state == LEI_CONN_CLOSED) return;
+    k->state = LEI_CONN_CLOSED;
+    ev_io_stop(c->loop, &k->rio);
+    ev_io_stop(c->loop, &k->wio);
+    if (bad) {
+        c->bad_frames++;
+        conn_send_error(k, reason);
+        lei_logf(c, "closing connection from %s: %s", k->peer ? k->peer->addr : "unidentified peer",
+                 reason);
+    }
+    close(k->fd);
+    k->fd = -1;
+    free(k->rb);
+    k->rb = NULL;
+    free(k->inmap);
+    k->inmap = NULL;
+    lei_peer *p = k->peer;
+    k->peer = NULL;
+    if (p && p->conn == k) lei_peer_lost(p, reason);
+    if (k->was && k->was->retiring == k) k->was->retiring = NULL;
+    if (!k->busy) lei_conn_free(k);
+}
+
+/* Ends k after what it has written: the peer is detached (its queue
+ * dropped and counted, its syncs failed, told as lost), our FIN goes out
+ * behind the bytes already in the socket, and k reads (and ignores) until
+ * the remote closes, so that what the kernel holds is still delivered and
+ * every event is either received or counted as dropped. */
+void lei_conn_retire(lei_conn *k, const char *reason) {
+    if (!k || k->state == LEI_CONN_CLOSED) return;
+    lei_ctx *c = k->ctx;
+    lei_peer *p = k->peer;
+    if (k->state != LEI_CONN_UP && k->state != LEI_CONN_CLOSING) {
+        lei_conn_close(k, reason, 0);
+        return;
+    }
+    ev_io_stop(c->loop, &k->wio);
+    shutdown(k->fd, SHUT_WR);
+    k->state = LEI_CONN_RETIRED;
+    k->retired = ev_now(c->loop);
+    k->peer = NULL;
+    if (p && p->conn == k) {
+        lei_peer_lost(p, reason);
+        /* No new connection to p until this one is closed: the remote would
+         * read the two side by side, newer events before older ones. */
+        p->retiring = k;
+        k->was = p;
+    }
+    ev_io_start(c->loop, &k->rio);
+    lei_expiry_at(c, k->retired + RETIRE_SECONDS);
+}
+
+/* Dials the peer.  Frames queue up until the handshake is answered. */
+int lei_peer_dial(lei_peer *p) {
+    lei_ctx *c = p->ctx;
+    struct sockaddr_in sa;
+    if (parse_addr(p->addr, &sa)) {
+        snprintf(p->reason, sizeof p->reason, "bad address '%s' (want IPv4:port)", p->addr);
+        p->last_fail = ev_now(c->loop);
+        return -1;
+    }
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || set_nonblock(fd)) {
+        if (fd >= 0) close(fd);
+        snprintf(p->reason, sizeof p->reason, "socket: %s", strerror(errno));
+        p->last_fail = ev_now(c->loop);
+        return -1;
+    }
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0 && errno != EINPROGRESS) {
+        snprintf(p->reason, sizeof p->reason, "connect: %s", strerror(errno));
+        close(fd);
+        p->last_fail = ev_now(c->loop);
+        return -1;
+    }
+    lei_conn *k = conn_new(c, fd, LEI_CONN_DIALING);
+    if (!k) {
+        close(fd);
+        return -1;
+    }
+    k->peer = p;
+    p->conn = k;
+    ev_io_start(c->loop, &k->wio);
+    return 0;
+}
+
+
+static void send_hello(lei_conn *k, uint8_t type) {
+    uint8_t b[128];
+    size_t n = lei_frame_hello(b, type, LEI_PROTO_VERSION, k->ctx->incarnation, k->ctx->addr);
+    conn_write_now(k, b, n);
+}
+
+/* ---- the handshake -------------------------------------------------------
+ *
+ * A connection walks one way through enum lei_conn_state (ctx_int.h):
+ *
+ *   dialled:  DIALING --connected, HELLO sent--> HELLO_SENT --HELLO_OK--> UP
+ *   accepted:                                    HELLO_WAIT --HELLO-----> UP
+ *   UP --queue written while closing, FIN--> CLOSING
+ *   UP or CLOSING --disconnect policy, FIN--> RETIRED
+ *   any --error, remote closed, dead, superseded--> CLOSED
+ *
+ * Before UP only HELLO, HELLO_OK and ERROR frames count; the protocol
+ * version is checked in one place (hello_read) for both directions. */
+
+/* The reason sent to the loser of simultaneous dials: it keeps its queue
+ * and waits for the connection the winner dialled. */
+static const char DUP_REASON[] = "duplicate connection: the one dialled by the smaller address wins";
+
+/* Reads the remote's HELLO (want LEI_F_HELLO, we were dialled) or HELLO_OK
+ * (we dialled).  Returns 0, or -1 after closing k as bad input. */
+static int hello_read(lei_conn *k, const lei_frame *f, uint8_t want, lei_hello *h) {
+    const char *err = NULL;
+    char why[160];
+    if (f->type != want) {
+        err = want == LEI_F_HELLO ? "expected a handshake (HELLO) first"
+                                  : "expected a handshake answer (HELLO_OK)";
+    } else if (lei_parse_hello(f->body, f->len, h, &err)) {
+        /* err set */
+    } else if (h->version != LEI_PROTO_VERSION) {
+        snprintf(why, sizeof why, "protocol version mismatch: peer speaks %u, this side speaks %u",
+                 h->version, LEI_PROTO_VERSION);
+        err = why;
+    }
+    if (!err) return 0;
+    lei_conn_close(k, err, 1);
+    return -1;
+}
+
+/* HELLO_WAIT or HELLO_SENT -> UP: k serves p from now on.  An accepted
+ * connection answers HELLO_OK first; then the peer is told up and what
+ * queued for it while it was down goes out. */
+static void conn_up(lei_conn *k, lei_peer *p, uint64_t incarnation) {
+    int accepted = k->state == LEI_CONN_HELLO_WAIT;
+    k->peer = p;
+    p->conn = k;
+    k->state = LEI_CONN_UP;
+    p->await_in = 0;
+    p->reason[0] = '\0';
+    lei_live_peer_up(p, incarnation);
+    if (accepted) send_hello(k, LEI_F_HELLO_OK);
+    lei_peer_note(p, 1, NULL);
+    if (p->held) ev_io_stop(k->ctx->loop, &k->rio);
+    lei_peer_flush(p);
+}
+
+/* HELLO_WAIT: the remote introduced itself; tie k to the peer of that
+ * address.  With two connections between the same pair of contexts the one
+ * dialled by the smaller address wins, so both sides agree on one.  Returns
+ * 0 (k is UP), or -1 (k must be closed; DUP_REASON already sent to a loser). */
+static int hello_accepted(lei_conn *k, const lei_hello *h) {
+    lei_ctx *c = k->ctx;
+    lei_peer *p = lei_peer_find(c, h->addr);
+    if (p && p->conn && p->conn->state != LEI_CONN_CLOSED && p->conn != k) {
+        lei_conn *old = p->conn;
+        if (old->state == LEI_CONN_DIALING || old->state == LEI_CONN_HELLO_SENT) {
+            if (strcmp(c->addr, h->addr) < 0) {
+                conn_send_error(k, DUP_REASON);
+                return -1;
+            }
+            /* Ours loses: adopt the inbound one, keep the queue. */
+            p->conn = NULL;
+            old->peer = NULL;
+            lei_conn_close(old, "superseded", 0);
+        } else if (p->lv.incarnation == h->incarnation &&
+                   ev_now(c->loop) - old->last_in < (c->o.heartbeat > 1.0 ? c->o.heartbeat : 1.0)) {
+            /* The same process, and its connection here is up and alive: a
+             * HELLO of a crossing dial that arrives late (its sender already
+             * took ours).  Replacing ours would drop its queue. */
+            conn_send_error(k, DUP_REASON);
+            return -1;
+        } else {
+            lei_conn_close(old, "replaced by a new connection from the same context", 0);
+        }
+    }
+    if (!p && !(p = lei_peer_new(c, h->addr))) return -1;
+    conn_up(k, p, h->incarnation);
+    return 0;
+}
+
+/* HELLO_SENT: the remote answered our HELLO.  Returns 0 (k is UP), or -1
+ * after closing k. */
+static int hello_answered(lei_conn *k, const lei_frame *f) {
+    lei_ctx *c = k->ctx;
+    lei_peer *p = k->peer;
+    lei_hello h;
+    char why[256];
+    if (f->type == LEI_F_ERROR && p && p->conn == k && f->len == sizeof DUP_REASON - 1 &&
+        memcmp(f->body, DUP_REASON, f->len) == 0) {
+        /* We lost the tie-break: the remote's own connection comes.
+         * Nothing was written on this one (the handshake was not done):
+         * the queue, BINDs included, goes whole on the next one. */
+        p->conn = NULL;
+        p->await_in = ev_now(c->loop) + AWAIT_IN_SECONDS;
+        lei_expiry_at(c, p->await_in);
+        k->peer = NULL;
+        lei_conn_close(k, "lost the tie-break of simultaneous dials", 0);
+        return -1;
+    }
+    if (f->type == LEI_F_ERROR) {
+        snprintf(why, sizeof why, "refused by peer: %.*s", (int)(f->len > 200 ? 200 : f->len),
+                 (const char *)f->body);
+        lei_logf(c, "connection to %s %s", p ? p->addr : "?", why);
+        lei_conn_close(k, why, 0);
+        return -1;
+    }
+    if (hello_read(k, f, LEI_F_HELLO_OK, &h)) return -1;
+    if (!p || p->conn != k) {
+        /* Another connection took over this peer meanwhile. */
+        k->peer = NULL;
+        lei_conn_close(k, "superseded by another connection to the same context", 0);
+        return -1;
+    }
+    conn_up(k, p, h.incarnation);
+    return 0;
+}
+
+/* One frame before UP.  Returns 0, or -1 after closing k. */
+static int conn_handshake(lei_conn *k, const lei_frame *f) {
+    if (k->state == LEI_CONN_HELLO_SENT) return hello_answered(k, f);
+    lei_hello h;
+    if (hello_read(k, f, LEI_F_HELLO, &h)) return -1;
+    if (hello_accepted(k, &h)) {
+        lei_conn_close(k, "handshake refused", 0);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- reading ----------------------------------------------------------- */
+
+static int map_idx(lei_conn *k, uint64_t idx, uint32_t *chid) {
+    if (idx >= k->ninmap || !k->inmap[idx]) return -1;
+    *chid = k->inmap[idx] - 1;
+    return 0;
+}
+
+/* Handles one frame.  Returns 0, or -1 after closing the connection. */
+static int conn_frame(lei_conn *k, const lei_frame *f) {
+    lei_ctx *c = k->ctx;
+    const char *err = NULL;
+    char why[256];
+    if (k->state < LEI_CONN_UP) return conn_handshake(k, f);
+    lei_peer *p = k->peer;
+    if (f->type == LEI_F_HEARTBEAT || f->type == LEI_F_PING) return lei_live_frame(k, f);
+    switch (f->type) {
+    case LEI_F_EVENT: {
+        lei_event_hdr e;
+        uint32_t chid;
+        if (lei_parse_event(f->body, f->len, &e, &err)) break;
+        if (map_idx(k, e.idx, &chid)) {
+            err = "event on a channel that was never bound";
+            break;
+        }
+        lei_chan *ch = lei_chan_get(c, chid);
+        p->st.ev_in++;
+        ch->ev_in++;
+        ch->bytes_in += e.plen;
+        if (!ch->local || lei_live_seq(c, p, ch, e.producer, e.seq)) {
+            if (e.sync) lei_ack(c, p, e.sync, 0, NULL, 0);
+            return 0;
+        }
+        c->depth++;
+        int rc = c->h.event(c->h.ud, p, chid, e.producer, e.seq, e.sync, e.payload, e.plen);
+        c->depth--;
+        if (rc == 1) {
+            /* A handler waits: hold what comes next from this peer. */
+            p->held = 1;
+            ev_io_stop(c->loop, &k->rio);
+        } else if (rc) {
+            err = "malformed event value";
+        }
+        break;
+    }
+    case LEI_F_CTRL:
+        p->st.ctrl_in++;
+        c->depth++;
+        if (c->h.ctrl(c->h.ud, p, f->body, f->len)) err = "malformed control message";
+        c->depth--;
+        break;
+    case LEI_F_BIND: {
+        uint64_t idx;
+        const uint8_t *name;
+        size_t nl;
+        if (lei_parse_bind(f->body, f->len, &idx, &name, &nl, &err)) break;
+        if (idx > 16u * 1024 * 1024) {
+            err = "channel index out of range";
+            break;
+        }
+        if (idx >= k->ninmap) {
+            size_t n = k->ninmap ? k->ninmap : 64;
+            while (n <= idx) n *= 2;
+            uint32_t *m = realloc(k->inmap, n * sizeof *m);
+            if (!m) {
+                err = "out of memory";
+                break;
+            }
+            memset(m + k->ninmap, 0, (n - k->ninmap) * sizeof *m);
+            k->inmap = m;
+            k->ninmap = n;
+        }
+        uint32_t id = lei_chan_open(c, (const char *)name, nl);
+        if (id == UINT32_MAX) {
+            err = "out of memory";
+            break;
+        }
+        k->inmap[idx] = id + 1;
+        break;
+    }
+    case LEI_F_ACK: {
+        uint64_t sync, nran;
+        const uint8_t *errs;
+        size_t elen;
+        if (lei_parse_ack(f->body, f->len, &sync, &nran, &errs, &elen, &err)) break;
+        lei_sync_answered(c, p, sync, nran, errs, elen);
+        break;
+    }
+    case LEI_F_ERROR:
+        snprintf(why, sizeof why, "peer reported: %.*s", (int)(f->len > 200 ? 200 : f->len),
+                 (const char *)f->body);
+        lei_logf(c, "connection with %s closed, %s", p ? p->addr : "?", why);
+        lei_conn_close(k, why, 0);
+        return -1;
+    default:
+        snprintf(why, sizeof why, "unknown frame type %u", f->type);
+        lei_conn_close(k, why, 1);
+        return -1;
+    }
+    if (k->state == LEI_CONN_CLOSED) return -1;
+    if (err) {
+        lei_conn_close(k, err, 1);
+        return -1;
+    }
+    return 0;
+}
+
+/* Before the handshake is done only HELLO, HELLO_OK and ERROR frames may
+ * come, all small: an unidentified peer (an HTTP client, say) must not make
+ * the context allocate, or wait for, a frame of up to max_frame bytes. */
+#define HANDSHAKE_FRAME_MAX 4096
+
+static size_t conn_max_frame(const lei_conn *k) {
+    size_t max = k->ctx->o.max_frame;
+    return k->state >= LEI_CONN_UP || max < HANDSHAKE_FRAME_MAX ? max : HANDSHAKE_FRAME_MAX;
+}
+
+/* Hands over the complete frames in k's buffer, until one suspends or
+ * closes.  Returns 0, or -1 once k is dead (the caller frees it). */
+static int conn_frames(lei_conn *k) {
+    if (k->state == LEI_CONN_RETIRED) { /* detached: what still comes is not read */
+        k->rpos = k->rlen;
+        return 0;
+    }
+    while (k->state != LEI_CONN_CLOSED && !(k->peer && k->peer->held && k->state >= LEI_CONN_UP)) {
+        lei_frame f;
+        const char *err = NULL;
+        size_t max = conn_max_frame(k); /* the handshake may end at any frame */
+        int r = lei_frame_next(k->rb + k->rpos, k->rlen - k->rpos, max, &f, &err);
+        if (r == 0) break;
+        if (r < 0) {
+            char why[160];
+            const uint8_t *h = k->rb + k->rpos;
+            snprintf(why, sizeof why, "%s (%u bytes, limit %zu)", err,
+                     (unsigned)(h[0] | h[1] << 8 | h[2] << 16 | (uint32_t)h[3] << 24),
+                     max);
+            lei_conn_close(k, why, 1);
+            break;
+        }
+        k->rpos += f.size; /* consumed before the hooks run: they may re-enter */
+        if (conn_frame(k, &f) || k->state == LEI_CONN_CLOSED) break;
+    }
+    return k->state == LEI_CONN_CLOSED ? -1 : 0;
+}
+
+static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
+    (void)loop;
+    (void)revents;
+    lei_conn *k = w->data;
+    lei_ctx *c = k->ctx;
+    if (k->peer && k->peer->held && k->state >= LEI_CONN_UP) {
+        ev_io_stop(c->loop, &k->rio); /* lei_resume starts it again */
+        return;
+    }
+    /* What a suspended dispatch left in the buffer goes first. */
+    if (k->rpos < k->rlen) {
+        k->busy++;
+        conn_frames(k);
+        k->busy--;
+        if (k->state == LEI_CONN_CLOSED) {
+            if (!k->busy) lei_conn_free(k);
+            return;
+        }
+        if (k->peer && k->peer->held) return;
+    }
+    /* Compact, then make room: a frame larger than the buffer grows it to
+     * exactly its size, never past max_frame. */
+    if (k->rpos && k->busy == 0) {
+        memmove(k->rb, k->rb + k->rpos, k->rlen - k->rpos);
+        k->rlen -= k->rpos;
+        k->rpos = 0;
+    }
+    size_t want = RBUF_MIN, room;
+    size_t big_end = 0; /* a large frame: read up to its end only */
+    if (k->rlen - k->rpos >= 4) {
+        const uint8_t *h = k->rb + k->rpos;
+        size_t flen = (size_t)h[0] | (size_t)h[1] << 8 | (size_t)h[2] << 16 | (size_t)h[3] << 24;
+        if (flen <= conn_max_frame(k) && flen + 4 > want) {
+            want = flen + 4;
+            big_end = k->rpos + want;
+        }
+    }
+    if (k->rcap - k->rlen < RBUF_MIN && k->rcap < k->rlen + want) {
+        size_t ncap = k->rlen + want;
+        if (ncap < k->rcap * 2 && k->rcap * 2 <= c->o.max_frame + 4) ncap = k->rcap * 2;
+        uint8_t *nb = realloc(k->rb, ncap);
+        if (!nb) {
+            lei_conn_close(k, "out of memory for the read buffer", 0);
+            return;
+        }
+        k->rb = nb;
+        k->rcap = ncap;
+    }
+    /* Reading past the end of a large frame would put the next frame's
+     * first bytes behind it, to be moved to the front afterwards: a copy of
+     * up to a whole frame.  Stop at its end instead. */
+    room = k->rcap - k->rlen;
+    if (big_end > k->rlen && big_end - k->rlen < room) room = big_end - k->rlen;
+    ssize_t n = read(k->fd, k->rb + k->rlen, room);
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EINTR) return;
+        char why[128];
+        snprintf(why, sizeof why, "read: %s", strerror(errno));
+        lei_conn_close(k, why, 0);
+        return;
+    }
+    if (n == 0) {
+        lei_conn_close(k, "connection closed by peer", 0);
+        return;
+    }
+    k->rlen += (size_t)n;
+    k->last_in = ev_now(loop);
+    if (k->peer && k->state >= LEI_CONN_UP) k->peer->st.bytes_in += (uint64_t)n;
+    k->busy++;
+    conn_frames(k);
+    k->busy--;
+    if (k->state == LEI_CONN_CLOSED && !k->busy) lei_conn_free(k);
+}
+
+static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents) {
+    (void)loop;
+    (void)revents;
+    lei_conn *k = w->data;
+    if (k->state == LEI_CONN_DIALING) {
+        int e = 0;
+        socklen_t l = sizeof e;
+        getsockopt(k->fd, SOL_SOCKET, SO_ERROR, &e, &l);
+        if (e) {
+            char why[128];
+            snprintf(why, sizeof why, "connect: %s", strerror(e));
+            if (k->peer) lei_logf(k->ctx, "cannot reach %s: %s", k->peer->addr, why);
+            lei_conn_close(k, why, 0);
+            return;
+        }
+        ev_io_stop(k->ctx->loop, &k->wio);
+        k->state = LEI_CONN_HELLO_SENT;
+        send_hello(k, LEI_F_HELLO);
+        ev_io_start(k->ctx->loop, &k->rio);
+        return;
+    }
+    if (k->peer && k->peer->conn == k)
+        lei_peer_flush(k->peer);
+    else
+        ev_io_stop(k->ctx->loop, &k->wio);
+}
+
+static void accept_cb(struct ev_loop *loop, ev_io *w, int revents) {
+    (void)loop;
+    (void)revents;
+    lei_ctx *c = w->data;
+    for (int i = 0; i < 64; i++) {
+        int fd = accept4(c->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+                lei_logf(c, "accept: %s", strerror(errno));
+            return;
+        }
+        lei_conn *k = conn_new(c, fd, LEI_CONN_HELLO_WAIT);
+        if (!k) {
+            close(fd);
+            continue;
+        }
+        ev_io_start(c->loop, &k->rio);
+    }
+}
+
+
+/* ---- life cycle -------------------------------------------------------- */
+
+/* Closing: once k's queue is written, our side ends with a FIN; reading
+ * goes on until the remote closes (it has then read all we sent). */
+void lei_conn_fin(lei_conn *k) {
+    if (k->state != LEI_CONN_UP) return;
+    lei_peer *p = k->peer;
+    if (p && (p->conn != k || p->q.head)) return;
+    k->state = LEI_CONN_CLOSING;
+    shutdown(k->fd, SHUT_WR);
+}
+
+
+int lei_ctx_listen(lei_ctx *c, const char *host, int port, const char **err) {
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+        *err = "listen address must be an IPv4 address";
+        return -LEI_E_INVALID;
+    }
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int one = 1;
+    if (fd < 0) {
+        *err = strerror(errno);
+        return -LEI_E_IO;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) || listen(fd, 512) ||
+        getsockname(fd, (struct sockaddr *)&sa, &sl)) {
+        *err = strerror(errno);
+        close(fd);
+        return -LEI_E_IO;
+    }
+    c->lfd = fd;
+    snprintf(c->addr, sizeof c->addr, "%s:%u", host, ntohs(sa.sin_port));
+    ev_io_init(&c->lio, accept_cb, fd, EV_READ);
+    c->lio.data = c;
+    ev_io_start(c->loop, &c->lio);
+    return 0;
+}
+

@@ -1,0 +1,260 @@
+/* ctx_int.h: the context's private structs and the functions its files
+ * (ctx.c, conn.c, peer.c, chan.c, local.c, sync.c, live.c) share.
+ *
+ * Nothing outside those files may include this header: the binding and
+ * embedders use the functions of ctx.h only.  A struct field written from
+ * elsewhere is a second implementation of that field's rules.
+ */
+#ifndef LECHO_CTX_INT_H
+#define LECHO_CTX_INT_H
+
+#include "ctx.h"
+
+/* Async events this small are copied, header and value, into one buffer per
+ * run of them in a peer's queue (a batch item): no allocation and two iovecs
+ * fewer per event and destination.  Bigger ones are queued by reference. */
+#define SMALL_EVENT 512
+/* A connection ended by the disconnect policy is closed this long after
+ * its FIN at the latest, if the remote does not close first. */
+#define RETIRE_SECONDS 5.0
+#define BATCH_MAX (16 * 1024)
+
+/* How long a peer that lost the tie-break of simultaneous dials waits for
+ * the remote's own connection before it counts as lost. */
+#define AWAIT_IN_SECONDS 5.0
+
+/* A peer's connection came up or went down; told to the hook later. */
+struct lei_note {
+    int idx, up;
+    char reason[160];
+};
+/* One queued frame: hdr bytes, then msg's bytes if msg is set. */
+typedef struct lei_qitem {
+    struct lei_qitem *next;
+    lei_msg *msg;       /* one reference owned by the item, or NULL */
+    size_t size;        /* hlen + msg->total */
+    uint32_t chid;      /* local queue: channel */
+    uint64_t producer, seq, sync;
+    uint8_t hlen;
+    uint8_t droppable;  /* an async event: policies may drop it */
+    uint8_t batch;      /* msg holds whole small async EVENT frames, nev of them */
+    uint8_t mixed;      /* a batch with events of more than one channel (chid: the first) */
+    uint32_t nev;
+    uint8_t hdr[LEI_EVENT_HDR_MAX];
+} lei_qitem;
+
+typedef struct lei_queue {
+    lei_qitem *head, *tail;
+    size_t bytes;       /* ro: queued bytes */
+    size_t count;       /* ro: queued frames */
+} lei_queue;
+
+static inline void lei_q_push(lei_queue *q, lei_qitem *it) {
+    it->next = NULL;
+    if (q->tail)
+        q->tail->next = it;
+    else
+        q->head = it;
+    q->tail = it;
+    q->bytes += it->size;
+    q->count++;
+}
+
+static inline lei_qitem *lei_q_pop(lei_queue *q) {
+    lei_qitem *it = q->head;
+    if (!it) return NULL;
+    q->head = it->next;
+    if (!q->head) q->tail = NULL;
+    q->bytes -= it->size;
+    q->count--;
+    return it;
+}
+
+/* Per peer: the last sequence number seen from each (channel, producer) of
+ * the peer's current incarnation (open addressing; last == 0: empty). */
+typedef struct lei_seqent {
+    uint64_t producer, last;
+    uint32_t chid, epoch;
+} lei_seqent;
+
+typedef struct lei_live {
+    uint64_t incarnation;     /* ro: from the last handshake (0: none yet) */
+    int fails;                /* ro: dials since the last handshake (backoff) */
+    lei_seqent *seqs;         /* owned */
+    uint32_t seqcap, seqn, seqhit;
+    ev_tstamp log_t;          /* gap logging: window start, lines, untold gaps */
+    uint32_t log_n;
+    uint64_t log_skipped;
+    uint64_t hb_in, hb_out, timeouts, gaps, lost, dups; /* ro: counters */
+} lei_live;
+
+struct lei_peer {
+    lei_ctx *ctx;
+    int idx;                  /* ro: 1-based handle, stable for the context's life */
+    char addr[LEI_ADDR_MAX];  /* ro: the remote context's listen address */
+    lei_conn *conn;           /* ro: current connection or NULL */
+    int held;                 /* ro: a handler of an event from this peer is suspended */
+    lei_conn *retiring;       /* a connection ended by the disconnect policy,
+                               * still delivering: no new one until it closes */
+    ev_tstamp await_in;       /* our dial lost the tie-break: the remote's own
+                               * connection is awaited until then, queue kept */
+    lei_queue q;              /* ro: frames waiting for the socket */
+    size_t woff;              /* bytes of q.head already written */
+    uint8_t *bound;           /* channels announced (BIND) on this connection */
+    size_t nbound;
+    ev_tstamp last_fail;      /* when the last connection failed */
+    char reason[160];         /* ro: why the last connection ended */
+    lei_pstats st;            /* ro */
+    lei_live lv;              /* liveness and sequence tracking (live.c) */
+};
+
+struct lei_chan {
+    char *name;               /* ro: owned, NUL-terminated */
+    size_t namelen;
+    uint32_t id;              /* ro: index in ctx->chans, also the wire idx we send */
+    int local;                /* rw via lei_chan_set_local: local consumers exist */
+    lei_peer **dests;         /* ro: owned array, remote consuming contexts */
+    int ndests;
+    int held;                 /* ro: a local handler of it is suspended */
+    uint64_t ev_out, bytes_out, ev_in, bytes_in, drops, ev_local, encodes;
+    uint64_t gaps, lost, dups;  /* ro: sequence gaps seen, events they lost, duplicates dropped */
+    uint32_t epoch;           /* ro: bumped when local consumers appear again */
+    uint8_t derived;          /* ro: a modulated stream (name@key): filters skip seqs */
+};
+
+typedef struct lei_sync_wait {
+    lei_peer *peer;           /* NULL: the local consumers */
+    int done;
+    char *err;                /* owned: transport failure, or NULL */
+    uint8_t *errs;            /* owned: encoded handler errors from the ack */
+    size_t elen;
+} lei_sync_wait;
+
+struct lei_sync {
+    struct lei_sync *next;
+    uint64_t id;
+    int nwait;                /* waits not yet done */
+    int nw;
+    lei_sync_wait *w;         /* owned */
+    uint64_t nran;
+};
+
+struct lei_ctx {
+    struct ev_loop *loop;     /* ro: owned */
+    lei_opts o;               /* rw before lei_ctx_listen */
+    lei_hooks h;
+    char addr[LEI_ADDR_MAX];  /* ro: our listen address */
+    uint64_t incarnation;
+    int lfd;
+    ev_io lio;
+    ev_prepare prep;          /* writes batched queues once per loop turn */
+    ev_idle idle;             /* runs the local delivery queue */
+    ev_timer hb;              /* liveness: PINGs and dead peers, all connections */
+    lei_peer **peers;         /* owned, index idx-1 */
+    int npeers, cpeers;
+    lei_conn *conns;          /* all live connections (list through conn->next) */
+    lei_chan **chans;         /* owned */
+    uint32_t nchans, cchans;
+    uint32_t *hash;           /* open addressing: chid+1, 0 empty */
+    uint32_t hcap;
+    lei_queue lq;             /* local deliveries */
+    lei_sync *syncs;
+    uint64_t next_sync;
+    int depth;                /* ro: nesting of hooks in progress */
+    lei_queue ldef;           /* local items of held channels, in order */
+    int closing;              /* ro: lei_ctx_shutdown was called */
+    struct lei_note *notes;   /* owned: peer changes not yet told to the hook */
+    int nnotes, cnotes;
+    ev_idle kick;             /* keeps one loop turn from blocking (peer notes) */
+    ev_timer expiry_w;        /* peers' await_in, retired connections */
+    uint64_t encodes;         /* values encoded (lei_ctx_count_encode) */
+    uint64_t bad_frames;      /* ro: connections closed for bad input */
+};
+
+/* The states of a connection, in the order it walks them (the handshake
+ * section of conn.c draws the transitions).  Before UP only handshake
+ * frames count. */
+enum lei_conn_state {
+    LEI_CONN_DIALING = 1, /* we dialled: connect() in progress */
+    LEI_CONN_HELLO_SENT,  /* we dialled: our HELLO is out, awaiting HELLO_OK */
+    LEI_CONN_HELLO_WAIT,  /* accepted: awaiting the remote's HELLO */
+    LEI_CONN_UP,          /* handshake done: frames flow both ways */
+    LEI_CONN_CLOSING,     /* up, the context closes: our FIN followed the queue,
+                           * reading until the remote's */
+    LEI_CONN_RETIRED,     /* detached from its peer (disconnect policy), FIN
+                           * sent: what the socket holds is still delivered,
+                           * input is ignored until the remote closes or
+                           * RETIRE_SECONDS after `retired` */
+    LEI_CONN_CLOSED       /* socket closed; freed once busy is 0 */
+};
+
+/* One TCP connection.  Owned by the context (ctx->conns list); tied to at
+ * most one peer.  Freed once closed and no read callback is running on it. */
+struct lei_conn {
+    lei_conn *next;
+    lei_ctx *ctx;
+    lei_peer *peer;     /* dialled: from the start; accepted: from UP; NULL
+                         * once detached */
+    int fd;
+    enum lei_conn_state state;
+    int busy;           /* read callbacks in progress on this connection */
+    lei_peer *was;      /* retired: the peer it served (p->retiring == this) */
+    ev_tstamp retired;  /* RETIRED: when */
+    ev_io rio, wio;
+    uint8_t *rb;        /* owned read buffer */
+    size_t rlen, rpos, rcap;
+    uint32_t *inmap;    /* owned: remote channel idx -> local chid + 1 */
+    size_t ninmap;
+    ev_tstamp born, last_in, last_out, last_ping; /* liveness: created, last read, write, PING */
+};
+
+/* The handshake is done and the connection still carries the peer's
+ * frames (UP or CLOSING). */
+static inline int lei_peer_is_up(const lei_peer *p) {
+    return p->conn && (p->conn->state == LEI_CONN_UP || p->conn->state == LEI_CONN_CLOSING);
+}
+
+
+/* ---- shared between the context's files -------------------------------- */
+
+/* peer.c: queue items (an item owns one reference to its msg) */
+lei_qitem *lei_item_new(lei_msg *m);
+void lei_item_free(lei_ctx *c, lei_qitem *it);
+lei_qitem *lei_item_bytes(const uint8_t *hdr, size_t hlen, const void *body, size_t blen);
+/* peer.c: peers */
+lei_peer *lei_peer_find(lei_ctx *c, const char *addr);
+lei_peer *lei_peer_new(lei_ctx *c, const char *addr);
+int lei_peer_live(lei_peer *p);
+void lei_peer_note(lei_peer *p, int up, const char *reason);
+void lei_tell_notes(lei_ctx *c);
+void lei_peer_lost(lei_peer *p, const char *reason);
+void lei_peer_q_clear(lei_ctx *c, lei_peer *p, int count_drops);
+void lei_peer_flush(lei_peer *p);
+void lei_peer_enqueue(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr, size_t hlen,
+                      lei_msg *msg, uint64_t sync, int policy);
+void lei_expiry_at(lei_ctx *c, ev_tstamp when);
+void lei_expiry_cb(struct ev_loop *loop, ev_timer *w, int revents);
+void lei_kick_cb(struct ev_loop *loop, ev_idle *w, int revents);
+/* conn.c: connections and the handshake */
+int lei_peer_dial(lei_peer *p);
+void lei_conn_close(lei_conn *k, const char *reason, int bad);
+void lei_conn_retire(lei_conn *k, const char *reason);
+void lei_conn_fin(lei_conn *k);
+void lei_conn_free(lei_conn *k);
+/* local.c */
+void lei_local_idle_cb(struct ev_loop *loop, ev_idle *w, int revents);
+/* sync.c */
+void lei_sync_fail(lei_sync_wait *w, lei_sync *s, const char *why);
+void lei_syncs_peer_lost(lei_ctx *c, lei_peer *p, const char *reason);
+void lei_sync_answered(lei_ctx *c, lei_peer *p, uint64_t sync, uint64_t nran,
+                       const uint8_t *errs, size_t elen);
+/* live.c: liveness and sequence tracking */
+void lei_live_conn_new(lei_conn *k);
+int lei_live_may_dial(lei_peer *p);
+void lei_live_peer_up(lei_peer *p, uint64_t incarnation);
+int lei_live_frame(lei_conn *k, const lei_frame *f);
+int lei_live_seq(lei_ctx *c, lei_peer *p, lei_chan *ch, uint64_t producer, uint64_t seq);
+void lei_live_free(lei_peer *p);
+void lei_live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents);
+
+#endif

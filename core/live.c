@@ -1,0 +1,289 @@
+/* live.c: liveness (heartbeats, PINGs, dead peers, redial backoff) and
+ * sequence tracking (gaps, duplicates) per peer incarnation.
+ */
+#define _GNU_SOURCE
+#include "ctx_int.h"
+
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- liveness ------------------------------------------------------------
+ *
+ * One timer per context watches every connection.  A HEARTBEAT goes out on
+ * a connection on which we have written nothing for `heartbeat` seconds, so
+ * a live process is heard whatever it reads (its peer's frames may wait
+ * behind a backlog it has not read yet).  A PING goes out on one from which
+ * nothing has arrived for (1 + heartbeat_misses) / 2 heartbeats: a live peer
+ * answers HEARTBEAT at once, whatever its own settings, before we give up on
+ * it.  Either only when nothing else is queued.  A connection from
+ * which nothing at all (no byte) has arrived for heartbeat * heartbeat_misses
+ * seconds is closed as dead ("no heartbeat from ADDR for N s"), which fails
+ * its syncs and tells the binding (peer down) like any lost connection.  A
+ * connection that has not finished its handshake within that time is closed
+ * too.  The hot path pays one ev_now() store per read callback and per
+ * writev, nothing per event.
+ *
+ * Before declaring a peer dead the timer asks the kernel whether the socket
+ * is ready (bytes or a connect's answer waiting): if our own process was
+ * stalled (stopped, swapped, a long handler, code that does not run the
+ * loop), the timer may run before the I/O callbacks of the same loop turn,
+ * and what waits proves the peer alive. */
+
+static int live_fd_ready(int fd, short events) {
+    struct pollfd pf = {.fd = fd, .events = events, .revents = 0};
+    return poll(&pf, 1, 0) > 0;
+}
+
+static double live_dead_after(const lei_ctx *c) {
+    return c->o.heartbeat * c->o.heartbeat_misses;
+}
+
+static void live_arm(lei_ctx *c, double after) {
+    if (c->o.heartbeat <= 0) return;
+    double floor = c->o.heartbeat / 32;
+    c->hb.repeat = after > floor ? after : floor;
+    ev_timer_again(c->loop, &c->hb);
+}
+
+void lei_live_conn_new(lei_conn *k) {
+    lei_ctx *c = k->ctx;
+    /* ev_time, not ev_now: the loop time is stale when the program has not
+     * run the loop for a while (a dial from code that computed for seconds). */
+    k->born = k->last_in = k->last_out = k->last_ping = ev_time();
+    /* The timer's next expiry is never later than heartbeat from now while
+     * some connection exists (see lei_live_timer_cb): only start it here. */
+    if (!ev_is_active(&c->hb)) live_arm(c, c->o.heartbeat);
+}
+
+/* Queues an empty PING or PONG frame behind whatever is queued. */
+static void live_send(lei_peer *p, uint8_t type) {
+    uint8_t hdr[LEI_FRAME_HDR];
+    lei_frame_hdr(hdr, type, 0);
+    lei_qitem *it = lei_item_bytes(hdr, sizeof hdr, NULL, 0);
+    if (!it) return;
+    lei_q_push(&p->q, it);
+    p->lv.hb_out++;
+    lei_peer_flush(p);
+}
+
+int lei_live_frame(lei_conn *k, const lei_frame *f) {
+    lei_peer *p = k->peer;
+    if (f->len) {
+        lei_conn_close(k, "HEARTBEAT or PING frame with a body", 1);
+        return -1;
+    }
+    p->lv.hb_in++;
+    if (f->type == LEI_F_PING) live_send(p, LEI_F_HEARTBEAT);
+    return k->state == LEI_CONN_CLOSED ? -1 : 0;
+}
+
+/* When k's next PING (*ping) or HEARTBEAT, whichever is first, is due. */
+static ev_tstamp live_due(const lei_ctx *c, const lei_conn *k, ev_tstamp *ping) {
+    double hb = c->o.heartbeat;
+    *ping = k->last_in + hb * (1 + c->o.heartbeat_misses) / 2;
+    if (*ping < k->last_ping + hb) *ping = k->last_ping + hb; /* one per hb at most */
+    return k->last_out + hb < *ping ? k->last_out + hb : *ping;
+}
+
+void lei_live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
+    (void)revents;
+    lei_ctx *c = w->data;
+    ev_tstamp now = ev_now(loop), hb = c->o.heartbeat, dead = live_dead_after(c);
+    ev_tstamp next = now + hb;
+    int any = 0;
+    lei_conn *k = c->conns;
+    while (k) {
+        lei_conn *nk = k->next; /* lei_conn_close may free k */
+        if (k->state == LEI_CONN_CLOSED) {
+            k = nk;
+            continue;
+        }
+        const char *who = k->peer ? k->peer->addr : "an unidentified peer";
+        char why[200];
+        if (k->state < LEI_CONN_UP) {
+            if (now - k->born >= dead &&
+                !live_fd_ready(k->fd, k->state == LEI_CONN_DIALING ? POLLOUT : POLLIN)) {
+                snprintf(why, sizeof why, "%s %s: no handshake within %.1f s",
+                         k->state == LEI_CONN_DIALING ? "connecting to" : "handshake with", who,
+                         now - k->born);
+                lei_logf(c, "closing connection: %s", why);
+                lei_conn_close(k, why, 0);
+            } else {
+                any = 1;
+                ev_tstamp t = k->born + dead > now ? k->born + dead : now + hb / 4;
+                if (t < next) next = t;
+            }
+            k = nk;
+            continue;
+        }
+        if (now - k->last_in >= dead) {
+            if (live_fd_ready(k->fd, POLLIN)) {
+                k->last_in = now; /* we were the slow one */
+            } else {
+                snprintf(why, sizeof why, "no heartbeat from %s for %.1f s", who, now - k->last_in);
+                lei_logf(c, "closing connection: %s (heartbeat %g s, misses %g)", why, hb,
+                         c->o.heartbeat_misses);
+                if (k->peer) k->peer->lv.timeouts++;
+                lei_conn_close(k, why, 0);
+                k = nk;
+                continue;
+            }
+        }
+        /* A PING when input is silent, else a HEARTBEAT when output is
+         * idle (the PING is output too). */
+        ev_tstamp ping, due = live_due(c, k, &ping);
+        if (due <= now && k->peer && k->peer->conn == k && !k->peer->q.head) {
+            if (ping <= now) k->last_ping = now;
+            k->busy++; /* a failed write closes k: it must outlive this call */
+            live_send(k->peer, ping <= now ? LEI_F_PING : LEI_F_HEARTBEAT);
+            k->busy--;
+            if (k->state == LEI_CONN_CLOSED) {
+                lei_conn_free(k);
+                k = nk;
+                continue;
+            }
+            k->last_out = now; /* even if the kernel did not take it all yet */
+            due = live_due(c, k, &ping);
+        }
+        if (k->state != LEI_CONN_CLOSED) {
+            any = 1;
+            if (due <= now) due = now + hb / 4; /* a PING waits behind queued frames */
+            if (due > k->last_in + dead) due = k->last_in + dead;
+            if (due < next) next = due;
+        }
+        k = nk;
+    }
+    if (any)
+        live_arm(c, next - now);
+    else
+        ev_timer_stop(loop, w);
+}
+
+/* Redial backoff: retry_interval after a loss, doubling with every dial that
+ * did not reach a handshake, at most retry_max. */
+int lei_live_may_dial(lei_peer *p) {
+    lei_ctx *c = p->ctx;
+    double wait = c->o.retry_interval;
+    for (int i = 0; i < p->lv.fails && wait < c->o.retry_max; i++) wait *= 2;
+    if (wait > c->o.retry_max && c->o.retry_max > 0) wait = c->o.retry_max;
+    if (ev_now(c->loop) - p->last_fail < wait) return 0;
+    if (p->lv.fails < 64) p->lv.fails++;
+    return 1;
+}
+
+/* A handshake completed.  Sequence numbers belong to one incarnation of the
+ * peer: a new process at the same address starts again at 1. */
+void lei_live_peer_up(lei_peer *p, uint64_t incarnation) {
+    p->lv.fails = 0;
+    if (p->lv.incarnation == incarnation) return;
+    p->lv.incarnation = incarnation;
+    if (p->lv.seqs) memset(p->lv.seqs, 0, (size_t)p->lv.seqcap * sizeof *p->lv.seqs);
+    p->lv.seqn = 0;
+    p->lv.seqhit = 0;
+}
+
+void lei_live_free(lei_peer *p) {
+    free(p->lv.seqs);
+    p->lv.seqs = NULL;
+}
+
+
+static uint32_t seq_hash(uint32_t chid, uint64_t producer) {
+    uint64_t h = (producer ^ ((uint64_t)chid << 32)) * 0x9E3779B97F4A7C15ull;
+    return (uint32_t)(h >> 32);
+}
+
+/* The entry of (chid, producer), created when missing; NULL without memory. */
+static lei_seqent *seq_slot(lei_live *lv, uint32_t chid, uint64_t producer) {
+    lei_seqent *e = lv->seqs ? &lv->seqs[lv->seqhit] : NULL;
+    if (e && e->last && e->chid == chid && e->producer == producer) return e;
+    if ((lv->seqn + 1) * 2 > lv->seqcap) {
+        /* Grow; past 64 Ki producers start over (first sightings are never gaps). */
+        uint32_t ncap = lv->seqcap ? lv->seqcap * 2 : 16;
+        lei_seqent *old = lv->seqs, *ns;
+        uint32_t ocap = lv->seqcap;
+        if (ncap > (1u << 17)) {
+            memset(old, 0, (size_t)ocap * sizeof *old);
+            lv->seqn = 0;
+        } else {
+            if (!(ns = calloc(ncap, sizeof *ns))) return NULL;
+            for (uint32_t i = 0; i < ocap; i++) {
+                if (!old[i].last) continue;
+                uint32_t j = seq_hash(old[i].chid, old[i].producer) & (ncap - 1);
+                while (ns[j].last) j = (j + 1) & (ncap - 1);
+                ns[j] = old[i];
+            }
+            free(old);
+            lv->seqs = ns;
+            lv->seqcap = ncap;
+        }
+    }
+    uint32_t m = lv->seqcap - 1, j = seq_hash(chid, producer) & m;
+    while (lv->seqs[j].last && !(lv->seqs[j].chid == chid && lv->seqs[j].producer == producer))
+        j = (j + 1) & m;
+    e = &lv->seqs[j];
+    if (!e->last) {
+        e->chid = chid;
+        e->producer = producer;
+        e->epoch = UINT32_MAX; /* not seen yet in any epoch */
+        lv->seqn++;
+    }
+    lv->seqhit = j;
+    return e;
+}
+
+/* Checks an event's sequence number against the last one from its producer
+ * on a plain channel.  Returns 1 for a duplicate (or a step back), which is
+ * dropped and counted; 0 to deliver.  A jump is a gap: counted (peer and
+ * channel: gaps, lost) and logged, at most 5 lines per peer and second. */
+int lei_live_seq(lei_ctx *c, lei_peer *p, lei_chan *ch, uint64_t producer, uint64_t seq) {
+    if (ch->derived || !p) return 0;
+    lei_seqent *e = seq_slot(&p->lv, ch->id, producer);
+    if (!e) return 0;
+    uint64_t last = e->last;
+    if (e->epoch != ch->epoch) { /* first event since local consumers appeared */
+        e->epoch = ch->epoch;
+        e->last = seq ? seq : 1;
+        return 0;
+    }
+    if (seq == last + 1) {
+        e->last = seq;
+        return 0;
+    }
+    if (seq <= last) {
+        p->lv.dups++;
+        ch->dups++;
+        lei_logf(c, "duplicate from %s#%llu on %s: seq %llu after %llu, dropped", p->addr,
+                 (unsigned long long)producer, ch->name, (unsigned long long)seq,
+                 (unsigned long long)last);
+        return 1;
+    }
+    uint64_t n = seq - last - 1;
+    e->last = seq;
+    p->lv.gaps++;
+    p->lv.lost += n;
+    ch->gaps++;
+    ch->lost += n;
+    ev_tstamp now = ev_now(c->loop);
+    if (now - p->lv.log_t >= 1.0) {
+        p->lv.log_t = now;
+        p->lv.log_n = 0;
+    }
+    if (p->lv.log_n >= 5) {
+        p->lv.log_skipped++;
+        return 0;
+    }
+    p->lv.log_n++;
+    char more[96] = "";
+    if (p->lv.log_skipped)
+        snprintf(more, sizeof more, " (and %llu earlier gaps not logged)",
+                 (unsigned long long)p->lv.log_skipped);
+    p->lv.log_skipped = 0;
+    lei_logf(c, "gap from %s#%llu on %s: %llu event%s lost (seq %llu..%llu)%s", p->addr,
+             (unsigned long long)producer, ch->name, (unsigned long long)n, n == 1 ? "" : "s",
+             (unsigned long long)(last + 1), (unsigned long long)(seq - 1), more);
+    return 0;
+}
+

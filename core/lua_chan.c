@@ -1,0 +1,417 @@
+/* lua_chan.c: channels and their events from Lua: opening channels,
+ * destinations, encoding and submitting (plain and through modulators),
+ * room for a blocking submit, sync answers, acks and control messages.
+ */
+#define _GNU_SOURCE
+#include "lua_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The code of an encoder's message (codec_lua.c says what, not which). */
+static int enc_code(const char *msg) {
+    if (strstr(msg, "out of memory")) return LEI_E_NOMEM;
+    if (strstr(msg, "limit")) return LEI_E_LIMIT;
+    return LEI_E_INVALID;
+}
+
+const char *const lb_policy_names[] = {"block", "drop_oldest", "drop_newest", "disconnect",
+                                           NULL};
+
+static int l_channel(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    size_t n;
+    const char *name = luaL_checklstring(L, 2, &n);
+    uint32_t id = lei_chan_open(b->c, name, n);
+    if (id == UINT32_MAX) return luaL_error(L, "lecho: out of memory");
+    lua_pushnumber(L, id);
+    return 1;
+}
+
+/* The channel id at index i, raising when there is no such channel. */
+uint32_t lb_check_chan(lua_State *L, lb_ctx *b, int i) {
+    uint32_t id = (uint32_t)luaL_checknumber(L, i);
+    if (!lei_chan_get(b->c, id)) luaL_argerror(L, i, "no such channel");
+    return id;
+}
+
+static int l_set_local(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    lei_chan_set_local(b->c, lb_check_chan(L, b, 2), lua_toboolean(L, 3));
+    return 0;
+}
+
+static int l_set_dests(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    uint32_t chid = lb_check_chan(L, b, 2);
+    luaL_checktype(L, 3, LUA_TTABLE);
+    int n = (int)lua_objlen(L, 3);
+    const char **a = n ? calloc((size_t)n, sizeof *a) : NULL;
+    if (n && !a) return luaL_error(L, "lecho: out of memory");
+    for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, 3, i + 1);
+        a[i] = lua_tostring(L, -1);
+        lua_pop(L, 1); /* strings stay alive in the table */
+        if (!a[i]) {
+            free(a);
+            return luaL_argerror(L, 3, "addresses must be strings");
+        }
+    }
+    lei_chan_set_dests(b->c, chid, a, n);
+    free(a);
+    return 0;
+}
+
+/* Encodes the value at idx into a new message; NULL with nil, err, code
+ * pushed. */
+lei_msg *lb_encode_at(lua_State *L, lb_ctx *b, int idx) {
+    char err[256];
+    lei_msg *m = lei_msg_new();
+    if (!m) {
+        lb_push_err(L, NULL, LEI_E_NOMEM);
+        return NULL;
+    }
+    if (lei_encode_lua(L, idx, m, &b->lim, b->pin_threshold, err, sizeof err)) {
+        lei_msg_release(m, lb_hook_unpin, b);
+        lb_push_err(L, err, enc_code(err));
+        return NULL;
+    }
+    lei_ctx_count_encode(b->c);
+    return m;
+}
+
+/* A message holding the string at idx, which already is an encoded value
+ * (lecho.fastenc's output): copied, never re-encoded. */
+static lei_msg *encoded_at(lua_State *L, lb_ctx *b, int idx) {
+    size_t n;
+    const char *s = luaL_checklstring(L, idx, &n);
+    lei_msg *m = lei_msg_new();
+    if (!m || lei_wbuf_put(&m->own, s, n)) {
+        lei_msg_release(m, NULL, NULL);
+        lb_push_err(L, NULL, LEI_E_NOMEM);
+        return NULL;
+    }
+    lei_msg_sync(m);
+    lei_ctx_count_encode(b->c);
+    return m;
+}
+
+/* Flat bytes of m: its own buffer, or a copy in *tmp (pinned slices). */
+static const uint8_t *msg_bytes(lei_msg *m, uint8_t **tmp) {
+    *tmp = NULL;
+    if (m->next == 0) return (const uint8_t *)m->own.data;
+    *tmp = malloc(m->total ? m->total : 1);
+    if (!*tmp) return NULL;
+    lei_msg_flatten(m, (char *)*tmp);
+    return *tmp;
+}
+
+/* Encodes the value at idx: 0, or -1 with nil, err, code pushed (3 results). */
+int lb_flat_encode(lua_State *L, lb_ctx *b, int idx, lb_flat *f) {
+    f->m = lb_encode_at(L, b, idx);
+    if (!f->m) return -1;
+    f->p = msg_bytes(f->m, &f->tmp);
+    f->n = f->m->total;
+    if (!f->p) {
+        lei_msg_release(f->m, lb_hook_unpin, b);
+        lb_push_err(L, NULL, LEI_E_NOMEM);
+        return -1;
+    }
+    return 0;
+}
+
+void lb_flat_done(lb_ctx *b, lb_flat *f) {
+    free(f->tmp);
+    lei_msg_release(f->m, lb_hook_unpin, b);
+}
+
+/* The modulator sent nothing for a sync event: a marker (producer 0, seq
+ * 0, value nil) goes on its stream instead, acknowledged by the consuming
+ * context once everything before it was handled.  0 with its sync id. */
+static int sync_marker(lb_ctx *b, uint32_t chid, uint64_t *sid) {
+    lei_msg *m = lei_msg_new();
+    const uint8_t nil = LEI_T_NIL;
+    const char *err = NULL;
+    if (!m || lei_wbuf_put(&m->own, &nil, 1)) {
+        lei_msg_release(m, NULL, NULL);
+        return -1;
+    }
+    lei_msg_sync(m);
+    int rc = lei_submit(b->c, chid, 0, 0, m, 1, LEI_BLOCK, sid, &err);
+    lei_msg_release(m, NULL, NULL);
+    return rc;
+}
+
+/* 1 when channel chid (if plain) and the derived channel of every live
+ * modulator in the array at index `moes` have room for a blocking submit. */
+static int room_for(lb_ctx *b, uint32_t chid, int plain, lua_State *L, int moes, int nmoes) {
+    if (plain && !lei_chan_room(b->c, chid)) return 0;
+    for (int i = 1; i <= nmoes; i++) {
+        lua_rawgeti(L, moes, i);
+        lb_moe *x = luaL_checkudata(L, -1, MOE_MT);
+        lua_pop(L, 1);
+        if (x->m && !lei_moe_error(x->m) && !lei_chan_room(b->c, lei_moe_chid(x->m))) return 0;
+    }
+    return 1;
+}
+
+/* ctx:room(chid, moes, plain) -> true when a blocking submit would not wait. */
+static int l_room(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    uint32_t chid = lb_check_chan(L, b, 2);
+    int nmoes = lua_istable(L, 3) ? (int)lua_objlen(L, 3) : 0;
+    int plain = nmoes == 0 || lua_isnoneornil(L, 4) || lua_toboolean(L, 4);
+    lua_pushboolean(L, room_for(b, chid, plain, L, 3, nmoes));
+    return 1;
+}
+
+/* ctx:resume(peer_idx, chid): a suspended dispatch from that peer (0: a
+ * local one, of channel chid) is over; what it held back comes next. */
+static int l_resume(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    int idx = (int)luaL_checkinteger(L, 2);
+    if (idx == 0)
+        lei_resume(b->c, NULL, (uint32_t)luaL_checknumber(L, 3));
+    else if (lei_peer_by_idx(b->c, idx))
+        lei_resume(b->c, lei_peer_by_idx(b->c, idx), 0);
+    return 0;
+}
+
+/* ctx:submit(chid, producer, seq, value, sync, policy[, moes, plain, encoded])
+ *   -> true | sync id | nil, err
+ * moes: an array of modulators each event also goes through (encoded once
+ * for all); plain (default true): also send it unmodulated on chid.  For a
+ * sync submit with moes, returns a list of the sync ids to wait for.
+ * encoded: value is a string holding the encoded value already. */
+static int l_submit(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    uint32_t chid = lb_check_chan(L, b, 2);
+    uint64_t producer = (uint64_t)luaL_checknumber(L, 3);
+    uint64_t seq = (uint64_t)luaL_checknumber(L, 4);
+    luaL_checkany(L, 5);
+    int sync = lua_toboolean(L, 6);
+    int policy = lua_isnoneornil(L, 7) ? lei_ctx_opts(b->c)->policy
+                                       : luaL_checkoption(L, 7, NULL, lb_policy_names);
+    int nmoes = lua_istable(L, 8) ? (int)lua_objlen(L, 8) : 0;
+    int plain = nmoes == 0 || lua_isnoneornil(L, 9) || lua_toboolean(L, 9);
+    if ((policy == LEI_BLOCK || sync) && !room_for(b, chid, plain, L, 8, nmoes)) {
+        /* Nothing done: the caller waits for room (ctx:room) and retries. */
+        lua_pushnil(L);
+        lua_pushliteral(L, "queue full");
+        lua_pushliteral(L, "wouldblock");
+        return 3;
+    }
+    lei_msg *m = lua_toboolean(L, 10) ? encoded_at(L, b, 5) : lb_encode_at(L, b, 5);
+    if (!m) return 3;
+    lei_chan_count_encode(b->c, chid);
+    const char *err = NULL;
+    uint64_t sid = 0;
+    int rc = plain ? lei_submit(b->c, chid, producer, seq, m, sync, policy, &sid, &err) : 0;
+    if (rc || nmoes == 0) {
+        lei_msg_release(m, lb_hook_unpin, b);
+        if (rc) return lb_push_err(L, err, rc);
+        if (sync)
+            lua_pushnumber(L, (lua_Number)sid);
+        else
+            lua_pushboolean(L, 1);
+        return 1;
+    }
+    /* Through each modulator; a failing one is reported by its hook and
+     * does not stop the others. */
+    int nids = 0;
+    if (sync) {
+        lua_newtable(L);
+        if (plain) {
+            lua_pushnumber(L, (lua_Number)sid);
+            lua_rawseti(L, -2, ++nids);
+        }
+    }
+    int ids = lua_gettop(L);
+    uint8_t *tmp;
+    const uint8_t *bytes = msg_bytes(m, &tmp);
+    for (int i = 1; bytes && i <= nmoes; i++) {
+        lua_rawgeti(L, 8, i);
+        lb_moe *x = luaL_checkudata(L, -1, MOE_MT);
+        lua_pop(L, 1); /* the array keeps it */
+        if (!x->m || lei_moe_error(x->m)) continue;
+        if (lei_moe_enqueue(x->m, producer, seq, bytes, m->total, sync, policy) || !sync) continue;
+        const uint64_t *sids;
+        size_t n = lei_moe_syncs(x->m, &sids);
+        uint64_t marker;
+        if (n == 0 && sync_marker(b, lei_moe_chid(x->m), &marker) == 0) {
+            sids = &marker;
+            n = 1;
+        }
+        for (size_t k = 0; k < n; k++) {
+            lua_pushnumber(L, (lua_Number)sids[k]);
+            lua_rawseti(L, ids, ++nids);
+        }
+    }
+    free(tmp);
+    lei_msg_release(m, lb_hook_unpin, b);
+    if (!bytes) return lb_push_err(L, NULL, LEI_E_NOMEM);
+    if (!sync) lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* ctx:chan_stats(chid) -> events_in, bytes_in, events_local */
+static int l_chan_stats(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    uint32_t chid = lb_check_chan(L, b, 2);
+    lei_stats_chan st;
+    lei_chan_stats(b->c, chid, &st);
+    lua_pushnumber(L, (lua_Number)st.ev_in);
+    lua_pushnumber(L, (lua_Number)st.bytes_in);
+    lua_pushnumber(L, (lua_Number)st.ev_local);
+    return 3;
+}
+
+/* The sync id at position i of the ids argument at idx (a number, or a list
+ * of them when many). */
+static uint64_t sync_id_at(lua_State *L, int idx, int i, int many) {
+    if (!many) return (uint64_t)luaL_checknumber(L, idx);
+    lua_rawgeti(L, idx, i);
+    uint64_t id = (uint64_t)luaL_checknumber(L, -1);
+    lua_pop(L, 1);
+    return id;
+}
+
+/* Appends what went wrong in record s to the error list at index `list`
+ * (made on first need; *list 0: none yet): each consumer context that
+ * failed or never answered, then each handler error its ack listed.
+ * Returns the new length. */
+static int sync_errors(lua_State *L, lb_ctx *b, lei_sync *s, int *list, int n, int timeout) {
+    char err[256];
+    lei_sync_answer w;
+    int nw = lei_sync_nreplies(s);
+    for (int i = 0; i < nw; i++) {
+        lei_sync_reply(s, i, &w);
+        if (w.done && !w.err && !w.elen) continue;
+        if (!*list) {
+            lua_newtable(L);
+            *list = lua_gettop(L);
+        }
+        const char *ctxname = w.addr ? w.addr : "local";
+        if (!w.done || w.err) {
+            lua_createtable(L, 0, 2);
+            lua_pushstring(L, ctxname);
+            lua_setfield(L, -2, "context");
+            if (w.err)
+                lua_pushstring(L, w.err);
+            else
+                lua_pushfstring(L, "consumer context %s: no answer within %s s", ctxname,
+                                timeout && lua_tostring(L, timeout) ? lua_tostring(L, timeout)
+                                                                    : "the timeout");
+            lua_setfield(L, -2, "err");
+            lua_rawseti(L, *list, ++n);
+        }
+        if (w.elen && lei_decode_lua(L, w.errs, w.elen, &b->lim, err, sizeof err) == 0) {
+            /* a list of { consumer =, err = } from the acknowledging side */
+            if (lua_istable(L, -1)) {
+                int m = (int)lua_objlen(L, -1);
+                for (int j = 1; j <= m; j++) {
+                    lua_rawgeti(L, -1, j);
+                    if (lua_istable(L, -1)) {
+                        lua_pushstring(L, ctxname);
+                        lua_setfield(L, -2, "context");
+                        lua_rawseti(L, *list, ++n);
+                    } else {
+                        lua_pop(L, 1);
+                    }
+                }
+            }
+            lua_pop(L, 1);
+        }
+    }
+    return n;
+}
+
+/* ctx:sync_result(ids[, timeout]) -> false | true | nil, errors
+ * The outcome of a sync submit, in one call.  ids: its sync id, or the list
+ * of them of a submit through modulators.  While a consumer context has not
+ * answered and no timeout is given: false, the records are kept.  Else the
+ * records are freed and the result is true when every consumer ran its
+ * handler without error, or nil and a list of { context =, consumer =,
+ * err = } (given the timeout, each context that never answered is an error
+ * "no answer within <timeout> s").  An id without a record counts as
+ * answered.  No table is made in the common case of a clean round trip. */
+static int l_sync_result(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    int many = lua_istable(L, 2);
+    int nids = many ? (int)lua_objlen(L, 2) : 1;
+    int timeout = lua_isnoneornil(L, 3) ? 0 : 3;
+    if (!timeout) {
+        for (int i = 1; i <= nids; i++) {
+            lei_sync *s = lei_sync_find(b->c, sync_id_at(L, 2, i, many));
+            if (s && lei_sync_pending(s)) {
+                lua_pushboolean(L, 0);
+                return 1;
+            }
+        }
+    }
+    int list = 0, n = 0;
+    for (int i = 1; i <= nids; i++) {
+        lei_sync *s = lei_sync_find(b->c, sync_id_at(L, 2, i, many));
+        if (!s) continue;
+        n = sync_errors(L, b, s, &list, n, timeout);
+        lei_sync_free(b->c, s);
+    }
+    if (n == 0) {
+        lua_pushboolean(L, 1);
+        return 1;
+    }
+    lua_pushnil(L);
+    lua_pushvalue(L, list);
+    return 2;
+}
+
+/* Acknowledges sync event `sync` from p (NULL: a local one): nran handlers
+ * ran, and the value at idx (nil: none) lists their errors; a list that
+ * cannot be encoded is left out, the ack goes all the same. */
+void lb_ack(lb_ctx *b, lei_peer *p, uint64_t sync, uint64_t nran, lua_State *L, int idx) {
+    lei_msg *m = NULL;
+    char *flat = NULL;
+    if (!lua_isnoneornil(L, idx)) {
+        if (!(m = lb_encode_at(L, b, idx)))
+            lua_pop(L, 3); /* nil, err, code */
+        else if ((flat = malloc(m->total ? m->total : 1)))
+            lei_msg_flatten(m, flat);
+    }
+    lei_ack(b->c, p, sync, nran, (const uint8_t *)flat, flat ? m->total : 0);
+    free(flat);
+    if (m) lei_msg_release(m, lb_hook_unpin, b);
+}
+
+/* ctx:ack(peer_idx, sync, nran, errors | nil): the ack of a sync event
+ * whose dispatch waited (one that did not is acknowledged by the event
+ * hook's return, lua_hook.c). */
+static int l_ack(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    int idx = (int)luaL_checkinteger(L, 2);
+    uint64_t sync = (uint64_t)luaL_checknumber(L, 3);
+    uint64_t nran = (uint64_t)luaL_checknumber(L, 4);
+    lei_peer *p = idx ? lei_peer_by_idx(b->c, idx) : NULL;
+    if (idx && !p) return 0;
+    lb_ack(b, p, sync, nran, L, 5);
+    return 0;
+}
+
+static int l_send_ctrl(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    const char *addr = luaL_checkstring(L, 2);
+    luaL_checkany(L, 3);
+    lei_msg *m = lb_encode_at(L, b, 3);
+    if (!m) return 3;
+    const char *err;
+    int rc = lei_send_ctrl(b->c, addr, m, &err);
+    lei_msg_release(m, lb_hook_unpin, b);
+    return lb_ok_or_err(L, rc ? err : NULL, rc);
+}
+
+const luaL_Reg lb_chan_methods[] = {
+    {"channel", l_channel},       {"set_local", l_set_local},
+    {"set_dests", l_set_dests},   {"chan_stats", l_chan_stats},
+    {"submit", l_submit},         {"room", l_room},
+    {"resume", l_resume},         {"sync_result", l_sync_result},
+    {"ack", l_ack},
+    {"send_ctrl", l_send_ctrl},   {NULL, NULL}};

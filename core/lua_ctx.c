@@ -1,0 +1,392 @@
+/* lua_ctx.c: the Lua binding of the core, `require "lecho.core"`: the
+ * module, the context userdata (options, life cycle, listening, hooks,
+ * stats) and the error convention.
+ *
+ * Lua is known to the binding's files (lua_*.c, see lua_int.h), to
+ * codec_lua.c (values to and from Lua) and to moe.c (the modulators' own
+ * LuaJIT states); the concentrator (ctx.h and its files), frame.c and
+ * codec.c build without it.  Expected failures return nil, message, code
+ * (errors.h); misuse raises (luaL_argerror).
+ */
+#define _GNU_SOURCE
+#include "lua_int.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* An expected failure as Lua sees it: nil, message, code name (errors.h).
+ * Returns the number of values pushed. */
+int lb_push_err(lua_State *L, const char *msg, int code) {
+    lua_pushnil(L);
+    lua_pushstring(L, msg ? msg : lei_err_text(code));
+    lua_pushstring(L, lei_err_name(code));
+    return 3;
+}
+
+/* The usual result of a call that can fail: true, or nil, err, code. */
+int lb_ok_or_err(lua_State *L, const char *err, int code) {
+    if (err) return lb_push_err(L, err, code);
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+lb_ctx *lb_check_ctx(lua_State *L) {
+    lb_ctx *b = luaL_checkudata(L, 1, CTX_MT);
+    if (!b->c) luaL_error(L, "lecho: context is closed");
+    return b;
+}
+
+size_t lb_opt_size(lua_State *L, int t, const char *k, size_t def) {
+    lua_getfield(L, t, k);
+    size_t v = lua_isnil(L, -1) ? def : (size_t)luaL_checknumber(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+/* heartbeat= (s, 0: off), heartbeat_misses= (> 1), retry_max= (s) of the
+ * options table at index 1. */
+static void opt_liveness(lua_State *L, lei_opts *o) {
+    static const char *const names[] = {"heartbeat", "heartbeat_misses", "retry_max"};
+    double *dst[] = {&o->heartbeat, &o->heartbeat_misses, &o->retry_max};
+    for (int i = 0; i < 3; i++) {
+        lua_getfield(L, 1, names[i]);
+        if (!lua_isnil(L, -1)) {
+            double v = luaL_checknumber(L, -1);
+            if (!(v >= 0) || (i == 1 && !(v > 1)))
+                luaL_error(L, "lecho: %s must be %s", names[i], i == 1 ? "above 1" : "0 or more");
+            *dst[i] = v;
+        }
+        lua_pop(L, 1);
+    }
+}
+
+/* core.new{ queue_limit=, policy=, batch_bytes=, max_frame=, max_string=,
+ *           max_depth=, pin_threshold=, retry_interval=, heartbeat=,
+ *           heartbeat_misses=, retry_max= } */
+static int l_new(lua_State *L) {
+    lei_opts o;
+    lei_opts_default(&o);
+    lei_codec_limits lim;
+    lei_codec_limits_default(&lim);
+    size_t pin = 64 * 1024;
+    if (lua_istable(L, 1)) {
+        o.queue_limit = lb_opt_size(L, 1, "queue_limit", o.queue_limit);
+        o.batch_bytes = lb_opt_size(L, 1, "batch_bytes", o.batch_bytes);
+        lim.max_string = lb_opt_size(L, 1, "max_string", lim.max_string);
+        lim.max_depth = (unsigned)lb_opt_size(L, 1, "max_depth", lim.max_depth);
+        o.max_frame = lb_opt_size(L, 1, "max_frame", lim.max_string + 64 * 1024 > o.max_frame
+                                                       ? lim.max_string + 64 * 1024
+                                                       : o.max_frame);
+        /* A frame's length is a u32 on the wire: nothing bigger can be sent. */
+        if (lim.max_string > 0xFFFFFFFFu - 64 * 1024 || o.max_frame > 0xFFFFFFFFu)
+            return luaL_error(L, "lecho: max_string and max_frame must stay under 4 GiB "
+                                 "(a frame's length is 32 bits on the wire)");
+        pin = lb_opt_size(L, 1, "pin_threshold", pin);
+        lua_getfield(L, 1, "retry_interval");
+        if (!lua_isnil(L, -1)) o.retry_interval = luaL_checknumber(L, -1);
+        lua_pop(L, 1);
+        opt_liveness(L, &o);
+        lua_getfield(L, 1, "policy");
+        if (!lua_isnil(L, -1)) o.policy = luaL_checkoption(L, -1, NULL, lb_policy_names);
+        lua_pop(L, 1);
+    }
+    lb_ctx *b = lua_newuserdata(L, sizeof *b);
+    memset(b, 0, sizeof *b);
+    b->ref_event = b->ref_ctrl = b->ref_peer = b->ref_log = b->ref_moe_error = LUA_NOREF;
+    b->ref_turn = LUA_NOREF;
+    b->lim = lim;
+    b->pin_threshold = pin;
+    lei_hooks h;
+    lb_hooks_init(L, b, &h);
+    b->c = lei_ctx_new(&o, &h);
+    if (!b->c) return luaL_error(L, "lecho: cannot create a context (libev loop)");
+    lua_getglobal(L, "debug");
+    lua_getfield(L, -1, "traceback");
+    b->ref_tb = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_pop(L, 1);
+    luaL_getmetatable(L, CTX_MT);
+    lua_setmetatable(L, -2);
+    return 1;
+}
+
+static void ctx_close(lb_ctx *b, lua_State *L) {
+    if (!b->c) return;
+    while (b->moes) {
+        lb_moe *x = b->moes;
+        b->moes = x->next;
+        lei_moe_free(x->m);
+        x->m = NULL;
+        x->b = NULL;
+    }
+    while (b->timers) {
+        lb_timer *t = b->timers;
+        b->timers = t->next;
+        if (t->is_io)
+            ev_io_stop(lei_ctx_loop(b->c), &t->io);
+        else
+            ev_timer_stop(lei_ctx_loop(b->c), &t->w);
+        if (t->active) {
+            luaL_unref(L, LUA_REGISTRYINDEX, t->ref_self);
+            t->active = 0;
+        }
+        t->b = NULL;
+    }
+    lei_ctx_free(b->c);
+    b->c = NULL;
+    luaL_unref(L, LUA_REGISTRYINDEX, b->ref_event);
+    luaL_unref(L, LUA_REGISTRYINDEX, b->ref_ctrl);
+    luaL_unref(L, LUA_REGISTRYINDEX, b->ref_peer);
+    luaL_unref(L, LUA_REGISTRYINDEX, b->ref_log);
+    luaL_unref(L, LUA_REGISTRYINDEX, b->ref_moe_error);
+    luaL_unref(L, LUA_REGISTRYINDEX, b->ref_turn);
+    luaL_unref(L, LUA_REGISTRYINDEX, b->ref_tb);
+    luaL_unref(L, LUA_REGISTRYINDEX, b->ref_thread);
+    luaL_unref(L, LUA_REGISTRYINDEX, b->ref_calls);
+    b->L = NULL;
+    b->ref_event = b->ref_ctrl = b->ref_peer = b->ref_log = b->ref_moe_error = LUA_NOREF;
+    b->ref_turn = LUA_NOREF;
+}
+
+/* ctx:close(): frees the context now, or, from inside one of its own
+ * callbacks (the loop is running below), stops it listening now and frees
+ * it when the outermost run or run_once returns. */
+static int l_close(lua_State *L) {
+    lb_ctx *b = luaL_checkudata(L, 1, CTX_MT);
+    if (b->c && lei_ctx_depth(b->c) > 0) {
+        if (!b->close_pending) {
+            b->close_pending = 1;
+            lei_ctx_stop_listening(b->c);
+            ev_break(lei_ctx_loop(b->c), EVBREAK_ALL);
+        }
+        return 0;
+    }
+    ctx_close(b, L);
+    return 0;
+}
+
+/* After a run or run_once returned: a close asked for from inside. */
+void lb_close_if_pending(lb_ctx *b, lua_State *L) {
+    if (b->close_pending && b->c && lei_ctx_depth(b->c) == 0) ctx_close(b, L);
+}
+
+static int l_gc(lua_State *L) {
+    lb_ctx *b = luaL_checkudata(L, 1, CTX_MT);
+    ctx_close(b, L);
+    return 0;
+}
+
+static int l_listen(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    const char *host = luaL_checkstring(L, 2);
+    int port = (int)luaL_optinteger(L, 3, 0);
+    const char *err;
+    int rc = lei_ctx_listen(b->c, host, port, &err);
+    if (rc) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "cannot listen on %s:%d: %s", host, port, err);
+        lua_pushstring(L, lei_err_name(rc));
+        return 3;
+    }
+    lua_pushstring(L, lei_ctx_addr(b->c));
+    return 1;
+}
+
+static int l_addr(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    lua_pushstring(L, lei_ctx_addr(b->c));
+    return 1;
+}
+
+static void set_ref(lua_State *L, int t, const char *k, int *ref) {
+    lua_getfield(L, t, k);
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        return;
+    }
+    luaL_checktype(L, -1, LUA_TFUNCTION);
+    luaL_unref(L, LUA_REGISTRYINDEX, *ref);
+    *ref = luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+/* ctx:hooks{ ... }: the Lua functions the loop calls (lua_hook.c), each
+ * optional; a key left out keeps what was set before.
+ *   event = fn(chid, value, peer_idx, producer, seq, sync) -> held: true
+ *           when a handler waits (ctx:resume ends the hold); peer_idx 0 is
+ *           a local event
+ *   ctrl = fn(from_addr, msg)          peer = fn(idx, addr, up, reason)
+ *   log = fn(message)                  moe_error = fn(moe_id, why)
+ *   turn = fn(), before each loop turn's writes while ctx:want_turn(true) */
+static int l_hooks(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    set_ref(L, 2, "event", &b->ref_event);
+    set_ref(L, 2, "ctrl", &b->ref_ctrl);
+    set_ref(L, 2, "peer", &b->ref_peer);
+    set_ref(L, 2, "log", &b->ref_log);
+    set_ref(L, 2, "moe_error", &b->ref_moe_error);
+    set_ref(L, 2, "turn", &b->ref_turn);
+    return 0;
+}
+
+/* ctx:depth(): > 0 inside one of the context's callbacks. */
+static int l_depth(lua_State *L) {
+    lua_pushinteger(L, lei_ctx_depth(lb_check_ctx(L)->c));
+    return 1;
+}
+
+/* ctx:shutdown(): the graceful close begins (ctx.h lei_ctx_shutdown). */
+static int l_shutdown(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    lei_ctx_shutdown(b->c);
+    return 0;
+}
+
+/* ctx:pending() -> open connections, events queued, bytes queued */
+static int l_pending(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    uint64_t ev, by;
+    int open = lei_ctx_pending(b->c, &ev, &by);
+    lua_pushinteger(L, open);
+    lua_pushnumber(L, (lua_Number)ev);
+    lua_pushnumber(L, (lua_Number)by);
+    return 3;
+}
+
+/* core.hash(s) -> 16 hex digits (FNV-1a, 64 bits): names, not security. */
+static int l_hash(lua_State *L) {
+    size_t n;
+    const unsigned char *p = (const unsigned char *)luaL_checklstring(L, 1, &n);
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 1099511628211ull;
+    }
+    char out[17];
+    snprintf(out, sizeof out, "%016llx", (unsigned long long)h);
+    lua_pushstring(L, out);
+    return 1;
+}
+
+void lb_setn(lua_State *L, const char *k, double v) {
+    lua_pushnumber(L, v);
+    lua_setfield(L, -2, k);
+}
+
+/* ctx:stats() -> { encodes, bad_frames, local_queue, peers = {[addr] = {...}},
+ *                  channels = {[name] = {...}} } */
+static int l_stats(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    lei_ctx *c = b->c;
+    lei_stats_ctx cs;
+    lei_ctx_stats(c, &cs);
+    lua_newtable(L);
+    lb_setn(L, "encodes", (double)cs.encodes);
+    lb_setn(L, "bad_frames", (double)cs.bad_frames);
+    lb_setn(L, "local_queue_bytes", (double)cs.local_bytes);
+    lb_setn(L, "local_queue_events", (double)cs.local_events);
+    lb_setn(L, "local_deferred_events", (double)cs.deferred_events);
+    lb_setn(L, "local_deferred_bytes", (double)cs.deferred_bytes);
+    lua_newtable(L);
+    for (int i = 1; i <= lei_ctx_npeers(c); i++) {
+        lei_peer *p = lei_peer_by_idx(c, i);
+        lei_stats_peer ps;
+        lei_peer_stats(p, &ps);
+        lua_newtable(L);
+        lb_setn(L, "events_in", (double)ps.st.ev_in);
+        lb_setn(L, "events_out", (double)ps.st.ev_out);
+        lb_setn(L, "bytes_in", (double)ps.st.bytes_in);
+        lb_setn(L, "bytes_out", (double)ps.st.bytes_out);
+        lb_setn(L, "batches", (double)ps.st.batches);
+        lb_setn(L, "drops", (double)ps.st.drops);
+        lb_setn(L, "ctrl_in", (double)ps.st.ctrl_in);
+        lb_setn(L, "ctrl_out", (double)ps.st.ctrl_out);
+        lb_setn(L, "queue_bytes", (double)ps.queue_bytes);
+        lb_setn(L, "queue_events", (double)ps.queue_events);
+        lb_setn(L, "heartbeats_in", (double)ps.hb_in);
+        lb_setn(L, "heartbeats_out", (double)ps.hb_out);
+        lb_setn(L, "heartbeat_timeouts", (double)ps.timeouts);
+        lb_setn(L, "gaps", (double)ps.gaps);
+        lb_setn(L, "lost", (double)ps.lost);
+        lb_setn(L, "duplicates", (double)ps.dups);
+        lua_pushboolean(L, lei_peer_up(p));
+        lua_setfield(L, -2, "connected");
+        if (lei_peer_reason(p)[0]) {
+            lua_pushstring(L, lei_peer_reason(p));
+            lua_setfield(L, -2, "last_error");
+        }
+        lua_setfield(L, -2, lei_peer_addr(p));
+    }
+    lua_setfield(L, -2, "peers");
+    lua_newtable(L);
+    for (uint32_t i = 0; i < lei_ctx_nchans(c); i++) {
+        lei_stats_chan st;
+        lei_chan_stats(c, i, &st);
+        lua_newtable(L);
+        lb_setn(L, "events_in", (double)st.ev_in);
+        lb_setn(L, "events_out", (double)st.ev_out);
+        lb_setn(L, "bytes_in", (double)st.bytes_in);
+        lb_setn(L, "bytes_out", (double)st.bytes_out);
+        lb_setn(L, "events_local", (double)st.ev_local);
+        lb_setn(L, "encodes", (double)st.encodes);
+        lb_setn(L, "drops", (double)st.drops);
+        lb_setn(L, "destinations", st.ndests);
+        lb_setn(L, "gaps", (double)st.gaps);
+        lb_setn(L, "lost", (double)st.lost);
+        lb_setn(L, "duplicates", (double)st.dups);
+        lua_setfield(L, -2, lei_chan_name(c, i));
+    }
+    lua_setfield(L, -2, "channels");
+    return 1;
+}
+
+static int l_peer_addr(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    lei_peer *p = lei_peer_by_idx(b->c, (int)luaL_checkinteger(L, 2));
+    if (!p) return 0;
+    lua_pushstring(L, lei_peer_addr(p));
+    return 1;
+}
+
+/* ctx:close_peer(addr, reason): drops the connection to addr. */
+static int l_close_peer(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    lei_peer *p = lei_peer_get(b->c, luaL_checkstring(L, 2), 0);
+    const char *why = luaL_optstring(L, 3, "closed by the application");
+    if (p) lei_peer_close(p, why);
+    return 0;
+}
+
+static const luaL_Reg ctx_methods[] = {
+    {"listen", l_listen},         {"addr", l_addr},
+    {"hooks", l_hooks},           {"stats", l_stats},
+    {"peer_addr", l_peer_addr},   {"close_peer", l_close_peer},
+    {"close", l_close},           {"depth", l_depth},
+    {"shutdown", l_shutdown},     {"pending", l_pending},
+    {NULL, NULL}};
+
+__attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
+    if (luaL_newmetatable(L, CTX_MT)) {
+        lua_newtable(L);
+        luaL_register(L, NULL, ctx_methods);
+        luaL_register(L, NULL, lb_chan_methods);
+        luaL_register(L, NULL, lb_loop_methods);
+        luaL_register(L, NULL, lb_moe_ctx_methods);
+        lua_setfield(L, -2, "__index");
+        lua_pushcfunction(L, l_gc);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_pop(L, 1);
+    lb_loop_open(L);
+    lb_moe_open(L);
+    lua_newtable(L);
+    lei_codec_lua_setfuncs(L); /* encode, decode, validate */
+    lua_pushcfunction(L, l_new);
+    lua_setfield(L, -2, "new");
+    lua_pushcfunction(L, l_hash);
+    lua_setfield(L, -2, "hash");
+    lua_pushinteger(L, LEI_PROTO_VERSION);
+    lua_setfield(L, -2, "protocol_version");
+    return 1;
+}

@@ -1,0 +1,212 @@
+/* lua_hook.c: every call from the loop into Lua (event, ctrl, peer, log,
+ * turn hooks) runs on the context's own Lua thread (lb_ctx.L, made once in
+ * core.new) through one protected call with a traceback, which never lets
+ * an error escape into C.
+ */
+#define _GNU_SOURCE
+#include "lua_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Calls the function below nargs arguments through the traceback handler.
+ * Errors are logged, never raised.  Returns 0 or -1. */
+int lb_pcall(lb_ctx *b, int nargs, int nres) {
+    lua_State *L = b->L;
+    int base = lua_gettop(L) - nargs;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_tb);
+    lua_insert(L, base);
+    int rc = lua_pcall(L, nargs, nres, base);
+    lua_remove(L, base);
+    if (rc) {
+        const char *m = lua_tostring(L, -1);
+        lei_logf(b->c, "error in callback: %s", m ? m : "(non-string error)");
+        lua_pop(L, 1);
+        return -1;
+    }
+    return 0;
+}
+
+void lb_hook_unpin(void *ud, int ref) {
+    lb_ctx *b = ud;
+    luaL_unref(b->L, LUA_REGISTRYINDEX, ref);
+}
+
+/* Calls the log function (upvalue-free: both come as arguments) with the
+ * message; the string is made inside the protected call, where running out
+ * of memory is an error like any other. */
+static int log_call(lua_State *L) {
+    const char *msg = lua_touserdata(L, 2);
+    lua_settop(L, 1);
+    lua_pushstring(L, msg);
+    lua_call(L, 1, 0);
+    return 0;
+}
+
+void lb_hook_log(void *ud, const char *msg) {
+    lb_ctx *b = ud;
+    lua_State *L = b->L;
+    if (b->ref_log == LUA_NOREF || !L || !lua_checkstack(L, 4)) {
+        fprintf(stderr, "lecho: %s\n", msg);
+        return;
+    }
+    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_calls);
+    lua_rawgeti(L, -1, 2);
+    lua_remove(L, -2);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_log);
+    lua_pushlightuserdata(L, (void *)msg);
+    if (lua_pcall(L, 2, 0, 0)) {
+        fprintf(stderr, "lecho: %s (log hook failed: %s)\n", msg, lua_tostring(L, -1));
+        lua_pop(L, 1);
+    }
+}
+
+/* What a hook hands to the protected call below. */
+typedef struct hook_args {
+    lb_ctx *b;
+    lei_peer *from;
+    int ref;                 /* the Lua function */
+    int is_event;
+    uint32_t chid;
+    uint64_t producer, seq, sync;
+    const uint8_t *p;
+    size_t n;
+    int bad;                 /* the payload did not decode */
+    int held;                /* the event function returned true */
+    char err[256];
+} hook_args;
+
+/* Decodes the payload and calls the hook's Lua function, all inside one
+ * lua_pcall: running out of memory while decoding (a value that decodes to
+ * many times its size) costs that connection, never the process. */
+static int hook_call(lua_State *L) {
+    hook_args *a = lua_touserdata(L, 1);
+    lua_settop(L, 0);
+    luaL_checkstack(L, 12, "hook");
+    lua_rawgeti(L, LUA_REGISTRYINDEX, a->ref);
+    if (a->is_event)
+        lua_pushnumber(L, a->chid);
+    else
+        lua_pushstring(L, lei_peer_addr(a->from));
+    a->bad = 1; /* until the value is there */
+    if (lei_decode_lua(L, a->p, a->n, &a->b->lim, a->err, sizeof a->err)) return 0;
+    a->bad = 0;
+    if (!a->is_event) {
+        lua_call(L, 2, 0);
+        return 0;
+    }
+    lua_pushinteger(L, a->from ? lei_peer_idx(a->from) : 0);
+    lua_pushnumber(L, (lua_Number)a->producer);
+    lua_pushnumber(L, (lua_Number)a->seq);
+    lua_pushnumber(L, (lua_Number)a->sync);
+    /* -> held, nran, errors.  A sync event dispatched to its end is
+     * acknowledged here, with what the dispatch returned: no call back
+     * into C from Lua for it.  One whose handler waits is acknowledged by
+     * the dispatch when it ends (ctx:ack); nran not a number: no ack (the
+     * dispatch failed, or its context closed). */
+    lua_call(L, 6, 3);
+    a->held = lua_toboolean(L, -3);
+    lb_ctx *b = a->b;
+    if (a->sync && !a->held && lua_isnumber(L, -2) && b->c && !b->close_pending)
+        lb_ack(b, a->from, a->sync, (uint64_t)lua_tonumber(L, -2), L, lua_gettop(L));
+    return 0;
+}
+
+/* Runs hook_call; 0, 1 (event: a handler is suspended) or -1 (bad value:
+ * the caller closes the connection it came on). */
+static int run_hook(lb_ctx *b, hook_args *a) {
+    lua_State *L = b->L;
+    if (!L || a->ref == LUA_NOREF || !lua_checkstack(L, 4)) return -1;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_tb);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_calls); /* no allocation before the pcall */
+    lua_rawgeti(L, -1, 1);
+    lua_remove(L, -2);
+    lua_pushlightuserdata(L, a);
+    int rc = lua_pcall(L, 1, 0, -3);
+    if (rc == LUA_ERRMEM || (rc && a->bad)) {
+        /* The partly decoded value is garbage now: collect it before the
+         * next allocation (LuaJIT does not collect when one fails). */
+        lua_pop(L, 1);
+        lua_gc(L, LUA_GCCOLLECT, 0);
+        lua_pushstring(L, rc == LUA_ERRMEM ? "not enough memory" : "error");
+    }
+    const char *from = a->from ? lei_peer_addr(a->from) : "local";
+    const char *what = a->is_event ? "event value" : "control message";
+    if (rc) {
+        const char *m = lua_tostring(L, -1);
+        if (a->bad)
+            lei_logf(b->c, "bad %s from %s: %s", what, from,
+                     rc == LUA_ERRMEM ? "out of memory decoding it" : (m ? m : "error"));
+        else
+            lei_logf(b->c, "error in callback: %s", m ? m : "(non-string error)");
+        lua_pop(L, 2);
+        return a->bad ? -1 : 0;
+    }
+    lua_pop(L, 1);
+    if (a->bad) {
+        lei_logf(b->c, "bad %s from %s: %s", what, from, a->err);
+        return -1;
+    }
+    return a->held ? 1 : 0;
+}
+
+int lb_hook_event(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
+                  uint64_t sync, const uint8_t *p, size_t n) {
+    lb_ctx *b = ud;
+    hook_args a = {.b = b, .from = from, .ref = b->ref_event, .is_event = 1, .chid = chid,
+                   .producer = producer, .seq = seq, .sync = sync, .p = p, .n = n};
+    return run_hook(b, &a);
+}
+
+int lb_hook_ctrl(void *ud, lei_peer *from, const uint8_t *p, size_t n) {
+    lb_ctx *b = ud;
+    hook_args a = {.b = b, .from = from, .ref = b->ref_ctrl, .p = p, .n = n};
+    return run_hook(b, &a) < 0 ? -1 : 0;
+}
+
+void lb_hook_peer(void *ud, lei_peer *p, int up, const char *reason) {
+    lb_ctx *b = ud;
+    lua_State *L = b->L;
+    if (!L || b->ref_peer == LUA_NOREF || !lua_checkstack(L, 6)) return;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_peer);
+    lua_pushinteger(L, lei_peer_idx(p));
+    lua_pushstring(L, lei_peer_addr(p));
+    lua_pushboolean(L, up);
+    if (reason)
+        lua_pushstring(L, reason);
+    else
+        lua_pushnil(L);
+    lb_pcall(b, 4, 0);
+}
+
+/* Runs the modulators' dequeue, then the turn hook (the Lua scheduler
+ * resumes waiters that can go on), before the queues are written. */
+void lb_hook_prepare(void *ud) {
+    lb_ctx *b = ud;
+    for (lb_moe *x = b->moes; x; x = x->next)
+        if (x->m && lei_moe_has_pending(x->m)) lei_moe_pump(x->m);
+    if (b->want_turn && b->ref_turn != LUA_NOREF && b->L && lua_checkstack(b->L, 4)) {
+        lua_rawgeti(b->L, LUA_REGISTRYINDEX, b->ref_turn);
+        lei_ctx_enter(b->c);
+        lb_pcall(b, 0, 0);
+        if (b->c) lei_ctx_leave(b->c);
+    }
+}
+
+/* Makes b's callback thread and fills in the core's hooks.  One thread of
+ * its own runs every callback: never a coroutine of the caller's, which may
+ * be suspended when the loop next calls back, and never a swap of b->L. */
+void lb_hooks_init(lua_State *L, lb_ctx *b, lei_hooks *h) {
+    b->L = lua_newthread(L);
+    b->ref_thread = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_createtable(L, 2, 0);
+    lua_pushcfunction(L, hook_call);
+    lua_rawseti(L, -2, 1);
+    lua_pushcfunction(L, log_call);
+    lua_rawseti(L, -2, 2);
+    b->ref_calls = luaL_ref(L, LUA_REGISTRYINDEX);
+    lei_hooks hk = {b, lb_hook_event, lb_hook_ctrl, lb_hook_peer, lb_hook_unpin, lb_hook_log,
+                    lb_hook_prepare};
+    *h = hk;
+}

@@ -1,0 +1,123 @@
+/* lua_int.h: what the files of the Lua binding share (lua_ctx.c,
+ * lua_hook.c, lua_chan.c, lua_moe.c, lua_loop.c): the userdata structs and
+ * the helpers that cross files.  Only these files include it.
+ *
+ * The binding reaches the core through ctx.h, moe.h and codec.h only.
+ * Ownership: the context userdata owns the context; each timer userdata owns
+ * its ev_timer and, while active, pins itself and its function in the
+ * registry; a modulator userdata owns its lei_moe.  Strings pinned by the
+ * codec are released through the unpin hook.
+ */
+#ifndef LECHO_LUA_INT_H
+#define LECHO_LUA_INT_H
+
+#include <lauxlib.h>
+#include <lua.h>
+
+#include "codec.h"
+#include "ctx.h"
+#include "moe.h"
+
+#define CTX_MT "lecho.ctx"
+#define TIMER_MT "lecho.timer"
+#define MOE_MT "lecho.moe"
+
+typedef struct lb_timer lb_timer;
+typedef struct lb_moe lb_moe;
+
+typedef struct lb_ctx {
+    lei_ctx *c;            /* owned; NULL once closed */
+    lua_State *L;          /* the thread every callback runs on (owned via ref_thread) */
+    int ref_event, ref_ctrl, ref_peer, ref_log, ref_tb, ref_moe_error, ref_turn;
+    int ref_thread;        /* pins L */
+    int ref_calls;         /* { hook_call, log_call }: made once, no allocation per call */
+    int want_turn;         /* call the turn hook before each loop turn's writes */
+    int close_pending;     /* close() came from inside a callback: done on return */
+    lei_codec_limits lim;
+    size_t pin_threshold;
+    int stopping;
+    lb_timer *timers;      /* live timers, stopped when the context closes */
+    lb_moe *moes;          /* live modulators, freed when the context closes */
+} lb_ctx;
+
+/* A modulator userdata: owns its lei_moe until close, gc or context close. */
+struct lb_moe {
+    lei_moe *m;            /* owned; NULL once closed */
+    lb_ctx *b;
+    lb_moe *next;
+    int id;                /* given by the caller, passed to the moe_error hook */
+};
+
+/* A timer or, for ctx:io, a read watcher: one userdata type, one stop. */
+struct lb_timer {
+    union {
+        ev_timer w;
+        ev_io io;
+    };
+    int is_io;
+    lb_ctx *b;
+    lb_timer *next;
+    int ref_fn, ref_self;
+    int active;
+};
+
+/* A value handed to a modulator: encoded from the application's state and
+ * flat.  p/n are valid until lb_flat_done. */
+typedef struct lb_flat {
+    lei_msg *m;      /* owned */
+    uint8_t *tmp;    /* owned: the flat copy when m has pinned slices */
+    const uint8_t *p;
+    size_t n;
+} lb_flat;
+
+/* lua_ctx.c: results, arguments, options */
+/* An expected failure as Lua sees it: nil, message (NULL: the code's own
+ * text), code name.  Returns 3, the number of values pushed. */
+int lb_push_err(lua_State *L, const char *msg, int code);
+/* true, or nil, err, code name. */
+int lb_ok_or_err(lua_State *L, const char *err, int code);
+/* The open context at index 1 (raises when closed). */
+lb_ctx *lb_check_ctx(lua_State *L);
+size_t lb_opt_size(lua_State *L, int t, const char *k, size_t def);
+void lb_setn(lua_State *L, const char *k, double v);
+/* After a run or run_once returned: a close asked for from inside. */
+void lb_close_if_pending(lb_ctx *b, lua_State *L);
+
+/* lua_hook.c: every call into Lua from the loop */
+/* Calls the function below nargs arguments on b->L through the traceback
+ * handler; errors are logged, never raised.  0 or -1. */
+int lb_pcall(lb_ctx *b, int nargs, int nres);
+/* Makes b->L, the thread every callback runs on, and fills in h. */
+void lb_hooks_init(lua_State *L, lb_ctx *b, lei_hooks *h);
+int lb_hook_event(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
+                  uint64_t sync, const uint8_t *p, size_t n);
+int lb_hook_ctrl(void *ud, lei_peer *from, const uint8_t *p, size_t n);
+void lb_hook_peer(void *ud, lei_peer *p, int up, const char *reason);
+void lb_hook_unpin(void *ud, int ref);
+void lb_hook_log(void *ud, const char *msg);
+void lb_hook_prepare(void *ud);
+
+/* lua_chan.c: channels, submitting, sync answers, acks, control messages */
+extern const char *const lb_policy_names[];
+uint32_t lb_check_chan(lua_State *L, lb_ctx *b, int i);
+/* Encodes the value at idx into a new message (the caller releases it);
+ * NULL with nil, err, code pushed. */
+lei_msg *lb_encode_at(lua_State *L, lb_ctx *b, int idx);
+/* Encodes the value at idx flat: 0, or -1 with nil, err, code pushed. */
+int lb_flat_encode(lua_State *L, lb_ctx *b, int idx, lb_flat *f);
+void lb_flat_done(lb_ctx *b, lb_flat *f);
+/* Acknowledges sync event `sync` from p (NULL: local) with nran handlers
+ * run and the error list at idx (nil: none). */
+void lb_ack(lb_ctx *b, lei_peer *p, uint64_t sync, uint64_t nran, lua_State *L, int idx);
+extern const luaL_Reg lb_chan_methods[];
+
+/* lua_moe.c: modulators */
+void lb_moe_unlink(lb_moe *x);
+extern const luaL_Reg lb_moe_ctx_methods[];
+void lb_moe_open(lua_State *L);
+
+/* lua_loop.c: running the loop, timers, watchers */
+extern const luaL_Reg lb_loop_methods[];
+void lb_loop_open(lua_State *L);
+
+#endif

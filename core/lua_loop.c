@@ -1,0 +1,212 @@
+/* lua_loop.c: running the context's libev loop from Lua (run, run_once,
+ * stop, flush), timers and fd watchers.
+ */
+#define _GNU_SOURCE
+#include "lua_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ctx:want_turn(on): call the turn hook before each loop turn's writes. */
+static int l_want_turn(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    b->want_turn = lua_toboolean(L, 2);
+    return 0;
+}
+
+static int l_flush(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    lei_flush(b->c);
+    return 0;
+}
+
+static int l_drain_local(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    lei_drain_local(b->c);
+    return 0;
+}
+
+static void wake_cb(struct ev_loop *loop, ev_timer *w, int revents) {
+    (void)loop;
+    (void)w;
+    (void)revents;
+}
+
+/* ctx:run_once([timeout]): one turn of the loop; blocks at most timeout
+ * seconds (nil: until something happens, 0: not at all). */
+static int l_run_once(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    if (lua_isnoneornil(L, 2)) {
+        ev_run(lei_ctx_loop(b->c), EVRUN_ONCE);
+    } else {
+        double t = luaL_checknumber(L, 2);
+        if (t <= 0) {
+            ev_run(lei_ctx_loop(b->c), EVRUN_NOWAIT);
+        } else {
+            /* On this C stack frame: nested run_once calls each get their own. */
+            ev_timer wake;
+            struct ev_loop *loop = lei_ctx_loop(b->c);
+            ev_timer_init(&wake, wake_cb, t, 0.);
+            ev_timer_start(loop, &wake);
+            ev_run(loop, EVRUN_ONCE);
+            ev_timer_stop(loop, &wake);
+        }
+    }
+    lb_close_if_pending(b, L);
+    return 0;
+}
+
+/* ctx:run(): serves the loop until ctx:stop(). */
+static int l_run(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    b->stopping = 0;
+    while (!b->stopping && b->c && !b->close_pending) ev_run(lei_ctx_loop(b->c), EVRUN_ONCE);
+    b->stopping = 0;
+    lb_close_if_pending(b, L);
+    return 0;
+}
+
+static int l_stop(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    b->stopping = 1;
+    ev_break(lei_ctx_loop(b->c), EVBREAK_ALL);
+    return 0;
+}
+
+static int l_now(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    ev_now_update(lei_ctx_loop(b->c));
+    lua_pushnumber(L, ev_now(lei_ctx_loop(b->c)));
+    return 1;
+}
+
+static void timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
+    (void)loop;
+    (void)revents;
+    lb_timer *t = (lb_timer *)w;
+    lb_ctx *b = t->b;
+    lua_State *L = b->L;
+    int self = t->ref_self;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, self); /* keeps t alive during the call */
+    if (!t->is_io && !w->repeat && t->active) {
+        t->active = 0;
+        t->ref_self = LUA_NOREF;
+        luaL_unref(L, LUA_REGISTRYINDEX, self);
+    }
+    lua_rawgeti(L, LUA_REGISTRYINDEX, t->ref_fn);
+    lua_pushvalue(L, -2);
+    lei_ctx_enter(b->c);
+    lb_pcall(b, 1, 0);
+    if (b->c) lei_ctx_leave(b->c);
+    lua_pop(L, 1);
+}
+
+/* A new watcher userdata on the stack, calling the function at index fn;
+ * the caller initialises and starts the libev watcher, then registers it. */
+static lb_timer *watcher_new(lua_State *L, lb_ctx *b, int fn, int is_io) {
+    lb_timer *t = lua_newuserdata(L, sizeof *t);
+    memset(t, 0, sizeof *t);
+    t->b = b;
+    t->is_io = is_io;
+    lua_pushvalue(L, fn);
+    t->ref_fn = luaL_ref(L, LUA_REGISTRYINDEX);
+    return t;
+}
+
+/* The started watcher on top of the stack pins itself until stopped. */
+static int watcher_register(lua_State *L, lb_ctx *b, lb_timer *t) {
+    lua_pushvalue(L, -1);
+    t->ref_self = luaL_ref(L, LUA_REGISTRYINDEX);
+    t->active = 1;
+    t->next = b->timers;
+    b->timers = t;
+    luaL_getmetatable(L, TIMER_MT);
+    lua_setmetatable(L, -2);
+    return 1;
+}
+
+/* ctx:timer(after, repeat, fn) -> timer; fn(timer) runs on the loop. */
+static int l_timer(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    double after = luaL_checknumber(L, 2);
+    double rep = luaL_optnumber(L, 3, 0);
+    luaL_checktype(L, 4, LUA_TFUNCTION);
+    if (after < 0 || rep < 0) return luaL_argerror(L, 2, "negative time");
+    lb_timer *t = watcher_new(L, b, 4, 0);
+    ev_timer_init(&t->w, timer_cb, after, rep);
+    ev_timer_start(lei_ctx_loop(b->c), &t->w);
+    return watcher_register(L, b, t);
+}
+
+static void io_cb(struct ev_loop *loop, ev_io *w, int revents) {
+    timer_cb(loop, (ev_timer *)(void *)w, revents);
+}
+
+/* ctx:io(fd, fn) -> watcher; fn(watcher) runs on the loop whenever fd is
+ * readable, until watcher:stop().  For a REPL reading stdin, say. */
+static int l_io(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    int fd = (int)luaL_checkinteger(L, 2);
+    luaL_checktype(L, 3, LUA_TFUNCTION);
+    if (fd < 0) return luaL_argerror(L, 2, "negative descriptor");
+    lb_timer *t = watcher_new(L, b, 3, 1);
+    ev_io_init(&t->io, io_cb, fd, EV_READ);
+    ev_io_start(lei_ctx_loop(b->c), &t->io);
+    return watcher_register(L, b, t);
+}
+
+static void watcher_stop(lb_timer *t) {
+    if (!t->b || !t->b->c) return;
+    if (t->is_io)
+        ev_io_stop(lei_ctx_loop(t->b->c), &t->io);
+    else
+        ev_timer_stop(lei_ctx_loop(t->b->c), &t->w);
+}
+
+static void timer_unlink(lb_timer *t) {
+    if (!t->b) return;
+    for (lb_timer **pp = &t->b->timers; *pp; pp = &(*pp)->next)
+        if (*pp == t) {
+            *pp = t->next;
+            break;
+        }
+}
+
+static int l_timer_stop(lua_State *L) {
+    lb_timer *t = luaL_checkudata(L, 1, TIMER_MT);
+    watcher_stop(t);
+    if (t->active) {
+        luaL_unref(L, LUA_REGISTRYINDEX, t->ref_self);
+        t->active = 0;
+    }
+    return 0;
+}
+
+static int l_timer_gc(lua_State *L) {
+    lb_timer *t = luaL_checkudata(L, 1, TIMER_MT);
+    watcher_stop(t);
+    timer_unlink(t);
+    luaL_unref(L, LUA_REGISTRYINDEX, t->ref_fn);
+    t->b = NULL;
+    return 0;
+}
+
+const luaL_Reg lb_loop_methods[] = {
+    {"flush", l_flush},           {"drain_local", l_drain_local},
+    {"run_once", l_run_once},     {"run", l_run},
+    {"stop", l_stop},             {"now", l_now},
+    {"timer", l_timer},           {"io", l_io},
+    {"want_turn", l_want_turn},   {NULL, NULL}};
+
+/* The metatable of timers and watchers. */
+void lb_loop_open(lua_State *L) {
+    if (luaL_newmetatable(L, TIMER_MT)) {
+        lua_newtable(L);
+        lua_pushcfunction(L, l_timer_stop);
+        lua_setfield(L, -2, "stop");
+        lua_setfield(L, -2, "__index");
+        lua_pushcfunction(L, l_timer_gc);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_pop(L, 1);
+}

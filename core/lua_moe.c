@@ -1,0 +1,186 @@
+/* lua_moe.c: modulator userdata (moe.h): creating one in a MOE state,
+ * parameters, receivers, retargeting, errors and stats.
+ */
+#define _GNU_SOURCE
+#include "lua_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* A modulator failed: tells Lua, which must not close it from the hook. */
+static void moe_failed(void *ud, lei_moe *m, const char *why) {
+    (void)m;
+    lb_moe *x = ud;
+    lb_ctx *b = x->b;
+    lua_State *L = b->L;
+    if (!L || b->ref_moe_error == LUA_NOREF || !lua_checkstack(L, 4)) {
+        lei_logf(b->c, "modulator %d failed: %s", x->id, why);
+        return;
+    }
+    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_moe_error);
+    lua_pushinteger(L, x->id);
+    lua_pushstring(L, why);
+    lb_pcall(b, 2, 0);
+}
+
+static lb_moe *check_moe(lua_State *L) {
+    lb_moe *x = luaL_checkudata(L, 1, MOE_MT);
+    if (!x->m) luaL_error(L, "lecho: modulator is closed");
+    return x;
+}
+
+static double opt_num(lua_State *L, int t, const char *k, double def) {
+    lua_getfield(L, t, k);
+    double v = lua_isnil(L, -1) ? def : luaL_checknumber(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+static int opt_bool(lua_State *L, int t, const char *k) {
+    lua_getfield(L, t, k);
+    int v = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+/* ctx:moe(id, chid, name, source, params, opts) -> moe | nil, err
+ * opts: budget (s), memory (bytes), period (s), clock, log (granted),
+ * max_pending.  The modulator's outputs go to channel chid. */
+static int l_moe(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    int id = (int)luaL_checkinteger(L, 2);
+    uint32_t chid = lb_check_chan(L, b, 3);
+    const char *name = luaL_checkstring(L, 4);
+    size_t slen;
+    const char *src = luaL_checklstring(L, 5, &slen);
+    luaL_checkany(L, 6);
+    luaL_checktype(L, 7, LUA_TTABLE);
+    lei_moe_opts o;
+    lei_moe_opts_default(&o);
+    o.budget = opt_num(L, 7, "budget", o.budget);
+    o.mem_limit = lb_opt_size(L, 7, "memory", o.mem_limit);
+    o.period = opt_num(L, 7, "period", 0);
+    o.max_pending = lb_opt_size(L, 7, "max_pending", o.max_pending);
+    o.grant_clock = opt_bool(L, 7, "clock");
+    o.grant_log = opt_bool(L, 7, "log");
+    lua_getfield(L, 7, "prelude"); /* stays on the stack while the moe is made */
+    o.prelude = lua_tolstring(L, -1, &o.prelude_len);
+    o.lim = b->lim;
+    o.on_fail = moe_failed;
+    if (o.budget <= 0 || o.mem_limit < 256 * 1024 || o.period < 0)
+        return luaL_argerror(L, 7, "budget and period must be positive, memory >= 256 KiB");
+    lb_moe *x = lua_newuserdata(L, sizeof *x);
+    memset(x, 0, sizeof *x);
+    x->b = b;
+    x->id = id;
+    o.ud = x;
+    luaL_getmetatable(L, MOE_MT);
+    lua_setmetatable(L, -2);
+    lb_flat f;
+    if (lb_flat_encode(L, b, 6, &f)) return 3;
+    char err[256];
+    x->m = lei_moe_new(b->c, chid, name, src, slen, f.p, f.n, &o, err, sizeof err);
+    lb_flat_done(b, &f);
+    if (!x->m) return lb_push_err(L, err, LEI_E_INVALID);
+    x->next = b->moes;
+    b->moes = x;
+    return 1;
+}
+
+/* true, or nil, why the modulator failed, "failed". */
+static int moe_result(lua_State *L, lb_moe *x, int rc) {
+    return lb_ok_or_err(L, rc ? lei_moe_error(x->m) : NULL, LEI_E_FAILED);
+}
+
+/* moe:params(value) -> true | nil, err (the modulator failed or the value
+ * cannot be encoded) */
+static int l_moe_params(lua_State *L) {
+    lb_moe *x = check_moe(L);
+    lb_ctx *b = x->b;
+    luaL_checkany(L, 2);
+    if (lei_moe_error(x->m)) return lb_push_err(L, lei_moe_error(x->m), LEI_E_FAILED);
+    lb_flat f;
+    if (lb_flat_encode(L, b, 2, &f)) return 3;
+    int rc = lei_moe_set_params(x->m, f.p, f.n);
+    lb_flat_done(b, &f);
+    return moe_result(L, x, rc);
+}
+
+/* moe:receivers(n) -> true | nil, err: a receiving context was added. */
+static int l_moe_receivers(lua_State *L) {
+    lb_moe *x = check_moe(L);
+    int n = (int)luaL_checkinteger(L, 2);
+    int rc = lei_moe_receivers(x->m, n);
+    return moe_result(L, x, rc);
+}
+
+/* moe:retarget(chid) -> true | nil, err */
+static int l_moe_retarget(lua_State *L) {
+    lb_moe *x = check_moe(L);
+    lb_ctx *b = x->b;
+    uint32_t chid = lb_check_chan(L, b, 2);
+    int rc = lei_moe_retarget(x->m, chid);
+    return moe_result(L, x, rc);
+}
+
+static int l_moe_error(lua_State *L) {
+    lb_moe *x = check_moe(L);
+    const char *e = lei_moe_error(x->m);
+    if (!e) return 0;
+    lua_pushstring(L, e);
+    return 1;
+}
+
+static int l_moe_stats(lua_State *L) {
+    lb_moe *x = check_moe(L);
+    lei_moe_stats st;
+    lei_moe_get_stats(x->m, &st);
+    lua_newtable(L);
+    lb_setn(L, "calls", (double)st.calls);
+    lb_setn(L, "events_in", (double)st.events_in);
+    lb_setn(L, "events_out", (double)st.events_out);
+    lb_setn(L, "dropped", (double)st.dropped);
+    lb_setn(L, "pending", (double)st.pending);
+    lb_setn(L, "pending_drops", (double)st.pending_drops);
+    lb_setn(L, "time", (double)st.time_ns * 1e-9);
+    lb_setn(L, "memory", (double)st.mem);
+    return 1;
+}
+
+void lb_moe_unlink(lb_moe *x) {
+    if (!x->b) return;
+    for (lb_moe **pp = &x->b->moes; *pp; pp = &(*pp)->next)
+        if (*pp == x) {
+            *pp = x->next;
+            break;
+        }
+}
+
+static int l_moe_close(lua_State *L) {
+    lb_moe *x = luaL_checkudata(L, 1, MOE_MT);
+    if (x->m) {
+        lb_moe_unlink(x);
+        lei_moe_free(x->m);
+        x->m = NULL;
+    }
+    return 0;
+}
+
+const luaL_Reg lb_moe_ctx_methods[] = {{"moe", l_moe}, {NULL, NULL}};
+
+/* The metatable of modulators. */
+void lb_moe_open(lua_State *L) {
+    if (luaL_newmetatable(L, MOE_MT)) {
+        static const luaL_Reg moe_methods[] = {{"params", l_moe_params}, {"error", l_moe_error},
+                                               {"retarget", l_moe_retarget},
+                                               {"receivers", l_moe_receivers},
+                                               {"stats", l_moe_stats},   {"close", l_moe_close},
+                                               {NULL, NULL}};
+        lua_newtable(L);
+        luaL_register(L, NULL, moe_methods);
+        lua_setfield(L, -2, "__index");
+        lua_pushcfunction(L, l_moe_close);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_pop(L, 1);
+}

@@ -1,0 +1,504 @@
+/* peer.c: peers (one per remote context), their outgoing queues,
+ * batching of small events, the queue policies and writing (writev).
+ *
+ * Leans on codec.h (messages shared by reference count) and frame.c for
+ * frame headers; conn.c owns the sockets the queues are written to.
+ */
+#define _GNU_SOURCE
+#include "ctx_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#define IOVN 512
+
+/* ---- messages and queue items ---------------------------------------- */
+
+static void msg_release(lei_ctx *c, lei_msg *m) {
+    if (m) lei_msg_release(m, c->h.unpin, c->h.ud);
+}
+
+lei_qitem *lei_item_new(lei_msg *m) {
+    lei_qitem *it = calloc(1, sizeof *it);
+    if (!it) return NULL;
+    if (m) {
+        m->refcnt++;
+        it->msg = m;
+    }
+    return it;
+}
+
+void lei_item_free(lei_ctx *c, lei_qitem *it) {
+    msg_release(c, it->msg);
+    free(it);
+}
+
+/* A frame made of raw bytes (handshake, bind, ack, ctrl): copied into a
+ * message of its own so that the queue treats every frame alike. */
+lei_qitem *lei_item_bytes(const uint8_t *hdr, size_t hlen, const void *body, size_t blen) {
+    lei_msg *m = NULL;
+    lei_qitem *it;
+    if (blen || hlen > sizeof it->hdr) {
+        m = lei_msg_new();
+        if (!m) return NULL;
+        if ((hlen > sizeof it->hdr && lei_wbuf_put(&m->own, hdr, hlen)) ||
+            (blen && lei_wbuf_put(&m->own, body, blen))) {
+            lei_msg_release(m, NULL, NULL);
+            return NULL;
+        }
+        m->total = m->own.len;
+    }
+    it = lei_item_new(m);
+    if (m) m->refcnt--; /* lei_item_new took the only reference */
+    if (!it) {
+        if (m) lei_msg_release(m, NULL, NULL);
+        return NULL;
+    }
+    if (hlen <= sizeof it->hdr) {
+        memcpy(it->hdr, hdr, hlen);
+        it->hlen = (uint8_t)hlen;
+    }
+    it->size = it->hlen + (m ? m->total : 0);
+    return it;
+}
+
+
+/* ---- peers ------------------------------------------------------------- */
+
+/* Records a change of p for the peer hook, told from the next loop turn
+ * (prepare_cb): never from inside a submit, a write or a read of another
+ * connection, where the hook could free what the caller still uses. */
+void lei_peer_note(lei_peer *p, int up, const char *reason) {
+    lei_ctx *c = p->ctx;
+    if (!c->h.peer) return;
+    if (c->nnotes == c->cnotes) {
+        int n = c->cnotes ? c->cnotes * 2 : 8;
+        struct lei_note *nn = realloc(c->notes, (size_t)n * sizeof *nn);
+        if (!nn) {
+            lei_logf(c, "out of memory: peer %s %s not told", p->addr, up ? "up" : "down");
+            return;
+        }
+        c->notes = nn;
+        c->cnotes = n;
+    }
+    struct lei_note *n = &c->notes[c->nnotes++];
+    n->idx = p->idx;
+    n->up = up;
+    snprintf(n->reason, sizeof n->reason, "%s", reason ? reason : "");
+    ev_idle_start(c->loop, &c->kick); /* told from the next loop turn, without waiting */
+}
+
+/* Tells the hook what changed, in order.  The hook may add notes. */
+void lei_tell_notes(lei_ctx *c) {
+    for (int i = 0; i < c->nnotes; i++) {
+        struct lei_note n = c->notes[i];
+        lei_peer *p = lei_peer_by_idx(c, n.idx);
+        if (!p) continue;
+        c->depth++;
+        c->h.peer(c->h.ud, p, n.up, n.up ? NULL : n.reason);
+        c->depth--;
+    }
+    c->nnotes = 0;
+}
+
+
+
+void lei_kick_cb(struct ev_loop *loop, ev_idle *w, int revents) {
+    (void)revents;
+    ev_idle_stop(loop, w);
+}
+
+/* Arms the expiry timer to fire at `when` at the latest (it serves both
+ * deadlines below). */
+void lei_expiry_at(lei_ctx *c, ev_tstamp when) {
+    ev_timer *w = &c->expiry_w;
+    ev_tstamp now = ev_now(c->loop);
+    if (ev_is_active(w) && now + ev_timer_remaining(c->loop, w) <= when) return;
+    ev_timer_stop(c->loop, w);
+    ev_timer_set(w, when - now + 0.01, 0.);
+    ev_timer_start(c->loop, w);
+}
+
+/* Deadlines: retired connections the remote did not close in time are
+ * closed; peers whose remote never dialled back after winning the tie-break
+ * are lost after all (queue dropped and counted, syncs fail). */
+
+void lei_expiry_cb(struct ev_loop *loop, ev_timer *w, int revents) {
+    (void)loop;
+    (void)revents;
+    lei_ctx *c = w->data;
+    ev_tstamp now = ev_now(c->loop), next = 0;
+    for (lei_conn *k = c->conns, *nk; k; k = nk) {
+        nk = k->next;
+        if (k->state != LEI_CONN_RETIRED) continue;
+        if (k->retired + RETIRE_SECONDS <= now)
+            lei_conn_close(k, "retired connection not closed by the remote in time", 0);
+        else if (!next || k->retired + RETIRE_SECONDS < next)
+            next = k->retired + RETIRE_SECONDS;
+    }
+    for (int i = 0; i < c->npeers; i++) {
+        lei_peer *p = c->peers[i];
+        if (p->await_in <= 0 || p->conn) continue;
+        if (p->await_in <= now) {
+            p->await_in = 0;
+            lei_peer_lost(p, "the remote context did not connect back after simultaneous dials");
+        } else if (!next || p->await_in < next) {
+            next = p->await_in;
+        }
+    }
+    if (next) lei_expiry_at(c, next);
+}
+
+lei_peer *lei_peer_by_idx(lei_ctx *c, int idx) {
+    return idx >= 1 && idx <= c->npeers ? c->peers[idx - 1] : NULL;
+}
+
+lei_peer *lei_peer_find(lei_ctx *c, const char *addr) {
+    for (int i = 0; i < c->npeers; i++)
+        if (strcmp(c->peers[i]->addr, addr) == 0) return c->peers[i];
+    return NULL;
+}
+
+lei_peer *lei_peer_new(lei_ctx *c, const char *addr) {
+    if (c->npeers == c->cpeers) {
+        int n = c->cpeers ? c->cpeers * 2 : 8;
+        lei_peer **np = realloc(c->peers, (size_t)n * sizeof *np);
+        if (!np) return NULL;
+        c->peers = np;
+        c->cpeers = n;
+    }
+    lei_peer *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->ctx = c;
+    snprintf(p->addr, sizeof p->addr, "%s", addr);
+    p->last_fail = -1e9;
+    c->peers[c->npeers++] = p;
+    p->idx = c->npeers;
+    return p;
+}
+
+/* Counts a dropped queue item: one event, or each event of a batch (by
+ * channel, read back from the frames when the batch is mixed). */
+static void count_drop(lei_ctx *c, lei_peer *p, lei_qitem *it, size_t sent) {
+    if (!it->droppable) return;
+    /* sent: bytes of it already written.  A batch's frames written whole
+     * were delivered (the connection ends with a FIN after them): not
+     * counted; a frame cut short is. */
+    if (!it->batch || (!it->mixed && sent == 0)) {
+        uint32_t n = it->batch ? it->nev : 1;
+        p->st.drops += n;
+        lei_chan *ch = lei_chan_get(c, it->chid);
+        if (ch) ch->drops += n;
+        return;
+    }
+    const uint8_t *b = (const uint8_t *)it->msg->own.data;
+    size_t off = 0, len = it->msg->own.len;
+    lei_frame f;
+    lei_event_hdr e;
+    const char *err;
+    while (off < len && lei_frame_next(b + off, len - off, len, &f, &err) == 1) {
+        if (off + f.size > sent && f.type == LEI_F_EVENT &&
+            lei_parse_event(f.body, f.len, &e, &err) == 0) {
+            p->st.drops++;
+            lei_chan *ch = lei_chan_get(c, (uint32_t)e.idx);
+            if (ch) ch->drops++;
+        }
+        off += f.size;
+    }
+}
+
+void lei_peer_q_clear(lei_ctx *c, lei_peer *p, int count_drops) {
+    lei_qitem *it;
+    size_t sent = p->woff; /* of the head item only */
+    while ((it = lei_q_pop(&p->q))) {
+        if (count_drops) count_drop(c, p, it, sent);
+        sent = 0;
+        lei_item_free(c, it);
+    }
+    p->woff = 0;
+}
+
+/* Appends a small async event frame to the batch at the tail of p's queue,
+ * starting a new batch when there is none or it is full.  The tail batch
+ * may be partly written already: only its end grows.  Returns the batch, or
+ * NULL (ENOMEM: the event is not queued, the queue is as it was; never an
+ * empty batch, which a write could not get past). */
+static lei_qitem *batch_event(lei_peer *p, uint32_t chid, const uint8_t *hdr, size_t hlen,
+                              const lei_msg *msg) {
+    lei_qitem *t = p->q.tail;
+    size_t n = hlen + msg->total;
+    if (!t || !t->batch || t->msg->own.len + n > BATCH_MAX) {
+        lei_msg *m = lei_msg_new();
+        if (!m || lei_wbuf_reserve(&m->own, n) || !(t = lei_item_new(NULL))) {
+            lei_msg_release(m, NULL, NULL);
+            return NULL;
+        }
+        t->msg = m;
+        t->batch = 1;
+        t->droppable = 1;
+        t->chid = chid;
+        lei_q_push(&p->q, t);
+    }
+    /* Growing it is safe: iovecs are rebuilt from the item at every write. */
+    if (lei_wbuf_reserve(&t->msg->own, n)) return NULL;
+    lei_wbuf_put(&t->msg->own, hdr, hlen);
+    lei_wbuf_put(&t->msg->own, msg->own.data, msg->own.len);
+    lei_msg_sync(t->msg);
+    t->size += n;
+    t->nev++;
+    if (t->chid != chid) t->mixed = 1;
+    p->q.bytes += n;
+    return t;
+}
+
+/* The peer's connection is gone: queued frames are dropped (counted), the
+ * channel announcements are forgotten, waiting syncs fail. */
+void lei_peer_lost(lei_peer *p, const char *reason) {
+    lei_ctx *c = p->ctx;
+    p->conn = NULL;
+    p->last_fail = ev_now(c->loop);
+    snprintf(p->reason, sizeof p->reason, "%s", reason);
+    lei_peer_q_clear(c, p, 1);
+    if (p->nbound) memset(p->bound, 0, p->nbound); /* bound is NULL until a channel is sent */
+    lei_syncs_peer_lost(c, p, reason);
+    lei_peer_note(p, 0, reason);
+}
+
+void lei_peer_close(lei_peer *p, const char *reason) {
+    if (p->conn) lei_conn_close(p->conn, reason, 0);
+}
+
+
+lei_peer *lei_peer_get(lei_ctx *c, const char *addr, int create) {
+    lei_peer *p = lei_peer_find(c, addr);
+    if (!p && create) p = lei_peer_new(c, addr);
+    if (p && create && !p->conn && p->await_in <= 0 && !p->retiring && lei_live_may_dial(p))
+        lei_peer_dial(p);
+    return p;
+}
+
+static void ensure_bound(lei_peer *p, uint32_t chid) {
+    if (chid < p->nbound) return;
+    size_t n = p->nbound ? p->nbound : 64;
+    while (n <= chid) n *= 2;
+    uint8_t *b = realloc(p->bound, n);
+    if (!b) return;
+    memset(b + p->nbound, 0, n - p->nbound);
+    p->bound = b;
+    p->nbound = n;
+}
+
+/* Writes as much of the peer's queue as the socket takes, many frames per
+ * writev; arms the write watcher when the socket is full. */
+void lei_peer_flush(lei_peer *p) {
+    lei_ctx *c = p->ctx;
+    lei_conn *k = p->conn;
+    if (!lei_peer_is_up(p)) return;
+    while (p->q.head) {
+        struct iovec iov[IOVN];
+        int n = 0;
+        size_t off = p->woff;
+        for (lei_qitem *it = p->q.head; it && n < IOVN - 2; it = it->next) {
+            if (off < it->hlen) {
+                iov[n].iov_base = it->hdr + off;
+                iov[n].iov_len = it->hlen - off;
+                n++;
+                off = 0;
+            } else {
+                off -= it->hlen;
+            }
+            if (it->msg) {
+                size_t covered = 0;
+                int m = lei_msg_iov(it->msg, off, iov + n, IOVN - n, &covered);
+                n += m;
+                if (covered < it->msg->total - off) break;
+            }
+            off = 0;
+        }
+        /* sendmsg rather than writev: MSG_NOSIGNAL turns a write to a peer
+         * that went away into EPIPE instead of killing the process. */
+        struct msghdr mh;
+        memset(&mh, 0, sizeof mh);
+        mh.msg_iov = iov;
+        mh.msg_iovlen = (size_t)n;
+        ssize_t w = sendmsg(k->fd, &mh, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                ev_io_start(c->loop, &k->wio);
+                return;
+            }
+            char why[160];
+            snprintf(why, sizeof why, "write: %s", strerror(errno));
+            lei_conn_close(k, why, 0);
+            return;
+        }
+        p->st.batches++;
+        p->st.bytes_out += (uint64_t)w;
+        k->last_out = ev_now(c->loop);
+        size_t left = (size_t)w;
+        while (left) {
+            lei_qitem *it = p->q.head;
+            size_t rem = it->size - p->woff;
+            if (left >= rem) {
+                left -= rem;
+                p->woff = 0;
+                lei_item_free(c, lei_q_pop(&p->q));
+            } else {
+                p->woff += left;
+                left = 0;
+            }
+        }
+    }
+    ev_io_stop(c->loop, &k->wio);
+    if (c->closing) lei_conn_fin(k);
+}
+
+
+int lei_peer_live(lei_peer *p) {
+    return (p->conn && p->conn->state != LEI_CONN_CLOSED) || p->await_in > 0;
+}
+
+
+void lei_peer_enqueue(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr, size_t hlen,
+                      lei_msg *msg, uint64_t sync, int policy) {
+    if (!lei_peer_live(p) && !(lei_peer_get(c, p->addr, 1) && lei_peer_live(p))) {
+        /* Unreachable since a failed attempt, not yet dialled again: counted. */
+        p->st.drops++;
+        ch->drops++;
+        return;
+    }
+    size_t esize = LEI_EVENT_HDR_MAX + msg->total;
+    if (!sync && p->q.count && p->q.bytes + esize > c->o.queue_limit) {
+        if (policy == LEI_DROP_NEWEST) {
+            p->st.drops++;
+            ch->drops++;
+            return;
+        }
+        if (policy == LEI_DISCONNECT) {
+            char why[128];
+            snprintf(why, sizeof why, "outgoing queue over its limit of %zu bytes (policy disconnect)",
+                     c->o.queue_limit);
+            lei_logf(c, "disconnecting slow peer %s: %s", p->addr, why);
+            if (p->conn) {
+                lei_conn_retire(p->conn, why);
+            } else { /* awaiting the remote's connection: nothing written yet */
+                p->await_in = 0;
+                lei_peer_lost(p, why);
+            }
+            p->st.drops++;
+            ch->drops++;
+            return;
+        }
+    }
+    ensure_bound(p, ch->id);
+    if (ch->id < p->nbound && !p->bound[ch->id]) {
+        /* BIND header here, the name itself goes in as the item's body. */
+        uint8_t hdr[LEI_FRAME_HDR + 20];
+        size_t pos = LEI_FRAME_HDR;
+        pos += lei_varint_encode(hdr + pos, ch->id);
+        pos += lei_varint_encode(hdr + pos, ch->namelen);
+        lei_frame_hdr(hdr, LEI_F_BIND, pos - LEI_FRAME_HDR + ch->namelen);
+        lei_qitem *bi = lei_item_bytes(hdr, pos, ch->name, ch->namelen);
+        if (!bi) return;
+        lei_q_push(&p->q, bi);
+        p->bound[ch->id] = 1;
+    }
+    lei_qitem *it;
+    if (!sync && msg->total <= SMALL_EVENT && msg->next == 0) {
+        it = batch_event(p, ch->id, hdr, hlen, msg);
+        if (!it) return;
+    } else {
+        it = lei_item_new(msg);
+        if (!it) return;
+        memcpy(it->hdr, hdr, hlen);
+        it->hlen = (uint8_t)hlen;
+        it->size = it->hlen + msg->total;
+        it->chid = ch->id;
+        it->droppable = !sync;
+        lei_q_push(&p->q, it);
+    }
+    p->st.ev_out++;
+    if (policy == LEI_DROP_OLDEST) {
+        /* Drop whole, unstarted async events from the front until under the limit. */
+        lei_qitem **pp = &p->q.head, *prev = NULL;
+        while (p->q.bytes > c->o.queue_limit && *pp && *pp != it) {
+            lei_qitem *x = *pp;
+            if (x->droppable && !(x == p->q.head && p->woff)) {
+                *pp = x->next;
+                if (p->q.tail == x) p->q.tail = prev;
+                p->q.bytes -= x->size;
+                p->q.count--;
+                count_drop(c, p, x, 0);
+                lei_item_free(c, x);
+            } else {
+                prev = x;
+                pp = &x->next;
+            }
+        }
+    }
+    if (p->q.bytes >= c->o.batch_bytes || sync) lei_peer_flush(p);
+}
+
+/* Runs the local consumers of one queued item.  Returns 1 when a handler
+ * suspended the dispatch (its channel is then held). */
+
+int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err) {
+    lei_peer *p = lei_peer_get(c, addr, 1);
+    if (!p) {
+        *err = "out of memory";
+        return -LEI_E_NOMEM;
+    }
+    if (!lei_peer_live(p)) {
+        *err = p->reason[0] ? p->reason : "peer unreachable";
+        return -LEI_E_CLOSED;
+    }
+    uint8_t hdr[LEI_FRAME_HDR];
+    lei_frame_hdr(hdr, LEI_F_CTRL, msg->total);
+    lei_qitem *it = lei_item_new(msg);
+    if (!it) {
+        *err = "out of memory";
+        return -LEI_E_NOMEM;
+    }
+    memcpy(it->hdr, hdr, LEI_FRAME_HDR);
+    it->hlen = LEI_FRAME_HDR;
+    it->size = LEI_FRAME_HDR + msg->total;
+    lei_q_push(&p->q, it);
+    p->st.ctrl_out++;
+    lei_peer_flush(p);
+    return 0;
+}
+
+void lei_flush(lei_ctx *c) {
+    for (int i = 0; i < c->npeers; i++)
+        if (c->peers[i]->q.head) lei_peer_flush(c->peers[i]);
+}
+
+
+/* ---- read access for the embedder (ctx.h) ------------------------------ */
+
+int lei_ctx_npeers(const lei_ctx *c) { return c->npeers; }
+
+int lei_peer_idx(const lei_peer *p) { return p->idx; }
+
+const char *lei_peer_addr(const lei_peer *p) { return p->addr; }
+
+int lei_peer_up(const lei_peer *p) { return lei_peer_is_up(p); }
+
+const char *lei_peer_reason(const lei_peer *p) { return p->reason; }
+
+void lei_peer_stats(const lei_peer *p, lei_stats_peer *out) {
+    out->st = p->st;
+    out->queue_bytes = p->q.bytes;
+    out->queue_events = p->q.count;
+    out->hb_in = p->lv.hb_in;
+    out->hb_out = p->lv.hb_out;
+    out->timeouts = p->lv.timeouts;
+    out->gaps = p->lv.gaps;
+    out->lost = p->lv.lost;
+    out->dups = p->lv.dups;
+}

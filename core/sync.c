@@ -1,0 +1,100 @@
+/* sync.c: sync records: one per sync submit, one wait per consumer
+ * context (NULL: the local consumers), answered by ACK frames or failed
+ * when a connection is lost.
+ */
+#define _GNU_SOURCE
+#include "ctx_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- sync records ------------------------------------------------------ */
+
+lei_sync *lei_sync_find(lei_ctx *c, uint64_t id) {
+    for (lei_sync *s = c->syncs; s; s = s->next)
+        if (s->id == id) return s;
+    return NULL;
+}
+
+void lei_sync_free(lei_ctx *c, lei_sync *s) {
+    for (lei_sync **pp = &c->syncs; *pp; pp = &(*pp)->next)
+        if (*pp == s) {
+            *pp = s->next;
+            break;
+        }
+    for (int i = 0; i < s->nw; i++) {
+        free(s->w[i].err);
+        free(s->w[i].errs);
+    }
+    free(s->w);
+    free(s);
+}
+
+void lei_sync_fail(lei_sync_wait *w, lei_sync *s, const char *why) {
+    if (w->done) return;
+    w->done = 1;
+    w->err = strdup(why);
+    s->nwait--;
+}
+
+/* A peer's connection ended: every sync still waiting on it fails. */
+void lei_syncs_peer_lost(lei_ctx *c, lei_peer *p, const char *reason) {
+    char why[256];
+    snprintf(why, sizeof why, "consumer context %s: %s", p->addr, reason);
+    for (lei_sync *s = c->syncs; s; s = s->next)
+        for (int i = 0; i < s->nw; i++)
+            if (s->w[i].peer == p) lei_sync_fail(&s->w[i], s, why);
+}
+
+/* Records the answer of peer p (NULL: the local consumers) to sync `sync`. */
+void lei_sync_answered(lei_ctx *c, lei_peer *p, uint64_t sync, uint64_t nran,
+                       const uint8_t *errs, size_t elen) {
+    lei_sync *s = lei_sync_find(c, sync);
+    if (!s) return; /* timed out already: the late answer is dropped */
+    for (int i = 0; i < s->nw; i++) {
+        lei_sync_wait *w = &s->w[i];
+        if (w->peer != p || w->done) continue;
+        w->done = 1;
+        s->nwait--;
+        s->nran += nran;
+        if (elen && (w->errs = malloc(elen))) {
+            memcpy(w->errs, errs, elen);
+            w->elen = elen;
+        }
+        return;
+    }
+}
+
+void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uint8_t *errs,
+             size_t elen) {
+    if (from) {
+        uint8_t hdr[LEI_FRAME_HDR + 20];
+        size_t hl = lei_frame_ack_hdr(hdr, sync, nran, elen);
+        lei_qitem *it = lei_item_bytes(hdr, hl, errs, elen);
+        if (!it || !lei_peer_is_up(from)) {
+            if (it) lei_item_free(c, it);
+            return;
+        }
+        lei_q_push(&from->q, it);
+        lei_peer_flush(from);
+        return;
+    }
+    lei_sync_answered(c, NULL, sync, nran, errs, elen);
+}
+
+
+int lei_sync_pending(const lei_sync *s) { return s->nwait; }
+
+uint64_t lei_sync_nran(const lei_sync *s) { return s->nran; }
+
+int lei_sync_nreplies(const lei_sync *s) { return s->nw; }
+
+void lei_sync_reply(const lei_sync *s, int i, lei_sync_answer *out) {
+    const lei_sync_wait *w = &s->w[i];
+    out->addr = w->peer ? w->peer->addr : NULL;
+    out->done = w->done;
+    out->err = w->err;
+    out->errs = w->errs;
+    out->elen = w->elen;
+}

@@ -16,7 +16,7 @@ CORE_SRC   := core/codec.c core/frame.c core/ctx.c
 LUA_SRC    := core/codec_lua.c core/moe.c core/lua_lecho.c
 HDRS       := $(wildcard core/*.h)
 SO         := lua/lecho/core.so
-CTESTS     := build/test_codec build/test_frame
+CTESTS     := build/test_codec build/test_frame build/test_addr
 
 # Debian packages the project needs, by the file that proves each is there.
 DEPS := /usr/bin/luajit:luajit \
@@ -68,6 +68,9 @@ build/test_codec: core/test_codec.c core/codec.c $(HDRS) | build
 
 build/test_frame: core/test_frame.c core/frame.c core/codec.c $(HDRS) | build
 	$(CC) $(ALLCFLAGS) -o $@ core/test_frame.c core/frame.c core/codec.c $(LDFLAGS)
+
+build/test_addr: core/test_addr.c core/addr.c $(HDRS) | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test_addr.c core/addr.c $(LDFLAGS)
 
 ctest: $(CTESTS)
 	@for t in $(CTESTS); do ./$$t || exit 1; done

@@ -1,0 +1,362 @@
+/* test_addr.c: unit tests for addr.c: parse/format roundtrips of every
+ * form, each malformed input with its exact message, listening on
+ * 127.0.0.1:0, [::1]:0 (skipped with a message when the host has no IPv6
+ * loopback), a unix path and an abstract name and exchanging a byte with a
+ * connection to each, the stale-socket-file rule, and the advertised
+ * address of a wildcard.  Sockets only on loopback and under /tmp, every
+ * descriptor closed, every file removed.  Prints "N passed, N failed" and
+ * exits nonzero on failure.
+ *
+ *   make ctest                       (builds build/test_addr and runs it)
+ */
+#include "addr.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "test.h"
+
+#define STREQ(a, b) ((a) != NULL && strcmp((a), (b)) == 0)
+
+/* ---- parse and format --------------------------------------------------- */
+
+/* Parses in, checks its canonical text is want, and that the canonical text
+ * parses to the same socket address. */
+static void roundtrip(const char *in, int flags, const char *want) {
+    lei_addr a, b;
+    const char *err = NULL;
+    char out[LEI_ADDR_TEXT_MAX];
+    int rc = lei_addr_parse(in, flags, &a, &err);
+    CHECK(rc == 0);
+    if (rc) {
+        fprintf(stderr, "  parse '%s': %s\n", in, err);
+        return;
+    }
+    int n = lei_addr_format(&a, out, sizeof out);
+    CHECK(n == (int)strlen(want) && STREQ(out, want));
+    if (!STREQ(out, want)) fprintf(stderr, "  '%s' formats as '%s', want '%s'\n", in, out, want);
+    CHECK(lei_addr_parse(out, flags, &b, &err) == 0);
+    CHECK(a.len == b.len && memcmp(&a.ss, &b.ss, a.len) == 0);
+}
+
+static void malformed(const char *in, int flags, const char *want) {
+    lei_addr a;
+    const char *err = NULL;
+    CHECK(lei_addr_parse(in, flags, &a, &err) == -1);
+    CHECK(STREQ(err, want));
+    if (!STREQ(err, want)) fprintf(stderr, "  '%s' gives '%s', want '%s'\n", in, err, want);
+}
+
+static void test_parse(void) {
+    char name[IF_NAMESIZE], want[LEI_ADDR_TEXT_MAX], in[200];
+    roundtrip("127.0.0.1:80", 0, "127.0.0.1:80");
+    roundtrip("localhost:5", 0, "127.0.0.1:5");
+    roundtrip("1.2.3.4:0080", 0, "1.2.3.4:80");
+    roundtrip("0.0.0.0:0", LEI_ADDR_LISTEN, "0.0.0.0:0");
+    roundtrip("255.255.255.255:65535", 0, "255.255.255.255:65535");
+    roundtrip("[::1]:8080", 0, "[::1]:8080");
+    roundtrip("[0:0:0:0:0:0:0:1]:1", 0, "[::1]:1");
+    roundtrip("[::]:0", LEI_ADDR_LISTEN, "[::]:0");
+    roundtrip("[2001:DB8:0:0:1:0:0:1]:65535", 0, "[2001:db8::1:0:0:1]:65535");
+    roundtrip("[2001:db8:0:1:0:0:0:0]:9", 0, "[2001:db8:0:1::]:9");
+    roundtrip("[::ffff:1.2.3.4]:9", 0, "[::ffff:1.2.3.4]:9");
+    roundtrip("[fe80::1%lo]:7", 0, "[fe80::1%lo]:7");
+    /* a numeric zone formats by name when the interface exists */
+    if (if_indextoname(1, name)) {
+        snprintf(want, sizeof want, "[fe80::1%%%s]:7", name);
+        roundtrip("[fe80::1%1]:7", 0, want);
+    }
+    roundtrip("unix:/tmp/x.sock", 0, "unix:/tmp/x.sock");
+    roundtrip("unix:@lecho-test", 0, "unix:@lecho-test");
+    roundtrip("unix:@a/b", 0, "unix:@a/b");
+    /* the longest path that fits sun_path with its NUL: 107 bytes */
+    memset(in, 'p', sizeof in);
+    memcpy(in, "unix:/", 6);
+    in[5 + 107] = '\0';
+    roundtrip(in, 0, in);
+    {
+        lei_addr a;
+        const char *err;
+        CHECK(lei_addr_parse("unix:/tmp/x.sock", 0, &a, &err) == 0 && lei_addr_is_unix(&a) &&
+              !lei_addr_is_wildcard(&a) && lei_addr_port(&a) == 0);
+        CHECK(lei_addr_parse("0.0.0.0:0", LEI_ADDR_LISTEN, &a, &err) == 0 &&
+              lei_addr_is_wildcard(&a) && !lei_addr_is_unix(&a));
+        CHECK(lei_addr_parse("[::]:3", 0, &a, &err) == 0 && lei_addr_is_wildcard(&a) &&
+              lei_addr_port(&a) == 3);
+        CHECK(lei_addr_parse("[::1]:3", 0, &a, &err) == 0 && !lei_addr_is_wildcard(&a));
+        /* too small an output buffer is an error, not a cut text */
+        CHECK(lei_addr_format(&a, want, 5) == -1);
+    }
+
+    malformed("", 0, "empty address");
+    malformed("127.0.0.1", 0, "missing port (want host:port)");
+    malformed("[::1]", 0, "missing port (want host:port)");
+    malformed("[::1]5", 0, "missing port (want host:port)");
+    malformed("1.2.3.4:", 0, "bad port (want 1-65535)");
+    malformed("1.2.3.4:65536", 0, "bad port (want 1-65535)");
+    malformed("1.2.3.4:123456", 0, "bad port (want 1-65535)");
+    malformed("1.2.3.4:-1", 0, "bad port (want 1-65535)");
+    malformed("1.2.3.4:+1", 0, "bad port (want 1-65535)");
+    malformed("1.2.3.4:8x", 0, "bad port (want 1-65535)");
+    malformed("1.2.3.4: 8", 0, "bad port (want 1-65535)");
+    malformed("1.2.3.4:0", 0, "port 0 is only for listening");
+    malformed("[::1]:0", 0, "port 0 is only for listening");
+    malformed("::1:5", 0, "IPv6 address must be in brackets ([::1]:port)");
+    malformed(":5", 0, "missing host");
+    malformed("example.com:5", 0, "bad host (want IPv4, localhost, [IPv6] or unix:/path)");
+    malformed("1.2.3:5", 0, "bad host (want IPv4, localhost, [IPv6] or unix:/path)");
+    malformed("1.2.3.256:5", 0, "bad host (want IPv4, localhost, [IPv6] or unix:/path)");
+    malformed("a-very-long-host-name.example.org:5", 0,
+              "bad host (want IPv4, localhost, [IPv6] or unix:/path)");
+    malformed("[::g]:5", 0, "bad IPv6 address");
+    malformed("[1.2.3.4]:5", 0, "bad IPv6 address");
+    malformed("[::1]x:5", 0, "bad IPv6 address");
+    malformed("[]:5", 0, "bad IPv6 address");
+    malformed("[fe80::1%nosuchif0]:5", 0, "unknown interface in IPv6 zone");
+    malformed("[fe80::1%]:5", 0, "unknown interface in IPv6 zone");
+    malformed("unix:", 0, "unix socket path must be absolute (unix:/path) or abstract (unix:@name)");
+    malformed("unix:tmp/x", 0,
+              "unix socket path must be absolute (unix:/path) or abstract (unix:@name)");
+    malformed("unix:/", 0, "empty unix socket path");
+    malformed("unix:@", 0, "empty unix socket path");
+    malformed("unix:/a//b", 0, "unix socket path must not contain '//' or end in '/'");
+    malformed("unix:/a/", 0, "unix socket path must not contain '//' or end in '/'");
+    malformed("unix:@x//y", 0, "unix socket path must not contain '//' or end in '/'");
+    malformed("unix:/a b", 0, "space or control character in unix socket path");
+    malformed("unix:/a\tb", 0, "space or control character in unix socket path");
+    in[5 + 107] = 'p';
+    in[5 + 108] = '\0';
+    malformed(in, 0, "unix socket path too long (at most 107 bytes)");
+}
+
+/* ---- sockets ------------------------------------------------------------ */
+
+static int wait_fd(int fd, short ev) {
+    struct pollfd p = {fd, ev, 0};
+    return poll(&p, 1, 2000) == 1 && (p.revents & ev);
+}
+
+/* Listens on text, connects to the bound address, accepts, and sends one
+ * byte each way.  Returns 0, or -1 when the listen fails with errno. */
+static int exchange(const char *text, char *bound) {
+    lei_addr a, b;
+    const char *perr;
+    char err[LEI_ADDR_ERR_MAX];
+    CHECK(lei_addr_parse(text, LEI_ADDR_LISTEN, &a, &perr) == 0);
+    int lfd = lei_addr_listen(&a, 16, bound, err, sizeof err);
+    if (lfd < 0) return -1;
+    CHECK((fcntl(lfd, F_GETFL) & O_NONBLOCK) && (fcntl(lfd, F_GETFD) & FD_CLOEXEC));
+    CHECK(lei_addr_parse(bound, 0, &b, &perr) == 0); /* port resolved: not 0 */
+    CHECK(lei_addr_is_unix(&a) || lei_addr_port(&b) != 0);
+    int cfd = lei_addr_connect(&b, err, sizeof err);
+    CHECK(cfd >= 0);
+    if (cfd < 0) fprintf(stderr, "  connect %s: %s\n", bound, err);
+    CHECK((fcntl(cfd, F_GETFL) & O_NONBLOCK) && (fcntl(cfd, F_GETFD) & FD_CLOEXEC));
+    CHECK(wait_fd(lfd, POLLIN));
+    int afd = accept(lfd, NULL, NULL);
+    CHECK(afd >= 0);
+    lei_addr_nodelay(afd);
+    CHECK(wait_fd(cfd, POLLOUT));
+    int soerr = -1, nd = -1;
+    socklen_t sl = sizeof soerr;
+    CHECK(getsockopt(cfd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr == 0);
+    sl = sizeof nd;
+    if (lei_addr_is_unix(&a)) {
+        CHECK(getsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &nd, &sl) == -1);
+    } else {
+        CHECK(getsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &nd, &sl) == 0 && nd == 1);
+        nd = -1;
+        CHECK(getsockopt(afd, IPPROTO_TCP, TCP_NODELAY, &nd, &sl) == 0 && nd == 1);
+    }
+    char c = 0;
+    CHECK(write(cfd, "x", 1) == 1 && wait_fd(afd, POLLIN) && read(afd, &c, 1) == 1 && c == 'x');
+    CHECK(write(afd, "y", 1) == 1 && wait_fd(cfd, POLLIN) && read(cfd, &c, 1) == 1 && c == 'y');
+    close(afd);
+    close(cfd);
+    lei_addr_close(lfd, &a);
+    return 0;
+}
+
+static void test_sockets(const char *dir) {
+    char bound[LEI_ADDR_TEXT_MAX], text[LEI_ADDR_TEXT_MAX];
+    struct stat st;
+    CHECK(exchange("127.0.0.1:0", bound) == 0);
+    CHECK(strncmp(bound, "127.0.0.1:", 10) == 0 && strcmp(bound, "127.0.0.1:0") != 0);
+    if (exchange("[::1]:0", bound) == 0)
+        CHECK(strncmp(bound, "[::1]:", 6) == 0 && strcmp(bound, "[::1]:0") != 0);
+    else
+        printf("skipped: no IPv6 loopback on this host (%s)\n", strerror(errno));
+    snprintf(text, sizeof text, "unix:%s/s.sock", dir);
+    CHECK(exchange(text, bound) == 0 && STREQ(bound, text));
+    CHECK(lstat(text + 5, &st) == -1 && errno == ENOENT); /* lei_addr_close removed it */
+    snprintf(text, sizeof text, "unix:@lecho-test-addr-%d", (int)getpid());
+    CHECK(exchange(text, bound) == 0 && STREQ(bound, text));
+
+    /* connecting to nobody fails now (unix) or later (tcp), with port 0 at once */
+    lei_addr a;
+    const char *perr;
+    char err[LEI_ADDR_ERR_MAX];
+    snprintf(text, sizeof text, "unix:%s/nobody.sock", dir);
+    CHECK(lei_addr_parse(text, 0, &a, &perr) == 0);
+    CHECK(lei_addr_connect(&a, err, sizeof err) == -1 && errno == ENOENT);
+    CHECK(strncmp(err, "connect: ", 9) == 0);
+    CHECK(lei_addr_parse("127.0.0.1:0", LEI_ADDR_LISTEN, &a, &perr) == 0);
+    CHECK(lei_addr_connect(&a, err, sizeof err) == -1 && errno == EINVAL);
+    CHECK(STREQ(err, "connect: port 0 is only for listening"));
+}
+
+/* A unix path: a stale socket file is replaced, a live one and a file that
+ * is not a socket are left alone, and closing removes only our own. */
+static void test_stale(const char *dir) {
+    char text[LEI_ADDR_TEXT_MAX], bound[LEI_ADDR_TEXT_MAX], err[LEI_ADDR_ERR_MAX];
+    const char *perr;
+    lei_addr a;
+    struct stat st;
+    snprintf(text, sizeof text, "unix:%s/stale.sock", dir);
+    const char *path = text + 5;
+    CHECK(lei_addr_parse(text, LEI_ADDR_LISTEN, &a, &perr) == 0);
+
+    /* a listener that died without cleaning up leaves a stale file */
+    int l1 = lei_addr_listen(&a, 4, bound, err, sizeof err);
+    CHECK(l1 >= 0);
+    close(l1);
+    CHECK(lstat(path, &st) == 0 && S_ISSOCK(st.st_mode));
+    l1 = lei_addr_listen(&a, 4, bound, err, sizeof err);
+    CHECK(l1 >= 0);
+    if (l1 < 0) fprintf(stderr, "  stale: %s\n", err);
+
+    /* a live one is not taken over, and still accepts after the attempt */
+    CHECK(lei_addr_listen(&a, 4, bound, err, sizeof err) == -1 && errno == EADDRINUSE);
+    CHECK(strstr(err, "a live process listens there") != NULL);
+    int c = lei_addr_connect(&a, err, sizeof err);
+    CHECK(c >= 0 && wait_fd(l1, POLLIN));
+    if (c >= 0) close(c);
+
+    /* a successor bound since: closing the old descriptor keeps its file */
+    close(l1);
+    int l2 = lei_addr_listen(&a, 4, bound, err, sizeof err);
+    CHECK(l2 >= 0);
+    lei_addr_close(-1, &a);
+    CHECK(lstat(path, &st) == 0 && S_ISSOCK(st.st_mode));
+    lei_addr_close(l2, &a);
+    CHECK(lstat(path, &st) == -1 && errno == ENOENT);
+
+    /* a file that is not a socket is never removed */
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs("keep me", f);
+        fclose(f);
+    }
+    CHECK(lei_addr_listen(&a, 4, bound, err, sizeof err) == -1 && errno == EEXIST);
+    CHECK(strstr(err, "exists and is not a socket (not removed)") != NULL);
+    lei_addr_close(-1, &a);
+    CHECK(lstat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 7);
+    unlink(path);
+
+    /* an abstract name in use is refused by the kernel */
+    snprintf(text, sizeof text, "unix:@lecho-test-stale-%d", (int)getpid());
+    CHECK(lei_addr_parse(text, LEI_ADDR_LISTEN, &a, &perr) == 0);
+    l1 = lei_addr_listen(&a, 4, bound, err, sizeof err);
+    CHECK(l1 >= 0);
+    CHECK(lei_addr_listen(&a, 4, bound, err, sizeof err) == -1 && errno == EADDRINUSE);
+    CHECK(strncmp(err, "bind: ", 6) == 0);
+    lei_addr_close(l1, &a);
+}
+
+/* ---- advertised address ------------------------------------------------- */
+
+/* Whether the host part of text is an address of this host (binding a
+ * socket to it with port 0 works). */
+static int is_local(const char *text) {
+    lei_addr a;
+    const char *perr;
+    if (lei_addr_parse(text, 0, &a, &perr)) return 0;
+    if (a.ss.ss_family == AF_INET)
+        ((struct sockaddr_in *)&a.ss)->sin_port = 0;
+    else
+        ((struct sockaddr_in6 *)&a.ss)->sin6_port = 0;
+    int fd = socket(a.ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int ok = fd >= 0 && bind(fd, (struct sockaddr *)&a.ss, a.len) == 0;
+    if (fd >= 0) close(fd);
+    return ok;
+}
+
+static void test_advertise(void) {
+    char out[LEI_ADDR_TEXT_MAX], err[LEI_ADDR_ERR_MAX], bound[LEI_ADDR_TEXT_MAX];
+    lei_addr a, p;
+    const char *perr;
+
+    /* not a wildcard: itself; unix too */
+    CHECK(lei_addr_advertise("127.0.0.1:5", NULL, -1, out, err, sizeof err) == 0 &&
+          STREQ(out, "127.0.0.1:5"));
+    CHECK(lei_addr_advertise("unix:/tmp/x", NULL, -1, out, err, sizeof err) == 0 &&
+          STREQ(out, "unix:/tmp/x"));
+    /* an explicit one wins; its port 0 is the bound port */
+    CHECK(lei_addr_advertise("0.0.0.0:77", "192.0.2.9:0", -1, out, err, sizeof err) == 0 &&
+          STREQ(out, "192.0.2.9:77"));
+    CHECK(lei_addr_advertise("[::]:77", "[2001:db8::9]:8", -1, out, err, sizeof err) == 0 &&
+          STREQ(out, "[2001:db8::9]:8"));
+    CHECK(lei_addr_advertise("127.0.0.1:77", "localhost:0", -1, out, err, sizeof err) == 0 &&
+          STREQ(out, "127.0.0.1:77"));
+    CHECK(lei_addr_advertise("0.0.0.0:77", "0.0.0.0:0", -1, out, err, sizeof err) == -1 &&
+          STREQ(err, "advertise address '0.0.0.0:0': a wildcard cannot be reached"));
+    CHECK(lei_addr_advertise("0.0.0.0:77", "nohost", -1, out, err, sizeof err) == -1 &&
+          STREQ(err, "advertise address 'nohost': missing port (want host:port)"));
+    CHECK(lei_addr_advertise("0.0.0.0", NULL, -1, out, err, sizeof err) == -1 &&
+          STREQ(err, "bound address '0.0.0.0': missing port (want host:port)"));
+
+    /* a wildcard with a connected socket: its local address */
+    CHECK(lei_addr_parse("127.0.0.1:0", LEI_ADDR_LISTEN, &a, &perr) == 0);
+    int lfd = lei_addr_listen(&a, 4, bound, err, sizeof err);
+    CHECK(lfd >= 0 && lei_addr_parse(bound, 0, &p, &perr) == 0);
+    int cfd = lei_addr_connect(&p, err, sizeof err);
+    CHECK(cfd >= 0 && wait_fd(cfd, POLLOUT));
+    CHECK(lei_addr_advertise("0.0.0.0:77", NULL, cfd, out, err, sizeof err) == 0 &&
+          STREQ(out, "127.0.0.1:77"));
+    /* ... of another family: not that one */
+    CHECK(lei_addr_advertise("[::]:77", NULL, cfd, out, err, sizeof err) == 0);
+    CHECK(strncmp(out, "[", 1) == 0 && strstr(out, "]:77") != NULL);
+    close(cfd);
+    lei_addr_close(lfd, &a);
+
+    /* a wildcard alone: an address of this host, the first non-loopback one
+     * if there is one, with the bound port */
+    CHECK(lei_addr_advertise("0.0.0.0:77", NULL, -1, out, err, sizeof err) == 0);
+    CHECK(lei_addr_parse(out, 0, &p, &perr) == 0 && !lei_addr_is_wildcard(&p) &&
+          lei_addr_port(&p) == 77 && p.ss.ss_family == AF_INET && is_local(out));
+    printf("wildcard 0.0.0.0:77 advertises %s\n", out);
+    CHECK(lei_addr_advertise("[::]:77", NULL, -1, out, err, sizeof err) == 0);
+    CHECK(lei_addr_parse(out, 0, &p, &perr) == 0 && !lei_addr_is_wildcard(&p) &&
+          lei_addr_port(&p) == 77 && p.ss.ss_family == AF_INET6);
+    CHECK(strncmp(out, "[fe80:", 6) != 0);
+    printf("wildcard [::]:77 advertises %s\n", out);
+}
+
+int main(void) {
+    char dir[] = "/tmp/lecho-test-addr-XXXXXX";
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 2;
+    }
+    test_parse();
+    test_sockets(dir);
+    test_stale(dir);
+    test_advertise();
+    if (rmdir(dir)) {
+        failed++;
+        fprintf(stderr, "%s left files behind: %s\n", dir, strerror(errno));
+    }
+    return TEST_SUMMARY();
+}

@@ -77,6 +77,7 @@ static void test_parse(void) {
         snprintf(want, sizeof want, "[fe80::1%%%s]:7", name);
         roundtrip("[fe80::1%1]:7", 0, want);
     }
+    roundtrip("[fe80::1%4000000000]:7", 0, "[fe80::1%4000000000]:7"); /* no such interface */
     roundtrip("unix:/tmp/x.sock", 0, "unix:/tmp/x.sock");
     roundtrip("unix:@lecho-test", 0, "unix:@lecho-test");
     roundtrip("unix:@a/b", 0, "unix:@a/b");
@@ -116,6 +117,7 @@ static void test_parse(void) {
     malformed(":5", 0, "missing host");
     malformed("example.com:5", 0, "bad host (want IPv4, localhost, [IPv6] or unix:/path)");
     malformed("1.2.3:5", 0, "bad host (want IPv4, localhost, [IPv6] or unix:/path)");
+    malformed("01.2.3.4:5", 0, "bad host (want IPv4, localhost, [IPv6] or unix:/path)");
     malformed("1.2.3.256:5", 0, "bad host (want IPv4, localhost, [IPv6] or unix:/path)");
     malformed("a-very-long-host-name.example.org:5", 0,
               "bad host (want IPv4, localhost, [IPv6] or unix:/path)");

@@ -350,15 +350,34 @@ static int first_iface(int family, lei_addr *out) {
     return rc;
 }
 
-int lei_addr_advertise(const char *bound, const char *advertise, int via_fd, char *out,
+/* The local address this host sends from to reach *to (same family as
+ * *to): 0 with *out, -1 when there is no route. */
+static int route_local(const lei_addr *to, lei_addr *out) {
+    int fd = socket(to->ss.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    int rc = -1;
+    if (fd < 0) return -1;
+    out->len = sizeof out->ss;
+    if (connect(fd, (const struct sockaddr *)&to->ss, to->len) == 0 &&
+        getsockname(fd, (struct sockaddr *)&out->ss, &out->len) == 0 &&
+        out->ss.ss_family == to->ss.ss_family && !lei_addr_is_wildcard(out))
+        rc = 0;
+    close(fd);
+    return rc;
+}
+
+int lei_addr_advertise(const char *bound, const char *advertise, const char *toward, char *out,
                        char *err, size_t esize) {
-    lei_addr b, r;
+    lei_addr b, r, t;
     const char *why;
     if (lei_addr_parse(bound, LEI_ADDR_LISTEN, &b, &why)) {
         snprintf(err, esize, "bound address '%s': %s", bound, why);
         return -1;
     }
     unsigned port = lei_addr_port(&b);
+    if (toward && lei_addr_parse(toward, 0, &t, &why)) {
+        snprintf(err, esize, "address '%s': %s", toward, why);
+        return -1;
+    }
     if (advertise) {
         if (lei_addr_parse(advertise, LEI_ADDR_LISTEN, &r, &why)) {
             snprintf(err, esize, "advertise address '%s': %s", advertise, why);
@@ -372,17 +391,10 @@ int lei_addr_advertise(const char *bound, const char *advertise, int via_fd, cha
     } else if (!lei_addr_is_wildcard(&b)) {
         r = b;
     } else {
-        int fam = b.ss.ss_family, found = 0;
-        if (via_fd >= 0) {
-            r.len = sizeof r.ss;
-            found = getsockname(via_fd, (struct sockaddr *)&r.ss, &r.len) == 0 &&
-                    r.ss.ss_family == fam && !lei_addr_is_wildcard(&r);
-        }
+        int fam = b.ss.ss_family;
+        int found = toward && t.ss.ss_family == fam && route_local(&t, &r) == 0;
         if (!found) found = first_iface(fam, &r) == 0;
-        if (!found) {
-            const char *lo = fam == AF_INET ? "127.0.0.1:1" : "[::1]:1";
-            lei_addr_parse(lo, 0, &r, &why);
-        }
+        if (!found) lei_addr_parse(fam == AF_INET ? "127.0.0.1:1" : "[::1]:1", 0, &r, &why);
         set_port(&r, port);
     }
     if (lei_addr_format(&r, out, LEI_ADDR_TEXT_MAX) < 0) {

@@ -91,16 +91,18 @@ void lei_addr_nodelay(int fd);
  *   1. advertise (may be NULL) when given: a full address; its port 0 means
  *      the bound port.  It must not be a wildcard.
  *   2. bound itself when it is not a wildcard (a unix address never is).
- *   3. the local address of via_fd (>= 0: a connected socket, e.g. the
- *      control connection to the name server) when it has bound's family
- *      and is not a wildcard, with bound's port.
+ *   3. toward (may be NULL: the address of the process that peers will
+ *      learn ours from, the name server) when it is of bound's family: the
+ *      local address this host sends from to reach it (a UDP socket is
+ *      connected to it, which sends nothing, and asked getsockname), unless
+ *      that is a wildcard; with bound's port.
  *   4. the first address of an interface that is up and not loopback, of
  *      bound's family (for IPv6, not link-local: it would need a zone),
  *      with bound's port, in getifaddrs order.
  *   5. loopback (127.0.0.1 or [::1]) with bound's port.
  * Writes out[LEI_ADDR_TEXT_MAX]; returns 0, or -1 with a message in
- * err[esize] when bound or advertise does not parse. */
-int lei_addr_advertise(const char *bound, const char *advertise, int via_fd, char *out,
+ * err[esize] when bound, advertise or toward does not parse. */
+int lei_addr_advertise(const char *bound, const char *advertise, const char *toward, char *out,
                        char *err, size_t esize);
 
 #endif

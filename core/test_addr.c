@@ -297,49 +297,68 @@ static int is_local(const char *text) {
 
 static void test_advertise(void) {
     char out[LEI_ADDR_TEXT_MAX], err[LEI_ADDR_ERR_MAX], bound[LEI_ADDR_TEXT_MAX];
+    char want[LEI_ADDR_TEXT_MAX];
     lei_addr a, p;
     const char *perr;
 
     /* not a wildcard: itself; unix too */
-    CHECK(lei_addr_advertise("127.0.0.1:5", NULL, -1, out, err, sizeof err) == 0 &&
+    CHECK(lei_addr_advertise("127.0.0.1:5", NULL, NULL, out, err, sizeof err) == 0 &&
           STREQ(out, "127.0.0.1:5"));
-    CHECK(lei_addr_advertise("unix:/tmp/x", NULL, -1, out, err, sizeof err) == 0 &&
+    CHECK(lei_addr_advertise("unix:/tmp/x", NULL, NULL, out, err, sizeof err) == 0 &&
           STREQ(out, "unix:/tmp/x"));
     /* an explicit one wins; its port 0 is the bound port */
-    CHECK(lei_addr_advertise("0.0.0.0:77", "192.0.2.9:0", -1, out, err, sizeof err) == 0 &&
+    CHECK(lei_addr_advertise("0.0.0.0:77", "192.0.2.9:0", NULL, out, err, sizeof err) == 0 &&
           STREQ(out, "192.0.2.9:77"));
-    CHECK(lei_addr_advertise("[::]:77", "[2001:db8::9]:8", -1, out, err, sizeof err) == 0 &&
+    CHECK(lei_addr_advertise("[::]:77", "[2001:db8::9]:8", NULL, out, err, sizeof err) == 0 &&
           STREQ(out, "[2001:db8::9]:8"));
-    CHECK(lei_addr_advertise("127.0.0.1:77", "localhost:0", -1, out, err, sizeof err) == 0 &&
+    CHECK(lei_addr_advertise("127.0.0.1:77", "localhost:0", NULL, out, err, sizeof err) == 0 &&
           STREQ(out, "127.0.0.1:77"));
-    CHECK(lei_addr_advertise("0.0.0.0:77", "0.0.0.0:0", -1, out, err, sizeof err) == -1 &&
+    CHECK(lei_addr_advertise("0.0.0.0:77", "0.0.0.0:0", NULL, out, err, sizeof err) == -1 &&
           STREQ(err, "advertise address '0.0.0.0:0': a wildcard cannot be reached"));
-    CHECK(lei_addr_advertise("0.0.0.0:77", "nohost", -1, out, err, sizeof err) == -1 &&
+    CHECK(lei_addr_advertise("0.0.0.0:77", "nohost", NULL, out, err, sizeof err) == -1 &&
           STREQ(err, "advertise address 'nohost': missing port (want host:port)"));
-    CHECK(lei_addr_advertise("0.0.0.0", NULL, -1, out, err, sizeof err) == -1 &&
+    CHECK(lei_addr_advertise("0.0.0.0", NULL, NULL, out, err, sizeof err) == -1 &&
           STREQ(err, "bound address '0.0.0.0': missing port (want host:port)"));
 
-    /* a wildcard with a connected socket: its local address */
+    /* a wildcard and the address peers learn ours from: the local address
+     * on the way there */
+    CHECK(lei_addr_advertise("0.0.0.0:77", NULL, "127.0.0.1:9", out, err, sizeof err) == 0 &&
+          STREQ(out, "127.0.0.1:77"));
+    CHECK(lei_addr_advertise("0.0.0.0:77", NULL, "127.8.9.10:9", out, err, sizeof err) == 0 &&
+          STREQ(out, "127.0.0.1:77"));
+    if (is_local("[::1]:1"))
+        CHECK(lei_addr_advertise("[::]:77", NULL, "[::1]:9", out, err, sizeof err) == 0 &&
+              STREQ(out, "[::1]:77"));
+    /* ... the same from a real connection's local address, which it mirrors */
     CHECK(lei_addr_parse("127.0.0.1:0", LEI_ADDR_LISTEN, &a, &perr) == 0);
     int lfd = lei_addr_listen(&a, 4, bound, err, sizeof err);
     CHECK(lfd >= 0 && lei_addr_parse(bound, 0, &p, &perr) == 0);
     int cfd = lei_addr_connect(&p, err, sizeof err);
     CHECK(cfd >= 0 && wait_fd(cfd, POLLOUT));
-    CHECK(lei_addr_advertise("0.0.0.0:77", NULL, cfd, out, err, sizeof err) == 0 &&
-          STREQ(out, "127.0.0.1:77"));
-    /* ... of another family: not that one */
-    CHECK(lei_addr_advertise("[::]:77", NULL, cfd, out, err, sizeof err) == 0);
-    CHECK(strncmp(out, "[", 1) == 0 && strstr(out, "]:77") != NULL);
+    p.len = sizeof p.ss;
+    CHECK(getsockname(cfd, (struct sockaddr *)&p.ss, &p.len) == 0);
+    CHECK(lei_addr_format(&p, want, sizeof want) > 0);
+    CHECK(lei_addr_advertise("0.0.0.0:0", NULL, bound, out, err, sizeof err) == 0);
+    *strrchr(want, ':') = '\0';
+    *strrchr(out, ':') = '\0';
+    CHECK(STREQ(out, want));
     close(cfd);
     lei_addr_close(lfd, &a);
+    /* ... of another family or a unix one: not used */
+    CHECK(lei_addr_advertise("[::]:77", NULL, "127.0.0.1:9", out, err, sizeof err) == 0);
+    CHECK(strncmp(out, "[", 1) == 0 && strstr(out, "]:77") != NULL);
+    CHECK(lei_addr_advertise("0.0.0.0:77", NULL, "unix:/x", out, err, sizeof err) == 0);
+    CHECK(strncmp(out, "0.0.0.0", 7) != 0);
+    CHECK(lei_addr_advertise("0.0.0.0:77", NULL, "nohost", out, err, sizeof err) == -1 &&
+          STREQ(err, "address 'nohost': missing port (want host:port)"));
 
     /* a wildcard alone: an address of this host, the first non-loopback one
      * if there is one, with the bound port */
-    CHECK(lei_addr_advertise("0.0.0.0:77", NULL, -1, out, err, sizeof err) == 0);
+    CHECK(lei_addr_advertise("0.0.0.0:77", NULL, NULL, out, err, sizeof err) == 0);
     CHECK(lei_addr_parse(out, 0, &p, &perr) == 0 && !lei_addr_is_wildcard(&p) &&
           lei_addr_port(&p) == 77 && p.ss.ss_family == AF_INET && is_local(out));
     printf("wildcard 0.0.0.0:77 advertises %s\n", out);
-    CHECK(lei_addr_advertise("[::]:77", NULL, -1, out, err, sizeof err) == 0);
+    CHECK(lei_addr_advertise("[::]:77", NULL, NULL, out, err, sizeof err) == 0);
     CHECK(lei_addr_parse(out, 0, &p, &perr) == 0 && !lei_addr_is_wildcard(&p) &&
           lei_addr_port(&p) == 77 && p.ss.ss_family == AF_INET6);
     CHECK(strncmp(out, "[fe80:", 6) != 0);

@@ -12,6 +12,7 @@
 #include <netinet/tcp.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -263,7 +264,45 @@ static int unix_clear(const lei_addr *a, char *err, size_t esize) {
     return 0;
 }
 
-int lei_addr_listen(const lei_addr *a, int backlog, char *bound, char *err, size_t esize) {
+/* Takes an exclusive flock on the directory of a's socket file, so that
+ * processes checking, removing and binding the same path do it one after
+ * the other (else one could remove the file another has just bound, leaving
+ * a listener nobody reaches).  Returns the descriptor that holds the lock
+ * (closing it releases it), or -1: no lock (abstract name, or the directory
+ * cannot be opened: go on without). */
+static int dir_lock(const lei_addr *a) {
+    const char *path = ((const struct sockaddr_un *)&a->ss)->sun_path;
+    char dir[sizeof((struct sockaddr_un *)0)->sun_path];
+    if (!lei_addr_is_unix(a) || path[0] != '/') return -1;
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/'); /* there is one: the path is absolute */
+    if (slash == dir) slash++;       /* a file in "/": lock "/" */
+    *slash = '\0';
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    while (flock(fd, LOCK_EX))
+        if (errno != EINTR) {
+            close(fd);
+            return -1;
+        }
+    return fd;
+}
+
+static void dir_unlock(int lk) {
+    int e = errno;
+    if (lk >= 0) close(lk);
+    errno = e;
+}
+
+/* lei_addr_close's removal, under the directory lock (or none). */
+static void unix_remove(const lei_addr *a) {
+    const char *path = ((const struct sockaddr_un *)&a->ss)->sun_path;
+    struct stat st;
+    if (path[0] && lstat(path, &st) == 0 && S_ISSOCK(st.st_mode) && unix_live(a) == 0)
+        unlink(path);
+}
+
+static int listen_locked(const lei_addr *a, int backlog, char *bound, char *err, size_t esize) {
     int is_unix = lei_addr_is_unix(a), one = 1;
     lei_addr b;
     if (is_unix && unix_clear(a, err, esize)) return -1;
@@ -278,28 +317,37 @@ int lei_addr_listen(const lei_addr *a, int backlog, char *bound, char *err, size
     b.len = sizeof b.ss;
     if (listen(fd, backlog) || getsockname(fd, (struct sockaddr *)&b.ss, &b.len)) {
         fail(err, esize, "listen");
-        lei_addr_close(fd, a);
+        close(fd);
+        if (is_unix) unix_remove(a);
         return -1;
     }
     /* getsockname gives the port the OS chose; a unix name is as we bound it */
     if (is_unix) b = *a;
     if (lei_addr_format(&b, bound, LEI_ADDR_TEXT_MAX) < 0) {
         snprintf(err, esize, "cannot format the bound address");
-        lei_addr_close(fd, a);
+        close(fd);
+        if (is_unix) unix_remove(a);
         errno = EINVAL;
         return -1;
     }
     return fd;
 }
 
+int lei_addr_listen(const lei_addr *a, int backlog, char *bound, char *err, size_t esize) {
+    int lk = dir_lock(a);
+    int fd = listen_locked(a, backlog, bound, err, esize);
+    dir_unlock(lk);
+    return fd;
+}
+
 void lei_addr_close(int fd, const lei_addr *a) {
-    if (fd >= 0) close(fd);
-    if (!lei_addr_is_unix(a)) return;
-    const char *path = ((const struct sockaddr_un *)&a->ss)->sun_path;
-    struct stat st;
     int e = errno;
-    if (path[0] && lstat(path, &st) == 0 && S_ISSOCK(st.st_mode) && unix_live(a) == 0)
-        unlink(path);
+    if (fd >= 0) close(fd);
+    if (lei_addr_is_unix(a)) {
+        int lk = dir_lock(a);
+        unix_remove(a);
+        dir_unlock(lk);
+    }
     errno = e;
 }
 

@@ -65,7 +65,10 @@ unsigned lei_addr_port(const lei_addr *a);   /* 0 for unix */
  * for TCP.  For a unix path that exists already: a socket file on which
  * nothing listens is a stale one and is unlinked first; a live socket (one
  * that accepts a connection) or a file that is not a socket is left alone
- * and the call fails (errno EADDRINUSE or EEXIST).  On success returns the
+ * and the call fails (errno EADDRINUSE or EEXIST).  The check, removal and
+ * bind hold an flock on the path's directory, so of processes starting on
+ * one path at once exactly one listens, and none removes the file of
+ * another (lei_addr_close takes it too).  On success returns the
  * descriptor, owned by the caller (close it with lei_addr_close), and writes
  * the bound address, port resolved, to bound[LEI_ADDR_TEXT_MAX].  On failure
  * returns -1 with errno set and a message in err[esize]. */

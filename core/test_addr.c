@@ -2,9 +2,9 @@
  * form, each malformed input with its exact message, listening on
  * 127.0.0.1:0, [::1]:0 (skipped with a message when the host has no IPv6
  * loopback), a unix path and an abstract name and exchanging a byte with a
- * connection to each, the stale-socket-file rule, and the advertised
- * address of a wildcard.  Sockets only on loopback and under /tmp, every
- * descriptor closed, every file removed.  Prints "N passed, N failed" and
+ * connection to each, the stale-socket-file rule, processes racing for one
+ * path (forked), and the advertised address of a wildcard.  Sockets only on
+ * loopback and under /tmp, every descriptor closed, every file removed.  Prints "N passed, N failed" and
  * exits nonzero on failure.
  *
  *   make ctest                       (builds build/test_addr and runs it)
@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "test.h"
@@ -277,6 +278,60 @@ static void test_stale(const char *dir) {
     lei_addr_close(l1, &a);
 }
 
+
+/* Processes starting on one path at once (each round over a stale file):
+ * exactly one listens, and no one's file is removed by another (which would
+ * leave a listener nobody can reach).  Each child exits 0: lost (refused),
+ * 1: listens and its file is still its own 100 ms later, 2: listens but its
+ * file was replaced or removed. */
+static void test_race(const char *dir) {
+    char text[LEI_ADDR_TEXT_MAX];
+    const char *perr;
+    lei_addr a;
+    snprintf(text, sizeof text, "unix:%s/race.sock", dir);
+    CHECK(lei_addr_parse(text, LEI_ADDR_LISTEN, &a, &perr) == 0);
+    int bad_rounds = 0;
+    for (int round = 0; round < 20; round++) {
+        char bound[LEI_ADDR_TEXT_MAX], err[LEI_ADDR_ERR_MAX];
+        int go[2], nwin = 0, nlost = 0;
+        pid_t kids[8];
+        int fd = lei_addr_listen(&a, 4, bound, err, sizeof err);
+        if (fd >= 0) close(fd); /* a stale file to start from */
+        if (pipe(go)) break;
+        for (int k = 0; k < 8; k++) {
+            kids[k] = fork();
+            if (kids[k] == 0) {
+                char c, b2[LEI_ADDR_TEXT_MAX], e2[LEI_ADDR_ERR_MAX];
+                struct stat s1, s2;
+                close(go[1]);
+                if (read(go[0], &c, 1) != 0) _exit(3);
+                int l = lei_addr_listen(&a, 4, b2, e2, sizeof e2);
+                if (l < 0) _exit(0);
+                if (lstat(text + 5, &s1)) _exit(2);
+                usleep(100000);
+                _exit(lstat(text + 5, &s2) == 0 && s1.st_ino == s2.st_ino ? 1 : 2);
+            }
+        }
+        close(go[0]);
+        close(go[1]); /* all start now */
+        for (int k = 0; k < 8; k++) {
+            int st = 0;
+            if (kids[k] > 0 && waitpid(kids[k], &st, 0) == kids[k] && WIFEXITED(st)) {
+                if (WEXITSTATUS(st) == 1) nwin++;
+                if (WEXITSTATUS(st) == 2) nlost++;
+            }
+        }
+        if (nwin != 1 || nlost != 0) {
+            bad_rounds++;
+            fprintf(stderr, "  race round %d: %d listen with their file, %d lost it\n", round, nwin,
+                    nlost);
+        }
+        lei_addr_close(-1, &a);
+    }
+    CHECK(bad_rounds == 0);
+    unlink(text + 5);
+}
+
 /* ---- advertised address ------------------------------------------------- */
 
 /* Whether the host part of text is an address of this host (binding a
@@ -374,6 +429,7 @@ int main(void) {
     test_parse();
     test_sockets(dir);
     test_stale(dir);
+    test_race(dir);
     test_advertise();
     if (rmdir(dir)) {
         failed++;

@@ -84,7 +84,8 @@ static int parse_v6(const char *s, size_t n, struct sockaddr_in6 *s6, const char
     if (zone) {
         unsigned long idx = 0;
         size_t i = 0;
-        for (; zone[i] >= '0' && zone[i] <= '9' && i < 10; i++) idx = idx * 10 + (unsigned)(zone[i] - '0');
+        for (; zone[i] >= '0' && zone[i] <= '9' && i < 10; i++)
+            idx = idx * 10 + (unsigned)(zone[i] - '0');
         if (i == 0 || zone[i] != '\0') idx = zone[0] ? if_nametoindex(zone) : 0;
         if (idx == 0 || idx > 0xffffffffUL) {
             *err = "unknown interface in IPv6 zone";

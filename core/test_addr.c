@@ -5,8 +5,8 @@
  * loopback), a unix path and an abstract name and exchanging a byte with a
  * connection to each, the stale-socket-file rule, processes racing for one
  * path (forked), and the advertised address of a wildcard.  Sockets only on
- * loopback and under /tmp, every descriptor closed, every file removed.  Prints "N passed, N failed" and
- * exits nonzero on failure.
+ * loopback and under /tmp, every descriptor closed, every file removed.
+ * Prints "N passed, N failed" and exits nonzero on failure.
  *
  *   make ctest                       (builds build/test_addr and runs it)
  *   build/test_addr [CASES]          (CASES: core/test_addr_cases.txt, from

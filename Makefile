@@ -12,7 +12,7 @@ BUSTED     ?= /usr/bin/busted
 SAN        ?=
 ALLCFLAGS  := $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -I$(LUA_INCDIR) -Icore $(SAN)
 
-CORE_SRC   := core/codec.c core/errors.c core/frame.c core/ctx.c core/conn.c core/peer.c core/chan.c \
+CORE_SRC   := core/codec.c core/errors.c core/frame.c core/addr.c core/ctx.c core/conn.c core/peer.c core/chan.c \
               core/local.c core/sync.c core/live.c
 LUA_SRC    := core/codec_lua.c core/moe.c core/lua_ctx.c core/lua_hook.c core/lua_chan.c \
               core/lua_moe.c core/lua_loop.c

@@ -18,7 +18,7 @@ local f = io.open(arg[5], "w") f:write(ctx.addr, "\n") f:close()
 local ch = ctx:channel(name)
 local p = assert(ch:producer())
 local t0 = ctx:now()
-while #ch.dests == 0 do
+while ctx:stats().channels[ch.name].destinations == 0 do
   ctx:run_once(0.05)
   if ctx:now() - t0 > 20 then error("no consumer joined") end
 end

@@ -213,6 +213,9 @@ describe("transports", function()
     end
     bad({ listen = "1.2.3.4" }, "lecho: bad listen address '1.2.3.4': missing port (want host:port)")
     bad({ nameserver = "[::1]:0" }, "lecho: bad nameserver '[::1]:0': port 0 is only for listening")
+    bad({ advertise = "x" }, "lecho: bad advertise address 'x': missing port (want host:port)")
+    bad({ listen = "0.0.0.0:0", advertise = "0.0.0.0:0" },
+      "lecho: cannot listen on 0.0.0.0:0: advertise address '0.0.0.0:0': a wildcard cannot be reached")
     bad({ listen = "unix:rel.sock" },
       "unix socket path must be absolute (unix:/path) or abstract (unix:@name)")
     local ctx = lecho.context{ quiet = true }

@@ -12,13 +12,13 @@ BUSTED     ?= /usr/bin/busted
 SAN        ?=
 ALLCFLAGS  := $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -I$(LUA_INCDIR) -Icore $(SAN)
 
-CORE_SRC   := core/codec.c core/errors.c core/frame.c core/ctx.c core/conn.c core/peer.c core/chan.c \
+CORE_SRC   := core/codec.c core/errors.c core/frame.c core/addr.c core/ctx.c core/conn.c core/peer.c core/chan.c \
               core/local.c core/sync.c core/live.c
 LUA_SRC    := core/codec_lua.c core/moe.c core/lua_ctx.c core/lua_hook.c core/lua_chan.c \
               core/lua_moe.c core/lua_loop.c
 HDRS       := $(wildcard core/*.h)
 SO         := lua/lecho/core.so
-CTESTS     := build/test_codec build/test_frame build/test_ctx
+CTESTS     := build/test_codec build/test_frame build/test_ctx build/test_addr
 
 # Debian packages the project needs, by the file that proves each is there.
 DEPS := /usr/bin/luajit:luajit \
@@ -100,6 +100,9 @@ build/test_codec: core/test_codec.c core/codec.c $(HDRS) | build
 
 build/test_frame: core/test_frame.c core/frame.c core/codec.c $(HDRS) | build
 	$(CC) $(ALLCFLAGS) -o $@ core/test_frame.c core/frame.c core/codec.c $(LDFLAGS)
+
+build/test_addr: core/test_addr.c core/addr.c $(HDRS) | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test_addr.c core/addr.c $(LDFLAGS)
 
 ctest: $(CTESTS) $(SO)
 	@for t in $(CTESTS); do ./$$t || exit 1; done

@@ -119,8 +119,8 @@ static lei_ctx *make_ctx(void)
     if (!c)
         die("lei_ctx_new failed");
     c->h.ud = c;
-    const char *err;
-    if (lei_ctx_listen(c, "127.0.0.1", 0, &err))
+    char err[LEI_ADDR_ERR_MAX];
+    if (lei_ctx_listen(c, "127.0.0.1:0", NULL, NULL, err))
         die("listen: %s", err);
     return c;
 }

@@ -7,11 +7,7 @@
 #define _GNU_SOURCE
 #include "ctx_int.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,26 +18,6 @@
 
 static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents);
 static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents);
-
-static int set_nonblock(int fd) {
-    int fl = fcntl(fd, F_GETFL);
-    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-}
-
-static int parse_addr(const char *addr, struct sockaddr_in *sa) {
-    char host[LEI_ADDR_MAX];
-    const char *colon = strrchr(addr, ':');
-    if (!colon || (size_t)(colon - addr) >= sizeof host) return -1;
-    memcpy(host, addr, (size_t)(colon - addr));
-    host[colon - addr] = '\0';
-    char *end;
-    long port = strtol(colon + 1, &end, 10);
-    if (*end || port <= 0 || port > 65535) return -1;
-    memset(sa, 0, sizeof *sa);
-    sa->sin_family = AF_INET;
-    sa->sin_port = htons((uint16_t)port);
-    return inet_pton(AF_INET, host, &sa->sin_addr) == 1 ? 0 : -1;
-}
 
 static lei_conn *conn_new(lei_ctx *c, int fd, enum lei_conn_state state) {
     lei_conn *k = calloc(1, sizeof *k);
@@ -54,8 +30,7 @@ static lei_conn *conn_new(lei_ctx *c, int fd, enum lei_conn_state state) {
     k->rio.data = k->wio.data = k;
     k->next = c->conns;
     c->conns = k;
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    lei_addr_nodelay(fd);
     lei_live_conn_new(k);
     return k;
 }
@@ -148,22 +123,19 @@ void lei_conn_retire(lei_conn *k, const char *reason) {
 /* Dials the peer.  Frames queue up until the handshake is answered. */
 int lei_peer_dial(lei_peer *p) {
     lei_ctx *c = p->ctx;
-    struct sockaddr_in sa;
-    if (parse_addr(p->addr, &sa)) {
-        snprintf(p->reason, sizeof p->reason, "bad address '%s' (want IPv4:port)", p->addr);
+    lei_addr a;
+    const char *why;
+    char err[LEI_ADDR_ERR_MAX];
+    if (lei_addr_parse(p->addr, 0, &a, &why)) {
+        snprintf(p->reason, sizeof p->reason, "bad address '%s': %s", p->addr, why);
         p->last_fail = ev_now(c->loop);
         return -1;
     }
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || set_nonblock(fd)) {
-        if (fd >= 0) close(fd);
-        snprintf(p->reason, sizeof p->reason, "socket: %s", strerror(errno));
-        p->last_fail = ev_now(c->loop);
-        return -1;
-    }
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0 && errno != EINPROGRESS) {
-        snprintf(p->reason, sizeof p->reason, "connect: %s", strerror(errno));
-        close(fd);
+    /* Unix: connects or fails at once (EAGAIN: the listener's backlog is
+     * full), and the retry/backoff redials as for a refused TCP dial. */
+    int fd = lei_addr_connect(&a, err, sizeof err); /* owned by the conn below */
+    if (fd < 0) {
+        snprintf(p->reason, sizeof p->reason, "%s", err);
         p->last_fail = ev_now(c->loop);
         return -1;
     }
@@ -180,7 +152,7 @@ int lei_peer_dial(lei_peer *p) {
 
 
 static void send_hello(lei_conn *k, uint8_t type) {
-    uint8_t b[128];
+    uint8_t b[LEI_HELLO_MAX];
     size_t n = lei_frame_hello(b, type, LEI_PROTO_VERSION, k->ctx->incarnation, k->ctx->addr);
     conn_write_now(k, b, n);
 }
@@ -310,11 +282,27 @@ static int hello_answered(lei_conn *k, const lei_frame *f) {
     return 0;
 }
 
+/* A dialling peer's claimed address must be an address in its canonical
+ * text (addr.h): two spellings of one address would make two peers of it
+ * and break the smaller-address-wins rule.  (The HELLO_OK of a dial we made
+ * names the address we dialled: ours to trust.) */
+static int addr_canonical(const char *text) {
+    lei_addr a;
+    const char *why;
+    char canon[LEI_ADDR_TEXT_MAX];
+    return lei_addr_parse(text, 0, &a, &why) == 0 &&
+           lei_addr_format(&a, canon, sizeof canon) >= 0 && strcmp(canon, text) == 0;
+}
+
 /* One frame before UP.  Returns 0, or -1 after closing k. */
 static int conn_handshake(lei_conn *k, const lei_frame *f) {
     if (k->state == LEI_CONN_HELLO_SENT) return hello_answered(k, f);
     lei_hello h;
     if (hello_read(k, f, LEI_F_HELLO, &h)) return -1;
+    if (!addr_canonical(h.addr)) {
+        lei_conn_close(k, "bad address in handshake", 1);
+        return -1;
+    }
     if (hello_accepted(k, &h)) {
         lei_conn_close(k, "handshake refused", 0);
         return -1;
@@ -602,31 +590,21 @@ void lei_conn_fin(lei_conn *k) {
 }
 
 
-int lei_ctx_listen(lei_ctx *c, const char *host, int port, const char **err) {
-    struct sockaddr_in sa;
-    socklen_t sl = sizeof sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t)port);
-    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
-        *err = "listen address must be an IPv4 address";
+int lei_ctx_listen(lei_ctx *c, const char *addr, const char *advertise, const char *toward,
+                   char *err) {
+    const char *why;
+    if (lei_addr_parse(addr, LEI_ADDR_LISTEN, &c->laddr, &why)) {
+        snprintf(err, LEI_ADDR_ERR_MAX, "%s", why);
         return -LEI_E_INVALID;
     }
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    int one = 1;
-    if (fd < 0) {
-        *err = strerror(errno);
-        return -LEI_E_IO;
-    }
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) || listen(fd, 512) ||
-        getsockname(fd, (struct sockaddr *)&sa, &sl)) {
-        *err = strerror(errno);
-        close(fd);
-        return -LEI_E_IO;
+    int fd = lei_addr_listen(&c->laddr, 512, c->bound, err, LEI_ADDR_ERR_MAX); /* c->lfd owns */
+    if (fd < 0) return -LEI_E_IO;
+    if (lei_addr_advertise(c->bound, advertise, toward, c->addr, err, LEI_ADDR_ERR_MAX)) {
+        lei_addr_close(fd, &c->laddr);
+        c->addr[0] = '\0';
+        return -LEI_E_INVALID;
     }
     c->lfd = fd;
-    snprintf(c->addr, sizeof c->addr, "%s:%u", host, ntohs(sa.sin_port));
     ev_io_init(&c->lio, accept_cb, fd, EV_READ);
     c->lio.data = c;
     ev_io_start(c->loop, &c->lio);

@@ -99,7 +99,7 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
         }
         lei_peer_enqueue(c, p, ch, hdr, hlen, msg, s ? s->id : 0, policy);
         if (s && !lei_peer_live(p)) {
-            char why[256];
+            char why[LEI_ADDR_MAX + 256]; /* an address and a peer reason */
             snprintf(why, sizeof why, "consumer context %s: unreachable (%s)", p->addr,
                      p->reason[0] ? p->reason : "not connected");
             lei_sync_fail(&s->w[s->nw - 1], s, why);
@@ -154,7 +154,7 @@ void lei_ctx_shutdown(lei_ctx *c) {
 void lei_ctx_stop_listening(lei_ctx *c) {
     if (c->lfd < 0) return;
     ev_io_stop(c->loop, &c->lio);
-    close(c->lfd);
+    lei_addr_close(c->lfd, &c->laddr); /* removes our unix socket file */
     c->lfd = -1;
 }
 
@@ -256,6 +256,8 @@ void lei_ctx_free(lei_ctx *c) {
 /* ---- read access for the embedder (ctx.h) ------------------------------ */
 
 const char *lei_ctx_addr(const lei_ctx *c) { return c->addr; }
+
+const char *lei_ctx_bound(const lei_ctx *c) { return c->bound; }
 
 void lei_ctx_enter(lei_ctx *c) { c->depth++; }
 

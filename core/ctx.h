@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "addr.h"
 #include "codec.h"
 #include "errors.h"
 #include "frame.h"
@@ -109,14 +110,21 @@ typedef struct lei_sync_answer {
 
 lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h);
 void lei_ctx_free(lei_ctx *c);
-/* Binds and listens on host:port (port 0: the OS chooses).  0, or
- * -LEI_E_INVALID (not an IPv4 address) or -LEI_E_IO with *err. */
-int lei_ctx_listen(lei_ctx *c, const char *host, int port, const char **err);
+/* Listens on addr (the grammar of addr.h: "a.b.c.d:PORT", "[V6]:PORT",
+ * "unix:/PATH"; port 0: the OS chooses) and decides the address peers are
+ * told (lei_addr_advertise's rule; advertise and toward, the name server,
+ * may be NULL).  0, or -LEI_E_INVALID (a bad address) or -LEI_E_IO (the
+ * socket calls: in use, a live unix socket or a file that is not a socket
+ * at the path, ...), with a message in err[LEI_ADDR_ERR_MAX]. */
+int lei_ctx_listen(lei_ctx *c, const char *addr, const char *advertise, const char *toward,
+                   char *err);
 /* The context's loop (owned by the context) and options (read only). */
 struct ev_loop *lei_ctx_loop(const lei_ctx *c);
 const lei_opts *lei_ctx_opts(const lei_ctx *c);
-/* Our listen address ("" before lei_ctx_listen). */
+/* Our advertised address ("" before lei_ctx_listen). */
 const char *lei_ctx_addr(const lei_ctx *c);
+/* The address we are bound to ("" before lei_ctx_listen). */
+const char *lei_ctx_bound(const lei_ctx *c);
 /* A callback of the embedder's own (a timer, a watcher) begins or ends:
  * the context counts its nesting like that of its hooks. */
 void lei_ctx_enter(lei_ctx *c);

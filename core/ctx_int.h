@@ -143,7 +143,9 @@ struct lei_ctx {
     struct ev_loop *loop;     /* ro: owned */
     lei_opts o;               /* rw before lei_ctx_listen */
     lei_hooks h;
-    char addr[LEI_ADDR_MAX];  /* ro: our listen address */
+    char addr[LEI_ADDR_MAX];  /* ro: our advertised address (what peers dial, HELLO carries) */
+    char bound[LEI_ADDR_MAX]; /* ro: what we are bound to (differs for a wildcard) */
+    lei_addr laddr;           /* ro: the listening address, for lei_addr_close */
     uint64_t incarnation;
     int lfd;
     ev_io lio;

@@ -21,7 +21,8 @@
 #define LEI_MAGIC "LECH"
 #define LEI_FRAME_HDR 5          /* u32 length + u8 type */
 #define LEI_EVENT_HDR_MAX (LEI_FRAME_HDR + 4 * 10)
-#define LEI_ADDR_MAX 64
+#define LEI_HELLO_MAX (LEI_FRAME_HDR + 4 + 2 + 10 + 10 + LEI_ADDR_MAX)
+#define LEI_ADDR_MAX 128 /* = LEI_ADDR_TEXT_MAX of addr.h: "unix:" + a 107-byte path */
 
 enum lei_frame_type {
     LEI_F_HELLO = 1,    /* magic, u16 version, varint incarnation, varint len, listen addr */
@@ -64,7 +65,8 @@ int lei_frame_next(const uint8_t *p, size_t n, size_t max, lei_frame *f, const c
  * body_len bytes.  Returns LEI_FRAME_HDR. */
 size_t lei_frame_hdr(uint8_t *out, uint8_t type, size_t body_len);
 
-/* Builds a whole HELLO or HELLO_OK frame into out (at least 96 bytes). */
+/* Builds a whole HELLO or HELLO_OK frame into out (at least LEI_HELLO_MAX
+ * bytes). */
 size_t lei_frame_hello(uint8_t *out, uint8_t type, unsigned version, uint64_t incarnation,
                        const char *addr);
 int lei_parse_hello(const uint8_t *b, size_t n, lei_hello *h, const char **err);

@@ -88,8 +88,11 @@ LECHO_API const char *lecho_errmsg(const lecho_ctx *ctx);
 
 /* Opens the context of this process.  opts: NULL, or a NULL-terminated list
  * of option name, value strings, the options of the Lua `lecho.context`
- * (README): "nameserver" ("host:port"; without it this context runs a name
- * server of its own), "listen" ("127.0.0.1:0"), "timeout", "sync_timeout",
+ * (README): "nameserver" (an address: "a.b.c.d:PORT", "[V6]:PORT" or
+ * "unix:/PATH"; without it this context runs a name server of its own),
+ * "listen" ("127.0.0.1:0"; any of those forms, port 0: the OS chooses),
+ * "advertise" (the address peers are told when "listen" is a wildcard such
+ * as "0.0.0.0:0"; port 0: the bound port), "timeout", "sync_timeout",
  * "queue_limit", "policy", "quiet" ("true"), ...  A value that reads whole as
  * a number is passed as a number, "true"/"false" as booleans, anything else
  * as a string.  0 with *out set (owned by the caller: lecho_close), or a code
@@ -102,11 +105,12 @@ LECHO_API int lecho_open(const char *const *opts, lecho_ctx **out, char *err, si
  * not be delivered (it is logged; the context is freed all the same).
  * NULL is a no-op. */
 LECHO_API int lecho_close(lecho_ctx *ctx, double linger);
-/* "host:port" this context listens on; with no "nameserver" option, also the
- * address of its name server, to give to other processes.  Borrowed: valid
- * while ctx is open. */
+/* The address peers reach this context at ("host:port", "[v6]:port",
+ * "unix:/path"; for a wildcard listen, the advertised one); with no
+ * "nameserver" option, also the address of its name server, to give to
+ * other processes.  Borrowed: valid while ctx is open. */
 LECHO_API const char *lecho_address(const lecho_ctx *ctx);
-/* The name server this context uses ("host:port").  Borrowed, as above. */
+/* The name server this context uses (an address, as above).  Borrowed, as above. */
 LECHO_API const char *lecho_nameserver(const lecho_ctx *ctx);
 
 /* ---- the event loop: events leave, arrive and handlers run only inside

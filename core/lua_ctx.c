@@ -179,18 +179,19 @@ static int l_gc(lua_State *L) {
 
 static int l_listen(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
-    const char *host = luaL_checkstring(L, 2);
-    int port = (int)luaL_optinteger(L, 3, 0);
-    const char *err;
-    int rc = lei_ctx_listen(b->c, host, port, &err);
+    const char *addr = luaL_checkstring(L, 2);
+    const char *advertise = luaL_optstring(L, 3, NULL), *toward = luaL_optstring(L, 4, NULL);
+    char err[LEI_ADDR_ERR_MAX];
+    int rc = lei_ctx_listen(b->c, addr, advertise, toward, err);
     if (rc) {
         lua_pushnil(L);
-        lua_pushfstring(L, "cannot listen on %s:%d: %s", host, port, err);
+        lua_pushfstring(L, "cannot listen on %s: %s", addr, err);
         lua_pushstring(L, lei_err_name(rc));
         return 3;
     }
     lua_pushstring(L, lei_ctx_addr(b->c));
-    return 1;
+    lua_pushstring(L, lei_ctx_bound(b->c));
+    return 2;
 }
 
 static int l_addr(lua_State *L) {

@@ -173,7 +173,7 @@ static int parse_hello_exact(const uint8_t *b, size_t n, lei_hello *h, const cha
 }
 
 static void test_hello(void) {
-    uint8_t buf[128], body[128];
+    uint8_t buf[LEI_HELLO_MAX], body[LEI_HELLO_MAX];
     lei_hello h;
     lei_frame f;
     const char *err;
@@ -184,7 +184,7 @@ static void test_hello(void) {
     for (size_t i = 0; i < sizeof incs / sizeof incs[0]; i++) {
         uint8_t type = i & 1 ? LEI_F_HELLO_OK : LEI_F_HELLO;
         n = lei_frame_hello(buf, type, LEI_PROTO_VERSION, incs[i], "127.0.0.1:7700");
-        CHECK(n <= 96);
+        CHECK(n <= LEI_HELLO_MAX);
         CHECK(lei_frame_next(buf, n, 1024, &f, &err) == 1 && f.size == n && f.type == type);
         memset(&h, 0xa5, sizeof h);
         err = NULL;
@@ -199,19 +199,19 @@ static void test_hello(void) {
     CHECK(buf[LEI_FRAME_HDR + 6] == 5 && buf[LEI_FRAME_HDR + 7] == 3);
     CHECK(n == LEI_FRAME_HDR + 8 + 3);
 
-    /* the longest address that fits (63 bytes) roundtrips; a longer one is cut to it */
+    /* the longest address that fits (LEI_ADDR_MAX - 1 bytes) roundtrips; a longer one is cut to it */
     {
-        char addr[100];
+        char addr[LEI_ADDR_MAX + 40];
         memset(addr, 'x', sizeof addr);
         addr[LEI_ADDR_MAX - 1] = '\0';
         n = lei_frame_hello(buf, LEI_F_HELLO, LEI_PROTO_VERSION, UINT64_MAX, addr);
-        CHECK(n <= 96);
+        CHECK(n <= LEI_HELLO_MAX);
         CHECK(lei_frame_next(buf, n, 1024, &f, &err) == 1);
         CHECK(parse_hello_exact(f.body, f.len, &h, &err) == 0 && strcmp(h.addr, addr) == 0);
         memset(addr, 'y', sizeof addr);
         addr[sizeof addr - 1] = '\0';
         n = lei_frame_hello(buf, LEI_F_HELLO, LEI_PROTO_VERSION, UINT64_MAX, addr);
-        CHECK(n <= 96);
+        CHECK(n <= LEI_HELLO_MAX);
         CHECK(lei_frame_next(buf, n, 1024, &f, &err) == 1);
         CHECK(parse_hello_exact(f.body, f.len, &h, &err) == 0 &&
               strlen(h.addr) == LEI_ADDR_MAX - 1);
@@ -290,7 +290,7 @@ static void test_hello(void) {
     CHECK(parse_hello_exact(body, n, &h, &err) == -LEI_E_PROTOCOL &&
           STREQ(err, "bad address in handshake"));
     {
-        char big[80];
+        char big[LEI_ADDR_MAX + 16];
         memset(big, 'z', sizeof big);
         n = hello_body(body, "LECH", 1, 1, LEI_ADDR_MAX, big, LEI_ADDR_MAX);
         err = NULL;

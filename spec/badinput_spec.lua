@@ -417,6 +417,15 @@ for _, kind in ipairs({ "context", "nameserver" }) do
       assert_refused(T, c, "bad address in handshake")
     end)
 
+    it("refuses a HELLO whose address is not one, or not in its canonical spelling", function()
+      -- a second spelling of one address would make a second peer for it
+      for _, a in ipairs{ "localhost:1", "[0::1]:1", "127.0.0.1:01", "unix:rel", "x", "1.2.3.4:0" } do
+        local c = raw_connect(T)
+        c:send(hello(1, a))
+        assert_refused(T, c, "bad address in handshake")
+      end
+    end)
+
     it("refuses an EVENT on a channel that was never bound", function()
       local c = handshaken(T)
       c:send(event(5, lecho.encode({ x = 1 })))

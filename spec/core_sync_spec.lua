@@ -23,7 +23,7 @@ describe("the core's sync path", function()
   local c, ch, calls
   before_each(function()
     c = core.new()
-    assert(c:listen("127.0.0.1", 0))
+    assert(c:listen("127.0.0.1:0"))
     ch = c:channel("127.0.0.1:1/sync")
     c:set_local(ch, true)
     calls = 0
@@ -81,7 +81,7 @@ describe("the core's sync path", function()
 
   it("a remote consumer context acknowledges from C over TCP", function()
     local r = core.new()
-    assert(r:listen("127.0.0.1", 0))
+    assert(r:listen("127.0.0.1:0"))
     local rch = r:channel("127.0.0.1:1/sync")
     r:set_local(rch, true)
     local got = 0

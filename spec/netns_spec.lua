@@ -5,7 +5,9 @@
 -- intervals on both sides, sync waits must fail with that reason instead of
 -- hanging until the heal, the flow must resume after it, and the consumer
 -- must see every producer's events in order, without duplicates, with
--- whatever was lost reported as a counted gap.
+-- whatever was lost reported as a counted gap.  The consumer listens on the
+-- wildcard 0.0.0.0: it must advertise 10.231.0.2, its address on the route
+-- toward the name server, which the producer then dials.
 --
 -- Needs root and a working `ip netns`; skipped (pending) otherwise.  The
 -- namespaces (and with them the veth pair) are deleted after the test, also
@@ -145,7 +147,7 @@ io.stdout:write("ready\n") io.stdout:flush()
 ctx:after(a.duration, function() res.timeout = true ctx:stop() end)
 ctx:run()
 local st = ctx:stats()
-res.logs, res.chan = logs, st.channels[ctx:channel("cut").name]
+res.logs, res.chan, res.addr = logs, st.channels[ctx:channel("cut").name], ctx.addr
 io.stdout:write(cjson.encode(res), "\n") io.stdout:flush()
 ctx:close()
 ]]
@@ -180,7 +182,7 @@ describe("two hosts (network namespaces) and a cut link", function()
     local paddr = S.wait_file(addrfile, "%d+%.%d+%.%d+%.%d+:%d+", 20)
     assert(paddr, "producer did not start: " .. S.errors(prod))
     paddr = paddr:match("[^\n]+")
-    local cons = in_ns(NS_B, CONSUMER, { ns = paddr, listen = IP_B .. ":0", heartbeat = HB, duration = 60 })
+    local cons = in_ns(NS_B, CONSUMER, { ns = paddr, listen = "0.0.0.0:0", heartbeat = HB, duration = 60 })
     assert(S.wait_file(cons.out, "ready", 20), "consumer did not start: " .. S.errors(cons))
     S.write(go, "go")
     S.sleep(2)
@@ -198,6 +200,10 @@ describe("two hosts (network namespaces) and a cut link", function()
     assert(S.wait(cons, 40), "consumer did not finish: " .. S.errors(cons))
     local P = cjson.decode((assert(S.output(prod):match("({.*})"), S.output(prod) .. S.errors(prod))))
     local C = cjson.decode((assert(S.output(cons):match("\n({.*})"), S.output(cons) .. S.errors(cons))))
+
+    -- the wildcard consumer told its address on the veth, and was dialled there
+    assert.truthy(C.addr:match("^" .. IP_B:gsub("%.", "%%.") .. ":%d+$"), C.addr)
+    assert.is_truthy(P.peers[C.addr], cjson.encode(P.peers))
 
     -- detection, on both sides, within two intervals of the cut
     local pd = first_log(P.logs, "no heartbeat from " .. IP_B:gsub("%.", "%%.") .. ":%d+ for")

@@ -6,7 +6,7 @@
 local options = require "lecho.options"
 local Context = require "lecho.context"
 
-local parse_addr = options.parse_addr
+local address = require "lecho.addr"
 
 local Channel = {}
 Channel.__index = Channel
@@ -21,20 +21,13 @@ function Channel.without(list, addr)
 end
 
 function Context:_fullname(name)
-  if type(name) ~= "string" or name == "" then
-    error("lecho: a channel name must be a non-empty string", 3)
-  end
-  local ns, short = name:match("^([^/]+:%d+)/(.+)$")
-  if ns then
-    local h, p = parse_addr(ns, "name server of the channel")
-    ns = h .. ":" .. p
-  else
-    ns, short = self.ns, name
-  end
-  return ns .. "/" .. short, ns, short
+  local ns, short = address.split(name, self.ns)
+  if not ns then error("lecho: " .. short, 3) end
+  return address.join(ns, short), ns, short
 end
 
---- Returns the channel object for name ("ozone" or "host:port/ozone").
+--- Returns the channel object for name ("ozone", "host:port/ozone",
+-- "[v6]:port/ozone" or "unix:/path//ozone": lecho.addr's reference grammar).
 -- opts.create = false: only a channel that has a producer or a consumer (in
 -- any process); else nil, "no such channel: NAME", "notfound" (this asks the
 -- name server, and waits).

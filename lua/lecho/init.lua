@@ -61,8 +61,10 @@ end
 local function now(self) return self.c:now() end
 
 --- Creates the context of this process.
--- opts: nameserver ("host:port"; omitted: a name server runs inside this
--- context), listen ("127.0.0.1:0"), manager (true: act as a channel manager
+-- opts: nameserver (an address: "host:port", "[v6]:port" or "unix:/path";
+-- omitted: a name server runs inside this context), listen ("127.0.0.1:0";
+-- any of those forms, port 0: the OS picks), advertise (the address peers
+-- are told, for a wildcard listen; port 0: the bound port), manager (true: act as a channel manager
 -- registered with opts.nameserver), timeout (control requests, 5 s),
 -- sync_timeout (10 s), queue_limit, policy, batch_bytes, max_string,
 -- max_depth, max_frame, pin_threshold, retry_interval, retry_max, heartbeat,
@@ -71,9 +73,13 @@ local function now(self) return self.c:now() end
 function M.context(opts)
   opts = options.check(opts, options.CONTEXT, "lecho.context", 2)
   local D = options.CONTEXT
-  local host, port = parse_addr(opts.listen or D.listen, "listen address")
+  local listen = parse_addr(opts.listen or D.listen, "listen address", true, 2)
+  local ns = opts.nameserver and parse_addr(opts.nameserver, "nameserver", false, 2)
+  local advertise = opts.advertise and parse_addr(opts.advertise, "advertise address", true, 2)
   local c = core.new(opts)
-  local addr, err = c:listen(host, port)
+  -- addr: what peers are told (advertise, or for a wildcard the address
+  -- this host reaches the name server from); bound: what we listen on
+  local addr, err = c:listen(listen, advertise, ns)
   if not addr then c:close(); error("lecho: " .. err, 2) end
   local self = setmetatable({
     c = c, addr = addr,
@@ -104,12 +110,7 @@ function M.context(opts)
     self.log = function(msg) io.stderr:write(("lecho[%s]: %s\n"):format(addr, msg)) end
   end
   self._send = function(to, msg) self:_send_ctrl(to, msg) end
-  if opts.nameserver then
-    local h, p = parse_addr(opts.nameserver, "nameserver")
-    self.ns = h .. ":" .. p
-  else
-    self.ns = addr
-  end
+  self.ns = ns or addr
   if opts.manager or not opts.nameserver then
     self.reg = registry.new{
       addr = addr, role = opts.manager and opts.nameserver and "manager" or "nameserver",

@@ -1,6 +1,8 @@
 -- lecho.options: the lists the API checks against, in one place: queue
 -- policies, modulator capabilities, and address parsing.
 
+local addr = require "lecho.addr"
+
 local M = {}
 
 -- Capabilities a producer may grant to modulators (doc/modulators.md).
@@ -29,7 +31,7 @@ M.POLICIES = { block = true, drop_oldest = true, drop_newest = true, disconnect 
 -- mistake (`namserver`) and raises at the call with its name: an unknown
 -- option never silently means its default.
 M.CONTEXT = {
-  nameserver = true, listen = "127.0.0.1:0", manager = true, log = true, quiet = true,
+  nameserver = true, listen = "127.0.0.1:0", advertise = true, manager = true, log = true, quiet = true,
   timeout = 5, sync_timeout = 10, linger = 2,
   queue_limit = true, policy = true, batch_bytes = true,
   max_string = true, max_depth = true, max_frame = true, pin_threshold = true,
@@ -60,15 +62,18 @@ function M.check(opts, known, where, level)
   return opts
 end
 
--- "host:port" with host an IPv4 address ("localhost" is taken as 127.0.0.1).
-function M.parse_addr(s, what)
+-- The canonical text of address s (lecho.addr: "a.b.c.d:port",
+-- "localhost:port", "[v6]:port", "unix:/path"; port 0 only when listen is
+-- true); raises "lecho: bad WHAT 'S': why" for the caller of the API
+-- function (level as error's).
+function M.parse_addr(s, what, listen, level)
   if type(s) ~= "string" then
-    error(("lecho: %s must be a \"host:port\" string"):format(what), 3)
+    error(("lecho: %s must be an address string (host:port, [v6]:port or unix:/path)")
+      :format(what), (level or 2) + 1)
   end
-  local host, port = s:match("^([^:/]+):(%d+)$")
-  if not host then error(("lecho: bad %s '%s' (want host:port)"):format(what, s), 3) end
-  if host == "localhost" then host = "127.0.0.1" end
-  return host, tonumber(port)
+  local a, why = addr.parse(s, { listen = listen })
+  if not a then error(("lecho: bad %s '%s': %s"):format(what, s, why), (level or 2) + 1) end
+  return a
 end
 
 return M

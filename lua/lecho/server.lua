@@ -5,19 +5,34 @@
 --
 --   require("lecho.server").main{
 --     prog = "lecho-manager", usage = usage,
---     options = { { "--nameserver", "nameserver", "address", required = true }, ... },
+--     options = { { "--nameserver", "nameserver", "address", required = true },
+--                 { "--listen", "listen", "listen" }, { "--advertise", "advertise", "listen" }, ... },
 --     defaults = { listen = "127.0.0.1:0" },
 --     context = function(opts) return { manager = true, ... } end,  -- lecho.context options
 --     started = function(ctx, opts) return "managing channels for " .. opts.nameserver end,
 --   }
 
+local addr = require "lecho.addr"
+
 local M = {}
 
+-- What an address option takes, for the messages.
+local FORMS = "HOST:PORT, [V6]:PORT or unix:/PATH"
+
 -- What each kind of option value must be; nil, why when it is not.
+-- Addresses come back in their canonical text (lecho.addr).
 local kinds = {
-  address = function(v)
-    if v == "" then return nil, "needs HOST:PORT" end
-    return v
+  address = function(v)                     -- one to dial: port 1-65535
+    if v == "" then return nil, "needs " .. FORMS end
+    local a, why = addr.parse(v)
+    if not a then return nil, ("needs %s (%s)"):format(FORMS, why) end
+    return a
+  end,
+  listen = function(v)                      -- one to listen on or advertise: port 0 too
+    if v == "" then return nil, "needs " .. FORMS end
+    local a, why = addr.parse(v, { listen = true })
+    if not a then return nil, ("needs %s (%s)"):format(FORMS, why) end
+    return a
   end,
   string = function(v)
     if v == "" then return nil, "needs a value" end
@@ -54,7 +69,7 @@ end
 --- Reads argv by spec.options, a list of { flag, key, kind [, alias =,
 -- many =, required =] }: kind is a key of M.kinds, or "flag" for an option
 -- without a value; many: the values go into a list; required: true, or what
--- the value looks like ("HOST:PORT").  `--flag=value` works too.
+-- the value looks like ("ADDRESS").  `--flag=value` works too.
 -- --help/-h print spec.usage and exit 0; anything wrong exits 2 with one
 -- message.  Returns the options table (spec.defaults filled in first).
 function M.parse(argv, spec)
@@ -118,6 +133,7 @@ function M.main(spec)
   local lecho = require "lecho"
   local copts = spec.context(opts)
   copts.listen = opts.listen
+  copts.advertise = opts.advertise
   copts.log = function(msg)
     if not opts.quiet or msg:match("^error") then io.stderr:write(prog, ": ", msg, "\n") end
   end

@@ -3,6 +3,7 @@
 -- quit here; sub, unsub, subs, mod, params, edit in subs.lua.  Each command
 -- has a usage line, a summary for help() and a text for help(cmd).
 local P = require "lecho.repl.pretty"
+local addr = require "lecho.addr"
 
 local M = {}
 
@@ -27,8 +28,8 @@ function M.install(R)
   end
 
   function R.short_name(full)
-    local ns, name = full:match("^([^/]+)/(.+)$")
-    if ns == ctx.ns then return name end
+    local ns, name = addr.split(full)
+    if ns and ns == ctx.ns then return name end
     return full
   end
   local short_name = R.short_name

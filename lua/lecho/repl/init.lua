@@ -18,8 +18,9 @@ local server = require "lecho.server"
 
 local M = {}
 
---- Runs the REPL; returns only through os.exit.  opts: nameserver
--- ("host:port"), code (list of chunks to run first), quiet (no lecho log),
+--- Runs the REPL; returns only through os.exit.  opts: nameserver (an
+-- address: "host:port", "[v6]:port", "unix:/path"), listen and advertise
+-- (lecho.context's), code (list of chunks to run first), quiet (no lecho log),
 -- no_history, json (one JSON object per output line, no line editing).
 function M.main(opts)
   local R = {
@@ -96,7 +97,7 @@ function M.main(opts)
   local started = false     -- logs before the name server answered say nothing new
   do
     local ok, c, cerr = pcall(lecho.context, {   -- (raises, or returns nil, err)
-      nameserver = opts.nameserver,
+      nameserver = opts.nameserver, listen = opts.listen, advertise = opts.advertise,
       log = function(msg)
         if opts.quiet or not started then return end
         if R.json then return R.json.emit{ log = msg } end

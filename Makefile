@@ -18,7 +18,7 @@ LUA_SRC    := core/codec_lua.c core/moe.c core/lua_ctx.c core/lua_hook.c core/lu
               core/lua_moe.c core/lua_loop.c
 HDRS       := $(wildcard core/*.h)
 SO         := lua/lecho/core.so
-CTESTS     := build/test_codec build/test_frame build/test_ctx
+CTESTS     := build/test_codec build/test_frame build/test_ctx build/test_errors
 
 # Debian packages the project needs, by the file that proves each is there.
 DEPS := /usr/bin/luajit:luajit \
@@ -108,8 +108,8 @@ ctest: $(CTESTS) $(SO)
 # loads the Lua layer.  build/liblecho.so finds the Lua files of this
 # checkout; the installed one (build/inst/) those of INST_LUADIR/INST_LIBDIR.
 LECHO_LIBS := -lluajit-5.1
-LECHO_SRC  := core/lecho.c core/lecho_value.c
-build/liblecho.so: $(LECHO_SRC) core/lecho.h core/lecho_int.h | build
+LECHO_SRC  := core/lecho.c core/lecho_value.c core/errors.c
+build/liblecho.so: $(LECHO_SRC) core/lecho.h core/lecho_int.h core/errors.h | build
 	$(CC) $(ALLCFLAGS) -shared -o $@ $(LECHO_SRC) \
 	  -DLECHO_LUA_DIR='"$(CURDIR)/lua"' -DLECHO_LUA_CDIR='"$(CURDIR)/lua"' $(LECHO_LIBS) $(LDFLAGS)
 
@@ -117,6 +117,10 @@ liblecho: build/liblecho.so $(SO)
 
 build/test_ctx: core/test_ctx.c core/lecho.h core/test.h build/liblecho.so | build
 	$(CC) $(ALLCFLAGS) -o $@ core/test_ctx.c -Lbuild -llecho -Wl,-rpath,$(CURDIR)/build -lpthread $(LDFLAGS)
+
+# errors.c is compiled in as well: lei_err_name is hidden in liblecho.
+build/test_errors: core/test_errors.c core/errors.c core/errors.h core/lecho.h core/test.h build/liblecho.so | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test_errors.c core/errors.c -Lbuild -llecho -Wl,-rpath,$(CURDIR)/build $(LDFLAGS)
 
 # busted runs under LuaJIT with the tree's own module paths first.
 SPEC_ENV := LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;" \

@@ -68,15 +68,16 @@ function M.wait_file(path, pattern, timeout)
   return P.wait_file(path, pattern, timeout)
 end
 
---- Starts scripts/lecho-nameserver on a port chosen by the OS; returns the
+--- Starts scripts/lecho-nameserver on a port chosen by the OS (for at most
+-- 120 s); extra: more of its options, one string ("--quiet").  Returns the
 -- child and its address.
 function M.nameserver(extra)
-  local pf = M.tmpname("ns-addr")
-  local child = M.spawn(("%s %s/scripts/lecho-nameserver --listen 127.0.0.1:0 --port-file %s --for 120 --settle 0 %s")
-    :format(M.luajit, M.root, pf, extra or ""))
-  local addr = M.wait_file(pf, "%d+%.%d+%.%d+%.%d+:%d+")
+  local args = { "--for", "120", "--settle", "0" }
+  for w in (extra or ""):gmatch("%S+") do args[#args + 1] = w end
+  local child, addr = P.nameserver{ root = M.root, luajit = M.luajit, port_file = M.tmpname("ns-addr"),
+                                    args = args, start = function(argv) return M.spawn(P.sh_join(argv)) end }
   assert(addr, "name server did not start: " .. M.errors(child))
-  return child, addr:match("[^\n]+")
+  return child, addr
 end
 
 --- Kills every child still running and removes the temporary files.

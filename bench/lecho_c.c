@@ -282,17 +282,6 @@ int main(int argc, char **argv)
     lei_ctx_free(c);
     if (reap_child())
         return 1;
-    printf("{\"impl\":\"lecho_c\",\"workload\":\"%s\",\"size\":%zu,\"n\":%llu,"
-           "\"warmup\":%llu,\"seconds\":%.6f,\"us_per_op\":%.3f,"
-           "\"ops_per_s\":%.1f,\"mb_per_s\":%.2f",
-           wname, size, (unsigned long long)nops, (unsigned long long)warmup, secs,
-           secs * 1e6 / (double)nops, (double)nops / secs,
-           (double)nops * (double)size / 1e6 / secs);
-    if (samples) {
-        qsort(samples, nops, sizeof(double), cmp_double);
-        printf(",\"p50_us\":%.3f,\"p99_us\":%.3f", percentile(samples, nops, 0.50) * 1e6,
-               percentile(samples, nops, 0.99) * 1e6);
-    }
-    printf("}\n");
-    return fflush(stdout) == 0 ? 0 : 1;
+    print_result("lecho_c", wname, size, nops, warmup, secs);
+    return print_result_end(samples, nops);
 }

@@ -29,6 +29,16 @@ function M.tmpname(stem)
   return ("%s/%s-%d"):format(M.tmpdir(), stem or "f", seq)
 end
 
+--- Runs `cmd` (a shell command) to its end, stdout and stderr to a file:
+-- true when it exited 0, the output (both streams), the exit code.
+function M.sh(cmd)
+  local log = M.tmpname("sh")
+  local r1, _, r3 = os.execute(("%s >%s 2>&1"):format(cmd, sh_quote(log)))
+  -- LuaJIT: the wait status; Lua 5.2+: true/nil, "exit", code.
+  local code = type(r1) == "number" and math.floor(r1 / 256) or r3
+  return code == 0, M.read(log) or "", code
+end
+
 --- Starts `cmd` (a shell command) in the background; stdout and stderr go
 -- to files.  Returns a child { pid, out, err } (spec/support/proc.lua).
 function M.spawn(cmd)

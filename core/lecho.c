@@ -585,15 +585,8 @@ static int op_stats(lua_State *L) {
 
 lecho_value *lecho_stats(lecho_ctx *x) {
     if (!x) return NULL;
-    lecho_value *v = lei_api_h_new(x, sizeof *v, H_VALUE);
-    if (!v) return NULL;
     struct op o = { 0 };
-    if (lei_api_protect(x, op_stats, &o) != 0) {
-        lei_api_h_free(&v->h);
-        return NULL;
-    }
-    v->h.ref = o.i;
-    return v;
+    return lei_api_value_from(x, op_stats, &o);
 }
 
 double lecho_stat(lecho_ctx *x, const char *channel, const char *counter) {

@@ -160,10 +160,10 @@ bench/baseline_zmq: bench/baseline_zmq.c bench/harness.h
 	$(CC) $(CFLAGS) $(WARN) -o $@ $< -lzmq
 
 # The public C API (lecho.h) in the same workloads as lecho_c: the Lua layer included.
-bench/lecho_h: bench/lecho_h.c bench/harness.h core/lecho.h build/liblecho.so
+bench/lecho_h: bench/lecho_h.c bench/harness.h bench/lecho_bench.h core/lecho.h build/liblecho.so
 	$(CC) $(CFLAGS) $(WARN) -Icore -o $@ bench/lecho_h.c -Lbuild -llecho -Wl,-rpath,$(CURDIR)/build
 
-bench/lecho_c: bench/lecho_c.c bench/harness.h $(CORE_SRC) $(HDRS)
+bench/lecho_c: bench/lecho_c.c bench/harness.h bench/lecho_bench.h $(CORE_SRC) $(HDRS)
 	$(CC) $(CFLAGS) $(WARN) -Icore -o $@ bench/lecho_c.c $(CORE_SRC) -lev
 
 # `make install [PREFIX=/usr/local] [DESTDIR=]`: the Lua module tree, the

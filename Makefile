@@ -45,7 +45,7 @@ help:
 	@echo "  make             build the core module ($(SO))"
 	@echo "  make deps        check the Debian packages lecho needs, apt-get install the missing ones"
 	@echo "  make test        deps, build, C unit tests, then the busted specs under LuaJIT"
-	@echo "  make ctest       the C unit tests of codec and framing only"
+	@echo "  make ctest       the C unit tests only: codec, framing, two contexts through lecho.h, error names"
 	@echo "  make spec        the busted specs only (BUSTED_ARGS: e.g. spec/codec_spec.lua)"
 	@echo "  make asan        the same suite with the core built under ASan and UBSan"
 	@echo "  make demo        atmosphere: a simulation and three viewers (full, region, diff), bytes per viewer"

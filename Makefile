@@ -18,7 +18,7 @@ LUA_SRC    := core/codec_lua.c core/moe.c core/lua_ctx.c core/lua_hook.c core/lu
               core/lua_moe.c core/lua_loop.c
 HDRS       := $(wildcard core/*.h)
 SO         := lua/lecho/core.so
-CTESTS     := build/test_codec build/test_frame build/test_ctx build/test_addr
+CTESTS     := build/test_codec build/test_frame build/test_ctx build/test_addr build/test_errors
 
 # Debian packages the project needs, by the file that proves each is there.
 DEPS := /usr/bin/luajit:luajit \
@@ -45,7 +45,7 @@ help:
 	@echo "  make             build the core module ($(SO))"
 	@echo "  make deps        check the Debian packages lecho needs, apt-get install the missing ones"
 	@echo "  make test        deps, build, C unit tests, then the busted specs under LuaJIT"
-	@echo "  make ctest       the C unit tests of codec and framing only"
+	@echo "  make ctest       the C unit tests only: codec, framing, two contexts through lecho.h, error names"
 	@echo "  make spec        the busted specs only (BUSTED_ARGS: e.g. spec/codec_spec.lua)"
 	@echo "  make asan        the same suite with the core built under ASan and UBSan"
 	@echo "  make demo        atmosphere: a simulation and three viewers (full, region, diff), bytes per viewer"
@@ -111,8 +111,8 @@ ctest: $(CTESTS) $(SO)
 # loads the Lua layer.  build/liblecho.so finds the Lua files of this
 # checkout; the installed one (build/inst/) those of INST_LUADIR/INST_LIBDIR.
 LECHO_LIBS := -lluajit-5.1
-LECHO_SRC  := core/lecho.c core/lecho_value.c
-build/liblecho.so: $(LECHO_SRC) core/lecho.h core/lecho_int.h | build
+LECHO_SRC  := core/lecho.c core/lecho_value.c core/errors.c
+build/liblecho.so: $(LECHO_SRC) core/lecho.h core/lecho_int.h core/errors.h | build
 	$(CC) $(ALLCFLAGS) -shared -o $@ $(LECHO_SRC) \
 	  -DLECHO_LUA_DIR='"$(CURDIR)/lua"' -DLECHO_LUA_CDIR='"$(CURDIR)/lua"' $(LECHO_LIBS) $(LDFLAGS)
 
@@ -120,6 +120,10 @@ liblecho: build/liblecho.so $(SO)
 
 build/test_ctx: core/test_ctx.c core/lecho.h core/test.h build/liblecho.so | build
 	$(CC) $(ALLCFLAGS) -o $@ core/test_ctx.c -Lbuild -llecho -Wl,-rpath,$(CURDIR)/build -lpthread $(LDFLAGS)
+
+# errors.c is compiled in as well: lei_err_name is hidden in liblecho.
+build/test_errors: core/test_errors.c core/errors.c core/errors.h core/lecho.h core/test.h build/liblecho.so | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test_errors.c core/errors.c -Lbuild -llecho -Wl,-rpath,$(CURDIR)/build $(LDFLAGS)
 
 # busted runs under LuaJIT with the tree's own module paths first.
 SPEC_ENV := LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;" \
@@ -159,10 +163,10 @@ bench/baseline_zmq: bench/baseline_zmq.c bench/harness.h
 	$(CC) $(CFLAGS) $(WARN) -o $@ $< -lzmq
 
 # The public C API (lecho.h) in the same workloads as lecho_c: the Lua layer included.
-bench/lecho_h: bench/lecho_h.c bench/harness.h core/lecho.h build/liblecho.so
+bench/lecho_h: bench/lecho_h.c bench/harness.h bench/lecho_bench.h core/lecho.h build/liblecho.so
 	$(CC) $(CFLAGS) $(WARN) -Icore -o $@ bench/lecho_h.c -Lbuild -llecho -Wl,-rpath,$(CURDIR)/build
 
-bench/lecho_c: bench/lecho_c.c bench/harness.h $(CORE_SRC) $(HDRS)
+bench/lecho_c: bench/lecho_c.c bench/harness.h bench/lecho_bench.h $(CORE_SRC) $(HDRS)
 	$(CC) $(CFLAGS) $(WARN) -Icore -o $@ bench/lecho_c.c $(CORE_SRC) -lev
 
 # `make install [PREFIX=/usr/local] [DESTDIR=]`: the Lua module tree, the

@@ -533,20 +533,6 @@ int main(int argc, char **argv)
     if (reap_child())
         return 1;
 
-    double secs = res.seconds;
-    printf("{\"impl\":\"tcp\",\"workload\":\"%s\",\"size\":%u,\"n\":%llu,"
-           "\"warmup\":%llu,\"seconds\":%.6f,\"us_per_op\":%.3f,"
-           "\"ops_per_s\":%.1f,\"mb_per_s\":%.2f",
-           wname, size, (unsigned long long)n, (unsigned long long)warmup,
-           secs, secs * 1e6 / (double)n, (double)n / secs,
-           (double)n * (double)size / 1e6 / secs);
-    if (res.samples) {
-        qsort(res.samples, n, sizeof(double), cmp_double);
-        printf(",\"p50_us\":%.3f,\"p99_us\":%.3f",
-               percentile(res.samples, n, 0.50) * 1e6,
-               percentile(res.samples, n, 0.99) * 1e6);
-        free(res.samples);
-    }
-    printf("}\n");
-    return fflush(stdout) == 0 ? 0 : 1;
+    print_result("tcp", wname, size, n, warmup, res.seconds);
+    return print_result_end(res.samples, n);
 }

@@ -507,22 +507,8 @@ int main(int argc, char **argv)
     if (reap_child())
         return 1;
 
-    double secs = res.seconds;
-    printf("{\"impl\":\"zmq\",\"workload\":\"%s\",\"size\":%zu,\"n\":%llu,"
-           "\"warmup\":%llu,\"seconds\":%.6f,\"us_per_op\":%.3f,"
-           "\"ops_per_s\":%.1f,\"mb_per_s\":%.2f",
-           wname, r.size, (unsigned long long)r.n,
-           (unsigned long long)r.warmup, secs, secs * 1e6 / (double)r.n,
-           (double)r.n / secs, (double)r.n * (double)r.size / 1e6 / secs);
+    print_result("zmq", wname, r.size, r.n, r.warmup, res.seconds);
     if (r.hwm >= 0)
         printf(",\"hwm\":%d", r.hwm);
-    if (res.samples) {
-        qsort(res.samples, r.n, sizeof(double), cmp_double);
-        printf(",\"p50_us\":%.3f,\"p99_us\":%.3f",
-               percentile(res.samples, r.n, 0.50) * 1e6,
-               percentile(res.samples, r.n, 0.99) * 1e6);
-        free(res.samples);
-    }
-    printf("}\n");
-    return fflush(stdout) == 0 ? 0 : 1;
+    return print_result_end(res.samples, r.n);
 }

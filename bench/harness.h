@@ -257,4 +257,33 @@ static int reap_child(void)
     return 0;
 }
 
+/* Parent, at the end of a run: the result line every benchmark program
+ * prints on stdout (bench/run.lua reads it), in two halves so that a
+ * program can put fields of its own between them.  print_result opens it
+ * with the common figures; print_result_end adds the latency percentiles of
+ * samples (n per-operation times in seconds, from xmalloc: sorted and
+ * freed here; NULL: none), closes it and returns the exit code (1 when
+ * stdout failed). */
+static void print_result(const char *impl, const char *workload, size_t size, uint64_t n,
+                         uint64_t warmup, double secs)
+{
+    printf("{\"impl\":\"%s\",\"workload\":\"%s\",\"size\":%zu,\"n\":%llu,"
+           "\"warmup\":%llu,\"seconds\":%.6f,\"us_per_op\":%.3f,"
+           "\"ops_per_s\":%.1f,\"mb_per_s\":%.2f",
+           impl, workload, size, (unsigned long long)n, (unsigned long long)warmup, secs,
+           secs * 1e6 / (double)n, (double)n / secs, (double)n * (double)size / 1e6 / secs);
+}
+
+static int print_result_end(double *samples, uint64_t n)
+{
+    if (samples) {
+        qsort(samples, n, sizeof(double), cmp_double);
+        printf(",\"p50_us\":%.3f,\"p99_us\":%.3f", percentile(samples, n, 0.50) * 1e6,
+               percentile(samples, n, 0.99) * 1e6);
+        free(samples);
+    }
+    printf("}\n");
+    return fflush(stdout) == 0 ? 0 : 1;
+}
+
 #endif

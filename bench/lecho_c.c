@@ -43,28 +43,10 @@
 
 #include "harness.h"
 
-enum workload { W_PINGPONG, W_STREAM };
+#include "lecho_bench.h"
 
-static enum workload wl;
-static uint64_t warmup, nops;
-static size_t size;
-static int ctl_fd = -1;            /* child: write end of the control pipe */
-static uint64_t received;          /* child: events handled */
 static volatile int child_done;    /* child: the producer went away */
 static char *payload;
-
-static void usage(void)
-{
-    fprintf(stderr, "usage: " PROG " [--warmup K] pingpong|stream SIZE N\n");
-    exit(2);
-}
-
-static void ctl_signal(char c)
-{
-    while (write(ctl_fd, &c, 1) != 1)
-        if (errno != EINTR)
-            die("control pipe write: %s", strerror(errno));
-}
 
 /* Child: the consumer's event hook.  Acknowledges sync events like the Lua
  * binding does (one handler ran, no errors). */
@@ -130,10 +112,7 @@ static void child_main(int addr_fd)
     lei_ctx *c = make_ctx();
     uint32_t id = lei_chan_open(c, "bench", 5);
     lei_chan_get(c, id)->local = 1;
-    size_t l = strlen(c->addr);
-    if (write(addr_fd, c->addr, l + 1) != (ssize_t)(l + 1))
-        die("address pipe write: %s", strerror(errno));
-    close(addr_fd);
+    send_addr(addr_fd, c->addr);
     while (!child_done)
         ev_run(c->loop, EVRUN_ONCE);
     lei_ctx_free(c);
@@ -154,8 +133,20 @@ static lei_msg *make_msg(void)
     return m;
 }
 
-static void submit(lei_ctx *c, uint32_t chid, uint64_t seq, int sync)
+/* Parent: what a run needs (struct bench_parent's ud). */
+struct parent {
+    lei_ctx *c;
+    uint32_t chid;
+    uint64_t seq;
+    ev_io ctl; /* the control pipe's read end */
+};
+
+static void submit(void *ud, int sync)
 {
+    struct parent *pa = ud;
+    lei_ctx *c = pa->c;
+    uint32_t chid = pa->chid;
+    uint64_t seq = ++pa->seq;
     lei_msg *m = make_msg();
     const char *err = NULL;
     uint64_t sid = 0;
@@ -190,8 +181,11 @@ static void ctl_cb(struct ev_loop *loop, ev_io *w, int revents)
     ev_break(loop, EVBREAK_ONE);
 }
 
-static void wait_ctl(lei_ctx *c, ev_io *w, char want)
+static void wait_ctl(void *ud, char want)
 {
+    struct parent *pa = ud;
+    lei_ctx *c = pa->c;
+    ev_io *w = &pa->ctl;
     ctl_got = 0;
     ev_io_start(c->loop, w);
     while (ctl_got == 0)
@@ -201,98 +195,36 @@ static void wait_ctl(lei_ctx *c, ev_io *w, char want)
         die("control pipe: got '%c', expected '%c'", ctl_got, want);
 }
 
+static void flush(void *ud)
+{
+    lei_flush(((struct parent *)ud)->c);
+}
+
 int main(int argc, char **argv)
 {
-    static const char *const names[] = {"pingpong", "stream", NULL};
-    static const uint64_t def_warmup[] = {1000, 10000};
-    struct bench_args a;
-    parse_args(argc, argv, names, def_warmup, 0, 1u << 30, &a);
-    wl = a.workload == 0 ? W_PINGPONG : W_STREAM;
-    const char *wname = names[a.workload];
-    size = (size_t)a.size;
-    nops = a.n;
-    warmup = a.warmup;
+    const char *wname = lecho_bench_args(argc, argv);
     payload = xmalloc(size);
 
     setup_signals();
 
-    int addr_pipe[2], ctl_pipe[2];
-    if (pipe(addr_pipe) < 0 || pipe(ctl_pipe) < 0)
-        die("pipe: %s", strerror(errno));
-    pid_t pid = fork_peer();
-    if (pid == 0) {
-        close(addr_pipe[0]);
-        close(ctl_pipe[0]);
-        ctl_fd = ctl_pipe[1];
-        child_main(addr_pipe[1]);
-    }
-    child_pid = pid;
-    close(addr_pipe[1]);
-    close(ctl_pipe[1]);
-
+    int addr_fd, ctl_rfd;
+    fork_consumer(1, &addr_fd, &ctl_rfd);
     char addr[LEI_ADDR_MAX];
-    size_t got = 0;
-    for (;;) {
-        ssize_t r = read(addr_pipe[0], addr + got, 1);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            die("child did not send its address");
-        if (addr[got] == '\0')
-            break;
-        if (++got == sizeof addr)
-            die("address too long");
-    }
-    close(addr_pipe[0]);
+    read_addr(addr_fd, addr, sizeof addr, "child");
 
-    lei_ctx *c = make_ctx();
-    uint32_t chid = lei_chan_open(c, "bench", 5);
+    struct parent pa = { .c = make_ctx() };
+    lei_ctx *c = pa.c;
+    pa.chid = lei_chan_open(c, "bench", 5);
     const char *dests[1] = { addr };
-    lei_chan_set_dests(c, chid, dests, 1);
-    ev_io ctl;
-    ev_io_init(&ctl, ctl_cb, ctl_pipe[0], EV_READ);
+    lei_chan_set_dests(c, pa.chid, dests, 1);
+    ev_io_init(&pa.ctl, ctl_cb, ctl_rfd, EV_READ);
 
-    double *samples = NULL;
-    double t0 = 0, secs;
-    uint64_t seq = 0;
-    if (wl == W_PINGPONG) {
-        samples = xmalloc(nops * sizeof(double));
-        for (uint64_t i = 0; i < warmup + nops; i++) {
-            if (i == warmup)
-                t0 = now_s();
-            double a = now_s();
-            submit(c, chid, ++seq, 1);
-            if (i >= warmup)
-                samples[i - warmup] = now_s() - a;
-        }
-        secs = now_s() - t0;
-    } else {
-        /* The first event waits for the connection (sync), then the stream. */
-        for (uint64_t i = 0; i < warmup; i++)
-            submit(c, chid, ++seq, i == 0);
-        if (warmup > 0)
-            wait_ctl(c, &ctl, 'W');
-        t0 = now_s();
-        for (uint64_t i = 0; i < nops; i++)
-            submit(c, chid, ++seq, warmup == 0 && i == 0);
-        lei_flush(c);
-        wait_ctl(c, &ctl, 'D');
-        secs = now_s() - t0;
-    }
+    const struct bench_parent bp = { &pa, submit, wait_ctl, flush };
+    double *samples;
+    double secs = run_workload(&bp, &samples);
     lei_ctx_free(c);
     if (reap_child())
         return 1;
-    printf("{\"impl\":\"lecho_c\",\"workload\":\"%s\",\"size\":%zu,\"n\":%llu,"
-           "\"warmup\":%llu,\"seconds\":%.6f,\"us_per_op\":%.3f,"
-           "\"ops_per_s\":%.1f,\"mb_per_s\":%.2f",
-           wname, size, (unsigned long long)nops, (unsigned long long)warmup, secs,
-           secs * 1e6 / (double)nops, (double)nops / secs,
-           (double)nops * (double)size / 1e6 / secs);
-    if (samples) {
-        qsort(samples, nops, sizeof(double), cmp_double);
-        printf(",\"p50_us\":%.3f,\"p99_us\":%.3f", percentile(samples, nops, 0.50) * 1e6,
-               percentile(samples, nops, 0.99) * 1e6);
-    }
-    printf("}\n");
-    return fflush(stdout) == 0 ? 0 : 1;
+    print_result("lecho_c", wname, size, nops, warmup, secs);
+    return print_result_end(samples, nops);
 }

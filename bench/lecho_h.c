@@ -41,27 +41,9 @@
 
 #include "harness.h"
 
-enum workload { W_PINGPONG, W_STREAM };
+#include "lecho_bench.h"
 
-static enum workload wl;
-static uint64_t warmup, nops;
-static size_t size;
-static int ctl_fd = -1;  /* child: write end of the control pipe */
-static uint64_t received; /* child: events handled */
-static int child_done;    /* child: the parent's `true` arrived */
-
-static void usage(void)
-{
-    fprintf(stderr, "usage: " PROG " [--warmup K] pingpong|stream SIZE N\n");
-    exit(2);
-}
-
-static void ctl_signal(char c)
-{
-    while (write(ctl_fd, &c, 1) != 1)
-        if (errno != EINTR)
-            die("control pipe write: %s", strerror(errno));
-}
+static int child_done; /* child: the parent's `true` arrived */
 
 /* Child: the consumer's handler. */
 static const char *on_event(const lecho_value *ev, const lecho_meta *meta, void *ud)
@@ -97,19 +79,7 @@ static lecho_ctx *open_ctx(const char *ns)
 static void child_main(int addr_fd)
 {
     char addr[128];
-    size_t got = 0;
-    for (;;) {
-        ssize_t r = read(addr_fd, addr + got, 1);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            die("parent did not send its address");
-        if (addr[got] == '\0')
-            break;
-        if (++got == sizeof addr)
-            die("address too long");
-    }
-    close(addr_fd);
+    read_addr(addr_fd, addr, sizeof addr, "parent");
     lecho_ctx *c = open_ctx(addr);
     lecho_consumer *con;
     if (lecho_consumer_open(lecho_channel_get(c, "bench"), on_event, c, &con))
@@ -122,8 +92,19 @@ static void child_main(int addr_fd)
 }
 
 /* Parent: serves its loop until the child says want on the control pipe. */
-static void wait_ctl(lecho_ctx *c, int fd, char want)
+/* Parent: what a run needs (struct bench_parent's ud). */
+struct parent {
+    lecho_ctx *c;
+    lecho_producer *p;
+    lecho_value *v;
+    int ctl_fd; /* the control pipe's read end, non-blocking */
+};
+
+static void wait_ctl(void *ud, char want)
 {
+    struct parent *pa = ud;
+    lecho_ctx *c = pa->c;
+    int fd = pa->ctl_fd;
     for (;;) {
         char ch;
         ssize_t r = read(fd, &ch, 1);
@@ -140,8 +121,11 @@ static void wait_ctl(lecho_ctx *c, int fd, char want)
     }
 }
 
-static void submit(lecho_producer *p, const lecho_value *v, int sync)
+static void submit(void *ud, int sync)
 {
+    struct parent *pa = ud;
+    lecho_producer *p = pa->p;
+    const lecho_value *v = pa->v;
     int rc;
     lecho_errors *errs = NULL;
     if (sync)
@@ -152,91 +136,41 @@ static void submit(lecho_producer *p, const lecho_value *v, int sync)
         die("submit: %s: %s", lecho_strerror(rc), errs ? lecho_errors_text(errs) : "");
 }
 
+static void flush(void *ud)
+{
+    lecho_flush(((struct parent *)ud)->p);
+}
+
 int main(int argc, char **argv)
 {
-    static const char *const names[] = {"pingpong", "stream", NULL};
-    static const uint64_t def_warmup[] = {1000, 10000};
-    struct bench_args a;
-    parse_args(argc, argv, names, def_warmup, 0, 1u << 30, &a);
-    wl = a.workload == 0 ? W_PINGPONG : W_STREAM;
-    const char *wname = names[a.workload];
-    size = (size_t)a.size;
-    nops = a.n;
-    warmup = a.warmup;
+    const char *wname = lecho_bench_args(argc, argv);
     char *payload = xmalloc(size ? size : 1);
     memset(payload, 'x', size);
 
     setup_signals();
 
-    int addr_pipe[2], ctl_pipe[2];
-    if (pipe(addr_pipe) < 0 || pipe(ctl_pipe) < 0)
-        die("pipe: %s", strerror(errno));
-    pid_t pid = fork_peer();
-    if (pid == 0) {
-        close(addr_pipe[1]);
-        close(ctl_pipe[0]);
-        ctl_fd = ctl_pipe[1];
-        child_main(addr_pipe[0]);
-    }
-    child_pid = pid;
-    close(addr_pipe[0]);
-    close(ctl_pipe[1]);
-    fcntl(ctl_pipe[0], F_SETFL, O_NONBLOCK);
+    int addr_fd;
+    struct parent pa;
+    fork_consumer(0, &addr_fd, &pa.ctl_fd);
+    fcntl(pa.ctl_fd, F_SETFL, O_NONBLOCK);
 
-    lecho_ctx *c = open_ctx(NULL);
-    const char *addr = lecho_address(c);
-    if (write(addr_pipe[1], addr, strlen(addr) + 1) != (ssize_t)(strlen(addr) + 1))
-        die("address pipe write: %s", strerror(errno));
-    close(addr_pipe[1]);
-    wait_ctl(c, ctl_pipe[0], 'R');
-    lecho_producer *p;
-    if (lecho_producer_open(lecho_channel_get(c, "bench"), NULL, &p))
+    lecho_ctx *c = pa.c = open_ctx(NULL);
+    send_addr(addr_fd, lecho_address(c));
+    wait_ctl(&pa, 'R');
+    if (lecho_producer_open(lecho_channel_get(c, "bench"), NULL, &pa.p))
         die("producer: %s", lecho_errmsg(c));
-    lecho_value *v = lecho_value_new(c);
+    lecho_value *v = pa.v = lecho_value_new(c);
     if (!v || (size && lecho_set_string(v, NULL, payload, size)))
         die("out of memory");
 
-    double *samples = NULL;
-    double t0 = 0, secs;
-    if (wl == W_PINGPONG) {
-        samples = xmalloc(nops * sizeof(double));
-        for (uint64_t i = 0; i < warmup + nops; i++) {
-            if (i == warmup)
-                t0 = now_s();
-            double s = now_s();
-            submit(p, v, 1);
-            if (i >= warmup)
-                samples[i - warmup] = now_s() - s;
-        }
-        secs = now_s() - t0;
-    } else {
-        for (uint64_t i = 0; i < warmup; i++)
-            submit(p, v, i == 0);
-        if (warmup > 0)
-            wait_ctl(c, ctl_pipe[0], 'W');
-        t0 = now_s();
-        for (uint64_t i = 0; i < nops; i++)
-            submit(p, v, warmup == 0 && i == 0);
-        lecho_flush(p);
-        wait_ctl(c, ctl_pipe[0], 'D');
-        secs = now_s() - t0;
-    }
+    const struct bench_parent bp = { &pa, submit, wait_ctl, flush };
+    double *samples;
+    double secs = run_workload(&bp, &samples);
     lecho_set_bool(v, NULL, 1);
-    submit(p, v, 0);
+    submit(&pa, 0);
     lecho_close(c, 2);
     if (reap_child())
         return 1;
-    printf("{\"impl\":\"lecho_h\",\"workload\":\"%s\",\"size\":%zu,\"n\":%llu,"
-           "\"warmup\":%llu,\"seconds\":%.6f,\"us_per_op\":%.3f,"
-           "\"ops_per_s\":%.1f,\"mb_per_s\":%.2f",
-           wname, size, (unsigned long long)nops, (unsigned long long)warmup, secs,
-           secs * 1e6 / (double)nops, (double)nops / secs,
-           (double)nops * (double)size / 1e6 / secs);
-    if (samples) {
-        qsort(samples, nops, sizeof(double), cmp_double);
-        printf(",\"p50_us\":%.3f,\"p99_us\":%.3f", percentile(samples, nops, 0.50) * 1e6,
-               percentile(samples, nops, 0.99) * 1e6);
-    }
-    printf("}\n");
-    return fflush(stdout) == 0 ? 0 : 1;
+    print_result("lecho_h", wname, size, nops, warmup, secs);
+    return print_result_end(samples, nops);
 }

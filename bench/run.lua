@@ -471,15 +471,19 @@ end
 -- the report channel included: points above 4096 get a name server of their
 -- own (scripts/lecho-nameserver), with channels named "host:port/name".
 local function own_nameserver()
-  local pf = tmpdir .. "/ns2-addr"
-  local child = spawn(("%s %s/scripts/lecho-nameserver --listen 127.0.0.1:0 --port-file %s --for 240 --quiet")
-    :format(LUAJIT, ROOT, pf), "ns2")
-  local s = proc.wait_file(pf, "%d+%.%d+%.%d+%.%d+:%d+", 20, function(dt)
-    ctx:run_once(dt)
-    return exited(child)
-  end)
-  assert(s, "second name server did not start: " .. child_errors(child))
-  return child, s:match("%d+%.%d+%.%d+%.%d+:%d+")
+  local child
+  local _, addr = proc.nameserver{
+    root = ROOT, luajit = LUAJIT, port_file = tmpdir .. "/ns2-addr", args = { "--for", "240", "--quiet" },
+    start = function(argv)
+      child = spawn(proc.sh_join(argv), "ns2")
+      return child
+    end,
+    timeout = 20, poll = function(dt)
+      ctx:run_once(dt)
+      return exited(child)
+    end }
+  assert(addr, "second name server did not start: " .. child_errors(child))
+  return child, addr
 end
 
 local function channels_point(res, k, prefix)

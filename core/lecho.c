@@ -10,6 +10,7 @@
  * Handles keep their Lua object in the registry (h.ref); values are in
  * lecho_value.c, the shared structs in lecho_int.h.
  */
+#include "errors.h"
 #include "lecho_int.h"
 
 #include <lualib.h>
@@ -24,19 +25,36 @@
 #define LECHO_LUA_CDIR "/usr/local/lib/lua/5.1"
 #endif
 
-static const char *const code_names[] = {
-    "success", "timeout", "closed", "refused", "limit", "wouldblock", "invalid",
-    "notfound", "io", "protocol", "nomem", "failed",
-};
-#define NCODES ((int)(sizeof code_names / sizeof code_names[0]))
+/* lecho.h's LECHO_E* codes are errors.h's LEI_E_* under public names: the
+ * same numbers, so a code passes between the two unchanged and one table
+ * (errors.c) names them.  A code added to one list and not the other stops
+ * the build here. */
+#define LECHO_SAME(pub, core) _Static_assert((int)(pub) == (int)(core), #pub " must equal " #core)
+LECHO_SAME(LECHO_OK, LEI_OK);
+LECHO_SAME(LECHO_ETIMEOUT, LEI_E_TIMEOUT);
+LECHO_SAME(LECHO_ECLOSED, LEI_E_CLOSED);
+LECHO_SAME(LECHO_EREFUSED, LEI_E_REFUSED);
+LECHO_SAME(LECHO_ELIMIT, LEI_E_LIMIT);
+LECHO_SAME(LECHO_EWOULDBLOCK, LEI_E_WOULDBLOCK);
+LECHO_SAME(LECHO_EINVAL, LEI_E_INVALID);
+LECHO_SAME(LECHO_ENOTFOUND, LEI_E_NOTFOUND);
+LECHO_SAME(LECHO_EIO, LEI_E_IO);
+LECHO_SAME(LECHO_EPROTOCOL, LEI_E_PROTOCOL);
+LECHO_SAME(LECHO_ENOMEM, LEI_E_NOMEM);
+LECHO_SAME(LECHO_EFAILED, LEI_E_FAILED);
+LECHO_SAME(LECHO_EFAILED + 1, LEI_E_MAX);
+#undef LECHO_SAME
 
 const char *lecho_strerror(int code) {
-    return code >= 0 && code < NCODES ? code_names[code] : "unknown";
+    if (code == LECHO_OK) return "success";
+    return code > 0 && code < LEI_E_MAX ? lei_err_name(code) : "unknown";
 }
 
+/* The code of a Lua error code name ("timeout", ...); LECHO_EFAILED for
+ * anything else. */
 static int code_of(const char *name) {
-    for (int i = 1; name && i < NCODES; i++)
-        if (strcmp(name, code_names[i]) == 0) return i;
+    for (int i = 1; name && i < LEI_E_MAX; i++)
+        if (strcmp(name, lei_err_name(i)) == 0) return i;
     return LECHO_EFAILED;
 }
 
@@ -567,15 +585,8 @@ static int op_stats(lua_State *L) {
 
 lecho_value *lecho_stats(lecho_ctx *x) {
     if (!x) return NULL;
-    lecho_value *v = lei_api_h_new(x, sizeof *v, H_VALUE);
-    if (!v) return NULL;
     struct op o = { 0 };
-    if (lei_api_protect(x, op_stats, &o) != 0) {
-        lei_api_h_free(&v->h);
-        return NULL;
-    }
-    v->h.ref = o.i;
-    return v;
+    return lei_api_value_from(x, op_stats, &o);
 }
 
 double lecho_stat(lecho_ctx *x, const char *channel, const char *counter) {

@@ -98,6 +98,9 @@ int lei_api_protect(lecho_ctx *x, lua_CFunction f, struct op *o);
  * top; 0 with its results from *base on, or the code of nil, msg, code. */
 int lei_api_glue_call(lua_State *L, lecho_ctx *x, const char *name, int nargs, int *base);
 void lei_api_push_ref(lua_State *L, int ref);
+/* A new value handle (owned by x) holding the registry ref that op, run
+ * under lei_api_protect, leaves in o->i; NULL if either fails. */
+lecho_value *lei_api_value_from(lecho_ctx *x, lua_CFunction op, struct op *o);
 /* Pushes what the value handle v holds. */
 void lei_api_push_slot(lua_State *L, const lecho_value *v);
 

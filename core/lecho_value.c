@@ -16,17 +16,21 @@ static int op_box(lua_State *L) {
     return 0;
 }
 
-lecho_value *lecho_value_new(lecho_ctx *x) {
-    if (!x) return NULL;
+lecho_value *lei_api_value_from(lecho_ctx *x, lua_CFunction op, struct op *o) {
     lecho_value *v = lei_api_h_new(x, sizeof *v, H_VALUE);
     if (!v) return NULL;
-    struct op o = { 0 };
-    if (lei_api_protect(x, op_box, &o) != 0) {
+    if (lei_api_protect(x, op, o) != 0) {
         lei_api_h_free(&v->h);
         return NULL;
     }
-    v->h.ref = o.i;
+    v->h.ref = o->i;
     return v;
+}
+
+lecho_value *lecho_value_new(lecho_ctx *x) {
+    if (!x) return NULL;
+    struct op o = { 0 };
+    return lei_api_value_from(x, op_box, &o);
 }
 
 void lecho_value_free(lecho_value *v) {
@@ -245,16 +249,8 @@ static int op_field(lua_State *L) {
 
 lecho_value *lecho_field(const lecho_value *v, const char *key, size_t index) {
     if (!v || (!key && index >= 0x7fffffff)) return NULL;
-    lecho_ctx *x = v->h.ctx;
-    lecho_value *f = lei_api_h_new(x, sizeof *f, H_VALUE);
-    if (!f) return NULL;
     struct op o = { .a = v, .key = key, .idx = index };
-    if (lei_api_protect(x, op_field, &o) != 0) {
-        lei_api_h_free(&f->h);
-        return NULL;
-    }
-    f->h.ref = o.i;
-    return f;
+    return lei_api_value_from(v->h.ctx, op_field, &o);
 }
 
 struct each_args {

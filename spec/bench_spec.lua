@@ -18,12 +18,9 @@ describe("make bench QUICK=1", function()
 
   setup(function()
     dir = support.tmpdir() .. "/bench-results"
-    local log = support.tmpname("bench-log")
-    local cmd = ("cd %s && timeout -k 5 150 make bench QUICK=1 BENCH_RESULTS=%s >%s 2>&1")
-      :format(support.sh_quote(support.root), support.sh_quote(dir), support.sh_quote(log))
-    local r1, _, r3 = os.execute(cmd)
-    rc = type(r1) == "number" and r1 or r3 -- LuaJIT: status; Lua 5.2+: true/nil, "exit", code
-    out = support.read(log) or ""
+    local _
+    _, out, rc = support.sh(("cd %s && timeout -k 5 150 make bench QUICK=1 BENCH_RESULTS=%s")
+      :format(support.sh_quote(support.root), support.sh_quote(dir)))
     local s = support.read(dir .. "/results.json")
     doc = s and cjson.decode(s)
   end)
@@ -92,11 +89,9 @@ describe("the bench scripts' --help", function()
 
   -- Runs a bench script under luajit; its exit code and output (both streams).
   local function run(script, args, env)
-    local out = support.tmpname("help")
-    local cmd = ("cd %s && %s timeout -k 2 20 %s bench/%s %s >%s 2>&1")
-      :format(support.sh_quote(support.root), env or "", support.luajit, script, args, out)
-    local r1, _, r3 = os.execute(cmd)
-    return type(r1) == "number" and math.floor(r1 / 256) or r3, support.read(out) or ""
+    local _, out, code = support.sh(("cd %s && %s timeout -k 2 20 %s bench/%s %s")
+      :format(support.sh_quote(support.root), env or "", support.luajit, script, args))
+    return code, out
   end
 
   it("bench/run.lua --help prints the usage and exits 0 without starting the benchmark", function()

@@ -5,11 +5,7 @@
 -- event with a bad key comes back to the viewer as the simulation's error.
 local S = require "spec.support"
 
-local function sh(cmd)
-  local log = S.tmpname("sh")
-  local ok = os.execute(("%s >%s 2>&1"):format(cmd, log))
-  return ok == 0 or ok == true, S.read(log) or ""
-end
+local sh = S.sh
 
 describe("the C example", function()
   local prefix, heat, env

@@ -5,11 +5,7 @@
 -- installs no C API unless told where.
 local S = require "spec.support"
 
-local function sh(cmd)
-  local log = S.tmpname("sh")
-  local ok = os.execute(("%s >%s 2>&1"):format(cmd, log))
-  return ok == 0 or ok == true, S.read(log) or ""
-end
+local sh = S.sh
 
 -- Nothing of the checkout: no LUA_PATH, LUA_CPATH or LECHO_ROOT.
 local CLEAN = "env -u LUA_PATH -u LUA_CPATH -u LECHO_ROOT -u LECHO_LUA_DIR -u LECHO_LUA_CDIR"

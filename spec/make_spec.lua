@@ -4,9 +4,9 @@
 local S = require "spec.support"
 
 local function make(args)
-  local out = S.tmpname("make")
-  local r1, _, r3 = os.execute(("cd %s && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s --no-print-directory %s >%s 2>&1"):format(S.sh_quote(S.root), args, out))
-  return type(r1) == "number" and math.floor(r1 / 256) or r3, S.read(out) or ""
+  local _, out, code = S.sh(("cd %s && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s --no-print-directory %s")
+    :format(S.sh_quote(S.root), args))
+  return code, out
 end
 
 describe("make help", function()

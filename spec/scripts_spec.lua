@@ -96,9 +96,8 @@ describe("lecho-nameserver, lecho-manager and the other commands", function()
     local out = script("lecho-nameserver", "--listen 127.0.0.1:0 --for 0.5 --settle 0")
     assert.matches("^lecho%-nameserver: listening on 127%.0%.0%.1:%d+\nrc=0\n$", out)
     -- A manager with --quiet and without.
-    local ns2 = S.spawn(("%s %s/scripts/lecho-nameserver --listen 127.0.0.1:0 --port-file %s --for 20 --settle 0 --quiet")
-      :format(S.luajit, S.root, pf .. "2"))
-    addr = S.wait_file(pf .. "2", "%d+:%d+", 20):match("[^\n]+")
+    local ns2
+    ns2, addr = S.nameserver("--quiet")
     assert.are.equal("rc=0\n", script("lecho-manager", ("--nameserver %s --for 0.5 --quiet"):format(addr)))
     assert.matches("^lecho%-manager: 127%.0%.0%.1:%d+ managing channels for " .. addr:gsub("%p", "%%%0") .. "\nrc=0\n$",
       script("lecho-manager", ("--nameserver %s --for 0.5"):format(addr)))
@@ -106,10 +105,7 @@ describe("lecho-nameserver, lecho-manager and the other commands", function()
   end)
 
   it("say what failed with one prefix", function()
-    local pf = S.tmpname("ns")
-    S.spawn(("%s %s/scripts/lecho-nameserver --listen 127.0.0.1:0 --port-file %s --for 20 --settle 0 --quiet")
-      :format(S.luajit, S.root, pf))
-    local addr = S.wait_file(pf, "%d+:%d+", 20):match("[^\n]+")
+    local _, addr = S.nameserver("--quiet")
     assert.are.equal(("lecho-nameserver: cannot listen on %s: bind: Address already in use\nrc=1\n"):format(addr),
       script("lecho-nameserver", "--quiet --listen " .. addr))
     -- a malformed address is a usage error, told by the option reader

@@ -29,6 +29,16 @@ function M.tmpname(stem)
   return ("%s/%s-%d"):format(M.tmpdir(), stem or "f", seq)
 end
 
+--- Runs `cmd` (a shell command) to its end, stdout and stderr to a file:
+-- true when it exited 0, the output (both streams), the exit code.
+function M.sh(cmd)
+  local log = M.tmpname("sh")
+  local r1, _, r3 = os.execute(("%s >%s 2>&1"):format(cmd, sh_quote(log)))
+  -- LuaJIT: the wait status; Lua 5.2+: true/nil, "exit", code.
+  local code = type(r1) == "number" and math.floor(r1 / 256) or r3
+  return code == 0, M.read(log) or "", code
+end
+
 --- Starts `cmd` (a shell command) in the background; stdout and stderr go
 -- to files.  Returns a child { pid, out, err } (spec/support/proc.lua).
 function M.spawn(cmd)
@@ -68,15 +78,16 @@ function M.wait_file(path, pattern, timeout)
   return P.wait_file(path, pattern, timeout)
 end
 
---- Starts scripts/lecho-nameserver on a port chosen by the OS; returns the
+--- Starts scripts/lecho-nameserver on a port chosen by the OS (for at most
+-- 120 s); extra: more of its options, one string ("--quiet").  Returns the
 -- child and its address.
 function M.nameserver(extra)
-  local pf = M.tmpname("ns-addr")
-  local child = M.spawn(("%s %s/scripts/lecho-nameserver --listen 127.0.0.1:0 --port-file %s --for 120 --settle 0 %s")
-    :format(M.luajit, M.root, pf, extra or ""))
-  local addr = M.wait_file(pf, "%d+%.%d+%.%d+%.%d+:%d+")
+  local args = { "--for", "120", "--settle", "0" }
+  for w in (extra or ""):gmatch("%S+") do args[#args + 1] = w end
+  local child, addr = P.nameserver{ root = M.root, luajit = M.luajit, port_file = M.tmpname("ns-addr"),
+                                    args = args, start = function(argv) return M.spawn(P.sh_join(argv)) end }
   assert(addr, "name server did not start: " .. M.errors(child))
-  return child, addr:match("[^\n]+")
+  return child, addr
 end
 
 --- Kills every child still running and removes the temporary files.

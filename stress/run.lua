@@ -226,10 +226,18 @@ local function run(sc, dir)
   -- name server: on a port the OS chooses; restarted on the same port
   local ns_port_file = dir .. "/ns.addr"
   local function start_ns(listen, n)
-    os.remove(ns_port_file)
-    local r = spawn(n == 1 and "ns" or "ns" .. n, { LUAJIT, root .. "/scripts/lecho-nameserver",
-      "--listen", listen, "--port-file", ns_port_file, "--quiet" }, "ns")
-    return r, wait_file(ns_port_file, "%d+%.%d+%.%d+%.%d+:%d+", 10, r)
+    local r
+    return proc.nameserver{
+      root = root, luajit = LUAJIT, port_file = ns_port_file, listen = listen, args = { "--quiet" },
+      start = function(argv)
+        r = spawn(n == 1 and "ns" or "ns" .. n, argv, "ns")
+        return r
+      end,
+      timeout = 10, poll = function(dt)
+        lib.sleep(dt)
+        reap()
+        return poll_signal() or r.exited
+      end }
   end
   local _, ns = start_ns("127.0.0.1:0", 1)
   if not ns then

@@ -64,6 +64,13 @@ function M.sh_quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
 end
 
+--- A shell command of a list of words, each quoted.
+function M.sh_join(argv)
+  local q = {}
+  for i, a in ipairs(argv) do q[i] = M.sh_quote(a) end
+  return table.concat(q, " ")
+end
+
 --- The whole content of path, or nil if it cannot be opened.
 function M.read(path)
   local f = io.open(path, "rb")
@@ -265,6 +272,28 @@ function M.reap()
   if sig == 0 then return pid, { code = bit.band(bit.rshift(s, 8), 0xff) } end
   if sig == 0x7f then return M.reap() end -- stopped, not exited
   return pid, { signal = sig, core = bit.band(s, 0x80) ~= 0 }
+end
+
+------------------------------------------------------------------------------
+-- The name server
+
+--- Starts scripts/lecho-nameserver listening on a port the OS chooses and
+-- waits for the address it writes to its port file.  o: root (the tree),
+-- luajit, port_file (a path; removed first), listen (default
+-- "127.0.0.1:0"), args (more of the script's options, a list), timeout and
+-- poll (as M.wait_until's), start(argv) -> child (how the caller starts
+-- processes: argv is a list of words, M.sh_join makes a shell command of
+-- it).  Returns the child and the address, or the child and nil when none
+-- came in time.  The address is the file's whole first line, any form.
+function M.nameserver(o)
+  os.remove(o.port_file)
+  local argv = { o.luajit or "luajit", o.root .. "/scripts/lecho-nameserver",
+                 "--listen", o.listen or "127.0.0.1:0", "--port-file", o.port_file }
+  for _, a in ipairs(o.args or {}) do argv[#argv + 1] = a end
+  local child = o.start(argv)
+  -- Written whole (a rename), ending with a newline.
+  local s = M.wait_file(o.port_file, "[^\n]+\n", o.timeout, o.poll)
+  return child, s and s:match("[^\n]+")
 end
 
 return M

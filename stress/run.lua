@@ -290,9 +290,34 @@ local function run(sc, dir)
   local last_rss = 0
   local HARD = T0 + sc.seconds * 3 + 120 -- the driver's own bound for the whole scenario
 
+  -- The name server's restart on its old address (action ns_start): a try
+  -- lasts up to 10 s, ten tries at most; ns_down holds until it listens.
+  local restart
+  local function restart_ns(t)
+    if restart.child then
+      local s = lib.read(ns_port_file)
+      if s and s:match("[^\n]+\n") then
+        restart, ns_down = nil, false
+        return
+      end
+      if not restart.child.exited and t < restart.t0 + 10 then return end
+      if not restart.child.exited then signal(restart.child, "KILL") end
+      if restart.tries >= 10 then
+        D.w{ k = "harness", m = "name server did not restart on " .. ns }
+        restart, ns_down = nil, false
+        return
+      end
+    end
+    nsn = nsn + 1
+    restart.tries, restart.t0 = restart.tries + 1, t
+    restart.child = spawn("ns" .. nsn, proc.nameserver_argv{
+      root = root, luajit = LUAJIT, port_file = ns_port_file, listen = ns, args = { "--quiet" } }, "ns")
+  end
+
   local function step()
     reap()
     local t = now() - T0
+    if restart then restart_ns(t) end
     -- processes to start (after their barrier: consumers they wait for joined)
     local i = 1
     while pending[i] do
@@ -323,15 +348,11 @@ local function run(sc, dir)
         table.insert(actions, 1, { at = a.at + a.down, what = "ns_start" })
         table.sort(actions, function(x, y) return x.at < y.at end)
       elseif a.what == "ns_start" then
-        local ok
-        for _ = 1, 10 do
-          nsn = nsn + 1
-          local _, addr = start_ns(ns, nsn)
-          if addr then ok = true; break end
-          lib.sleep(0.3)
-        end
-        if not ok then D.w{ k = "harness", m = "name server did not restart on " .. ns } end
-        ns_down = false
+        -- Started here, watched by restart_ns() at every step: the driver
+        -- keeps its schedule (resuming stopped consumers above all) while the
+        -- name server comes up, however slowly a busy host lets it.
+        restart = { tries = 0 }
+        restart_ns(t)
       elseif a.what == "mgr_kill" then
         signal(mgrs[a.id], "KILL")
         table.insert(actions, 1, { at = a.at + a.down, what = "mgr_start", id = a.id })
@@ -411,7 +432,8 @@ local function run(sc, dir)
   actions = restarts
   table.sort(actions, function(x, y) return x.what > y.what end) -- ns_start first
   step()
-  if actions[1] then step() end
+  -- the name server is back before the managers (they register with it)
+  while (restart or actions[1]) and not poll_signal() and now() < HARD do step() end
   if not busy_done then busy_done = true; for _, r in ipairs(busy) do signal(r, "KILL", "end_busy") end end
   local t_drain = now()
   while now() - t_drain < sc.drain and not poll_signal() do step() end

@@ -277,6 +277,17 @@ end
 ------------------------------------------------------------------------------
 -- The name server
 
+--- The command line of a name server for M.nameserver's options (o.root,
+-- o.luajit, o.listen, o.port_file, o.args), its port file removed first:
+-- for a caller that starts it and reads the port file itself.
+function M.nameserver_argv(o)
+  os.remove(o.port_file)
+  local argv = { o.luajit or "luajit", o.root .. "/scripts/lecho-nameserver",
+                 "--listen", o.listen or "127.0.0.1:0", "--port-file", o.port_file }
+  for _, a in ipairs(o.args or {}) do argv[#argv + 1] = a end
+  return argv
+end
+
 --- Starts scripts/lecho-nameserver listening on a port the OS chooses and
 -- waits for the address it writes to its port file.  o: root (the tree),
 -- luajit, port_file (a path; removed first), listen (default
@@ -286,11 +297,7 @@ end
 -- it).  Returns the child and the address, or the child and nil when none
 -- came in time.  The address is the file's whole first line, any form.
 function M.nameserver(o)
-  os.remove(o.port_file)
-  local argv = { o.luajit or "luajit", o.root .. "/scripts/lecho-nameserver",
-                 "--listen", o.listen or "127.0.0.1:0", "--port-file", o.port_file }
-  for _, a in ipairs(o.args or {}) do argv[#argv + 1] = a end
-  local child = o.start(argv)
+  local child = o.start(M.nameserver_argv(o))
   -- Written whole (a rename), ending with a newline.
   local s = M.wait_file(o.port_file, "[^\n]+\n", o.timeout, o.poll)
   return child, s and s:match("[^\n]+")

@@ -151,8 +151,8 @@ function Producer:submit_sync(ev, opts)
     local f = failed[key]
     for _, a in ipairs(f.dests or {}) do
       all = all or {}
-      all[#all + 1] = { context = a, err = ("modulator %s not running at %s: %s"):format(
-        key, ctx.addr, f.why) }
+      all[#all + 1] = { context = a, code = "failed", err = ("modulator %s not running at %s: %s")
+        :format(key, ctx.addr, f.why) }
     end
   end
   if all and #all > 0 then

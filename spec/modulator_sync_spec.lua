@@ -109,3 +109,25 @@ describe("sync submit through a modulator that fails on that event", function()
     end
   end)
 end)
+
+describe("sync submit through a modulator that fails after sending", function()
+  it("waits for what it sent for the event before failing", function()
+    local c = lecho.context{ quiet = true }
+    local ch = c:channel("sent-then-failed")
+    local p = assert(ch:producer())
+    local got = {}
+    -- enqueue sends a note at once and holds the event; dequeue (run at once
+    -- by a sync submit) fails on step 2, after the note went out.
+    assert(ch:consumer(function(ev) got[#got + 1] = ev end, { on_error = function() end, modulator = [[
+      function enqueue(ev) emit("note " .. ev) return ev end
+      function dequeue(ev) if ev == 2 then error("fail in dequeue") end return ev end ]] }))
+    assert(p:submit_sync(1))
+    assert.are.same({ "note 1", 1 }, got)
+    local ok, errs, code = p:submit_sync(2)
+    assert.is_nil(ok)
+    assert.are.equal("failed", code)
+    assert.matches("fail in dequeue", tostring(errs))
+    assert.are.same({ "note 1", 1, "note 2" }, got)
+    c:close{ linger = 0 }
+  end)
+end)

@@ -217,7 +217,8 @@ static int l_submit(lua_State *L) {
         return 1;
     }
     /* Through each modulator; a failing one is reported by its hook and
-     * does not stop the others. */
+     * does not stop the others.  What it sent for the event before failing
+     * is waited for all the same (its sync records would stay otherwise). */
     int nids = 0;
     if (sync) {
         lua_newtable(L);
@@ -234,11 +235,12 @@ static int l_submit(lua_State *L) {
         lb_moe *x = luaL_checkudata(L, -1, MOE_MT);
         lua_pop(L, 1); /* the array keeps it */
         if (!x->m || lei_moe_error(x->m)) continue;
-        if (lei_moe_enqueue(x->m, producer, seq, bytes, m->total, sync, policy) || !sync) continue;
+        int failed = lei_moe_enqueue(x->m, producer, seq, bytes, m->total, sync, policy);
+        if (!sync) continue;
         const uint64_t *sids;
         size_t n = lei_moe_syncs(x->m, &sids);
         uint64_t marker;
-        if (n == 0 && sync_marker(b, lei_moe_chid(x->m), &marker) == 0) {
+        if (n == 0 && !failed && sync_marker(b, lei_moe_chid(x->m), &marker) == 0) {
             sids = &marker;
             n = 1;
         }

@@ -289,8 +289,15 @@ function Channel:_mod_errors(mods)
 end
 
 -- A modulator failed in this (producing) context: unloaded already; its
--- consumers are told, once the C call that found it has returned.
+-- consumers are told, once the C call that found it has returned.  A sync
+-- submit sees the failure at once (ch.failed): the one whose event made it
+-- fail and every later one report it, whether a loop turn ran or not.
 function Context:_moe_error(id, why)
+  local inst = self.moes[id]
+  if inst and inst.ch.mods[inst.key] == inst then
+    inst.ch.failed[inst.key] = why
+    inst.ch.failed_dests[inst.key] = inst.dests
+  end
   self.moe_failed[#self.moe_failed + 1] = { id = id, why = why }
   if not self.moe_reaper then
     self.moe_reaper = self.c:timer(0, 0, function()

@@ -140,6 +140,13 @@ function Producer:submit_sync(ev, opts)
     return ok ~= false
   end, deadline)
   if ctx.closed then return nil, "context closed while waiting", "closed" end
+  if ok == false and c:depth() == 0 then
+    -- The deadline came before a loop turn ran this process's consumers
+    -- (timeout 0): they run now all the same.  Not from inside a callback,
+    -- where events after the running one of its channel would overtake it.
+    c:drain_local()
+    ok, all = c:sync_result(ids)
+  end
   if ok == false then ok, all = c:sync_result(ids, timeout) end
   for key, why in pairs(ch.failed) do
     if not (failed and failed[key]) then
@@ -151,8 +158,8 @@ function Producer:submit_sync(ev, opts)
     local f = failed[key]
     for _, a in ipairs(f.dests or {}) do
       all = all or {}
-      all[#all + 1] = { context = a, err = ("modulator %s not running at %s: %s"):format(
-        key, ctx.addr, f.why) }
+      all[#all + 1] = { context = a, code = "failed", err = ("modulator %s not running at %s: %s")
+        :format(key, ctx.addr, f.why) }
     end
   end
   if all and #all > 0 then

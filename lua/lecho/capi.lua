@@ -5,6 +5,7 @@
 -- list) for an expected failure or a raised one.  Not for Lua programs.
 
 local lecho = require "lecho"
+local address = require "lecho.addr"
 
 local M = {}
 
@@ -136,9 +137,11 @@ function M.stats(ctx) return protect(function() return ctx:stats() end) end
 
 function M.stat(ctx, name, counter)
   return protect(function()
-    -- Only looks: a channel this context does not know is not created.
-    local full = ctx:_fullname(name)
-    local cs = ctx.byname[full] and ctx:stats().channels[full]
+    -- Only looks (ctx:channel would create the channel it is asked about):
+    -- the full name by lecho.addr's grammar, then the stats row if any.
+    local ns, short = address.split(name, ctx.ns)
+    if not ns then return nil, short, "invalid" end
+    local cs = ctx:stats().channels[address.join(ns, short)]
     local v = cs and cs[counter]
     return type(v) == "number" and v or -1
   end)

@@ -234,10 +234,13 @@ typedef struct lecho_errors lecho_errors;
 
 /* Submits ev and runs the loop until every consumer ran its handler on it
  * (and, by order, on everything submitted before), or timeout seconds
- * (< 0: the context's sync_timeout, 10 s).  0 when all succeeded; else a code
- * and, when errs is not NULL, *errs gets the list of failing or silent
- * consumers (owned by the caller: lecho_errors_free; NULL when the failure is
- * not per consumer, e.g. a closed producer: lecho_errmsg says why).
+ * (< 0: the context's sync_timeout, 10 s).  0 when all succeeded; else the
+ * Lua layer's code (LECHO_ETIMEOUT when every listed consumer was silent,
+ * LECHO_EFAILED when a handler failed, whatever its message says: see
+ * lecho_errors_code) and, when errs is not NULL, *errs gets the list of
+ * failing or silent consumers (owned by the caller: lecho_errors_free; NULL
+ * when the failure is not per consumer, e.g. a closed producer:
+ * lecho_errmsg says why).
  * Must not be called from a consumer handler (LECHO_EINVAL). */
 LECHO_API int lecho_submit_sync(lecho_producer *p, const lecho_value *ev, double timeout,
                                 lecho_errors **errs);

@@ -191,6 +191,10 @@ int main(int argc, char **argv) {
     free(u);
     free(v);
     lecho_value_free(ev);
-    rc = lecho_close(ctx, 2) != 0 || rc != 0;
-    return rc;
+    /* lecho_close frees ctx: lecho_close_err hands back why it failed. */
+    if (lecho_close_err(ctx, 2, err, sizeof err) != 0) {
+        fprintf(stderr, "heat: close: %s\n", err);
+        rc = 1;
+    }
+    return rc != 0;
 }

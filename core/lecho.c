@@ -96,12 +96,14 @@ void lei_api_h_free(struct lei_h *h) {
     else
         x->handles = h->next;
     if (h->next) h->next->prev = h->prev;
-    if (h->kind == H_CHANNEL) {
-        struct lecho_channel *ch = (struct lecho_channel *)h;
-        free(ch->asked);
-        free(ch->name);
-    }
     free(h);
+}
+
+/* Frees what a channel handle owns besides its head (the kind-specific half
+ * of freeing it: lei_api_h_free sees only the head). */
+static void channel_fini(lecho_channel *ch) {
+    free(ch->asked);
+    free(ch->name);
 }
 
 /* ---- protected calls ---- */
@@ -203,10 +205,7 @@ static void ctx_free(lecho_ctx *x) {
     while (x->handles) {
         struct lei_h *h = x->handles;
         x->handles = h->next;
-        if (h->kind == H_CHANNEL) {
-            free(((struct lecho_channel *)h)->asked);
-            free(((struct lecho_channel *)h)->name);
-        }
+        if (h->kind == H_CHANNEL) channel_fini((lecho_channel *)h);
         free(h);
     }
     if (x->L0) lua_close(x->L0);
@@ -217,6 +216,10 @@ static void ctx_free(lecho_ctx *x) {
 }
 
 int lecho_open(const char *const *opts, lecho_ctx **out, char *err, size_t errlen) {
+    if (!out) {
+        if (err && errlen) snprintf(err, errlen, "lecho_open: out is NULL");
+        return LECHO_EINVAL;
+    }
     *out = NULL;
     lecho_ctx *x = calloc(1, sizeof *x);
     if (!x || !(x->L0 = luaL_newstate())) {
@@ -249,13 +252,23 @@ static int op_close(lua_State *L) {
 }
 
 int lecho_close(lecho_ctx *x, double linger) {
+    return lecho_close_err(x, linger, NULL, 0);
+}
+
+int lecho_close_err(lecho_ctx *x, double linger, char *err, size_t errlen) {
+    if (err && errlen) err[0] = 0;
     if (!x) return 0;
-    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_close: not from a consumer handler");
+    if (x->in_handler) {
+        lei_api_fail(x, LECHO_EINVAL, "lecho_close: not from a consumer handler or a lecho_each callback");
+        if (err && errlen) snprintf(err, errlen, "%s", x->err);
+        return LECHO_EINVAL;
+    }
     /* No handler runs once closing started: the trampolines find no consumer. */
     for (struct lei_h *h = x->handles; h; h = h->next)
         if (h->kind == H_CONSUMER) ((lecho_consumer *)h)->box->c = NULL;
     struct op o = { .d = linger };
     int rc = lei_api_protect(x, op_close, &o);
+    if (rc != 0 && err && errlen) snprintf(err, errlen, "%s", x->err);
     ctx_free(x);
     return rc;
 }
@@ -325,8 +338,11 @@ lecho_channel *lecho_channel_get(lecho_ctx *x, const char *name) {
     lecho_channel *ch = lei_api_h_new(x, sizeof *ch, H_CHANNEL);
     if (!ch) return NULL;
     struct op o = { .s = name, .res = ch };
-    if (!(ch->asked = lei_api_dupstr(name)) || lei_api_protect(x, op_channel, &o) != 0 || !ch->name) {
-        if (!ch->name) lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+    int rc = (ch->asked = lei_api_dupstr(name)) ? lei_api_protect(x, op_channel, &o) : LECHO_ENOMEM;
+    if (rc != 0 || !ch->name) {
+        /* Only a failed copy is "out of memory"; a refused name keeps its reason. */
+        if (rc == LECHO_ENOMEM || (rc == 0 && !ch->name)) lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+        channel_fini(ch);
         lei_api_h_free(&ch->h);
         return NULL;
     }
@@ -385,12 +401,12 @@ static int op_submit(lua_State *L) {
     /* The per-consumer list: build the caller's lecho_errors. */
     struct lecho_errors *e = calloc(1, sizeof *e);
     if (!e) return 0;
-    size_t n = lua_objlen(L, b + 3) / 3;
-    e->f = calloc(3 * n + 1, sizeof *e->f);
+    size_t n = lua_objlen(L, b + 3) / 4;
+    e->f = calloc(4 * n + 1, sizeof *e->f);
     const char *text = lua_tostring(L, b + 1);
     e->text = lei_api_dupstr(text ? text : "");
     int ok = e->f && e->text;
-    for (size_t i = 0; ok && i < 3 * n; i++) {
+    for (size_t i = 0; ok && i < 4 * n; i++) {
         lua_rawgeti(L, b + 3, (int)(i + 1));
         const char *f = lua_tostring(L, -1);
         ok = (e->f[i] = lei_api_dupstr(f ? f : "")) != NULL;
@@ -456,7 +472,7 @@ size_t lecho_errors_count(const lecho_errors *e) {
 }
 
 static const char *err_field(const lecho_errors *e, size_t i, int k) {
-    return e && i < e->n ? e->f[3 * i + k] : NULL;
+    return e && i < e->n ? e->f[4 * i + k] : NULL;
 }
 
 const char *lecho_errors_context(const lecho_errors *e, size_t i) {
@@ -469,6 +485,11 @@ const char *lecho_errors_consumer(const lecho_errors *e, size_t i) {
 
 const char *lecho_errors_message(const lecho_errors *e, size_t i) {
     return err_field(e, i, 2);
+}
+
+int lecho_errors_code(const lecho_errors *e, size_t i) {
+    const char *name = err_field(e, i, 3);
+    return name ? code_of(name) : LECHO_OK;
 }
 
 const char *lecho_errors_text(const lecho_errors *e) {
@@ -491,7 +512,7 @@ static int trampoline(lua_State *L) {
     lecho_consumer *c = box->c;
     if (!c) return 0;
     lecho_ctx *x = c->h.ctx;
-    lecho_value ev = { { x, LUA_NOREF, H_VALUE, NULL, NULL } };
+    lecho_value ev = { { x, LUA_NOREF, H_BORROWED, NULL, NULL } };
     lecho_meta m = { "", "", 0 };
     if (lua_istable(L, 2)) {
         lua_getfield(L, 2, "channel");

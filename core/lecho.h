@@ -97,14 +97,19 @@ LECHO_API const char *lecho_errmsg(const lecho_ctx *ctx);
  * a number is passed as a number, "true"/"false" as booleans, anything else
  * as a string.  0 with *out set (owned by the caller: lecho_close), or a code
  * and *out NULL; then err (when not NULL) gets why, cut to errlen bytes with
- * the NUL. */
+ * the NUL.  An unknown option or a bad value is LECHO_EINVAL; out NULL too. */
 LECHO_API int lecho_open(const char *const *opts, lecho_ctx **out, char *err, size_t errlen);
 /* Delivers what was submitted (waiting at most linger seconds; < 0: the
  * context's `linger` option, 2 s), closes every endpoint and frees the
  * context and every handle made from it.  0, or a code when something could
- * not be delivered (it is logged; the context is freed all the same).
- * NULL is a no-op. */
+ * not be delivered (LECHO_ETIMEOUT; it is logged unless "quiet"; the context
+ * is freed all the same).  NULL is a no-op. */
 LECHO_API int lecho_close(lecho_ctx *ctx, double linger);
+/* lecho_close that also tells why: err (when not NULL) gets the message of
+ * a failure ("3 events (3145728 bytes) not delivered within ..."), "" on
+ * success, cut to errlen bytes with the NUL (ctx is gone: lecho_errmsg
+ * cannot say it afterwards). */
+LECHO_API int lecho_close_err(lecho_ctx *ctx, double linger, char *err, size_t errlen);
 /* The address peers reach this context at ("host:port", "[v6]:port",
  * "unix:/path"; for a wildcard listen, the advertised one); with no
  * "nameserver" option, also the address of its name server, to give to
@@ -133,7 +138,8 @@ enum { LECHO_TNIL = 0, LECHO_TBOOLEAN, LECHO_TNUMBER, LECHO_TSTRING, LECHO_TTABL
  * lecho_close).  NULL when out of memory. */
 LECHO_API lecho_value *lecho_value_new(lecho_ctx *ctx);
 /* Frees the handle (not the values other handles or tables still refer to).
- * NULL is a no-op.  Never pass the event given to a handler. */
+ * NULL is a no-op, and so is a borrowed handle (the event given to a
+ * handler, the key and value given to a lecho_each or lecho_pairs callback). */
 LECHO_API void lecho_value_free(lecho_value *v);
 
 /* Setters: key NULL sets the slot; a key sets that field of the table in the
@@ -143,7 +149,8 @@ LECHO_API void lecho_value_free(lecho_value *v);
 LECHO_API int lecho_set_nil(lecho_value *v, const char *key);
 LECHO_API int lecho_set_bool(lecho_value *v, const char *key, int b);
 LECHO_API int lecho_set_number(lecho_value *v, const char *key, double x);
-/* len bytes from s (any bytes, zeros included); s may be NULL when len is 0. */
+/* len bytes from s (any bytes, zeros included); s may be NULL when len is 0
+ * (NULL with len > 0: LECHO_EINVAL). */
 LECHO_API int lecho_set_string(lecho_value *v, const char *key, const char *s, size_t len);
 /* A Lua array { x[0], ..., x[n-1] } (an empty table when n is 0). */
 LECHO_API int lecho_set_numbers(lecho_value *v, const char *key, const double *x, size_t n);
@@ -175,12 +182,22 @@ LECHO_API size_t lecho_get_numbers(const lecho_value *v, const char *key, double
  * holds no table or out of memory; a missing field gives a slot holding nil. */
 LECHO_API lecho_value *lecho_field(const lecho_value *v, const char *key, size_t index);
 /* Calls fn(key, value, ud) for each string-keyed field of the table in v, in
- * no particular order; key and value are borrowed for the call.  Stops when
- * fn returns nonzero and returns that.  (Array elements: lecho_len and
- * lecho_field.) */
+ * no particular order, and skips every other key (array elements, numbers,
+ * booleans: lecho_pairs sees them); key and value are borrowed for the call.
+ * Stops when fn returns nonzero and returns that.  fn must not add fields
+ * to the table, and, as a handler, cannot call what waits (lecho_run,
+ * lecho_run_once, lecho_close, lecho_submit_sync, ...: LECHO_EINVAL). */
 LECHO_API int lecho_each(const lecho_value *v,
                          int (*fn)(const char *key, const lecho_value *value, void *ud),
                          void *ud);
+/* As lecho_each, for every key of the table, whatever its type: fn gets the
+ * key as a value (lecho_type(key, NULL), lecho_get_string(key, NULL, &len),
+ * lecho_get_number(key, NULL, &x), ...).  To refuse a table with a key
+ * that is not a string, return nonzero when lecho_type(key, NULL) !=
+ * LECHO_TSTRING. */
+LECHO_API int lecho_pairs(const lecho_value *v,
+                          int (*fn)(const lecho_value *key, const lecho_value *value, void *ud),
+                          void *ud);
 /* The value as text, bounded (for logs): "{ step = 3, u = { 1, 2, ... } }".
  * Borrowed: valid until the next lecho_to_string on the same context or
  * lecho_close; "?" when out of memory. */
@@ -191,7 +208,8 @@ typedef struct lecho_channel lecho_channel;
 
 /* The channel `name` ("ozone", or "host:port/ozone" for a channel of another
  * name server).  Owned by ctx (the same handle for the same name); NULL when
- * out of memory or the name is invalid (lecho_errmsg says why). */
+ * out of memory or the name is invalid ("" for instance; lecho_errmsg says
+ * why). */
 LECHO_API lecho_channel *lecho_channel_get(lecho_ctx *ctx, const char *name);
 /* Its full name "ns-host:port/name".  Borrowed: valid while ctx is open. */
 LECHO_API const char *lecho_channel_name(const lecho_channel *ch);
@@ -216,10 +234,13 @@ typedef struct lecho_errors lecho_errors;
 
 /* Submits ev and runs the loop until every consumer ran its handler on it
  * (and, by order, on everything submitted before), or timeout seconds
- * (< 0: the context's sync_timeout, 10 s).  0 when all succeeded; else a code
- * and, when errs is not NULL, *errs gets the list of failing or silent
- * consumers (owned by the caller: lecho_errors_free; NULL when the failure is
- * not per consumer, e.g. a closed producer: lecho_errmsg says why).
+ * (< 0: the context's sync_timeout, 10 s).  0 when all succeeded; else the
+ * Lua layer's code (LECHO_ETIMEOUT when every listed consumer was silent,
+ * LECHO_EFAILED when a handler failed, whatever its message says: see
+ * lecho_errors_code) and, when errs is not NULL, *errs gets the list of
+ * failing or silent consumers (owned by the caller: lecho_errors_free; NULL
+ * when the failure is not per consumer, e.g. a closed producer:
+ * lecho_errmsg says why).
  * Must not be called from a consumer handler (LECHO_EINVAL). */
 LECHO_API int lecho_submit_sync(lecho_producer *p, const lecho_value *ev, double timeout,
                                 lecho_errors **errs);
@@ -232,13 +253,19 @@ LECHO_API void lecho_producer_close(lecho_producer *p);
 
 /* The list of a failed sync submit. */
 LECHO_API size_t lecho_errors_count(const lecho_errors *e);
-/* Entry i (0-based): the consuming context "host:port", the consumer
- * ("host:port/cN", or "" when the whole context failed) and the message (what
- * the handler returned or raised, or why there was no answer).  Borrowed:
- * valid until lecho_errors_free.  NULL past the end. */
+/* Entry i (0-based): the consuming context ("host:port", or "local" for a
+ * consumer of the producing context itself), the consumer ("host:port/cN",
+ * or "" when the whole context failed) and the message (what the handler
+ * returned or raised, or why there was no answer).  Borrowed: valid until
+ * lecho_errors_free.  NULL past the end. */
 LECHO_API const char *lecho_errors_context(const lecho_errors *e, size_t i);
 LECHO_API const char *lecho_errors_consumer(const lecho_errors *e, size_t i);
 LECHO_API const char *lecho_errors_message(const lecho_errors *e, size_t i);
+/* Entry i's code: LECHO_EFAILED (its handler or modulator failed),
+ * LECHO_ETIMEOUT (no answer in time), LECHO_ECLOSED (the consumer went
+ * away), ...; lecho_submit_sync returns it when every entry has the same
+ * one, else LECHO_EFAILED.  LECHO_OK past the end. */
+LECHO_API int lecho_errors_code(const lecho_errors *e, size_t i);
 /* The whole list as one line, as Lua prints it.  Borrowed as above. */
 LECHO_API const char *lecho_errors_text(const lecho_errors *e);
 LECHO_API void lecho_errors_free(lecho_errors *e);
@@ -283,7 +310,8 @@ LECHO_API void lecho_consumer_close(lecho_consumer *c);
  * ...).  Owned by the caller (lecho_value_free); NULL on failure. */
 LECHO_API lecho_value *lecho_stats(lecho_ctx *ctx);
 /* One counter of one channel, e.g. lecho_stat(ctx, "heat", "events_out"):
- * the number, or -1 when the channel or counter does not exist (yet). */
+ * the number, or -1 when the channel or counter does not exist (yet; a
+ * channel this context has no handle for is not created by asking). */
 LECHO_API double lecho_stat(lecho_ctx *ctx, const char *channel, const char *counter);
 
 #ifdef __cplusplus

@@ -9,7 +9,9 @@
 #include <lauxlib.h>
 #include <lua.h>
 
-enum { H_VALUE, H_CHANNEL, H_PRODUCER, H_CONSUMER };
+/* H_BORROWED: a value handle on the stack of liblecho (a handler's event,
+ * a lecho_each key or value), not linked, freed by nobody. */
+enum { H_VALUE, H_CHANNEL, H_PRODUCER, H_CONSUMER, H_BORROWED };
 
 /* Common head of every handle.  Owned by its context: linked in
  * ctx->handles until freed by its close/free function or lecho_close. */
@@ -51,7 +53,7 @@ struct lecho_consumer {
 /* Owned by the caller of lecho_submit_sync; every string is malloc'd here. */
 struct lecho_errors {
     size_t n;
-    char **f;   /* 3 * n strings: context, consumer, message */
+    char **f;   /* 4 * n strings: context, consumer, message, code name */
     char *text; /* the list as one line */
 };
 

@@ -34,7 +34,9 @@ lecho_value *lecho_value_new(lecho_ctx *x) {
 }
 
 void lecho_value_free(lecho_value *v) {
-    if (v) lei_api_h_free(&v->h);
+    /* A borrowed handle (a handler's event, lecho_each's value) is not the
+     * caller's: freeing it would unlink the context's list.  No-op. */
+    if (v && v->h.kind != H_BORROWED) lei_api_h_free(&v->h);
 }
 
 /* Pushes the slot of v. */
@@ -109,6 +111,7 @@ int lecho_set_number(lecho_value *v, const char *key, double d) {
 }
 
 int lecho_set_string(lecho_value *v, const char *key, const char *s, size_t len) {
+    if (!s && len > 0) return v ? lei_api_fail(v->h.ctx, LECHO_EINVAL, "lecho_set_string: s is NULL") : LECHO_EINVAL;
     struct op o = { .kind = S_STRING, .s = s, .n = len };
     return set(v, key, &o);
 }
@@ -254,9 +257,20 @@ lecho_value *lecho_field(const lecho_value *v, const char *key, size_t index) {
 }
 
 struct each_args {
-    int (*fn)(const char *, const lecho_value *, void *);
+    int (*fn)(const char *, const lecho_value *, void *);           /* lecho_each */
+    int (*pfn)(const lecho_value *, const lecho_value *, void *);   /* lecho_pairs */
     void *ud;
 };
+
+/* A borrowed handle (on the caller's stack, not linked) on the value at idx. */
+static void borrow(lua_State *L, lecho_ctx *x, int idx, lecho_value *tmp) {
+    tmp->h = (struct lei_h){ x, LUA_NOREF, H_BORROWED, NULL, NULL };
+    lua_pushvalue(L, idx);
+    lua_createtable(L, 1, 0);
+    lua_insert(L, -2);
+    lua_rawseti(L, -2, 1);
+    tmp->h.ref = luaL_ref(L, LUA_REGISTRYINDEX);
+}
 
 static int op_each(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
@@ -266,15 +280,17 @@ static int op_each(lua_State *L) {
     if (!lua_istable(L, t)) return 0;
     lua_pushnil(L);
     while (lua_next(L, t)) {
-        if (lua_type(L, -2) == LUA_TSTRING) {
-            /* A temporary handle on the field, not linked: borrowed by fn. */
-            lecho_value tmp = { { o->x, LUA_NOREF, H_VALUE, NULL, NULL } };
-            lua_createtable(L, 1, 0);
-            lua_pushvalue(L, -2);
-            lua_rawseti(L, -2, 1);
-            tmp.h.ref = luaL_ref(L, LUA_REGISTRYINDEX);
-            int r = e->fn(lua_tostring(L, -2), &tmp, e->ud);
-            luaL_unref(L, LUA_REGISTRYINDEX, tmp.h.ref);
+        if (e->pfn || lua_type(L, -2) == LUA_TSTRING) {
+            lecho_value key, val;
+            borrow(L, o->x, -2, &key);
+            borrow(L, o->x, -1, &val);
+            /* As in a handler: what would run the loop or close the
+             * context under this traversal is refused (in_handler). */
+            o->x->in_handler++;
+            int r = e->pfn ? e->pfn(&key, &val, e->ud) : e->fn(lua_tostring(L, -2), &val, e->ud);
+            o->x->in_handler--;
+            luaL_unref(L, LUA_REGISTRYINDEX, key.h.ref);
+            luaL_unref(L, LUA_REGISTRYINDEX, val.h.ref);
             if (r) {
                 o->rc = r;
                 return 0;
@@ -288,7 +304,15 @@ static int op_each(lua_State *L) {
 int lecho_each(const lecho_value *v, int (*fn)(const char *, const lecho_value *, void *),
                void *ud) {
     if (!v || !fn) return LECHO_EINVAL;
-    struct each_args e = { fn, ud };
+    struct each_args e = { fn, NULL, ud };
+    struct op o = { .a = v, .b = &e };
+    return lei_api_protect(v->h.ctx, op_each, &o);
+}
+
+int lecho_pairs(const lecho_value *v, int (*fn)(const lecho_value *, const lecho_value *, void *),
+                void *ud) {
+    if (!v || !fn) return LECHO_EINVAL;
+    struct each_args e = { NULL, fn, ud };
     struct op o = { .a = v, .b = &e };
     return lei_api_protect(v->h.ctx, op_each, &o);
 }

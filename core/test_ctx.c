@@ -3,7 +3,9 @@
  * produces; a second thread's context consumes (one context per thread, as
  * lecho.h allows).  Checks: values built and read in C, async events arrive
  * in order and whole, a sync submit succeeds, a consumer's error comes back
- * in the sync result, a silent consumer gives a timeout, misuse gives codes.
+ * in the sync result, a silent consumer gives a timeout, misuse gives codes
+ * (the Lua layer's, never guessed from a message's words), borrowed handles
+ * and lecho_each callbacks cannot free what they do not own.
  * Prints "N passed, N failed" (read by .ci/run).
  *
  * Leans on build/liblecho.so, which finds the Lua layer of this checkout.
@@ -28,6 +30,7 @@ static double sum_u;              /* idem */
 static char last_payload[16];     /* idem */
 static int nested_ok;             /* idem */
 static lecho_producer *blocking, *dropping; /* the consumer thread's, on "fwd" */
+static int borrowed_ok;           /* written by the consumer thread only */
 
 static const char *handler(const lecho_value *ev, const lecho_meta *meta, void *ud) {
     double k, sleep_s;
@@ -45,15 +48,24 @@ static const char *handler(const lecho_value *ev, const lecho_meta *meta, void *
         __atomic_store_n(&nested_ok, ok, __ATOMIC_RELEASE);
         return NULL;
     }
+    if (lecho_get_number(ev, "sleep", &sleep_s) == 0) {
+        usleep((useconds_t)(sleep_s * 1e6)); /* holds this context's loop: no answer */
+        if (lecho_type(ev, "quit") == LECHO_TBOOLEAN) lecho_stop(ud);
+        return NULL;
+    }
     if (lecho_type(ev, "quit") == LECHO_TBOOLEAN) {
         lecho_stop(ud); /* lecho_run returns after this turn */
         return NULL;
     }
-    if (lecho_get_number(ev, "sleep", &sleep_s) == 0) {
-        usleep((useconds_t)(sleep_s * 1e6)); /* holds this context's loop: no answer */
+    if (lecho_type(ev, "fail") == LECHO_TBOOLEAN) return "boom: the handler failed";
+    /* A message with the word "timeout" in it is still a failed handler. */
+    if (lecho_type(ev, "fail_timeout") == LECHO_TBOOLEAN) return "timeout while reading the sensor";
+    if (lecho_type(ev, "free_ev") == LECHO_TBOOLEAN) {
+        /* The event is borrowed: freeing it is a no-op, it stays readable. */
+        lecho_value_free((lecho_value *)ev);
+        __atomic_store_n(&borrowed_ok, lecho_type(ev, "free_ev") == LECHO_TBOOLEAN, __ATOMIC_RELEASE);
         return NULL;
     }
-    if (lecho_type(ev, "fail") == LECHO_TBOOLEAN) return "boom: the handler failed";
     if (lecho_get_number(ev, "k", &k) == 0) {
         int n = __atomic_load_n(&nseen, __ATOMIC_RELAXED);
         if (k != n + 1 || meta->seq != n + 1 || strcmp(meta->channel, "t") != 0)
@@ -108,6 +120,26 @@ static int count_field(const char *key, const lecho_value *v, void *ud) {
     return 0;
 }
 
+/* lecho_each's callback: what waits or frees the context is refused. */
+static lecho_ctx *each_ctx;
+static int each_rc[4];
+static int close_in_each(const char *key, const lecho_value *v, void *ud) {
+    (void)ud;
+    each_rc[0] = lecho_close(each_ctx, 0);
+    each_rc[1] = strstr(lecho_errmsg(each_ctx), "lecho_each") != NULL;
+    each_rc[2] = lecho_run_once(each_ctx, 0);
+    lecho_value_free((lecho_value *)v); /* borrowed: a no-op */
+    each_rc[3] = lecho_type(v, NULL) != LECHO_TNIL && key[0] != 0;
+    return 7; /* stops the walk: lecho_each returns it */
+}
+
+/* lecho_pairs: counts the keys by type (ud: int[LECHO_TOTHER + 1]). */
+static int count_keys(const lecho_value *key, const lecho_value *v, void *ud) {
+    (void)v;
+    ((int *)ud)[lecho_type(key, NULL)]++;
+    return 0;
+}
+
 /* The value API without a peer. */
 static void test_values(lecho_ctx *ctx) {
     lecho_value *v = lecho_value_new(ctx);
@@ -137,6 +169,23 @@ static void test_values(lecho_ctx *ctx) {
     CHECK(sub2 && lecho_get_number(sub2, "depth", &x) == 0 && x == 2);
     int n = 0;
     CHECK(lecho_each(v, count_field, &n) == 0 && n == 2);
+    /* lecho_pairs sees what lecho_each skips: a number and a boolean key. */
+    lecho_value *keyed = lecho_value_new(ctx), *one = lecho_value_new(ctx);
+    int nkeys[LECHO_TOTHER + 1] = { 0 };
+    double ones[1] = { 0.4 };
+    CHECK(lecho_set_numbers(keyed, NULL, ones, 1) == 0 && lecho_set_number(keyed, "alpha", 0.3) == 0);
+    CHECK(lecho_set_bool(one, NULL, 1) == 0);
+    lecho_value *t = lecho_field(keyed, NULL, 0); /* keyed[1]: the number key */
+    CHECK(t && lecho_type(t, NULL) == LECHO_TNUMBER);
+    lecho_value_free(t);
+    CHECK(lecho_pairs(keyed, count_keys, nkeys) == 0);
+    CHECK(nkeys[LECHO_TSTRING] == 1 && nkeys[LECHO_TNUMBER] == 1);
+    lecho_value_free(one);
+    lecho_value_free(keyed);
+    /* Closing the context from a lecho_each callback is refused, not a crash. */
+    each_ctx = ctx;
+    CHECK(lecho_each(v, close_in_each, NULL) == 7);
+    CHECK(each_rc[0] == LECHO_EINVAL && each_rc[1] == 1 && each_rc[2] == LECHO_EINVAL && each_rc[3] == 1);
     const char *text = lecho_to_string(v);
     CHECK(strstr(text, "a = 1") != NULL && strstr(text, "depth = 2") != NULL);
     lecho_value *w = lecho_value_new(ctx);
@@ -155,6 +204,35 @@ static void test_values(lecho_ctx *ctx) {
     CHECK(lecho_run_once(NULL, 0) == LECHO_EINVAL && lecho_channel_get(NULL, "t") == NULL);
     CHECK(lecho_get_number(NULL, "a", &x) == LECHO_EINVAL && lecho_type(NULL, NULL) == LECHO_TNIL);
     CHECK(lecho_value_new(NULL) == NULL && lecho_stat(NULL, "t", "events_out") == -1);
+    CHECK(lecho_open(NULL, NULL, NULL, 0) == LECHO_EINVAL);
+    lecho_value *w2 = lecho_value_new(ctx);
+    CHECK(lecho_set_string(w2, NULL, NULL, 5) == LECHO_EINVAL && lecho_type(w2, NULL) == LECHO_TNIL);
+    CHECK(lecho_set_string(w2, NULL, NULL, 0) == 0 && lecho_get_string(w2, NULL, &len) && len == 0);
+    lecho_value_free(w2);
+    /* A refused channel name keeps its reason. */
+    CHECK(lecho_channel_get(ctx, "") == NULL && strstr(lecho_errmsg(ctx), "out of memory") == NULL &&
+          strstr(lecho_errmsg(ctx), "channel name") != NULL);
+    /* Asking for a counter creates no channel. */
+    CHECK(lecho_stat(ctx, "nochan", "events_out") == -1);
+    lecho_value *st = lecho_stats(ctx), *chans = st ? lecho_field(st, "channels", 0) : NULL;
+    char full[96];
+    snprintf(full, sizeof full, "%s/nochan", lecho_nameserver(ctx));
+    CHECK(chans && lecho_type(chans, full) == LECHO_TNIL);
+    lecho_value_free(chans);
+    lecho_value_free(st);
+}
+
+/* Misuse of lecho_open: LECHO_EINVAL and the message without Lua's
+ * "file.lua:N:" places. */
+static void test_open_misuse(void) {
+    lecho_ctx *x = NULL;
+    char err[256] = "";
+    const char *typo[] = { "namserver", "127.0.0.1:1", "quiet", "true", NULL };
+    CHECK(lecho_open(typo, &x, err, sizeof err) == LECHO_EINVAL && x == NULL);
+    CHECK(strstr(err, "namserver") != NULL && strstr(err, ".lua:") == NULL);
+    const char *pol[] = { "policy", "blok", "quiet", "true", NULL };
+    CHECK(lecho_open(pol, &x, err, sizeof err) == LECHO_EINVAL && x == NULL);
+    CHECK(strstr(err, "blok") != NULL && strstr(err, ".lua:") == NULL);
 }
 
 int main(void) {
@@ -162,6 +240,7 @@ int main(void) {
     char err[256] = "";
     const char *badopts[] = { "nameserver", "no-port-here", "quiet", "true", NULL };
     CHECK(lecho_open(badopts, &bad, err, sizeof err) != 0 && bad == NULL && err[0] != 0);
+    test_open_misuse();
 
     const char *opts[] = { "quiet", "true", NULL };
     CHECK(lecho_open(opts, &ctx, err, sizeof err) == 0);
@@ -220,8 +299,36 @@ int main(void) {
     CHECK(lecho_errors_context(errs, 0) && strncmp(lecho_errors_context(errs, 0), "127.0.0.1:", 10) == 0);
     CHECK(lecho_errors_message(errs, 1) == NULL);
     CHECK(lecho_errors_text(errs) && strstr(lecho_errors_text(errs), "boom"));
+    CHECK(lecho_errors_code(errs, 0) == LECHO_EFAILED && lecho_errors_code(errs, 1) == LECHO_OK);
+    lecho_errors_free(errs);
+    /* The code is the Lua layer's, not a word of the handler's message. */
+    lecho_set_nil(bad_ev, NULL);
+    lecho_set_bool(bad_ev, "fail_timeout", 1);
+    CHECK(lecho_submit_sync(p, bad_ev, 5, &errs) == LECHO_EFAILED);
+    CHECK(lecho_errors_count(errs) == 1 && lecho_errors_code(errs, 0) == LECHO_EFAILED);
     lecho_errors_free(errs);
     lecho_value_free(bad_ev);
+
+    /* A consumer of this context is "local" in the list (lecho.h). */
+    lecho_consumer *lc = NULL;
+    lecho_producer *lp = NULL;
+    lecho_channel *lch = lecho_channel_get(ctx, "loc");
+    CHECK(lecho_consumer_open(lch, handler, ctx, &lc) == 0 && lecho_producer_open(lch, NULL, &lp) == 0);
+    bad_ev = lecho_value_new(ctx);
+    lecho_set_bool(bad_ev, "fail", 1);
+    CHECK(lecho_submit_sync(lp, bad_ev, 5, &errs) == LECHO_EFAILED);
+    CHECK(lecho_errors_context(errs, 0) && strcmp(lecho_errors_context(errs, 0), "local") == 0);
+    lecho_errors_free(errs);
+    lecho_value_free(bad_ev);
+    lecho_producer_close(lp);
+    lecho_consumer_close(lc);
+
+    /* A handler freeing its borrowed event. */
+    lecho_value *fr = lecho_value_new(ctx);
+    lecho_set_bool(fr, "free_ev", 1);
+    CHECK(lecho_submit_sync(p, fr, 5, NULL) == 0);
+    CHECK(__atomic_load_n(&borrowed_ok, __ATOMIC_ACQUIRE) == 1);
+    lecho_value_free(fr);
 
     /* A consumer that does not answer in time. */
     lecho_value *slow = lecho_value_new(ctx);
@@ -243,17 +350,33 @@ int main(void) {
     /* Misuse: no value. */
     CHECK(lecho_submit(p, NULL) == LECHO_EINVAL);
 
-    /* The consumer's handler stops its loop: lecho_run returns. */
-    lecho_value *quit = lecho_value_new(ctx);
-    lecho_set_bool(quit, "quit", 1);
-    CHECK(lecho_submit(p, quit) == 0);
-    lecho_value_free(quit);
+    /* Closing with what cannot be delivered in time: the consumer holds
+     * its loop (then stops it); a dropping producer fills the queue. */
+    lecho_producer *flood = NULL;
+    CHECK(lecho_producer_open(ch, "drop_newest", &flood) == 0);
+    lecho_value *hold = lecho_value_new(ctx);
+    lecho_set_number(hold, "sleep", 1.5);
+    lecho_set_bool(hold, "quit", 1);
+    CHECK(lecho_submit(p, hold) == 0);
+    lecho_value_free(hold);
+    lecho_value *big = lecho_value_new(ctx);
+    size_t nbig = 1 << 20;
+    char *bytes = calloc(1, nbig);
+    CHECK(bytes && lecho_set_string(big, "big", bytes, nbig) == 0);
+    for (int i = 0; i < 32; i++) {
+        lecho_submit(flood, big);
+        lecho_run_once(ctx, 0);
+    }
+    free(bytes);
+    lecho_value_free(big);
+    char cerr[256] = "x";
+    CHECK(lecho_close_err(ctx, 0.3, cerr, sizeof cerr) == LECHO_ETIMEOUT);
+    CHECK(strstr(cerr, "not delivered") != NULL);
     t0 = now();
-    while (!__atomic_load_n(&stopped, __ATOMIC_ACQUIRE) && now() - t0 < 10) lecho_run_once(ctx, 0.02);
+    while (!__atomic_load_n(&stopped, __ATOMIC_ACQUIRE) && now() - t0 < 10) usleep(20000);
     CHECK(__atomic_load_n(&stopped, __ATOMIC_ACQUIRE) == 1);
     if (!__atomic_load_n(&stopped, __ATOMIC_ACQUIRE)) return TEST_SUMMARY(); /* exit ends it */
     pthread_join(th, NULL);
-    lecho_producer_close(p);
-    CHECK(lecho_close(ctx, 0) == 0);
+    CHECK(lecho_close_err(NULL, 0, cerr, sizeof cerr) == 0 && cerr[0] == 0);
     return TEST_SUMMARY();
 }

@@ -2,7 +2,8 @@
 -- (make install into a temporary PREFIX, then pkg-config from there), is a
 -- peer of a Lua viewer: the viewer gets every step in order, its steering
 -- changes the simulation's parameter from the next step on, and a steering
--- event with a bad key comes back to the viewer as the simulation's error.
+-- event with a bad key (misspelled, or not a string) comes back to the
+-- viewer as the simulation's error, and changes nothing.
 local S = require "spec.support"
 
 local sh = S.sh
@@ -26,6 +27,24 @@ describe("the C example", function()
 
   teardown(function() S.cleanup() end)
 
+  it("README's C snippet compiles warning-free (-Wall -Wextra -Werror)", function()
+    local readme = assert(S.read(S.root .. "/README.md"))
+    local snip = assert(readme:match("## From C.-```c\n(.-)```"), "no C snippet under From C")
+    -- The snippet is the part of a program: its functions, then main's body.
+    local i = assert(snip:find("lecho_ctx *ctx;", 1, true), snip)
+    local src = "#include <stdio.h>\n#include <stdlib.h>\n" .. snip:sub(1, i - 1)
+      .. "static void compute(double *u, double a) { (void)u; (void)a; }\n"
+      .. "int main(void) {\n  double alpha = 0.1, u[4] = { 0 };\n  int n = 2, step;\n  size_t cells = 4;\n"
+      .. snip:sub(i) .. "  return 0;\n}\n"
+    local c = S.tmpname("snip") .. ".c"
+    local f = assert(io.open(c, "w"))
+    f:write(src)
+    f:close()
+    local ok, log = sh(("cc -Wall -Wextra -Werror -c -o %s.o %s $(PKG_CONFIG_PATH=%s/lib/pkgconfig pkg-config --cflags lecho)")
+      :format(c, c, prefix))
+    assert(ok, "README's C snippet: " .. log .. "\n" .. src)
+  end)
+
   it("publishes every step to a Lua viewer and takes its steering", function()
     local sim = S.spawn(("env -u LUA_PATH -u LUA_CPATH %s --wait --steps 80 --interval 0.01"):format(heat))
     local first = S.wait_file(sim.out, "nameserver %d+%.%d+%.%d+%.%d+:%d+\n", 20)
@@ -41,6 +60,12 @@ describe("the C example", function()
     -- The bad key is the simulation's error, forwarded to the steerer.
     assert.truthy(vout:find("steering { alpah = 1 } refused: 127.0.0.1:%d+/c%d+: "
       .. "unknown key 'alpah' %(known: alpha, source, run%)"), vout)
+    -- Keys that are not strings are refused too (lecho_pairs sees them),
+    -- and the event is refused whole: alpha stays 0.1 (checked below).
+    assert.truthy(vout:find("steering { 0.4 } refused: 127.0.0.1:%d+/c%d+: "
+      .. "a steering key must be a string, not a number"), vout)
+    assert.truthy(vout:find("steering { alpha = 0.3, %[true%] = 1 } refused: 127.0.0.1:%d+/c%d+: "
+      .. "a steering key must be a string, not a boolean"), vout)
     -- Every step, in order; alpha changed right after the step it was sent at.
     local at = tonumber(sout:match("steered at step (%d+): alpha 0.1 %-> 0.4\n"))
     assert(at and at >= 20, sout)

@@ -7,8 +7,8 @@
  *   { step =, alpha =, source =, mean =, max =, u = { cells } }
  * and events on "heat.steer" change the run: { alpha = 0.4 } (0 < alpha <=
  * 0.5), { source = 80 }, { run = true } (start, with --wait).  A steering
- * event with an unknown key or a bad value is refused: the steerer's
- * submit_sync gets the message.  The last step is submitted synchronously,
+ * event with an unknown key, a key that is not a string ({ 0.4 }) or a bad
+ * value is refused whole: the steerer's submit_sync gets the message.  The last step is submitted synchronously,
  * so every viewer has every step when the simulation exits.
  *
  *   heat [--nameserver HOST:PORT] [--steps N] [--cells N] [--interval S] [--wait]
@@ -37,11 +37,19 @@ struct steer_check {
     int run;
 };
 
-/* Checks one field of a steering event into chk; nonzero when refused. */
-static int check_field(const char *key, const lecho_value *v, void *ud) {
+/* Checks one field of a steering event into chk; nonzero when refused.
+ * lecho_pairs gives every key, so { 0.4 } or { [true] = 1 } is seen. */
+static int check_field(const lecho_value *k, const lecho_value *v, void *ud) {
     struct steer_check *chk = ud;
+    static const char *const tnames[] = { "nil", "boolean", "number", "string", "table", "other" };
     double x;
-    int b;
+    int b, kt = lecho_type(k, NULL);
+    if (kt != LECHO_TSTRING) {
+        snprintf(chk->s->err, sizeof chk->s->err, "a steering key must be a string, not a %s "
+                 "(known: alpha, source, run)", tnames[kt >= 0 && kt <= LECHO_TOTHER ? kt : LECHO_TOTHER]);
+        return 1;
+    }
+    const char *key = lecho_get_string(k, NULL, NULL);
     if (strcmp(key, "alpha") == 0) {
         if (lecho_get_number(v, NULL, &x) != 0 || !(x > 0 && x <= 0.5)) {
             snprintf(chk->s->err, sizeof chk->s->err, "alpha must be a number in (0, 0.5]");
@@ -73,7 +81,7 @@ static const char *steer(const lecho_value *ev, const lecho_meta *meta, void *ud
     struct steer_check chk = { s, s->alpha, s->source, s->running };
     (void)meta;
     if (lecho_type(ev, NULL) != LECHO_TTABLE) return "a steering event is a table";
-    if (lecho_each(ev, check_field, &chk) != 0) return s->err;
+    if (lecho_pairs(ev, check_field, &chk) != 0) return s->err;
     if (chk.alpha != s->alpha)
         printf("steered at step %ld: alpha %g -> %g\n", s->step, s->alpha, chk.alpha);
     if (chk.source != s->source)
@@ -183,6 +191,10 @@ int main(int argc, char **argv) {
     free(u);
     free(v);
     lecho_value_free(ev);
-    rc = lecho_close(ctx, 2) != 0 || rc != 0;
-    return rc;
+    /* lecho_close frees ctx: lecho_close_err hands back why it failed. */
+    if (lecho_close_err(ctx, 2, err, sizeof err) != 0) {
+        fprintf(stderr, "heat: close: %s\n", err);
+        rc = 1;
+    }
+    return rc != 0;
 }

@@ -5,8 +5,8 @@ usage: luajit examples/c/viewer.lua --nameserver HOST:PORT [options]
 Subscribes to "heat.field", prints a summary line every --every steps, and
 steers the simulation on "heat.steer": { run = true } once subscribed (for
 heat --wait), then { alpha = X } when it has seen step --steer-at.  With
---bad it first sends a steering event with a misspelled key and prints the
-simulation's refusal.  On the last step (--steps) it prints
+--bad it first sends steering events with a misspelled key, a number key and
+a boolean key, and prints the simulation's refusals.  On the last step (--steps) it prints
   viewer: N steps in order, alpha A1 until step S1, A2 from step S2
 and exits 0 if every step arrived in order and the steering took effect.
 
@@ -15,7 +15,8 @@ and exits 0 if every step arrived in order and the steering took effect.
   --steer-at N            steer after step N (default 30; 0: never)
   --alpha X               the new alpha (default 0.4)
   --every N               a summary line every N steps (default 10)
-  --bad                   also send { alpah = 1 } and print the refusal
+  --bad                   also send { alpah = 1 }, { 0.4 } and
+                          { alpha = 0.3, [true] = 1 }; print the refusals
   --seconds S             give up after S seconds (default 30)
   --help                  this text
 ]]
@@ -86,7 +87,11 @@ local function send(ev, what)
   return ok
 end
 
-if opts.bad then send({ alpah = 1 }, "{ alpah = 1 }") end
+if opts.bad then
+  send({ alpah = 1 }, "{ alpah = 1 }")
+  send({ 0.4 }, "{ 0.4 }")
+  send({ alpha = 0.3, [true] = 1 }, "{ alpha = 0.3, [true] = 1 }")
+end
 send({ run = true }, "{ run = true }")
 
 local deadline = ctx:now() + opts.seconds

@@ -5,30 +5,37 @@
 -- list) for an expected failure or a raised one.  Not for Lua programs.
 
 local lecho = require "lecho"
+local address = require "lecho.addr"
 
 local M = {}
 
--- The code of a failure: the Lua layer's own when it gives one, else a
--- guess from the message (older layers return nil, message only).
-local function code_of(msg, code)
-  if type(code) == "string" then return code end
+-- A raised error's message without the "file.lua:12: " prefixes Lua adds
+-- (a C caller cannot use them).
+local function bare(msg)
   msg = tostring(msg)
-  if msg:find("no answer within", 1, true) or msg:find("timed out", 1, true)
-      or msg:find("timeout", 1, true) then
-    return "timeout"
-  end
-  if msg:find("closed", 1, true) then return "closed" end
-  if msg:find("refused", 1, true) then return "refused" end
-  if msg:find("cannot encode", 1, true) then return "invalid" end
-  if msg:find("limit", 1, true) then return "limit" end
-  return "failed"
+  local prev
+  repeat
+    prev = msg
+    msg = msg:gsub("^[^%s:]+%.lua:%d+: ", ""):gsub('^%[string "[^"]*"%]:%d+: ', "")
+  until msg == prev
+  return msg
+end
+
+-- The code of a raised error: misuse (a bad argument, an unknown option,
+-- lecho.errors) is "invalid", running out of memory "nomem".  The code of a
+-- returned failure is the Lua layer's third value, never read from the
+-- message; "failed" when it gave none.
+local function raised(err)
+  local msg = bare(err)
+  if msg == "not enough memory" then return nil, msg, "nomem" end
+  return nil, msg, "invalid"
 end
 
 -- Calls fn(...) protected: its results, or nil, message, code.
 local function protect(fn, ...)
   local r = { pcall(fn, ...) }
-  if not r[1] then return nil, tostring(r[2]), code_of(r[2]) end
-  if r[2] == nil then return nil, tostring(r[3]), code_of(r[3], r[4]) end
+  if not r[1] then return raised(r[2]) end
+  if r[2] == nil then return nil, tostring(r[3]), type(r[4]) == "string" and r[4] or "failed" end
   return unpack(r, 2, table.maxn(r))
 end
 
@@ -58,8 +65,8 @@ end
 
 function M.close(ctx, linger)
   return protect(function()
-    local ok, err = ctx:close(linger >= 0 and { linger = linger } or nil)
-    if not ok then return nil, err end
+    local ok, err, code = ctx:close(linger >= 0 and { linger = linger } or nil)
+    if not ok then return nil, err, code end
     return true
   end)
 end
@@ -89,27 +96,27 @@ end
 -- The hot path: no table per call.
 function M.submit(p, ev)
   local ok, r, err, code = pcall(p.submit, p, ev)
-  if not ok then return nil, tostring(r), code_of(r) end
-  if r == nil then return nil, tostring(err), code_of(err, code) end
+  if not ok then return raised(r) end
+  if r == nil then return nil, tostring(err), type(code) == "string" and code or "failed" end
   return true
 end
 
--- true; or nil, message, code and a flat list { context, consumer, err, ... }
--- when the failure is per consumer.
+-- true; or nil, message, code (the Lua layer's) and, when the failure is per
+-- consumer, a flat list { context, consumer, err, code, ... }.
 function M.submit_sync(p, ev, timeout)
   local r = { pcall(p.submit_sync, p, ev, timeout >= 0 and { timeout = timeout } or nil) }
-  if not r[1] then return nil, tostring(r[2]), code_of(r[2]) end
+  if not r[1] then return raised(r[2]) end
   if r[2] then return true end
-  local errs = r[3]
-  if type(errs) ~= "table" then return nil, tostring(errs), code_of(errs, r[4]) end
-  local flat, all_timeouts = {}, #errs > 0
+  local errs, code = r[3], type(r[4]) == "string" and r[4] or "failed"
+  if type(errs) ~= "table" then return nil, tostring(errs), code end
+  local flat = {}
   for _, e in ipairs(errs) do
     flat[#flat + 1] = tostring(e.context or "")
     flat[#flat + 1] = tostring(e.consumer or "")
     flat[#flat + 1] = tostring(e.err or "")
-    if code_of(e.err) ~= "timeout" then all_timeouts = false end
+    flat[#flat + 1] = type(e.code) == "string" and e.code or code
   end
-  return nil, tostring(errs), all_timeouts and "timeout" or "failed", flat
+  return nil, tostring(errs), code, flat
 end
 
 function M.flush(p) return protect(function() p:flush(); return true end) end
@@ -130,8 +137,11 @@ function M.stats(ctx) return protect(function() return ctx:stats() end) end
 
 function M.stat(ctx, name, counter)
   return protect(function()
-    local full = ctx:channel(name).name
-    local cs = ctx:stats().channels[full]
+    -- Only looks (ctx:channel would create the channel it is asked about):
+    -- the full name by lecho.addr's grammar, then the stats row if any.
+    local ns, short = address.split(name, ctx.ns)
+    if not ns then return nil, short, "invalid" end
+    local cs = ctx:stats().channels[address.join(ns, short)]
     local v = cs and cs[counter]
     return type(v) == "number" and v or -1
   end)

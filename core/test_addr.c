@@ -275,8 +275,11 @@ static void test_stale(const char *dir) {
 
 /* Processes starting on one path at once (each round over a stale file):
  * exactly one listens, and no one's file is removed by another (which would
- * leave a listener nobody can reach).  Each child exits 0: lost (refused),
- * 1: listens and its file is still its own 100 ms later, 2: listens but its
+ * leave a listener nobody can reach).  Each child tries once, says so on a
+ * pipe, and keeps its listener until every child has tried (a slow host may
+ * start one child long after another: a winner gone by then would leave a
+ * stale file, rightly taken over).  It exits 0: lost (refused), 1: listens
+ * and its file is still its own once all have tried, 2: listens but its
  * file was replaced or removed. */
 static void test_race(const char *dir) {
     char text[LEI_ADDR_TEXT_MAX];
@@ -287,27 +290,38 @@ static void test_race(const char *dir) {
     int bad_rounds = 0;
     for (int round = 0; round < 20; round++) {
         char bound[LEI_ADDR_TEXT_MAX], err[LEI_ADDR_ERR_MAX];
-        int go[2], nwin = 0, nlost = 0;
+        int go[2], tried[2], done[2], nwin = 0, nlost = 0;
         pid_t kids[8];
         int fd = lei_addr_listen(&a, 4, bound, err, sizeof err);
         if (fd >= 0) close(fd); /* a stale file to start from */
-        if (pipe(go)) break;
+        if (pipe(go) || pipe(tried) || pipe(done)) break;
         for (int k = 0; k < 8; k++) {
             kids[k] = fork();
             if (kids[k] == 0) {
-                char c, b2[LEI_ADDR_TEXT_MAX], e2[LEI_ADDR_ERR_MAX];
+                char c = 't', b2[LEI_ADDR_TEXT_MAX], e2[LEI_ADDR_ERR_MAX];
                 struct stat s1, s2;
                 close(go[1]);
+                close(tried[0]);
+                close(done[1]);
                 if (read(go[0], &c, 1) != 0) _exit(3);
                 int l = lei_addr_listen(&a, 4, b2, e2, sizeof e2);
+                int have = l >= 0 && lstat(text + 5, &s1) == 0;
+                if (write(tried[1], &c, 1) != 1) _exit(3);
+                if (read(done[0], &c, 1) != 0) _exit(3); /* until all have tried */
                 if (l < 0) _exit(0);
-                if (lstat(text + 5, &s1)) _exit(2);
-                usleep(100000);
-                _exit(lstat(text + 5, &s2) == 0 && s1.st_ino == s2.st_ino ? 1 : 2);
+                _exit(have && lstat(text + 5, &s2) == 0 && s1.st_ino == s2.st_ino ? 1 : 2);
             }
         }
         close(go[0]);
+        close(tried[1]);
+        close(done[0]);
         close(go[1]); /* all start now */
+        for (int k = 0; k < 8; k++) { /* each child's one byte (or EOF if one died) */
+            char c;
+            if (read(tried[0], &c, 1) != 1) break;
+        }
+        close(tried[0]);
+        close(done[1]); /* all have tried: the winners may look and exit */
         for (int k = 0; k < 8; k++) {
             int st = 0;
             if (kids[k] > 0 && waitpid(kids[k], &st, 0) == kids[k] && WIFEXITED(st)) {

@@ -161,6 +161,20 @@ describe("time arguments and descriptors", function()
   end)
 end)
 
+describe("the REPL's wait", function()
+  after_each(S.cleanup)
+
+  it("refuses a NaN or infinite time instead of hanging", function()
+    local _, ns = S.nameserver("--quiet")
+    for _, t in ipairs{ "0/0", "math.huge", "-1" } do
+      local child = S.spawn(("%s %s/scripts/lecho-repl --nameserver %s --no-history -e %s </dev/null")
+        :format(S.luajit, S.root, ns, S.sh_quote("wait(" .. t .. ")")))
+      assert.is_true((S.wait(child, 20)), "lecho-repl hung on wait(" .. t .. ")")
+      assert.matches("wait: seconds must be a finite number >= 0", S.errors(child) .. S.output(child), nil, true)
+    end
+  end)
+end)
+
 describe("lost peers", function()
   it("are 'closed' whether they exited or went silent", function()
     assert.are.equal("closed", errors.code_of("connection closed by peer"))

@@ -175,6 +175,16 @@ describe("the REPL's wait", function()
   end)
 end)
 
+describe("channel names", function()
+  it("refuse a NUL byte and a name server port out of range", function()
+    local ctx = lecho.context{ quiet = true }
+    assert.are.equal("lecho: a channel name must not contain a NUL byte", raised(ctx.channel, ctx, "a\0b"))
+    assert.matches("bad port", raised(ctx.channel, ctx, "127.0.0.1:99999/x"))
+    assert.matches("bad port", raised(lecho.context, { listen = "127.0.0.1:70000" }))
+    ctx:close()
+  end)
+end)
+
 describe("lost peers", function()
   it("are 'closed' whether they exited or went silent", function()
     assert.are.equal("closed", errors.code_of("connection closed by peer"))

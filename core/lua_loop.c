@@ -167,7 +167,8 @@ static int l_io(lua_State *L) {
                        : 65536.0;
     if (!(d >= 0 && d < bound && d <= INT_MAX) || d != floor(d))
         return luaL_error(L, "ctx:on_readable: fd %f is not a descriptor (an integer >= 0 "
-                             "below the open files limit, %f)", d, bound);
+                             "below the open files limit, %f)",
+                          d, bound);
     int fd = (int)d;
     if (fcntl(fd, F_GETFD) < 0) return luaL_error(L, "ctx:on_readable: fd %d is not open", fd);
     lb_timer *t = watcher_new(L, b, 3, 1);

@@ -11,7 +11,9 @@
 #define _GNU_SOURCE
 #include "lua_int.h"
 
+#include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,28 +40,45 @@ lb_ctx *lb_check_ctx(lua_State *L) {
     return b;
 }
 
+/* Field k of the table at index t as a size: def when nil; raises unless
+ * it is an integer from 0 to 2^53 (a double beyond size_t's range must never
+ * reach the conversion: that is undefined behaviour). */
 size_t lb_opt_size(lua_State *L, int t, const char *k, size_t def) {
     lua_getfield(L, t, k);
-    size_t v = lua_isnil(L, -1) ? def : (size_t)luaL_checknumber(L, -1);
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        return def;
+    }
+    if (lua_type(L, -1) != LUA_TNUMBER) luaL_error(L, "lecho: %s must be a number", k);
+    double d = lua_tonumber(L, -1);
     lua_pop(L, 1);
+    if (!(d >= 0 && d <= 9007199254740992.0 && d <= (double)SIZE_MAX) || d != floor(d))
+        luaL_error(L, "lecho: %s must be an integer from 0 to 2^53", k);
+    return (size_t)d;
+}
+
+/* Field k of the table at index t as a time in seconds: def when nil;
+ * raises unless it is a finite number >= 0 (NaN and inf included). */
+static double opt_time(lua_State *L, int t, const char *k, double def) {
+    lua_getfield(L, t, k);
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        return def;
+    }
+    if (lua_type(L, -1) != LUA_TNUMBER) luaL_error(L, "lecho: %s must be a number", k);
+    double v = lua_tonumber(L, -1);
+    lua_pop(L, 1);
+    if (!(v >= 0) || !isfinite(v)) luaL_error(L, "lecho: %s must be a finite number >= 0", k);
     return v;
 }
 
 /* heartbeat= (s, 0: off), heartbeat_misses= (> 1), retry_max= (s) of the
  * options table at index 1. */
 static void opt_liveness(lua_State *L, lei_opts *o) {
-    static const char *const names[] = {"heartbeat", "heartbeat_misses", "retry_max"};
-    double *dst[] = {&o->heartbeat, &o->heartbeat_misses, &o->retry_max};
-    for (int i = 0; i < 3; i++) {
-        lua_getfield(L, 1, names[i]);
-        if (!lua_isnil(L, -1)) {
-            double v = luaL_checknumber(L, -1);
-            if (!(v >= 0) || (i == 1 && !(v > 1)))
-                luaL_error(L, "lecho: %s must be %s", names[i], i == 1 ? "above 1" : "0 or more");
-            *dst[i] = v;
-        }
-        lua_pop(L, 1);
-    }
+    o->heartbeat = opt_time(L, 1, "heartbeat", o->heartbeat);
+    o->retry_max = opt_time(L, 1, "retry_max", o->retry_max);
+    o->heartbeat_misses = opt_time(L, 1, "heartbeat_misses", o->heartbeat_misses);
+    if (!(o->heartbeat_misses > 1)) luaL_error(L, "lecho: heartbeat_misses must be above 1");
 }
 
 /* core.new{ queue_limit=, policy=, batch_bytes=, max_frame=, max_string=,
@@ -75,7 +94,8 @@ static int l_new(lua_State *L) {
         o.queue_limit = lb_opt_size(L, 1, "queue_limit", o.queue_limit);
         o.batch_bytes = lb_opt_size(L, 1, "batch_bytes", o.batch_bytes);
         lim.max_string = lb_opt_size(L, 1, "max_string", lim.max_string);
-        lim.max_depth = (unsigned)lb_opt_size(L, 1, "max_depth", lim.max_depth);
+        size_t depth = lb_opt_size(L, 1, "max_depth", lim.max_depth);
+        lim.max_depth = depth > UINT_MAX ? UINT_MAX : (unsigned)depth; /* the codec caps it */
         o.max_frame = lb_opt_size(L, 1, "max_frame", lim.max_string + 64 * 1024 > o.max_frame
                                                        ? lim.max_string + 64 * 1024
                                                        : o.max_frame);
@@ -84,9 +104,7 @@ static int l_new(lua_State *L) {
             return luaL_error(L, "lecho: max_string and max_frame must stay under 4 GiB "
                                  "(a frame's length is 32 bits on the wire)");
         pin = lb_opt_size(L, 1, "pin_threshold", pin);
-        lua_getfield(L, 1, "retry_interval");
-        if (!lua_isnil(L, -1)) o.retry_interval = luaL_checknumber(L, -1);
-        lua_pop(L, 1);
+        o.retry_interval = opt_time(L, 1, "retry_interval", o.retry_interval);
         opt_liveness(L, &o);
         lua_getfield(L, 1, "policy");
         if (!lua_isnil(L, -1)) o.policy = luaL_checkoption(L, -1, NULL, lb_policy_names);

@@ -4,8 +4,12 @@
 #define _GNU_SOURCE
 #include "lua_int.h"
 
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 /* ctx:want_turn(on): call the turn hook before each loop turn's writes. */
 static int l_want_turn(lua_State *L) {
@@ -26,6 +30,14 @@ static int l_drain_local(lua_State *L) {
     return 0;
 }
 
+/* Argument i as a time in seconds: raises unless it is a finite number
+ * >= 0 (NaN, inf and negatives would abort libev, block or spin). */
+static double check_time(lua_State *L, int i) {
+    double t = luaL_checknumber(L, i);
+    if (!(t >= 0) || !isfinite(t)) luaL_argerror(L, i, "must be a finite number >= 0");
+    return t;
+}
+
 static void wake_cb(struct ev_loop *loop, ev_timer *w, int revents) {
     (void)loop;
     (void)w;
@@ -39,8 +51,8 @@ static int l_run_once(lua_State *L) {
     if (lua_isnoneornil(L, 2)) {
         ev_run(lei_ctx_loop(b->c), EVRUN_ONCE);
     } else {
-        double t = luaL_checknumber(L, 2);
-        if (t <= 0) {
+        double t = check_time(L, 2);
+        if (t == 0) {
             ev_run(lei_ctx_loop(b->c), EVRUN_NOWAIT);
         } else {
             /* On this C stack frame: nested run_once calls each get their own. */
@@ -128,10 +140,9 @@ static int watcher_register(lua_State *L, lb_ctx *b, lb_timer *t) {
 /* ctx:timer(after, repeat, fn) -> timer; fn(timer) runs on the loop. */
 static int l_timer(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
-    double after = luaL_checknumber(L, 2);
-    double rep = luaL_optnumber(L, 3, 0);
+    double after = check_time(L, 2);
+    double rep = lua_isnoneornil(L, 3) ? 0 : check_time(L, 3);
     luaL_checktype(L, 4, LUA_TFUNCTION);
-    if (after < 0 || rep < 0) return luaL_argerror(L, 2, "negative time");
     lb_timer *t = watcher_new(L, b, 4, 0);
     ev_timer_init(&t->w, timer_cb, after, rep);
     ev_timer_start(lei_ctx_loop(b->c), &t->w);
@@ -146,9 +157,20 @@ static void io_cb(struct ev_loop *loop, ev_io *w, int revents) {
  * readable, until watcher:stop().  For a REPL reading stdin, say. */
 static int l_io(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
-    int fd = (int)luaL_checkinteger(L, 2);
+    double d = luaL_checknumber(L, 2);
     luaL_checktype(L, 3, LUA_TFUNCTION);
-    if (fd < 0) return luaL_argerror(L, 2, "negative descriptor");
+    /* libev aborts on a descriptor that is not open, and sizes its tables by
+     * the largest one: only an open descriptor below the rlimit goes on. */
+    struct rlimit rl;
+    double bound = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                       ? (double)rl.rlim_cur
+                       : 65536.0;
+    if (!(d >= 0 && d < bound && d <= INT_MAX) || d != floor(d))
+        return luaL_error(L, "ctx:on_readable: fd %f is not a descriptor (an integer >= 0 "
+                             "below the open files limit, %f)",
+                          d, bound);
+    int fd = (int)d;
+    if (fcntl(fd, F_GETFD) < 0) return luaL_error(L, "ctx:on_readable: fd %d is not open", fd);
     lb_timer *t = watcher_new(L, b, 3, 1);
     ev_io_init(&t->io, io_cb, fd, EV_READ);
     ev_io_start(lei_ctx_loop(b->c), &t->io);

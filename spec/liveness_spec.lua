@@ -100,9 +100,11 @@ describe("liveness", function()
     assert.is_true(p:submit_sync(51, { timeout = 5 }))
     S.kill(c, "STOP")
     local t0 = ctx:now()
-    local ok, errs = p:submit_sync(52, { timeout = 5 })
+    local ok, errs, code = p:submit_sync(52, { timeout = 5 })
     local took = ctx:now() - t0
     assert.is_nil(ok)
+    -- a lost peer is "closed", whether it exited or went silent
+    assert.are.same({ "closed", "closed" }, { code, errs[1].code })
     local e = tostring(errs)
     assert.truthy(e:find("no heartbeat from " .. c.addr:gsub("%p", "%%%0") .. " for 0%.%d s"), e)
     -- silence counts from the last frame it sent (the ack of 51, just

@@ -51,7 +51,9 @@ describe("unknown options", function()
                          heartbeat_misses = 3, modulator_budget = 0.005, modulator_memory = 16 * 1024 * 1024,
                          ack_timeout = 2, settle = 0, forget_after = 30, log = function() end }
     local p = assert(ctx:channel("b"):producer{ policy = "drop_oldest", grant = { "clock" } })
-    assert(ctx:channel("b"):consumer(function() end, { params = {}, on_error = function() end }))
+    assert(ctx:channel("b"):consumer(function() end, { modulator = "function enqueue(ev) return ev end",
+                                                       params = {}, period = 1, capabilities = { "clock" },
+                                                       on_error = function() end }))
     assert.is_true(p:submit_sync(1, { timeout = 2 }))
   end)
 end)

@@ -141,6 +141,9 @@ function M.split(ref, default_ns)
   if type(ref) ~= "string" or ref == "" then
     return invalid("a channel name must be a non-empty string")
   end
+  -- The C API (lecho.h), the logs and the tools see names as C strings:
+  -- "a\0b" would be "a" there.
+  if ref:find("\0", 1, true) then return invalid("a channel name must not contain a NUL byte") end
   local a, name
   if ref:sub(1, 5) == "unix:" then
     local i = ref:find("//", 6, true)

@@ -210,10 +210,12 @@ function Context:_dispatch(chid, value, peer, producer, seq, sync)
   return false, nran, errs
 end
 
---- Calls fn(timer) every sec seconds until timer:stop().  fn runs in a
--- coroutine of its own and may wait (submit_sync, a blocking submit); a
--- tick that comes while the previous call still waits is skipped.
+--- Calls fn(timer) every sec seconds (a finite number > 0) until
+-- timer:stop().  fn runs in a coroutine of its own and may wait
+-- (submit_sync, a blocking submit); a tick that comes while the previous
+-- call still waits is skipped.
 function Context:every(sec, fn)
+  options.check_time(sec, "ctx:every", "sec", 2, true)
   local busy = false
   local function run(t)
     local ok, err = xpcall(fn, traceback, t)
@@ -227,7 +229,9 @@ function Context:every(sec, fn)
   end)
 end
 
+--- Calls fn() once, sec seconds (a finite number >= 0) from now.
 function Context:after(sec, fn)
+  options.check_time(sec, "ctx:after", "sec", 2)
   return self.c:timer(sec, 0, function()
     self:_spawn(function()
       local ok, err = xpcall(fn, traceback)
@@ -251,7 +255,12 @@ end
 
 function Context:run() return self.c:run() end
 
-function Context:run_once(timeout) return self.c:run_once(timeout) end
+--- One loop turn, waiting at most timeout seconds (nil: until something
+-- happens; 0: not at all).
+function Context:run_once(timeout)
+  if timeout ~= nil then options.check_time(timeout, "ctx:run_once", "timeout", 2) end
+  return self.c:run_once(timeout)
+end
 
 function Context:stop() return self.c:stop() end
 

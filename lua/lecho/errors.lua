@@ -29,7 +29,7 @@ function M.code_of(msg, default)
   if msg:find("no answer", 1, true) or msg:find("timed out", 1, true) then return "timeout" end
   if msg:find("refused", 1, true) then return "refused" end
   if msg:find("closed", 1, true) or msg:find("connection lost", 1, true)
-     or msg:find("reset", 1, true) then return "closed" end
+     or msg:find("reset", 1, true) or msg:find("no heartbeat", 1, true) then return "closed" end
   if msg:find("limit", 1, true) or msg:find("too long", 1, true) or msg:find("too deep", 1, true)
      or msg:find("queue full", 1, true) then return "limit" end
   if msg:find("cannot encode", 1, true) then return "invalid" end

@@ -1,5 +1,6 @@
--- lecho.options: the lists the API checks against, in one place: queue
--- policies, modulator capabilities, and address parsing.
+-- lecho.options: what the API checks against, in one place: queue
+-- policies, modulator capabilities, the options each call takes with the
+-- kind of value each takes, and address parsing.
 
 local addr = require "lecho.addr"
 
@@ -8,58 +9,146 @@ local M = {}
 -- Capabilities a producer may grant to modulators (doc/modulators.md).
 M.CAPS = { clock = true, log = true }
 
--- Raises "lecho: unknown capability 'X' (known: clock, log)" unless every
--- entry of list (nil: none) is a capability.
-function M.check_caps(list, level)
-  for _, cap in ipairs(list or {}) do
-    if not M.CAPS[cap] then
-      local known = {}
-      for k in pairs(M.CAPS) do known[#known + 1] = k end
-      table.sort(known)
-      error(("lecho: unknown capability '%s' (known: %s)"):format(tostring(cap),
-            table.concat(known, ", ")), level + 1)
-    end
-  end
-end
-
 -- Queue policies when a queue is full (README "Bounded memory").
 M.POLICIES = { block = true, drop_oldest = true, drop_newest = true, disconnect = true }
 
--- The names each options table takes (README "Using it" says what they
--- do), with the default where the Lua side applies one (`true`: the C core
--- or lecho.registry applies it, or there is none).  A key not listed is a
--- mistake (`namserver`) and raises at the call with its name: an unknown
--- option never silently means its default.
-M.CONTEXT = {
-  nameserver = true, listen = "127.0.0.1:0", advertise = true, manager = true, log = true, quiet = true,
-  timeout = 5, sync_timeout = 10, linger = 2,
-  queue_limit = true, policy = true, batch_bytes = true,
-  max_string = true, max_depth = true, max_frame = true, pin_threshold = true,
-  retry_interval = true, retry_max = true, heartbeat = true, heartbeat_misses = true,
-  modulator_budget = 0.005, modulator_memory = 32 * 1024 * 1024,
-  -- the registry of a name server or manager run inside the context
-  ack_timeout = 2.0, settle = true, recovering = true, forget_after = true,
-}
-M.CHANNEL = { create = true }
-M.PRODUCER = { policy = true, grant = true }
-M.CONSUMER = { modulator = true, params = true, period = true, capabilities = true, on_error = true }
-M.SUBMIT_SYNC = { timeout = true }
-M.CLOSE = { linger = true }
+-- The kinds of option values.  Each checks value v of option k and returns
+-- nil when it fits, or why not: a text that follows "WHERE: k " or, with a
+-- second value true, the whole message.
+local function time(min, above)
+  local why = ("must be a finite number %s %g"):format(above and ">" or ">=", min)
+  return function(v)
+    if type(v) ~= "number" or v ~= v or v == math.huge or v < min or (above and v == min) then
+      return why
+    end
+  end
+end
+-- A count of bytes or levels: an integer the C core can take as a size.
+local function size(min)
+  local why = ("must be an integer from %d to 2^53"):format(min)
+  return function(v)
+    if type(v) ~= "number" or not (v >= min and v <= 2 ^ 53) or v ~= math.floor(v) then return why end
+  end
+end
+local function typed(t, article)
+  local why = ("must be %s %s"):format(article or "a", t)
+  return function(v) if type(v) ~= t then return why end end
+end
+local function address(v)
+  if type(v) ~= "string" then return "must be an address string (host:port, [v6]:port or unix:/path)" end
+end
+local function policy(v)
+  if not M.POLICIES[v] then return "lecho: unknown policy '" .. tostring(v) .. "'", true end
+end
+local function caps(v)
+  if type(v) ~= "table" then return "must be a list of capability names (clock, log)" end
+  for _, cap in ipairs(v) do
+    if not M.CAPS[cap] then
+      local known = {}
+      for name in pairs(M.CAPS) do known[#known + 1] = name end
+      table.sort(known)
+      return ("lecho: unknown capability '%s' (known: %s)"):format(tostring(cap),
+             table.concat(known, ", ")), true
+    end
+  end
+end
+local TIME, TIME_POS, BOOL, FN, TABLE = time(0), time(0, true), typed("boolean"), typed("function"),
+                                        typed("table")
 
--- Raises "WHERE: unknown option 'KEY'" for a key of opts not in `known`
--- (level: as error's, for the caller of the API function).  Returns opts,
--- or an empty table for nil.
+-- The names each options table takes (README "Using it" says what they
+-- do), with the kind of value each takes and the default where the Lua side
+-- applies one (nil: the C core or lecho.registry applies it, or there is
+-- none).  A key not listed is a mistake (`namserver`) and raises at the call
+-- with its name: an unknown option never silently means its default; so
+-- does a value of the wrong kind (a NaN timeout, a negative queue_limit).
+local SCHEMA = {
+  CONTEXT = {
+    nameserver = { address }, listen = { address, "127.0.0.1:0" }, advertise = { address },
+    manager = { BOOL }, log = { FN }, quiet = { BOOL },
+    timeout = { TIME_POS, 5 }, sync_timeout = { TIME, 10 }, linger = { TIME, 2 },
+    queue_limit = { size(0) }, policy = { policy }, batch_bytes = { size(0) },
+    max_string = { size(0) }, max_depth = { size(1) }, max_frame = { size(0) },
+    pin_threshold = { size(0) },
+    retry_interval = { TIME }, retry_max = { TIME }, heartbeat = { TIME },
+    heartbeat_misses = { time(1, true) },
+    modulator_budget = { TIME_POS, 0.005 }, modulator_memory = { size(256 * 1024), 32 * 1024 * 1024 },
+    -- the registry of a name server or manager run inside the context
+    ack_timeout = { TIME, 2.0 }, settle = { TIME }, recovering = { BOOL }, forget_after = { TIME },
+  },
+  CHANNEL = { create = { BOOL } },
+  PRODUCER = { policy = { policy }, grant = { caps } },
+  CONSUMER = { modulator = { typed("string") }, params = { TABLE }, period = { time(0.001) },
+               capabilities = { caps }, on_error = { FN } },
+  SUBMIT_SYNC = { timeout = { TIME } },
+  CLOSE = { linger = { TIME } },
+}
+
+-- Checks on options together (after each value passed): the message, or nil.
+local TOGETHER = {
+  CONTEXT = function(o)
+    if o.manager and o.nameserver == nil then
+      return "manager needs a nameserver (the name server it registers with)"
+    end
+  end,
+  CONSUMER = function(o)
+    if o.modulator == nil then
+      for _, k in ipairs{ "params", "period", "capabilities" } do
+        if o[k] ~= nil then return k .. " needs a modulator" end
+      end
+    end
+  end,
+}
+
+-- M.CONTEXT, M.CHANNEL, ...: name -> the default, or true when there is none
+-- here; kinds and together: the same tables -> their checks.
+local kinds, together = {}, {}
+for name, schema in pairs(SCHEMA) do
+  local known, k_of = {}, {}
+  for k, spec in pairs(schema) do
+    known[k] = spec[2] == nil and true or spec[2]
+    k_of[k] = spec[1]
+  end
+  M[name] = known
+  kinds[known], together[known] = k_of, TOGETHER[name]
+end
+
+-- Raises "WHERE: unknown option 'KEY'" for a key of opts not in `known`, and
+-- "WHERE: KEY must be ..." for a value not of its kind (level: as error's,
+-- for the caller of the API function).  Returns opts, or an empty table for
+-- nil.
 function M.check(opts, known, where, level)
   if opts == nil then return {} end
   if type(opts) ~= "table" then
     error(("%s: options must be a table, not a %s"):format(where, type(opts)), level + 1)
   end
-  for k in pairs(opts) do
+  local k_of = kinds[known]
+  for k, v in pairs(opts) do
     if not known[k] then
       error(("%s: unknown option '%s'"):format(where, tostring(k)), level + 1)
     end
+    local why, whole
+    if k_of then why, whole = k_of[k](v) end
+    if why then error(whole and why or ("%s: %s %s"):format(where, k, why), level + 1) end
   end
+  local why = together[known] and together[known](opts)
+  if why then error(("%s: %s"):format(where, why), level + 1) end
   return opts
+end
+
+-- Raises "lecho: unknown capability 'X' (known: clock, log)" unless every
+-- entry of list (nil: none) is a capability.
+function M.check_caps(list, level)
+  local why, whole
+  if list ~= nil then why, whole = caps(list) end
+  if why then error(whole and why or "lecho: capabilities " .. why, level + 1) end
+end
+
+-- Raises "WHERE: NAME must be a finite number >= 0" (> 0 when positive)
+-- unless v is one: the time arguments of ctx:after, ctx:every, run_once.
+function M.check_time(v, where, name, level, positive)
+  local why = (positive and TIME_POS or TIME)(v)
+  if why then error(("%s: %s %s"):format(where, name, why), level + 1) end
+  return v
 end
 
 -- The canonical text of address s (lecho.addr: "a.b.c.d:port",

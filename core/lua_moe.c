@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "lua_int.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,7 +68,8 @@ static int l_moe(lua_State *L) {
     o.prelude = lua_tolstring(L, -1, &o.prelude_len);
     o.lim = b->lim;
     o.on_fail = moe_failed;
-    if (o.budget <= 0 || o.mem_limit < 256 * 1024 || o.period < 0)
+    if (!(o.budget > 0) || !isfinite(o.budget) || o.mem_limit < 256 * 1024 || !(o.period >= 0) ||
+        !isfinite(o.period))
         return luaL_argerror(L, 7, "budget and period must be positive, memory >= 256 KiB");
     lb_moe *x = lua_newuserdata(L, sizeof *x);
     memset(x, 0, sizeof *x);

@@ -419,6 +419,14 @@ describe("lecho.registry bad input", function()
     assert.are.equal("field 'rid' must be a number", err_of { op = "join", rid = "r1" })
   end)
 
+  it("refuses a modulator period that is not a finite number >= 0.001", function()
+    for _, period in ipairs{ 0, -1, 0 / 0, math.huge, "1" } do
+      assert.are.equal("join: modulator 'K': period must be a finite number >= 0.001",
+        err_of { op = "join", ch = "x", role = "consumer",
+                 subs = { mods = { K = { src = "function enqueue(ev) return ev end", period = period } } } })
+    end
+  end)
+
   it("enforces max_channels", function()
     reg = new("nameserver", { max_channels = 1 })
     req(reg, w, P1, { op = "lookup", ch = "a" }); w.take()

@@ -185,7 +185,10 @@ function Channel:_manager()
                                               recovering = self.recovering or nil })
   if not r then return nil, ("name server %s: %s"):format(self.ns, err), code end
   self.manager = r.manager
-  self.settle = r.settle
+  -- a peer's number: finite, positive, bounded, or none (a NaN or a string
+  -- from a broken name server must not become the join's wait)
+  local s = r.settle
+  self.settle = type(s) == "number" and s > 0 and s <= 3600 and s or nil
   return r.manager
 end
 

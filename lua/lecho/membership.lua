@@ -166,8 +166,8 @@ local function check_subs(msg)
     if #m.src > MAX_SOURCE then
       return nil, ("%s: modulator '%s' source longer than %d bytes"):format(op, k, MAX_SOURCE)
     end
-    if m.period ~= nil and (type(m.period) ~= "number" or not (m.period >= 0.001)) then
-      return nil, ("%s: modulator '%s': period must be a number >= 0.001"):format(op, k)
+    if m.period ~= nil and (type(m.period) ~= "number" or not (m.period >= 0.001 and m.period < math.huge)) then
+      return nil, ("%s: modulator '%s': period must be a finite number >= 0.001"):format(op, k)
     end
     if m.caps ~= nil and type(m.caps) ~= "table" then
       return nil, ("%s: modulator '%s': caps must be a list of strings"):format(op, k)

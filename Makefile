@@ -170,7 +170,9 @@ bench/lecho_c: bench/lecho_c.c bench/harness.h bench/lecho_bench.h $(CORE_SRC) $
 	$(CC) $(CFLAGS) $(WARN) -Icore -o $@ bench/lecho_c.c $(CORE_SRC) -lev
 
 # `make install [PREFIX=/usr/local] [DESTDIR=]`: the Lua module tree, the
-# core, the scripts, and the C API (lecho.h, liblecho.so, lecho.pc).
+# core, the scripts, and the C API (lecho.h, liblecho.so, lecho.pc).  The
+# scripts get INST_LUADIR and INST_LIBDIR written in, so they find the Lua
+# tree with no LUA_PATH/LUA_CPATH set.
 # LuaRocks (`luarocks make`) passes INST_LIBDIR, INST_LUADIR, INST_BINDIR on
 # the command line: then the C API is installed only if INST_INCDIR is given
 # too (with INST_CLIBDIR; INST_PCDIR defaults to INST_CLIBDIR/pkgconfig).
@@ -189,7 +191,9 @@ install: $(SO)
 	cp $(SO) $(DESTDIR)$(INST_LIBDIR)/lecho/core.so
 	cd lua && find lecho -name '*.lua' | while read -r f; do \
 	  mkdir -p "$(DESTDIR)$(INST_LUADIR)/$$(dirname $$f)" && cp "$$f" "$(DESTDIR)$(INST_LUADIR)/$$f" || exit 1; done
-	cp scripts/lecho-* $(DESTDIR)$(INST_BINDIR)/
+	for f in scripts/lecho-*; do \
+	  sed -e 's|@LECHO_LUADIR@|$(INST_LUADIR)|; s|@LECHO_LIBDIR@|$(INST_LIBDIR)|' "$$f" > "$(DESTDIR)$(INST_BINDIR)/$${f#scripts/}" && \
+	  chmod 755 "$(DESTDIR)$(INST_BINDIR)/$${f#scripts/}" || exit 1; done
 	$(if $(CAPI_INSTALL),$(MAKE) install-capi)
 
 # The installed liblecho is built for where the Lua files go (INST_LUADIR,

@@ -441,6 +441,25 @@ end
     assert.are.equal(8, #objs)
   end)
 
+  it("writes valid JSON for strings that are not UTF-8, bytes as U+0080..U+00FF", function()
+    local cjson = require "cjson"
+    local input = S.write(S.tmpname("json-bytes"), table.concat({
+      'string.rep("\\255", 3)', 'print("\\200x")', '=({ ["k\\254"] = "h\\195\\169llo" })',
+    }, "\n") .. "\n")
+    local out = sh_out(("%s %s/scripts/lecho-repl --nameserver %s --no-history --json < %s")
+      :format(S.luajit, S.root, ns, input))
+    local objs = {}
+    for l in out:gmatch("[^\n]+") do
+      -- Every byte >= 0x80 is part of a well-formed 2-byte sequence here.
+      assert.is_nil(l:gsub("[\194\195][\128-\191]", ""):find("[\128-\255]"), l)
+      objs[#objs + 1] = cjson.decode(l)
+    end
+    assert.are.same({ values = { "\195\191\195\191\195\191" } }, objs[1])
+    assert.are.same({ text = "\195\136x" }, objs[2])
+    assert.are.same({ values = { { ["k\195\190"] = "h\195\169llo" } } }, objs[3])
+    assert.are.equal(3, #objs)
+  end)
+
   it("runs piped input without a terminal, exit status 1 after an error", function()
     local out = sh_out(("echo 'ls() error(\"x\")' | %s %s/scripts/lecho-repl --nameserver %s --no-history; echo rc=$?")
       :format(S.luajit, S.root, ns))

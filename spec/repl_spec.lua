@@ -475,6 +475,35 @@ end
     assert.matches("^%(command line%):1: mod: no such file: no/such/stride%.lua\nrc=1", out)
   end)
 
+  it("refuses options it does not know; says how the editor ended", function()
+    local input = S.write(S.tmpname("opts-in"), table.concat({
+      'sub("x", { wher = "true" })', 'sub("x", { limt = 3 })',
+      'mod("x", "function enqueue(ev) return ev end", {}, { fieldz = 1 })',
+      'send("x", {}, { timout = 1 })',
+      'h = mod("x", "function enqueue(ev) return ev end", {})', 'edit(h)',
+    }, "\n") .. "\n")
+    -- An empty VISUAL does not hide EDITOR.
+    local out = sh_out(("VISUAL= EDITOR=false %s %s/scripts/lecho-repl --nameserver %s --no-history < %s")
+      :format(S.luajit, S.root, ns, input))
+    assert.matches("stdin:1: sub: unknown option 'wher' %(known: fields, every, limit, where, format%)\n", out)
+    assert.matches("stdin:1: sub: unknown option 'limt' ", out)
+    assert.matches("stdin:1: mod: unknown option 'fieldz' %(known: [^\n]*period, capabilities%)\n", out)
+    assert.matches("stdin:1: send: unknown option 'timout' %(known: async, timeout%)\n", out)
+    assert.matches("stdin:1: edit: false exited with status 1\n", out)
+  end)
+
+  it("keeps no history file, and says so, when LECHO_HISTORY cannot be read", function()
+    local r3 = start_repl("repl3", ns, { LECHO_HISTORY = S.tmpdir() })
+    r3.from = 1
+    r3:expect("history not kept: [^\n]*: Is a directory")
+    r3:expect("lecho>")
+    r3:run("print(6 * 7)")
+    r3:expect("\n42\n")
+    r3:keys("C-d")
+    assert.truthy(S.wait_file(r3.rcfile, "rc=%d+", 20))
+    assert.matches("rc=0", S.read(r3.rcfile))
+  end)
+
   it("restores the terminal when it ends with Ctrl-D", function()
     repl:mark()
     repl:keys("C-d")

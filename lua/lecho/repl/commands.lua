@@ -12,7 +12,7 @@ local ORDER = { "help", "ls", "sub", "unsub", "subs", "send", "mod", "params", "
                 "stats", "wait", "pp", "history", "quit" }
 
 --- Adds the commands to session R's environment (R.env), and R.command,
--- R.serve, R.check_name, R.short_name, R.list_channels, R.channel_names;
+-- R.serve, R.check_name, R.check_opts, R.short_name, R.list_channels, R.channel_names;
 -- R.ctx must exist.
 function M.install(R)
   local ctx, producers = R.ctx, R.producers
@@ -51,6 +51,22 @@ function M.install(R)
   function R.check_name(name, fn)
     if type(name) ~= "string" or name == "" then
       error(fn .. ": first argument must be a channel name", 3)
+    end
+  end
+
+  --- Raises (at the caller of command fn, `level` 3 by default) unless o is
+  -- nil or a table whose keys are all in the list `known`.
+  function R.check_opts(o, fn, known, level)
+    level = level or 3
+    if o == nil then return end
+    if type(o) ~= "table" then error(fn .. ": options must be a table", level) end
+    for k in pairs(o) do
+      local ok = false
+      for _, n in ipairs(known) do if k == n then ok = true break end end
+      if not ok then
+        error(("%s: unknown option %s (known: %s)"):format(fn,
+          type(k) == "string" and "'" .. k .. "'" or tostring(k), table.concat(known, ", ")), level)
+      end
     end
   end
 
@@ -169,6 +185,7 @@ Produces ev on channel ch and returns true once every consumer ran its
 handler on it (submit_sync, timeout 5 s); an error raised by a consumer's
 handler comes back as the error of send.  async = true: queue it and return.]], function(name, ev, o)
     R.check_name(name, "send")
+    R.check_opts(o, "send", { "async", "timeout" })
     o = o or {}
     local p = producers[name]
     if not p or p.closed then

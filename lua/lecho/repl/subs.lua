@@ -9,7 +9,7 @@ local P = require "lecho.repl.pretty"
 local M = {}
 
 --- Adds sub, unsub, subs, mod, params and edit to session R (through
--- R.command); R.serve, R.check_name must exist.
+-- R.command); R.serve, R.check_name, R.check_opts must exist.
 function M.install(R)
   local ctx, handles = R.ctx, R.handles
 
@@ -144,8 +144,11 @@ function M.install(R)
     return f, v
   end
 
+  local SUB_OPTS = { "fields", "every", "limit", "where", "format" }
+  local MOD_OPTS = { "fields", "every", "limit", "where", "format", "period", "capabilities" }
+
   local function new_handle(kind, name, o)
-    if o ~= nil and type(o) ~= "table" then error(kind .. ": options must be a table", 3) end
+    R.check_opts(o, kind, kind == "mod" and MOD_OPTS or SUB_OPTS, 4)
     o = o or {}
     local fields = o.fields
     if type(fields) == "string" then fields = { fields } end
@@ -255,18 +258,13 @@ the options, and how many events arrived.]], function()
     R.out(table.concat(s, "\n"))
   end)
 
+  -- A file's text (the rule of lecho.modulator: one line ending in .lua or
+  -- naming something that exists), or src itself as source.
   local function read_source(src)
-    if type(src) ~= "string" then error("mod: the modulator must be Lua source or a file name", 3) end
-    if not src:find("\n") and not src:find("[%(%)=]") then
-      local f = io.open(src, "r")
-      if f then
-        local text = f:read("*a")
-        f:close()
-        return text, src
-      end
-      if src:match("%.lua$") then error("mod: no such file: " .. src, 3) end
-    end
-    return src, nil
+    if type(src) ~= "string" or src == "" then error("mod: the modulator must be Lua source or a file name", 3) end
+    local text, file = require("lecho.modulator").source(src)
+    if not text then error("mod: " .. tostring(file), 3) end
+    return text, file
   end
 
   local function check_modulator(src, fn)
@@ -328,11 +326,14 @@ every producer (set_modulator).]], function(x)
     local h = find_handle(x, "edit")
     if h.kind ~= "mod" then error("edit: " .. h.id .. " has no modulator", 2) end
     if h.closed then error("edit: " .. h.id .. " is closed", 2) end
-    local editor = os.getenv("VISUAL") or os.getenv("EDITOR")
+    local editor = os.getenv("VISUAL")
+    if not editor or editor == "" then editor = os.getenv("EDITOR") end
     if not editor or editor == "" then error("edit: set EDITOR (or VISUAL) to an editor", 2) end
     local file = h.file
     if not file then
-      file = os.tmpname() .. ".lua"
+      local tmp = os.tmpname()        -- created empty by tmpname: ours to remove
+      os.remove(tmp)
+      file = tmp .. ".lua"
       local f = assert(io.open(file, "w"))
       f:write(h.src)
       f:close()
@@ -340,14 +341,22 @@ every producer (set_modulator).]], function(x)
     if R.prompt_shown then T.write("\r\27[K") R.prompt_shown = false end
     T.term.restore()
     T.sig.block(false)
-    local rc = os.execute(editor .. " " .. sh_quote(file))
+    local rc, how, code = os.execute(editor .. " " .. sh_quote(file))
     T.sig.block(true)
     T.term.enter_raw()
     local f = io.open(file, "r")
     local text = f and f:read("*a")
     if f then f:close() end
     if not h.file then os.remove(file) end
-    if rc ~= 0 and rc ~= true then error(("edit: %s exited with %s"):format(editor, tostring(rc)), 2) end
+    if rc ~= 0 and rc ~= true then
+      -- LuaJIT gives the wait status (exit code * 256, or the signal), or
+      -- with 5.2 compatibility nil, "exit"|"signal", code.
+      if type(rc) == "number" then
+        how, code = rc % 256 == 0 and "exit" or "signal", rc % 256 == 0 and rc / 256 or rc % 128
+      end
+      error(("edit: %s %s"):format(editor, how == "signal" and "was killed by signal " .. tostring(code)
+        or "exited with status " .. tostring(code)), 2)
+    end
     if not text then error("edit: cannot read " .. file, 2) end
     if text == h.src then R.out(h.id .. ": unchanged") return end
     check_modulator(text, "edit")

@@ -347,6 +347,10 @@ end
     repl:expect("the streams of its modulators")
     repl:run("help(42)")
     repl:expect("stdin:1: help: no command 42 %(help%(%) lists them%)")
+    repl:run("help(ctx)")
+    repl:expect("ctx: this REPL's lecho context; its methods %(ctx:name%(...%)%):\n  after channel close [^\n]*stats stop\n")
+    repl:run("help(lecho)")
+    repl:expect("lecho: the lecho module; its functions [^\n]*\n  context [^\n]*modulator\n")
   end)
 
   it("searches the history with Ctrl-R", function()
@@ -387,6 +391,18 @@ end
     repl:type(")")
     repl:keys("Enter")
     repl:expect("context 127%.0%.0%.1:%d+")
+    -- Methods after ':': one completes with its "(", several are listed.
+    repl:mark()
+    repl:type("n = ctx:chan")
+    repl:keys("Tab")
+    repl:expect("lecho> n = ctx:channel%(%s*$")
+    repl:keys("C-u")
+    repl:mark()
+    repl:type("ctx:st")
+    repl:keys("Tab")
+    repl:keys("Tab")
+    repl:expect("stats%s+stop")
+    repl:keys("C-u")
   end)
 
   it("lists a failed modulator as failed, and its stream under its channel in stats()", function()
@@ -490,6 +506,17 @@ end
     assert.matches("stdin:1: mod: unknown option 'fieldz' %(known: [^\n]*period, capabilities%)\n", out)
     assert.matches("stdin:1: send: unknown option 'timout' %(known: async, timeout%)\n", out)
     assert.matches("stdin:1: edit: false exited with status 1\n", out)
+  end)
+
+  it("prints what format= returns with the pretty printer when it is not a string", function()
+    local input = S.write(S.tmpname("format-in"), table.concat({
+      's = sub("fmt", { format = "ev", limit = 1 })', 't = sub("fmt", { format = "ev.a", limit = 1 })',
+      'send("fmt", { a = "s", b = { 2, 3 } })',
+    }, "\n") .. "\n")
+    local out = sh_out(("%s %s/scripts/lecho-repl --nameserver %s --no-history < %s")
+      :format(S.luajit, S.root, ns, input))
+    assert.matches("%[sub%d+ fmt #1%] { a = \"s\", b = { 2, 3 } }\n", out)
+    assert.matches("%[sub%d+ fmt #1%] s\n", out)
   end)
 
   it("keeps no history file, and says so, when LECHO_HISTORY cannot be read", function()

@@ -11,6 +11,30 @@ local M = {}
 local ORDER = { "help", "ls", "sub", "unsub", "subs", "send", "mod", "params", "edit",
                 "stats", "wait", "pp", "history", "quit" }
 
+--- The sorted names of the functions reachable as obj.name (its fields,
+-- then its metatables' __index tables; methods: only the latter), not
+-- those beginning with "_".
+function M.functions(obj, methods)
+  local names, seen, t, depth = {}, {}, obj, 0
+  if methods then
+    local mt = getmetatable(obj)
+    t = type(mt) == "table" and rawget(mt, "__index") or nil
+  end
+  while type(t) == "table" and depth < 10 do
+    for k, v in pairs(t) do
+      if type(k) == "string" and type(v) == "function" and not k:find("^_") and not seen[k] then
+        seen[k] = true
+        names[#names + 1] = k
+      end
+    end
+    local mt = getmetatable(t)
+    t = type(mt) == "table" and rawget(mt, "__index") or nil
+    depth = depth + 1
+  end
+  table.sort(names)
+  return names
+end
+
 --- Adds the commands to session R's environment (R.env), and R.command,
 -- R.serve, R.check_name, R.check_opts, R.short_name, R.list_channels, R.channel_names;
 -- R.ctx must exist.
@@ -108,8 +132,16 @@ function M.install(R)
   require("lecho.repl.subs").install(R)
 
   R.command("help", "help([cmd])", "this list; help(cmd) or help(\"cmd\"): that command", [[
-help() lists the commands; help(sub) or help("sub") tells more of one.]], function(x)
+help() lists the commands; help(sub) or help("sub") tells more of one;
+help(ctx) and help(lecho) list the context's methods, the module's functions.]], function(x)
     if x ~= nil then
+      local obj = (x == "ctx" or x == ctx) and ctx or (x == "lecho" or x == R.env.lecho) and R.env.lecho
+      if obj then
+        local what = obj == ctx and "ctx: this REPL's lecho context; its methods (ctx:name(...)):"
+                     or "lecho: the lecho module; its functions (lecho.name(...)):"
+        return R.out(what .. "\n  " .. table.concat(M.functions(obj, obj == ctx), " ")
+          .. "\nREADME.md (\"Using it\") tells what each does.")
+      end
       local c = by_fn[x] or (type(x) == "string" and commands[x:match("^([%w_]+)")])
       if not c then error("help: no command " .. P.safe_tostring(x) .. " (help() lists them)", 2) end
       return R.out(c.usage .. "\n  " .. c.summary .. "\n" .. c.text)

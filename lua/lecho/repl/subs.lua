@@ -97,10 +97,12 @@ function M.install(R)
         if not keep then return end
       end
       local line
+      local width = math.max((R.interactive and T.term.cols() or 160) - #h.id - #h.channel - 12, 40)
       if h.format then
         local ok, s = pcall(h.format, ev, meta)
         if not ok then return h:fail("format failed: " .. tostring(s)) end
-        line = P.safe_tostring(s)
+        -- A string as it is; anything else (format = "ev") pretty-printed.
+        line = type(s) == "string" and s or P.short(s, width)
       end
       if R.json then
         local shown = ev
@@ -220,7 +222,9 @@ Options:
   where = "ev.step % 10 == 0"          print only the events for which this is
                                        true (a Lua expression in ev and meta,
                                        or a function(ev, meta))
-  format = "ev.step .. ' ' .. ev.dt"   print this instead of the fields (same)
+  format = "ev.step .. ' ' .. ev.dt"   print this instead of the fields (same;
+                                       not a string: pretty-printed, e.g. "ev")
+  Any other key is refused.
 A where or format that does not compile fails here; one that raises stops the
 subscription, which subs() then lists as failed with the reason.
 Returns a handle: h.last (the last event), h:wait(seconds) (serve the loop

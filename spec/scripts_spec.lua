@@ -157,5 +157,14 @@ describe("lecho-nameserver, lecho-manager and the other commands", function()
       :format(S.luajit, S.root, "127.0.0.1:1"))
     assert.matches("^lecho%-repl: cannot reach the name server 127%.0%.0%.1:1: [^\n]*\nrc=1\n$", out)
     assert.not_matches("lecho: ", out)
+    -- a bad $LECHO_NAMESERVER is named as such, not as --nameserver
+    out = sh_out(("LECHO_NAMESERVER=bogus %s %s/scripts/lecho-repl --no-history </dev/null")
+      :format(S.luajit, S.root))
+    assert.matches("^lecho%-repl: bad %$LECHO_NAMESERVER 'bogus': [^\n]*\nrc=2\n$", out)
+    -- the simulation's model says what is wrong with a grid, not where
+    out = sh_out(("%s %s/examples/atmosphere/simulation.lua --grid 1000x1000x1000 --steps 1")
+      :format(S.luajit, S.root))
+    assert.are.equal("simulation: bad grid dimensions 1000x1000x1000: want 1..3 levels, "
+      .. ">= 2 latitudes and longitudes\nrc=2\n", out)
   end)
 end)

@@ -92,6 +92,16 @@ describe("scripts and examples run from a checkout with no module paths set", fu
     assert.are.equal("42\nrc=0\n", out)
   end)
 
+  it("the benchmark's worker", function()
+    local out = sh_out(bare(("%s %s/bench/worker.lua --help"):format(S.luajit, S.root)))
+    assert.matches("^usage: luajit bench/worker%.lua", out)
+    assert.matches("\nrc=0\n$", out)
+    -- and lecho is found: a bad option is told, not a missing module
+    out = sh_out(bare(("%s %s/bench/worker.lua 'not json'"):format(S.luajit, S.root)))
+    assert.matches("^bench/worker%.lua: the options must be one JSON object", out)
+    assert.matches("\nrc=2\n$", out)
+  end)
+
   it("the atmosphere simulation", function()
     local out = sh_out(bare(("%s %s/examples/atmosphere/simulation.lua --steps 3 --rate 50 --grid 1x4x8 --quiet")
       :format(S.luajit, S.root)))

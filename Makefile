@@ -198,9 +198,12 @@ install: $(SO)
 
 # The installed liblecho is built for where the Lua files go (INST_LUADIR,
 # INST_LIBDIR; LECHO_LUA_DIR and LECHO_LUA_CDIR override them at run time).
+# lecho.pc's prefix: PREFIX when given, else the directory INST_INCDIR is in
+# (LuaRocks gives INST_INCDIR, not PREFIX).
+PC_PREFIX = $(if $(filter command line,$(origin PREFIX)),$(PREFIX),$(patsubst %/,%,$(dir $(INST_INCDIR))))
 install-capi: | build
 	@mkdir -p build/inst
-	@printf '%s\n' 'prefix=$(PREFIX)' 'includedir=$(INST_INCDIR)' 'libdir=$(INST_CLIBDIR)' '' \
+	@printf '%s\n' 'prefix=$(PC_PREFIX)' 'includedir=$(INST_INCDIR)' 'libdir=$(INST_CLIBDIR)' '' \
 	  'Name: lecho' 'Description: event channels between processes (C API; LuaJIT inside)' \
 	  'Version: $(LECHO_VERSION)' 'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -llecho' \
 	  'Libs.private: $(LECHO_LIBS)' > build/inst/lecho.pc

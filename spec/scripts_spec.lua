@@ -77,6 +77,16 @@ describe("scripts and examples run from a checkout with no module paths set", fu
     assert.matches("rc=0\n$", out)
   end)
 
+  it("lecho.pc names the install's prefix when, as under LuaRocks, PREFIX is not given", function()
+    local tree = S.tmpname("rockdir")
+    local log = S.tmpname("install-log")
+    local ok = os.execute(("make -s -C %s install-capi INST_LIBDIR=%s/lib INST_LUADIR=%s/lua "
+      .. "INST_INCDIR=%s/include INST_CLIBDIR=%s/clib >%s 2>&1"):format(S.sh_quote(S.root), tree, tree, tree, tree, log))
+    assert(ok == 0 or ok == true, "make install-capi failed: " .. tostring(S.read(log)))
+    local pc = assert(S.read(tree .. "/clib/pkgconfig/lecho.pc"))
+    assert.matches("^prefix=" .. tree:gsub("%p", "%%%0") .. "\n", pc)
+  end)
+
   it("a checkout script reached through a symlink", function()
     local dir = S.tmpname("links")
     assert(os.execute("mkdir -p " .. dir) ~= false)

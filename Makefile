@@ -200,6 +200,12 @@ install: $(SO)
 # INST_LIBDIR; LECHO_LUA_DIR and LECHO_LUA_CDIR override them at run time).
 # lecho.pc's prefix: PREFIX when given, else the directory INST_INCDIR is in
 # (LuaRocks gives INST_INCDIR, not PREFIX).
+# Under LuaRocks INST_LUADIR and INST_LIBDIR are the rock's staging dirs
+# (TREE/lib/luarocks/rocks-5.1/NAME/VERSION/lua, .../lib), gone once it is
+# deployed: the library is then built for TREE/share/lua/5.1, TREE/lib/lua/5.1.
+ROCK_TREE = $(if $(findstring /lib/luarocks/rocks-5.1/,$(INST_LUADIR)),$(firstword $(subst /lib/luarocks/rocks-5.1/, ,$(INST_LUADIR))))
+RUN_LUADIR = $(if $(ROCK_TREE),$(ROCK_TREE)/share/lua/5.1,$(INST_LUADIR))
+RUN_LIBDIR = $(if $(ROCK_TREE),$(ROCK_TREE)/lib/lua/5.1,$(INST_LIBDIR))
 PC_PREFIX = $(if $(filter command line,$(origin PREFIX)),$(PREFIX),$(patsubst %/,%,$(dir $(INST_INCDIR))))
 install-capi: | build
 	@mkdir -p build/inst
@@ -208,7 +214,7 @@ install-capi: | build
 	  'Version: $(LECHO_VERSION)' 'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -llecho' \
 	  'Libs.private: $(LECHO_LIBS)' > build/inst/lecho.pc
 	$(CC) $(ALLCFLAGS) -shared -Wl,-soname,liblecho.so.0 -o build/inst/liblecho.so.0 $(LECHO_SRC) \
-	  -DLECHO_LUA_DIR='"$(INST_LUADIR)"' -DLECHO_LUA_CDIR='"$(INST_LIBDIR)"' $(LECHO_LIBS) $(LDFLAGS)
+	  -DLECHO_LUA_DIR='"$(RUN_LUADIR)"' -DLECHO_LUA_CDIR='"$(RUN_LIBDIR)"' $(LECHO_LIBS) $(LDFLAGS)
 	mkdir -p $(DESTDIR)$(INST_INCDIR) $(DESTDIR)$(INST_CLIBDIR) $(DESTDIR)$(INST_PCDIR)
 	cp core/lecho.h $(DESTDIR)$(INST_INCDIR)/lecho.h
 	cp build/inst/liblecho.so.0 $(DESTDIR)$(INST_CLIBDIR)/liblecho.so.0

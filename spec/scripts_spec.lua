@@ -87,6 +87,19 @@ describe("scripts and examples run from a checkout with no module paths set", fu
     assert.matches("^prefix=" .. tree:gsub("%p", "%%%0") .. "\n", pc)
   end)
 
+  it("liblecho installed by LuaRocks looks where the rock's Lua files end up, not at the staging dir", function()
+    local tree = S.tmpname("rocktree")
+    local rock = tree .. "/lib/luarocks/rocks-5.1/lecho/scm-1"
+    local log = S.tmpname("install-log")
+    local ok = os.execute(("make -s -C %s install-capi INST_LIBDIR=%s/lib INST_LUADIR=%s/lua "
+      .. "INST_INCDIR=%s/include INST_CLIBDIR=%s/clib >%s 2>&1"):format(S.sh_quote(S.root), rock, rock, rock, rock, log))
+    assert(ok == 0 or ok == true, "make install-capi failed: " .. tostring(S.read(log)))
+    local so = assert(S.read(rock .. "/clib/liblecho.so.0"))
+    assert.truthy(so:find(tree .. "/share/lua/5.1\0", 1, true))
+    assert.truthy(so:find(tree .. "/lib/lua/5.1\0", 1, true))
+    assert.falsy(so:find(rock .. "/lua", 1, true))
+  end)
+
   it("a checkout script reached through a symlink", function()
     local dir = S.tmpname("links")
     assert(os.execute("mkdir -p " .. dir) ~= false)

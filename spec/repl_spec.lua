@@ -497,15 +497,19 @@ end
       'mod("x", "function enqueue(ev) return ev end", {}, { fieldz = 1 })',
       'send("x", {}, { timout = 1 })',
       'h = mod("x", "function enqueue(ev) return ev end", {})', 'edit(h)',
+      'wait(0/0)', 'h:wait(0/0)', 'wait(-1)',
     }, "\n") .. "\n")
     -- An empty VISUAL does not hide EDITOR.
-    local out = sh_out(("VISUAL= EDITOR=false %s %s/scripts/lecho-repl --nameserver %s --no-history < %s")
+    local out = sh_out(("VISUAL= EDITOR=false timeout 60 %s %s/scripts/lecho-repl --nameserver %s --no-history < %s")
       :format(S.luajit, S.root, ns, input))
     assert.matches("stdin:1: sub: unknown option 'wher' %(known: fields, every, limit, where, format%)\n", out)
     assert.matches("stdin:1: sub: unknown option 'limt' ", out)
     assert.matches("stdin:1: mod: unknown option 'fieldz' %(known: [^\n]*period, capabilities%)\n", out)
     assert.matches("stdin:1: send: unknown option 'timout' %(known: async, timeout%)\n", out)
     assert.matches("stdin:1: edit: false exited with status 1\n", out)
+    -- NaN or negative seconds are refused, not waited for
+    local _, n = out:gsub("stdin:1: wait: seconds must be a number >= 0\n", "")
+    assert.are.equal(3, n)
   end)
 
   it("prints what format= returns with the pretty printer when it is not a string", function()

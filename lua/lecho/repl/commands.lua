@@ -309,7 +309,9 @@ and per peer process.  stats("ch"): the channels whose name contains "ch".]], fu
   R.command("wait", "wait(seconds [, pred])", "serve the loop for a while (or until pred() is true)", [[
 Serves the event loop (subscriptions print) for seconds, or until pred()
 returns true (then wait returns true; false on timeout).  Ctrl-C ends it.]], function(seconds, pred)
-    if type(seconds) ~= "number" or seconds < 0 then error("wait: seconds must be a number >= 0", 2) end
+    -- (not (x >= 0): NaN is refused too)
+    if type(seconds) ~= "number" or not (seconds >= 0) then error("wait: seconds must be a number >= 0", 2) end
+    if pred ~= nil and type(pred) ~= "function" then error("wait: pred must be a function", 2) end
     local ok = R.serve(seconds, pred)
     if pred then return ok end
   end)

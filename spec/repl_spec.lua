@@ -302,6 +302,10 @@ end
     repl:run("params(m, { stride = 3 })")
     repl:expect("params { stride = 3 } applied %(version 2%)")
     repl:expect("p2%] step=%d*[0369] stride=3 edited=nil")
+    -- The stream of the key before params() is still labelled with m.
+    repl:run("stats('atmosphere.field')")
+    local text = select(2, repl:expect("modulated mod%d+ %(%x+, before%)"))
+    assert.not_matches("modulated %x+ ", text)
     repl:run("edit(m)")
     repl:expect("modulator replaced")
     repl:expect("stride=3 edited=true")

@@ -244,7 +244,8 @@ handler comes back as the error of send.  async = true: queue it and return.]], 
   R.command("stats", "stats([ch])", "counters of this process, per channel and peer", [[
 Counters of this REPL's context: per channel (events in, out, delivered in
 this process, drops, consumers, producers), the streams of its modulators
-under their channel (labelled with the mod() handle, or the modulator key),
+under their channel (labelled with the mod() handle, "before" for a key it
+had before params() or edit(), or the modulator key),
 and per peer process.  stats("ch"): the channels whose name contains "ch".]], function(pattern)
     local s = ctx:stats()
     if R.json then return R.json.emit{ stats = s } end
@@ -277,8 +278,9 @@ and per peer process.  stats("ch"): the channels whose name contains "ch".]], fu
       local subs = derived[name] or {}
       table.sort(subs, function(a, b) return a.key < b.key end)
       for _, d in ipairs(subs) do
-        local h = R.handle_of_stream(name, d.key)
-        local label = "  modulated " .. (h and (h.id .. " (" .. d.key:sub(1, 8) .. ")") or d.key:sub(1, 8))
+        local h, old = R.handle_of_stream(name, d.key)
+        local label = "  modulated " .. (h and (h.id .. " (" .. d.key:sub(1, 8) .. (old and ", before" or "") .. ")")
+                                         or d.key:sub(1, 8))
         row(label, s.channels[d.name])
       end
     end

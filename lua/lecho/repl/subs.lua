@@ -187,14 +187,23 @@ function M.install(R)
 
   --- The handle of the modulator stream `key` of channel `full` (a name of
   -- ctx:stats()), if it is one of this REPL's mod()s.
+  -- A stream of a key the handle had before params() or edit(): h, true.
   function R.handle_of_stream(full, key)
     for _, h in pairs(handles) do
-      if h.kind == "mod" and h.con and h.full == full
-         and type(h.con.mod) == "table" and h.con.mod.key == key then
-        return h
+      if h.kind == "mod" and h.con and h.full == full then
+        if type(h.con.mod) == "table" and h.con.mod.key == key then return h end
+        if h.old_keys and h.old_keys[key] then return h, true end
       end
     end
     return nil
+  end
+
+  -- Remembers h's modulator key before it changes (stats() labels its row).
+  local function keep_key(h)
+    if type(h.con.mod) == "table" and h.con.mod.key then
+      h.old_keys = h.old_keys or {}
+      h.old_keys[h.con.mod.key] = true
+    end
   end
 
   -- Subscribes h (a new handle) with handler and consumer options copts;
@@ -316,6 +325,7 @@ producer applied them.  The events printed after carry the new version.]], funct
     if h.kind ~= "mod" then error("params: " .. h.id .. " has no modulator", 2) end
     if h.closed then error("params: " .. h.id .. " is closed", 2) end
     if type(tbl) ~= "table" then error("params: the params must be a table", 2) end
+    keep_key(h)
     local ok, err = h.con:set_params(tbl)
     if not ok then error("params: " .. tostring(err), 2) end
     h.params = tbl
@@ -367,6 +377,7 @@ every producer (set_modulator).]], function(x)
     if not text then error("edit: cannot read " .. file, 2) end
     if text == h.src then R.out(h.id .. ": unchanged") return end
     check_modulator(text, "edit")
+    keep_key(h)
     local ok, err = h.con:set_modulator(text, h.params, h.handler)
     if not ok then error("edit: set_modulator: " .. tostring(err), 2) end
     h.src = text

@@ -170,7 +170,9 @@ bench/lecho_c: bench/lecho_c.c bench/harness.h bench/lecho_bench.h $(CORE_SRC) $
 	$(CC) $(CFLAGS) $(WARN) -Icore -o $@ bench/lecho_c.c $(CORE_SRC) -lev
 
 # `make install [PREFIX=/usr/local] [DESTDIR=]`: the Lua module tree, the
-# core, the scripts, and the C API (lecho.h, liblecho.so, lecho.pc).
+# core, the scripts, and the C API (lecho.h, liblecho.so, lecho.pc).  The
+# scripts get INST_LUADIR and INST_LIBDIR written in, so they find the Lua
+# tree with no LUA_PATH/LUA_CPATH set.
 # LuaRocks (`luarocks make`) passes INST_LIBDIR, INST_LUADIR, INST_BINDIR on
 # the command line: then the C API is installed only if INST_INCDIR is given
 # too (with INST_CLIBDIR; INST_PCDIR defaults to INST_CLIBDIR/pkgconfig).
@@ -189,19 +191,30 @@ install: $(SO)
 	cp $(SO) $(DESTDIR)$(INST_LIBDIR)/lecho/core.so
 	cd lua && find lecho -name '*.lua' | while read -r f; do \
 	  mkdir -p "$(DESTDIR)$(INST_LUADIR)/$$(dirname $$f)" && cp "$$f" "$(DESTDIR)$(INST_LUADIR)/$$f" || exit 1; done
-	cp scripts/lecho-* $(DESTDIR)$(INST_BINDIR)/
+	for f in scripts/lecho-*; do \
+	  sed -e 's|@LECHO_LUADIR@|$(INST_LUADIR)|; s|@LECHO_LIBDIR@|$(INST_LIBDIR)|' "$$f" > "$(DESTDIR)$(INST_BINDIR)/$${f#scripts/}" && \
+	  chmod 755 "$(DESTDIR)$(INST_BINDIR)/$${f#scripts/}" || exit 1; done
 	$(if $(CAPI_INSTALL),$(MAKE) install-capi)
 
 # The installed liblecho is built for where the Lua files go (INST_LUADIR,
 # INST_LIBDIR; LECHO_LUA_DIR and LECHO_LUA_CDIR override them at run time).
+# lecho.pc's prefix: PREFIX when given, else the directory INST_INCDIR is in
+# (LuaRocks gives INST_INCDIR, not PREFIX).
+# Under LuaRocks INST_LUADIR and INST_LIBDIR are the rock's staging dirs
+# (TREE/lib/luarocks/rocks-5.1/NAME/VERSION/lua, .../lib), gone once it is
+# deployed: the library is then built for TREE/share/lua/5.1, TREE/lib/lua/5.1.
+ROCK_TREE = $(if $(findstring /lib/luarocks/rocks-5.1/,$(INST_LUADIR)),$(firstword $(subst /lib/luarocks/rocks-5.1/, ,$(INST_LUADIR))))
+RUN_LUADIR = $(if $(ROCK_TREE),$(ROCK_TREE)/share/lua/5.1,$(INST_LUADIR))
+RUN_LIBDIR = $(if $(ROCK_TREE),$(ROCK_TREE)/lib/lua/5.1,$(INST_LIBDIR))
+PC_PREFIX = $(if $(filter command line,$(origin PREFIX)),$(PREFIX),$(patsubst %/,%,$(dir $(INST_INCDIR))))
 install-capi: | build
 	@mkdir -p build/inst
-	@printf '%s\n' 'prefix=$(PREFIX)' 'includedir=$(INST_INCDIR)' 'libdir=$(INST_CLIBDIR)' '' \
+	@printf '%s\n' 'prefix=$(PC_PREFIX)' 'includedir=$(INST_INCDIR)' 'libdir=$(INST_CLIBDIR)' '' \
 	  'Name: lecho' 'Description: event channels between processes (C API; LuaJIT inside)' \
 	  'Version: $(LECHO_VERSION)' 'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -llecho' \
 	  'Libs.private: $(LECHO_LIBS)' > build/inst/lecho.pc
 	$(CC) $(ALLCFLAGS) -shared -Wl,-soname,liblecho.so.0 -o build/inst/liblecho.so.0 $(LECHO_SRC) \
-	  -DLECHO_LUA_DIR='"$(INST_LUADIR)"' -DLECHO_LUA_CDIR='"$(INST_LIBDIR)"' $(LECHO_LIBS) $(LDFLAGS)
+	  -DLECHO_LUA_DIR='"$(RUN_LUADIR)"' -DLECHO_LUA_CDIR='"$(RUN_LIBDIR)"' $(LECHO_LIBS) $(LDFLAGS)
 	mkdir -p $(DESTDIR)$(INST_INCDIR) $(DESTDIR)$(INST_CLIBDIR) $(DESTDIR)$(INST_PCDIR)
 	cp core/lecho.h $(DESTDIR)$(INST_INCDIR)/lecho.h
 	cp build/inst/liblecho.so.0 $(DESTDIR)$(INST_CLIBDIR)/liblecho.so.0

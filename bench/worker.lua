@@ -20,12 +20,14 @@
 -- "report" (sync) and serves its loop until killed, its driver is gone, or
 -- its bound passes.
 
+-- bench/ and the checkout's lua/ (found from arg[0]) first: it runs with no
+-- LUA_PATH/LUA_CPATH set, from any directory.
 local dir = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
-package.path = dir .. "/?.lua;" .. dir .. "/../?.lua;" .. package.path
+package.path = dir .. "/?.lua;" .. dir .. "/../?.lua;" .. dir .. "/../lua/?.lua;"
+  .. dir .. "/../lua/?/init.lua;" .. package.path
+package.cpath = dir .. "/../lua/?.so;" .. package.cpath
 
 local cjson = require "cjson"
-local lecho = require "lecho"
-local common = require "common"
 
 local USAGE = [[
 usage: luajit bench/worker.lua '<json options>'
@@ -35,6 +37,8 @@ their options as one JSON object: ns, id, parent, bound, subs (see the head
 of bench/worker.lua).  Not meant to be run by hand.
 ]]
 if arg[1] == "--help" or arg[1] == "-h" then io.write(USAGE) os.exit(0) end
+local lecho = require "lecho"
+local common = require "common"
 local okj, opts = pcall(cjson.decode, arg[1] or "")
 if not okj or type(opts) ~= "table" then
   io.stderr:write("bench/worker.lua: the options must be one JSON object",

@@ -32,7 +32,8 @@ build = {
     SO = "build/rock/core.so",
     -- the C API (lecho.h, liblecho, lecho.pc); clib, since LuaRocks takes a
     -- rock's lib/ for Lua modules.  A rock-installed liblecho finds the Lua
-    -- files through `eval $(luarocks path)` or LECHO_LUA_DIR.
+    -- files in the tree's share/lua/5.1 and lib/lua/5.1 (LECHO_LUA_DIR,
+    -- LECHO_LUA_CDIR point it elsewhere).
     INST_INCDIR = "$(PREFIX)/include",
     INST_CLIBDIR = "$(PREFIX)/clib",
   },

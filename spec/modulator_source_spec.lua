@@ -61,6 +61,16 @@ describe("lecho.modulator", function()
     S.cleanup()
   end)
 
+  it("reads any existing file, whatever its name; a directory is an io error", function()
+    local dir = S.tmpname("mods")
+    assert(os.execute("mkdir -p " .. dir) ~= false)
+    local odd = S.write(dir .. "/a=b(1)", "function enqueue(ev) return ev end\n")
+    assert.are.same({ "function enqueue(ev) return ev end\n", odd }, { lecho.modulator(odd) })
+    assert.are.same({ nil, dir .. ": Is a directory", "io" }, { lecho.modulator(dir) })
+    assert.are.same({ "return 1" }, { lecho.modulator("return 1") })
+    S.cleanup()
+  end)
+
   it("gives a file's modulator that runs as the source would", function()
     local path = S.write(S.tmpname("stride") .. ".lua",
       "function enqueue(ev) if ev.step % params.stride == 0 then return ev end end\n")

@@ -302,6 +302,10 @@ end
     repl:run("params(m, { stride = 3 })")
     repl:expect("params { stride = 3 } applied %(version 2%)")
     repl:expect("p2%] step=%d*[0369] stride=3 edited=nil")
+    -- The stream of the key before params() is still labelled with m.
+    repl:run("stats('atmosphere.field')")
+    local text = select(2, repl:expect("modulated mod%d+ %(%x+, before%)"))
+    assert.not_matches("modulated %x+ ", text)
     repl:run("edit(m)")
     repl:expect("modulator replaced")
     repl:expect("stride=3 edited=true")
@@ -347,6 +351,10 @@ end
     repl:expect("the streams of its modulators")
     repl:run("help(42)")
     repl:expect("stdin:1: help: no command 42 %(help%(%) lists them%)")
+    repl:run("help(ctx)")
+    repl:expect("ctx: this REPL's lecho context; its methods %(ctx:name%(...%)%):\n  after channel close [^\n]*stats stop\n")
+    repl:run("help(lecho)")
+    repl:expect("lecho: the lecho module; its functions [^\n]*\n  context [^\n]*modulator\n")
   end)
 
   it("searches the history with Ctrl-R", function()
@@ -387,6 +395,18 @@ end
     repl:type(")")
     repl:keys("Enter")
     repl:expect("context 127%.0%.0%.1:%d+")
+    -- Methods after ':': one completes with its "(", several are listed.
+    repl:mark()
+    repl:type("n = ctx:chan")
+    repl:keys("Tab")
+    repl:expect("lecho> n = ctx:channel%(%s*$")
+    repl:keys("C-u")
+    repl:mark()
+    repl:type("ctx:st")
+    repl:keys("Tab")
+    repl:keys("Tab")
+    repl:expect("stats%s+stop")
+    repl:keys("C-u")
   end)
 
   it("lists a failed modulator as failed, and its stream under its channel in stats()", function()
@@ -441,6 +461,25 @@ end
     assert.are.equal(8, #objs)
   end)
 
+  it("writes valid JSON for strings that are not UTF-8, bytes as U+0080..U+00FF", function()
+    local cjson = require "cjson"
+    local input = S.write(S.tmpname("json-bytes"), table.concat({
+      'string.rep("\\255", 3)', 'print("\\200x")', '=({ ["k\\254"] = "h\\195\\169llo" })',
+    }, "\n") .. "\n")
+    local out = sh_out(("%s %s/scripts/lecho-repl --nameserver %s --no-history --json < %s")
+      :format(S.luajit, S.root, ns, input))
+    local objs = {}
+    for l in out:gmatch("[^\n]+") do
+      -- Every byte >= 0x80 is part of a well-formed 2-byte sequence here.
+      assert.is_nil(l:gsub("[\194\195][\128-\191]", ""):find("[\128-\255]"), l)
+      objs[#objs + 1] = cjson.decode(l)
+    end
+    assert.are.same({ values = { "\195\191\195\191\195\191" } }, objs[1])
+    assert.are.same({ text = "\195\136x" }, objs[2])
+    assert.are.same({ values = { { ["k\195\190"] = "h\195\169llo" } } }, objs[3])
+    assert.are.equal(3, #objs)
+  end)
+
   it("runs piped input without a terminal, exit status 1 after an error", function()
     local out = sh_out(("echo 'ls() error(\"x\")' | %s %s/scripts/lecho-repl --nameserver %s --no-history; echo rc=$?")
       :format(S.luajit, S.root, ns))
@@ -454,6 +493,50 @@ end
     out = sh_out(("%s %s/scripts/lecho-repl --nameserver %s -e %s </dev/null; echo rc=$?")
       :format(S.luajit, S.root, ns, S.sh_quote('mod("atmosphere.field", "no/such/stride.lua", {})')))
     assert.matches("^%(command line%):1: mod: no such file: no/such/stride%.lua\nrc=1", out)
+  end)
+
+  it("refuses options it does not know; says how the editor ended", function()
+    local input = S.write(S.tmpname("opts-in"), table.concat({
+      'sub("x", { wher = "true" })', 'sub("x", { limt = 3 })',
+      'mod("x", "function enqueue(ev) return ev end", {}, { fieldz = 1 })',
+      'send("x", {}, { timout = 1 })',
+      'h = mod("x", "function enqueue(ev) return ev end", {})', 'edit(h)',
+      'wait(0/0)', 'h:wait(0/0)', 'wait(-1)',
+    }, "\n") .. "\n")
+    -- An empty VISUAL does not hide EDITOR.
+    local out = sh_out(("VISUAL= EDITOR=false timeout 60 %s %s/scripts/lecho-repl --nameserver %s --no-history < %s")
+      :format(S.luajit, S.root, ns, input))
+    assert.matches("stdin:1: sub: unknown option 'wher' %(known: fields, every, limit, where, format%)\n", out)
+    assert.matches("stdin:1: sub: unknown option 'limt' ", out)
+    assert.matches("stdin:1: mod: unknown option 'fieldz' %(known: [^\n]*period, capabilities%)\n", out)
+    assert.matches("stdin:1: send: unknown option 'timout' %(known: async, timeout%)\n", out)
+    assert.matches("stdin:1: edit: false exited with status 1\n", out)
+    -- NaN or negative seconds are refused, not waited for
+    local _, n = out:gsub("stdin:1: wait: seconds must be a finite number >= 0\n", "")
+    assert.are.equal(3, n)
+  end)
+
+  it("prints what format= returns with the pretty printer when it is not a string", function()
+    local input = S.write(S.tmpname("format-in"), table.concat({
+      's = sub("fmt", { format = "ev", limit = 1 })', 't = sub("fmt", { format = "ev.a", limit = 1 })',
+      'send("fmt", { a = "s", b = { 2, 3 } })',
+    }, "\n") .. "\n")
+    local out = sh_out(("%s %s/scripts/lecho-repl --nameserver %s --no-history < %s")
+      :format(S.luajit, S.root, ns, input))
+    assert.matches("%[sub%d+ fmt #1%] { a = \"s\", b = { 2, 3 } }\n", out)
+    assert.matches("%[sub%d+ fmt #1%] s\n", out)
+  end)
+
+  it("keeps no history file, and says so, when LECHO_HISTORY cannot be read", function()
+    local r3 = start_repl("repl3", ns, { LECHO_HISTORY = S.tmpdir() })
+    r3.from = 1
+    r3:expect("history not kept: [^\n]*: Is a directory")
+    r3:expect("lecho>")
+    r3:run("print(6 * 7)")
+    r3:expect("\n42\n")
+    r3:keys("C-d")
+    assert.truthy(S.wait_file(r3.rcfile, "rc=%d+", 20))
+    assert.matches("rc=0", S.read(r3.rcfile))
   end)
 
   it("restores the terminal when it ends with Ctrl-D", function()

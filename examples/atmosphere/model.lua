@@ -73,7 +73,10 @@ Sim.__index = Sim
 function M.new(settings, dims)
   dims = dims or M.dims
   local nlev, nlat, nlon = dims.nlev or M.dims.nlev, dims.nlat or M.dims.nlat, dims.nlon or M.dims.nlon
-  assert(nlev >= 1 and nlev <= #LEVELS and nlat >= 2 and nlon >= 2, "bad grid dimensions")
+  if not (nlev >= 1 and nlev <= #LEVELS and nlat >= 2 and nlon >= 2) then
+    error(("bad grid dimensions %sx%sx%s: want 1..%d levels, >= 2 latitudes and longitudes")
+      :format(nlev, nlat, nlon, #LEVELS), 0)
+  end
   local self = setmetatable({
     step_no = 0, t = 0,
     nlev = nlev, nlat = nlat, nlon = nlon,

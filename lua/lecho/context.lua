@@ -324,8 +324,8 @@ function Context:close(opts)
     ok, err = nil, ("%d events (%d bytes) not delivered within the linger time of %gs"):format(
       events, bytes, linger)
   elseif open > 0 and linger > 0 then
-    ok, err = nil, ("%d connections not closed by their remote within the linger time of %gs: "
-      .. "what was sent there may not have been read"):format(open, linger)
+    ok, err = nil, ("%d connection%s not closed by their remote within the linger time of %gs: "
+      .. "what was sent there may not have been read"):format(open, open == 1 and "" or "s", linger)
   end
   if err then self.log("close: " .. err) end
   self.close_ok, self.close_err = ok, err

@@ -59,30 +59,33 @@ do
   end
 end
 
--- One line without the punctuation every modulator has ("(", ")", "="):
+-- For the hint when source does not compile: one line without the
+-- punctuation every modulator has ("(", ")", "="):
 -- a file name, not source text.
 local function looks_like_file(s)
   return not s:find("[\n()=]")
 end
 
---- lecho.modulator(src or file): the text of a modulator.  A string that
--- looks like a file name (one line without "(", ")" or "=") is read from
--- that file: its text, or nil, "no such file: NAME", "notfound" (or the
--- reason it cannot be read, "io").  Anything else is taken as the source
--- itself.  Returns text, name (the file's, or nil).
+--- lecho.modulator(src or file): the text of a modulator.  A one-line
+-- string that ends in ".lua" or names something that exists is a file name,
+-- read from that file: its text, or nil, "no such file: NAME", "notfound"
+-- (or "NAME: reason" it cannot be read, e.g. a directory, "io").  Anything
+-- else is taken as the source itself.  Returns text, name (the file's, or nil).
 function M.source(s)
   if type(s) ~= "string" or s == "" then
     error("lecho.modulator: want Lua source text or a file name (a non-empty string)", 2)
   end
-  if not looks_like_file(s) then return s end
+  if s:find("\n") then return s end
   local f, err = io.open(s, "rb")
   if not f then
+    if s:sub(-4) ~= ".lua" then return s end
     local code = err:find("No such file", 1, true) and "notfound" or "io"
     if code == "notfound" then return nil, "no such file: " .. s, code end
     return nil, err, code
   end
-  local text = f:read("*a")
+  local text, rerr = f:read("*a")
   f:close()
+  if not text then return nil, s .. ": " .. tostring(rerr), "io" end
   return text, s
 end
 

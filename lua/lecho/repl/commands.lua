@@ -11,8 +11,32 @@ local M = {}
 local ORDER = { "help", "ls", "sub", "unsub", "subs", "send", "mod", "params", "edit",
                 "stats", "wait", "pp", "history", "quit" }
 
+--- The sorted names of the functions reachable as obj.name (its fields,
+-- then its metatables' __index tables; methods: only the latter), not
+-- those beginning with "_".
+function M.functions(obj, methods)
+  local names, seen, t, depth = {}, {}, obj, 0
+  if methods then
+    local mt = getmetatable(obj)
+    t = type(mt) == "table" and rawget(mt, "__index") or nil
+  end
+  while type(t) == "table" and depth < 10 do
+    for k, v in pairs(t) do
+      if type(k) == "string" and type(v) == "function" and not k:find("^_") and not seen[k] then
+        seen[k] = true
+        names[#names + 1] = k
+      end
+    end
+    local mt = getmetatable(t)
+    t = type(mt) == "table" and rawget(mt, "__index") or nil
+    depth = depth + 1
+  end
+  table.sort(names)
+  return names
+end
+
 --- Adds the commands to session R's environment (R.env), and R.command,
--- R.serve, R.check_name, R.short_name, R.list_channels, R.channel_names;
+-- R.serve, R.check_name, R.check_opts, R.short_name, R.list_channels, R.channel_names;
 -- R.ctx must exist.
 function M.install(R)
   local ctx, producers = R.ctx, R.producers
@@ -54,6 +78,22 @@ function M.install(R)
     end
   end
 
+  --- Raises (at the caller of command fn, `level` 3 by default) unless o is
+  -- nil or a table whose keys are all in the list `known`.
+  function R.check_opts(o, fn, known, level)
+    level = level or 3
+    if o == nil then return end
+    if type(o) ~= "table" then error(fn .. ": options must be a table", level) end
+    for k in pairs(o) do
+      local ok = false
+      for _, n in ipairs(known) do if k == n then ok = true break end end
+      if not ok then
+        error(("%s: unknown option %s (known: %s)"):format(fn,
+          type(k) == "string" and "'" .. k .. "'" or tostring(k), table.concat(known, ", ")), level)
+      end
+    end
+  end
+
   --- The name server's channels (ctx:list()), with the producers and
   -- consumers of those a separate manager keeps asked of that manager; nil,
   -- err when the name server does not answer.
@@ -92,8 +132,16 @@ function M.install(R)
   require("lecho.repl.subs").install(R)
 
   R.command("help", "help([cmd])", "this list; help(cmd) or help(\"cmd\"): that command", [[
-help() lists the commands; help(sub) or help("sub") tells more of one.]], function(x)
+help() lists the commands; help(sub) or help("sub") tells more of one;
+help(ctx) and help(lecho) list the context's methods, the module's functions.]], function(x)
     if x ~= nil then
+      local obj = (x == "ctx" or x == ctx) and ctx or (x == "lecho" or x == R.env.lecho) and R.env.lecho
+      if obj then
+        local what = obj == ctx and "ctx: this REPL's lecho context; its methods (ctx:name(...)):"
+                     or "lecho: the lecho module; its functions (lecho.name(...)):"
+        return R.out(what .. "\n  " .. table.concat(M.functions(obj, obj == ctx), " ")
+          .. "\nREADME.md (\"Using it\") tells what each does.")
+      end
       local c = by_fn[x] or (type(x) == "string" and commands[x:match("^([%w_]+)")])
       if not c then error("help: no command " .. P.safe_tostring(x) .. " (help() lists them)", 2) end
       return R.out(c.usage .. "\n  " .. c.summary .. "\n" .. c.text)
@@ -169,6 +217,7 @@ Produces ev on channel ch and returns true once every consumer ran its
 handler on it (submit_sync, timeout 5 s); an error raised by a consumer's
 handler comes back as the error of send.  async = true: queue it and return.]], function(name, ev, o)
     R.check_name(name, "send")
+    R.check_opts(o, "send", { "async", "timeout" })
     o = o or {}
     local p = producers[name]
     if not p or p.closed then
@@ -195,7 +244,8 @@ handler comes back as the error of send.  async = true: queue it and return.]], 
   R.command("stats", "stats([ch])", "counters of this process, per channel and peer", [[
 Counters of this REPL's context: per channel (events in, out, delivered in
 this process, drops, consumers, producers), the streams of its modulators
-under their channel (labelled with the mod() handle, or the modulator key),
+under their channel (labelled with the mod() handle, "before" for a key it
+had before params() or edit(), or the modulator key),
 and per peer process.  stats("ch"): the channels whose name contains "ch".]], function(pattern)
     local s = ctx:stats()
     if R.json then return R.json.emit{ stats = s } end
@@ -228,8 +278,9 @@ and per peer process.  stats("ch"): the channels whose name contains "ch".]], fu
       local subs = derived[name] or {}
       table.sort(subs, function(a, b) return a.key < b.key end)
       for _, d in ipairs(subs) do
-        local h = R.handle_of_stream(name, d.key)
-        local label = "  modulated " .. (h and (h.id .. " (" .. d.key:sub(1, 8) .. ")") or d.key:sub(1, 8))
+        local h, old = R.handle_of_stream(name, d.key)
+        local label = "  modulated " .. (h and (h.id .. " (" .. d.key:sub(1, 8) .. (old and ", before" or "") .. ")")
+                                         or d.key:sub(1, 8))
         row(label, s.channels[d.name])
       end
     end
@@ -263,6 +314,7 @@ returns true (then wait returns true; false on timeout).  Ctrl-C ends it.]], fun
     if type(seconds) ~= "number" or not (seconds >= 0 and seconds < math.huge) then
       error("wait: seconds must be a finite number >= 0", 2)
     end
+    if pred ~= nil and type(pred) ~= "function" then error("wait: pred must be a function", 2) end
     local ok = R.serve(seconds, pred)
     if pred then return ok end
   end)

@@ -154,9 +154,9 @@ function M.install(R)
       if #names == 1 and quote then
         if ed.buf[ed.pos + 1] ~= quote then insert(quote) else ed.pos = ed.pos + 1 end
       elseif #names == 1 then
-        local v = type(scope) == "table" and rawget(scope, names[1])
-        if v == nil and scope == R.env then v = _G[names[1]] end
-        if type(v) == "function" then insert("(") end
+        -- Indexed as typed code would (a method is in ctx's metatable).
+        local ok, v = pcall(function() return scope[names[1]] end)
+        if ok and type(v) == "function" then insert("(") end
       end
     elseif #names > 1 and ed.tabs >= 1 then
       -- The candidates in columns.

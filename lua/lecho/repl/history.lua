@@ -21,17 +21,22 @@ end
 
 --- A history kept in path (nil: in memory only).
 function M.new(path)
-  return setmetatable({ list = {}, max = 1000, path = path }, History)
+  return setmetatable({ list = {}, max = 1000, path = path, path_was = path }, History)
 end
 
+--- Reads the history file.  One that cannot be read (a directory, say)
+-- is given up: nil, "PATH: reason", and the history is kept in memory only.
 function History:load()
-  if not self.path then return end
+  if not self.path then return true end
   local f = io.open(self.path, "r")
-  if not f then return end
-  for line in f:lines() do
-    if line ~= "" then self.list[#self.list + 1] = line end
-  end
+  if not f then return true end
+  local text, err = f:read("*a")
   f:close()
+  if not text then
+    self.path = nil
+    return nil, self.path_was .. ": " .. tostring(err)
+  end
+  for line in text:gmatch("[^\n]+") do self.list[#self.list + 1] = line end
   local n = #self.list
   if n > self.max then
     local keep = {}

@@ -224,7 +224,8 @@ function M.main(opts)
       return 1
     end
     started = true
-    R.history:load()
+    local hok, herr = R.history:load()
+    if not hok then R.out(R.paint("31", "history not kept: " .. herr)) end
     for _, code in ipairs(opts.code or {}) do
       local f, cerr = eval.compile(code, "=(command line)")
       if cerr == "incomplete" then cerr = "(command line): unfinished chunk" end

@@ -9,7 +9,7 @@ local P = require "lecho.repl.pretty"
 local M = {}
 
 --- Adds sub, unsub, subs, mod, params and edit to session R (through
--- R.command); R.serve, R.check_name must exist.
+-- R.command); R.serve, R.check_name, R.check_opts must exist.
 function M.install(R)
   local ctx, handles = R.ctx, R.handles
 
@@ -80,6 +80,9 @@ function M.install(R)
 
   --- Serves the loop until this subscription printed its limit (or timeout).
   function Handle:wait(timeout)
+    if timeout ~= nil and (type(timeout) ~= "number" or not (timeout >= 0)) then
+      error("wait: seconds must be a number >= 0", 2)
+    end
     return R.serve(timeout or 10, function() return self.closed end)
   end
 
@@ -97,10 +100,12 @@ function M.install(R)
         if not keep then return end
       end
       local line
+      local width = math.max((R.interactive and T.term.cols() or 160) - #h.id - #h.channel - 12, 40)
       if h.format then
         local ok, s = pcall(h.format, ev, meta)
         if not ok then return h:fail("format failed: " .. tostring(s)) end
-        line = P.safe_tostring(s)
+        -- A string as it is; anything else (format = "ev") pretty-printed.
+        line = type(s) == "string" and s or P.short(s, width)
       end
       if R.json then
         local shown = ev
@@ -144,8 +149,11 @@ function M.install(R)
     return f, v
   end
 
+  local SUB_OPTS = { "fields", "every", "limit", "where", "format" }
+  local MOD_OPTS = { "fields", "every", "limit", "where", "format", "period", "capabilities" }
+
   local function new_handle(kind, name, o)
-    if o ~= nil and type(o) ~= "table" then error(kind .. ": options must be a table", 3) end
+    R.check_opts(o, kind, kind == "mod" and MOD_OPTS or SUB_OPTS, 4)
     o = o or {}
     local fields = o.fields
     if type(fields) == "string" then fields = { fields } end
@@ -179,14 +187,23 @@ function M.install(R)
 
   --- The handle of the modulator stream `key` of channel `full` (a name of
   -- ctx:stats()), if it is one of this REPL's mod()s.
+  -- A stream of a key the handle had before params() or edit(): h, true.
   function R.handle_of_stream(full, key)
     for _, h in pairs(handles) do
-      if h.kind == "mod" and h.con and h.full == full
-         and type(h.con.mod) == "table" and h.con.mod.key == key then
-        return h
+      if h.kind == "mod" and h.con and h.full == full then
+        if type(h.con.mod) == "table" and h.con.mod.key == key then return h end
+        if h.old_keys and h.old_keys[key] then return h, true end
       end
     end
     return nil
+  end
+
+  -- Remembers h's modulator key before it changes (stats() labels its row).
+  local function keep_key(h)
+    if type(h.con.mod) == "table" and h.con.mod.key then
+      h.old_keys = h.old_keys or {}
+      h.old_keys[h.con.mod.key] = true
+    end
   end
 
   -- Subscribes h (a new handle) with handler and consumer options copts;
@@ -217,7 +234,9 @@ Options:
   where = "ev.step % 10 == 0"          print only the events for which this is
                                        true (a Lua expression in ev and meta,
                                        or a function(ev, meta))
-  format = "ev.step .. ' ' .. ev.dt"   print this instead of the fields (same)
+  format = "ev.step .. ' ' .. ev.dt"   print this instead of the fields (same;
+                                       not a string: pretty-printed, e.g. "ev")
+  Any other key is refused.
 A where or format that does not compile fails here; one that raises stops the
 subscription, which subs() then lists as failed with the reason.
 Returns a handle: h.last (the last event), h:wait(seconds) (serve the loop
@@ -255,18 +274,13 @@ the options, and how many events arrived.]], function()
     R.out(table.concat(s, "\n"))
   end)
 
+  -- A file's text (the rule of lecho.modulator: one line ending in .lua or
+  -- naming something that exists), or src itself as source.
   local function read_source(src)
-    if type(src) ~= "string" then error("mod: the modulator must be Lua source or a file name", 3) end
-    if not src:find("\n") and not src:find("[%(%)=]") then
-      local f = io.open(src, "r")
-      if f then
-        local text = f:read("*a")
-        f:close()
-        return text, src
-      end
-      if src:match("%.lua$") then error("mod: no such file: " .. src, 3) end
-    end
-    return src, nil
+    if type(src) ~= "string" or src == "" then error("mod: the modulator must be Lua source or a file name", 3) end
+    local text, file = require("lecho.modulator").source(src)
+    if not text then error("mod: " .. tostring(file), 3) end
+    return text, file
   end
 
   local function check_modulator(src, fn)
@@ -311,6 +325,7 @@ producer applied them.  The events printed after carry the new version.]], funct
     if h.kind ~= "mod" then error("params: " .. h.id .. " has no modulator", 2) end
     if h.closed then error("params: " .. h.id .. " is closed", 2) end
     if type(tbl) ~= "table" then error("params: the params must be a table", 2) end
+    keep_key(h)
     local ok, err = h.con:set_params(tbl)
     if not ok then error("params: " .. tostring(err), 2) end
     h.params = tbl
@@ -328,11 +343,14 @@ every producer (set_modulator).]], function(x)
     local h = find_handle(x, "edit")
     if h.kind ~= "mod" then error("edit: " .. h.id .. " has no modulator", 2) end
     if h.closed then error("edit: " .. h.id .. " is closed", 2) end
-    local editor = os.getenv("VISUAL") or os.getenv("EDITOR")
+    local editor = os.getenv("VISUAL")
+    if not editor or editor == "" then editor = os.getenv("EDITOR") end
     if not editor or editor == "" then error("edit: set EDITOR (or VISUAL) to an editor", 2) end
     local file = h.file
     if not file then
-      file = os.tmpname() .. ".lua"
+      local tmp = os.tmpname()        -- created empty by tmpname: ours to remove
+      os.remove(tmp)
+      file = tmp .. ".lua"
       local f = assert(io.open(file, "w"))
       f:write(h.src)
       f:close()
@@ -340,17 +358,26 @@ every producer (set_modulator).]], function(x)
     if R.prompt_shown then T.write("\r\27[K") R.prompt_shown = false end
     T.term.restore()
     T.sig.block(false)
-    local rc = os.execute(editor .. " " .. sh_quote(file))
+    local rc, how, code = os.execute(editor .. " " .. sh_quote(file))
     T.sig.block(true)
     T.term.enter_raw()
     local f = io.open(file, "r")
     local text = f and f:read("*a")
     if f then f:close() end
     if not h.file then os.remove(file) end
-    if rc ~= 0 and rc ~= true then error(("edit: %s exited with %s"):format(editor, tostring(rc)), 2) end
+    if rc ~= 0 and rc ~= true then
+      -- LuaJIT gives the wait status (exit code * 256, or the signal), or
+      -- with 5.2 compatibility nil, "exit"|"signal", code.
+      if type(rc) == "number" then
+        how, code = rc % 256 == 0 and "exit" or "signal", rc % 256 == 0 and rc / 256 or rc % 128
+      end
+      error(("edit: %s %s"):format(editor, how == "signal" and "was killed by signal " .. tostring(code)
+        or "exited with status " .. tostring(code)), 2)
+    end
     if not text then error("edit: cannot read " .. file, 2) end
     if text == h.src then R.out(h.id .. ": unchanged") return end
     check_modulator(text, "edit")
+    keep_key(h)
     local ok, err = h.con:set_modulator(text, h.params, h.handler)
     if not ok then error("edit: set_modulator: " .. tostring(err), 2) end
     h.src = text

@@ -80,8 +80,8 @@ function M.install(R)
 
   --- Serves the loop until this subscription printed its limit (or timeout).
   function Handle:wait(timeout)
-    if timeout ~= nil and (type(timeout) ~= "number" or not (timeout >= 0)) then
-      error("wait: seconds must be a number >= 0", 2)
+    if timeout ~= nil and (type(timeout) ~= "number" or not (timeout >= 0 and timeout < math.huge)) then
+      error("wait: seconds must be a finite number >= 0", 2)
     end
     return R.serve(timeout or 10, function() return self.closed end)
   end

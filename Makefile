@@ -129,7 +129,7 @@ build/test_errors: core/test_errors.c core/errors.c core/errors.h core/lecho.h c
 SPEC_ENV := LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;" \
             LUA_CPATH="$(CURDIR)/lua/?.so;;" LECHO_ROOT="$(CURDIR)"
 spec: $(SO)
-	$(SPEC_ENV) $(SPEC_PRE) $(LUAJIT) $(BUSTED) $(BUSTED_ARGS) spec
+	$(SPEC_ENV) $(SPEC_PRE) $(LUAJIT) $(BUSTED) $(BUSTED_ARGS) $(if $(filter %.lua,$(BUSTED_ARGS)),,spec)
 
 test: deps
 	$(MAKE) all ctest

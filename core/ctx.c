@@ -183,6 +183,9 @@ lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h) {
         c->o = *o;
     else
         lei_opts_default(&c->o);
+    /* An empty queue always takes one event: a limit of 0 would take none
+     * and block every submit for ever (the Lua layer refuses 0 already). */
+    if (c->o.queue_limit == 0) c->o.queue_limit = 1;
     c->h = *h;
     c->loop = ev_loop_new(EVFLAG_AUTO);
     if (!c->loop) {

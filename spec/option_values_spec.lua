@@ -24,12 +24,12 @@ local CONTEXT_BAD = {
   timeout = { NAN, INF, -1, 0, "5" },
   sync_timeout = { NAN, INF, -1, "10" },
   linger = { NAN, INF, -0.5 },
-  retry_interval = { NAN, -1 }, retry_max = { NAN, INF, -1 }, heartbeat = { NAN, INF, -1, "5" },
+  retry_interval = { NAN, -1 }, retry_max = { NAN, INF, -1 }, heartbeat = { NAN, INF, -1, "5", 1e-300, 0.001 },
   heartbeat_misses = { NAN, 1, 0.5 },
   ack_timeout = { NAN, -1 }, settle = { NAN, -1 }, forget_after = { NAN, INF, -30 },
   modulator_budget = { NAN, 0, -1 },
   modulator_memory = { NAN, 1.5, 1024, 1e300 },
-  queue_limit = { -5, 1.5, NAN, INF, 1e300, "big" },
+  queue_limit = { -5, 0, 1.5, NAN, INF, 1e300, "big" },
   batch_bytes = { -1, 0.5, 1e300 }, max_string = { -1, NAN }, max_frame = { -1, 1e300 },
   max_depth = { 0, 1e300, -1, 2.5 }, pin_threshold = { -1, NAN },
   log = { "x", true }, quiet = { "no", 1 }, manager = { "yes" }, recovering = { 1 },
@@ -59,8 +59,19 @@ describe("option values", function()
                      raised(lecho.context, { sync_timeout = NAN }))
     assert.are.equal("lecho.context: timeout must be a finite number > 0",
                      raised(lecho.context, { timeout = -1 }))
-    assert.are.equal("lecho.context: queue_limit must be an integer from 0 to 2^53",
-                     raised(lecho.context, { queue_limit = -5 }))
+    assert.are.equal("lecho.context: queue_limit must be an integer from 1 to 2^53",
+                     raised(lecho.context, { queue_limit = 0 }))
+    assert.are.equal("lecho.context: heartbeat must be 0 (off) or a finite number >= 0.01",
+                     raised(lecho.context, { heartbeat = 1e-300 }))
+  end)
+
+  it("behind a metatable are refused, since they would not be checked", function()
+    assert.are.equal("lecho.context: options must be a plain table (no metatable)",
+      raised(lecho.context, setmetatable({ quiet = true }, { __index = { queue_limit = -5 } })))
+    ctx = lecho.context{ quiet = true }
+    local p = ctx:channel("m"):producer()
+    assert.are.equal("p:submit_sync: options must be a plain table (no metatable)",
+      raised(p.submit_sync, p, {}, setmetatable({}, { __index = { timeout = NAN } })))
   end)
 
   it("of channels, producers, consumers, submit_sync and close are refused", function()

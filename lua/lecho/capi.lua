@@ -65,7 +65,7 @@ end
 
 function M.close(ctx, linger)
   return protect(function()
-    local ok, err, code = ctx:close(linger >= 0 and { linger = linger } or nil)
+    local ok, err, code = ctx:close(not (linger < 0) and { linger = linger } or nil)
     if not ok then return nil, err, code end
     return true
   end)
@@ -104,7 +104,7 @@ end
 -- true; or nil, message, code (the Lua layer's) and, when the failure is per
 -- consumer, a flat list { context, consumer, err, code, ... }.
 function M.submit_sync(p, ev, timeout)
-  local r = { pcall(p.submit_sync, p, ev, timeout >= 0 and { timeout = timeout } or nil) }
+  local r = { pcall(p.submit_sync, p, ev, not (timeout < 0) and { timeout = timeout } or nil) }
   if not r[1] then return raised(r[2]) end
   if r[2] then return true end
   local errs, code = r[3], type(r[4]) == "string" and r[4] or "failed"

@@ -52,6 +52,13 @@ local function caps(v)
     end
   end
 end
+-- 0 (off) or long enough that a peer can answer: 1e-300 declared every
+-- peer dead at once
+local function HEARTBEAT(v)
+  if type(v) ~= "number" or not (v == 0 or (v >= 0.01 and v < math.huge)) then
+    return "must be 0 (off) or a finite number >= 0.01"
+  end
+end
 local TIME, TIME_POS, BOOL, FN, TABLE = time(0), time(0, true), typed("boolean"), typed("function"),
                                         typed("table")
 
@@ -66,10 +73,10 @@ local SCHEMA = {
     nameserver = { address }, listen = { address, "127.0.0.1:0" }, advertise = { address },
     manager = { BOOL }, log = { FN }, quiet = { BOOL },
     timeout = { TIME_POS, 5 }, sync_timeout = { TIME, 10 }, linger = { TIME, 2 },
-    queue_limit = { size(0) }, policy = { policy }, batch_bytes = { size(0) },
+    queue_limit = { size(1) }, policy = { policy }, batch_bytes = { size(0) },
     max_string = { size(0) }, max_depth = { size(1) }, max_frame = { size(0) },
     pin_threshold = { size(0) },
-    retry_interval = { TIME }, retry_max = { TIME }, heartbeat = { TIME },
+    retry_interval = { TIME }, retry_max = { TIME }, heartbeat = { HEARTBEAT },
     heartbeat_misses = { time(1, true) },
     modulator_budget = { TIME_POS, 0.005 }, modulator_memory = { size(256 * 1024), 32 * 1024 * 1024 },
     -- the registry of a name server or manager run inside the context
@@ -120,6 +127,10 @@ function M.check(opts, known, where, level)
   if opts == nil then return {} end
   if type(opts) ~= "table" then
     error(("%s: options must be a table, not a %s"):format(where, type(opts)), level + 1)
+  end
+  -- values behind a metatable would be read by indexing but never checked
+  if getmetatable(opts) ~= nil then
+    error(("%s: options must be a plain table (no metatable)"):format(where), level + 1)
   end
   local k_of = kinds[known]
   for k, v in pairs(opts) do

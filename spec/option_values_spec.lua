@@ -65,6 +65,15 @@ describe("option values", function()
                      raised(lecho.context, { heartbeat = 1e-300 }))
   end)
 
+  it("of capability lists are lists of known names, nothing else", function()
+    ctx = lecho.context{ quiet = true }
+    local ch = ctx:channel("caps")
+    for _, g in ipairs{ { net = true }, { "clock", nil, "net" }, { "clock", x = 1 } } do
+      assert.matches("grant must be a list of capability names", raised(ch.producer, ch, { grant = g }))
+    end
+    assert.matches("unknown capability 'net'", raised(ch.producer, ch, { grant = { "clock", "net" } }))
+  end)
+
   it("behind a metatable are refused, since they would not be checked", function()
     assert.are.equal("lecho.context: options must be a plain table (no metatable)",
       raised(lecho.context, setmetatable({ quiet = true }, { __index = { queue_limit = -5 } })))

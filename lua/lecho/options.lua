@@ -42,6 +42,11 @@ local function policy(v)
 end
 local function caps(v)
   if type(v) ~= "table" then return "must be a list of capability names (clock, log)" end
+  -- a list and nothing else: { net = true } or a hole ({ "clock", nil, "net" })
+  -- would pass an ipairs walk unseen
+  local n = 0
+  for _ in pairs(v) do n = n + 1 end
+  if n ~= #v or (n > 0 and v[n] == nil) then return "must be a list of capability names (clock, log)" end
   for _, cap in ipairs(v) do
     if not M.CAPS[cap] then
       local known = {}

@@ -40,18 +40,23 @@ lb_ctx *lb_check_ctx(lua_State *L) {
     return b;
 }
 
+/* Field k of the table at index t into *v: 0 when nil (*v untouched), 1
+ * when a number; raises for any other type. */
+static int opt_number(lua_State *L, int t, const char *k, double *v) {
+    lua_getfield(L, t, k);
+    int has = !lua_isnil(L, -1);
+    if (has && lua_type(L, -1) != LUA_TNUMBER) luaL_error(L, "lecho: %s must be a number", k);
+    if (has) *v = lua_tonumber(L, -1);
+    lua_pop(L, 1);
+    return has;
+}
+
 /* Field k of the table at index t as a size: def when nil; raises unless
  * it is an integer from 0 to 2^53 (a double beyond size_t's range must never
  * reach the conversion: that is undefined behaviour). */
 size_t lb_opt_size(lua_State *L, int t, const char *k, size_t def) {
-    lua_getfield(L, t, k);
-    if (lua_isnil(L, -1)) {
-        lua_pop(L, 1);
-        return def;
-    }
-    if (lua_type(L, -1) != LUA_TNUMBER) luaL_error(L, "lecho: %s must be a number", k);
-    double d = lua_tonumber(L, -1);
-    lua_pop(L, 1);
+    double d;
+    if (!opt_number(L, t, k, &d)) return def;
     if (!(d >= 0 && d <= 9007199254740992.0 && d <= (double)SIZE_MAX) || d != floor(d))
         luaL_error(L, "lecho: %s must be an integer from 0 to 2^53", k);
     return (size_t)d;
@@ -60,14 +65,8 @@ size_t lb_opt_size(lua_State *L, int t, const char *k, size_t def) {
 /* Field k of the table at index t as a time in seconds: def when nil;
  * raises unless it is a finite number >= 0 (NaN and inf included). */
 static double opt_time(lua_State *L, int t, const char *k, double def) {
-    lua_getfield(L, t, k);
-    if (lua_isnil(L, -1)) {
-        lua_pop(L, 1);
-        return def;
-    }
-    if (lua_type(L, -1) != LUA_TNUMBER) luaL_error(L, "lecho: %s must be a number", k);
-    double v = lua_tonumber(L, -1);
-    lua_pop(L, 1);
+    double v;
+    if (!opt_number(L, t, k, &v)) return def;
     if (!(v >= 0) || !isfinite(v)) luaL_error(L, "lecho: %s must be a finite number >= 0", k);
     return v;
 }

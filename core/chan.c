@@ -109,10 +109,7 @@ int lei_chan_room(lei_ctx *c, uint32_t chid) {
         lei_peer_flush(p);
         if (p->q.bytes >= before || p->q.bytes >= c->o.queue_limit) return 0;
     }
-    /* Local: the queue, and for a channel whose handler waits, what waits
-     * behind it (other channels' events go on). */
-    if (ch->local && (c->lq.bytes >= c->o.queue_limit ||
-                      (ch->held && c->ldef.bytes >= c->o.queue_limit))) {
+    if (ch->local && lei_local_full(c, ch)) {
         if (c->lq.head) ev_idle_start(c->loop, &c->idle);
         return 0;
     }

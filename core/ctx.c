@@ -62,9 +62,7 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
      * copied: a policy closing a peer, or a write failing, must not change
      * the list this event is sent to. */
     int nd = ch->ndests;
-    int local_drop = ch->local && !sync && policy != LEI_BLOCK &&
-                     (c->lq.bytes >= c->o.queue_limit ||
-                      (ch->held && c->ldef.bytes >= c->o.queue_limit));
+    int local_drop = ch->local && !sync && policy != LEI_BLOCK && lei_local_full(c, ch);
     lei_peer *one[8], **dests = nd <= 8 ? one : malloc((size_t)nd * sizeof *dests);
     lei_qitem *lit = NULL;
     lei_sync *s = NULL;

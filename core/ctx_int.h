@@ -216,6 +216,14 @@ static inline int lei_peer_is_up(const lei_peer *p) {
     return p->conn && (p->conn->state == LEI_CONN_UP || p->conn->state == LEI_CONN_CLOSING);
 }
 
+/* The local queue has no room for ch's next event: the queue itself, and
+ * for a channel whose handler waits, what waits behind it (other channels'
+ * events go on).  One rule for the submit's drop policy and for
+ * lei_chan_room's wait. */
+static inline int lei_local_full(const lei_ctx *c, const lei_chan *ch) {
+    return c->lq.bytes >= c->o.queue_limit || (ch->held && c->ldef.bytes >= c->o.queue_limit);
+}
+
 
 /* ---- shared between the context's files -------------------------------- */
 

@@ -180,12 +180,7 @@ describe("transports", function()
   end)
 
   it("lets the scripts listen on, advertise and join the new address forms", function()
-    local function sh_out(cmd)
-      local f = io.popen("timeout 20 " .. cmd .. " </dev/null 2>&1; echo rc=$?")
-      local out = f:read("*a")
-      f:close()
-      return out
-    end
+    local function sh_out(cmd) return S.sh_out("timeout 20 " .. cmd .. " </dev/null") end
     local dir = S.tmpdir()
     local ns = nameserver("unix:" .. dir .. "/ns.sock")
     local out = sh_out(("%s %s/scripts/lecho-repl --nameserver %s --listen %s --no-history -e %s -e 'ls()'")

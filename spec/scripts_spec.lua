@@ -8,12 +8,7 @@ local function bare(cmd)
   return ("cd / && exec env -u LUA_PATH -u LUA_CPATH -u LECHO_ROOT %s"):format(cmd)
 end
 
-local function sh_out(cmd)
-  local p = io.popen("(" .. cmd .. ") 2>&1; echo rc=$?")
-  local s = p:read("*a")
-  p:close()
-  return s
-end
+local sh_out = S.sh_out
 
 describe("scripts and examples run from a checkout with no module paths set", function()
   after_each(function() S.cleanup() end)

@@ -39,6 +39,16 @@ function M.sh(cmd)
   return code == 0, M.read(log) or "", code
 end
 
+--- Runs `cmd` (a shell command) to its end: its stdout and stderr as they
+-- came, then a line "rc=N" with its exit code (for specs that compare a
+-- command's whole output, status included).
+function M.sh_out(cmd)
+  local f = io.popen("(" .. cmd .. ") 2>&1; echo rc=$?")
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
 --- Starts `cmd` (a shell command) in the background; stdout and stderr go
 -- to files.  Returns a child { pid, out, err } (spec/support/proc.lua).
 function M.spawn(cmd)

@@ -19,9 +19,6 @@ function Channel:consumer(handler, opts)
   local ctx = self.ctx
   if ctx.closed then error("lecho: context is closed", 2) end
   opts = options.check(opts, options.CONSUMER, "ch:consumer", 2)
-  if opts.on_error ~= nil and type(opts.on_error) ~= "function" then
-    error("lecho: on_error must be a function", 2)
-  end
   local spec
   if opts.modulator ~= nil then
     spec = mod_spec(opts.modulator, opts.params, opts.period, opts.capabilities, 3)

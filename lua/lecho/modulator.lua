@@ -109,10 +109,6 @@ local function mod_spec(src, params, period, caps, level)
   if params == nil then params = {} end
   local ok, err = core.encode(params)
   if not ok then error("lecho: modulator params cannot be sent: " .. err, level) end
-  if period ~= nil and (type(period) ~= "number" or not (period >= 0.001)) then
-    error("lecho: period must be a number of seconds >= 0.001", level)
-  end
-  options.check_caps(caps, level)
   local cl = {}
   for _, c in ipairs(caps or {}) do cl[#cl + 1] = c end
   table.sort(cl)

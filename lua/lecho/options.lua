@@ -59,10 +59,9 @@ local function caps(v)
 end
 -- 0 (off) or long enough that a peer can answer: 1e-300 declared every
 -- peer dead at once
+local AT_LEAST_10MS = time(0.01)
 local function HEARTBEAT(v)
-  if type(v) ~= "number" or not (v == 0 or (v >= 0.01 and v < math.huge)) then
-    return "must be 0 (off) or a finite number >= 0.01"
-  end
+  if v ~= 0 and AT_LEAST_10MS(v) then return "must be 0 (off) or a finite number >= 0.01" end
 end
 local TIME, TIME_POS, BOOL, FN, TABLE = time(0), time(0, true), typed("boolean"), typed("function"),
                                         typed("table")
@@ -149,14 +148,6 @@ function M.check(opts, known, where, level)
   local why = together[known] and together[known](opts)
   if why then error(("%s: %s"):format(where, why), level + 1) end
   return opts
-end
-
--- Raises "lecho: unknown capability 'X' (known: clock, log)" unless every
--- entry of list (nil: none) is a capability.
-function M.check_caps(list, level)
-  local why, whole
-  if list ~= nil then why, whole = caps(list) end
-  if why then error(whole and why or "lecho: capabilities " .. why, level + 1) end
 end
 
 -- Raises "WHERE: NAME must be a finite number >= 0" (> 0 when positive)

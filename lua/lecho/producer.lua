@@ -30,10 +30,6 @@ function Channel:producer(opts)
   opts = options.check(opts, options.PRODUCER, "ch:producer", 2)
   local ctx = self.ctx
   if ctx.closed then error("lecho: context is closed", 2) end
-  if opts.policy and not options.POLICIES[opts.policy] then
-    error("lecho: unknown policy '" .. tostring(opts.policy) .. "'", 2)
-  end
-  options.check_caps(opts.grant, 2)
   -- Granted before joining: the join installs the current modulators.
   for _, cap in ipairs(opts.grant or {}) do self.grants[cap] = true end
   if self.nprod == 0 then
@@ -47,7 +43,7 @@ function Channel:producer(opts)
   local p = setmetatable({ ch = self, c = ctx.c, enc = ctx.fastenc, chid = self.chid,
                            id = ctx.nextpid, seq = 0,
                            policy = opts.policy, mods = self.modlist,
-                           plain = #self.dests > 0 or #self.consumers > 0 }, Producer)
+                           plain = self:_plain() }, Producer)
   self.producers[p] = true
   return p
 end
@@ -113,6 +109,18 @@ end
 -- Returns true, or nil, errors: a list of { context, consumer, err } (it
 -- prints as one line) with each failing or silent consumer, and each
 -- consumer whose modulator failed here.
+-- failed plus ch's failed modulators not in it yet (failed nil and none
+-- failed: nil, no table).
+local function add_failed(failed, ch)
+  for key, why in pairs(ch.failed) do
+    if not (failed and failed[key]) then
+      failed = failed or {}
+      failed[key] = { why = why, dests = ch.failed_dests[key] }
+    end
+  end
+  return failed
+end
+
 function Producer:submit_sync(ev, opts)
   if self.closed then return nil, "producer is closed", "closed" end
   local ctx = self.ch.ctx
@@ -126,11 +134,7 @@ function Producer:submit_sync(ev, opts)
   -- they were at the submit (a membership change during the wait may drop
   -- the record) and as they are after it.
   local ch = self.ch
-  local failed
-  if next(ch.failed) then
-    failed = {}
-    for key, why in pairs(ch.failed) do failed[key] = { why = why, dests = ch.failed_dests[key] } end
-  end
+  local failed = add_failed(nil, ch)
   -- One call per look: false while waiting, then true or nil, errors (no
   -- tables unless something failed); past the deadline, with the timeout,
   -- silent consumers become errors.
@@ -148,12 +152,7 @@ function Producer:submit_sync(ev, opts)
     ok, all = c:sync_result(ids)
   end
   if ok == false then ok, all = c:sync_result(ids, timeout) end
-  for key, why in pairs(ch.failed) do
-    if not (failed and failed[key]) then
-      failed = failed or {}
-      failed[key] = { why = why, dests = ch.failed_dests[key] }
-    end
-  end
+  failed = add_failed(failed, ch)
   for _, key in ipairs(failed and sorted_keys(failed) or {}) do
     local f = failed[key]
     for _, a in ipairs(f.dests or {}) do

@@ -64,11 +64,7 @@ function M.open(list)
 end
 
 function M.close(ctx, linger)
-  return protect(function()
-    local ok, err, code = ctx:close(not (linger < 0) and { linger = linger } or nil)
-    if not ok then return nil, err, code end
-    return true
-  end)
+  return protect(ctx.close, ctx, not (linger < 0) and { linger = linger } or nil)
 end
 
 function M.run(ctx) return protect(function() ctx:run(); return true end) end

@@ -57,8 +57,10 @@ end
 
 -- Does a submit also send the plain (unmodulated) event?  Only when some
 -- context takes it.
+function Channel:_plain() return #self.dests > 0 or #self.consumers > 0 end
+
 function Channel:_hot_update()
-  local plain = #self.dests > 0 or #self.consumers > 0
+  local plain = self:_plain()
   for p in pairs(self.producers) do
     p.mods, p.plain = self.modlist, plain
   end

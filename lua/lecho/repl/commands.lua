@@ -4,6 +4,7 @@
 -- has a usage line, a summary for help() and a text for help(cmd).
 local P = require "lecho.repl.pretty"
 local addr = require "lecho.addr"
+local options = require "lecho.options"
 
 local M = {}
 
@@ -226,8 +227,7 @@ handler comes back as the error of send.  async = true: queue it and return.]], 
       if not p then error("send: " .. tostring(err), 2) end
       producers[name] = p
     end
-    local ch = p.ch
-    if #(ch.dests or {}) == 0 and #ch.consumers == 0 then
+    if not p.ch:_plain() then
       R.out(("send: no consumer on '%s' (nothing received it)"):format(name))
     end
     if o.async then
@@ -311,9 +311,7 @@ and per peer process.  stats("ch"): the channels whose name contains "ch".]], fu
   R.command("wait", "wait(seconds [, pred])", "serve the loop for a while (or until pred() is true)", [[
 Serves the event loop (subscriptions print) for seconds, or until pred()
 returns true (then wait returns true; false on timeout).  Ctrl-C ends it.]], function(seconds, pred)
-    if type(seconds) ~= "number" or not (seconds >= 0 and seconds < math.huge) then
-      error("wait: seconds must be a finite number >= 0", 2)
-    end
+    options.check_time(seconds, "wait", "seconds", 2)
     if pred ~= nil and type(pred) ~= "function" then error("wait: pred must be a function", 2) end
     local ok = R.serve(seconds, pred)
     if pred then return ok end

@@ -5,6 +5,7 @@
 -- stays listed as failed, with the reason, until unsub().
 local T = require "lecho.repl.term"
 local P = require "lecho.repl.pretty"
+local options = require "lecho.options"
 
 local M = {}
 
@@ -80,9 +81,7 @@ function M.install(R)
 
   --- Serves the loop until this subscription printed its limit (or timeout).
   function Handle:wait(timeout)
-    if timeout ~= nil and (type(timeout) ~= "number" or not (timeout >= 0 and timeout < math.huge)) then
-      error("wait: seconds must be a finite number >= 0", 2)
-    end
+    if timeout ~= nil then options.check_time(timeout, "wait", "seconds", 2) end
     return R.serve(timeout or 10, function() return self.closed end)
   end
 
@@ -100,8 +99,8 @@ function M.install(R)
         if not keep then return end
       end
       local line
-      local width = math.max((R.interactive and T.term.cols() or 160) - #h.id - #h.channel - 12, 40)
       if h.format then
+        local width = math.max((R.interactive and T.term.cols() or 160) - #h.id - #h.channel - 12, 40)
         local ok, s = pcall(h.format, ev, meta)
         if not ok then return h:fail("format failed: " .. tostring(s)) end
         -- A string as it is; anything else (format = "ev") pretty-printed.
@@ -330,8 +329,7 @@ producer applied them.  The events printed after carry the new version.]], funct
     if not ok then error("params: " .. tostring(err), 2) end
     h.params = tbl
     h.failed, h.mod_failed = nil, nil
-    local v = h.con.params_version and h.con:params_version()
-    R.out(("%s: params %s applied%s"):format(h.id, P.short(tbl, 100), v and (" (version " .. v .. ")") or ""))
+    R.out(("%s: params %s applied (version %d)"):format(h.id, P.short(tbl, 100), h.con:params_version()))
   end)
 
   local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
@@ -382,8 +380,7 @@ every producer (set_modulator).]], function(x)
     if not ok then error("edit: set_modulator: " .. tostring(err), 2) end
     h.src = text
     h.failed, h.mod_failed = nil, nil
-    local v = h.con.params_version and h.con:params_version()
-    R.out(("%s: modulator replaced%s"):format(h.id, v and (" (version " .. v .. ")") or ""))
+    R.out(("%s: modulator replaced (version %d)"):format(h.id, h.con:params_version()))
   end)
 end
 

@@ -198,6 +198,16 @@ int lei_addr_is_wildcard(const lei_addr *a) {
     return 0;
 }
 
+int lei_addr_is_local(const lei_addr *a) {
+    if (a->ss.ss_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)&a->ss)->sin_addr.s_addr) >> 24) == 127;
+    if (a->ss.ss_family == AF_INET6) {
+        const struct in6_addr *v6 = &((const struct sockaddr_in6 *)&a->ss)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(v6) || (IN6_IS_ADDR_V4MAPPED(v6) && v6->s6_addr[12] == 127);
+    }
+    return lei_addr_is_unix(a);
+}
+
 unsigned lei_addr_port(const lei_addr *a) {
     if (a->ss.ss_family == AF_INET) return ntohs(((const struct sockaddr_in *)&a->ss)->sin_port);
     if (a->ss.ss_family == AF_INET6) return ntohs(((const struct sockaddr_in6 *)&a->ss)->sin6_port);

@@ -59,6 +59,7 @@ int lei_addr_format(const lei_addr *a, char *out, size_t size);
 /* Properties of a parsed address. */
 int lei_addr_is_unix(const lei_addr *a);
 int lei_addr_is_wildcard(const lei_addr *a); /* 0.0.0.0 or [::] */
+int lei_addr_is_local(const lei_addr *a);    /* 127.0.0.0/8, ::1 or a unix socket */
 unsigned lei_addr_port(const lei_addr *a);   /* 0 for unix */
 
 /* Opens a listening socket on a: non-blocking, close-on-exec, SO_REUSEADDR

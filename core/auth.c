@@ -141,6 +141,56 @@ int lei_chan_set_ticket(lei_ctx *c, uint32_t chid, const uint8_t t[64]) {
     return 0;
 }
 
+static void hex(const uint8_t *b, size_t n, char *out) {
+    static const char d[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = d[b[i] >> 4];
+        out[2 * i + 1] = d[b[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
+/* The trust decision on a remote's identity (design: its key is trusted
+ * under the name it claims, or an authority we trust certified the pair). */
+int lei_trusted(const lei_ctx *c, const lei_hello *h, char *why, size_t n) {
+    const lei_ident *id = &c->id;
+    for (int i = 0; i < id->nkeys; i++)
+        if (memcmp(id->keys[i].pk, h->idpk, 32) == 0 && strcmp(id->keys[i].name, h->name) == 0)
+            return 0;
+    if (h->has_cert && id->nauths) {
+        static const char P[] = "lecho-cert-v1";
+        uint8_t m[sizeof P + LEI_NAME_MAX + 1 + 32];
+        size_t nl = strlen(h->name), pos = 0;
+        memcpy(m, P, sizeof P); /* with its NUL */
+        pos += sizeof P;
+        memcpy(m + pos, h->name, nl);
+        pos += nl;
+        m[pos++] = 0;
+        memcpy(m + pos, h->idpk, 32);
+        pos += 32;
+        for (int i = 0; i < id->nauths; i++)
+            if (crypto_sign_verify_detached(h->cert, m, pos, id->auths[i]) == 0) return 0;
+    }
+    char pk[65];
+    hex(h->idpk, 32, pk);
+    snprintf(why, n, "not trusted: %s %s", h->name, pk);
+    return -1;
+}
+
+size_t lei_base_len(const char *name, size_t len) {
+    size_t slash = 0;
+    for (size_t i = 0; i < len; i++)
+        if (name[i] == '/') slash = i + 1;
+    const char *at = memchr(name + slash, '@', len - slash);
+    return at ? (size_t)(at - name) : len;
+}
+
+const uint8_t *lei_chan_ticket_for(lei_ctx *c, const lei_chan *ch) {
+    size_t bl = lei_base_len(ch->name, ch->namelen);
+    const lei_chan *base = bl == ch->namelen ? ch : lei_chan_find(c, ch->name, bl);
+    return base && base->has_ticket ? base->ticket : NULL;
+}
+
 void lei_ident_free(lei_ctx *c) {
     lei_ident *id = &c->id;
     free(id->keys);

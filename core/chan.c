@@ -34,15 +34,20 @@ lei_chan *lei_chan_get(lei_ctx *c, uint32_t id) {
     return id < c->nchans ? c->chans[id] : NULL;
 }
 
-uint32_t lei_chan_open(lei_ctx *c, const char *name, size_t len) {
-    if (c->hcap) {
-        uint32_t j = hash_name(name, len) & (c->hcap - 1);
-        while (c->hash[j]) {
-            lei_chan *ch = c->chans[c->hash[j] - 1];
-            if (ch->namelen == len && memcmp(ch->name, name, len) == 0) return ch->id;
-            j = (j + 1) & (c->hcap - 1);
-        }
+lei_chan *lei_chan_find(lei_ctx *c, const char *name, size_t len) {
+    if (!c->hcap) return NULL;
+    uint32_t j = hash_name(name, len) & (c->hcap - 1);
+    while (c->hash[j]) {
+        lei_chan *ch = c->chans[c->hash[j] - 1];
+        if (ch->namelen == len && memcmp(ch->name, name, len) == 0) return ch;
+        j = (j + 1) & (c->hcap - 1);
     }
+    return NULL;
+}
+
+uint32_t lei_chan_open(lei_ctx *c, const char *name, size_t len) {
+    lei_chan *found = lei_chan_find(c, name, len);
+    if (found) return found->id;
     if ((c->nchans + 1) * 2 > c->hcap && hash_grow(c)) return UINT32_MAX;
     if (c->nchans == c->cchans) {
         uint32_t n = c->cchans ? c->cchans * 2 : 64;

@@ -22,6 +22,10 @@ static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents);
 static lei_conn *conn_new(lei_ctx *c, int fd, enum lei_conn_state state) {
     lei_conn *k = calloc(1, sizeof *k);
     if (!k) return NULL;
+    if (c->id.keyed && !(k->sec = lei_sec_new())) {
+        free(k);
+        return NULL;
+    }
     k->ctx = c;
     k->fd = fd;
     k->state = state;
@@ -46,8 +50,17 @@ void lei_conn_free(lei_conn *k) {
 }
 
 /* Writes a small frame straight to the socket: only for the handshake and
- * for the parting ERROR, when nothing else is queued on the connection. */
-static void conn_write_now(lei_conn *k, const uint8_t *b, size_t n) {
+ * for the parting ERROR, when nothing else is queued on the connection.
+ * Once records are on it is sealed as one, behind any pending record; what
+ * the socket does not take now waits for the write watcher. */
+void lei_conn_write_now(lei_conn *k, const uint8_t *b, size_t n) {
+    if (k->sec && k->sec->rec_out) {
+        size_t wrote;
+        if (lei_sec_seal(k->sec, b, n) == 0 && lei_sec_write(k->sec, k->fd, &wrote) == 0 &&
+            k->state != LEI_CONN_CLOSED)
+            ev_io_start(k->ctx->loop, &k->wio);
+        return;
+    }
     while (n) {
         ssize_t w = send(k->fd, b, n, MSG_NOSIGNAL);
         if (w < 0 && errno == EINTR) continue;
@@ -57,12 +70,12 @@ static void conn_write_now(lei_conn *k, const uint8_t *b, size_t n) {
     }
 }
 
-static void conn_send_error(lei_conn *k, const char *msg) {
+void lei_conn_send_error(lei_conn *k, const char *msg) {
     uint8_t b[LEI_FRAME_HDR + 256];
     size_t n = strnlen(msg, 255);
     lei_frame_hdr(b, LEI_F_ERROR, n);
     memcpy(b + LEI_FRAME_HDR, msg, n);
-    conn_write_now(k, b, LEI_FRAME_HDR + n);
+    lei_conn_write_now(k, b, LEI_FRAME_HDR + n);
 }
 
 /* Closes a connection: bad is set when the remote sent malformed input. */
@@ -74,7 +87,7 @@ void lei_conn_close(lei_conn *k, const char *reason, int bad) {
     ev_io_stop(c->loop, &k->wio);
     if (bad) {
         c->bad_frames++;
-        conn_send_error(k, reason);
+        lei_conn_send_error(k, reason);
         lei_logf(c, "closing connection from %s: %s", k->peer ? k->peer->addr : "unidentified peer",
                  reason);
     }
@@ -84,6 +97,8 @@ void lei_conn_close(lei_conn *k, const char *reason, int bad) {
     k->rb = NULL;
     free(k->inmap);
     k->inmap = NULL;
+    lei_sec_free(k->sec);
+    k->sec = NULL;
     lei_peer *p = k->peer;
     k->peer = NULL;
     if (p && p->conn == k) lei_peer_lost(p, reason);
@@ -104,8 +119,13 @@ void lei_conn_retire(lei_conn *k, const char *reason) {
         lei_conn_close(k, reason, 0);
         return;
     }
-    ev_io_stop(c->loop, &k->wio);
-    shutdown(k->fd, SHUT_WR);
+    if (lei_sec_pending(k->sec)) {
+        k->fin_pending = 1; /* after the sealed records: conn_write_cb */
+        ev_io_start(c->loop, &k->wio);
+    } else {
+        ev_io_stop(c->loop, &k->wio);
+        shutdown(k->fd, SHUT_WR);
+    }
     k->state = LEI_CONN_RETIRED;
     k->retired = ev_now(c->loop);
     k->peer = NULL;
@@ -151,165 +171,6 @@ int lei_peer_dial(lei_peer *p) {
 }
 
 
-static void send_hello(lei_conn *k, uint8_t type) {
-    uint8_t b[LEI_HELLO_MAX];
-    size_t n = lei_frame_hello(b, type, LEI_PROTO_VERSION, k->ctx->incarnation, k->ctx->addr);
-    conn_write_now(k, b, n);
-}
-
-/* ---- the handshake -------------------------------------------------------
- *
- * A connection walks one way through enum lei_conn_state (ctx_int.h):
- *
- *   dialled:  DIALING --connected, HELLO sent--> HELLO_SENT --HELLO_OK--> UP
- *   accepted:                                    HELLO_WAIT --HELLO-----> UP
- *   UP --queue written while closing, FIN--> CLOSING
- *   UP or CLOSING --disconnect policy, FIN--> RETIRED
- *   any --error, remote closed, dead, superseded--> CLOSED
- *
- * Before UP only HELLO, HELLO_OK and ERROR frames count; the protocol
- * version is checked in one place (hello_read) for both directions. */
-
-/* The reason sent to the loser of simultaneous dials: it keeps its queue
- * and waits for the connection the winner dialled. */
-static const char DUP_REASON[] = "duplicate connection: the one dialled by the smaller address wins";
-
-/* Reads the remote's HELLO (want LEI_F_HELLO, we were dialled) or HELLO_OK
- * (we dialled).  Returns 0, or -1 after closing k as bad input. */
-static int hello_read(lei_conn *k, const lei_frame *f, uint8_t want, lei_hello *h) {
-    const char *err = NULL;
-    char why[160];
-    if (f->type != want) {
-        err = want == LEI_F_HELLO ? "expected a handshake (HELLO) first"
-                                  : "expected a handshake answer (HELLO_OK)";
-    } else if (lei_parse_hello(f->body, f->len, h, &err)) {
-        /* err set */
-    } else if (h->version != LEI_PROTO_VERSION) {
-        snprintf(why, sizeof why, "protocol version mismatch: peer speaks %u, this side speaks %u",
-                 h->version, LEI_PROTO_VERSION);
-        err = why;
-    }
-    if (!err) return 0;
-    lei_conn_close(k, err, 1);
-    return -1;
-}
-
-/* HELLO_WAIT or HELLO_SENT -> UP: k serves p from now on.  An accepted
- * connection answers HELLO_OK first; then the peer is told up and what
- * queued for it while it was down goes out. */
-static void conn_up(lei_conn *k, lei_peer *p, uint64_t incarnation) {
-    int accepted = k->state == LEI_CONN_HELLO_WAIT;
-    k->peer = p;
-    p->conn = k;
-    k->state = LEI_CONN_UP;
-    p->await_in = 0;
-    p->reason[0] = '\0';
-    lei_live_peer_up(p, incarnation);
-    if (accepted) send_hello(k, LEI_F_HELLO_OK);
-    lei_peer_note(p, 1, NULL);
-    if (p->held) ev_io_stop(k->ctx->loop, &k->rio);
-    lei_peer_flush(p);
-}
-
-/* HELLO_WAIT: the remote introduced itself; tie k to the peer of that
- * address.  With two connections between the same pair of contexts the one
- * dialled by the smaller address wins, so both sides agree on one.  Returns
- * 0 (k is UP), or -1 (k must be closed; DUP_REASON already sent to a loser). */
-static int hello_accepted(lei_conn *k, const lei_hello *h) {
-    lei_ctx *c = k->ctx;
-    lei_peer *p = lei_peer_find(c, h->addr);
-    if (p && p->conn && p->conn->state != LEI_CONN_CLOSED && p->conn != k) {
-        lei_conn *old = p->conn;
-        if (old->state == LEI_CONN_DIALING || old->state == LEI_CONN_HELLO_SENT) {
-            if (strcmp(c->addr, h->addr) < 0) {
-                conn_send_error(k, DUP_REASON);
-                return -1;
-            }
-            /* Ours loses: adopt the inbound one, keep the queue. */
-            p->conn = NULL;
-            old->peer = NULL;
-            lei_conn_close(old, "superseded", 0);
-        } else if (p->lv.incarnation == h->incarnation &&
-                   ev_now(c->loop) - old->last_in < (c->o.heartbeat > 1.0 ? c->o.heartbeat : 1.0)) {
-            /* The same process, and its connection here is up and alive: a
-             * HELLO of a crossing dial that arrives late (its sender already
-             * took ours).  Replacing ours would drop its queue. */
-            conn_send_error(k, DUP_REASON);
-            return -1;
-        } else {
-            lei_conn_close(old, "replaced by a new connection from the same context", 0);
-        }
-    }
-    if (!p && !(p = lei_peer_new(c, h->addr))) return -1;
-    conn_up(k, p, h->incarnation);
-    return 0;
-}
-
-/* HELLO_SENT: the remote answered our HELLO.  Returns 0 (k is UP), or -1
- * after closing k. */
-static int hello_answered(lei_conn *k, const lei_frame *f) {
-    lei_ctx *c = k->ctx;
-    lei_peer *p = k->peer;
-    lei_hello h;
-    char why[256];
-    if (f->type == LEI_F_ERROR && p && p->conn == k && f->len == sizeof DUP_REASON - 1 &&
-        memcmp(f->body, DUP_REASON, f->len) == 0) {
-        /* We lost the tie-break: the remote's own connection comes.
-         * Nothing was written on this one (the handshake was not done):
-         * the queue, BINDs included, goes whole on the next one. */
-        p->conn = NULL;
-        p->await_in = ev_now(c->loop) + AWAIT_IN_SECONDS;
-        lei_expiry_at(c, p->await_in);
-        k->peer = NULL;
-        lei_conn_close(k, "lost the tie-break of simultaneous dials", 0);
-        return -1;
-    }
-    if (f->type == LEI_F_ERROR) {
-        snprintf(why, sizeof why, "refused by peer: %.*s", (int)(f->len > 200 ? 200 : f->len),
-                 (const char *)f->body);
-        lei_logf(c, "connection to %s %s", p ? p->addr : "?", why);
-        lei_conn_close(k, why, 0);
-        return -1;
-    }
-    if (hello_read(k, f, LEI_F_HELLO_OK, &h)) return -1;
-    if (!p || p->conn != k) {
-        /* Another connection took over this peer meanwhile. */
-        k->peer = NULL;
-        lei_conn_close(k, "superseded by another connection to the same context", 0);
-        return -1;
-    }
-    conn_up(k, p, h.incarnation);
-    return 0;
-}
-
-/* A dialling peer's claimed address must be an address in its canonical
- * text (addr.h): two spellings of one address would make two peers of it
- * and break the smaller-address-wins rule.  (The HELLO_OK of a dial we made
- * names the address we dialled: ours to trust.) */
-static int addr_canonical(const char *text) {
-    lei_addr a;
-    const char *why;
-    char canon[LEI_ADDR_TEXT_MAX];
-    return lei_addr_parse(text, 0, &a, &why) == 0 &&
-           lei_addr_format(&a, canon, sizeof canon) >= 0 && strcmp(canon, text) == 0;
-}
-
-/* One frame before UP.  Returns 0, or -1 after closing k. */
-static int conn_handshake(lei_conn *k, const lei_frame *f) {
-    if (k->state == LEI_CONN_HELLO_SENT) return hello_answered(k, f);
-    lei_hello h;
-    if (hello_read(k, f, LEI_F_HELLO, &h)) return -1;
-    if (!addr_canonical(h.addr)) {
-        lei_conn_close(k, "bad address in handshake", 1);
-        return -1;
-    }
-    if (hello_accepted(k, &h)) {
-        lei_conn_close(k, "handshake refused", 0);
-        return -1;
-    }
-    return 0;
-}
-
 /* ---- reading ----------------------------------------------------------- */
 
 static int map_idx(lei_conn *k, uint64_t idx, uint32_t *chid) {
@@ -323,7 +184,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
     lei_ctx *c = k->ctx;
     const char *err = NULL;
     char why[256];
-    if (k->state < LEI_CONN_UP) return conn_handshake(k, f);
+    if (k->state < LEI_CONN_UP) return lei_conn_handshake(k, f);
     lei_peer *p = k->peer;
     if (f->type == LEI_F_HEARTBEAT || f->type == LEI_F_PING) return lei_live_frame(k, f);
     switch (f->type) {
@@ -363,9 +224,9 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
         break;
     case LEI_F_BIND: {
         uint64_t idx;
-        const uint8_t *name;
+        const uint8_t *name, *ticket;
         size_t nl;
-        if (lei_parse_bind(f->body, f->len, &idx, &name, &nl, &err)) break;
+        if (lei_parse_bind(f->body, f->len, &idx, &name, &nl, &ticket, &err)) break;
         if (idx > 16u * 1024 * 1024) {
             err = "channel index out of range";
             break;
@@ -455,6 +316,68 @@ static int conn_frames(lei_conn *k) {
     return k->state == LEI_CONN_CLOSED ? -1 : 0;
 }
 
+/* Bytes after the frame being handled are records from now on: what was
+ * read behind it goes to the ciphertext buffer.  0, or -1 after closing k. */
+int lei_conn_records_in(lei_conn *k) {
+    lei_sec *s = k->sec;
+    if (s->rec_in) return 0;
+    s->rec_in = 1;
+    if (k->rlen > k->rpos) {
+        if (lei_sec_in_take(s, k->rb + k->rpos, k->rlen - k->rpos)) {
+            lei_conn_close(k, "out of memory for the read buffer", 0);
+            return -1;
+        }
+        k->rlen = k->rpos;
+    }
+    return 0;
+}
+
+/* Decrypts the complete records (keyed connections), hands over the frames
+ * until one suspends or closes; again when the handshake just switched the
+ * input to records behind a frame.  Frees k once closed and not busy;
+ * returns -1 then (or when closed), else 0. */
+static int conn_input(lei_conn *k) {
+    k->busy++;
+    for (;;) {
+        lei_sec *s = k->sec;
+        int was_records = s && s->rec_in;
+        if (was_records && lei_sec_in_pending(s)) {
+            const char *err = NULL;
+            if (k->rpos && k->busy == 1) { /* compact: nobody below holds a frame */
+                memmove(k->rb, k->rb + k->rpos, k->rlen - k->rpos);
+                k->rlen -= k->rpos;
+                k->rpos = 0;
+            }
+            if (lei_sec_open(s, &k->rb, &k->rlen, &k->rcap, &err)) {
+                lei_conn_close(k, err, 1);
+                break;
+            }
+        }
+        conn_frames(k);
+        if (k->state == LEI_CONN_CLOSED || (k->peer && k->peer->held && k->state >= LEI_CONN_UP))
+            break;
+        if (was_records || !(k->sec && k->sec->rec_in && lei_sec_in_pending(k->sec))) break;
+    }
+    k->busy--;
+    if (k->state != LEI_CONN_CLOSED) return 0;
+    if (!k->busy) lei_conn_free(k);
+    return -1;
+}
+
+/* Reads ciphertext (records on): 0 when something came, -1 otherwise
+ * (EAGAIN, or k closed). */
+static ssize_t read_records(lei_conn *k) {
+    uint8_t *at;
+    size_t room;
+    if (lei_sec_in_room(k->sec, &at, &room)) {
+        lei_conn_close(k, "out of memory for the read buffer", 0);
+        return -1;
+    }
+    ssize_t n = read(k->fd, at, room);
+    if (n > 0) k->sec->clen += (size_t)n;
+    return n;
+}
+
 static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
     (void)loop;
     (void)revents;
@@ -464,15 +387,9 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
         ev_io_stop(c->loop, &k->rio); /* lei_resume starts it again */
         return;
     }
-    /* What a suspended dispatch left in the buffer goes first. */
-    if (k->rpos < k->rlen) {
-        k->busy++;
-        conn_frames(k);
-        k->busy--;
-        if (k->state == LEI_CONN_CLOSED) {
-            if (!k->busy) lei_conn_free(k);
-            return;
-        }
+    /* What a suspended dispatch left in the buffers goes first. */
+    if (k->rpos < k->rlen || (k->sec && k->sec->rec_in && lei_sec_in_pending(k->sec))) {
+        if (conn_input(k)) return;
         if (k->peer && k->peer->held) return;
     }
     /* Compact, then make room: a frame larger than the buffer grows it to
@@ -482,33 +399,40 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
         k->rlen -= k->rpos;
         k->rpos = 0;
     }
-    size_t want = RBUF_MIN, room;
-    size_t big_end = 0; /* a large frame: read up to its end only */
-    if (k->rlen - k->rpos >= 4) {
-        const uint8_t *h = k->rb + k->rpos;
-        size_t flen = (size_t)h[0] | (size_t)h[1] << 8 | (size_t)h[2] << 16 | (size_t)h[3] << 24;
-        if (flen <= conn_max_frame(k) && flen + 4 > want) {
-            want = flen + 4;
-            big_end = k->rpos + want;
+    ssize_t n;
+    if (k->sec && k->sec->rec_in) {
+        n = read_records(k);
+        if (k->state == LEI_CONN_CLOSED) return;
+    } else {
+        size_t want = RBUF_MIN, room;
+        size_t big_end = 0; /* a large frame: read up to its end only */
+        if (k->rlen - k->rpos >= 4) {
+            const uint8_t *h = k->rb + k->rpos;
+            size_t flen = (size_t)h[0] | (size_t)h[1] << 8 | (size_t)h[2] << 16 | (size_t)h[3] << 24;
+            if (flen <= conn_max_frame(k) && flen + 4 > want) {
+                want = flen + 4;
+                big_end = k->rpos + want;
+            }
         }
-    }
-    if (k->rcap - k->rlen < RBUF_MIN && k->rcap < k->rlen + want) {
-        size_t ncap = k->rlen + want;
-        if (ncap < k->rcap * 2 && k->rcap * 2 <= c->o.max_frame + 4) ncap = k->rcap * 2;
-        uint8_t *nb = realloc(k->rb, ncap);
-        if (!nb) {
-            lei_conn_close(k, "out of memory for the read buffer", 0);
-            return;
+        if (k->rcap - k->rlen < RBUF_MIN && k->rcap < k->rlen + want) {
+            size_t ncap = k->rlen + want;
+            if (ncap < k->rcap * 2 && k->rcap * 2 <= c->o.max_frame + 4) ncap = k->rcap * 2;
+            uint8_t *nb = realloc(k->rb, ncap);
+            if (!nb) {
+                lei_conn_close(k, "out of memory for the read buffer", 0);
+                return;
+            }
+            k->rb = nb;
+            k->rcap = ncap;
         }
-        k->rb = nb;
-        k->rcap = ncap;
+        /* Reading past the end of a large frame would put the next frame's
+         * first bytes behind it, to be moved to the front afterwards: a copy of
+         * up to a whole frame.  Stop at its end instead. */
+        room = k->rcap - k->rlen;
+        if (big_end > k->rlen && big_end - k->rlen < room) room = big_end - k->rlen;
+        n = read(k->fd, k->rb + k->rlen, room);
+        if (n > 0) k->rlen += (size_t)n;
     }
-    /* Reading past the end of a large frame would put the next frame's
-     * first bytes behind it, to be moved to the front afterwards: a copy of
-     * up to a whole frame.  Stop at its end instead. */
-    room = k->rcap - k->rlen;
-    if (big_end > k->rlen && big_end - k->rlen < room) room = big_end - k->rlen;
-    ssize_t n = read(k->fd, k->rb + k->rlen, room);
     if (n < 0) {
         if (errno == EAGAIN || errno == EINTR) return;
         char why[128];
@@ -520,13 +444,9 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
         lei_conn_close(k, "connection closed by peer", 0);
         return;
     }
-    k->rlen += (size_t)n;
     k->last_in = ev_now(loop);
     if (k->peer && k->state >= LEI_CONN_UP) k->peer->st.bytes_in += (uint64_t)n;
-    k->busy++;
-    conn_frames(k);
-    k->busy--;
-    if (k->state == LEI_CONN_CLOSED && !k->busy) lei_conn_free(k);
+    conn_input(k);
 }
 
 static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents) {
@@ -546,14 +466,28 @@ static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents) {
         }
         ev_io_stop(k->ctx->loop, &k->wio);
         k->state = LEI_CONN_HELLO_SENT;
-        send_hello(k, LEI_F_HELLO);
+        lei_conn_hello(k);
         ev_io_start(k->ctx->loop, &k->rio);
         return;
     }
-    if (k->peer && k->peer->conn == k)
+    if (k->peer && k->peer->conn == k && lei_peer_is_up(k->peer)) {
         lei_peer_flush(k->peer);
-    else
-        ev_io_stop(k->ctx->loop, &k->wio);
+        return;
+    }
+    /* Sealed records of a connection without its queue (the handshake's
+     * last records, a retired connection's): written, then the FIN if due. */
+    size_t wrote;
+    int r = k->sec ? lei_sec_write(k->sec, k->fd, &wrote) : 1;
+    if (r == 0) return;
+    ev_io_stop(k->ctx->loop, &k->wio);
+    if (r < 0) {
+        lei_conn_close(k, "write failed", 0);
+        return;
+    }
+    if (k->fin_pending) {
+        k->fin_pending = 0;
+        shutdown(k->fd, SHUT_WR);
+    }
 }
 
 static void accept_cb(struct ev_loop *loop, ev_io *w, int revents) {
@@ -584,7 +518,7 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents) {
 void lei_conn_fin(lei_conn *k) {
     if (k->state != LEI_CONN_UP) return;
     lei_peer *p = k->peer;
-    if (p && (p->conn != k || p->q.head)) return;
+    if ((p && (p->conn != k || p->q.head)) || lei_sec_pending(k->sec)) return;
     k->state = LEI_CONN_CLOSING;
     shutdown(k->fd, SHUT_WR);
 }
@@ -595,6 +529,13 @@ int lei_ctx_listen(lei_ctx *c, const char *addr, const char *advertise, const ch
     const char *why;
     if (lei_addr_parse(addr, LEI_ADDR_LISTEN, &c->laddr, &why)) {
         snprintf(err, LEI_ADDR_ERR_MAX, "%s", why);
+        return -LEI_E_INVALID;
+    }
+    /* Protected mode (no identity): loopback and unix sockets only. */
+    if (!c->id.keyed && !lei_addr_is_local(&c->laddr)) {
+        snprintf(err, LEI_ADDR_ERR_MAX,
+                 "refusing to listen on %s without keys (protected mode): set key= and trust=, "
+                 "or listen on 127.0.0.1", addr);
         return -LEI_E_INVALID;
     }
     int fd = lei_addr_listen(&c->laddr, 512, c->bound, err, LEI_ADDR_ERR_MAX); /* c->lfd owns */

@@ -25,8 +25,6 @@
 
 /* ---- identity and trust (auth.c) ---------------------------------------- */
 
-#define LEI_NAME_MAX 64       /* principal names: 1..64 bytes of [A-Za-z0-9._-] */
-
 typedef struct lei_tkey {     /* a trusted key and the principal name it must claim */
     uint8_t pk[32];
     char name[LEI_NAME_MAX + 1];
@@ -50,6 +48,53 @@ typedef struct lei_ident {
     lei_pin *pins;            /* owned: address -> expected key */
     int npins, cpins;
 } lei_ident;
+
+/* ---- a keyed connection's crypto (secure.c) ------------------------------ */
+
+#include <sodium.h>
+
+#define LEI_REC_PLAIN_MAX 65536  /* plaintext bytes per record */
+
+typedef struct lei_sec {
+    crypto_generichash_state th; /* transcript: HELLO body, HELLO_OK body sans signature */
+    uint8_t T[32];               /* its hash, once both are in */
+    uint8_t eph_pk[32], eph_sk[32]; /* our ephemeral X25519 keys (sk wiped once used) */
+    uint8_t rx[32], tx[32];      /* session keys */
+    uint64_t rn, tn;             /* record counters, per direction */
+    int rec_in, rec_out;         /* the stream is records, per direction */
+    lei_hello remote;            /* the remote's HELLO or HELLO_OK (keyed fields) */
+    uint8_t *crb;                /* owned: ciphertext read, not yet decrypted */
+    size_t clen, cpos, ccap;
+    uint8_t *wrec;               /* owned: sealed records not yet written */
+    size_t wlen, woff, wcap;
+    uint8_t *pt;                 /* owned: scratch for one record's plaintext */
+} lei_sec;
+
+lei_sec *lei_sec_new(void);
+void lei_sec_free(lei_sec *s);
+void lei_sec_hash(lei_sec *s, const uint8_t *b, size_t n);
+void lei_sec_final(lei_sec *s);
+/* The transcript signature of our role (acceptor or dialler), and the check
+ * of the remote's: 0 or -1. */
+void lei_sec_sign(const lei_ctx *c, const lei_sec *s, int acceptor, uint8_t sig[64]);
+int lei_sec_verify(const lei_sec *s, int acceptor, const uint8_t pk[32], const uint8_t sig[64]);
+/* Session keys from our ephemeral keys and the remote's: 0 or -1. */
+int lei_sec_keys(lei_sec *s, int dialler, const uint8_t remote_eph[32]);
+/* Seals n (1..LEI_REC_PLAIN_MAX) plaintext bytes as one pending record: 0 or -1 (ENOMEM). */
+int lei_sec_seal(lei_sec *s, const uint8_t *pt, size_t n);
+/* A LEI_REC_PLAIN_MAX-byte scratch buffer (NULL: ENOMEM). */
+uint8_t *lei_sec_scratch(lei_sec *s);
+/* Writes pending records: 1 all written, 0 the socket is full, -1 error (errno). */
+int lei_sec_write(lei_sec *s, int fd, size_t *wrote);
+int lei_sec_pending(const lei_sec *s);
+/* Where the next read of ciphertext goes (0, or -1 ENOMEM); then clen += n. */
+int lei_sec_in_room(lei_sec *s, uint8_t **at, size_t *room);
+/* Ciphertext read before the switch to records (0 or -1). */
+int lei_sec_in_take(lei_sec *s, const uint8_t *b, size_t n);
+/* Decrypts the complete records read into (*rb, *rlen, *rcap), growing it:
+ * 0, or -1 with *err (a bad record: the connection must close). */
+int lei_sec_open(lei_sec *s, uint8_t **rb, size_t *rlen, size_t *rcap, const char **err);
+int lei_sec_in_pending(const lei_sec *s);
 
 /* A peer's connection came up or went down; told to the hook later. */
 struct lei_note {
@@ -218,6 +263,8 @@ enum lei_conn_state {
     LEI_CONN_DIALING = 1, /* we dialled: connect() in progress */
     LEI_CONN_HELLO_SENT,  /* we dialled: our HELLO is out, awaiting HELLO_OK */
     LEI_CONN_HELLO_WAIT,  /* accepted: awaiting the remote's HELLO */
+    LEI_CONN_AUTH_WAIT,   /* accepted, keyed: our signed HELLO_OK is out, awaiting AUTH */
+    LEI_CONN_AUTH_SENT,   /* dialled, keyed: AUTH is out, records on, awaiting AUTH_OK */
     LEI_CONN_UP,          /* handshake done: frames flow both ways */
     LEI_CONN_CLOSING,     /* up, the context closes: our FIN followed the queue,
                            * reading until the remote's */
@@ -246,6 +293,8 @@ struct lei_conn {
     uint32_t *inmap;    /* owned: remote channel idx -> local chid + 1 */
     size_t ninmap;
     ev_tstamp born, last_in, last_out, last_ping; /* liveness: created, last read, write, PING */
+    lei_sec *sec;       /* owned: a keyed connection's crypto, or NULL (protected) */
+    int fin_pending;    /* our FIN goes out once the pending records are written */
 };
 
 /* The handshake is done and the connection still carries the peer's
@@ -289,8 +338,26 @@ void lei_conn_close(lei_conn *k, const char *reason, int bad);
 void lei_conn_retire(lei_conn *k, const char *reason);
 void lei_conn_fin(lei_conn *k);
 void lei_conn_free(lei_conn *k);
+/* Writes bytes straight to the socket (handshake, parting ERROR): sealed
+ * as a record once records are on. */
+void lei_conn_write_now(lei_conn *k, const uint8_t *b, size_t n);
+void lei_conn_send_error(lei_conn *k, const char *msg);
+/* conn.c -> handshake.c: one frame before UP (0, or -1 after closing k),
+ * our HELLO once a dial connected. */
+int lei_conn_handshake(lei_conn *k, const lei_frame *f);
+void lei_conn_hello(lei_conn *k);
+/* Bytes after the frame being read are records from now on. */
+int lei_conn_records_in(lei_conn *k);
+/* chan.c: the channel of that name, or NULL (never created) */
+lei_chan *lei_chan_find(lei_ctx *c, const char *name, size_t len);
 /* auth.c */
 int lei_name_ok(const char *name, size_t n);
+/* Whether (pk, name, cert) is trusted: 0, or -1 with the reason in why[n]. */
+int lei_trusted(const lei_ctx *c, const lei_hello *h, char *why, size_t n);
+/* The ticket a BIND of ch carries (its base channel's for a derived stream), or NULL. */
+const uint8_t *lei_chan_ticket_for(lei_ctx *c, const lei_chan *ch);
+/* The length of name's base: up to the first '@' after the last '/'. */
+size_t lei_base_len(const char *name, size_t len);
 const lei_pin *lei_pin_find(const lei_ctx *c, const char *addr);
 void lei_ident_free(lei_ctx *c);
 /* local.c */

@@ -54,7 +54,7 @@ static int getv(const uint8_t *b, size_t n, size_t *pos, uint64_t *v, const char
 }
 
 size_t lei_frame_hello(uint8_t *out, uint8_t type, unsigned version, uint64_t incarnation,
-                       const char *addr) {
+                       const char *addr, const lei_hello *key) {
     size_t alen = strnlen(addr, LEI_ADDR_MAX - 1);
     size_t pos = LEI_FRAME_HDR;
     memcpy(out + pos, LEI_MAGIC, 4);
@@ -65,13 +65,44 @@ size_t lei_frame_hello(uint8_t *out, uint8_t type, unsigned version, uint64_t in
     pos += lei_varint_encode(out + pos, alen);
     memcpy(out + pos, addr, alen);
     pos += alen;
+    out[pos++] = key ? LEI_MODE_KEYED : LEI_MODE_PROTECTED;
+    if (key) {
+        size_t nl = strnlen(key->name, LEI_NAME_MAX);
+        memcpy(out + pos, key->eph, 32);
+        pos += 32;
+        memcpy(out + pos, key->idpk, 32);
+        pos += 32;
+        pos += lei_varint_encode(out + pos, nl);
+        memcpy(out + pos, key->name, nl);
+        pos += nl;
+        out[pos++] = key->has_cert ? 1 : 0;
+        if (key->has_cert) {
+            memcpy(out + pos, key->cert, LEI_SIG_BYTES);
+            pos += LEI_SIG_BYTES;
+        }
+        if (type == LEI_F_HELLO_OK) {
+            memset(out + pos, 0, LEI_SIG_BYTES);
+            pos += LEI_SIG_BYTES;
+        }
+    }
     lei_frame_hdr(out, type, pos - LEI_FRAME_HDR);
     return pos;
 }
 
+/* n bytes at b[*pos] into out, advancing *pos. */
+static int getb(const uint8_t *b, size_t n, size_t *pos, void *out, size_t len, const char **err) {
+    if (n - *pos < len) {
+        *err = "truncated frame";
+        return -LEI_E_PROTOCOL;
+    }
+    memcpy(out, b + *pos, len);
+    *pos += len;
+    return 0;
+}
+
 int lei_parse_hello(const uint8_t *b, size_t n, lei_hello *h, const char **err) {
     size_t pos = 6;
-    uint64_t alen;
+    uint64_t alen, nlen;
     if (n < 4 || memcmp(b, LEI_MAGIC, 4) != 0) {
         *err = "bad magic in handshake (not a lecho peer)";
         return -LEI_E_PROTOCOL;
@@ -86,12 +117,51 @@ int lei_parse_hello(const uint8_t *b, size_t n, lei_hello *h, const char **err) 
     if (h->version != LEI_PROTO_VERSION) return 0;
     if (getv(b, n, &pos, &h->incarnation, err) || getv(b, n, &pos, &alen, err))
         return -LEI_E_PROTOCOL;
-    if (alen == 0 || alen >= LEI_ADDR_MAX || alen != n - pos) {
+    if (alen == 0 || alen >= LEI_ADDR_MAX || alen >= n - pos) { /* the mode byte follows */
         *err = "bad address in handshake";
         return -LEI_E_PROTOCOL;
     }
     memcpy(h->addr, b + pos, (size_t)alen);
     h->addr[alen] = '\0';
+    pos += alen;
+    h->mode = b[pos++];
+    h->has_cert = h->has_sig = 0;
+    h->name[0] = '\0';
+    if (h->mode == LEI_MODE_PROTECTED) {
+        if (pos != n) {
+            *err = "trailing bytes in handshake";
+            return -LEI_E_PROTOCOL;
+        }
+        return 0;
+    }
+    if (h->mode != LEI_MODE_KEYED) {
+        *err = "bad mode in handshake";
+        return -LEI_E_PROTOCOL;
+    }
+    if (getb(b, n, &pos, h->eph, 32, err) || getb(b, n, &pos, h->idpk, 32, err) ||
+        getv(b, n, &pos, &nlen, err))
+        return -LEI_E_PROTOCOL;
+    if (nlen == 0 || nlen > LEI_NAME_MAX || nlen > n - pos) {
+        *err = "bad principal name in handshake";
+        return -LEI_E_PROTOCOL;
+    }
+    if (getb(b, n, &pos, h->name, (size_t)nlen, err) || getb(b, n, &pos, &h->has_cert, 1, err))
+        return -LEI_E_PROTOCOL;
+    h->name[nlen] = '\0';
+    if (h->has_cert > 1) {
+        *err = "bad certificate flag in handshake";
+        return -LEI_E_PROTOCOL;
+    }
+    if (h->has_cert && getb(b, n, &pos, h->cert, LEI_SIG_BYTES, err)) return -LEI_E_PROTOCOL;
+    if (n - pos == LEI_SIG_BYTES) {
+        memcpy(h->sig, b + pos, LEI_SIG_BYTES);
+        h->has_sig = 1;
+        pos += LEI_SIG_BYTES;
+    }
+    if (pos != n) {
+        *err = "trailing bytes in handshake";
+        return -LEI_E_PROTOCOL;
+    }
     return 0;
 }
 
@@ -137,26 +207,39 @@ int lei_parse_ack(const uint8_t *b, size_t n, uint64_t *sync, uint64_t *nran,
     return 0;
 }
 
-size_t lei_frame_bind(uint8_t *out, uint64_t idx, const char *name, size_t namelen) {
+size_t lei_frame_bind(uint8_t *out, uint64_t idx, const char *name, size_t namelen,
+                      const uint8_t *ticket) {
     size_t pos = LEI_FRAME_HDR;
     pos += lei_varint_encode(out + pos, idx);
     pos += lei_varint_encode(out + pos, namelen);
     memcpy(out + pos, name, namelen);
     pos += namelen;
+    out[pos++] = ticket ? 1 : 0;
+    if (ticket) {
+        memcpy(out + pos, ticket, LEI_SIG_BYTES);
+        pos += LEI_SIG_BYTES;
+    }
     lei_frame_hdr(out, LEI_F_BIND, pos - LEI_FRAME_HDR);
     return pos;
 }
 
 int lei_parse_bind(const uint8_t *b, size_t n, uint64_t *idx, const uint8_t **name,
-                   size_t *namelen, const char **err) {
+                   size_t *namelen, const uint8_t **ticket, const char **err) {
     size_t pos = 0;
     uint64_t len;
     if (getv(b, n, &pos, idx, err) || getv(b, n, &pos, &len, err)) return -LEI_E_PROTOCOL;
-    if (len == 0 || len != n - pos) {
+    if (len == 0 || len >= n - pos) {
         *err = "bad channel name in bind";
         return -LEI_E_PROTOCOL;
     }
     *name = b + pos;
     *namelen = (size_t)len;
+    pos += (size_t)len;
+    uint8_t has = b[pos++];
+    if (has > 1 || n - pos != (has ? LEI_SIG_BYTES : 0)) {
+        *err = "bad ticket in bind";
+        return -LEI_E_PROTOCOL;
+    }
+    *ticket = has ? b + pos : NULL;
     return 0;
 }

@@ -17,23 +17,34 @@
 
 #include "errors.h"
 
-#define LEI_PROTO_VERSION 1
+#define LEI_PROTO_VERSION 2
 #define LEI_MAGIC "LECH"
 #define LEI_FRAME_HDR 5          /* u32 length + u8 type */
 #define LEI_EVENT_HDR_MAX (LEI_FRAME_HDR + 4 * 10)
-#define LEI_HELLO_MAX (LEI_FRAME_HDR + 4 + 2 + 10 + 10 + LEI_ADDR_MAX)
 #define LEI_ADDR_MAX 128 /* = LEI_ADDR_TEXT_MAX of addr.h: "unix:" + a 107-byte path */
+#define LEI_NAME_MAX 64  /* principal names: 1..64 bytes of [A-Za-z0-9._-] */
+#define LEI_SIG_BYTES 64
+/* v1 fields, the mode byte, the keyed fields, the acceptor's signature */
+#define LEI_HELLO_MAX (LEI_FRAME_HDR + 4 + 2 + 10 + 10 + LEI_ADDR_MAX + 1 + 32 + 32 + 10 + \
+                       LEI_NAME_MAX + 1 + LEI_SIG_BYTES + LEI_SIG_BYTES)
+#define LEI_BIND_MAX_EXTRA (1 + LEI_SIG_BYTES) /* BIND v2: has_ticket [+ ticket] */
+
+enum lei_mode { LEI_MODE_PROTECTED = 0, LEI_MODE_KEYED = 1 };
 
 enum lei_frame_type {
-    LEI_F_HELLO = 1,    /* magic, u16 version, varint incarnation, varint len, listen addr */
-    LEI_F_HELLO_OK = 2, /* same body as HELLO: the acceptor's identity */
+    LEI_F_HELLO = 1,    /* magic, u16 version, varint incarnation, varint len, listen addr,
+                         * u8 mode [keyed: eph pk, identity pk, varint len, name,
+                         * u8 has_cert, cert] */
+    LEI_F_HELLO_OK = 2, /* same body as HELLO: the acceptor's identity; keyed: + signature */
     LEI_F_ERROR = 3,    /* utf-8 reason; the sender closes right after */
     LEI_F_CTRL = 4,     /* one encoded value: a control-plane message */
     LEI_F_BIND = 5,     /* varint idx, varint len, channel name */
     LEI_F_EVENT = 6,    /* varint idx, varint producer, varint seq, varint sync, value */
     LEI_F_ACK = 7,      /* varint sync, varint handlers run, optional encoded errors */
     LEI_F_HEARTBEAT = 8, /* empty: I am here (sent when idle, and to answer a PING) */
-    LEI_F_PING = 9       /* empty: nothing came from you for a while: answer HEARTBEAT */
+    LEI_F_PING = 9,      /* empty: nothing came from you for a while: answer HEARTBEAT */
+    LEI_F_AUTH = 10,     /* keyed: the dialler's signature of the transcript (in the clear) */
+    LEI_F_AUTH_OK = 11   /* keyed: empty, the acceptor's first record: the dialler is up */
 };
 
 typedef struct lei_frame {
@@ -47,6 +58,13 @@ typedef struct lei_hello {
     unsigned version;
     uint64_t incarnation;
     char addr[LEI_ADDR_MAX];
+    uint8_t mode;                /* enum lei_mode; the fields below: keyed only */
+    uint8_t eph[32];             /* ephemeral X25519 public key (crypto_kx) */
+    uint8_t idpk[32];            /* Ed25519 identity public key */
+    char name[LEI_NAME_MAX + 1]; /* principal name */
+    uint8_t has_cert, has_sig;
+    uint8_t cert[LEI_SIG_BYTES]; /* an authority's signature of (name, idpk) */
+    uint8_t sig[LEI_SIG_BYTES];  /* HELLO_OK: the acceptor's transcript signature */
 } lei_hello;
 
 typedef struct lei_event_hdr {
@@ -66,9 +84,14 @@ int lei_frame_next(const uint8_t *p, size_t n, size_t max, lei_frame *f, const c
 size_t lei_frame_hdr(uint8_t *out, uint8_t type, size_t body_len);
 
 /* Builds a whole HELLO or HELLO_OK frame into out (at least LEI_HELLO_MAX
- * bytes). */
+ * bytes).  key NULL: mode protected; else keyed with key's eph, idpk, name,
+ * has_cert and cert, and a keyed HELLO_OK ends with LEI_SIG_BYTES zero
+ * bytes for the caller's signature (the frame's last bytes). */
 size_t lei_frame_hello(uint8_t *out, uint8_t type, unsigned version, uint64_t incarnation,
-                       const char *addr);
+                       const char *addr, const lei_hello *key);
+/* Parses a HELLO or HELLO_OK body.  A version other than ours: only
+ * h->version is set (0 returned).  A keyed body may end with a signature
+ * (has_sig): which frame must carry one is the caller's rule. */
 int lei_parse_hello(const uint8_t *b, size_t n, lei_hello *h, const char **err);
 
 /* Header of an EVENT frame whose value payload is plen bytes; the payload
@@ -82,9 +105,12 @@ size_t lei_frame_ack_hdr(uint8_t *out, uint64_t sync, uint64_t nran, size_t elen
 int lei_parse_ack(const uint8_t *b, size_t n, uint64_t *sync, uint64_t *nran,
                   const uint8_t **errs, size_t *elen, const char **err);
 
-/* A BIND frame into out (LEI_FRAME_HDR + 20 + namelen bytes). */
-size_t lei_frame_bind(uint8_t *out, uint64_t idx, const char *name, size_t namelen);
+/* A BIND frame into out (LEI_FRAME_HDR + 20 + namelen + LEI_BIND_MAX_EXTRA
+ * bytes); ticket: 64 bytes or NULL (has_ticket 0). */
+size_t lei_frame_bind(uint8_t *out, uint64_t idx, const char *name, size_t namelen,
+                      const uint8_t *ticket);
+/* *ticket: NULL when has_ticket is 0. */
 int lei_parse_bind(const uint8_t *b, size_t n, uint64_t *idx, const uint8_t **name,
-                   size_t *namelen, const char **err);
+                   size_t *namelen, const uint8_t **ticket, const char **err);
 
 #endif

@@ -292,33 +292,103 @@ static void ensure_bound(lei_peer *p, uint32_t chid) {
     p->nbound = n;
 }
 
+/* iovecs of p's queue from its written offset (woff), at most IOVN - 2. */
+static int queue_iov(lei_peer *p, struct iovec *iov) {
+    int n = 0;
+    size_t off = p->woff;
+    for (lei_qitem *it = p->q.head; it && n < IOVN - 2; it = it->next) {
+        if (off < it->hlen) {
+            iov[n].iov_base = it->hdr + off;
+            iov[n].iov_len = it->hlen - off;
+            n++;
+            off = 0;
+        } else {
+            off -= it->hlen;
+        }
+        if (it->msg) {
+            size_t covered = 0;
+            int m = lei_msg_iov(it->msg, off, iov + n, IOVN - n, &covered);
+            n += m;
+            if (covered < it->msg->total - off) break;
+        }
+        off = 0;
+    }
+    return n;
+}
+
+/* w bytes of p's queue went out (or into a record): items done are freed. */
+static void queue_took(lei_peer *p, size_t w) {
+    while (w) {
+        lei_qitem *it = p->q.head;
+        size_t rem = it->size - p->woff;
+        if (w >= rem) {
+            w -= rem;
+            p->woff = 0;
+            lei_item_free(p->ctx, lei_q_pop(&p->q));
+        } else {
+            p->woff += w;
+            w = 0;
+        }
+    }
+}
+
+/* A keyed connection: the queue goes out as records of up to
+ * LEI_REC_PLAIN_MAX bytes, each sealed whole and written; one the socket
+ * does not take waits (pending) and goes first next time. */
+static void flush_records(lei_peer *p) {
+    lei_ctx *c = p->ctx;
+    lei_conn *k = p->conn;
+    lei_sec *s = k->sec;
+    uint8_t *pt = lei_sec_scratch(s);
+    for (;;) {
+        size_t wrote;
+        int r = lei_sec_write(s, k->fd, &wrote);
+        if (wrote) k->last_out = ev_now(c->loop);
+        if (r < 0) {
+            char why[160];
+            snprintf(why, sizeof why, "write: %s", strerror(errno));
+            lei_conn_close(k, why, 0);
+            return;
+        }
+        if (r == 0) {
+            ev_io_start(c->loop, &k->wio);
+            return;
+        }
+        if (!p->q.head) break;
+        struct iovec iov[IOVN];
+        int n = queue_iov(p, iov);
+        size_t len = 0;
+        for (int i = 0; pt && i < n && len < LEI_REC_PLAIN_MAX; i++) {
+            size_t m = iov[i].iov_len < LEI_REC_PLAIN_MAX - len ? iov[i].iov_len
+                                                                 : LEI_REC_PLAIN_MAX - len;
+            memcpy(pt + len, iov[i].iov_base, m);
+            len += m;
+        }
+        if (!len || lei_sec_seal(s, pt, len)) {
+            lei_conn_close(k, "out of memory for a record", 0);
+            return;
+        }
+        p->st.batches++;
+        p->st.bytes_out += len;
+        queue_took(p, len);
+    }
+    ev_io_stop(c->loop, &k->wio);
+    if (c->closing) lei_conn_fin(k);
+}
+
 /* Writes as much of the peer's queue as the socket takes, many frames per
  * writev; arms the write watcher when the socket is full. */
 void lei_peer_flush(lei_peer *p) {
     lei_ctx *c = p->ctx;
     lei_conn *k = p->conn;
     if (!lei_peer_is_up(p)) return;
+    if (k->sec) {
+        flush_records(p);
+        return;
+    }
     while (p->q.head) {
         struct iovec iov[IOVN];
-        int n = 0;
-        size_t off = p->woff;
-        for (lei_qitem *it = p->q.head; it && n < IOVN - 2; it = it->next) {
-            if (off < it->hlen) {
-                iov[n].iov_base = it->hdr + off;
-                iov[n].iov_len = it->hlen - off;
-                n++;
-                off = 0;
-            } else {
-                off -= it->hlen;
-            }
-            if (it->msg) {
-                size_t covered = 0;
-                int m = lei_msg_iov(it->msg, off, iov + n, IOVN - n, &covered);
-                n += m;
-                if (covered < it->msg->total - off) break;
-            }
-            off = 0;
-        }
+        int n = queue_iov(p, iov);
         /* sendmsg rather than writev: MSG_NOSIGNAL turns a write to a peer
          * that went away into EPIPE instead of killing the process. */
         struct msghdr mh;
@@ -340,19 +410,7 @@ void lei_peer_flush(lei_peer *p) {
         p->st.batches++;
         p->st.bytes_out += (uint64_t)w;
         k->last_out = ev_now(c->loop);
-        size_t left = (size_t)w;
-        while (left) {
-            lei_qitem *it = p->q.head;
-            size_t rem = it->size - p->woff;
-            if (left >= rem) {
-                left -= rem;
-                p->woff = 0;
-                lei_item_free(c, lei_q_pop(&p->q));
-            } else {
-                p->woff += left;
-                left = 0;
-            }
-        }
+        queue_took(p, (size_t)w);
     }
     ev_io_stop(c->loop, &k->wio);
     if (c->closing) lei_conn_fin(k);
@@ -397,13 +455,13 @@ void lei_peer_enqueue(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr,
     }
     ensure_bound(p, ch->id);
     if (ch->id < p->nbound && !p->bound[ch->id]) {
-        /* BIND header here, the name itself goes in as the item's body. */
-        uint8_t hdr[LEI_FRAME_HDR + 20];
-        size_t pos = LEI_FRAME_HDR;
-        pos += lei_varint_encode(hdr + pos, ch->id);
-        pos += lei_varint_encode(hdr + pos, ch->namelen);
-        lei_frame_hdr(hdr, LEI_F_BIND, pos - LEI_FRAME_HDR + ch->namelen);
-        lei_qitem *bi = lei_item_bytes(hdr, pos, ch->name, ch->namelen);
+        /* BIND (v2: with our ticket for the channel when we have one). */
+        uint8_t *b = malloc(LEI_FRAME_HDR + 20 + ch->namelen + LEI_BIND_MAX_EXTRA); /* freed below */
+        if (!b) return;
+        size_t n = lei_frame_bind(b, ch->id, ch->name, ch->namelen,
+                                  c->id.keyed ? lei_chan_ticket_for(c, ch) : NULL);
+        lei_qitem *bi = lei_item_bytes(b, LEI_FRAME_HDR, b + LEI_FRAME_HDR, n - LEI_FRAME_HDR);
+        free(b);
         if (!bi) return;
         lei_q_push(&p->q, bi);
         p->bound[ch->id] = 1;

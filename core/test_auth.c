@@ -7,9 +7,15 @@
  */
 #include "ctx.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "test.h"
 
@@ -96,8 +102,389 @@ static void test_tables(void) {
     lei_ctx_free(c);
 }
 
+/* ---- frames of protocol 2 ---------------------------------------------- */
+
+static void test_frames(void) {
+    uint8_t buf[LEI_HELLO_MAX], t[64];
+    lei_hello key, h;
+    lei_frame f;
+    const char *err = NULL;
+    memset(&key, 0, sizeof key);
+    randombytes_buf(key.eph, 32);
+    randombytes_buf(key.idpk, 32);
+    strcpy(key.name, "alice");
+    for (int type = LEI_F_HELLO; type <= LEI_F_HELLO_OK; type++)
+        for (int cert = 0; cert < 2; cert++) {
+            key.has_cert = (uint8_t)cert;
+            memset(key.cert, 9, sizeof key.cert);
+            size_t n = lei_frame_hello(buf, (uint8_t)type, LEI_PROTO_VERSION, 77, "127.0.0.1:9", &key);
+            CHECK(n <= LEI_HELLO_MAX && lei_frame_next(buf, n, 4096, &f, &err) == 1);
+            CHECK(lei_parse_hello(f.body, f.len, &h, &err) == 0);
+            CHECK(h.mode == LEI_MODE_KEYED && h.incarnation == 77 && strcmp(h.name, "alice") == 0);
+            CHECK(memcmp(h.eph, key.eph, 32) == 0 && memcmp(h.idpk, key.idpk, 32) == 0);
+            CHECK(h.has_cert == cert && (!cert || memcmp(h.cert, key.cert, 64) == 0));
+            CHECK(h.has_sig == (type == LEI_F_HELLO_OK));
+            /* every cut is refused, never read past */
+            for (size_t k = 6; k < f.len; k++) {
+                uint8_t *d = malloc(k);
+                memcpy(d, f.body, k);
+                int r = lei_parse_hello(d, k, &h, &err);
+                /* cutting exactly a trailing signature leaves a valid HELLO */
+                CHECK(r == -LEI_E_PROTOCOL || (type == LEI_F_HELLO_OK && k == f.len - 64));
+                free(d);
+            }
+        }
+    /* the longest name fits LEI_HELLO_MAX */
+    memset(key.name, 'n', LEI_NAME_MAX);
+    key.name[LEI_NAME_MAX] = '\0';
+    key.has_cert = 1;
+    char addr[LEI_ADDR_MAX];
+    memset(addr, 'a', sizeof addr - 1);
+    addr[sizeof addr - 1] = '\0';
+    size_t n = lei_frame_hello(buf, LEI_F_HELLO_OK, LEI_PROTO_VERSION, UINT64_MAX, addr, &key);
+    CHECK(n <= LEI_HELLO_MAX);
+    /* BIND v2 with a ticket */
+    uint8_t b[LEI_FRAME_HDR + 20 + 8 + LEI_BIND_MAX_EXTRA];
+    const uint8_t *name, *tk;
+    uint64_t idx;
+    size_t nl;
+    memset(t, 3, sizeof t);
+    n = lei_frame_bind(b, 5, "ns/c@k", 6, t);
+    CHECK(lei_frame_next(b, n, 4096, &f, &err) == 1);
+    CHECK(lei_parse_bind(f.body, f.len, &idx, &name, &nl, &tk, &err) == 0 && idx == 5 &&
+          nl == 6 && tk && memcmp(tk, t, 64) == 0);
+    CHECK(lei_parse_bind(f.body, f.len - 1, &idx, &name, &nl, &tk, &err) == -LEI_E_PROTOCOL);
+}
+
+/* ---- two contexts in one process ----------------------------------------- */
+
+typedef struct side {
+    lei_ctx *c;
+    int events, ctrls, ups, downs;
+    size_t last_len;
+    char reason[256];
+} side;
+
+static int on_event(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
+                    uint64_t sync, const uint8_t *p, size_t n) {
+    side *s = ud;
+    (void)from, (void)chid, (void)producer, (void)seq, (void)p;
+    s->events++;
+    s->last_len = n;
+    if (sync) lei_ack(s->c, from, sync, 1, NULL, 0);
+    return 0;
+}
+
+static int on_ctrl(void *ud, lei_peer *from, const uint8_t *p, size_t n) {
+    (void)from, (void)p, (void)n;
+    ((side *)ud)->ctrls++;
+    return 0;
+}
+
+static void on_peer(void *ud, lei_peer *p, int up, const char *reason) {
+    side *s = ud;
+    (void)p;
+    if (up)
+        s->ups++;
+    else
+        s->downs++;
+    if (!up && reason) snprintf(s->reason, sizeof s->reason, "%s", reason);
+}
+
+static void side_init(side *s, const char *name, const uint8_t *sk) {
+    memset(s, 0, sizeof *s);
+    lei_hooks h;
+    memset(&h, 0, sizeof h);
+    h.ud = s;
+    h.event = on_event;
+    h.peer = on_peer;
+    h.ctrl = on_ctrl;
+    h.log = nolog;
+    lei_opts o;
+    lei_opts_default(&o);
+    o.retry_interval = 30; /* one dial per test */
+    o.retry_max = 30;
+    s->c = lei_ctx_new(&o, &h);
+    char err[160];
+    if (sk) CHECK(lei_ctx_set_identity(s->c, sk, name, NULL, err) == 0);
+    CHECK(lei_ctx_listen(s->c, "127.0.0.1:0", NULL, NULL, err) == 0);
+}
+
+/* A tampering proxy between two contexts (tamper: flip a byte of what the
+ * dialler sends once told to). */
+typedef struct proxy {
+    int lfd, a, b; /* listener; to the acceptor; from the dialler */
+    int tamper;
+    char addr[64];
+} proxy;
+
+static void pump(side *x, side *y, proxy *px, int (*done)(side *, side *), double secs);
+
+static void proxy_io(proxy *px, const char *to) {
+    if (px->b < 0) {
+        int fd = accept(px->lfd, NULL, NULL);
+        if (fd < 0) return;
+        struct sockaddr_in sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sin_family = AF_INET;
+        sa.sin_port = htons((uint16_t)atoi(strchr(to, ':') + 1));
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        px->a = socket(AF_INET, SOCK_STREAM, 0);
+        CHECK(connect(px->a, (struct sockaddr *)&sa, sizeof sa) == 0);
+        fcntl(fd, F_SETFL, O_NONBLOCK);
+        fcntl(px->a, F_SETFL, O_NONBLOCK);
+        px->b = fd;
+    }
+    uint8_t buf[65536];
+    ssize_t n;
+    while ((n = read(px->b, buf, sizeof buf)) > 0) {
+        if (px->tamper == 1 && n > 8) {
+            buf[8] ^= 0x40; /* inside a record's ciphertext */
+            px->tamper = 2;
+        }
+        CHECK(write(px->a, buf, (size_t)n) == n);
+    }
+    while ((n = read(px->a, buf, sizeof buf)) > 0) CHECK(write(px->b, buf, (size_t)n) == n);
+}
+
+static void pump(side *x, side *y, proxy *px, int (*done)(side *, side *), double secs) {
+    double end = ev_time() + secs;
+    while (ev_time() < end && !done(x, y)) {
+        ev_run(lei_ctx_loop(x->c), EVRUN_NOWAIT);
+        ev_run(lei_ctx_loop(y->c), EVRUN_NOWAIT);
+        if (px) proxy_io(px, lei_ctx_addr(x->c));
+        usleep(200);
+    }
+}
+
+static int got3(side *a, side *b) { (void)b; return a->events >= 3; }
+static int dialler_down(side *a, side *b) { (void)a; return b->downs > 0; }
+static int acceptor_bad(side *a, side *b) {
+    lei_stats_ctx st;
+    lei_ctx_stats(a->c, &st);
+    return st.bad_frames > 0 && b->downs > 0;
+}
+
+static lei_msg *msg_of(size_t n) {
+    lei_msg *m = lei_msg_new();
+    char *s = malloc(n);
+    memset(s, 'v', n);
+    lei_enc_string(&m->own, s, n);
+    free(s);
+    lei_msg_sync(m);
+    return m;
+}
+
+/* b sends events to a on "ns/x" (through the proxy's address if given). */
+static void send_events(side *a, side *b, const char *to, int sync) {
+    uint32_t ca = lei_chan_open(a->c, "ns/x", 4), cb = lei_chan_open(b->c, "ns/x", 4);
+    lei_chan_set_local(a->c, ca, 1);
+    const char *dest = to ? to : lei_ctx_addr(a->c);
+    lei_chan_set_dests(b->c, cb, &dest, 1);
+    static const size_t sizes[] = {10, 300000, 20};
+    for (int i = 0; i < 3; i++) {
+        lei_msg *m = msg_of(sizes[i]);
+        const char *err;
+        uint64_t sid = 0;
+        CHECK(lei_submit(b->c, cb, 1, (uint64_t)i + 1, m, sync && i == 2, LEI_BLOCK, &sid, &err) == 0);
+        lei_msg_release(m, NULL, NULL);
+    }
+}
+
+typedef struct keys {
+    uint8_t apk[32], ask[64], bpk[32], bsk[64];
+} keys;
+
+static void make_keys(keys *k) {
+    crypto_sign_keypair(k->apk, k->ask);
+    crypto_sign_keypair(k->bpk, k->bsk);
+}
+
+static void test_keyed_ok(void) {
+    keys k;
+    side a, b;
+    make_keys(&k);
+    side_init(&a, "a", k.ask);
+    side_init(&b, "b", k.bsk);
+    CHECK(lei_ctx_trust_key(a.c, k.bpk, "b") == 0);
+    CHECK(lei_ctx_trust_key(b.c, k.apk, "a") == 0);
+    send_events(&a, &b, NULL, 1);
+    pump(&a, &b, NULL, got3, 5);
+    CHECK(a.events == 3 && a.last_len > 0 && a.downs == 0 && b.downs == 0);
+    /* the identities are known both ways, the addresses pinned */
+    lei_peer *pa = lei_peer_get(b.c, lei_ctx_addr(a.c), 0);
+    CHECK(pa && lei_peer_up(pa) && lei_peer_key(pa) && memcmp(lei_peer_key(pa), k.apk, 32) == 0);
+    CHECK(pa && strcmp(lei_peer_principal(pa), "a") == 0);
+    lei_peer *pb = lei_peer_get(a.c, lei_ctx_addr(b.c), 0);
+    CHECK(pb && lei_peer_key(pb) && memcmp(lei_peer_key(pb), k.bpk, 32) == 0);
+    /* the sync answer came back through records */
+    int answered = 0;
+    for (uint64_t id = 1; id < 4; id++) {
+        lei_sync *s = lei_sync_find(b.c, id);
+        if (s && lei_sync_pending(s) == 0 && lei_sync_nran(s) == 1) answered = 1;
+    }
+    CHECK(answered);
+    lei_ctx_free(a.c);
+    lei_ctx_free(b.c);
+}
+
+/* One refusal: a set up by seta, b by setb; b's peer ends with `want`. */
+static void refusal(const char *what, void (*setup)(side *, side *, keys *), const char *want,
+                    int b_keyed) {
+    keys k;
+    side a, b;
+    make_keys(&k);
+    side_init(&a, "a", k.ask);
+    side_init(&b, "b", b_keyed ? k.bsk : NULL);
+    lei_ctx_trust_key(a.c, k.bpk, "b");
+    if (b_keyed) lei_ctx_trust_key(b.c, k.apk, "a");
+    setup(&a, &b, &k);
+    send_events(&a, &b, NULL, 0);
+    pump(&a, &b, NULL, dialler_down, 5);
+    int ok = a.events == 0 && b.downs > 0 && strstr(b.reason, want) != NULL;
+    if (!ok) fprintf(stderr, "%s: got '%s', want '%s'\n", what, b.reason, want);
+    CHECK(ok);
+    lei_ctx_free(a.c);
+    lei_ctx_free(b.c);
+}
+
+static void set_none(side *a, side *b, keys *k) { (void)a, (void)b, (void)k; }
+static void set_untrusted(side *a, side *b, keys *k) {
+    (void)b;
+    lei_ctx_trust_key(a->c, k->bpk, "someone-else");
+}
+static void set_pin_dialler(side *a, side *b, keys *k) {
+    (void)k;
+    uint8_t other[32];
+    randombytes_buf(other, 32);
+    lei_peer_expect(b->c, lei_ctx_addr(a->c), other);
+}
+static void set_pin_acceptor(side *a, side *b, keys *k) {
+    (void)k;
+    uint8_t other[32];
+    randombytes_buf(other, 32);
+    lei_peer_expect(a->c, lei_ctx_addr(b->c), other);
+}
+static void set_cert_wrong(side *a, side *b, keys *k) {
+    uint8_t apk[32], ask[64], cert[64], m[128];
+    char err[160];
+    crypto_sign_keypair(apk, ask);
+    lei_ctx_trust_authority(a->c, apk);
+    /* certifies "b", while b claims "b2" */
+    size_t n = 0;
+    memcpy(m, "lecho-cert-v1", 14);
+    n = 14;
+    memcpy(m + n, "b", 2);
+    n += 2;
+    memcpy(m + n, k->bpk, 32);
+    n += 32;
+    crypto_sign_detached(cert, NULL, m, n, ask);
+    CHECK(lei_ctx_set_identity(b->c, k->bsk, "b2", cert, err) == 0);
+}
+
+static void test_refusals(void) {
+    refusal("mode", set_none, "mode mismatch: this side is keyed", 0);
+    refusal("untrusted", set_untrusted, "not trusted: b ", 1);
+    refusal("pin (dialler)", set_pin_dialler, "presented key", 1);
+    refusal("pin (acceptor)", set_pin_acceptor, "belongs to another identity", 1);
+    refusal("cert", set_cert_wrong, "not trusted: b2 ", 1);
+}
+
+/* An authority's certificate stands for a trusted key. */
+static void test_cert(void) {
+    keys k;
+    side a, b;
+    uint8_t apk[32], ask[64], cert[64], m[128];
+    char err[160];
+    make_keys(&k);
+    crypto_sign_keypair(apk, ask);
+    size_t n = 0;
+    memcpy(m, "lecho-cert-v1", 14);
+    n = 14;
+    memcpy(m + n, "b", 2);
+    n += 2;
+    memcpy(m + n, k.bpk, 32);
+    n += 32;
+    crypto_sign_detached(cert, NULL, m, n, ask);
+    side_init(&a, "a", k.ask);
+    side_init(&b, "b", NULL);
+    CHECK(lei_ctx_set_identity(b.c, k.bsk, "b", cert, err) == 0);
+    lei_ctx_trust_authority(a.c, apk);
+    lei_ctx_trust_key(b.c, k.apk, "a");
+    send_events(&a, &b, NULL, 0);
+    pump(&a, &b, NULL, got3, 5);
+    CHECK(a.events == 3 && b.downs == 0);
+    lei_ctx_free(a.c);
+    lei_ctx_free(b.c);
+}
+
+static int b_up(side *a, side *b) { (void)a; return b->ups > 0; }
+
+/* A record changed on the way closes the connection ("bad record"). */
+static void test_tamper(void) {
+    keys k;
+    side a, b;
+    proxy px = {.lfd = -1, .a = -1, .b = -1};
+    make_keys(&k);
+    side_init(&a, "a", k.ask);
+    side_init(&b, "b", k.bsk);
+    lei_ctx_trust_key(a.c, k.bpk, "b");
+    lei_ctx_trust_key(b.c, k.apk, "a");
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    px.lfd = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(bind(px.lfd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(px.lfd, 4) == 0);
+    getsockname(px.lfd, (struct sockaddr *)&sa, &sl);
+    fcntl(px.lfd, F_SETFL, O_NONBLOCK);
+    snprintf(px.addr, sizeof px.addr, "127.0.0.1:%u", ntohs(sa.sin_port));
+    /* a control message brings the connection up, through the proxy */
+    lei_msg *m = msg_of(5);
+    const char *err;
+    CHECK(lei_send_ctrl(b.c, px.addr, m, &err) == 0);
+    lei_msg_release(m, NULL, NULL);
+    pump(&a, &b, &px, b_up, 5);
+    CHECK(b.ups == 1);
+    px.tamper = 1;
+    send_events(&a, &b, px.addr, 0);
+    pump(&a, &b, &px, acceptor_bad, 5);
+    CHECK(px.tamper == 2 && a.events == 0 && b.downs == 1 && strstr(b.reason, "bad record"));
+    if (!strstr(b.reason, "bad record")) fprintf(stderr, "tamper: '%s'\n", b.reason);
+    lei_ctx_free(a.c);
+    lei_ctx_free(b.c);
+    close(px.lfd);
+    if (px.a >= 0) close(px.a);
+    if (px.b >= 0) close(px.b);
+}
+
+/* Protected mode listens on loopback and unix sockets only. */
+static void test_protected_listen(void) {
+    char err[160];
+    uint8_t pk[32], sk[64];
+    lei_ctx *c = new_ctx();
+    CHECK(lei_ctx_listen(c, "0.0.0.0:0", NULL, NULL, err) == -LEI_E_INVALID);
+    CHECK(strstr(err, "refusing to listen on 0.0.0.0:0 without keys (protected mode)") != NULL);
+    lei_ctx_free(c);
+    c = new_ctx();
+    crypto_sign_keypair(pk, sk);
+    CHECK(lei_ctx_set_identity(c, sk, "k", NULL, err) == 0);
+    CHECK(lei_ctx_listen(c, "0.0.0.0:0", NULL, NULL, err) == 0);
+    lei_ctx_free(c);
+    c = new_ctx();
+    CHECK(lei_ctx_listen(c, "127.0.0.2:0", NULL, NULL, err) == 0);
+    lei_ctx_free(c);
+}
+
 int main(void) {
     test_identity();
     test_tables();
+    test_frames();
+    test_protected_listen();
+    test_keyed_ok();
+    test_refusals();
+    test_cert();
+    test_tamper();
     return TEST_SUMMARY();
 }

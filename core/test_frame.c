@@ -151,7 +151,8 @@ static void test_frame_next(void) {
 /* ---- HELLO ---------------------------------------------------------------- */
 
 /* Builds the body of a HELLO by hand: magic, u16 big-endian version,
- * varint incarnation, varint alen, then addr bytes (alen may lie). */
+ * varint incarnation, varint alen, then addr bytes (alen may lie), then
+ * the mode byte (protected). */
 static size_t hello_body(uint8_t *out, const char *magic, unsigned version, uint64_t inc,
                          uint64_t alen, const char *addr, size_t addr_bytes) {
     size_t pos = 0;
@@ -162,7 +163,8 @@ static size_t hello_body(uint8_t *out, const char *magic, unsigned version, uint
     pos += lei_varint_encode(out + pos, inc);
     pos += lei_varint_encode(out + pos, alen);
     memcpy(out + pos, addr, addr_bytes);
-    return pos + addr_bytes;
+    out[pos + addr_bytes] = LEI_MODE_PROTECTED; /* v2: the mode byte */
+    return pos + addr_bytes + 1;
 }
 
 static int parse_hello_exact(const uint8_t *b, size_t n, lei_hello *h, const char **err) {
@@ -183,7 +185,7 @@ static void test_hello(void) {
     static const uint64_t incs[] = {0, 1, 127, 128, 0x123456789abcdefull, UINT64_MAX};
     for (size_t i = 0; i < sizeof incs / sizeof incs[0]; i++) {
         uint8_t type = i & 1 ? LEI_F_HELLO_OK : LEI_F_HELLO;
-        n = lei_frame_hello(buf, type, LEI_PROTO_VERSION, incs[i], "127.0.0.1:7700");
+        n = lei_frame_hello(buf, type, LEI_PROTO_VERSION, incs[i], "127.0.0.1:7700", NULL);
         CHECK(n <= LEI_HELLO_MAX);
         CHECK(lei_frame_next(buf, n, 1024, &f, &err) == 1 && f.size == n && f.type == type);
         memset(&h, 0xa5, sizeof h);
@@ -193,24 +195,24 @@ static void test_hello(void) {
         CHECK(strcmp(h.addr, "127.0.0.1:7700") == 0);
     }
     /* wire layout: magic then big-endian version */
-    n = lei_frame_hello(buf, LEI_F_HELLO, 0x0102, 5, "a:1");
+    n = lei_frame_hello(buf, LEI_F_HELLO, 0x0102, 5, "a:1", NULL);
     CHECK(memcmp(buf + LEI_FRAME_HDR, "LECH", 4) == 0);
     CHECK(buf[LEI_FRAME_HDR + 4] == 0x01 && buf[LEI_FRAME_HDR + 5] == 0x02);
     CHECK(buf[LEI_FRAME_HDR + 6] == 5 && buf[LEI_FRAME_HDR + 7] == 3);
-    CHECK(n == LEI_FRAME_HDR + 8 + 3);
+    CHECK(n == LEI_FRAME_HDR + 8 + 3 + 1 && buf[n - 1] == LEI_MODE_PROTECTED);
 
     /* the longest address that fits (LEI_ADDR_MAX - 1 bytes) roundtrips; a longer one is cut to it */
     {
         char addr[LEI_ADDR_MAX + 40];
         memset(addr, 'x', sizeof addr);
         addr[LEI_ADDR_MAX - 1] = '\0';
-        n = lei_frame_hello(buf, LEI_F_HELLO, LEI_PROTO_VERSION, UINT64_MAX, addr);
+        n = lei_frame_hello(buf, LEI_F_HELLO, LEI_PROTO_VERSION, UINT64_MAX, addr, NULL);
         CHECK(n <= LEI_HELLO_MAX);
         CHECK(lei_frame_next(buf, n, 1024, &f, &err) == 1);
         CHECK(parse_hello_exact(f.body, f.len, &h, &err) == 0 && strcmp(h.addr, addr) == 0);
         memset(addr, 'y', sizeof addr);
         addr[sizeof addr - 1] = '\0';
-        n = lei_frame_hello(buf, LEI_F_HELLO, LEI_PROTO_VERSION, UINT64_MAX, addr);
+        n = lei_frame_hello(buf, LEI_F_HELLO, LEI_PROTO_VERSION, UINT64_MAX, addr, NULL);
         CHECK(n <= LEI_HELLO_MAX);
         CHECK(lei_frame_next(buf, n, 1024, &f, &err) == 1);
         CHECK(parse_hello_exact(f.body, f.len, &h, &err) == 0 &&
@@ -234,7 +236,7 @@ static void test_hello(void) {
 
     /* other versions: reported through h->version, nothing else parsed */
     {
-        static const unsigned vers[] = {0, 2, 0x0100, 0xffff};
+        static const unsigned vers[] = {0, 1, 3, 0x0100, 0xffff};
         for (size_t i = 0; i < sizeof vers / sizeof vers[0]; i++) {
             n = hello_body(body, "LECH", vers[i], 7, 3, "a:1", 3);
             memset(&h, 0, sizeof h);
@@ -245,25 +247,25 @@ static void test_hello(void) {
             CHECK(h.version == vers[i]);
             CHECK(h.incarnation == 42 && strcmp(h.addr, "untouched") == 0);
         }
-        /* ... even when what follows the version would not parse as version 1 */
-        memcpy(body, "LECH\x00\x02\xff\xff\xff", 9);
+        /* ... even when what follows the version would not parse as version 2 */
+        memcpy(body, "LECH\x00\x01\xff\xff\xff", 9);
         h.version = 0;
-        CHECK(parse_hello_exact(body, 6, &h, &err) == 0 && h.version == 2);
-        CHECK(parse_hello_exact(body, 9, &h, &err) == 0 && h.version == 2);
-        /* a version-2 HELLO frame built by the library parses the same way */
-        n = lei_frame_hello(buf, LEI_F_HELLO, 2, 9, "127.0.0.1:1");
+        CHECK(parse_hello_exact(body, 6, &h, &err) == 0 && h.version == 1);
+        CHECK(parse_hello_exact(body, 9, &h, &err) == 0 && h.version == 1);
+        /* a version-3 HELLO frame built by the library parses the same way */
+        n = lei_frame_hello(buf, LEI_F_HELLO, 3, 9, "127.0.0.1:1", NULL);
         CHECK(lei_frame_next(buf, n, 1024, &f, &err) == 1);
-        CHECK(parse_hello_exact(f.body, f.len, &h, &err) == 0 && h.version == 2);
+        CHECK(parse_hello_exact(f.body, f.len, &h, &err) == 0 && h.version == 3);
     }
 
-    /* truncated: magic but no (or half a) version, and version 1 cut short */
+    /* truncated: magic but no (or half a) version, and version 2 cut short */
     err = NULL;
     CHECK(parse_hello_exact((const uint8_t *)"LECH", 4, &h, &err) == -LEI_E_PROTOCOL &&
           STREQ(err, "truncated frame"));
     err = NULL;
     CHECK(parse_hello_exact((const uint8_t *)"LECH\x00", 5, &h, &err) == -LEI_E_PROTOCOL &&
           STREQ(err, "truncated frame"));
-    n = hello_body(body, "LECH", 1, UINT64_MAX, 9, "127.0.0.1", 9);
+    n = hello_body(body, "LECH", LEI_PROTO_VERSION, UINT64_MAX, 9, "127.0.0.1", 9);
     for (size_t k = 6; k < n; k++) {
         err = NULL;
         int r = parse_hello_exact(body, k, &h, &err);
@@ -277,7 +279,7 @@ static void test_hello(void) {
     CHECK(parse_hello_exact(body, n, &h, &err) == 0 && strcmp(h.addr, "127.0.0.1") == 0);
 
     /* a varint that is not one (10th byte > 1) */
-    memcpy(body, "LECH\x00\x01", 6);
+    memcpy(body, "LECH\x00\x02", 6);
     memset(body + 6, 0xff, 9);
     body[15] = 0x02;
     err = NULL;
@@ -285,32 +287,32 @@ static void test_hello(void) {
           STREQ(err, "invalid varint in frame"));
 
     /* bad address lengths: zero, too long for the buffer, more or fewer bytes than said */
-    n = hello_body(body, "LECH", 1, 1, 0, "", 0);
+    n = hello_body(body, "LECH", LEI_PROTO_VERSION, 1, 0, "", 0);
     err = NULL;
     CHECK(parse_hello_exact(body, n, &h, &err) == -LEI_E_PROTOCOL &&
           STREQ(err, "bad address in handshake"));
     {
         char big[LEI_ADDR_MAX + 16];
         memset(big, 'z', sizeof big);
-        n = hello_body(body, "LECH", 1, 1, LEI_ADDR_MAX, big, LEI_ADDR_MAX);
+        n = hello_body(body, "LECH", LEI_PROTO_VERSION, 1, LEI_ADDR_MAX, big, LEI_ADDR_MAX);
         err = NULL;
         CHECK(parse_hello_exact(body, n, &h, &err) == -LEI_E_PROTOCOL &&
               STREQ(err, "bad address in handshake"));
-        n = hello_body(body, "LECH", 1, 1, LEI_ADDR_MAX - 1, big, LEI_ADDR_MAX - 1);
+        n = hello_body(body, "LECH", LEI_PROTO_VERSION, 1, LEI_ADDR_MAX - 1, big, LEI_ADDR_MAX - 1);
         CHECK(parse_hello_exact(body, n, &h, &err) == 0 && strlen(h.addr) == LEI_ADDR_MAX - 1);
-        n = hello_body(body, "LECH", 1, 1, UINT64_MAX, big, 10);
+        n = hello_body(body, "LECH", LEI_PROTO_VERSION, 1, UINT64_MAX, big, 10);
         err = NULL;
         CHECK(parse_hello_exact(body, n, &h, &err) == -LEI_E_PROTOCOL &&
               STREQ(err, "bad address in handshake"));
     }
-    n = hello_body(body, "LECH", 1, 1, 5, "a:1", 3); /* says 5, has 3 */
+    n = hello_body(body, "LECH", LEI_PROTO_VERSION, 1, 5, "a:1", 3); /* says 5, has 3 */
     err = NULL;
     CHECK(parse_hello_exact(body, n, &h, &err) == -LEI_E_PROTOCOL &&
           STREQ(err, "bad address in handshake"));
-    n = hello_body(body, "LECH", 1, 1, 3, "a:1zz", 5); /* says 3, has 5 */
+    n = hello_body(body, "LECH", LEI_PROTO_VERSION, 1, 3, "a:1zz", 5); /* says 3, has 5 */
     err = NULL;
     CHECK(parse_hello_exact(body, n, &h, &err) == -LEI_E_PROTOCOL &&
-          STREQ(err, "bad address in handshake"));
+          STREQ(err, "bad mode in handshake")); /* 'z' where the mode byte goes */
 }
 
 /* ---- EVENT ---------------------------------------------------------------- */
@@ -466,18 +468,19 @@ static int bind_body_refused(uint64_t namelen) {
     memcpy(body + n, "abc", 3);
     n += 3;
     d = dup_exact(body, n);
-    int refused = lei_parse_bind(d, n, &idx, &name, &nl, &err) == -LEI_E_PROTOCOL &&
-                  STREQ(err, "bad channel name in bind");
+    const uint8_t *ticket;
+    int refused = lei_parse_bind(d, n, &idx, &name, &nl, &ticket, &err) == -LEI_E_PROTOCOL &&
+                  (STREQ(err, "bad channel name in bind") || STREQ(err, "bad ticket in bind"));
     free(d);
     return refused;
 }
 
 static void test_bind(void) {
-    uint8_t buf[LEI_FRAME_HDR + 20 + 300], body[64];
+    uint8_t buf[LEI_FRAME_HDR + 20 + 300 + LEI_BIND_MAX_EXTRA], body[64];
     lei_frame f;
     const char *err;
     uint64_t idx;
-    const uint8_t *name;
+    const uint8_t *name, *ticket;
     size_t nl, n;
     uint8_t *d;
 
@@ -487,14 +490,14 @@ static void test_bind(void) {
     for (size_t i = 0; i < sizeof idxs / sizeof idxs[0]; i++) {
         const char *nm = i & 1 ? "127.0.0.1:7700/ozone" : longname;
         size_t len = i & 1 ? strlen(nm) : sizeof longname;
-        n = lei_frame_bind(buf, idxs[i], nm, len);
-        CHECK(n <= LEI_FRAME_HDR + 20 + len && buf[4] == LEI_F_BIND);
+        n = lei_frame_bind(buf, idxs[i], nm, len, NULL);
+        CHECK(n <= LEI_FRAME_HDR + 20 + len + 1 && buf[4] == LEI_F_BIND);
         CHECK(lei_frame_next(buf, n, 1024, &f, &err) == 1 && f.size == n);
         d = dup_exact(f.body, f.len);
         err = NULL;
-        CHECK(lei_parse_bind(d, f.len, &idx, &name, &nl, &err) == 0 && err == NULL);
-        CHECK(idx == idxs[i] && nl == len && memcmp(name, nm, len) == 0);
-        CHECK(name == d + f.len - len);
+        CHECK(lei_parse_bind(d, f.len, &idx, &name, &nl, &ticket, &err) == 0 && err == NULL);
+        CHECK(idx == idxs[i] && nl == len && memcmp(name, nm, len) == 0 && ticket == NULL);
+        CHECK(name == d + f.len - len - 1);
         free(d);
     }
 
@@ -505,26 +508,26 @@ static void test_bind(void) {
     CHECK(bind_body_refused(UINT64_MAX));
 
     /* an empty name, as built by the library and by hand */
-    n = lei_frame_bind(buf, 4, "", 0);
+    n = lei_frame_bind(buf, 4, "", 0, NULL);
     CHECK(lei_frame_next(buf, n, 1024, &f, &err) == 1);
     d = dup_exact(f.body, f.len);
     err = NULL;
-    CHECK(lei_parse_bind(d, f.len, &idx, &name, &nl, &err) == -LEI_E_PROTOCOL &&
+    CHECK(lei_parse_bind(d, f.len, &idx, &name, &nl, &ticket, &err) == -LEI_E_PROTOCOL &&
           STREQ(err, "bad channel name in bind"));
     free(d);
     memcpy(body, "\x04\x00zz", 4); /* says 0, has 2 */
     d = dup_exact(body, 4);
     err = NULL;
-    CHECK(lei_parse_bind(d, 4, &idx, &name, &nl, &err) == -LEI_E_PROTOCOL &&
+    CHECK(lei_parse_bind(d, 4, &idx, &name, &nl, &ticket, &err) == -LEI_E_PROTOCOL &&
           STREQ(err, "bad channel name in bind"));
     free(d);
 
     /* truncated varints */
-    n = lei_frame_bind(buf, UINT64_MAX, "abc", 3);
+    n = lei_frame_bind(buf, UINT64_MAX, "abc", 3, NULL);
     for (size_t k = 0; k < 11; k++) { /* inside the idx, or before the length */
         d = dup_exact(buf + LEI_FRAME_HDR, k);
         err = NULL;
-        CHECK(lei_parse_bind(d, k, &idx, &name, &nl, &err) == -LEI_E_PROTOCOL &&
+        CHECK(lei_parse_bind(d, k, &idx, &name, &nl, &ticket, &err) == -LEI_E_PROTOCOL &&
               STREQ(err, "truncated frame"));
         free(d);
     }
@@ -559,7 +562,7 @@ static size_t seed_frame(uint8_t *out) {
     case 0:
         return lei_frame_hello(out, rnd() & 1 ? LEI_F_HELLO : LEI_F_HELLO_OK,
                                rnd() % 8 ? LEI_PROTO_VERSION : (unsigned)(rnd() & 0xffff),
-                               rnd_varval(), "127.0.0.1:40001");
+                               rnd_varval(), "127.0.0.1:40001", NULL);
     case 1: {
         size_t pl = rnd() % (sizeof val + 1);
         hl = lei_frame_event_hdr(out, rnd_varval(), rnd_varval(), rnd_varval(), rnd_varval(), pl);
@@ -575,7 +578,7 @@ static size_t seed_frame(uint8_t *out) {
     case 3:
         nl = 1 + rnd() % (sizeof name - 1);
         memset(name, 'c', nl);
-        return lei_frame_bind(out, rnd_varval(), name, nl);
+        return lei_frame_bind(out, rnd_varval(), name, nl, NULL);
     default:
         hl = (size_t)rnd() % 24;
         for (size_t i = 0; i < hl; i++) out[LEI_FRAME_HDR + i] = (uint8_t)rnd();
@@ -606,8 +609,9 @@ static int parse_all(const uint8_t *b, size_t n) {
     if (r == 0) ok &= p >= b && p + l == b + n;
     ok &= r == 0 || (r == -LEI_E_PROTOCOL && err != NULL);
     err = NULL;
-    r = lei_parse_bind(b, n, &idx, &p, &l, &err);
-    if (r == 0) ok &= l > 0 && p > b && p + l == b + n;
+    const uint8_t *t;
+    r = lei_parse_bind(b, n, &idx, &p, &l, &t, &err);
+    if (r == 0) ok &= l > 0 && p > b && p + l < b + n && (!t || t + LEI_SIG_BYTES == b + n);
     ok &= r == 0 || (r == -LEI_E_PROTOCOL && err != NULL);
     return ok;
 }

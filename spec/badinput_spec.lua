@@ -299,11 +299,11 @@ end
 local function handshaken(T)
   local c = raw_connect(T)
   c.peer = fake_addr()
-  assert(c:send(hello(1, c.peer)))
+  assert(c:send(hello(2, c.peer)))
   assert(T:wait(function() c:pump() return #c:frames() >= 1 or c.closed end), "no HELLO_OK")
   local f = c:frames()[1]
   assert.are.equal(F_HELLO_OK, f.type)
-  assert.are.equal("LECH\0\1", f.body:sub(1, 6))
+  assert.are.equal("LECH\0\2", f.body:sub(1, 6))
   return c
 end
 
@@ -377,7 +377,7 @@ for _, kind in ipairs({ "context", "nameserver" }) do
       local mark, bad0 = T:log_mark(), T:bad_frames()
       -- half a HELLO, then gone
       local c1 = raw_connect(T)
-      c1:send(hello(1, fake_addr()):sub(1, 9))
+      c1:send(hello(2, fake_addr()):sub(1, 9))
       c1:close()
       -- a handshake, then half an EVENT (the length promises more), then gone
       local c2 = handshaken(T)
@@ -398,22 +398,31 @@ for _, kind in ipairs({ "context", "nameserver" }) do
       assert.truthy(T:works())
     end)
 
-    it("refuses a HELLO of protocol version 2 with an ERROR frame naming both versions", function()
+    it("refuses a HELLO of protocol version 1 with an ERROR frame naming both versions", function()
       local c = raw_connect(T)
-      c:send(hello(2, fake_addr()))
-      local _, text = assert_refused(T, c, "protocol version mismatch: peer speaks 2, this side speaks 1")
-      assert.are.equal("protocol version mismatch: peer speaks 2, this side speaks 1", text)
+      c:send(hello(1, fake_addr()))
+      local _, text = assert_refused(T, c, "protocol version mismatch: peer speaks 1, this side speaks 2")
+      assert.are.equal("protocol version mismatch: peer speaks 1, this side speaks 2", text)
     end)
 
-    it("refuses a HELLO of version 2 whose body would not parse as version 1", function()
+    it("refuses a HELLO of version 1 whose body would not parse as version 2", function()
       local c = raw_connect(T)
-      c:send(frame(F_HELLO, "LECH\0\2" .. garbage(30, 17)))
-      assert_refused(T, c, "protocol version mismatch: peer speaks 2, this side speaks 1")
+      c:send(frame(F_HELLO, "LECH\0\1" .. garbage(30, 17)))
+      assert_refused(T, c, "protocol version mismatch: peer speaks 1, this side speaks 2")
+    end)
+
+    it("refuses a keyed HELLO: this side has no keys (protected mode)", function()
+      local c = raw_connect(T)
+      local a = fake_addr()
+      -- mode 1, ephemeral and identity keys, principal "x", no certificate
+      c:send(frame(F_HELLO, "LECH\0\2" .. varint(1) .. varint(#a) .. a .. "\1" .. ("k"):rep(64)
+                            .. varint(1) .. "x" .. "\0"))
+      assert_refused(T, c, "mode mismatch: this side has no keys (protected mode) and refuses a keyed peer")
     end)
 
     it("refuses a HELLO with an impossible address length", function()
       local c = raw_connect(T)
-      c:send(frame(F_HELLO, "LECH\0\1" .. varint(1) .. varint(200) .. "127.0.0.1:1"))
+      c:send(frame(F_HELLO, "LECH\0\2" .. varint(1) .. varint(200) .. "127.0.0.1:1\0"))
       assert_refused(T, c, "bad address in handshake")
     end)
 
@@ -421,7 +430,7 @@ for _, kind in ipairs({ "context", "nameserver" }) do
       -- a second spelling of one address would make a second peer for it
       for _, a in ipairs{ "localhost:1", "[0::1]:1", "127.0.0.1:01", "unix:rel", "x", "1.2.3.4:0" } do
         local c = raw_connect(T)
-        c:send(hello(1, a))
+        c:send(hello(2, a))
         assert_refused(T, c, "bad address in handshake")
       end
     end)
@@ -492,9 +501,9 @@ end
 
 ------------------------------------------------------------------------------
 -- The other side of a version mismatch: our context dials a server that
--- answers the handshake with version 2.
+-- answers the handshake with version 1.
 
-local FAKE_V2_SERVER = [[
+local FAKE_V1_SERVER = [[
 local socket = require "socket"
 local addrf = arg[1]
 local srv = assert(socket.bind("127.0.0.1", 0))
@@ -514,7 +523,7 @@ local t, body = frame()
 io.stdout:setvbuf("no")
 io.stdout:write("got type ", t, " version ", body:byte(5) * 256 + body:byte(6), "\n")
 local addr = "127.0.0.1:" .. port
-local reply = "LECH\0\2" .. string.char(1, #addr) .. addr
+local reply = "LECH\0\1" .. string.char(1, #addr) .. addr
 c:send(string.char(#reply + 1, 0, 0, 0, 2) .. reply)
 t, body = frame()
 io.stdout:write("got type ", t, ": ", body, "\n")
@@ -525,7 +534,7 @@ describe("a context dialling a peer of another protocol version", function()
 
   it("logs the mismatch, tells the peer, and fails the request with the reason", function()
     local addrf = support.tmpname("fake-addr")
-    local fake = support.lua(FAKE_V2_SERVER, addrf)
+    local fake = support.lua(FAKE_V1_SERVER, addrf)
     local addr = support.wait_file(addrf, "%d+\n", 10)
     assert(addr, "fake server did not start: " .. support.errors(fake))
     addr = addr:match("[^\n]+")
@@ -536,17 +545,17 @@ describe("a context dialling a peer of another protocol version", function()
     local stats = ctx:stats()
     ctx:close()
     assert.is_nil(p)
-    assert.truthy(err:find("protocol version mismatch: peer speaks 2, this side speaks 1", 1, true), err)
+    assert.truthy(err:find("protocol version mismatch: peer speaks 1, this side speaks 2", 1, true), err)
     local log = table.concat(logs, "\n")
     assert.truthy(log:find("closing connection from " .. addr
-      .. ": protocol version mismatch: peer speaks 2, this side speaks 1", 1, true), log)
+      .. ": protocol version mismatch: peer speaks 1, this side speaks 2", 1, true), log)
     assert.are.equal(1, stats.bad_frames)
     assert.is_false(stats.peers[addr].connected)
-    -- the fake server heard our HELLO (version 1) and then our ERROR
+    -- the fake server heard our HELLO (version 2) and then our ERROR
     assert.truthy(support.wait(fake, 10), "fake server hung")
     local out = support.output(fake)
-    assert.truthy(out:find("got type 1 version 1\n", 1, true), out)
-    assert.truthy(out:find("got type 3: protocol version mismatch: peer speaks 2, this side speaks 1",
+    assert.truthy(out:find("got type 1 version 2\n", 1, true), out)
+    assert.truthy(out:find("got type 3: protocol version mismatch: peer speaks 1, this side speaks 2",
                            1, true), out)
   end)
 end)

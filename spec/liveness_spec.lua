@@ -144,9 +144,8 @@ describe("liveness", function()
     local s = assert(socket.tcp())
     assert(s:connect(host, tonumber(port)))
     local fake = "127.0.0.1:61999"
-    local hello = "LECH\0\1" .. string.char(7) .. string.char(#fake) .. fake
-    local function frame(t, b) return string.char((#b + 1) % 256, 0, 0, 0, t) .. b end
-    assert(s:send(frame(1, hello)))
+    local hello = require("spec.wire").hello(fake, { incarnation = 7 })
+    assert(s:send(hello))
     s:settimeout(0)
     local buf, t0 = "", ctx:now()
     local pings = 0
@@ -252,7 +251,7 @@ describe("sequence numbers", function()
     local host, port = ctx.addr:match("^(.+):(%d+)$")
     local s = assert(socket.tcp())
     assert(s:connect(host, tonumber(port)))
-    assert(s:send(frame(1, "LECH\0\1" .. varint(incarnation) .. varint(#FAKE) .. FAKE)))
+    assert(s:send(W.hello(FAKE, { incarnation = incarnation })))
     return s
   end
   local nil_value = "\0" -- the codec's nil
@@ -274,7 +273,7 @@ describe("sequence numbers", function()
   it("delivers in order, drops duplicates, reports a gap once with its count", function()
     local s = peer(1)
     local name = ctx:channel("seq").name
-    assert(s:send(frame(5, varint(0) .. varint(#name) .. name)))
+    assert(s:send(W.bind(0, name)))
     for _, q in ipairs{ 1, 2, 3, 3, 2, 10, 11, 48, 49 } do ev(s, 0, 7, q) end
     settle(7)
     assert.are.same({ 1, 2, 3, 10, 11, 48, 49 }, got)
@@ -292,7 +291,7 @@ describe("sequence numbers", function()
     local name = ctx:channel("seq").name
     local function session(inc, seqs)
       local s = peer(inc)
-      assert(s:send(frame(5, varint(0) .. varint(#name) .. name)))
+      assert(s:send(W.bind(0, name)))
       for _, q in ipairs(seqs) do ev(s, 0, 1, q) end
       settle(#got + #seqs)
       s:close()
@@ -309,7 +308,7 @@ describe("sequence numbers", function()
   it("does not count as a gap what was sent while this process had no consumer", function()
     local name = ctx:channel("seq").name
     local s = peer(1)
-    assert(s:send(frame(5, varint(0) .. varint(#name) .. name)))
+    assert(s:send(W.bind(0, name)))
     ev(s, 0, 1, 1)
     settle(1)
     con:close()

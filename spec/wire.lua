@@ -21,15 +21,18 @@ end
 function M.frame(ftype, body) return M.u32le(#body + 1) .. string.char(ftype) .. body end
 
 -- HELLO (or ftype): "LECH", u16 big-endian version, varint incarnation,
--- varint address length, address.
+-- varint address length, address, and from version 2 on the mode byte
+-- (0: protected, no keys).
 function M.hello(addr, opts)
   opts = opts or {}
-  local version = opts.version or 1
+  local version = opts.version or 2
   return M.frame(opts.ftype or M.HELLO, "LECH" .. string.char(math.floor(version / 256), version % 256)
-                 .. M.varint(opts.incarnation or 4242) .. M.varint(#addr) .. addr)
+                 .. M.varint(opts.incarnation or 4242) .. M.varint(#addr) .. addr
+                 .. (version >= 2 and string.char(opts.mode or 0) or ""))
 end
 
-function M.bind(idx, name) return M.frame(M.BIND, M.varint(idx) .. M.varint(#name) .. name) end
+-- BIND (version 2): index, name, u8 has_ticket (0 here: protected mode).
+function M.bind(idx, name) return M.frame(M.BIND, M.varint(idx) .. M.varint(#name) .. name .. "\0") end
 
 -- EVENT: channel index, producer id, sequence number, sync id, value bytes.
 function M.event(idx, value, seq, opts)

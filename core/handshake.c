@@ -1,0 +1,351 @@
+/* handshake.c: the handshake state machine of a connection (protocol 2):
+ * HELLO / HELLO_OK in both modes, and for keyed contexts the transcript
+ * signatures, AUTH, AUTH_OK and the switch to records; trust, pins, the
+ * tie-break of simultaneous dials and the rule that no HELLO replaces a
+ * live connection.
+ *
+ * The crypto is secure.c's, the trust tables auth.c's, the sockets
+ * conn.c's.  No Lua here.
+ */
+#define _GNU_SOURCE
+#include "ctx_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the handshake -------------------------------------------------------
+ *
+ * A connection walks one way through enum lei_conn_state (ctx_int.h):
+ *
+ *   protected mode (no keys):
+ *   dialled:  DIALING --connected, HELLO sent--> HELLO_SENT --HELLO_OK--> UP
+ *   accepted:                                    HELLO_WAIT --HELLO-----> UP (HELLO_OK sent)
+ *   keyed mode:
+ *   dialled:  DIALING --HELLO sent--> HELLO_SENT --HELLO_OK verified, AUTH sent,
+ *             records on--> AUTH_SENT --AUTH_OK (a record)--> UP
+ *   accepted: HELLO_WAIT --HELLO trusted, signed HELLO_OK sent--> AUTH_WAIT
+ *             --AUTH verified, records on, AUTH_OK sent--> UP
+ *   UP --queue written while closing, FIN--> CLOSING
+ *   UP or CLOSING --disconnect policy, FIN--> RETIRED
+ *   any --error, remote closed, dead, superseded--> CLOSED
+ *
+ * Before UP only handshake frames and ERROR count; the protocol version
+ * and the mode are checked in one place (hello_read) for both directions. */
+
+/* The reason sent to the loser of simultaneous dials: it keeps its queue
+ * and waits for the connection the winner dialled. */
+static const char DUP_REASON[] = "duplicate connection: the one dialled by the smaller address wins";
+
+static void hex32(const uint8_t *pk, char out[65]) {
+    static const char d[] = "0123456789abcdef";
+    for (int i = 0; i < 32; i++) {
+        out[2 * i] = d[pk[i] >> 4];
+        out[2 * i + 1] = d[pk[i] & 15];
+    }
+    out[64] = '\0';
+}
+
+/* Our HELLO (dialled) or HELLO_OK (accepted) into b[LEI_HELLO_MAX]; a keyed
+ * one goes into the transcript, a keyed HELLO_OK ends with our signature. */
+static size_t build_hello(lei_conn *k, uint8_t type, uint8_t *b) {
+    lei_ctx *c = k->ctx;
+    lei_sec *s = k->sec;
+    if (!s) return lei_frame_hello(b, type, LEI_PROTO_VERSION, c->incarnation, c->addr, NULL);
+    lei_hello key;
+    memcpy(key.eph, s->eph_pk, 32);
+    memcpy(key.idpk, c->id.pk, 32);
+    memcpy(key.name, c->id.name, sizeof key.name);
+    key.has_cert = (uint8_t)c->id.has_cert;
+    memcpy(key.cert, c->id.cert, sizeof key.cert);
+    size_t n = lei_frame_hello(b, type, LEI_PROTO_VERSION, c->incarnation, c->addr, &key);
+    if (type == LEI_F_HELLO) {
+        lei_sec_hash(s, b + LEI_FRAME_HDR, n - LEI_FRAME_HDR);
+    } else {
+        lei_sec_hash(s, b + LEI_FRAME_HDR, n - LEI_FRAME_HDR - LEI_SIG_BYTES);
+        lei_sec_final(s);
+        lei_sec_sign(c, s, 1, b + n - LEI_SIG_BYTES);
+    }
+    return n;
+}
+
+/* The dial connected: our HELLO goes out. */
+void lei_conn_hello(lei_conn *k) {
+    uint8_t b[LEI_HELLO_MAX];
+    lei_conn_write_now(k, b, build_hello(k, LEI_F_HELLO, b));
+}
+
+/* Reads the remote's HELLO (want LEI_F_HELLO, we were dialled) or HELLO_OK
+ * (we dialled).  Returns 0, or -1 after closing k as bad input. */
+static int hello_read(lei_conn *k, const lei_frame *f, uint8_t want, lei_hello *h) {
+    const char *err = NULL;
+    char why[160];
+    int keyed = k->sec != NULL;
+    if (f->type != want) {
+        err = want == LEI_F_HELLO ? "expected a handshake (HELLO) first"
+                                  : "expected a handshake answer (HELLO_OK)";
+    } else if (lei_parse_hello(f->body, f->len, h, &err)) {
+        /* err set */
+    } else if (h->version != LEI_PROTO_VERSION) {
+        snprintf(why, sizeof why, "protocol version mismatch: peer speaks %u, this side speaks %u",
+                 h->version, LEI_PROTO_VERSION);
+        err = why;
+    } else if (h->mode != (keyed ? LEI_MODE_KEYED : LEI_MODE_PROTECTED)) {
+        err = keyed ? "mode mismatch: this side is keyed and refuses a peer without keys "
+                      "(protected mode)"
+                    : "mode mismatch: this side has no keys (protected mode) and refuses a "
+                      "keyed peer";
+    } else if (keyed && h->has_sig != (want == LEI_F_HELLO_OK)) {
+        err = want == LEI_F_HELLO_OK ? "handshake answer without its signature"
+                                     : "trailing bytes in handshake";
+    } else if (keyed && !lei_name_ok(h->name, strlen(h->name))) {
+        err = "bad principal name in handshake";
+    }
+    if (!err) return 0;
+    lei_conn_close(k, err, 1);
+    return -1;
+}
+
+/* The remote's identity (keyed): trusted, and the key pinned to its
+ * address if any (addr: the address we dialled, or the one the remote
+ * claims).  Returns 0, or -1 after closing k with an ERROR saying why. */
+static int identity_check(lei_conn *k, const lei_hello *h, const char *addr, int dialled) {
+    char why[LEI_ADDR_MAX + 200];
+    if (lei_trusted(k->ctx, h, why, sizeof why) == 0) {
+        const lei_pin *pin = lei_pin_find(k->ctx, addr);
+        if (!pin || memcmp(pin->pk, h->idpk, 32) == 0) return 0;
+        char got[65], want[65];
+        hex32(h->idpk, got);
+        hex32(pin->pk, want);
+        if (dialled)
+            snprintf(why, sizeof why, "%s presented key %s, expected %s", addr, got, want);
+        else
+            snprintf(why, sizeof why, "address %s belongs to another identity", addr);
+    }
+    lei_conn_close(k, why, 1);
+    return -1;
+}
+
+/* -> UP: k serves p from now on.  An accepted connection answers HELLO_OK
+ * (protected) or AUTH_OK (keyed, the first record) first; a keyed peer's
+ * identity is recorded and its address pinned to it if it was not; then
+ * the peer is told up and what queued for it while it was down goes out. */
+static void conn_up(lei_conn *k, lei_peer *p, uint64_t incarnation) {
+    lei_ctx *c = k->ctx;
+    enum lei_conn_state was = k->state;
+    k->peer = p;
+    p->conn = k;
+    k->state = LEI_CONN_UP;
+    p->await_in = 0;
+    p->reason[0] = '\0';
+    if (k->sec) {
+        p->has_key = 1;
+        memcpy(p->key, k->sec->remote.idpk, 32);
+        memcpy(p->principal, k->sec->remote.name, sizeof p->principal);
+        if (!lei_pin_find(c, p->addr)) lei_peer_expect(c, p->addr, p->key);
+    }
+    lei_live_peer_up(p, incarnation);
+    if (was == LEI_CONN_HELLO_WAIT) {
+        uint8_t b[LEI_HELLO_MAX];
+        lei_conn_write_now(k, b, build_hello(k, LEI_F_HELLO_OK, b));
+    } else if (was == LEI_CONN_AUTH_WAIT) {
+        uint8_t b[LEI_FRAME_HDR];
+        lei_frame_hdr(b, LEI_F_AUTH_OK, 0);
+        lei_conn_write_now(k, b, sizeof b);
+    }
+    lei_peer_note(p, 1, NULL);
+    if (p->held) ev_io_stop(c->loop, &k->rio);
+    lei_peer_flush(p);
+}
+
+/* The remote (HELLO, or AUTH when keyed) is who it says: tie k to the peer
+ * of that address.  With two connections between the same pair of contexts
+ * the one dialled by the smaller address wins, so both sides agree on one;
+ * a connection that is up and heard from lately is never replaced (a real
+ * restart's old connection dies first, by RST or the liveness timeout).
+ * Returns 0 (k is UP), or -1 (k must be closed; an ERROR already sent). */
+static int hello_accepted(lei_conn *k, const lei_hello *h) {
+    lei_ctx *c = k->ctx;
+    lei_peer *p = lei_peer_find(c, h->addr);
+    if (p && p->conn && p->conn->state != LEI_CONN_CLOSED && p->conn != k) {
+        lei_conn *old = p->conn;
+        if (old->state == LEI_CONN_DIALING || old->state == LEI_CONN_HELLO_SENT ||
+            old->state == LEI_CONN_AUTH_SENT) {
+            if (strcmp(c->addr, h->addr) < 0) {
+                lei_conn_send_error(k, DUP_REASON);
+                return -1;
+            }
+            /* Ours loses: adopt the inbound one, keep the queue. */
+            p->conn = NULL;
+            old->peer = NULL;
+            lei_conn_close(old, "superseded", 0);
+        } else if (ev_now(c->loop) - old->last_in < (c->o.heartbeat > 1.0 ? c->o.heartbeat : 1.0)) {
+            if (p->lv.incarnation == h->incarnation) {
+                /* The same process: a HELLO of a crossing dial that arrives
+                 * late (its sender already took ours). */
+                lei_conn_send_error(k, DUP_REASON);
+            } else {
+                char why[LEI_ADDR_MAX + 80];
+                snprintf(why, sizeof why, "address %s already has a live connection", h->addr);
+                lei_logf(c, "refusing a connection claiming %s: it has a live one", h->addr);
+                lei_conn_send_error(k, why);
+            }
+            return -1;
+        } else {
+            lei_conn_close(old, "replaced by a new connection from the same context", 0);
+        }
+    }
+    if (!p && !(p = lei_peer_new(c, h->addr))) return -1;
+    conn_up(k, p, h->incarnation);
+    return 0;
+}
+
+/* An ERROR before UP on a connection we dialled.  Returns -1 (k closed). */
+static int dial_refused(lei_conn *k, const lei_frame *f) {
+    lei_ctx *c = k->ctx;
+    lei_peer *p = k->peer;
+    char why[256];
+    if (p && p->conn == k && f->len == sizeof DUP_REASON - 1 &&
+        memcmp(f->body, DUP_REASON, f->len) == 0) {
+        /* We lost the tie-break: the remote's own connection comes.
+         * Nothing of the queue was written on this one (the handshake was
+         * not done): the queue, BINDs included, goes whole on the next one. */
+        p->conn = NULL;
+        p->await_in = ev_now(c->loop) + AWAIT_IN_SECONDS;
+        lei_expiry_at(c, p->await_in);
+        k->peer = NULL;
+        lei_conn_close(k, "lost the tie-break of simultaneous dials", 0);
+        return -1;
+    }
+    snprintf(why, sizeof why, "refused by peer: %.*s", (int)(f->len > 200 ? 200 : f->len),
+             (const char *)f->body);
+    lei_logf(c, "connection to %s %s", p ? p->addr : "?", why);
+    lei_conn_close(k, why, 0);
+    return -1;
+}
+
+/* Another connection took over k's peer meanwhile: 1 after closing k. */
+static int superseded(lei_conn *k) {
+    lei_peer *p = k->peer;
+    if (p && p->conn == k) return 0;
+    k->peer = NULL;
+    lei_conn_close(k, "superseded by another connection to the same context", 0);
+    return 1;
+}
+
+/* HELLO_SENT: the remote answered our HELLO.  Returns 0 (k is UP, or keyed:
+ * AUTH_SENT), or -1 after closing k. */
+static int hello_answered(lei_conn *k, const lei_frame *f) {
+    lei_ctx *c = k->ctx;
+    lei_hello h;
+    if (f->type == LEI_F_ERROR) return dial_refused(k, f);
+    if (hello_read(k, f, LEI_F_HELLO_OK, &h) || superseded(k)) return -1;
+    lei_sec *s = k->sec;
+    if (!s) {
+        conn_up(k, k->peer, h.incarnation);
+        return 0;
+    }
+    if (identity_check(k, &h, k->peer->addr, 1)) return -1;
+    lei_sec_hash(s, f->body, f->len - LEI_SIG_BYTES);
+    lei_sec_final(s);
+    if (lei_sec_verify(s, 1, h.idpk, h.sig) || lei_sec_keys(s, 1, h.eph)) {
+        lei_conn_close(k, "bad handshake signature or key (HELLO_OK)", 1);
+        return -1;
+    }
+    s->remote = h;
+    uint8_t b[LEI_FRAME_HDR + LEI_SIG_BYTES];
+    lei_frame_hdr(b, LEI_F_AUTH, LEI_SIG_BYTES);
+    lei_sec_sign(c, s, 0, b + LEI_FRAME_HDR);
+    lei_conn_write_now(k, b, sizeof b);
+    /* From the byte after AUTH both directions are records. */
+    s->rec_out = 1;
+    if (lei_conn_records_in(k)) return -1;
+    k->state = LEI_CONN_AUTH_SENT;
+    return 0;
+}
+
+/* AUTH_SENT: the acceptor's first record: AUTH_OK, or an ERROR. */
+static int auth_answered(lei_conn *k, const lei_frame *f) {
+    if (f->type == LEI_F_ERROR) return dial_refused(k, f);
+    if (f->type != LEI_F_AUTH_OK || f->len != 0) {
+        lei_conn_close(k, "expected AUTH_OK", 1);
+        return -1;
+    }
+    if (superseded(k)) return -1;
+    conn_up(k, k->peer, k->sec->remote.incarnation);
+    return 0;
+}
+
+/* AUTH_WAIT: the dialler's AUTH proves it holds its identity's key. */
+static int auth_read(lei_conn *k, const lei_frame *f) {
+    lei_sec *s = k->sec;
+    if (f->type != LEI_F_AUTH || f->len != LEI_SIG_BYTES) {
+        lei_conn_close(k, "expected AUTH", 1);
+        return -1;
+    }
+    if (lei_sec_verify(s, 0, s->remote.idpk, f->body) || lei_sec_keys(s, 0, s->remote.eph)) {
+        lei_conn_close(k, "bad handshake signature or key (AUTH)", 1);
+        return -1;
+    }
+    s->rec_out = 1;
+    if (lei_conn_records_in(k)) return -1;
+    /* Pins may have changed since the HELLO. */
+    if (identity_check(k, &s->remote, s->remote.addr, 0)) return -1;
+    if (hello_accepted(k, &s->remote)) {
+        lei_conn_close(k, "handshake refused", 0);
+        return -1;
+    }
+    return 0;
+}
+
+/* A dialling peer's claimed address must be an address in its canonical
+ * text (addr.h): two spellings of one address would make two peers of it
+ * and break the smaller-address-wins rule.  (The HELLO_OK of a dial we made
+ * names the address we dialled: ours to trust.) */
+static int addr_canonical(const char *text) {
+    lei_addr a;
+    const char *why;
+    char canon[LEI_ADDR_TEXT_MAX];
+    return lei_addr_parse(text, 0, &a, &why) == 0 &&
+           lei_addr_format(&a, canon, sizeof canon) >= 0 && strcmp(canon, text) == 0;
+}
+
+/* HELLO_WAIT: the remote introduced itself. */
+static int hello_received(lei_conn *k, const lei_frame *f) {
+    lei_hello h;
+    if (hello_read(k, f, LEI_F_HELLO, &h)) return -1;
+    if (!addr_canonical(h.addr)) {
+        lei_conn_close(k, "bad address in handshake", 1);
+        return -1;
+    }
+    lei_sec *s = k->sec;
+    if (!s) {
+        if (hello_accepted(k, &h)) {
+            lei_conn_close(k, "handshake refused", 0);
+            return -1;
+        }
+        return 0;
+    }
+    /* Keyed: refused at once if untrusted or pinned to another key; bound to
+     * its peer only once AUTH proved the key is the remote's. */
+    if (identity_check(k, &h, h.addr, 0)) return -1;
+    s->remote = h;
+    lei_sec_hash(s, f->body, f->len);
+    uint8_t b[LEI_HELLO_MAX];
+    lei_conn_write_now(k, b, build_hello(k, LEI_F_HELLO_OK, b));
+    k->state = LEI_CONN_AUTH_WAIT;
+    return 0;
+}
+
+int lei_conn_handshake(lei_conn *k, const lei_frame *f) {
+    switch (k->state) {
+    case LEI_CONN_HELLO_SENT:
+        return hello_answered(k, f);
+    case LEI_CONN_AUTH_SENT:
+        return auth_answered(k, f);
+    case LEI_CONN_AUTH_WAIT:
+        return auth_read(k, f);
+    default:
+        return hello_received(k, f);
+    }
+}

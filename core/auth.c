@@ -8,6 +8,7 @@
 #include "ctx_int.h"
 
 #include <sodium.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,6 +97,15 @@ int lei_ctx_sign(const lei_ctx *c, const void *m, size_t n, uint8_t sig[64]) {
     return 0;
 }
 
+static void hex(const uint8_t *b, size_t n, char *out) {
+    static const char d[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = d[b[i] >> 4];
+        out[2 * i + 1] = d[b[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
 const lei_pin *lei_pin_find(const lei_ctx *c, const char *addr) {
     for (int i = 0; i < c->id.npins; i++)
         if (strcmp(c->id.pins[i].addr, addr) == 0) return &c->id.pins[i];
@@ -118,6 +128,16 @@ int lei_peer_expect(lei_ctx *c, const char *addr, const uint8_t pk[32]) {
         snprintf(p->addr, sizeof p->addr, "%s", addr);
     }
     memcpy(p->pk, pk, 32);
+    /* A connection up with another key ends now. */
+    lei_peer *peer = lei_peer_find(c, addr);
+    if (peer && lei_peer_is_up(peer) && peer->has_key && memcmp(peer->key, pk, 32) != 0) {
+        char why[LEI_ADDR_MAX + 200], got[65], want[65];
+        hex(peer->key, 32, got);
+        hex(pk, 32, want);
+        snprintf(why, sizeof why, "%s presented key %s, expected %s", addr, got, want);
+        lei_logf(c, "closing connection with %s", why);
+        lei_peer_close(peer, why);
+    }
     return 0;
 }
 
@@ -139,15 +159,6 @@ int lei_chan_set_ticket(lei_ctx *c, uint32_t chid, const uint8_t t[64]) {
     memcpy(ch->ticket, t, 64);
     ch->has_ticket = 1;
     return 0;
-}
-
-static void hex(const uint8_t *b, size_t n, char *out) {
-    static const char d[] = "0123456789abcdef";
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = d[b[i] >> 4];
-        out[2 * i + 1] = d[b[i] & 15];
-    }
-    out[2 * n] = '\0';
 }
 
 /* The trust decision on a remote's identity (design: its key is trusted
@@ -189,6 +200,54 @@ const uint8_t *lei_chan_ticket_for(lei_ctx *c, const lei_chan *ch) {
     size_t bl = lei_base_len(ch->name, ch->namelen);
     const lei_chan *base = bl == ch->namelen ? ch : lei_chan_find(c, ch->name, bl);
     return base && base->has_ticket ? base->ticket : NULL;
+}
+
+/* Consumer side of a BIND in keyed mode: the channel is open here, has a
+ * manager key (its own or its base channel's), and the ticket is the
+ * manager's signature of "lecho-producer-v1" 0 base 0 pk for the peer's
+ * authenticated key.  Returns the channel, or NULL (refused). */
+lei_chan *lei_bind_check(lei_ctx *c, const lei_peer *p, const char *name, size_t nl,
+                         const uint8_t *ticket) {
+    lei_chan *ch = lei_chan_find(c, name, nl);
+    if (!ch || !ticket || !p->has_key) return NULL;
+    size_t bl = lei_base_len(name, nl);
+    const lei_chan *base = bl == nl ? ch : lei_chan_find(c, name, bl);
+    const uint8_t *mkey = ch->has_mkey ? ch->mkey : base && base->has_mkey ? base->mkey : NULL;
+    if (!mkey) return NULL;
+    static const char P[] = "lecho-producer-v1";
+    uint8_t *m = malloc(sizeof P + bl + 1 + 32); /* freed below */
+    if (!m) return NULL;
+    size_t pos = 0;
+    memcpy(m, P, sizeof P); /* with its NUL */
+    pos += sizeof P;
+    memcpy(m + pos, name, bl);
+    pos += bl;
+    m[pos++] = 0;
+    memcpy(m + pos, p->key, 32);
+    pos += 32;
+    int ok = crypto_sign_verify_detached(ticket, m, pos, mkey) == 0;
+    free(m);
+    return ok ? ch : NULL;
+}
+
+/* One log line per refused BIND, at most 5 per 10 s (then a count). */
+void lei_refused_log(lei_ctx *c, const lei_peer *p, const char *name, size_t nl) {
+    lei_ident *id = &c->id;
+    ev_tstamp now = ev_now(c->loop);
+    if (now - id->rlog_t >= 10.0) {
+        if (id->rlog_skipped)
+            lei_logf(c, "%llu more refused BINDs not logged",
+                     (unsigned long long)id->rlog_skipped);
+        id->rlog_t = now;
+        id->rlog_n = 0;
+        id->rlog_skipped = 0;
+    }
+    if (id->rlog_n++ >= 5) {
+        id->rlog_skipped++;
+        return;
+    }
+    lei_logf(c, "refusing events of %.*s from %s (%s): not an authorized producer (no valid ticket)",
+             (int)(nl > 200 ? 200 : nl), name, p->addr, p->has_key ? p->principal : "?");
 }
 
 void lei_ident_free(lei_ctx *c) {

@@ -97,6 +97,10 @@ void lei_conn_close(lei_conn *k, const char *reason, int bad) {
     k->rb = NULL;
     free(k->inmap);
     k->inmap = NULL;
+    for (size_t i = 0; i < k->nrnames; i++) free(k->rnames[i]);
+    free(k->rnames);
+    k->rnames = NULL;
+    k->nrnames = 0;
     lei_sec_free(k->sec);
     k->sec = NULL;
     lei_peer *p = k->peer;
@@ -179,6 +183,76 @@ static int map_idx(lei_conn *k, uint64_t idx, uint32_t *chid) {
     return 0;
 }
 
+/* A BIND: the remote's index idx names a channel.  In keyed mode the
+ * channel must be open here and the BIND carry a valid ticket (lei_bind_check),
+ * else the index maps to LEI_REFUSED.  NULL, or an error (bad input). */
+static const char *conn_bind(lei_conn *k, const lei_frame *f) {
+    lei_ctx *c = k->ctx;
+    uint64_t idx;
+    const uint8_t *name, *ticket;
+    size_t nl;
+    const char *err = NULL;
+    if (lei_parse_bind(f->body, f->len, &idx, &name, &nl, &ticket, &err)) return err;
+    if (idx > 16u * 1024 * 1024) return "channel index out of range";
+    if (idx >= k->ninmap) {
+        size_t n = k->ninmap ? k->ninmap : 64;
+        while (n <= idx) n *= 2;
+        uint32_t *m = realloc(k->inmap, n * sizeof *m);
+        if (!m) return "out of memory";
+        memset(m + k->ninmap, 0, (n - k->ninmap) * sizeof *m);
+        k->inmap = m;
+        k->ninmap = n;
+    }
+    if (idx < k->nrnames && k->rnames[idx]) {
+        free(k->rnames[idx]);
+        k->rnames[idx] = NULL;
+    }
+    if (!c->id.keyed) {
+        uint32_t id = lei_chan_open(c, (const char *)name, nl);
+        if (id == UINT32_MAX) return "out of memory";
+        k->inmap[idx] = id + 1;
+        return NULL;
+    }
+    lei_chan *ch = lei_bind_check(c, k->peer, (const char *)name, nl, ticket);
+    if (ch) {
+        k->inmap[idx] = ch->id + 1;
+        return NULL;
+    }
+    if (idx >= k->nrnames) { /* keeps the name for the ACKs' error text */
+        size_t n = k->ninmap;
+        char **r = realloc(k->rnames, n * sizeof *r);
+        if (!r) return "out of memory";
+        memset(r + k->nrnames, 0, (n - k->nrnames) * sizeof *r);
+        k->rnames = r;
+        k->nrnames = n;
+    }
+    if (!(k->rnames[idx] = strndup((const char *)name, nl))) return "out of memory";
+    k->inmap[idx] = LEI_REFUSED;
+    lei_refused_log(c, k->peer, (const char *)name, nl);
+    return NULL;
+}
+
+/* An EVENT on a refused index: dropped and counted; a sync one is answered
+ * with 0 handlers run and the reason in the error list. */
+static void refused_event(lei_conn *k, const lei_event_hdr *e) {
+    lei_ctx *c = k->ctx;
+    lei_peer *p = k->peer;
+    const char *name = k->rnames[e->idx];
+    lei_chan *ch = lei_chan_find(c, name, strlen(name));
+    p->refused++;
+    if (ch) ch->refused++;
+    if (!e->sync) return;
+    char why[LEI_ADDR_MAX + 300];
+    int n = snprintf(why, sizeof why, "not an authorized producer of %s", name);
+    lei_wbuf b = {0};
+    int bad = lei_enc_table_header(&b, 1, 0) || lei_enc_table_header(&b, 0, 2) ||
+              lei_enc_string(&b, "consumer", 8) || lei_enc_string(&b, c->addr, strlen(c->addr)) ||
+              lei_enc_string(&b, "err", 3) ||
+              lei_enc_string(&b, why, n < (int)sizeof why ? (size_t)n : sizeof why - 1);
+    lei_ack(c, p, e->sync, 0, bad ? NULL : (const uint8_t *)b.data, bad ? 0 : b.len);
+    lei_wbuf_free(&b);
+}
+
 /* Handles one frame.  Returns 0, or -1 after closing the connection. */
 static int conn_frame(lei_conn *k, const lei_frame *f) {
     lei_ctx *c = k->ctx;
@@ -192,6 +266,10 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
         lei_event_hdr e;
         uint32_t chid;
         if (lei_parse_event(f->body, f->len, &e, &err)) break;
+        if (e.idx < k->ninmap && k->inmap[e.idx] == LEI_REFUSED) {
+            refused_event(k, &e);
+            break;
+        }
         if (map_idx(k, e.idx, &chid)) {
             err = "event on a channel that was never bound";
             break;
@@ -222,35 +300,9 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
         if (c->h.ctrl(c->h.ud, p, f->body, f->len)) err = "malformed control message";
         c->depth--;
         break;
-    case LEI_F_BIND: {
-        uint64_t idx;
-        const uint8_t *name, *ticket;
-        size_t nl;
-        if (lei_parse_bind(f->body, f->len, &idx, &name, &nl, &ticket, &err)) break;
-        if (idx > 16u * 1024 * 1024) {
-            err = "channel index out of range";
-            break;
-        }
-        if (idx >= k->ninmap) {
-            size_t n = k->ninmap ? k->ninmap : 64;
-            while (n <= idx) n *= 2;
-            uint32_t *m = realloc(k->inmap, n * sizeof *m);
-            if (!m) {
-                err = "out of memory";
-                break;
-            }
-            memset(m + k->ninmap, 0, (n - k->ninmap) * sizeof *m);
-            k->inmap = m;
-            k->ninmap = n;
-        }
-        uint32_t id = lei_chan_open(c, (const char *)name, nl);
-        if (id == UINT32_MAX) {
-            err = "out of memory";
-            break;
-        }
-        k->inmap[idx] = id + 1;
+    case LEI_F_BIND:
+        err = conn_bind(k, f);
         break;
-    }
     case LEI_F_ACK: {
         uint64_t sync, nran;
         const uint8_t *errs;

@@ -236,14 +236,18 @@ int lei_ctx_trust_authority(lei_ctx *c, const uint8_t pk[32]);
 int lei_ctx_keyed(const lei_ctx *c);
 /* Signs m with our identity: 0, or -LEI_E_INVALID when there is none. */
 int lei_ctx_sign(const lei_ctx *c, const void *m, size_t n, uint8_t sig[64]);
-/* Pins addr to pk: a connection to or from addr must authenticate with it. */
+/* Pins addr to pk: a connection to or from addr must authenticate with it;
+ * one up with another key is closed now. */
 int lei_peer_expect(lei_ctx *c, const char *addr, const uint8_t pk[32]);
 /* The authenticated key (32 bytes) and principal of the peer's current or
  * last connection; NULL in protected mode or before one authenticated. */
 const uint8_t *lei_peer_key(const lei_peer *p);
 const char *lei_peer_principal(const lei_peer *p);
 /* Consumer side: the channel manager's key, against which BIND tickets of
- * the channel (and its derived streams) are verified. */
+ * the channel (and its derived streams) are verified.  In keyed mode a BIND
+ * without a valid ticket, or for a channel not open here, is refused: its
+ * events are dropped and counted (stats refused), a sync one answered with
+ * 0 handlers and "not an authorized producer of NAME". */
 int lei_chan_set_manager_key(lei_ctx *c, uint32_t chid, const uint8_t pk[32]);
 /* Producer side: the ticket our BINDs of the channel carry. */
 int lei_chan_set_ticket(lei_ctx *c, uint32_t chid, const uint8_t t[64]);

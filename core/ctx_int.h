@@ -23,6 +23,9 @@
  * the remote's own connection before it counts as lost. */
 #define AWAIT_IN_SECONDS 5.0
 
+/* An inmap entry: the remote's index is bound to a channel we refused. */
+#define LEI_REFUSED UINT32_MAX
+
 /* ---- identity and trust (auth.c) ---------------------------------------- */
 
 typedef struct lei_tkey {     /* a trusted key and the principal name it must claim */
@@ -47,6 +50,9 @@ typedef struct lei_ident {
     int nauths, cauths;
     lei_pin *pins;            /* owned: address -> expected key */
     int npins, cpins;
+    ev_tstamp rlog_t;         /* refused BINDs: log window start, lines, untold */
+    int rlog_n;
+    uint64_t rlog_skipped;
 } lei_ident;
 
 /* ---- a keyed connection's crypto (secure.c) ------------------------------ */
@@ -290,8 +296,11 @@ struct lei_conn {
     ev_io rio, wio;
     uint8_t *rb;        /* owned read buffer */
     size_t rlen, rpos, rcap;
-    uint32_t *inmap;    /* owned: remote channel idx -> local chid + 1 */
+    uint32_t *inmap;    /* owned: remote channel idx -> local chid + 1, or
+                         * LEI_REFUSED (keyed: a BIND without a valid ticket) */
     size_t ninmap;
+    char **rnames;      /* owned, with their strings: names of refused idx */
+    size_t nrnames;
     ev_tstamp born, last_in, last_out, last_ping; /* liveness: created, last read, write, PING */
     lei_sec *sec;       /* owned: a keyed connection's crypto, or NULL (protected) */
     int fin_pending;    /* our FIN goes out once the pending records are written */
@@ -358,6 +367,10 @@ int lei_trusted(const lei_ctx *c, const lei_hello *h, char *why, size_t n);
 const uint8_t *lei_chan_ticket_for(lei_ctx *c, const lei_chan *ch);
 /* The length of name's base: up to the first '@' after the last '/'. */
 size_t lei_base_len(const char *name, size_t len);
+/* Keyed consumer side of a BIND: the local channel, or NULL when refused. */
+lei_chan *lei_bind_check(lei_ctx *c, const lei_peer *p, const char *name, size_t nl,
+                         const uint8_t *ticket);
+void lei_refused_log(lei_ctx *c, const lei_peer *p, const char *name, size_t nl);
 const lei_pin *lei_pin_find(const lei_ctx *c, const char *addr);
 void lei_ident_free(lei_ctx *c);
 /* local.c */

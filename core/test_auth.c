@@ -5,6 +5,7 @@
  *
  * Leans on the core's C files and libsodium, no Lua.
  */
+#define _GNU_SOURCE /* memmem */
 #include "ctx.h"
 
 #include <arpa/inet.h>
@@ -291,6 +292,18 @@ static void send_events(side *a, side *b, const char *to, int sync) {
     }
 }
 
+static void ticket_for(const uint8_t msk[64], const char *base, const uint8_t ppk[32], uint8_t t[64]) {
+    uint8_t m[200];
+    size_t n = 0, bl = strlen(base);
+    memcpy(m, "lecho-producer-v1", 18);
+    n = 18;
+    memcpy(m + n, base, bl + 1);
+    n += bl + 1;
+    memcpy(m + n, ppk, 32);
+    n += 32;
+    crypto_sign_detached(t, NULL, m, n, msk);
+}
+
 typedef struct keys {
     uint8_t apk[32], ask[64], bpk[32], bsk[64];
 } keys;
@@ -298,6 +311,15 @@ typedef struct keys {
 static void make_keys(keys *k) {
     crypto_sign_keypair(k->apk, k->ask);
     crypto_sign_keypair(k->bpk, k->bsk);
+}
+
+/* b may produce on "ns/x" for a: a knows the manager's key, b has its ticket. */
+static void authorize(side *a, side *b, const keys *k) {
+    uint8_t mpk[32], msk[64], t[64];
+    crypto_sign_keypair(mpk, msk);
+    ticket_for(msk, "ns/x", k->bpk, t);
+    lei_chan_set_manager_key(a->c, lei_chan_open(a->c, "ns/x", 4), mpk);
+    lei_chan_set_ticket(b->c, lei_chan_open(b->c, "ns/x", 4), t);
 }
 
 static void test_keyed_ok(void) {
@@ -308,6 +330,7 @@ static void test_keyed_ok(void) {
     side_init(&b, "b", k.bsk);
     CHECK(lei_ctx_trust_key(a.c, k.bpk, "b") == 0);
     CHECK(lei_ctx_trust_key(b.c, k.apk, "a") == 0);
+    authorize(&a, &b, &k);
     send_events(&a, &b, NULL, 1);
     pump(&a, &b, NULL, got3, 5);
     CHECK(a.events == 3 && a.last_len > 0 && a.downs == 0 && b.downs == 0);
@@ -317,6 +340,9 @@ static void test_keyed_ok(void) {
     CHECK(pa && strcmp(lei_peer_principal(pa), "a") == 0);
     lei_peer *pb = lei_peer_get(a.c, lei_ctx_addr(b.c), 0);
     CHECK(pb && lei_peer_key(pb) && memcmp(lei_peer_key(pb), k.bpk, 32) == 0);
+    /* pinning the address to another key now ends the connection */
+    CHECK(lei_peer_expect(b.c, lei_ctx_addr(a.c), k.bpk) == 0);
+    CHECK(pa && !lei_peer_up(pa) && strstr(lei_peer_reason(pa), "presented key") != NULL);
     /* the sync answer came back through records */
     int answered = 0;
     for (uint64_t id = 1; id < 4; id++) {
@@ -411,6 +437,7 @@ static void test_cert(void) {
     CHECK(lei_ctx_set_identity(b.c, k.bsk, "b", cert, err) == 0);
     lei_ctx_trust_authority(a.c, apk);
     lei_ctx_trust_key(b.c, k.apk, "a");
+    authorize(&a, &b, &k);
     send_events(&a, &b, NULL, 0);
     pump(&a, &b, NULL, got3, 5);
     CHECK(a.events == 3 && b.downs == 0);
@@ -459,6 +486,100 @@ static void test_tamper(void) {
     if (px.b >= 0) close(px.b);
 }
 
+/* ---- BIND tickets ---------------------------------------------------------- */
+
+static int got3_or_down(side *a, side *b) {
+    lei_stats_chan st;
+    (void)b;
+    uint32_t n = lei_ctx_nchans(a->c);
+    uint64_t refused = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (lei_chan_stats(a->c, i, &st) == 0) refused += st.refused;
+    return a->events + (int)refused >= 3;
+}
+
+/* b produces on `name` for a (a opens `open` first unless NULL); tickets:
+ * mode 0 none, 1 valid (manager key on a's channel `mkey_on`), 2 for another
+ * producer key.  Returns what a received; *refused, *errs_ok filled in. */
+static int ticket_case(const char *name, const char *open, const char *mkey_on, int mode,
+                       uint64_t *refused, int *errs_ok) {
+    keys k;
+    side a, b;
+    uint8_t mpk[32], msk[64], t[64], other[32], osk[64];
+    make_keys(&k);
+    crypto_sign_keypair(mpk, msk);
+    crypto_sign_keypair(other, osk);
+    side_init(&a, "a", k.ask);
+    side_init(&b, "b", k.bsk);
+    lei_ctx_trust_key(a.c, k.bpk, "b");
+    lei_ctx_trust_key(b.c, k.apk, "a");
+    uint32_t nbefore = 0;
+    if (open) {
+        uint32_t ca = lei_chan_open(a.c, open, strlen(open));
+        lei_chan_set_local(a.c, ca, 1);
+    }
+    if (mkey_on) lei_chan_set_manager_key(a.c, lei_chan_open(a.c, mkey_on, strlen(mkey_on)), mpk);
+    nbefore = lei_ctx_nchans(a.c);
+    size_t bl = strcspn(name, "@");
+    uint32_t cbase = lei_chan_open(b.c, name, bl), cb = lei_chan_open(b.c, name, strlen(name));
+    if (mode) {
+        char base[64];
+        memcpy(base, name, bl);
+        base[bl] = '\0';
+        ticket_for(msk, base, mode == 1 ? k.bpk : other, t);
+        lei_chan_set_ticket(b.c, cbase, t);
+    }
+    const char *dest = lei_ctx_addr(a.c);
+    lei_chan_set_dests(b.c, cb, &dest, 1);
+    uint64_t sid = 0;
+    for (int i = 0; i < 3; i++) {
+        lei_msg *m = msg_of(10);
+        const char *err;
+        CHECK(lei_submit(b.c, cb, 1, (uint64_t)i + 1, m, i == 2, LEI_BLOCK, &sid, &err) == 0);
+        lei_msg_release(m, NULL, NULL);
+    }
+    pump(&a, &b, NULL, got3_or_down, 5);
+    lei_sync *s = lei_sync_find(b.c, sid);
+    for (int i = 0; i < 200 && s && lei_sync_pending(s); i++) pump(&a, &b, NULL, got3_or_down, 0.01);
+    *errs_ok = 0;
+    if (s && lei_sync_pending(s) == 0 && lei_sync_nreplies(s) == 1) {
+        lei_sync_answer ans;
+        lei_sync_reply(s, 0, &ans);
+        char want[128];
+        snprintf(want, sizeof want, "not an authorized producer of %s", name);
+        *errs_ok = ans.elen == 0 ? 1 : (memmem(ans.errs, ans.elen, want, strlen(want)) != NULL &&
+                                         memmem(ans.errs, ans.elen, lei_ctx_addr(a.c),
+                                                strlen(lei_ctx_addr(a.c))) != NULL) + 1;
+    }
+    lei_peer *pb = lei_peer_get(a.c, lei_ctx_addr(b.c), 0);
+    lei_stats_peer ps;
+    if (pb) lei_peer_stats(pb, &ps);
+    *refused = pb ? ps.refused : 0;
+    /* a BIND never opens a channel in keyed mode */
+    CHECK(lei_ctx_nchans(a.c) == nbefore);
+    int got = a.events;
+    lei_ctx_free(a.c);
+    lei_ctx_free(b.c);
+    return got;
+}
+
+static void test_tickets(void) {
+    uint64_t refused;
+    int errs;
+    /* no ticket: dropped, counted, the sync answered with the reason */
+    CHECK(ticket_case("ns/x", "ns/x", "ns/x", 0, &refused, &errs) == 0 && refused == 3 && errs == 2);
+    /* a valid ticket, but no manager key here */
+    CHECK(ticket_case("ns/x", "ns/x", NULL, 1, &refused, &errs) == 0 && refused == 3 && errs == 2);
+    /* a ticket of another producer's key */
+    CHECK(ticket_case("ns/x", "ns/x", "ns/x", 2, &refused, &errs) == 0 && refused == 3 && errs == 2);
+    /* a valid ticket: delivered, the sync answered without errors */
+    CHECK(ticket_case("ns/x", "ns/x", "ns/x", 1, &refused, &errs) == 3 && refused == 0 && errs == 1);
+    /* a derived stream: the base channel's ticket and manager key */
+    CHECK(ticket_case("ns/x@k1", "ns/x@k1", "ns/x", 1, &refused, &errs) == 3 && refused == 0);
+    /* a channel not open here is refused and not created */
+    CHECK(ticket_case("ns/y", NULL, NULL, 1, &refused, &errs) == 0 && refused == 3 && errs == 2);
+}
+
 /* Protected mode listens on loopback and unix sockets only. */
 static void test_protected_listen(void) {
     char err[160];
@@ -486,5 +607,6 @@ int main(void) {
     test_refusals();
     test_cert();
     test_tamper();
+    test_tickets();
     return TEST_SUMMARY();
 }

@@ -51,6 +51,7 @@ help:
 	@echo "  make             build the core module ($(SO))"
 	@echo "  make deps        check the Debian packages lecho needs, apt-get install the missing ones"
 	@echo "  make test        deps, build, C unit tests, then the busted specs under LuaJIT"
+	@echo "  make fuzz        libFuzzer on the keyed handshake (core/fuzz_handshake.c) for FUZZ_SECONDS, clang installed if missing"
 	@echo "  make ctest       the C unit tests only: codec, framing, two contexts through lecho.h, error names, identities"
 	@echo "  make spec        the busted specs only (BUSTED_ARGS: e.g. spec/codec_spec.lua)"
 	@echo "  make asan        the same suite with the core built under ASan and UBSan"
@@ -68,6 +69,7 @@ help:
 	@echo "Variables (make VAR=value ...):"
 	@echo "  QUICK=1                  make bench: small counts, well under 30 s"
 	@echo "  BENCH_ONLY=a,b           make bench: only these workloads (luajit bench/run.lua --help)"
+	@echo "  FUZZ_SECONDS=$(FUZZ_SECONDS)          make fuzz: how long (corpus and crashes in build/fuzz/)"
 	@echo "  STRESS_SECONDS=$(STRESS_SECONDS)       make stress: total time"
 	@echo "  STRESS_SCENARIO_SECONDS=$(STRESS_SCENARIO_SECONDS) make stress: time per scenario"
 	@echo "  SEED, SECONDS, SCENARIO  make stress-seed: which scenario to replay, for how long"
@@ -117,6 +119,30 @@ build/test_auth: core/test_auth.c $(CORE_SRC) $(HDRS) | build
 
 ctest: $(CTESTS) $(SO)
 	@for t in $(CTESTS); do ./$$t || exit 1; done
+
+# The handshake fuzzer: arbitrary bytes as the remote side of a keyed
+# connection, accepted and dialled (core/fuzz_handshake.c).  Seeds are real
+# keyed handshakes the harness records first (build/fuzz/corpus); crashes
+# and leaks stop it with the input in build/fuzz/.  clang and its fuzzer
+# runtime come through `make deps` when missing.
+FUZZ_SECONDS ?= 60
+FUZZ_CC      := clang
+FUZZ_RT      := $(firstword $(wildcard /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a) \
+                  /usr/lib/llvm-14/lib/clang/14/lib/linux/libclang_rt.fuzzer-x86_64.a)
+FUZZ_DEPS    := /usr/bin/clang:clang $(FUZZ_RT):libclang-rt-14-dev /usr/include/sodium.h:libsodium-dev \
+                /usr/include/ev.h:libev-dev
+.PHONY: fuzz
+build/fuzz_handshake: core/fuzz_handshake.c $(CORE_SRC) $(HDRS) | build
+	$(FUZZ_CC) -g -O1 $(WARN) -Icore $(SODIUM_CFLAGS) -fsanitize=fuzzer,address,undefined \
+	  -fno-sanitize-recover=undefined -DLECHO_FUZZ_DIR='"$(CURDIR)/build/fuzz/sock"' \
+	  -o $@ core/fuzz_handshake.c $(CORE_SRC) -lev $(SODIUM_LIBS)
+
+fuzz:
+	@$(MAKE) --no-print-directory deps DEPS="$(FUZZ_DEPS)"
+	@$(MAKE) --no-print-directory build/fuzz_handshake
+	@mkdir -p build/fuzz/corpus build/fuzz/sock
+	cd build/fuzz && LECHO_FUZZ_SEEDS=corpus ../fuzz_handshake -max_total_time=$(FUZZ_SECONDS) \
+	  -max_len=8192 -timeout=20 -print_final_stats=1 corpus
 
 # liblecho: the public C API (core/lecho.h), a private LuaJIT state that
 # loads the Lua layer.  build/liblecho.so finds the Lua files of this

@@ -10,7 +10,12 @@
  * sets the child's address as its only destination (what the manager would
  * tell it).  There is no name server: membership is set by hand.
  *
- * Workloads (argv: [--warmup K] WORKLOAD SIZE N)
+ * --keyed (first argument): both contexts get an identity and trust each
+ * other, the consumer knows the channel manager's key and the producer has
+ * its ticket: the connection is authenticated and every byte encrypted
+ * (records), the cost `make bench` reports as keyed/plain ratios.
+ *
+ * Workloads (argv: [--keyed] [--warmup K] WORKLOAD SIZE N)
  *   pingpong SIZE N   lei_submit(sync) of one value (SIZE 0: nil, else a
  *                     string of SIZE bytes), then the loop runs until the
  *                     consumer's ACK comes back; each round trip timed.
@@ -19,8 +24,7 @@
  *                     reports on a pipe when warmup and all N arrived.
  * Output: one JSON line, fields as in baseline_tcp.c.
  *
- * Build: gcc -O2 -Icore -o bench/lecho_c bench/lecho_c.c core/codec.c
- *        core/frame.c core/ctx.c -lev
+ * Build: make bench/lecho_c (the core's files, libev, libsodium)
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -35,6 +39,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 #include "codec.h"
 #include "ctx_int.h"
 
@@ -47,6 +53,31 @@
 
 static volatile int child_done;    /* child: the producer went away */
 static char *payload;
+static int keyed;                  /* --keyed: authenticated, encrypted */
+
+/* --keyed: fixed identities (seeds 1 producer, 2 consumer, 3 manager),
+ * trusted both ways; the consumer knows the manager key of "bench", the
+ * producer holds its ticket. */
+static void set_keys(lei_ctx *c, int consumer, uint32_t chid)
+{
+    uint8_t seed[32], pk[2][32], sk[2][64], mpk[32], msk[64], t[64], m[18 + 6 + 32];
+    char err[160];
+    for (int i = 0; i < 3; i++) {
+        memset(seed, i + 1, sizeof seed);
+        crypto_sign_seed_keypair(i < 2 ? pk[i] : mpk, i < 2 ? sk[i] : msk, seed);
+    }
+    if (lei_ctx_set_identity(c, sk[consumer], consumer ? "consumer" : "producer", NULL, err))
+        die("set_identity: %s", err);
+    lei_ctx_trust_key(c, pk[!consumer], consumer ? "producer" : "consumer");
+    if (consumer) {
+        lei_chan_set_manager_key(c, chid, mpk);
+        return;
+    }
+    memcpy(m, "lecho-producer-v1\0bench", 24);
+    memcpy(m + 24, pk[0], 32);
+    crypto_sign_detached(t, NULL, m, sizeof m, msk);
+    lei_chan_set_ticket(c, chid, t);
+}
 
 /* Child: the consumer's event hook.  Acknowledges sync events like the Lua
  * binding does (one handler ran, no errors). */
@@ -112,6 +143,8 @@ static void child_main(int addr_fd)
     lei_ctx *c = make_ctx();
     uint32_t id = lei_chan_open(c, "bench", 5);
     lei_chan_get(c, id)->local = 1;
+    if (keyed)
+        set_keys(c, 1, id);
     send_addr(addr_fd, c->addr);
     while (!child_done)
         ev_run(c->loop, EVRUN_ONCE);
@@ -202,6 +235,12 @@ static void flush(void *ud)
 
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "--keyed") == 0) {
+        keyed = 1;
+        argv[1] = argv[0];
+        argv++;
+        argc--;
+    }
     const char *wname = lecho_bench_args(argc, argv);
     payload = xmalloc(size);
 
@@ -215,6 +254,8 @@ int main(int argc, char **argv)
     struct parent pa = { .c = make_ctx() };
     lei_ctx *c = pa.c;
     pa.chid = lei_chan_open(c, "bench", 5);
+    if (keyed)
+        set_keys(c, 0, pa.chid);
     const char *dests[1] = { addr };
     lei_chan_set_dests(c, pa.chid, dests, 1);
     ev_io_init(&pa.ctl, ctl_cb, ctl_rfd, EV_READ);
@@ -225,6 +266,6 @@ int main(int argc, char **argv)
     lei_ctx_free(c);
     if (reap_child())
         return 1;
-    print_result("lecho_c", wname, size, nops, warmup, secs);
+    print_result(keyed ? "lecho_c_keyed" : "lecho_c", wname, size, nops, warmup, secs);
     return print_result_end(samples, nops);
 }

@@ -26,7 +26,7 @@ results.json, table.md and *.png to bench/results/.  It takes no options;
 the environment sets it up:
   QUICK=1           small counts, fewer points: well under 30 s
   BENCH_ONLY=a,b    only these workloads: codec latency throughput sinks
-                    pipeline channels bulk null_call modulators
+                    pipeline channels bulk null_call modulators keyed
   BENCH_RESULTS=DIR results there instead of bench/results
   LECHO_BENCH_LOG=1 the workers log to their stderr files
   BENCH_KEEP_TMP=1  keep the temporary directory of the workers' output
@@ -74,6 +74,7 @@ local CFG = QUICK and {
   chans = { 1, 64, 4096 }, chan_n = 30000, chan_bound = 3,
   bulk_n = 10, bulk_bound = 10,
   null_n = 2000, c_stream_n = 100000,
+  keyed_pp_n = 2000, keyed_stream = { { 1024, 100000 }, { 65536, 3000 } },
 } or {
   lat_warm = 1000, lat_n = 10000, lat_bound = 8,
   tp = { { 64, 1000000 }, { 1024, 300000 }, { 65536, 10000 } }, tp_bound = 8,
@@ -84,6 +85,7 @@ local CFG = QUICK and {
   chans = { 1, 16, 256, 4096, 65536 }, chan_n = 300000, chan_bound = 6,
   bulk_n = 100, bulk_bound = 30,
   null_n = 20000, c_stream_n = 2000000,
+  keyed_pp_n = 20000, keyed_stream = { { 1024, 1000000 }, { 65536, 30000 } },
 }
 
 ------------------------------------------------------------------------------
@@ -604,12 +606,35 @@ local function w_modulators()
   end
 end
 
+-- The cost of keyed mode (authenticated, encrypted records) in the C API:
+-- the same bench/lecho_c runs plain and with --keyed, one after the other.
+local function w_keyed()
+  log("keyed (encrypted) vs plain, C API")
+  local r = { pingpong = {}, stream = {} }
+  r.pingpong.plain = run_c("lecho_c", ("pingpong 0 %d"):format(CFG.keyed_pp_n))
+  r.pingpong.keyed = run_c("lecho_c", ("--keyed pingpong 0 %d"):format(CFG.keyed_pp_n))
+  row{ workload = "null sync round trip, keyed, C API", metric = "us/rt",
+       lecho = r.pingpong.keyed.us_per_op, base = "plain", base_v = r.pingpong.plain.us_per_op,
+       lower = true }
+  for i, t in ipairs(CFG.keyed_stream) do
+    local size, n = t[1], t[2]
+    local s = { size = size }
+    s.plain = run_c("lecho_c", ("stream %d %d"):format(size, n))
+    s.keyed = run_c("lecho_c", ("--keyed stream %d %d"):format(size, n))
+    r.stream[i] = s
+    row{ workload = ("async %d B events, keyed, C API, MB/s"):format(size), metric = "MB/s",
+         lecho = s.keyed.mb_per_s, base = "plain", base_v = s.plain.mb_per_s }
+  end
+  R.keyed = r
+end
+
 ------------------------------------------------------------------------------
 
 local WORKLOADS = {
   { "codec", w_codec }, { "latency", w_latency }, { "throughput", w_throughput },
   { "sinks", w_sinks }, { "pipeline", w_pipeline }, { "channels", w_channels },
   { "bulk", w_bulk }, { "null_call", w_null }, { "modulators", w_modulators },
+  { "keyed", w_keyed },
 }
 
 local function main()

@@ -80,3 +80,70 @@ describe("context identity", function()
     assert.equal(0, ctx:stats().channels["ns/c"].refused)
   end)
 end)
+
+describe("two keyed contexts (binding)", function()
+  local a, b
+  after_each(function()
+    if a then a:close() end
+    if b then b:close() end
+    a, b = nil, nil
+  end)
+
+  it("authenticate each other, deliver a ticketed channel and refuse an unticketed one", function()
+    local pa, sa = core.keypair()
+    local pb, sb = core.keypair()
+    local pm, sm = core.keypair()
+    a, b = core.new{}, core.new{}
+    assert(a:set_identity(sa, "a"))
+    assert(b:set_identity(sb, "b"))
+    assert(a:trust_key(pb, "b"))
+    assert(b:trust_key(pa, "a"))
+    local aaddr = assert(a:listen("127.0.0.1:0"))
+    local baddr = assert(b:listen("127.0.0.1:0"))
+    local got = {}
+    a:hooks{ event = function(_, value) got[#got + 1] = value return false end, log = function() end }
+    b:hooks{ log = function() end }
+    local ax, ay = a:channel("ns/x"), a:channel("ns/y")
+    a:set_local(ax, true)
+    a:set_local(ay, true)
+    a:chan_manager_key(ax, pm)
+    a:chan_manager_key(ay, pm)
+    local bx, by = b:channel("ns/x"), b:channel("ns/y")
+    b:chan_ticket(bx, core.sign(sm, "lecho-producer-v1\0ns/x\0" .. pb))
+    b:set_dests(bx, { aaddr })
+    b:set_dests(by, { aaddr })
+    assert(b:submit(bx, 1, 1, "v1", false, "block"))
+    assert(b:submit(by, 1, 1, "v2", false, "block"))
+    local function refused()
+      local p = a:stats().peers[baddr]
+      return p and p.refused or 0
+    end
+    for _ = 1, 400 do
+      a:run_once(0.005)
+      b:run_once(0.005)
+      if #got >= 1 and refused() >= 1 then break end
+    end
+    assert.same({ "v1" }, got)
+    assert.equal(1, refused())
+    assert.equal(1, a:stats().channels["ns/y"].refused)
+    assert.equal(0, a:stats().channels["ns/x"].refused)
+    local name, pk = a:peer_identity(baddr)
+    assert.equal("b", name)
+    assert.equal(pb, pk)
+    name, pk = b:peer_identity(aaddr)
+    assert.equal("a", name)
+    assert.equal(pa, pk)
+  end)
+
+  it("without keys, listens on loopback only (protected mode)", function()
+    a = core.new{}
+    local ok, err, code = a:listen("0.0.0.0:0")
+    assert.is_nil(ok)
+    assert.equal("invalid", code)
+    assert.matches("without keys %(protected mode%)", err)
+    b = core.new{}
+    local _, sk = core.keypair()
+    assert(b:set_identity(sk, "k"))
+    assert.truthy(b:listen("0.0.0.0:0"))
+  end)
+end)

@@ -29,6 +29,11 @@ int lei_ctx_set_identity(lei_ctx *c, const uint8_t sk[64], const char *name, con
                          char *err) {
     uint8_t pk[32], sk2[64];
     size_t n = strlen(name);
+    for (const lei_conn *k = c->conns; k; k = k->next)
+        if (k->state != LEI_CONN_CLOSED) {
+            snprintf(err, 160, "the identity must be set before the first connection");
+            return -LEI_E_INVALID;
+        }
     if (!lei_name_ok(name, n)) {
         snprintf(err, 160, "bad principal name '%.64s': 1 to %d characters of A-Z a-z 0-9 . _ -",
                  name, LEI_NAME_MAX);

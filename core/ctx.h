@@ -115,7 +115,8 @@ void lei_ctx_free(lei_ctx *c);
 /* Listens on addr (the grammar of addr.h: "a.b.c.d:PORT", "[V6]:PORT",
  * "unix:/PATH"; port 0: the OS chooses) and decides the address peers are
  * told (lei_addr_advertise's rule; advertise and toward, the name server,
- * may be NULL).  0, or -LEI_E_INVALID (a bad address) or -LEI_E_IO (the
+ * may be NULL).  0, or -LEI_E_INVALID (a bad address, or without an
+ * identity one other than loopback or unix: protected mode) or -LEI_E_IO (the
  * socket calls: in use, a live unix socket or a file that is not a socket
  * at the path, ...), with a message in err[LEI_ADDR_ERR_MAX]. */
 int lei_ctx_listen(lei_ctx *c, const char *addr, const char *advertise, const char *toward,
@@ -226,7 +227,9 @@ void lei_resume(lei_ctx *c, lei_peer *from, uint32_t chid);
  * negative of an errors.h code. */
 /* Our Ed25519 identity: sk (64 bytes, seed || pk: the embedded pk must be
  * the seed's), a principal name (1..64 of [A-Za-z0-9._-]) and optionally an
- * authority's certificate (64 bytes).  -LEI_E_INVALID with err[160]. */
+ * authority's certificate (64 bytes).  -LEI_E_INVALID with err[160], also
+ * once a connection exists.  Set it before lei_ctx_listen to listen on
+ * other than loopback or unix addresses. */
 int lei_ctx_set_identity(lei_ctx *c, const uint8_t sk[64], const char *name, const uint8_t *cert,
                          char *err);
 /* Trusts pk for principal `name` (a second call for pk renames it). */

@@ -64,6 +64,13 @@ static void test_identity(void) {
     CHECK(crypto_sign_verify_detached(sig, (const uint8_t *)"hello", 5, pk) == 0);
     CHECK(crypto_sign_verify_detached(sig, (const uint8_t *)"hellp", 5, pk) != 0);
     lei_ctx_free(c);
+    /* not once a connection exists */
+    c = new_ctx();
+    CHECK(lei_ctx_listen(c, "127.0.0.1:0", NULL, NULL, err) == 0);
+    CHECK(lei_peer_get(c, lei_ctx_addr(c), 1) != NULL); /* dials itself */
+    CHECK(lei_ctx_set_identity(c, sk, "alice", NULL, err) == -LEI_E_INVALID);
+    CHECK(strstr(err, "before the first connection") != NULL);
+    lei_ctx_free(c);
 }
 
 static void test_tables(void) {

@@ -283,12 +283,17 @@ static int auth_read(lei_conn *k, const lei_frame *f) {
         lei_conn_close(k, "expected AUTH", 1);
         return -1;
     }
-    if (lei_sec_verify(s, 0, s->remote.idpk, f->body) || lei_sec_keys(s, 0, s->remote.eph)) {
-        lei_conn_close(k, "bad handshake signature or key (AUTH)", 1);
+    if (lei_sec_keys(s, 0, s->remote.eph)) {
+        lei_conn_close(k, "bad ephemeral key in handshake", 1);
         return -1;
     }
+    /* The dialler reads records from now on: a refusal goes in one. */
     s->rec_out = 1;
     if (lei_conn_records_in(k)) return -1;
+    if (lei_sec_verify(s, 0, s->remote.idpk, f->body)) {
+        lei_conn_close(k, "bad handshake signature (AUTH)", 1);
+        return -1;
+    }
     /* Pins may have changed since the HELLO. */
     if (identity_check(k, &s->remote, s->remote.addr, 0)) return -1;
     if (hello_accepted(k, &s->remote)) {

@@ -223,7 +223,8 @@ static void side_init(side *s, const char *name, const uint8_t *sk) {
  * dialler sends once told to). */
 typedef struct proxy {
     int lfd, a, b; /* listener; to the acceptor; from the dialler */
-    int tamper;
+    int tamper;    /* 1: flip a byte of the next chunk (then 2); 3: of the AUTH */
+    int chunks;    /* read from the dialler */
     char addr[64];
 } proxy;
 
@@ -247,6 +248,10 @@ static void proxy_io(proxy *px, const char *to) {
     uint8_t buf[65536];
     ssize_t n;
     while ((n = read(px->b, buf, sizeof buf)) > 0) {
+        if (px->tamper == 3 && ++px->chunks == 2 && n == 5 + 64) { /* HELLO, then AUTH */
+            buf[20] ^= 0x01;
+            px->tamper = 4;
+        }
         if (px->tamper == 1 && n > 8) {
             buf[8] ^= 0x40; /* inside a record's ciphertext */
             px->tamper = 2;
@@ -399,20 +404,20 @@ static void set_pin_acceptor(side *a, side *b, keys *k) {
     randombytes_buf(other, 32);
     lei_peer_expect(a->c, lei_ctx_addr(b->c), other);
 }
+/* An authority's certificate for principal "b" with key pk. */
+static void cert_for(const uint8_t ask[64], const uint8_t pk[32], uint8_t cert[64]) {
+    uint8_t m[14 + 2 + 32];
+    memcpy(m, "lecho-cert-v1\0b", 16);
+    memcpy(m + 16, pk, 32);
+    crypto_sign_detached(cert, NULL, m, sizeof m, ask);
+}
+
 static void set_cert_wrong(side *a, side *b, keys *k) {
-    uint8_t apk[32], ask[64], cert[64], m[128];
+    uint8_t apk[32], ask[64], cert[64];
     char err[160];
     crypto_sign_keypair(apk, ask);
     lei_ctx_trust_authority(a->c, apk);
-    /* certifies "b", while b claims "b2" */
-    size_t n = 0;
-    memcpy(m, "lecho-cert-v1", 14);
-    n = 14;
-    memcpy(m + n, "b", 2);
-    n += 2;
-    memcpy(m + n, k->bpk, 32);
-    n += 32;
-    crypto_sign_detached(cert, NULL, m, n, ask);
+    cert_for(ask, k->bpk, cert); /* certifies "b", while b claims "b2" */
     CHECK(lei_ctx_set_identity(b->c, k->bsk, "b2", cert, err) == 0);
 }
 
@@ -428,18 +433,11 @@ static void test_refusals(void) {
 static void test_cert(void) {
     keys k;
     side a, b;
-    uint8_t apk[32], ask[64], cert[64], m[128];
+    uint8_t apk[32], ask[64], cert[64];
     char err[160];
     make_keys(&k);
     crypto_sign_keypair(apk, ask);
-    size_t n = 0;
-    memcpy(m, "lecho-cert-v1", 14);
-    n = 14;
-    memcpy(m + n, "b", 2);
-    n += 2;
-    memcpy(m + n, k.bpk, 32);
-    n += 32;
-    crypto_sign_detached(cert, NULL, m, n, ask);
+    cert_for(ask, k.bpk, cert);
     side_init(&a, "a", k.ask);
     side_init(&b, "b", NULL);
     CHECK(lei_ctx_set_identity(b.c, k.bsk, "b", cert, err) == 0);
@@ -455,6 +453,26 @@ static void test_cert(void) {
 
 static int b_up(side *a, side *b) { (void)a; return b->ups > 0; }
 
+/* A proxy between b (dialling) and a (listening): its address. */
+static void proxy_open(proxy *px) {
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    px->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(bind(px->lfd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(px->lfd, 4) == 0);
+    getsockname(px->lfd, (struct sockaddr *)&sa, &sl);
+    fcntl(px->lfd, F_SETFL, O_NONBLOCK);
+    snprintf(px->addr, sizeof px->addr, "127.0.0.1:%u", ntohs(sa.sin_port));
+}
+
+static void proxy_close(proxy *px) {
+    close(px->lfd);
+    if (px->a >= 0) close(px->a);
+    if (px->b >= 0) close(px->b);
+}
+
 /* A record changed on the way closes the connection ("bad record"). */
 static void test_tamper(void) {
     keys k;
@@ -465,16 +483,7 @@ static void test_tamper(void) {
     side_init(&b, "b", k.bsk);
     lei_ctx_trust_key(a.c, k.bpk, "b");
     lei_ctx_trust_key(b.c, k.apk, "a");
-    struct sockaddr_in sa;
-    socklen_t sl = sizeof sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    px.lfd = socket(AF_INET, SOCK_STREAM, 0);
-    CHECK(bind(px.lfd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(px.lfd, 4) == 0);
-    getsockname(px.lfd, (struct sockaddr *)&sa, &sl);
-    fcntl(px.lfd, F_SETFL, O_NONBLOCK);
-    snprintf(px.addr, sizeof px.addr, "127.0.0.1:%u", ntohs(sa.sin_port));
+    proxy_open(&px);
     /* a control message brings the connection up, through the proxy */
     lei_msg *m = msg_of(5);
     const char *err;
@@ -489,9 +498,31 @@ static void test_tamper(void) {
     if (!strstr(b.reason, "bad record")) fprintf(stderr, "tamper: '%s'\n", b.reason);
     lei_ctx_free(a.c);
     lei_ctx_free(b.c);
-    close(px.lfd);
-    if (px.a >= 0) close(px.a);
-    if (px.b >= 0) close(px.b);
+    proxy_close(&px);
+}
+
+/* A changed AUTH is refused, and the dialler reads why (in a record). */
+static void test_bad_auth(void) {
+    keys k;
+    side a, b;
+    proxy px = {.lfd = -1, .a = -1, .b = -1, .tamper = 3};
+    make_keys(&k);
+    side_init(&a, "a", k.ask);
+    side_init(&b, "b", k.bsk);
+    lei_ctx_trust_key(a.c, k.bpk, "b");
+    lei_ctx_trust_key(b.c, k.apk, "a");
+    proxy_open(&px);
+    lei_msg *m = msg_of(5);
+    const char *err;
+    CHECK(lei_send_ctrl(b.c, px.addr, m, &err) == 0);
+    lei_msg_release(m, NULL, NULL);
+    pump(&a, &b, &px, acceptor_bad, 5);
+    CHECK(px.tamper == 4 && b.ups == 0 && a.ctrls == 0);
+    CHECK(strstr(b.reason, "refused by peer: bad handshake signature (AUTH)") != NULL);
+    if (!strstr(b.reason, "bad handshake signature")) fprintf(stderr, "bad auth: '%s'\n", b.reason);
+    lei_ctx_free(a.c);
+    lei_ctx_free(b.c);
+    proxy_close(&px);
 }
 
 /* Simultaneous dials, keyed: one connection survives and nothing is lost. */
@@ -657,6 +688,7 @@ int main(void) {
     test_refusals();
     test_cert();
     test_tamper();
+    test_bad_auth();
     test_tickets();
     test_crossing();
     return TEST_SUMMARY();

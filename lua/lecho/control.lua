@@ -82,6 +82,93 @@ function Context:_notify(to, msg)
   self:_send_ctrl(to, msg)
 end
 
+-- One log line per `kind` every WARN_EVERY seconds at most (a peer that
+-- floods bad messages must not flood the log); the next line says how many
+-- were left out.
+local WARN_EVERY = 5
+function Context:_warn_limited(kind, line)
+  local w = self.warned
+  if not w then w = {}; self.warned = w end
+  local e = w[kind]
+  if not e then e = { at = -math.huge, left = 0 }; w[kind] = e end
+  local t = now(self)
+  if t - e.at < WARN_EVERY then
+    e.left = e.left + 1
+    return
+  end
+  if e.left > 0 then line = ("%s (and %d more like it)"):format(line, e.left) end
+  e.at, e.left = t, 0
+  self.log(line)
+end
+
+-- A member list is a producer's only source of where its events go and
+-- which code it runs: it is taken only from the channel's manager, as the
+-- name server named it (a lookup), and only when well formed.
+local MAX_LIST = 65536        -- consumer contexts in one list
+local MAX_ADDR = 127          -- bytes of an advertised address (doc/wire-format.md)
+
+local function addr_list(l, what)
+  if type(l) ~= "table" then return nil, what .. " is not a list" end
+  local n = #l
+  if n > MAX_LIST then return nil, what .. " is too long" end
+  local count = 0
+  for k, a in pairs(l) do
+    count = count + 1
+    if type(k) ~= "number" or k < 1 or k > n or k ~= math.floor(k) then
+      return nil, what .. " is not a list"
+    end
+    if type(a) ~= "string" or a == "" or #a > MAX_ADDR then
+      return nil, what .. " holds something that is not an address"
+    end
+  end
+  if count ~= n then return nil, what .. " is not a list" end
+  return true
+end
+
+local function mods_ok(mods)
+  if mods == nil then return true end
+  if type(mods) ~= "table" then return nil, "'mods' is not a table" end
+  for k, m in pairs(mods) do
+    if type(k) ~= "string" or #k == 0 or #k > 64 then return nil, "a modulator key is not 1 to 64 bytes" end
+    if type(m) ~= "table" or type(m.src) ~= "string" then
+      return nil, ("modulator %s has no string 'src'"):format(k)
+    end
+    local per = m.period
+    if per ~= nil and (type(per) ~= "number" or not (per >= 0.001 and per < math.huge)) then
+      return nil, ("modulator %s: 'period' is not a finite number >= 0.001"):format(k)
+    end
+    if m.base ~= nil and type(m.base) ~= "string" then return nil, ("modulator %s: 'base' is not a string"):format(k) end
+    if m.caps ~= nil then
+      if type(m.caps) ~= "table" then return nil, ("modulator %s: 'caps' is not a list"):format(k) end
+      for _, c in pairs(m.caps) do
+        if type(c) ~= "string" then return nil, ("modulator %s: 'caps' holds a non-string"):format(k) end
+      end
+    end
+    if m.dests ~= nil then
+      local ok, err = addr_list(m.dests, ("modulator %s: 'dests'"):format(k))
+      if not ok then return nil, err end
+    end
+  end
+  return true
+end
+
+-- The channel a `members` message from `from` may change, or nil, why.
+local function members_channel(self, from, msg)
+  local ch = type(msg.ch) == "string" and self.byname[msg.ch]
+  if not ch then return nil, ("no channel '%s' here"):format(tostring(msg.ch)) end
+  if ch.manager == nil or from ~= ch.manager then
+    return nil, ("not the manager of '%s' (%s)"):format(ch.name, tostring(ch.manager or "none yet"))
+  end
+  local ver = msg.ver
+  if type(ver) ~= "number" or not (ver >= 0 and ver < 2 ^ 53) or ver ~= math.floor(ver) then
+    return nil, "'ver' is not an integer in [0, 2^53)"
+  end
+  local ok, err = addr_list(msg.consumers, "'consumers'")
+  if ok then ok, err = mods_ok(msg.mods) end
+  if not ok then return nil, err end
+  return ch
+end
+
 function Context:_on_ctrl(from, msg)
   if type(msg) ~= "table" or type(msg.op) ~= "string" then
     self.log(("ignoring a control message without op from %s"):format(from))
@@ -92,14 +179,16 @@ function Context:_on_ctrl(from, msg)
     local p = self.pending[msg.rid]
     if p then p.reply = msg end
   elseif op == "members" then
-    local ch = self.byname[msg.ch]
-    if ch and type(msg.ver) == "number" and type(msg.consumers) == "table"
-       and msg.ver > ch.ver then
+    local ch, why = members_channel(self, from, msg)
+    if not ch then
+      return self:_warn_limited("members", ("ignoring a members message from %s: %s"):format(from, why))
+    end
+    if msg.ver > ch.ver then
       ch.ver = msg.ver
       ch:_apply_members(msg.consumers, msg.mods)
     end
     self:_send_ctrl(from, { op = "members_ok", ch = msg.ch, ver = msg.ver, mid = msg.mid,
-                            errs = ch and ch:_mod_errors(msg.mods) })
+                            errs = ch:_mod_errors(msg.mods) })
   elseif op == "stream_end" then
     local ch = self.byname[msg.ch]
     if ch and type(msg.key) == "string" then ch:_stream_ended(msg.key, msg.producer or from) end

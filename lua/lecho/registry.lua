@@ -273,13 +273,16 @@ end
 --     channels = {
 --       [name] = { manager = <own addr>, ver = n,          -- managed here
 --                  producers = { [addr] = count }, consumers = { [addr] = count },
---                  modulators = { [key] = { consumers = { addr... }, bytes, period, caps, params } },
+--                  modulators = { [key] = { consumers = { addr... }, period, caps } },
 --                  waiting = <consumer joins awaiting confirmation> },
 --       [name] = { manager = <other addr> },               -- name server: assigned elsewhere
 --     },
 --     managers = { addr, ... } }                           -- registered managers, sorted
 -- A name server also lists channels assigned to itself that have no member yet
--- (as { manager = <own addr> }).
+-- (as { manager = <own addr> }).  A modulator's source and params never
+-- appear: they are its owner's (an API token in params, say), seen only by
+-- the producers that run it (in their join reply and member lists); `list`
+-- hands this table to anyone who asks.
 function Registry:snapshot()
   local chans = {}
   for name, c in pairs(self.channels) do
@@ -289,8 +292,7 @@ function Registry:snapshot()
     local _, mods = members_of(c)
     local ms = {}
     for k, m in pairs(mods) do
-      ms[k] = { consumers = m.dests, bytes = #m.src, period = m.period, caps = m.caps,
-                params = m.params }
+      ms[k] = { consumers = m.dests, period = m.period, caps = m.caps }
     end
     chans[name] = { manager = self.addr, ver = c.ver, producers = ps, consumers = cs,
                     modulators = ms, waiting = #c.waits }

@@ -261,7 +261,7 @@ function ops.join(self, from, msg, io)
   if not role then return fail(self, io, from, msg.rid, err) end
   local c = self.channels[ch]
   if not c then
-    local ok, e, owner = claim(self, ch, "join")
+    local ok, e, owner = claim(self, ch, "join", from)
     if not ok then return fail(self, io, from, msg.rid, e, { manager = owner }) end
     if self.nchannels >= self.max_channels then
       return fail(self, io, from, msg.rid, ("join: too many channels (limit %d)"):format(self.max_channels))

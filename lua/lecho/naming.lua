@@ -24,15 +24,58 @@ local function check_ch(self, msg)
   return ch
 end
 
--- Name server: may this context manage `ch`? Claims unassigned channels.
--- Returns true, or nil, err, owner.
-local function claim(self, ch, op)
+-- Quotas.  Every channel entry a lookup (or a join at the name server)
+-- makes is charged to its requester until the entry is forgotten: one
+-- requester's junk lookups fill its own share (channel_quota), never the
+-- table that the others' channels need.  A requester is a principal in
+-- keyed mode (reg.principal(addr)), else a context's address.
+local function requester(self, from)
+  return self.principal and self.principal(from) or from
+end
+
+-- Room for one more entry of `who` (its held lookups count too)?
+-- Returns true, or nil, err.
+local function quota_room(self, who, op)
+  if (self.created[who] or 0) + (self.lheld[who] or 0) >= self.channel_quota then
+    return nil, ("%s: too many channels created by %s (limit %d per requester)")
+                :format(op, who, self.channel_quota)
+  end
+  return true
+end
+
+local function charge(self, ch, who)
+  self.created[who] = (self.created[who] or 0) + 1
+  self.creator[ch] = who
+end
+
+-- The entry of `ch` is gone: its requester may make another.
+local function uncharge(self, ch)
+  local who = self.creator[ch]
+  if who == nil then return end
+  self.creator[ch] = nil
+  local n = self.created[who] - 1
+  self.created[who] = n > 0 and n or nil
+end
+
+-- A lookup held while recovering is no longer held (it runs now).
+local function unhold(self, w)
+  local n = (self.lheld[w.who] or 1) - 1
+  self.lheld[w.who] = n > 0 and n or nil
+end
+
+-- Name server: may this context manage `ch`? Claims unassigned channels
+-- (charged to `from`).  Returns true, or nil, err, owner.
+local function claim(self, ch, op, from)
   if self.role ~= "nameserver" then return true end
   local owner = self.assign[ch]
   if owner == nil then
     if self.nassigned >= self.max_channels then
       return nil, ("%s: too many channels (limit %d)"):format(op, self.max_channels)
     end
+    local who = requester(self, from)
+    local ok, err = quota_room(self, who, op)
+    if not ok then return nil, err end
+    charge(self, ch, who)
     self.assign[ch] = self.addr
     self.nassigned = self.nassigned + 1
   elseif owner ~= self.addr then
@@ -51,6 +94,7 @@ local function unassign(self, ch, why)
   local owner = self.assign[ch]
   self.assign[ch], self.used[ch], self.idle_remote[ch] = nil, nil, nil
   self.nassigned = self.nassigned - 1
+  uncharge(self, ch)
   if self.managers[owner] then self.managers[owner].nch = self.managers[owner].nch - 1 end
   self.log("info", ("channel '%s' forgotten: %s"):format(ch, why))
 end
@@ -116,7 +160,16 @@ function ops.lookup(self, from, msg, io)
   local owner = self.assign[ch]
   if owner == nil and self.recover_until > io.now and not msg.waited then
     -- Recovering: the manager of this channel may not have registered again
-    -- yet; assigning it now could split it between two managers.
+    -- yet; assigning it now could split it between two managers.  A held
+    -- lookup counts against its requester's quota (the list is bounded).
+    if msg.create ~= false then
+      local who = requester(self, from)
+      local ok, qerr = quota_room(self, who, "lookup")
+      if not ok then return fail(self, io, from, msg.rid, qerr) end
+      self.lheld[who] = (self.lheld[who] or 0) + 1
+      self.lwaits[#self.lwaits + 1] = { from = from, msg = msg, hold = self.recover_until, who = who }
+      return
+    end
     self.lwaits[#self.lwaits + 1] = { from = from, msg = msg, hold = self.recover_until }
     return
   end
@@ -135,6 +188,10 @@ function ops.lookup(self, from, msg, io)
     if self.nassigned >= self.max_channels then
       return fail(self, io, from, msg.rid, ("lookup: too many channels (limit %d)"):format(self.max_channels))
     end
+    local who = requester(self, from)
+    local ok, qerr = quota_room(self, who, "lookup")
+    if not ok then return fail(self, io, from, msg.rid, qerr) end
+    charge(self, ch, who)
     owner = self.addr
     local best
     for _, a in ipairs(sorted_keys(self.managers)) do
@@ -195,7 +252,7 @@ function ops.release(self, from, msg, io)
   end
 end
 
-M.check_ch, M.claim, M.forget_unused, M.release_unused, M.ops =
-  check_ch, claim, forget_unused, release_unused, ops
+M.check_ch, M.claim, M.forget_unused, M.release_unused, M.uncharge, M.unhold, M.ops =
+  check_ch, claim, forget_unused, release_unused, uncharge, unhold, ops
 
 return M

@@ -79,9 +79,14 @@ local ONEWAY = { members_ok = true, release = true }
 -- Public API.
 
 -- R.new{ addr = "host:port", role = "nameserver"|"manager", ack_timeout = 2.0,
---        max_channels = 65536, max_name = 1024, settle = 3.0, recovering = false,
+--        max_channels = 65536, channel_quota = 4096, max_name = 1024,
+--        settle = 3.0, recovering = false,
 --        forget_after = 30, nameserver = "host:port" (manager),
 --        log = function(level, msg) }
+-- channel_quota: the channel entries one requester (a context's address, or
+-- its principal: principal = fn(addr) -> name or nil) may make at the name
+-- server by lookups and joins, until they are forgotten (forget_after);
+-- past it a lookup fails with code "limit".
 -- settle: the recovery window (seconds); recovering: it opens at start (a
 -- standalone name server, which may be a restarted one); forget_after: a
 -- name server forgets a channel it manages itself once it has had no
@@ -109,6 +114,9 @@ function M.new(opts)
   if opts.nameserver ~= nil and type(opts.nameserver) ~= "string" then
     error("lecho.registry.new: 'nameserver' must be a \"host:port\" string", 2)
   end
+  if opts.principal ~= nil and type(opts.principal) ~= "function" then
+    error("lecho.registry.new: 'principal' must be a function", 2)
+  end
   if opts.log ~= nil and type(opts.log) ~= "function" then
     error("lecho.registry.new: 'log' must be a function", 2)
   end
@@ -118,6 +126,7 @@ function M.new(opts)
     ack_timeout = num("ack_timeout", 2.0),       -- rw, seconds
     settle = num("settle", 3.0),                 -- rw, seconds: recovery window
     max_channels = num("max_channels", 65536),   -- rw
+    channel_quota = num("channel_quota", 4096),  -- rw: entries one requester's lookups may make
     max_name = num("max_name", 1024),            -- rw, bytes
     forget_after = num("forget_after", 30),      -- rw, seconds: name server, unused channels
     log = opts.log or noop,
@@ -135,6 +144,9 @@ function M.new(opts)
     idle_remote = {},                     -- name server: ch -> its manager said unused
     nameserver = opts.nameserver,         -- manager: its name server's addr (release)
     idle = {},                            -- manager: ch -> since when it has no record
+    created = {}, creator = {},           -- name server: requester -> entries made, ch -> requester
+    lheld = {},                           -- name server: requester -> lookups held while recovering
+    principal = opts.principal,           -- keyed mode: fn(addr) -> principal name or nil
   }, Registry)
 end
 
@@ -216,6 +228,7 @@ function Registry:peer_down(addr, send, now)
         if owner == addr then
           self.assign[ch], self.used[ch], self.idle_remote[ch] = nil, nil, nil
           self.nassigned = self.nassigned - 1
+          naming.uncharge(self, ch)
           self.orphans[ch] = now -- reassigned on its next lookup, recovering
         end
       end
@@ -243,6 +256,7 @@ function Registry:tick(send, now)
       local held = self.lwaits
       self.lwaits = {}
       for _, w in ipairs(held) do
+        if w.who then naming.unhold(self, w) end
         w.msg.waited = true
         ops.lookup(self, w.from, w.msg, io)
       end

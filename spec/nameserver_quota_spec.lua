@@ -78,6 +78,17 @@ describe("issue 10: the name server's per-requester quota", function()
     assert.is_true(ask(A, { op = "lookup", ch = "y" }).ok)
   end)
 
+  it("is the context option channel_quota of a context that runs the name server", function()
+    local ctx = lecho.context{ quiet = true, channel_quota = 1 }
+    finally(function() ctx:close() end)
+    assert(ctx:channel("first"):producer())
+    local p, err, code = ctx:channel("second"):producer()
+    assert.is_nil(p)
+    assert.are.equal("limit", code)
+    assert.truthy(err:find("lookup: too many channels created by " .. ctx.addr .. " (limit 1 per requester)", 1, true),
+                  err)
+  end)
+
   it("65,536 junk lookups from one process leave room for a new legitimate channel", function()
     local _, ns = S.nameserver("--quiet")
     local junk = lecho.context{ nameserver = ns, quiet = true }

@@ -116,6 +116,7 @@ function M.context(opts)
       addr = addr, role = opts.manager and opts.nameserver and "manager" or "nameserver",
       ack_timeout = opts.ack_timeout or D.ack_timeout,
       settle = opts.settle, recovering = opts.recovering, forget_after = opts.forget_after,
+      channel_quota = opts.channel_quota,
       nameserver = opts.manager and opts.nameserver and self.ns or nil,
       log = function(level, msg)
         if level == "warn" or level == "error" then self.log(("%s: %s"):format(level, msg)) end

@@ -71,7 +71,7 @@ describe("issue 10: the name server's per-requester quota", function()
   end)
 
   it("charges a principal in keyed mode, whatever address it comes from", function()
-    local _, ask = registry{ channel_quota = 1, principal = function(addr) return addr == B and "alice" or nil end }
+    local _, ask = registry{ channel_quota = 1, identity = function(addr) return addr == B and "alice" or nil end }
     assert.is_true(ask(B, { op = "lookup", ch = "x" }).ok)
     local r = ask(B, { op = "lookup", ch = "y" })
     assert.are.equal("lookup: too many channels created by alice (limit 1 per requester)", r.err)

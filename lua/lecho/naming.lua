@@ -8,6 +8,7 @@
 if jit then jit.off(true, true) end
 
 local outbox = require "lecho.outbox"
+local policy = require "lecho.policy"
 
 local sorted_keys, reply, fail = outbox.sorted_keys, outbox.reply, outbox.fail
 
@@ -24,13 +25,47 @@ local function check_ch(self, msg)
   return ch
 end
 
+-- The principal of `from` (keyed mode), or nil (protected mode: every
+-- local process is trusted).
+local function principal(self, from)
+  if not self.identity then return nil end
+  local name = self.identity(from)
+  return name
+end
+
+-- Authorization (doc/security.md): may `from` do `action` on channel `ch`
+-- (nil: on some channel), its modulators asking for `caps`?  Always in
+-- protected mode, always for this context itself, and for every trusted
+-- principal while no policy is loaded.  Returns true, or nil, err.
+local function allowed(self, from, action, ch, caps)
+  if from == self.addr or not self.policy then return true end
+  local who = principal(self, from)
+  if who == nil then return true end
+  return self.policy:check(who, action, ch, caps)
+end
+
+-- The public key of the context at `addr` (keyed mode), for a lookup
+-- reply: the asker pins the manager's address to it.
+local function key_of(self, addr)
+  if not self.identity then return nil end
+  local _, pk = self.identity(addr)
+  return pk
+end
+
+-- A lookup that makes a channel's entry needs one of produce and consume.
+local function may_create(self, from, ch)
+  if allowed(self, from, "produce", ch) or allowed(self, from, "consume", ch) then return true end
+  return nil, ("not allowed: %s may not produce or consume %s"):format(principal(self, from),
+                                                                      policy.base_name(ch))
+end
+
 -- Quotas.  Every channel entry a lookup (or a join at the name server)
 -- makes is charged to its requester until the entry is forgotten: one
 -- requester's junk lookups fill its own share (channel_quota), never the
 -- table that the others' channels need.  A requester is a principal in
--- keyed mode (reg.principal(addr)), else a context's address.
+-- keyed mode, else a context's address.
 local function requester(self, from)
-  return self.principal and self.principal(from) or from
+  return principal(self, from) or from
 end
 
 -- Room for one more entry of `who` (its held lookups count too)?
@@ -163,8 +198,10 @@ function ops.lookup(self, from, msg, io)
     -- yet; assigning it now could split it between two managers.  A held
     -- lookup counts against its requester's quota (the list is bounded).
     if msg.create ~= false then
+      local ok, qerr = may_create(self, from, ch)
+      if not ok then return fail(self, io, from, msg.rid, "lookup: " .. qerr, { code = "refused" }) end
       local who = requester(self, from)
-      local ok, qerr = quota_room(self, who, "lookup")
+      ok, qerr = quota_room(self, who, "lookup")
       if not ok then return fail(self, io, from, msg.rid, qerr) end
       self.lheld[who] = (self.lheld[who] or 0) + 1
       self.lwaits[#self.lwaits + 1] = { from = from, msg = msg, hold = self.recover_until, who = who }
@@ -180,7 +217,8 @@ function ops.lookup(self, from, msg, io)
     if owner == nil or (owner == self.addr and not in_use(self, ch)) then
       return fail(self, io, from, msg.rid, ("lookup: no such channel: %s"):format(ch), { code = "notfound" })
     end
-    return reply(self, io, from, msg.rid, { manager = owner, settle = settle > 0 and settle or nil })
+    return reply(self, io, from, msg.rid, { manager = owner, manager_key = key_of(self, owner),
+                                            settle = settle > 0 and settle or nil })
   end
   self.used[ch] = io.now
   self.idle_remote[ch] = nil    -- the manager tells again once it is unused
@@ -188,14 +226,18 @@ function ops.lookup(self, from, msg, io)
     if self.nassigned >= self.max_channels then
       return fail(self, io, from, msg.rid, ("lookup: too many channels (limit %d)"):format(self.max_channels))
     end
+    local ok, qerr = may_create(self, from, ch)
+    if not ok then return fail(self, io, from, msg.rid, "lookup: " .. qerr, { code = "refused" }) end
     local who = requester(self, from)
-    local ok, qerr = quota_room(self, who, "lookup")
+    ok, qerr = quota_room(self, who, "lookup")
     if not ok then return fail(self, io, from, msg.rid, qerr) end
     charge(self, ch, who)
     owner = self.addr
     local best
     for _, a in ipairs(sorted_keys(self.managers)) do
-      if best == nil or self.managers[a].nch < self.managers[best].nch then best = a end
+      if (best == nil or self.managers[a].nch < self.managers[best].nch) and allowed(self, a, "manage", ch) then
+        best = a
+      end
     end
     if best then
       owner = best
@@ -206,7 +248,8 @@ function ops.lookup(self, from, msg, io)
     self.used[ch] = io.now
     self.log("info", ("channel '%s' assigned to %s"):format(ch, owner))
   end
-  reply(self, io, from, msg.rid, { manager = owner, settle = settle > 0 and settle or nil })
+  reply(self, io, from, msg.rid, { manager = owner, manager_key = key_of(self, owner),
+                                   settle = settle > 0 and settle or nil })
 end
 
 -- Name server: `from` is a channel manager ready to take channels.
@@ -214,6 +257,8 @@ function ops.register_manager(self, from, msg, io)
   if self.role ~= "nameserver" then
     return fail(self, io, from, msg.rid, "register_manager: this context is a channel manager, not a name server")
   end
+  local ok, err = allowed(self, from, "manage")
+  if not ok then return fail(self, io, from, msg.rid, "register_manager: " .. err, { code = "refused" }) end
   if not self.managers[from] then
     self.managers[from] = { nch = 0 }
     self.log("info", "manager registered: " .. from)
@@ -226,7 +271,7 @@ function ops.register_manager(self, from, msg, io)
     for _, ch in ipairs(msg.channels) do
       if type(ch) == "string" and ch ~= "" and #ch <= self.max_name then
         local owner = self.assign[ch]
-        if owner == nil and self.nassigned < self.max_channels then
+        if owner == nil and self.nassigned < self.max_channels and allowed(self, from, "manage", ch) then
           self.assign[ch] = from
           self.nassigned = self.nassigned + 1
           self.managers[from].nch = self.managers[from].nch + 1
@@ -236,7 +281,9 @@ function ops.register_manager(self, from, msg, io)
       end
     end
   end
-  reply(self, io, from, msg.rid, { taken = taken[1] and taken or nil })
+  -- the manager enforces the same policy on the joins it takes
+  reply(self, io, from, msg.rid, { taken = taken[1] and taken or nil,
+                                   policy = self.policy and self.policy:table() or nil })
 end
 
 -- Name server: manager `from` has had no producer and no consumer of `ch`
@@ -254,5 +301,6 @@ end
 
 M.check_ch, M.claim, M.forget_unused, M.release_unused, M.uncharge, M.unhold, M.ops =
   check_ch, claim, forget_unused, release_unused, uncharge, unhold, ops
+M.principal, M.allowed, M.key_of = principal, allowed, key_of
 
 return M

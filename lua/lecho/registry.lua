@@ -67,8 +67,14 @@ for k, f in pairs(naming.ops) do ops[k] = f end
 for k, f in pairs(membership.ops) do ops[k] = f end
 
 -- Introspection over the wire: same shape as snapshot() minus addr/role.
+-- Keyed mode: only the channels the asker may list (refused when none).
 function ops.list(self, from, msg, io)
+  local ok, err = naming.allowed(self, from, "list")
+  if not ok then return fail(self, io, from, msg.rid, "list: " .. err, { code = "refused" }) end
   local s = self:snapshot()
+  for name in pairs(s.channels) do
+    if not naming.allowed(self, from, "list", name) then s.channels[name] = nil end
+  end
   reply(self, io, from, msg.rid, { channels = s.channels, managers = s.managers })
 end
 
@@ -84,9 +90,14 @@ local ONEWAY = { members_ok = true, release = true }
 --        forget_after = 30, nameserver = "host:port" (manager),
 --        log = function(level, msg) }
 -- channel_quota: the channel entries one requester (a context's address, or
--- its principal: principal = fn(addr) -> name or nil) may make at the name
--- server by lookups and joins, until they are forgotten (forget_after);
--- past it a lookup fails with code "limit".
+-- its principal in keyed mode) may make at the name server by lookups and
+-- joins, until they are forgotten (forget_after); past it a lookup fails
+-- with code "limit".
+-- Keyed mode (doc/security.md): identity = fn(addr) -> principal, pk (32
+-- raw bytes) of an authenticated peer (this context's own for `addr`), nil
+-- in protected mode; policy = a lecho.policy (nil: every trusted principal
+-- may do everything); sign = fn(msg) -> 64-byte signature with this
+-- context's identity (producer tickets).
 -- settle: the recovery window (seconds); recovering: it opens at start (a
 -- standalone name server, which may be a restarted one); forget_after: a
 -- name server forgets a channel it manages itself once it has had no
@@ -114,8 +125,13 @@ function M.new(opts)
   if opts.nameserver ~= nil and type(opts.nameserver) ~= "string" then
     error("lecho.registry.new: 'nameserver' must be a \"host:port\" string", 2)
   end
-  if opts.principal ~= nil and type(opts.principal) ~= "function" then
-    error("lecho.registry.new: 'principal' must be a function", 2)
+  for _, k in ipairs{ "identity", "sign" } do
+    if opts[k] ~= nil and type(opts[k]) ~= "function" then
+      error(("lecho.registry.new: '%s' must be a function"):format(k), 2)
+    end
+  end
+  if opts.policy ~= nil and (type(opts.policy) ~= "table" or type(opts.policy.check) ~= "function") then
+    error("lecho.registry.new: 'policy' must be a lecho.policy", 2)
   end
   if opts.log ~= nil and type(opts.log) ~= "function" then
     error("lecho.registry.new: 'log' must be a function", 2)
@@ -146,7 +162,9 @@ function M.new(opts)
     idle = {},                            -- manager: ch -> since when it has no record
     created = {}, creator = {},           -- name server: requester -> entries made, ch -> requester
     lheld = {},                           -- name server: requester -> lookups held while recovering
-    principal = opts.principal,           -- keyed mode: fn(addr) -> principal name or nil
+    identity = opts.identity,             -- keyed mode: fn(addr) -> principal, pk
+    policy = opts.policy,                 -- rw, keyed mode: a lecho.policy (a manager's comes from its name server)
+    sign = opts.sign,                     -- keyed mode: fn(msg) -> signature (producer tickets)
   }, Registry)
 end
 

@@ -152,6 +152,16 @@ local function mods_ok(mods)
   return true
 end
 
+-- Keyed mode: pins each address of `keys` ({ [addr] = pk }, from a member
+-- list or a producer's join reply) to its key before anything is sent
+-- there: a context that claims the address with another key is refused.
+local function pin_all(ctx, keys)
+  for addr, pk in pairs(keys or {}) do
+    local ok, err = ctx.c:expect(addr, pk)
+    if not ok then ctx.log(("cannot pin %s to its key: %s"):format(addr, tostring(err))) end
+  end
+end
+
 -- The channel a `members` message from `from` may change, or nil, why.
 local function members_channel(self, from, msg)
   local ch = type(msg.ch) == "string" and self.byname[msg.ch]
@@ -166,6 +176,14 @@ local function members_channel(self, from, msg)
   local ok, err = addr_list(msg.consumers, "'consumers'")
   if ok then ok, err = mods_ok(msg.mods) end
   if not ok then return nil, err end
+  if msg.keys ~= nil then
+    if type(msg.keys) ~= "table" then return nil, "'keys' is not a table" end
+    for a, k in pairs(msg.keys) do
+      if type(a) ~= "string" or #a > MAX_ADDR or type(k) ~= "string" or #k ~= 32 then
+        return nil, "'keys' holds something that is not an address and a 32-byte key"
+      end
+    end
+  end
   return ch
 end
 
@@ -185,6 +203,7 @@ function Context:_on_ctrl(from, msg)
     end
     if msg.ver > ch.ver then
       ch.ver = msg.ver
+      pin_all(self, msg.keys)
       ch:_apply_members(msg.consumers, msg.mods)
     end
     self:_send_ctrl(from, { op = "members_ok", ch = msg.ch, ver = msg.ver, mid = msg.mid,
@@ -267,12 +286,45 @@ function Context:_channel_exists(full, ns, name)
   return nil, err, code
 end
 
+-- Keyed mode: what the control plane said of this channel's keys, applied
+-- to one of its core channels (the channel or a derived stream "name@key"):
+-- the manager's key, against which a consumer checks a producer's ticket on
+-- BIND, and this producer's own ticket.
+function Channel:_secure(chid)
+  local c = self.ctx.c
+  if self.manager_key then c:chan_manager_key(chid, self.manager_key) end
+  if self.ticket then c:chan_ticket(chid, self.ticket) end
+end
+
+function Channel:_secure_all()
+  self:_secure(self.chid)
+  for _, inst in pairs(self.mods) do self:_secure(inst.dchid) end
+  for _, st in pairs(self.streams) do self:_secure(st.chid) end
+end
+
+local function is_key(k, n) return type(k) == "string" and #k == n end
+
 function Channel:_manager()
   if self.manager then return self.manager end
   local ctx = self.ctx
   local r, err, code = ctx:request(self.ns, { op = "lookup", ch = self.name,
                                               recovering = self.recovering or nil })
   if not r then return nil, ("name server %s: %s"):format(self.ns, err), code end
+  if type(r.manager) ~= "string" or (r.manager_key ~= nil and not is_key(r.manager_key, 32)) then
+    return nil, ("name server %s: a lookup reply without a manager address and key"):format(self.ns), "protocol"
+  end
+  if r.manager_key then
+    -- the manager is who the name server says it is: its address is pinned
+    -- to that key, and its producers' tickets are checked against it
+    local ok, perr = ctx.c:expect(r.manager, r.manager_key)
+    if not ok then
+      return nil, ("name server %s: manager %s: %s"):format(self.ns, r.manager, tostring(perr)), "refused"
+    end
+    if self.manager_key ~= r.manager_key then
+      self.manager_key = r.manager_key
+      self:_secure_all()
+    end
+  end
   self.manager = r.manager
   -- a peer's number: finite, positive, bounded, or none (a NaN or a string
   -- from a broken name server must not become the join's wait)
@@ -295,10 +347,20 @@ function Channel:_join(role)
     return nil, ("joining '%s' as %s: %s"):format(self.name, role, err), code
   end
   if role == "producer" then
+    if r.ticket ~= nil then
+      if not is_key(r.ticket, 64) then
+        return nil, ("joining '%s' as producer: a ticket that is not 64 bytes"):format(self.name), "protocol"
+      end
+      if self.ticket ~= r.ticket then
+        self.ticket = r.ticket
+        self:_secure_all()
+      end
+    end
     -- A `members` update handled while we waited (it can come in the same
     -- read as this reply, and was already confirmed) is newer: keep it.
     if self.ver == ver_before or (r.ver or -1) > self.ver then
       self.ver = r.ver or self.ver
+      pin_all(self.ctx, type(r.keys) == "table" and r.keys or nil)
       self:_apply_members(r.consumers or {}, r.mods)
     end
   else

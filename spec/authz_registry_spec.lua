@@ -150,6 +150,22 @@ describe("issue 10: the registry enforces the policy in keyed mode", function()
                     refused(w.ask(SIM, { op = "list" })))
   end)
 
+  it("takes its policy as a lecho.policy, a rules table or a file name; a malformed file raises with its path", function()
+    local S = require "spec.support"
+    finally(S.cleanup)
+    local good = S.write(S.tmpname("pol") .. ".lua",
+      "return { rules = { { principal = 'sim', channel = 'atmos/*', allow = { 'produce' } } } }")
+    for _, p in ipairs{ good, POLICY:table() } do
+      local reg = R.new{ addr = NS, role = "nameserver", identity = identity, policy = p }
+      assert.is_true(reg.policy:allows("sim", "produce", CH))
+      assert.is_false(reg.policy:allows("eve", "produce", CH))
+    end
+    local bad = S.write(S.tmpname("pol") .. ".lua", "return { rules = { { principal = 'a', channel = '*', allow = 'fly' } } }")
+    local ok, err = pcall(R.new, { addr = NS, role = "nameserver", policy = bad })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find(bad .. ": rule 1: unknown action 'fly'", 1, true), tostring(err))
+  end)
+
   it("applies nothing in protected mode, and lets every trusted principal do everything without a policy", function()
     local _, w = world("nameserver", { identity = false })
     assert.is_true(w.ask(EVE, { op = "join", ch = CH, role = "producer" }).ok)

@@ -52,6 +52,7 @@ local function noop() end
 local outbox = require "lecho.outbox"
 local naming = require "lecho.naming"
 local membership = require "lecho.membership"
+local policy = require "lecho.policy"
 
 local sorted_keys, reply, fail, flush = outbox.sorted_keys, outbox.reply, outbox.fail, outbox.flush
 local members_of, publish_members, check_waits, maybe_drop, answer_producer =
@@ -95,8 +96,9 @@ local ONEWAY = { members_ok = true, release = true }
 -- with code "limit".
 -- Keyed mode (doc/security.md): identity = fn(addr) -> principal, pk (32
 -- raw bytes) of an authenticated peer (this context's own for `addr`), nil
--- in protected mode; policy = a lecho.policy (nil: every trusted principal
--- may do everything); sign = fn(msg) -> 64-byte signature with this
+-- in protected mode; policy = a lecho.policy, its rules table or a policy
+-- file's name (raises with the file's error when malformed; nil: every
+-- trusted principal may do everything); sign = fn(msg) -> 64-byte signature with this
 -- context's identity (producer tickets).
 -- settle: the recovery window (seconds); recovering: it opens at start (a
 -- standalone name server, which may be a restarted one); forget_after: a
@@ -130,8 +132,14 @@ function M.new(opts)
       error(("lecho.registry.new: '%s' must be a function"):format(k), 2)
     end
   end
-  if opts.policy ~= nil and (type(opts.policy) ~= "table" or type(opts.policy.check) ~= "function") then
-    error("lecho.registry.new: 'policy' must be a lecho.policy", 2)
+  local pol = opts.policy
+  if type(pol) == "string" or (type(pol) == "table" and getmetatable(pol) == nil) then
+    -- a file (lecho-nameserver --policy) or the rules themselves
+    local perr
+    if type(pol) == "string" then pol, perr = policy.load(pol) else pol, perr = policy.new(pol) end
+    if not pol then error(perr, 2) end
+  elseif pol ~= nil and (type(pol) ~= "table" or type(pol.check) ~= "function") then
+    error("lecho.registry.new: 'policy' must be a file name, a policy table or a lecho.policy", 2)
   end
   if opts.log ~= nil and type(opts.log) ~= "function" then
     error("lecho.registry.new: 'log' must be a function", 2)
@@ -163,7 +171,7 @@ function M.new(opts)
     created = {}, creator = {},           -- name server: requester -> entries made, ch -> requester
     lheld = {},                           -- name server: requester -> lookups held while recovering
     identity = opts.identity,             -- keyed mode: fn(addr) -> principal, pk
-    policy = opts.policy,                 -- rw, keyed mode: a lecho.policy (a manager's comes from its name server)
+    policy = pol,                         -- rw, keyed mode: a lecho.policy (a manager's comes from its name server)
     sign = opts.sign,                     -- keyed mode: fn(msg) -> signature (producer tickets)
   }, Registry)
 end

@@ -226,4 +226,21 @@ describe("issue 10: member lists come only from the channel's manager", function
     assert.are.equal(1, #sent)
     ctx._send_ctrl = real
   end)
+
+  it("stream_end and mod_error speak for their sender, never for the producer they name", function()
+    world()
+    local ch = ctx:channel("said")
+    local told, ended = {}, {}
+    assert(ch:consumer(function() end, { modulator = "function enqueue(ev) return ev end",
+                                         on_error = function(e) told[#told + 1] = e end }))
+    local key = next(ch.streams)
+    assert.is_string(key)
+    local real = ch._stream_ended
+    ch._stream_ended = function(self, k, producer) ended[#ended + 1] = producer; return real(self, k, producer) end
+    local rogue_addr, victim = "127.0.0.1:9", "127.0.0.1:10"
+    ctx:_on_ctrl(rogue_addr, { op = "stream_end", ch = ch.name, key = key, producer = victim })
+    ctx:_on_ctrl(rogue_addr, { op = "mod_error", ch = ch.name, key = key, producer = victim, err = "boom" })
+    assert.are.same({ rogue_addr }, ended)
+    assert.are.same({ "modulator at " .. rogue_addr .. ": boom" }, told)
+  end)
 end)

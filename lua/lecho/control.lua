@@ -208,14 +208,15 @@ function Context:_on_ctrl(from, msg)
     end
     self:_send_ctrl(from, { op = "members_ok", ch = msg.ch, ver = msg.ver, mid = msg.mid,
                             errs = ch:_mod_errors(msg.mods) })
+  -- A producer speaks of its own streams and modulators only: these name
+  -- `from` (the connection's peer), never the `producer` the message claims.
   elseif op == "stream_end" then
     local ch = self.byname[msg.ch]
-    if ch and type(msg.key) == "string" then ch:_stream_ended(msg.key, msg.producer or from) end
+    if ch and type(msg.key) == "string" then ch:_stream_ended(msg.key, from) end
   elseif op == "mod_error" then
     local ch = self.byname[msg.ch]
     if ch and type(msg.key) == "string" then
-      ch:_tell_mod_error(msg.key, ("modulator at %s: %s"):format(tostring(msg.producer or from),
-                                                                 tostring(msg.err)))
+      ch:_tell_mod_error(msg.key, ("modulator at %s: %s"):format(from, tostring(msg.err)))
     end
   elseif self.reg then
     self.reg:handle(from, msg, self._send, now(self))

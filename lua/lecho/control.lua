@@ -6,6 +6,7 @@
 -- run by the name server and the managers.
 
 local registry = require "lecho.registry"
+local policy = require "lecho.policy"
 local errors = require "lecho.errors"
 local Context = require "lecho.context"
 local Channel = require "lecho.channel"
@@ -226,6 +227,23 @@ function Context:_on_ctrl(from, msg)
   end
 end
 
+-- A manager's registration was answered (reply `r`): the name server's
+-- policy, if it has one, is what this manager enforces on the joins it
+-- takes.  One that does not parse refuses everything (logged): a manager
+-- must not be more lenient than its name server.
+function Context:_registered(r)
+  if r.policy == nil then
+    self.reg.policy = nil
+    return
+  end
+  local pol, err = policy.new(r.policy, "the policy from name server " .. self.ns)
+  if not pol then
+    self.log(err .. "; every request is refused until it registers again")
+    pol = policy.new({ rules = {} })
+  end
+  self.reg.policy = pol
+end
+
 function Context:_on_peer(idx, addr, up, reason)
   if up then
     self.peer_addrs[idx] = addr
@@ -242,6 +260,7 @@ function Context:_on_peer(idx, addr, up, reason)
       if r then
         t:stop()
         self.reregister = nil
+        self:_registered(r)
         for _, ch in ipairs(r.taken or {}) do
           self.log(("channel '%s' is now managed by another manager"):format(ch))
         end

@@ -27,6 +27,7 @@ local function new_channel(self, name)
   self.channels[name] = c
   self.nchannels = self.nchannels + 1
   self.idle[name] = nil
+  naming.uncharge(self, name)      -- in use: no longer its requester's junk
   return c
 end
 
@@ -329,7 +330,7 @@ function ops.join(self, from, msg, io)
   local c = self.channels[ch]
   if not c then
     local e, owner
-    ok, e, owner = claim(self, ch, "join", from)
+    ok, e, owner = claim(self, ch, "join")
     if not ok then return fail(self, io, from, msg.rid, e, { manager = owner }) end
     if self.nchannels >= self.max_channels then
       return fail(self, io, from, msg.rid, ("join: too many channels (limit %d)"):format(self.max_channels))

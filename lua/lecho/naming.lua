@@ -59,10 +59,12 @@ local function may_create(self, from, ch)
                                                                       policy.base_name(ch))
 end
 
--- Quotas.  Every channel entry a lookup (or a join at the name server)
--- makes is charged to its requester until the entry is forgotten: one
--- requester's junk lookups fill its own share (channel_quota), never the
--- table that the others' channels need.  A requester is a principal in
+-- Quotas.  A channel entry that a lookup makes is charged to its requester
+-- until the channel gets a member here (a join: it is in use, not junk) or
+-- the entry is forgotten: one requester's junk lookups fill its own share
+-- (channel_quota), never the table that the others' channels need.  (An
+-- entry assigned to another manager stays charged until it is forgotten:
+-- the name server does not see its joins.)  A requester is a principal in
 -- keyed mode, else a context's address.
 local function requester(self, from)
   return principal(self, from) or from
@@ -98,19 +100,15 @@ local function unhold(self, w)
   self.lheld[w.who] = n > 0 and n or nil
 end
 
--- Name server: may this context manage `ch`? Claims unassigned channels
--- (charged to `from`).  Returns true, or nil, err, owner.
-local function claim(self, ch, op, from)
+-- Name server: may this context manage `ch`? Claims unassigned channels.
+-- Returns true, or nil, err, owner.
+local function claim(self, ch, op)
   if self.role ~= "nameserver" then return true end
   local owner = self.assign[ch]
   if owner == nil then
     if self.nassigned >= self.max_channels then
       return nil, ("%s: too many channels (limit %d)"):format(op, self.max_channels)
     end
-    local who = requester(self, from)
-    local ok, err = quota_room(self, who, op)
-    if not ok then return nil, err end
-    charge(self, ch, who)
     self.assign[ch] = self.addr
     self.nassigned = self.nassigned + 1
   elseif owner ~= self.addr then

@@ -128,6 +128,11 @@ describe("issue 10: the registry enforces the policy in keyed mode", function()
     assert.is_true(w.ask(MGR, { op = "register_manager" }).ok)
     r = w.ask(SIM, { op = "lookup", ch = NS .. "/atmos/b" })
     assert.are.same({ true, MGR, pk(MGR) }, { r.ok, r.manager, r.manager_key })
+    -- a manager without an authenticated identity (its connection went) gets nothing
+    NAMES[MGR] = nil
+    r = w.ask(SIM, { op = "lookup", ch = NS .. "/atmos/c" })
+    NAMES[MGR] = "mgr-1"
+    assert.are.same({ true, NS }, { r.ok, r.manager })
   end)
 
   it("a manager takes its name server's policy: joins refused there as at the name server", function()

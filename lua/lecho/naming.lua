@@ -38,9 +38,12 @@ end
 -- protected mode, always for this context itself, and for every trusted
 -- principal while no policy is loaded.  Returns true, or nil, err.
 local function allowed(self, from, action, ch, caps)
-  if from == self.addr or not self.policy then return true end
+  if from == self.addr or not self.policy or not self.identity then return true end
   local who = principal(self, from)
-  if who == nil then return true end
+  if who == nil then
+    -- keyed, yet no authenticated identity (its connection is gone)
+    return nil, ("not allowed: %s has no authenticated identity"):format(from)
+  end
   return self.policy:check(who, action, ch, caps)
 end
 

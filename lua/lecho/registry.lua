@@ -144,7 +144,7 @@ function M.new(opts)
   if opts.log ~= nil and type(opts.log) ~= "function" then
     error("lecho.registry.new: 'log' must be a function", 2)
   end
-  return setmetatable({
+  local self = setmetatable({
     addr = opts.addr,                     -- ro
     role = opts.role,                     -- ro
     ack_timeout = num("ack_timeout", 2.0),       -- rw, seconds
@@ -174,6 +174,11 @@ function M.new(opts)
     policy = pol,                         -- rw, keyed mode: a lecho.policy (a manager's comes from its name server)
     sign = opts.sign,                     -- keyed mode: fn(msg) -> signature (producer tickets)
   }, Registry)
+  if self.identity and not self.policy and self.role == "nameserver" then
+    self.log("warn", "keyed mode without a policy: every trusted principal may produce, consume, "
+                     .. "modulate, manage and list every channel (doc/security.md)")
+  end
+  return self
 end
 
 local function host_misuse(self, what)

@@ -38,7 +38,15 @@ end
 -- protected mode, always for this context itself, and for every trusted
 -- principal while no policy is loaded.  Returns true, or nil, err.
 local function allowed(self, from, action, ch, caps)
-  if from == self.addr or not self.policy or not self.identity then return true end
+  if from == self.addr or not self.identity then return true end
+  if not self.policy then
+    if not self.said_open and self.role == "nameserver" then
+      self.said_open = true
+      self.log("warn", "keyed mode without a policy: every trusted principal may produce, consume, "
+                       .. "modulate, manage and list every channel (doc/security.md)")
+    end
+    return true
+  end
   local who = principal(self, from)
   if who == nil then
     -- keyed, yet no authenticated identity (its connection is gone)

@@ -174,10 +174,6 @@ function M.new(opts)
     policy = pol,                         -- rw, keyed mode: a lecho.policy (a manager's comes from its name server)
     sign = opts.sign,                     -- keyed mode: fn(msg) -> signature (producer tickets)
   }, Registry)
-  if self.identity and not self.policy and self.role == "nameserver" then
-    self.log("warn", "keyed mode without a policy: every trusted principal may produce, consume, "
-                     .. "modulate, manage and list every channel (doc/security.md)")
-  end
   return self
 end
 

@@ -64,22 +64,22 @@ local function refused(r) return { r.ok, r.code, r.err } end
 describe("issue 10: the registry enforces the policy in keyed mode", function()
   it("joins: produce, consume, modulate with capabilities; refused before anything is made", function()
     local reg, w = world()
-    assert.are.same({ false, "refused", "join: not allowed: eve may not produce atmos/ozone" },
+    assert.are.same({ false, "refused", "not allowed: eve may not produce atmos/ozone" },
                     refused(w.ask(EVE, { op = "join", ch = CH, role = "producer" })))
-    assert.are.same({ false, "refused", "join: not allowed: sim may not consume atmos/ozone" },
+    assert.are.same({ false, "refused", "not allowed: sim may not consume atmos/ozone" },
                     refused(w.ask(SIM, { op = "join", ch = CH, role = "consumer" })))
     assert.is_nil(reg:snapshot().channels[CH])
     assert.are.same({}, reg.created)
     local src = "function enqueue(ev) return ev end"
-    assert.are.same({ false, "refused", "join: not allowed: viewer-1 may not modulate with clock, log atmos/ozone" },
+    assert.are.same({ false, "refused", "not allowed: viewer-1 may not modulate with clock, log atmos/ozone" },
                     refused(w.ask(VIEW, { op = "join", ch = CH, role = "consumer",
                                           subs = { mods = { k = { src = src, caps = { "clock", "log" } } } } })))
     assert.is_true(w.ask(VIEW, { op = "join", ch = CH, role = "consumer",
                                  subs = { mods = { k = { src = src, caps = { "clock" } } } } }).ok)
-    assert.are.same({ false, "refused", "subscribe: not allowed: viewer-1 may not modulate with log atmos/ozone" },
+    assert.are.same({ false, "refused", "not allowed: viewer-1 may not modulate with log atmos/ozone" },
                     refused(w.ask(VIEW, { op = "subscribe", ch = CH,
                                           subs = { mods = { k = { src = src, caps = { "log" } } } } })))
-    assert.are.same({ false, "refused", "subscribe: not allowed: eve may not consume atmos/ozone" },
+    assert.are.same({ false, "refused", "not allowed: eve may not consume atmos/ozone" },
                     refused(w.ask(EVE, { op = "subscribe", ch = CH, subs = {} })))
   end)
 
@@ -101,7 +101,7 @@ describe("issue 10: the registry enforces the policy in keyed mode", function()
 
   it("lookups: making an entry needs produce or consume; replies carry the manager's key", function()
     local reg, w = world()
-    assert.are.same({ false, "refused", "lookup: not allowed: eve may not produce or consume atmos/ozone" },
+    assert.are.same({ false, "refused", "not allowed: eve may not produce or consume atmos/ozone" },
                     refused(w.ask(EVE, { op = "lookup", ch = CH })))
     assert.are.same({}, reg.assign)
     local r = w.ask(VIEW, { op = "lookup", ch = CH })
@@ -113,7 +113,7 @@ describe("issue 10: the registry enforces the policy in keyed mode", function()
 
   it("managers: registering needs manage; channels go only to a manager that may manage them", function()
     local reg, w = world()
-    assert.are.same({ false, "refused", "register_manager: not allowed: eve may not manage any channel" },
+    assert.are.same({ false, "refused", "not allowed: eve may not manage any channel" },
                     refused(w.ask(EVE, { op = "register_manager" })))
     assert.is_nil(reg.managers[EVE])
     local r = w.ask(MGR2, { op = "register_manager", channels = { NS .. "/other/a", CH } })
@@ -138,7 +138,7 @@ describe("issue 10: the registry enforces the policy in keyed mode", function()
   it("a manager takes its name server's policy: joins refused there as at the name server", function()
     local mreg, w = world("manager", { addr = MGR, policy = false })
     mreg.policy = assert(policy.new(POLICY:table(), "from " .. NS))
-    assert.are.same({ false, "refused", "join: not allowed: eve may not produce atmos/ozone" },
+    assert.are.same({ false, "refused", "not allowed: eve may not produce atmos/ozone" },
                     refused(w.ask(EVE, { op = "join", ch = CH, role = "producer" })))
     assert.is_true(w.ask(SIM, { op = "join", ch = CH, role = "producer" }).ok)
   end)
@@ -151,7 +151,7 @@ describe("issue 10: the registry enforces the policy in keyed mode", function()
     assert.is_true(r.ok)
     assert.is_table(r.channels[CH])
     assert.is_nil(r.channels[NS .. "/secret"])
-    assert.are.same({ false, "refused", "list: not allowed: sim may not list any channel" },
+    assert.are.same({ false, "refused", "not allowed: sim may not list any channel" },
                     refused(w.ask(SIM, { op = "list" })))
   end)
 

@@ -313,8 +313,9 @@ local function authorize(self, from, msg, role, ch)
   return true
 end
 
+-- A refusal's text is the policy's, as it is (doc/security.md).
 local function refuse(self, io, from, msg, err)
-  return fail(self, io, from, msg.rid, ("%s: %s"):format(msg.op, err), { code = "refused" })
+  return fail(self, io, from, msg.rid, err, { code = "refused" })
 end
 
 local ops = {}

@@ -208,7 +208,7 @@ function ops.lookup(self, from, msg, io)
     -- lookup counts against its requester's quota (the list is bounded).
     if msg.create ~= false then
       local ok, qerr = may_create(self, from, ch)
-      if not ok then return fail(self, io, from, msg.rid, "lookup: " .. qerr, { code = "refused" }) end
+      if not ok then return fail(self, io, from, msg.rid, qerr, { code = "refused" }) end
       local who = requester(self, from)
       ok, qerr = quota_room(self, who, "lookup")
       if not ok then return fail(self, io, from, msg.rid, qerr) end
@@ -236,7 +236,7 @@ function ops.lookup(self, from, msg, io)
       return fail(self, io, from, msg.rid, ("lookup: too many channels (limit %d)"):format(self.max_channels))
     end
     local ok, qerr = may_create(self, from, ch)
-    if not ok then return fail(self, io, from, msg.rid, "lookup: " .. qerr, { code = "refused" }) end
+    if not ok then return fail(self, io, from, msg.rid, qerr, { code = "refused" }) end
     local who = requester(self, from)
     ok, qerr = quota_room(self, who, "lookup")
     if not ok then return fail(self, io, from, msg.rid, qerr) end
@@ -267,7 +267,7 @@ function ops.register_manager(self, from, msg, io)
     return fail(self, io, from, msg.rid, "register_manager: this context is a channel manager, not a name server")
   end
   local ok, err = allowed(self, from, "manage")
-  if not ok then return fail(self, io, from, msg.rid, "register_manager: " .. err, { code = "refused" }) end
+  if not ok then return fail(self, io, from, msg.rid, err, { code = "refused" }) end
   if not self.managers[from] then
     self.managers[from] = { nch = 0 }
     self.log("info", "manager registered: " .. from)

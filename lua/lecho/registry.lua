@@ -71,7 +71,7 @@ for k, f in pairs(membership.ops) do ops[k] = f end
 -- Keyed mode: only the channels the asker may list (refused when none).
 function ops.list(self, from, msg, io)
   local ok, err = naming.allowed(self, from, "list")
-  if not ok then return fail(self, io, from, msg.rid, "list: " .. err, { code = "refused" }) end
+  if not ok then return fail(self, io, from, msg.rid, err, { code = "refused" }) end
   local s = self:snapshot()
   for name in pairs(s.channels) do
     if not naming.allowed(self, from, "list", name) then s.channels[name] = nil end

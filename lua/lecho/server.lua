@@ -76,6 +76,7 @@ function M.parse(argv, spec)
   local prog, usage = spec.prog, spec.usage
   local opts, by = {}, {}
   for k, v in pairs(spec.defaults or {}) do opts[k] = v end
+  if spec.positional then opts[spec.positional] = {} end
   for _, o in ipairs(spec.options) do
     by[o[1]] = o
     if o.alias then by[o.alias] = o end
@@ -88,8 +89,11 @@ function M.parse(argv, spec)
     local flag, inline = a:match("^(%-%-[%w-]+)=(.*)$")
     flag = flag or a
     local o = by[flag]
-    if not o then M.die(prog, ("unknown option '%s'\n%s"):format(a, usage)) end
-    if o[3] == "flag" then
+    if not o and spec.positional and a:sub(1, 1) ~= "-" then
+      table.insert(opts[spec.positional], a)
+    elseif not o then
+      M.die(prog, ("unknown option '%s'\n%s"):format(a, usage))
+    elseif o[3] == "flag" then
       if inline then M.die(prog, flag .. " takes no value") end
       opts[o[2]] = true
     else

@@ -114,6 +114,7 @@ function M.context(opts)
     mod_memory = opts.modulator_memory or D.modulator_memory,
     timeout = opts.timeout or D.timeout,
     keyed = identity and true or false,
+    principal = identity and identity.key.name or nil,   -- ro: our name in keyed mode
     ns_principal = opts.nameserver_principal or D.nameserver_principal,
     sync_timeout = opts.sync_timeout or D.sync_timeout,
     closed = false,

@@ -90,7 +90,7 @@ local function read_file(what, path)
   if type(path) ~= "string" or path == "" then
     return nil, what .. " must be a path (a non-empty string)", "invalid"
   end
-  local fd = C.open(path, bit.bor(O_RDONLY, O_CLOEXEC))
+  local fd = C.open(path, bit.bor(O_RDONLY, O_CLOEXEC), ffi.new("int", 0))  -- (3 args: whatever declared it)
   if fd < 0 then return syserr(what, path, ffi.errno()) end
   local st = ffi.new("struct lecho_statx")
   local buf, parts, total = nil, {}, 0

@@ -46,8 +46,9 @@ end
 function Context:_check_nameserver(addr)
   if self:_nameserver_ok(addr) then return end
   local name, pk = self.c:peer_identity(addr)
-  local why = ("refused: name server %s is %s (key %s), not %s"):format(addr, tostring(name),
-    pk and require("lecho.keys").hex(pk) or "?", self.ns_principal)
+  local why = name and ("refused: name server %s is %s (key %s), not %s"):format(addr, name,
+    require("lecho.keys").hex(pk), self.ns_principal)
+    or ("refused: name server %s did not authenticate as %s"):format(addr, self.ns_principal)
   self.log(why)
   self:_fail_pending(addr, why)
   self.c:close_peer(addr, why)

@@ -57,7 +57,7 @@ for _, decl in ipairs{ "int open(const char *path, int flags, ...);", "int close
 end
 local C = ffi.C
 -- Linux (the values of every architecture lecho builds on)
-local O_RDONLY, O_WRONLY, O_CREAT, O_EXCL, O_CLOEXEC = 0, 1, 64, 128, 524288
+local O_RDONLY, O_WRONLY, O_CREAT, O_EXCL, O_NONBLOCK, O_CLOEXEC = 0, 1, 64, 128, 2048, 524288
 local AT_EMPTY_PATH, STATX_MODE, STATX_SIZE = 0x1000, 0x2, 0x200
 local S_IFMT, S_IFREG = 0xF000, 0x8000
 local ENOENT = 2
@@ -90,7 +90,10 @@ local function read_file(what, path)
   if type(path) ~= "string" or path == "" then
     return nil, what .. " must be a path (a non-empty string)", "invalid"
   end
-  local fd = C.open(path, bit.bor(O_RDONLY, O_CLOEXEC), ffi.new("int", 0))  -- (3 args: whatever declared it)
+  -- O_NONBLOCK: a FIFO given as a key file must not hang the open (it is
+  -- then refused as not a regular file); three arguments, as whoever
+  -- declared open() first may have declared it
+  local fd = C.open(path, bit.bor(O_RDONLY, O_NONBLOCK, O_CLOEXEC), ffi.new("int", 0))
   if fd < 0 then return syserr(what, path, ffi.errno()) end
   local st = ffi.new("struct lecho_statx")
   local buf, parts, total = nil, {}, 0

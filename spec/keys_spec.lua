@@ -99,6 +99,9 @@ describe("key files", function()
     p = dir .. "/none.key"
     assert.are.same({ nil, ("key file %s: No such file or directory"):format(p), "notfound" }, { keys.read_secret(p) })
     assert.are.same({ nil, ("trust file %s: not a regular file"):format(dir), "invalid" }, { keys.read_trust(dir) })
+    p = dir .. "/fifo"
+    os.execute("mkfifo " .. p)        -- refused, not waited on for a writer
+    assert.are.same({ nil, ("trust file %s: not a regular file"):format(p), "invalid" }, { keys.read_trust(p) })
     p = f("big.json", ("x"):rep(keys.MAX_FILE + 1))
     assert.are.same({ nil, ("trust file %s: larger than %d bytes"):format(p, keys.MAX_FILE), "limit" },
                     { keys.read_trust(p) })
@@ -166,11 +169,81 @@ describe("the key and trust options of lecho.context", function()
                      .. "false\nrc=0\n", out)
   end)
 
+  it("with both: keyed, under the key's principal name, from the options or the environment", function()
+    local k = keys.generate("sim")
+    assert(keys.write_secret(dir .. "/sim.key", k))
+    assert(keys.write_public(dir .. "/sim.pub", k))
+    local logs = {}
+    local ctx = lecho.context{ key = dir .. "/sim.key", trust = { dir .. "/a.pub", dir .. "/sim.pub" },
+                               log = function(m) logs[#logs + 1] = m end }
+    assert.is_true(ctx.keyed)
+    assert.are.equal("sim", ctx.principal)
+    assert.is_true(ctx.c:keyed())
+    assert.are.same({}, logs)          -- no protected mode line
+    ctx:close()
+    local out = S.sh_out(("LECHO_KEY=%s/sim.key LECHO_TRUST=%s/a.pub:%s/sim.pub %s -e "):format(dir, dir, dir, S.luajit)
+      .. S.sh_quote([[local c = require("lecho").context{ quiet = true } print(c.principal, c.c:keyed()) c:close()]]))
+    assert.are.equal("sim\ttrue\nrc=0\n", out)
+  end)
+
   it("without a key: protected mode, said in one log line at start", function()
     local logs = {}
     local ctx = lecho.context{ log = function(m) logs[#logs + 1] = m end }
     ctx:close()
     assert.are.same({ "protected mode: no key configured; listening on loopback only, every local process is trusted" },
                     logs)
+  end)
+end)
+
+describe("lecho-keygen", function()
+  local dir
+  local function keygen(args)
+    return S.sh_out(("%s %s/scripts/lecho-keygen %s"):format(S.luajit, S.root, args))
+  end
+  before_each(function() dir = S.tmpname("keygen"); os.execute("mkdir -p " .. S.sh_quote(dir)) end)
+  teardown(function() S.cleanup() end)
+
+  it("writes NAME.key (0600) and NAME.pub per name; an authority's .pub says so; --sign-with certifies", function()
+    assert.are.equal(("lecho-keygen: wrote %s/ca.key (secret, 0600) and %s/ca.pub (an authority's: a trust file)\nrc=0\n")
+                     :format(dir, dir), keygen(("--dir %s --authority ca"):format(dir)))
+    assert.are.equal(("lecho-keygen: wrote %s/a.key (secret, 0600) and %s/a.pub, certified by ca\n"
+                      .. "lecho-keygen: wrote %s/b.key (secret, 0600) and %s/b.pub, certified by ca\nrc=0\n")
+                     :format(dir, dir, dir, dir), keygen(("a b --sign-with %s/ca.key --dir %s"):format(dir, dir)))
+    assert.are.equal("600", io.popen("stat -c %a " .. dir .. "/a.key"):read("*l"))
+    local ca = assert(keys.read_public(dir .. "/ca.pub"))
+    assert.is_true(ca.authority)
+    local a = assert(keys.read_secret(dir .. "/a.key"))       -- (checks the certificate)
+    assert.are.equal(ca.public, a.authority)
+    assert.is_true(keys.check_cert(a.cert, "a", a.public, ca.public))
+    assert.is_false(keys.check_cert(a.cert, "b", a.public, ca.public))     -- for a, not for b
+    assert.are.equal(a.public, assert(keys.read_public(dir .. "/a.pub")).public)
+    assert.is_false(assert(keys.read_public(dir .. "/a.pub")).authority)
+    assert.are_not.equal(a.public, assert(keys.read_secret(dir .. "/b.key")).public)
+    -- a certificate moved to another name does not verify
+    local text = S.read(dir .. "/a.key"):gsub('"name":"a"', '"name":"b"')
+    S.write(dir .. "/forged.key", text)
+    os.execute("chmod 600 " .. dir .. "/forged.key")
+    assert.are.same({ nil, ("key file %s/forged.key: its certificate does not verify with authority %s")
+                      :format(dir, keys.hex(ca.public)), "invalid" }, { keys.read_secret(dir .. "/forged.key") })
+  end)
+
+  it("never overwrites a key, and says what is wrong with its command line", function()
+    keygen(("--dir %s a"):format(dir))
+    local before = S.read(dir .. "/a.key")
+    assert.are.equal(("lecho-keygen: %s/a.key exists: lecho-keygen never overwrites a key (remove it first)\nrc=1\n")
+                     :format(dir), keygen(("--dir %s z a"):format(dir)))
+    assert.are.equal(before, S.read(dir .. "/a.key"))
+    assert.is_nil(S.read(dir .. "/z.key"))       -- checked before anything is written
+    assert.are.equal("lecho-keygen: NAME 'a/b' must be 1 to 64 characters of A-Z a-z 0-9 . _ -\nrc=2\n",
+                     keygen("a/b"))
+    assert.are.equal("lecho-keygen: NAME 'x' is given twice\nrc=2\n", keygen("x x"))
+    assert.matches("^lecho%-keygen: give at least one NAME\nusage: lecho%-keygen NAME", keygen(""))
+    assert.are.equal("lecho-keygen: --authority and --sign-with do not go together: an authority is trusted "
+                     .. "for itself, not certified by another\nrc=2\n", keygen("--authority --sign-with x.key a"))
+    assert.are.equal(("lecho-keygen: --dir %s/no: no such directory\nrc=1\n"):format(dir),
+                     keygen(("--dir %s/no a"):format(dir)))
+    assert.are.equal(("lecho-keygen: key file %s/none.key: No such file or directory\nrc=1\n"):format(dir),
+                     keygen(("--dir %s --sign-with %s/none.key c"):format(dir, dir)))
+    assert.matches("^usage: lecho%-keygen NAME%.%.%. %[%-%-dir DIR%]", keygen("--help"))
   end)
 end)

@@ -35,6 +35,8 @@ local CONTEXT_BAD = {
   max_depth = { 0, 1e300, -1, 2.5 }, pin_threshold = { -1, NAN },
   log = { "x", true }, quiet = { "no", 1 }, manager = { "yes" }, recovering = { 1 },
   nameserver = { 7700 }, listen = { 0 }, advertise = { true },
+  key = { 1, true, "" }, trust = { 1, true, "", {}, { 1 }, { "a", x = "b" }, { "" } },
+  nameserver_principal = { "", "name server", ("n"):rep(65), 5, "ns/1" }, policy_file = { 1 },
 }
 
 describe("option values", function()

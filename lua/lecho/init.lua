@@ -139,6 +139,13 @@ function M.context(opts)
       channel_quota = opts.channel_quota,
       nameserver = opts.manager and opts.nameserver and self.ns or nil,
       policy = opts.policy_file,
+      -- keyed mode: who each peer is (this context's own key for addr), and
+      -- signatures for producer tickets (doc/security.md)
+      identity = identity and function(a)
+        if a == addr then return identity.key.name, identity.key.public end
+        return c:peer_identity(a)
+      end or nil,
+      sign = identity and function(m) return c:sign(m) end or nil,
       log = function(level, msg)
         if level == "warn" or level == "error" then self.log(("%s: %s"):format(level, msg)) end
       end,
@@ -160,11 +167,12 @@ function M.context(opts)
     turn = function() self:_turn() end,
   }
   if opts.manager and opts.nameserver then
-    local ok, rerr = self:request(self.ns, { op = "register_manager" })
-    if not ok then
+    local r, rerr = self:request(self.ns, { op = "register_manager" })
+    if not r then
       self:close()
       error("lecho: cannot register as a manager with " .. self.ns .. ": " .. tostring(rerr), 2)
     end
+    self:_registered(r)
   end
   return self
 end

@@ -258,10 +258,56 @@ static int env_log(lua_State *L) {
 
 /* Builds the environment: curated copies of the pure libraries, the host
  * functions, then removes what could reach outside from the state itself
- * (the string metatable's __index is the real string table). */
+ * (the string metatable's __index is the real string table).  tostring,
+ * string.format's %s and log show a function, table, userdata or thread as
+ * "table: 1" (a number per object, stable in this state), never its heap
+ * address, and %p is refused: addresses would help an attacker who found a
+ * hole in the sandbox (issue 10). */
 static const char sandbox_lua[] =
     "local env, emit, clock, log = ...\n"
     "string.dump = nil\n"
+    "local rawtostring, rawformat, type, getmetatable, rawget, select, unpack, byte, error =\n"
+    "  tostring, string.format, type, getmetatable, rawget, select, unpack, string.byte, error\n"
+    "local HEAP = { ['function'] = true, table = true, userdata = true, thread = true, cdata = true }\n"
+    "local ids, nid = setmetatable({}, { __mode = 'k' }), 0\n"
+    "local function safe(v)\n"
+    "  local t = type(v)\n"
+    "  if not HEAP[t] then return rawtostring(v) end\n"
+    "  local mt = getmetatable(v)\n"
+    "  if type(mt) == 'table' and rawget(mt, '__tostring') ~= nil then return rawtostring(v) end\n"
+    "  local id = ids[v]\n"
+    "  if not id then nid = nid + 1; id = nid; ids[v] = id end\n"
+    "  return t .. ': ' .. id\n"
+    "end\n"
+    "local SPEC = {}\n"
+    "for _, c in ipairs{ 32, 35, 43, 45, 46, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57 } do SPEC[c] = true end\n"
+    "local function format(fmt, ...)\n"
+    "  if type(fmt) ~= 'string' then return rawformat(fmt, ...) end\n"
+    "  local n, args, a, i, len = select('#', ...), { ... }, 0, 1, #fmt\n"
+    "  while i <= len do\n"
+    "    if byte(fmt, i) == 37 then\n"
+    "      i = i + 1\n"
+    "      while SPEC[byte(fmt, i)] do i = i + 1 end\n"
+    "      local c = byte(fmt, i)\n"
+    "      if c ~= 37 then\n"
+    "        a = a + 1\n"
+    "        if c == 112 then error(\"bad argument #\" .. (a + 1) .. \" to 'format' (%p is not available in a modulator)\", 2) end\n"
+    "        if c == 115 and HEAP[type(args[a])] then args[a] = safe(args[a]) end\n"
+    "      end\n"
+    "    end\n"
+    "    i = i + 1\n"
+    "  end\n"
+    "  return rawformat(fmt, unpack(args, 1, n))\n"
+    "end\n"
+    "string.format, tostring = format, safe\n"
+    "if log then\n"
+    "  local rawlog = log\n"
+    "  log = function(...)\n"
+    "    local n, t = select('#', ...), { ... }\n"
+    "    for i = 1, n do t[i] = safe(t[i]) end\n"
+    "    return rawlog(unpack(t, 1, n))\n"
+    "  end\n"
+    "end\n"
     "for _, k in ipairs{ 'assert', 'error', 'ipairs', 'next', 'pairs', 'pcall', 'select',\n"
     "  'rawequal', 'rawget', 'rawset', 'setmetatable', 'getmetatable', 'tonumber',\n"
     "  'tostring', 'type', 'unpack', 'xpcall' } do env[k] = _G[k] end\n"

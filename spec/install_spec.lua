@@ -59,7 +59,7 @@ describe("make install", function()
     for _, f in ipairs{ "/include/lecho.h", "/lib/liblecho.so", "/lib/liblecho.so.0",
                         "/lib/pkgconfig/lecho.pc", "/share/lua/5.1/lecho/init.lua",
                         "/share/lua/5.1/lecho/capi.lua", "/lib/lua/5.1/lecho/core.so",
-                        "/bin/lecho-nameserver" } do
+                        "/bin/lecho-nameserver", "/bin/lecho-keygen", "/share/lua/5.1/lecho/keys.lua" } do
       assert.truthy(S.read(prefix .. f), f .. " missing")
     end
     local pc = S.read(prefix .. "/lib/pkgconfig/lecho.pc")

@@ -23,6 +23,7 @@ describe("separate channel managers", function()
     local ch = ctx:channel("v")
     ch.manager, ch.ver = "127.0.0.1:1", 57          -- as if managed there up to version 57
     ctx:_on_peer(99, "127.0.0.1:1", false, "gone")
+    ch.manager = "127.0.0.1:2"    -- the rejoin's lookup named the next manager (lists come only from it)
     ctx:_on_ctrl("127.0.0.1:2", { op = "members", ch = ch.name, ver = 6, mid = 1,
                                   consumers = { "127.0.0.1:3" } })
     assert.are.same({ "127.0.0.1:3" }, ch.dests)

@@ -27,6 +27,7 @@ local CONTEXT_BAD = {
   retry_interval = { NAN, -1 }, retry_max = { NAN, INF, -1 }, heartbeat = { NAN, INF, -1, "5", 1e-300, 0.001 },
   heartbeat_misses = { NAN, 1, 0.5 },
   ack_timeout = { NAN, -1 }, settle = { NAN, -1 }, forget_after = { NAN, INF, -30 },
+  channel_quota = { NAN, 0, 1.5, "4" },
   modulator_budget = { NAN, 0, -1 },
   modulator_memory = { NAN, 1.5, 1024, 1e300 },
   queue_limit = { -5, 0, 1.5, NAN, INF, 1e300, "big" },
@@ -34,6 +35,8 @@ local CONTEXT_BAD = {
   max_depth = { 0, 1e300, -1, 2.5 }, pin_threshold = { -1, NAN },
   log = { "x", true }, quiet = { "no", 1 }, manager = { "yes" }, recovering = { 1 },
   nameserver = { 7700 }, listen = { 0 }, advertise = { true },
+  key = { 1, true, "" }, trust = { 1, true, "", {}, { 1 }, { "a", x = "b" }, { "" } },
+  nameserver_principal = { "", "name server", ("n"):rep(65), 5, "ns/1" }, policy_file = { 1 },
 }
 
 describe("option values", function()

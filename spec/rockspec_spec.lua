@@ -36,7 +36,8 @@ describe("the rockspec", function()
   it("installs the module, the core and the scripts", function()
     for _, f in ipairs{ "/share/lua/5.1/lecho/init.lua", "/share/lua/5.1/lecho/registry.lua",
                         "/share/lua/5.1/lecho/check.lua",
-                        "/lib/lua/5.1/lecho/core.so", "/bin/lecho-nameserver", "/bin/lecho-manager" } do
+                        "/lib/lua/5.1/lecho/core.so", "/bin/lecho-nameserver", "/bin/lecho-manager",
+                        "/bin/lecho-keygen", "/share/lua/5.1/lecho/keys.lua" } do
       assert.truthy(S.read(tree .. f), f .. " missing")
     end
   end)
@@ -86,6 +87,17 @@ describe("the rockspec", function()
     assert.is_true(S.wait(child, 20))
     assert.are.equal(0, child.rc, S.errors(child))
     assert.are.equal("tree\n", S.output(child))
+  end)
+
+  it("serves lecho-keygen from the installed tree (its core signs the certificate)", function()
+    local dir = S.tmpname("keys")
+    os.execute("mkdir -p " .. S.sh_quote(dir))
+    local kg = ("%s %s/bin/lecho-keygen --dir %s "):format(env(), tree, dir)
+    assert(S.sh(kg .. "--authority ca"))
+    local ok, out = S.sh(kg .. ("--sign-with %s/ca.key sim"):format(dir))
+    assert.is_true(ok, out)
+    assert.are.equal(("lecho-keygen: wrote %s/sim.key (secret, 0600) and %s/sim.pub, certified by ca\n")
+                     :format(dir, dir), out)
   end)
 end)
 

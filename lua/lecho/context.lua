@@ -31,6 +31,29 @@ function Context:_peer_addr(idx)
   return a
 end
 
+-- Keyed mode: the name server must be the principal nameserver_principal
+-- (ns_principal).  True when addr is not the name server's, or when the
+-- connection to it authenticated that principal.
+function Context:_nameserver_ok(addr)
+  if addr ~= self.ns or self.ns == self.addr then return true end
+  return self.c:peer_identity(addr) == self.ns_principal
+end
+
+-- From the peer hook, when the connection to addr came up in keyed mode:
+-- one to the name server that is not ns_principal is closed, and the
+-- requests waiting on it fail with "refused" (its messages are dropped by
+-- the ctrl hook until then).
+function Context:_check_nameserver(addr)
+  if self:_nameserver_ok(addr) then return end
+  local name, pk = self.c:peer_identity(addr)
+  local why = name and ("refused: name server %s is %s (key %s), not %s"):format(addr, name,
+    require("lecho.keys").hex(pk), self.ns_principal)
+    or ("refused: name server %s did not authenticate as %s"):format(addr, self.ns_principal)
+  self.log(why)
+  self:_fail_pending(addr, why)
+  self.c:close_peer(addr, why)
+end
+
 -- Runs every consumer of the channel on one decoded event (one copy per
 -- context, however many consumers).  Returns the handlers run and, for a
 -- sync event, the list of their errors (or nil): the ack is sent from C.

@@ -6,6 +6,7 @@
 -- run by the name server and the managers.
 
 local registry = require "lecho.registry"
+local policy = require "lecho.policy"
 local errors = require "lecho.errors"
 local Context = require "lecho.context"
 local Channel = require "lecho.channel"
@@ -82,6 +83,111 @@ function Context:_notify(to, msg)
   self:_send_ctrl(to, msg)
 end
 
+-- One log line per `kind` every WARN_EVERY seconds at most (a peer that
+-- floods bad messages must not flood the log); the next line says how many
+-- were left out.
+local WARN_EVERY = 5
+function Context:_warn_limited(kind, line)
+  local w = self.warned
+  if not w then w = {}; self.warned = w end
+  local e = w[kind]
+  if not e then e = { at = -math.huge, left = 0 }; w[kind] = e end
+  local t = now(self)
+  if t - e.at < WARN_EVERY then
+    e.left = e.left + 1
+    return
+  end
+  if e.left > 0 then line = ("%s (and %d more like it)"):format(line, e.left) end
+  e.at, e.left = t, 0
+  self.log(line)
+end
+
+-- A member list is a producer's only source of where its events go and
+-- which code it runs: it is taken only from the channel's manager, as the
+-- name server named it (a lookup), and only when well formed.
+local MAX_LIST = 65536        -- consumer contexts in one list
+local MAX_ADDR = 127          -- bytes of an advertised address (doc/wire-format.md)
+
+local function addr_list(l, what)
+  if type(l) ~= "table" then return nil, what .. " is not a list" end
+  local n = #l
+  if n > MAX_LIST then return nil, what .. " is too long" end
+  local count = 0
+  for k, a in pairs(l) do
+    count = count + 1
+    if type(k) ~= "number" or k < 1 or k > n or k ~= math.floor(k) then
+      return nil, what .. " is not a list"
+    end
+    if type(a) ~= "string" or a == "" or #a > MAX_ADDR then
+      return nil, what .. " holds something that is not an address"
+    end
+  end
+  if count ~= n then return nil, what .. " is not a list" end
+  return true
+end
+
+local function mods_ok(mods)
+  if mods == nil then return true end
+  if type(mods) ~= "table" then return nil, "'mods' is not a table" end
+  for k, m in pairs(mods) do
+    if type(k) ~= "string" or #k == 0 or #k > 64 then return nil, "a modulator key is not 1 to 64 bytes" end
+    if type(m) ~= "table" or type(m.src) ~= "string" then
+      return nil, ("modulator %s has no string 'src'"):format(k)
+    end
+    local per = m.period
+    if per ~= nil and (type(per) ~= "number" or not (per >= 0.001 and per < math.huge)) then
+      return nil, ("modulator %s: 'period' is not a finite number >= 0.001"):format(k)
+    end
+    if m.base ~= nil and type(m.base) ~= "string" then return nil, ("modulator %s: 'base' is not a string"):format(k) end
+    if m.caps ~= nil then
+      if type(m.caps) ~= "table" then return nil, ("modulator %s: 'caps' is not a list"):format(k) end
+      for _, c in pairs(m.caps) do
+        if type(c) ~= "string" then return nil, ("modulator %s: 'caps' holds a non-string"):format(k) end
+      end
+    end
+    if m.dests ~= nil then
+      local ok, err = addr_list(m.dests, ("modulator %s: 'dests'"):format(k))
+      if not ok then return nil, err end
+    end
+  end
+  return true
+end
+
+-- Keyed mode: pins each address of `keys` ({ [addr] = pk }, from a member
+-- list or a producer's join reply) to its key before anything is sent
+-- there: a context that claims the address with another key is refused.
+local function pin_all(ctx, keys)
+  for addr, pk in pairs(keys or {}) do
+    local ok, err = ctx.c:expect(addr, pk)
+    if not ok then ctx.log(("cannot pin %s to its key: %s"):format(addr, tostring(err))) end
+  end
+end
+
+-- The channel a `members` message from `from` may change, or nil, why.
+local function members_channel(self, from, msg)
+  local ch = type(msg.ch) == "string" and self.byname[msg.ch]
+  if not ch then return nil, ("no channel '%s' here"):format(tostring(msg.ch)) end
+  if ch.manager == nil or from ~= ch.manager then
+    return nil, ("not the manager of '%s' (%s)"):format(ch.name, tostring(ch.manager or "none yet"))
+  end
+  local ver = msg.ver
+  if type(ver) ~= "number" or not (ver >= 0 and ver < 2 ^ 53) or ver ~= math.floor(ver) then
+    return nil, "'ver' is not an integer in [0, 2^53)"
+  end
+  local ok, err = addr_list(msg.consumers, "'consumers'")
+  if ok then ok, err = mods_ok(msg.mods) end
+  if not ok then return nil, err end
+  if msg.keys ~= nil then
+    if type(msg.keys) ~= "table" then return nil, "'keys' is not a table" end
+    for a, k in pairs(msg.keys) do
+      if type(a) ~= "string" or #a > MAX_ADDR or type(k) ~= "string" or #k ~= 32 then
+        return nil, "'keys' holds something that is not an address and a 32-byte key"
+      end
+    end
+  end
+  return ch
+end
+
 function Context:_on_ctrl(from, msg)
   if type(msg) ~= "table" or type(msg.op) ~= "string" then
     self.log(("ignoring a control message without op from %s"):format(from))
@@ -92,22 +198,26 @@ function Context:_on_ctrl(from, msg)
     local p = self.pending[msg.rid]
     if p then p.reply = msg end
   elseif op == "members" then
-    local ch = self.byname[msg.ch]
-    if ch and type(msg.ver) == "number" and type(msg.consumers) == "table"
-       and msg.ver > ch.ver then
+    local ch, why = members_channel(self, from, msg)
+    if not ch then
+      return self:_warn_limited("members", ("ignoring a members message from %s: %s"):format(from, why))
+    end
+    if msg.ver > ch.ver then
       ch.ver = msg.ver
+      pin_all(self, msg.keys)
       ch:_apply_members(msg.consumers, msg.mods)
     end
     self:_send_ctrl(from, { op = "members_ok", ch = msg.ch, ver = msg.ver, mid = msg.mid,
-                            errs = ch and ch:_mod_errors(msg.mods) })
+                            errs = ch:_mod_errors(msg.mods) })
+  -- A producer speaks of its own streams and modulators only: these name
+  -- `from` (the connection's peer), never the `producer` the message claims.
   elseif op == "stream_end" then
     local ch = self.byname[msg.ch]
-    if ch and type(msg.key) == "string" then ch:_stream_ended(msg.key, msg.producer or from) end
+    if ch and type(msg.key) == "string" then ch:_stream_ended(msg.key, from) end
   elseif op == "mod_error" then
     local ch = self.byname[msg.ch]
     if ch and type(msg.key) == "string" then
-      ch:_tell_mod_error(msg.key, ("modulator at %s: %s"):format(tostring(msg.producer or from),
-                                                                 tostring(msg.err)))
+      ch:_tell_mod_error(msg.key, ("modulator at %s: %s"):format(from, tostring(msg.err)))
     end
   elseif self.reg then
     self.reg:handle(from, msg, self._send, now(self))
@@ -115,6 +225,23 @@ function Context:_on_ctrl(from, msg)
     self:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = false,
                             err = ("unknown op '%s' (this context is not a name server)"):format(op) })
   end
+end
+
+-- A manager's registration was answered (reply `r`): the name server's
+-- policy, if it has one, is what this manager enforces on the joins it
+-- takes.  One that does not parse refuses everything (logged): a manager
+-- must not be more lenient than its name server.
+function Context:_registered(r)
+  if r.policy == nil then
+    self.reg.policy = nil
+    return
+  end
+  local pol, err = policy.new(r.policy, "the policy from name server " .. self.ns)
+  if not pol then
+    self.log(err .. "; every request is refused until it registers again")
+    pol = policy.new({ rules = {} })
+  end
+  self.reg.policy = pol
 end
 
 function Context:_on_peer(idx, addr, up, reason)
@@ -133,6 +260,7 @@ function Context:_on_peer(idx, addr, up, reason)
       if r then
         t:stop()
         self.reregister = nil
+        self:_registered(r)
         for _, ch in ipairs(r.taken or {}) do
           self.log(("channel '%s' is now managed by another manager"):format(ch))
         end
@@ -178,12 +306,45 @@ function Context:_channel_exists(full, ns, name)
   return nil, err, code
 end
 
+-- Keyed mode: what the control plane said of this channel's keys, applied
+-- to one of its core channels (the channel or a derived stream "name@key"):
+-- the manager's key, against which a consumer checks a producer's ticket on
+-- BIND, and this producer's own ticket.
+function Channel:_secure(chid)
+  local c = self.ctx.c
+  if self.manager_key then c:chan_manager_key(chid, self.manager_key) end
+  if self.ticket then c:chan_ticket(chid, self.ticket) end
+end
+
+function Channel:_secure_all()
+  self:_secure(self.chid)
+  for _, inst in pairs(self.mods) do self:_secure(inst.dchid) end
+  for _, st in pairs(self.streams) do self:_secure(st.chid) end
+end
+
+local function is_key(k, n) return type(k) == "string" and #k == n end
+
 function Channel:_manager()
   if self.manager then return self.manager end
   local ctx = self.ctx
   local r, err, code = ctx:request(self.ns, { op = "lookup", ch = self.name,
                                               recovering = self.recovering or nil })
   if not r then return nil, ("name server %s: %s"):format(self.ns, err), code end
+  if type(r.manager) ~= "string" or (r.manager_key ~= nil and not is_key(r.manager_key, 32)) then
+    return nil, ("name server %s: a lookup reply without a manager address and key"):format(self.ns), "protocol"
+  end
+  if r.manager_key then
+    -- the manager is who the name server says it is: its address is pinned
+    -- to that key, and its producers' tickets are checked against it
+    local ok, perr = ctx.c:expect(r.manager, r.manager_key)
+    if not ok then
+      return nil, ("name server %s: manager %s: %s"):format(self.ns, r.manager, tostring(perr)), "refused"
+    end
+    if self.manager_key ~= r.manager_key then
+      self.manager_key = r.manager_key
+      self:_secure_all()
+    end
+  end
   self.manager = r.manager
   -- a peer's number: finite, positive, bounded, or none (a NaN or a string
   -- from a broken name server must not become the join's wait)
@@ -206,10 +367,20 @@ function Channel:_join(role)
     return nil, ("joining '%s' as %s: %s"):format(self.name, role, err), code
   end
   if role == "producer" then
+    if r.ticket ~= nil then
+      if not is_key(r.ticket, 64) then
+        return nil, ("joining '%s' as producer: a ticket that is not 64 bytes"):format(self.name), "protocol"
+      end
+      if self.ticket ~= r.ticket then
+        self.ticket = r.ticket
+        self:_secure_all()
+      end
+    end
     -- A `members` update handled while we waited (it can come in the same
     -- read as this reply, and was already confirmed) is newer: keep it.
     if self.ver == ver_before or (r.ver or -1) > self.ver then
       self.ver = r.ver or self.ver
+      pin_all(self.ctx, type(r.keys) == "table" and r.keys or nil)
       self:_apply_members(r.consumers or {}, r.mods)
     end
   else

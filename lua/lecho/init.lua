@@ -68,15 +68,29 @@ local function now(self) return self.c:now() end
 -- registered with opts.nameserver), timeout (control requests, 5 s),
 -- sync_timeout (10 s), queue_limit, policy, batch_bytes, max_string,
 -- max_depth, max_frame, pin_threshold, retry_interval, retry_max, heartbeat,
--- heartbeat_misses (see README), log (fn(msg)), quiet; the full list with
--- defaults is lecho.options.CONTEXT.
+-- heartbeat_misses (see README), log (fn(msg)), quiet, key, trust and
+-- nameserver_principal (keyed mode: README "Keys"; without key and trust
+-- the context is in protected mode); the full list with defaults is
+-- lecho.options.CONTEXT.
 function M.context(opts)
   opts = options.check(opts, options.CONTEXT, "lecho.context", 2)
   local D = options.CONTEXT
   local listen = parse_addr(opts.listen or D.listen, "listen address", true, 2)
   local ns = opts.nameserver and parse_addr(opts.nameserver, "nameserver", false, 2)
   local advertise = opts.advertise and parse_addr(opts.advertise, "advertise address", true, 2)
+  -- keyed mode (key and trust, README "Keys") or protected mode (neither)
+  local identity, keys = false, nil
+  if opts.key ~= nil or opts.trust ~= nil or os.getenv("LECHO_KEY") or os.getenv("LECHO_TRUST") then
+    keys = require "lecho.keys"     -- (and lua-cjson) only for keyed mode
+    local err
+    identity, err = keys.identity(opts.key, opts.trust)
+    if identity == nil then error("lecho: " .. err, 2) end
+  end
   local c = core.new(opts)
+  if identity then
+    local ok, err = keys.apply(c, identity)
+    if not ok then c:close(); error("lecho: " .. err, 2) end
+  end
   -- addr: what peers are told (advertise, or for a wildcard the address
   -- this host reaches the name server from); bound: what we listen on
   local addr, err = c:listen(listen, advertise, ns)
@@ -99,6 +113,9 @@ function M.context(opts)
     mod_budget = opts.modulator_budget or D.modulator_budget,
     mod_memory = opts.modulator_memory or D.modulator_memory,
     timeout = opts.timeout or D.timeout,
+    keyed = identity and true or false,
+    principal = identity and identity.key.name or nil,   -- ro: our name in keyed mode
+    ns_principal = opts.nameserver_principal or D.nameserver_principal,
     sync_timeout = opts.sync_timeout or D.sync_timeout,
     closed = false,
   }, Context)
@@ -109,6 +126,9 @@ function M.context(opts)
   else
     self.log = function(msg) io.stderr:write(("lecho[%s]: %s\n"):format(addr, msg)) end
   end
+  if not identity then
+    self.log("protected mode: no key configured; listening on loopback only, every local process is trusted")
+  end
   self._send = function(to, msg) self:_send_ctrl(to, msg) end
   self.ns = ns or addr
   if opts.manager or not opts.nameserver then
@@ -116,7 +136,16 @@ function M.context(opts)
       addr = addr, role = opts.manager and opts.nameserver and "manager" or "nameserver",
       ack_timeout = opts.ack_timeout or D.ack_timeout,
       settle = opts.settle, recovering = opts.recovering, forget_after = opts.forget_after,
+      channel_quota = opts.channel_quota,
       nameserver = opts.manager and opts.nameserver and self.ns or nil,
+      policy = opts.policy_file,
+      -- keyed mode: who each peer is (this context's own key for addr), and
+      -- signatures for producer tickets (doc/security.md)
+      identity = identity and function(a)
+        if a == addr then return identity.key.name, identity.key.public end
+        return c:peer_identity(a)
+      end or nil,
+      sign = identity and function(m) return c:sign(m) end or nil,
       log = function(level, msg)
         if level == "warn" or level == "error" then self.log(("%s: %s"):format(level, msg)) end
       end,
@@ -125,18 +154,25 @@ function M.context(opts)
   end
   c:hooks{
     event = function(...) return self:_dispatch(...) end,
-    ctrl = function(from, msg) return self:_on_ctrl(from, msg) end,
-    peer = function(idx, paddr, up, reason) return self:_on_peer(idx, paddr, up, reason) end,
+    ctrl = function(from, msg)
+      if self.keyed and not self:_nameserver_ok(from) then return end
+      return self:_on_ctrl(from, msg)
+    end,
+    peer = function(idx, paddr, up, reason)
+      if up and self.keyed then self:_check_nameserver(paddr) end
+      return self:_on_peer(idx, paddr, up, reason)
+    end,
     log = function(msg) self.log(msg) end,
     moe_error = function(id, why) self:_moe_error(id, why) end,
     turn = function() self:_turn() end,
   }
   if opts.manager and opts.nameserver then
-    local ok, rerr = self:request(self.ns, { op = "register_manager" })
-    if not ok then
+    local r, rerr = self:request(self.ns, { op = "register_manager" })
+    if not r then
       self:close()
       error("lecho: cannot register as a manager with " .. self.ns .. ": " .. tostring(rerr), 2)
     end
+    self:_registered(r)
   end
   return self
 end

@@ -11,7 +11,7 @@ local outbox = require "lecho.outbox"
 local naming = require "lecho.naming"
 
 local sorted_keys, emit, reply, fail = outbox.sorted_keys, outbox.emit, outbox.reply, outbox.fail
-local check_ch, claim = naming.check_ch, naming.claim
+local check_ch, claim, allowed = naming.check_ch, naming.claim, naming.allowed
 
 local M = {}
 
@@ -27,6 +27,7 @@ local function new_channel(self, name)
   self.channels[name] = c
   self.nchannels = self.nchannels + 1
   self.idle[name] = nil
+  naming.uncharge(self, name)      -- in use: no longer its requester's junk
   return c
 end
 
@@ -68,6 +69,47 @@ local function members_of(c)
   return plain, mods
 end
 
+-- Keyed mode: the public keys of the consumer contexts a member list
+-- names, { [addr] = pk }: the producer pins each address to its key before
+-- it sends there.  nil in protected mode.
+local function keys_of(self, plain, mods)
+  if not self.identity then return nil end
+  local keys, any = {}, false
+  local function add(a)
+    if keys[a] == nil then
+      local _, pk = self.identity(a)
+      if pk then keys[a], any = pk, true end
+    end
+  end
+  for _, a in ipairs(plain) do add(a) end
+  for _, m in pairs(mods) do
+    for _, a in ipairs(m.dests) do add(a) end
+  end
+  return any and keys or nil
+end
+
+-- A channel's name up to the first '@' after its last '/': the channel a
+-- derived stream "ns/name@key" comes from (producer tickets name it).
+local function base_of(name)
+  local slash = 0
+  for i = #name, 1, -1 do
+    if name:byte(i) == 47 then slash = i break end
+  end
+  local at = name:find("@", slash + 1, true)
+  return at and name:sub(1, at - 1) or name
+end
+M.base_of = base_of
+
+-- Keyed mode: the ticket that lets producer `addr` BIND channel `name` at
+-- its consumers (doc/wire-format.md): this manager's signature over
+-- "lecho-producer-v1" 0 base-name 0 producer-pk.  nil in protected mode.
+local function ticket_for(self, name, addr)
+  if not (self.sign and self.identity) then return nil end
+  local _, pk = self.identity(addr)
+  if not pk then return nil end
+  return self.sign("lecho-producer-v1\0" .. base_of(name) .. "\0" .. pk)
+end
+
 -- The consumer set changed: new version, `members` to every producing context.
 local function publish_members(self, c, io)
   self.seq = self.seq + 1
@@ -76,7 +118,7 @@ local function publish_members(self, c, io)
     self.mid = self.mid + 1
     local plain, mods = members_of(c)
     emit(self, io, p, { op = "members", ch = c.name, ver = c.ver, consumers = plain, mods = mods,
-                        mid = self.mid })
+                        keys = keys_of(self, plain, mods), mid = self.mid })
   end
 end
 
@@ -112,7 +154,8 @@ end
 -- Answers a producer's join with the current member list (its confirmation).
 local function answer_producer(self, io, c, to, rid, p)
   local plain, mods = members_of(c)
-  reply(self, io, to, rid, { consumers = plain, mods = mods, ver = c.ver, count = p.count })
+  reply(self, io, to, rid, { consumers = plain, mods = mods, keys = keys_of(self, plain, mods),
+                             ver = c.ver, count = p.count, ticket = ticket_for(self, c.name, to) })
 end
 
 -- Answer every waiting consumer join whose version all current producers
@@ -251,6 +294,30 @@ local function subscribed(self, c, from, msg, r, subs, io)
   wait_for(self, c, from, msg, r, io)
 end
 
+-- Keyed mode: may `from` take `role` on `ch` ("consumer": with the
+-- modulators its subscriptions ask for, each with its capabilities)?
+-- Checked before anything is made.  Returns true, or nil, err.
+local function authorize(self, from, msg, role, ch)
+  local ok, err = allowed(self, from, role == "producer" and "produce" or "consume", ch)
+  if not ok or role == "producer" then return ok, err end
+  local mods = type(msg.subs) == "table" and type(msg.subs.mods) == "table" and msg.subs.mods or {}
+  local keys = {}
+  for k in pairs(mods) do keys[#keys + 1] = tostring(k) end  -- (a key that is no string fails later)
+  table.sort(keys)
+  for _, k in ipairs(keys) do
+    local m = mods[k]
+    local caps = type(m) == "table" and type(m.caps) == "table" and m.caps or nil
+    ok, err = allowed(self, from, "modulate", ch, caps)
+    if not ok then return nil, err end
+  end
+  return true
+end
+
+-- A refusal's text is the policy's, as it is (doc/security.md).
+local function refuse(self, io, from, msg, err)
+  return fail(self, io, from, msg.rid, err, { code = "refused" })
+end
+
 local ops = {}
 
 -- A context adds one producer or consumer endpoint to `ch`.
@@ -259,9 +326,12 @@ function ops.join(self, from, msg, io)
   if not ch then return fail(self, io, from, msg.rid, err) end
   local role; role, err = check_role(msg)
   if not role then return fail(self, io, from, msg.rid, err) end
+  local ok; ok, err = authorize(self, from, msg, role, ch)
+  if not ok then return refuse(self, io, from, msg, err) end
   local c = self.channels[ch]
   if not c then
-    local ok, e, owner = claim(self, ch, "join")
+    local e, owner
+    ok, e, owner = claim(self, ch, "join")
     if not ok then return fail(self, io, from, msg.rid, e, { manager = owner }) end
     if self.nchannels >= self.max_channels then
       return fail(self, io, from, msg.rid, ("join: too many channels (limit %d)"):format(self.max_channels))
@@ -310,6 +380,8 @@ end
 function ops.subscribe(self, from, msg, io)
   local ch, err = check_ch(self, msg)
   if not ch then return fail(self, io, from, msg.rid, err) end
+  local ok; ok, err = authorize(self, from, msg, "consumer", ch)
+  if not ok then return refuse(self, io, from, msg, err) end
   local c = self.channels[ch]
   local r = c and c.consumers[from]
   if not r then

@@ -216,6 +216,7 @@ function Channel:_install(key, m)
   end
   local moe
   local dchid = ctx.c:channel(self:_derived_name(key))
+  self:_secure(dchid)
   if not err then
     ctx.nextmoe = ctx.nextmoe + 1
     moe, err = ctx.c:moe(ctx.nextmoe, dchid, ("%s@%s"):format(self.short, key:sub(1, 8)), m.src,
@@ -238,6 +239,7 @@ function Channel:_rekey(inst, key, m)
   local ctx = self.ctx
   self.mods[inst.key] = nil
   local dchid = ctx.c:channel(self:_derived_name(key))
+  self:_secure(dchid)
   local ok, err = inst.moe:retarget(dchid)
   if ok then ok, err = inst.moe:params(m.params == nil and {} or m.params) end
   if not ok then
@@ -320,6 +322,7 @@ function Channel:_attach(con, spec, handler)
     st = { derived = true, short = self.short, key = spec.key,
            consumers = { short = self.short, derived = true }, chid = ctx.c:channel(name) }
     self.streams[spec.key] = st
+    self:_secure(st.chid)
     ctx.bychid[st.chid] = st
     ctx.disp[st.chid] = st.consumers
     ctx.c:set_local(st.chid, true)

@@ -8,6 +8,7 @@
 if jit then jit.off(true, true) end
 
 local outbox = require "lecho.outbox"
+local policy = require "lecho.policy"
 
 local sorted_keys, reply, fail = outbox.sorted_keys, outbox.reply, outbox.fail
 
@@ -22,6 +23,92 @@ local function check_ch(self, msg)
     return nil, ("%s: channel name longer than %d bytes"):format(msg.op, self.max_name)
   end
   return ch
+end
+
+-- The principal of `from` (keyed mode), or nil (protected mode: every
+-- local process is trusted).
+local function principal(self, from)
+  if not self.identity then return nil end
+  local name = self.identity(from)
+  return name
+end
+
+-- Authorization (doc/security.md): may `from` do `action` on channel `ch`
+-- (nil: on some channel), its modulators asking for `caps`?  Always in
+-- protected mode, always for this context itself, and for every trusted
+-- principal while no policy is loaded.  Returns true, or nil, err.
+local function allowed(self, from, action, ch, caps)
+  if from == self.addr or not self.identity then return true end
+  if not self.policy then
+    if not self.said_open and self.role == "nameserver" then
+      self.said_open = true
+      self.log("warn", "keyed mode without a policy: every trusted principal may produce, consume, "
+                       .. "modulate, manage and list every channel (doc/security.md)")
+    end
+    return true
+  end
+  local who = principal(self, from)
+  if who == nil then
+    -- keyed, yet no authenticated identity (its connection is gone)
+    return nil, ("not allowed: %s has no authenticated identity"):format(from)
+  end
+  return self.policy:check(who, action, ch, caps)
+end
+
+-- The public key of the context at `addr` (keyed mode), for a lookup
+-- reply: the asker pins the manager's address to it.
+local function key_of(self, addr)
+  if not self.identity then return nil end
+  local _, pk = self.identity(addr)
+  return pk
+end
+
+-- A lookup that makes a channel's entry needs one of produce and consume.
+local function may_create(self, from, ch)
+  if allowed(self, from, "produce", ch) or allowed(self, from, "consume", ch) then return true end
+  return nil, ("not allowed: %s may not produce or consume %s"):format(principal(self, from),
+                                                                      policy.base_name(ch))
+end
+
+-- Quotas.  A channel entry that a lookup makes is charged to its requester
+-- until the channel gets a member here (a join: it is in use, not junk) or
+-- the entry is forgotten: one requester's junk lookups fill its own share
+-- (channel_quota), never the table that the others' channels need.  (An
+-- entry assigned to another manager stays charged until it is forgotten:
+-- the name server does not see its joins.)  A requester is a principal in
+-- keyed mode, else a context's address.
+local function requester(self, from)
+  return principal(self, from) or from
+end
+
+-- Room for one more entry of `who` (its held lookups count too)?
+-- Returns true, or nil, err.
+local function quota_room(self, who, op)
+  if (self.created[who] or 0) + (self.lheld[who] or 0) >= self.channel_quota then
+    return nil, ("%s: too many channels created by %s (limit %d per requester)")
+                :format(op, who, self.channel_quota)
+  end
+  return true
+end
+
+local function charge(self, ch, who)
+  self.created[who] = (self.created[who] or 0) + 1
+  self.creator[ch] = who
+end
+
+-- The entry of `ch` is gone: its requester may make another.
+local function uncharge(self, ch)
+  local who = self.creator[ch]
+  if who == nil then return end
+  self.creator[ch] = nil
+  local n = self.created[who] - 1
+  self.created[who] = n > 0 and n or nil
+end
+
+-- A lookup held while recovering is no longer held (it runs now).
+local function unhold(self, w)
+  local n = (self.lheld[w.who] or 1) - 1
+  self.lheld[w.who] = n > 0 and n or nil
 end
 
 -- Name server: may this context manage `ch`? Claims unassigned channels.
@@ -51,6 +138,7 @@ local function unassign(self, ch, why)
   local owner = self.assign[ch]
   self.assign[ch], self.used[ch], self.idle_remote[ch] = nil, nil, nil
   self.nassigned = self.nassigned - 1
+  uncharge(self, ch)
   if self.managers[owner] then self.managers[owner].nch = self.managers[owner].nch - 1 end
   self.log("info", ("channel '%s' forgotten: %s"):format(ch, why))
 end
@@ -116,7 +204,18 @@ function ops.lookup(self, from, msg, io)
   local owner = self.assign[ch]
   if owner == nil and self.recover_until > io.now and not msg.waited then
     -- Recovering: the manager of this channel may not have registered again
-    -- yet; assigning it now could split it between two managers.
+    -- yet; assigning it now could split it between two managers.  A held
+    -- lookup counts against its requester's quota (the list is bounded).
+    if msg.create ~= false then
+      local ok, qerr = may_create(self, from, ch)
+      if not ok then return fail(self, io, from, msg.rid, qerr, { code = "refused" }) end
+      local who = requester(self, from)
+      ok, qerr = quota_room(self, who, "lookup")
+      if not ok then return fail(self, io, from, msg.rid, qerr) end
+      self.lheld[who] = (self.lheld[who] or 0) + 1
+      self.lwaits[#self.lwaits + 1] = { from = from, msg = msg, hold = self.recover_until, who = who }
+      return
+    end
     self.lwaits[#self.lwaits + 1] = { from = from, msg = msg, hold = self.recover_until }
     return
   end
@@ -127,7 +226,8 @@ function ops.lookup(self, from, msg, io)
     if owner == nil or (owner == self.addr and not in_use(self, ch)) then
       return fail(self, io, from, msg.rid, ("lookup: no such channel: %s"):format(ch), { code = "notfound" })
     end
-    return reply(self, io, from, msg.rid, { manager = owner, settle = settle > 0 and settle or nil })
+    return reply(self, io, from, msg.rid, { manager = owner, manager_key = key_of(self, owner),
+                                            settle = settle > 0 and settle or nil })
   end
   self.used[ch] = io.now
   self.idle_remote[ch] = nil    -- the manager tells again once it is unused
@@ -135,10 +235,18 @@ function ops.lookup(self, from, msg, io)
     if self.nassigned >= self.max_channels then
       return fail(self, io, from, msg.rid, ("lookup: too many channels (limit %d)"):format(self.max_channels))
     end
+    local ok, qerr = may_create(self, from, ch)
+    if not ok then return fail(self, io, from, msg.rid, qerr, { code = "refused" }) end
+    local who = requester(self, from)
+    ok, qerr = quota_room(self, who, "lookup")
+    if not ok then return fail(self, io, from, msg.rid, qerr) end
+    charge(self, ch, who)
     owner = self.addr
     local best
     for _, a in ipairs(sorted_keys(self.managers)) do
-      if best == nil or self.managers[a].nch < self.managers[best].nch then best = a end
+      if (best == nil or self.managers[a].nch < self.managers[best].nch) and allowed(self, a, "manage", ch) then
+        best = a
+      end
     end
     if best then
       owner = best
@@ -149,7 +257,8 @@ function ops.lookup(self, from, msg, io)
     self.used[ch] = io.now
     self.log("info", ("channel '%s' assigned to %s"):format(ch, owner))
   end
-  reply(self, io, from, msg.rid, { manager = owner, settle = settle > 0 and settle or nil })
+  reply(self, io, from, msg.rid, { manager = owner, manager_key = key_of(self, owner),
+                                   settle = settle > 0 and settle or nil })
 end
 
 -- Name server: `from` is a channel manager ready to take channels.
@@ -157,6 +266,8 @@ function ops.register_manager(self, from, msg, io)
   if self.role ~= "nameserver" then
     return fail(self, io, from, msg.rid, "register_manager: this context is a channel manager, not a name server")
   end
+  local ok, err = allowed(self, from, "manage")
+  if not ok then return fail(self, io, from, msg.rid, err, { code = "refused" }) end
   if not self.managers[from] then
     self.managers[from] = { nch = 0 }
     self.log("info", "manager registered: " .. from)
@@ -169,7 +280,7 @@ function ops.register_manager(self, from, msg, io)
     for _, ch in ipairs(msg.channels) do
       if type(ch) == "string" and ch ~= "" and #ch <= self.max_name then
         local owner = self.assign[ch]
-        if owner == nil and self.nassigned < self.max_channels then
+        if owner == nil and self.nassigned < self.max_channels and allowed(self, from, "manage", ch) then
           self.assign[ch] = from
           self.nassigned = self.nassigned + 1
           self.managers[from].nch = self.managers[from].nch + 1
@@ -179,7 +290,9 @@ function ops.register_manager(self, from, msg, io)
       end
     end
   end
-  reply(self, io, from, msg.rid, { taken = taken[1] and taken or nil })
+  -- the manager enforces the same policy on the joins it takes
+  reply(self, io, from, msg.rid, { taken = taken[1] and taken or nil,
+                                   policy = self.policy and self.policy:table() or nil })
 end
 
 -- Name server: manager `from` has had no producer and no consumer of `ch`
@@ -195,7 +308,8 @@ function ops.release(self, from, msg, io)
   end
 end
 
-M.check_ch, M.claim, M.forget_unused, M.release_unused, M.ops =
-  check_ch, claim, forget_unused, release_unused, ops
+M.check_ch, M.claim, M.forget_unused, M.release_unused, M.uncharge, M.unhold, M.ops =
+  check_ch, claim, forget_unused, release_unused, uncharge, unhold, ops
+M.principal, M.allowed, M.key_of = principal, allowed, key_of
 
 return M

@@ -57,6 +57,29 @@ local function caps(v)
     end
   end
 end
+-- Keyed mode (README "Keys"): the secret key file, the trust files, the
+-- principal the name server must be.  false: none, whatever $LECHO_KEY and
+-- $LECHO_TRUST say.
+local function keyfile(v)
+  if v ~= false and (type(v) ~= "string" or v == "") then
+    return "must be the path of a secret key file (or false: none)"
+  end
+end
+local function trustfiles(v)
+  if v == false or (type(v) == "string" and v ~= "") then return end
+  local why = "must be the path of a trust file, a non-empty list of them, or false"
+  if type(v) ~= "table" or getmetatable(v) ~= nil then return why end
+  local n = 0
+  for _ in pairs(v) do n = n + 1 end
+  if n == 0 or n ~= #v then return why end
+  for _, p in ipairs(v) do
+    if type(p) ~= "string" or p == "" then return why end
+  end
+end
+local function principal(v)
+  local keys = require "lecho.keys"     -- (its lua-cjson only when asked)
+  if not keys.valid_name(v) then return "must be a principal name: " .. keys.NAME_RULE end
+end
 -- 0 (off) or long enough that a peer can answer: 1e-300 declared every
 -- peer dead at once
 local AT_LEAST_10MS = time(0.01)
@@ -80,11 +103,14 @@ local SCHEMA = {
     queue_limit = { size(1) }, policy = { policy }, batch_bytes = { size(0) },
     max_string = { size(0) }, max_depth = { size(1) }, max_frame = { size(0) },
     pin_threshold = { size(0) },
+    key = { keyfile }, trust = { trustfiles }, nameserver_principal = { principal, "nameserver" },
     retry_interval = { TIME }, retry_max = { TIME }, heartbeat = { HEARTBEAT },
     heartbeat_misses = { time(1, true) },
     modulator_budget = { TIME_POS, 0.005 }, modulator_memory = { size(256 * 1024), 32 * 1024 * 1024 },
     -- the registry of a name server or manager run inside the context
     ack_timeout = { TIME, 2.0 }, settle = { TIME }, recovering = { BOOL }, forget_after = { TIME },
+    channel_quota = { size(1) },
+    policy_file = { typed("string") },  -- a name server's authorization policy (lecho.policy)
   },
   CHANNEL = { create = { BOOL } },
   PRODUCER = { policy = { policy }, grant = { caps } },

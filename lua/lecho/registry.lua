@@ -52,6 +52,7 @@ local function noop() end
 local outbox = require "lecho.outbox"
 local naming = require "lecho.naming"
 local membership = require "lecho.membership"
+local policy = require "lecho.policy"
 
 local sorted_keys, reply, fail, flush = outbox.sorted_keys, outbox.reply, outbox.fail, outbox.flush
 local members_of, publish_members, check_waits, maybe_drop, answer_producer =
@@ -67,8 +68,14 @@ for k, f in pairs(naming.ops) do ops[k] = f end
 for k, f in pairs(membership.ops) do ops[k] = f end
 
 -- Introspection over the wire: same shape as snapshot() minus addr/role.
+-- Keyed mode: only the channels the asker may list (refused when none).
 function ops.list(self, from, msg, io)
+  local ok, err = naming.allowed(self, from, "list")
+  if not ok then return fail(self, io, from, msg.rid, err, { code = "refused" }) end
   local s = self:snapshot()
+  for name in pairs(s.channels) do
+    if not naming.allowed(self, from, "list", name) then s.channels[name] = nil end
+  end
   reply(self, io, from, msg.rid, { channels = s.channels, managers = s.managers })
 end
 
@@ -79,9 +86,20 @@ local ONEWAY = { members_ok = true, release = true }
 -- Public API.
 
 -- R.new{ addr = "host:port", role = "nameserver"|"manager", ack_timeout = 2.0,
---        max_channels = 65536, max_name = 1024, settle = 3.0, recovering = false,
+--        max_channels = 65536, channel_quota = 4096, max_name = 1024,
+--        settle = 3.0, recovering = false,
 --        forget_after = 30, nameserver = "host:port" (manager),
 --        log = function(level, msg) }
+-- channel_quota: the channel entries one requester (a context's address, or
+-- its principal in keyed mode) may make at the name server by lookups and
+-- joins, until they are forgotten (forget_after); past it a lookup fails
+-- with code "limit".
+-- Keyed mode (doc/security.md): identity = fn(addr) -> principal, pk (32
+-- raw bytes) of an authenticated peer (this context's own for `addr`), nil
+-- in protected mode; policy = a lecho.policy, its rules table or a policy
+-- file's name (raises with the file's error when malformed; nil: every
+-- trusted principal may do everything); sign = fn(msg) -> 64-byte signature with this
+-- context's identity (producer tickets).
 -- settle: the recovery window (seconds); recovering: it opens at start (a
 -- standalone name server, which may be a restarted one); forget_after: a
 -- name server forgets a channel it manages itself once it has had no
@@ -109,15 +127,30 @@ function M.new(opts)
   if opts.nameserver ~= nil and type(opts.nameserver) ~= "string" then
     error("lecho.registry.new: 'nameserver' must be a \"host:port\" string", 2)
   end
+  for _, k in ipairs{ "identity", "sign" } do
+    if opts[k] ~= nil and type(opts[k]) ~= "function" then
+      error(("lecho.registry.new: '%s' must be a function"):format(k), 2)
+    end
+  end
+  local pol = opts.policy
+  if type(pol) == "string" or (type(pol) == "table" and getmetatable(pol) == nil) then
+    -- a file (lecho-nameserver --policy) or the rules themselves
+    local perr
+    if type(pol) == "string" then pol, perr = policy.load(pol) else pol, perr = policy.new(pol) end
+    if not pol then error(perr, 2) end
+  elseif pol ~= nil and (type(pol) ~= "table" or type(pol.check) ~= "function") then
+    error("lecho.registry.new: 'policy' must be a file name, a policy table or a lecho.policy", 2)
+  end
   if opts.log ~= nil and type(opts.log) ~= "function" then
     error("lecho.registry.new: 'log' must be a function", 2)
   end
-  return setmetatable({
+  local self = setmetatable({
     addr = opts.addr,                     -- ro
     role = opts.role,                     -- ro
     ack_timeout = num("ack_timeout", 2.0),       -- rw, seconds
     settle = num("settle", 3.0),                 -- rw, seconds: recovery window
     max_channels = num("max_channels", 65536),   -- rw
+    channel_quota = num("channel_quota", 4096),  -- rw: entries one requester's lookups may make
     max_name = num("max_name", 1024),            -- rw, bytes
     forget_after = num("forget_after", 30),      -- rw, seconds: name server, unused channels
     log = opts.log or noop,
@@ -135,7 +168,13 @@ function M.new(opts)
     idle_remote = {},                     -- name server: ch -> its manager said unused
     nameserver = opts.nameserver,         -- manager: its name server's addr (release)
     idle = {},                            -- manager: ch -> since when it has no record
+    created = {}, creator = {},           -- name server: requester -> entries made, ch -> requester
+    lheld = {},                           -- name server: requester -> lookups held while recovering
+    identity = opts.identity,             -- keyed mode: fn(addr) -> principal, pk
+    policy = pol,                         -- rw, keyed mode: a lecho.policy (a manager's comes from its name server)
+    sign = opts.sign,                     -- keyed mode: fn(msg) -> signature (producer tickets)
   }, Registry)
+  return self
 end
 
 local function host_misuse(self, what)
@@ -216,6 +255,7 @@ function Registry:peer_down(addr, send, now)
         if owner == addr then
           self.assign[ch], self.used[ch], self.idle_remote[ch] = nil, nil, nil
           self.nassigned = self.nassigned - 1
+          naming.uncharge(self, ch)
           self.orphans[ch] = now -- reassigned on its next lookup, recovering
         end
       end
@@ -243,6 +283,7 @@ function Registry:tick(send, now)
       local held = self.lwaits
       self.lwaits = {}
       for _, w in ipairs(held) do
+        if w.who then naming.unhold(self, w) end
         w.msg.waited = true
         ops.lookup(self, w.from, w.msg, io)
       end
@@ -273,13 +314,16 @@ end
 --     channels = {
 --       [name] = { manager = <own addr>, ver = n,          -- managed here
 --                  producers = { [addr] = count }, consumers = { [addr] = count },
---                  modulators = { [key] = { consumers = { addr... }, bytes, period, caps, params } },
+--                  modulators = { [key] = { consumers = { addr... }, period, caps } },
 --                  waiting = <consumer joins awaiting confirmation> },
 --       [name] = { manager = <other addr> },               -- name server: assigned elsewhere
 --     },
 --     managers = { addr, ... } }                           -- registered managers, sorted
 -- A name server also lists channels assigned to itself that have no member yet
--- (as { manager = <own addr> }).
+-- (as { manager = <own addr> }).  A modulator's source and params never
+-- appear: they are its owner's (an API token in params, say), seen only by
+-- the producers that run it (in their join reply and member lists); `list`
+-- hands this table to anyone who asks.
 function Registry:snapshot()
   local chans = {}
   for name, c in pairs(self.channels) do
@@ -289,8 +333,7 @@ function Registry:snapshot()
     local _, mods = members_of(c)
     local ms = {}
     for k, m in pairs(mods) do
-      ms[k] = { consumers = m.dests, bytes = #m.src, period = m.period, caps = m.caps,
-                params = m.params }
+      ms[k] = { consumers = m.dests, period = m.period, caps = m.caps }
     end
     chans[name] = { manager = self.addr, ver = c.ver, producers = ps, consumers = cs,
                     modulators = ms, waiting = #c.waits }

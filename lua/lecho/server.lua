@@ -6,6 +6,7 @@
 --   require("lecho.server").main{
 --     prog = "lecho-manager", usage = usage,
 --     options = { { "--nameserver", "nameserver", "address", required = true },
+--                 { "--key", "key", "string" }, { "--trust", "trust", "string", many = true },
 --                 { "--listen", "listen", "listen" }, { "--advertise", "advertise", "listen" }, ... },
 --     defaults = { listen = "127.0.0.1:0" },
 --     context = function(opts) return { manager = true, ... } end,  -- lecho.context options
@@ -76,6 +77,7 @@ function M.parse(argv, spec)
   local prog, usage = spec.prog, spec.usage
   local opts, by = {}, {}
   for k, v in pairs(spec.defaults or {}) do opts[k] = v end
+  if spec.positional then opts[spec.positional] = {} end
   for _, o in ipairs(spec.options) do
     by[o[1]] = o
     if o.alias then by[o.alias] = o end
@@ -88,8 +90,11 @@ function M.parse(argv, spec)
     local flag, inline = a:match("^(%-%-[%w-]+)=(.*)$")
     flag = flag or a
     local o = by[flag]
-    if not o then M.die(prog, ("unknown option '%s'\n%s"):format(a, usage)) end
-    if o[3] == "flag" then
+    if not o and spec.positional and a:sub(1, 1) ~= "-" then
+      table.insert(opts[spec.positional], a)
+    elseif not o then
+      M.die(prog, ("unknown option '%s'\n%s"):format(a, usage))
+    elseif o[3] == "flag" then
       if inline then M.die(prog, flag .. " takes no value") end
       opts[o[2]] = true
     else
@@ -134,6 +139,8 @@ function M.main(spec)
   local copts = spec.context(opts)
   copts.listen = opts.listen
   copts.advertise = opts.advertise
+  copts.key = opts.key                                      -- nil: $LECHO_KEY
+  if opts.trust and #opts.trust > 0 then copts.trust = opts.trust end  -- else $LECHO_TRUST
   copts.log = function(msg)
     if not opts.quiet or msg:match("^error") then io.stderr:write(prog, ": ", msg, "\n") end
   end
@@ -146,7 +153,10 @@ function M.main(spec)
       M.die(prog, ("cannot write --port-file %s: %s"):format(opts.port_file, tostring(werr)), 1)
     end
   end
-  if not opts.quiet then io.stderr:write(prog, ": ", spec.started(ctx, opts), "\n") end
+  if not opts.quiet then
+    local mode = ctx.principal and (" (keyed: principal %s)"):format(ctx.principal) or ""
+    io.stderr:write(prog, ": ", spec.started(ctx, opts), mode, "\n")
+  end
   if opts.duration then ctx:after(opts.duration, function() ctx:stop() end) end
   ctx:run()
   ctx:close()

@@ -20,7 +20,8 @@ local M = {}
 
 --- Runs the REPL; returns only through os.exit.  opts: nameserver (an
 -- address: "host:port", "[v6]:port", "unix:/path"), listen and advertise
--- (lecho.context's), code (list of chunks to run first), quiet (no lecho log),
+-- (lecho.context's), key, trust (a list) and ns_principal (lecho.context's
+-- key, trust, nameserver_principal), code (list of chunks to run first), quiet (no lecho log),
 -- no_history, json (one JSON object per output line, no line editing).
 function M.main(opts)
   local R = {
@@ -98,6 +99,8 @@ function M.main(opts)
   do
     local ok, c, cerr = pcall(lecho.context, {   -- (raises, or returns nil, err)
       nameserver = opts.nameserver, listen = opts.listen, advertise = opts.advertise,
+      key = opts.key, trust = opts.trust and #opts.trust > 0 and opts.trust or nil,  -- nil: $LECHO_*
+      nameserver_principal = opts.ns_principal,
       log = function(msg)
         if opts.quiet or not started then return end
         if R.json then return R.json.emit{ log = msg } end

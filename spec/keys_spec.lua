@@ -1,0 +1,249 @@
+-- Keyed mode's files (lecho.keys): secret and public keys and trust lists
+-- round-trip through their files, a file of the wrong kind or shape is
+-- refused with its path and why, a secret key others may read is refused
+-- (as ssh does), and a context's key/trust options are checked before it
+-- listens.
+local keys = require "lecho.keys"
+local lecho = require "lecho"
+local S = require "spec.support"
+
+-- A key pair of the shape libsodium's Ed25519 keeps (secret = seed .. public)
+-- without the core: file handling needs no crypto.
+local function fake_pair(name, b)
+  local pk = string.char(b):rep(32)
+  return { name = name, public = pk, secret = string.char(b + 1):rep(32) .. pk }
+end
+
+local function raises(msg, fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert.is_false(ok)
+  assert.are.equal(msg, (tostring(err):gsub("^[^:]*:%d+: ", "")))
+end
+
+describe("key files", function()
+  local dir
+  before_each(function() dir = S.tmpname("keys"); os.execute("mkdir -p " .. S.sh_quote(dir)) end)
+  teardown(function() S.cleanup() end)
+
+  it("round-trip: a secret key (0600) and its public key, an authority's marked", function()
+    local k = fake_pair("alice", 1)
+    assert.is_true(keys.write_secret(dir .. "/alice.key", k))
+    assert.is_true(keys.write_public(dir .. "/alice.pub", k))
+    assert.is_true(keys.write_public(dir .. "/ca.pub", fake_pair("ca", 7), true))
+    local mode = io.popen("stat -c %a " .. dir .. "/alice.key"):read("*l")
+    assert.are.equal("600", mode)
+    local r = assert(keys.read_secret(dir .. "/alice.key"))
+    assert.are.same({ name = "alice", public = k.public, secret = k.secret, path = dir .. "/alice.key" }, r)
+    assert.are.same({ name = "alice", public = k.public, authority = false, path = dir .. "/alice.pub" },
+                    keys.read_public(dir .. "/alice.pub"))
+    assert.is_true(keys.read_public(dir .. "/ca.pub").authority)
+    -- the exact text: fields in a fixed order, lowercase hex
+    assert.are.equal(('{"lecho":"public-key","version":1,"name":"alice","public":"%s"}\n'):format(("01"):rep(32)),
+                     S.read(dir .. "/alice.pub"))
+    assert.is_nil(S.read(dir .. "/alice.key.tmp"))
+  end)
+
+  it("a trust file is a public key, an authority's public key or a trust list; trust= takes a list", function()
+    keys.write_public(dir .. "/bob.pub", fake_pair("bob", 3))
+    keys.write_public(dir .. "/ca.pub", fake_pair("ca", 7), true)
+    S.write(dir .. "/list.json", ('{"lecho":"trust","version":1,"keys":[{"name":"ns","public":"%s"},'
+      .. '{"name":"m1","public":"%s"}],"authorities":[{"name":"ca2","public":"%s"}]}')
+      :format(("05"):rep(32), ("0A"):rep(32), ("09"):rep(32)))
+    local t = assert(keys.read_trust{ dir .. "/bob.pub", dir .. "/ca.pub", dir .. "/list.json" })
+    assert.are.same({ { name = "bob", public = ("\3"):rep(32) }, { name = "ns", public = ("\5"):rep(32) },
+                      { name = "m1", public = ("\10"):rep(32) } }, t.keys)
+    assert.are.same({ { name = "ca", public = ("\7"):rep(32) }, { name = "ca2", public = ("\9"):rep(32) } },
+                    t.authorities)
+    assert.are.same(assert(keys.read_trust{ dir .. "/bob.pub" }), assert(keys.read_trust(dir .. "/bob.pub")))
+  end)
+
+  it("refuses files of the wrong kind or shape, naming the file and why", function()
+    local k = fake_pair("alice", 1)
+    keys.write_secret(dir .. "/alice.key", k)
+    keys.write_public(dir .. "/alice.pub", k)
+    local function f(name, text) local p = dir .. "/" .. name; S.write(p, text); os.execute("chmod 600 " .. p); return p end
+    local p = dir .. "/alice.pub"
+    assert.are.same({ nil, ("key file %s: not a lecho secret key (it is a lecho public key)"):format(p), "invalid" },
+                    { keys.read_secret(p) })
+    p = dir .. "/alice.key"
+    assert.are.same({ nil, ("trust file %s: not a lecho public key or trust list (it is a lecho secret key)")
+                      :format(p), "invalid" }, { keys.read_trust(p) })
+    p = f("x.key", "hello")
+    assert.are.same({ nil, ("key file %s: not a lecho key file (JSON with a \"lecho\" field)"):format(p), "invalid" },
+                    { keys.read_secret(p) })
+    p = f("v2.key", '{"lecho":"secret-key","version":2}')
+    assert.are.same({ nil, ("key file %s: version 2 is not one this lecho reads (1)"):format(p), "invalid" },
+                    { keys.read_secret(p) })
+    local good = ('"public":"%s","secret":"%s"'):format(keys.hex(k.public), keys.hex(k.secret))
+    p = f("name.key", '{"lecho":"secret-key","version":1,"name":"a b",' .. good .. '}')
+    assert.are.same({ nil, ("key file %s: name must be 1 to 64 characters of A-Z a-z 0-9 . _ -"):format(p),
+                      "invalid" }, { keys.read_secret(p) })
+    p = f("short.key", ('{"lecho":"secret-key","version":1,"name":"a","public":"%s","secret":"00"}')
+      :format(keys.hex(k.public)))
+    assert.are.same({ nil, ("key file %s: secret must be 128 hex digits"):format(p), "invalid" },
+                    { keys.read_secret(p) })
+    p = f("mixed.key", ('{"lecho":"secret-key","version":1,"name":"a","public":"%s","secret":"%s"}')
+      :format(("02"):rep(32), keys.hex(k.secret)))
+    assert.are.same({ nil, ("key file %s: its secret and public keys do not belong together"):format(p), "invalid" },
+                    { keys.read_secret(p) })
+    p = f("half.key", '{"lecho":"secret-key","version":1,"name":"a",' .. good .. ',"cert":"00"}')
+    assert.are.same({ nil, ("key file %s: a certificate needs cert (128 hex digits) and authority (64 hex digits)")
+                      :format(p), "invalid" }, { keys.read_secret(p) })
+    p = f("dup.json", ('{"lecho":"trust","version":1,"keys":[{"name":"a","public":"%s"},{"name":"b","public":"%s"}]}')
+      :format(("05"):rep(32), ("05"):rep(32)))
+    assert.are.same({ nil, ("trust file %s: key %s is b here and a in trust file %s"):format(p, ("05"):rep(32), p),
+                      "invalid" }, { keys.read_trust(p) })
+    p = f("badlist.json", '{"lecho":"trust","version":1,"keys":[{"name":"a","public":"xyz"}]}')
+    assert.are.same({ nil, ("trust file %s: keys[1]: public must be 64 hex digits"):format(p), "invalid" },
+                    { keys.read_trust(p) })
+    p = dir .. "/none.key"
+    assert.are.same({ nil, ("key file %s: No such file or directory"):format(p), "notfound" }, { keys.read_secret(p) })
+    assert.are.same({ nil, ("trust file %s: not a regular file"):format(dir), "invalid" }, { keys.read_trust(dir) })
+    p = dir .. "/fifo"
+    os.execute("mkfifo " .. p)        -- refused, not waited on for a writer
+    assert.are.same({ nil, ("trust file %s: not a regular file"):format(p), "invalid" }, { keys.read_trust(p) })
+    p = f("big.json", ("x"):rep(keys.MAX_FILE + 1))
+    assert.are.same({ nil, ("trust file %s: larger than %d bytes"):format(p, keys.MAX_FILE), "limit" },
+                    { keys.read_trust(p) })
+  end)
+
+  it("refuses a secret key file that group or others may read, as ssh does", function()
+    local p = dir .. "/alice.key"
+    keys.write_secret(p, fake_pair("alice", 1))
+    for _, mode in ipairs{ "640", "604", "644", "660" } do
+      os.execute(("chmod %s %s"):format(mode, p))
+      assert.are.same({ nil, ("key file %s: permissions 0%s are too open: a secret key must be readable by "
+                        .. "its owner only (chmod 600 %s)"):format(p, mode, p), "refused" }, { keys.read_secret(p) })
+    end
+    os.execute("chmod 400 " .. p)
+    assert.truthy(keys.read_secret(p))
+  end)
+
+  it("writes through a new file and a rename: an old key stays whole until the new one is complete", function()
+    local p = dir .. "/alice.key"
+    keys.write_secret(p, fake_pair("alice", 1))
+    os.execute("chmod 644 " .. p)       -- the old file's mode is not the new one's
+    S.write(p .. ".tmp", "a leftover of a crash")
+    assert.is_true(keys.write_secret(p, fake_pair("alice", 3)))
+    assert.are.equal(("\3"):rep(32), assert(keys.read_secret(p)).public)
+    assert.is_nil(S.read(p .. ".tmp"))
+    assert.are.same({ nil, ("key file %s/no/such.key.tmp: No such file or directory"):format(dir), "notfound" },
+                    { keys.write_secret(dir .. "/no/such.key", fake_pair("x", 1)) })
+  end)
+end)
+
+describe("the key and trust options of lecho.context", function()
+  local dir
+  setup(function()
+    dir = S.tmpname("keys"); os.execute("mkdir -p " .. S.sh_quote(dir))
+    keys.write_secret(dir .. "/a.key", fake_pair("a", 1))
+    keys.write_public(dir .. "/a.pub", fake_pair("a", 1))
+  end)
+  teardown(function() S.cleanup() end)
+
+  it("are checked: a key without trust and trust without a key are errors, and so is a file that does not read",
+     function()
+    raises(("lecho: key %s/a.key needs trust (trust= or $LECHO_TRUST): the keys or authorities it trusts")
+           :format(dir), lecho.context, { key = dir .. "/a.key", quiet = true })
+    raises("lecho: trust needs a key (key= or $LECHO_KEY): this context's own secret key file",
+           lecho.context, { trust = dir .. "/a.pub", quiet = true })
+    raises(("lecho: key file %s/a.pub: not a lecho secret key (it is a lecho public key)"):format(dir),
+           lecho.context, { key = dir .. "/a.pub", trust = dir .. "/a.pub", quiet = true })
+    raises("lecho.context: key must be the path of a secret key file (or false: none)",
+           lecho.context, { key = 1 })
+    raises("lecho.context: trust must be the path of a trust file, a non-empty list of them, or false",
+           lecho.context, { trust = {} })
+    raises("lecho.context: nameserver_principal must be a principal name: 1 to 64 characters of A-Z a-z 0-9 . _ -",
+           lecho.context, { nameserver_principal = "name server" })
+  end)
+
+  it("come from LECHO_KEY and LECHO_TRUST when not given; key = false ignores them", function()
+    local env = ("LECHO_TRUST=%s/a.pub %s -e "):format(dir, S.luajit)
+    local out = S.sh_out(env .. S.sh_quote([[
+      local lecho = require "lecho"
+      print(pcall(lecho.context, { quiet = true }))
+      local ctx = lecho.context{ key = false, quiet = true }
+      print(ctx.keyed)
+      ctx:close()]]))
+    assert.are.equal("false\tlecho: trust needs a key (key= or $LECHO_KEY): this context's own secret key file\n"
+                     .. "false\nrc=0\n", out)
+  end)
+
+  it("with both: keyed, under the key's principal name, from the options or the environment", function()
+    local k = keys.generate("sim")
+    assert(keys.write_secret(dir .. "/sim.key", k))
+    assert(keys.write_public(dir .. "/sim.pub", k))
+    local logs = {}
+    local ctx = lecho.context{ key = dir .. "/sim.key", trust = { dir .. "/a.pub", dir .. "/sim.pub" },
+                               log = function(m) logs[#logs + 1] = m end }
+    assert.is_true(ctx.keyed)
+    assert.are.equal("sim", ctx.principal)
+    assert.is_true(ctx.c:keyed())
+    assert.are.same({}, logs)          -- no protected mode line
+    ctx:close()
+    local out = S.sh_out(("LECHO_KEY=%s/sim.key LECHO_TRUST=%s/a.pub:%s/sim.pub %s -e "):format(dir, dir, dir, S.luajit)
+      .. S.sh_quote([[local c = require("lecho").context{ quiet = true } print(c.principal, c.c:keyed()) c:close()]]))
+    assert.are.equal("sim\ttrue\nrc=0\n", out)
+  end)
+
+  it("without a key: protected mode, said in one log line at start", function()
+    local logs = {}
+    local ctx = lecho.context{ log = function(m) logs[#logs + 1] = m end }
+    ctx:close()
+    assert.are.same({ "protected mode: no key configured; listening on loopback only, every local process is trusted" },
+                    logs)
+  end)
+end)
+
+describe("lecho-keygen", function()
+  local dir
+  local function keygen(args)
+    return S.sh_out(("%s %s/scripts/lecho-keygen %s"):format(S.luajit, S.root, args))
+  end
+  before_each(function() dir = S.tmpname("keygen"); os.execute("mkdir -p " .. S.sh_quote(dir)) end)
+  teardown(function() S.cleanup() end)
+
+  it("writes NAME.key (0600) and NAME.pub per name; an authority's .pub says so; --sign-with certifies", function()
+    assert.are.equal(("lecho-keygen: wrote %s/ca.key (secret, 0600) and %s/ca.pub (an authority's: a trust file)\nrc=0\n")
+                     :format(dir, dir), keygen(("--dir %s --authority ca"):format(dir)))
+    assert.are.equal(("lecho-keygen: wrote %s/a.key (secret, 0600) and %s/a.pub, certified by ca\n"
+                      .. "lecho-keygen: wrote %s/b.key (secret, 0600) and %s/b.pub, certified by ca\nrc=0\n")
+                     :format(dir, dir, dir, dir), keygen(("a b --sign-with %s/ca.key --dir %s"):format(dir, dir)))
+    assert.are.equal("600", io.popen("stat -c %a " .. dir .. "/a.key"):read("*l"))
+    local ca = assert(keys.read_public(dir .. "/ca.pub"))
+    assert.is_true(ca.authority)
+    local a = assert(keys.read_secret(dir .. "/a.key"))       -- (checks the certificate)
+    assert.are.equal(ca.public, a.authority)
+    assert.is_true(keys.check_cert(a.cert, "a", a.public, ca.public))
+    assert.is_false(keys.check_cert(a.cert, "b", a.public, ca.public))     -- for a, not for b
+    assert.are.equal(a.public, assert(keys.read_public(dir .. "/a.pub")).public)
+    assert.is_false(assert(keys.read_public(dir .. "/a.pub")).authority)
+    assert.are_not.equal(a.public, assert(keys.read_secret(dir .. "/b.key")).public)
+    -- a certificate moved to another name does not verify
+    local text = S.read(dir .. "/a.key"):gsub('"name":"a"', '"name":"b"')
+    S.write(dir .. "/forged.key", text)
+    os.execute("chmod 600 " .. dir .. "/forged.key")
+    assert.are.same({ nil, ("key file %s/forged.key: its certificate does not verify with authority %s")
+                      :format(dir, keys.hex(ca.public)), "invalid" }, { keys.read_secret(dir .. "/forged.key") })
+  end)
+
+  it("never overwrites a key, and says what is wrong with its command line", function()
+    keygen(("--dir %s a"):format(dir))
+    local before = S.read(dir .. "/a.key")
+    assert.are.equal(("lecho-keygen: %s/a.key exists: lecho-keygen never overwrites a key (remove it first)\nrc=1\n")
+                     :format(dir), keygen(("--dir %s z a"):format(dir)))
+    assert.are.equal(before, S.read(dir .. "/a.key"))
+    assert.is_nil(S.read(dir .. "/z.key"))       -- checked before anything is written
+    assert.are.equal("lecho-keygen: NAME 'a/b' must be 1 to 64 characters of A-Z a-z 0-9 . _ -\nrc=2\n",
+                     keygen("a/b"))
+    assert.are.equal("lecho-keygen: NAME 'x' is given twice\nrc=2\n", keygen("x x"))
+    assert.matches("^lecho%-keygen: give at least one NAME\nusage: lecho%-keygen NAME", keygen(""))
+    assert.are.equal("lecho-keygen: --authority and --sign-with do not go together: an authority is trusted "
+                     .. "for itself, not certified by another\nrc=2\n", keygen("--authority --sign-with x.key a"))
+    assert.are.equal(("lecho-keygen: --dir %s/no: no such directory\nrc=1\n"):format(dir),
+                     keygen(("--dir %s/no a"):format(dir)))
+    assert.are.equal(("lecho-keygen: key file %s/none.key: No such file or directory\nrc=1\n"):format(dir),
+                     keygen(("--dir %s --sign-with %s/none.key c"):format(dir, dir)))
+    assert.matches("^usage: lecho%-keygen NAME%.%.%. %[%-%-dir DIR%]", keygen("--help"))
+  end)
+end)

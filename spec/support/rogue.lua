@@ -250,7 +250,9 @@ local function sodium()
     "int crypto_sign_keypair(unsigned char *pk, unsigned char *sk);",
     "int crypto_sign_detached(unsigned char *sig, unsigned long long *siglen, const unsigned char *m, unsigned long long mlen, const unsigned char *sk);",
     "int crypto_sign_verify_detached(const unsigned char *sig, const unsigned char *m, unsigned long long mlen, const unsigned char *pk);",
+    "int crypto_sign_seed_keypair(unsigned char *pk, unsigned char *sk, const unsigned char *seed);",
     "int crypto_kx_keypair(unsigned char *pk, unsigned char *sk);",
+    "int crypto_kx_seed_keypair(unsigned char *pk, unsigned char *sk, const unsigned char *seed);",
     "int crypto_kx_client_session_keys(unsigned char *rx, unsigned char *tx, const unsigned char *cpk, const unsigned char *csk, const unsigned char *spk);",
     "int crypto_kx_server_session_keys(unsigned char *rx, unsigned char *tx, const unsigned char *spk, const unsigned char *ssk, const unsigned char *cpk);",
     "int crypto_generichash(unsigned char *out, size_t outlen, const unsigned char *in, unsigned long long inlen, const unsigned char *key, size_t keylen);",
@@ -271,6 +273,26 @@ function M.keypair()
   local pk, sk = buf(32), buf(64)
   assert(s.crypto_sign_keypair(pk, sk) == 0)
   return str(pk, 32), str(sk, 64)
+end
+
+--- The identity made from a 32-byte seed (deterministic: for examples).
+function M.seed_keypair(seed)
+  local s = sodium()
+  local pk, sk = buf(32), buf(64)
+  assert(#seed == 32 and s.crypto_sign_seed_keypair(pk, sk, seed) == 0)
+  return str(pk, 32), str(sk, 64)
+end
+
+--- An X25519 key exchange pair (ephemeral: one per connection) from a
+-- 32-byte seed, or a random one without.
+function M.kx_keypair(seed)
+  local pk, sk = buf(32), buf(32)
+  if seed then
+    assert(#seed == 32 and sodium().crypto_kx_seed_keypair(pk, sk, seed) == 0)
+  else
+    assert(sodium().crypto_kx_keypair(pk, sk) == 0)
+  end
+  return str(pk, 32), str(sk, 32)
 end
 
 function M.sign(sk, msg)
@@ -302,14 +324,10 @@ function M.blake2b32(msg)
   return str(out, 32)
 end
 
-local function kx_keypair()
-  local pk, sk = buf(32), buf(32)
-  assert(sodium().crypto_kx_keypair(pk, sk) == 0)
-  return str(pk, 32), str(sk, 32)
-end
+local kx_keypair = M.kx_keypair
 
 -- Session keys: rx, tx (32 bytes each).  client: the dialler.
-local function session_keys(client, my_pk, my_sk, their_pk)
+function M.session_keys(client, my_pk, my_sk, their_pk)
   local rx, tx = buf(32), buf(32)
   local f = client and sodium().crypto_kx_client_session_keys or sodium().crypto_kx_server_session_keys
   if f(rx, tx, my_pk, my_sk, their_pk) ~= 0 then return nil end
@@ -533,7 +551,8 @@ end
 ------------------------------------------------------------------------------
 -- Handshakes
 
-local CTX_D, CTX_A = "lecho-v2 dialler\0", "lecho-v2 acceptor\0"
+M.CTX_DIALLER, M.CTX_ACCEPTOR = "lecho-v2 dialler\0", "lecho-v2 acceptor\0"
+local CTX_D, CTX_A = M.CTX_DIALLER, M.CTX_ACCEPTOR
 
 -- Our HELLO fields for opts: addr (the address we claim), incarnation,
 -- version, key = { pk, sk, name, cert } (keyed) or nil (protected);
@@ -579,7 +598,7 @@ function M.dial(target, opts)
   local T = M.blake2b32(hello .. body:sub(1, #body - 64))
   if not M.verify(r.id, CTX_A .. T, r.sig) then return nil, "bad signature", p end
   p:send(M.frame(M.F.AUTH, M.sign(opts.key.sk, CTX_D .. T)))
-  p.rx, p.tx = session_keys(true, h.eph, esk, r.eph)
+  p.rx, p.tx = M.session_keys(true, h.eph, esk, r.eph)
   if not p.rx then return nil, "bad key exchange", p end
   p.keyed = true
   body, err = p:expect(M.F.AUTH_OK, opts.timeout or 5)
@@ -626,7 +645,7 @@ function M.accept(server, opts)
   sig, err = p:expect(M.F.AUTH, opts.timeout or 5)
   if not sig then return nil, err, p end
   if not M.verify(r.id, CTX_D .. T, sig) then return nil, "bad dialler signature", p end
-  p.rx, p.tx = session_keys(false, h.eph, esk, r.eph)
+  p.rx, p.tx = M.session_keys(false, h.eph, esk, r.eph)
   p.keyed = true
   p:send(M.frame(M.F.AUTH_OK))
   return p

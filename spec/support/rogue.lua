@@ -23,7 +23,9 @@ local core = require "lecho.core"
 
 local M = {}
 
-M.VERSION = 2
+-- The version this build's core speaks (2 once issue 10 is in; the v1
+-- layouts have no mode byte in HELLO and no ticket byte in BIND).
+M.VERSION = core.protocol_version or 2
 M.F = { HELLO = 1, HELLO_OK = 2, ERROR = 3, CTRL = 4, BIND = 5, EVENT = 6, ACK = 7,
         HEARTBEAT = 8, PING = 9, AUTH = 10, AUTH_OK = 11 }
 M.NAMES = {}
@@ -186,6 +188,7 @@ function M.parse_bind(body)
   if #r.name ~= nlen then return nil, "truncated" end
   pos = pos + nlen
   local has = body:byte(pos)
+  if has == nil and M.VERSION < 2 then return r end
   if has == 1 then
     r.ticket = body:sub(pos + 1, pos + 64)
     if #r.ticket ~= 64 then return nil, "truncated" end

@@ -378,7 +378,7 @@ local function now() return socket.gettime() end
 
 local function wrap(s, opts)
   s:setoption("tcp-nodelay", true)
-  return setmetatable({ s = s, raw = "", plain = "", closed = false, keyed = false,
+  return setmetatable({ s = s, raw = "", plain = "", pos = 1, closed = false, keyed = false,
                         rx_n = 0, tx_n = 0, opts = opts, frames = {} }, Peer)
 end
 
@@ -394,6 +394,7 @@ function Peer:_fill(deadline)
   local data, err, partial = self.s:receive(65536)
   local got = data or partial
   if got and #got > 0 then
+    if not self.keyed then self:_compact() end
     self.raw = self.raw .. got
     return true
   end
@@ -404,6 +405,16 @@ function Peer:_fill(deadline)
   return nil, err or "timeout"
 end
 
+-- Drops what was read of the frame stream (self.pos is the next frame's
+-- first byte): the buffer is cut once per arrival, not once per frame.
+function Peer:_compact()
+  local src = self.keyed and "plain" or "raw"
+  if self.pos > 1 then
+    self[src] = self[src]:sub(self.pos)
+    self.pos = 1
+  end
+end
+
 -- Moves whole records from raw to plain (keyed); false on a bad record.
 function Peer:_decrypt()
   while #self.raw >= 4 do
@@ -411,6 +422,7 @@ function Peer:_decrypt()
     if self.rx_n == 0 and M.parse_frame(self.raw) == M.F.ERROR then
       -- a refusal sent in the clear where the first record was due
       local _, _, nxt = M.parse_frame(self.raw)
+      self:_compact()
       self.plain = self.plain .. self.raw:sub(1, nxt - 1)
       self.raw = self.raw:sub(nxt)
       return true
@@ -420,6 +432,7 @@ function Peer:_decrypt()
     local p = M.open(self.rx, self.rx_n, self.raw:sub(1, 4), self.raw:sub(5, 4 + clen))
     if not p then return false, "bad record" end
     self.rx_n = self.rx_n + 1
+    self:_compact()
     self.plain = self.plain .. p
     self.raw = self.raw:sub(5 + clen)
   end
@@ -439,9 +452,9 @@ function Peer:read(timeout)
         return nil, err
       end
     end
-    local t, body, nxt = M.parse_frame(self[src])
+    local t, body, nxt = M.parse_frame(self[src], self.pos)
     if t then
-      self[src] = self[src]:sub(nxt)
+      self.pos = nxt
       return t, body
     end
     if body then return nil, body end
@@ -603,6 +616,7 @@ function M.dial(target, opts)
   p:send(M.frame(M.F.AUTH, M.sign(opts.key.sk, CTX_D .. T)))
   p.rx, p.tx = M.session_keys(true, h.eph, esk, r.eph)
   if not p.rx then return nil, "bad key exchange", p end
+  p:_compact()
   p.keyed = true
   body, err = p:expect(M.F.AUTH_OK, opts.timeout or 5)
   if not body then return nil, err, p end
@@ -649,6 +663,7 @@ function M.accept(server, opts)
   if not sig then return nil, err, p end
   if not M.verify(r.id, CTX_D .. T, sig) then return nil, "bad dialler signature", p end
   p.rx, p.tx = M.session_keys(false, h.eph, esk, r.eph)
+  p:_compact()
   p.keyed = true
   p:send(M.frame(M.F.AUTH_OK))
   return p

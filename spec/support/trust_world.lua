@@ -58,15 +58,15 @@ function M.identities(dir)
 end
 
 -- The policy: prod produces the channel, cons and cons2 consume it (and may
--- install a modulator with no capability), nobody else may do anything but
--- look up.  (The policy format is lecho.policy's.)
+-- install a modulator with no capability), nobody else may do anything
+-- (doc/security.md: what no rule grants is refused).
 function M.policy_rules(ch)
   return {
     lecho = "policy", version = 1,
     rules = {
       { principal = "prod", channel = ch, allow = { "produce" } },
-      { principal = "cons", channel = ch, allow = { "consume", "modulate" }, caps = {} },
-      { principal = "cons2", channel = ch, allow = { "consume", "modulate" }, caps = {} },
+      { principal = "cons", channel = ch, allow = { "consume", "modulate" } },
+      { principal = "cons2", channel = ch, allow = { "consume", "modulate" } },
       { principal = "cons", channel = "fresh*", allow = { "consume" } },
       { principal = "prod", channel = "fresh*", allow = { "produce" } },
     },
@@ -99,8 +99,9 @@ io.stdout:write("done ", i, "\n")
 ctx:close()
 ]]
 
--- A consumer printing "ev I TIME" per event (TIME: when it came), then "end
--- JSON" with its context's stats; opts.modulator/params: a modulated one.
+-- A consumer printing "ev I TIME" per event (TIME: when it came; with
+-- opts.dump also "val JSON" of the event), then "end JSON" with its
+-- context's stats; opts.modulator/params: a modulated one.
 local CONSUMER = [[
 local cjson = require "cjson"
 local socket = require "socket"
@@ -112,6 +113,7 @@ local ch = ctx:channel(opts.channel)
 local c = assert(ch:consumer(function(ev)
   io.stdout:write(("ev %s %.4f\n"):format(type(ev) == "table" and tostring(ev.i) or tostring(ev),
                                           socket.gettime()))
+  if opts.dump then io.stdout:write("val ", cjson.encode(ev), "\n") end
 end, opts.modulator and { modulator = opts.modulator, params = opts.params } or nil))
 io.stdout:write("ready ", ctx.addr, "\n")
 ctx:after(opts.duration, function() ctx:stop() end)

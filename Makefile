@@ -10,20 +10,26 @@ LIBFLAG    ?= -shared
 LUAJIT     ?= luajit
 BUSTED     ?= /usr/bin/busted
 SAN        ?=
-ALLCFLAGS  := $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -I$(LUA_INCDIR) -Icore $(SAN)
+PKG_CONFIG ?= pkg-config
+# libsodium (Debian libsodium-dev): the only crypto (identities, handshake, records).
+SODIUM_CFLAGS := $(shell $(PKG_CONFIG) --cflags libsodium 2>/dev/null)
+SODIUM_LIBS   := $(or $(shell $(PKG_CONFIG) --libs libsodium 2>/dev/null),-lsodium)
+ALLCFLAGS  := $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -I$(LUA_INCDIR) -Icore $(SODIUM_CFLAGS) $(SAN)
 
 CORE_SRC   := core/codec.c core/errors.c core/frame.c core/addr.c core/ctx.c core/conn.c core/peer.c core/chan.c \
-              core/local.c core/sync.c core/live.c
+              core/local.c core/sync.c core/live.c core/auth.c
 LUA_SRC    := core/codec_lua.c core/moe.c core/lua_ctx.c core/lua_hook.c core/lua_chan.c \
-              core/lua_moe.c core/lua_loop.c
+              core/lua_moe.c core/lua_loop.c core/lua_auth.c
 HDRS       := $(wildcard core/*.h)
 SO         := lua/lecho/core.so
-CTESTS     := build/test_codec build/test_frame build/test_ctx build/test_addr build/test_errors
+CTESTS     := build/test_codec build/test_frame build/test_ctx build/test_addr build/test_errors \
+              build/test_auth
 
 # Debian packages the project needs, by the file that proves each is there.
 DEPS := /usr/bin/luajit:luajit \
         /usr/include/luajit-2.1/lua.h:libluajit-5.1-dev \
         /usr/include/ev.h:libev-dev \
+        /usr/include/sodium.h:libsodium-dev \
         /usr/lib/x86_64-linux-gnu/lua/5.1/cjson.so:lua-cjson \
         /usr/bin/busted:lua-busted \
         /usr/share/lua/5.1/socket.lua:lua-socket \
@@ -45,7 +51,7 @@ help:
 	@echo "  make             build the core module ($(SO))"
 	@echo "  make deps        check the Debian packages lecho needs, apt-get install the missing ones"
 	@echo "  make test        deps, build, C unit tests, then the busted specs under LuaJIT"
-	@echo "  make ctest       the C unit tests only: codec, framing, two contexts through lecho.h, error names"
+	@echo "  make ctest       the C unit tests only: codec, framing, two contexts through lecho.h, error names, identities"
 	@echo "  make spec        the busted specs only (BUSTED_ARGS: e.g. spec/codec_spec.lua)"
 	@echo "  make asan        the same suite with the core built under ASan and UBSan"
 	@echo "  make demo        atmosphere: a simulation and three viewers (full, region, diff), bytes per viewer"
@@ -76,6 +82,7 @@ help:
 	@echo "  INST_INCDIR, INST_CLIBDIR, INST_PCDIR   make install: the C API (LuaRocks: only when INST_INCDIR is given)"
 	@echo "  EXAMPLE_PREFIX           make examples-c: the install it builds against"
 	@echo "  APT=$(APT)             make deps: the package tool"
+	@echo "  PKG_CONFIG=$(PKG_CONFIG)  finds libsodium's flags (SODIUM_CFLAGS, SODIUM_LIBS)"
 
 # Prints what it checks, what is missing and what it installs, or "all present".
 APT ?= apt-get
@@ -93,7 +100,7 @@ build:
 	@mkdir -p build
 
 $(SO): $(CORE_SRC) $(LUA_SRC) $(HDRS)
-	$(CC) $(ALLCFLAGS) $(LIBFLAG) -o $@ $(CORE_SRC) $(LUA_SRC) -lev $(LDFLAGS)
+	$(CC) $(ALLCFLAGS) $(LIBFLAG) -o $@ $(CORE_SRC) $(LUA_SRC) -lev $(SODIUM_LIBS) $(LDFLAGS)
 
 build/test_codec: core/test_codec.c core/codec.c $(HDRS) | build
 	$(CC) $(ALLCFLAGS) -o $@ core/test_codec.c core/codec.c $(LDFLAGS)
@@ -103,6 +110,10 @@ build/test_frame: core/test_frame.c core/frame.c core/codec.c $(HDRS) | build
 
 build/test_addr: core/test_addr.c core/addr.c $(HDRS) | build
 	$(CC) $(ALLCFLAGS) -o $@ core/test_addr.c core/addr.c $(LDFLAGS)
+
+# Identities, trust, pins and (later) the keyed handshake, on the context API (ctx.h) alone.
+build/test_auth: core/test_auth.c $(CORE_SRC) $(HDRS) | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test_auth.c $(CORE_SRC) -lev $(SODIUM_LIBS) $(LDFLAGS)
 
 ctest: $(CTESTS) $(SO)
 	@for t in $(CTESTS); do ./$$t || exit 1; done
@@ -167,7 +178,7 @@ bench/lecho_h: bench/lecho_h.c bench/harness.h bench/lecho_bench.h core/lecho.h 
 	$(CC) $(CFLAGS) $(WARN) -Icore -o $@ bench/lecho_h.c -Lbuild -llecho -Wl,-rpath,$(CURDIR)/build
 
 bench/lecho_c: bench/lecho_c.c bench/harness.h bench/lecho_bench.h $(CORE_SRC) $(HDRS)
-	$(CC) $(CFLAGS) $(WARN) -Icore -o $@ bench/lecho_c.c $(CORE_SRC) -lev
+	$(CC) $(CFLAGS) $(WARN) -Icore $(SODIUM_CFLAGS) -o $@ bench/lecho_c.c $(CORE_SRC) -lev $(SODIUM_LIBS)
 
 # `make install [PREFIX=/usr/local] [DESTDIR=]`: the Lua module tree, the
 # core, the scripts, and the C API (lecho.h, liblecho.so, lecho.pc).  The

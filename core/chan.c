@@ -151,6 +151,7 @@ int lei_chan_stats(const lei_ctx *c, uint32_t id, lei_stats_chan *out) {
     out->gaps = ch->gaps;
     out->lost = ch->lost;
     out->dups = ch->dups;
+    out->refused = ch->refused;
     out->ndests = ch->ndests;
     return 0;
 }

@@ -11,6 +11,7 @@
 #include "ctx_int.h"
 
 #include <limits.h>
+#include <sodium.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,6 +176,7 @@ int lei_ctx_pending(lei_ctx *c, uint64_t *events, uint64_t *bytes) {
 }
 
 lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h) {
+    if (sodium_init() < 0) return NULL; /* idempotent, thread-safe */
     lei_ctx *c = calloc(1, sizeof *c);
     if (!c) return NULL;
     if (o)
@@ -250,6 +252,7 @@ void lei_ctx_free(lei_ctx *c) {
     ev_timer_stop(c->loop, &c->expiry_w);
     ev_timer_stop(c->loop, &c->hb);
     free(c->notes);
+    lei_ident_free(c);
     ev_loop_destroy(c->loop);
     free(c);
 }

@@ -91,11 +91,13 @@ typedef struct lei_stats_peer {
     lei_pstats st;
     size_t queue_bytes, queue_events;       /* waiting for the socket */
     uint64_t hb_in, hb_out, timeouts, gaps, lost, dups; /* liveness and sequences */
+    uint64_t refused;         /* events dropped: their BIND had no valid ticket */
 } lei_stats_peer;
 
 typedef struct lei_stats_chan {
     uint64_t ev_out, bytes_out, ev_in, bytes_in, drops, ev_local, encodes;
     uint64_t gaps, lost, dups;
+    uint64_t refused;         /* events dropped from producers without a valid ticket */
     int ndests;               /* remote consuming contexts */
 } lei_stats_chan;
 
@@ -217,6 +219,34 @@ void lei_peer_close(lei_peer *p, const char *reason);
  * channel chid; other channels' local events went on meanwhile): what it
  * held back is handed over from the next loop turn. */
 void lei_resume(lei_ctx *c, lei_peer *from, uint32_t chid);
+
+/* ---- identity and trust (auth.c; design: doc/wire-format.md) ----------
+ * A context with an identity is keyed: every connection is authenticated
+ * and encrypted; one without is in protected mode.  Returns 0, or the
+ * negative of an errors.h code. */
+/* Our Ed25519 identity: sk (64 bytes, seed || pk: the embedded pk must be
+ * the seed's), a principal name (1..64 of [A-Za-z0-9._-]) and optionally an
+ * authority's certificate (64 bytes).  -LEI_E_INVALID with err[160]. */
+int lei_ctx_set_identity(lei_ctx *c, const uint8_t sk[64], const char *name, const uint8_t *cert,
+                         char *err);
+/* Trusts pk for principal `name` (a second call for pk renames it). */
+int lei_ctx_trust_key(lei_ctx *c, const uint8_t pk[32], const char *name);
+/* Trusts every (name, pk) an authority certified. */
+int lei_ctx_trust_authority(lei_ctx *c, const uint8_t pk[32]);
+int lei_ctx_keyed(const lei_ctx *c);
+/* Signs m with our identity: 0, or -LEI_E_INVALID when there is none. */
+int lei_ctx_sign(const lei_ctx *c, const void *m, size_t n, uint8_t sig[64]);
+/* Pins addr to pk: a connection to or from addr must authenticate with it. */
+int lei_peer_expect(lei_ctx *c, const char *addr, const uint8_t pk[32]);
+/* The authenticated key (32 bytes) and principal of the peer's current or
+ * last connection; NULL in protected mode or before one authenticated. */
+const uint8_t *lei_peer_key(const lei_peer *p);
+const char *lei_peer_principal(const lei_peer *p);
+/* Consumer side: the channel manager's key, against which BIND tickets of
+ * the channel (and its derived streams) are verified. */
+int lei_chan_set_manager_key(lei_ctx *c, uint32_t chid, const uint8_t pk[32]);
+/* Producer side: the ticket our BINDs of the channel carry. */
+int lei_chan_set_ticket(lei_ctx *c, uint32_t chid, const uint8_t t[64]);
 
 /* Graceful close, step one: stop accepting, write every queue, then end
  * each connection with a FIN once its queue is empty and read until the

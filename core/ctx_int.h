@@ -23,6 +23,34 @@
  * the remote's own connection before it counts as lost. */
 #define AWAIT_IN_SECONDS 5.0
 
+/* ---- identity and trust (auth.c) ---------------------------------------- */
+
+#define LEI_NAME_MAX 64       /* principal names: 1..64 bytes of [A-Za-z0-9._-] */
+
+typedef struct lei_tkey {     /* a trusted key and the principal name it must claim */
+    uint8_t pk[32];
+    char name[LEI_NAME_MAX + 1];
+} lei_tkey;
+
+typedef struct lei_pin {      /* a peer address pinned to a key */
+    char addr[LEI_ADDR_MAX];
+    uint8_t pk[32];
+} lei_pin;
+
+typedef struct lei_ident {
+    int keyed;                /* ro: an identity is set (keyed mode) */
+    uint8_t sk[64], pk[32];   /* our Ed25519 identity (sk wiped at free) */
+    char name[LEI_NAME_MAX + 1];
+    uint8_t cert[64];         /* an authority's signature of (name, pk), if has_cert */
+    int has_cert;
+    lei_tkey *keys;           /* owned: trusted keys */
+    int nkeys, ckeys;
+    uint8_t (*auths)[32];     /* owned: trusted authorities */
+    int nauths, cauths;
+    lei_pin *pins;            /* owned: address -> expected key */
+    int npins, cpins;
+} lei_ident;
+
 /* A peer's connection came up or went down; told to the hook later. */
 struct lei_note {
     int idx, up;
@@ -106,6 +134,11 @@ struct lei_peer {
     char reason[160];         /* ro: why the last connection ended */
     lei_pstats st;            /* ro */
     lei_live lv;              /* liveness and sequence tracking (live.c) */
+    int has_key;              /* ro: key/principal are those of the current or last
+                               * authenticated connection */
+    uint8_t key[32];
+    char principal[LEI_NAME_MAX + 1];
+    uint64_t refused;         /* ro: events dropped from BINDs without a valid ticket */
 };
 
 struct lei_chan {
@@ -120,6 +153,10 @@ struct lei_chan {
     uint64_t gaps, lost, dups;  /* ro: sequence gaps seen, events they lost, duplicates dropped */
     uint32_t epoch;           /* ro: bumped when local consumers appear again */
     uint8_t derived;          /* ro: a modulated stream (name@key): filters skip seqs */
+    uint8_t has_mkey, has_ticket;
+    uint8_t mkey[32];         /* consumer side: the channel manager's key (BIND tickets) */
+    uint8_t ticket[64];       /* producer side: our ticket for the channel */
+    uint64_t refused;         /* ro: events dropped from unauthorized producers */
 };
 
 typedef struct lei_sync_wait {
@@ -171,6 +208,7 @@ struct lei_ctx {
     ev_timer expiry_w;        /* peers' await_in, retired connections */
     uint64_t encodes;         /* values encoded (lei_ctx_count_encode) */
     uint64_t bad_frames;      /* ro: connections closed for bad input */
+    lei_ident id;             /* identity, trust, pins (auth.c) */
 };
 
 /* The states of a connection, in the order it walks them (the handshake
@@ -251,6 +289,10 @@ void lei_conn_close(lei_conn *k, const char *reason, int bad);
 void lei_conn_retire(lei_conn *k, const char *reason);
 void lei_conn_fin(lei_conn *k);
 void lei_conn_free(lei_conn *k);
+/* auth.c */
+int lei_name_ok(const char *name, size_t n);
+const lei_pin *lei_pin_find(const lei_ctx *c, const char *addr);
+void lei_ident_free(lei_ctx *c);
 /* local.c */
 void lei_local_idle_cb(struct ev_loop *loop, ev_idle *w, int revents);
 /* sync.c */

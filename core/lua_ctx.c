@@ -328,6 +328,7 @@ static int l_stats(lua_State *L) {
         lb_setn(L, "gaps", (double)ps.gaps);
         lb_setn(L, "lost", (double)ps.lost);
         lb_setn(L, "duplicates", (double)ps.dups);
+        lb_setn(L, "refused", (double)ps.refused);
         lua_pushboolean(L, lei_peer_up(p));
         lua_setfield(L, -2, "connected");
         if (lei_peer_reason(p)[0]) {
@@ -353,6 +354,7 @@ static int l_stats(lua_State *L) {
         lb_setn(L, "gaps", (double)st.gaps);
         lb_setn(L, "lost", (double)st.lost);
         lb_setn(L, "duplicates", (double)st.dups);
+        lb_setn(L, "refused", (double)st.refused);
         lua_setfield(L, -2, lei_chan_name(c, i));
     }
     lua_setfield(L, -2, "channels");
@@ -391,6 +393,7 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
         luaL_register(L, NULL, lb_chan_methods);
         luaL_register(L, NULL, lb_loop_methods);
         luaL_register(L, NULL, lb_moe_ctx_methods);
+        luaL_register(L, NULL, lb_auth_methods);
         lua_setfield(L, -2, "__index");
         lua_pushcfunction(L, l_gc);
         lua_setfield(L, -2, "__gc");
@@ -404,6 +407,7 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
     lua_setfield(L, -2, "new");
     lua_pushcfunction(L, l_hash);
     lua_setfield(L, -2, "hash");
+    luaL_register(L, NULL, lb_auth_funcs); /* keypair, sign, verify, hex, unhex */
     lua_pushinteger(L, LEI_PROTO_VERSION);
     lua_setfield(L, -2, "protocol_version");
     return 1;

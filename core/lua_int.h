@@ -116,6 +116,10 @@ void lb_moe_unlink(lb_moe *x);
 extern const luaL_Reg lb_moe_ctx_methods[];
 void lb_moe_open(lua_State *L);
 
+/* lua_auth.c: keys, signatures, identity and trust */
+extern const luaL_Reg lb_auth_methods[];
+extern const luaL_Reg lb_auth_funcs[];
+
 /* lua_loop.c: running the loop, timers, watchers */
 extern const luaL_Reg lb_loop_methods[];
 void lb_loop_open(lua_State *L);

@@ -501,4 +501,5 @@ void lei_peer_stats(const lei_peer *p, lei_stats_peer *out) {
     out->gaps = p->lv.gaps;
     out->lost = p->lv.lost;
     out->dups = p->lv.dups;
+    out->refused = p->refused;
 }

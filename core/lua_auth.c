@@ -1,0 +1,205 @@
+/* lua_auth.c: keys, signatures, identity and trust from Lua (binding).
+ *
+ * Module functions: core.keypair() -> pk, sk; core.sign(sk, msg) -> sig;
+ * core.verify(pk, msg, sig) -> bool; core.hex(s); core.unhex(h).
+ * Context methods: set_identity, trust_key, trust_authority, keyed, sign,
+ * expect, peer_identity, chan_manager_key, chan_ticket (ctx.h, auth.c).
+ * Keys are raw bytes (pk 32, sk 64, signatures 64); a string of another
+ * length is misuse and raises.
+ */
+#define _GNU_SOURCE
+#include "lua_int.h"
+
+#include <sodium.h>
+#include <string.h>
+
+/* Argument i: a string of exactly n bytes (raises otherwise). */
+static const uint8_t *check_bytes(lua_State *L, int i, size_t n, const char *what) {
+    size_t len;
+    const char *s = luaL_checklstring(L, i, &len);
+    if (len != n) {
+        lua_pushfstring(L, "%s must be %d bytes, not %d", what, (int)n, (int)len);
+        luaL_argerror(L, i, lua_tostring(L, -1));
+    }
+    return (const uint8_t *)s;
+}
+
+/* core.keypair() -> pk (32 bytes), sk (64 bytes) */
+static int l_keypair(lua_State *L) {
+    uint8_t pk[32], sk[64];
+    if (sodium_init() < 0) return luaL_error(L, "lecho: libsodium cannot start");
+    crypto_sign_keypair(pk, sk);
+    lua_pushlstring(L, (const char *)pk, 32);
+    lua_pushlstring(L, (const char *)sk, 64);
+    sodium_memzero(sk, sizeof sk);
+    return 2;
+}
+
+/* core.sign(sk, msg) -> sig (64 bytes) */
+static int l_sign(lua_State *L) {
+    const uint8_t *sk = check_bytes(L, 1, 64, "secret key");
+    size_t n;
+    const char *m = luaL_checklstring(L, 2, &n);
+    uint8_t sig[64];
+    if (sodium_init() < 0) return luaL_error(L, "lecho: libsodium cannot start");
+    crypto_sign_detached(sig, NULL, (const uint8_t *)m, n, sk);
+    lua_pushlstring(L, (const char *)sig, 64);
+    return 1;
+}
+
+/* core.verify(pk, msg, sig) -> bool (a key or signature of the wrong length: false) */
+static int l_verify(lua_State *L) {
+    size_t pl, n, sl;
+    const char *pk = luaL_checklstring(L, 1, &pl);
+    const char *m = luaL_checklstring(L, 2, &n);
+    const char *sig = luaL_checklstring(L, 3, &sl);
+    if (sodium_init() < 0) return luaL_error(L, "lecho: libsodium cannot start");
+    lua_pushboolean(L, pl == 32 && sl == 64 &&
+                           crypto_sign_verify_detached((const uint8_t *)sig, (const uint8_t *)m, n,
+                                                       (const uint8_t *)pk) == 0);
+    return 1;
+}
+
+/* core.hex(s) -> lowercase hex */
+static int l_hex(lua_State *L) {
+    size_t n;
+    const char *s = luaL_checklstring(L, 1, &n);
+    luaL_Buffer B;
+    luaL_buffinit(L, &B);
+    static const char dig[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        luaL_addchar(&B, dig[(uint8_t)s[i] >> 4]);
+        luaL_addchar(&B, dig[(uint8_t)s[i] & 15]);
+    }
+    luaL_pushresult(&B);
+    return 1;
+}
+
+/* core.unhex(h) -> bytes, or nil, err, "invalid" */
+static int l_unhex(lua_State *L) {
+    size_t n;
+    const char *h = luaL_checklstring(L, 1, &n);
+    if (n % 2) return lb_push_err(L, "hex text of odd length", LEI_E_INVALID);
+    luaL_Buffer B;
+    luaL_buffinit(L, &B);
+    for (size_t i = 0; i < n; i += 2) {
+        int v = 0;
+        for (int j = 0; j < 2; j++) {
+            char ch = h[i + (size_t)j];
+            int d = ch >= '0' && ch <= '9' ? ch - '0'
+                    : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+                    : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
+                                             : -1;
+            if (d < 0) {
+                luaL_pushresult(&B);
+                return lb_push_err(L, "not a hex digit", LEI_E_INVALID);
+            }
+            v = v * 16 + d;
+        }
+        luaL_addchar(&B, (char)v);
+    }
+    luaL_pushresult(&B);
+    return 1;
+}
+
+/* ctx:set_identity(sk, name[, cert]) -> true | nil, err, "invalid" */
+static int l_set_identity(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    const uint8_t *sk = check_bytes(L, 2, 64, "secret key");
+    const char *name = luaL_checkstring(L, 3);
+    const uint8_t *cert = lua_isnoneornil(L, 4) ? NULL : check_bytes(L, 4, 64, "certificate");
+    char err[160];
+    int rc = lei_ctx_set_identity(b->c, sk, name, cert, err);
+    return lb_ok_or_err(L, rc ? err : NULL, -rc);
+}
+
+/* ctx:trust_key(pk, name) -> true | nil, err, code */
+static int l_trust_key(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    const uint8_t *pk = check_bytes(L, 2, 32, "public key");
+    const char *name = luaL_checkstring(L, 3);
+    int rc = lei_ctx_trust_key(b->c, pk, name);
+    if (rc == -LEI_E_INVALID) return lb_push_err(L, "bad principal name", LEI_E_INVALID);
+    return lb_ok_or_err(L, rc ? lei_err_text(-rc) : NULL, -rc);
+}
+
+/* ctx:trust_authority(pk) -> true | nil, err, code */
+static int l_trust_authority(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    int rc = lei_ctx_trust_authority(b->c, check_bytes(L, 2, 32, "public key"));
+    return lb_ok_or_err(L, rc ? lei_err_text(-rc) : NULL, -rc);
+}
+
+/* ctx:keyed() -> bool */
+static int l_keyed(lua_State *L) {
+    lua_pushboolean(L, lei_ctx_keyed(lb_check_ctx(L)->c));
+    return 1;
+}
+
+/* ctx:sign(msg) -> sig (64), or nil, err, "invalid" without an identity */
+static int l_ctx_sign(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    size_t n;
+    const char *m = luaL_checklstring(L, 2, &n);
+    uint8_t sig[64];
+    if (lei_ctx_sign(b->c, m, n, sig))
+        return lb_push_err(L, "this context has no identity (key=)", LEI_E_INVALID);
+    lua_pushlstring(L, (const char *)sig, 64);
+    return 1;
+}
+
+/* ctx:expect(addr, pk) -> true | nil, err, code: pins addr to pk */
+static int l_expect(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    const char *addr = luaL_checkstring(L, 2);
+    int rc = lei_peer_expect(b->c, addr, check_bytes(L, 3, 32, "public key"));
+    if (rc == -LEI_E_INVALID) return lb_push_err(L, "address too long", LEI_E_INVALID);
+    return lb_ok_or_err(L, rc ? lei_err_text(-rc) : NULL, -rc);
+}
+
+/* ctx:peer_identity(addr) -> principal, pk | nil (unknown peer, protected
+ * mode, or no authenticated connection yet) */
+static int l_peer_identity(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    lei_peer *p = lei_peer_get(b->c, luaL_checkstring(L, 2), 0);
+    const uint8_t *pk = p ? lei_peer_key(p) : NULL;
+    if (!pk) {
+        lua_pushnil(L);
+        return 1;
+    }
+    lua_pushstring(L, lei_peer_principal(p));
+    lua_pushlstring(L, (const char *)pk, 32);
+    return 2;
+}
+
+/* ctx:chan_manager_key(chid, pk) */
+static int l_chan_manager_key(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    uint32_t chid = lb_check_chan(L, b, 2);
+    lei_chan_set_manager_key(b->c, chid, check_bytes(L, 3, 32, "public key"));
+    return 0;
+}
+
+/* ctx:chan_ticket(chid, ticket) */
+static int l_chan_ticket(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    uint32_t chid = lb_check_chan(L, b, 2);
+    lei_chan_set_ticket(b->c, chid, check_bytes(L, 3, 64, "ticket"));
+    return 0;
+}
+
+const luaL_Reg lb_auth_methods[] = {
+    {"set_identity", l_set_identity},
+    {"trust_key", l_trust_key},
+    {"trust_authority", l_trust_authority},
+    {"keyed", l_keyed},
+    {"sign", l_ctx_sign},
+    {"expect", l_expect},
+    {"peer_identity", l_peer_identity},
+    {"chan_manager_key", l_chan_manager_key},
+    {"chan_ticket", l_chan_ticket},
+    {NULL, NULL}};
+
+const luaL_Reg lb_auth_funcs[] = {
+    {"keypair", l_keypair}, {"sign", l_sign},   {"verify", l_verify},
+    {"hex", l_hex},         {"unhex", l_unhex}, {NULL, NULL}};

@@ -7,7 +7,7 @@
 --   * frames are parsed with the parser of spec/support/rogue.lua (the peer
 --     the attack specs use, written from the page) and values decoded with
 --     the codec of lecho.core;
---   * (added with the core's protocol version 2, issue 10) the protected-mode examples are played to a live lecho.core context
+--   * the protected-mode examples are played to a live lecho.core context
 --     (127.0.0.1, port from the OS): it must take the HELLO, answer with a
 --     HELLO_OK of the documented layout, deliver the BIND + EVENT example to
 --     its event hook, answer with the ACK example byte for byte, answer the
@@ -237,3 +237,97 @@ describe("doc/protocol.md", function()
   end
 end)
 
+-- (live) The examples played to lecho's own code.
+describe("doc/protocol.md played to lecho", function()
+  describe("a live context in protected mode", function()
+    local c, events, ctrls
+    before_each(function()
+      c = core.new()
+      assert(c:listen("127.0.0.1:0"))
+      local chid = c:channel("127.0.0.1:7700/temp")
+      c:set_local(chid, true)
+      events, ctrls = {}, {}
+      c:hooks({
+        event = function(ch, v, _, producer, seq, sync)
+          events[#events + 1] = { chid = ch, value = v, producer = producer, seq = seq, sync = sync,
+                                  want = chid }
+          return false, 1, nil
+        end,
+        ctrl = function(from, msg) ctrls[#ctrls + 1] = { from = from, msg = msg } end,
+        log = function() end,
+      })
+    end)
+    after_each(function() c:close() end)
+
+    it("HELLO is answered by a HELLO_OK of the documented layout; BIND, EVENT, ACK, PING and CTRL as the examples say",
+       function()
+      local k = connect(c)
+      send(k, EX.hello)
+      local t, body, bytes = next_frame(c, k)
+      assert.equals(R.F.HELLO_OK, t, "answer to the HELLO example: " .. body)
+      local h = assert(R.parse_hello(body, true))
+      assert.equals(c:addr(), h.addr)
+      -- the example's layout with this context's own address and incarnation
+      -- (its varint bytes as they came: a 64-bit number is no double)
+      local _, after = R.get_varint(body, 7)
+      assert.equals(R.frame(R.F.HELLO_OK, "LECH\0\2" .. body:sub(7, after - 1) .. R.varint(#h.addr)
+                                          .. h.addr .. "\0"), bytes)
+      send(k, EX.bind .. EX.event)
+      t, body, bytes = next_frame(c, k)
+      assert.equals(1, #events)
+      local e = events[1]
+      assert.same({ 21.5, 1, 1, 7 }, { e.value, e.producer, e.seq, e.sync })
+      assert.equals(e.want, e.chid)
+      assert.equals(EX.ack, bytes, "the ACK of the EVENT example")
+      send(k, EX.ping)
+      repeat t, body, bytes = next_frame(c, k) until t ~= R.F.ACK
+      assert.equals(EX.heartbeat, bytes, "the answer to the PING example")
+      send(k, EX.ctrl_lookup)
+      pump(c, k, function() return #ctrls > 0 end)
+      assert.same({ from = "127.0.0.1:7701", msg = { op = "lookup", ch = "127.0.0.1:7700/temp", rid = 1 } },
+                  ctrls[1])
+      k.s:close()
+    end)
+
+    it("the version-1 HELLO example gets the ERROR example", function()
+      local k = connect(c)
+      send(k, EX.hello_v1)
+      local t, body, bytes = next_frame(c, k)
+      assert.equals(R.F.ERROR, t, body)
+      assert.equals(EX.error, bytes)
+      k.s:close()
+    end)
+  end)
+
+  it("the keyed HELLO example completes a handshake with a keyed context", function()
+    local c = core.new()
+    local ok, err = pcall(function()
+      local _, ns_sk = R.seed_keypair(SEED(3))
+      local alice_pk, alice_sk = R.seed_keypair(SEED(1))
+      assert(c:set_identity(ns_sk, "nameserver"))
+      assert(c:trust_key(alice_pk, "alice"))
+      c:hooks({ log = function() end })
+      assert(c:listen("127.0.0.1:0"))
+      local k = connect(c)
+      send(k, EX.hello_keyed)
+      local t, body = next_frame(c, k)
+      assert.equals(R.F.HELLO_OK, t, body)
+      local h = assert(R.parse_hello(body, true))
+      assert.equals(EX.key_nameserver, h.id)
+      assert.equals("nameserver", h.name)
+      local T = R.blake2b32(frame_of("hello_keyed", R.F.HELLO) .. body:sub(1, #body - 64))
+      assert.is_true(R.verify(h.id, CTX_A .. T, h.sig), "sig_acceptor of the live HELLO_OK")
+      send(k, R.frame(R.F.AUTH, R.sign(alice_sk, CTX_D .. T)))
+      local epk, esk = R.kx_keypair(SEED(2))
+      local rx = R.session_keys(true, epk, esk, h.eph)
+      pump(c, k, function(kk) return #kk.buf >= 4 and #kk.buf >= 4 + R.get_u32le(kk.buf, 1) end)
+      local clen = R.get_u32le(k.buf, 1)
+      local plain = R.open(rx, 0, k.buf:sub(1, 4), k.buf:sub(5, 4 + clen))
+      assert.truthy(plain, "the first record decrypts with the dialler's rx key")
+      assert.equals(R.frame(R.F.AUTH_OK), plain:sub(1, 5))
+      k.s:close()
+    end)
+    c:close()
+    assert(ok, err)
+  end)
+end)

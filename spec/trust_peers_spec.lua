@@ -32,7 +32,7 @@ local function takeover_reason(w, who, addr)
   elseif w.mode == "keyed" then
     return "^ERROR: address " .. addr:gsub("%p", "%%%0") .. " belongs to another identity"
   end
-  return "^ERROR: ."
+  return "^ERROR: address " .. addr:gsub("%p", "%%%0") .. " already has a live connection"
 end
 
 -- Forged events carry a negative i: the consumer must print none.

@@ -4,16 +4,47 @@
 -- of that name server referenced from a context with a name server of its
 -- own ("[::1]:P/x", "unix:/p//x"); a wildcard listener advertises an
 -- address peers can dial, not 0.0.0.0; unix socket files are removed at
--- exit, a stale one is replaced, a live one is not taken over.
+-- exit, a stale one is replaced, a live one is not taken over.  Listening on
+-- a wildcard takes keyed mode (protected mode refuses it, as it says).
 
 local lecho = require "lecho"
+local keys = require "lecho.keys"
 local S = require "spec.support"
 local socket = require "socket"
+
+-- The secret key file of principal name, certified by an authority "ca",
+-- and the trust file (ca.pub) every process of these specs trusts; made in
+-- this spec's temporary directory (again after each cleanup).
+local keydir
+local function keyed(name)
+  if not keydir or not S.read(keydir .. "/ca.pub") then
+    keydir = S.tmpname("keys")
+    os.execute("mkdir -p " .. S.sh_quote(keydir))
+    local ca = keys.generate("ca")
+    assert(keys.write_secret(keydir .. "/ca.key", ca))
+    assert(keys.write_public(keydir .. "/ca.pub", ca, true))
+  end
+  local file = ("%s/%s.key"):format(keydir, name)
+  if not S.read(file) then
+    local ca = assert(keys.read_secret(keydir .. "/ca.key"))
+    local k = keys.generate(name)
+    k.cert, k.authority = keys.certify(ca, name, k.public), ca.public
+    assert(keys.write_secret(file, k))
+  end
+  return file, keydir .. "/ca.pub"
+end
+
+-- The name server script's options for keyed mode.
+local function keyed_args()
+  local key, trust = keyed("nameserver")
+  return ("--key %s --trust %s"):format(S.sh_quote(key), S.sh_quote(trust))
+end
 
 local PRODUCER = [[
 local lecho = require "lecho"
 local listen, ns, name, n = arg[1], arg[2], arg[3], tonumber(arg[4])
-local ctx = lecho.context{ listen = listen, nameserver = ns, quiet = true }
+local key, trust = arg[6] ~= "" and arg[6] or nil, arg[7] ~= "" and arg[7] or nil
+local ctx = lecho.context{ listen = listen, nameserver = ns, quiet = true, key = key, trust = trust }
 local f = io.open(arg[5], "w") f:write(ctx.addr, "\n") f:close()
 local ch = ctx:channel(name)
 local p = assert(ch:producer())
@@ -46,15 +77,21 @@ end
 -- 100 events arrive in order.  With ref, the consumer's context runs a name
 -- server of its own and names the channel by ref (of ns).  Returns the two
 -- contexts' addresses, the channel's full name and the peers the producer
--- saw (a list).
-local function flow(ns, clisten, plisten, name, advertise, ref)
+-- saw (a list).  keyed: both contexts in keyed mode.
+local function flow(ns, clisten, plisten, name, advertise, ref, keyed_mode)
+  local ckey, trust, pkey = "", "", ""
+  if keyed_mode then
+    ckey, trust = keyed("consumer")
+    pkey = keyed("producer")
+  end
   local ctx = lecho.context{ listen = clisten, advertise = advertise,
-                             nameserver = not ref and ns or nil, quiet = true }
+                             nameserver = not ref and ns or nil, quiet = true,
+                             key = keyed_mode and ckey or nil, trust = keyed_mode and trust or nil }
   local got = {}
   local ch = ctx:channel(ref or name)
   ch:consumer(function(ev) got[#got + 1] = ev end)
   local af = S.tmpname("p-addr")
-  local prod = S.lua(PRODUCER, plisten, ns, name, "100", af)
+  local prod = S.lua(PRODUCER, plisten, ns, name, "100", af, pkey, trust)
   assert.is_true(S.run_until(ctx, function() return #got == 100 end, 30),
     ("%d of 100 events; producer: %s"):format(#got, S.errors(prod)))
   for i = 1, 100 do assert.are.equal(i, got[i]) end
@@ -166,15 +203,15 @@ describe("transports", function()
   end)
 
   it("advertises a reachable address when listening on a wildcard", function()
-    local ns = nameserver("127.0.0.1:0")
-    local c, p, _, seen = flow(ns, "0.0.0.0:0", "0.0.0.0:0", "wild")
+    local ns = nameserver("127.0.0.1:0", keyed_args())
+    local c, p, _, seen = flow(ns, "0.0.0.0:0", "0.0.0.0:0", "wild", nil, nil, true)
     -- the route toward the name server at 127.0.0.1 starts at 127.0.0.1
     assert.truthy(c:match("^127%.0%.0%.1:%d+$"), c)
     assert.truthy(p:match("^127%.0%.0%.1:%d+$"), p)
     assert.is_true(has(seen, c), table.concat(seen, " "))
     -- an explicit address wins, with the bound port for port 0, and is
     -- what the producer dials
-    c, _, _, seen = flow(ns, "0.0.0.0:0", "127.0.0.1:0", "wild2", "127.0.0.2:0")
+    c, _, _, seen = flow(ns, "0.0.0.0:0", "127.0.0.1:0", "wild2", "127.0.0.2:0", nil, true)
     assert.truthy(c:match("^127%.0%.0%.2:%d+$"), c)
     assert.is_true(has(seen, c), table.concat(seen, " "))
   end)
@@ -195,8 +232,12 @@ describe("transports", function()
     out = sh_out(("%s %s/scripts/lecho-repl --nameserver unix:rel"):format(S.luajit, S.root))
     assert.are.equal("lecho-repl: --nameserver needs HOST:PORT, [V6]:PORT or unix:/PATH (unix socket "
       .. "path must be absolute (unix:/path) or abstract (unix:@name)), not 'unix:rel'\nrc=2\n", out)
-    local wild = nameserver("0.0.0.0:0", "--advertise 127.0.0.2:0")
+    local wild = nameserver("0.0.0.0:0", "--advertise 127.0.0.2:0 " .. keyed_args())
     assert.truthy(wild:match("^127%.0%.0%.2:%d+$"), wild)
+    -- without a key, a wildcard is refused (protected mode)
+    out = sh_out(("%s %s/scripts/lecho-nameserver --listen 0.0.0.0:0 --for 5"):format(S.luajit, S.root))
+    assert.are.equal("lecho-nameserver: cannot listen on 0.0.0.0:0: refusing to listen on 0.0.0.0:0 without keys "
+      .. "(protected mode): set key= and trust=, or listen on 127.0.0.1\nrc=1\n", out)
   end)
 
   it("says what is wrong with a bad address", function()
@@ -209,8 +250,14 @@ describe("transports", function()
     bad({ listen = "1.2.3.4" }, "lecho: bad listen address '1.2.3.4': missing port (want host:port)")
     bad({ nameserver = "[::1]:0" }, "lecho: bad nameserver '[::1]:0': port 0 is only for listening")
     bad({ advertise = "x" }, "lecho: bad advertise address 'x': missing port (want host:port)")
-    bad({ listen = "0.0.0.0:0", advertise = "0.0.0.0:0" },
+    local key, trust = keyed("consumer")
+    bad({ listen = "0.0.0.0:0", advertise = "0.0.0.0:0", key = key, trust = trust },
       "lecho: cannot listen on 0.0.0.0:0: advertise address '0.0.0.0:0': a wildcard cannot be reached")
+    -- protected mode: loopback and unix only
+    for _, a in ipairs{ "0.0.0.0:0", "[::]:0", "10.1.2.3:0" } do
+      bad({ listen = a }, ("lecho: cannot listen on %s: refusing to listen on %s without keys (protected mode): "
+        .. "set key= and trust=, or listen on 127.0.0.1"):format(a, a))
+    end
     bad({ listen = "unix:rel.sock" },
       "unix socket path must be absolute (unix:/path) or abstract (unix:@name)")
     local ctx = lecho.context{ quiet = true }

@@ -247,3 +247,100 @@ describe("lecho-keygen", function()
     assert.matches("^usage: lecho%-keygen NAME%.%.%. %[%-%-dir DIR%]", keygen("--help"))
   end)
 end)
+
+describe("a keyed system in real processes", function()
+  local dir, ns, ns_addr
+  local CONSUMER = [[
+    local lecho = require "lecho"
+    local ctx = lecho.context{ nameserver = arg[1], quiet = true }   -- LECHO_KEY, LECHO_TRUST
+    local got = {}
+    assert(ctx:channel("k"):consumer(function(ev, meta) got[#got + 1] = ev end))
+    io.stdout:write("ready ", ctx.addr, "\n") io.stdout:flush()
+    local t0 = ctx:now()
+    while #got < 10 and ctx:now() - t0 < 20 do ctx:run_once(0.05) end
+    io.stdout:write("got ", table.concat(got, ","), "\n") io.stdout:flush()
+    ctx:close()
+  ]]
+  local function env(name, trust)
+    return ("LECHO_KEY=%s/%s.key LECHO_TRUST=%s "):format(dir, name, trust or (dir .. "/ca.pub"))
+  end
+
+  setup(function()
+    dir = S.tmpname("keyed")
+    os.execute("mkdir -p " .. S.sh_quote(dir))
+    local keygen = ("%s %s/scripts/lecho-keygen --dir %s "):format(S.luajit, S.root, dir)
+    assert(S.sh(keygen .. "--authority ca evil"))
+    assert(S.sh(keygen .. ("--sign-with %s/ca.key nameserver sim viewer impostor mgr"):format(dir)))
+    assert(S.sh(keygen .. ("--sign-with %s/evil.key mallory"):format(dir)))
+    -- the impostor's certificate says "impostor": it cannot pass for the name server
+    local pf = S.tmpname("ns-addr")
+    ns = S.spawn(("%s %s/scripts/lecho-nameserver --listen 127.0.0.1:0 --port-file %s --for 60 --settle 0 "
+      .. "--key %s/nameserver.key --trust %s/ca.pub"):format(S.luajit, S.root, pf, dir, dir))
+    ns_addr = assert(S.wait_file(pf, "%S+\n", 20), "name server did not start: " .. S.errors(ns)):match("%S+")
+  end)
+  teardown(function() S.cleanup() end)
+
+  it("carries events between principals certified by a trusted authority, each knowing the other's name", function()
+    local cons = S.spawn(env("viewer") .. ("%s %s %s"):format(S.luajit,
+      S.write(S.tmpname("cons") .. ".lua", CONSUMER), ns_addr))
+    local line = S.wait_file(cons.out, "ready %S+\n", 20)
+    assert(line, "consumer did not start: " .. S.errors(cons))
+    local caddr = line:match("ready (%S+)")
+    local ctx = lecho.context{ nameserver = ns_addr, key = dir .. "/sim.key", trust = dir .. "/ca.pub", quiet = true }
+    assert.is_true(ctx.keyed)
+    local p = assert(ctx:channel("k"):producer())
+    for i = 1, 9 do assert(p:submit(i)) end
+    assert(p:submit_sync(10, { timeout = 10 }))
+    assert.are.equal("viewer", (ctx.c:peer_identity(caddr)))
+    assert.are.equal("nameserver", (ctx.c:peer_identity(ns_addr)))
+    assert.is_true((S.wait(cons, 20, ctx)))
+    assert.truthy(S.output(cons):find("got 1,2,3,4,5,6,7,8,9,10\n", 1, true), S.output(cons) .. S.errors(cons))
+    ctx:close()
+  end)
+
+  it("refuses a keyless context and one whose key no trusted authority certified", function()
+    local ctx = lecho.context{ nameserver = ns_addr, quiet = true, timeout = 5 }
+    local ok, err, code = ctx:channel("k"):producer()
+    assert.is_nil(ok)
+    assert.are.equal("refused", code, err)
+    ctx:close()
+    ctx = lecho.context{ nameserver = ns_addr, key = dir .. "/mallory.key", trust = dir .. "/ca.pub",
+                         quiet = true, timeout = 5 }
+    ok, err, code = ctx:channel("k"):producer()
+    assert.is_nil(ok)
+    assert.are.equal("refused", code, err)
+    assert.truthy(tostring(err):find("not trusted: mallory", 1, true), err)
+    ctx:close()
+  end)
+
+  it("lets lecho-repl and lecho-manager in with --key and --trust", function()
+    local out = S.sh_out(("timeout 20 %s %s/scripts/lecho-repl --nameserver %s --key %s/viewer.key --trust %s/ca.pub "
+      .. "--no-history -e %s </dev/null"):format(S.luajit, S.root, ns_addr, dir, dir,
+      S.sh_quote("print(ctx.principal, (ctx.c:peer_identity(ctx.ns)))")))
+    assert.are.equal("viewer\tnameserver\nrc=0\n", out)
+    out = S.sh_out(("timeout 20 %s %s/scripts/lecho-manager --nameserver %s --key %s/mgr.key --trust %s/ca.pub --for 1")
+      :format(S.luajit, S.root, ns_addr, dir, dir))
+    assert.matches("^lecho%-manager: 127%.0%.0%.1:%d+ managing channels for " .. ns_addr:gsub("%p", "%%%0")
+                   .. " %(keyed: principal mgr%)\nrc=0\n$", out)
+    -- without a key, the keyed name server refuses the manager's registration
+    out = S.sh_out(("timeout 20 %s %s/scripts/lecho-manager --nameserver %s --for 1 --quiet")
+      :format(S.luajit, S.root, ns_addr))
+    assert.matches("^lecho%-manager: cannot register as a manager with " .. ns_addr:gsub("%p", "%%%0")
+                   .. ": .*\nrc=1\n$", out)
+  end)
+
+  it("refuses a name server that is not the principal nameserver_principal", function()
+    local logs = {}
+    local ctx = lecho.context{ nameserver = ns_addr, key = dir .. "/sim.key", trust = dir .. "/ca.pub",
+                               nameserver_principal = "registry", timeout = 5,
+                               log = function(m) logs[#logs + 1] = m end }
+    local ok, err, code = ctx:channel("k"):producer()
+    assert.is_nil(ok)
+    assert.are.equal("refused", code, err)
+    local nspk = assert(keys.read_public(dir .. "/nameserver.pub")).public
+    local why = ("refused: name server %s is nameserver (key %s), not registry"):format(ns_addr, keys.hex(nspk))
+    assert.truthy(tostring(err):find(why, 1, true), err)
+    assert.truthy(table.concat(logs, "\n"):find(why, 1, true), table.concat(logs, "\n"))
+    ctx:close()
+  end)
+end)

@@ -7,7 +7,9 @@
 -- must see every producer's events in order, without duplicates, with
 -- whatever was lost reported as a counted gap.  The consumer listens on the
 -- wildcard 0.0.0.0: it must advertise 10.231.0.2, its address on the route
--- toward the name server, which the producer then dials.
+-- toward the name server, which the producer then dials.  Both listen off
+-- loopback, so both are keyed (an authority "ca" certifies the producer,
+-- which is the name server too, as "nameserver" and the consumer).
 --
 -- Needs root and a working `ip netns`; skipped (pending) otherwise.  The
 -- namespaces (and with them the veth pair) are deleted after the test, also
@@ -18,6 +20,7 @@
 
 local cjson = require "cjson"
 local socket = require "socket"
+local keys = require "lecho.keys"
 local S = require "spec.support"
 
 local tag = tostring(math.random(1000, 9999)) .. tostring(os.time() % 1000)
@@ -78,7 +81,7 @@ local socket = require "socket"
 local lecho = require "lecho"
 local a = cjson.decode(arg[1])
 local logs = {}
-local ctx = lecho.context{ listen = a.listen, heartbeat = a.heartbeat, log = function(m)
+local ctx = lecho.context{ listen = a.listen, heartbeat = a.heartbeat, key = a.key, trust = a.trust, log = function(m)
   logs[#logs + 1] = { t = socket.gettime(), m = m }
   io.stderr:write(m, "\n")
 end }
@@ -121,7 +124,8 @@ local socket = require "socket"
 local lecho = require "lecho"
 local a = cjson.decode(arg[1])
 local logs = {}
-local ctx = lecho.context{ nameserver = a.ns, listen = a.listen, heartbeat = a.heartbeat, log = function(m)
+local ctx = lecho.context{ nameserver = a.ns, listen = a.listen, heartbeat = a.heartbeat, key = a.key,
+                           trust = a.trust, log = function(m)
   logs[#logs + 1] = { t = socket.gettime(), m = m }
   io.stderr:write(m, "\n")
 end }
@@ -160,6 +164,22 @@ local function in_ns(ns, src, opts)
                                                             S.sh_quote(cjson.encode(opts))))
 end
 
+-- The secret key files of the producer (principal "nameserver") and the
+-- consumer, certified by an authority, and the trust file (its .pub).
+local function make_keys()
+  local dir = S.tmpname("keys")
+  os.execute("mkdir -p " .. S.sh_quote(dir))
+  local ca = keys.generate("ca")
+  assert(keys.write_public(dir .. "/ca.pub", ca, true))
+  local function cert(name)
+    local k = keys.generate(name)
+    k.cert, k.authority = keys.certify(ca, name, k.public), ca.public
+    assert(keys.write_secret(("%s/%s.key"):format(dir, name), k))
+    return ("%s/%s.key"):format(dir, name)
+  end
+  return cert("nameserver"), cert("consumer"), dir .. "/ca.pub"
+end
+
 local function first_log(logs, pat)
   for _, e in ipairs(logs) do if e.m:find(pat) then return e end end
 end
@@ -177,12 +197,14 @@ describe("two hosts (network namespaces) and a cut link", function()
     end)
     setup()
     local go, stop, addrfile = S.tmpname("go"), S.tmpname("stop"), S.tmpname("addr")
+    local pkey, ckey, trust = make_keys()
     local prod = in_ns(NS_A, PRODUCER, { listen = IP_A .. ":0", heartbeat = HB, go = go, stop = stop,
-                                         addrfile = addrfile })
+                                         addrfile = addrfile, key = pkey, trust = trust })
     local paddr = S.wait_file(addrfile, "%d+%.%d+%.%d+%.%d+:%d+", 20)
     assert(paddr, "producer did not start: " .. S.errors(prod))
     paddr = paddr:match("[^\n]+")
-    local cons = in_ns(NS_B, CONSUMER, { ns = paddr, listen = "0.0.0.0:0", heartbeat = HB, duration = 60 })
+    local cons = in_ns(NS_B, CONSUMER, { ns = paddr, listen = "0.0.0.0:0", heartbeat = HB, duration = 60,
+                                         key = ckey, trust = trust })
     assert(S.wait_file(cons.out, "ready", 20), "consumer did not start: " .. S.errors(cons))
     S.write(go, "go")
     S.sleep(2)

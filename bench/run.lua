@@ -74,7 +74,7 @@ local CFG = QUICK and {
   chans = { 1, 64, 4096 }, chan_n = 30000, chan_bound = 3,
   bulk_n = 10, bulk_bound = 10,
   null_n = 2000, c_stream_n = 100000,
-  keyed_pp_n = 2000, keyed_stream = { { 1024, 100000 }, { 65536, 3000 } },
+  keyed_pp_n = 2000, keyed_stream = { { 1024, 100000 }, { 65536, 3000 } }, keyed_reps = 3,
 } or {
   lat_warm = 1000, lat_n = 10000, lat_bound = 8,
   tp = { { 64, 1000000 }, { 1024, 300000 }, { 65536, 10000 } }, tp_bound = 8,
@@ -85,7 +85,7 @@ local CFG = QUICK and {
   chans = { 1, 16, 256, 4096, 65536 }, chan_n = 300000, chan_bound = 6,
   bulk_n = 100, bulk_bound = 30,
   null_n = 20000, c_stream_n = 2000000,
-  keyed_pp_n = 20000, keyed_stream = { { 1024, 1000000 }, { 65536, 30000 } },
+  keyed_pp_n = 20000, keyed_stream = { { 1024, 1000000 }, { 65536, 30000 } }, keyed_reps = 5,
 }
 
 ------------------------------------------------------------------------------
@@ -607,23 +607,63 @@ local function w_modulators()
 end
 
 -- The cost of keyed mode (authenticated, encrypted records) in the C API:
--- the same bench/lecho_c runs plain and with --keyed, one after the other.
+-- the same bench/lecho_c runs plain and with --keyed, interleaved
+-- (plain, keyed, then keyed, plain, ...: a drift of the machine's load hits
+-- both), CFG.keyed_reps times.  Each row gives the medians, the ratio of the
+-- medians, and in `extra` the spread of the per-repetition ratios.
+local function median(xs)
+  local t = {}
+  for i, x in ipairs(xs) do t[i] = x end
+  table.sort(t)
+  local n = #t
+  return n % 2 == 1 and t[(n + 1) / 2] or (t[n / 2] + t[n / 2 + 1]) / 2
+end
+
+-- Runs `args` plain and keyed CFG.keyed_reps times, interleaved; returns
+-- { plain = run, keyed = run (the runs of median `field`), ratios = {...} }.
+local function keyed_pair(args, field)
+  local runs = { plain = {}, keyed = {} }
+  local ratios = {}
+  for rep = 1, CFG.keyed_reps do
+    local order = rep % 2 == 1 and { "plain", "keyed" } or { "keyed", "plain" }
+    local got = {}
+    for _, mode in ipairs(order) do
+      got[mode] = run_c("lecho_c", (mode == "keyed" and "--keyed " or "") .. args)
+      table.insert(runs[mode], got[mode])
+    end
+    ratios[rep] = got.keyed[field] / got.plain[field]
+  end
+  local out = { ratios = ratios }
+  for mode, list in pairs(runs) do
+    local vals = {}
+    for i, r in ipairs(list) do vals[i] = r[field] end
+    local m = median(vals)
+    for _, r in ipairs(list) do if r[field] == m or not out[mode] then out[mode] = r end end
+    out[mode .. "_median"] = m
+  end
+  return out
+end
+
+local function spread(ratios)
+  local lo, hi = math.huge, -math.huge
+  for _, x in ipairs(ratios) do lo, hi = math.min(lo, x), math.max(hi, x) end
+  return ("%d interleaved runs each, ratios %.2f-%.2fx"):format(#ratios, lo, hi)
+end
+
 local function w_keyed()
-  log("keyed (encrypted) vs plain, C API")
-  local r = { pingpong = {}, stream = {} }
-  r.pingpong.plain = run_c("lecho_c", ("pingpong 0 %d"):format(CFG.keyed_pp_n))
-  r.pingpong.keyed = run_c("lecho_c", ("--keyed pingpong 0 %d"):format(CFG.keyed_pp_n))
+  log("keyed (encrypted) vs plain, C API, %d interleaved repetitions", CFG.keyed_reps)
+  local r = { stream = {} }
+  r.pingpong = keyed_pair(("pingpong 0 %d"):format(CFG.keyed_pp_n), "us_per_op")
   row{ workload = "null sync round trip, keyed, C API", metric = "us/rt",
-       lecho = r.pingpong.keyed.us_per_op, base = "plain", base_v = r.pingpong.plain.us_per_op,
-       lower = true }
+       lecho = r.pingpong.keyed_median, base = "plain", base_v = r.pingpong.plain_median,
+       lower = true, extra = spread(r.pingpong.ratios) }
   for i, t in ipairs(CFG.keyed_stream) do
     local size, n = t[1], t[2]
-    local s = { size = size }
-    s.plain = run_c("lecho_c", ("stream %d %d"):format(size, n))
-    s.keyed = run_c("lecho_c", ("--keyed stream %d %d"):format(size, n))
+    local s = keyed_pair(("stream %d %d"):format(size, n), "mb_per_s")
+    s.size = size
     r.stream[i] = s
     row{ workload = ("async %d B events, keyed, C API, MB/s"):format(size), metric = "MB/s",
-         lecho = s.keyed.mb_per_s, base = "plain", base_v = s.plain.mb_per_s }
+         lecho = s.keyed_median, base = "plain", base_v = s.plain_median, extra = spread(s.ratios) }
   end
   R.keyed = r
 end

@@ -57,6 +57,18 @@ int lei_ctx_set_identity(lei_ctx *c, const uint8_t sk[64], const char *name, con
     return 0;
 }
 
+/* Makes room for one more element in arr, of n used and *cap allocated
+ * elements of size bytes (doubling, from 8).  Returns the array to store
+ * back (owned, as before, by the context's lei_ident), or NULL when out of
+ * memory (arr and *cap untouched). */
+static void *room(void *arr, int *cap, int n, size_t size) {
+    if (n < *cap) return arr;
+    int nc = *cap ? *cap * 2 : 8;
+    void *a = realloc(arr, (size_t)nc * size);
+    if (a) *cap = nc;
+    return a;
+}
+
 int lei_ctx_trust_key(lei_ctx *c, const uint8_t pk[32], const char *name) {
     lei_ident *id = &c->id;
     size_t n = strlen(name);
@@ -66,13 +78,9 @@ int lei_ctx_trust_key(lei_ctx *c, const uint8_t pk[32], const char *name) {
             memcpy(id->keys[i].name, name, n + 1);
             return 0;
         }
-    if (id->nkeys == id->ckeys) {
-        int nc = id->ckeys ? id->ckeys * 2 : 8;
-        lei_tkey *k = realloc(id->keys, (size_t)nc * sizeof *k);
-        if (!k) return -LEI_E_NOMEM;
-        id->keys = k;
-        id->ckeys = nc;
-    }
+    void *grown = room(id->keys, &id->ckeys, id->nkeys, sizeof *id->keys);
+    if (!grown) return -LEI_E_NOMEM;
+    id->keys = grown;
     lei_tkey *k = &id->keys[id->nkeys++];
     memcpy(k->pk, pk, 32);
     memcpy(k->name, name, n + 1);
@@ -83,13 +91,9 @@ int lei_ctx_trust_authority(lei_ctx *c, const uint8_t pk[32]) {
     lei_ident *id = &c->id;
     for (int i = 0; i < id->nauths; i++)
         if (memcmp(id->auths[i], pk, 32) == 0) return 0;
-    if (id->nauths == id->cauths) {
-        int nc = id->cauths ? id->cauths * 2 : 4;
-        uint8_t(*a)[32] = realloc(id->auths, (size_t)nc * sizeof *a);
-        if (!a) return -LEI_E_NOMEM;
-        id->auths = a;
-        id->cauths = nc;
-    }
+    void *grown = room(id->auths, &id->cauths, id->nauths, sizeof *id->auths);
+    if (!grown) return -LEI_E_NOMEM;
+    id->auths = grown;
     memcpy(id->auths[id->nauths++], pk, 32);
     return 0;
 }
@@ -122,13 +126,9 @@ int lei_peer_expect(lei_ctx *c, const char *addr, const uint8_t pk[32]) {
     if (strlen(addr) >= LEI_ADDR_MAX) return -LEI_E_INVALID;
     lei_pin *p = (lei_pin *)lei_pin_find(c, addr);
     if (!p) {
-        if (id->npins == id->cpins) {
-            int nc = id->cpins ? id->cpins * 2 : 8;
-            lei_pin *np = realloc(id->pins, (size_t)nc * sizeof *np);
-            if (!np) return -LEI_E_NOMEM;
-            id->pins = np;
-            id->cpins = nc;
-        }
+        void *grown = room(id->pins, &id->cpins, id->npins, sizeof *id->pins);
+        if (!grown) return -LEI_E_NOMEM;
+        id->pins = grown;
         p = &id->pins[id->npins++];
         snprintf(p->addr, sizeof p->addr, "%s", addr);
     }

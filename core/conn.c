@@ -357,7 +357,7 @@ static int conn_frames(lei_conn *k) {
             char why[160];
             const uint8_t *h = k->rb + k->rpos;
             snprintf(why, sizeof why, "%s (%u bytes, limit %zu)", err,
-                     (unsigned)(h[0] | h[1] << 8 | h[2] << 16 | (uint32_t)h[3] << 24),
+                     (unsigned)lei_get_u32le(h),
                      max);
             lei_conn_close(k, why, 1);
             break;
@@ -460,7 +460,7 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
         size_t big_end = 0; /* a large frame: read up to its end only */
         if (k->rlen - k->rpos >= 4) {
             const uint8_t *h = k->rb + k->rpos;
-            size_t flen = (size_t)h[0] | (size_t)h[1] << 8 | (size_t)h[2] << 16 | (size_t)h[3] << 24;
+            size_t flen = lei_get_u32le(h);
             if (flen <= conn_max_frame(k) && flen + 4 > want) {
                 want = flen + 4;
                 big_end = k->rpos + want;

@@ -5,20 +5,9 @@
 
 #include <string.h>
 
-static void put_u32le(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-    p[2] = (uint8_t)(v >> 16);
-    p[3] = (uint8_t)(v >> 24);
-}
-
-static uint32_t get_u32le(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 int lei_frame_next(const uint8_t *p, size_t n, size_t max, lei_frame *f, const char **err) {
     if (n < 4) return 0;
-    uint32_t len = get_u32le(p);
+    uint32_t len = lei_get_u32le(p);
     if (len == 0) {
         *err = "frame of length 0";
         return -LEI_E_PROTOCOL;
@@ -36,7 +25,7 @@ int lei_frame_next(const uint8_t *p, size_t n, size_t max, lei_frame *f, const c
 }
 
 size_t lei_frame_hdr(uint8_t *out, uint8_t type, size_t body_len) {
-    put_u32le(out, (uint32_t)(body_len + 1));
+    lei_put_u32le(out, (uint32_t)(body_len + 1));
     out[4] = type;
     return LEI_FRAME_HDR;
 }

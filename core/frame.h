@@ -73,6 +73,18 @@ typedef struct lei_event_hdr {
     size_t plen;
 } lei_event_hdr;
 
+/* The frame and record length fields: u32, little-endian. */
+static inline void lei_put_u32le(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+static inline uint32_t lei_get_u32le(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
 /* Looks for one complete frame at p[0..n).  Returns 1 and fills *f when one
  * is there, 0 when more bytes are needed, -LEI_E_PROTOCOL with *err on a
  * length of zero or one above max.  The lei_parse_* functions below return

@@ -69,17 +69,6 @@ int lei_sec_keys(lei_sec *s, int dialler, const uint8_t remote_eph[32]) {
     return rc == 0 ? 0 : -1;
 }
 
-static void put_u32le(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-    p[2] = (uint8_t)(v >> 16);
-    p[3] = (uint8_t)(v >> 24);
-}
-
-static uint32_t get_u32le(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 static void nonce(uint8_t n[12], uint64_t ctr) {
     memset(n, 0, 4);
     for (int i = 0; i < 8; i++) n[4 + i] = (uint8_t)(ctr >> (8 * i));
@@ -102,7 +91,7 @@ int lei_sec_seal(lei_sec *s, const uint8_t *pt, size_t n) {
     if (grow(&s->wrec, &s->wcap, s->wlen + 4 + n + TAG)) return -1;
     uint8_t *r = s->wrec + s->wlen, nb[12];
     unsigned long long clen;
-    put_u32le(r, (uint32_t)(n + TAG));
+    lei_put_u32le(r, (uint32_t)(n + TAG));
     nonce(nb, s->tn++);
     crypto_aead_chacha20poly1305_ietf_encrypt(r + 4, &clen, pt, n, r, 4, NULL, nb, s->tx);
     s->wlen += 4 + (size_t)clen;
@@ -154,7 +143,7 @@ int lei_sec_in_take(lei_sec *s, const uint8_t *b, size_t n) {
 int lei_sec_open(lei_sec *s, uint8_t **rb, size_t *rlen, size_t *rcap, const char **err) {
     while (s->clen - s->cpos >= 4) {
         const uint8_t *r = s->crb + s->cpos;
-        uint32_t clen = get_u32le(r);
+        uint32_t clen = lei_get_u32le(r);
         if (clen <= TAG || clen > LEI_REC_PLAIN_MAX + TAG) {
             *err = "bad record (length)";
             return -1;

@@ -45,18 +45,7 @@ local function event(idx, value, sync)
   return frame(F_EVENT, varint(idx) .. varint(1) .. varint(event_seq) .. varint(sync or 0) .. value)
 end
 
--- Splits received bytes into { type, body } frames (a partial tail is ignored).
-local function parse_frames(buf)
-  local out, pos = {}, 1
-  while #buf - pos + 1 >= 5 do
-    local b1, b2, b3, b4, t = buf:byte(pos, pos + 4)
-    local len = b1 + b2 * 2 ^ 8 + b3 * 2 ^ 16 + b4 * 2 ^ 24
-    if #buf - pos + 1 < len + 4 then break end
-    out[#out + 1] = { type = t, body = buf:sub(pos + 5, pos + 3 + len) }
-    pos = pos + 4 + len
-  end
-  return out
-end
+local parse_frames = W.frames
 
 -- Deterministic garbage: the same bytes on every run.
 local function garbage(n, seed)

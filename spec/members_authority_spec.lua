@@ -23,18 +23,7 @@ local kids = require "spec.children"
 
 local WAIT = 15
 
--- Splits bytes into { type, body } frames (a partial tail is left).
-local function frames(buf)
-  local out, pos = {}, 1
-  while #buf - pos + 1 >= 5 do
-    local b1, b2, b3, b4, t = buf:byte(pos, pos + 4)
-    local len = b1 + b2 * 2 ^ 8 + b3 * 2 ^ 16 + b4 * 2 ^ 24
-    if #buf - pos + 1 < len + 4 then break end
-    out[#out + 1] = { type = t, body = buf:sub(pos + 5, pos + 3 + len) }
-    pos = pos + 4 + len
-  end
-  return out
-end
+local frames = W.frames
 
 -- A rogue local process: it listens (so that it could be dialled at the
 -- address it advertises) and speaks to `target` over a raw socket.

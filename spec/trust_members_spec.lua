@@ -19,6 +19,7 @@
 local support = require "spec.support"
 local T = require "spec.support.trust_world"
 local R = require "spec.support.rogue"
+local P = require "spec.support.proc"
 
 -- The rogue, connected to the producer as `who`, sends `members` with the
 -- given fields (ch defaults to the world's channel, consumers to the
@@ -48,10 +49,15 @@ local function forge_members(w, who, fields)
   return out
 end
 
--- The reason the producer gives for ignoring the rogue's members.
+-- The reason the producer gives for ignoring the rogue's members: its log
+-- line, waited for (a loaded machine may write it after the rogue's drain).
 local function producer_said_why(w)
-  local log = support.errors(w.prod, 1e6)
-  return log:find("ignoring a members message from " .. w.rogue_srv.addr, 1, true) ~= nil, log
+  local log
+  local said = P.wait_until(function()
+    log = support.errors(w.prod, 1e6)
+    return log:find("ignoring a members message from " .. w.rogue_srv.addr, 1, true)
+  end, 10)
+  return said ~= nil, log
 end
 
 local function refused_with_reason(w, who, r)

@@ -1,30 +1,27 @@
 -- spec/wire.lua: frames built by hand for the specs that play a peer over a
 -- raw socket (doc/wire-format.md): one definition of the layout they share.
 
-local M = { HELLO = 1, HELLO_OK = 2, ERROR = 3, CTRL = 4, BIND = 5, EVENT = 6, ACK = 7,
-            HEARTBEAT = 8, PING = 9, AUTH = 10, AUTH_OK = 11 }
+-- The frame types, the version this build's core speaks (from 2 on,
+-- doc/protocol.md: HELLO ends with a mode byte and BIND with a has_ticket
+-- byte) and the byte helpers are spec/support/rogue.lua's, which speaks it
+-- all, keys included: one definition of the layout.
+local R = require "spec.support.rogue"
+local M = {}
+for k, v in pairs(R.F) do M[k] = v end
+M.VERSION = R.VERSION
+M.u32le, M.varint, M.frame = R.u32le, R.varint, R.frame
 
--- The protocol version this build's core speaks: the default of M.hello,
--- and from 2 on (doc/protocol.md) HELLO ends with a mode byte and BIND with
--- a has_ticket byte.  (spec/support/rogue.lua speaks it all, keys included.)
-M.VERSION = require("lecho.core").protocol_version
-
-function M.u32le(n)
-  return string.char(n % 256, math.floor(n / 2 ^ 8) % 256, math.floor(n / 2 ^ 16) % 256,
-                     math.floor(n / 2 ^ 24) % 256)
+-- Splits received bytes into { type, body } frames (a partial tail, or
+-- what follows a frame of length 0, is left out).
+function M.frames(buf)
+  local out, pos = {}, 1
+  while true do
+    local t, body, nxt = R.parse_frame(buf, pos)
+    if not t then return out end
+    out[#out + 1] = { type = t, body = body }
+    pos = nxt
+  end
 end
-
-function M.varint(n)
-  local out = {}
-  repeat
-    local b = n % 128
-    n = math.floor(n / 128)
-    out[#out + 1] = string.char(n > 0 and b + 128 or b)
-  until n == 0
-  return table.concat(out)
-end
-
-function M.frame(ftype, body) return M.u32le(#body + 1) .. string.char(ftype) .. body end
 
 -- HELLO (or ftype): "LECH", u16 big-endian version, varint incarnation,
 -- varint address length, address; from version 2 on, u8 mode (opts.mode,

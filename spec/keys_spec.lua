@@ -266,6 +266,25 @@ describe("lecho-keygen", function()
   end)
 end)
 
+describe("README's \"Running with keys\"", function()
+  it("names a policy file that is there and lets its sim and viewer run the atmosphere example", function()
+    local readme = S.read(S.root .. "/README.md")
+    local file = readme:match("%-%-policy (%S+)")
+    assert.are.equal("examples/keys/policy.lua", file)
+    local P = assert(require("lecho.policy").load(S.root .. "/" .. file))
+    for _, g in ipairs{ { "sim", "produce", "atmosphere.field" }, { "sim", "consume", "atmosphere.steer" },
+                        { "viewer", "consume", "atmosphere.field" }, { "viewer", "modulate", "atmosphere.field" },
+                        { "viewer", "produce", "atmosphere.steer" }, { "viewer", "produce", "atmosphere.viewers" } } do
+      assert.is_true(P:allows(g[1], g[2], "127.0.0.1:7700/" .. g[3]), table.concat(g, " "))
+    end
+    assert.is_false(P:allows("viewer", "produce", "127.0.0.1:7700/atmosphere.field"))
+    assert.is_false(P:allows("sim", "consume", "127.0.0.1:7700/atmosphere.field"))
+    -- the keygen line makes the principals the policy names
+    local names = readme:match("lecho%-keygen %-%-dir keys %-%-sign%-with keys/ca%.key ([%w ]+)\n")
+    assert.are.equal("nameserver sim viewer", names)
+  end)
+end)
+
 describe("a keyed system in real processes", function()
   local dir, ns, ns_addr
   local CONSUMER = [[

@@ -183,6 +183,8 @@ static int map_idx(lei_conn *k, uint64_t idx, uint32_t *chid) {
     return 0;
 }
 
+#define REFUSED_BINDS_MAX 256
+
 /* A BIND: the remote's index idx names a channel.  In keyed mode the
  * channel must be open here and the BIND carry a valid ticket (lei_bind_check),
  * else the index maps to LEI_REFUSED.  NULL, or an error (bad input). */
@@ -226,6 +228,9 @@ static const char *conn_bind(lei_conn *k, const lei_frame *f) {
         k->rnames = r;
         k->nrnames = n;
     }
+    /* A producer we refused stops at a few: many refusals are an attack
+     * on our memory (each keeps its name for the ACKs' error text). */
+    if (++k->nrefused > REFUSED_BINDS_MAX) return "too many refused channel bindings (limit 256)";
     if (!(k->rnames[idx] = strndup((const char *)name, nl))) return "out of memory";
     k->inmap[idx] = LEI_REFUSED;
     lei_refused_log(c, k->peer, (const char *)name, nl);
@@ -340,6 +345,21 @@ static size_t conn_max_frame(const lei_conn *k) {
     return k->state >= LEI_CONN_UP || max < HANDSHAKE_FRAME_MAX ? max : HANDSHAKE_FRAME_MAX;
 }
 
+/* After the handshake only an EVENT may be as large as max_frame: a
+ * control message or an ACK (error lists) fits CTRL_FRAME_MAX, the other
+ * frames SMALL_FRAME_MAX.  Checked on the 5-byte header, before the body
+ * is buffered: a peer announcing a 1 GiB CTRL no longer makes us hold it. */
+#define CTRL_FRAME_MAX (16u * 1024 * 1024)
+#define SMALL_FRAME_MAX (64u * 1024)
+
+/* The limit for the frame whose first avail bytes are at h. */
+static size_t frame_limit(const lei_conn *k, const uint8_t *h, size_t avail) {
+    size_t max = conn_max_frame(k);
+    if (k->state < LEI_CONN_UP || avail < LEI_FRAME_HDR || h[4] == LEI_F_EVENT) return max;
+    size_t cap = h[4] == LEI_F_CTRL || h[4] == LEI_F_ACK ? CTRL_FRAME_MAX : SMALL_FRAME_MAX;
+    return cap < max ? cap : max;
+}
+
 /* Hands over the complete frames in k's buffer, until one suspends or
  * closes.  Returns 0, or -1 once k is dead (the caller frees it). */
 static int conn_frames(lei_conn *k) {
@@ -350,7 +370,8 @@ static int conn_frames(lei_conn *k) {
     while (k->state != LEI_CONN_CLOSED && !(k->peer && k->peer->held && k->state >= LEI_CONN_UP)) {
         lei_frame f;
         const char *err = NULL;
-        size_t max = conn_max_frame(k); /* the handshake may end at any frame */
+        /* per frame: the handshake may end at any frame */
+        size_t max = frame_limit(k, k->rb + k->rpos, k->rlen - k->rpos);
         int r = lei_frame_next(k->rb + k->rpos, k->rlen - k->rpos, max, &f, &err);
         if (r == 0) break;
         if (r < 0) {
@@ -461,7 +482,7 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
         if (k->rlen - k->rpos >= 4) {
             const uint8_t *h = k->rb + k->rpos;
             size_t flen = lei_get_u32le(h);
-            if (flen <= conn_max_frame(k) && flen + 4 > want) {
+            if (flen <= frame_limit(k, h, k->rlen - k->rpos) && flen + 4 > want) {
                 want = flen + 4;
                 big_end = k->rpos + want;
             }

@@ -301,6 +301,7 @@ struct lei_conn {
     size_t ninmap;
     char **rnames;      /* owned, with their strings: names of refused idx */
     size_t nrnames;
+    size_t nrefused;    /* BINDs refused on this connection (REFUSED_BINDS_MAX) */
     ev_tstamp born, last_in, last_out, last_ping; /* liveness: created, last read, write, PING */
     lei_sec *sec;       /* owned: a keyed connection's crypto, or NULL (protected) */
     int fin_pending;    /* our FIN goes out once the pending records are written */

@@ -128,8 +128,10 @@ static int identity_check(lei_conn *k, const lei_hello *h, const char *addr, int
 
 /* -> UP: k serves p from now on.  An accepted connection answers HELLO_OK
  * (protected) or AUTH_OK (keyed, the first record) first; a keyed peer's
- * identity is recorded and its address pinned to it if it was not; then
- * the peer is told up and what queued for it while it was down goes out. */
+ * identity is recorded (an address is bound to a key by its live
+ * connection, and beyond it only by an explicit pin: a first-come pin let
+ * any trusted key squat an address not yet in use); then the peer is told
+ * up and what queued for it while it was down goes out. */
 static void conn_up(lei_conn *k, lei_peer *p, uint64_t incarnation) {
     lei_ctx *c = k->ctx;
     enum lei_conn_state was = k->state;
@@ -142,7 +144,6 @@ static void conn_up(lei_conn *k, lei_peer *p, uint64_t incarnation) {
         p->has_key = 1;
         memcpy(p->key, k->sec->remote.idpk, 32);
         memcpy(p->principal, k->sec->remote.name, sizeof p->principal);
-        if (!lei_pin_find(c, p->addr)) lei_peer_expect(c, p->addr, p->key);
     }
     lei_live_peer_up(p, incarnation);
     if (was == LEI_CONN_HELLO_WAIT) {
@@ -179,6 +180,16 @@ static int hello_accepted(lei_conn *k, const lei_hello *h) {
             p->conn = NULL;
             old->peer = NULL;
             lei_conn_close(old, "superseded", 0);
+        } else if (old->sec && k->sec &&
+                   memcmp(old->sec->remote.idpk, k->sec->remote.idpk, 32) != 0) {
+            /* Keyed: a live connection binds its address to its key; no
+             * HELLO of another identity replaces it, however quiet it is. */
+            char why[LEI_ADDR_MAX + 80];
+            snprintf(why, sizeof why, "address %s belongs to another identity", h->addr);
+            lei_logf(c, "refusing a connection claiming %s: its live connection is another identity's",
+                     h->addr);
+            lei_conn_send_error(k, why);
+            return -1;
         } else if (ev_now(c->loop) - old->last_in < (c->o.heartbeat > 1.0 ? c->o.heartbeat : 1.0)) {
             if (p->lv.incarnation == h->incarnation) {
                 /* The same process: a HELLO of a crossing dial that arrives

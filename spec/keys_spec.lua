@@ -157,6 +157,16 @@ describe("the key and trust options of lecho.context", function()
            lecho.context, { nameserver_principal = "name server" })
   end)
 
+  it("a policy without keys is refused: in protected mode none could apply", function()
+    local msg = "lecho: policy_file needs keys (key and trust): without them (protected mode) every local "
+                .. "process is trusted and no policy could apply"
+    raises(msg, lecho.context, { policy_file = dir .. "/policy.lua", key = false, quiet = true })
+    local out = S.sh_out(("%s %s/scripts/lecho-nameserver --listen 127.0.0.1:0 --for 5 --policy %s/p.lua")
+                         :format(S.luajit, S.root, dir))
+    assert.matches("rc=[1-9]%d*%s*$", out)
+    assert.matches("policy_file needs keys", out, 1, true)
+  end)
+
   it("come from LECHO_KEY and LECHO_TRUST when not given; key = false ignores them", function()
     local env = ("LECHO_TRUST=%s/a.pub %s -e "):format(dir, S.luajit)
     local out = S.sh_out(env .. S.sh_quote([[

@@ -31,20 +31,23 @@ function Context:_peer_addr(idx)
   return a
 end
 
--- Keyed mode: the name server must be the principal nameserver_principal
--- (ns_principal).  True when addr is not the name server's, or when the
--- connection to it authenticated that principal.
+-- Keyed mode: a name server must be the principal nameserver_principal
+-- (ns_principal): ours, and any other a channel name ("host:port/name")
+-- points at (a trusted key of another name would otherwise run the
+-- control plane of those channels: their managers, members, modulators).
+-- True when addr is not a name server's, or when the connection to it
+-- authenticated that principal.
 function Context:_nameserver_ok(addr)
-  if addr ~= self.ns or self.ns == self.addr then return true end
+  if not self.nameservers[addr] or addr == self.addr then return true end
   return self.c:peer_identity(addr) == self.ns_principal
 end
 
 -- From the peer hook, when the connection to addr came up in keyed mode:
 -- one to the name server that is not ns_principal is closed, and the
 -- requests waiting on it fail with "refused" (its messages are dropped by
--- the ctrl hook until then).
+-- the ctrl hook until then).  Returns why, or nil when addr is fine.
 function Context:_check_nameserver(addr)
-  if self:_nameserver_ok(addr) then return end
+  if self:_nameserver_ok(addr) then return nil end
   local name, pk = self.c:peer_identity(addr)
   local why = name and ("refused: name server %s is %s (key %s), not %s"):format(addr, name,
     require("lecho.keys").hex(pk), self.ns_principal)
@@ -52,6 +55,7 @@ function Context:_check_nameserver(addr)
   self.log(why)
   self:_fail_pending(addr, why)
   self.c:close_peer(addr, why)
+  return why
 end
 
 -- Runs every consumer of the channel on one decoded event (one copy per

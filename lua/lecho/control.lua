@@ -327,6 +327,10 @@ local function is_key(k, n) return type(k) == "string" and #k == n end
 function Channel:_manager()
   if self.manager then return self.manager end
   local ctx = self.ctx
+  -- a name server already connected as another principal (a channel name
+  -- may point anywhere): refused now rather than its reply dropped
+  local why = ctx.keyed and ctx.c:peer_identity(self.ns) and ctx:_check_nameserver(self.ns)
+  if why then return nil, why, "refused" end
   local r, err, code = ctx:request(self.ns, { op = "lookup", ch = self.name,
                                               recovering = self.recovering or nil })
   if not r then return nil, ("name server %s: %s"):format(self.ns, err), code end

@@ -86,6 +86,10 @@ function M.context(opts)
     identity, err = keys.identity(opts.key, opts.trust)
     if identity == nil then error("lecho: " .. err, 2) end
   end
+  if opts.policy_file and not identity then
+    error("lecho: policy_file needs keys (key and trust): without them (protected mode) every local "
+          .. "process is trusted and no policy could apply", 2)
+  end
   local c = core.new(opts)
   if identity then
     local ok, err = keys.apply(c, identity)
@@ -131,6 +135,9 @@ function M.context(opts)
   end
   self._send = function(to, msg) self:_send_ctrl(to, msg) end
   self.ns = ns or addr
+  -- every address used as a name server (ours, and those channel names
+  -- give): keyed, each must be the principal ns_principal
+  self.nameservers = { [self.ns] = true }
   if opts.manager or not opts.nameserver then
     self.reg = registry.new{
       addr = addr, role = opts.manager and opts.nameserver and "manager" or "nameserver",

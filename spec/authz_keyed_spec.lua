@@ -117,17 +117,23 @@ describe("issue 10: authorization in keyed mode", function()
     local viewer = ctx_as("viewer")
     local eve = ctx_as("eve")
     assert(viewer:channel("atmos/ozone"):consumer(function() end))
-    -- the channel exists: its manager refuses eve's join
+    -- the channel exists, and eve, allowed nothing there, does not learn
+    -- even that: the name server refuses its lookup (its manager would
+    -- refuse its join too: below, and in the next case)
     local p, err, code = eve:channel("atmos/ozone"):producer()
     assert.is_nil(p)
     assert.are.equal("refused", code)
-    assert.are.equal("joining '" .. ns .. "/atmos/ozone' as producer: not allowed: eve may not produce atmos/ozone",
-                     err)
+    assert.are.equal("name server " .. ns .. ": not allowed: eve may not produce, consume or list atmos/ozone", err)
     local c
     c, err, code = eve:channel("atmos/ozone"):consumer(function() end)
     assert.is_nil(c)
     assert.are.equal("refused", code)
-    assert.truthy(err:find("not allowed: eve may not consume atmos/ozone", 1, true), err)
+    assert.truthy(err:find("not allowed: eve may not produce, consume or list atmos/ozone", 1, true), err)
+    c, err, code = eve:channel("atmos/ozone", { create = false })
+    assert.are.same({ nil, "refused" }, { c, code })
+    assert.truthy(tostring(err):find("not allowed: eve may not produce, consume or list atmos/ozone", 1, true),
+                  tostring(err))
+    assert(viewer:channel("atmos/ozone", { create = false }))
     -- a new channel: the name server refuses to make its entry
     p, err, code = eve:channel("atmos/new"):producer()
     assert.are.same({ nil, "refused" }, { p, code })
@@ -177,11 +183,15 @@ describe("issue 10: authorization in keyed mode", function()
     local ch = sim:channel("managed/m")
     local p = assert(ch:producer())
     assert.are.equal(maddr, ch.manager)
-    local eve = ctx_as("eve")
-    local x, err, code = eve:channel("managed/m"):producer()
+    -- viewer may consume there, so it learns where: the manager refuses its production
+    local x, err, code = ctx_as("viewer"):channel("managed/m"):producer()
     assert.are.same({ nil, "refused" }, { x, code })
-    assert.are.equal("joining '" .. ns .. "/managed/m' as producer: not allowed: eve may not produce managed/m",
+    assert.are.equal("joining '" .. ns .. "/managed/m' as producer: not allowed: viewer may not produce managed/m",
                      err)
+    -- eve, allowed nothing there, is refused where it is
+    x, err, code = ctx_as("eve"):channel("managed/m"):producer()
+    assert.are.same({ nil, "refused" }, { x, code })
+    assert.are.equal("name server " .. ns .. ": not allowed: eve may not produce, consume or list managed/m", err)
     local sink = child_as("viewer", kids.sink, { ns = ns, channel = "managed/m", stop_on = "end", duration = 25 })
     assert(S.run_until(sim, function() return (S.read(sink.out) or ""):find("ready", 1, true) end, WAIT),
            "the viewer did not start: " .. S.errors(sink))

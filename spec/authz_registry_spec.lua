@@ -2,7 +2,7 @@
 -- (doc/security.md) in lecho.registry, with identities and signatures
 -- injected as the context does in keyed mode: join (produce, consume,
 -- modulate with capabilities), subscribe, a lookup that makes an entry,
--- register_manager (manage, and which channels go to which manager) and
+-- any lookup and info (produce, consume or list), register_manager (manage, and which channels go to which manager) and
 -- list are refused with code "refused" and "not allowed: P may not A C",
 -- before anything is made; lookup replies carry the manager's key, a
 -- producer's join reply its ticket, member lists the consumers' keys.  In
@@ -106,9 +106,42 @@ describe("issue 10: the registry enforces the policy in keyed mode", function()
     assert.are.same({}, reg.assign)
     local r = w.ask(VIEW, { op = "lookup", ch = CH })
     assert.are.same({ true, NS, pk(NS) }, { r.ok, r.manager, r.manager_key })
-    -- the entry exists: anyone trusted may ask where it is
-    r = w.ask(EVE, { op = "lookup", ch = CH })
+    -- the entry exists: who may produce, consume or list it may ask where it is (below)
+    r = w.ask(SIM, { op = "lookup", ch = CH })
     assert.are.same({ true, NS }, { r.ok, r.manager })
+  end)
+
+  it("lookup and info: learning of a channel needs produce, consume or list on it, refused before notfound", function()
+    local _, w = world()
+    assert.is_true(w.ask(VIEW, { op = "lookup", ch = CH }).ok)
+    assert.is_true(w.ask(VIEW, { op = "join", ch = CH, role = "consumer" }).ok)
+    assert.is_true(w.ask(SIM, { op = "join", ch = CH, role = "producer" }).ok)
+    local NONE = NS .. "/atmos/none"
+    for _, who in ipairs{ { EVE, "eve" }, { MGR, "mgr-1" } } do         -- allowed nothing / only manage
+      for _, m in ipairs{ { op = "lookup", ch = CH }, { op = "lookup", ch = CH, create = false },
+                          { op = "info", ch = CH }, { op = "lookup", ch = NONE, create = false },
+                          { op = "info", ch = NONE } } do
+        assert.are.same({ false, "refused", ("not allowed: %s may not produce, consume or list %s")
+                                             :format(who[2], m.ch:sub(#NS + 2)) }, refused(w.ask(who[1], m)))
+      end
+    end
+    local r = w.ask(SIM, { op = "info", ch = CH })
+    assert.are.same({ true, 1, 1 }, { r.ok, r.producers, r.consumers })
+    r = w.ask(VIEW, { op = "lookup", ch = CH, create = false })
+    assert.are.same({ true, NS, pk(NS) }, { r.ok, r.manager, r.manager_key })
+    assert.are.equal("notfound", w.ask(VIEW, { op = "info", ch = NONE }).code)
+    assert.are.equal("notfound", w.ask(SIM, { op = "lookup", ch = NONE, create = false }).code)
+    -- list alone lets one see an existing channel, not make one
+    local _, w2 = world("nameserver", { policy = assert(policy.new({ rules = {
+      { principal = "eve", channel = "atmos/*", allow = "list" } } }, "test")) })
+    assert.is_true(w2.ask(NS, { op = "lookup", ch = CH }).ok)
+    r = w2.ask(EVE, { op = "lookup", ch = CH })
+    assert.are.same({ true, NS }, { r.ok, r.manager })
+    assert.are.equal("notfound", w2.ask(EVE, { op = "info", ch = CH }).code)
+    assert.are.same({ false, "refused", "not allowed: eve may not produce or consume atmos/new" },
+                    refused(w2.ask(EVE, { op = "lookup", ch = NS .. "/atmos/new" })))
+    assert.are.same({ false, "refused", "not allowed: eve may not produce, consume or list other/x" },
+                    refused(w2.ask(EVE, { op = "info", ch = NS .. "/other/x" })))
   end)
 
   it("managers: registering needs manage; channels go only to a manager that may manage them", function()
@@ -177,8 +210,14 @@ describe("issue 10: the registry enforces the policy in keyed mode", function()
     assert.is_true(w.ask(EVE, { op = "list" }).ok)
     local r = w.ask(EVE, { op = "lookup", ch = CH })
     assert.is_nil(r.manager_key)
+    r = w.ask(EVE, { op = "info", ch = CH })
+    assert.are.same({ true, 1 }, { r.ok, r.producers })
+    assert.is_true(w.ask(EVE, { op = "lookup", ch = CH, create = false }).ok)
     local _, w2 = world("nameserver", { policy = false })
     assert.is_true(w2.ask(EVE, { op = "join", ch = CH, role = "producer" }).ok)
+    assert.is_true(w2.ask(MGR, { op = "lookup", ch = CH, create = false }).ok)
+    r = w2.ask(MGR, { op = "info", ch = CH })
+    assert.are.same({ true, 1, 0 }, { r.ok, r.producers, r.consumers })
     assert.is_true(w2.ask(EVE, { op = "register_manager" }).ok)
     -- which the name server says once, at the first request of another principal
     local said = {}

@@ -237,6 +237,22 @@ describe("lecho-keygen", function()
                       :format(dir, keys.hex(ca.public)), "invalid" }, { keys.read_secret(dir .. "/forged.key") })
   end)
 
+  it("makes --dir and its missing parents, mode 0700, when they are not there", function()
+    local d = dir .. "/keys/a/b"
+    assert.are.equal(("lecho-keygen: wrote %s/ca.key (secret, 0600) and %s/ca.pub (an authority's: a trust file)\nrc=0\n")
+                     :format(d, d), keygen(("--dir %s/ --authority ca"):format(d)))
+    for _, p in ipairs{ dir .. "/keys", dir .. "/keys/a", d } do
+      assert.are.equal("700", io.popen("stat -c %a " .. p):read("*l"))
+    end
+    assert.is_true(assert(keys.read_public(d .. "/ca.pub")).authority)
+    os.execute("chmod 755 " .. S.sh_quote(dir .. "/keys"))       -- an existing one is left as it is
+    assert.are.equal(("lecho-keygen: wrote %s/x.key (secret, 0600) and %s/x.pub, certified by ca\nrc=0\n")
+                     :format(dir .. "/keys/c", dir .. "/keys/c"),
+                     keygen(("--dir %s/keys/c --sign-with %s/ca.key x"):format(dir, d)))
+    assert.are.equal("755", io.popen("stat -c %a " .. dir .. "/keys"):read("*l"))
+    assert.are.equal("700", io.popen("stat -c %a " .. dir .. "/keys/c"):read("*l"))
+  end)
+
   it("never overwrites a key, and says what is wrong with its command line", function()
     keygen(("--dir %s a"):format(dir))
     local before = S.read(dir .. "/a.key")
@@ -250,11 +266,32 @@ describe("lecho-keygen", function()
     assert.matches("^lecho%-keygen: give at least one NAME\nusage: lecho%-keygen NAME", keygen(""))
     assert.are.equal("lecho-keygen: --authority and --sign-with do not go together: an authority is trusted "
                      .. "for itself, not certified by another\nrc=2\n", keygen("--authority --sign-with x.key a"))
-    assert.are.equal(("lecho-keygen: --dir %s/no: no such directory\nrc=1\n"):format(dir),
-                     keygen(("--dir %s/no a"):format(dir)))
+    S.write(dir .. "/file", "")
+    assert.are.equal(("lecho-keygen: directory %s/file/no: Not a directory\nrc=1\n"):format(dir),
+                     keygen(("--dir %s/file/no a"):format(dir)))
     assert.are.equal(("lecho-keygen: key file %s/none.key: No such file or directory\nrc=1\n"):format(dir),
-                     keygen(("--dir %s --sign-with %s/none.key c"):format(dir, dir)))
+                     keygen(("--dir %s/new --sign-with %s/none.key c"):format(dir, dir)))
+    assert.is_false(keys.is_dir(dir .. "/new"))      -- a command that fails makes no directory
     assert.matches("^usage: lecho%-keygen NAME%.%.%. %[%-%-dir DIR%]", keygen("--help"))
+  end)
+end)
+
+describe("README's \"Running with keys\"", function()
+  it("names a policy file that is there and lets its sim and viewer run the atmosphere example", function()
+    local readme = S.read(S.root .. "/README.md")
+    local file = readme:match("%-%-policy (%S+)")
+    assert.are.equal("examples/keys/policy.lua", file)
+    local P = assert(require("lecho.policy").load(S.root .. "/" .. file))
+    for _, g in ipairs{ { "sim", "produce", "atmosphere.field" }, { "sim", "consume", "atmosphere.steer" },
+                        { "viewer", "consume", "atmosphere.field" }, { "viewer", "modulate", "atmosphere.field" },
+                        { "viewer", "produce", "atmosphere.steer" }, { "viewer", "produce", "atmosphere.viewers" } } do
+      assert.is_true(P:allows(g[1], g[2], "127.0.0.1:7700/" .. g[3]), table.concat(g, " "))
+    end
+    assert.is_false(P:allows("viewer", "produce", "127.0.0.1:7700/atmosphere.field"))
+    assert.is_false(P:allows("sim", "consume", "127.0.0.1:7700/atmosphere.field"))
+    -- the keygen line makes the principals the policy names
+    local names = readme:match("lecho%-keygen %-%-dir keys %-%-sign%-with keys/ca%.key ([%w ]+)\n")
+    assert.are.equal("nameserver sim viewer", names)
   end)
 end)
 

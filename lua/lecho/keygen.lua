@@ -1,6 +1,7 @@
 -- lecho.keygen: what scripts/lecho-keygen does (the script holds its
 -- usage text): reads the command line, makes a key pair per NAME, writes
--- DIR/NAME.key (0600) and DIR/NAME.pub with lecho.keys, certified by
+-- DIR/NAME.key (0600) and DIR/NAME.pub with lecho.keys (DIR and its missing
+-- parents made 0700 when they are not there), certified by
 -- --sign-with's authority or marked as an authority with --authority.
 -- Never overwrites a key file.
 
@@ -35,7 +36,14 @@ function M.main(argv, usage)
     seen[n] = true
   end
   local dir = opts.dir:gsub("(.)/+$", "%1")
-  if not keys.is_dir(dir) then server.die(prog, ("--dir %s: no such directory"):format(dir), 1) end
+  local auth                                 -- read first: a bad one makes no directory
+  if opts.sign_with then
+    local err
+    auth, err = keys.read_secret(opts.sign_with)
+    if not auth then server.die(prog, err, 1) end
+  end
+  local made, merr = keys.make_dir(dir)       -- and its missing parents, 0700
+  if not made then server.die(prog, merr, 1) end
   local function file(n, ext) return dir == "." and n .. ext or ("%s/%s%s"):format(dir, n, ext) end
   for _, n in ipairs(names) do
     for _, f in ipairs{ file(n, ".key"), file(n, ".pub") } do
@@ -45,12 +53,6 @@ function M.main(argv, usage)
         server.die(prog, ("%s exists: %s never overwrites a key (remove it first)"):format(f, prog), 1)
       end
     end
-  end
-  local auth
-  if opts.sign_with then
-    local err
-    auth, err = keys.read_secret(opts.sign_with)
-    if not auth then server.die(prog, err, 1) end
   end
   for _, n in ipairs(names) do
     local k = keys.generate(n)

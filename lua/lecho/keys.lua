@@ -52,7 +52,8 @@ int statx(int dirfd, const char *path, int flags, unsigned int mask, struct lech
 -- (declared by other modules too: pcall each, an existing one is the same C)
 for _, decl in ipairs{ "int open(const char *path, int flags, ...);", "int close(int fd);",
                        "long read(int fd, void *buf, size_t n);", "long write(int fd, const void *buf, size_t n);",
-                       "int fsync(int fd);", "char *strerror(int errnum);" } do
+                       "int fsync(int fd);", "char *strerror(int errnum);",
+                       "int mkdir(const char *path, unsigned int mode);" } do
   pcall(ffi.cdef, decl)
 end
 local C = ffi.C
@@ -60,7 +61,7 @@ local C = ffi.C
 local O_RDONLY, O_WRONLY, O_CREAT, O_EXCL, O_NONBLOCK, O_CLOEXEC = 0, 1, 64, 128, 2048, 524288
 local AT_EMPTY_PATH, STATX_MODE, STATX_SIZE = 0x1000, 0x2, 0x200
 local S_IFMT, S_IFREG = 0xF000, 0x8000
-local ENOENT = 2
+local ENOENT, EEXIST = 2, 17
 
 local function syserr(what, path, errno)
   return nil, ("%s %s: %s"):format(what, path, ffi.string(C.strerror(errno))),
@@ -331,6 +332,25 @@ end
 function M.is_dir(path)
   local st = ffi.new("struct lecho_statx")
   return C.statx(-100, path, 0, STATX_MODE, st) == 0 and bit.band(st.mode, S_IFMT) == 0x4000
+end
+
+--- Makes directory path and its missing parents, each mode 0700 (as
+-- `mkdir -p -m 700`, which leaves an existing one as it is).  true, or
+-- nil, "directory PATH: why", code.
+function M.make_dir(path)
+  if M.is_dir(path) then return true end
+  local mode = tonumber("700", 8)
+  if C.mkdir(path, mode) == 0 then return true end
+  local errno = ffi.errno()
+  local parent = path:match("^(.*[^/])/+[^/]+$")
+  if errno == ENOENT and parent then             -- a parent is missing: make it, then this
+    local ok, err, code = M.make_dir(parent)
+    if not ok then return nil, err, code end
+    if C.mkdir(path, mode) == 0 then return true end
+    errno = ffi.errno()
+  end
+  if errno == EEXIST and M.is_dir(path) then return true end   -- made meanwhile
+  return syserr("directory", path, errno)
 end
 
 -- $NAME, nil when unset or empty.

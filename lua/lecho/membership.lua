@@ -425,10 +425,13 @@ function ops.leave(self, from, msg, io)
 end
 
 -- Does `ch` have members here?  { producers = n, consumers = n } (contexts),
--- or an error with code "notfound" (ctx:channel(name, { create = false })).
+-- or an error with code "notfound" (ctx:channel(name, { create = false }));
+-- "refused" when the asker may not produce, consume or list it.
 function ops.info(self, from, msg, io)
   local ch, err = check_ch(self, msg)
   if not ch then return fail(self, io, from, msg.rid, err) end
+  local ok, serr = naming.may_see(self, from, ch)    -- before "notfound": existence is news too
+  if not ok then return fail(self, io, from, msg.rid, serr, { code = "refused" }) end
   local c = self.channels[ch]
   local np, nc = 0, 0
   for _ in pairs(c and c.producers or {}) do np = np + 1 end

@@ -70,6 +70,18 @@ local function may_create(self, from, ch)
                                                                       policy.base_name(ch))
 end
 
+-- Learning of a channel (where it is managed and by which key: lookup;
+-- whether it has members: info) needs one of produce, consume and list on
+-- it: a principal allowed nothing there learns nothing, not even whether
+-- it exists.
+local function may_see(self, from, ch)
+  local ok, err = allowed(self, from, "list", ch)
+  if ok or allowed(self, from, "produce", ch) or allowed(self, from, "consume", ch) then return true end
+  local who = principal(self, from)
+  if who == nil then return nil, err end      -- (no authenticated identity)
+  return nil, ("not allowed: %s may not produce, consume or list %s"):format(who, policy.base_name(ch))
+end
+
 -- Quotas.  A channel entry that a lookup makes is charged to its requester
 -- until the channel gets a member here (a join: it is in use, not junk) or
 -- the entry is forgotten: one requester's junk lookups fill its own share
@@ -189,6 +201,11 @@ function ops.lookup(self, from, msg, io)
   end
   local ch, err = check_ch(self, msg)
   if not ch then return fail(self, io, from, msg.rid, err) end
+  if msg.create == false or self.assign[ch] ~= nil then
+    -- (a lookup that would make the entry needs more: may_create below)
+    local ok, serr = may_see(self, from, ch)
+    if not ok then return fail(self, io, from, msg.rid, serr, { code = "refused" }) end
+  end
   -- A context that lost its name server or manager and joins again says
   -- so: the control plane is recovering, for `settle` seconds from now.
   if msg.recovering == true then self.recover_until = math.max(self.recover_until, io.now + self.settle) end
@@ -310,6 +327,6 @@ end
 
 M.check_ch, M.claim, M.forget_unused, M.release_unused, M.uncharge, M.unhold, M.ops =
   check_ch, claim, forget_unused, release_unused, uncharge, unhold, ops
-M.principal, M.allowed, M.key_of = principal, allowed, key_of
+M.principal, M.allowed, M.may_see, M.key_of = principal, allowed, may_see, key_of
 
 return M

@@ -253,6 +253,15 @@ describe("lecho-keygen", function()
     assert.are.equal("700", io.popen("stat -c %a " .. dir .. "/keys/c"):read("*l"))
   end)
 
+  it("refuses to certify with a certified key: peers trust authorities, not chains", function()
+    keygen(("--dir %s/chain --authority ca2"):format(dir))
+    keygen(("--dir %s/chain --sign-with %s/chain/ca2.key sim"):format(dir, dir))
+    assert.are.equal(("lecho-keygen: %s/chain/sim.key is sim's certified key, not an authority's (--authority "
+                      .. "makes one): certificates are not chained\nrc=1\n"):format(dir),
+                     keygen(("--dir %s/chain --sign-with %s/chain/sim.key s1"):format(dir, dir)))
+    assert.is_nil(S.read(dir .. "/chain/s1.key"))
+  end)
+
   it("never overwrites a key, and says what is wrong with its command line", function()
     keygen(("--dir %s a"):format(dir))
     local before = S.read(dir .. "/a.key")

@@ -41,6 +41,12 @@ function M.main(argv, usage)
     local err
     auth, err = keys.read_secret(opts.sign_with)
     if not auth then server.die(prog, err, 1) end
+    -- a certified key is an identity: peers trust authorities only, and
+    -- do not follow a chain (its certificates would be refused by all)
+    if auth.cert then
+      server.die(prog, ("%s is %s's certified key, not an authority's (--authority makes one): "
+        .. "certificates are not chained"):format(opts.sign_with, auth.name), 1)
+    end
   end
   local made, merr = keys.make_dir(dir)       -- and its missing parents, 0700
   if not made then server.die(prog, merr, 1) end

@@ -326,6 +326,14 @@ static void make_keys(keys *k) {
     crypto_sign_keypair(k->bpk, k->bsk);
 }
 
+/* Sides a and b with k's identities, each trusting the other. */
+static void keyed_sides(const keys *k, side *a, side *b) {
+    side_init(a, "a", k->ask);
+    side_init(b, "b", k->bsk);
+    CHECK(lei_ctx_trust_key(a->c, k->bpk, "b") == 0);
+    CHECK(lei_ctx_trust_key(b->c, k->apk, "a") == 0);
+}
+
 /* b may produce on "ns/x" for a: a knows the manager's key, b has its ticket. */
 static void authorize(side *a, side *b, const keys *k) {
     uint8_t mpk[32], msk[64], t[64];
@@ -339,10 +347,7 @@ static void test_keyed_ok(void) {
     keys k;
     side a, b;
     make_keys(&k);
-    side_init(&a, "a", k.ask);
-    side_init(&b, "b", k.bsk);
-    CHECK(lei_ctx_trust_key(a.c, k.bpk, "b") == 0);
-    CHECK(lei_ctx_trust_key(b.c, k.apk, "a") == 0);
+    keyed_sides(&k, &a, &b);
     authorize(&a, &b, &k);
     send_events(&a, &b, NULL, 1);
     pump(&a, &b, NULL, got3, 5);
@@ -479,10 +484,7 @@ static void test_tamper(void) {
     side a, b;
     proxy px = {.lfd = -1, .a = -1, .b = -1};
     make_keys(&k);
-    side_init(&a, "a", k.ask);
-    side_init(&b, "b", k.bsk);
-    lei_ctx_trust_key(a.c, k.bpk, "b");
-    lei_ctx_trust_key(b.c, k.apk, "a");
+    keyed_sides(&k, &a, &b);
     proxy_open(&px);
     /* a control message brings the connection up, through the proxy */
     lei_msg *m = msg_of(5);
@@ -507,10 +509,7 @@ static void test_bad_auth(void) {
     side a, b;
     proxy px = {.lfd = -1, .a = -1, .b = -1, .tamper = 3};
     make_keys(&k);
-    side_init(&a, "a", k.ask);
-    side_init(&b, "b", k.bsk);
-    lei_ctx_trust_key(a.c, k.bpk, "b");
-    lei_ctx_trust_key(b.c, k.apk, "a");
+    keyed_sides(&k, &a, &b);
     proxy_open(&px);
     lei_msg *m = msg_of(5);
     const char *err;
@@ -534,10 +533,7 @@ static void test_crossing(void) {
     uint8_t mpk[32], msk[64], t[64];
     make_keys(&k);
     crypto_sign_keypair(mpk, msk);
-    side_init(&a, "a", k.ask);
-    side_init(&b, "b", k.bsk);
-    lei_ctx_trust_key(a.c, k.bpk, "b");
-    lei_ctx_trust_key(b.c, k.apk, "a");
+    keyed_sides(&k, &a, &b);
     side *s[2] = {&a, &b};
     const uint8_t *pks[2] = {k.apk, k.bpk};
     for (int i = 0; i < 2; i++) {
@@ -590,10 +586,7 @@ static int ticket_case(const char *name, const char *open, const char *mkey_on, 
     make_keys(&k);
     crypto_sign_keypair(mpk, msk);
     crypto_sign_keypair(other, osk);
-    side_init(&a, "a", k.ask);
-    side_init(&b, "b", k.bsk);
-    lei_ctx_trust_key(a.c, k.bpk, "b");
-    lei_ctx_trust_key(b.c, k.apk, "a");
+    keyed_sides(&k, &a, &b);
     uint32_t nbefore = 0;
     if (open) {
         uint32_t ca = lei_chan_open(a.c, open, strlen(open));

@@ -14,6 +14,9 @@
 --     name points at it ("host:port/name"): only the configured name
 --     server was checked to be the principal `nameserver`.
 --
+-- Also: a principal without `list` could not start the REPL ("cannot reach
+-- the name server"), though it may consume.
+--
 -- World: spec/support/trust_world.lua (keyed name server, producer and
 -- consumer in processes); the rogue: spec/support/rogue.lua.
 --
@@ -87,5 +90,22 @@ describe("a trusted principal the policy allows nothing (keyed mode)", function(
                    tostring(err))
     assert(c == nil and tostring(cerr):find("is mallory", 1, true), "consumer: " .. tostring(cerr))
     assert(q, "the real name server: " .. tostring(qerr))
+  end)
+end)
+
+describe("a principal the policy lets consume but not list (keyed mode)", function()
+  local w
+  after_each(function() T.stop(w); w = nil end)
+
+  it("may use the REPL: it starts, says ls() shows nothing, and consumes", function()
+    w = T.start{ mode = "keyed" }
+    local code = ("local n = 0; ctx:channel(%q):consumer(function() n = n + 1 end); "
+                  .. "local t0 = ctx:now(); while n < 3 and ctx:now() - t0 < 10 do ctx:run_once(0.05) end; "
+                  .. "print('got', n >= 3)"):format(T.CHANNEL)
+    local out = support.sh_out(("timeout 30 %s %s/scripts/lecho-repl --nameserver %s --key %s --trust %s "
+      .. "--no-history -e %s </dev/null"):format(support.luajit, support.root, w.ns, w.ids.cons.key,
+      w.ids.trust, support.sh_quote(code)))
+    assert.matches("not allowed: cons may not list", out, 1, true)
+    assert.matches("got\ttrue\nrc=0\n$", out)
   end)
 end)

@@ -220,8 +220,15 @@ function M.main(opts)
   -- Main
 
   local function main()
-    local chans, err = ctx:list()
-    if not chans then
+    local chans, err, code = ctx:list()
+    -- (a refused connection is code "refused" too: only the policy's words count)
+    local unlisted = not chans and code == "refused" and tostring(err):find("not allowed: ", 1, true)
+    if unlisted then
+      -- keyed: a principal the policy does not let list still produces,
+      -- consumes and steers what it may; ls() says why it shows nothing
+      R.out(R.paint("33", ("lecho-repl: %s: ls() will show nothing"):format(server.message(err))))
+      chans = {}
+    elseif not chans then
       io.stderr:write(("lecho-repl: cannot reach the name server %s: %s\n")
         :format(opts.nameserver, server.message(err)))
       return 1

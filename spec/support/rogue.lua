@@ -416,25 +416,33 @@ function Peer:_compact()
 end
 
 -- Moves whole records from raw to plain (keyed); false on a bad record.
+-- Where the first record is due, a refusal may come in the clear instead
+-- (an ERROR to a frame that was not AUTH): taken as such only when the
+-- bytes do not open as a record (a record's first ciphertext byte is 3,
+-- ERROR's type, once in 256).
 function Peer:_decrypt()
   while #self.raw >= 4 do
     local clen = M.get_u32le(self.raw, 1)
-    if self.rx_n == 0 and M.parse_frame(self.raw) == M.F.ERROR then
-      -- a refusal sent in the clear where the first record was due
-      local _, _, nxt = M.parse_frame(self.raw)
+    local size_ok = clen >= 17 and clen <= M.RECORD_MAX
+    if size_ok and #self.raw < 4 + clen then break end
+    local p = size_ok and M.open(self.rx, self.rx_n, self.raw:sub(1, 4), self.raw:sub(5, 4 + clen))
+    if p then
+      self.rx_n = self.rx_n + 1
+      self:_compact()
+      self.plain = self.plain .. p
+      self.raw = self.raw:sub(5 + clen)
+    elseif self.rx_n == 0 and #self.raw >= 5 and self.raw:byte(5) == M.F.ERROR then
+      local t, _, nxt = M.parse_frame(self.raw)
+      if not t then break end                 -- the rest of it is on its way
       self:_compact()
       self.plain = self.plain .. self.raw:sub(1, nxt - 1)
       self.raw = self.raw:sub(nxt)
       return true
+    elseif not size_ok then
+      return false, "bad record length " .. clen
+    else
+      return false, "bad record"
     end
-    if clen < 17 or clen > M.RECORD_MAX then return false, "bad record length " .. clen end
-    if #self.raw < 4 + clen then break end
-    local p = M.open(self.rx, self.rx_n, self.raw:sub(1, 4), self.raw:sub(5, 4 + clen))
-    if not p then return false, "bad record" end
-    self.rx_n = self.rx_n + 1
-    self:_compact()
-    self.plain = self.plain .. p
-    self.raw = self.raw:sub(5 + clen)
   end
   return true
 end

@@ -106,15 +106,6 @@ int lei_ctx_sign(const lei_ctx *c, const void *m, size_t n, uint8_t sig[64]) {
     return 0;
 }
 
-static void hex(const uint8_t *b, size_t n, char *out) {
-    static const char d[] = "0123456789abcdef";
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = d[b[i] >> 4];
-        out[2 * i + 1] = d[b[i] & 15];
-    }
-    out[2 * n] = '\0';
-}
-
 const lei_pin *lei_pin_find(const lei_ctx *c, const char *addr) {
     for (int i = 0; i < c->id.npins; i++)
         if (strcmp(c->id.pins[i].addr, addr) == 0) return &c->id.pins[i];
@@ -137,8 +128,8 @@ int lei_peer_expect(lei_ctx *c, const char *addr, const uint8_t pk[32]) {
     lei_peer *peer = lei_peer_find(c, addr);
     if (peer && lei_peer_is_up(peer) && peer->has_key && memcmp(peer->key, pk, 32) != 0) {
         char why[LEI_ADDR_MAX + 200], got[65], want[65];
-        hex(peer->key, 32, got);
-        hex(pk, 32, want);
+        sodium_bin2hex(got, sizeof got, peer->key, 32);
+        sodium_bin2hex(want, sizeof want, pk, 32);
         snprintf(why, sizeof why, "%s presented key %s, expected %s", addr, got, want);
         lei_logf(c, "closing connection with %s", why);
         lei_peer_close(peer, why);
@@ -188,7 +179,7 @@ int lei_trusted(const lei_ctx *c, const lei_hello *h, char *why, size_t n) {
             if (crypto_sign_verify_detached(h->cert, m, pos, id->auths[i]) == 0) return 0;
     }
     char pk[65];
-    hex(h->idpk, 32, pk);
+    sodium_bin2hex(pk, sizeof pk, h->idpk, 32);
     snprintf(why, n, "not trusted: %s %s", h->name, pk);
     return -1;
 }

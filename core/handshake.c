@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #include "ctx_int.h"
 
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,15 +37,6 @@
 /* The reason sent to the loser of simultaneous dials: it keeps its queue
  * and waits for the connection the winner dialled. */
 static const char DUP_REASON[] = "duplicate connection: the one dialled by the smaller address wins";
-
-static void hex32(const uint8_t *pk, char out[65]) {
-    static const char d[] = "0123456789abcdef";
-    for (int i = 0; i < 32; i++) {
-        out[2 * i] = d[pk[i] >> 4];
-        out[2 * i + 1] = d[pk[i] & 15];
-    }
-    out[64] = '\0';
-}
 
 /* Our HELLO (dialled) or HELLO_OK (accepted) into b[LEI_HELLO_MAX]; a keyed
  * one goes into the transcript, a keyed HELLO_OK ends with our signature. */
@@ -115,8 +107,8 @@ static int identity_check(lei_conn *k, const lei_hello *h, const char *addr, int
         const lei_pin *pin = lei_pin_find(k->ctx, addr);
         if (!pin || memcmp(pin->pk, h->idpk, 32) == 0) return 0;
         char got[65], want[65];
-        hex32(h->idpk, got);
-        hex32(pin->pk, want);
+        sodium_bin2hex(got, sizeof got, h->idpk, 32);
+        sodium_bin2hex(want, sizeof want, pin->pk, 32);
         if (dialled)
             snprintf(why, sizeof why, "%s presented key %s, expected %s", addr, got, want);
         else

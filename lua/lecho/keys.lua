@@ -68,15 +68,15 @@ local function syserr(what, path, errno)
          errno == ENOENT and "notfound" or "io"
 end
 
---- The hex text of raw bytes s (lowercase).
-function M.hex(s)
-  return (s:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
-end
+local function core() return require "lecho.core" end
+
+--- The hex text of raw bytes s (lowercase): the core's (libsodium's).
+function M.hex(s) return core().hex(s) end
 
 -- The n raw bytes of hex text h, or nil when h is not 2n hex digits.
 local function unhex(h, n)
-  if type(h) ~= "string" or #h ~= 2 * n or h:find("[^0-9a-fA-F]") then return nil end
-  return (h:gsub("..", function(x) return string.char(tonumber(x, 16)) end))
+  if type(h) ~= "string" or #h ~= 2 * n then return nil end
+  return (core().unhex(h))
 end
 M.unhex = unhex
 
@@ -157,7 +157,6 @@ local function name_and_key(e, where)
   return e.name, pk
 end
 
-local function core() return require "lecho.core" end
 
 --- The message an authority signs to certify that pk is name's key.
 function M.cert_message(name, pk)

@@ -571,7 +571,7 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents) {
         int fd = accept4(c->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-                lei_logf(c, "accept: %s", strerror(errno));
+                lei_ratelog(c, LEI_RL_ACCEPT, "accept: %s", strerror(errno));
             return;
         }
         lei_conn *k = conn_new(c, fd, LEI_CONN_HELLO_WAIT);

@@ -46,6 +46,28 @@ void lei_logf(lei_ctx *c, const char *fmt, ...) {
         fprintf(stderr, "lecho: %s\n", buf);
 }
 
+void lei_ratelog(lei_ctx *c, int kind, const char *fmt, ...) {
+    if (kind < 0 || kind >= LEI_RL_NKINDS) kind = LEI_RL_NKINDS - 1;
+    ev_tstamp now = ev_now(c->loop);
+    if (c->rlog[kind].used && now - c->rlog[kind].t < LEI_RATELOG_WINDOW) {
+        c->rlog[kind].skipped++;
+        return;
+    }
+    uint64_t skipped = c->rlog[kind].skipped;
+    c->rlog[kind].used = 1;
+    c->rlog[kind].t = now;
+    c->rlog[kind].skipped = 0;
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (skipped)
+        lei_logf(c, "%s (%llu more in the last %g s)", buf, (unsigned long long)skipped,
+                 LEI_RATELOG_WINDOW);
+    else
+        lei_logf(c, "%s", buf);
+}
 
 int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_msg *msg,
                int sync, int policy, uint64_t *sync_id, const char **err) {

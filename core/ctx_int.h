@@ -260,6 +260,11 @@ struct lei_ctx {
     uint64_t encodes;         /* values encoded (lei_ctx_count_encode) */
     uint64_t bad_frames;      /* ro: connections closed for bad input */
     lei_ident id;             /* identity, trust, pins (auth.c) */
+    struct {                  /* lei_ratelog: per kind, the window's start and */
+        ev_tstamp t;          /* the lines it did not log */
+        uint64_t skipped;
+        int used;
+    } rlog[LEI_RL_NKINDS];
 };
 
 /* The states of a connection, in the order it walks them (the handshake

@@ -23,11 +23,15 @@ void lei_opts_default(lei_opts *o) {
     o->queue_limit = 64u << 20;
     o->policy = LEI_BLOCK;
     o->batch_bytes = 256u << 10;
-    o->max_frame = (1u << 30) + 4096;
+    o->max_frame = (256u << 20) + 4096;
     o->retry_interval = 0.5;
     o->heartbeat = 5.0;
     o->heartbeat_misses = 2.0;
     o->retry_max = 2.0;
+    o->handshake_timeout = 10.0;
+    o->max_connections = 1024;
+    o->max_buffered = (size_t)512 << 20;
+    o->max_peer_channels = 65536;
 }
 
 struct ev_loop *lei_ctx_loop(const lei_ctx *c) { return c->loop; }
@@ -175,6 +179,9 @@ void lei_ctx_shutdown(lei_ctx *c) {
 void lei_ctx_stop_listening(lei_ctx *c) {
     if (c->lfd < 0) return;
     ev_io_stop(c->loop, &c->lio);
+    ev_timer_stop(c->loop, &c->acc_w);
+    if (c->reserve_fd >= 0) close(c->reserve_fd);
+    c->reserve_fd = -1;
     lei_addr_close(c->lfd, &c->laddr); /* removes our unix socket file */
     c->lfd = -1;
 }
@@ -229,6 +236,7 @@ lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h) {
     c->expiry_w.data = c;
     ev_init(&c->hb, lei_live_timer_cb);
     c->hb.data = c;
+    lei_conns_init(c);
     return c;
 }
 
@@ -273,6 +281,7 @@ void lei_ctx_free(lei_ctx *c) {
     ev_idle_stop(c->loop, &c->kick);
     ev_timer_stop(c->loop, &c->expiry_w);
     ev_timer_stop(c->loop, &c->hb);
+    lei_conns_stop(c);
     free(c->notes);
     lei_ident_free(c);
     ev_loop_destroy(c->loop);

@@ -46,6 +46,12 @@ typedef struct lei_opts {
     double heartbeat;
     double heartbeat_misses;
     double retry_max;      /* cap of the exponential redial backoff */
+    /* Containment (issue 11; README "Limits"). */
+    double handshake_timeout;   /* s: a connection not UP this long after accept or
+                                 * connect is closed with an ERROR (0: never) */
+    size_t max_connections;     /* connections of the context, any state */
+    size_t max_buffered;        /* bytes of read buffers across all connections */
+    size_t max_peer_channels;   /* BIND indexes per connection */
 } lei_opts;
 
 void lei_opts_default(lei_opts *o);

@@ -1,5 +1,7 @@
-/* conn.c: connections: sockets, listening and accepting, dialling,
- * reading and handing frames over, the handshake, closing (FIN, retiring).
+/* conn.c: connections: sockets, dialling, reading and handing frames
+ * over, the read buffers' budget, closing (FIN, retiring).  Listening,
+ * accepting and the limits on connections: accept.c; the handshake:
+ * handshake.c.
  *
  * Leans on libev (watchers embedded in lei_conn), frame.c for the wire
  * layout, peer.c for the queues a connection writes.  No Lua here.
@@ -8,7 +10,6 @@
 #include "ctx_int.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,82 +25,7 @@
 static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents);
 static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents);
 
-static void hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents);
-static void acc_timer_cb(struct ev_loop *loop, ev_timer *w, int revents);
-
-void lei_conns_init(lei_ctx *c) {
-    c->reserve_fd = -1;
-    c->acc_backoff = 0.1;
-    ev_init(&c->hs_w, hs_timer_cb);
-    c->hs_w.data = c;
-    ev_init(&c->acc_w, acc_timer_cb);
-    c->acc_w.data = c;
-}
-
-void lei_conns_stop(lei_ctx *c) {
-    if (ev_is_active(&c->hs_w)) {
-        ev_ref(c->loop); /* hs_arm unref'd it */
-        ev_timer_stop(c->loop, &c->hs_w);
-    }
-    ev_timer_stop(c->loop, &c->acc_w);
-    if (c->reserve_fd >= 0) close(c->reserve_fd);
-    c->reserve_fd = -1;
-}
-
-/* The handshake deadline: checked a few times per handshake_timeout while
- * a connection is not UP. */
-static void hs_arm(lei_ctx *c) {
-    double t = c->o.handshake_timeout;
-    if (t <= 0 || ev_is_active(&c->hs_w)) return;
-    t /= 8;
-    c->hs_w.repeat = t < 0.01 ? 0.01 : t > 1.0 ? 1.0 : t;
-    ev_timer_again(c->loop, &c->hs_w);
-    ev_unref(c->loop); /* the deadline alone does not keep the loop alive */
-}
-
-/* Refuses k: the peer is told why (ERROR), the process logs one line per
- * kind per window (lei_ratelog), k is closed. */
-void lei_conn_refuse(lei_conn *k, int kind, const char *reason) {
-    lei_ctx *c = k->ctx;
-    lei_conn_send_error(k, reason);
-    lei_ratelog(c, kind, "closing connection %s %s: %s", k->peer ? "with" : "from",
-                k->peer ? k->peer->addr : "an unidentified peer", reason);
-    lei_conn_close(k, reason, 0);
-}
-
-static void hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
-    (void)revents;
-    lei_ctx *c = w->data;
-    ev_tstamp now = ev_now(loop), t = c->o.handshake_timeout;
-    int waiting = 0;
-    char why[256];
-    snprintf(why, sizeof why, "handshake timeout (%g s)", t);
-    for (lei_conn *k = c->conns, *nk; k; k = nk) {
-        nk = k->next; /* lei_conn_close may free k */
-        if (k->state >= LEI_CONN_UP) continue;
-        if (now - k->born < t) {
-            waiting = 1;
-            continue;
-        }
-        if (k->state == LEI_CONN_DIALING) /* nothing to tell: not connected */
-            lei_conn_close(k, why, 0);
-        else
-            lei_conn_refuse(k, LEI_RL_HANDSHAKE_TIMEOUT, why);
-    }
-    if (!waiting) {
-        ev_ref(loop);
-        ev_timer_stop(loop, w);
-    }
-}
-
-/* Room for one more connection: 0, or -1 with the reason in why[n]. */
-static int conn_room(lei_ctx *c, char *why, size_t n) {
-    if (c->nconns < c->o.max_connections) return 0;
-    snprintf(why, n, "too many connections (limit %zu)", c->o.max_connections);
-    return -1;
-}
-
-static lei_conn *conn_new(lei_ctx *c, int fd, enum lei_conn_state state) {
+lei_conn *lei_conn_new(lei_ctx *c, int fd, enum lei_conn_state state) {
     lei_conn *k = calloc(1, sizeof *k);
     if (!k) return NULL;
     if (c->id.keyed && !(k->sec = lei_sec_new())) {
@@ -117,7 +43,7 @@ static lei_conn *conn_new(lei_ctx *c, int fd, enum lei_conn_state state) {
     lei_addr_nodelay(fd);
     lei_live_conn_new(k);
     c->nconns++;
-    hs_arm(c);
+    lei_conn_hs_arm(c);
     return k;
 }
 
@@ -240,7 +166,7 @@ int lei_peer_dial(lei_peer *p) {
         p->last_fail = ev_now(c->loop);
         return -1;
     }
-    if (conn_room(c, p->reason, sizeof p->reason)) {
+    if (lei_conn_room(c, p->reason, sizeof p->reason)) {
         p->last_fail = ev_now(c->loop);
         lei_ratelog(c, LEI_RL_CONNECTIONS, "not dialling %s: %s", p->addr, p->reason);
         return -1;
@@ -253,7 +179,7 @@ int lei_peer_dial(lei_peer *p) {
         p->last_fail = ev_now(c->loop);
         return -1;
     }
-    lei_conn *k = conn_new(c, fd, LEI_CONN_DIALING);
+    lei_conn *k = lei_conn_new(c, fd, LEI_CONN_DIALING);
     if (!k) {
         close(fd);
         return -1;
@@ -356,6 +282,28 @@ static void refused_event(lei_conn *k, const lei_event_hdr *e) {
               lei_enc_string(&b, why, n < (int)sizeof why ? (size_t)n : sizeof why - 1);
     lei_ack(c, p, e->sync, 0, bad ? NULL : (const uint8_t *)b.data, bad ? 0 : b.len);
     lei_wbuf_free(&b);
+}
+
+/* An incomplete EVENT whose index we refused (keyed: a BIND without a
+ * valid ticket) is dropped as soon as its header is in, not buffered whole
+ * first: the event is counted and answered like a complete one, and the
+ * rest of its bytes are skipped as they come (k->skip).  1 when dropped. */
+static int refused_large(lei_conn *k) {
+    size_t avail = k->rlen - k->rpos;
+    const uint8_t *h = k->rb + k->rpos;
+    if (k->state != LEI_CONN_UP || !k->nrefused || avail <= LEI_FRAME_HDR ||
+        h[4] != LEI_F_EVENT)
+        return 0;
+    size_t fsize = (size_t)lei_get_u32le(h) + 4;
+    lei_event_hdr e;
+    const char *err = NULL;
+    if (lei_parse_event(h + LEI_FRAME_HDR, avail - LEI_FRAME_HDR, &e, &err) ||
+        e.idx >= k->ninmap || k->inmap[e.idx] != LEI_REFUSED)
+        return 0; /* not refused, or its header not all in yet */
+    refused_event(k, &e);
+    k->skip = fsize - avail;
+    k->rpos = k->rlen;
+    return 1;
 }
 
 /* Handles one frame.  Returns 0, or -1 after closing the connection. */
@@ -488,6 +436,12 @@ static int conn_frames(lei_conn *k) {
         k->rpos = k->rlen;
         return 0;
     }
+    if (k->skip) { /* the rest of a dropped EVENT (refused_large) */
+        size_t n = k->rlen - k->rpos < k->skip ? k->rlen - k->rpos : k->skip;
+        k->rpos += n;
+        k->skip -= n;
+        if (k->skip) return 0;
+    }
     while (k->state != LEI_CONN_CLOSED && !(k->peer && k->peer->held && k->state >= LEI_CONN_UP)) {
         lei_frame f;
         const char *err = NULL;
@@ -495,6 +449,7 @@ static int conn_frames(lei_conn *k) {
         size_t max = frame_limit(k, k->rb + k->rpos, k->rlen - k->rpos);
         int r = lei_frame_next(k->rb + k->rpos, k->rlen - k->rpos, max, &f, &err);
         if (r == 0) {
+            if (refused_large(k)) break;
             /* An incomplete frame takes its room in the budget as soon as
              * its header shows its size (lei_frame_next checked it against
              * the limit): a peer announcing large frames on many
@@ -630,7 +585,7 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
     } else {
         size_t want = RBUF_MIN, room;
         size_t big_end = 0; /* a large frame: read up to its end only */
-        if (k->rlen - k->rpos >= 4) {
+        if (k->rlen - k->rpos >= 4 && !k->skip) {
             const uint8_t *h = k->rb + k->rpos;
             size_t flen = lei_get_u32le(h);
             if (flen <= frame_limit(k, h, k->rlen - k->rpos) && flen + 4 > want) {
@@ -716,78 +671,6 @@ static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents) {
     }
 }
 
-/* Refuses an accepted socket that has no connection record: the ERROR
- * (in the clear: no handshake was made) and close. */
-static void refuse_fd(lei_ctx *c, int fd, const char *reason) {
-    uint8_t b[LEI_FRAME_HDR + 128];
-    size_t n = strnlen(reason, 127);
-    lei_frame_hdr(b, LEI_F_ERROR, n);
-    memcpy(b + LEI_FRAME_HDR, reason, n);
-    (void)!send(fd, b, LEI_FRAME_HDR + n, MSG_NOSIGNAL | MSG_DONTWAIT);
-    close(fd);
-    lei_ratelog(c, LEI_RL_CONNECTIONS, "refusing a connection: %s", reason);
-}
-
-/* Out of file descriptors: the pending connections are refused through
- * the reserved descriptor (told why, not left hanging), and accepting
- * pauses, 0.1 s doubling to 2 s, instead of spinning on a listening socket
- * that stays readable. */
-static void accept_out_of_fds(lei_ctx *c, int err) {
-    lei_ratelog(c, LEI_RL_ACCEPT, "accept: %s: not accepting for %g s", strerror(err),
-                c->acc_backoff);
-    if (c->reserve_fd >= 0) {
-        close(c->reserve_fd);
-        c->reserve_fd = -1;
-        for (int i = 0; i < 64; i++) {
-            int fd = accept4(c->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-            if (fd < 0) break;
-            refuse_fd(c, fd, "too many connections (out of file descriptors)");
-        }
-        c->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* may fail: tried again later */
-    }
-    ev_io_stop(c->loop, &c->lio);
-    ev_timer_set(&c->acc_w, c->acc_backoff, 0.);
-    ev_timer_start(c->loop, &c->acc_w);
-    c->acc_backoff = c->acc_backoff * 2 > 2.0 ? 2.0 : c->acc_backoff * 2;
-}
-
-static void acc_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
-    (void)revents;
-    lei_ctx *c = w->data;
-    if (c->lfd < 0) return;
-    if (c->reserve_fd < 0) c->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    ev_io_start(loop, &c->lio);
-}
-
-static void accept_cb(struct ev_loop *loop, ev_io *w, int revents) {
-    (void)loop;
-    (void)revents;
-    lei_ctx *c = w->data;
-    for (int i = 0; i < 64; i++) {
-        int fd = accept4(c->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
-                accept_out_of_fds(c, errno);
-            else if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-                lei_ratelog(c, LEI_RL_ACCEPT, "accept: %s", strerror(errno));
-            return;
-        }
-        c->acc_backoff = 0.1;
-        char why[128];
-        if (conn_room(c, why, sizeof why)) {
-            refuse_fd(c, fd, why);
-            continue;
-        }
-        lei_conn *k = conn_new(c, fd, LEI_CONN_HELLO_WAIT);
-        if (!k) {
-            close(fd);
-            continue;
-        }
-        ev_io_start(c->loop, &k->rio);
-    }
-}
-
-
 /* ---- life cycle -------------------------------------------------------- */
 
 /* Closing: once k's queue is written, our side ends with a FIN; reading
@@ -799,34 +682,3 @@ void lei_conn_fin(lei_conn *k) {
     k->state = LEI_CONN_CLOSING;
     shutdown(k->fd, SHUT_WR);
 }
-
-
-int lei_ctx_listen(lei_ctx *c, const char *addr, const char *advertise, const char *toward,
-                   char *err) {
-    const char *why;
-    if (lei_addr_parse(addr, LEI_ADDR_LISTEN, &c->laddr, &why)) {
-        snprintf(err, LEI_ADDR_ERR_MAX, "%s", why);
-        return -LEI_E_INVALID;
-    }
-    /* Protected mode (no identity): loopback and unix sockets only. */
-    if (!c->id.keyed && !lei_addr_is_local(&c->laddr)) {
-        snprintf(err, LEI_ADDR_ERR_MAX,
-                 "refusing to listen on %s without keys (protected mode): set key= and trust=, "
-                 "or listen on 127.0.0.1", addr);
-        return -LEI_E_INVALID;
-    }
-    int fd = lei_addr_listen(&c->laddr, 512, c->bound, err, LEI_ADDR_ERR_MAX); /* c->lfd owns */
-    if (fd < 0) return -LEI_E_IO;
-    if (lei_addr_advertise(c->bound, advertise, toward, c->addr, err, LEI_ADDR_ERR_MAX)) {
-        lei_addr_close(fd, &c->laddr);
-        c->addr[0] = '\0';
-        return -LEI_E_INVALID;
-    }
-    c->lfd = fd;
-    c->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* owned: see accept_out_of_fds */
-    ev_io_init(&c->lio, accept_cb, fd, EV_READ);
-    c->lio.data = c;
-    ev_io_start(c->loop, &c->lio);
-    return 0;
-}
-

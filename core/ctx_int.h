@@ -316,6 +316,7 @@ struct lei_conn {
     char **rnames;      /* owned, with their strings: names of refused idx */
     size_t nrnames;
     size_t nrefused;    /* BINDs refused on this connection (REFUSED_BINDS_MAX) */
+    size_t skip;        /* bytes of a dropped EVENT still to come, not buffered */
     ev_tstamp born, last_in, last_out, last_ping; /* liveness: created, last read, write, PING */
     lei_sec *sec;       /* owned: a keyed connection's crypto, or NULL (protected) */
     int fin_pending;    /* our FIN goes out once the pending records are written */
@@ -369,9 +370,15 @@ void lei_conn_send_error(lei_conn *k, const char *msg);
 /* Refuses k: ERROR with the reason to the peer, one log line per kind per
  * window (lei_ratelog), k closed. */
 void lei_conn_refuse(lei_conn *k, int kind, const char *reason);
-/* The context's part of conn.c: timers, counters, the reserved fd. */
+/* conn.c: a connection record for fd (owned by the context from now on). */
+lei_conn *lei_conn_new(lei_ctx *c, int fd, enum lei_conn_state state);
+/* accept.c: the context's timers, counters, the reserved fd; the handshake
+ * deadline (armed by lei_conn_new); room for one more connection (0, or -1
+ * with the reason in why[n]). */
 void lei_conns_init(lei_ctx *c);
 void lei_conns_stop(lei_ctx *c);
+void lei_conn_hs_arm(lei_ctx *c);
+int lei_conn_room(lei_ctx *c, char *why, size_t n);
 /* conn.c -> handshake.c: one frame before UP (0, or -1 after closing k),
  * our HELLO once a dial connected. */
 int lei_conn_handshake(lei_conn *k, const lei_frame *f);

@@ -96,6 +96,14 @@ local function rss_kib(pid)
   return tonumber(s:match("VmRSS:%s*(%d+)"))
 end
 
+local function hwm_kib(pid)   -- the peak of the resident set
+  local f = io.open("/proc/" .. pid .. "/status")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return tonumber(s:match("VmHWM:%s*(%d+)"))
+end
+
 local function cpu_s(pid)
   local f = assert(io.open("/proc/" .. pid .. "/stat"))
   local s = f:read("*a")
@@ -284,6 +292,30 @@ describe("connection limits (issue 11)", function()
     local prod = flow(t, 200)
     flow_done(t, 200, 20)
     assert(support.wait(prod, 10))
+  end)
+
+  it("drops a keyed EVENT on a refused index without buffering it whole (issue 10's leftover)", function()
+    local T = require "spec.support.trust_world"
+    local w = T.start{ mode = "keyed" }
+    local p = assert(T.dial(w, w.cons.addr, "mallory"))
+    local hwm0 = hwm_kib(w.cons.pid)
+    -- a BIND without a ticket (refused), then a sync EVENT of 100 MiB on it
+    local size = 100 * 1024 * 1024
+    local hdr = R.varint(1) .. R.varint(1) .. R.varint(1) .. R.varint(7)
+    assert(p:send(R.bind(1, w.ns .. "/" .. T.CHANNEL) .. R.u32le(1 + #hdr + size)
+                  .. string.char(R.F.EVENT) .. hdr))
+    local chunk = string.rep("x", 1024 * 1024)
+    for _ = 1, 100 do assert(p:send(chunk)) end
+    assert(p:send(R.frame(R.F.PING, "")))
+    local ack = assert(p:expect(R.F.ACK, 30))
+    local a = R.parse_ack(ack)
+    assert.equals(7, a.sync)
+    assert.equals(0, a.nran)
+    assert.matches("not an authorized producer", tostring(a.errs and a.errs[1] and a.errs[1].err))
+    assert(p:expect(R.F.HEARTBEAT, 30), "no HEARTBEAT after the dropped EVENT")
+    local grew = (hwm_kib(w.cons.pid) - hwm0) / 1024
+    assert(grew < 32, ("the consumer's peak grew by %.0f MiB for a dropped event"):format(grew))
+    T.stop(w)
   end)
 
   it("refuses HELLO addresses it could not dial back, with the reason", function()

@@ -106,12 +106,7 @@ void lei_conn_close(lei_conn *k, const char *reason, int bad) {
     free(k->rb);
     k->rb = NULL;
     k->rcap = k->rlen = k->rpos = 0;
-    free(k->inmap);
-    k->inmap = NULL;
-    for (size_t i = 0; i < k->nrnames; i++) free(k->rnames[i]);
-    free(k->rnames);
-    k->rnames = NULL;
-    k->nrnames = 0;
+    lei_inmap_free(k);
     lei_sec_free(k->sec);
     k->sec = NULL;
     lei_peer *p = k->peer;
@@ -193,9 +188,16 @@ int lei_peer_dial(lei_peer *p) {
 
 /* ---- reading ----------------------------------------------------------- */
 
+/* The remote's index as one of our channels: 0, -1 never bound, 1 refused. */
 static int map_idx(lei_conn *k, uint64_t idx, uint32_t *chid) {
-    if (idx >= k->ninmap || !k->inmap[idx]) return -1;
-    *chid = k->inmap[idx] - 1;
+    uint32_t v;
+    if (idx < k->ninmap && k->inmap[idx] && k->inmap[idx] != LEI_REFUSED) { /* the hot path */
+        *chid = k->inmap[idx] - 1;
+        return 0;
+    }
+    if (lei_inmap_get(k, idx, &v)) return -1;
+    if (v == LEI_REFUSED) return 1;
+    *chid = v - 1;
     return 0;
 }
 
@@ -211,54 +213,30 @@ static const char *conn_bind(lei_conn *k, const lei_frame *f) {
     size_t nl;
     const char *err = NULL;
     if (lei_parse_bind(f->body, f->len, &idx, &name, &nl, &ticket, &err)) return err;
-    /* Indexes are bounded by max_peer_channels: the map costs 4 bytes per
-     * index up to the highest one bound. */
-    if (idx >= c->o.max_peer_channels) {
+    /* The map's memory follows the number of indexes bound (inmap.c):
+     * at most max_peer_channels of them. */
+    uint32_t old;
+    if (idx > UINT32_MAX ||
+        (lei_inmap_get(k, idx, &old) && k->nbound >= c->o.max_peer_channels)) {
         char why[128];
         snprintf(why, sizeof why, "channel index out of range (%zu bound, limit %zu)", k->nbound,
                  c->o.max_peer_channels);
         lei_conn_refuse(k, LEI_RL_BIND_INDEX, why); /* conn_frame sees k closed */
         return NULL;
     }
-    if (idx >= k->ninmap) {
-        size_t n = k->ninmap ? k->ninmap : 64;
-        while (n <= idx) n *= 2;
-        if (n > c->o.max_peer_channels) n = c->o.max_peer_channels;
-        uint32_t *m = realloc(k->inmap, n * sizeof *m);
-        if (!m) return "out of memory";
-        memset(m + k->ninmap, 0, (n - k->ninmap) * sizeof *m);
-        k->inmap = m;
-        k->ninmap = n;
-    }
-    if (!k->inmap[idx]) k->nbound++;
-    if (idx < k->nrnames && k->rnames[idx]) {
-        free(k->rnames[idx]);
-        k->rnames[idx] = NULL;
-    }
+    lei_inmap_drop_rname(k, idx);
     if (!c->id.keyed) {
         uint32_t id = lei_chan_open(c, (const char *)name, nl);
-        if (id == UINT32_MAX) return "out of memory";
-        k->inmap[idx] = id + 1;
+        if (id == UINT32_MAX || lei_inmap_set(k, idx, id + 1)) return "out of memory";
         return NULL;
     }
     lei_chan *ch = lei_bind_check(c, k->peer, (const char *)name, nl, ticket);
-    if (ch) {
-        k->inmap[idx] = ch->id + 1;
-        return NULL;
-    }
-    if (idx >= k->nrnames) { /* keeps the name for the ACKs' error text */
-        size_t n = k->ninmap;
-        char **r = realloc(k->rnames, n * sizeof *r);
-        if (!r) return "out of memory";
-        memset(r + k->nrnames, 0, (n - k->nrnames) * sizeof *r);
-        k->rnames = r;
-        k->nrnames = n;
-    }
+    if (ch) return lei_inmap_set(k, idx, ch->id + 1) ? "out of memory" : NULL;
     /* A producer we refused stops at a few: many refusals are an attack
      * on our memory (each keeps its name for the ACKs' error text). */
     if (++k->nrefused > REFUSED_BINDS_MAX) return "too many refused channel bindings (limit 256)";
-    if (!(k->rnames[idx] = strndup((const char *)name, nl))) return "out of memory";
-    k->inmap[idx] = LEI_REFUSED;
+    if (lei_inmap_set_rname(k, idx, (const char *)name, nl) || lei_inmap_set(k, idx, LEI_REFUSED))
+        return "out of memory";
     lei_refused_log(c, k->peer, (const char *)name, nl);
     return NULL;
 }
@@ -268,7 +246,8 @@ static const char *conn_bind(lei_conn *k, const lei_frame *f) {
 static void refused_event(lei_conn *k, const lei_event_hdr *e) {
     lei_ctx *c = k->ctx;
     lei_peer *p = k->peer;
-    const char *name = k->rnames[e->idx];
+    const char *name = lei_inmap_rname(k, e->idx);
+    if (!name) name = "?";
     lei_chan *ch = lei_chan_find(c, name, strlen(name));
     p->refused++;
     if (ch) ch->refused++;
@@ -297,8 +276,9 @@ static int refused_large(lei_conn *k) {
     size_t fsize = (size_t)lei_get_u32le(h) + 4;
     lei_event_hdr e;
     const char *err = NULL;
+    uint32_t chid;
     if (lei_parse_event(h + LEI_FRAME_HDR, avail - LEI_FRAME_HDR, &e, &err) ||
-        e.idx >= k->ninmap || k->inmap[e.idx] != LEI_REFUSED)
+        map_idx(k, e.idx, &chid) != 1)
         return 0; /* not refused, or its header not all in yet */
     refused_event(k, &e);
     k->skip = fsize - avail;
@@ -319,11 +299,12 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
         lei_event_hdr e;
         uint32_t chid;
         if (lei_parse_event(f->body, f->len, &e, &err)) break;
-        if (e.idx < k->ninmap && k->inmap[e.idx] == LEI_REFUSED) {
+        int m = map_idx(k, e.idx, &chid);
+        if (m == 1) {
             refused_event(k, &e);
             break;
         }
-        if (map_idx(k, e.idx, &chid)) {
+        if (m) {
             err = "event on a channel that was never bound";
             break;
         }

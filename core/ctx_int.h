@@ -309,12 +309,17 @@ struct lei_conn {
     ev_io rio, wio;
     uint8_t *rb;        /* owned read buffer */
     size_t rlen, rpos, rcap;
-    uint32_t *inmap;    /* owned: remote channel idx -> local chid + 1, or
-                         * LEI_REFUSED (keyed: a BIND without a valid ticket) */
+    /* The remote's channel indexes (inmap.c): idx -> local chid + 1, or
+     * LEI_REFUSED (keyed: a BIND without a valid ticket); below 65536 in
+     * the array inmap, above in the table hmap. */
+    uint32_t *inmap;    /* owned */
     size_t ninmap;
-    size_t nbound;      /* indexes of inmap bound (max_peer_channels' message) */
-    char **rnames;      /* owned, with their strings: names of refused idx */
-    size_t nrnames;
+    struct lei_inent { uint32_t idx, val; } *hmap; /* owned; idx 0: empty */
+    size_t hcap, hn;
+    size_t nbound;      /* indexes bound, both parts (max_peer_channels) */
+    struct lei_rname { uint64_t idx; char *name; } *rnames; /* owned, with their
+                         * names: the refused indexes' channel names */
+    size_t nrnames, crnames;
     size_t nrefused;    /* BINDs refused on this connection (REFUSED_BINDS_MAX) */
     size_t skip;        /* bytes of a dropped EVENT still to come, not buffered */
     ev_tstamp born, last_in, last_out, last_ping; /* liveness: created, last read, write, PING */
@@ -385,6 +390,14 @@ int lei_conn_handshake(lei_conn *k, const lei_frame *f);
 void lei_conn_hello(lei_conn *k);
 /* Bytes after the frame being read are records from now on. */
 int lei_conn_records_in(lei_conn *k);
+/* inmap.c: a connection's channel indexes.  get: 0 with *val, or -1 (not
+ * bound); set: 0, or -1 (out of memory, or idx past 2^32 - 1). */
+int lei_inmap_get(const lei_conn *k, uint64_t idx, uint32_t *val);
+int lei_inmap_set(lei_conn *k, uint64_t idx, uint32_t val);
+const char *lei_inmap_rname(const lei_conn *k, uint64_t idx);
+int lei_inmap_set_rname(lei_conn *k, uint64_t idx, const char *name, size_t nl);
+void lei_inmap_drop_rname(lei_conn *k, uint64_t idx);
+void lei_inmap_free(lei_conn *k);
 /* chan.c: the channel of that name, or NULL (never created) */
 lei_chan *lei_chan_find(lei_ctx *c, const char *name, size_t len);
 /* auth.c */

@@ -217,23 +217,33 @@ describe("connection limits (issue 11)", function()
     p:close()
   end)
 
-  it("refuses a BIND index past max_peer_channels (2^24 cost 128 MiB)", function()
+  it("binds any index for the memory of one entry (2^24 cost 128 MiB), at most max_peer_channels of them", function()
     local t = target()
     local prod = flow(t, 200)
     local rss0 = rss_kib(t.pid)
     local p = assert(dial(t))
-    p:send(R.bind(2 ^ 24, "junk"))
-    local d = p:drain(5)
-    assert.matches("channel index out of range %(0 bound, limit 65536%)", tostring(d.error))
+    local flow_ch = t.addr .. "/flow"
+    p:send(R.bind(2 ^ 24, flow_ch) .. R.event(2 ^ 24, 77, 1, 0, 100001)
+           .. R.bind(2 ^ 31 + 5, flow_ch) .. R.event(2 ^ 31 + 5, 78, 1, 0, 100002)
+           .. R.bind(65535, flow_ch) .. R.event(65535, 79, 1, 0, 100003) .. R.frame(R.F.PING, ""))
+    assert(p:expect(R.F.HEARTBEAT, 5))
     local grew = (rss_kib(t.pid) - rss0) / 1024
     assert(grew < 16, ("the target grew by %.0f MiB"):format(grew))
-    -- the highest index allowed works
-    local q = assert(dial(t))
-    q:send(R.bind(65535, "junk") .. R.frame(R.F.PING, ""))
-    assert(q:expect(R.F.HEARTBEAT, 5))
-    q:close()
-    flow_done(t, 200, 20)
+    flow_done(t, 203, 20)
+    for _, v in ipairs{ 100001, 100002, 100003 } do
+      assert.truthy(support.output(t):find("ev " .. v .. "\n", 1, true), "event on a large index lost")
+    end
     assert(support.wait(prod, 10))
+    -- an index past 2^32 - 1 and the BIND past max_peer_channels are refused
+    local q = assert(dial(t))
+    q:send(R.bind(2 ^ 32, flow_ch))
+    assert.matches("channel index out of range %(0 bound, limit 65536%)", tostring(q:drain(5).error))
+    local t2 = target{ max_peer_channels = 100 }
+    local r = assert(dial(t2))
+    local binds = {}
+    for i = 1, 101 do binds[i] = R.bind(i * 1000, "junk" .. i) end
+    r:send(table.concat(binds))
+    assert.matches("channel index out of range %(100 bound, limit 100%)", tostring(r:drain(5).error))
   end)
 
   it("closes idle sockets and slow headers after handshake_timeout, refuses past max_connections", function()

@@ -393,7 +393,23 @@ static int l_close_peer(lua_State *L) {
     return 0;
 }
 
+/* ctx:ratelog(kind, msg): logs msg through lei_ratelog, at most one line
+ * per kind per 10 s (issue 11: refusals decided in Lua, e.g. member lists).
+ * The names follow enum lei_ratelog_kind (ctx.h), in its order. */
+static int l_ratelog(lua_State *L) {
+    static const char *const kinds[] = {"handshake_timeout", "connections", "accept", "frame",
+                                        "bind_index", "hello_addr", "channels", "peers",
+                                        "members", "value", "modulator", NULL};
+    _Static_assert(sizeof kinds / sizeof *kinds == LEI_RL_NKINDS + 1,
+                   "one name per enum lei_ratelog_kind");
+    lb_ctx *b = lb_check_ctx(L);
+    int kind = luaL_checkoption(L, 2, NULL, kinds);
+    lei_ratelog(b->c, kind, "%s", luaL_checkstring(L, 3));
+    return 0;
+}
+
 static const luaL_Reg ctx_methods[] = {
+    {"ratelog", l_ratelog},
     {"listen", l_listen},         {"addr", l_addr},
     {"hooks", l_hooks},           {"stats", l_stats},
     {"peer_addr", l_peer_addr},   {"close_peer", l_close_peer},

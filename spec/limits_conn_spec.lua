@@ -165,6 +165,23 @@ end
 describe("connection limits (issue 11)", function()
   after_each(function() support.cleanup() end)
 
+  it("logs one line per kind of refusal per 10 s, then tells how many it did not log", function()
+    local lecho = require "lecho"
+    local lines = {}
+    local ctx = lecho.context{ log = function(m) lines[#lines + 1] = m end }
+    local n0 = #lines
+    for i = 1, 5 do ctx.c:ratelog("members", "members of x refused: " .. i) end
+    ctx.c:ratelog("peers", "a peer refused")
+    assert.same({ "members of x refused: 1", "a peer refused" }, { unpack(lines, n0 + 1) })
+    support.sleep(10.1)
+    ctx:run_once(0)            -- the loop's clock moves on
+    ctx.c:ratelog("members", "members of y refused")
+    ctx.c:ratelog("members", "members of z refused")
+    assert.equals("members of y refused (4 more in the last 10 s)", lines[#lines])
+    assert.equals(n0 + 3, #lines)
+    ctx:close()
+  end)
+
   it("refuses a frame declaring 1 GiB on its header and caps what all connections buffer", function()
     local t = target()
     local prod = flow(t, 400)

@@ -28,6 +28,7 @@ void lei_opts_default(lei_opts *o) {
     o->heartbeat = 5.0;
     o->heartbeat_misses = 2.0;
     o->retry_max = 2.0;
+    o->max_channels = 262144;
 }
 
 struct ev_loop *lei_ctx_loop(const lei_ctx *c) { return c->loop; }

@@ -46,6 +46,12 @@ typedef struct lei_opts {
     double heartbeat;
     double heartbeat_misses;
     double retry_max;      /* cap of the exponential redial backoff */
+    /* Channels open in the context (local API and derived streams; a BIND
+     * from a peer never opens one).  lei_chan_open past it fails.  Channel
+     * ids stay stable for the context's life (they are the wire indexes we
+     * send and index every peer's BIND bitmap), so a channel is never freed
+     * before the context: this bounds what they hold. */
+    uint32_t max_channels;
 } lei_opts;
 
 void lei_opts_default(lei_opts *o);
@@ -140,12 +146,15 @@ void lei_chan_count_encode(lei_ctx *c, uint32_t chid);
 void lei_ctx_stats(const lei_ctx *c, lei_stats_ctx *out);
 void lei_logf(lei_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Finds or creates the channel with this full name; returns its id. */
+/* Finds or creates the channel with this full name; returns its id, or
+ * UINT32_MAX (out of memory, or max_channels open: lei_chan_at_limit). */
 uint32_t lei_chan_open(lei_ctx *c, const char *name, size_t len);
 /* The channel with this id (an opaque handle), or NULL. */
 lei_chan *lei_chan_get(lei_ctx *c, uint32_t id);
 /* Channels are numbered 0 .. lei_ctx_nchans - 1, for the context's life. */
 uint32_t lei_ctx_nchans(const lei_ctx *c);
+/* max_channels are open: lei_chan_open of a new name fails. */
+int lei_chan_at_limit(const lei_ctx *c);
 /* The full name of channel id (NULL: no such channel). */
 const char *lei_chan_name(const lei_ctx *c, uint32_t id);
 /* 0, or -1 when there is no such channel. */

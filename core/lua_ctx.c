@@ -104,6 +104,8 @@ static int l_new(lua_State *L) {
                                  "(a frame's length is 32 bits on the wire)");
         pin = lb_opt_size(L, 1, "pin_threshold", pin);
         o.retry_interval = opt_time(L, 1, "retry_interval", o.retry_interval);
+        size_t maxch = lb_opt_size(L, 1, "max_channels", o.max_channels);
+        o.max_channels = maxch > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)maxch;
         opt_liveness(L, &o);
         lua_getfield(L, 1, "policy");
         if (!lua_isnil(L, -1)) o.policy = luaL_checkoption(L, -1, NULL, lb_policy_names);

@@ -297,7 +297,8 @@ struct lei_conn {
     uint8_t *rb;        /* owned read buffer */
     size_t rlen, rpos, rcap;
     uint32_t *inmap;    /* owned: remote channel idx -> local chid + 1, or
-                         * LEI_REFUSED (keyed: a BIND without a valid ticket) */
+                         * LEI_REFUSED (a channel not open here; keyed: or
+                         * a BIND without a valid ticket) */
     size_t ninmap;
     char **rnames;      /* owned, with their strings: names of refused idx */
     size_t nrnames;

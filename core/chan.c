@@ -87,6 +87,8 @@ void lei_chan_set_dests(lei_ctx *c, uint32_t id, const char **addrs, int n) {
         lei_peer *p = lei_peer_get(c, addrs[i], 1);
         if (p && d) d[nd++] = p;
     }
+    /* the peers dropped here may now be unused: lei_peers_sweep looks */
+    if (ch->ndests) lei_expiry_at(c, ev_now(c->loop) + LEI_PEER_FREE_AFTER);
     free(ch->dests);
     ch->dests = d;
     ch->ndests = nd;

@@ -173,9 +173,13 @@ int lei_chan_full(lei_ctx *c, uint32_t chid);
 
 /* Finds the peer for addr, creating it (and dialling it) when create is set. */
 lei_peer *lei_peer_get(lei_ctx *c, const char *addr, int create);
-/* Peers are numbered 1 .. lei_ctx_npeers, for the context's life. */
+/* Peer idx (1-based, stable while the peer lives; NULL: none, or freed).
+ * A peer nothing uses is freed a while after (ctx_int.h); its idx may then
+ * name a new peer, after the hook was told the old one went down. */
 lei_peer *lei_peer_by_idx(lei_ctx *c, int idx);
+/* The peers now: lei_ctx_peer(c, 0 .. lei_ctx_npeers - 1), any order. */
 int lei_ctx_npeers(const lei_ctx *c);
+lei_peer *lei_ctx_peer(lei_ctx *c, int i);
 int lei_peer_idx(const lei_peer *p);
 /* The remote context's listen address. */
 const char *lei_peer_addr(const lei_peer *p);

@@ -309,8 +309,8 @@ static int l_stats(lua_State *L) {
     lb_setn(L, "local_deferred_events", (double)cs.deferred_events);
     lb_setn(L, "local_deferred_bytes", (double)cs.deferred_bytes);
     lua_newtable(L);
-    for (int i = 1; i <= lei_ctx_npeers(c); i++) {
-        lei_peer *p = lei_peer_by_idx(c, i);
+    for (int i = 0; i < lei_ctx_npeers(c); i++) {
+        lei_peer *p = lei_ctx_peer(c, i);
         lei_stats_peer ps;
         lei_peer_stats(p, &ps);
         lua_newtable(L);

@@ -56,6 +56,21 @@ io.stdout:write("error ", tostring(r.error), "\n")
 p:close()
 ]]
 
+-- Connections from opts.n distinct claimed addresses (127.0.0.1:opts.base + i),
+-- each a handshake and a close: opts.n peer records at the target.
+local MANY_PEERS = [[
+package.path = os.getenv("LECHO_ROOT") .. "/?.lua;" .. package.path
+local cjson = require "cjson"
+local R = require "spec.support.rogue"
+local opts = cjson.decode(arg[1])
+io.stdout:setvbuf("line")
+for i = 1, opts.n do
+  local p = assert(R.dial(opts.target, { addr = "127.0.0.1:" .. (opts.base + i) }))
+  p:close()
+end
+io.stdout:write("done\n")
+]]
+
 describe("issue 11: state a peer can make a context keep", function()
   local ctx
   after_each(function()
@@ -124,6 +139,31 @@ describe("issue 11: state a peer can make a context keep", function()
     q:close()
     local grew = rss(ns.pid) - rss0
     assert.is_true(grew < 16 * 1024 * 1024, ("the name server grew by %.1f MiB"):format(grew / 2 ^ 20))
+  end)
+
+  it("peers nothing uses are freed (300 claimed addresses), the legitimate flow unaffected", function()
+    local _, ns = S.nameserver("--quiet")
+    ctx = lecho.context{ nameserver = ns, quiet = true }
+    local got = {}
+    assert(ctx:channel("x"):consumer(function(ev, meta) got[#got + 1] = meta.producer end))
+    local function npeers()
+      local n = 0
+      for _ in pairs(ctx:stats().peers) do n = n + 1 end
+      return n
+    end
+    local base = npeers()
+    local atk = S.lua(MANY_PEERS, cjson.encode{ target = ctx.addr, n = 300, base = 40000 })
+    assert(S.run_until(ctx, function() return (S.read(atk.out) or ""):find("done") end, WAIT),
+           "the attacker did not finish: " .. S.errors(atk))
+    assert(S.run_until(ctx, function() return npeers() >= base + 300 end, 5), "peers: " .. npeers())
+    -- 30 s after their connections ended, and nothing else uses them
+    assert(S.run_until(ctx, function() return npeers() <= base end, 45), "peers left: " .. npeers())
+    -- a producer coming now (its peer may take a freed number) is named right
+    local pub = S.lua(kids.short_publisher, cjson.encode{ ns = ns, channel = "x", n = 50 })
+    assert(S.run_until(ctx, function() return #got == 50 end, WAIT), "got " .. #got .. S.errors(pub))
+    local who = got[1]:match("^(.*)#%d+$")
+    assert.is_truthy(ctx:stats().peers[who], who)
+    for i = 2, 50 do assert.are.equal(got[1], got[i]) end
   end)
 
   it("max_channels bounds the channels a context opens: nil, 'too many channels (limit N)', 'limit'", function()

@@ -301,6 +301,9 @@ function Context:_on_peer(idx, addr, up, reason)
     self.peer_addrs[idx] = addr
     return
   end
+  -- a peer that went down may be freed, and its idx name another later:
+  -- what was cached under it goes (it is found again from the core)
+  self.peer_addrs[idx], self.pnames[idx] = nil, nil
   self:_fail_pending(addr, reason or "connection lost")
   if self.reg then self.reg:peer_down(addr, self._send, now(self)) end
   -- A manager that lost its name server registers again, with the channels

@@ -8,6 +8,7 @@
 #include "ctx_int.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,9 +16,88 @@
 #include <unistd.h>
 
 #define RBUF_MIN (64 * 1024)
+/* A drained read buffer larger than this (a large frame's) is freed; the
+ * next read starts again from RBUF_MIN.  Smaller ones stay: no allocation
+ * per read for a stream of ordinary events. */
+#define RBUF_KEEP (1024 * 1024)
 
 static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents);
 static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents);
+
+static void hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents);
+static void acc_timer_cb(struct ev_loop *loop, ev_timer *w, int revents);
+
+void lei_conns_init(lei_ctx *c) {
+    c->reserve_fd = -1;
+    c->acc_backoff = 0.1;
+    ev_init(&c->hs_w, hs_timer_cb);
+    c->hs_w.data = c;
+    ev_init(&c->acc_w, acc_timer_cb);
+    c->acc_w.data = c;
+}
+
+void lei_conns_stop(lei_ctx *c) {
+    if (ev_is_active(&c->hs_w)) {
+        ev_ref(c->loop); /* hs_arm unref'd it */
+        ev_timer_stop(c->loop, &c->hs_w);
+    }
+    ev_timer_stop(c->loop, &c->acc_w);
+    if (c->reserve_fd >= 0) close(c->reserve_fd);
+    c->reserve_fd = -1;
+}
+
+/* The handshake deadline: checked a few times per handshake_timeout while
+ * a connection is not UP. */
+static void hs_arm(lei_ctx *c) {
+    double t = c->o.handshake_timeout;
+    if (t <= 0 || ev_is_active(&c->hs_w)) return;
+    t /= 8;
+    c->hs_w.repeat = t < 0.01 ? 0.01 : t > 1.0 ? 1.0 : t;
+    ev_timer_again(c->loop, &c->hs_w);
+    ev_unref(c->loop); /* the deadline alone does not keep the loop alive */
+}
+
+/* Refuses k: the peer is told why (ERROR), the process logs one line per
+ * kind per window (lei_ratelog), k is closed. */
+void lei_conn_refuse(lei_conn *k, int kind, const char *reason) {
+    lei_ctx *c = k->ctx;
+    lei_conn_send_error(k, reason);
+    lei_ratelog(c, kind, "closing connection %s %s: %s", k->peer ? "with" : "from",
+                k->peer ? k->peer->addr : "an unidentified peer", reason);
+    lei_conn_close(k, reason, 0);
+}
+
+static void hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
+    (void)revents;
+    lei_ctx *c = w->data;
+    ev_tstamp now = ev_now(loop), t = c->o.handshake_timeout;
+    int waiting = 0;
+    char why[256];
+    snprintf(why, sizeof why, "handshake timeout (%g s)", t);
+    for (lei_conn *k = c->conns, *nk; k; k = nk) {
+        nk = k->next; /* lei_conn_close may free k */
+        if (k->state >= LEI_CONN_UP) continue;
+        if (now - k->born < t) {
+            waiting = 1;
+            continue;
+        }
+        if (k->state == LEI_CONN_DIALING) /* nothing to tell: not connected */
+            lei_conn_close(k, why, 0);
+        else
+            lei_conn_refuse(k, LEI_RL_HANDSHAKE_TIMEOUT, why);
+    }
+    if (!waiting) {
+        ev_ref(loop);
+        ev_timer_stop(loop, w);
+    }
+}
+
+/* Room for one more connection: 0, or -1 with the reason in why[n]. */
+static int conn_room(lei_ctx *c, char *why, size_t n) {
+    if (c->nconns < c->o.max_connections) return 0;
+    snprintf(why, n, "too many connections (limit %zu)", c->o.max_connections);
+    return -1;
+}
 
 static lei_conn *conn_new(lei_ctx *c, int fd, enum lei_conn_state state) {
     lei_conn *k = calloc(1, sizeof *k);
@@ -36,6 +116,8 @@ static lei_conn *conn_new(lei_ctx *c, int fd, enum lei_conn_state state) {
     c->conns = k;
     lei_addr_nodelay(fd);
     lei_live_conn_new(k);
+    c->nconns++;
+    hs_arm(c);
     return k;
 }
 
@@ -93,8 +175,11 @@ void lei_conn_close(lei_conn *k, const char *reason, int bad) {
     }
     close(k->fd);
     k->fd = -1;
+    c->nconns--;
+    c->rbuf -= k->rcap;
     free(k->rb);
     k->rb = NULL;
+    k->rcap = k->rlen = k->rpos = 0;
     free(k->inmap);
     k->inmap = NULL;
     for (size_t i = 0; i < k->nrnames; i++) free(k->rnames[i]);
@@ -155,6 +240,11 @@ int lei_peer_dial(lei_peer *p) {
         p->last_fail = ev_now(c->loop);
         return -1;
     }
+    if (conn_room(c, p->reason, sizeof p->reason)) {
+        p->last_fail = ev_now(c->loop);
+        lei_ratelog(c, LEI_RL_CONNECTIONS, "not dialling %s: %s", p->addr, p->reason);
+        return -1;
+    }
     /* Unix: connects or fails at once (EAGAIN: the listener's backlog is
      * full), and the retry/backoff redials as for a refused TCP dial. */
     int fd = lei_addr_connect(&a, err, sizeof err); /* owned by the conn below */
@@ -197,16 +287,26 @@ static const char *conn_bind(lei_conn *k, const lei_frame *f) {
     size_t nl;
     const char *err = NULL;
     if (lei_parse_bind(f->body, f->len, &idx, &name, &nl, &ticket, &err)) return err;
-    if (idx > 16u * 1024 * 1024) return "channel index out of range";
+    /* Indexes are bounded by max_peer_channels: the map costs 4 bytes per
+     * index up to the highest one bound. */
+    if (idx >= c->o.max_peer_channels) {
+        char why[128];
+        snprintf(why, sizeof why, "channel index out of range (%zu bound, limit %zu)", k->nbound,
+                 c->o.max_peer_channels);
+        lei_conn_refuse(k, LEI_RL_BIND_INDEX, why); /* conn_frame sees k closed */
+        return NULL;
+    }
     if (idx >= k->ninmap) {
         size_t n = k->ninmap ? k->ninmap : 64;
         while (n <= idx) n *= 2;
+        if (n > c->o.max_peer_channels) n = c->o.max_peer_channels;
         uint32_t *m = realloc(k->inmap, n * sizeof *m);
         if (!m) return "out of memory";
         memset(m + k->ninmap, 0, (n - k->ninmap) * sizeof *m);
         k->inmap = m;
         k->ninmap = n;
     }
+    if (!k->inmap[idx]) k->nbound++;
     if (idx < k->nrnames && k->rnames[idx]) {
         free(k->rnames[idx]);
         k->rnames[idx] = NULL;
@@ -358,6 +458,27 @@ static size_t frame_limit(const lei_conn *k, const uint8_t *h, size_t avail) {
     return cap < max ? cap : max;
 }
 
+/* Whether k's read buffer may grow to ncap bytes within max_buffered, the
+ * budget of all connections' read buffers; if not, k is refused (ERROR to
+ * the peer, one log line per window) for the frame of fsize bytes it
+ * reads.  0, or -1 after closing k. */
+static int rbuf_budget(lei_conn *k, size_t ncap, size_t fsize) {
+    lei_ctx *c = k->ctx;
+    if (ncap <= k->rcap || c->rbuf - k->rcap + ncap <= c->o.max_buffered) return 0;
+    char why[160];
+    snprintf(why, sizeof why, "frame of %zu bytes exceeds the read buffer budget (limit %zu)",
+             fsize, c->o.max_buffered);
+    lei_conn_refuse(k, LEI_RL_FRAME, why);
+    return -1;
+}
+
+/* k's read buffer is now (b, ncap): the context's total follows. */
+static void rbuf_set(lei_conn *k, uint8_t *b, size_t ncap) {
+    k->ctx->rbuf = k->ctx->rbuf - k->rcap + ncap;
+    k->rb = b;
+    k->rcap = ncap;
+}
+
 /* Hands over the complete frames in k's buffer, until one suspends or
  * closes.  Returns 0, or -1 once k is dead (the caller frees it). */
 static int conn_frames(lei_conn *k) {
@@ -371,7 +492,25 @@ static int conn_frames(lei_conn *k) {
         /* per frame: the handshake may end at any frame */
         size_t max = frame_limit(k, k->rb + k->rpos, k->rlen - k->rpos);
         int r = lei_frame_next(k->rb + k->rpos, k->rlen - k->rpos, max, &f, &err);
-        if (r == 0) break;
+        if (r == 0) {
+            /* An incomplete frame takes its room in the budget as soon as
+             * its header shows its size (lei_frame_next checked it against
+             * the limit): a peer announcing large frames on many
+             * connections is refused before it sends them. */
+            if (k->rlen - k->rpos >= 4) {
+                size_t fsize = (size_t)lei_get_u32le(k->rb + k->rpos) + 4, need = k->rpos + fsize;
+                if (need > k->rcap && rbuf_budget(k, need, fsize)) break;
+                if (need > k->rcap && k->busy <= 1) { /* nobody below holds a frame in rb */
+                    uint8_t *nb = realloc(k->rb, need);
+                    if (!nb) {
+                        lei_conn_close(k, "out of memory for the read buffer", 0);
+                        break;
+                    }
+                    rbuf_set(k, nb, need);
+                }
+            }
+            break;
+        }
         if (r < 0) {
             char why[160];
             const uint8_t *h = k->rb + k->rpos;
@@ -419,7 +558,10 @@ static int conn_input(lei_conn *k) {
                 k->rlen -= k->rpos;
                 k->rpos = 0;
             }
-            if (lei_sec_open(s, &k->rb, &k->rlen, &k->rcap, &err)) {
+            size_t cap0 = k->rcap;
+            int bad = lei_sec_open(s, &k->rb, &k->rlen, &k->rcap, &err);
+            k->ctx->rbuf = k->ctx->rbuf - cap0 + k->rcap;
+            if (bad) {
                 lei_conn_close(k, err, 1);
                 break;
             }
@@ -430,7 +572,16 @@ static int conn_input(lei_conn *k) {
         if (was_records || !(k->sec && k->sec->rec_in && lei_sec_in_pending(k->sec))) break;
     }
     k->busy--;
-    if (k->state != LEI_CONN_CLOSED) return 0;
+    if (k->state != LEI_CONN_CLOSED) {
+        /* A large frame's buffer goes once drained: the next read starts
+         * again from RBUF_MIN (nobody holds a frame: busy is 0). */
+        if (!k->busy && k->rpos == k->rlen && k->rcap > RBUF_KEEP) {
+            free(k->rb);
+            rbuf_set(k, NULL, 0);
+            k->rlen = k->rpos = 0;
+        }
+        return 0;
+    }
     if (!k->busy) lei_conn_free(k);
     return -1;
 }
@@ -485,16 +636,18 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
                 big_end = k->rpos + want;
             }
         }
-        if (k->rcap - k->rlen < RBUF_MIN && k->rcap < k->rlen + want) {
-            size_t ncap = k->rlen + want;
-            if (ncap < k->rcap * 2 && k->rcap * 2 <= c->o.max_frame + 4) ncap = k->rcap * 2;
+        size_t ncap = big_end ? big_end : k->rlen + want;
+        if (k->rcap - k->rlen < RBUF_MIN && k->rcap < ncap) {
+            if (rbuf_budget(k, ncap, want)) return;
+            if (ncap < k->rcap * 2 && k->rcap * 2 <= c->o.max_frame + 4 &&
+                c->rbuf + k->rcap <= c->o.max_buffered)
+                ncap = k->rcap * 2;
             uint8_t *nb = realloc(k->rb, ncap);
             if (!nb) {
                 lei_conn_close(k, "out of memory for the read buffer", 0);
                 return;
             }
-            k->rb = nb;
-            k->rcap = ncap;
+            rbuf_set(k, nb, ncap);
         }
         /* Reading past the end of a large frame would put the next frame's
          * first bytes behind it, to be moved to the front afterwards: a copy of
@@ -561,6 +714,49 @@ static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents) {
     }
 }
 
+/* Refuses an accepted socket that has no connection record: the ERROR
+ * (in the clear: no handshake was made) and close. */
+static void refuse_fd(lei_ctx *c, int fd, const char *reason) {
+    uint8_t b[LEI_FRAME_HDR + 128];
+    size_t n = strnlen(reason, 127);
+    lei_frame_hdr(b, LEI_F_ERROR, n);
+    memcpy(b + LEI_FRAME_HDR, reason, n);
+    (void)!send(fd, b, LEI_FRAME_HDR + n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    close(fd);
+    lei_ratelog(c, LEI_RL_CONNECTIONS, "refusing a connection: %s", reason);
+}
+
+/* Out of file descriptors: the pending connections are refused through
+ * the reserved descriptor (told why, not left hanging), and accepting
+ * pauses, 0.1 s doubling to 2 s, instead of spinning on a listening socket
+ * that stays readable. */
+static void accept_out_of_fds(lei_ctx *c, int err) {
+    lei_ratelog(c, LEI_RL_ACCEPT, "accept: %s: not accepting for %g s", strerror(err),
+                c->acc_backoff);
+    if (c->reserve_fd >= 0) {
+        close(c->reserve_fd);
+        c->reserve_fd = -1;
+        for (int i = 0; i < 64; i++) {
+            int fd = accept4(c->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (fd < 0) break;
+            refuse_fd(c, fd, "too many connections (out of file descriptors)");
+        }
+        c->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* may fail: tried again later */
+    }
+    ev_io_stop(c->loop, &c->lio);
+    ev_timer_set(&c->acc_w, c->acc_backoff, 0.);
+    ev_timer_start(c->loop, &c->acc_w);
+    c->acc_backoff = c->acc_backoff * 2 > 2.0 ? 2.0 : c->acc_backoff * 2;
+}
+
+static void acc_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
+    (void)revents;
+    lei_ctx *c = w->data;
+    if (c->lfd < 0) return;
+    if (c->reserve_fd < 0) c->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    ev_io_start(loop, &c->lio);
+}
+
 static void accept_cb(struct ev_loop *loop, ev_io *w, int revents) {
     (void)loop;
     (void)revents;
@@ -568,9 +764,17 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents) {
     for (int i = 0; i < 64; i++) {
         int fd = accept4(c->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-                lei_logf(c, "accept: %s", strerror(errno));
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+                accept_out_of_fds(c, errno);
+            else if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+                lei_ratelog(c, LEI_RL_ACCEPT, "accept: %s", strerror(errno));
             return;
+        }
+        c->acc_backoff = 0.1;
+        char why[128];
+        if (conn_room(c, why, sizeof why)) {
+            refuse_fd(c, fd, why);
+            continue;
         }
         lei_conn *k = conn_new(c, fd, LEI_CONN_HELLO_WAIT);
         if (!k) {
@@ -617,6 +821,7 @@ int lei_ctx_listen(lei_ctx *c, const char *addr, const char *advertise, const ch
         return -LEI_E_INVALID;
     }
     c->lfd = fd;
+    c->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* owned: see accept_out_of_fds */
     ev_io_init(&c->lio, accept_cb, fd, EV_READ);
     c->lio.data = c;
     ev_io_start(c->loop, &c->lio);

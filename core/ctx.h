@@ -46,6 +46,12 @@ typedef struct lei_opts {
     double heartbeat;
     double heartbeat_misses;
     double retry_max;      /* cap of the exponential redial backoff */
+    /* Containment (issue 11; README "Limits"). */
+    double handshake_timeout;   /* s: a connection not UP this long after accept or
+                                 * connect is closed with an ERROR (0: never) */
+    size_t max_connections;     /* connections of the context, any state */
+    size_t max_buffered;        /* bytes of read buffers across all connections */
+    size_t max_peer_channels;   /* BIND indexes per connection */
     /* Channels open in the context (local API and derived streams; a BIND
      * from a peer never opens one).  lei_chan_open past it fails.  Channel
      * ids stay stable for the context's life (they are the wire indexes we
@@ -145,6 +151,29 @@ void lei_ctx_count_encode(lei_ctx *c);
 void lei_chan_count_encode(lei_ctx *c, uint32_t chid);
 void lei_ctx_stats(const lei_ctx *c, lei_stats_ctx *out);
 void lei_logf(lei_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The kinds of refusal lei_ratelog counts apart (issue 11: a refused peer
+ * costs at most one log line per kind per window).  The enum lives here,
+ * not in ctx_int.h, so the binding and moe.c can log through it too.
+ * Append new kinds before LEI_RL_NKINDS. */
+enum lei_ratelog_kind {
+    LEI_RL_HANDSHAKE_TIMEOUT, /* conn.c: not UP within handshake_timeout */
+    LEI_RL_CONNECTIONS,       /* conn.c: past max_connections */
+    LEI_RL_ACCEPT,            /* conn.c: accept() failed (EMFILE, ENFILE, ...) */
+    LEI_RL_FRAME,             /* conn.c: a frame past max_frame or the buffer budget */
+    LEI_RL_BIND_INDEX,        /* conn.c: a BIND index out of range */
+    LEI_RL_HELLO_ADDR,        /* handshake.c: a HELLO address refused */
+    LEI_RL_CHANNELS,          /* chan.c: past max_channels */
+    LEI_RL_PEERS,             /* peer.c / members: past max_peers */
+    LEI_RL_MEMBERS,           /* members lists refused */
+    LEI_RL_VALUE,             /* decoders: a value past max_value_bytes */
+    LEI_RL_MODULATOR,         /* modulator refusals and unloads */
+    LEI_RL_NKINDS
+};
+#define LEI_RATELOG_WINDOW 10.0
+/* Logs like lei_logf, but at most one line per kind per LEI_RATELOG_WINDOW
+ * seconds: the first refusal of a window is logged, the others counted, and
+ * the next line logged says "(N more in the last 10 s)". */
+void lei_ratelog(lei_ctx *c, int kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Finds or creates the channel with this full name; returns its id, or
  * UINT32_MAX (out of memory, or max_channels open: lei_chan_at_limit). */

@@ -269,6 +269,19 @@ struct lei_ctx {
     uint64_t encodes;         /* values encoded (lei_ctx_count_encode) */
     uint64_t bad_frames;      /* ro: connections closed for bad input */
     lei_ident id;             /* identity, trust, pins (auth.c) */
+    /* Containment (conn.c): connections not CLOSED, bytes of their read
+     * buffers (rcap), the handshake deadline timer, accept()'s backoff. */
+    size_t nconns;
+    size_t rbuf;
+    ev_timer hs_w;            /* closes connections not UP within handshake_timeout */
+    ev_timer acc_w;           /* restarts accepting after EMFILE/ENFILE */
+    double acc_backoff;       /* s: the next pause (0.1 doubling to 2) */
+    int reserve_fd;           /* owned: /dev/null held to accept-and-refuse when out of fds */
+    struct {                  /* lei_ratelog: per kind, the window's start and */
+        ev_tstamp t;          /* the lines it did not log */
+        uint64_t skipped;
+        int used;
+    } rlog[LEI_RL_NKINDS];
 };
 
 /* The states of a connection, in the order it walks them (the handshake
@@ -309,6 +322,7 @@ struct lei_conn {
                          * LEI_REFUSED (a channel not open here; keyed: or
                          * a BIND without a valid ticket) */
     size_t ninmap;
+    size_t nbound;      /* indexes of inmap bound (max_peer_channels' message) */
     char **rnames;      /* owned, with their strings: names of refused idx */
     size_t nrnames;
     size_t nrefused;    /* BINDs refused on this connection (REFUSED_BINDS_MAX) */
@@ -367,6 +381,12 @@ void lei_conn_free(lei_conn *k);
  * as a record once records are on. */
 void lei_conn_write_now(lei_conn *k, const uint8_t *b, size_t n);
 void lei_conn_send_error(lei_conn *k, const char *msg);
+/* Refuses k: ERROR with the reason to the peer, one log line per kind per
+ * window (lei_ratelog), k closed. */
+void lei_conn_refuse(lei_conn *k, int kind, const char *reason);
+/* The context's part of conn.c: timers, counters, the reserved fd. */
+void lei_conns_init(lei_ctx *c);
+void lei_conns_stop(lei_ctx *c);
 /* conn.c -> handshake.c: one frame before UP (0, or -1 after closing k),
  * our HELLO once a dial connected. */
 int lei_conn_handshake(lei_conn *k, const lei_frame *f);

@@ -80,9 +80,23 @@ static void opt_liveness(lua_State *L, lei_opts *o) {
     if (!(o->heartbeat_misses > 1)) luaL_error(L, "lecho: heartbeat_misses must be above 1");
 }
 
+/* handshake_timeout= (s, 0: never), max_connections= (>= 1),
+ * max_buffered= (bytes), max_peer_channels= (>= 1, <= 2^24) of the options
+ * table at index 1 (README "Limits"). */
+static void opt_containment(lua_State *L, lei_opts *o) {
+    o->handshake_timeout = opt_time(L, 1, "handshake_timeout", o->handshake_timeout);
+    o->max_connections = lb_opt_size(L, 1, "max_connections", o->max_connections);
+    o->max_buffered = lb_opt_size(L, 1, "max_buffered", o->max_buffered);
+    o->max_peer_channels = lb_opt_size(L, 1, "max_peer_channels", o->max_peer_channels);
+    if (o->max_connections < 1) luaL_error(L, "lecho: max_connections must be at least 1");
+    if (o->max_peer_channels < 1 || o->max_peer_channels > (1u << 24))
+        luaL_error(L, "lecho: max_peer_channels must be from 1 to 2^24");
+}
+
 /* core.new{ queue_limit=, policy=, batch_bytes=, max_frame=, max_string=,
  *           max_depth=, pin_threshold=, retry_interval=, heartbeat=,
- *           heartbeat_misses=, retry_max= } */
+ *           heartbeat_misses=, retry_max=, handshake_timeout=, max_connections=,
+ *           max_buffered=, max_peer_channels= } */
 static int l_new(lua_State *L) {
     lei_opts o;
     lei_opts_default(&o);
@@ -107,6 +121,7 @@ static int l_new(lua_State *L) {
         size_t maxch = lb_opt_size(L, 1, "max_channels", o.max_channels);
         o.max_channels = maxch > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)maxch;
         opt_liveness(L, &o);
+        opt_containment(L, &o);
         lua_getfield(L, 1, "policy");
         if (!lua_isnil(L, -1)) o.policy = luaL_checkoption(L, -1, NULL, lb_policy_names);
         lua_pop(L, 1);

@@ -106,6 +106,10 @@ local SCHEMA = {
     key = { keyfile }, trust = { trustfiles }, nameserver_principal = { principal, "nameserver" },
     retry_interval = { TIME }, retry_max = { TIME }, heartbeat = { HEARTBEAT },
     heartbeat_misses = { time(1, true) },
+    -- connections (issue 11, README "Limits"; the C core applies the defaults:
+    -- 10 s, 1024, 512 MiB, 65536)
+    handshake_timeout = { TIME }, max_connections = { size(1) }, max_buffered = { size(0) },
+    max_peer_channels = { size(1) },
     modulator_budget = { TIME_POS, 0.005 }, modulator_memory = { size(256 * 1024), 32 * 1024 * 1024 },
     -- the registry of a name server or manager run inside the context
     ack_timeout = { TIME, 2.0 }, settle = { TIME }, recovering = { BOOL }, forget_after = { TIME },

@@ -152,7 +152,7 @@ describe("issue 11: state a peer can make a context keep", function()
       return n
     end
     local base = npeers()
-    local atk = S.lua(MANY_PEERS, cjson.encode{ target = ctx.addr, n = 300, base = 40000 })
+    local atk = S.lua(MANY_PEERS, cjson.encode{ target = ctx.addr, n = 300, base = 20000 })
     assert(S.run_until(ctx, function() return (S.read(atk.out) or ""):find("done") end, WAIT),
            "the attacker did not finish: " .. S.errors(atk))
     assert(S.run_until(ctx, function() return npeers() >= base + 300 end, 5), "peers: " .. npeers())
@@ -164,6 +164,31 @@ describe("issue 11: state a peer can make a context keep", function()
     local who = got[1]:match("^(.*)#%d+$")
     assert.is_truthy(ctx:stats().peers[who], who)
     for i = 2, 50 do assert.are.equal(got[1], got[i]) end
+  end)
+
+  it("lecho-nameserver --max-connections N: the connection past N is refused with the reason", function()
+    local _, addr = S.nameserver("--quiet --max-connections 3")
+    local held = {}
+    for i = 1, 3 do held[i] = assert(R.dial(addr, { addr = "127.0.0.1:" .. (20400 + i) })) end
+    local p, err = R.dial(addr, { addr = "127.0.0.1:20404" })
+    assert.is_nil(p)
+    assert.are.equal("ERROR: too many connections (limit 3)", err)
+    -- one goes: there is room again, and the name server answers
+    held[1]:close()
+    local q
+    for _ = 1, 50 do
+      q = R.dial(addr, { addr = "127.0.0.1:20405" })
+      if q then break end
+      S.sleep(0.1)
+    end
+    assert(q, "no room after a connection closed")
+    q:ctrl{ op = "lookup", ch = "x", rid = 1 }
+    assert.is_true(assert(q:reply(1, 10)).ok)
+    q:close()
+    for i = 2, 3 do held[i]:close() end
+    local out = S.sh_out(("%s %s/scripts/lecho-nameserver --max-connections 0")
+                         :format(S.luajit, S.root))
+    assert.are.equal("lecho-nameserver: --max-connections needs a whole number >= 1, not '0'\nrc=2\n", out)
   end)
 
   it("max_channels bounds the channels a context opens: nil, 'too many channels (limit N)', 'limit'", function()

@@ -327,7 +327,10 @@ static const char *conn_bind(lei_conn *k, const lei_frame *f) {
     }
     /* A producer we refused stops at a few: many refusals are an attack
      * on our memory (each keeps its name for the ACKs' error text). */
-    if (++k->nrefused > REFUSED_BINDS_MAX) return "too many refused channel bindings (limit 256)";
+    if (++k->nrefused > REFUSED_BINDS_MAX) { /* an attack: told, logged once per 10 s */
+        lei_conn_refuse(k, LEI_RL_REFUSED_BINDS, "too many refused channel bindings (limit 256)");
+        return NULL; /* conn_frame sees k closed */
+    }
     if (!(k->rnames[idx] = strndup((const char *)name, nl))) return "out of memory";
     k->inmap[idx] = LEI_REFUSED;
     lei_refused_log(c, k->peer, (const char *)name, nl);

@@ -167,6 +167,7 @@ enum lei_ratelog_kind {
     LEI_RL_MEMBERS,           /* members lists refused */
     LEI_RL_VALUE,             /* decoders: a value past max_value_bytes */
     LEI_RL_MODULATOR,         /* modulator refusals and unloads */
+    LEI_RL_REFUSED_BINDS,     /* conn.c: too many BINDs of channels refused or not here */
     LEI_RL_NKINDS
 };
 #define LEI_RATELOG_WINDOW 10.0

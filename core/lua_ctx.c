@@ -118,6 +118,8 @@ static int l_new(lua_State *L) {
                                  "(a frame's length is 32 bits on the wire)");
         pin = lb_opt_size(L, 1, "pin_threshold", pin);
         o.retry_interval = opt_time(L, 1, "retry_interval", o.retry_interval);
+        size_t maxch = lb_opt_size(L, 1, "max_channels", o.max_channels);
+        o.max_channels = maxch > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)maxch;
         opt_liveness(L, &o);
         opt_containment(L, &o);
         lua_getfield(L, 1, "policy");
@@ -322,8 +324,8 @@ static int l_stats(lua_State *L) {
     lb_setn(L, "local_deferred_events", (double)cs.deferred_events);
     lb_setn(L, "local_deferred_bytes", (double)cs.deferred_bytes);
     lua_newtable(L);
-    for (int i = 1; i <= lei_ctx_npeers(c); i++) {
-        lei_peer *p = lei_peer_by_idx(c, i);
+    for (int i = 0; i < lei_ctx_npeers(c); i++) {
+        lei_peer *p = lei_ctx_peer(c, i);
         lei_stats_peer ps;
         lei_peer_stats(p, &ps);
         lua_newtable(L);

@@ -31,7 +31,12 @@ function Channel:consumer(handler, opts)
   }, Consumer)
   self.all[#self.all + 1] = con
   if spec then
-    con.entry = self:_attach(con, spec, handler)
+    local err, code
+    con.entry, err, code = self:_attach(con, spec, handler)
+    if not con.entry then
+      table.remove(self.all)
+      return nil, err, code
+    end
   else
     local list = self.consumers
     list[#list + 1] = con
@@ -102,8 +107,10 @@ function Consumer:_switch(spec, handler)
     end
   end
   local old_handler = self.handler
+  local entry, aerr, acode = ch:_attach(self, spec, handler)
+  if not entry then return nil, aerr, acode end
   self.mod, self.handler = spec, handler
-  self.entry = ch:_attach(self, spec, handler)
+  self.entry = entry
   local r, err, code = ch:_update_subs()
   if not r then
     -- Not applied (the manager is unreachable, say): the old modulator stays

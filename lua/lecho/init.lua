@@ -121,6 +121,9 @@ function M.context(opts)
     principal = identity and identity.key.name or nil,   -- ro: our name in keyed mode
     ns_principal = opts.nameserver_principal or D.nameserver_principal,
     sync_timeout = opts.sync_timeout or D.sync_timeout,
+    -- member lists a producer takes (lecho.control, README "Limits")
+    max_members = opts.max_members or D.max_members,
+    max_peers = opts.max_peers or D.max_peers,
     closed = false,
   }, Context)
   if opts.log then
@@ -143,7 +146,7 @@ function M.context(opts)
       addr = addr, role = opts.manager and opts.nameserver and "manager" or "nameserver",
       ack_timeout = opts.ack_timeout or D.ack_timeout,
       settle = opts.settle, recovering = opts.recovering, forget_after = opts.forget_after,
-      channel_quota = opts.channel_quota,
+      channel_quota = opts.channel_quota, max_members = opts.max_members or D.max_members,
       nameserver = opts.manager and opts.nameserver and self.ns or nil,
       policy = opts.policy_file,
       -- keyed mode: who each peer is (this context's own key for addr), and

@@ -215,8 +215,9 @@ function Channel:_install(key, m)
     grant[cap] = true
   end
   local moe
-  local dchid = ctx.c:channel(self:_derived_name(key))
-  self:_secure(dchid)
+  local dchid, cerr = ctx.c:channel(self:_derived_name(key))
+  err = err or cerr                                -- (max_channels)
+  if dchid then self:_secure(dchid) end
   if not err then
     ctx.nextmoe = ctx.nextmoe + 1
     moe, err = ctx.c:moe(ctx.nextmoe, dchid, ("%s@%s"):format(self.short, key:sub(1, 8)), m.src,
@@ -238,9 +239,13 @@ end
 function Channel:_rekey(inst, key, m)
   local ctx = self.ctx
   self.mods[inst.key] = nil
-  local dchid = ctx.c:channel(self:_derived_name(key))
-  self:_secure(dchid)
-  local ok, err = inst.moe:retarget(dchid)
+  local dchid, ok, err = ctx.c:channel(self:_derived_name(key))
+  if dchid then
+    self:_secure(dchid)
+    ok, err = inst.moe:retarget(dchid)
+  else
+    ok, err = nil, ok                              -- (max_channels)
+  end
   if ok then ok, err = inst.moe:params(m.params == nil and {} or m.params) end
   if not ok then
     ctx.moes[inst.id] = nil
@@ -313,14 +318,17 @@ function Context:_moe_error(id, why)
   end
 end
 
--- The stream of modulator `key` into this context, with its demodulators.
+-- The stream of modulator `key` into this context, with its demodulators;
+-- nil, err, code when its channel cannot be opened (max_channels).
 function Channel:_attach(con, spec, handler)
   local ctx = self.ctx
   local st = self.streams[spec.key]
   if not st then
     local name = self:_derived_name(spec.key)
+    local chid, err, code = ctx.c:channel(name)
+    if not chid then return nil, err, code end
     st = { derived = true, short = self.short, key = spec.key,
-           consumers = { short = self.short, derived = true }, chid = ctx.c:channel(name) }
+           consumers = { short = self.short, derived = true }, chid = chid }
     self.streams[spec.key] = st
     self:_secure(st.chid)
     ctx.bychid[st.chid] = st

@@ -115,6 +115,12 @@ local SCHEMA = {
     ack_timeout = { TIME, 2.0 }, settle = { TIME }, recovering = { BOOL }, forget_after = { TIME },
     channel_quota = { size(1) },
     policy_file = { typed("string") },  -- a name server's authorization policy (lecho.policy)
+    -- issue 11, state limits (README "Limits"): channels open in the C core
+    -- (its default 262144), consumer contexts in one member list (the
+    -- producer refuses a longer one, or one naming a context twice; a
+    -- manager refuses the join past it), distinct peer contexts member
+    -- lists may make a producer send to
+    max_channels = { size(1) }, max_members = { size(1), 4096 }, max_peers = { size(1), 4096 },
   },
   CHANNEL = { create = { BOOL } },
   PRODUCER = { policy = { policy }, grant = { caps } },

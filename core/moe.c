@@ -14,10 +14,14 @@
 #include <lua.h>
 #include <luajit.h>
 #include <lualib.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #define HOOK_COUNT 10000 /* instructions between budget checks */
 #define REG_KEY "lecho.moe"
@@ -49,6 +53,7 @@ struct lei_moe {
     int limit_on;          /* the cap applies (off while closing) */
     /* the call in progress */
     int in_call, over;
+    volatile sig_atomic_t stop; /* set by the CPU-time timer; lpat polls it */
     struct timespec mono0;
     double cpu0;           /* thread CPU seconds at the first check, < 0: not yet */
     int stage, sync, policy;
@@ -72,6 +77,28 @@ struct lei_moe {
     uint64_t pseq;
     char err[256];
     lei_moe_stats st;
+    /* shared caps (o.group) */
+    lei_moe *gnext;        /* the group's list (borrowed) */
+    int pool_hit;          /* the group's memory cap refused an allocation */
+    uint64_t win_ns;       /* time in calls in the group's current window */
+    char doom[160];        /* set by the CPU share check: fails at its next call */
+};
+
+struct lei_moe_group {
+    lei_ctx *ctx;              /* borrowed */
+    size_t mem, mem_cap;       /* bytes of all states; cap (0: none) */
+    double cpu_share;          /* of one core over a window (0: none) */
+    struct timespec win0;      /* the current 1 s window's start */
+    uint64_t win_ns;           /* time in calls in it, all members */
+    lei_moe *list;             /* members (borrowed: each unlinks itself when freed) */
+    int has_timer;
+    timer_t tid;               /* owned (timer_delete) */
+    /* shared with the signal handler (same thread) */
+    lei_moe *volatile cur;     /* the moe in a call, or NULL */
+    volatile sig_atomic_t armed;
+    volatile unsigned long callno;
+    unsigned long sig_call;    /* handler only: the call its first tick saw */
+    double sig_cpu0;           /* handler only: thread CPU at that tick */
 };
 
 void lei_moe_opts_default(lei_moe_opts *o) {
@@ -94,18 +121,28 @@ static double cpu_now(void) {
 
 static void *moe_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
     lei_moe *m = ud;
-    size_t cur = m->mem - (ptr ? osize : 0);
+    lei_moe_group *g = m->o.group;
+    size_t old = ptr ? osize : 0;
+    size_t cur = m->mem - old;
     if (nsize == 0) {
         free(ptr);
         m->mem = cur;
+        if (g) g->mem -= old;
         return NULL;
     }
     if (m->limit_on && cur + nsize > m->o.mem_limit) {
         m->mem_hit = 1;
         return NULL;
     }
+    if (m->limit_on && g && g->mem_cap && nsize > old && g->mem - old + nsize > g->mem_cap) {
+        m->mem_hit = m->pool_hit = 1;
+        return NULL;
+    }
     void *q = realloc(ptr, nsize);
-    if (q) m->mem = cur + nsize;
+    if (q) {
+        m->mem = cur + nsize;
+        if (g) g->mem = g->mem - old + nsize;
+    }
     return q;
 }
 
@@ -130,15 +167,163 @@ static void moe_hook(lua_State *L, lua_Debug *ar) {
         m->mem_hit = 1;
         luaL_error(L, "out of memory");
     }
-    double cpu = cpu_now();
-    if (m->cpu0 < 0) m->cpu0 = cpu;
-    if (m->over || cpu - m->cpu0 > m->o.budget) {
+    if (m->stop) m->over = 1;
+    if (!m->over) {
+        double cpu = cpu_now();
+        if (m->cpu0 < 0) m->cpu0 = cpu;
+        if (cpu - m->cpu0 > m->o.budget) m->over = 1;
+    }
+    if (m->over) {
         /* From now on every instruction fails, so a pcall inside the
          * modulator cannot swallow this and go on. */
         m->over = 1;
         lua_sethook(L, moe_hook, LUA_MASKCOUNT, 1);
         luaL_error(L, "CPU budget exceeded");
     }
+}
+
+/* ---- the group: CPU-time timer, memory pool, CPU share -------------------- */
+
+/* The timer's signal, on this thread, every tick of its CPU time while
+ * armed.  Async-signal-safe: clock_gettime, timer_settime and lua_sethook
+ * (LuaJIT: "can be called asynchronously, e.g. during a signal") only.  The
+ * first tick a call sees starts its count (CPU before it is not charged:
+ * at most one tick, or one kernel tick where CPU timers are coarser); a
+ * later one past the budget stops the call at its next Lua instruction, or
+ * at the next poll of the pattern functions (they read m->stop).  A tick
+ * outside any call disarms the timer: idle contexts get no signals. */
+static void moe_sig(int sig, siginfo_t *si, void *uc) {
+    (void)sig;
+    (void)uc;
+    if (si->si_code != SI_TIMER) return;
+    lei_moe_group *g = si->si_value.sival_ptr;
+    if (!g) return;
+    int saved = errno;
+    lei_moe *m = g->cur;
+    if (!m) {
+        struct itimerspec off;
+        memset(&off, 0, sizeof off);
+        timer_settime(g->tid, 0, &off, NULL);
+        g->armed = 0;
+    } else if (m->L) {
+        struct timespec t;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+        double now = ts_sec(&t);
+        if (g->sig_call != g->callno) {
+            g->sig_call = g->callno;
+            g->sig_cpu0 = now;
+        } else if (now - g->sig_cpu0 > m->o.budget && !m->stop) {
+            m->stop = 1;
+            lua_sethook(m->L, moe_hook, LUA_MASKCOUNT, 1);
+        }
+    }
+    errno = saved;
+}
+
+lei_moe_group *lei_moe_group_new(lei_ctx *c, size_t mem_cap, double cpu_share) {
+    lei_moe_group *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    g->ctx = c;
+    g->mem_cap = mem_cap;
+    g->cpu_share = cpu_share;
+    clock_gettime(CLOCK_MONOTONIC, &g->win0);
+    /* The handler is installed once per process and shared (it finds its
+     * group in the signal's value); a handler the application put there
+     * first is left alone, and budgets fall back to the count hook. */
+    struct sigaction old;
+    if (sigaction(LEI_MOE_SIGNAL, NULL, &old) == 0 &&
+        ((old.sa_flags & SA_SIGINFO) ? old.sa_sigaction == moe_sig
+                                     : (old.sa_handler == SIG_DFL || old.sa_handler == SIG_IGN))) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = moe_sig;
+        sa.sa_flags = SA_SIGINFO | SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        struct sigevent sev;
+        memset(&sev, 0, sizeof sev);
+        sev.sigev_notify = SIGEV_THREAD_ID;
+        sev.sigev_signo = LEI_MOE_SIGNAL;
+        sev.sigev_value.sival_ptr = g;
+        sev._sigev_un._tid = (pid_t)syscall(SYS_gettid);
+        if (sigaction(LEI_MOE_SIGNAL, &sa, NULL) == 0 &&
+            timer_create(CLOCK_THREAD_CPUTIME_ID, &sev, &g->tid) == 0)
+            g->has_timer = 1;
+    }
+    if (!g->has_timer)
+        lei_logf(c, "modulators: no CPU-time timer (signal %d taken or timer_create failed): a call "
+                    "stuck in a C function is stopped only when it returns",
+                 LEI_MOE_SIGNAL);
+    return g;
+}
+
+void lei_moe_group_free(lei_moe_group *g) {
+    if (!g) return;
+    /* timer_delete drops a signal of it still pending (Linux) */
+    if (g->has_timer) timer_delete(g->tid);
+    for (lei_moe *m = g->list; m; m = m->gnext) m->o.group = NULL;
+    free(g);
+}
+
+size_t lei_moe_group_mem(const lei_moe_group *g) { return g->mem; }
+
+/* Around each call of a member: the timer runs while it does. */
+static void group_enter(lei_moe_group *g, lei_moe *m) {
+    g->callno++;
+    g->cur = m;
+    if (g->has_timer && !g->armed) {
+        struct itimerspec it;
+        it.it_interval.tv_sec = it.it_value.tv_sec = 0;
+        it.it_interval.tv_nsec = it.it_value.tv_nsec = LEI_MOE_TICK_NS;
+        g->armed = 1;
+        if (timer_settime(g->tid, 0, &it, NULL)) g->armed = 0;
+    }
+}
+
+/* A call took ns: the CPU share check.  Time in calls is wall time (read
+ * anyway for the stats): on a busy host it overstates CPU, never the
+ * reverse.  The first FREE_NS of each call are not charged: what lecho
+ * itself spends per event (decoding, encoding: about a microsecond) and
+ * what a cheap modulator adds scale with the producer's own submits, not
+ * with the consumer's wishes (eight trivial filters on a producer that does
+ * nothing but submit took half its thread).  Past the cap within a window,
+ * the member charged the most in it is failed (at once when it is the
+ * caller, else at its next call: it may be up the stack, submitting), and a
+ * new window starts. */
+#define FREE_NS 10000u
+static void group_leave(lei_moe_group *g, lei_moe *m, const struct timespec *now, uint64_t ns) {
+    g->cur = NULL;
+    if (!(g->cpu_share > 0) || ns <= FREE_NS) return;
+    ns -= FREE_NS;
+    double age = ts_sec(now) - ts_sec(&g->win0);
+    if (age >= 1.0) {
+        for (lei_moe *x = g->list; x; x = x->gnext) x->win_ns = 0;
+        g->win_ns = 0;
+        g->win0 = *now;
+    }
+    m->win_ns += ns;
+    g->win_ns += ns;
+    if ((double)g->win_ns * 1e-9 <= g->cpu_share) return;
+    lei_moe *worst = NULL;
+    for (lei_moe *x = g->list; x; x = x->gnext)
+        if (x->L && !x->doom[0] && (!worst || x->win_ns > worst->win_ns)) worst = x;
+    if (worst) {
+        /* shares of the window so far (it trips before its end) */
+        double span = ts_sec(now) - ts_sec(&g->win0);
+        if (span < 0.001) span = 0.001;
+        double own = (double)worst->win_ns * 1e-7 / span, all = (double)g->win_ns * 1e-7 / span;
+        if (worst->win_ns == g->win_ns)
+            snprintf(worst->doom, sizeof worst->doom,
+                     "used %.0f%% of the producer's CPU over %.1f s (cap %.0f%% over 1 s)", own,
+                     span, g->cpu_share * 100);
+        else
+            snprintf(worst->doom, sizeof worst->doom,
+                     "used %.0f%% of the producer's CPU over %.1f s, the most of its modulators, "
+                     "which used %.0f%% together (cap %.0f%% over 1 s)",
+                     own, span, all, g->cpu_share * 100);
+    }
+    for (lei_moe *x = g->list; x; x = x->gnext) x->win_ns = 0;
+    g->win_ns = 0;
+    g->win0 = *now;
 }
 
 /* ---- outputs ------------------------------------------------------------ */
@@ -253,6 +438,115 @@ static int env_log(lua_State *L) {
     size_t len;
     const char *s = lua_tolstring(L, -1, &len);
     lei_logf(m->ctx, "modulator %s: %.*s", m->name, (int)(len > 1000 ? 1000 : len), s);
+    return 0;
+}
+
+/* A stop (budget or memory) is final: no pcall or xpcall of the modulator
+ * may catch it, and no message handler may run once it happened (a handler
+ * that loops would otherwise be called again for every budget error raised
+ * inside it, for ever). */
+static int stopped(const lei_moe *m) { return m->over || m->stop || m->mem_hit; }
+
+static int rethrow_stop(lua_State *L, lei_moe *m) {
+    m->over = m->over || m->stop;
+    lua_pushstring(L, m->over ? "CPU budget exceeded" : "not enough memory");
+    return lua_error(L);
+}
+
+/* pcall(f, ...): Lua's, except that a stop goes through. */
+static int env_pcall(lua_State *L) {
+    lei_moe *m = lua_touserdata(L, lua_upvalueindex(1));
+    luaL_checkany(L, 1);
+    int rc = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
+    if (stopped(m)) return rethrow_stop(L, m);
+    lua_pushboolean(L, rc == 0);
+    lua_insert(L, 1);
+    return lua_gettop(L);
+}
+
+/* The message handler xpcall installs: the modulator's, unless stopped. */
+static int env_xpcall_handler(lua_State *L) {
+    lei_moe *m = lua_touserdata(L, lua_upvalueindex(1));
+    if (stopped(m)) return 1;
+    lua_pushvalue(L, lua_upvalueindex(2));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, 1);
+    return 1;
+}
+
+/* xpcall(f, handler, ...): Lua's (LuaJIT passes the extra arguments), except
+ * that a stop goes through and its handler is not run. */
+static int env_xpcall(lua_State *L) {
+    lei_moe *m = lua_touserdata(L, lua_upvalueindex(1));
+    luaL_checkany(L, 2);
+    lua_pushlightuserdata(L, m);
+    lua_pushvalue(L, 2);
+    lua_pushcclosure(L, env_xpcall_handler, 2);
+    lua_replace(L, 2);
+    lua_pushvalue(L, 1);
+    lua_pushvalue(L, 2);
+    lua_replace(L, 1);
+    lua_replace(L, 2); /* handler, f, args... */
+    int rc = lua_pcall(L, lua_gettop(L) - 2, LUA_MULTRET, 1);
+    if (stopped(m)) return rethrow_stop(L, m);
+    lua_pushboolean(L, rc == 0);
+    lua_replace(L, 1);
+    return lua_gettop(L);
+}
+
+/* table.sort(t [, less]): a heap sort the budget can stop (LuaJIT's runs
+ * in C without a hook: 4 million numbers, all the memory cap allows, take
+ * a second).  O(n log n) in the worst case; the order of equal elements is
+ * unspecified, as in Lua's. */
+static int sort_less(lua_State *L, lei_moe *m, int cmp, int i, int j, unsigned *polls) {
+    if ((++*polls & 63) == 0 && (m->stop || m->over)) luaL_error(L, "CPU budget exceeded");
+    lua_rawgeti(L, 1, i);
+    lua_rawgeti(L, 1, j);
+    if (!cmp) {
+        int r = lua_lessthan(L, -2, -1);
+        lua_pop(L, 2);
+        return r;
+    }
+    lua_pushvalue(L, 2);
+    lua_insert(L, -3);
+    lua_call(L, 2, 1);
+    int r = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return r;
+}
+
+static void sort_swap(lua_State *L, int i, int j) {
+    lua_rawgeti(L, 1, i);
+    lua_rawgeti(L, 1, j);
+    lua_rawseti(L, 1, i);
+    lua_rawseti(L, 1, j);
+}
+
+static void sort_sift(lua_State *L, lei_moe *m, int cmp, int root, int end, unsigned *polls) {
+    while (2 * root <= end) {
+        int child = 2 * root;
+        if (child + 1 <= end && sort_less(L, m, cmp, child, child + 1, polls)) child++;
+        if (!sort_less(L, m, cmp, root, child, polls)) return;
+        sort_swap(L, root, child);
+        root = child;
+    }
+}
+
+static int env_sort(lua_State *L) {
+    lei_moe *m = lua_touserdata(L, lua_upvalueindex(1));
+    luaL_checktype(L, 1, LUA_TTABLE);
+    int cmp = !lua_isnoneornil(L, 2);
+    if (cmp) luaL_checktype(L, 2, LUA_TFUNCTION);
+    lua_settop(L, 2);
+    size_t len = lua_objlen(L, 1);
+    if (len > INT32_MAX / 2) return luaL_error(L, "table too big to sort");
+    int n = (int)len;
+    unsigned polls = 0;
+    for (int i = n / 2; i >= 1; i--) sort_sift(L, m, cmp, i, n, &polls);
+    for (int end = n; end > 1; end--) {
+        sort_swap(L, 1, end);
+        sort_sift(L, m, cmp, 1, end - 1, &polls);
+    }
     return 0;
 }
 
@@ -421,6 +715,18 @@ static int step_init(lua_State *L) {
         lua_getfield(L, LUA_GLOBALSINDEX, "string");
         lua_call(L, 1, 0);
     }
+    /* pcall and xpcall that a stop goes through, copied into the sandbox */
+    lua_pushlightuserdata(L, m);
+    lua_pushcclosure(L, env_pcall, 1);
+    lua_setfield(L, LUA_GLOBALSINDEX, "pcall");
+    lua_pushlightuserdata(L, m);
+    lua_pushcclosure(L, env_xpcall, 1);
+    lua_setfield(L, LUA_GLOBALSINDEX, "xpcall");
+    lua_getfield(L, LUA_GLOBALSINDEX, "table");
+    lua_pushlightuserdata(L, m);
+    lua_pushcclosure(L, env_sort, 1);
+    lua_setfield(L, -2, "sort");
+    lua_pop(L, 1);
     lua_newtable(L); /* env */
     int env = lua_gettop(L);
     if (luaL_loadbuffer(L, sandbox_lua, sizeof sandbox_lua - 1, "=sandbox")) lua_error(L);
@@ -489,22 +795,41 @@ static void moe_fail(lei_moe *m, const char *why) {
 static int run_step(lei_moe *m, lua_CFunction fn, void *arg) {
     lua_State *L = m->L;
     if (!L) return -1;
+    if (m->doom[0]) {
+        moe_fail(m, m->doom);
+        return -1;
+    }
+    lei_moe_group *g = m->o.group;
+    lei_moe *outer = g ? g->cur : NULL; /* a log hook may run another moe's call */
     m->in_call = 1;
     m->over = 0;
+    m->stop = 0;
     m->cpu0 = -1;
     clock_gettime(CLOCK_MONOTONIC, &m->mono0);
+    if (g) group_enter(g, m);
     int rc = lua_cpcall(L, fn, arg);
     m->in_call = 0;
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
-    m->st.time_ns += (uint64_t)((ts_sec(&t) - ts_sec(&m->mono0)) * 1e9);
+    uint64_t ns = (uint64_t)((ts_sec(&t) - ts_sec(&m->mono0)) * 1e9);
+    if (g) {
+        group_leave(g, m, &t, ns);
+        if (outer) g->cur = outer;
+    }
+    m->st.time_ns += ns;
     m->st.calls++;
-    if (rc == 0 && !m->over && !m->mem_hit) return 0;
+    if (m->stop) m->over = 1;
+    if (rc == 0 && !m->over && !m->mem_hit && !m->doom[0]) return 0;
     char why[256];
     if (m->over)
         snprintf(why, sizeof why, "exceeded its CPU budget of %g ms in one call", m->o.budget * 1e3);
+    else if (m->pool_hit)
+        snprintf(why, sizeof why, "modulators of this producer exceed their memory cap of %zu bytes",
+                 g ? g->mem_cap : 0);
     else if (m->mem_hit || rc == LUA_ERRMEM)
         snprintf(why, sizeof why, "exceeded its memory cap of %zu bytes", m->o.mem_limit);
+    else if (rc == 0)
+        snprintf(why, sizeof why, "%s", m->doom);
     else {
         const char *e = lua_tostring(L, -1);
         snprintf(why, sizeof why, "%s", e ? e : "error object is not a string");
@@ -605,6 +930,10 @@ lei_moe *lei_moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *sr
     m->o = *o;
     m->ref_q = m->ref_env = LUA_NOREF;
     snprintf(m->name, sizeof m->name, "%s", name);
+    if (m->o.group) {
+        m->gnext = m->o.group->list;
+        m->o.group->list = m;
+    }
     m->L = lua_newstate(moe_alloc, m);
     if (m->L) {
         m->own_alloc = 1;
@@ -614,7 +943,7 @@ lei_moe *lei_moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *sr
         m->L = luaL_newstate();
     }
     if (!m->L) {
-        free(m);
+        lei_moe_free(m);
         snprintf(err, errlen, "cannot create a Lua state");
         return NULL;
     }
@@ -650,6 +979,12 @@ void lei_moe_free(lei_moe *m) {
         lua_close(m->L);
     }
     out_clear(m);
+    if (m->o.group)
+        for (lei_moe **pp = &m->o.group->list; *pp; pp = &(*pp)->gnext)
+            if (*pp == m) {
+                *pp = m->gnext;
+                break;
+            }
     free(m->out);
     free(m->held);
     free(m->sids);

@@ -334,7 +334,7 @@ static int run_step(lei_moe *m, lua_CFunction fn, void *arg) {
     clock_gettime(CLOCK_MONOTONIC, &t);
     uint64_t ns = (uint64_t)((moe_ts_sec(&t) - moe_ts_sec(&m->mono0)) * 1e9);
     if (g) {
-        moe_group_leave(g, m, &t, ns);
+        moe_group_leave(g, &t);
         if (outer) g->cur = outer;
     }
     m->st.time_ns += ns;

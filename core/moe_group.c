@@ -15,14 +15,29 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+/* A tick that lands in the first FREE_S of a call (wall time) is not
+ * charged to the CPU share: what lecho itself spends per event (decoding,
+ * encoding: about a microsecond) and what a cheap modulator adds scale with
+ * the producer's own submits, not with the consumer's wishes (eight trivial
+ * filters on a producer that does nothing but submit take half its
+ * thread). */
+#define FREE_S 10e-6
+#define TICK_S (LEI_MOE_TICK_NS * 1e-9)
+
 /* The timer's signal, on this thread, every tick of its CPU time while
- * armed.  Async-signal-safe: clock_gettime, timer_settime and lua_sethook
- * (LuaJIT: "can be called asynchronously, e.g. during a signal") only.  The
- * first tick a call sees starts its count (CPU before it is not charged:
- * at most one tick, or one kernel tick where CPU timers are coarser); a
- * later one past the budget stops the call at its next Lua instruction, or
- * at the next poll of the pattern functions (they read m->stop).  A tick
- * outside any call disarms the timer: idle contexts get no signals. */
+ * armed.  Async-signal-safe: clock_gettime, timer_settime, timer_getoverrun
+ * and lua_sethook (LuaJIT: "can be called asynchronously, e.g. during a
+ * signal") only.
+ *
+ * Budget: the first tick a call sees starts its count (CPU before it is not
+ * charged: at most one tick, or one kernel tick where CPU timers are
+ * coarser); a later one past the budget stops the call at its next Lua
+ * instruction, or at the next poll of the pattern functions (they read
+ * m->stop).  CPU share: each tick (and each one the kernel merged into it,
+ * the overrun) is a tick of CPU charged to the call it lands in, so a
+ * producer starved by other processes is not charged the time it waited.
+ * A tick outside any call disarms the timer: idle contexts get no
+ * signals. */
 static void moe_sig(int sig, siginfo_t *si, void *uc) {
     (void)sig;
     (void)uc;
@@ -38,6 +53,13 @@ static void moe_sig(int sig, siginfo_t *si, void *uc) {
         g->armed = 0;
     } else if (m->L) {
         struct timespec t;
+        int over = timer_getoverrun(g->tid);
+        unsigned long n = 1 + (over > 0 ? (unsigned long)over : 0);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (moe_ts_sec(&t) - moe_ts_sec(&m->mono0) > FREE_S) {
+            m->win_ticks += n;
+            g->win_ticks += n;
+        }
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
         double now = moe_ts_sec(&t);
         if (g->sig_call != g->callno) {
@@ -110,39 +132,32 @@ void moe_group_enter(lei_moe_group *g, lei_moe *m) {
     }
 }
 
-/* A call took ns: the CPU share check.  Time in calls is wall time (read
- * anyway for the stats): on a busy host it overstates CPU, never the
- * reverse.  The first FREE_NS of each call are not charged: what lecho
- * itself spends per event (decoding, encoding: about a microsecond) and
- * what a cheap modulator adds scale with the producer's own submits, not
- * with the consumer's wishes (eight trivial filters on a producer that does
- * nothing but submit took half its thread).  Past the cap within a window,
- * the member charged the most in it is failed (at once when it is the
- * caller, else at its next call: it may be up the stack, submitting), and a
- * new window starts. */
-#define FREE_NS 10000u
-void moe_group_leave(lei_moe_group *g, lei_moe *m, const struct timespec *now, uint64_t ns) {
+/* After each call of a member: the CPU share check (ticks are charged by
+ * the signal handler).  Past the cap within a 1 s window, the member
+ * charged the most in it is failed (at once when it is the caller, else at
+ * its next call: it may be up the stack, submitting), and a new window
+ * starts.  Without the timer there are no ticks and no share cap. */
+void moe_group_leave(lei_moe_group *g, const struct timespec *now) {
     g->cur = NULL;
-    if (!(g->cpu_share > 0) || ns <= FREE_NS) return;
-    ns -= FREE_NS;
+    if (!(g->cpu_share > 0)) return;
     double age = moe_ts_sec(now) - moe_ts_sec(&g->win0);
     if (age >= 1.0) {
-        for (lei_moe *x = g->list; x; x = x->gnext) x->win_ns = 0;
-        g->win_ns = 0;
+        for (lei_moe *x = g->list; x; x = x->gnext) x->win_ticks = 0;
+        g->win_ticks = 0;
         g->win0 = *now;
+        return;
     }
-    m->win_ns += ns;
-    g->win_ns += ns;
-    if ((double)g->win_ns * 1e-9 <= g->cpu_share) return;
+    if ((double)g->win_ticks * TICK_S <= g->cpu_share) return;
     lei_moe *worst = NULL;
     for (lei_moe *x = g->list; x; x = x->gnext)
-        if (x->L && !x->doom[0] && (!worst || x->win_ns > worst->win_ns)) worst = x;
+        if (x->L && !x->doom[0] && (!worst || x->win_ticks > worst->win_ticks)) worst = x;
     if (worst) {
         /* shares of the window so far (it trips before its end) */
         double span = moe_ts_sec(now) - moe_ts_sec(&g->win0);
         if (span < 0.001) span = 0.001;
-        double own = (double)worst->win_ns * 1e-7 / span, all = (double)g->win_ns * 1e-7 / span;
-        if (worst->win_ns == g->win_ns)
+        double own = (double)worst->win_ticks * TICK_S * 100 / span,
+               all = (double)g->win_ticks * TICK_S * 100 / span;
+        if (worst->win_ticks == g->win_ticks)
             snprintf(worst->doom, sizeof worst->doom,
                      "used %.0f%% of the producer's CPU over %.1f s (cap %.0f%% over 1 s)", own,
                      span, g->cpu_share * 100);
@@ -152,7 +167,7 @@ void moe_group_leave(lei_moe_group *g, lei_moe *m, const struct timespec *now, u
                      "which used %.0f%% together (cap %.0f%% over 1 s)",
                      own, span, all, g->cpu_share * 100);
     }
-    for (lei_moe *x = g->list; x; x = x->gnext) x->win_ns = 0;
-    g->win_ns = 0;
+    for (lei_moe *x = g->list; x; x = x->gnext) x->win_ticks = 0;
+    g->win_ticks = 0;
     g->win0 = *now;
 }

@@ -66,7 +66,7 @@ struct lei_moe {
     /* shared caps (o.group) */
     lei_moe *gnext;        /* the group's list (borrowed) */
     int pool_hit;          /* the group's memory cap refused an allocation */
-    uint64_t win_ns;       /* time in calls in the group's current window */
+    volatile unsigned long win_ticks; /* CPU ticks charged in the group's window */
     char doom[160];        /* set by the CPU share check: fails at its next call */
 };
 
@@ -75,7 +75,7 @@ struct lei_moe_group {
     size_t mem, mem_cap;       /* bytes of all states; cap (0: none) */
     double cpu_share;          /* of one core over a window (0: none) */
     struct timespec win0;      /* the current 1 s window's start */
-    uint64_t win_ns;           /* time in calls in it, all members */
+    volatile unsigned long win_ticks; /* CPU ticks charged in it, all members */
     lei_moe *list;             /* members (borrowed: each unlinks itself when freed) */
     int has_timer;
     timer_t tid;               /* owned (timer_delete) */
@@ -102,6 +102,6 @@ int moe_env_build(lua_State *L, lei_moe *m);
 
 /* moe_group.c: around each call of a member. */
 void moe_group_enter(lei_moe_group *g, lei_moe *m);
-void moe_group_leave(lei_moe_group *g, lei_moe *m, const struct timespec *now, uint64_t ns);
+void moe_group_leave(lei_moe_group *g, const struct timespec *now);
 
 #endif

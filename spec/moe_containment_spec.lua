@@ -27,7 +27,8 @@ local function status(field)
   return tonumber(s:match(field .. ":%s*(%d+)")) * 1024
 end
 local o = opts.ctx
-o.nameserver, o.quiet = opts.ns, not os.getenv("LECHO_SPEC_LOG")
+o.nameserver = opts.ns
+if o.quiet == nil then o.quiet = not os.getenv("LECHO_SPEC_LOG") end
 local ctx = lecho.context(o)
 local p = assert(ctx:channel(opts.channel):producer{ grant = opts.grant })
 local rss0 = status("VmRSS")
@@ -103,7 +104,7 @@ local function run(c, ctx_opts, hostile, why, grant, min_errors)
          ("the plain consumer got up to %s of %d"):format(tostring(plain.last), res.sent))
   assert.is_nil(plain.gap, "the plain flow lost events")
   assert.are.equal(plain.last - plain.first + 1, plain.n)
-  return res, errs
+  return res, errs, child
 end
 
 local function escape(s) return (s:gsub("%p", "%%%0")) end
@@ -200,13 +201,16 @@ describe("modulator containment (issue 11)", function()
     for i = 1, 5 do
       hostile[i] = { modulator = [[function enqueue(ev) return ev end]], params = { i = i } }
     end
-    local _, errs = run(c, { modulators_per_principal = 3 }, hostile, {}, nil, 2)
+    local _, errs, child = run(c, { modulators_per_principal = 3, quiet = false }, hostile, {}, nil, 2)
     local refused = 0
     for _, e in pairs(errs) do
       assert.matches("too many modulators from " .. c.addr .. " (limit 3)", e, 1, true)
       refused = refused + 1
     end
     assert.are.equal(2, refused)
+    -- the producer logged the first refusal, not each (one line per kind per window)
+    local _, lines = S.errors(child):gsub("not running here: too many modulators", "")
+    assert.are.equal(1, lines, S.errors(child))
   end)
 end)
 

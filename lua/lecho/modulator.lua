@@ -303,11 +303,14 @@ function Channel:_unload(inst)
   inst.moe:close()
 end
 
-function Channel:_refuse(key, err, dests)
+-- Logged once per kind ("refused" at install, "failed" while running) per
+-- 10 s: a consumer that installs modulators in a loop must not flood the log.
+function Channel:_refuse(key, err, dests, kind)
   local ctx = self.ctx
   self.failed[key] = err
   self.failed_dests[key] = dests
-  ctx.log(("modulator %s on '%s' not running here: %s"):format(key, self.short, err))
+  ctx:_warn_limited("modulator " .. (kind or "refused"),
+                    ("modulator %s on '%s' not running here: %s"):format(key, self.short, err))
   for _, a in ipairs(dests or {}) do
     ctx:_send_ctrl(a, { op = "mod_error", ch = self.name, key = key, err = err, producer = ctx.addr })
   end
@@ -318,7 +321,7 @@ function Channel:_mod_failed(inst, why)
   if self.mods[inst.key] ~= inst then return end
   self:_unload(inst)
   self:_rebuild_modlist()
-  self:_refuse(inst.key, why, inst.dests)
+  self:_refuse(inst.key, why, inst.dests, "failed")
 end
 
 -- For members_ok: the keys of `mods` refused or failed here.

@@ -14,7 +14,7 @@ local S = require "spec.support"
 -- opts: ns, channel, ctx (context options), grant (capabilities), stop (a
 -- file: its existence ends the run), gap (seconds between events).  Prints
 -- "ready", then one JSON line: sent, rss0 (VmRSS at start), hwm (VmHWM at
--- the end), bytes.
+-- the end), derived (channels of modulator streams open at the end).
 local PRODUCER = [[
 local cjson = require "cjson"
 local lecho = require "lecho"
@@ -44,7 +44,11 @@ while not stopped() and ctx:now() < deadline do
   assert(p:submit(sent))
   ctx:run_once(opts.gap or 0.005)
 end
-io.stdout:write(cjson.encode{ sent = sent, rss0 = rss0, hwm = status("VmHWM") }, "\n")
+local derived = 0
+for name in pairs(ctx:stats().channels or {}) do
+  if name:find("@", 1, true) then derived = derived + 1 end
+end
+io.stdout:write(cjson.encode{ sent = sent, rss0 = rss0, hwm = status("VmHWM"), derived = derived }, "\n")
 ctx:close{ linger = 5 }
 ]]
 
@@ -201,13 +205,15 @@ describe("modulator containment (issue 11)", function()
     for i = 1, 5 do
       hostile[i] = { modulator = [[function enqueue(ev) return ev end]], params = { i = i } }
     end
-    local _, errs, child = run(c, { modulators_per_principal = 3, quiet = false }, hostile, {}, nil, 2)
+    local res, errs, child = run(c, { modulators_per_principal = 3, quiet = false }, hostile, {}, nil, 2)
     local refused = 0
     for _, e in pairs(errs) do
       assert.matches("too many modulators from " .. c.addr .. " (limit 3)", e, 1, true)
       refused = refused + 1
     end
     assert.are.equal(2, refused)
+    -- a refused modulator gets no channel for its stream
+    assert.are.equal(3, res.derived)
     -- the producer logged the first refusal, not each (one line per kind per window)
     local _, lines = S.errors(child):gsub("not running here: too many modulators", "")
     assert.are.equal(1, lines, S.errors(child))

@@ -254,17 +254,21 @@ function Channel:_install(key, m)
   end
   local whose
   if not err then err, whose = limits_refuse(ctx, m) end
-  local moe
+  if err then
+    -- no derived channel for what is refused: a member list naming
+    -- thousands of modulators must not open thousands of channels
+    self:_refuse(key, err, m.dests)
+    return nil
+  end
   local dchid = ctx.c:channel(self:_derived_name(key))
   self:_secure(dchid)
-  if not err then
-    ctx.nextmoe = ctx.nextmoe + 1
-    moe, err = ctx.c:moe(ctx.nextmoe, dchid, ("%s@%s"):format(self.short, key:sub(1, 8)), m.src,
-                         m.params == nil and {} or m.params,
-                         { budget = ctx.mod_budget, memory = ctx.mod_memory, period = m.period,
-                           clock = grant.clock, log = grant.log, prelude = PATTERNS_SRC,
-                           pool_memory = ctx.mods_memory, cpu_share = ctx.mods_cpu })
-  end
+  ctx.nextmoe = ctx.nextmoe + 1
+  local moe
+  moe, err = ctx.c:moe(ctx.nextmoe, dchid, ("%s@%s"):format(self.short, key:sub(1, 8)), m.src,
+                       m.params == nil and {} or m.params,
+                       { budget = ctx.mod_budget, memory = ctx.mod_memory, period = m.period,
+                         clock = grant.clock, log = grant.log, prelude = PATTERNS_SRC,
+                         pool_memory = ctx.mods_memory, cpu_share = ctx.mods_cpu })
   if not moe then
     self:_refuse(key, err, m.dests)
     return nil

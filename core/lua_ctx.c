@@ -154,6 +154,8 @@ static void ctx_close(lb_ctx *b, lua_State *L) {
         x->m = NULL;
         x->b = NULL;
     }
+    lei_moe_group_free(b->moeg);
+    b->moeg = NULL;
     while (b->timers) {
         lb_timer *t = b->timers;
         b->timers = t->next;

@@ -116,6 +116,11 @@ function M.context(opts)
                            pin = opts.pin_threshold },
     mod_budget = opts.modulator_budget or D.modulator_budget,
     mod_memory = opts.modulator_memory or D.modulator_memory,
+    mods_memory = opts.modulators_memory or D.modulators_memory,
+    mods_cpu = opts.modulators_cpu or D.modulators_cpu,
+    mod_min_period = opts.modulator_min_period or D.modulator_min_period,
+    mods_per_principal = opts.modulators_per_principal or D.modulators_per_principal,
+    mod_principals = {},  -- principal id -> modulator instances installed for it here
     timeout = opts.timeout or D.timeout,
     keyed = identity and true or false,
     principal = identity and identity.key.name or nil,   -- ro: our name in keyed mode

@@ -19,7 +19,7 @@ ALLCFLAGS  := $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -I$(LUA_INCDIR) -Icore
 CORE_SRC   := core/codec.c core/errors.c core/frame.c core/addr.c core/ctx.c core/conn.c core/peer.c core/chan.c \
               core/local.c core/sync.c core/live.c core/auth.c core/secure.c core/handshake.c
 LUA_SRC    := core/codec_lua.c core/moe.c core/lua_ctx.c core/lua_hook.c core/lua_chan.c \
-              core/lua_moe.c core/lua_loop.c core/lua_auth.c
+              core/lua_moe.c core/lua_loop.c core/lua_auth.c core/lpat.c
 HDRS       := $(wildcard core/*.h)
 SO         := lua/lecho/core.so
 CTESTS     := build/test_codec build/test_frame build/test_ctx build/test_addr build/test_errors \

@@ -383,18 +383,39 @@ static int has_specials(const char *p, size_t lp) {
     return 0;
 }
 
-/* memmem in chunks, looking at *stop between them. */
+/* A plain find, linear in ls + lp, looking at *stop every LPAT_CHUNK bytes:
+ * memchr for the first byte and memcmp for the rest (what LuaJIT does, the
+ * fastest on usual text) while the bytes memcmp may have compared stay
+ * below 64 KiB plus those memchr skipped; past that memmem (two-way, linear
+ * whatever the input) takes over. */
 static const char *plain_find(lpat_ms *ms, const char *s, size_t ls, const char *p, size_t lp) {
     if (lp == 0) return s;
     if (lp > ls) return NULL;
-    while (ls - lp >= LPAT_CHUNK) { /* more than a chunk of starts left */
-        const char *r = memmem(s, LPAT_CHUNK + lp - 1, p, lp);
-        if (r) return r;
-        s += LPAT_CHUNK;
-        ls -= LPAT_CHUNK;
-        ms_poll(ms);
+    const char *q = s, *last = s + (ls - lp); /* the last possible start */
+    size_t credit = 64 * 1024;
+    while (q <= last && lp <= credit) {
+        size_t span = (size_t)(last - q) + 1;
+        if (span > LPAT_CHUNK) span = LPAT_CHUNK;
+        const char *c = memchr(q, (unsigned char)p[0], span);
+        if (!c) {
+            q += span;
+            credit += span;
+            if (q <= last) ms_poll(ms);
+            continue;
+        }
+        if (memcmp(c + 1, p + 1, lp - 1) == 0) return c;
+        credit = credit + (size_t)(c - q) - lp; /* >= 0: lp <= credit */
+        q = c + 1;
     }
-    return memmem(s, ls, p, lp);
+    while (q <= last) {
+        size_t span = (size_t)(last - q) + 1;
+        if (span > LPAT_CHUNK) span = LPAT_CHUNK;
+        const char *r = memmem(q, span + lp - 1, p, lp);
+        if (r) return r;
+        q += span;
+        if (q <= last) ms_poll(ms);
+    }
+    return NULL;
 }
 
 /* The literal a search must start with, or -1: a pattern whose first item
@@ -480,12 +501,19 @@ static int l_find(lua_State *L) { return find_aux(L, 1); }
 
 static int l_match(lua_State *L) { return find_aux(L, 0); }
 
-/* The iterator: upvalues stop, subject, pattern, next position (0-based). */
+/* gmatch's step: gnext(st), st = { subject, pattern, next position
+ * (0-based) }.  Called by the iterator, a Lua closure over st (see
+ * GMATCH_SRC): a C closure per gmatch would be a new function each time,
+ * which LuaJIT's compiler specializes traces to, one side trace per loop. */
 static int l_gmatch_next(lua_State *L) {
     size_t ls, lp;
-    const char *s = lua_tolstring(L, lua_upvalueindex(2), &ls);
-    const char *p = lua_tolstring(L, lua_upvalueindex(3), &lp);
-    size_t pos = (size_t)lua_tointeger(L, lua_upvalueindex(4));
+    lua_rawgeti(L, 1, 1);
+    lua_rawgeti(L, 1, 2);
+    lua_rawgeti(L, 1, 3);
+    const char *s = lua_tolstring(L, -3, &ls);
+    const char *p = lua_tolstring(L, -2, &lp);
+    size_t pos = (size_t)lua_tointeger(L, -1);
+    lua_pop(L, 1); /* the strings stay on the stack while in use */
     lpat_ms ms;
     ms_init(&ms, L, s, ls, lp);
     int lit = first_literal(p);
@@ -502,23 +530,29 @@ static int l_gmatch_next(lua_State *L) {
         if (e) {
             /* after an empty match the next search starts one further on */
             lua_pushinteger(L, (e - s) + (e == s1));
-            lua_replace(L, lua_upvalueindex(4));
+            lua_rawseti(L, 1, 3);
             return push_captures(&ms, s1, e);
         }
     }
     lua_pushinteger(L, (lua_Integer)ls + 1); /* done for good */
-    lua_replace(L, lua_upvalueindex(4));
+    lua_rawseti(L, 1, 3);
     return 0;
 }
 
+/* The iterator factory, called with gnext: the iterator tail-calls it, so
+ * that an error names the caller's line as LuaJIT's does. */
+static const char GMATCH_SRC[] =
+    "local gnext = ...\n"
+    "return function(s, p) local st = { s, p, 0 } return function() return gnext(st) end end\n";
+
+/* Upvalues: stop, the factory. */
 static int l_gmatch(lua_State *L) {
     luaL_checkstring(L, 1);
     luaL_checkstring(L, 2);
-    lua_settop(L, 2);
-    lua_pushvalue(L, lua_upvalueindex(1));
-    lua_insert(L, 1);
-    lua_pushinteger(L, 0);
-    lua_pushcclosure(L, l_gmatch_next, 4);
+    lua_pushvalue(L, lua_upvalueindex(2));
+    lua_pushvalue(L, 1);
+    lua_pushvalue(L, 2);
+    lua_call(L, 2, 1);
     return 1;
 }
 
@@ -619,8 +653,7 @@ static int l_gsub(lua_State *L) {
 
 /* ---- registration ------------------------------------------------------ */
 
-static const luaL_Reg lpat_funcs[] = {
-    {"find", l_find}, {"match", l_match}, {"gmatch", l_gmatch}, {"gsub", l_gsub}, {NULL, NULL}};
+static const luaL_Reg lpat_funcs[] = {{"find", l_find}, {"match", l_match}, {"gsub", l_gsub}, {NULL, NULL}};
 
 void lei_lpat_open(lua_State *L, volatile sig_atomic_t *stop) {
     for (const luaL_Reg *f = lpat_funcs; f->name; f++) {
@@ -628,6 +661,13 @@ void lei_lpat_open(lua_State *L, volatile sig_atomic_t *stop) {
         lua_pushcclosure(L, f->func, 1);
         lua_setfield(L, -2, f->name);
     }
+    lua_pushlightuserdata(L, (void *)stop);
+    if (luaL_loadbuffer(L, GMATCH_SRC, sizeof GMATCH_SRC - 1, "=lpat")) lua_error(L);
+    lua_pushlightuserdata(L, (void *)stop);
+    lua_pushcclosure(L, l_gmatch_next, 1);
+    lua_call(L, 1, 1); /* the factory */
+    lua_pushcclosure(L, l_gmatch, 2);
+    lua_setfield(L, -2, "gmatch");
 }
 
 int lei_lpat_new(lua_State *L) {

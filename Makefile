@@ -19,11 +19,11 @@ ALLCFLAGS  := $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -I$(LUA_INCDIR) -Icore
 CORE_SRC   := core/codec.c core/errors.c core/frame.c core/addr.c core/ctx.c core/conn.c core/accept.c core/inmap.c core/peer.c core/chan.c \
               core/local.c core/sync.c core/live.c core/auth.c core/secure.c core/handshake.c
 LUA_SRC    := core/codec_lua.c core/moe.c core/moe_env.c core/moe_group.c core/lua_ctx.c core/lua_hook.c core/lua_chan.c \
-              core/lua_moe.c core/lua_loop.c core/lua_auth.c
+              core/lua_moe.c core/lua_loop.c core/lua_auth.c core/lpat.c
 HDRS       := $(wildcard core/*.h)
 SO         := lua/lecho/core.so
 CTESTS     := build/test_codec build/test_frame build/test_ctx build/test_addr build/test_errors \
-              build/test_auth
+              build/test_auth build/test_lpat
 
 # Debian packages the project needs, by the file that proves each is there.
 DEPS := /usr/bin/luajit:luajit \
@@ -52,7 +52,7 @@ help:
 	@echo "  make deps        check the Debian packages lecho needs, apt-get install the missing ones"
 	@echo "  make test        deps, build, C unit tests, then the busted specs under LuaJIT"
 	@echo "  make fuzz        libFuzzer on the keyed handshake (core/fuzz_handshake.c) for FUZZ_SECONDS, clang installed if missing"
-	@echo "  make ctest       the C unit tests only: codec, framing, two contexts through lecho.h, error names, identities"
+	@echo "  make ctest       the C unit tests only: codec, framing, two contexts through lecho.h, error names, identities, the pattern matcher's step limit"
 	@echo "  make spec        the busted specs only (BUSTED_ARGS: e.g. spec/codec_spec.lua)"
 	@echo "  make asan        the same suite with the core built under ASan and UBSan"
 	@echo "  make demo        atmosphere: a simulation and three viewers (full, region, diff), bytes per viewer"
@@ -116,6 +116,10 @@ build/test_addr: core/test_addr.c core/addr.c $(HDRS) | build
 # Identities, trust, pins and (later) the keyed handshake, on the context API (ctx.h) alone.
 build/test_auth: core/test_auth.c $(CORE_SRC) $(HDRS) | build
 	$(CC) $(ALLCFLAGS) -o $@ core/test_auth.c $(CORE_SRC) -lev $(SODIUM_LIBS) $(LDFLAGS)
+
+# The pattern matcher's step limit: a stop flag set by another thread ends a stuck call.
+build/test_lpat: core/test_lpat.c core/lpat.c core/lpat.h core/test.h | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test_lpat.c core/lpat.c -lluajit-5.1 -lpthread $(LDFLAGS)
 
 ctest: $(CTESTS) $(SO)
 	@for t in $(CTESTS); do ./$$t || exit 1; done

@@ -10,6 +10,7 @@
  */
 #define _GNU_SOURCE
 #include "lua_int.h"
+#include "lpat.h"
 
 #include <limits.h>
 #include <math.h>
@@ -442,6 +443,8 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
     lua_setfield(L, -2, "new");
     lua_pushcfunction(L, l_hash);
     lua_setfield(L, -2, "hash");
+    lua_pushcfunction(L, lei_lpat_new); /* core.lpat(): the modulators' pattern functions */
+    lua_setfield(L, -2, "lpat");
     luaL_register(L, NULL, lb_auth_funcs); /* keypair, sign, verify, hex, unhex */
     lua_pushinteger(L, LEI_PROTO_VERSION);
     lua_setfield(L, -2, "protocol_version");

@@ -363,7 +363,9 @@ static int dec_value(lua_State *L, lei_reader *r, unsigned depth, int is_key) {
  * input push nothing and return -1 with a message in err ("truncated input",
  * "trailing garbage after value (K bytes)", "unknown tag 0x%02x at byte N",
  * "invalid varint", "string too long (N bytes, limit M)", "nesting too deep
- * (limit N)", "table count exceeds input", "nil or NaN table key"). lim may be
+ * (limit N)", "table count exceeds input", "nil or NaN table key", "value
+ * decodes to more than N bytes": checked before each table is presized or
+ * string made, so nothing past max_value_bytes is allocated). lim may be
  * NULL. Later duplicate keys overwrite earlier ones; nil values are skipped.
  * Does not raise, except Lua memory errors (nothing of ours is then held). */
 int lei_decode_lua(lua_State *L, const uint8_t *p, size_t n, const lei_codec_limits *lim, char *err,
@@ -394,14 +396,15 @@ int lei_decode_lua(lua_State *L, const uint8_t *p, size_t n, const lei_codec_lim
 #define MSGBOX "lecho.codec.msg"
 
 static void opt_limits(lua_State *L, int arg, lei_codec_limits *lim, size_t *pin) {
-    static const char *const names[] = {"max_string", "max_depth", "pin_threshold"};
+    static const char *const names[] = {"max_string", "max_depth", "pin_threshold",
+                                        "max_value_bytes"};
     int i;
 
     lei_codec_limits_default(lim);
     if (pin) *pin = 0;
     if (lua_isnoneornil(L, arg)) return;
     luaL_checktype(L, arg, LUA_TTABLE);
-    for (i = 0; i < 3; i++) {
+    for (i = 0; i < 4; i++) {
         double v;
         lua_getfield(L, arg, names[i]);
         if (lua_isnil(L, -1)) {
@@ -415,8 +418,10 @@ static void opt_limits(lua_State *L, int arg, lei_codec_limits *lim, size_t *pin
             lim->max_string = v >= 1.8e19 ? SIZE_MAX : (size_t)v;
         else if (i == 1)
             lim->max_depth = v > LEI_MAX_DEPTH_CEIL ? LEI_MAX_DEPTH_CEIL : (unsigned)v;
-        else if (pin)
-            *pin = v >= 1.8e19 ? SIZE_MAX : (size_t)v;
+        else if (i == 2) {
+            if (pin) *pin = v >= 1.8e19 ? SIZE_MAX : (size_t)v;
+        } else
+            lim->max_value_bytes = v >= 1.8e19 ? SIZE_MAX : (size_t)v;
     }
 }
 

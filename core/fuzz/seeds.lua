@@ -1,0 +1,52 @@
+-- core/fuzz/seeds.lua: writes the seed corpora of the libFuzzer harnesses
+-- (core/fuzz_<name>.c) into core/fuzz/<name>/: real values, frames and
+-- control messages as lecho sends them, built with the core's own encoder.
+-- The files are in git; run this again when a format changes:
+--
+--   make && LUA_PATH="$PWD/lua/?.lua;$PWD/?.lua;;" LUA_CPATH="$PWD/lua/?.so;;" \
+--     luajit core/fuzz/seeds.lua
+--
+-- (the handshake harness records its seeds itself: real keyed handshakes.)
+
+local core = require "lecho.core"
+local R = require "spec.support.rogue"
+
+local root = (arg and arg[1]) or "core/fuzz"
+
+local function write(name, file, bytes)
+  os.execute(("mkdir -p %s/%s"):format(root, name))
+  local f = assert(io.open(("%s/%s/%s"):format(root, name, file), "wb"))
+  f:write(bytes)
+  f:close()
+end
+
+local function enc(v) return assert(core.encode(v)) end
+
+-- Values: every tag, nesting, keys of each kind, a pinned-size string.
+local VALUES = {
+  scalars = { 1, -1.5, 2^53, -0.0, 1/0, true, false, "text" },
+  event = { i = 42, secret = "TOPSECRET", t = 1764770000.25, list = { 1, 2, 3 } },
+  nested = { a = { b = { c = { d = { "deep" } } } } },
+  mixed = { 10, 20, nil, 40, [true] = "t", [1.5] = "f", ["with space"] = { {} } },
+  strings = { ("x"):rep(300), "", "\0\1\2", "héllo" },
+  members = { op = "members", ch = "ns/x", rid = 7, members = { { addr = "127.0.0.1:7001" },
+              { addr = "127.0.0.1:7002", modulator = "function enqueue(ev) return ev end" } } },
+}
+
+-- codec: byte 0 chooses the limits (fuzz_codec.c), 0x0a = depth 100, 64 KiB
+for name, v in pairs(VALUES) do write("codec", name, "\10" .. enc(v)) end
+write("codec", "tight-limits", "\1" .. enc({ { { 1 } } }))
+
+-- frame: a stream of the frames of a protected connection after its HELLO
+local hello = R.hello{ addr = "127.0.0.1:7001", incarnation = 12345 }
+write("frame", "protected-session", hello
+  .. R.bind(0, "127.0.0.1:7000/ns/x") .. R.bind(1, "127.0.0.1:7000/ns/y")
+  .. R.event(0, 1, 1, 0, VALUES.event) .. R.event(1, 1, 2, 9, VALUES.nested)
+  .. R.ack(9, 1) .. R.ack(10, 0, { "handler failed" })
+  .. R.ctrl(VALUES.members) .. R.frame(R.F.HEARTBEAT) .. R.frame(R.F.PING))
+write("frame", "keyed-hello", R.hello{ addr = "127.0.0.1:7001", incarnation = 9, mode = 1, eph = ("\5"):rep(32),
+                                       id = ("\6"):rep(32), name = "mallory", cert = ("\8"):rep(64) })
+write("frame", "event-body", R.varint(3) .. R.varint(7) .. R.varint(100) .. R.varint(0) .. enc(VALUES.event))
+write("frame", "bind-ticket", R.bind(2, "127.0.0.1:7000/ns/x", ("\7"):rep(64)))
+
+return { values = VALUES, write = write, enc = enc }

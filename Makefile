@@ -126,7 +126,9 @@ ctest: $(CTESTS) $(SO)
 # The fuzzers (libFuzzer, clang -fsanitize=fuzzer,address,undefined), one
 # per harness core/fuzz_<name>.c: frame (the frame parser and the HELLO,
 # BIND, EVENT, ACK parsers, round trips), codec (the C walker and the Lua
-# decoder agree; decode/encode round trips), handshake (arbitrary bytes as
+# decoder agree; decode/encode round trips), conn (a protected peer's frames
+# into a context whose hooks close, submit, re-target, suspend from inside),
+# handshake (arbitrary bytes as
 # the remote side of an accepted and a dialled keyed connection, seeded with
 # recorded real handshakes).  Seeds: core/fuzz/<name>/ (in git; the
 # handshake one records its own into its corpus first).  `make fuzz` runs
@@ -135,7 +137,7 @@ ctest: $(CTESTS) $(SO)
 # (make test runs it).  clang and its fuzzer runtime come through `make deps`.
 FUZZ_SECONDS ?= 60
 FUZZ_QUICK_SECONDS ?= 3
-FUZZ_HARNESSES := frame codec handshake
+FUZZ_HARNESSES := frame codec conn handshake
 FUZZ_CC      := clang
 FUZZ_RT      := $(firstword $(wildcard /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a) \
                   /usr/lib/llvm-14/lib/clang/14/lib/linux/libclang_rt.fuzzer-x86_64.a)
@@ -150,6 +152,10 @@ build/fuzz_handshake: core/fuzz_handshake.c $(CORE_SRC) $(HDRS) | build
 
 build/fuzz_frame: core/fuzz_frame.c core/frame.c core/codec.c $(HDRS) | build
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ core/fuzz_frame.c core/frame.c core/codec.c
+
+build/fuzz_conn: core/fuzz_conn.c $(CORE_SRC) $(HDRS) | build
+	$(FUZZ_CC) $(FUZZ_FLAGS) -DLECHO_FUZZ_DIR='"$(CURDIR)/build/fuzz/sock"' \
+	  -o $@ core/fuzz_conn.c $(CORE_SRC) -lev $(SODIUM_LIBS)
 
 build/fuzz_codec: core/fuzz_codec.c core/codec_lua.c core/codec.c $(HDRS) | build
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ core/fuzz_codec.c core/codec_lua.c core/codec.c -lluajit-5.1

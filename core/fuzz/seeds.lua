@@ -49,4 +49,16 @@ write("frame", "keyed-hello", R.hello{ addr = "127.0.0.1:7001", incarnation = 9,
 write("frame", "event-body", R.varint(3) .. R.varint(7) .. R.varint(100) .. R.varint(0) .. enc(VALUES.event))
 write("frame", "bind-ticket", R.bind(2, "127.0.0.1:7000/ns/x", ("\7"):rep(64)))
 
+-- conn: 4 hook actions, the cut, then what a producer sends after its HELLO
+-- (fuzz_conn.c: 0 nothing, 1 close, 2 submit, 3 re-target, 4 stop
+-- consuming, 5 suspend, 6 ack, 7 ctrl, 8 bad)
+local session = R.bind(0, "ns/x") .. R.bind(1, "ns/y")
+  .. R.event(0, 1, 1, 0, VALUES.event) .. R.event(1, 1, 2, 5, VALUES.nested)
+  .. R.event(0, 1, 3, 6, "v") .. R.ack(1, 1) .. R.ctrl(VALUES.members) .. R.frame(R.F.HEARTBEAT)
+  .. R.frame(R.F.PING) .. R.event(0, 1, 4, 0, VALUES.strings)
+for name, acts in pairs{ quiet = "\0\0\0\0", submit = "\2\6\2\0", suspend = "\5\0\5\6",
+                         retarget = "\3\2\4\2", close = "\0\1\0\0", ctrl = "\7\8\7\2" } do
+  write("conn", name, acts .. "\128" .. session)
+end
+
 return { values = VALUES, write = write, enc = enc }

@@ -128,6 +128,8 @@ ctest: $(CTESTS) $(SO)
 # BIND, EVENT, ACK parsers, round trips), codec (the C walker and the Lua
 # decoder agree; decode/encode round trips), conn (a protected peer's frames
 # into a context whose hooks close, submit, re-target, suspend from inside),
+# ns (the name server's and a manager's registry in LuaJIT, in-process, fed
+# decoded control messages),
 # handshake (arbitrary bytes as
 # the remote side of an accepted and a dialled keyed connection, seeded with
 # recorded real handshakes).  Seeds: core/fuzz/<name>/ (in git; the
@@ -137,7 +139,7 @@ ctest: $(CTESTS) $(SO)
 # (make test runs it).  clang and its fuzzer runtime come through `make deps`.
 FUZZ_SECONDS ?= 60
 FUZZ_QUICK_SECONDS ?= 3
-FUZZ_HARNESSES := frame codec conn handshake
+FUZZ_HARNESSES := frame codec conn ns handshake
 FUZZ_CC      := clang
 FUZZ_RT      := $(firstword $(wildcard /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a) \
                   /usr/lib/llvm-14/lib/clang/14/lib/linux/libclang_rt.fuzzer-x86_64.a)
@@ -156,6 +158,10 @@ build/fuzz_frame: core/fuzz_frame.c core/frame.c core/codec.c $(HDRS) | build
 build/fuzz_conn: core/fuzz_conn.c $(CORE_SRC) $(HDRS) | build
 	$(FUZZ_CC) $(FUZZ_FLAGS) -DLECHO_FUZZ_DIR='"$(CURDIR)/build/fuzz/sock"' \
 	  -o $@ core/fuzz_conn.c $(CORE_SRC) -lev $(SODIUM_LIBS)
+
+build/fuzz_ns: core/fuzz_ns.c core/codec_lua.c core/codec.c $(HDRS) | build
+	$(FUZZ_CC) $(FUZZ_FLAGS) -DLECHO_LUA_DIR='"$(CURDIR)/lua"' -o $@ core/fuzz_ns.c core/codec_lua.c \
+	  core/codec.c -lluajit-5.1
 
 build/fuzz_codec: core/fuzz_codec.c core/codec_lua.c core/codec.c $(HDRS) | build
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ core/fuzz_codec.c core/codec_lua.c core/codec.c -lluajit-5.1

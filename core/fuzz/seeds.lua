@@ -61,4 +61,30 @@ for name, acts in pairs{ quiet = "\0\0\0\0", submit = "\2\6\2\0", suspend = "\5\
   write("conn", name, acts .. "\128" .. session)
 end
 
+-- ns: byte 0 (bit 0: keyed), then records: kind (0 name server, 1 manager,
+-- 2 connection lost, 3 tick), sender (0..3 clients, 4 the other registry),
+-- time step (1/16 s), u16le length, value (fuzz_ns.c)
+local function rec(kind, who, dt, msg)
+  local b = msg and enc(msg) or ""
+  return string.char(kind, who, dt, #b % 256, math.floor(#b / 256)) .. b
+end
+local mods = { k1 = { src = "function enqueue(ev) return ev end", params = { n = 1 }, period = 0.5 } }
+local flow = rec(0, 4, 1, { op = "register_manager", rid = 1 })
+  .. rec(0, 0, 1, { op = "lookup", ch = "atmos/ozone", rid = 2 })
+  .. rec(0, 1, 1, { op = "lookup", ch = "atmos/ozone", rid = 3, recovering = true })
+  .. rec(1, 0, 1, { op = "join", ch = "atmos/ozone", role = "producer", rid = 4 })
+  .. rec(1, 1, 2, { op = "join", ch = "atmos/ozone", role = "consumer", rid = 5, settle = 1,
+                    subs = { plain = true, mods = mods } })
+  .. rec(1, 0, 1, { op = "members_ok", ch = "atmos/ozone", ver = 2, mid = 1 })
+  .. rec(1, 1, 1, { op = "subscribe", ch = "atmos/ozone", rid = 6, subs = { plain = false, mods = mods } })
+  .. rec(1, 2, 1, { op = "info", ch = "atmos/ozone", rid = 7 })
+  .. rec(0, 2, 1, { op = "list", rid = 8 })
+  .. rec(3, 0, 20) .. rec(1, 1, 1, { op = "leave", ch = "atmos/ozone", role = "consumer" })
+  .. rec(2, 0, 1) .. rec(3, 0, 40) .. rec(0, 4, 1, { op = "release", ch = "atmos/ozone" })
+write("ns", "protected-flow", "\0" .. flow)
+write("ns", "keyed-flow", "\1" .. flow)
+write("ns", "bad-requests", "\0" .. rec(0, 0, 1, { op = "lookup", rid = "x" }) .. rec(0, 1, 1, { op = 7, rid = 1 })
+  .. rec(1, 2, 1, { op = "join", ch = ("c"):rep(2000), role = "producer", rid = 2 })
+  .. rec(1, 2, 1, { op = "join", ch = "x", role = "consumer", rid = 3, subs = { mods = { [1] = 2 } } }))
+
 return { values = VALUES, write = write, enc = enc }

@@ -28,6 +28,8 @@ typedef struct enc_state {
     size_t max_string;
     unsigned max_depth;
     size_t pin;    /* pin strings of at least this length; 0 = never */
+    size_t size;      /* decoded size so far, charged as the reader will */
+    size_t max_value; /* max_value_bytes */
     char msg[160]; /* error message without location */
     int want_path; /* the message takes an " at ev..." location */
     int ptrunc;    /* path lost its outer segments */
@@ -40,6 +42,15 @@ static int enc_value(enc_state *st, int idx, unsigned depth);
 
 static int enc_fail(enc_state *st, int want_path, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* The receiver's reader charges the same (codec.h, LEI_DEC_*): a value it
+ * would refuse is refused here, at the submit. */
+static int enc_charge(enc_state *st, size_t cost) {
+    if (cost > st->max_value - st->size)
+        return enc_fail(st, 0, "value decodes to more than %zu bytes", st->max_value);
+    st->size += cost;
+    return 0;
+}
 
 static int enc_fail(enc_state *st, int want_path, const char *fmt, ...) {
     va_list ap;
@@ -123,6 +134,7 @@ static int enc_string(enc_state *st, int idx) {
 
     if (len > st->max_string)
         return enc_fail(st, 1, "string too long (%zu bytes, limit %zu)", len, st->max_string);
+    if (enc_charge(st, LEI_DEC_STRING + len)) return -1;
     if (st->pin && len >= st->pin) {
         int ref;
         if (lei_wbuf_reserve(b, 1 + LEI_VARINT_MAX)) return enc_fail(st, 0, "out of memory");
@@ -187,6 +199,7 @@ static int enc_table(enc_state *st, int idx, unsigned depth) {
         }
     }
     nhash = nkeys - narr;
+    if (enc_charge(st, LEI_DEC_TABLE + LEI_DEC_SLOT * (narr + 2 * nhash))) return -1;
     if (lei_enc_table_header(st->b, narr, nhash)) return enc_fail(st, 0, "out of memory");
 
     for (i = 1; i <= narr; i++) {
@@ -281,6 +294,8 @@ int lei_encode_lua(lua_State *L, int idx, lei_msg *m, const lei_codec_limits *li
     st.max_string = lim->max_string;
     st.max_depth = lim->max_depth > LEI_MAX_DEPTH_CEIL ? LEI_MAX_DEPTH_CEIL : lim->max_depth;
     st.pin = pin_threshold;
+    st.size = 0;
+    st.max_value = lim->max_value_bytes;
     st.want_path = 0;
     st.ptrunc = 0;
     st.pstart = PATH_BUF;

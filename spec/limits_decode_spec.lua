@@ -89,6 +89,26 @@ describe("core.decode: a value that decodes to more than max_value_bytes", funct
   end)
 end)
 
+describe("a producer submitting a value past max_value_bytes", function()
+  it("is told at the submit (code limit), by either encoder, rather than its consumers closing on it", function()
+    local lecho = require "lecho"
+    local ctx = lecho.context{ quiet = true, max_value_bytes = 1000 }
+    local p = assert(ctx:channel("big"):producer())
+    local nums = {}
+    for i = 1, 100 do nums[i] = i end               -- 64 + 1600: the compiled encoder's case
+    local r1 = { p:submit(nums) }
+    local r2 = { p:submit({ ("x"):rep(2000) }) }     -- a long string: the C encoder's
+    local r3 = { p:submit({ 1, 2, 3 }) }
+    ctx:close()
+    assert.same({ nil, "value decodes to more than 1000 bytes", "limit" }, r1)
+    assert.same({ nil, "value decodes to more than 1000 bytes", "limit" }, r2)
+    assert.is_true(r3[1])
+    assert.same({ nil, "value decodes to more than 200 bytes" },
+                { core.encode({ ("x"):rep(100) }, { max_value_bytes = 200 }) })  -- 64 + 16 + 124
+    assert.truthy(core.encode({ ("x"):rep(100) }, { max_value_bytes = 204 }))
+  end)
+end)
+
 -- VmRSS (now) or VmHWM (the peak) of a process, KiB.
 local function vm_kb(pid, field)
   local f = io.open(("/proc/%d/status"):format(pid))

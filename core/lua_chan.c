@@ -11,7 +11,7 @@
 /* The code of an encoder's message (codec_lua.c says what, not which). */
 static int enc_code(const char *msg) {
     if (strstr(msg, "out of memory")) return LEI_E_NOMEM;
-    if (strstr(msg, "limit")) return LEI_E_LIMIT;
+    if (strstr(msg, "limit") || strstr(msg, "decodes to more than")) return LEI_E_LIMIT;
     return LEI_E_INVALID;
 }
 

@@ -95,7 +95,7 @@ static void opt_containment(lua_State *L, lei_opts *o) {
 }
 
 /* core.new{ queue_limit=, policy=, batch_bytes=, max_frame=, max_string=,
- *           max_depth=, pin_threshold=, retry_interval=, heartbeat=,
+ *           max_depth=, max_value_bytes=, pin_threshold=, retry_interval=, heartbeat=,
  *           heartbeat_misses=, retry_max=, handshake_timeout=, max_connections=,
  *           max_buffered=, max_peer_channels= } */
 static int l_new(lua_State *L) {
@@ -110,6 +110,7 @@ static int l_new(lua_State *L) {
         lim.max_string = lb_opt_size(L, 1, "max_string", lim.max_string);
         size_t depth = lb_opt_size(L, 1, "max_depth", lim.max_depth);
         lim.max_depth = depth > UINT_MAX ? UINT_MAX : (unsigned)depth; /* the codec caps it */
+        lim.max_value_bytes = lb_opt_size(L, 1, "max_value_bytes", lim.max_value_bytes);
         o.max_frame = lb_opt_size(L, 1, "max_frame", lim.max_string + 64 * 1024 > o.max_frame
                                                        ? lim.max_string + 64 * 1024
                                                        : o.max_frame);

@@ -107,6 +107,7 @@ local SCHEMA = {
     queue_limit = { size(1) }, policy = { policy }, batch_bytes = { size(0) },
     max_string = { size(0) }, max_depth = { size(1) }, max_frame = { size(0) },
     pin_threshold = { size(0) },
+    max_value_bytes = { size(0) },  -- issue 11 (H5): decoded size of one value received, 64 MiB
     key = { keyfile }, trust = { trustfiles }, nameserver_principal = { principal, "nameserver" },
     retry_interval = { TIME }, retry_max = { TIME }, heartbeat = { HEARTBEAT },
     heartbeat_misses = { time(1, true) },

@@ -194,6 +194,45 @@ describe("issue 11: member lists within max_members and max_peers", function()
     flow(ch, p, sink, 50)
   end)
 
+  it("a consumer past the producer's max_peers is told why (on_error), the others keep their events", function()
+    logs = {}
+    local _, ns = S.nameserver("--quiet")
+    ctx = lecho.context{ nameserver = ns, max_peers = 1, log = function(m) logs[#logs + 1] = m end }
+    local ch = ctx:channel("y")
+    local p = assert(ch:producer())
+    local CONSUMER = [=[
+local cjson = require "cjson"
+local lecho = require "lecho"
+local opts = cjson.decode(arg[1])
+io.stdout:setvbuf("line")
+local ctx = lecho.context{ nameserver = opts.ns, quiet = true }
+local n = 0
+assert(ctx:channel("y"):consumer(function(ev)
+  n = n + 1
+  if ev == "end" then io.stdout:write("done ", n, "\n") ctx:stop() end
+end, { on_error = function(msg) io.stdout:write("on_error ", msg, "\n") end }))
+io.stdout:write("ready ", ctx.addr, "\n")
+ctx:after(30, function() ctx:stop() end)
+ctx:run()
+ctx:close()
+]=]
+    local first = S.lua(CONSUMER, cjson.encode{ ns = ns })
+    assert(S.run_until(ctx, function() return (S.read(first.out) or ""):find("ready") end, WAIT), S.errors(first))
+    local second = S.lua(CONSUMER, cjson.encode{ ns = ns })
+    assert(S.run_until(ctx, function() return (S.read(second.out) or ""):find("ready") end, WAIT), S.errors(second))
+    local out = S.read(second.out)
+    local why = ("on_error producer %s: members of %s refused: they need 2 peer contexts here (limit 1)\n")
+                :format(ctx.addr, ch.name)
+    assert.truthy(out:find(why, 1, true), out)
+    assert.are.equal(1, #ch.dests)
+    for i = 1, 30 do assert(p:submit(i)) end
+    assert(p:submit("end"))
+    assert(S.run_until(ctx, function() return (S.read(first.out) or ""):find("done 31", 1, true) end, WAIT),
+           "the first consumer did not get its events: " .. S.read(first.out))
+    assert.are.equal(1, logged("members of " .. ch.name .. " refused: they need 2 peer contexts here (limit 1)"),
+                     table.concat(logs, "\n"))
+  end)
+
   it("a manager refuses the consumer join past max_members (code limit)", function()
     local out = {}
     local reg = registry.new{ addr = "127.0.0.1:1", role = "nameserver", max_members = 2 }

@@ -53,6 +53,19 @@ function Channel:consumer(handler, opts)
     ctx.log(("consumer on '%s': producers %s did not confirm in time"):format(
       self.short, table.concat(r.late, ", ")))
   end
+  -- a producer that refused the member list naming us (its max_members,
+  -- max_peers) sends us nothing: told to on_error, else logged
+  for _, e in ipairs(type(r) == "table" and type(r.errors) == "table" and r.errors or {}) do
+    if type(e) == "table" and e.key == nil and type(e.err) == "string" then
+      local msg = ("producer %s: %s"):format(tostring(e.producer), e.err)
+      if con.on_error then
+        local ok, herr = pcall(con.on_error, msg)
+        if not ok then ctx.log("on_error handler failed: " .. tostring(herr)) end
+      else
+        ctx.log(("consumer on '%s': %s"):format(self.short, msg))
+      end
+    end
+  end
   return con
 end
 

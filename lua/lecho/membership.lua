@@ -128,10 +128,11 @@ local function wait_errors(c, w)
   local out = {}
   for _, a in ipairs(sorted_keys(c.producers)) do
     local errs = c.producers[a].errs
-    if c.producers[a].refused then
-      for _, k in ipairs(w.keys) do
-        out[#out + 1] = { producer = a, key = k, err = c.producers[a].refused }
-      end
+    local refused = c.producers[a].refused
+    if refused then
+      -- (for each modulator asked for; for the plain stream, without key)
+      for _, k in ipairs(w.keys) do out[#out + 1] = { producer = a, key = k, err = refused } end
+      if #w.keys == 0 then out[#out + 1] = { producer = a, err = refused } end
     end
     if errs then
       for _, k in ipairs(w.keys) do

@@ -496,6 +496,18 @@ static int conn_input(lei_conn *k) {
                 k->rlen -= k->rpos;
                 k->rpos = 0;
             }
+            /* Room for the plaintext of what was read, exactly: the
+             * budget counts rcap, and grow()'s doubling would count a large
+             * frame's buffer twice. */
+            size_t need = k->rlen + (s->clen - s->cpos);
+            if (need > k->rcap) {
+                uint8_t *nb = realloc(k->rb, need);
+                if (!nb) {
+                    lei_conn_close(k, "out of memory for the read buffer", 0);
+                    break;
+                }
+                rbuf_set(k, nb, need);
+            }
             size_t cap0 = k->rcap;
             int bad = lei_sec_open(s, &k->rb, &k->rlen, &k->rcap, &err);
             k->ctx->rbuf = k->ctx->rbuf - cap0 + k->rcap;

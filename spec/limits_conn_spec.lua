@@ -300,6 +300,28 @@ describe("connection limits (issue 11)", function()
     assert(log_lines(t, "too many connections") <= 2, "refusals flooded the log")
   end)
 
+  it("does not dial past max_connections: the peer fails with the reason, a sync submit is told", function()
+    local _, ns = support.nameserver("--quiet")
+    local t = target{ nameserver = ns }              -- a consumer of "flow", not the name server
+    local lecho = require "lecho"
+    local logs = {}
+    local ctx = lecho.context{ nameserver = ns, max_connections = 1,   -- the name server's only
+                               log = function(m) logs[#logs + 1] = m end }
+    local p = assert(ctx:channel("flow"):producer())
+    for _ = 1, 3 do
+      local ok, err, code = p:submit_sync(1, { timeout = 5 })
+      assert.is_nil(ok)
+      if type(err) == "table" then err, code = err[1].err, err[1].code end  -- the list of failures
+      assert.equals(("consumer context %s: unreachable (too many connections (limit 1))"):format(t.addr),
+                    err)
+      assert.equals("limit", code)
+    end
+    local n = 0
+    for _, m in ipairs(logs) do if m:find("too many connections", 1, true) then n = n + 1 end end
+    assert.equals(1, n)
+    ctx:close()
+  end)
+
   it("backs off when out of file descriptors, refuses with a reason, logs once, recovers", function()
     local t = target({}, "ulimit -n 40")
     local socks, told = {}, 0

@@ -356,7 +356,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
         lei_conn_close(k, why, 1);
         return -1;
     }
-    if (k->state == LEI_CONN_CLOSED) return -1;
+    if (k->state == LEI_CONN_CLOSED || k->state == LEI_CONN_RETIRED) return -1;
     if (err) {
         lei_conn_close(k, err, 1);
         return -1;
@@ -459,7 +459,9 @@ static int conn_frames(lei_conn *k) {
             break;
         }
         k->rpos += f.size; /* consumed before the hooks run: they may re-enter */
-        if (conn_frame(k, &f) || k->state == LEI_CONN_CLOSED) break;
+        /* retired (refused, or the disconnect policy from a hook): what
+         * follows is not read, k->peer is gone */
+        if (conn_frame(k, &f) || k->state == LEI_CONN_CLOSED || k->state == LEI_CONN_RETIRED) break;
     }
     return k->state == LEI_CONN_CLOSED ? -1 : 0;
 }

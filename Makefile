@@ -22,7 +22,7 @@ LUA_SRC    := core/codec_lua.c core/moe.c core/moe_env.c core/moe_group.c core/l
               core/lua_moe.c core/lua_loop.c core/lua_auth.c core/lpat.c
 HDRS       := $(wildcard core/*.h)
 SO         := lua/lecho/core.so
-CTESTS     := build/test_codec build/test_frame build/test_ctx build/test_addr build/test_errors \
+CTESTS     := build/test_codec build/test_frame build/test_inmap build/test_ctx build/test_addr build/test_errors \
               build/test_auth build/test_lpat
 
 # Debian packages the project needs, by the file that proves each is there.
@@ -112,6 +112,9 @@ build/test_codec: core/test_codec.c core/codec.c $(HDRS) | build
 
 build/test_frame: core/test_frame.c core/frame.c core/codec.c $(HDRS) | build
 	$(CC) $(ALLCFLAGS) -o $@ core/test_frame.c core/frame.c core/codec.c $(LDFLAGS)
+
+build/test_inmap: core/test_inmap.c core/inmap.c $(HDRS) | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test_inmap.c core/inmap.c $(LDFLAGS)
 
 build/test_addr: core/test_addr.c core/addr.c $(HDRS) | build
 	$(CC) $(ALLCFLAGS) -o $@ core/test_addr.c core/addr.c $(LDFLAGS)

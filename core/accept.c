@@ -58,7 +58,14 @@ void lei_conn_refuse(lei_conn *k, int kind, const char *reason) {
     lei_conn_send_error(k, reason);
     lei_ratelog(c, kind, "closing connection %s %s: %s", k->peer ? "with" : "from",
                 k->peer ? k->peer->addr : "an unidentified peer", reason);
-    lei_conn_close(k, reason, 0);
+    /* Up: retired, not closed at once, so that the ERROR arrives: closing
+     * with the peer's bytes unread would reset the connection and drop it.
+     * What still comes is read and ignored until the peer closes (at most
+     * RETIRE_SECONDS).  Before UP nothing large can be pending. */
+    if (k->state == LEI_CONN_UP)
+        lei_conn_retire(k, reason);
+    else
+        lei_conn_close(k, reason, 0);
 }
 
 static void hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {

@@ -360,7 +360,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
         lei_conn_close(k, why, 1);
         return -1;
     }
-    if (k->state == LEI_CONN_CLOSED) return -1;
+    if (k->state == LEI_CONN_CLOSED || k->state == LEI_CONN_RETIRED) return -1;
     if (err) {
         lei_conn_close(k, err, 1);
         return -1;
@@ -463,7 +463,9 @@ static int conn_frames(lei_conn *k) {
             break;
         }
         k->rpos += f.size; /* consumed before the hooks run: they may re-enter */
-        if (conn_frame(k, &f) || k->state == LEI_CONN_CLOSED) break;
+        /* retired (refused, or the disconnect policy from a hook): what
+         * follows is not read, k->peer is gone */
+        if (conn_frame(k, &f) || k->state == LEI_CONN_CLOSED || k->state == LEI_CONN_RETIRED) break;
     }
     return k->state == LEI_CONN_CLOSED ? -1 : 0;
 }
@@ -499,6 +501,18 @@ static int conn_input(lei_conn *k) {
                 memmove(k->rb, k->rb + k->rpos, k->rlen - k->rpos);
                 k->rlen -= k->rpos;
                 k->rpos = 0;
+            }
+            /* Room for the plaintext of what was read, exactly: the
+             * budget counts rcap, and grow()'s doubling would count a large
+             * frame's buffer twice. */
+            size_t need = k->rlen + (s->clen - s->cpos);
+            if (need > k->rcap) {
+                uint8_t *nb = realloc(k->rb, need);
+                if (!nb) {
+                    lei_conn_close(k, "out of memory for the read buffer", 0);
+                    break;
+                }
+                rbuf_set(k, nb, need);
             }
             size_t cap0 = k->rcap;
             int bad = lei_sec_open(s, &k->rb, &k->rlen, &k->rcap, &err);

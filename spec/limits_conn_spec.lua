@@ -194,13 +194,10 @@ describe("connection limits (issue 11)", function()
     -- 3 connections x 200 MiB declared, 4 MiB of each sent: the third would
     -- take the buffers past max_buffered (512 MiB)
     local ps, errs = {}, {}
-    -- (the third sends only the header: bytes it sent that the target did
-    -- not read would reset the connection, and the ERROR with it)
     for i = 1, 3 do
       ps[i] = assert(dial(t))
-      ps[i]:send(R.bind(0, "junk") .. R.u32le(200 * 1024 * 1024) .. string.char(R.F.EVENT) .. "\0\0\0\0")
-      if i < 3 then ps[i]:send(string.rep("\0", 4 * 1024 * 1024)) end
-      support.sleep(0.2)
+      ps[i]:send(R.bind(0, "junk") .. R.u32le(200 * 1024 * 1024) .. string.char(R.F.EVENT)
+                 .. string.rep("\0", 4 * 1024 * 1024))
     end
     for i = 1, 3 do errs[i] = ps[i]:drain(i == 3 and 5 or 0.5).error end
     assert.is_nil(errs[1])
@@ -298,6 +295,28 @@ describe("connection limits (issue 11)", function()
     -- one log line per kind per 10 s
     assert(log_lines(t, "handshake timeout") <= 2, "handshake timeouts flooded the log")
     assert(log_lines(t, "too many connections") <= 2, "refusals flooded the log")
+  end)
+
+  it("does not dial past max_connections: the peer fails with the reason, a sync submit is told", function()
+    local _, ns = support.nameserver("--quiet")
+    local t = target{ nameserver = ns }              -- a consumer of "flow", not the name server
+    local lecho = require "lecho"
+    local logs = {}
+    local ctx = lecho.context{ nameserver = ns, max_connections = 1,   -- the name server's only
+                               log = function(m) logs[#logs + 1] = m end }
+    local p = assert(ctx:channel("flow"):producer())
+    for _ = 1, 3 do
+      local ok, err, code = p:submit_sync(1, { timeout = 5 })
+      assert.is_nil(ok)
+      if type(err) == "table" then err, code = err[1].err, err[1].code end  -- the list of failures
+      assert.equals(("consumer context %s: unreachable (too many connections (limit 1))"):format(t.addr),
+                    err)
+      assert.equals("limit", code)
+    end
+    local n = 0
+    for _, m in ipairs(logs) do if m:find("too many connections", 1, true) then n = n + 1 end end
+    assert.equals(1, n)
+    ctx:close()
   end)
 
   it("backs off when out of file descriptors, refuses with a reason, logs once, recovers", function()

@@ -267,3 +267,27 @@ describe("no heap addresses visible to a modulator (issue 11)", function()
     c:close()
   end)
 end)
+
+describe("a modulator granted log (issue 11)", function()
+  it("logs at most 10 lines a second, then says how many it did not", function()
+    local c = lecho.context{ quiet = true, modulator_budget = 1 }
+    local lines = {}
+    c.log = function(l) lines[#lines + 1] = l end
+    local ch = c:channel("chatty")
+    local p = assert(ch:producer{ grant = { "log" } })
+    assert(ch:consumer(function() end, { capabilities = { "log" }, modulator = [[
+      function enqueue(ev) for i = 1, 1000 do log("line", ev, i) end return ev end ]] }))
+    assert(p:submit_sync(1))
+    local function count(pat)
+      local n = 0
+      for _, l in ipairs(lines) do if l:find(pat) then n = n + 1 end end
+      return n
+    end
+    assert.are.equal(10, count(": line 1 %d+$"))
+    S.sleep(1.1)
+    assert(p:submit_sync(2))
+    assert.are.equal(1, count("990 more lines not logged %(limit 10 a second%)"))
+    assert.are.equal(10, count(": line 2 %d+$"))
+    c:close()
+  end)
+end)

@@ -10,6 +10,7 @@
 local cjson = require "cjson"
 local lecho = require "lecho"
 local S = require "spec.support"
+local P = require "spec.support.proc"
 
 -- opts: ns, channel, ctx (context options), grant (capabilities), stop (a
 -- file: its existence ends the run), gap (seconds between events).  Prints

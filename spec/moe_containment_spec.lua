@@ -292,3 +292,50 @@ describe("a modulator granted log (issue 11)", function()
     c:close()
   end)
 end)
+
+describe("modulators per principal in keyed mode (issue 11)", function()
+  after_each(function() S.cleanup() end)
+
+  it("counts the modulators of two consumer contexts of one principal together", function()
+    local dir = S.tmpdir() .. "/keys"
+    assert(os.execute("mkdir -p " .. S.sh_quote(dir)))
+    local ok, out = S.sh(("%s %s/scripts/lecho-keygen nameserver prod cons --dir %s")
+                         :format(S.luajit, S.root, S.sh_quote(dir)))
+    assert(ok, out)
+    local trust = {}
+    for i, n in ipairs{ "nameserver", "prod", "cons" } do trust[i] = ("%s/%s.pub"):format(dir, n) end
+    local _, ns = S.nameserver(("--quiet --key %s --trust %s --trust %s --trust %s")
+                               :format(dir .. "/nameserver.key", trust[1], trust[2], trust[3]))
+    local ctxs, errs, nerr, plain = {}, {}, 0, 0
+    for i = 1, 2 do
+      ctxs[i] = lecho.context{ nameserver = ns, key = dir .. "/cons.key", trust = trust, quiet = true }
+      local ch = ctxs[i]:channel("keyed-mods")
+      if i == 1 then assert(ch:consumer(function() plain = plain + 1 end)) end
+      for j = 1, 2 do
+        local k = (i - 1) * 2 + j
+        assert(ch:consumer(function() end, { modulator = "function enqueue(ev) return ev end", params = { k = k },
+                                             on_error = function(e) nerr = nerr + 1; errs[k] = e end }))
+      end
+    end
+    local function serve(pred, t)
+      local deadline = ctxs[1]:now() + t
+      while not pred() and ctxs[1]:now() < deadline do
+        for _, c in ipairs(ctxs) do c:run_once(0.01) end
+      end
+      return pred()
+    end
+    local stop = S.tmpname("stop")
+    local child = S.lua(PRODUCER, cjson.encode{ ns = ns, channel = "keyed-mods", stop = stop,
+      ctx = { key = dir .. "/prod.key", trust = trust, modulators_per_principal = 2 } })
+    assert(serve(function() return plain >= 5 and nerr >= 2 end, 30),
+           ("%d events, %d refusals: %s"):format(plain, nerr, S.errors(child)))
+    -- named as the producer's trust file names the key
+    for _, e in pairs(errs) do
+      assert.matches("too many modulators from cons (limit 2)", e, 1, true)
+    end
+    assert.are.equal(2, nerr)
+    S.write(stop, "")
+    assert(serve(function() return P.exit_code(child) ~= nil end, 30), "the producer did not finish")
+    for _, c in ipairs(ctxs) do c:close{ linger = 0 } end
+  end)
+end)

@@ -339,3 +339,31 @@ describe("modulators per principal in keyed mode (issue 11)", function()
     for _, c in ipairs(ctxs) do c:close{ linger = 0 } end
   end)
 end)
+
+describe("the CPU share check (issue 11)", function()
+  it("does not blame a modest modulator for what replaced ones used", function()
+    local c = lecho.context{ quiet = true, modulator_budget = 0.05, modulators_cpu = 0.3 }
+    local ch = c:channel("churn")
+    local p = assert(ch:producer{ grant = { "clock" } })
+    local told, churned = nil, 0
+    -- about 10% of the thread: 1 ms of busy wait every 10 ms
+    assert(ch:consumer(function() end, { capabilities = { "clock" }, period = 0.01,
+      modulator = [[function enqueue() end function period() local t = clock() + 0.001 while clock() < t do end end]],
+      on_error = function(e) told = e end }))
+    -- a consumer that burns 8 ms in its modulator, which then fails, and
+    -- installs another, over and over
+    local churner = assert(ch:consumer(function() end, { capabilities = { "clock" }, on_error = function() end,
+      modulator = [[function enqueue() local t = clock() + 0.008 while clock() < t do end error("again") end]] }))
+    local t0 = c:now()
+    while c:now() - t0 < 10 and churned < 80 and not told do
+      churned = churned + 1
+      churner:set_modulator(([[function enqueue() local t = clock() + 0.008 while clock() < t do end error("again %d") end]])
+                            :format(churned), nil, function() end)
+      p:submit(churned)
+      c:run_once(0.001)
+    end
+    assert.is_nil(told, ("after %d replacements: %s"):format(churned, tostring(told)))
+    assert.are.equal(80, churned)
+    c:close()
+  end)
+end)

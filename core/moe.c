@@ -300,8 +300,21 @@ static int step_init(lua_State *L) {
 
 /* ---- running a step under the budget ----------------------------------- */
 
+/* A modulator going away takes its CPU charges of the window with it: the
+ * share check must not blame the ones that stay for what it used (a
+ * consumer replacing its modulator over and over would get an innocent one
+ * unloaded). */
+static void forget_ticks(lei_moe *m) {
+    lei_moe_group *g = m->o.group;
+    if (!g) return;
+    unsigned long t = m->win_ticks;
+    g->win_ticks = g->win_ticks > t ? g->win_ticks - t : 0;
+    m->win_ticks = 0;
+}
+
 static void moe_fail(lei_moe *m, const char *why) {
     if (!m->L) return;
+    forget_ticks(m);
     snprintf(m->err, sizeof m->err, "%s", why);
     out_clear(m);
     m->limit_on = 0;
@@ -500,6 +513,7 @@ void lei_moe_free(lei_moe *m) {
         lua_close(m->L);
     }
     out_clear(m);
+    forget_ticks(m);
     if (m->o.group)
         for (lei_moe **pp = &m->o.group->list; *pp; pp = &(*pp)->gnext)
             if (*pp == m) {

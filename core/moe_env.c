@@ -27,8 +27,28 @@ static int env_clock(lua_State *L) {
     return 1;
 }
 
+/* log(...): a line in the producer's log, at most LOG_LINES a second per
+ * modulator (a granted log must not let one flood it); how many were not
+ * logged is said once the next second starts with a line. */
+#define LOG_LINES 10
 static int env_log(lua_State *L) {
     lei_moe *m = lua_touserdata(L, lua_upvalueindex(1));
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    double now = moe_ts_sec(&t);
+    if (now - m->log_t0 >= 1.0) {
+        if (m->log_dropped)
+            lei_logf(m->ctx, "modulator %s: %lu more lines not logged (limit %d a second)", m->name,
+                     m->log_dropped, LOG_LINES);
+        m->log_t0 = now;
+        m->log_n = 0;
+        m->log_dropped = 0;
+    }
+    if (m->log_n >= LOG_LINES) {
+        m->log_dropped++;
+        return 0;
+    }
+    m->log_n++;
     int n = lua_gettop(L);
     luaL_Buffer b;
     lua_pushvalue(L, lua_upvalueindex(2)); /* tostring */

@@ -67,6 +67,9 @@ struct lei_moe {
     lei_moe *gnext;        /* the group's list (borrowed) */
     int pool_hit;          /* the group's memory cap refused an allocation */
     volatile unsigned long win_ticks; /* CPU ticks charged in the group's window */
+    double log_t0;         /* log(): the current second, lines in it, lines not logged */
+    unsigned log_n;
+    unsigned long log_dropped;
     char doom[160];        /* set by the CPU share check: fails at its next call */
 };
 

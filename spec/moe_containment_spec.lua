@@ -10,6 +10,7 @@
 local cjson = require "cjson"
 local lecho = require "lecho"
 local S = require "spec.support"
+local P = require "spec.support.proc"
 
 -- opts: ns, channel, ctx (context options), grant (capabilities), stop (a
 -- file: its existence ends the run), gap (seconds between events).  Prints
@@ -264,6 +265,105 @@ describe("no heap addresses visible to a modulator (issue 11)", function()
     for _, line in ipairs(lines) do
       assert.is_nil(line:match("0x%x%x%x%x"), line)
     end
+    c:close()
+  end)
+end)
+
+describe("a modulator granted log (issue 11)", function()
+  it("logs at most 10 lines a second, then says how many it did not", function()
+    local c = lecho.context{ quiet = true, modulator_budget = 1 }
+    local lines = {}
+    c.log = function(l) lines[#lines + 1] = l end
+    local ch = c:channel("chatty")
+    local p = assert(ch:producer{ grant = { "log" } })
+    assert(ch:consumer(function() end, { capabilities = { "log" }, modulator = [[
+      function enqueue(ev) for i = 1, 1000 do log("line", ev, i) end return ev end ]] }))
+    assert(p:submit_sync(1))
+    local function count(pat)
+      local n = 0
+      for _, l in ipairs(lines) do if l:find(pat) then n = n + 1 end end
+      return n
+    end
+    assert.are.equal(10, count(": line 1 %d+$"))
+    S.sleep(1.1)
+    assert(p:submit_sync(2))
+    assert.are.equal(1, count("990 more lines not logged %(limit 10 a second%)"))
+    assert.are.equal(10, count(": line 2 %d+$"))
+    c:close()
+  end)
+end)
+
+describe("modulators per principal in keyed mode (issue 11)", function()
+  after_each(function() S.cleanup() end)
+
+  it("counts the modulators of two consumer contexts of one principal together", function()
+    local dir = S.tmpdir() .. "/keys"
+    assert(os.execute("mkdir -p " .. S.sh_quote(dir)))
+    local ok, out = S.sh(("%s %s/scripts/lecho-keygen nameserver prod cons --dir %s")
+                         :format(S.luajit, S.root, S.sh_quote(dir)))
+    assert(ok, out)
+    local trust = {}
+    for i, n in ipairs{ "nameserver", "prod", "cons" } do trust[i] = ("%s/%s.pub"):format(dir, n) end
+    local _, ns = S.nameserver(("--quiet --key %s --trust %s --trust %s --trust %s")
+                               :format(dir .. "/nameserver.key", trust[1], trust[2], trust[3]))
+    local ctxs, errs, nerr, plain = {}, {}, 0, 0
+    for i = 1, 2 do
+      ctxs[i] = lecho.context{ nameserver = ns, key = dir .. "/cons.key", trust = trust, quiet = true }
+      local ch = ctxs[i]:channel("keyed-mods")
+      if i == 1 then assert(ch:consumer(function() plain = plain + 1 end)) end
+      for j = 1, 2 do
+        local k = (i - 1) * 2 + j
+        assert(ch:consumer(function() end, { modulator = "function enqueue(ev) return ev end", params = { k = k },
+                                             on_error = function(e) nerr = nerr + 1; errs[k] = e end }))
+      end
+    end
+    local function serve(pred, t)
+      local deadline = ctxs[1]:now() + t
+      while not pred() and ctxs[1]:now() < deadline do
+        for _, c in ipairs(ctxs) do c:run_once(0.01) end
+      end
+      return pred()
+    end
+    local stop = S.tmpname("stop")
+    local child = S.lua(PRODUCER, cjson.encode{ ns = ns, channel = "keyed-mods", stop = stop,
+      ctx = { key = dir .. "/prod.key", trust = trust, modulators_per_principal = 2 } })
+    assert(serve(function() return plain >= 5 and nerr >= 2 end, 30),
+           ("%d events, %d refusals: %s"):format(plain, nerr, S.errors(child)))
+    -- named as the producer's trust file names the key
+    for _, e in pairs(errs) do
+      assert.matches("too many modulators from cons (limit 2)", e, 1, true)
+    end
+    assert.are.equal(2, nerr)
+    S.write(stop, "")
+    assert(serve(function() return P.exit_code(child) ~= nil end, 30), "the producer did not finish")
+    for _, c in ipairs(ctxs) do c:close{ linger = 0 } end
+  end)
+end)
+
+describe("the CPU share check (issue 11)", function()
+  it("does not blame a modest modulator for what replaced ones used", function()
+    local c = lecho.context{ quiet = true, modulator_budget = 0.05, modulators_cpu = 0.3 }
+    local ch = c:channel("churn")
+    local p = assert(ch:producer{ grant = { "clock" } })
+    local told, churned = nil, 0
+    -- about 10% of the thread: 1 ms of busy wait every 10 ms
+    assert(ch:consumer(function() end, { capabilities = { "clock" }, period = 0.01,
+      modulator = [[function enqueue() end function period() local t = clock() + 0.001 while clock() < t do end end]],
+      on_error = function(e) told = e end }))
+    -- a consumer that burns 8 ms in its modulator, which then fails, and
+    -- installs another, over and over
+    local churner = assert(ch:consumer(function() end, { capabilities = { "clock" }, on_error = function() end,
+      modulator = [[function enqueue() local t = clock() + 0.008 while clock() < t do end error("again") end]] }))
+    local t0 = c:now()
+    while c:now() - t0 < 10 and churned < 80 and not told do
+      churned = churned + 1
+      churner:set_modulator(([[function enqueue() local t = clock() + 0.008 while clock() < t do end error("again %d") end]])
+                            :format(churned), nil, function() end)
+      p:submit(churned)
+      c:run_once(0.001)
+    end
+    assert.is_nil(told, ("after %d replacements: %s"):format(churned, tostring(told)))
+    assert.are.equal(80, churned)
     c:close()
   end)
 end)

@@ -160,6 +160,7 @@ local function pin_all(ctx, keys)
   for addr, pk in pairs(keys or {}) do
     local ok, err = ctx.c:expect(addr, pk)
     if not ok then ctx.log(("cannot pin %s to its key: %s"):format(addr, tostring(err))) end
+    if ok then ctx.pinned_keys[addr] = pk end  -- whose modulators these are (lecho.modulator)
   end
 end
 

@@ -122,6 +122,8 @@ function M.context(opts)
     mod_min_period = opts.modulator_min_period or D.modulator_min_period,
     mods_per_principal = opts.modulators_per_principal or D.modulators_per_principal,
     mod_principals = {},  -- principal id -> modulator instances installed for it here
+    pinned_keys = {},     -- keyed: address -> the key a member list pinned it to
+    trust_names = {},     -- keyed: trusted key -> its principal's name
     timeout = opts.timeout or D.timeout,
     keyed = identity and true or false,
     principal = identity and identity.key.name or nil,   -- ro: our name in keyed mode
@@ -132,6 +134,7 @@ function M.context(opts)
     max_peers = opts.max_peers or D.max_peers,
     closed = false,
   }, Context)
+  for _, e in ipairs(identity and identity.trust.keys or {}) do self.trust_names[e.public] = e.name end
   if opts.log then
     self.log = opts.log
   elseif opts.quiet then

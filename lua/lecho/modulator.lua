@@ -200,12 +200,17 @@ function Channel:_rebuild_modlist()
 end
 
 -- The principal a consumer context at address `a` speaks for, as an id and
--- a name for messages: keyed, its key (named by the principal's name when
--- the handshake told it); protected (or ourselves), its address.
+-- a name for messages: keyed, its key (the one the member list pinned the
+-- address to, known before any connection), named as the trust files or
+-- the handshake name it; protected (or ourselves), its address.
 local function principal_of(ctx, a)
   if ctx.keyed and a ~= ctx.addr then
     local name, pk = ctx.c:peer_identity(a)
-    if pk then return pk, (name and name ~= "") and name or core.hex(pk) end
+    pk = pk or ctx.pinned_keys[a]
+    if pk then
+      name = (name and name ~= "") and name or ctx.trust_names[pk] or ("key " .. core.hex(pk):sub(1, 16))
+      return pk, name
+    end
   end
   return a, a
 end

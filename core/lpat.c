@@ -501,23 +501,20 @@ static int l_find(lua_State *L) { return find_aux(L, 1); }
 
 static int l_match(lua_State *L) { return find_aux(L, 0); }
 
-/* gmatch's step: gnext(st), st = { subject, pattern, next position
- * (0-based) }.  Called by the iterator, a Lua closure over st (see
- * GMATCH_SRC): a C closure per gmatch would be a new function each time,
- * which LuaJIT's compiler specializes traces to, one side trace per loop. */
+/* gmatch's step: gnext(pos, s, p), pos a userdata holding the next
+ * position (0-based).  Called by the iterator, a Lua closure over the three
+ * (see GMATCH_SRC): a C closure per gmatch would be a new function each
+ * time, which LuaJIT's compiler specializes traces to, one side trace per
+ * loop. */
 static int l_gmatch_next(lua_State *L) {
     size_t ls, lp;
-    lua_rawgeti(L, 1, 1);
-    lua_rawgeti(L, 1, 2);
-    lua_rawgeti(L, 1, 3);
-    const char *s = lua_tolstring(L, -3, &ls);
-    const char *p = lua_tolstring(L, -2, &lp);
-    size_t pos = (size_t)lua_tointeger(L, -1);
-    lua_pop(L, 1); /* the strings stay on the stack while in use */
+    size_t *pos = lua_touserdata(L, 1);
+    const char *s = lua_tolstring(L, 2, &ls);
+    const char *p = lua_tolstring(L, 3, &lp);
     lpat_ms ms;
     ms_init(&ms, L, s, ls, lp);
     int lit = first_literal(p);
-    for (const char *s1 = s + pos; s1 <= ms.end; s1++) {
+    for (const char *s1 = s + *pos; s1 <= ms.end; s1++) {
         if (lit >= 0 && s1 < ms.end && (unsigned char)*s1 != lit) {
             const char *n = memchr(s1, lit, (size_t)(ms.end - s1));
             if (!n) break;
@@ -529,13 +526,11 @@ static int l_gmatch_next(lua_State *L) {
         const char *e = do_match(&ms, s1, p);
         if (e) {
             /* after an empty match the next search starts one further on */
-            lua_pushinteger(L, (e - s) + (e == s1));
-            lua_rawseti(L, 1, 3);
+            *pos = (size_t)(e - s) + (e == s1);
             return push_captures(&ms, s1, e);
         }
     }
-    lua_pushinteger(L, (lua_Integer)ls + 1); /* done for good */
-    lua_rawseti(L, 1, 3);
+    *pos = ls + 1; /* done for good */
     return 0;
 }
 
@@ -543,16 +538,18 @@ static int l_gmatch_next(lua_State *L) {
  * that an error names the caller's line as LuaJIT's does. */
 static const char GMATCH_SRC[] =
     "local gnext = ...\n"
-    "return function(s, p) local st = { s, p, 0 } return function() return gnext(st) end end\n";
+    "return function(pos, s, p) return function() return gnext(pos, s, p) end end\n";
 
 /* Upvalues: stop, the factory. */
 static int l_gmatch(lua_State *L) {
     luaL_checkstring(L, 1);
     luaL_checkstring(L, 2);
     lua_pushvalue(L, lua_upvalueindex(2));
+    size_t *pos = lua_newuserdata(L, sizeof *pos); /* owned by the iterator (an upvalue) */
+    *pos = 0;
     lua_pushvalue(L, 1);
     lua_pushvalue(L, 2);
-    lua_call(L, 2, 1);
+    lua_call(L, 3, 1);
     return 1;
 }
 

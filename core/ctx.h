@@ -139,6 +139,9 @@ void lei_ctx_count_encode(lei_ctx *c);
 void lei_chan_count_encode(lei_ctx *c, uint32_t chid);
 void lei_ctx_stats(const lei_ctx *c, lei_stats_ctx *out);
 void lei_logf(lei_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* From an event or ctrl hook about to return -1 (a value it refuses): why,
+ * for the ERROR the peer gets ("malformed event value: <why>"). */
+void lei_ctx_refusal(lei_ctx *c, const char *why);
 
 /* Finds or creates the channel with this full name; returns its id. */
 uint32_t lei_chan_open(lei_ctx *c, const char *name, size_t len);

@@ -260,6 +260,9 @@ struct lei_ctx {
     uint64_t encodes;         /* values encoded (lei_ctx_count_encode) */
     uint64_t bad_frames;      /* ro: connections closed for bad input */
     lei_ident id;             /* identity, trust, pins (auth.c) */
+    /* rw: why the event or ctrl hook just refused its value ("": it did not
+     * say), set by lei_ctx_refusal; conn.c adds it to the peer's ERROR */
+    char refusal[200];
 };
 
 /* The states of a connection, in the order it walks them (the handshake

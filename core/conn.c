@@ -321,6 +321,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
             return 0;
         }
         c->depth++;
+        c->refusal[0] = '\0';
         int rc = c->h.event(c->h.ud, p, chid, e.producer, e.seq, e.sync, e.payload, e.plen);
         c->depth--;
         if (rc == 1) {
@@ -329,13 +330,24 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
             ev_io_stop(c->loop, &k->rio);
         } else if (rc) {
             err = "malformed event value";
+            if (c->refusal[0]) {
+                snprintf(why, sizeof why, "%s: %s", err, c->refusal);
+                err = why;
+            }
         }
         break;
     }
     case LEI_F_CTRL:
         p->st.ctrl_in++;
         c->depth++;
-        if (c->h.ctrl(c->h.ud, p, f->body, f->len)) err = "malformed control message";
+        c->refusal[0] = '\0';
+        if (c->h.ctrl(c->h.ud, p, f->body, f->len)) {
+            err = "malformed control message";
+            if (c->refusal[0]) {
+                snprintf(why, sizeof why, "%s: %s", err, c->refusal);
+                err = why;
+            }
+        }
         c->depth--;
         break;
     case LEI_F_BIND:

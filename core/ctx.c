@@ -39,6 +39,10 @@ struct ev_loop *lei_ctx_loop(const lei_ctx *c) { return c->loop; }
 
 const lei_opts *lei_ctx_opts(const lei_ctx *c) { return &c->o; }
 
+void lei_ctx_refusal(lei_ctx *c, const char *why) {
+    snprintf(c->refusal, sizeof c->refusal, "%s", why ? why : "");
+}
+
 void lei_logf(lei_ctx *c, const char *fmt, ...) {
     char buf[512];
     va_list ap;

@@ -175,6 +175,9 @@ enum lei_ratelog_kind {
  * seconds: the first refusal of a window is logged, the others counted, and
  * the next line logged says "(N more in the last 10 s)". */
 void lei_ratelog(lei_ctx *c, int kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* From an event or ctrl hook about to return -1 (a value it refuses): why,
+ * for the ERROR the peer gets ("malformed event value: <why>"). */
+void lei_ctx_refusal(lei_ctx *c, const char *why);
 
 /* Finds or creates the channel with this full name; returns its id, or
  * UINT32_MAX (out of memory, or max_channels open: lei_chan_at_limit). */

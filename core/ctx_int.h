@@ -282,6 +282,9 @@ struct lei_ctx {
         uint64_t skipped;
         int used;
     } rlog[LEI_RL_NKINDS];
+    /* rw: why the event or ctrl hook just refused its value ("": it did not
+     * say), set by lei_ctx_refusal; conn.c adds it to the peer's ERROR */
+    char refusal[200];
 };
 
 /* The states of a connection, in the order it walks them (the handshake

@@ -101,7 +101,9 @@ static int act(lei_peer *from, uint32_t chid, uint64_t sync, int is_event) {
             lei_msg_release(m, NULL, NULL);
         }
         return 0;
-    case 8: return -1;
+    case 8:
+        lei_ctx_refusal(c, "refused by the fuzzer's hook");
+        return -1;
     default: return 0;
     }
 }

@@ -11,6 +11,7 @@
 #include "moe.h"
 
 #include "moe_int.h"
+#include "lpat.h"
 
 #include <lauxlib.h>
 #include <luajit.h>
@@ -259,14 +260,11 @@ static int step_init(lua_State *L) {
     init_args *a = lua_touserdata(L, 1);
     lua_settop(L, 0);
     moe_sandbox_open(L);
-    if (m->o.prelude) {
-        /* Replaces the string table's pattern functions by stoppable ones
-         * before the sandbox copies it (and for string methods). */
-        if (luaL_loadbuffer(L, m->o.prelude, m->o.prelude_len, "=lecho.patterns")) lua_error(L);
-        lua_call(L, 0, 1);
-        lua_getfield(L, LUA_GLOBALSINDEX, "string");
-        lua_call(L, 1, 0);
-    }
+    /* The string table's pattern functions: ours, which the budget stops
+     * (core/lpat.c), before the sandbox copies it (and for string methods). */
+    lua_getfield(L, LUA_GLOBALSINDEX, "string");
+    lei_lpat_open(L, &m->stop);
+    lua_pop(L, 1);
     int env = moe_env_build(L, m);
     /* params */
     decode_in(L, m);

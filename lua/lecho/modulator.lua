@@ -47,18 +47,6 @@ local function canon(v, out)
   return out
 end
 
--- The source of lecho.patterns, run in every modulator state before its own
--- code: pattern functions the CPU budget can stop (the C ones cannot be).
-local PATTERNS_SRC
-do
-  local path = package.searchpath and package.searchpath("lecho.patterns", package.path)
-  local f = path and io.open(path, "rb")
-  if f then
-    PATTERNS_SRC = f:read("*a")
-    f:close()
-  end
-end
-
 -- For the hint when source does not compile: one line without the
 -- punctuation every modulator has ("(", ")", "="):
 -- a file name, not source text.
@@ -277,7 +265,7 @@ function Channel:_install(key, m)
   moe, err = ctx.c:moe(ctx.nextmoe, dchid, ("%s@%s"):format(self.short, key:sub(1, 8)), m.src,
                        m.params == nil and {} or m.params,
                        { budget = ctx.mod_budget, memory = ctx.mod_memory, period = m.period,
-                         clock = grant.clock, log = grant.log, prelude = PATTERNS_SRC,
+                         clock = grant.clock, log = grant.log,
                          pool_memory = ctx.mods_memory, cpu_share = ctx.mods_cpu })
   if not moe then
     self:_refuse(key, err, m.dests)

@@ -66,8 +66,6 @@ static int l_moe(lua_State *L) {
     o.max_pending = lb_opt_size(L, 7, "max_pending", o.max_pending);
     o.grant_clock = opt_bool(L, 7, "clock");
     o.grant_log = opt_bool(L, 7, "log");
-    lua_getfield(L, 7, "prelude"); /* stays on the stack while the moe is made */
-    o.prelude = lua_tolstring(L, -1, &o.prelude_len);
     o.lim = b->lim;
     o.on_fail = moe_failed;
     /* The group is made with the first modulator's caps: the context's

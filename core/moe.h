@@ -64,8 +64,6 @@ typedef struct lei_moe_opts {
     size_t max_pending;       /* events held for dequeue before the oldest goes */
     double period;            /* seconds between period() calls, 0: none */
     lei_codec_limits lim;     /* for what it emits */
-    const char *prelude;      /* Lua source run before the sandbox is built, or NULL: */
-    size_t prelude_len;       /* it returns fn(string table) (lecho.patterns) */
     lei_moe_group *group;     /* shared caps and the CPU timer, or NULL (borrowed) */
     void (*on_fail)(void *ud, lei_moe *m, const char *why);
     void *ud;

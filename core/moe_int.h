@@ -98,7 +98,7 @@ void moe_hook(lua_State *L, lua_Debug *ar);
 /* Sends (after the step) or holds the value at idx, per the stage. */
 void moe_route(lua_State *L, lei_moe *m, int idx);
 
-/* moe_env.c: the libraries (before the prelude changes them), then the
+/* moe_env.c: the libraries (before lpat replaces their pattern functions), then the
  * environment on top of the stack (its index returned; m->ref_env set). */
 void moe_sandbox_open(lua_State *L);
 int moe_env_build(lua_State *L, lei_moe *m);

@@ -309,4 +309,6 @@ void lei_ctx_stats(const lei_ctx *c, lei_stats_ctx *out) {
     out->local_events = c->lq.count;
     out->deferred_bytes = c->ldef.bytes;
     out->deferred_events = c->ldef.count;
+    out->connections = c->nconns;
+    out->read_buffer_bytes = c->rbuf;
 }

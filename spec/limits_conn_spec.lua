@@ -212,6 +212,51 @@ describe("connection limits (issue 11)", function()
     assert.equals(1, log_lines(t, "exceeds the read buffer budget"))
   end)
 
+  it("counts read buffers exactly: within max_buffered, back to 0 bytes once the connections are gone", function()
+    local lecho = require "lecho"
+    local ctx = lecho.context{ quiet = true, max_buffered = 8 * 1024 * 1024 }
+    local function pump(n) for _ = 1, n or 10 do ctx:run_once(0.002) end end
+    local function feed(p, bytes)      -- in 64 KiB pieces, the context reading between them
+      for i = 1, #bytes, 65536 do
+        assert(p:send(bytes:sub(i, i + 65535)))
+        pump(2)
+      end
+    end
+    local ps = {}
+    for i = 1, 6 do
+      ps[i] = R.dial(ctx.addr, { addr = ("127.0.0.1:%d"):format(21000 + i), hello_only = true })
+    end
+    local host, port = ctx.addr:match("^(.-):(%d+)$")
+    local partial = assert(socket.tcp())
+    assert(partial:connect(host, tonumber(port)))
+    partial:send("\1\0")             -- half a header, then nothing
+    pump()
+    local M = 1024 * 1024
+    local hdr = R.varint(0) .. R.varint(1) .. R.varint(1) .. R.varint(0)
+    -- 1: a 2 MiB EVENT, whole; 2: 3 MiB announced, 1 MiB of it sent; 3: 6 MiB
+    -- announced (past the budget beside 2's); 4: BINDs; 5: garbage
+    feed(ps[1], R.bind(0, "junk") .. R.u32le(1 + #hdr + 2 * M) .. string.char(R.F.EVENT) .. hdr
+                .. string.rep("x", 2 * M))
+    feed(ps[2], R.bind(0, "junk") .. R.u32le(3 * M) .. string.char(R.F.EVENT) .. string.rep("x", M))
+    feed(ps[3], R.bind(0, "junk") .. R.u32le(6 * M) .. string.char(R.F.EVENT) .. "\0\0\0\0")
+    feed(ps[4], R.bind(2 ^ 20, "a") .. R.bind(5, "b"))
+    feed(ps[5], string.rep("\255", 16))
+    pump(20)
+    local st = ctx:stats()
+    assert(st.read_buffer_bytes >= 3 * M and st.read_buffer_bytes <= 8 * M,
+           "read buffers: " .. st.read_buffer_bytes)
+    assert.equals(6, st.connections)   -- 6 dialled and the half header, but 5's garbage closed it
+    assert.matches("exceeds the read buffer budget", tostring(ps[3]:expect(R.F.ERROR, 5)))
+    for i = 1, 6 do ps[i]:close() end
+    partial:close()
+    local deadline = socket.gettime() + 10
+    while ctx:stats().connections > 0 and socket.gettime() < deadline do pump(1) end
+    st = ctx:stats()
+    assert.equals(0, st.connections)
+    assert.equals(0, st.read_buffer_bytes)
+    ctx:close()
+  end)
+
   it("frees a finished 200 MiB frame's buffer while the connection lives", function()
     local t = target()
     local p = assert(dial(t))

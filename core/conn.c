@@ -203,9 +203,11 @@ static int map_idx(lei_conn *k, uint64_t idx, uint32_t *chid) {
 
 #define REFUSED_BINDS_MAX 256
 
-/* A BIND: the remote's index idx names a channel.  In keyed mode the
- * channel must be open here and the BIND carry a valid ticket (lei_bind_check),
- * else the index maps to LEI_REFUSED.  NULL, or an error (bad input). */
+/* A BIND: the remote's index idx names a channel.  It must be open here
+ * (a BIND never opens one: a peer could make us keep any number of
+ * channels), and in keyed mode the BIND carry a valid ticket
+ * (lei_bind_check); else the index maps to LEI_REFUSED.  NULL, or an
+ * error (bad input). */
 static const char *conn_bind(lei_conn *k, const lei_frame *f) {
     lei_ctx *c = k->ctx;
     uint64_t idx;
@@ -225,16 +227,17 @@ static const char *conn_bind(lei_conn *k, const lei_frame *f) {
         return NULL;
     }
     lei_inmap_drop_rname(k, idx);
-    if (!c->id.keyed) {
-        uint32_t id = lei_chan_open(c, (const char *)name, nl);
-        if (id == UINT32_MAX || lei_inmap_set(k, idx, id + 1)) return "out of memory";
-        return NULL;
-    }
-    lei_chan *ch = lei_bind_check(c, k->peer, (const char *)name, nl, ticket);
+    /* Only a channel open here is bound (protected mode too: a BIND must not
+     * make us open channels); keyed, the BIND also needs a valid ticket. */
+    lei_chan *ch = c->id.keyed ? lei_bind_check(c, k->peer, (const char *)name, nl, ticket)
+                               : lei_chan_find(c, (const char *)name, nl);
     if (ch) return lei_inmap_set(k, idx, ch->id + 1) ? "out of memory" : NULL;
     /* A producer we refused stops at a few: many refusals are an attack
      * on our memory (each keeps its name for the ACKs' error text). */
-    if (++k->nrefused > REFUSED_BINDS_MAX) return "too many refused channel bindings (limit 256)";
+    if (++k->nrefused > REFUSED_BINDS_MAX) { /* an attack: told, logged once per 10 s */
+        lei_conn_refuse(k, LEI_RL_REFUSED_BINDS, "too many refused channel bindings (limit 256)");
+        return NULL; /* conn_frame sees k closed */
+    }
     if (lei_inmap_set_rname(k, idx, (const char *)name, nl) || lei_inmap_set(k, idx, LEI_REFUSED))
         return "out of memory";
     lei_refused_log(c, k->peer, (const char *)name, nl);
@@ -253,7 +256,8 @@ static void refused_event(lei_conn *k, const lei_event_hdr *e) {
     if (ch) ch->refused++;
     if (!e->sync) return;
     char why[LEI_ADDR_MAX + 300];
-    int n = snprintf(why, sizeof why, "not an authorized producer of %s", name);
+    int n = c->id.keyed ? snprintf(why, sizeof why, "not an authorized producer of %s", name)
+                        : snprintf(why, sizeof why, "no channel %s open here", name);
     lei_wbuf b = {0};
     int bad = lei_enc_table_header(&b, 1, 0) || lei_enc_table_header(&b, 0, 2) ||
               lei_enc_string(&b, "consumer", 8) || lei_enc_string(&b, c->addr, strlen(c->addr)) ||
@@ -317,6 +321,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
             return 0;
         }
         c->depth++;
+        c->refusal[0] = '\0';
         int rc = c->h.event(c->h.ud, p, chid, e.producer, e.seq, e.sync, e.payload, e.plen);
         c->depth--;
         if (rc == 1) {
@@ -325,13 +330,24 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
             ev_io_stop(c->loop, &k->rio);
         } else if (rc) {
             err = "malformed event value";
+            if (c->refusal[0]) {
+                snprintf(why, sizeof why, "%s: %s", err, c->refusal);
+                err = why;
+            }
         }
         break;
     }
     case LEI_F_CTRL:
         p->st.ctrl_in++;
         c->depth++;
-        if (c->h.ctrl(c->h.ud, p, f->body, f->len)) err = "malformed control message";
+        c->refusal[0] = '\0';
+        if (c->h.ctrl(c->h.ud, p, f->body, f->len)) {
+            err = "malformed control message";
+            if (c->refusal[0]) {
+                snprintf(why, sizeof why, "%s: %s", err, c->refusal);
+                err = why;
+            }
+        }
         c->depth--;
         break;
     case LEI_F_BIND:

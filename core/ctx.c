@@ -32,11 +32,16 @@ void lei_opts_default(lei_opts *o) {
     o->max_connections = 1024;
     o->max_buffered = (size_t)512 << 20;
     o->max_peer_channels = 65536;
+    o->max_channels = 262144;
 }
 
 struct ev_loop *lei_ctx_loop(const lei_ctx *c) { return c->loop; }
 
 const lei_opts *lei_ctx_opts(const lei_ctx *c) { return &c->o; }
+
+void lei_ctx_refusal(lei_ctx *c, const char *why) {
+    snprintf(c->refusal, sizeof c->refusal, "%s", why ? why : "");
+}
 
 void lei_logf(lei_ctx *c, const char *fmt, ...) {
     char buf[512];
@@ -258,14 +263,7 @@ void lei_ctx_free(lei_ctx *c) {
     lei_qitem *it;
     while ((it = lei_q_pop(&c->lq))) lei_item_free(c, it);
     while ((it = lei_q_pop(&c->ldef))) lei_item_free(c, it);
-    for (int i = 0; i < c->npeers; i++) {
-        lei_peer *p = c->peers[i];
-        lei_peer_q_clear(c, p, 0);
-        lei_live_free(p);
-        free(p->bound);
-        free(p);
-    }
-    free(c->peers);
+    lei_peers_free(c);
     for (uint32_t i = 0; i < c->nchans; i++) {
         free(c->chans[i]->name);
         free(c->chans[i]->dests);

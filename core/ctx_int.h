@@ -169,7 +169,13 @@ typedef struct lei_live {
 
 struct lei_peer {
     lei_ctx *ctx;
-    int idx;                  /* ro: 1-based handle, stable for the context's life */
+    int idx;                  /* ro: 1-based handle, stable while the peer lives; a
+                               * freed peer's idx goes to the next new one (the
+                               * hook was told it went down before) */
+    int pos;                  /* its index in ctx->peers */
+    ev_tstamp unused_at;      /* since when nothing uses it (0: in use); freed
+                               * LEI_PEER_FREE_AFTER later (lei_peers_sweep) */
+    uint8_t mark;             /* lei_peers_sweep: something refers to it */
     char addr[LEI_ADDR_MAX];  /* ro: the remote context's listen address */
     lei_conn *conn;           /* ro: current connection or NULL */
     int held;                 /* ro: a handler of an event from this peer is suspended */
@@ -240,8 +246,11 @@ struct lei_ctx {
     ev_prepare prep;          /* writes batched queues once per loop turn */
     ev_idle idle;             /* runs the local delivery queue */
     ev_timer hb;              /* liveness: PINGs and dead peers, all connections */
-    lei_peer **peers;         /* owned, index idx-1 */
+    lei_peer **peers;         /* owned: the peers, dense (p->pos), any order */
     int npeers, cpeers;
+    lei_peer **byidx;         /* owned array (not the peers): idx-1 -> peer or NULL */
+    int *freeidx;             /* owned: idx of freed peers, reused (capacity cbyidx) */
+    int nbyidx, cbyidx, nfreeidx;
     lei_conn *conns;          /* all live connections (list through conn->next) */
     lei_chan **chans;         /* owned */
     uint32_t nchans, cchans;
@@ -273,6 +282,9 @@ struct lei_ctx {
         uint64_t skipped;
         int used;
     } rlog[LEI_RL_NKINDS];
+    /* rw: why the event or ctrl hook just refused its value ("": it did not
+     * say), set by lei_ctx_refusal; conn.c adds it to the peer's ERROR */
+    char refusal[200];
 };
 
 /* The states of a connection, in the order it walks them (the handshake
@@ -310,7 +322,8 @@ struct lei_conn {
     uint8_t *rb;        /* owned read buffer */
     size_t rlen, rpos, rcap;
     /* The remote's channel indexes (inmap.c): idx -> local chid + 1, or
-     * LEI_REFUSED (keyed: a BIND without a valid ticket); below 65536 in
+     * LEI_REFUSED (a channel not open here; keyed: or a
+     * BIND without a valid ticket); below 65536 in
      * the array inmap, above in the table hmap. */
     uint32_t *inmap;    /* owned */
     size_t ninmap;
@@ -348,7 +361,12 @@ static inline int lei_local_full(const lei_ctx *c, const lei_chan *ch) {
 lei_qitem *lei_item_new(lei_msg *m);
 void lei_item_free(lei_ctx *c, lei_qitem *it);
 lei_qitem *lei_item_bytes(const uint8_t *hdr, size_t hlen, const void *body, size_t blen);
-/* peer.c: peers */
+/* peer.c: peers.  One nothing uses (no connection, nothing queued or held,
+ * no channel's destination, no sync waiting on it, no note untold) for
+ * LEI_PEER_FREE_AFTER seconds is freed (its counters go with it). */
+#define LEI_PEER_FREE_AFTER 30.0
+void lei_peers_sweep(lei_ctx *c);
+void lei_peers_free(lei_ctx *c);
 lei_peer *lei_peer_find(lei_ctx *c, const char *addr);
 lei_peer *lei_peer_new(lei_ctx *c, const char *addr);
 int lei_peer_live(lei_peer *p);

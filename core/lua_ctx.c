@@ -10,6 +10,7 @@
  */
 #define _GNU_SOURCE
 #include "lua_int.h"
+#include "lpat.h"
 
 #include <limits.h>
 #include <math.h>
@@ -94,7 +95,7 @@ static void opt_containment(lua_State *L, lei_opts *o) {
 }
 
 /* core.new{ queue_limit=, policy=, batch_bytes=, max_frame=, max_string=,
- *           max_depth=, pin_threshold=, retry_interval=, heartbeat=,
+ *           max_depth=, max_value_bytes=, pin_threshold=, retry_interval=, heartbeat=,
  *           heartbeat_misses=, retry_max=, handshake_timeout=, max_connections=,
  *           max_buffered=, max_peer_channels= } */
 static int l_new(lua_State *L) {
@@ -109,6 +110,7 @@ static int l_new(lua_State *L) {
         lim.max_string = lb_opt_size(L, 1, "max_string", lim.max_string);
         size_t depth = lb_opt_size(L, 1, "max_depth", lim.max_depth);
         lim.max_depth = depth > UINT_MAX ? UINT_MAX : (unsigned)depth; /* the codec caps it */
+        lim.max_value_bytes = lb_opt_size(L, 1, "max_value_bytes", lim.max_value_bytes);
         o.max_frame = lb_opt_size(L, 1, "max_frame", lim.max_string + 64 * 1024 > o.max_frame
                                                        ? lim.max_string + 64 * 1024
                                                        : o.max_frame);
@@ -118,6 +120,8 @@ static int l_new(lua_State *L) {
                                  "(a frame's length is 32 bits on the wire)");
         pin = lb_opt_size(L, 1, "pin_threshold", pin);
         o.retry_interval = opt_time(L, 1, "retry_interval", o.retry_interval);
+        size_t maxch = lb_opt_size(L, 1, "max_channels", o.max_channels);
+        o.max_channels = maxch > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)maxch;
         opt_liveness(L, &o);
         opt_containment(L, &o);
         lua_getfield(L, 1, "policy");
@@ -152,6 +156,8 @@ static void ctx_close(lb_ctx *b, lua_State *L) {
         x->m = NULL;
         x->b = NULL;
     }
+    lei_moe_group_free(b->moeg);
+    b->moeg = NULL;
     while (b->timers) {
         lb_timer *t = b->timers;
         b->timers = t->next;
@@ -324,8 +330,8 @@ static int l_stats(lua_State *L) {
     lb_setn(L, "connections", (double)cs.connections);
     lb_setn(L, "read_buffer_bytes", (double)cs.read_buffer_bytes);
     lua_newtable(L);
-    for (int i = 1; i <= lei_ctx_npeers(c); i++) {
-        lei_peer *p = lei_peer_by_idx(c, i);
+    for (int i = 0; i < lei_ctx_npeers(c); i++) {
+        lei_peer *p = lei_ctx_peer(c, i);
         lei_stats_peer ps;
         lei_peer_stats(p, &ps);
         lua_newtable(L);
@@ -401,7 +407,7 @@ static int l_close_peer(lua_State *L) {
 static int l_ratelog(lua_State *L) {
     static const char *const kinds[] = {"handshake_timeout", "connections", "accept", "frame",
                                         "bind_index", "hello_addr", "channels", "peers",
-                                        "members", "value", "modulator", NULL};
+                                        "members", "value", "modulator", "refused_binds", NULL};
     _Static_assert(sizeof kinds / sizeof *kinds == LEI_RL_NKINDS + 1,
                    "one name per enum lei_ratelog_kind");
     lb_ctx *b = lb_check_ctx(L);
@@ -440,6 +446,8 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
     lua_setfield(L, -2, "new");
     lua_pushcfunction(L, l_hash);
     lua_setfield(L, -2, "hash");
+    lua_pushcfunction(L, lei_lpat_new); /* core.lpat(): the modulators' pattern functions */
+    lua_setfield(L, -2, "lpat");
     luaL_register(L, NULL, lb_auth_funcs); /* keypair, sign, verify, hex, unhex */
     lua_pushinteger(L, LEI_PROTO_VERSION);
     lua_setfield(L, -2, "protocol_version");

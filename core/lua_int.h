@@ -38,6 +38,7 @@ typedef struct lb_ctx {
     int stopping;
     lb_timer *timers;      /* live timers, stopped when the context closes */
     lb_moe *moes;          /* live modulators, freed when the context closes */
+    lei_moe_group *moeg;   /* owned: what they share (made by the first), freed after them */
 } lb_ctx;
 
 /* A modulator userdata: owns its lei_moe until close, gc or context close. */

@@ -46,7 +46,9 @@ static int opt_bool(lua_State *L, int t, const char *k) {
 
 /* ctx:moe(id, chid, name, source, params, opts) -> moe | nil, err
  * opts: budget (s), memory (bytes), period (s), clock, log (granted),
- * max_pending.  The modulator's outputs go to channel chid. */
+ * max_pending; pool_memory (bytes, 0: none) and cpu_share (of one core over
+ * 1 s, 0: none): the caps all modulators of the context share, taken from
+ * the first call.  The modulator's outputs go to channel chid. */
 static int l_moe(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     int id = (int)luaL_checkinteger(L, 2);
@@ -68,6 +70,17 @@ static int l_moe(lua_State *L) {
     o.prelude = lua_tolstring(L, -1, &o.prelude_len);
     o.lim = b->lim;
     o.on_fail = moe_failed;
+    /* The group is made with the first modulator's caps: the context's
+     * options, the same for every call (lecho.context passes them). */
+    if (!b->moeg) {
+        size_t pool = lb_opt_size(L, 7, "pool_memory", 0);
+        double share = opt_num(L, 7, "cpu_share", 0);
+        if (!(share >= 0) || !isfinite(share))
+            return luaL_argerror(L, 7, "cpu_share must be a number >= 0");
+        b->moeg = lei_moe_group_new(b->c, pool, share);
+        if (!b->moeg) return luaL_error(L, "out of memory");
+    }
+    o.group = b->moeg;
     if (!(o.budget > 0) || !isfinite(o.budget) || o.mem_limit < 256 * 1024 || !(o.period >= 0) ||
         !isfinite(o.period))
         return luaL_argerror(L, 7, "budget and period must be positive, memory >= 256 KiB");

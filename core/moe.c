@@ -10,69 +10,14 @@
 #define _GNU_SOURCE
 #include "moe.h"
 
+#include "moe_int.h"
+
 #include <lauxlib.h>
-#include <lua.h>
 #include <luajit.h>
 #include <lualib.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-#define HOOK_COUNT 10000 /* instructions between budget checks */
-#define REG_KEY "lecho.moe"
-
-/* ST_HOOK: an optional function of the modulator called by name (period,
- * receivers), with hook_arg when >= 0. */
-enum { ST_INIT, ST_PARAMS, ST_ENQ, ST_DEQ, ST_HOOK };
-
-typedef struct moe_out {
-    lei_msg *msg; /* one reference, owned until submitted */
-    uint64_t producer, seq;
-    int sync;
-} moe_out;
-
-typedef struct moe_held {
-    uint64_t producer, seq;
-    int sync;
-} moe_held;
-
-struct lei_moe {
-    lua_State *L;          /* owned; NULL once failed */
-    lei_ctx *ctx;          /* borrowed */
-    uint32_t chid;
-    lei_moe_opts o;
-    char name[96];
-    int own_alloc;         /* the allocator below counts memory */
-    size_t mem;            /* bytes held by L (own_alloc) */
-    int mem_hit;           /* an allocation was refused */
-    int limit_on;          /* the cap applies (off while closing) */
-    /* the call in progress */
-    int in_call, over;
-    struct timespec mono0;
-    double cpu0;           /* thread CPU seconds at the first check, < 0: not yet */
-    int stage, sync, policy;
-    const char *hook_fn;   /* ST_HOOK: which function */
-    int hook_arg;
-    uint64_t producer, seq;
-    const uint8_t *in;
-    size_t inlen;
-    /* outputs of the call, then submitted */
-    moe_out *out;          /* owned */
-    size_t nout, cout;
-    /* events held for dequeue: values in the Lua table ref_q at [qhead, qtail) */
-    int ref_q, ref_env;
-    moe_held *held;        /* owned, parallel to the table: held[i - qhead + hoff] */
-    size_t hoff, nheld, cheld;
-    uint64_t qhead, qtail;
-    /* sync ids of the last enqueue */
-    uint64_t *sids;        /* owned */
-    size_t nsids, csids;
-    ev_timer period_w;
-    uint64_t pseq;
-    char err[256];
-    lei_moe_stats st;
-};
 
 void lei_moe_opts_default(lei_moe_opts *o) {
     memset(o, 0, sizeof *o);
@@ -82,34 +27,44 @@ void lei_moe_opts_default(lei_moe_opts *o) {
     lei_codec_limits_default(&o->lim);
 }
 
-static double ts_sec(const struct timespec *t) { return (double)t->tv_sec + (double)t->tv_nsec * 1e-9; }
+double moe_ts_sec(const struct timespec *t) { return (double)t->tv_sec + (double)t->tv_nsec * 1e-9; }
 
-static double cpu_now(void) {
+double moe_cpu_now(void) {
     struct timespec t;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return ts_sec(&t);
+    return moe_ts_sec(&t);
 }
 
 /* ---- allocator and budget --------------------------------------------- */
 
 static void *moe_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
     lei_moe *m = ud;
-    size_t cur = m->mem - (ptr ? osize : 0);
+    lei_moe_group *g = m->o.group;
+    size_t old = ptr ? osize : 0;
+    size_t cur = m->mem - old;
     if (nsize == 0) {
         free(ptr);
         m->mem = cur;
+        if (g) g->mem -= old;
         return NULL;
     }
     if (m->limit_on && cur + nsize > m->o.mem_limit) {
         m->mem_hit = 1;
         return NULL;
     }
+    if (m->limit_on && g && g->mem_cap && nsize > old && g->mem - old + nsize > g->mem_cap) {
+        m->mem_hit = m->pool_hit = 1;
+        return NULL;
+    }
     void *q = realloc(ptr, nsize);
-    if (q) m->mem = cur + nsize;
+    if (q) {
+        m->mem = cur + nsize;
+        if (g) g->mem = g->mem - old + nsize;
+    }
     return q;
 }
 
-static lei_moe *moe_of(lua_State *L) {
+lei_moe *moe_of(lua_State *L) {
     lua_getfield(L, LUA_REGISTRYINDEX, REG_KEY);
     lei_moe *m = lua_touserdata(L, -1);
     lua_pop(L, 1);
@@ -122,7 +77,7 @@ static lei_moe *moe_of(lua_State *L) {
  * first check on: the first HOOK_COUNT instructions are not charged, and
  * neither is any time the thread spent preempted (wall time on a busy host
  * is not the modulator's doing). */
-static void moe_hook(lua_State *L, lua_Debug *ar) {
+void moe_hook(lua_State *L, lua_Debug *ar) {
     (void)ar;
     lei_moe *m = moe_of(L);
     if (!m || !m->in_call) return;
@@ -130,9 +85,13 @@ static void moe_hook(lua_State *L, lua_Debug *ar) {
         m->mem_hit = 1;
         luaL_error(L, "out of memory");
     }
-    double cpu = cpu_now();
-    if (m->cpu0 < 0) m->cpu0 = cpu;
-    if (m->over || cpu - m->cpu0 > m->o.budget) {
+    if (m->stop) m->over = 1;
+    if (!m->over) {
+        double cpu = moe_cpu_now();
+        if (m->cpu0 < 0) m->cpu0 = cpu;
+        if (cpu - m->cpu0 > m->o.budget) m->over = 1;
+    }
+    if (m->over) {
         /* From now on every instruction fails, so a pcall inside the
          * modulator cannot swallow this and go on. */
         m->over = 1;
@@ -187,7 +146,7 @@ static void hold(lua_State *L, lei_moe *m) {
 }
 
 /* Sends (after the step) or holds the value at idx, per the stage. */
-static void route(lua_State *L, lei_moe *m, int idx) {
+void moe_route(lua_State *L, lei_moe *m, int idx) {
     char err[256];
     if (lua_isnil(L, idx)) return;
     if ((m->stage == ST_ENQ || m->stage == ST_HOOK) && m->ref_q != LUA_NOREF) {
@@ -216,119 +175,6 @@ static void route(lua_State *L, lei_moe *m, int idx) {
     o->sync = m->sync;
 }
 
-/* ---- the environment ---------------------------------------------------- */
-
-static int env_emit(lua_State *L) {
-    lei_moe *m = lua_touserdata(L, lua_upvalueindex(1));
-    luaL_checkany(L, 1);
-    if (!m->in_call || m->stage == ST_INIT || m->stage == ST_PARAMS)
-        return luaL_error(L, "emit: only from enqueue, dequeue or period");
-    route(L, m, 1);
-    return 0;
-}
-
-static int env_clock(lua_State *L) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    lua_pushnumber(L, ts_sec(&t));
-    return 1;
-}
-
-static int env_log(lua_State *L) {
-    lei_moe *m = lua_touserdata(L, lua_upvalueindex(1));
-    int n = lua_gettop(L);
-    luaL_Buffer b;
-    lua_pushvalue(L, lua_upvalueindex(2)); /* tostring */
-    int ts = lua_gettop(L);
-    luaL_buffinit(L, &b);
-    for (int i = 1; i <= n; i++) {
-        lua_pushvalue(L, ts);
-        lua_pushvalue(L, i);
-        lua_call(L, 1, 1);
-        if (!lua_isstring(L, -1)) luaL_error(L, "log: tostring must return a string");
-        if (i > 1) luaL_addchar(&b, ' ');
-        luaL_addvalue(&b);
-    }
-    luaL_pushresult(&b);
-    size_t len;
-    const char *s = lua_tolstring(L, -1, &len);
-    lei_logf(m->ctx, "modulator %s: %.*s", m->name, (int)(len > 1000 ? 1000 : len), s);
-    return 0;
-}
-
-/* Builds the environment: curated copies of the pure libraries, the host
- * functions, then removes what could reach outside from the state itself
- * (the string metatable's __index is the real string table).  tostring,
- * string.format's %s and log show a function, table, userdata or thread as
- * "table: 1" (a number per object, stable in this state), never its heap
- * address, and %p is refused: addresses would help an attacker who found a
- * hole in the sandbox (issue 10). */
-static const char sandbox_lua[] =
-    "local env, emit, clock, log = ...\n"
-    "string.dump = nil\n"
-    "local rawtostring, rawformat, type, getmetatable, rawget, select, unpack, byte, error =\n"
-    "  tostring, string.format, type, getmetatable, rawget, select, unpack, string.byte, error\n"
-    "local HEAP = { ['function'] = true, table = true, userdata = true, thread = true, cdata = true }\n"
-    "local ids, nid = setmetatable({}, { __mode = 'k' }), 0\n"
-    "local function safe(v)\n"
-    "  local t = type(v)\n"
-    "  if not HEAP[t] then return rawtostring(v) end\n"
-    "  local mt = getmetatable(v)\n"
-    "  if type(mt) == 'table' and rawget(mt, '__tostring') ~= nil then return rawtostring(v) end\n"
-    "  local id = ids[v]\n"
-    "  if not id then nid = nid + 1; id = nid; ids[v] = id end\n"
-    "  return t .. ': ' .. id\n"
-    "end\n"
-    "local SPEC = {}\n"
-    "for _, c in ipairs{ 32, 35, 43, 45, 46, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57 } do SPEC[c] = true end\n"
-    "local function format(fmt, ...)\n"
-    "  if type(fmt) ~= 'string' then return rawformat(fmt, ...) end\n"
-    "  local n, args, a, i, len = select('#', ...), { ... }, 0, 1, #fmt\n"
-    "  while i <= len do\n"
-    "    if byte(fmt, i) == 37 then\n"
-    "      i = i + 1\n"
-    "      while SPEC[byte(fmt, i)] do i = i + 1 end\n"
-    "      local c = byte(fmt, i)\n"
-    "      if c ~= 37 then\n"
-    "        a = a + 1\n"
-    "        if c == 112 then error(\"bad argument #\" .. (a + 1) .. \" to 'format' (%p is not available in a modulator)\", 2) end\n"
-    "        if c == 115 and HEAP[type(args[a])] then args[a] = safe(args[a]) end\n"
-    "      end\n"
-    "    end\n"
-    "    i = i + 1\n"
-    "  end\n"
-    "  return rawformat(fmt, unpack(args, 1, n))\n"
-    "end\n"
-    "string.format, tostring = format, safe\n"
-    "if log then\n"
-    "  local rawlog = log\n"
-    "  log = function(...)\n"
-    "    local n, t = select('#', ...), { ... }\n"
-    "    for i = 1, n do t[i] = safe(t[i]) end\n"
-    "    return rawlog(unpack(t, 1, n))\n"
-    "  end\n"
-    "end\n"
-    "for _, k in ipairs{ 'assert', 'error', 'ipairs', 'next', 'pairs', 'pcall', 'select',\n"
-    "  'rawequal', 'rawget', 'rawset', 'setmetatable', 'getmetatable', 'tonumber',\n"
-    "  'tostring', 'type', 'unpack', 'xpcall' } do env[k] = _G[k] end\n"
-    "local function copy(t) local r = {} for k, v in pairs(t) do r[k] = v end return r end\n"
-    "env.string, env.table, env.math, env.bit = copy(string), copy(table), copy(math), copy(bit)\n"
-    "env.emit, env.clock, env.log = emit, clock, log\n"
-    "env._G = env\n"
-    "for _, k in ipairs{ 'load', 'loadstring', 'loadfile', 'dofile', 'require', 'module',\n"
-    "  'getfenv', 'setfenv', 'collectgarbage', 'gcinfo', 'newproxy', 'print', 'coroutine',\n"
-    "  'io', 'os', 'debug', 'jit', 'package', 'ffi' } do _G[k] = nil end\n";
-
-static int sandbox_open(lua_State *L) {
-    static const lua_CFunction libs[] = {luaopen_base, luaopen_string, luaopen_table,
-                                         luaopen_math, luaopen_bit};
-    for (size_t i = 0; i < sizeof libs / sizeof *libs; i++) {
-        lua_pushcfunction(L, libs[i]);
-        lua_call(L, 0, 0);
-    }
-    return 0;
-}
-
 /* ---- steps: everything that touches the state runs inside one ---------- */
 
 static void push_env_fn(lua_State *L, lei_moe *m, const char *fn) {
@@ -349,7 +195,7 @@ static void call_route(lua_State *L, lei_moe *m, int nargs) {
     lua_call(L, nargs, LUA_MULTRET);
     int top = lua_gettop(L);
     if (top == base) m->st.dropped++;
-    for (int i = base + 1; i <= top; i++) route(L, m, i);
+    for (int i = base + 1; i <= top; i++) moe_route(L, m, i);
     lua_settop(L, base);
 }
 
@@ -375,7 +221,7 @@ static int step(lua_State *L) {
         if (lua_isnil(L, -1)) {
             lua_pop(L, 1);
             decode_in(L, m);
-            route(L, m, -1);
+            moe_route(L, m, -1);
             lua_pop(L, 1);
         } else {
             decode_in(L, m);
@@ -412,7 +258,7 @@ static int step_init(lua_State *L) {
     lei_moe *m = moe_of(L);
     init_args *a = lua_touserdata(L, 1);
     lua_settop(L, 0);
-    sandbox_open(L);
+    moe_sandbox_open(L);
     if (m->o.prelude) {
         /* Replaces the string table's pattern functions by stoppable ones
          * before the sandbox copies it (and for string methods). */
@@ -421,26 +267,7 @@ static int step_init(lua_State *L) {
         lua_getfield(L, LUA_GLOBALSINDEX, "string");
         lua_call(L, 1, 0);
     }
-    lua_newtable(L); /* env */
-    int env = lua_gettop(L);
-    if (luaL_loadbuffer(L, sandbox_lua, sizeof sandbox_lua - 1, "=sandbox")) lua_error(L);
-    lua_pushvalue(L, env);
-    lua_pushlightuserdata(L, m);
-    lua_pushcclosure(L, env_emit, 1);
-    if (m->o.grant_clock)
-        lua_pushcfunction(L, env_clock);
-    else
-        lua_pushnil(L);
-    if (m->o.grant_log) {
-        lua_pushlightuserdata(L, m);
-        lua_getfield(L, LUA_GLOBALSINDEX, "tostring");
-        lua_pushcclosure(L, env_log, 2);
-    } else {
-        lua_pushnil(L);
-    }
-    lua_call(L, 4, 0);
-    lua_pushvalue(L, env);
-    m->ref_env = luaL_ref(L, LUA_REGISTRYINDEX);
+    int env = moe_env_build(L, m);
     /* params */
     decode_in(L, m);
     lua_setfield(L, env, "params");
@@ -473,8 +300,21 @@ static int step_init(lua_State *L) {
 
 /* ---- running a step under the budget ----------------------------------- */
 
+/* A modulator going away takes its CPU charges of the window with it: the
+ * share check must not blame the ones that stay for what it used (a
+ * consumer replacing its modulator over and over would get an innocent one
+ * unloaded). */
+static void forget_ticks(lei_moe *m) {
+    lei_moe_group *g = m->o.group;
+    if (!g) return;
+    unsigned long t = m->win_ticks;
+    g->win_ticks = g->win_ticks > t ? g->win_ticks - t : 0;
+    m->win_ticks = 0;
+}
+
 static void moe_fail(lei_moe *m, const char *why) {
     if (!m->L) return;
+    forget_ticks(m);
     snprintf(m->err, sizeof m->err, "%s", why);
     out_clear(m);
     m->limit_on = 0;
@@ -489,22 +329,41 @@ static void moe_fail(lei_moe *m, const char *why) {
 static int run_step(lei_moe *m, lua_CFunction fn, void *arg) {
     lua_State *L = m->L;
     if (!L) return -1;
+    if (m->doom[0]) {
+        moe_fail(m, m->doom);
+        return -1;
+    }
+    lei_moe_group *g = m->o.group;
+    lei_moe *outer = g ? g->cur : NULL; /* a log hook may run another moe's call */
     m->in_call = 1;
     m->over = 0;
+    m->stop = 0;
     m->cpu0 = -1;
     clock_gettime(CLOCK_MONOTONIC, &m->mono0);
+    if (g) moe_group_enter(g, m);
     int rc = lua_cpcall(L, fn, arg);
     m->in_call = 0;
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
-    m->st.time_ns += (uint64_t)((ts_sec(&t) - ts_sec(&m->mono0)) * 1e9);
+    uint64_t ns = (uint64_t)((moe_ts_sec(&t) - moe_ts_sec(&m->mono0)) * 1e9);
+    if (g) {
+        moe_group_leave(g, &t);
+        if (outer) g->cur = outer;
+    }
+    m->st.time_ns += ns;
     m->st.calls++;
-    if (rc == 0 && !m->over && !m->mem_hit) return 0;
+    if (m->stop) m->over = 1;
+    if (rc == 0 && !m->over && !m->mem_hit && !m->doom[0]) return 0;
     char why[256];
     if (m->over)
         snprintf(why, sizeof why, "exceeded its CPU budget of %g ms in one call", m->o.budget * 1e3);
+    else if (m->pool_hit)
+        snprintf(why, sizeof why, "modulators of this producer exceed their memory cap of %zu bytes",
+                 g ? g->mem_cap : 0);
     else if (m->mem_hit || rc == LUA_ERRMEM)
         snprintf(why, sizeof why, "exceeded its memory cap of %zu bytes", m->o.mem_limit);
+    else if (rc == 0)
+        snprintf(why, sizeof why, "%s", m->doom);
     else {
         const char *e = lua_tostring(L, -1);
         snprintf(why, sizeof why, "%s", e ? e : "error object is not a string");
@@ -605,6 +464,10 @@ lei_moe *lei_moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *sr
     m->o = *o;
     m->ref_q = m->ref_env = LUA_NOREF;
     snprintf(m->name, sizeof m->name, "%s", name);
+    if (m->o.group) {
+        m->gnext = m->o.group->list;
+        m->o.group->list = m;
+    }
     m->L = lua_newstate(moe_alloc, m);
     if (m->L) {
         m->own_alloc = 1;
@@ -614,7 +477,7 @@ lei_moe *lei_moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *sr
         m->L = luaL_newstate();
     }
     if (!m->L) {
-        free(m);
+        lei_moe_free(m);
         snprintf(err, errlen, "cannot create a Lua state");
         return NULL;
     }
@@ -650,6 +513,13 @@ void lei_moe_free(lei_moe *m) {
         lua_close(m->L);
     }
     out_clear(m);
+    forget_ticks(m);
+    if (m->o.group)
+        for (lei_moe **pp = &m->o.group->list; *pp; pp = &(*pp)->gnext)
+            if (*pp == m) {
+                *pp = m->gnext;
+                break;
+            }
     free(m->out);
     free(m->held);
     free(m->sids);

@@ -24,6 +24,7 @@
 #ifndef LECHO_MOE_H
 #define LECHO_MOE_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -31,6 +32,29 @@
 #include "ctx.h"
 
 typedef struct lei_moe lei_moe;
+
+/* What the modulators of one context share (one per context, used from the
+ * context's thread only): a cap on the memory of all their states together,
+ * a cap on their share of the thread's CPU over 1 s windows, and the timer
+ * on the thread's CPU clock that stops a call stuck in a C function (the
+ * count hook only runs between Lua instructions).  The timer raises signal
+ * LEI_MOE_SIGNAL (SIGRTMIN + 5) at this thread every LEI_MOE_TICK_NS of its CPU time while
+ * a modulator call runs (and at most once more after it); the handler finds
+ * the group in the signal's value (no global state) and, past the call's
+ * budget, sets the moe's stop flag and a hook that fires at the next
+ * instruction.  Owned by the context's binding, freed after its last moe. */
+typedef struct lei_moe_group lei_moe_group;
+#define LEI_MOE_SIGNAL (SIGRTMIN + 5)
+#define LEI_MOE_TICK_NS 1000000L
+
+/* mem_cap: bytes (0: none); cpu_share: of one core over 1 s (0: none).
+ * NULL when out of memory.  Without the timer (the signal is taken by the
+ * application, or timer_create fails: logged once) the count hook alone
+ * enforces budgets, as before. */
+lei_moe_group *lei_moe_group_new(lei_ctx *c, size_t mem_cap, double cpu_share);
+void lei_moe_group_free(lei_moe_group *g);
+/* Bytes held by the states of the group now. */
+size_t lei_moe_group_mem(const lei_moe_group *g);
 
 typedef struct lei_moe_opts {
     double budget;            /* CPU seconds per call (default 0.005) */
@@ -42,6 +66,7 @@ typedef struct lei_moe_opts {
     lei_codec_limits lim;     /* for what it emits */
     const char *prelude;      /* Lua source run before the sandbox is built, or NULL: */
     size_t prelude_len;       /* it returns fn(string table) (lecho.patterns) */
+    lei_moe_group *group;     /* shared caps and the CPU timer, or NULL (borrowed) */
     void (*on_fail)(void *ud, lei_moe *m, const char *why);
     void *ud;
 } lei_moe_opts;

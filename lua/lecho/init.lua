@@ -114,16 +114,27 @@ function M.context(opts)
     -- the compiled encoder for submits (nil without string.buffer): same
     -- bytes as the C one, which still does what it declines
     fastenc = fastenc.new{ max_depth = opts.max_depth, max_string = opts.max_string,
-                           pin = opts.pin_threshold },
+                           pin = opts.pin_threshold, max_value_bytes = opts.max_value_bytes },
     mod_budget = opts.modulator_budget or D.modulator_budget,
     mod_memory = opts.modulator_memory or D.modulator_memory,
+    mods_memory = opts.modulators_memory or D.modulators_memory,
+    mods_cpu = opts.modulators_cpu or D.modulators_cpu,
+    mod_min_period = opts.modulator_min_period or D.modulator_min_period,
+    mods_per_principal = opts.modulators_per_principal or D.modulators_per_principal,
+    mod_principals = {},  -- principal id -> modulator instances installed for it here
+    pinned_keys = {},     -- keyed: address -> the key a member list pinned it to
+    trust_names = {},     -- keyed: trusted key -> its principal's name
     timeout = opts.timeout or D.timeout,
     keyed = identity and true or false,
     principal = identity and identity.key.name or nil,   -- ro: our name in keyed mode
     ns_principal = opts.nameserver_principal or D.nameserver_principal,
     sync_timeout = opts.sync_timeout or D.sync_timeout,
+    -- member lists a producer takes (lecho.control, README "Limits")
+    max_members = opts.max_members or D.max_members,
+    max_peers = opts.max_peers or D.max_peers,
     closed = false,
   }, Context)
+  for _, e in ipairs(identity and identity.trust.keys or {}) do self.trust_names[e.public] = e.name end
   if opts.log then
     self.log = opts.log
   elseif opts.quiet then
@@ -144,7 +155,7 @@ function M.context(opts)
       addr = addr, role = opts.manager and opts.nameserver and "manager" or "nameserver",
       ack_timeout = opts.ack_timeout or D.ack_timeout,
       settle = opts.settle, recovering = opts.recovering, forget_after = opts.forget_after,
-      channel_quota = opts.channel_quota,
+      channel_quota = opts.channel_quota, max_members = opts.max_members or D.max_members,
       nameserver = opts.manager and opts.nameserver and self.ns or nil,
       policy = opts.policy_file,
       -- keyed mode: who each peer is (this context's own key for addr), and

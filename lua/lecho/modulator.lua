@@ -199,6 +199,49 @@ function Channel:_rebuild_modlist()
   self:_hot_update()
 end
 
+-- The principal a consumer context at address `a` speaks for, as an id and
+-- a name for messages: keyed, its key (the one the member list pinned the
+-- address to, known before any connection), named as the trust files or
+-- the handshake name it; protected (or ourselves), its address.
+local function principal_of(ctx, a)
+  if ctx.keyed and a ~= ctx.addr then
+    local name, pk = ctx.c:peer_identity(a)
+    pk = pk or ctx.pinned_keys[a]
+    if pk then
+      name = (name and name ~= "") and name or ctx.trust_names[pk] or ("key " .. core.hex(pk):sub(1, 16))
+      return pk, name
+    end
+  end
+  return a, a
+end
+
+-- Why the producer's own limits refuse modulator `m` (issue 11), or nil,
+-- and the set of principal ids it is installed for.
+local function limits_refuse(ctx, m)
+  local period = m.period
+  if type(period) == "number" and period > 0 and period < ctx.mod_min_period then
+    return ("period %g s is below this producer's minimum %g s"):format(period, ctx.mod_min_period)
+  end
+  local whose = {}
+  for _, a in ipairs(m.dests or {}) do
+    local id, name = principal_of(ctx, a)
+    if not whose[id] then
+      whose[id] = true
+      if (ctx.mod_principals[id] or 0) >= ctx.mods_per_principal then
+        return ("too many modulators from %s (limit %d)"):format(name, ctx.mods_per_principal)
+      end
+    end
+  end
+  return nil, whose
+end
+
+local function count_principals(ctx, whose, d)
+  for id in pairs(whose or {}) do
+    local n = (ctx.mod_principals[id] or 0) + d
+    ctx.mod_principals[id] = n > 0 and n or nil
+  end
+end
+
 -- Loads modulator `key` here; on refusal or failure, remembers why and
 -- tells its consumers.  Returns the instance or nil.
 function Channel:_install(key, m)
@@ -214,22 +257,35 @@ function Channel:_install(key, m)
     if err then break end
     grant[cap] = true
   end
-  local moe
-  local dchid = ctx.c:channel(self:_derived_name(key))
-  self:_secure(dchid)
+  local whose
+  if not err then err, whose = limits_refuse(ctx, m) end
+  local dchid
   if not err then
-    ctx.nextmoe = ctx.nextmoe + 1
-    moe, err = ctx.c:moe(ctx.nextmoe, dchid, ("%s@%s"):format(self.short, key:sub(1, 8)), m.src,
-                         m.params == nil and {} or m.params,
-                         { budget = ctx.mod_budget, memory = ctx.mod_memory, period = m.period,
-                           clock = grant.clock, log = grant.log, prelude = PATTERNS_SRC })
+    -- no derived channel for what is refused: a member list naming
+    -- thousands of modulators must not open thousands of channels
+    local cerr
+    dchid, cerr = ctx.c:channel(self:_derived_name(key))
+    err = cerr                                     -- (max_channels)
   end
+  if err then
+    self:_refuse(key, err, m.dests)
+    return nil
+  end
+  self:_secure(dchid)
+  ctx.nextmoe = ctx.nextmoe + 1
+  local moe
+  moe, err = ctx.c:moe(ctx.nextmoe, dchid, ("%s@%s"):format(self.short, key:sub(1, 8)), m.src,
+                       m.params == nil and {} or m.params,
+                       { budget = ctx.mod_budget, memory = ctx.mod_memory, period = m.period,
+                         clock = grant.clock, log = grant.log, prelude = PATTERNS_SRC,
+                         pool_memory = ctx.mods_memory, cpu_share = ctx.mods_cpu })
   if not moe then
     self:_refuse(key, err, m.dests)
     return nil
   end
   local inst = { id = ctx.nextmoe, key = key, base = m.base, moe = moe, dchid = dchid, ch = self,
-                 dests = m.dests }
+                 dests = m.dests, principals = whose }
+  count_principals(ctx, whose, 1)
   ctx.moes[inst.id] = inst
   self.mods[key] = inst
   return inst
@@ -238,12 +294,17 @@ end
 function Channel:_rekey(inst, key, m)
   local ctx = self.ctx
   self.mods[inst.key] = nil
-  local dchid = ctx.c:channel(self:_derived_name(key))
-  self:_secure(dchid)
-  local ok, err = inst.moe:retarget(dchid)
+  local dchid, ok, err = ctx.c:channel(self:_derived_name(key))
+  if dchid then
+    self:_secure(dchid)
+    ok, err = inst.moe:retarget(dchid)
+  else
+    ok, err = nil, ok                              -- (max_channels)
+  end
   if ok then ok, err = inst.moe:params(m.params == nil and {} or m.params) end
   if not ok then
     ctx.moes[inst.id] = nil
+    count_principals(ctx, inst.principals, -1)
     inst.moe:close()
     self:_refuse(key, err, m.dests)
     return nil
@@ -254,16 +315,20 @@ function Channel:_rekey(inst, key, m)
 end
 
 function Channel:_unload(inst)
+  if self.ctx.moes[inst.id] == inst then count_principals(self.ctx, inst.principals, -1) end
   self.ctx.moes[inst.id] = nil
   if self.mods[inst.key] == inst then self.mods[inst.key] = nil end
   inst.moe:close()
 end
 
-function Channel:_refuse(key, err, dests)
+-- Logged once per kind ("refused" at install, "failed" while running) per
+-- 10 s: a consumer that installs modulators in a loop must not flood the log.
+function Channel:_refuse(key, err, dests, kind)
   local ctx = self.ctx
   self.failed[key] = err
   self.failed_dests[key] = dests
-  ctx.log(("modulator %s on '%s' not running here: %s"):format(key, self.short, err))
+  ctx:_warn_limited("modulator " .. (kind or "refused"),
+                    ("modulator %s on '%s' not running here: %s"):format(key, self.short, err))
   for _, a in ipairs(dests or {}) do
     ctx:_send_ctrl(a, { op = "mod_error", ch = self.name, key = key, err = err, producer = ctx.addr })
   end
@@ -274,7 +339,7 @@ function Channel:_mod_failed(inst, why)
   if self.mods[inst.key] ~= inst then return end
   self:_unload(inst)
   self:_rebuild_modlist()
-  self:_refuse(inst.key, why, inst.dests)
+  self:_refuse(inst.key, why, inst.dests, "failed")
 end
 
 -- For members_ok: the keys of `mods` refused or failed here.
@@ -313,14 +378,17 @@ function Context:_moe_error(id, why)
   end
 end
 
--- The stream of modulator `key` into this context, with its demodulators.
+-- The stream of modulator `key` into this context, with its demodulators;
+-- nil, err, code when its channel cannot be opened (max_channels).
 function Channel:_attach(con, spec, handler)
   local ctx = self.ctx
   local st = self.streams[spec.key]
   if not st then
     local name = self:_derived_name(spec.key)
+    local chid, err, code = ctx.c:channel(name)
+    if not chid then return nil, err, code end
     st = { derived = true, short = self.short, key = spec.key,
-           consumers = { short = self.short, derived = true }, chid = ctx.c:channel(name) }
+           consumers = { short = self.short, derived = true }, chid = chid }
     self.streams[spec.key] = st
     self:_secure(st.chid)
     ctx.bychid[st.chid] = st

@@ -88,6 +88,10 @@ local function HEARTBEAT(v)
 end
 local TIME, TIME_POS, BOOL, FN, TABLE = time(0), time(0, true), typed("boolean"), typed("function"),
                                         typed("table")
+-- A share of one core: modulators_cpu (0: no cap).
+local function SHARE(v)
+  if type(v) ~= "number" or not (v >= 0 and v <= 1) then return "must be a number from 0 (no cap) to 1" end
+end
 
 -- The names each options table takes (README "Using it" says what they
 -- do), with the kind of value each takes and the default where the Lua side
@@ -103,6 +107,7 @@ local SCHEMA = {
     queue_limit = { size(1) }, policy = { policy }, batch_bytes = { size(0) },
     max_string = { size(0) }, max_depth = { size(1) }, max_frame = { size(0) },
     pin_threshold = { size(0) },
+    max_value_bytes = { size(0) },  -- issue 11 (H5): decoded size of one value received, 64 MiB
     key = { keyfile }, trust = { trustfiles }, nameserver_principal = { principal, "nameserver" },
     retry_interval = { TIME }, retry_max = { TIME }, heartbeat = { HEARTBEAT },
     heartbeat_misses = { time(1, true) },
@@ -111,10 +116,21 @@ local SCHEMA = {
     handshake_timeout = { TIME }, max_connections = { size(1) }, max_buffered = { size(0) },
     max_peer_channels = { size(1) },
     modulator_budget = { TIME_POS, 0.005 }, modulator_memory = { size(256 * 1024), 32 * 1024 * 1024 },
+    -- issue 11, every modulator of the context together (doc/modulators.md; 0: no cap): the
+    -- memory of their states, their share of the thread's CPU over 1 s, the shortest period
+    -- one may ask, how many one consumer principal may have installed here
+    modulators_memory = { size(0), 256 * 1024 * 1024 }, modulators_cpu = { SHARE, 0.5 },
+    modulator_min_period = { TIME, 0.01 }, modulators_per_principal = { size(1), 16 },
     -- the registry of a name server or manager run inside the context
     ack_timeout = { TIME, 2.0 }, settle = { TIME }, recovering = { BOOL }, forget_after = { TIME },
     channel_quota = { size(1) },
     policy_file = { typed("string") },  -- a name server's authorization policy (lecho.policy)
+    -- issue 11, state limits (README "Limits"): channels open in the C core
+    -- (its default 262144), consumer contexts in one member list (the
+    -- producer refuses a longer one, or one naming a context twice; a
+    -- manager refuses the join past it), distinct peer contexts member
+    -- lists may make a producer send to
+    max_channels = { size(1) }, max_members = { size(1), 4096 }, max_peers = { size(1), 4096 },
   },
   CHANNEL = { create = { BOOL } },
   PRODUCER = { policy = { policy }, grant = { caps } },

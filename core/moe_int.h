@@ -1,0 +1,110 @@
+/* moe_int.h: what the parts of the MOE share (moe.c: states, steps and the
+ * public calls; moe_env.c: the sandbox's environment; moe_group.c: what the
+ * modulators of a context share).  Not for the rest of the core. */
+#ifndef LECHO_MOE_INT_H
+#define LECHO_MOE_INT_H
+
+#include "moe.h"
+
+#include <lua.h>
+#include <time.h>
+
+#define HOOK_COUNT 10000 /* instructions between budget checks */
+#define REG_KEY "lecho.moe"
+
+/* ST_HOOK: an optional function of the modulator called by name (period,
+ * receivers), with hook_arg when >= 0. */
+enum { ST_INIT, ST_PARAMS, ST_ENQ, ST_DEQ, ST_HOOK };
+
+typedef struct moe_out {
+    lei_msg *msg; /* one reference, owned until submitted */
+    uint64_t producer, seq;
+    int sync;
+} moe_out;
+
+typedef struct moe_held {
+    uint64_t producer, seq;
+    int sync;
+} moe_held;
+
+struct lei_moe {
+    lua_State *L;          /* owned; NULL once failed */
+    lei_ctx *ctx;          /* borrowed */
+    uint32_t chid;
+    lei_moe_opts o;
+    char name[96];
+    int own_alloc;         /* the allocator below counts memory */
+    size_t mem;            /* bytes held by L (own_alloc) */
+    int mem_hit;           /* an allocation was refused */
+    int limit_on;          /* the cap applies (off while closing) */
+    /* the call in progress */
+    int in_call, over;
+    volatile sig_atomic_t stop; /* set by the CPU-time timer; lpat polls it */
+    struct timespec mono0;
+    double cpu0;           /* thread CPU seconds at the first check, < 0: not yet */
+    int stage, sync, policy;
+    const char *hook_fn;   /* ST_HOOK: which function */
+    int hook_arg;
+    uint64_t producer, seq;
+    const uint8_t *in;
+    size_t inlen;
+    /* outputs of the call, then submitted */
+    moe_out *out;          /* owned */
+    size_t nout, cout;
+    /* events held for dequeue: values in the Lua table ref_q at [qhead, qtail) */
+    int ref_q, ref_env;
+    moe_held *held;        /* owned, parallel to the table: held[i - qhead + hoff] */
+    size_t hoff, nheld, cheld;
+    uint64_t qhead, qtail;
+    /* sync ids of the last enqueue */
+    uint64_t *sids;        /* owned */
+    size_t nsids, csids;
+    ev_timer period_w;
+    uint64_t pseq;
+    char err[256];
+    lei_moe_stats st;
+    /* shared caps (o.group) */
+    lei_moe *gnext;        /* the group's list (borrowed) */
+    int pool_hit;          /* the group's memory cap refused an allocation */
+    volatile unsigned long win_ticks; /* CPU ticks charged in the group's window */
+    double log_t0;         /* log(): the current second, lines in it, lines not logged */
+    unsigned log_n;
+    unsigned long log_dropped;
+    char doom[160];        /* set by the CPU share check: fails at its next call */
+};
+
+struct lei_moe_group {
+    lei_ctx *ctx;              /* borrowed */
+    size_t mem, mem_cap;       /* bytes of all states; cap (0: none) */
+    double cpu_share;          /* of one core over a window (0: none) */
+    struct timespec win0;      /* the current 1 s window's start */
+    volatile unsigned long win_ticks; /* CPU ticks charged in it, all members */
+    lei_moe *list;             /* members (borrowed: each unlinks itself when freed) */
+    int has_timer;
+    timer_t tid;               /* owned (timer_delete) */
+    /* shared with the signal handler (same thread) */
+    lei_moe *volatile cur;     /* the moe in a call, or NULL */
+    volatile sig_atomic_t armed;
+    volatile unsigned long callno;
+    unsigned long sig_call;    /* handler only: the call its first tick saw */
+    double sig_cpu0;           /* handler only: thread CPU at that tick */
+};
+
+/* moe.c */
+double moe_ts_sec(const struct timespec *t);
+double moe_cpu_now(void); /* this thread's CPU seconds */
+lei_moe *moe_of(lua_State *L);
+void moe_hook(lua_State *L, lua_Debug *ar);
+/* Sends (after the step) or holds the value at idx, per the stage. */
+void moe_route(lua_State *L, lei_moe *m, int idx);
+
+/* moe_env.c: the libraries (before the prelude changes them), then the
+ * environment on top of the stack (its index returned; m->ref_env set). */
+void moe_sandbox_open(lua_State *L);
+int moe_env_build(lua_State *L, lei_moe *m);
+
+/* moe_group.c: around each call of a member. */
+void moe_group_enter(lei_moe_group *g, lei_moe *m);
+void moe_group_leave(lei_moe_group *g, const struct timespec *now);
+
+#endif

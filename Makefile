@@ -16,14 +16,14 @@ SODIUM_CFLAGS := $(shell $(PKG_CONFIG) --cflags libsodium 2>/dev/null)
 SODIUM_LIBS   := $(or $(shell $(PKG_CONFIG) --libs libsodium 2>/dev/null),-lsodium)
 ALLCFLAGS  := $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -I$(LUA_INCDIR) -Icore $(SODIUM_CFLAGS) $(SAN)
 
-CORE_SRC   := core/codec.c core/errors.c core/frame.c core/addr.c core/ctx.c core/conn.c core/peer.c core/chan.c \
+CORE_SRC   := core/codec.c core/errors.c core/frame.c core/addr.c core/ctx.c core/conn.c core/accept.c core/inmap.c core/peer.c core/chan.c \
               core/local.c core/sync.c core/live.c core/auth.c core/secure.c core/handshake.c
 LUA_SRC    := core/codec_lua.c core/moe.c core/moe_env.c core/moe_group.c core/lua_ctx.c core/lua_hook.c core/lua_chan.c \
-              core/lua_moe.c core/lua_loop.c core/lua_auth.c
+              core/lua_moe.c core/lua_loop.c core/lua_auth.c core/lpat.c
 HDRS       := $(wildcard core/*.h)
 SO         := lua/lecho/core.so
-CTESTS     := build/test_codec build/test_frame build/test_ctx build/test_addr build/test_errors \
-              build/test_auth
+CTESTS     := build/test_codec build/test_frame build/test_inmap build/test_ctx build/test_addr build/test_errors \
+              build/test_auth build/test_lpat
 
 # Debian packages the project needs, by the file that proves each is there.
 DEPS := /usr/bin/luajit:luajit \
@@ -51,8 +51,10 @@ help:
 	@echo "  make             build the core module ($(SO))"
 	@echo "  make deps        check the Debian packages lecho needs, apt-get install the missing ones"
 	@echo "  make test        deps, build, C unit tests, then the busted specs under LuaJIT"
-	@echo "  make fuzz        libFuzzer on the keyed handshake (core/fuzz_handshake.c) for FUZZ_SECONDS, clang installed if missing"
-	@echo "  make ctest       the C unit tests only: codec, framing, two contexts through lecho.h, error names, identities"
+	@echo "  make fuzz        every libFuzzer harness (core/fuzz_*.c: $(FUZZ_HARNESSES)) for FUZZ_SECONDS each, clang installed if missing"
+	@echo "  make fuzz-quick  the same for FUZZ_QUICK_SECONDS each (make test runs it); fails on a crash"
+	@echo "  make fuzz-build  only build the harnesses (build/fuzz_<name>)"
+	@echo "  make ctest       the C unit tests only: codec, framing, two contexts through lecho.h, error names, identities, the pattern matcher's step limit"
 	@echo "  make spec        the busted specs only (BUSTED_ARGS: e.g. spec/codec_spec.lua)"
 	@echo "  make asan        the same suite with the core built under ASan and UBSan"
 	@echo "  make demo        atmosphere: a simulation and three viewers (full, region, diff), bytes per viewer"
@@ -69,7 +71,8 @@ help:
 	@echo "Variables (make VAR=value ...):"
 	@echo "  QUICK=1                  make bench: small counts, well under 30 s"
 	@echo "  BENCH_ONLY=a,b           make bench: only these workloads (luajit bench/run.lua --help)"
-	@echo "  FUZZ_SECONDS=$(FUZZ_SECONDS)          make fuzz: how long (corpus and crashes in build/fuzz/)"
+	@echo "  FUZZ_SECONDS=$(FUZZ_SECONDS)          make fuzz: how long per harness (corpus and crashes in build/fuzz/<name>/)"
+	@echo "  FUZZ_QUICK_SECONDS=$(FUZZ_QUICK_SECONDS)     make fuzz-quick: how long per harness"
 	@echo "  STRESS_SECONDS=$(STRESS_SECONDS)       make stress: total time"
 	@echo "  STRESS_SCENARIO_SECONDS=$(STRESS_SCENARIO_SECONDS) make stress: time per scenario"
 	@echo "  SEED, SECONDS, SCENARIO  make stress-seed: which scenario to replay, for how long"
@@ -110,6 +113,9 @@ build/test_codec: core/test_codec.c core/codec.c $(HDRS) | build
 build/test_frame: core/test_frame.c core/frame.c core/codec.c $(HDRS) | build
 	$(CC) $(ALLCFLAGS) -o $@ core/test_frame.c core/frame.c core/codec.c $(LDFLAGS)
 
+build/test_inmap: core/test_inmap.c core/inmap.c $(HDRS) | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test_inmap.c core/inmap.c $(LDFLAGS)
+
 build/test_addr: core/test_addr.c core/addr.c $(HDRS) | build
 	$(CC) $(ALLCFLAGS) -o $@ core/test_addr.c core/addr.c $(LDFLAGS)
 
@@ -117,32 +123,76 @@ build/test_addr: core/test_addr.c core/addr.c $(HDRS) | build
 build/test_auth: core/test_auth.c $(CORE_SRC) $(HDRS) | build
 	$(CC) $(ALLCFLAGS) -o $@ core/test_auth.c $(CORE_SRC) -lev $(SODIUM_LIBS) $(LDFLAGS)
 
+# The pattern matcher's step limit: a stop flag set by another thread ends a stuck call.
+build/test_lpat: core/test_lpat.c core/lpat.c core/lpat.h core/test.h | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test_lpat.c core/lpat.c -lluajit-5.1 -lpthread $(LDFLAGS)
+
 ctest: $(CTESTS) $(SO)
 	@for t in $(CTESTS); do ./$$t || exit 1; done
 
-# The handshake fuzzer: arbitrary bytes as the remote side of a keyed
-# connection, accepted and dialled (core/fuzz_handshake.c).  Seeds are real
-# keyed handshakes the harness records first (build/fuzz/corpus); crashes
-# and leaks stop it with the input in build/fuzz/.  clang and its fuzzer
-# runtime come through `make deps` when missing.
+# The fuzzers (libFuzzer, clang -fsanitize=fuzzer,address,undefined), one
+# per harness core/fuzz_<name>.c: frame (the frame parser and the HELLO,
+# BIND, EVENT, ACK parsers, round trips), codec (the C walker and the Lua
+# decoder agree; decode/encode round trips), conn (a protected peer's frames
+# into a context whose hooks close, submit, re-target, suspend from inside),
+# ns (the name server's and a manager's registry in LuaJIT, in-process, fed
+# decoded control messages),
+# handshake (arbitrary bytes as
+# the remote side of an accepted and a dialled keyed connection, seeded with
+# recorded real handshakes).  Seeds: core/fuzz/<name>/ (in git; the
+# handshake one records its own into its corpus first).  `make fuzz` runs
+# each for FUZZ_SECONDS, corpus copies and crashes in build/fuzz/<name>/;
+# `make fuzz-quick` runs each for FUZZ_QUICK_SECONDS and fails on a crash
+# (make test runs it).  clang and its fuzzer runtime come through `make deps`.
 FUZZ_SECONDS ?= 60
+FUZZ_QUICK_SECONDS ?= 3
+FUZZ_HARNESSES := frame codec conn ns handshake
 FUZZ_CC      := clang
 FUZZ_RT      := $(firstword $(wildcard /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a) \
                   /usr/lib/llvm-14/lib/clang/14/lib/linux/libclang_rt.fuzzer-x86_64.a)
 FUZZ_DEPS    := /usr/bin/clang:clang $(FUZZ_RT):libclang-rt-14-dev /usr/include/sodium.h:libsodium-dev \
                 /usr/include/ev.h:libev-dev
-.PHONY: fuzz
+FUZZ_FLAGS   := -g -O1 $(WARN) -Icore -I$(LUA_INCDIR) $(SODIUM_CFLAGS) -fsanitize=fuzzer,address,undefined \
+                -fno-sanitize-recover=undefined
+.PHONY: fuzz fuzz-quick fuzz-build
 build/fuzz_handshake: core/fuzz_handshake.c $(CORE_SRC) $(HDRS) | build
-	$(FUZZ_CC) -g -O1 $(WARN) -Icore $(SODIUM_CFLAGS) -fsanitize=fuzzer,address,undefined \
-	  -fno-sanitize-recover=undefined -DLECHO_FUZZ_DIR='"$(CURDIR)/build/fuzz/sock"' \
+	$(FUZZ_CC) $(FUZZ_FLAGS) -DLECHO_FUZZ_DIR='"$(CURDIR)/build/fuzz/sock"' \
 	  -o $@ core/fuzz_handshake.c $(CORE_SRC) -lev $(SODIUM_LIBS)
 
-fuzz:
+build/fuzz_frame: core/fuzz_frame.c core/frame.c core/codec.c $(HDRS) | build
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ core/fuzz_frame.c core/frame.c core/codec.c
+
+build/fuzz_conn: core/fuzz_conn.c $(CORE_SRC) $(HDRS) | build
+	$(FUZZ_CC) $(FUZZ_FLAGS) -DLECHO_FUZZ_DIR='"$(CURDIR)/build/fuzz/sock"' \
+	  -o $@ core/fuzz_conn.c $(CORE_SRC) -lev $(SODIUM_LIBS)
+
+build/fuzz_ns: core/fuzz_ns.c core/codec_lua.c core/codec.c $(HDRS) | build
+	$(FUZZ_CC) $(FUZZ_FLAGS) -DLECHO_LUA_DIR='"$(CURDIR)/lua"' -o $@ core/fuzz_ns.c core/codec_lua.c \
+	  core/codec.c -lluajit-5.1
+
+build/fuzz_codec: core/fuzz_codec.c core/codec_lua.c core/codec.c $(HDRS) | build
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ core/fuzz_codec.c core/codec_lua.c core/codec.c -lluajit-5.1
+
+fuzz-build:
 	@$(MAKE) --no-print-directory deps DEPS="$(FUZZ_DEPS)"
-	@$(MAKE) --no-print-directory build/fuzz_handshake
-	@mkdir -p build/fuzz/corpus build/fuzz/sock
-	cd build/fuzz && LECHO_FUZZ_SEEDS=corpus ../fuzz_handshake -max_total_time=$(FUZZ_SECONDS) \
-	  -max_len=8192 -timeout=20 -print_final_stats=1 corpus
+	@$(MAKE) --no-print-directory $(foreach h,$(FUZZ_HARNESSES),build/fuzz_$(h))
+
+# $(1): seconds per harness.  Each runs in build/fuzz/<name>/ on corpus/,
+# which starts as a copy of core/fuzz/<name>/; a crash stops make.
+FUZZ_RUN = mkdir -p build/fuzz/sock && for h in $(FUZZ_HARNESSES); do \
+	  mkdir -p build/fuzz/$$h/corpus && { [ ! -d core/fuzz/$$h ] || cp -n core/fuzz/$$h/* build/fuzz/$$h/corpus/; } && \
+	  echo "make fuzz: $$h for $(1) s" && \
+	  ( cd build/fuzz/$$h && LECHO_FUZZ_SEEDS=corpus ../../fuzz_$$h -max_total_time=$(1) -max_len=8192 \
+	    -timeout=20 -print_final_stats=1 -artifact_prefix=./ corpus 2>fuzz.log; rc=$$?; \
+	    grep -E '^(stat::number_of_executed_units|stat::average_exec_per_sec|Done)' fuzz.log; \
+	    [ $$rc -eq 0 ] || { tail -40 fuzz.log; echo "make fuzz: $$h FAILED (input in build/fuzz/$$h/)"; exit 1; } ) || exit 1; \
+	done
+
+fuzz: fuzz-build
+	@$(call FUZZ_RUN,$(FUZZ_SECONDS))
+
+fuzz-quick: fuzz-build
+	@$(call FUZZ_RUN,$(FUZZ_QUICK_SECONDS))
 
 # liblecho: the public C API (core/lecho.h), a private LuaJIT state that
 # loads the Lua layer.  build/liblecho.so finds the Lua files of this
@@ -171,6 +221,7 @@ spec: $(SO)
 test: deps
 	$(MAKE) all ctest
 	$(MAKE) spec
+	$(MAKE) fuzz-quick
 
 ASAN_LIBS := $(shell $(CC) -print-file-name=libasan.so) $(shell $(CC) -print-file-name=libubsan.so)
 asan: deps

@@ -26,7 +26,8 @@ results.json, table.md and *.png to bench/results/.  It takes no options;
 the environment sets it up:
   QUICK=1           small counts, fewer points: well under 30 s
   BENCH_ONLY=a,b    only these workloads: codec latency throughput sinks
-                    pipeline channels bulk null_call modulators keyed
+                    pipeline channels bulk null_call modulators keyed attacked
+                    patterns
   BENCH_RESULTS=DIR results there instead of bench/results
   LECHO_BENCH_LOG=1 the workers log to their stderr files
   BENCH_KEEP_TMP=1  keep the temporary directory of the workers' output
@@ -668,13 +669,50 @@ local function w_keyed()
   R.keyed = r
 end
 
+-- A legitimate flow beside an attacker (idle sockets, partial headers, junk
+-- BINDs, junk lookups): bench/attacked_bench.lua, its own processes.
+local function w_attacked()
+  log("attacked: a legitimate flow with and without an attacker beside it")
+  local file = RESULTS .. "/attacked.json"
+  local f = io.popen(("%s %s/attacked_bench.lua --json %s %s 2>&1")
+    :format(LUAJIT, BENCH, sh_quote(file), QUICK and "--quick" or ""))
+  local out = f:read("*a")
+  f:close()
+  local s = common.read(file)
+  local v = s and cjson.decode(s)
+  if not v or not v.clean then error("attacked_bench failed: " .. out) end
+  R.attacked = v
+  row{ workload = "async 100 B events/s beside an attacker", metric = "ev/s", lecho = v.attacked,
+       base = "no attacker", base_v = v.clean,
+       extra = ("%d interleaved runs each, ratios %.2f-%.2fx, %d lost"):format(v.reps, v.ratio_lo,
+                                                                           v.ratio_hi, v.lost) }
+end
+
+-- The modulators' pattern functions (core/lpat.c) against LuaJIT's own,
+-- in bench/pattern_bench.lua: per case the medians of interleaved
+-- repetitions (7, QUICK 3) and the spread of the per-repetition ratios.
+local function w_patterns()
+  log("patterns (modulators' matcher vs LuaJIT's)")
+  local f = io.popen(("%s %s/pattern_bench.lua --json %s 2>&1"):format(LUAJIT, BENCH, QUICK and "--quick" or ""))
+  local out = f:read("*a")
+  f:close()
+  local v = json_line(out)
+  if not v or not v.cases then error("pattern_bench failed: " .. out) end
+  R.patterns = v
+  for _, c in ipairs(v.cases) do
+    row{ workload = "pattern " .. c.name, metric = "us/call", lecho = c.ours_us, base = "LuaJIT",
+         base_v = c.luajit_us, lower = true, target = { "<=", 2 },
+         extra = ("%d interleaved reps, ratios %.2f-%.2fx"):format(c.reps, c.ratio_lo, c.ratio_hi) }
+  end
+end
+
 ------------------------------------------------------------------------------
 
 local WORKLOADS = {
   { "codec", w_codec }, { "latency", w_latency }, { "throughput", w_throughput },
   { "sinks", w_sinks }, { "pipeline", w_pipeline }, { "channels", w_channels },
   { "bulk", w_bulk }, { "null_call", w_null }, { "modulators", w_modulators },
-  { "keyed", w_keyed },
+  { "keyed", w_keyed }, { "attacked", w_attacked }, { "patterns", w_patterns },
 }
 
 local function main()

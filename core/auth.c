@@ -242,8 +242,12 @@ void lei_refused_log(lei_ctx *c, const lei_peer *p, const char *name, size_t nl)
         id->rlog_skipped++;
         return;
     }
-    lei_logf(c, "refusing events of %.*s from %s (%s): not an authorized producer (no valid ticket)",
-             (int)(nl > 200 ? 200 : nl), name, p->addr, p->has_key ? p->principal : "?");
+    if (!c->id.keyed)
+        lei_logf(c, "dropping events of %.*s from %s: no such channel open here",
+                 (int)(nl > 200 ? 200 : nl), name, p->addr);
+    else
+        lei_logf(c, "refusing events of %.*s from %s (%s): not an authorized producer (no valid ticket)",
+                 (int)(nl > 200 ? 200 : nl), name, p->addr, p->has_key ? p->principal : "?");
 }
 
 void lei_ident_free(lei_ctx *c) {

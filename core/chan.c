@@ -45,9 +45,13 @@ lei_chan *lei_chan_find(lei_ctx *c, const char *name, size_t len) {
     return NULL;
 }
 
+/* The id of channel `name`, opened now unless it is open already;
+ * UINT32_MAX when out of memory or when max_channels are open
+ * (lei_chan_at_limit tells which). */
 uint32_t lei_chan_open(lei_ctx *c, const char *name, size_t len) {
     lei_chan *found = lei_chan_find(c, name, len);
     if (found) return found->id;
+    if (lei_chan_at_limit(c)) return UINT32_MAX;
     if ((c->nchans + 1) * 2 > c->hcap && hash_grow(c)) return UINT32_MAX;
     if (c->nchans == c->cchans) {
         uint32_t n = c->cchans ? c->cchans * 2 : 64;
@@ -83,6 +87,8 @@ void lei_chan_set_dests(lei_ctx *c, uint32_t id, const char **addrs, int n) {
         lei_peer *p = lei_peer_get(c, addrs[i], 1);
         if (p && d) d[nd++] = p;
     }
+    /* the peers dropped here may now be unused: lei_peers_sweep looks */
+    if (ch->ndests) lei_expiry_at(c, ev_now(c->loop) + LEI_PEER_FREE_AFTER);
     free(ch->dests);
     ch->dests = d;
     ch->ndests = nd;
@@ -134,6 +140,8 @@ void lei_chan_set_local(lei_ctx *c, uint32_t id, int on) {
 
 
 uint32_t lei_ctx_nchans(const lei_ctx *c) { return c->nchans; }
+
+int lei_chan_at_limit(const lei_ctx *c) { return c->nchans >= c->o.max_channels; }
 
 const char *lei_chan_name(const lei_ctx *c, uint32_t id) {
     return id < c->nchans ? c->chans[id]->name : NULL;

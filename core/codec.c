@@ -20,6 +20,7 @@ const char *lei_codec_strerror(int code) {
     case LEI_EKEY: return "nil or NaN table key";
     case LEI_ETRAIL: return "trailing garbage after value";
     case LEI_ENOMEM: return "out of memory";
+    case LEI_ESIZE: return "value decodes to more than max_value_bytes";
     default: return "unknown codec error";
     }
 }
@@ -101,6 +102,7 @@ int lei_varint_decode(const uint8_t *p, size_t n, uint64_t *out, size_t *used) {
 void lei_codec_limits_default(lei_codec_limits *lim) {
     lim->max_string = LEI_MAX_STRING_DEFAULT;
     lim->max_depth = LEI_MAX_DEPTH_DEFAULT;
+    lim->max_value_bytes = LEI_MAX_VALUE_DEFAULT;
 }
 
 /* ---- C writers ------------------------------------------------------- */
@@ -162,6 +164,8 @@ void lei_reader_init(lei_reader *r, const uint8_t *p, size_t n, const lei_codec_
     r->owed = 0;
     r->max_string = lim->max_string;
     r->max_depth = lim->max_depth > LEI_MAX_DEPTH_CEIL ? LEI_MAX_DEPTH_CEIL : lim->max_depth;
+    r->max_value = lim->max_value_bytes;
+    r->size = 0;
     r->err_at = 0;
     r->err_val = 0;
 }
@@ -173,8 +177,17 @@ static int rd_varint(lei_reader *r, uint64_t *v) {
     return rc;
 }
 
+/* Charges cost to the decoded size: 0, or LEI_ESIZE past max_value. */
+static int charge(lei_reader *r, size_t cost) {
+    if (cost > r->max_value - r->size) return LEI_ESIZE;
+    r->size += cost;
+    return 0;
+}
+
 /* Contract: every call after the first reads one slot announced by an open
- * table (that is how callers walk), so it pays back one owed byte. */
+ * table (that is how callers walk), so it pays back one owed byte.  The
+ * decoded size is charged here, a table's announced slots with its header,
+ * so a decoder that presizes never allocates past max_value_bytes. */
 int lei_read_item(lei_reader *r, lei_item *it) {
     size_t start = r->pos, avail;
     uint64_t a, h, u;
@@ -205,6 +218,7 @@ int lei_read_item(lei_reader *r, lei_item *it) {
             return LEI_ESTRLEN;
         }
         if (u > r->n - r->pos) return LEI_ETRUNC;
+        if ((rc = charge(r, LEI_DEC_STRING + (size_t)u))) return rc;
         it->str = r->p + r->pos;
         it->len = (size_t)u;
         r->pos += (size_t)u;
@@ -214,6 +228,8 @@ int lei_read_item(lei_reader *r, lei_item *it) {
         /* owed <= n - pos holds: each owed slot still needs a byte */
         avail = r->n - r->pos - r->owed;
         if (a > avail || h > (avail - a) / 2) return LEI_ECOUNT;
+        /* a + 2h <= n: no overflow below for any input that fits in memory */
+        if ((rc = charge(r, LEI_DEC_TABLE + LEI_DEC_SLOT * (size_t)(a + 2 * h)))) return rc;
         it->narr = a;
         it->nhash = h;
         r->owed += (size_t)(a + 2 * h);
@@ -242,6 +258,7 @@ char *lei_reader_strerror(const lei_reader *r, int code, char *buf, size_t len) 
         snprintf(buf, len, "trailing garbage after value (%zu bytes)", r->n - r->pos);
         break;
     case LEI_EDEPTH: snprintf(buf, len, "nesting too deep (limit %u)", r->max_depth); break;
+    case LEI_ESIZE: snprintf(buf, len, "value decodes to more than %zu bytes", r->max_value); break;
     case LEI_ESTRLEN:
         snprintf(buf, len, "string too long (%llu bytes, limit %zu)",
                  (unsigned long long)r->err_val, r->max_string);

@@ -34,7 +34,8 @@ enum {
     LEI_ECOUNT,     /* "table count exceeds input" */
     LEI_EKEY,       /* "nil or NaN table key" */
     LEI_ETRAIL,     /* "trailing garbage after value" */
-    LEI_ENOMEM      /* "out of memory" */
+    LEI_ENOMEM,     /* "out of memory" */
+    LEI_ESIZE       /* "value decodes to more than max_value_bytes" */
 };
 
 /* Static message for an error code; never NULL. */
@@ -80,9 +81,22 @@ static inline int64_t lei_zigzag_decode(uint64_t u) { return (int64_t)((u >> 1) 
 typedef struct lei_codec_limits {
     size_t max_string;  /* rw: longest string in bytes, inclusive */
     unsigned max_depth; /* rw: most nested tables; 0 forbids tables */
+    /* rw: most bytes one value may take once decoded, inclusive, by the
+     * estimate LEI_DEC_* below: what a sender can make a decoder allocate */
+    size_t max_value_bytes;
 } lei_codec_limits;
 
 #define LEI_MAX_STRING_DEFAULT ((size_t)256 << 20) /* 256 MiB */
+#define LEI_MAX_VALUE_DEFAULT ((size_t)64 << 20)   /* 64 MiB */
+/* The decoded size of a value (an estimate close to LuaJIT's own costs,
+ * charged as the reader meets each header, before anything is allocated):
+ * a table costs LEI_DEC_TABLE plus LEI_DEC_SLOT per array slot and twice
+ * that per hash pair, as announced (a decoder presizes them); a string
+ * LEI_DEC_STRING plus its length; a number, boolean or nil nothing beyond
+ * the slot it sits in. */
+#define LEI_DEC_TABLE 64u
+#define LEI_DEC_SLOT 16u
+#define LEI_DEC_STRING 24u
 #define LEI_MAX_DEPTH_DEFAULT 100u
 /* Hard ceiling on max_depth: encoder and decoders recurse on the C stack, so
  * larger settings are treated as this value. */
@@ -122,6 +136,8 @@ typedef struct lei_reader {
     size_t owed;        /* private: slots announced by open tables, unread */
     size_t max_string;  /* ro: from the limits */
     unsigned max_depth; /* ro: from the limits, clamped to the ceiling */
+    size_t max_value;   /* ro: max_value_bytes from the limits */
+    size_t size;        /* ro: decoded size charged so far (LEI_DEC_*) */
     size_t err_at;      /* ro: byte offset of the item that failed */
     uint64_t err_val;   /* ro: the offending tag or string length */
 } lei_reader;
@@ -134,7 +150,8 @@ int lei_read_item(lei_reader *r, lei_item *it);
 int lei_reader_finish(lei_reader *r);
 /* Detailed message for the reader's last error, e.g. "unknown tag 0x07 at
  * byte 12", "trailing garbage after value (3 bytes)", "nesting too deep
- * (limit 100)", "string too long (N bytes, limit M)". Returns buf. */
+ * (limit 100)", "string too long (N bytes, limit M)", "value decodes to more
+ * than N bytes". Returns buf. */
 char *lei_reader_strerror(const lei_reader *r, int code, char *buf, size_t len);
 /* A nil or NaN key cannot be stored in a Lua table: decoders reject it. */
 static inline int lei_item_bad_key(const lei_item *it) {

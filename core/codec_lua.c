@@ -28,6 +28,8 @@ typedef struct enc_state {
     size_t max_string;
     unsigned max_depth;
     size_t pin;    /* pin strings of at least this length; 0 = never */
+    size_t size;      /* decoded size so far, charged as the reader will */
+    size_t max_value; /* max_value_bytes */
     char msg[160]; /* error message without location */
     int want_path; /* the message takes an " at ev..." location */
     int ptrunc;    /* path lost its outer segments */
@@ -40,6 +42,15 @@ static int enc_value(enc_state *st, int idx, unsigned depth);
 
 static int enc_fail(enc_state *st, int want_path, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* The receiver's reader charges the same (codec.h, LEI_DEC_*): a value it
+ * would refuse is refused here, at the submit. */
+static int enc_charge(enc_state *st, size_t cost) {
+    if (cost > st->max_value - st->size)
+        return enc_fail(st, 0, "value decodes to more than %zu bytes", st->max_value);
+    st->size += cost;
+    return 0;
+}
 
 static int enc_fail(enc_state *st, int want_path, const char *fmt, ...) {
     va_list ap;
@@ -123,6 +134,7 @@ static int enc_string(enc_state *st, int idx) {
 
     if (len > st->max_string)
         return enc_fail(st, 1, "string too long (%zu bytes, limit %zu)", len, st->max_string);
+    if (enc_charge(st, LEI_DEC_STRING + len)) return -1;
     if (st->pin && len >= st->pin) {
         int ref;
         if (lei_wbuf_reserve(b, 1 + LEI_VARINT_MAX)) return enc_fail(st, 0, "out of memory");
@@ -187,6 +199,7 @@ static int enc_table(enc_state *st, int idx, unsigned depth) {
         }
     }
     nhash = nkeys - narr;
+    if (enc_charge(st, LEI_DEC_TABLE + LEI_DEC_SLOT * (narr + 2 * nhash))) return -1;
     if (lei_enc_table_header(st->b, narr, nhash)) return enc_fail(st, 0, "out of memory");
 
     for (i = 1; i <= narr; i++) {
@@ -281,6 +294,8 @@ int lei_encode_lua(lua_State *L, int idx, lei_msg *m, const lei_codec_limits *li
     st.max_string = lim->max_string;
     st.max_depth = lim->max_depth > LEI_MAX_DEPTH_CEIL ? LEI_MAX_DEPTH_CEIL : lim->max_depth;
     st.pin = pin_threshold;
+    st.size = 0;
+    st.max_value = lim->max_value_bytes;
     st.want_path = 0;
     st.ptrunc = 0;
     st.pstart = PATH_BUF;
@@ -363,7 +378,9 @@ static int dec_value(lua_State *L, lei_reader *r, unsigned depth, int is_key) {
  * input push nothing and return -1 with a message in err ("truncated input",
  * "trailing garbage after value (K bytes)", "unknown tag 0x%02x at byte N",
  * "invalid varint", "string too long (N bytes, limit M)", "nesting too deep
- * (limit N)", "table count exceeds input", "nil or NaN table key"). lim may be
+ * (limit N)", "table count exceeds input", "nil or NaN table key", "value
+ * decodes to more than N bytes": checked before each table is presized or
+ * string made, so nothing past max_value_bytes is allocated). lim may be
  * NULL. Later duplicate keys overwrite earlier ones; nil values are skipped.
  * Does not raise, except Lua memory errors (nothing of ours is then held). */
 int lei_decode_lua(lua_State *L, const uint8_t *p, size_t n, const lei_codec_limits *lim, char *err,
@@ -394,14 +411,15 @@ int lei_decode_lua(lua_State *L, const uint8_t *p, size_t n, const lei_codec_lim
 #define MSGBOX "lecho.codec.msg"
 
 static void opt_limits(lua_State *L, int arg, lei_codec_limits *lim, size_t *pin) {
-    static const char *const names[] = {"max_string", "max_depth", "pin_threshold"};
+    static const char *const names[] = {"max_string", "max_depth", "pin_threshold",
+                                        "max_value_bytes"};
     int i;
 
     lei_codec_limits_default(lim);
     if (pin) *pin = 0;
     if (lua_isnoneornil(L, arg)) return;
     luaL_checktype(L, arg, LUA_TTABLE);
-    for (i = 0; i < 3; i++) {
+    for (i = 0; i < 4; i++) {
         double v;
         lua_getfield(L, arg, names[i]);
         if (lua_isnil(L, -1)) {
@@ -415,8 +433,10 @@ static void opt_limits(lua_State *L, int arg, lei_codec_limits *lim, size_t *pin
             lim->max_string = v >= 1.8e19 ? SIZE_MAX : (size_t)v;
         else if (i == 1)
             lim->max_depth = v > LEI_MAX_DEPTH_CEIL ? LEI_MAX_DEPTH_CEIL : (unsigned)v;
-        else if (pin)
-            *pin = v >= 1.8e19 ? SIZE_MAX : (size_t)v;
+        else if (i == 2) {
+            if (pin) *pin = v >= 1.8e19 ? SIZE_MAX : (size_t)v;
+        } else
+            lim->max_value_bytes = v >= 1.8e19 ? SIZE_MAX : (size_t)v;
     }
 }
 

@@ -1,5 +1,7 @@
-/* conn.c: connections: sockets, listening and accepting, dialling,
- * reading and handing frames over, the handshake, closing (FIN, retiring).
+/* conn.c: connections: sockets, dialling, reading and handing frames
+ * over, the read buffers' budget, closing (FIN, retiring).  Listening,
+ * accepting and the limits on connections: accept.c; the handshake:
+ * handshake.c.
  *
  * Leans on libev (watchers embedded in lei_conn), frame.c for the wire
  * layout, peer.c for the queues a connection writes.  No Lua here.
@@ -15,11 +17,15 @@
 #include <unistd.h>
 
 #define RBUF_MIN (64 * 1024)
+/* A drained read buffer larger than this (a large frame's) is freed; the
+ * next read starts again from RBUF_MIN.  Smaller ones stay: no allocation
+ * per read for a stream of ordinary events. */
+#define RBUF_KEEP (1024 * 1024)
 
 static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents);
 static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents);
 
-static lei_conn *conn_new(lei_ctx *c, int fd, enum lei_conn_state state) {
+lei_conn *lei_conn_new(lei_ctx *c, int fd, enum lei_conn_state state) {
     lei_conn *k = calloc(1, sizeof *k);
     if (!k) return NULL;
     if (c->id.keyed && !(k->sec = lei_sec_new())) {
@@ -36,6 +42,8 @@ static lei_conn *conn_new(lei_ctx *c, int fd, enum lei_conn_state state) {
     c->conns = k;
     lei_addr_nodelay(fd);
     lei_live_conn_new(k);
+    c->nconns++;
+    lei_conn_hs_arm(c);
     return k;
 }
 
@@ -93,14 +101,12 @@ void lei_conn_close(lei_conn *k, const char *reason, int bad) {
     }
     close(k->fd);
     k->fd = -1;
+    c->nconns--;
+    c->rbuf -= k->rcap;
     free(k->rb);
     k->rb = NULL;
-    free(k->inmap);
-    k->inmap = NULL;
-    for (size_t i = 0; i < k->nrnames; i++) free(k->rnames[i]);
-    free(k->rnames);
-    k->rnames = NULL;
-    k->nrnames = 0;
+    k->rcap = k->rlen = k->rpos = 0;
+    lei_inmap_free(k);
     lei_sec_free(k->sec);
     k->sec = NULL;
     lei_peer *p = k->peer;
@@ -155,6 +161,11 @@ int lei_peer_dial(lei_peer *p) {
         p->last_fail = ev_now(c->loop);
         return -1;
     }
+    if (lei_conn_room(c, p->reason, sizeof p->reason)) {
+        p->last_fail = ev_now(c->loop);
+        lei_ratelog(c, LEI_RL_CONNECTIONS, "not dialling %s: %s", p->addr, p->reason);
+        return -1;
+    }
     /* Unix: connects or fails at once (EAGAIN: the listener's backlog is
      * full), and the retry/backoff redials as for a refused TCP dial. */
     int fd = lei_addr_connect(&a, err, sizeof err); /* owned by the conn below */
@@ -163,7 +174,7 @@ int lei_peer_dial(lei_peer *p) {
         p->last_fail = ev_now(c->loop);
         return -1;
     }
-    lei_conn *k = conn_new(c, fd, LEI_CONN_DIALING);
+    lei_conn *k = lei_conn_new(c, fd, LEI_CONN_DIALING);
     if (!k) {
         close(fd);
         return -1;
@@ -177,17 +188,26 @@ int lei_peer_dial(lei_peer *p) {
 
 /* ---- reading ----------------------------------------------------------- */
 
+/* The remote's index as one of our channels: 0, -1 never bound, 1 refused. */
 static int map_idx(lei_conn *k, uint64_t idx, uint32_t *chid) {
-    if (idx >= k->ninmap || !k->inmap[idx]) return -1;
-    *chid = k->inmap[idx] - 1;
+    uint32_t v;
+    if (idx < k->ninmap && k->inmap[idx] && k->inmap[idx] != LEI_REFUSED) { /* the hot path */
+        *chid = k->inmap[idx] - 1;
+        return 0;
+    }
+    if (lei_inmap_get(k, idx, &v)) return -1;
+    if (v == LEI_REFUSED) return 1;
+    *chid = v - 1;
     return 0;
 }
 
 #define REFUSED_BINDS_MAX 256
 
-/* A BIND: the remote's index idx names a channel.  In keyed mode the
- * channel must be open here and the BIND carry a valid ticket (lei_bind_check),
- * else the index maps to LEI_REFUSED.  NULL, or an error (bad input). */
+/* A BIND: the remote's index idx names a channel.  It must be open here
+ * (a BIND never opens one: a peer could make us keep any number of
+ * channels), and in keyed mode the BIND carry a valid ticket
+ * (lei_bind_check); else the index maps to LEI_REFUSED.  NULL, or an
+ * error (bad input). */
 static const char *conn_bind(lei_conn *k, const lei_frame *f) {
     lei_ctx *c = k->ctx;
     uint64_t idx;
@@ -195,44 +215,31 @@ static const char *conn_bind(lei_conn *k, const lei_frame *f) {
     size_t nl;
     const char *err = NULL;
     if (lei_parse_bind(f->body, f->len, &idx, &name, &nl, &ticket, &err)) return err;
-    if (idx > 16u * 1024 * 1024) return "channel index out of range";
-    if (idx >= k->ninmap) {
-        size_t n = k->ninmap ? k->ninmap : 64;
-        while (n <= idx) n *= 2;
-        uint32_t *m = realloc(k->inmap, n * sizeof *m);
-        if (!m) return "out of memory";
-        memset(m + k->ninmap, 0, (n - k->ninmap) * sizeof *m);
-        k->inmap = m;
-        k->ninmap = n;
-    }
-    if (idx < k->nrnames && k->rnames[idx]) {
-        free(k->rnames[idx]);
-        k->rnames[idx] = NULL;
-    }
-    if (!c->id.keyed) {
-        uint32_t id = lei_chan_open(c, (const char *)name, nl);
-        if (id == UINT32_MAX) return "out of memory";
-        k->inmap[idx] = id + 1;
+    /* The map's memory follows the number of indexes bound (inmap.c):
+     * at most max_peer_channels of them. */
+    uint32_t old;
+    if (idx > UINT32_MAX ||
+        (lei_inmap_get(k, idx, &old) && k->nbound >= c->o.max_peer_channels)) {
+        char why[128];
+        snprintf(why, sizeof why, "channel index out of range (%zu bound, limit %zu)", k->nbound,
+                 c->o.max_peer_channels);
+        lei_conn_refuse(k, LEI_RL_BIND_INDEX, why); /* conn_frame sees k closed */
         return NULL;
     }
-    lei_chan *ch = lei_bind_check(c, k->peer, (const char *)name, nl, ticket);
-    if (ch) {
-        k->inmap[idx] = ch->id + 1;
-        return NULL;
-    }
-    if (idx >= k->nrnames) { /* keeps the name for the ACKs' error text */
-        size_t n = k->ninmap;
-        char **r = realloc(k->rnames, n * sizeof *r);
-        if (!r) return "out of memory";
-        memset(r + k->nrnames, 0, (n - k->nrnames) * sizeof *r);
-        k->rnames = r;
-        k->nrnames = n;
-    }
+    lei_inmap_drop_rname(k, idx);
+    /* Only a channel open here is bound (protected mode too: a BIND must not
+     * make us open channels); keyed, the BIND also needs a valid ticket. */
+    lei_chan *ch = c->id.keyed ? lei_bind_check(c, k->peer, (const char *)name, nl, ticket)
+                               : lei_chan_find(c, (const char *)name, nl);
+    if (ch) return lei_inmap_set(k, idx, ch->id + 1) ? "out of memory" : NULL;
     /* A producer we refused stops at a few: many refusals are an attack
      * on our memory (each keeps its name for the ACKs' error text). */
-    if (++k->nrefused > REFUSED_BINDS_MAX) return "too many refused channel bindings (limit 256)";
-    if (!(k->rnames[idx] = strndup((const char *)name, nl))) return "out of memory";
-    k->inmap[idx] = LEI_REFUSED;
+    if (++k->nrefused > REFUSED_BINDS_MAX) { /* an attack: told, logged once per 10 s */
+        lei_conn_refuse(k, LEI_RL_REFUSED_BINDS, "too many refused channel bindings (limit 256)");
+        return NULL; /* conn_frame sees k closed */
+    }
+    if (lei_inmap_set_rname(k, idx, (const char *)name, nl) || lei_inmap_set(k, idx, LEI_REFUSED))
+        return "out of memory";
     lei_refused_log(c, k->peer, (const char *)name, nl);
     return NULL;
 }
@@ -242,13 +249,15 @@ static const char *conn_bind(lei_conn *k, const lei_frame *f) {
 static void refused_event(lei_conn *k, const lei_event_hdr *e) {
     lei_ctx *c = k->ctx;
     lei_peer *p = k->peer;
-    const char *name = k->rnames[e->idx];
+    const char *name = lei_inmap_rname(k, e->idx);
+    if (!name) name = "?";
     lei_chan *ch = lei_chan_find(c, name, strlen(name));
     p->refused++;
     if (ch) ch->refused++;
     if (!e->sync) return;
     char why[LEI_ADDR_MAX + 300];
-    int n = snprintf(why, sizeof why, "not an authorized producer of %s", name);
+    int n = c->id.keyed ? snprintf(why, sizeof why, "not an authorized producer of %s", name)
+                        : snprintf(why, sizeof why, "no channel %s open here", name);
     lei_wbuf b = {0};
     int bad = lei_enc_table_header(&b, 1, 0) || lei_enc_table_header(&b, 0, 2) ||
               lei_enc_string(&b, "consumer", 8) || lei_enc_string(&b, c->addr, strlen(c->addr)) ||
@@ -256,6 +265,29 @@ static void refused_event(lei_conn *k, const lei_event_hdr *e) {
               lei_enc_string(&b, why, n < (int)sizeof why ? (size_t)n : sizeof why - 1);
     lei_ack(c, p, e->sync, 0, bad ? NULL : (const uint8_t *)b.data, bad ? 0 : b.len);
     lei_wbuf_free(&b);
+}
+
+/* An incomplete EVENT whose index we refused (keyed: a BIND without a
+ * valid ticket) is dropped as soon as its header is in, not buffered whole
+ * first: the event is counted and answered like a complete one, and the
+ * rest of its bytes are skipped as they come (k->skip).  1 when dropped. */
+static int refused_large(lei_conn *k) {
+    size_t avail = k->rlen - k->rpos;
+    const uint8_t *h = k->rb + k->rpos;
+    if (k->state != LEI_CONN_UP || !k->nrefused || avail <= LEI_FRAME_HDR ||
+        h[4] != LEI_F_EVENT)
+        return 0;
+    size_t fsize = (size_t)lei_get_u32le(h) + 4;
+    lei_event_hdr e;
+    const char *err = NULL;
+    uint32_t chid;
+    if (lei_parse_event(h + LEI_FRAME_HDR, avail - LEI_FRAME_HDR, &e, &err) ||
+        map_idx(k, e.idx, &chid) != 1)
+        return 0; /* not refused, or its header not all in yet */
+    refused_event(k, &e);
+    k->skip = fsize - avail;
+    k->rpos = k->rlen;
+    return 1;
 }
 
 /* Handles one frame.  Returns 0, or -1 after closing the connection. */
@@ -271,11 +303,12 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
         lei_event_hdr e;
         uint32_t chid;
         if (lei_parse_event(f->body, f->len, &e, &err)) break;
-        if (e.idx < k->ninmap && k->inmap[e.idx] == LEI_REFUSED) {
+        int m = map_idx(k, e.idx, &chid);
+        if (m == 1) {
             refused_event(k, &e);
             break;
         }
-        if (map_idx(k, e.idx, &chid)) {
+        if (m) {
             err = "event on a channel that was never bound";
             break;
         }
@@ -288,6 +321,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
             return 0;
         }
         c->depth++;
+        c->refusal[0] = '\0';
         int rc = c->h.event(c->h.ud, p, chid, e.producer, e.seq, e.sync, e.payload, e.plen);
         c->depth--;
         if (rc == 1) {
@@ -296,13 +330,24 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
             ev_io_stop(c->loop, &k->rio);
         } else if (rc) {
             err = "malformed event value";
+            if (c->refusal[0]) {
+                snprintf(why, sizeof why, "%s: %s", err, c->refusal);
+                err = why;
+            }
         }
         break;
     }
     case LEI_F_CTRL:
         p->st.ctrl_in++;
         c->depth++;
-        if (c->h.ctrl(c->h.ud, p, f->body, f->len)) err = "malformed control message";
+        c->refusal[0] = '\0';
+        if (c->h.ctrl(c->h.ud, p, f->body, f->len)) {
+            err = "malformed control message";
+            if (c->refusal[0]) {
+                snprintf(why, sizeof why, "%s: %s", err, c->refusal);
+                err = why;
+            }
+        }
         c->depth--;
         break;
     case LEI_F_BIND:
@@ -327,7 +372,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
         lei_conn_close(k, why, 1);
         return -1;
     }
-    if (k->state == LEI_CONN_CLOSED) return -1;
+    if (k->state == LEI_CONN_CLOSED || k->state == LEI_CONN_RETIRED) return -1;
     if (err) {
         lei_conn_close(k, err, 1);
         return -1;
@@ -360,6 +405,27 @@ static size_t frame_limit(const lei_conn *k, const uint8_t *h, size_t avail) {
     return cap < max ? cap : max;
 }
 
+/* Whether k's read buffer may grow to ncap bytes within max_buffered, the
+ * budget of all connections' read buffers; if not, k is refused (ERROR to
+ * the peer, one log line per window) for the frame of fsize bytes it
+ * reads.  0, or -1 after closing k. */
+static int rbuf_budget(lei_conn *k, size_t ncap, size_t fsize) {
+    lei_ctx *c = k->ctx;
+    if (ncap <= k->rcap || c->rbuf - k->rcap + ncap <= c->o.max_buffered) return 0;
+    char why[160];
+    snprintf(why, sizeof why, "frame of %zu bytes exceeds the read buffer budget (limit %zu)",
+             fsize, c->o.max_buffered);
+    lei_conn_refuse(k, LEI_RL_FRAME, why);
+    return -1;
+}
+
+/* k's read buffer is now (b, ncap): the context's total follows. */
+static void rbuf_set(lei_conn *k, uint8_t *b, size_t ncap) {
+    k->ctx->rbuf = k->ctx->rbuf - k->rcap + ncap;
+    k->rb = b;
+    k->rcap = ncap;
+}
+
 /* Hands over the complete frames in k's buffer, until one suspends or
  * closes.  Returns 0, or -1 once k is dead (the caller frees it). */
 static int conn_frames(lei_conn *k) {
@@ -367,13 +433,38 @@ static int conn_frames(lei_conn *k) {
         k->rpos = k->rlen;
         return 0;
     }
+    if (k->skip) { /* the rest of a dropped EVENT (refused_large) */
+        size_t n = k->rlen - k->rpos < k->skip ? k->rlen - k->rpos : k->skip;
+        k->rpos += n;
+        k->skip -= n;
+        if (k->skip) return 0;
+    }
     while (k->state != LEI_CONN_CLOSED && !(k->peer && k->peer->held && k->state >= LEI_CONN_UP)) {
         lei_frame f;
         const char *err = NULL;
         /* per frame: the handshake may end at any frame */
         size_t max = frame_limit(k, k->rb + k->rpos, k->rlen - k->rpos);
         int r = lei_frame_next(k->rb + k->rpos, k->rlen - k->rpos, max, &f, &err);
-        if (r == 0) break;
+        if (r == 0) {
+            if (refused_large(k)) break;
+            /* An incomplete frame takes its room in the budget as soon as
+             * its header shows its size (lei_frame_next checked it against
+             * the limit): a peer announcing large frames on many
+             * connections is refused before it sends them. */
+            if (k->rlen - k->rpos >= 4) {
+                size_t fsize = (size_t)lei_get_u32le(k->rb + k->rpos) + 4, need = k->rpos + fsize;
+                if (need > k->rcap && rbuf_budget(k, need, fsize)) break;
+                if (need > k->rcap && k->busy <= 1) { /* nobody below holds a frame in rb */
+                    uint8_t *nb = realloc(k->rb, need);
+                    if (!nb) {
+                        lei_conn_close(k, "out of memory for the read buffer", 0);
+                        break;
+                    }
+                    rbuf_set(k, nb, need);
+                }
+            }
+            break;
+        }
         if (r < 0) {
             char why[160];
             const uint8_t *h = k->rb + k->rpos;
@@ -384,7 +475,9 @@ static int conn_frames(lei_conn *k) {
             break;
         }
         k->rpos += f.size; /* consumed before the hooks run: they may re-enter */
-        if (conn_frame(k, &f) || k->state == LEI_CONN_CLOSED) break;
+        /* retired (refused, or the disconnect policy from a hook): what
+         * follows is not read, k->peer is gone */
+        if (conn_frame(k, &f) || k->state == LEI_CONN_CLOSED || k->state == LEI_CONN_RETIRED) break;
     }
     return k->state == LEI_CONN_CLOSED ? -1 : 0;
 }
@@ -421,7 +514,22 @@ static int conn_input(lei_conn *k) {
                 k->rlen -= k->rpos;
                 k->rpos = 0;
             }
-            if (lei_sec_open(s, &k->rb, &k->rlen, &k->rcap, &err)) {
+            /* Room for the plaintext of what was read, exactly: the
+             * budget counts rcap, and grow()'s doubling would count a large
+             * frame's buffer twice. */
+            size_t need = k->rlen + (s->clen - s->cpos);
+            if (need > k->rcap) {
+                uint8_t *nb = realloc(k->rb, need);
+                if (!nb) {
+                    lei_conn_close(k, "out of memory for the read buffer", 0);
+                    break;
+                }
+                rbuf_set(k, nb, need);
+            }
+            size_t cap0 = k->rcap;
+            int bad = lei_sec_open(s, &k->rb, &k->rlen, &k->rcap, &err);
+            k->ctx->rbuf = k->ctx->rbuf - cap0 + k->rcap;
+            if (bad) {
                 lei_conn_close(k, err, 1);
                 break;
             }
@@ -432,7 +540,16 @@ static int conn_input(lei_conn *k) {
         if (was_records || !(k->sec && k->sec->rec_in && lei_sec_in_pending(k->sec))) break;
     }
     k->busy--;
-    if (k->state != LEI_CONN_CLOSED) return 0;
+    if (k->state != LEI_CONN_CLOSED) {
+        /* A large frame's buffer goes once drained: the next read starts
+         * again from RBUF_MIN (nobody holds a frame: busy is 0). */
+        if (!k->busy && k->rpos == k->rlen && k->rcap > RBUF_KEEP) {
+            free(k->rb);
+            rbuf_set(k, NULL, 0);
+            k->rlen = k->rpos = 0;
+        }
+        return 0;
+    }
     if (!k->busy) lei_conn_free(k);
     return -1;
 }
@@ -479,7 +596,7 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
     } else {
         size_t want = RBUF_MIN, room;
         size_t big_end = 0; /* a large frame: read up to its end only */
-        if (k->rlen - k->rpos >= 4) {
+        if (k->rlen - k->rpos >= 4 && !k->skip) {
             const uint8_t *h = k->rb + k->rpos;
             size_t flen = lei_get_u32le(h);
             if (flen <= frame_limit(k, h, k->rlen - k->rpos) && flen + 4 > want) {
@@ -487,16 +604,18 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
                 big_end = k->rpos + want;
             }
         }
-        if (k->rcap - k->rlen < RBUF_MIN && k->rcap < k->rlen + want) {
-            size_t ncap = k->rlen + want;
-            if (ncap < k->rcap * 2 && k->rcap * 2 <= c->o.max_frame + 4) ncap = k->rcap * 2;
+        size_t ncap = big_end ? big_end : k->rlen + want;
+        if (k->rcap - k->rlen < RBUF_MIN && k->rcap < ncap) {
+            if (rbuf_budget(k, ncap, want)) return;
+            if (ncap < k->rcap * 2 && k->rcap * 2 <= c->o.max_frame + 4 &&
+                c->rbuf + k->rcap <= c->o.max_buffered)
+                ncap = k->rcap * 2;
             uint8_t *nb = realloc(k->rb, ncap);
             if (!nb) {
                 lei_conn_close(k, "out of memory for the read buffer", 0);
                 return;
             }
-            k->rb = nb;
-            k->rcap = ncap;
+            rbuf_set(k, nb, ncap);
         }
         /* Reading past the end of a large frame would put the next frame's
          * first bytes behind it, to be moved to the front afterwards: a copy of
@@ -563,27 +682,6 @@ static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents) {
     }
 }
 
-static void accept_cb(struct ev_loop *loop, ev_io *w, int revents) {
-    (void)loop;
-    (void)revents;
-    lei_ctx *c = w->data;
-    for (int i = 0; i < 64; i++) {
-        int fd = accept4(c->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-            if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-                lei_logf(c, "accept: %s", strerror(errno));
-            return;
-        }
-        lei_conn *k = conn_new(c, fd, LEI_CONN_HELLO_WAIT);
-        if (!k) {
-            close(fd);
-            continue;
-        }
-        ev_io_start(c->loop, &k->rio);
-    }
-}
-
-
 /* ---- life cycle -------------------------------------------------------- */
 
 /* Closing: once k's queue is written, our side ends with a FIN; reading
@@ -595,33 +693,3 @@ void lei_conn_fin(lei_conn *k) {
     k->state = LEI_CONN_CLOSING;
     shutdown(k->fd, SHUT_WR);
 }
-
-
-int lei_ctx_listen(lei_ctx *c, const char *addr, const char *advertise, const char *toward,
-                   char *err) {
-    const char *why;
-    if (lei_addr_parse(addr, LEI_ADDR_LISTEN, &c->laddr, &why)) {
-        snprintf(err, LEI_ADDR_ERR_MAX, "%s", why);
-        return -LEI_E_INVALID;
-    }
-    /* Protected mode (no identity): loopback and unix sockets only. */
-    if (!c->id.keyed && !lei_addr_is_local(&c->laddr)) {
-        snprintf(err, LEI_ADDR_ERR_MAX,
-                 "refusing to listen on %s without keys (protected mode): set key= and trust=, "
-                 "or listen on 127.0.0.1", addr);
-        return -LEI_E_INVALID;
-    }
-    int fd = lei_addr_listen(&c->laddr, 512, c->bound, err, LEI_ADDR_ERR_MAX); /* c->lfd owns */
-    if (fd < 0) return -LEI_E_IO;
-    if (lei_addr_advertise(c->bound, advertise, toward, c->addr, err, LEI_ADDR_ERR_MAX)) {
-        lei_addr_close(fd, &c->laddr);
-        c->addr[0] = '\0';
-        return -LEI_E_INVALID;
-    }
-    c->lfd = fd;
-    ev_io_init(&c->lio, accept_cb, fd, EV_READ);
-    c->lio.data = c;
-    ev_io_start(c->loop, &c->lio);
-    return 0;
-}
-

@@ -23,16 +23,25 @@ void lei_opts_default(lei_opts *o) {
     o->queue_limit = 64u << 20;
     o->policy = LEI_BLOCK;
     o->batch_bytes = 256u << 10;
-    o->max_frame = (1u << 30) + 4096;
+    o->max_frame = (256u << 20) + 4096;
     o->retry_interval = 0.5;
     o->heartbeat = 5.0;
     o->heartbeat_misses = 2.0;
     o->retry_max = 2.0;
+    o->handshake_timeout = 10.0;
+    o->max_connections = 1024;
+    o->max_buffered = (size_t)512 << 20;
+    o->max_peer_channels = 65536;
+    o->max_channels = 262144;
 }
 
 struct ev_loop *lei_ctx_loop(const lei_ctx *c) { return c->loop; }
 
 const lei_opts *lei_ctx_opts(const lei_ctx *c) { return &c->o; }
+
+void lei_ctx_refusal(lei_ctx *c, const char *why) {
+    snprintf(c->refusal, sizeof c->refusal, "%s", why ? why : "");
+}
 
 void lei_logf(lei_ctx *c, const char *fmt, ...) {
     char buf[512];
@@ -46,6 +55,28 @@ void lei_logf(lei_ctx *c, const char *fmt, ...) {
         fprintf(stderr, "lecho: %s\n", buf);
 }
 
+void lei_ratelog(lei_ctx *c, int kind, const char *fmt, ...) {
+    if (kind < 0 || kind >= LEI_RL_NKINDS) kind = LEI_RL_NKINDS - 1;
+    ev_tstamp now = ev_now(c->loop);
+    if (c->rlog[kind].used && now - c->rlog[kind].t < LEI_RATELOG_WINDOW) {
+        c->rlog[kind].skipped++;
+        return;
+    }
+    uint64_t skipped = c->rlog[kind].skipped;
+    c->rlog[kind].used = 1;
+    c->rlog[kind].t = now;
+    c->rlog[kind].skipped = 0;
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (skipped)
+        lei_logf(c, "%s (%llu more in the last %g s)", buf, (unsigned long long)skipped,
+                 LEI_RATELOG_WINDOW);
+    else
+        lei_logf(c, "%s", buf);
+}
 
 int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_msg *msg,
                int sync, int policy, uint64_t *sync_id, const char **err) {
@@ -153,6 +184,9 @@ void lei_ctx_shutdown(lei_ctx *c) {
 void lei_ctx_stop_listening(lei_ctx *c) {
     if (c->lfd < 0) return;
     ev_io_stop(c->loop, &c->lio);
+    ev_timer_stop(c->loop, &c->acc_w);
+    if (c->reserve_fd >= 0) close(c->reserve_fd);
+    c->reserve_fd = -1;
     lei_addr_close(c->lfd, &c->laddr); /* removes our unix socket file */
     c->lfd = -1;
 }
@@ -207,6 +241,7 @@ lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h) {
     c->expiry_w.data = c;
     ev_init(&c->hb, lei_live_timer_cb);
     c->hb.data = c;
+    lei_conns_init(c);
     return c;
 }
 
@@ -228,14 +263,7 @@ void lei_ctx_free(lei_ctx *c) {
     lei_qitem *it;
     while ((it = lei_q_pop(&c->lq))) lei_item_free(c, it);
     while ((it = lei_q_pop(&c->ldef))) lei_item_free(c, it);
-    for (int i = 0; i < c->npeers; i++) {
-        lei_peer *p = c->peers[i];
-        lei_peer_q_clear(c, p, 0);
-        lei_live_free(p);
-        free(p->bound);
-        free(p);
-    }
-    free(c->peers);
+    lei_peers_free(c);
     for (uint32_t i = 0; i < c->nchans; i++) {
         free(c->chans[i]->name);
         free(c->chans[i]->dests);
@@ -251,6 +279,7 @@ void lei_ctx_free(lei_ctx *c) {
     ev_idle_stop(c->loop, &c->kick);
     ev_timer_stop(c->loop, &c->expiry_w);
     ev_timer_stop(c->loop, &c->hb);
+    lei_conns_stop(c);
     free(c->notes);
     lei_ident_free(c);
     ev_loop_destroy(c->loop);

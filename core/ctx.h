@@ -46,6 +46,18 @@ typedef struct lei_opts {
     double heartbeat;
     double heartbeat_misses;
     double retry_max;      /* cap of the exponential redial backoff */
+    /* Containment (issue 11; README "Limits"). */
+    double handshake_timeout;   /* s: a connection not UP this long after accept or
+                                 * connect is closed with an ERROR (0: never) */
+    size_t max_connections;     /* connections of the context, any state */
+    size_t max_buffered;        /* bytes of read buffers across all connections */
+    size_t max_peer_channels;   /* BIND indexes per connection */
+    /* Channels open in the context (local API and derived streams; a BIND
+     * from a peer never opens one).  lei_chan_open past it fails.  Channel
+     * ids stay stable for the context's life (they are the wire indexes we
+     * send and index every peer's BIND bitmap), so a channel is never freed
+     * before the context: this bounds what they hold. */
+    uint32_t max_channels;
 } lei_opts;
 
 void lei_opts_default(lei_opts *o);
@@ -139,13 +151,43 @@ void lei_ctx_count_encode(lei_ctx *c);
 void lei_chan_count_encode(lei_ctx *c, uint32_t chid);
 void lei_ctx_stats(const lei_ctx *c, lei_stats_ctx *out);
 void lei_logf(lei_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The kinds of refusal lei_ratelog counts apart (issue 11: a refused peer
+ * costs at most one log line per kind per window).  The enum lives here,
+ * not in ctx_int.h, so the binding and moe.c can log through it too.
+ * Append new kinds before LEI_RL_NKINDS. */
+enum lei_ratelog_kind {
+    LEI_RL_HANDSHAKE_TIMEOUT, /* conn.c: not UP within handshake_timeout */
+    LEI_RL_CONNECTIONS,       /* conn.c: past max_connections */
+    LEI_RL_ACCEPT,            /* conn.c: accept() failed (EMFILE, ENFILE, ...) */
+    LEI_RL_FRAME,             /* conn.c: a frame past max_frame or the buffer budget */
+    LEI_RL_BIND_INDEX,        /* conn.c: a BIND index out of range */
+    LEI_RL_HELLO_ADDR,        /* handshake.c: a HELLO address refused */
+    LEI_RL_CHANNELS,          /* chan.c: past max_channels */
+    LEI_RL_PEERS,             /* peer.c / members: past max_peers */
+    LEI_RL_MEMBERS,           /* members lists refused */
+    LEI_RL_VALUE,             /* decoders: a value past max_value_bytes */
+    LEI_RL_MODULATOR,         /* modulator refusals and unloads */
+    LEI_RL_REFUSED_BINDS,     /* conn.c: too many BINDs of channels refused or not here */
+    LEI_RL_NKINDS
+};
+#define LEI_RATELOG_WINDOW 10.0
+/* Logs like lei_logf, but at most one line per kind per LEI_RATELOG_WINDOW
+ * seconds: the first refusal of a window is logged, the others counted, and
+ * the next line logged says "(N more in the last 10 s)". */
+void lei_ratelog(lei_ctx *c, int kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* From an event or ctrl hook about to return -1 (a value it refuses): why,
+ * for the ERROR the peer gets ("malformed event value: <why>"). */
+void lei_ctx_refusal(lei_ctx *c, const char *why);
 
-/* Finds or creates the channel with this full name; returns its id. */
+/* Finds or creates the channel with this full name; returns its id, or
+ * UINT32_MAX (out of memory, or max_channels open: lei_chan_at_limit). */
 uint32_t lei_chan_open(lei_ctx *c, const char *name, size_t len);
 /* The channel with this id (an opaque handle), or NULL. */
 lei_chan *lei_chan_get(lei_ctx *c, uint32_t id);
 /* Channels are numbered 0 .. lei_ctx_nchans - 1, for the context's life. */
 uint32_t lei_ctx_nchans(const lei_ctx *c);
+/* max_channels are open: lei_chan_open of a new name fails. */
+int lei_chan_at_limit(const lei_ctx *c);
 /* The full name of channel id (NULL: no such channel). */
 const char *lei_chan_name(const lei_ctx *c, uint32_t id);
 /* 0, or -1 when there is no such channel. */
@@ -164,9 +206,13 @@ int lei_chan_full(lei_ctx *c, uint32_t chid);
 
 /* Finds the peer for addr, creating it (and dialling it) when create is set. */
 lei_peer *lei_peer_get(lei_ctx *c, const char *addr, int create);
-/* Peers are numbered 1 .. lei_ctx_npeers, for the context's life. */
+/* Peer idx (1-based, stable while the peer lives; NULL: none, or freed).
+ * A peer nothing uses is freed a while after (ctx_int.h); its idx may then
+ * name a new peer, after the hook was told the old one went down. */
 lei_peer *lei_peer_by_idx(lei_ctx *c, int idx);
+/* The peers now: lei_ctx_peer(c, 0 .. lei_ctx_npeers - 1), any order. */
 int lei_ctx_npeers(const lei_ctx *c);
+lei_peer *lei_ctx_peer(lei_ctx *c, int i);
 int lei_peer_idx(const lei_peer *p);
 /* The remote context's listen address. */
 const char *lei_peer_addr(const lei_peer *p);

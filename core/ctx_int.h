@@ -169,7 +169,13 @@ typedef struct lei_live {
 
 struct lei_peer {
     lei_ctx *ctx;
-    int idx;                  /* ro: 1-based handle, stable for the context's life */
+    int idx;                  /* ro: 1-based handle, stable while the peer lives; a
+                               * freed peer's idx goes to the next new one (the
+                               * hook was told it went down before) */
+    int pos;                  /* its index in ctx->peers */
+    ev_tstamp unused_at;      /* since when nothing uses it (0: in use); freed
+                               * LEI_PEER_FREE_AFTER later (lei_peers_sweep) */
+    uint8_t mark;             /* lei_peers_sweep: something refers to it */
     char addr[LEI_ADDR_MAX];  /* ro: the remote context's listen address */
     lei_conn *conn;           /* ro: current connection or NULL */
     int held;                 /* ro: a handler of an event from this peer is suspended */
@@ -240,8 +246,11 @@ struct lei_ctx {
     ev_prepare prep;          /* writes batched queues once per loop turn */
     ev_idle idle;             /* runs the local delivery queue */
     ev_timer hb;              /* liveness: PINGs and dead peers, all connections */
-    lei_peer **peers;         /* owned, index idx-1 */
+    lei_peer **peers;         /* owned: the peers, dense (p->pos), any order */
     int npeers, cpeers;
+    lei_peer **byidx;         /* owned array (not the peers): idx-1 -> peer or NULL */
+    int *freeidx;             /* owned: idx of freed peers, reused (capacity cbyidx) */
+    int nbyidx, cbyidx, nfreeidx;
     lei_conn *conns;          /* all live connections (list through conn->next) */
     lei_chan **chans;         /* owned */
     uint32_t nchans, cchans;
@@ -260,6 +269,22 @@ struct lei_ctx {
     uint64_t encodes;         /* values encoded (lei_ctx_count_encode) */
     uint64_t bad_frames;      /* ro: connections closed for bad input */
     lei_ident id;             /* identity, trust, pins (auth.c) */
+    /* Containment (conn.c): connections not CLOSED, bytes of their read
+     * buffers (rcap), the handshake deadline timer, accept()'s backoff. */
+    size_t nconns;
+    size_t rbuf;
+    ev_timer hs_w;            /* closes connections not UP within handshake_timeout */
+    ev_timer acc_w;           /* restarts accepting after EMFILE/ENFILE */
+    double acc_backoff;       /* s: the next pause (0.1 doubling to 2) */
+    int reserve_fd;           /* owned: /dev/null held to accept-and-refuse when out of fds */
+    struct {                  /* lei_ratelog: per kind, the window's start and */
+        ev_tstamp t;          /* the lines it did not log */
+        uint64_t skipped;
+        int used;
+    } rlog[LEI_RL_NKINDS];
+    /* rw: why the event or ctrl hook just refused its value ("": it did not
+     * say), set by lei_ctx_refusal; conn.c adds it to the peer's ERROR */
+    char refusal[200];
 };
 
 /* The states of a connection, in the order it walks them (the handshake
@@ -296,12 +321,20 @@ struct lei_conn {
     ev_io rio, wio;
     uint8_t *rb;        /* owned read buffer */
     size_t rlen, rpos, rcap;
-    uint32_t *inmap;    /* owned: remote channel idx -> local chid + 1, or
-                         * LEI_REFUSED (keyed: a BIND without a valid ticket) */
+    /* The remote's channel indexes (inmap.c): idx -> local chid + 1, or
+     * LEI_REFUSED (a channel not open here; keyed: or a
+     * BIND without a valid ticket); below 65536 in
+     * the array inmap, above in the table hmap. */
+    uint32_t *inmap;    /* owned */
     size_t ninmap;
-    char **rnames;      /* owned, with their strings: names of refused idx */
-    size_t nrnames;
+    struct lei_inent { uint32_t idx, val; } *hmap; /* owned; idx 0: empty */
+    size_t hcap, hn;
+    size_t nbound;      /* indexes bound, both parts (max_peer_channels) */
+    struct lei_rname { uint64_t idx; char *name; } *rnames; /* owned, with their
+                         * names: the refused indexes' channel names */
+    size_t nrnames, crnames;
     size_t nrefused;    /* BINDs refused on this connection (REFUSED_BINDS_MAX) */
+    size_t skip;        /* bytes of a dropped EVENT still to come, not buffered */
     ev_tstamp born, last_in, last_out, last_ping; /* liveness: created, last read, write, PING */
     lei_sec *sec;       /* owned: a keyed connection's crypto, or NULL (protected) */
     int fin_pending;    /* our FIN goes out once the pending records are written */
@@ -328,7 +361,12 @@ static inline int lei_local_full(const lei_ctx *c, const lei_chan *ch) {
 lei_qitem *lei_item_new(lei_msg *m);
 void lei_item_free(lei_ctx *c, lei_qitem *it);
 lei_qitem *lei_item_bytes(const uint8_t *hdr, size_t hlen, const void *body, size_t blen);
-/* peer.c: peers */
+/* peer.c: peers.  One nothing uses (no connection, nothing queued or held,
+ * no channel's destination, no sync waiting on it, no note untold) for
+ * LEI_PEER_FREE_AFTER seconds is freed (its counters go with it). */
+#define LEI_PEER_FREE_AFTER 30.0
+void lei_peers_sweep(lei_ctx *c);
+void lei_peers_free(lei_ctx *c);
 lei_peer *lei_peer_find(lei_ctx *c, const char *addr);
 lei_peer *lei_peer_new(lei_ctx *c, const char *addr);
 int lei_peer_live(lei_peer *p);
@@ -352,12 +390,32 @@ void lei_conn_free(lei_conn *k);
  * as a record once records are on. */
 void lei_conn_write_now(lei_conn *k, const uint8_t *b, size_t n);
 void lei_conn_send_error(lei_conn *k, const char *msg);
+/* Refuses k: ERROR with the reason to the peer, one log line per kind per
+ * window (lei_ratelog), k closed. */
+void lei_conn_refuse(lei_conn *k, int kind, const char *reason);
+/* conn.c: a connection record for fd (owned by the context from now on). */
+lei_conn *lei_conn_new(lei_ctx *c, int fd, enum lei_conn_state state);
+/* accept.c: the context's timers, counters, the reserved fd; the handshake
+ * deadline (armed by lei_conn_new); room for one more connection (0, or -1
+ * with the reason in why[n]). */
+void lei_conns_init(lei_ctx *c);
+void lei_conns_stop(lei_ctx *c);
+void lei_conn_hs_arm(lei_ctx *c);
+int lei_conn_room(lei_ctx *c, char *why, size_t n);
 /* conn.c -> handshake.c: one frame before UP (0, or -1 after closing k),
  * our HELLO once a dial connected. */
 int lei_conn_handshake(lei_conn *k, const lei_frame *f);
 void lei_conn_hello(lei_conn *k);
 /* Bytes after the frame being read are records from now on. */
 int lei_conn_records_in(lei_conn *k);
+/* inmap.c: a connection's channel indexes.  get: 0 with *val, or -1 (not
+ * bound); set: 0, or -1 (out of memory, or idx past 2^32 - 1). */
+int lei_inmap_get(const lei_conn *k, uint64_t idx, uint32_t *val);
+int lei_inmap_set(lei_conn *k, uint64_t idx, uint32_t val);
+const char *lei_inmap_rname(const lei_conn *k, uint64_t idx);
+int lei_inmap_set_rname(lei_conn *k, uint64_t idx, const char *name, size_t nl);
+void lei_inmap_drop_rname(lei_conn *k, uint64_t idx);
+void lei_inmap_free(lei_conn *k);
 /* chan.c: the channel of that name, or NULL (never created) */
 lei_chan *lei_chan_find(lei_ctx *c, const char *name, size_t len);
 /* auth.c */

@@ -110,6 +110,10 @@ int lei_parse_hello(const uint8_t *b, size_t n, lei_hello *h, const char **err) 
         *err = "bad address in handshake";
         return -LEI_E_PROTOCOL;
     }
+    if (memchr(b + pos, 0, (size_t)alen)) { /* "127.0.0.1:5\0junk" would read as an address */
+        *err = "bad address in handshake: a NUL byte";
+        return -LEI_E_PROTOCOL;
+    }
     memcpy(h->addr, b + pos, (size_t)alen);
     h->addr[alen] = '\0';
     pos += alen;

@@ -318,12 +318,29 @@ static int addr_canonical(const char *text) {
            lei_addr_format(&a, canon, sizeof canon) >= 0 && strcmp(canon, text) == 0;
 }
 
+/* Why a dialling peer's claimed address is refused, or NULL: it must be an
+ * address we could dial back (no control characters, canonical, not a
+ * wildcard, port 0 refused by the parser) and not ours. */
+static const char *hello_addr_refused(const lei_ctx *c, const char *text) {
+    for (const unsigned char *q = (const unsigned char *)text; *q; q++)
+        if (*q < 0x20 || *q == 0x7f) return "bad address in handshake: a control character";
+    if (!addr_canonical(text)) return "bad address in handshake: not an address in canonical form";
+    lei_addr a;
+    const char *why;
+    if (lei_addr_parse(text, 0, &a, &why) == 0 && lei_addr_is_wildcard(&a))
+        return "bad address in handshake: a wildcard address cannot be dialled";
+    if (strcmp(text, c->addr) == 0 || strcmp(text, c->bound) == 0)
+        return "bad address in handshake: this context's own address";
+    return NULL;
+}
+
 /* HELLO_WAIT: the remote introduced itself. */
 static int hello_received(lei_conn *k, const lei_frame *f) {
     lei_hello h;
     if (hello_read(k, f, LEI_F_HELLO, &h)) return -1;
-    if (!addr_canonical(h.addr)) {
-        lei_conn_close(k, "bad address in handshake", 1);
+    const char *bad = hello_addr_refused(k->ctx, h.addr);
+    if (bad) { /* malformed input: told, logged and counted as such */
+        lei_conn_close(k, bad, 1);
         return -1;
     }
     lei_sec *s = k->sec;

@@ -11,7 +11,7 @@
 /* The code of an encoder's message (codec_lua.c says what, not which). */
 static int enc_code(const char *msg) {
     if (strstr(msg, "out of memory")) return LEI_E_NOMEM;
-    if (strstr(msg, "limit")) return LEI_E_LIMIT;
+    if (strstr(msg, "limit") || strstr(msg, "decodes to more than")) return LEI_E_LIMIT;
     return LEI_E_INVALID;
 }
 
@@ -23,6 +23,12 @@ static int l_channel(lua_State *L) {
     size_t n;
     const char *name = luaL_checklstring(L, 2, &n);
     uint32_t id = lei_chan_open(b->c, name, n);
+    if (id == UINT32_MAX && lei_chan_at_limit(b->c)) {
+        char msg[64];
+        snprintf(msg, sizeof msg, "too many channels (limit %lu)",
+                 (unsigned long)lei_ctx_opts(b->c)->max_channels);
+        return lb_push_err(L, msg, LEI_E_LIMIT);
+    }
     if (id == UINT32_MAX) return luaL_error(L, "lecho: out of memory");
     lua_pushnumber(L, id);
     return 1;

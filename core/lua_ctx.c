@@ -10,6 +10,7 @@
  */
 #define _GNU_SOURCE
 #include "lua_int.h"
+#include "lpat.h"
 
 #include <limits.h>
 #include <math.h>
@@ -80,9 +81,23 @@ static void opt_liveness(lua_State *L, lei_opts *o) {
     if (!(o->heartbeat_misses > 1)) luaL_error(L, "lecho: heartbeat_misses must be above 1");
 }
 
+/* handshake_timeout= (s, 0: never), max_connections= (>= 1),
+ * max_buffered= (bytes), max_peer_channels= (>= 1, <= 2^24) of the options
+ * table at index 1 (README "Limits"). */
+static void opt_containment(lua_State *L, lei_opts *o) {
+    o->handshake_timeout = opt_time(L, 1, "handshake_timeout", o->handshake_timeout);
+    o->max_connections = lb_opt_size(L, 1, "max_connections", o->max_connections);
+    o->max_buffered = lb_opt_size(L, 1, "max_buffered", o->max_buffered);
+    o->max_peer_channels = lb_opt_size(L, 1, "max_peer_channels", o->max_peer_channels);
+    if (o->max_connections < 1) luaL_error(L, "lecho: max_connections must be at least 1");
+    if (o->max_peer_channels < 1 || o->max_peer_channels > (1u << 24))
+        luaL_error(L, "lecho: max_peer_channels must be from 1 to 2^24");
+}
+
 /* core.new{ queue_limit=, policy=, batch_bytes=, max_frame=, max_string=,
- *           max_depth=, pin_threshold=, retry_interval=, heartbeat=,
- *           heartbeat_misses=, retry_max= } */
+ *           max_depth=, max_value_bytes=, pin_threshold=, retry_interval=, heartbeat=,
+ *           heartbeat_misses=, retry_max=, handshake_timeout=, max_connections=,
+ *           max_buffered=, max_peer_channels= } */
 static int l_new(lua_State *L) {
     lei_opts o;
     lei_opts_default(&o);
@@ -95,6 +110,7 @@ static int l_new(lua_State *L) {
         lim.max_string = lb_opt_size(L, 1, "max_string", lim.max_string);
         size_t depth = lb_opt_size(L, 1, "max_depth", lim.max_depth);
         lim.max_depth = depth > UINT_MAX ? UINT_MAX : (unsigned)depth; /* the codec caps it */
+        lim.max_value_bytes = lb_opt_size(L, 1, "max_value_bytes", lim.max_value_bytes);
         o.max_frame = lb_opt_size(L, 1, "max_frame", lim.max_string + 64 * 1024 > o.max_frame
                                                        ? lim.max_string + 64 * 1024
                                                        : o.max_frame);
@@ -104,7 +120,10 @@ static int l_new(lua_State *L) {
                                  "(a frame's length is 32 bits on the wire)");
         pin = lb_opt_size(L, 1, "pin_threshold", pin);
         o.retry_interval = opt_time(L, 1, "retry_interval", o.retry_interval);
+        size_t maxch = lb_opt_size(L, 1, "max_channels", o.max_channels);
+        o.max_channels = maxch > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)maxch;
         opt_liveness(L, &o);
+        opt_containment(L, &o);
         lua_getfield(L, 1, "policy");
         if (!lua_isnil(L, -1)) o.policy = luaL_checkoption(L, -1, NULL, lb_policy_names);
         lua_pop(L, 1);
@@ -309,8 +328,8 @@ static int l_stats(lua_State *L) {
     lb_setn(L, "local_deferred_events", (double)cs.deferred_events);
     lb_setn(L, "local_deferred_bytes", (double)cs.deferred_bytes);
     lua_newtable(L);
-    for (int i = 1; i <= lei_ctx_npeers(c); i++) {
-        lei_peer *p = lei_peer_by_idx(c, i);
+    for (int i = 0; i < lei_ctx_npeers(c); i++) {
+        lei_peer *p = lei_ctx_peer(c, i);
         lei_stats_peer ps;
         lei_peer_stats(p, &ps);
         lua_newtable(L);
@@ -380,7 +399,23 @@ static int l_close_peer(lua_State *L) {
     return 0;
 }
 
+/* ctx:ratelog(kind, msg): logs msg through lei_ratelog, at most one line
+ * per kind per 10 s (issue 11: refusals decided in Lua, e.g. member lists).
+ * The names follow enum lei_ratelog_kind (ctx.h), in its order. */
+static int l_ratelog(lua_State *L) {
+    static const char *const kinds[] = {"handshake_timeout", "connections", "accept", "frame",
+                                        "bind_index", "hello_addr", "channels", "peers",
+                                        "members", "value", "modulator", "refused_binds", NULL};
+    _Static_assert(sizeof kinds / sizeof *kinds == LEI_RL_NKINDS + 1,
+                   "one name per enum lei_ratelog_kind");
+    lb_ctx *b = lb_check_ctx(L);
+    int kind = luaL_checkoption(L, 2, NULL, kinds);
+    lei_ratelog(b->c, kind, "%s", luaL_checkstring(L, 3));
+    return 0;
+}
+
 static const luaL_Reg ctx_methods[] = {
+    {"ratelog", l_ratelog},
     {"listen", l_listen},         {"addr", l_addr},
     {"hooks", l_hooks},           {"stats", l_stats},
     {"peer_addr", l_peer_addr},   {"close_peer", l_close_peer},
@@ -409,6 +444,8 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
     lua_setfield(L, -2, "new");
     lua_pushcfunction(L, l_hash);
     lua_setfield(L, -2, "hash");
+    lua_pushcfunction(L, lei_lpat_new); /* core.lpat(): the modulators' pattern functions */
+    lua_setfield(L, -2, "lpat");
     luaL_register(L, NULL, lb_auth_funcs); /* keypair, sign, verify, hex, unhex */
     lua_pushinteger(L, LEI_PROTO_VERSION);
     lua_setfield(L, -2, "protocol_version");

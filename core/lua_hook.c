@@ -135,9 +135,12 @@ static int run_hook(lb_ctx *b, hook_args *a) {
     const char *what = a->is_event ? "event value" : "control message";
     if (rc) {
         const char *m = lua_tostring(L, -1);
-        if (a->bad)
+        if (a->bad) {
             lei_logf(b->c, "bad %s from %s: %s", what, from,
                      rc == LUA_ERRMEM ? "out of memory decoding it" : (m ? m : "error"));
+            if (b->c)
+                lei_ctx_refusal(b->c, rc == LUA_ERRMEM ? "out of memory decoding it" : (m ? m : "error"));
+        }
         else
             lei_logf(b->c, "error in callback: %s", m ? m : "(non-string error)");
         lua_pop(L, 2);
@@ -146,6 +149,7 @@ static int run_hook(lb_ctx *b, hook_args *a) {
     lua_pop(L, 1);
     if (a->bad) {
         lei_logf(b->c, "bad %s from %s: %s", what, from, a->err);
+        if (b->c) lei_ctx_refusal(b->c, a->err);
         return -1;
     }
     return a->held ? 1 : 0;

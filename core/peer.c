@@ -151,11 +151,14 @@ void lei_expiry_cb(struct ev_loop *loop, ev_timer *w, int revents) {
         }
     }
     if (next) lei_expiry_at(c, next);
+    lei_peers_sweep(c);
 }
 
 lei_peer *lei_peer_by_idx(lei_ctx *c, int idx) {
-    return idx >= 1 && idx <= c->npeers ? c->peers[idx - 1] : NULL;
+    return idx >= 1 && idx <= c->nbyidx ? c->byidx[idx - 1] : NULL;
 }
+
+lei_peer *lei_ctx_peer(lei_ctx *c, int i) { return i >= 0 && i < c->npeers ? c->peers[i] : NULL; }
 
 lei_peer *lei_peer_find(lei_ctx *c, const char *addr) {
     for (int i = 0; i < c->npeers; i++)
@@ -163,22 +166,104 @@ lei_peer *lei_peer_find(lei_ctx *c, const char *addr) {
     return NULL;
 }
 
-lei_peer *lei_peer_new(lei_ctx *c, const char *addr) {
+/* Room for one more peer in ctx->peers and one more idx. */
+static int peers_room(lei_ctx *c) {
     if (c->npeers == c->cpeers) {
         int n = c->cpeers ? c->cpeers * 2 : 8;
         lei_peer **np = realloc(c->peers, (size_t)n * sizeof *np);
-        if (!np) return NULL;
+        if (!np) return -1;
         c->peers = np;
         c->cpeers = n;
     }
-    lei_peer *p = calloc(1, sizeof *p);
+    if (!c->nfreeidx && c->nbyidx == c->cbyidx) {
+        int n = c->cbyidx ? c->cbyidx * 2 : 8;
+        lei_peer **nb = realloc(c->byidx, (size_t)n * sizeof *nb);
+        if (!nb) return -1;
+        c->byidx = nb;
+        int *nf = realloc(c->freeidx, (size_t)n * sizeof *nf);
+        if (!nf) return -1;
+        c->freeidx = nf;
+        c->cbyidx = n;
+    }
+    return 0;
+}
+
+lei_peer *lei_peer_new(lei_ctx *c, const char *addr) {
+    if (peers_room(c)) return NULL;
+    lei_peer *p = calloc(1, sizeof *p); /* owned by ctx->peers until lei_peers_sweep */
     if (!p) return NULL;
     p->ctx = c;
     snprintf(p->addr, sizeof p->addr, "%s", addr);
     p->last_fail = -1e9;
+    p->pos = c->npeers;
     c->peers[c->npeers++] = p;
-    p->idx = c->npeers;
+    p->idx = c->nfreeidx ? c->freeidx[--c->nfreeidx] : ++c->nbyidx;
+    c->byidx[p->idx - 1] = p;
+    /* unused until a channel, a sync or a connection takes it: swept if none does */
+    p->unused_at = ev_now(c->loop);
+    lei_expiry_at(c, p->unused_at + LEI_PEER_FREE_AFTER);
     return p;
+}
+
+static void peer_free(lei_ctx *c, lei_peer *p) {
+    lei_peer_q_clear(c, p, 0);
+    lei_live_free(p);
+    free(p->bound);
+    free(p);
+}
+
+/* Frees the peers nothing has used for LEI_PEER_FREE_AFTER seconds, and
+ * arms the expiry timer for the next that may be.  What refers to a peer
+ * is marked first: channels' destinations, sync waits, connections (a
+ * closed one not yet freed too), notes not yet told. */
+void lei_peers_sweep(lei_ctx *c) {
+    ev_tstamp now = ev_now(c->loop), next = 0;
+    for (int i = 0; i < c->npeers; i++) c->peers[i]->mark = 0;
+    for (uint32_t i = 0; i < c->nchans; i++)
+        for (int j = 0; j < c->chans[i]->ndests; j++) c->chans[i]->dests[j]->mark = 1;
+    for (lei_sync *s = c->syncs; s; s = s->next)
+        for (int i = 0; i < s->nw; i++)
+            if (s->w[i].peer) s->w[i].peer->mark = 1;
+    for (lei_conn *k = c->conns; k; k = k->next) {
+        if (k->peer) k->peer->mark = 1;
+        if (k->was) k->was->mark = 1;
+    }
+    for (int i = 0; i < c->nnotes; i++) {
+        lei_peer *p = lei_peer_by_idx(c, c->notes[i].idx);
+        if (p) p->mark = 1;
+    }
+    for (int i = 0; i < c->npeers; i++) {
+        lei_peer *p = c->peers[i];
+        if (p->mark || p->conn || p->retiring || p->q.head || p->held || p->await_in > 0) {
+            p->unused_at = 0;
+            /* without a connection to say when it ends, looked at again
+             * later (a destination dropped, a sync record freed) */
+            if (!p->conn && (!next || now + LEI_PEER_FREE_AFTER < next))
+                next = now + LEI_PEER_FREE_AFTER;
+            continue;
+        }
+        if (!p->unused_at) p->unused_at = now;
+        ev_tstamp due = p->unused_at + LEI_PEER_FREE_AFTER;
+        if (due > now) {
+            if (!next || due < next) next = due;
+            continue;
+        }
+        c->byidx[p->idx - 1] = NULL;
+        c->freeidx[c->nfreeidx++] = p->idx;
+        c->peers[i] = c->peers[--c->npeers];
+        c->peers[i]->pos = i;
+        peer_free(c, p);
+        i--;
+    }
+    if (next) lei_expiry_at(c, next);
+}
+
+/* At the context's end: every peer. */
+void lei_peers_free(lei_ctx *c) {
+    for (int i = 0; i < c->npeers; i++) peer_free(c, c->peers[i]);
+    free(c->peers);
+    free(c->byidx);
+    free(c->freeidx);
 }
 
 /* Counts a dropped queue item: one event, or each event of a batch (by
@@ -266,6 +351,9 @@ void lei_peer_lost(lei_peer *p, const char *reason) {
     if (p->nbound) memset(p->bound, 0, p->nbound); /* bound is NULL until a channel is sent */
     lei_syncs_peer_lost(c, p, reason);
     lei_peer_note(p, 0, reason);
+    /* nothing may use it any more: looked at (lei_peers_sweep) in a while */
+    p->unused_at = p->last_fail;
+    lei_expiry_at(c, p->unused_at + LEI_PEER_FREE_AFTER);
 }
 
 void lei_peer_close(lei_peer *p, const char *reason) {

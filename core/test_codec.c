@@ -352,6 +352,49 @@ static void test_reader_messages(void)
 	CHECK(strcmp(lei_codec_strerror(LEI_ENOMEM), "out of memory") == 0);
 }
 
+/* max_value_bytes: the reader charges a table's announced slots with its
+ * header, before a decoder presizes them, and strings their length. */
+static void test_value_size(void)
+{
+	lei_codec_limits lim;
+	lei_reader r;
+	lei_item it;
+	char msg[128];
+	uint8_t *big;
+	size_t n = 5000000, i;
+	int rc;
+
+	lei_codec_limits_default(&lim);
+	CHECK(lim.max_value_bytes == 67108864);
+	/* { "abc", k = true }: 64 + 16 + 32 + (24 + 3) + (24 + 1) = 164 */
+	static const char v[] = "\x06\x01\x01\x05\x03" "abc" "\x05\x01k\x02";
+	lim.max_value_bytes = 164;
+	CHECK(strcmp(vmsg(v, sizeof v - 1, &lim), "") == 0);
+	lim.max_value_bytes = 163;
+	CHECK(strcmp(vmsg(v, sizeof v - 1, &lim), "value decodes to more than max_value_bytes") == 0);
+	lim.max_value_bytes = 0; /* scalars only */
+	CHECK(strcmp(vmsg("\x03\x02", 2, &lim), "") == 0);
+	CHECK(strcmp(vmsg("\x05\x00", 2, &lim), "value decodes to more than max_value_bytes") == 0);
+
+	/* 5 MB announcing 5 million nil slots: 80 MB charged on the header */
+	big = malloc(n + 8);
+	CHECK(big != NULL);
+	if (!big)
+		return;
+	big[0] = LEI_T_TABLE;
+	i = 1 + lei_varint_encode(big + 1, n - 8);
+	big[i++] = 0;
+	memset(big + i, 0, n - i);
+	lei_reader_init(&r, big, n, NULL);
+	rc = lei_read_item(&r, &it);
+	CHECK(rc == LEI_ESIZE && r.size == 0);
+	CHECK(strcmp(lei_reader_strerror(&r, rc, msg, sizeof msg),
+	             "value decodes to more than 67108864 bytes") == 0);
+	lim.max_value_bytes = SIZE_MAX; /* and fine without the cap */
+	CHECK(strcmp(vmsg(big, i + (n - 8), &lim), "") == 0);
+	free(big);
+}
+
 static void noop_unpin(void *ud, int ref)
 {
 	int *count = ud;
@@ -512,6 +555,7 @@ int main(void)
 	test_writers();
 	test_validate();
 	test_reader_messages();
+	test_value_size();
 	test_msg_iov();
 	test_mutations();
 	return TEST_SUMMARY();

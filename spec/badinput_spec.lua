@@ -23,7 +23,8 @@ local socket = require "socket"
 local support = require "spec.support"
 
 local F_HELLO, F_HELLO_OK, F_ERROR, F_CTRL, F_BIND, F_EVENT = 1, 2, 3, 4, 5, 6
-local DEFAULT_MAX_FRAME = 2 ^ 30 + 4096 -- lei_opts_default
+-- max_string (256 MiB) + 64 KiB: what core.new makes of the default (issue 11)
+local DEFAULT_MAX_FRAME = 2 ^ 28 + 65536
 local WAIT = 5                          -- seconds any single wait may take
 
 ------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ local support = require "spec.support"
 local cjson = require "cjson"
 
 local WORKLOADS = { "codec", "latency", "throughput", "sinks", "pipeline", "channels",
-                    "bulk", "null_call", "modulators", "keyed" }
+                    "bulk", "null_call", "modulators", "keyed", "attacked", "patterns" }
 
 local function positive(x, what)
   assert(type(x) == "number" and x > 0 and x == x and x < math.huge,
@@ -74,6 +74,10 @@ describe("make bench QUICK=1", function()
     positive(w.keyed.pingpong.keyed.us_per_op, "keyed round trip")
     assert.equal("lecho_c_keyed", w.keyed.pingpong.keyed.impl)
     for _, r in ipairs(w.keyed.stream) do positive(r.keyed.mb_per_s, "keyed stream " .. r.size) end
+    positive(w.attacked.clean, "attacked: the flow alone")
+    positive(w.attacked.attacked, "attacked: the flow beside the attacker")
+    assert.equal(0, w.attacked.lost)
+    for _, c in ipairs(w.patterns.cases) do positive(c.ours_us, c.name); positive(c.luajit_us, c.name) end
     for _, r in ipairs(doc.rows) do
       if r.base_v then positive(r.ratio, "ratio of " .. r.workload) end
     end

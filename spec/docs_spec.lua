@@ -100,7 +100,14 @@ describe("doc/architecture.md", function()
     assert.is_true(#files > 60, "git lists too few files: " .. #files)
     local absent = {}
     for _, f in ipairs(files) do
-      if not map:find("\n| `" .. f .. "` |", 1, true) then absent[#absent + 1] = f end
+      -- a folder of data files (core/fuzz/frame/) may have one line for all
+      local named = map:find("\n| `" .. f .. "` |", 1, true)
+      local dir = f:match("^(.*)/[^/]+$")
+      while not named and dir do
+        named = map:find("\n| `" .. dir .. "/` |", 1, true)
+        dir = dir:match("^(.*)/[^/]+$")
+      end
+      if not named then absent[#absent + 1] = f end
     end
     assert.are.same({}, absent)
   end)

@@ -42,9 +42,11 @@ function Context:channel(name, opts)
     if not ok then return nil, err, code end
   end
   if ch then return ch end
+  local chid, err, code = self.c:channel(full)     -- (max_channels)
+  if not chid then return nil, err, code end
   ch = setmetatable({
     ctx = self, name = full, ns = ns, short = short,
-    chid = self.c:channel(full),
+    chid = chid,
     consumers = { short = short }, producers = {}, nprod = 0,
     ver = -1, manager = nil,
     dests = {}, mods = {}, modlist = {}, failed = {}, failed_dests = {}, grants = {},  -- producing side

@@ -31,7 +31,12 @@ function Channel:consumer(handler, opts)
   }, Consumer)
   self.all[#self.all + 1] = con
   if spec then
-    con.entry = self:_attach(con, spec, handler)
+    local err, code
+    con.entry, err, code = self:_attach(con, spec, handler)
+    if not con.entry then
+      table.remove(self.all)
+      return nil, err, code
+    end
   else
     local list = self.consumers
     list[#list + 1] = con
@@ -47,6 +52,19 @@ function Channel:consumer(handler, opts)
   if type(r) == "table" and r.late and #r.late > 0 then
     ctx.log(("consumer on '%s': producers %s did not confirm in time"):format(
       self.short, table.concat(r.late, ", ")))
+  end
+  -- a producer that refused the member list naming us (its max_members,
+  -- max_peers) sends us nothing: told to on_error, else logged
+  for _, e in ipairs(type(r) == "table" and type(r.errors) == "table" and r.errors or {}) do
+    if type(e) == "table" and e.key == nil and type(e.err) == "string" then
+      local msg = ("producer %s: %s"):format(tostring(e.producer), e.err)
+      if con.on_error then
+        local ok, herr = pcall(con.on_error, msg)
+        if not ok then ctx.log("on_error handler failed: " .. tostring(herr)) end
+      else
+        ctx.log(("consumer on '%s': %s"):format(self.short, msg))
+      end
+    end
   end
   return con
 end
@@ -102,8 +120,10 @@ function Consumer:_switch(spec, handler)
     end
   end
   local old_handler = self.handler
+  local entry, aerr, acode = ch:_attach(self, spec, handler)
+  if not entry then return nil, aerr, acode end
   self.mod, self.handler = spec, handler
-  self.entry = ch:_attach(self, spec, handler)
+  self.entry = entry
   local r, err, code = ch:_update_subs()
   if not r then
     -- Not applied (the manager is unreachable, say): the old modulator stays

@@ -86,7 +86,7 @@ end
 -- One log line per `kind` every WARN_EVERY seconds at most (a peer that
 -- floods bad messages must not flood the log); the next line says how many
 -- were left out.
-local WARN_EVERY = 5
+local WARN_EVERY = 10
 function Context:_warn_limited(kind, line)
   local w = self.warned
   if not w then w = {}; self.warned = w end
@@ -97,7 +97,7 @@ function Context:_warn_limited(kind, line)
     e.left = e.left + 1
     return
   end
-  if e.left > 0 then line = ("%s (and %d more like it)"):format(line, e.left) end
+  if e.left > 0 then line = ("%s (%d more in the last %d s)"):format(line, e.left, WARN_EVERY) end
   e.at, e.left = t, 0
   self.log(line)
 end
@@ -189,6 +189,49 @@ local function members_channel(self, from, msg)
   return ch
 end
 
+-- The limits a well-formed member list must stay within (README "Limits"):
+-- at most max_members consumer contexts in the list and in each
+-- modulator's dests, none twice (a context listed 20,000 times would get
+-- every event 20,000 times), and no more than max_peers distinct remote
+-- contexts as destinations over all the channels of this context with this
+-- list in place of the channel's current one (each is a peer: a dial, a
+-- connection, a queue).  Returns nil, or why the list is refused whole.
+local function members_limits(self, ch, msg)
+  local maxm, maxp = self.max_members, self.max_peers
+  local need, nneed = {}, 0
+  local function scan(l, what)
+    if type(l) ~= "table" then return end      -- (shapes: addr_list, mods_ok)
+    if #l > maxm then return ("%s%d consumers (limit %d)"):format(what, #l, maxm) end
+    local seen = {}
+    for _, a in ipairs(l) do
+      if seen[a] then return ("%sduplicate consumer %s"):format(what, a) end
+      seen[a] = true
+      if a ~= self.addr and not need[a] then need[a], nneed = true, nneed + 1 end
+    end
+  end
+  local why = scan(msg.consumers, "")
+  if why then return why end
+  local mods = type(msg.mods) == "table" and msg.mods or {}
+  for _, k in ipairs(sorted_keys(mods)) do
+    why = type(mods[k]) == "table" and scan(mods[k].dests, ("modulator %s: "):format(tostring(k)))
+    if why then return why end
+  end
+  local function add(l)
+    for _, a in ipairs(l or {}) do
+      if not need[a] then need[a], nneed = true, nneed + 1 end
+    end
+  end
+  for _, other in pairs(self.byname) do
+    if other ~= ch then
+      add(other.dests)
+      for _, inst in pairs(other.mods) do add(inst.dests) end
+    end
+  end
+  if nneed > maxp then
+    return ("they need %d peer contexts here (limit %d)"):format(nneed, maxp)
+  end
+end
+
 function Context:_on_ctrl(from, msg)
   if type(msg) ~= "table" or type(msg.op) ~= "string" then
     self.log(("ignoring a control message without op from %s"):format(from))
@@ -204,6 +247,15 @@ function Context:_on_ctrl(from, msg)
       return self:_warn_limited("members", ("ignoring a members message from %s: %s"):format(from, why))
     end
     if msg.ver > ch.ver then
+      -- Refused whole, the list before it stays; the manager is told in
+      -- the confirmation (it answers joins with it), the log says it once.
+      local refused = members_limits(self, ch, msg)
+      if refused then
+        refused = ("members of %s refused: %s"):format(ch.name, refused)
+        self:_warn_limited("members_limit", ("%s (from %s)"):format(refused, from))
+        return self:_send_ctrl(from, { op = "members_ok", ch = msg.ch, ver = msg.ver, mid = msg.mid,
+                                       refused = refused })
+      end
       ch.ver = msg.ver
       pin_all(self, msg.keys)
       ch:_apply_members(msg.consumers, msg.mods)
@@ -250,6 +302,9 @@ function Context:_on_peer(idx, addr, up, reason)
     self.peer_addrs[idx] = addr
     return
   end
+  -- a peer that went down may be freed, and its idx name another later:
+  -- what was cached under it goes (it is found again from the core)
+  self.peer_addrs[idx], self.pnames[idx] = nil, nil
   self:_fail_pending(addr, reason or "connection lost")
   if self.reg then self.reg:peer_down(addr, self._send, now(self)) end
   -- A manager that lost its name server registers again, with the channels
@@ -384,9 +439,16 @@ function Channel:_join(role)
     -- A `members` update handled while we waited (it can come in the same
     -- read as this reply, and was already confirmed) is newer: keep it.
     if self.ver == ver_before or (r.ver or -1) > self.ver then
-      self.ver = r.ver or self.ver
-      pin_all(self.ctx, type(r.keys) == "table" and r.keys or nil)
-      self:_apply_members(r.consumers or {}, r.mods)
+      -- the list a join reply carries is held to the limits of `members`
+      local refused = members_limits(self.ctx, self, { consumers = r.consumers or {}, mods = r.mods })
+      if refused then
+        self.ctx:_warn_limited("members_limit", ("members of %s refused: %s (from %s)")
+                                                 :format(self.name, refused, mgr))
+      else
+        self.ver = r.ver or self.ver
+        pin_all(self.ctx, type(r.keys) == "table" and r.keys or nil)
+        self:_apply_members(r.consumers or {}, r.mods)
+      end
     end
   else
     self.cjoined = true

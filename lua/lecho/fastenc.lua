@@ -2,7 +2,8 @@
 -- LuaJIT's compiler, used by submit for the common case.
 --
 --   local fastenc = require "lecho.fastenc"
---   local enc = fastenc.new{ max_depth = 100, max_string = 2^28, pin = 65536 }
+--   local enc = fastenc.new{ max_depth = 100, max_string = 2^28, pin = 65536,
+--                            max_value_bytes = 2^26 }
 --   local s = enc(value)     -- the encoded bytes, or nil: use the C encoder
 --
 -- The C encoder (core/codec_lua.c) goes through the Lua C API for every
@@ -10,7 +11,8 @@
 -- same bytes (spec/fastenc_spec.lua checks that on random values) and
 -- declines, returning nil, whatever is not the plain case: strings to pin
 -- (>= pin bytes, sent without a copy by the C side) or over max_string,
--- nesting at max_depth (cycles end there too), integers beyond 2^50, and
+-- nesting at max_depth (cycles end there too), a value past
+-- max_value_bytes once decoded (as the reader charges), integers beyond 2^50, and
 -- values that cannot be encoded.  The C encoder then does the work and
 -- reports the exact error.
 
@@ -32,6 +34,9 @@ function M.new(opts)
   local max_depth = math.min(opts.max_depth or 100, 1000) -- the C ceiling
   local max_string = opts.max_string or 256 * 1024 * 1024
   local pin = opts.pin or 64 * 1024
+  -- what the receiver's reader charges (core/codec.h, LEI_DEC_*): past it, declined
+  local max_value = opts.max_value_bytes or 64 * 1024 * 1024
+  local size = 0
   if pin == 0 then pin = math.huge end
   local buf = buffer.new(256)
   local dptr = ffi.typeof("double *")
@@ -116,6 +121,8 @@ function M.new(opts)
       while narr < len and rawget(t, narr + 1) ~= nil do narr = narr + 1 end
     end
     if nkeys < narr or (nkeys == 0 and next(t) ~= nil) then return false end
+    size = size + 64 + 16 * narr + 32 * (nkeys - narr)
+    if size > max_value then return false end
     byte(T_TABLE)
     varint(narr)
     varint(nkeys - narr)
@@ -153,6 +160,8 @@ function M.new(opts)
     elseif tv == "string" then
       local n = #v
       if n >= pin or n > max_string then return false end
+      size = size + 24 + n
+      if size > max_value then return false end
       byte(T_STRING)
       varint(n)
       buf:put(v)
@@ -171,6 +180,7 @@ function M.new(opts)
 
   return function(v)
     buf:reset()
+    size = 0
     if enc(v, 0) then return buf:tostring() end
     return nil
   end

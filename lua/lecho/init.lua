@@ -68,7 +68,8 @@ local function now(self) return self.c:now() end
 -- registered with opts.nameserver), timeout (control requests, 5 s),
 -- sync_timeout (10 s), queue_limit, policy, batch_bytes, max_string,
 -- max_depth, max_frame, pin_threshold, retry_interval, retry_max, heartbeat,
--- heartbeat_misses (see README), log (fn(msg)), quiet, key, trust and
+-- heartbeat_misses, handshake_timeout, max_connections, max_buffered,
+-- max_peer_channels (see README, "Limits"), log (fn(msg)), quiet, key, trust and
 -- nameserver_principal (keyed mode: README "Keys"; without key and trust
 -- the context is in protected mode); the full list with defaults is
 -- lecho.options.CONTEXT.
@@ -113,7 +114,7 @@ function M.context(opts)
     -- the compiled encoder for submits (nil without string.buffer): same
     -- bytes as the C one, which still does what it declines
     fastenc = fastenc.new{ max_depth = opts.max_depth, max_string = opts.max_string,
-                           pin = opts.pin_threshold },
+                           pin = opts.pin_threshold, max_value_bytes = opts.max_value_bytes },
     mod_budget = opts.modulator_budget or D.modulator_budget,
     mod_memory = opts.modulator_memory or D.modulator_memory,
     mods_memory = opts.modulators_memory or D.modulators_memory,
@@ -128,6 +129,9 @@ function M.context(opts)
     principal = identity and identity.key.name or nil,   -- ro: our name in keyed mode
     ns_principal = opts.nameserver_principal or D.nameserver_principal,
     sync_timeout = opts.sync_timeout or D.sync_timeout,
+    -- member lists a producer takes (lecho.control, README "Limits")
+    max_members = opts.max_members or D.max_members,
+    max_peers = opts.max_peers or D.max_peers,
     closed = false,
   }, Context)
   for _, e in ipairs(identity and identity.trust.keys or {}) do self.trust_names[e.public] = e.name end
@@ -151,7 +155,7 @@ function M.context(opts)
       addr = addr, role = opts.manager and opts.nameserver and "manager" or "nameserver",
       ack_timeout = opts.ack_timeout or D.ack_timeout,
       settle = opts.settle, recovering = opts.recovering, forget_after = opts.forget_after,
-      channel_quota = opts.channel_quota,
+      channel_quota = opts.channel_quota, max_members = opts.max_members or D.max_members,
       nameserver = opts.manager and opts.nameserver and self.ns or nil,
       policy = opts.policy_file,
       -- keyed mode: who each peer is (this context's own key for addr), and

@@ -23,7 +23,7 @@ local M = {}
 -- answered: `{ from, rid, ver, count, deadline }`.
 local function new_channel(self, name)
   self.seq = self.seq + 1
-  local c = { name = name, ver = self.seq, producers = {}, consumers = {}, waits = {} }
+  local c = { name = name, ver = self.seq, producers = {}, consumers = {}, nconsumers = 0, waits = {} }
   self.channels[name] = c
   self.nchannels = self.nchannels + 1
   self.idle[name] = nil
@@ -128,6 +128,12 @@ local function wait_errors(c, w)
   local out = {}
   for _, a in ipairs(sorted_keys(c.producers)) do
     local errs = c.producers[a].errs
+    local refused = c.producers[a].refused
+    if refused then
+      -- (for each modulator asked for; for the plain stream, without key)
+      for _, k in ipairs(w.keys) do out[#out + 1] = { producer = a, key = k, err = refused } end
+      if #w.keys == 0 then out[#out + 1] = { producer = a, err = refused } end
+    end
     if errs then
       for _, k in ipairs(w.keys) do
         if errs[k] then out[#out + 1] = { producer = a, key = k, err = errs[k] } end
@@ -364,12 +370,19 @@ function ops.join(self, from, msg, io)
   local subs = checked_subs(self, c, from, msg, io)
   if not subs then return end
   local r = c.consumers[from]
+  if not r and c.nconsumers >= self.max_members then
+    -- (a producer refuses a longer member list whole: one context past it
+    -- would cost every other its events)
+    return fail(self, io, from, msg.rid, ("join: channel '%s' has %d consumer contexts (limit %d)")
+                :format(ch, c.nconsumers, self.max_members), { code = "limit" })
+  end
   if r then
     r.count = r.count + 1
     if msg.subs == nil then return wait_for(self, c, from, msg, r, io) end
   else
     r = { count = 1 }
     c.consumers[from] = r
+    c.nconsumers = c.nconsumers + 1
   end
   subscribed(self, c, from, msg, r, subs, io)
 end
@@ -415,6 +428,7 @@ function ops.leave(self, from, msg, io)
   if r.count == 0 then
     set[from] = nil
     if role == "consumer" then
+      c.nconsumers = c.nconsumers - 1
       publish_members(self, c, io)
     else
       check_waits(self, c, io)      -- its confirmations are no longer awaited
@@ -460,6 +474,15 @@ function ops.members_ok(self, from, msg, io)
     p.acked = ver
     -- modulators that failed to install there, by key (latest report wins)
     p.errs = type(msg.errs) == "table" and msg.errs or nil
+    -- the producer refused the list whole (its max_members, max_peers): it
+    -- keeps the one before; the joins waiting for it are answered (the
+    -- consumers' errors say why) rather than left to time out
+    if type(msg.refused) == "string" then
+      self.log("warn", ("producer %s: %s"):format(from, msg.refused:sub(1, 300)))
+      p.refused = msg.refused:sub(1, 300)
+    else
+      p.refused = nil
+    end
     check_waits(self, c, io)
   end
 end

@@ -259,13 +259,18 @@ function Channel:_install(key, m)
   end
   local whose
   if not err then err, whose = limits_refuse(ctx, m) end
-  if err then
+  local dchid
+  if not err then
     -- no derived channel for what is refused: a member list naming
     -- thousands of modulators must not open thousands of channels
+    local cerr
+    dchid, cerr = ctx.c:channel(self:_derived_name(key))
+    err = cerr                                     -- (max_channels)
+  end
+  if err then
     self:_refuse(key, err, m.dests)
     return nil
   end
-  local dchid = ctx.c:channel(self:_derived_name(key))
   self:_secure(dchid)
   ctx.nextmoe = ctx.nextmoe + 1
   local moe
@@ -289,9 +294,13 @@ end
 function Channel:_rekey(inst, key, m)
   local ctx = self.ctx
   self.mods[inst.key] = nil
-  local dchid = ctx.c:channel(self:_derived_name(key))
-  self:_secure(dchid)
-  local ok, err = inst.moe:retarget(dchid)
+  local dchid, ok, err = ctx.c:channel(self:_derived_name(key))
+  if dchid then
+    self:_secure(dchid)
+    ok, err = inst.moe:retarget(dchid)
+  else
+    ok, err = nil, ok                              -- (max_channels)
+  end
   if ok then ok, err = inst.moe:params(m.params == nil and {} or m.params) end
   if not ok then
     ctx.moes[inst.id] = nil
@@ -369,14 +378,17 @@ function Context:_moe_error(id, why)
   end
 end
 
--- The stream of modulator `key` into this context, with its demodulators.
+-- The stream of modulator `key` into this context, with its demodulators;
+-- nil, err, code when its channel cannot be opened (max_channels).
 function Channel:_attach(con, spec, handler)
   local ctx = self.ctx
   local st = self.streams[spec.key]
   if not st then
     local name = self:_derived_name(spec.key)
+    local chid, err, code = ctx.c:channel(name)
+    if not chid then return nil, err, code end
     st = { derived = true, short = self.short, key = spec.key,
-           consumers = { short = self.short, derived = true }, chid = ctx.c:channel(name) }
+           consumers = { short = self.short, derived = true }, chid = chid }
     self.streams[spec.key] = st
     self:_secure(st.chid)
     ctx.bychid[st.chid] = st

@@ -107,9 +107,14 @@ local SCHEMA = {
     queue_limit = { size(1) }, policy = { policy }, batch_bytes = { size(0) },
     max_string = { size(0) }, max_depth = { size(1) }, max_frame = { size(0) },
     pin_threshold = { size(0) },
+    max_value_bytes = { size(0) },  -- issue 11 (H5): decoded size of one value received, 64 MiB
     key = { keyfile }, trust = { trustfiles }, nameserver_principal = { principal, "nameserver" },
     retry_interval = { TIME }, retry_max = { TIME }, heartbeat = { HEARTBEAT },
     heartbeat_misses = { time(1, true) },
+    -- connections (issue 11, README "Limits"; the C core applies the defaults:
+    -- 10 s, 1024, 512 MiB, 65536)
+    handshake_timeout = { TIME }, max_connections = { size(1) }, max_buffered = { size(0) },
+    max_peer_channels = { size(1) },
     modulator_budget = { TIME_POS, 0.005 }, modulator_memory = { size(256 * 1024), 32 * 1024 * 1024 },
     -- issue 11, every modulator of the context together (doc/modulators.md; 0: no cap): the
     -- memory of their states, their share of the thread's CPU over 1 s, the shortest period
@@ -120,6 +125,12 @@ local SCHEMA = {
     ack_timeout = { TIME, 2.0 }, settle = { TIME }, recovering = { BOOL }, forget_after = { TIME },
     channel_quota = { size(1) },
     policy_file = { typed("string") },  -- a name server's authorization policy (lecho.policy)
+    -- issue 11, state limits (README "Limits"): channels open in the C core
+    -- (its default 262144), consumer contexts in one member list (the
+    -- producer refuses a longer one, or one naming a context twice; a
+    -- manager refuses the join past it), distinct peer contexts member
+    -- lists may make a producer send to
+    max_channels = { size(1) }, max_members = { size(1), 4096 }, max_peers = { size(1), 4096 },
   },
   CHANNEL = { create = { BOOL } },
   PRODUCER = { policy = { policy }, grant = { caps } },

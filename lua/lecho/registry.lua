@@ -87,13 +87,16 @@ local ONEWAY = { members_ok = true, release = true }
 
 -- R.new{ addr = "host:port", role = "nameserver"|"manager", ack_timeout = 2.0,
 --        max_channels = 65536, channel_quota = 4096, max_name = 1024,
+--        max_members = 4096,
 --        settle = 3.0, recovering = false,
 --        forget_after = 30, nameserver = "host:port" (manager),
 --        log = function(level, msg) }
 -- channel_quota: the channel entries one requester (a context's address, or
 -- its principal in keyed mode) may make at the name server by lookups and
 -- joins, until they are forgotten (forget_after); past it a lookup fails
--- with code "limit".
+-- with code "limit".  max_members: consumer contexts of one channel (what
+-- a producer takes in one member list); the join of one more fails with
+-- code "limit".
 -- Keyed mode (doc/security.md): identity = fn(addr) -> principal, pk (32
 -- raw bytes) of an authenticated peer (this context's own for `addr`), nil
 -- in protected mode; policy = a lecho.policy, its rules table or a policy
@@ -150,6 +153,7 @@ function M.new(opts)
     ack_timeout = num("ack_timeout", 2.0),       -- rw, seconds
     settle = num("settle", 3.0),                 -- rw, seconds: recovery window
     max_channels = num("max_channels", 65536),   -- rw
+    max_members = num("max_members", 4096),      -- rw: consumer contexts per channel
     channel_quota = num("channel_quota", 4096),  -- rw: entries one requester's lookups may make
     max_name = num("max_name", 1024),            -- rw, bytes
     forget_after = num("forget_after", 30),      -- rw, seconds: name server, unused channels
@@ -244,6 +248,7 @@ function Registry:peer_down(addr, send, now)
       c.producers[addr] = nil
       if c.consumers[addr] then
         c.consumers[addr] = nil
+        c.nconsumers = c.nconsumers - 1
         publish_members(self, c, io)
       end
       check_waits(self, c, io)

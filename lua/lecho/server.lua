@@ -44,6 +44,13 @@ local kinds = {
     if not n or n ~= n or n <= 0 or n == math.huge then return nil, "needs a number of seconds > 0" end
     return n
   end,
+  count = function(v)                       -- a whole number >= 1
+    local n = tonumber(v)
+    if not n or not (n >= 1 and n <= 2 ^ 53) or n ~= math.floor(n) then
+      return nil, "needs a whole number >= 1"
+    end
+    return n
+  end,
   seconds0 = function(v)                    -- a duration >= 0
     local n = tonumber(v)
     if not n or n ~= n or n < 0 or n == math.huge then return nil, "needs a number of seconds >= 0" end

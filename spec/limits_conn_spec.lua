@@ -1,0 +1,389 @@
+-- Connections an attacker opens cost bounded memory, descriptors and CPU,
+-- and each refusal is told to the peer (an ERROR with the reason) and
+-- logged once per kind per 10 s (issue 11, README "Limits"):
+--
+--   * a frame declaring 1 GiB after a trivial handshake was buffered as it
+--     came: max_frame is 256 MiB + 64 KiB by default, and max_buffered caps
+--     the read buffers of all connections together;
+--   * a finished 200 MiB frame's buffer was kept while the connection lived:
+--     freed once drained;
+--   * a 13-byte BIND with index 2^24 cost 128 MiB: indexes < max_peer_channels;
+--   * idle sockets and 1-byte-per-second headers stayed open for ever:
+--     handshake_timeout, and max_connections past which a socket is refused;
+--   * out of file descriptors, accept() spun and flooded the log: it backs
+--     off, refuses through a reserved descriptor, logs one line per window;
+--   * HELLO took any address (NUL, newlines, %n, our own): validated.
+--
+-- The target is a context in a child process (its name server inside) that
+-- consumes channel "flow"; a legitimate producer in another child sends it
+-- a counted flow beside each attack, which must arrive whole.  The rogue:
+-- spec/support/rogue.lua.
+--
+-- Run: make && LUA_PATH="$PWD/?.lua;$PWD/lua/?.lua;$PWD/lua/?/init.lua;;" \
+--   LUA_CPATH="$PWD/lua/?.so;;" LECHO_ROOT=$PWD luajit /usr/bin/busted spec/limits_conn_spec.lua
+
+local cjson = require "cjson"
+local socket = require "socket"
+local support = require "spec.support"
+local R = require "spec.support.rogue"
+
+-- The target: options from the JSON argument, log lines to o.log, "ev I"
+-- per event of "flow", "ready ADDR" once listening.
+local TARGET = [[
+local cjson = require "cjson"
+local lecho = require "lecho"
+local o = cjson.decode(arg[1])
+io.stdout:setvbuf("line")
+local logf = assert(io.open(o.log, "w"))
+logf:setvbuf("line")
+o.opts.log = function(m) logf:write(m, "\n") end
+local ctx = assert(lecho.context(o.opts))
+assert(ctx:channel("flow"):consumer(function(ev) io.stdout:write("ev ", tostring(ev), "\n") end))
+io.stdout:write("ready ", ctx.addr, "\n")
+ctx:after(o.duration or 60, function() ctx:stop() end)
+ctx:run()
+ctx:close()
+]]
+
+-- A producer of n events 1..n on "flow" at the target's name server, 200
+-- a second; "done" once all are submitted.
+local PRODUCER = [[
+local lecho = require "lecho"
+local ns, n = arg[1], tonumber(arg[2])
+io.stdout:setvbuf("line")
+local ctx = assert(lecho.context{ nameserver = ns, quiet = true })
+local p = assert(ctx:channel("flow"):producer())
+local i = 0
+ctx:every(0.005, function()
+  if i < n then i = i + 1; p:submit(i) end
+  if i == n then io.stdout:write("done\n"); i = n + 1; ctx:stop() end
+end)
+ctx:after(60, function() ctx:stop() end)
+ctx:run()
+ctx:close()
+]]
+
+local function target(opts, prefix)
+  local log = support.tmpname("target-log")
+  local arg = cjson.encode({ opts = opts or {}, log = log })
+  local child = prefix and support.lua_with(prefix, TARGET, arg) or support.lua(TARGET, arg)
+  local out = support.wait_file(child.out, "ready [^\n]+\n", 30)
+  assert(out, "target did not start: " .. support.errors(child))
+  child.addr = out:match("ready ([^\n]+)\n")
+  child.log = log
+  return child
+end
+
+local function events(child)
+  local n = 0
+  for _ in support.output(child):gmatch("ev %d+\n") do n = n + 1 end
+  return n
+end
+
+local function log_lines(child, pattern)
+  local n = 0
+  for line in (support.read(child.log) or ""):gmatch("[^\n]+") do
+    if not pattern or line:find(pattern) then n = n + 1 end
+  end
+  return n
+end
+
+local function rss_kib(pid)
+  local f = io.open("/proc/" .. pid .. "/status")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return tonumber(s:match("VmRSS:%s*(%d+)"))
+end
+
+local function hwm_kib(pid)   -- the peak of the resident set
+  local f = io.open("/proc/" .. pid .. "/status")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return tonumber(s:match("VmHWM:%s*(%d+)"))
+end
+
+local function cpu_s(pid)
+  local f = assert(io.open("/proc/" .. pid .. "/stat"))
+  local s = f:read("*a")
+  f:close()
+  local rest = s:match("%) (.*)$")
+  local fields = {}
+  for w in rest:gmatch("%S+") do fields[#fields + 1] = w end
+  return (tonumber(fields[12]) + tonumber(fields[13])) / 100  -- utime, stime (ticks of 1/100 s)
+end
+
+-- Starts the legitimate flow of n events to t; flow_done(t, n, timeout)
+-- checks every one of them arrived.
+local function flow(t, n)
+  return support.lua(PRODUCER, t.addr, tostring(n))
+end
+
+local function flow_done(t, n, timeout)
+  local deadline = socket.gettime() + timeout
+  while socket.gettime() < deadline do
+    if events(t) >= n then break end
+    support.sleep(0.05)
+  end
+  assert.equals(n, events(t), "the legitimate flow lost events: " .. support.errors(t))
+end
+
+local claims = 0
+local function dial(t, claim)
+  claims = claims + 1     -- one address per rogue connection: a live one keeps its address
+  return R.dial(t.addr, { addr = claim or ("127.0.0.1:%d"):format(20000 + claims), timeout = 5 })
+end
+
+-- A raw TCP socket to t, no handshake.
+local function raw(t)
+  local host, port = t.addr:match("^(.-):(%d+)$")
+  local s = assert(socket.tcp())
+  s:settimeout(5)
+  assert(s:connect(host, tonumber(port)))
+  return s
+end
+
+-- What s receives within timeout: the bytes, and whether it was closed.
+local function recv_all(s, timeout)
+  local deadline, got = socket.gettime() + timeout, {}
+  while socket.gettime() < deadline do
+    s:settimeout(math.max(0.01, deadline - socket.gettime()))
+    local data, err, partial = s:receive(4096)
+    got[#got + 1] = data or partial or ""
+    if err == "closed" then return table.concat(got), true end
+  end
+  return table.concat(got), false
+end
+
+-- The ERROR text in bytes received in the clear, or nil.
+local function error_text(bytes)
+  local ty, body = R.parse_frame(bytes)
+  if ty == R.F.ERROR then return body end
+end
+
+describe("connection limits (issue 11)", function()
+  after_each(function() support.cleanup() end)
+
+  it("logs one line per kind of refusal per 10 s, then tells how many it did not log", function()
+    local lecho = require "lecho"
+    local lines = {}
+    local ctx = lecho.context{ log = function(m) lines[#lines + 1] = m end }
+    local n0 = #lines
+    for i = 1, 5 do ctx.c:ratelog("members", "members of x refused: " .. i) end
+    ctx.c:ratelog("peers", "a peer refused")
+    assert.same({ "members of x refused: 1", "a peer refused" }, { unpack(lines, n0 + 1) })
+    support.sleep(10.1)
+    ctx:run_once(0)            -- the loop's clock moves on
+    ctx.c:ratelog("members", "members of y refused")
+    ctx.c:ratelog("members", "members of z refused")
+    assert.equals("members of y refused (4 more in the last 10 s)", lines[#lines])
+    assert.equals(n0 + 3, #lines)
+    ctx:close()
+  end)
+
+  it("refuses a frame declaring 1 GiB on its header and caps what all connections buffer", function()
+    local t = target()
+    local prod = flow(t, 400)
+    local rss0 = rss_kib(t.pid)
+    -- 1 GiB declared: past max_frame (256 MiB + 64 KiB by default)
+    local p = assert(dial(t))
+    p:send(R.bind(0, "junk") .. R.u32le(1024 * 1024 * 1024) .. string.char(R.F.EVENT) .. "\0\0\0\0")
+    local d = p:drain(5)
+    assert.matches("frame length exceeds limit %(1073741824 bytes, limit 268500992%)", tostring(d.error))
+    -- 3 connections x 200 MiB declared, 4 MiB of each sent: the third would
+    -- take the buffers past max_buffered (512 MiB)
+    local ps, errs = {}, {}
+    for i = 1, 3 do
+      ps[i] = assert(dial(t))
+      ps[i]:send(R.bind(0, "junk") .. R.u32le(200 * 1024 * 1024) .. string.char(R.F.EVENT)
+                 .. string.rep("\0", 4 * 1024 * 1024))
+    end
+    for i = 1, 3 do errs[i] = ps[i]:drain(i == 3 and 5 or 0.5).error end
+    assert.is_nil(errs[1])
+    assert.is_nil(errs[2])
+    assert.matches("frame of 209715204 bytes exceeds the read buffer budget %(limit 536870912%)",
+                   tostring(errs[3]))
+    local grew = (rss_kib(t.pid) - rss0) / 1024
+    assert(grew < 64, ("the target grew by %.0f MiB"):format(grew))
+    flow_done(t, 400, 20)
+    for i = 1, 3 do ps[i]:close() end
+    assert(support.wait(prod, 10))
+    assert.equals(1, log_lines(t, "exceeds the read buffer budget"))
+  end)
+
+  it("frees a finished 200 MiB frame's buffer while the connection lives", function()
+    local t = target()
+    local p = assert(dial(t))
+    local rss0 = rss_kib(t.pid)
+    -- an EVENT of 200 MiB on a channel nobody consumes here: read, dropped
+    local size = 200 * 1024 * 1024
+    local hdr = R.varint(0) .. R.varint(1) .. R.varint(1) .. R.varint(0)
+    assert(p:send(R.bind(0, "junk") .. R.u32le(1 + #hdr + size) .. string.char(R.F.EVENT) .. hdr))
+    local chunk = string.rep("x", 1024 * 1024)
+    for _ = 1, 200 do assert(p:send(chunk)) end
+    -- a PING behind it: its HEARTBEAT says the frame was handled
+    assert(p:send(R.frame(R.F.PING, "")))
+    assert(p:expect(R.F.HEARTBEAT, 30), "no HEARTBEAT after the large frame")
+    local grew = (rss_kib(t.pid) - rss0) / 1024
+    assert(grew < 64, ("the target still holds %.0f MiB after the frame"):format(grew))
+    assert.is_false(p.closed)
+    p:close()
+  end)
+
+  it("binds any index for the memory of one entry (2^24 cost 128 MiB), at most max_peer_channels of them", function()
+    local t = target()
+    local prod = flow(t, 200)
+    local rss0 = rss_kib(t.pid)
+    local p = assert(dial(t))
+    local flow_ch = t.addr .. "/flow"
+    p:send(R.bind(2 ^ 24, flow_ch) .. R.event(2 ^ 24, 77, 1, 0, 100001)
+           .. R.bind(2 ^ 31 + 5, flow_ch) .. R.event(2 ^ 31 + 5, 78, 1, 0, 100002)
+           .. R.bind(65535, flow_ch) .. R.event(65535, 79, 1, 0, 100003) .. R.frame(R.F.PING, ""))
+    assert(p:expect(R.F.HEARTBEAT, 5))
+    local grew = (rss_kib(t.pid) - rss0) / 1024
+    assert(grew < 16, ("the target grew by %.0f MiB"):format(grew))
+    flow_done(t, 203, 20)
+    for _, v in ipairs{ 100001, 100002, 100003 } do
+      assert.truthy(support.output(t):find("ev " .. v .. "\n", 1, true), "event on a large index lost")
+    end
+    assert(support.wait(prod, 10))
+    -- an index past 2^32 - 1 and the BIND past max_peer_channels are refused
+    local q = assert(dial(t))
+    q:send(R.bind(2 ^ 32, flow_ch))
+    assert.matches("channel index out of range %(0 bound, limit 65536%)", tostring(q:drain(5).error))
+    local t2 = target{ max_peer_channels = 100 }
+    local r = assert(dial(t2))
+    local binds = {}
+    for i = 1, 101 do binds[i] = R.bind(i * 1000, "junk" .. i) end
+    r:send(table.concat(binds))
+    assert.matches("channel index out of range %(100 bound, limit 100%)", tostring(r:drain(5).error))
+  end)
+
+  it("closes idle sockets and slow headers after handshake_timeout, refuses past max_connections", function()
+    local t = target{ handshake_timeout = 0.5, max_connections = 16 }
+    local prod = flow(t, 600)     -- 2 connections: producer to name server and to consumer
+    support.sleep(0.5)
+    local idle, slow = {}, raw(t)
+    for i = 1, 8 do idle[i] = raw(t) end
+    -- one byte of a HELLO header every 0.2 s
+    local t0 = socket.gettime()
+    local closed_slow = false
+    for i = 1, 10 do
+      slow:settimeout(0.2)
+      if not slow:send(string.char(i)) then closed_slow = true; break end
+      local _, err = slow:receive(1)
+      if err == "closed" then closed_slow = true; break end
+    end
+    local bytes, closed = recv_all(idle[1], 2)
+    assert(closed, "an idle socket was not closed")
+    assert.equals("handshake timeout (0.5 s)", error_text(bytes))
+    assert(closed_slow or select(2, recv_all(slow, 1)), "a 1-byte-per-0.2 s header was not closed")
+    assert(socket.gettime() - t0 < 3)
+    for i = 2, 8 do assert(select(2, recv_all(idle[i], 1))) end
+    -- 20 sockets at once: those past 16 connections are told and closed at once
+    local many, refused = {}, 0
+    for i = 1, 20 do many[i] = raw(t) end
+    for i = 1, 20 do
+      local b, c = recv_all(many[i], 0.3)
+      if c and error_text(b) == "too many connections (limit 16)" then refused = refused + 1 end
+    end
+    assert(refused >= 4, "only " .. refused .. " sockets were refused past max_connections")
+    for i = 1, 20 do many[i]:close() end
+    flow_done(t, 600, 20)
+    assert(support.wait(prod, 10))
+    -- one log line per kind per 10 s
+    assert(log_lines(t, "handshake timeout") <= 2, "handshake timeouts flooded the log")
+    assert(log_lines(t, "too many connections") <= 2, "refusals flooded the log")
+  end)
+
+  it("does not dial past max_connections: the peer fails with the reason, a sync submit is told", function()
+    local _, ns = support.nameserver("--quiet")
+    local t = target{ nameserver = ns }              -- a consumer of "flow", not the name server
+    local lecho = require "lecho"
+    local logs = {}
+    local ctx = lecho.context{ nameserver = ns, max_connections = 1,   -- the name server's only
+                               log = function(m) logs[#logs + 1] = m end }
+    local p = assert(ctx:channel("flow"):producer())
+    for _ = 1, 3 do
+      local ok, err, code = p:submit_sync(1, { timeout = 5 })
+      assert.is_nil(ok)
+      if type(err) == "table" then err, code = err[1].err, err[1].code end  -- the list of failures
+      assert.equals(("consumer context %s: unreachable (too many connections (limit 1))"):format(t.addr),
+                    err)
+      assert.equals("limit", code)
+    end
+    local n = 0
+    for _, m in ipairs(logs) do if m:find("too many connections", 1, true) then n = n + 1 end end
+    assert.equals(1, n)
+    ctx:close()
+  end)
+
+  it("backs off when out of file descriptors, refuses with a reason, logs once, recovers", function()
+    local t = target({}, "ulimit -n 40")
+    local socks, told = {}, 0
+    for i = 1, 60 do socks[i] = raw(t) end
+    support.sleep(1)
+    for i = 1, 60 do
+      local b = recv_all(socks[i], 0.02)
+      if error_text(b) == "too many connections (out of file descriptors)" then told = told + 1 end
+    end
+    local c0 = cpu_s(t.pid)
+    support.sleep(2)
+    local cpu = cpu_s(t.pid) - c0
+    assert(cpu < 0.5, ("the target used %.2f s of CPU in 2 s while out of descriptors"):format(cpu))
+    assert(told >= 1, "no socket was told why it was refused")
+    assert(log_lines(t, "accept") <= 2, "accept errors flooded the log: " .. log_lines(t, "accept"))
+    for i = 1, 60 do socks[i]:close() end
+    local prod = flow(t, 200)
+    flow_done(t, 200, 20)
+    assert(support.wait(prod, 10))
+  end)
+
+  it("drops a keyed EVENT on a refused index without buffering it whole (issue 10's leftover)", function()
+    local T = require "spec.support.trust_world"
+    local w = T.start{ mode = "keyed" }
+    local p = assert(T.dial(w, w.cons.addr, "mallory"))
+    local hwm0 = hwm_kib(w.cons.pid)
+    -- a BIND without a ticket (refused), then a sync EVENT of 100 MiB on it
+    local size = 100 * 1024 * 1024
+    local hdr = R.varint(1) .. R.varint(1) .. R.varint(1) .. R.varint(7)
+    assert(p:send(R.bind(1, w.ns .. "/" .. T.CHANNEL) .. R.u32le(1 + #hdr + size)
+                  .. string.char(R.F.EVENT) .. hdr))
+    local chunk = string.rep("x", 1024 * 1024)
+    for _ = 1, 100 do assert(p:send(chunk)) end
+    assert(p:send(R.frame(R.F.PING, "")))
+    local ack = assert(p:expect(R.F.ACK, 30))
+    local a = R.parse_ack(ack)
+    assert.equals(7, a.sync)
+    assert.equals(0, a.nran)
+    assert.matches("not an authorized producer", tostring(a.errs and a.errs[1] and a.errs[1].err))
+    assert(p:expect(R.F.HEARTBEAT, 30), "no HEARTBEAT after the dropped EVENT")
+    local grew = (hwm_kib(w.cons.pid) - hwm0) / 1024
+    assert(grew < 32, ("the consumer's peak grew by %.0f MiB for a dropped event"):format(grew))
+    T.stop(w)
+  end)
+
+  it("refuses HELLO addresses it could not dial back, with the reason", function()
+    local t = target()
+    local cases = {
+      { "127.0.0.1:9\0junk", "a NUL byte" },
+      { "127.0.0.1:9\n", "a control character" },
+      { "unix:/tmp/x\ny", "a control character" },
+      { "unix:/tmp/%n%n", nil },  -- a path may hold '%': taken
+      { "0.0.0.0:9", "a wildcard address cannot be dialled" },
+      { "127.0.0.1:0", "not an address in canonical form" },
+      { t.addr, "this context's own address" },
+    }
+    for _, c in ipairs(cases) do
+      local p, err = dial(t, c[1])
+      if c[2] then
+        assert.is_nil(p, ("%q was taken"):format(c[1]))
+        assert.equals("ERROR: bad address in handshake: " .. c[2], err)
+      else
+        assert(p, ("%q was refused: %s"):format(c[1], tostring(err)))
+        p:close()
+      end
+    end
+  end)
+end)

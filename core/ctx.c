@@ -31,7 +31,7 @@ void lei_opts_default(lei_opts *o) {
     o->handshake_timeout = 10.0;
     o->max_connections = 1024;
     o->max_buffered = (size_t)512 << 20;
-    o->max_peer_channels = 65536;
+    o->max_peer_channels = 262144; /* = max_channels: 65,536 channels over one connection (issue 13) fit with room */
     o->max_channels = 262144;
 }
 

@@ -299,7 +299,7 @@ describe("connection limits (issue 11)", function()
     -- an index past 2^32 - 1 and the BIND past max_peer_channels are refused
     local q = assert(dial(t))
     q:send(R.bind(2 ^ 32, flow_ch))
-    assert.matches("channel index out of range %(0 bound, limit 65536%)", tostring(q:drain(5).error))
+    assert.matches("channel index out of range %(0 bound, limit 262144%)", tostring(q:drain(5).error))
     local t2 = target{ max_peer_channels = 100 }
     local r = assert(dial(t2))
     local binds = {}

@@ -267,8 +267,8 @@ static void refused_event(lei_conn *k, const lei_event_hdr *e) {
     lei_wbuf_free(&b);
 }
 
-/* An incomplete EVENT whose index we refused (keyed: a BIND without a
- * valid ticket) is dropped as soon as its header is in, not buffered whole
+/* An incomplete EVENT whose index we refused (a channel not open here;
+ * keyed: a BIND without a valid ticket) is dropped as soon as its header is in, not buffered whole
  * first: the event is counted and answered like a complete one, and the
  * rest of its bytes are skipped as they come (k->skip).  1 when dropped. */
 static int refused_large(lei_conn *k) {

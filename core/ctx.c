@@ -31,7 +31,7 @@ void lei_opts_default(lei_opts *o) {
     o->handshake_timeout = 10.0;
     o->max_connections = 1024;
     o->max_buffered = (size_t)512 << 20;
-    o->max_peer_channels = 65536;
+    o->max_peer_channels = 262144; /* = max_channels: 65,536 channels over one connection (issue 13) fit with room */
     o->max_channels = 262144;
 }
 
@@ -307,4 +307,6 @@ void lei_ctx_stats(const lei_ctx *c, lei_stats_ctx *out) {
     out->local_events = c->lq.count;
     out->deferred_bytes = c->ldef.bytes;
     out->deferred_events = c->ldef.count;
+    out->connections = c->nconns;
+    out->read_buffer_bytes = c->rbuf;
 }

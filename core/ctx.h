@@ -97,6 +97,8 @@ typedef struct lei_stats_ctx {
     uint64_t bad_frames;      /* connections closed for bad input */
     size_t local_bytes, local_events;       /* the local delivery queue */
     size_t deferred_bytes, deferred_events; /* local events behind a waiting handler */
+    size_t connections;       /* not closed (max_connections counts them) */
+    size_t read_buffer_bytes; /* of all connections (max_buffered counts them) */
 } lei_stats_ctx;
 
 typedef struct lei_stats_peer {

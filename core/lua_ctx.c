@@ -327,6 +327,8 @@ static int l_stats(lua_State *L) {
     lb_setn(L, "local_queue_events", (double)cs.local_events);
     lb_setn(L, "local_deferred_events", (double)cs.deferred_events);
     lb_setn(L, "local_deferred_bytes", (double)cs.deferred_bytes);
+    lb_setn(L, "connections", (double)cs.connections);
+    lb_setn(L, "read_buffer_bytes", (double)cs.read_buffer_bytes);
     lua_newtable(L);
     for (int i = 0; i < lei_ctx_npeers(c); i++) {
         lei_peer *p = lei_ctx_peer(c, i);

@@ -10,7 +10,9 @@
  *
  * Containment: the state sees only a curated environment (doc/modulators.md),
  * runs with the JIT compiler off so that a count hook can always interrupt
- * it, has a CPU budget per call and a memory cap enforced by its allocator.
+ * it, has a CPU budget per call (its C functions included: see
+ * lei_moe_group) and a memory cap enforced by its allocator; its pcall and
+ * xpcall cannot catch a stop, and no message handler runs after one.
  * A call that raises, overruns or runs out of memory fails the modulator: its
  * state is closed at once, its pending events dropped, and `on_fail` is
  * called (as the last thing the failing function does; the binding must not
@@ -38,11 +40,13 @@ typedef struct lei_moe lei_moe;
  * a cap on their share of the thread's CPU over 1 s windows, and the timer
  * on the thread's CPU clock that stops a call stuck in a C function (the
  * count hook only runs between Lua instructions).  The timer raises signal
- * LEI_MOE_SIGNAL (SIGRTMIN + 5) at this thread every LEI_MOE_TICK_NS of its CPU time while
- * a modulator call runs (and at most once more after it); the handler finds
- * the group in the signal's value (no global state) and, past the call's
- * budget, sets the moe's stop flag and a hook that fires at the next
- * instruction.  Owned by the context's binding, freed after its last moe. */
+ * LEI_MOE_SIGNAL (SIGRTMIN + 5) at this thread every LEI_MOE_TICK_NS of its
+ * CPU time while a modulator call runs (and at most once more after it);
+ * the handler finds the group in the signal's value (no global state) and,
+ * past the call's budget, sets the moe's stop flag and a hook that fires at
+ * the next instruction; it also charges the tick to the call's modulator
+ * for the CPU share.  Owned by the context's binding, freed after its last
+ * moe (lei_moe_group_free detaches any left). */
 typedef struct lei_moe_group lei_moe_group;
 #define LEI_MOE_SIGNAL (SIGRTMIN + 5)
 #define LEI_MOE_TICK_NS 1000000L
@@ -53,8 +57,6 @@ typedef struct lei_moe_group lei_moe_group;
  * enforces budgets, as before. */
 lei_moe_group *lei_moe_group_new(lei_ctx *c, size_t mem_cap, double cpu_share);
 void lei_moe_group_free(lei_moe_group *g);
-/* Bytes held by the states of the group now. */
-size_t lei_moe_group_mem(const lei_moe_group *g);
 
 typedef struct lei_moe_opts {
     double budget;            /* CPU seconds per call (default 0.005) */

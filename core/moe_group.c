@@ -117,8 +117,6 @@ void lei_moe_group_free(lei_moe_group *g) {
     free(g);
 }
 
-size_t lei_moe_group_mem(const lei_moe_group *g) { return g->mem; }
-
 /* Around each call of a member: the timer runs while it does. */
 void moe_group_enter(lei_moe_group *g, lei_moe *m) {
     g->callno++;

@@ -28,7 +28,7 @@ local support = require "spec.support"
 local R = require "spec.support.rogue"
 
 -- The target: options from the JSON argument, log lines to o.log, "ev I"
--- per event of "flow", "ready ADDR" once listening.
+-- per event of "flow", channel "sink" open, "ready ADDR" once listening.
 local TARGET = [[
 local cjson = require "cjson"
 local lecho = require "lecho"
@@ -39,6 +39,7 @@ logf:setvbuf("line")
 o.opts.log = function(m) logf:write(m, "\n") end
 local ctx = assert(lecho.context(o.opts))
 assert(ctx:channel("flow"):consumer(function(ev) io.stdout:write("ev ", tostring(ev), "\n") end))
+ctx:channel("sink")   -- open, no consumer here: its events are read and dropped, never decoded
 io.stdout:write("ready ", ctx.addr, "\n")
 ctx:after(o.duration or 60, function() ctx:stop() end)
 ctx:run()
@@ -188,7 +189,7 @@ describe("connection limits (issue 11)", function()
     local rss0 = rss_kib(t.pid)
     -- 1 GiB declared: past max_frame (256 MiB + 64 KiB by default)
     local p = assert(dial(t))
-    p:send(R.bind(0, "junk") .. R.u32le(1024 * 1024 * 1024) .. string.char(R.F.EVENT) .. "\0\0\0\0")
+    p:send(R.bind(0, t.addr .. "/sink") .. R.u32le(1024 * 1024 * 1024) .. string.char(R.F.EVENT) .. "\0\0\0\0")
     local d = p:drain(5)
     assert.matches("frame length exceeds limit %(1073741824 bytes, limit 268500992%)", tostring(d.error))
     -- 3 connections x 200 MiB declared, 4 MiB of each sent: the third would
@@ -196,7 +197,7 @@ describe("connection limits (issue 11)", function()
     local ps, errs = {}, {}
     for i = 1, 3 do
       ps[i] = assert(dial(t))
-      ps[i]:send(R.bind(0, "junk") .. R.u32le(200 * 1024 * 1024) .. string.char(R.F.EVENT)
+      ps[i]:send(R.bind(0, t.addr .. "/sink") .. R.u32le(200 * 1024 * 1024) .. string.char(R.F.EVENT)
                  .. string.rep("\0", 4 * 1024 * 1024))
     end
     for i = 1, 3 do errs[i] = ps[i]:drain(i == 3 and 5 or 0.5).error end
@@ -212,14 +213,61 @@ describe("connection limits (issue 11)", function()
     assert.equals(1, log_lines(t, "exceeds the read buffer budget"))
   end)
 
+  it("counts read buffers exactly: within max_buffered, back to 0 bytes once the connections are gone", function()
+    local lecho = require "lecho"
+    local ctx = lecho.context{ quiet = true, max_buffered = 8 * 1024 * 1024 }
+    local sink = ctx.addr .. "/sink"
+    ctx:channel("sink")                -- open, no consumer: its events are read, not decoded
+    local function pump(n) for _ = 1, n or 10 do ctx:run_once(0.002) end end
+    local function feed(p, bytes)      -- in 64 KiB pieces, the context reading between them
+      for i = 1, #bytes, 65536 do
+        assert(p:send(bytes:sub(i, i + 65535)))
+        pump(2)
+      end
+    end
+    local ps = {}
+    for i = 1, 6 do
+      ps[i] = R.dial(ctx.addr, { addr = ("127.0.0.1:%d"):format(21000 + i), hello_only = true })
+    end
+    local host, port = ctx.addr:match("^(.-):(%d+)$")
+    local partial = assert(socket.tcp())
+    assert(partial:connect(host, tonumber(port)))
+    partial:send("\1\0")             -- half a header, then nothing
+    pump()
+    local M = 1024 * 1024
+    local hdr = R.varint(0) .. R.varint(1) .. R.varint(1) .. R.varint(0)
+    -- 1: a 2 MiB EVENT, whole; 2: 3 MiB announced, 1 MiB of it sent; 3: 6 MiB
+    -- announced (past the budget beside 2's); 4: BINDs; 5: garbage
+    feed(ps[1], R.bind(0, sink) .. R.u32le(1 + #hdr + 2 * M) .. string.char(R.F.EVENT) .. hdr
+                .. string.rep("x", 2 * M))
+    feed(ps[2], R.bind(0, sink) .. R.u32le(3 * M) .. string.char(R.F.EVENT) .. hdr .. string.rep("x", M))
+    feed(ps[3], R.bind(0, sink) .. R.u32le(6 * M) .. string.char(R.F.EVENT) .. hdr)
+    feed(ps[4], R.bind(2 ^ 20, "a") .. R.bind(5, "b"))
+    feed(ps[5], string.rep("\255", 16))
+    pump(20)
+    local st = ctx:stats()
+    assert(st.read_buffer_bytes >= 3 * M and st.read_buffer_bytes <= 8 * M,
+           "read buffers: " .. st.read_buffer_bytes)
+    assert.equals(6, st.connections)   -- 6 dialled and the half header, but 5's garbage closed it
+    assert.matches("exceeds the read buffer budget", tostring(ps[3]:expect(R.F.ERROR, 5)))
+    for i = 1, 6 do ps[i]:close() end
+    partial:close()
+    local deadline = socket.gettime() + 10
+    while ctx:stats().connections > 0 and socket.gettime() < deadline do pump(1) end
+    st = ctx:stats()
+    assert.equals(0, st.connections)
+    assert.equals(0, st.read_buffer_bytes)
+    ctx:close()
+  end)
+
   it("frees a finished 200 MiB frame's buffer while the connection lives", function()
     local t = target()
     local p = assert(dial(t))
     local rss0 = rss_kib(t.pid)
-    -- an EVENT of 200 MiB on a channel nobody consumes here: read, dropped
+    -- an EVENT of 200 MiB on a channel nobody consumes there: read, dropped
     local size = 200 * 1024 * 1024
     local hdr = R.varint(0) .. R.varint(1) .. R.varint(1) .. R.varint(0)
-    assert(p:send(R.bind(0, "junk") .. R.u32le(1 + #hdr + size) .. string.char(R.F.EVENT) .. hdr))
+    assert(p:send(R.bind(0, t.addr .. "/sink") .. R.u32le(1 + #hdr + size) .. string.char(R.F.EVENT) .. hdr))
     local chunk = string.rep("x", 1024 * 1024)
     for _ = 1, 200 do assert(p:send(chunk)) end
     -- a PING behind it: its HEARTBEAT says the frame was handled
@@ -251,11 +299,11 @@ describe("connection limits (issue 11)", function()
     -- an index past 2^32 - 1 and the BIND past max_peer_channels are refused
     local q = assert(dial(t))
     q:send(R.bind(2 ^ 32, flow_ch))
-    assert.matches("channel index out of range %(0 bound, limit 65536%)", tostring(q:drain(5).error))
+    assert.matches("channel index out of range %(0 bound, limit 262144%)", tostring(q:drain(5).error))
     local t2 = target{ max_peer_channels = 100 }
     local r = assert(dial(t2))
     local binds = {}
-    for i = 1, 101 do binds[i] = R.bind(i * 1000, "junk" .. i) end
+    for i = 1, 101 do binds[i] = R.bind(i * 1000, "junk" .. i) end  -- not open there: refused entries, bound all the same
     r:send(table.concat(binds))
     assert.matches("channel index out of range %(100 bound, limit 100%)", tostring(r:drain(5).error))
   end)

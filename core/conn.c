@@ -113,6 +113,7 @@ void lei_conn_close(lei_conn *k, const char *reason, int bad) {
     k->peer = NULL;
     if (p && p->conn == k) lei_peer_lost(p, reason);
     if (k->was && k->was->retiring == k) k->was->retiring = NULL;
+    lei_dial_done(k);
     if (!k->busy) lei_conn_free(k);
 }
 
@@ -181,6 +182,8 @@ int lei_peer_dial(lei_peer *p) {
     }
     k->peer = p;
     p->conn = k;
+    k->dial_slot = 1; /* until UP or closed (lei_dial_done) */
+    c->ndialing++;
     ev_io_start(c->loop, &k->wio);
     return 0;
 }
@@ -652,7 +655,7 @@ static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents) {
         if (e) {
             char why[128];
             snprintf(why, sizeof why, "connect: %s", strerror(e));
-            if (k->peer) lei_logf(k->ctx, "cannot reach %s: %s", k->peer->addr, why);
+            if (k->peer) lei_ratelog(k->ctx, LEI_RL_DIAL, "cannot reach %s: %s", k->peer->addr, why);
             lei_conn_close(k, why, 0);
             return;
         }

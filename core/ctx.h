@@ -58,6 +58,9 @@ typedef struct lei_opts {
      * send and index every peer's BIND bitmap), so a channel is never freed
      * before the context: this bounds what they hold. */
     uint32_t max_channels;
+    /* Peer records (one per remote address): past it, the peers nothing uses
+     * are freed at once, oldest first, not LEI_PEER_FREE_AFTER later. */
+    size_t max_peers;
 } lei_opts;
 
 void lei_opts_default(lei_opts *o);
@@ -170,6 +173,7 @@ enum lei_ratelog_kind {
     LEI_RL_VALUE,             /* decoders: a value past max_value_bytes */
     LEI_RL_MODULATOR,         /* modulator refusals and unloads */
     LEI_RL_REFUSED_BINDS,     /* conn.c: too many BINDs of channels refused or not here */
+    LEI_RL_DIAL,              /* conn.c: a dial failed ("cannot reach") */
     LEI_RL_NKINDS
 };
 #define LEI_RATELOG_WINDOW 10.0

@@ -183,6 +183,8 @@ struct lei_peer {
                                * still delivering: no new one until it closes */
     ev_tstamp await_in;       /* our dial lost the tie-break: the remote's own
                                * connection is awaited until then, queue kept */
+    int dial_pending;         /* waits for a dial slot (LEI_DIALS_MAX): live,
+                               * its queue kept, dialled by lei_dials_run */
     lei_queue q;              /* ro: frames waiting for the socket */
     size_t woff;              /* bytes of q.head already written */
     uint8_t *bound;           /* channels announced (BIND) on this connection */
@@ -251,6 +253,12 @@ struct lei_ctx {
     lei_peer **byidx;         /* owned array (not the peers): idx-1 -> peer or NULL */
     int *freeidx;             /* owned: idx of freed peers, reused (capacity cbyidx) */
     int nbyidx, cbyidx, nfreeidx;
+    lei_peer **phash;         /* owned array (not the peers): open addressing by
+                               * address, phcap slots (a power of 2), half full at most */
+    int phcap;
+    int ndialing;             /* our dials not yet UP (LEI_DIALS_MAX) */
+    int ndial_pending;        /* peers with dial_pending set */
+    int peers_over;           /* a peer was created past max_peers: lei_flush evicts */
     lei_conn *conns;          /* all live connections (list through conn->next) */
     lei_chan **chans;         /* owned */
     uint32_t nchans, cchans;
@@ -316,6 +324,7 @@ struct lei_conn {
     int fd;
     enum lei_conn_state state;
     int busy;           /* read callbacks in progress on this connection */
+    int dial_slot;      /* dialled by us, not yet UP: counted in ctx->ndialing */
     lei_peer *was;      /* retired: the peer it served (p->retiring == this) */
     ev_tstamp retired;  /* RETIRED: when */
     ev_io rio, wio;
@@ -365,6 +374,9 @@ lei_qitem *lei_item_bytes(const uint8_t *hdr, size_t hlen, const void *body, siz
  * no channel's destination, no sync waiting on it, no note untold) for
  * LEI_PEER_FREE_AFTER seconds is freed (its counters go with it). */
 #define LEI_PEER_FREE_AFTER 30.0
+/* Our dials in progress (connecting or in the handshake) at most; the other
+ * peers to dial wait their turn (dial_pending), their queues kept. */
+#define LEI_DIALS_MAX 64
 void lei_peers_sweep(lei_ctx *c);
 void lei_peers_free(lei_ctx *c);
 lei_peer *lei_peer_find(lei_ctx *c, const char *addr);
@@ -382,6 +394,8 @@ void lei_expiry_cb(struct ev_loop *loop, ev_timer *w, int revents);
 void lei_kick_cb(struct ev_loop *loop, ev_idle *w, int revents);
 /* conn.c: connections and the handshake */
 int lei_peer_dial(lei_peer *p);
+/* k, dialled by us, is UP or closed: its dial slot is free (no-op else). */
+void lei_dial_done(lei_conn *k);
 void lei_conn_close(lei_conn *k, const char *reason, int bad);
 void lei_conn_retire(lei_conn *k, const char *reason);
 void lei_conn_fin(lei_conn *k);

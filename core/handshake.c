@@ -130,6 +130,7 @@ static void conn_up(lei_conn *k, lei_peer *p, uint64_t incarnation) {
     k->peer = p;
     p->conn = k;
     k->state = LEI_CONN_UP;
+    lei_dial_done(k);
     p->await_in = 0;
     p->reason[0] = '\0';
     if (k->sec) {

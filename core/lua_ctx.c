@@ -82,13 +82,14 @@ static void opt_liveness(lua_State *L, lei_opts *o) {
 }
 
 /* handshake_timeout= (s, 0: never), max_connections= (>= 1),
- * max_buffered= (bytes), max_peer_channels= (>= 1, <= 2^24) of the options
+ * max_buffered= (bytes), max_peer_channels= (>= 1, <= 2^24), max_peers= of the options
  * table at index 1 (README "Limits"). */
 static void opt_containment(lua_State *L, lei_opts *o) {
     o->handshake_timeout = opt_time(L, 1, "handshake_timeout", o->handshake_timeout);
     o->max_connections = lb_opt_size(L, 1, "max_connections", o->max_connections);
     o->max_buffered = lb_opt_size(L, 1, "max_buffered", o->max_buffered);
     o->max_peer_channels = lb_opt_size(L, 1, "max_peer_channels", o->max_peer_channels);
+    o->max_peers = lb_opt_size(L, 1, "max_peers", o->max_peers);
     if (o->max_connections < 1) luaL_error(L, "lecho: max_connections must be at least 1");
     if (o->max_peer_channels < 1 || o->max_peer_channels > (1u << 24))
         luaL_error(L, "lecho: max_peer_channels must be from 1 to 2^24");
@@ -97,7 +98,7 @@ static void opt_containment(lua_State *L, lei_opts *o) {
 /* core.new{ queue_limit=, policy=, batch_bytes=, max_frame=, max_string=,
  *           max_depth=, max_value_bytes=, pin_threshold=, retry_interval=, heartbeat=,
  *           heartbeat_misses=, retry_max=, handshake_timeout=, max_connections=,
- *           max_buffered=, max_peer_channels= } */
+ *           max_buffered=, max_peer_channels=, max_peers= } */
 static int l_new(lua_State *L) {
     lei_opts o;
     lei_opts_default(&o);
@@ -407,7 +408,7 @@ static int l_close_peer(lua_State *L) {
 static int l_ratelog(lua_State *L) {
     static const char *const kinds[] = {"handshake_timeout", "connections", "accept", "frame",
                                         "bind_index", "hello_addr", "channels", "peers",
-                                        "members", "value", "modulator", "refused_binds", NULL};
+                                        "members", "value", "modulator", "refused_binds", "dial", NULL};
     _Static_assert(sizeof kinds / sizeof *kinds == LEI_RL_NKINDS + 1,
                    "one name per enum lei_ratelog_kind");
     lb_ctx *b = lb_check_ctx(L);

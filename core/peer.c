@@ -160,10 +160,56 @@ lei_peer *lei_peer_by_idx(lei_ctx *c, int idx) {
 
 lei_peer *lei_ctx_peer(lei_ctx *c, int i) { return i >= 0 && i < c->npeers ? c->peers[i] : NULL; }
 
+/* Peers by address: a hash table (a member list of 4096 addresses, each
+ * looked up per event and per dial, made a linear search the hot spot). */
+static uint32_t addr_hash(const char *s) {
+    uint32_t h = 2166136261u;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 16777619u;
+    return h;
+}
+
 lei_peer *lei_peer_find(lei_ctx *c, const char *addr) {
-    for (int i = 0; i < c->npeers; i++)
-        if (strcmp(c->peers[i]->addr, addr) == 0) return c->peers[i];
+    if (!c->phcap) return NULL;
+    uint32_t m = (uint32_t)c->phcap - 1;
+    for (uint32_t j = addr_hash(addr) & m; c->phash[j]; j = (j + 1) & m)
+        if (strcmp(c->phash[j]->addr, addr) == 0) return c->phash[j];
     return NULL;
+}
+
+static void phash_put(lei_ctx *c, lei_peer *p) {
+    uint32_t m = (uint32_t)c->phcap - 1, j = addr_hash(p->addr) & m;
+    while (c->phash[j]) j = (j + 1) & m;
+    c->phash[j] = p;
+}
+
+/* Room in the table for one more peer (half full at most). */
+static int phash_room(lei_ctx *c) {
+    if (2 * (c->npeers + 1) <= c->phcap) return 0;
+    int ncap = c->phcap ? c->phcap * 2 : 64;
+    lei_peer **nh = calloc((size_t)ncap, sizeof *nh);
+    if (!nh) return -1;
+    free(c->phash);
+    c->phash = nh;
+    c->phcap = ncap;
+    for (int i = 0; i < c->npeers; i++) phash_put(c, c->peers[i]);
+    return 0;
+}
+
+/* Takes p out of the table (linear probing: the run after it shifts back). */
+static void phash_del(lei_ctx *c, lei_peer *p) {
+    uint32_t m = (uint32_t)c->phcap - 1, j = addr_hash(p->addr) & m;
+    while (c->phash[j] != p) j = (j + 1) & m;
+    c->phash[j] = NULL;
+    for (uint32_t k = (j + 1) & m; c->phash[k]; k = (k + 1) & m) {
+        lei_peer *q = c->phash[k];
+        uint32_t h = addr_hash(q->addr) & m;
+        /* q stays unless its home h lies cyclically outside (j, k] */
+        if ((j < k) ? (h <= j || h > k) : (h <= j && h > k)) {
+            c->phash[j] = q;
+            c->phash[k] = NULL;
+            j = k;
+        }
+    }
 }
 
 /* Room for one more peer in ctx->peers and one more idx. */
@@ -189,7 +235,7 @@ static int peers_room(lei_ctx *c) {
 }
 
 lei_peer *lei_peer_new(lei_ctx *c, const char *addr) {
-    if (peers_room(c)) return NULL;
+    if (peers_room(c) || phash_room(c)) return NULL;
     lei_peer *p = calloc(1, sizeof *p); /* owned by ctx->peers until lei_peers_sweep */
     if (!p) return NULL;
     p->ctx = c;
@@ -199,6 +245,8 @@ lei_peer *lei_peer_new(lei_ctx *c, const char *addr) {
     c->peers[c->npeers++] = p;
     p->idx = c->nfreeidx ? c->freeidx[--c->nfreeidx] : ++c->nbyidx;
     c->byidx[p->idx - 1] = p;
+    phash_put(c, p);
+    if ((size_t)c->npeers > c->o.max_peers) c->peers_over = 1; /* lei_flush: peers_evict */
     /* unused until a channel, a sync or a connection takes it: swept if none does */
     p->unused_at = ev_now(c->loop);
     lei_expiry_at(c, p->unused_at + LEI_PEER_FREE_AFTER);
@@ -212,12 +260,9 @@ static void peer_free(lei_ctx *c, lei_peer *p) {
     free(p);
 }
 
-/* Frees the peers nothing has used for LEI_PEER_FREE_AFTER seconds, and
- * arms the expiry timer for the next that may be.  What refers to a peer
- * is marked first: channels' destinations, sync waits, connections (a
- * closed one not yet freed too), notes not yet told. */
-void lei_peers_sweep(lei_ctx *c) {
-    ev_tstamp now = ev_now(c->loop), next = 0;
+/* Marks the peers something refers to: channels' destinations, sync waits,
+ * connections (a closed one not yet freed too), notes not yet told. */
+static void peers_mark(lei_ctx *c) {
     for (int i = 0; i < c->npeers; i++) c->peers[i]->mark = 0;
     for (uint32_t i = 0; i < c->nchans; i++)
         for (int j = 0; j < c->chans[i]->ndests; j++) c->chans[i]->dests[j]->mark = 1;
@@ -232,9 +277,33 @@ void lei_peers_sweep(lei_ctx *c) {
         lei_peer *p = lei_peer_by_idx(c, c->notes[i].idx);
         if (p) p->mark = 1;
     }
+}
+
+/* After peers_mark: nothing uses p (it may be freed). */
+static int peer_unused(const lei_peer *p) {
+    return !(p->mark || p->conn || p->retiring || p->q.head || p->held || p->await_in > 0 ||
+             p->dial_pending);
+}
+
+/* Frees c->peers[i] (the last peer takes its place). */
+static void peer_drop(lei_ctx *c, int i) {
+    lei_peer *p = c->peers[i];
+    phash_del(c, p);
+    c->byidx[p->idx - 1] = NULL;
+    c->freeidx[c->nfreeidx++] = p->idx;
+    c->peers[i] = c->peers[--c->npeers];
+    c->peers[i]->pos = i;
+    peer_free(c, p);
+}
+
+/* Frees the peers nothing has used for LEI_PEER_FREE_AFTER seconds, and
+ * arms the expiry timer for the next that may be. */
+void lei_peers_sweep(lei_ctx *c) {
+    ev_tstamp now = ev_now(c->loop), next = 0;
+    peers_mark(c);
     for (int i = 0; i < c->npeers; i++) {
         lei_peer *p = c->peers[i];
-        if (p->mark || p->conn || p->retiring || p->q.head || p->held || p->await_in > 0) {
+        if (!peer_unused(p)) {
             p->unused_at = 0;
             /* without a connection to say when it ends, looked at again
              * later (a destination dropped, a sync record freed) */
@@ -248,20 +317,49 @@ void lei_peers_sweep(lei_ctx *c) {
             if (!next || due < next) next = due;
             continue;
         }
-        c->byidx[p->idx - 1] = NULL;
-        c->freeidx[c->nfreeidx++] = p->idx;
-        c->peers[i] = c->peers[--c->npeers];
-        c->peers[i]->pos = i;
-        peer_free(c, p);
+        peer_drop(c, i);
         i--;
     }
     if (next) lei_expiry_at(c, next);
+}
+
+static int by_unused_at(const void *a, const void *b) {
+    ev_tstamp x = (*(lei_peer *const *)a)->unused_at, y = (*(lei_peer *const *)b)->unused_at;
+    return x < y ? -1 : x > y;
+}
+
+/* More than max_peers peers (run from the loop, never while a caller holds
+ * a peer): the peers nothing uses are freed at once, oldest unused first,
+ * down to 15/16 of max_peers (so that a stream of new addresses pays for
+ * this once per max_peers / 16 of them).  Peers in use stay: those are
+ * bounded by the member lists (max_peers) and connections (max_connections). */
+static void peers_evict(lei_ctx *c) {
+    ev_tstamp now = ev_now(c->loop);
+    size_t keep = c->o.max_peers - c->o.max_peers / 16;
+    peers_mark(c);
+    lei_peer **v = malloc((size_t)c->npeers * sizeof *v); /* freed below */
+    if (!v) return;
+    int n = 0;
+    for (int i = 0; i < c->npeers; i++) {
+        lei_peer *p = c->peers[i];
+        if (!peer_unused(p)) continue;
+        if (!p->unused_at) p->unused_at = now;
+        v[n++] = p;
+    }
+    qsort(v, (size_t)n, sizeof *v, by_unused_at);
+    int freed = 0;
+    for (int j = 0; j < n && (size_t)c->npeers > keep; j++, freed++) peer_drop(c, v[j]->pos);
+    free(v);
+    if (freed)
+        lei_ratelog(c, LEI_RL_PEERS, "more than %zu peer records: %d unused ones freed at once",
+                    c->o.max_peers, freed);
 }
 
 /* At the context's end: every peer. */
 void lei_peers_free(lei_ctx *c) {
     for (int i = 0; i < c->npeers; i++) peer_free(c, c->peers[i]);
     free(c->peers);
+    free(c->phash);
     free(c->byidx);
     free(c->freeidx);
 }
@@ -345,6 +443,10 @@ static lei_qitem *batch_event(lei_peer *p, uint32_t chid, const uint8_t *hdr, si
 void lei_peer_lost(lei_peer *p, const char *reason) {
     lei_ctx *c = p->ctx;
     p->conn = NULL;
+    if (p->dial_pending) {
+        p->dial_pending = 0;
+        c->ndial_pending--;
+    }
     p->last_fail = ev_now(c->loop);
     snprintf(p->reason, sizeof p->reason, "%s", reason);
     lei_peer_q_clear(c, p, 1);
@@ -361,12 +463,45 @@ void lei_peer_close(lei_peer *p, const char *reason) {
 }
 
 
+/* Dials p when it may be (not connected, not awaited, backoff over): at
+ * once while fewer than LEI_DIALS_MAX of our dials are in progress, else it
+ * waits its turn (dial_pending: live, its queue kept; lei_dials_run). */
+static void peer_want(lei_peer *p) {
+    lei_ctx *c = p->ctx;
+    if (p->conn || p->dial_pending || p->await_in > 0 || p->retiring || !lei_live_may_dial(p))
+        return;
+    if (c->ndialing < LEI_DIALS_MAX) {
+        lei_peer_dial(p);
+        return;
+    }
+    p->dial_pending = 1;
+    c->ndial_pending++;
+}
+
 lei_peer *lei_peer_get(lei_ctx *c, const char *addr, int create) {
     lei_peer *p = lei_peer_find(c, addr);
     if (!p && create) p = lei_peer_new(c, addr);
-    if (p && create && !p->conn && p->await_in <= 0 && !p->retiring && lei_live_may_dial(p))
-        lei_peer_dial(p);
+    if (p && create) peer_want(p);
     return p;
+}
+
+void lei_dial_done(lei_conn *k) {
+    if (!k->dial_slot) return;
+    k->dial_slot = 0;
+    k->ctx->ndialing--;
+    if (k->ctx->ndial_pending) ev_idle_start(k->ctx->loop, &k->ctx->kick); /* lei_flush dials */
+}
+
+/* Dials the peers waiting for a slot, while there are slots.  A dial that
+ * fails at once loses the peer (its queue dropped and counted). */
+static void dials_run(lei_ctx *c) {
+    for (int i = 0; i < c->npeers && c->ndial_pending && c->ndialing < LEI_DIALS_MAX; i++) {
+        lei_peer *p = c->peers[i];
+        if (!p->dial_pending) continue;
+        p->dial_pending = 0;
+        c->ndial_pending--;
+        if (lei_peer_dial(p)) lei_peer_lost(p, p->reason[0] ? p->reason : "dial failed");
+    }
 }
 
 static void ensure_bound(lei_peer *p, uint32_t chid) {
@@ -506,13 +641,13 @@ void lei_peer_flush(lei_peer *p) {
 
 
 int lei_peer_live(lei_peer *p) {
-    return (p->conn && p->conn->state != LEI_CONN_CLOSED) || p->await_in > 0;
+    return (p->conn && p->conn->state != LEI_CONN_CLOSED) || p->await_in > 0 || p->dial_pending;
 }
 
 
 void lei_peer_enqueue(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr, size_t hlen,
                       lei_msg *msg, uint64_t sync, int policy) {
-    if (!lei_peer_live(p) && !(lei_peer_get(c, p->addr, 1) && lei_peer_live(p))) {
+    if (!lei_peer_live(p) && (peer_want(p), !lei_peer_live(p))) {
         /* Unreachable since a failed attempt, not yet dialled again: counted. */
         p->st.drops++;
         ch->drops++;
@@ -620,6 +755,11 @@ int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err) 
 }
 
 void lei_flush(lei_ctx *c) {
+    if (c->ndial_pending && c->ndialing < LEI_DIALS_MAX) dials_run(c);
+    if (c->peers_over) {
+        c->peers_over = 0;
+        peers_evict(c);
+    }
     for (int i = 0; i < c->npeers; i++)
         if (c->peers[i]->q.head) lei_peer_flush(c->peers[i]);
 }

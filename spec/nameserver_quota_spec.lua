@@ -53,20 +53,36 @@ describe("issue 10: the name server's per-requester quota", function()
     assert.is_true(ask(B, { op = "join", ch = "a3", role = "consumer" }).ok)
     assert.is_true(ask(A, { op = "lookup", ch = "a4" }).ok)
     assert.are.equal(false, ask(A, { op = "lookup", ch = "a5" }).ok)
-    -- joins themselves make entries that are in use: not charged
-    for i = 1, 5 do assert.is_true(ask(A, { op = "join", ch = "j" .. i, role = "producer" }).ok) end
+    -- (issue 11) a join that makes an entry is charged like a lookup
+    r = ask(A, { op = "join", ch = "j1", role = "producer" })
+    assert.are.same({ false, "limit", "join: too many channels created by " .. A .. " (limit 3 per requester)" },
+                    { r.ok, r.code, r.err })
     -- a forgotten entry (unused for forget_after) is room again
     reg:tick(function() end, 1)
     reg:tick(function() end, 7)
     assert.is_true(ask(A, { op = "lookup", ch = "a5" }, 7).ok)
   end)
 
-  it("lets one context use more channels than its quota, each looked up then joined", function()
-    local _, ask = registry{ channel_quota = 2 }
-    for i = 1, 10 do
+  it("charges joins that make entries like lookups, until another context joins (issue 11)", function()
+    local reg, ask = registry{ channel_quota = 2 }
+    -- looked up then joined by the same requester: still its own, charged
+    for i = 1, 2 do
       assert.is_true(ask(A, { op = "lookup", ch = "c" .. i }).ok)
       assert.is_true(ask(A, { op = "join", ch = "c" .. i, role = "producer" }).ok)
     end
+    local r = ask(A, { op = "join", ch = "c3", role = "producer" })
+    assert.are.same({ false, "limit", "join: too many channels created by " .. A .. " (limit 2 per requester)" },
+                    { r.ok, r.code, r.err })
+    -- joins of what exists cost nothing; another context joining frees the entry
+    assert.is_true(ask(A, { op = "join", ch = "c1", role = "producer" }).ok)
+    assert.is_true(ask(B, { op = "join", ch = "c1", role = "producer" }).ok)
+    assert.is_true(ask(A, { op = "join", ch = "c3", role = "producer" }).ok)
+    assert.are.same({ [A] = 2 }, reg.created)
+    -- 80,000 joins without lookups (the outside attack): the quota, not the table
+    local ok = 0
+    for i = 1, 1000 do if ask(B, { op = "join", ch = "j" .. i, role = "producer" }).ok then ok = ok + 1 end end
+    assert.are.equal(2, ok)
+    assert.is_true(ask("10.0.0.3:3", { op = "lookup", ch = "legit" }).ok)
   end)
 
   it("counts lookups held while the control plane recovers, and frees them when they run", function()

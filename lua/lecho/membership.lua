@@ -27,7 +27,6 @@ local function new_channel(self, name)
   self.channels[name] = c
   self.nchannels = self.nchannels + 1
   self.idle[name] = nil
-  naming.uncharge(self, name)      -- in use: no longer its requester's junk
   return c
 end
 
@@ -335,7 +334,16 @@ function ops.join(self, from, msg, io)
   local ok; ok, err = authorize(self, from, msg, role, ch)
   if not ok then return refuse(self, io, from, msg, err) end
   local c = self.channels[ch]
+  local who = self.role == "nameserver" and naming.requester(self, from) or nil
   if not c then
+    -- A join that makes the name server's entry is charged to its requester
+    -- like a lookup (channel_quota): else joins alone would fill the table.
+    local fresh = who ~= nil and self.assign[ch] == nil
+    if fresh then
+      local qerr
+      ok, qerr = naming.quota_room(self, who, "join")
+      if not ok then return fail(self, io, from, msg.rid, qerr, { code = "limit" }) end
+    end
     local e, owner
     ok, e, owner = claim(self, ch, "join")
     if not ok then return fail(self, io, from, msg.rid, e, { manager = owner }) end
@@ -343,7 +351,10 @@ function ops.join(self, from, msg, io)
       return fail(self, io, from, msg.rid, ("join: too many channels (limit %d)"):format(self.max_channels))
     end
     c = new_channel(self, ch)
+    if fresh then naming.charge(self, ch, who) end
   end
+  -- used by another requester than the one that made the entry: no junk
+  if who ~= nil and self.creator[ch] ~= nil and self.creator[ch] ~= who then naming.uncharge(self, ch) end
 
   if role == "producer" then
     local p = c.producers[from]

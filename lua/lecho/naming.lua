@@ -82,13 +82,15 @@ local function may_see(self, from, ch)
   return nil, ("not allowed: %s may not produce, consume or list %s"):format(who, policy.base_name(ch))
 end
 
--- Quotas.  A channel entry that a lookup makes is charged to its requester
--- until the channel gets a member here (a join: it is in use, not junk) or
--- the entry is forgotten: one requester's junk lookups fill its own share
--- (channel_quota), never the table that the others' channels need.  (An
--- entry assigned to another manager stays charged until it is forgotten:
--- the name server does not see its joins.)  A requester is a principal in
--- keyed mode, else a context's address.
+-- Quotas.  A channel entry that a lookup or a join makes is charged to its
+-- requester until another requester joins the channel here (then it is in
+-- use, not junk) or the entry is forgotten: one requester's junk lookups and
+-- joins fill its own share (channel_quota), never the table that the
+-- others' channels need.  A context that alone uses more channels than
+-- that needs a name server with a larger channel_quota.  (An entry assigned
+-- to another manager stays charged until it is forgotten: the name server
+-- does not see its joins.)  A requester is a principal in keyed mode, else
+-- a context's address (protected mode: any local process may claim many).
 local function requester(self, from)
   return principal(self, from) or from
 end
@@ -328,5 +330,6 @@ end
 M.check_ch, M.claim, M.forget_unused, M.release_unused, M.uncharge, M.unhold, M.ops =
   check_ch, claim, forget_unused, release_unused, uncharge, unhold, ops
 M.principal, M.allowed, M.may_see, M.key_of = principal, allowed, may_see, key_of
+M.requester, M.quota_room, M.charge = requester, quota_room, charge
 
 return M

@@ -93,8 +93,8 @@ local ONEWAY = { members_ok = true, release = true }
 --        log = function(level, msg) }
 -- channel_quota: the channel entries one requester (a context's address, or
 -- its principal in keyed mode) may make at the name server by lookups and
--- joins, until they are forgotten (forget_after); past it a lookup fails
--- with code "limit".  max_members: consumer contexts of one channel (what
+-- joins, until another requester joins them or they are forgotten
+-- (forget_after); past it a lookup or a join fails with code "limit".  max_members: consumer contexts of one channel (what
 -- a producer takes in one member list); the join of one more fails with
 -- code "limit".
 -- Keyed mode (doc/security.md): identity = fn(addr) -> principal, pk (32
@@ -154,7 +154,7 @@ function M.new(opts)
     settle = num("settle", 3.0),                 -- rw, seconds: recovery window
     max_channels = num("max_channels", 65536),   -- rw
     max_members = num("max_members", 4096),      -- rw: consumer contexts per channel
-    channel_quota = num("channel_quota", 4096),  -- rw: entries one requester's lookups may make
+    channel_quota = num("channel_quota", 4096),  -- rw: entries one requester's lookups and joins may make
     max_name = num("max_name", 1024),            -- rw, bytes
     forget_after = num("forget_after", 30),      -- rw, seconds: name server, unused channels
     log = opts.log or noop,

@@ -341,11 +341,13 @@ function Context:_on_peer(idx, addr, up, reason)
 end
 
 --- Snapshot of the name server's (or a manager's) view: channels with their
--- producing and consuming contexts.
+-- producing and consuming contexts; returns channels, managers, and the
+-- number of channels left out when the reply is capped (4096 channels or
+-- 4 MiB: lecho.registry LIST_MAX, LIST_BYTES), else nil.
 function Context:list(addr)
   local r, err, code = self:request(addr or self.ns, { op = "list" })
   if not r then return nil, err, code end
-  return r.channels, r.managers
+  return r.channels, r.managers, r.truncated
 end
 
 -- ctx:channel(name, { create = false }): does channel `full` (at name

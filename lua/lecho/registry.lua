@@ -67,16 +67,45 @@ local ops = {}
 for k, f in pairs(naming.ops) do ops[k] = f end
 for k, f in pairs(membership.ops) do ops[k] = f end
 
+-- What one `list` reply carries at most: channels, and bytes (estimated:
+-- names, addresses, 16 per field), far below the receiver's 16 MiB CTRL
+-- frame and its max_value_bytes, so that every asker gets an answer.
+M.LIST_MAX, M.LIST_BYTES = 4096, 4 * 1024 * 1024
+
+local function entry_bytes(name, e)
+  local n = #name + 64
+  for _, set in ipairs{ e.producers, e.consumers } do
+    for a in pairs(set or {}) do n = n + #a + 16 end
+  end
+  for k, m in pairs(e.modulators or {}) do
+    n = n + #k + 48
+    for _, a in ipairs(m.consumers or {}) do n = n + #a + 16 end
+  end
+  return n
+end
+
 -- Introspection over the wire: same shape as snapshot() minus addr/role.
 -- Keyed mode: only the channels the asker may list (refused when none).
+-- The first channels by name up to LIST_MAX / LIST_BYTES; `truncated` says
+-- how many more there are.
 function ops.list(self, from, msg, io)
   local ok, err = naming.allowed(self, from, "list")
   if not ok then return fail(self, io, from, msg.rid, err, { code = "refused" }) end
   local s = self:snapshot()
+  local names = {}
   for name in pairs(s.channels) do
-    if not naming.allowed(self, from, "list", name) then s.channels[name] = nil end
+    if naming.allowed(self, from, "list", name) then names[#names + 1] = name end
   end
-  reply(self, io, from, msg.rid, { channels = s.channels, managers = s.managers })
+  table.sort(names)
+  local chans, bytes, n = {}, 0, 0
+  for _, name in ipairs(names) do
+    local e = s.channels[name]
+    local b = entry_bytes(name, e)
+    if n >= M.LIST_MAX or bytes + b > M.LIST_BYTES then break end
+    chans[name], bytes, n = e, bytes + b, n + 1
+  end
+  reply(self, io, from, msg.rid, { channels = chans, managers = s.managers,
+                                   truncated = #names > n and #names - n or nil })
 end
 
 -- Ops that never get a reply (so never answered with an error either).

@@ -99,7 +99,7 @@ function M.install(R)
   -- consumers of those a separate manager keeps asked of that manager; nil,
   -- err when the name server does not answer.
   function R.list_channels()
-    local chans, err = ctx:list()
+    local chans, err, truncated = ctx:list()
     if not chans then return nil, err end
     local asked = {}
     for name, info in pairs(chans) do
@@ -111,7 +111,7 @@ function M.install(R)
         if m and m[name] then chans[name] = m[name] end
       end
     end
-    return chans
+    return chans, truncated
   end
 
   -- The name server's channel names (short where they are its own), asked
@@ -173,6 +173,9 @@ One line per channel of the name server (those whose name contains pattern):
 the producing and consuming processes ("(me)": this REPL) and the manager.]], function(pattern)
     local chans, err = R.list_channels()
     if not chans then error("ls: " .. tostring(err), 2) end
+    local truncated = err     -- (the second result, on success)
+    local more = truncated and ("... and %d more channels the name server did not list (its reply is capped)")
+                               :format(truncated)
     local names = {}
     for name in pairs(chans) do
       if not pattern or short_name(name):find(pattern, 1, true) then names[#names + 1] = name end
@@ -181,10 +184,10 @@ the producing and consuming processes ("(me)": this REPL) and the manager.]], fu
     if R.json then
       local sel = {}
       for _, n in ipairs(names) do sel[n] = chans[n] end
-      return R.json.emit{ channels = sel }
+      return R.json.emit{ channels = sel, truncated = truncated }
     end
     if #names == 0 then
-      R.out(pattern and ("no channel matching '" .. pattern .. "'") or "no channels")
+      R.out((pattern and ("no channel matching '" .. pattern .. "'") or "no channels") .. (more and ("\n" .. more) or ""))
       return
     end
     local function who(set)
@@ -207,9 +210,11 @@ the producing and consuming processes ("(me)": this REPL) and the manager.]], fu
     end
     local lines = {}
     for _, r in ipairs(rows) do
-      lines[#lines + 1] = ("%-" .. w[1] .. "s  %-" .. w[2] .. "s  %-" .. w[3] .. "s  %s")
-        :format(r[1], r[2], r[3], r[4])
+      -- (padded by hand: string.format takes no width above 99, names can be longer)
+      local function pad(c) return r[c] .. (" "):rep(w[c] - #r[c]) end
+      lines[#lines + 1] = pad(1) .. "  " .. pad(2) .. "  " .. pad(3) .. "  " .. r[4]
     end
+    lines[#lines + 1] = more
     R.out(table.concat(lines, "\n"))
   end)
 
@@ -287,6 +292,7 @@ and per peer process.  stats("ch"): the channels whose name contains "ch".]], fu
     if #rows > 0 then
       local w = #"channel"
       for _, r in ipairs(rows) do w = math.max(w, #r[1]) end
+      w = math.min(w, 99)   -- string.format's widest; longer names push their line
       local fmt = "%-" .. w .. "s %8s %8s %8s %6s %5s %5s"
       lines[#lines + 1] = fmt:format("channel", "in", "out", "local", "drops", "cons", "prod")
       for _, r in ipairs(rows) do lines[#lines + 1] = fmt:format(unpack(r)) end
@@ -297,6 +303,7 @@ and per peer process.  stats("ch"): the channels whose name contains "ch".]], fu
     if #peers > 0 and not pattern then
       local w = #"peer"
       for _, a in ipairs(peers) do w = math.max(w, #a) end
+      w = math.min(w, 99)
       local fmt = "%-" .. w .. "s %8s %8s %10s %10s %6s"
       lines[#lines + 1] = fmt:format("peer", "ev in", "ev out", "bytes in", "bytes out", "up")
       for _, a in ipairs(peers) do

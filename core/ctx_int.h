@@ -394,6 +394,8 @@ void lei_expiry_cb(struct ev_loop *loop, ev_timer *w, int revents);
 void lei_kick_cb(struct ev_loop *loop, ev_idle *w, int revents);
 /* conn.c: connections and the handshake */
 int lei_peer_dial(lei_peer *p);
+/* More than max_peers peers: the unused ones freed at once (peers.c). */
+void lei_peers_evict(lei_ctx *c);
 /* k, dialled by us, is UP or closed: its dial slot is free (no-op else). */
 void lei_dial_done(lei_conn *k);
 void lei_conn_close(lei_conn *k, const char *reason, int bad);

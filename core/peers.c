@@ -1,0 +1,222 @@
+/* peers.c: the peer table of a context: peers by idx and by address (a
+ * hash table), their creation, and their freeing once nothing uses them
+ * (after LEI_PEER_FREE_AFTER, or at once past max_peers).
+ *
+ * peer.c has what a peer does (queues, dials, writing).
+ */
+#define _GNU_SOURCE
+#include "ctx_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+lei_peer *lei_peer_by_idx(lei_ctx *c, int idx) {
+    return idx >= 1 && idx <= c->nbyidx ? c->byidx[idx - 1] : NULL;
+}
+
+lei_peer *lei_ctx_peer(lei_ctx *c, int i) { return i >= 0 && i < c->npeers ? c->peers[i] : NULL; }
+
+/* Peers by address: a hash table (a member list of 4096 addresses, each
+ * looked up per event and per dial, made a linear search the hot spot). */
+static uint32_t addr_hash(const char *s) {
+    uint32_t h = 2166136261u;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 16777619u;
+    return h;
+}
+
+lei_peer *lei_peer_find(lei_ctx *c, const char *addr) {
+    if (!c->phcap) return NULL;
+    uint32_t m = (uint32_t)c->phcap - 1;
+    for (uint32_t j = addr_hash(addr) & m; c->phash[j]; j = (j + 1) & m)
+        if (strcmp(c->phash[j]->addr, addr) == 0) return c->phash[j];
+    return NULL;
+}
+
+static void phash_put(lei_ctx *c, lei_peer *p) {
+    uint32_t m = (uint32_t)c->phcap - 1, j = addr_hash(p->addr) & m;
+    while (c->phash[j]) j = (j + 1) & m;
+    c->phash[j] = p;
+}
+
+/* Room in the table for one more peer (half full at most). */
+static int phash_room(lei_ctx *c) {
+    if (2 * (c->npeers + 1) <= c->phcap) return 0;
+    int ncap = c->phcap ? c->phcap * 2 : 64;
+    lei_peer **nh = calloc((size_t)ncap, sizeof *nh);
+    if (!nh) return -1;
+    free(c->phash);
+    c->phash = nh;
+    c->phcap = ncap;
+    for (int i = 0; i < c->npeers; i++) phash_put(c, c->peers[i]);
+    return 0;
+}
+
+/* Takes p out of the table (linear probing: the run after it shifts back). */
+static void phash_del(lei_ctx *c, lei_peer *p) {
+    uint32_t m = (uint32_t)c->phcap - 1, j = addr_hash(p->addr) & m;
+    while (c->phash[j] != p) j = (j + 1) & m;
+    c->phash[j] = NULL;
+    for (uint32_t k = (j + 1) & m; c->phash[k]; k = (k + 1) & m) {
+        lei_peer *q = c->phash[k];
+        uint32_t h = addr_hash(q->addr) & m;
+        /* q stays unless its home h lies cyclically outside (j, k] */
+        if ((j < k) ? (h <= j || h > k) : (h <= j && h > k)) {
+            c->phash[j] = q;
+            c->phash[k] = NULL;
+            j = k;
+        }
+    }
+}
+
+/* Room for one more peer in ctx->peers and one more idx. */
+static int peers_room(lei_ctx *c) {
+    if (c->npeers == c->cpeers) {
+        int n = c->cpeers ? c->cpeers * 2 : 8;
+        lei_peer **np = realloc(c->peers, (size_t)n * sizeof *np);
+        if (!np) return -1;
+        c->peers = np;
+        c->cpeers = n;
+    }
+    if (!c->nfreeidx && c->nbyidx == c->cbyidx) {
+        int n = c->cbyidx ? c->cbyidx * 2 : 8;
+        lei_peer **nb = realloc(c->byidx, (size_t)n * sizeof *nb);
+        if (!nb) return -1;
+        c->byidx = nb;
+        int *nf = realloc(c->freeidx, (size_t)n * sizeof *nf);
+        if (!nf) return -1;
+        c->freeidx = nf;
+        c->cbyidx = n;
+    }
+    return 0;
+}
+
+lei_peer *lei_peer_new(lei_ctx *c, const char *addr) {
+    if (peers_room(c) || phash_room(c)) return NULL;
+    lei_peer *p = calloc(1, sizeof *p); /* owned by ctx->peers until lei_peers_sweep */
+    if (!p) return NULL;
+    p->ctx = c;
+    snprintf(p->addr, sizeof p->addr, "%s", addr);
+    p->last_fail = -1e9;
+    p->pos = c->npeers;
+    c->peers[c->npeers++] = p;
+    p->idx = c->nfreeidx ? c->freeidx[--c->nfreeidx] : ++c->nbyidx;
+    c->byidx[p->idx - 1] = p;
+    phash_put(c, p);
+    if ((size_t)c->npeers > c->o.max_peers) c->peers_over = 1; /* lei_flush: peers_evict */
+    /* unused until a channel, a sync or a connection takes it: swept if none does */
+    p->unused_at = ev_now(c->loop);
+    lei_expiry_at(c, p->unused_at + LEI_PEER_FREE_AFTER);
+    return p;
+}
+
+static void peer_free(lei_ctx *c, lei_peer *p) {
+    lei_peer_q_clear(c, p, 0);
+    lei_live_free(p);
+    free(p->bound);
+    free(p);
+}
+
+/* Marks the peers something refers to: channels' destinations, sync waits,
+ * connections (a closed one not yet freed too), notes not yet told. */
+static void peers_mark(lei_ctx *c) {
+    for (int i = 0; i < c->npeers; i++) c->peers[i]->mark = 0;
+    for (uint32_t i = 0; i < c->nchans; i++)
+        for (int j = 0; j < c->chans[i]->ndests; j++) c->chans[i]->dests[j]->mark = 1;
+    for (lei_sync *s = c->syncs; s; s = s->next)
+        for (int i = 0; i < s->nw; i++)
+            if (s->w[i].peer) s->w[i].peer->mark = 1;
+    for (lei_conn *k = c->conns; k; k = k->next) {
+        if (k->peer) k->peer->mark = 1;
+        if (k->was) k->was->mark = 1;
+    }
+    for (int i = 0; i < c->nnotes; i++) {
+        lei_peer *p = lei_peer_by_idx(c, c->notes[i].idx);
+        if (p) p->mark = 1;
+    }
+}
+
+/* After peers_mark: nothing uses p (it may be freed). */
+static int peer_unused(const lei_peer *p) {
+    return !(p->mark || p->conn || p->retiring || p->q.head || p->held || p->await_in > 0 ||
+             p->dial_pending);
+}
+
+/* Frees c->peers[i] (the last peer takes its place). */
+static void peer_drop(lei_ctx *c, int i) {
+    lei_peer *p = c->peers[i];
+    phash_del(c, p);
+    c->byidx[p->idx - 1] = NULL;
+    c->freeidx[c->nfreeidx++] = p->idx;
+    c->peers[i] = c->peers[--c->npeers];
+    c->peers[i]->pos = i;
+    peer_free(c, p);
+}
+
+/* Frees the peers nothing has used for LEI_PEER_FREE_AFTER seconds, and
+ * arms the expiry timer for the next that may be. */
+void lei_peers_sweep(lei_ctx *c) {
+    ev_tstamp now = ev_now(c->loop), next = 0;
+    peers_mark(c);
+    for (int i = 0; i < c->npeers; i++) {
+        lei_peer *p = c->peers[i];
+        if (!peer_unused(p)) {
+            p->unused_at = 0;
+            /* without a connection to say when it ends, looked at again
+             * later (a destination dropped, a sync record freed) */
+            if (!p->conn && (!next || now + LEI_PEER_FREE_AFTER < next))
+                next = now + LEI_PEER_FREE_AFTER;
+            continue;
+        }
+        if (!p->unused_at) p->unused_at = now;
+        ev_tstamp due = p->unused_at + LEI_PEER_FREE_AFTER;
+        if (due > now) {
+            if (!next || due < next) next = due;
+            continue;
+        }
+        peer_drop(c, i);
+        i--;
+    }
+    if (next) lei_expiry_at(c, next);
+}
+
+static int by_unused_at(const void *a, const void *b) {
+    ev_tstamp x = (*(lei_peer *const *)a)->unused_at, y = (*(lei_peer *const *)b)->unused_at;
+    return x < y ? -1 : x > y;
+}
+
+/* More than max_peers peers (run from the loop, never while a caller holds
+ * a peer): the peers nothing uses are freed at once, oldest unused first,
+ * down to 15/16 of max_peers (so that a stream of new addresses pays for
+ * this once per max_peers / 16 of them).  Peers in use stay: those are
+ * bounded by the member lists (max_peers) and connections (max_connections). */
+void lei_peers_evict(lei_ctx *c) {
+    ev_tstamp now = ev_now(c->loop);
+    size_t keep = c->o.max_peers - c->o.max_peers / 16;
+    peers_mark(c);
+    lei_peer **v = malloc((size_t)c->npeers * sizeof *v); /* freed below */
+    if (!v) return;
+    int n = 0;
+    for (int i = 0; i < c->npeers; i++) {
+        lei_peer *p = c->peers[i];
+        if (!peer_unused(p)) continue;
+        if (!p->unused_at) p->unused_at = now;
+        v[n++] = p;
+    }
+    qsort(v, (size_t)n, sizeof *v, by_unused_at);
+    int freed = 0;
+    for (int j = 0; j < n && (size_t)c->npeers > keep; j++, freed++) peer_drop(c, v[j]->pos);
+    free(v);
+    if (freed)
+        lei_ratelog(c, LEI_RL_PEERS, "more than %zu peer records: %d unused ones freed at once",
+                    c->o.max_peers, freed);
+}
+
+/* At the context's end: every peer. */
+void lei_peers_free(lei_ctx *c) {
+    for (int i = 0; i < c->npeers; i++) peer_free(c, c->peers[i]);
+    free(c->peers);
+    free(c->phash);
+    free(c->byidx);
+    free(c->freeidx);
+}

@@ -169,6 +169,7 @@ int lei_peer_dial(lei_peer *p) {
     }
     /* Unix: connects or fails at once (EAGAIN: the listener's backlog is
      * full), and the retry/backoff redials as for a refused TCP dial. */
+    p->st.dials++;
     int fd = lei_addr_connect(&a, err, sizeof err); /* owned by the conn below */
     if (fd < 0) {
         snprintf(p->reason, sizeof p->reason, "%s", err);

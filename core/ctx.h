@@ -89,6 +89,7 @@ typedef struct lei_hooks {
 
 typedef struct lei_pstats {
     uint64_t ev_in, ev_out, bytes_in, bytes_out, batches, drops, ctrl_in, ctrl_out;
+    uint64_t dials; /* connections we started to it ("cannot reach" is rate-logged) */
 } lei_pstats;
 
 typedef struct lei_chan lei_chan;

@@ -344,6 +344,7 @@ static int l_stats(lua_State *L) {
         lb_setn(L, "drops", (double)ps.st.drops);
         lb_setn(L, "ctrl_in", (double)ps.st.ctrl_in);
         lb_setn(L, "ctrl_out", (double)ps.st.ctrl_out);
+        lb_setn(L, "dials", (double)ps.st.dials);
         lb_setn(L, "queue_bytes", (double)ps.queue_bytes);
         lb_setn(L, "queue_events", (double)ps.queue_events);
         lb_setn(L, "heartbeats_in", (double)ps.hb_in);

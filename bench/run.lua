@@ -105,7 +105,10 @@ local function child_errors(child) return proc.errors(child, 2000) end
 ------------------------------------------------------------------------------
 -- The producing context (and name server) and the report channel.
 
-local ctx = lecho.context{ quiet = not os.getenv("LECHO_BENCH_LOG"), timeout = 20 }
+-- channel_quota: one worker subscribes to every channel of the channels
+-- workload (1 + 16 + 256 + 4096) before their producers exist, and an entry
+-- stays charged to its maker until another context joins it (issue 11)
+local ctx = lecho.context{ quiet = not os.getenv("LECHO_BENCH_LOG"), timeout = 20, channel_quota = 16384 }
 local ready, reports = {}, {}
 local report_con = assert(ctx:channel("report"):consumer(function(ev)
   if type(ev) ~= "table" then return end

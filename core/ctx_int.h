@@ -184,7 +184,7 @@ struct lei_peer {
     ev_tstamp await_in;       /* our dial lost the tie-break: the remote's own
                                * connection is awaited until then, queue kept */
     int dial_pending;         /* waits for a dial slot (LEI_DIALS_MAX): live,
-                               * its queue kept, dialled by lei_dials_run */
+                               * its queue kept, dialled by lei_peers_turn */
     lei_queue q;              /* ro: frames waiting for the socket */
     size_t woff;              /* bytes of q.head already written */
     uint8_t *bound;           /* channels announced (BIND) on this connection */
@@ -258,7 +258,7 @@ struct lei_ctx {
     int phcap;
     int ndialing;             /* our dials not yet UP (LEI_DIALS_MAX) */
     int ndial_pending;        /* peers with dial_pending set */
-    int peers_over;           /* a peer was created past max_peers: lei_flush evicts */
+    int peers_over;           /* a peer was created past max_peers: lei_peers_turn evicts */
     lei_conn *conns;          /* all live connections (list through conn->next) */
     lei_chan **chans;         /* owned */
     uint32_t nchans, cchans;
@@ -394,6 +394,8 @@ void lei_expiry_cb(struct ev_loop *loop, ev_timer *w, int revents);
 void lei_kick_cb(struct ev_loop *loop, ev_idle *w, int revents);
 /* conn.c: connections and the handshake */
 int lei_peer_dial(lei_peer *p);
+/* Once per loop turn (prepare): dials waiting for a slot, peers past max_peers. */
+void lei_peers_turn(lei_ctx *c);
 /* More than max_peers peers: the unused ones freed at once (peers.c). */
 void lei_peers_evict(lei_ctx *c);
 /* k, dialled by us, is UP or closed: its dial slot is free (no-op else). */

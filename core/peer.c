@@ -255,7 +255,7 @@ void lei_peer_close(lei_peer *p, const char *reason) {
 
 /* Dials p when it may be (not connected, not awaited, backoff over): at
  * once while fewer than LEI_DIALS_MAX of our dials are in progress, else it
- * waits its turn (dial_pending: live, its queue kept; lei_dials_run). */
+ * waits its turn (dial_pending: live, its queue kept; lei_peers_turn). */
 static void peer_want(lei_peer *p) {
     lei_ctx *c = p->ctx;
     if (p->conn || p->dial_pending || p->await_in > 0 || p->retiring || !lei_live_may_dial(p))
@@ -279,7 +279,7 @@ void lei_dial_done(lei_conn *k) {
     if (!k->dial_slot) return;
     k->dial_slot = 0;
     k->ctx->ndialing--;
-    if (k->ctx->ndial_pending) ev_idle_start(k->ctx->loop, &k->ctx->kick); /* lei_flush dials */
+    if (k->ctx->ndial_pending) ev_idle_start(k->ctx->loop, &k->ctx->kick); /* lei_peers_turn dials */
 }
 
 /* Dials the peers waiting for a slot, while there are slots.  A dial that
@@ -544,12 +544,18 @@ int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err) 
     return 0;
 }
 
-void lei_flush(lei_ctx *c) {
+/* Once per loop turn, before the queues are written (prepare_cb): the
+ * dials waiting for a slot, and the peers past max_peers. */
+void lei_peers_turn(lei_ctx *c) {
+    if (c->closing) return;
     if (c->ndial_pending && c->ndialing < LEI_DIALS_MAX) dials_run(c);
     if (c->peers_over) {
         c->peers_over = 0;
         lei_peers_evict(c);
     }
+}
+
+void lei_flush(lei_ctx *c) {
     for (int i = 0; i < c->npeers; i++)
         if (c->peers[i]->q.head) lei_peer_flush(c->peers[i]);
 }

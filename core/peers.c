@@ -103,7 +103,7 @@ lei_peer *lei_peer_new(lei_ctx *c, const char *addr) {
     p->idx = c->nfreeidx ? c->freeidx[--c->nfreeidx] : ++c->nbyidx;
     c->byidx[p->idx - 1] = p;
     phash_put(c, p);
-    if ((size_t)c->npeers > c->o.max_peers) c->peers_over = 1; /* lei_flush: peers_evict */
+    if ((size_t)c->npeers > c->o.max_peers) c->peers_over = 1; /* lei_peers_turn evicts */
     /* unused until a channel, a sync or a connection takes it: swept if none does */
     p->unused_at = ev_now(c->loop);
     lei_expiry_at(c, p->unused_at + LEI_PEER_FREE_AFTER);

@@ -330,8 +330,10 @@ struct lei_conn {
     struct lei_inent { uint32_t idx, val; } *hmap; /* owned; idx 0: empty */
     size_t hcap, hn;
     size_t nbound;      /* indexes bound, both parts (max_peer_channels) */
-    struct lei_rname { uint64_t idx; char *name; } *rnames; /* owned, with their
-                         * names: the refused indexes' channel names */
+    /* The refused indexes, resolved once at their BIND (an EVENT on one
+     * costs no lookup): the channel here (UINT32_MAX: none) and the text of
+     * the reason the ACKs carry (owned, at most LEI_BIND_NAME_MAX + 64). */
+    struct lei_rname { uint64_t idx; uint32_t chid; char *why; } *rnames; /* owned */
     size_t nrnames, crnames;
     size_t nrefused;    /* BINDs refused on this connection (REFUSED_BINDS_MAX) */
     size_t skip;        /* bytes of a dropped EVENT still to come, not buffered */
@@ -412,8 +414,8 @@ int lei_conn_records_in(lei_conn *k);
  * bound); set: 0, or -1 (out of memory, or idx past 2^32 - 1). */
 int lei_inmap_get(const lei_conn *k, uint64_t idx, uint32_t *val);
 int lei_inmap_set(lei_conn *k, uint64_t idx, uint32_t val);
-const char *lei_inmap_rname(const lei_conn *k, uint64_t idx);
-int lei_inmap_set_rname(lei_conn *k, uint64_t idx, const char *name, size_t nl);
+const struct lei_rname *lei_inmap_rname(const lei_conn *k, uint64_t idx);
+int lei_inmap_set_rname(lei_conn *k, uint64_t idx, uint32_t chid, const char *why);
 void lei_inmap_drop_rname(lei_conn *k, uint64_t idx);
 void lei_inmap_free(lei_conn *k);
 /* chan.c: the channel of that name, or NULL (never created) */

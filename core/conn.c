@@ -90,14 +90,21 @@ void lei_conn_send_error(lei_conn *k, const char *msg) {
 void lei_conn_close(lei_conn *k, const char *reason, int bad) {
     lei_ctx *c = k->ctx;
     if (k->state == LEI_CONN_CLOSED) return;
+    int up = k->state >= LEI_CONN_UP;
     k->state = LEI_CONN_CLOSED;
     ev_io_stop(c->loop, &k->rio);
     ev_io_stop(c->loop, &k->wio);
     if (bad) {
         c->bad_frames++;
         lei_conn_send_error(k, reason);
-        lei_logf(c, "closing connection from %s: %s", k->peer ? k->peer->addr : "unidentified peer",
-                 reason);
+        /* Before UP anybody can cause this, once per connection: one line
+         * per window (garbage, untrusted keys, bad HELLOs). */
+        if (up)
+            lei_logf(c, "closing connection from %s: %s",
+                     k->peer ? k->peer->addr : "unidentified peer", reason);
+        else
+            lei_ratelog(c, LEI_RL_HANDSHAKE, "closing connection from %s: %s",
+                        k->peer ? k->peer->addr : "unidentified peer", reason);
     }
     close(k->fd);
     k->fd = -1;

@@ -178,8 +178,9 @@ static int hello_accepted(lei_conn *k, const lei_hello *h) {
              * HELLO of another identity replaces it, however quiet it is. */
             char why[LEI_ADDR_MAX + 80];
             snprintf(why, sizeof why, "address %s belongs to another identity", h->addr);
-            lei_logf(c, "refusing a connection claiming %s: its live connection is another identity's",
-                     h->addr);
+            lei_ratelog(c, LEI_RL_TAKEOVER,
+                        "refusing a connection claiming %s: its live connection is another identity's",
+                        h->addr);
             lei_conn_send_error(k, why);
             return -1;
         } else if (ev_now(c->loop) - old->last_in < (c->o.heartbeat > 1.0 ? c->o.heartbeat : 1.0)) {
@@ -190,7 +191,8 @@ static int hello_accepted(lei_conn *k, const lei_hello *h) {
             } else {
                 char why[LEI_ADDR_MAX + 80];
                 snprintf(why, sizeof why, "address %s already has a live connection", h->addr);
-                lei_logf(c, "refusing a connection claiming %s: it has a live one", h->addr);
+                lei_ratelog(c, LEI_RL_TAKEOVER, "refusing a connection claiming %s: it has a live one",
+                            h->addr);
                 lei_conn_send_error(k, why);
             }
             return -1;

@@ -477,4 +477,51 @@ describe("connection limits (issue 11)", function()
     assert(p:send(R.u32le(200 * 1024 * 1024) .. string.char(R.F.EVENT) .. hdr .. string.rep("\0", 1024)))
     assert.equals("event on a channel that was never bound", p:drain(5).error)
   end)
+  it("logs bad handshakes and takeover attempts once per 10 s, each peer still told why", function()
+    local t = target()
+    local prod = flow(t, 200)
+    local socks, told = {}, 0
+    for i = 1, 60 do          -- protected garbage: main logged one line per connection
+      socks[i] = raw(t)
+      socks[i]:send(R.frame(R.F.HELLO, string.rep("\7", 40)))
+    end
+    for i = 1, 60 do
+      if error_text(recv_all(socks[i], 1)) == "bad magic in handshake (not a lecho peer)" then told = told + 1 end
+      socks[i]:close()
+    end
+    assert.equals(60, told)
+    -- 20 HELLOs claiming the address of a live connection
+    local claim = "127.0.0.1:29999"
+    local live = assert(dial(t, claim))
+    local refused = 0
+    for _ = 1, 20 do
+      local q, err = R.dial(t.addr, { addr = claim, timeout = 5 })
+      if not q and tostring(err):find("already has a live connection", 1, true) then refused = refused + 1 end
+      if q then q:close() end
+    end
+    assert.equals(20, refused)
+    live:close()
+    flow_done(t, 200, 20)
+    assert(support.wait(prod, 10))
+    assert.equals(1, log_lines(t, "bad magic in handshake"))
+    assert.equals(1, log_lines(t, "it has a live one"))
+  end)
+
+  it("tells a peer closed for no handshake why (ERROR), logs it once per 10 s", function()
+    -- liveness (heartbeat 0.5 s x 2 misses) closes before handshake_timeout
+    local t = target({ heartbeat = 0.5, handshake_timeout = 30 })
+    local socks, told = {}, 0
+    for i = 1, 20 do
+      socks[i] = raw(t)
+      socks[i]:send("\1")    -- a header begun, never finished
+    end
+    for i = 1, 20 do
+      local e = error_text(recv_all(socks[i], 4))
+      if e and e:find("no handshake within", 1, true) then told = told + 1 end
+      socks[i]:close()
+    end
+    assert.equals(20, told)
+    assert.equals(1, log_lines(t, "no handshake within"))
+  end)
+
 end)

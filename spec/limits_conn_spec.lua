@@ -436,6 +436,12 @@ describe("connection limits (issue 11)", function()
       { "0.0.0.0:9", "a wildcard address cannot be dialled" },
       { "127.0.0.1:0", "not an address in canonical form" },
       { t.addr, "this context's own address" },
+      -- one context's address in one spelling (attackB: all three joined)
+      { "[::ffff:127.0.0.1]:" .. t.addr:match(":(%d+)$"), "an IPv4-mapped IPv6 address (write a.b.c.d:port)" },
+      { "[::ffff:127.0.0.1]:5", "an IPv4-mapped IPv6 address (write a.b.c.d:port)" },
+      { "255.255.255.255:5", "a broadcast address" },
+      { "224.0.0.1:5", "a multicast address" },
+      { "[ff02::1]:5", "a multicast address" },
     }
     for _, c in ipairs(cases) do
       local p, err = dial(t, c[1])
@@ -448,6 +454,7 @@ describe("connection limits (issue 11)", function()
       end
     end
   end)
+
   it("refuses a BIND name longer than any channel's, answers refused events with the text built at BIND", function()
     local t = target()
     local prod = flow(t, 200)

@@ -209,6 +209,10 @@ static int map_idx(lei_conn *k, uint64_t idx, uint32_t *chid) {
 }
 
 #define REFUSED_BINDS_MAX 256
+/* The bytes of the refused indexes' reason texts (their channel names) one
+ * connection may make us keep: 256 names of up to LEI_BIND_NAME_MAX bytes
+ * would be half a megabyte per connection. */
+#define REFUSED_NAMES_MAX (64 * 1024)
 
 /* A BIND: the remote's index idx names a channel.  It must be open here
  * (a BIND never opens one: a peer could make us keep any number of
@@ -253,6 +257,11 @@ static const char *conn_bind(lei_conn *k, const lei_frame *f) {
         snprintf(rwhy, sizeof rwhy, "not an authorized producer of %.*s", (int)nl, (const char *)name);
     else
         snprintf(rwhy, sizeof rwhy, "no channel %.*s open here", (int)nl, (const char *)name);
+    if (k->rname_bytes + strlen(rwhy) > REFUSED_NAMES_MAX) {
+        lei_conn_refuse(k, LEI_RL_REFUSED_BINDS,
+                        "refused channel bindings' names over 65536 bytes");
+        return NULL; /* conn_frame sees k closed */
+    }
     if (lei_inmap_set_rname(k, idx, here ? here->id : UINT32_MAX, rwhy) ||
         lei_inmap_set(k, idx, LEI_REFUSED))
         return "out of memory";

@@ -335,6 +335,7 @@ struct lei_conn {
      * the reason the ACKs carry (owned, at most LEI_BIND_NAME_MAX + 64). */
     struct lei_rname { uint64_t idx; uint32_t chid; char *why; } *rnames; /* owned */
     size_t nrnames, crnames;
+    size_t rname_bytes; /* their why texts' lengths (conn.c: REFUSED_NAMES_MAX) */
     size_t nrefused;    /* BINDs refused on this connection (REFUSED_BINDS_MAX) */
     size_t skip;        /* bytes of a dropped EVENT still to come, not buffered */
     ev_tstamp born, last_in, last_out, last_ping; /* liveness: created, last read, write, PING */

@@ -85,6 +85,7 @@ const struct lei_rname *lei_inmap_rname(const lei_conn *k, uint64_t idx) {
 void lei_inmap_drop_rname(lei_conn *k, uint64_t idx) {
     for (size_t i = 0; i < k->nrnames; i++)
         if (k->rnames[i].idx == idx) {
+            k->rname_bytes -= strlen(k->rnames[i].why);
             free(k->rnames[i].why);
             k->rnames[i] = k->rnames[--k->nrnames];
             return;
@@ -103,6 +104,7 @@ int lei_inmap_set_rname(lei_conn *k, uint64_t idx, uint32_t chid, const char *wh
     char *s = strdup(why); /* owned by k->rnames[i] */
     if (!s) return -1;
     k->rnames[k->nrnames].idx = idx;
+    k->rname_bytes += strlen(s);
     k->rnames[k->nrnames].chid = chid;
     k->rnames[k->nrnames++].why = s;
     return 0;
@@ -119,4 +121,5 @@ void lei_inmap_free(lei_conn *k) {
     free(k->rnames);
     k->rnames = NULL;
     k->nrnames = k->crnames = 0;
+    k->rname_bytes = 0;
 }

@@ -473,6 +473,13 @@ describe("connection limits (issue 11)", function()
     assert.equals(0, a.nran)
     assert.equals("no channel " .. name .. " open here", a.errs[1].err)
     q:close()
+    -- the names kept for refused indexes: at most 64 KiB per connection
+    -- (main kept 256 x 64 KB)
+    local r = assert(dial(t))
+    local binds = {}
+    for i = 1, 70 do binds[i] = R.bind(i - 1, t.addr .. "/" .. string.rep("k", 1000) .. i) end
+    assert(r:send(table.concat(binds)))
+    assert.equals("refused channel bindings' names over 65536 bytes", r:drain(5).error)
     flow_done(t, 200, 20)
     assert(support.wait(prod, 10))
   end)

@@ -18,6 +18,7 @@ enum { ST_INIT, ST_PARAMS, ST_ENQ, ST_DEQ, ST_HOOK };
 
 typedef struct moe_out {
     lei_msg *msg; /* one reference, owned until submitted */
+    size_t mem;   /* bytes charged to the moe's and the group's memory for it */
     uint64_t producer, seq;
     int sync;
 } moe_out;
@@ -36,6 +37,7 @@ struct lei_moe {
     int own_alloc;         /* the allocator below counts memory */
     size_t mem;            /* bytes held by L (own_alloc) */
     int mem_hit;           /* an allocation was refused */
+    int out_hit;           /* ... or the outputs of a call passed the cap */
     int limit_on;          /* the cap applies (off while closing) */
     /* the call in progress */
     int in_call, over;

@@ -117,3 +117,54 @@ describe("tostring in a modulator (issue 11 F1)", function()
     c:close{ linger = 0 }
   end)
 end)
+
+describe("what a modulator returns or emits (issue 11 F1)", function()
+  local function hwm()
+    local f = io.open("/proc/self/status")
+    local s = f:read("*a")
+    f:close()
+    return tonumber(s:match("VmHWM:%s*(%d+)")) * 1024
+  end
+
+  it("counts against its memory cap, and the encoder stops at the cap", function()
+    -- a table of 63 refs to one 1 MiB string returned 16 times took 1-3 GB
+    local c = lecho.context{ quiet = true, modulator_memory = 16 * 2^20, modulator_budget = 1 }
+    local p, r = install(c, [[local s = ("x"):rep(2^20)
+      local big = {} for i = 1, 20 do big[i] = s end
+      function enqueue(ev) if ev == 1 then return big, big, big, big, big, big, big, big end return ev end]])
+    local h0 = hwm()
+    p:submit_sync(1)
+    S.run_until(c, function() return r.err ~= nil end, 10)
+    assert.matches("what it returned or emitted in one call passes its memory cap of " .. 16 * 2^20 .. " bytes",
+                   r.err or "", 1, true)
+    local grew = (hwm() - h0) / 2^20
+    assert.is_true(grew < 48, ("the producer grew by %.0f MiB"):format(grew))
+    c:close{ linger = 0 }
+  end)
+
+  it("counts against the memory cap of all modulators, emit included", function()
+    local c = lecho.context{ quiet = true, modulators_memory = 24 * 2^20, modulator_budget = 1 }
+    local _, keep = install(c, [[local keep = ("k"):rep(8 * 2^20) function enqueue(ev) return ev end]])
+    local p, r = install(c, [[local s = ("x"):rep(2^20)
+      local big = {} for i = 1, 6 do big[i] = s end
+      function enqueue(ev) for i = 1, 8 do emit(big) end end]])
+    p:submit_sync(1)
+    S.run_until(c, function() return r.err ~= nil end, 10)
+    assert.matches("passes the memory cap of this producer's modulators of " .. 24 * 2^20 .. " bytes",
+                   r.err or "", 1, true)
+    assert.is_nil(keep.err)
+    c:close{ linger = 0 }
+  end)
+
+  it("goes out when it fits", function()
+    local c = lecho.context{ quiet = true, modulator_memory = 16 * 2^20, modulator_budget = 1 }
+    local p, r = install(c, [[local s = ("x"):rep(2^20)
+      function enqueue(ev) for i = 1, 8 do emit(s) end return { s, s, s } end]])
+    local n = 0
+    for i = 1, 3 do p:submit_sync(i) end
+    S.run_until(c, function() return r.got ~= nil or r.err ~= nil end, 10)
+    assert.is_nil(r.err)
+    assert.are.equal(3, #r.got)
+    c:close{ linger = 0 }
+  end)
+end)

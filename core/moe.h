@@ -73,6 +73,7 @@ typedef struct lei_moe_opts {
 
 typedef struct lei_moe_stats {
     uint64_t calls, events_in, events_out, dropped, pending_drops, time_ns;
+    uint64_t period_skips; /* period() not called: its destinations were full (block) */
     size_t pending, mem;
 } lei_moe_stats;
 

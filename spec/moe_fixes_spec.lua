@@ -168,3 +168,54 @@ describe("what a modulator returns or emits (issue 11 F1)", function()
     c:close{ linger = 0 }
   end)
 end)
+
+describe("period() under the block policy (issue 11 F1)", function()
+  it("is not called while its destinations are at queue_limit; nothing is lost", function()
+    -- 2 x 512 KiB per 10 ms tick to a consumer that did not read grew the
+    -- producer by 100 MiB a second
+    local cjson = require "cjson"
+    local c = lecho.context{ quiet = true }
+    local stop = S.tmpname("stop")
+    local child = S.lua([[
+      local cjson = require "cjson"
+      local lecho = require "lecho"
+      local o = cjson.decode(arg[1])
+      io.stdout:setvbuf("line")
+      local function hwm()
+        local f = io.open("/proc/self/status")
+        local s = f:read("*a")
+        f:close()
+        return tonumber(s:match("VmHWM:%s*(%d+)")) * 1024
+      end
+      local ctx = lecho.context{ nameserver = o.ns, quiet = true, queue_limit = 2 * 2^20 }
+      local p = assert(ctx:channel("flood"):producer())
+      local h0 = hwm()
+      io.stdout:write("ready\n")
+      local deadline = ctx:now() + 30
+      while not io.open(o.stop) and ctx:now() < deadline do ctx:run_once(0.05) end
+      local skips = 0
+      for _, ms in pairs(ctx:stats().modulators or {}) do skips = skips + (ms.period_skips or 0) end
+      io.stdout:write(cjson.encode{ grew = hwm() - h0, skips = skips }, "\n")
+      ctx:close{ linger = 10 }
+    ]], cjson.encode{ ns = c.addr, stop = stop })
+    local got, gap, last = 0, nil, 0
+    assert(c:channel("flood"):consumer(function(ev)
+      if ev.k ~= last + 1 then gap = gap or { last, ev.k } end
+      last = ev.k
+      got = got + 1
+    end, { period = 0.01, modulator = [[local s, k = ("z"):rep(512 * 1024), 0
+        function period() k = k + 1 emit{ k = k, s = s } k = k + 1 emit{ k = k, s = s } end]] }))
+    assert(S.run_until(c, function() return got >= 4 end, 20), "no stream: " .. S.errors(child))
+    -- stop reading for 3 s: 600 ticks, 600 MiB without the skip
+    os.execute("sleep 3")
+    S.write(stop, "")
+    assert(S.wait(child, 30, c), "the producer did not finish: " .. S.errors(child))
+    local res = cjson.decode(S.output(child):match("({.*})"))
+    assert.is_true(res.grew < 64 * 2^20, ("the producer grew by %.0f MiB"):format(res.grew / 2^20))
+    assert.is_true(res.skips > 0, "no period skipped")
+    S.run_until(c, function() return false end, 0.5)
+    assert.is_nil(gap, "events were lost")
+    c:close{ linger = 0 }
+    S.cleanup()
+  end)
+end)

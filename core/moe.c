@@ -351,15 +351,11 @@ static int step_init(lua_State *L) {
 
 /* ---- running a step under the budget ----------------------------------- */
 
-/* A modulator going away takes its CPU charges of the window with it: the
- * share check must not blame the ones that stay for what it used (a
- * consumer replacing its modulator over and over would get an innocent one
- * unloaded). */
+/* A modulator going away leaves its CPU charges of the window with its
+ * principal (moe_group.c): replacing a modulator over and over must not
+ * wipe what the replaced ones used. */
 static void forget_ticks(lei_moe *m) {
-    lei_moe_group *g = m->o.group;
-    if (!g) return;
-    unsigned long t = m->win_ticks;
-    g->win_ticks = g->win_ticks > t ? g->win_ticks - t : 0;
+    if (m->o.group) moe_group_retain(m->o.group, m);
     m->win_ticks = 0;
 }
 
@@ -405,7 +401,7 @@ static int run_step(lei_moe *m, lua_CFunction fn, void *arg) {
     m->st.calls++;
     if (m->stop) m->over = 1;
     if (rc == 0 && !m->over && !m->mem_hit && !m->doom[0]) return 0;
-    char why[256];
+    char why[384];
     if (m->over)
         snprintf(why, sizeof why, "exceeded its CPU budget of %g ms in one call", m->o.budget * 1e3);
     else if (m->out_hit)
@@ -528,6 +524,18 @@ lei_moe *lei_moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *sr
     m->ctx = c;
     m->chid = chid;
     m->o = *o;
+    snprintf(m->principal, sizeof m->principal, "%s", o->principal ? o->principal : "");
+    m->o.principal = NULL;
+    double cool = o->group ? moe_group_cooling(o->group, m->principal) : 0;
+    if (cool > 0) {
+        snprintf(err, errlen,
+                 "modulators from %s went past the producer's CPU share: its installs are refused "
+                 "for another %.0f s",
+                 m->principal, cool < 1 ? 1 : cool);
+        free(m);
+        return NULL;
+    }
+    double cpu_in = moe_cpu_now(); /* an install's CPU is charged too */
     m->ref_q = m->ref_env = LUA_NOREF;
     snprintf(m->name, sizeof m->name, "%s", name);
     if (m->o.group) {
@@ -558,6 +566,13 @@ lei_moe *lei_moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *sr
     m->inlen = plen;
     int rc = run_step(m, step_init, &a);
     m->in = NULL;
+    if (m->o.group) {
+        /* what the ticks of the init step did not see: the state's creation */
+        double spent = moe_cpu_now() - cpu_in - (double)m->win_ticks * LEI_MOE_TICK_NS * 1e-9;
+        unsigned long extra = spent > 0 ? (unsigned long)(spent / (LEI_MOE_TICK_NS * 1e-9) + 0.5) : 0;
+        m->win_ticks += extra;
+        m->o.group->win_ticks += extra;
+    }
     if (rc) {
         snprintf(err, errlen, "%s", m->err);
         lei_moe_free(m);

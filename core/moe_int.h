@@ -63,7 +63,7 @@ struct lei_moe {
     size_t nsids, csids;
     ev_timer period_w;
     uint64_t pseq;
-    char err[256];
+    char err[384];
     lei_moe_stats st;
     /* shared caps (o.group) */
     lei_moe *gnext;        /* the group's list (borrowed) */
@@ -72,8 +72,18 @@ struct lei_moe {
     double log_t0;         /* log(): the current second, lines in it, lines not logged */
     unsigned log_n;
     unsigned long log_dropped;
-    char doom[160];        /* set by the CPU share check: fails at its next call */
+    char doom[320];        /* set by the CPU share check: fails at its next call */
+    char principal[96];    /* o.principal, copied */
 };
+
+/* CPU charged in the current window to one principal by modulators that are
+ * gone (replaced, failed), and its cool-down after the share check unloaded
+ * one of its modulators. */
+typedef struct moe_pcharge {
+    char name[96];
+    unsigned long ticks;
+    double cool_until;     /* monotonic seconds: installs refused until then */
+} moe_pcharge;
 
 struct lei_moe_group {
     lei_ctx *ctx;              /* borrowed */
@@ -82,6 +92,9 @@ struct lei_moe_group {
     struct timespec win0;      /* the current 1 s window's start */
     volatile unsigned long win_ticks; /* CPU ticks charged in it, all members */
     lei_moe *list;             /* members (borrowed: each unlinks itself when freed) */
+    double win_cpu0;           /* the thread's CPU seconds at the window's start */
+    moe_pcharge *pc;           /* owned: charges of gone members, cool-downs */
+    size_t npc, cpc;
     int has_timer;
     timer_t tid;               /* owned (timer_delete) */
     /* shared with the signal handler (same thread) */
@@ -108,5 +121,9 @@ int moe_env_build(lua_State *L, lei_moe *m);
 /* moe_group.c: around each call of a member. */
 void moe_group_enter(lei_moe_group *g, lei_moe *m);
 void moe_group_leave(lei_moe_group *g, const struct timespec *now);
+/* A member going away: its charges of the window stay with its principal. */
+void moe_group_retain(lei_moe_group *g, lei_moe *m);
+/* Seconds left of the principal's cool-down (0: none). */
+double moe_group_cooling(lei_moe_group *g, const char *principal);
 
 #endif

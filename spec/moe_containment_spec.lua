@@ -201,6 +201,19 @@ describe("modulator containment (issue 11)", function()
     assert.is_nil(errs[2])
   end)
 
+  it("measures the share against what the producer thread ran", function()
+    -- 3.5 ms per period at 0.01 s is 35% of a core: under a 50% cap of one
+    -- core, but most of what a producer thread runs (on a busy host that
+    -- gave the producer 45% of a core, legit 1000 -> 80-300 for 10 s)
+    local _, errs = run(c, { modulator_budget = 0.05, modulators_cpu = 0.5 }, {
+      { modulator = [[function period() local t = clock() + 0.0035 while clock() < t do end end]],
+        period = 0.01, capabilities = { "clock" } },
+      { modulator = [[function period() local t = clock() + 0.0002 while clock() < t do end end]],
+        period = 0.01, capabilities = { "clock" } },
+    }, { "used %d+%% of the producer's CPU over [%d.]+ s.*%(cap 50%% over 1 s%)" }, { "clock" })
+    assert.is_nil(errs[2])
+  end)
+
   it("caps the modulators one principal has installed in a producer", function()
     local hostile = {}
     for i = 1, 5 do

@@ -219,46 +219,60 @@ void moe_group_leave(lei_moe_group *g, const struct timespec *now) {
     if (used <= g->cpu_share * SHARE_FLOOR_S) return; /* cheap test first */
     double ran = moe_cpu_now() - g->win_cpu0;
     if (used <= g->cpu_share * (ran > SHARE_FLOOR_S ? ran : SHARE_FLOOR_S)) return;
-    /* the principal charged the most */
-    const char *who = NULL;
-    unsigned long wt = 0;
-    for (size_t i = 0; i < g->npc; i++) {
-        unsigned long t = principal_ticks(g, g->pc[i].name);
-        if (!who || t > wt) who = g->pc[i].name, wt = t;
-    }
-    for (lei_moe *x = g->list; x; x = x->gnext) {
-        if (!x->L) continue;
-        unsigned long t = principal_ticks(g, x->principal);
-        if (!who || t > wt) who = x->principal, wt = t;
-    }
-    lei_moe *worst = NULL;
-    for (lei_moe *x = g->list; x; x = x->gnext)
-        if (who && x->L && !x->doom[0] && strcmp(x->principal, who) == 0 &&
-            (!worst || x->win_ticks > worst->win_ticks))
-            worst = x;
-    char whob[96]; /* pc_get may move g->pc, where who may point */
-    snprintf(whob, sizeof whob, "%s", who ? who : "");
-    who = who ? whob : NULL;
-    double span = age < 0.001 ? 0.001 : age;
-    double base = ran > SHARE_FLOOR_S ? ran : SHARE_FLOOR_S;
-    if (who) {
+    /* Principals in order of their charges, the most first: each loses its
+     * costliest live modulators until the live rest is under the cap (or it
+     * has none left: then its gone ones' charges no longer count), and is
+     * refused installs for COOL_S.  One per window was too slow: 64 cheap
+     * modulators from 4 principals needed a minute. */
+    double base = ran > SHARE_FLOOR_S ? ran : SHARE_FLOOR_S, cap = g->cpu_share * base;
+    double span = age < 0.001 ? 0.001 : age, all = used * 100 / base;
+    double tnow = moe_ts_sec(now);
+    g->pass++;
+    while (used > cap) {
+        char who[96] = "";
+        int found = 0;
+        unsigned long wt = 0;
+        for (size_t i = 0; i < g->npc; i++) {
+            if (g->pc[i].pass == g->pass) continue;
+            unsigned long t = principal_ticks(g, g->pc[i].name);
+            if (!found || t > wt) snprintf(who, sizeof who, "%s", g->pc[i].name), wt = t, found = 1;
+        }
+        for (lei_moe *x = g->list; x; x = x->gnext) {
+            moe_pcharge *q = pc_find(g, x->principal);
+            if (!x->L || x->doom[0] || (q && q->pass == g->pass)) continue;
+            unsigned long t = principal_ticks(g, x->principal);
+            if (!found || t > wt) snprintf(who, sizeof who, "%s", x->principal), wt = t, found = 1;
+        }
+        if (!found) break;
         moe_pcharge *p = pc_get(g, who);
-        if (p) p->cool_until = moe_ts_sec(now) + COOL_S;
-    }
-    if (worst) {
-        /* shares of what the thread ran in the window so far */
-        double own = (double)wt * TICK_S * 100 / base, all = used * 100 / base;
-        if (wt == g->win_ticks)
-            snprintf(worst->doom, sizeof worst->doom,
-                     "used %.0f%% of the producer's CPU over %.1f s (cap %.0f%% over 1 s); "
-                     "modulators from %.60s are refused for %.0f s",
-                     own, span, g->cpu_share * 100, who, COOL_S);
-        else
-            snprintf(worst->doom, sizeof worst->doom,
-                     "used %.0f%% of the producer's CPU over %.1f s with the other modulators from "
-                     "%.60s, the most of all, which used %.0f%% together (cap %.0f%% over 1 s); "
-                     "modulators from %.60s are refused for %.0f s",
-                     own, span, who, all, g->cpu_share * 100, who, COOL_S);
+        if (!p) break; /* out of memory: next time */
+        p->pass = g->pass;
+        p->cool_until = tnow + COOL_S;
+        double own = (double)wt * TICK_S * 100 / base;
+        for (;;) {
+            lei_moe *worst = NULL;
+            for (lei_moe *x = g->list; x; x = x->gnext)
+                if (x->L && !x->doom[0] && strcmp(x->principal, who) == 0 &&
+                    (!worst || x->win_ticks > worst->win_ticks))
+                    worst = x;
+            if (!worst) {
+                used -= (double)p->ticks * TICK_S;
+                break;
+            }
+            if (wt == g->win_ticks)
+                snprintf(worst->doom, sizeof worst->doom,
+                         "used %.0f%% of the producer's CPU over %.1f s (cap %.0f%% over 1 s); "
+                         "modulators from %.60s are refused for %.0f s",
+                         own, span, g->cpu_share * 100, who, COOL_S);
+            else
+                snprintf(worst->doom, sizeof worst->doom,
+                         "used %.0f%% of the producer's CPU over %.1f s with the other modulators "
+                         "from %.60s, the most of all, which used %.0f%% together (cap %.0f%% over "
+                         "1 s); modulators from %.60s are refused for %.0f s",
+                         own, span, who, all, g->cpu_share * 100, who, COOL_S);
+            used -= (double)worst->win_ticks * TICK_S;
+            if (used <= cap) break;
+        }
     }
     new_window(g, now);
 }

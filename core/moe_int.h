@@ -83,6 +83,7 @@ typedef struct moe_pcharge {
     char name[96];
     unsigned long ticks;
     double cool_until;     /* monotonic seconds: installs refused until then */
+    unsigned pass;         /* the share check's pass that last handled it */
 } moe_pcharge;
 
 struct lei_moe_group {
@@ -95,6 +96,7 @@ struct lei_moe_group {
     double win_cpu0;           /* the thread's CPU seconds at the window's start */
     moe_pcharge *pc;           /* owned: charges of gone members, cool-downs */
     size_t npc, cpc;
+    unsigned pass;             /* share checks that tripped */
     int has_timer;
     timer_t tid;               /* owned (timer_delete) */
     /* shared with the signal handler (same thread) */

@@ -118,6 +118,7 @@ typedef struct lei_qitem {
     uint8_t droppable;  /* an async event: policies may drop it */
     uint8_t batch;      /* msg holds whole small async EVENT frames, nev of them */
     uint8_t mixed;      /* a batch with events of more than one channel (chid: the first) */
+    uint8_t ack;        /* an ACK frame: counted in its peer's ack_bytes while queued */
     uint32_t nev;
     uint8_t hdr[LEI_EVENT_HDR_MAX];
 } lei_qitem;
@@ -169,6 +170,7 @@ typedef struct lei_live {
 
 struct lei_peer {
     lei_ctx *ctx;
+    size_t ack_bytes;         /* ACK frames in q: a peer that does not read them is cut at queue_limit */
     int idx;                  /* ro: 1-based handle, stable while the peer lives; a
                                * freed peer's idx goes to the next new one (the
                                * hook was told it went down before) */

@@ -484,6 +484,30 @@ describe("connection limits (issue 11)", function()
     assert(support.wait(prod, 10))
   end)
 
+  it("cuts a peer that sends sync events and never reads their acknowledgements, at queue_limit", function()
+    -- each sync EVENT on a refused index is answered by an ACK carrying its
+    -- reason (~1 KB here): main queued them all for a peer that never read
+    -- (20,000 of them: ~22 MB, and on for as long as it sent)
+    local t = target{ queue_limit = 256 * 1024 }
+    local prod = flow(t, 200)
+    local hwm0 = hwm_kib(t.pid)
+    local p = assert(dial(t))
+    local name = t.addr .. "/" .. string.rep("a", 1000)
+    local evs = { R.bind(0, name) }
+    for i = 1, 20000 do evs[#evs + 1] = R.event(0, 1, i, i, "x") end
+    p.s:settimeout(10)
+    p.s:send(table.concat(evs))             -- and never reads until the cut
+    support.sleep(2)
+    -- cut: the ERROR may be lost to the reset of what the target did not
+    -- read (README "Limits"), the log line is there
+    local r = p:drain(10)
+    assert(r.ended == "closed" or r.error, "the connection was not cut")
+    assert.equals(1, log_lines(t, "not reading acknowledgements: %d+ bytes of them queued %(queue_limit 262144%)"))
+    assert(hwm_kib(t.pid) - hwm0 < 16 * 1024, "the target held the acknowledgements")
+    flow_done(t, 200, 20)
+    assert(support.wait(prod, 10))
+  end)
+
   it("refuses an EVENT on a never-bound index at its header, not after buffering it", function()
     local t = target()
     local p = assert(dial(t))

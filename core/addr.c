@@ -198,6 +198,19 @@ int lei_addr_is_wildcard(const lei_addr *a) {
     return 0;
 }
 
+const char *lei_addr_unclaimable(const lei_addr *a) {
+    if (a->ss.ss_family == AF_INET) {
+        uint32_t v4 = ntohl(((const struct sockaddr_in *)&a->ss)->sin_addr.s_addr);
+        if (v4 == 0xffffffffu) return "a broadcast address";
+        if ((v4 >> 28) == 0xe) return "a multicast address";
+    } else if (a->ss.ss_family == AF_INET6) {
+        const struct in6_addr *v6 = &((const struct sockaddr_in6 *)&a->ss)->sin6_addr;
+        if (IN6_IS_ADDR_V4MAPPED(v6)) return "an IPv4-mapped IPv6 address (write a.b.c.d:port)";
+        if (IN6_IS_ADDR_MULTICAST(v6)) return "a multicast address";
+    }
+    return NULL;
+}
+
 int lei_addr_is_local(const lei_addr *a) {
     if (a->ss.ss_family == AF_INET)
         return (ntohl(((const struct sockaddr_in *)&a->ss)->sin_addr.s_addr) >> 24) == 127;

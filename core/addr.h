@@ -59,6 +59,10 @@ int lei_addr_format(const lei_addr *a, char *out, size_t size);
 /* Properties of a parsed address. */
 int lei_addr_is_unix(const lei_addr *a);
 int lei_addr_is_wildcard(const lei_addr *a); /* 0.0.0.0 or [::] */
+/* Why a peer may not claim a as its address (a HELLO), or NULL: an
+ * IPv4-mapped IPv6 address (a second spelling of an IPv4 one), broadcast
+ * or multicast (not one context's). */
+const char *lei_addr_unclaimable(const lei_addr *a);
 int lei_addr_is_local(const lei_addr *a);    /* 127.0.0.0/8, ::1 or a unix socket */
 unsigned lei_addr_port(const lei_addr *a);   /* 0 for unix */
 

@@ -90,14 +90,21 @@ void lei_conn_send_error(lei_conn *k, const char *msg) {
 void lei_conn_close(lei_conn *k, const char *reason, int bad) {
     lei_ctx *c = k->ctx;
     if (k->state == LEI_CONN_CLOSED) return;
+    int up = k->state >= LEI_CONN_UP;
     k->state = LEI_CONN_CLOSED;
     ev_io_stop(c->loop, &k->rio);
     ev_io_stop(c->loop, &k->wio);
     if (bad) {
         c->bad_frames++;
         lei_conn_send_error(k, reason);
-        lei_logf(c, "closing connection from %s: %s", k->peer ? k->peer->addr : "unidentified peer",
-                 reason);
+        /* Before UP anybody can cause this, once per connection: one line
+         * per window (garbage, untrusted keys, bad HELLOs). */
+        if (up)
+            lei_logf(c, "closing connection from %s: %s",
+                     k->peer ? k->peer->addr : "unidentified peer", reason);
+        else
+            lei_ratelog(c, LEI_RL_HANDSHAKE, "closing connection from %s: %s",
+                        k->peer ? k->peer->addr : "unidentified peer", reason);
     }
     close(k->fd);
     k->fd = -1;
@@ -206,6 +213,10 @@ static int map_idx(lei_conn *k, uint64_t idx, uint32_t *chid) {
 }
 
 #define REFUSED_BINDS_MAX 256
+/* The bytes of the refused indexes' reason texts (their channel names) one
+ * connection may make us keep: 256 names of up to LEI_BIND_NAME_MAX bytes
+ * would be half a megabyte per connection. */
+#define REFUSED_NAMES_MAX (64 * 1024)
 
 /* A BIND: the remote's index idx names a channel.  It must be open here
  * (a BIND never opens one: a peer could make us keep any number of
@@ -242,7 +253,21 @@ static const char *conn_bind(lei_conn *k, const lei_frame *f) {
         lei_conn_refuse(k, LEI_RL_REFUSED_BINDS, "too many refused channel bindings (limit 256)");
         return NULL; /* conn_frame sees k closed */
     }
-    if (lei_inmap_set_rname(k, idx, (const char *)name, nl) || lei_inmap_set(k, idx, LEI_REFUSED))
+    /* Resolved once here, not per EVENT: the channel (keyed: open, but no
+     * valid ticket) and the reason text the sync EVENTs' ACKs carry. */
+    lei_chan *here = c->id.keyed ? lei_chan_find(c, (const char *)name, nl) : NULL;
+    char rwhy[LEI_BIND_NAME_MAX + 64];
+    if (c->id.keyed)
+        snprintf(rwhy, sizeof rwhy, "not an authorized producer of %.*s", (int)nl, (const char *)name);
+    else
+        snprintf(rwhy, sizeof rwhy, "no channel %.*s open here", (int)nl, (const char *)name);
+    if (k->rname_bytes + strlen(rwhy) > REFUSED_NAMES_MAX) {
+        lei_conn_refuse(k, LEI_RL_REFUSED_BINDS,
+                        "refused channel bindings' names over 65536 bytes");
+        return NULL; /* conn_frame sees k closed */
+    }
+    if (lei_inmap_set_rname(k, idx, here ? here->id : UINT32_MAX, rwhy) ||
+        lei_inmap_set(k, idx, LEI_REFUSED))
         return "out of memory";
     lei_refused_log(c, k->peer, (const char *)name, nl);
     return NULL;
@@ -253,41 +278,41 @@ static const char *conn_bind(lei_conn *k, const lei_frame *f) {
 static void refused_event(lei_conn *k, const lei_event_hdr *e) {
     lei_ctx *c = k->ctx;
     lei_peer *p = k->peer;
-    const char *name = lei_inmap_rname(k, e->idx);
-    if (!name) name = "?";
-    lei_chan *ch = lei_chan_find(c, name, strlen(name));
+    const struct lei_rname *r = lei_inmap_rname(k, e->idx);
+    lei_chan *ch = r && r->chid != UINT32_MAX ? lei_chan_get(c, r->chid) : NULL;
     p->refused++;
     if (ch) ch->refused++;
     if (!e->sync) return;
-    char why[LEI_ADDR_MAX + 300];
-    int n = c->id.keyed ? snprintf(why, sizeof why, "not an authorized producer of %s", name)
-                        : snprintf(why, sizeof why, "no channel %s open here", name);
+    const char *why = r ? r->why : "refused channel";
     lei_wbuf b = {0};
     int bad = lei_enc_table_header(&b, 1, 0) || lei_enc_table_header(&b, 0, 2) ||
               lei_enc_string(&b, "consumer", 8) || lei_enc_string(&b, c->addr, strlen(c->addr)) ||
-              lei_enc_string(&b, "err", 3) ||
-              lei_enc_string(&b, why, n < (int)sizeof why ? (size_t)n : sizeof why - 1);
+              lei_enc_string(&b, "err", 3) || lei_enc_string(&b, why, strlen(why));
     lei_ack(c, p, e->sync, 0, bad ? NULL : (const uint8_t *)b.data, bad ? 0 : b.len);
     lei_wbuf_free(&b);
 }
 
 /* An incomplete EVENT whose index we refused (a channel not open here;
- * keyed: a BIND without a valid ticket) is dropped as soon as its header is in, not buffered whole
- * first: the event is counted and answered like a complete one, and the
- * rest of its bytes are skipped as they come (k->skip).  1 when dropped. */
+ * keyed: a BIND without a valid ticket) is dropped as soon as its header is
+ * in, not buffered whole first: the event is counted and answered like a
+ * complete one, and the rest of its bytes are skipped as they come
+ * (k->skip).  One on an index never bound closes k at its header.  1 when
+ * dropped (or k closed). */
 static int refused_large(lei_conn *k) {
     size_t avail = k->rlen - k->rpos;
     const uint8_t *h = k->rb + k->rpos;
-    if (k->state != LEI_CONN_UP || !k->nrefused || avail <= LEI_FRAME_HDR ||
-        h[4] != LEI_F_EVENT)
-        return 0;
+    if (k->state != LEI_CONN_UP || avail <= LEI_FRAME_HDR || h[4] != LEI_F_EVENT) return 0;
     size_t fsize = (size_t)lei_get_u32le(h) + 4;
     lei_event_hdr e;
     const char *err = NULL;
     uint32_t chid;
-    if (lei_parse_event(h + LEI_FRAME_HDR, avail - LEI_FRAME_HDR, &e, &err) ||
-        map_idx(k, e.idx, &chid) != 1)
-        return 0; /* not refused, or its header not all in yet */
+    if (lei_parse_event(h + LEI_FRAME_HDR, avail - LEI_FRAME_HDR, &e, &err)) return 0;
+    int m = map_idx(k, e.idx, &chid);
+    if (m == 0) return 0; /* bound: buffered whole, handed over */
+    if (m < 0) { /* never bound: malformed, refused before its body is in */
+        lei_conn_close(k, "event on a channel that was never bound", 1);
+        return 1;
+    }
     refused_event(k, &e);
     k->skip = fsize - avail;
     k->rpos = k->rlen;
@@ -409,25 +434,54 @@ static size_t frame_limit(const lei_conn *k, const uint8_t *h, size_t avail) {
     return cap < max ? cap : max;
 }
 
-/* Whether k's read buffer may grow to ncap bytes within max_buffered, the
- * budget of all connections' read buffers; if not, k is refused (ERROR to
- * the peer, one log line per window) for the frame of fsize bytes it
- * reads.  0, or -1 after closing k. */
-static int rbuf_budget(lei_conn *k, size_t ncap, size_t fsize) {
-    lei_ctx *c = k->ctx;
-    if (ncap <= k->rcap || c->rbuf - k->rcap + ncap <= c->o.max_buffered) return 0;
-    char why[160];
-    snprintf(why, sizeof why, "frame of %zu bytes exceeds the read buffer budget (limit %zu)",
-             fsize, c->o.max_buffered);
-    lei_conn_refuse(k, LEI_RL_FRAME, why);
-    return -1;
-}
-
 /* k's read buffer is now (b, ncap): the context's total follows. */
 static void rbuf_set(lei_conn *k, uint8_t *b, size_t ncap) {
     k->ctx->rbuf = k->ctx->rbuf - k->rcap + ncap;
     k->rb = b;
     k->rcap = ncap;
+}
+
+/* Grows k's read buffer to at least need bytes (need > rcap) for what has
+ * come or is being read.  max_buffered, the budget of all connections' read
+ * buffers, is charged by the bytes a buffer holds room for, never by the
+ * size a header announces: a large frame's buffer doubles toward the
+ * frame's end (end, when the header at rpos is in: rpos + its size, else
+ * 0) as its bytes arrive, so a peer trickling a huge frame holds only what
+ * it sent.  The doubling is trimmed to what the budget has left; when even
+ * need does not fit, k is refused (ERROR to the peer, one log line per
+ * window) for the frame of fsize bytes.  0, or -1 after closing k. */
+static int rbuf_grow(lei_conn *k, size_t need, size_t end, size_t fsize) {
+    lei_ctx *c = k->ctx;
+    size_t others = c->rbuf - k->rcap;
+    size_t left = c->o.max_buffered > others ? c->o.max_buffered - others : 0;
+    if (need > left) {
+        char why[160];
+        snprintf(why, sizeof why, "frame of %zu bytes exceeds the read buffer budget (limit %zu)",
+                 fsize, c->o.max_buffered);
+        lei_conn_refuse(k, LEI_RL_FRAME, why);
+        return -1;
+    }
+    size_t ncap = need;
+    if (end > need && k->rcap * 2 > need) ncap = k->rcap * 2 < end ? k->rcap * 2 : end;
+    if (ncap > left) ncap = left;
+    uint8_t *nb = realloc(k->rb, ncap);
+    if (!nb) {
+        lei_conn_close(k, "out of memory for the read buffer", 0);
+        return -1;
+    }
+    rbuf_set(k, nb, ncap);
+    return 0;
+}
+
+/* The end in k's buffer of the frame at rpos and its size, when its header
+ * is in and its size within the limit; else 0. */
+static size_t frame_end(const lei_conn *k, size_t *fsize) {
+    if (k->rlen - k->rpos < 4 || k->skip) return 0;
+    const uint8_t *h = k->rb + k->rpos;
+    size_t flen = lei_get_u32le(h);
+    if (flen > frame_limit(k, h, k->rlen - k->rpos)) return 0;
+    *fsize = flen + 4;
+    return k->rpos + flen + 4;
 }
 
 /* Hands over the complete frames in k's buffer, until one suspends or
@@ -450,23 +504,7 @@ static int conn_frames(lei_conn *k) {
         size_t max = frame_limit(k, k->rb + k->rpos, k->rlen - k->rpos);
         int r = lei_frame_next(k->rb + k->rpos, k->rlen - k->rpos, max, &f, &err);
         if (r == 0) {
-            if (refused_large(k)) break;
-            /* An incomplete frame takes its room in the budget as soon as
-             * its header shows its size (lei_frame_next checked it against
-             * the limit): a peer announcing large frames on many
-             * connections is refused before it sends them. */
-            if (k->rlen - k->rpos >= 4) {
-                size_t fsize = (size_t)lei_get_u32le(k->rb + k->rpos) + 4, need = k->rpos + fsize;
-                if (need > k->rcap && rbuf_budget(k, need, fsize)) break;
-                if (need > k->rcap && k->busy <= 1) { /* nobody below holds a frame in rb */
-                    uint8_t *nb = realloc(k->rb, need);
-                    if (!nb) {
-                        lei_conn_close(k, "out of memory for the read buffer", 0);
-                        break;
-                    }
-                    rbuf_set(k, nb, need);
-                }
-            }
+            refused_large(k); /* the rest of the frame comes with the next reads */
             break;
         }
         if (r < 0) {
@@ -518,18 +556,10 @@ static int conn_input(lei_conn *k) {
                 k->rlen -= k->rpos;
                 k->rpos = 0;
             }
-            /* Room for the plaintext of what was read, exactly: the
-             * budget counts rcap, and grow()'s doubling would count a large
-             * frame's buffer twice. */
-            size_t need = k->rlen + (s->clen - s->cpos);
-            if (need > k->rcap) {
-                uint8_t *nb = realloc(k->rb, need);
-                if (!nb) {
-                    lei_conn_close(k, "out of memory for the read buffer", 0);
-                    break;
-                }
-                rbuf_set(k, nb, need);
-            }
+            /* Room for the plaintext of what was read (at least). */
+            size_t need = k->rlen + (s->clen - s->cpos), fsize = 0;
+            size_t end = frame_end(k, &fsize);
+            if (need > k->rcap && rbuf_grow(k, need, end, fsize ? fsize : need)) break;
             size_t cap0 = k->rcap;
             int bad = lei_sec_open(s, &k->rb, &k->rlen, &k->rcap, &err);
             k->ctx->rbuf = k->ctx->rbuf - cap0 + k->rcap;
@@ -586,8 +616,8 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
         if (conn_input(k)) return;
         if (k->peer && k->peer->held) return;
     }
-    /* Compact, then make room: a frame larger than the buffer grows it to
-     * exactly its size, never past max_frame. */
+    /* Compact, then make room: a frame larger than the buffer grows it as
+     * its bytes come (rbuf_grow), never past its size. */
     if (k->rpos && k->busy == 0) {
         memmove(k->rb, k->rb + k->rpos, k->rlen - k->rpos);
         k->rlen -= k->rpos;
@@ -598,33 +628,17 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
         n = read_records(k);
         if (k->state == LEI_CONN_CLOSED) return;
     } else {
-        size_t want = RBUF_MIN, room;
-        size_t big_end = 0; /* a large frame: read up to its end only */
-        if (k->rlen - k->rpos >= 4 && !k->skip) {
-            const uint8_t *h = k->rb + k->rpos;
-            size_t flen = lei_get_u32le(h);
-            if (flen <= frame_limit(k, h, k->rlen - k->rpos) && flen + 4 > want) {
-                want = flen + 4;
-                big_end = k->rpos + want;
-            }
-        }
-        size_t ncap = big_end ? big_end : k->rlen + want;
-        if (k->rcap - k->rlen < RBUF_MIN && k->rcap < ncap) {
-            if (rbuf_budget(k, ncap, want)) return;
-            if (ncap < k->rcap * 2 && k->rcap * 2 <= c->o.max_frame + 4 &&
-                c->rbuf + k->rcap <= c->o.max_buffered)
-                ncap = k->rcap * 2;
-            uint8_t *nb = realloc(k->rb, ncap);
-            if (!nb) {
-                lei_conn_close(k, "out of memory for the read buffer", 0);
-                return;
-            }
-            rbuf_set(k, nb, ncap);
-        }
+        size_t fsize = 0, big_end = frame_end(k, &fsize); /* a large frame: read to its end */
+        if (big_end && fsize <= RBUF_MIN) big_end = 0;
+        size_t need = k->rlen + RBUF_MIN;
+        if (big_end && big_end < need) need = big_end;
+        if (k->rcap - k->rlen < RBUF_MIN && need > k->rcap &&
+            rbuf_grow(k, need, big_end, big_end ? fsize : RBUF_MIN))
+            return;
         /* Reading past the end of a large frame would put the next frame's
          * first bytes behind it, to be moved to the front afterwards: a copy of
          * up to a whole frame.  Stop at its end instead. */
-        room = k->rcap - k->rlen;
+        size_t room = k->rcap - k->rlen;
         if (big_end > k->rlen && big_end - k->rlen < room) room = big_end - k->rlen;
         n = read(k->fd, k->rb + k->rlen, room);
         if (n > 0) k->rlen += (size_t)n;

@@ -174,6 +174,10 @@ enum lei_ratelog_kind {
     LEI_RL_VALUE,             /* decoders: a value past max_value_bytes */
     LEI_RL_MODULATOR,         /* modulator refusals and unloads */
     LEI_RL_REFUSED_BINDS,     /* conn.c: too many BINDs of channels refused or not here */
+    LEI_RL_HANDSHAKE,         /* conn.c: bad input before UP (garbage, untrusted key, ...) */
+    LEI_RL_LIVENESS,          /* live.c: no handshake / no heartbeat within the deadline */
+    LEI_RL_TAKEOVER,          /* handshake.c: a HELLO claiming an address with a live connection */
+    LEI_RL_SLOW_ACKS,         /* sync.c: a peer leaving queue_limit bytes of our ACKs unread */
     LEI_RL_DIAL,              /* conn.c: a dial failed ("cannot reach") */
     LEI_RL_NKINDS
 };

@@ -118,6 +118,7 @@ typedef struct lei_qitem {
     uint8_t droppable;  /* an async event: policies may drop it */
     uint8_t batch;      /* msg holds whole small async EVENT frames, nev of them */
     uint8_t mixed;      /* a batch with events of more than one channel (chid: the first) */
+    uint8_t ack;        /* an ACK frame: counted in its peer's ack_bytes while queued */
     uint32_t nev;
     uint8_t hdr[LEI_EVENT_HDR_MAX];
 } lei_qitem;
@@ -169,6 +170,7 @@ typedef struct lei_live {
 
 struct lei_peer {
     lei_ctx *ctx;
+    size_t ack_bytes;         /* ACK frames in q: a peer that does not read them is cut at queue_limit */
     int idx;                  /* ro: 1-based handle, stable while the peer lives; a
                                * freed peer's idx goes to the next new one (the
                                * hook was told it went down before) */
@@ -339,9 +341,12 @@ struct lei_conn {
     struct lei_inent { uint32_t idx, val; } *hmap; /* owned; idx 0: empty */
     size_t hcap, hn;
     size_t nbound;      /* indexes bound, both parts (max_peer_channels) */
-    struct lei_rname { uint64_t idx; char *name; } *rnames; /* owned, with their
-                         * names: the refused indexes' channel names */
+    /* The refused indexes, resolved once at their BIND (an EVENT on one
+     * costs no lookup): the channel here (UINT32_MAX: none) and the text of
+     * the reason the ACKs carry (owned, at most LEI_BIND_NAME_MAX + 64). */
+    struct lei_rname { uint64_t idx; uint32_t chid; char *why; } *rnames; /* owned */
     size_t nrnames, crnames;
+    size_t rname_bytes; /* their why texts' lengths (conn.c: REFUSED_NAMES_MAX) */
     size_t nrefused;    /* BINDs refused on this connection (REFUSED_BINDS_MAX) */
     size_t skip;        /* bytes of a dropped EVENT still to come, not buffered */
     ev_tstamp born, last_in, last_out, last_ping; /* liveness: created, last read, write, PING */
@@ -430,8 +435,8 @@ int lei_conn_records_in(lei_conn *k);
  * bound); set: 0, or -1 (out of memory, or idx past 2^32 - 1). */
 int lei_inmap_get(const lei_conn *k, uint64_t idx, uint32_t *val);
 int lei_inmap_set(lei_conn *k, uint64_t idx, uint32_t val);
-const char *lei_inmap_rname(const lei_conn *k, uint64_t idx);
-int lei_inmap_set_rname(lei_conn *k, uint64_t idx, const char *name, size_t nl);
+const struct lei_rname *lei_inmap_rname(const lei_conn *k, uint64_t idx);
+int lei_inmap_set_rname(lei_conn *k, uint64_t idx, uint32_t chid, const char *why);
 void lei_inmap_drop_rname(lei_conn *k, uint64_t idx);
 void lei_inmap_free(lei_conn *k);
 /* chan.c: the channel of that name, or NULL (never created) */

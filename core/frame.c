@@ -225,6 +225,10 @@ int lei_parse_bind(const uint8_t *b, size_t n, uint64_t *idx, const uint8_t **na
         *err = "bad channel name in bind";
         return -LEI_E_PROTOCOL;
     }
+    if (len > LEI_BIND_NAME_MAX) { /* no channel has such a name: kept, it would cost memory */
+        *err = "channel name in bind longer than " LEI_STR(LEI_BIND_NAME_MAX) " bytes";
+        return -LEI_E_PROTOCOL;
+    }
     *name = b + pos;
     *namelen = (size_t)len;
     pos += (size_t)len;

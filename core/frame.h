@@ -22,6 +22,12 @@
 #define LEI_FRAME_HDR 5          /* u32 length + u8 type */
 #define LEI_EVENT_HDR_MAX (LEI_FRAME_HDR + 4 * 10)
 #define LEI_ADDR_MAX 128 /* = LEI_ADDR_TEXT_MAX of addr.h: "unix:" + a 107-byte path */
+/* The longest channel name a BIND may carry: "NS-address//name@key", the
+ * name server's names at most 1024 bytes by default (registry.lua
+ * max_name), with room to spare; a longer one is malformed. */
+#define LEI_BIND_NAME_MAX 2048
+#define LEI_STR_(x) #x
+#define LEI_STR(x) LEI_STR_(x)
 #define LEI_NAME_MAX 64  /* principal names: 1..64 bytes of [A-Za-z0-9._-] */
 #define LEI_SIG_BYTES 64
 /* v1 fields, the mode byte, the keyed fields, the acceptor's signature */

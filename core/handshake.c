@@ -179,8 +179,9 @@ static int hello_accepted(lei_conn *k, const lei_hello *h) {
              * HELLO of another identity replaces it, however quiet it is. */
             char why[LEI_ADDR_MAX + 80];
             snprintf(why, sizeof why, "address %s belongs to another identity", h->addr);
-            lei_logf(c, "refusing a connection claiming %s: its live connection is another identity's",
-                     h->addr);
+            lei_ratelog(c, LEI_RL_TAKEOVER,
+                        "refusing a connection claiming %s: its live connection is another identity's",
+                        h->addr);
             lei_conn_send_error(k, why);
             return -1;
         } else if (ev_now(c->loop) - old->last_in < (c->o.heartbeat > 1.0 ? c->o.heartbeat : 1.0)) {
@@ -191,7 +192,8 @@ static int hello_accepted(lei_conn *k, const lei_hello *h) {
             } else {
                 char why[LEI_ADDR_MAX + 80];
                 snprintf(why, sizeof why, "address %s already has a live connection", h->addr);
-                lei_logf(c, "refusing a connection claiming %s: it has a live one", h->addr);
+                lei_ratelog(c, LEI_RL_TAKEOVER, "refusing a connection claiming %s: it has a live one",
+                            h->addr);
                 lei_conn_send_error(k, why);
             }
             return -1;
@@ -321,8 +323,9 @@ static int addr_canonical(const char *text) {
 
 /* Why a dialling peer's claimed address is refused, or NULL: it must be an
  * address we could dial back (no control characters, canonical, not a
- * wildcard, port 0 refused by the parser) and not ours. */
-static const char *hello_addr_refused(const lei_ctx *c, const char *text) {
+ * wildcard, port 0 refused by the parser), one context's (not broadcast or
+ * multicast), in one spelling (not IPv4-mapped IPv6) and not ours. */
+static const char *hello_addr_refused(const lei_ctx *c, const char *text, char *buf, size_t size) {
     for (const unsigned char *q = (const unsigned char *)text; *q; q++)
         if (*q < 0x20 || *q == 0x7f) return "bad address in handshake: a control character";
     if (!addr_canonical(text)) return "bad address in handshake: not an address in canonical form";
@@ -330,6 +333,11 @@ static const char *hello_addr_refused(const lei_ctx *c, const char *text) {
     const char *why;
     if (lei_addr_parse(text, 0, &a, &why) == 0 && lei_addr_is_wildcard(&a))
         return "bad address in handshake: a wildcard address cannot be dialled";
+    const char *no = lei_addr_parse(text, 0, &a, &why) == 0 ? lei_addr_unclaimable(&a) : NULL;
+    if (no) {
+        snprintf(buf, size, "bad address in handshake: %s", no);
+        return buf;
+    }
     if (strcmp(text, c->addr) == 0 || strcmp(text, c->bound) == 0)
         return "bad address in handshake: this context's own address";
     return NULL;
@@ -339,7 +347,8 @@ static const char *hello_addr_refused(const lei_ctx *c, const char *text) {
 static int hello_received(lei_conn *k, const lei_frame *f) {
     lei_hello h;
     if (hello_read(k, f, LEI_F_HELLO, &h)) return -1;
-    const char *bad = hello_addr_refused(k->ctx, h.addr);
+    char buf[160];
+    const char *bad = hello_addr_refused(k->ctx, h.addr, buf, sizeof buf);
     if (bad) { /* malformed input: told, logged and counted as such */
         lei_conn_close(k, bad, 1);
         return -1;

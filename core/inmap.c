@@ -76,22 +76,23 @@ int lei_inmap_set(lei_conn *k, uint64_t idx, uint32_t val) {
     return 0;
 }
 
-const char *lei_inmap_rname(const lei_conn *k, uint64_t idx) {
+const struct lei_rname *lei_inmap_rname(const lei_conn *k, uint64_t idx) {
     for (size_t i = 0; i < k->nrnames; i++)
-        if (k->rnames[i].idx == idx) return k->rnames[i].name;
+        if (k->rnames[i].idx == idx) return &k->rnames[i];
     return NULL;
 }
 
 void lei_inmap_drop_rname(lei_conn *k, uint64_t idx) {
     for (size_t i = 0; i < k->nrnames; i++)
         if (k->rnames[i].idx == idx) {
-            free(k->rnames[i].name);
+            k->rname_bytes -= strlen(k->rnames[i].why);
+            free(k->rnames[i].why);
             k->rnames[i] = k->rnames[--k->nrnames];
             return;
         }
 }
 
-int lei_inmap_set_rname(lei_conn *k, uint64_t idx, const char *name, size_t nl) {
+int lei_inmap_set_rname(lei_conn *k, uint64_t idx, uint32_t chid, const char *why) {
     lei_inmap_drop_rname(k, idx);
     if (k->nrnames == k->crnames) {
         size_t n = k->crnames ? k->crnames * 2 : 8;
@@ -100,10 +101,12 @@ int lei_inmap_set_rname(lei_conn *k, uint64_t idx, const char *name, size_t nl) 
         k->rnames = r;
         k->crnames = n;
     }
-    char *s = strndup(name, nl); /* owned by k->rnames[i] */
+    char *s = strdup(why); /* owned by k->rnames[i] */
     if (!s) return -1;
     k->rnames[k->nrnames].idx = idx;
-    k->rnames[k->nrnames++].name = s;
+    k->rname_bytes += strlen(s);
+    k->rnames[k->nrnames].chid = chid;
+    k->rnames[k->nrnames++].why = s;
     return 0;
 }
 
@@ -114,8 +117,9 @@ void lei_inmap_free(lei_conn *k) {
     free(k->hmap);
     k->hmap = NULL;
     k->hcap = k->hn = 0;
-    for (size_t i = 0; i < k->nrnames; i++) free(k->rnames[i].name);
+    for (size_t i = 0; i < k->nrnames; i++) free(k->rnames[i].why);
     free(k->rnames);
     k->rnames = NULL;
     k->nrnames = k->crnames = 0;
+    k->rname_bytes = 0;
 }

@@ -108,8 +108,12 @@ void lei_live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
                 snprintf(why, sizeof why, "%s %s: no handshake within %.1f s",
                          k->state == LEI_CONN_DIALING ? "connecting to" : "handshake with", who,
                          now - k->born);
-                lei_logf(c, "closing connection: %s", why);
-                lei_conn_close(k, why, 0);
+                if (k->state == LEI_CONN_DIALING) { /* not connected: nobody to tell */
+                    lei_ratelog(c, LEI_RL_LIVENESS, "closing connection: %s", why);
+                    lei_conn_close(k, why, 0);
+                } else { /* told why (ERROR), one log line per window */
+                    lei_conn_refuse(k, LEI_RL_LIVENESS, why);
+                }
             } else {
                 any = 1;
                 ev_tstamp t = k->born + dead > now ? k->born + dead : now + hb / 4;
@@ -123,8 +127,8 @@ void lei_live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
                 k->last_in = now; /* we were the slow one */
             } else {
                 snprintf(why, sizeof why, "no heartbeat from %s for %.1f s", who, now - k->last_in);
-                lei_logf(c, "closing connection: %s (heartbeat %g s, misses %g)", why, hb,
-                         c->o.heartbeat_misses);
+                lei_ratelog(c, LEI_RL_LIVENESS, "closing connection: %s (heartbeat %g s, misses %g)",
+                            why, hb, c->o.heartbeat_misses);
                 if (k->peer) k->peer->lv.timeouts++;
                 lei_conn_close(k, why, 0);
                 k = nk;

@@ -46,7 +46,7 @@ static int opt_bool(lua_State *L, int t, const char *k) {
 
 /* ctx:moe(id, chid, name, source, params, opts) -> moe | nil, err
  * opts: budget (s), memory (bytes), period (s), clock, log (granted),
- * max_pending; pool_memory (bytes, 0: none) and cpu_share (of one core over
+ * max_pending, principal (who installed it: charged for its CPU); pool_memory (bytes, 0: none) and cpu_share (of one core over
  * 1 s, 0: none): the caps all modulators of the context share, taken from
  * the first call.  The modulator's outputs go to channel chid. */
 static int l_moe(lua_State *L) {
@@ -66,6 +66,9 @@ static int l_moe(lua_State *L) {
     o.max_pending = lb_opt_size(L, 7, "max_pending", o.max_pending);
     o.grant_clock = opt_bool(L, 7, "clock");
     o.grant_log = opt_bool(L, 7, "log");
+    lua_getfield(L, 7, "principal"); /* the opts table keeps the string alive */
+    o.principal = lua_isstring(L, -1) ? lua_tostring(L, -1) : NULL;
+    lua_pop(L, 1);
     o.lim = b->lim;
     o.on_fail = moe_failed;
     /* The group is made with the first modulator's caps: the context's
@@ -155,6 +158,7 @@ static int l_moe_stats(lua_State *L) {
     lb_setn(L, "dropped", (double)st.dropped);
     lb_setn(L, "pending", (double)st.pending);
     lb_setn(L, "pending_drops", (double)st.pending_drops);
+    lb_setn(L, "period_skips", (double)st.period_skips);
     lb_setn(L, "time", (double)st.time_ns * 1e-9);
     lb_setn(L, "memory", (double)st.mem);
     return 1;

@@ -103,8 +103,26 @@ void moe_hook(lua_State *L, lua_Debug *ar) {
 
 /* ---- outputs ------------------------------------------------------------ */
 
+/* The encoded outputs of a call count against the memory caps (the moe's
+ * and the group's) until they are submitted: a call returning the same
+ * 63 MiB table 16 times must not take 1 GB of the producer's memory. */
+static void out_charge(lei_moe *m, moe_out *o, size_t n) {
+    o->mem = n;
+    m->mem += n;
+    if (m->o.group) m->o.group->mem += n;
+}
+
+static void out_uncharge(lei_moe *m, moe_out *o) {
+    m->mem -= o->mem;
+    if (m->o.group) m->o.group->mem -= o->mem;
+    o->mem = 0;
+}
+
 static void out_clear(lei_moe *m) {
-    for (size_t i = 0; i < m->nout; i++) lei_msg_release(m->out[i].msg, NULL, NULL);
+    for (size_t i = 0; i < m->nout; i++) {
+        lei_msg_release(m->out[i].msg, NULL, NULL);
+        out_uncharge(m, &m->out[i]);
+    }
     m->nout = 0;
 }
 
@@ -162,14 +180,49 @@ void moe_route(lua_State *L, lei_moe *m, int idx) {
         m->out = o;
         m->cout = nc;
     }
+    /* each encode can be long: a stop between two is taken at once */
+    if (m->stop || m->over) {
+        m->over = 1;
+        luaL_error(L, "CPU budget exceeded");
+    }
+    /* The encoder charges at most what the caps leave (its charge, the
+     * decoded size, is never below the encoded size): it stops there
+     * instead of encoding the whole value first. */
+    lei_codec_limits lim = m->o.lim;
+    lei_moe_group *g = m->o.group;
+    size_t room = m->o.mem_limit > m->mem ? m->o.mem_limit - m->mem : 0;
+    int by_group = 0;
+    if (g && g->mem_cap) {
+        size_t groom = g->mem_cap > g->mem ? g->mem_cap - g->mem : 0;
+        if (groom < room) {
+            room = groom;
+            by_group = 1;
+        }
+    }
+    int capped = m->limit_on && room < lim.max_value_bytes;
+    if (capped) lim.max_value_bytes = room;
     lei_msg *msg = lei_msg_new();
     if (!msg) luaL_error(L, "out of memory");
     /* Never pinned: the state may be gone before the bytes are written. */
-    if (lei_encode_lua(L, idx, msg, &m->o.lim, 0, err, sizeof err)) {
+    if (lei_encode_lua(L, idx, msg, &lim, 0, err, sizeof err)) {
         lei_msg_release(msg, NULL, NULL);
+        if (capped && strncmp(err, "value decodes to more than", 26) == 0) {
+            m->mem_hit = m->out_hit = 1;
+            m->pool_hit = by_group;
+            luaL_error(L, "not enough memory");
+        }
         luaL_error(L, "cannot send what it produced: %s", err);
     }
+    /* the buffer grew by doubling: give back the slack before charging it */
+    if (msg->own.cap - msg->own.len > 4096) {
+        char *d = realloc(msg->own.data, msg->own.len ? msg->own.len : 1);
+        if (d) {
+            msg->own.data = d;
+            msg->own.cap = msg->own.len ? msg->own.len : 1;
+        }
+    }
     moe_out *o = &m->out[m->nout++];
+    out_charge(m, o, msg->own.cap);
     o->msg = msg;
     o->producer = m->producer;
     o->seq = m->seq;
@@ -298,15 +351,11 @@ static int step_init(lua_State *L) {
 
 /* ---- running a step under the budget ----------------------------------- */
 
-/* A modulator going away takes its CPU charges of the window with it: the
- * share check must not blame the ones that stay for what it used (a
- * consumer replacing its modulator over and over would get an innocent one
- * unloaded). */
+/* A modulator going away leaves its CPU charges of the window with its
+ * principal (moe_group.c): replacing a modulator over and over must not
+ * wipe what the replaced ones used. */
 static void forget_ticks(lei_moe *m) {
-    lei_moe_group *g = m->o.group;
-    if (!g) return;
-    unsigned long t = m->win_ticks;
-    g->win_ticks = g->win_ticks > t ? g->win_ticks - t : 0;
+    if (m->o.group) moe_group_retain(m->o.group, m);
     m->win_ticks = 0;
 }
 
@@ -352,9 +401,13 @@ static int run_step(lei_moe *m, lua_CFunction fn, void *arg) {
     m->st.calls++;
     if (m->stop) m->over = 1;
     if (rc == 0 && !m->over && !m->mem_hit && !m->doom[0]) return 0;
-    char why[256];
+    char why[384];
     if (m->over)
         snprintf(why, sizeof why, "exceeded its CPU budget of %g ms in one call", m->o.budget * 1e3);
+    else if (m->out_hit)
+        snprintf(why, sizeof why, "what it returned or emitted in one call passes %s of %zu bytes",
+                 m->pool_hit ? "the memory cap of this producer's modulators" : "its memory cap",
+                 m->pool_hit && g ? g->mem_cap : m->o.mem_limit);
     else if (m->pool_hit)
         snprintf(why, sizeof why, "modulators of this producer exceed their memory cap of %zu bytes",
                  g ? g->mem_cap : 0);
@@ -392,6 +445,7 @@ static void submit_outs(lei_moe *m, int keep_syncs) {
             if (m->nsids < m->csids) m->sids[m->nsids++] = sid;
         }
         lei_msg_release(o->msg, NULL, NULL);
+        out_uncharge(m, o);
         o->msg = NULL;
     }
     m->nout = 0;
@@ -439,10 +493,20 @@ static int call_hook(lei_moe *m, const char *fn, int arg) {
     return 0;
 }
 
+/* Under the block policy a period() whose destinations are at their
+ * queue_limit is not called for this tick (counted): its output would go
+ * past the limit, as nothing makes a timer wait (2 x 512 KiB every 10 ms
+ * grew a producer by 100 MiB a second).  Nothing is lost: the modulator is
+ * called at the next tick with room. */
 static void period_cb(struct ev_loop *loop, ev_timer *w, int revents) {
     (void)loop;
     (void)revents;
-    call_hook(w->data, "period", -1);
+    lei_moe *m = w->data;
+    if (m->L && lei_ctx_opts(m->ctx)->policy == LEI_BLOCK && lei_chan_full(m->ctx, m->chid)) {
+        m->st.period_skips++;
+        return;
+    }
+    call_hook(m, "period", -1);
 }
 
 int lei_moe_receivers(lei_moe *m, int n) { return call_hook(m, "receivers", n); }
@@ -460,6 +524,18 @@ lei_moe *lei_moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *sr
     m->ctx = c;
     m->chid = chid;
     m->o = *o;
+    snprintf(m->principal, sizeof m->principal, "%s", o->principal ? o->principal : "");
+    m->o.principal = NULL;
+    double cool = o->group ? moe_group_cooling(o->group, m->principal) : 0;
+    if (cool > 0) {
+        snprintf(err, errlen,
+                 "modulators from %s went past the producer's CPU share: its installs are refused "
+                 "for another %.0f s",
+                 m->principal, cool < 1 ? 1 : cool);
+        free(m);
+        return NULL;
+    }
+    double cpu_in = moe_cpu_now(); /* an install's CPU is charged too */
     m->ref_q = m->ref_env = LUA_NOREF;
     snprintf(m->name, sizeof m->name, "%s", name);
     if (m->o.group) {
@@ -490,6 +566,13 @@ lei_moe *lei_moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *sr
     m->inlen = plen;
     int rc = run_step(m, step_init, &a);
     m->in = NULL;
+    if (m->o.group) {
+        /* what the ticks of the init step did not see: the state's creation */
+        double spent = moe_cpu_now() - cpu_in - (double)m->win_ticks * LEI_MOE_TICK_NS * 1e-9;
+        unsigned long extra = spent > 0 ? (unsigned long)(spent / (LEI_MOE_TICK_NS * 1e-9) + 0.5) : 0;
+        m->win_ticks += extra;
+        m->o.group->win_ticks += extra;
+    }
     if (rc) {
         snprintf(err, errlen, "%s", m->err);
         lei_moe_free(m);

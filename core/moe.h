@@ -51,7 +51,8 @@ typedef struct lei_moe_group lei_moe_group;
 #define LEI_MOE_SIGNAL (SIGRTMIN + 5)
 #define LEI_MOE_TICK_NS 1000000L
 
-/* mem_cap: bytes (0: none); cpu_share: of one core over 1 s (0: none).
+/* mem_cap: bytes (0: none); cpu_share: of the CPU the thread ran over 1 s
+ * (at least 0.5 s counted), charged per principal (moe_group.c) (0: none).
  * NULL when out of memory.  Without the timer (the signal is taken by the
  * application, or timer_create fails: logged once) the count hook alone
  * enforces budgets, as before. */
@@ -67,12 +68,14 @@ typedef struct lei_moe_opts {
     double period;            /* seconds between period() calls, 0: none */
     lei_codec_limits lim;     /* for what it emits */
     lei_moe_group *group;     /* shared caps and the CPU timer, or NULL (borrowed) */
+    const char *principal;    /* who installed it, for the CPU share (copied; NULL: "") */
     void (*on_fail)(void *ud, lei_moe *m, const char *why);
     void *ud;
 } lei_moe_opts;
 
 typedef struct lei_moe_stats {
     uint64_t calls, events_in, events_out, dropped, pending_drops, time_ns;
+    uint64_t period_skips; /* period() not called: its destinations were full (block) */
     size_t pending, mem;
 } lei_moe_stats;
 

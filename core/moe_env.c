@@ -178,6 +178,24 @@ static int env_sort(lua_State *L) {
     return 0;
 }
 
+/* The position table.insert(t, pos, v) uses, as LuaJIT's lj_lib_checkint
+ * takes it (truncated toward zero; out of range or NaN: INT32_MIN), or
+ * nothing when pos is not a number (the real insert then raises). */
+static int env_inspos(lua_State *L) {
+    if (!lua_isnumber(L, 1)) return 0;
+    double d = lua_tonumber(L, 1);
+    int32_t n = INT32_MIN;
+    if (d > -2147483649.0 && d < 2147483648.0) n = (int32_t)d;
+    lua_pushinteger(L, n);
+    return 1;
+}
+
+/* The real metatable of v (getmetatable shows a __metatable field instead). */
+static int env_realmt(lua_State *L) {
+    if (!lua_getmetatable(L, 1)) lua_pushnil(L);
+    return 1;
+}
+
 /* Builds the environment: curated copies of the pure libraries, the host
  * functions, then removes what could reach outside from the state itself
  * (the string metatable's __index is the real string table).  tostring,
@@ -186,7 +204,7 @@ static int env_sort(lua_State *L) {
  * address, and %p is refused: addresses would help an attacker who found a
  * hole in the sandbox (issue 10). */
 static const char sandbox_lua[] =
-    "local env, emit, clock, log = ...\n"
+    "local env, emit, clock, log, inspos, realmt = ...\n"
     "string.dump = nil\n"
     "local rawtostring, rawformat, type, getmetatable, rawget, select, unpack, byte, error =\n"
     "  tostring, string.format, type, getmetatable, rawget, select, unpack, string.byte, error\n"
@@ -195,7 +213,7 @@ static const char sandbox_lua[] =
     "local function safe(v)\n"
     "  local t = type(v)\n"
     "  if not HEAP[t] then return rawtostring(v) end\n"
-    "  local mt = getmetatable(v)\n"
+    "  local mt = realmt(v)\n"
     "  if type(mt) == 'table' and rawget(mt, '__tostring') ~= nil then return rawtostring(v) end\n"
     "  local id = ids[v]\n"
     "  if not id then nid = nid + 1; id = nid; ids[v] = id end\n"
@@ -222,6 +240,22 @@ static const char sandbox_lua[] =
     "  return rawformat(fmt, unpack(args, 1, n))\n"
     "end\n"
     "string.format, tostring = format, safe\n"
+    /* table.insert(t, pos, v) with pos < 1 moves #t + 1 - pos slots in C
+     * (2^31 for pos = -2^31 + 2: 15 s): below 1, the same moves in Lua, where
+     * the count hook stops them; in range, LuaJIT's (at most #t moves) */
+    "local rawinsert, rawset = table.insert, rawset\n"
+    "table.insert = function(t, ...)\n"
+    "  if select('#', ...) == 2 and type(t) == 'table' then\n"
+    "    local pos, v = ...\n"
+    "    local n = inspos(pos)\n"
+    "    if n and n < 1 then\n"
+    "      for i = #t + 1, n + 1, -1 do rawset(t, i, rawget(t, i - 1)) end\n"
+    "      rawset(t, n, v)\n"
+    "      return\n"
+    "    end\n"
+    "  end\n"
+    "  return rawinsert(t, ...)\n"
+    "end\n"
     "if log then\n"
     "  local rawlog = log\n"
     "  log = function(...)\n"
@@ -284,7 +318,9 @@ int moe_env_build(lua_State *L, lei_moe *m) {
     } else {
         lua_pushnil(L);
     }
-    lua_call(L, 4, 0);
+    lua_pushcfunction(L, env_inspos);
+    lua_pushcfunction(L, env_realmt);
+    lua_call(L, 6, 0);
     lua_pushvalue(L, env);
     m->ref_env = luaL_ref(L, LUA_REGISTRYINDEX);
     return env;

@@ -15,13 +15,16 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-/* A tick that lands in the first FREE_S of a call (wall time) is not
- * charged to the CPU share: what lecho itself spends per event (decoding,
- * encoding: about a microsecond) and what a cheap modulator adds scale with
- * the producer's own submits, not with the consumer's wishes (eight trivial
- * filters on a producer that does nothing but submit take half its
- * thread). */
-#define FREE_S 10e-6
+/* Every tick is charged to the call it lands in, the first microseconds of
+ * a call included (64 modulators of 6 us a call went uncharged when they
+ * were free).  The share is of the CPU the thread actually ran in the
+ * window (a producer on a busy host gets less than a core), but never of
+ * less than SHARE_FLOOR_S: modulators using a few ms of an idle producer's
+ * second are not unloaded for being most of it. */
+#define SHARE_FLOOR_S 0.5
+/* A principal whose modulator the share check unloaded cannot install
+ * another for this long (a consumer replacing it at once would go on). */
+#define COOL_S 10.0
 #define TICK_S (LEI_MOE_TICK_NS * 1e-9)
 
 /* The timer's signal, on this thread, every tick of its CPU time while
@@ -55,11 +58,8 @@ static void moe_sig(int sig, siginfo_t *si, void *uc) {
         struct timespec t;
         int over = timer_getoverrun(g->tid);
         unsigned long n = 1 + (over > 0 ? (unsigned long)over : 0);
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        if (moe_ts_sec(&t) - moe_ts_sec(&m->mono0) > FREE_S) {
-            m->win_ticks += n;
-            g->win_ticks += n;
-        }
+        m->win_ticks += n;
+        g->win_ticks += n;
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
         double now = moe_ts_sec(&t);
         if (g->sig_call != g->callno) {
@@ -80,6 +80,7 @@ lei_moe_group *lei_moe_group_new(lei_ctx *c, size_t mem_cap, double cpu_share) {
     g->mem_cap = mem_cap;
     g->cpu_share = cpu_share;
     clock_gettime(CLOCK_MONOTONIC, &g->win0);
+    g->win_cpu0 = moe_cpu_now();
     /* The handler is installed once per process and shared (it finds its
      * group in the signal's value); a handler the application put there
      * first is left alone, and budgets fall back to the count hook. */
@@ -114,6 +115,7 @@ void lei_moe_group_free(lei_moe_group *g) {
     /* timer_delete drops a signal of it still pending (Linux) */
     if (g->has_timer) timer_delete(g->tid);
     for (lei_moe *m = g->list; m; m = m->gnext) m->o.group = NULL;
+    free(g->pc);
     free(g);
 }
 
@@ -130,42 +132,147 @@ void moe_group_enter(lei_moe_group *g, lei_moe *m) {
     }
 }
 
+static moe_pcharge *pc_find(lei_moe_group *g, const char *name) {
+    for (size_t i = 0; i < g->npc; i++)
+        if (strcmp(g->pc[i].name, name) == 0) return &g->pc[i];
+    return NULL;
+}
+
+/* The principal's entry, made if need be; NULL when out of memory. */
+static moe_pcharge *pc_get(lei_moe_group *g, const char *name) {
+    moe_pcharge *p = pc_find(g, name);
+    if (p) return p;
+    if (g->npc == g->cpc) {
+        size_t nc = g->cpc ? g->cpc * 2 : 8;
+        moe_pcharge *a = realloc(g->pc, nc * sizeof *a);
+        if (!a) return NULL;
+        g->pc = a;
+        g->cpc = nc;
+    }
+    p = &g->pc[g->npc++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    return p;
+}
+
+void moe_group_retain(lei_moe_group *g, lei_moe *m) {
+    if (!m->win_ticks) return;
+    moe_pcharge *p = pc_get(g, m->principal);
+    if (p) p->ticks += m->win_ticks;
+}
+
+static double mono_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return moe_ts_sec(&t);
+}
+
+double moe_group_cooling(lei_moe_group *g, const char *principal) {
+    moe_pcharge *p = pc_find(g, principal);
+    if (!p) return 0;
+    double left = p->cool_until - mono_now();
+    return left > 0 ? left : 0;
+}
+
+/* A new window: charges go, cool-downs stay (entries without one go). */
+static void new_window(lei_moe_group *g, const struct timespec *now) {
+    for (lei_moe *x = g->list; x; x = x->gnext) x->win_ticks = 0;
+    double t = moe_ts_sec(now);
+    size_t k = 0;
+    for (size_t i = 0; i < g->npc; i++)
+        if (g->pc[i].cool_until > t) {
+            g->pc[k] = g->pc[i];
+            g->pc[k++].ticks = 0;
+        }
+    g->npc = k;
+    g->win_ticks = 0;
+    g->win0 = *now;
+    g->win_cpu0 = moe_cpu_now();
+}
+
+/* A principal's charge in the window: its gone members' and its live ones'. */
+static unsigned long principal_ticks(lei_moe_group *g, const char *name) {
+    moe_pcharge *p = pc_find(g, name);
+    unsigned long t = p ? p->ticks : 0;
+    for (lei_moe *x = g->list; x; x = x->gnext)
+        if (strcmp(x->principal, name) == 0) t += x->win_ticks;
+    return t;
+}
+
 /* After each call of a member: the CPU share check (ticks are charged by
- * the signal handler).  Past the cap within a 1 s window, the member
- * charged the most in it is failed (at once when it is the caller, else at
- * its next call: it may be up the stack, submitting), and a new window
- * starts.  Without the timer there are no ticks and no share cap. */
+ * the signal handler).  Past the cap within a 1 s window (the share of
+ * what the thread ran, at least SHARE_FLOOR_S), the principal charged the
+ * most in it (its gone modulators' charges included) loses its costliest
+ * live modulator (failed at once when it is the caller, else at its next
+ * call: it may be up the stack, submitting) and cannot install one for
+ * COOL_S; a new window starts.  Without the timer there are no ticks and
+ * no share cap. */
 void moe_group_leave(lei_moe_group *g, const struct timespec *now) {
     g->cur = NULL;
     if (!(g->cpu_share > 0)) return;
     double age = moe_ts_sec(now) - moe_ts_sec(&g->win0);
     if (age >= 1.0) {
-        for (lei_moe *x = g->list; x; x = x->gnext) x->win_ticks = 0;
-        g->win_ticks = 0;
-        g->win0 = *now;
+        new_window(g, now);
         return;
     }
-    if ((double)g->win_ticks * TICK_S <= g->cpu_share) return;
-    lei_moe *worst = NULL;
-    for (lei_moe *x = g->list; x; x = x->gnext)
-        if (x->L && !x->doom[0] && (!worst || x->win_ticks > worst->win_ticks)) worst = x;
-    if (worst) {
-        /* shares of the window so far (it trips before its end) */
-        double span = moe_ts_sec(now) - moe_ts_sec(&g->win0);
-        if (span < 0.001) span = 0.001;
-        double own = (double)worst->win_ticks * TICK_S * 100 / span,
-               all = (double)g->win_ticks * TICK_S * 100 / span;
-        if (worst->win_ticks == g->win_ticks)
-            snprintf(worst->doom, sizeof worst->doom,
-                     "used %.0f%% of the producer's CPU over %.1f s (cap %.0f%% over 1 s)", own,
-                     span, g->cpu_share * 100);
-        else
-            snprintf(worst->doom, sizeof worst->doom,
-                     "used %.0f%% of the producer's CPU over %.1f s, the most of its modulators, "
-                     "which used %.0f%% together (cap %.0f%% over 1 s)",
-                     own, span, all, g->cpu_share * 100);
+    double used = (double)g->win_ticks * TICK_S;
+    if (used <= g->cpu_share * SHARE_FLOOR_S) return; /* cheap test first */
+    double ran = moe_cpu_now() - g->win_cpu0;
+    if (used <= g->cpu_share * (ran > SHARE_FLOOR_S ? ran : SHARE_FLOOR_S)) return;
+    /* Principals in order of their charges, the most first: each loses its
+     * costliest live modulators until the live rest is under the cap (or it
+     * has none left: then its gone ones' charges no longer count), and is
+     * refused installs for COOL_S.  One per window was too slow: 64 cheap
+     * modulators from 4 principals needed a minute. */
+    double base = ran > SHARE_FLOOR_S ? ran : SHARE_FLOOR_S, cap = g->cpu_share * base;
+    double span = age < 0.001 ? 0.001 : age, all = used * 100 / base;
+    double tnow = moe_ts_sec(now);
+    g->pass++;
+    while (used > cap) {
+        char who[96] = "";
+        int found = 0;
+        unsigned long wt = 0;
+        for (size_t i = 0; i < g->npc; i++) {
+            if (g->pc[i].pass == g->pass) continue;
+            unsigned long t = principal_ticks(g, g->pc[i].name);
+            if (!found || t > wt) snprintf(who, sizeof who, "%s", g->pc[i].name), wt = t, found = 1;
+        }
+        for (lei_moe *x = g->list; x; x = x->gnext) {
+            moe_pcharge *q = pc_find(g, x->principal);
+            if (!x->L || x->doom[0] || (q && q->pass == g->pass)) continue;
+            unsigned long t = principal_ticks(g, x->principal);
+            if (!found || t > wt) snprintf(who, sizeof who, "%s", x->principal), wt = t, found = 1;
+        }
+        if (!found) break;
+        moe_pcharge *p = pc_get(g, who);
+        if (!p) break; /* out of memory: next time */
+        p->pass = g->pass;
+        p->cool_until = tnow + COOL_S;
+        double own = (double)wt * TICK_S * 100 / base;
+        for (;;) {
+            lei_moe *worst = NULL;
+            for (lei_moe *x = g->list; x; x = x->gnext)
+                if (x->L && !x->doom[0] && strcmp(x->principal, who) == 0 &&
+                    (!worst || x->win_ticks > worst->win_ticks))
+                    worst = x;
+            if (!worst) {
+                used -= (double)p->ticks * TICK_S;
+                break;
+            }
+            if (wt == g->win_ticks)
+                snprintf(worst->doom, sizeof worst->doom,
+                         "used %.0f%% of the producer's CPU over %.1f s (cap %.0f%% over 1 s); "
+                         "modulators from %.60s are refused for %.0f s",
+                         own, span, g->cpu_share * 100, who, COOL_S);
+            else
+                snprintf(worst->doom, sizeof worst->doom,
+                         "used %.0f%% of the producer's CPU over %.1f s with the other modulators "
+                         "from %.60s, the most of all, which used %.0f%% together (cap %.0f%% over "
+                         "1 s); modulators from %.60s are refused for %.0f s",
+                         own, span, who, all, g->cpu_share * 100, who, COOL_S);
+            used -= (double)worst->win_ticks * TICK_S;
+            if (used <= cap) break;
+        }
     }
-    for (lei_moe *x = g->list; x; x = x->gnext) x->win_ticks = 0;
-    g->win_ticks = 0;
-    g->win0 = *now;
+    new_window(g, now);
 }

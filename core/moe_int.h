@@ -18,6 +18,7 @@ enum { ST_INIT, ST_PARAMS, ST_ENQ, ST_DEQ, ST_HOOK };
 
 typedef struct moe_out {
     lei_msg *msg; /* one reference, owned until submitted */
+    size_t mem;   /* bytes charged to the moe's and the group's memory for it */
     uint64_t producer, seq;
     int sync;
 } moe_out;
@@ -36,6 +37,7 @@ struct lei_moe {
     int own_alloc;         /* the allocator below counts memory */
     size_t mem;            /* bytes held by L (own_alloc) */
     int mem_hit;           /* an allocation was refused */
+    int out_hit;           /* ... or the outputs of a call passed the cap */
     int limit_on;          /* the cap applies (off while closing) */
     /* the call in progress */
     int in_call, over;
@@ -61,7 +63,7 @@ struct lei_moe {
     size_t nsids, csids;
     ev_timer period_w;
     uint64_t pseq;
-    char err[256];
+    char err[384];
     lei_moe_stats st;
     /* shared caps (o.group) */
     lei_moe *gnext;        /* the group's list (borrowed) */
@@ -70,8 +72,19 @@ struct lei_moe {
     double log_t0;         /* log(): the current second, lines in it, lines not logged */
     unsigned log_n;
     unsigned long log_dropped;
-    char doom[160];        /* set by the CPU share check: fails at its next call */
+    char doom[320];        /* set by the CPU share check: fails at its next call */
+    char principal[96];    /* o.principal, copied */
 };
+
+/* CPU charged in the current window to one principal by modulators that are
+ * gone (replaced, failed), and its cool-down after the share check unloaded
+ * one of its modulators. */
+typedef struct moe_pcharge {
+    char name[96];
+    unsigned long ticks;
+    double cool_until;     /* monotonic seconds: installs refused until then */
+    unsigned pass;         /* the share check's pass that last handled it */
+} moe_pcharge;
 
 struct lei_moe_group {
     lei_ctx *ctx;              /* borrowed */
@@ -80,6 +93,10 @@ struct lei_moe_group {
     struct timespec win0;      /* the current 1 s window's start */
     volatile unsigned long win_ticks; /* CPU ticks charged in it, all members */
     lei_moe *list;             /* members (borrowed: each unlinks itself when freed) */
+    double win_cpu0;           /* the thread's CPU seconds at the window's start */
+    moe_pcharge *pc;           /* owned: charges of gone members, cool-downs */
+    size_t npc, cpc;
+    unsigned pass;             /* share checks that tripped */
     int has_timer;
     timer_t tid;               /* owned (timer_delete) */
     /* shared with the signal handler (same thread) */
@@ -106,5 +123,9 @@ int moe_env_build(lua_State *L, lei_moe *m);
 /* moe_group.c: around each call of a member. */
 void moe_group_enter(lei_moe_group *g, lei_moe *m);
 void moe_group_leave(lei_moe_group *g, const struct timespec *now);
+/* A member going away: its charges of the window stay with its principal. */
+void moe_group_retain(lei_moe_group *g, lei_moe *m);
+/* Seconds left of the principal's cool-down (0: none). */
+double moe_group_cooling(lei_moe_group *g, const char *principal);
 
 #endif

@@ -32,6 +32,12 @@ lei_qitem *lei_item_new(lei_msg *m) {
     return it;
 }
 
+/* An item leaves peer p's queue (written or dropped). */
+static void item_done(lei_peer *p, lei_qitem *it) {
+    if (it->ack) p->ack_bytes -= it->size;
+    lei_item_free(p->ctx, it);
+}
+
 void lei_item_free(lei_ctx *c, lei_qitem *it) {
     msg_release(c, it->msg);
     free(it);
@@ -190,7 +196,7 @@ void lei_peer_q_clear(lei_ctx *c, lei_peer *p, int count_drops) {
     while ((it = lei_q_pop(&p->q))) {
         if (count_drops) count_drop(c, p, it, sent);
         sent = 0;
-        lei_item_free(c, it);
+        item_done(p, it);
     }
     p->woff = 0;
 }
@@ -337,7 +343,7 @@ static void queue_took(lei_peer *p, size_t w) {
         if (w >= rem) {
             w -= rem;
             p->woff = 0;
-            lei_item_free(p->ctx, lei_q_pop(&p->q));
+            item_done(p, lei_q_pop(&p->q));
         } else {
             p->woff += w;
             w = 0;

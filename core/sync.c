@@ -76,6 +76,18 @@ void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uin
             if (it) lei_item_free(c, it);
             return;
         }
+        if (from->ack_bytes + it->size > c->o.queue_limit && from->conn) {
+            /* Sync events it sends while never reading our answers would
+             * grow this queue without bound (20,000 ACKs of 2 KB: 75 MB). */
+            char why[160];
+            snprintf(why, sizeof why, "not reading acknowledgements: %zu bytes of them queued (queue_limit %zu)",
+                     from->ack_bytes, c->o.queue_limit);
+            lei_item_free(c, it);
+            lei_conn_refuse(from->conn, LEI_RL_SLOW_ACKS, why);
+            return;
+        }
+        it->ack = 1;
+        from->ack_bytes += it->size;
         lei_q_push(&from->q, it);
         lei_peer_flush(from);
         return;

@@ -132,6 +132,23 @@ static void test_parse(void) {
         CHECK(lei_addr_parse("[::]:3", 0, &a, &err) == 0 && lei_addr_is_wildcard(&a) &&
               lei_addr_port(&a) == 3);
         CHECK(lei_addr_parse("[::1]:3", 0, &a, &err) == 0 && !lei_addr_is_wildcard(&a));
+        CHECK(lei_addr_unclaimable(&a) == NULL);
+        /* no peer's address: a second spelling of an IPv4 one, broadcast, multicast */
+        static const char *const bad[][2] = {
+            {"[::ffff:127.0.0.1]:5", "an IPv4-mapped IPv6 address (write a.b.c.d:port)"},
+            {"255.255.255.255:5", "a broadcast address"},
+            {"224.0.0.1:5", "a multicast address"},
+            {"239.255.255.250:5", "a multicast address"},
+            {"[ff02::1]:5", "a multicast address"}};
+        for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+            lei_addr b;
+            const char *why = "";
+            CHECK(lei_addr_parse(bad[i][0], 0, &b, &err) == 0 &&
+                  (why = lei_addr_unclaimable(&b)) && strcmp(why, bad[i][1]) == 0);
+        }
+        CHECK(lei_addr_parse("223.255.255.255:5", 0, &a, &err) == 0 && !lei_addr_unclaimable(&a));
+        CHECK(lei_addr_parse("240.0.0.1:5", 0, &a, &err) == 0 && !lei_addr_unclaimable(&a));
+        CHECK(lei_addr_parse("[::1]:3", 0, &a, &err) == 0);
         /* too small an output buffer is an error, not a cut text */
         CHECK(lei_addr_format(&a, want, 5) == -1);
     }

@@ -53,11 +53,13 @@ int main(void) {
     CHECK(lei_inmap_get(&k, UINT32_MAX, &v) == 0 && v == 7);
     /* refused names */
     CHECK(lei_inmap_rname(&k, 5) == NULL);
-    CHECK(lei_inmap_set_rname(&k, 5, "a/b", 3) == 0);
-    CHECK(lei_inmap_set_rname(&k, 1u << 30, "a/cxyz", 3) == 0);
-    CHECK(lei_inmap_set_rname(&k, 5, "a/d", 3) == 0);
-    CHECK(strcmp(lei_inmap_rname(&k, 5), "a/d") == 0);
-    CHECK(strcmp(lei_inmap_rname(&k, 1u << 30), "a/c") == 0);
+    CHECK(lei_inmap_set_rname(&k, 5, UINT32_MAX, "no channel a/b open here") == 0);
+    CHECK(lei_inmap_set_rname(&k, 1u << 30, 3, "not an authorized producer of a/c") == 0);
+    CHECK(lei_inmap_set_rname(&k, 5, UINT32_MAX, "no channel a/d open here") == 0);
+    CHECK(strcmp(lei_inmap_rname(&k, 5)->why, "no channel a/d open here") == 0);
+    CHECK(lei_inmap_rname(&k, 1u << 30)->chid == 3);
+    CHECK(k.rname_bytes == strlen("no channel a/d open here") +
+                           strlen("not an authorized producer of a/c"));
     CHECK(k.nrnames == 2);
     lei_inmap_drop_rname(&k, 5);
     CHECK(lei_inmap_rname(&k, 5) == NULL && k.nrnames == 1);

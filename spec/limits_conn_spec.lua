@@ -183,7 +183,7 @@ describe("connection limits (issue 11)", function()
     ctx:close()
   end)
 
-  it("refuses a frame declaring 1 GiB on its header and caps what all connections buffer", function()
+  it("refuses a frame declaring 1 GiB on its header; charges the buffer budget by bytes that came, not by headers", function()
     local t = target()
     local prod = flow(t, 400)
     local rss0 = rss_kib(t.pid)
@@ -192,25 +192,32 @@ describe("connection limits (issue 11)", function()
     p:send(R.bind(0, t.addr .. "/sink") .. R.u32le(1024 * 1024 * 1024) .. string.char(R.F.EVENT) .. "\0\0\0\0")
     local d = p:drain(5)
     assert.matches("frame length exceeds limit %(1073741824 bytes, limit 268500992%)", tostring(d.error))
-    -- 3 connections x 200 MiB declared, 4 MiB of each sent: the third would
-    -- take the buffers past max_buffered (512 MiB)
-    local ps, errs = {}, {}
-    for i = 1, 3 do
+    -- Two trickling peers announce 250 MiB each and send 1 KiB: the budget
+    -- is charged by bytes that came (main reserved 500 of its 512 MiB on
+    -- the headers and refused every frame over ~12 MiB beside them).
+    local M = 1024 * 1024
+    local hdr = R.varint(0) .. R.varint(1) .. R.varint(1) .. R.varint(0)
+    local ps = {}
+    for i = 1, 2 do
       ps[i] = assert(dial(t))
-      ps[i]:send(R.bind(0, t.addr .. "/sink") .. R.u32le(200 * 1024 * 1024) .. string.char(R.F.EVENT)
-                 .. string.rep("\0", 4 * 1024 * 1024))
+      assert(ps[i]:send(R.bind(0, t.addr .. "/sink") .. R.u32le(250 * M) .. string.char(R.F.EVENT)
+                        .. hdr .. string.rep("\0", 1024)))
     end
-    for i = 1, 3 do errs[i] = ps[i]:drain(i == 3 and 5 or 0.5).error end
-    assert.is_nil(errs[1])
-    assert.is_nil(errs[2])
-    assert.matches("frame of 209715204 bytes exceeds the read buffer budget %(limit 536870912%)",
-                   tostring(errs[3]))
+    support.sleep(0.3)
+    -- a 32 MiB event beside them is read whole: the sync event behind it is ACKed
+    local q = assert(dial(t))
+    assert(q:send(R.bind(0, t.addr .. "/sink") .. R.event(0, 1, 1, 0, string.rep("v", 32 * M))
+                  .. R.event(0, 1, 2, 7, "after")))
+    local ack, err = q:expect(R.F.ACK, 20)
+    assert(ack, "the 32 MiB event beside the trickling peers: " .. tostring(err))
+    assert.equals(7, R.parse_ack(ack).sync)
+    for i = 1, 2 do assert.is_nil(ps[i]:drain(0.2).error) end
     local grew = (rss_kib(t.pid) - rss0) / 1024
-    assert(grew < 64, ("the target grew by %.0f MiB"):format(grew))
+    assert(grew < 96, ("the target grew by %.0f MiB"):format(grew))
     flow_done(t, 400, 20)
-    for i = 1, 3 do ps[i]:close() end
+    for i = 1, 2 do ps[i]:close() end
+    q:close()
     assert(support.wait(prod, 10))
-    assert.equals(1, log_lines(t, "exceeds the read buffer budget"))
   end)
 
   it("counts read buffers exactly: within max_buffered, back to 0 bytes once the connections are gone", function()
@@ -236,17 +243,24 @@ describe("connection limits (issue 11)", function()
     pump()
     local M = 1024 * 1024
     local hdr = R.varint(0) .. R.varint(1) .. R.varint(1) .. R.varint(0)
-    -- 1: a 2 MiB EVENT, whole; 2: 3 MiB announced, 1 MiB of it sent; 3: 6 MiB
-    -- announced (past the budget beside 2's); 4: BINDs; 5: garbage
+    -- 1: a 2 MiB EVENT, whole; 2: 3 MiB announced, 1 MiB of it sent; 3: 7 MiB
+    -- sent whole (past the budget beside 2's: refused as its bytes come);
+    -- 4: BINDs; 5: garbage
     feed(ps[1], R.bind(0, sink) .. R.u32le(1 + #hdr + 2 * M) .. string.char(R.F.EVENT) .. hdr
                 .. string.rep("x", 2 * M))
     feed(ps[2], R.bind(0, sink) .. R.u32le(3 * M) .. string.char(R.F.EVENT) .. hdr .. string.rep("x", M))
-    feed(ps[3], R.bind(0, sink) .. R.u32le(6 * M) .. string.char(R.F.EVENT) .. hdr)
+    local big = R.bind(0, sink) .. R.u32le(1 + #hdr + 7 * M) .. string.char(R.F.EVENT) .. hdr
+                .. string.rep("x", 7 * M)
+    for i = 1, #big, 65536 do           -- refused part-way: the rest may not go
+      if not ps[3]:send(big:sub(i, i + 65535)) then break end
+      pump(2)
+    end
     feed(ps[4], R.bind(2 ^ 20, "a") .. R.bind(5, "b"))
     feed(ps[5], string.rep("\255", 16))
     pump(20)
     local st = ctx:stats()
-    assert(st.read_buffer_bytes >= 3 * M and st.read_buffer_bytes <= 8 * M,
+    -- 2's megabyte (its buffer doubled toward its frame's end), not the 3 MiB announced
+    assert(st.read_buffer_bytes >= M and st.read_buffer_bytes <= 3 * M,
            "read buffers: " .. st.read_buffer_bytes)
     assert.equals(6, st.connections)   -- 6 dialled and the half header, but 5's garbage closed it
     assert.matches("exceeds the read buffer budget", tostring(ps[3]:expect(R.F.ERROR, 5)))
@@ -422,6 +436,12 @@ describe("connection limits (issue 11)", function()
       { "0.0.0.0:9", "a wildcard address cannot be dialled" },
       { "127.0.0.1:0", "not an address in canonical form" },
       { t.addr, "this context's own address" },
+      -- one context's address in one spelling (attackB: all three joined)
+      { "[::ffff:127.0.0.1]:" .. t.addr:match(":(%d+)$"), "an IPv4-mapped IPv6 address (write a.b.c.d:port)" },
+      { "[::ffff:127.0.0.1]:5", "an IPv4-mapped IPv6 address (write a.b.c.d:port)" },
+      { "255.255.255.255:5", "a broadcast address" },
+      { "224.0.0.1:5", "a multicast address" },
+      { "[ff02::1]:5", "a multicast address" },
     }
     for _, c in ipairs(cases) do
       local p, err = dial(t, c[1])
@@ -434,4 +454,112 @@ describe("connection limits (issue 11)", function()
       end
     end
   end)
+
+  it("refuses a BIND name longer than any channel's, answers refused events with the text built at BIND", function()
+    local t = target()
+    local prod = flow(t, 200)
+    -- 60 KB: main kept 256 of them per connection (16 MB) and spent CPU per
+    -- event in proportion to the name
+    local p = assert(dial(t))
+    assert(p:send(R.bind(0, string.rep("n", 60000))))
+    assert.equals("channel name in bind longer than 2048 bytes", p:drain(5).error)
+    -- the longest name a name server gives (1024 bytes after "NS-address/")
+    -- is a channel name: refused (not open here), its sync events answered
+    local q = assert(dial(t))
+    local name = t.addr .. "/" .. string.rep("m", 1024)
+    assert(q:send(R.bind(0, name) .. R.event(0, 1, 1, 5, "x")))
+    local a = R.parse_ack(assert(q:expect(R.F.ACK, 5)))
+    assert.equals(5, a.sync)
+    assert.equals(0, a.nran)
+    assert.equals("no channel " .. name .. " open here", a.errs[1].err)
+    q:close()
+    -- the names kept for refused indexes: at most 64 KiB per connection
+    -- (main kept 256 x 64 KB)
+    local r = assert(dial(t))
+    local binds = {}
+    for i = 1, 70 do binds[i] = R.bind(i - 1, t.addr .. "/" .. string.rep("k", 1000) .. i) end
+    assert(r:send(table.concat(binds)))
+    assert.equals("refused channel bindings' names over 65536 bytes", r:drain(5).error)
+    flow_done(t, 200, 20)
+    assert(support.wait(prod, 10))
+  end)
+
+  it("cuts a peer that sends sync events and never reads their acknowledgements, at queue_limit", function()
+    -- each sync EVENT on a refused index is answered by an ACK carrying its
+    -- reason (~1 KB here): main queued them all for a peer that never read
+    -- (20,000 of them: ~22 MB, and on for as long as it sent)
+    local t = target{ queue_limit = 256 * 1024 }
+    local prod = flow(t, 200)
+    local hwm0 = hwm_kib(t.pid)
+    local p = assert(dial(t))
+    local name = t.addr .. "/" .. string.rep("a", 1000)
+    local evs = { R.bind(0, name) }
+    for i = 1, 20000 do evs[#evs + 1] = R.event(0, 1, i, i, "x") end
+    p.s:settimeout(10)
+    p.s:send(table.concat(evs))             -- and never reads until the cut
+    support.sleep(2)
+    -- cut: the ERROR may be lost to the reset of what the target did not
+    -- read (README "Limits"), the log line is there
+    local r = p:drain(10)
+    assert(r.ended == "closed" or r.error, "the connection was not cut")
+    assert.equals(1, log_lines(t, "not reading acknowledgements: %d+ bytes of them queued %(queue_limit 262144%)"))
+    assert(hwm_kib(t.pid) - hwm0 < 16 * 1024, "the target held the acknowledgements")
+    flow_done(t, 200, 20)
+    assert(support.wait(prod, 10))
+  end)
+
+  it("refuses an EVENT on a never-bound index at its header, not after buffering it", function()
+    local t = target()
+    local p = assert(dial(t))
+    local hdr = R.varint(3) .. R.varint(1) .. R.varint(1) .. R.varint(0)
+    assert(p:send(R.u32le(200 * 1024 * 1024) .. string.char(R.F.EVENT) .. hdr .. string.rep("\0", 1024)))
+    assert.equals("event on a channel that was never bound", p:drain(5).error)
+  end)
+  it("logs bad handshakes and takeover attempts once per 10 s, each peer still told why", function()
+    local t = target()
+    local prod = flow(t, 200)
+    local socks, told = {}, 0
+    for i = 1, 60 do          -- protected garbage: main logged one line per connection
+      socks[i] = raw(t)
+      socks[i]:send(R.frame(R.F.HELLO, string.rep("\7", 40)))
+    end
+    for i = 1, 60 do
+      if error_text(recv_all(socks[i], 1)) == "bad magic in handshake (not a lecho peer)" then told = told + 1 end
+      socks[i]:close()
+    end
+    assert.equals(60, told)
+    -- 20 HELLOs claiming the address of a live connection
+    local claim = "127.0.0.1:29999"
+    local live = assert(dial(t, claim))
+    local refused = 0
+    for _ = 1, 20 do
+      local q, err = R.dial(t.addr, { addr = claim, timeout = 5 })
+      if not q and tostring(err):find("already has a live connection", 1, true) then refused = refused + 1 end
+      if q then q:close() end
+    end
+    assert.equals(20, refused)
+    live:close()
+    flow_done(t, 200, 20)
+    assert(support.wait(prod, 10))
+    assert.equals(1, log_lines(t, "bad magic in handshake"))
+    assert.equals(1, log_lines(t, "it has a live one"))
+  end)
+
+  it("tells a peer closed for no handshake why (ERROR), logs it once per 10 s", function()
+    -- liveness (heartbeat 0.5 s x 2 misses) closes before handshake_timeout
+    local t = target({ heartbeat = 0.5, handshake_timeout = 30 })
+    local socks, told = {}, 0
+    for i = 1, 20 do
+      socks[i] = raw(t)
+      socks[i]:send("\1")    -- a header begun, never finished
+    end
+    for i = 1, 20 do
+      local e = error_text(recv_all(socks[i], 4))
+      if e and e:find("no handshake within", 1, true) then told = told + 1 end
+      socks[i]:close()
+    end
+    assert.equals(20, told)
+    assert.equals(1, log_lines(t, "no handshake within"))
+  end)
+
 end)

@@ -70,7 +70,10 @@ describe("a trusted principal the policy allows nothing (keyed mode)", function(
       return p:drain(5)
     end)
     local d = assert(res[1], tostring(res[2]))
-    assert.matches("too many refused channel bindings %(limit 256%)", tostring(d.error))
+    -- 1 KB names: the 64 KiB cap on the names kept ends it before the 256th
+    local e = tostring(d.error)
+    assert(e:find("too many refused channel bindings (limit 256)", 1, true) or
+           e == "refused channel bindings' names over 65536 bytes", e)
     T.assert_unaffected(base, during, "300 refused BINDs at the consumer")
   end)
 

@@ -204,7 +204,8 @@ local function principal_of(ctx, a)
 end
 
 -- Why the producer's own limits refuse modulator `m` (issue 11), or nil,
--- and the set of principal ids it is installed for.
+-- and the set of principal ids it is installed for, and the name of the
+-- principal its CPU is charged to.
 local function limits_refuse(ctx, m)
   local period = m.period
   if type(period) == "number" and period > 0 and period < ctx.mod_min_period then
@@ -220,7 +221,10 @@ local function limits_refuse(ctx, m)
       end
     end
   end
-  return nil, whose
+  -- who is charged for its CPU (the share check): the first consumer's principal
+  local who
+  if m.dests and m.dests[1] then who = select(2, principal_of(ctx, m.dests[1])) end
+  return nil, whose, who
 end
 
 local function count_principals(ctx, whose, d)
@@ -245,8 +249,8 @@ function Channel:_install(key, m)
     if err then break end
     grant[cap] = true
   end
-  local whose
-  if not err then err, whose = limits_refuse(ctx, m) end
+  local whose, who
+  if not err then err, whose, who = limits_refuse(ctx, m) end
   local dchid
   if not err then
     -- no derived channel for what is refused: a member list naming
@@ -266,7 +270,7 @@ function Channel:_install(key, m)
                        m.params == nil and {} or m.params,
                        { budget = ctx.mod_budget, memory = ctx.mod_memory, period = m.period,
                          clock = grant.clock, log = grant.log,
-                         pool_memory = ctx.mods_memory, cpu_share = ctx.mods_cpu })
+                         pool_memory = ctx.mods_memory, cpu_share = ctx.mods_cpu, principal = who })
   if not moe then
     self:_refuse(key, err, m.dests)
     return nil

@@ -88,7 +88,7 @@ local function HEARTBEAT(v)
 end
 local TIME, TIME_POS, BOOL, FN, TABLE = time(0), time(0, true), typed("boolean"), typed("function"),
                                         typed("table")
--- A share of one core: modulators_cpu (0: no cap).
+-- A share of the CPU the producer thread ran: modulators_cpu (0: no cap).
 local function SHARE(v)
   if type(v) ~= "number" or not (v >= 0 and v <= 1) then return "must be a number from 0 (no cap) to 1" end
 end

@@ -228,7 +228,7 @@ asan: deps
 	$(MAKE) clean
 	$(MAKE) all ctest SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" \
 	  LDFLAGS="-fsanitize=address,undefined"
-	$(MAKE) spec SPEC_PRE='LD_PRELOAD="$(ASAN_LIBS)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1'
+	$(MAKE) spec SPEC_PRE='LD_PRELOAD="$(ASAN_LIBS)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:quarantine_size_mb=16 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1'
 	$(MAKE) clean
 
 # The atmosphere example: a simulation and three viewer processes (full,

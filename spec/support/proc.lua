@@ -99,7 +99,12 @@ function M.tmpdir(stem)
   return dir
 end
 
-function M.remove(dir) os.execute("rm -rf " .. M.sh_quote(dir)) end
+-- (Once more after a moment: a child killed just before may still be
+-- writing its last file there, and rm then says "Directory not empty".)
+function M.remove(dir)
+  local q = M.sh_quote(dir)
+  os.execute(("rm -rf %s 2>/dev/null || { sleep 0.2; rm -rf %s; }"):format(q, q))
+end
 
 --- Calls pred() every 50 ms until it returns a true value, which is
 -- returned, or timeout seconds (20) pass (nil).  poll(step), if given, is

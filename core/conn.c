@@ -1,6 +1,6 @@
 /* conn.c: connections: sockets, dialling, reading and handing frames
- * over, the read buffers' budget, closing (FIN, retiring).  Listening,
- * accepting and the limits on connections: accept.c; the handshake:
+ * over, closing (FIN, retiring).  Listening, accepting and the limits on
+ * connections: accept.c; the read buffers' budget: rbuf.c; the handshake:
  * handshake.c.
  *
  * Leans on libev (watchers embedded in lei_conn), frame.c for the wire
@@ -434,45 +434,6 @@ static size_t frame_limit(const lei_conn *k, const uint8_t *h, size_t avail) {
     return cap < max ? cap : max;
 }
 
-/* k's read buffer is now (b, ncap): the context's total follows. */
-static void rbuf_set(lei_conn *k, uint8_t *b, size_t ncap) {
-    k->ctx->rbuf = k->ctx->rbuf - k->rcap + ncap;
-    k->rb = b;
-    k->rcap = ncap;
-}
-
-/* Grows k's read buffer to at least need bytes (need > rcap) for what has
- * come or is being read.  max_buffered, the budget of all connections' read
- * buffers, is charged by the bytes a buffer holds room for, never by the
- * size a header announces: a large frame's buffer doubles toward the
- * frame's end (end, when the header at rpos is in: rpos + its size, else
- * 0) as its bytes arrive, so a peer trickling a huge frame holds only what
- * it sent.  The doubling is trimmed to what the budget has left; when even
- * need does not fit, k is refused (ERROR to the peer, one log line per
- * window) for the frame of fsize bytes.  0, or -1 after closing k. */
-static int rbuf_grow(lei_conn *k, size_t need, size_t end, size_t fsize) {
-    lei_ctx *c = k->ctx;
-    size_t others = c->rbuf - k->rcap;
-    size_t left = c->o.max_buffered > others ? c->o.max_buffered - others : 0;
-    if (need > left) {
-        char why[160];
-        snprintf(why, sizeof why, "frame of %zu bytes exceeds the read buffer budget (limit %zu)",
-                 fsize, c->o.max_buffered);
-        lei_conn_refuse(k, LEI_RL_FRAME, why);
-        return -1;
-    }
-    size_t ncap = need;
-    if (end > need && k->rcap * 2 > need) ncap = k->rcap * 2 < end ? k->rcap * 2 : end;
-    if (ncap > left) ncap = left;
-    uint8_t *nb = realloc(k->rb, ncap);
-    if (!nb) {
-        lei_conn_close(k, "out of memory for the read buffer", 0);
-        return -1;
-    }
-    rbuf_set(k, nb, ncap);
-    return 0;
-}
-
 /* The end in k's buffer of the frame at rpos and its size, when its header
  * is in and its size within the limit; else 0. */
 static size_t frame_end(const lei_conn *k, size_t *fsize) {
@@ -559,7 +520,7 @@ static int conn_input(lei_conn *k) {
             /* Room for the plaintext of what was read (at least). */
             size_t need = k->rlen + (s->clen - s->cpos), fsize = 0;
             size_t end = frame_end(k, &fsize);
-            if (need > k->rcap && rbuf_grow(k, need, end, fsize ? fsize : need)) break;
+            if (need > k->rcap && lei_rbuf_grow(k, need, end, fsize ? fsize : need)) break;
             size_t cap0 = k->rcap;
             int bad = lei_sec_open(s, &k->rb, &k->rlen, &k->rcap, &err);
             k->ctx->rbuf = k->ctx->rbuf - cap0 + k->rcap;
@@ -579,7 +540,7 @@ static int conn_input(lei_conn *k) {
          * again from RBUF_MIN (nobody holds a frame: busy is 0). */
         if (!k->busy && k->rpos == k->rlen && k->rcap > RBUF_KEEP) {
             free(k->rb);
-            rbuf_set(k, NULL, 0);
+            lei_rbuf_set(k, NULL, 0);
             k->rlen = k->rpos = 0;
         }
         return 0;
@@ -617,7 +578,7 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
         if (k->peer && k->peer->held) return;
     }
     /* Compact, then make room: a frame larger than the buffer grows it as
-     * its bytes come (rbuf_grow), never past its size. */
+     * its bytes come (lei_rbuf_grow), never past its size. */
     if (k->rpos && k->busy == 0) {
         memmove(k->rb, k->rb + k->rpos, k->rlen - k->rpos);
         k->rlen -= k->rpos;
@@ -633,7 +594,7 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
         size_t need = k->rlen + RBUF_MIN;
         if (big_end && big_end < need) need = big_end;
         if (k->rcap - k->rlen < RBUF_MIN && need > k->rcap &&
-            rbuf_grow(k, need, big_end, big_end ? fsize : RBUF_MIN))
+            lei_rbuf_grow(k, need, big_end, big_end ? fsize : RBUF_MIN))
             return;
         /* Reading past the end of a large frame would put the next frame's
          * first bytes behind it, to be moved to the front afterwards: a copy of

@@ -416,6 +416,12 @@ void lei_conn_send_error(lei_conn *k, const char *msg);
 /* Refuses k: ERROR with the reason to the peer, one log line per kind per
  * window (lei_ratelog), k closed. */
 void lei_conn_refuse(lei_conn *k, int kind, const char *reason);
+/* rbuf.c: k's read buffer is now (b, ncap), the context's total follows;
+ * grow k's buffer to at least need bytes (need > rcap) within max_buffered
+ * for the frame ending at end (0: not known) of fsize bytes: 0, or -1
+ * after closing k. */
+void lei_rbuf_set(lei_conn *k, uint8_t *b, size_t ncap);
+int lei_rbuf_grow(lei_conn *k, size_t need, size_t end, size_t fsize);
 /* conn.c: a connection record for fd (owned by the context from now on). */
 lei_conn *lei_conn_new(lei_ctx *c, int fd, enum lei_conn_state state);
 /* accept.c: the context's timers, counters, the reserved fd; the handshake

@@ -220,6 +220,42 @@ describe("connection limits (issue 11)", function()
     assert(support.wait(prod, 10))
   end)
 
+  it("cuts the peer holding the most of an unfinished frame when the budget is full, not the legitimate one", function()
+    -- Main: two rogues filled max_buffered with real bytes of unfinished
+    -- frames (each buffer doubled past what came), and the legitimate
+    -- peer's next large frame was the one refused; the rogues stayed.
+    local M = 1024 * 1024
+    local t = target{ max_buffered = 64 * M }
+    local hdr = R.varint(0) .. R.varint(1) .. R.varint(1) .. R.varint(0)
+    local ps = {}
+    for i = 1, 2 do
+      ps[i] = assert(dial(t))
+      assert(ps[i]:send(R.bind(0, t.addr .. "/sink") .. R.u32le(60 * M) .. string.char(R.F.EVENT)
+                        .. hdr .. string.rep("h", 24 * M)))
+    end
+    support.sleep(0.5)
+    -- an 8 MiB event from a third peer: read whole, the sync event behind it ACKed
+    local q = assert(dial(t))
+    assert(q:send(R.bind(0, t.addr .. "/sink") .. R.event(0, 1, 1, 0, string.rep("v", 8 * M))
+                  .. R.event(0, 1, 2, 7, "after")))
+    local ack, err = q:expect(R.F.ACK, 20)
+    assert(ack, "the 8 MiB event beside the rogues: " .. tostring(err))
+    assert.equals(7, R.parse_ack(ack).sync)
+    local cut = 0
+    for i = 1, 2 do
+      local e = ps[i]:drain(1).error
+      if e then
+        assert.matches("read buffer budget: this connection holds the most %(%d+ bytes of an unfinished frame%)",
+                       tostring(e))
+        cut = cut + 1
+      end
+    end
+    assert.equals(1, cut)
+    assert(log_lines(t, "holds the most") >= 1, support.read(t.log))
+    for i = 1, 2 do ps[i]:close() end
+    q:close()
+  end)
+
   it("counts read buffers exactly: within max_buffered, back to 0 bytes once the connections are gone", function()
     local lecho = require "lecho"
     local ctx = lecho.context{ quiet = true, max_buffered = 8 * 1024 * 1024 }

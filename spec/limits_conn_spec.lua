@@ -484,6 +484,19 @@ describe("connection limits (issue 11)", function()
     assert(support.wait(prod, 10))
   end)
 
+  it("logs control messages without op once per 10 s, not one line each", function()
+    -- (third attack: 100,000 CTRL frames of {} wrote 100,001 log lines in a second)
+    local t = target()
+    local p = assert(dial(t))
+    local msgs = {}
+    for i = 1, 2000 do msgs[i] = R.ctrl({}) end
+    assert(p:send(table.concat(msgs)))
+    assert(p:send(R.frame(R.F.PING, "")))
+    assert(p:expect(R.F.HEARTBEAT, 20), "no HEARTBEAT after the control messages")
+    assert.equals(1, log_lines(t, "ignoring a control message without op"))
+    p:close()
+  end)
+
   it("cuts a peer that sends sync events and never reads their acknowledgements, at queue_limit", function()
     -- each sync EVENT on a refused index is answered by an ACK carrying its
     -- reason (~1 KB here): main queued them all for a peer that never read

@@ -282,6 +282,7 @@ struct lei_ctx {
     /* Containment (conn.c): connections not CLOSED, bytes of their read
      * buffers (rcap), the handshake deadline timer, accept()'s backoff. */
     size_t nconns;
+    size_t nbound_all;        /* BIND indexes bound on all connections (inmap.c) */
     size_t rbuf;
     ev_timer hs_w;            /* closes connections not UP within handshake_timeout */
     ev_timer acc_w;           /* restarts accepting after EMFILE/ENFILE */

@@ -54,6 +54,7 @@ static int hash_put(lei_conn *k, uint32_t idx, uint32_t val) {
         k->hmap[i].idx = idx;
         k->hn++;
         k->nbound++;
+        if (k->ctx) k->ctx->nbound_all++;
     }
     k->hmap[i].val = val;
     return 0;
@@ -71,7 +72,10 @@ int lei_inmap_set(lei_conn *k, uint64_t idx, uint32_t val) {
         k->inmap = m;
         k->ninmap = n;
     }
-    if (!k->inmap[idx]) k->nbound++;
+    if (!k->inmap[idx]) {
+        k->nbound++;
+        if (k->ctx) k->ctx->nbound_all++;
+    }
     k->inmap[idx] = val;
     return 0;
 }
@@ -111,6 +115,8 @@ int lei_inmap_set_rname(lei_conn *k, uint64_t idx, uint32_t chid, const char *wh
 }
 
 void lei_inmap_free(lei_conn *k) {
+    if (k->ctx) k->ctx->nbound_all -= k->nbound;
+    k->nbound = 0;
     free(k->inmap);
     k->inmap = NULL;
     k->ninmap = 0;

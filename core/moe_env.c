@@ -232,7 +232,7 @@ static const char sandbox_lua[] =
     "      if c ~= 37 then\n"
     "        a = a + 1\n"
     "        if c == 112 then error(\"bad argument #\" .. (a + 1) .. \" to 'format' (%p is not available in a modulator)\", 2) end\n"
-    "        if c == 115 and HEAP[type(args[a])] then args[a] = safe(args[a]) end\n"
+    "        if (c == 115 or c == 113) and HEAP[type(args[a])] then args[a] = safe(args[a]) end\n"
     "      end\n"
     "    end\n"
     "    i = i + 1\n"

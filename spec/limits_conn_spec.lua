@@ -520,6 +520,47 @@ describe("connection limits (issue 11)", function()
     assert(support.wait(prod, 10))
   end)
 
+  it("bounds the channel bindings of all connections together (4 x max_peer_channels)", function()
+    -- (third attack: 12 connections x 262,144 BINDs of one open channel held
+    -- 4.3 MiB each, no limit across connections)
+    local t = target{ max_peer_channels = 100 }
+    local name = t.addr .. "/sink"
+    local function bind_all(p)
+      local b = {}
+      for i = 1, 100 do b[i] = R.bind(i - 1, name) end
+      assert(p:send(table.concat(b) .. R.frame(R.F.PING, "")))
+    end
+    local ps = {}
+    for i = 1, 4 do
+      ps[i] = assert(dial(t))
+      bind_all(ps[i])
+      assert(ps[i]:expect(R.F.HEARTBEAT, 10), "connection " .. i .. " was refused")
+    end
+    local p5 = assert(dial(t))
+    bind_all(p5)
+    assert.equals("channel bindings of all connections over 400 (4 x max_peer_channels)", p5:drain(5).error)
+    ps[1]:close()                       -- what a connection bound is given back when it ends
+    support.sleep(0.5)
+    local p6 = assert(dial(t))
+    bind_all(p6)
+    assert(p6:expect(R.F.HEARTBEAT, 10), "the bindings of a closed connection were not given back")
+    for i = 2, 4 do ps[i]:close() end
+    p6:close()
+  end)
+
+  it("logs control messages without op once per 10 s, not one line each", function()
+    -- (third attack: 100,000 CTRL frames of {} wrote 100,001 log lines in a second)
+    local t = target()
+    local p = assert(dial(t))
+    local msgs = {}
+    for i = 1, 2000 do msgs[i] = R.ctrl({}) end
+    assert(p:send(table.concat(msgs)))
+    assert(p:send(R.frame(R.F.PING, "")))
+    assert(p:expect(R.F.HEARTBEAT, 20), "no HEARTBEAT after the control messages")
+    assert.equals(1, log_lines(t, "ignoring a control message without op"))
+    p:close()
+  end)
+
   it("cuts a peer that sends sync events and never reads their acknowledgements, at queue_limit", function()
     -- each sync EVENT on a refused index is answered by an ACK carrying its
     -- reason (~1 KB here): main queued them all for a peer that never read

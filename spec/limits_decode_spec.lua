@@ -81,6 +81,29 @@ describe("core.decode: a value that decodes to more than max_value_bytes", funct
     assert.equals(1000000, #v)
   end)
 
+  it("presizes no more slots than the bytes left could fill: 4 MB of nils under the cap touch little", function()
+    -- (third attack: arrays of 4 million nils, 4 MB each, under the cap,
+    -- made the receiver zero 32 MiB per event: 140 ms, its loop frozen)
+    local child = support.lua([[
+      local core = require "lecho.core"
+      local function hwm()
+        local f = io.open("/proc/self/status")
+        local s = f:read("*a")
+        f:close()
+        return tonumber(s:match("VmHWM:%s*(%d+)"))
+      end
+      local s = arg[1] == "" and "" or "\6" .. arg[1] .. "\0" .. ("\0"):rep(4000000)
+      collectgarbage()
+      local h0 = hwm()
+      local ok = core.decode(s)
+      io.stdout:write(tostring(ok), " ", hwm() - h0, "\n")
+    ]], R.varint(4000000))
+    assert(support.wait(child, 20), support.errors(child))
+    local ok, grew = support.output(child):match("(%S+) (%d+)")
+    assert.equals("true", ok)
+    assert(tonumber(grew) < 8 * 1024, ("decoding grew the peak by %s KiB"):format(grew))
+  end)
+
   it("is an option of the context, checked", function()
     local lecho = require "lecho"
     local ctx = lecho.context{ quiet = true, max_value_bytes = 1024 }

@@ -116,6 +116,21 @@ describe("tostring in a modulator (issue 11 F1)", function()
     assert.matches("^table: %d+$", r.got[1])
     c:close{ linger = 0 }
   end)
+
+  it("shows no heap address through %q either", function()
+    -- (third attack: string.format("%q %q", enqueue, {}) gave "function: 0x55a5...")
+    local c = lecho.context{ quiet = true }
+    local p, r = install(c, [[function enqueue(ev)
+        return { string.format("%q %q", enqueue, {}), ("%5q"):format(setmetatable({}, { __metatable = 1 })) }
+      end]])
+    p:submit_sync(1)
+    S.run_until(c, function() return r.got ~= nil or r.err ~= nil end, 5)
+    assert.is_nil(r.err)
+    assert.are.equal(2, #r.got)
+    for _, s in ipairs(r.got) do assert.is_nil(s:match("0x%x%x%x"), s) end
+    assert.matches('^"function: %d+" "table: %d+"$', r.got[1])
+    c:close{ linger = 0 }
+  end)
 end)
 
 describe("what a modulator returns or emits (issue 11 F1)", function()

@@ -38,7 +38,7 @@ function Context:_send_ctrl(to, msg)
   end
   local ok, err = self.c:send_ctrl(to, msg)
   if not ok then
-    self.log(("cannot send to %s: %s"):format(to, err))
+    self:_warn_limited("send", ("cannot send to %s: %s"):format(to, err))
     self:_fail_pending(to, err)
   end
   return ok, err
@@ -234,7 +234,7 @@ end
 
 function Context:_on_ctrl(from, msg)
   if type(msg) ~= "table" or type(msg.op) ~= "string" then
-    self.log(("ignoring a control message without op from %s"):format(from))
+    self:_warn_limited("noop", ("ignoring a control message without op from %s"):format(from))
     return
   end
   local op = msg.op

@@ -25,47 +25,6 @@ local kids = require "spec.children"
 
 local WAIT = 20
 
--- A name server that is also the attacker: it serves lookups and joins as
--- any, and once the file opts.go names exists it sends the producer of
--- channel `ch` the member list the file holds (JSON: ch, consumers, mods), with
--- a version above the real one.  It says "ready ADDR", then "sent" and
--- whatever the producer confirmed ("refused TEXT" or "applied").
-local ROGUE = [[
-local cjson = require "cjson"
-local lecho = require "lecho"
-local opts = cjson.decode(arg[1])
-io.stdout:setvbuf("line")
-local ctx = lecho.context{ quiet = true }
-io.stdout:write("ready ", ctx.addr, "\n")
-local sent = false
-local real = ctx._on_ctrl
-ctx._on_ctrl = function(self, from, msg)
-  if sent and type(msg) == "table" and msg.op == "members_ok" and msg.ver == 2 ^ 40 then
-    io.stdout:write(msg.refused and ("refused " .. msg.refused) or "applied", "\n")
-  end
-  return real(self, from, msg)
-end
-ctx:every(0.05, function(t)
-  local f = io.open(opts.go)
-  if not f then return end
-  local list = cjson.decode(f:read("*a"))
-  f:close()
-  local c = ctx.reg.channels[list.ch]
-  local producer = c and next(c.producers)
-  if not producer then return end
-  t:stop()
-  for i, a in ipairs(list.consumers) do
-    if a == "SELF" then list.consumers[i] = ctx.addr end
-  end
-  sent = true
-  ctx:_send_ctrl(producer, { op = "members", ch = list.ch, ver = 2 ^ 40, mid = 1,
-                             consumers = list.consumers, mods = list.mods })
-  io.stdout:write("sent\n")
-end)
-ctx:after(60, function() ctx:stop() end)
-ctx:run()
-ctx:close()
-]]
 
 local function received(sink)
   local n = 0
@@ -93,7 +52,7 @@ describe("issue 11: member lists within max_members and max_peers", function()
   local function world(opts)
     logs = {}
     local go = S.tmpname("go")
-    local rogue = S.lua(ROGUE, cjson.encode{ go = go })
+    local rogue = S.lua(kids.rogue_manager, cjson.encode{ go = go })
     local ns = assert(S.wait_file(rogue.out, "ready %S+\n", WAIT), "rogue did not start: " .. S.errors(rogue))
       :match("ready (%S+)")
     local o = { nameserver = ns, log = function(m) logs[#logs + 1] = m end }

@@ -323,8 +323,10 @@ describe("connection limits (issue 11)", function()
     -- a PING behind it: its HEARTBEAT says the frame was handled
     assert(p:send(R.frame(R.F.PING, "")))
     assert(p:expect(R.F.HEARTBEAT, 30), "no HEARTBEAT after the large frame")
+    -- (not under ASan: its allocator keeps large freed blocks cached, so the
+    -- resident set says nothing of our buffer there)
     local grew = (rss_kib(t.pid) - rss0) / 1024
-    assert(grew < 64 + support.MEM_SLACK_KIB / 1024, ("the target still holds %.0f MiB after the frame"):format(grew))
+    assert(support.asan or grew < 64, ("the target still holds %.0f MiB after the frame"):format(grew))
     assert.is_false(p.closed)
     p:close()
   end)

@@ -36,7 +36,8 @@ describe("table.insert in a modulator (issue 11 F1)", function()
   end)
 
   it("gives LuaJIT's results for every position", function()
-    local p, r = install(c, [[function enqueue(ev)
+    -- the same calls in the modulator and here, with LuaJIT's own insert
+    local PROBE = [[
         local out = {}
         for _, pos in ipairs{ 0, -1, -5, 0.5, -0.5, -2.7, "-3", " 0 ", 1, 2, 3, 4, 5, 1.9, "2", 100 } do
           local t = { [-4] = "m4", [0] = "z", "a", "b", "c" }
@@ -53,25 +54,12 @@ describe("table.insert in a modulator (issue 11 F1)", function()
         out[#out + 1] = tostring(select(2, pcall(table.insert, t, "x", 2)))
         out[#out + 1] = tostring(select(2, pcall(table.insert, 1, 1, 2)))
         return out
-      end]], { })
+      ]]
+    local p, r = install(c, "function enqueue(ev)\n" .. PROBE .. "\nend", { })
     p:submit_sync(1)
     S.run_until(c, function() return r.got ~= nil or r.err ~= nil end, 5)
     assert.is_nil(r.err)
-    local want = {}
-    for _, pos in ipairs{ 0, -1, -5, 0.5, -0.5, -2.7, "-3", " 0 ", 1, 2, 3, 4, 5, 1.9, "2", 100 } do
-      local t = { [-4] = "m4", [0] = "z", "a", "b", "c" }
-      table.insert(t, pos, "v")
-      local keys = {}
-      for k, v in pairs(t) do keys[#keys + 1] = tostring(k) .. "=" .. tostring(v) end
-      table.sort(keys)
-      want[#want + 1] = table.concat(keys, " ")
-    end
-    local t = { 1, 2 }
-    table.insert(t, 3)
-    want[#want + 1] = table.concat(t, " ")
-    want[#want + 1] = tostring(select(2, pcall(table.insert, t, 1, 2, 3)))
-    want[#want + 1] = tostring(select(2, pcall(table.insert, t, "x", 2)))
-    want[#want + 1] = tostring(select(2, pcall(table.insert, 1, 1, 2)))
+    local want = assert(loadstring(PROBE))()
     for i = #want - 2, #want do
       -- the messages may name the function differently; the kind must match
       want[i] = want[i]:match("%((.*)%)") or want[i]

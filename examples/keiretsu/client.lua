@@ -1,0 +1,71 @@
+-- examples/keiretsu/client.lua: a Keiretsu user.  `--help` says more.
+local usage = [[
+usage: luajit examples/keiretsu/client.lua --user NAME --nameserver ADDR [--who] [--send USER --text TEXT] [--wait SECONDS] [options]
+
+Goes online as NAME (with keys, NAME is the name of its key: that is how a
+user identifies itself), then, in this order:
+  --who                prints "online USER USER ..." (who is online now)
+  --send USER          sends --text to USER through the "im" service and
+  --text TEXT          prints "sent ID to USER: acknowledged" once USER's
+                       client has it, or "not sent to USER: WHY (CODE)"
+  --wait SECONDS       prints "from USER: TEXT" for each message received
+                       during that long (each id once)
+  --nodes LIST         the nodes' names, comma-separated (default
+                       node-1,node-2,node-3,node-4)
+Exits 0, or 1 when a send was not acknowledged.
+]] .. "\nCommon options:\n"
+local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
+local im = dofile(here .. "/im.lua")
+usage = usage .. im.common_usage
+
+local A, o = im.args("client", usage, {
+  ["--user"] = function(get, o) o.user = get.value() end,
+  ["--who"] = function(_, o) o.who = true end,
+  ["--send"] = function(get, o) o.send = get.value() end,
+  ["--text"] = function(get, o) o.text = get.value() end,
+  ["--wait"] = function(get, o) o.listen_s = get.number() end,
+  ["--nodes"] = function(get, o) o.nodes = get.value() end,
+})
+if not im.valid_user(o.user) then A.die("--user NAME is required (1-64 of A-Z a-z 0-9 . _ -)") end
+if o.send and not o.text then A.die("--send needs --text") end
+local ctx = im.context(A, o)
+local transport = dofile(here .. "/transport.lua")
+local presence = dofile(here .. "/presence.lua")
+
+local seen = {}
+local c, err = ctx:channel(im.inbox(o.user)):consumer(function(m)
+  if type(m) ~= "table" or type(m.id) ~= "string" or seen[m.id] then return end
+  seen[m.id] = true
+  im.out("from %s: %s", tostring(m.from), tostring(m.text))
+end)
+if not c then A.die("cannot go online: " .. tostring(err), 1) end
+local online = presence.join(ctx, o.user)
+
+local rc = 0
+if o.who then
+  local users, why = presence.list(ctx)
+  if not users then A.die("cannot list who is online: " .. tostring(why), 1) end
+  im.out("online %s", table.concat(users, " "))
+end
+if o.send then
+  local nodes = {}
+  for w in (o.nodes or "node-1,node-2,node-3,node-4"):gmatch("[^,]+") do nodes[#nodes + 1] = w end
+  local send, why = transport.sender(ctx, nodes)
+  if not send then A.die("cannot reach the service: " .. tostring(why), 1) end
+  local id = ("%s:%.6f"):format(o.user, require("socket").gettime())
+  local ok, e, code = send({ from = o.user, to = o.send, text = o.text, id = id })
+  if ok then
+    im.out("sent %s to %s: acknowledged", id, o.send)
+  else
+    im.out("not sent to %s: %s (%s)", o.send, tostring(e), tostring(code))
+    rc = 1
+  end
+end
+if o.listen_s and o.listen_s > 0 then
+  ctx:after(o.listen_s, function() ctx:stop() end)
+  ctx:run()
+end
+if online then online:leave() end
+c:close()
+ctx:close{ linger = 0.5 }
+os.exit(rc)

@@ -1,0 +1,330 @@
+-- examples/keiretsu/run.lua (make keiretsu): instant messaging over four
+-- nodes, messages per second for 1..4 nodes, then three of the four killed
+-- while blasting.  `--help` says more.
+local usage = [[
+usage: luajit examples/keiretsu/run.lua [options]
+
+Runs Keiretsu, instant messaging over replicated nodes, keyed (an authority
+and a key per process are made in a temporary directory with
+scripts/lecho-keygen, and a policy lets nodes serve and deliver, and each
+user read only its own inbox):
+  - each node in its own network namespace, joined to a "hub" namespace
+    (the name server and the clients) by a veth pair on a bridge, when the
+    machine allows it (root, `ip netns`); else every process on 127.0.0.1,
+    said in the output;
+  - two users go online, one lists who is online and sends the other a
+    message (examples/keiretsu/client.lua);
+  - blasters (blaster.lua) send as fast as acknowledged to speedometers
+    (speedometer.lua), through 1, then 2, 3 and 4 nodes: messages per
+    second for each;
+  - then nodes 1, 2 and 3 are killed (SIGKILL), one every --kill-gap
+    seconds, while the blasters go on, and the run goes on --after seconds
+    through the last node;
+  - finally every acknowledged id is looked for among the ids the
+    speedometers received: "lost" counts those missing.
+Exits 0 when no acknowledged message was lost, the service went on after
+the kills, and the message sent by the client arrived.  Every process and
+namespace it made is removed, also on failure (a watchdog does it if the
+driver itself is killed).
+
+  --phase SECONDS      how long each of the 1..4-node phases measures (default 5)
+  --after SECONDS      blasting after the last kill (default 5)
+  --kill-gap SECONDS   between two kills (default 0.5)
+  --blasters N         blaster processes (default 2)
+  --speedometers N     speedometer processes (default 2)
+  --inflight N         sends waiting at once per blaster (default 8)
+  --loopback           do not try network namespaces
+  --json FILE          also write the summary as JSON to FILE
+  --verbose            the lecho logs of every process on their stderr files (kept)
+  --help               this text
+]]
+
+local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
+local A = dofile(here .. "/../atmosphere/args.lua").new("keiretsu", usage)
+local proc = dofile(here .. "/../atmosphere/proc.lua")
+local NET = dofile(here .. "/net.lua")
+local socket = require "socket"
+local cjson = require "cjson"
+local root = here .. "/../.."
+local NNODES = 4
+
+local o = { phase = 5, after = 5, kill_gap = 0.5, blasters = 2, speedometers = 2, inflight = 8 }
+A.parse(arg, {
+  ["--phase"] = function(get) o.phase = get.number() end,
+  ["--after"] = function(get) o.after = get.number() end,
+  ["--kill-gap"] = function(get) o.kill_gap = get.number() end,
+  ["--blasters"] = function(get) o.blasters = get.number() end,
+  ["--speedometers"] = function(get) o.speedometers = get.number() end,
+  ["--inflight"] = function(get) o.inflight = get.number() end,
+  ["--loopback"] = function() o.loopback = true end,
+  ["--json"] = function(get) o.json = get.value() end,
+  ["--verbose"] = function() o.verbose = true end,
+})
+if o.phase <= 0 or o.after <= 0 or o.kill_gap < 0 then A.die("--phase, --after must be > 0") end
+if o.blasters < 1 or o.speedometers < 1 or o.inflight < 1 then A.die("--blasters, --speedometers, --inflight must be >= 1") end
+
+local function out(fmt, ...)
+  io.stdout:write(fmt:format(...), "\n")
+  io.stdout:flush()
+end
+local function sq(s) return proc.sh_quote(s) end
+local function read(path)
+  local f = io.open(path, "r")
+  if not f then return "" end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+local function write(path, s)
+  local f = assert(io.open(path, "w"))
+  f:write(s)
+  f:close()
+end
+local function now() return socket.gettime() end
+
+local tmp = io.popen("mktemp -d /tmp/keiretsu-XXXXXX"):read("*l")
+assert(tmp and tmp ~= "", "mktemp failed")
+local tag = tmp:match("keiretsu%-(%w+)$"):lower():gsub("[^%w]", ""):sub(1, 6)
+local children, pidfile = {}, tmp .. "/pids"
+local net
+
+-- Every child is started here: its pid goes to the watchdog's list.
+local function start(name, host, argv)
+  local full = {}
+  for _, a in ipairs(net.prefix(host)) do full[#full + 1] = a end
+  full[#full + 1] = "luajit"
+  for _, a in ipairs(argv) do full[#full + 1] = a end
+  local c = assert(proc.spawn(full, { out = ("%s/%s.out"):format(tmp, name), err = ("%s/%s.err"):format(tmp, name) }))
+  c.name = name
+  children[#children + 1] = c
+  local f = assert(io.open(pidfile, "a"))
+  f:write(c.pid, "\n")
+  f:close()
+  return c
+end
+
+local function wait_line(c, pat, timeout)
+  local deadline = now() + (timeout or 20)
+  while now() < deadline do
+    local m = read(c.out):match(pat)
+    if m then return m end
+    if proc.poll(c) then break end
+    proc.sleep(0.05)
+  end
+  error(("%s did not say %q (%s): %s%s"):format(c.name, pat, c.status or "running", read(c.out), read(c.err)), 0)
+end
+
+local function last_count(c)
+  local last
+  for l in read(c.out):gmatch("count [^\n]+") do last = l end
+  local t = {}
+  for w in (last or ""):gmatch("[%d.]+") do t[#t + 1] = tonumber(w) end
+  return t   -- { seconds, a, b, c }
+end
+
+local function received_total(speedos)
+  local n = 0
+  for _, s in ipairs(speedos) do n = n + (last_count(s)[2] or 0) end
+  return n
+end
+local function acked_total(blasters)
+  local n = 0
+  for _, b in ipairs(blasters) do n = n + (last_count(b)[2] or 0) end
+  return n
+end
+
+local result = { ok = false }
+local function main()
+  net = NET.new(NNODES, tag, o.loopback)
+  -- The watchdog: when this driver is gone (killed, even), it kills what it
+  -- started and deletes the namespaces.
+  local wd = ("while kill -0 %d 2>/dev/null; do sleep 1; done; for p in $(cat %s 2>/dev/null); do kill -9 $p 2>/dev/null; done; "
+              .. "for n in %s; do ip netns del $n 2>/dev/null; done; %s")
+    :format(tonumber(read("/proc/self/stat"):match("^(%d+)")), sq(pidfile), table.concat(net.names(), " "), o.verbose and "true" or ("rm -rf " .. sq(tmp)))
+  os.execute(("setsid sh -c %s >/dev/null 2>&1 </dev/null &"):format(sq(wd)))
+  if net.kind == "netns" then
+    out("hosts: %d network namespaces (nodes 10.233.0.1-%d, hub 10.233.0.254 with the name server and the clients), veth pairs on a bridge",
+        NNODES + 1, NNODES)
+  else
+    out("hosts: loopback processes on 127.0.0.1 (no network namespaces: %s)", net.why)
+  end
+  result.hosts = net.kind
+
+  -- keys and policy
+  local keys = tmp .. "/keys"
+  local users = { "alice", "bob" }
+  for i = 1, o.blasters do users[#users + 1] = "blaster-" .. i end
+  local speedo_names = {}
+  for i = 1, o.speedometers do speedo_names[i] = "speedo-" .. i; users[#users + 1] = speedo_names[i] end
+  local nodes = {}
+  for k = 1, NNODES do nodes[k] = "node-" .. k end
+  local kg = root .. "/scripts/lecho-keygen"
+  assert(os.execute(("luajit %s ca --dir %s --authority >/dev/null"):format(sq(kg), sq(keys))) == 0, "lecho-keygen failed")
+  assert(os.execute(("luajit %s nameserver %s %s --dir %s --sign-with %s >/dev/null")
+    :format(sq(kg), table.concat(nodes, " "), table.concat(users, " "), sq(keys), sq(keys .. "/ca.key"))) == 0,
+    "lecho-keygen failed")
+  local trust = keys .. "/ca.pub"
+  local rules = {
+    { principal = "node-*", channel = { "im.*", "svc:im" }, allow = "consume" },
+    { principal = "node-*", channel = "inbox.*", allow = "produce" },
+  }
+  for _, u in ipairs(users) do
+    rules[#rules + 1] = { principal = u, channel = "inbox." .. u, allow = "consume" }
+    rules[#rules + 1] = { principal = u, channel = { "im.*", "svc:im", "im-users" }, allow = { "produce", "consume" } }
+    rules[#rules + 1] = { principal = u, channel = "inbox.*", allow = "list" }
+  end
+  local policy = tmp .. "/policy.json"
+  write(policy, cjson.encode({ lecho = "policy", version = 1, rules = rules }))
+  local function common(name, host)
+    local t = { "--key", ("%s/%s.key"):format(keys, name), "--trust", trust,
+                "--listen", net.ip(host) .. ":0" }
+    if o.verbose then t[#t + 1] = "--verbose" end
+    return t
+  end
+  local function args(list, more)
+    for _, a in ipairs(more) do list[#list + 1] = a end
+    return list
+  end
+
+  -- the name server
+  local nsfile = tmp .. "/ns.addr"
+  local ns = start("nameserver", "hub", { root .. "/scripts/lecho-nameserver", "--listen", net.ip("hub") .. ":0",
+    "--port-file", nsfile, "--key", keys .. "/nameserver.key", "--trust", trust, "--policy", policy,
+    "--for", "900", "--settle", "0", o.verbose and "--for" or "--quiet", o.verbose and "900" or nil })
+  local nsaddr
+  local deadline = now() + 20
+  repeat
+    nsaddr = read(nsfile):match("[^\n]+")
+    if not nsaddr then
+      if proc.poll(ns) then error("name server exited: " .. read(ns.err), 0) end
+      proc.sleep(0.05)
+    end
+  until nsaddr or now() > deadline
+  assert(nsaddr, "name server did not start: " .. read(ns.err))
+  out("name server %s", nsaddr)
+
+  local function node(k)
+    local c = start(nodes[k], k, args({ here .. "/node.lua", "--name", nodes[k], "--nameserver", nsaddr, "--for", "900" },
+                                      common(nodes[k], k)))
+    local line = wait_line(c, "ready ([^\n]+)")
+    out("%s ready at %s", nodes[k], line)
+    return c
+  end
+  local node_c = { node(1) }
+
+  -- two users: alice listens, bob lists who is online and sends her a message
+  local alice = start("alice", "hub", args({ here .. "/client.lua", "--user", "alice", "--nameserver", nsaddr, "--wait", "4" },
+                                           common("alice", "hub")))
+  proc.sleep(1)
+  local bob = start("bob", "hub", args({ here .. "/client.lua", "--user", "bob", "--nameserver", nsaddr, "--who",
+                                         "--send", "alice", "--text", "hello from bob" }, common("bob", "hub")))
+  proc.wait_all({ bob, alice }, 20)
+  local who = read(bob.out):match("online [^\n]*") or ("(bob: " .. read(bob.err) .. ")")
+  local sent = read(bob.out):match("sent [^\n]*") or read(bob.out):match("not sent [^\n]*") or read(bob.err)
+  local got = read(alice.out):match("from bob: [^\n]*")
+  out("bob: %s", who)
+  out("bob: %s", sent)
+  out("alice: %s", got or ("nothing received " .. read(alice.err)))
+  result.client = { who = who, sent = sent, got = got }
+  result.client_ok = got == "from bob: hello from bob" and who:find("alice", 1, true) ~= nil
+                     and (sent or ""):find("acknowledged", 1, true) ~= nil
+
+  -- speedometers, then blasters
+  local stop_s, stop_b = tmp .. "/stop-speedometers", tmp .. "/stop-blasters"
+  local speedos, blasters = {}, {}
+  for i, u in ipairs(speedo_names) do
+    speedos[i] = start(u, "hub", args({ here .. "/speedometer.lua", "--user", u, "--nameserver", nsaddr, "--ids",
+                                        ("%s/%s.ids"):format(tmp, u), "--stop", stop_s, "--for", "900" }, common(u, "hub")))
+  end
+  for _, s in ipairs(speedos) do wait_line(s, "ready") end
+  for i = 1, o.blasters do
+    local u = "blaster-" .. i
+    blasters[i] = start(u, "hub", args({ here .. "/blaster.lua", "--user", u, "--to", table.concat(speedo_names, ","),
+      "--nodes", table.concat(nodes, ","), "--nameserver", nsaddr, "--inflight", tostring(o.inflight),
+      "--acked", ("%s/%s.acked"):format(tmp, u), "--stop", stop_b, "--for", "900" }, common(u, "hub")))
+  end
+  for _, b in ipairs(blasters) do wait_line(b, "ready") end
+
+  -- messages per second through 1, 2, 3, 4 nodes
+  result.rates = {}
+  for k = 1, NNODES do
+    if k > 1 then node_c[k] = node(k) end
+    proc.sleep(1)     -- the senders learn of the new node; warm up
+    local n0, t0 = received_total(speedos), now()
+    proc.sleep(o.phase)
+    local n1, t1 = received_total(speedos), now()
+    local rate = (n1 - n0) / (t1 - t0)
+    result.rates[k] = rate
+    out("%d node%s: %8.0f messages/s (%d in %.1f s)", k, k > 1 and "s" or " ", rate, n1 - n0, t1 - t0)
+  end
+
+  -- kill three of the four while blasting
+  local before = acked_total(blasters)
+  for k = 1, NNODES - 1 do
+    proc.signal(node_c[k], 9)
+    out("killed %s (SIGKILL)", nodes[k])
+    proc.sleep(o.kill_gap)
+  end
+  local a0 = acked_total(blasters)
+  local n0, t0 = received_total(speedos), now()
+  proc.sleep(o.after)
+  local a1, n1, t1 = acked_total(blasters), received_total(speedos), now()
+  result.after_kills = { acked = a1 - a0, received = n1 - n0, rate = (n1 - n0) / (t1 - t0),
+                         acked_during_kills = a0 - before }
+  out("after the kills, through %s: %8.0f messages/s (%d acknowledged in %.1f s)",
+      nodes[NNODES], result.after_kills.rate, a1 - a0, t1 - t0)
+
+  -- stop the blasters (their sends in flight end), then the speedometers
+  write(stop_b, "stop")
+  assert(proc.wait_all(blasters, 30), "blasters did not stop")
+  proc.sleep(0.5)
+  write(stop_s, "stop")
+  assert(proc.wait_all(speedos, 30), "speedometers did not stop")
+  local received, dups = {}, 0
+  for i, s in ipairs(speedos) do
+    for id in read(("%s/%s.ids"):format(tmp, speedo_names[i])):gmatch("[^\n]+") do received[id] = true end
+    dups = dups + (tonumber(read(s.out):match("done %d+ (%d+)")) or 0)
+  end
+  local acked, lost, failed, retried, examples = 0, 0, 0, 0, {}
+  for i, b in ipairs(blasters) do
+    for id in read(("%s/blaster-%d.acked"):format(tmp, i)):gmatch("[^\n]+") do
+      acked = acked + 1
+      if not received[id] then
+        lost = lost + 1
+        if #examples < 5 then examples[#examples + 1] = id end
+      end
+    end
+    local a, f, r = read(b.out):match("done (%d+) (%d+) (%d+)")
+    assert(a, "blaster-" .. i .. " did not finish: " .. read(b.out) .. read(b.err))
+    failed, retried = failed + tonumber(f), retried + tonumber(r)
+    for l in read(b.out):gmatch("error [^\n]+") do out("blaster-%d: %s", i, l) end
+  end
+  local nrecv = 0
+  for _ in pairs(received) do nrecv = nrecv + 1 end
+  result.acked, result.lost, result.failed, result.retried = acked, lost, failed, retried
+  result.received, result.duplicates = nrecv, dups
+  out("acknowledged %d, received %d (and %d duplicates dropped by id), sends not acknowledged %d, sent again %d",
+      acked, nrecv, dups, failed, retried)
+  out("lost (acknowledged, never received): %d%s", lost,
+      #examples > 0 and (" e.g. " .. table.concat(examples, " ")) or "")
+  local went_on = result.after_kills.acked > 0 and result.after_kills.received > 0
+  result.service_went_on = went_on
+  result.ok = lost == 0 and went_on and acked > 0 and result.client_ok
+  out("%s", result.ok and "OK: no acknowledged message lost; the service went on through the last node"
+      or "FAILED")
+end
+
+local ok, err = xpcall(main, debug.traceback)
+if not ok then
+  result.error = tostring(err)
+  out("FAILED: %s", tostring(err))
+  for _, c in ipairs(children) do
+    local e = read(c.err)
+    if e ~= "" then io.stderr:write(("--- %s stderr:\n%s\n"):format(c.name, e:sub(-2000))) end
+  end
+end
+proc.stop_all(children, 3)
+if net then net.teardown() end
+if o.json then write(o.json, cjson.encode(result)) end
+if not o.verbose then os.execute("rm -rf " .. sq(tmp)) else out("logs kept in %s", tmp) end
+os.exit(result.ok and 0 or 1)

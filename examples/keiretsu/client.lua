@@ -3,13 +3,14 @@ local usage = [[
 usage: luajit examples/keiretsu/client.lua --user NAME --nameserver ADDR [--who] [--send USER --text TEXT] [--wait SECONDS] [options]
 
 Goes online as NAME (with keys, NAME is the name of its key: that is how a
-user identifies itself), then, in this order:
-  --who                prints "online USER USER ..." (who is online now)
+user identifies itself) and prints "online as NAME", then, in this order:
+  --who                prints "who is online: USER USER ..."
   --send USER          sends --text to USER through the "im" service and
   --text TEXT          prints "sent ID to USER: acknowledged" once USER's
                        client has it, or "not sent to USER: WHY (CODE)"
   --wait SECONDS       prints "from USER: TEXT" for each message received
                        during that long (each id once)
+  --count N            with --wait: stop once N messages were received
   --nodes LIST         the nodes' names, comma-separated (default
                        node-1,node-2,node-3,node-4)
 Exits 0, or 1 when a send was not acknowledged.
@@ -25,6 +26,7 @@ local A, o = im.args("client", usage, {
   ["--text"] = function(get, o) o.text = get.value() end,
   ["--wait"] = function(get, o) o.listen_s = get.number() end,
   ["--nodes"] = function(get, o) o.nodes = get.value() end,
+  ["--count"] = function(get, o) o.count = get.number() end,
 })
 if not im.valid_user(o.user) then A.die("--user NAME is required (1-64 of A-Z a-z 0-9 . _ -)") end
 if o.send and not o.text then A.die("--send needs --text") end
@@ -32,20 +34,23 @@ local ctx = im.context(A, o)
 local transport = dofile(here .. "/transport.lua")
 local presence = dofile(here .. "/presence.lua")
 
-local seen = {}
+local seen, got = {}, 0
 local c, err = ctx:channel(im.inbox(o.user)):consumer(function(m)
   if type(m) ~= "table" or type(m.id) ~= "string" or seen[m.id] then return end
   seen[m.id] = true
+  got = got + 1
   im.out("from %s: %s", tostring(m.from), tostring(m.text))
+  if o.count and got >= o.count then ctx:stop() end
 end)
 if not c then A.die("cannot go online: " .. tostring(err), 1) end
 local online = presence.join(ctx, o.user)
+im.out("online as %s", o.user)
 
 local rc = 0
 if o.who then
   local users, why = presence.list(ctx)
   if not users then A.die("cannot list who is online: " .. tostring(why), 1) end
-  im.out("online %s", table.concat(users, " "))
+  im.out("who is online: %s", table.concat(users, " "))
 end
 if o.send then
   local nodes = {}
@@ -61,7 +66,7 @@ if o.send then
     rc = 1
   end
 end
-if o.listen_s and o.listen_s > 0 then
+if o.listen_s and o.listen_s > 0 and not (o.count and got >= o.count) then
   ctx:after(o.listen_s, function() ctx:stop() end)
   ctx:run()
 end

@@ -213,13 +213,13 @@ local function main()
   local node_c = { node(1) }
 
   -- two users: alice listens, bob lists who is online and sends her a message
-  local alice = start("alice", "hub", args({ here .. "/client.lua", "--user", "alice", "--nameserver", nsaddr, "--wait", "4" },
+  local alice = start("alice", "hub", args({ here .. "/client.lua", "--user", "alice", "--nameserver", nsaddr, "--wait", "10", "--count", "1" },
                                            common("alice", "hub")))
-  proc.sleep(1)
+  wait_line(alice, "online as")
   local bob = start("bob", "hub", args({ here .. "/client.lua", "--user", "bob", "--nameserver", nsaddr, "--who",
                                          "--send", "alice", "--text", "hello from bob" }, common("bob", "hub")))
   proc.wait_all({ bob, alice }, 20)
-  local who = read(bob.out):match("online [^\n]*") or ("(bob: " .. read(bob.err) .. ")")
+  local who = read(bob.out):match("who is online: [^\n]*") or ("(bob: " .. read(bob.err) .. ")")
   local sent = read(bob.out):match("sent [^\n]*") or read(bob.out):match("not sent [^\n]*") or read(bob.err)
   local got = read(alice.out):match("from bob: [^\n]*")
   out("bob: %s", who)

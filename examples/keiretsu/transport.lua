@@ -51,10 +51,10 @@ function M.sender(ctx, nodes, opts)
       local ok, err, code = p:submit_sync(msg, { timeout = timeout })
       if ok then return true, nil, nil, tries end
       last_err, last_code = tostring(err), code
-      -- the node's handler refused it (offline, bad message): no other node
-      -- would do better; a lost connection or a timeout ("closed",
-      -- "timeout"): the next node
-      if code == "failed" then break end
+      -- the node's handler ran and refused it (offline, bad message: the
+      -- entry names the consumer): no other node would do better; the
+      -- node unreachable, its connection lost, no answer: the next node
+      if type(err) == "table" and err[1] and err[1].consumer then break end
     end
     return nil, last_err, last_code, tries
   end

@@ -56,6 +56,7 @@ describe("examples/keiretsu", function()
   it("removes its processes and namespaces when the driver itself is killed", function()
     local drv = S.spawn(("%s %s --phase 30"):format(S.luajit, RUN))
     assert(S.wait_file(drv.out, "node%-1 ready", 30), "did not start: " .. S.output(drv) .. S.errors(drv))
+    assert.is_truthy(S.alive(drv))
     S.kill(drv, "KILL")
     -- the watchdog looks once a second
     local deadline = os.time() + 10

@@ -43,12 +43,14 @@ local c, err = ctx:channel(im.inbox(o.user)):consumer(function(m)
   if o.count and got >= o.count then ctx:stop() end
 end)
 if not c then A.die("cannot go online: " .. tostring(err), 1) end
-local online = presence.join(ctx, o.user)
+local online, why = presence.join(ctx, o.user)
+if not online then A.die("cannot go online: " .. tostring(why), 1) end
 im.out("online as %s", o.user)
 
 local rc = 0
 if o.who then
-  local users, why = presence.list(ctx)
+  local users
+  users, why = presence.list(online)
   if not users then A.die("cannot list who is online: " .. tostring(why), 1) end
   im.out("who is online: %s", table.concat(users, " "))
 end
@@ -70,7 +72,7 @@ if o.listen_s and o.listen_s > 0 and not (o.count and got >= o.count) then
   ctx:after(o.listen_s, function() ctx:stop() end)
   ctx:run()
 end
-if online then online:leave() end
+online:leave()
 c:close()
 ctx:close{ linger = 0.5 }
 os.exit(rc)

@@ -1,8 +1,8 @@
 -- examples/keiretsu/presence.lua: who is online.
 --
 --   local presence = dofile(here .. "/presence.lua")
---   local g = presence.join(ctx, "alice")   -- nil when being online is the inbox itself
---   local users = presence.list(ctx)        -- sorted list of user names, or nil, err
+--   local g = presence.join(ctx, "alice")   -- (g:leave())
+--   local users = presence.list(g)          -- sorted list of user names, or nil, err, code
 --
 -- A user is online while its client consumes its inbox channel
 -- "inbox.USER": the name server's list of channels with a consumer says who.
@@ -11,12 +11,12 @@ local im = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or ".") .
 
 local M = {}
 
-function M.join(_, _)
-  return nil
+function M.join(ctx, _)
+  return { ctx = ctx, leave = function() return true end }
 end
 
-function M.list(ctx)
-  local chans, err, code = ctx:list()
+function M.list(g)
+  local chans, err, code = g.ctx:list()
   if not chans then return nil, err, code end
   local users = {}
   local pre = "/" .. im.inbox("")

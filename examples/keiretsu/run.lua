@@ -133,6 +133,20 @@ local function acked_total(blasters)
   return n
 end
 
+-- CPU seconds (user + system) the processes of list have used so far.
+local function cpu(list)
+  local t = 0
+  for _, c in ipairs(list) do
+    local st = read(("/proc/%d/stat"):format(c.pid)):match("%) (.*)")
+    if st then
+      local f = {}
+      for w in st:gmatch("%S+") do f[#f + 1] = w end
+      t = t + ((tonumber(f[12]) or 0) + (tonumber(f[13]) or 0)) / 100   -- utime, stime (USER_HZ 100)
+    end
+  end
+  return t
+end
+
 local result = { ok = false }
 local function main()
   net = NET.new(NNODES, tag, o.loopback)
@@ -149,6 +163,12 @@ local function main()
     out("hosts: loopback processes on 127.0.0.1 (no network namespaces: %s)", net.why)
   end
   result.hosts = net.kind
+  local np = io.popen("nproc 2>/dev/null")
+  result.cores = tonumber(np:read("*l") or "")
+  np:close()
+  if result.cores then
+    out("this machine has %d cores: messages/s stop growing with nodes once the processes use them all", result.cores)
+  end
 
   -- keys and policy
   local keys = tmp .. "/keys"
@@ -250,12 +270,18 @@ local function main()
   for k = 1, NNODES do
     if k > 1 then node_c[k] = node(k) end
     proc.sleep(1)     -- the senders learn of the new node; warm up
-    local n0, t0 = received_total(speedos), now()
+    local clients = {}
+    for _, c in ipairs(blasters) do clients[#clients + 1] = c end
+    for _, c in ipairs(speedos) do clients[#clients + 1] = c end
+    local n0, t0, cn0, cc0 = received_total(speedos), now(), cpu(node_c), cpu(clients)
     proc.sleep(o.phase)
-    local n1, t1 = received_total(speedos), now()
+    local n1, t1, cn1, cc1 = received_total(speedos), now(), cpu(node_c), cpu(clients)
     local rate = (n1 - n0) / (t1 - t0)
     result.rates[k] = rate
-    out("%d node%s: %8.0f messages/s (%d in %.1f s)", k, k > 1 and "s" or " ", rate, n1 - n0, t1 - t0)
+    result.cpu = result.cpu or {}
+    result.cpu[k] = { nodes = (cn1 - cn0) / (t1 - t0), clients = (cc1 - cc0) / (t1 - t0) }
+    out("%d node%s: %8.0f messages/s (%d in %.1f s; CPU in use: nodes %.2f, blasters and speedometers %.2f)",
+        k, k > 1 and "s" or " ", rate, n1 - n0, t1 - t0, result.cpu[k].nodes, result.cpu[k].clients)
   end
 
   -- kill three of the four while blasting

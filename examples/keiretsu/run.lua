@@ -152,7 +152,7 @@ local function main()
   net = NET.new(NNODES, tag, o.loopback)
   -- The watchdog: when this driver is gone (killed, even), it kills what it
   -- started and deletes the namespaces.
-  local wd = ("while kill -0 %d 2>/dev/null; do sleep 1; done; for p in $(cat %s 2>/dev/null); do kill -9 $p 2>/dev/null; done; "
+  local wd = ("while kill -0 %d 2>/dev/null; do sleep 1; done; for p in $(cat %s 2>/dev/null); do grep -qs keiretsu /proc/$p/cmdline && kill -9 $p; done; "
               .. "for n in %s; do ip netns del $n 2>/dev/null; done; %s")
     :format(tonumber(read("/proc/self/stat"):match("^(%d+)")), sq(pidfile), table.concat(net.names(), " "), o.verbose and "true" or ("rm -rf " .. sq(tmp)))
   os.execute(("setsid sh -c %s >/dev/null 2>&1 </dev/null &"):format(sq(wd)))
@@ -350,6 +350,7 @@ if not ok then
   end
 end
 proc.stop_all(children, 3)
+os.remove(pidfile)   -- (all reaped: the watchdog has nothing to kill, not even a reused pid)
 if net then net.teardown() end
 if o.json then write(o.json, cjson.encode(result)) end
 if not o.verbose then os.execute("rm -rf " .. sq(tmp)) else out("logs kept in %s", tmp) end

@@ -34,6 +34,7 @@ require "lecho.control"
 local modulator = require "lecho.modulator"
 require "lecho.producer"
 require "lecho.consumer"
+require "lecho.service"
 
 local parse_addr = options.parse_addr
 
@@ -132,6 +133,7 @@ function M.context(opts)
     -- member lists a producer takes (lecho.control, README "Limits")
     max_members = opts.max_members or D.max_members,
     max_peers = opts.max_peers or D.max_peers,
+    max_calls = opts.max_calls_in_flight or D.max_calls_in_flight,  -- lecho.service
     closed = false,
   }, Context)
   for _, e in ipairs(identity and identity.trust.keys or {}) do self.trust_names[e.public] = e.name end

@@ -131,7 +131,12 @@ local SCHEMA = {
     -- manager refuses the join past it), distinct peer contexts member
     -- lists may make a producer send to
     max_channels = { size(1) }, max_members = { size(1), 4096 }, max_peers = { size(1), 4096 },
+    max_calls_in_flight = { size(1), 1024 },  -- issue 12: ctx:call's in flight at once (lecho.service)
   },
+  SERVICE = { version = { size(1), 1 }, concurrency = { size(1), 16 }, queue = { size(0), 64 },
+              budget = { TIME, 5 } },
+  CALL = { timeout = { TIME }, version = { size(1) }, min_version = { size(1) }, key = { typed("string") },
+           at = { typed("string") }, retries = { size(0), 2 } },
   CHANNEL = { create = { BOOL } },
   PRODUCER = { policy = { policy }, grant = { caps } },
   CONSUMER = { modulator = { typed("string") }, params = { TABLE }, period = { time(0.001) },

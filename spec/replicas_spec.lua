@@ -5,11 +5,13 @@
 -- once without a key, at least once with one.
 local S = require "spec.support"
 local cjson = require "cjson"
+local lecho = require "lecho"
 
 -- A replica: serves "rep" (and "ctl<tag>" to unload it); every call it
 -- runs appends its id to its log file, flushed, before it replies.
 local REPLICA = [[
 local cjson = require "cjson"
+local lecho = require "lecho"
 local lecho = require "lecho"
 local opts = cjson.decode(arg[1])
 local ctx = lecho.context{ nameserver = opts.ns, quiet = true }
@@ -151,4 +153,39 @@ describe("replicas of a service", function()
       end
     end)
   end
+end)
+
+describe("a service at two name servers", function()
+  after_each(function() S.cleanup() end)
+
+  it("is registered at both; with one killed, old and new callers go on through the other", function()
+    local na, a = S.nameserver("--quiet")
+    local nb, b = S.nameserver("--quiet")
+    local r1 = replica({ a, b }, "1")
+    local only_b = replica(b, "2")                          -- known at b only
+    local c1 = lecho.context{ nameserver = { a, b }, quiet = true }
+    assert.are.same({ a, b }, c1.nslist)
+    assert.are.equal(a, c1.ns)
+    local addr = assert(c1:call("rep", { id = 1 }))
+    assert.are.equal(r1.addr, addr)                         -- a lists r1 only: the first that has members
+    assert.are.equal(r1.addr, (c1:call("rep", { id = 2 }, { at = r1.addr })))
+    -- only_b is reached through b when asked for
+    assert.are.equal(only_b.addr, (c1:call("rep", { id = 3 }, { at = only_b.addr })))
+    S.kill(na, "KILL")
+    assert(S.wait(na, 5))
+    for i = 10, 19 do
+      local got, id = c1:call("rep", { id = i }, { timeout = 5 })
+      assert.are.equal(i, id)
+    end
+    local c2 = lecho.context{ nameserver = { a, b }, quiet = true, timeout = 2 }
+    local by = {}
+    for i = 20, 29 do
+      local got, id, code = c2:call("rep", { id = i }, { timeout = 5 })
+      assert.are.equal(i, id, tostring(code))
+      by[got] = true
+    end
+    assert.truthy(by[r1.addr] and by[only_b.addr])         -- b lists both
+    c2:close()
+    c1:close()
+  end)
 end)

@@ -78,7 +78,14 @@ function M.context(opts)
   opts = options.check(opts, options.CONTEXT, "lecho.context", 2)
   local D = options.CONTEXT
   local listen = parse_addr(opts.listen or D.listen, "listen address", true, 2)
-  local ns = opts.nameserver and parse_addr(opts.nameserver, "nameserver", false, 2)
+  -- one name server, or a list of them (issue 12): ns is the first, the
+  -- channels' default; nslist all of them, in order
+  local nslist
+  if type(opts.nameserver) == "table" then
+    nslist = {}
+    for i, a in ipairs(opts.nameserver) do nslist[i] = parse_addr(a, "nameserver", false, 2) end
+  end
+  local ns = nslist and nslist[1] or opts.nameserver and parse_addr(opts.nameserver, "nameserver", false, 2)
   local advertise = opts.advertise and parse_addr(opts.advertise, "advertise address", true, 2)
   -- keyed mode (key and trust, README "Keys") or protected mode (neither)
   local identity, keys = false, nil
@@ -152,6 +159,8 @@ function M.context(opts)
   -- every address used as a name server (ours, and those channel names
   -- give): keyed, each must be the principal ns_principal
   self.nameservers = { [self.ns] = true }
+  self.nslist = nslist or { self.ns }
+  for _, a in ipairs(self.nslist) do self.nameservers[a] = true end
   if opts.manager or not opts.nameserver then
     self.reg = registry.new{
       addr = addr, role = opts.manager and opts.nameserver and "manager" or "nameserver",

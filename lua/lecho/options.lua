@@ -37,6 +37,18 @@ end
 local function address(v)
   if type(v) ~= "string" then return "must be an address string (host:port, [v6]:port or unix:/path)" end
 end
+-- one address, or a non-empty list of them (several name servers)
+local function addresses(v)
+  if type(v) ~= "table" then return address(v) end
+  local n = 0
+  for _ in pairs(v) do n = n + 1 end
+  if n == 0 or n ~= #v or getmetatable(v) ~= nil then
+    return "must be an address string or a non-empty list of them"
+  end
+  for _, a in ipairs(v) do
+    if type(a) ~= "string" then return "must be an address string or a non-empty list of them" end
+  end
+end
 local function policy(v)
   if not M.POLICIES[v] then return "lecho: unknown policy '" .. tostring(v) .. "'", true end
 end
@@ -101,7 +113,7 @@ end
 -- does a value of the wrong kind (a NaN timeout, a negative queue_limit).
 local SCHEMA = {
   CONTEXT = {
-    nameserver = { address }, listen = { address, "127.0.0.1:0" }, advertise = { address },
+    nameserver = { addresses }, listen = { address, "127.0.0.1:0" }, advertise = { address },
     manager = { BOOL }, log = { FN }, quiet = { BOOL },
     timeout = { TIME_POS, 5 }, sync_timeout = { TIME, 10 }, linger = { TIME, 2 },
     queue_limit = { size(1) }, policy = { policy }, batch_bytes = { size(0) },

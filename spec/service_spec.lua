@@ -111,6 +111,7 @@ describe("ctx:service and ctx:call across processes", function()
     assert.is_nil(ok)
     assert.are.same({ code = 400, why = "no" }, err)
     assert.are.equal("failed", code)
+    assert.truthy(tb:match("^stack traceback:\n"), tb)
     ok, err, code, tb = ctx:call("echo", { op = "raise", x = 7 })
     assert.is_nil(ok)
     assert.are.equal("failed", code)
@@ -378,5 +379,44 @@ describe("a sync submit to a channel nobody consumes", function()
     con:close()
     ok, err, code = p:submit_sync(3, { timeout = 5 })
     assert.are.equal("noconsumer", code)
+  end)
+end)
+
+describe("examples/services/echo.lua", function()
+  after_each(function() S.cleanup() end)
+
+  local EXPECT = {
+    "call echo {x=21} (highest: 2)      -> 42, echo@2 at ",
+    "call echo {x=21} version=1         -> 21, echo@1 at ",
+    "call echo min_version=2            -> 10, echo@2 at ",
+    "an error that is a table           -> nil, { code = 400, why = no x }, failed, (its traceback)",
+    "a string error                     -> nil, ",
+    "version=3                          -> nil, no compatible version of echo: asked 3, servers have 1, 2, version, nil",
+    "no such service (0.",
+    "32 calls at once                   -> 16 answered, 16 refused busy at once",
+  }
+  local function check(out)
+    local lines = {}
+    for l in out:gmatch("[^\n]+") do lines[#lines + 1] = l end
+    for i, e in ipairs(EXPECT) do
+      assert.are.equal(e, (lines[i] or ""):sub(1, #e), out)
+    end
+    assert.truthy(lines[5]:match("echo%.lua:%d+: x must be a number, failed, %(its traceback%)$"), out)
+  end
+
+  it("runs the tour in one process", function()
+    local ok, out = S.sh(("timeout 30 %s %s/examples/services/echo.lua"):format(S.luajit, S.root))
+    assert.is_true(ok, out)
+    check(out)
+  end)
+
+  it("runs it across processes (--serve, --call)", function()
+    local _, ns = S.nameserver("--quiet")
+    local srv = S.spawn(("%s %s/examples/services/echo.lua --serve %s"):format(S.luajit, S.root, ns))
+    assert(S.wait_file(srv.out, "serving", 20), S.errors(srv))
+    local ok, out = S.sh(("timeout 30 %s %s/examples/services/echo.lua --call %s"):format(S.luajit, S.root, ns))
+    assert.is_true(ok, out)
+    check(out)
+    assert.truthy(out:match("echo@1 at 127%.0%.0%.1:%d+, called by 127%.0%.0%.1:%d+"), out)
   end)
 end)

@@ -112,7 +112,9 @@ local function on_error(e)
   if type(e) == "string" and e:find("^budget exceeded: ") then
     return { e = e, c = "limit", tb = traceback(e, 2) }
   end
-  return { e = e, c = "failed", tb = traceback(type(e) == "string" and e or tostring(e), 2) }
+  -- (a value that is no string: the traceback alone, "stack traceback:...")
+  return { e = e, c = "failed", tb = type(e) == "string" and traceback(e, 2)
+                                     or (traceback("", 2):gsub("^\n", "")) }
 end
 
 local start

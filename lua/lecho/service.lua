@@ -390,7 +390,7 @@ end
 -- Did the call surely not run?  Then another server may be tried.
 local SURELY_NOT_RAN = { busy = true, noservice = true, refused = true }
 
--- One try at server addr of channel ch: true, results... or nil, err,
+-- One try at server addr of channel ch: true, the reply { n =, ... } or nil, err,
 -- code, tb, retry (retry: "safe" when it surely did not run, "key" when
 -- it may have run).
 local function try(ctx, cl, ch, addr, want, args, opts, timeout)
@@ -435,7 +435,7 @@ local function try(ctx, cl, ch, addr, want, args, opts, timeout)
     local ecode = type(reply.c) == "string" and reply.c or "failed"
     return nil, reply.e, ecode, reply.tb, SURELY_NOT_RAN[ecode] and "safe" or nil
   end
-  if type(n) == "number" then return true, unpack(reply, 1, n) end
+  if type(n) == "number" then return true, reply end
   if type(reply[1]) == "table" and reply[1].err ~= nil then
     -- the server's context refused the event (keyed mode: no valid ticket)
     return nil, ("service %s at %s: %s"):format(cl.name, addr, tostring(reply[1].err)), "refused", nil, "safe"
@@ -486,15 +486,11 @@ call_body = function(self, name, args, opts)
         end
         local addr = choose(self, cl, list)
         attempts = attempts + 1
-        local r = { n = 0 }
-        local function keep(...) r = { n = select("#", ...), ... } end
-        keep(try(self, cl, ch, addr, want, args, opts, timeout))
-        if r[1] then return unpack(r, 1, r.n) end
-        last = r
-        local retry = r[5]
-        if not (retry == "safe" or (retry == "key" and opts.key)) then
-          return nil, r[2], r[3], r[4]
-        end
+        -- (fixed results, no table or closure per call: the hot path)
+        local ok, e, ecode, tb, retry = try(self, cl, ch, addr, want, args, opts, timeout)
+        if ok then return true, unpack(e, 1, e.n) end
+        if not (retry == "safe" or (retry == "key" and opts.key)) then return nil, e, ecode, tb end
+        last = { n = 4, nil, e, ecode, tb }
         tried[addr] = true
       end
       if attempts > retries then break end
@@ -525,6 +521,12 @@ local function check_call(self, name, opts, where)
   return opts
 end
 
+-- _call's results as ctx:call returns them: without the leading true.
+local function strip(ok, ...)
+  if ok then return ... end
+  return nil, ...
+end
+
 --- Calls service `name` with args: the handler's results, or nil, err,
 -- code (and the handler's traceback when it raised).  opts: timeout
 -- (sync_timeout), version or min_version, key (idempotency key: retried
@@ -532,10 +534,7 @@ end
 -- only), retries (2).
 function Context:call(name, args, opts)
   opts = check_call(self, name, opts, "ctx:call")
-  return (function(ok, ...)
-    if ok then return ... end
-    return nil, ...
-  end)(self:_call(name, args, opts))
+  return strip(self:_call(name, args, opts))
 end
 
 --- The same call without waiting: cb(true, results...) or cb(nil, err,

@@ -34,7 +34,8 @@ local CONTEXT_BAD = {
   batch_bytes = { -1, 0.5, 1e300 }, max_string = { -1, NAN }, max_frame = { -1, 1e300 },
   max_depth = { 0, 1e300, -1, 2.5 }, pin_threshold = { -1, NAN },
   log = { "x", true }, quiet = { "no", 1 }, manager = { "yes" }, recovering = { 1 },
-  nameserver = { 7700 }, listen = { 0 }, advertise = { true },
+  nameserver = { 7700, {}, { 1 }, { "127.0.0.1:1", x = "b" }, setmetatable({ "127.0.0.1:1" }, {}) },
+  listen = { 0 }, advertise = { true },
   key = { 1, true, "" }, trust = { 1, true, "", {}, { 1 }, { "a", x = "b" }, { "" } },
   nameserver_principal = { "", "name server", ("n"):rep(65), 5, "ns/1" }, policy_file = { 1 },
 }

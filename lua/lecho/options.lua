@@ -37,6 +37,22 @@ end
 local function address(v)
   if type(v) ~= "string" then return "must be an address string (host:port, [v6]:port or unix:/path)" end
 end
+-- nameserver: one address, or an ordered list of 1 to MAX_NAMESERVERS (issue
+-- 12: the client registers with all and looks up from any; the first is
+-- the channels' default name server).
+M.MAX_NAMESERVERS = 16
+local function addresses(v)
+  if type(v) == "string" then return end
+  local why = ("must be an address string (host:port, [v6]:port or unix:/path) or a list of 1 to %d of them")
+              :format(M.MAX_NAMESERVERS)
+  if type(v) ~= "table" or getmetatable(v) ~= nil then return why end
+  local n = 0
+  for _ in pairs(v) do n = n + 1 end
+  if n == 0 or n ~= #v or n > M.MAX_NAMESERVERS then return why end
+  for _, a in ipairs(v) do
+    if type(a) ~= "string" then return why end
+  end
+end
 local function policy(v)
   if not M.POLICIES[v] then return "lecho: unknown policy '" .. tostring(v) .. "'", true end
 end
@@ -101,7 +117,7 @@ end
 -- does a value of the wrong kind (a NaN timeout, a negative queue_limit).
 local SCHEMA = {
   CONTEXT = {
-    nameserver = { address }, listen = { address, "127.0.0.1:0" }, advertise = { address },
+    nameserver = { addresses }, listen = { address, "127.0.0.1:0" }, advertise = { address },
     manager = { BOOL }, log = { FN }, quiet = { BOOL },
     timeout = { TIME_POS, 5 }, sync_timeout = { TIME, 10 }, linger = { TIME, 2 },
     queue_limit = { size(1) }, policy = { policy }, batch_bytes = { size(0) },
@@ -145,6 +161,9 @@ local TOGETHER = {
   CONTEXT = function(o)
     if o.manager and o.nameserver == nil then
       return "manager needs a nameserver (the name server it registers with)"
+    end
+    if o.manager and type(o.nameserver) == "table" and o.nameserver[2] then
+      return "manager takes one nameserver (the name server it registers with), not a list"
     end
   end,
   CONSUMER = function(o)

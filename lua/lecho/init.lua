@@ -34,6 +34,7 @@ require "lecho.control"
 local modulator = require "lecho.modulator"
 require "lecho.producer"
 require "lecho.consumer"
+require "lecho.group"
 
 local parse_addr = options.parse_addr
 
@@ -174,7 +175,8 @@ function M.context(opts)
       addr = addr, role = opts.manager and opts.nameserver and "manager" or "nameserver",
       ack_timeout = opts.ack_timeout or D.ack_timeout,
       settle = opts.settle, recovering = opts.recovering, forget_after = opts.forget_after,
-      channel_quota = opts.channel_quota, max_members = opts.max_members or D.max_members,
+      channel_quota = opts.channel_quota, max_groups = opts.max_groups, group_quota = opts.group_quota,
+      max_members = opts.max_members or D.max_members,
       nameserver = opts.manager and opts.nameserver and self.ns or nil,
       policy = opts.policy_file,
       -- keyed mode: who each peer is (this context's own key for addr), and

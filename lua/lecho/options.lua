@@ -104,6 +104,11 @@ local function HEARTBEAT(v)
 end
 local TIME, TIME_POS, BOOL, FN, TABLE = time(0), time(0, true), typed("boolean"), typed("function"),
                                         typed("table")
+-- A group's lease (lecho.presence: [0.1, 3600] s); a group's data: anything.
+local function LEASE(v)
+  if type(v) ~= "number" or not (v >= 0.1 and v <= 3600) then return "must be a number of seconds from 0.1 to 3600" end
+end
+local function ANY() end
 -- A share of the CPU the producer thread ran: modulators_cpu (0: no cap).
 local function SHARE(v)
   if type(v) ~= "number" or not (v >= 0 and v <= 1) then return "must be a number from 0 (no cap) to 1" end
@@ -140,6 +145,9 @@ local SCHEMA = {
     -- the registry of a name server or manager run inside the context
     ack_timeout = { TIME, 2.0 }, settle = { TIME }, recovering = { BOOL }, forget_after = { TIME },
     channel_quota = { size(1) },
+    -- groups with leases (issue 12, lecho.presence): groups held, and the
+    -- memberships and watches one requester may have (defaults 65536, 1024)
+    max_groups = { size(1) }, group_quota = { size(1) },
     policy_file = { typed("string") },  -- a name server's authorization policy (lecho.policy)
     -- issue 11, state limits (README "Limits"): channels open in the C core
     -- (its default 262144), consumer contexts in one member list (the
@@ -149,6 +157,9 @@ local SCHEMA = {
     max_channels = { size(1) }, max_members = { size(1), 4096 }, max_peers = { size(1), 4096 },
   },
   CHANNEL = { create = { BOOL } },
+  -- ctx:group (issue 12, lecho.group): data is any value (its size is the
+  -- name server's to refuse)
+  GROUP = { lease = { LEASE, 10 }, data = { ANY }, watch = { FN }, join = { BOOL } },
   PRODUCER = { policy = { policy }, grant = { caps } },
   CONSUMER = { modulator = { typed("string") }, params = { TABLE }, period = { time(0.001) },
                capabilities = { caps }, on_error = { FN } },

@@ -69,13 +69,19 @@ end)
 
 -- A member process (spec/children.lua group_member) of group `group` at
 -- the name servers `ns` (a list); returns the child and its address.
-local function member(ns, group, o)
+-- With ctx: its loop is served meanwhile (ctx is the name server).
+local function member(ns, group, o, ctx)
   o = o or {}
   o.ns, o.group = ns, group
   local child = S.lua(kids.group_member, cjson.encode(o))
-  local out = S.wait_file(child.out, "ready %S+\n", 20)
-  assert(out, "member did not join: " .. S.output(child) .. S.errors(child))
-  return child, out:match("ready (%S+)")
+  local out
+  local function said()
+    out = S.output(child):match("ready %S+\n") or S.output(child):match("failed [^\n]*\n")
+    return out ~= nil
+  end
+  if ctx then S.run_until(ctx, said, 20) else S.wait_file(child.out, "\n", 20) said() end
+  assert(out, "member did not start: " .. S.output(child) .. S.errors(child))
+  return child, out:match("ready (%S+)"), out
 end
 
 -- A watcher in this process: the group, and the list of what it was told
@@ -242,5 +248,126 @@ describe("a group at two name servers", function()
     -- nobody was ever said to have left
     for _, c in ipairs(seen) do assert.are.same({}, c.left) end
     assert.are.same(want, online(seen))
+  end)
+end)
+
+describe("the name server's bounds on groups", function()
+  local ctx
+  after_each(function()
+    if ctx then ctx:close{ linger = 0 } end
+    ctx = nil
+    S.cleanup()
+  end)
+
+  local function refused(r, err, code)
+    assert.is_nil(r)
+    return err, code
+  end
+
+  it("refuse big data, a lease out of range, a bad name, past the quota: each with a reason", function()
+    local _, ns = S.nameserver("--quiet --group-quota 3")
+    ctx = lecho.context{ quiet = true, nameserver = ns }
+    local function gjoin(group, lease, data)
+      return ctx:request(ns, { op = "gjoin", group = group, lease = lease, data = data })
+    end
+    assert.are.same({ "gjoin: data larger than 4096 bytes encoded (or nested deeper than 32)", "limit" },
+                    { refused(gjoin("g", 1, ("x"):rep(4100))) })
+    assert.are.same({ "gjoin: data larger than 4096 bytes encoded (or nested deeper than 32)", "limit" },
+                    { refused(gjoin("g", 1, { a = ("x"):rep(2000), b = ("y"):rep(2100) })) })
+    assert(gjoin("g", 1, ("x"):rep(4000)))          -- (under the bound: taken)
+    local bad_lease = "gjoin: field 'lease' must be a number of seconds from 0.1 to 3600"
+    for _, l in ipairs{ 0.05, 3601, -1, 1 / 0, "5", false } do
+      assert.are.same({ bad_lease, "invalid" }, { refused(gjoin("g", l)) })
+    end
+    local bad_name = "gjoin: field 'group' must be 1 to 200 bytes of A-Z a-z 0-9 . _ - / (not first)"
+    for _, n in ipairs{ "", ("g"):rep(201), "a b", "/x", "a@b", 7, {} } do
+      assert.are.same({ bad_name, "invalid" }, { refused(gjoin(n, 1)) })
+    end
+    assert(gjoin(("g"):rep(200), 1))
+    -- quota 3: "g", the long one, and one more; then refused, until one is left
+    assert(ctx:request(ns, { op = "gwatch", group = "w", on = true, lease = 5 }))
+    local err, code = refused(gjoin("h", 1))
+    assert.are.same({ ("too many groups joined or watched by %s (limit 3 per requester)"):format(ctx.addr), "limit" },
+                    { err, code })
+    assert(ctx:request(ns, { op = "gleave", group = "g" }))
+    assert(gjoin("h", 1))
+    -- ctx:group says the same
+    ctx:request(ns, { op = "gleave", group = "h" })
+    local g
+    g, err, code = ctx:group("big", { data = ("x"):rep(5000) })
+    assert.is_nil(g)
+    assert.are.same({ "group 'big': no name server took it: gjoin: data larger than 4096 bytes encoded "
+                      .. "(or nested deeper than 32)", "limit" }, { err, code })
+    assert.matches("ctx:group: lease must be a number of seconds from 0.1 to 3600",
+                   select(2, pcall(ctx.group, ctx, "x", { lease = 0.01 })))
+    assert.matches("ctx:group: unknown option 'leese'", select(2, pcall(ctx.group, ctx, "x", { leese = 1 })))
+    assert.matches("join = false needs watch", select(2, pcall(ctx.group, ctx, "x", { join = false })))
+  end)
+
+  it("refuse a member past max_members, saying so, and the others go on", function()
+    ctx = lecho.context{ quiet = true, max_members = 2 }    -- the name server is in this context
+    local _, a1 = member({ ctx.addr }, "full", { lease = 1 }, ctx)
+    local _, a2 = member({ ctx.addr }, "full", { lease = 1 }, ctx)
+    assert(a1 and a2)
+    local third, a3, said = member({ ctx.addr }, "full", { lease = 1 }, ctx)
+    assert.is_nil(a3)
+    assert.matches("^failed group 'full': no name server took it: gjoin: group 'full' has 2 members %(limit 2%) limit",
+                   said)
+    assert.is_true(S.wait(third, 5))
+    S.run_until(ctx, function() return false end, 1.5)      -- past the lease: the beacons keep them
+    local r = assert(ctx:request(ctx.addr, { op = "glist", group = "full" }))
+    local both = { a1, a2 }
+    table.sort(both)
+    assert.are.same(both, require("lecho.registry").sorted_keys(r.members))
+  end)
+
+  it("never fall to a rogue peer's junk g* messages: each refused, the name server and the watchers go on", function()
+    local ns_child, ns = S.nameserver("--quiet")
+    ctx = lecho.context{ quiet = true, nameserver = ns }
+    local g, seen = watcher(ctx, "safe", { lease = 1 })
+    local rogue = S.lua(kids.prelude .. [==[
+local ctx = lecho.context{ quiet = true, nameserver = opts.ns, timeout = 2 }
+local deep = {}
+local t = deep
+for _ = 1, 60 do t.x = {} t = t.x end
+local junk = {
+  { op = "gjoin" }, { op = "gjoin", group = "safe" }, { op = "gjoin", group = "safe", lease = 0 / 0 },
+  { op = "gjoin", group = { "safe" }, lease = 1 }, { op = "gjoin", group = "safe", lease = 1, data = deep },
+  { op = "gjoin", group = "safe", lease = 1, watch = "yes", ver = "x", epoch = {} },
+  { op = "gleave" }, { op = "gleave", group = 5 }, { op = "glist", group = ("x"):rep(100000) },
+  { op = "gwatch", group = "safe" }, { op = "gwatch", group = "safe", on = true },
+  { op = "gwatch", group = "safe", on = true, lease = -5 }, { op = "gchange", group = "safe" },
+  { op = "gwatch", group = "safe", on = "off" },
+}
+local n, ok = 0, 0
+for _, m in ipairs(junk) do
+  local r, err = ctx:request(opts.ns, m)
+  if r then ok = ok + 1 elseif err then n = n + 1 end
+end
+-- one-way junk: a gjoin without rid, gchanges to the name server and to the watcher
+ctx:_send_ctrl(opts.ns, { op = "gjoin", group = "safe", lease = 1 })
+ctx:_send_ctrl(opts.ns, { op = "gchange", group = "safe", ver = 1, epoch = "x", joined = { [ctx.addr] = 1 } })
+for _, m in ipairs{
+  { op = "gchange", group = "safe", ver = 1, epoch = "x", joined = { ["1.2.3.4:5"] = "ghost" } },
+  { op = "gchange", group = "safe", ver = "1", joined = 5, left = { [7] = {} } },
+  { op = "gchange" }, { op = "gchange", group = {} },
+} do ctx:_send_ctrl(opts.watcher, m) end
+ctx:flush()
+io.stdout:write(cjson.encode({ refused = n, ok = ok }), "\n")
+ctx:after(0.3, function() ctx:stop() end)
+ctx:run()
+ctx:close{ linger = 0 }
+]==], cjson.encode({ ns = ns, watcher = ctx.addr }))
+    local res = S.result(rogue, 20, ctx)
+    -- every request answered: refused, but for the one with a NaN lease
+    -- (NaN is a number the range check refuses too) and the watch = "yes"
+    -- gjoin, which is a good gjoin with junk beside (taken, not a watch)
+    assert.are.same({ refused = 13, ok = 1 }, res)
+    assert.is_true(S.alive(ns_child))
+    S.run_until(ctx, function() return false end, 1.5)
+    -- the watcher was told of no ghost; it saw the rogue's one real gjoin come and expire
+    for _, c in ipairs(seen) do assert.is_nil(c.joined["1.2.3.4:5"]) end
+    local m = assert(g:members())
+    assert.are.same({ [ctx.addr] = {} }, m)
   end)
 end)

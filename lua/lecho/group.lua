@@ -151,6 +151,33 @@ function Group:_absorb(st, r)
   end
 end
 
+-- The message that renews this group at name server `st`: its beacon
+-- (gjoin) or, for a watcher that is not a member, its gwatch.
+function Group:_renewal(st)
+  if self.joined then
+    return { op = "gjoin", group = self.name, data = self.data, lease = self.lease,
+             watch = self.watch ~= nil, ver = st.ver, epoch = st.epoch }
+  end
+  return { op = "gwatch", group = self.name, on = true, lease = self.lease, ver = st.ver, epoch = st.epoch }
+end
+
+-- What a renewal at `st` came to: r, or nil, err, code.
+function Group:_renewed(st, r, err, code)
+  if self.closed or self.ctx.closed then return end
+  if r then
+    st.ok, st.err, st.code = true, nil, nil
+    self:_absorb(st, r)
+  else
+    -- no answer, or refused: this name server's view counts no more
+    -- (the others' do), and the next answer brings its whole list
+    st.ok, st.err, st.code = false, err, code
+    st.view, st.ver = nil, nil
+    if code ~= "timeout" and code ~= "closed" then
+      self.ctx:_warn_limited("group:" .. self.name, ("group '%s' at %s: %s"):format(self.name, st.addr, tostring(err)))
+    end
+  end
+end
+
 -- One renewal at the name server `st` (beacon, watch), unless one is on
 -- its way there.  In a coroutine of its own: the others do not wait.
 function Group:_renew(st)
@@ -158,33 +185,9 @@ function Group:_renew(st)
   st.busy = true
   local ctx = self.ctx
   ctx:_spawn(function()
-    local msg
-    if self.joined then
-      msg = { op = "gjoin", group = self.name, data = self.data, lease = self.lease,
-              watch = self.watch ~= nil, ver = st.ver, epoch = st.epoch }
-    else
-      msg = { op = "gwatch", group = self.name, on = true, lease = self.lease, ver = st.ver, epoch = st.epoch }
-    end
-    local r, err, code = ctx:request(st.addr, msg, math.min(ctx.timeout, self.lease))
+    local r, err, code = ctx:request(st.addr, self:_renewal(st), math.min(ctx.timeout, self.lease))
     st.busy = false
-    if self.closed or ctx.closed then return end
-    if r then
-      st.ok, st.err, st.code = true, nil, nil
-      self:_absorb(st, r)
-    else
-      -- no answer, or refused: this name server's view counts no more
-      -- (the others' do), and the next answer brings its whole list
-      st.ok, st.err, st.code = false, err, code
-      st.view, st.ver = nil, nil
-      if code ~= "timeout" and code ~= "closed" then
-        ctx:_warn_limited("group:" .. self.name, ("group '%s' at %s: %s"):format(self.name, st.addr, tostring(err)))
-      end
-    end
-    if st.first then
-      local f = st.first
-      st.first = nil
-      f()
-    end
+    self:_renewed(st, r, err, code)
     self:_recompute()
   end)
 end
@@ -247,25 +250,53 @@ function Context:group(name, opts)
     data = opts.data == nil and {} or opts.data, watch = opts.watch, joined = join,
     ns = {}, online = {}, why = {}, changes = {}, closed = false,
   }, Group)
-  local waiting = 0
-  for _, addr in ipairs(self.nslist) do
-    waiting = waiting + 1
-    g.ns[addr] = { addr = addr, first = function() waiting = waiting - 1 end }
-  end
+  -- (busy: no beacon there before the first answer)
+  for _, addr in ipairs(self.nslist) do g.ns[addr] = { addr = addr, busy = true } end
   self.groups[name] = g
-  g:_beacon()
-  self:_wait(function() return waiting == 0 or self.closed end, now(self) + self.timeout + 0.5)
+  -- the first registration: at every name server at once, answered here
+  -- (the beacons start from it: every lease/3)
+  local sent = {}
+  for i, addr in ipairs(self.nslist) do
+    self.rid = self.rid + 1
+    local msg = g:_renewal(g.ns[addr])
+    msg.rid = self.rid
+    sent[i] = { rid = self.rid, p = { to = addr } }
+    self.pending[self.rid] = sent[i].p
+    self:_send_ctrl(addr, msg)
+  end
+  g.timer = self:every(g.lease / 3, function() g:_beacon() end)
+  self:_wait(function()
+    for _, q in ipairs(sent) do
+      if not (q.p.reply or q.p.failed) then return false end
+    end
+    return true
+  end, now(self) + self.timeout)
+  for i, addr in ipairs(self.nslist) do
+    local q = sent[i]
+    self.pending[q.rid] = nil
+    g.ns[addr].busy = false
+    local p, r, err, code = q.p, nil, nil, nil
+    if p.reply and p.reply.ok then
+      r = p.reply
+    elseif p.reply then
+      err, code = p.reply.err or "refused", p.reply.code or "failed"
+    elseif p.failed then
+      err, code = ("%s unreachable: %s"):format(addr, p.failed), "closed"
+    else
+      err, code = ("no answer from %s within %gs"):format(addr, self.timeout), "timeout"
+    end
+    g:_renewed(g.ns[addr], r, err, code)
+  end
+  g:_recompute()
   local errs, code = {}, nil
   for _, addr in ipairs(self.nslist) do
     local st = g.ns[addr]
-    if st.ok then
-      g.timer = self:every(g.lease / 3, function() g:_beacon() end)
-      return g
-    end
+    if st.ok then return g end
     errs[#errs + 1] = st.err or (addr .. ": no answer")
     if code == nil or code == "closed" or code == "timeout" then code = st.code end
   end
   g.closed = true
+  g.timer:stop()
   self.groups[name] = nil
   return nil, ("group '%s': no name server took it: %s"):format(name, table.concat(errs, "; ")), code or "timeout"
 end

@@ -371,3 +371,184 @@ ctx:close{ linger = 0 }
     assert.are.same({ [ctx.addr] = {} }, m)
   end)
 end)
+
+describe("the name server's groups (lecho.registry, no I/O)", function()
+  local registry = require "lecho.registry"
+  local presence = require "lecho.presence"
+
+  -- A name server registry, the messages it sent ({ to, msg }), and a
+  -- request function at time `t`.
+  local function ns(opts)
+    local o = { addr = "127.0.0.1:1", role = "nameserver" }
+    for k, v in pairs(opts or {}) do o[k] = v end
+    local reg = registry.new(o)
+    local out = {}
+    local function send(to, msg) out[#out + 1] = { to = to, msg = msg } end
+    local rid = 0
+    local function req(from, msg, t)
+      rid = rid + 1
+      msg.rid = rid
+      local n = #out
+      reg:handle(from, msg, send, t)
+      for i = n + 1, #out do
+        if out[i].msg.op == "reply" and out[i].msg.rid == rid then return out[i].msg end
+      end
+    end
+    return reg, out, send, req
+  end
+
+  local function changes(out, to)
+    local l = {}
+    for _, o in ipairs(out) do
+      if o.msg.op == "gchange" and (to == nil or o.to == to) then l[#l + 1] = o.msg end
+    end
+    return l
+  end
+
+  it("expires a member at the first tick past its lease and tells each watcher once, with the next ver", function()
+    local reg, out, send, req = ns()
+    assert.is_true(req("w:1", { op = "gwatch", group = "g", on = true, lease = 100 }, 0).ok)
+    assert.is_true(req("m:1", { op = "gjoin", group = "g", lease = 1, data = { n = 1 } }, 0).ok)
+    local c = changes(out, "w:1")
+    assert.are.same({ { op = "gchange", group = "g", epoch = c[1].epoch, ver = 1, joined = { ["m:1"] = { n = 1 } } } }, c)
+    -- renewed at 0.9: still there at 1.8, gone at the tick after 1.9
+    assert.is_true(req("m:1", { op = "gjoin", group = "g", lease = 1, data = { n = 1 } }, 0.9).ok)
+    assert.are.equal(1, #changes(out))        -- (a renewal with the same data tells nobody)
+    reg:tick(send, 1.8)
+    assert.are.equal(1, #changes(out))
+    reg:tick(send, 1.95)
+    c = changes(out, "w:1")
+    assert.are.equal(2, #c)
+    assert.are.same({ ["m:1"] = "expired" }, c[2].left)
+    assert.are.equal(2, c[2].ver)
+    reg:tick(send, 5)
+    assert.are.equal(2, #changes(out))
+    -- the same member with other data is told as joined again
+    req("m:1", { op = "gjoin", group = "g", lease = 1, data = 1 }, 6)
+    req("m:1", { op = "gjoin", group = "g", lease = 1, data = 2 }, 6.1)
+    c = changes(out, "w:1")
+    assert.are.same({ 3, 4 }, { c[3].ver, c[4].ver })
+    assert.are.same({ ["m:1"] = 2 }, c[4].joined)
+    -- a watcher whose watch ran out is told nothing more; the group goes once empty
+    reg:tick(send, 200)
+    assert.is_nil(reg.groups.g)
+    assert.are.same({}, reg.gcount)
+  end)
+
+  it("answers a renewal with the members only when the asker's epoch or ver is not current", function()
+    local _, _, _, req = ns()
+    local r = req("a:1", { op = "gjoin", group = "g", lease = 5, watch = true }, 0)
+    assert.are.same({ ["a:1"] = { data = {}, lease = 5, left = 5 } }, r.members)
+    r = req("a:1", { op = "gjoin", group = "g", lease = 5, watch = true, ver = r.ver, epoch = r.epoch }, 1)
+    assert.is_nil(r.members)
+    assert.is_table(req("a:1", { op = "gjoin", group = "g", lease = 5, watch = true, ver = r.ver, epoch = "old" }, 1).members)
+    assert.is_nil(req("a:1", { op = "gjoin", group = "g", lease = 5, ver = 0 }, 1).members)   -- (not watching)
+  end)
+
+  it("bounds a group's member data, the groups, and a requester's entries; refusals leave no trace", function()
+    local _, _, _, req = ns{ max_groups = 2, group_quota = 2 }
+    local r = req("a:1", { op = "gjoin", group = "g1", lease = 5 }, 0)
+    assert.is_true(r.ok)
+    assert.is_true(req("b:1", { op = "gjoin", group = "g2", lease = 5 }, 0).ok)
+    r = req("b:1", { op = "gjoin", group = "g3", lease = 5 }, 0)
+    assert.are.same({ false, "gjoin: too many groups (limit 2)", "limit" }, { r.ok, r.err, r.code })
+    r = req("a:1", { op = "gwatch", group = "g2", on = true, lease = 5 }, 0)
+    assert.is_true(r.ok)
+    r = req("a:1", { op = "gwatch", group = "g1", on = true, lease = 5 }, 0)     -- (a member already: one more entry)
+    assert.are.same({ false, "too many groups joined or watched by a:1 (limit 2 per requester)", "limit" },
+                    { r.ok, r.err, r.code })
+    local reg2, _, _, req2 = ns()
+    local big = ("x"):rep(4000)
+    local n = 0
+    repeat
+      n = n + 1
+      r = req2(("h:%d"):format(n), { op = "gjoin", group = "fat", lease = 5, data = big }, 0)
+    until not r.ok or n > 2000
+    assert.matches("^gjoin: group 'fat' holds %d+ bytes of member data %(limit 4194304%)$", r.err)
+    assert.are.equal("limit", r.code)
+    assert.is_true(reg2.groups.fat.bytes <= presence.GROUP_BYTES)
+    assert.are.equal(n - 1, reg2.groups.fat.n)
+    local entries = 0
+    for _, k in pairs(reg2.gcount) do entries = entries + k end
+    assert.are.equal(n - 1, entries)           -- (the refused one charged nothing)
+  end)
+
+  it("never raises on junk, and a manager refuses the ops", function()
+    local _, out, _, req = ns()
+    local junk = { 1, "x", true, {}, { 1, 2 }, 0 / 0, -1 / 0, ("x"):rep(300) }
+    local fields = { "group", "lease", "data", "watch", "ver", "epoch", "on" }
+    for _, op in ipairs{ "gjoin", "gleave", "glist", "gwatch", "gchange" } do
+      for _, f in ipairs(fields) do
+        for _, v in ipairs(junk) do
+          local m = { op = op, group = "g", lease = 1, on = true }
+          m[f] = v
+          local r = req("j:1", m, 1)
+          if op ~= "gchange" then assert.is_table(r, op .. " " .. f) end
+        end
+      end
+    end
+    for _, o in ipairs(out) do assert.are_not.equal("failed", o.msg.code, tostring(o.msg.err)) end
+    local _, _, _, mreq = ns{ role = "manager" }
+    local r = mreq("a:1", { op = "gjoin", group = "g", lease = 1 }, 0)
+    assert.are.same({ false, "gjoin: this context is a channel manager, not a name server" }, { r.ok, r.err })
+  end)
+end)
+
+describe("groups in keyed mode", function()
+  local ctxs = {}
+  after_each(function()
+    for _, c in ipairs(ctxs) do c:close{ linger = 0 } end
+    ctxs = {}
+    S.cleanup()
+  end)
+
+  it("are authorized by the policy like channels: join needs produce, list and watch need consume", function()
+    local dir = S.tmpdir() .. "/keys"
+    assert(os.execute("mkdir -p " .. S.sh_quote(dir)))
+    local names = { "nameserver", "member", "viewer", "eve" }
+    local ok, out = S.sh(("%s %s/scripts/lecho-keygen %s --dir %s"):format(S.luajit, S.root,
+                                                                           table.concat(names, " "), S.sh_quote(dir)))
+    assert(ok, out)
+    local trust = {}
+    for i, n in ipairs(names) do trust[i] = ("%s/%s.pub"):format(dir, n) end
+    local pol = S.write(dir .. "/policy.lua", [[
+return { rules = {
+  { principal = "member", channel = "chat*", allow = { "produce" } },
+  { principal = "viewer", channel = "chat*", allow = { "consume" } },
+} }
+]])
+    local args = { "--quiet", "--key", dir .. "/nameserver.key", "--policy", pol }
+    for _, t in ipairs(trust) do args[#args + 1] = "--trust " .. t end
+    local _, ns = S.nameserver(table.concat(args, " "))
+    local function as(name)
+      local c = lecho.context{ nameserver = ns, key = ("%s/%s.key"):format(dir, name), trust = trust, quiet = true }
+      ctxs[#ctxs + 1] = c
+      return c
+    end
+    local member_ctx, viewer, eve = as("member"), as("viewer"), as("eve")
+    assert(member_ctx:group("chat", { lease = 2, data = "m" }))
+    local g, err, code = eve:group("chat", { lease = 2 })
+    assert.is_nil(g)
+    assert.are.same({ "group 'chat': no name server took it: gjoin: not allowed: eve may not produce chat", "refused" },
+                    { err, code })
+    g, err, code = member_ctx:group("other", { lease = 2 })
+    assert.is_nil(g)
+    assert.are.same({ "group 'other': no name server took it: gjoin: not allowed: member may not produce other",
+                      "refused" }, { err, code })
+    -- the viewer may list and watch, not join
+    local seen = {}
+    local vg = assert(viewer:group("chat", { join = false, lease = 2, watch = function(c) seen[#seen + 1] = c end }))
+    assert.are.same({ [member_ctx.addr] = "m" }, assert(vg:members()))
+    assert.are.same({ [member_ctx.addr] = "m" }, online(seen))
+    assert.is_nil((viewer:group("chat2", { lease = 2 })))
+    -- eve may not list or watch; the member may not list either
+    local r
+    r, err, code = eve:request(ns, { op = "glist", group = "chat" })
+    assert.are.same({ "glist: not allowed: eve may not consume chat", "refused" }, { err, code })
+    assert.is_nil(r)
+    r, err, code = eve:request(ns, { op = "gwatch", group = "chat", on = true, lease = 1 })
+    assert.are.same({ "gwatch: not allowed: eve may not consume chat", "refused" }, { err, code })
+    r, err, code = member_ctx:request(ns, { op = "glist", group = "chat" })
+    assert.are.same({ "glist: not allowed: member may not consume chat", "refused" }, { err, code })
+  end)
+end)

@@ -136,9 +136,10 @@ function Group:_absorb(st, r)
     -- a restarted name server (or the first answer): what it listed before
     -- counts until each member's lease has passed since its restart
     local age = type(r.age) == "number" and r.age >= 0 and r.age or 0
-    if st.epoch and st.view then
+    local before = st.view or st.stale
+    if st.epoch and before then
       local carry = st.carry or {}
-      for a, m in pairs(st.view) do
+      for a, m in pairs(before) do
         carry[a] = { data = m.data, till = t - age + (m.lease or self.lease) }
       end
       st.carry = carry
@@ -147,7 +148,7 @@ function Group:_absorb(st, r)
   end
   if r.members ~= nil and (st.ver == nil or r.ver >= st.ver) then
     local view = parse_members(r.members, self.ctx.max_members)
-    if view then st.view, st.ver = view, r.ver end
+    if view then st.view, st.ver, st.stale = view, r.ver, nil end
   end
 end
 
@@ -171,6 +172,7 @@ function Group:_renewed(st, r, err, code)
     -- no answer, or refused: this name server's view counts no more
     -- (the others' do), and the next answer brings its whole list
     st.ok, st.err, st.code = false, err, code
+    st.stale = st.view or st.stale     -- (what it listed, should it come back restarted)
     st.view, st.ver = nil, nil
     if code ~= "timeout" and code ~= "closed" then
       self.ctx:_warn_limited("group:" .. self.name, ("group '%s' at %s: %s"):format(self.name, st.addr, tostring(err)))

@@ -43,6 +43,50 @@ local function parse_members(t, limit)
   return view
 end
 
+-- Sends msg_of(addr) to every name server of ctx.nslist at once and waits
+-- (up to ctx.timeout) until enough(results) or every one answered or
+-- failed.  results[i]: { addr, r } or { addr, nil, err, code } in nslist
+-- order (nil: no answer yet).
+local function ask_all(ctx, msg_of, enough)
+  local sent, results = {}, {}
+  local function collect()
+    for i, q in ipairs(sent) do
+      if not results[i] then
+        local p = q.p
+        if p.reply and p.reply.ok then
+          results[i] = { q.addr, p.reply }
+        elseif p.reply then
+          results[i] = { q.addr, nil, p.reply.err or "refused", p.reply.code or "failed" }
+        elseif p.failed then
+          results[i] = { q.addr, nil, ("%s unreachable: %s"):format(q.addr, p.failed), "closed" }
+        end
+      end
+    end
+  end
+  for i, addr in ipairs(ctx.nslist) do
+    ctx.rid = ctx.rid + 1
+    local msg = msg_of(addr)
+    msg.rid = ctx.rid
+    sent[i] = { rid = ctx.rid, addr = addr, p = { to = addr } }
+    ctx.pending[ctx.rid] = sent[i].p
+    ctx:_send_ctrl(addr, msg)
+  end
+  ctx:_wait(function()
+    if ctx.closed then return true end
+    collect()
+    for i = 1, #sent do
+      if not results[i] then return enough ~= nil and enough(results) end
+    end
+    return true
+  end, now(ctx) + ctx.timeout)
+  collect()
+  for i, q in ipairs(sent) do
+    ctx.pending[q.rid] = nil
+    results[i] = results[i] or { q.addr, nil, ("no answer from %s within %gs"):format(q.addr, ctx.timeout), "timeout" }
+  end
+  return results
+end
+
 -- The changes since what the callback was last told: delivered in order,
 -- one at a time, each in a coroutine of the context's (it may wait).
 local function deliver(self, change)
@@ -200,20 +244,31 @@ function Group:_beacon()
 end
 
 --- The members: { [addr] = data } from the first name server of ctx.nslist
--- that answers (the next on failure), or nil, err, code when none does.
+-- that answers (all are asked at once: one that is stopped or slow costs
+-- nothing while another answers), or nil, err, code when none does.
 function Group:members()
   local ctx = self.ctx
+  -- asked of all at once: a stopped name server costs nothing while
+  -- another answers (of those that answered by then, the first in order)
+  local function usable(res) return res and res[2] and parse_members(res[2].members, ctx.max_members) end
+  local results = ask_all(ctx, function() return { op = "glist", group = self.name } end, function(results)
+    for i = 1, #ctx.nslist do
+      if usable(results[i]) then return true end
+    end
+    return false
+  end)
   local errs, code = {}, nil
-  for _, addr in ipairs(ctx.nslist) do
-    local r, err, c = ctx:request(addr, { op = "glist", group = self.name })
-    local view = r and parse_members(r.members, ctx.max_members)
+  for _, res in ipairs(results) do
+    local view = usable(res)
     if view then
       local out = {}
       for a, m in pairs(view) do out[a] = m.data end
       return out
     end
-    errs[#errs + 1] = r and ("%s: a malformed member list"):format(addr) or err
-    code = code or (r and "protocol" or c)
+  end
+  for _, res in ipairs(results) do
+    errs[#errs + 1] = res[2] and ("%s: a malformed member list"):format(res[1]) or res[3]
+    code = code or (res[2] and "protocol" or res[4])
   end
   return nil, ("no name server listed the members of '%s': %s"):format(self.name, table.concat(errs, "; ")), code
 end
@@ -257,37 +312,12 @@ function Context:group(name, opts)
   self.groups[name] = g
   -- the first registration: at every name server at once, answered here
   -- (the beacons start from it: every lease/3)
-  local sent = {}
-  for i, addr in ipairs(self.nslist) do
-    self.rid = self.rid + 1
-    local msg = g:_renewal(g.ns[addr])
-    msg.rid = self.rid
-    sent[i] = { rid = self.rid, p = { to = addr } }
-    self.pending[self.rid] = sent[i].p
-    self:_send_ctrl(addr, msg)
-  end
   g.timer = self:every(g.lease / 3, function() g:_beacon() end)
-  self:_wait(function()
-    for _, q in ipairs(sent) do
-      if not (q.p.reply or q.p.failed) then return false end
-    end
-    return true
-  end, now(self) + self.timeout)
+  local results = ask_all(self, function(addr) return g:_renewal(g.ns[addr]) end)
   for i, addr in ipairs(self.nslist) do
-    local q = sent[i]
-    self.pending[q.rid] = nil
-    g.ns[addr].busy = false
-    local p, r, err, code = q.p, nil, nil, nil
-    if p.reply and p.reply.ok then
-      r = p.reply
-    elseif p.reply then
-      err, code = p.reply.err or "refused", p.reply.code or "failed"
-    elseif p.failed then
-      err, code = ("%s unreachable: %s"):format(addr, p.failed), "closed"
-    else
-      err, code = ("no answer from %s within %gs"):format(addr, self.timeout), "timeout"
-    end
-    g:_renewed(g.ns[addr], r, err, code)
+    local st = g.ns[addr]
+    st.busy = false
+    g:_renewed(st, results[i][2], results[i][3], results[i][4])
   end
   g:_recompute()
   local errs, code = {}, nil

@@ -91,6 +91,10 @@ describe("a name server killed and restarted on the same port", function()
     local g = assert(ctx:group("room", { lease = 1.5, watch = function(c) seen[#seen + 1] = c end }))
     local m = S.lua(kids.group_member, cjson.encode({ ns = { ns }, group = "room", lease = 1.5, data = "m", timeout = 1 }))
     local addr = (assert(S.wait_file(m.out, "ready %S+\n", 20), "member did not join")):match("ready (%S+)")
+    -- a watcher that is no member, in a process of its own
+    local w = S.lua(kids.group_member, cjson.encode({ ns = { ns }, group = "room", lease = 1.5, watch = true,
+                                                      join = false, timeout = 1 }))
+    assert(S.wait_file(w.out, "ready %S+\n", 20), "watcher did not start")
     local want = { [ctx.addr] = {}, [addr] = "m" }
     assert.is_true(S.run_until(ctx, function()
       local l = g:members()
@@ -111,10 +115,15 @@ describe("a name server killed and restarted on the same port", function()
     pause(ctx, 2)
     assert.are.same(want, assert(g:members()))
     for _, c in ipairs(seen) do assert.are.same({}, c.left) end
-    -- and a member gone while it was down is told, once its lease has passed
+    assert.is_nil(S.output(w):find('"left":{"', 1, true), S.output(w))
+    -- and a member killed now is told to both, once its lease has passed
+    -- (the watcher that is no member registered its watch again too)
     S.kill(m, "KILL")
     assert.is_true(S.run_until(ctx, function()
       for _, c in ipairs(seen) do if c.left[addr] then return true end end
     end, 1.5 + 2))
+    assert.is_true(S.run_until(ctx, function()
+      return S.output(w):find(('"left":{"%s":"expired"}'):format(addr), 1, true) ~= nil
+    end, 2), S.output(w))
   end)
 end)

@@ -542,6 +542,11 @@ return { rules = {
     assert.is_nil(g)
     assert.are.same({ "group 'other': no name server took it: gjoin: not allowed: member may not produce other",
                       "refused" }, { err, code })
+    -- a member that would watch too needs consume
+    g, err, code = member_ctx:group("chat-w", { lease = 2, watch = function() end })
+    assert.is_nil(g)
+    assert.are.same({ "group 'chat-w': no name server took it: gjoin: not allowed: member may not consume chat-w",
+                      "refused" }, { err, code })
     -- the viewer may list and watch, not join
     local seen = {}
     local vg = assert(viewer:group("chat", { join = false, lease = 2, watch = function(c) seen[#seen + 1] = c end }))

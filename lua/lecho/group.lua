@@ -357,6 +357,12 @@ function Context:_on_gchange(from, msg)
       return self:_warn_limited("gchange", ("ignoring a malformed gchange from %s"):format(from))
     end
   end
+  local n = 0
+  for _ in pairs(joined) do n = n + 1 end
+  if n > self.max_members then
+    return self:_warn_limited("gchange", ("ignoring a gchange from %s: %d joined (limit %d)"):format(from, n,
+                                                                                               self.max_members))
+  end
   if st.view == nil or st.ver == nil or msg.epoch ~= st.epoch or ver > st.ver + 1 then
     st.view, st.ver = nil, nil
     return g:_renew(st)

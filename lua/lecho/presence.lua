@@ -204,6 +204,7 @@ function ops.gjoin(self, from, msg, io)
   local lease; lease, err = check_lease(msg)
   if not lease then return fail(self, io, from, msg.rid, err) end
   local ok; ok, err = naming.allowed(self, from, "produce", name)
+  if ok and msg.watch == true then ok, err = naming.allowed(self, from, "consume", name) end  -- (watching too)
   if not ok then return fail(self, io, from, msg.rid, "gjoin: " .. err, { code = "refused" }) end
   local data = msg.data
   if data == nil then data = {} end

@@ -145,6 +145,9 @@ describe("a group", function()
     local m = assert(g:members())
     assert.are.same({ [ctx.addr] = { nick = "me" }, [a1] = { nick = "ann" }, [a2] = { nick = "bob", n = 2 } }, m)
     assert.are.same(m, online(seen))
+    -- new data is told as joined again
+    g:set_data({ nick = "me2" })
+    assert.is_true(S.run_until(ctx, function() return online(seen)[ctx.addr].nick == "me2" end, 5))
     -- ann leaves: told once, as "left", and the list no longer has her
     assert.is_true(S.run_until(ctx, function() return lefts(seen, a1) > 0 end, 10))
     S.run_until(ctx, function() return false end, 0.5)
@@ -153,6 +156,7 @@ describe("a group", function()
     assert.are.equal(1, joins(seen, a1))
     m = assert(g:members())
     assert.is_nil(m[a1])
+    assert.are.same({ nick = "me2" }, m[ctx.addr])
     assert.are.same({ nick = "bob", n = 2 }, m[a2])
     -- a watcher that is not a member sees the same, and is not listed
     local w = lecho.context{ quiet = true, nameserver = ns }

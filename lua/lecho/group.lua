@@ -4,6 +4,7 @@
 --   local g = ctx:group("chat", { lease = 3, data = { nick = "ann" },
 --                                 watch = function(change) end, join = true })
 --   g:members()   -- { [addr] = data } from the first name server that answers
+--   g:set_data(d) -- this member's data, told to the watchers as joined again
 --   g:leave()
 --
 -- A group registers with every name server of ctx.nslist and renews there
@@ -271,6 +272,18 @@ function Group:members()
     code = code or (res[2] and "protocol" or res[4])
   end
   return nil, ("no name server listed the members of '%s': %s"):format(self.name, table.concat(errs, "; ")), code
+end
+
+--- Changes this member's data (any value, 4 KiB encoded at most): sent
+-- with a beacon now; the watchers are told it as `joined` with the new
+-- data.  A name server that refuses it keeps the old (logged).  true.
+function Group:set_data(data)
+  if self.closed then error("lecho: group was left", 2) end
+  if not self.joined then error("lecho: a watch-only group has no data", 2) end
+  if data == nil then data = {} end
+  self.data = data
+  self:_beacon()
+  return true
 end
 
 --- Leaves the group at every name server (and stops watching).  The

@@ -1,7 +1,8 @@
 -- examples/keiretsu (issue 12 point 7), a short run: four nodes, each in its
 -- own network namespace when the machine allows it (else loopback
--- processes, which the output says), keyed; a user lists who is online and
--- sends another a message; blasters through 1..4 nodes; three nodes killed
+-- processes, which the output says), keyed; a user lists who is online,
+-- sends another a message and sees one user leave and another (killed) expire;
+-- blasters through 1..4 nodes; three nodes killed
 -- while blasting.  Asserts that no acknowledged message was lost (every
 -- acknowledged id is among the ids the speedometers received), that the
 -- service went on through the last node, and that every process and
@@ -41,6 +42,10 @@ describe("examples/keiretsu", function()
     assert.truthy(r.client.who:find("alice", 1, true), r.client.who)
     assert.truthy(r.client.sent:find("^sent .* to alice: acknowledged"), r.client.sent)
     assert.are.equal("from bob: hello from bob", r.client.got)
+    -- presence: a watcher is told who leaves, and who dies (lease expired)
+    assert.truthy(r.client.who:find("carol", 1, true), r.client.who)
+    assert.are.equal("left alice (left)", r.client.left)
+    assert.are.equal("left carol (expired)", r.client.gone)
     -- blasting: something acknowledged at each node count, nothing lost
     for k = 1, 4 do assert.is_true(r.rates[k] > 0, "no message through " .. k .. " nodes") end
     assert.is_true(r.acked > 0)

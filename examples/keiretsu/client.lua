@@ -11,8 +11,9 @@ user identifies itself) and prints "online as NAME", then, in this order:
   --wait SECONDS       prints "from USER: TEXT" for each message received
                        during that long (each id once)
   --count N            with --wait: stop once N messages were received
-  --nodes LIST         the nodes' names, comma-separated (default
-                       node-1,node-2,node-3,node-4)
+  --watch              with --wait: also prints "joined USER" and
+                       "left USER (WHY)" as others come and go (WHY:
+                       "left", or "expired" when its lease ran out)
 Exits 0, or 1 when a send was not acknowledged.
 ]] .. "\nCommon options:\n"
 local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
@@ -25,8 +26,8 @@ local A, o = im.args("client", usage, {
   ["--send"] = function(get, o) o.send = get.value() end,
   ["--text"] = function(get, o) o.text = get.value() end,
   ["--wait"] = function(get, o) o.listen_s = get.number() end,
-  ["--nodes"] = function(get, o) o.nodes = get.value() end,
   ["--count"] = function(get, o) o.count = get.number() end,
+  ["--watch"] = function(_, o) o.watch = true end,
 })
 if not im.valid_user(o.user) then A.die("--user NAME is required (1-64 of A-Z a-z 0-9 . _ -)") end
 if o.send and not o.text then A.die("--send needs --text") end
@@ -43,7 +44,10 @@ local c, err = ctx:channel(im.inbox(o.user)):consumer(function(m)
   if o.count and got >= o.count then ctx:stop() end
 end)
 if not c then A.die("cannot go online: " .. tostring(err), 1) end
-local online, why = presence.join(ctx, o.user)
+local online, why = presence.join(ctx, o.user, o.watch and function(user, what, how)
+  if user == o.user then return end
+  if what == "joined" then im.out("joined %s", user) else im.out("left %s (%s)", user, how) end
+end)
 if not online then A.die("cannot go online: " .. tostring(why), 1) end
 im.out("online as %s", o.user)
 
@@ -55,16 +59,13 @@ if o.who then
   im.out("who is online: %s", table.concat(users, " "))
 end
 if o.send then
-  local nodes = {}
-  for w in (o.nodes or "node-1,node-2,node-3,node-4"):gmatch("[^,]+") do nodes[#nodes + 1] = w end
-  local send, why = transport.sender(ctx, nodes)
-  if not send then A.die("cannot reach the service: " .. tostring(why), 1) end
+  local send = transport.sender(ctx)
   local id = ("%s:%.6f"):format(o.user, require("socket").gettime())
   local ok, e, code = send({ from = o.user, to = o.send, text = o.text, id = id })
   if ok then
     im.out("sent %s to %s: acknowledged", id, o.send)
   else
-    im.out("not sent to %s: %s (%s)", o.send, tostring(e), tostring(code))
+    im.out("not sent to %s: %s (%s)", o.send, im.errtext(e), tostring(code))
     rc = 1
   end
 end

@@ -65,6 +65,15 @@ function M.context(A, o, extra)
   return ctx
 end
 
+--- An error value as text: a node refuses with a table { code =, user =, why = }.
+function M.errtext(e)
+  if type(e) ~= "table" then return tostring(e) end
+  local t = { tostring(e.code) }
+  if e.user then t[#t + 1] = tostring(e.user) end
+  if e.why then t[#t + 1] = tostring(e.why) end
+  return table.concat(t, ": ")
+end
+
 function M.exists(path)
   local f = path and io.open(path, "r")
   if f then f:close() return true end

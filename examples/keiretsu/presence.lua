@@ -1,29 +1,48 @@
 -- examples/keiretsu/presence.lua: who is online.
 --
 --   local presence = dofile(here .. "/presence.lua")
---   local g = presence.join(ctx, "alice")   -- (g:leave())
+--   local g = presence.join(ctx, "alice")   -- member of the group "im-users" (g:leave()), or nil, err, code
 --   local users = presence.list(g)          -- sorted list of user names, or nil, err, code
 --
--- A user is online while its client consumes its inbox channel
--- "inbox.USER": the name server's list of channels with a consumer says who.
+-- A client joins the presence group "im-users" with a lease of im.LEASE
+-- seconds and the data { user = NAME }, at every name server it knows; the
+-- beacon (ctx:group) renews it every third of the lease.  A client that
+-- leaves is gone at once, one that dies when its lease runs out.
 
 local im = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or ".") .. "/im.lua")
 
 local M = {}
 
-function M.join(ctx, _)
-  return { ctx = ctx, leave = function() return true end }
+-- on_change (optional): on_change(user, "joined") or on_change(user,
+-- "left", why) as the name servers tell of others (why: "left", "expired").
+function M.join(ctx, user, on_change)
+  local names = {}   -- addr -> user, of the members seen
+  local watch = on_change and function(change)
+    for addr, data in pairs(change.joined or {}) do
+      local u = type(data) == "table" and data.user
+      if im.valid_user(u) then
+        names[addr] = u
+        on_change(u, "joined")
+      end
+    end
+    for addr, why in pairs(change.left or {}) do
+      if names[addr] then on_change(names[addr], "left", tostring(why)) end
+      names[addr] = nil
+    end
+  end
+  return ctx:group(im.GROUP, { lease = im.LEASE, data = { user = user }, watch = watch })
 end
 
 function M.list(g)
-  local chans, err, code = g.ctx:list()
-  if not chans then return nil, err, code end
-  local users = {}
-  local pre = "/" .. im.inbox("")
-  for full, info in pairs(chans) do
-    local s = full:find(pre, 1, true)
-    local u = s and full:sub(s + #pre)
-    if u and im.valid_user(u) and next(info.consumers or {}) then users[#users + 1] = u end
+  local members, err, code = g:members()
+  if not members then return nil, err, code end
+  local users, seen = {}, {}
+  for _, data in pairs(members) do
+    local u = type(data) == "table" and data.user
+    if im.valid_user(u) and not seen[u] then
+      seen[u] = true
+      users[#users + 1] = u
+    end
   end
   table.sort(users)
   return users

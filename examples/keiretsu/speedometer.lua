@@ -3,7 +3,8 @@
 local usage = [[
 usage: luajit examples/keiretsu/speedometer.lua --user NAME --nameserver ADDR [options]
 
-Goes online as NAME (consumes its inbox "inbox.NAME") and counts the
+Goes online as NAME (consumes its inbox "inbox.NAME", joins the presence
+group "im-users") and counts the
 messages it receives, each id once (after a failover a node may deliver a
 message twice: the second copy is counted as a duplicate, not a message).
 Prints "ready ADDR", then "count SECONDS MESSAGES DUPLICATES" every
@@ -41,6 +42,8 @@ local c, err = ctx:channel(im.inbox(o.user)):consumer(function(m)
   count = count + 1
 end)
 if not c then A.die("cannot go online: " .. tostring(err), 1) end
+local online, why = dofile(here .. "/presence.lua").join(ctx, o.user)
+if not online then A.die("cannot go online: " .. tostring(why), 1) end
 
 local t0 = socket.gettime()
 im.out("ready %s", ctx.addr)
@@ -50,6 +53,7 @@ ctx:every(o.every or 0.25, function()
 end)
 ctx:after(o.seconds or 600, function() ctx:stop() end)
 ctx:run()
+online:leave()
 c:close()
 if o.ids then
   local f = assert(io.open(o.ids, "w"))

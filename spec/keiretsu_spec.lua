@@ -1,13 +1,14 @@
 -- examples/keiretsu (issue 12 point 7), a short run: four nodes, each in its
 -- own network namespace when the machine allows it (else loopback
 -- processes, which the output says), keyed; a user lists who is online,
--- sends another a message and sees one user leave and another (killed) expire;
--- blasters through 1..4 nodes; three nodes killed
--- while blasting.  Asserts that no acknowledged message was lost (every
--- acknowledged id is among the ids the speedometers received), that the
--- service went on through the last node, and that every process and
--- namespace of the run is gone afterwards, also when the driver itself is
--- killed (its watchdog).  No rate is asserted: the figures are printed.
+-- sends another a message and sees one user leave and another (killed)
+-- expire; blasters through 1..4 nodes; two nodes killed and a third
+-- silenced (link down, or SIGSTOP on loopback) while blasting.  Asserts
+-- that no acknowledged message was lost (every acknowledged id is among the
+-- ids the speedometers received), that the service went on through the
+-- last node, and that every process and namespace of the run is gone
+-- afterwards, also when the driver itself is killed (its watchdog).  No
+-- rate is asserted: the figures are printed.
 
 local cjson = require "cjson"
 local S = require "spec.support"

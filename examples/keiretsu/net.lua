@@ -9,6 +9,7 @@
 --   net.kind                  -- "netns" or "loopback"; net.why: why loopback
 --   net.prefix("hub")         -- argv prefix that runs a program there ({} on loopback)
 --   net.ip("hub"), net.ip(2)  -- the listen IP of each host
+--   net.silence(k, child)     -- node k goes silent (link down, or SIGSTOP on loopback)
 --   net.names()               -- the namespaces made (for the watchdog)
 --   net.teardown()            -- deletes them (every process in them stopped first)
 
@@ -38,6 +39,17 @@ function M.new(nnodes, tag, force_loopback)
   function N.prefix(host)
     if N.kind ~= "netns" then return {} end
     return { "ip", "netns", "exec", host == "hub" and hub or nss[host] }
+  end
+
+  --- Makes node k silent as a dead host is (no FIN, no RST: what it sent
+  -- is not answered): its link set down, or on loopback its process
+  -- stopped (SIGSTOP; child: proc.lua's).  Returns what it did.
+  function N.silence(k, child)
+    if N.kind == "netns" and sh(("ip -n %s link set kn%s%d down"):format(nss[k], tag, k)) then
+      return "its link is down"
+    end
+    if not child.status then require("ffi").C.kill(child.pid, 19) end
+    return "its process stopped (SIGSTOP)"
   end
 
   function N.ip(host)

@@ -59,6 +59,36 @@ describe("examples/keiretsu", function()
     assert.is_nil(leftovers())
   end)
 
+  it("runs its programs from anywhere without LUA_PATH, says how to use them, and refuses a message for a user who is not online", function()
+    local dir = S.root .. "/examples/keiretsu"
+    local bare = "cd / && env -u LUA_PATH -u LUA_CPATH " .. S.luajit .. " " .. dir
+    for _, prog in ipairs({ "run", "node", "client", "blaster", "speedometer" }) do
+      local ok, out = S.sh(("%s/%s.lua --help"):format(bare, prog))
+      assert.is_true(ok, prog .. ": " .. out)
+      assert.truthy(out:find("usage: luajit examples/keiretsu/" .. prog .. ".lua", 1, true), out)
+    end
+    local ok, out, code = S.sh(bare .. "/node.lua --nameserver 127.0.0.1:1 --frobnicate")
+    assert.is_false(ok)
+    assert.are.equal(2, code)
+    assert.truthy(out:find("node: unknown option '--frobnicate'", 1, true), out)
+    ok, out = S.sh(bare .. "/client.lua --user bob")
+    assert.is_false(ok)
+    assert.truthy(out:find("--nameserver is required", 1, true), out)
+    -- unkeyed on loopback: a node, then bob sends to carol (not online)
+    -- and to himself
+    local _, ns = S.nameserver("--quiet")
+    local node = S.spawn(("%s/node.lua --name node-1 --nameserver %s --for 30"):format(bare, ns))
+    assert(S.wait_file(node.out, "ready", 20), "node did not start: " .. S.errors(node))
+    ok, out = S.sh(("%s/client.lua --user bob --nameserver %s --who --send carol --text hi"):format(bare, ns))
+    assert.is_false(ok)
+    assert.truthy(out:find("who is online: bob\n"), out)
+    assert.truthy(out:find("not sent to carol: offline: carol (failed)", 1, true), out)
+    ok, out = S.sh(("%s/client.lua --user bob --nameserver %s --send bob --text self --wait 5 --count 1"):format(bare, ns))
+    assert.is_true(ok, out)
+    assert.truthy(out:find("from bob: self", 1, true), out)
+    assert.truthy(out:find("sent bob:[%d.]+ to bob: acknowledged"), out)
+  end)
+
   it("removes its processes and namespaces when the driver itself is killed", function()
     local drv = S.spawn(("%s %s --phase 30"):format(S.luajit, RUN))
     assert(S.wait_file(drv.out, "node%-1 ready", 30), "did not start: " .. S.output(drv) .. S.errors(drv))

@@ -67,7 +67,8 @@ local function handle(msg, caller)
   local from = im.valid_user(caller) and caller or msg.from
   if not im.valid_user(from) then error({ code = "bad", why = "no sender" }) end
   local p = inbox(msg.to)
-  local ok, err, code = p:submit_sync({ from = from, text = msg.text, id = msg.id }, { timeout = 5 })
+  -- (4 s: the node answers "undelivered" before the caller's 5 s are up)
+  local ok, err, code = p:submit_sync({ from = from, text = msg.text, id = msg.id }, { timeout = 4 })
   if not ok then
     if code == "noconsumer" then error({ code = "offline", user = msg.to }) end
     error({ code = "undelivered", user = msg.to, why = tostring(err) })

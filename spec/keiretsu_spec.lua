@@ -2,8 +2,9 @@
 -- own network namespace when the machine allows it (else loopback
 -- processes, which the output says), keyed; a user lists who is online,
 -- sends another a message and sees one user leave and another (killed)
--- expire; blasters through 1..4 nodes; two nodes killed and a third
--- silenced (link down, or SIGSTOP on loopback) while blasting.  Asserts
+-- expire; blasters through 1..4 nodes; the first of two name servers and
+-- two nodes killed and a third node silenced (link down, or SIGSTOP on
+-- loopback) while blasting.  Asserts
 -- that no acknowledged message was lost (every acknowledged id is among the
 -- ids the speedometers received), that the service went on through the
 -- last node, and that every process and namespace of the run is gone
@@ -52,7 +53,10 @@ describe("examples/keiretsu", function()
     assert.is_true(r.acked > 0)
     assert.are.equal(0, r.lost)
     assert.is_true(r.received >= r.acked)
-    -- after the kills, the service went on through the last node
+    -- after the first name server and three nodes went down, the service
+    -- went on through the last node
+    assert.truthy(out:find("killed the first name server (SIGKILL)", 1, true), out)
+    assert.truthy(out:find("node-3 silenced: ", 1, true), out)
     assert.is_true(r.service_went_on)
     assert.is_true(r.after_kills.acked > 0 and r.after_kills.received > 0)
     assert.is_true(r.ok)

@@ -28,7 +28,9 @@ function M.valid_user(u)
 end
 
 M.common_usage = [[
-  --nameserver ADDR    the name server (required)
+  --nameserver ADDR    the name server, or several: ADDR,ADDR (required;
+                       channels live at the first, the service and the
+                       presence group at every one)
   --listen ADDR        this process's listen address (default 127.0.0.1:0;
                        off loopback a key is needed)
   --key FILE           its secret key (default: $LECHO_KEY)
@@ -57,7 +59,9 @@ end
 
 --- The process's context (dies with the reason when it cannot start).
 function M.context(A, o, extra)
-  local copts = { nameserver = o.nameserver, listen = o.listen, quiet = not o.verbose,
+  local nslist = {}
+  for a in o.nameserver:gmatch("[^,]+") do nslist[#nslist + 1] = a end
+  local copts = { nameserver = #nslist > 1 and nslist or o.nameserver, listen = o.listen, quiet = not o.verbose,
                   key = o.key, trust = o.trust }
   for k, v in pairs(extra or {}) do copts[k] = v end
   local ok, ctx = pcall(lecho.context, copts)

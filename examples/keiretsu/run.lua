@@ -9,7 +9,7 @@ and a key per process are made in a temporary directory with
 scripts/lecho-keygen, and a policy lets nodes serve and deliver, and each
 user read only its own inbox):
   - each node in its own network namespace, joined to a "hub" namespace
-    (the name server and the clients) by a veth pair on a bridge, when the
+    (two name servers and the clients) by a veth pair on a bridge, when the
     machine allows it (root, `ip netns`); else every process on 127.0.0.1,
     said in the output;
   - three users go online (examples/keiretsu/client.lua; presence group
@@ -19,10 +19,12 @@ user read only its own inbox):
   - blasters (blaster.lua) send as fast as acknowledged to speedometers
     (speedometer.lua), through 1, then 2, 3 and 4 nodes: messages per
     second for each;
-  - then nodes 1 and 2 are killed (SIGKILL) and node 3 is silenced (its
-    link cut; on loopback, SIGSTOP: no FIN, no RST, it just stops
-    answering), one every --kill-gap seconds, while the blasters go on,
-    and the run goes on --after seconds through the last node;
+  - then, one every --kill-gap seconds while the blasters go on, the first
+    of the two name servers is killed (SIGKILL: the channels' registry is
+    gone; the service and the presence group go on at the second), nodes 1
+    and 2 are killed and node 3 is silenced (its link cut; on loopback,
+    SIGSTOP: no FIN, no RST, it just stops answering), and the run goes on
+    --after seconds through the last node;
   - finally every acknowledged id is looked for among the ids the
     speedometers received: "lost" counts those missing.
 Every node serves the service "im" (ctx:service); a send is ctx:call with
@@ -165,7 +167,7 @@ local function main()
     :format(tonumber(read("/proc/self/stat"):match("^(%d+)")), sq(pidfile), table.concat(net.names(), " "), o.verbose and "true" or ("rm -rf " .. sq(tmp)))
   os.execute(("setsid sh -c %s >/dev/null 2>&1 </dev/null &"):format(sq(wd)))
   if net.kind == "netns" then
-    out("hosts: %d network namespaces (nodes 10.233.0.1-%d, hub 10.233.0.254 with the name server and the clients), veth pairs on a bridge",
+    out("hosts: %d network namespaces (nodes 10.233.0.1-%d, hub 10.233.0.254 with the name servers and the clients), veth pairs on a bridge",
         NNODES + 1, NNODES)
   else
     out("hosts: loopback processes on 127.0.0.1 (no network namespaces: %s)", net.why)
@@ -215,21 +217,24 @@ local function main()
   end
 
   -- the name server
-  local nsfile = tmp .. "/ns.addr"
-  local ns = start("nameserver", "hub", { root .. "/scripts/lecho-nameserver", "--listen", net.ip("hub") .. ":0",
-    "--port-file", nsfile, "--key", keys .. "/nameserver.key", "--trust", trust, "--policy", policy,
-    "--for", "900", "--settle", "0", o.verbose and "--for" or "--quiet", o.verbose and "900" or nil })
-  local nsaddr
-  local deadline = now() + 20
-  repeat
-    nsaddr = read(nsfile):match("[^\n]+")
-    if not nsaddr then
-      if proc.poll(ns) then error("name server exited: " .. read(ns.err), 0) end
-      proc.sleep(0.05)
-    end
-  until nsaddr or now() > deadline
-  assert(nsaddr, "name server did not start: " .. read(ns.err))
-  out("name server %s", nsaddr)
+  local nss, nsaddrs = {}, {}
+  for i = 1, 2 do
+    local nsfile = ("%s/ns-%d.addr"):format(tmp, i)
+    nss[i] = start("nameserver-" .. i, "hub", { root .. "/scripts/lecho-nameserver", "--listen", net.ip("hub") .. ":0",
+      "--port-file", nsfile, "--key", keys .. "/nameserver.key", "--trust", trust, "--policy", policy,
+      "--for", "900", "--settle", "0", o.verbose and "--for" or "--quiet", o.verbose and "900" or nil })
+    local deadline = now() + 20
+    repeat
+      nsaddrs[i] = read(nsfile):match("[^\n]+")
+      if not nsaddrs[i] then
+        if proc.poll(nss[i]) then error("name server exited: " .. read(nss[i].err), 0) end
+        proc.sleep(0.05)
+      end
+    until nsaddrs[i] or now() > deadline
+    assert(nsaddrs[i], "name server did not start: " .. read(nss[i].err))
+  end
+  local nsaddr = table.concat(nsaddrs, ",")
+  out("name servers %s (channels at the first; the service and presence at both)", table.concat(nsaddrs, " and "))
 
   local function node(k)
     local c = start(nodes[k], k, args({ here .. "/node.lua", "--name", nodes[k], "--nameserver", nsaddr, "--for", "900" },
@@ -312,6 +317,9 @@ local function main()
 
   -- kill three of the four while blasting
   local before = acked_total(blasters)
+  proc.signal(nss[1], 9)
+  out("killed the first name server (SIGKILL)")
+  proc.sleep(o.kill_gap)
   -- (the last of them dies as a host does: silent, no FIN, no RST; its
   -- calls end in their timeout and are sent again elsewhere)
   for k = 1, NNODES - 1 do

@@ -34,6 +34,7 @@ require "lecho.control"
 local modulator = require "lecho.modulator"
 require "lecho.producer"
 require "lecho.consumer"
+require "lecho.push"
 
 local parse_addr = options.parse_addr
 

@@ -142,6 +142,9 @@ int lei_moe_svc_names(lei_moe *m, lei_msg **names);
 int lei_moe_svc_call(lei_moe *m, const char *fn, const uint8_t *in, size_t n, lei_msg **out,
                      char *err, size_t errlen);
 
+/* True while a call of m runs (a hook it calls must not free it). */
+int lei_moe_in_call(const lei_moe *m);
+
 /* The derived channel its outputs go to. */
 uint32_t lei_moe_chid(const lei_moe *m);
 /* NULL while loaded; the reason once failed. */

@@ -133,6 +133,10 @@ int lei_moe_svc_call(lei_moe *m, const char *fn, const uint8_t *in, size_t n, le
         snprintf(err, errlen, "sandbox ended: %s", m->L ? "not a sandbox" : m->err);
         return -LEI_E_CLOSED;
     }
+    if (m->in_call) { /* from a hook its own call ran (a granted log's handler) */
+        snprintf(err, errlen, "the sandbox is in a call: it cannot be called from inside it");
+        return -LEI_E_INVALID;
+    }
     m->stage = ST_SVC;
     m->svc_fn = fn;
     m->in = in;
@@ -184,8 +188,11 @@ static int step_names(lua_State *L) {
 int lei_moe_svc_names(lei_moe *m, lei_msg **names) {
     *names = NULL;
     if (!m->L || !m->svc) return -LEI_E_CLOSED;
+    if (m->in_call) return -LEI_E_INVALID;
     m->stage = ST_SVC;
     if (moe_run_step(m, step_names, NULL)) return m->L ? -LEI_E_NOMEM : -LEI_E_CLOSED;
     *names = moe_take_out(m);
     return 0;
 }
+
+int lei_moe_in_call(const lei_moe *m) { return m->in_call; }

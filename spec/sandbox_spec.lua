@@ -119,6 +119,21 @@ describe("sandboxes (issue 12: code pushed to a node runs contained)", function(
     assert.has_error(function() sb:call() end, "lecho: sandbox is closed")
   end)
 
+  it("cannot be called or closed from inside its own call (a granted log's handler)", function()
+    local sb, inner
+    local ctx = lecho.context{ quiet = true, log = function(msg)
+      if sb and msg:find("inside", 1, true) then
+        inner = { call = { sb:call(1) }, close = { pcall(sb.close, sb) } }
+      end
+    end }
+    sb = assert(ctx:sandbox("return function(x) log('inside') return x end", "re", { log = true }))
+    assert.are.same({ true, 5 }, { sb:call(5) })
+    assert.are.same({ nil, "the sandbox is in a call: it cannot be called from inside it", "invalid" }, inner.call)
+    assert.are.same({ false, "lecho: a sandbox cannot be closed from inside its own call" }, inner.close)
+    assert.are.same({ true, 6 }, { sb:call(6) })
+    ctx:close()
+  end)
+
   it("refuses at load what is not a function or a table of functions, bytecode, a loop", function()
     local cases = {
       { "return 1", "must return a function or a table of functions, not number" },

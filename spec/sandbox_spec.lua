@@ -134,6 +134,31 @@ describe("sandboxes (issue 12: code pushed to a node runs contained)", function(
     ctx:close()
   end)
 
+  it("is ended for good, with the reason, when its principal passes the context's CPU share", function()
+    local ctx = lecho.context{ quiet = true, modulator_budget = 0.05, modulators_cpu = 0.05 }
+    local sb = assert(ctx:sandbox([[return {
+      spin = function() local x = 0 for i = 1, 2e5 do x = x + i end return x end,
+      ok = function() return 1 end }]], "hog", { principal = "pusher" }))
+    local ended
+    for _ = 1, 400 do
+      local ok, err, code = sb:invoke("spin")
+      if not ok then ended = { err, code } break end
+      ctx:run_once(0.001)
+    end
+    assert(ended, "the CPU share never ended the sandbox")
+    assert.matches("^sandbox ended: used %d+%% of the producer's CPU .* modulators from pusher are refused", ended[1])
+    assert.are.equal("closed", ended[2])
+    local ok, err, code = sb:invoke("ok")
+    assert.are.same({ nil, "closed" }, { ok, code })
+    assert.matches("^sandbox ended", err)
+    assert.matches("^used", sb:error())
+    -- and the principal's next sandbox is refused while it cools down
+    ok, err = ctx:sandbox("return function() end", "again", { principal = "pusher" })
+    assert.is_nil(ok)
+    assert.matches("went past the producer's CPU share", err)
+    ctx:close()
+  end)
+
   it("refuses at load what is not a function or a table of functions, bytecode, a loop", function()
     local cases = {
       { "return 1", "must return a function or a table of functions, not number" },

@@ -21,6 +21,7 @@ local opts = cjson.decode(arg[1])
 io.stdout:setvbuf("line")
 local o = { nameserver = opts.ns, quiet = true, accept_code = opts.accept, modulator_budget = 0.05,
             modulator_memory = 8 * 1024 * 1024 }
+for k, v in pairs(opts.ctx or {}) do o[k] = v end
 if os.getenv("LECHO_KEY") then
   o.key = os.getenv("LECHO_KEY")
   o.trust = {}
@@ -221,6 +222,21 @@ describe("pushing code (issue 12 point 6)", function()
            ("the consumer got up to %s of %d"):format(tostring(plain.last), res.sent))
     assert.is_nil(plain.gap, "the node's flow lost events")
     assert.are.equal(plain.last - plain.first + 1, plain.n)
+  end)
+
+  it("unloads a pushed service whose pusher passes the node's CPU share: calls then get noservice", function()
+    local _, node = start_node(ns, { accept = true, ctx = { modulators_cpu = 0.05 } })
+    assert(c:push(node, "hog", [[return function() local x = 0 for i = 1, 2e5 do x = x + i end return x end]]))
+    local ended
+    for _ = 1, 400 do
+      local ok, err, code = c:call("hog", {}, { timeout = 5 })
+      if ok == nil then ended = { err, code } break end
+    end
+    assert(ended, "the CPU share never ended the pushed service")
+    assert.matches("^sandbox ended: used %d+%% of the producer's CPU", ended[1])
+    local ok, err, code = c:call("hog", {}, { timeout = 5 })
+    assert.are.same({ nil, "noservice" }, { ok, code }, tostring(err))
+    assert.are.same({}, assert(c:pushed(node)))
   end)
 
   it("keyed mode: only the principals of accept_code may push; the others are refused, and may call", function()

@@ -96,8 +96,10 @@ local function unload(ctx, key, why)
 end
 
 -- The handler of one pushed function: the sandbox's results, or its error
--- raised as a value (a table stays a table; budget and memory stops say
--- so in `code`).
+-- raised as a value (a table stays a table).  A budget stop raises its text
+-- "budget exceeded: ...", which lecho.service answers with code "limit"; a
+-- memory stop "memory: ..." (code "failed": a handler cannot name another).
+-- The sandbox's own traceback is not carried: the reply's is this wrapper's.
 local function handler(ctx, key, sb, fname)
   return function(args, meta)
     local r = { n = 0 }

@@ -229,12 +229,44 @@ static int l_sandbox(lua_State *L) {
     return 1;
 }
 
-/* Pushes the values of the table { n = N, ... } decoded from msg after what
- * is on the stack; the count, or -1 with nil, err, code pushed. */
-static int push_unpacked(lua_State *L, lb_ctx *b, lei_msg *msg) {
+/* A message a sandbox handed over, owned by a userdata until released:
+ * decoding it in the caller's state may raise (out of memory), and the
+ * message must not leak then (the userdata's __gc releases it). */
+#define GUARD_MT "lecho.sandbox.msg"
+typedef struct msg_guard {
+    lei_msg *m; /* owned; NULL once released */
+} msg_guard;
+
+static int guard_gc(lua_State *L) {
+    msg_guard *g = lua_touserdata(L, 1);
+    if (g && g->m) {
+        lei_msg_release(g->m, NULL, NULL);
+        g->m = NULL;
+    }
+    return 0;
+}
+
+static msg_guard *guard_new(lua_State *L) {
+    msg_guard *g = lua_newuserdata(L, sizeof *g);
+    g->m = NULL;
+    luaL_getmetatable(L, GUARD_MT);
+    lua_setmetatable(L, -2);
+    return g;
+}
+
+/* Decodes the guarded message onto the stack and releases it: 0, or -1
+ * with nil, err, code pushed. */
+static int guard_decode(lua_State *L, lb_ctx *b, msg_guard *g) {
     char err[256];
-    if (lei_decode_lua(L, (const uint8_t *)msg->own.data, msg->own.len, &b->lim, err, sizeof err))
-        return lb_push_err(L, err, LEI_E_INVALID), -1;
+    int bad = lei_decode_lua(L, (const uint8_t *)g->m->own.data, g->m->own.len, &b->lim, err, sizeof err);
+    lei_msg_release(g->m, NULL, NULL);
+    g->m = NULL;
+    if (bad) return lb_push_err(L, err, LEI_E_INVALID), -1;
+    return 0;
+}
+
+/* Replaces the table { n = N, ... } on top by its values: their count. */
+static int unpack_top(lua_State *L) {
     int t = lua_gettop(L);
     lua_getfield(L, t, "n");
     int n = (int)lua_tointeger(L, -1);
@@ -263,24 +295,20 @@ static int sbx_call(lua_State *L, const char *fn, int first) {
     }
     lua_pushinteger(L, n);
     lua_setfield(L, -2, "n");
+    int args = lua_gettop(L);
+    msg_guard *g = guard_new(L);
     lb_flat f;
-    if (lb_flat_encode(L, b, lua_gettop(L), &f)) return 3;
+    if (lb_flat_encode(L, b, args, &f)) return 3;
     char err[384];
-    lei_msg *out = NULL;
-    int rc = lei_moe_svc_call(x->m, fn, f.p, f.n, &out, err, sizeof err);
+    int rc = lei_moe_svc_call(x->m, fn, f.p, f.n, &g->m, err, sizeof err);
     lb_flat_done(b, &f);
     if (rc == 0) {
         lua_pushboolean(L, 1);
-        int k = push_unpacked(L, b, out);
-        lei_msg_release(out, NULL, NULL);
-        return k < 0 ? 3 : k + 1;
+        if (guard_decode(L, b, g)) return 3;
+        return unpack_top(L) + 1;
     }
-    if (rc == -LEI_E_FAILED && out) {
-        char derr[256];
-        int bad = lei_decode_lua(L, (const uint8_t *)out->own.data, out->own.len, &b->lim, derr,
-                                 sizeof derr);
-        lei_msg_release(out, NULL, NULL);
-        if (bad) return lb_push_err(L, derr, LEI_E_INVALID);
+    if (rc == -LEI_E_FAILED && g->m) {
+        if (guard_decode(L, b, g)) return 3;
         int t = lua_gettop(L);
         lua_pushnil(L);
         lua_getfield(L, t, "e");
@@ -288,7 +316,10 @@ static int sbx_call(lua_State *L, const char *fn, int first) {
         lua_getfield(L, t, "tb");
         return 4;
     }
-    if (out) lei_msg_release(out, NULL, NULL);
+    if (g->m) {
+        lei_msg_release(g->m, NULL, NULL);
+        g->m = NULL;
+    }
     return lb_push_err(L, err, -rc);
 }
 
@@ -303,18 +334,14 @@ static int l_sbx_invoke(lua_State *L) {
 /* sbx:names() -> { names of the table's functions } | false (one function) */
 static int l_sbx_names(lua_State *L) {
     lb_moe *x = check_sbx(L);
-    lei_msg *names = NULL;
-    int rc = lei_moe_svc_names(x->m, &names);
+    msg_guard *g = guard_new(L);
+    int rc = lei_moe_svc_names(x->m, &g->m);
     if (rc) return lb_push_err(L, lei_moe_error(x->m), -rc);
-    if (!names) {
+    if (!g->m) {
         lua_pushboolean(L, 0);
         return 1;
     }
-    char err[256];
-    int bad = lei_decode_lua(L, (const uint8_t *)names->own.data, names->own.len, &x->b->lim, err,
-                             sizeof err);
-    lei_msg_release(names, NULL, NULL);
-    if (bad) return lb_push_err(L, err, LEI_E_INVALID);
+    if (guard_decode(L, x->b, g)) return 3;
     return 1;
 }
 
@@ -363,6 +390,11 @@ void lb_moe_open(lua_State *L) {
         luaL_register(L, NULL, moe_methods);
         lua_setfield(L, -2, "__index");
         lua_pushcfunction(L, l_moe_close);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_pop(L, 1);
+    if (luaL_newmetatable(L, GUARD_MT)) {
+        lua_pushcfunction(L, guard_gc);
         lua_setfield(L, -2, "__gc");
     }
     lua_pop(L, 1);

@@ -16,7 +16,8 @@ local SERVER = [[
 local cjson = require "cjson"
 local lecho = require "lecho"
 local opts = cjson.decode(arg[1])
-local ctx = lecho.context{ nameserver = opts.ns, quiet = true, max_calls_in_flight = opts.max_calls }
+local ctx = lecho.context{ nameserver = opts.ns, quiet = true, max_calls_in_flight = opts.max_calls,
+                           key = opts.key, trust = opts.trust }
 local running, max_running, ran = 0, 0, 0
 local svcs = {}
 local function handler(version)
@@ -242,6 +243,7 @@ describe("ctx:service and ctx:call across processes", function()
       { v = { a = { op = "echo", x = 1 } }, sync = 0 },       -- no sync id: nothing to answer
       { v = { v = 99, a = 1 }, sync = 4 },                    -- a version not served
       { v = { a = { op = "raise", x = 1 } }, sync = 5 },
+      { v = { mv = 2, a = 1 }, sync = 6 },                   -- a minimum version not served
     }
     for i, e in ipairs(sends) do
       assert(s:send(W.event(1, assert(lecho.encode(e.v)), i, { sync = e.sync })))
@@ -259,7 +261,7 @@ describe("ctx:service and ctx:call across processes", function()
           acks[a.sync] = a.errs
         end
       end
-      if acks[1] and acks[2] and acks[3] and acks[4] and acks[5] then break end
+      if acks[1] and acks[2] and acks[3] and acks[4] and acks[5] and acks[6] then break end
       if err == "closed" then break end
     end
     s:close()
@@ -269,6 +271,8 @@ describe("ctx:service and ctx:call across processes", function()
     assert.are.equal(100000, acks[3] and #acks[3][1])
     assert.are.equal("noservice", acks[4] and acks[4].c)
     assert.are.equal("failed", acks[5] and acks[5].c)
+    assert.are.equal("noservice", acks[6] and acks[6].c)
+    assert.are.equal("no service echo@>=2 here", acks[6] and acks[6].e)
     assert.is_nil(acks[0])
     assert.is_true(S.alive(srv))
     assert.are.equal(9, (ctx:call("echo", { op = "echo", x = 9 })))
@@ -418,5 +422,26 @@ describe("examples/services/echo.lua", function()
     assert.is_true(ok, out)
     check(out)
     assert.truthy(out:match("echo@1 at 127%.0%.0%.1:%d+, called by 127%.0%.0%.1:%d+"), out)
+  end)
+end)
+
+describe("calls in keyed mode", function()
+  after_each(function() S.cleanup() end)
+
+  it("works through tickets, and the handler sees the caller's principal", function()
+    local dir = S.tmpdir() .. "/keys"
+    assert(os.execute("mkdir -p " .. S.sh_quote(dir)))
+    local ok, out = S.sh(("%s %s/scripts/lecho-keygen nameserver srv cli --dir %s"):format(
+      S.luajit, S.root, S.sh_quote(dir)))
+    assert(ok, out)
+    local trust = { dir .. "/nameserver.pub", dir .. "/srv.pub", dir .. "/cli.pub" }
+    local _, ns = S.nameserver(("--quiet --key %s/nameserver.key --trust %s --trust %s --trust %s")
+      :format(dir, trust[1], trust[2], trust[3]))
+    server(ns, { { name = "echo" } }, "k", { key = dir .. "/srv.key", trust = trust })
+    local ctx = lecho.context{ nameserver = ns, quiet = true, key = dir .. "/cli.key", trust = trust }
+    local x, v, caller = ctx:call("echo", { op = "echo", x = 11 }, { timeout = 10 })
+    assert.are.equal(11, x)
+    assert.are.equal("cli", caller)
+    ctx:close()
   end)
 end)

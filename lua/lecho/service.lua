@@ -86,12 +86,13 @@ local function ack(ctx, peer, sync, reply)
   end
 end
 
--- The service of `entry` a request asks for: version v exactly, or the
--- highest (a caller names the version it chose).
-local function pick(entry, v)
+-- The service of `entry` a request asks for: version v exactly, else the
+-- highest >= mv (1).  (lecho's caller names the version it chose.)
+local function pick(entry, v, mv)
   if v ~= nil then return entry.byver[v] end
   local vs = entry.versions
-  return vs[#vs] and entry.byver[vs[#vs]]
+  local top = vs[#vs]
+  return top and top >= (mv or 1) and entry.byver[top] or nil
 end
 
 local function err_value(e)
@@ -155,15 +156,16 @@ end
 function Context:_serve(entry, req, peer, sync)
   if sync == 0 then return false end -- not a call (no sync id): nothing to answer
   if type(req) ~= "table" or (req.v ~= nil and type(req.v) ~= "number")
+     or (req.mv ~= nil and type(req.mv) ~= "number")
      or (req.k ~= nil and type(req.k) ~= "string") or (req.t ~= nil and type(req.t) ~= "number") then
     ack(self, peer, sync, { e = ("bad request to service %s: not a request table"):format(entry.name),
                             c = "invalid" })
     return false
   end
-  local s = pick(entry, req.v)
+  local s = pick(entry, req.v, req.mv)
   if not s then
     ack(self, peer, sync, { e = ("no service %s%s here"):format(entry.name,
-                            req.v and "@" .. req.v or ""), c = "noservice" })
+                            req.v and "@" .. req.v or req.mv and "@>=" .. req.mv or ""), c = "noservice" })
     return false
   end
   local caller = peer == 0 and self.addr or self:_peer_addr(peer)

@@ -342,6 +342,8 @@ function Context:close(opts)
   end
   self.closing = true
   local linger = opts and opts.linger or self.linger
+  -- groups (lecho.group): left at every name server, the others told now
+  for _, g in pairs(self.groups or {}) do g:leave() end
   for _, ch in pairs(self.byname) do
     for _, con in ipairs({ unpack(ch.all) }) do con:close() end
     for p in pairs(ch.producers) do p:close() end

@@ -273,6 +273,9 @@ function Context:_on_ctrl(from, msg)
     if ch and type(msg.key) == "string" then
       ch:_tell_mod_error(msg.key, ("modulator at %s: %s"):format(from, tostring(msg.err)))
     end
+  elseif op == "gchange" then
+    -- a group's change, from one of its name servers (lecho.group)
+    self:_on_gchange(from, msg)
   elseif self.reg then
     self.reg:handle(from, msg, self._send, now(self))
   elseif msg.rid then

@@ -38,6 +38,10 @@ local function handler(version)
     if op == "raisetab" then error({ code = 400, why = "no" }) end
     if op == "fn" then return function() end end
     if op == "loop" then while true do end end
+    if op == "swallow" then    -- catches every error, the budget's too
+      local n = 0
+      while true do n = n + 1; pcall(function() for _ = 1, 1e6 do n = n + 1 end end) end
+    end
     if op == "stats" then return { max_running = max_running, ran = ran } end
     if op == "reset" then max_running, ran = 0, 0 return true end
     if op == "size" then return #a.blob end
@@ -195,6 +199,10 @@ describe("ctx:service and ctx:call across processes", function()
     assert.are.equal("limit", code)
     assert.truthy(tostring(err):match("^budget exceeded: spin@1"), err)
     assert.are.equal(3, (ctx:call("spin", { op = "echo", x = 3 })))
+    -- one that catches the budget's error with pcall meets it again outside
+    ok, err, code = ctx:call("spin", { op = "swallow" }, { timeout = 20 })
+    assert.are.equal("limit", code)
+    assert.truthy(tostring(err):match("^budget exceeded: spin@1"), err)
     assert.are.equal(4, (ctx:call("echo", { op = "echo", x = 4 })))
   end)
 

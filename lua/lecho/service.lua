@@ -24,8 +24,9 @@ local unpack, select, type, pairs, ipairs = unpack, select, type, pairs, ipairs
 local Service = {}
 Service.__index = Service
 
--- Instructions between two looks at a budgeted handler's CPU time.
-local HOOK_COUNT = 10000
+-- Instructions between two looks at a budgeted handler's CPU time, and
+-- between two raises once it is past its budget.
+local HOOK_COUNT, HOOK_AGAIN = 10000, 1
 
 local function check_name(name, where)
   if type(name) ~= "string" or #name < 1 or #name > 200 or not name:find("^[%w%._%-]+$") then
@@ -60,17 +61,27 @@ end
 function Context:_budget_resume(b)
   b.last = clock()
   self.svc_cur = b
-  sethook(self.svc_hook, "", HOOK_COUNT)
+  sethook(self.svc_hook, "", b.over and HOOK_AGAIN or HOOK_COUNT)
 end
+
+local on_error
 
 local function budget_hook(ctx)
   return function()
     local b = ctx.svc_cur
     if not b then return end
+    -- (past the budget: not in the handler's error handler itself)
+    if b.over and debug.getinfo(2, "f").func == on_error then return end
     local t = clock()
     b.used = b.used + (t - b.last)
     b.last = t
     if b.used > b.limit then
+      -- from now on at every instruction: a handler that catches the
+      -- error (pcall in a loop) meets it again as soon as it is outside
+      if not b.over then
+        b.over = true
+        sethook(ctx.svc_hook, "", HOOK_AGAIN)
+      end
       error(("budget exceeded: %s@%d used %.2f s of CPU (budget %g s)"):format(
         b.s.name, b.s.version, b.used, b.limit), 0)
     end
@@ -109,7 +120,8 @@ local function pack_reply(ok, ...)
   return { e = err_value(w.e), c = w.c or "failed", tb = w.tb }
 end
 
-local function on_error(e)
+on_error = function(e)
+  sethook()  -- the handler is over (a budget's hook must not fire in here)
   if type(e) == "string" and e:find("^budget exceeded: ") then
     return { e = e, c = "limit", tb = traceback(e, 2) }
   end

@@ -348,6 +348,26 @@ describe("calls inside one process", function()
     c2:close()
   end)
 
+  it("answers a reply past the frame limit with an error, and serves on", function()
+    local c2 = lecho.context{ nameserver = ns, quiet = true, max_frame = 65536 }
+    assert(c2:service("bigreply", function(n) return ("r"):rep(n) end))
+    local out = {}
+    for _, n in ipairs({ 100000, 10 }) do
+      ctx:call_async("bigreply", n, nil, function(...) out[#out + 1] = { ... } end)
+    end
+    local deadline = ctx:now() + 10
+    while #out < 2 and ctx:now() < deadline do
+      c2:run_once(0.01)
+      ctx:run_once(0.01)
+    end
+    table.sort(out, function(a, b) return a[1] ~= nil and b[1] == nil end)
+    assert.are.same({ true, "rrrrrrrrrr" }, out[1])           -- (call_async: true first)
+    assert.is_nil(out[2][1])
+    assert.are.equal("limit", out[2][3])
+    assert.truthy(out[2][2]:match("reply larger than the frame limit"), out[2][2])
+    c2:close()
+  end)
+
   it("limits the calls in flight of a context (max_calls_in_flight)", function()
     local c2 = lecho.context{ nameserver = ns, quiet = true, max_calls_in_flight = 3 }
     assert(ctx:service("slow", function(a) ctx:sleep(0.5) return a end, { concurrency = 10 }))

@@ -91,9 +91,10 @@ end
 -- ---- server side ------------------------------------------------------------
 
 local function ack(ctx, peer, sync, reply)
-  local ok, err = ctx.c:ack(peer, sync, 1, reply, true)
+  local ok, err, code = ctx.c:ack(peer, sync, 1, reply, true)
   if not ok then
-    ctx.c:ack(peer, sync, 1, { e = "reply cannot be sent: " .. tostring(err), c = "invalid" }, true)
+    ctx.c:ack(peer, sync, 1, { e = "reply cannot be sent: " .. tostring(err),
+                               c = code == "limit" and "limit" or "invalid" }, true)
   end
 end
 

@@ -244,7 +244,8 @@ typedef struct lecho_errors lecho_errors;
  * lecho_errors_code) and, when errs is not NULL, *errs gets the list of
  * failing or silent consumers (owned by the caller: lecho_errors_free; NULL
  * when the failure is not per consumer, e.g. a closed producer:
- * lecho_errmsg says why).
+ * lecho_errmsg says why).  LECHO_ENOCONSUMER at once when the channel has
+ * no consumer anywhere (nothing is sent).
  * Must not be called from a consumer handler (LECHO_EINVAL). */
 LECHO_API int lecho_submit_sync(lecho_producer *p, const lecho_value *ev, double timeout,
                                 lecho_errors **errs);

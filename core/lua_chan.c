@@ -405,6 +405,10 @@ static int l_ack(lua_State *L) {
     if (lua_toboolean(L, 6) && !lua_isnoneornil(L, 5)) {
         lb_flat f;
         if (lb_flat_encode(L, b, 5, &f)) return 3;
+        if (f.n + LEI_FRAME_HDR + 20 > lei_ctx_opts(b->c)->max_frame) {
+            lb_flat_done(b, &f);
+            return lb_push_err(L, "reply larger than the frame limit (max_frame)", LEI_E_LIMIT);
+        }
         lei_ack(b->c, p, sync, nran, f.p, f.n);
         lb_flat_done(b, &f);
         lua_pushboolean(L, 1);

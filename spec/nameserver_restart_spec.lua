@@ -3,7 +3,7 @@
 -- killed with SIGKILL and restarted on the same port loses nothing: the
 -- flow of a channel goes on (a consumer present before and after gets
 -- every event, in order), a consumer that joins after the restart gets
--- events, the members of a group are registered again within a beacon and
+-- events, a service registered before is callable after, the members of a group are registered again within a beacon and
 -- a watcher is told no false "left".  Real processes on 127.0.0.1, every
 -- wait bounded, every child killed at cleanup.
 local lecho = require "lecho"
@@ -125,5 +125,44 @@ describe("a name server killed and restarted on the same port", function()
     assert.is_true(S.run_until(ctx, function()
       return S.output(w):find(('"left":{"%s":"expired"}'):format(addr), 1, true) ~= nil
     end, 2), S.output(w))
+  end)
+
+  it("keeps a service registered before it callable after it", function()
+    local ns_child, ns = S.nameserver("--quiet")
+    ctx = lecho.context{ quiet = true, nameserver = ns, timeout = 2 }
+    local server = S.lua(kids.prelude .. [==[
+local ctx = lecho.context{ nameserver = opts.ns, quiet = true }
+assert(ctx:service("echo", function(a) return a, ctx.addr end))
+io.stdout:write("ready ", ctx.addr, "\n")
+ctx:after(60, function() ctx:stop() end)
+ctx:run()
+]==], cjson.encode({ ns = ns }))
+    local saddr = (assert(S.wait_file(server.out, "ready %S+\n", 20), "server did not start: " .. S.errors(server)))
+                  :match("ready (%S+)")
+    local r1, r2 = ctx:call("echo", 1, { timeout = 5 })
+    assert.are.same({ 1, saddr }, { r1, r2 })
+    S.kill(ns_child, "KILL")
+    S.wait(ns_child, 5)
+    pause(ctx, 0.5)
+    -- (the script's default recovery window, 3 s: the server's redial
+    -- backoff, up to retry_max 2 s, and its rejoin, every 0.5 s, fit in it;
+    -- a caller whose join comes in the window is answered once it closed)
+    restart(ns, 3)
+    -- a call goes through (the caller too joins again; its member list
+    -- comes from the restarted name server)
+    local got
+    assert.is_true(S.run_until(ctx, function()
+      local a, b = ctx:call("echo", 2, { timeout = 2 })
+      got = { a, b }
+      return a == 2
+    end, 10), "no call went through after the restart: " .. tostring(got and got[2]))
+    assert.are.same({ 2, saddr }, got)
+    -- and a caller that starts after the restart finds it too (its lookup
+    -- is held while the name server recovers: the default timeout, 5 s,
+    -- outlasts the window)
+    local late = lecho.context{ quiet = true, nameserver = ns }
+    local a, b = late:call("echo", 3, { timeout = 5 })
+    late:close{ linger = 0 }
+    assert.are.same({ 3, saddr }, { a, b })
   end)
 end)

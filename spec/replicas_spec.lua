@@ -189,3 +189,30 @@ describe("a service at two name servers", function()
     c1:close()
   end)
 end)
+
+describe("a service across a name server restart", function()
+  after_each(function() S.cleanup() end)
+
+  it("stays callable: calls go on during the restart, a new caller finds it after", function()
+    local nsc, ns = S.nameserver("--quiet")
+    local r = replica(ns, "a")
+    local ctx = lecho.context{ nameserver = ns, quiet = true }
+    assert.are.equal(1, select(2, ctx:call("rep", { id = 1 })))
+    S.kill(nsc, "KILL")
+    assert(S.wait(nsc, 5))
+    local again = S.spawn(("%s %s/scripts/lecho-nameserver --listen %s --for 60 --settle 1 --quiet")
+      :format(S.luajit, S.root, ns))
+    -- (calls do not go through the name server: none fails meanwhile)
+    for i = 2, 21 do
+      local addr, id, code = ctx:call("rep", { id = i }, { timeout = 5 })
+      assert.are.equal(i, id, tostring(code))
+      ctx:sleep(0.1)
+    end
+    assert.is_true(S.alive(again))
+    local c2 = lecho.context{ nameserver = ns, quiet = true }
+    local addr, id, code = c2:call("rep", { id = 30 }, { timeout = 5 })
+    assert.are.equal(r.addr, addr, tostring(id) .. " " .. tostring(code))
+    c2:close()
+    ctx:close()
+  end)
+end)

@@ -16,7 +16,8 @@ local SERVER = [[
 local cjson = require "cjson"
 local lecho = require "lecho"
 local opts = cjson.decode(arg[1])
-local ctx = lecho.context{ nameserver = opts.ns, quiet = true, max_calls_in_flight = opts.max_calls }
+local ctx = lecho.context{ nameserver = opts.ns, quiet = true, max_calls_in_flight = opts.max_calls,
+                           key = opts.key, trust = opts.trust }
 local running, max_running, ran = 0, 0, 0
 local svcs = {}
 local function handler(version)
@@ -37,6 +38,10 @@ local function handler(version)
     if op == "raisetab" then error({ code = 400, why = "no" }) end
     if op == "fn" then return function() end end
     if op == "loop" then while true do end end
+    if op == "swallow" then    -- catches every error, the budget's too
+      local n = 0
+      while true do n = n + 1; pcall(function() for _ = 1, 1e6 do n = n + 1 end end) end
+    end
     if op == "stats" then return { max_running = max_running, ran = ran } end
     if op == "reset" then max_running, ran = 0, 0 return true end
     if op == "size" then return #a.blob end
@@ -194,6 +199,10 @@ describe("ctx:service and ctx:call across processes", function()
     assert.are.equal("limit", code)
     assert.truthy(tostring(err):match("^budget exceeded: spin@1"), err)
     assert.are.equal(3, (ctx:call("spin", { op = "echo", x = 3 })))
+    -- one that catches the budget's error with pcall meets it again outside
+    ok, err, code = ctx:call("spin", { op = "swallow" }, { timeout = 20 })
+    assert.are.equal("limit", code)
+    assert.truthy(tostring(err):match("^budget exceeded: spin@1"), err)
     assert.are.equal(4, (ctx:call("echo", { op = "echo", x = 4 })))
   end)
 
@@ -242,6 +251,7 @@ describe("ctx:service and ctx:call across processes", function()
       { v = { a = { op = "echo", x = 1 } }, sync = 0 },       -- no sync id: nothing to answer
       { v = { v = 99, a = 1 }, sync = 4 },                    -- a version not served
       { v = { a = { op = "raise", x = 1 } }, sync = 5 },
+      { v = { mv = 2, a = 1 }, sync = 6 },                   -- a minimum version not served
     }
     for i, e in ipairs(sends) do
       assert(s:send(W.event(1, assert(lecho.encode(e.v)), i, { sync = e.sync })))
@@ -259,7 +269,7 @@ describe("ctx:service and ctx:call across processes", function()
           acks[a.sync] = a.errs
         end
       end
-      if acks[1] and acks[2] and acks[3] and acks[4] and acks[5] then break end
+      if acks[1] and acks[2] and acks[3] and acks[4] and acks[5] and acks[6] then break end
       if err == "closed" then break end
     end
     s:close()
@@ -269,6 +279,8 @@ describe("ctx:service and ctx:call across processes", function()
     assert.are.equal(100000, acks[3] and #acks[3][1])
     assert.are.equal("noservice", acks[4] and acks[4].c)
     assert.are.equal("failed", acks[5] and acks[5].c)
+    assert.are.equal("noservice", acks[6] and acks[6].c)
+    assert.are.equal("no service echo@>=2 here", acks[6] and acks[6].e)
     assert.is_nil(acks[0])
     assert.is_true(S.alive(srv))
     assert.are.equal(9, (ctx:call("echo", { op = "echo", x = 9 })))
@@ -333,6 +345,26 @@ describe("calls inside one process", function()
     assert.is_nil(ok)
     assert.are.equal("limit", code)
     assert.truthy(err:match("frame limit"), err)
+    c2:close()
+  end)
+
+  it("answers a reply past the frame limit with an error, and serves on", function()
+    local c2 = lecho.context{ nameserver = ns, quiet = true, max_frame = 65536 }
+    assert(c2:service("bigreply", function(n) return ("r"):rep(n) end))
+    local out = {}
+    for _, n in ipairs({ 100000, 10 }) do
+      ctx:call_async("bigreply", n, nil, function(...) out[#out + 1] = { ... } end)
+    end
+    local deadline = ctx:now() + 10
+    while #out < 2 and ctx:now() < deadline do
+      c2:run_once(0.01)
+      ctx:run_once(0.01)
+    end
+    table.sort(out, function(a, b) return a[1] ~= nil and b[1] == nil end)
+    assert.are.same({ true, "rrrrrrrrrr" }, out[1])           -- (call_async: true first)
+    assert.is_nil(out[2][1])
+    assert.are.equal("limit", out[2][3])
+    assert.truthy(out[2][2]:match("reply larger than the frame limit"), out[2][2])
     c2:close()
   end)
 
@@ -418,5 +450,26 @@ describe("examples/services/echo.lua", function()
     assert.is_true(ok, out)
     check(out)
     assert.truthy(out:match("echo@1 at 127%.0%.0%.1:%d+, called by 127%.0%.0%.1:%d+"), out)
+  end)
+end)
+
+describe("calls in keyed mode", function()
+  after_each(function() S.cleanup() end)
+
+  it("works through tickets, and the handler sees the caller's principal", function()
+    local dir = S.tmpdir() .. "/keys"
+    assert(os.execute("mkdir -p " .. S.sh_quote(dir)))
+    local ok, out = S.sh(("%s %s/scripts/lecho-keygen nameserver srv cli --dir %s"):format(
+      S.luajit, S.root, S.sh_quote(dir)))
+    assert(ok, out)
+    local trust = { dir .. "/nameserver.pub", dir .. "/srv.pub", dir .. "/cli.pub" }
+    local _, ns = S.nameserver(("--quiet --key %s/nameserver.key --trust %s --trust %s --trust %s")
+      :format(dir, trust[1], trust[2], trust[3]))
+    server(ns, { { name = "echo" } }, "k", { key = dir .. "/srv.key", trust = trust })
+    local ctx = lecho.context{ nameserver = ns, quiet = true, key = dir .. "/cli.key", trust = trust }
+    local x, v, caller = ctx:call("echo", { op = "echo", x = 11 }, { timeout = 10 })
+    assert.are.equal(11, x)
+    assert.are.equal("cli", caller)
+    ctx:close()
   end)
 end)

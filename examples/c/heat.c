@@ -180,7 +180,8 @@ int main(int argc, char **argv) {
             if (errs) fprintf(stderr, "heat: last step: %s\n", lecho_errors_text(errs));
             lecho_errors_free(errs);
         }
-        if (rc != 0 && rc != LECHO_EFAILED && rc != LECHO_ETIMEOUT) {
+        /* (LECHO_ENOCONSUMER: the last step with no viewer at all) */
+        if (rc != 0 && rc != LECHO_EFAILED && rc != LECHO_ETIMEOUT && rc != LECHO_ENOCONSUMER) {
             fprintf(stderr, "heat: submit: %s: %s\n", lecho_strerror(rc), lecho_errmsg(ctx));
             break;
         }

@@ -24,8 +24,9 @@ local unpack, select, type, pairs, ipairs = unpack, select, type, pairs, ipairs
 local Service = {}
 Service.__index = Service
 
--- Instructions between two looks at a budgeted handler's CPU time.
-local HOOK_COUNT = 10000
+-- Instructions between two looks at a budgeted handler's CPU time, and
+-- between two raises once it is past its budget.
+local HOOK_COUNT, HOOK_AGAIN = 10000, 1
 
 local function check_name(name, where)
   if type(name) ~= "string" or #name < 1 or #name > 200 or not name:find("^[%w%._%-]+$") then
@@ -49,28 +50,40 @@ end
 -- _budget_pause/_budget_resume) and when it ends.  The handler's functions
 -- run interpreted (jit.off) so that the hook sees their loops.
 
+-- The clock is read from the hook's first call on (b.last false until
+-- then): a handler that ends within HOOK_COUNT instructions costs no clock
+-- read at all (the first HOOK_COUNT instructions of each run are not
+-- counted: microseconds, against a budget of seconds).
 function Context:_budget_pause(b)
   sethook()
   self.svc_cur = nil
-  local t = clock()
-  local dt = t - b.last
-  b.used = b.used + dt
+  if b.last then b.used = b.used + (clock() - b.last) end
 end
 
 function Context:_budget_resume(b)
-  b.last = clock()
+  b.last = false
   self.svc_cur = b
-  sethook(self.svc_hook, "", HOOK_COUNT)
+  sethook(self.svc_hook, "", b.over and HOOK_AGAIN or HOOK_COUNT)
 end
+
+local on_error
 
 local function budget_hook(ctx)
   return function()
     local b = ctx.svc_cur
     if not b then return end
+    -- (past the budget: not in the handler's error handler itself)
+    if b.over and debug.getinfo(2, "f").func == on_error then return end
     local t = clock()
-    b.used = b.used + (t - b.last)
+    if b.last then b.used = b.used + (t - b.last) end
     b.last = t
     if b.used > b.limit then
+      -- from now on at every instruction: a handler that catches the
+      -- error (pcall in a loop) meets it again as soon as it is outside
+      if not b.over then
+        b.over = true
+        sethook(ctx.svc_hook, "", HOOK_AGAIN)
+      end
       error(("budget exceeded: %s@%d used %.2f s of CPU (budget %g s)"):format(
         b.s.name, b.s.version, b.used, b.limit), 0)
     end
@@ -80,18 +93,20 @@ end
 -- ---- server side ------------------------------------------------------------
 
 local function ack(ctx, peer, sync, reply)
-  local ok, err = ctx.c:ack(peer, sync, 1, reply, true)
+  local ok, err, code = ctx.c:ack(peer, sync, 1, reply, true)
   if not ok then
-    ctx.c:ack(peer, sync, 1, { e = "reply cannot be sent: " .. tostring(err), c = "invalid" }, true)
+    ctx.c:ack(peer, sync, 1, { e = "reply cannot be sent: " .. tostring(err),
+                               c = code == "limit" and "limit" or "invalid" }, true)
   end
 end
 
--- The service of `entry` a request asks for: version v exactly, or the
--- highest (a caller names the version it chose).
-local function pick(entry, v)
+-- The service of `entry` a request asks for: version v exactly, else the
+-- highest >= mv (1).  (lecho's caller names the version it chose.)
+local function pick(entry, v, mv)
   if v ~= nil then return entry.byver[v] end
   local vs = entry.versions
-  return vs[#vs] and entry.byver[vs[#vs]]
+  local top = vs[#vs]
+  return top and top >= (mv or 1) and entry.byver[top] or nil
 end
 
 local function err_value(e)
@@ -108,7 +123,8 @@ local function pack_reply(ok, ...)
   return { e = err_value(w.e), c = w.c or "failed", tb = w.tb }
 end
 
-local function on_error(e)
+on_error = function(e)
+  sethook()  -- the handler is over (a budget's hook must not fire in here)
   if type(e) == "string" and e:find("^budget exceeded: ") then
     return { e = e, c = "limit", tb = traceback(e, 2) }
   end
@@ -126,7 +142,7 @@ local function run_call(ctx, s, peer, sync, req, caller)
   local co = coroutine.running()
   local b
   if s.budget > 0 then
-    b = { used = 0, last = 0, limit = s.budget, s = s }
+    b = { used = 0, last = false, limit = s.budget, s = s, over = false }
     ctx.svc_budgets[co] = b
     ctx:_budget_resume(b)
   end
@@ -155,15 +171,16 @@ end
 function Context:_serve(entry, req, peer, sync)
   if sync == 0 then return false end -- not a call (no sync id): nothing to answer
   if type(req) ~= "table" or (req.v ~= nil and type(req.v) ~= "number")
+     or (req.mv ~= nil and type(req.mv) ~= "number")
      or (req.k ~= nil and type(req.k) ~= "string") or (req.t ~= nil and type(req.t) ~= "number") then
     ack(self, peer, sync, { e = ("bad request to service %s: not a request table"):format(entry.name),
                             c = "invalid" })
     return false
   end
-  local s = pick(entry, req.v)
+  local s = pick(entry, req.v, req.mv)
   if not s then
     ack(self, peer, sync, { e = ("no service %s%s here"):format(entry.name,
-                            req.v and "@" .. req.v or ""), c = "noservice" })
+                            req.v and "@" .. req.v or req.mv and "@>=" .. req.mv or ""), c = "noservice" })
     return false
   end
   local caller = peer == 0 and self.addr or self:_peer_addr(peer)

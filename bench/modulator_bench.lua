@@ -54,7 +54,10 @@ else
   local opts = mod ~= "" and { modulator = mod } or nil
   assert(ch:consumer(function(ev)
     if ev == "mark" then n, t0 = 0, ctx:now() return end
-    if ev == "report" then rep:submit_sync({ n = n, t = ctx:now() - (t0 or ctx:now()) }) return end
+    -- async: the bench is inside its submit_sync("report") and runs no
+    -- handler until it returns, so a sync submit here waited for its ack
+    -- until the timeout (10 s per run)
+    if ev == "report" then rep:submit({ n = n, t = ctx:now() - (t0 or ctx:now()) }) rep:flush() return end
     if ev == "quit" then ctx:stop() return end
     n = n + 1
   end, opts))

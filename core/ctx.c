@@ -34,6 +34,7 @@ void lei_opts_default(lei_opts *o) {
     o->max_peer_channels = 262144; /* = max_channels: 65,536 channels over one connection (issue 13) fit with room */
     o->max_channels = 262144;
     o->max_peers = 4096;
+    o->peer_free_after = LEI_PEER_FREE_AFTER;
 }
 
 struct ev_loop *lei_ctx_loop(const lei_ctx *c) { return c->loop; }

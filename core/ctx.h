@@ -59,8 +59,11 @@ typedef struct lei_opts {
      * before the context: this bounds what they hold. */
     uint32_t max_channels;
     /* Peer records (one per remote address): past it, the peers nothing uses
-     * are freed at once, oldest first, not LEI_PEER_FREE_AFTER later. */
+     * are freed at once, oldest first, not peer_free_after later. */
     size_t max_peers;
+    /* s: a peer record nothing uses (no connection, queue, channel, sync
+     * wait) is freed this long after (LEI_PEER_FREE_AFTER, 30). */
+    double peer_free_after;
 } lei_opts;
 
 void lei_opts_default(lei_opts *o);

@@ -131,6 +131,7 @@ local SCHEMA = {
     -- manager refuses the join past it), distinct peer contexts member
     -- lists may make a producer send to
     max_channels = { size(1) }, max_members = { size(1), 4096 }, max_peers = { size(1), 4096 },
+    peer_free_after = { TIME, 30.0 },  -- an unused peer record is freed this long after (README "Limits")
   },
   CHANNEL = { create = { BOOL } },
   PRODUCER = { policy = { policy }, grant = { caps } },

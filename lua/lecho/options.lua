@@ -132,6 +132,7 @@ local SCHEMA = {
     -- lists may make a producer send to
     max_channels = { size(1) }, max_members = { size(1), 4096 }, max_peers = { size(1), 4096 },
     peer_free_after = { TIME, 30.0 },  -- an unused peer record is freed this long after (README "Limits")
+    log_window = { TIME, 10.0 },       -- one log line per kind of refusal per this long (README "Limits")
   },
   CHANNEL = { create = { BOOL } },
   PRODUCER = { policy = { policy }, grant = { caps } },

@@ -78,6 +78,7 @@ help:
 	@echo "  SEED, SECONDS, SCENARIO  make stress-seed: which scenario to replay, for how long"
 	@echo "  DEMO_SECONDS, LECHO_NAMESERVER  make demo: how long (10), which name server"
 	@echo "  BUSTED_ARGS              make spec/test: arguments for busted (files, --filter ...)"
+	@echo "  BUILD_JOBS=$(BUILD_JOBS)             make test, fuzz-build: parallel compile jobs"
 	@echo "  CC=$(CC) CFLAGS='$(CFLAGS)' LDFLAGS LIBFLAG='$(LIBFLAG)'  the compiler and its flags"
 	@echo "  LUA_INCDIR=$(LUA_INCDIR)  LuaJIT's headers"
 	@echo "  LUAJIT=$(LUAJIT) BUSTED=$(BUSTED)  the interpreter and the test runner"
@@ -161,7 +162,7 @@ FUZZ_FLAGS   := -g -O1 $(WARN) -Icore -I$(LUA_INCDIR) $(SODIUM_CFLAGS) -fsanitiz
 # cores): built serially, whole, per harness, it took twice as long.
 FUZZ_OBJ  := build/fuzz-obj
 FUZZ_CORE := $(CORE_SRC:core/%.c=$(FUZZ_OBJ)/%.o)
-FUZZ_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 $(FUZZ_OBJ)/%.o: core/%.c $(HDRS)
 	@mkdir -p $(FUZZ_OBJ)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -c -o $@ $<
@@ -186,7 +187,7 @@ build/fuzz_codec: core/fuzz_codec.c $(FUZZ_OBJ)/codec_lua.o $(FUZZ_OBJ)/codec.o 
 
 fuzz-build:
 	@$(MAKE) --no-print-directory deps DEPS="$(FUZZ_DEPS)"
-	@$(MAKE) --no-print-directory -j$(FUZZ_JOBS) $(foreach h,$(FUZZ_HARNESSES),build/fuzz_$(h))
+	@$(MAKE) --no-print-directory -j$(BUILD_JOBS) $(foreach h,$(FUZZ_HARNESSES),build/fuzz_$(h))
 
 # $(1): seconds per harness.  Each runs in build/fuzz/<name>/ on corpus/,
 # which starts as a copy of core/fuzz/<name>/; a crash stops make.
@@ -229,8 +230,10 @@ SPEC_ENV := LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;" \
 spec: $(SO)
 	$(SPEC_ENV) $(SPEC_PRE) $(LUAJIT) $(BUSTED) $(BUSTED_ARGS) $(if $(filter %.lua,$(BUSTED_ARGS)),,spec)
 
+# The core, liblecho and the C tests build in parallel (-j, the machine's
+# cores; output kept per target): 22.7 s -> 17.0 s from clean here.
 test: deps
-	$(MAKE) all ctest
+	$(MAKE) -j$(BUILD_JOBS) -Otarget all ctest
 	$(MAKE) spec
 	$(MAKE) fuzz-quick
 

@@ -617,42 +617,27 @@ end
 -- (plain, keyed, then keyed, plain, ...: a drift of the machine's load hits
 -- both), CFG.keyed_reps times.  Each row gives the medians, the ratio of the
 -- medians, and in `extra` the spread of the per-repetition ratios.
-local function median(xs)
-  local t = {}
-  for i, x in ipairs(xs) do t[i] = x end
-  table.sort(t)
-  local n = #t
-  return n % 2 == 1 and t[(n + 1) / 2] or (t[n / 2] + t[n / 2 + 1]) / 2
-end
-
--- Runs `args` plain and keyed CFG.keyed_reps times, interleaved; returns
--- { plain = run, keyed = run (the runs of median `field`), ratios = {...} }.
+-- Runs `args` plain and keyed CFG.keyed_reps times, interleaved
+-- (common.interleave); returns { plain = run, keyed = run (the runs of
+-- median `field`), plain_median, keyed_median, ratios = {...}, runs = every
+-- repetition }.
 local function keyed_pair(args, field)
-  local runs = { plain = {}, keyed = {} }
-  local ratios = {}
-  for rep = 1, CFG.keyed_reps do
-    local order = rep % 2 == 1 and { "plain", "keyed" } or { "keyed", "plain" }
-    local got = {}
-    for _, mode in ipairs(order) do
-      got[mode] = run_c("lecho_c", (mode == "keyed" and "--keyed " or "") .. args)
-      table.insert(runs[mode], got[mode])
-    end
-    ratios[rep] = got.keyed[field] / got.plain[field]
-  end
-  local out = { ratios = ratios }
-  for mode, list in pairs(runs) do
-    local vals = {}
-    for i, r in ipairs(list) do vals[i] = r[field] end
-    local m = median(vals)
-    for _, r in ipairs(list) do if r[field] == m or not out[mode] then out[mode] = r end end
+  local iv = common.interleave{
+    reps = CFG.keyed_reps, value = function(r) return r[field] end,
+    runs = { { "plain", function() return run_c("lecho_c", args) end },
+             { "keyed", function() return run_c("lecho_c", "--keyed " .. args) end } },
+    ratios = { { "keyed", "plain" } } }
+  local out = { ratios = iv.ratios["keyed/plain"].all, runs = iv.runs }
+  for _, mode in ipairs{ "plain", "keyed" } do
+    local m = iv.median[mode]
     out[mode .. "_median"] = m
+    for _, r in ipairs(iv.runs[mode]) do if r[field] == m or not out[mode] then out[mode] = r end end
   end
   return out
 end
 
 local function spread(ratios)
-  local lo, hi = math.huge, -math.huge
-  for _, x in ipairs(ratios) do lo, hi = math.min(lo, x), math.max(hi, x) end
+  local lo, hi = common.spread(ratios)
   return ("%d interleaved runs each, ratios %.2f-%.2fx"):format(#ratios, lo, hi)
 end
 

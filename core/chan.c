@@ -138,6 +138,11 @@ void lei_chan_set_local(lei_ctx *c, uint32_t id, int on) {
     ch->local = on;
 }
 
+void lei_chan_set_calls(lei_ctx *c, uint32_t id, int on) {
+    lei_chan *ch = lei_chan_get(c, id);
+    if (ch) ch->calls = on != 0;
+}
+
 
 uint32_t lei_ctx_nchans(const lei_ctx *c) { return c->nchans; }
 

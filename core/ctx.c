@@ -156,6 +156,65 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
     return 0;
 }
 
+int lei_call(lei_ctx *c, uint32_t chid, const char *dest, lei_msg *msg, int policy,
+             uint64_t *sync_id, const char **err) {
+    lei_chan *ch = lei_chan_get(c, chid);
+    if (!ch) {
+        *err = "no such channel";
+        return -LEI_E_NOTFOUND;
+    }
+    if (msg->total + LEI_EVENT_HDR_MAX > c->o.max_frame) {
+        *err = "call larger than the frame limit (max_frame)";
+        return -LEI_E_LIMIT;
+    }
+    lei_peer *p = NULL;
+    if (dest) {
+        for (int i = 0; i < ch->ndests && !p; i++)
+            if (strcmp(ch->dests[i]->addr, dest) == 0) p = ch->dests[i];
+    }
+    if (dest ? !p : !ch->local) {
+        *err = "no such destination";
+        return -LEI_E_NOTFOUND;
+    }
+    /* Owners: s (and s->w) go on c->syncs, freed by lei_sync_free; lit goes
+     * on the local queue, freed once delivered. */
+    lei_sync *s = calloc(1, sizeof *s);
+    lei_qitem *lit = NULL;
+    if (!s || !(s->w = calloc(1, sizeof *s->w)) || (!p && !(lit = lei_item_new(msg)))) {
+        if (s) free(s->w);
+        free(s);
+        *err = "out of memory";
+        return -LEI_E_NOMEM;
+    }
+    s->id = ++c->next_sync;
+    s->next = c->syncs;
+    c->syncs = s;
+    *sync_id = s->id;
+    s->w[0].peer = p;
+    s->nw = s->nwait = 1;
+    ch->ev_out++;
+    ch->bytes_out += msg->total;
+    if (p) {
+        uint8_t hdr[LEI_EVENT_HDR_MAX];
+        size_t hlen = lei_frame_event_hdr(hdr, ch->id, 1, 1, s->id, msg->total);
+        lei_peer_enqueue(c, p, ch, hdr, hlen, msg, s->id, policy);
+        if (!lei_peer_live(p)) {
+            char why[LEI_ADDR_MAX + 256];
+            snprintf(why, sizeof why, "service context %s: unreachable (%s)", p->addr,
+                     p->reason[0] ? p->reason : "not connected");
+            lei_sync_fail(&s->w[0], s, why);
+        }
+        return 0;
+    }
+    lit->chid = chid;
+    lit->producer = 1;
+    lit->seq = 1;
+    lit->size = msg->total;
+    lit->sync = s->id;
+    lei_q_push(&c->lq, lit);
+    ev_idle_start(c->loop, &c->idle);
+    return 0;
+}
 
 static void prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents) {
     (void)loop;

@@ -214,6 +214,9 @@ int lei_chan_stats(const lei_ctx *c, uint32_t id, lei_stats_chan *out);
  * the sequence tracking of the channel starts over: what was sent while
  * nobody here listened is not a gap. */
 void lei_chan_set_local(lei_ctx *c, uint32_t id, int on);
+/* Marks channel id a call channel (svc:NAME): its events are not
+ * sequence-checked (calls carry producer 1, seq 1). */
+void lei_chan_set_calls(lei_ctx *c, uint32_t id, int on);
 /* Replaces the remote destinations of a channel (addresses of consuming
  * contexts, our own excluded by the caller). */
 void lei_chan_set_dests(lei_ctx *c, uint32_t id, const char **addrs, int n);
@@ -256,6 +259,15 @@ int lei_chan_room(lei_ctx *c, uint32_t chid);
  * queued anywhere, no record left). */
 int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_msg *msg,
                int sync, int policy, uint64_t *sync_id, const char **err);
+/* A call: msg as a sync event (producer 1, seq 1) to ONE destination of
+ * channel chid: dest, one of its current destinations, or NULL for its
+ * local consumers.  The answer is the ACK of *sync_id, whose value is the
+ * reply (lei_sync_reply: errs/elen).  -LEI_E_NOTFOUND "no such destination"
+ * when dest is not a destination (NULL: no local consumer); an unreachable
+ * dest fails the record at once, as lei_submit does.  Takes its own
+ * references on msg; the record is the context's until lei_sync_free. */
+int lei_call(lei_ctx *c, uint32_t chid, const char *dest, lei_msg *msg, int policy,
+             uint64_t *sync_id, const char **err);
 /* Sends a control message (an encoded value) to addr.  0, or
  * -LEI_E_CLOSED (the peer is unreachable, *err says why) or -LEI_E_NOMEM. */
 int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err);

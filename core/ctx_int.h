@@ -214,6 +214,7 @@ struct lei_chan {
     uint64_t gaps, lost, dups;  /* ro: sequence gaps seen, events they lost, duplicates dropped */
     uint32_t epoch;           /* ro: bumped when local consumers appear again */
     uint8_t derived;          /* ro: a modulated stream (name@key): filters skip seqs */
+    uint8_t calls;            /* rw via lei_chan_set_calls: a call channel (svc:NAME): no seq check */
     uint8_t has_mkey, has_ticket;
     uint8_t mkey[32];         /* consumer side: the channel manager's key (BIND tickets) */
     uint8_t ticket[64];       /* producer side: our ticket for the channel */

@@ -22,7 +22,11 @@
     _(IO, "io", "input/output error")                                           \
     _(PROTOCOL, "protocol", "protocol error: malformed input from a peer")      \
     _(NOMEM, "nomem", "out of memory")                                          \
-    _(FAILED, "failed", "failed")
+    _(FAILED, "failed", "failed")                                               \
+    _(NOSERVICE, "noservice", "no server of that service is known")             \
+    _(VERSION, "version", "no server has a compatible version")                 \
+    _(BUSY, "busy", "refused at once: over a concurrency or in-flight limit")    \
+    _(NOCONSUMER, "noconsumer", "no consumer of the channel anywhere")
 
 enum lei_err {
     LEI_OK = 0,

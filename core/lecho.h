@@ -71,7 +71,11 @@ enum {
     LECHO_EIO,         /* "io": a system call failed */
     LECHO_EPROTOCOL,   /* "protocol": a peer broke the protocol */
     LECHO_ENOMEM,      /* "nomem": out of memory */
-    LECHO_EFAILED      /* "failed": anything else, e.g. consumers' handlers failed */
+    LECHO_EFAILED,     /* "failed": anything else, e.g. consumers' handlers failed */
+    LECHO_ENOSERVICE,  /* "noservice": no server of the service called is known */
+    LECHO_EVERSION,    /* "version": servers exist, none with a compatible version */
+    LECHO_EBUSY,       /* "busy": refused at once (a service's concurrency + queue, in-flight calls) */
+    LECHO_ENOCONSUMER  /* "noconsumer": a sync submit to a channel nobody consumes */
 };
 
 typedef struct lecho_ctx lecho_ctx;

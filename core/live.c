@@ -243,7 +243,7 @@ static lei_seqent *seq_slot(lei_live *lv, uint32_t chid, uint64_t producer) {
  * dropped and counted; 0 to deliver.  A jump is a gap: counted (peer and
  * channel: gaps, lost) and logged, at most 5 lines per peer and second. */
 int lei_live_seq(lei_ctx *c, lei_peer *p, lei_chan *ch, uint64_t producer, uint64_t seq) {
-    if (ch->derived || !p) return 0;
+    if (ch->derived || ch->calls || !p) return 0;
     lei_seqent *e = seq_slot(&p->lv, ch->id, producer);
     if (!e) return 0;
     uint64_t last = e->last;

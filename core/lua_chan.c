@@ -390,9 +390,11 @@ void lb_ack(lb_ctx *b, lei_peer *p, uint64_t sync, uint64_t nran, lua_State *L, 
     if (m) lei_msg_release(m, lb_hook_unpin, b);
 }
 
-/* ctx:ack(peer_idx, sync, nran, errors | nil): the ack of a sync event
- * whose dispatch waited (one that did not is acknowledged by the event
- * hook's return, lua_hook.c). */
+/* ctx:ack(peer_idx, sync, nran, errors | nil[, strict]): the ack of a sync
+ * event whose dispatch waited (one that did not is acknowledged by the
+ * event hook's return, lua_hook.c), or a call's reply (lecho.service).
+ * strict: a value that cannot be encoded is not left out: nothing is sent,
+ * nil, err, code is returned (the caller answers with another value). */
 static int l_ack(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     int idx = (int)luaL_checkinteger(L, 2);
@@ -400,8 +402,82 @@ static int l_ack(lua_State *L) {
     uint64_t nran = (uint64_t)luaL_checknumber(L, 4);
     lei_peer *p = idx ? lei_peer_by_idx(b->c, idx) : NULL;
     if (idx && !p) return 0;
+    if (lua_toboolean(L, 6) && !lua_isnoneornil(L, 5)) {
+        lb_flat f;
+        if (lb_flat_encode(L, b, 5, &f)) return 3;
+        lei_ack(b->c, p, sync, nran, f.p, f.n);
+        lb_flat_done(b, &f);
+        lua_pushboolean(L, 1);
+        return 1;
+    }
     lb_ack(b, p, sync, nran, L, 5);
     return 0;
+}
+
+/* ctx:set_calls(chid[, on]): a call channel (no sequence check). */
+static int l_set_calls(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    lei_chan_set_calls(b->c, lb_check_chan(L, b, 2), lua_isnone(L, 3) || lua_toboolean(L, 3));
+    return 0;
+}
+
+/* ctx:call(chid, dest | false, value[, policy]) -> sync id | nil, err, code
+ * One sync event to one destination (false: the local consumers); the
+ * reply is the ACK's value (ctx:call_result). */
+static int l_call(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    uint32_t chid = lb_check_chan(L, b, 2);
+    const char *dest = lua_toboolean(L, 3) ? luaL_checkstring(L, 3) : NULL;
+    luaL_checkany(L, 4);
+    int policy = lua_isnoneornil(L, 5) ? lei_ctx_opts(b->c)->policy
+                                       : luaL_checkoption(L, 5, NULL, lb_policy_names);
+    lei_msg *m = lb_encode_at(L, b, 4);
+    if (!m) return 3;
+    const char *err = NULL;
+    uint64_t sid = 0;
+    int rc = lei_call(b->c, chid, dest, m, policy, &sid, &err);
+    lei_msg_release(m, lb_hook_unpin, b);
+    if (rc) return lb_push_err(L, err, rc);
+    lua_pushnumber(L, (lua_Number)sid);
+    return 1;
+}
+
+/* ctx:call_result(sid[, final]) -> false (pending) | true, reply, nran |
+ * nil, why, code.  Anything but false frees the record.  reply: the ACK's
+ * decoded value (nil: none); final and still pending: nil, "timeout". */
+static int l_call_result(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    uint64_t sid = (uint64_t)luaL_checknumber(L, 2);
+    int final = lua_toboolean(L, 3);
+    lei_sync *s = lei_sync_find(b->c, sid);
+    if (!s) return lb_push_err(L, "no such call", LEI_E_NOTFOUND);
+    if (lei_sync_pending(s) && !final) {
+        lua_pushboolean(L, 0);
+        return 1;
+    }
+    lei_sync_answer w;
+    lei_sync_reply(s, 0, &w);
+    int n;
+    if (!w.done) {
+        n = lb_push_err(L, "timeout", LEI_E_TIMEOUT);
+    } else if (w.err) {
+        n = lb_push_err(L, w.err, LEI_E_CLOSED);
+    } else {
+        char err[256];
+        lua_pushboolean(L, 1);
+        if (!w.elen)
+            lua_pushnil(L);
+        else if (lei_decode_lua(L, w.errs, w.elen, &b->lim, err, sizeof err)) {
+            lua_pop(L, 1);
+            n = lb_push_err(L, err, LEI_E_PROTOCOL);
+            lei_sync_free(b->c, s);
+            return n;
+        }
+        lua_pushnumber(L, (lua_Number)lei_sync_nran(s));
+        n = 3;
+    }
+    lei_sync_free(b->c, s);
+    return n;
 }
 
 static int l_send_ctrl(lua_State *L) {
@@ -422,4 +498,6 @@ const luaL_Reg lb_chan_methods[] = {
     {"submit", l_submit},         {"room", l_room},
     {"resume", l_resume},         {"sync_result", l_sync_result},
     {"ack", l_ack},
-    {"send_ctrl", l_send_ctrl},   {NULL, NULL}};
+    {"send_ctrl", l_send_ctrl},   {"set_calls", l_set_calls},
+    {"call", l_call},             {"call_result", l_call_result},
+    {NULL, NULL}};

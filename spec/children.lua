@@ -721,4 +721,28 @@ ctx:run()
 ctx:close()
 ]]
 
+-- A member of a group (lecho.group; presence_spec, nameserver_restart_spec).
+-- opts: ns (a list of addresses), group, lease, data, watch (print every
+-- change as "change JSON"), join (false: watch only), leave_after (seconds: then g:leave() and say
+-- "left"), duration (seconds bound, default 60).  Says "ready ADDR" once
+-- joined, or "failed ERR CODE".
+M.group_member = M.prelude .. [[
+local ctx = lecho.context{ quiet = true, nameserver = opts.ns, timeout = opts.timeout or 2 }
+local watch = opts.watch and function(c)
+  io.stdout:write("change ", cjson.encode(c), "\n")
+end or nil
+local g, err, code = ctx:group(opts.group, { lease = opts.lease, data = opts.data, watch = watch, join = opts.join })
+if not g then
+  io.stdout:write("failed ", tostring(err), " ", tostring(code), "\n")
+  os.exit(1)
+end
+io.stdout:write("ready ", ctx.addr, "\n")
+if opts.leave_after then
+  ctx:after(opts.leave_after, function() g:leave() io.stdout:write("left\n") end)
+end
+ctx:after(opts.duration or 60, function() ctx:stop() end)
+ctx:run()
+ctx:close{ linger = 0 }
+]]
+
 return M

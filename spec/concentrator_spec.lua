@@ -79,7 +79,11 @@ describe("a context alone", function()
     assert.are.equal(100, st.channels[ctx.addr .. "/local"].events_local)
     for _, ps in pairs(st.peers) do assert.are.equal(0, ps.events_out) end
     c:close()
-    assert.is_true(p:submit_sync(101))
+    -- nobody consumes it now: no handler can run (issue 12: it said true)
+    local ok, _, code = p:submit_sync(101)
+    assert.is_nil(ok)
+    assert.are.equal("noconsumer", code)
+    assert.is_true(p:submit(102))
     assert.are.equal(100, #got) -- nothing for a closed consumer
     ctx:close()
   end)

@@ -244,7 +244,9 @@ describe("two hosts (network namespaces) and a cut link", function()
     local failed
     for _, s in ipairs(P.syncs) do
       assert.is_true(s.t1 - s.t0 < 2 * HB + 0.5, ("sync %d waited %.2f s"):format(s.seq, s.t1 - s.t0))
-      if not s.ok then
+      -- (while the consumer is out of the membership nobody consumes the
+      -- channel: such a sync submit is "no consumer of cut" at once)
+      if not s.ok and not s.err:find("^no consumer of cut") then
         assert.truthy(s.err:find("no heartbeat from", 1, true), s.err)
         failed = failed or s
       end

@@ -86,5 +86,14 @@ write("ns", "keyed-flow", "\1" .. flow)
 write("ns", "bad-requests", "\0" .. rec(0, 0, 1, { op = "lookup", rid = "x" }) .. rec(0, 1, 1, { op = 7, rid = 1 })
   .. rec(1, 2, 1, { op = "join", ch = ("c"):rep(2000), role = "producer", rid = 2 })
   .. rec(1, 2, 1, { op = "join", ch = "x", role = "consumer", rid = 3, subs = { mods = { [1] = 2 } } }))
+-- groups with leases (lecho.presence): joins, watches, renewals, a leave,
+-- expiry by ticks, a lost connection
+write("ns", "groups", "\0" .. rec(0, 0, 1, { op = "gjoin", group = "chat", lease = 1, data = { nick = "a" }, rid = 1 })
+  .. rec(0, 1, 1, { op = "gwatch", group = "chat", on = true, lease = 2, rid = 2 })
+  .. rec(0, 2, 1, { op = "gjoin", group = "chat", lease = 0.5, watch = true, ver = 1, epoch = "x", rid = 3 })
+  .. rec(0, 0, 4, { op = "gjoin", group = "chat", lease = 1, data = { nick = "b" }, rid = 4 })
+  .. rec(0, 3, 1, { op = "glist", group = "chat", rid = 5 }) .. rec(3, 0, 12) .. rec(2, 1, 1)
+  .. rec(0, 0, 1, { op = "gleave", group = "chat", rid = 6 }) .. rec(3, 0, 40)
+  .. rec(0, 2, 1, { op = "gwatch", group = "chat", on = false, rid = 7 }))
 
 return { values = VALUES, write = write, enc = enc }

@@ -151,7 +151,13 @@ function Context:_wait(ready, deadline)
     end
     self.waiters[#self.waiters + 1] = w
     self.c:want_turn(true)
-    return coroutine.yield(WAIT)
+    -- a service handler under a CPU budget (lecho.service): not counted
+    -- while it waits
+    local bud = self.svc_budgets and self.svc_budgets[co]
+    if bud then self:_budget_pause(bud) end
+    local r = coroutine.yield(WAIT)
+    if bud then self:_budget_resume(bud) end
+    return r
   end
   -- The main line: serve the loop here (callbacks run beside, not inside).
   while true do
@@ -214,6 +220,10 @@ local function dispatcher(self)
 end
 
 function Context:_dispatch(chid, value, peer, producer, seq, sync)
+  -- a call channel served here (lecho.service): the call runs in a
+  -- coroutine of its own and is answered by ctx:ack; no ack from C
+  local svc = self.svc_chans
+  if svc and svc[chid] then return self:_serve(svc[chid], value, peer, sync) end
   local co = self.dco
   if not co or coroutine.status(co) ~= "suspended" then
     co = coroutine.create(dispatcher)
@@ -332,6 +342,8 @@ function Context:close(opts)
   end
   self.closing = true
   local linger = opts and opts.linger or self.linger
+  -- groups (lecho.group): left at every name server, the others told now
+  for _, g in pairs(self.groups or {}) do g:leave() end
   for _, ch in pairs(self.byname) do
     for _, con in ipairs({ unpack(ch.all) }) do con:close() end
     for p in pairs(ch.producers) do p:close() end

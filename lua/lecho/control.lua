@@ -258,6 +258,7 @@ function Context:_on_ctrl(from, msg)
       end
       ch.ver = msg.ver
       pin_all(self, msg.keys)
+      ch.svc = type(msg.svc) == "table" and msg.svc or nil  -- a call channel's servers (lecho.service)
       ch:_apply_members(msg.consumers, msg.mods)
     end
     self:_send_ctrl(from, { op = "members_ok", ch = msg.ch, ver = msg.ver, mid = msg.mid,
@@ -272,6 +273,9 @@ function Context:_on_ctrl(from, msg)
     if ch and type(msg.key) == "string" then
       ch:_tell_mod_error(msg.key, ("modulator at %s: %s"):format(from, tostring(msg.err)))
     end
+  elseif op == "gchange" then
+    -- a group's change, from one of its name servers (lecho.group)
+    self:_on_gchange(from, msg)
   elseif self.reg then
     self.reg:handle(from, msg, self._send, now(self))
   elseif msg.rid then
@@ -449,6 +453,7 @@ function Channel:_join(role)
       else
         self.ver = r.ver or self.ver
         pin_all(self.ctx, type(r.keys) == "table" and r.keys or nil)
+        self.svc = type(r.svc) == "table" and r.svc or nil
         self:_apply_members(r.consumers or {}, r.mods)
       end
     end
@@ -570,11 +575,14 @@ function Channel:_subs()
       mods[m.key] = { src = m.src, params = m.params, period = m.period, caps = m.caps, base = m.base }
     end
   end
-  return { plain = #self.consumers > 0, mods = mods }
+  -- a call channel served here: the versions (lecho.service)
+  local svc = self.svc_versions
+  return { plain = #self.consumers > 0, mods = mods, svc = svc and svc[1] and { versions = svc } or nil }
 end
 
 local function subs_sig(subs)
   return tostring(subs.plain) .. ":" .. table.concat(sorted_keys(subs.mods), ",")
+    .. (subs.svc and ":" .. table.concat(subs.svc.versions, ",") or "")
 end
 
 -- Joins, re-subscribes or leaves to match the consumers; waits for the

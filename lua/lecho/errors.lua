@@ -18,6 +18,10 @@ M.CODES = {
   protocol   = "a peer sent something that breaks the protocol",
   nomem      = "out of memory",
   failed     = "a remote handler or modulator failed, or another error",
+  noservice  = "no server of the service called is known (ctx:call, at once)",
+  version    = "servers of the service exist, none with a compatible version (ctx:call, at once)",
+  busy       = "refused at once: a service's concurrency + queue, or max_calls_in_flight",
+  noconsumer = "a sync submit to a channel that has no consumer anywhere",
 }
 
 -- The code of a message from the C core that came without one (until the

@@ -34,6 +34,8 @@ require "lecho.control"
 local modulator = require "lecho.modulator"
 require "lecho.producer"
 require "lecho.consumer"
+require "lecho.service"
+require "lecho.group"
 
 local parse_addr = options.parse_addr
 
@@ -61,8 +63,9 @@ end
 local function now(self) return self.c:now() end
 
 --- Creates the context of this process.
--- opts: nameserver (an address: "host:port", "[v6]:port" or "unix:/path";
--- omitted: a name server runs inside this context), listen ("127.0.0.1:0";
+-- opts: nameserver (an address: "host:port", "[v6]:port" or "unix:/path",
+-- or an ordered list of them: ctx.ns is the first, the channels' default,
+-- ctx.nslist all; omitted: a name server runs inside this context), listen ("127.0.0.1:0";
 -- any of those forms, port 0: the OS picks), advertise (the address peers
 -- are told, for a wildcard listen; port 0: the bound port), manager (true: act as a channel manager
 -- registered with opts.nameserver), timeout (control requests, 5 s),
@@ -77,7 +80,20 @@ function M.context(opts)
   opts = options.check(opts, options.CONTEXT, "lecho.context", 2)
   local D = options.CONTEXT
   local listen = parse_addr(opts.listen or D.listen, "listen address", true, 2)
-  local ns = opts.nameserver and parse_addr(opts.nameserver, "nameserver", false, 2)
+  -- nameserver: one address or an ordered list (issue 12); ns is the first,
+  -- the channels' default; nslist all of them, canonical, none twice
+  local nslist = {}
+  if opts.nameserver ~= nil then
+    local given = type(opts.nameserver) == "table" and opts.nameserver or { opts.nameserver }
+    local seen = {}
+    for _, a in ipairs(given) do
+      local canon = parse_addr(a, "nameserver", false, 2)
+      if seen[canon] then error(("lecho: nameserver %s is listed twice"):format(canon), 2) end
+      seen[canon] = true
+      nslist[#nslist + 1] = canon
+    end
+  end
+  local ns = nslist[1]
   local advertise = opts.advertise and parse_addr(opts.advertise, "advertise address", true, 2)
   -- keyed mode (key and trust, README "Keys") or protected mode (neither)
   local identity, keys = false, nil
@@ -132,6 +148,7 @@ function M.context(opts)
     -- member lists a producer takes (lecho.control, README "Limits")
     max_members = opts.max_members or D.max_members,
     max_peers = opts.max_peers or D.max_peers,
+    max_calls = opts.max_calls_in_flight or D.max_calls_in_flight,  -- lecho.service
     closed = false,
   }, Context)
   for _, e in ipairs(identity and identity.trust.keys or {}) do self.trust_names[e.public] = e.name end
@@ -147,15 +164,21 @@ function M.context(opts)
   end
   self._send = function(to, msg) self:_send_ctrl(to, msg) end
   self.ns = ns or addr
-  -- every address used as a name server (ours, and those channel names
-  -- give): keyed, each must be the principal ns_principal
-  self.nameservers = { [self.ns] = true }
+  -- ro: the name servers, in order (always set: { self.ns } with one); a
+  -- group (lecho.presence) and a service register with every one
+  if not ns then nslist[1] = addr end
+  self.nslist = nslist
+  -- every address used as a name server (ours, those of nslist, and those
+  -- channel names give): keyed, each must be the principal ns_principal
+  self.nameservers = {}
+  for _, a in ipairs(nslist) do self.nameservers[a] = true end
   if opts.manager or not opts.nameserver then
     self.reg = registry.new{
       addr = addr, role = opts.manager and opts.nameserver and "manager" or "nameserver",
       ack_timeout = opts.ack_timeout or D.ack_timeout,
       settle = opts.settle, recovering = opts.recovering, forget_after = opts.forget_after,
-      channel_quota = opts.channel_quota, max_members = opts.max_members or D.max_members,
+      channel_quota = opts.channel_quota, max_groups = opts.max_groups, group_quota = opts.group_quota,
+      max_members = opts.max_members or D.max_members,
       nameserver = opts.manager and opts.nameserver and self.ns or nil,
       policy = opts.policy_file,
       -- keyed mode: who each peer is (this context's own key for addr), and

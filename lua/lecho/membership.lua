@@ -50,10 +50,14 @@ end
 -- and each distinct modulator (by key) with the contexts that asked for it.
 -- Fresh tables on every call (they are handed to `send`).
 local function members_of(c)
-  local plain, mods = {}, {}
+  local plain, mods, svc = {}, {}, nil
   for _, a in ipairs(sorted_keys(c.consumers)) do
     local subs = c.consumers[a].subs
     if subs.plain then plain[#plain + 1] = a end
+    if subs.svc then
+      svc = svc or {}
+      svc[a] = subs.svc
+    end
     for _, k in ipairs(sorted_keys(subs.mods)) do
       local m = subs.mods[k]
       local e = mods[k]
@@ -65,7 +69,7 @@ local function members_of(c)
       e.dests[#e.dests + 1] = a
     end
   end
-  return plain, mods
+  return plain, mods, svc
 end
 
 -- Keyed mode: the public keys of the consumer contexts a member list
@@ -115,8 +119,8 @@ local function publish_members(self, c, io)
   c.ver = self.seq
   for _, p in ipairs(sorted_keys(c.producers)) do
     self.mid = self.mid + 1
-    local plain, mods = members_of(c)
-    emit(self, io, p, { op = "members", ch = c.name, ver = c.ver, consumers = plain, mods = mods,
+    local plain, mods, svc = members_of(c)
+    emit(self, io, p, { op = "members", ch = c.name, ver = c.ver, consumers = plain, mods = mods, svc = svc,
                         keys = keys_of(self, plain, mods), mid = self.mid })
   end
 end
@@ -158,8 +162,8 @@ end
 
 -- Answers a producer's join with the current member list (its confirmation).
 local function answer_producer(self, io, c, to, rid, p)
-  local plain, mods = members_of(c)
-  reply(self, io, to, rid, { consumers = plain, mods = mods, keys = keys_of(self, plain, mods),
+  local plain, mods, svc = members_of(c)
+  reply(self, io, to, rid, { consumers = plain, mods = mods, svc = svc, keys = keys_of(self, plain, mods),
                              ver = c.ver, count = p.count, ticket = ticket_for(self, c.name, to) })
 end
 
@@ -228,7 +232,24 @@ local function check_subs(msg)
     mods[k] = { src = m.src, params = m.params, period = m.period, caps = m.caps,
                 base = type(m.base) == "string" and m.base or nil }
   end
-  return { plain = s.plain ~= false, mods = mods }
+  -- a service's server (lecho.service): the versions it serves here
+  local svc
+  if s.svc ~= nil then
+    local v = type(s.svc) == "table" and s.svc.versions
+    if type(v) ~= "table" or #v == 0 or #v > 64 then
+      return nil, op .. ": 'subs.svc.versions' must be a list of 1 to 64 integers"
+    end
+    local vs = {}
+    for i = 1, #v do
+      local x = v[i]
+      if type(x) ~= "number" or x < 1 or x > 2 ^ 31 or x % 1 ~= 0 then
+        return nil, op .. ": 'subs.svc.versions' must be a list of 1 to 64 integers"
+      end
+      vs[i] = x
+    end
+    svc = { versions = vs }
+  end
+  return { plain = s.plain ~= false, mods = mods, svc = svc }
 end
 
 -- Deep equality of plain values (params, capability lists).

@@ -37,6 +37,22 @@ end
 local function address(v)
   if type(v) ~= "string" then return "must be an address string (host:port, [v6]:port or unix:/path)" end
 end
+-- nameserver: one address, or an ordered list of 1 to MAX_NAMESERVERS (issue
+-- 12: the client registers with all and looks up from any; the first is
+-- the channels' default name server).
+M.MAX_NAMESERVERS = 16
+local function addresses(v)
+  if type(v) == "string" then return end
+  local why = ("must be an address string (host:port, [v6]:port or unix:/path) or a list of 1 to %d of them")
+              :format(M.MAX_NAMESERVERS)
+  if type(v) ~= "table" or getmetatable(v) ~= nil then return why end
+  local n = 0
+  for _ in pairs(v) do n = n + 1 end
+  if n == 0 or n ~= #v or n > M.MAX_NAMESERVERS then return why end
+  for _, a in ipairs(v) do
+    if type(a) ~= "string" then return why end
+  end
+end
 local function policy(v)
   if not M.POLICIES[v] then return "lecho: unknown policy '" .. tostring(v) .. "'", true end
 end
@@ -88,6 +104,11 @@ local function HEARTBEAT(v)
 end
 local TIME, TIME_POS, BOOL, FN, TABLE = time(0), time(0, true), typed("boolean"), typed("function"),
                                         typed("table")
+-- A group's lease (lecho.presence: [0.1, 3600] s); a group's data: anything.
+local function LEASE(v)
+  if type(v) ~= "number" or not (v >= 0.1 and v <= 3600) then return "must be a number of seconds from 0.1 to 3600" end
+end
+local function ANY() end
 -- A share of the CPU the producer thread ran: modulators_cpu (0: no cap).
 local function SHARE(v)
   if type(v) ~= "number" or not (v >= 0 and v <= 1) then return "must be a number from 0 (no cap) to 1" end
@@ -101,7 +122,7 @@ end
 -- does a value of the wrong kind (a NaN timeout, a negative queue_limit).
 local SCHEMA = {
   CONTEXT = {
-    nameserver = { address }, listen = { address, "127.0.0.1:0" }, advertise = { address },
+    nameserver = { addresses }, listen = { address, "127.0.0.1:0" }, advertise = { address },
     manager = { BOOL }, log = { FN }, quiet = { BOOL },
     timeout = { TIME_POS, 5 }, sync_timeout = { TIME, 10 }, linger = { TIME, 2 },
     queue_limit = { size(1) }, policy = { policy }, batch_bytes = { size(0) },
@@ -124,6 +145,9 @@ local SCHEMA = {
     -- the registry of a name server or manager run inside the context
     ack_timeout = { TIME, 2.0 }, settle = { TIME }, recovering = { BOOL }, forget_after = { TIME },
     channel_quota = { size(1) },
+    -- groups with leases (issue 12, lecho.presence): groups held, and the
+    -- memberships and watches one requester may have (defaults 65536, 1024)
+    max_groups = { size(1) }, group_quota = { size(1) },
     policy_file = { typed("string") },  -- a name server's authorization policy (lecho.policy)
     -- issue 11, state limits (README "Limits"): channels open in the C core
     -- (its default 262144), consumer contexts in one member list (the
@@ -133,8 +157,16 @@ local SCHEMA = {
     max_channels = { size(1) }, max_members = { size(1), 4096 }, max_peers = { size(1), 4096 },
     peer_free_after = { TIME, 30.0 },  -- an unused peer record is freed this long after (README "Limits")
     log_window = { TIME, 10.0 },       -- one log line per kind of refusal per this long (README "Limits")
+    max_calls_in_flight = { size(1), 1024 },  -- issue 12: ctx:call's in flight at once (lecho.service)
   },
+  SERVICE = { version = { size(1), 1 }, concurrency = { size(1), 16 }, queue = { size(0), 64 },
+              budget = { TIME, 5 } },
+  CALL = { timeout = { TIME }, version = { size(1) }, min_version = { size(1) }, key = { typed("string") },
+           at = { typed("string") }, retries = { size(0), 2 } },
   CHANNEL = { create = { BOOL } },
+  -- ctx:group (issue 12, lecho.group): data is any value (its size is the
+  -- name server's to refuse)
+  GROUP = { lease = { LEASE, 10 }, data = { ANY }, watch = { FN }, join = { BOOL } },
   PRODUCER = { policy = { policy }, grant = { caps } },
   CONSUMER = { modulator = { typed("string") }, params = { TABLE }, period = { time(0.001) },
                capabilities = { caps }, on_error = { FN } },
@@ -147,6 +179,9 @@ local TOGETHER = {
   CONTEXT = function(o)
     if o.manager and o.nameserver == nil then
       return "manager needs a nameserver (the name server it registers with)"
+    end
+    if o.manager and type(o.nameserver) == "table" and o.nameserver[2] then
+      return "manager takes one nameserver (the name server it registers with), not a list"
     end
   end,
   CONSUMER = function(o)

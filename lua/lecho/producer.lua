@@ -127,6 +127,13 @@ function Producer:submit_sync(ev, opts)
   local c = ctx.c
   if opts ~= nil then options.check(opts, options.SUBMIT_SYNC, "p:submit_sync", 2) end
   local timeout = opts and opts.timeout or ctx.sync_timeout
+  -- Nobody anywhere takes it (no consumer context, no local consumer, no
+  -- modulator running or failed here): no handler can run, and "true"
+  -- would say that all of them ran.
+  local ch0 = self.ch
+  if not self.plain and not self.mods[1] and next(ch0.failed) == nil then
+    return nil, "no consumer of " .. ch0.short, "noconsumer"
+  end
   local ids, err, code = submit_core(self, ev, true)
   if not ids then return nil, err, code end
   local deadline = c:now() + timeout

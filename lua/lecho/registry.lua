@@ -52,6 +52,7 @@ local function noop() end
 local outbox = require "lecho.outbox"
 local naming = require "lecho.naming"
 local membership = require "lecho.membership"
+local presence = require "lecho.presence"
 local policy = require "lecho.policy"
 
 local sorted_keys, reply, fail, flush = outbox.sorted_keys, outbox.reply, outbox.fail, outbox.flush
@@ -66,6 +67,7 @@ M.sorted_keys = sorted_keys   -- the keys of t, sorted (shared with lecho.contro
 local ops = {}
 for k, f in pairs(naming.ops) do ops[k] = f end
 for k, f in pairs(membership.ops) do ops[k] = f end
+for k, f in pairs(presence.ops) do ops[k] = f end
 
 -- What one `list` reply carries at most: channels, and bytes (estimated:
 -- names, addresses, 16 per field), far below the receiver's 16 MiB CTRL
@@ -119,13 +121,16 @@ local ONEWAY = { members_ok = true, release = true }
 --        max_members = 4096,
 --        settle = 3.0, recovering = false,
 --        forget_after = 30, nameserver = "host:port" (manager),
+--        max_groups = 65536, group_quota = 1024,
 --        log = function(level, msg) }
 -- channel_quota: the channel entries one requester (a context's address, or
 -- its principal in keyed mode) may make at the name server by lookups and
 -- joins, until another requester joins them or they are forgotten
 -- (forget_after); past it a lookup or a join fails with code "limit".  max_members: consumer contexts of one channel (what
 -- a producer takes in one member list); the join of one more fails with
--- code "limit".
+-- code "limit".  max_groups, group_quota: groups with leases
+-- (lecho.presence): groups this name server holds, and the memberships and
+-- watches one requester may have.
 -- Keyed mode (doc/security.md): identity = fn(addr) -> principal, pk (32
 -- raw bytes) of an authenticated peer (this context's own for `addr`), nil
 -- in protected mode; policy = a lecho.policy, its rules table or a policy
@@ -207,6 +212,7 @@ function M.new(opts)
     policy = pol,                         -- rw, keyed mode: a lecho.policy (a manager's comes from its name server)
     sign = opts.sign,                     -- keyed mode: fn(msg) -> signature (producer tickets)
   }, Registry)
+  presence.init(self, opts, num)          -- name server: groups with leases (lecho.presence)
   return self
 end
 
@@ -283,6 +289,7 @@ function Registry:peer_down(addr, send, now)
       check_waits(self, c, io)
       maybe_drop(self, c, now)
     end
+    presence.peer_down(self, addr)
     if self.managers[addr] then
       self.managers[addr] = nil
       for ch, owner in pairs(self.assign) do
@@ -310,6 +317,7 @@ function Registry:tick(send, now)
   guarded(self, function()
     if self.role == "nameserver" then
       naming.forget_unused(self, now)
+      presence.tick(self, io)
     elseif self.nameserver then
       naming.release_unused(self, now, io)
     end

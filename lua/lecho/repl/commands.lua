@@ -221,7 +221,8 @@ the producing and consuming processes ("(me)": this REPL) and the manager.]], fu
   R.command("send", "send(ch, ev [, {async=, timeout=}])", "produce an event (waits until consumed)", [[
 Produces ev on channel ch and returns true once every consumer ran its
 handler on it (submit_sync, timeout 5 s); an error raised by a consumer's
-handler comes back as the error of send.  async = true: queue it and return.]], function(name, ev, o)
+handler comes back as the error of send; false when nobody consumes ch
+(said).  async = true: queue it and return.]], function(name, ev, o)
     R.check_name(name, "send")
     R.check_opts(o, "send", { "async", "timeout" })
     o = o or {}
@@ -241,7 +242,8 @@ handler comes back as the error of send.  async = true: queue it and return.]], 
       ctx:flush()
       return true
     end
-    local ok, err = p:submit_sync(ev, { timeout = o.timeout or 5 })
+    local ok, err, code = p:submit_sync(ev, { timeout = o.timeout or 5 })
+    if code == "noconsumer" then return false end   -- (said above)
     if not ok then error("send: " .. tostring(err), 2) end
     return true
   end)

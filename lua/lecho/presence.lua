@@ -1,0 +1,386 @@
+-- lecho.presence: the name server's part of the registry for groups with
+-- leases (issue 12, README "Presence").  A member joins a group with a
+-- lease and renews it by beacon (the same gjoin again); a member whose
+-- lease runs out is removed in the registry tick, and the group's watchers
+-- are told (gchange).  Soft state only: a restarted name server learns the
+-- groups again from the beacons.
+--
+-- Ops (`function(self, from, msg, io)` on a registry, requests with a rid):
+--   gjoin  { group, data, lease, watch = bool, ver =, epoch = }  the member is `from`:
+--          creates or renews; watch: `from` is also a watcher, for as long
+--   gleave { group }                    `from` leaves (members and watchers)
+--   glist  { group }                    -> members = { [addr] = { data, lease, left } }
+--   gwatch { group, on = bool, lease, ver =, epoch = }  watch (renewed like a member) or stop
+-- gjoin and gwatch answer { epoch, age, ver } and, when the asker watches and
+-- its `epoch`/`ver` are not the group's, the members as glist does: a
+-- watcher that missed a change (or whose name server restarted) catches up
+-- at its next renewal.  A change is sent to every watcher as
+--   gchange { group, epoch, ver, joined = { [addr] = data }, left = { [addr] = why } }
+-- (why: "left", "expired"); `ver` counts the group's changes at this name
+-- server (epoch: this name server's run), so a watcher sees a gap.
+--
+-- Bounds, each refused with its reason: group names (1 to 200 bytes of
+-- A-Z a-z 0-9 . _ - /), data (4 KiB encoded, estimated), lease ([0.1, 3600] s),
+-- members per group (max_members), member data per group (GROUP_BYTES),
+-- groups (max_groups), and the entries (memberships and watches) one
+-- requester may have (group_quota; a principal in keyed mode, else an address).
+-- Keyed mode: joining needs the policy's `produce` on the group's name, listing
+-- and watching `consume` (groups are named like channels).
+
+-- Never compiled, as lecho.registry (Debian's LuaJIT and LuaJIT #827).
+if jit then jit.off(true, true) end
+
+local outbox = require "lecho.outbox"
+local naming = require "lecho.naming"
+
+local emit, reply, fail = outbox.emit, outbox.reply, outbox.fail
+
+local M = {}
+
+M.MAX_DATA = 4096               -- bytes of one member's data (encoded, estimated)
+M.GROUP_BYTES = 4 * 1024 * 1024 -- of all of one group's members' data (a glist reply stays far below a frame)
+M.MIN_LEASE, M.MAX_LEASE = 0.1, 3600
+M.MAX_GROUP_NAME = 200
+
+-- The size of value v as the codec would write it, about (a tag and a
+-- length per item): nil once it passes `limit` or nests deeper than 32.
+local function value_bytes(v, limit)
+  local n = 0
+  local function walk(x, depth)
+    if n > limit then return end
+    local t = type(x)
+    if t == "string" then
+      n = n + 5 + #x
+    elseif t == "table" then
+      if depth > 32 then n = limit + 1 return end
+      n = n + 5
+      for k, val in pairs(x) do
+        walk(k, depth + 1)
+        walk(val, depth + 1)
+        if n > limit then return end
+      end
+    else
+      n = n + 9
+    end
+  end
+  walk(v, 1)
+  if n > limit then return nil end
+  return n
+end
+M.value_bytes = value_bytes
+
+local function check_group(self, msg)
+  local g = msg.group
+  if type(g) ~= "string" or g == "" or #g > M.MAX_GROUP_NAME or g:find("[^%w%._/%-]") or g:byte(1) == 47 then
+    return nil, ("%s: field 'group' must be 1 to %d bytes of A-Z a-z 0-9 . _ - / (not first)")
+                :format(tostring(msg.op), M.MAX_GROUP_NAME)
+  end
+  if self.role ~= "nameserver" then
+    return nil, ("%s: this context is a channel manager, not a name server"):format(msg.op)
+  end
+  return g
+end
+
+local function check_lease(msg)
+  local l = msg.lease
+  if type(l) ~= "number" or not (l >= M.MIN_LEASE and l <= M.MAX_LEASE) then
+    return nil, ("%s: field 'lease' must be a number of seconds from %g to %g")
+                :format(msg.op, M.MIN_LEASE, M.MAX_LEASE)
+  end
+  return l
+end
+
+-- This name server's run, told with every answer: a watcher that sees it
+-- change knows the name server restarted (its versions start again).
+local function epoch(self, now)
+  if not self.gepoch then
+    -- (the wall clock's second, this run's heap and CPU time: a restart
+    -- within the same second differs too)
+    self.gepoch = ("%s@%d/%s/%.6f"):format(self.addr, os.time(), tostring({}):match("%x+$") or "", os.clock())
+    self.gstart = now
+  end
+  return self.gepoch
+end
+
+-- Are a and b the same value (tables by content, 32 levels at most)?
+local function same_value(a, b, depth)
+  if a == b then return true end
+  if type(a) ~= "table" or type(b) ~= "table" or depth > 32 then return false end
+  for k, v in pairs(a) do
+    if not same_value(v, b[k], depth + 1) then return false end
+  end
+  for k in pairs(b) do
+    if a[k] == nil then return false end
+  end
+  return true
+end
+
+-- Room for one more entry (a membership or a watch) of requester `who`?
+local function quota_room(self, who)
+  if (self.gcount[who] or 0) >= self.group_quota then
+    return nil, ("too many groups joined or watched by %s (limit %d per requester)"):format(who, self.group_quota)
+  end
+  return true
+end
+
+-- Entries (memberships and watches) of requester `who`.
+local function charge(self, who, d)
+  local n = (self.gcount[who] or 0) + d
+  self.gcount[who] = n > 0 and n or nil
+end
+
+local function get_group(self, name, create, op)
+  local g = self.groups[name]
+  if g or not create then return g end
+  if self.ngroups >= self.max_groups then
+    return nil, ("%s: too many groups (limit %d)"):format(op, self.max_groups)
+  end
+  g = { name = name, members = {}, n = 0, bytes = 0, watchers = {}, ver = 0 }
+  self.groups[name] = g
+  self.ngroups = self.ngroups + 1
+  return g
+end
+
+local function maybe_drop(self, g)
+  if g.n == 0 and next(g.watchers) == nil and self.groups[g.name] == g then
+    self.groups[g.name] = nil
+    self.ngroups = self.ngroups - 1
+  end
+end
+
+local function member_list(g, now)
+  local out = {}
+  for a, m in pairs(g.members) do
+    out[a] = { data = m.data, lease = m.lease, left = math.max(m.expires - now, 0) }
+  end
+  return out
+end
+
+-- Tells every watcher of g one change (joined / left: { [addr] = ... }).
+local function changed(self, io, g, joined, left)
+  g.ver = g.ver + 1
+  local ep = epoch(self, io.now)
+  for a in pairs(g.watchers) do
+    emit(self, io, a, { op = "gchange", group = g.name, epoch = ep, ver = g.ver, joined = joined, left = left })
+  end
+end
+
+local function set_watch(self, g, from, who, lease, now)
+  local w = g.watchers[from]
+  if not w then
+    local ok, err = quota_room(self, who)
+    if not ok then return nil, err end
+    charge(self, who, 1)
+    w = { who = who }
+    g.watchers[from] = w
+  end
+  w.expires = now + lease
+  if w.expires < self.gnext then self.gnext = w.expires end
+  return true
+end
+
+local function drop_watch(self, g, from)
+  local w = g.watchers[from]
+  if w then
+    g.watchers[from] = nil
+    charge(self, w.who, -1)
+  end
+end
+
+-- The answer to a renewal: the group's version, and its members when the
+-- asker watches and has not seen this version of this run.
+local function renewal(self, io, from, msg, g, watch)
+  local ep = epoch(self, io.now)
+  local r = { epoch = ep, age = io.now - self.gstart, ver = g and g.ver or 0 }
+  if watch and (msg.epoch ~= ep or msg.ver ~= r.ver) then r.members = g and member_list(g, io.now) or {} end
+  reply(self, io, from, msg.rid, r)
+end
+
+local ops = {}
+
+function ops.gjoin(self, from, msg, io)
+  local name, err = check_group(self, msg)
+  if not name then return fail(self, io, from, msg.rid, err) end
+  local lease; lease, err = check_lease(msg)
+  if not lease then return fail(self, io, from, msg.rid, err) end
+  local ok; ok, err = naming.allowed(self, from, "produce", name)
+  if ok and msg.watch == true then ok, err = naming.allowed(self, from, "consume", name) end  -- (watching too)
+  if not ok then return fail(self, io, from, msg.rid, "gjoin: " .. err, { code = "refused" }) end
+  local data = msg.data
+  if data == nil then data = {} end
+  local size = value_bytes(data, M.MAX_DATA)
+  if not size then
+    return fail(self, io, from, msg.rid, ("gjoin: data larger than %d bytes encoded (or nested deeper than 32)")
+                                          :format(M.MAX_DATA), { code = "limit" })
+  end
+  local who = naming.requester(self, from)
+  local g = self.groups[name]
+  local m = g and g.members[from]
+  if not m then
+    if g and g.n >= self.max_members then
+      return fail(self, io, from, msg.rid, ("gjoin: group '%s' has %d members (limit %d)")
+                                            :format(name, g.n, self.max_members), { code = "limit" })
+    end
+    ok, err = quota_room(self, who)
+    if not ok then return fail(self, io, from, msg.rid, err, { code = "limit" }) end
+  end
+  if (g and g.bytes or 0) - (m and m.size or 0) + size > M.GROUP_BYTES then
+    return fail(self, io, from, msg.rid, ("gjoin: group '%s' holds %d bytes of member data (limit %d)")
+                                          :format(name, g.bytes, M.GROUP_BYTES), { code = "limit" })
+  end
+  if not g then
+    g, err = get_group(self, name, true, "gjoin")
+    if not g then return fail(self, io, from, msg.rid, err, { code = "limit" }) end
+  end
+  local expires = io.now + lease
+  if expires < self.gnext then self.gnext = expires end
+  local news = false
+  if not m then
+    m = { who = who }
+    g.members[from] = m
+    g.n = g.n + 1
+    charge(self, who, 1)
+    news = true
+    self.log("info", ("group '%s': %s joined"):format(name, from))
+  elseif m.data ~= data and not same_value(m.data, data, 0) then
+    news = true     -- the same member with other data: told as joined again
+  end
+  g.bytes = g.bytes - (m.size or 0) + size
+  m.data, m.size, m.lease, m.expires = data, size, lease, expires
+  if msg.watch == true then
+    ok, err = set_watch(self, g, from, who, lease, io.now)
+    if not ok then
+      if news then changed(self, io, g, { [from] = data }, nil) end
+      return fail(self, io, from, msg.rid, err, { code = "limit" })
+    end
+  elseif msg.watch == false then
+    drop_watch(self, g, from)
+  end
+  if news then changed(self, io, g, { [from] = data }, nil) end
+  -- (the reply is queued after the gchange: the joiner's own gchange, if it
+  -- watches, comes first and its ver is the reply's; either order converges)
+  renewal(self, io, from, msg, g, msg.watch == true)
+end
+
+function ops.gleave(self, from, msg, io)
+  local name, err = check_group(self, msg)
+  if not name then return fail(self, io, from, msg.rid, err) end
+  local g = self.groups[name]
+  local m = g and g.members[from]
+  if m then
+    g.members[from] = nil
+    g.n, g.bytes = g.n - 1, g.bytes - m.size
+    charge(self, m.who, -1)
+    self.log("info", ("group '%s': %s left"):format(name, from))
+    changed(self, io, g, nil, { [from] = "left" })
+  end
+  if g then
+    drop_watch(self, g, from)
+    maybe_drop(self, g)
+  end
+  reply(self, io, from, msg.rid, { was = m ~= nil })
+end
+
+function ops.glist(self, from, msg, io)
+  local name, err = check_group(self, msg)
+  if not name then return fail(self, io, from, msg.rid, err) end
+  local ok; ok, err = naming.allowed(self, from, "consume", name)
+  if not ok then return fail(self, io, from, msg.rid, "glist: " .. err, { code = "refused" }) end
+  local g = self.groups[name]
+  local ep = epoch(self, io.now)
+  reply(self, io, from, msg.rid, { members = g and member_list(g, io.now) or {}, epoch = ep,
+                                   age = io.now - self.gstart, ver = g and g.ver or 0 })
+end
+
+function ops.gwatch(self, from, msg, io)
+  local name, err = check_group(self, msg)
+  if not name then return fail(self, io, from, msg.rid, err) end
+  if type(msg.on) ~= "boolean" then return fail(self, io, from, msg.rid, "gwatch: field 'on' must be a boolean") end
+  local g = self.groups[name]
+  if not msg.on then
+    if g then
+      drop_watch(self, g, from)
+      maybe_drop(self, g)
+    end
+    return reply(self, io, from, msg.rid, {})
+  end
+  local lease; lease, err = check_lease(msg)
+  if not lease then return fail(self, io, from, msg.rid, err) end
+  local ok; ok, err = naming.allowed(self, from, "consume", name)
+  if not ok then return fail(self, io, from, msg.rid, "gwatch: " .. err, { code = "refused" }) end
+  local who = naming.requester(self, from)
+  if not g then
+    g, err = get_group(self, name, true, "gwatch")
+    if not g then return fail(self, io, from, msg.rid, err, { code = "limit" }) end
+  end
+  ok, err = set_watch(self, g, from, who, lease, io.now)
+  if not ok then
+    maybe_drop(self, g)
+    return fail(self, io, from, msg.rid, err, { code = "limit" })
+  end
+  renewal(self, io, from, msg, g, true)
+end
+
+-- From the registry tick: members and watchers whose lease ran out go;
+-- the watchers are told which members expired.  Cheap while nothing is due
+-- (gnext: the earliest expiry, or later).
+function M.tick(self, io)
+  local now = io.now
+  if now < self.gnext then return end
+  local nxt = math.huge
+  for _, g in pairs(self.groups) do
+    local gone
+    for a, m in pairs(g.members) do
+      if m.expires <= now then
+        gone = gone or {}
+        gone[a] = m
+      elseif m.expires < nxt then
+        nxt = m.expires
+      end
+    end
+    for a, w in pairs(g.watchers) do
+      if w.expires <= now then
+        g.watchers[a] = nil
+        charge(self, w.who, -1)
+      elseif w.expires < nxt then
+        nxt = w.expires
+      end
+    end
+    if gone then
+      local left = {}
+      for a, m in pairs(gone) do
+        g.members[a] = nil
+        g.n, g.bytes = g.n - 1, g.bytes - m.size
+        charge(self, m.who, -1)
+        left[a] = "expired"
+        self.log("info", ("group '%s': %s expired (no beacon for %gs)"):format(g.name, a, m.lease))
+      end
+      changed(self, io, g, nil, left)
+    end
+    maybe_drop(self, g)
+  end
+  self.gnext = nxt
+end
+
+-- The connection to `addr` is gone: it watches nothing any more (a
+-- member stays until its lease runs out: a lost connection is not proof
+-- of death, and a beacon may come through the next one).
+function M.peer_down(self, addr)
+  for _, g in pairs(self.groups) do
+    drop_watch(self, g, addr)
+    maybe_drop(self, g)
+  end
+end
+
+-- The registry's fields for groups (lecho.registry.new).
+function M.init(self, opts, num)
+  self.groups, self.ngroups = {}, 0
+  self.gcount = {}                                   -- requester -> entries
+  self.gnext = math.huge                             -- earliest expiry
+  self.max_groups = num("max_groups", 65536)         -- rw
+  self.group_quota = num("group_quota", 1024)        -- rw: entries one requester may have
+end
+
+M.ops = ops
+
+return M

@@ -1,0 +1,551 @@
+-- lecho.service: services and calls (README "Services and calls").
+--
+-- A service NAME is the channel "svc:NAME" at each name server of the
+-- context: its servers are consumers of it (their join lists the versions
+-- they serve), its callers producers.  A call is one sync event sent to ONE
+-- server (ctx.c:call); the ACK of that event carries the reply as its value
+-- (doc/wire-format.md "Calls").  Values on the wire:
+--   request { v = version wanted, k = idempotency key, t = timeout, a = args }
+--   reply   { n = N, ...results }  or  { e = error value, c = "code", tb = traceback }
+-- The server runs each call in a coroutine of its own (a handler may wait);
+-- its limits: `concurrency` running, `queue` waiting, past them "busy" at
+-- once; `budget` CPU seconds of the handler's own Lua per call.  The caller
+-- balances over the servers of a compatible version and retries on another
+-- when the call surely did not run (busy, noservice, unreachable, refused),
+-- and with a `key` also after a timeout or a lost connection.
+
+local options = require "lecho.options"
+local Context = require "lecho.context"
+
+local jit_ok, jit = pcall(require, "jit")
+local sethook, traceback, clock = debug.sethook, debug.traceback, os.clock
+local unpack, select, type, pairs, ipairs = unpack, select, type, pairs, ipairs
+
+local Service = {}
+Service.__index = Service
+
+-- Instructions between two looks at a budgeted handler's CPU time.
+local HOOK_COUNT = 10000
+
+local function check_name(name, where)
+  if type(name) ~= "string" or #name < 1 or #name > 200 or not name:find("^[%w%._%-]+$") then
+    error(("lecho: %s: a service name is 1 to 200 bytes of A-Z a-z 0-9 . _ - (got %s)")
+          :format(where, type(name) == "string" and ("%q"):format(name:sub(1, 40)) or type(name)), 3)
+  end
+end
+
+local function nslist(ctx) return ctx.nslist or { ctx.ns } end
+
+local function sorted_versions(byver)
+  local vs = {}
+  for v in pairs(byver) do vs[#vs + 1] = v end
+  table.sort(vs)
+  return vs
+end
+
+-- ---- CPU budget -----------------------------------------------------------
+-- LuaJIT's hooks are the VM's, not a coroutine's: the count hook is set
+-- while a budgeted handler runs and cleared while it waits (ctx:_wait calls
+-- _budget_pause/_budget_resume) and when it ends.  The handler's functions
+-- run interpreted (jit.off) so that the hook sees their loops.
+
+function Context:_budget_pause(b)
+  sethook()
+  self.svc_cur = nil
+  local t = clock()
+  local dt = t - b.last
+  b.used = b.used + dt
+end
+
+function Context:_budget_resume(b)
+  b.last = clock()
+  self.svc_cur = b
+  sethook(self.svc_hook, "", HOOK_COUNT)
+end
+
+local function budget_hook(ctx)
+  return function()
+    local b = ctx.svc_cur
+    if not b then return end
+    local t = clock()
+    b.used = b.used + (t - b.last)
+    b.last = t
+    if b.used > b.limit then
+      error(("budget exceeded: %s@%d used %.2f s of CPU (budget %g s)"):format(
+        b.s.name, b.s.version, b.used, b.limit), 0)
+    end
+  end
+end
+
+-- ---- server side ------------------------------------------------------------
+
+local function ack(ctx, peer, sync, reply)
+  local ok, err = ctx.c:ack(peer, sync, 1, reply, true)
+  if not ok then
+    ctx.c:ack(peer, sync, 1, { e = "reply cannot be sent: " .. tostring(err), c = "invalid" }, true)
+  end
+end
+
+-- The service of `entry` a request asks for: version v exactly, or the
+-- highest (a caller names the version it chose).
+local function pick(entry, v)
+  if v ~= nil then return entry.byver[v] end
+  local vs = entry.versions
+  return vs[#vs] and entry.byver[vs[#vs]]
+end
+
+local function err_value(e)
+  -- a value that cannot travel (a function, a coroutine) goes as its text
+  local t = type(e)
+  if t == "function" or t == "thread" or t == "userdata" then return tostring(e) end
+  return e
+end
+
+local function pack_reply(ok, ...)
+  local n = select("#", ...)
+  if ok then return { n = n, ... } end
+  local w = ...
+  return { e = err_value(w.e), c = w.c or "failed", tb = w.tb }
+end
+
+local function on_error(e)
+  if type(e) == "string" and e:find("^budget exceeded: ") then
+    return { e = e, c = "limit", tb = traceback(e, 2) }
+  end
+  -- (a value that is no string: the traceback alone, "stack traceback:...")
+  return { e = e, c = "failed", tb = type(e) == "string" and traceback(e, 2)
+                                     or (traceback("", 2):gsub("^\n", "")) }
+end
+
+local start
+
+-- One call, in a coroutine of its own.
+local function run_call(ctx, s, peer, sync, req, caller)
+  local meta = { service = s.name, version = s.version, caller = caller, key = req.k,
+                 deadline = type(req.t) == "number" and ctx.c:now() + req.t or nil }
+  local co = coroutine.running()
+  local b
+  if s.budget > 0 then
+    b = { used = 0, last = 0, limit = s.budget, s = s }
+    ctx.svc_budgets[co] = b
+    ctx:_budget_resume(b)
+  end
+  local reply = pack_reply(xpcall(s.handler, on_error, req.a, meta))
+  if b then
+    ctx:_budget_pause(b)
+    ctx.svc_budgets[co] = nil
+  end
+  s.running = s.running - 1
+  if not ctx.closed then ack(ctx, peer, sync, reply) end
+  -- the next waiting calls, now that there is room
+  local q = s.q
+  while q[1] and s.running < s.concurrency and not s.closed and not ctx.closed do
+    local w = table.remove(q, 1)
+    start(ctx, s, w[1], w[2], w[3], w[4])
+  end
+end
+
+start = function(ctx, s, peer, sync, req, caller)
+  s.running = s.running + 1
+  ctx:_spawn(run_call, ctx, s, peer, sync, req, caller)
+end
+
+-- From Context:_dispatch: an event on a call channel served here.  Never
+-- acknowledged from C (returns no count): each call is answered by ack().
+function Context:_serve(entry, req, peer, sync)
+  if sync == 0 then return false end -- not a call (no sync id): nothing to answer
+  if type(req) ~= "table" or (req.v ~= nil and type(req.v) ~= "number")
+     or (req.k ~= nil and type(req.k) ~= "string") or (req.t ~= nil and type(req.t) ~= "number") then
+    ack(self, peer, sync, { e = ("bad request to service %s: not a request table"):format(entry.name),
+                            c = "invalid" })
+    return false
+  end
+  local s = pick(entry, req.v)
+  if not s then
+    ack(self, peer, sync, { e = ("no service %s%s here"):format(entry.name,
+                            req.v and "@" .. req.v or ""), c = "noservice" })
+    return false
+  end
+  local caller = peer == 0 and self.addr or self:_peer_addr(peer)
+  if self.keyed then caller = self.c:peer_identity(caller) or caller end
+  if s.running < s.concurrency then
+    start(self, s, peer, sync, req, caller)
+  elseif #s.q < s.queue then
+    s.q[#s.q + 1] = { peer, sync, req, caller }
+  else
+    ack(self, peer, sync, { e = ("busy: %s@%d has %d running and %d queued"):format(
+      s.name, s.version, s.running, #s.q), c = "busy" })
+  end
+  return false
+end
+
+local function noop() end
+
+--- Serves `name` with handler(args, meta) -> results.  opts: version (1),
+-- concurrency (16), queue (64), budget (5 CPU seconds per call; 0: none).
+-- Returns the service object (s:close() unloads it), or nil, err, code.
+function Context:service(name, handler, opts)
+  check_name(name, "ctx:service")
+  if type(handler) ~= "function" then error("lecho: ctx:service needs a handler function", 2) end
+  if self.closed then error("lecho: context is closed", 2) end
+  opts = options.check(opts, options.SERVICE, "ctx:service", 2)
+  local D = options.SERVICE
+  local version = opts.version or D.version
+  self.svc_names = self.svc_names or {}
+  self.svc_chans = self.svc_chans or {}
+  self.svc_budgets = self.svc_budgets or setmetatable({}, { __mode = "k" })
+  self.svc_hook = self.svc_hook or budget_hook(self)
+  local entry = self.svc_names[name]
+  if not entry then
+    entry = { name = name, byver = {}, versions = {}, chans = {} }
+    for _, ns in ipairs(nslist(self)) do
+      local ch, err, code = self:channel(ns .. "/svc:" .. name)
+      if not ch then return nil, err, code end
+      self.c:set_calls(ch.chid)
+      entry.chans[#entry.chans + 1] = ch
+      self.svc_chans[ch.chid] = entry
+    end
+    self.svc_names[name] = entry
+  end
+  if entry.byver[version] then
+    return nil, ("service %s@%d is served here already"):format(name, version), "invalid"
+  end
+  local budget = opts.budget or D.budget
+  if budget > 0 and jit_ok then jit.off(handler, true) end
+  local s = setmetatable({ ctx = self, name = name, version = version, handler = handler,
+                           concurrency = opts.concurrency or D.concurrency,
+                           queue = opts.queue or D.queue, budget = budget,
+                           running = 0, q = {}, cons = {}, entry = entry }, Service)
+  entry.byver[version] = s
+  entry.versions = sorted_versions(entry.byver)
+  -- joined at every name server; one that fails is logged, all failing is
+  -- the error
+  local ok_any, err, code = false, nil, nil
+  for i, ch in ipairs(entry.chans) do
+    ch.svc_versions = entry.versions
+    local con, e, c = ch:consumer(noop)
+    if con then
+      s.cons[i] = con
+      ok_any = true
+    else
+      err, code = e, c
+      self.log(("service %s@%d: %s"):format(name, version, tostring(e)))
+    end
+  end
+  if not ok_any then
+    s.closed = true
+    entry.byver[version] = nil
+    entry.versions = sorted_versions(entry.byver)
+    for _, ch in ipairs(entry.chans) do ch.svc_versions = entry.versions end
+    return nil, err, code
+  end
+  return s
+end
+
+--- Unloads the service: calls running finish and reply; those queued, and
+-- any arriving later, are answered "noservice" at once.
+function Service:close()
+  if self.closed then return end
+  self.closed = true
+  local ctx, entry = self.ctx, self.entry
+  entry.byver[self.version] = nil
+  entry.versions = sorted_versions(entry.byver)
+  local q = self.q
+  self.q = {}
+  for _, w in ipairs(q) do
+    ack(ctx, w[1], w[2], { e = ("no service %s@%d here (unloaded)"):format(self.name, self.version),
+                           c = "noservice" })
+  end
+  if ctx.closed then return end
+  for i, ch in ipairs(entry.chans) do
+    ch.svc_versions = entry.versions
+    if self.cons[i] then self.cons[i]:close() end
+  end
+end
+
+-- ---- caller side --------------------------------------------------------------
+
+-- The caller's state of service `name`: one channel per name server,
+-- joined as a producer at the first call that needs it.
+local function caller_of(ctx, name)
+  ctx.svc_callers = ctx.svc_callers or {}
+  local cl = ctx.svc_callers[name]
+  if cl then return cl end
+  cl = { name = name, chans = {}, prods = {}, rr = 0 }
+  for i, ns in ipairs(nslist(ctx)) do
+    local ch, err, code = ctx:channel(ns .. "/svc:" .. name)
+    if not ch then return nil, err, code end
+    ctx.c:set_calls(ch.chid)
+    cl.chans[i] = ch
+  end
+  ctx.svc_callers[name] = cl
+  return cl
+end
+
+-- The producer of name server i's channel: joined once (concurrent calls
+-- wait for the one join).  nil, err, code when the join fails (tried again
+-- by the next call).
+local function joined(ctx, cl, i)
+  local p = cl.prods[i]
+  if p then return p end
+  if cl.joining and cl.joining[i] then
+    ctx:_wait(function() return not cl.joining[i] end)
+    if cl.prods[i] then return cl.prods[i] end
+    return nil, cl.join_err and cl.join_err[i] or "join failed", "closed"
+  end
+  cl.joining = cl.joining or {}
+  cl.joining[i] = true
+  local err, code
+  p, err, code = cl.chans[i]:producer()
+  cl.joining[i] = nil
+  if p then
+    cl.prods[i] = p
+  else
+    cl.join_err = cl.join_err or {}
+    cl.join_err[i] = err
+  end
+  return p, err, code
+end
+
+local function vlist(vs)
+  local l = {}
+  for v in pairs(vs) do l[#l + 1] = v end
+  table.sort(l)
+  return table.concat(l, ", ")
+end
+
+-- A server's entry in a member list's `svc`: its versions, or nil.
+local function versions_of(info)
+  local vs = type(info) == "table" and info.versions
+  return type(vs) == "table" and vs or nil
+end
+
+local function serves(vs, want)
+  for i = 1, #vs do
+    if vs[i] == want then return true end
+  end
+  return false
+end
+
+-- The servers to try at channel ch: a list of addresses serving the
+-- version chosen (exact, minimum or the highest), and that version; or nil,
+-- err, code.
+local function candidates(ctx, cl, ch, opts, tried)
+  local svc = ch.svc
+  local at = opts.at
+  local addrs, all = {}, {}
+  for addr, info in pairs(svc or {}) do
+    local vs = versions_of(info)
+    if vs and not tried[addr] and (not at or at == addr) then
+      addrs[#addrs + 1] = addr
+      for i = 1, #vs do all[vs[i]] = true end
+    end
+  end
+  if not addrs[1] then return nil, "no service " .. cl.name, "noservice" end
+  local want
+  if opts.version then
+    want = all[opts.version] and opts.version or nil
+  else
+    local floor = opts.min_version or 1
+    for v in pairs(all) do
+      if v >= floor and (want == nil or v > want) then want = v end
+    end
+  end
+  if not want then
+    return nil, ("no compatible version of %s: asked %s%d, servers have %s"):format(cl.name,
+      opts.version and "" or ">= ", opts.version or opts.min_version, vlist(all)), "version"
+  end
+  local list = {}
+  for i = 1, #addrs do
+    local a = addrs[i]
+    if serves(versions_of(svc[a]), want) then list[#list + 1] = a end
+  end
+  table.sort(list)
+  return list, want
+end
+
+-- LuaJIT 2.1.0-beta3 (Debian's) miscompiled this version matching once
+-- hot (a server listing version 1 stopped matching 1 after ~50 calls):
+-- it runs interpreted; it looks at a few servers per call.
+if jit_ok then
+  jit.off(serves)
+  jit.off(candidates)
+end
+
+-- The least loaded of the candidates (calls in flight from here), round
+-- robin among equals.
+local function choose(ctx, cl, list)
+  local inflight = ctx.svc_inflight
+  local n = #list
+  cl.rr = cl.rr + 1
+  local best, bestn
+  for k = 0, n - 1 do
+    local a = list[(cl.rr + k) % n + 1]
+    local f = inflight[a] or 0
+    if not bestn or f < bestn then best, bestn = a, f end
+  end
+  return best
+end
+
+-- Did the call surely not run?  Then another server may be tried.
+local SURELY_NOT_RAN = { busy = true, noservice = true, refused = true }
+
+-- One try at server addr of channel ch: true, the reply { n =, ... } or nil, err,
+-- code, tb, retry (retry: "safe" when it surely did not run, "key" when
+-- it may have run).
+local function try(ctx, cl, ch, addr, want, args, opts, timeout)
+  local c = ctx.c
+  local req = { v = want, k = opts.key, t = timeout, a = args }
+  local sid, err, code = c:call(ch.chid, addr ~= ctx.addr and addr, req)
+  if not sid then
+    if code == "notfound" then
+      return nil, ("service %s: %s is not a destination here"):format(cl.name, addr), "noservice", nil, "safe"
+    end
+    return nil, err, code
+  end
+  local r1, r2, r3 = c:call_result(sid)
+  if r1 == nil then return nil, r2, r3, nil, "safe" end -- unreachable: never sent
+  local inflight = ctx.svc_inflight
+  inflight[addr] = (inflight[addr] or 0) + 1
+  if r1 == false then
+    ctx:_wait(function()
+      r1, r2, r3 = c:call_result(sid)
+      return r1 ~= false
+    end, c:now() + timeout)
+  end
+  inflight[addr] = inflight[addr] - 1
+  if ctx.closed then return nil, "context closed while waiting for the reply", "closed" end
+  if r1 == false then r1, r2, r3 = c:call_result(sid, true) end
+  if r1 == nil then
+    if r3 == "timeout" then
+      r2 = ("service %s at %s: no reply within %g s"):format(cl.name, addr, timeout)
+    end
+    return nil, r2, r3, nil, "key"
+  end
+  local reply = r2
+  if reply == nil then
+    -- acknowledged without a value: no server of it there (any more)
+    return nil, ("no service %s at %s"):format(cl.name, addr), "noservice", nil, "safe"
+  end
+  if type(reply) ~= "table" then
+    return nil, ("service %s at %s: a reply that is not a table"):format(cl.name, addr), "protocol"
+  end
+  local n = reply.n
+  if reply.e ~= nil or reply.c ~= nil then
+    local ecode = type(reply.c) == "string" and reply.c or "failed"
+    return nil, reply.e, ecode, reply.tb, SURELY_NOT_RAN[ecode] and "safe" or nil
+  end
+  if type(n) == "number" then return true, reply end
+  if type(reply[1]) == "table" and reply[1].err ~= nil then
+    -- the server's context refused the event (keyed mode: no valid ticket)
+    return nil, ("service %s at %s: %s"):format(cl.name, addr, tostring(reply[1].err)), "refused", nil, "safe"
+  end
+  return nil, ("service %s at %s: a reply without results"):format(cl.name, addr), "protocol"
+end
+
+-- ctx:call's work: true, results... or nil, err, code[, traceback].
+local call_body
+
+local function call_done(self, ...)
+  self.svc_ncalls = self.svc_ncalls - 1
+  return ...
+end
+
+function Context:_call(name, args, opts)
+  if self.closed then return nil, "context is closed", "closed" end
+  self.svc_inflight = self.svc_inflight or {}
+  local n = self.svc_ncalls or 0
+  if n >= self.max_calls then
+    return nil, ("busy: %d calls in flight"):format(n), "busy"
+  end
+  self.svc_ncalls = n + 1
+  return call_done(self, call_body(self, name, args, opts))
+end
+
+call_body = function(self, name, args, opts)
+  local cl, err, code = caller_of(self, name)
+  if not cl then return nil, err, code end
+  local timeout = opts.timeout or self.sync_timeout
+  local retries = opts.retries or options.CALL.retries
+  local tried = {}
+  local last = nil
+  local attempts = 0
+  for i = 1, #cl.chans do
+    local p
+    p, err, code = joined(self, cl, i)
+    if p then
+      local ch = cl.chans[i]
+      while attempts <= retries do
+        local list, want
+        list, want, code = candidates(self, cl, ch, opts, tried)
+        if not list then
+          -- nothing (left) here: the next name server; a version refusal
+          -- or an earlier failure is the answer if none has better
+          if not last or code == "version" then last = { n = 3, nil, want, code } end
+          break
+        end
+        local addr = choose(self, cl, list)
+        attempts = attempts + 1
+        -- (fixed results, no table or closure per call: the hot path)
+        local ok, e, ecode, tb, retry = try(self, cl, ch, addr, want, args, opts, timeout)
+        if ok then return true, unpack(e, 1, e.n) end
+        if not (retry == "safe" or (retry == "key" and opts.key)) then return nil, e, ecode, tb end
+        last = { n = 4, nil, e, ecode, tb }
+        tried[addr] = true
+      end
+      if attempts > retries then break end
+    elseif not last then
+      last = { n = 3, nil, err, code }
+    end
+  end
+  if not last then return nil, "no service " .. name, "noservice" end
+  return nil, last[2], last[3], last[4]
+end
+
+--- Waits sec seconds (a finite number >= 0) while the loop serves
+-- everything else: inside a callback or a service handler only that one
+-- waits; on the main line the loop runs meanwhile.
+function Context:sleep(sec)
+  options.check_time(sec, "ctx:sleep", "sec", 2)
+  local deadline = self.c:now() + sec
+  self:_wait(function() return self.c:now() >= deadline end, deadline)
+end
+
+local function check_call(self, name, opts, where)
+  check_name(name, where)
+  if self.closed then error("lecho: context is closed", 3) end
+  opts = options.check(opts, options.CALL, where, 3)
+  if opts.version and opts.min_version then
+    error(("lecho: %s: version and min_version exclude each other"):format(where), 3)
+  end
+  return opts
+end
+
+-- _call's results as ctx:call returns them: without the leading true.
+local function strip(ok, ...)
+  if ok then return ... end
+  return nil, ...
+end
+
+--- Calls service `name` with args: the handler's results, or nil, err,
+-- code (and the handler's traceback when it raised).  opts: timeout
+-- (sync_timeout), version or min_version, key (idempotency key: retried
+-- after a timeout or a lost connection too), at ("host:port": that server
+-- only), retries (2).
+function Context:call(name, args, opts)
+  opts = check_call(self, name, opts, "ctx:call")
+  return strip(self:_call(name, args, opts))
+end
+
+--- The same call without waiting: cb(true, results...) or cb(nil, err,
+-- code, traceback) runs later, in a coroutine of the context's.
+function Context:call_async(name, args, opts, cb)
+  if type(cb) ~= "function" then error("lecho: ctx:call_async needs a callback function", 2) end
+  opts = check_call(self, name, opts, "ctx:call_async")
+  self:_spawn(function()
+    local ok, err = xpcall(function(...) return cb(...) end, traceback, self:_call(name, args, opts))
+    if not ok then self.log("error in call_async callback: " .. tostring(err)) end
+  end)
+end
+
+return Service

@@ -1,0 +1,129 @@
+-- Issue 12, point 4: the name server holds only soft state, renewed by its
+-- clients (channels: their rejoin; groups: their beacons).  A name server
+-- killed with SIGKILL and restarted on the same port loses nothing: the
+-- flow of a channel goes on (a consumer present before and after gets
+-- every event, in order), a consumer that joins after the restart gets
+-- events, the members of a group are registered again within a beacon and
+-- a watcher is told no false "left".  Real processes on 127.0.0.1, every
+-- wait bounded, every child killed at cleanup.
+local lecho = require "lecho"
+local cjson = require "cjson"
+local S = require "spec.support"
+local P = require "spec.support.proc"
+local kids = require "spec.children"
+
+-- Starts scripts/lecho-nameserver again at `addr` (its port is free: the
+-- one there was killed), with a recovery window of `settle` seconds.
+local function restart(addr, settle)
+  local port_file = S.tmpname("ns-addr")
+  local argv = P.nameserver_argv{ root = S.root, luajit = S.luajit, listen = addr, port_file = port_file,
+                                  args = { "--for", "120", "--settle", tostring(settle), "--quiet" } }
+  local child = S.spawn(P.sh_join(argv))
+  assert(S.wait_file(port_file, "\n", 10), "the name server did not restart: " .. S.errors(child))
+  return child
+end
+
+-- The sequence numbers a sink child (spec/children.lua) printed.
+local function seqs(child)
+  local l = {}
+  for seq in S.output(child):gmatch("ev (%d+) ") do l[#l + 1] = tonumber(seq) end
+  return l
+end
+
+local function contiguous(l)
+  for i = 2, #l do
+    if l[i] ~= l[i - 1] + 1 then return false, ("%d after %d"):format(l[i], l[i - 1]) end
+  end
+  return true
+end
+
+local function pause(ctx, s) S.run_until(ctx, function() return false end, s) end
+
+describe("a name server killed and restarted on the same port", function()
+  local ctx
+  after_each(function()
+    if ctx then ctx:close{ linger = 0 } end
+    ctx = nil
+    S.cleanup()
+  end)
+
+  it("loses no event of a flowing channel, and a consumer joining after it gets events", function()
+    local ns_child, ns = S.nameserver("--quiet")
+    ctx = lecho.context{ quiet = true, nameserver = ns, timeout = 2 }
+    local before = S.lua(kids.sink, cjson.encode({ ns = ns, channel = "flow", stop_on = "end", duration = 40 }))
+    assert(S.wait_file(before.out, "ready", 20), "consumer did not start: " .. S.errors(before))
+    local p = assert(ctx:channel("flow"):producer())
+    local n = 0
+    local ticker = ctx:every(0.01, function() n = n + 1; p:submit({ i = n }) end)
+    assert.is_true(S.run_until(ctx, function() return #seqs(before) >= 20 end, 10), "no flow before")
+    S.kill(ns_child, "KILL")
+    S.wait(ns_child, 5)
+    pause(ctx, 1)
+    local sent_down = n
+    restart(ns, 1)
+    -- the clients join again (the settle window: 1 s), then a new consumer
+    pause(ctx, 2)
+    local after = S.lua(kids.sink, cjson.encode({ ns = ns, channel = "flow", stop_on = "end", duration = 40 }))
+    -- (our loop runs meanwhile: the producer confirms the new member list)
+    assert(S.run_until(ctx, function() return S.output(after):find("ready") ~= nil end, 20),
+           "consumer did not start after the restart: " .. S.errors(after))
+    local at_ready = n
+    pause(ctx, 1)
+    ticker:stop()
+    assert(p:submit_sync("end", { timeout = 10 }))
+    assert(S.wait(before, 10, ctx) and S.wait(after, 10, ctx), "the consumers did not get the end")
+    local b, a = seqs(before), seqs(after)
+    -- the one before got everything, in order (the end marker is seq n + 1)
+    assert.are.same({ true }, { contiguous(b) })
+    assert.are.equal(1, b[1])
+    assert.are.equal(n + 1, b[#b])
+    assert(sent_down > 20)
+    -- the one after got what was submitted once it had joined, in order
+    assert.are.same({ true }, { contiguous(a) })
+    assert.is_true(#a > 0 and a[1] <= at_ready + 1 and a[#a] == n + 1,
+                   ("after the restart: %d events from %s"):format(#a, tostring(a[1])))
+  end)
+
+  it("has a group's members again within a beacon, and its watchers are told no false 'left'", function()
+    local ns_child, ns = S.nameserver("--quiet")
+    ctx = lecho.context{ quiet = true, nameserver = ns, timeout = 1 }
+    local seen = {}
+    local g = assert(ctx:group("room", { lease = 1.5, watch = function(c) seen[#seen + 1] = c end }))
+    local m = S.lua(kids.group_member, cjson.encode({ ns = { ns }, group = "room", lease = 1.5, data = "m", timeout = 1 }))
+    local addr = (assert(S.wait_file(m.out, "ready %S+\n", 20), "member did not join")):match("ready (%S+)")
+    -- a watcher that is no member, in a process of its own
+    local w = S.lua(kids.group_member, cjson.encode({ ns = { ns }, group = "room", lease = 1.5, watch = true,
+                                                      join = false, timeout = 1 }))
+    assert(S.wait_file(w.out, "ready %S+\n", 20), "watcher did not start")
+    local want = { [ctx.addr] = {}, [addr] = "m" }
+    assert.is_true(S.run_until(ctx, function()
+      local l = g:members()
+      return l and l[addr] ~= nil
+    end, 5))
+    S.kill(ns_child, "KILL")
+    S.wait(ns_child, 5)
+    pause(ctx, 1)
+    assert.is_nil((g:members()))          -- (nobody to ask)
+    restart(ns, 1)
+    local t0 = ctx:now()
+    local back = S.run_until(ctx, function()
+      local r = ctx:request(ns, { op = "glist", group = "room" })
+      return r and r.members[addr] ~= nil and r.members[ctx.addr] ~= nil
+    end, 1.5 / 3 + 2)
+    assert.is_true(back, "the members did not register again")
+    assert.is_true(ctx:now() - t0 <= 1.5 / 3 + 2)
+    pause(ctx, 2)
+    assert.are.same(want, assert(g:members()))
+    for _, c in ipairs(seen) do assert.are.same({}, c.left) end
+    assert.is_nil(S.output(w):find('"left":{"', 1, true), S.output(w))
+    -- and a member killed now is told to both, once its lease has passed
+    -- (the watcher that is no member registered its watch again too)
+    S.kill(m, "KILL")
+    assert.is_true(S.run_until(ctx, function()
+      for _, c in ipairs(seen) do if c.left[addr] then return true end end
+    end, 1.5 + 2))
+    assert.is_true(S.run_until(ctx, function()
+      return S.output(w):find(('"left":{"%s":"expired"}'):format(addr), 1, true) ~= nil
+    end, 2), S.output(w))
+  end)
+end)

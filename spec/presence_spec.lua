@@ -1,0 +1,570 @@
+-- Issue 12, point 4: several name servers (the `nameserver` option as a
+-- list, ctx.nslist) and presence with leases (ctx:group, the name server's
+-- gjoin/gleave/glist/gwatch ops).  Real processes on 127.0.0.1, ports chosen
+-- by the OS, every wait bounded, every child killed at cleanup.
+local lecho = require "lecho"
+local cjson = require "cjson"
+local S = require "spec.support"
+local kids = require "spec.children"
+
+-- The message fn(...) raises, without its position.
+local function raised(fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert.is_false(ok, "did not raise")
+  return (tostring(err):gsub("^[^:]*:%d+: ", ""))
+end
+
+describe("the nameserver option", function()
+  local ctx
+  after_each(function()
+    if ctx then ctx:close{ linger = 0 } end
+    ctx = nil
+    S.cleanup()
+  end)
+
+  it("takes one address: ctx.ns is it, ctx.nslist the list of it", function()
+    local _, ns = S.nameserver("--quiet")
+    ctx = lecho.context{ quiet = true, nameserver = ns }
+    assert.are.equal(ns, ctx.ns)
+    assert.are.same({ ns }, ctx.nslist)
+  end)
+
+  it("is this context's own address in nslist when omitted (embedded name server)", function()
+    ctx = lecho.context{ quiet = true }
+    assert.are.equal(ctx.addr, ctx.ns)
+    assert.are.same({ ctx.addr }, ctx.nslist)
+  end)
+
+  it("takes an ordered list: ctx.ns is the first, channels are looked up there", function()
+    local _, a = S.nameserver("--quiet")
+    local _, b = S.nameserver("--quiet")
+    ctx = lecho.context{ quiet = true, nameserver = { b, a } }
+    assert.are.same({ b, a }, ctx.nslist)
+    assert.are.equal(b, ctx.ns)
+    local ch = ctx:channel("x")
+    assert.are.equal(ctx.ns .. "/x", ch.name)
+    assert(ch:producer())
+    -- the channel was made at the first name server, not at the second
+    local chans = assert(ctx:list(ctx.ns))
+    assert.is_table(chans[ctx.ns .. "/x"])
+    chans = assert(ctx:list(a))
+    assert.is_nil(chans[ctx.ns .. "/x"])
+  end)
+
+  it("refuses a list with an address twice, or a bad one, saying which", function()
+    assert.are.equal("lecho: nameserver 127.0.0.1:7 is listed twice",
+                     raised(lecho.context, { quiet = true, nameserver = { "127.0.0.1:7", "127.0.0.1:7" } }))
+    assert.matches("^lecho: bad nameserver 'nope'",
+                   raised(lecho.context, { quiet = true, nameserver = { "127.0.0.1:7", "nope" } }))
+    assert.matches("^lecho%.context: nameserver must be an address string .* or a list of 1 to 16",
+                   raised(lecho.context, { quiet = true, nameserver = {} }))
+    local many = {}
+    for i = 1, 17 do many[i] = "127.0.0.1:" .. i end
+    assert.matches("list of 1 to 16", raised(lecho.context, { quiet = true, nameserver = many }))
+    assert.are.equal("lecho.context: manager takes one nameserver (the name server it registers with), not a list",
+                     raised(lecho.context, { quiet = true, manager = true,
+                                             nameserver = { "127.0.0.1:7", "127.0.0.1:8" } }))
+  end)
+end)
+
+-- A member process (spec/children.lua group_member) of group `group` at
+-- the name servers `ns` (a list); returns the child and its address.
+-- With ctx: its loop is served meanwhile (ctx is the name server).
+local function member(ns, group, o, ctx)
+  o = o or {}
+  o.ns, o.group = ns, group
+  local child = S.lua(kids.group_member, cjson.encode(o))
+  local out
+  local function said()
+    out = S.output(child):match("ready %S+\n") or S.output(child):match("failed [^\n]*\n")
+    return out ~= nil
+  end
+  if ctx then S.run_until(ctx, said, 20) else S.wait_file(child.out, "\n", 20) said() end
+  assert(out, "member did not start: " .. S.output(child) .. S.errors(child))
+  return child, out:match("ready (%S+)"), out
+end
+
+-- A watcher in this process: the group, and the list of what it was told
+-- ({ at = ctx:now(), joined =, left = } each).
+local function watcher(ctx, group, o)
+  local seen = {}
+  o = o or {}
+  o.watch = function(c) seen[#seen + 1] = { at = ctx:now(), joined = c.joined, left = c.left } end
+  local g, err, code = ctx:group(group, o)
+  assert(g, tostring(err) .. " " .. tostring(code))
+  return g, seen
+end
+
+-- How many notices in `seen` say `addr` left (and the last why), or joined.
+local function lefts(seen, addr)
+  local n, why, at = 0, nil, nil
+  for _, c in ipairs(seen) do
+    if c.left[addr] then n, why, at = n + 1, c.left[addr], c.at end
+  end
+  return n, why, at
+end
+local function joins(seen, addr)
+  local n = 0
+  for _, c in ipairs(seen) do
+    if c.joined[addr] ~= nil then n = n + 1 end
+  end
+  return n
+end
+
+-- Who the watcher believes online now (the fold of what it was told).
+local function online(seen)
+  local on = {}
+  for _, c in ipairs(seen) do
+    for a, d in pairs(c.joined) do on[a] = d end
+    for a in pairs(c.left) do on[a] = nil end
+  end
+  return on
+end
+
+local function count(t)
+  local n = 0
+  for _ in pairs(t) do n = n + 1 end
+  return n
+end
+
+describe("a group", function()
+  local ctx
+  after_each(function()
+    if ctx then ctx:close{ linger = 0 } end
+    ctx = nil
+    S.cleanup()
+  end)
+
+  it("is joined, listed with each member's data, watched, and left (the others told 'left')", function()
+    local _, ns = S.nameserver("--quiet")
+    ctx = lecho.context{ quiet = true, nameserver = ns }
+    local g, seen = watcher(ctx, "chat", { lease = 2, data = { nick = "me" } })
+    local _, a1 = member({ ns }, "chat", { lease = 2, data = { nick = "ann" }, leave_after = 1.5 })
+    local _, a2 = member({ ns }, "chat", { lease = 2, data = { nick = "bob", n = 2 } })
+    assert.is_true(S.run_until(ctx, function() return count(online(seen)) == 3 end, 10))
+    local m = assert(g:members())
+    assert.are.same({ [ctx.addr] = { nick = "me" }, [a1] = { nick = "ann" }, [a2] = { nick = "bob", n = 2 } }, m)
+    assert.are.same(m, online(seen))
+    -- new data is told as joined again
+    g:set_data({ nick = "me2" })
+    assert.is_true(S.run_until(ctx, function() return online(seen)[ctx.addr].nick == "me2" end, 5))
+    -- ann leaves: told once, as "left", and the list no longer has her
+    assert.is_true(S.run_until(ctx, function() return lefts(seen, a1) > 0 end, 10))
+    S.run_until(ctx, function() return false end, 0.5)
+    local n, why = lefts(seen, a1)
+    assert.are.same({ 1, "left" }, { n, why })
+    assert.are.equal(1, joins(seen, a1))
+    m = assert(g:members())
+    assert.is_nil(m[a1])
+    assert.are.same({ nick = "me2" }, m[ctx.addr])
+    assert.are.same({ nick = "bob", n = 2 }, m[a2])
+    -- a watcher that is not a member sees the same, and is not listed
+    local w = lecho.context{ quiet = true, nameserver = ns }
+    local seen2 = {}
+    local wg = assert(w:group("chat", { join = false, lease = 1, watch = function(c) seen2[#seen2 + 1] = c end }))
+    assert.is_true(S.run_until(w, function() return count(online(seen2)) == 2 end, 5))
+    assert.is_nil(assert(wg:members())[w.addr])
+    w:close{ linger = 0 }
+    -- leaving twice is harmless; the group at the name server lists who is left
+    assert.is_true(g:leave())
+    assert.is_true(g:leave())
+    local r = assert(ctx:request(ns, { op = "glist", group = "chat" }))
+    assert.are.same({ a2 }, require("lecho.registry").sorted_keys(r.members))
+  end)
+
+  it("loses a member killed with SIGKILL after its lease; the others are told once, 'expired'", function()
+    local _, ns = S.nameserver("--quiet")
+    ctx = lecho.context{ quiet = true, nameserver = ns }
+    local g, seen = watcher(ctx, "room", { lease = 1 })
+    local child, a = member({ ns }, "room", { lease = 1 })
+    assert.is_true(S.run_until(ctx, function() return online(seen)[a] ~= nil end, 10))
+    S.kill(child, "KILL")
+    local t0 = ctx:now()
+    -- lease (1 s) + 2 s, generous: the name server's tick is 0.1 s
+    assert.is_true(S.run_until(ctx, function() return lefts(seen, a) > 0 end, 3), "not told within lease + 2 s")
+    local _, why, at = lefts(seen, a)
+    assert.are.equal("expired", why)
+    assert.is_true(at - t0 <= 3)
+    S.run_until(ctx, function() return false end, 1)
+    assert.are.equal(1, lefts(seen, a))
+    assert.is_nil(assert(g:members())[a])
+  end)
+
+  it("loses a SIGSTOPped member after its lease, and has it again after SIGCONT", function()
+    local _, ns = S.nameserver("--quiet")
+    ctx = lecho.context{ quiet = true, nameserver = ns }
+    local g, seen = watcher(ctx, "room", { lease = 1 })
+    local child, a = member({ ns }, "room", { lease = 1, data = "x" })
+    assert.is_true(S.run_until(ctx, function() return online(seen)[a] ~= nil end, 10))
+    S.kill(child, "STOP")
+    assert.is_true(S.run_until(ctx, function() return lefts(seen, a) > 0 end, 3), "not told within lease + 2 s")
+    assert.are.equal("expired", select(2, lefts(seen, a)))
+    assert.is_nil(assert(g:members())[a])
+    S.kill(child, "CONT")
+    -- its beacon (every lease/3) joins it again
+    assert.is_true(S.run_until(ctx, function() return online(seen)[a] ~= nil end, 3), "not back within 3 s")
+    assert.are.equal("x", assert(g:members())[a])
+    assert.are.same({ 1, 2 }, { (lefts(seen, a)), joins(seen, a) })
+  end)
+end)
+
+describe("a group at two name servers", function()
+  local ctx
+  after_each(function()
+    if ctx then ctx:close{ linger = 0 } end
+    ctx = nil
+    S.cleanup()
+  end)
+
+  it("answers members() throughout while one is killed and restarted, and tells no false 'left'", function()
+    local nsa_child, nsa = S.nameserver("--quiet")
+    local _, nsb = S.nameserver("--quiet")
+    ctx = lecho.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 3 }
+    local g, seen = watcher(ctx, "pool", { lease = 1.5 })
+    local _, a1 = member({ nsa, nsb }, "pool", { lease = 1.5, data = 1, timeout = 1 })
+    local _, a2 = member({ nsb, nsa }, "pool", { lease = 1.5, data = 2, timeout = 1 })
+    assert.is_true(S.run_until(ctx, function() return count(online(seen)) == 3 end, 10))
+    local want = { [ctx.addr] = {}, [a1] = 1, [a2] = 2 }
+    assert.are.same(want, assert(g:members()))
+    S.kill(nsa_child, "KILL")
+    S.wait(nsa_child, 5)
+    -- the first name server is gone: the list comes from the second
+    local t0 = ctx:now()
+    while ctx:now() - t0 < 2 do
+      assert.are.same(want, assert(g:members()))
+      S.run_until(ctx, function() return false end, 0.2)
+    end
+    -- restarted on the same port, it has the members again within a beacon
+    local port_file = S.tmpname("ns-addr")
+    local argv = require("spec.support.proc").nameserver_argv{ root = S.root, luajit = S.luajit, listen = nsa,
+      port_file = port_file, args = { "--for", "120", "--settle", "0", "--quiet" } }
+    local nsa_child2 = S.spawn(require("spec.support.proc").sh_join(argv))
+    assert(S.wait_file(port_file, "\n", 10), "the name server did not restart")
+    local back = S.run_until(ctx, function()
+      local r = ctx:request(nsa, { op = "glist", group = "pool" })
+      return r and count(r.members) == 3
+    end, 1.5 / 3 + 2)
+    assert.is_true(back, "not every member registered again at the restarted name server")
+    for _ = 1, 5 do
+      assert.are.same(want, assert(g:members()))
+      S.run_until(ctx, function() return false end, 0.2)
+    end
+    -- a stopped name server (it takes the connection, never answers) costs
+    -- members() nothing while the other answers
+    S.kill(nsa_child2, "STOP")
+    local t1 = ctx:now()
+    assert.are.same(want, assert(g:members()))
+    assert.is_true(ctx:now() - t1 < 0.5, ("members() took %.2fs"):format(ctx:now() - t1))
+    S.kill(nsa_child2, "CONT")
+    -- nobody was ever said to have left
+    for _, c in ipairs(seen) do assert.are.same({}, c.left) end
+    assert.are.same(want, online(seen))
+  end)
+end)
+
+describe("the name server's bounds on groups", function()
+  local ctx
+  after_each(function()
+    if ctx then ctx:close{ linger = 0 } end
+    ctx = nil
+    S.cleanup()
+  end)
+
+  local function refused(r, err, code)
+    assert.is_nil(r)
+    return err, code
+  end
+
+  it("refuse big data, a lease out of range, a bad name, past the quota: each with a reason", function()
+    local _, ns = S.nameserver("--quiet --group-quota 3")
+    ctx = lecho.context{ quiet = true, nameserver = ns }
+    local function gjoin(group, lease, data)
+      return ctx:request(ns, { op = "gjoin", group = group, lease = lease, data = data })
+    end
+    assert.are.same({ "gjoin: data larger than 4096 bytes encoded (or nested deeper than 32)", "limit" },
+                    { refused(gjoin("g", 1, ("x"):rep(4100))) })
+    assert.are.same({ "gjoin: data larger than 4096 bytes encoded (or nested deeper than 32)", "limit" },
+                    { refused(gjoin("g", 1, { a = ("x"):rep(2000), b = ("y"):rep(2100) })) })
+    assert(gjoin("g", 1, ("x"):rep(4000)))          -- (under the bound: taken)
+    local bad_lease = "gjoin: field 'lease' must be a number of seconds from 0.1 to 3600"
+    for _, l in ipairs{ 0.05, 3601, -1, 1 / 0, "5", false } do
+      assert.are.same({ bad_lease, "invalid" }, { refused(gjoin("g", l)) })
+    end
+    local bad_name = "gjoin: field 'group' must be 1 to 200 bytes of A-Z a-z 0-9 . _ - / (not first)"
+    for _, n in ipairs{ "", ("g"):rep(201), "a b", "/x", "a@b", 7, {} } do
+      assert.are.same({ bad_name, "invalid" }, { refused(gjoin(n, 1)) })
+    end
+    assert(gjoin(("g"):rep(200), 1))
+    -- quota 3: "g", the long one, and one more; then refused, until one is left
+    assert(ctx:request(ns, { op = "gwatch", group = "w", on = true, lease = 5 }))
+    local err, code = refused(gjoin("h", 1))
+    assert.are.same({ ("too many groups joined or watched by %s (limit 3 per requester)"):format(ctx.addr), "limit" },
+                    { err, code })
+    assert(ctx:request(ns, { op = "gleave", group = "g" }))
+    assert(gjoin("h", 1))
+    -- ctx:group says the same
+    ctx:request(ns, { op = "gleave", group = "h" })
+    local g
+    g, err, code = ctx:group("big", { data = ("x"):rep(5000) })
+    assert.is_nil(g)
+    assert.are.same({ "group 'big': no name server took it: gjoin: data larger than 4096 bytes encoded "
+                      .. "(or nested deeper than 32)", "limit" }, { err, code })
+    assert.matches("ctx:group: lease must be a number of seconds from 0.1 to 3600",
+                   select(2, pcall(ctx.group, ctx, "x", { lease = 0.01 })))
+    assert.matches("ctx:group: unknown option 'leese'", select(2, pcall(ctx.group, ctx, "x", { leese = 1 })))
+    assert.matches("join = false needs watch", select(2, pcall(ctx.group, ctx, "x", { join = false })))
+  end)
+
+  it("refuse a member past max_members, saying so, and the others go on", function()
+    ctx = lecho.context{ quiet = true, max_members = 2 }    -- the name server is in this context
+    local _, a1 = member({ ctx.addr }, "full", { lease = 1 }, ctx)
+    local _, a2 = member({ ctx.addr }, "full", { lease = 1 }, ctx)
+    assert(a1 and a2)
+    local third, a3, said = member({ ctx.addr }, "full", { lease = 1 }, ctx)
+    assert.is_nil(a3)
+    assert.matches("^failed group 'full': no name server took it: gjoin: group 'full' has 2 members %(limit 2%) limit",
+                   said)
+    assert.is_true(S.wait(third, 5))
+    S.run_until(ctx, function() return false end, 1.5)      -- past the lease: the beacons keep them
+    local r = assert(ctx:request(ctx.addr, { op = "glist", group = "full" }))
+    local both = { a1, a2 }
+    table.sort(both)
+    assert.are.same(both, require("lecho.registry").sorted_keys(r.members))
+  end)
+
+  it("never fall to a rogue peer's junk g* messages: each refused, the name server and the watchers go on", function()
+    local ns_child, ns = S.nameserver("--quiet")
+    ctx = lecho.context{ quiet = true, nameserver = ns }
+    local g, seen = watcher(ctx, "safe", { lease = 1 })
+    local rogue = S.lua(kids.prelude .. [==[
+local ctx = lecho.context{ quiet = true, nameserver = opts.ns, timeout = 2 }
+local deep = {}
+local t = deep
+for _ = 1, 60 do t.x = {} t = t.x end
+local junk = {
+  { op = "gjoin" }, { op = "gjoin", group = "safe" }, { op = "gjoin", group = "safe", lease = 0 / 0 },
+  { op = "gjoin", group = { "safe" }, lease = 1 }, { op = "gjoin", group = "safe", lease = 1, data = deep },
+  { op = "gjoin", group = "safe", lease = 1, watch = "yes", ver = "x", epoch = {} },
+  { op = "gleave" }, { op = "gleave", group = 5 }, { op = "glist", group = ("x"):rep(100000) },
+  { op = "gwatch", group = "safe" }, { op = "gwatch", group = "safe", on = true },
+  { op = "gwatch", group = "safe", on = true, lease = -5 }, { op = "gchange", group = "safe" },
+  { op = "gwatch", group = "safe", on = "off" },
+}
+local n, ok = 0, 0
+for _, m in ipairs(junk) do
+  local r, err = ctx:request(opts.ns, m)
+  if r then ok = ok + 1 elseif err then n = n + 1 end
+end
+-- one-way junk: a gjoin without rid, gchanges to the name server and to the watcher
+ctx:_send_ctrl(opts.ns, { op = "gjoin", group = "safe", lease = 1 })
+ctx:_send_ctrl(opts.ns, { op = "gchange", group = "safe", ver = 1, epoch = "x", joined = { [ctx.addr] = 1 } })
+for _, m in ipairs{
+  { op = "gchange", group = "safe", ver = 1, epoch = "x", joined = { ["1.2.3.4:5"] = "ghost" } },
+  { op = "gchange", group = "safe", ver = "1", joined = 5, left = { [7] = {} } },
+  { op = "gchange" }, { op = "gchange", group = {} },
+} do ctx:_send_ctrl(opts.watcher, m) end
+ctx:flush()
+io.stdout:write(cjson.encode({ refused = n, ok = ok }), "\n")
+ctx:after(0.3, function() ctx:stop() end)
+ctx:run()
+ctx:close{ linger = 0 }
+]==], cjson.encode({ ns = ns, watcher = ctx.addr }))
+    local res = S.result(rogue, 20, ctx)
+    -- every request answered: refused, but for the one with a NaN lease
+    -- (NaN is a number the range check refuses too) and the watch = "yes"
+    -- gjoin, which is a good gjoin with junk beside (taken, not a watch)
+    assert.are.same({ refused = 13, ok = 1 }, res)
+    assert.is_true(S.alive(ns_child))
+    S.run_until(ctx, function() return false end, 1.5)
+    -- the watcher was told of no ghost; it saw the rogue's one real gjoin come and expire
+    for _, c in ipairs(seen) do assert.is_nil(c.joined["1.2.3.4:5"]) end
+    local m = assert(g:members())
+    assert.are.same({ [ctx.addr] = {} }, m)
+  end)
+end)
+
+describe("the name server's groups (lecho.registry, no I/O)", function()
+  local registry = require "lecho.registry"
+  local presence = require "lecho.presence"
+
+  -- A name server registry, the messages it sent ({ to, msg }), and a
+  -- request function at time `t`.
+  local function ns(opts)
+    local o = { addr = "127.0.0.1:1", role = "nameserver" }
+    for k, v in pairs(opts or {}) do o[k] = v end
+    local reg = registry.new(o)
+    local out = {}
+    local function send(to, msg) out[#out + 1] = { to = to, msg = msg } end
+    local rid = 0
+    local function req(from, msg, t)
+      rid = rid + 1
+      msg.rid = rid
+      local n = #out
+      reg:handle(from, msg, send, t)
+      for i = n + 1, #out do
+        if out[i].msg.op == "reply" and out[i].msg.rid == rid then return out[i].msg end
+      end
+    end
+    return reg, out, send, req
+  end
+
+  local function changes(out, to)
+    local l = {}
+    for _, o in ipairs(out) do
+      if o.msg.op == "gchange" and (to == nil or o.to == to) then l[#l + 1] = o.msg end
+    end
+    return l
+  end
+
+  it("expires a member at the first tick past its lease and tells each watcher once, with the next ver", function()
+    local reg, out, send, req = ns()
+    assert.is_true(req("w:1", { op = "gwatch", group = "g", on = true, lease = 100 }, 0).ok)
+    assert.is_true(req("m:1", { op = "gjoin", group = "g", lease = 1, data = { n = 1 } }, 0).ok)
+    local c = changes(out, "w:1")
+    assert.are.same({ { op = "gchange", group = "g", epoch = c[1].epoch, ver = 1, joined = { ["m:1"] = { n = 1 } } } }, c)
+    -- renewed at 0.9: still there at 1.8, gone at the tick after 1.9
+    assert.is_true(req("m:1", { op = "gjoin", group = "g", lease = 1, data = { n = 1 } }, 0.9).ok)
+    assert.are.equal(1, #changes(out))        -- (a renewal with the same data tells nobody)
+    reg:tick(send, 1.8)
+    assert.are.equal(1, #changes(out))
+    reg:tick(send, 1.95)
+    c = changes(out, "w:1")
+    assert.are.equal(2, #c)
+    assert.are.same({ ["m:1"] = "expired" }, c[2].left)
+    assert.are.equal(2, c[2].ver)
+    reg:tick(send, 5)
+    assert.are.equal(2, #changes(out))
+    -- the same member with other data is told as joined again
+    req("m:1", { op = "gjoin", group = "g", lease = 1, data = 1 }, 6)
+    req("m:1", { op = "gjoin", group = "g", lease = 1, data = 2 }, 6.1)
+    c = changes(out, "w:1")
+    assert.are.same({ 3, 4 }, { c[3].ver, c[4].ver })
+    assert.are.same({ ["m:1"] = 2 }, c[4].joined)
+    -- a watcher whose watch ran out is told nothing more; the group goes once empty
+    reg:tick(send, 200)
+    assert.is_nil(reg.groups.g)
+    assert.are.same({}, reg.gcount)
+  end)
+
+  it("answers a renewal with the members only when the asker's epoch or ver is not current", function()
+    local _, _, _, req = ns()
+    local r = req("a:1", { op = "gjoin", group = "g", lease = 5, watch = true }, 0)
+    assert.are.same({ ["a:1"] = { data = {}, lease = 5, left = 5 } }, r.members)
+    r = req("a:1", { op = "gjoin", group = "g", lease = 5, watch = true, ver = r.ver, epoch = r.epoch }, 1)
+    assert.is_nil(r.members)
+    assert.is_table(req("a:1", { op = "gjoin", group = "g", lease = 5, watch = true, ver = r.ver, epoch = "old" }, 1).members)
+    assert.is_nil(req("a:1", { op = "gjoin", group = "g", lease = 5, ver = 0 }, 1).members)   -- (not watching)
+  end)
+
+  it("bounds a group's member data, the groups, and a requester's entries; refusals leave no trace", function()
+    local _, _, _, req = ns{ max_groups = 2, group_quota = 2 }
+    local r = req("a:1", { op = "gjoin", group = "g1", lease = 5 }, 0)
+    assert.is_true(r.ok)
+    assert.is_true(req("b:1", { op = "gjoin", group = "g2", lease = 5 }, 0).ok)
+    r = req("b:1", { op = "gjoin", group = "g3", lease = 5 }, 0)
+    assert.are.same({ false, "gjoin: too many groups (limit 2)", "limit" }, { r.ok, r.err, r.code })
+    r = req("a:1", { op = "gwatch", group = "g2", on = true, lease = 5 }, 0)
+    assert.is_true(r.ok)
+    r = req("a:1", { op = "gwatch", group = "g1", on = true, lease = 5 }, 0)     -- (a member already: one more entry)
+    assert.are.same({ false, "too many groups joined or watched by a:1 (limit 2 per requester)", "limit" },
+                    { r.ok, r.err, r.code })
+    local reg2, _, _, req2 = ns()
+    local big = ("x"):rep(4000)
+    local n = 0
+    repeat
+      n = n + 1
+      r = req2(("h:%d"):format(n), { op = "gjoin", group = "fat", lease = 5, data = big }, 0)
+    until not r.ok or n > 2000
+    assert.matches("^gjoin: group 'fat' holds %d+ bytes of member data %(limit 4194304%)$", r.err)
+    assert.are.equal("limit", r.code)
+    assert.is_true(reg2.groups.fat.bytes <= presence.GROUP_BYTES)
+    assert.are.equal(n - 1, reg2.groups.fat.n)
+    local entries = 0
+    for _, k in pairs(reg2.gcount) do entries = entries + k end
+    assert.are.equal(n - 1, entries)           -- (the refused one charged nothing)
+  end)
+
+  it("never raises on junk, and a manager refuses the ops", function()
+    local _, out, _, req = ns()
+    local junk = { 1, "x", true, {}, { 1, 2 }, 0 / 0, -1 / 0, ("x"):rep(300) }
+    local fields = { "group", "lease", "data", "watch", "ver", "epoch", "on" }
+    for _, op in ipairs{ "gjoin", "gleave", "glist", "gwatch", "gchange" } do
+      for _, f in ipairs(fields) do
+        for _, v in ipairs(junk) do
+          local m = { op = op, group = "g", lease = 1, on = true }
+          m[f] = v
+          local r = req("j:1", m, 1)
+          if op ~= "gchange" then assert.is_table(r, op .. " " .. f) end
+        end
+      end
+    end
+    for _, o in ipairs(out) do assert.are_not.equal("failed", o.msg.code, tostring(o.msg.err)) end
+    local _, _, _, mreq = ns{ role = "manager" }
+    local r = mreq("a:1", { op = "gjoin", group = "g", lease = 1 }, 0)
+    assert.are.same({ false, "gjoin: this context is a channel manager, not a name server" }, { r.ok, r.err })
+  end)
+end)
+
+describe("groups in keyed mode", function()
+  local ctxs = {}
+  after_each(function()
+    for _, c in ipairs(ctxs) do c:close{ linger = 0 } end
+    ctxs = {}
+    S.cleanup()
+  end)
+
+  it("are authorized by the policy like channels: join needs produce, list and watch need consume", function()
+    local dir = S.tmpdir() .. "/keys"
+    assert(os.execute("mkdir -p " .. S.sh_quote(dir)))
+    local names = { "nameserver", "member", "viewer", "eve" }
+    local ok, out = S.sh(("%s %s/scripts/lecho-keygen %s --dir %s"):format(S.luajit, S.root,
+                                                                           table.concat(names, " "), S.sh_quote(dir)))
+    assert(ok, out)
+    local trust = {}
+    for i, n in ipairs(names) do trust[i] = ("%s/%s.pub"):format(dir, n) end
+    local pol = S.write(dir .. "/policy.lua", [[
+return { rules = {
+  { principal = "member", channel = "chat*", allow = { "produce" } },
+  { principal = "viewer", channel = "chat*", allow = { "consume" } },
+} }
+]])
+    local args = { "--quiet", "--key", dir .. "/nameserver.key", "--policy", pol }
+    for _, t in ipairs(trust) do args[#args + 1] = "--trust " .. t end
+    local _, ns = S.nameserver(table.concat(args, " "))
+    local function as(name)
+      local c = lecho.context{ nameserver = ns, key = ("%s/%s.key"):format(dir, name), trust = trust, quiet = true }
+      ctxs[#ctxs + 1] = c
+      return c
+    end
+    local member_ctx, viewer, eve = as("member"), as("viewer"), as("eve")
+    assert(member_ctx:group("chat", { lease = 2, data = "m" }))
+    local g, err, code = eve:group("chat", { lease = 2 })
+    assert.is_nil(g)
+    assert.are.same({ "group 'chat': no name server took it: gjoin: not allowed: eve may not produce chat", "refused" },
+                    { err, code })
+    g, err, code = member_ctx:group("other", { lease = 2 })
+    assert.is_nil(g)
+    assert.are.same({ "group 'other': no name server took it: gjoin: not allowed: member may not produce other",
+                      "refused" }, { err, code })
+    -- a member that would watch too needs consume
+    g, err, code = member_ctx:group("chat-w", { lease = 2, watch = function() end })
+    assert.is_nil(g)
+    assert.are.same({ "group 'chat-w': no name server took it: gjoin: not allowed: member may not consume chat-w",
+                      "refused" }, { err, code })
+    -- the viewer may list and watch, not join
+    local seen = {}
+    local vg = assert(viewer:group("chat", { join = false, lease = 2, watch = function(c) seen[#seen + 1] = c end }))
+    assert.are.same({ [member_ctx.addr] = "m" }, assert(vg:members()))
+    assert.are.same({ [member_ctx.addr] = "m" }, online(seen))
+    assert.is_nil((viewer:group("chat2", { lease = 2 })))
+    -- eve may not list or watch; the member may not list either
+    local r
+    r, err, code = eve:request(ns, { op = "glist", group = "chat" })
+    assert.are.same({ "glist: not allowed: eve may not consume chat", "refused" }, { err, code })
+    assert.is_nil(r)
+    r, err, code = eve:request(ns, { op = "gwatch", group = "chat", on = true, lease = 1 })
+    assert.are.same({ "gwatch: not allowed: eve may not consume chat", "refused" }, { err, code })
+    r, err, code = member_ctx:request(ns, { op = "glist", group = "chat" })
+    assert.are.same({ "glist: not allowed: member may not consume chat", "refused" }, { err, code })
+  end)
+end)

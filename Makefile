@@ -79,6 +79,7 @@ help:
 	@echo "  DEMO_SECONDS, LECHO_NAMESERVER  make demo: how long (10), which name server"
 	@echo "  BUSTED_ARGS              make spec/test: arguments for busted (files, --filter ...)"
 	@echo "  BUILD_JOBS=$(BUILD_JOBS)             make test, fuzz-build: parallel compile jobs"
+	@echo "  OBJ_DIR=$(OBJ_DIR)         where the core's objects are compiled (make rock: its own)"
 	@echo "  CC=$(CC) CFLAGS='$(CFLAGS)' LDFLAGS LIBFLAG='$(LIBFLAG)'  the compiler and its flags"
 	@echo "  LUA_INCDIR=$(LUA_INCDIR)  LuaJIT's headers"
 	@echo "  LUAJIT=$(LUAJIT) BUSTED=$(BUSTED)  the interpreter and the test runner"
@@ -105,8 +106,16 @@ deps:
 build:
 	@mkdir -p build
 
-$(SO): $(CORE_SRC) $(LUA_SRC) $(HDRS)
-	$(CC) $(ALLCFLAGS) $(LIBFLAG) -o $@ $(CORE_SRC) $(LUA_SRC) -lev $(SODIUM_LIBS) $(LDFLAGS)
+# The core's objects, one compile per source (in parallel under -j: make
+# test), in OBJ_DIR (make rock: its own, built afresh).
+OBJ_DIR  ?= build/obj
+CORE_OBJ := $(patsubst core/%.c,$(OBJ_DIR)/%.o,$(CORE_SRC) $(LUA_SRC))
+$(OBJ_DIR)/%.o: core/%.c $(HDRS)
+	@mkdir -p $(OBJ_DIR)
+	$(CC) $(ALLCFLAGS) -c -o $@ $<
+
+$(SO): $(CORE_OBJ)
+	$(CC) $(ALLCFLAGS) $(LIBFLAG) -o $@ $(CORE_OBJ) -lev $(SODIUM_LIBS) $(LDFLAGS)
 
 build/test_codec: core/test_codec.c core/codec.c $(HDRS) | build
 	$(CC) $(ALLCFLAGS) -o $@ core/test_codec.c core/codec.c $(LDFLAGS)
@@ -342,9 +351,9 @@ examples-c: $(SO)
 ROCK_SO := build/rock/core.so
 .PHONY: rock
 rock:
-	rm -f $(ROCK_SO)
+	rm -rf $(dir $(ROCK_SO))
 	mkdir -p $(dir $(ROCK_SO))
-	$(MAKE) all SO=$(ROCK_SO)
+	$(MAKE) -j$(BUILD_JOBS) all SO=$(ROCK_SO) OBJ_DIR=$(dir $(ROCK_SO))obj
 
 clean:
 	rm -rf build $(SO) lua/lecho/codec.so $(BENCH_BIN) examples/c/heat

@@ -47,8 +47,8 @@ local BENCH = ROOT .. "/bench"
 local LUAJIT = os.getenv("LUAJIT") or "luajit"
 
 local CFG = QUICK and {
-  reps = 3, null_n = 1000, null_warm = 100, base_n = 2000,
-  inflight = { 1, 8, 64 }, if_n = 3000, fo_reps = 3, limit = 5,
+  reps = 3, null_n = 500, null_warm = 50, base_n = 1000,
+  inflight = { 1, 8, 64 }, if_n = 1000, fo_reps = 3, limit = 3,
 } or {
   reps = 5, null_n = 10000, null_warm = 1000, base_n = 20000,
   inflight = { 1, 8, 64 }, if_n = 30000, fo_reps = 7, limit = 20,

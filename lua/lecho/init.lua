@@ -73,7 +73,7 @@ local function now(self) return self.c:now() end
 -- sync_timeout (10 s), queue_limit, policy, batch_bytes, max_string,
 -- max_depth, max_frame, pin_threshold, retry_interval, retry_max, heartbeat,
 -- heartbeat_misses, handshake_timeout, max_connections, max_buffered,
--- max_peer_channels (see README, "Limits"), log (fn(msg)), quiet, key, trust and
+-- max_peer_channels, max_peers, peer_free_after, log_window (see README, "Limits"), log (fn(msg)), quiet, key, trust and
 -- nameserver_principal (keyed mode: README "Keys"; without key and trust
 -- the context is in protected mode); the full list with defaults is
 -- lecho.options.CONTEXT.

@@ -165,6 +165,8 @@ local SCHEMA = {
     -- manager refuses the join past it), distinct peer contexts member
     -- lists may make a producer send to
     max_channels = { size(1) }, max_members = { size(1), 4096 }, max_peers = { size(1), 4096 },
+    peer_free_after = { TIME, 30.0 },  -- an unused peer record is freed this long after (README "Limits")
+    log_window = { TIME, 10.0 },       -- one log line per kind of refusal per this long (README "Limits")
     max_calls_in_flight = { size(1), 1024 },  -- issue 12: ctx:call's in flight at once (lecho.service)
     -- issue 12, pushed code (README "Pushing code", lecho.push): who may push
     accept_code = { accept_code },

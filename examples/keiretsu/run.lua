@@ -195,12 +195,15 @@ local function main()
     "lecho-keygen failed")
   local trust = keys .. "/ca.pub"
   local rules = {
-    { principal = "node-*", channel = { "im.*", "svc:im" }, allow = "consume" },
+    { principal = "node-*", channel = "svc:im", allow = "consume" },
     { principal = "node-*", channel = "inbox.*", allow = "produce" },
   }
   for _, u in ipairs(users) do
     rules[#rules + 1] = { principal = u, channel = "inbox." .. u, allow = "consume" }
-    rules[#rules + 1] = { principal = u, channel = { "im.*", "svc:im", "im-users" }, allow = { "produce", "consume" } }
+    -- a user calls the service (never serves it: only nodes consume svc:im)
+    -- and joins and watches the presence group
+    rules[#rules + 1] = { principal = u, channel = "svc:im", allow = "produce" }
+    rules[#rules + 1] = { principal = u, channel = "im-users", allow = { "produce", "consume" } }
     rules[#rules + 1] = { principal = u, channel = "inbox.*", allow = "list" }
   end
   local policy = tmp .. "/policy.json"

@@ -276,3 +276,25 @@ describe("pushing code (issue 12 point 6)", function()
     assert.truthy(code == "noservice" or code == "notfound", tostring(code) .. ": " .. tostring(err))
   end)
 end)
+
+-- What an outside attack on pushed code found (issue 12, /tmp/attackC):
+-- the sandbox held, the service layer around it did not.
+describe("pushed code stays in its place (issue 12: the attack on pushed code)", function()
+  local c, ns
+  before_each(function() ns, c = S.world() end)
+  after_each(function()
+    S.end_world(c)
+    c = nil
+  end)
+
+  it("after version 2 is unloaded, a caller that still lists it gets version 1 of the same node", function()
+    local _, node = start_node(ns, { accept = true })
+    assert(c:push(node, "pushed.v", "return function() return 1 end"))
+    assert(c:push(node, "pushed.v", "return function() return 2 end", { version = 2 }))
+    local d = lecho.context{ nameserver = ns, quiet = true }
+    assert.are.same({ 2 }, { d:call("pushed.v", {}, { timeout = 5 }) })
+    assert(c:unload_pushed(node, "pushed.v", 2))
+    assert.are.same({ 1 }, { d:call("pushed.v", {}, { timeout = 5 }) })
+    d:close()
+  end)
+end)

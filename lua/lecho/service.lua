@@ -353,9 +353,14 @@ local function candidates(ctx, cl, ch, opts, tried)
   local addrs, all = {}, {}
   for addr, info in pairs(svc or {}) do
     local vs = versions_of(info)
-    if vs and not tried[addr] and (not at or at == addr) then
-      addrs[#addrs + 1] = addr
-      for i = 1, #vs do all[vs[i]] = true end
+    local t = tried[addr] -- true: tried; a table: those versions answered noservice
+    if vs and t ~= true and (not at or at == addr) then
+      for i = 1, #vs do
+        if not (t and t[vs[i]]) then
+          if addrs[#addrs] ~= addr then addrs[#addrs + 1] = addr end
+          all[vs[i]] = true
+        end
+      end
     end
   end
   if not addrs[1] then return nil, "no service " .. cl.name, "noservice" end
@@ -375,7 +380,7 @@ local function candidates(ctx, cl, ch, opts, tried)
   local list = {}
   for i = 1, #addrs do
     local a = addrs[i]
-    if serves(versions_of(svc[a]), want) then list[#list + 1] = a end
+    if serves(versions_of(svc[a]), want) and not (tried[a] and tried[a][want]) then list[#list + 1] = a end
   end
   table.sort(list)
   return list, want
@@ -508,7 +513,13 @@ call_body = function(self, name, args, opts)
         if ok then return true, unpack(e, 1, e.n) end
         if not (retry == "safe" or (retry == "key" and opts.key)) then return nil, e, ecode, tb end
         last = { n = 4, nil, e, ecode, tb }
-        tried[addr] = true
+        if ecode == "noservice" and tried[addr] ~= true then
+          -- that version is gone there (unloaded): its others may serve
+          tried[addr] = tried[addr] or {}
+          tried[addr][want] = true
+        else
+          tried[addr] = true
+        end
       end
       if attempts > retries then break end
     elseif not last then

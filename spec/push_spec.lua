@@ -29,6 +29,10 @@ if os.getenv("LECHO_KEY") then
 end
 local ctx = lecho.context(o)
 local p = opts.channel and assert(ctx:channel(opts.channel):producer())
+if opts.fake_code then -- what a pusher could make before lecho. names were reserved
+  assert(ctx:service("lecho.code", function() return { fake = true } end, { version = 2 },
+                     require("lecho.service").RESERVED))
+end
 io.stdout:write("ready ", ctx.addr, "\n")
 local sent, deadline = 0, ctx:now() + 60
 local function stopped()
@@ -285,6 +289,49 @@ describe("pushed code stays in its place (issue 12: the attack on pushed code)",
   after_each(function()
     S.end_world(c)
     c = nil
+  end)
+  local function keys(t)
+    local k = {}
+    for key in pairs(t) do k[#k + 1] = key end
+    table.sort(k)
+    return k
+  end
+  local ONE = "return function(a) return 'one' end"
+  -- A node started after ctx's first call of lecho.code: wait until ctx's
+  -- member list has it (a call at an address not listed is "noservice").
+  local function sees(ctx, node)
+    assert(S.run_until(ctx, function() return select(3, ctx:pushed(node, { timeout = 5 })) ~= "noservice" end, 10),
+           "lecho.code at " .. node .. " never listed")
+    return node
+  end
+  -- A name server process forgetting unused channels after 0.5 s (the
+  -- script's does after 30 s).
+  local NS = [[
+local lecho = require "lecho"
+local ctx = lecho.context{ quiet = true, forget_after = 0.5 }
+io.stdout:setvbuf("line")
+io.stdout:write("ready ", ctx.addr, "\n")
+local t0 = ctx:now()
+while ctx:now() - t0 < 90 do ctx:run_once(0.05) end
+]]
+
+  it("reserves lecho. names: lecho.code@2 cannot be pushed nor served, and clients ask lecho.code@1", function()
+    local _, node = start_node(ns, { accept = true })
+    local r, err, code = c:push(node, "lecho.code", [[
+      return function(req) return { loaded = "fake", services = { req.name } } end]], { version = 2 })
+    assert.are.same({ nil, "refused" }, { r, code })
+    assert.matches("lecho%. are the library's", err)
+    local r2, _, code2 = c:push(node, "lecho.other", ONE)
+    assert.are.same({ nil, "refused" }, { r2, code2 })
+    assert.has_error(function() c:service("lecho.x", function() end) end)
+    -- a lecho.code@2 beside the real one (as a pusher could make it) is
+    -- never asked: clients call version 1 exactly
+    local _, node2 = start_node(ns, { accept = true, fake_code = true })
+    sees(c, node2)
+    assert(c:push(node2, "pushed.mine", ONE))
+    local list = assert(c:pushed(node2))
+    assert.is_nil(list.fake)
+    assert.are.same({ "pushed.mine@1" }, keys(list))
   end)
 
   it("after version 2 is unloaded, a caller that still lists it gets version 1 of the same node", function()

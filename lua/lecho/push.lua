@@ -12,7 +12,7 @@
 -- leaves the state serving; only the CPU share check ends it ("closed").
 
 --
--- A node started with accept_code serves the built-in service lecho.code
+-- A node started with accept_code serves the built-in service lecho.code@1
 -- (M.serve): { op = "load", name =, version =, src =, concurrency =, queue =,
 -- budget =, memory = } loads src in a sandbox charged to the pusher and
 -- serves it as service name@version (a table of functions: one service
@@ -31,6 +31,7 @@ local M = {}
 M.SERVICE = "lecho.code"
 M.MAX_SRC = 1024 * 1024 -- bytes of source one push may carry
 M.MAX_LOADED = 64       -- name@version loaded at once on a node
+M.VERSION = 1           -- lecho.code's version: clients ask for it exactly
 
 local function lower(want, cap)
   if want == nil then return cap end
@@ -115,6 +116,7 @@ end
 
 local function load(ctx, req, who)
   if not valid_name(req.name) then refuse("name must be 1..200 bytes of [A-Za-z0-9._-]") end
+  if req.name:sub(1, 6) == "lecho." then refuse("names beginning with lecho. are the library's", "refused") end
   local version = req.version == nil and 1 or req.version
   if type(version) ~= "number" or version < 1 or version ~= math.floor(version) or version > 2 ^ 31 then
     refuse("version must be an integer >= 1")
@@ -191,7 +193,7 @@ function M.serve(ctx, accept)
       return out
     end
     refuse("op must be load, unload or list")
-  end, { concurrency = 4, queue = 16 })
+  end, { concurrency = 4, queue = 16 }, require("lecho.service").RESERVED)
 end
 
 -- lecho.code's refusals are raised as { code =, why = }: given back as
@@ -199,7 +201,7 @@ end
 local function code_call(ctx, node, req, opts)
   if type(node) ~= "string" then return nil, "node must be an address string (host:port)", "invalid" end
   opts = opts or {}
-  local r, err, code = ctx:call(M.SERVICE, req, { at = node, timeout = opts.timeout })
+  local r, err, code = ctx:call(M.SERVICE, req, { at = node, timeout = opts.timeout, version = M.VERSION })
   if r == nil and code == "failed" and type(err) == "table" and type(err.why) == "string" then
     return nil, err.why, type(err.code) == "string" and err.code or "failed"
   end

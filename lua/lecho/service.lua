@@ -201,8 +201,15 @@ local function noop() end
 --- Serves `name` with handler(args, meta) -> results.  opts: version (1),
 -- concurrency (16), queue (64), budget (5 CPU seconds per call; 0: none).
 -- Returns the service object (s:close() unloads it), or nil, err, code.
-function Context:service(name, handler, opts)
+-- Names beginning with "lecho." are the library's (lecho.code): served
+-- only with this token as the 4th argument.
+Service.RESERVED = setmetatable({}, { __tostring = function() return "lecho.service.RESERVED" end })
+
+function Context:service(name, handler, opts, reserved)
   check_name(name, "ctx:service")
+  if name:sub(1, 6) == "lecho." and reserved ~= Service.RESERVED then
+    error(("lecho: ctx:service: names beginning with lecho. are the library's (got %q)"):format(name:sub(1, 40)), 2)
+  end
   if type(handler) ~= "function" then error("lecho: ctx:service needs a handler function", 2) end
   if self.closed then error("lecho: context is closed", 2) end
   opts = options.check(opts, options.SERVICE, "ctx:service", 2)

@@ -138,55 +138,55 @@ describe("pushing code (issue 12 point 6)", function()
 
   it("pushes a service to a running node, a third process calls it, unloading it makes calls noservice", function()
     local _, node = start_node(ns, { accept = true })
-    local r, err, code = c:push(node, "adder", ADDER)
+    local r, err, code = c:push(node, "pushed.adder", ADDER)
     assert(r, tostring(err) .. " " .. tostring(code))
-    assert.are.same({ loaded = "adder@1", services = { "adder" } }, r)
+    assert.are.same({ loaded = "pushed.adder@1", services = { "pushed.adder" } }, r)
     -- pushing the same name@version again is refused; another version is not
-    local r2, err2, code2 = c:push(node, "adder", ADDER)
+    local r2, err2, code2 = c:push(node, "pushed.adder", ADDER)
     assert.is_nil(r2)
     assert.are.equal("invalid", code2)
-    assert.matches("adder@1 is loaded here", err2)
-    assert(c:push(node, "adder", ADDER .. "-- v2", { version = 2 }))
+    assert.matches("pushed.adder@1 is loaded here", err2)
+    assert(c:push(node, "pushed.adder", ADDER .. "-- v2", { version = 2 }))
     local out = calls(ns, {
-      { "adder", { x = 1, y = 2 }, { version = 1, timeout = 5 } },
-      { "adder", { x = 40, y = 2 }, { version = 1, timeout = 5 } },
-      { "adder", "not a table", { version = 1, timeout = 5 } },
-      { "adder", { x = 1, y = 1 }, { version = 2, timeout = 5 } },
+      { "pushed.adder", { x = 1, y = 2 }, { version = 1, timeout = 5 } },
+      { "pushed.adder", { x = 40, y = 2 }, { version = 1, timeout = 5 } },
+      { "pushed.adder", "not a table", { version = 1, timeout = 5 } },
+      { "pushed.adder", { x = 1, y = 1 }, { version = 2, timeout = 5 } },
     }, c)
-    assert.are.same({ 3, 1, "adder" }, out[1].results)
-    assert.are.same({ 42, 2, "adder" }, out[2].results)
+    assert.are.same({ 3, 1, "pushed.adder" }, out[1].results)
+    assert.are.same({ 42, 2, "pushed.adder" }, out[2].results)
     assert.is_false(out[3].ok)
     assert.are.same({ code = 400, why = "args must be a table" }, out[3].err)
     assert.are.equal("failed", out[3].code)
-    assert.are.same({ 2, 1, "adder" }, out[4].results)
+    assert.are.same({ 2, 1, "pushed.adder" }, out[4].results)
     local list = assert(c:pushed(node))
-    assert.are.same({ "adder@1", "adder@2" }, (function()
+    assert.are.same({ "pushed.adder@1", "pushed.adder@2" }, (function()
       local k = {}
       for key in pairs(list) do k[#k + 1] = key end
       table.sort(k)
       return k
     end)())
-    assert.are.equal(3, list["adder@1"].calls)
+    assert.are.equal(3, list["pushed.adder@1"].calls)
     -- unload version 1: version 2 still answers, version 1 is refused at once
-    assert.are.same({ unloaded = { "adder@1" } }, assert(c:unload_pushed(node, "adder", 1)))
+    assert.are.same({ unloaded = { "pushed.adder@1" } }, assert(c:unload_pushed(node, "pushed.adder", 1)))
     out = calls(ns, {
-      { "adder", { x = 1, y = 2 }, { version = 1, timeout = 5 } },
-      { "adder", { x = 2, y = 2 }, { timeout = 5 } },
+      { "pushed.adder", { x = 1, y = 2 }, { version = 1, timeout = 5 } },
+      { "pushed.adder", { x = 2, y = 2 }, { timeout = 5 } },
     }, c)
     assert.is_false(out[1].ok)
     assert.are.equal("version", out[1].code)
-    assert.are.same({ 4, 2, "adder" }, out[2].results)
-    assert.are.same({ unloaded = { "adder@2" } }, assert(c:unload_pushed(node, "adder")))
+    assert.are.same({ 4, 2, "pushed.adder" }, out[2].results)
+    assert.are.same({ unloaded = { "pushed.adder@2" } }, assert(c:unload_pushed(node, "pushed.adder")))
     local t0 = c:now()
-    out = calls(ns, { { "adder", { x = 1, y = 2 }, { timeout = 5 } } }, c)
+    out = calls(ns, { { "pushed.adder", { x = 1, y = 2 }, { timeout = 5 } } }, c)
     assert.is_false(out[1].ok)
     assert.are.equal("noservice", out[1].code)
     assert.is_true(c:now() - t0 < 5, "noservice must come at once, not as a timeout")
     -- unloading what is not loaded says so
-    local u, uerr, ucode = c:unload_pushed(node, "adder")
+    local u, uerr, ucode = c:unload_pushed(node, "pushed.adder")
     assert.is_nil(u)
     assert.are.equal("notfound", ucode)
-    assert.matches("adder is not loaded here", uerr)
+    assert.matches("pushed.adder is not loaded here", uerr)
   end)
 
   it("stops a pushed looping service by its budget while the node's other work goes on", function()
@@ -200,16 +200,18 @@ describe("pushing code (issue 12 point 6)", function()
     end))
     local child, node, stop = start_node(ns, { accept = true, channel = name })
     assert(S.run_until(c, function() return plain.n >= 5 end, WAIT), "the flow did not start")
-    local r, err = c:push(node, "hog", [[
+    local r, err = c:push(node, "pushed.hog", [[
       local n = 0
       return { spin = function() while true do end end,
                grow = function() local t = {} while true do t[#t + 1] = ("x"):rep(262144) .. #t end end,
                count = function() n = n + 1 return n end }]], { budget = S.asan and 0.05 or 0.02, memory = 2 * 1024 * 1024 })
     assert(r, tostring(err))
-    assert.are.same({ "hog.count", "hog.grow", "hog.spin" }, r.services)
+    assert.are.same({ "pushed.hog" }, r.services)
+    assert.are.same({ "count", "grow", "spin" }, r.functions)
     local before = plain.n
     local out = calls(ns, {
-      { "hog.spin", {} }, { "hog.count", {} }, { "hog.grow", {} }, { "hog.spin", {} }, { "hog.count", {} },
+      { "pushed.hog", { fn = "spin" } }, { "pushed.hog", { fn = "count" } }, { "pushed.hog", { fn = "grow" } },
+      { "pushed.hog", { fn = "spin" } }, { "pushed.hog", { fn = "count" } },
     }, c)
     assert.is_false(out[1].ok)
     assert.matches("^budget exceeded: exceeded its CPU budget of %d+ ms", out[1].err)
@@ -230,15 +232,15 @@ describe("pushing code (issue 12 point 6)", function()
 
   it("unloads a pushed service whose pusher passes the node's CPU share: calls then get noservice", function()
     local _, node = start_node(ns, { accept = true, ctx = { modulators_cpu = 0.05 } })
-    assert(c:push(node, "hog", [[return function() local x = 0 for i = 1, 2e5 do x = x + i end return x end]]))
+    assert(c:push(node, "pushed.hog", [[return function() local x = 0 for i = 1, 2e5 do x = x + i end return x end]]))
     local ended
     for _ = 1, 400 do
-      local ok, err, code = c:call("hog", {}, { timeout = 5 })
+      local ok, err, code = c:call("pushed.hog", {}, { timeout = 5 })
       if ok == nil then ended = { err, code } break end
     end
     assert(ended, "the CPU share never ended the pushed service")
     assert.matches("^sandbox ended: used %d+%% of the producer's CPU", ended[1])
-    local ok, err, code = c:call("hog", {}, { timeout = 5 })
+    local ok, err, code = c:call("pushed.hog", {}, { timeout = 5 })
     assert.are.same({ nil, "noservice" }, { ok, code }, tostring(err))
     assert.are.same({}, assert(c:pushed(node)))
   end)
@@ -248,30 +250,30 @@ describe("pushing code (issue 12 point 6)", function()
     local kns, as, env = keyed_world()
     local _, node = start_node(kns, { accept = { "alice" } }, env)
     local alice, eve = as("alice"), as("eve")
-    local r, err, code = eve:push(node, "adder", ADDER)
+    local r, err, code = eve:push(node, "eve.adder", ADDER)
     assert.is_nil(r)
     assert.are.equal("refused", code)
     assert.are.equal("not allowed: eve may not push code to " .. node, err)
-    r, err = alice:push(node, "adder", ADDER)
+    r, err = alice:push(node, "alice.adder", ADDER)
     assert(r, tostring(err))
-    assert.are.equal("alice", assert(alice:pushed(node))["adder@1"].by)
+    assert.are.equal("alice", assert(alice:pushed(node))["alice.adder@1"].by)
     r, err, code = eve:pushed(node)               -- listing is the pushers' too
     assert.are.same({ nil, "refused" }, { r, code })
-    assert.are.same({ 5, 1, "adder" }, { eve:call("adder", { x = 2, y = 3 }, { timeout = 5 }) })
-    r, err, code = eve:unload_pushed(node, "adder")
+    assert.are.same({ 5, 1, "alice.adder" }, { eve:call("alice.adder", { x = 2, y = 3 }, { timeout = 5 }) })
+    r, err, code = eve:unload_pushed(node, "alice.adder")
     assert.are.same({ nil, "refused" }, { r, code })
-    assert(alice:unload_pushed(node, "adder"))
+    assert(alice:unload_pushed(node, "alice.adder"))
     alice:close()
     eve:close()
   end)
 
   it("refuses bad source with the loader's reason; a node without accept_code does not serve lecho.code", function()
     local _, node = start_node(ns, { accept = true })
-    local r, err, code = c:push(node, "bad", "return (")
+    local r, err, code = c:push(node, "pushed.bad", "return (")
     assert.is_nil(r)
     assert.are.equal("invalid", code)
     assert.matches("unexpected symbol", err)
-    r, err, code = c:push(node, "bad name!", "return function() end")
+    r, err, code = c:push(node, "pushed.bad name!", "return function() end")
     assert.are.same({ nil, "invalid" }, { r, code })
     assert.matches("name must be", err)
     local _, plain_node = start_node(ns, {})
@@ -332,6 +334,38 @@ while ctx:now() - t0 < 90 do ctx:run_once(0.05) end
     local list = assert(c:pushed(node2))
     assert.is_nil(list.fake)
     assert.are.same({ "pushed.mine@1" }, keys(list))
+  end)
+
+  it("serves a chunk's table of functions as ONE service called by args.fn, at most 256 functions", function()
+    local _, node = start_node(ns, { accept = true })
+    local r, err, code = c:push(node, "pushed.many",
+      "local t = {} for i = 1, 300 do t['f' .. i] = function() return i end end return t")
+    assert.are.same({ nil, "limit" }, { r, code })
+    assert.matches("300 functions: at most 256", err)
+    r = assert(c:push(node, "pushed.calc", [[
+      return { add = function(a) return a.x + a.y end, neg = function(a) return -a.x end }]]))
+    assert.are.same({ loaded = "pushed.calc@1", services = { "pushed.calc" }, functions = { "add", "neg" } }, r)
+    assert.are.same({ 5 }, { c:call("pushed.calc", { fn = "add", x = 2, y = 3 }, { timeout = 5 }) })
+    assert.are.same({ -2 }, { c:call("pushed.calc", { fn = "neg", x = 2 }, { timeout = 5 }) })
+    local ok, e, ecode = c:call("pushed.calc", { fn = {}, x = 1 }, { timeout = 5 })
+    assert.are.same({ nil, "invalid" }, { ok, ecode })
+    assert.matches("args.fn must name one %(got a table%)", e)
+    assert.is_nil(c:call("pushed.calc.add", { x = 1, y = 1 }, { timeout = 2 }))
+  end)
+
+  it("shows no heap address and no node file in what a caller gets back", function()
+    local _, node = start_node(ns, { accept = true })
+    local r, err = c:call("lecho.code", { op = "unload", name = "n", version = {} }, { at = node, timeout = 5 })
+    assert.is_nil(r)
+    assert.is_nil(tostring(err.why or err):find("0x"), tostring(err.why or err))
+    assert(c:push(node, "pushed.boom", "return function() local t = nil; return t.x end"))
+    local ok, e, code, tb = c:call("pushed.boom", {}, { timeout = 5 })
+    assert.are.same({ nil, "failed" }, { ok, code })
+    assert.matches("attempt to index", e)
+    assert.is_string(tb)
+    assert.matches("pushed%.boom", tb)
+    assert.is_nil(tb:find("lecho/", 1, true), tb)
+    assert.is_nil(tb:find("0x", 1, true), tb)
   end)
 
   it("after version 2 is unloaded, a caller that still lists it gets version 1 of the same node", function()

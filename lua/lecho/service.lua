@@ -110,11 +110,17 @@ local function pick(entry, v, mv)
 end
 
 local function err_value(e)
-  -- a value that cannot travel (a function, a coroutine) goes as its text
+  -- a value that cannot travel (a function, a coroutine) goes as its type
+  -- (never its address)
   local t = type(e)
-  if t == "function" or t == "thread" or t == "userdata" then return tostring(e) end
+  if t == "function" or t == "thread" or t == "userdata" then return ("error object is a %s value"):format(t) end
   return e
 end
+
+-- Service.fail(e, code, tb): raised by a handler that answers with its own
+-- code and traceback (lecho.push: a sandbox's, without the node's frames).
+local FAIL = {}
+function Service.fail(e, code, tb) error(setmetatable({ e = e, c = code, tb = tb }, FAIL), 0) end
 
 local function pack_reply(ok, ...)
   local n = select("#", ...)
@@ -125,6 +131,7 @@ end
 
 on_error = function(e)
   sethook()  -- the handler is over (a budget's hook must not fire in here)
+  if getmetatable(e) == FAIL then return { e = e.e, c = e.c, tb = e.tb } end
   if type(e) == "string" and e:find("^budget exceeded: ") then
     return { e = e, c = "limit", tb = traceback(e, 2) }
   end

@@ -353,6 +353,57 @@ while ctx:now() - t0 < 90 do ctx:run_once(0.05) end
     assert.is_nil(c:call("pushed.calc.add", { x = 1, y = 1 }, { timeout = 2 }))
   end)
 
+  it("unload returns memory: 10 push/unload rounds keep the node's RSS bounded, the name server forgets", function()
+    local nsp = S.lua(NS)
+    local nsaddr = assert(S.wait_file(nsp.out, "ready %S+\n", WAIT), S.errors(nsp)):match("ready (%S+)")
+    local nsc = lecho.context{ nameserver = nsaddr, quiet = true }
+    local child, node = start_node(nsaddr, { accept = true, ctx = { quiet = false } })
+    local function rss()
+      local f = assert(io.open("/proc/" .. child.pid .. "/status"))
+      local kb = tonumber(f:read("*a"):match("VmRSS:%s*(%d+)"))
+      f:close()
+      return kb
+    end
+    local src = "local t = {} for i = 1, 200 do t['f' .. i] = function() return i end end return t"
+    local first
+    for round = 1, 10 do
+      local name = "pushed.r" .. round
+      local r, err = nsc:push(node, name, src, { timeout = 20 })
+      assert(r, tostring(err))
+      assert(nsc:unload_pushed(node, name, nil, { timeout = 20 }))
+      if round == 2 then first = rss() end
+    end
+    local grown = rss() - first
+    assert.is_true(grown < 2048, ("the node grew by %d kB over 8 push/unload rounds"):format(grown))
+    -- the unloaded services' channels leave the name server
+    local function svc_left()
+      local n = 0
+      for full in pairs(nsc:list() or {}) do if full:find("/svc:pushed%.r") then n = n + 1 end end
+      return n
+    end
+    assert(S.run_until(nsc, function() return svc_left() == 0 end, 10), svc_left() .. " svc:pushed.r* left")
+    -- one log line per load, with a count (not the list of its functions)
+    local log = S.errors(child)
+    local line = log:match("[^\n]*pushed service pushed%.r3@1 loaded[^\n]*")
+    assert(line, log:sub(1, 400))
+    assert.is_true(#line < 200, line:sub(1, 300))
+    nsc:close()
+  end)
+
+  it("counts loads in progress against the limit of 64 pushed services", function()
+    local _, node = start_node(ns, { accept = true })
+    for i = 1, 62 do assert(c:push(node, "pushed.s" .. i, ONE, { timeout = 10 })) end
+    local done, ok = 0, 0
+    for i = 1, 4 do
+      c:call_async("lecho.code", { op = "load", name = "pushed.c" .. i, src = ONE }, { at = node, version = 1 },
+                   function(r) done = done + 1 if r then ok = ok + 1 end end)
+    end
+    assert(S.run_until(c, function() return done == 4 end, 20))
+    assert.are.equal(2, ok)
+    local n = #keys(assert(c:pushed(node)))
+    assert.are.equal(64, n)
+  end)
+
   it("shows no heap address and no node file in what a caller gets back", function()
     local _, node = start_node(ns, { accept = true })
     local r, err = c:call("lecho.code", { op = "unload", name = "n", version = {} }, { at = node, timeout = 5 })

@@ -34,6 +34,7 @@ M.SERVICE = "lecho.code"
 M.MAX_SRC = 1024 * 1024 -- bytes of source one push may carry
 M.MAX_LOADED = 64       -- name@version loaded at once on a node
 M.MAX_FUNCTIONS = 256   -- functions of one pushed chunk's table (one service)
+M.MAX_NAMES = 1024      -- distinct names pushed over the node's life (each keeps a channel record)
 M.VERSION = 1           -- lecho.code's version: clients ask for it exactly
 
 local function lower(want, cap)
@@ -150,10 +151,11 @@ local function load(ctx, req, who)
     refuse(("src must be Lua source text of at most %d bytes"):format(M.MAX_SRC))
   end
   local key = ("%s@%d"):format(req.name, version)
-  if ctx.code_loaded[key] then
+  if ctx.code_loaded[key] or ctx.code_loading[key] then
     refuse(key .. " is loaded here: unload it first, or push another version")
   end
-  local n = 0
+  -- (loads in progress count: the service's join waits)
+  local n = ctx.code_nloading
   for _ in pairs(ctx.code_loaded) do n = n + 1 end
   if n >= M.MAX_LOADED then refuse(("%d pushed services are loaded here (the limit)"):format(n), "limit") end
   local sb, err, code = ctx:sandbox(req.src, key, { budget = req.budget, memory = req.memory, principal = who })
@@ -173,9 +175,22 @@ local function load(ctx, req, who)
     end
     table.sort(fnames)
   end
+  if not ctx.code_names[req.name] then
+    if ctx.code_nnames >= M.MAX_NAMES then
+      sb:close()
+      refuse(("%d names were pushed here (the limit over the node's life): push a version of one of them")
+             :format(ctx.code_nnames), "limit")
+    end
+    ctx.code_names[req.name] = true
+    ctx.code_nnames = ctx.code_nnames + 1
+  end
   local sopts = { version = version, concurrency = req.concurrency, queue = req.queue }
+  ctx.code_loading[key] = true
+  ctx.code_nloading = ctx.code_nloading + 1
   -- (bad concurrency or queue values raise in ctx:service: a refusal here)
   local pok, s, serr, scode = pcall(ctx.service, ctx, req.name, handler(ctx, key, sb, fnames), sopts)
+  ctx.code_loading[key] = nil
+  ctx.code_nloading = ctx.code_nloading - 1
   if not pok then s, serr, scode = nil, s, "invalid" end
   if not s then
     sb:close()
@@ -191,6 +206,8 @@ end
 --- Serves lecho.code on ctx (a context started with accept_code).
 function M.serve(ctx, accept)
   ctx.code_loaded = ctx.code_loaded or {}
+  ctx.code_loading, ctx.code_nloading = {}, 0
+  ctx.code_names, ctx.code_nnames = {}, 0 -- names ever pushed (their channels stay: channel.lua)
   return ctx:service(M.SERVICE, function(req, meta)
     local who, why = allowed(ctx, accept, meta or {})
     if not who then refuse(why, "refused") end

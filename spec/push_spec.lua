@@ -29,6 +29,7 @@ if os.getenv("LECHO_KEY") then
 end
 local ctx = lecho.context(o)
 local p = opts.channel and assert(ctx:channel(opts.channel):producer())
+if opts.serve then assert(ctx:service(opts.serve, function(a) return "node:" .. tostring(a) end)) end
 if opts.fake_code then -- what a pusher could make before lecho. names were reserved
   assert(ctx:service("lecho.code", function() return { fake = true } end, { version = 2 },
                      require("lecho.service").RESERVED))
@@ -254,6 +255,10 @@ describe("pushing code (issue 12 point 6)", function()
     assert.is_nil(r)
     assert.are.equal("refused", code)
     assert.are.equal("not allowed: eve may not push code to " .. node, err)
+    -- names: a namespace per pusher by default
+    r, err, code = alice:push(node, "eve.adder", ADDER)
+    assert.are.same({ nil, "refused" }, { r, code })
+    assert.are.equal("alice may not push eve.adder here: names allowed: alice.*", err)
     r, err = alice:push(node, "alice.adder", ADDER)
     assert(r, tostring(err))
     assert.are.equal("alice", assert(alice:pushed(node))["alice.adder@1"].by)
@@ -334,6 +339,40 @@ while ctx:now() - t0 < 90 do ctx:run_once(0.05) end
     local list = assert(c:pushed(node2))
     assert.is_nil(list.fake)
     assert.are.same({ "pushed.mine@1" }, keys(list))
+  end)
+
+  it("refuses a name the node serves, another pusher's name, and names outside the node's list", function()
+    local _, node = start_node(ns, { accept = true, serve = "legit" })
+    local r, err, code = c:push(node, "legit", ONE, { version = 2 })
+    assert.are.same({ nil, "refused" }, { r, code })
+    assert.matches("names allowed: pushed%.%*", err)
+    assert.are.same({ "node:x" }, { c:call("legit", "x", { timeout = 5 }) })
+    -- a node that allows "legit": still not beside the node's own legit@1
+    local _, node2 = start_node(ns, { accept = { names = { "legit", "pushed.*" } }, serve = "legit" })
+    sees(c, node2)
+    r, err, code = c:push(node2, "legit", ONE, { version = 2 })
+    assert.are.same({ nil, "refused" }, { r, code })
+    assert.matches("legit is served here %(version 1%) by the node", err)
+    -- another pusher's name: not beside it; the same pusher may add versions
+    local d = lecho.context{ nameserver = ns, quiet = true }
+    sees(d, node2)
+    assert(c:push(node2, "pushed.a", ONE))
+    r, err, code = d:push(node2, "pushed.a", ONE, { version = 2 })
+    assert.are.same({ nil, "refused" }, { r, code })
+    assert.matches("by another pusher", err)
+    assert(c:push(node2, "pushed.a", ONE, { version = 2 }))
+    -- and only its pusher (or the node) unloads it
+    r, err, code = d:unload_pushed(node2, "pushed.a")
+    assert.are.same({ nil, "refused" }, { r, code })
+    assert.matches("only its pusher or the node may unload it", err)
+    assert.are.same({ unloaded = { "pushed.a@1", "pushed.a@2" } }, assert(c:unload_pushed(node2, "pushed.a")))
+    d:close()
+    -- the name list is checked when the node starts
+    assert.has_error(function() lecho.context{ nameserver = ns, quiet = true, accept_code = { names = { "a b" } } } end)
+    assert.has_error(function() lecho.context{ nameserver = ns, quiet = true, accept_code = { names = "x.*" } } end)
+    assert.has_error(function() -- principals: keyed mode only
+      lecho.context{ nameserver = ns, quiet = true, accept_code = { principals = { "alice" }, names = { "x.*" } } }
+    end)
   end)
 
   it("serves a chunk's table of functions as ONE service called by args.fn, at most 256 functions", function()

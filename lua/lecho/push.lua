@@ -17,12 +17,15 @@
 -- budget =, memory = } loads src in a sandbox charged to the pusher and
 -- serves it as service name@version (a table of at most MAX_FUNCTIONS
 -- functions is still ONE service: calls name the function in args.fn);
--- { op = "unload", name =, version = } (no version: all of name's);
--- { op = "list" }.  Who may push: keyed mode, the principals of the
--- accept_code list (true: any principal the node trusts); protected mode,
--- accept_code = true only, and callers on loopback or a Unix socket (what
--- protected mode accepts anyway: checked again here).  Never a name
--- beginning with "lecho." (the library's).
+-- { op = "unload", name =, version = } (no version: all of name's the
+-- caller pushed); { op = "list" }.  Who may push: keyed mode, the
+-- principals of the accept_code list (true: any principal the node trusts);
+-- protected mode, callers on loopback or a Unix socket (what protected mode
+-- accepts anyway: checked again here).  Which names: M.config (the node's
+-- list, by default a namespace per pusher); never "lecho." (the library's),
+-- never a name the node serves in a version another pushed or the node
+-- registered.  Only the pusher (principal, or context address in protected
+-- mode) or the node unloads.
 -- ctx:push(node, name, src, opts), ctx:unload_pushed(node, name, version) and
 -- ctx:pushed(node) call it at node ("host:port") alone.
 
@@ -82,8 +85,38 @@ local function loopback(addr)
   return addr:match("^127%.") ~= nil or addr:match("^%[::1%]:") ~= nil or addr:match("^unix:") ~= nil
 end
 
+--- The node's accept_code as { principals = true | { name, ... }, names =
+-- { pattern, ... } }: true, a list of principals, or that table itself.  A
+-- name pattern is a service name, or a prefix ending in "*"; "{principal}"
+-- in it stands for the pusher's principal.  Default names: keyed mode
+-- "{principal}.*" (a namespace per pusher), protected mode "pushed.*".
+function M.config(accept, keyed)
+  local principals, names = true, nil
+  if type(accept) == "table" and (accept.principals ~= nil or accept.names ~= nil) then
+    principals = accept.principals == nil and true or accept.principals
+    names = accept.names
+  elseif type(accept) == "table" then
+    principals = accept
+  end
+  return { principals = principals, names = names or { keyed and "{principal}.*" or "pushed.*" } }
+end
+
+local function name_allowed(cfg, who, name)
+  for _, p in ipairs(cfg.names) do
+    p = p:gsub("{principal}", function() return who end)
+    if p:sub(-1) == "*" then
+      local pre = p:sub(1, -2)
+      if #name > #pre and name:sub(1, #pre) == pre then return true end
+    elseif p == name then
+      return true
+    end
+  end
+  return false
+end
+
 -- Who may push: the caller's principal (keyed) or address (protected).
-local function allowed(ctx, accept, meta)
+local function allowed(ctx, cfg, meta)
+  local accept = cfg.principals
   if ctx.keyed then
     local who = meta.caller -- keyed: the caller's principal (lecho.service)
     if type(who) ~= "string" then return nil, "not allowed: the caller has no principal" end
@@ -95,6 +128,11 @@ local function allowed(ctx, accept, meta)
     return nil, ("not allowed: %s is not a local process (protected mode)"):format(safe(meta.caller))
   end
   return meta.caller
+end
+
+-- The node itself (its own calls of lecho.code): may unload anything.
+local function is_node(ctx, who)
+  return who == ctx.addr or (ctx.principal ~= nil and who == ctx.principal)
 end
 
 local function refuse(why, code) error({ code = code or "invalid", why = why }, 0) end
@@ -140,9 +178,15 @@ local function handler(ctx, key, sb, fnames)
   end
 end
 
-local function load(ctx, req, who)
+local function load(ctx, cfg, req, who)
   if not valid_name(req.name) then refuse("name must be 1..200 bytes of [A-Za-z0-9._-]") end
   if req.name:sub(1, 6) == "lecho." then refuse("names beginning with lecho. are the library's", "refused") end
+  if not name_allowed(cfg, tostring(who), req.name) then
+    local ps = {}
+    for i, p in ipairs(cfg.names) do ps[i] = p:gsub("{principal}", function() return tostring(who) end) end
+    refuse(("%s may not push %s here: names allowed: %s"):format(safe(who), req.name, table.concat(ps, ", ")),
+           "refused")
+  end
   local version = req.version == nil and 1 or req.version
   if type(version) ~= "number" or version < 1 or version ~= math.floor(version) or version > 2 ^ 31 then
     refuse("version must be an integer >= 1")
@@ -153,6 +197,16 @@ local function load(ctx, req, who)
   local key = ("%s@%d"):format(req.name, version)
   if ctx.code_loaded[key] or ctx.code_loading[key] then
     refuse(key .. " is loaded here: unload it first, or push another version")
+  end
+  -- a name the node serves already (any version) is the pusher's only if
+  -- every version of it served here is one it pushed
+  local served = ctx.svc_names and ctx.svc_names[req.name]
+  for v in pairs(served and served.byver or {}) do
+    local e = ctx.code_loaded[("%s@%d"):format(req.name, v)]
+    if not e or e.by ~= who then
+      refuse(("%s is served here (version %d) by %s"):format(req.name, v, e and "another pusher" or "the node"),
+             "refused")
+    end
   end
   -- (loads in progress count: the service's join waits)
   local n = ctx.code_nloading
@@ -208,20 +262,30 @@ function M.serve(ctx, accept)
   ctx.code_loaded = ctx.code_loaded or {}
   ctx.code_loading, ctx.code_nloading = {}, 0
   ctx.code_names, ctx.code_nnames = {}, 0 -- names ever pushed (their channels stay: channel.lua)
+  local cfg = M.config(accept, ctx.keyed)
   return ctx:service(M.SERVICE, function(req, meta)
-    local who, why = allowed(ctx, accept, meta or {})
-    if not who then refuse(why, "refused") end
+    local who, why = allowed(ctx, cfg, meta or {})
+    if not who and not is_node(ctx, (meta or {}).caller) then refuse(why, "refused") end
+    who = who or meta.caller
     if type(req) ~= "table" then refuse("request must be a table { op = load|unload|list, ... }") end
-    if req.op == "load" then return load(ctx, req, who) end
+    if req.op == "load" then return load(ctx, cfg, req, who) end
     if req.op == "unload" then
       if not valid_name(req.name) then refuse("name must be 1..200 bytes of [A-Za-z0-9._-]") end
       if req.version ~= nil and type(req.version) ~= "number" then refuse("version must be an integer >= 1") end
-      local gone = {}
+      local gone, others = {}, 0
       for key, e in pairs(ctx.code_loaded) do
-        if e.name == req.name and (req.version == nil or e.version == req.version) then gone[#gone + 1] = key end
+        if e.name == req.name and (req.version == nil or e.version == req.version) then
+          -- only by its pusher (keyed: principal; protected: context
+          -- address) or the node itself
+          if e.by == who or is_node(ctx, who) then gone[#gone + 1] = key else others = others + 1 end
+        end
       end
       table.sort(gone)
       if #gone == 0 then
+        if others > 0 then
+          refuse(("%s%s was pushed by another: only its pusher or the node may unload it"):format(
+                 req.name, req.version and "@" .. safe(req.version) or ""), "refused")
+        end
         refuse(("%s%s is not loaded here"):format(req.name, req.version and "@" .. safe(req.version) or ""),
                "notfound")
       end

@@ -366,6 +366,17 @@ while ctx:now() - t0 < 90 do ctx:run_once(0.05) end
     assert.are.same({ nil, "refused" }, { r, code })
     assert.matches("only its pusher or the node may unload it", err)
     assert.are.same({ unloaded = { "pushed.a@1", "pushed.a@2" } }, assert(c:unload_pushed(node2, "pushed.a")))
+    -- two pushers loading one name at once: one gets it, the other is told
+    -- it is another pusher's (its service is registered before its join)
+    local got = {}
+    c:call_async("lecho.code", { op = "load", name = "pushed.z", src = ONE }, { at = node2, version = 1 },
+                 function(r, e) got[#got + 1] = r and "loaded" or e.why end)
+    d:call_async("lecho.code", { op = "load", name = "pushed.z", version = 2, src = ONE }, { at = node2, version = 1 },
+                 function(r, e) got[#got + 1] = r and "loaded" or e.why end)
+    assert(S.run_until(c, function() d:run_once(0.001) return #got == 2 end, 20))
+    table.sort(got)
+    assert.are.equal("loaded", got[1])
+    assert.matches("^pushed%.z is served here %(version [12]%) by another pusher$", got[2])
     d:close()
     -- the name list is checked when the node starts
     assert.has_error(function() lecho.context{ nameserver = ns, quiet = true, accept_code = { names = { "a b" } } } end)

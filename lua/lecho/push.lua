@@ -202,7 +202,8 @@ local function load(ctx, cfg, req, who)
   -- every version of it served here is one it pushed
   local served = ctx.svc_names and ctx.svc_names[req.name]
   for v in pairs(served and served.byver or {}) do
-    local e = ctx.code_loaded[("%s@%d"):format(req.name, v)]
+    local k = ("%s@%d"):format(req.name, v)
+    local e = ctx.code_loaded[k] or ctx.code_loading[k] -- (a load under way is served already)
     if not e or e.by ~= who then
       refuse(("%s is served here (version %d) by %s"):format(req.name, v, e and "another pusher" or "the node"),
              "refused")
@@ -239,7 +240,7 @@ local function load(ctx, cfg, req, who)
     ctx.code_nnames = ctx.code_nnames + 1
   end
   local sopts = { version = version, concurrency = req.concurrency, queue = req.queue }
-  ctx.code_loading[key] = true
+  ctx.code_loading[key] = { by = who }
   ctx.code_nloading = ctx.code_nloading + 1
   -- (bad concurrency or queue values raise in ctx:service: a refusal here)
   local pok, s, serr, scode = pcall(ctx.service, ctx, req.name, handler(ctx, key, sb, fnames), sopts)

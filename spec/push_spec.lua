@@ -42,6 +42,12 @@ local function stopped()
   return f ~= nil
 end
 while not stopped() and ctx:now() < deadline do
+  local su = opts.self_unload -- the node unloads (its own call of lecho.code) when su.file exists
+  if su and not su.done and io.open(su.file) then
+    su.done = true
+    local r, e, code = ctx:unload_pushed(ctx.addr, su.name)
+    io.stdout:write(cjson.encode{ self_unload = r or { err = e, code = code } }, "\n")
+  end
   if p then
     sent = sent + 1
     assert(p:submit(sent))
@@ -384,6 +390,17 @@ while ctx:now() - t0 < 90 do ctx:run_once(0.05) end
     assert.has_error(function() -- principals: keyed mode only
       lecho.context{ nameserver = ns, quiet = true, accept_code = { principals = { "alice" }, names = { "x.*" } } }
     end)
+  end)
+
+  it("lets the node itself unload what another pushed", function()
+    local trigger = S.tmpname("unload")
+    local child, node = start_node(ns, { accept = true, self_unload = { file = trigger, name = "pushed.p" } })
+    assert(c:push(node, "pushed.p", ONE))
+    S.write(trigger, "")
+    local line = assert(S.wait_file(child.out, "self_unload[^\n]*\n", WAIT), S.errors(child))
+    local got = cjson.decode(line:match("{[^\n]*self_unload[^\n]*}"))
+    assert.are.same({ unloaded = { "pushed.p@1" } }, got.self_unload)
+    assert.are.same({}, assert(c:pushed(node)))
   end)
 
   it("serves a chunk's table of functions as ONE service called by args.fn, at most 256 functions", function()

@@ -441,7 +441,9 @@ int moe_run_step(lei_moe *m, lua_CFunction fn, void *arg) {
     if (m->stop) m->over = 1;
     if (rc == 0 && !m->over && !m->mem_hit && !m->doom[0]) return 0;
     char why[384];
-    if (m->over)
+    if (m->doom[0]) /* the group's CPU share check (moe_group.c), not the budget */
+        snprintf(why, sizeof why, "%s", m->doom);
+    else if (m->over)
         snprintf(why, sizeof why, "exceeded its CPU budget of %g ms in one call", m->o.budget * 1e3);
     else if (m->out_hit)
         snprintf(why, sizeof why, "what it returned or emitted in one call passes %s of %zu bytes",

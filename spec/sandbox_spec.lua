@@ -159,6 +159,26 @@ describe("sandboxes (issue 12: code pushed to a node runs contained)", function(
     ctx:close()
   end)
 
+  it("says the CPU share, not the budget, when the share ends a sandbox stopped by its budget", function()
+    -- each call spins until its budget stops it; the share check that runs
+    -- after that same call ends the sandbox: its reason is the share
+    local ctx = lecho.context{ quiet = true, modulator_budget = 0.05, modulators_cpu = 0.05 }
+    local sb = assert(ctx:sandbox("return function() while true do end end", "spin", { principal = "pusher" }))
+    local ended, stops = nil, 0
+    for _ = 1, 100 do
+      local ok, err, code = sb:call()
+      if code == "closed" then ended = err break end
+      assert.are.equal("limit", code, tostring(err))
+      stops = stops + 1
+      ctx:run_once(0.001)
+    end
+    assert(ended, "the CPU share never ended the sandbox")
+    assert.matches("^sandbox ended: used %d+%% of the producer's CPU", ended)
+    assert.is_nil(ended:find("budget", 1, true), ended)
+    assert.matches("^used %d+%% of the producer's CPU", sb:error())
+    ctx:close()
+  end)
+
   it("refuses at load what is not a function or a table of functions, bytecode, a loop", function()
     local cases = {
       { "return 1", "must return a function or a table of functions, not number" },

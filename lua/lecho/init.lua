@@ -219,10 +219,11 @@ function M.context(opts)
   end
   -- pushed code (README "Pushing code"): the built-in service lecho.code
   if opts.accept_code then
-    if not identity and opts.accept_code ~= true then
+    local ac = opts.accept_code
+    if not identity and ac ~= true and not (ac.names ~= nil and (ac.principals == nil or ac.principals == true)) then
       self:close()
       error("lecho: accept_code lists principals, which only keyed mode knows: in protected mode it is "
-            .. "true (any local process may push)", 2)
+            .. "true or { names = {...} } (any local process may push)", 2)
     end
     local ok, perr = push.serve(self, opts.accept_code)
     if not ok then

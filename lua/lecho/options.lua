@@ -73,15 +73,29 @@ local function caps(v)
     end
   end
 end
--- accept_code: false, true, or a list of principal names (keyed mode).
-local function accept_code(v)
-  if type(v) == "boolean" then return end
-  local why = "must be true, false or a list of principal names"
-  if type(v) ~= "table" then return why end
+-- accept_code: false, true, a list of principal names (keyed mode), or
+-- { principals = true | list, names = { "calc.*", "{principal}.*", ... } }
+-- (lecho.push: who may push, and which service names).
+local function strings(v, pat)
+  if type(v) ~= "table" then return false end
   local n = 0
   for _ in pairs(v) do n = n + 1 end
-  if n ~= #v or n == 0 then return why end
-  for _, p in ipairs(v) do if type(p) ~= "string" or p == "" then return why end end
+  if n ~= #v or n == 0 then return false end
+  for _, p in ipairs(v) do if type(p) ~= "string" or p == "" or (pat and not p:find(pat)) then return false end end
+  return true
+end
+local function accept_code(v)
+  if type(v) == "boolean" then return end
+  local why = "must be true, false, a list of principal names or { principals = true | list, names = "
+              .. "list of service names or prefixes ending in * }"
+  if type(v) ~= "table" then return why end
+  if v.principals ~= nil or v.names ~= nil then
+    for k in pairs(v) do if k ~= "principals" and k ~= "names" then return why end end
+    if v.principals ~= nil and v.principals ~= true and not strings(v.principals) then return why end
+    if v.names ~= nil and not strings(v.names, "^[%w%._%-{}]*%*?$") then return why end
+    return
+  end
+  if not strings(v) then return why end
 end
 -- Keyed mode (README "Keys"): the secret key file, the trust files, the
 -- principal the name server must be.  false: none, whatever $LECHO_KEY and

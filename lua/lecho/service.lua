@@ -110,11 +110,17 @@ local function pick(entry, v, mv)
 end
 
 local function err_value(e)
-  -- a value that cannot travel (a function, a coroutine) goes as its text
+  -- a value that cannot travel (a function, a coroutine) goes as its type
+  -- (never its address)
   local t = type(e)
-  if t == "function" or t == "thread" or t == "userdata" then return tostring(e) end
+  if t == "function" or t == "thread" or t == "userdata" then return ("error object is a %s value"):format(t) end
   return e
 end
+
+-- Service.fail(e, code, tb): raised by a handler that answers with its own
+-- code and traceback (lecho.push: a sandbox's, without the node's frames).
+local FAIL = {}
+function Service.fail(e, code, tb) error(setmetatable({ e = e, c = code, tb = tb }, FAIL), 0) end
 
 local function pack_reply(ok, ...)
   local n = select("#", ...)
@@ -125,6 +131,7 @@ end
 
 on_error = function(e)
   sethook()  -- the handler is over (a budget's hook must not fire in here)
+  if getmetatable(e) == FAIL then return { e = e.e, c = e.c, tb = e.tb } end
   if type(e) == "string" and e:find("^budget exceeded: ") then
     return { e = e, c = "limit", tb = traceback(e, 2) }
   end
@@ -201,8 +208,15 @@ local function noop() end
 --- Serves `name` with handler(args, meta) -> results.  opts: version (1),
 -- concurrency (16), queue (64), budget (5 CPU seconds per call; 0: none).
 -- Returns the service object (s:close() unloads it), or nil, err, code.
-function Context:service(name, handler, opts)
+-- Names beginning with "lecho." are the library's (lecho.code): served
+-- only with this token as the 4th argument.
+Service.RESERVED = setmetatable({}, { __tostring = function() return "lecho.service.RESERVED" end })
+
+function Context:service(name, handler, opts, reserved)
   check_name(name, "ctx:service")
+  if name:sub(1, 6) == "lecho." and reserved ~= Service.RESERVED then
+    error(("lecho: ctx:service: names beginning with lecho. are the library's (got %q)"):format(name:sub(1, 40)), 2)
+  end
   if type(handler) ~= "function" then error("lecho: ctx:service needs a handler function", 2) end
   if self.closed then error("lecho: context is closed", 2) end
   opts = options.check(opts, options.SERVICE, "ctx:service", 2)
@@ -353,9 +367,14 @@ local function candidates(ctx, cl, ch, opts, tried)
   local addrs, all = {}, {}
   for addr, info in pairs(svc or {}) do
     local vs = versions_of(info)
-    if vs and not tried[addr] and (not at or at == addr) then
-      addrs[#addrs + 1] = addr
-      for i = 1, #vs do all[vs[i]] = true end
+    local t = tried[addr] -- true: tried; a table: those versions answered noservice
+    if vs and t ~= true and (not at or at == addr) then
+      for i = 1, #vs do
+        if not (t and t[vs[i]]) then
+          if addrs[#addrs] ~= addr then addrs[#addrs + 1] = addr end
+          all[vs[i]] = true
+        end
+      end
     end
   end
   if not addrs[1] then return nil, "no service " .. cl.name, "noservice" end
@@ -375,7 +394,7 @@ local function candidates(ctx, cl, ch, opts, tried)
   local list = {}
   for i = 1, #addrs do
     local a = addrs[i]
-    if serves(versions_of(svc[a]), want) then list[#list + 1] = a end
+    if serves(versions_of(svc[a]), want) and not (tried[a] and tried[a][want]) then list[#list + 1] = a end
   end
   table.sort(list)
   return list, want
@@ -508,7 +527,13 @@ call_body = function(self, name, args, opts)
         if ok then return true, unpack(e, 1, e.n) end
         if not (retry == "safe" or (retry == "key" and opts.key)) then return nil, e, ecode, tb end
         last = { n = 4, nil, e, ecode, tb }
-        tried[addr] = true
+        if ecode == "noservice" and tried[addr] ~= true then
+          -- that version is gone there (unloaded): its others may serve
+          tried[addr] = tried[addr] or {}
+          tried[addr][want] = true
+        else
+          tried[addr] = true
+        end
       end
       if attempts > retries then break end
     elseif not last then

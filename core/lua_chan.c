@@ -375,8 +375,10 @@ static int l_sync_result(lua_State *L) {
 
 /* Acknowledges sync event `sync` from p (NULL: a local one): nran handlers
  * ran, and the value at idx (nil: none) lists their errors; a list that
- * cannot be encoded is left out, the ack goes all the same. */
-void lb_ack(lb_ctx *b, lei_peer *p, uint64_t sync, uint64_t nran, lua_State *L, int idx) {
+ * cannot be encoded is left out, the ack goes all the same.  gen (NULL: the
+ * current connection): only to the connection of that generation. */
+void lb_ack(lb_ctx *b, lei_peer *p, const uint64_t *gen, uint64_t sync, uint64_t nran, lua_State *L,
+            int idx) {
     lei_msg *m = NULL;
     char *flat = NULL;
     if (!lua_isnoneornil(L, idx)) {
@@ -385,14 +387,20 @@ void lb_ack(lb_ctx *b, lei_peer *p, uint64_t sync, uint64_t nran, lua_State *L, 
         else if ((flat = malloc(m->total ? m->total : 1)))
             lei_msg_flatten(m, flat);
     }
-    lei_ack(b->c, p, sync, nran, (const uint8_t *)flat, flat ? m->total : 0);
+    if (gen)
+        lei_ack_gen(b->c, p, *gen, sync, nran, (const uint8_t *)flat, flat ? m->total : 0);
+    else
+        lei_ack(b->c, p, sync, nran, (const uint8_t *)flat, flat ? m->total : 0);
     free(flat);
     if (m) lei_msg_release(m, lb_hook_unpin, b);
 }
 
-/* ctx:ack(peer_idx, sync, nran, errors | nil[, strict]): the ack of a sync
- * event whose dispatch waited (one that did not is acknowledged by the
+/* ctx:ack(peer_idx, sync, nran, errors | nil[, strict[, gen]]): the ack of a
+ * sync event whose dispatch waited (one that did not is acknowledged by the
  * event hook's return, lua_hook.c), or a call's reply (lecho.service).
+ * gen: the connection generation the event hook was given with the event:
+ * the ack goes only to that connection (its process may be gone and another
+ * have taken its address: dropped, counted in stats().stale_acks).
  * strict: a value that cannot be encoded is not left out: nothing is sent,
  * nil, err, code is returned (the caller answers with another value). */
 static int l_ack(lua_State *L) {
@@ -402,6 +410,9 @@ static int l_ack(lua_State *L) {
     uint64_t nran = (uint64_t)luaL_checknumber(L, 4);
     lei_peer *p = idx ? lei_peer_by_idx(b->c, idx) : NULL;
     if (idx && !p) return 0;
+    uint64_t gen = 0;
+    int has_gen = idx && !lua_isnoneornil(L, 7);
+    if (has_gen) gen = (uint64_t)luaL_checknumber(L, 7);
     if (lua_toboolean(L, 6) && !lua_isnoneornil(L, 5)) {
         lb_flat f;
         if (lb_flat_encode(L, b, 5, &f)) return 3;
@@ -409,12 +420,15 @@ static int l_ack(lua_State *L) {
             lb_flat_done(b, &f);
             return lb_push_err(L, "reply larger than the frame limit (max_frame)", LEI_E_LIMIT);
         }
-        lei_ack(b->c, p, sync, nran, f.p, f.n);
+        if (has_gen)
+            lei_ack_gen(b->c, p, gen, sync, nran, f.p, f.n);
+        else
+            lei_ack(b->c, p, sync, nran, f.p, f.n);
         lb_flat_done(b, &f);
         lua_pushboolean(L, 1);
         return 1;
     }
-    lb_ack(b, p, sync, nran, L, 5);
+    lb_ack(b, p, has_gen ? &gen : NULL, sync, nran, L, 5);
     return 0;
 }
 

@@ -95,6 +95,16 @@ void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uin
     lei_sync_answered(c, NULL, sync, nran, errs, elen);
 }
 
+void lei_ack_gen(lei_ctx *c, lei_peer *from, uint64_t gen, uint64_t sync, uint64_t nran,
+                 const uint8_t *errs, size_t elen) {
+    if (from && (!from->conn || from->gen != gen)) {
+        c->stale_acks++;
+        return;
+    }
+    lei_ack(c, from, sync, nran, errs, elen);
+}
+
+uint64_t lei_peer_gen(const lei_peer *p) { return p && p->conn ? p->gen : 0; }
 
 int lei_sync_pending(const lei_sync *s) { return s->nwait; }
 

@@ -201,7 +201,7 @@ end
 -- peer (or the local queue) until the dispatch ends (ctx:resume).
 local function dispatcher(self)
   local co = coroutine.running()
-  local chid, value, peer, producer, seq, sync = coroutine.yield(DONE)
+  local chid, value, peer, producer, seq, sync, gen = coroutine.yield(DONE)
   while true do
     local nran, errs = self:_on_event(chid, value, peer, producer, seq, sync)
     local held = self.held[co]
@@ -210,20 +210,22 @@ local function dispatcher(self)
       -- (if sync) is ours to send.
       self.held[co] = nil
       if not self.closed then
-        if sync > 0 then self.c:ack(peer, sync, nran, errs) end
+        -- only on the connection the event came on (gen): another
+        -- process may have its address now
+        if sync > 0 then self.c:ack(peer, sync, nran, errs, nil, gen) end
         self.c:resume(held, chid)
       end
       nran, errs = nil, nil
     end
-    chid, value, peer, producer, seq, sync = coroutine.yield(DONE, nran, errs)
+    chid, value, peer, producer, seq, sync, gen = coroutine.yield(DONE, nran, errs)
   end
 end
 
-function Context:_dispatch(chid, value, peer, producer, seq, sync)
+function Context:_dispatch(chid, value, peer, producer, seq, sync, gen)
   -- a call channel served here (lecho.service): the call runs in a
   -- coroutine of its own and is answered by ctx:ack; no ack from C
   local svc = self.svc_chans
-  if svc and svc[chid] then return self:_serve(svc[chid], value, peer, sync) end
+  if svc and svc[chid] then return self:_serve(svc[chid], value, peer, sync, gen) end
   local co = self.dco
   if not co or coroutine.status(co) ~= "suspended" then
     co = coroutine.create(dispatcher)
@@ -231,7 +233,7 @@ function Context:_dispatch(chid, value, peer, producer, seq, sync)
     coroutine.resume(co, self)
     self.dco = co
   end
-  local ok, r, nran, errs = coroutine.resume(co, chid, value, peer, producer, seq, sync)
+  local ok, r, nran, errs = coroutine.resume(co, chid, value, peer, producer, seq, sync, gen)
   if not ok then
     self.dco = nil
     self.log("error dispatching an event: " .. traceback(co, tostring(r)))

@@ -92,11 +92,14 @@ end
 
 -- ---- server side ------------------------------------------------------------
 
-local function ack(ctx, peer, sync, reply)
-  local ok, err, code = ctx.c:ack(peer, sync, 1, reply, true)
+-- gen: the generation of the connection the call came on; the reply goes
+-- to that connection only (another process that took the caller's address
+-- must never get it: dropped, counted in ctx.c:stats().stale_acks).
+local function ack(ctx, peer, gen, sync, reply)
+  local ok, err, code = ctx.c:ack(peer, sync, 1, reply, true, gen)
   if not ok then
     ctx.c:ack(peer, sync, 1, { e = "reply cannot be sent: " .. tostring(err),
-                               c = code == "limit" and "limit" or "invalid" }, true)
+                               c = code == "limit" and "limit" or "invalid" }, true, gen)
   end
 end
 
@@ -136,7 +139,7 @@ end
 local start
 
 -- One call, in a coroutine of its own.
-local function run_call(ctx, s, peer, sync, req, caller)
+local function run_call(ctx, s, peer, gen, sync, req, caller)
   local meta = { service = s.name, version = s.version, caller = caller, key = req.k,
                  deadline = type(req.t) == "number" and ctx.c:now() + req.t or nil }
   local co = coroutine.running()
@@ -152,45 +155,45 @@ local function run_call(ctx, s, peer, sync, req, caller)
     ctx.svc_budgets[co] = nil
   end
   s.running = s.running - 1
-  if not ctx.closed then ack(ctx, peer, sync, reply) end
+  if not ctx.closed then ack(ctx, peer, gen, sync, reply) end
   -- the next waiting calls, now that there is room
   local q = s.q
   while q[1] and s.running < s.concurrency and not s.closed and not ctx.closed do
     local w = table.remove(q, 1)
-    start(ctx, s, w[1], w[2], w[3], w[4])
+    start(ctx, s, w[1], w[5], w[2], w[3], w[4])
   end
 end
 
-start = function(ctx, s, peer, sync, req, caller)
+start = function(ctx, s, peer, gen, sync, req, caller)
   s.running = s.running + 1
-  ctx:_spawn(run_call, ctx, s, peer, sync, req, caller)
+  ctx:_spawn(run_call, ctx, s, peer, gen, sync, req, caller)
 end
 
 -- From Context:_dispatch: an event on a call channel served here.  Never
 -- acknowledged from C (returns no count): each call is answered by ack().
-function Context:_serve(entry, req, peer, sync)
+function Context:_serve(entry, req, peer, sync, gen)
   if sync == 0 then return false end -- not a call (no sync id): nothing to answer
   if type(req) ~= "table" or (req.v ~= nil and type(req.v) ~= "number")
      or (req.mv ~= nil and type(req.mv) ~= "number")
      or (req.k ~= nil and type(req.k) ~= "string") or (req.t ~= nil and type(req.t) ~= "number") then
-    ack(self, peer, sync, { e = ("bad request to service %s: not a request table"):format(entry.name),
+    ack(self, peer, gen, sync, { e = ("bad request to service %s: not a request table"):format(entry.name),
                             c = "invalid" })
     return false
   end
   local s = pick(entry, req.v, req.mv)
   if not s then
-    ack(self, peer, sync, { e = ("no service %s%s here"):format(entry.name,
+    ack(self, peer, gen, sync, { e = ("no service %s%s here"):format(entry.name,
                             req.v and "@" .. req.v or req.mv and "@>=" .. req.mv or ""), c = "noservice" })
     return false
   end
   local caller = peer == 0 and self.addr or self:_peer_addr(peer)
   if self.keyed then caller = self.c:peer_identity(caller) or caller end
   if s.running < s.concurrency then
-    start(self, s, peer, sync, req, caller)
+    start(self, s, peer, gen, sync, req, caller)
   elseif #s.q < s.queue then
-    s.q[#s.q + 1] = { peer, sync, req, caller }
+    s.q[#s.q + 1] = { peer, sync, req, caller, gen }
   else
-    ack(self, peer, sync, { e = ("busy: %s@%d has %d running and %d queued"):format(
+    ack(self, peer, gen, sync, { e = ("busy: %s@%d has %d running and %d queued"):format(
       s.name, s.version, s.running, #s.q), c = "busy" })
   end
   return false
@@ -270,7 +273,7 @@ function Service:close()
   local q = self.q
   self.q = {}
   for _, w in ipairs(q) do
-    ack(ctx, w[1], w[2], { e = ("no service %s@%d here (unloaded)"):format(self.name, self.version),
+    ack(ctx, w[1], w[5], w[2], { e = ("no service %s@%d here (unloaded)"):format(self.name, self.version),
                            c = "noservice" })
   end
   if ctx.closed then return end

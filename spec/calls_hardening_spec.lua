@@ -74,3 +74,64 @@ describe("a caller killed and replaced on its address mid-call", function()
     assert.is_true(ids[1] > 1e6 or ids[2] > 1e6)  -- not counting from 1
   end)
 end)
+
+-- A lying server: its replies are replaced by what the argument names.
+local LIAR = [==[
+local lecho = require "lecho"
+local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+local BAD = { huge = { n = 1e7 }, neg = { n = -5 }, str = { n = "x" }, frac = { n = 1.5 },
+              nontable = 42, hole = { n = 1, "a", [7] = "b" }, code = { e = "x", c = {} } }
+local mt = getmetatable(ctx.c)
+local idx = type(mt.__index) == "table" and mt.__index or mt
+local ack = idx.ack
+idx.ack = function(c, peer, sync, n, reply, strict, gen)
+  if type(reply) == "table" and reply.n == 1 and BAD[reply[1]] then reply = BAD[reply[1]] end
+  return ack(c, peer, sync, n, reply, strict, gen)
+end
+assert(ctx:service("liar", function(a) return a end))
+local f = assert(io.open(arg[2], "w")) f:write("ready\n") f:close()
+ctx:after(60, function() ctx:stop() end)
+ctx:run()
+]==]
+
+describe("a reply that lies", function()
+  local ns, ctx
+  setup(function() ns = S.world() end)
+  teardown(function() S.end_world(ctx); ctx = nil end)
+
+  it("is refused as malformed, and never leaks an in-flight slot or a callback", function()
+    local ready = S.tmpname("ready")
+    local liar = S.lua(LIAR, ns, ready)
+    assert(S.wait_file(ready, "ready", 20), "liar did not start: " .. S.errors(liar))
+    ctx = lecho.context{ nameserver = ns, quiet = true, max_calls_in_flight = 2 }
+    for _, mode in ipairs({ "huge", "neg", "str", "frac", "nontable", "hole", "code" }) do
+      for _ = 1, 3 do -- more than max_calls_in_flight: a leaked slot would make it "busy"
+        local ok, r, e, c = pcall(ctx.call, ctx, "liar", mode, { timeout = 5 })
+        assert.is_true(ok, mode .. ": ctx:call raised: " .. tostring(r))
+        assert.is_nil(r, mode)
+        assert.are.equal("protocol", c, mode .. ": " .. tostring(e))
+        assert.matches("^malformed reply from 127%.0%.0%.1:%d+: ", e)
+      end
+      local got
+      ctx:call_async("liar", mode, { timeout = 5 }, function(...) got = { n = select("#", ...), ... } end)
+      assert(S.run_until(ctx, function() return got end, 10), mode .. ": call_async's callback never ran")
+      assert.is_nil(got[1])
+      assert.are.equal("protocol", got[3])
+    end
+    assert.are.equal(0, ctx.svc_ncalls)
+    assert.are.equal("fine", (ctx:call("liar", "fine", { timeout = 5 })))
+  end)
+
+  it("too many results are an error at the server (code limit), not at the caller", function()
+    ctx = ctx or lecho.context{ nameserver = ns, quiet = true }
+    local s = assert(ctx:service("many", function(n) return unpack({}, 1, n) end))
+    local r = { ctx:call("many", 4096) }
+    assert.are.equal(4096, select("#", ctx:call("many", 4096)))
+    local ok, e, c = ctx:call("many", 5000)
+    assert.is_nil(ok)
+    assert.are.equal("limit", c)
+    assert.matches("too many results: 5000", e)
+    s:close()
+    assert(r)
+  end)
+end)

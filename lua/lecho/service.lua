@@ -119,9 +119,19 @@ local function err_value(e)
   return e
 end
 
+-- At most this many results travel in a reply (the caller unpacks them
+-- onto its Lua stack: LuaJIT takes fewer than 8000).
+local MAX_RESULTS = 4096
+Service.MAX_RESULTS = MAX_RESULTS
+
 local function pack_reply(ok, ...)
   local n = select("#", ...)
-  if ok then return { n = n, ... } end
+  if ok then
+    if n > MAX_RESULTS then
+      return { e = ("too many results: %d (at most %d)"):format(n, MAX_RESULTS), c = "limit" }
+    end
+    return { n = n, ... }
+  end
   local w = ...
   return { e = err_value(w.e), c = w.c or "failed", tb = w.tb }
 end
@@ -410,6 +420,24 @@ end
 -- Did the call surely not run?  Then another server may be tried.
 local SURELY_NOT_RAN = { busy = true, noservice = true, refused = true }
 
+local function malformed(cl, addr, why)
+  return nil, ("malformed reply from %s: %s (service %s)"):format(addr, why, cl.name), "protocol"
+end
+
+-- Why results { n = N, ... } are not a valid reply, or nil: N an integer
+-- in 0..MAX_RESULTS, and no result index outside 1..N.
+local function results_bad(reply, n)
+  if type(n) ~= "number" or n ~= n or n < 0 or n > MAX_RESULTS or n % 1 ~= 0 then
+    return ("result count %s (an integer 0..%d is expected)"):format(tostring(n), MAX_RESULTS)
+  end
+  for k in pairs(reply) do
+    if k ~= "n" and (type(k) ~= "number" or k < 1 or k > n or k % 1 ~= 0) then
+      return ("a result at %s, outside 1..%d"):format(tostring(k), n)
+    end
+  end
+  return nil
+end
+
 -- One try at server addr of channel ch: true, the reply { n =, ... } or nil, err,
 -- code, tb, retry (retry: "safe" when it surely did not run, "key" when
 -- it may have run).
@@ -427,13 +455,18 @@ local function try(ctx, cl, ch, addr, want, args, opts, timeout)
   if r1 == nil then return nil, r2, r3, nil, "safe" end -- unreachable: never sent
   local inflight = ctx.svc_inflight
   inflight[addr] = (inflight[addr] or 0) + 1
+  local okw, werr = true, nil
   if r1 == false then
-    ctx:_wait(function()
+    okw, werr = pcall(ctx._wait, ctx, function()
       r1, r2, r3 = c:call_result(sid)
       return r1 ~= false
     end, c:now() + timeout)
   end
   inflight[addr] = inflight[addr] - 1
+  if not okw then
+    c:call_result(sid, true) -- frees the record
+    error(werr, 0)
+  end
   if ctx.closed then return nil, "context closed while waiting for the reply", "closed" end
   if r1 == false then r1, r2, r3 = c:call_result(sid, true) end
   if r1 == nil then
@@ -447,28 +480,39 @@ local function try(ctx, cl, ch, addr, want, args, opts, timeout)
     -- acknowledged without a value: no server of it there (any more)
     return nil, ("no service %s at %s"):format(cl.name, addr), "noservice", nil, "safe"
   end
-  if type(reply) ~= "table" then
-    return nil, ("service %s at %s: a reply that is not a table"):format(cl.name, addr), "protocol"
-  end
+  if type(reply) ~= "table" then return malformed(cl, addr, "not a table but a " .. type(reply)) end
   local n = reply.n
   if reply.e ~= nil or reply.c ~= nil then
-    local ecode = type(reply.c) == "string" and reply.c or "failed"
-    return nil, reply.e, ecode, reply.tb, SURELY_NOT_RAN[ecode] and "safe" or nil
+    local ecode = reply.c
+    if ecode ~= nil and type(ecode) ~= "string" then return malformed(cl, addr, "an error code that is no string") end
+    ecode = ecode or "failed"
+    local tb = reply.tb
+    if tb ~= nil and type(tb) ~= "string" then tb = nil end
+    return nil, reply.e, ecode, tb, SURELY_NOT_RAN[ecode] and "safe" or nil
   end
-  if type(n) == "number" then return true, reply end
+  if n ~= nil then
+    local why = results_bad(reply, n)
+    if why then return malformed(cl, addr, why) end
+    return true, reply
+  end
   if type(reply[1]) == "table" and reply[1].err ~= nil then
     -- the server's context refused the event (keyed mode: no valid ticket)
     return nil, ("service %s at %s: %s"):format(cl.name, addr, tostring(reply[1].err)), "refused", nil, "safe"
   end
-  return nil, ("service %s at %s: a reply without results"):format(cl.name, addr), "protocol"
+  return malformed(cl, addr, "neither results nor an error")
 end
 
 -- ctx:call's work: true, results... or nil, err, code[, traceback].
 local call_body
 
-local function call_done(self, ...)
+-- Releases the in-flight slot on every path: call_body raising (a bug, or
+-- a value that could not be decoded) becomes an error result.
+local function call_done(self, ok, ...)
   self.svc_ncalls = self.svc_ncalls - 1
-  return ...
+  if ok then return ... end
+  local e = ...
+  self.log("ctx:call failed: " .. tostring(e))
+  return nil, "call failed: " .. tostring(e), "failed"
 end
 
 function Context:_call(name, args, opts)
@@ -479,7 +523,7 @@ function Context:_call(name, args, opts)
     return nil, ("busy: %d calls in flight"):format(n), "busy"
   end
   self.svc_ncalls = n + 1
-  return call_done(self, call_body(self, name, args, opts))
+  return call_done(self, pcall(call_body, self, name, args, opts))
 end
 
 call_body = function(self, name, args, opts)

@@ -275,6 +275,8 @@ void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uin
 void lei_ack_gen(lei_ctx *c, lei_peer *from, uint64_t gen, uint64_t sync, uint64_t nran,
                  const uint8_t *errs, size_t elen);
 uint64_t lei_peer_gen(const lei_peer *p);
+/* Bytes of ACK frames queued to p, not written yet. */
+size_t lei_peer_ack_bytes(const lei_peer *p);
 /* The sync record of a submit (NULL: no such record, or freed). */
 lei_sync *lei_sync_find(lei_ctx *c, uint64_t id);
 /* Consumer contexts that have not answered yet (0: the submit is over). */

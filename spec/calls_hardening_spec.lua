@@ -135,3 +135,57 @@ describe("a reply that lies", function()
     assert(r)
   end)
 end)
+
+describe("a large reply", function()
+  local ns, ctx, srv
+  before_each(function()
+    ns, ctx = S.world()
+    srv = lecho.context{ nameserver = ns, quiet = true }
+    assert(srv:service("big", function(n) return ("r"):rep(n) end))
+    assert(srv:service("slow", function(a) srv:sleep(0.5) return a end, { budget = 0 }))
+  end)
+  after_each(function() if srv then srv:close() end srv = nil; S.end_world(ctx); ctx = nil end)
+
+  -- runs both loops until cond() or 20 s
+  local function serve(cond)
+    local deadline = ctx:now() + 20
+    while not cond() and ctx:now() < deadline do
+      srv:run_once(0.01)
+      ctx:run_once(0.01)
+    end
+    return cond()
+  end
+
+  local function call_both(caller, name, big)
+    local out = {}
+    caller:call_async("slow", "unrelated", { timeout = 20 }, function(...) out.slow = { ... } end)
+    caller:call_async(name, big, { timeout = 20 }, function(...) out.big = { n = select("#", ...), ... } end)
+    assert(serve(function() return out.slow and out.big end), "calls did not end")
+    return out
+  end
+
+  it("of 17 MiB comes whole, and a call in flight beside it is unharmed", function()
+    local out = call_both(ctx, "big", 17 * 1024 * 1024)
+    assert.is_true(out.big[1], tostring(out.big[2]))
+    assert.are.equal(17 * 1024 * 1024, #out.big[2])
+    assert.are.same({ true, "unrelated" }, out.slow)
+  end)
+
+  it("over what the caller takes is an error from the server, code limit; the connection lives", function()
+    local small = lecho.context{ nameserver = ns, quiet = true, max_frame = 1024 * 1024 }
+    local out = {}
+    small:call_async("slow", "unrelated", { timeout = 20 }, function(...) out.slow = { ... } end)
+    small:call_async("big", 2 * 1024 * 1024, { timeout = 20 }, function(...) out.big = { ... } end)
+    local deadline = ctx:now() + 20
+    while not (out.slow and out.big) and ctx:now() < deadline do
+      srv:run_once(0.01)
+      small:run_once(0.01)
+    end
+    assert.is_nil(out.big[1])
+    assert.are.equal("limit", out.big[3])
+    assert.matches("^result of %d+ bytes exceeds the limit %(%d+ bytes%)", out.big[2])
+    assert.are.same({ true, "unrelated" }, out.slow)
+    assert.are.equal(0, srv.c:stats().bad_frames + small.c:stats().bad_frames)
+    small:close()
+  end)
+end)

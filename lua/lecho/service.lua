@@ -95,10 +95,15 @@ end
 -- gen: the generation of the connection the call came on; the reply goes
 -- to that connection only (another process that took the caller's address
 -- must never get it: dropped, counted in ctx.c:stats().stale_acks).
-local function ack(ctx, peer, gen, sync, reply)
-  local ok, err, code = ctx.c:ack(peer, sync, 1, reply, true, gen)
+-- rlim: the largest reply the caller takes (request field r); a larger
+-- one becomes an error reply here, code limit, never a cut connection.
+local function ack(ctx, peer, gen, sync, reply, rlim)
+  local ok, err, code = ctx.c:ack(peer, sync, 1, reply, true, gen, rlim)
   if not ok then
-    ctx.c:ack(peer, sync, 1, { e = "reply cannot be sent: " .. tostring(err),
+    local e = tostring(err)
+    if code ~= "limit" then e = "reply cannot be sent: " .. e
+    elseif not e:find("^result of") then e = "result exceeds the limit: " .. e end
+    ctx.c:ack(peer, sync, 1, { e = e,
                                c = code == "limit" and "limit" or "invalid" }, true, gen)
   end
 end
@@ -165,7 +170,7 @@ local function run_call(ctx, s, peer, gen, sync, req, caller)
     ctx.svc_budgets[co] = nil
   end
   s.running = s.running - 1
-  if not ctx.closed then ack(ctx, peer, gen, sync, reply) end
+  if not ctx.closed then ack(ctx, peer, gen, sync, reply, req.r) end
   -- the next waiting calls, now that there is room
   local q = s.q
   while q[1] and s.running < s.concurrency and not s.closed and not ctx.closed do
@@ -185,7 +190,8 @@ function Context:_serve(entry, req, peer, sync, gen)
   if sync == 0 then return false end -- not a call (no sync id): nothing to answer
   if type(req) ~= "table" or (req.v ~= nil and type(req.v) ~= "number")
      or (req.mv ~= nil and type(req.mv) ~= "number")
-     or (req.k ~= nil and type(req.k) ~= "string") or (req.t ~= nil and type(req.t) ~= "number") then
+     or (req.k ~= nil and type(req.k) ~= "string") or (req.t ~= nil and type(req.t) ~= "number")
+     or (req.r ~= nil and type(req.r) ~= "number") then
     ack(self, peer, gen, sync, { e = ("bad request to service %s: not a request table"):format(entry.name),
                             c = "invalid" })
     return false
@@ -443,7 +449,9 @@ end
 -- it may have run).
 local function try(ctx, cl, ch, addr, want, args, opts, timeout)
   local c = ctx.c
-  local req = { v = want, k = opts.key, t = timeout, a = args }
+  local rlim = ctx.reply_limit
+  if not rlim then rlim = c:reply_limit(); ctx.reply_limit = rlim end
+  local req = { v = want, k = opts.key, t = timeout, r = rlim, a = args }
   local sid, err, code = c:call(ch.chid, addr ~= ctx.addr and addr, req)
   if not sid then
     if code == "notfound" then

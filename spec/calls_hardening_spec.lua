@@ -189,3 +189,58 @@ describe("a large reply", function()
     small:close()
   end)
 end)
+
+-- A server that appends "run KEY" to its log file for each call of "slow"
+-- and sleeps args.s seconds the first args.first times, then answers at once.
+local SLOW = [[
+local lecho = require "lecho"
+local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+local runs = 0
+assert(ctx:service("slow", function(a, meta)
+  runs = runs + 1
+  local f = io.open(arg[3], "a") f:write("run ", tostring(meta.key), "\n") f:close()
+  if runs <= a.first then ctx:sleep(a.s) end
+  return "done"
+end, { budget = 0 }))
+local f = assert(io.open(arg[2], "w")) f:write("ready\n") f:close()
+ctx:after(60, function() ctx:stop() end)
+ctx:run()
+]]
+
+describe("a call's timeout", function()
+  local ns, ctx
+  before_each(function() ns, ctx = S.world() end)
+  after_each(function() S.end_world(ctx); ctx = nil end)
+
+  local function runs(log)
+    local n = 0
+    for _ in (S.read(log) or ""):gmatch("run K\n") do n = n + 1 end
+    return n
+  end
+
+  it("is the whole call's: keyed tries over three slow servers share it", function()
+    local log = S.tmpname("runs")
+    for i = 1, 3 do
+      local ready = S.tmpname("ready" .. i)
+      local child = S.lua(SLOW, ns, ready, log)
+      assert(S.wait_file(ready, "ready", 20), "server did not start: " .. S.errors(child))
+    end
+    local t0 = ctx:now()
+    local r, e, c = ctx:call("slow", { s = 5, first = 5 }, { timeout = 0.9, key = "K" })
+    local took = ctx:now() - t0
+    assert.is_nil(r)
+    assert.are.equal("timeout", c, tostring(e))
+    assert.is_true(took < 0.9 + 0.4, ("took %.2f s with a timeout of 0.9 s"):format(took))
+    assert.are.equal(3, runs(log))           -- each server tried once, with its key
+  end)
+
+  it("leaves time to try a lone keyed server once more after it timed out", function()
+    local log = S.tmpname("runs")
+    local ready = S.tmpname("ready")
+    local child = S.lua(SLOW, ns, ready, log)
+    assert(S.wait_file(ready, "ready", 20), "server did not start: " .. S.errors(child))
+    local r, e, c = ctx:call("slow", { s = 5, first = 1 }, { timeout = 3, key = "K" })
+    assert.are.equal("done", r, tostring(e) .. " " .. tostring(c))
+    assert.are.equal(2, runs(log))
+  end)
+end)

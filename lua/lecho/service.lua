@@ -5,7 +5,7 @@
 -- they serve), its callers producers.  A call is one sync event sent to ONE
 -- server (ctx.c:call); the ACK of that event carries the reply as its value
 -- (doc/wire-format.md "Calls").  Values on the wire:
---   request { v = version wanted, k = idempotency key, t = timeout, a = args }
+--   request { v = version wanted, k = idempotency key, t = time left, r = largest reply taken, a = args }
 --   reply   { n = N, ...results }  or  { e = error value, c = "code", tb = traceback }
 -- The server runs each call in a coroutine of its own (a handler may wait);
 -- its limits: `concurrency` running, `queue` waiting, past them "busy" at
@@ -479,7 +479,7 @@ local function try(ctx, cl, ch, addr, want, args, opts, timeout)
   if r1 == false then r1, r2, r3 = c:call_result(sid, true) end
   if r1 == nil then
     if r3 == "timeout" then
-      r2 = ("service %s at %s: no reply within %g s"):format(cl.name, addr, timeout)
+      r2 = ("service %s at %s: no reply within %.3g s"):format(cl.name, addr, timeout)
     end
     return nil, r2, r3, nil, "key"
   end
@@ -537,19 +537,31 @@ end
 call_body = function(self, name, args, opts)
   local cl, err, code = caller_of(self, name)
   if not cl then return nil, err, code end
+  -- timeout is the whole call's: the tries share what is left of it
   local timeout = opts.timeout or self.sync_timeout
+  local deadline = self.c:now() + timeout
   local retries = opts.retries or options.CALL.retries
   local tried = {}
   local last = nil
   local attempts = 0
+  local again = nil -- keyed: a server that timed out, which may be tried once more
   for i = 1, #cl.chans do
+    if self.c:now() >= deadline then break end
     local p
-    p, err, code = joined(self, cl, i)
+    p, err, code = joined(self, cl, i, deadline)
     if p then
       local ch = cl.chans[i]
       while attempts <= retries do
+        local left = deadline - self.c:now()
+        if left <= 0 then break end
         local list, want
         list, want, code = candidates(self, cl, ch, opts, tried)
+        if not list and again and code == "noservice" then
+          -- keyed, no other server left: the one that timed out, once more
+          tried[again] = nil
+          again = false
+          list, want, code = candidates(self, cl, ch, opts, tried)
+        end
         if not list then
           -- nothing (left) here: the next name server; a version refusal
           -- or an earlier failure is the answer if none has better
@@ -559,18 +571,28 @@ call_body = function(self, name, args, opts)
         local addr = choose(self, cl, list)
         attempts = attempts + 1
         -- (fixed results, no table or closure per call: the hot path)
-        local ok, e, ecode, tb, retry = try(self, cl, ch, addr, want, args, opts, timeout)
+        -- keyed: each try may be retried after a timeout, so the tries
+        -- left share the time left; else one try has it all
+        local share = left
+        if opts.key then share = left / (retries - attempts + 2) end
+        local ok, e, ecode, tb, retry = try(self, cl, ch, addr, want, args, opts, share)
         if ok then return true, unpack(e, 1, e.n) end
         if not (retry == "safe" or (retry == "key" and opts.key)) then return nil, e, ecode, tb end
         last = { n = 4, nil, e, ecode, tb }
         tried[addr] = true
+        if retry == "key" and again == nil then again = addr end
       end
       if attempts > retries then break end
     elseif not last then
       last = { n = 3, nil, err, code }
     end
   end
-  if not last then return nil, "no service " .. name, "noservice" end
+  if not last then
+    if self.c:now() >= deadline then
+      return nil, ("service %s: no server found within %g s"):format(name, timeout), "timeout"
+    end
+    return nil, "no service " .. name, "noservice"
+  end
   return nil, last[2], last[3], last[4]
 end
 
@@ -601,7 +623,7 @@ end
 
 --- Calls service `name` with args: the handler's results, or nil, err,
 -- code (and the handler's traceback when it raised).  opts: timeout
--- (sync_timeout), version or min_version, key (idempotency key: retried
+-- (sync_timeout; the whole call's, tries included), version or min_version, key (idempotency key: retried
 -- after a timeout or a lost connection too), at ("host:port": that server
 -- only), retries (2).
 function Context:call(name, args, opts)

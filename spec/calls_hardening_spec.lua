@@ -244,3 +244,22 @@ describe("a call's timeout", function()
     assert.are.equal(2, runs(log))
   end)
 end)
+
+describe("a wait on the main line", function()
+  local ctx
+  before_each(function() ctx = lecho.context{ quiet = true } end)
+  after_each(function() ctx:close(); ctx = nil end)
+
+  it("sees at once what a callback coroutine finished (a local call whose handler waits)", function()
+    assert(ctx:service("waits", function(a) ctx:sleep(0.01) return a end, { budget = 0 }))
+    -- (the handler waits 0.01 s; before, each call also waited for the
+    -- loop's next event: the context's 0.1 s tick here, up to 1 s elsewhere)
+    local slow = 0
+    for i = 1, 20 do
+      local t0 = ctx:now()
+      assert.are.equal(i, ctx:call("waits", i, { timeout = 5 }))
+      if ctx:now() - t0 >= 0.06 then slow = slow + 1 end
+    end
+    assert.is_true(slow <= 2, slow .. " of 20 calls took 0.06 s or more")
+  end)
+end)

@@ -160,19 +160,27 @@ function Context:_wait(ready, deadline)
     return r
   end
   -- The main line: serve the loop here (callbacks run beside, not inside).
+  -- _turn breaks the loop turn when it resumed a waiter while the main
+  -- line waits (that waiter may have made ready() true: without the break
+  -- run_once slept until the next event, up to a second).
+  self.main_waits = (self.main_waits or 0) + 1
+  local r
   while true do
-    if self.closed then return false end
-    if ready() then return true end
+    if self.closed then r = false break end
+    if ready() then r = true break end
     local left = deadline and deadline - now(self)
-    if left and left <= 0 then return false end
+    if left and left <= 0 then r = false break end
     self.c:run_once(left)
   end
+  self.main_waits = self.main_waits - 1
+  return r
 end
 
 -- Before each loop turn's writes: resumes, in the order they began, the
 -- waits that can go on or whose deadline passed.
 function Context:_turn()
   local ws, i, t = self.waiters, 1, nil
+  local resumed = false
   while ws[i] do
     local w = ws[i]
     local res
@@ -190,9 +198,11 @@ function Context:_turn()
       table.remove(ws, i)
       if w.timer then w.timer:stop() end
       self:_resume(w.co, res)
+      resumed = true
       ws = self.waiters
     end
   end
+  if resumed and (self.main_waits or 0) > 0 and not self.closed then self.c:break_once() end
   if not ws[1] and not self.closed then self.c:want_turn(false) end
 end
 

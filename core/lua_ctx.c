@@ -252,7 +252,7 @@ static void set_ref(lua_State *L, int t, const char *k, int *ref) {
 
 /* ctx:hooks{ ... }: the Lua functions the loop calls (lua_hook.c), each
  * optional; a key left out keeps what was set before.
- *   event = fn(chid, value, peer_idx, producer, seq, sync, gen) -> held: true
+ *   event = fn(chid, value, peer_idx, producer, seq, sync, gen, bytes) -> held: true
  *           when a handler waits (ctx:resume ends the hold); peer_idx 0 is
  *           a local event
  *   ctrl = fn(from_addr, msg)          peer = fn(idx, addr, up, reason)

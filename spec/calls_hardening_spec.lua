@@ -263,3 +263,60 @@ describe("a wait on the main line", function()
     assert.is_true(slow <= 2, slow .. " of 20 calls took 0.06 s or more")
   end)
 end)
+
+describe("a service's queue", function()
+  local ctx
+  before_each(function() ctx = lecho.context{ quiet = true } end)
+  after_each(function() ctx:close(); ctx = nil end)
+
+  it("is bounded in bytes (queue_bytes): past it 'busy' at once", function()
+    local go, ran = false, 0
+    local s = assert(ctx:service("q", function(a)
+      ran = ran + 1
+      ctx:_wait(function() return go end)
+      return #a
+    end, { concurrency = 1, queue = 10, queue_bytes = 1024 * 1024, budget = 0 }))
+    local out = {}
+    local function call(i, n)
+      ctx:call_async("q", ("x"):rep(n), { timeout = 20, retries = 0 }, function(...) out[i] = { ... } end)
+    end
+    call(1, 10)                 -- runs, and waits
+    assert(S.run_until(ctx, function() return ran == 1 end, 5))
+    call(2, 600 * 1024)         -- queued
+    call(3, 600 * 1024)         -- past 1 MiB of queued calls: busy
+    call(4, 1000)               -- fits
+    assert(S.run_until(ctx, function() return out[3] end, 5), "the call past queue_bytes was not refused")
+    assert.is_nil(out[3][1])
+    assert.are.equal("busy", out[3][3])
+    assert.matches("bytes of calls queued %(queue_bytes 1048576%)", out[3][2])
+    go = true
+    assert(S.run_until(ctx, function() return out[1] and out[2] and out[4] end, 10))
+    assert.are.same({ true, 10 }, out[1])
+    assert.are.same({ true, 600 * 1024 }, out[2])
+    assert.are.same({ true, 1000 }, out[4])
+    assert.are.equal(3, ran)
+    assert.are.equal(0, s.qbytes)
+  end)
+
+  it("drops calls whose caller's deadline passed before they could run", function()
+    local go, ran = false, 0
+    local s = assert(ctx:service("q", function(a)
+      ran = ran + 1
+      ctx:_wait(function() return go end)
+      return a
+    end, { concurrency = 1, queue = 10, budget = 0 }))
+    local out = {}
+    ctx:call_async("q", 1, { timeout = 20 }, function(...) out[1] = { ... } end)
+    assert(S.run_until(ctx, function() return ran == 1 end, 5))
+    ctx:call_async("q", 2, { timeout = 0.3, retries = 0 }, function(...) out[2] = { ... } end)
+    assert(S.run_until(ctx, function() return out[2] and (s.expired or 0) >= 1 end, 5),
+           "the queued call was not dropped at its deadline")
+    assert.is_nil(out[2][1])
+    assert.are.equal("timeout", out[2][3])
+    go = true
+    assert(S.run_until(ctx, function() return out[1] end, 10))
+    ctx:run_once(0.05)
+    assert.are.equal(1, ran)     -- the dropped call never ran
+    assert.are.equal(0, #s.q)
+  end)
+end)

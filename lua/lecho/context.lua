@@ -231,11 +231,11 @@ local function dispatcher(self)
   end
 end
 
-function Context:_dispatch(chid, value, peer, producer, seq, sync, gen)
+function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes)
   -- a call channel served here (lecho.service): the call runs in a
   -- coroutine of its own and is answered by ctx:ack; no ack from C
   local svc = self.svc_chans
-  if svc and svc[chid] then return self:_serve(svc[chid], value, peer, sync, gen) end
+  if svc and svc[chid] then return self:_serve(svc[chid], value, peer, sync, gen, nbytes) end
   local co = self.dco
   if not co or coroutine.status(co) ~= "suspended" then
     co = coroutine.create(dispatcher)

@@ -158,7 +158,7 @@ local SCHEMA = {
     max_calls_in_flight = { size(1), 1024 },  -- issue 12: ctx:call's in flight at once (lecho.service)
   },
   SERVICE = { version = { size(1), 1 }, concurrency = { size(1), 16 }, queue = { size(0), 64 },
-              budget = { TIME, 5 } },
+              queue_bytes = { size(0), 64 * 1024 * 1024 }, budget = { TIME, 5 } },
   CALL = { timeout = { TIME }, version = { size(1) }, min_version = { size(1) }, key = { typed("string") },
            at = { typed("string") }, retries = { size(0), 2 } },
   CHANNEL = { create = { BOOL } },

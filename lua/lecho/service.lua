@@ -153,6 +153,28 @@ end
 
 local start
 
+-- Queued calls whose caller's deadline passed (request t) are answered
+-- "timeout" without running: nobody may wait for them any more, and they
+-- hold memory.  Queue entry: { peer, sync, req, caller, gen, bytes, deadline }.
+local function expire(ctx, s)
+  local q = s.q
+  if not q[1] then return end
+  local t = ctx.c:now()
+  local keep = {}
+  for i = 1, #q do
+    local w = q[i]
+    if w[7] and w[7] <= t then
+      s.qbytes = s.qbytes - w[6]
+      s.expired = (s.expired or 0) + 1
+      ack(ctx, w[1], w[5], w[2], { e = ("timeout: the call waited in %s@%d's queue past its caller's deadline")
+                                   :format(s.name, s.version), c = "timeout" })
+    else
+      keep[#keep + 1] = w
+    end
+  end
+  if #keep < #q then s.q = keep end
+end
+
 -- One call, in a coroutine of its own.
 local function run_call(ctx, s, peer, gen, sync, req, caller)
   local meta = { service = s.name, version = s.version, caller = caller, key = req.k,
@@ -171,12 +193,16 @@ local function run_call(ctx, s, peer, gen, sync, req, caller)
   end
   s.running = s.running - 1
   if not ctx.closed then ack(ctx, peer, gen, sync, reply, req.r) end
-  -- the next waiting calls, now that there is room
+  -- the next waiting calls, now that there is room (those whose caller's
+  -- deadline passed in the queue are answered "timeout", not run)
+  if not ctx.closed then expire(ctx, s) end
   local q = s.q
   while q[1] and s.running < s.concurrency and not s.closed and not ctx.closed do
     local w = table.remove(q, 1)
+    s.qbytes = s.qbytes - w[6]
     start(ctx, s, w[1], w[5], w[2], w[3], w[4])
   end
+  if not q[1] and s.qtimer then s.qtimer:stop(); s.qtimer = nil end
 end
 
 start = function(ctx, s, peer, gen, sync, req, caller)
@@ -186,7 +212,7 @@ end
 
 -- From Context:_dispatch: an event on a call channel served here.  Never
 -- acknowledged from C (returns no count): each call is answered by ack().
-function Context:_serve(entry, req, peer, sync, gen)
+function Context:_serve(entry, req, peer, sync, gen, nbytes)
   if sync == 0 then return false end -- not a call (no sync id): nothing to answer
   if type(req) ~= "table" or (req.v ~= nil and type(req.v) ~= "number")
      or (req.mv ~= nil and type(req.mv) ~= "number")
@@ -206,11 +232,32 @@ function Context:_serve(entry, req, peer, sync, gen)
   if self.keyed then caller = self.c:peer_identity(caller) or caller end
   if s.running < s.concurrency then
     start(self, s, peer, gen, sync, req, caller)
-  elseif #s.q < s.queue then
-    s.q[#s.q + 1] = { peer, sync, req, caller, gen }
-  else
+    return false
+  end
+  expire(self, s)
+  nbytes = nbytes or 0
+  if #s.q < s.queue and (not s.q[1] or s.qbytes + nbytes <= s.queue_bytes) then
+    s.q[#s.q + 1] = { peer, sync, req, caller, gen, nbytes, req.t and self.c:now() + req.t or nil }
+    s.qbytes = s.qbytes + nbytes
+    if not s.qtimer then
+      -- while calls wait: those past their deadline go, even when no
+      -- running call ends
+      s.qtimer = self.c:timer(0.25, 0.25, function()
+        if self.closed or s.closed then return end
+        expire(self, s)
+        if not s.q[1] and s.qtimer then s.qtimer:stop(); s.qtimer = nil end
+      end)
+    end
+  elseif #s.q >= s.queue then
     ack(self, peer, gen, sync, { e = ("busy: %s@%d has %d running and %d queued"):format(
       s.name, s.version, s.running, #s.q), c = "busy" })
+    if nbytes > 65536 then collectgarbage("step", math.floor(nbytes / 1024)) end
+  else
+    ack(self, peer, gen, sync, { e = ("busy: %s@%d has %d bytes of calls queued (queue_bytes %d)"):format(
+      s.name, s.version, s.qbytes, s.queue_bytes), c = "busy" })
+    -- the refused request was decoded already: collect it now rather than
+    -- let refused large requests pile up as garbage
+    if nbytes > 65536 then collectgarbage("step", math.floor(nbytes / 1024)) end
   end
   return false
 end
@@ -218,7 +265,7 @@ end
 local function noop() end
 
 --- Serves `name` with handler(args, meta) -> results.  opts: version (1),
--- concurrency (16), queue (64), budget (5 CPU seconds per call; 0: none).
+-- concurrency (16), queue (64), queue_bytes (64 MiB), budget (5 CPU seconds per call; 0: none).
 -- Returns the service object (s:close() unloads it), or nil, err, code.
 function Context:service(name, handler, opts)
   check_name(name, "ctx:service")
@@ -251,6 +298,7 @@ function Context:service(name, handler, opts)
   local s = setmetatable({ ctx = self, name = name, version = version, handler = handler,
                            concurrency = opts.concurrency or D.concurrency,
                            queue = opts.queue or D.queue, budget = budget,
+                           queue_bytes = opts.queue_bytes or D.queue_bytes, qbytes = 0,
                            running = 0, q = {}, cons = {}, entry = entry }, Service)
   entry.byver[version] = s
   entry.versions = sorted_versions(entry.byver)
@@ -288,6 +336,8 @@ function Service:close()
   entry.versions = sorted_versions(entry.byver)
   local q = self.q
   self.q = {}
+  self.qbytes = 0
+  if self.qtimer then self.qtimer:stop(); self.qtimer = nil end
   for _, w in ipairs(q) do
     ack(ctx, w[1], w[5], w[2], { e = ("no service %s@%d here (unloaded)"):format(self.name, self.version),
                            c = "noservice" })

@@ -320,3 +320,51 @@ describe("a service's queue", function()
     assert.are.equal(0, #s.q)
   end)
 end)
+
+describe("a stalled name server", function()
+  local ctx, ns1child
+  after_each(function()
+    if ns1child then S.kill(ns1child, "CONT") end
+    if ctx then ctx:close() end
+    ctx, ns1child = nil, nil
+    S.cleanup()
+  end)
+
+  it("never makes a call overrun its timeout, and its failure is remembered", function()
+    local ns1, ns2
+    ns1child, ns1 = S.nameserver("--quiet")
+    local _, a2 = S.nameserver("--quiet")
+    ns2 = a2
+    local ready = S.tmpname("ready")
+    local srv = S.lua([[
+local lecho = require "lecho"
+local ctx = lecho.context{ nameserver = { arg[1], arg[2] }, quiet = true }
+assert(ctx:service("ping", function() return "pong" end))
+assert(ctx:service("echo", function(a) return a end))
+local f = assert(io.open(arg[3], "w")) f:write("ready\n") f:close()
+ctx:after(60, function() ctx:stop() end)
+ctx:run()
+]], ns1, ns2, ready)
+    assert(S.wait_file(ready, "ready", 20), "server did not start: " .. S.errors(srv))
+    ctx = lecho.context{ nameserver = { ns1, ns2 }, quiet = true }
+    assert.are.equal("pong", ctx:call("ping", nil, { timeout = 5 }))
+    S.kill(ns1child, "STOP")
+    local over, results = 0, {}
+    for i = 1, 4 do
+      local t0 = ctx:now()
+      local r, e, c = ctx:call("echo", i, { timeout = 0.5 })
+      local took = ctx:now() - t0
+      if took > 0.5 + 0.5 then over = over + 1 end
+      results[#results + 1] = r or c
+      assert.is_true(r == i or c == "timeout" or c == "noservice", tostring(e))
+    end
+    assert.are.equal(0, over)
+    assert.are.equal("pong", ctx:call("ping", nil, { timeout = 0.5 }))   -- joined before: unharmed
+    -- once ns1's join failed (control timeout, 5 s), calls do not wait for it
+    local cl = ctx.svc_callers.echo
+    assert(S.run_until(ctx, function() return cl.down_until[1] ~= nil end, 10), "ns1's join never failed")
+    local t0 = ctx:now()
+    ctx:call("echo", 9, { timeout = 2 })
+    assert.is_true(ctx:now() - t0 < 1.5)
+  end)
+end)

@@ -357,7 +357,8 @@ local function caller_of(ctx, name)
   ctx.svc_callers = ctx.svc_callers or {}
   local cl = ctx.svc_callers[name]
   if cl then return cl end
-  cl = { name = name, chans = {}, prods = {}, rr = 0 }
+  cl = { name = name, chans = {}, prods = {}, nprods = 0, joining = {}, down_until = {}, join_err = {},
+         rr = 0 }
   for i, ns in ipairs(nslist(ctx)) do
     local ch, err, code = ctx:channel(ns .. "/svc:" .. name)
     if not ch then return nil, err, code end
@@ -368,29 +369,53 @@ local function caller_of(ctx, name)
   return cl
 end
 
--- The producer of name server i's channel: joined once (concurrent calls
--- wait for the one join).  nil, err, code when the join fails (tried again
--- by the next call).
-local function joined(ctx, cl, i)
-  local p = cl.prods[i]
-  if p then return p end
-  if cl.joining and cl.joining[i] then
-    ctx:_wait(function() return not cl.joining[i] end)
-    if cl.prods[i] then return cl.prods[i] end
-    return nil, cl.join_err and cl.join_err[i] or "join failed", "closed"
-  end
-  cl.joining = cl.joining or {}
+-- The producers of the name servers' channels are joined in the
+-- background, all name servers at once (a coroutine each, bounded by the
+-- context's control timeout), never inside one call's time: a call waits
+-- for them only until its own deadline.  A name server whose join failed
+-- is left alone for NS_RETRY seconds (calls do not wait for it), then
+-- joined again in the background by the next call that needs it.
+local NS_RETRY = 5
+Service.NS_RETRY = NS_RETRY
+
+local function start_join(ctx, cl, i)
+  if cl.prods[i] or cl.joining[i] then return end
+  if cl.down_until[i] and ctx.c:now() < cl.down_until[i] then return end
   cl.joining[i] = true
-  local err, code
-  p, err, code = cl.chans[i]:producer()
-  cl.joining[i] = nil
-  if p then
-    cl.prods[i] = p
-  else
-    cl.join_err = cl.join_err or {}
-    cl.join_err[i] = err
-  end
-  return p, err, code
+  ctx:_spawn(function()
+    local p, err, code = cl.chans[i]:producer()
+    cl.joining[i] = nil
+    if p then
+      cl.prods[i] = p
+      cl.nprods = cl.nprods + 1
+      cl.down_until[i], cl.join_err[i] = nil, nil
+    else
+      cl.join_err[i] = { err, code }
+      cl.down_until[i] = ctx.c:now() + NS_RETRY
+    end
+  end)
+end
+
+-- Does name server i's channel list a server of the service?
+local function has_servers(cl, i)
+  local svc = cl.prods[i] and cl.chans[i].svc
+  return svc ~= nil and next(svc) ~= nil
+end
+
+-- Starts the joins missing and waits, until deadline at most, until a
+-- joined channel lists servers or no join is in progress.
+local function join_all(ctx, cl, deadline)
+  local n = #cl.chans
+  for i = 1, n do start_join(ctx, cl, i) end
+  ctx:_wait(function()
+    for i = 1, n do
+      if has_servers(cl, i) then return true end
+    end
+    for i = 1, n do
+      if cl.joining[i] then return false end
+    end
+    return true
+  end, deadline)
 end
 
 local function vlist(vs)
@@ -595,10 +620,11 @@ call_body = function(self, name, args, opts)
   local last = nil
   local attempts = 0
   local again = nil -- keyed: a server that timed out, which may be tried once more
+  -- (all joined: the hot path, no closure)
+  if cl.nprods < #cl.chans then join_all(self, cl, deadline) end
   for i = 1, #cl.chans do
     if self.c:now() >= deadline then break end
-    local p
-    p, err, code = joined(self, cl, i, deadline)
+    local p = cl.prods[i]
     if p then
       local ch = cl.chans[i]
       while attempts <= retries do
@@ -633,8 +659,10 @@ call_body = function(self, name, args, opts)
         if retry == "key" and again == nil then again = addr end
       end
       if attempts > retries then break end
-    elseif not last then
-      last = { n = 3, nil, err, code }
+    elseif not last and cl.join_err[i] then
+      local je = cl.join_err[i]
+      last = { n = 3, nil, tostring(je[1]) .. (" (name server %s: joined again in the background)")
+                                               :format(nslist(self)[i]), je[2] }
     end
   end
   if not last then

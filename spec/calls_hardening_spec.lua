@@ -368,3 +368,34 @@ ctx:run()
     assert.is_true(ctx:now() - t0 < 1.5)
   end)
 end)
+
+describe("a service given as Lua source", function()
+  local ctx
+  before_each(function() ctx = lecho.context{ quiet = true } end)
+  after_each(function() ctx:close(); ctx = nil end)
+
+  it("runs in a sandbox whose budget stops its helpers' loops too, compiled or not", function()
+    -- the helper is hot (a compiled trace in a native handler, where a
+    -- count hook cannot stop it: README "Services and calls", Budget)
+    local s = assert(ctx:service("contained", { source = [[
+local function helper(n) local s = 0 for i = 1, n do s = s + i % 7 end return s end
+helper(1e6)
+return function(a, meta)
+  if a == "loop" then return helper(1e11) end
+  return a * 2, meta.service
+end
+]] }, { budget = 0.3 }))
+    assert.are.same({ 42, "contained" }, { ctx:call("contained", 21) })
+    local r, e, c = ctx:call("contained", "loop", { timeout = 20 })
+    assert.is_nil(r)
+    assert.are.equal("limit", c)
+    assert.matches("budget", e)
+    assert.are.same({ 8, "contained" }, { ctx:call("contained", 4) })   -- serves on
+    s:close()
+    assert.are.equal("noservice", select(3, ctx:call("contained", 1)))
+    local ok, err, code = ctx:service("bad", { source = "return 1 +" })
+    assert.is_nil(ok)
+    assert.truthy(err and code, "a source that does not compile is refused")
+    assert.are.equal("invalid", select(3, ctx:service("nobudget", { source = "return function() end" }, { budget = 0 })))
+  end)
+end)

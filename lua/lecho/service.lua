@@ -269,11 +269,37 @@ local function noop() end
 -- Returns the service object (s:close() unloads it), or nil, err, code.
 function Context:service(name, handler, opts)
   check_name(name, "ctx:service")
-  if type(handler) ~= "function" then error("lecho: ctx:service needs a handler function", 2) end
+  local source = type(handler) == "table" and handler.source
+  if type(handler) ~= "function" and type(source) ~= "string" then
+    error("lecho: ctx:service needs a handler function or { source = LUA_SOURCE }", 2)
+  end
   if self.closed then error("lecho: context is closed", 2) end
   opts = options.check(opts, options.SERVICE, "ctx:service", 2)
   local D = options.SERVICE
   local version = opts.version or D.version
+  local sb
+  if source then
+    -- The source form: the handler runs in a sandbox (lecho.push's, made
+    -- like a modulator's state with the JIT off: the budget stops all of
+    -- its Lua, helpers included; its memory is capped).  The native
+    -- wrapper below only passes values.
+    local budget = opts.budget or D.budget
+    if budget <= 0 then
+      return nil, "a service given as source needs a budget > 0", "invalid"
+    end
+    local err, code
+    sb, err, code = self.c:sandbox(source, ("%s@%d"):format(name, version), {
+      budget = budget, memory = math.max(self.mod_memory, 256 * 1024), pool_memory = self.mods_memory,
+      cpu_share = 0, clock = true })
+    if not sb then return nil, err, code end
+    handler = function(args, meta)
+      local r = { n = 0 }
+      local function keep(...) r = { n = select("#", ...), ... } end
+      keep(sb:call(args, meta))
+      if r[1] then return unpack(r, 2, r.n) end
+      error(r[2], 0) -- a budget stop: "budget exceeded: ..." (code limit)
+    end
+  end
   self.svc_names = self.svc_names or {}
   self.svc_chans = self.svc_chans or {}
   self.svc_budgets = self.svc_budgets or setmetatable({}, { __mode = "k" })
@@ -291,15 +317,17 @@ function Context:service(name, handler, opts)
     self.svc_names[name] = entry
   end
   if entry.byver[version] then
+    if sb then sb:close() end
     return nil, ("service %s@%d is served here already"):format(name, version), "invalid"
   end
   local budget = opts.budget or D.budget
+  if source then budget = 0 end -- (the sandbox counts it)
   if budget > 0 and jit_ok then jit.off(handler, true) end
   local s = setmetatable({ ctx = self, name = name, version = version, handler = handler,
                            concurrency = opts.concurrency or D.concurrency,
                            queue = opts.queue or D.queue, budget = budget,
                            queue_bytes = opts.queue_bytes or D.queue_bytes, qbytes = 0,
-                           running = 0, q = {}, cons = {}, entry = entry }, Service)
+                           running = 0, q = {}, cons = {}, entry = entry, sb = sb }, Service)
   entry.byver[version] = s
   entry.versions = sorted_versions(entry.byver)
   -- joined at every name server; one that fails is logged, all failing is
@@ -318,6 +346,7 @@ function Context:service(name, handler, opts)
   end
   if not ok_any then
     s.closed = true
+    if sb then sb:close(); s.sb = nil end
     entry.byver[version] = nil
     entry.versions = sorted_versions(entry.byver)
     for _, ch in ipairs(entry.chans) do ch.svc_versions = entry.versions end
@@ -331,6 +360,7 @@ end
 function Service:close()
   if self.closed then return end
   self.closed = true
+  if self.sb then self.sb:close(); self.sb = nil end
   local ctx, entry = self.ctx, self.entry
   entry.byver[self.version] = nil
   entry.versions = sorted_versions(entry.byver)

@@ -584,7 +584,7 @@ local function try(ctx, cl, ch, addr, want, args, opts, timeout)
   if r1 == false then r1, r2, r3 = c:call_result(sid, true) end
   if r1 == nil then
     if r3 == "timeout" then
-      r2 = ("service %s at %s: no reply within %.3g s"):format(cl.name, addr, timeout)
+      r2 = ("service %s at %s: no reply within %.2g s"):format(cl.name, addr, timeout)
     end
     return nil, r2, r3, nil, "key"
   end

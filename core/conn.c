@@ -429,8 +429,9 @@ static size_t conn_max_frame(const lei_conn *k) {
     return k->state >= LEI_CONN_UP || max < HANDSHAKE_FRAME_MAX ? max : HANDSHAKE_FRAME_MAX;
 }
 
-/* After the handshake only an EVENT may be as large as max_frame: a
- * control message or an ACK (error lists) fits CTRL_FRAME_MAX, the other
+/* After the handshake only an EVENT or an ACK (a call's reply: replies obey
+ * the limits arguments do) may be as large as max_frame: a control message
+ * fits CTRL_FRAME_MAX, the other
  * frames SMALL_FRAME_MAX.  Checked on the 5-byte header, before the body
  * is buffered: a peer announcing a 1 GiB CTRL no longer makes us hold it. */
 #define CTRL_FRAME_MAX (16u * 1024 * 1024)
@@ -439,8 +440,9 @@ static size_t conn_max_frame(const lei_conn *k) {
 /* The limit for the frame whose first avail bytes are at h. */
 static size_t frame_limit(const lei_conn *k, const uint8_t *h, size_t avail) {
     size_t max = conn_max_frame(k);
-    if (k->state < LEI_CONN_UP || avail < LEI_FRAME_HDR || h[4] == LEI_F_EVENT) return max;
-    size_t cap = h[4] == LEI_F_CTRL || h[4] == LEI_F_ACK ? CTRL_FRAME_MAX : SMALL_FRAME_MAX;
+    if (k->state < LEI_CONN_UP || avail < LEI_FRAME_HDR || h[4] == LEI_F_EVENT || h[4] == LEI_F_ACK)
+        return max;
+    size_t cap = h[4] == LEI_F_CTRL ? CTRL_FRAME_MAX : SMALL_FRAME_MAX;
     return cap < max ? cap : max;
 }
 

@@ -292,6 +292,11 @@ lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h) {
     c->lfd = -1;
     if (getrandom(&c->incarnation, sizeof c->incarnation, 0) != sizeof c->incarnation)
         c->incarnation = (uint64_t)getpid() << 32 ^ (uint64_t)ev_time();
+    /* Sync ids start anywhere below 2^52 (room for 2^52 more below 2^53,
+     * where Lua numbers stop being exact): a process that took over a dead
+     * one's address must not have ids the dead one's late answers match. */
+    randombytes_buf(&c->next_sync, sizeof c->next_sync);
+    c->next_sync &= ((uint64_t)1 << 52) - 1;
     ev_prepare_init(&c->prep, prepare_cb);
     c->prep.data = c;
     ev_prepare_start(c->loop, &c->prep);
@@ -372,4 +377,5 @@ void lei_ctx_stats(const lei_ctx *c, lei_stats_ctx *out) {
     out->deferred_events = c->ldef.count;
     out->connections = c->nconns;
     out->read_buffer_bytes = c->rbuf;
+    out->stale_acks = c->stale_acks;
 }

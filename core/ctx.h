@@ -109,6 +109,7 @@ typedef struct lei_stats_ctx {
     size_t deferred_bytes, deferred_events; /* local events behind a waiting handler */
     size_t connections;       /* not closed (max_connections counts them) */
     size_t read_buffer_bytes; /* of all connections (max_buffered counts them) */
+    uint64_t stale_acks;      /* ACKs dropped: the connection their event came on was gone */
 } lei_stats_ctx;
 
 typedef struct lei_stats_peer {
@@ -275,6 +276,14 @@ int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err);
  * encoded handler errors or NULL. */
 void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uint8_t *errs,
              size_t elen);
+/* lei_ack only if from's connection is still generation gen (lei_peer_gen
+ * when the event was dispatched): an answer never goes to another process
+ * that took the address meanwhile; else dropped and counted (stale_acks). */
+void lei_ack_gen(lei_ctx *c, lei_peer *from, uint64_t gen, uint64_t sync, uint64_t nran,
+                 const uint8_t *errs, size_t elen);
+uint64_t lei_peer_gen(const lei_peer *p);
+/* Bytes of ACK frames queued to p, not written yet. */
+size_t lei_peer_ack_bytes(const lei_peer *p);
 /* The sync record of a submit (NULL: no such record, or freed). */
 lei_sync *lei_sync_find(lei_ctx *c, uint64_t id);
 /* Consumer contexts that have not answered yet (0: the submit is over). */

@@ -180,6 +180,9 @@ struct lei_peer {
     uint8_t mark;             /* lei_peers_sweep: something refers to it */
     char addr[LEI_ADDR_MAX];  /* ro: the remote context's listen address */
     lei_conn *conn;           /* ro: current connection or NULL */
+    uint64_t gen;             /* ro: generation of conn (unique in the context,
+                               * set when it came up): an ACK goes only to the
+                               * connection its event came on (lei_ack_gen) */
     int held;                 /* ro: a handler of an event from this peer is suspended */
     lei_conn *retiring;       /* a connection ended by the disconnect policy,
                                * still delivering: no new one until it closes */
@@ -269,7 +272,11 @@ struct lei_ctx {
     uint32_t hcap;
     lei_queue lq;             /* local deliveries */
     lei_sync *syncs;
-    uint64_t next_sync;
+    uint64_t next_sync;       /* starts random below 2^52 (ids reach Lua as numbers:
+                               * a late ACK meant for a dead process that used our
+                               * address must not meet an id of ours) */
+    uint64_t conn_gen;        /* last connection generation given (conn_up) */
+    uint64_t stale_acks;      /* ro: ACKs dropped: their event's connection was gone */
     int depth;                /* ro: nesting of hooks in progress */
     lei_queue ldef;           /* local items of held channels, in order */
     int closing;              /* ro: lei_ctx_shutdown was called */

@@ -129,6 +129,7 @@ static void conn_up(lei_conn *k, lei_peer *p, uint64_t incarnation) {
     enum lei_conn_state was = k->state;
     k->peer = p;
     p->conn = k;
+    p->gen = ++c->conn_gen;
     k->state = LEI_CONN_UP;
     lei_dial_done(k);
     p->await_in = 0;

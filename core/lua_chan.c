@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include "lua_int.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -375,8 +376,10 @@ static int l_sync_result(lua_State *L) {
 
 /* Acknowledges sync event `sync` from p (NULL: a local one): nran handlers
  * ran, and the value at idx (nil: none) lists their errors; a list that
- * cannot be encoded is left out, the ack goes all the same. */
-void lb_ack(lb_ctx *b, lei_peer *p, uint64_t sync, uint64_t nran, lua_State *L, int idx) {
+ * cannot be encoded is left out, the ack goes all the same.  gen (NULL: the
+ * current connection): only to the connection of that generation. */
+void lb_ack(lb_ctx *b, lei_peer *p, const uint64_t *gen, uint64_t sync, uint64_t nran, lua_State *L,
+            int idx) {
     lei_msg *m = NULL;
     char *flat = NULL;
     if (!lua_isnoneornil(L, idx)) {
@@ -385,14 +388,39 @@ void lb_ack(lb_ctx *b, lei_peer *p, uint64_t sync, uint64_t nran, lua_State *L, 
         else if ((flat = malloc(m->total ? m->total : 1)))
             lei_msg_flatten(m, flat);
     }
-    lei_ack(b->c, p, sync, nran, (const uint8_t *)flat, flat ? m->total : 0);
+    if (gen)
+        lei_ack_gen(b->c, p, *gen, sync, nran, (const uint8_t *)flat, flat ? m->total : 0);
+    else
+        lei_ack(b->c, p, sync, nran, (const uint8_t *)flat, flat ? m->total : 0);
     free(flat);
     if (m) lei_msg_release(m, lb_hook_unpin, b);
 }
 
-/* ctx:ack(peer_idx, sync, nran, errors | nil[, strict]): the ack of a sync
- * event whose dispatch waited (one that did not is acknowledged by the
+/* The largest reply value this context sends or takes: the frame limit
+ * less the ACK header, and max_value_bytes. */
+static size_t reply_limit(lb_ctx *b) {
+    size_t lim = lei_ctx_opts(b->c)->max_frame;
+    lim = lim > LEI_FRAME_HDR + 20 ? lim - LEI_FRAME_HDR - 20 : 0;
+    return b->lim.max_value_bytes && b->lim.max_value_bytes < lim ? b->lim.max_value_bytes : lim;
+}
+
+/* c:reply_limit() -> bytes: the largest reply this context takes (sent
+ * with each call, lecho.service: the server answers a larger one with an
+ * error, code limit, instead of sending it). */
+static int l_reply_limit(lua_State *L) {
+    lua_pushnumber(L, (lua_Number)reply_limit(lb_check_ctx(L)));
+    return 1;
+}
+
+/* ctx:ack(peer_idx, sync, nran, errors | nil[, strict[, gen[, limit]]]): the ack of a
+ * sync event whose dispatch waited (one that did not is acknowledged by the
  * event hook's return, lua_hook.c), or a call's reply (lecho.service).
+ * gen: the connection generation the event hook was given with the event:
+ * the ack goes only to that connection (its process may be gone and another
+ * have taken its address: dropped, counted in stats().stale_acks).  limit
+ * (strict only): the largest reply the caller takes, in bytes; a larger
+ * one, or one the caller's ACK queue has no room for, is not sent: nil,
+ * "result of N bytes exceeds the limit ...", "limit".
  * strict: a value that cannot be encoded is not left out: nothing is sent,
  * nil, err, code is returned (the caller answers with another value). */
 static int l_ack(lua_State *L) {
@@ -402,19 +430,41 @@ static int l_ack(lua_State *L) {
     uint64_t nran = (uint64_t)luaL_checknumber(L, 4);
     lei_peer *p = idx ? lei_peer_by_idx(b->c, idx) : NULL;
     if (idx && !p) return 0;
+    uint64_t gen = 0;
+    int has_gen = idx && !lua_isnoneornil(L, 7);
+    if (has_gen) gen = (uint64_t)luaL_checknumber(L, 7);
     if (lua_toboolean(L, 6) && !lua_isnoneornil(L, 5)) {
         lb_flat f;
         if (lb_flat_encode(L, b, 5, &f)) return 3;
-        if (f.n + LEI_FRAME_HDR + 20 > lei_ctx_opts(b->c)->max_frame) {
+        const lei_opts *o = lei_ctx_opts(b->c);
+        size_t lim = reply_limit(b);
+        if (lua_isnumber(L, 8) && lua_tonumber(L, 8) >= 0 && lua_tonumber(L, 8) < (lua_Number)lim)
+            lim = (size_t)lua_tonumber(L, 8); /* the caller takes no more */
+        char why[200];
+        if (f.n > lim) {
+            snprintf(why, sizeof why, "result of %zu bytes exceeds the limit (%zu bytes)", f.n, lim);
             lb_flat_done(b, &f);
-            return lb_push_err(L, "reply larger than the frame limit (max_frame)", LEI_E_LIMIT);
+            return lb_push_err(L, why, LEI_E_LIMIT);
         }
-        lei_ack(b->c, p, sync, nran, f.p, f.n);
+        size_t queued = lei_peer_ack_bytes(p);
+        if (queued && queued + f.n + LEI_FRAME_HDR + 20 > o->queue_limit) {
+            /* lei_ack would cut the connection (a peer not reading its
+             * answers), failing the caller's other calls: this one fails */
+            snprintf(why, sizeof why,
+                     "result of %zu bytes exceeds the limit: %zu bytes of replies wait for that caller "
+                     "(queue_limit %zu)", f.n, queued, o->queue_limit);
+            lb_flat_done(b, &f);
+            return lb_push_err(L, why, LEI_E_LIMIT);
+        }
+        if (has_gen)
+            lei_ack_gen(b->c, p, gen, sync, nran, f.p, f.n);
+        else
+            lei_ack(b->c, p, sync, nran, f.p, f.n);
         lb_flat_done(b, &f);
         lua_pushboolean(L, 1);
         return 1;
     }
-    lb_ack(b, p, sync, nran, L, 5);
+    lb_ack(b, p, has_gen ? &gen : NULL, sync, nran, L, 5);
     return 0;
 }
 
@@ -501,7 +551,7 @@ const luaL_Reg lb_chan_methods[] = {
     {"set_dests", l_set_dests},   {"chan_stats", l_chan_stats},
     {"submit", l_submit},         {"room", l_room},
     {"resume", l_resume},         {"sync_result", l_sync_result},
-    {"ack", l_ack},
+    {"ack", l_ack},               {"reply_limit", l_reply_limit},
     {"send_ctrl", l_send_ctrl},   {"set_calls", l_set_calls},
     {"call", l_call},             {"call_result", l_call_result},
     {NULL, NULL}};

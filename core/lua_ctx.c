@@ -254,7 +254,7 @@ static void set_ref(lua_State *L, int t, const char *k, int *ref) {
 
 /* ctx:hooks{ ... }: the Lua functions the loop calls (lua_hook.c), each
  * optional; a key left out keeps what was set before.
- *   event = fn(chid, value, peer_idx, producer, seq, sync) -> held: true
+ *   event = fn(chid, value, peer_idx, producer, seq, sync, gen, bytes) -> held: true
  *           when a handler waits (ctx:resume ends the hold); peer_idx 0 is
  *           a local event
  *   ctrl = fn(from_addr, msg)          peer = fn(idx, addr, up, reason)
@@ -332,6 +332,7 @@ static int l_stats(lua_State *L) {
     lb_setn(L, "local_deferred_bytes", (double)cs.deferred_bytes);
     lb_setn(L, "connections", (double)cs.connections);
     lb_setn(L, "read_buffer_bytes", (double)cs.read_buffer_bytes);
+    lb_setn(L, "stale_acks", (double)cs.stale_acks);
     lua_newtable(L);
     for (int i = 0; i < lei_ctx_npeers(c); i++) {
         lei_peer *p = lei_ctx_peer(c, i);

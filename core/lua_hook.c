@@ -100,16 +100,19 @@ static int hook_call(lua_State *L) {
     lua_pushnumber(L, (lua_Number)a->producer);
     lua_pushnumber(L, (lua_Number)a->seq);
     lua_pushnumber(L, (lua_Number)a->sync);
+    /* the connection's generation: a waiting handler's ack goes to it only */
+    lua_pushnumber(L, (lua_Number)lei_peer_gen(a->from));
+    lua_pushnumber(L, (lua_Number)a->n); /* the value's encoded bytes */
     /* -> held, nran, errors.  A sync event dispatched to its end is
      * acknowledged here, with what the dispatch returned: no call back
      * into C from Lua for it.  One whose handler waits is acknowledged by
      * the dispatch when it ends (ctx:ack); nran not a number: no ack (the
      * dispatch failed, or its context closed). */
-    lua_call(L, 6, 3);
+    lua_call(L, 8, 3);
     a->held = lua_toboolean(L, -3);
     lb_ctx *b = a->b;
     if (a->sync && !a->held && lua_isnumber(L, -2) && b->c && !b->close_pending)
-        lb_ack(b, a->from, a->sync, (uint64_t)lua_tonumber(L, -2), L, lua_gettop(L));
+        lb_ack(b, a->from, NULL, a->sync, (uint64_t)lua_tonumber(L, -2), L, lua_gettop(L));
     return 0;
 }
 

@@ -109,7 +109,8 @@ int lb_flat_encode(lua_State *L, lb_ctx *b, int idx, lb_flat *f);
 void lb_flat_done(lb_ctx *b, lb_flat *f);
 /* Acknowledges sync event `sync` from p (NULL: local) with nran handlers
  * run and the error list at idx (nil: none). */
-void lb_ack(lb_ctx *b, lei_peer *p, uint64_t sync, uint64_t nran, lua_State *L, int idx);
+void lb_ack(lb_ctx *b, lei_peer *p, const uint64_t *gen, uint64_t sync, uint64_t nran, lua_State *L,
+            int idx);
 extern const luaL_Reg lb_chan_methods[];
 
 /* lua_moe.c: modulators */

@@ -78,6 +78,16 @@ static int l_run(lua_State *L) {
     return 0;
 }
 
+/* c:break_once(): the innermost ev_run returns once this loop iteration's
+ * callbacks are done; called from the turn hook (the prepare phase), it
+ * returns before the poll: a main-line wait whose condition a resumed
+ * coroutine just made true does not sleep until the next event. */
+static int l_break_once(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    ev_break(lei_ctx_loop(b->c), EVBREAK_ONE);
+    return 0;
+}
+
 static int l_stop(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     b->stopping = 1;
@@ -217,6 +227,7 @@ const luaL_Reg lb_loop_methods[] = {
     {"flush", l_flush},           {"drain_local", l_drain_local},
     {"run_once", l_run_once},     {"run", l_run},
     {"stop", l_stop},             {"now", l_now},
+    {"break_once", l_break_once},
     {"timer", l_timer},           {"io", l_io},
     {"want_turn", l_want_turn},   {NULL, NULL}};
 

@@ -76,9 +76,11 @@ void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uin
             if (it) lei_item_free(c, it);
             return;
         }
-        if (from->ack_bytes + it->size > c->o.queue_limit && from->conn) {
+        if (from->ack_bytes && from->ack_bytes + it->size > c->o.queue_limit && from->conn) {
             /* Sync events it sends while never reading our answers would
-             * grow this queue without bound (20,000 ACKs of 2 KB: 75 MB). */
+             * grow this queue without bound (20,000 ACKs of 2 KB: 75 MB).
+             * An empty ACK queue takes one of any size (a call's reply of
+             * up to max_frame, as an event). */
             char why[160];
             snprintf(why, sizeof why, "not reading acknowledgements: %zu bytes of them queued (queue_limit %zu)",
                      from->ack_bytes, c->o.queue_limit);
@@ -95,6 +97,18 @@ void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uin
     lei_sync_answered(c, NULL, sync, nran, errs, elen);
 }
 
+void lei_ack_gen(lei_ctx *c, lei_peer *from, uint64_t gen, uint64_t sync, uint64_t nran,
+                 const uint8_t *errs, size_t elen) {
+    if (from && (!from->conn || from->gen != gen)) {
+        c->stale_acks++;
+        return;
+    }
+    lei_ack(c, from, sync, nran, errs, elen);
+}
+
+uint64_t lei_peer_gen(const lei_peer *p) { return p && p->conn ? p->gen : 0; }
+
+size_t lei_peer_ack_bytes(const lei_peer *p) { return p ? p->ack_bytes : 0; }
 
 int lei_sync_pending(const lei_sync *s) { return s->nwait; }
 

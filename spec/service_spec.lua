@@ -364,7 +364,7 @@ describe("calls inside one process", function()
     assert.are.same({ true, "rrrrrrrrrr" }, out[1])           -- (call_async: true first)
     assert.is_nil(out[2][1])
     assert.are.equal("limit", out[2][3])
-    assert.truthy(out[2][2]:match("reply larger than the frame limit"), out[2][2])
+    assert.truthy(out[2][2]:match("^result of %d+ bytes exceeds the limit"), out[2][2])
     c2:close()
   end)
 

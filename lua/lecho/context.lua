@@ -160,19 +160,27 @@ function Context:_wait(ready, deadline)
     return r
   end
   -- The main line: serve the loop here (callbacks run beside, not inside).
+  -- _turn breaks the loop turn when it resumed a waiter while the main
+  -- line waits (that waiter may have made ready() true: without the break
+  -- run_once slept until the next event, up to a second).
+  self.main_waits = (self.main_waits or 0) + 1
+  local r
   while true do
-    if self.closed then return false end
-    if ready() then return true end
+    if self.closed then r = false break end
+    if ready() then r = true break end
     local left = deadline and deadline - now(self)
-    if left and left <= 0 then return false end
+    if left and left <= 0 then r = false break end
     self.c:run_once(left)
   end
+  self.main_waits = self.main_waits - 1
+  return r
 end
 
 -- Before each loop turn's writes: resumes, in the order they began, the
 -- waits that can go on or whose deadline passed.
 function Context:_turn()
   local ws, i, t = self.waiters, 1, nil
+  local resumed = false
   while ws[i] do
     local w = ws[i]
     local res
@@ -190,9 +198,11 @@ function Context:_turn()
       table.remove(ws, i)
       if w.timer then w.timer:stop() end
       self:_resume(w.co, res)
+      resumed = true
       ws = self.waiters
     end
   end
+  if resumed and (self.main_waits or 0) > 0 and not self.closed then self.c:break_once() end
   if not ws[1] and not self.closed then self.c:want_turn(false) end
 end
 
@@ -201,7 +211,7 @@ end
 -- peer (or the local queue) until the dispatch ends (ctx:resume).
 local function dispatcher(self)
   local co = coroutine.running()
-  local chid, value, peer, producer, seq, sync = coroutine.yield(DONE)
+  local chid, value, peer, producer, seq, sync, gen = coroutine.yield(DONE)
   while true do
     local nran, errs = self:_on_event(chid, value, peer, producer, seq, sync)
     local held = self.held[co]
@@ -210,20 +220,22 @@ local function dispatcher(self)
       -- (if sync) is ours to send.
       self.held[co] = nil
       if not self.closed then
-        if sync > 0 then self.c:ack(peer, sync, nran, errs) end
+        -- only on the connection the event came on (gen): another
+        -- process may have its address now
+        if sync > 0 then self.c:ack(peer, sync, nran, errs, nil, gen) end
         self.c:resume(held, chid)
       end
       nran, errs = nil, nil
     end
-    chid, value, peer, producer, seq, sync = coroutine.yield(DONE, nran, errs)
+    chid, value, peer, producer, seq, sync, gen = coroutine.yield(DONE, nran, errs)
   end
 end
 
-function Context:_dispatch(chid, value, peer, producer, seq, sync)
+function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes)
   -- a call channel served here (lecho.service): the call runs in a
   -- coroutine of its own and is answered by ctx:ack; no ack from C
   local svc = self.svc_chans
-  if svc and svc[chid] then return self:_serve(svc[chid], value, peer, sync) end
+  if svc and svc[chid] then return self:_serve(svc[chid], value, peer, sync, gen, nbytes) end
   local co = self.dco
   if not co or coroutine.status(co) ~= "suspended" then
     co = coroutine.create(dispatcher)
@@ -231,7 +243,7 @@ function Context:_dispatch(chid, value, peer, producer, seq, sync)
     coroutine.resume(co, self)
     self.dco = co
   end
-  local ok, r, nran, errs = coroutine.resume(co, chid, value, peer, producer, seq, sync)
+  local ok, r, nran, errs = coroutine.resume(co, chid, value, peer, producer, seq, sync, gen)
   if not ok then
     self.dco = nil
     self.log("error dispatching an event: " .. traceback(co, tostring(r)))

@@ -186,7 +186,7 @@ local SCHEMA = {
     accept_code = { accept_code },
   },
   SERVICE = { version = { size(1), 1 }, concurrency = { size(1), 16 }, queue = { size(0), 64 },
-              budget = { TIME, 5 } },
+              queue_bytes = { size(0), 64 * 1024 * 1024 }, budget = { TIME, 5 } },
   CALL = { timeout = { TIME }, version = { size(1) }, min_version = { size(1) }, key = { typed("string") },
            at = { typed("string") }, retries = { size(0), 2 } },
   CHANNEL = { create = { BOOL } },

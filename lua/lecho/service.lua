@@ -5,7 +5,7 @@
 -- they serve), its callers producers.  A call is one sync event sent to ONE
 -- server (ctx.c:call); the ACK of that event carries the reply as its value
 -- (doc/wire-format.md "Calls").  Values on the wire:
---   request { v = version wanted, k = idempotency key, t = timeout, a = args }
+--   request { v = version wanted, k = idempotency key, t = time left, r = largest reply taken, a = args }
 --   reply   { n = N, ...results }  or  { e = error value, c = "code", tb = traceback }
 -- The server runs each call in a coroutine of its own (a handler may wait);
 -- its limits: `concurrency` running, `queue` waiting, past them "busy" at
@@ -92,11 +92,19 @@ end
 
 -- ---- server side ------------------------------------------------------------
 
-local function ack(ctx, peer, sync, reply)
-  local ok, err, code = ctx.c:ack(peer, sync, 1, reply, true)
+-- gen: the generation of the connection the call came on; the reply goes
+-- to that connection only (another process that took the caller's address
+-- must never get it: dropped, counted in ctx.c:stats().stale_acks).
+-- rlim: the largest reply the caller takes (request field r); a larger
+-- one becomes an error reply here, code limit, never a cut connection.
+local function ack(ctx, peer, gen, sync, reply, rlim)
+  local ok, err, code = ctx.c:ack(peer, sync, 1, reply, true, gen, rlim)
   if not ok then
-    ctx.c:ack(peer, sync, 1, { e = "reply cannot be sent: " .. tostring(err),
-                               c = code == "limit" and "limit" or "invalid" }, true)
+    local e = tostring(err)
+    if code ~= "limit" then e = "reply cannot be sent: " .. e
+    elseif not e:find("^result of") then e = "result exceeds the limit: " .. e end
+    ctx.c:ack(peer, sync, 1, { e = e,
+                               c = code == "limit" and "limit" or "invalid" }, true, gen)
   end
 end
 
@@ -121,10 +129,19 @@ end
 -- code and traceback (lecho.push: a sandbox's, without the node's frames).
 local FAIL = {}
 function Service.fail(e, code, tb) error(setmetatable({ e = e, c = code, tb = tb }, FAIL), 0) end
+-- At most this many results travel in a reply (the caller unpacks them
+-- onto its Lua stack: LuaJIT takes fewer than 8000).
+local MAX_RESULTS = 4096
+Service.MAX_RESULTS = MAX_RESULTS
 
 local function pack_reply(ok, ...)
   local n = select("#", ...)
-  if ok then return { n = n, ... } end
+  if ok then
+    if n > MAX_RESULTS then
+      return { e = ("too many results: %d (at most %d)"):format(n, MAX_RESULTS), c = "limit" }
+    end
+    return { n = n, ... }
+  end
   local w = ...
   return { e = err_value(w.e), c = w.c or "failed", tb = w.tb }
 end
@@ -142,8 +159,30 @@ end
 
 local start
 
+-- Queued calls whose caller's deadline passed (request t) are answered
+-- "timeout" without running: nobody may wait for them any more, and they
+-- hold memory.  Queue entry: { peer, sync, req, caller, gen, bytes, deadline }.
+local function expire(ctx, s)
+  local q = s.q
+  if not q[1] then return end
+  local t = ctx.c:now()
+  local keep = {}
+  for i = 1, #q do
+    local w = q[i]
+    if w[7] and w[7] <= t then
+      s.qbytes = s.qbytes - w[6]
+      s.expired = (s.expired or 0) + 1
+      ack(ctx, w[1], w[5], w[2], { e = ("timeout: the call waited in %s@%d's queue past its caller's deadline")
+                                   :format(s.name, s.version), c = "timeout" })
+    else
+      keep[#keep + 1] = w
+    end
+  end
+  if #keep < #q then s.q = keep end
+end
+
 -- One call, in a coroutine of its own.
-local function run_call(ctx, s, peer, sync, req, caller)
+local function run_call(ctx, s, peer, gen, sync, req, caller)
   local meta = { service = s.name, version = s.version, caller = caller, key = req.k,
                  deadline = type(req.t) == "number" and ctx.c:now() + req.t or nil }
   local co = coroutine.running()
@@ -159,46 +198,72 @@ local function run_call(ctx, s, peer, sync, req, caller)
     ctx.svc_budgets[co] = nil
   end
   s.running = s.running - 1
-  if not ctx.closed then ack(ctx, peer, sync, reply) end
-  -- the next waiting calls, now that there is room
+  if not ctx.closed then ack(ctx, peer, gen, sync, reply, req.r) end
+  -- the next waiting calls, now that there is room (those whose caller's
+  -- deadline passed in the queue are answered "timeout", not run)
+  if not ctx.closed then expire(ctx, s) end
   local q = s.q
   while q[1] and s.running < s.concurrency and not s.closed and not ctx.closed do
     local w = table.remove(q, 1)
-    start(ctx, s, w[1], w[2], w[3], w[4])
+    s.qbytes = s.qbytes - w[6]
+    start(ctx, s, w[1], w[5], w[2], w[3], w[4])
   end
+  if not q[1] and s.qtimer then s.qtimer:stop(); s.qtimer = nil end
 end
 
-start = function(ctx, s, peer, sync, req, caller)
+start = function(ctx, s, peer, gen, sync, req, caller)
   s.running = s.running + 1
-  ctx:_spawn(run_call, ctx, s, peer, sync, req, caller)
+  ctx:_spawn(run_call, ctx, s, peer, gen, sync, req, caller)
 end
 
 -- From Context:_dispatch: an event on a call channel served here.  Never
 -- acknowledged from C (returns no count): each call is answered by ack().
-function Context:_serve(entry, req, peer, sync)
+function Context:_serve(entry, req, peer, sync, gen, nbytes)
   if sync == 0 then return false end -- not a call (no sync id): nothing to answer
   if type(req) ~= "table" or (req.v ~= nil and type(req.v) ~= "number")
      or (req.mv ~= nil and type(req.mv) ~= "number")
-     or (req.k ~= nil and type(req.k) ~= "string") or (req.t ~= nil and type(req.t) ~= "number") then
-    ack(self, peer, sync, { e = ("bad request to service %s: not a request table"):format(entry.name),
+     or (req.k ~= nil and type(req.k) ~= "string") or (req.t ~= nil and type(req.t) ~= "number")
+     or (req.r ~= nil and type(req.r) ~= "number") then
+    ack(self, peer, gen, sync, { e = ("bad request to service %s: not a request table"):format(entry.name),
                             c = "invalid" })
     return false
   end
   local s = pick(entry, req.v, req.mv)
   if not s then
-    ack(self, peer, sync, { e = ("no service %s%s here"):format(entry.name,
+    ack(self, peer, gen, sync, { e = ("no service %s%s here"):format(entry.name,
                             req.v and "@" .. req.v or req.mv and "@>=" .. req.mv or ""), c = "noservice" })
     return false
   end
   local caller = peer == 0 and self.addr or self:_peer_addr(peer)
   if self.keyed then caller = self.c:peer_identity(caller) or caller end
   if s.running < s.concurrency then
-    start(self, s, peer, sync, req, caller)
-  elseif #s.q < s.queue then
-    s.q[#s.q + 1] = { peer, sync, req, caller }
-  else
-    ack(self, peer, sync, { e = ("busy: %s@%d has %d running and %d queued"):format(
+    start(self, s, peer, gen, sync, req, caller)
+    return false
+  end
+  expire(self, s)
+  nbytes = nbytes or 0
+  if #s.q < s.queue and (not s.q[1] or s.qbytes + nbytes <= s.queue_bytes) then
+    s.q[#s.q + 1] = { peer, sync, req, caller, gen, nbytes, req.t and self.c:now() + req.t or nil }
+    s.qbytes = s.qbytes + nbytes
+    if not s.qtimer then
+      -- while calls wait: those past their deadline go, even when no
+      -- running call ends
+      s.qtimer = self.c:timer(0.25, 0.25, function()
+        if self.closed or s.closed then return end
+        expire(self, s)
+        if not s.q[1] and s.qtimer then s.qtimer:stop(); s.qtimer = nil end
+      end)
+    end
+  elseif #s.q >= s.queue then
+    ack(self, peer, gen, sync, { e = ("busy: %s@%d has %d running and %d queued"):format(
       s.name, s.version, s.running, #s.q), c = "busy" })
+    if nbytes > 65536 then collectgarbage("step", math.floor(nbytes / 1024)) end
+  else
+    ack(self, peer, gen, sync, { e = ("busy: %s@%d has %d bytes of calls queued (queue_bytes %d)"):format(
+      s.name, s.version, s.qbytes, s.queue_bytes), c = "busy" })
+    -- the refused request was decoded already: collect it now rather than
+    -- let refused large requests pile up as garbage
+    if nbytes > 65536 then collectgarbage("step", math.floor(nbytes / 1024)) end
   end
   return false
 end
@@ -206,7 +271,7 @@ end
 local function noop() end
 
 --- Serves `name` with handler(args, meta) -> results.  opts: version (1),
--- concurrency (16), queue (64), budget (5 CPU seconds per call; 0: none).
+-- concurrency (16), queue (64), queue_bytes (64 MiB), budget (5 CPU seconds per call; 0: none).
 -- Returns the service object (s:close() unloads it), or nil, err, code.
 -- Names beginning with "lecho." are the library's (lecho.code): served
 -- only with this token as the 4th argument.
@@ -217,11 +282,37 @@ function Context:service(name, handler, opts, reserved)
   if name:sub(1, 6) == "lecho." and reserved ~= Service.RESERVED then
     error(("lecho: ctx:service: names beginning with lecho. are the library's (got %q)"):format(name:sub(1, 40)), 2)
   end
-  if type(handler) ~= "function" then error("lecho: ctx:service needs a handler function", 2) end
+  local source = type(handler) == "table" and handler.source
+  if type(handler) ~= "function" and type(source) ~= "string" then
+    error("lecho: ctx:service needs a handler function or { source = LUA_SOURCE }", 2)
+  end
   if self.closed then error("lecho: context is closed", 2) end
   opts = options.check(opts, options.SERVICE, "ctx:service", 2)
   local D = options.SERVICE
   local version = opts.version or D.version
+  local sb
+  if source then
+    -- The source form: the handler runs in a sandbox (lecho.push's, made
+    -- like a modulator's state with the JIT off: the budget stops all of
+    -- its Lua, helpers included; its memory is capped).  The native
+    -- wrapper below only passes values.
+    local budget = opts.budget or D.budget
+    if budget <= 0 then
+      return nil, "a service given as source needs a budget > 0", "invalid"
+    end
+    local err, code
+    sb, err, code = self.c:sandbox(source, ("%s@%d"):format(name, version), {
+      budget = budget, memory = math.max(self.mod_memory, 256 * 1024), pool_memory = self.mods_memory,
+      cpu_share = 0, clock = true })
+    if not sb then return nil, err, code end
+    handler = function(args, meta)
+      local r = { n = 0 }
+      local function keep(...) r = { n = select("#", ...), ... } end
+      keep(sb:call(args, meta))
+      if r[1] then return unpack(r, 2, r.n) end
+      error(r[2], 0) -- a budget stop: "budget exceeded: ..." (code limit)
+    end
+  end
   self.svc_names = self.svc_names or {}
   self.svc_chans = self.svc_chans or {}
   self.svc_budgets = self.svc_budgets or setmetatable({}, { __mode = "k" })
@@ -239,14 +330,17 @@ function Context:service(name, handler, opts, reserved)
     self.svc_names[name] = entry
   end
   if entry.byver[version] then
+    if sb then sb:close() end
     return nil, ("service %s@%d is served here already"):format(name, version), "invalid"
   end
   local budget = opts.budget or D.budget
+  if source then budget = 0 end -- (the sandbox counts it)
   if budget > 0 and jit_ok then jit.off(handler, true) end
   local s = setmetatable({ ctx = self, name = name, version = version, handler = handler,
                            concurrency = opts.concurrency or D.concurrency,
                            queue = opts.queue or D.queue, budget = budget,
-                           running = 0, q = {}, cons = {}, entry = entry }, Service)
+                           queue_bytes = opts.queue_bytes or D.queue_bytes, qbytes = 0,
+                           running = 0, q = {}, cons = {}, entry = entry, sb = sb }, Service)
   entry.byver[version] = s
   entry.versions = sorted_versions(entry.byver)
   -- joined at every name server; one that fails is logged, all failing is
@@ -265,6 +359,7 @@ function Context:service(name, handler, opts, reserved)
   end
   if not ok_any then
     s.closed = true
+    if sb then sb:close(); s.sb = nil end
     entry.byver[version] = nil
     entry.versions = sorted_versions(entry.byver)
     for _, ch in ipairs(entry.chans) do ch.svc_versions = entry.versions end
@@ -278,13 +373,16 @@ end
 function Service:close()
   if self.closed then return end
   self.closed = true
+  if self.sb then self.sb:close(); self.sb = nil end
   local ctx, entry = self.ctx, self.entry
   entry.byver[self.version] = nil
   entry.versions = sorted_versions(entry.byver)
   local q = self.q
   self.q = {}
+  self.qbytes = 0
+  if self.qtimer then self.qtimer:stop(); self.qtimer = nil end
   for _, w in ipairs(q) do
-    ack(ctx, w[1], w[2], { e = ("no service %s@%d here (unloaded)"):format(self.name, self.version),
+    ack(ctx, w[1], w[5], w[2], { e = ("no service %s@%d here (unloaded)"):format(self.name, self.version),
                            c = "noservice" })
   end
   if ctx.closed then return end
@@ -302,7 +400,8 @@ local function caller_of(ctx, name)
   ctx.svc_callers = ctx.svc_callers or {}
   local cl = ctx.svc_callers[name]
   if cl then return cl end
-  cl = { name = name, chans = {}, prods = {}, rr = 0 }
+  cl = { name = name, chans = {}, prods = {}, nprods = 0, joining = {}, down_until = {}, join_err = {},
+         rr = 0 }
   for i, ns in ipairs(nslist(ctx)) do
     local ch, err, code = ctx:channel(ns .. "/svc:" .. name)
     if not ch then return nil, err, code end
@@ -313,29 +412,53 @@ local function caller_of(ctx, name)
   return cl
 end
 
--- The producer of name server i's channel: joined once (concurrent calls
--- wait for the one join).  nil, err, code when the join fails (tried again
--- by the next call).
-local function joined(ctx, cl, i)
-  local p = cl.prods[i]
-  if p then return p end
-  if cl.joining and cl.joining[i] then
-    ctx:_wait(function() return not cl.joining[i] end)
-    if cl.prods[i] then return cl.prods[i] end
-    return nil, cl.join_err and cl.join_err[i] or "join failed", "closed"
-  end
-  cl.joining = cl.joining or {}
+-- The producers of the name servers' channels are joined in the
+-- background, all name servers at once (a coroutine each, bounded by the
+-- context's control timeout), never inside one call's time: a call waits
+-- for them only until its own deadline.  A name server whose join failed
+-- is left alone for NS_RETRY seconds (calls do not wait for it), then
+-- joined again in the background by the next call that needs it.
+local NS_RETRY = 5
+Service.NS_RETRY = NS_RETRY
+
+local function start_join(ctx, cl, i)
+  if cl.prods[i] or cl.joining[i] then return end
+  if cl.down_until[i] and ctx.c:now() < cl.down_until[i] then return end
   cl.joining[i] = true
-  local err, code
-  p, err, code = cl.chans[i]:producer()
-  cl.joining[i] = nil
-  if p then
-    cl.prods[i] = p
-  else
-    cl.join_err = cl.join_err or {}
-    cl.join_err[i] = err
-  end
-  return p, err, code
+  ctx:_spawn(function()
+    local p, err, code = cl.chans[i]:producer()
+    cl.joining[i] = nil
+    if p then
+      cl.prods[i] = p
+      cl.nprods = cl.nprods + 1
+      cl.down_until[i], cl.join_err[i] = nil, nil
+    else
+      cl.join_err[i] = { err, code }
+      cl.down_until[i] = ctx.c:now() + NS_RETRY
+    end
+  end)
+end
+
+-- Does name server i's channel list a server of the service?
+local function has_servers(cl, i)
+  local svc = cl.prods[i] and cl.chans[i].svc
+  return svc ~= nil and next(svc) ~= nil
+end
+
+-- Starts the joins missing and waits, until deadline at most, until a
+-- joined channel lists servers or no join is in progress.
+local function join_all(ctx, cl, deadline)
+  local n = #cl.chans
+  for i = 1, n do start_join(ctx, cl, i) end
+  ctx:_wait(function()
+    for i = 1, n do
+      if has_servers(cl, i) then return true end
+    end
+    for i = 1, n do
+      if cl.joining[i] then return false end
+    end
+    return true
+  end, deadline)
 end
 
 local function vlist(vs)
@@ -426,12 +549,32 @@ end
 -- Did the call surely not run?  Then another server may be tried.
 local SURELY_NOT_RAN = { busy = true, noservice = true, refused = true }
 
+local function malformed(cl, addr, why)
+  return nil, ("malformed reply from %s: %s (service %s)"):format(addr, why, cl.name), "protocol"
+end
+
+-- Why results { n = N, ... } are not a valid reply, or nil: N an integer
+-- in 0..MAX_RESULTS, and no result index outside 1..N.
+local function results_bad(reply, n)
+  if type(n) ~= "number" or n ~= n or n < 0 or n > MAX_RESULTS or n % 1 ~= 0 then
+    return ("result count %s (an integer 0..%d is expected)"):format(tostring(n), MAX_RESULTS)
+  end
+  for k in pairs(reply) do
+    if k ~= "n" and (type(k) ~= "number" or k < 1 or k > n or k % 1 ~= 0) then
+      return ("a result at %s, outside 1..%d"):format(tostring(k), n)
+    end
+  end
+  return nil
+end
+
 -- One try at server addr of channel ch: true, the reply { n =, ... } or nil, err,
 -- code, tb, retry (retry: "safe" when it surely did not run, "key" when
 -- it may have run).
 local function try(ctx, cl, ch, addr, want, args, opts, timeout)
   local c = ctx.c
-  local req = { v = want, k = opts.key, t = timeout, a = args }
+  local rlim = ctx.reply_limit
+  if not rlim then rlim = c:reply_limit(); ctx.reply_limit = rlim end
+  local req = { v = want, k = opts.key, t = timeout, r = rlim, a = args }
   local sid, err, code = c:call(ch.chid, addr ~= ctx.addr and addr, req)
   if not sid then
     if code == "notfound" then
@@ -443,18 +586,23 @@ local function try(ctx, cl, ch, addr, want, args, opts, timeout)
   if r1 == nil then return nil, r2, r3, nil, "safe" end -- unreachable: never sent
   local inflight = ctx.svc_inflight
   inflight[addr] = (inflight[addr] or 0) + 1
+  local okw, werr = true, nil
   if r1 == false then
-    ctx:_wait(function()
+    okw, werr = pcall(ctx._wait, ctx, function()
       r1, r2, r3 = c:call_result(sid)
       return r1 ~= false
     end, c:now() + timeout)
   end
   inflight[addr] = inflight[addr] - 1
+  if not okw then
+    c:call_result(sid, true) -- frees the record
+    error(werr, 0)
+  end
   if ctx.closed then return nil, "context closed while waiting for the reply", "closed" end
   if r1 == false then r1, r2, r3 = c:call_result(sid, true) end
   if r1 == nil then
     if r3 == "timeout" then
-      r2 = ("service %s at %s: no reply within %g s"):format(cl.name, addr, timeout)
+      r2 = ("service %s at %s: no reply within %.2g s"):format(cl.name, addr, timeout)
     end
     return nil, r2, r3, nil, "key"
   end
@@ -463,28 +611,39 @@ local function try(ctx, cl, ch, addr, want, args, opts, timeout)
     -- acknowledged without a value: no server of it there (any more)
     return nil, ("no service %s at %s"):format(cl.name, addr), "noservice", nil, "safe"
   end
-  if type(reply) ~= "table" then
-    return nil, ("service %s at %s: a reply that is not a table"):format(cl.name, addr), "protocol"
-  end
+  if type(reply) ~= "table" then return malformed(cl, addr, "not a table but a " .. type(reply)) end
   local n = reply.n
   if reply.e ~= nil or reply.c ~= nil then
-    local ecode = type(reply.c) == "string" and reply.c or "failed"
-    return nil, reply.e, ecode, reply.tb, SURELY_NOT_RAN[ecode] and "safe" or nil
+    local ecode = reply.c
+    if ecode ~= nil and type(ecode) ~= "string" then return malformed(cl, addr, "an error code that is no string") end
+    ecode = ecode or "failed"
+    local tb = reply.tb
+    if tb ~= nil and type(tb) ~= "string" then tb = nil end
+    return nil, reply.e, ecode, tb, SURELY_NOT_RAN[ecode] and "safe" or nil
   end
-  if type(n) == "number" then return true, reply end
+  if n ~= nil then
+    local why = results_bad(reply, n)
+    if why then return malformed(cl, addr, why) end
+    return true, reply
+  end
   if type(reply[1]) == "table" and reply[1].err ~= nil then
     -- the server's context refused the event (keyed mode: no valid ticket)
     return nil, ("service %s at %s: %s"):format(cl.name, addr, tostring(reply[1].err)), "refused", nil, "safe"
   end
-  return nil, ("service %s at %s: a reply without results"):format(cl.name, addr), "protocol"
+  return malformed(cl, addr, "neither results nor an error")
 end
 
 -- ctx:call's work: true, results... or nil, err, code[, traceback].
 local call_body
 
-local function call_done(self, ...)
+-- Releases the in-flight slot on every path: call_body raising (a bug, or
+-- a value that could not be decoded) becomes an error result.
+local function call_done(self, ok, ...)
   self.svc_ncalls = self.svc_ncalls - 1
-  return ...
+  if ok then return ... end
+  local e = ...
+  self.log("ctx:call failed: " .. tostring(e))
+  return nil, "call failed: " .. tostring(e), "failed"
 end
 
 function Context:_call(name, args, opts)
@@ -495,25 +654,38 @@ function Context:_call(name, args, opts)
     return nil, ("busy: %d calls in flight"):format(n), "busy"
   end
   self.svc_ncalls = n + 1
-  return call_done(self, call_body(self, name, args, opts))
+  return call_done(self, pcall(call_body, self, name, args, opts))
 end
 
 call_body = function(self, name, args, opts)
   local cl, err, code = caller_of(self, name)
   if not cl then return nil, err, code end
+  -- timeout is the whole call's: the tries share what is left of it
   local timeout = opts.timeout or self.sync_timeout
+  local deadline = self.c:now() + timeout
   local retries = opts.retries or options.CALL.retries
   local tried = {}
   local last = nil
   local attempts = 0
+  local again = nil -- keyed: a server that timed out, which may be tried once more
+  -- (all joined: the hot path, no closure)
+  if cl.nprods < #cl.chans then join_all(self, cl, deadline) end
   for i = 1, #cl.chans do
-    local p
-    p, err, code = joined(self, cl, i)
+    if self.c:now() >= deadline then break end
+    local p = cl.prods[i]
     if p then
       local ch = cl.chans[i]
       while attempts <= retries do
+        local left = deadline - self.c:now()
+        if left <= 0 then break end
         local list, want
         list, want, code = candidates(self, cl, ch, opts, tried)
+        if not list and again and code == "noservice" then
+          -- keyed, no other server left: the one that timed out, once more
+          tried[again] = nil
+          again = false
+          list, want, code = candidates(self, cl, ch, opts, tried)
+        end
         if not list then
           -- nothing (left) here: the next name server; a version refusal
           -- or an earlier failure is the answer if none has better
@@ -523,7 +695,11 @@ call_body = function(self, name, args, opts)
         local addr = choose(self, cl, list)
         attempts = attempts + 1
         -- (fixed results, no table or closure per call: the hot path)
-        local ok, e, ecode, tb, retry = try(self, cl, ch, addr, want, args, opts, timeout)
+        -- keyed: each try may be retried after a timeout, so the tries
+        -- left share the time left; else one try has it all
+        local share = left
+        if opts.key then share = left / (retries - attempts + 2) end
+        local ok, e, ecode, tb, retry = try(self, cl, ch, addr, want, args, opts, share)
         if ok then return true, unpack(e, 1, e.n) end
         if not (retry == "safe" or (retry == "key" and opts.key)) then return nil, e, ecode, tb end
         last = { n = 4, nil, e, ecode, tb }
@@ -534,13 +710,21 @@ call_body = function(self, name, args, opts)
         else
           tried[addr] = true
         end
+        if retry == "key" and again == nil then again = addr end
       end
       if attempts > retries then break end
-    elseif not last then
-      last = { n = 3, nil, err, code }
+    elseif not last and cl.join_err[i] then
+      local je = cl.join_err[i]
+      last = { n = 3, nil, tostring(je[1]) .. (" (name server %s: joined again in the background)")
+                                               :format(nslist(self)[i]), je[2] }
     end
   end
-  if not last then return nil, "no service " .. name, "noservice" end
+  if not last then
+    if self.c:now() >= deadline then
+      return nil, ("service %s: no server found within %g s"):format(name, timeout), "timeout"
+    end
+    return nil, "no service " .. name, "noservice"
+  end
   return nil, last[2], last[3], last[4]
 end
 
@@ -571,7 +755,7 @@ end
 
 --- Calls service `name` with args: the handler's results, or nil, err,
 -- code (and the handler's traceback when it raised).  opts: timeout
--- (sync_timeout), version or min_version, key (idempotency key: retried
+-- (sync_timeout; the whole call's, tries included), version or min_version, key (idempotency key: retried
 -- after a timeout or a lost connection too), at ("host:port": that server
 -- only), retries (2).
 function Context:call(name, args, opts)

@@ -421,7 +421,8 @@ describe("the name server's groups (lecho.registry, no I/O)", function()
     assert.is_true(req("w:1", { op = "gwatch", group = "g", on = true, lease = 100 }, 0).ok)
     assert.is_true(req("m:1", { op = "gjoin", group = "g", lease = 1, data = { n = 1 } }, 0).ok)
     local c = changes(out, "w:1")
-    assert.are.same({ { op = "gchange", group = "g", epoch = c[1].epoch, ver = 1, joined = { ["m:1"] = { n = 1 } } } }, c)
+    assert.are.same({ { op = "gchange", group = "g", epoch = c[1].epoch, ver = 1, joined = { ["m:1"] = { n = 1 } },
+                        lease = { ["m:1"] = 1 } } }, c)
     -- renewed at 0.9: still there at 1.8, gone at the tick after 1.9
     assert.is_true(req("m:1", { op = "gjoin", group = "g", lease = 1, data = { n = 1 } }, 0.9).ok)
     assert.are.equal(1, #changes(out))        -- (a renewal with the same data tells nobody)
@@ -444,6 +445,39 @@ describe("the name server's groups (lecho.registry, no I/O)", function()
     reg:tick(send, 200)
     assert.is_nil(reg.groups.g)
     assert.are.same({}, reg.gcount)
+  end)
+
+  it("keyed: binds a membership to the key that made it; another key at its address may not renew, replace or end it", function()
+    -- (attack keyed_spoof: after a name server restart any trusted key that
+    -- reached a member's address first replaced its data and made it leave)
+    local id = { ["a:1"] = { "alice", "KA" }, ["w:1"] = { "carol", "KC" } }
+    local reg, out, send, req = ns{ identity = function(a) local e = id[a] if e then return e[1], e[2] end end,
+      policy = { rules = { { principal = { "alice", "carol" }, channel = "chat", allow = { "produce", "consume" } },
+                           { principal = "dave", channel = "chat", allow = { "produce" } } } } }
+    assert.is_true(req("w:1", { op = "gwatch", group = "chat", on = true, lease = 100 }, 0).ok)
+    assert.is_true(req("a:1", { op = "gjoin", group = "chat", lease = 3, data = "alice" }, 0).ok)
+    assert.are.same({ ["a:1"] = "alice" }, changes(out, "w:1")[1].who)
+    assert.are.equal("alice", req("w:1", { op = "glist", group = "chat" }, 0.5).members["a:1"].principal)
+    -- dave's key now holds alice's address (her connection gone, the name server restarted...)
+    id["a:1"] = { "dave", "KD" }
+    local r = req("a:1", { op = "gjoin", group = "chat", lease = 60, data = "FAKE" }, 1)
+    assert.are.same({ false, "refused", "gjoin: address a:1 is in group 'chat' under another key (principal alice) "
+                      .. "until its lease runs out (2.0s)" }, { r.ok, r.code, r.err })
+    r = req("a:1", { op = "gleave", group = "chat" }, 1)
+    assert.are.same({ false, "refused" }, { r.ok, r.code })
+    assert.are.equal("alice", req("w:1", { op = "glist", group = "chat" }, 1).members["a:1"].data)
+    assert.are.equal(1, #changes(out, "w:1"))
+    -- gleave needs produce, as gjoin: mallory may end nothing
+    id["m:1"] = { "mallory", "KM" }
+    r = req("m:1", { op = "gleave", group = "chat" }, 1)
+    assert.are.same({ false, "refused", "gleave: not allowed: mallory may not produce chat" }, { r.ok, r.code, r.err })
+    -- alice's key renews and leaves; once her lease ran out another key may join there
+    id["a:1"] = { "alice", "KA" }
+    assert.is_true(req("a:1", { op = "gjoin", group = "chat", lease = 3, data = "alice" }, 2).ok)
+    reg:tick(send, 5.5)
+    id["a:1"] = { "dave", "KD" }
+    assert.is_true(req("a:1", { op = "gjoin", group = "chat", lease = 3, data = "dave" }, 6).ok)
+    assert.are.equal("dave", req("w:1", { op = "glist", group = "chat" }, 6).members["a:1"].principal)
   end)
 
   it("answers a renewal with the members only when the asker's epoch or ver is not current", function()

@@ -24,8 +24,12 @@
 -- members per group (max_members), member data per group (GROUP_BYTES),
 -- groups (max_groups), and the entries (memberships and watches) one
 -- requester may have (group_quota; a principal in keyed mode, else an address).
--- Keyed mode: joining needs the policy's `produce` on the group's name, listing
--- and watching `consume` (groups are named like channels).
+-- Keyed mode: joining and leaving need the policy's `produce` on the group's
+-- name, listing and watching `consume` (groups are named like channels).  A
+-- membership or a watch is bound to the key (and principal) that made it:
+-- another key at that address may not renew, replace or end it while its
+-- lease runs; glist entries carry `principal`, gchange `who = { [addr] =
+-- principal }` and `lease = { [addr] = seconds }` for those joined.
 
 -- Never compiled, as lecho.registry (Debian's LuaJIT and LuaJIT #827).
 if jit then jit.off(true, true) end
@@ -151,27 +155,61 @@ end
 local function member_list(g, now)
   local out = {}
   for a, m in pairs(g.members) do
-    out[a] = { data = m.data, lease = m.lease, left = math.max(m.expires - now, 0) }
+    out[a] = { data = m.data, lease = m.lease, left = math.max(m.expires - now, 0), principal = m.principal }
   end
   return out
+end
+
+-- Keyed mode: the principal and public key of `from`'s connection (nil, nil
+-- in protected mode).  A membership (and a watch) is bound to the key that
+-- made it: another key claiming the same address (after a name server
+-- restart, any trusted key may take a disconnected address) may neither
+-- renew, replace nor end it while its lease runs.
+local function ident(self, from)
+  if not self.identity then return nil, nil end
+  return self.identity(from)
+end
+
+-- nil when `pk` may act on entry e (a member or a watch); else why not.
+local function foreign(self, e, pk, from, name, op)
+  if not e or not self.identity or e.key == pk then return nil end
+  return ("%s: address %s is in group '%s' under another key (principal %s) until its lease runs out (%.1fs)")
+         :format(op, from, name, tostring(e.principal), math.max(e.expires - (self.gnow or 0), 0))
 end
 
 -- Tells every watcher of g one change (joined / left: { [addr] = ... }).
 local function changed(self, io, g, joined, left)
   g.ver = g.ver + 1
   local ep = epoch(self, io.now)
+  -- joined members' leases (a watcher times a member it learnt of here by
+  -- the member's own lease) and, keyed, their principals
+  local lease, who
+  if joined then
+    lease = {}
+    for a in pairs(joined) do
+      local m = g.members[a]
+      if m then
+        lease[a] = m.lease
+        if m.principal then who = who or {}; who[a] = m.principal end
+      end
+    end
+  end
   for a in pairs(g.watchers) do
-    emit(self, io, a, { op = "gchange", group = g.name, epoch = ep, ver = g.ver, joined = joined, left = left })
+    emit(self, io, a, { op = "gchange", group = g.name, epoch = ep, ver = g.ver, joined = joined, left = left,
+                        lease = lease, who = who })
   end
 end
 
-local function set_watch(self, g, from, who, lease, now)
+local function set_watch(self, g, from, who, lease, now, op)
   local w = g.watchers[from]
+  local principal, pk = ident(self, from)
+  local bad = foreign(self, w, pk, from, g.name, op)
+  if bad then return nil, bad, "refused" end
   if not w then
     local ok, err = quota_room(self, who)
     if not ok then return nil, err end
     charge(self, who, 1)
-    w = { who = who }
+    w = { who = who, key = pk, principal = principal }
     g.watchers[from] = w
   end
   w.expires = now + lease
@@ -216,6 +254,10 @@ function ops.gjoin(self, from, msg, io)
   local who = naming.requester(self, from)
   local g = self.groups[name]
   local m = g and g.members[from]
+  local principal, pk = ident(self, from)
+  self.gnow = io.now
+  local bad = foreign(self, m, pk, from, name, "gjoin")
+  if bad then return fail(self, io, from, msg.rid, bad, { code = "refused" }) end
   if not m then
     if g and g.n >= self.max_members then
       return fail(self, io, from, msg.rid, ("gjoin: group '%s' has %d members (limit %d)")
@@ -236,7 +278,7 @@ function ops.gjoin(self, from, msg, io)
   if expires < self.gnext then self.gnext = expires end
   local news = false
   if not m then
-    m = { who = who }
+    m = { who = who, key = pk, principal = principal }
     g.members[from] = m
     g.n = g.n + 1
     charge(self, who, 1)
@@ -248,12 +290,13 @@ function ops.gjoin(self, from, msg, io)
   g.bytes = g.bytes - (m.size or 0) + size
   m.data, m.size, m.lease, m.expires = data, size, lease, expires
   if msg.watch == true then
-    ok, err = set_watch(self, g, from, who, lease, io.now)
+    local wcode
+    ok, err, wcode = set_watch(self, g, from, who, lease, io.now, "gjoin")
     if not ok then
       if news then changed(self, io, g, { [from] = data }, nil) end
-      return fail(self, io, from, msg.rid, err, { code = "limit" })
+      return fail(self, io, from, msg.rid, err, { code = wcode or "limit" })
     end
-  elseif msg.watch == false then
+  elseif msg.watch == false and not foreign(self, g.watchers[from], pk, from, name, "gjoin") then
     drop_watch(self, g, from)
   end
   if news then changed(self, io, g, { [from] = data }, nil) end
@@ -265,8 +308,15 @@ end
 function ops.gleave(self, from, msg, io)
   local name, err = check_group(self, msg)
   if not name then return fail(self, io, from, msg.rid, err) end
+  -- (leaving needs the right joining needs: produce)
+  local ok; ok, err = naming.allowed(self, from, "produce", name)
+  if not ok then return fail(self, io, from, msg.rid, "gleave: " .. err, { code = "refused" }) end
   local g = self.groups[name]
   local m = g and g.members[from]
+  local _, pk = ident(self, from)
+  self.gnow = io.now
+  local bad = foreign(self, m, pk, from, name, "gleave") or foreign(self, g and g.watchers[from], pk, from, name, "gleave")
+  if bad then return fail(self, io, from, msg.rid, bad, { code = "refused" }) end
   if m then
     g.members[from] = nil
     g.n, g.bytes = g.n - 1, g.bytes - m.size
@@ -298,6 +348,10 @@ function ops.gwatch(self, from, msg, io)
   if type(msg.on) ~= "boolean" then return fail(self, io, from, msg.rid, "gwatch: field 'on' must be a boolean") end
   local g = self.groups[name]
   if not msg.on then
+    local _, pk = ident(self, from)
+    self.gnow = io.now
+    local bad = foreign(self, g and g.watchers[from], pk, from, name, "gwatch")
+    if bad then return fail(self, io, from, msg.rid, bad, { code = "refused" }) end
     if g then
       drop_watch(self, g, from)
       maybe_drop(self, g)
@@ -313,10 +367,12 @@ function ops.gwatch(self, from, msg, io)
     g, err = get_group(self, name, true, "gwatch")
     if not g then return fail(self, io, from, msg.rid, err, { code = "limit" }) end
   end
-  ok, err = set_watch(self, g, from, who, lease, io.now)
+  self.gnow = io.now
+  local wcode
+  ok, err, wcode = set_watch(self, g, from, who, lease, io.now, "gwatch")
   if not ok then
     maybe_drop(self, g)
-    return fail(self, io, from, msg.rid, err, { code = "limit" })
+    return fail(self, io, from, msg.rid, err, { code = wcode or "limit" })
   end
   renewal(self, io, from, msg, g, true)
 end

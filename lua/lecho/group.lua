@@ -26,6 +26,7 @@ local Group = {}
 Group.__index = Group
 
 local MAX_ADDR = 127
+local RETRY = 0.5      -- seconds between renewals at a name server that did not answer
 
 local function now(ctx) return ctx.c:now() end
 
@@ -39,7 +40,9 @@ local function parse_members(t, limit)
     if n > limit or type(a) ~= "string" or a == "" or #a > MAX_ADDR or type(m) ~= "table" then return nil end
     local lease = m.lease
     if type(lease) ~= "number" or not (lease > 0 and lease <= 3600) then lease = nil end
-    view[a] = { data = m.data, lease = lease }
+    local principal = m.principal
+    if type(principal) ~= "string" then principal = nil end
+    view[a] = { data = m.data, lease = lease, principal = principal }
   end
   return view
 end
@@ -117,36 +120,53 @@ end
 function Group:_recompute()
   if not self.watch or self.closed then return end
   local t = now(self.ctx)
-  local online, known = {}, false
+  local online, known, principal = {}, false, {}
+  local due = math.huge     -- the earliest end of a carried member
   for _, addr in ipairs(self.ctx.nslist) do
     local st = self.ns[addr]
     if st.view then
       known = true
       for a, m in pairs(st.view) do
-        if online[a] == nil then online[a] = m.data end
-      end
-      if st.carry then
-        local left = false
-        for a, m in pairs(st.carry) do
-          if st.view[a] or m.till <= t then
-            st.carry[a] = nil
-          else
-            left = true
-            if online[a] == nil then online[a] = m.data end
-          end
-        end
-        if not left then st.carry = nil end
+        if online[a] == nil then online[a], principal[a] = m.data, m.principal end
       end
     end
   end
+  for _, addr in ipairs(self.ctx.nslist) do
+    local st = self.ns[addr]
+    if st.view and st.carry then
+      -- (a carried member keeps one told online so; it never brings back
+      -- one told gone meanwhile: that was a false "joined")
+      local left = false
+      for a, m in pairs(st.carry) do
+        if st.view[a] or m.till <= t or self.online[a] == nil then
+          st.carry[a] = nil
+        else
+          left = true
+          if m.till < due then due = m.till end
+          if online[a] == nil then online[a], principal[a] = m.data, m.principal end
+        end
+      end
+      if not left then st.carry = nil end
+    end
+  end
+  if due < math.huge and due < (self.carry_due or math.huge) then
+    -- told gone when its carry ends, not at the next renewal (a lease/3 later)
+    if self.carry_timer then self.carry_timer:stop() end
+    self.carry_due = due
+    self.carry_timer = self.ctx:after(math.max(due - t, 0.001) + 0.001, function()
+      self.carry_timer, self.carry_due = nil, nil
+      self:_recompute()
+    end)
+  end
   if not known then return end
-  local joined, left, any = {}, {}, false
+  local joined, left, any, who = {}, {}, false, nil
   for a, d in pairs(online) do
     local before = self.online[a]
-    if before == nil or (before ~= d and type(d) ~= "table") then
+    local news = before == nil or (before ~= d and type(d) ~= "table")
+                 or (type(d) == "table" and before ~= d and not self.same(before, d))
+    if news then
       joined[a], any = d, true
-    elseif type(d) == "table" and before ~= d and not self.same(before, d) then
-      joined[a], any = d, true
+      if principal[a] then who = who or {}; who[a] = principal[a] end
     end
   end
   for a in pairs(self.online) do
@@ -156,7 +176,7 @@ function Group:_recompute()
   end
   self.why = {}
   self.online = online
-  if any then deliver(self, { joined = joined, left = left }) end
+  if any then deliver(self, { joined = joined, left = left, who = who }) end
 end
 
 -- Are a and b the same value (by content, 32 levels)?
@@ -185,7 +205,9 @@ function Group:_absorb(st, r)
     if st.epoch and before then
       local carry = st.carry or {}
       for a, m in pairs(before) do
-        carry[a] = { data = m.data, till = t - age + (m.lease or self.lease) }
+        -- (the member's own lease; unknown: not carried.  Never the
+        -- watcher's: a dead member was told gone a watcher's lease late)
+        if m.lease then carry[a] = { data = m.data, principal = m.principal, till = t - age + m.lease } end
       end
       st.carry = carry
     end
@@ -236,6 +258,17 @@ function Group:_renew(st)
     st.busy = false
     self:_renewed(st, r, err, code)
     self:_recompute()
+    local unreachable = code == "closed" or code == "timeout"
+                        or (type(err) == "string" and err:find(" unreachable: ", 1, true) ~= nil)
+    if not r and unreachable and not st.retry and self.lease / 3 > RETRY then
+      -- unreachable: tried again every RETRY s, not only at the next beacon,
+      -- so a restarted name server is told this member (or watcher) and
+      -- tells what it lists soon after it is back
+      st.retry = ctx:after(RETRY, function()
+        st.retry = nil
+        if not st.ok then self:_renew(st) end
+      end)
+    end
   end)
 end
 
@@ -262,9 +295,9 @@ function Group:members()
   for _, res in ipairs(results) do
     local view = usable(res)
     if view then
-      local out = {}
-      for a, m in pairs(view) do out[a] = m.data end
-      return out
+      local out, who = {}, {}
+      for a, m in pairs(view) do out[a], who[a] = m.data, m.principal end
+      return out, who
     end
   end
   for _, res in ipairs(results) do
@@ -292,6 +325,10 @@ function Group:leave()
   if self.closed then return true end
   self.closed = true
   if self.timer then self.timer:stop() end
+  for _, st in pairs(self.ns) do
+    if st.retry then st.retry:stop(); st.retry = nil end
+  end
+  if self.carry_timer then self.carry_timer:stop(); self.carry_timer = nil end
   local ctx = self.ctx
   if ctx.groups[self.name] == self then ctx.groups[self.name] = nil end
   if not ctx.closed then
@@ -382,9 +419,15 @@ function Context:_on_gchange(from, msg)
   end
   if ver <= st.ver then return end         -- (a renewal's answer brought it already)
   st.ver = ver
+  local leases = type(msg.lease) == "table" and msg.lease or {}
+  local who = type(msg.who) == "table" and msg.who or {}
   for a, d in pairs(joined) do
-    local old = st.view[a]
-    st.view[a] = { data = d, lease = old and old.lease or g.lease }
+    -- the member's lease from the notice (never the watcher's: F3 of the
+    -- issue 12 attack, a dead member told gone a watcher's lease late)
+    local l = leases[a]
+    if type(l) ~= "number" or not (l > 0 and l <= 3600) then l = nil end
+    local p = who[a]
+    st.view[a] = { data = d, lease = l, principal = type(p) == "string" and p or nil }
   end
   for a, why in pairs(left) do
     st.view[a] = nil

@@ -262,6 +262,36 @@ describe("a group at two name servers", function()
   end)
 end)
 
+describe("a group at a stopped and a live name server", function()
+  local ctx
+  after_each(function()
+    if ctx then ctx:close{ linger = 0 } end
+    ctx = nil
+    S.cleanup()
+  end)
+
+  it("is joined without waiting on the stopped one, and beacons the live one meanwhile: no false 'expired'", function()
+    -- (attack stop1: ctx:group() waited the whole timeout on the stopped
+    -- name server and sent no beacon meanwhile: the live one expired it)
+    local nsa_child, nsa = S.nameserver("--quiet")
+    local _, nsb = S.nameserver("--quiet")
+    local w = S.lua(kids.group_member, cjson.encode({ ns = { nsb }, group = "pool", lease = 5, watch = true,
+                                                      join = false }))
+    assert(S.wait_file(w.out, "ready %S+\n", 20), "watcher did not start: " .. S.errors(w))
+    S.kill(nsa_child, "STOP")
+    ctx = lecho.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 3 }
+    local t0 = ctx:now()
+    local g = assert(ctx:group("pool", { lease = 0.6 }))
+    assert.is_true(ctx:now() - t0 < 1, ("ctx:group took %.2fs"):format(ctx:now() - t0))
+    S.run_until(ctx, function() return false end, 4)
+    local out = S.output(w)
+    assert.is_truthy(out:find(('"joined":{"%s":'):format(ctx.addr), 1, true), out)
+    assert.is_nil(out:find(ctx.addr .. '":"expired"', 1, true), out)
+    S.kill(nsa_child, "CONT")
+    g:leave()
+  end)
+end)
+
 describe("the name server's bounds on groups", function()
   local ctx
   after_each(function()

@@ -249,12 +249,12 @@ end
 
 -- One renewal at the name server `st` (beacon, watch), unless one is on
 -- its way there.  In a coroutine of its own: the others do not wait.
-function Group:_renew(st)
+function Group:_renew(st, timeout)
   if st.busy or self.closed then return end
   st.busy = true
   local ctx = self.ctx
   ctx:_spawn(function()
-    local r, err, code = ctx:request(st.addr, self:_renewal(st), math.min(ctx.timeout, self.lease))
+    local r, err, code = ctx:request(st.addr, self:_renewal(st), timeout or math.min(ctx.timeout, self.lease))
     st.busy = false
     self:_renewed(st, r, err, code)
     self:_recompute()
@@ -357,19 +357,23 @@ function Context:group(name, opts)
     data = opts.data == nil and {} or opts.data, watch = opts.watch, joined = join,
     ns = {}, online = {}, why = {}, changes = {}, closed = false,
   }, Group)
-  -- (busy: no beacon there before the first answer)
-  for _, addr in ipairs(self.nslist) do g.ns[addr] = { addr = addr, busy = true } end
+  for _, addr in ipairs(self.nslist) do g.ns[addr] = { addr = addr } end
   self.groups[name] = g
-  -- the first registration: at every name server at once, answered here
-  -- (the beacons start from it: every lease/3)
+  -- the first registration: at every name server at once, each on its own
+  -- (a stopped or slow one delays neither the answer nor the others'
+  -- beacons); this returns once one took it, or every one failed
   g.timer = self:every(g.lease / 3, function() g:_beacon() end)
-  local results = ask_all(self, function(addr) return g:_renewal(g.ns[addr]) end)
-  for i, addr in ipairs(self.nslist) do
-    local st = g.ns[addr]
-    st.busy = false
-    g:_renewed(st, results[i][2], results[i][3], results[i][4])
-  end
-  g:_recompute()
+  for _, addr in ipairs(self.nslist) do g:_renew(g.ns[addr], self.timeout) end
+  self:_wait(function()
+    if self.closed then return true end
+    local all = true
+    for _, addr in ipairs(self.nslist) do
+      local st = g.ns[addr]
+      if st.ok then return true end
+      if st.busy then all = false end
+    end
+    return all
+  end, now(self) + self.timeout + 1)
   local errs, code = {}, nil
   for _, addr in ipairs(self.nslist) do
     local st = g.ns[addr]
@@ -377,9 +381,7 @@ function Context:group(name, opts)
     errs[#errs + 1] = st.err or (addr .. ": no answer")
     if code == nil or code == "closed" or code == "timeout" then code = st.code end
   end
-  g.closed = true
-  g.timer:stop()
-  self.groups[name] = nil
+  g:leave()
   return nil, ("group '%s': no name server took it: %s"):format(name, table.concat(errs, "; ")), code or "timeout"
 end
 

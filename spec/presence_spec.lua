@@ -290,6 +290,42 @@ describe("a group at a stopped and a live name server", function()
     S.kill(nsa_child, "CONT")
     g:leave()
   end)
+
+  it("never tells a watcher older data after newer when the stopped one resumes (set_data is versioned)", function()
+    -- (attack setdata_restart MODE=stop: the resumed name server's list
+    -- brought data 30 after 60)
+    local nsa_child, nsa = S.nameserver("--quiet")
+    local _, nsb = S.nameserver("--quiet")
+    -- (the watcher's renewal at the stopped one outlasts the stop: its view
+    -- there stays, and the resumed one's notices come in order, old data)
+    ctx = lecho.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 5 }
+    local ks = {}
+    assert(ctx:group("sd", { join = false, lease = 10, watch = function(c)
+      for _, d in pairs(c.joined) do ks[#ks + 1] = d.k end
+    end }))
+    local m = S.lua(kids.prelude .. [==[
+local ctx = lecho.context{ nameserver = opts.ns, quiet = true, timeout = 2 }
+local k = 1
+local g = assert(ctx:group("sd", { lease = 3, data = { k = k } }))
+io.stdout:write("ready ", ctx.addr, "\n")
+ctx:every(0.1, function() if k < 60 then k = k + 1; g:set_data({ k = k }) end end)
+ctx:after(30, function() ctx:stop() end)
+ctx:run()
+]==], cjson.encode({ ns = { nsa, nsb } }))
+    assert(S.wait_file(m.out, "ready", 20), "member did not start: " .. S.errors(m))
+    S.run_until(ctx, function() return #ks >= 10 end, 10)
+    S.kill(nsa_child, "STOP")
+    S.run_until(ctx, function() return false end, 3)
+    S.kill(nsa_child, "CONT")
+    S.run_until(ctx, function() return ks[#ks] == 60 end, 10)
+    S.run_until(ctx, function() return false end, 1.5)
+    local back = {}
+    for i = 2, #ks do
+      if ks[i] <= ks[i - 1] then back[#back + 1] = ("%d after %d"):format(ks[i], ks[i - 1]) end
+    end
+    assert.are.same({}, back)
+    assert.are.equal(60, ks[#ks])
+  end)
 end)
 
 describe("the name server's bounds on groups", function()
@@ -508,6 +544,17 @@ describe("the name server's groups (lecho.registry, no I/O)", function()
     id["a:1"] = { "dave", "KD" }
     assert.is_true(req("a:1", { op = "gjoin", group = "chat", lease = 3, data = "dave" }, 6).ok)
     assert.are.equal("dave", req("w:1", { op = "glist", group = "chat" }, 6).members["a:1"].principal)
+  end)
+
+  it("keeps a member's newer data when an older one (by its dv) arrives late; the lease is renewed", function()
+    local reg, out, send, req = ns()
+    assert.is_true(req("w:1", { op = "gwatch", group = "g", on = true, lease = 100 }, 0).ok)
+    assert.is_true(req("m:1", { op = "gjoin", group = "g", lease = 1, data = "new", dv = 20 }, 0).ok)
+    assert.are.same({ ["m:1"] = 20 }, changes(out, "w:1")[1].dv)
+    assert.is_true(req("m:1", { op = "gjoin", group = "g", lease = 1, data = "old", dv = 10 }, 0.8).ok)
+    assert.are.equal(1, #changes(out))
+    local l = req("w:1", { op = "glist", group = "g" }, 0.9).members["m:1"]
+    assert.are.same({ "new", 20, 0.9 }, { l.data, l.dv, l.left })
   end)
 
   it("answers a renewal with the members only when the asker's epoch or ver is not current", function()

@@ -42,7 +42,9 @@ local function parse_members(t, limit)
     if type(lease) ~= "number" or not (lease > 0 and lease <= 3600) then lease = nil end
     local principal = m.principal
     if type(principal) ~= "string" then principal = nil end
-    view[a] = { data = m.data, lease = lease, principal = principal }
+    local dv = m.dv
+    if type(dv) ~= "number" or dv ~= dv then dv = nil end
+    view[a] = { data = m.data, lease = lease, principal = principal, dv = dv }
   end
   return view
 end
@@ -120,14 +122,17 @@ end
 function Group:_recompute()
   if not self.watch or self.closed then return end
   local t = now(self.ctx)
-  local online, known, principal = {}, false, {}
+  local online, known, principal, dvs = {}, false, {}, {}
   local due = math.huge     -- the earliest end of a carried member
   for _, addr in ipairs(self.ctx.nslist) do
     local st = self.ns[addr]
     if st.view then
       known = true
       for a, m in pairs(st.view) do
-        if online[a] == nil then online[a], principal[a] = m.data, m.principal end
+        -- (of the name servers' data of a member, the newest its member stamped)
+        if online[a] == nil or (m.dv and (dvs[a] == nil or m.dv > dvs[a])) then
+          online[a], principal[a], dvs[a] = m.data, m.principal, m.dv
+        end
       end
     end
   end
@@ -161,6 +166,13 @@ function Group:_recompute()
   if not known then return end
   local joined, left, any, who = {}, {}, false, nil
   for a, d in pairs(online) do
+    local told = self.dvs[a]
+    if told and (dvs[a] == nil or dvs[a] < told) and self.online[a] ~= nil then
+      -- older data than the watcher was told (a resumed name server's
+      -- late notice): the newer stays
+      d, dvs[a] = self.online[a], told
+      online[a] = d
+    end
     local before = self.online[a]
     local news = before == nil or (before ~= d and type(d) ~= "table")
                  or (type(d) == "table" and before ~= d and not self.same(before, d))
@@ -175,7 +187,7 @@ function Group:_recompute()
     end
   end
   self.why = {}
-  self.online = online
+  self.online, self.dvs = online, dvs
   if any then deliver(self, { joined = joined, left = left, who = who }) end
 end
 
@@ -224,7 +236,7 @@ end
 function Group:_renewal(st)
   if self.joined then
     return { op = "gjoin", group = self.name, data = self.data, lease = self.lease,
-             watch = self.watch ~= nil, ver = st.ver, epoch = st.epoch }
+             watch = self.watch ~= nil, ver = st.ver, epoch = st.epoch, dv = self.dv }
   end
   return { op = "gwatch", group = self.name, on = true, lease = self.lease, ver = st.ver, epoch = st.epoch }
 end
@@ -315,6 +327,8 @@ function Group:set_data(data)
   if not self.joined then error("lecho: a watch-only group has no data", 2) end
   if data == nil then data = {} end
   self.data = data
+  -- its version: this member's wall clock, always increasing here
+  self.dv = math.max(now(self.ctx), self.dv + 1e-6)
   self:_beacon()
   return true
 end
@@ -356,6 +370,8 @@ function Context:group(name, opts)
     ctx = self, name = name, lease = opts.lease or options.GROUP.lease,
     data = opts.data == nil and {} or opts.data, watch = opts.watch, joined = join,
     ns = {}, online = {}, why = {}, changes = {}, closed = false,
+    dv = self.c:now(),      -- the version of data (set_data), told with every gjoin
+    dvs = {},               -- watcher: the version of each member's data it was told
   }, Group)
   for _, addr in ipairs(self.nslist) do g.ns[addr] = { addr = addr } end
   self.groups[name] = g
@@ -423,13 +439,16 @@ function Context:_on_gchange(from, msg)
   st.ver = ver
   local leases = type(msg.lease) == "table" and msg.lease or {}
   local who = type(msg.who) == "table" and msg.who or {}
+  local dvs = type(msg.dv) == "table" and msg.dv or {}
   for a, d in pairs(joined) do
     -- the member's lease from the notice (never the watcher's: F3 of the
     -- issue 12 attack, a dead member told gone a watcher's lease late)
     local l = leases[a]
     if type(l) ~= "number" or not (l > 0 and l <= 3600) then l = nil end
     local p = who[a]
-    st.view[a] = { data = d, lease = l, principal = type(p) == "string" and p or nil }
+    local v = dvs[a]
+    st.view[a] = { data = d, lease = l, principal = type(p) == "string" and p or nil,
+                   dv = type(v) == "number" and v == v and v or nil }
   end
   for a, why in pairs(left) do
     st.view[a] = nil

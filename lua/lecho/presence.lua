@@ -6,8 +6,10 @@
 -- groups again from the beacons.
 --
 -- Ops (`function(self, from, msg, io)` on a registry, requests with a rid):
---   gjoin  { group, data, lease, watch = bool, ver =, epoch = }  the member is `from`:
---          creates or renews; watch: `from` is also a watcher, for as long
+--   gjoin  { group, data, lease, watch = bool, ver =, epoch =, dv = }  the member is `from`:
+--          creates or renews; watch: `from` is also a watcher, for as long;
+--          dv: the version of data the member stamps (its wall clock when it
+--          set it): an older dv renews the lease and keeps the newer data
 --   gleave { group }                    `from` leaves (members and watchers)
 --   glist  { group }                    -> members = { [addr] = { data, lease, left } }
 --   gwatch { group, on = bool, lease, ver =, epoch = }  watch (renewed like a member) or stop
@@ -155,7 +157,8 @@ end
 local function member_list(g, now)
   local out = {}
   for a, m in pairs(g.members) do
-    out[a] = { data = m.data, lease = m.lease, left = math.max(m.expires - now, 0), principal = m.principal }
+    out[a] = { data = m.data, lease = m.lease, left = math.max(m.expires - now, 0), principal = m.principal,
+               dv = m.dv }
   end
   return out
 end
@@ -183,20 +186,21 @@ local function changed(self, io, g, joined, left)
   local ep = epoch(self, io.now)
   -- joined members' leases (a watcher times a member it learnt of here by
   -- the member's own lease) and, keyed, their principals
-  local lease, who
+  local lease, who, dv
   if joined then
     lease = {}
     for a in pairs(joined) do
       local m = g.members[a]
       if m then
         lease[a] = m.lease
+        if m.dv then dv = dv or {}; dv[a] = m.dv end
         if m.principal then who = who or {}; who[a] = m.principal end
       end
     end
   end
   for a in pairs(g.watchers) do
     emit(self, io, a, { op = "gchange", group = g.name, epoch = ep, ver = g.ver, joined = joined, left = left,
-                        lease = lease, who = who })
+                        lease = lease, who = who, dv = dv })
   end
 end
 
@@ -246,6 +250,8 @@ function ops.gjoin(self, from, msg, io)
   if not ok then return fail(self, io, from, msg.rid, "gjoin: " .. err, { code = "refused" }) end
   local data = msg.data
   if data == nil then data = {} end
+  local dv = msg.dv
+  if type(dv) ~= "number" or dv ~= dv then dv = nil end
   local size = value_bytes(data, M.MAX_DATA)
   if not size then
     return fail(self, io, from, msg.rid, ("gjoin: data larger than %d bytes encoded (or nested deeper than 32)")
@@ -284,11 +290,15 @@ function ops.gjoin(self, from, msg, io)
     charge(self, who, 1)
     news = true
     self.log("info", ("group '%s': %s joined"):format(name, from))
+  elseif m.dv and dv and dv < m.dv then
+    -- a beacon older than the data held (it waited in a stopped name
+    -- server's socket): renews the lease, never brings back older data
+    data, size, dv = m.data, m.size, m.dv
   elseif m.data ~= data and not same_value(m.data, data, 0) then
     news = true     -- the same member with other data: told as joined again
   end
   g.bytes = g.bytes - (m.size or 0) + size
-  m.data, m.size, m.lease, m.expires = data, size, lease, expires
+  m.data, m.size, m.lease, m.expires, m.dv = data, size, lease, expires, dv
   if msg.watch == true then
     local wcode
     ok, err, wcode = set_watch(self, g, from, who, lease, io.now, "gjoin")

@@ -177,6 +177,28 @@ describe("a name server killed and restarted on the same port", function()
     assert.are.same({ 1, 1 }, { joined, left }, cjson.encode(seen))
   end)
 
+  it("never answers members() with a just-restarted name server's empty list over another's", function()
+    -- (attack restart_members: a fresh client's g:members() was {} for 5-8 s
+    -- after one of two name servers restarted, while the other listed the member)
+    local nsa_child, nsa = S.nameserver("--quiet")
+    local _, nsb = S.nameserver("--quiet")
+    ctx = lecho.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 2 }
+    local m = S.lua(kids.group_member, cjson.encode({ ns = { nsa, nsb }, group = "room", lease = 30, data = "m" }))
+    local addr = (assert(S.wait_file(m.out, "ready %S+\n", 20), "member did not join")):match("ready (%S+)")
+    S.kill(nsa_child, "KILL")
+    S.wait(nsa_child, 5)
+    restart(nsa, 0)
+    local fresh = lecho.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 2 }
+    local g = assert(fresh:group("room", { join = false, watch = function() end }))
+    local got = {}
+    for i = 1, 5 do
+      local l = assert(g:members())
+      got[i] = l[addr] or "missing"
+    end
+    fresh:close{ linger = 0 }
+    assert.are.same({ "m", "m", "m", "m", "m" }, got)
+  end)
+
   it("keeps a service registered before it callable after it", function()
     local ns_child, ns = S.nameserver("--quiet")
     ctx = lecho.context{ quiet = true, nameserver = ns, timeout = 2 }

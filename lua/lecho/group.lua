@@ -3,7 +3,7 @@
 --
 --   local g = ctx:group("chat", { lease = 3, data = { nick = "ann" },
 --                                 watch = function(change) end, join = true })
---   g:members()   -- { [addr] = data } from the first name server that answers
+--   g:members()   -- { [addr] = data }: the union of the name servers that answer
 --   g:set_data(d) -- this member's data, told to the watchers as joined again
 --   g:leave()
 --
@@ -27,6 +27,7 @@ Group.__index = Group
 
 local MAX_ADDR = 127
 local RETRY = 0.5      -- seconds between renewals at a name server that did not answer
+local MERGE_WINDOW = 0.2   -- members(): how long the others may answer after the first
 
 local function now(ctx) return ctx.c:now() end
 
@@ -53,7 +54,7 @@ end
 -- (up to ctx.timeout) until enough(results) or every one answered or
 -- failed.  results[i]: { addr, r } or { addr, nil, err, code } in nslist
 -- order (nil: no answer yet).
-local function ask_all(ctx, msg_of, enough)
+local function ask_all(ctx, msg_of, enough, window)
   local sent, results = {}, {}
   local function collect()
     for i, q in ipairs(sent) do
@@ -77,14 +78,18 @@ local function ask_all(ctx, msg_of, enough)
     ctx.pending[ctx.rid] = sent[i].p
     ctx:_send_ctrl(addr, msg)
   end
-  ctx:_wait(function()
+  local function all()
     if ctx.closed then return true end
     collect()
     for i = 1, #sent do
-      if not results[i] then return enough ~= nil and enough(results) end
+      if not results[i] then return false end
     end
     return true
-  end, now(ctx) + ctx.timeout)
+  end
+  local deadline = now(ctx) + ctx.timeout
+  ctx:_wait(function() return all() or (enough ~= nil and enough(results)) end, deadline)
+  -- enough: the others still get `window` seconds (within the timeout)
+  if window and not all() then ctx:_wait(all, math.min(now(ctx) + window, deadline)) end
   collect()
   for i, q in ipairs(sent) do
     ctx.pending[q.rid] = nil
@@ -289,29 +294,35 @@ function Group:_beacon()
   self:_recompute()
 end
 
---- The members: { [addr] = data } from the first name server of ctx.nslist
--- that answers (all are asked at once: one that is stopped or slow costs
--- nothing while another answers), or nil, err, code when none does.
+--- The members: { [addr] = data } (and { [addr] = principal }), the union
+-- of the lists of the name servers that answer within MERGE_WINDOW of the
+-- first (all are asked at once: one that is stopped or slow costs at most
+-- that while another answers; a just-restarted one's short list never
+-- hides a member another lists), each member's newest data (by the version
+-- its member stamped); or nil, err, code when none answers.
 function Group:members()
   local ctx = self.ctx
-  -- asked of all at once: a stopped name server costs nothing while
-  -- another answers (of those that answered by then, the first in order)
   local function usable(res) return res and res[2] and parse_members(res[2].members, ctx.max_members) end
   local results = ask_all(ctx, function() return { op = "glist", group = self.name } end, function(results)
     for i = 1, #ctx.nslist do
       if usable(results[i]) then return true end
     end
     return false
-  end)
+  end, MERGE_WINDOW)
   local errs, code = {}, nil
+  local out, who, dvs, any = {}, {}, {}, false
   for _, res in ipairs(results) do
     local view = usable(res)
     if view then
-      local out, who = {}, {}
-      for a, m in pairs(view) do out[a], who[a] = m.data, m.principal end
-      return out, who
+      any = true
+      for a, m in pairs(view) do
+        if out[a] == nil or (m.dv and (dvs[a] == nil or m.dv > dvs[a])) then
+          out[a], who[a], dvs[a] = m.data, m.principal, m.dv
+        end
+      end
     end
   end
+  if any then return out, who end
   for _, res in ipairs(results) do
     errs[#errs + 1] = res[2] and ("%s: a malformed member list"):format(res[1]) or res[3]
     code = code or (res[2] and "protocol" or res[4])

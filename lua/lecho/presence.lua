@@ -121,6 +121,65 @@ local function same_value(a, b, depth)
   return true
 end
 
+-- The deadlines: one binary min-heap (self.gheap) of every membership and
+-- watch by `expires`, each entry holding its index (hi), its group (g), its
+-- address (addr) and whether it is a watch: a tick costs what expires, not
+-- what is held (1 M memberships scanned each tick stalled the name server).
+local floor = math.floor
+
+local function hswap(h, i, j)
+  h[i], h[j] = h[j], h[i]
+  h[i].hi, h[j].hi = i, j
+end
+
+local function hup(h, i)
+  while i > 1 do
+    local p = floor(i / 2)
+    if h[p].expires <= h[i].expires then return end
+    hswap(h, i, p)
+    i = p
+  end
+end
+
+local function hdown(h, i)
+  local n = #h
+  while true do
+    local c = 2 * i
+    if c > n then return end
+    if c < n and h[c + 1].expires < h[c].expires then c = c + 1 end
+    if h[i].expires <= h[c].expires then return end
+    hswap(h, i, c)
+    i = c
+  end
+end
+
+-- Entry e (in the heap or not) expires at t.
+local function hset(h, e, t)
+  local old = e.expires
+  e.expires = t
+  if e.hi then
+    if t < old then hup(h, e.hi) else hdown(h, e.hi) end
+  else
+    local n = #h + 1
+    h[n], e.hi = e, n
+    hup(h, n)
+  end
+end
+
+local function hremove(h, e)
+  local i = e.hi
+  if not i then return end
+  e.hi = nil
+  local n = #h
+  local last = h[n]
+  h[n] = nil
+  if i == n then return end
+  h[i], last.hi = last, i
+  hup(h, i)
+  hdown(h, last.hi)
+end
+M._heap = { set = hset, remove = hremove }   -- (for the specs)
+
 -- Room for one more entry (a membership or a watch) of requester `who`?
 local function quota_room(self, who)
   if (self.gcount[who] or 0) >= self.group_quota then
@@ -213,11 +272,10 @@ local function set_watch(self, g, from, who, lease, now, op)
     local ok, err = quota_room(self, who)
     if not ok then return nil, err end
     charge(self, who, 1)
-    w = { who = who, key = pk, principal = principal }
+    w = { who = who, key = pk, principal = principal, g = g, addr = from, watch = true }
     g.watchers[from] = w
   end
-  w.expires = now + lease
-  if w.expires < self.gnext then self.gnext = w.expires end
+  hset(self.gheap, w, now + lease)
   return true
 end
 
@@ -225,6 +283,7 @@ local function drop_watch(self, g, from)
   local w = g.watchers[from]
   if w then
     g.watchers[from] = nil
+    hremove(self.gheap, w)
     charge(self, w.who, -1)
   end
 end
@@ -281,10 +340,9 @@ function ops.gjoin(self, from, msg, io)
     if not g then return fail(self, io, from, msg.rid, err, { code = "limit" }) end
   end
   local expires = io.now + lease
-  if expires < self.gnext then self.gnext = expires end
   local news = false
   if not m then
-    m = { who = who, key = pk, principal = principal }
+    m = { who = who, key = pk, principal = principal, g = g, addr = from }
     g.members[from] = m
     g.n = g.n + 1
     charge(self, who, 1)
@@ -298,7 +356,8 @@ function ops.gjoin(self, from, msg, io)
     news = true     -- the same member with other data: told as joined again
   end
   g.bytes = g.bytes - (m.size or 0) + size
-  m.data, m.size, m.lease, m.expires, m.dv = data, size, lease, expires, dv
+  m.data, m.size, m.lease, m.dv = data, size, lease, dv
+  hset(self.gheap, m, expires)
   if msg.watch == true then
     local wcode
     ok, err, wcode = set_watch(self, g, from, who, lease, io.now, "gjoin")
@@ -329,6 +388,7 @@ function ops.gleave(self, from, msg, io)
   if bad then return fail(self, io, from, msg.rid, bad, { code = "refused" }) end
   if m then
     g.members[from] = nil
+    hremove(self.gheap, m)
     g.n, g.bytes = g.n - 1, g.bytes - m.size
     charge(self, m.who, -1)
     self.log("info", ("group '%s': %s left"):format(name, from))
@@ -388,44 +448,33 @@ function ops.gwatch(self, from, msg, io)
 end
 
 -- From the registry tick: members and watchers whose lease ran out go;
--- the watchers are told which members expired.  Cheap while nothing is due
--- (gnext: the earliest expiry, or later).
+-- the watchers are told which members expired, one gchange per group.
+-- Costs what expires (the deadline heap), nothing while nothing is due.
 function M.tick(self, io)
-  local now = io.now
-  if now < self.gnext then return end
-  local nxt = math.huge
-  for _, g in pairs(self.groups) do
-    local gone
-    for a, m in pairs(g.members) do
-      if m.expires <= now then
-        gone = gone or {}
-        gone[a] = m
-      elseif m.expires < nxt then
-        nxt = m.expires
-      end
+  local now, h = io.now, self.gheap
+  local e = h[1]
+  if not e or e.expires > now then return end
+  local gone = {}            -- group -> { [addr] = "expired" }
+  local touched = {}
+  while e and e.expires <= now do
+    hremove(h, e)
+    local g = e.g
+    touched[g] = true
+    if e.watch then
+      if g.watchers[e.addr] == e then g.watchers[e.addr] = nil end
+      charge(self, e.who, -1)
+    elseif g.members[e.addr] == e then
+      g.members[e.addr] = nil
+      g.n, g.bytes = g.n - 1, g.bytes - e.size
+      charge(self, e.who, -1)
+      gone[g] = gone[g] or {}
+      gone[g][e.addr] = "expired"
+      self.log("info", ("group '%s': %s expired (no beacon for %gs)"):format(g.name, e.addr, e.lease))
     end
-    for a, w in pairs(g.watchers) do
-      if w.expires <= now then
-        g.watchers[a] = nil
-        charge(self, w.who, -1)
-      elseif w.expires < nxt then
-        nxt = w.expires
-      end
-    end
-    if gone then
-      local left = {}
-      for a, m in pairs(gone) do
-        g.members[a] = nil
-        g.n, g.bytes = g.n - 1, g.bytes - m.size
-        charge(self, m.who, -1)
-        left[a] = "expired"
-        self.log("info", ("group '%s': %s expired (no beacon for %gs)"):format(g.name, a, m.lease))
-      end
-      changed(self, io, g, nil, left)
-    end
-    maybe_drop(self, g)
+    e = h[1]
   end
-  self.gnext = nxt
+  for g, left in pairs(gone) do changed(self, io, g, nil, left) end
+  for g in pairs(touched) do maybe_drop(self, g) end
 end
 
 -- The connection to `addr` is gone: it watches nothing any more (a
@@ -442,7 +491,7 @@ end
 function M.init(self, opts, num)
   self.groups, self.ngroups = {}, 0
   self.gcount = {}                                   -- requester -> entries
-  self.gnext = math.huge                             -- earliest expiry
+  self.gheap = {}                                    -- memberships and watches by expiry (hset)
   self.max_groups = num("max_groups", 65536)         -- rw
   self.group_quota = num("group_quota", 1024)        -- rw: entries one requester may have
 end

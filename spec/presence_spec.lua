@@ -341,6 +341,36 @@ describe("the name server's bounds on groups", function()
     return err, code
   end
 
+  it("bound the memberships and the member data in all, whatever addresses the members claim", function()
+    -- (attack memflood/mem_groups: claimed addresses evade group_quota in
+    -- protected mode: 614,400 memberships, 3 GB)
+    local R = require "spec.support.rogue"
+    local _, ns = S.nameserver("--quiet --max-memberships 4 --max-group-bytes 10000")
+    local ps, got = {}, {}
+    for i = 1, 6 do
+      ps[i] = assert(R.dial(ns, { addr = ("127.0.0.1:%d"):format(21000 + i), timeout = 5 }))
+      ps[i]:ctrl{ op = "gjoin", rid = 1, group = "g" .. i, lease = 60, watch = false,
+                  data = i == 3 and ("x"):rep(3000) or "d" }
+      local r = ps[i]:reply(1, 5)
+      got[i] = r.ok and "ok" or r.err
+    end
+    assert.are.same({ "ok", "ok", "ok", "ok", "gjoin: too many memberships at this name server (limit 4)",
+                      "gjoin: too many memberships at this name server (limit 4)" }, got)
+    -- the bytes: two more 3000-byte data pass 10,000 (estimated encoded)
+    ps[1]:ctrl{ op = "gjoin", rid = 2, group = "g1", lease = 60, data = ("y"):rep(3000) }
+    assert.is_true(ps[1]:reply(2, 5).ok)
+    ps[2]:ctrl{ op = "gjoin", rid = 2, group = "g2", lease = 60, data = ("z"):rep(4000) }
+    local r = ps[2]:reply(2, 5)
+    assert.are.same({ false, "limit" }, { r.ok, r.code })
+    assert.matches("^gjoin: this name server holds %d+ bytes of member data %(limit 10000%)$", r.err)
+    -- one leaves: room for another
+    ps[4]:ctrl{ op = "gleave", rid = 3, group = "g4" }
+    assert.is_true(ps[4]:reply(3, 5).ok)
+    ps[5]:ctrl{ op = "gjoin", rid = 4, group = "g5", lease = 60, data = "d" }
+    assert.is_true(ps[5]:reply(4, 5).ok)
+    for _, p in ipairs(ps) do p:close() end
+  end)
+
   it("refuse big data, a lease out of range, a bad name, past the quota: each with a reason", function()
     local _, ns = S.nameserver("--quiet --group-quota 3")
     ctx = lecho.context{ quiet = true, nameserver = ns }
@@ -579,6 +609,9 @@ describe("the name server's groups (lecho.registry, no I/O)", function()
     local c = cost(0.35)
     assert.are.same({ ["m:1"] = "expired" }, changes(out, "w:1")[2].left)
     assert.is_true(c < 20000, ("a tick expiring one of 20,001 memberships cost %d instructions"):format(c))
+    assert.are.equal(20000, reg.nmemberships)
+    reg:tick(send, 4000)        -- (every one expires: the totals go back to nothing)
+    assert.are.same({ 0, 0, 0 }, { reg.nmemberships, reg.gbytes, #reg.gheap - 0 })
     -- the heap against a sorted list: random sets and removals
     local H = require("lecho.presence")._heap
     local h, es = {}, {}

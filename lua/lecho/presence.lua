@@ -25,7 +25,8 @@
 -- A-Z a-z 0-9 . _ - /), data (4 KiB encoded, estimated), lease ([0.1, 3600] s),
 -- members per group (max_members), member data per group (GROUP_BYTES),
 -- groups (max_groups), and the entries (memberships and watches) one
--- requester may have (group_quota; a principal in keyed mode, else an address).
+-- requester may have (group_quota; a principal in keyed mode, else an address),
+-- the memberships (max_memberships) and member data (max_group_bytes) in all.
 -- Keyed mode: joining and leaving need the policy's `produce` on the group's
 -- name, listing and watching `consume` (groups are named like channels).  A
 -- membership or a watch is bound to the key (and principal) that made it:
@@ -330,6 +331,14 @@ function ops.gjoin(self, from, msg, io)
     end
     ok, err = quota_room(self, who)
     if not ok then return fail(self, io, from, msg.rid, err, { code = "limit" }) end
+    if self.nmemberships >= self.max_memberships then
+      return fail(self, io, from, msg.rid, ("gjoin: too many memberships at this name server (limit %d)")
+                                            :format(self.max_memberships), { code = "limit" })
+    end
+  end
+  if self.gbytes - (m and m.size or 0) + size > self.max_group_bytes then
+    return fail(self, io, from, msg.rid, ("gjoin: this name server holds %d bytes of member data (limit %d)")
+                                          :format(self.gbytes, self.max_group_bytes), { code = "limit" })
   end
   if (g and g.bytes or 0) - (m and m.size or 0) + size > M.GROUP_BYTES then
     return fail(self, io, from, msg.rid, ("gjoin: group '%s' holds %d bytes of member data (limit %d)")
@@ -345,6 +354,7 @@ function ops.gjoin(self, from, msg, io)
     m = { who = who, key = pk, principal = principal, g = g, addr = from }
     g.members[from] = m
     g.n = g.n + 1
+    self.nmemberships = self.nmemberships + 1
     charge(self, who, 1)
     news = true
     self.log("info", ("group '%s': %s joined"):format(name, from))
@@ -356,6 +366,7 @@ function ops.gjoin(self, from, msg, io)
     news = true     -- the same member with other data: told as joined again
   end
   g.bytes = g.bytes - (m.size or 0) + size
+  self.gbytes = self.gbytes - (m.size or 0) + size
   m.data, m.size, m.lease, m.dv = data, size, lease, dv
   hset(self.gheap, m, expires)
   if msg.watch == true then
@@ -390,6 +401,7 @@ function ops.gleave(self, from, msg, io)
     g.members[from] = nil
     hremove(self.gheap, m)
     g.n, g.bytes = g.n - 1, g.bytes - m.size
+    self.nmemberships, self.gbytes = self.nmemberships - 1, self.gbytes - m.size
     charge(self, m.who, -1)
     self.log("info", ("group '%s': %s left"):format(name, from))
     changed(self, io, g, nil, { [from] = "left" })
@@ -466,6 +478,7 @@ function M.tick(self, io)
     elseif g.members[e.addr] == e then
       g.members[e.addr] = nil
       g.n, g.bytes = g.n - 1, g.bytes - e.size
+      self.nmemberships, self.gbytes = self.nmemberships - 1, self.gbytes - e.size
       charge(self, e.who, -1)
       gone[g] = gone[g] or {}
       gone[g][e.addr] = "expired"
@@ -494,6 +507,9 @@ function M.init(self, opts, num)
   self.gheap = {}                                    -- memberships and watches by expiry (hset)
   self.max_groups = num("max_groups", 65536)         -- rw
   self.group_quota = num("group_quota", 1024)        -- rw: entries one requester may have
+  self.max_memberships = num("max_memberships", 262144)          -- rw: memberships held in all
+  self.max_group_bytes = num("max_group_bytes", 256 * 1024 * 1024) -- rw: member data held in all (estimated)
+  self.nmemberships, self.gbytes = 0, 0
 end
 
 M.ops = ops

@@ -18,7 +18,7 @@ ALLCFLAGS  := $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -I$(LUA_INCDIR) -Icore
 
 CORE_SRC   := core/codec.c core/errors.c core/frame.c core/addr.c core/ctx.c core/conn.c core/rbuf.c core/accept.c core/inmap.c core/peer.c core/peers.c core/chan.c \
               core/local.c core/sync.c core/live.c core/auth.c core/secure.c core/handshake.c
-LUA_SRC    := core/codec_lua.c core/moe.c core/moe_env.c core/moe_group.c core/lua_ctx.c core/lua_hook.c core/lua_chan.c \
+LUA_SRC    := core/codec_lua.c core/moe.c core/moe_env.c core/moe_group.c core/moe_svc.c core/lua_ctx.c core/lua_hook.c core/lua_chan.c \
               core/lua_moe.c core/lua_loop.c core/lua_auth.c core/lpat.c
 HDRS       := $(wildcard core/*.h)
 SO         := lua/lecho/core.so
@@ -78,6 +78,8 @@ help:
 	@echo "  SEED, SECONDS, SCENARIO  make stress-seed: which scenario to replay, for how long"
 	@echo "  DEMO_SECONDS, LECHO_NAMESERVER  make demo: how long (10), which name server"
 	@echo "  BUSTED_ARGS              make spec/test: arguments for busted (files, --filter ...)"
+	@echo "  BUILD_JOBS=$(BUILD_JOBS)             make test, fuzz-build: parallel compile jobs"
+	@echo "  OBJ_DIR=$(OBJ_DIR)         where the core's objects are compiled (make rock: its own)"
 	@echo "  CC=$(CC) CFLAGS='$(CFLAGS)' LDFLAGS LIBFLAG='$(LIBFLAG)'  the compiler and its flags"
 	@echo "  LUA_INCDIR=$(LUA_INCDIR)  LuaJIT's headers"
 	@echo "  LUAJIT=$(LUAJIT) BUSTED=$(BUSTED)  the interpreter and the test runner"
@@ -104,8 +106,16 @@ deps:
 build:
 	@mkdir -p build
 
-$(SO): $(CORE_SRC) $(LUA_SRC) $(HDRS)
-	$(CC) $(ALLCFLAGS) $(LIBFLAG) -o $@ $(CORE_SRC) $(LUA_SRC) -lev $(SODIUM_LIBS) $(LDFLAGS)
+# The core's objects, one compile per source (in parallel under -j: make
+# test), in OBJ_DIR (make rock: its own, built afresh).
+OBJ_DIR  ?= build/obj
+CORE_OBJ := $(patsubst core/%.c,$(OBJ_DIR)/%.o,$(CORE_SRC) $(LUA_SRC))
+$(OBJ_DIR)/%.o: core/%.c $(HDRS)
+	@mkdir -p $(OBJ_DIR)
+	$(CC) $(ALLCFLAGS) -c -o $@ $<
+
+$(SO): $(CORE_OBJ)
+	$(CC) $(ALLCFLAGS) $(LIBFLAG) -o $@ $(CORE_OBJ) -lev $(SODIUM_LIBS) $(LDFLAGS)
 
 build/test_codec: core/test_codec.c core/codec.c $(HDRS) | build
 	$(CC) $(ALLCFLAGS) -o $@ core/test_codec.c core/codec.c $(LDFLAGS)
@@ -155,27 +165,38 @@ FUZZ_DEPS    := /usr/bin/clang:clang $(FUZZ_RT):libclang-rt-14-dev /usr/include/
 FUZZ_FLAGS   := -g -O1 $(WARN) -Icore -I$(LUA_INCDIR) $(SODIUM_CFLAGS) -fsanitize=fuzzer,address,undefined \
                 -fno-sanitize-recover=undefined
 .PHONY: fuzz fuzz-quick fuzz-build
-build/fuzz_handshake: core/fuzz_handshake.c $(CORE_SRC) $(HDRS) | build
+# Every core source is compiled once per run into build/fuzz-obj/ (conn and
+# handshake share CORE_SRC, frame/codec/ns share the codec), and fuzz-build
+# makes the objects and the five harnesses in parallel (-j, the machine's
+# cores): built serially, whole, per harness, it took twice as long.
+FUZZ_OBJ  := build/fuzz-obj
+FUZZ_CORE := $(CORE_SRC:core/%.c=$(FUZZ_OBJ)/%.o)
+BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+$(FUZZ_OBJ)/%.o: core/%.c $(HDRS)
+	@mkdir -p $(FUZZ_OBJ)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -c -o $@ $<
+
+build/fuzz_handshake: core/fuzz_handshake.c $(FUZZ_CORE) $(HDRS) | build
 	$(FUZZ_CC) $(FUZZ_FLAGS) -DLECHO_FUZZ_DIR='"$(CURDIR)/build/fuzz/sock"' \
-	  -o $@ core/fuzz_handshake.c $(CORE_SRC) -lev $(SODIUM_LIBS)
+	  -o $@ core/fuzz_handshake.c $(FUZZ_CORE) -lev $(SODIUM_LIBS)
 
-build/fuzz_frame: core/fuzz_frame.c core/frame.c core/codec.c $(HDRS) | build
-	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ core/fuzz_frame.c core/frame.c core/codec.c
+build/fuzz_frame: core/fuzz_frame.c $(FUZZ_OBJ)/frame.o $(FUZZ_OBJ)/codec.o $(HDRS) | build
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ core/fuzz_frame.c $(FUZZ_OBJ)/frame.o $(FUZZ_OBJ)/codec.o
 
-build/fuzz_conn: core/fuzz_conn.c $(CORE_SRC) $(HDRS) | build
+build/fuzz_conn: core/fuzz_conn.c $(FUZZ_CORE) $(HDRS) | build
 	$(FUZZ_CC) $(FUZZ_FLAGS) -DLECHO_FUZZ_DIR='"$(CURDIR)/build/fuzz/sock"' \
-	  -o $@ core/fuzz_conn.c $(CORE_SRC) -lev $(SODIUM_LIBS)
+	  -o $@ core/fuzz_conn.c $(FUZZ_CORE) -lev $(SODIUM_LIBS)
 
-build/fuzz_ns: core/fuzz_ns.c core/codec_lua.c core/codec.c $(HDRS) | build
-	$(FUZZ_CC) $(FUZZ_FLAGS) -DLECHO_LUA_DIR='"$(CURDIR)/lua"' -o $@ core/fuzz_ns.c core/codec_lua.c \
-	  core/codec.c -lluajit-5.1
+build/fuzz_ns: core/fuzz_ns.c $(FUZZ_OBJ)/codec_lua.o $(FUZZ_OBJ)/codec.o $(HDRS) | build
+	$(FUZZ_CC) $(FUZZ_FLAGS) -DLECHO_LUA_DIR='"$(CURDIR)/lua"' -o $@ core/fuzz_ns.c $(FUZZ_OBJ)/codec_lua.o \
+	  $(FUZZ_OBJ)/codec.o -lluajit-5.1
 
-build/fuzz_codec: core/fuzz_codec.c core/codec_lua.c core/codec.c $(HDRS) | build
-	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ core/fuzz_codec.c core/codec_lua.c core/codec.c -lluajit-5.1
+build/fuzz_codec: core/fuzz_codec.c $(FUZZ_OBJ)/codec_lua.o $(FUZZ_OBJ)/codec.o $(HDRS) | build
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ core/fuzz_codec.c $(FUZZ_OBJ)/codec_lua.o $(FUZZ_OBJ)/codec.o -lluajit-5.1
 
 fuzz-build:
 	@$(MAKE) --no-print-directory deps DEPS="$(FUZZ_DEPS)"
-	@$(MAKE) --no-print-directory $(foreach h,$(FUZZ_HARNESSES),build/fuzz_$(h))
+	@$(MAKE) --no-print-directory -j$(BUILD_JOBS) $(foreach h,$(FUZZ_HARNESSES),build/fuzz_$(h))
 
 # $(1): seconds per harness.  Each runs in build/fuzz/<name>/ on corpus/,
 # which starts as a copy of core/fuzz/<name>/; a crash stops make.
@@ -218,8 +239,10 @@ SPEC_ENV := LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;" \
 spec: $(SO)
 	$(SPEC_ENV) $(SPEC_PRE) $(LUAJIT) $(BUSTED) $(BUSTED_ARGS) $(if $(filter %.lua,$(BUSTED_ARGS)),,spec)
 
+# The core, liblecho and the C tests build in parallel (-j, the machine's
+# cores; output kept per target): 22.7 s -> 17.0 s from clean here.
 test: deps
-	$(MAKE) all ctest
+	$(MAKE) -j$(BUILD_JOBS) -Otarget all ctest
 	$(MAKE) spec
 	$(MAKE) fuzz-quick
 
@@ -328,9 +351,9 @@ examples-c: $(SO)
 ROCK_SO := build/rock/core.so
 .PHONY: rock
 rock:
-	rm -f $(ROCK_SO)
+	rm -rf $(dir $(ROCK_SO))
 	mkdir -p $(dir $(ROCK_SO))
-	$(MAKE) all SO=$(ROCK_SO)
+	$(MAKE) -j$(BUILD_JOBS) all SO=$(ROCK_SO) OBJ_DIR=$(dir $(ROCK_SO))obj
 
 clean:
 	rm -rf build $(SO) lua/lecho/codec.so $(BENCH_BIN) examples/c/heat

@@ -17,18 +17,21 @@
 -- Every wait is bounded.
 
 local dir = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
-package.path = dir .. "/../?.lua;" .. package.path
+package.path = dir .. "/?.lua;" .. dir .. "/../?.lua;" .. package.path
 
 local lecho = require "lecho"
 local cjson = require "cjson"
 local proc = require "spec.support.proc"
 
-local QUICK = os.getenv("QUICK") == "1"
-local json_out
-for i = 1, #arg do
-  if arg[i] == "--quick" then QUICK = true end
-  if arg[i] == "--json" then json_out = arg[i + 1] end
-end
+local USAGE = [[
+usage: luajit bench/attacked_bench.lua [--quick] [--json FILE]
+
+A legitimate flow's rate alone and beside an attacker, interleaved runs
+(make bench runs it as the workload attacked).  --quick (or QUICK=1): fewer
+events and runs; --json FILE: the results as JSON.
+]]
+local A = require("common").args(arg, USAGE)   -- bench/common.lua: --quick, --json FILE, --help
+local QUICK, json_out = A.quick, A.json
 local N = QUICK and 50000 or 300000
 local REPS = QUICK and 3 or 5        -- pairs (clean + attacked)
 local LIMIT = QUICK and 10 or 30     -- seconds per run at most

@@ -32,6 +32,15 @@
  *                     the last frame the receiver writes one byte back; the
  *                     sender stops the clock when that byte arrives, so the
  *                     time covers full delivery.  Reports frames/s and MB/s.
+ *   reqrep SIZE N     Requests and responses with F requests outstanding
+ *                     (--inflight F, default 1): the client writes F
+ *                     frames of SIZE bytes, then one more per reply until
+ *                     N (+ warmup) were sent; the server answers each with
+ *                     an empty frame.  Both sides batch as a careful
+ *                     server would: the frames for what one read() brought
+ *                     go out in one write().  Reports calls per second
+ *                     (ops_per_s) and the mean time per call (us_per_op),
+ *                     timed from the warmup's last reply to the last one.
  *   bulk CHUNK N      N chunks of CHUNK bytes, each as one writev of the
  *                     4-byte header + the chunk straight from the buffer (no
  *                     copy, kernel takes it in large pieces).  The receiver
@@ -441,16 +450,102 @@ static void bulk_receiver(int fd, uint32_t size, uint64_t warmup, uint64_t n)
     free(buf);
 }
 
+/* True when rx holds a whole frame (rx_frame would not read). */
+static int rx_ready(const struct rx *rx)
+{
+    size_t avail = rx->wr - rx->rd;
+    return avail >= 4 && avail >= (size_t)get_be32(rx->buf + rx->rd) + 4;
+}
+
+/* Appends len bytes to b (written first when they do not fit; written
+ * at once when larger than the buffer). */
+static void batch_put(int fd, struct batch *b, const void *p, size_t len)
+{
+    if (b->used + len > BATCH_CAP)
+        batch_flush(fd, b);
+    if (len > BATCH_CAP) {
+        write_all(fd, p, len);
+        return;
+    }
+    memcpy(b->buf + b->used, p, len);
+    b->used += len;
+}
+
+/* reqrep server (child): answers total requests with empty frames, the
+ * replies to what one read brought in one write. */
+static void reqrep_server(int fd, uint32_t size, uint64_t total)
+{
+    struct rx rx;
+    struct batch *out = xmalloc(sizeof *out);
+    uint8_t reply[4];
+    out->used = 0;
+    put_be32(reply, 0);
+    rx_init(&rx, fd, size);
+    for (uint64_t i = 0; i < total; i++) {
+        rx_expect(&rx, size, i);
+        batch_put(fd, out, reply, 4);
+        if (!rx_ready(&rx))
+            batch_flush(fd, out);
+    }
+    batch_flush(fd, out);
+    free(out);
+    free(rx.buf);
+}
+
+/* reqrep client (parent): inflight requests outstanding, warmup + n in
+ * all; the clock runs from the warmup's last reply to the last reply. */
+static void reqrep_client(int fd, uint32_t size, uint64_t warmup, uint64_t n,
+                          uint64_t inflight, struct result *res)
+{
+    uint64_t total = warmup + n, sent = 0, got = 0;
+    struct batch *out = xmalloc(sizeof *out);
+    uint8_t *frame = xmalloc((size_t)size + 4);
+    struct rx rx;
+    out->used = 0;
+    put_be32(frame, size);
+    rx_init(&rx, fd, 0);
+    double t0 = now_s();
+    while (sent < total && sent - got < inflight) {
+        if (size > 0)
+            frame[4] = (uint8_t)sent;
+        batch_put(fd, out, frame, (size_t)size + 4);
+        sent++;
+    }
+    batch_flush(fd, out);
+    while (got < total) {
+        const uint8_t *p;
+        uint32_t len;
+        rx_frame(&rx, &p, &len);
+        if (len != 0)
+            die("bad reqrep reply (%u bytes)", len);
+        got++;
+        if (got == warmup)
+            t0 = now_s();
+        if (sent < total) {
+            if (size > 0)
+                frame[4] = (uint8_t)sent;
+            batch_put(fd, out, frame, (size_t)size + 4);
+            sent++;
+        }
+        if (!rx_ready(&rx))
+            batch_flush(fd, out);
+    }
+    res->seconds = now_s() - t0;
+    free(frame);
+    free(out);
+    free(rx.buf);
+}
+
 /* ---------------------------------------------------------------------- */
 /* Main                                                                   */
 /* ---------------------------------------------------------------------- */
 
-enum workload { W_PINGPONG, W_STREAM, W_BULK };
+enum workload { W_PINGPONG, W_STREAM, W_BULK, W_REQREP };
 
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: " PROG " [--warmup K] pingpong|stream|bulk SIZE N\n");
+            "usage: " PROG " [--warmup K] [--inflight F] pingpong|stream|bulk|reqrep SIZE N\n");
     exit(2);
 }
 
@@ -463,8 +558,8 @@ static void set_nodelay(int fd)
 
 int main(int argc, char **argv)
 {
-    static const char *const names[] = {"pingpong", "stream", "bulk", NULL};
-    static const uint64_t def_warmup[] = {1000, 10000, 2};
+    static const char *const names[] = {"pingpong", "stream", "bulk", "reqrep", NULL};
+    static const uint64_t def_warmup[] = {1000, 10000, 2, 1000};
     struct bench_args a;
     parse_args(argc, argv, names, def_warmup, 0, MAX_SIZE, &a);
     enum workload w = (enum workload)a.workload;
@@ -503,6 +598,7 @@ int main(int argc, char **argv)
         case W_PINGPONG: pingpong_server(fd, size, warmup + n); break;
         case W_STREAM: stream_receiver(fd, size, warmup, n); break;
         case W_BULK: bulk_receiver(fd, size, warmup, n); break;
+        case W_REQREP: reqrep_server(fd, size, warmup + n); break;
         }
         /* Wait for the parent to close so our last bytes are not reset. */
         char c;
@@ -527,6 +623,7 @@ int main(int argc, char **argv)
     case W_PINGPONG: pingpong_client(fd, size, warmup, n, &res); break;
     case W_STREAM: stream_sender(fd, size, warmup, n, &res); break;
     case W_BULK: bulk_sender(fd, size, warmup, n, &res); break;
+    case W_REQREP: reqrep_client(fd, size, warmup, n, a.inflight, &res); break;
     }
     close(fd);
 
@@ -534,5 +631,7 @@ int main(int argc, char **argv)
         return 1;
 
     print_result("tcp", wname, size, n, warmup, res.seconds);
+    if (w == W_REQREP)
+        printf(",\"inflight\":%llu", (unsigned long long)a.inflight);
     return print_result_end(res.samples, n);
 }

@@ -54,6 +54,13 @@
  *                     clock starts, N messages, the child signals receipt
  *                     of all N, the clock stops.  The receiver uses
  *                     zmq_msg_recv (no copy out of the message).
+ *   dealer SIZE N     Requests and responses with F outstanding (--inflight
+ *                     F, default 1): DEALER (parent, bind) / ROUTER (child,
+ *                     connect).  The parent sends F messages of SIZE bytes,
+ *                     then one more per reply until N (+ warmup); the child
+ *                     answers each [identity][request] with [identity][""].
+ *                     Reports calls per second (ops_per_s) and the mean
+ *                     time per call, timed from the warmup's last reply.
  *   bulk CHUNK N      PUSH (parent, bind) / PULL (child, connect): N
  *                     messages of CHUNK bytes, each zmq_send() from one
  *                     buffer (libzmq copies it into the message), received
@@ -210,7 +217,7 @@ static void zrecv_expect(void *s, zmq_msg_t *msg, size_t size, uint64_t seq)
 /* Workloads                                                              */
 /* ---------------------------------------------------------------------- */
 
-enum workload { W_PINGPONG, W_STREAM, W_BULK };
+enum workload { W_PINGPONG, W_STREAM, W_BULK, W_DEALER };
 
 struct result {
     double seconds;
@@ -222,6 +229,7 @@ struct run {
     size_t size;
     uint64_t warmup, n;
     int hwm;              /* SNDHWM/RCVHWM, -1 = libzmq default */
+    uint64_t inflight;    /* dealer: requests outstanding at once */
     int ctl_in, ctl_out;  /* pipe ends: parent reads ctl_in, child writes */
 };
 
@@ -233,6 +241,7 @@ static void pattern(enum workload w, int *ptype, int *ctype)
     case W_PINGPONG: *ptype = ZMQ_REQ; *ctype = ZMQ_REP; break;
     case W_STREAM: *ptype = ZMQ_XPUB; *ctype = ZMQ_SUB; break;
     case W_BULK: *ptype = ZMQ_PUSH; *ctype = ZMQ_PULL; break;
+    case W_DEALER: *ptype = ZMQ_DEALER; *ctype = ZMQ_ROUTER; break;
     }
 }
 
@@ -276,6 +285,66 @@ static void pingpong_child(void *s, const struct run *r)
         zrecv_expect(s, &msg, r->size, i);
         zsend(s, "", 0);
     }
+    zmq_msg_close(&msg);
+}
+
+/* Parent side of dealer (DEALER): r->inflight requests outstanding,
+ * warmup + n in all; the clock runs from the warmup's last reply. */
+static void dealer_parent(void *s, const struct run *r, struct result *res)
+{
+    uint8_t *buf = xmalloc(r->size ? r->size : 1);
+    char reply[8];
+    uint64_t total = r->warmup + r->n, sent = 0, got = 0;
+    double t0 = now_s();
+    while (sent < total && sent - got < r->inflight) {
+        if (r->size > 0)
+            buf[0] = (uint8_t)sent;
+        zsend(s, buf, r->size);
+        sent++;
+    }
+    while (got < total) {
+        int n;
+        while ((n = zmq_recv(s, reply, sizeof reply, 0)) < 0) {
+            if (zmq_errno() == EINTR)
+                continue;
+            die("zmq_recv: %s", zmq_strerror(zmq_errno()));
+        }
+        if (n != 0)
+            die("bad dealer reply (%d bytes)", n);
+        got++;
+        if (got == r->warmup)
+            t0 = now_s();
+        if (sent < total) {
+            if (r->size > 0)
+                buf[0] = (uint8_t)sent;
+            zsend(s, buf, r->size);
+            sent++;
+        }
+    }
+    res->seconds = now_s() - t0;
+    free(buf);
+}
+
+/* Child side of dealer (ROUTER): answers warmup + n requests, each
+ * [identity][request], with [identity][""]. */
+static void dealer_child(void *s, const struct run *r)
+{
+    zmq_msg_t id, msg;
+    zmq_msg_init(&id);
+    zmq_msg_init(&msg);
+    for (uint64_t i = 0; i < r->warmup + r->n; i++) {
+        zrecv(s, &id);
+        if (!zmq_msg_more(&id))
+            die("request %llu without a body", (unsigned long long)i);
+        zrecv_expect(s, &msg, r->size, i);
+        while (zmq_msg_send(&id, s, ZMQ_SNDMORE) < 0) {
+            if (zmq_errno() == EINTR)
+                continue;
+            die("zmq_msg_send: %s", zmq_strerror(zmq_errno()));
+        }
+        zsend(s, "", 0);
+    }
+    zmq_msg_close(&id);
     zmq_msg_close(&msg);
 }
 
@@ -413,11 +482,12 @@ static void child_main(const struct run *r, int ep_fd)
     case W_PINGPONG: pingpong_child(s, r); break;
     case W_STREAM: stream_child(s, r); break;
     case W_BULK: bulk_child(s, r); break;
+    case W_DEALER: dealer_child(s, r); break;
     }
     /* Only REP has something left to deliver (its last reply); a SUB or
      * PULL socket would otherwise hold termination for the full linger
      * re-sending its subscription to the parent's closed listener. */
-    close_socket(s, ctype == ZMQ_REP ? LINGER_MS : 0);
+    close_socket(s, ctype == ZMQ_REP || ctype == ZMQ_ROUTER ? LINGER_MS : 0);
     while (zmq_ctx_term(ctx) != 0 && zmq_errno() == EINTR)
         ;
     _exit(0);
@@ -430,15 +500,15 @@ static void child_main(const struct run *r, int ep_fd)
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: " PROG " [--warmup K] [--hwm H] pingpong|stream|bulk"
-            " SIZE N\n");
+            "usage: " PROG " [--warmup K] [--hwm H] [--inflight F]"
+            " pingpong|stream|bulk|dealer SIZE N\n");
     exit(2);
 }
 
 int main(int argc, char **argv)
 {
-    static const char *const names[] = {"pingpong", "stream", "bulk", NULL};
-    static const uint64_t def_warmup[] = {1000, 10000, 2};
+    static const char *const names[] = {"pingpong", "stream", "bulk", "dealer", NULL};
+    static const uint64_t def_warmup[] = {1000, 10000, 2, 1000};
     struct bench_args a;
     parse_args(argc, argv, names, def_warmup, 1, MAX_SIZE, &a);
     struct run r;
@@ -447,6 +517,7 @@ int main(int argc, char **argv)
     r.n = a.n;
     r.size = (size_t)a.size;
     r.warmup = a.warmup;
+    r.inflight = a.inflight;
     r.hwm = r.w == W_STREAM ? STREAM_HWM : r.w == W_BULK ? BULK_HWM : -1;
     if (a.hwm >= 0)
         r.hwm = (int)a.hwm;
@@ -498,6 +569,7 @@ int main(int argc, char **argv)
     case W_PINGPONG: pingpong_parent(s, &r, &res); break;
     case W_STREAM: stream_parent(s, &r, &res); break;
     case W_BULK: bulk_parent(s, &r, &res); break;
+    case W_DEALER: dealer_parent(s, &r, &res); break;
     }
     /* Everything sent has been acknowledged by the child by now. */
     close_socket(s, 0);
@@ -510,5 +582,7 @@ int main(int argc, char **argv)
     print_result("zmq", wname, r.size, r.n, r.warmup, res.seconds);
     if (r.hwm >= 0)
         printf(",\"hwm\":%d", r.hwm);
+    if (r.w == W_DEALER)
+        printf(",\"inflight\":%llu", (unsigned long long)r.inflight);
     return print_result_end(res.samples, r.n);
 }

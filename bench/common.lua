@@ -12,6 +12,122 @@ local M = {
   sh_quote = P.sh_quote, read = P.read, write = P.write,
 }
 
+------------------------------------------------------------------------------
+-- Command line and trustworthy figures (issue 13: every ratio the median of
+-- interleaved repetitions, with its spread, every repetition kept)
+
+--- The command line every bench script takes: --quick (or QUICK=1 in the
+-- environment), --json FILE, --help (prints usage, exits 0).  Anything else:
+-- usage on stderr, exit 2.  Returns { quick = bool, json = path or nil }.
+function M.args(argv, usage)
+  local o = { quick = (os.getenv("QUICK") or "") ~= "" and os.getenv("QUICK") ~= "0" }
+  local i = 1
+  while argv and argv[i] do
+    local a = argv[i]
+    if a == "--quick" then o.quick = true
+    elseif a == "--json" and argv[i + 1] then o.json = argv[i + 1]; i = i + 1
+    elseif a == "--help" or a == "-h" then io.write(usage or "") os.exit(0)
+    else
+      io.stderr:write(("%s: unknown argument %s\n"):format(argv[0] or "bench", a), usage or "")
+      os.exit(2)
+    end
+    i = i + 1
+  end
+  return o
+end
+
+--- The median of a list of numbers (nil when empty).
+function M.median(xs)
+  local t = {}
+  for i, x in ipairs(xs) do t[i] = x end
+  table.sort(t)
+  local n = #t
+  if n == 0 then return nil end
+  return n % 2 == 1 and t[(n + 1) / 2] or (t[n / 2] + t[n / 2 + 1]) / 2
+end
+
+--- min and max of a list of numbers.
+function M.spread(xs)
+  local lo, hi = math.huge, -math.huge
+  for _, x in ipairs(xs) do lo, hi = math.min(lo, x), math.max(hi, x) end
+  return lo, hi
+end
+
+--- Interleaved repetitions of competing runs.  o.runs: a list of
+-- { name, fn } (fn(rep) -> a result table, or nil and an error); o.reps:
+-- how many; o.value(result, name) -> the number compared (default
+-- result.us_per_op); o.ratios: a list of { a, b } names (a's value over b's,
+-- per repetition).  Repetition k runs them in the list order rotated by
+-- k - 1 (a, b, c; b, c, a; ...), so a drift of the machine's load hits
+-- every run alike.  Returns
+--   { reps = n, order = { {names}... }, runs = { name = { result... } },
+--     values = { name = { number... } }, median = { name = m },
+--     ratios = { ["a/b"] = { all = {...}, median =, lo =, hi = } } }
+-- A run that fails is kept as { error = why } and leaves no value.
+function M.interleave(o)
+  local value = o.value or function(r) return r.us_per_op end
+  local out = { reps = o.reps, order = {}, runs = {}, values = {}, median = {}, ratios = {} }
+  for _, r in ipairs(o.runs) do out.runs[r[1]], out.values[r[1]] = {}, {} end
+  local n = #o.runs
+  for k = 1, o.reps do
+    local order = {}
+    for j = 1, n do
+      local r = o.runs[(j + k - 2) % n + 1]
+      order[j] = r[1]
+      local ok, res, err = pcall(r[2], k)
+      if not ok or type(res) ~= "table" then res = { error = tostring(ok and err or res) } end
+      res.rep = k
+      table.insert(out.runs[r[1]], res)
+      local v = not res.error and value(res, r[1]) or nil
+      out.values[r[1]][k] = type(v) == "number" and v or false
+    end
+    out.order[k] = order
+  end
+  for name, vs in pairs(out.values) do
+    local ok = {}
+    for _, v in ipairs(vs) do if v then ok[#ok + 1] = v end end
+    out.median[name] = M.median(ok)
+  end
+  for _, p in ipairs(o.ratios or {}) do
+    local all = {}
+    for k = 1, o.reps do
+      local a, b = out.values[p[1]][k], out.values[p[2]][k]
+      if a and b and b ~= 0 then all[#all + 1] = a / b end
+    end
+    local lo, hi = M.spread(all)
+    out.ratios[p[1] .. "/" .. p[2]] = { all = all, median = M.median(all), lo = #all > 0 and lo or nil,
+                                       hi = #all > 0 and hi or nil }
+  end
+  return out
+end
+
+--- "N interleaved reps, ratios LO-HIx" for a ratio of M.interleave.
+function M.spread_text(ratio, reps)
+  if not ratio or not ratio.lo then return ("%d interleaved reps, no ratio"):format(reps or 0) end
+  return ("%d interleaved reps, ratios %.2f-%.2fx"):format(#ratio.all, ratio.lo, ratio.hi)
+end
+
+--- How busy the machine is: load averages and the CPU time stolen by the
+-- hypervisor since boot (from /proc), to compare before and after a run.
+function M.machine()
+  local m = {}
+  local la = M.read("/proc/loadavg")
+  if la then
+    local a, b, c = la:match("^(%S+) (%S+) (%S+)")
+    m.load1, m.load5, m.load15 = tonumber(a), tonumber(b), tonumber(c)
+  end
+  local st = M.read("/proc/stat")
+  local cpu = st and st:match("^cpu%s+([^\n]+)")
+  if cpu then
+    local f = {}
+    for x in cpu:gmatch("%d+") do f[#f + 1] = tonumber(x) end
+    local total = 0
+    for _, x in ipairs(f) do total = total + x end
+    m.steal_ticks, m.total_ticks = f[8] or 0, total
+  end
+  return m
+end
+
 --- The payloads of the suite, by name.  Encoded sizes come from
 -- lecho.encode at run time (the baselines are run with those sizes).
 function M.payload(name)

@@ -171,14 +171,17 @@ static uint64_t parse_u64(const char *s)
         usage();
     return v;
 }
-/* The command line every driver takes: [--warmup K] [--hwm H] WORKLOAD SIZE N.
- * names: the workloads (NULL-terminated), def_warmup[i]: the warm-up of
- * names[i] when --warmup is not given (capped at N/10).  --hwm only when
- * allow_hwm (hwm is -1 otherwise).  Anything else: usage(). */
+/* The command line every driver takes: [--warmup K] [--hwm H] [--inflight F]
+ * WORKLOAD SIZE N.  names: the workloads (NULL-terminated), def_warmup[i]:
+ * the warm-up of names[i] when --warmup is not given (capped at N/10).
+ * --hwm only when allow_hwm (hwm is -1 otherwise).  --inflight: requests
+ * outstanding at once in the request/response workloads (1 to 65536,
+ * default 1).  Anything else: usage(). */
 struct bench_args {
     int workload; /* index into names */
     uint64_t size, n, warmup;
     int64_t hwm;
+    uint64_t inflight;
 };
 
 static void parse_args(int argc, char **argv, const char *const *names,
@@ -188,16 +191,19 @@ static void parse_args(int argc, char **argv, const char *const *names,
     int ai = 1;
     int64_t warmup_opt = -1;
     a->hwm = -1;
+    a->inflight = 1;
     while (ai + 1 < argc && strncmp(argv[ai], "--", 2) == 0) {
         if (strcmp(argv[ai], "--warmup") == 0)
             warmup_opt = (int64_t)parse_u64(argv[ai + 1]);
+        else if (strcmp(argv[ai], "--inflight") == 0)
+            a->inflight = parse_u64(argv[ai + 1]);
         else if (allow_hwm && strcmp(argv[ai], "--hwm") == 0)
             a->hwm = (int64_t)parse_u64(argv[ai + 1]);
         else
             usage();
         ai += 2;
     }
-    if (a->hwm > INT32_MAX || argc - ai != 3)
+    if (a->hwm > INT32_MAX || a->inflight < 1 || a->inflight > 65536 || argc - ai != 3)
         usage();
     a->workload = -1;
     for (int i = 0; names[i]; i++)

@@ -7,10 +7,14 @@
 -- Each case is one loop of method calls (s:find(p), as modulator code
 -- writes them), run with the string table's functions LuaJIT's, then ours
 -- (swapped in, as in a modulator state), REPS times interleaved (LuaJIT
--- first in odd repetitions, ours first in even ones).  Per case: the median
+-- first in odd repetitions, ours first in even ones: bench/common.lua's
+-- interleave).  Per case: the median
 -- time per call of each, the ratio of the medians and the spread of the
 -- per-repetition ratios.  Both must give the same results (checked first).
 local core = require "lecho.core"
+local dir = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
+package.path = dir .. "/?.lua;" .. dir .. "/../?.lua;" .. package.path
+local common = require "common"
 
 local QUICK, JSON = false, false
 for i = 1, #arg do
@@ -89,14 +93,6 @@ local function time(t, c, n)
   return dt / n
 end
 
-local function median(xs)
-  local t = {}
-  for i, x in ipairs(xs) do t[i] = x end
-  table.sort(t)
-  local m = #t
-  return m % 2 == 1 and t[(m + 1) / 2] or (t[m / 2] + t[m / 2 + 1]) / 2
-end
-
 local results = {}
 for _, c in ipairs(CASES) do
   check(c)
@@ -107,17 +103,18 @@ for _, c in ipairs(CASES) do
     if dt > TARGET_S / 4 then n = math.floor(n * TARGET_S / dt) + 1 break end
     n = n * 4
   end
-  local lj, ours, ratios = {}, {}, {}
-  for rep = 1, REPS do
-    local a, b
-    if rep % 2 == 1 then a = time(LJ, c, n); b = time(OURS, c, n) else b = time(OURS, c, n); a = time(LJ, c, n) end
-    lj[rep], ours[rep], ratios[rep] = a, b, b / a
+  local iv = common.interleave{
+    reps = REPS, value = function(r) return r.t end,
+    runs = { { "luajit", function() return { t = time(LJ, c, n) } end },
+             { "ours", function() return { t = time(OURS, c, n) } end } },
+    ratios = { { "ours", "luajit" } } }
+  local r = iv.ratios["ours/luajit"]
+  if not (iv.median.luajit and iv.median.ours) then
+    error(c[1] .. ": " .. tostring(iv.runs.luajit[1].error or iv.runs.ours[1].error))
   end
-  local lo, hi = math.huge, -math.huge
-  for _, x in ipairs(ratios) do lo, hi = math.min(lo, x), math.max(hi, x) end
-  results[#results + 1] = { name = c[1], calls = n, reps = REPS, luajit_us = median(lj) * 1e6,
-                            ours_us = median(ours) * 1e6, ratio = median(ours) / median(lj),
-                            ratio_lo = lo, ratio_hi = hi }
+  results[#results + 1] = { name = c[1], calls = n, reps = REPS, luajit_us = iv.median.luajit * 1e6,
+                            ours_us = iv.median.ours * 1e6, ratio = iv.median.ours / iv.median.luajit,
+                            ratio_median = r.median, ratio_lo = r.lo, ratio_hi = r.hi }
 end
 
 if JSON then

@@ -21,7 +21,9 @@ end
 function M.finish_rows(rows)
   for _, r in ipairs(rows) do
     if type(r.lecho) == "number" and type(r.base_v) == "number" and r.base_v > 0 then
-      r.ratio = r.lecho / r.base_v
+      -- a row of interleaved repetitions brings its own: the median of the
+      -- per-repetition ratios
+      r.ratio = r.ratio or r.lecho / r.base_v
       if r.target then
         local op, lim = r.target[1], r.target[2]
         r.met = (op == "<=" and r.ratio <= lim) or (op == ">=" and r.ratio >= lim)

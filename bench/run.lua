@@ -26,8 +26,8 @@ results.json, table.md and *.png to bench/results/.  It takes no options;
 the environment sets it up:
   QUICK=1           small counts, fewer points: well under 30 s
   BENCH_ONLY=a,b    only these workloads: codec latency throughput sinks
-                    pipeline channels bulk null_call modulators keyed attacked
-                    patterns
+                    pipeline channels bulk null_call calls modulators keyed
+                    attacked patterns
   BENCH_RESULTS=DIR results there instead of bench/results
   LECHO_BENCH_LOG=1 the workers log to their stderr files
   BENCH_KEEP_TMP=1  keep the temporary directory of the workers' output
@@ -57,6 +57,7 @@ local BENCH = ROOT .. "/bench"
 local RESULTS = os.getenv("BENCH_RESULTS") or (BENCH .. "/results")
 local LUAJIT = os.getenv("LUAJIT") or "luajit"
 local SUITE_T0 = clock()
+local MACHINE_BEFORE = common.machine()
 
 local ONLY
 if os.getenv("BENCH_ONLY") and os.getenv("BENCH_ONLY") ~= "" then
@@ -617,42 +618,27 @@ end
 -- (plain, keyed, then keyed, plain, ...: a drift of the machine's load hits
 -- both), CFG.keyed_reps times.  Each row gives the medians, the ratio of the
 -- medians, and in `extra` the spread of the per-repetition ratios.
-local function median(xs)
-  local t = {}
-  for i, x in ipairs(xs) do t[i] = x end
-  table.sort(t)
-  local n = #t
-  return n % 2 == 1 and t[(n + 1) / 2] or (t[n / 2] + t[n / 2 + 1]) / 2
-end
-
--- Runs `args` plain and keyed CFG.keyed_reps times, interleaved; returns
--- { plain = run, keyed = run (the runs of median `field`), ratios = {...} }.
+-- Runs `args` plain and keyed CFG.keyed_reps times, interleaved
+-- (common.interleave); returns { plain = run, keyed = run (the runs of
+-- median `field`), plain_median, keyed_median, ratios = {...}, runs = every
+-- repetition }.
 local function keyed_pair(args, field)
-  local runs = { plain = {}, keyed = {} }
-  local ratios = {}
-  for rep = 1, CFG.keyed_reps do
-    local order = rep % 2 == 1 and { "plain", "keyed" } or { "keyed", "plain" }
-    local got = {}
-    for _, mode in ipairs(order) do
-      got[mode] = run_c("lecho_c", (mode == "keyed" and "--keyed " or "") .. args)
-      table.insert(runs[mode], got[mode])
-    end
-    ratios[rep] = got.keyed[field] / got.plain[field]
-  end
-  local out = { ratios = ratios }
-  for mode, list in pairs(runs) do
-    local vals = {}
-    for i, r in ipairs(list) do vals[i] = r[field] end
-    local m = median(vals)
-    for _, r in ipairs(list) do if r[field] == m or not out[mode] then out[mode] = r end end
+  local iv = common.interleave{
+    reps = CFG.keyed_reps, value = function(r) return r[field] end,
+    runs = { { "plain", function() return run_c("lecho_c", args) end },
+             { "keyed", function() return run_c("lecho_c", "--keyed " .. args) end } },
+    ratios = { { "keyed", "plain" } } }
+  local out = { ratios = iv.ratios["keyed/plain"].all, runs = iv.runs }
+  for _, mode in ipairs{ "plain", "keyed" } do
+    local m = iv.median[mode]
     out[mode .. "_median"] = m
+    for _, r in ipairs(iv.runs[mode]) do if r[field] == m or not out[mode] then out[mode] = r end end
   end
   return out
 end
 
 local function spread(ratios)
-  local lo, hi = math.huge, -math.huge
-  for _, x in ipairs(ratios) do lo, hi = math.min(lo, x), math.max(hi, x) end
+  local lo, hi = common.spread(ratios)
   return ("%d interleaved runs each, ratios %.2f-%.2fx"):format(#ratios, lo, hi)
 end
 
@@ -672,6 +658,45 @@ local function w_keyed()
          lecho = s.keyed_median, base = "plain", base_v = s.plain_median, extra = spread(s.ratios) }
   end
   R.keyed = r
+end
+
+-- Services and calls (issue 12 point 8): bench/call_bench.lua, its own
+-- processes.  Every figure there is the median of interleaved repetitions
+-- (common.interleave), the ratio column the median of the per-repetition
+-- ratios, their spread in `extra`; calls.json keeps every repetition.
+local function w_calls()
+  log("calls (null call round trip, calls in flight, failover)")
+  local file = RESULTS .. "/calls.json"
+  os.remove(file)
+  local f = io.popen(("%s %s/call_bench.lua --json %s %s 2>&1")
+    :format(LUAJIT, BENCH, sh_quote(file), QUICK and "--quick" or ""))
+  local out = f:read("*a")
+  f:close()
+  local s = common.read(file)
+  local v = s and cjson.decode(s)
+  if not v or not v.null then error("call_bench failed: " .. out) end
+  R.calls = v
+  local n = v.null
+  local q = QUICK and ", QUICK" or ""
+  row{ workload = "null call round trip, ctx:call (Lua API)", metric = "us/rt", lecho = n.median.lecho,
+       base = "tcp", base_v = n.median.tcp, ratio = n.ratios["lecho/tcp"].median, lower = true,
+       target = { "<=", 1.25 }, extra = common.spread_text(n.ratios["lecho/tcp"], v.null.reps) .. q }
+  row{ workload = "", metric = "us/rt", lecho = n.median.lecho, base = "zmq REQ/REP", base_v = n.median.zmq,
+       ratio = n.ratios["lecho/zmq"].median, lower = true,
+       extra = common.spread_text(n.ratios["lecho/zmq"], v.null.reps) .. q }
+  for _, iv in ipairs(v.inflight) do
+    row{ workload = ("calls/s, %d in flight (ctx:call_async)"):format(iv.inflight), metric = "calls/s",
+         lecho = iv.median.lecho, base = "zmq DEALER/ROUTER", base_v = iv.median.zmq,
+         ratio = iv.ratios["lecho/zmq"].median, extra = common.spread_text(iv.ratios["lecho/zmq"], iv.reps) .. q }
+  end
+  local fo = v.failover
+  if fo and fo.median_ms then
+    row{ workload = "failover: replica SIGKILLed to the first call through the other", metric = "ms",
+         lecho = fo.median_ms, base = "null call rt", base_v = n.median.lecho and n.median.lecho / 1e3,
+         lower = true, extra = ("median of %d, %.1f-%.1f ms"):format(#fo.reps, fo.lo_ms, fo.hi_ms) .. q }
+  elseif fo then
+    error("call_bench failover: " .. tostring(fo.error))
+  end
 end
 
 -- A legitimate flow beside an attacker (idle sockets, partial headers, junk
@@ -716,7 +741,7 @@ end
 local WORKLOADS = {
   { "codec", w_codec }, { "latency", w_latency }, { "throughput", w_throughput },
   { "sinks", w_sinks }, { "pipeline", w_pipeline }, { "channels", w_channels },
-  { "bulk", w_bulk }, { "null_call", w_null }, { "modulators", w_modulators },
+  { "bulk", w_bulk }, { "null_call", w_null }, { "calls", w_calls }, { "modulators", w_modulators },
   { "keyed", w_keyed }, { "attacked", w_attacked }, { "patterns", w_patterns },
 }
 
@@ -743,6 +768,7 @@ local function main()
   local doc = {
     meta = {
       date = os.date("!%Y-%m-%dT%H:%M:%SZ"), quick = QUICK, machine = uname,
+      load_before = MACHINE_BEFORE, load_after = common.machine(),
       cores = tonumber(io.popen("nproc"):read("*l")), luajit = jit.version,
       lecho = lecho._VERSION, seconds = clock() - SUITE_T0,
       note = "baselines run with lecho's encoded value size as message size",

@@ -88,7 +88,7 @@ void lei_chan_set_dests(lei_ctx *c, uint32_t id, const char **addrs, int n) {
         if (p && d) d[nd++] = p;
     }
     /* the peers dropped here may now be unused: lei_peers_sweep looks */
-    if (ch->ndests) lei_expiry_at(c, ev_now(c->loop) + LEI_PEER_FREE_AFTER);
+    if (ch->ndests) lei_expiry_at(c, ev_now(c->loop) + c->o.peer_free_after);
     free(ch->dests);
     ch->dests = d;
     ch->ndests = nd;

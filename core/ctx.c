@@ -34,6 +34,8 @@ void lei_opts_default(lei_opts *o) {
     o->max_peer_channels = 262144; /* = max_channels: 65,536 channels over one connection (issue 13) fit with room */
     o->max_channels = 262144;
     o->max_peers = 4096;
+    o->peer_free_after = LEI_PEER_FREE_AFTER;
+    o->log_window = LEI_RATELOG_WINDOW;
 }
 
 struct ev_loop *lei_ctx_loop(const lei_ctx *c) { return c->loop; }
@@ -59,7 +61,7 @@ void lei_logf(lei_ctx *c, const char *fmt, ...) {
 void lei_ratelog(lei_ctx *c, int kind, const char *fmt, ...) {
     if (kind < 0 || kind >= LEI_RL_NKINDS) kind = LEI_RL_NKINDS - 1;
     ev_tstamp now = ev_now(c->loop);
-    if (c->rlog[kind].used && now - c->rlog[kind].t < LEI_RATELOG_WINDOW) {
+    if (c->rlog[kind].used && now - c->rlog[kind].t < c->o.log_window) {
         c->rlog[kind].skipped++;
         return;
     }
@@ -74,7 +76,7 @@ void lei_ratelog(lei_ctx *c, int kind, const char *fmt, ...) {
     va_end(ap);
     if (skipped)
         lei_logf(c, "%s (%llu more in the last %g s)", buf, (unsigned long long)skipped,
-                 LEI_RATELOG_WINDOW);
+                 c->o.log_window);
     else
         lei_logf(c, "%s", buf);
 }

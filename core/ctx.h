@@ -59,8 +59,14 @@ typedef struct lei_opts {
      * before the context: this bounds what they hold. */
     uint32_t max_channels;
     /* Peer records (one per remote address): past it, the peers nothing uses
-     * are freed at once, oldest first, not LEI_PEER_FREE_AFTER later. */
+     * are freed at once, oldest first, not peer_free_after later. */
     size_t max_peers;
+    /* s: a peer record nothing uses (no connection, queue, channel, sync
+     * wait) is freed this long after (LEI_PEER_FREE_AFTER, 30). */
+    double peer_free_after;
+    /* s: lei_ratelog logs one line per kind of refusal per this long
+     * (LEI_RATELOG_WINDOW, 10). */
+    double log_window;
 } lei_opts;
 
 void lei_opts_default(lei_opts *o);
@@ -183,9 +189,10 @@ enum lei_ratelog_kind {
     LEI_RL_NKINDS
 };
 #define LEI_RATELOG_WINDOW 10.0
-/* Logs like lei_logf, but at most one line per kind per LEI_RATELOG_WINDOW
- * seconds: the first refusal of a window is logged, the others counted, and
- * the next line logged says "(N more in the last 10 s)". */
+/* Logs like lei_logf, but at most one line per kind per log_window seconds
+ * (option; default LEI_RATELOG_WINDOW): the first refusal of a window is
+ * logged, the others counted, and the next line logged says "(N more in the
+ * last 10 s)". */
 void lei_ratelog(lei_ctx *c, int kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* From an event or ctrl hook about to return -1 (a value it refuses): why,
  * for the ERROR the peer gets ("malformed event value: <why>"). */

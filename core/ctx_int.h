@@ -382,7 +382,7 @@ void lei_item_free(lei_ctx *c, lei_qitem *it);
 lei_qitem *lei_item_bytes(const uint8_t *hdr, size_t hlen, const void *body, size_t blen);
 /* peer.c: peers.  One nothing uses (no connection, nothing queued or held,
  * no channel's destination, no sync waiting on it, no note untold) for
- * LEI_PEER_FREE_AFTER seconds is freed (its counters go with it). */
+ * peer_free_after seconds (option; default LEI_PEER_FREE_AFTER) is freed (its counters go with it). */
 #define LEI_PEER_FREE_AFTER 30.0
 /* Our dials in progress (connecting or in the handshake) at most; the other
  * peers to dial wait their turn (dial_pending), their queues kept. */

@@ -82,7 +82,7 @@ static void opt_liveness(lua_State *L, lei_opts *o) {
 }
 
 /* handshake_timeout= (s, 0: never), max_connections= (>= 1),
- * max_buffered= (bytes), max_peer_channels= (>= 1, <= 2^24), max_peers= of the options
+ * max_buffered= (bytes), max_peer_channels= (>= 1, <= 2^24), max_peers=, peer_free_after=, log_window= (s) of the options
  * table at index 1 (README "Limits"). */
 static void opt_containment(lua_State *L, lei_opts *o) {
     o->handshake_timeout = opt_time(L, 1, "handshake_timeout", o->handshake_timeout);
@@ -90,6 +90,8 @@ static void opt_containment(lua_State *L, lei_opts *o) {
     o->max_buffered = lb_opt_size(L, 1, "max_buffered", o->max_buffered);
     o->max_peer_channels = lb_opt_size(L, 1, "max_peer_channels", o->max_peer_channels);
     o->max_peers = lb_opt_size(L, 1, "max_peers", o->max_peers);
+    o->peer_free_after = opt_time(L, 1, "peer_free_after", o->peer_free_after);
+    o->log_window = opt_time(L, 1, "log_window", o->log_window);
     if (o->max_connections < 1) luaL_error(L, "lecho: max_connections must be at least 1");
     if (o->max_peer_channels < 1 || o->max_peer_channels > (1u << 24))
         luaL_error(L, "lecho: max_peer_channels must be from 1 to 2^24");

@@ -1,5 +1,6 @@
 /* lua_moe.c: modulator userdata (moe.h): creating one in a MOE state,
- * parameters, receivers, retargeting, errors and stats.
+ * parameters, receivers, retargeting, errors and stats; and sandboxes
+ * (ctx:sandbox: a state like a modulator's, called with values).
  */
 #define _GNU_SOURCE
 #include "lua_int.h"
@@ -44,6 +45,36 @@ static int opt_bool(lua_State *L, int t, const char *k) {
     return v;
 }
 
+/* The options of a modulator or a sandbox in the table at t (see l_moe);
+ * makes the context's group with the first call's caps. */
+static void read_opts(lua_State *L, lb_ctx *b, int t, lei_moe_opts *o) {
+    lei_moe_opts_default(o);
+    o->budget = opt_num(L, t, "budget", o->budget);
+    o->mem_limit = lb_opt_size(L, t, "memory", o->mem_limit);
+    o->period = opt_num(L, t, "period", 0);
+    o->max_pending = lb_opt_size(L, t, "max_pending", o->max_pending);
+    o->grant_clock = opt_bool(L, t, "clock");
+    o->grant_log = opt_bool(L, t, "log");
+    lua_getfield(L, t, "principal"); /* the opts table keeps the string alive */
+    o->principal = lua_isstring(L, -1) ? lua_tostring(L, -1) : NULL;
+    lua_pop(L, 1);
+    o->lim = b->lim;
+    o->on_fail = moe_failed;
+    /* The group is made with the first modulator's caps: the context's
+     * options, the same for every call (lecho.context passes them). */
+    if (!b->moeg) {
+        size_t pool = lb_opt_size(L, t, "pool_memory", 0);
+        double share = opt_num(L, t, "cpu_share", 0);
+        if (!(share >= 0) || !isfinite(share)) luaL_argerror(L, t, "cpu_share must be a number >= 0");
+        b->moeg = lei_moe_group_new(b->c, pool, share);
+        if (!b->moeg) luaL_error(L, "out of memory");
+    }
+    o->group = b->moeg;
+    if (!(o->budget > 0) || !isfinite(o->budget) || o->mem_limit < 256 * 1024 || !(o->period >= 0) ||
+        !isfinite(o->period))
+        luaL_argerror(L, t, "budget and period must be positive, memory >= 256 KiB");
+}
+
 /* ctx:moe(id, chid, name, source, params, opts) -> moe | nil, err
  * opts: budget (s), memory (bytes), period (s), clock, log (granted),
  * max_pending, principal (who installed it: charged for its CPU); pool_memory (bytes, 0: none) and cpu_share (of one core over
@@ -59,32 +90,7 @@ static int l_moe(lua_State *L) {
     luaL_checkany(L, 6);
     luaL_checktype(L, 7, LUA_TTABLE);
     lei_moe_opts o;
-    lei_moe_opts_default(&o);
-    o.budget = opt_num(L, 7, "budget", o.budget);
-    o.mem_limit = lb_opt_size(L, 7, "memory", o.mem_limit);
-    o.period = opt_num(L, 7, "period", 0);
-    o.max_pending = lb_opt_size(L, 7, "max_pending", o.max_pending);
-    o.grant_clock = opt_bool(L, 7, "clock");
-    o.grant_log = opt_bool(L, 7, "log");
-    lua_getfield(L, 7, "principal"); /* the opts table keeps the string alive */
-    o.principal = lua_isstring(L, -1) ? lua_tostring(L, -1) : NULL;
-    lua_pop(L, 1);
-    o.lim = b->lim;
-    o.on_fail = moe_failed;
-    /* The group is made with the first modulator's caps: the context's
-     * options, the same for every call (lecho.context passes them). */
-    if (!b->moeg) {
-        size_t pool = lb_opt_size(L, 7, "pool_memory", 0);
-        double share = opt_num(L, 7, "cpu_share", 0);
-        if (!(share >= 0) || !isfinite(share))
-            return luaL_argerror(L, 7, "cpu_share must be a number >= 0");
-        b->moeg = lei_moe_group_new(b->c, pool, share);
-        if (!b->moeg) return luaL_error(L, "out of memory");
-    }
-    o.group = b->moeg;
-    if (!(o.budget > 0) || !isfinite(o.budget) || o.mem_limit < 256 * 1024 || !(o.period >= 0) ||
-        !isfinite(o.period))
-        return luaL_argerror(L, 7, "budget and period must be positive, memory >= 256 KiB");
+    read_opts(L, b, 7, &o);
     lb_moe *x = lua_newuserdata(L, sizeof *x);
     memset(x, 0, sizeof *x);
     x->b = b;
@@ -183,7 +189,194 @@ static int l_moe_close(lua_State *L) {
     return 0;
 }
 
-const luaL_Reg lb_moe_ctx_methods[] = {{"moe", l_moe}, {NULL, NULL}};
+/* ---- sandboxes (moe.h "sandboxes"): one userdata, the same list -------- */
+
+#define SBX_MT "lecho.sandbox"
+#define SBX_MAX 250 /* values of one call's arguments or results */
+
+static lb_moe *check_sbx(lua_State *L) {
+    lb_moe *x = luaL_checkudata(L, 1, SBX_MT);
+    if (!x->m) luaL_error(L, "lecho: sandbox is closed");
+    return x;
+}
+
+/* ctx:sandbox(src, name [, opts]) -> sandbox | nil, err, code.  opts as
+ * ctx:moe's (budget, memory, principal, clock, log, pool_memory, cpu_share);
+ * the chunk returns a function or a table of functions. */
+static int l_sandbox(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    size_t slen;
+    const char *src = luaL_checklstring(L, 2, &slen);
+    const char *name = luaL_checkstring(L, 3);
+    if (lua_isnoneornil(L, 4)) {
+        lua_settop(L, 3);
+        lua_newtable(L);
+    }
+    luaL_checktype(L, 4, LUA_TTABLE);
+    lei_moe_opts o;
+    read_opts(L, b, 4, &o);
+    o.on_fail = NULL;
+    lb_moe *x = lua_newuserdata(L, sizeof *x);
+    memset(x, 0, sizeof *x);
+    x->b = b;
+    luaL_getmetatable(L, SBX_MT);
+    lua_setmetatable(L, -2);
+    char err[256];
+    x->m = lei_moe_svc_new(b->c, name, src, slen, &o, err, sizeof err);
+    if (!x->m) return lb_push_err(L, err, LEI_E_INVALID);
+    x->next = b->moes;
+    b->moes = x;
+    return 1;
+}
+
+/* A message a sandbox handed over, owned by a userdata until released:
+ * decoding it in the caller's state may raise (out of memory), and the
+ * message must not leak then (the userdata's __gc releases it). */
+#define GUARD_MT "lecho.sandbox.msg"
+typedef struct msg_guard {
+    lei_msg *m; /* owned; NULL once released */
+} msg_guard;
+
+static int guard_gc(lua_State *L) {
+    msg_guard *g = lua_touserdata(L, 1);
+    if (g && g->m) {
+        lei_msg_release(g->m, NULL, NULL);
+        g->m = NULL;
+    }
+    return 0;
+}
+
+static msg_guard *guard_new(lua_State *L) {
+    msg_guard *g = lua_newuserdata(L, sizeof *g);
+    g->m = NULL;
+    luaL_getmetatable(L, GUARD_MT);
+    lua_setmetatable(L, -2);
+    return g;
+}
+
+/* Decodes the guarded message onto the stack and releases it: 0, or -1
+ * with nil, err, code pushed. */
+static int guard_decode(lua_State *L, lb_ctx *b, msg_guard *g) {
+    char err[256];
+    int bad = lei_decode_lua(L, (const uint8_t *)g->m->own.data, g->m->own.len, &b->lim, err, sizeof err);
+    lei_msg_release(g->m, NULL, NULL);
+    g->m = NULL;
+    if (bad) return lb_push_err(L, err, LEI_E_INVALID), -1;
+    return 0;
+}
+
+/* Replaces the table { n = N, ... } on top by its values: their count. */
+static int unpack_top(lua_State *L) {
+    int t = lua_gettop(L);
+    lua_getfield(L, t, "n");
+    int n = (int)lua_tointeger(L, -1);
+    lua_pop(L, 1);
+    if (n < 0 || n > SBX_MAX) n = 0;
+    luaL_checkstack(L, n + 2, "too many results");
+    for (int i = 1; i <= n; i++) lua_rawgeti(L, t, i);
+    lua_remove(L, t);
+    return n;
+}
+
+/* sbx:call(...) / sbx:invoke(fname, ...) -> true, results... | nil, err,
+ * code [, traceback]: when the function raised, err is its error value (a
+ * table stays a table) and code "failed"; a budget or memory stop is
+ * "limit", bad arguments or results that cannot be encoded "invalid", an
+ * ended sandbox "closed". */
+static int sbx_call(lua_State *L, const char *fn, int first) {
+    lb_moe *x = check_sbx(L);
+    lb_ctx *b = x->b;
+    int n = lua_gettop(L) - first + 1;
+    if (n > SBX_MAX) return lb_push_err(L, "too many arguments", LEI_E_INVALID);
+    lua_createtable(L, n, 1);
+    for (int i = 1; i <= n; i++) {
+        lua_pushvalue(L, first + i - 1);
+        lua_rawseti(L, -2, i);
+    }
+    lua_pushinteger(L, n);
+    lua_setfield(L, -2, "n");
+    int args = lua_gettop(L);
+    msg_guard *g = guard_new(L);
+    lb_flat f;
+    if (lb_flat_encode(L, b, args, &f)) return 3;
+    char err[384];
+    int rc = lei_moe_svc_call(x->m, fn, f.p, f.n, &g->m, err, sizeof err);
+    lb_flat_done(b, &f);
+    if (rc == 0) {
+        lua_pushboolean(L, 1);
+        if (guard_decode(L, b, g)) return 3;
+        return unpack_top(L) + 1;
+    }
+    if (rc == -LEI_E_FAILED && g->m) {
+        if (guard_decode(L, b, g)) return 3;
+        int t = lua_gettop(L);
+        lua_pushnil(L);
+        lua_getfield(L, t, "e");
+        lua_pushstring(L, lei_err_name(LEI_E_FAILED));
+        lua_getfield(L, t, "tb");
+        return 4;
+    }
+    if (g->m) {
+        lei_msg_release(g->m, NULL, NULL);
+        g->m = NULL;
+    }
+    return lb_push_err(L, err, -rc);
+}
+
+static int l_sbx_call(lua_State *L) { return sbx_call(L, NULL, 2); }
+
+static int l_sbx_invoke(lua_State *L) {
+    luaL_checkstring(L, 2);
+    /* the name stays on the stack (argument 2) for the call */
+    return sbx_call(L, lua_tostring(L, 2), 3);
+}
+
+/* sbx:names() -> { names of the table's functions } | false (one function) */
+static int l_sbx_names(lua_State *L) {
+    lb_moe *x = check_sbx(L);
+    msg_guard *g = guard_new(L);
+    int rc = lei_moe_svc_names(x->m, &g->m);
+    if (rc) return lb_push_err(L, lei_moe_error(x->m), -rc);
+    if (!g->m) {
+        lua_pushboolean(L, 0);
+        return 1;
+    }
+    if (guard_decode(L, x->b, g)) return 3;
+    return 1;
+}
+
+static int l_sbx_error(lua_State *L) {
+    lb_moe *x = check_sbx(L);
+    const char *e = lei_moe_error(x->m);
+    if (!e) return 0;
+    lua_pushstring(L, e);
+    return 1;
+}
+
+static int l_sbx_stats(lua_State *L) {
+    lb_moe *x = check_sbx(L);
+    lei_moe_stats st;
+    lei_moe_get_stats(x->m, &st);
+    lua_newtable(L);
+    lb_setn(L, "calls", (double)st.events_in);
+    lb_setn(L, "time", (double)st.time_ns * 1e-9);
+    lb_setn(L, "memory", (double)st.mem);
+    return 1;
+}
+
+static int l_sbx_close(lua_State *L) {
+    lb_moe *x = luaL_checkudata(L, 1, SBX_MT);
+    if (x->m && lei_moe_in_call(x->m))
+        return luaL_error(L, "lecho: a sandbox cannot be closed from inside its own call");
+    if (x->m) {
+        lb_moe_unlink(x);
+        lei_moe_free(x->m);
+        x->m = NULL;
+    }
+    return 0;
+}
+
+const luaL_Reg lb_moe_ctx_methods[] = {{"moe", l_moe}, {"sandbox", l_sandbox}, {NULL, NULL}};
 
 /* The metatable of modulators. */
 void lb_moe_open(lua_State *L) {
@@ -197,6 +390,23 @@ void lb_moe_open(lua_State *L) {
         luaL_register(L, NULL, moe_methods);
         lua_setfield(L, -2, "__index");
         lua_pushcfunction(L, l_moe_close);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_pop(L, 1);
+    if (luaL_newmetatable(L, GUARD_MT)) {
+        lua_pushcfunction(L, guard_gc);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_pop(L, 1);
+    if (luaL_newmetatable(L, SBX_MT)) {
+        static const luaL_Reg sbx_methods[] = {{"call", l_sbx_call},   {"invoke", l_sbx_invoke},
+                                               {"names", l_sbx_names}, {"error", l_sbx_error},
+                                               {"stats", l_sbx_stats}, {"close", l_sbx_close},
+                                               {NULL, NULL}};
+        lua_newtable(L);
+        luaL_register(L, NULL, sbx_methods);
+        lua_setfield(L, -2, "__index");
+        lua_pushcfunction(L, l_sbx_close);
         lua_setfield(L, -2, "__gc");
     }
     lua_pop(L, 1);

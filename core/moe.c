@@ -126,6 +126,19 @@ static void out_clear(lei_moe *m) {
     m->nout = 0;
 }
 
+lei_msg *moe_take_out(lei_moe *m) {
+    if (m->nout == 0) return NULL;
+    lei_msg *msg = m->out[0].msg;
+    out_uncharge(m, &m->out[0]);
+    m->out[0].msg = NULL;
+    for (size_t i = 1; i < m->nout; i++) {
+        lei_msg_release(m->out[i].msg, NULL, NULL);
+        out_uncharge(m, &m->out[i]);
+    }
+    m->nout = 0;
+    return msg;
+}
+
 /* Holds the value on top (popped) for dequeue. Raises on memory errors. */
 static void hold(lua_State *L, lei_moe *m) {
     if (m->nheld >= m->o.max_pending) {
@@ -320,8 +333,10 @@ static int step_init(lua_State *L) {
     lua_pop(L, 1);
     int env = moe_env_build(L, m);
     /* params */
-    decode_in(L, m);
-    lua_setfield(L, env, "params");
+    if (!m->svc) {
+        decode_in(L, m);
+        lua_setfield(L, env, "params");
+    }
     /* text only: a bytecode chunk is refused by the loader */
     if (a->len && a->src[0] == LUA_SIGNATURE[0])
         luaL_error(L, "modulator must be Lua source text, not bytecode");
@@ -330,6 +345,29 @@ static int step_init(lua_State *L) {
     lua_remove(L, -2);
     lua_pushvalue(L, env);
     lua_setfenv(L, -2);
+    if (m->svc) {
+        /* a sandbox: the chunk returns a function or a table of functions,
+         * copied (named by strings) so that the chunk cannot change it later */
+        lua_call(L, 0, 1);
+        if (lua_istable(L, -1)) {
+            lua_newtable(L);
+            int n = 0;
+            for (lua_pushnil(L); lua_next(L, -3); lua_pop(L, 1)) {
+                if (lua_type(L, -2) != LUA_TSTRING || !lua_isfunction(L, -1))
+                    luaL_error(L, "a sandbox's table holds only functions named by strings");
+                lua_pushvalue(L, -2);
+                lua_pushvalue(L, -2);
+                lua_rawset(L, -5);
+                n++;
+            }
+            if (n == 0) luaL_error(L, "a sandbox's table holds no function");
+        } else if (!lua_isfunction(L, -1)) {
+            luaL_error(L, "a sandbox's chunk must return a function or a table of functions, not %s",
+                       luaL_typename(L, -1));
+        }
+        m->ref_fn = luaL_ref(L, LUA_REGISTRYINDEX);
+        return 0;
+    }
     lua_call(L, 0, 0);
     push_env_fn(L, m, "dequeue");
     int has_deq = lua_isfunction(L, -1);
@@ -373,10 +411,11 @@ static void moe_fail(lei_moe *m, const char *why) {
 }
 
 /* Runs fn in the state; 0, or -1 with the modulator failed (m->err set). */
-static int run_step(lei_moe *m, lua_CFunction fn, void *arg) {
+int moe_run_step(lei_moe *m, lua_CFunction fn, void *arg) {
     lua_State *L = m->L;
     if (!L) return -1;
     if (m->doom[0]) {
+        m->svc_kind = SVC_FATAL;
         moe_fail(m, m->doom);
         return -1;
     }
@@ -419,6 +458,23 @@ static int run_step(lei_moe *m, lua_CFunction fn, void *arg) {
         const char *e = lua_tostring(L, -1);
         snprintf(why, sizeof why, "%s", e ? e : "error object is not a string");
     }
+    if (m->svc && !m->doom[0] && m->stage == ST_SVC) {
+        /* a sandbox's call: the call fails, the state stays (a stop
+         * unwound it to here; the next call starts with a fresh budget) */
+        m->svc_kind = m->over ? SVC_BUDGET : (m->mem_hit || rc == LUA_ERRMEM) ? SVC_MEMORY : SVC_ERROR;
+        snprintf(m->err, sizeof m->err, "%s", why);
+        out_clear(m);
+        lua_settop(L, 0);
+        lua_sethook(L, moe_hook, LUA_MASKCOUNT, HOOK_COUNT);
+        if (m->mem_hit) {
+            m->limit_on = 0; /* a collection may allocate a little */
+            lua_gc(L, LUA_GCCOLLECT, 0);
+            m->limit_on = 1;
+        }
+        m->over = m->stop = m->mem_hit = m->out_hit = m->pool_hit = 0;
+        return -1;
+    }
+    m->svc_kind = SVC_FATAL;
     moe_fail(m, why);
     return -1;
 }
@@ -465,7 +521,7 @@ static int pump(lei_moe *m, int force) {
         m->producer = h.producer;
         m->seq = h.seq;
         m->sync = h.sync;
-        int rc = run_step(m, step, NULL);
+        int rc = moe_run_step(m, step, NULL);
         m->qhead++;
         if (rc) return -1;
         submit_outs(m, 1);
@@ -485,7 +541,7 @@ static int call_hook(lei_moe *m, const char *fn, int arg) {
     m->seq = ++m->pseq;
     m->sync = 0;
     m->policy = lei_ctx_opts(m->ctx)->policy;
-    if (run_step(m, step, NULL)) {
+    if (moe_run_step(m, step, NULL)) {
         notify_fail(m);
         return -1;
     }
@@ -516,11 +572,19 @@ int lei_moe_receivers(lei_moe *m, int n) { return call_hook(m, "receivers", n); 
 lei_moe *lei_moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *src, size_t len,
                      const uint8_t *p, size_t plen, const lei_moe_opts *o, char *err,
                      size_t errlen) {
+    return moe_new(c, chid, name, src, len, p, plen, o, 0, err, errlen);
+}
+
+lei_moe *moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *src, size_t len,
+                 const uint8_t *p, size_t plen, const lei_moe_opts *o, int svc, char *err,
+                 size_t errlen) {
     lei_moe *m = calloc(1, sizeof *m);
     if (!m) {
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
+    m->svc = svc;
+    m->ref_fn = LUA_NOREF;
     m->ctx = c;
     m->chid = chid;
     m->o = *o;
@@ -564,7 +628,7 @@ lei_moe *lei_moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *sr
     m->stage = ST_INIT;
     m->in = p;
     m->inlen = plen;
-    int rc = run_step(m, step_init, &a);
+    int rc = moe_run_step(m, step_init, &a);
     m->in = NULL;
     if (m->o.group) {
         /* what the ticks of the init step did not see: the state's creation */
@@ -612,7 +676,7 @@ int lei_moe_set_params(lei_moe *m, const uint8_t *p, size_t plen) {
     m->stage = ST_PARAMS;
     m->in = p;
     m->inlen = plen;
-    int rc = run_step(m, step, NULL);
+    int rc = moe_run_step(m, step, NULL);
     m->in = NULL;
     if (rc) notify_fail(m);
     return rc;
@@ -630,7 +694,7 @@ int lei_moe_enqueue(lei_moe *m, uint64_t producer, uint64_t seq, const uint8_t *
     m->in = p;
     m->inlen = n;
     m->st.events_in++;
-    int rc = run_step(m, step, NULL);
+    int rc = moe_run_step(m, step, NULL);
     m->in = NULL;
     if (rc == 0) {
         submit_outs(m, 1);

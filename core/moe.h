@@ -118,6 +118,33 @@ int lei_moe_retarget(lei_moe *m, uint32_t chid);
 void lei_moe_pump(lei_moe *m);
 int lei_moe_has_pending(const lei_moe *m);
 
+/* ---- sandboxes (moe_svc.c) ----------------------------------------------
+ * A sandbox is a lei_moe made for calls, not a stream: a state like a
+ * modulator's (same environment without emit, same memory cap, budget per
+ * call, group caps and CPU share), whose chunk returns a function or a table
+ * of functions (named by strings).  It is called with arguments and returns
+ * results; a call that raises, overruns its budget or its memory fails
+ * alone and the state serves the next call.  Only the group's CPU share
+ * (lei_moe_group) ends a sandbox for good: every later call is refused with
+ * the reason (lei_moe_error).  Freed with lei_moe_free; the caller owns it. */
+lei_moe *lei_moe_svc_new(lei_ctx *c, const char *name, const char *src, size_t len,
+                         const lei_moe_opts *o, char *err, size_t errlen);
+/* Names of the table's functions in *names (an encoded array of strings,
+ * owned by the caller), or NULL when the chunk returned one function. */
+int lei_moe_svc_names(lei_moe *m, lei_msg **names);
+/* Calls function fn (NULL: the one function) with the arguments encoded in
+ * in[0..n) as a table { n = N, ... }.  0 and *out = the results encoded as
+ * { n = N, ... }; -LEI_E_FAILED when the function raised, *out = { e =
+ * error value, tb = traceback }; else *out = NULL and err says why:
+ * -LEI_E_LIMIT "budget exceeded: ..." or "memory: ...", -LEI_E_INVALID
+ * (bad arguments, a result that cannot be encoded, no such function),
+ * -LEI_E_CLOSED (the sandbox was ended).  *out is owned by the caller. */
+int lei_moe_svc_call(lei_moe *m, const char *fn, const uint8_t *in, size_t n, lei_msg **out,
+                     char *err, size_t errlen);
+
+/* True while a call of m runs (a hook it calls must not free it). */
+int lei_moe_in_call(const lei_moe *m);
+
 /* The derived channel its outputs go to. */
 uint32_t lei_moe_chid(const lei_moe *m);
 /* NULL while loaded; the reason once failed. */

@@ -305,8 +305,12 @@ int moe_env_build(lua_State *L, lei_moe *m) {
     int env = lua_gettop(L);
     if (luaL_loadbuffer(L, sandbox_lua, sizeof sandbox_lua - 1, "=sandbox")) lua_error(L);
     lua_pushvalue(L, env);
-    lua_pushlightuserdata(L, m);
-    lua_pushcclosure(L, env_emit, 1);
+    if (m->svc) { /* a sandbox returns its results: nothing to emit */
+        lua_pushnil(L);
+    } else {
+        lua_pushlightuserdata(L, m);
+        lua_pushcclosure(L, env_emit, 1);
+    }
     if (m->o.grant_clock)
         lua_pushcfunction(L, env_clock);
     else

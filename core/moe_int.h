@@ -14,7 +14,12 @@
 
 /* ST_HOOK: an optional function of the modulator called by name (period,
  * receivers), with hook_arg when >= 0. */
-enum { ST_INIT, ST_PARAMS, ST_ENQ, ST_DEQ, ST_HOOK };
+/* ST_SVC: a sandbox's function called with arguments (moe_svc.c). */
+enum { ST_INIT, ST_PARAMS, ST_ENQ, ST_DEQ, ST_HOOK, ST_SVC };
+
+/* How a sandbox's call failed (m->svc_kind, moe_svc.c): the state survives
+ * all but SVC_FATAL. */
+enum { SVC_ERROR, SVC_BUDGET, SVC_MEMORY, SVC_FATAL };
 
 typedef struct moe_out {
     lei_msg *msg; /* one reference, owned until submitted */
@@ -74,6 +79,10 @@ struct lei_moe {
     unsigned long log_dropped;
     char doom[320];        /* set by the CPU share check: fails at its next call */
     char principal[96];    /* o.principal, copied */
+    /* a sandbox (lei_moe_svc_new): its chunk's function or table of
+     * functions in the registry at ref_fn; a failed call keeps the state */
+    int svc, ref_fn, svc_kind, svc_raised;
+    const char *svc_fn;    /* the call in progress: which function (NULL: the one) */
 };
 
 /* CPU charged in the current window to one principal by modulators that are
@@ -108,6 +117,15 @@ struct lei_moe_group {
 };
 
 /* moe.c */
+lei_moe *moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *src, size_t len,
+                 const uint8_t *p, size_t plen, const lei_moe_opts *o, int svc, char *err,
+                 size_t errlen);
+/* Runs fn in the state: 0, or -1 with m->err set (a modulator is failed; a
+ * sandbox only when m->svc_kind is SVC_FATAL). */
+int moe_run_step(lei_moe *m, lua_CFunction fn, void *arg);
+/* The first output of the last step, uncharged and handed over (NULL: none);
+ * the others are dropped. */
+lei_msg *moe_take_out(lei_moe *m);
 double moe_ts_sec(const struct timespec *t);
 double moe_cpu_now(void); /* this thread's CPU seconds */
 lei_moe *moe_of(lua_State *L);

@@ -252,7 +252,7 @@ void lei_peer_lost(lei_peer *p, const char *reason) {
     lei_peer_note(p, 0, reason);
     /* nothing may use it any more: looked at (lei_peers_sweep) in a while */
     p->unused_at = p->last_fail;
-    lei_expiry_at(c, p->unused_at + LEI_PEER_FREE_AFTER);
+    lei_expiry_at(c, p->unused_at + c->o.peer_free_after);
 }
 
 void lei_peer_close(lei_peer *p, const char *reason) {

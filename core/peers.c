@@ -1,6 +1,6 @@
 /* peers.c: the peer table of a context: peers by idx and by address (a
  * hash table), their creation, and their freeing once nothing uses them
- * (after LEI_PEER_FREE_AFTER, or at once past max_peers).
+ * (after peer_free_after, default LEI_PEER_FREE_AFTER, or at once past max_peers).
  *
  * peer.c has what a peer does (queues, dials, writing).
  */
@@ -106,7 +106,7 @@ lei_peer *lei_peer_new(lei_ctx *c, const char *addr) {
     if ((size_t)c->npeers > c->o.max_peers) c->peers_over = 1; /* lei_peers_turn evicts */
     /* unused until a channel, a sync or a connection takes it: swept if none does */
     p->unused_at = ev_now(c->loop);
-    lei_expiry_at(c, p->unused_at + LEI_PEER_FREE_AFTER);
+    lei_expiry_at(c, p->unused_at + c->o.peer_free_after);
     return p;
 }
 
@@ -153,7 +153,7 @@ static void peer_drop(lei_ctx *c, int i) {
     peer_free(c, p);
 }
 
-/* Frees the peers nothing has used for LEI_PEER_FREE_AFTER seconds, and
+/* Frees the peers nothing has used for peer_free_after seconds, and
  * arms the expiry timer for the next that may be. */
 void lei_peers_sweep(lei_ctx *c) {
     ev_tstamp now = ev_now(c->loop), next = 0;
@@ -164,12 +164,12 @@ void lei_peers_sweep(lei_ctx *c) {
             p->unused_at = 0;
             /* without a connection to say when it ends, looked at again
              * later (a destination dropped, a sync record freed) */
-            if (!p->conn && (!next || now + LEI_PEER_FREE_AFTER < next))
-                next = now + LEI_PEER_FREE_AFTER;
+            if (!p->conn && (!next || now + c->o.peer_free_after < next))
+                next = now + c->o.peer_free_after;
             continue;
         }
         if (!p->unused_at) p->unused_at = now;
-        ev_tstamp due = p->unused_at + LEI_PEER_FREE_AFTER;
+        ev_tstamp due = p->unused_at + c->o.peer_free_after;
         if (due > now) {
             if (!next || due < next) next = due;
             continue;

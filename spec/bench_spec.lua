@@ -6,7 +6,7 @@ local support = require "spec.support"
 local cjson = require "cjson"
 
 local WORKLOADS = { "codec", "latency", "throughput", "sinks", "pipeline", "channels",
-                    "bulk", "null_call", "modulators", "keyed", "attacked", "patterns" }
+                    "bulk", "null_call", "calls", "modulators", "keyed", "attacked", "patterns" }
 
 local function positive(x, what)
   assert(type(x) == "number" and x > 0 and x == x and x < math.huge,
@@ -68,6 +68,29 @@ describe("make bench QUICK=1", function()
     positive(w.null_call.c.us_per_op, "null call C API")
     positive(w.null_call.tcp.us_per_op, "null call tcp")
     positive(w.null_call.c_stream.ops_per_s, "C API stream")
+    -- calls (issue 12): medians of interleaved repetitions, every one kept
+    local calls = w.calls
+    for _, impl in ipairs{ "lecho", "tcp", "zmq" } do
+      positive(calls.null.median[impl], "null call median " .. impl)
+      assert.are.equal(calls.null.reps, #calls.null.runs[impl], "null call repetitions kept " .. impl)
+    end
+    assert.is_true(calls.null.reps >= 3)
+    for _, k in ipairs{ "lecho/tcp", "lecho/zmq" } do
+      local r = calls.null.ratios[k]
+      positive(r.median, "null call ratio " .. k)
+      assert.is_true(r.lo <= r.median and r.median <= r.hi, k)
+    end
+    local counts = {}
+    for _, iv in ipairs(calls.inflight) do
+      counts[#counts + 1] = iv.inflight
+      for _, impl in ipairs{ "lecho", "zmq", "tcp" } do
+        positive(iv.median[impl], ("calls/s, %d in flight, %s"):format(iv.inflight, impl))
+      end
+      positive(iv.ratios["lecho/zmq"].median, "in flight ratio " .. iv.inflight)
+    end
+    assert.same({ 1, 8, 64 }, counts)
+    positive(calls.failover.median_ms, "failover ms")
+    for _, r in ipairs(calls.failover.reps) do positive(r.ms, "failover repetition") end
     for _, k in ipairs{ "rt_plain", "rt_filter", "install", "params" } do
       positive(w.modulators[k], "modulators " .. k)
     end
@@ -112,6 +135,15 @@ describe("the bench scripts' --help", function()
     local rc2, out2 = run("run.lua", "--quick", "BENCH_RESULTS=" .. dir)
     assert.are.equal(2, rc2, out2)
     assert.truthy(out2:match("^bench/run%.lua: unknown argument %-%-quick\nusage:"), out2)
+  end)
+
+  it("bench/call_bench.lua --help prints the usage and exits 0; an unknown argument exits 2", function()
+    local rc, out = run("call_bench.lua", "--help")
+    assert.are.equal(0, rc, out)
+    assert.truthy(out:match("^usage: luajit bench/call_bench%.lua %[%-%-quick%] %[%-%-json FILE%]"), out)
+    local rc2, out2 = run("call_bench.lua", "--nope")
+    assert.are.equal(2, rc2, out2)
+    assert.truthy(out2:match("unknown argument %-%-nope\nusage:"), out2)
   end)
 
   it("bench/worker.lua --help prints the usage; options that are not JSON are said to be", function()

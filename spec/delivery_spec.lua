@@ -288,8 +288,10 @@ describe("issue 8, obs. 8: submit_sync while the consumer is stopped", function(
   it("never nests, returns nil and a timeout within its 2 s, and the 10 ms timer keeps firing", function()
     local _, ns = S.nameserver("--quiet")
     local sink = start_sink(ns, { channel = "sn", duration = 28 })
+    -- run_for: the 6 s stop starts about 0.3 s in; the producer goes on
+    -- well over a second after it ends (it went on 3.7 s)
     local prod = S.lua(kids.sync_nesting, cjson.encode{ ns = ns, channel = "sn", sync_timeout = 2,
-                                                        run_for = 10 })
+                                                        run_for = 8 })
     assert(S.wait_file(prod.out, "ready", 15), "producer did not start: " .. S.errors(prod))
     S.sleep(0.3)
     S.kill(sink, "STOP")

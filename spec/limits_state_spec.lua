@@ -143,7 +143,9 @@ describe("issue 11: state a peer can make a context keep", function()
 
   it("peers nothing uses are freed (300 claimed addresses), the legitimate flow unaffected", function()
     local _, ns = S.nameserver("--quiet")
-    ctx = lecho.context{ nameserver = ns, quiet = true }
+    -- freed 3 s after their last use here (the default, 30 s, is the
+    -- option's default: option_values_spec): the 30 s wait proved no more
+    ctx = lecho.context{ nameserver = ns, quiet = true, peer_free_after = 3 }
     local got = {}
     assert(ctx:channel("x"):consumer(function(ev, meta) got[#got + 1] = meta.producer end))
     local function npeers()
@@ -156,8 +158,10 @@ describe("issue 11: state a peer can make a context keep", function()
     assert(S.run_until(ctx, function() return (S.read(atk.out) or ""):find("done") end, WAIT),
            "the attacker did not finish: " .. S.errors(atk))
     assert(S.run_until(ctx, function() return npeers() >= base + 300 end, 5), "peers: " .. npeers())
-    -- 30 s after their connections ended, and nothing else uses them
-    assert(S.run_until(ctx, function() return npeers() <= base end, 45), "peers left: " .. npeers())
+    -- 3 s after their connections ended, and nothing else uses them (not before 2 s)
+    local t_done = ctx:now()
+    assert(S.run_until(ctx, function() return npeers() <= base end, 15), "peers left: " .. npeers())
+    assert.is_true(ctx:now() - t_done >= 2, "peers freed before peer_free_after")
     -- a producer coming now (its peer may take a freed number) is named right
     local pub = S.lua(kids.short_publisher, cjson.encode{ ns = ns, channel = "x", n = 50 })
     assert(S.run_until(ctx, function() return #got == 50 end, WAIT), "got " .. #got .. S.errors(pub))

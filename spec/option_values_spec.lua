@@ -27,6 +27,7 @@ local CONTEXT_BAD = {
   retry_interval = { NAN, -1 }, retry_max = { NAN, INF, -1 }, heartbeat = { NAN, INF, -1, "5", 1e-300, 0.001 },
   heartbeat_misses = { NAN, 1, 0.5 },
   ack_timeout = { NAN, -1 }, settle = { NAN, -1 }, forget_after = { NAN, INF, -30 },
+  peer_free_after = { NAN, INF, -1, "30" }, log_window = { NAN, INF, -1, "10" },
   channel_quota = { NAN, 0, 1.5, "4" }, group_quota = { 0, 1.5, "4" }, max_groups = { 0, -1, NAN },
   modulator_budget = { NAN, 0, -1 },
   modulator_memory = { NAN, 1.5, 1024, 1e300 },

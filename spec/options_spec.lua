@@ -49,8 +49,8 @@ describe("unknown options", function()
                          max_string = 1024 * 1024, max_depth = 32, max_frame = 2 * 1024 * 1024,
                          pin_threshold = 65536, retry_interval = 0.1, retry_max = 1, heartbeat = 1,
                          heartbeat_misses = 3, modulator_budget = 0.005, modulator_memory = 16 * 1024 * 1024,
-                         ack_timeout = 2, settle = 0, forget_after = 30, channel_quota = 100,
-                         max_groups = 100, group_quota = 10,
+                         ack_timeout = 2, settle = 0, forget_after = 30, channel_quota = 100, peer_free_after = 30,
+                         log_window = 10, max_groups = 100, group_quota = 10,
                          log = function() end, nameserver_principal = "nameserver" }
     local p = assert(ctx:channel("b"):producer{ policy = "drop_oldest", grant = { "clock" } })
     assert(ctx:channel("b"):consumer(function() end, { modulator = "function enqueue(ev) return ev end",

@@ -352,7 +352,7 @@ end
     repl:run("help(42)")
     repl:expect("stdin:1: help: no command 42 %(help%(%) lists them%)")
     repl:run("help(ctx)")
-    repl:expect("ctx: this REPL's lecho context; its methods %(ctx:name%(...%)%):\n  after call call_async channel close [^\n]*stats stop\n")
+    repl:expect("ctx: this REPL's lecho context; its methods %(ctx:name%(...%)%):\n  after call call_async channel close [^\n]*stats stop[^\n]*\n")
     repl:run("help(lecho)")
     repl:expect("lecho: the lecho module; its functions [^\n]*\n  context [^\n]*modulator\n")
   end)

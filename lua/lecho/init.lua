@@ -36,6 +36,7 @@ require "lecho.producer"
 require "lecho.consumer"
 require "lecho.service"
 require "lecho.group"
+local push = require "lecho.push"
 
 local parse_addr = options.parse_addr
 
@@ -72,7 +73,7 @@ local function now(self) return self.c:now() end
 -- sync_timeout (10 s), queue_limit, policy, batch_bytes, max_string,
 -- max_depth, max_frame, pin_threshold, retry_interval, retry_max, heartbeat,
 -- heartbeat_misses, handshake_timeout, max_connections, max_buffered,
--- max_peer_channels (see README, "Limits"), log (fn(msg)), quiet, key, trust and
+-- max_peer_channels, max_peers, peer_free_after, log_window (see README, "Limits"), log (fn(msg)), quiet, key, trust and
 -- nameserver_principal (keyed mode: README "Keys"; without key and trust
 -- the context is in protected mode); the full list with defaults is
 -- lecho.options.CONTEXT.
@@ -216,6 +217,19 @@ function M.context(opts)
       error("lecho: cannot register as a manager with " .. self.ns .. ": " .. tostring(rerr), 2)
     end
     self:_registered(r)
+  end
+  -- pushed code (README "Pushing code"): the built-in service lecho.code
+  if opts.accept_code then
+    if not identity and opts.accept_code ~= true then
+      self:close()
+      error("lecho: accept_code lists principals, which only keyed mode knows: in protected mode it is "
+            .. "true (any local process may push)", 2)
+    end
+    local ok, perr = push.serve(self, opts.accept_code)
+    if not ok then
+      self:close()
+      error("lecho: accept_code: cannot serve " .. push.SERVICE .. ": " .. tostring(perr), 2)
+    end
   end
   return self
 end

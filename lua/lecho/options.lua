@@ -73,6 +73,16 @@ local function caps(v)
     end
   end
 end
+-- accept_code: false, true, or a list of principal names (keyed mode).
+local function accept_code(v)
+  if type(v) == "boolean" then return end
+  local why = "must be true, false or a list of principal names"
+  if type(v) ~= "table" then return why end
+  local n = 0
+  for _ in pairs(v) do n = n + 1 end
+  if n ~= #v or n == 0 then return why end
+  for _, p in ipairs(v) do if type(p) ~= "string" or p == "" then return why end end
+end
 -- Keyed mode (README "Keys"): the secret key file, the trust files, the
 -- principal the name server must be.  false: none, whatever $LECHO_KEY and
 -- $LECHO_TRUST say.
@@ -157,7 +167,11 @@ local SCHEMA = {
     -- manager refuses the join past it), distinct peer contexts member
     -- lists may make a producer send to
     max_channels = { size(1) }, max_members = { size(1), 4096 }, max_peers = { size(1), 4096 },
+    peer_free_after = { TIME, 30.0 },  -- an unused peer record is freed this long after (README "Limits")
+    log_window = { TIME, 10.0 },       -- one log line per kind of refusal per this long (README "Limits")
     max_calls_in_flight = { size(1), 1024 },  -- issue 12: ctx:call's in flight at once (lecho.service)
+    -- issue 12, pushed code (README "Pushing code", lecho.push): who may push
+    accept_code = { accept_code },
   },
   SERVICE = { version = { size(1), 1 }, concurrency = { size(1), 16 }, queue = { size(0), 64 },
               budget = { TIME, 5 } },

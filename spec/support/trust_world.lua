@@ -236,17 +236,33 @@ function M.measure(w, attack, child)
   local res = { attack() }
   local t2 = socket.gettime()
   local t3 = math.max(t2, t1 + M.WINDOW)
-  support.sleep(t3 - socket.gettime() + M.LATE + 0.1)  -- the last events of the window arrive
+  support.sleep(t3 - socket.gettime())
+  -- The last events of the window arrive: one producer's events come in
+  -- order, so once one submitted after t3 is there, every event of the
+  -- window that will ever count is; an event later than M.LATE does not
+  -- count, so that is the bound of the wait.
+  local last = t3 + M.LATE + 0.1
+  while socket.gettime() < last do
+    local evs = M.events(child)
+    local e = evs[#evs]
+    if e and e.sent > t3 then break end
+    support.sleep(0.02)
+  end
   return M.rate(child, t0, t1), M.rate(child, t1, t3), res, t2 - t1
 end
 
---- The legitimate flow is unaffected: its rate during the attack within
--- 10% of the rate before it.
+--- The legitimate flow is unaffected: its rate during the attack no more
+-- than 10% below the rate before it, or at least 90% of the rate the
+-- producer submits at (M.RATE).  One-sided: a window faster than the one
+-- before it is no harm (on a shared machine the baseline window itself may
+-- dip: 83.5 then 96 events/s failed the old two-sided check), and a flow at
+-- its nominal rate during the attack was not slowed by it, whatever the
+-- baseline read.  An attack that slows the flow fails both.
 function M.assert_unaffected(base, during, what)
   assert(base > 0.5 * M.RATE, ("the flow was not running before the attack (%.1f events/s)"):format(base))
-  assert(math.abs(during - base) <= 0.1 * base,
-         ("%s: the legitimate flow went from %.1f to %.1f events/s (more than 10%%)"):format(
-           what or "attack", base, during))
+  assert(during >= 0.9 * base or during >= 0.9 * M.RATE,
+         ("%s: the legitimate flow went from %.1f to %.1f events/s (more than 10%% slower, and under 90%% of %d)"):format(
+           what or "attack", base, during, M.RATE))
 end
 
 ------------------------------------------------------------------------------

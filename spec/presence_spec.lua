@@ -282,7 +282,7 @@ describe("a group at a stopped and a live name server", function()
     ctx = lecho.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 3 }
     local t0 = ctx:now()
     local g = assert(ctx:group("pool", { lease = 0.6 }))
-    assert.is_true(ctx:now() - t0 < 1, ("ctx:group took %.2fs"):format(ctx:now() - t0))
+    assert.is_true(ctx:now() - t0 < 0.5, ("ctx:group took %.2fs"):format(ctx:now() - t0))
     S.run_until(ctx, function() return false end, 4)
     local out = S.output(w)
     assert.is_truthy(out:find(('"joined":{"%s":'):format(ctx.addr), 1, true), out)

@@ -391,7 +391,7 @@ function Context:group(name, opts)
   -- beacons); this returns once one took it, or every one failed
   g.timer = self:every(g.lease / 3, function() g:_beacon() end)
   for _, addr in ipairs(self.nslist) do g:_renew(g.ns[addr], self.timeout) end
-  self:_wait(function()
+  local function done()
     if self.closed then return true end
     local all = true
     for _, addr in ipairs(self.nslist) do
@@ -400,7 +400,11 @@ function Context:group(name, opts)
       if st.busy then all = false end
     end
     return all
-  end, now(self) + self.timeout + 1)
+  end
+  -- (in steps: the renewals end in coroutines resumed at a loop turn's
+  -- start, after which this wait would sleep until the next event)
+  local deadline = now(self) + self.timeout + 1
+  while not done() and now(self) < deadline do self:_wait(done, math.min(deadline, now(self) + 0.02)) end
   local errs, code = {}, nil
   for _, addr in ipairs(self.nslist) do
     local st = g.ns[addr]

@@ -634,6 +634,19 @@ describe("the name server's groups (lecho.registry, no I/O)", function()
     end
   end)
 
+  it("does not list a member whose lease ran out before the tick removed it (a name server resumed after a stop)", function()
+    local _, _, _, req = ns()
+    assert.is_true(req("m:1", { op = "gjoin", group = "g", lease = 1 }, 0).ok)
+    assert.is_true(req("n:1", { op = "gjoin", group = "g", lease = 20 }, 0).ok)
+    -- 9 s later, no tick in between: m:1 is gone from the lists already
+    assert.are.same({ "n:1" }, (function()
+      local l = {}
+      for a in pairs(req("w:1", { op = "glist", group = "g" }, 9).members) do l[#l + 1] = a end
+      return l
+    end)())
+    assert.is_nil(req("w:1", { op = "gwatch", group = "g", on = true, lease = 5 }, 9).members["m:1"])
+  end)
+
   it("answers a renewal with the members only when the asker's epoch or ver is not current", function()
     local _, _, _, req = ns()
     local r = req("a:1", { op = "gjoin", group = "g", lease = 5, watch = true }, 0)

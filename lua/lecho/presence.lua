@@ -217,8 +217,12 @@ end
 local function member_list(g, now)
   local out = {}
   for a, m in pairs(g.members) do
-    out[a] = { data = m.data, lease = m.lease, left = math.max(m.expires - now, 0), principal = m.principal,
-               dv = m.dv }
+    -- (one whose lease ran out is not listed, though the tick has not
+    -- removed it yet: a name server resumed after a stop answers the
+    -- requests that waited before its tick runs)
+    if m.expires > now then
+      out[a] = { data = m.data, lease = m.lease, left = m.expires - now, principal = m.principal, dv = m.dv }
+    end
   end
   return out
 end

@@ -185,6 +185,7 @@ enum lei_ratelog_kind {
     LEI_RL_LIVENESS,          /* live.c: no handshake / no heartbeat within the deadline */
     LEI_RL_TAKEOVER,          /* handshake.c: a HELLO claiming an address with a live connection */
     LEI_RL_SLOW_ACKS,         /* sync.c: a peer leaving queue_limit bytes of our ACKs unread */
+    LEI_RL_SLOW_CTRL,         /* peer.c: a peer leaving queue_limit bytes of our CTRL frames (replies) unread */
     LEI_RL_DIAL,              /* conn.c: a dial failed ("cannot reach") */
     LEI_RL_NKINDS
 };

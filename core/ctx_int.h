@@ -119,6 +119,7 @@ typedef struct lei_qitem {
     uint8_t batch;      /* msg holds whole small async EVENT frames, nev of them */
     uint8_t mixed;      /* a batch with events of more than one channel (chid: the first) */
     uint8_t ack;        /* an ACK frame: counted in its peer's ack_bytes while queued */
+    uint8_t ctrl;       /* a CTRL frame: counted in its peer's ctrl_bytes while queued */
     uint32_t nev;
     uint8_t hdr[LEI_EVENT_HDR_MAX];
 } lei_qitem;
@@ -171,6 +172,8 @@ typedef struct lei_live {
 struct lei_peer {
     lei_ctx *ctx;
     size_t ack_bytes;         /* ACK frames in q: a peer that does not read them is cut at queue_limit */
+    size_t ctrl_bytes;        /* CTRL frames in q (replies): the same bound, lei_send_ctrl */
+    char ctrl_why[120];       /* lei_send_ctrl: why the last one was refused (its err) */
     int idx;                  /* ro: 1-based handle, stable while the peer lives; a
                                * freed peer's idx goes to the next new one (the
                                * hook was told it went down before) */

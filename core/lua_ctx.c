@@ -413,7 +413,7 @@ static int l_ratelog(lua_State *L) {
     static const char *const kinds[] = {"handshake_timeout", "connections", "accept", "frame",
                                         "bind_index", "hello_addr", "channels", "peers",
                                         "members", "value", "modulator", "refused_binds",
-                                        "handshake", "liveness", "takeover", "slow_acks", "dial", NULL};
+                                        "handshake", "liveness", "takeover", "slow_acks", "slow_ctrl", "dial", NULL};
     _Static_assert(sizeof kinds / sizeof *kinds == LEI_RL_NKINDS + 1,
                    "one name per enum lei_ratelog_kind");
     lb_ctx *b = lb_check_ctx(L);

@@ -35,6 +35,7 @@ lei_qitem *lei_item_new(lei_msg *m) {
 /* An item leaves peer p's queue (written or dropped). */
 static void item_done(lei_peer *p, lei_qitem *it) {
     if (it->ack) p->ack_bytes -= it->size;
+    if (it->ctrl) p->ctrl_bytes -= it->size;
     lei_item_free(p->ctx, it);
 }
 
@@ -544,6 +545,20 @@ int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err) 
     memcpy(it->hdr, hdr, LEI_FRAME_HDR);
     it->hlen = LEI_FRAME_HDR;
     it->size = LEI_FRAME_HDR + msg->total;
+    if (p->ctrl_bytes && p->ctrl_bytes + it->size > c->o.queue_limit) {
+        /* Requests it sends while never reading our replies (100,000
+         * glist of a 4 MiB group: 2.8 GB) would grow this queue without
+         * bound: cut, as for ACKs (sync.c), what comes after is ignored. */
+        snprintf(p->ctrl_why, sizeof p->ctrl_why,
+                 "not reading control replies: %zu bytes of them queued (queue_limit %zu)", p->ctrl_bytes,
+                 c->o.queue_limit);
+        lei_item_free(c, it);
+        if (p->conn) lei_conn_refuse(p->conn, LEI_RL_SLOW_CTRL, p->ctrl_why);
+        *err = p->ctrl_why;
+        return -LEI_E_CLOSED;
+    }
+    it->ctrl = 1;
+    p->ctrl_bytes += it->size;
     lei_q_push(&p->q, it);
     p->st.ctrl_out++;
     lei_peer_flush(p);

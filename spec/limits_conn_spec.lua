@@ -597,6 +597,38 @@ describe("connection limits (issue 11)", function()
     assert(support.wait(prod, 10))
   end)
 
+  it("cuts a peer that sends control requests and never reads the replies, at queue_limit", function()
+    -- (issue 12 attack: 100,000 glist of a big group from one connection that
+    -- never read grew the name server to 2.8 GB; control replies were queued
+    -- without bound)
+    local t = target{ queue_limit = 1024 * 1024 }
+    local members = {}
+    for i = 1, 10 do
+      members[i] = assert(dial(t))
+      members[i]:ctrl{ op = "gjoin", rid = 1, group = "big", lease = 60, watch = false,
+                       data = string.rep("y", 3900) }
+      assert(members[i]:reply(1, 10).ok)
+    end
+    local prod = flow(t, 200)
+    local hwm0 = hwm_kib(t.pid)
+    local p = assert(dial(t))
+    local frame = R.ctrl{ op = "glist", rid = 1, group = "big" }
+    p.s:settimeout(10)
+    for _ = 1, 20 do p.s:send(string.rep(frame, 100)) end   -- 2000 replies of ~40 KB: 80 MB; never read
+    support.sleep(2)
+    local r = p:drain(10)
+    assert(r.ended == "closed" or r.error, "the connection was not cut")
+    assert.equals(1, log_lines(t, "closing connection with .*: not reading control replies: %d+ bytes of them queued %(queue_limit 1048576%)"),
+                  support.read(t.log))
+    assert(hwm_kib(t.pid) - hwm0 < 16 * 1024 + support.MEM_SLACK_KIB, "the target held the replies")
+    -- the others are served: a member's glist, and the flow
+    members[1]:ctrl{ op = "glist", rid = 2, group = "big" }
+    assert(members[1]:reply(2, 10).ok)
+    flow_done(t, 200, 20)
+    assert(support.wait(prod, 10))
+    for i = 1, 10 do members[i]:close() end
+  end)
+
   it("refuses an EVENT on a never-bound index at its header, not after buffering it", function()
     local t = target()
     local p = assert(dial(t))

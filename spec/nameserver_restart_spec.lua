@@ -127,6 +127,78 @@ describe("a name server killed and restarted on the same port", function()
     end, 2), S.output(w))
   end)
 
+  it("tells a watcher a member that died meanwhile is gone by the member's lease, not the watcher's", function()
+    -- (attack restart3 MODE=restart: the member's lease 1.5 s, the
+    -- watcher's 10: its "expired" came 12.6 s after the member died; the
+    -- lease of a member learnt from a notice was the watcher's own)
+    local ns_child, ns = S.nameserver("--quiet")
+    ctx = lecho.context{ quiet = true, nameserver = ns, timeout = 1 }
+    local seen = {}
+    assert(ctx:group("room", { join = false, lease = 12, watch = function(c) seen[#seen + 1] = c end }))
+    local m = S.lua(kids.group_member, cjson.encode({ ns = { ns }, group = "room", lease = 1.5, data = "m", timeout = 1 }))
+    local addr = (assert(S.wait_file(m.out, "ready %S+\n", 20), "member did not join")):match("ready (%S+)")
+    assert.is_true(S.run_until(ctx, function() return seen[1] and seen[1].joined[addr] ~= nil end, 5))
+    S.kill(ns_child, "KILL")
+    S.wait(ns_child, 5)
+    pause(ctx, 0.5)
+    S.kill(m, "KILL")
+    pause(ctx, 1)
+    restart(ns, 0)
+    local t0 = ctx:now()
+    local told = S.run_until(ctx, function()
+      for _, c in ipairs(seen) do if c.left[addr] then return true end end
+    end, 1.5 + 3)
+    assert.is_true(told, ("no 'left' within the member's lease (+3 s) of the restart: %.1fs"):format(ctx:now() - t0))
+  end)
+
+  it("never tells a member gone, then joined again, when a name server that listed it comes back", function()
+    -- (attack restart3 MODE=restart WL=3: expired, a false joined, expired again)
+    local nsa_child, nsa = S.nameserver("--quiet")
+    local _, nsb = S.nameserver("--quiet")
+    ctx = lecho.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 1 }
+    local seen = {}
+    assert(ctx:group("room", { join = false, lease = 3, watch = function(c) seen[#seen + 1] = c end }))
+    local m = S.lua(kids.group_member, cjson.encode({ ns = { nsa, nsb }, group = "room", lease = 1.5, data = "m",
+                                                      timeout = 1 }))
+    local addr = (assert(S.wait_file(m.out, "ready %S+\n", 20), "member did not join")):match("ready (%S+)")
+    assert.is_true(S.run_until(ctx, function() return seen[1] and seen[1].joined[addr] ~= nil end, 5))
+    S.kill(nsa_child, "KILL")
+    S.wait(nsa_child, 5)
+    pause(ctx, 0.5)
+    S.kill(m, "KILL")
+    pause(ctx, 1)
+    restart(nsa, 0)
+    pause(ctx, 6)
+    local joined, left = 0, 0
+    for _, c in ipairs(seen) do
+      if c.joined[addr] ~= nil then joined = joined + 1 end
+      if c.left[addr] then left = left + 1 end
+    end
+    assert.are.same({ 1, 1 }, { joined, left }, cjson.encode(seen))
+  end)
+
+  it("never answers members() with a just-restarted name server's empty list over another's", function()
+    -- (attack restart_members: a fresh client's g:members() was {} for 5-8 s
+    -- after one of two name servers restarted, while the other listed the member)
+    local nsa_child, nsa = S.nameserver("--quiet")
+    local _, nsb = S.nameserver("--quiet")
+    ctx = lecho.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 2 }
+    local m = S.lua(kids.group_member, cjson.encode({ ns = { nsa, nsb }, group = "room", lease = 30, data = "m" }))
+    local addr = (assert(S.wait_file(m.out, "ready %S+\n", 20), "member did not join")):match("ready (%S+)")
+    S.kill(nsa_child, "KILL")
+    S.wait(nsa_child, 5)
+    restart(nsa, 0)
+    local fresh = lecho.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 2 }
+    local g = assert(fresh:group("room", { join = false, watch = function() end }))
+    local got = {}
+    for i = 1, 5 do
+      local l = assert(g:members())
+      got[i] = l[addr] or "missing"
+    end
+    fresh:close{ linger = 0 }
+    assert.are.same({ "m", "m", "m", "m", "m" }, got)
+  end)
+
   it("keeps a service registered before it callable after it", function()
     local ns_child, ns = S.nameserver("--quiet")
     ctx = lecho.context{ quiet = true, nameserver = ns, timeout = 2 }

@@ -262,6 +262,72 @@ describe("a group at two name servers", function()
   end)
 end)
 
+describe("a group at a stopped and a live name server", function()
+  local ctx
+  after_each(function()
+    if ctx then ctx:close{ linger = 0 } end
+    ctx = nil
+    S.cleanup()
+  end)
+
+  it("is joined without waiting on the stopped one, and beacons the live one meanwhile: no false 'expired'", function()
+    -- (attack stop1: ctx:group() waited the whole timeout on the stopped
+    -- name server and sent no beacon meanwhile: the live one expired it)
+    local nsa_child, nsa = S.nameserver("--quiet")
+    local _, nsb = S.nameserver("--quiet")
+    local w = S.lua(kids.group_member, cjson.encode({ ns = { nsb }, group = "pool", lease = 5, watch = true,
+                                                      join = false }))
+    assert(S.wait_file(w.out, "ready %S+\n", 20), "watcher did not start: " .. S.errors(w))
+    S.kill(nsa_child, "STOP")
+    ctx = lecho.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 3 }
+    local t0 = ctx:now()
+    local g = assert(ctx:group("pool", { lease = 0.6 }))
+    assert.is_true(ctx:now() - t0 < 0.5, ("ctx:group took %.2fs"):format(ctx:now() - t0))
+    S.run_until(ctx, function() return false end, 4)
+    local out = S.output(w)
+    assert.is_truthy(out:find(('"joined":{"%s":'):format(ctx.addr), 1, true), out)
+    assert.is_nil(out:find(ctx.addr .. '":"expired"', 1, true), out)
+    S.kill(nsa_child, "CONT")
+    g:leave()
+  end)
+
+  it("never tells a watcher older data after newer when the stopped one resumes (set_data is versioned)", function()
+    -- (attack setdata_restart MODE=stop: the resumed name server's list
+    -- brought data 30 after 60)
+    local nsa_child, nsa = S.nameserver("--quiet")
+    local _, nsb = S.nameserver("--quiet")
+    -- (the watcher's renewal at the stopped one outlasts the stop: its view
+    -- there stays, and the resumed one's notices come in order, old data)
+    ctx = lecho.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 5 }
+    local ks = {}
+    assert(ctx:group("sd", { join = false, lease = 10, watch = function(c)
+      for _, d in pairs(c.joined) do ks[#ks + 1] = d.k end
+    end }))
+    local m = S.lua(kids.prelude .. [==[
+local ctx = lecho.context{ nameserver = opts.ns, quiet = true, timeout = 2 }
+local k = 1
+local g = assert(ctx:group("sd", { lease = 3, data = { k = k } }))
+io.stdout:write("ready ", ctx.addr, "\n")
+ctx:every(0.1, function() if k < 60 then k = k + 1; g:set_data({ k = k }) end end)
+ctx:after(30, function() ctx:stop() end)
+ctx:run()
+]==], cjson.encode({ ns = { nsa, nsb } }))
+    assert(S.wait_file(m.out, "ready", 20), "member did not start: " .. S.errors(m))
+    S.run_until(ctx, function() return #ks >= 10 end, 10)
+    S.kill(nsa_child, "STOP")
+    S.run_until(ctx, function() return false end, 3)
+    S.kill(nsa_child, "CONT")
+    S.run_until(ctx, function() return ks[#ks] == 60 end, 10)
+    S.run_until(ctx, function() return false end, 1.5)
+    local back = {}
+    for i = 2, #ks do
+      if ks[i] <= ks[i - 1] then back[#back + 1] = ("%d after %d"):format(ks[i], ks[i - 1]) end
+    end
+    assert.are.same({}, back)
+    assert.are.equal(60, ks[#ks])
+  end)
+end)
+
 describe("the name server's bounds on groups", function()
   local ctx
   after_each(function()
@@ -274,6 +340,36 @@ describe("the name server's bounds on groups", function()
     assert.is_nil(r)
     return err, code
   end
+
+  it("bound the memberships and the member data in all, whatever addresses the members claim", function()
+    -- (attack memflood/mem_groups: claimed addresses evade group_quota in
+    -- protected mode: 614,400 memberships, 3 GB)
+    local R = require "spec.support.rogue"
+    local _, ns = S.nameserver("--quiet --max-memberships 4 --max-group-bytes 10000")
+    local ps, got = {}, {}
+    for i = 1, 6 do
+      ps[i] = assert(R.dial(ns, { addr = ("127.0.0.1:%d"):format(21000 + i), timeout = 5 }))
+      ps[i]:ctrl{ op = "gjoin", rid = 1, group = "g" .. i, lease = 60, watch = false,
+                  data = i == 3 and ("x"):rep(3000) or "d" }
+      local r = ps[i]:reply(1, 5)
+      got[i] = r.ok and "ok" or r.err
+    end
+    assert.are.same({ "ok", "ok", "ok", "ok", "gjoin: too many memberships at this name server (limit 4)",
+                      "gjoin: too many memberships at this name server (limit 4)" }, got)
+    -- the bytes: two more 3000-byte data pass 10,000 (estimated encoded)
+    ps[1]:ctrl{ op = "gjoin", rid = 2, group = "g1", lease = 60, data = ("y"):rep(3000) }
+    assert.is_true(ps[1]:reply(2, 5).ok)
+    ps[2]:ctrl{ op = "gjoin", rid = 2, group = "g2", lease = 60, data = ("z"):rep(4000) }
+    local r = ps[2]:reply(2, 5)
+    assert.are.same({ false, "limit" }, { r.ok, r.code })
+    assert.matches("^gjoin: this name server holds %d+ bytes of member data %(limit 10000%)$", r.err)
+    -- one leaves: room for another
+    ps[4]:ctrl{ op = "gleave", rid = 3, group = "g4" }
+    assert.is_true(ps[4]:reply(3, 5).ok)
+    ps[5]:ctrl{ op = "gjoin", rid = 4, group = "g5", lease = 60, data = "d" }
+    assert.is_true(ps[5]:reply(4, 5).ok)
+    for _, p in ipairs(ps) do p:close() end
+  end)
 
   it("refuse big data, a lease out of range, a bad name, past the quota: each with a reason", function()
     local _, ns = S.nameserver("--quiet --group-quota 3")
@@ -421,7 +517,8 @@ describe("the name server's groups (lecho.registry, no I/O)", function()
     assert.is_true(req("w:1", { op = "gwatch", group = "g", on = true, lease = 100 }, 0).ok)
     assert.is_true(req("m:1", { op = "gjoin", group = "g", lease = 1, data = { n = 1 } }, 0).ok)
     local c = changes(out, "w:1")
-    assert.are.same({ { op = "gchange", group = "g", epoch = c[1].epoch, ver = 1, joined = { ["m:1"] = { n = 1 } } } }, c)
+    assert.are.same({ { op = "gchange", group = "g", epoch = c[1].epoch, ver = 1, joined = { ["m:1"] = { n = 1 } },
+                        lease = { ["m:1"] = 1 } } }, c)
     -- renewed at 0.9: still there at 1.8, gone at the tick after 1.9
     assert.is_true(req("m:1", { op = "gjoin", group = "g", lease = 1, data = { n = 1 } }, 0.9).ok)
     assert.are.equal(1, #changes(out))        -- (a renewal with the same data tells nobody)
@@ -444,6 +541,110 @@ describe("the name server's groups (lecho.registry, no I/O)", function()
     reg:tick(send, 200)
     assert.is_nil(reg.groups.g)
     assert.are.same({}, reg.gcount)
+  end)
+
+  it("keyed: binds a membership to the key that made it; another key at its address may not renew, replace or end it", function()
+    -- (attack keyed_spoof: after a name server restart any trusted key that
+    -- reached a member's address first replaced its data and made it leave)
+    local id = { ["a:1"] = { "alice", "KA" }, ["w:1"] = { "carol", "KC" } }
+    local reg, out, send, req = ns{ identity = function(a) local e = id[a] if e then return e[1], e[2] end end,
+      policy = { rules = { { principal = { "alice", "carol" }, channel = "chat", allow = { "produce", "consume" } },
+                           { principal = "dave", channel = "chat", allow = { "produce" } } } } }
+    assert.is_true(req("w:1", { op = "gwatch", group = "chat", on = true, lease = 100 }, 0).ok)
+    assert.is_true(req("a:1", { op = "gjoin", group = "chat", lease = 3, data = "alice" }, 0).ok)
+    assert.are.same({ ["a:1"] = "alice" }, changes(out, "w:1")[1].who)
+    assert.are.equal("alice", req("w:1", { op = "glist", group = "chat" }, 0.5).members["a:1"].principal)
+    -- dave's key now holds alice's address (her connection gone, the name server restarted...)
+    id["a:1"] = { "dave", "KD" }
+    local r = req("a:1", { op = "gjoin", group = "chat", lease = 60, data = "FAKE" }, 1)
+    assert.are.same({ false, "refused", "gjoin: address a:1 is in group 'chat' under another key (principal alice) "
+                      .. "until its lease runs out (2.0s)" }, { r.ok, r.code, r.err })
+    r = req("a:1", { op = "gleave", group = "chat" }, 1)
+    assert.are.same({ false, "refused" }, { r.ok, r.code })
+    assert.are.equal("alice", req("w:1", { op = "glist", group = "chat" }, 1).members["a:1"].data)
+    assert.are.equal(1, #changes(out, "w:1"))
+    -- gleave needs produce, as gjoin: mallory may end nothing
+    id["m:1"] = { "mallory", "KM" }
+    r = req("m:1", { op = "gleave", group = "chat" }, 1)
+    assert.are.same({ false, "refused", "gleave: not allowed: mallory may not produce chat" }, { r.ok, r.code, r.err })
+    -- alice's key renews and leaves; once her lease ran out another key may join there
+    id["a:1"] = { "alice", "KA" }
+    assert.is_true(req("a:1", { op = "gjoin", group = "chat", lease = 3, data = "alice" }, 2).ok)
+    reg:tick(send, 5.5)
+    id["a:1"] = { "dave", "KD" }
+    assert.is_true(req("a:1", { op = "gjoin", group = "chat", lease = 3, data = "dave" }, 6).ok)
+    assert.are.equal("dave", req("w:1", { op = "glist", group = "chat" }, 6).members["a:1"].principal)
+  end)
+
+  it("keeps a member's newer data when an older one (by its dv) arrives late; the lease is renewed", function()
+    local reg, out, send, req = ns()
+    assert.is_true(req("w:1", { op = "gwatch", group = "g", on = true, lease = 100 }, 0).ok)
+    assert.is_true(req("m:1", { op = "gjoin", group = "g", lease = 1, data = "new", dv = 20 }, 0).ok)
+    assert.are.same({ ["m:1"] = 20 }, changes(out, "w:1")[1].dv)
+    assert.is_true(req("m:1", { op = "gjoin", group = "g", lease = 1, data = "old", dv = 10 }, 0.8).ok)
+    assert.are.equal(1, #changes(out))
+    local l = req("w:1", { op = "glist", group = "g" }, 0.9).members["m:1"]
+    assert.are.same({ "new", 20, 0.9 }, { l.data, l.dv, l.left })
+  end)
+
+  it("costs a tick what expires, not what is held (a deadline heap), and expires in deadline order", function()
+    -- (attack tick_stall: 1 M memberships scanned on every tick: false
+    -- expiries, glist p90 1 s.)  Work is counted in VM instructions (the
+    -- registry runs interpreted), not timed.
+    local reg, out, send, req = ns{ group_quota = 1e9, max_members = 1e9 }
+    for i = 1, 20000 do
+      reg:handle(("10.0.%d.%d:1"):format(i % 200, i), { op = "gjoin", group = "g" .. (i % 50), lease = 3600, rid = i },
+                 send, 0)
+    end
+    assert.is_true(req("w:1", { op = "gwatch", group = "short", on = true, lease = 3600 }, 0).ok)
+    assert.is_true(req("m:1", { op = "gjoin", group = "short", lease = 0.3 }, 0).ok)
+    local function cost(t)
+      local n = 0
+      debug.sethook(function() n = n + 1 end, "", 100)
+      reg:tick(send, t)
+      debug.sethook()
+      return n * 100
+    end
+    assert.is_true(cost(0.1) < 2000, "a tick with nothing due did work")
+    local c = cost(0.35)
+    assert.are.same({ ["m:1"] = "expired" }, changes(out, "w:1")[2].left)
+    assert.is_true(c < 20000, ("a tick expiring one of 20,001 memberships cost %d instructions"):format(c))
+    assert.are.equal(20000, reg.nmemberships)
+    reg:tick(send, 4000)        -- (every one expires: the totals go back to nothing)
+    assert.are.same({ 0, 0, 0 }, { reg.nmemberships, reg.gbytes, #reg.gheap - 0 })
+    -- the heap against a sorted list: random sets and removals
+    local H = require("lecho.presence")._heap
+    local h, es = {}, {}
+    math.randomseed(12)
+    for i = 1, 2000 do
+      local e = es[math.random(1, 300)]
+      if e and math.random() < 0.3 then H.remove(h, e) else
+        if not e then e = {}; es[#es + 1] = e end
+        H.set(h, e, math.random() * 100)
+      end
+    end
+    local inheap, last = 0, -1
+    for _, e in ipairs(es) do if e.hi then inheap = inheap + 1 end end
+    assert.are.equal(inheap, #h)
+    while h[1] do
+      local e = h[1]
+      assert.is_true(e.expires >= last)
+      last = e.expires
+      H.remove(h, e)
+    end
+  end)
+
+  it("does not list a member whose lease ran out before the tick removed it (a name server resumed after a stop)", function()
+    local _, _, _, req = ns()
+    assert.is_true(req("m:1", { op = "gjoin", group = "g", lease = 1 }, 0).ok)
+    assert.is_true(req("n:1", { op = "gjoin", group = "g", lease = 20 }, 0).ok)
+    -- 9 s later, no tick in between: m:1 is gone from the lists already
+    assert.are.same({ "n:1" }, (function()
+      local l = {}
+      for a in pairs(req("w:1", { op = "glist", group = "g" }, 9).members) do l[#l + 1] = a end
+      return l
+    end)())
+    assert.is_nil(req("w:1", { op = "gwatch", group = "g", on = true, lease = 5 }, 9).members["m:1"])
   end)
 
   it("answers a renewal with the members only when the asker's epoch or ver is not current", function()

@@ -311,6 +311,13 @@ function Context:_on_peer(idx, addr, up, reason)
   self.peer_addrs[idx], self.pnames[idx] = nil, nil
   self:_fail_pending(addr, reason or "connection lost")
   if self.reg then self.reg:peer_down(addr, self._send, now(self)) end
+  -- A group's name server lost: renewed there at once (and again every
+  -- 0.5 s while it does not answer), so that a restarted one is told the
+  -- member or watch, and tells what it lists, soon after it is back.
+  for _, g in pairs(self.groups or {}) do
+    local st = g.ns[addr]
+    if st and not g.closed then g:_renew(st) end
+  end
   -- A manager that lost its name server registers again, with the channels
   -- it manages (a restarted name server has forgotten who manages what).
   if self.reg and self.reg.role == "manager" and addr == self.ns and not self.reregister then

@@ -3,7 +3,7 @@
 --
 --   local g = ctx:group("chat", { lease = 3, data = { nick = "ann" },
 --                                 watch = function(change) end, join = true })
---   g:members()   -- { [addr] = data } from the first name server that answers
+--   g:members()   -- { [addr] = data }: the union of the name servers that answer
 --   g:set_data(d) -- this member's data, told to the watchers as joined again
 --   g:leave()
 --
@@ -26,6 +26,8 @@ local Group = {}
 Group.__index = Group
 
 local MAX_ADDR = 127
+local RETRY = 0.5      -- seconds between renewals at a name server that did not answer
+local MERGE_WINDOW = 0.2   -- members(): how long the others may answer after the first
 
 local function now(ctx) return ctx.c:now() end
 
@@ -39,7 +41,11 @@ local function parse_members(t, limit)
     if n > limit or type(a) ~= "string" or a == "" or #a > MAX_ADDR or type(m) ~= "table" then return nil end
     local lease = m.lease
     if type(lease) ~= "number" or not (lease > 0 and lease <= 3600) then lease = nil end
-    view[a] = { data = m.data, lease = lease }
+    local principal = m.principal
+    if type(principal) ~= "string" then principal = nil end
+    local dv = m.dv
+    if type(dv) ~= "number" or dv ~= dv then dv = nil end
+    view[a] = { data = m.data, lease = lease, principal = principal, dv = dv }
   end
   return view
 end
@@ -48,7 +54,7 @@ end
 -- (up to ctx.timeout) until enough(results) or every one answered or
 -- failed.  results[i]: { addr, r } or { addr, nil, err, code } in nslist
 -- order (nil: no answer yet).
-local function ask_all(ctx, msg_of, enough)
+local function ask_all(ctx, msg_of, enough, window)
   local sent, results = {}, {}
   local function collect()
     for i, q in ipairs(sent) do
@@ -72,14 +78,18 @@ local function ask_all(ctx, msg_of, enough)
     ctx.pending[ctx.rid] = sent[i].p
     ctx:_send_ctrl(addr, msg)
   end
-  ctx:_wait(function()
+  local function all()
     if ctx.closed then return true end
     collect()
     for i = 1, #sent do
-      if not results[i] then return enough ~= nil and enough(results) end
+      if not results[i] then return false end
     end
     return true
-  end, now(ctx) + ctx.timeout)
+  end
+  local deadline = now(ctx) + ctx.timeout
+  ctx:_wait(function() return all() or (enough ~= nil and enough(results)) end, deadline)
+  -- enough: the others still get `window` seconds (within the timeout)
+  if window and not all() then ctx:_wait(all, math.min(now(ctx) + window, deadline)) end
   collect()
   for i, q in ipairs(sent) do
     ctx.pending[q.rid] = nil
@@ -117,36 +127,63 @@ end
 function Group:_recompute()
   if not self.watch or self.closed then return end
   local t = now(self.ctx)
-  local online, known = {}, false
+  local online, known, principal, dvs = {}, false, {}, {}
+  local due = math.huge     -- the earliest end of a carried member
   for _, addr in ipairs(self.ctx.nslist) do
     local st = self.ns[addr]
     if st.view then
       known = true
       for a, m in pairs(st.view) do
-        if online[a] == nil then online[a] = m.data end
-      end
-      if st.carry then
-        local left = false
-        for a, m in pairs(st.carry) do
-          if st.view[a] or m.till <= t then
-            st.carry[a] = nil
-          else
-            left = true
-            if online[a] == nil then online[a] = m.data end
-          end
+        -- (of the name servers' data of a member, the newest its member stamped)
+        if online[a] == nil or (m.dv and (dvs[a] == nil or m.dv > dvs[a])) then
+          online[a], principal[a], dvs[a] = m.data, m.principal, m.dv
         end
-        if not left then st.carry = nil end
       end
     end
   end
+  for _, addr in ipairs(self.ctx.nslist) do
+    local st = self.ns[addr]
+    if st.view and st.carry then
+      -- (a carried member keeps one told online so; it never brings back
+      -- one told gone meanwhile: that was a false "joined")
+      local left = false
+      for a, m in pairs(st.carry) do
+        if st.view[a] or m.till <= t or self.online[a] == nil then
+          st.carry[a] = nil
+        else
+          left = true
+          if m.till < due then due = m.till end
+          if online[a] == nil then online[a], principal[a] = m.data, m.principal end
+        end
+      end
+      if not left then st.carry = nil end
+    end
+  end
+  if due < math.huge and due < (self.carry_due or math.huge) then
+    -- told gone when its carry ends, not at the next renewal (a lease/3 later)
+    if self.carry_timer then self.carry_timer:stop() end
+    self.carry_due = due
+    self.carry_timer = self.ctx:after(math.max(due - t, 0.001) + 0.001, function()
+      self.carry_timer, self.carry_due = nil, nil
+      self:_recompute()
+    end)
+  end
   if not known then return end
-  local joined, left, any = {}, {}, false
+  local joined, left, any, who = {}, {}, false, nil
   for a, d in pairs(online) do
+    local told = self.dvs[a]
+    if told and (dvs[a] == nil or dvs[a] < told) and self.online[a] ~= nil then
+      -- older data than the watcher was told (a resumed name server's
+      -- late notice): the newer stays
+      d, dvs[a] = self.online[a], told
+      online[a] = d
+    end
     local before = self.online[a]
-    if before == nil or (before ~= d and type(d) ~= "table") then
+    local news = before == nil or (before ~= d and type(d) ~= "table")
+                 or (type(d) == "table" and before ~= d and not self.same(before, d))
+    if news then
       joined[a], any = d, true
-    elseif type(d) == "table" and before ~= d and not self.same(before, d) then
-      joined[a], any = d, true
+      if principal[a] then who = who or {}; who[a] = principal[a] end
     end
   end
   for a in pairs(self.online) do
@@ -155,8 +192,8 @@ function Group:_recompute()
     end
   end
   self.why = {}
-  self.online = online
-  if any then deliver(self, { joined = joined, left = left }) end
+  self.online, self.dvs = online, dvs
+  if any then deliver(self, { joined = joined, left = left, who = who }) end
 end
 
 -- Are a and b the same value (by content, 32 levels)?
@@ -185,7 +222,9 @@ function Group:_absorb(st, r)
     if st.epoch and before then
       local carry = st.carry or {}
       for a, m in pairs(before) do
-        carry[a] = { data = m.data, till = t - age + (m.lease or self.lease) }
+        -- (the member's own lease; unknown: not carried.  Never the
+        -- watcher's: a dead member was told gone a watcher's lease late)
+        if m.lease then carry[a] = { data = m.data, principal = m.principal, till = t - age + m.lease } end
       end
       st.carry = carry
     end
@@ -202,7 +241,7 @@ end
 function Group:_renewal(st)
   if self.joined then
     return { op = "gjoin", group = self.name, data = self.data, lease = self.lease,
-             watch = self.watch ~= nil, ver = st.ver, epoch = st.epoch }
+             watch = self.watch ~= nil, ver = st.ver, epoch = st.epoch, dv = self.dv }
   end
   return { op = "gwatch", group = self.name, on = true, lease = self.lease, ver = st.ver, epoch = st.epoch }
 end
@@ -227,15 +266,26 @@ end
 
 -- One renewal at the name server `st` (beacon, watch), unless one is on
 -- its way there.  In a coroutine of its own: the others do not wait.
-function Group:_renew(st)
+function Group:_renew(st, timeout)
   if st.busy or self.closed then return end
   st.busy = true
   local ctx = self.ctx
   ctx:_spawn(function()
-    local r, err, code = ctx:request(st.addr, self:_renewal(st), math.min(ctx.timeout, self.lease))
+    local r, err, code = ctx:request(st.addr, self:_renewal(st), timeout or math.min(ctx.timeout, self.lease))
     st.busy = false
     self:_renewed(st, r, err, code)
     self:_recompute()
+    local unreachable = code == "closed" or code == "timeout"
+                        or (type(err) == "string" and err:find(" unreachable: ", 1, true) ~= nil)
+    if not r and unreachable and not st.retry and self.lease / 3 > RETRY then
+      -- unreachable: tried again every RETRY s, not only at the next beacon,
+      -- so a restarted name server is told this member (or watcher) and
+      -- tells what it lists soon after it is back
+      st.retry = ctx:after(RETRY, function()
+        st.retry = nil
+        if not st.ok then self:_renew(st) end
+      end)
+    end
   end)
 end
 
@@ -244,29 +294,35 @@ function Group:_beacon()
   self:_recompute()
 end
 
---- The members: { [addr] = data } from the first name server of ctx.nslist
--- that answers (all are asked at once: one that is stopped or slow costs
--- nothing while another answers), or nil, err, code when none does.
+--- The members: { [addr] = data } (and { [addr] = principal }), the union
+-- of the lists of the name servers that answer within MERGE_WINDOW of the
+-- first (all are asked at once: one that is stopped or slow costs at most
+-- that while another answers; a just-restarted one's short list never
+-- hides a member another lists), each member's newest data (by the version
+-- its member stamped); or nil, err, code when none answers.
 function Group:members()
   local ctx = self.ctx
-  -- asked of all at once: a stopped name server costs nothing while
-  -- another answers (of those that answered by then, the first in order)
   local function usable(res) return res and res[2] and parse_members(res[2].members, ctx.max_members) end
   local results = ask_all(ctx, function() return { op = "glist", group = self.name } end, function(results)
     for i = 1, #ctx.nslist do
       if usable(results[i]) then return true end
     end
     return false
-  end)
+  end, MERGE_WINDOW)
   local errs, code = {}, nil
+  local out, who, dvs, any = {}, {}, {}, false
   for _, res in ipairs(results) do
     local view = usable(res)
     if view then
-      local out = {}
-      for a, m in pairs(view) do out[a] = m.data end
-      return out
+      any = true
+      for a, m in pairs(view) do
+        if out[a] == nil or (m.dv and (dvs[a] == nil or m.dv > dvs[a])) then
+          out[a], who[a], dvs[a] = m.data, m.principal, m.dv
+        end
+      end
     end
   end
+  if any then return out, who end
   for _, res in ipairs(results) do
     errs[#errs + 1] = res[2] and ("%s: a malformed member list"):format(res[1]) or res[3]
     code = code or (res[2] and "protocol" or res[4])
@@ -282,6 +338,8 @@ function Group:set_data(data)
   if not self.joined then error("lecho: a watch-only group has no data", 2) end
   if data == nil then data = {} end
   self.data = data
+  -- its version: this member's wall clock, always increasing here
+  self.dv = math.max(now(self.ctx), self.dv + 1e-6)
   self:_beacon()
   return true
 end
@@ -292,6 +350,10 @@ function Group:leave()
   if self.closed then return true end
   self.closed = true
   if self.timer then self.timer:stop() end
+  for _, st in pairs(self.ns) do
+    if st.retry then st.retry:stop(); st.retry = nil end
+  end
+  if self.carry_timer then self.carry_timer:stop(); self.carry_timer = nil end
   local ctx = self.ctx
   if ctx.groups[self.name] == self then ctx.groups[self.name] = nil end
   if not ctx.closed then
@@ -319,20 +381,30 @@ function Context:group(name, opts)
     ctx = self, name = name, lease = opts.lease or options.GROUP.lease,
     data = opts.data == nil and {} or opts.data, watch = opts.watch, joined = join,
     ns = {}, online = {}, why = {}, changes = {}, closed = false,
+    dv = self.c:now(),      -- the version of data (set_data), told with every gjoin
+    dvs = {},               -- watcher: the version of each member's data it was told
   }, Group)
-  -- (busy: no beacon there before the first answer)
-  for _, addr in ipairs(self.nslist) do g.ns[addr] = { addr = addr, busy = true } end
+  for _, addr in ipairs(self.nslist) do g.ns[addr] = { addr = addr } end
   self.groups[name] = g
-  -- the first registration: at every name server at once, answered here
-  -- (the beacons start from it: every lease/3)
+  -- the first registration: at every name server at once, each on its own
+  -- (a stopped or slow one delays neither the answer nor the others'
+  -- beacons); this returns once one took it, or every one failed
   g.timer = self:every(g.lease / 3, function() g:_beacon() end)
-  local results = ask_all(self, function(addr) return g:_renewal(g.ns[addr]) end)
-  for i, addr in ipairs(self.nslist) do
-    local st = g.ns[addr]
-    st.busy = false
-    g:_renewed(st, results[i][2], results[i][3], results[i][4])
+  for _, addr in ipairs(self.nslist) do g:_renew(g.ns[addr], self.timeout) end
+  local function done()
+    if self.closed then return true end
+    local all = true
+    for _, addr in ipairs(self.nslist) do
+      local st = g.ns[addr]
+      if st.ok then return true end
+      if st.busy then all = false end
+    end
+    return all
   end
-  g:_recompute()
+  -- (in steps: the renewals end in coroutines resumed at a loop turn's
+  -- start, after which this wait would sleep until the next event)
+  local deadline = now(self) + self.timeout + 1
+  while not done() and now(self) < deadline do self:_wait(done, math.min(deadline, now(self) + 0.02)) end
   local errs, code = {}, nil
   for _, addr in ipairs(self.nslist) do
     local st = g.ns[addr]
@@ -340,9 +412,7 @@ function Context:group(name, opts)
     errs[#errs + 1] = st.err or (addr .. ": no answer")
     if code == nil or code == "closed" or code == "timeout" then code = st.code end
   end
-  g.closed = true
-  g.timer:stop()
-  self.groups[name] = nil
+  g:leave()
   return nil, ("group '%s': no name server took it: %s"):format(name, table.concat(errs, "; ")), code or "timeout"
 end
 
@@ -382,9 +452,18 @@ function Context:_on_gchange(from, msg)
   end
   if ver <= st.ver then return end         -- (a renewal's answer brought it already)
   st.ver = ver
+  local leases = type(msg.lease) == "table" and msg.lease or {}
+  local who = type(msg.who) == "table" and msg.who or {}
+  local dvs = type(msg.dv) == "table" and msg.dv or {}
   for a, d in pairs(joined) do
-    local old = st.view[a]
-    st.view[a] = { data = d, lease = old and old.lease or g.lease }
+    -- the member's lease from the notice (never the watcher's: F3 of the
+    -- issue 12 attack, a dead member told gone a watcher's lease late)
+    local l = leases[a]
+    if type(l) ~= "number" or not (l > 0 and l <= 3600) then l = nil end
+    local p = who[a]
+    local v = dvs[a]
+    st.view[a] = { data = d, lease = l, principal = type(p) == "string" and p or nil,
+                   dv = type(v) == "number" and v == v and v or nil }
   end
   for a, why in pairs(left) do
     st.view[a] = nil

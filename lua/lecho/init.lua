@@ -179,6 +179,7 @@ function M.context(opts)
       ack_timeout = opts.ack_timeout or D.ack_timeout,
       settle = opts.settle, recovering = opts.recovering, forget_after = opts.forget_after,
       channel_quota = opts.channel_quota, max_groups = opts.max_groups, group_quota = opts.group_quota,
+      max_memberships = opts.max_memberships, max_group_bytes = opts.max_group_bytes,
       max_members = opts.max_members or D.max_members,
       nameserver = opts.manager and opts.nameserver and self.ns or nil,
       policy = opts.policy_file,

@@ -172,6 +172,8 @@ local SCHEMA = {
     -- groups with leases (issue 12, lecho.presence): groups held, and the
     -- memberships and watches one requester may have (defaults 65536, 1024)
     max_groups = { size(1) }, group_quota = { size(1) },
+    -- and in total: memberships, and bytes of member data (262144, 256 MiB)
+    max_memberships = { size(1) }, max_group_bytes = { size(1) },
     policy_file = { typed("string") },  -- a name server's authorization policy (lecho.policy)
     -- issue 11, state limits (README "Limits"): channels open in the C core
     -- (its default 262144), consumer contexts in one member list (the

@@ -6,8 +6,10 @@
 -- groups again from the beacons.
 --
 -- Ops (`function(self, from, msg, io)` on a registry, requests with a rid):
---   gjoin  { group, data, lease, watch = bool, ver =, epoch = }  the member is `from`:
---          creates or renews; watch: `from` is also a watcher, for as long
+--   gjoin  { group, data, lease, watch = bool, ver =, epoch =, dv = }  the member is `from`:
+--          creates or renews; watch: `from` is also a watcher, for as long;
+--          dv: the version of data the member stamps (its wall clock when it
+--          set it): an older dv renews the lease and keeps the newer data
 --   gleave { group }                    `from` leaves (members and watchers)
 --   glist  { group }                    -> members = { [addr] = { data, lease, left } }
 --   gwatch { group, on = bool, lease, ver =, epoch = }  watch (renewed like a member) or stop
@@ -23,9 +25,14 @@
 -- A-Z a-z 0-9 . _ - /), data (4 KiB encoded, estimated), lease ([0.1, 3600] s),
 -- members per group (max_members), member data per group (GROUP_BYTES),
 -- groups (max_groups), and the entries (memberships and watches) one
--- requester may have (group_quota; a principal in keyed mode, else an address).
--- Keyed mode: joining needs the policy's `produce` on the group's name, listing
--- and watching `consume` (groups are named like channels).
+-- requester may have (group_quota; a principal in keyed mode, else an address),
+-- the memberships (max_memberships) and member data (max_group_bytes) in all.
+-- Keyed mode: joining and leaving need the policy's `produce` on the group's
+-- name, listing and watching `consume` (groups are named like channels).  A
+-- membership or a watch is bound to the key (and principal) that made it:
+-- another key at that address may not renew, replace or end it while its
+-- lease runs; glist entries carry `principal`, gchange `who = { [addr] =
+-- principal }` and `lease = { [addr] = seconds }` for those joined.
 
 -- Never compiled, as lecho.registry (Debian's LuaJIT and LuaJIT #827).
 if jit then jit.off(true, true) end
@@ -115,6 +122,65 @@ local function same_value(a, b, depth)
   return true
 end
 
+-- The deadlines: one binary min-heap (self.gheap) of every membership and
+-- watch by `expires`, each entry holding its index (hi), its group (g), its
+-- address (addr) and whether it is a watch: a tick costs what expires, not
+-- what is held (1 M memberships scanned each tick stalled the name server).
+local floor = math.floor
+
+local function hswap(h, i, j)
+  h[i], h[j] = h[j], h[i]
+  h[i].hi, h[j].hi = i, j
+end
+
+local function hup(h, i)
+  while i > 1 do
+    local p = floor(i / 2)
+    if h[p].expires <= h[i].expires then return end
+    hswap(h, i, p)
+    i = p
+  end
+end
+
+local function hdown(h, i)
+  local n = #h
+  while true do
+    local c = 2 * i
+    if c > n then return end
+    if c < n and h[c + 1].expires < h[c].expires then c = c + 1 end
+    if h[i].expires <= h[c].expires then return end
+    hswap(h, i, c)
+    i = c
+  end
+end
+
+-- Entry e (in the heap or not) expires at t.
+local function hset(h, e, t)
+  local old = e.expires
+  e.expires = t
+  if e.hi then
+    if t < old then hup(h, e.hi) else hdown(h, e.hi) end
+  else
+    local n = #h + 1
+    h[n], e.hi = e, n
+    hup(h, n)
+  end
+end
+
+local function hremove(h, e)
+  local i = e.hi
+  if not i then return end
+  e.hi = nil
+  local n = #h
+  local last = h[n]
+  h[n] = nil
+  if i == n then return end
+  h[i], last.hi = last, i
+  hup(h, i)
+  hdown(h, last.hi)
+end
+M._heap = { set = hset, remove = hremove }   -- (for the specs)
+
 -- Room for one more entry (a membership or a watch) of requester `who`?
 local function quota_room(self, who)
   if (self.gcount[who] or 0) >= self.group_quota then
@@ -151,31 +217,70 @@ end
 local function member_list(g, now)
   local out = {}
   for a, m in pairs(g.members) do
-    out[a] = { data = m.data, lease = m.lease, left = math.max(m.expires - now, 0) }
+    -- (one whose lease ran out is not listed, though the tick has not
+    -- removed it yet: a name server resumed after a stop answers the
+    -- requests that waited before its tick runs)
+    if m.expires > now then
+      out[a] = { data = m.data, lease = m.lease, left = m.expires - now, principal = m.principal, dv = m.dv }
+    end
   end
   return out
+end
+
+-- Keyed mode: the principal and public key of `from`'s connection (nil, nil
+-- in protected mode).  A membership (and a watch) is bound to the key that
+-- made it: another key claiming the same address (after a name server
+-- restart, any trusted key may take a disconnected address) may neither
+-- renew, replace nor end it while its lease runs.
+local function ident(self, from)
+  if not self.identity then return nil, nil end
+  return self.identity(from)
+end
+
+-- nil when `pk` may act on entry e (a member or a watch); else why not.
+local function foreign(self, e, pk, from, name, op)
+  if not e or not self.identity or e.key == pk then return nil end
+  return ("%s: address %s is in group '%s' under another key (principal %s) until its lease runs out (%.1fs)")
+         :format(op, from, name, tostring(e.principal), math.max(e.expires - (self.gnow or 0), 0))
 end
 
 -- Tells every watcher of g one change (joined / left: { [addr] = ... }).
 local function changed(self, io, g, joined, left)
   g.ver = g.ver + 1
   local ep = epoch(self, io.now)
+  -- joined members' leases (a watcher times a member it learnt of here by
+  -- the member's own lease) and, keyed, their principals
+  local lease, who, dv
+  if joined then
+    lease = {}
+    for a in pairs(joined) do
+      local m = g.members[a]
+      if m then
+        lease[a] = m.lease
+        if m.dv then dv = dv or {}; dv[a] = m.dv end
+        if m.principal then who = who or {}; who[a] = m.principal end
+      end
+    end
+  end
   for a in pairs(g.watchers) do
-    emit(self, io, a, { op = "gchange", group = g.name, epoch = ep, ver = g.ver, joined = joined, left = left })
+    emit(self, io, a, { op = "gchange", group = g.name, epoch = ep, ver = g.ver, joined = joined, left = left,
+                        lease = lease, who = who, dv = dv })
   end
 end
 
-local function set_watch(self, g, from, who, lease, now)
+local function set_watch(self, g, from, who, lease, now, op)
   local w = g.watchers[from]
+  local principal, pk = ident(self, from)
+  local bad = foreign(self, w, pk, from, g.name, op)
+  if bad then return nil, bad, "refused" end
   if not w then
     local ok, err = quota_room(self, who)
     if not ok then return nil, err end
     charge(self, who, 1)
-    w = { who = who }
+    w = { who = who, key = pk, principal = principal, g = g, addr = from, watch = true }
     g.watchers[from] = w
   end
-  w.expires = now + lease
-  if w.expires < self.gnext then self.gnext = w.expires end
+  hset(self.gheap, w, now + lease)
   return true
 end
 
@@ -183,6 +288,7 @@ local function drop_watch(self, g, from)
   local w = g.watchers[from]
   if w then
     g.watchers[from] = nil
+    hremove(self.gheap, w)
     charge(self, w.who, -1)
   end
 end
@@ -208,6 +314,8 @@ function ops.gjoin(self, from, msg, io)
   if not ok then return fail(self, io, from, msg.rid, "gjoin: " .. err, { code = "refused" }) end
   local data = msg.data
   if data == nil then data = {} end
+  local dv = msg.dv
+  if type(dv) ~= "number" or dv ~= dv then dv = nil end
   local size = value_bytes(data, M.MAX_DATA)
   if not size then
     return fail(self, io, from, msg.rid, ("gjoin: data larger than %d bytes encoded (or nested deeper than 32)")
@@ -216,6 +324,10 @@ function ops.gjoin(self, from, msg, io)
   local who = naming.requester(self, from)
   local g = self.groups[name]
   local m = g and g.members[from]
+  local principal, pk = ident(self, from)
+  self.gnow = io.now
+  local bad = foreign(self, m, pk, from, name, "gjoin")
+  if bad then return fail(self, io, from, msg.rid, bad, { code = "refused" }) end
   if not m then
     if g and g.n >= self.max_members then
       return fail(self, io, from, msg.rid, ("gjoin: group '%s' has %d members (limit %d)")
@@ -223,6 +335,14 @@ function ops.gjoin(self, from, msg, io)
     end
     ok, err = quota_room(self, who)
     if not ok then return fail(self, io, from, msg.rid, err, { code = "limit" }) end
+    if self.nmemberships >= self.max_memberships then
+      return fail(self, io, from, msg.rid, ("gjoin: too many memberships at this name server (limit %d)")
+                                            :format(self.max_memberships), { code = "limit" })
+    end
+  end
+  if self.gbytes - (m and m.size or 0) + size > self.max_group_bytes then
+    return fail(self, io, from, msg.rid, ("gjoin: this name server holds %d bytes of member data (limit %d)")
+                                          :format(self.gbytes, self.max_group_bytes), { code = "limit" })
   end
   if (g and g.bytes or 0) - (m and m.size or 0) + size > M.GROUP_BYTES then
     return fail(self, io, from, msg.rid, ("gjoin: group '%s' holds %d bytes of member data (limit %d)")
@@ -233,27 +353,34 @@ function ops.gjoin(self, from, msg, io)
     if not g then return fail(self, io, from, msg.rid, err, { code = "limit" }) end
   end
   local expires = io.now + lease
-  if expires < self.gnext then self.gnext = expires end
   local news = false
   if not m then
-    m = { who = who }
+    m = { who = who, key = pk, principal = principal, g = g, addr = from }
     g.members[from] = m
     g.n = g.n + 1
+    self.nmemberships = self.nmemberships + 1
     charge(self, who, 1)
     news = true
     self.log("info", ("group '%s': %s joined"):format(name, from))
+  elseif m.dv and dv and dv < m.dv then
+    -- a beacon older than the data held (it waited in a stopped name
+    -- server's socket): renews the lease, never brings back older data
+    data, size, dv = m.data, m.size, m.dv
   elseif m.data ~= data and not same_value(m.data, data, 0) then
     news = true     -- the same member with other data: told as joined again
   end
   g.bytes = g.bytes - (m.size or 0) + size
-  m.data, m.size, m.lease, m.expires = data, size, lease, expires
+  self.gbytes = self.gbytes - (m.size or 0) + size
+  m.data, m.size, m.lease, m.dv = data, size, lease, dv
+  hset(self.gheap, m, expires)
   if msg.watch == true then
-    ok, err = set_watch(self, g, from, who, lease, io.now)
+    local wcode
+    ok, err, wcode = set_watch(self, g, from, who, lease, io.now, "gjoin")
     if not ok then
       if news then changed(self, io, g, { [from] = data }, nil) end
-      return fail(self, io, from, msg.rid, err, { code = "limit" })
+      return fail(self, io, from, msg.rid, err, { code = wcode or "limit" })
     end
-  elseif msg.watch == false then
+  elseif msg.watch == false and not foreign(self, g.watchers[from], pk, from, name, "gjoin") then
     drop_watch(self, g, from)
   end
   if news then changed(self, io, g, { [from] = data }, nil) end
@@ -265,11 +392,20 @@ end
 function ops.gleave(self, from, msg, io)
   local name, err = check_group(self, msg)
   if not name then return fail(self, io, from, msg.rid, err) end
+  -- (leaving needs the right joining needs: produce)
+  local ok; ok, err = naming.allowed(self, from, "produce", name)
+  if not ok then return fail(self, io, from, msg.rid, "gleave: " .. err, { code = "refused" }) end
   local g = self.groups[name]
   local m = g and g.members[from]
+  local _, pk = ident(self, from)
+  self.gnow = io.now
+  local bad = foreign(self, m, pk, from, name, "gleave") or foreign(self, g and g.watchers[from], pk, from, name, "gleave")
+  if bad then return fail(self, io, from, msg.rid, bad, { code = "refused" }) end
   if m then
     g.members[from] = nil
+    hremove(self.gheap, m)
     g.n, g.bytes = g.n - 1, g.bytes - m.size
+    self.nmemberships, self.gbytes = self.nmemberships - 1, self.gbytes - m.size
     charge(self, m.who, -1)
     self.log("info", ("group '%s': %s left"):format(name, from))
     changed(self, io, g, nil, { [from] = "left" })
@@ -298,6 +434,10 @@ function ops.gwatch(self, from, msg, io)
   if type(msg.on) ~= "boolean" then return fail(self, io, from, msg.rid, "gwatch: field 'on' must be a boolean") end
   local g = self.groups[name]
   if not msg.on then
+    local _, pk = ident(self, from)
+    self.gnow = io.now
+    local bad = foreign(self, g and g.watchers[from], pk, from, name, "gwatch")
+    if bad then return fail(self, io, from, msg.rid, bad, { code = "refused" }) end
     if g then
       drop_watch(self, g, from)
       maybe_drop(self, g)
@@ -313,53 +453,45 @@ function ops.gwatch(self, from, msg, io)
     g, err = get_group(self, name, true, "gwatch")
     if not g then return fail(self, io, from, msg.rid, err, { code = "limit" }) end
   end
-  ok, err = set_watch(self, g, from, who, lease, io.now)
+  self.gnow = io.now
+  local wcode
+  ok, err, wcode = set_watch(self, g, from, who, lease, io.now, "gwatch")
   if not ok then
     maybe_drop(self, g)
-    return fail(self, io, from, msg.rid, err, { code = "limit" })
+    return fail(self, io, from, msg.rid, err, { code = wcode or "limit" })
   end
   renewal(self, io, from, msg, g, true)
 end
 
 -- From the registry tick: members and watchers whose lease ran out go;
--- the watchers are told which members expired.  Cheap while nothing is due
--- (gnext: the earliest expiry, or later).
+-- the watchers are told which members expired, one gchange per group.
+-- Costs what expires (the deadline heap), nothing while nothing is due.
 function M.tick(self, io)
-  local now = io.now
-  if now < self.gnext then return end
-  local nxt = math.huge
-  for _, g in pairs(self.groups) do
-    local gone
-    for a, m in pairs(g.members) do
-      if m.expires <= now then
-        gone = gone or {}
-        gone[a] = m
-      elseif m.expires < nxt then
-        nxt = m.expires
-      end
+  local now, h = io.now, self.gheap
+  local e = h[1]
+  if not e or e.expires > now then return end
+  local gone = {}            -- group -> { [addr] = "expired" }
+  local touched = {}
+  while e and e.expires <= now do
+    hremove(h, e)
+    local g = e.g
+    touched[g] = true
+    if e.watch then
+      if g.watchers[e.addr] == e then g.watchers[e.addr] = nil end
+      charge(self, e.who, -1)
+    elseif g.members[e.addr] == e then
+      g.members[e.addr] = nil
+      g.n, g.bytes = g.n - 1, g.bytes - e.size
+      self.nmemberships, self.gbytes = self.nmemberships - 1, self.gbytes - e.size
+      charge(self, e.who, -1)
+      gone[g] = gone[g] or {}
+      gone[g][e.addr] = "expired"
+      self.log("info", ("group '%s': %s expired (no beacon for %gs)"):format(g.name, e.addr, e.lease))
     end
-    for a, w in pairs(g.watchers) do
-      if w.expires <= now then
-        g.watchers[a] = nil
-        charge(self, w.who, -1)
-      elseif w.expires < nxt then
-        nxt = w.expires
-      end
-    end
-    if gone then
-      local left = {}
-      for a, m in pairs(gone) do
-        g.members[a] = nil
-        g.n, g.bytes = g.n - 1, g.bytes - m.size
-        charge(self, m.who, -1)
-        left[a] = "expired"
-        self.log("info", ("group '%s': %s expired (no beacon for %gs)"):format(g.name, a, m.lease))
-      end
-      changed(self, io, g, nil, left)
-    end
-    maybe_drop(self, g)
+    e = h[1]
   end
-  self.gnext = nxt
+  for g, left in pairs(gone) do changed(self, io, g, nil, left) end
+  for g in pairs(touched) do maybe_drop(self, g) end
 end
 
 -- The connection to `addr` is gone: it watches nothing any more (a
@@ -376,9 +508,12 @@ end
 function M.init(self, opts, num)
   self.groups, self.ngroups = {}, 0
   self.gcount = {}                                   -- requester -> entries
-  self.gnext = math.huge                             -- earliest expiry
+  self.gheap = {}                                    -- memberships and watches by expiry (hset)
   self.max_groups = num("max_groups", 65536)         -- rw
   self.group_quota = num("group_quota", 1024)        -- rw: entries one requester may have
+  self.max_memberships = num("max_memberships", 262144)          -- rw: memberships held in all
+  self.max_group_bytes = num("max_group_bytes", 256 * 1024 * 1024) -- rw: member data held in all (estimated)
+  self.nmemberships, self.gbytes = 0, 0
 end
 
 M.ops = ops

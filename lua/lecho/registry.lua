@@ -122,6 +122,7 @@ local ONEWAY = { members_ok = true, release = true }
 --        settle = 3.0, recovering = false,
 --        forget_after = 30, nameserver = "host:port" (manager),
 --        max_groups = 65536, group_quota = 1024,
+--        max_memberships = 262144, max_group_bytes = 256 MiB,
 --        log = function(level, msg) }
 -- channel_quota: the channel entries one requester (a context's address, or
 -- its principal in keyed mode) may make at the name server by lookups and
@@ -130,7 +131,9 @@ local ONEWAY = { members_ok = true, release = true }
 -- a producer takes in one member list); the join of one more fails with
 -- code "limit".  max_groups, group_quota: groups with leases
 -- (lecho.presence): groups this name server holds, and the memberships and
--- watches one requester may have.
+-- watches one requester may have; max_memberships, max_group_bytes: the
+-- memberships and the bytes of member data this name server holds in all
+-- (claimed addresses evade group_quota in protected mode: not these).
 -- Keyed mode (doc/security.md): identity = fn(addr) -> principal, pk (32
 -- raw bytes) of an authenticated peer (this context's own for `addr`), nil
 -- in protected mode; policy = a lecho.policy, its rules table or a policy

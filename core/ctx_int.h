@@ -249,6 +249,8 @@ struct lei_ctx {
     int lfd;
     ev_io lio;
     ev_prepare prep;          /* writes batched queues once per loop turn */
+    ev_check chk;             /* after a turn's callbacks: writes what they deferred */
+    int unflushed;            /* a callback deferred a sync write (lei_defer_flush) */
     ev_idle idle;             /* runs the local delivery queue */
     ev_timer hb;              /* liveness: PINGs and dead peers, all connections */
     lei_peer **peers;         /* owned: the peers, dense (p->pos), any order */
@@ -465,6 +467,8 @@ const lei_pin *lei_pin_find(const lei_ctx *c, const char *addr);
 void lei_ident_free(lei_ctx *c);
 /* local.c */
 void lei_local_idle_cb(struct ev_loop *loop, ev_idle *w, int revents);
+void lei_defer_flush(lei_ctx *c, lei_peer *p);
+
 /* sync.c */
 void lei_sync_fail(lei_sync_wait *w, lei_sync *s, const char *why);
 void lei_syncs_peer_lost(lei_ctx *c, lei_peer *p, const char *reason);

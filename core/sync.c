@@ -89,7 +89,7 @@ void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uin
         it->ack = 1;
         from->ack_bytes += it->size;
         lei_q_push(&from->q, it);
-        lei_peer_flush(from);
+        lei_defer_flush(c, from);
         return;
     }
     lei_sync_answered(c, NULL, sync, nran, errs, elen);

@@ -113,9 +113,7 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
     if (nd) memcpy(dests, ch->dests, (size_t)nd * sizeof *dests);
     if (local_drop) ch->drops++; /* the local queue is full: dropped, counted */
     if (s) {
-        s->id = ++c->next_sync;
-        s->next = c->syncs;
-        c->syncs = s;
+        lei_sync_link(c, s);
         *sync_id = s->id;
     }
     /* The same frame header for every destination: built once. */
@@ -186,9 +184,7 @@ int lei_call(lei_ctx *c, uint32_t chid, const char *dest, lei_msg *msg, int poli
         *err = "out of memory";
         return -LEI_E_NOMEM;
     }
-    s->id = ++c->next_sync;
-    s->next = c->syncs;
-    c->syncs = s;
+    lei_sync_link(c, s);
     *sync_id = s->id;
     s->w[0].peer = p;
     s->nw = s->nwait = 1;
@@ -364,6 +360,8 @@ void lei_ctx_free(lei_ctx *c) {
     free(c->chans);
     free(c->hash);
     while (c->syncs) lei_sync_free(c, c->syncs);
+    free(c->shash);
+    free(c->sdone);
     lei_ctx_stop_listening(c);
     ev_ref(c->loop);
     ev_prepare_stop(c->loop, &c->prep);

@@ -230,8 +230,10 @@ typedef struct lei_sync_wait {
 } lei_sync_wait;
 
 struct lei_sync {
-    struct lei_sync *next;
+    struct lei_sync *next, *prev; /* c->syncs, every record */
+    struct lei_sync *hnext;   /* c->shash chain */
     uint64_t id;
+    int watch;                /* its id goes on c->sdone when it settles */
     int nwait;                /* waits not yet done */
     int nw;
     lei_sync_wait *w;         /* owned */
@@ -272,6 +274,12 @@ struct lei_ctx {
     lei_queue lq;             /* local deliveries */
     lei_sync *syncs;
     uint64_t next_sync;
+    lei_sync **shash;         /* owned array (not the records): by id & (shcap-1) */
+    uint32_t shcap, nsyncs;
+    uint64_t *sdone;          /* owned: ids of watched records settled since the last
+                               * lei_sync_done_take (Lua resumes only their waiters) */
+    uint32_t nsdone, csdone;
+    int sdone_lost;           /* a push failed (no memory): the taker looks at all */
     int depth;                /* ro: nesting of hooks in progress */
     lei_queue ldef;           /* local items of held channels, in order */
     int closing;              /* ro: lei_ctx_shutdown was called */
@@ -468,6 +476,7 @@ void lei_ident_free(lei_ctx *c);
 /* local.c */
 void lei_local_idle_cb(struct ev_loop *loop, ev_idle *w, int revents);
 void lei_defer_flush(lei_ctx *c, lei_peer *p);
+void lei_sync_link(lei_ctx *c, lei_sync *s);
 
 /* sync.c */
 void lei_sync_fail(lei_sync_wait *w, lei_sync *s, const char *why);

@@ -137,19 +137,42 @@ function Context:_resume(co, ...)
   return true
 end
 
+-- One timer wakes the loop for every wait's deadline, armed at the
+-- earliest one (a timer per wait cost a userdata, a libev watcher and its
+-- collection per call); when it fires, _turn looks at every wait's deadline
+-- and arms it again at the earliest left.
+function Context:_wake_at(deadline)
+  if self.wake_t and self.wake_t <= deadline then return end
+  if self.wake_timer then self.wake_timer:stop() end
+  self.wake_t = deadline
+  self.wake_timer = self.c:timer(math.max(deadline - now(self), 0) + 0.001, 0, function()
+    self.wake_t, self.wake_timer = nil, nil
+    self.wake_due = true
+  end)
+end
+
 -- Waits until ready() is true: true; or until deadline (a ctx:now() time,
--- nil: none) or the context closes: false.
-function Context:_wait(ready, deadline)
+-- nil: none) or the context closes: false.  sid: ready() waits on that
+-- sync record (a call's): the core tells when it settles (ctx:sync_done),
+-- so the scheduler does not ask ready() every turn.
+function Context:_wait(ready, deadline, sid)
   if ready() then return true end
   if self.closed then return false end
   local co = coroutine.running()
-  local w = { ready = ready, deadline = deadline }
   if co and self.cos[co] then
-    w.co = co
-    if deadline then
-      w.timer = self.c:timer(math.max(deadline - now(self), 0) + 0.001, 0, function() end)
+    local w = { ready = ready, deadline = deadline, co = co }
+    if sid and self.c:sync_watch(sid) then
+      local sw = self.sync_waiters
+      if not sw then
+        sw = {}
+        self.sync_waiters, self.nsyncw, self.sync_ids = sw, 0, {}
+      end
+      sw[sid] = w
+      self.nsyncw = self.nsyncw + 1
+    else
+      self.waiters[#self.waiters + 1] = w
     end
-    self.waiters[#self.waiters + 1] = w
+    if deadline then self:_wake_at(deadline) end
     self.c:want_turn(true)
     -- a service handler under a CPU budget (lecho.service): not counted
     -- while it waits
@@ -169,9 +192,58 @@ function Context:_wait(ready, deadline)
   end
 end
 
+-- The waits on sync records (_wait's sid): those whose record settled
+-- (all of them when the core could not list them, or the context closed),
+-- and, when the wake timer fired, those past their deadline.
+function Context:_turn_syncs()
+  local sw, c = self.sync_waiters, self.c
+  local go = nil
+  if self.closed then
+    go = {}
+    for sid, w in pairs(sw) do go[#go + 1] = { sid, w, false } end
+  else
+    local ids = self.sync_ids
+    local n = c:sync_done(ids)
+    if n < 0 then
+      go = {}
+      for sid, w in pairs(sw) do
+        if w.ready() then go[#go + 1] = { sid, w, true } end
+      end
+    else
+      for k = 1, n do
+        local sid = ids[k]
+        local w = sw[sid]
+        if w and w.ready() then
+          sw[sid] = nil
+          self.nsyncw = self.nsyncw - 1
+          self:_resume(w.co, true)
+        end
+      end
+    end
+    if self.wake_due then
+      local t = now(self)
+      go = go or {}
+      for sid, w in pairs(sw) do
+        if w.deadline and t >= w.deadline then go[#go + 1] = { sid, w, false } end
+      end
+    end
+  end
+  if go then
+    for k = 1, #go do
+      local sid, w, res = go[k][1], go[k][2], go[k][3]
+      if sw[sid] == w then
+        sw[sid] = nil
+        self.nsyncw = self.nsyncw - 1
+        self:_resume(w.co, res)
+      end
+    end
+  end
+end
+
 -- Before each loop turn's writes: resumes, in the order they began, the
 -- waits that can go on or whose deadline passed.
 function Context:_turn()
+  if self.sync_waiters then self:_turn_syncs() end
   local ws, i, t = self.waiters, 1, nil
   while ws[i] do
     local w = ws[i]
@@ -188,12 +260,30 @@ function Context:_turn()
       i = i + 1
     else
       table.remove(ws, i)
-      if w.timer then w.timer:stop() end
       self:_resume(w.co, res)
       ws = self.waiters
     end
   end
-  if not ws[1] and not self.closed then self.c:want_turn(false) end
+  if self.wake_due and not self.closed then
+    -- the wake timer fired: armed again at the earliest deadline left
+    self.wake_due = false
+    local first
+    for _, w in ipairs(ws) do
+      if w.deadline and (not first or w.deadline < first) then first = w.deadline end
+    end
+    for _, w in pairs(self.sync_waiters or {}) do
+      if w.deadline and (not first or w.deadline < first) then first = w.deadline end
+    end
+    if first then self:_wake_at(first) end
+  end
+  if not ws[1] and (self.nsyncw or 0) == 0 and not self.closed then
+    self.c:want_turn(false)
+    -- nothing waits: no timer left to keep the loop busy
+    if self.wake_timer then
+      self.wake_timer:stop()
+      self.wake_t, self.wake_timer = nil, nil
+    end
+  end
 end
 
 -- The event hook: dispatches in a coroutine kept for it.  Returns true

@@ -428,7 +428,7 @@ local function try(ctx, cl, ch, addr, want, args, opts, timeout)
     ctx:_wait(function()
       r1, r2, r3 = c:call_result(sid)
       return r1 ~= false
-    end, c:now() + timeout)
+    end, c:now() + timeout, sid)
   end
   inflight[addr] = inflight[addr] - 1
   if ctx.closed then return nil, "context closed while waiting for the reply", "closed" end

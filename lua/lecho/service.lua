@@ -389,6 +389,26 @@ if jit_ok then
   jit.off(candidates)
 end
 
+-- candidates() for a first try (nothing tried yet), kept per channel
+-- while its member list (ch.svc: a new table on every update) and the
+-- options asking are the same: a call's hot path makes no table for it and
+-- runs no interpreted code (candidates is jit.off).  A server gone
+-- meanwhile fails as "not a destination here" (surely not run), and the
+-- retry looks again.
+local NONE = {}
+local function first_candidates(ctx, cl, ch, opts)
+  local k = ch.svc_cand
+  local svc = ch.svc
+  if k and svc and k.svc == svc and k.v == opts.version and k.mv == opts.min_version and k.at == opts.at then
+    return k.list, k.want
+  end
+  local list, want, code = candidates(ctx, cl, ch, opts, NONE)
+  if list then
+    ch.svc_cand = { svc = svc, v = opts.version, mv = opts.min_version, at = opts.at, list = list, want = want }
+  end
+  return list, want, code
+end
+
 -- The least loaded of the candidates (calls in flight from here), round
 -- robin among equals.
 local function choose(ctx, cl, list)
@@ -484,7 +504,7 @@ call_body = function(self, name, args, opts)
   if not cl then return nil, err, code end
   local timeout = opts.timeout or self.sync_timeout
   local retries = opts.retries or options.CALL.retries
-  local tried = {}
+  local tried = nil -- (made at the first failure: the hot path makes none)
   local last = nil
   local attempts = 0
   for i = 1, #cl.chans do
@@ -494,7 +514,11 @@ call_body = function(self, name, args, opts)
       local ch = cl.chans[i]
       while attempts <= retries do
         local list, want
-        list, want, code = candidates(self, cl, ch, opts, tried)
+        if tried then
+          list, want, code = candidates(self, cl, ch, opts, tried)
+        else
+          list, want, code = first_candidates(self, cl, ch, opts)
+        end
         if not list then
           -- nothing (left) here: the next name server; a version refusal
           -- or an earlier failure is the answer if none has better
@@ -508,6 +532,7 @@ call_body = function(self, name, args, opts)
         if ok then return true, unpack(e, 1, e.n) end
         if not (retry == "safe" or (retry == "key" and opts.key)) then return nil, e, ecode, tb end
         last = { n = 4, nil, e, ecode, tb }
+        tried = tried or {}
         tried[addr] = true
       end
       if attempts > retries then break end

@@ -484,13 +484,24 @@ static int l_call_result(lua_State *L) {
     return n;
 }
 
-/* ctx:sync_watch(sid): the id goes on the settled list (ctx:sync_done)
- * once the record settles; false when there is no such record. */
+/* ctx:sync_watch(sid): true when the record is pending: its id goes on
+ * the settled list (ctx:sync_done) once it settles; false (nothing
+ * watched) when it settled already or there is no such record. */
 static int l_sync_watch(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     lei_sync *s = lei_sync_find(b->c, (uint64_t)luaL_checknumber(L, 2));
-    if (s) lei_sync_watch(b->c, s);
-    lua_pushboolean(L, s != NULL);
+    int pending = s && lei_sync_pending(s);
+    if (pending) lei_sync_watch(b->c, s);
+    lua_pushboolean(L, pending);
+    return 1;
+}
+
+/* ctx:sync_pending(sid): true while the record waits for an answer (the
+ * record is left as it is). */
+static int l_sync_pending(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    lei_sync *s = lei_sync_find(b->c, (uint64_t)luaL_checknumber(L, 2));
+    lua_pushboolean(L, s && lei_sync_pending(s));
     return 1;
 }
 
@@ -530,4 +541,5 @@ const luaL_Reg lb_chan_methods[] = {
     {"send_ctrl", l_send_ctrl},   {"set_calls", l_set_calls},
     {"call", l_call},             {"call_result", l_call_result},
     {"sync_watch", l_sync_watch}, {"sync_done", l_sync_done},
+    {"sync_pending", l_sync_pending},
     {NULL, NULL}};

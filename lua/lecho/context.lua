@@ -223,7 +223,40 @@ function Context:_wait(ready, deadline, sid)
   end
 end
 
--- The waits on sync records (_wait's sid): those whose record settled
+-- Waits until sync record sid (a call's) settles: true; or until deadline
+-- or the context closes: false.  The record is left for ctx:call_result.
+-- No closure, no poll: the core lists the records settled each turn.
+function Context:_wait_sync(sid, deadline)
+  local c = self.c
+  if self.closed then return false end
+  local co = coroutine.running()
+  if co and self.cos[co] then
+    if not c:sync_watch(sid) then return true end
+    local sw = self.sync_waiters
+    if not sw then
+      sw = {}
+      self.sync_waiters, self.nsyncw, self.sync_ids = sw, 0, {}
+    end
+    sw[sid] = { deadline = deadline, co = co }
+    self.nsyncw = self.nsyncw + 1
+    if deadline then self:_wake_at(deadline) end
+    c:want_turn(true)
+    local bud = self.svc_budgets and self.svc_budgets[co]
+    if bud then self:_budget_pause(bud) end
+    local r = coroutine.yield(WAIT)
+    if bud then self:_budget_resume(bud) end
+    return r
+  end
+  while true do
+    if self.closed then return false end
+    if not c:sync_pending(sid) then return true end
+    local left = deadline and deadline - now(self)
+    if left and left <= 0 then return false end
+    c:run_once(left)
+  end
+end
+
+-- The waits on sync records (_wait's sid, _wait_sync): those whose record settled
 -- (all of them when the core could not list them, or the context closed),
 -- and, when the wake timer fired, those past their deadline.
 function Context:_turn_syncs()
@@ -238,13 +271,13 @@ function Context:_turn_syncs()
     if n < 0 then
       go = {}
       for sid, w in pairs(sw) do
-        if w.ready() then go[#go + 1] = { sid, w, true } end
+        if not c:sync_pending(sid) and (not w.ready or w.ready()) then go[#go + 1] = { sid, w, true } end
       end
     else
       for k = 1, n do
         local sid = ids[k]
         local w = sw[sid]
-        if w and w.ready() then
+        if w and (not w.ready or w.ready()) then
           sw[sid] = nil
           self.nsyncw = self.nsyncw - 1
           self:_resume(w.co, true)

@@ -444,12 +444,7 @@ local function try(ctx, cl, ch, addr, want, args, opts, timeout)
   if r1 == nil then return nil, r2, r3, nil, "safe" end -- unreachable: never sent
   local inflight = ctx.svc_inflight
   inflight[addr] = (inflight[addr] or 0) + 1
-  if r1 == false then
-    ctx:_wait(function()
-      r1, r2, r3 = c:call_result(sid)
-      return r1 ~= false
-    end, c:now() + timeout, sid)
-  end
+  if r1 == false then ctx:_wait_sync(sid, c:now() + timeout) end
   inflight[addr] = inflight[addr] - 1
   if ctx.closed then return nil, "context closed while waiting for the reply", "closed" end
   if r1 == false then r1, r2, r3 = c:call_result(sid, true) end
@@ -579,15 +574,18 @@ function Context:call(name, args, opts)
   return strip(self:_call(name, args, opts))
 end
 
+-- call_async's coroutine (no closure per call).
+local function call_async_run(self, name, args, opts, cb)
+  local ok, err = xpcall(cb, traceback, self:_call(name, args, opts))
+  if not ok then self.log("error in call_async callback: " .. tostring(err)) end
+end
+
 --- The same call without waiting: cb(true, results...) or cb(nil, err,
 -- code, traceback) runs later, in a coroutine of the context's.
 function Context:call_async(name, args, opts, cb)
   if type(cb) ~= "function" then error("lecho: ctx:call_async needs a callback function", 2) end
   opts = check_call(self, name, opts, "ctx:call_async")
-  self:_spawn(function()
-    local ok, err = xpcall(function(...) return cb(...) end, traceback, self:_call(name, args, opts))
-    if not ok then self.log("error in call_async callback: " .. tostring(err)) end
-  end)
+  self:_spawn(call_async_run, self, name, args, opts, cb)
 end
 
 return Service

@@ -172,14 +172,22 @@ end
 -- earliest one (a timer per wait cost a userdata, a libev watcher and its
 -- collection per call); when it fires, _turn looks at every wait's deadline
 -- and arms it again at the earliest left.
+-- (The timer's function is made once per context, outside _wake_at: a
+-- function that makes a closure is not compiled by LuaJIT 2.1 on its early
+-- returns, bytecode UCLO.)
+local function wake_fn(self)
+  return function()
+    self.wake_t, self.wake_timer = nil, nil
+    self.wake_due = true
+  end
+end
+
 function Context:_wake_at(deadline)
   if self.wake_t and self.wake_t <= deadline then return end
   if self.wake_timer then self.wake_timer:stop() end
   self.wake_t = deadline
-  self.wake_timer = self.c:timer(math.max(deadline - now(self), 0) + 0.001, 0, function()
-    self.wake_t, self.wake_timer = nil, nil
-    self.wake_due = true
-  end)
+  self.wake_fn = self.wake_fn or wake_fn(self)
+  self.wake_timer = self.c:timer(math.max(deadline - now(self), 0) + 0.001, 0, self.wake_fn)
 end
 
 -- Waits until ready() is true: true; or until deadline (a ctx:now() time,

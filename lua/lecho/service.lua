@@ -302,9 +302,8 @@ end
 -- The producer of name server i's channel: joined once (concurrent calls
 -- wait for the one join).  nil, err, code when the join fails (tried again
 -- by the next call).
-local function joined(ctx, cl, i)
-  local p = cl.prods[i]
-  if p then return p end
+local function join(ctx, cl, i)
+  local p
   if cl.joining and cl.joining[i] then
     ctx:_wait(function() return not cl.joining[i] end)
     if cl.prods[i] then return cl.prods[i] end
@@ -322,6 +321,14 @@ local function joined(ctx, cl, i)
     cl.join_err[i] = err
   end
   return p, err, code
+end
+
+-- (the hot path apart: a function making a closure, as join does, is not
+-- compiled by LuaJIT 2.1 on its returns, bytecode UCLO)
+local function joined(ctx, cl, i)
+  local p = cl.prods[i]
+  if p then return p end
+  return join(ctx, cl, i)
 end
 
 local function vlist(vs)

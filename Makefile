@@ -42,7 +42,7 @@ DEPS := /usr/bin/luajit:luajit \
         /usr/bin/gnuplot:gnuplot-nox \
         /usr/bin/tmux:tmux
 
-.PHONY: all deps test ctest spec asan demo bench clean help install liblecho examples-c
+.PHONY: all deps test ctest spec asan demo keiretsu bench clean help install liblecho examples-c
 
 all: $(SO)
 
@@ -58,6 +58,7 @@ help:
 	@echo "  make spec        the busted specs only (BUSTED_ARGS: e.g. spec/codec_spec.lua)"
 	@echo "  make asan        the same suite with the core built under ASan and UBSan"
 	@echo "  make demo        atmosphere: a simulation and three viewers (full, region, diff), bytes per viewer"
+	@echo "  make keiretsu    instant messaging over four nodes (network namespaces if allowed): messages/s for 1-4 nodes, three killed, acknowledged messages counted"
 	@echo "  make bench       benchmark suite vs raw TCP and ZeroMQ, results in bench/results/"
 	@echo "  make stress      seeded stress scenarios with real processes for STRESS_SECONDS"
 	@echo "  make stress-seed replay one stress scenario: SEED=N [SECONDS=S] [SCENARIO=NAME], keeps its logs"
@@ -77,6 +78,7 @@ help:
 	@echo "  STRESS_SCENARIO_SECONDS=$(STRESS_SCENARIO_SECONDS) make stress: time per scenario"
 	@echo "  SEED, SECONDS, SCENARIO  make stress-seed: which scenario to replay, for how long"
 	@echo "  DEMO_SECONDS, LECHO_NAMESERVER  make demo: how long (10), which name server"
+	@echo "  KEIRETSU_ARGS            make keiretsu: options of examples/keiretsu/run.lua (--help)"
 	@echo "  BUSTED_ARGS              make spec/test: arguments for busted (files, --filter ...)"
 	@echo "  BUILD_JOBS=$(BUILD_JOBS)             make test, fuzz-build: parallel compile jobs"
 	@echo "  OBJ_DIR=$(OBJ_DIR)         where the core's objects are compiled (make rock: its own)"
@@ -259,6 +261,13 @@ asan: deps
 # (default: the simulation runs the name server).
 demo: deps all
 	$(SPEC_ENV) $(LUAJIT) examples/atmosphere/run.lua
+
+# The Keiretsu example: instant messaging over four nodes, each in its own
+# network namespace when allowed (root), else loopback processes; messages/s
+# for 1..4 nodes, then three nodes killed while blasting, every acknowledged
+# message looked for.  KEIRETSU_ARGS: run.lua's options (--phase 5 ...).
+keiretsu: deps all
+	$(SPEC_ENV) $(LUAJIT) examples/keiretsu/run.lua $(KEIRETSU_ARGS)
 
 # The benchmark suite (bench/run.lua): lecho from Lua and from the C API
 # against raw TCP and ZeroMQ, in one run.  QUICK=1: small counts, < 30 s.

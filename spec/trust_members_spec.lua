@@ -10,7 +10,7 @@
 --   * it had no effect: the rogue receives no event, no modulator of its
 --     runs, a consumer that joins afterwards still gets events;
 --   * the legitimate flow is unaffected: the consumer's rate during the
---     attack is within 10% of its rate just before it (same run);
+--     attack is no more than 10% below its rate just before it (same run);
 --   * everything is bounded in time (every wait has a deadline).
 --
 -- Run: make && LUA_PATH="$PWD/?.lua;$PWD/lua/?.lua;$PWD/lua/?/init.lua;;" \

@@ -14,7 +14,7 @@
 -- "[op: ]not allowed: mallory may not ACTION ..."), has no
 -- effect (new channels still work, nothing of the consumer's modulator
 -- reaches the rogue, no address in a modulator's output), leaves the
--- legitimate flow within 10% of its rate just before the attack, and is
+-- legitimate flow no more than 10% below its rate just before the attack, and is
 -- bounded in time.  The rogue is "mallory": a key every process trusts, to
 -- whom the policy allows nothing.  Protected mode (every local process is
 -- trusted) keeps the two that do not need identities: `list` shows no

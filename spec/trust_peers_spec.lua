@@ -11,7 +11,7 @@
 --
 -- Each is refused with a reason (the ERROR of the handshake, or the ACK's
 -- error of a refused BIND), has no effect (no event to the rogue, no forged
--- event delivered), leaves the legitimate flow within 10% of its rate just
+-- event delivered), leaves the legitimate flow no more than 10% below its rate just
 -- before the attack, and is bounded in time.  Keyed mode: the rogue is
 -- "mallory" (trusted key, allowed nothing) or "stranger" (untrusted key).
 -- Protected mode (no keys) refuses the takeovers too: no HELLO replaces a

@@ -251,13 +251,18 @@ function M.measure(w, attack, child)
   return M.rate(child, t0, t1), M.rate(child, t1, t3), res, t2 - t1
 end
 
---- The legitimate flow is unaffected: its rate during the attack within
--- 10% of the rate before it.
+--- The legitimate flow is unaffected: its rate during the attack no more
+-- than 10% below the rate before it, or at least 90% of the rate the
+-- producer submits at (M.RATE).  One-sided: a window faster than the one
+-- before it is no harm (on a shared machine the baseline window itself may
+-- dip: 83.5 then 96 events/s failed the old two-sided check), and a flow at
+-- its nominal rate during the attack was not slowed by it, whatever the
+-- baseline read.  An attack that slows the flow fails both.
 function M.assert_unaffected(base, during, what)
   assert(base > 0.5 * M.RATE, ("the flow was not running before the attack (%.1f events/s)"):format(base))
-  assert(math.abs(during - base) <= 0.1 * base,
-         ("%s: the legitimate flow went from %.1f to %.1f events/s (more than 10%%)"):format(
-           what or "attack", base, during))
+  assert(during >= 0.9 * base or during >= 0.9 * M.RATE,
+         ("%s: the legitimate flow went from %.1f to %.1f events/s (more than 10%% slower, and under 90%% of %d)"):format(
+           what or "attack", base, during, M.RATE))
 end
 
 ------------------------------------------------------------------------------

@@ -1,0 +1,106 @@
+-- examples/keiretsu (issue 12 point 7), a short run: four nodes, each in its
+-- own network namespace when the machine allows it (else loopback
+-- processes, which the output says), keyed; a user lists who is online,
+-- sends another a message and sees one user leave and another (killed)
+-- expire; blasters through 1..4 nodes; the first of two name servers and
+-- two nodes killed and a third node silenced (link down, or SIGSTOP on
+-- loopback) while blasting.  Asserts
+-- that no acknowledged message was lost (every acknowledged id is among the
+-- ids the speedometers received), that the service went on through the
+-- last node, and that every process and namespace of the run is gone
+-- afterwards, also when the driver itself is killed (its watchdog).  No
+-- rate is asserted: the figures are printed.
+
+local cjson = require "cjson"
+local S = require "spec.support"
+
+local RUN = S.root .. "/examples/keiretsu/run.lua"
+
+-- What is left of a Keiretsu run (its namespaces, its processes): nil when nothing.
+local function leftovers()
+  local _, out = S.sh("(ip netns list 2>/dev/null | grep keiretsu-; "
+                      .. "pgrep -af 'examples/keiretsu/(node|blaster|speedometer|client)[.]lua')")
+  return out:match("%S") and out or nil
+end
+
+describe("examples/keiretsu", function()
+  after_each(function() S.cleanup() end)
+
+  it("loses no acknowledged message while three of four nodes are killed, and the service goes on", function()
+    local json = S.tmpname("keiretsu") .. ".json"
+    local ok, out = S.sh(("%s %s --phase 1 --after 2 --kill-gap 0.3 --json %s")
+      :format(S.luajit, RUN, S.sh_quote(json)))
+    print("\n" .. out)
+    local r = cjson.decode((assert(S.read(json), "no summary: " .. out)))
+    assert.is_true(ok, out)
+    assert.is_nil(r.error)
+    -- the hosts: namespaces when allowed, else said
+    if r.hosts == "netns" then
+      assert.truthy(out:find("network namespaces", 1, true))
+    else
+      assert.truthy(out:find("loopback processes on 127.0.0.1 (no network namespaces: ", 1, true))
+    end
+    -- the users: who is online, a message acknowledged and received
+    assert.truthy(r.client.who:find("alice", 1, true), r.client.who)
+    assert.truthy(r.client.sent:find("^sent .* to alice: acknowledged"), r.client.sent)
+    assert.are.equal("from bob: hello from bob", r.client.got)
+    -- presence: a watcher is told who leaves, and who dies (lease expired)
+    assert.truthy(r.client.who:find("carol", 1, true), r.client.who)
+    assert.are.equal("left alice (left)", r.client.left)
+    assert.are.equal("left carol (expired)", r.client.gone)
+    -- blasting: something acknowledged at each node count, nothing lost
+    for k = 1, 4 do assert.is_true(r.rates[k] > 0, "no message through " .. k .. " nodes") end
+    assert.is_true(r.acked > 0)
+    assert.are.equal(0, r.lost)
+    assert.is_true(r.received >= r.acked)
+    -- after the first name server and three nodes went down, the service
+    -- went on through the last node
+    assert.truthy(out:find("killed the first name server (SIGKILL)", 1, true), out)
+    assert.truthy(out:find("node-3 silenced: ", 1, true), out)
+    assert.is_true(r.service_went_on)
+    assert.is_true(r.after_kills.acked > 0 and r.after_kills.received > 0)
+    assert.is_true(r.ok)
+    assert.is_nil(leftovers())
+  end)
+
+  it("runs its programs from anywhere without LUA_PATH, says how to use them, and refuses a message for a user who is not online", function()
+    local dir = S.root .. "/examples/keiretsu"
+    local bare = "cd / && env -u LUA_PATH -u LUA_CPATH " .. S.luajit .. " " .. dir
+    for _, prog in ipairs({ "run", "node", "client", "blaster", "speedometer" }) do
+      local ok, out = S.sh(("%s/%s.lua --help"):format(bare, prog))
+      assert.is_true(ok, prog .. ": " .. out)
+      assert.truthy(out:find("usage: luajit examples/keiretsu/" .. prog .. ".lua", 1, true), out)
+    end
+    local ok, out, code = S.sh(bare .. "/node.lua --nameserver 127.0.0.1:1 --frobnicate")
+    assert.is_false(ok)
+    assert.are.equal(2, code)
+    assert.truthy(out:find("node: unknown option '--frobnicate'", 1, true), out)
+    ok, out = S.sh(bare .. "/client.lua --user bob")
+    assert.is_false(ok)
+    assert.truthy(out:find("--nameserver is required", 1, true), out)
+    -- unkeyed on loopback: a node, then bob sends to carol (not online)
+    -- and to himself
+    local _, ns = S.nameserver("--quiet")
+    local node = S.spawn(("%s/node.lua --name node-1 --nameserver %s --for 30"):format(bare, ns))
+    assert(S.wait_file(node.out, "ready", 20), "node did not start: " .. S.errors(node))
+    ok, out = S.sh(("%s/client.lua --user bob --nameserver %s --who --send carol --text hi"):format(bare, ns))
+    assert.is_false(ok)
+    assert.truthy(out:find("who is online: bob\n"), out)
+    assert.truthy(out:find("not sent to carol: offline: carol (failed)", 1, true), out)
+    ok, out = S.sh(("%s/client.lua --user bob --nameserver %s --send bob --text self --wait 5 --count 1"):format(bare, ns))
+    assert.is_true(ok, out)
+    assert.truthy(out:find("from bob: self", 1, true), out)
+    assert.truthy(out:find("sent bob:[%d.]+ to bob: acknowledged"), out)
+  end)
+
+  it("removes its processes and namespaces when the driver itself is killed", function()
+    local drv = S.spawn(("%s %s --phase 30"):format(S.luajit, RUN))
+    assert(S.wait_file(drv.out, "node%-1 ready", 30), "did not start: " .. S.output(drv) .. S.errors(drv))
+    assert.is_truthy(S.alive(drv))
+    S.kill(drv, "KILL")
+    -- the watchdog looks once a second
+    local deadline = os.time() + 10
+    while leftovers() and os.time() < deadline do S.sleep(0.2) end
+    assert.is_nil(leftovers())
+  end)
+end)

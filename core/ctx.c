@@ -113,9 +113,7 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
     if (nd) memcpy(dests, ch->dests, (size_t)nd * sizeof *dests);
     if (local_drop) ch->drops++; /* the local queue is full: dropped, counted */
     if (s) {
-        s->id = ++c->next_sync;
-        s->next = c->syncs;
-        c->syncs = s;
+        lei_sync_link(c, s);
         *sync_id = s->id;
     }
     /* The same frame header for every destination: built once. */
@@ -186,9 +184,7 @@ int lei_call(lei_ctx *c, uint32_t chid, const char *dest, lei_msg *msg, int poli
         *err = "out of memory";
         return -LEI_E_NOMEM;
     }
-    s->id = ++c->next_sync;
-    s->next = c->syncs;
-    c->syncs = s;
+    lei_sync_link(c, s);
     *sync_id = s->id;
     s->w[0].peer = p;
     s->nw = s->nwait = 1;
@@ -223,7 +219,31 @@ static void prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents) {
     if (c->nnotes) lei_tell_notes(c);
     if (c->h.prepare) c->h.prepare(c->h.ud);
     lei_peers_turn(c);
+    c->unflushed = 0;
     lei_flush(c);
+}
+
+/* Sync events and ACKs queued inside a callback (a call sent or answered
+ * from Lua) are written once that turn's callbacks are over, in one write
+ * per peer, not one write each: at lowest priority, this check watcher runs
+ * after every other callback of the turn (and the prepare watcher writes
+ * what the next turn's scheduler queued). */
+static void check_cb(struct ev_loop *loop, ev_check *w, int revents) {
+    (void)loop;
+    (void)revents;
+    lei_ctx *c = w->data;
+    if (!c->unflushed) return;
+    c->unflushed = 0;
+    lei_flush(c);
+}
+
+/* A sync write to p: at once outside any callback (the main line), else at
+ * the end of the loop turn (check_cb, prepare_cb). */
+void lei_defer_flush(lei_ctx *c, lei_peer *p) {
+    if (c->depth > 0 && ev_depth(c->loop) > 0)
+        c->unflushed = 1;
+    else
+        lei_peer_flush(p);
 }
 
 
@@ -301,6 +321,11 @@ lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h) {
     c->prep.data = c;
     ev_prepare_start(c->loop, &c->prep);
     ev_unref(c->loop); /* the flusher alone does not keep the loop alive */
+    ev_check_init(&c->chk, check_cb);
+    ev_set_priority(&c->chk, EV_MINPRI);
+    c->chk.data = c;
+    ev_check_start(c->loop, &c->chk);
+    ev_unref(c->loop);
     ev_idle_init(&c->idle, lei_local_idle_cb);
     c->idle.data = c;
     ev_idle_init(&c->kick, lei_kick_cb);
@@ -340,9 +365,13 @@ void lei_ctx_free(lei_ctx *c) {
     free(c->chans);
     free(c->hash);
     while (c->syncs) lei_sync_free(c, c->syncs);
+    free(c->shash);
+    free(c->sdone);
     lei_ctx_stop_listening(c);
     ev_ref(c->loop);
     ev_prepare_stop(c->loop, &c->prep);
+    ev_ref(c->loop);
+    ev_check_stop(c->loop, &c->chk);
     ev_idle_stop(c->loop, &c->idle);
     ev_idle_stop(c->loop, &c->kick);
     ev_timer_stop(c->loop, &c->expiry_w);

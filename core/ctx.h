@@ -296,6 +296,13 @@ uint64_t lei_sync_nran(const lei_sync *s);
 int lei_sync_nreplies(const lei_sync *s);
 void lei_sync_reply(const lei_sync *s, int i, lei_sync_answer *out);
 void lei_sync_free(lei_ctx *c, lei_sync *s);
+/* Settled-record notice (the Lua scheduler resumes only the waiters whose
+ * records settled this turn): lei_sync_watch(c, s) puts s's id on the
+ * settled list once no wait of it is pending; lei_sync_done_take empties
+ * that list into *ids (valid until the next watch), its count, or -1 when
+ * a push failed for lack of memory (look at every watched record). */
+void lei_sync_watch(lei_ctx *c, lei_sync *s);
+int lei_sync_done_take(lei_ctx *c, const uint64_t **ids);
 /* Writes every ready queue now. */
 void lei_flush(lei_ctx *c);
 /* Runs the local delivery queue until it is empty. */

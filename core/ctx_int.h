@@ -236,8 +236,10 @@ typedef struct lei_sync_wait {
 } lei_sync_wait;
 
 struct lei_sync {
-    struct lei_sync *next;
+    struct lei_sync *next, *prev; /* c->syncs, every record */
+    struct lei_sync *hnext;   /* c->shash chain */
     uint64_t id;
+    int watch;                /* its id goes on c->sdone when it settles */
     int nwait;                /* waits not yet done */
     int nw;
     lei_sync_wait *w;         /* owned */
@@ -255,6 +257,8 @@ struct lei_ctx {
     int lfd;
     ev_io lio;
     ev_prepare prep;          /* writes batched queues once per loop turn */
+    ev_check chk;             /* after a turn's callbacks: writes what they deferred */
+    int unflushed;            /* a callback deferred a sync write (lei_defer_flush) */
     ev_idle idle;             /* runs the local delivery queue */
     ev_timer hb;              /* liveness: PINGs and dead peers, all connections */
     lei_peer **peers;         /* owned: the peers, dense (p->pos), any order */
@@ -280,6 +284,12 @@ struct lei_ctx {
                                * address must not meet an id of ours) */
     uint64_t conn_gen;        /* last connection generation given (conn_up) */
     uint64_t stale_acks;      /* ro: ACKs dropped: their event's connection was gone */
+    lei_sync **shash;         /* owned array (not the records): by id & (shcap-1) */
+    uint32_t shcap, nsyncs;
+    uint64_t *sdone;          /* owned: ids of watched records settled since the last
+                               * lei_sync_done_take (Lua resumes only their waiters) */
+    uint32_t nsdone, csdone;
+    int sdone_lost;           /* a push failed (no memory): the taker looks at all */
     int depth;                /* ro: nesting of hooks in progress */
     lei_queue ldef;           /* local items of held channels, in order */
     int closing;              /* ro: lei_ctx_shutdown was called */
@@ -475,6 +485,9 @@ const lei_pin *lei_pin_find(const lei_ctx *c, const char *addr);
 void lei_ident_free(lei_ctx *c);
 /* local.c */
 void lei_local_idle_cb(struct ev_loop *loop, ev_idle *w, int revents);
+void lei_defer_flush(lei_ctx *c, lei_peer *p);
+void lei_sync_link(lei_ctx *c, lei_sync *s);
+
 /* sync.c */
 void lei_sync_fail(lei_sync_wait *w, lei_sync *s, const char *why);
 void lei_syncs_peer_lost(lei_ctx *c, lei_peer *p, const char *reason);

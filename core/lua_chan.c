@@ -534,6 +534,42 @@ static int l_call_result(lua_State *L) {
     return n;
 }
 
+/* ctx:sync_watch(sid): true when the record is pending: its id goes on
+ * the settled list (ctx:sync_done) once it settles; false (nothing
+ * watched) when it settled already or there is no such record. */
+static int l_sync_watch(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    lei_sync *s = lei_sync_find(b->c, (uint64_t)luaL_checknumber(L, 2));
+    int pending = s && lei_sync_pending(s);
+    if (pending) lei_sync_watch(b->c, s);
+    lua_pushboolean(L, pending);
+    return 1;
+}
+
+/* ctx:sync_pending(sid): true while the record waits for an answer (the
+ * record is left as it is). */
+static int l_sync_pending(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    lei_sync *s = lei_sync_find(b->c, (uint64_t)luaL_checknumber(L, 2));
+    lua_pushboolean(L, s && lei_sync_pending(s));
+    return 1;
+}
+
+/* ctx:sync_done(t) -> n: the watched records settled since the last call,
+ * their ids in t[1..n] (t reused: no table per turn); -1: look at all. */
+static int l_sync_done(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    const uint64_t *ids;
+    int n = lei_sync_done_take(b->c, &ids);
+    for (int i = 0; i < n; i++) {
+        lua_pushnumber(L, (lua_Number)ids[i]);
+        lua_rawseti(L, 2, i + 1);
+    }
+    lua_pushinteger(L, n);
+    return 1;
+}
+
 static int l_send_ctrl(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     const char *addr = luaL_checkstring(L, 2);
@@ -554,4 +590,6 @@ const luaL_Reg lb_chan_methods[] = {
     {"ack", l_ack},               {"reply_limit", l_reply_limit},
     {"send_ctrl", l_send_ctrl},   {"set_calls", l_set_calls},
     {"call", l_call},             {"call_result", l_call_result},
+    {"sync_watch", l_sync_watch}, {"sync_done", l_sync_done},
+    {"sync_pending", l_sync_pending},
     {NULL, NULL}};

@@ -519,7 +519,8 @@ void lei_peer_enqueue(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr,
             }
         }
     }
-    if (p->q.bytes >= c->o.batch_bytes || sync) lei_peer_flush(p);
+    if (p->q.bytes >= c->o.batch_bytes) lei_peer_flush(p);
+    else if (sync) lei_defer_flush(c, p);
 }
 
 /* Runs the local consumers of one queued item.  Returns 1 when a handler

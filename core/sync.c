@@ -11,18 +11,103 @@
 
 /* ---- sync records ------------------------------------------------------ */
 
+/* Records are found by id in c->shash (ids are consecutive: id & mask
+ * spreads them evenly); with thousands in flight a list walk per lookup made
+ * every loop turn quadratic.  The hash only grows; a failed growth keeps
+ * the old one (longer chains, nothing lost). */
+static void shash_grow(lei_ctx *c) {
+    uint32_t cap = c->shcap ? c->shcap * 2 : 64;
+    lei_sync **h = calloc(cap, sizeof *h);
+    if (!h) return;
+    for (lei_sync *s = c->syncs; s; s = s->next) {
+        lei_sync **b = &h[s->id & (cap - 1)];
+        s->hnext = *b;
+        *b = s;
+    }
+    free(c->shash);
+    c->shash = h;
+    c->shcap = cap;
+}
+
+/* Gives s its id and puts it on c->syncs and in c->shash (c owns it from
+ * now on, freed by lei_sync_free). */
+void lei_sync_link(lei_ctx *c, lei_sync *s) {
+    s->id = ++c->next_sync;
+    s->prev = NULL;
+    s->next = c->syncs;
+    if (c->syncs) c->syncs->prev = s;
+    c->syncs = s;
+    c->nsyncs++;
+    if (c->nsyncs > c->shcap) {
+        uint32_t was = c->shcap;
+        shash_grow(c);
+        if (c->shcap != was) return; /* rehashed s with the others */
+        if (!c->shcap) return;       /* no hash at all: lei_sync_find walks the list */
+    }
+    lei_sync **b = &c->shash[s->id & (c->shcap - 1)];
+    s->hnext = *b;
+    *b = s;
+}
+
 lei_sync *lei_sync_find(lei_ctx *c, uint64_t id) {
-    for (lei_sync *s = c->syncs; s; s = s->next)
+    if (!c->shcap) {
+        for (lei_sync *s = c->syncs; s; s = s->next)
+            if (s->id == id) return s;
+        return NULL;
+    }
+    for (lei_sync *s = c->shash[id & (c->shcap - 1)]; s; s = s->hnext)
         if (s->id == id) return s;
     return NULL;
 }
 
-void lei_sync_free(lei_ctx *c, lei_sync *s) {
-    for (lei_sync **pp = &c->syncs; *pp; pp = &(*pp)->next)
-        if (*pp == s) {
-            *pp = s->next;
-            break;
+/* A watched record settled (no wait pending any more): its id is told. */
+static void sync_settled(lei_ctx *c, lei_sync *s) {
+    if (!s->watch || s->nwait) return;
+    s->watch = 0;
+    if (c->nsdone == c->csdone) {
+        uint32_t n = c->csdone ? c->csdone * 2 : 64;
+        uint64_t *d = realloc(c->sdone, n * sizeof *d);
+        if (!d) {
+            c->sdone_lost = 1;
+            return;
         }
+        c->sdone = d;
+        c->csdone = n;
+    }
+    c->sdone[c->nsdone++] = s->id;
+}
+
+/* Asks for s's id on the settled list once it settles (at once when it
+ * has). */
+void lei_sync_watch(lei_ctx *c, lei_sync *s) {
+    s->watch = 1;
+    sync_settled(c, s);
+}
+
+/* The ids settled since the last call: *ids (valid until the next push),
+ * the count returned; -1: some were not recorded (no memory), every
+ * watched record must be looked at.  The list is emptied. */
+int lei_sync_done_take(lei_ctx *c, const uint64_t **ids) {
+    int n = c->sdone_lost ? -1 : (int)c->nsdone;
+    *ids = c->sdone;
+    c->nsdone = 0;
+    c->sdone_lost = 0;
+    return n;
+}
+
+void lei_sync_free(lei_ctx *c, lei_sync *s) {
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        c->syncs = s->next;
+    if (s->next) s->next->prev = s->prev;
+    c->nsyncs--;
+    if (c->shcap)
+        for (lei_sync **pp = &c->shash[s->id & (c->shcap - 1)]; *pp; pp = &(*pp)->hnext)
+            if (*pp == s) {
+                *pp = s->hnext;
+                break;
+            }
     for (int i = 0; i < s->nw; i++) {
         free(s->w[i].err);
         free(s->w[i].errs);
@@ -42,9 +127,11 @@ void lei_sync_fail(lei_sync_wait *w, lei_sync *s, const char *why) {
 void lei_syncs_peer_lost(lei_ctx *c, lei_peer *p, const char *reason) {
     char why[256];
     snprintf(why, sizeof why, "consumer context %s: %s", p->addr, reason);
-    for (lei_sync *s = c->syncs; s; s = s->next)
+    for (lei_sync *s = c->syncs; s; s = s->next) {
         for (int i = 0; i < s->nw; i++)
             if (s->w[i].peer == p) lei_sync_fail(&s->w[i], s, why);
+        sync_settled(c, s);
+    }
 }
 
 /* Records the answer of peer p (NULL: the local consumers) to sync `sync`. */
@@ -62,6 +149,7 @@ void lei_sync_answered(lei_ctx *c, lei_peer *p, uint64_t sync, uint64_t nran,
             memcpy(w->errs, errs, elen);
             w->elen = elen;
         }
+        sync_settled(c, s);
         return;
     }
 }
@@ -91,7 +179,7 @@ void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uin
         it->ack = 1;
         from->ack_bytes += it->size;
         lei_q_push(&from->q, it);
-        lei_peer_flush(from);
+        lei_defer_flush(c, from);
         return;
     }
     lei_sync_answered(c, NULL, sync, nran, errs, elen);

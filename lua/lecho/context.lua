@@ -115,11 +115,33 @@ function Context:_on_event(chid, value, peer, producer, seq, sync)
   return nran, errs
 end
 
+-- Spawned functions run in worker coroutines that are kept for the next
+-- one once their function returned (at most POOL_MAX idle): a coroutine made
+-- per call (a service's handler, ctx:call_async) was a large share of a
+-- call's cost, in its making and its collection.  A worker yields FREE when
+-- its function is over; one whose function raised stays usable (the error
+-- is caught and logged here), one left suspended elsewhere is never reused.
+local FREE = {}
+local POOL_MAX = 128
+
+local function work(self, fn, ...)
+  local ok, err = xpcall(fn, traceback, ...)
+  if not ok then self.log("error in callback: " .. tostring(err)) end
+  return work(self, coroutine.yield(FREE))
+end
+
 -- Runs fn(...) in a coroutine of the context's; true when it is waiting.
 function Context:_spawn(fn, ...)
-  local co = coroutine.create(fn)
+  local pool = self.copool
+  local n = pool and #pool or 0
+  if n > 0 then
+    local co = pool[n]
+    pool[n] = nil
+    return self:_resume(co, fn, ...)
+  end
+  local co = coroutine.create(work)
   self.cos[co] = true
-  return self:_resume(co, ...)
+  return self:_resume(co, self, fn, ...)
 end
 
 -- Resumes one of the context's coroutines; true when it waits again.
@@ -127,6 +149,15 @@ function Context:_resume(co, ...)
   local ok, r = coroutine.resume(co, ...)
   if not ok then
     self.log("error in callback: " .. traceback(co, tostring(r)))
+    return false
+  end
+  if r == FREE then
+    local pool = self.copool
+    if not pool then
+      pool = {}
+      self.copool = pool
+    end
+    if #pool < POOL_MAX and not self.closed then pool[#pool + 1] = co end
     return false
   end
   if coroutine.status(co) == "dead" or r == DONE then return false end
@@ -137,19 +168,50 @@ function Context:_resume(co, ...)
   return true
 end
 
+-- One timer wakes the loop for every wait's deadline, armed at the
+-- earliest one (a timer per wait cost a userdata, a libev watcher and its
+-- collection per call); when it fires, _turn looks at every wait's deadline
+-- and arms it again at the earliest left.
+-- (The timer's function is made once per context, outside _wake_at: a
+-- function that makes a closure is not compiled by LuaJIT 2.1 on its early
+-- returns, bytecode UCLO.)
+local function wake_fn(self)
+  return function()
+    self.wake_t, self.wake_timer = nil, nil
+    self.wake_due = true
+  end
+end
+
+function Context:_wake_at(deadline)
+  if self.wake_t and self.wake_t <= deadline then return end
+  if self.wake_timer then self.wake_timer:stop() end
+  self.wake_t = deadline
+  self.wake_fn = self.wake_fn or wake_fn(self)
+  self.wake_timer = self.c:timer(math.max(deadline - now(self), 0) + 0.001, 0, self.wake_fn)
+end
+
 -- Waits until ready() is true: true; or until deadline (a ctx:now() time,
--- nil: none) or the context closes: false.
-function Context:_wait(ready, deadline)
+-- nil: none) or the context closes: false.  sid: ready() waits on that
+-- sync record (a call's): the core tells when it settles (ctx:sync_done),
+-- so the scheduler does not ask ready() every turn.
+function Context:_wait(ready, deadline, sid)
   if ready() then return true end
   if self.closed then return false end
   local co = coroutine.running()
-  local w = { ready = ready, deadline = deadline }
   if co and self.cos[co] then
-    w.co = co
-    if deadline then
-      w.timer = self.c:timer(math.max(deadline - now(self), 0) + 0.001, 0, function() end)
+    local w = { ready = ready, deadline = deadline, co = co }
+    if sid and self.c:sync_watch(sid) then
+      local sw = self.sync_waiters
+      if not sw then
+        sw = {}
+        self.sync_waiters, self.nsyncw, self.sync_ids = sw, 0, {}
+      end
+      sw[sid] = w
+      self.nsyncw = self.nsyncw + 1
+    else
+      self.waiters[#self.waiters + 1] = w
     end
-    self.waiters[#self.waiters + 1] = w
+    if deadline then self:_wake_at(deadline) end
     self.c:want_turn(true)
     -- a service handler under a CPU budget (lecho.service): not counted
     -- while it waits
@@ -176,11 +238,101 @@ function Context:_wait(ready, deadline)
   return r
 end
 
+-- Waits until sync record sid (a call's) settles: true; or until deadline
+-- or the context closes: false.  The record is left for ctx:call_result.
+-- No closure, no poll: the core lists the records settled each turn.
+function Context:_wait_sync(sid, deadline)
+  local c = self.c
+  if self.closed then return false end
+  local co = coroutine.running()
+  if co and self.cos[co] then
+    if not c:sync_watch(sid) then return true end
+    local sw = self.sync_waiters
+    if not sw then
+      sw = {}
+      self.sync_waiters, self.nsyncw, self.sync_ids = sw, 0, {}
+    end
+    sw[sid] = { deadline = deadline, co = co }
+    self.nsyncw = self.nsyncw + 1
+    if deadline then self:_wake_at(deadline) end
+    c:want_turn(true)
+    local bud = self.svc_budgets and self.svc_budgets[co]
+    if bud then self:_budget_pause(bud) end
+    local r = coroutine.yield(WAIT)
+    if bud then self:_budget_resume(bud) end
+    return r
+  end
+  -- (counted as a main-line wait: _turn breaks the loop turn for it)
+  self.main_waits = (self.main_waits or 0) + 1
+  local r
+  while true do
+    if self.closed then r = false break end
+    if not c:sync_pending(sid) then r = true break end
+    local left = deadline and deadline - now(self)
+    if left and left <= 0 then r = false break end
+    c:run_once(left)
+  end
+  self.main_waits = self.main_waits - 1
+  return r
+end
+
+-- The waits on sync records (_wait's sid, _wait_sync): those whose record settled
+-- (all of them when the core could not list them, or the context closed),
+-- and, when the wake timer fired, those past their deadline.
+function Context:_turn_syncs()
+  local sw, c = self.sync_waiters, self.c
+  local go = nil
+  local resumed = false
+  if self.closed then
+    go = {}
+    for sid, w in pairs(sw) do go[#go + 1] = { sid, w, false } end
+  else
+    local ids = self.sync_ids
+    local n = c:sync_done(ids)
+    if n < 0 then
+      go = {}
+      for sid, w in pairs(sw) do
+        if not c:sync_pending(sid) and (not w.ready or w.ready()) then go[#go + 1] = { sid, w, true } end
+      end
+    else
+      for k = 1, n do
+        local sid = ids[k]
+        local w = sw[sid]
+        if w and (not w.ready or w.ready()) then
+          sw[sid] = nil
+          self.nsyncw = self.nsyncw - 1
+          self:_resume(w.co, true)
+          resumed = true
+        end
+      end
+    end
+    if self.wake_due then
+      local t = now(self)
+      go = go or {}
+      for sid, w in pairs(sw) do
+        if w.deadline and t >= w.deadline then go[#go + 1] = { sid, w, false } end
+      end
+    end
+  end
+  if go then
+    for k = 1, #go do
+      local sid, w, res = go[k][1], go[k][2], go[k][3]
+      if sw[sid] == w then
+        sw[sid] = nil
+        self.nsyncw = self.nsyncw - 1
+        self:_resume(w.co, res)
+        resumed = true
+      end
+    end
+  end
+  return resumed
+end
+
 -- Before each loop turn's writes: resumes, in the order they began, the
 -- waits that can go on or whose deadline passed.
 function Context:_turn()
+  local resumed = self.sync_waiters and self:_turn_syncs() or false
   local ws, i, t = self.waiters, 1, nil
-  local resumed = false
   while ws[i] do
     local w = ws[i]
     local res
@@ -196,14 +348,32 @@ function Context:_turn()
       i = i + 1
     else
       table.remove(ws, i)
-      if w.timer then w.timer:stop() end
       self:_resume(w.co, res)
       resumed = true
       ws = self.waiters
     end
   end
+  if self.wake_due and not self.closed then
+    -- the wake timer fired: armed again at the earliest deadline left
+    self.wake_due = false
+    local first
+    for _, w in ipairs(ws) do
+      if w.deadline and (not first or w.deadline < first) then first = w.deadline end
+    end
+    for _, w in pairs(self.sync_waiters or {}) do
+      if w.deadline and (not first or w.deadline < first) then first = w.deadline end
+    end
+    if first then self:_wake_at(first) end
+  end
   if resumed and (self.main_waits or 0) > 0 and not self.closed then self.c:break_once() end
-  if not ws[1] and not self.closed then self.c:want_turn(false) end
+  if not ws[1] and (self.nsyncw or 0) == 0 and not self.closed then
+    self.c:want_turn(false)
+    -- nothing waits: no timer left to keep the loop busy
+    if self.wake_timer then
+      self.wake_timer:stop()
+      self.wake_t, self.wake_timer = nil, nil
+    end
+  end
 end
 
 -- The event hook: dispatches in a coroutine kept for it.  Returns true

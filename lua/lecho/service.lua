@@ -531,6 +531,26 @@ if jit_ok then
   jit.off(candidates)
 end
 
+-- candidates() for a first try (nothing tried yet), kept per channel
+-- while its member list (ch.svc: a new table on every update) and the
+-- options asking are the same: a call's hot path makes no table for it and
+-- runs no interpreted code (candidates is jit.off).  A server gone
+-- meanwhile fails as "not a destination here" (surely not run), and the
+-- retry looks again.
+local NONE = {}
+local function first_candidates(ctx, cl, ch, opts)
+  local k = ch.svc_cand
+  local svc = ch.svc
+  if k and svc and k.svc == svc and k.v == opts.version and k.mv == opts.min_version and k.at == opts.at then
+    return k.list, k.want
+  end
+  local list, want, code = candidates(ctx, cl, ch, opts, NONE)
+  if list then
+    ch.svc_cand = { svc = svc, v = opts.version, mv = opts.min_version, at = opts.at, list = list, want = want }
+  end
+  return list, want, code
+end
+
 -- The least loaded of the candidates (calls in flight from here), round
 -- robin among equals.
 local function choose(ctx, cl, list)
@@ -588,10 +608,8 @@ local function try(ctx, cl, ch, addr, want, args, opts, timeout)
   inflight[addr] = (inflight[addr] or 0) + 1
   local okw, werr = true, nil
   if r1 == false then
-    okw, werr = pcall(ctx._wait, ctx, function()
-      r1, r2, r3 = c:call_result(sid)
-      return r1 ~= false
-    end, c:now() + timeout)
+    okw, werr = pcall(ctx._wait_sync, ctx, sid, c:now() + timeout)
+    if okw then r1, r2, r3 = c:call_result(sid) end
   end
   inflight[addr] = inflight[addr] - 1
   if not okw then
@@ -664,7 +682,7 @@ call_body = function(self, name, args, opts)
   local timeout = opts.timeout or self.sync_timeout
   local deadline = self.c:now() + timeout
   local retries = opts.retries or options.CALL.retries
-  local tried = {}
+  local tried = nil -- (made at the first failure: the hot path makes none)
   local last = nil
   local attempts = 0
   local again = nil -- keyed: a server that timed out, which may be tried once more
@@ -679,12 +697,16 @@ call_body = function(self, name, args, opts)
         local left = deadline - self.c:now()
         if left <= 0 then break end
         local list, want
-        list, want, code = candidates(self, cl, ch, opts, tried)
+        if tried then
+          list, want, code = candidates(self, cl, ch, opts, tried)
+        else
+          list, want, code = first_candidates(self, cl, ch, opts)
         if not list and again and code == "noservice" then
           -- keyed, no other server left: the one that timed out, once more
           tried[again] = nil
           again = false
           list, want, code = candidates(self, cl, ch, opts, tried)
+        end
         end
         if not list then
           -- nothing (left) here: the next name server; a version refusal
@@ -703,6 +725,7 @@ call_body = function(self, name, args, opts)
         if ok then return true, unpack(e, 1, e.n) end
         if not (retry == "safe" or (retry == "key" and opts.key)) then return nil, e, ecode, tb end
         last = { n = 4, nil, e, ecode, tb }
+        tried = tried or {}
         if ecode == "noservice" and tried[addr] ~= true then
           -- that version is gone there (unloaded): its others may serve
           tried[addr] = tried[addr] or {}
@@ -763,15 +786,18 @@ function Context:call(name, args, opts)
   return strip(self:_call(name, args, opts))
 end
 
+-- call_async's coroutine (no closure per call).
+local function call_async_run(self, name, args, opts, cb)
+  local ok, err = xpcall(cb, traceback, self:_call(name, args, opts))
+  if not ok then self.log("error in call_async callback: " .. tostring(err)) end
+end
+
 --- The same call without waiting: cb(true, results...) or cb(nil, err,
 -- code, traceback) runs later, in a coroutine of the context's.
 function Context:call_async(name, args, opts, cb)
   if type(cb) ~= "function" then error("lecho: ctx:call_async needs a callback function", 2) end
   opts = check_call(self, name, opts, "ctx:call_async")
-  self:_spawn(function()
-    local ok, err = xpcall(function(...) return cb(...) end, traceback, self:_call(name, args, opts))
-    if not ok then self.log("error in call_async callback: " .. tostring(err)) end
-  end)
+  self:_spawn(call_async_run, self, name, args, opts, cb)
 end
 
 return Service

@@ -262,6 +262,51 @@ describe("a group at two name servers", function()
   end)
 end)
 
+describe("a group whose first answer from a name server is read after that one's notices", function()
+  local ctx, probe
+  after_each(function()
+    if ctx then ctx:close{ linger = 0 } end
+    if probe then probe:close{ linger = 0 } end
+    ctx, probe = nil, nil
+    S.cleanup()
+  end)
+
+  it("learns at once the member those notices told of, not at the next beacon", function()
+    -- (the flake of "answers members() throughout": the watcher's first
+    -- answer from the second name server was still unread when its notices
+    -- of the members joined since came; read in the same turn, the notices
+    -- were dropped (no view there yet), the older answer taken, and the
+    -- members missing there until the next beacon: the first name server
+    -- killed meanwhile, both were told 'expired')
+    local _, nsa = S.nameserver("--quiet")
+    local nsb_child, nsb = S.nameserver("--quiet")
+    ctx = lecho.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 5 }
+    assert(ctx:request(nsb, { op = "glist", group = "pool" }))   -- (the connection there is up)
+    -- the second stopped: the watcher's registration is written to it, unread
+    S.kill(nsb_child, "STOP")
+    local _, seen = watcher(ctx, "pool", { lease = 30 })     -- (its next beacon in 10 s)
+    -- this loop is not run from here on until the notice is sent: the
+    -- second name server answers the watcher (its list: the watcher only),
+    -- then a member joins there only (its notice to the watcher)
+    S.kill(nsb_child, "CONT")
+    probe = lecho.context{ quiet = true, nameserver = nsb }
+    local function listed(addr)
+      return S.run_until(probe, function()
+        local r = probe:request(nsb, { op = "glist", group = "pool" }, 1)
+        return r ~= nil and r.members[addr] ~= nil
+      end, 10)
+    end
+    assert.is_true(listed(ctx.addr), "the second name server did not take the watcher")
+    local _, a1 = member({ nsb }, "pool", { lease = 30, data = 1 })
+    assert.is_true(listed(a1), "the second name server did not take the member")
+    local t0 = ctx:now()
+    assert.is_true(S.run_until(ctx, function() return online(seen)[a1] ~= nil end, 3),
+                   "the member the second name server told of was not learnt within 3 s")
+    assert.is_true(ctx:now() - t0 < 1, ("learnt after %.2fs"):format(ctx:now() - t0))
+    assert.are.equal(1, online(seen)[a1])
+  end)
+end)
+
 describe("a group at a stopped and a live name server", function()
   local ctx
   after_each(function()

@@ -273,8 +273,19 @@ function Group:_renew(st, timeout)
   ctx:_spawn(function()
     local r, err, code = ctx:request(st.addr, self:_renewal(st), timeout or math.min(ctx.timeout, self.lease))
     st.busy = false
+    -- a notice not applied while this was on its way (no view here yet, or
+    -- a gap) and newer than its answer: the list the answer brings is
+    -- behind it, so it is not taken, and another renewal brings the list
+    -- as it is now (taken, the members the notice told of were missing
+    -- here until the next beacon, a lease/3 later: gone, if no other name
+    -- server listed them)
+    local me, mv = st.missed_epoch, st.missed_ver
+    st.missed_epoch, st.missed_ver = nil, nil
+    local behind = r and mv and (r.epoch ~= me or type(r.ver) ~= "number" or r.ver < mv)
     self:_renewed(st, r, err, code)
+    if behind then st.view, st.ver = nil, nil end
     self:_recompute()
+    if behind then return self:_renew(st) end
     local unreachable = code == "closed" or code == "timeout"
                         or (type(err) == "string" and err:find(" unreachable: ", 1, true) ~= nil)
     if not r and unreachable and not st.retry and self.lease / 3 > RETRY then
@@ -448,6 +459,9 @@ function Context:_on_gchange(from, msg)
   end
   if st.view == nil or st.ver == nil or msg.epoch ~= st.epoch or ver > st.ver + 1 then
     st.view, st.ver = nil, nil
+    if st.busy and (st.missed_ver == nil or msg.epoch ~= st.missed_epoch or ver > st.missed_ver) then
+      st.missed_epoch, st.missed_ver = msg.epoch, ver     -- (for when the renewal on its way is answered)
+    end
     return g:_renew(st)
   end
   if ver <= st.ver then return end         -- (a renewal's answer brought it already)

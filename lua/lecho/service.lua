@@ -701,12 +701,12 @@ call_body = function(self, name, args, opts)
           list, want, code = candidates(self, cl, ch, opts, tried)
         else
           list, want, code = first_candidates(self, cl, ch, opts)
+        end
         if not list and again and code == "noservice" then
           -- keyed, no other server left: the one that timed out, once more
           tried[again] = nil
           again = false
           list, want, code = candidates(self, cl, ch, opts, tried)
-        end
         end
         if not list then
           -- nothing (left) here: the next name server; a version refusal

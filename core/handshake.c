@@ -159,6 +159,16 @@ static void conn_up(lei_conn *k, lei_peer *p, uint64_t incarnation) {
  * a connection that is up and heard from lately is never replaced (a real
  * restart's old connection dies first, by RST or the liveness timeout).
  * Returns 0 (k is UP), or -1 (k must be closed; an ERROR already sent). */
+/* How long a quiet connection still counts as live for a takeover: until
+ * the liveness timeout would close it (heartbeat * heartbeat_misses, at
+ * least 1 s).  One heartbeat was the bound before, but a peer hears from a
+ * quiet connection only every heartbeat, so a HELLO landing just past it
+ * (a late timer on a busy host) replaced a live connection. */
+static double live_window(const lei_ctx *c) {
+    double w = c->o.heartbeat * c->o.heartbeat_misses;
+    return w > 1.0 ? w : 1.0;
+}
+
 static int hello_accepted(lei_conn *k, const lei_hello *h) {
     lei_ctx *c = k->ctx;
     lei_peer *p = lei_peer_find(c, h->addr);
@@ -185,7 +195,7 @@ static int hello_accepted(lei_conn *k, const lei_hello *h) {
                         h->addr);
             lei_conn_send_error(k, why);
             return -1;
-        } else if (ev_now(c->loop) - old->last_in < (c->o.heartbeat > 1.0 ? c->o.heartbeat : 1.0)) {
+        } else if (ev_now(c->loop) - old->last_in < live_window(c)) {
             if (p->lv.incarnation == h->incarnation) {
                 /* The same process: a HELLO of a crossing dial that arrives
                  * late (its sender already took ours). */

@@ -190,6 +190,29 @@ function Context:_wake_at(deadline)
   self.wake_timer = self.c:timer(math.max(deadline - now(self), 0) + 0.001, 0, self.wake_fn)
 end
 
+-- The main line's wait: serves the loop here (callbacks run beside, not
+-- inside) until done(a, b) is true (true), the deadline passes or the
+-- context closes (false).  Counted in main_waits: _turn breaks the loop
+-- turn when it resumed a waiter meanwhile (that waiter may have made done()
+-- true: without the break run_once slept until the next event, up to a
+-- second).  done and its arguments, not a closure: _wait_sync is a call's
+-- hot path.
+local function main_wait(self, done, a, b, deadline)
+  self.main_waits = (self.main_waits or 0) + 1
+  local r
+  while true do
+    if self.closed then r = false break end
+    if done(a, b) then r = true break end
+    local left = deadline and deadline - now(self)
+    if left and left <= 0 then r = false break end
+    self.c:run_once(left)
+  end
+  self.main_waits = self.main_waits - 1
+  return r
+end
+local function call_ready(ready) return ready() end
+local function settled(c, sid) return not c:sync_pending(sid) end
+
 -- Waits until ready() is true: true; or until deadline (a ctx:now() time,
 -- nil: none) or the context closes: false.  sid: ready() waits on that
 -- sync record (a call's): the core tells when it settles (ctx:sync_done),
@@ -221,21 +244,7 @@ function Context:_wait(ready, deadline, sid)
     if bud then self:_budget_resume(bud) end
     return r
   end
-  -- The main line: serve the loop here (callbacks run beside, not inside).
-  -- _turn breaks the loop turn when it resumed a waiter while the main
-  -- line waits (that waiter may have made ready() true: without the break
-  -- run_once slept until the next event, up to a second).
-  self.main_waits = (self.main_waits or 0) + 1
-  local r
-  while true do
-    if self.closed then r = false break end
-    if ready() then r = true break end
-    local left = deadline and deadline - now(self)
-    if left and left <= 0 then r = false break end
-    self.c:run_once(left)
-  end
-  self.main_waits = self.main_waits - 1
-  return r
+  return main_wait(self, call_ready, ready, nil, deadline)
 end
 
 -- Waits until sync record sid (a call's) settles: true; or until deadline
@@ -262,18 +271,7 @@ function Context:_wait_sync(sid, deadline)
     if bud then self:_budget_resume(bud) end
     return r
   end
-  -- (counted as a main-line wait: _turn breaks the loop turn for it)
-  self.main_waits = (self.main_waits or 0) + 1
-  local r
-  while true do
-    if self.closed then r = false break end
-    if not c:sync_pending(sid) then r = true break end
-    local left = deadline and deadline - now(self)
-    if left and left <= 0 then r = false break end
-    c:run_once(left)
-  end
-  self.main_waits = self.main_waits - 1
-  return r
+  return main_wait(self, settled, c, sid, deadline)
 end
 
 -- The waits on sync records (_wait's sid, _wait_sync): those whose record settled

@@ -420,6 +420,7 @@ end
 -- joined again in the background by the next call that needs it.
 local NS_RETRY = 5
 Service.NS_RETRY = NS_RETRY
+local ORDER_WAIT = 1
 
 local function start_join(ctx, cl, i)
   if cl.prods[i] or cl.joining[i] then return end
@@ -450,6 +451,19 @@ end
 local function join_all(ctx, cl, deadline)
   local n = #cl.chans
   for i = 1, n do start_join(ctx, cl, i) end
+  -- In the order of nslist first: a name server whose join is still in
+  -- progress is waited for before a later one with servers is taken (the
+  -- README's "the first that has servers"), but only for half the time
+  -- left, at most ORDER_WAIT: a stalled name server's join must not eat a
+  -- call's deadline (then any that lists servers does).
+  local ordered_until = math.min(deadline, ctx.c:now() + math.min(ORDER_WAIT, (deadline - ctx.c:now()) / 2))
+  ctx:_wait(function()
+    for i = 1, n do
+      if has_servers(cl, i) then return true end
+      if cl.joining[i] then return false end
+    end
+    return true
+  end, ordered_until)
   ctx:_wait(function()
     for i = 1, n do
       if has_servers(cl, i) then return true end

@@ -446,6 +446,20 @@ local function has_servers(cl, i)
   return svc ~= nil and next(svc) ~= nil
 end
 
+-- Can a call go on?  A joined channel lists servers (ordered: before any
+-- earlier name server whose join is still in progress), or no join is in
+-- progress any more.
+local function joins_settled(cl, n, ordered)
+  for i = 1, n do
+    if has_servers(cl, i) then return true end
+    if ordered and cl.joining[i] then return false end
+  end
+  for i = 1, n do
+    if cl.joining[i] then return false end
+  end
+  return true
+end
+
 -- Starts the joins missing and waits, until deadline at most, until a
 -- joined channel lists servers or no join is in progress.
 local function join_all(ctx, cl, deadline)
@@ -457,22 +471,8 @@ local function join_all(ctx, cl, deadline)
   -- left, at most ORDER_WAIT: a stalled name server's join must not eat a
   -- call's deadline (then any that lists servers does).
   local ordered_until = math.min(deadline, ctx.c:now() + math.min(ORDER_WAIT, (deadline - ctx.c:now()) / 2))
-  ctx:_wait(function()
-    for i = 1, n do
-      if has_servers(cl, i) then return true end
-      if cl.joining[i] then return false end
-    end
-    return true
-  end, ordered_until)
-  ctx:_wait(function()
-    for i = 1, n do
-      if has_servers(cl, i) then return true end
-    end
-    for i = 1, n do
-      if cl.joining[i] then return false end
-    end
-    return true
-  end, deadline)
+  ctx:_wait(function() return joins_settled(cl, n, true) end, ordered_until)
+  ctx:_wait(function() return joins_settled(cl, n, false) end, deadline)
 end
 
 local function vlist(vs)

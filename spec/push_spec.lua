@@ -198,13 +198,7 @@ describe("pushing code (issue 12 point 6)", function()
 
   it("stops a pushed looping service by its budget while the node's other work goes on", function()
     local name = "push-flow"
-    local plain = { n = 0 }
-    assert(c:channel(name):consumer(function(ev)
-      plain.first = plain.first or ev
-      if plain.last and ev ~= plain.last + 1 then plain.gap = plain.gap or { plain.last, ev } end
-      plain.last = ev
-      plain.n = plain.n + 1
-    end))
+    local plain = S.ordered_tally(c, name)
     local child, node, stop = start_node(ns, { accept = true, channel = name })
     assert(S.run_until(c, function() return plain.n >= 5 end, WAIT), "the flow did not start")
     local r, err = c:push(node, "pushed.hog", [[
@@ -231,10 +225,7 @@ describe("pushing code (issue 12 point 6)", function()
     assert(S.run_until(c, function() return plain.n >= before + 20 end, WAIT), "the node's flow stopped")
     S.write(stop, "")
     local res = S.result(child, 30, c)
-    assert(S.run_until(c, function() return plain.last == res.sent end, 10),
-           ("the consumer got up to %s of %d"):format(tostring(plain.last), res.sent))
-    assert.is_nil(plain.gap, "the node's flow lost events")
-    assert.are.equal(plain.last - plain.first + 1, plain.n)
+    S.assert_complete(c, plain, res.sent, "the node's flow")
   end)
 
   it("unloads a pushed service whose pusher passes the node's CPU share: calls then get noservice", function()

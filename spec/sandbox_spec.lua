@@ -213,13 +213,7 @@ describe("sandboxes (issue 12: code pushed to a node runs contained)", function(
 
   it("fails each hostile call alone, keeps the state, and the producer beside it goes on", function()
     local name = "sandbox-flow"
-    local plain = { n = 0 }
-    assert(c:channel(name):consumer(function(ev)
-      plain.first = plain.first or ev
-      if plain.last and ev ~= plain.last + 1 then plain.gap = plain.gap or { plain.last, ev } end
-      plain.last = ev
-      plain.n = plain.n + 1
-    end))
+    local plain = S.ordered_tally(c, name)
     local cases = {
       { fn = "loop", code = "limit", err = "^budget exceeded" },
       { fn = "loop_pcall", code = "limit", err = "^budget exceeded" },
@@ -244,10 +238,7 @@ describe("sandboxes (issue 12: code pushed to a node runs contained)", function(
     local child = S.lua(CHILD, cjson.encode{ ns = c.addr, channel = name, src = HOSTILE, cases = cases,
                                              budget = S.asan and 0.2 or 0.02, cpu = S.asan and 0 or nil })
     local res = S.result(child, 60, c)
-    assert(S.run_until(c, function() return plain.last == res.sent end, 10),
-           ("the plain consumer got up to %s of %d"):format(tostring(plain.last), res.sent))
-    assert.is_nil(plain.gap, "the plain flow lost events")
-    assert.are.equal(plain.last - plain.first + 1, plain.n)
+    S.assert_complete(c, plain, res.sent, "the plain flow")
     assert.is_nil(res.closed)
     for i, case in ipairs(cases) do
       local r = res.out[i]

@@ -148,6 +148,30 @@ function M.result(child, timeout, ctx)
   return require("cjson").decode(line)
 end
 
+--- A consumer of channel `name` in ctx whose events are 1, 2, 3 ... (from
+-- any start): returns its tally { n =, first =, last =, gap = } (gap: the
+-- first pair of events that did not follow each other).
+function M.ordered_tally(ctx, name)
+  local t = { n = 0 }
+  assert(ctx:channel(name):consumer(function(ev)
+    t.first = t.first or ev
+    if t.last and ev ~= t.last + 1 then t.gap = t.gap or { t.last, ev } end
+    t.last = ev
+    t.n = t.n + 1
+  end))
+  return t
+end
+
+--- The tally reaches event `sent` (within 10 s of ctx's loop), with no gap
+-- and no event twice; `what` names the flow in the messages.
+function M.assert_complete(ctx, t, sent, what)
+  local luassert = require "luassert"
+  luassert(M.run_until(ctx, function() return t.last == sent end, 10),
+         ("%s got up to %s of %d"):format(what, tostring(t.last), sent))
+  luassert.is_nil(t.gap, what .. " lost events")
+  luassert.are.equal(t.last - t.first + 1, t.n)
+end
+
 --- Runs ctx's loop until pred() is true or timeout seconds pass.
 function M.run_until(ctx, pred, timeout)
   local deadline = ctx:now() + (timeout or 10)

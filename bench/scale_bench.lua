@@ -36,6 +36,10 @@
 --           counted at the consumer): VmRSS delta / channels on each side
 --           and the name server's.
 -- Every wait is bounded; a child exits when this process is gone.
+-- Environment, for looking closer: SCALE_ONLY=fanout,peers,channels (those
+-- parts), SCALE_FAN=1,256, SCALE_REPS=N, SCALE_PEERS=N, SCALE_CHANS=N,
+-- SCALE_JP=FILE (LuaJIT's profiler over the producing child's joins),
+-- BENCH_KEEP_TMP=1 (keep the children's output).
 
 local dir = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
 package.path = dir .. "/?.lua;" .. dir .. "/../?.lua;" .. package.path
@@ -207,7 +211,10 @@ elseif o.mode == "chan_consume" then
   local t0 = proc.clock()
   local cons = {}
   local function h() count = count + 1; total = total + 1 end
-  for i = 1, o.n do cons[i] = assert(ctx:channel(o.prefix .. i):consumer(h)) end
+  for i = 1, o.n do
+    cons[i] = assert(ctx:channel(o.prefix .. i):consumer(h))
+    if i % 4096 == 0 then io.stderr:write(("consumers %d %.2f s\n"):format(i, proc.clock() - t0)) end
+  end
   say{ ready = true, seconds = proc.clock() - t0, mem_before = m0 }
   local said = false
   serve(function()
@@ -221,7 +228,13 @@ elseif o.mode == "chan_produce" then
   local m0 = mem()
   local t0 = proc.clock()
   local ps = {}
-  for i = 1, o.n do ps[i] = assert(ctx:channel(o.prefix .. i):producer()) end
+  local jp = os.getenv("SCALE_JP") and require("jit.p")
+  if jp then jp.start("Fl2", os.getenv("SCALE_JP")) end
+  for i = 1, o.n do
+    if jp and i == o.n then jp.stop() end
+    ps[i] = assert(ctx:channel(o.prefix .. i):producer())
+    if i % 4096 == 0 then io.stderr:write(("producers %d %.2f s\n"):format(i, proc.clock() - t0)) end
+  end
   local t1 = proc.clock()
   for i = 1, o.n do assert(ps[i]:submit(i)) end
   ctx:flush()
@@ -510,6 +523,13 @@ end
 local res = { quick = QUICK, reps = CFG.reps, machine_before = common.machine(), fanout = {}, peers = {},
               channels = {} }
 local ONLY = os.getenv("SCALE_ONLY")
+if os.getenv("SCALE_CHANS") then CFG.chans = tonumber(os.getenv("SCALE_CHANS")) end
+if os.getenv("SCALE_PEERS") then CFG.peers = tonumber(os.getenv("SCALE_PEERS")) end
+if os.getenv("SCALE_FAN") then
+  CFG.fan = {}
+  for d in os.getenv("SCALE_FAN"):gmatch("%d+") do CFG.fan[#CFG.fan + 1] = tonumber(d) end
+end
+if os.getenv("SCALE_REPS") then CFG.reps = tonumber(os.getenv("SCALE_REPS")) end
 local failed = {}
 for _, part in ipairs{ { "fanout", fanout }, { "peers", peers }, { "channels", channels } } do
   if not ONLY or ONLY:find(part[1], 1, true) then

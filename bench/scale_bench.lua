@@ -21,12 +21,14 @@
 --           receive).  Every consumer must have got every event (counted).
 --           Points interleaved (common.interleave), median and spread.
 --   peers   one accepting context (a consumer of channel "idle"); 10,000
---           contexts (4 processes x 2,500) each produce on "idle" and
+--           contexts (8 processes x 1,250) each produce on "idle" and
 --           submit one event, so each dials it and handshakes; all then
 --           idle (heartbeats on).  VmRSS delta / peers on both sides (the
 --           connecting side's is a whole context each: its loop, listening
---           socket and name server connection too), the Lua heap's and the
---           core's read buffers'.  The accepting context's max_connections
+--           socket and name server connection too, and in a process of
+--           1,250 contexts: each context's libev loop has arrays indexed by
+--           descriptor number, so a context costs more the more descriptors
+--           its process has), the Lua heap's and the core's read buffers'.  The accepting context's max_connections
 --           and max_peers are raised to 10,100 (defaults 1024 and 4096), the
 --           name server's --max-connections too, and `ulimit -n` to 20000
 --           in the spawned shells.
@@ -39,6 +41,7 @@
 -- Environment, for looking closer: SCALE_ONLY=fanout,peers,channels (those
 -- parts), SCALE_FAN=1,256, SCALE_REPS=N, SCALE_PEERS=N, SCALE_CHANS=N,
 -- SCALE_JP=FILE (LuaJIT's profiler over the producing child's joins),
+-- SCALE_NS_LUAJIT (the name servers' interpreter command, e.g. with -jp),
 -- BENCH_KEEP_TMP=1 (keep the children's output).
 
 local dir = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
@@ -53,8 +56,8 @@ event per destination against one destination, async null and composite,
 and the time per event at the consumers; 5 interleaved repetitions),
 memory per peer with 10,000 idle peers connected to one context, memory
 per channel with 65,536 channels (producer, consumer, name server).
---quick (or QUICK=1): fan-out to 1 and 64 contexts, 3 repetitions, 1,000
-peers, 4,096 channels.  --json FILE: the results (every repetition) as JSON.
+--quick (or QUICK=1): fan-out to 1 and 16 contexts, 3 repetitions, 200
+peers, 1,024 channels (a few seconds: the figures are not the scale points).  --json FILE: the results (every repetition) as JSON.
 ]]
 
 local cjson = require "cjson"
@@ -68,13 +71,13 @@ local ROOT = os.getenv("LECHO_ROOT") or (dir .. "/..")
 local LUAJIT = os.getenv("LUAJIT") or "luajit"
 
 local CFG = QUICK and {
-  reps = 3, fan = { 1, 64 }, procs = 4,
-  fan_n = { null = { min = 300, deliveries = 5000 }, composite = { min = 100, deliveries = 2000 } },
-  peers = 1000, peer_procs = 2, chans = 4096, bound = 20,
+  reps = 3, fan = { 1, 16 }, procs = 2,
+  fan_n = { null = { min = 300, deliveries = 3000 }, composite = { min = 100, deliveries = 1000 } },
+  peers = 200, peer_procs = 1, chans = 1024, bound = 20,
 } or {
   reps = 5, fan = { 1, 64, 256 }, procs = 8,
   fan_n = { null = { min = 2000, deliveries = 50000 }, composite = { min = 500, deliveries = 20000 } },
-  peers = 10000, peer_procs = 4, chans = 65536, bound = 60,
+  peers = 10000, peer_procs = 8, chans = 65536, bound = 60,
 }
 
 ------------------------------------------------------------------------------
@@ -160,7 +163,7 @@ if o.mode == "fan" then
   serve()
 elseif o.mode == "accept" then
   local m0 = mem()
-  local ctx = new_ctx{ max_connections = o.max, max_peers = o.max }
+  local ctx = new_ctx{ max_connections = o.max, max_peers = o.max, handshake_timeout = 60 }
   ctxs[1] = ctx
   local count = 0
   assert(ctx:channel(o.channel):consumer(function() count = count + 1; total = total + 1 end))
@@ -184,7 +187,9 @@ elseif o.mode == "connect" then
   local ps = {}
   local t0, t_sweep = proc.clock(), proc.clock()
   for i = 1, o.n do
-    local ctx = new_ctx()
+    -- (on a loaded machine a handshake with the busy name server can take
+    -- longer than the default 10 s)
+    local ctx = new_ctx{ handshake_timeout = 60 }
     ctxs[i] = ctx
     local p = assert(ctx:channel(o.channel):producer())
     assert(p:submit{ from = o.id, i = i })
@@ -192,7 +197,7 @@ elseif o.mode == "connect" then
     -- the earlier ones keep answering heartbeats while the others start
     if proc.clock() > t_sweep then
       for k = 1, #ctxs do ctxs[k]:run_once(0) end
-      t_sweep = proc.clock() + 0.5
+      t_sweep = proc.clock() + 1
     end
   end
   say{ started = o.n, seconds = proc.clock() - t0 }
@@ -312,7 +317,7 @@ end
 local function nameserver(tag, args)
   local child
   local _, addr = proc.nameserver{
-    root = ROOT, luajit = LUAJIT, port_file = tmp .. "/" .. tag .. "-addr",
+    root = ROOT, luajit = os.getenv("SCALE_NS_LUAJIT") or LUAJIT, port_file = tmp .. "/" .. tag .. "-addr",
     args = args,
     start = function(argv)
       child = kids:spawn("ulimit -n 20000 && exec " .. proc.sh_join(argv), tag)
@@ -434,7 +439,7 @@ end
 local function peers(res)
   local N, P = CFG.peers, CFG.peer_procs
   local max = N + 100
-  local ns_child, ns = nameserver("ns-peers", { "--for", "600", "--quiet", "--max-connections", tostring(max + 16) })
+  local ns_child, ns = nameserver("ns-peers", { "--for", os.getenv("SCALE_NS_FOR") or "600", "--quiet", "--max-connections", tostring(max + 16) })
   local flag = tmp .. "/peers-measure"
   local ns_rss0 = rss_of(ns_child.pid)
   local acc = spawn_child({ mode = "accept", ns = ns, channel = "idle", expect = N, max = max, flag = flag },
@@ -446,7 +451,7 @@ local function peers(res)
     list[k] = spawn_child({ mode = "connect", ns = ns, channel = "idle", n = math.floor(N / P), id = k, flag = flag },
                           "connect" .. k, 20000)
   end
-  local st = wait_lines(list, function(l) return l.started end, CFG.bound * 3, "connecting contexts")
+  local st = wait_lines(list, function(l) return l.started end, CFG.bound * 5, "connecting contexts")
   wait_lines({ acc }, function(l) return l.count end, CFG.bound, "every peer's event at the accepting context")
   res.setup_seconds = clock() - t0
   proc.sleep(2)   -- idle

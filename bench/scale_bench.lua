@@ -56,8 +56,8 @@ event per destination against one destination, async null and composite,
 and the time per event at the consumers; 5 interleaved repetitions),
 memory per peer with 10,000 idle peers connected to one context, memory
 per channel with 65,536 channels (producer, consumer, name server).
---quick (or QUICK=1): fan-out to 1 and 16 contexts, 3 repetitions, 200
-peers, 1,024 channels (a few seconds: the figures are not the scale points).  --json FILE: the results (every repetition) as JSON.
+--quick (or QUICK=1): fan-out to 1 and 8 contexts, 3 repetitions, 100
+peers, 512 channels (a few seconds: the figures are not the scale points).  --json FILE: the results (every repetition) as JSON.
 ]]
 
 local cjson = require "cjson"
@@ -71,13 +71,13 @@ local ROOT = os.getenv("LECHO_ROOT") or (dir .. "/..")
 local LUAJIT = os.getenv("LUAJIT") or "luajit"
 
 local CFG = QUICK and {
-  reps = 3, fan = { 1, 16 }, procs = 2,
-  fan_n = { null = { min = 300, deliveries = 3000 }, composite = { min = 100, deliveries = 1000 } },
-  peers = 200, peer_procs = 1, chans = 1024, bound = 20,
+  reps = 3, fan = { 1, 8 }, procs = 2,
+  fan_n = { null = { min = 300, deliveries = 2000 }, composite = { min = 100, deliveries = 800 } },
+  peers = 100, peer_procs = 1, chans = 512, bound = 20, idle = 0.5,
 } or {
   reps = 5, fan = { 1, 64, 256 }, procs = 8,
   fan_n = { null = { min = 2000, deliveries = 50000 }, composite = { min = 500, deliveries = 20000 } },
-  peers = 10000, peer_procs = 8, chans = 65536, bound = 60,
+  peers = 10000, peer_procs = 8, chans = 65536, bound = 60, idle = 2,
 }
 
 ------------------------------------------------------------------------------
@@ -318,7 +318,9 @@ local function nameserver(tag, args)
   local child
   local _, addr = proc.nameserver{
     root = ROOT, luajit = os.getenv("SCALE_NS_LUAJIT") or LUAJIT, port_file = tmp .. "/" .. tag .. "-addr",
-    args = args,
+    -- a fresh name server with nothing to recover: no settle window (its
+    -- consumers' joins would wait 3 s)
+    args = (function() local a = { "--settle", "0" } for _, x in ipairs(args) do a[#a + 1] = x end return a end)(),
     start = function(argv)
       child = kids:spawn("ulimit -n 20000 && exec " .. proc.sh_join(argv), tag)
       return child
@@ -454,7 +456,7 @@ local function peers(res)
   local st = wait_lines(list, function(l) return l.started end, CFG.bound * 5, "connecting contexts")
   wait_lines({ acc }, function(l) return l.count end, CFG.bound, "every peer's event at the accepting context")
   res.setup_seconds = clock() - t0
-  proc.sleep(2)   -- idle
+  proc.sleep(CFG.idle)   -- idle
   proc.write(flag, "go\n")
   local a1 = wait_lines({ acc }, function(l) return l.measured end, 30, "accepting side's memory")[1]
   local cs = wait_lines(list, function(l) return l.measured end, 30, "connecting side's memory")
@@ -503,7 +505,7 @@ local function channels(res)
   local cc = wait_lines({ con }, function(l) return l.count end, CFG.bound, "every channel's event")[1]
   res.setup_seconds = clock() - t0
   res.consume_join_seconds, res.produce_join_seconds = c0.seconds, p0.seconds
-  proc.sleep(1)
+  proc.sleep(CFG.idle / 2)
   proc.write(flag, "go\n")
   local c1 = wait_lines({ con }, function(l) return l.measured end, 30, "consumer's memory")[1]
   local p1 = wait_lines({ pro }, function(l) return l.measured end, 30, "producer's memory")[1]

@@ -21,7 +21,10 @@
 --           receive).  Every consumer must have got every event (counted).
 --           Points interleaved (common.interleave), median and spread.
 --   peers   one accepting context (a consumer of channel "idle"); 10,000
---           contexts (8 processes x 1,250) each produce on "idle" and
+--           contexts (8 processes x 1,250, listening on unix sockets: 10,000
+--           TCP listeners took so many of the host's ephemeral ports that
+--           the connections' connect() slowed to a crawl) each produce on
+--           "idle" and
 --           submit one event, so each dials it and handshakes; all then
 --           idle (heartbeats on).  VmRSS delta / peers on both sides (the
 --           connecting side's is a whole context each: its loop, listening
@@ -189,7 +192,9 @@ elseif o.mode == "connect" then
   for i = 1, o.n do
     -- (on a loaded machine a handshake with the busy name server can take
     -- longer than the default 10 s)
-    local ctx = new_ctx{ handshake_timeout = 60 }
+    -- listening on a unix socket: 10,000 TCP listeners would take 10,000
+    -- of the host's ~28,000 ephemeral ports, which the connections need
+    local ctx = new_ctx{ handshake_timeout = 60, listen = ("unix:%s/c%d-%d"):format(o.dir, o.id, i) }
     ctxs[i] = ctx
     local p = assert(ctx:channel(o.channel):producer())
     assert(p:submit{ from = o.id, i = i })
@@ -450,7 +455,8 @@ local function peers(res)
   local t0 = clock()
   local list = {}
   for k = 1, P do
-    list[k] = spawn_child({ mode = "connect", ns = ns, channel = "idle", n = math.floor(N / P), id = k, flag = flag },
+    list[k] = spawn_child({ mode = "connect", ns = ns, channel = "idle", n = math.floor(N / P), id = k, flag = flag,
+                            dir = tmp },
                           "connect" .. k, 20000)
   end
   local st = wait_lines(list, function(l) return l.started end, CFG.bound * 5, "connecting contexts")

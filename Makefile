@@ -112,9 +112,18 @@ build:
 # test), in OBJ_DIR (make rock: its own, built afresh).
 OBJ_DIR  ?= build/obj
 CORE_OBJ := $(patsubst core/%.c,$(OBJ_DIR)/%.o,$(CORE_SRC) $(LUA_SRC))
-$(OBJ_DIR)/%.o: core/%.c $(HDRS)
+# Each compile writes what the object includes (-MMD -MP: OBJ_DIR/x.d, read
+# below): a header change rebuilds the objects that include it, no others.
+# An object without its .d (built before, or the .d removed) is rebuilt once
+# (the empty rule "makes" the missing .d); touch: the object ends newer than
+# its .d.
+DEPFLAGS  = -MMD -MP
+$(OBJ_DIR)/%.o: core/%.c $(OBJ_DIR)/%.d
 	@mkdir -p $(OBJ_DIR)
-	$(CC) $(ALLCFLAGS) -c -o $@ $<
+	$(CC) $(ALLCFLAGS) $(DEPFLAGS) -c -o $@ $<
+	@touch $@
+$(CORE_OBJ:.o=.d):
+include $(wildcard $(CORE_OBJ:.o=.d))
 
 $(SO): $(CORE_OBJ)
 	$(CC) $(ALLCFLAGS) $(LIBFLAG) -o $@ $(CORE_OBJ) -lev $(SODIUM_LIBS) $(LDFLAGS)
@@ -174,9 +183,13 @@ FUZZ_FLAGS   := -g -O1 $(WARN) -Icore -I$(LUA_INCDIR) $(SODIUM_CFLAGS) -fsanitiz
 FUZZ_OBJ  := build/fuzz-obj
 FUZZ_CORE := $(CORE_SRC:core/%.c=$(FUZZ_OBJ)/%.o)
 BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
-$(FUZZ_OBJ)/%.o: core/%.c $(HDRS)
+$(FUZZ_OBJ)/%.o: core/%.c $(FUZZ_OBJ)/%.d
 	@mkdir -p $(FUZZ_OBJ)
-	$(FUZZ_CC) $(FUZZ_FLAGS) -c -o $@ $<
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(DEPFLAGS) -c -o $@ $<
+	@touch $@
+FUZZ_DEPS_D := $(patsubst core/%.c,$(FUZZ_OBJ)/%.d,$(CORE_SRC) core/codec_lua.c)
+$(FUZZ_DEPS_D):
+include $(wildcard $(FUZZ_DEPS_D))
 
 build/fuzz_handshake: core/fuzz_handshake.c $(FUZZ_CORE) $(HDRS) | build
 	$(FUZZ_CC) $(FUZZ_FLAGS) -DLECHO_FUZZ_DIR='"$(CURDIR)/build/fuzz/sock"' \

@@ -255,8 +255,8 @@ SPEC_ENV := LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;" \
 # With no spec file named (make test, make asan): every spec file in its own
 # busted, SPEC_JOBS at a time, the two that load the machine alone after
 # (spec/support/shards.sh; one total line at the end).  Most of a spec's time
-# is waiting, not CPU: 3 at a time on 2 cores took the suite from 9 minutes
-# to FIXME.  SPEC_JOBS=1: one busted for the whole spec/ directory, as before.
+# is waiting, not CPU (timers, other processes): one after another the suite
+# was 9 minutes of CI.  SPEC_JOBS=1: one busted for the whole spec/ directory.
 SPEC_JOBS ?= 3
 SPEC_SHARDS = $(if $(filter %.lua,$(BUSTED_ARGS)),,$(filter-out 1,$(SPEC_JOBS)))
 spec: $(SO)

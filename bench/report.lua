@@ -89,7 +89,7 @@ function M.print_table(rows)
     if r.target then
       target = ("%s %.2fx%s: %s"):format(r.target[1], r.target[2],
         r.target_issue and (" (#%d)"):format(r.target_issue) or "",
-        r.met == nil and "?" or (r.met and "met" or "MISSED"))
+        r.met == nil and (r.ratio and "?" or "not measured") or (r.met and "met" or "MISSED"))
       if r.reps_met and r.ratios then target = target .. (" (%d/%d reps)"):format(r.reps_met, #r.ratios) end
     end
     local spread = r.lo and ("%.2f-%.2fx (%d%s)"):format(r.lo, r.hi, r.reps or 0, r.quick and ", QUICK" or "")

@@ -70,7 +70,7 @@ help:
 	@echo "  make clean       remove build products"
 	@echo "  make help        this text"
 	@echo "Variables (make VAR=value ...):"
-	@echo "  QUICK=1                  make bench: small counts, well under 30 s"
+	@echo "  QUICK=1                  make bench: small counts, 3 repetitions, < 60 s"
 	@echo "  BENCH_ONLY=a,b           make bench: only these workloads (luajit bench/run.lua --help)"
 	@echo "  FUZZ_SECONDS=$(FUZZ_SECONDS)          make fuzz: how long per harness (corpus and crashes in build/fuzz/<name>/)"
 	@echo "  FUZZ_QUICK_SECONDS=$(FUZZ_QUICK_SECONDS)     make fuzz-quick: how long per harness"

@@ -31,7 +31,7 @@ the environment sets it up:
   QUICK=1           small counts, fewer points, 3 repetitions (not 5): < 60 s
   BENCH_ONLY=a,b    only these workloads: codec latency throughput sinks
                     pipeline channels bulk null_call calls modulators keyed
-                    attacked patterns
+                    attacked patterns scale
   BENCH_RESULTS=DIR results there instead of bench/results
   LECHO_BENCH_LOG=1 the workers log to their stderr files
   BENCH_KEEP_TMP=1  keep the temporary directory of the workers' output
@@ -856,14 +856,53 @@ local function w_patterns()
   end
 end
 
+-- Scale points (issue 13): fan-out to 64/256 consuming contexts, idle
+-- peers, 65,536 channels: bench/scale_bench.lua, its own processes.
+local function w_scale()
+  log("scale (fan-out to many contexts, idle peers, many channels)")
+  local file = RESULTS .. "/scale.json"
+  os.remove(file)
+  local f = io.popen(("%s %s/scale_bench.lua --json %s %s 2>&1")
+    :format(LUAJIT, BENCH, sh_quote(file), QUICK and "--quick" or ""))
+  local out = f:read("*a")
+  f:close()
+  local s = common.read(file)
+  local v = s and cjson.decode(s)
+  if not v or #v.failed > 0 then error("scale_bench failed: " .. out) end
+  R.scale = v
+  local q = QUICK and ", QUICK" or ""
+  for _, pl in ipairs{ "null", "composite" } do
+    local iv, ds = v.fanout[pl], {}
+    for name in pairs(iv.ratios) do ds[#ds + 1] = tonumber(name:match("^d(%d+)/")) end
+    table.sort(ds)
+    for _, d in ipairs(ds) do
+      local r = iv.ratios[("d%d/d1"):format(d)]
+      row{ workload = ("fan-out to %d contexts, async %s, producer CPU/event/destination"):format(d, pl),
+           metric = "us/ev/dest", lecho = iv.median["d" .. d], base = "1 dest", base_v = iv.median.d1,
+           ratio = r.median, lower = true, extra = common.spread_text(r, v.reps) .. q }
+    end
+    local top = ds[#ds]
+    row{ workload = ("fan-out to %d contexts, async %s, time/event at the consumers"):format(top, pl),
+         metric = "us/ev", lecho = iv.consumer_us["d" .. top], base = "1 dest", base_v = iv.consumer_us.d1,
+         lower = true, extra = ("medians of %d interleaved reps%s"):format(v.reps, q) }
+  end
+  local p, c = v.peers, v.channels
+  row{ workload = ("%d idle peers, accepting context"):format(p.peers), metric = "KiB/peer",
+       lecho = p.accept.kib_per_peer, base = "-", extra = ("connecting side %.1f KiB/context"):format(
+         p.connect.kib_per_peer) }
+  for _, side in ipairs{ "consumer", "producer", "nameserver" } do
+    row{ workload = ("%d channels, %s"):format(c.channels, side), metric = "B/ch", lecho = c[side].b_per_ch,
+         base = "-" }
+  end
+end
+
 ------------------------------------------------------------------------------
 
 local WORKLOADS = {
   { "codec", w_codec }, { "latency", w_latency }, { "throughput", w_throughput },
   { "sinks", w_sinks }, { "pipeline", w_pipeline }, { "channels", w_channels },
   { "bulk", w_bulk }, { "null_call", w_null }, { "calls", w_calls }, { "modulators", w_modulators },
-  { "keyed", w_keyed }, { "attacked", w_attacked }, { "patterns", w_patterns },
-  -- { "scale", w_scale },   -- helper scale: bench/scale_bench.lua (fan-out 64/256, idle peers, 65,536 channels' memory)
+  { "keyed", w_keyed }, { "attacked", w_attacked }, { "patterns", w_patterns }, { "scale", w_scale },
 }
 
 local CORES = tonumber(io.popen("nproc"):read("*l"))

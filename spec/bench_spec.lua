@@ -6,7 +6,7 @@ local support = require "spec.support"
 local cjson = require "cjson"
 
 local WORKLOADS = { "codec", "latency", "throughput", "sinks", "pipeline", "channels",
-                    "bulk", "null_call", "calls", "modulators", "keyed", "attacked", "patterns" }
+                    "bulk", "null_call", "calls", "modulators", "keyed", "attacked", "patterns", "scale" }
 
 local function positive(x, what)
   assert(type(x) == "number" and x > 0 and x == x and x < math.huge,
@@ -116,6 +116,16 @@ describe("make bench QUICK=1", function()
     positive(w.attacked.attacked, "attacked: the flow beside the attacker")
     assert.equal(0, w.attacked.lost)
     for _, c in ipairs(w.patterns.cases) do positive(c.ours_us, c.name); positive(c.luajit_us, c.name) end
+    -- scale (issue 13): the fan-out's repetitions kept, every peer and channel counted
+    for _, pl in ipairs{ "null", "composite" } do
+      local fo = w.scale.fanout[pl]
+      assert.are.equal(w.scale.reps, #fo.runs.d1, "fan-out repetitions kept " .. pl)
+      for name, m in pairs(fo.median) do positive(m, ("fan-out %s %s"):format(pl, name)) end
+    end
+    assert.are.equal(w.scale.peers.peers, w.scale.peers.accept.events)
+    assert.is_number(w.scale.peers.accept.kib_per_peer)   -- (an RSS delta: not asserted positive)
+    assert.are.equal(w.scale.channels.channels, w.scale.channels.consumer.events)
+    assert.is_number(w.scale.channels.producer.b_per_ch)
     for _, r in ipairs(doc.rows) do
       if r.base_v then positive(r.ratio, "ratio of " .. r.workload) end
       if r.lo then

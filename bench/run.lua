@@ -870,21 +870,20 @@ local function w_scale()
   local v = s and cjson.decode(s)
   if not v or #v.failed > 0 then error("scale_bench failed: " .. out) end
   R.scale = v
-  local q = QUICK and ", QUICK" or ""
   for _, pl in ipairs{ "null", "composite" } do
     local iv, ds = v.fanout[pl], {}
     for name in pairs(iv.ratios) do ds[#ds + 1] = tonumber(name:match("^d(%d+)/")) end
     table.sort(ds)
     for _, d in ipairs(ds) do
       local r = iv.ratios[("d%d/d1"):format(d)]
-      row{ workload = ("fan-out to %d contexts, async %s, producer CPU/event/destination"):format(d, pl),
-           metric = "us/ev/dest", lecho = iv.median["d" .. d], base = "1 dest", base_v = iv.median.d1,
-           ratio = r.median, lower = true, extra = common.spread_text(r, v.reps) .. q }
+      ratio_row({ workload = ("fan-out to %d contexts, async %s, producer CPU/event/destination"):format(d, pl),
+                  metric = "us/ev/dest", lecho = iv.median["d" .. d], base = "1 dest", base_v = iv.median.d1,
+                  lower = true }, r)
     end
     local top = ds[#ds]
     row{ workload = ("fan-out to %d contexts, async %s, time/event at the consumers"):format(top, pl),
          metric = "us/ev", lecho = iv.consumer_us["d" .. top], base = "1 dest", base_v = iv.consumer_us.d1,
-         lower = true, extra = ("medians of %d interleaved reps%s"):format(v.reps, q) }
+         lower = true, reps = v.reps }
   end
   local p, c = v.peers, v.channels
   row{ workload = ("%d idle peers, accepting context"):format(p.peers), metric = "KiB/peer",

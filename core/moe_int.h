@@ -119,6 +119,11 @@ struct lei_moe_group {
     lei_moe *volatile cur;     /* the moe in a call, or NULL */
     volatile sig_atomic_t armed;
     volatile unsigned long callno;
+    /* The sandbox's setup chunk (moe_env.c) as bytecode, dumped from the
+     * first state that compiled it (owned, malloc): parsing its text was a
+     * third of an install's CPU.  NULL until then, or when out of memory. */
+    char *env_bc;
+    size_t env_bclen;
     unsigned long sig_call;    /* handler only: the call its first tick saw */
     double sig_cpu0;           /* handler only: thread CPU at that tick */
 };

@@ -12,6 +12,11 @@
 --   install      ch:consumer(fn, { modulator = ... }) until every producer
 --                (the peer) installed it (us)
 --   params       c:set_params(p) until every producer applied it (us)
+--   *_cpu, *_cpu_peer   CPU time per install, params update or async event
+--                of this process and of the peer (us): on a busy host the
+--                times above are mostly waiting, these are the work done
+--                (this process is the consumer and the channel's manager
+--                for install and params, the producer for the async events)
 -- Every loop is bounded in count and in time.
 
 local dir = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
@@ -47,7 +52,10 @@ local ctx = lecho.context{ nameserver = ns, quiet = true }
 local ch = ctx:channel(chan)
 if role == "producer" then
   local p = assert(ch:producer())
-  local done = ctx:channel("ctl"):consumer(function(ev) if ev == "quit" then ctx:stop() end end)
+  local done = ctx:channel("ctl"):consumer(function(ev)
+    if ev == "quit" then ctx:stop() end
+    if ev == "cpu" then io.stdout:write(("cpu %.6f\n"):format(os.clock())) io.stdout:flush() end
+  end)
   io.stdout:write("ready\n"); io.stdout:flush()
   ctx:after(300, function() ctx:stop() end)
   ctx:run()
@@ -111,29 +119,47 @@ local function to_consumer(chan, mod)
   local rt = (ctx:now() - t0) / n * 1e6
   assert(p:submit_sync("mark"))
   local m = 0
-  local t1 = ctx:now()
+  local t1, c1 = ctx:now(), os.clock()
   while m < N_ASYNC and ctx:now() - t1 < LIMIT do
     for _ = 1, 1000 do assert(p:submit(m)) end
     m = m + 1000
     ctx:run_once(0)
   end
+  local cpu = (os.clock() - c1) / m * 1e6
   reply = nil
   assert(p:submit_sync("report", { timeout = 60 }))
   local deadline = ctx:now() + 10
   while not reply and ctx:now() < deadline do ctx:run_once(0.05) end
   p:submit("quit")
   p:flush()
-  return rt, reply and reply.n > 0 and reply.t / reply.n * 1e6 or nil, n, m
+  return rt, reply and reply.n > 0 and reply.t / reply.n * 1e6 or nil, n, cpu
+end
+
+-- The peer's CPU seconds so far (it writes them when asked on "ctl").
+local function peer_cpu(child, ctlp)
+  local have = select(2, proc.output(child):gsub("cpu ", ""))
+  assert(ctlp:submit_sync("cpu"))
+  local deadline = ctx:now() + 10
+  repeat
+    local all = {}
+    for x in proc.output(child):gmatch("cpu ([%d.]+)\n") do all[#all + 1] = tonumber(x) end
+    if all[have + 1] then return all[have + 1] end
+    ctx:run_once(0.01)
+  until ctx:now() > deadline
+  error("the peer did not say its CPU time")
 end
 
 local res = { quick = QUICK }
 local ok, err = pcall(function()
-  res.rt_plain, res.async_plain, res.n_rt = to_consumer("plain")
-  res.rt_filter, res.async_filter = to_consumer("filter", FILTER)
+  res.rt_plain, res.async_plain, res.n_rt, res.async_plain_cpu = to_consumer("plain")
+  res.rt_filter, res.async_filter, _, res.async_filter_cpu = to_consumer("filter", FILTER)
 
   -- Install and params: the peer produces, this process consumes.
-  wait_ready(spawn(ctx.addr, "producer", "m", ""))
+  local peer = spawn(ctx.addr, "producer", "m", "")
+  wait_ready(peer)
   local ch = ctx:channel("m")
+  local ctlp = ctx:channel("ctl"):producer()
+  local pc0, c0 = peer_cpu(peer, ctlp), os.clock()
   local t0, n = ctx:now(), 0
   while n < N_INSTALL and ctx:now() - t0 < LIMIT do
     -- distinct params each time: a new modulator state, not a shared one
@@ -143,7 +169,10 @@ local ok, err = pcall(function()
   end
   res.install = (ctx:now() - t0) / n * 1e6
   res.n_install = n
+  res.install_cpu = (os.clock() - c0) / n * 1e6
+  res.install_cpu_peer = (peer_cpu(peer, ctlp) - pc0) / n * 1e6
   local c = assert(ch:consumer(function() end, { modulator = FILTER, params = { v = 0 } }))
+  pc0, c0 = peer_cpu(peer, ctlp), os.clock()
   t0, n = ctx:now(), 0
   while n < N_PARAMS and ctx:now() - t0 < LIMIT do
     n = n + 1
@@ -151,7 +180,9 @@ local ok, err = pcall(function()
   end
   res.params = (ctx:now() - t0) / n * 1e6
   res.n_params = n
-  ctx:channel("ctl"):producer():submit("quit")
+  res.params_cpu = (os.clock() - c0) / n * 1e6
+  res.params_cpu_peer = (peer_cpu(peer, ctlp) - pc0) / n * 1e6
+  ctlp:submit("quit")
   ctx:flush()
 end)
 cleanup()
@@ -169,11 +200,18 @@ if res.async_plain and res.async_filter then
   print(("  async per event, plain     %8.3f us"):format(res.async_plain))
   print(("  async per event, filter    %8.3f us   %s of plain"):format(res.async_filter, r(res.async_filter, res.async_plain)))
 end
+print(("  CPU per install            %8.1f us here (consumer, manager) + %.1f us at the producer")
+  :format(res.install_cpu, res.install_cpu_peer))
+print(("  CPU per params update      %8.1f us here (consumer, manager) + %.1f us at the producer")
+  :format(res.params_cpu, res.params_cpu_peer))
+print(("  producer CPU per event     %8.3f us plain, %.3f us filter   %s")
+  :format(res.async_plain_cpu, res.async_filter_cpu, r(res.async_filter_cpu, res.async_plain_cpu)))
 res.ratios = {
   install = res.install / res.rt_plain,
   params = res.params / res.rt_plain,
   rt_filter = res.rt_filter / res.rt_plain,
   async_filter = res.async_plain and res.async_filter and res.async_filter / res.async_plain or nil,
+  async_filter_cpu = res.async_filter_cpu / res.async_plain_cpu,
 }
 if json_out then
   local f = assert(io.open(json_out, "w"))

@@ -730,9 +730,9 @@ local function w_modulators()
   f:close()
   local s = common.read(RESULTS .. "/modulators.json")
   local v = s and cjson.decode(s)
-  if not v or not v.rt_plain or type(v.ratios) ~= "table" then error("modulator_bench failed: " .. out) end
+  if not v or not v.rt_plain or type(v.spread) ~= "table" then error("modulator_bench failed: " .. out) end
   R.modulators = v
-  local rs = v.ratios
+  local rs = v.spread   -- per figure { median, lo, hi, all } of the per-repetition ratios
   ratio_row({ workload = "modulator install", metric = "us", lecho = v.install, base = "sync rt",
               base_v = v.rt_plain, lower = true, target = { "<=", 3 } }, rs.install)
   ratio_row({ workload = "modulator params update", metric = "us", lecho = v.params, base = "sync rt",

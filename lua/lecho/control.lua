@@ -300,7 +300,9 @@ function Context:_on_ctrl(from, msg)
   -- `from` (the connection's peer), never the `producer` the message claims.
   elseif op == "stream_end" then
     local ch = self.byname[msg.ch]
-    if ch and type(msg.key) == "string" then ch:_stream_ended(msg.key, from) end
+    if ch and type(msg.key) == "string" then
+      ch:_stream_ended(msg.key, from, type(msg.ver) == "number" and msg.ver or -math.huge)
+    end
   elseif op == "mod_error" then
     local ch = self.byname[msg.ch]
     if ch and type(msg.key) == "string" then

@@ -191,10 +191,12 @@ elseif o.mode == "connect" then
   local t0, t_sweep = proc.clock(), proc.clock()
   for i = 1, o.n do
     -- (on a loaded machine a handshake with the busy name server can take
-    -- longer than the default 10 s)
+    -- longer than the default 10 s: handshake_timeout, and heartbeat x
+    -- heartbeat_misses, after which the liveness timer closes a connection
+    -- not up yet, raised to 60 s)
     -- listening on a unix socket: 10,000 TCP listeners would take 10,000
     -- of the host's ~28,000 ephemeral ports, which the connections need
-    local ctx = new_ctx{ handshake_timeout = 60, listen = ("unix:%s/c%d-%d"):format(o.dir, o.id, i) }
+    local ctx = new_ctx{ handshake_timeout = 60, heartbeat_misses = 12, listen = ("unix:%s/c%d-%d"):format(o.dir, o.id, i) }
     ctxs[i] = ctx
     local p = assert(ctx:channel(o.channel):producer())
     assert(p:submit{ from = o.id, i = i })

@@ -531,7 +531,29 @@ static int l_validate(lua_State *L) {
     return 1;
 }
 
-/* Set encode, decode and validate into the table on top of the stack; the
+/* count_keys(t, len) -> nkeys, nin: the entries of t and how many of their
+ * keys are among the integers 1..len (lua/lecho/fastenc.lua, which cannot
+ * compile this loop: see there). Raw, metatables ignored. */
+static int l_count_keys(lua_State *L) {
+    size_t nkeys = 0, nin = 0, len;
+    double l;
+
+    luaL_checktype(L, 1, LUA_TTABLE);
+    l = luaL_checknumber(L, 2);
+    len = l > 0 ? (l < 9e15 ? (size_t)l : (size_t)9e15) : 0;
+    lua_settop(L, 2);
+    lua_pushnil(L);
+    while (lua_next(L, 1)) {
+        nkeys++;
+        nin += is_arr_key(L, -2, len);
+        lua_pop(L, 1);
+    }
+    lua_pushnumber(L, (lua_Number)nkeys);
+    lua_pushnumber(L, (lua_Number)nin);
+    return 2;
+}
+
+/* Set encode, decode, validate and count_keys into the table on top of the stack; the
  * main lecho module may call this on its own table. */
 void lei_codec_lua_setfuncs(lua_State *L) {
     lei_msg **box = lua_newuserdata(L, sizeof *box);
@@ -550,6 +572,8 @@ void lei_codec_lua_setfuncs(lua_State *L) {
     lua_setfield(L, -2, "decode");
     lua_pushcfunction(L, l_validate);
     lua_setfield(L, -2, "validate");
+    lua_pushcfunction(L, l_count_keys);
+    lua_setfield(L, -2, "count_keys");
 }
 
 __attribute__((visibility("default"))) int luaopen_lecho_codec(lua_State *L) {

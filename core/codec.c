@@ -172,7 +172,12 @@ void lei_reader_init(lei_reader *r, const uint8_t *p, size_t n, const lei_codec_
 
 static int rd_varint(lei_reader *r, uint64_t *v) {
     size_t used;
-    int rc = lei_varint_decode(r->p + r->pos, r->n - r->pos, v, &used);
+    int rc;
+    if (r->pos < r->n && r->p[r->pos] < 0x80) { /* one byte: most counts and lengths */
+        *v = r->p[r->pos++];
+        return 0;
+    }
+    rc = lei_varint_decode(r->p + r->pos, r->n - r->pos, v, &used);
     if (rc == 0) r->pos += used;
     return rc;
 }

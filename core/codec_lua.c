@@ -331,22 +331,27 @@ int lei_encode_lua(lua_State *L, int idx, lei_msg *m, const lei_codec_limits *li
 #define DEC_ARR_HINT (1 << 24) /* createtable hints stay below LuaJIT's caps */
 #define DEC_HASH_HINT (1 << 22)
 
-static int dec_value(lua_State *L, lei_reader *r, unsigned depth, int is_key) {
-    lei_item it;
+static int dec_table(lua_State *L, lei_reader *r, const lei_item *it, unsigned depth);
+
+/* Pushes the item just read (a table: decodes its contents too); depth =
+ * number of tables enclosing it.  Scalars inline: no call per element. */
+static inline int dec_item(lua_State *L, lei_reader *r, const lei_item *it, unsigned depth) {
+    switch (it->tag) {
+    case LEI_T_NIL: lua_pushnil(L); return 0;
+    case LEI_T_FALSE:
+    case LEI_T_TRUE: lua_pushboolean(L, it->tag == LEI_T_TRUE); return 0;
+    case LEI_T_INT:
+    case LEI_T_DOUBLE: lua_pushnumber(L, it->num); return 0;
+    case LEI_T_STRING: lua_pushlstring(L, (const char *)it->str, it->len); return 0;
+    default: /* LEI_T_TABLE: lei_read_item knows no other tag */ return dec_table(L, r, it, depth);
+    }
+}
+
+static int dec_table(lua_State *L, lei_reader *r, const lei_item *it, unsigned depth) {
+    lei_item e;
     uint64_t i;
     int rc;
 
-    if ((rc = lei_read_item(r, &it))) return rc;
-    if (is_key && lei_item_bad_key(&it)) return LEI_EKEY;
-    switch (it.tag) {
-    case LEI_T_NIL: lua_pushnil(L); return 0;
-    case LEI_T_FALSE:
-    case LEI_T_TRUE: lua_pushboolean(L, it.tag == LEI_T_TRUE); return 0;
-    case LEI_T_INT:
-    case LEI_T_DOUBLE: lua_pushnumber(L, it.num); return 0;
-    case LEI_T_STRING: lua_pushlstring(L, (const char *)it.str, it.len); return 0;
-    default: /* LEI_T_TABLE: lei_read_item knows no other tag */ break;
-    }
     if (depth >= r->max_depth) return LEI_EDEPTH;
     if (!lua_checkstack(L, 4)) return DEC_ESTACK;
     /* counts were checked against the input by lei_read_item.  Presized
@@ -355,15 +360,16 @@ static int dec_value(lua_State *L, lei_reader *r, unsigned depth, int is_key) {
      * zero 64 MiB per event (136 ms); a nil never needs its slot, and a
      * table of 1-byte values that outgrows the hint doubles once. */
     size_t left = (r->n - r->pos) / 4 + 1;
-    size_t narr = it.narr < left ? (size_t)it.narr : left;
-    size_t nhash = it.nhash < left ? (size_t)it.nhash : left;
+    size_t narr = it->narr < left ? (size_t)it->narr : left;
+    size_t nhash = it->nhash < left ? (size_t)it->nhash : left;
     lua_createtable(L, narr > DEC_ARR_HINT ? DEC_ARR_HINT : (int)narr,
                     nhash > DEC_HASH_HINT ? DEC_HASH_HINT : (int)nhash);
-    for (i = 1; i <= it.narr; i++) {
-        if ((rc = dec_value(L, r, depth + 1, 0))) return rc;
-        if (lua_isnil(L, -1))
-            lua_pop(L, 1);
-        else if (i <= INT32_MAX)
+    /* a nil (array slot or pair value) is read and checked, never pushed */
+    for (i = 1; i <= it->narr; i++) {
+        if ((rc = lei_read_item(r, &e))) return rc;
+        if (e.tag == LEI_T_NIL) continue;
+        if ((rc = dec_item(L, r, &e, depth + 1))) return rc;
+        if (i <= INT32_MAX)
             lua_rawseti(L, -2, (int)i);
         else {
             lua_pushnumber(L, (double)i);
@@ -371,14 +377,28 @@ static int dec_value(lua_State *L, lei_reader *r, unsigned depth, int is_key) {
             lua_rawset(L, -3);
         }
     }
-    for (i = 0; i < it.nhash; i++) {
-        if ((rc = dec_value(L, r, depth + 1, 1)) || (rc = dec_value(L, r, depth + 1, 0))) return rc;
-        if (lua_isnil(L, -1))
-            lua_pop(L, 2);
-        else
-            lua_rawset(L, -3);
+    for (i = 0; i < it->nhash; i++) {
+        if ((rc = lei_read_item(r, &e))) return rc;
+        if (lei_item_bad_key(&e)) return LEI_EKEY;
+        if ((rc = dec_item(L, r, &e, depth + 1))) return rc;
+        if ((rc = lei_read_item(r, &e))) return rc;
+        if (e.tag == LEI_T_NIL) {
+            lua_pop(L, 1);
+            continue;
+        }
+        if ((rc = dec_item(L, r, &e, depth + 1))) return rc;
+        lua_rawset(L, -3);
     }
     return 0;
+}
+
+/* The top value: depth 0, not a key. */
+static int dec_value(lua_State *L, lei_reader *r) {
+    lei_item it;
+    int rc;
+
+    if ((rc = lei_read_item(r, &it))) return rc;
+    return dec_item(L, r, &it, 0);
 }
 
 /* Decode exactly one value from p[0..n) and push it: 0. On any malformed
@@ -398,7 +418,7 @@ int lei_decode_lua(lua_State *L, const uint8_t *p, size_t n, const lei_codec_lim
     lei_reader_init(&r, p, n, lim);
     if (!lua_checkstack(L, 4))
         rc = DEC_ESTACK;
-    else if (!(rc = dec_value(L, &r, 0, 0)))
+    else if (!(rc = dec_value(L, &r)))
         rc = lei_reader_finish(&r);
     if (rc) {
         lua_settop(L, top);
@@ -531,7 +551,29 @@ static int l_validate(lua_State *L) {
     return 1;
 }
 
-/* Set encode, decode and validate into the table on top of the stack; the
+/* count_keys(t, len) -> nkeys, nin: the entries of t and how many of their
+ * keys are among the integers 1..len (lua/lecho/fastenc.lua, which cannot
+ * compile this loop: see there). Raw, metatables ignored. */
+static int l_count_keys(lua_State *L) {
+    size_t nkeys = 0, nin = 0, len;
+    double l;
+
+    luaL_checktype(L, 1, LUA_TTABLE);
+    l = luaL_checknumber(L, 2);
+    len = l > 0 ? (l < 9e15 ? (size_t)l : (size_t)9e15) : 0;
+    lua_settop(L, 2);
+    lua_pushnil(L);
+    while (lua_next(L, 1)) {
+        nkeys++;
+        nin += is_arr_key(L, -2, len);
+        lua_pop(L, 1);
+    }
+    lua_pushnumber(L, (lua_Number)nkeys);
+    lua_pushnumber(L, (lua_Number)nin);
+    return 2;
+}
+
+/* Set encode, decode, validate and count_keys into the table on top of the stack; the
  * main lecho module may call this on its own table. */
 void lei_codec_lua_setfuncs(lua_State *L) {
     lei_msg **box = lua_newuserdata(L, sizeof *box);
@@ -550,6 +592,8 @@ void lei_codec_lua_setfuncs(lua_State *L) {
     lua_setfield(L, -2, "decode");
     lua_pushcfunction(L, l_validate);
     lua_setfield(L, -2, "validate");
+    lua_pushcfunction(L, l_count_keys);
+    lua_setfield(L, -2, "count_keys");
 }
 
 __attribute__((visibility("default"))) int luaopen_lecho_codec(lua_State *L) {

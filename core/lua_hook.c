@@ -161,8 +161,20 @@ static int run_hook(lb_ctx *b, hook_args *a) {
 int lb_hook_event(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
                   uint64_t sync, const uint8_t *p, size_t n) {
     lb_ctx *b = ud;
-    hook_args a = {.b = b, .from = from, .ref = b->ref_event, .is_event = 1, .chid = chid,
-                   .producer = producer, .seq = seq, .sync = sync, .p = p, .n = n};
+    /* field by field: an initializer would zero err[] (256 bytes) per event */
+    hook_args a;
+    a.b = b;
+    a.from = from;
+    a.ref = b->ref_event;
+    a.is_event = 1;
+    a.chid = chid;
+    a.producer = producer;
+    a.seq = seq;
+    a.sync = sync;
+    a.p = p;
+    a.n = n;
+    a.bad = a.held = 0;
+    a.err[0] = '\0';
     return run_hook(b, &a);
 }
 

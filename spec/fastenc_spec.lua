@@ -79,6 +79,34 @@ describe("lecho.fastenc", function()
     assert.are.equal(core.encode({ 1, 2, 3 }), small({ 1, 2, 3 }))
   end)
 
+  -- fastenc counts keys with this C function (a compiled Lua loop over
+  -- `next` is not trusted, an interpreted one kept the encoder from compiling)
+  it("counts keys with lecho.core's count_keys as a Lua loop does", function()
+    local function lua_count(t, len)
+      local nkeys, nin = 0, 0
+      for k in next, t do
+        nkeys = nkeys + 1
+        if type(k) == "number" and k >= 1 and k <= len and k == math.floor(k) then nin = nin + 1 end
+      end
+      return nkeys, nin
+    end
+    if jit then jit.off(lua_count) end -- the reference stays interpreted
+    local r = rng(7)
+    local cases = { {}, { 1, 2, 3 }, { 1, nil, 3 }, { a = 1, [2.5] = 2, [true] = 3, [4] = 4 },
+                    setmetatable({ 1 }, { __index = function() return 1 end, __pairs = error }) }
+    for _ = 1, 300 do cases[#cases + 1] = gen(r, 2) end
+    for i, t in ipairs(cases) do
+      if type(t) == "table" then
+        for _, len in ipairs{ #t, 0, 3, 2^40 } do
+          local a, b = core.count_keys(t, len)
+          local c, d = lua_count(t, len)
+          assert(a == c and b == d, ("case %d len %s: %s %s, want %s %s"):format(i, len, a, b, c, d))
+        end
+      end
+    end
+    assert.has_error(function() core.count_keys("x", 1) end)
+  end)
+
   it("round-trips through the decoder", function()
     local v = { kind = "x", n = { 1, 2.5, -3 }, ok = true, nested = { a = { b = { "c" } } } }
     local ok, back = core.decode(enc(v))

@@ -404,25 +404,28 @@ function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes)
   -- coroutine of its own and is answered by ctx:ack; no ack from C
   local svc = self.svc_chans
   if svc and svc[chid] then return self:_serve(svc[chid], value, peer, sync, gen, nbytes) end
+  -- self.dco is the dispatch coroutine, suspended, or nil: taken out while
+  -- it runs (an event dispatched from inside a handler gets another one),
+  -- put back when it yielded DONE (no coroutine.status per event)
   local co = self.dco
-  if not co or coroutine.status(co) ~= "suspended" then
+  if co then
+    self.dco = nil
+  else
     co = coroutine.create(dispatcher)
     self.cos[co] = true
     coroutine.resume(co, self)
-    self.dco = co
   end
   local ok, r, nran, errs = coroutine.resume(co, chid, value, peer, producer, seq, sync, gen)
   if not ok then
-    self.dco = nil
     self.log("error dispatching an event: " .. traceback(co, tostring(r)))
     return false
   end
   if r == WAIT then
     -- A handler waits: this coroutine belongs to its waiter now.
     self.held[co] = peer
-    self.dco = nil
     return true
   end
+  if not self.dco then self.dco = co end
   -- C acknowledges a sync event with these (ctx:hooks, lua_hook.c).
   return false, nran, errs
 end

@@ -18,6 +18,7 @@
 
 local ffi = require "ffi"
 local ok_buf, buffer = pcall(require, "string.buffer")
+local ok_core, core = pcall(require, "lecho.core")
 
 local M = {}
 
@@ -110,6 +111,11 @@ function M.new(opts)
     return nkeys, nin
   end
   if jit then jit.off(count_keys) end
+  -- A trace that reaches a function the JIT is off for aborts, so every
+  -- table made the whole encoder run interpreted (the composite record took
+  -- longer than the C encoder); the same loop in C (lecho.core's
+  -- count_keys) is a plain C call, which LuaJIT stitches around.
+  if ok_core and type(core.count_keys) == "function" then count_keys = core.count_keys end
 
   local function tbl(t, depth)
     if depth >= max_depth then return false end

@@ -197,7 +197,9 @@ function M.context(opts)
     self.tick = c:timer(0.1, 0.1, function() self.reg:tick(self._send, now(self)) end)
   end
   c:hooks{
-    event = function(...) return self:_dispatch(...) end,
+    event = function(chid, value, peer, producer, seq, sync, gen, nbytes)
+      return self:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes)
+    end,
     ctrl = function(from, msg)
       if self.keyed and not self:_nameserver_ok(from) then return end
       return self:_on_ctrl(from, msg)

@@ -11,7 +11,8 @@
 -- after; every repetition is kept in the JSON.
 --   bulk   100 (QUICK: 10) values of 10 MiB, async, MB/s, vs baseline_tcp bulk
 --   null   submit_sync(nil), one at a time, us per round trip, vs
---          baseline_tcp pingpong of the same frame size
+--          baseline_tcp pingpong of the same frame size; and the C API's
+--          (bench/lecho_c pingpong, its own two processes) in the same rotation
 -- Every run is bounded in count and in time.
 
 local dir = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
@@ -213,10 +214,14 @@ local ok, err = xpcall(function()
     out.null = common.interleave{
       reps = CFG.reps,
       runs = { { "lecho", function() return null_lecho(p) end },
-               { "tcp", function() return run_c("baseline_tcp", ("pingpong %d %d"):format(size, CFG.null_n)) end } },
-      ratios = { { "lecho", "tcp" } },
+               { "tcp", function() return run_c("baseline_tcp", ("pingpong %d %d"):format(size, CFG.null_n)) end },
+               { "lecho_c", function() return run_c("lecho_c", ("pingpong 0 %d"):format(CFG.null_n)) end } },
+      ratios = { { "lecho", "tcp" }, { "lecho_c", "tcp" } },
     }
     summary("null", out.null, "lecho/tcp", "us/rt")
+    local rc = out.null.ratios["lecho_c/tcp"]
+    io.write(("null   C API (bench/lecho_c) %.2f us/rt; ratio lecho_c/tcp median %.3f (%s)\n"):format(
+      out.null.median.lecho_c or -1, rc.median or -1, common.spread_text(rc, out.null.reps)))
     p:close()
   end
 end, debug.traceback)

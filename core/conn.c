@@ -19,12 +19,7 @@
 
 /* A drained read buffer larger than this (a large frame's) is freed; the
  * next read starts again from LEI_RBUF_SMALL.  Smaller ones stay: no allocation
- * per read for a stream of ordinary events.  Except for a next large frame:
- * the buffer stays empty until the next frame's header comes (conn_read
- * looks at it with MSG_PEEK before reading) and goes if that one is small,
- * or when the budget needs room (rbuf.c rbuf_trim); a stream of large
- * values reuses one buffer instead of a fresh mapping, page faults and
- * regrowth per frame (issue 13). */
+ * per read for a stream of ordinary events. */
 #define RBUF_KEEP (1024 * 1024)
 
 static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents);
@@ -554,51 +549,16 @@ static int conn_input(lei_conn *k) {
     k->busy--;
     if (k->state != LEI_CONN_CLOSED) {
         /* A large frame's buffer goes once drained: the next read starts
-         * again from LEI_RBUF_SMALL (nobody holds a frame: busy is 0);
-         * unless conn_read keeps it for a next large frame (keep_big). */
+         * again from LEI_RBUF_SMALL (nobody holds a frame: busy is 0). */
         if (!k->busy && k->rpos == k->rlen && k->rcap > RBUF_KEEP) {
-            if (k->keep_big) {
-                k->rlen = k->rpos = 0;
-            } else {
-                free(k->rb);
-                lei_rbuf_set(k, NULL, 0);
-                k->rlen = k->rpos = 0;
-            }
+            free(k->rb);
+            lei_rbuf_set(k, NULL, 0);
+            k->rlen = k->rpos = 0;
         }
         return 0;
     }
     if (!k->busy) lei_conn_free(k);
     return -1;
-}
-
-/* Gives back k's drained read buffer. */
-static void rbuf_drop(lei_conn *k) {
-    free(k->rb);
-    lei_rbuf_set(k, NULL, 0);
-    k->rlen = k->rpos = 0;
-}
-
-/* k's buffer is empty and large: kept after a large frame (RBUF_KEEP). */
-static int rbuf_spare(const lei_conn *k) { return k->rcap > RBUF_KEEP && k->rlen == 0 && !k->busy; }
-
-/* A plain connection carrying frames, not held: its large buffer may stay. */
-static int rbuf_keepable(const lei_conn *k) {
-    return k->state == LEI_CONN_UP && !k->sec && !(k->peer && k->peer->held);
-}
-
-static size_t frame_limit(const lei_conn *k, const uint8_t *h, size_t avail);
-
-/* The next frame on k's socket, by its header (a look, not a read): 1
- * large (past RBUF_KEEP, within its limit), 0 not (small, beyond its
- * limit, the header not all there, the peer gone), -1 nothing there yet.
- * flags: MSG_DONTWAIT, or 0 in a fast wait (bounded by SO_RCVTIMEO). */
-static int next_is_large(lei_conn *k, int flags) {
-    uint8_t h[LEI_FRAME_HDR];
-    ssize_t m = recv(k->fd, h, sizeof h, MSG_PEEK | flags);
-    if (m < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? -1 : 0;
-    if (m != (ssize_t)sizeof h) return 0;
-    size_t flen = lei_get_u32le(h);
-    return flen + 4 > RBUF_KEEP && flen <= frame_limit(k, h, sizeof h);
 }
 
 /* Reads ciphertext (records on): 0 when something came, -1 otherwise
@@ -630,18 +590,8 @@ static int conn_read(lei_conn *k, int flags) {
         if (conn_input(k)) return 1;
         if (k->peer && k->peer->held) return 1;
     }
-    /* A large buffer kept for a next large frame: that frame's header
-     * decides (nothing there yet: 0, as for EAGAIN). */
-    if (rbuf_spare(k)) {
-        int big = rbuf_keepable(k) ? next_is_large(k, flags) : 0;
-        if (big < 0) return 0;
-        if (!big) rbuf_drop(k);
-    }
     /* Compact, then make room: a frame larger than the buffer grows it as
-     * its bytes come (lei_rbuf_grow), never past its size.  A second round
-     * (once, without waiting) only after a large frame left its buffer
-     * empty and the next one is large too (RBUF_KEEP). */
-    for (int again = 0;; again = 1) {
+     * its bytes come (lei_rbuf_grow), never past its size. */
     if (k->rpos && k->busy == 0) {
         memmove(k->rb, k->rb + k->rpos, k->rlen - k->rpos);
         k->rlen -= k->rpos;
@@ -666,12 +616,12 @@ static int conn_read(lei_conn *k, int flags) {
          * up to a whole frame.  Stop at its end instead. */
         size_t room = k->rcap - k->rlen;
         if (big_end > k->rlen && big_end - k->rlen < room) room = big_end - k->rlen;
-        n = recv(k->fd, k->rb + k->rlen, room, again ? MSG_DONTWAIT : flags);
+        n = recv(k->fd, k->rb + k->rlen, room, flags);
         if (n > 0) k->rlen += (size_t)n;
         k->rfull = n > 0 && (size_t)n == room;
     }
     if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return again;
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
         char why[128];
         snprintf(why, sizeof why, "read: %s", strerror(errno));
         lei_conn_close(k, why, 0);
@@ -684,23 +634,8 @@ static int conn_read(lei_conn *k, int flags) {
     if (!(flags & MSG_DONTWAIT)) ev_now_update(c->loop); /* a fast wait: no turn did */
     k->last_in = ev_now(c->loop);
     if (k->peer && k->state >= LEI_CONN_UP) k->peer->st.bytes_in += (uint64_t)n;
-    k->keep_big = 1;
-    if (conn_input(k)) return 1; /* k is gone, or closed */
-    k->keep_big = 0;
-    if (!rbuf_spare(k)) return 1;
-    if (!rbuf_keepable(k)) {
-        rbuf_drop(k);
-        return 1;
-    }
-    k->kept = 1;
-    if (again) return 1; /* kept: the next read looks first */
-    int big = next_is_large(k, MSG_DONTWAIT);
-    if (big < 0) return 1; /* kept until the next header comes */
-    if (!big) {
-        rbuf_drop(k);
-        return 1;
-    }
-    }
+    conn_input(k);
+    return 1;
 }
 
 static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {

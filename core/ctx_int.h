@@ -378,8 +378,6 @@ struct lei_conn {
     lei_sec *sec;       /* owned: a keyed connection's crypto, or NULL (protected) */
     int fin_pending;    /* our FIN goes out once the pending records are written */
     int fast;           /* 1: in blocking mode for lei_conn_fast_wait; -1: could not be */
-    int keep_big;       /* conn_read decides whether a drained large buffer stays */
-    int kept;           /* rb was kept from a large frame for the next (rbuf.c may trim it) */
 };
 
 /* The handshake is done and the connection still carries the peer's

@@ -1,8 +1,7 @@
 /* rbuf.c: the read buffers' budget (max_buffered): a connection's read
  * buffer grows as its bytes come, charged to the context's total; when a
- * connection finds no room, the room of others' empty or kept buffers
- * goes back first, then the one holding the most bytes of an unfinished frame is cut
- * for it (or it is refused).  Reading: conn.c.
+ * connection finds no room, the one holding the most bytes of an
+ * unfinished frame is cut for it (or it is refused).  Reading: conn.c.
  */
 #include "ctx_int.h"
 
@@ -11,15 +10,12 @@
 
 /* A large frame's buffer grows at most this far past the bytes it needs. */
 #define RBUF_STEP ((size_t)16 * 1024 * 1024)
-/* Room past its bytes a buffer keeps when the budget is short (rbuf_trim). */
-#define RBUF_SPARE ((size_t)64 * 1024)
 
 /* k's read buffer is now (b, ncap): the context's total follows. */
 void lei_rbuf_set(lei_conn *k, uint8_t *b, size_t ncap) {
     k->ctx->rbuf = k->ctx->rbuf - k->rcap + ncap;
     k->rb = b;
     k->rcap = ncap;
-    k->kept = 0; /* conn.c sets it again when it keeps this one */
 }
 
 /* Bytes of an unfinished frame that k holds: what came and is not handed
@@ -64,32 +60,6 @@ static void rbuf_cut(lei_conn *hog) {
     hog->skip = 0;
 }
 
-/* Gives back, before anybody is cut or refused for the budget, the room
- * other connections' buffers hold past their bytes when nothing grew them
- * for those bytes: an empty one, or one conn.c kept from a large frame for
- * the next (kept, RBUF_KEEP), down to RBUF_SPARE past its bytes, as if it
- * had grown for them.  Not from one in a dispatch (busy).  1 when some
- * room was given back. */
-static int rbuf_trim(lei_conn *k) {
-    int any = 0;
-    for (lei_conn *o = k->ctx->conns; o; o = o->next) {
-        if (o == k || o->busy || o->state == LEI_CONN_CLOSED || (o->rlen && !o->kept)) continue;
-        size_t want = o->rlen + RBUF_SPARE;
-        if (o->rcap <= want) continue;
-        if (!o->rlen) {
-            free(o->rb);
-            lei_rbuf_set(o, NULL, 0);
-            o->rpos = 0;
-        } else {
-            uint8_t *nb = realloc(o->rb, want);
-            if (!nb) continue;
-            lei_rbuf_set(o, nb, want);
-        }
-        any = 1;
-    }
-    return any;
-}
-
 /* Grows k's read buffer to at least need bytes (need > rcap) for what has
  * come or is being read.  max_buffered, the budget of all connections' read
  * buffers, is charged by the bytes a buffer holds room for, never by the
@@ -98,9 +68,8 @@ static int rbuf_trim(lei_conn *k) {
  * bytes arrive, doubling but at most RBUF_STEP past need, so a peer
  * trickling a huge frame holds little more than it sent.  The growth is
  * trimmed to what the budget has left.  When even need does not fit, the
- * other connections' empty or kept buffers' room is given back first (rbuf_trim);
- * then the connection holding the most bytes of an unfinished frame, if
- * more than k, is cut (rbuf_hog) until it fits; else k is refused (ERROR to the
+ * connection holding the most bytes of an unfinished frame, if more than
+ * k, is cut (rbuf_hog) until it fits; else k is refused (ERROR to the
  * peer, one log line per window) for the frame of fsize bytes.  0, or -1
  * after closing k. */
 int lei_rbuf_grow(lei_conn *k, size_t need, size_t end, size_t fsize) {
@@ -110,7 +79,6 @@ int lei_rbuf_grow(lei_conn *k, size_t need, size_t end, size_t fsize) {
         others = c->rbuf - k->rcap;
         left = c->o.max_buffered > others ? c->o.max_buffered - others : 0;
         if (need <= left) break;
-        if (rbuf_trim(k)) continue;
         lei_conn *hog = rbuf_hog(k);
         if (!hog) {
             char why[160];

@@ -387,43 +387,6 @@ describe("connection limits (issue 11)", function()
     p:close()
   end)
 
-  it("keeps a large buffer for the next large frame, and gives its room back when the budget is short", function()
-    local lecho = require "lecho"
-    local M = 1024 * 1024
-    local ctx = lecho.context{ quiet = true, max_buffered = 16 * M }
-    local sink = ctx.addr .. "/sink"
-    ctx:channel("sink")                -- open, no consumer: its events are read, not decoded
-    local function pump(n) for _ = 1, n or 10 do ctx:run_once(0.002) end end
-    local function feed(p, bytes)      -- in 64 KiB pieces, the context reading between them
-      for i = 1, #bytes, 65536 do
-        assert(p:send(bytes:sub(i, i + 65535)))
-        pump(2)
-      end
-    end
-    local hdr = R.varint(0) .. R.varint(1) .. R.varint(1) .. R.varint(0)
-    local function event(n) return R.u32le(1 + #hdr + n) .. string.char(R.F.EVENT) .. hdr .. string.rep("x", n) end
-    local a = R.dial(ctx.addr, { addr = "127.0.0.1:21101", hello_only = true })
-    local b = R.dial(ctx.addr, { addr = "127.0.0.1:21102", hello_only = true })
-    -- a: two 6 MiB events, then the header of a third and one byte of it:
-    -- its buffer stays for that one (conn.c RBUF_KEEP)
-    local third = event(6 * M)
-    feed(a, R.bind(0, sink) .. event(6 * M) .. event(6 * M) .. third:sub(1, #hdr + 6))
-    pump(20)
-    assert.is_true(ctx:stats().read_buffer_bytes >= 6 * M, "read buffers: " .. ctx:stats().read_buffer_bytes)
-    -- b: a 12 MiB event, past the budget beside a's kept buffer: a's room
-    -- goes back (rbuf.c rbuf_trim), nobody is cut or refused
-    feed(b, R.bind(0, sink) .. event(12 * M) .. R.frame(R.F.PING, ""))
-    assert(b:expect(R.F.HEARTBEAT, 10), "b got no HEARTBEAT after its 12 MiB event")
-    feed(a, third:sub(#hdr + 7) .. R.frame(R.F.PING, ""))
-    assert(a:expect(R.F.HEARTBEAT, 10), "a got no HEARTBEAT after its third event")
-    assert.is_false(a.closed)
-    assert.is_false(b.closed)
-    assert.is_true(ctx:stats().read_buffer_bytes <= 16 * M)
-    a:close()
-    b:close()
-    ctx:close()
-  end)
-
   it("binds any index for the memory of one entry (2^24 cost 128 MiB), at most max_peer_channels of them", function()
     local t = target()
     local prod = flow(t, 200)

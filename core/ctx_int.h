@@ -152,7 +152,11 @@ static inline lei_qitem *lei_q_pop(lei_queue *q) {
 }
 
 /* Per peer: the last sequence number seen from each (channel, producer) of
- * the peer's current incarnation (open addressing; last == 0: empty). */
+ * the peer's current incarnation (last == 0: empty).  The first producer
+ * seen on a channel has its entry in an array indexed by our channel id
+ * (bych: events round-robin over thousands of channels read it in order,
+ * where a hash's random probes each missed the cache); the others are in
+ * an open-addressing table (seqs). */
 typedef struct lei_seqent {
     uint64_t producer, last;
     uint32_t chid, epoch;
@@ -163,6 +167,8 @@ typedef struct lei_live {
     int fails;                /* ro: dials since the last handshake (backoff) */
     lei_seqent *seqs;         /* owned */
     uint32_t seqcap, seqn, seqhit;
+    lei_seqent *bych;         /* owned: [chid], nbych entries, at most 4 per used + 64 */
+    uint32_t nbych, nbych_used;
     ev_tstamp log_t;          /* gap logging: window start, lines, untold gaps */
     uint32_t log_n;
     uint64_t log_skipped;

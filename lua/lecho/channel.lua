@@ -63,10 +63,12 @@ end
 -- context takes it.
 function Channel:_plain() return #self.dests > 0 or #self.consumers > 0 end
 
+-- The producers' copies of what a submit reads (lecho.producer's slots).
 function Channel:_hot_update()
   local plain = self:_plain()
+  local mods = self.modlist[1] and self.modlist or false
   for p in pairs(self.producers) do
-    p.mods, p.plain = self.modlist, plain
+    p[p.MODS], p[p.PLAIN] = mods, plain
   end
   -- Context:_on_event's fast path: a plain channel with one consumer
   -- (called whenever that list changes: Channel:consumer, Consumer:_unlink)

@@ -55,7 +55,7 @@ help:
 	@echo "  make fuzz-quick  the same for FUZZ_QUICK_SECONDS each (make test runs it); fails on a crash"
 	@echo "  make fuzz-build  only build the harnesses (build/fuzz_<name>)"
 	@echo "  make ctest       the C unit tests only: codec, framing, two contexts through lecho.h, error names, identities, the pattern matcher's step limit"
-	@echo "  make spec        the busted specs only (BUSTED_ARGS: e.g. spec/codec_spec.lua)"
+	@echo "  make spec        the busted specs only, SPEC_JOBS files at a time (BUSTED_ARGS: e.g. spec/codec_spec.lua: that one)"
 	@echo "  make asan        the same suite with the core built under ASan and UBSan"
 	@echo "  make demo        atmosphere: a simulation and three viewers (full, region, diff), bytes per viewer"
 	@echo "  make keiretsu    instant messaging over four nodes (network namespaces if allowed): messages/s for 1-4 nodes, three killed, acknowledged messages counted"
@@ -70,7 +70,7 @@ help:
 	@echo "  make clean       remove build products"
 	@echo "  make help        this text"
 	@echo "Variables (make VAR=value ...):"
-	@echo "  QUICK=1                  make bench: small counts, well under 30 s"
+	@echo "  QUICK=1                  make bench: small counts, 3 repetitions, < 60 s"
 	@echo "  BENCH_ONLY=a,b           make bench: only these workloads (luajit bench/run.lua --help)"
 	@echo "  FUZZ_SECONDS=$(FUZZ_SECONDS)          make fuzz: how long per harness (corpus and crashes in build/fuzz/<name>/)"
 	@echo "  FUZZ_QUICK_SECONDS=$(FUZZ_QUICK_SECONDS)     make fuzz-quick: how long per harness"
@@ -80,6 +80,7 @@ help:
 	@echo "  DEMO_SECONDS, LECHO_NAMESERVER  make demo: how long (10), which name server"
 	@echo "  KEIRETSU_ARGS            make keiretsu: options of examples/keiretsu/run.lua (--help)"
 	@echo "  BUSTED_ARGS              make spec/test: arguments for busted (files, --filter ...)"
+	@echo "  SPEC_JOBS=$(SPEC_JOBS)              make spec/test/asan: spec files run at a time (1: one busted for spec/)"
 	@echo "  BUILD_JOBS=$(BUILD_JOBS)             make test, fuzz-build: parallel compile jobs"
 	@echo "  OBJ_DIR=$(OBJ_DIR)         where the core's objects are compiled (make rock: its own)"
 	@echo "  CC=$(CC) CFLAGS='$(CFLAGS)' LDFLAGS LIBFLAG='$(LIBFLAG)'  the compiler and its flags"
@@ -112,9 +113,18 @@ build:
 # test), in OBJ_DIR (make rock: its own, built afresh).
 OBJ_DIR  ?= build/obj
 CORE_OBJ := $(patsubst core/%.c,$(OBJ_DIR)/%.o,$(CORE_SRC) $(LUA_SRC))
-$(OBJ_DIR)/%.o: core/%.c $(HDRS)
+# Each compile writes what the object includes (-MMD -MP: OBJ_DIR/x.d, read
+# below): a header change rebuilds the objects that include it, no others.
+# An object without its .d (built before, or the .d removed) is rebuilt once
+# (the empty rule "makes" the missing .d); touch: the object ends newer than
+# its .d.
+DEPFLAGS  = -MMD -MP
+$(OBJ_DIR)/%.o: core/%.c $(OBJ_DIR)/%.d
 	@mkdir -p $(OBJ_DIR)
-	$(CC) $(ALLCFLAGS) -c -o $@ $<
+	$(CC) $(ALLCFLAGS) $(DEPFLAGS) -c -o $@ $<
+	@touch $@
+$(CORE_OBJ:.o=.d):
+include $(wildcard $(CORE_OBJ:.o=.d))
 
 $(SO): $(CORE_OBJ)
 	$(CC) $(ALLCFLAGS) $(LIBFLAG) -o $@ $(CORE_OBJ) -lev $(SODIUM_LIBS) $(LDFLAGS)
@@ -174,9 +184,13 @@ FUZZ_FLAGS   := -g -O1 $(WARN) -Icore -I$(LUA_INCDIR) $(SODIUM_CFLAGS) -fsanitiz
 FUZZ_OBJ  := build/fuzz-obj
 FUZZ_CORE := $(CORE_SRC:core/%.c=$(FUZZ_OBJ)/%.o)
 BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
-$(FUZZ_OBJ)/%.o: core/%.c $(HDRS)
+$(FUZZ_OBJ)/%.o: core/%.c $(FUZZ_OBJ)/%.d
 	@mkdir -p $(FUZZ_OBJ)
-	$(FUZZ_CC) $(FUZZ_FLAGS) -c -o $@ $<
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(DEPFLAGS) -c -o $@ $<
+	@touch $@
+FUZZ_DEPS_D := $(patsubst core/%.c,$(FUZZ_OBJ)/%.d,$(CORE_SRC) core/codec_lua.c)
+$(FUZZ_DEPS_D):
+include $(wildcard $(FUZZ_DEPS_D))
 
 build/fuzz_handshake: core/fuzz_handshake.c $(FUZZ_CORE) $(HDRS) | build
 	$(FUZZ_CC) $(FUZZ_FLAGS) -DLECHO_FUZZ_DIR='"$(CURDIR)/build/fuzz/sock"' \
@@ -238,8 +252,15 @@ build/test_errors: core/test_errors.c core/errors.c core/errors.h core/lecho.h c
 # busted runs under LuaJIT with the tree's own module paths first.
 SPEC_ENV := LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;" \
             LUA_CPATH="$(CURDIR)/lua/?.so;;" LECHO_ROOT="$(CURDIR)"
+# With no spec file named (make test, make asan): every spec file in its own
+# busted, SPEC_JOBS at a time, the two that load the machine alone after
+# (spec/support/shards.sh; one total line at the end).  Most of a spec's time
+# is waiting, not CPU (timers, other processes): one after another the suite
+# was 9 minutes of CI.  SPEC_JOBS=1: one busted for the whole spec/ directory.
+SPEC_JOBS ?= 3
+SPEC_SHARDS = $(if $(filter %.lua,$(BUSTED_ARGS)),,$(filter-out 1,$(SPEC_JOBS)))
 spec: $(SO)
-	$(SPEC_ENV) $(SPEC_PRE) $(LUAJIT) $(BUSTED) $(BUSTED_ARGS) $(if $(filter %.lua,$(BUSTED_ARGS)),,spec)
+	$(SPEC_ENV) $(if $(SPEC_SHARDS),bash spec/support/shards.sh $(SPEC_JOBS) env) $(SPEC_PRE) $(LUAJIT) $(BUSTED) $(BUSTED_ARGS) $(if $(SPEC_SHARDS)$(filter %.lua,$(BUSTED_ARGS)),,spec)
 
 # The core, liblecho and the C tests build in parallel (-j, the machine's
 # cores; output kept per target): 22.7 s -> 17.0 s from clean here.

@@ -107,6 +107,40 @@ function M.spread_text(ratio, reps)
   return ("%d interleaved reps, ratios %.2f-%.2fx"):format(#ratio.all, ratio.lo, ratio.hi)
 end
 
+--- The ratio a/b per repetition of an M.interleave result, of any figure:
+-- value(result) -> number (repetition k of a against repetition k of b).
+-- Returns { all = {...}, median =, lo =, hi = } (lo, hi nil when none).
+function M.ratio(iv, a, b, value)
+  local all = {}
+  for k = 1, iv.reps do
+    local ra, rb = iv.runs[a][k], iv.runs[b][k]
+    local x = ra and not ra.error and value(ra)
+    local y = rb and not rb.error and value(rb)
+    if type(x) == "number" and type(y) == "number" and y ~= 0 then all[#all + 1] = x / y end
+  end
+  local lo, hi = M.spread(all)
+  return { all = all, median = M.median(all), lo = #all > 0 and lo or nil, hi = #all > 0 and hi or nil }
+end
+
+--- The median over the repetitions of `name` in an M.interleave result of
+-- any figure (value(result) -> number), and the repetition closest to it.
+function M.median_of(iv, name, value)
+  local xs = {}
+  for _, r in ipairs(iv.runs[name] or {}) do
+    local x = not r.error and value(r)
+    if type(x) == "number" then xs[#xs + 1] = x end
+  end
+  local m = M.median(xs)
+  local pick
+  if m then
+    for _, r in ipairs(iv.runs[name]) do
+      local x = not r.error and value(r)
+      if type(x) == "number" and (not pick or math.abs(x - m) < math.abs(value(pick) - m)) then pick = r end
+    end
+  end
+  return m, pick
+end
+
 --- How busy the machine is: load averages and the CPU time stolen by the
 -- hypervisor since boot (from /proc), to compare before and after a run.
 function M.machine()
@@ -126,6 +160,33 @@ function M.machine()
     m.steal_ticks, m.total_ticks = f[8] or 0, total
   end
   return m
+end
+
+--- Thresholds beyond which a figure is not to be trusted (issue 13):
+-- the 1-minute load average above the cores at the start, more than 5 % of
+-- the CPU time stolen by the hypervisor over the run, a ratio whose
+-- repetitions spread wider than 1.5x (the highest over the lowest).
+M.TRUST = { steal_pct = 5, spread = 1.5 }
+
+--- The machine's business between two M.machine() readings:
+-- { load1_before, load1_after, steal_pct (over the interval, nil when
+-- /proc/stat did not move), cores, flags = { text... } }.
+function M.busy(before, after, cores)
+  local b = { load1_before = before.load1, load1_after = after.load1, cores = cores, flags = {} }
+  local dt = (after.total_ticks or 0) - (before.total_ticks or 0)
+  if dt > 0 then b.steal_pct = 100 * ((after.steal_ticks or 0) - (before.steal_ticks or 0)) / dt end
+  if cores and before.load1 and before.load1 > cores then
+    b.flags[#b.flags + 1] = ("load %.1f > %d cores"):format(before.load1, cores)
+  end
+  if b.steal_pct and b.steal_pct > M.TRUST.steal_pct then
+    b.flags[#b.flags + 1] = ("steal %.1f%%"):format(b.steal_pct)
+  end
+  return b
+end
+
+--- Whether a ratio's repetitions spread wider than M.TRUST.spread.
+function M.wide(lo, hi)
+  return lo and hi and lo > 0 and hi / lo > M.TRUST.spread or false
 end
 
 --- The payloads of the suite, by name.  Encoded sizes come from

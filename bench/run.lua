@@ -4,8 +4,12 @@
 -- bench/lecho_c where the core has one) and, in the same run, the same
 -- workload on raw TCP (bench/baseline_tcp) and ZeroMQ (bench/baseline_zmq),
 -- with the encoded size of lecho's value as the baselines' message size.
--- Prints one table "workload | lecho | baseline | ratio | target", writes
--- bench/results/results.json (lua-cjson) and PNG plots (gnuplot).
+-- Every figure is measured 5 times (QUICK=1: 3), interleaved with what it
+-- is compared to (issue 13, see "Workloads" below).  Prints how busy the
+-- machine was (load average, steal time, per workload too) and whether to
+-- trust the run, then one table "workload | lecho | baseline | ratio |
+-- spread (reps) | target | flags"; writes bench/results/results.json
+-- (lua-cjson: every repetition) and PNG plots (gnuplot).
 --
 -- This process is the producer of every workload and hosts the name server
 -- (a lecho context without `nameserver`); consumers, relays and sinks are
@@ -14,7 +18,7 @@
 -- in time: a run that hits its time bound is recorded with what it measured
 -- and `truncated = true`.
 --
--- Environment: QUICK=1 (small counts, fewer points: well under 30 s),
+-- Environment: QUICK=1 (small counts, fewer points, 3 repetitions: under 60 s),
 -- BENCH_ONLY=latency,bulk (run only these workloads), LECHO_BENCH_LOG=1
 -- (workers log to their stderr files), BENCH_KEEP_TMP=1.
 
@@ -24,10 +28,10 @@ usage: luajit bench/run.lua [--help]      (or: make bench [QUICK=1])
 Runs lecho's benchmark suite against raw TCP and ZeroMQ and writes
 results.json, table.md and *.png to bench/results/.  It takes no options;
 the environment sets it up:
-  QUICK=1           small counts, fewer points: well under 30 s
+  QUICK=1           small counts, fewer points, 3 repetitions (not 5): < 60 s
   BENCH_ONLY=a,b    only these workloads: codec latency throughput sinks
                     pipeline channels bulk null_call calls modulators keyed
-                    attacked patterns
+                    attacked patterns scale
   BENCH_RESULTS=DIR results there instead of bench/results
   LECHO_BENCH_LOG=1 the workers log to their stderr files
   BENCH_KEEP_TMP=1  keep the temporary directory of the workers' output
@@ -65,29 +69,31 @@ if os.getenv("BENCH_ONLY") and os.getenv("BENCH_ONLY") ~= "" then
   for w in os.getenv("BENCH_ONLY"):gmatch("[^,%s]+") do ONLY[w] = true end
 end
 
--- Counts (full run / QUICK) and time bounds (seconds) per run.
+-- Counts per repetition (full run / QUICK) and time bounds (seconds) per
+-- run; every figure is measured 5 times (QUICK: 3), interleaved.
 local CFG = QUICK and {
-  lat_warm = 100, lat_n = 600, lat_bound = 3,
-  tp = { { 64, 30000 }, { 1024, 20000 }, { 65536, 1000 } }, tp_bound = 3,
-  base_pp_n = 2000, base_tp_mult = 4,
-  sinks = { 1, 2, 8 }, sink_sync_n = 300, sink_async_n = { null = 20000, composite = 3000 },
-  sink_bound = 3,
-  pipe = { 1, 2, 6 }, pipe_n = 20000, pipe_bound = 3,
-  chans = { 1, 64, 4096 }, chan_n = 30000, chan_bound = 3,
-  bulk_n = 10, bulk_bound = 10,
-  null_n = 2000, c_stream_n = 100000,
-  keyed_pp_n = 2000, keyed_stream = { { 1024, 100000 }, { 65536, 3000 } }, keyed_reps = 3,
+  lat_warm = 50, lat_n = 300, lat_bound = 2,
+  tp = { { 64, 20000, 80000 }, { 1024, 10000, 40000 }, { 65536, 500, 1000 } }, tp_bound = 2,
+  base_pp_n = 600,
+  sinks = { 1, 2, 8 }, sink_sync_n = 150, sink_async_n = { null = 10000, composite = 1500 },
+  sink_bound = 2,
+  pipe = { 1, 2, 6 }, pipe_n = 10000, pipe_bound = 2,
+  chans = { 1, 64, 4096 }, chan_n = 20000, chan_bound = 2, chan_setup_bound = 60,
+  bulk_n = 5, bulk_bound = 5,
+  null_n = 1000, c_stream_n = 100000,
+  keyed_pp_n = 1000, keyed_stream = { { 1024, 30000 }, { 65536, 1000 } },
 } or {
-  lat_warm = 1000, lat_n = 10000, lat_bound = 8,
-  tp = { { 64, 1000000 }, { 1024, 300000 }, { 65536, 10000 } }, tp_bound = 8,
-  base_pp_n = 20000, base_tp_mult = 4,
-  sinks = { 1, 2, 4, 8 }, sink_sync_n = 3000, sink_async_n = { null = 200000, composite = 30000 },
-  sink_bound = 6,
-  pipe = { 1, 2, 3, 4, 5, 6 }, pipe_n = 200000, pipe_bound = 6,
-  chans = { 1, 16, 256, 4096, 65536 }, chan_n = 300000, chan_bound = 6,
-  bulk_n = 100, bulk_bound = 30,
-  null_n = 20000, c_stream_n = 2000000,
-  keyed_pp_n = 20000, keyed_stream = { { 1024, 1000000 }, { 65536, 30000 } }, keyed_reps = 5,
+  lat_warm = 200, lat_n = 2000, lat_bound = 4,
+  -- { size, lecho's events, the baselines' (faster, except ZeroMQ at 64 KiB) }
+  tp = { { 64, 500000, 1500000 }, { 1024, 150000, 300000 }, { 65536, 5000, 10000 } }, tp_bound = 4,
+  base_pp_n = 2000,
+  sinks = { 1, 2, 4, 8 }, sink_sync_n = 500, sink_async_n = { null = 50000, composite = 5000 },
+  sink_bound = 4,
+  pipe = { 1, 2, 3, 4, 5, 6 }, pipe_n = 50000, pipe_bound = 4,
+  chans = { 1, 16, 256, 4096, 65536 }, chan_n = 200000, chan_bound = 4, chan_setup_bound = 120,
+  bulk_n = 100, bulk_bound = 20,
+  null_n = 3000, c_stream_n = 1000000,
+  keyed_pp_n = 3000, keyed_stream = { { 1024, 200000 }, { 65536, 5000 } },
 }
 
 ------------------------------------------------------------------------------
@@ -153,7 +159,7 @@ local function start_workers(list, bound, sequential)
     end
   end
   for i, o in ipairs(list) do
-    o.ns, o.parent, o.bound = ctx.addr, MYPID, o.bound or 240
+    o.ns, o.parent, o.bound = ctx.addr, MYPID, o.bound or 900
     ready[o.id] = nil
     local cmd = ("%s %s/worker.lua %s"):format(LUAJIT, BENCH, sh_quote(cjson.encode(o)))
     started[i] = spawn(cmd, o.id)
@@ -212,7 +218,8 @@ local phase = 0
 local function control(ps, op)
   phase = phase + 1
   for _, p in ipairs(ps) do
-    check(p:submit_sync({ bench_ctl = op, phase = phase }, { timeout = 30 }), "control " .. op)
+    local ok, err = p:submit_sync({ bench_ctl = op, phase = phase }, { timeout = 30 })
+    check(ok, err, "control " .. op)
   end
   return phase
 end
@@ -299,7 +306,16 @@ local function esize(v) return #assert(lecho.encode(v)) end
 
 ------------------------------------------------------------------------------
 -- Workloads
+--
+-- Every figure compared is measured REPS times (5; QUICK: 3), interleaved
+-- with what it is compared to (bench/common.lua interleave: lecho and its
+-- baselines, or the points of a scale, alternated in an order rotated each
+-- repetition, so a drift of the machine's load hits all alike).  A row's
+-- lecho and baseline are the medians over the repetitions, its ratio the
+-- median of the per-repetition ratios, lo-hi their min-max; results.json
+-- keeps every repetition (`runs`, and `order`).
 
+local REPS = QUICK and 3 or 5
 local R = {}     -- results by workload
 local ROWS = {}  -- the table
 
@@ -309,6 +325,50 @@ local function enabled(w) return not ONLY or ONLY[w] end
 
 local function log(fmt, ...)
   io.stderr:write(("[%6.1fs] "):format(clock() - SUITE_T0), fmt:format(...), "\n")
+end
+
+local function us_per_op(r) return r.us_per_op end
+local function ops_per_s(r) return r.ops_per_s end
+local function mb_per_s(r) return r.mb_per_s end
+
+--- REPS interleaved repetitions of runs ({ name, fn }...).
+local function repeated(runs)
+  return common.interleave{ reps = REPS, runs = runs, value = function() return nil end }
+end
+
+--- A row from a ratio { median, lo, hi, all } (common.ratio): ratio, its
+-- spread and how many repetitions it comes from.
+local function ratio_row(t, ratio)
+  t.ratio, t.lo, t.hi = ratio.median, ratio.lo, ratio.hi
+  t.reps, t.ratios = #ratio.all, ratio.all
+  row(t)
+end
+
+--- A row comparing run a to run b of the repetitions iv by value(result):
+-- the medians of each, the median of the per-repetition ratios a/b.
+local function iv_row(t, iv, a, b, value)
+  t.lecho = common.median_of(iv, a, value)
+  t.base_v = common.median_of(iv, b, value)
+  for _, r in ipairs(iv.runs[a]) do if r.truncated then t.truncated = true end end
+  local ratio = common.ratio(iv, a, b, value)
+  if #ratio.all < iv.reps then
+    -- a repetition that failed (its error is in results.json's runs)
+    t.flags = t.flags or {}
+    t.flags[#t.flags + 1] = ("%d of %d reps failed"):format(iv.reps - #ratio.all, iv.reps)
+  end
+  ratio_row(t, ratio)
+end
+
+--- The repetition of each run whose value(result) is the median (what the
+-- plots and a quick look use), plus every repetition (runs) and the orders.
+local function medians(iv, value, into)
+  into = into or {}
+  for name, runs in pairs(iv.runs) do
+    local _, pick = common.median_of(iv, name, value)
+    into[name] = pick or runs[1]
+  end
+  into.runs, into.order = iv.runs, iv.order
+  return into
 end
 
 local LAT_PAYLOADS = {
@@ -327,23 +387,25 @@ local function w_codec()
 end
 
 local function w_latency()
-  log("latency (sync round trip by payload)")
+  log("latency (sync round trip by payload), %d interleaved repetitions", REPS)
   local w = start_workers{ { id = "lat", subs = { { group = "lat", channels = { "lat" } } } } }
   local p = assert(ctx:channel("lat"):producer())
   local res = {}
   for _, pl in ipairs(LAT_PAYLOADS) do
     local v = common.payload(pl[1])
     local size = esize(v)
-    local r = { payload = pl[1], label = pl[2], size = size }
-    r.lecho = sync_rtt(p, v, CFG.lat_warm, CFG.lat_n, CFG.lat_bound)
-    r.tcp = run_c("baseline_tcp", ("pingpong %d %d"):format(size, CFG.base_pp_n))
-    r.zmq = run_c("baseline_zmq", ("pingpong %d %d"):format(size, CFG.base_pp_n))
-    res[#res + 1] = r
-    row{ workload = "latency " .. pl[2] .. (" (%d B)"):format(size), metric = "us/rt",
-         lecho = r.lecho.us_per_op, base = "tcp", base_v = r.tcp.us_per_op, lower = true,
-         truncated = r.lecho.truncated }
-    row{ workload = "", metric = "us/rt", lecho = r.lecho.us_per_op, base = "zmq",
-         base_v = r.zmq.us_per_op, lower = true }
+    local pp = ("pingpong %d %d"):format(size, CFG.base_pp_n)
+    local iv = repeated{
+      { "lecho", function() return sync_rtt(p, v, CFG.lat_warm, CFG.lat_n, CFG.lat_bound) end },
+      { "tcp", function() return run_c("baseline_tcp", pp) end },
+      { "zmq", function() return run_c("baseline_zmq", pp) end } }
+    res[#res + 1] = medians(iv, us_per_op, { payload = pl[1], label = pl[2], size = size })
+    -- issue 13: the composite value's round trip <= 1.25x raw TCP (the null
+    -- one's target is on the row of the workload null_call)
+    iv_row({ workload = "latency " .. pl[2] .. (" (%d B)"):format(size), metric = "us/rt",
+             base = "tcp", lower = true, target = pl[1] == "composite" and { "<=", 1.25 } or nil },
+           iv, "lecho", "tcp", us_per_op)
+    iv_row({ workload = "", metric = "us/rt", base = "zmq REQ/REP", lower = true }, iv, "lecho", "zmq", us_per_op)
   end
   p:close()
   stop_workers(w)
@@ -351,28 +413,45 @@ local function w_latency()
 end
 
 local function w_throughput()
-  log("async throughput")
+  log("async throughput, %d interleaved repetitions", REPS)
   local w = start_workers{ { id = "tp", subs = { { group = "tp", channels = { "tp" } } } } }
   local p = assert(ctx:channel("tp"):producer())
   local res = {}
   for _, sz in ipairs(CFG.tp) do
-    local size, n = sz[1], sz[2]
+    local size, n, bn = sz[1], sz[2], sz[3]
     local v = common.payload("bytes" .. size)
     local es = esize(v)
-    local r = { size = size, encoded = es }
-    r.lecho = async_run({ p }, v, math.max(1, math.floor(n / 20)), n, CFG.tp_bound, 1)
-    r.lecho.mb_per_s = r.lecho.ops_per_s * size / 1e6
-    local bn = n * CFG.base_tp_mult
-    r.tcp = run_c("baseline_tcp", ("stream %d %d"):format(es, bn))
-    r.zmq = run_c("baseline_zmq", ("stream %d %d"):format(es, bn))
+    local runs = {
+      { "lecho", function()
+          local r = async_run({ p }, v, math.max(1, math.floor(n / 20)), n, CFG.tp_bound, 1)
+          r.mb_per_s = r.ops_per_s * size / 1e6
+          return r
+        end },
+      -- raw TCP batched: frames copied into a 64 KiB buffer, one write()
+      -- each time it is full (bench/baseline_tcp.c stream)
+      { "tcp", function() return run_c("baseline_tcp", ("stream %d %d"):format(es, bn)) end },
+      { "zmq", function() return run_c("baseline_zmq", ("stream %d %d"):format(es, bn)) end } }
+    if size == 64 then
+      -- the C API (bench/lecho_c: strings of `size` bytes, encoded as the
+      -- Lua binding does: the same bytes on the wire)
+      runs[#runs + 1] = { "lecho_c", function()
+        return run_c("lecho_c", ("stream %d %d"):format(size, CFG.c_stream_n))
+      end }
+    end
+    local iv = repeated(runs)
+    local r = medians(iv, ops_per_s, { size = size, encoded = es })
     res[#res + 1] = r
     local label = size >= 1024 and ("%d KiB"):format(math.floor(size / 1024)) or ("%d B"):format(size)
-    row{ workload = "async " .. label .. " events/s", metric = "ev/s", lecho = r.lecho.ops_per_s,
-         base = "zmq", base_v = r.zmq.ops_per_s, truncated = r.lecho.truncated,
-         target = size == 64 and { ">=", 1.0 } or nil,
-         extra = ("%.0f MB/s"):format(r.lecho.mb_per_s) }
-    row{ workload = "", metric = "ev/s", lecho = r.lecho.ops_per_s, base = "tcp",
-         base_v = r.tcp.ops_per_s }
+    iv_row({ workload = "async " .. label .. " events/s, Lua API", metric = "ev/s", base = "zmq PUB/SUB",
+             target = size == 64 and { ">=", 2.0 } or nil,
+             extra = r.lecho.mb_per_s and ("%.0f MB/s"):format(r.lecho.mb_per_s) },
+           iv, "lecho", "zmq", ops_per_s)
+    iv_row({ workload = "", metric = "ev/s", base = "tcp batched" }, iv, "lecho", "tcp", ops_per_s)
+    if r.lecho_c then
+      iv_row({ workload = "async " .. label .. " events/s, C API", metric = "ev/s", base = "tcp batched",
+               target = { ">=", 0.6 } }, iv, "lecho_c", "tcp", ops_per_s)
+      iv_row({ workload = "", metric = "ev/s", base = "zmq PUB/SUB" }, iv, "lecho_c", "zmq", ops_per_s)
+    end
   end
   p:close()
   stop_workers(w)
@@ -394,47 +473,65 @@ local function layered(counts, id, sub)
   return list
 end
 
+--- The points of a scale (sinks, stages, channels) as runs of one
+-- interleave, and per point the median repetition of each mode.
+local function scale_points(points, name_of, run, modes, value)
+  local runs = {}
+  for _, pt in ipairs(points) do runs[#runs + 1] = { name_of(pt), function() return run(pt) end } end
+  local iv = repeated(runs)
+  local res = {}
+  for _, pt in ipairs(points) do
+    local name = name_of(pt)
+    local r = { runs = iv.runs[name] }
+    for _, mode in ipairs(modes) do
+      local _, pick = common.median_of(iv, name, function(x) return x[mode] and value(x[mode]) end)
+      r[mode] = pick and pick[mode]
+    end
+    res[#res + 1] = r
+  end
+  return iv, res
+end
+
 local function w_sinks()
-  log("sink scalability")
+  log("sink scalability, %d interleaved repetitions", REPS)
   local list = layered(CFG.sinks, "sink", function(n)
     return { group = "sinks" .. n, channels = { "sinks" .. n } }
   end)
   local w = start_workers(list)
-  local res = {}
-  for _, n in ipairs(CFG.sinks) do
-    local p = assert(ctx:channel("sinks" .. n):producer())
-    local r = { sinks = n }
+  local ps = {}
+  for _, n in ipairs(CFG.sinks) do ps[n] = assert(ctx:channel("sinks" .. n):producer()) end
+  local modes = { "async_null", "async_composite", "sync_null", "sync_composite" }
+  local iv, res = scale_points(CFG.sinks, tostring, function(n)
+    local p, r = ps[n], {}
     for _, pl in ipairs{ "null", "composite" } do
       local v = common.payload(pl)
       r["sync_" .. pl] = sync_rtt(p, v, math.floor(CFG.sink_sync_n / 10), CFG.sink_sync_n, CFG.sink_bound)
       local an = CFG.sink_async_n[pl]
       r["async_" .. pl] = async_run({ p }, v, math.floor(an / 20), an, CFG.sink_bound, n)
     end
-    p:close()
-    res[#res + 1] = r
-  end
+    return r
+  end, modes, us_per_op)
+  for i, n in ipairs(CFG.sinks) do res[i].sinks = n; ps[n]:close() end
   stop_workers(w)
   R.sinks = res
-  local first, last = res[1], res[#res]
-  for _, mode in ipairs{ "async_null", "async_composite", "sync_null", "sync_composite" } do
-    row{ workload = ("%d sinks %s, time/event"):format(last.sinks, mode:gsub("_", " ")),
-         metric = "us/ev", lecho = last[mode].us_per_op, base = ("1 sink"),
-         base_v = first[mode].us_per_op, lower = true,
-         target = mode:match("^async") and { "<=", 2.0 } or nil,
-         truncated = last[mode].truncated }
+  local one, last = "1", tostring(CFG.sinks[#CFG.sinks])
+  -- Time per event: on 2 cores the 8-sink point runs 9 busy processes, it
+  -- cannot be flat (no target, issue 13); measured still.
+  for _, mode in ipairs(modes) do
+    iv_row({ workload = ("%s sinks %s, time/event"):format(last, mode:gsub("_", " ")), metric = "us/ev",
+             base = "1 sink", lower = true }, iv, last, one, function(x) return x[mode].us_per_op end)
   end
-  -- What encode-once is about: the producer's CPU per event does not grow
-  -- with the sinks the way the consumers' total does (on 2 cores, 8 sink
-  -- processes cannot each run at one sink's pace).
+  -- What encode-once is about: the producer's CPU per event (encode once,
+  -- then a copy per destination), issue 13: <= 1.5x of one sink.
   for _, mode in ipairs{ "async_null", "async_composite" } do
-    row{ workload = ("%d sinks %s, producer CPU/event"):format(last.sinks, mode:gsub("_", " ")),
-         metric = "us/ev", lecho = last[mode].producer_cpu_us, base = "1 sink",
-         base_v = first[mode].producer_cpu_us, lower = true, target = { "<=", 2.0 } }
+    iv_row({ workload = ("%s sinks %s, producer CPU/event"):format(last, mode:gsub("_", " ")), metric = "us/ev",
+             base = "1 sink", lower = true, target = { "<=", 1.5 } },
+           iv, last, one, function(x) return x[mode].producer_cpu_us end)
   end
 end
 
 local function w_pipeline()
-  log("pipeline")
+  log("pipeline, %d interleaved repetitions", REPS)
   local maxl = CFG.pipe[#CFG.pipe]
   -- Worker j is stage j of every pipeline of length >= j; started from the
   -- last stage back (the list reversed).
@@ -449,42 +546,35 @@ local function w_pipeline()
   -- a producer's join reply can overwrite a newer member list that arrived
   -- in the same read: see the bench report; lua/lecho/init.lua Channel:_join.)
   local w = start_workers(list, 60, true)
-  local res = {}
-  for _, L in ipairs(CFG.pipe) do
-    local p = assert(ctx:channel(("pipe%d_1"):format(L)):producer())
-    local r = { length = L }
-    r.async_null = async_run({ p }, nil, math.floor(CFG.pipe_n / 20), CFG.pipe_n, CFG.pipe_bound, 1)
-    p:close()
-    res[#res + 1] = r
-  end
+  local ps = {}
+  for _, L in ipairs(CFG.pipe) do ps[L] = assert(ctx:channel(("pipe%d_1"):format(L)):producer()) end
+  local iv, res = scale_points(CFG.pipe, tostring, function(L)
+    return { async_null = async_run({ ps[L] }, nil, math.floor(CFG.pipe_n / 20), CFG.pipe_n, CFG.pipe_bound, 1) }
+  end, { "async_null" }, us_per_op)
+  for i, L in ipairs(CFG.pipe) do res[i].length = L; ps[L]:close() end
   stop_workers(w)
   R.pipeline = res
-  local lo, hi
-  for _, r in ipairs(res) do
-    if r.length >= 2 then
-      local t = r.async_null.us_per_op
-      if not lo or t < lo.async_null.us_per_op then lo = r end
-      if not hi or t > hi.async_null.us_per_op then hi = r end
-    end
-  end
-  if lo then
-    row{ workload = ("pipeline 2..%d, slowest (len %d) vs fastest (len %d)"):format(maxl, hi.length, lo.length),
-         metric = "us/ev", lecho = hi.async_null.us_per_op, base = "len " .. lo.length,
-         base_v = lo.async_null.us_per_op, lower = true, target = { "<=", 1.2 } }
-  end
+  -- like the sinks: wall time per event grows with the processes on 2
+  -- cores (no target); the producer's CPU per event does not
+  iv_row({ workload = ("pipeline of %d processes, time/event"):format(maxl), metric = "us/ev",
+           base = "1 process", lower = true }, iv, tostring(maxl), "1",
+         function(x) return x.async_null.us_per_op end)
+  iv_row({ workload = ("pipeline of %d processes, producer CPU/event"):format(maxl), metric = "us/ev",
+           base = "1 process", lower = true }, iv, tostring(maxl), "1",
+         function(x) return x.async_null.producer_cpu_us end)
 end
 
 -- A name server keeps at most 65536 channels (lecho.registry max_channels),
 -- the report channel included: points above 4096 get a name server of their
 -- own (scripts/lecho-nameserver), with channels named "host:port/name".
-local function own_nameserver()
+local function own_nameserver(k)
   local child
   local _, addr = proc.nameserver{
-    root = ROOT, luajit = LUAJIT, port_file = tmpdir .. "/ns2-addr",
+    root = ROOT, luajit = LUAJIT, port_file = tmpdir .. "/ns-" .. k .. "-addr",
     -- the bench alone makes every channel: a quota above the table (issue 11)
-    args = { "--for", "240", "--quiet", "--channel-quota", "70000" },
+    args = { "--for", "900", "--quiet", "--channel-quota", "70000" },
     start = function(argv)
-      child = spawn(proc.sh_join(argv), "ns2")
+      child = spawn(proc.sh_join(argv), "ns" .. k)
       return child
     end,
     timeout = 20, poll = function(dt)
@@ -495,102 +585,143 @@ local function own_nameserver()
   return child, addr
 end
 
-local function channels_point(res, k, prefix)
-  local t0 = clock()
-  local ps = {}
-  for i = 1, k do ps[i] = assert(ctx:channel(prefix .. i):producer()) end
-  local r = { channels = k, setup_seconds = clock() - t0 }
-  local n = math.max(CFG.chan_n, 2 * k)
-  r.async_null = async_run(ps, nil, math.max(k, math.floor(n / 20)), n, CFG.chan_bound, 1)
-  for _, p in ipairs(ps) do p:close() end
-  res[#res + 1] = r
-end
-
 local function w_channels()
-  log("channels")
-  local subs, big = {}, {}
+  log("channels, %d interleaved repetitions", REPS)
+  local subs, points = {}, {}
   for _, k in ipairs(CFG.chans) do
     if k <= 4096 then
       subs[#subs + 1] = { group = "chan" .. k, prefix = ("chan%d_"):format(k), n = k }
-    else
-      big[#big + 1] = k
+      points[#points + 1] = { channels = k, prefix = subs[#subs].prefix }
     end
   end
   local w = start_workers({ { id = "chan", subs = subs } }, 120)
-  local res = {}
-  for _, s in ipairs(subs) do channels_point(res, s.n, s.prefix) end
-  stop_workers(w)
-  for _, k in ipairs(big) do
-    local ns2, addr = own_nameserver()
-    local prefix = ("%s/chanbig%d_"):format(addr, k)
-    log("channels: %d on name server %s", k, addr)
-    local wb = start_workers({ { id = "chanbig" .. k, subs = { { group = "chanbig" .. k, prefix = prefix, n = k } } } }, 150)
-    channels_point(res, k, prefix)
-    stop_workers(wb)
-    kill(ns2)
+  local servers, skipped = {}, {}
+  -- Every point's consumers and producers exist together, so that the
+  -- points alternate in each repetition.  Making a point's channels is
+  -- bounded (CFG.chan_setup_bound s: each is a lookup and a join at the
+  -- name server, whose work per request grows with its channels): a point
+  -- not set up in time is left out, and said so in a row.
+  local function make_producers(pt)
+    local t0 = clock()
+    pt.ps = {}
+    for i = 1, pt.channels do
+      pt.ps[i] = assert(ctx:channel(pt.prefix .. i):producer())
+      if i % 256 == 0 and clock() - t0 > CFG.chan_setup_bound then
+        for _, p in ipairs(pt.ps) do p:close() end
+        pt.ps = nil
+        error(("%d of %d producers made in %.0f s"):format(i, pt.channels, clock() - t0), 0)
+      end
+    end
+    pt.setup_seconds = clock() - t0
   end
+  local made = {}
+  for _, pt in ipairs(points) do
+    local ok, err = pcall(make_producers, pt)
+    if ok then made[#made + 1] = pt
+    elseif pt.channels == 1 then error(err)
+    else
+      log("channels: %d left out: %s", pt.channels, tostring(err))
+      skipped[#skipped + 1] = { channels = pt.channels, error = tostring(err) }
+    end
+  end
+  points = made
+  for _, k in ipairs(CFG.chans) do
+    if k > 4096 then
+      local ok, err = pcall(function()
+        local ns2, addr = own_nameserver(k)
+        servers[#servers + 1] = ns2
+        local prefix = ("%s/chanbig%d_"):format(addr, k)
+        log("channels: %d on name server %s", k, addr)
+        local t0 = clock()
+        local wb = start_workers({ { id = "chanbig" .. k, subs = { { group = "chanbig" .. k, prefix = prefix, n = k } } } },
+                                 CFG.chan_setup_bound)
+        w[#w + 1] = wb[1]
+        local pt = { channels = k, prefix = prefix, consumer_setup_seconds = clock() - t0 }
+        make_producers(pt)
+        points[#points + 1] = pt
+      end)
+      if not ok then
+        log("channels: %d left out: %s", k, tostring(err))
+        skipped[#skipped + 1] = { channels = k, error = tostring(err) }
+      end
+    end
+  end
+  local name = function(pt) return tostring(pt.channels) end
+  local iv, res = scale_points(points, name, function(pt)
+    local n = math.max(CFG.chan_n, 2 * pt.channels)
+    return { async_null = async_run(pt.ps, nil, math.max(pt.channels, math.floor(n / 20)), n, CFG.chan_bound, 1) }
+  end, { "async_null" }, ops_per_s)
+  for i, pt in ipairs(points) do
+    res[i].channels, res[i].setup_seconds = pt.channels, pt.setup_seconds
+    for _, p in ipairs(pt.ps) do p:close() end
+  end
+  stop_workers(w)
+  for _, s in ipairs(servers) do kill(s) end
   R.channels = res
-  local one = res[1].async_null.ops_per_s
-  for _, r in ipairs(res) do
-    if r.channels == 4096 or (r.channels > 1 and r.channels == CFG.chans[#CFG.chans]) then
-      row{ workload = ("%d channels round-robin, events/s"):format(r.channels), metric = "ev/s",
-           lecho = r.async_null.ops_per_s, base = "1 channel", base_v = one,
-           target = r.channels == 4096 and { ">=", 0.9 } or nil,
-           truncated = r.async_null.truncated }
+  R.channels_skipped = skipped[1] and skipped or nil
+  local measured, left = {}, {}
+  for _, pt in ipairs(points) do measured[pt.channels] = pt end
+  for _, sk in ipairs(skipped) do left[sk.channels] = sk end
+  for _, k in ipairs{ 4096, 65536 } do
+    local t = { workload = ("%d channels round-robin, events/s"):format(k), metric = "ev/s", base = "1 channel",
+                target = { ">=", k == 4096 and 0.9 or 0.8 } }
+    if measured[k] then
+      iv_row(t, iv, tostring(k), "1", function(x) return x.async_null.ops_per_s end)
+    elseif left[k] then
+      t.flags = { "not measured: setup " .. left[k].error:sub(1, 80) }
+      row(t)
     end
   end
 end
 
 local function w_bulk()
-  log("bulk transfer")
+  log("bulk transfer, %d interleaved repetitions", REPS)
   local w = start_workers{ { id = "bulk", subs = { { group = "bulk", channels = { "bulk" } } } } }
   local p = assert(ctx:channel("bulk"):producer())
   local chunk = ("0123456789abcdef"):rep(10 * 1024 * 1024 / 16)
   local es = esize(chunk)
-  local r = { chunk = #chunk, encoded = es }
-  r.lecho = async_run({ p }, chunk, 2, CFG.bulk_n, CFG.bulk_bound, 1)
-  r.lecho.mb_per_s = r.lecho.ops_per_s * #chunk / 1e6
-  r.tcp = run_c("baseline_tcp", ("bulk %d %d"):format(es, CFG.bulk_n))
-  r.zmq = run_c("baseline_zmq", ("bulk %d %d"):format(es, CFG.bulk_n))
+  local iv = repeated{
+    { "lecho", function()
+        local r = async_run({ p }, chunk, 2, CFG.bulk_n, CFG.bulk_bound, 1)
+        r.mb_per_s = r.ops_per_s * #chunk / 1e6
+        return r
+      end },
+    -- one writev of header + chunk, read straight into the chunk's buffer;
+    -- 2 warm chunks like lecho's (their default is N/10: none at QUICK's 5)
+    { "tcp", function() return run_c("baseline_tcp", ("--warmup 2 bulk %d %d"):format(es, CFG.bulk_n)) end },
+    { "zmq", function() return run_c("baseline_zmq", ("--warmup 2 bulk %d %d"):format(es, CFG.bulk_n)) end } }
   p:close()
   stop_workers(w)
-  R.bulk = r
-  row{ workload = ("bulk %d x 10 MiB, MB/s"):format(CFG.bulk_n), metric = "MB/s",
-       lecho = r.lecho.mb_per_s, base = "tcp", base_v = r.tcp.mb_per_s, target = { ">=", 0.9 },
-       truncated = r.lecho.truncated }
-  row{ workload = "", metric = "MB/s", lecho = r.lecho.mb_per_s, base = "zmq", base_v = r.zmq.mb_per_s }
+  R.bulk = medians(iv, mb_per_s, { chunk = #chunk, encoded = es })
+  iv_row({ workload = ("bulk %d x 10 MiB, MB/s"):format(CFG.bulk_n), metric = "MB/s", base = "tcp",
+           target = { ">=", 0.9 } }, iv, "lecho", "tcp", mb_per_s)
+  iv_row({ workload = "", metric = "MB/s", base = "zmq" }, iv, "lecho", "zmq", mb_per_s)
 end
 
 local function w_null()
-  log("null call (Lua and C API)")
+  log("null call (Lua and C API), %d interleaved repetitions", REPS)
   local w = start_workers{ { id = "null", subs = { { group = "null", channels = { "null" } } } } }
   local p = assert(ctx:channel("null"):producer())
-  local r = { size = esize(nil) }
-  r.lua = sync_rtt(p, nil, math.floor(CFG.null_n / 10), CFG.null_n, CFG.lat_bound)
+  local size = esize(nil)
+  local pp = ("pingpong %d %d"):format(size, CFG.null_n)
+  local iv = repeated{
+    { "lua", function() return sync_rtt(p, nil, math.floor(CFG.null_n / 10), CFG.null_n, CFG.lat_bound) end },
+    { "c", function() return run_c("lecho_c", ("pingpong 0 %d"):format(CFG.null_n)) end },
+    { "tcp", function() return run_c("baseline_tcp", pp) end },
+    { "zmq", function() return run_c("baseline_zmq", pp) end } }
   p:close()
   stop_workers(w)
-  r.c = run_c("lecho_c", ("pingpong 0 %d"):format(CFG.null_n))
-  r.tcp = run_c("baseline_tcp", ("pingpong %d %d"):format(r.size, CFG.null_n))
-  r.zmq = run_c("baseline_zmq", ("pingpong %d %d"):format(r.size, CFG.null_n))
-  r.c_stream = run_c("lecho_c", ("stream 64 %d"):format(CFG.c_stream_n))
-  R.null_call = r
-  row{ workload = "null sync round trip, Lua API", metric = "us/rt", lecho = r.lua.us_per_op,
-       base = "tcp", base_v = r.tcp.us_per_op, lower = true, target = { "<=", 1.25 },
-       truncated = r.lua.truncated }
-  row{ workload = "null sync round trip, C API", metric = "us/rt", lecho = r.c.us_per_op,
-       base = "tcp", base_v = r.tcp.us_per_op, lower = true, target = { "<=", 1.25 } }
-  row{ workload = "", metric = "us/rt", lecho = r.lua.us_per_op, base = "zmq",
-       base_v = r.zmq.us_per_op, lower = true }
-  local zs = R.throughput and R.throughput[1] and R.throughput[1].zmq
-  if zs and zs.ops_per_s then
-    row{ workload = "async 64 B events/s, C API", metric = "ev/s", lecho = r.c_stream.ops_per_s,
-         base = "zmq", base_v = zs.ops_per_s }
-  end
+  R.null_call = medians(iv, us_per_op, { size = size })
+  iv_row({ workload = "null sync round trip, Lua API", metric = "us/rt", base = "tcp", lower = true,
+           target = { "<=", 1.15 } }, iv, "lua", "tcp", us_per_op)
+  iv_row({ workload = "null sync round trip, C API", metric = "us/rt", base = "tcp", lower = true },
+         iv, "c", "tcp", us_per_op)
+  iv_row({ workload = "", metric = "us/rt", base = "zmq REQ/REP", lower = true }, iv, "lua", "zmq", us_per_op)
 end
 
--- Modulator costs (issue: install, params update, per-event filter), each as
--- a ratio to the plain sync round trip bench/modulator_bench.lua measures in
--- the same run.
+-- Modulator costs (install, params update, per-event filter), each as a
+-- ratio to the plain sync round trip: bench/modulator_bench.lua, its own
+-- interleaved repetitions (plain, filter, install, params).
 local function w_modulators()
   log("modulators (install, params update, trivial filter)")
   local f = io.popen(("%s %s/modulator_bench.lua --json %s/modulators.json %s 2>&1")
@@ -599,63 +730,55 @@ local function w_modulators()
   f:close()
   local s = common.read(RESULTS .. "/modulators.json")
   local v = s and cjson.decode(s)
-  if not v or not v.rt_plain then error("modulator_bench failed: " .. out) end
+  if not v or not v.rt_plain or type(v.spread) ~= "table" then error("modulator_bench failed: " .. out) end
   R.modulators = v
-  row{ workload = "modulator install", metric = "us", lecho = v.install, base = "sync rt",
-       base_v = v.rt_plain, lower = true }
-  row{ workload = "modulator params update", metric = "us", lecho = v.params, base = "sync rt",
-       base_v = v.rt_plain, lower = true }
-  row{ workload = "sync round trip through a trivial filter", metric = "us/rt", lecho = v.rt_filter,
-       base = "plain", base_v = v.rt_plain, lower = true }
-  if v.async_filter and v.async_plain then
-    row{ workload = "async event through a trivial filter", metric = "us/ev", lecho = v.async_filter,
-         base = "plain", base_v = v.async_plain, lower = true }
+  local rs = v.spread   -- per figure { median, lo, hi, all } of the per-repetition ratios
+  ratio_row({ workload = "modulator install", metric = "us", lecho = v.install, base = "sync rt",
+              base_v = v.rt_plain, lower = true, target = { "<=", 3 } }, rs.install)
+  ratio_row({ workload = "modulator params update", metric = "us", lecho = v.params, base = "sync rt",
+              base_v = v.rt_plain, lower = true, target = { "<=", 1.5 } }, rs.params)
+  ratio_row({ workload = "sync round trip through a trivial filter", metric = "us/rt", lecho = v.rt_filter,
+              base = "plain", base_v = v.rt_plain, lower = true }, rs.rt_filter)
+  if v.async_filter and v.async_plain and rs.async_filter then
+    ratio_row({ workload = "async event through a trivial filter", metric = "us/ev", lecho = v.async_filter,
+                base = "plain", base_v = v.async_plain, lower = true, target = { "<=", 1.5 } }, rs.async_filter)
   end
 end
 
 -- The cost of keyed mode (authenticated, encrypted records) in the C API:
 -- the same bench/lecho_c runs plain and with --keyed, interleaved
--- (plain, keyed, then keyed, plain, ...: a drift of the machine's load hits
--- both), CFG.keyed_reps times.  Each row gives the medians, the ratio of the
--- medians, and in `extra` the spread of the per-repetition ratios.
--- Runs `args` plain and keyed CFG.keyed_reps times, interleaved
--- (common.interleave); returns { plain = run, keyed = run (the runs of
--- median `field`), plain_median, keyed_median, ratios = {...}, runs = every
--- repetition }.
+-- (common.interleave), REPS times.  Returns { plain = run, keyed = run
+-- (the runs of median `field`), plain_median, keyed_median, ratios = {...},
+-- ratio = { median, lo, hi, all }, runs = every repetition }.
 local function keyed_pair(args, field)
   local iv = common.interleave{
-    reps = CFG.keyed_reps, value = function(r) return r[field] end,
+    reps = REPS, value = function(r) return r[field] end,
     runs = { { "plain", function() return run_c("lecho_c", args) end },
              { "keyed", function() return run_c("lecho_c", "--keyed " .. args) end } },
     ratios = { { "keyed", "plain" } } }
-  local out = { ratios = iv.ratios["keyed/plain"].all, runs = iv.runs }
+  local ratio = iv.ratios["keyed/plain"]
+  local out = { ratios = ratio.all, ratio = ratio, runs = iv.runs }
   for _, mode in ipairs{ "plain", "keyed" } do
-    local m = iv.median[mode]
-    out[mode .. "_median"] = m
-    for _, r in ipairs(iv.runs[mode]) do if r[field] == m or not out[mode] then out[mode] = r end end
+    local m, pick = common.median_of(iv, mode, function(r) return r[field] end)
+    out[mode .. "_median"], out[mode] = m, pick or iv.runs[mode][1]
   end
   return out
 end
 
-local function spread(ratios)
-  local lo, hi = common.spread(ratios)
-  return ("%d interleaved runs each, ratios %.2f-%.2fx"):format(#ratios, lo, hi)
-end
-
 local function w_keyed()
-  log("keyed (encrypted) vs plain, C API, %d interleaved repetitions", CFG.keyed_reps)
+  log("keyed (encrypted) vs plain, C API, %d interleaved repetitions", REPS)
   local r = { stream = {} }
   r.pingpong = keyed_pair(("pingpong 0 %d"):format(CFG.keyed_pp_n), "us_per_op")
-  row{ workload = "null sync round trip, keyed, C API", metric = "us/rt",
-       lecho = r.pingpong.keyed_median, base = "plain", base_v = r.pingpong.plain_median,
-       lower = true, extra = spread(r.pingpong.ratios) }
+  ratio_row({ workload = "null sync round trip, keyed, C API", metric = "us/rt",
+              lecho = r.pingpong.keyed_median, base = "plain", base_v = r.pingpong.plain_median,
+              lower = true }, r.pingpong.ratio)
   for i, t in ipairs(CFG.keyed_stream) do
     local size, n = t[1], t[2]
     local s = keyed_pair(("stream %d %d"):format(size, n), "mb_per_s")
     s.size = size
     r.stream[i] = s
-    row{ workload = ("async %d B events, keyed, C API, MB/s"):format(size), metric = "MB/s",
-         lecho = s.keyed_median, base = "plain", base_v = s.plain_median, extra = spread(s.ratios) }
+    ratio_row({ workload = ("async %d B events, keyed, C API, MB/s"):format(size), metric = "MB/s",
+                lecho = s.keyed_median, base = "plain", base_v = s.plain_median }, s.ratio)
   end
   R.keyed = r
 end
@@ -663,7 +786,7 @@ end
 -- Services and calls (issue 12 point 8): bench/call_bench.lua, its own
 -- processes.  Every figure there is the median of interleaved repetitions
 -- (common.interleave), the ratio column the median of the per-repetition
--- ratios, their spread in `extra`; calls.json keeps every repetition.
+-- ratios, their spread beside it; calls.json keeps every repetition.
 local function w_calls()
   log("calls (null call round trip, calls in flight, failover)")
   local file = RESULTS .. "/calls.json"
@@ -677,23 +800,21 @@ local function w_calls()
   if not v or not v.null then error("call_bench failed: " .. out) end
   R.calls = v
   local n = v.null
-  local q = QUICK and ", QUICK" or ""
-  row{ workload = "null call round trip, ctx:call (Lua API)", metric = "us/rt", lecho = n.median.lecho,
-       base = "tcp", base_v = n.median.tcp, ratio = n.ratios["lecho/tcp"].median, lower = true,
-       target = { "<=", 1.25 }, extra = common.spread_text(n.ratios["lecho/tcp"], v.null.reps) .. q }
-  row{ workload = "", metric = "us/rt", lecho = n.median.lecho, base = "zmq REQ/REP", base_v = n.median.zmq,
-       ratio = n.ratios["lecho/zmq"].median, lower = true,
-       extra = common.spread_text(n.ratios["lecho/zmq"], v.null.reps) .. q }
+  ratio_row({ workload = "null call round trip, ctx:call (Lua API)", metric = "us/rt", lecho = n.median.lecho,
+              base = "tcp", base_v = n.median.tcp, lower = true, target = { "<=", 1.25 }, target_issue = 12 },
+            n.ratios["lecho/tcp"])
+  ratio_row({ workload = "", metric = "us/rt", lecho = n.median.lecho, base = "zmq REQ/REP", base_v = n.median.zmq,
+              lower = true }, n.ratios["lecho/zmq"])
   for _, iv in ipairs(v.inflight) do
-    row{ workload = ("calls/s, %d in flight (ctx:call_async)"):format(iv.inflight), metric = "calls/s",
-         lecho = iv.median.lecho, base = "zmq DEALER/ROUTER", base_v = iv.median.zmq,
-         ratio = iv.ratios["lecho/zmq"].median, extra = common.spread_text(iv.ratios["lecho/zmq"], iv.reps) .. q }
+    ratio_row({ workload = ("calls/s, %d in flight (ctx:call_async)"):format(iv.inflight), metric = "calls/s",
+                lecho = iv.median.lecho, base = "zmq DEALER/ROUTER", base_v = iv.median.zmq },
+              iv.ratios["lecho/zmq"])
   end
   local fo = v.failover
   if fo and fo.median_ms then
     row{ workload = "failover: replica SIGKILLed to the first call through the other", metric = "ms",
-         lecho = fo.median_ms, base = "null call rt", base_v = n.median.lecho and n.median.lecho / 1e3,
-         lower = true, extra = ("median of %d, %.1f-%.1f ms"):format(#fo.reps, fo.lo_ms, fo.hi_ms) .. q }
+         lecho = fo.median_ms, base = "", reps = #fo.reps,
+         extra = ("median of %d, %.1f-%.1f ms"):format(#fo.reps, fo.lo_ms, fo.hi_ms) }
   elseif fo then
     error("call_bench failover: " .. tostring(fo.error))
   end
@@ -712,10 +833,9 @@ local function w_attacked()
   local v = s and cjson.decode(s)
   if not v or not v.clean then error("attacked_bench failed: " .. out) end
   R.attacked = v
-  row{ workload = "async 100 B events/s beside an attacker", metric = "ev/s", lecho = v.attacked,
-       base = "no attacker", base_v = v.clean,
-       extra = ("%d interleaved runs each, ratios %.2f-%.2fx, %d lost"):format(v.reps, v.ratio_lo,
-                                                                           v.ratio_hi, v.lost) }
+  ratio_row({ workload = "async 100 B events/s beside an attacker", metric = "ev/s", lecho = v.attacked,
+              base = "no attacker", base_v = v.clean, extra = ("%d lost"):format(v.lost) },
+            { median = common.median(v.ratios), lo = v.ratio_lo, hi = v.ratio_hi, all = v.ratios })
 end
 
 -- The modulators' pattern functions (core/lpat.c) against LuaJIT's own,
@@ -731,8 +851,47 @@ local function w_patterns()
   R.patterns = v
   for _, c in ipairs(v.cases) do
     row{ workload = "pattern " .. c.name, metric = "us/call", lecho = c.ours_us, base = "LuaJIT",
-         base_v = c.luajit_us, lower = true, target = { "<=", 2 },
-         extra = ("%d interleaved reps, ratios %.2f-%.2fx"):format(c.reps, c.ratio_lo, c.ratio_hi) }
+         base_v = c.luajit_us, lower = true, target = { "<=", 2 }, target_issue = 12,
+         ratio = c.ratio_median or c.ratio, lo = c.ratio_lo, hi = c.ratio_hi, reps = c.reps }
+  end
+end
+
+-- Scale points (issue 13): fan-out to 64/256 consuming contexts, idle
+-- peers, 65,536 channels: bench/scale_bench.lua, its own processes.
+local function w_scale()
+  log("scale (fan-out to many contexts, idle peers, many channels)")
+  local file = RESULTS .. "/scale.json"
+  os.remove(file)
+  local f = io.popen(("%s %s/scale_bench.lua --json %s %s 2>&1")
+    :format(LUAJIT, BENCH, sh_quote(file), QUICK and "--quick" or ""))
+  local out = f:read("*a")
+  f:close()
+  local s = common.read(file)
+  local v = s and cjson.decode(s)
+  if not v or #v.failed > 0 then error("scale_bench failed: " .. out) end
+  R.scale = v
+  for _, pl in ipairs{ "null", "composite" } do
+    local iv, ds = v.fanout[pl], {}
+    for name in pairs(iv.ratios) do ds[#ds + 1] = tonumber(name:match("^d(%d+)/")) end
+    table.sort(ds)
+    for _, d in ipairs(ds) do
+      local r = iv.ratios[("d%d/d1"):format(d)]
+      ratio_row({ workload = ("fan-out to %d contexts, async %s, producer CPU/event/destination"):format(d, pl),
+                  metric = "us/ev/dest", lecho = iv.median["d" .. d], base = "1 dest", base_v = iv.median.d1,
+                  lower = true }, r)
+    end
+    local top = ds[#ds]
+    row{ workload = ("fan-out to %d contexts, async %s, time/event at the consumers"):format(top, pl),
+         metric = "us/ev", lecho = iv.consumer_us["d" .. top], base = "1 dest", base_v = iv.consumer_us.d1,
+         lower = true, reps = v.reps }
+  end
+  local p, c = v.peers, v.channels
+  row{ workload = ("%d idle peers, accepting context"):format(p.peers), metric = "KiB/peer",
+       lecho = p.accept.kib_per_peer, base = "-", extra = ("connecting side %.1f KiB/context"):format(
+         p.connect.kib_per_peer) }
+  for _, side in ipairs{ "consumer", "producer", "nameserver" } do
+    row{ workload = ("%d channels, %s"):format(c.channels, side), metric = "B/ch", lecho = c[side].b_per_ch,
+         base = "-" }
   end
 end
 
@@ -742,15 +901,19 @@ local WORKLOADS = {
   { "codec", w_codec }, { "latency", w_latency }, { "throughput", w_throughput },
   { "sinks", w_sinks }, { "pipeline", w_pipeline }, { "channels", w_channels },
   { "bulk", w_bulk }, { "null_call", w_null }, { "calls", w_calls }, { "modulators", w_modulators },
-  { "keyed", w_keyed }, { "attacked", w_attacked }, { "patterns", w_patterns },
+  { "keyed", w_keyed }, { "attacked", w_attacked }, { "patterns", w_patterns }, { "scale", w_scale },
 }
+
+local CORES = tonumber(io.popen("nproc"):read("*l"))
 
 local function main()
   os.execute("mkdir -p " .. sh_quote(RESULTS))
-  log("lecho benchmark suite%s; name server %s", QUICK and " (QUICK)" or "", ctx.addr)
-  local failed = {}
+  log("lecho benchmark suite%s; %d interleaved repetitions per figure; name server %s",
+      QUICK and " (QUICK)" or "", REPS, ctx.addr)
+  local failed, per = {}, {}
   for _, w in ipairs(WORKLOADS) do
     if enabled(w[1]) then
+      local m0, t0, first = common.machine(), clock(), #ROWS + 1
       local ok, err = xpcall(w[2], debug.traceback)
       if not ok then
         failed[#failed + 1] = w[1]
@@ -758,25 +921,43 @@ local function main()
         R[w[1]] = R[w[1]] or { error = tostring(err) }
         kill_all()
       end
+      -- how busy the machine was during this workload, on its rows too
+      local b = common.busy(m0, common.machine(), CORES)
+      b.seconds = clock() - t0
+      per[w[1]] = b
+      for i = first, #ROWS do
+        local r = ROWS[i]
+        r.group, r.load1, r.steal_pct = w[1], b.load1_before, b.steal_pct
+        r.flags = r.flags or {}
+        for _, f in ipairs(b.flags) do r.flags[#r.flags + 1] = f end
+      end
     end
   end
-  report.finish_rows(ROWS)
+  local busy = common.busy(MACHINE_BEFORE, common.machine(), CORES)
+  report.finish_rows(ROWS, QUICK)
+  local trust = report.trust(busy, ROWS)
   print()
   if R.codec and R.codec.table then print(R.codec.table) print() end
-  local tbl = report.print_table(ROWS)
   local uname = io.popen("uname -srm"):read("*l")
+  local head = report.header{ busy = busy, trust = trust, reps = REPS, quick = QUICK, machine = uname,
+                              date = os.date("!%Y-%m-%d %H:%M UTC"), seconds = clock() - SUITE_T0 }
+  print(head)
+  print()
+  local tbl = report.print_table(ROWS)
   local doc = {
     meta = {
-      date = os.date("!%Y-%m-%dT%H:%M:%SZ"), quick = QUICK, machine = uname,
-      load_before = MACHINE_BEFORE, load_after = common.machine(),
-      cores = tonumber(io.popen("nproc"):read("*l")), luajit = jit.version,
+      date = os.date("!%Y-%m-%dT%H:%M:%SZ"), quick = QUICK, machine = uname, reps = REPS,
+      load_before = MACHINE_BEFORE, load_after = common.machine(), busy = busy, workloads = per,
+      trust = trust, thresholds = common.TRUST,
+      cores = CORES, luajit = jit.version,
       lecho = lecho._VERSION, seconds = clock() - SUITE_T0,
-      note = "baselines run with lecho's encoded value size as message size",
+      note = "baselines run with lecho's encoded value size as message size; a row's ratio is the median of "
+        .. "the per-repetition ratios of interleaved runs, lo-hi their min-max, runs in workloads.*",
     },
-    workloads = R, rows = ROWS, table = tbl, failed = failed,
+    workloads = R, rows = ROWS, table = tbl, header = head, failed = failed,
   }
   common.write(RESULTS .. "/results.json", cjson.encode(doc) .. "\n")
-  common.write(RESULTS .. "/table.md", tbl .. "\n")
+  common.write(RESULTS .. "/table.md", head .. "\n\n" .. tbl .. "\n")
   report.plots(R, RESULTS)
   log("done: results in %s (results.json, table.md, *.png)", RESULTS)
   return #failed == 0

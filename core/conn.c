@@ -16,9 +16,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define RBUF_MIN (64 * 1024)
 /* A drained read buffer larger than this (a large frame's) is freed; the
- * next read starts again from RBUF_MIN.  Smaller ones stay: no allocation
+ * next read starts again from LEI_RBUF_SMALL.  Smaller ones stay: no allocation
  * per read for a stream of ordinary events. */
 #define RBUF_KEEP (1024 * 1024)
 
@@ -549,7 +548,7 @@ static int conn_input(lei_conn *k) {
     k->busy--;
     if (k->state != LEI_CONN_CLOSED) {
         /* A large frame's buffer goes once drained: the next read starts
-         * again from RBUF_MIN (nobody holds a frame: busy is 0). */
+         * again from LEI_RBUF_SMALL (nobody holds a frame: busy is 0). */
         if (!k->busy && k->rpos == k->rlen && k->rcap > RBUF_KEEP) {
             free(k->rb);
             lei_rbuf_set(k, NULL, 0);
@@ -602,11 +601,13 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
         if (k->state == LEI_CONN_CLOSED) return;
     } else {
         size_t fsize = 0, big_end = frame_end(k, &fsize); /* a large frame: read to its end */
-        if (big_end && fsize <= RBUF_MIN) big_end = 0;
-        size_t need = k->rlen + RBUF_MIN;
+        if (big_end && fsize <= LEI_RBUF_MIN) big_end = 0;
+        /* 64 KiB of room while reads fill what they get, else 4 KiB */
+        size_t want = k->rfull ? LEI_RBUF_MIN : LEI_RBUF_SMALL;
+        size_t need = k->rlen + want;
         if (big_end && big_end < need) need = big_end;
-        if (k->rcap - k->rlen < RBUF_MIN && need > k->rcap &&
-            lei_rbuf_grow(k, need, big_end, big_end ? fsize : RBUF_MIN))
+        if (k->rcap - k->rlen < want && need > k->rcap &&
+            lei_rbuf_grow(k, need, big_end, big_end ? fsize : want))
             return;
         /* Reading past the end of a large frame would put the next frame's
          * first bytes behind it, to be moved to the front afterwards: a copy of
@@ -615,6 +616,7 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
         if (big_end > k->rlen && big_end - k->rlen < room) room = big_end - k->rlen;
         n = read(k->fd, k->rb + k->rlen, room);
         if (n > 0) k->rlen += (size_t)n;
+        k->rfull = n > 0 && (size_t)n == room;
     }
     if (n < 0) {
         if (errno == EAGAIN || errno == EINTR) return;

@@ -362,6 +362,8 @@ struct lei_conn {
     ev_io rio, wio;
     uint8_t *rb;        /* owned read buffer */
     size_t rlen, rpos, rcap;
+    int rfull;          /* the last read filled the room it had: read into
+                         * LEI_RBUF_MIN next (else LEI_RBUF_SMALL will do) */
     /* The remote's channel indexes (inmap.c): idx -> local chid + 1, or
      * LEI_REFUSED (a channel not open here; keyed: or a
      * BIND without a valid ticket); below 65536 in
@@ -458,6 +460,16 @@ void lei_conn_refuse(lei_conn *k, int kind, const char *reason);
  * after closing k. */
 void lei_rbuf_set(lei_conn *k, uint8_t *b, size_t ncap);
 int lei_rbuf_grow(lei_conn *k, size_t need, size_t end, size_t fsize);
+/* A connection reads into LEI_RBUF_MIN bytes of room while its reads fill
+ * the room they get (a stream), else into LEI_RBUF_SMALL: a quiet or idle
+ * connection holds a small buffer, not 64 KiB of max_buffered each (10,000
+ * idle peers held 625 MiB of a 512 MiB budget).  lei_rbuf_idle (from the
+ * liveness timer): frees k's drained buffer when it is larger than
+ * LEI_RBUF_SMALL and its last read did not fill it, or idle is set (nothing
+ * came for a heartbeat). */
+#define LEI_RBUF_MIN ((size_t)64 * 1024)
+#define LEI_RBUF_SMALL ((size_t)4 * 1024)
+void lei_rbuf_idle(lei_conn *k, int idle);
 /* conn.c: a connection record for fd (owned by the context from now on). */
 lei_conn *lei_conn_new(lei_ctx *c, int fd, enum lei_conn_state state);
 /* accept.c: the context's timers, counters, the reserved fd; the handshake

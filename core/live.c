@@ -135,6 +135,8 @@ void lei_live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
                 continue;
             }
         }
+        /* A quiet connection's drained read buffer goes back to small. */
+        lei_rbuf_idle(k, now - k->last_in >= hb);
         /* A PING when input is silent, else a HEARTBEAT when output is
          * idle (the PING is output too). */
         ev_tstamp ping, due = live_due(c, k, &ping);

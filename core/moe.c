@@ -366,6 +366,8 @@ static int step_init(lua_State *L) {
                        luaL_typename(L, -1));
         }
         m->ref_fn = luaL_ref(L, LUA_REGISTRYINDEX);
+        lua_pushcfunction(L, m->hot_fn);
+        m->hot_ref = luaL_ref(L, LUA_REGISTRYINDEX);
         return 0;
     }
     lua_call(L, 0, 0);
@@ -384,6 +386,8 @@ static int step_init(lua_State *L) {
             luaL_error(L, "'%s' must be a function", *f);
         lua_pop(L, 1);
     }
+    lua_pushcfunction(L, m->hot_fn);
+    m->hot_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     return 0;
 }
 
@@ -427,7 +431,15 @@ int moe_run_step(lei_moe *m, lua_CFunction fn, void *arg) {
     m->cpu0 = -1;
     clock_gettime(CLOCK_MONOTONIC, &m->mono0);
     if (g) moe_group_enter(g, m);
-    int rc = lua_cpcall(L, fn, arg);
+    int rc;
+    if (fn == m->hot_fn && m->hot_ref != LUA_NOREF) {
+        /* the step kept in the registry: nothing allocated per call (moe_int.h) */
+        lua_rawgeti(L, LUA_REGISTRYINDEX, m->hot_ref);
+        lua_pushlightuserdata(L, arg);
+        rc = lua_pcall(L, 1, 0, 0);
+    } else {
+        rc = lua_cpcall(L, fn, arg);
+    }
     m->in_call = 0;
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -587,6 +599,8 @@ lei_moe *moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *src, s
     }
     m->svc = svc;
     m->ref_fn = LUA_NOREF;
+    m->hot_fn = svc ? moe_svc_step : step;
+    m->hot_ref = LUA_NOREF;
     m->ctx = c;
     m->chid = chid;
     m->o = *o;

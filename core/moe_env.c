@@ -9,6 +9,7 @@
 #include <lauxlib.h>
 #include <lualib.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int env_emit(lua_State *L) {
@@ -287,6 +288,49 @@ static int sandbox_libs(lua_State *L) {
 
 void moe_sandbox_open(lua_State *L) { sandbox_libs(L); }
 
+/* lua_dump's writer: appends to a malloc'd buffer (dump_buf.p, owned by
+ * the caller); a failed allocation stops the dump. */
+typedef struct dump_buf {
+    char *p;
+    size_t n, cap;
+} dump_buf;
+
+static int dump_write(lua_State *L, const void *d, size_t n, void *ud) {
+    (void)L;
+    dump_buf *b = ud;
+    if (b->n + n > b->cap) {
+        size_t nc = b->cap ? b->cap : 4096;
+        while (nc < b->n + n) nc *= 2;
+        char *q = realloc(b->p, nc);
+        if (!q) return 1;
+        b->p = q;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->n, d, n);
+    b->n += n;
+    return 0;
+}
+
+/* Pushes the sandbox's setup chunk: the group's bytecode of it when there
+ * is one (our own, dumped in this process from sandbox_lua: never anything
+ * a modulator gave), else compiled from the text and, with a group, dumped
+ * for the next states. */
+static void load_sandbox(lua_State *L, lei_moe_group *g) {
+    if (g && g->env_bc) {
+        if (luaL_loadbuffer(L, g->env_bc, g->env_bclen, "=sandbox")) lua_error(L);
+        return;
+    }
+    if (luaL_loadbuffer(L, sandbox_lua, sizeof sandbox_lua - 1, "=sandbox")) lua_error(L);
+    if (!g) return;
+    dump_buf b = {NULL, 0, 0};
+    if (lua_dump(L, dump_write, &b) == 0 && b.n > 0) {
+        g->env_bc = b.p;
+        g->env_bclen = b.n;
+    } else {
+        free(b.p);
+    }
+}
+
 int moe_env_build(lua_State *L, lei_moe *m) {
     /* pcall, xpcall and table.sort that a stop goes through, copied into
      * the sandbox */
@@ -303,7 +347,7 @@ int moe_env_build(lua_State *L, lei_moe *m) {
     lua_pop(L, 1);
     lua_newtable(L); /* env */
     int env = lua_gettop(L);
-    if (luaL_loadbuffer(L, sandbox_lua, sizeof sandbox_lua - 1, "=sandbox")) lua_error(L);
+    load_sandbox(L, m->o.group);
     lua_pushvalue(L, env);
     if (m->svc) { /* a sandbox returns its results: nothing to emit */
         lua_pushnil(L);

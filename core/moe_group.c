@@ -115,6 +115,7 @@ void lei_moe_group_free(lei_moe_group *g) {
     /* timer_delete drops a signal of it still pending (Linux) */
     if (g->has_timer) timer_delete(g->tid);
     for (lei_moe *m = g->list; m; m = m->gnext) m->o.group = NULL;
+    free(g->env_bc);
     free(g->pc);
     free(g);
 }

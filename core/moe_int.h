@@ -83,6 +83,13 @@ struct lei_moe {
      * functions in the registry at ref_fn; a failed call keeps the state */
     int svc, ref_fn, svc_kind, svc_raised;
     const char *svc_fn;    /* the call in progress: which function (NULL: the one) */
+    /* The step every call runs (step, or moe_svc_step for a sandbox), kept
+     * in the registry at hot_ref once the state is set up: lua_cpcall makes
+     * a closure per call, and a call that allocates nothing else never runs
+     * the collector (a trivial filter of numbers filled 32 MiB of closures
+     * in 700,000 events and was failed for memory). */
+    lua_CFunction hot_fn;
+    int hot_ref;
 };
 
 /* CPU charged in the current window to one principal by modulators that are
@@ -112,6 +119,11 @@ struct lei_moe_group {
     lei_moe *volatile cur;     /* the moe in a call, or NULL */
     volatile sig_atomic_t armed;
     volatile unsigned long callno;
+    /* The sandbox's setup chunk (moe_env.c) as bytecode, dumped from the
+     * first state that compiled it (owned, malloc): parsing its text was a
+     * third of an install's CPU.  NULL until then, or when out of memory. */
+    char *env_bc;
+    size_t env_bclen;
     unsigned long sig_call;    /* handler only: the call its first tick saw */
     double sig_cpu0;           /* handler only: thread CPU at that tick */
 };
@@ -132,6 +144,9 @@ lei_moe *moe_of(lua_State *L);
 void moe_hook(lua_State *L, lua_Debug *ar);
 /* Sends (after the step) or holds the value at idx, per the stage. */
 void moe_route(lua_State *L, lei_moe *m, int idx);
+
+/* moe_svc.c: the step of a sandbox's call (moe_run_step's hot step). */
+int moe_svc_step(lua_State *L);
 
 /* moe_env.c: the libraries (before lpat replaces their pattern functions), then the
  * environment on top of the stack (its index returned; m->ref_env set). */

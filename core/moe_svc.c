@@ -78,7 +78,7 @@ static void pack(lua_State *L, int base) {
     lua_setfield(L, -2, "n");
 }
 
-static int step_call(lua_State *L) {
+int moe_svc_step(lua_State *L) {
     lei_moe *m = moe_of(L);
     char err[256];
     lua_settop(L, 0);
@@ -142,7 +142,7 @@ int lei_moe_svc_call(lei_moe *m, const char *fn, const uint8_t *in, size_t n, le
     m->in = in;
     m->inlen = n;
     m->st.events_in++;
-    int rc = moe_run_step(m, step_call, NULL);
+    int rc = moe_run_step(m, moe_svc_step, NULL);
     m->in = NULL;
     m->svc_fn = NULL;
     if (rc == 0) {

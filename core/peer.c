@@ -577,7 +577,10 @@ int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err) 
     p->ctrl_bytes += it->size;
     lei_q_push(&p->q, it);
     p->st.ctrl_out++;
-    lei_peer_flush(p);
+    /* Inside a callback, written at the end of the turn with whatever else
+     * it queued for p (a producer applying a member list answers the
+     * manager and ends streams at the same peer: one write, not two). */
+    lei_defer_flush(c, p);
     return 0;
 }
 

@@ -103,3 +103,11 @@ int lei_rbuf_grow(lei_conn *k, size_t need, size_t end, size_t fsize) {
     lei_rbuf_set(k, nb, ncap);
     return 0;
 }
+
+void lei_rbuf_idle(lei_conn *k, int idle) {
+    if (k->busy || k->rpos != k->rlen || k->rcap <= LEI_RBUF_SMALL || (k->rfull && !idle)) return;
+    free(k->rb);
+    lei_rbuf_set(k, NULL, 0);
+    k->rlen = k->rpos = 0;
+    k->rfull = 0;
+}

@@ -6,7 +6,7 @@ local support = require "spec.support"
 local cjson = require "cjson"
 
 local WORKLOADS = { "codec", "latency", "throughput", "sinks", "pipeline", "channels",
-                    "bulk", "null_call", "calls", "modulators", "keyed", "attacked", "patterns" }
+                    "bulk", "null_call", "calls", "modulators", "keyed", "attacked", "patterns", "scale" }
 
 local function positive(x, what)
   assert(type(x) == "number" and x > 0 and x == x and x < math.huge,
@@ -67,7 +67,22 @@ describe("make bench QUICK=1", function()
     positive(w.null_call.lua.us_per_op, "null call lua")
     positive(w.null_call.c.us_per_op, "null call C API")
     positive(w.null_call.tcp.us_per_op, "null call tcp")
-    positive(w.null_call.c_stream.ops_per_s, "C API stream")
+    positive(w.throughput[1].lecho_c.ops_per_s, "C API stream")
+    -- issue 13: every figure from interleaved repetitions (QUICK: 3), each
+    -- one kept, the machine's business stated
+    assert.are.equal(3, doc.meta.reps)
+    assert.are.equal(3, #w.latency[1].runs.lecho)
+    assert.are.equal(3, #w.latency[1].runs.tcp)
+    assert.are.equal(3, #w.bulk.runs.lecho)
+    assert.are.equal(3, #w.sinks[1].runs)
+    assert.are.equal(3, #w.channels[1].runs)
+    assert.are.equal(3, #w.null_call.runs.lua)
+    assert.are.equal(3, w.modulators.reps)
+    assert.is_number(doc.meta.busy.load1_before)
+    assert.is_number(doc.meta.busy.load1_after)
+    assert.is_boolean(doc.meta.trust.ok)
+    assert.truthy(doc.header:find("TRUST: ", 1, true), doc.header)
+    assert.is_number(doc.meta.workloads.latency.load1_before)
     -- calls (issue 12): medians of interleaved repetitions, every one kept
     local calls = w.calls
     for _, impl in ipairs{ "lecho", "tcp", "zmq" } do
@@ -101,8 +116,45 @@ describe("make bench QUICK=1", function()
     positive(w.attacked.attacked, "attacked: the flow beside the attacker")
     assert.equal(0, w.attacked.lost)
     for _, c in ipairs(w.patterns.cases) do positive(c.ours_us, c.name); positive(c.luajit_us, c.name) end
+    -- scale (issue 13): the fan-out's repetitions kept, every peer and channel counted
+    for _, pl in ipairs{ "null", "composite" } do
+      local fo = w.scale.fanout[pl]
+      assert.are.equal(w.scale.reps, #fo.runs.d1, "fan-out repetitions kept " .. pl)
+      for name, m in pairs(fo.median) do positive(m, ("fan-out %s %s"):format(pl, name)) end
+    end
+    assert.are.equal(w.scale.peers.peers, w.scale.peers.accept.events)
+    assert.is_number(w.scale.peers.accept.kib_per_peer)   -- (an RSS delta: not asserted positive)
+    assert.are.equal(w.scale.channels.channels, w.scale.channels.consumer.events)
+    assert.is_number(w.scale.channels.producer.b_per_ch)
     for _, r in ipairs(doc.rows) do
       if r.base_v then positive(r.ratio, "ratio of " .. r.workload) end
+      if r.lo then
+        assert(r.lo <= r.ratio and r.ratio <= r.hi, "spread of " .. r.workload)
+        assert(r.reps >= 3, "repetitions of " .. r.workload)
+      end
+    end
+    -- issue 13's targets, each on its row
+    local want = {
+      { "^async 64 B events/s, Lua API", "zmq PUB/SUB", ">=", 2 },
+      { "^async 64 B events/s, C API", "tcp batched", ">=", 0.6 },
+      { "^null sync round trip, Lua API", "tcp", "<=", 1.15 },
+      { "^latency composite", "tcp", "<=", 1.25 },
+      { "^4096 channels", "1 channel", ">=", 0.9 },
+      { "^bulk", "tcp", ">=", 0.9 },
+      { "^modulator install", "sync rt", "<=", 3 },
+      { "^modulator params update", "sync rt", "<=", 1.5 },
+      { "^async event through a trivial filter", "plain", "<=", 1.5 },
+      { "^8 sinks async null, producer CPU", "1 sink", "<=", 1.5 },
+    }
+    for _, t in ipairs(want) do
+      local found
+      for _, r in ipairs(doc.rows) do
+        if r.workload:match(t[1]) and r.base == t[2] then found = r end
+      end
+      assert(found, "no row " .. t[1])
+      assert.same({ t[3], t[4] }, found.target, t[1])
+      assert.is_number(found.lo, t[1])
+      assert.is_boolean(found.met, t[1])
     end
   end)
 

@@ -302,7 +302,9 @@ os.exit(0)
 ]]
 
 -- A producer submitting { i = k } every opts.interval seconds for opts.n
--- events, then submit_sync("end") (a legitimate neighbour of obs. 7).
+-- events, then submit_sync("end") (a legitimate neighbour of obs. 7); with
+-- opts.end_after (a path), "end" only once that file exists (30 s at most):
+-- the spec says when.
 M.steady = [[
 local cjson = require "cjson"
 local lecho = require "lecho"
@@ -318,6 +320,16 @@ tick = ctx:every(opts.interval, function()
   if n >= opts.n then tick:stop(); ctx:stop() end
 end)
 ctx:run()
+if opts.end_after then
+  local waited = 0
+  ctx:every(0.05, function(t)
+    waited = waited + 0.05
+    local f = io.open(opts.end_after)
+    if f or waited > 30 then t:stop(); ctx:stop() end
+    if f then f:close() end
+  end)
+  ctx:run()
+end
 local ok, err = p:submit_sync("end", { timeout = 10 })
 io.stdout:write(cjson.encode{ submitted = n, sync = ok and true or tostring(err) }, "\n")
 ctx:close()

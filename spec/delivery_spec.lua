@@ -241,7 +241,12 @@ describe("issue 8, obs. 7: a value that decodes to many times its size", functio
     assert(ready, "consumer did not start: " .. S.errors(sink))
     local addr = ready:match("ready ([%d.]+:%d+)")
     local N = 250
-    local steady = S.lua(kids.steady, cjson.encode{ ns = ns, channel = "feed", interval = 0.02, n = N })
+    -- its "end" (which stops the consumer) waits until the rogue's
+    -- connection is closed: on a busy machine the bomb may still be on its
+    -- way when the 250 events (5 s) are out
+    local end_flag = S.tmpname("end-flag")
+    local steady = S.lua(kids.steady, cjson.encode{ ns = ns, channel = "feed", interval = 0.02, n = N,
+                                                    end_after = end_flag })
     local t0 = socket.gettime()
     while #received(sink) < 20 and socket.gettime() - t0 < 10 do S.sleep(0.05) end
     assert(#received(sink) >= 20, "the legitimate producer's events do not arrive: " .. S.errors(steady))
@@ -263,6 +268,7 @@ describe("issue 8, obs. 7: a value that decodes to many times its size", functio
     c:settimeout(10)
     local _, cerr = c:receive("*a")
     c:close()
+    S.write(end_flag, "go\n")
 
     local done, rc = S.wait(steady, 20)
     assert(done, "the legitimate producer did not finish")

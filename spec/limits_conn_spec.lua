@@ -320,6 +320,52 @@ describe("connection limits (issue 11)", function()
     ctx:close()
   end)
 
+  it("holds a small read buffer per quiet connection, 64 KiB only while reads fill it, small again once idle", function()
+    -- Issue 13's 10,000 idle peers: each connection kept a 64 KiB read
+    -- buffer from its first read on, so 8,192 idle ones filled the default
+    -- max_buffered (512 MiB) and the next one was refused ("frame of 65536
+    -- bytes exceeds the read buffer budget"); here 64 of them, 1 MiB.
+    local lecho = require "lecho"
+    local ctx = lecho.context{ quiet = true, max_buffered = 1024 * 1024, heartbeat = 0.2,
+                               heartbeat_misses = 200 }
+    local sink = ctx.addr .. "/sink"
+    ctx:channel("sink")                -- open, no consumer: its events are read, not decoded
+    local function pump(n) for _ = 1, n or 10 do ctx:run_once(0.002) end end
+    local ps, N = {}, 64
+    for i = 1, N do
+      ps[i] = R.dial(ctx.addr, { addr = ("127.0.0.1:%d"):format(22000 + i), hello_only = true })
+      assert(ps[i]:send(R.bind(0, sink) .. R.event(0, 1, 1, 0, "quiet " .. i)))
+      pump(2)
+    end
+    pump(20)
+    local st = ctx:stats()
+    assert.equals(N, st.connections)
+    assert(st.read_buffer_bytes > 0 and st.read_buffer_bytes <= N * 4096, "read buffers: " .. st.read_buffer_bytes)
+    -- a stream: 1 MiB of 1 KiB events at once grows its buffer to 64 KiB ...
+    local ev, burst = R.event(0, 1, 2, 0, ("y"):rep(1000)), {}
+    for i = 1, 1024 do burst[i] = ev end
+    assert(ps[1]:send(table.concat(burst)))
+    local grew = 0
+    local deadline = socket.gettime() + 5
+    while ctx:stats().channels[sink].events_in < N + 1024 and socket.gettime() < deadline do
+      ctx:run_once(0.001)
+      grew = math.max(grew, ctx:stats().read_buffer_bytes)
+    end
+    assert.equals(N + 1024, ctx:stats().channels[sink].events_in)
+    assert(grew >= 64 * 1024, "the stream's buffer did not grow: " .. grew)
+    -- ... given back once the connection is quiet (the liveness timer)
+    deadline = socket.gettime() + 5
+    while ctx:stats().read_buffer_bytes > N * 4096 and socket.gettime() < deadline do pump(10) end
+    st = ctx:stats()
+    assert(st.read_buffer_bytes <= N * 4096, "read buffers after the stream: " .. st.read_buffer_bytes)
+    assert.equals(N, st.connections)
+    for i = 1, N do ps[i]:close() end
+    deadline = socket.gettime() + 10
+    while ctx:stats().connections > 0 and socket.gettime() < deadline do pump(1) end
+    assert.equals(0, ctx:stats().read_buffer_bytes)
+    ctx:close()
+  end)
+
   it("frees a finished 200 MiB frame's buffer while the connection lives", function()
     local t = target()
     local p = assert(dial(t))

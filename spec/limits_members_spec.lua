@@ -142,6 +142,35 @@ describe("issue 11: member lists within max_members and max_peers", function()
     flow(ch, p, sink, 50)
   end)
 
+  it("counts max_peers over every channel's lists, and again when a list shrank", function()
+    -- (The count is not made over every channel per list any more: 65,536
+    -- channels' joins were quadratic, issue 13.  What a channel named
+    -- before and names no more must stop counting.)
+    logs = {}
+    ctx = lecho.context{ max_peers = 3, log = function(m) logs[#logs + 1] = m end }
+    local x, y = ctx:channel("x"), ctx:channel("y")
+    assert(x:producer())
+    assert(y:producer())
+    assert(S.run_until(ctx, function() return x.manager and y.manager end, WAIT), "no manager")
+    local ver = 2 ^ 40
+    local function members(ch, list)
+      ver = ver + 1
+      ctx:_on_ctrl(ch.manager, { op = "members", ch = ch.name, ver = ver, mid = 1, consumers = list, mods = {} })
+      return ch.dests
+    end
+    local a = {}
+    for i = 1, 4 do a[i] = ("127.0.0.1:%d"):format(i) end
+    assert.are.same({ a[1], a[2] }, members(y, { a[1], a[2] }))
+    assert.are.same({ a[3] }, members(x, { a[3] }))            -- 3 peer contexts, the limit
+    assert.are.same({ a[3] }, members(x, { a[3], a[4] }))      -- 4: refused, x keeps its list
+    assert.are.equal(1, logged("members of " .. x.name .. " refused: they need 4 peer contexts here (limit 3)"),
+                     table.concat(logs, "\n"))
+    assert.are.same({}, members(y, {}))
+    assert.are.same({ a[3], a[4] }, members(x, { a[3], a[4] })) -- y's two count no more
+    assert.are.same({ a[1] }, members(y, { a[1] }))            -- 3 again
+    assert.are.same({ a[1] }, members(y, { a[1], a[2] }))      -- 4: refused, y keeps its list
+  end)
+
   it("a list needing more peer contexts than max_peers is refused, nothing dialled", function()
     local rogue, sink, ch, p, go, sink_addr = world{ max_peers = 8 }
     local list = { sink_addr }

@@ -185,6 +185,27 @@ describe("params and replacement", function()
     assert.are.equal(2, con:params_version())
   end)
 
+  it("a params update lets the old stream go once its producer ended it (issue 13)", function()
+    -- The producer's end of the old stream came before the manager's reply
+    -- to the change, and was dropped: each update kept its old stream (its
+    -- channel, a timer) for sync_timeout, and every later one walked them.
+    c = ctx()
+    local ch = c:channel("pe")
+    local p = assert(ch:producer())
+    local got = {}
+    local con = assert(ch:consumer(function(ev, meta) got[#got + 1] = { ev, meta.params_version } end, {
+      modulator = "function enqueue(ev) return { ev, params.k } end", params = { k = 0 } }))
+    for i = 1, 50 do
+      assert(p:submit(i))
+      assert(con:set_params{ k = i })
+    end
+    assert(until_(c, function() return #got == 50 end))
+    for i = 1, 50 do assert.are.same({ { i, i - 1 }, i }, got[i]) end
+    local kept = 0
+    for _ in pairs(ch.streams) do kept = kept + 1 end
+    assert.are.equal(1, kept)
+  end)
+
   it("set_params reaches a modulator that rebound its globals", function()
     c = ctx()
     local ch = c:channel("g")

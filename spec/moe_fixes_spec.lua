@@ -223,3 +223,28 @@ describe("period() under the block policy (issue 11 F1)", function()
     S.cleanup()
   end)
 end)
+
+describe("a modulator's calls allocate nothing of their own (issue 13)", function()
+  it("a trivial filter of numbers runs past 20,000 events under a 256 KiB cap", function()
+    -- Every call was a lua_cpcall, which makes a closure, and a call that
+    -- allocates nothing else never runs the collector: the closures filled
+    -- the cap (about 4,500 events for 256 KiB, 700,000 for 32 MiB) and the
+    -- modulator was failed for memory it never asked for.
+    local c = lecho.context{ quiet = true, modulator_memory = 256 * 1024 }
+    local p, r = install(c, "function enqueue(ev) return ev end")
+    local N = 20000
+    for i = 1, N do
+      assert(p:submit(i))
+      if i % 1000 == 0 then c:run_once(0) end
+    end
+    assert(p:submit_sync(N + 1))
+    assert(S.run_until(c, function() return r.got == N + 1 or r.err ~= nil end, 20))
+    assert.is_nil(r.err)
+    assert.equals(N + 1, r.got)
+    local st = c:stats().modulators
+    for _, ms in pairs(st or {}) do
+      assert.is_true(ms.memory < 256 * 1024, ("the state holds %d bytes"):format(ms.memory))
+    end
+    c:close{ linger = 0 }
+  end)
+end)

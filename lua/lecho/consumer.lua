@@ -124,8 +124,12 @@ function Consumer:_switch(spec, handler)
   if not entry then return nil, aerr, acode end
   self.mod, self.handler = spec, handler
   self.entry = entry
+  -- ends of the old stream that come before the reply are kept (_stream_ended)
+  if old_entry then old_entry.leaving, old_entry.early = true, nil end
   local r, err, code = ch:_update_subs()
+  if old_entry then old_entry.leaving = nil end
   if not r then
+    if old_entry then old_entry.early = nil end
     -- Not applied (the manager is unreachable, say): the old modulator stays
     -- this consumer's, its stream untouched.  The new entry is kept for a
     -- while in case some producer did switch before the failure was known.
@@ -151,6 +155,13 @@ function Consumer:_switch(spec, handler)
     local st = old and ch.streams[old.key]
     local ending = {}
     for _, a in ipairs(type(r) == "table" and r.producers or {}) do ending[a] = true end
+    -- producers that ended it already, for this change (the list of the
+    -- reply's version or a later one), not an earlier use of the same key
+    local rver = type(r) == "table" and type(r.ver) == "number" and r.ver or math.huge
+    for a, v in pairs(old_entry.early or {}) do
+      if v >= rver then ending[a] = nil end
+    end
+    old_entry.early = nil
     if (st and #st.consumers > 1) or next(ending) == nil then
       ch:_detach(old_entry)
     else

@@ -196,6 +196,20 @@ end
 -- contexts as destinations over all the channels of this context with this
 -- list in place of the channel's current one (each is a peer: a dial, a
 -- connection, a queue).  Returns nil, or why the list is refused whole.
+--
+-- The count over all channels is not made per list (65,536 channels' joins
+-- made it quadratic: the 65,536th join scanned 65,535 lists): the context
+-- keeps every address the lists it took named (dest_seen, ndest_seen: a
+-- superset of those its channels name now, stale ones included), and when
+-- those with this list's are within max_peers, so is the exact count.  Only
+-- past it are the channels' lists counted, and dest_seen made exact again.
+local function remember_dests(self, l)
+  local seen = self.dest_seen
+  for _, a in ipairs(type(l) == "table" and l or {}) do
+    if not seen[a] then seen[a], self.ndest_seen = true, self.ndest_seen + 1 end
+  end
+end
+
 local function members_limits(self, ch, msg)
   local maxm, maxp = self.max_members, self.max_peers
   local need, nneed = {}, 0
@@ -216,20 +230,39 @@ local function members_limits(self, ch, msg)
     why = type(mods[k]) == "table" and scan(mods[k].dests, ("modulator %s: "):format(tostring(k)))
     if why then return why end
   end
+  local function taken()   -- the list is within the limits: it will be applied
+    remember_dests(self, msg.consumers)
+    for _, m in pairs(mods) do if type(m) == "table" then remember_dests(self, m.dests) end end
+  end
+  if self.dest_seen then
+    local n = self.ndest_seen
+    for a in pairs(need) do if not self.dest_seen[a] then n = n + 1 end end
+    if n <= maxp then return taken() end
+  end
   local function add(l)
     for _, a in ipairs(l or {}) do
       if not need[a] then need[a], nneed = true, nneed + 1 end
     end
   end
+  self.dest_seen, self.ndest_seen = {}, 0
   for _, other in pairs(self.byname) do
     if other ~= ch then
       add(other.dests)
       for _, inst in pairs(other.mods) do add(inst.dests) end
     end
+    -- dest_seen: what every channel names now, this one's present lists
+    -- and those kept after a manager's loss included
+    remember_dests(self, other.dests)
+    for _, inst in pairs(other.mods) do remember_dests(self, inst.dests) end
+    if other.kept then
+      remember_dests(self, other.kept.dests)
+      for _, k in pairs(other.kept.mods) do remember_dests(self, k.dests) end
+    end
   end
   if nneed > maxp then
     return ("they need %d peer contexts here (limit %d)"):format(nneed, maxp)
   end
+  taken()
 end
 
 function Context:_on_ctrl(from, msg)
@@ -267,7 +300,9 @@ function Context:_on_ctrl(from, msg)
   -- `from` (the connection's peer), never the `producer` the message claims.
   elseif op == "stream_end" then
     local ch = self.byname[msg.ch]
-    if ch and type(msg.key) == "string" then ch:_stream_ended(msg.key, from) end
+    if ch and type(msg.key) == "string" then
+      ch:_stream_ended(msg.key, from, type(msg.ver) == "number" and msg.ver or -math.huge)
+    end
   elseif op == "mod_error" then
     local ch = self.byname[msg.ch]
     if ch and type(msg.key) == "string" then

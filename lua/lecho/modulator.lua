@@ -173,7 +173,10 @@ function Channel:_end_streams(mods)
     for a in pairs(set) do
       if not (now[key] and now[key][a]) then
         if a == ctx.addr then ctx.c:drain_local() end -- local events first
-        ctx:_send_ctrl(a, { op = "stream_end", ch = self.name, key = key, producer = ctx.addr })
+        -- ver: the member list that ended it (the consumer matches it to
+        -- the reply of its own change, which may come after this)
+        ctx:_send_ctrl(a, { op = "stream_end", ch = self.name, key = key, producer = ctx.addr,
+                            ver = self.ver })
       end
     end
   end
@@ -412,14 +415,25 @@ function Channel:_detach(e)
 end
 
 -- A producer will send nothing more of stream `key` here: old entries
--- waiting for it are detached once no producer is left to wait for.
-function Channel:_stream_ended(key, producer)
+-- waiting for it are detached once no producer is left to wait for.  An
+-- end that comes while the consumer's switch away from the stream still
+-- waits for its reply (the producer applied the new list and said so on
+-- its connection to us before the manager answered) is kept with the
+-- version of the list that ended it (ver; nil: the producer is gone, it
+-- ends everything), for the switch to match to its reply's version: an
+-- end of an earlier use of the same key has an older version.  Without
+-- this every params update kept its old stream, a channel and a timer for
+-- sync_timeout (issue 13: 1,000 updates, 1,000 streams kept).
+function Channel:_stream_ended(key, producer, ver)
   local st = self.streams[key]
   if not st then return end
   for _, e in ipairs({ unpack(st.consumers) }) do
     if e.ending then
       e.ending[producer] = nil
       if next(e.ending) == nil then self:_detach(e) end
+    elseif e.leaving then
+      e.early = e.early or {}
+      e.early[producer] = ver or math.huge
     end
   end
 end

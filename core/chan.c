@@ -98,7 +98,7 @@ void lei_chan_set_dests(lei_ctx *c, uint32_t id, const char **addrs, int n) {
 static lei_peer *full_dest(lei_ctx *c, lei_chan *ch) {
     for (int i = 0; i < ch->ndests; i++) {
         lei_peer *p = ch->dests[i];
-        if (lei_peer_live(p) && p->q.bytes >= c->o.queue_limit) return p;
+        if (p->q.bytes >= c->o.queue_limit && lei_peer_live(p)) return p;
     }
     return NULL;
 }

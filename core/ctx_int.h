@@ -152,7 +152,11 @@ static inline lei_qitem *lei_q_pop(lei_queue *q) {
 }
 
 /* Per peer: the last sequence number seen from each (channel, producer) of
- * the peer's current incarnation (open addressing; last == 0: empty). */
+ * the peer's current incarnation (last == 0: empty).  The first producer
+ * seen on a channel has its entry in an array indexed by our channel id
+ * (bych: events round-robin over thousands of channels read it in order,
+ * where a hash's random probes each missed the cache); the others are in
+ * an open-addressing table (seqs). */
 typedef struct lei_seqent {
     uint64_t producer, last;
     uint32_t chid, epoch;
@@ -163,6 +167,8 @@ typedef struct lei_live {
     int fails;                /* ro: dials since the last handshake (backoff) */
     lei_seqent *seqs;         /* owned */
     uint32_t seqcap, seqn, seqhit;
+    lei_seqent *bych;         /* owned: [chid], nbych entries, at most 4 per used + 64 */
+    uint32_t nbych, nbych_used;
     ev_tstamp log_t;          /* gap logging: window start, lines, untold gaps */
     uint32_t log_n;
     uint64_t log_skipped;
@@ -195,6 +201,8 @@ struct lei_peer {
                                * its queue kept, dialled by lei_peers_turn */
     lei_queue q;              /* ro: frames waiting for the socket */
     size_t woff;              /* bytes of q.head already written */
+    lei_msg *spare;           /* owned: an empty batch buffer (BATCH_MAX) kept for the
+                               * next batch, freed with the peer (peers.c peer_free) */
     uint8_t *bound;           /* channels announced (BIND) on this connection */
     size_t nbound;
     ev_tstamp last_fail;      /* when the last connection failed */
@@ -386,6 +394,13 @@ static inline int lei_peer_is_up(const lei_peer *p) {
     return p->conn && (p->conn->state == LEI_CONN_UP || p->conn->state == LEI_CONN_CLOSING);
 }
 
+/* Connected or on its way (a connection not closed, the remote's awaited,
+ * a dial waiting its turn): what is queued for it may still go out.  Inline:
+ * asked per event and destination. */
+static inline int lei_peer_live(const lei_peer *p) {
+    return (p->conn && p->conn->state != LEI_CONN_CLOSED) || p->await_in > 0 || p->dial_pending;
+}
+
 /* The local queue has no room for ch's next event: the queue itself, and
  * for a channel whose handler waits, what waits behind it (other channels'
  * events go on).  One rule for the submit's drop policy and for
@@ -412,7 +427,6 @@ void lei_peers_sweep(lei_ctx *c);
 void lei_peers_free(lei_ctx *c);
 lei_peer *lei_peer_find(lei_ctx *c, const char *addr);
 lei_peer *lei_peer_new(lei_ctx *c, const char *addr);
-int lei_peer_live(lei_peer *p);
 void lei_peer_note(lei_peer *p, int up, const char *reason);
 void lei_tell_notes(lei_ctx *c);
 void lei_peer_lost(lei_peer *p, const char *reason);

@@ -188,11 +188,16 @@ void lei_live_peer_up(lei_peer *p, uint64_t incarnation) {
     if (p->lv.seqs) memset(p->lv.seqs, 0, (size_t)p->lv.seqcap * sizeof *p->lv.seqs);
     p->lv.seqn = 0;
     p->lv.seqhit = 0;
+    if (p->lv.bych) memset(p->lv.bych, 0, (size_t)p->lv.nbych * sizeof *p->lv.bych);
+    p->lv.nbych_used = 0;
 }
 
 void lei_live_free(lei_peer *p) {
     free(p->lv.seqs);
     p->lv.seqs = NULL;
+    free(p->lv.bych);
+    p->lv.bych = NULL;
+    p->lv.nbych = p->lv.nbych_used = 0;
 }
 
 
@@ -201,8 +206,54 @@ static uint32_t seq_hash(uint32_t chid, uint64_t producer) {
     return (uint32_t)(h >> 32);
 }
 
+/* The hash's entry of (chid, producer), or NULL. */
+static lei_seqent *hash_find(const lei_live *lv, uint32_t chid, uint64_t producer) {
+    if (!lv->seqs) return NULL;
+    uint32_t m = lv->seqcap - 1, j = seq_hash(chid, producer) & m;
+    for (; lv->seqs[j].last; j = (j + 1) & m)
+        if (lv->seqs[j].chid == chid && lv->seqs[j].producer == producer) return &lv->seqs[j];
+    return NULL;
+}
+
+/* The array entry of channel chid for producer: its own, or a free one it
+ * now takes (its hash entry's state moved in, if it had one); NULL when
+ * another producer holds it or the array may not cover chid.  The array
+ * grows to cover chid only while it stays within 4 entries per used one
+ * (+ 64): a peer that sends on one channel of a high id does not cost an
+ * entry per id below it. */
+static lei_seqent *array_slot(lei_live *lv, uint32_t chid, uint64_t producer) {
+    if (chid >= lv->nbych) {
+        if ((uint64_t)chid + 1 > 4 * ((uint64_t)lv->nbych_used + 16)) return NULL;
+        uint32_t n = lv->nbych ? lv->nbych : 64;
+        while (n <= chid) n *= 2;
+        lei_seqent *b = realloc(lv->bych, (size_t)n * sizeof *b); /* owned by lv (bych) */
+        if (!b) return NULL;
+        memset(b + lv->nbych, 0, (size_t)(n - lv->nbych) * sizeof *b);
+        lv->bych = b;
+        lv->nbych = n;
+    }
+    lei_seqent *e = &lv->bych[chid];
+    if (e->last) return e->producer == producer ? e : NULL;
+    lei_seqent *h = hash_find(lv, chid, producer);
+    if (h) {
+        *e = *h; /* the stale hash entry is never looked at again: the array comes first */
+    } else {
+        e->chid = chid;
+        e->producer = producer;
+        e->epoch = UINT32_MAX; /* not seen yet in any epoch */
+    }
+    lv->nbych_used++;
+    return e;
+}
+
 /* The entry of (chid, producer), created when missing; NULL without memory. */
 static lei_seqent *seq_slot(lei_live *lv, uint32_t chid, uint64_t producer) {
+    if (chid < lv->nbych) { /* the common case: one load, in channel order */
+        lei_seqent *a = &lv->bych[chid];
+        if (a->last && a->producer == producer) return a;
+    }
+    lei_seqent *a = array_slot(lv, chid, producer);
+    if (a) return a;
     lei_seqent *e = lv->seqs ? &lv->seqs[lv->seqhit] : NULL;
     if (e && e->last && e->chid == chid && e->producer == producer) return e;
     if ((lv->seqn + 1) * 2 > lv->seqcap) {

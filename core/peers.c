@@ -112,6 +112,7 @@ lei_peer *lei_peer_new(lei_ctx *c, const char *addr) {
 
 static void peer_free(lei_ctx *c, lei_peer *p) {
     lei_peer_q_clear(c, p, 0);
+    lei_msg_release(p->spare, NULL, NULL);
     lei_live_free(p);
     free(p->bound);
     free(p);

@@ -55,6 +55,7 @@ function Context:channel(name, opts)
   self.byname[full] = ch
   self.bychid[ch.chid] = ch
   self.disp[ch.chid] = ch.consumers
+  self.dshort[ch.chid] = short
   return ch
 end
 
@@ -62,11 +63,17 @@ end
 -- context takes it.
 function Channel:_plain() return #self.dests > 0 or #self.consumers > 0 end
 
+-- The producers' copies of what a submit reads (lecho.producer's slots).
 function Channel:_hot_update()
   local plain = self:_plain()
+  local mods = self.modlist[1] and self.modlist or false
   for p in pairs(self.producers) do
-    p.mods, p.plain = self.modlist, plain
+    p[p.MODS], p[p.PLAIN] = mods, plain
   end
+  -- Context:_on_event's fast path: a plain channel with one consumer
+  -- (called whenever that list changes: Channel:consumer, Consumer:_unlink)
+  local list = self.consumers
+  self.ctx.dcon[self.chid] = #list == 1 and list[1] or nil
 end
 
 function Channel:_derived_name(key) return self.name .. "@" .. key end

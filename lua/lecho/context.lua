@@ -63,52 +63,72 @@ end
 -- sync event, the list of their errors (or nil): the ack is sent from C.
 -- A modulated stream (`ch.derived`) lists { con, handler, version } entries:
 -- each demodulator gets what its own modulator sent, tagged with its version.
+-- "host:port#id" once per (peer, producer), not once per event: the
+-- concatenation interned a new string for every event.
+local function pname_of(self, peer, producer)
+  local names = self.pnames[peer]
+  if not names then names = {}; self.pnames[peer] = names end
+  local pname = names[producer]
+  if not pname then
+    local from = peer == 0 and self.addr or self:_peer_addr(peer)
+    pname = from .. "#" .. producer
+    names[producer] = pname
+  end
+  return pname
+end
+
+-- Runs one handler; a raise is counted on con and, for a sync event, added
+-- to errs (returned), else logged.
+local function run_handler(self, con, handler, value, meta, sync, errs, short)
+  local ok, err = pcall(handler, value, meta)
+  if not ok then
+    err = tostring(err)
+    con.errors = con.errors + 1
+    if sync > 0 then
+      errs = errs or {}
+      errs[#errs + 1] = { consumer = con.id, err = err }
+    else
+      self.log(("consumer %s on '%s' failed: %s"):format(con.id, short, err))
+    end
+  end
+  return errs
+end
+
 function Context:_on_event(chid, value, peer, producer, seq, sync)
+  -- producer 0, seq 0: a sync marker on a modulated stream (the modulator
+  -- sent nothing for a sync event): acknowledged once all before it ran.
+  if producer == 0 and seq == 0 then return 0, nil end
+  -- A plain channel with one consumer: two dense arrays, not the channel's
+  -- tables (thousands of channels: cache misses are the cost).
+  local con = self.dcon[chid]
+  if con then
+    if con.closed then return 0, nil end
+    local short = self.dshort[chid]
+    local meta = { channel = short, producer = pname_of(self, peer, producer), seq = seq }
+    return 1, run_handler(self, con, con.handler, value, meta, sync, nil, short)
+  end
   -- The consumer list carries its channel's short name and kind, so that an
-  -- event touches a few small tables, not the channel object (many channels:
-  -- cache misses dominate).
+  -- event touches a few small tables, not the channel object.
   local list = self.disp[chid]
   local ch = list
   local nran, errs = 0, nil
-  -- producer 0, seq 0: a sync marker on a modulated stream (the modulator
-  -- sent nothing for a sync event): acknowledged once all before it ran.
-  if list and list[1] and (producer ~= 0 or seq ~= 0) then
-    -- "host:port#id" once per (peer, producer), not once per event: the
-    -- concatenation interned a new string for every event.
-    local names = self.pnames[peer]
-    if not names then names = {}; self.pnames[peer] = names end
-    local pname = names[producer]
-    if not pname then
-      local from = peer == 0 and self.addr or self:_peer_addr(peer)
-      pname = from .. "#" .. producer
-      names[producer] = pname
-    end
-    local meta = { channel = ch.short, producer = pname, seq = seq }
+  if list and list[1] then
+    local meta = { channel = ch.short, producer = pname_of(self, peer, producer), seq = seq }
     local n = #list
     local snap = list
     if n > 1 then snap = { unpack(list, 1, n) } end
     local derived = ch.derived
     for i = 1, n do
-      local con, handler = snap[i], nil
+      local c, handler = snap[i], nil
       if derived then
-        meta.params_version = con.version
-        handler, con = con.handler, con.con
+        meta.params_version = c.version
+        handler, c = c.handler, c.con
       else
-        handler = con.handler
+        handler = c.handler
       end
-      if not con.closed then
+      if not c.closed then
         nran = nran + 1
-        local ok, err = pcall(handler, value, meta)
-        if not ok then
-          err = tostring(err)
-          con.errors = con.errors + 1
-          if sync > 0 then
-            errs = errs or {}
-            errs[#errs + 1] = { consumer = con.id, err = err }
-          else
-            self.log(("consumer %s on '%s' failed: %s"):format(con.id, ch.short, err))
-          end
-        end
+        errs = run_handler(self, c, handler, value, meta, sync, errs, ch.short)
       end
     end
   end

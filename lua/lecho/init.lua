@@ -121,6 +121,10 @@ function M.context(opts)
     c = c, addr = addr,
     byname = {}, bychid = {},
     disp = {},            -- chid -> the list of its consumers (a small table: hot path)
+    -- chid -> the sole consumer of a plain channel, and chid -> its short
+    -- name: dense arrays an event reads instead of its channel's tables
+    -- (thousands of channels: each table touched is a cache miss)
+    dcon = {}, dshort = {},
     peer_addrs = {}, pnames = {},
     pending = {}, rid = 0,
     nextpid = 0, nextcid = 0,

@@ -13,6 +13,15 @@ local code_of = errors.code_of
 local Producer = {}
 Producer.__index = Producer
 
+-- What a submit reads sits in the producer's array part, in these slots: a
+-- small array is allocated with the table's header, so a submit touches two
+-- adjacent cache lines of it, not a hash part's scattered nodes (thousands
+-- of channels round-robin: these misses were the producer's cost).  MODS is
+-- the channel's modulator list when it has any, else false (the core then
+-- reads no per-channel table); POLICY and ENC are false for none.
+local CORE, CHID, PID, SEQ, POLICY, MODS, PLAIN, ENC = 1, 2, 3, 4, 5, 6, 7, 8
+Producer.SEQ, Producer.MODS, Producer.PLAIN = SEQ, MODS, PLAIN
+
 -- An error list (from submit_sync) prints as one line per failing consumer.
 local ErrList = {
   __tostring = function(t)
@@ -39,11 +48,10 @@ function Channel:producer(opts)
   self.nprod = self.nprod + 1
   ctx.nextpid = ctx.nextpid + 1
   -- What submit reads sits in the producer itself (one table per event:
-  -- with thousands of channels, cache misses are the cost).
-  local p = setmetatable({ ch = self, c = ctx.c, enc = ctx.fastenc, chid = self.chid,
-                           id = ctx.nextpid, seq = 0,
-                           policy = opts.policy, mods = self.modlist,
-                           plain = self:_plain() }, Producer)
+  -- with thousands of channels, cache misses are the cost): the slots above.
+  local p = setmetatable({ ctx.c, self.chid, ctx.nextpid, 0, opts.policy or false,
+                           self.modlist[1] and self.modlist or false, self:_plain(),
+                           ctx.fastenc or false, ch = self, id = ctx.nextpid }, Producer)
   self.producers[p] = true
   return p
 end
@@ -51,10 +59,11 @@ end
 -- One try: the core answers "wouldblock" when a queue has no room (and
 -- then did nothing).  Returns again, r, err, code.
 local function try_submit(self, ev, sync, bytes)
-  local r, err, code = self.c:submit(self.chid, self.id, self.seq + 1, bytes or ev, sync,
-                                     self.policy, self.mods, self.plain, bytes ~= nil)
+  local seq = self[SEQ] + 1
+  local r, err, code = self[CORE]:submit(self[CHID], self[PID], seq, bytes or ev, sync,
+                                         self[POLICY] or nil, self[MODS], self[PLAIN], bytes ~= nil)
   if r then
-    self.seq = self.seq + 1
+    self[SEQ] = seq
     return false, r
   end
   return code == "wouldblock", r, err, code or code_of(err)
@@ -63,14 +72,14 @@ end
 -- The waiting part of submit_core: behind the submits of this producer
 -- already waiting, until there is room.
 local function submit_wait(self, ev, sync, bytes)
-  local c = self.c
+  local c = self[CORE]
   local q = self.waitq or {}
   self.waitq = q
   local me = {}
   q[#q + 1] = me
   local ctx = self.ch.ctx
   local function ready()
-    return self.closed or q[1] == me and c:room(self.chid, self.mods, self.plain)
+    return self.closed or q[1] == me and c:room(self[CHID], self[MODS], self[PLAIN])
   end
   while true do
     ctx:_wait(ready)
@@ -87,7 +96,7 @@ end
 -- order the submits of this producer were called.  No closure is made unless
 -- it waits (a submit is the hot path).
 local function submit_core(self, ev, sync)
-  local enc = self.enc
+  local enc = self[ENC]
   local bytes = enc and enc(ev)
   local q = self.waitq
   if not q or not q[1] then
@@ -131,7 +140,7 @@ function Producer:submit_sync(ev, opts)
   -- modulator running or failed here): no handler can run, and "true"
   -- would say that all of them ran.
   local ch0 = self.ch
-  if not self.plain and not self.mods[1] and next(ch0.failed) == nil then
+  if not self[PLAIN] and not self[MODS] and next(ch0.failed) == nil then
     return nil, "no consumer of " .. ch0.short, "noconsumer"
   end
   local ids, err, code = submit_core(self, ev, true)

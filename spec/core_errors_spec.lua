@@ -9,6 +9,7 @@
 
 local core = require "lecho.core"
 local socket = require "socket"
+local S = require "spec.support"
 
 describe("core errors carry a code", function()
   local c
@@ -17,6 +18,7 @@ describe("core errors carry a code", function()
     c:hooks({ log = function() end })
   end)
   after_each(function() c:close() end)
+  teardown(function() S.cleanup() end)
 
   it("listen: a bad address is invalid, a taken port io", function()
     local ok, err, code = c:listen("not-an-address")
@@ -50,11 +52,7 @@ describe("core errors carry a code", function()
 
   it("send_ctrl: an unreachable peer is closed", function()
     assert(c:listen("127.0.0.1:0"))
-    -- A port nobody listens on: bound, then closed.
-    local s = assert(socket.bind("127.0.0.1", 0))
-    local _, port = s:getsockname()
-    s:close()
-    local addr = "127.0.0.1:" .. port
+    local addr = S.refusing_addr() -- a port nobody listens on
     local deadline = socket.gettime() + 5
     local ok, err, code
     repeat

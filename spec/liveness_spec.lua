@@ -224,11 +224,7 @@ describe("liveness", function()
 
   it("redials an unreachable peer with exponential backoff, capped at retry_max", function()
     ctx = lecho.context{ heartbeat = HB, retry_interval = 0.1, retry_max = 0.4, log = mklog() }
-    -- a port nobody listens on
-    local s = assert(socket.bind("127.0.0.1", 0))
-    local _, port = s:getsockname()
-    s:close()
-    local addr = "127.0.0.1:" .. port
+    local addr = S.refusing_addr() -- a port nobody listens on
     local t0, attempts = ctx:now(), 0
     while ctx:now() - t0 < 2 do
       ctx:_send_ctrl(addr, { op = "ping" })

@@ -3,7 +3,6 @@
 -- lecho.errors as its third value.
 local lecho = require "lecho"
 local errors = require "lecho.errors"
-local socket = require "socket"
 local S = require "spec.support"
 
 local function raises(msg, fn, ...)
@@ -101,10 +100,7 @@ describe("error codes", function()
   end)
 
   it("come with control requests: a name server that refuses the connection", function()
-    local s = assert(socket.bind("127.0.0.1", 0))
-    local _, port = s:getsockname()
-    s:close()
-    ctx = lecho.context{ quiet = true, nameserver = "127.0.0.1:" .. port, timeout = 2, retry_max = 0.2 }
+    ctx = lecho.context{ quiet = true, nameserver = S.refusing_addr(), timeout = 2, retry_max = 0.2 }
     local r, err, code = ctx:channel("d"):producer()
     assert.is_nil(r)
     assert.matches("unreachable", err)

@@ -106,8 +106,26 @@ function M.nameserver(extra)
   return child, addr
 end
 
+-- Sockets held by M.refusing_addr until M.cleanup.
+local held = {}
+
+--- "127.0.0.1:PORT" where nobody listens, and kept so: a socket bound there
+-- without listen (a connection is refused) until M.cleanup.  Bound, then
+-- closed, the port could be given to another socket meanwhile (spec files
+-- run beside, or this process's own context listening on port 0: a context
+-- that dialled itself).
+function M.refusing_addr()
+  local s = assert(require("socket").tcp())
+  assert(s:bind("127.0.0.1", 0))
+  local _, port = s:getsockname()
+  held[#held + 1] = s
+  return "127.0.0.1:" .. port, tonumber(port)
+end
+
 --- Kills every child still running and removes the temporary files.
 function M.cleanup()
+  for _, s in ipairs(held) do s:close() end
+  held = {}
   if group then group:kill_all("KILL") end
   group = nil
   if tmpdir then

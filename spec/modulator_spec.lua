@@ -435,13 +435,16 @@ end)
 
 -- A backlogged consumer switches modulators: every old event still queued
 -- reaches the old demodulator (the producer ends the old stream in band),
--- however long the backlog takes to drain.
+-- however long the backlog takes to drain: here ~3 s of work against a
+-- sync_timeout of 1 s (issue 13: the old stream was cut sync_timeout after
+-- the switch, and what was still queued of it reached no demodulator; with
+-- the default 10 s that took a busy host).
 local SLOW_SWITCHER = [[
 local cjson = require "cjson"
 local lecho = require "lecho"
 local ffi = require "ffi"
 local a = cjson.decode(arg[1])
-local ctx = lecho.context{ nameserver = a.ns, quiet = true }
+local ctx = lecho.context{ nameserver = a.ns, quiet = true, sync_timeout = 1 }
 local n1, n2, mixed, switching = 0, 0, 0, false
 local function busy(s) local t = os.clock() + s while os.clock() < t do end end
 local con

@@ -132,15 +132,15 @@ function Consumer:_switch(spec, handler)
     if old_entry then old_entry.early = nil end
     -- Not applied (the manager is unreachable, say): the old modulator stays
     -- this consumer's, its stream untouched.  The new entry is kept for a
-    -- while in case some producer did switch before the failure was known.
+    -- while in case some producer did switch before the failure was known:
+    -- until its stream stayed quiet for sync_timeout (_end_watch).
     local new_entry = self.entry
     self.mod, self.handler, self.entry = old, old_handler, old_entry
     ch.subs_sig = nil
     self.old_entries = self.old_entries or {}
     self.old_entries[#self.old_entries + 1] = new_entry
-    ch.ctx:after(ch.ctx.sync_timeout, function()
-      if self.entry ~= new_entry then ch:_detach(new_entry) end
-    end)
+    local nst = ch.streams[spec.key]
+    if nst then ch:_end_watch(new_entry, spec.key, nst.chid) else ch:_detach(new_entry) end
     -- The request may have reached the manager before it failed: say again
     -- what this consumer takes (now if a manager is known, else at rejoin).
     if not ch.ctx.closed then ch:_update_subs(true) end
@@ -149,9 +149,10 @@ function Consumer:_switch(spec, handler)
   if old_entry then
     -- What the old modulator sent and is still on its way goes to the old
     -- demodulator, until every producer said (in band, after its last event
-    -- of that stream) that it sends no more; or sync_timeout passed (a
-    -- producer that died or never answered).  Unless another consumer of
-    -- this context still uses that modulator: then it stops at once.
+    -- of that stream) that it sends no more, or its connection was lost; or
+    -- the stream stayed quiet for sync_timeout (a producer that never
+    -- answered: _end_watch).  Unless another consumer of this context still
+    -- uses that modulator: then it stops at once.
     local st = old and ch.streams[old.key]
     local ending = {}
     for _, a in ipairs(type(r) == "table" and r.producers or {}) do ending[a] = true end
@@ -162,7 +163,7 @@ function Consumer:_switch(spec, handler)
       if v >= rver then ending[a] = nil end
     end
     old_entry.early = nil
-    if (st and #st.consumers > 1) or next(ending) == nil then
+    if not st or #st.consumers > 1 or next(ending) == nil then
       ch:_detach(old_entry)
     else
       old_entry.ending = ending
@@ -171,7 +172,7 @@ function Consumer:_switch(spec, handler)
         if not e.detached then keep[#keep + 1] = e end
       end
       self.old_entries = keep
-      ch.ctx:after(ch.ctx.sync_timeout, function() ch:_detach(old_entry) end)
+      ch:_end_watch(old_entry, old.key, st.chid)
     end
   end
   local perr = reply_errors(r, spec.key)

@@ -414,6 +414,43 @@ function Channel:_detach(e)
   end
 end
 
+-- Bounds the wait for the in-band ends of stream `key` (channel chid) that
+-- old entry `e` still takes after a switch: it is detached once no event
+-- came on that stream for sync_timeout, however long the backlog before the
+-- ends takes to drain (issue 13: a fixed sync_timeout from the switch cut a
+-- slow consumer's backlog; the events after it went to no demodulator and
+-- were counted nowhere).  A producer whose connection is lost ends its
+-- streams at once (peer loss); this only bounds one that is connected but
+-- never ends the stream.  Said in the log: events of it that still come
+-- are not delivered.  The timer is the context's; it stops with `e`.
+function Channel:_end_watch(e, key, chid)
+  local ctx = self.ctx
+  local function count()
+    local ein, _, eloc = ctx.c:chan_stats(chid)
+    return (ein or 0) + (eloc or 0)
+  end
+  local seen = count()
+  local function check()
+    if e.detached or ctx.closed or e.con.entry == e then return end
+    local n = count()
+    if n ~= seen then
+      seen = n
+      ctx:after(ctx.sync_timeout, check)
+      return
+    end
+    local left = {}
+    for a in pairs(e.ending or {}) do left[#left + 1] = tostring(a) end
+    table.sort(left)
+    if #left > 0 then
+      ctx.log(("consumer on '%s': no end of the stream of modulator %s from %s after %g s"
+               .. " without an event of it: what still comes of it is not delivered")
+              :format(self.short, key:sub(1, 8), table.concat(left, ", "), ctx.sync_timeout))
+    end
+    self:_detach(e)
+  end
+  ctx:after(ctx.sync_timeout, check)
+end
+
 -- A producer will send nothing more of stream `key` here: old entries
 -- waiting for it are detached once no producer is left to wait for.  An
 -- end that comes while the consumer's switch away from the stream still

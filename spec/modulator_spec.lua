@@ -503,3 +503,52 @@ describe("replacing the modulator of a backlogged consumer", function()
     ctx:close()
   end)
 end)
+
+-- A producer that stays connected but never ends the old stream (here one
+-- whose in-band end is switched off): the old demodulator is let go once its
+-- stream brought no event for sync_timeout, and the log says so.
+local SILENT_PRODUCER = [[
+local cjson = require "cjson"
+local lecho = require "lecho"
+require "lecho.modulator"
+local Channel = require "lecho.channel"
+Channel._end_streams = function(self) self.sub_dests = {} end   -- never ends a stream
+local a = cjson.decode(arg[1])
+local ctx = lecho.context{ nameserver = a.ns, quiet = true }
+local p = assert(ctx:channel("stuck"):producer())
+local i = 0
+ctx:every(0.05, function() i = i + 1 p:submit({ i = i }) end)
+io.stdout:write("ready\n") io.stdout:flush()
+ctx:after(30, function() ctx:stop() end)
+ctx:run()
+]]
+
+describe("a producer that never ends the old stream", function()
+  after_each(function() S.cleanup() end)
+
+  it("costs the old demodulator once that stream is quiet for sync_timeout, logged", function()
+    local _, ns = S.nameserver("--quiet")
+    local logs = {}
+    local c = lecho.context{ nameserver = ns, sync_timeout = 0.5,
+                             log = function(m) logs[#logs + 1] = m end }
+    local pr = S.lua(SILENT_PRODUCER, cjson.encode{ ns = ns })
+    assert(S.run_until(c, function() return S.output(pr):match("ready") end, 20))
+    local n1, n2 = 0, 0
+    local ch = c:channel("stuck")
+    local con = assert(ch:consumer(function() n1 = n1 + 1 end,
+      { modulator = "function enqueue(ev) ev.m = 1 return ev end" }))
+    assert(S.run_until(c, function() return n1 > 0 end, 20))
+    local old = con.mod.key
+    assert(con:set_modulator("function enqueue(ev) ev.m = 2 return ev end", nil,
+                             function() n2 = n2 + 1 end))
+    assert.is_truthy(ch.streams[old])          -- waiting for the end that never comes
+    local function logged()
+      for _, m in ipairs(logs) do
+        if m:match("no end of the stream of modulator") then return true end
+      end
+    end
+    assert(S.run_until(c, function() return logged() and n2 > 0 end, 20))
+    assert.is_nil(ch.streams[old])
+    c:close()
+  end)
+end)

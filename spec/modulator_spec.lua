@@ -552,3 +552,27 @@ describe("a producer that never ends the old stream", function()
     c:close()
   end)
 end)
+
+describe("a switch that fails", function()
+  after_each(function() S.cleanup() end)
+
+  it("keeps the old modulator and lets the new stream go once it is quiet for sync_timeout", function()
+    local nsp, ns = S.nameserver("--quiet")
+    local c = lecho.context{ nameserver = ns, quiet = true, timeout = 1, sync_timeout = 0.3 }
+    local ch = c:channel("unswitched")
+    local con = assert(ch:consumer(function() end,
+      { modulator = "function enqueue(ev) ev.m = 1 return ev end" }))
+    local old = con.mod.key
+    S.kill(nsp, "STOP")                        -- the manager does not answer
+    local ok = con:set_modulator("function enqueue(ev) ev.m = 2 return ev end", nil, function() end)
+    assert.is_nil(ok)
+    assert.are.equal(old, con.mod.key)
+    local new
+    for k in pairs(ch.streams) do if k ~= old then new = k end end
+    assert.is_truthy(new)                      -- kept: a producer may have switched
+    assert(S.run_until(c, function() return ch.streams[new] == nil end, 10))
+    assert.is_truthy(ch.streams[old])
+    S.kill(nsp, "CONT")
+    c:close()
+  end)
+end)

@@ -445,7 +445,7 @@ local lecho = require "lecho"
 local ffi = require "ffi"
 local a = cjson.decode(arg[1])
 local ctx = lecho.context{ nameserver = a.ns, quiet = true, sync_timeout = 1 }
-local n1, n2, mixed, switching = 0, 0, 0, false
+local n1, n2, mixed, switching, switched, slept = 0, 0, 0, false, false, false
 local function busy(s) local t = os.clock() + s while os.clock() < t do end end
 local con
 local function demod2(ev)
@@ -462,10 +462,14 @@ local function demod1(ev)
   if ev.m ~= 1 then mixed = mixed + 1 end
   n1 = n1 + 1
   busy(0.015)                      -- a slow viewer: the backlog takes seconds
+  -- a.wait: once, after the switch, the old demodulator waits that long
+  -- (what comes next from the producer is held back meanwhile)
+  if a.wait and switched and not slept then slept = true ctx:sleep(a.wait) end
   if not switching then
     switching = true
     ctx:after(0, function()
       assert(con:set_modulator("function enqueue(ev) ev.m = 2 return ev end", nil, demod2))
+      switched = true
       io.stderr:write("switched\n")
     end)
   end
@@ -480,12 +484,12 @@ ctx:run()
 describe("replacing the modulator of a backlogged consumer", function()
   after_each(function() S.cleanup() end)
 
-  it("delivers every old event to the old demodulator, however long the backlog", function()
+  local function backlog(wait)
     -- the manager is another process: its answers do not queue behind the events
     local _, ns = S.nameserver("--quiet")
     local ctx = lecho.context{ nameserver = ns, quiet = true }
     local p = assert(ctx:channel("slow"):producer())
-    local v = S.lua(SLOW_SWITCHER, cjson.encode{ ns = ns })
+    local v = S.lua(SLOW_SWITCHER, cjson.encode{ ns = ns, wait = wait })
     assert(S.run_until(ctx, function() return S.output(v):match("ready") end, 20))
     -- ~3 s of work for the viewer; 8 KB each, so that one read does not
     -- take them all in before the viewer sees the manager's answer
@@ -501,6 +505,14 @@ describe("replacing the modulator of a backlogged consumer", function()
     assert.are.equal(200, r.n1)
     assert.are.equal(50, r.n2)
     ctx:close()
+  end
+
+  it("delivers every old event to the old demodulator, however long the backlog", function()
+    backlog()
+  end)
+
+  it("delivers them too when the old demodulator waits longer than sync_timeout", function()
+    backlog(2.5)
   end)
 end)
 

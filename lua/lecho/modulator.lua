@@ -421,7 +421,8 @@ end
 -- slow consumer's backlog; the events after it went to no demodulator and
 -- were counted nowhere).  A producer whose connection is lost ends its
 -- streams at once (peer loss); this only bounds one that is connected but
--- never ends the stream.  Said in the log: events of it that still come
+-- never ends the stream (not while one of our handlers waits, holding back
+-- what comes next from its peer).  Said in the log: events of it that still come
 -- are not delivered.  The timer is the context's; it stops with `e`.
 function Channel:_end_watch(e, key, chid)
   local ctx = self.ctx
@@ -433,7 +434,9 @@ function Channel:_end_watch(e, key, chid)
   local function check()
     if e.detached or ctx.closed or e.con.entry == e then return end
     local n = count()
-    if n ~= seen then
+    -- a handler that waits holds back what comes next from its peer: not
+    -- quiet, only waiting (ctx.held: the dispatches that wait)
+    if n ~= seen or next(ctx.held) ~= nil then
       seen = n
       ctx:after(ctx.sync_timeout, check)
       return

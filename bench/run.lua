@@ -123,14 +123,7 @@ local report_con = assert(ctx:channel("report"):consumer(function(ev)
 end))
 local MYPID = common.getpid()
 
-local function run_until(pred, bound)
-  local deadline = clock() + bound
-  while not pred() do
-    if clock() > deadline then return false end
-    ctx:run_once(0.02)
-  end
-  return true
-end
+local function run_until(pred, bound) return common.run_until(ctx, pred, bound) end
 
 --- Starts workers (list of option tables with id and subs) and waits until
 -- every one said ready (bound s).  sequential: one at a time, in list order,
@@ -277,15 +270,7 @@ local function async_run(ps, v, warm, n, bound, nsinks)
   }
 end
 
-local function json_line(out)
-  local last
-  for line in out:gmatch("[^\n]+") do
-    if line:match("^%s*{") then last = line end
-  end
-  if not last then return nil end
-  local ok, v = pcall(cjson.decode, last)
-  return ok and v or nil
-end
+local json_line = common.json_line
 
 --- Runs a C program (baseline or lecho_c) bounded by `timeout`; its one
 -- JSON line, or nil and the output.

@@ -272,13 +272,15 @@ end
 
 local json_line = common.json_line
 
---- Runs a C program (baseline or lecho_c) bounded by `timeout`; its one
--- JSON line, or nil and the output.
+--- Runs a C program (baseline or lecho_c) bounded by `timeout`, in the
+-- background while this context's loop is served (blocked in io.popen for
+-- a baseline's run at a busy host's pace, it answered no heartbeat and the
+-- workers dropped it as dead: "write: Broken pipe", then "no consumer");
+-- its one JSON line, or { error = the output }.
 local function run_c(bin, args)
-  local cmd = ("timeout -k 5 90 %s/%s %s 2>&1"):format(BENCH, bin, args)
-  local f = io.popen(cmd)
-  local out = f:read("*a")
-  f:close()
+  local child = spawn(("timeout -k 5 90 %s/%s %s"):format(BENCH, bin, args), "c")
+  if not proc.wait(child, 100, function(dt) ctx:run_once(dt) end) then proc.kill(child, "KILL") end
+  local out = (proc.output(child) or "") .. (proc.errors(child, 4000) or "")
   local v = json_line(out)
   if not v then
     io.stderr:write(("bench: %s %s failed: %s\n"):format(bin, args, out))

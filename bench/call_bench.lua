@@ -94,14 +94,7 @@ local function start_server(o)
   return child
 end
 
-local function json_line(out)
-  local last
-  for line in out:gmatch("[^\n]+") do
-    if line:match("^%s*{") then last = line end
-  end
-  local ok, v = pcall(cjson.decode, last or "")
-  return ok and type(v) == "table" and v or nil
-end
+local json_line = common.json_line
 
 -- A baseline program, in the background while this context's loop is
 -- served: blocked in io.popen for the 10 s of a long baseline run, it

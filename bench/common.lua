@@ -189,6 +189,28 @@ function M.wide(lo, hi)
   return lo and hi and lo > 0 and hi / lo > M.TRUST.spread or false
 end
 
+--- The last line of out that is a JSON object, decoded (a C program's
+-- result line), or nil.
+function M.json_line(out)
+  local last
+  for line in out:gmatch("[^\n]+") do
+    if line:match("^%s*{") then last = line end
+  end
+  local ok, v = pcall(require("cjson").decode, last or "")
+  return ok and type(v) == "table" and v or nil
+end
+
+--- Serves ctx's loop until pred() is true (true) or bound seconds passed
+-- (false).
+function M.run_until(ctx, pred, bound)
+  local deadline = M.clock() + bound
+  while not pred() do
+    if M.clock() > deadline then return false end
+    ctx:run_once(0.02)
+  end
+  return true
+end
+
 --- The payloads of the suite, by name.  Encoded sizes come from
 -- lecho.encode at run time (the baselines are run with those sizes).
 function M.payload(name)

@@ -60,14 +60,7 @@ local report_con = assert(ctx:channel("report"):consumer(function(ev)
   if ev.ready then ready[ev.id] = ev else reports[#reports + 1] = ev end
 end))
 
-local function run_until(pred, bound)
-  local deadline = clock() + bound
-  while not pred() do
-    if clock() > deadline then return false end
-    ctx:run_once(0.02)
-  end
-  return true
-end
+local function run_until(pred, bound) return common.run_until(ctx, pred, bound) end
 
 local function start_worker(o)
   o.ns, o.parent, o.bound = ctx.addr, MYPID, 600
@@ -79,14 +72,7 @@ local function start_worker(o)
   return child
 end
 
-local function json_line(out)
-  local last
-  for line in out:gmatch("[^\n]+") do
-    if line:match("^%s*{") then last = line end
-  end
-  local ok, v = pcall(cjson.decode, last or "")
-  return ok and type(v) == "table" and v or nil
-end
+local json_line = common.json_line
 
 -- A baseline run in the background while this context's loop is served.
 -- With the CPU time of both its processes (/usr/bin/time: user + system of

@@ -123,14 +123,7 @@ local report_con = assert(ctx:channel("report"):consumer(function(ev)
 end))
 local MYPID = common.getpid()
 
-local function run_until(pred, bound)
-  local deadline = clock() + bound
-  while not pred() do
-    if clock() > deadline then return false end
-    ctx:run_once(0.02)
-  end
-  return true
-end
+local function run_until(pred, bound) return common.run_until(ctx, pred, bound) end
 
 --- Starts workers (list of option tables with id and subs) and waits until
 -- every one said ready (bound s).  sequential: one at a time, in list order,
@@ -277,23 +270,17 @@ local function async_run(ps, v, warm, n, bound, nsinks)
   }
 end
 
-local function json_line(out)
-  local last
-  for line in out:gmatch("[^\n]+") do
-    if line:match("^%s*{") then last = line end
-  end
-  if not last then return nil end
-  local ok, v = pcall(cjson.decode, last)
-  return ok and v or nil
-end
+local json_line = common.json_line
 
---- Runs a C program (baseline or lecho_c) bounded by `timeout`; its one
--- JSON line, or nil and the output.
+--- Runs a C program (baseline or lecho_c) bounded by `timeout`, in the
+-- background while this context's loop is served (blocked in io.popen for
+-- a baseline's run at a busy host's pace, it answered no heartbeat and the
+-- workers dropped it as dead: "write: Broken pipe", then "no consumer");
+-- its one JSON line, or { error = the output }.
 local function run_c(bin, args)
-  local cmd = ("timeout -k 5 90 %s/%s %s 2>&1"):format(BENCH, bin, args)
-  local f = io.popen(cmd)
-  local out = f:read("*a")
-  f:close()
+  local child = spawn(("timeout -k 5 90 %s/%s %s"):format(BENCH, bin, args), "c")
+  if not proc.wait(child, 100, function(dt) ctx:run_once(dt) end) then proc.kill(child, "KILL") end
+  local out = (proc.output(child) or "") .. (proc.errors(child, 4000) or "")
   local v = json_line(out)
   if not v then
     io.stderr:write(("bench: %s %s failed: %s\n"):format(bin, args, out))

@@ -10,7 +10,6 @@
 #include "ctx_int.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,7 +69,7 @@ void lei_conn_write_now(lei_conn *k, const uint8_t *b, size_t n) {
         return;
     }
     while (n) {
-        ssize_t w = send(k->fd, b, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t w = send(k->fd, b, n, MSG_NOSIGNAL);
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) return;
         b += w;
@@ -562,33 +561,32 @@ static int conn_input(lei_conn *k) {
 }
 
 /* Reads ciphertext (records on): 0 when something came, -1 otherwise
- * (EAGAIN, or k closed).  flags: recv's (MSG_DONTWAIT but in a fast wait). */
-static ssize_t read_records(lei_conn *k, int flags) {
+ * (EAGAIN, or k closed). */
+static ssize_t read_records(lei_conn *k) {
     uint8_t *at;
     size_t room;
     if (lei_sec_in_room(k->sec, &at, &room)) {
         lei_conn_close(k, "out of memory for the read buffer", 0);
         return -1;
     }
-    ssize_t n = recv(k->fd, at, room, flags);
+    ssize_t n = read(k->fd, at, room);
     if (n > 0) k->sec->clen += (size_t)n;
     return n;
 }
 
-/* One read of k and what it completes.  flags: recv's, MSG_DONTWAIT from
- * the loop (the socket may be in blocking mode: lei_conn_fast_wait, which
- * passes 0).  Returns 1 when bytes came (or k was closed), 0 when nothing
- * did (EAGAIN: the fast wait's time passed). */
-static int conn_read(lei_conn *k, int flags) {
+static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
+    (void)loop;
+    (void)revents;
+    lei_conn *k = w->data;
     lei_ctx *c = k->ctx;
     if (k->peer && k->peer->held && k->state >= LEI_CONN_UP) {
         ev_io_stop(c->loop, &k->rio); /* lei_resume starts it again */
-        return 1;
+        return;
     }
     /* What a suspended dispatch left in the buffers goes first. */
     if (k->rpos < k->rlen || (k->sec && k->sec->rec_in && lei_sec_in_pending(k->sec))) {
-        if (conn_input(k)) return 1;
-        if (k->peer && k->peer->held) return 1;
+        if (conn_input(k)) return;
+        if (k->peer && k->peer->held) return;
     }
     /* Compact, then make room: a frame larger than the buffer grows it as
      * its bytes come (lei_rbuf_grow), never past its size. */
@@ -599,8 +597,8 @@ static int conn_read(lei_conn *k, int flags) {
     }
     ssize_t n;
     if (k->sec && k->sec->rec_in) {
-        n = read_records(k, flags);
-        if (k->state == LEI_CONN_CLOSED) return 1;
+        n = read_records(k);
+        if (k->state == LEI_CONN_CLOSED) return;
     } else {
         size_t fsize = 0, big_end = frame_end(k, &fsize); /* a large frame: read to its end */
         if (big_end && fsize <= LEI_RBUF_MIN) big_end = 0;
@@ -610,95 +608,30 @@ static int conn_read(lei_conn *k, int flags) {
         if (big_end && big_end < need) need = big_end;
         if (k->rcap - k->rlen < want && need > k->rcap &&
             lei_rbuf_grow(k, need, big_end, big_end ? fsize : want))
-            return 1;
+            return;
         /* Reading past the end of a large frame would put the next frame's
          * first bytes behind it, to be moved to the front afterwards: a copy of
          * up to a whole frame.  Stop at its end instead. */
         size_t room = k->rcap - k->rlen;
         if (big_end > k->rlen && big_end - k->rlen < room) room = big_end - k->rlen;
-        n = recv(k->fd, k->rb + k->rlen, room, flags);
+        n = read(k->fd, k->rb + k->rlen, room);
         if (n > 0) k->rlen += (size_t)n;
         k->rfull = n > 0 && (size_t)n == room;
     }
     if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+        if (errno == EAGAIN || errno == EINTR) return;
         char why[128];
         snprintf(why, sizeof why, "read: %s", strerror(errno));
         lei_conn_close(k, why, 0);
-        return 1;
+        return;
     }
     if (n == 0) {
         lei_conn_close(k, "connection closed by peer", 0);
-        return 1;
+        return;
     }
-    if (!(flags & MSG_DONTWAIT)) ev_now_update(c->loop); /* a fast wait: no turn did */
-    k->last_in = ev_now(c->loop);
+    k->last_in = ev_now(loop);
     if (k->peer && k->state >= LEI_CONN_UP) k->peer->st.bytes_in += (uint64_t)n;
     conn_input(k);
-    return 1;
-}
-
-static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
-    (void)loop;
-    (void)revents;
-    conn_read(w->data, MSG_DONTWAIT);
-}
-
-/* ---- the main line's fast wait ----------------------------------------- */
-
-/* A main-line wait (submit_sync, a call) for the ACK of one peer costs the
- * loop's poll then a read: two system calls where a blocking read is one,
- * on the round trip's critical path (issue 13).  lei_conn_fast_wait reads
- * that peer's connection blocking instead, bounded: at most FAST_WAIT_US
- * per read (SO_RCVTIMEO), and a full loop turn (every connection, timer,
- * the turn's hooks) at least every FAST_WINDOW seconds, so what else comes
- * waits that long at most.  A connection it used stays in blocking mode:
- * every other read and write on it passes MSG_DONTWAIT. */
-#define FAST_WAIT_US 1000
-#define FAST_WINDOW 0.002
-
-/* The connection the context's only pending sync record still waits on,
- * when a blocking read of it can stand for a loop turn: nothing else due
- * in the loop or on that connection (buffered bytes, a queue to write, a
- * held dispatch), a plain connection.  NULL otherwise. */
-static lei_conn *fast_conn(lei_ctx *c) {
-    if (c->nsyncs != 1 || c->closing || c->unflushed || c->lq.head || c->nnotes ||
-        c->ndial_pending || c->peers_over || ev_pending_count(c->loop))
-        return NULL;
-    lei_sync *s = c->syncs;
-    if (s->nwait != 1) return NULL;
-    lei_peer *p = NULL;
-    for (int i = 0; i < s->nw; i++)
-        if (!s->w[i].done) p = s->w[i].peer;
-    if (!p || !p->conn || p->held || p->q.head) return NULL;
-    lei_conn *k = p->conn;
-    if (k->state != LEI_CONN_UP || k->sec || k->busy || k->skip || k->rpos != k->rlen) return NULL;
-    return k;
-}
-
-void lei_conn_turned(lei_ctx *c) { c->turn_at = ev_time(); }
-
-int lei_conn_fast_wait(lei_ctx *c, double timeout) {
-    if (timeout < FAST_WAIT_US * 1e-6 || ev_time() - c->turn_at > FAST_WINDOW) return 0;
-    lei_conn *k = fast_conn(c);
-    if (!k) return 0;
-    if (!k->fast) {
-        /* once per connection: blocking, reads bounded by FAST_WAIT_US */
-        struct timeval tv = {0, FAST_WAIT_US};
-        int fl = fcntl(k->fd, F_GETFL);
-        k->fast = fl >= 0 && setsockopt(k->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0 &&
-                          fcntl(k->fd, F_SETFL, fl & ~O_NONBLOCK) == 0
-                      ? 1
-                      : -1;
-    }
-    if (k->fast < 0) return 0;
-    if (!conn_read(k, 0)) return 0;
-    /* what the frames' hooks deferred to the end of a turn (check_cb) */
-    if (c->unflushed) {
-        c->unflushed = 0;
-        lei_flush(c);
-    }
-    return 1;
 }
 
 static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents) {

@@ -216,7 +216,6 @@ static void prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents) {
     (void)loop;
     (void)revents;
     lei_ctx *c = w->data;
-    lei_conn_turned(c);
     if (c->nnotes) lei_tell_notes(c);
     if (c->h.prepare) c->h.prepare(c->h.ud);
     lei_peers_turn(c);

@@ -307,11 +307,6 @@ int lei_sync_done_take(lei_ctx *c, const uint64_t **ids);
 void lei_flush(lei_ctx *c);
 /* Runs the local delivery queue until it is empty. */
 void lei_drain_local(lei_ctx *c);
-/* The main line waits (at most timeout seconds) for what a sync record
- * waits on: 1 when a bounded blocking read of the one connection its only
- * pending wait is on stood for a loop turn (bytes came and were handled),
- * 0 when the caller must run the loop turn instead (conn.c). */
-int lei_conn_fast_wait(lei_ctx *c, double timeout);
 /* Closes a peer's connection, dropping its queue, with a logged reason. */
 void lei_peer_close(lei_peer *p, const char *reason);
 /* The suspended dispatch from `from` finished (NULL: a local one of

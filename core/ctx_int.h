@@ -267,7 +267,6 @@ struct lei_ctx {
     ev_prepare prep;          /* writes batched queues once per loop turn */
     ev_check chk;             /* after a turn's callbacks: writes what they deferred */
     int unflushed;            /* a callback deferred a sync write (lei_defer_flush) */
-    ev_tstamp turn_at;        /* the last full loop turn (prepare_cb): lei_conn_fast_wait */
     ev_idle idle;             /* runs the local delivery queue */
     ev_timer hb;              /* liveness: PINGs and dead peers, all connections */
     lei_peer **peers;         /* owned: the peers, dense (p->pos), any order */
@@ -385,7 +384,6 @@ struct lei_conn {
     ev_tstamp born, last_in, last_out, last_ping; /* liveness: created, last read, write, PING */
     lei_sec *sec;       /* owned: a keyed connection's crypto, or NULL (protected) */
     int fin_pending;    /* our FIN goes out once the pending records are written */
-    int fast;           /* 1: in blocking mode for lei_conn_fast_wait; -1: could not be */
 };
 
 /* The handshake is done and the connection still carries the peer's
@@ -449,9 +447,6 @@ void lei_conn_close(lei_conn *k, const char *reason, int bad);
 void lei_conn_retire(lei_conn *k, const char *reason);
 void lei_conn_fin(lei_conn *k);
 void lei_conn_free(lei_conn *k);
-/* A full loop turn is starting (prepare_cb): fast waits may stand for the
- * next ones for a while (conn.c). */
-void lei_conn_turned(lei_ctx *c);
 /* Writes bytes straight to the socket (handshake, parting ERROR): sealed
  * as a record once records are on. */
 void lei_conn_write_now(lei_conn *k, const uint8_t *b, size_t n);

@@ -48,15 +48,6 @@ static void wake_cb(struct ev_loop *loop, ev_timer *w, int revents) {
  * seconds (nil: until something happens, 0: not at all). */
 static int l_run_once(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
-    /* The main line waiting for one peer's ACK, nothing else due here (no
-     * coroutine to resume, no modulator): a bounded blocking read of that
-     * connection may stand for this turn (conn.c, lei_conn_fast_wait). */
-    if (!b->want_turn && !b->moes && (lua_isnoneornil(L, 2) || lua_tonumber(L, 2) > 0) &&
-        lei_ctx_depth(b->c) == 0 &&
-        lei_conn_fast_wait(b->c, lua_isnoneornil(L, 2) ? HUGE_VAL : check_time(L, 2))) {
-        lb_close_if_pending(b, L);
-        return 0;
-    }
     if (lua_isnoneornil(L, 2)) {
         ev_run(lei_ctx_loop(b->c), EVRUN_ONCE);
     } else {

@@ -428,14 +428,12 @@ void lei_peer_flush(lei_peer *p) {
         struct iovec iov[IOVN];
         int n = queue_iov(p, iov);
         /* sendmsg rather than writev: MSG_NOSIGNAL turns a write to a peer
-         * that went away into EPIPE instead of killing the process;
-         * MSG_DONTWAIT: the socket may be in blocking mode (conn.c: fast
-         * wait). */
+         * that went away into EPIPE instead of killing the process. */
         struct msghdr mh;
         memset(&mh, 0, sizeof mh);
         mh.msg_iov = iov;
         mh.msg_iovlen = (size_t)n;
-        ssize_t w = sendmsg(k->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t w = sendmsg(k->fd, &mh, MSG_NOSIGNAL);
         if (w < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {

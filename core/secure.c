@@ -106,8 +106,7 @@ uint8_t *lei_sec_scratch(lei_sec *s) {
 int lei_sec_write(lei_sec *s, int fd, size_t *wrote) {
     *wrote = 0;
     while (s->woff < s->wlen) {
-        /* MSG_DONTWAIT: the socket may be in blocking mode (conn.c: fast wait) */
-        ssize_t w = send(fd, s->wrec + s->woff, s->wlen - s->woff, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t w = send(fd, s->wrec + s->woff, s->wlen - s->woff, MSG_NOSIGNAL);
         if (w < 0 && errno == EINTR) continue;
         if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
         if (w <= 0) return -1;

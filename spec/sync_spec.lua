@@ -2,6 +2,7 @@
 -- message, turns a dead consumer into an error within its timeout, and
 -- keeps the loop serving other channels while it waits.
 local S = require "spec.support"
+local lecho = require "lecho"
 
 describe("a sync submit across processes", function()
   local ns, ctx
@@ -70,4 +71,31 @@ describe("a sync submit across processes", function()
     assert.is_true(p:submit_sync("x", { timeout = 5 }))
     assert.is_true(got > before + 5)
   end)
+end)
+
+-- Found by the outside attack of issue 13: a handler that yielded with
+-- coroutine.yield itself was left suspended; the next event was resumed into
+-- its yield and vanished (a sync one acknowledged true, never run).
+describe("a handler that yields with coroutine.yield itself", function()
+  for _, waits in ipairs{ false, true } do
+    it(("is resumed at once: no event lost, sync true only when it ran%s"):format(
+         waits and " (after a lecho wait in the same handler)" or ""), function()
+      local ctx = lecho.context{ quiet = true, listen = "127.0.0.1:0" }
+      local ch = ctx:channel("y")
+      local got = {}
+      assert(ch:consumer(function(ev)
+        if ev == "yield" or ev == 2 then
+          if waits then ctx:sleep(0.01) end
+          coroutine.yield()
+        end
+        got[#got + 1] = ev
+      end))
+      local p = assert(ch:producer())
+      for i = 1, 8 do assert(p:submit(i)) end
+      assert.is_true(p:submit_sync("yield", { timeout = 5 }))
+      assert.is_true(p:submit_sync("important", { timeout = 5 }))
+      assert.are.same({ 1, 2, 3, 4, 5, 6, 7, 8, "yield", "important" }, got)
+      ctx:close()
+    end)
+  end
 end)

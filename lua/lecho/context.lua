@@ -165,8 +165,22 @@ function Context:_spawn(fn, ...)
 end
 
 -- Resumes one of the context's coroutines; true when it waits again.
+-- A handler or callback that yields with coroutine.yield itself (not
+-- through a lecho wait) is resumed at once, its yield returning nothing:
+-- left suspended, the event it was running would never finish (a sync one
+-- acknowledged as if it had) and the next event would be resumed into it.
+local function bare_yield(self, co, r)
+  if r == WAIT or r == DONE or r == FREE or coroutine.status(co) == "dead" then return false end
+  if not self.warned_yield then
+    self.warned_yield = true
+    self.log("a handler yielded with coroutine.yield outside a lecho wait: resumed at once (said once)")
+  end
+  return true
+end
+
 function Context:_resume(co, ...)
   local ok, r = coroutine.resume(co, ...)
+  while ok and bare_yield(self, co, r) do ok, r = coroutine.resume(co) end
   if not ok then
     self.log("error in callback: " .. traceback(co, tostring(r)))
     return false
@@ -181,11 +195,7 @@ function Context:_resume(co, ...)
     return false
   end
   if coroutine.status(co) == "dead" or r == DONE then return false end
-  if r ~= WAIT then
-    self.log("error in callback: it yielded outside a lecho wait; it will not be resumed")
-    return false
-  end
-  return true
+  return true -- WAIT (bare_yield resumed any other yield)
 end
 
 -- One timer wakes the loop for every wait's deadline, armed at the
@@ -436,6 +446,7 @@ function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes)
     coroutine.resume(co, self)
   end
   local ok, r, nran, errs = coroutine.resume(co, chid, value, peer, producer, seq, sync, gen)
+  while ok and bare_yield(self, co, r) do ok, r, nran, errs = coroutine.resume(co) end
   if not ok then
     self.log("error dispatching an event: " .. traceback(co, tostring(r)))
     return false

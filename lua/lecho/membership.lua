@@ -298,6 +298,7 @@ local function wait_for(self, c, from, msg, r, io)
     return answer(self, io, c, w)
   end
   c.waits[#c.waits + 1] = w
+  self.due[c] = true      -- the tick looks at it until answered
 end
 
 -- The subscriptions a join or subscribe carries, checked (shape, and keys
@@ -394,6 +395,7 @@ function ops.join(self, from, msg, io)
     if settle > 0 then
       c.pwaits = c.pwaits or {}
       c.pwaits[#c.pwaits + 1] = { from = from, rid = msg.rid, hold = io.now + settle }
+      self.due[c] = true
       return
     end
     return answer_producer(self, io, c, from, msg.rid, p)

@@ -626,3 +626,24 @@ describe("lecho.registry tick cost", function()
     assert.are.equal(0, reg.tick_visits - v0)                -- nothing waits: nothing visited
   end)
 end)
+
+describe("lecho.registry forget cost", function()
+  it("checks only the channels that may be due for forgetting, not every channel", function()
+    local reg, w = new("nameserver", { forget_after = 10 }), wire()
+    for i = 1, 500 do
+      req(reg, w, P1, { op = "lookup", ch = "c" .. i }, 0)
+      req(reg, w, P1, { op = "join", ch = "c" .. i, role = "producer" }, 0)
+    end
+    req(reg, w, P2, { op = "lookup", ch = "junk" }, 0)                 -- never joined
+    req(reg, w, P1, { op = "leave", ch = "c7", role = "producer" }, 5)  -- unused from 5
+    w.take()
+    for t = 0, 10.5, 0.5 do reg:tick(w.send, t) end
+    assert.is_nil(reg:snapshot().channels.junk)                         -- unused for 10 s: forgotten
+    assert.is_truthy(reg:snapshot().channels.c7)                        -- not yet
+    local v0 = reg.forget_visits
+    for t = 11, 40, 0.5 do reg:tick(w.send, t) end
+    assert.is_nil(reg:snapshot().channels.c7)                           -- forgotten at 15
+    assert.is_truthy(reg:snapshot().channels.c8)
+    assert.are.equal(1, reg.forget_visits - v0)                         -- c7 alone, not 500 channels a second
+  end)
+end)

@@ -39,7 +39,10 @@ local function maybe_drop(self, c, now)
     self.channels[c.name] = nil
     self.nchannels = self.nchannels - 1
     if self.role == "nameserver" then
-      if self.used[c.name] then self.used[c.name] = now end
+      if self.used[c.name] then
+        self.used[c.name] = now
+        naming.forget_later(self, c.name, now)
+      end
     elseif self.nameserver then
       self.idle[c.name] = now
     end

@@ -208,6 +208,8 @@ function M.new(opts)
     orphans = {},                         -- name server: ch -> when its manager died
     lwaits = {},                          -- name server: lookups held while recovering
     used = {}, forget_at = -math.huge,    -- name server: ch -> last time it was in use
+    fheap = {}, fqueued = {},             -- name server: channels to check for forgetting (lecho.naming)
+    forget_visits = 0,                    -- name server: channels those checks visited (introspection)
     idle_remote = {},                     -- name server: ch -> its manager said unused
     nameserver = opts.nameserver,         -- manager: its name server's addr (release)
     idle = {},                            -- manager: ch -> since when it has no record

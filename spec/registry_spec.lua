@@ -600,3 +600,50 @@ describe("lecho.registry under random traffic", function()
     assert.is_true(n > 1000)
   end)
 end)
+
+-- Issue 13: a name server with many channels must not pay for them on every
+-- tick (0.1 s): the tick visits the channels with a pending join only.
+-- (Counted by the registry itself, reg.tick_visits: no timing.)
+describe("lecho.registry tick cost", function()
+  it("visits only the channels with a pending join, not every channel", function()
+    local reg, w = new("nameserver", { ack_timeout = 2.0 }), wire()
+    for i = 1, 500 do
+      req(reg, w, P1, { op = "lookup", ch = "c" .. i }, 0)
+      req(reg, w, P1, { op = "join", ch = "c" .. i, role = "producer" }, 0)
+    end
+    w.take()
+    local id = req(reg, w, C1, { op = "join", ch = "c7", role = "consumer" }, 1)  -- waits for P1
+    w.take(P1)
+    assert.are.same({}, w.take(C1))
+    local v0 = reg.tick_visits
+    for k = 1, 10 do reg:tick(w.send, 1 + k * 0.1) end     -- 10 ticks, the join still waiting
+    assert.are.equal(10, reg.tick_visits - v0)               -- c7 each time, not 500 channels
+    reg:tick(w.send, 3.5)                                    -- its deadline: answered late
+    local r = reply_to(w, C1)
+    assert.are.same({ id, true, { P1 } }, { r.rid, r.ok, r.late })
+    v0 = reg.tick_visits
+    for k = 1, 10 do reg:tick(w.send, 4 + k * 0.1) end
+    assert.are.equal(0, reg.tick_visits - v0)                -- nothing waits: nothing visited
+  end)
+end)
+
+describe("lecho.registry forget cost", function()
+  it("checks only the channels that may be due for forgetting, not every channel", function()
+    local reg, w = new("nameserver", { forget_after = 10 }), wire()
+    for i = 1, 500 do
+      req(reg, w, P1, { op = "lookup", ch = "c" .. i }, 0)
+      req(reg, w, P1, { op = "join", ch = "c" .. i, role = "producer" }, 0)
+    end
+    req(reg, w, P2, { op = "lookup", ch = "junk" }, 0)                 -- never joined
+    req(reg, w, P1, { op = "leave", ch = "c7", role = "producer" }, 5)  -- unused from 5
+    w.take()
+    for t = 0, 10.5, 0.5 do reg:tick(w.send, t) end
+    assert.is_nil(reg:snapshot().channels.junk)                         -- unused for 10 s: forgotten
+    assert.is_truthy(reg:snapshot().channels.c7)                        -- not yet
+    local v0 = reg.forget_visits
+    for t = 11, 40, 0.5 do reg:tick(w.send, t) end
+    assert.is_nil(reg:snapshot().channels.c7)                           -- forgotten at 15
+    assert.is_truthy(reg:snapshot().channels.c8)
+    assert.are.equal(1, reg.forget_visits - v0)                         -- c7 alone, not 500 channels a second
+  end)
+end)

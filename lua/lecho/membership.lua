@@ -39,7 +39,10 @@ local function maybe_drop(self, c, now)
     self.channels[c.name] = nil
     self.nchannels = self.nchannels - 1
     if self.role == "nameserver" then
-      if self.used[c.name] then self.used[c.name] = now end
+      if self.used[c.name] then
+        self.used[c.name] = now
+        naming.forget_later(self, c.name, now)
+      end
     elseif self.nameserver then
       self.idle[c.name] = now
     end
@@ -298,6 +301,7 @@ local function wait_for(self, c, from, msg, r, io)
     return answer(self, io, c, w)
   end
   c.waits[#c.waits + 1] = w
+  self.due[c] = true      -- the tick looks at it until answered
 end
 
 -- The subscriptions a join or subscribe carries, checked (shape, and keys
@@ -394,6 +398,7 @@ function ops.join(self, from, msg, io)
     if settle > 0 then
       c.pwaits = c.pwaits or {}
       c.pwaits[#c.pwaits + 1] = { from = from, rid = msg.rid, hold = io.now + settle }
+      self.due[c] = true
       return
     end
     return answer_producer(self, io, c, from, msg.rid, p)

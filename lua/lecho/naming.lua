@@ -125,6 +125,55 @@ local function unhold(self, w)
   self.lheld[w.who] = n > 0 and n or nil
 end
 
+-- Name server: the channels that may become forgettable, in a binary heap
+-- by the time `at` they were last seen in use (self.fheap; self.fqueued:
+-- ch -> its entry, one per channel).  Queued when an entry is made (lookup,
+-- join), when its record is dropped (membership.maybe_drop) and when its
+-- manager releases it; a channel in use when its turn comes leaves the heap
+-- until it is dropped again.  So the once-a-second check touches only what
+-- is due, however many channels there are.
+local function hup(h, i)
+  local e = h[i]
+  while i > 1 do
+    local p = math.floor(i / 2)
+    if h[p].at <= e.at then break end
+    h[i] = h[p]
+    i = p
+  end
+  h[i] = e
+end
+
+local function hpop(h)
+  local top, last = h[1], h[#h]
+  h[#h] = nil
+  local n = #h
+  if n > 0 then
+    local i = 1
+    while true do
+      local l, r, m = 2 * i, 2 * i + 1, i
+      local ml = last
+      if l <= n and h[l].at < ml.at then m, ml = l, h[l] end
+      if r <= n and h[r].at < ml.at then m = r end
+      if m == i then break end
+      h[i] = h[m]
+      i = m
+    end
+    h[i] = last
+  end
+  return top
+end
+
+-- Queue `ch` to be checked once forget_after has passed since `at` (no-op
+-- when it is queued already: its check looks at self.used then).
+local function forget_later(self, ch, at)
+  if self.fqueued[ch] then return end
+  local e = { ch = ch, at = at }
+  self.fqueued[ch] = e
+  local h = self.fheap
+  h[#h + 1] = e
+  hup(h, #h)
+end
+
 -- Name server: may this context manage `ch`? Claims unassigned channels.
 -- Returns true, or nil, err, owner.
 local function claim(self, ch, op)
@@ -136,6 +185,7 @@ local function claim(self, ch, op)
     end
     self.assign[ch] = self.addr
     self.nassigned = self.nassigned + 1
+    forget_later(self, ch, -math.huge)   -- its first check stamps it (used)
   elseif owner ~= self.addr then
     return nil, ("%s: channel '%s' is managed by %s"):format(op, ch, owner), owner
   end
@@ -160,20 +210,36 @@ end
 -- Name server, from the tick: forgets the channels that had no producer,
 -- no consumer and no lookup for `forget_after` seconds (a misspelled name
 -- does not stay listed): those it manages itself, and those whose manager
--- said so (op release).  Checked once a second.
+-- said so (op release).  Checked once a second, over the due part of the
+-- heap only.
 local function forget_unused(self, now)
   if now < self.forget_at then return end
   self.forget_at = now + 1
-  local used, limit = self.used, self.forget_after
-  for ch, owner in pairs(self.assign) do
-    if owner ~= self.addr then
-      if self.idle_remote[ch] and now - (used[ch] or -math.huge) >= limit then
-        unassign(self, ch, ("unused at %s for %gs"):format(owner, limit))
+  local used, limit, h = self.used, self.forget_after, self.fheap
+  while h[1] and now - h[1].at >= limit do
+    local ch = hpop(h).ch
+    self.fqueued[ch] = nil
+    self.forget_visits = self.forget_visits + 1
+    local owner = self.assign[ch]
+    if owner == nil then
+      -- (forgotten already, or its manager died)
+    elseif owner ~= self.addr then
+      if self.idle_remote[ch] then   -- else: queued again by its next release
+        if now - (used[ch] or -math.huge) >= limit then
+          unassign(self, ch, ("unused at %s for %gs"):format(owner, limit))
+        else
+          forget_later(self, ch, used[ch])
+        end
       end
-    elseif self.channels[ch] or not used[ch] then
+    elseif self.channels[ch] then
+      used[ch] = now   -- in use: queued again when its record is dropped
+    elseif not used[ch] then
       used[ch] = now
+      forget_later(self, ch, now)
     elseif now - used[ch] >= limit then
       unassign(self, ch, ("no producer and no consumer for %gs"):format(limit))
+    else
+      forget_later(self, ch, used[ch])
     end
   end
 end
@@ -274,6 +340,7 @@ function ops.lookup(self, from, msg, io)
     self.assign[ch] = owner
     self.nassigned = self.nassigned + 1
     self.used[ch] = io.now
+    forget_later(self, ch, io.now)
     self.log("info", ("channel '%s' assigned to %s"):format(ch, owner))
   end
   reply(self, io, from, msg.rid, { manager = owner, manager_key = key_of(self, owner),
@@ -324,9 +391,11 @@ function ops.release(self, from, msg, io)
     unassign(self, ch, ("unused at %s for %gs"):format(from, self.forget_after))
   else
     self.idle_remote[ch] = true
+    forget_later(self, ch, self.used[ch])
   end
 end
 
+M.forget_later = forget_later
 M.check_ch, M.claim, M.forget_unused, M.release_unused, M.uncharge, M.unhold, M.ops =
   check_ch, claim, forget_unused, release_unused, uncharge, unhold, ops
 M.principal, M.allowed, M.may_see, M.key_of = principal, allowed, may_see, key_of

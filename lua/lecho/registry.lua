@@ -201,11 +201,15 @@ function M.new(opts)
     seq = 0,                              -- source of channel versions
     mid = 0,                              -- source of members message ids
     outq = {}, flushing = false,
+    due = {},                             -- channel records with pending joins (waits, pwaits) -> true
+    tick_visits = 0,                      -- channel records the ticks have visited (introspection)
     recover_until = -math.huge,           -- name server: recovering until then
     recover_at_start = opts.recovering == true, -- the window opens at the first call
     orphans = {},                         -- name server: ch -> when its manager died
     lwaits = {},                          -- name server: lookups held while recovering
     used = {}, forget_at = -math.huge,    -- name server: ch -> last time it was in use
+    fheap = {}, fqueued = {},             -- name server: channels to check for forgetting (lecho.naming)
+    forget_visits = 0,                    -- name server: channels those checks visited (introspection)
     idle_remote = {},                     -- name server: ch -> its manager said unused
     nameserver = opts.nameserver,         -- manager: its name server's addr (release)
     idle = {},                            -- manager: ch -> since when it has no record
@@ -333,7 +337,13 @@ function Registry:tick(send, now)
         ops.lookup(self, w.from, w.msg, io)
       end
     end
-    for _, c in pairs(self.channels) do
+    -- Only the channels with a pending join (self.due), not every channel:
+    -- a tick costs what is waiting, however many channels there are.
+    local due = {}
+    for c in pairs(self.due) do due[#due + 1] = c end
+    for _, c in ipairs(due) do
+      self.tick_visits = self.tick_visits + 1
+      if self.channels[c.name] ~= c then c.pwaits = nil end   -- dropped: nothing to answer
       if c.pwaits then
         local keep = {}
         for _, w in ipairs(c.pwaits) do
@@ -347,7 +357,8 @@ function Registry:tick(send, now)
         end
         c.pwaits = keep[1] and keep or nil
       end
-      if #c.waits > 0 then check_waits(self, c, io) end
+      if #c.waits > 0 and self.channels[c.name] == c then check_waits(self, c, io) end
+      if not c.pwaits and (#c.waits == 0 or self.channels[c.name] ~= c) then self.due[c] = nil end
     end
   end)
   flush(self)

@@ -8,6 +8,7 @@
 --   { group = "g", channels = { "a", "b" } }        -- or
 --   { group = "g", prefix = "c_", n = 4096 }          -- channels c_1 .. c_4096
 --   relay_to = "next"   (optional: forward every event to that channel)
+--   buffer = true       (optional: the consumers' `buffer` option)
 -- Every channel of a group shares one counter.  Events are counted with the
 -- receive time of the first one and of the "end" control that follows the
 -- last (CLOCK_MONOTONIC; one connection, in order: no clock per event).  Control
@@ -105,7 +106,7 @@ for _, sub in ipairs(opts.subs or {}) do
     for i = 1, sub.n do names[i] = sub.prefix .. i end
   end
   for _, name in ipairs(names) do
-    keep[#keep + 1] = assert(ctx:channel(name):consumer(handler))
+    keep[#keep + 1] = assert(ctx:channel(name):consumer(handler, { buffer = sub.buffer or nil }))
   end
 end
 

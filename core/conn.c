@@ -53,6 +53,7 @@ void lei_conn_free(lei_conn *k) {
             *pp = k->next;
             break;
         }
+    free(k->rb); /* kept by lei_conn_close while busy */
     free(k);
 }
 
@@ -109,8 +110,12 @@ void lei_conn_close(lei_conn *k, const char *reason, int bad) {
     k->fd = -1;
     c->nconns--;
     c->rbuf -= k->rcap;
-    free(k->rb);
-    k->rb = NULL;
+    /* A frame below us (busy) may still be read: a handler's zero-copy
+     * buffer points into it (lua_hook.c).  lei_conn_free frees it then. */
+    if (!k->busy) {
+        free(k->rb);
+        k->rb = NULL;
+    }
     k->rcap = k->rlen = k->rpos = 0;
     lei_inmap_free(k);
     lei_sec_free(k->sec);

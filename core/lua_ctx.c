@@ -254,9 +254,10 @@ static void set_ref(lua_State *L, int t, const char *k, int *ref) {
 
 /* ctx:hooks{ ... }: the Lua functions the loop calls (lua_hook.c), each
  * optional; a key left out keeps what was set before.
- *   event = fn(chid, value, peer_idx, producer, seq, sync, gen, bytes) -> held: true
- *           when a handler waits (ctx:resume ends the hold); peer_idx 0 is
- *           a local event
+ *   event = fn(chid, value, peer_idx, producer, seq, sync, gen, bytes, vlen)
+ *           -> held: true when a handler waits (ctx:resume ends the hold);
+ *           peer_idx 0 is a local event; vlen not nil: value is a view
+ *           (ctx:views), a lightuserdata to vlen bytes valid during the call
  *   ctrl = fn(from_addr, msg)          peer = fn(idx, addr, up, reason)
  *   log = fn(message)                  moe_error = fn(moe_id, why)
  *   turn = fn(), before each loop turn's writes while ctx:want_turn(true) */
@@ -269,6 +270,14 @@ static int l_hooks(lua_State *L) {
     set_ref(L, 2, "log", &b->ref_log);
     set_ref(L, 2, "moe_error", &b->ref_moe_error);
     set_ref(L, 2, "turn", &b->ref_turn);
+    return 0;
+}
+
+/* ctx:views(on): string values of LB_VIEW_MIN bytes or more reach the
+ * event hook as (lightuserdata, length) instead of a string (lua_hook.c). */
+static int l_views(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    b->views = lua_toboolean(L, 2);
     return 0;
 }
 
@@ -425,7 +434,7 @@ static int l_ratelog(lua_State *L) {
 static const luaL_Reg ctx_methods[] = {
     {"ratelog", l_ratelog},
     {"listen", l_listen},         {"addr", l_addr},
-    {"hooks", l_hooks},           {"stats", l_stats},
+    {"hooks", l_hooks},           {"stats", l_stats},           {"views", l_views},
     {"peer_addr", l_peer_addr},   {"close_peer", l_close_peer},
     {"close", l_close},           {"depth", l_depth},
     {"shutdown", l_shutdown},     {"pending", l_pending},

@@ -77,6 +77,24 @@ typedef struct hook_args {
     char err[256];
 } hook_args;
 
+/* An event whose value is one string of at least LB_VIEW_MIN bytes, in a
+ * context where a consumer takes string values as buffers (ctx:views):
+ * the string's first byte, where the payload holds it; else NULL (decoded
+ * as usual).  The Lua side gets (pointer, length) instead of a string and
+ * makes the consumers' buffers point at it (context.lua): the bytes stay
+ * where they were read until the dispatch returns or waits (the read
+ * buffer is neither moved nor freed below a busy connection; a local
+ * event's message is held by local_deliver), and the Lua side copies them
+ * before it returns WAIT or runs the loop nested. */
+static const uint8_t *view_of(const hook_args *a) {
+    if (!a->b->views || a->n < LB_VIEW_MIN) return NULL;
+    lei_reader r;
+    lei_item it;
+    lei_reader_init(&r, a->p, a->n, &a->b->lim);
+    if (lei_read_item(&r, &it) || it.tag != LEI_T_STRING || lei_reader_finish(&r)) return NULL;
+    return it.str;
+}
+
 /* Decodes the payload and calls the hook's Lua function, all inside one
  * lua_pcall: running out of memory while decoding (a value that decodes to
  * many times its size) costs that connection, never the process. */
@@ -90,7 +108,13 @@ static int hook_call(lua_State *L) {
     else
         lua_pushstring(L, lei_peer_addr(a->from));
     a->bad = 1; /* until the value is there */
-    if (lei_decode_lua(L, a->p, a->n, &a->b->lim, a->err, sizeof a->err)) return 0;
+    size_t vlen = 0;
+    const uint8_t *view = a->is_event ? view_of(a) : NULL;
+    if (view) {
+        lua_pushlightuserdata(L, (void *)view);
+        vlen = a->n - (size_t)(view - a->p);
+    } else if (lei_decode_lua(L, a->p, a->n, &a->b->lim, a->err, sizeof a->err))
+        return 0;
     a->bad = 0;
     if (!a->is_event) {
         lua_call(L, 2, 0);
@@ -103,12 +127,16 @@ static int hook_call(lua_State *L) {
     /* the connection's generation: a waiting handler's ack goes to it only */
     lua_pushnumber(L, (lua_Number)lei_peer_gen(a->from));
     lua_pushnumber(L, (lua_Number)a->n); /* the value's encoded bytes */
+    if (view)
+        lua_pushnumber(L, (lua_Number)vlen);
+    else
+        lua_pushnil(L);
     /* -> held, nran, errors.  A sync event dispatched to its end is
      * acknowledged here, with what the dispatch returned: no call back
      * into C from Lua for it.  One whose handler waits is acknowledged by
      * the dispatch when it ends (ctx:ack); nran not a number: no ack (the
      * dispatch failed, or its context closed). */
-    lua_call(L, 8, 3);
+    lua_call(L, 9, 3);
     a->held = lua_toboolean(L, -3);
     lb_ctx *b = a->b;
     if (a->sync && !a->held && lua_isnumber(L, -2) && b->c && !b->close_pending)

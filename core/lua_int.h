@@ -36,10 +36,15 @@ typedef struct lb_ctx {
     lei_codec_limits lim;
     size_t pin_threshold;
     int stopping;
+    int views;             /* ctx:views(true): long string values go to Lua as (pointer, length) */
     lb_timer *timers;      /* live timers, stopped when the context closes */
     lb_moe *moes;          /* live modulators, freed when the context closes */
     lei_moe_group *moeg;   /* owned: what they share (made by the first), freed after them */
 } lb_ctx;
+
+/* The shortest string value handed to Lua as a view (lua_hook.c view_of):
+ * below it a copy costs less than the buffer object that saves it. */
+#define LB_VIEW_MIN ((size_t)64 * 1024)
 
 /* A modulator userdata: owns its lei_moe until close, gc or context close. */
 struct lb_moe {

@@ -13,7 +13,10 @@ Consumer.__index = Consumer
 --- Creates a consumer; handler(ev, meta) with meta = { channel, producer, seq }.
 -- Returns once every producing context knows of it: it receives every event
 -- submitted after this call returns.  opts.modulator (Lua source), params,
--- period, capabilities, on_error: see doc/modulators.md.
+-- period, capabilities, on_error: see doc/modulators.md.  opts.buffer: a
+-- string value reaches the handler as a string.buffer, emptied when the
+-- handler returns (a long one points at the bytes where they were read:
+-- no copy; context.lua run_buffered).
 function Channel:consumer(handler, opts)
   if type(handler) ~= "function" then error("lecho: consumer needs a handler function", 2) end
   local ctx = self.ctx
@@ -28,7 +31,9 @@ function Channel:consumer(handler, opts)
   local con = setmetatable({
     ch = self, handler = handler, id = ("%s/c%d"):format(ctx.addr, ctx.nextcid),
     errors = 0, mod_errors = 0, opts = opts, mod = spec, on_error = opts.on_error, chids = {},
+    buffer = opts.buffer or nil,
   }, Consumer)
+  if opts.buffer then ctx.c:views(true) end
   self.all[#self.all + 1] = con
   if spec then
     local err, code

@@ -5,6 +5,8 @@
 -- plane's methods are in lecho.control, channels in lecho.channel.
 
 local options = require "lecho.options"
+local ffi = require "ffi"
+local sbuf = require "string.buffer"
 
 local Context = {}
 Context.__index = Context
@@ -94,7 +96,55 @@ local function run_handler(self, con, handler, value, meta, sync, errs, short)
   return errs
 end
 
-function Context:_on_event(chid, value, peer, producer, seq, sync)
+-- Buffers (a consumer's `buffer` option).  A string value of 64 KiB or
+-- more comes from C as a view: a pointer to its bytes where they were read,
+-- and its length (lua_hook.c view_of; only once ctx.c:views(true)).  rv =
+-- { p = pointer, n = length, s = the string once made, bufs = buffers that
+-- point at p }: a `buffer` consumer gets a string.buffer pointing at the
+-- bytes (no copy), any other one the string (made once per event).  The
+-- bytes are valid while the dispatch runs on the loop's stack only: before
+-- the dispatch waits (WAIT) or the loop runs inside it (run_once, a main
+-- line wait), keep_views copies them once and the buffers point at the
+-- copy.  Each buffer is emptied when its handler returns.
+local function keep_view(rv)
+  if not rv.p then return end
+  rv.s = ffi.string(rv.p, rv.n)
+  rv.p = nil
+  for _, b in ipairs(rv.bufs) do b:set(b:tostring()) end
+end
+
+local function keep_views(self)
+  local live = self.views
+  for i = 1, #live do keep_view(live[i]) end
+end
+
+-- A handler of an event that is a view, or of a `buffer` consumer.
+local function run_buffered(self, con, handler, value, meta, sync, errs, short, rv)
+  local b
+  if con.buffer and (rv or type(value) == "string") then
+    b = sbuf.new()
+    if not rv then
+      b:set(value)
+    elseif rv.p then
+      b:set(rv.p, rv.n)
+      rv.bufs[#rv.bufs + 1] = b
+    else
+      b:set(rv.s)
+    end
+    value = b
+  elseif rv then
+    value = rv.s
+    if not value then
+      value = ffi.string(rv.p, rv.n)
+      rv.s = value
+    end
+  end
+  errs = run_handler(self, con, handler, value, meta, sync, errs, short)
+  if b then b:free() end
+  return errs
+end
+
+function Context:_on_event(chid, value, peer, producer, seq, sync, rv)
   -- producer 0, seq 0: a sync marker on a modulated stream (the modulator
   -- sent nothing for a sync event): acknowledged once all before it ran.
   if producer == 0 and seq == 0 then return 0, nil end
@@ -105,6 +155,9 @@ function Context:_on_event(chid, value, peer, producer, seq, sync)
     if con.closed then return 0, nil end
     local short = self.dshort[chid]
     local meta = { channel = short, producer = pname_of(self, peer, producer), seq = seq }
+    if rv or con.buffer then
+      return 1, run_buffered(self, con, con.handler, value, meta, sync, nil, short, rv)
+    end
     return 1, run_handler(self, con, con.handler, value, meta, sync, nil, short)
   end
   -- The consumer list carries its channel's short name and kind, so that an
@@ -128,7 +181,11 @@ function Context:_on_event(chid, value, peer, producer, seq, sync)
       end
       if not c.closed then
         nran = nran + 1
-        errs = run_handler(self, c, handler, value, meta, sync, errs, ch.short)
+        if rv or c.buffer then
+          errs = run_buffered(self, c, handler, value, meta, sync, errs, ch.short, rv)
+        else
+          errs = run_handler(self, c, handler, value, meta, sync, errs, ch.short)
+        end
       end
     end
   end
@@ -235,6 +292,7 @@ local function main_wait(self, done, a, b, deadline)
     if done(a, b) then r = true break end
     local left = deadline and deadline - now(self)
     if left and left <= 0 then r = false break end
+    if self.views[1] then keep_views(self) end
     self.c:run_once(left)
   end
   self.main_waits = self.main_waits - 1
@@ -409,9 +467,9 @@ end
 -- peer (or the local queue) until the dispatch ends (ctx:resume).
 local function dispatcher(self)
   local co = coroutine.running()
-  local chid, value, peer, producer, seq, sync, gen = coroutine.yield(DONE)
+  local chid, value, peer, producer, seq, sync, gen, rv = coroutine.yield(DONE)
   while true do
-    local nran, errs = self:_on_event(chid, value, peer, producer, seq, sync)
+    local nran, errs = self:_on_event(chid, value, peer, producer, seq, sync, rv)
     local held = self.held[co]
     if held then
       -- The dispatch waited: its event hook returned long ago, so the ack
@@ -425,15 +483,43 @@ local function dispatcher(self)
       end
       nran, errs = nil, nil
     end
-    chid, value, peer, producer, seq, sync, gen = coroutine.yield(DONE, nran, errs)
+    chid, value, peer, producer, seq, sync, gen, rv = coroutine.yield(DONE, nran, errs)
   end
 end
 
-function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes)
+local charp = ffi.typeof("const char *")
+
+function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, vlen)
+  local rv
+  if vlen then
+    -- a view (see keep_view): valid until this returns
+    rv = { p = ffi.cast(charp, value), n = vlen, bufs = {} }
+    value = nil
+  end
   -- a call channel served here (lecho.service): the call runs in a
   -- coroutine of its own and is answered by ctx:ack; no ack from C
   local svc = self.svc_chans
-  if svc and svc[chid] then return self:_serve(svc[chid], value, peer, sync, gen, nbytes) end
+  if svc and svc[chid] then
+    if rv then value = ffi.string(rv.p, rv.n) end
+    return self:_serve(svc[chid], value, peer, sync, gen, nbytes)
+  end
+  if rv then
+    local live = self.views
+    live[#live + 1] = rv
+    local held, nran, errs = self:_dispatch_value(chid, value, peer, producer, seq, sync, gen, rv)
+    if held then
+      keep_view(rv) -- a handler waits: what it and the ones after it read is a copy
+    else
+      rv.p = nil -- every handler returned: their buffers are empty (run_buffered)
+      for _, b in ipairs(rv.bufs) do b:free() end
+    end
+    live[#live] = nil
+    return held, nran, errs
+  end
+  return self:_dispatch_value(chid, value, peer, producer, seq, sync, gen)
+end
+
+function Context:_dispatch_value(chid, value, peer, producer, seq, sync, gen, rv)
   -- self.dco is the dispatch coroutine, suspended, or nil: taken out while
   -- it runs (an event dispatched from inside a handler gets another one),
   -- put back when it yielded DONE (no coroutine.status per event)
@@ -445,7 +531,7 @@ function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes)
     self.cos[co] = true
     coroutine.resume(co, self)
   end
-  local ok, r, nran, errs = coroutine.resume(co, chid, value, peer, producer, seq, sync, gen)
+  local ok, r, nran, errs = coroutine.resume(co, chid, value, peer, producer, seq, sync, gen, rv)
   while ok and bare_yield(self, co, r) do ok, r, nran, errs = coroutine.resume(co) end
   if not ok then
     self.log("error dispatching an event: " .. traceback(co, tostring(r)))
@@ -504,12 +590,17 @@ function Context:on_readable(fd, fn)
   end)
 end
 
-function Context:run() return self.c:run() end
+-- (A dispatch's view is copied before the loop runs inside it.)
+function Context:run()
+  if self.views[1] then keep_views(self) end
+  return self.c:run()
+end
 
 --- One loop turn, waiting at most timeout seconds (nil: until something
 -- happens; 0: not at all).
 function Context:run_once(timeout)
   if timeout ~= nil then options.check_time(timeout, "ctx:run_once", "timeout", 2) end
+  if self.views[1] then keep_views(self) end
   return self.c:run_once(timeout)
 end
 

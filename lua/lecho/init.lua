@@ -129,7 +129,7 @@ function M.context(opts)
     pending = {}, rid = 0,
     nextpid = 0, nextcid = 0,
     selfq = {}, draining = false,
-    waiters = {}, cos = setmetatable({}, { __mode = "k" }), held = {},
+    waiters = {}, cos = setmetatable({}, { __mode = "k" }), held = {}, views = {},
     linger = opts.linger or D.linger,
     moes = {}, nextmoe = 0, moe_failed = {},
     -- the compiled encoder for submits (nil without string.buffer): same
@@ -201,8 +201,8 @@ function M.context(opts)
     self.tick = c:timer(0.1, 0.1, function() self.reg:tick(self._send, now(self)) end)
   end
   c:hooks{
-    event = function(chid, value, peer, producer, seq, sync, gen, nbytes)
-      return self:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes)
+    event = function(chid, value, peer, producer, seq, sync, gen, nbytes, vlen)
+      return self:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, vlen)
     end,
     ctrl = function(from, msg)
       if self.keyed and not self:_nameserver_ok(from) then return end

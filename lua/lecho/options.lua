@@ -197,7 +197,7 @@ local SCHEMA = {
   GROUP = { lease = { LEASE, 10 }, data = { ANY }, watch = { FN }, join = { BOOL } },
   PRODUCER = { policy = { policy }, grant = { caps } },
   CONSUMER = { modulator = { typed("string") }, params = { TABLE }, period = { time(0.001) },
-               capabilities = { caps }, on_error = { FN } },
+               capabilities = { caps }, on_error = { FN }, buffer = { BOOL } },
   SUBMIT_SYNC = { timeout = { TIME } },
   CLOSE = { linger = { TIME } },
 }

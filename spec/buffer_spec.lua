@@ -173,3 +173,55 @@ describe("a buffer consumer", function()
     assert.are.same({ { "userdata", long(5):sub(1, 3), #long(5) + 1 }, { "userdata", "ab!", 3 } }, got)
   end)
 end)
+
+-- Found by the outside attack of the change: when the copy made before a
+-- handler's wait could not be made (out of memory), the view stayed listed
+-- with its pointer while C freed the bytes, and the next loop turn copied
+-- from freed memory: SIGSEGV.  Now it is that handler's error, and the
+-- process goes on.  (Not under ASan: an address-space limit cannot hold its
+-- shadow memory.)
+describe("a buffer consumer out of memory", function()
+  local ns, ctx
+  before_each(function() ns, ctx = S.world() end)
+  after_each(function() S.end_world(ctx); ctx = nil end)
+
+  it("turns a copy that cannot be made before a wait into its handler's error, and the process goes on", function()
+    if S.asan then return end
+    local kid = S.lua([=[
+      local lecho = require "lecho"
+      local ffi = require "ffi"
+      io.stdout:setvbuf("no")
+      local ctx = lecho.context{ nameserver = arg[1], quiet = true, log = function(m) print("LOG " .. m:sub(1, 160)) end }
+      assert(ctx:channel("oom"):consumer(function(b)
+        if #b > 100 then
+          print("big " .. #b)
+          ctx:sleep(0.01)
+          print("after the wait " .. #b)
+        else
+          print("small " .. b:tostring())
+        end
+      end, { buffer = true }))
+      -- room for the 40 MiB read buffer, not for a second copy of it
+      ffi.cdef[[ struct lrl { unsigned long cur, max; }; int setrlimit(int, const struct lrl *); ]]
+      local f = io.open("/proc/self/status"); local st = f:read("*a"); f:close()
+      local vm = tonumber(st:match("VmSize:%s*(%d+)")) * 1024
+      local rl = ffi.new("struct lrl", vm + 60 * 1024 * 1024, vm + 60 * 1024 * 1024)
+      assert(ffi.C.setrlimit(9, rl) == 0) -- RLIMIT_AS
+      print("ready")
+      local t = ctx:now() + 20
+      while ctx:now() < t do ctx:run_once(0.1) end
+      ctx:close()
+    ]=], ns)
+    assert(S.wait_file(kid.out, "ready", 20), S.errors(kid))
+    local p = assert(ctx:channel("oom"):producer())
+    local big = ("z"):rep(40 * 1024 * 1024)
+    local ok, errs = p:submit_sync(big, { timeout = 15 })
+    big = nil
+    collectgarbage()
+    assert.is_nil(ok, "the handler could not keep its value")
+    assert.truthy(tostring(errs):match("memory"), tostring(errs))
+    assert.is_true(p:submit_sync("after", { timeout = 10 }))
+    assert.truthy(S.output(kid):match("small after"), S.output(kid) .. S.errors(kid))
+    assert.is_true(S.alive(kid))
+  end)
+end)

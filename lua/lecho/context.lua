@@ -97,20 +97,34 @@ local function run_handler(self, con, handler, value, meta, sync, errs, short)
 end
 
 -- Buffers (a consumer's `buffer` option).  A string value of 64 KiB or
--- more comes from C as a view: a pointer to its bytes where they were read,
--- and its length (lua_hook.c view_of; only once ctx.c:views(true)).  rv =
--- { p = pointer, n = length, s = the string once made, bufs = buffers that
--- point at p }: a `buffer` consumer gets a string.buffer pointing at the
--- bytes (no copy), any other one the string (made once per event).  The
--- bytes are valid while the dispatch runs on the loop's stack only: before
--- the dispatch waits (WAIT) or the loop runs inside it (run_once, a main
--- line wait), keep_views copies them once and the buffers point at the
--- copy.  Each buffer is emptied when its handler returns.
+-- more (encoded) comes from C as a view: a pointer to its bytes where they
+-- were read, and its length (lua_hook.c view_of; only once
+-- ctx.c:views(true)).  rv = { p = pointer, n = length, s = the string once
+-- made, bufs = buffers made pointing at p }: a `buffer` consumer gets a
+-- string.buffer pointing at the bytes (no copy), any other one the string
+-- (made once per event).  The bytes are valid while the dispatch runs on
+-- the loop's stack only: before a wait in the dispatch (Context:_wait,
+-- _wait_sync: in the waiting coroutine, where running out of memory is the
+-- handler's error) or the loop running inside it (run_once, run, a main
+-- line wait), keep_views copies them once, and the buffers still pointing
+-- at them point at the copy at the same read position (one the handler
+-- filled or set itself is left alone).  Each buffer is emptied when its
+-- handler returns.
+local charp = ffi.typeof("const char *")
+
 local function keep_view(rv)
-  if not rv.p then return end
-  rv.s = ffi.string(rv.p, rv.n)
-  rv.p = nil
-  for _, b in ipairs(rv.bufs) do b:set(b:tostring()) end
+  local p, n = rv.p, rv.n
+  if not p then return end
+  local s = ffi.string(p, n) -- may raise (memory): rv is unchanged then
+  rv.s, rv.p = s, nil
+  for _, b in ipairs(rv.bufs) do
+    local at, len = b:ref()
+    local off = tonumber(ffi.cast(charp, at) - p)
+    if off >= 0 and off <= n and len == n - off then
+      b:set(s)
+      b:skip(off)
+    end
+  end
 end
 
 local function keep_views(self)
@@ -118,28 +132,44 @@ local function keep_views(self)
   for i = 1, #live do keep_view(live[i]) end
 end
 
--- A handler of an event that is a view, or of a `buffer` consumer.
-local function run_buffered(self, con, handler, value, meta, sync, errs, short, rv)
-  local b
+local LOST = "lecho: this event's value was lost: out of memory keeping it while a handler waited"
+
+-- What a consumer's handler gets: the value, and the buffer made for it.
+-- May raise (memory).
+local function view_value(con, value, rv)
   if con.buffer and (rv or type(value) == "string") then
-    b = sbuf.new()
+    local b = sbuf.new()
     if not rv then
       b:set(value)
     elseif rv.p then
       b:set(rv.p, rv.n)
       rv.bufs[#rv.bufs + 1] = b
-    else
+    elseif rv.s then
       b:set(rv.s)
+    else
+      error(LOST, 0)
     end
-    value = b
-  elseif rv then
-    value = rv.s
-    if not value then
-      value = ffi.string(rv.p, rv.n)
-      rv.s = value
-    end
+    return b, b
   end
-  errs = run_handler(self, con, handler, value, meta, sync, errs, short)
+  if not rv then return value end
+  local s = rv.s
+  if not s then
+    if not rv.p then error(LOST, 0) end
+    s = ffi.string(rv.p, rv.n)
+    rv.s = s
+  end
+  return s
+end
+
+local function raise(err) error(err, 0) end
+
+-- A handler of an event that is a view, or of a `buffer` consumer.  When
+-- its value cannot be made (out of memory), that is its handler's error:
+-- counted, and a sync event's producer is told.
+local function run_buffered(self, con, handler, value, meta, sync, errs, short, rv)
+  local ok, v, b = pcall(view_value, con, value, rv)
+  if not ok then return run_handler(self, con, raise, v, meta, sync, errs, short) end
+  errs = run_handler(self, con, handler, v, meta, sync, errs, short)
   if b then b:free() end
   return errs
 end
@@ -310,6 +340,7 @@ function Context:_wait(ready, deadline, sid)
   if self.closed then return false end
   local co = coroutine.running()
   if co and self.cos[co] then
+    if self.views[1] then keep_views(self) end -- before the yield (see keep_view)
     local w = { ready = ready, deadline = deadline, co = co }
     if sid and self.c:sync_watch(sid) then
       local sw = self.sync_waiters
@@ -344,6 +375,7 @@ function Context:_wait_sync(sid, deadline)
   local co = coroutine.running()
   if co and self.cos[co] then
     if not c:sync_watch(sid) then return true end
+    if self.views[1] then keep_views(self) end -- before the yield (see keep_view)
     local sw = self.sync_waiters
     if not sw then
       sw = {}
@@ -487,8 +519,6 @@ local function dispatcher(self)
   end
 end
 
-local charp = ffi.typeof("const char *")
-
 function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, vlen)
   local rv
   if vlen then
@@ -507,13 +537,17 @@ function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, 
     local live = self.views
     live[#live + 1] = rv
     local held, nran, errs = self:_dispatch_value(chid, value, peer, producer, seq, sync, gen, rv)
-    if held then
-      keep_view(rv) -- a handler waits: what it and the ones after it read is a copy
-    else
-      rv.p = nil -- every handler returned: their buffers are empty (run_buffered)
+    live[#live] = nil
+    -- A handler waits: _wait kept the view before it yielded (the later
+    -- handlers of this event read the copy).  Else every handler returned
+    -- and their buffers are empty.  Either way C may free the bytes now.
+    if held and rv.p and not pcall(keep_view, rv) then
+      self.log("out of memory keeping a value while its handler waits: the buffers of this event are emptied")
+    end
+    if rv.p then
+      rv.p = nil
       for _, b in ipairs(rv.bufs) do b:free() end
     end
-    live[#live] = nil
     return held, nran, errs
   end
   return self:_dispatch_value(chid, value, peer, producer, seq, sync, gen)

@@ -225,3 +225,39 @@ describe("a buffer consumer out of memory", function()
     assert.is_true(S.alive(kid))
   end)
 end)
+
+-- Found by the second outside attack: a dispatch that raised between
+-- listing its view and unlisting it (out of memory making a dispatch
+-- coroutine while another handler waits: simulated here) left the view
+-- listed; the next loop turn copied its bytes after they were freed.
+describe("a buffer consumer's dispatch that fails", function()
+  it("leaves no view behind, and the next events arrive", function()
+    local ctx = lecho.context{ quiet = true, listen = "127.0.0.1:0" }
+    local got = {}
+    assert(ctx:channel("slow"):consumer(function(b)
+      got[#got + 1] = "slow " .. #b
+      ctx:sleep(0.3) -- holds the dispatch coroutine: the next dispatch makes one
+    end, { buffer = true }))
+    assert(ctx:channel("other"):consumer(function(b) got[#got + 1] = "other " .. #b end, { buffer = true }))
+    local ps, po = assert(ctx:channel("slow"):producer()), assert(ctx:channel("other"):producer())
+    local real, armed = coroutine.create, false
+    coroutine.create = function(f)
+      if armed then armed = false error("not enough memory", 0) end
+      return real(f)
+    end
+    local ok, err = pcall(function()
+      assert(ps:submit(long(1)))
+      S.run_until(ctx, function() return got[1] ~= nil end, 5)
+      armed = true
+      assert(po:submit(long(2))) -- its dispatch fails
+      S.run_until(ctx, function() return not armed end, 5)
+      assert.are.same({}, ctx.views)
+      assert(po:submit(long(3)))
+      assert.is_true(po:submit_sync("x", { timeout = 5 }))
+    end)
+    coroutine.create = real
+    ctx:close()
+    assert(ok, err)
+    assert.are.same({ "slow " .. #long(1), "other " .. #long(3), "other 1" }, got)
+  end)
+end)

@@ -112,10 +112,20 @@ end
 -- handler returns.
 local charp = ffi.typeof("const char *")
 
+-- A copy of n bytes at p; out of memory, a full collection and once more
+-- (LuaJIT does not collect before it fails an allocation: the copies of
+-- earlier events' values may be garbage by now).  May raise.
+local function copy_bytes(p, n)
+  local ok, s = pcall(ffi.string, p, n)
+  if ok then return s end
+  collectgarbage()
+  return ffi.string(p, n)
+end
+
 local function keep_view(rv)
   local p, n = rv.p, rv.n
   if not p then return end
-  local s = ffi.string(p, n) -- may raise (memory): rv is unchanged then
+  local s = copy_bytes(p, n) -- may raise (memory): rv is unchanged then
   rv.s, rv.p = s, nil
   for _, b in ipairs(rv.bufs) do
     local at, len = b:ref()
@@ -155,7 +165,7 @@ local function view_value(con, value, rv)
   local s = rv.s
   if not s then
     if not rv.p then error(LOST, 0) end
-    s = ffi.string(rv.p, rv.n)
+    s = copy_bytes(rv.p, rv.n)
     rv.s = s
   end
   return s
@@ -530,24 +540,29 @@ function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, 
   -- coroutine of its own and is answered by ctx:ack; no ack from C
   local svc = self.svc_chans
   if svc and svc[chid] then
-    if rv then value = ffi.string(rv.p, rv.n) end
+    -- a call is a request table: a long string is a bad request, answered
+    -- as one without copying it
+    if rv then value = "" end
     return self:_serve(svc[chid], value, peer, sync, gen, nbytes)
   end
   if rv then
     local live = self.views
     live[#live + 1] = rv
-    local held, nran, errs = self:_dispatch_value(chid, value, peer, producer, seq, sync, gen, rv)
+    -- protected: nothing may leave rv listed (keep_views would read its
+    -- bytes after C freed them)
+    local ok, held, nran, errs = pcall(self._dispatch_value, self, chid, value, peer, producer, seq, sync, gen, rv)
     live[#live] = nil
     -- A handler waits: _wait kept the view before it yielded (the later
     -- handlers of this event read the copy).  Else every handler returned
     -- and their buffers are empty.  Either way C may free the bytes now.
-    if held and rv.p and not pcall(keep_view, rv) then
+    if ok and held and rv.p and not pcall(keep_view, rv) then
       self.log("out of memory keeping a value while its handler waits: the buffers of this event are emptied")
     end
     if rv.p then
       rv.p = nil
       for _, b in ipairs(rv.bufs) do b:free() end
     end
+    if not ok then error(held, 0) end
     return held, nran, errs
   end
   return self:_dispatch_value(chid, value, peer, producer, seq, sync, gen)

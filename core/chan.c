@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "ctx_int.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +30,9 @@ static int hash_grow(lei_ctx *c) {
     c->hcap = ncap;
     return 0;
 }
+
+/* struct lei_chan's per-event fields are its first cache line (ctx_int.h) */
+_Static_assert(offsetof(lei_chan, drops) == 64, "lei_chan: the hot fields are the first 64 bytes");
 
 lei_chan *lei_chan_get(lei_ctx *c, uint32_t id) {
     return id < c->nchans ? c->chans[id] : NULL;
@@ -60,7 +64,10 @@ uint32_t lei_chan_open(lei_ctx *c, const char *name, size_t len) {
         c->chans = nc;
         c->cchans = n;
     }
-    lei_chan *ch = calloc(1, sizeof *ch);
+    /* owned by c->chans (freed in lei_ctx_free); 64-byte aligned: the hot
+     * first line of struct lei_chan is one cache line */
+    lei_chan *ch = aligned_alloc(64, (sizeof *ch + 63) & ~(size_t)63);
+    if (ch) memset(ch, 0, sizeof *ch);
     if (!ch || !(ch->name = malloc(len + 1))) {
         free(ch);
         return UINT32_MAX;
@@ -80,7 +87,9 @@ uint32_t lei_chan_open(lei_ctx *c, const char *name, size_t len) {
 void lei_chan_set_dests(lei_ctx *c, uint32_t id, const char **addrs, int n) {
     lei_chan *ch = lei_chan_get(c, id);
     if (!ch) return;
-    lei_peer **d = n ? calloc((size_t)n, sizeof *d) : NULL;
+    /* owned by ch (freed here when replaced, or in lei_ctx_free) when it
+     * keeps more than one: one destination is kept in ch->d.one */
+    lei_peer *one = NULL, **d = n > 1 ? calloc((size_t)n, sizeof *d) : n ? &one : NULL;
     int nd = 0;
     for (int i = 0; i < n; i++) {
         if (strcmp(addrs[i], c->addr) == 0) continue;
@@ -89,15 +98,22 @@ void lei_chan_set_dests(lei_ctx *c, uint32_t id, const char **addrs, int n) {
     }
     /* the peers dropped here may now be unused: lei_peers_sweep looks */
     if (ch->ndests) lei_expiry_at(c, ev_now(c->loop) + c->o.peer_free_after);
-    free(ch->dests);
-    ch->dests = d;
+    if (ch->ndests > 1) free(ch->d.many);
+    if (nd <= 1) {
+        /* none or one: no array, the destination in the struct's first line */
+        ch->d.one = nd ? d[0] : NULL;
+        if (d != &one) free(d);
+    } else {
+        ch->d.many = d;
+    }
     ch->ndests = nd;
 }
 
 
 static lei_peer *full_dest(lei_ctx *c, lei_chan *ch) {
+    lei_peer **dests = lei_chan_dests(ch);
     for (int i = 0; i < ch->ndests; i++) {
-        lei_peer *p = ch->dests[i];
+        lei_peer *p = dests[i];
         if (p->q.bytes >= c->o.queue_limit && lei_peer_live(p)) return p;
     }
     return NULL;

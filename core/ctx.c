@@ -110,7 +110,7 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
         *err = "out of memory";
         return -LEI_E_NOMEM;
     }
-    if (nd) memcpy(dests, ch->dests, (size_t)nd * sizeof *dests);
+    if (nd) memcpy(dests, lei_chan_dests(ch), (size_t)nd * sizeof *dests);
     if (local_drop) ch->drops++; /* the local queue is full: dropped, counted */
     if (s) {
         lei_sync_link(c, s);
@@ -167,8 +167,9 @@ int lei_call(lei_ctx *c, uint32_t chid, const char *dest, lei_msg *msg, int poli
     }
     lei_peer *p = NULL;
     if (dest) {
+        lei_peer **ds = lei_chan_dests(ch);
         for (int i = 0; i < ch->ndests && !p; i++)
-            if (strcmp(ch->dests[i]->addr, dest) == 0) p = ch->dests[i];
+            if (strcmp(ds[i]->addr, dest) == 0) p = ds[i];
     }
     if (dest ? !p : !ch->local) {
         *err = "no such destination";
@@ -359,7 +360,7 @@ void lei_ctx_free(lei_ctx *c) {
     lei_peers_free(c);
     for (uint32_t i = 0; i < c->nchans; i++) {
         free(c->chans[i]->name);
-        free(c->chans[i]->dests);
+        if (c->chans[i]->ndests > 1) free(c->chans[i]->d.many);
         free(c->chans[i]);
     }
     free(c->chans);

@@ -216,24 +216,42 @@ struct lei_peer {
     uint64_t refused;         /* ro: events dropped from BINDs without a valid ticket */
 };
 
+/* What every event reads or counts sits in the first 64 bytes, and the
+ * struct is allocated 64-byte aligned (chan.c lei_chan_add): with thousands
+ * of channels round-robin the struct is out of cache at each event, so an
+ * event costs one line of it on either side (producing: lei_chan_room,
+ * lei_submit; consuming: conn_frame, lei_live_seq), where the fields spread
+ * over 232 bytes and the destinations in an array of their own cost two or
+ * three.  One destination (the usual case) is kept in the struct itself:
+ * read the list with lei_chan_dests.  Keep it so when adding fields: rare
+ * ones go after the first line (chan.c asserts the size of the first). */
 struct lei_chan {
-    char *name;               /* ro: owned, NUL-terminated */
-    size_t namelen;
     uint32_t id;              /* ro: index in ctx->chans, also the wire idx we send */
-    int local;                /* rw via lei_chan_set_local: local consumers exist */
-    lei_peer **dests;         /* ro: owned array, remote consuming contexts */
     int ndests;
-    int held;                 /* ro: a local handler of it is suspended */
-    uint64_t ev_out, bytes_out, ev_in, bytes_in, drops, ev_local, encodes;
-    uint64_t gaps, lost, dups;  /* ro: sequence gaps seen, events they lost, duplicates dropped */
     uint32_t epoch;           /* ro: bumped when local consumers appear again */
+    uint8_t local;            /* rw via lei_chan_set_local: local consumers exist */
+    uint8_t held;             /* ro: a local handler of it is suspended */
     uint8_t derived;          /* ro: a modulated stream (name@key): filters skip seqs */
     uint8_t calls;            /* rw via lei_chan_set_calls: a call channel (svc:NAME): no seq check */
+    union {                   /* ro: remote consuming contexts (lei_chan_dests) */
+        lei_peer *one;        /* ndests == 1: the destination itself */
+        lei_peer **many;      /* ndests > 1: owned array; else NULL */
+    } d;
+    uint64_t ev_out, bytes_out, encodes, ev_in, bytes_in; /* end of the first 64 bytes */
+    uint64_t drops, ev_local;
+    char *name;               /* ro: owned, NUL-terminated */
+    size_t namelen;
+    uint64_t gaps, lost, dups;  /* ro: sequence gaps seen, events they lost, duplicates dropped */
     uint8_t has_mkey, has_ticket;
     uint8_t mkey[32];         /* consumer side: the channel manager's key (BIND tickets) */
     uint8_t ticket[64];       /* producer side: our ticket for the channel */
     uint64_t refused;         /* ro: events dropped from unauthorized producers */
 };
+
+/* The channel's destinations, ch->ndests of them. */
+static inline lei_peer **lei_chan_dests(lei_chan *ch) {
+    return ch->ndests == 1 ? &ch->d.one : ch->d.many;
+}
 
 typedef struct lei_sync_wait {
     lei_peer *peer;           /* NULL: the local consumers */

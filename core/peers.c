@@ -123,7 +123,7 @@ static void peer_free(lei_ctx *c, lei_peer *p) {
 static void peers_mark(lei_ctx *c) {
     for (int i = 0; i < c->npeers; i++) c->peers[i]->mark = 0;
     for (uint32_t i = 0; i < c->nchans; i++)
-        for (int j = 0; j < c->chans[i]->ndests; j++) c->chans[i]->dests[j]->mark = 1;
+        for (int j = 0; j < c->chans[i]->ndests; j++) lei_chan_dests(c->chans[i])[j]->mark = 1;
     for (lei_sync *s = c->syncs; s; s = s->next)
         for (int i = 0; i < s->nw; i++)
             if (s->w[i].peer) s->w[i].peer->mark = 1;

@@ -217,7 +217,7 @@ struct lei_peer {
 };
 
 /* What every event reads or counts sits in the first 64 bytes, and the
- * struct is allocated 64-byte aligned (chan.c lei_chan_add): with thousands
+ * struct is allocated 64-byte aligned (chan.c lei_chan_open): with thousands
  * of channels round-robin the struct is out of cache at each event, so an
  * event costs one line of it on either side (producing: lei_chan_room,
  * lei_submit; consuming: conn_frame, lei_live_seq), where the fields spread

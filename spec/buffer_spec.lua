@@ -11,23 +11,22 @@ local ffi = require "ffi"
 
 -- The i-th long value: 200 KiB (above the 64 KiB where views start) whose
 -- every byte depends on i, so a buffer showing another value's bytes, or
--- freed memory, cannot pass.
-local function long(i)
-  local unit = ("%07d:"):format(i) .. string.char(65 + i % 26):rep(24)
-  return unit:rep(math.ceil(200 * 1024 / #unit)):sub(1, 200 * 1024 - (i % 7))
-end
-
--- A child producing on `chan` of the name server ns: the values listed in
--- the JSON plan ({ "long", i } / { "short", s } / { "table", x }), then a
--- sync "end"; writes "sent" and exits at once (a short-lived publisher).
-local PRODUCER = [[
-  local lecho = require "lecho"
-  local cjson = require "cjson"
-  local ns, chan, plan = arg[1], arg[2], cjson.decode(arg[3])
+-- freed memory, cannot pass.  Source text: the child scripts start with it.
+local LONG = [[
   local function long(i)
     local unit = ("%07d:"):format(i) .. string.char(65 + i % 26):rep(24)
     return unit:rep(math.ceil(200 * 1024 / #unit)):sub(1, 200 * 1024 - (i % 7))
   end
+]]
+local long = assert(loadstring(LONG .. " return long"))()
+
+-- A child producing on `chan` of the name server ns: the values listed in
+-- the JSON plan ({ "long", i } / { "short", s } / { "table", x }), then a
+-- sync "end"; writes "sent" and exits at once (a short-lived publisher).
+local PRODUCER = LONG .. [[
+  local lecho = require "lecho"
+  local cjson = require "cjson"
+  local ns, chan, plan = arg[1], arg[2], cjson.decode(arg[3])
   local ctx = lecho.context{ nameserver = ns, quiet = true }
   local p = assert(ctx:channel(chan):producer())
   for _, v in ipairs(plan) do
@@ -149,12 +148,10 @@ describe("a buffer consumer", function()
     assert.is_true(p:submit_sync("x", { timeout = 5 }))
     assert.are.same({ #long(3), 1 }, seen)
     assert(ctx:service("len", function(args) return type(args), #args end))
-    local other = S.lua([[
+    local other = S.lua(LONG .. [[
       local lecho = require "lecho"
       local ctx = lecho.context{ nameserver = arg[1], quiet = true }
-      local unit = ("%07d:"):format(9) .. string.char(65 + 9 % 26):rep(24)
-      local v = unit:rep(math.ceil(200 * 1024 / #unit)):sub(1, 200 * 1024 - 2)
-      local t, n = ctx:call("len", v, { timeout = 10 })
+      local t, n = ctx:call("len", long(9), { timeout = 10 })
       io.write("call ", tostring(t), " ", tostring(n), "\n")
       ctx:close()
     ]], ns)

@@ -137,6 +137,7 @@ local function keep_view(rv)
   end
 end
 
+-- Every view of a dispatch on the stack (none: nothing to do).
 local function keep_views(self)
   local live = self.views
   for i = 1, #live do keep_view(live[i]) end
@@ -147,28 +148,25 @@ local LOST = "lecho: this event's value was lost: out of memory keeping it while
 -- What a consumer's handler gets: the value, and the buffer made for it.
 -- May raise (memory).
 local function view_value(con, value, rv)
-  if con.buffer and (rv or type(value) == "string") then
-    local b = sbuf.new()
-    if not rv then
-      b:set(value)
-    elseif rv.p then
-      b:set(rv.p, rv.n)
-      rv.bufs[#rv.bufs + 1] = b
-    elseif rv.s then
-      b:set(rv.s)
-    else
-      error(LOST, 0)
-    end
+  local buffered = con.buffer and (rv or type(value) == "string")
+  if buffered and rv and rv.p then -- the bytes where they were read
+    local b = sbuf.new():set(rv.p, rv.n)
+    rv.bufs[#rv.bufs + 1] = b
     return b, b
   end
-  if not rv then return value end
-  local s = rv.s
-  if not s then
-    if not rv.p then error(LOST, 0) end
-    s = copy_bytes(rv.p, rv.n)
-    rv.s = s
+  if rv then -- the string, made once per event
+    value = rv.s
+    if not value then
+      if not rv.p then error(LOST, 0) end
+      value = copy_bytes(rv.p, rv.n)
+      rv.s = value
+    end
   end
-  return s
+  if buffered then
+    local b = sbuf.new():set(value)
+    return b, b
+  end
+  return value
 end
 
 local function raise(err) error(err, 0) end
@@ -332,7 +330,7 @@ local function main_wait(self, done, a, b, deadline)
     if done(a, b) then r = true break end
     local left = deadline and deadline - now(self)
     if left and left <= 0 then r = false break end
-    if self.views[1] then keep_views(self) end
+    keep_views(self)
     self.c:run_once(left)
   end
   self.main_waits = self.main_waits - 1
@@ -350,7 +348,7 @@ function Context:_wait(ready, deadline, sid)
   if self.closed then return false end
   local co = coroutine.running()
   if co and self.cos[co] then
-    if self.views[1] then keep_views(self) end -- before the yield (see keep_view)
+    keep_views(self) -- before the yield (see keep_view)
     local w = { ready = ready, deadline = deadline, co = co }
     if sid and self.c:sync_watch(sid) then
       local sw = self.sync_waiters
@@ -385,7 +383,7 @@ function Context:_wait_sync(sid, deadline)
   local co = coroutine.running()
   if co and self.cos[co] then
     if not c:sync_watch(sid) then return true end
-    if self.views[1] then keep_views(self) end -- before the yield (see keep_view)
+    keep_views(self) -- before the yield (see keep_view)
     local sw = self.sync_waiters
     if not sw then
       sw = {}
@@ -641,7 +639,7 @@ end
 
 -- (A dispatch's view is copied before the loop runs inside it.)
 function Context:run()
-  if self.views[1] then keep_views(self) end
+  keep_views(self)
   return self.c:run()
 end
 
@@ -649,7 +647,7 @@ end
 -- happens; 0: not at all).
 function Context:run_once(timeout)
   if timeout ~= nil then options.check_time(timeout, "ctx:run_once", "timeout", 2) end
-  if self.views[1] then keep_views(self) end
+  keep_views(self)
   return self.c:run_once(timeout)
 end
 

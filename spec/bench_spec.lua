@@ -1,12 +1,12 @@
 -- The benchmark suite must keep running: `make bench QUICK=1` (bounded at
--- 150 s, killed on overrun) exits 0 and writes results.json with every
+-- 180 s, killed on overrun) exits 0 and writes results.json with every
 -- workload and positive numbers.  No timing is asserted.
 
 local support = require "spec.support"
 local cjson = require "cjson"
 
 local WORKLOADS = { "codec", "latency", "throughput", "sinks", "pipeline", "channels",
-                    "bulk", "null_call", "calls", "modulators", "keyed", "attacked", "patterns", "scale" }
+                    "bulk", "null_call", "calls", "modulators", "keyed", "peers", "attacked", "patterns", "scale" }
 
 local function positive(x, what)
   assert(type(x) == "number" and x > 0 and x == x and x < math.huge,
@@ -19,7 +19,7 @@ describe("make bench QUICK=1", function()
   setup(function()
     dir = support.tmpdir() .. "/bench-results"
     local _
-    _, out, rc = support.sh(("cd %s && timeout -k 5 150 make bench QUICK=1 BENCH_RESULTS=%s")
+    _, out, rc = support.sh(("cd %s && timeout -k 5 180 make bench QUICK=1 BENCH_RESULTS=%s")
       :format(support.sh_quote(support.root), support.sh_quote(dir)))
     local s = support.read(dir .. "/results.json")
     doc = s and cjson.decode(s)
@@ -155,6 +155,99 @@ describe("make bench QUICK=1", function()
       assert.same({ t[3], t[4] }, found.target, t[1])
       assert.is_number(found.lo, t[1])
       assert.is_boolean(found.met, t[1])
+    end
+  end)
+
+  -- Issue 27 item 7: NATS and Redis (servers the bench starts and stops)
+  -- and ZeroMQ CURVE beside lecho, each row a ratio of the same run.
+  it("runs the peers: NATS, NATS with TLS, Redis, ZeroMQ CURVE, with sane numbers, servers stopped", function()
+    assert.is_table(doc)
+    local pw = doc.workloads.peers
+    assert.is_table(pw, "no workload peers")
+    assert.is_nil(pw.error, tostring(pw.error))
+    if #pw.missing > 0 then
+      -- only a missing server binary (make bench-deps installs them) skips
+      pending("peers not measured, not installed: " .. table.concat(pw.missing, ", ") .. " (make bench-deps)")
+      return
+    end
+    -- the servers ran on ports the bench picked, not their well-known ones,
+    -- and are gone now
+    for _, k in ipairs{ "nats", "nats_tls", "redis" } do
+      local port = pw.servers[k]
+      assert.is_number(port, "no port for " .. k)
+      assert.is_true(port ~= 4222 and port ~= 6379 and port > 1024, k .. " on port " .. port)
+      local c = require("socket").tcp()
+      c:settimeout(1)
+      local up = c:connect("127.0.0.1", port)
+      c:close()
+      assert.is_nil(up, k .. " still listening on " .. port)
+    end
+    local function sane(r, impl, lo, hi, field, what)
+      assert.is_table(r, what .. ": no run")
+      assert.is_nil(r.error, what .. ": " .. tostring(r.error))
+      if impl then assert.are.equal(impl, r.impl, what) end
+      positive(r[field], what)
+      assert(r[field] >= lo and r[field] <= hi, ("%s: %s = %g, not within %g-%g"):format(what, field, r[field], lo, hi))
+    end
+    assert.are.equal(2, #pw.throughput)
+    for _, t in ipairs(pw.throughput) do
+      local what = "async " .. t.size .. " B "
+      sane(t.lecho, nil, 1e3, 1e9, "ops_per_s", what .. "lecho")
+      sane(t.nats, "nats", 1e3, 1e9, "ops_per_s", what .. "nats")
+      sane(t.redis, "redis", 1e3, 1e9, "ops_per_s", what .. "redis")
+      assert.are.equal(t.encoded, t.nats.size)
+      assert.are.equal(3, #t.runs.nats)
+      assert.are.equal(3, #t.runs.redis)
+    end
+    sane(pw.throughput[1].lecho_h, "lecho_h", 1e3, 1e9, "ops_per_s", "async 64 B lecho.h")
+    local rt = pw.round_trip
+    sane(rt.lecho, nil, 1, 1e5, "us_per_op", "round trip lecho")
+    sane(rt.nats, "nats", 1, 1e5, "us_per_op", "round trip nats")
+    sane(rt.redis, "redis", 1, 1e5, "us_per_op", "round trip redis")
+    positive(rt.nats.p99_us, "round trip nats p99")
+    local fo = pw.fanout
+    sane(fo.lecho, nil, 0.01, 1e4, "us_per_op", "fan-out lecho")
+    for _, k in ipairs{ "nats", "redis" } do
+      sane(fo[k], k, 0.01, 1e4, "us_per_op", "fan-out " .. k)
+      assert.are.equal(8, fo[k].subs, "fan-out subscribers " .. k)
+    end
+    assert.are.equal(2, #pw.keyed)
+    for _, t in ipairs(pw.keyed) do
+      local what = "keyed " .. t.size .. " B "
+      sane(t.lecho_keyed, "lecho_c_keyed", 1e3, 1e9, "ops_per_s", what .. "lecho")
+      sane(t.nats_tls, "nats_tls", 1e3, 1e9, "ops_per_s", what .. "NATS TLS")
+      sane(t.nats, "nats", 1e3, 1e9, "ops_per_s", what .. "NATS")
+      sane(t.zmq_curve, "zmq_curve", 1e3, 1e9, "ops_per_s", what .. "zmq CURVE")
+    end
+    -- every peer row a ratio of the same run with its spread and repetitions
+    local want = {
+      { "^async 64 B events/s, Lua API, vs peers", "NATS", { ">=", 2.5 } },
+      { "^async 64 B events/s, Lua API, vs peers", "Redis pub/sub" },
+      { "^async 1 KiB events/s, Lua API, vs peers", "NATS" },
+      { "^async 1 KiB events/s, Lua API, vs peers", "Redis pub/sub" },
+      { "^async 64 B events/s, public C API", "NATS", { ">=", 3 } },
+      { "^null round trip, Lua API %(sync%) vs request/reply", "NATS" },
+      { "^null round trip, Lua API %(sync%) vs request/reply", "Redis pub/sub" },
+      { "^fan%-out 1%->8 null", "NATS", { "<=", 0.5 } },
+      { "^fan%-out 1%->8 null", "Redis pub/sub", { "<=", 0.5 } },
+      { "^async 64 B events/s, keyed, C API", "NATS with TLS" },
+      { "^async 64 B events/s, keyed, C API", "zmq CURVE" },
+      { "^async 1 KiB events/s, keyed, C API", "NATS with TLS" },
+      { "^async 1 KiB events/s, keyed, C API", "zmq CURVE" },
+    }
+    for _, t in ipairs(want) do
+      local found, head
+      for _, r in ipairs(doc.rows) do
+        if r.group == "peers" then
+          if r.workload ~= "" then head = r.workload end
+          if head:match(t[1]) and r.base == t[2] then found = r end
+        end
+      end
+      assert(found, ("no row %s vs %s"):format(t[1], t[2]))
+      positive(found.ratio, t[1] .. " vs " .. t[2])
+      assert.are.equal(3, found.reps, t[1] .. " vs " .. t[2])
+      assert(found.lo <= found.ratio and found.ratio <= found.hi, "spread of " .. t[1])
+      assert.same(t[3], found.target, t[1] .. " vs " .. t[2])
     end
   end)
 

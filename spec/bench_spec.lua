@@ -259,6 +259,72 @@ describe("make bench QUICK=1", function()
   end)
 end)
 
+-- bench/baseline_peers believes no server: a message lost or cut short
+-- fails the run (exit 1, the reason said) instead of giving a figure.  A
+-- fake NATS server (lua-socket) answers the handshake and the
+-- subscription's PING, then sends the subscriber messages 0 and 2, or a
+-- message of the wrong length.
+describe("bench/baseline_peers against a lying NATS server", function()
+  local FAKE = [[
+local socket = require "socket"
+local mode, portfile = arg[1], arg[2]
+local srv = assert(socket.bind("127.0.0.1", 0))
+local _, port = srv:getsockname()
+local f = assert(io.open(portfile .. ".tmp", "w")); f:write(port); f:close()
+os.rename(portfile .. ".tmp", portfile)
+local conns, state = { srv }, {}
+local deadline = socket.gettime() + 20
+while socket.gettime() < deadline do
+  local r = socket.select(conns, nil, 0.2)
+  for _, c in ipairs(r) do
+    if c == srv then
+      local n = srv:accept()
+      n:send("INFO {\"server_id\":\"fake\",\"max_payload\":1048576}\r\n")
+      conns[#conns + 1], state[n] = n, {}
+    else
+      local l, err = c:receive("*l")
+      if not l then
+        for i, x in ipairs(conns) do if x == c then table.remove(conns, i) break end end
+        c:close()
+      elseif l:match("^SUB ") then
+        state[c].sub = true
+      elseif l == "PING" then
+        c:send("PONG\r\n")
+        if state[c].sub and not state[c].sent then
+          state[c].sent = true
+          if mode == "gap" then
+            c:send("MSG bench.s 1 4\r\n\0abc\r\nMSG bench.s 1 4\r\n\2abc\r\n")
+          else
+            c:send("MSG bench.s 1 3\r\n\0ab\r\n")
+          end
+        end
+      end
+    end
+  end
+end
+]]
+
+  teardown(function() support.cleanup() end)
+
+  for _, case in ipairs{ { "gap", "message 1: bad sequence byte" },
+                         { "short", "message 0: 3 bytes, expected 4" } } do
+    it("fails on a " .. (case[1] == "gap" and "lost message" or "message of the wrong length"), function()
+      local portfile = support.tmpname("fake-nats-port")
+      local fake = support.lua(FAKE, case[1], portfile)
+      local port = support.wait_file(portfile, "^%d+$", 10)
+      assert(port, "the fake server did not start: " .. support.errors(fake))
+      local ok, out, code = support.sh(("cd %s && timeout -k 2 30 bench/baseline_peers nats %s --warmup 0 stream 4 5")
+        :format(support.sh_quote(support.root), port))
+      support.kill(fake, "KILL")
+      assert.is_false(ok, out)
+      assert.are.equal(1, code, out)
+      assert.truthy(out:find(case[2], 1, true), out)
+      assert.truthy(out:find("receiver 0 is gone", 1, true) or out:find("peer process failed", 1, true), out)
+      assert.is_nil(out:find("ops_per_s", 1, true), out)
+    end)
+  end
+end)
+
 describe("the bench scripts' --help", function()
   teardown(function() support.cleanup() end)
 

@@ -42,7 +42,16 @@ DEPS := /usr/bin/luajit:luajit \
         /usr/bin/gnuplot:gnuplot-nox \
         /usr/bin/tmux:tmux
 
-.PHONY: all deps test ctest spec asan demo keiretsu bench clean help install liblecho examples-c
+# make bench's own packages (make bench-deps; not make deps, not make demo):
+# the peers it runs beside lecho: NATS (plain and with TLS, its throwaway
+# certificate made with the openssl command at bench time) and Redis, and
+# OpenSSL's headers for bench/baseline_peers' TLS client.
+BENCH_DEPS := /usr/sbin/nats-server:nats-server \
+        /usr/bin/redis-server:redis-server \
+        /usr/include/openssl/ssl.h:libssl-dev \
+        /usr/bin/openssl:openssl
+
+.PHONY: all deps bench-deps test ctest spec asan demo keiretsu bench clean help install liblecho examples-c
 
 all: $(SO)
 
@@ -59,7 +68,8 @@ help:
 	@echo "  make asan        the same suite with the core built under ASan and UBSan"
 	@echo "  make demo        atmosphere: a simulation and three viewers (full, region, diff), bytes per viewer"
 	@echo "  make keiretsu    instant messaging over four nodes (network namespaces if allowed): messages/s for 1-4 nodes, three killed, acknowledged messages counted"
-	@echo "  make bench       benchmark suite vs raw TCP and ZeroMQ, results in bench/results/"
+	@echo "  make bench       benchmark suite vs raw TCP, ZeroMQ, NATS and Redis, results in bench/results/"
+	@echo "  make bench-deps  check (apt-get install) make bench's own packages: $(foreach d,$(BENCH_DEPS),$(lastword $(subst :, ,$(d))))"
 	@echo "  make stress      seeded stress scenarios with real processes for STRESS_SECONDS"
 	@echo "  make stress-seed replay one stress scenario: SEED=N [SECONDS=S] [SCENARIO=NAME], keeps its logs"
 	@echo "  make install     the Lua tree, the core, the scripts and the C API (lecho.h, liblecho, lecho.pc) under PREFIX"
@@ -105,6 +115,10 @@ deps:
 	echo "make deps: installing$$missing ($(APT) update, $(APT) install)"; \
 	$(APT) update -qq && DEBIAN_FRONTEND=noninteractive $(APT) install -y -qq $$missing && \
 	echo "make deps: installed$$missing"
+
+# The same check for make bench's own list (BENCH_DEPS).
+bench-deps:
+	@$(MAKE) --no-print-directory deps DEPS="$(BENCH_DEPS)"
 
 build:
 	@mkdir -p build
@@ -294,10 +308,11 @@ keiretsu: deps all
 	$(SPEC_ENV) $(LUAJIT) examples/keiretsu/run.lua $(KEIRETSU_ARGS)
 
 # The benchmark suite (bench/run.lua): lecho from Lua and from the C API
-# against raw TCP and ZeroMQ, in one run.  QUICK=1: small counts, < 30 s.
-# Results: bench/results/ (results.json, table.md, *.png).
-BENCH_BIN := bench/baseline_tcp bench/baseline_zmq bench/lecho_c bench/lecho_h
-bench: deps all $(BENCH_BIN)
+# against raw TCP, ZeroMQ, NATS and Redis (the servers started by the bench
+# on loopback ports it picks), in one run.  QUICK=1: small counts, < 30 s.
+# Results: bench/results/ (results.json, table.md, *.png); bench/README.md.
+BENCH_BIN := bench/baseline_tcp bench/baseline_zmq bench/baseline_peers bench/lecho_c bench/lecho_h
+bench: deps bench-deps all $(BENCH_BIN)
 	$(SPEC_ENV) QUICK="$(QUICK)" $(LUAJIT) bench/run.lua
 
 bench/baseline_tcp: bench/baseline_tcp.c bench/harness.h
@@ -305,6 +320,10 @@ bench/baseline_tcp: bench/baseline_tcp.c bench/harness.h
 
 bench/baseline_zmq: bench/baseline_zmq.c bench/harness.h
 	$(CC) $(CFLAGS) $(WARN) -o $@ $< -lzmq
+
+# NATS (text protocol, TLS through OpenSSL) and Redis (RESP) clients.
+bench/baseline_peers: bench/baseline_peers.c bench/harness.h
+	$(CC) $(CFLAGS) $(WARN) -o $@ $< -lssl -lcrypto
 
 # The public C API (lecho.h) in the same workloads as lecho_c: the Lua layer included.
 bench/lecho_h: bench/lecho_h.c bench/harness.h bench/lecho_bench.h core/lecho.h build/liblecho.so

@@ -27,7 +27,7 @@
  *   the low 8 bits of its sequence number in its first byte and the
  *   receiver checks it and the length, as in the TCP baseline.
  *
- * Workloads (argv: [--warmup K] [--hwm H] WORKLOAD SIZE N)
+ * Workloads (argv: [--curve] [--warmup K] [--hwm H] WORKLOAD SIZE N)
  *   pingpong SIZE N   REQ (parent, bind) / REP (child, connect).  The parent
  *                     zmq_send()s SIZE bytes, the child replies with an
  *                     empty message; each round trip is timed, reports the
@@ -69,6 +69,13 @@
  *                     never drops.  (Measured: HWM 1-2 about 10-20% faster
  *                     than 4, and 1000 -- queueing every 10 MiB chunk --
  *                     clearly slower.)  Same warmup / end handshake.
+ *
+ * CURVE (--curve, first argument): every socket pair is encrypted and
+ *   authenticated with ZeroMQ's CURVE (CurveZMQ: Curve25519 keys,
+ *   XSalsa20-Poly1305 per message): the parent's socket is the CURVE
+ *   server, the child's the client; both keypairs are made with
+ *   zmq_curve_keypair before the fork.  "impl" is then "zmq_curve": what
+ *   make bench sets against lecho's keyed mode.
  *
  * Warmup: default pingpong 1000, stream 10000, bulk 2, each capped at N/10;
  * --warmup K overrides.
@@ -231,12 +238,22 @@ struct run {
     int hwm;              /* SNDHWM/RCVHWM, -1 = libzmq default */
     uint64_t inflight;    /* dealer: requests outstanding at once */
     int ctl_in, ctl_out;  /* pipe ends: parent reads ctl_in, child writes */
+    int curve;            /* --curve: CURVE keys, server (parent) and client (child) */
+    char server_pub[41], server_sec[41], client_pub[41], client_sec[41];
 };
+
+/* --curve: a CURVE option (a Z85 key, 40 characters) on socket s. */
+static void set_key(void *s, int opt, const char *key, const char *name)
+{
+    if (zmq_setsockopt(s, opt, key, 40) != 0)
+        die("zmq_setsockopt(%s): %s", name, zmq_strerror(zmq_errno()));
+}
 
 /* Socket types for workload w: parent's type, child's type.  Stream uses
  * XPUB (a PUB that can refuse to drop, see the header comment). */
 static void pattern(enum workload w, int *ptype, int *ctype)
 {
+    *ptype = *ctype = -1;
     switch (w) {
     case W_PINGPONG: *ptype = ZMQ_REQ; *ctype = ZMQ_REP; break;
     case W_STREAM: *ptype = ZMQ_XPUB; *ctype = ZMQ_SUB; break;
@@ -474,6 +491,11 @@ static void child_main(const struct run *r, int ep_fd)
     if (!ctx)
         die("zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
     void *s = make_socket(ctx, ctype, r->hwm);
+    if (r->curve) {
+        set_key(s, ZMQ_CURVE_SERVERKEY, r->server_pub, "ZMQ_CURVE_SERVERKEY");
+        set_key(s, ZMQ_CURVE_PUBLICKEY, r->client_pub, "ZMQ_CURVE_PUBLICKEY");
+        set_key(s, ZMQ_CURVE_SECRETKEY, r->client_sec, "ZMQ_CURVE_SECRETKEY");
+    }
     if (ctype == ZMQ_SUB && zmq_setsockopt(s, ZMQ_SUBSCRIBE, "", 0) != 0)
         die("zmq_setsockopt(ZMQ_SUBSCRIBE): %s", zmq_strerror(zmq_errno()));
     if (zmq_connect(s, ep) != 0)
@@ -500,7 +522,7 @@ static void child_main(const struct run *r, int ep_fd)
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: " PROG " [--warmup K] [--hwm H] [--inflight F]"
+            "usage: " PROG " [--curve] [--warmup K] [--hwm H] [--inflight F]"
             " pingpong|stream|bulk|dealer SIZE N\n");
     exit(2);
 }
@@ -510,8 +532,20 @@ int main(int argc, char **argv)
     static const char *const names[] = {"pingpong", "stream", "bulk", "dealer", NULL};
     static const uint64_t def_warmup[] = {1000, 10000, 2, 1000};
     struct bench_args a;
-    parse_args(argc, argv, names, def_warmup, 1, MAX_SIZE, &a);
     struct run r;
+    memset(&r, 0, sizeof r);
+    if (argc > 1 && strcmp(argv[1], "--curve") == 0) {
+        r.curve = 1;
+        argv[1] = argv[0];
+        argv++;
+        argc--;
+        if (!zmq_has("curve"))
+            die("this libzmq has no CURVE");
+        if (zmq_curve_keypair(r.server_pub, r.server_sec) != 0 ||
+            zmq_curve_keypair(r.client_pub, r.client_sec) != 0)
+            die("zmq_curve_keypair: %s", zmq_strerror(zmq_errno()));
+    }
+    parse_args(argc, argv, names, def_warmup, 1, MAX_SIZE, &a);
     r.w = (enum workload)a.workload;
     const char *wname = names[a.workload];
     r.n = a.n;
@@ -550,6 +584,10 @@ int main(int argc, char **argv)
     void *s = make_socket(ctx, ptype, r.hwm);
     if (ptype == ZMQ_XPUB)
         set_int(s, ZMQ_XPUB_NODROP, 1, "ZMQ_XPUB_NODROP");
+    if (r.curve) {
+        set_int(s, ZMQ_CURVE_SERVER, 1, "ZMQ_CURVE_SERVER");
+        set_key(s, ZMQ_CURVE_SECRETKEY, r.server_sec, "ZMQ_CURVE_SECRETKEY");
+    }
     if (zmq_bind(s, "tcp://127.0.0.1:*") != 0)
         die("zmq_bind: %s", zmq_strerror(zmq_errno()));
     char ep[256];
@@ -579,7 +617,7 @@ int main(int argc, char **argv)
     if (reap_child())
         return 1;
 
-    print_result("zmq", wname, r.size, r.n, r.warmup, res.seconds);
+    print_result(r.curve ? "zmq_curve" : "zmq", wname, r.size, r.n, r.warmup, res.seconds);
     if (r.hwm >= 0)
         printf(",\"hwm\":%d", r.hwm);
     if (r.w == W_DEALER)

@@ -3,7 +3,9 @@
 -- Runs every workload on lecho (Lua API, and the C API through
 -- bench/lecho_c where the core has one) and, in the same run, the same
 -- workload on raw TCP (bench/baseline_tcp) and ZeroMQ (bench/baseline_zmq),
--- with the encoded size of lecho's value as the baselines' message size.
+-- with the encoded size of lecho's value as the baselines' message size;
+-- the workload peers against NATS and Redis (bench/baseline_peers, servers
+-- started and stopped here) and ZeroMQ CURVE (bench/README.md).
 -- Every figure is measured 5 times (QUICK=1: 3), interleaved with what it
 -- is compared to (issue 13, see "Workloads" below).  Prints how busy the
 -- machine was (load average, steal time, per workload too) and whether to
@@ -25,19 +27,22 @@
 local USAGE = [[
 usage: luajit bench/run.lua [--help]      (or: make bench [QUICK=1])
 
-Runs lecho's benchmark suite against raw TCP and ZeroMQ and writes
+Runs lecho's benchmark suite against raw TCP, ZeroMQ, NATS and Redis (their
+servers started on loopback ports it picks, stopped at the end) and writes
 results.json, table.md and *.png to bench/results/.  It takes no options;
 the environment sets it up:
   QUICK=1           small counts, fewer points, 3 repetitions (not 5): < 60 s
   BENCH_ONLY=a,b    only these workloads: codec latency throughput sinks
                     pipeline channels bulk null_call calls modulators keyed
-                    attacked patterns scale
+                    peers attacked patterns scale
   BENCH_RESULTS=DIR results there instead of bench/results
   LECHO_BENCH_LOG=1 the workers log to their stderr files
   BENCH_KEEP_TMP=1  keep the temporary directory of the workers' output
   LUAJIT=PATH       the interpreter of the workers (luajit)
 Needs the tree's lua/ on LUA_PATH/LUA_CPATH (make bench sets them) and
-bench/baseline_tcp, bench/baseline_zmq, bench/lecho_c (make bench builds them).
+bench/baseline_tcp, bench/baseline_zmq, bench/baseline_peers, bench/lecho_c
+(make bench builds them); nats-server, redis-server and openssl for the
+workload peers (make bench-deps; a missing one leaves its rows unmeasured).
 ]]
 if arg and arg[1] then
   if arg[1] == "--help" or arg[1] == "-h" then io.write(USAGE) os.exit(0) end
@@ -82,6 +87,7 @@ local CFG = QUICK and {
   bulk_n = 5, bulk_bound = 5,
   null_n = 1000, c_stream_n = 100000,
   keyed_pp_n = 1000, keyed_stream = { { 1024, 30000 }, { 65536, 1000 } },
+  peers_keyed = { { 64, 20000 }, { 1024, 10000 } },
 } or {
   lat_warm = 200, lat_n = 2000, lat_bound = 4,
   -- { size, lecho's events, the baselines' (faster, except ZeroMQ at 64 KiB) }
@@ -94,6 +100,8 @@ local CFG = QUICK and {
   bulk_n = 100, bulk_bound = 20,
   null_n = 3000, c_stream_n = 1000000,
   keyed_pp_n = 3000, keyed_stream = { { 1024, 200000 }, { 65536, 5000 } },
+  -- { size, events } of the keyed rows against NATS with TLS and ZeroMQ CURVE
+  peers_keyed = { { 64, 500000 }, { 1024, 200000 } },
 }
 
 ------------------------------------------------------------------------------
@@ -910,13 +918,253 @@ local function w_scale()
   end
 end
 
+-- The peers users would pick instead (issue 27 item 7): NATS (nats-server,
+-- plain and with TLS) and Redis (redis-server) pub/sub, through small
+-- clients of our own (bench/baseline_peers.c: the NATS text protocol,
+-- RESP), and ZeroMQ with CURVE, beside lecho in interleaved repetitions of
+-- one run.  The servers are started here on loopback ports picked here
+-- (the OS's choice of a free port, then the server on it; a start that
+-- fails is retried on another), the TLS one with a throwaway self-signed
+-- certificate made with the openssl command in build/bench-tls/, and
+-- stopped at the end (kill_all on an error).  A server not installed
+-- leaves its rows out, flagged "not measured" (make bench-deps installs
+-- them).  bench/README.md says what each row runs.
+
+local socket = require "socket"
+
+local function have(cmd)
+  return os.execute(("command -v %s >/dev/null 2>&1"):format(sh_quote(cmd))) == 0
+end
+
+local function free_port()
+  local s = assert(socket.bind("127.0.0.1", 0))
+  local _, port = s:getsockname()
+  s:close()
+  return tonumber(port)
+end
+
+--- True once the server on port answers as `kind` does: NATS sends INFO
+-- first (in the clear, TLS or not), Redis answers PING.
+local function probe(kind, port)
+  local c = socket.tcp()
+  c:settimeout(0.5)
+  local ok = c:connect("127.0.0.1", port)
+  if ok then
+    if kind == "redis" then c:send("PING\r\n") end
+    local l = c:receive("*l")
+    ok = l and (kind == "redis" and l:match("^%+PONG") or kind ~= "redis" and l:match("^INFO ")) and true
+  end
+  c:close()
+  return ok or false
+end
+
+--- Starts a server: cmd(port) its command line; its child and port once
+-- it answers (10 s), at most 3 ports tried.
+local function start_server(kind, cmd)
+  local last
+  for _ = 1, 3 do
+    local port = free_port()
+    local child = spawn(cmd(port), kind)
+    local up = run_until(function() return exited(child) or probe(kind, port) end, 10)
+    if up and not exited(child) then return child, port end
+    last = child_errors(child)
+    kill(child)
+  end
+  error(("%s did not start: %s"):format(kind, tostring(last)))
+end
+
+--- build/bench-tls/{cert,key}.pem: a throwaway self-signed certificate
+-- (P-256, for IP 127.0.0.1, 1 day), made afresh each run.
+local function tls_cert()
+  local d = ROOT .. "/build/bench-tls"
+  local cert, key = d .. "/cert.pem", d .. "/key.pem"
+  local rc = os.execute(("mkdir -p %s && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+    .. "-nodes -keyout %s -out %s -days 1 -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 "
+    .. ">%s/openssl.log 2>&1"):format(sh_quote(d), sh_quote(key), sh_quote(cert), sh_quote(d)))
+  if rc ~= 0 then error("openssl req failed: " .. tostring(common.read(d .. "/openssl.log"))) end
+  return cert, key
+end
+
+local function w_peers()
+  log("peers (NATS, NATS with TLS, Redis, ZeroMQ CURVE), %d interleaved repetitions", REPS)
+  local res, missing = { servers = {} }, {}
+  local nats, redis = have("nats-server"), have("redis-server")
+  if not nats then missing[#missing + 1] = "nats-server" end
+  if not redis then missing[#missing + 1] = "redis-server" end
+  local tls = nats and have("openssl")
+  if nats and not tls then missing[#missing + 1] = "openssl" end
+  local servers = {}
+  local port = {}
+  if nats then
+    servers.nats, port.nats = start_server("nats", function(p)
+      return ("nats-server -a 127.0.0.1 -p %d"):format(p)
+    end)
+  end
+  if tls then
+    local cert, key = tls_cert()
+    res.ca = cert
+    servers.nats_tls, port.nats_tls = start_server("nats_tls", function(p)
+      return ("nats-server -a 127.0.0.1 -p %d --tls --tlscert %s --tlskey %s"):format(p, sh_quote(cert), sh_quote(key))
+    end)
+  end
+  if redis then
+    local rdir = tmpdir .. "/redis"
+    os.execute("mkdir -p " .. sh_quote(rdir))
+    servers.redis, port.redis = start_server("redis", function(p)
+      return ("redis-server --port %d --bind 127.0.0.1 --save '' --appendonly no --dir %s --daemonize no")
+        :format(p, sh_quote(rdir))
+    end)
+  end
+  res.servers = port
+  local function peer(kind, args)
+    if kind == "nats_tls" then
+      return run_c("baseline_peers", ("nats %d --tls %s %s"):format(port.nats_tls, sh_quote(res.ca), args))
+    end
+    return run_c("baseline_peers", ("%s %d %s"):format(kind, port[kind], args))
+  end
+  local PEERS = { { "nats", "NATS" }, { "redis", "Redis pub/sub" } }
+  local function add_peers(runs, args)
+    for _, k in ipairs(PEERS) do
+      if port[k[1]] then runs[#runs + 1] = { k[1], function() return peer(k[1], args) end } end
+    end
+  end
+  --- A row per peer of lecho's run `a` against it (or "not measured");
+  -- t.targets: the target of each peer's row, by peer (issue 27's table).
+  local function peer_rows(t, iv, a, value, only)
+    local first = true
+    for _, k in ipairs(PEERS) do
+      if not only or only[k[1]] then
+        local r = {}
+        for f, v in pairs(t) do r[f] = v end
+        if not first then r.workload = "" end
+        r.base = k[2]
+        r.targets, r.target = nil, t.targets and t.targets[k[1]] or nil
+        if iv.runs[k[1]] then
+          iv_row(r, iv, a, k[1], value)
+        else
+          r.flags = { "not measured: " .. (k[1] == "redis" and "redis-server" or "nats-server") .. " not installed" }
+          row(r)
+        end
+        first = false
+      end
+    end
+  end
+
+  local w = start_workers(
+    (function()
+      local list = { { id = "ptp", subs = { { group = "ptp", channels = { "peers_tp" } } } } }
+      for k = 1, 8 do list[#list + 1] = { id = "pfan" .. k, subs = { { group = "pfan", channels = { "peers_fan" } } } } end
+      return list
+    end)())
+  local p = assert(ctx:channel("peers_tp"):producer())
+  local pf = assert(ctx:channel("peers_fan"):producer())
+  local ok, err = pcall(function()
+    -- async publish -> subscribe, 64 B and 1 KiB
+    res.throughput = {}
+    for i, sz in ipairs{ CFG.tp[1], CFG.tp[2] } do
+      local size, n, bn = sz[1], sz[2], sz[3]
+      local v = common.payload("bytes" .. size)
+      local es = esize(v)
+      local runs = {
+        { "lecho", function()
+            local r = with_worker(w[1], async_run, { p }, v, math.max(1, math.floor(n / 20)), n, CFG.tp_bound, 1)
+            r.mb_per_s = r.ops_per_s * size / 1e6
+            return r
+          end } }
+      add_peers(runs, ("stream %d %d"):format(es, bn))
+      local c_api = size == 64 and io.open(BENCH .. "/lecho_h", "r")
+      if c_api then
+        c_api:close()
+        runs[#runs + 1] = { "lecho_h", function()
+          return run_c("lecho_h", ("stream %d %d"):format(size, CFG.c_stream_n))
+        end }
+      end
+      local iv = repeated(runs)
+      res.throughput[i] = medians(iv, ops_per_s, { size = size, encoded = es })
+      local label = size >= 1024 and "1 KiB" or ("%d B"):format(size)
+      peer_rows({ workload = ("async %s events/s, Lua API, vs peers"):format(label), metric = "ev/s",
+                  targets = size == 64 and { nats = { ">=", 2.5 } } or nil, target_issue = 27 },
+                iv, "lecho", ops_per_s)
+      if iv.runs.lecho_h then
+        peer_rows({ workload = ("async %s events/s, public C API (lecho.h), vs peers"):format(label),
+                    metric = "ev/s", targets = { nats = { ">=", 3 } }, target_issue = 27 }, iv, "lecho_h", ops_per_s,
+                  { nats = true })
+      end
+    end
+    -- round trip: lecho's sync null round trip; NATS request with an
+    -- inbox; Redis ping-pong over two channels
+    local size = esize(nil)
+    local iv = repeated((function()
+      local runs = { { "lecho", function()
+        return sync_rtt(p, nil, math.floor(CFG.null_n / 10), CFG.null_n, CFG.lat_bound)
+      end } }
+      add_peers(runs, ("pingpong %d %d"):format(size, CFG.base_pp_n))
+      return runs
+    end)())
+    res.round_trip = medians(iv, us_per_op, { size = size })
+    peer_rows({ workload = "null round trip, Lua API (sync) vs request/reply", metric = "us/rt", lower = true },
+              iv, "lecho", us_per_op)
+    -- fan-out 1 -> 8: time per event at the slowest subscriber
+    local fn = CFG.sink_async_n.null
+    iv = repeated((function()
+      local runs = { { "lecho", function()
+        return async_run({ pf }, nil, math.floor(fn / 20), fn, CFG.sink_bound, 8)
+      end } }
+      add_peers(runs, ("--subs 8 stream %d %d"):format(size, fn))
+      return runs
+    end)())
+    res.fanout = medians(iv, us_per_op, { size = size, subs = 8 })
+    peer_rows({ workload = "fan-out 1->8 null, time/event at the slowest subscriber", metric = "us/ev",
+                lower = true, targets = { nats = { "<=", 0.5 }, redis = { "<=", 0.5 } }, target_issue = 27 },
+              iv, "lecho", us_per_op)
+    -- keyed: lecho's keyed mode (C API, bench/lecho_c --keyed) against
+    -- NATS with TLS and ZeroMQ CURVE, plain NATS beside (what TLS costs it)
+    res.keyed = {}
+    for i, t in ipairs(CFG.peers_keyed) do
+      local ksize, kn = t[1], t[2]
+      local kes = esize(common.payload("bytes" .. ksize))
+      local runs = { { "lecho_keyed", function() return run_c("lecho_c", ("--keyed stream %d %d"):format(ksize, kn)) end },
+                     { "zmq_curve", function() return run_c("baseline_zmq", ("--curve stream %d %d"):format(kes, kn)) end } }
+      if port.nats_tls then
+        runs[#runs + 1] = { "nats_tls", function() return peer("nats_tls", ("stream %d %d"):format(kes, kn)) end }
+        runs[#runs + 1] = { "nats", function() return peer("nats", ("stream %d %d"):format(kes, kn)) end }
+      end
+      local kiv = repeated(runs)
+      res.keyed[i] = medians(kiv, ops_per_s, { size = ksize, encoded = kes })
+      local label = ksize >= 1024 and "1 KiB" or ("%d B"):format(ksize)
+      local kw = ("async %s events/s, keyed, C API"):format(label)
+      if kiv.runs.nats_tls then
+        iv_row({ workload = kw, metric = "ev/s", base = "NATS with TLS" }, kiv, "lecho_keyed", "nats_tls", ops_per_s)
+      else
+        row{ workload = kw, metric = "ev/s", base = "NATS with TLS",
+             flags = { "not measured: " .. table.concat(missing, ", ") .. " not installed" } }
+      end
+      iv_row({ workload = "", metric = "ev/s", base = "zmq CURVE" }, kiv, "lecho_keyed", "zmq_curve", ops_per_s)
+      if kiv.runs.nats_tls then
+        iv_row({ workload = ("NATS with TLS, async %s, vs plain NATS"):format(label), metric = "ev/s", base = "NATS",
+                 peer = "nats_tls" }, kiv, "nats_tls", "nats", ops_per_s)
+      end
+    end
+  end)
+  p:close()
+  pf:close()
+  stop_workers(w)
+  for _, name in ipairs{ "nats", "nats_tls", "redis" } do
+    if servers[name] then kill(servers[name]) end
+  end
+  res.missing = missing
+  R.peers = res
+  if not ok then error(err, 0) end
+end
+
 ------------------------------------------------------------------------------
 
 local WORKLOADS = {
   { "codec", w_codec }, { "latency", w_latency }, { "throughput", w_throughput },
   { "sinks", w_sinks }, { "pipeline", w_pipeline }, { "channels", w_channels },
   { "bulk", w_bulk }, { "null_call", w_null }, { "calls", w_calls }, { "modulators", w_modulators },
-  { "keyed", w_keyed }, { "attacked", w_attacked }, { "patterns", w_patterns }, { "scale", w_scale },
+  { "keyed", w_keyed }, { "peers", w_peers }, { "attacked", w_attacked }, { "patterns", w_patterns },
+  { "scale", w_scale },
 }
 
 local CORES = tonumber(io.popen("nproc"):read("*l"))

@@ -1,12 +1,12 @@
 -- The benchmark suite must keep running: `make bench QUICK=1` (bounded at
--- 150 s, killed on overrun) exits 0 and writes results.json with every
+-- 180 s, killed on overrun) exits 0 and writes results.json with every
 -- workload and positive numbers.  No timing is asserted.
 
 local support = require "spec.support"
 local cjson = require "cjson"
 
 local WORKLOADS = { "codec", "latency", "throughput", "sinks", "pipeline", "channels",
-                    "bulk", "null_call", "calls", "modulators", "keyed", "attacked", "patterns", "scale" }
+                    "bulk", "null_call", "calls", "modulators", "keyed", "peers", "attacked", "patterns", "scale" }
 
 local function positive(x, what)
   assert(type(x) == "number" and x > 0 and x == x and x < math.huge,
@@ -19,7 +19,7 @@ describe("make bench QUICK=1", function()
   setup(function()
     dir = support.tmpdir() .. "/bench-results"
     local _
-    _, out, rc = support.sh(("cd %s && timeout -k 5 150 make bench QUICK=1 BENCH_RESULTS=%s")
+    _, out, rc = support.sh(("cd %s && timeout -k 5 180 make bench QUICK=1 BENCH_RESULTS=%s")
       :format(support.sh_quote(support.root), support.sh_quote(dir)))
     local s = support.read(dir .. "/results.json")
     doc = s and cjson.decode(s)
@@ -158,12 +158,171 @@ describe("make bench QUICK=1", function()
     end
   end)
 
+  -- Issue 27 item 7: NATS and Redis (servers the bench starts and stops)
+  -- and ZeroMQ CURVE beside lecho, each row a ratio of the same run.
+  it("runs the peers: NATS, NATS with TLS, Redis, ZeroMQ CURVE, with sane numbers, servers stopped", function()
+    assert.is_table(doc)
+    local pw = doc.workloads.peers
+    assert.is_table(pw, "no workload peers")
+    assert.is_nil(pw.error, tostring(pw.error))
+    if #pw.missing > 0 then
+      -- only a missing server binary (make bench-deps installs them) skips
+      pending("peers not measured, not installed: " .. table.concat(pw.missing, ", ") .. " (make bench-deps)")
+      return
+    end
+    -- the servers ran on ports the bench picked, not their well-known ones,
+    -- and are gone now
+    for _, k in ipairs{ "nats", "nats_tls", "redis" } do
+      local port = pw.servers[k]
+      assert.is_number(port, "no port for " .. k)
+      assert.is_true(port ~= 4222 and port ~= 6379 and port > 1024, k .. " on port " .. port)
+      local c = require("socket").tcp()
+      c:settimeout(1)
+      local up = c:connect("127.0.0.1", port)
+      c:close()
+      assert.is_nil(up, k .. " still listening on " .. port)
+    end
+    local function sane(r, impl, lo, hi, field, what)
+      assert.is_table(r, what .. ": no run")
+      assert.is_nil(r.error, what .. ": " .. tostring(r.error))
+      if impl then assert.are.equal(impl, r.impl, what) end
+      positive(r[field], what)
+      assert(r[field] >= lo and r[field] <= hi, ("%s: %s = %g, not within %g-%g"):format(what, field, r[field], lo, hi))
+    end
+    assert.are.equal(2, #pw.throughput)
+    for _, t in ipairs(pw.throughput) do
+      local what = "async " .. t.size .. " B "
+      sane(t.lecho, nil, 1e3, 1e9, "ops_per_s", what .. "lecho")
+      sane(t.nats, "nats", 1e3, 1e9, "ops_per_s", what .. "nats")
+      sane(t.redis, "redis", 1e3, 1e9, "ops_per_s", what .. "redis")
+      assert.are.equal(t.encoded, t.nats.size)
+      assert.are.equal(3, #t.runs.nats)
+      assert.are.equal(3, #t.runs.redis)
+    end
+    sane(pw.throughput[1].lecho_h, "lecho_h", 1e3, 1e9, "ops_per_s", "async 64 B lecho.h")
+    local rt = pw.round_trip
+    sane(rt.lecho, nil, 1, 1e5, "us_per_op", "round trip lecho")
+    sane(rt.nats, "nats", 1, 1e5, "us_per_op", "round trip nats")
+    sane(rt.redis, "redis", 1, 1e5, "us_per_op", "round trip redis")
+    positive(rt.nats.p99_us, "round trip nats p99")
+    local fo = pw.fanout
+    sane(fo.lecho, nil, 0.01, 1e4, "us_per_op", "fan-out lecho")
+    for _, k in ipairs{ "nats", "redis" } do
+      sane(fo[k], k, 0.01, 1e4, "us_per_op", "fan-out " .. k)
+      assert.are.equal(8, fo[k].subs, "fan-out subscribers " .. k)
+    end
+    assert.are.equal(2, #pw.keyed)
+    for _, t in ipairs(pw.keyed) do
+      local what = "keyed " .. t.size .. " B "
+      sane(t.lecho_keyed, "lecho_c_keyed", 1e3, 1e9, "ops_per_s", what .. "lecho")
+      sane(t.nats_tls, "nats_tls", 1e3, 1e9, "ops_per_s", what .. "NATS TLS")
+      sane(t.nats, "nats", 1e3, 1e9, "ops_per_s", what .. "NATS")
+      sane(t.zmq_curve, "zmq_curve", 1e3, 1e9, "ops_per_s", what .. "zmq CURVE")
+    end
+    -- every peer row a ratio of the same run with its spread and repetitions
+    local want = {
+      { "^async 64 B events/s, Lua API, vs peers", "NATS", { ">=", 2.5 } },
+      { "^async 64 B events/s, Lua API, vs peers", "Redis pub/sub" },
+      { "^async 1 KiB events/s, Lua API, vs peers", "NATS" },
+      { "^async 1 KiB events/s, Lua API, vs peers", "Redis pub/sub" },
+      { "^async 64 B events/s, public C API", "NATS", { ">=", 3 } },
+      { "^null round trip, Lua API %(sync%) vs request/reply", "NATS" },
+      { "^null round trip, Lua API %(sync%) vs request/reply", "Redis pub/sub" },
+      { "^fan%-out 1%->8 null", "NATS", { "<=", 0.5 } },
+      { "^fan%-out 1%->8 null", "Redis pub/sub", { "<=", 0.5 } },
+      { "^async 64 B events/s, keyed, C API", "NATS with TLS" },
+      { "^async 64 B events/s, keyed, C API", "zmq CURVE" },
+      { "^async 1 KiB events/s, keyed, C API", "NATS with TLS" },
+      { "^async 1 KiB events/s, keyed, C API", "zmq CURVE" },
+    }
+    for _, t in ipairs(want) do
+      local found, head
+      for _, r in ipairs(doc.rows) do
+        if r.group == "peers" then
+          if r.workload ~= "" then head = r.workload end
+          if head:match(t[1]) and r.base == t[2] then found = r end
+        end
+      end
+      assert(found, ("no row %s vs %s"):format(t[1], t[2]))
+      positive(found.ratio, t[1] .. " vs " .. t[2])
+      assert.are.equal(3, found.reps, t[1] .. " vs " .. t[2])
+      assert(found.lo <= found.ratio and found.ratio <= found.hi, "spread of " .. t[1])
+      assert.same(t[3], found.target, t[1] .. " vs " .. t[2])
+    end
+  end)
+
   it("draws the plots", function()
     for _, png in ipairs{ "latency", "throughput", "sinks", "pipeline", "channels" } do
       local s = support.read(dir .. "/" .. png .. ".png")
       assert(s and s:sub(2, 4) == "PNG", png .. ".png missing")
     end
   end)
+end)
+
+-- bench/baseline_peers believes no server: a message lost or cut short
+-- fails the run (exit 1, the reason said) instead of giving a figure.  A
+-- fake NATS server (lua-socket) answers the handshake and the
+-- subscription's PING, then sends the subscriber messages 0 and 2, or a
+-- message of the wrong length.
+describe("bench/baseline_peers against a lying NATS server", function()
+  local FAKE = [[
+local socket = require "socket"
+local mode, portfile = arg[1], arg[2]
+local srv = assert(socket.bind("127.0.0.1", 0))
+local _, port = srv:getsockname()
+local f = assert(io.open(portfile .. ".tmp", "w")); f:write(port); f:close()
+os.rename(portfile .. ".tmp", portfile)
+local conns, state = { srv }, {}
+local deadline = socket.gettime() + 20
+while socket.gettime() < deadline do
+  local r = socket.select(conns, nil, 0.2)
+  for _, c in ipairs(r) do
+    if c == srv then
+      local n = srv:accept()
+      n:send("INFO {\"server_id\":\"fake\",\"max_payload\":1048576}\r\n")
+      conns[#conns + 1], state[n] = n, {}
+    else
+      local l, err = c:receive("*l")
+      if not l then
+        for i, x in ipairs(conns) do if x == c then table.remove(conns, i) break end end
+        c:close()
+      elseif l:match("^SUB ") then
+        state[c].sub = true
+      elseif l == "PING" then
+        c:send("PONG\r\n")
+        if state[c].sub and not state[c].sent then
+          state[c].sent = true
+          if mode == "gap" then
+            c:send("MSG bench.s 1 4\r\n\0abc\r\nMSG bench.s 1 4\r\n\2abc\r\n")
+          else
+            c:send("MSG bench.s 1 3\r\n\0ab\r\n")
+          end
+        end
+      end
+    end
+  end
+end
+]]
+
+  teardown(function() support.cleanup() end)
+
+  for _, case in ipairs{ { "gap", "message 1: bad sequence byte" },
+                         { "short", "message 0: 3 bytes, expected 4" } } do
+    it("fails on a " .. (case[1] == "gap" and "lost message" or "message of the wrong length"), function()
+      local portfile = support.tmpname("fake-nats-port")
+      local fake = support.lua(FAKE, case[1], portfile)
+      local port = support.wait_file(portfile, "^%d+$", 10)
+      assert(port, "the fake server did not start: " .. support.errors(fake))
+      local ok, out, code = support.sh(("cd %s && timeout -k 2 30 bench/baseline_peers nats %s --warmup 0 stream 4 5")
+        :format(support.sh_quote(support.root), port))
+      support.kill(fake, "KILL")
+      assert.is_false(ok, out)
+      assert.are.equal(1, code, out)
+      assert.truthy(out:find(case[2], 1, true), out)
+      assert.truthy(out:find("receiver 0 is gone", 1, true) or out:find("peer process failed", 1, true), out)
+      assert.is_nil(out:find("ops_per_s", 1, true), out)
+    end)
+  end
 end)
 
 describe("the bench scripts' --help", function()

@@ -158,13 +158,15 @@ describe("lecho-nameserver, lecho-manager and the other commands", function()
     local addr = S.read(pf):match("[^\n]+")
     assert.are.equal("", S.errors(ns) .. S.output(ns))
     local out = script("lecho-nameserver", "--listen 127.0.0.1:0 --for 0.5 --settle 0")
-    assert.matches("^lecho%-nameserver: protected mode: no key configured; listening on loopback only, "
+    -- the library's log line (lecho.log), then the script's own message
+    local TS = "%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%d%.%d%d%dZ"
+    assert.matches("^" .. TS .. " info lecho%[127%.0%.0%.1:%d+%] context: protected mode: no key configured; listening on loopback only, "
       .. "every local process is trusted\nlecho%-nameserver: listening on 127%.0%.0%.1:%d+\nrc=0\n$", out)
     -- A manager with --quiet and without.
     local ns2
     ns2, addr = S.nameserver("--quiet")
     assert.are.equal("rc=0\n", script("lecho-manager", ("--nameserver %s --for 0.5 --quiet"):format(addr)))
-    assert.matches("^lecho%-manager: protected mode: no key configured; listening on loopback only, "
+    assert.matches("^" .. TS .. " info lecho%[127%.0%.0%.1:%d+%] context: protected mode: no key configured; listening on loopback only, "
       .. "every local process is trusted\nlecho%-manager: 127%.0%.0%.1:%d+ managing channels for "
       .. addr:gsub("%p", "%%%0") .. "\nrc=0\n$",
       script("lecho-manager", ("--nameserver %s --for 0.5"):format(addr)))

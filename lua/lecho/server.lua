@@ -148,9 +148,8 @@ function M.main(spec)
   copts.advertise = opts.advertise
   copts.key = opts.key                                      -- nil: $LECHO_KEY
   if opts.trust and #opts.trust > 0 then copts.trust = opts.trust end  -- else $LECHO_TRUST
-  copts.log = function(msg)
-    if not opts.quiet or msg:match("^error") then io.stderr:write(prog, ": ", msg, "\n") end
-  end
+  -- logs: lecho.log's lines on stderr (doc/operations.md "Logs"); --quiet: errors only
+  if opts.quiet then copts.log_level = "error" end
   local ok, ctx, err = pcall(lecho.context, copts)   -- (raises, or returns nil, err)
   if not ok or not ctx then M.die(prog, M.message(ok and err or ctx), 1) end
   if opts.port_file then

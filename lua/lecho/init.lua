@@ -220,6 +220,15 @@ function M.context(opts)
     end
     self:_registered(r)
   end
+  -- the Prometheus endpoint (lecho.metrics, doc/operations.md "Metrics")
+  if opts.metrics then
+    local srv, merr = require("lecho.metrics").serve(self, opts.metrics)
+    if not srv then
+      self:close()
+      error("lecho: " .. merr, 2)
+    end
+    self.metrics = srv   -- ro: its addr is where it listens
+  end
   -- pushed code (README "Pushing code"): the built-in service lecho.code
   if opts.accept_code then
     local ac = opts.accept_code

@@ -36,7 +36,8 @@ Common options (every subcommand):
   --timeout SECONDS     control requests and calls (default 5)
   --help                the subcommand's help
 Exit codes: 0 done, 1 failed, 2 usage, 3 timed out, 130/143 ended by SIGINT/SIGTERM.
-Logs go to stderr (LECHO_LOG=debug|info|warn|error; default warn here).
+Logs go to stderr (LECHO_LOG=debug|info|warn|error; default error here:
+                      what failed is said by the tool itself).
 ]]
 
 local USAGE = {}
@@ -243,13 +244,13 @@ local function pretty(v)
 end
 
 -- The context of the tool: protected mode or keyed (--key/--trust, or
--- the environment), logs at warn unless LECHO_LOG says otherwise.
+-- the environment), logs at error unless LECHO_LOG says otherwise.
 local function context(cmd, opts, extra)
   local lecho = require "lecho"
   local copts = {
     nameserver = opts.nameserver or os.getenv("LECHO_NAMESERVER") or DEFAULT_NS,
     key = opts.key, trust = #opts.trust > 0 and opts.trust or nil,
-    timeout = opts.timeout, log_level = os.getenv("LECHO_LOG") == nil and "warn" or nil,
+    timeout = opts.timeout, log_level = os.getenv("LECHO_LOG") == nil and "error" or nil,
   }
   for k, v in pairs(extra or {}) do copts[k] = v end
   if type(copts.nameserver) == "string" then

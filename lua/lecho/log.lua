@@ -32,10 +32,11 @@ pcall(ffi.cdef, [[
   int clock_gettime(int clk, void *ts);
 ]])
 local ts = ffi.new("struct lecho_log_timespec")
+local tsp = ffi.cast("void *", ts) -- (another module may have declared clock_gettime with its own struct)
 
 --- The time now as ISO 8601 UTC with milliseconds ("...T21:50:43.123Z").
 function M.timestamp()
-  ffi.C.clock_gettime(0, ts) -- CLOCK_REALTIME
+  ffi.C.clock_gettime(0, tsp) -- CLOCK_REALTIME
   local sec = tonumber(ts.tv_sec)
   local ms = math.floor(tonumber(ts.tv_nsec) / 1e6)
   return os.date("!%Y-%m-%dT%H:%M:%S", sec) .. (".%03dZ"):format(ms)

@@ -37,7 +37,7 @@ for _, decl in ipairs{ "int socket(int domain, int type, int protocol);",
                        "int getsockname(int fd, void *addr, unsigned int *len);",
                        "long recv(int fd, void *buf, size_t n, int flags);",
                        "long send(int fd, const void *buf, size_t n, int flags);",
-                       "int close(int fd);", "char *strerror(int errnum);",
+                       "int close(int fd);", "char *strerror(int errnum);", "int shutdown(int fd, int how);",
                        "int inet_pton(int af, const char *src, void *dst);",
                        "unsigned short htons(unsigned short v);" } do
   pcall(ffi.cdef, decl)
@@ -207,6 +207,9 @@ end
 
 -- Writes what is left of cn.out; on EAGAIN polls every 10 ms (the loop's
 -- descriptor watchers are for reading only) until done or the deadline.
+-- Then ends our side and reads (discarding) until the client closes or the
+-- deadline: closed with unread bytes, the socket would send a reset, which
+-- can destroy the answer before the client read it.
 function Server:_write(cn)
   while cn.off < #cn.out do
     local n = tonumber(C.send(cn.fd, ffi.cast("const char *", cn.out) + cn.off, #cn.out - cn.off, MSG_NOSIGNAL))
@@ -221,7 +224,11 @@ function Server:_write(cn)
       return self:_drop(cn)
     end
   end
-  self:_drop(cn)
+  if cn.poll then cn.poll:stop(); cn.poll = nil end
+  C.shutdown(cn.fd, 1) -- SHUT_WR
+  cn.draining = true
+  cn.watch = self.ctx.c:io(cn.fd, function() self:_read(cn) end)
+  self:_read(cn)
 end
 
 function Server:_answer(cn, code, ctype, body)
@@ -235,7 +242,15 @@ local rbuf = ffi.new("char[4096]")
 
 -- The request so far: answered once its head is complete.
 function Server:_read(cn)
-  if cn.closed or cn.out then return end
+  if cn.closed then return end
+  if cn.draining then
+    while true do
+      local n = tonumber(C.recv(cn.fd, rbuf, 4096, 0))
+      if n == 0 or (n < 0 and ffi.errno() ~= EAGAIN and ffi.errno() ~= EINTR) then return self:_drop(cn) end
+      if n < 0 then return end
+    end
+  end
+  if cn.out then return end
   while true do
     local n = tonumber(C.recv(cn.fd, rbuf, 4096, 0))
     if n > 0 then
@@ -276,6 +291,7 @@ function Server:_accept()
     if fd < 0 then return end      -- EAGAIN, or out of descriptors: next time
     if self.nconns >= M.LIMITS.connections then
       local r = response(503, "text/plain", "too many connections\n")
+      C.recv(fd, rbuf, 4096, 0) -- what came already: not left to make a reset
       C.send(fd, r, #r, MSG_NOSIGNAL)
       C.close(fd)
       self.refused = self.refused + 1

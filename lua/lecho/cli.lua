@@ -408,9 +408,10 @@ end
 function cmds.pub(opts, pos)
   local name, text = pos[1], pos[2]
   local values -- an iterator of { ok, value | why }
+  local ctx, interrupted
+  local lines -- stdin's lines, read on the loop (made once the context is)
   if text == "-" then
     local cjson = require "cjson"
-    local lines = io.stdin:lines()
     local n = 0
     values = function()
       while true do
@@ -441,7 +442,30 @@ function cmds.pub(opts, pos)
       return { true, v }
     end
   end
-  local ctx = context("pub", opts)
+  ctx = context("pub", opts)
+  if text == "-" then
+    -- stdin read on the loop, so that a signal is seen while it waits
+    local term = require "lecho.repl.term"
+    local buf, eof = "", false
+    local w = ctx:on_readable(0, function(wt)
+      local s = term.read_fd(0)
+      if s == nil then eof = true; wt:stop() else buf = buf .. s end
+    end)
+    local up = values
+    lines = function()
+      while true do
+        local line, rest = buf:match("^([^\n]*)\n(.*)$")
+        if line then buf = rest return line end
+        if eof or interrupted then
+          if interrupted or buf == "" then return nil end
+          line, buf = buf, ""
+          return line
+        end
+        ctx:run_once(0.5)
+      end
+    end
+    values = function() local v = up() if v == nil then w:stop() end return v end
+  end
   local ch, err, ecode = ctx:channel(name)
   if not ch then
     io.stderr:write("lecho pub: ", tostring(err), "\n")
@@ -452,7 +476,6 @@ function cmds.pub(opts, pos)
     io.stderr:write("lecho pub: ", server.message(okp and perr or p), "\n")
     finish(ctx, okp and code_exit(pcode) or EXIT.failed)
   end
-  local interrupted
   on_signals(ctx, function(s) interrupted = s end)
   wait_consumers(ctx, ch, opts.wait == nil and 2 or opts.wait)
   local n, code = 0, EXIT.ok

@@ -138,6 +138,27 @@ describe("lecho, the command-line tool", function()
     assert.are.equal("", S.errors(pub))
   end)
 
+  it("sub --modulator FILE --params: the modulator runs at the producer", function()
+    local _, ns = S.nameserver("--quiet")
+    local mod = S.write(S.tmpname("mod") .. ".lua",
+      "function enqueue(ev) if ev % params.m == 0 then return ev * 10 end end\n")
+    local sub = S.spawn(("%s %s/scripts/lecho sub m --modulator %s --params '{ m = 2 }' --count 1 --for 30 --json "
+      .. "--nameserver %s"):format(S.luajit, S.root, mod, ns))
+    assert(wait_consumer(ns, "m"), "the subscriber did not join: " .. S.errors(sub))
+    assert.are.equal("rc=0\n", lecho(("pub m 3 --nameserver %s"):format(ns)))
+    assert.are.equal("rc=0\n", lecho(("pub m 4 --nameserver %s"):format(ns)))
+    local ended, code = S.wait(sub, 20)
+    assert.is_true(ended, S.errors(sub))
+    assert.are.equal(0, code, S.errors(sub))
+    local got = json_lines(S.output(sub))
+    assert.are.equal(1, #got)
+    assert.are.equal(40, got[1].value)
+    -- a modulator file that is not there: said, exit 2
+    local body, rc = split(lecho(("sub m --modulator %s/none.lua --nameserver %s"):format(S.tmpdir(), ns)))
+    assert.are.equal(2, rc)
+    assert.matches("^lecho sub: %-%-modulator .*none%.lua: no such file", body)
+  end)
+
   it("sub --count and --for: 0 when the count came, 3 when time ran out", function()
     local _, ns = S.nameserver("--quiet")
     local body, rc = split(lecho(("sub quiet --count 1 --for 0.5 --nameserver %s"):format(ns)))

@@ -64,6 +64,9 @@ describe("scripts and examples run from a checkout with no module paths set", fu
     local out = sh_out(bare(("%s/bin/lecho-repl --nameserver %s --no-history -e %s </dev/null")
       :format(tree, addr:match("[^\n]+"), S.sh_quote("print(package.searchpath('lecho.repl', package.path))"))))
     assert.are.equal(tree .. "/share/lua/5.1/lecho/repl/init.lua\nrc=0\n", out)
+    -- the lecho tool beside them (doc/operations.md), reading that name server
+    out = sh_out(bare(("%s/bin/lecho ls --json --nameserver %s"):format(tree, addr:match("[^\n]+"))))
+    assert.are.equal("rc=0\n", out)
     -- Moved elsewhere after installing: PREFIX/share/lua/5.1 next to its bin/.
     local moved = S.tmpname("moved")
     assert(os.execute(("mv %s %s"):format(tree, moved)) ~= false)

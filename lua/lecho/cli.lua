@@ -343,8 +343,10 @@ function cmds.sub(opts, pos)
   local lecho = require "lecho"
   local src, params
   if opts.modulator then
-    local ok, s = pcall(lecho.modulator, opts.modulator)
-    if not ok or not s then die("sub", ("--modulator %s: %s"):format(opts.modulator, server.message(s))) end
+    local ok, s, merr = pcall(lecho.modulator, opts.modulator)
+    if not ok or not s then
+      die("sub", ("--modulator %s: %s"):format(opts.modulator, server.message(ok and merr or s)))
+    end
     src = s
   end
   if opts.params then
@@ -398,8 +400,12 @@ local function wait_consumers(ctx, ch, wait)
   if not wait or wait <= 0 then return end
   local deadline = ctx:now() + wait
   while ctx:now() < deadline do
-    local s = ctx:stats().channels[ch.name]
-    if s and (s.destinations or 0) > 0 then return true end
+    -- the channel, or a modulator's stream of it ("name@key")
+    for n, s in pairs(ctx:stats().channels) do
+      if (n == ch.name or n:sub(1, #ch.name + 1) == ch.name .. "@") and (s.destinations or 0) > 0 then
+        return true
+      end
+    end
     ctx:run_once(0.02)
   end
   return false

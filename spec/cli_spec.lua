@@ -159,6 +159,25 @@ describe("lecho, the command-line tool", function()
     assert.matches("^lecho sub: %-%-modulator .*none%.lua: no such file", body)
   end)
 
+  it("a process answers at most 20 stats requests a second, the rest 'busy'", function()
+    local _, ns = S.nameserver("--quiet")
+    local ctx = require("lecho").context{ nameserver = ns, quiet = true }
+    local st = require "lecho.stats"
+    local ok, busy, t0 = 0, 0, os.time()
+    for _ = 1, 100 do
+      local s, err, code = st.fetch(ctx, ns)
+      if s then ok = ok + 1 else
+        assert.are.equal("busy", code)
+        assert.are.equal("busy: more than 20 stats requests this second", err)
+        busy = busy + 1
+      end
+    end
+    local secs = os.time() - t0 + 1   -- the whole seconds the loop touched
+    ctx:close()
+    assert.is_true(ok >= 20 and ok <= 20 * (secs + 1), ("%d answered in %d s"):format(ok, secs))
+    assert.are.equal(100, ok + busy)
+  end)
+
   it("sub --count and --for: 0 when the count came, 3 when time ran out", function()
     local _, ns = S.nameserver("--quiet")
     local body, rc = split(lecho(("sub quiet --count 1 --for 0.5 --nameserver %s"):format(ns)))

@@ -763,10 +763,11 @@ local function bench_sink(opts)
   finish(ctx, EXIT.ok)
 end
 
+local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
 local function self_command()
   local exe = arg and arg[-1] or "luajit"
   local script = arg and arg[0] or "lecho"
-  local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
   return q(exe) .. " " .. q(script)
 end
 
@@ -780,9 +781,9 @@ function cmds.bench(opts)
   local ch = ctx:channel(name)
   local p, perr = ch:producer()
   if not p then die("bench", tostring(perr), EXIT.failed) end
-  local cmd = ("%s bench --sink %s --nameserver %s"):format(self_command(), name, ctx.ns)
-  for _, k in ipairs{ "key" } do if opts[k] then cmd = cmd .. (" --%s '%s'"):format(k, opts[k]) end end
-  for _, t in ipairs(opts.trust) do cmd = cmd .. (" --trust '%s'"):format(t) end
+  local cmd = ("%s bench --sink %s --nameserver %s"):format(self_command(), q(name), q(ctx.ns))
+  if opts.key then cmd = cmd .. " --key " .. q(opts.key) end
+  for _, t in ipairs(opts.trust) do cmd = cmd .. " --trust " .. q(t) end
   local child = io.popen(cmd, "w")
   local interrupted
   on_signals(ctx, function(s) interrupted = s end)

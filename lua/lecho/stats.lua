@@ -27,6 +27,10 @@ local BUCKETS, NB = M.BUCKETS, #M.BUCKETS
 -- the rest is counted in `truncated`, so a reply always fits a CTRL frame.
 M.MAX_ENTRIES = 4096
 
+-- Snapshots a context makes for others per second at most (each costs
+-- O(channels + peers)); past it the request is answered "busy".
+M.MAX_PER_SECOND = 20
+
 -- How long a context keeps its name server's answer to "may P read my
 -- stats" (seconds): `lecho top` asks every second.
 local MAY_TTL = 5
@@ -119,6 +123,14 @@ end
 -- refused (keyed mode, see the top) with code "refused".
 function M.serve(ctx, from, msg)
   if type(msg.rid) ~= "number" then return end
+  local t = math.floor(ctx:now())
+  local rate = ctx.stats_rate
+  if not rate or rate.t ~= t then rate = { t = t, n = 0 }; ctx.stats_rate = rate end
+  rate.n = rate.n + 1
+  if rate.n > M.MAX_PER_SECOND then
+    return ctx:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = false, code = "busy",
+                                  err = ("busy: more than %d stats requests this second"):format(M.MAX_PER_SECOND) })
+  end
   ctx:_spawn(function()
     local ok, why = may(ctx, from)
     if ctx.closed then return end

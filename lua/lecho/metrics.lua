@@ -184,6 +184,7 @@ end
 local Server = {}
 Server.__index = Server
 
+
 local REASON = { [200] = "OK", [404] = "Not Found", [405] = "Method Not Allowed",
                  [431] = "Request Header Fields Too Large", [400] = "Bad Request",
                  [503] = "Service Unavailable", [500] = "Internal Server Error" }
@@ -207,9 +208,10 @@ end
 
 -- Writes what is left of cn.out; on EAGAIN polls every 10 ms (the loop's
 -- descriptor watchers are for reading only) until done or the deadline.
--- Then ends our side and reads (discarding) until the client closes or the
--- deadline: closed with unread bytes, the socket would send a reset, which
--- can destroy the answer before the client read it.
+-- Then closes at once when nothing more came from the client (the usual
+-- GET); else ends our side and reads (discarding) until the client closes
+-- or the deadline: closed with unread bytes, the socket would send a
+-- reset, which can destroy the answer before the client read it.
 function Server:_write(cn)
   while cn.off < #cn.out do
     local n = tonumber(C.send(cn.fd, ffi.cast("const char *", cn.out) + cn.off, #cn.out - cn.off, MSG_NOSIGNAL))
@@ -225,6 +227,8 @@ function Server:_write(cn)
     end
   end
   if cn.poll then cn.poll:stop(); cn.poll = nil end
+  local n = tonumber(C.recv(cn.fd, self.rbuf, 4096, 0))
+  if n == 0 or (n < 0 and ffi.errno() == EAGAIN) then return self:_drop(cn) end
   C.shutdown(cn.fd, 1) -- SHUT_WR
   cn.draining = true
   cn.watch = self.ctx.c:io(cn.fd, function() self:_read(cn) end)
@@ -238,23 +242,21 @@ function Server:_answer(cn, code, ctype, body)
   self:_write(cn)
 end
 
-local rbuf = ffi.new("char[4096]")
-
 -- The request so far: answered once its head is complete.
 function Server:_read(cn)
   if cn.closed then return end
   if cn.draining then
     while true do
-      local n = tonumber(C.recv(cn.fd, rbuf, 4096, 0))
+      local n = tonumber(C.recv(cn.fd, self.rbuf, 4096, 0))
       if n == 0 or (n < 0 and ffi.errno() ~= EAGAIN and ffi.errno() ~= EINTR) then return self:_drop(cn) end
       if n < 0 then return end
     end
   end
   if cn.out then return end
   while true do
-    local n = tonumber(C.recv(cn.fd, rbuf, 4096, 0))
+    local n = tonumber(C.recv(cn.fd, self.rbuf, 4096, 0))
     if n > 0 then
-      cn.req = cn.req .. ffi.string(rbuf, n)
+      cn.req = cn.req .. ffi.string(self.rbuf, n)
       if #cn.req > M.LIMITS.request_bytes then
         return self:_answer(cn, 431, "text/plain", "request too large\n")
       end
@@ -291,7 +293,7 @@ function Server:_accept()
     if fd < 0 then return end      -- EAGAIN, or out of descriptors: next time
     if self.nconns >= M.LIMITS.connections then
       local r = response(503, "text/plain", "too many connections\n")
-      C.recv(fd, rbuf, 4096, 0) -- what came already: not left to make a reset
+      C.recv(fd, self.rbuf, 4096, 0) -- what came already: not left to make a reset
       C.send(fd, r, #r, MSG_NOSIGNAL)
       C.close(fd)
       self.refused = self.refused + 1
@@ -343,7 +345,7 @@ function M.serve(ctx, where)
   C.getsockname(fd, sin, len)
   local bound = ("%s:%d"):format(host, bit.rshift(bit.band(sin.port, 0xff), 0) * 256 + bit.rshift(sin.port, 8))
   local self = setmetatable({ ctx = ctx, fd = fd, addr = bound, conns = {}, nconns = 0, requests = 0,
-                              refused = 0 }, Server)
+                              refused = 0, rbuf = ffi.new("char[4096]") }, Server)  -- rbuf: what recv reads into
   self.watch = ctx.c:io(fd, function() self:_accept() end)
   return self
 end

@@ -718,7 +718,8 @@ function cmds.top(opts)
       else
         local out = {}
         if tty then out[1] = "\27[H\27[2J" end
-        out[#out + 1] = ("lecho top: %s, %d processes, every %gs (Ctrl-C ends)\n"):format(ctx.ns, #rows, interval)
+        out[#out + 1] = ("lecho top: %s, %d process%s, every %gs (Ctrl-C ends)\n"):format(ctx.ns, #rows,
+          #rows == 1 and "" or "es", interval)
         out[#out + 1] = ("%-24s %-10s %5s %5s %9s %9s %9s %8s %8s %8s %6s %6s\n"):format("PROCESS", "ROLE", "CONNS",
           "CHANS", "EV_IN", "EV_OUT", "LOCAL", "IN/s", "OUT/s", "LOCAL/s", "DROPS", "QUEUE")
         for _, r in ipairs(rows) do

@@ -354,7 +354,7 @@ install: $(SO)
 	cp $(SO) $(DESTDIR)$(INST_LIBDIR)/lecho/core.so
 	cd lua && find lecho -name '*.lua' | while read -r f; do \
 	  mkdir -p "$(DESTDIR)$(INST_LUADIR)/$$(dirname $$f)" && cp "$$f" "$(DESTDIR)$(INST_LUADIR)/$$f" || exit 1; done
-	for f in scripts/lecho-*; do \
+	for f in scripts/lecho scripts/lecho-*; do \
 	  sed -e 's|@LECHO_LUADIR@|$(INST_LUADIR)|; s|@LECHO_LIBDIR@|$(INST_LIBDIR)|' "$$f" > "$(DESTDIR)$(INST_BINDIR)/$${f#scripts/}" && \
 	  chmod 755 "$(DESTDIR)$(INST_BINDIR)/$${f#scripts/}" || exit 1; done
 	$(if $(CAPI_INSTALL),$(MAKE) install-capi)

@@ -702,6 +702,7 @@ function Context:close(opts)
     if ch.rejoin then ch.rejoin:stop() end
   end
   if self.tick then self.tick:stop() end
+  if self.metrics then self.metrics:close() end
   if self.reregister then self.reregister:stop() end
   local ok, err = true, nil
   -- Lingering waits: on the main line, or in a callback of ours (it suspends).

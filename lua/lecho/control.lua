@@ -311,6 +311,9 @@ function Context:_on_ctrl(from, msg)
   elseif op == "gchange" then
     -- a group's change, from one of its name servers (lecho.group)
     self:_on_gchange(from, msg)
+  elseif op == "stats" then
+    -- another process reads our counters (lecho.stats; keyed: its policy)
+    require("lecho.stats").serve(self, from, msg)
   elseif self.reg then
     self.reg:handle(from, msg, self._send, now(self))
   elseif msg.rid then

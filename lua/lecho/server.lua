@@ -146,11 +146,11 @@ function M.main(spec)
   local copts = spec.context(opts)
   copts.listen = opts.listen
   copts.advertise = opts.advertise
+  copts.metrics = opts.metrics          -- --metrics ADDRESS (lecho.metrics)
   copts.key = opts.key                                      -- nil: $LECHO_KEY
   if opts.trust and #opts.trust > 0 then copts.trust = opts.trust end  -- else $LECHO_TRUST
-  copts.log = function(msg)
-    if not opts.quiet or msg:match("^error") then io.stderr:write(prog, ": ", msg, "\n") end
-  end
+  -- logs: lecho.log's lines on stderr (doc/operations.md "Logs"); --quiet: errors only
+  if opts.quiet then copts.log_level = "error" end
   local ok, ctx, err = pcall(lecho.context, copts)   -- (raises, or returns nil, err)
   if not ok or not ctx then M.die(prog, M.message(ok and err or ctx), 1) end
   if opts.port_file then
@@ -162,7 +162,8 @@ function M.main(spec)
   end
   if not opts.quiet then
     local mode = ctx.principal and (" (keyed: principal %s)"):format(ctx.principal) or ""
-    io.stderr:write(prog, ": ", spec.started(ctx, opts), mode, "\n")
+    local metrics = ctx.metrics and ("; metrics on http://%s/metrics"):format(ctx.metrics.addr) or ""
+    io.stderr:write(prog, ": ", spec.started(ctx, opts), mode, metrics, "\n")
   end
   if opts.duration then ctx:after(opts.duration, function() ctx:stop() end) end
   ctx:run()

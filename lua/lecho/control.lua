@@ -462,6 +462,8 @@ function Context:list(addr)
   return r.channels, r.managers, r.truncated
 end
 
+local function is_key(k, n) return type(k) == "string" and #k == n end
+
 -- ctx:channel(name, { create = false }): does channel `full` (at name
 -- server `ns`) have a producer or a consumer?  Asks the name server, and the
 -- channel's manager when that is another context.  Returns true, or nil,
@@ -469,6 +471,16 @@ end
 function Context:_channel_exists(full, ns, name)
   local r, err, code = self:request(ns, { op = "lookup", ch = full, create = false })
   if r and r.manager ~= ns then
+    if type(r.manager) ~= "string" then return nil, ("name server %s: a lookup reply without a manager"):format(ns), "protocol" end
+    -- keyed: the manager is pinned to the key the name server gave before
+    -- anything is sent there (the info request and its reply, _reply_wrong)
+    if self.keyed then
+      local ok, perr = is_key(r.manager_key, 32) and self:_expect(r.manager, r.manager_key)
+      if not ok then
+        return nil, ("name server %s: manager %s: %s"):format(ns, r.manager,
+          tostring(perr or "a lookup reply without the manager's key")), "refused"
+      end
+    end
     r, err, code = self:request(r.manager, { op = "info", ch = full })
   end
   if r then return true end
@@ -492,7 +504,6 @@ function Channel:_secure_all()
   for _, st in pairs(self.streams) do self:_secure(st.chid) end
 end
 
-local function is_key(k, n) return type(k) == "string" and #k == n end
 
 function Channel:_manager()
   if self.manager then return self.manager end

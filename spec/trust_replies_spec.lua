@@ -395,3 +395,59 @@ describe("the protocol audit (doc/protocol.md, section 9)", function()
     srv:close()
   end)
 end)
+
+describe("the reply matcher (lua/lecho/control.lua)", function()
+  local lecho = require "lecho"
+  local ctx, lines
+  before_each(function()
+    lines = {}
+    ctx = lecho.context{ log = function(m) lines[#lines + 1] = m end }
+  end)
+  after_each(function() ctx:close() end)
+
+  it("draws request ids at random, none twice among those pending", function()
+    local seen, small = {}, 0
+    for _ = 1, 2000 do
+      local rid = ctx:_pend("127.0.0.1:9")
+      assert.is_nil(seen[rid])
+      seen[rid] = true
+      assert.is_true(rid >= 1 and rid < 2 ^ 53 and rid % 1 == 0)
+      if rid <= 1e6 then small = small + 1 end
+    end
+    -- counting from 1, all 2000 would be <= 1e6; at random, about 2000 * 1e6 / 2^53
+    assert.is_true(small <= 1, ("%d of 2000 ids <= 1e6"):format(small))
+  end)
+
+  it("takes a reply only from the address and connection its request went out on, logging the others", function()
+    local rid, p = ctx:_pend("127.0.0.1:9")
+    p.gen = 5
+    ctx:_on_ctrl("127.0.0.1:10", { op = "reply", rid = rid, ok = true, manager = "evil" }, 7)
+    assert.is_nil(p.reply)
+    ctx:_on_ctrl("127.0.0.1:9", { op = "reply", rid = rid, ok = true, manager = "evil" }, 6)
+    assert.is_nil(p.reply)
+    ctx:_on_ctrl("127.0.0.1:9", { op = "reply", rid = rid, ok = true, manager = "good" }, 5)
+    assert.equals("good", p.reply.manager)
+    -- one line for the forgeries (one per 10 s), naming why
+    local n = 0
+    for _, l in ipairs(lines) do
+      if l:find("ignoring a reply", 1, true) then n = n + 1 end
+    end
+    assert.equals(1, n)
+    assert.truthy(table.concat(lines, "\n"):find(
+      "ignoring a reply from 127.0.0.1:10: the request went to 127.0.0.1:9", 1, true))
+    -- a request sent before its connection was up takes the next one's
+    local rid2, p2 = ctx:_pend("127.0.0.1:11")
+    assert.equals(0, p2.gen)
+    ctx:_on_ctrl("127.0.0.1:11", { op = "reply", rid = rid2, ok = true }, 3)
+    assert.is_nil(p2.reply)
+    ctx:_on_peer(1, "127.0.0.1:11", true, nil, 8)
+    assert.equals(8, p2.gen)
+    ctx:_on_ctrl("127.0.0.1:11", { op = "reply", rid = rid2, ok = true }, 8)
+    assert.truthy(p2.reply)
+    -- a request that failed takes no reply after
+    local rid3, p3 = ctx:_pend("127.0.0.1:12")
+    p3.gen, p3.failed = 9, "connection lost"
+    ctx:_on_ctrl("127.0.0.1:12", { op = "reply", rid = rid3, ok = true }, 9)
+    assert.is_nil(p3.reply)
+  end)
+end)

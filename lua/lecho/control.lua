@@ -45,6 +45,18 @@ function Context:_send_ctrl(to, msg)
 end
 
 function Context:_fail_pending(addr, why)
+  -- Keyed: the handshake refused a name server's address for its principal
+  -- (the pin of _add_nameserver; core/handshake.c identity_check says
+  -- "ADDR is principal P (key K), expected Q", at the dial and to the sends
+  -- while the address is in backoff): said as _check_nameserver says it,
+  -- so that the requests waiting there fail with code "refused".
+  if self.keyed and self.nameservers[addr] then
+    local name, khex = tostring(why):match("^%S+ is principal (%S+) %(key (%x+)%), expected ")
+    if name then
+      why = ("refused: name server %s is %s (key %s), not %s"):format(addr, name, khex, self.ns_principal)
+      self:_warn_limited("nameserver " .. addr, why)
+    end
+  end
   for _, p in pairs(self.pending) do
     if p.to == addr and not p.reply then p.failed = why end
   end
@@ -410,17 +422,6 @@ function Context:_on_peer(idx, addr, up, reason, gen)
   -- a peer that went down may be freed, and its idx name another later:
   -- what was cached under it goes (it is found again from the core)
   self.peer_addrs[idx], self.pnames[idx] = nil, nil
-  -- Keyed: the handshake refused a name server's address for its principal
-  -- (the pin of _add_nameserver; core/handshake.c identity_check says
-  -- "ADDR is principal P (key K), expected Q"): said as _check_nameserver
-  -- says it, so that the requests waiting there fail with code "refused".
-  if self.keyed and reason and self.nameservers[addr] then
-    local name, khex = reason:match("^%S+ is principal (%S+) %(key (%x+)%), expected ")
-    if name then
-      reason = ("refused: name server %s is %s (key %s), not %s"):format(addr, name, khex, self.ns_principal)
-      self:_warn_limited("nameserver " .. addr, reason)
-    end
-  end
   self:_fail_pending(addr, reason or "connection lost")
   if self.reg then self.reg:peer_down(addr, self._send, now(self)) end
   -- A group's name server lost: renewed there at once (and again every

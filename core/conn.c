@@ -410,6 +410,14 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
         lei_logf(c, "connection with %s closed, %s", p ? p->addr : "?", why);
         lei_conn_close(k, why, 0);
         return -1;
+    case LEI_F_HELLO:
+    case LEI_F_HELLO_OK:
+    case LEI_F_AUTH:
+    case LEI_F_AUTH_OK:
+        /* a second handshake on an up connection: bad input, said as such */
+        snprintf(why, sizeof why, "handshake frame (type %u) after the handshake", f->type);
+        lei_conn_close(k, why, 1);
+        return -1;
     default:
         snprintf(why, sizeof why, "unknown frame type %u", f->type);
         lei_conn_close(k, why, 1);

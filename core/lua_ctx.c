@@ -463,7 +463,7 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
     lua_setfield(L, -2, "hash");
     lua_pushcfunction(L, lei_lpat_new); /* core.lpat(): the modulators' pattern functions */
     lua_setfield(L, -2, "lpat");
-    luaL_register(L, NULL, lb_auth_funcs); /* keypair, sign, verify, hex, unhex */
+    luaL_register(L, NULL, lb_auth_funcs); /* keypair, sign, verify, hex, unhex, random_id */
     lua_pushinteger(L, LEI_PROTO_VERSION);
     lua_setfield(L, -2, "protocol_version");
     return 1;

@@ -117,7 +117,10 @@ static int hook_call(lua_State *L) {
         return 0;
     a->bad = 0;
     if (!a->is_event) {
-        lua_call(L, 2, 0);
+        /* the connection's generation: a reply is taken only from the
+         * connection its request went out on (lecho.control) */
+        lua_pushnumber(L, (lua_Number)lei_peer_gen(a->from));
+        lua_call(L, 3, 0);
         return 0;
     }
     lua_pushinteger(L, a->from ? lei_peer_idx(a->from) : 0);
@@ -224,7 +227,8 @@ void lb_hook_peer(void *ud, lei_peer *p, int up, const char *reason) {
         lua_pushstring(L, reason);
     else
         lua_pushnil(L);
-    lb_pcall(b, 4, 0);
+    lua_pushnumber(L, (lua_Number)lei_peer_gen(p)); /* up: the new connection's generation */
+    lb_pcall(b, 5, 0);
 }
 
 /* Runs the modulators' dequeue, then the turn hook (the Lua scheduler

@@ -23,7 +23,7 @@ end
 function Context:_fullname(name)
   local ns, short = address.split(name, self.ns)
   if not ns then error("lecho: " .. short, 3) end
-  self.nameservers[ns] = true
+  self:_add_nameserver(ns)
   return address.join(ns, short), ns, short
 end
 

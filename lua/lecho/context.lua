@@ -44,6 +44,20 @@ function Context:_nameserver_ok(addr)
   return self.c:peer_identity(addr) == self.ns_principal
 end
 
+-- Records addr as a name server's address.  Keyed, the core pins it to
+-- ns_principal: the handshake of a connection to or from it refuses any
+-- other principal before the connection is up, so nothing queued for the
+-- name server (a gjoin with a member's data, a lookup) is ever written to
+-- an impostor there (issue 23).
+function Context:_add_nameserver(addr)
+  if self.nameservers[addr] then return end
+  self.nameservers[addr] = true
+  if self.keyed and addr ~= self.addr then
+    local ok, err = self.c:expect_principal(addr, self.ns_principal)
+    if not ok then self.log(("cannot pin name server %s to %s: %s"):format(addr, self.ns_principal, err)) end
+  end
+end
+
 -- From the peer hook, when the connection to addr came up in keyed mode:
 -- one to the name server that is not ns_principal is closed, and the
 -- requests waiting on it fail with "refused" (its messages are dropped by

@@ -126,7 +126,8 @@ function M.context(opts)
     -- (thousands of channels: each table touched is a cache miss)
     dcon = {}, dshort = {},
     peer_addrs = {}, pnames = {},
-    pending = {}, rid = 0,
+    pending = {},         -- rid -> a request waiting for its reply (lecho.control)
+    expect_keys = {},     -- keyed: address -> the key it was pinned to (c:expect)
     nextpid = 0, nextcid = 0,
     selfq = {}, draining = false,
     waiters = {}, cos = setmetatable({}, { __mode = "k" }), held = {}, views = {},
@@ -176,7 +177,7 @@ function M.context(opts)
   -- every address used as a name server (ours, those of nslist, and those
   -- channel names give): keyed, each must be the principal ns_principal
   self.nameservers = {}
-  for _, a in ipairs(nslist) do self.nameservers[a] = true end
+  for _, a in ipairs(nslist) do self:_add_nameserver(a) end
   if opts.manager or not opts.nameserver then
     self.reg = registry.new{
       addr = addr, role = opts.manager and opts.nameserver and "manager" or "nameserver",
@@ -204,13 +205,13 @@ function M.context(opts)
     event = function(chid, value, peer, producer, seq, sync, gen, nbytes, vlen)
       return self:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, vlen)
     end,
-    ctrl = function(from, msg)
+    ctrl = function(from, msg, gen)
       if self.keyed and not self:_nameserver_ok(from) then return end
-      return self:_on_ctrl(from, msg)
+      return self:_on_ctrl(from, msg, gen)
     end,
-    peer = function(idx, paddr, up, reason)
+    peer = function(idx, paddr, up, reason, gen)
       if up and self.keyed then self:_check_nameserver(paddr) end
-      return self:_on_peer(idx, paddr, up, reason)
+      return self:_on_peer(idx, paddr, up, reason, gen)
     end,
     log = function(msg) self.log(msg) end,
     moe_error = function(id, why) self:_moe_error(id, why) end,

@@ -379,7 +379,7 @@ local function now() return socket.gettime() end
 local function wrap(s, opts)
   s:setoption("tcp-nodelay", true)
   return setmetatable({ s = s, raw = "", plain = "", pos = 1, closed = false, keyed = false,
-                        rx_n = 0, tx_n = 0, opts = opts, frames = {} }, Peer)
+                        rx_n = 0, tx_n = 0, opts = opts, frames = {}, log = {} }, Peer)
 end
 
 -- Reads what the socket has until `deadline` or until at least one more
@@ -447,6 +447,35 @@ function Peer:_decrypt()
   return true
 end
 
+-- Every frame this peer read (in the clear, or once a record decrypted:
+-- all it could read) is logged in self.log: { type = "CTRL", body = bytes,
+-- msg = the decoded CTRL value }.  A spec asks the log what the rogue
+-- learnt (Peer:learnt), whichever function read the frame.
+function Peer:_log(t, body)
+  local e = { type = M.NAMES[t] or tostring(t), body = body }
+  if t == M.F.CTRL then
+    local ok, msg = core.decode(body)
+    e.msg = ok and msg or nil
+  end
+  self.log[#self.log + 1] = e
+end
+
+--- What the log holds after the handshake: the frames of types other than
+-- HELLO, HELLO_OK, AUTH, AUTH_OK, ERROR, HEARTBEAT and PING (a list of log
+-- entries), and the CTRL ops among them (a list of strings).
+function Peer:learnt()
+  local skip = { HELLO = true, HELLO_OK = true, AUTH = true, AUTH_OK = true, ERROR = true,
+                 HEARTBEAT = true, PING = true }
+  local frames, ops = {}, {}
+  for _, e in ipairs(self.log) do
+    if not skip[e.type] then
+      frames[#frames + 1] = e
+      if e.type == "CTRL" then ops[#ops + 1] = type(e.msg) == "table" and tostring(e.msg.op) or "?" end
+    end
+  end
+  return frames, ops
+end
+
 --- The next frame, waiting up to `timeout` seconds: type, body; or nil,
 -- "timeout" / "closed" / "bad record".
 function Peer:read(timeout)
@@ -463,6 +492,7 @@ function Peer:read(timeout)
     local t, body, nxt = M.parse_frame(self[src], self.pos)
     if t then
       self.pos = nxt
+      self:_log(t, body)
       return t, body
     end
     if body then return nil, body end
@@ -631,11 +661,19 @@ function M.dial(target, opts)
   return p
 end
 
---- A listening socket on 127.0.0.1 (port chosen by the OS): the server;
--- server.addr is "127.0.0.1:PORT".
-function M.listen()
-  local s = assert(socket.tcp())
-  assert(s:bind("127.0.0.1", 0))
+--- A listening socket on 127.0.0.1 (port chosen by the OS, or `port`: an
+-- impostor at a port another process left): the server; server.addr is
+-- "127.0.0.1:PORT".  Returns nil, err when the port cannot be bound.
+function M.listen(port)
+  -- tcp4: the descriptor exists now (socket.tcp() makes it at bind), so
+  -- that SO_REUSEADDR can be set before bind: a port left in TIME_WAIT
+  local s = assert(socket.tcp4())
+  assert(s:setoption("reuseaddr", true))
+  local ok, err = s:bind("127.0.0.1", port or 0)
+  if not ok then
+    s:close()
+    return nil, err
+  end
   assert(s:listen(16))
   local ip, port = s:getsockname()
   return { s = s, addr = ("%s:%d"):format(ip, port),
@@ -650,8 +688,14 @@ function M.accept(server, opts)
   server.s:settimeout(opts.timeout or 5)
   local s, err = server.s:accept()
   if not s then return nil, err end
+  return M.handshake_accepted(s, opts)
+end
+
+--- The acceptor's side of the handshake on socket s, accepted already
+-- (opts as M.accept's): the peer, or nil, err, the peer.
+function M.handshake_accepted(s, opts)
   local p = wrap(s, opts)
-  local body
+  local body, err
   body, err = p:expect(M.F.HELLO, opts.timeout or 5)
   if not body then return nil, err, p end
   local r

@@ -86,7 +86,7 @@ help:
 	@echo "  FUZZ_QUICK_SECONDS=$(FUZZ_QUICK_SECONDS)     make fuzz-quick: how long per harness"
 	@echo "  STRESS_SECONDS=$(STRESS_SECONDS)       make stress: total time"
 	@echo "  STRESS_SCENARIO_SECONDS=$(STRESS_SCENARIO_SECONDS) make stress: time per scenario"
-	@echo "  SEED, SECONDS, SCENARIO  make stress-seed: which scenario to replay, for how long"
+	@echo "  SEED, SECONDS, SCENARIO, MODE  make stress-seed: which scenario to replay, for how long, keyed or protected"
 	@echo "  DEMO_SECONDS, LECHO_NAMESERVER  make demo: how long (10), which name server"
 	@echo "  KEIRETSU_ARGS            make keiretsu: options of examples/keiretsu/run.lua (--help)"
 	@echo "  BUSTED_ARGS              make spec/test: arguments for busted (files, --filter ...)"
@@ -422,4 +422,4 @@ stress: all
 
 stress-seed: all
 	$(SPEC_ENV) $(SPEC_PRE) $(LUAJIT) stress/run.lua --seed $(SEED) --seconds $(or $(SECONDS),30) \
-	  $(if $(SCENARIO),--scenario $(SCENARIO)) --keep
+	  $(if $(SCENARIO),--scenario $(SCENARIO)) $(if $(MODE),--mode $(MODE)) --keep

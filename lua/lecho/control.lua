@@ -533,6 +533,11 @@ function Channel:_manager()
   if type(r.manager) ~= "string" or (r.manager_key ~= nil and not is_key(r.manager_key, 32)) then
     return nil, ("name server %s: a lookup reply without a manager address and key"):format(self.ns), "protocol"
   end
+  -- keyed: nothing goes to a manager whose key the name server did not give
+  -- (its address would be anyone's who claims it first)
+  if ctx.keyed and r.manager ~= ctx.addr and not r.manager_key then
+    return nil, ("name server %s: a lookup reply without the key of manager %s"):format(self.ns, r.manager), "protocol"
+  end
   if r.manager_key then
     -- the manager is who the name server says it is: its address is pinned
     -- to that key, and its producers' tickets are checked against it

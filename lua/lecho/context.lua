@@ -638,9 +638,25 @@ function Context:on_readable(fd, fn)
 end
 
 -- (A dispatch's view is copied before the loop runs inside it.)
+local SIGNAME = { [2] = "SIGINT", [15] = "SIGTERM" }
+
+--- Serves the loop until ctx:stop().  Unless the context was made with
+-- signals = false, SIGINT and SIGTERM (those the process does not ignore)
+-- are caught while it runs, and only then: one closes the context (what was
+-- submitted is delivered within linger) and ends the process with 128 + the
+-- signal's number (130, 143); the actions the process had are back after a
+-- run that ends otherwise.  During that close a second signal ends the
+-- process at once.
 function Context:run()
   keep_views(self)
-  return self.c:run()
+  local sig = self.c:run(self.signals)
+  if not sig then return end
+  self.log(("%s: closing the context (delivering what was submitted, for at most %gs); "
+    .. "a second signal ends the process at once"):format(SIGNAME[sig] or "signal " .. sig, self.linger))
+  self:close()
+  io.stdout:flush()
+  io.stderr:flush()
+  os.exit(128 + sig)
 end
 
 --- One loop turn, waiting at most timeout seconds (nil: until something

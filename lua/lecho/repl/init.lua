@@ -101,6 +101,7 @@ function M.main(opts)
       nameserver = opts.nameserver, listen = opts.listen, advertise = opts.advertise,
       key = opts.key, trust = opts.trust and #opts.trust > 0 and opts.trust or nil,  -- nil: $LECHO_*
       nameserver_principal = opts.ns_principal,
+      signals = false,    -- the REPL's own: Ctrl-C interrupts a line, not the session
       log = function(msg)
         if opts.quiet or not started then return end
         if R.json then return R.json.emit{ log = msg } end

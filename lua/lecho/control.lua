@@ -501,6 +501,7 @@ function Channel:_join(role)
     end
   else
     self.cjoined = true
+    self:_check_reach(r.producers)
   end
   return r
 end

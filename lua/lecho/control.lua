@@ -168,6 +168,11 @@ end
 local function members_channel(self, from, msg)
   local ch = type(msg.ch) == "string" and self.byname[msg.ch]
   if not ch then return nil, ("no channel '%s' here"):format(tostring(msg.ch)) end
+  if ch.manager == nil and from == ch.left_manager then
+    -- the last endpoint here left; the list the manager sent before it had
+    -- our leave (a consumer's leave, say, told to the producers) is due
+    return nil, nil
+  end
   if ch.manager == nil or from ~= ch.manager then
     return nil, ("not the manager of '%s' (%s)"):format(ch.name, tostring(ch.manager or "none yet"))
   end
@@ -277,6 +282,7 @@ function Context:_on_ctrl(from, msg)
   elseif op == "members" then
     local ch, why = members_channel(self, from, msg)
     if not ch then
+      if why == nil then return end
       return self:_warn_limited("members", ("ignoring a members message from %s: %s"):format(from, why))
     end
     if msg.ver > ch.ver then
@@ -453,7 +459,7 @@ function Channel:_manager()
       self:_secure_all()
     end
   end
-  self.manager = r.manager
+  self.manager, self.left_manager = r.manager, nil
   -- a peer's number: finite, positive, bounded, or none (a NaN or a string
   -- from a broken name server must not become the join's wait)
   local s = r.settle
@@ -514,7 +520,7 @@ function Channel:_leave(role)
   -- Without endpoints here, the next one looks the manager up again: an
   -- unused channel is forgotten by the name server after forget_after, and
   -- may then go to another manager.
-  if self.nprod == 0 and #self.all == 0 then self.manager = nil end
+  if self.nprod == 0 and #self.all == 0 then self.manager, self.left_manager = nil, self.manager end
 end
 
 -- How long a producer that lost its manager keeps sending to the consumers

@@ -25,31 +25,36 @@ SO         := lua/lecho/core.so
 CTESTS     := build/test_codec build/test_frame build/test_inmap build/test_ctx build/test_addr build/test_errors \
               build/test_auth build/test_lpat
 
-# Debian packages the project needs, by the file that proves each is there.
-DEPS := /usr/bin/luajit:luajit \
+# Debian packages the project needs, by the file that proves each is there:
+# RUN_DEPS to build lecho and run it (make, make demo, the scripts), the
+# rest for the test and bench suites (make deps, make test, make bench).
+RUN_DEPS := /usr/bin/luajit:luajit \
         /usr/include/luajit-2.1/lua.h:libluajit-5.1-dev \
         /usr/include/ev.h:libev-dev \
         /usr/include/sodium.h:libsodium-dev \
         /usr/lib/x86_64-linux-gnu/lua/5.1/cjson.so:lua-cjson \
+        /usr/bin/gcc:gcc \
+        /usr/bin/make:make
+DEPS := $(RUN_DEPS) \
         /usr/bin/busted:lua-busted \
         /usr/share/lua/5.1/socket.lua:lua-socket \
         /usr/sbin/ip:iproute2 \
         /usr/bin/luarocks:luarocks \
-        /usr/bin/gcc:gcc \
-        /usr/bin/make:make \
         /usr/bin/pkg-config:pkg-config \
         /usr/include/zmq.h:libzmq3-dev \
         /usr/bin/gnuplot:gnuplot-nox \
         /usr/bin/tmux:tmux
 
-.PHONY: all deps test ctest spec asan demo keiretsu bench clean help install liblecho examples-c
+.PHONY: all deps run-deps env test ctest spec asan demo keiretsu bench clean help install liblecho examples-c
 
 all: $(SO)
 
 help:
 	@echo "Targets:"
 	@echo "  make             build the core module ($(SO))"
-	@echo "  make deps        check the Debian packages lecho needs, apt-get install the missing ones"
+	@echo "  make deps        check the Debian packages lecho and its test and bench suites need, apt-get install the missing ones"
+	@echo "  make run-deps    the same for only those needed to build and run lecho (make demo checks these)"
+	@echo "  make env         print the exports that let luajit find this checkout's lecho: eval \"\$$(make -s env)\""
 	@echo "  make test        deps, build, C unit tests, then the busted specs under LuaJIT"
 	@echo "  make fuzz        every libFuzzer harness (core/fuzz_*.c: $(FUZZ_HARNESSES)) for FUZZ_SECONDS each, clang installed if missing"
 	@echo "  make fuzz-quick  the same for FUZZ_QUICK_SECONDS each (make test runs it); fails on a crash"
@@ -283,8 +288,17 @@ asan: deps
 # The atmosphere example: a simulation and three viewer processes (full,
 # region, differencing), bytes per viewer; DEMO_SECONDS (10), LECHO_NAMESERVER
 # (default: the simulation runs the name server).
-demo: deps all
+demo: run-deps all
 	$(SPEC_ENV) $(LUAJIT) examples/atmosphere/run.lua
+
+run-deps:
+	@$(MAKE) --no-print-directory deps DEPS="$(RUN_DEPS)"
+
+# For running one's own script from a checkout: eval "$(make -s env)", then
+# luajit my.lua (after make).  The same paths the specs and demos use.
+env:
+	@echo 'export LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;"'
+	@echo 'export LUA_CPATH="$(CURDIR)/lua/?.so;;"'
 
 # The Keiretsu example: instant messaging over four nodes, each in its own
 # network namespace when allowed (root), else loopback processes; messages/s

@@ -22,7 +22,7 @@ local function now(self) return self.c:now() end
 -- line, outside any callback, serves the loop itself until it can go on.
 -- So waits never nest: no callback ever runs inside another one's wait.
 local WAIT, DONE = {}, {}
-local traceback = debug.traceback
+local traceback = require("lecho.errors").traceback  -- (without lecho's own frames)
 
 function Context:_peer_addr(idx)
   local a = self.peer_addrs[idx]

@@ -410,6 +410,20 @@ end
     repl:keys("Tab")
     repl:expect("stats%s+stop")
     repl:keys("C-u")
+    -- After "ctx.": the public API (documented fields, methods), none of
+    -- the context's internal fields (issue 25)
+    repl:mark()
+    repl:type("ctx.")
+    repl:keys("Tab")
+    repl:keys("Tab")
+    local _, text = repl:expect("nslist[^\n]*\n")
+    text = repl:text()
+    assert.matches("%f[%w]addr%f[%W]", text)
+    assert.matches("%f[%w]channel%f[%W]", text)
+    for _, internal in ipairs{ "byname", "bychid", "disp", "dcon", "waiters", "copool", "fastenc" } do
+      assert.not_matches("%f[%w]" .. internal .. "%f[%W]", text)
+    end
+    repl:keys("C-u")
   end)
 
   it("lists a failed modulator as failed, and its stream under its channel in stats()", function()

@@ -114,6 +114,22 @@ function M.main(opts)
     end
     R.ctx, R.lecho = c, lecho
   end
+
+  -- The documented fields of lecho's objects (README "Using it"), which Tab
+  -- completion lists with their classes' methods: an object's other fields
+  -- are lecho's own.  nil: not a lecho object.
+  do
+    local classes = {
+      [getmetatable(R.ctx)] = { "addr", "ns", "nslist", "principal" },
+      [require "lecho.channel"] = { "name" },
+      [require "lecho.producer"] = {},
+      [require "lecho.consumer"] = {},
+    }
+    function R.public_fields(obj)
+      local mt = type(obj) == "table" and getmetatable(obj)
+      return mt and classes[mt] or nil
+    end
+  end
   local ctx = R.ctx
 
   ----------------------------------------------------------------------------

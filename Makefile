@@ -95,6 +95,7 @@ help:
 	@echo "  PREFIX=$(PREFIX) DESTDIR  make install: where to (DESTDIR: a staging root)"
 	@echo "  INST_LIBDIR, INST_LUADIR, INST_BINDIR  make install: the Lua tree, the core, the scripts (under PREFIX)"
 	@echo "  INST_INCDIR, INST_CLIBDIR, INST_PCDIR   make install: the C API (LuaRocks: only when INST_INCDIR is given)"
+	@echo "  CAPI_IN_TREE             make install under LuaRocks (the rockspecs set it): the C API in the tree's include/, lib/, lib/pkgconfig/"
 	@echo "  EXAMPLE_PREFIX           make examples-c: the install it builds against"
 	@echo "  APT=$(APT)             make deps: the package tool"
 	@echo "  PKG_CONFIG=$(PKG_CONFIG)  finds libsodium's flags (SODIUM_CFLAGS, SODIUM_LIBS)"
@@ -342,7 +343,11 @@ INST_INCDIR  ?= $(PREFIX)/include
 INST_CLIBDIR ?= $(PREFIX)/lib
 INST_PCDIR   ?= $(INST_CLIBDIR)/pkgconfig
 LECHO_VERSION := 0.1.0
-CAPI_INSTALL := $(if $(filter command line,$(origin INST_LIBDIR)),$(filter command line,$(origin INST_INCDIR)),yes)
+# CAPI_IN_TREE (the rockspecs): the C API goes into the LuaRocks tree the
+# rock is installed in (ROCK_TREE below): TREE/include/lecho.h,
+# TREE/lib/liblecho.so, TREE/lib/pkgconfig/lecho.pc, where a C user looks.
+CAPI_IN_TREE ?=
+CAPI_INSTALL = $(if $(filter command line,$(origin INST_LIBDIR)),$(or $(filter command line,$(origin INST_INCDIR)),$(CAPI_IN_TREE)),yes)
 
 install: $(SO)
 	mkdir -p $(DESTDIR)$(INST_LIBDIR)/lecho $(DESTDIR)$(INST_LUADIR) $(DESTDIR)$(INST_BINDIR)
@@ -365,6 +370,14 @@ ROCK_TREE = $(if $(findstring /lib/luarocks/rocks-5.1/,$(INST_LUADIR)),$(firstwo
 RUN_LUADIR = $(if $(ROCK_TREE),$(ROCK_TREE)/share/lua/5.1,$(INST_LUADIR))
 RUN_LIBDIR = $(if $(ROCK_TREE),$(ROCK_TREE)/lib/lua/5.1,$(INST_LIBDIR))
 PC_PREFIX = $(if $(filter command line,$(origin PREFIX)),$(PREFIX),$(patsubst %/,%,$(dir $(INST_INCDIR))))
+ifneq ($(CAPI_IN_TREE),)
+ifeq ($(ROCK_TREE),)
+$(error CAPI_IN_TREE: INST_LUADIR ($(INST_LUADIR)) is not inside a LuaRocks tree)
+endif
+override INST_INCDIR = $(ROCK_TREE)/include
+override INST_CLIBDIR = $(ROCK_TREE)/lib
+override INST_PCDIR = $(ROCK_TREE)/lib/pkgconfig
+endif
 install-capi: | build
 	@mkdir -p build/inst
 	@printf '%s\n' 'prefix=$(PC_PREFIX)' 'includedir=$(INST_INCDIR)' 'libdir=$(INST_CLIBDIR)' '' \

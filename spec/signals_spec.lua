@@ -15,9 +15,10 @@ local PRODUCER = [[
 local ffi = require "ffi"
 ffi.cdef "int poll(void *fds, unsigned long nfds, int timeout);"
 local lecho = require "lecho"
-local ns, chan, n, pad, signals = arg[1], arg[2], tonumber(arg[3]), tonumber(arg[4]), arg[5] == "no" and false or nil
-local ctx = assert(lecho.context{ nameserver = ns, linger = 30, queue_limit = 2 * n * pad,
-                                  signals = signals })
+local ns, chan, n, pad = arg[1], arg[2], tonumber(arg[3]), tonumber(arg[4])
+local opts = { nameserver = ns, linger = 30, queue_limit = 2 * n * pad }
+if arg[5] == "no" then opts.signals = false end
+local ctx = assert(lecho.context(opts))
 local p = assert(ctx:channel(chan):producer())
 assert(p:submit_sync({ i = 0 }))       -- connected to the consumer
 local blob = string.rep("x", pad)

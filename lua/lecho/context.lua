@@ -643,8 +643,8 @@ local SIGNAME = { [2] = "SIGINT", [15] = "SIGTERM" }
 --- Serves the loop until ctx:stop().  Unless the context was made with
 -- signals = false, SIGINT and SIGTERM (those the process does not ignore)
 -- are caught while it runs, and only then: one closes the context (what was
--- submitted is delivered within linger) and ends the process with 128 + the
--- signal's number (130, 143); the actions the process had are back after a
+-- submitted is delivered within linger) and ends the process by that signal
+-- (a shell's $? 130, 143); the actions the process had are back after a
 -- run that ends otherwise.  During that close a second signal ends the
 -- process at once.
 function Context:run()
@@ -656,7 +656,11 @@ function Context:run()
   self:close()
   io.stdout:flush()
   io.stderr:flush()
-  os.exit(128 + sig)
+  -- Ended by the signal itself (its action is the default again): the
+  -- parent sees what it sent (a shell's $? is 128 + sig, 130 or 143).
+  pcall(ffi.cdef, "int raise(int sig);")
+  ffi.C.raise(sig)
+  os.exit(128 + sig)      -- (the signal blocked by the host program)
 end
 
 --- One loop turn, waiting at most timeout seconds (nil: until something

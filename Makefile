@@ -40,6 +40,7 @@ DEPS := $(RUN_DEPS) \
         /usr/share/lua/5.1/socket.lua:lua-socket \
         /usr/sbin/ip:iproute2 \
         /usr/bin/luarocks:luarocks \
+        /usr/bin/git:git \
         /usr/bin/pkg-config:pkg-config \
         /usr/include/zmq.h:libzmq3-dev \
         /usr/bin/gnuplot:gnuplot-nox \

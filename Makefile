@@ -25,18 +25,22 @@ SO         := lua/lecho/core.so
 CTESTS     := build/test_codec build/test_frame build/test_inmap build/test_ctx build/test_addr build/test_errors \
               build/test_auth build/test_lpat
 
-# Debian packages the project needs, by the file that proves each is there.
-DEPS := /usr/bin/luajit:luajit \
+# Debian packages the project needs, by the file that proves each is there:
+# RUN_DEPS to build lecho and run it (make, make demo, the scripts), the
+# rest for the test and bench suites (make deps, make test, make bench).
+RUN_DEPS := /usr/bin/luajit:luajit \
         /usr/include/luajit-2.1/lua.h:libluajit-5.1-dev \
         /usr/include/ev.h:libev-dev \
         /usr/include/sodium.h:libsodium-dev \
         /usr/lib/x86_64-linux-gnu/lua/5.1/cjson.so:lua-cjson \
+        /usr/bin/gcc:gcc \
+        /usr/bin/make:make
+DEPS := $(RUN_DEPS) \
         /usr/bin/busted:lua-busted \
         /usr/share/lua/5.1/socket.lua:lua-socket \
         /usr/sbin/ip:iproute2 \
         /usr/bin/luarocks:luarocks \
-        /usr/bin/gcc:gcc \
-        /usr/bin/make:make \
+        /usr/bin/git:git \
         /usr/bin/pkg-config:pkg-config \
         /usr/include/zmq.h:libzmq3-dev \
         /usr/bin/gnuplot:gnuplot-nox \
@@ -51,14 +55,16 @@ BENCH_DEPS := /usr/sbin/nats-server:nats-server \
         /usr/include/openssl/ssl.h:libssl-dev \
         /usr/bin/openssl:openssl
 
-.PHONY: all deps bench-deps test ctest spec asan demo keiretsu bench clean help install liblecho examples-c
+.PHONY: all deps run-deps env bench-deps test ctest spec asan demo keiretsu bench clean help install liblecho examples-c
 
 all: $(SO)
 
 help:
 	@echo "Targets:"
 	@echo "  make             build the core module ($(SO))"
-	@echo "  make deps        check the Debian packages lecho needs, apt-get install the missing ones"
+	@echo "  make deps        check the Debian packages lecho and its test and bench suites need, apt-get install the missing ones"
+	@echo "  make run-deps    the same for only those needed to build and run lecho (make demo checks these)"
+	@echo "  make env         print the exports that let luajit find this checkout's lecho: eval \"\$$(make -s env)\""
 	@echo "  make test        deps, build, C unit tests, then the busted specs under LuaJIT"
 	@echo "  make fuzz        every libFuzzer harness (core/fuzz_*.c: $(FUZZ_HARNESSES)) for FUZZ_SECONDS each, clang installed if missing"
 	@echo "  make fuzz-quick  the same for FUZZ_QUICK_SECONDS each (make test runs it); fails on a crash"
@@ -100,6 +106,7 @@ help:
 	@echo "  PREFIX=$(PREFIX) DESTDIR  make install: where to (DESTDIR: a staging root)"
 	@echo "  INST_LIBDIR, INST_LUADIR, INST_BINDIR  make install: the Lua tree, the core, the scripts (under PREFIX)"
 	@echo "  INST_INCDIR, INST_CLIBDIR, INST_PCDIR   make install: the C API (LuaRocks: only when INST_INCDIR is given)"
+	@echo "  CAPI_IN_TREE             make install under LuaRocks (the rockspecs set it): the C API in the tree's include/, lib/, lib/pkgconfig/"
 	@echo "  EXAMPLE_PREFIX           make examples-c: the install it builds against"
 	@echo "  APT=$(APT)             make deps: the package tool"
 	@echo "  PKG_CONFIG=$(PKG_CONFIG)  finds libsodium's flags (SODIUM_CFLAGS, SODIUM_LIBS)"
@@ -297,8 +304,17 @@ asan: deps
 # The atmosphere example: a simulation and three viewer processes (full,
 # region, differencing), bytes per viewer; DEMO_SECONDS (10), LECHO_NAMESERVER
 # (default: the simulation runs the name server).
-demo: deps all
+demo: run-deps all
 	$(SPEC_ENV) $(LUAJIT) examples/atmosphere/run.lua
+
+run-deps:
+	@$(MAKE) --no-print-directory deps DEPS="$(RUN_DEPS)"
+
+# For running one's own script from a checkout: eval "$(make -s env)", then
+# luajit my.lua (after make).  The same paths the specs and demos use.
+env:
+	@echo 'export LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;"'
+	@echo 'export LUA_CPATH="$(CURDIR)/lua/?.so;;"'
 
 # The Keiretsu example: instant messaging over four nodes, each in its own
 # network namespace when allowed (root), else loopback processes; messages/s
@@ -347,7 +363,11 @@ INST_INCDIR  ?= $(PREFIX)/include
 INST_CLIBDIR ?= $(PREFIX)/lib
 INST_PCDIR   ?= $(INST_CLIBDIR)/pkgconfig
 LECHO_VERSION := 0.1.0
-CAPI_INSTALL := $(if $(filter command line,$(origin INST_LIBDIR)),$(filter command line,$(origin INST_INCDIR)),yes)
+# CAPI_IN_TREE (the rockspecs): the C API goes into the LuaRocks tree the
+# rock is installed in (ROCK_TREE below): TREE/include/lecho.h,
+# TREE/lib/liblecho.so, TREE/lib/pkgconfig/lecho.pc, where a C user looks.
+CAPI_IN_TREE ?=
+CAPI_INSTALL = $(if $(filter command line,$(origin INST_LIBDIR)),$(or $(filter command line,$(origin INST_INCDIR)),$(CAPI_IN_TREE)),yes)
 
 install: $(SO)
 	mkdir -p $(DESTDIR)$(INST_LIBDIR)/lecho $(DESTDIR)$(INST_LUADIR) $(DESTDIR)$(INST_BINDIR)
@@ -370,6 +390,14 @@ ROCK_TREE = $(if $(findstring /lib/luarocks/rocks-5.1/,$(INST_LUADIR)),$(firstwo
 RUN_LUADIR = $(if $(ROCK_TREE),$(ROCK_TREE)/share/lua/5.1,$(INST_LUADIR))
 RUN_LIBDIR = $(if $(ROCK_TREE),$(ROCK_TREE)/lib/lua/5.1,$(INST_LIBDIR))
 PC_PREFIX = $(if $(filter command line,$(origin PREFIX)),$(PREFIX),$(patsubst %/,%,$(dir $(INST_INCDIR))))
+ifneq ($(CAPI_IN_TREE),)
+ifeq ($(ROCK_TREE),)
+$(error CAPI_IN_TREE: INST_LUADIR ($(INST_LUADIR)) is not inside a LuaRocks tree)
+endif
+override INST_INCDIR = $(ROCK_TREE)/include
+override INST_CLIBDIR = $(ROCK_TREE)/lib
+override INST_PCDIR = $(ROCK_TREE)/lib/pkgconfig
+endif
 install-capi: | build
 	@mkdir -p build/inst
 	@printf '%s\n' 'prefix=$(PC_PREFIX)' 'includedir=$(INST_INCDIR)' 'libdir=$(INST_CLIBDIR)' '' \

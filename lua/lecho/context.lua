@@ -22,7 +22,7 @@ local function now(self) return self.c:now() end
 -- line, outside any callback, serves the loop itself until it can go on.
 -- So waits never nest: no callback ever runs inside another one's wait.
 local WAIT, DONE = {}, {}
-local traceback = debug.traceback
+local traceback = require("lecho.errors").traceback  -- (without lecho's own frames)
 
 function Context:_peer_addr(idx)
   local a = self.peer_addrs[idx]
@@ -652,9 +652,29 @@ function Context:on_readable(fd, fn)
 end
 
 -- (A dispatch's view is copied before the loop runs inside it.)
+local SIGNAME = { [2] = "SIGINT", [15] = "SIGTERM" }
+
+--- Serves the loop until ctx:stop().  Unless the context was made with
+-- signals = false, SIGINT and SIGTERM (those the process does not ignore)
+-- are caught while it runs, and only then: one closes the context (what was
+-- submitted is delivered within linger) and ends the process by that signal
+-- (a shell's $? 130, 143); the actions the process had are back after a
+-- run that ends otherwise.  During that close a second signal ends the
+-- process at once.
 function Context:run()
   keep_views(self)
-  return self.c:run()
+  local sig = self.c:run(self.signals)
+  if not sig then return end
+  self.log(("%s: closing the context (delivering what was submitted, for at most %gs); "
+    .. "a second signal ends the process at once"):format(SIGNAME[sig] or "signal " .. sig, self.linger))
+  self:close()
+  io.stdout:flush()
+  io.stderr:flush()
+  -- Ended by the signal itself (its action is the default again): the
+  -- parent sees what it sent (a shell's $? is 128 + sig, 130 or 143).
+  pcall(ffi.cdef, "int raise(int sig);")
+  ffi.C.raise(sig)
+  os.exit(128 + sig)      -- (the signal blocked by the host program)
 end
 
 --- One loop turn, waiting at most timeout seconds (nil: until something

@@ -232,6 +232,11 @@ end
 local function members_channel(self, from, msg)
   local ch = type(msg.ch) == "string" and self.byname[msg.ch]
   if not ch then return nil, ("no channel '%s' here"):format(tostring(msg.ch)) end
+  if ch.manager == nil and from == ch.left_manager then
+    -- the last endpoint here left; the list the manager sent before it had
+    -- our leave (a consumer's leave, say, told to the producers) is due
+    return nil, nil
+  end
   if ch.manager == nil or from ~= ch.manager then
     return nil, ("not the manager of '%s' (%s)"):format(ch.name, tostring(ch.manager or "none yet"))
   end
@@ -351,6 +356,7 @@ function Context:_on_ctrl(from, msg, gen)
   elseif op == "members" then
     local ch, why = members_channel(self, from, msg)
     if not ch then
+      if why == nil then return end
       return self:_warn_limited("members", ("ignoring a members message from %s: %s"):format(from, why))
     end
     if msg.ver > ch.ver then
@@ -381,6 +387,17 @@ function Context:_on_ctrl(from, msg, gen)
     local ch = self.byname[msg.ch]
     if ch and type(msg.key) == "string" then
       ch:_tell_mod_error(msg.key, ("modulator at %s: %s"):format(from, tostring(msg.err)))
+    end
+  elseif op == "unreached" then
+    -- a producer of a channel consumed here could not connect to us: told
+    -- by the channel's manager only (issue 25)
+    local ch = type(msg.ch) == "string" and self.byname[msg.ch]
+    if ch and ch.manager == from and ch.all[1] and type(msg.producer) == "string" then
+      self:_warn_limited("unreached " .. ch.name .. " " .. msg.producer:sub(1, 300),
+        ("consumer of '%s': producer %s cannot connect to this context's address %s (%s), so its "
+         .. "events do not arrive; advertise an address it can reach (advertise = \"HOST:PORT\", "
+         .. "the scripts' --advertise; listen = \"0.0.0.0:0\" or --listen to listen on it)")
+          :format(ch.name, msg.producer:sub(1, 300), self.addr, tostring(msg.err):sub(1, 200)))
     end
   elseif op == "gchange" then
     -- a group's change, from one of its name servers (lecho.group)
@@ -413,6 +430,29 @@ function Context:_registered(r)
   self.reg.policy = pol
 end
 
+-- A dial to `addr` failed (connect: refused, no route, timed out): for
+-- each channel produced here that sends there, its manager is told
+-- (`unreachable`), which tells that consumer context (`unreached`): the
+-- only one who can fix its address learns why nothing comes.  Once per
+-- channel and address per WARN_EVERY seconds (dials are retried).
+function Context:_tell_unreachable(addr, reason)
+  local t = now(self)
+  local sent = self.unreach_sent
+  if not sent then sent = {}; self.unreach_sent = sent end
+  for name, ch in pairs(self.byname) do
+    local to_it = false
+    for _, d in ipairs(ch.nprod > 0 and ch.dests or {}) do if d == addr then to_it = true break end end
+    for _, inst in pairs(ch.nprod > 0 and ch.mods or {}) do
+      for _, d in ipairs(inst.dests or {}) do if d == addr then to_it = true break end end
+    end
+    local key = name .. " " .. addr
+    if to_it and ch.manager and not (sent[key] and t - sent[key] < WARN_EVERY) then
+      sent[key] = t
+      self:_send_ctrl(ch.manager, { op = "unreachable", ch = name, consumer = addr, err = reason })
+    end
+  end
+end
+
 function Context:_on_peer(idx, addr, up, reason, gen)
   if up then
     self.peer_addrs[idx] = addr
@@ -426,6 +466,7 @@ function Context:_on_peer(idx, addr, up, reason, gen)
   -- what was cached under it goes (it is found again from the core)
   self.peer_addrs[idx], self.pnames[idx] = nil, nil
   self:_fail_pending(addr, reason or "connection lost")
+  if type(reason) == "string" and reason:find("^connect: ") then self:_tell_unreachable(addr, reason) end
   if self.reg then self.reg:peer_down(addr, self._send, now(self)) end
   -- A group's name server lost: renewed there at once (and again every
   -- 0.5 s while it does not answer), so that a restarted one is told the
@@ -550,7 +591,7 @@ function Channel:_manager()
       self:_secure_all()
     end
   end
-  self.manager = r.manager
+  self.manager, self.left_manager = r.manager, nil
   -- a peer's number: finite, positive, bounded, or none (a NaN or a string
   -- from a broken name server must not become the join's wait)
   local s = r.settle
@@ -598,6 +639,7 @@ function Channel:_join(role)
     end
   else
     self.cjoined = true
+    self:_check_reach(r.producers)
   end
   return r
 end
@@ -610,7 +652,7 @@ function Channel:_leave(role)
   -- Without endpoints here, the next one looks the manager up again: an
   -- unused channel is forgotten by the name server after forget_after, and
   -- may then go to another manager.
-  if self.nprod == 0 and #self.all == 0 then self.manager = nil end
+  if self.nprod == 0 and #self.all == 0 then self.manager, self.left_manager = nil, self.manager end
 end
 
 -- How long a producer that lost its manager keeps sending to the consumers

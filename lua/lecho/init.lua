@@ -133,6 +133,7 @@ function M.context(opts)
     selfq = {}, draining = false,
     waiters = {}, cos = setmetatable({}, { __mode = "k" }), held = {}, views = {},
     linger = opts.linger or D.linger,
+    signals = opts.signals ~= false,   -- ctx:run() closes on SIGINT/SIGTERM unless false
     moes = {}, nextmoe = 0, moe_failed = {},
     -- the compiled encoder for submits (nil without string.buffer): same
     -- bytes as the C one, which still does what it declines

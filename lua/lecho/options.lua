@@ -156,6 +156,7 @@ local SCHEMA = {
       end
     end },
     metrics = { address },
+    signals = { BOOL, true },  -- false: ctx:run() leaves SIGINT and SIGTERM to the host program
     timeout = { TIME_POS, 5 }, sync_timeout = { TIME, 10 }, linger = { TIME, 2 },
     queue_limit = { size(1) }, policy = { policy }, batch_bytes = { size(0) },
     max_string = { size(0) }, max_depth = { size(1) }, max_frame = { size(0) },

@@ -112,7 +112,7 @@ function ops.list(self, from, msg, io)
 end
 
 -- Ops that never get a reply (so never answered with an error either).
-local ONEWAY = { members_ok = true, release = true }
+local ONEWAY = { members_ok = true, release = true, unreachable = true }
 
 ------------------------------------------------------------------------------
 -- Public API.

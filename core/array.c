@@ -1,0 +1,265 @@
+/* array.c: the in-memory array (array.h): layout, gather, and the MOE's
+ * operations (statistics, box selection, block reduction).  libc only.
+ * Elements are read with memcpy: an array received in place may sit at any
+ * byte offset of its read buffer.
+ */
+#include "array.h"
+
+#include <math.h>
+#include <string.h>
+
+int lei_array_init(lei_array *a, int dtype, int ndim, const int64_t *shape) {
+    uint64_t count, bytes;
+    unsigned isz = lei_dtype_size(dtype);
+    int d;
+    if (!isz || ndim < 0 || ndim > LEI_ARRAY_MAXDIM ||
+        lei_shape_bytes(shape, ndim, isz, &count, &bytes))
+        return -1;
+    a->dtype = dtype;
+    a->ndim = ndim;
+    a->itemsize = (int32_t)isz;
+    a->count = (int64_t)count;
+    a->flags = 0;
+    a->reserved = 0;
+    for (d = LEI_ARRAY_MAXDIM - 1; d >= 0; d--) {
+        if (d >= ndim) {
+            a->shape[d] = 1;
+            a->strides[d] = 0;
+            continue;
+        }
+        a->shape[d] = shape[d];
+        a->strides[d] = d == ndim - 1 ? (int64_t)isz : a->strides[d + 1] * (shape[d + 1] ? shape[d + 1] : 1);
+    }
+    return 0;
+}
+
+int lei_array_contiguous(const lei_array *a) {
+    int64_t want = a->itemsize;
+    int d;
+    for (d = a->ndim - 1; d >= 0; d--) {
+        if (a->shape[d] != 1 && a->strides[d] != want) return 0;
+        want *= a->shape[d];
+    }
+    return 1;
+}
+
+/* Calls fn(ud, p, n, stride) for every innermost row of a, in row-major
+ * order: n elements at p, stride bytes apart. */
+typedef void (*row_fn)(void *ud, const uint8_t *p, int64_t n, int64_t stride);
+
+static void each_row(const lei_array *a, row_fn fn, void *ud) {
+    int64_t idx[LEI_ARRAY_MAXDIM] = {0};
+    int nd = a->ndim, d;
+    if (a->count == 0 || !a->data) return;
+    if (nd == 0) {
+        fn(ud, a->data, 1, a->itemsize);
+        return;
+    }
+    for (;;) {
+        const uint8_t *p = a->data;
+        for (d = 0; d < nd - 1; d++) p += idx[d] * a->strides[d];
+        fn(ud, p, a->shape[nd - 1], a->strides[nd - 1]);
+        for (d = nd - 2; d >= 0; d--) {
+            if (++idx[d] < a->shape[d]) break;
+            idx[d] = 0;
+        }
+        if (d < 0) return;
+    }
+}
+
+struct gather_st {
+    uint8_t *out;
+    int isz;
+};
+
+static void gather_row(void *ud, const uint8_t *p, int64_t n, int64_t stride) {
+    struct gather_st *g = ud;
+    int64_t i;
+    if (stride == g->isz) {
+        memcpy(g->out, p, (size_t)(n * g->isz));
+        g->out += n * g->isz;
+        return;
+    }
+    for (i = 0; i < n; i++, p += stride, g->out += g->isz) memcpy(g->out, p, (size_t)g->isz);
+}
+
+void lei_array_gather(const lei_array *a, uint8_t *out) {
+    struct gather_st g = {out, a->itemsize};
+    if (lei_array_contiguous(a)) {
+        if (a->count && a->data) memcpy(out, a->data, (size_t)(a->count * a->itemsize));
+        return;
+    }
+    each_row(a, gather_row, &g);
+}
+
+double lei_array_load(int dtype, const uint8_t *p) {
+    switch (dtype) {
+    case LEI_DT_U1: return *p;
+    case LEI_DT_I1: return (int8_t)*p;
+#define LD(T)                                                                                   \
+    {                                                                                           \
+        T v;                                                                                    \
+        memcpy(&v, p, sizeof v);                                                                \
+        return (double)v;                                                                       \
+    }
+    case LEI_DT_U2: LD(uint16_t)
+    case LEI_DT_I2: LD(int16_t)
+    case LEI_DT_U4: LD(uint32_t)
+    case LEI_DT_I4: LD(int32_t)
+    case LEI_DT_U8: LD(uint64_t)
+    case LEI_DT_I8: LD(int64_t)
+    case LEI_DT_F4: LD(float)
+    case LEI_DT_F8: LD(double)
+#undef LD
+    default: return 0;
+    }
+}
+
+/* ---- statistics ------------------------------------------------------ */
+
+struct stats_st {
+    int dtype;
+    double min, max, sum;
+};
+
+/* One loop per dtype: the load is a plain (unaligned-safe) move. */
+#define STATS_LOOP(T)                                                                           \
+    for (i = 0; i < n; i++, p += stride) {                                                      \
+        T v;                                                                                    \
+        memcpy(&v, p, sizeof v);                                                                \
+        double x = (double)v;                                                                   \
+        sum += x;                                                                               \
+        if (x < mn) mn = x;                                                                     \
+        if (x > mx) mx = x;                                                                     \
+    }
+
+static void stats_row(void *ud, const uint8_t *p, int64_t n, int64_t stride) {
+    struct stats_st *s = ud;
+    double mn = s->min, mx = s->max, sum = s->sum;
+    int64_t i;
+    switch (s->dtype) {
+    case LEI_DT_U1: STATS_LOOP(uint8_t) break;
+    case LEI_DT_I1: STATS_LOOP(int8_t) break;
+    case LEI_DT_U2: STATS_LOOP(uint16_t) break;
+    case LEI_DT_I2: STATS_LOOP(int16_t) break;
+    case LEI_DT_U4: STATS_LOOP(uint32_t) break;
+    case LEI_DT_I4: STATS_LOOP(int32_t) break;
+    case LEI_DT_U8: STATS_LOOP(uint64_t) break;
+    case LEI_DT_I8: STATS_LOOP(int64_t) break;
+    case LEI_DT_F4: STATS_LOOP(float) break;
+    default: STATS_LOOP(double) break;
+    }
+    s->min = mn;
+    s->max = mx;
+    s->sum = sum;
+}
+
+void lei_array_stats_of(const lei_array *a, lei_array_stats *st) {
+    struct stats_st s = {a->dtype, INFINITY, -INFINITY, 0};
+    each_row(a, stats_row, &s);
+    st->min = s.min;
+    st->max = s.max;
+    st->sum = s.sum;
+    st->count = a->data ? a->count : 0;
+    st->mean = st->count ? s.sum / (double)st->count : 0;
+}
+
+/* ---- box ------------------------------------------------------------- */
+
+int lei_array_box(const lei_array *a, const int64_t *start, const int64_t *count,
+                  const int64_t *step, lei_array *out) {
+    lei_array b = *a;
+    int64_t total = 1;
+    int d;
+    for (d = 0; d < a->ndim; d++) {
+        if (start[d] < 0 || count[d] < 0 || step[d] < 1 || start[d] > a->shape[d]) return -1;
+        /* the last element taken is start + (count-1)*step < shape */
+        if (count[d] > 0 && (count[d] - 1 > (a->shape[d] - 1 - start[d]) / step[d])) return -1;
+        b.shape[d] = count[d];
+        b.strides[d] = a->strides[d] * step[d];
+        total *= count[d];
+    }
+    b.count = total;
+    if (total == 0)
+        b.data = a->data;
+    else
+        for (d = 0; d < a->ndim; d++) b.data += start[d] * a->strides[d];
+    *out = b;
+    return 0;
+}
+
+/* ---- block reduce ---------------------------------------------------- */
+
+int lei_array_reduce_shape(const lei_array *a, const int64_t *k, lei_array *out) {
+    int64_t shape[LEI_ARRAY_MAXDIM];
+    int d;
+    for (d = 0; d < a->ndim; d++) {
+        if (k[d] < 1) return -1;
+        shape[d] = (a->shape[d] + k[d] - 1) / k[d];
+    }
+    uint8_t *keep = out->data;
+    if (lei_array_init(out, LEI_DT_F8, a->ndim, shape)) return -1;
+    out->data = keep;
+    return 0;
+}
+
+
+void lei_array_reduce(const lei_array *a, const int64_t *k, int op, lei_array *out) {
+    double *o = (double *)(void *)out->data;
+    int64_t n = out->count, i, idx[LEI_ARRAY_MAXDIM] = {0};
+    int nd = a->ndim, d;
+    double init = op == LEI_RED_MIN ? INFINITY : op == LEI_RED_MAX ? -INFINITY : 0;
+    for (i = 0; i < n; i++) o[i] = init;
+    if (a->count == 0 || !a->data) return;
+    if (nd == 0) {
+        o[0] = lei_array_load(a->dtype, a->data);
+        return;
+    }
+    int64_t ostr[LEI_ARRAY_MAXDIM];
+    for (d = nd - 1; d >= 0; d--) ostr[d] = d == nd - 1 ? 1 : ostr[d + 1] * out->shape[d + 1];
+    int64_t kl = k[nd - 1], len = a->shape[nd - 1], st = a->strides[nd - 1];
+    for (;;) {
+        const uint8_t *p = a->data;
+        int64_t base = 0, j;
+        for (d = 0; d < nd - 1; d++) {
+            p += idx[d] * a->strides[d];
+            base += (idx[d] / k[d]) * ostr[d];
+        }
+        double *ob = o + base;
+        /* the innermost row, a block of kl at a time */
+        for (j = 0; j < len; j += kl) {
+            int64_t e = j + kl < len ? j + kl : len, t;
+            double acc = *ob;
+            for (t = j; t < e; t++, p += st) {
+                double x = lei_array_load(a->dtype, p);
+                if (op == LEI_RED_MIN) {
+                    if (x < acc) acc = x;
+                } else if (op == LEI_RED_MAX) {
+                    if (x > acc) acc = x;
+                } else
+                    acc += x;
+            }
+            *ob++ = acc;
+        }
+        for (d = nd - 2; d >= 0; d--) {
+            if (++idx[d] < a->shape[d]) break;
+            idx[d] = 0;
+        }
+        if (d < 0) break;
+    }
+    if (op != LEI_RED_MEAN) return;
+    /* divide each block by its element count (a trailing block is smaller) */
+    for (d = 0; d < nd; d++) idx[d] = 0;
+    for (i = 0; i < n; i++) {
+        double c = 1;
+        for (d = 0; d < nd; d++) {
+            int64_t rem = a->shape[d] - idx[d] * k[d];
+            c *= (double)(rem < k[d] ? rem : k[d]);
+        }
+        o[i] /= c;
+        for (d = nd - 1; d >= 0; d--) {
+            if (++idx[d] < out->shape[d]) break;
+            idx[d] = 0;
+        }
+    }
+}

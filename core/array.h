@@ -1,0 +1,83 @@
+/* array.h: the in-memory form of an array value (codec.h, LEI_T_ARRAY):
+ * a header that points at its elements, shared by the Lua binding (a
+ * userdata holding this header; lua/lecho/array.lua reads it through the
+ * FFI with the same layout), the public C API and the MOE operations.
+ * Lua-free: array.c builds and is tested without a Lua state.
+ */
+#ifndef LECHO_ARRAY_H
+#define LECHO_ARRAY_H
+
+#include "codec.h"
+
+#include <stdint.h>
+
+/* flags */
+#define LEI_AF_VIEW 1  /* points into a read buffer: valid while its dispatch runs */
+#define LEI_AF_ENDED 2 /* a view whose dispatch ended: data NULL, no elements */
+
+/* Keep in step with the ffi.cdef in lua/lecho/array.lua. */
+typedef struct lei_array {
+    uint8_t *data;                       /* first element, any alignment; NULL when empty/ended */
+    int64_t shape[LEI_ARRAY_MAXDIM];     /* elements along each dim */
+    int64_t strides[LEI_ARRAY_MAXDIM];   /* bytes from one element to the next along each dim */
+    int32_t dtype, ndim, flags, itemsize;
+    int64_t count;                       /* elements: the product of shape */
+    int64_t reserved;
+} lei_array;
+
+/* Fill shape, row-major strides, count and itemsize; data stays. 0, or -1
+ * for a bad dtype, ndim or an overflowing shape. */
+int lei_array_init(lei_array *a, int dtype, int ndim, const int64_t *shape);
+/* Row-major without gaps: its bytes are data[0 .. count*itemsize). */
+int lei_array_contiguous(const lei_array *a);
+/* Copy the elements in row-major order to out (count*itemsize bytes). */
+void lei_array_gather(const lei_array *a, uint8_t *out);
+
+/* ---- operations (the MOE's, doc/modulators.md) ----------------------- */
+/* Statistics over every element, as doubles; NaNs are skipped by min/max.
+ * An empty array: 0, with min = +inf, max = -inf. */
+typedef struct lei_array_stats {
+    double min, max, sum, mean;
+    int64_t count;
+} lei_array_stats;
+void lei_array_stats_of(const lei_array *a, lei_array_stats *st);
+
+/* A box of a, without copying: out gets a's data, dtype and, along each dim
+ * d, count[d] elements from start[d], every step[d]-th (step >= 1).  0, or
+ * -1 when the box does not fit inside a (out unchanged). */
+int lei_array_box(const lei_array *a, const int64_t *start, const int64_t *count,
+                  const int64_t *step, lei_array *out);
+
+enum { LEI_RED_MEAN, LEI_RED_MIN, LEI_RED_MAX, LEI_RED_SUM };
+/* Shape of the block reduction of a by k[d] per dim (a trailing partial
+ * block counts): out gets dtype f8 and that shape, data untouched. -1 on a
+ * k below 1. */
+int lei_array_reduce_shape(const lei_array *a, const int64_t *k, lei_array *out);
+/* Block reduce a into out (made by lei_array_reduce_shape, its data
+ * pointing at out->count doubles, aligned). */
+void lei_array_reduce(const lei_array *a, const int64_t *k, int op, lei_array *out);
+
+/* An element as a double (any alignment). */
+double lei_array_load(int dtype, const uint8_t *p);
+
+#endif
+
+/* ---- Lua bridge (codec_lua.c; declared without lua.h) ----------------- */
+/* An array in a Lua state is a userdata holding a lei_array (its elements
+ * after the header, or elsewhere, kept alive by its environment table:
+ * [1] = the owner, .kids = views made from a view), with the metatable
+ * registered as LEI_ARRAY_MT. */
+#define LEI_ARRAY_MT "lecho.array"
+struct lua_State;
+/* The array at idx, or NULL when it is something else. */
+lei_array *lei_array_check(struct lua_State *L, int idx);
+/* Pushes a new array of that dtype and shape with extra bytes after the
+ * header (data points at them; zeroed if zero). Raises on a bad shape or
+ * out of memory. */
+lei_array *lei_array_push(struct lua_State *L, int dtype, int ndim, const int64_t *shape,
+                          size_t extra, int zero);
+/* lei_decode_lua, and view_min > 0: arrays of at least view_min bytes point
+ * into p (flag LEI_AF_VIEW) and, on success, a table listing them (or nil)
+ * is pushed after the value. */
+int lei_decode_lua_views(struct lua_State *L, const uint8_t *p, size_t n,
+                         const lei_codec_limits *lim, size_t view_min, char *err, size_t errlen);

@@ -14,6 +14,7 @@
 /* flags */
 #define LEI_AF_VIEW 1  /* points into a read buffer: valid while its dispatch runs */
 #define LEI_AF_ENDED 2 /* a view whose dispatch ended: data NULL, no elements */
+#define LEI_AF_READONLY 4 /* points into memory that must not change (a Lua string) */
 
 /* Keep in step with the ffi.cdef in lua/lecho/array.lua. */
 typedef struct lei_array {

@@ -553,6 +553,16 @@ int lei_decode_lua_views(lua_State *L, const uint8_t *p, size_t n, const lei_cod
 
 #define MSGBOX "lecho.codec.msg"
 
+/* opts.views (decode) and opts.count_only (encode): see l_decode, l_encode */
+static int opt_flag(lua_State *L, int arg, const char *name) {
+    int on;
+    if (!lua_istable(L, arg)) return 0;
+    lua_getfield(L, arg, name);
+    on = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return on;
+}
+
 static void opt_limits(lua_State *L, int arg, lei_codec_limits *lim, size_t *pin) {
     static const char *const names[] = {"max_string", "max_depth", "pin_threshold",
                                         "max_value_bytes"};
@@ -601,7 +611,8 @@ static int box_gc(lua_State *L) {
     return 0;
 }
 
-/* encode(v [, opts]) -> string | nil, err */
+/* encode(v [, opts]) -> string | nil, err.  opts.count_only: the encoded
+ * size instead (what a submit does: pinned slices are not copied). */
 static int l_encode(lua_State *L) {
     lei_msg *m = *(lei_msg **)lua_touserdata(L, lua_upvalueindex(1));
     lei_codec_limits lim;
@@ -614,6 +625,11 @@ static int l_encode(lua_State *L) {
         lua_pushnil(L);
         lua_pushstring(L, err);
         return 2;
+    }
+    if (opt_flag(L, 2, "count_only")) { /* the event path's work: no flat copy */
+        lua_pushnumber(L, (lua_Number)m->total);
+        box_reset(L, m);
+        return 1;
     }
     if (m->next == 0) {
         lua_pushlstring(L, m->own.data, m->own.len);
@@ -633,7 +649,8 @@ static int l_encode(lua_State *L) {
     return 1;
 }
 
-/* decode(s [, opts]) -> true, value | nil, err */
+/* decode(s [, opts]) -> true, value | nil, err.  opts.views: arrays point
+ * into s instead of holding a copy (read-only, each keeps s alive). */
 static int l_decode(lua_State *L) {
     size_t n;
     const char *s = luaL_checklstring(L, 1, &n);
@@ -641,11 +658,28 @@ static int l_decode(lua_State *L) {
     char err[256];
 
     opt_limits(L, 2, &lim, NULL);
+    int views = opt_flag(L, 2, "views");
     lua_pushboolean(L, 1);
-    if (lei_decode_lua(L, (const uint8_t *)s, n, &lim, err, sizeof err)) {
+    if (lei_decode_lua_views(L, (const uint8_t *)s, n, &lim, views ? 1 : 0, err, sizeof err)) {
         lua_pushnil(L);
         lua_pushstring(L, err);
         return 2;
+    }
+    if (views) {
+        /* arrays point into s, which each keeps alive; read-only (a Lua
+         * string must not change) */
+        int vt = lua_gettop(L), i;
+        if (lua_istable(L, vt))
+            for (i = 1; i <= (int)lua_objlen(L, vt); i++) {
+                lua_rawgeti(L, vt, i);
+                lei_array *a = lua_touserdata(L, -1);
+                a->flags = LEI_AF_READONLY;
+                lua_getfenv(L, -1);
+                lua_pushvalue(L, 1);
+                lua_rawseti(L, -2, 1);
+                lua_pop(L, 2);
+            }
+        lua_pop(L, 1);
     }
     return 2;
 }

@@ -486,6 +486,61 @@ for _, kind in ipairs({ "context", "nameserver" }) do
         assert.truthy(logged:find("truncated", 1, true))
         assert.are.equal(before, #T.values)
       end)
+
+      -- Issue 24: the array tag from a rogue peer.  Each costs that
+      -- connection, with the reason, before anything is allocated for it.
+      local function arr(dtype, dims, nbytes, bytes)
+        local h = "\7" .. varint(#dtype) .. dtype .. varint(#dims)
+        for _, d in ipairs(dims) do h = h .. varint(d) end
+        return h .. varint(nbytes) .. (bytes or "")
+      end
+      local ARRAY_CASES = {
+        { "a shape whose product overflows", arr("<f8", { 2 ^ 32, 2 ^ 32 }, 0),
+          "array shape does not match its bytes" },
+        { "a shape whose product does not match its bytes", arr("<f8", { 3, 4 }, 95, ("x"):rep(95)),
+          "array shape does not match its bytes" },
+        { "a short payload", arr("<f8", { 1000 }, 8000, ("x"):rep(100)), "truncated input" },
+        { "an unknown dtype", arr("<c16", { 1 }, 16, ("x"):rep(16)), "unknown array dtype" },
+        { "nine dimensions", arr("<u1", { 1, 1, 1, 1, 1, 1, 1, 1, 1 }, 1, "x"), "array has too many dimensions" },
+        { "an array inside a table 10,000 deep", ("\6\1\0"):rep(10000) .. arr("<u1", { 1 }, 1, "x"),
+          "nesting too deep (limit 100)" },
+        { "350,000 empty arrays (2.4 MB) that decode past max_value_bytes",
+          "\6" .. varint(350000) .. "\0" .. arr("<u1", { 0 }, 0):rep(350000), "value decodes to more than" },
+        { "one array of 65 MiB, past max_value_bytes", arr("<u1", { 65 * 2 ^ 20 }, 65 * 2 ^ 20, ("\0"):rep(65 * 2 ^ 20)),
+          "value decodes to more than 67108864 bytes" },
+      }
+      for _, case in ipairs(ARRAY_CASES) do
+        it("refuses a bound EVENT holding " .. case[1] .. ", delivering nothing", function()
+          local before = #T.values
+          -- made before the connection: the address space it takes is not
+          -- what the target allocated for the bad input
+          local bytes = bind(4, T.consumed) .. event(4, case[2])
+          local c = handshaken(T)
+          -- sent while the target's loop runs (it reads as it goes)
+          local i = 1
+          assert.is_true(T:wait(function()
+            local last, err, partial = c.s:send(bytes, i)
+            if err == "closed" then return true end
+            i = (last or partial or i - 1) + 1
+            return i > #bytes
+          end, 60))
+          local logged = assert_refused(T, c, "malformed event value")
+          assert.truthy(logged:find(case[3], 1, true), logged)
+          assert.are.equal(before, #T.values)
+        end)
+      end
+
+      it("delivers a well-formed array from a hand-built frame (the cases above fail for their one fault)", function()
+        local before = #T.values
+        local c = handshaken(T)
+        local bytes = "\1\0\2\0\3\0\4\0\5\0\6\0"
+        c:send(bind(5, T.consumed) .. event(5, "\6\0\1\5\1f" .. arr("<i2", { 2, 3 }, 12, bytes)))
+        assert.is_true(T:wait(function() c:pump() return #T.values > before end))
+        local v = T.values[#T.values].f
+        assert.are.same({ { 1, 2, 3 }, { 4, 5, 6 } }, v:totable())
+        assert.are.equal("<i2", v:dtype())
+        c:close()
+      end)
     else
       -- The name server consumes no channel: an event reaching it is counted
       -- and dropped without being decoded, so a bad value there goes unseen.

@@ -46,7 +46,8 @@ for i, d in ipairs(DTYPES) do
 end
 CODE["|u1"], CODE["|i1"] = 0, 1
 M.dtypes = DTYPES
-local ENDED = 2
+local ENDED, READONLY = 2, 4
+local bit = require "bit"
 local mt = core.array_mt()
 
 local function H(a) return ffi.cast(hdr_t, a) end
@@ -160,6 +161,7 @@ end
 --- Sets the element at indices (one per dimension) to the last argument.
 function methods.set(a, ...)
   local h = H(a)
+  if bit.band(h.flags, READONLY) ~= 0 then error("lecho.array: read-only (a view into a string): a:copy() first", 2) end
   local n = select("#", ...)
   local off = offset(h, n - 1, ...)
   ffi.cast(PTR[h.dtype], h.data + off)[0] = (select(n, ...))

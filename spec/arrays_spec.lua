@@ -1,0 +1,229 @@
+-- Arrays (issue 24): typed n-D arrays travel between processes as raw
+-- bytes (doc/wire-format.md, tag 0x07).  Real processes, busy loops
+-- beside them: a Lua producer's arrays of every dtype inside tables reach a
+-- Lua consumer with every element right, small ones copied and large ones
+-- as views into the read buffer that end with their handler (unless kept)
+-- and survive a handler's wait; an FFI array is submitted without a copy
+-- (its memory is what the frame's iovec reads, and the array keeps it
+-- alive); an old peer (protocol version 2) is refused at the handshake.
+local S = require "spec.support"
+local lecho = require "lecho"
+local array = lecho.array
+local ffi = require "ffi"
+local cjson = require "cjson"
+
+-- The value of element k (0-based, row-major) of an array of dtype d and
+-- element count n: exact in that dtype, both ends of its range included.
+local GEN = [[
+  local RANGE = { ["<u1"] = { 0, 255 }, ["<i1"] = { -128, 127 }, ["<u2"] = { 0, 65535 },
+                  ["<i2"] = { -32768, 32767 }, ["<u4"] = { 0, 2 ^ 32 - 1 }, ["<i4"] = { -2 ^ 31, 2 ^ 31 - 1 },
+                  ["<u8"] = { 0, 2 ^ 52 }, ["<i8"] = { -2 ^ 52, 2 ^ 52 }, ["<f4"] = { -2 ^ 100, 2 ^ 100 },
+                  ["<f8"] = { -1e300, 1e300 } }
+  local function elem(d, k, n, seed)
+    local lo, hi = RANGE[d][1], RANGE[d][2]
+    if k == 0 then return lo elseif k == n - 1 then return hi end
+    local x = (k * 7919 + seed * 104729) % 1000
+    if d == "<f4" then return (x - 500) * 0.25 end -- exact in a float
+    if d == "<f8" then return (x - 500) / 3 end
+    return lo + (x % (math.min(hi - lo, 999) + 1))
+  end
+  local function shape_of(i) -- small (copied) and large (views) in turn, 1 to 3 dims
+    local shapes = { { 3 }, { 64, 80 }, { 2, 3, 4 }, { 9000 }, { 0, 5 }, { 20, 30, 16 } }
+    return shapes[i % #shapes + 1]
+  end
+]]
+local elem, shape_of = assert(loadstring(GEN .. " return elem, shape_of"))()
+
+local function count_of(shape)
+  local n = 1
+  for _, d in ipairs(shape) do n = n * d end
+  return n
+end
+
+-- Every element of a (a lecho.array) is what GEN says: nil, or a message.
+local function check(a, d, shape, seed)
+  if a:dtype() ~= d then return "dtype " .. a:dtype() end
+  if table.concat(a:shape(), "x") ~= table.concat(shape, "x") then return "shape " .. table.concat(a:shape(), "x") end
+  local n = count_of(shape)
+  local p = a:ptr()
+  for k = 0, n - 1 do
+    local want = elem(d, k, n, seed)
+    if tonumber(p[k]) ~= want then return ("element %d: %s, want %s"):format(k, tostring(p[k]), want) end
+  end
+end
+
+-- A child producing on `chan`: for i = 1..n, for each dtype, the event
+-- { step = i, dt = d, field = ARRAY, note = "x" } (then a sync "end").
+local PRODUCER = GEN .. [[
+  local lecho = require "lecho"
+  local array = lecho.array
+  local ns, chan, n = arg[1], arg[2], tonumber(arg[3])
+  local ctx = lecho.context{ nameserver = ns, quiet = true }
+  local p = assert(ctx:channel(chan):producer())
+  for i = 1, n do
+    for _, d in ipairs(array.dtypes) do
+      local shape = shape_of(i)
+      local a = array.new(d, shape)
+      local cnt = 1
+      for _, x in ipairs(shape) do cnt = cnt * x end
+      local ptr = a:ptr()
+      for k = 0, cnt - 1 do ptr[k] = elem(d, k, cnt, i) end
+      assert(p:submit({ step = i, dt = d, field = a, note = "x" }))
+    end
+  end
+  io.write("sent ", tostring(p:submit_sync("end", { timeout = 20 })), "\n")
+  io.flush()
+  ctx:close()
+]]
+
+describe("arrays between processes", function()
+  local ns, ctx
+  before_each(function() ns, ctx = S.world() end)
+  after_each(function() S.end_world(ctx); ctx = nil end)
+
+  it("reach a consumer in another process with every element of every dtype, inside tables, beside busy loops", function()
+    local ch = ctx:channel("fields")
+    local bad, got, kept, copies, stored = {}, 0, {}, {}, {}
+    local ended = false
+    local waited = 0
+    assert(ch:consumer(function(ev)
+      if ev == "end" then ended = true return end
+      got = got + 1
+      local shape = shape_of(ev.step)
+      if ev.note ~= "x" then bad[#bad + 1] = "note" end
+      -- one event in 25 waits before it looks: the view must be kept
+      if got % 25 == 0 then
+        ctx:sleep(0.01)
+        waited = waited + 1
+      end
+      local why = check(ev.field, ev.dt, shape, ev.step)
+      if why then bad[#bad + 1] = ("step %d %s: %s"):format(ev.step, ev.dt, why) end
+      if ev.dt == "<f8" then
+        stored[#stored + 1] = { a = ev.field, n = count_of(shape), waited = got % 25 == 0 }
+        copies[#copies + 1] = { a = ev.field:copy(), step = ev.step }
+        kept[#kept + 1] = { a = ev.field:keep(), step = ev.step, sub = ev.field:box({ 1 }) }
+      end
+    end))
+    local busy = {}
+    for i = 1, 2 do busy[i] = S.lua("local t = os.time() + 30 while os.time() < t do end") end
+    local N = 12
+    local prod = S.lua(PRODUCER, ns, "fields", N)
+    assert.is_true(S.run_until(ctx, function() return ended end, 60), S.errors(prod))
+    for _, b in ipairs(busy) do S.kill(b, "KILL") end
+    assert.are.same({}, bad)
+    assert.are.equal(N * #array.dtypes, got)
+    assert.is_true(waited >= 1)
+    -- keep() and copy() hold the elements after the handler returned
+    for _, c in ipairs(copies) do
+      assert.is_nil(check(c.a, "<f8", shape_of(c.step), c.step))
+    end
+    for _, k in ipairs(kept) do
+      assert.is_nil(check(k.a, "<f8", shape_of(k.step), k.step))
+    end
+  end)
+
+  it("a large received array is a view that ends with its handler unless kept; a small one is a copy", function()
+    local ch = ctx:channel("views")
+    local stored, sub, small, kept
+    local done = false
+    assert(ch:consumer(function(ev)
+      if ev == "end" then done = true return end
+      if ev.dt ~= "<f8" then return end
+      if ev.step == 1 then -- 64x80 doubles: a view
+        stored = ev.field
+        sub = ev.field:box({ 1, 1 }, { 2, 2 })
+        assert.are.equal(elem("<f8", 81, 64 * 80, 1), sub:get(0, 0))
+      elseif ev.step == 2 then -- 2x3x4 doubles: copied as decoded
+        small = ev.field
+      elseif ev.step == 3 then -- 9000 doubles, kept
+        kept = ev.field:keep()
+      end
+    end))
+    local prod = S.lua(PRODUCER, ns, "views", 3)
+    assert.is_true(S.run_until(ctx, function() return done end, 30), S.errors(prod))
+    -- ended: no elements, indexing raises, a submit refuses it
+    assert.are.equal(0, #stored)
+    assert.are.equal(0, #sub)
+    assert.is_nil(stored:ptr())
+    assert.has_error(function() stored:get(0, 0) end)
+    local p = assert(ctx:channel("loop"):producer())
+    local ok, err = p:submit({ f = stored })
+    assert.is_nil(ok)
+    assert.truthy(err:find("handler returned", 1, true), err)
+    assert.is_nil(check(small, "<f8", { 2, 3, 4 }, 2))
+    assert.is_nil(check(kept, "<f8", { 9000 }, 3))
+  end)
+
+  it("sends an FFI array without copying it: the frame reads the array's memory, which the array keeps alive", function()
+    local N = 4 * 1024 * 1024 -- 32 MiB: more than a socket takes at once
+    local got = S.lua([[
+      local lecho = require "lecho"
+      io.stdout:setvbuf("no")
+      local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+      local n, N = 0, tonumber(arg[2])
+      assert(ctx:channel("ffi"):consumer(function(ev)
+        n = n + 1
+        local p = ev.a:ptr()
+        local ok = ev.a:dtype() == "<f8" and #ev.a == N
+        for k = 0, N - 2 do if p[k] ~= k * 0.5 then ok = false break end end
+        print(("got %d last %s ok %s"):format(n, tostring(p[N - 1]), tostring(ok)))
+        if n == 2 then ctx:stop() end
+      end))
+      print("ready")
+      ctx:after(40, function() ctx:stop() end)
+      ctx:run()
+      ctx:close()
+    ]], ns, N)
+    assert(S.wait_file(got.out, "ready", 20), S.errors(got))
+    local p = assert(ctx:channel("ffi"):producer())
+    local c = ffi.new("double[?]", N)
+    for k = 0, N - 1 do c[k] = k * 0.5 end
+    local a = array.wrap(c, "<f8")
+    assert.are.same({ N }, a:shape())
+    -- up and running: the first sync submit that the consumer acknowledges
+    assert.is_true(S.run_until(ctx, function() return p:submit_sync({ a = a }, { timeout = 10 }) == true end, 30))
+    -- 1: the last element changed after the async submit, before the loop
+    -- wrote the rest of the frame, arrives changed: the bytes were not
+    -- copied at the submit (what the socket did not take is still queued)
+    assert(p:submit({ a = a }))
+    local _, _, queued = ctx.c:pending()
+    assert.is_true(queued > 0, "the socket took the whole frame at once: nothing left to show")
+    c[N - 1] = 42
+    -- 2: nothing else holds the memory now: the queued event's array does
+    a, c = nil, nil
+    collectgarbage()
+    collectgarbage()
+    assert.is_true(S.wait(got, 40, ctx), S.errors(got))
+    local out = S.output(got)
+    assert.truthy(out:find(("got 1 last %s ok true"):format(tostring((N - 1) * 0.5)), 1, true), out .. S.errors(got))
+    assert.truthy(out:find("got 2 last 42 ok true", 1, true), out .. S.errors(got))
+  end)
+end)
+
+describe("a peer of protocol version 2 (no arrays)", function()
+  it("is refused at the handshake with the versions named", function()
+    local R = require "spec.support.rogue"
+    local ctx = lecho.context{ quiet = true }
+    local logs = {}
+    ctx.log = function(m) logs[#logs + 1] = m end
+    local socket = require "socket"
+    local host, port = ctx.addr:match("^(.+):(%d+)$")
+    local s = assert(socket.tcp())
+    s:settimeout(5)
+    assert(s:connect(host, tonumber(port)))
+    local peer = S.refusing_addr()
+    s:send(R.frame(R.F.HELLO, R.hello_body({ version = 2, incarnation = 7, addr = peer, mode = 0 })))
+    local buf = ""
+    S.run_until(ctx, function()
+      s:settimeout(0)
+      local d, err, part = s:receive(4096)
+      buf = buf .. (d or part or "")
+      return err == "closed"
+    end, 5)
+    s:close()
+    ctx:close()
+    local t, body = R.parse_frame(buf, 1)
+    assert.are.equal(R.F.ERROR, t)
+    assert.are.equal("protocol version mismatch: peer speaks 2, this side speaks 3", body)
+  end)
+end)

@@ -15,6 +15,7 @@
 #define LEI_AF_VIEW 1  /* points into a read buffer: valid while its dispatch runs */
 #define LEI_AF_ENDED 2 /* a view whose dispatch ended: data NULL, no elements */
 #define LEI_AF_READONLY 4 /* points into memory that must not change (a Lua string) */
+#define LEI_AF_BORROWED 8 /* memory lent by C until a submit returns: encoded by copy */
 
 /* Keep in step with the ffi.cdef in lua/lecho/array.lua. */
 typedef struct lei_array {
@@ -77,6 +78,10 @@ lei_array *lei_array_check(struct lua_State *L, int idx);
  * out of memory. */
 lei_array *lei_array_push(struct lua_State *L, int dtype, int ndim, const int64_t *shape,
                           size_t extra, int zero);
+/* A received view (LEI_AF_VIEW) at idx gets its own copy of its bytes,
+ * and so do the views made from it; anything else is left alone. Raises on
+ * out of memory (nothing changed then). */
+void lei_array_keep_lua(struct lua_State *L, int idx);
 /* lei_decode_lua, and view_min > 0: arrays of at least view_min bytes point
  * into p (flag LEI_AF_VIEW) and, on success, a table listing them (or nil)
  * is pushed after the value. */

@@ -203,7 +203,9 @@ static int enc_array(enc_state *st, int idx, lei_array *a) {
         return enc_fail(st, 1, "cannot encode an array view whose handler returned (keep it with a:copy())");
     if (enc_charge(st, LEI_DEC_ARRAY + bytes)) return -1;
     if (lei_enc_array_header(b, a->dtype, a->ndim, a->shape)) return enc_fail(st, 0, "out of memory");
-    if (st->pin && bytes >= st->pin && lei_array_contiguous(a)) {
+    /* borrowed memory (lecho_set_array without a free function) is read
+     * during the submit only: copied, never pinned */
+    if (st->pin && bytes >= st->pin && !(a->flags & LEI_AF_BORROWED) && lei_array_contiguous(a)) {
         int ref;
         lua_pushvalue(L, idx); /* the array keeps its owner (its environment) */
         ref = luaL_ref(L, LUA_REGISTRYINDEX);
@@ -840,18 +842,24 @@ static void rebase(lua_State *L, int idx, const uint8_t *old, size_t n, uint8_t 
 /* array_keep(a): a received view gets its own copy of its bytes (once),
  * and so do the views made from it; array_end(a): a received view and its
  * views lose their elements (the dispatch ended and no handler kept it). */
-static int l_array_keep(lua_State *L) {
-    lei_array *a = check_array(L, 1);
+void lei_array_keep_lua(lua_State *L, int idx) {
+    lei_array *a = lua_touserdata(L, idx);
     size_t n = (size_t)a->count * (size_t)a->itemsize;
     uint8_t *old = a->data, *nw;
-    if (!(a->flags & LEI_AF_VIEW) || !old) return 0;
+    if (!(a->flags & LEI_AF_VIEW) || !old) return;
+    if (idx < 0) idx = lua_gettop(L) + 1 + idx;
     nw = lua_newuserdata(L, n ? n : 1); /* may raise: a is unchanged */
     memcpy(nw, old, n);
-    lua_getfenv(L, 1);
+    lua_getfenv(L, idx);
     lua_pushvalue(L, -2);
     lua_rawseti(L, -2, 1);
     lua_pop(L, 2);
-    rebase(L, 1, old, n, nw, 0);
+    rebase(L, idx, old, n, nw, 0);
+}
+
+static int l_array_keep(lua_State *L) {
+    check_array(L, 1);
+    lei_array_keep_lua(L, 1);
     return 0;
 }
 

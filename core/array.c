@@ -44,26 +44,31 @@ int lei_array_contiguous(const lei_array *a) {
 }
 
 /* Calls fn(ud, p, n, stride) for every innermost row of a, in row-major
- * order: n elements at p, stride bytes apart. */
+ * order, cut in pieces of at most LEI_ARRAY_CHUNK elements: n elements at
+ * p, stride bytes apart.  0, or -1 when *stop (may be NULL) was set. */
 typedef void (*row_fn)(void *ud, const uint8_t *p, int64_t n, int64_t stride);
 
-static void each_row(const lei_array *a, row_fn fn, void *ud) {
+static int each_row(const lei_array *a, row_fn fn, void *ud, volatile sig_atomic_t *stop) {
     int64_t idx[LEI_ARRAY_MAXDIM] = {0};
     int nd = a->ndim, d;
-    if (a->count == 0 || !a->data) return;
+    if (a->count == 0 || !a->data) return 0;
     if (nd == 0) {
         fn(ud, a->data, 1, a->itemsize);
-        return;
+        return 0;
     }
     for (;;) {
         const uint8_t *p = a->data;
+        int64_t n = a->shape[nd - 1], st = a->strides[nd - 1], j;
         for (d = 0; d < nd - 1; d++) p += idx[d] * a->strides[d];
-        fn(ud, p, a->shape[nd - 1], a->strides[nd - 1]);
+        for (j = 0; j < n; j += LEI_ARRAY_CHUNK) {
+            if (stop && *stop) return -1;
+            fn(ud, p + j * st, n - j < LEI_ARRAY_CHUNK ? n - j : LEI_ARRAY_CHUNK, st);
+        }
         for (d = nd - 2; d >= 0; d--) {
             if (++idx[d] < a->shape[d]) break;
             idx[d] = 0;
         }
-        if (d < 0) return;
+        if (d < 0) return 0;
     }
 }
 
@@ -83,13 +88,13 @@ static void gather_row(void *ud, const uint8_t *p, int64_t n, int64_t stride) {
     for (i = 0; i < n; i++, p += stride, g->out += g->isz) memcpy(g->out, p, (size_t)g->isz);
 }
 
-void lei_array_gather(const lei_array *a, uint8_t *out) {
+int lei_array_gather(const lei_array *a, uint8_t *out, volatile sig_atomic_t *stop) {
     struct gather_st g = {out, a->itemsize};
     if (lei_array_contiguous(a)) {
         if (a->count && a->data) memcpy(out, a->data, (size_t)(a->count * a->itemsize));
-        return;
+        return 0;
     }
-    each_row(a, gather_row, &g);
+    return each_row(a, gather_row, &g, stop);
 }
 
 double lei_array_load(int dtype, const uint8_t *p) {
@@ -154,14 +159,15 @@ static void stats_row(void *ud, const uint8_t *p, int64_t n, int64_t stride) {
     s->sum = sum;
 }
 
-void lei_array_stats_of(const lei_array *a, lei_array_stats *st) {
+int lei_array_stats_of(const lei_array *a, lei_array_stats *st, volatile sig_atomic_t *stop) {
     struct stats_st s = {a->dtype, INFINITY, -INFINITY, 0};
-    each_row(a, stats_row, &s);
+    if (each_row(a, stats_row, &s, stop)) return -1;
     st->min = s.min;
     st->max = s.max;
     st->sum = s.sum;
     st->count = a->data ? a->count : 0;
     st->mean = st->count ? s.sum / (double)st->count : 0;
+    return 0;
 }
 
 /* ---- box ------------------------------------------------------------- */
@@ -204,16 +210,17 @@ int lei_array_reduce_shape(const lei_array *a, const int64_t *k, lei_array *out)
 }
 
 
-void lei_array_reduce(const lei_array *a, const int64_t *k, int op, lei_array *out) {
+int lei_array_reduce(const lei_array *a, const int64_t *k, int op, lei_array *out,
+                     volatile sig_atomic_t *stop) {
     double *o = (double *)(void *)out->data;
-    int64_t n = out->count, i, idx[LEI_ARRAY_MAXDIM] = {0};
+    int64_t n = out->count, i, idx[LEI_ARRAY_MAXDIM] = {0}, since = 0;
     int nd = a->ndim, d;
     double init = op == LEI_RED_MIN ? INFINITY : op == LEI_RED_MAX ? -INFINITY : 0;
     for (i = 0; i < n; i++) o[i] = init;
-    if (a->count == 0 || !a->data) return;
+    if (a->count == 0 || !a->data) return 0;
     if (nd == 0) {
         o[0] = lei_array_load(a->dtype, a->data);
-        return;
+        return 0;
     }
     int64_t ostr[LEI_ARRAY_MAXDIM];
     for (d = nd - 1; d >= 0; d--) ostr[d] = d == nd - 1 ? 1 : ostr[d + 1] * out->shape[d + 1];
@@ -229,6 +236,10 @@ void lei_array_reduce(const lei_array *a, const int64_t *k, int op, lei_array *o
         /* the innermost row, a block of kl at a time */
         for (j = 0; j < len; j += kl) {
             int64_t e = j + kl < len ? j + kl : len, t;
+            if ((since += e - j + 1) > LEI_ARRAY_CHUNK) {
+                if (stop && *stop) return -1;
+                since = 0;
+            }
             double acc = *ob;
             for (t = j; t < e; t++, p += st) {
                 double x = lei_array_load(a->dtype, p);
@@ -247,7 +258,7 @@ void lei_array_reduce(const lei_array *a, const int64_t *k, int op, lei_array *o
         }
         if (d < 0) break;
     }
-    if (op != LEI_RED_MEAN) return;
+    if (op != LEI_RED_MEAN) return 0;
     /* divide each block by its element count (a trailing block is smaller) */
     for (d = 0; d < nd; d++) idx[d] = 0;
     for (i = 0; i < n; i++) {
@@ -261,5 +272,7 @@ void lei_array_reduce(const lei_array *a, const int64_t *k, int op, lei_array *o
             if (++idx[d] < out->shape[d]) break;
             idx[d] = 0;
         }
+        if ((++since & 0xffff) == 0 && stop && *stop) return -1;
     }
+    return 0;
 }

@@ -9,7 +9,13 @@
 
 #include "codec.h"
 
+#include <signal.h>
 #include <stdint.h>
+
+/* Elements between two looks at an operation's stop flag (the MOE's
+ * CPU-budget timer sets it): a stopped operation returns -1 within a few
+ * tens of microseconds. */
+#define LEI_ARRAY_CHUNK 65536
 
 /* flags */
 #define LEI_AF_VIEW 1  /* points into a read buffer: valid while its dispatch runs */
@@ -32,8 +38,9 @@ typedef struct lei_array {
 int lei_array_init(lei_array *a, int dtype, int ndim, const int64_t *shape);
 /* Row-major without gaps: its bytes are data[0 .. count*itemsize). */
 int lei_array_contiguous(const lei_array *a);
-/* Copy the elements in row-major order to out (count*itemsize bytes). */
-void lei_array_gather(const lei_array *a, uint8_t *out);
+/* Copy the elements in row-major order to out (count*itemsize bytes).
+ * 0, or -1 when *stop (may be NULL) was set meanwhile. */
+int lei_array_gather(const lei_array *a, uint8_t *out, volatile sig_atomic_t *stop);
 
 /* ---- operations (the MOE's, doc/modulators.md) ----------------------- */
 /* Statistics over every element, as doubles; NaNs are skipped by min/max.
@@ -42,7 +49,8 @@ typedef struct lei_array_stats {
     double min, max, sum, mean;
     int64_t count;
 } lei_array_stats;
-void lei_array_stats_of(const lei_array *a, lei_array_stats *st);
+/* 0, or -1 when *stop was set meanwhile (stop may be NULL). */
+int lei_array_stats_of(const lei_array *a, lei_array_stats *st, volatile sig_atomic_t *stop);
 
 /* A box of a, without copying: out gets a's data, dtype and, along each dim
  * d, count[d] elements from start[d], every step[d]-th (step >= 1).  0, or
@@ -56,8 +64,10 @@ enum { LEI_RED_MEAN, LEI_RED_MIN, LEI_RED_MAX, LEI_RED_SUM };
  * k below 1. */
 int lei_array_reduce_shape(const lei_array *a, const int64_t *k, lei_array *out);
 /* Block reduce a into out (made by lei_array_reduce_shape, its data
- * pointing at out->count doubles, aligned). */
-void lei_array_reduce(const lei_array *a, const int64_t *k, int op, lei_array *out);
+ * pointing at out->count doubles, aligned).  0, or -1 when *stop was set
+ * meanwhile (out then partly written). */
+int lei_array_reduce(const lei_array *a, const int64_t *k, int op, lei_array *out,
+                     volatile sig_atomic_t *stop);
 
 /* An element as a double (any alignment). */
 double lei_array_load(int dtype, const uint8_t *p);
@@ -70,6 +80,9 @@ double lei_array_load(int dtype, const uint8_t *p);
  * [1] = the owner, .kids = views made from a view), with the metatable
  * registered as LEI_ARRAY_MT. */
 #define LEI_ARRAY_MT "lecho.array"
+/* The most bytes one array userdata holds (LuaJIT's userdata limit, below
+ * 2 GiB; its sizes are 32-bit). */
+#define LEI_ARRAY_UD_MAX ((size_t)0x7fff0000)
 struct lua_State;
 /* The array at idx, or NULL when it is something else. */
 lei_array *lei_array_check(struct lua_State *L, int idx);
@@ -82,6 +95,14 @@ lei_array *lei_array_push(struct lua_State *L, int dtype, int ndim, const int64_
  * and so do the views made from it; anything else is left alone. Raises on
  * out of memory (nothing changed then). */
 void lei_array_keep_lua(struct lua_State *L, int idx);
+/* Pushes a table of the array operations (array_lua.c: dtype, shape,
+ * ndim, count, get, stats, min, max, sum, mean, box, reduce, copy), each
+ * looking at *stop (NULL: never stopped) between chunks and raising "CPU
+ * budget exceeded" when set. */
+void lei_array_lua_ops(struct lua_State *L, volatile sig_atomic_t *stop);
+/* A modulator's state: env.array = those operations, and the arrays'
+ * methods (a:box(...)), stopped by *stop. */
+void lei_array_lua_moe(struct lua_State *L, int env, volatile sig_atomic_t *stop);
 /* lei_decode_lua, and view_min > 0: arrays of at least view_min bytes point
  * into p (flag LEI_AF_VIEW) and, on success, a table listing them (or nil)
  * is pushed after the value. */

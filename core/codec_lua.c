@@ -183,6 +183,9 @@ lei_array *lei_array_push(lua_State *L, int dtype, int ndim, const int64_t *shap
     lei_array hdr;
     if (lei_array_init(&hdr, dtype, ndim, shape)) luaL_error(L, "bad array dtype or shape");
     size_t hsz = (sizeof(lei_array) + 15) & ~(size_t)15;
+    /* LuaJIT sizes a userdata with 32 bits: past its limit the size would
+     * wrap around */
+    if (extra > LEI_ARRAY_UD_MAX - hsz) luaL_error(L, "array of %zu bytes: more than one Lua object holds", extra);
     lei_array *a = lua_newuserdata(L, hsz + extra);
     *a = hdr;
     a->data = extra ? (uint8_t *)a + hsz : NULL;
@@ -216,7 +219,7 @@ static int enc_array(enc_state *st, int idx, lei_array *a) {
         return 0;
     }
     if (lei_wbuf_reserve(b, bytes)) return enc_fail(st, 0, "out of memory");
-    lei_array_gather(a, (uint8_t *)b->data + b->len);
+    lei_array_gather(a, (uint8_t *)b->data + b->len, NULL);
     b->len += bytes;
     return 0;
 }
@@ -848,6 +851,7 @@ void lei_array_keep_lua(lua_State *L, int idx) {
     uint8_t *old = a->data, *nw;
     if (!(a->flags & LEI_AF_VIEW) || !old) return;
     if (idx < 0) idx = lua_gettop(L) + 1 + idx;
+    if (n > LEI_ARRAY_UD_MAX) luaL_error(L, "array of %zu bytes: more than one Lua object holds", n);
     nw = lua_newuserdata(L, n ? n : 1); /* may raise: a is unchanged */
     memcpy(nw, old, n);
     lua_getfenv(L, idx);
@@ -874,7 +878,7 @@ static int l_array_copy(lua_State *L) {
     lei_array *a = check_array(L, 1), *c;
     size_t n = (size_t)a->count * (size_t)a->itemsize;
     c = lei_array_push(L, a->dtype, a->ndim, a->shape, n, 0);
-    lei_array_gather(a, c->data);
+    lei_array_gather(a, c->data, NULL);
     return 1;
 }
 

@@ -227,3 +227,94 @@ describe("a peer of protocol version 2 (no arrays)", function()
     assert.are.equal("protocol version mismatch: peer speaks 2, this side speaks 3", body)
   end)
 end)
+
+-- Issue 24, item 4: the array operations in C, in modulators (under their
+-- budget and memory cap) and at the consumer (the same code).
+describe("array operations in a modulator", function()
+  local ctx
+  before_each(function() ctx = lecho.context{ quiet = true, modulator_budget = 0.02, modulators_cpu = 0 } end)
+  after_each(function() ctx:close{ linger = 0 } S.cleanup() end)
+
+  it("select a box, block-reduce and summarize a field, with the results a consumer computes itself", function()
+    local ch = ctx:channel("field")
+    local got = {}
+    assert(ch:consumer(function(ev) got[#got + 1] = ev end, { modulator = [[
+      function enqueue(ev)
+        local f = ev.field
+        local mn, mx, sum, mean = f:stats()
+        return { step = ev.step, roi = f:box({ 8, 16 }, { 4, 5 }, { 2, 3 }):copy(),
+                 means = f:reduce(4, "mean"), maxes = array.reduce(f, { 3, 5 }, "max"),
+                 sums = f:reduce({ 64, 1 }, "sum"), mins = f:reduce(8, "min"),
+                 stats = { mn, mx, sum, mean }, n = #f, dt = f:dtype(), shape = f:shape(),
+                 one = f:get(10, 20), view = tostring(f:box(1)) }
+      end]] }))
+    local p = assert(ch:producer())
+    local f = array.new("<f8", { 64, 48 })
+    for i = 0, 63 do for j = 0, 47 do f:set(i, j, ((i * 31 + j * 17) % 101) - 50.5) end end
+    assert.is_true(p:submit_sync({ step = 1, field = f }, { timeout = 5 }))
+    local r = got[1]
+    assert.are.equal(64 * 48, r.n)
+    assert.are.equal("<f8", r.dt)
+    assert.are.same({ 64, 48 }, r.shape)
+    assert.are.equal(f:get(10, 20), r.one)
+    assert.are.equal("lecho.array <f8 [63,47]", r.view)
+    -- the box
+    assert.are.same({ 4, 5 }, r.roi:shape())
+    for i = 0, 3 do for j = 0, 4 do assert.are.equal(f:get(8 + 2 * i, 16 + 3 * j), r.roi:get(i, j)) end end
+    -- the reductions, against loops here
+    local function block(k1, k2, op)
+      local out = {}
+      for bi = 0, math.ceil(64 / k1) - 1 do
+        out[bi + 1] = {}
+        for bj = 0, math.ceil(48 / k2) - 1 do
+          local acc, n = op == "min" and math.huge or op == "max" and -math.huge or 0, 0
+          for i = bi * k1, math.min(64, (bi + 1) * k1) - 1 do
+            for j = bj * k2, math.min(48, (bj + 1) * k2) - 1 do
+              local x = f:get(i, j)
+              n = n + 1
+              if op == "min" then acc = math.min(acc, x) elseif op == "max" then acc = math.max(acc, x) else acc = acc + x end
+            end
+          end
+          out[bi + 1][bj + 1] = op == "mean" and acc / n or acc
+        end
+      end
+      return out
+    end
+    local function near(want, got_t)
+      for i = 1, #want do for j = 1, #want[i] do
+        assert.is_true(math.abs(want[i][j] - got_t[i][j]) < 1e-9, ("[%d][%d] %s vs %s"):format(i, j, want[i][j], got_t[i][j]))
+      end end
+      assert.are.equal(#want, #got_t)
+    end
+    near(block(4, 4, "mean"), r.means:totable())
+    near(block(3, 5, "max"), r.maxes:totable())
+    near(block(64, 1, "sum"), r.sums:totable())
+    near(block(8, 8, "min"), r.mins:totable())
+    local mn, mx, sum, mean = f:stats()
+    assert.are.same({ mn, mx, sum, mean }, r.stats)
+    local s = 0
+    for i = 0, 63 do for j = 0, 47 do s = s + f:get(i, j) end end
+    assert.is_true(math.abs(s - sum) < 1e-6)
+  end)
+
+  it("end a loop of operations when the budget runs out", function()
+    local ch = ctx:channel("hog")
+    local errs = {}
+    assert(ch:consumer(function() end, { modulator = [[
+      local a = array.new("<f8", { 2 ^ 19 })
+      function enqueue(ev) for i = 1, 5000 do a:stats() end return ev end]],
+      on_error = function(e) errs[#errs + 1] = e end }))
+    local p = assert(ch:producer())
+    S.run_until(ctx, function() return false end, 0.3) -- installed
+    assert.are.same({}, errs)
+    -- CPU time of this process from the submit to the modulator's end
+    local t0 = os.clock()
+    p:submit(1)
+    S.run_until(ctx, function() return #errs > 0 end, 20)
+    local spent = os.clock() - t0
+    assert.matches("CPU budget", errs[1] or "none")
+    -- 5,000 passes over 4 MiB take 2 s, and the count hook alone would stop
+    -- the loop after some 1,600 of them (0.6 s): the budget (20 ms) ended it
+    assert.is_true(spent < 0.3, ("the modulator ran %.3f s of CPU"):format(spent))
+  end)
+end)

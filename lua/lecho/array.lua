@@ -214,87 +214,29 @@ function methods.keep(a)
   return a
 end
 
+local OPS = core.array_ops
+
 --- A view of a box, without copying: per dimension, count[d] elements
 -- from start[d] (from 0), every step[d]-th (default 1; count defaults to
--- all that fit).
-function methods.box(a, start, count, step)
-  local h = H(a)
-  local nd = h.ndim
-  start, count, step = start or {}, count or {}, step or {}
-  local v = core.array_view(a)
-  local vh = H(v)
-  local data, total = h.data, 1
-  for d = 0, nd - 1 do
-    local s0, st = start[d + 1] or 0, step[d + 1] or 1
-    local n = tonumber(h.shape[d])
-    if st < 1 or st % 1 ~= 0 or s0 < 0 or s0 % 1 ~= 0 or s0 > n then
-      error(("lecho.array.box: bad start or step in dimension %d"):format(d + 1), 2)
-    end
-    local c = count[d + 1] or math.floor((n - s0 + st - 1) / st)
-    if c < 0 or c % 1 ~= 0 or (c > 0 and s0 + (c - 1) * st >= n) then
-      error(("lecho.array.box: box outside the array in dimension %d"):format(d + 1), 2)
-    end
-    vh.shape[d] = c
-    vh.strides[d] = h.strides[d] * st
-    if c > 0 then data = data + s0 * h.strides[d] end
-    total = total * c
-  end
-  vh.count = total
-  if total > 0 then vh.data = data end
-  return v
-end
+-- all that fit).  A number instead of a list stands for every dimension.
+function methods.box(a, start, count, step) return OPS.box(a, start, count, step) end
 
 --- A view taking every step-th element along each dimension (a number:
--- the same step for all).
-function methods.stride(a, step)
-  if type(step) == "number" then
-    local s = {}
-    for d = 1, H(a).ndim do s[d] = step end
-    step = s
-  end
-  return methods.box(a, nil, nil, step)
-end
+-- the same step for all, or a list).
+function methods.stride(a, step) return OPS.box(a, nil, nil, step) end
 
---- min, max, sum, mean over the elements (as doubles; NaN skipped by
--- min and max).
-function methods.stats(a)
-  local h = H(a)
-  local mn, mx, sum, n = math.huge, -math.huge, 0, tonumber(h.count)
-  if n == 0 or h.data == nil then return mn, mx, 0, 0 end
-  local nd = h.ndim
-  if nd == 0 then
-    local x = tonumber(ffi.cast(PTR[h.dtype], h.data)[0])
-    return x, x, x, x
-  end
-  local p = ffi.cast(PTR[h.dtype], h.data)
-  if methods.contiguous(a) then
-    for i = 0, n - 1 do
-      local x = tonumber(p[i])
-      sum = sum + x
-      if x < mn then mn = x end
-      if x > mx then mx = x end
-    end
-    return mn, mx, sum, sum / n
-  end
-  local idx = {}
-  for d = 0, nd - 1 do idx[d] = 0 end
-  local isz = h.itemsize
-  for _ = 1, n do
-    local off = 0
-    for d = 0, nd - 1 do off = off + idx[d] * h.strides[d] end
-    local x = tonumber(ffi.cast(PTR[h.dtype], h.data + off)[0])
-    sum = sum + x
-    if x < mn then mn = x end
-    if x > mx then mx = x end
-    for d = nd - 1, 0, -1 do
-      idx[d] = idx[d] + 1
-      if idx[d] < h.shape[d] then break end
-      idx[d] = 0
-    end
-  end
-  local _ = isz
-  return mn, mx, sum, sum / n
-end
+--- min, max, sum, mean over the elements, as doubles (NaN skipped by min
+-- and max; an empty array: inf, -inf, 0, 0).  One pass in C.
+function methods.stats(a) return OPS.stats(a) end
+function methods.min(a) return OPS.min(a) end
+function methods.max(a) return OPS.max(a) end
+function methods.sum(a) return OPS.sum(a) end
+function methods.mean(a) return OPS.mean(a) end
+
+--- A new "<f8" array: op ("mean", the default, "min", "max" or "sum")
+-- over blocks of k elements per dimension (a number: every dimension; a
+-- trailing partial block counts).  In C, one pass.
+function methods.reduce(a, k, op) return OPS.reduce(a, k, op) end
 
 --- The elements as a nested Lua table (1-based, as Lua tables are).
 function methods.totable(a)

@@ -28,7 +28,8 @@ int lei_array_init(lei_array *a, int dtype, int ndim, const int64_t *shape) {
             continue;
         }
         a->shape[d] = shape[d];
-        a->strides[d] = d == ndim - 1 ? (int64_t)isz : a->strides[d + 1] * (shape[d + 1] ? shape[d + 1] : 1);
+        /* no elements: the dims after a zero may multiply past 2^63 */
+        a->strides[d] = d == ndim - 1 || count == 0 ? (int64_t)isz : a->strides[d + 1] * shape[d + 1];
     }
     return 0;
 }
@@ -36,6 +37,7 @@ int lei_array_init(lei_array *a, int dtype, int ndim, const int64_t *shape) {
 int lei_array_contiguous(const lei_array *a) {
     int64_t want = a->itemsize;
     int d;
+    if (a->count == 0) return 1;
     for (d = a->ndim - 1; d >= 0; d--) {
         if (a->shape[d] != 1 && a->strides[d] != want) return 0;
         want *= a->shape[d];
@@ -182,9 +184,12 @@ int lei_array_box(const lei_array *a, const int64_t *start, const int64_t *count
         /* the last element taken is start + (count-1)*step < shape */
         if (count[d] > 0 && (count[d] - 1 > (a->shape[d] - 1 - start[d]) / step[d])) return -1;
         b.shape[d] = count[d];
-        b.strides[d] = a->strides[d] * step[d];
-        total *= count[d];
+        if (__builtin_mul_overflow(a->strides[d], step[d], &b.strides[d])) return -1;
     }
+    /* at most a's elements (any zero count makes it 0 first) */
+    for (d = 0; d < a->ndim; d++)
+        if (count[d] == 0) total = 0;
+    for (d = 0; d < a->ndim && total; d++) total *= count[d];
     b.count = total;
     if (total == 0)
         b.data = a->data;

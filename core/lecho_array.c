@@ -62,6 +62,7 @@ static lei_array *to_array(lua_State *L, int idx) {
  * not link the core). */
 static int contiguous(const lei_array *a) {
     int64_t want = a->itemsize;
+    if (a->count == 0) return 1;
     for (int d = a->ndim - 1; d >= 0; d--) {
         if (a->shape[d] != 1 && a->strides[d] != want) return 0;
         want *= a->shape[d];

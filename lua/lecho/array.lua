@@ -196,6 +196,7 @@ end
 --- Row-major without gaps?
 function methods.contiguous(a)
   local h = H(a)
+  if h.count == 0 then return true end
   local want = h.itemsize
   for d = h.ndim - 1, 0, -1 do
     if h.shape[d] ~= 1 and h.strides[d] ~= want then return false end

@@ -318,3 +318,15 @@ describe("array operations in a modulator", function()
     assert.is_true(spent < 0.3, ("the modulator ran %.3f s of CPU"):format(spent))
   end)
 end)
+
+describe("the REPL's printer", function()
+  it("shows an array as dtype, shape, min/max/mean and the first values, never a million numbers", function()
+    local P = require "lecho.repl.pretty"
+    local a = array.new("<f8", { 1000, 1000 })
+    local p = a:ptr()
+    for i = 0, 999999 do p[i] = i end
+    local s = P.pretty({ step = 3, field = a })
+    assert.truthy(s:find("<lecho.array <f8 [1000,1000] min=0 max=999999 mean=499999.5 {0, 1, 2, 3, 4, 5, 6, 7, ...}>", 1, true), s)
+    assert.is_true(#s < 300, s)
+  end)
+end)

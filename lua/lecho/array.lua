@@ -278,6 +278,7 @@ end
 function M.summary(a, n)
   n = n or 8
   local h = H(a)
+  if h.flags == ENDED then return describe(a) end
   local mn, mx, _, mean = methods.stats(a)
   local first = {}
   if h.data ~= nil and h.count > 0 then

@@ -281,3 +281,112 @@ int lei_array_reduce(const lei_array *a, const int64_t *k, int op, lei_array *ou
     }
     return 0;
 }
+
+/* ---- conversion, quantization ----------------------------------------- */
+
+static void store(int dtype, uint8_t *p, double y) {
+    switch (dtype) {
+#define ST(T)                                                                                   \
+    {                                                                                           \
+        T v = (T)y;                                                                             \
+        memcpy(p, &v, sizeof v);                                                                \
+        return;                                                                                 \
+    }
+    case LEI_DT_U1: ST(uint8_t)
+    case LEI_DT_I1: ST(int8_t)
+    case LEI_DT_U2: ST(uint16_t)
+    case LEI_DT_I2: ST(int16_t)
+    case LEI_DT_U4: ST(uint32_t)
+    case LEI_DT_I4: ST(int32_t)
+    case LEI_DT_U8: ST(uint64_t)
+    case LEI_DT_I8: ST(int64_t)
+    case LEI_DT_F4: ST(float)
+    default: ST(double)
+#undef ST
+    }
+}
+
+/* The range of an integer dtype (as doubles the conversion stays inside). */
+static void int_range(int dt, double *lo, double *hi) {
+    static const double los[] = {0, -128, 0, -32768, 0, -2147483648.0, 0, -9223372036854775808.0};
+    static const double his[] = {255, 127, 65535, 32767, 4294967295.0, 2147483647.0,
+                                 18446744073709549568.0, 9223372036854774784.0};
+    *lo = los[dt];
+    *hi = his[dt];
+}
+
+int lei_array_convert(const lei_array *a, lei_array *out, int mode, double scale, double offset,
+                      volatile sig_atomic_t *stop) {
+    int isint = out->dtype < LEI_DT_F4;
+    double lo = 0, hi = 0;
+    int64_t i = 0, idx[LEI_ARRAY_MAXDIM] = {0};
+    int nd = a->ndim, d;
+    if (isint) int_range(out->dtype, &lo, &hi);
+    for (i = 0; i < a->count; i++) {
+        const uint8_t *p = a->data;
+        for (d = 0; d < nd; d++) p += idx[d] * a->strides[d];
+        double x = lei_array_load(a->dtype, p), y;
+        y = mode == LEI_CONV_QUANTIZE ? (x - offset) / scale : x * scale + offset;
+        if (isint) {
+            if (y != y) y = 0;
+            y = floor(y + 0.5);
+            if (y < lo) y = lo;
+            if (y > hi) y = hi;
+        }
+        store(out->dtype, out->data + i * out->itemsize, y);
+        for (d = nd - 1; d >= 0; d--) {
+            if (++idx[d] < a->shape[d]) break;
+            idx[d] = 0;
+        }
+        if ((i & 0xffff) == 0xffff && stop && *stop) return -1;
+    }
+    return 0;
+}
+
+/* ---- delta and patch --------------------------------------------------- */
+
+int64_t lei_array_delta_count(const lei_array *cur, const lei_array *ref, double threshold,
+                              volatile sig_atomic_t *stop) {
+    int64_t i, n = 0;
+    for (i = 0; i < cur->count; i++) {
+        double x = lei_array_load(cur->dtype, cur->data + i * cur->itemsize);
+        double r = lei_array_load(ref->dtype, ref->data + i * ref->itemsize);
+        if (!(fabs(x - r) <= threshold) && !(x != x && r != r)) n++;
+        if ((i & 0xffff) == 0xffff && stop && *stop) return -1;
+    }
+    return n;
+}
+
+int lei_array_delta(const lei_array *cur, lei_array *ref, double threshold, lei_array *idx,
+                    lei_array *vals, volatile sig_atomic_t *stop) {
+    int64_t i, n = 0;
+    size_t isz = (size_t)cur->itemsize;
+    for (i = 0; i < cur->count && n < vals->count; i++) {
+        const uint8_t *c = cur->data + i * cur->itemsize;
+        uint8_t *r = ref->data + i * ref->itemsize;
+        double x = lei_array_load(cur->dtype, c), y = lei_array_load(ref->dtype, r);
+        if (!(fabs(x - y) <= threshold) && !(x != x && y != y)) {
+            store(idx->dtype, idx->data + n * idx->itemsize, (double)i);
+            memcpy(vals->data + n * isz, c, isz);
+            memcpy(r, c, isz); /* what the receiver has now */
+            n++;
+        }
+        if ((i & 0xffff) == 0xffff && stop && *stop) return -1;
+    }
+    return 0;
+}
+
+int lei_array_patch(lei_array *ref, const lei_array *idx, const lei_array *vals) {
+    int64_t k;
+    size_t isz = (size_t)ref->itemsize;
+    if (idx->count != vals->count || vals->dtype != ref->dtype) return -1;
+    for (k = 0; k < idx->count; k++) { /* check every index before writing any */
+        double i = lei_array_load(idx->dtype, idx->data + k * idx->itemsize);
+        if (!(i >= 0 && i < (double)ref->count)) return -1;
+    }
+    for (k = 0; k < idx->count; k++) {
+        int64_t i = (int64_t)lei_array_load(idx->dtype, idx->data + k * idx->itemsize);
+        memcpy(ref->data + i * (int64_t)isz, vals->data + k * (int64_t)isz, isz);
+    }
+    return 0;
+}

@@ -69,6 +69,28 @@ int lei_array_reduce_shape(const lei_array *a, const int64_t *k, lei_array *out)
 int lei_array_reduce(const lei_array *a, const int64_t *k, int op, lei_array *out,
                      volatile sig_atomic_t *stop);
 
+/* Element-wise conversion of a into out (same shape; out's data holds
+ * out->count elements of out->dtype, row-major).  LEI_CONV_QUANTIZE:
+ * y = (x - offset) / scale; LEI_CONV_RESTORE: y = x * scale + offset; to an
+ * integer dtype y is rounded (half up) and clamped to its range, NaN -> 0.
+ * 0, or -1 when *stop was set. */
+enum { LEI_CONV_QUANTIZE, LEI_CONV_RESTORE };
+int lei_array_convert(const lei_array *a, lei_array *out, int mode, double scale, double offset,
+                      volatile sig_atomic_t *stop);
+/* Delta of cur against ref (both contiguous, same count; any dtypes): the
+ * elements whose values differ by more than threshold (NaN against a
+ * number counts).  delta_count: how many (-1: stopped).  delta: their flat
+ * indices into idx (an integer array of that count) and cur's elements into
+ * vals (cur's dtype, that count), and writes them into ref, which then
+ * holds what the receiver rebuilds.  patch: the inverse, vals into ref at
+ * idx; -1 (ref untouched) on an index out of range, counts that differ or
+ * a dtype other than ref's. */
+int64_t lei_array_delta_count(const lei_array *cur, const lei_array *ref, double threshold,
+                              volatile sig_atomic_t *stop);
+int lei_array_delta(const lei_array *cur, lei_array *ref, double threshold, lei_array *idx,
+                    lei_array *vals, volatile sig_atomic_t *stop);
+int lei_array_patch(lei_array *ref, const lei_array *idx, const lei_array *vals);
+
 /* An element as a double (any alignment). */
 double lei_array_load(int dtype, const uint8_t *p);
 

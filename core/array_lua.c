@@ -245,6 +245,77 @@ static int op_set(lua_State *L) {
     return 0;
 }
 
+static int check_dt(lua_State *L, int i, const char *def) {
+    size_t n;
+    const char *s = luaL_optlstring(L, i, def, &n);
+    int dt = lei_dtype_parse(s, n);
+    if (dt < 0) luaL_argerror(L, i, "unknown dtype");
+    return dt;
+}
+
+static int convert(lua_State *L, lei_array *a, int dt, int mode, double scale, double offset) {
+    lei_array *out;
+    if (!(scale == scale) || scale == 0 || !(offset == offset))
+        luaL_error(L, "lecho.array: scale must be a number other than 0, offset a number");
+    out = lei_array_push(L, dt, a->ndim, a->shape, (size_t)a->count * lei_dtype_size(dt), 0);
+    if (lei_array_convert(a, out, mode, scale, offset, STOP(L))) stopped(L);
+    return 1;
+}
+
+/* quantize(a, dtype [, scale, offset]) -> round((x - offset) / scale) as
+ * dtype (an integer dtype: clamped to its range, NaN -> 0); "<f4" with
+ * neither: f64 -> f32 */
+static int op_quantize(lua_State *L) {
+    lei_array *a = arg_array(L, 1);
+    int dt = check_dt(L, 2, NULL);
+    return convert(L, a, dt, LEI_CONV_QUANTIZE, luaL_optnumber(L, 3, 1), luaL_optnumber(L, 4, 0));
+}
+
+/* dequantize(q, scale, offset [, dtype]) -> q * scale + offset as dtype
+ * ("<f8" by default): quantize's inverse, within scale / 2 */
+static int op_dequantize(lua_State *L) {
+    lei_array *a = arg_array(L, 1);
+    double scale = luaL_checknumber(L, 2), offset = luaL_checknumber(L, 3);
+    return convert(L, a, check_dt(L, 4, "<f8"), LEI_CONV_RESTORE, scale, offset);
+}
+
+static lei_array *arg_flat(lua_State *L, int i, int writable) {
+    lei_array *a = arg_array(L, i);
+    if (!lei_array_contiguous(a)) luaL_argerror(L, i, "a box or stride view (copy it first)");
+    if (writable && (a->flags & LEI_AF_READONLY)) luaL_argerror(L, i, "read-only");
+    return a;
+}
+
+/* delta(cur, ref, threshold) -> idx, vals: the flat indices (<u4, or <u8
+ * past 2^32 elements) and the values (cur's dtype) of the elements that
+ * moved by more than threshold from ref; ref takes them (it is then what
+ * the receiver rebuilds with patch) */
+static int op_delta(lua_State *L) {
+    lei_array *cur = arg_flat(L, 1, 0), *ref = arg_flat(L, 2, 1), *idx, *vals;
+    double th = luaL_checknumber(L, 3);
+    int64_t n;
+    if (cur->count != ref->count) luaL_error(L, "lecho.array.delta: %lld elements against %lld",
+                                             (long long)cur->count, (long long)ref->count);
+    if ((n = lei_array_delta_count(cur, ref, th, STOP(L))) < 0) stopped(L);
+    int idt = cur->count > 4294967295LL ? LEI_DT_U8 : LEI_DT_U4;
+    idx = lei_array_push(L, idt, 1, &n, (size_t)n * lei_dtype_size(idt), 0);
+    vals = lei_array_push(L, cur->dtype, 1, &n, (size_t)n * (size_t)cur->itemsize, 0);
+    if (lei_array_delta(cur, ref, th, idx, vals, STOP(L))) stopped(L);
+    return 2;
+}
+
+/* patch(ref, idx, vals) -> ref: vals written at the flat indices idx
+ * (delta's inverse); an index out of range, counts that differ or a dtype
+ * other than ref's raise, ref untouched */
+static int op_patch(lua_State *L) {
+    lei_array *ref = arg_flat(L, 1, 1), *idx = arg_flat(L, 2, 0), *vals = arg_flat(L, 3, 0);
+    if (idx->dtype >= LEI_DT_F4) luaL_argerror(L, 2, "integer indices expected");
+    if (lei_array_patch(ref, idx, vals))
+        luaL_error(L, "lecho.array.patch: an index out of range, counts that differ or another dtype");
+    lua_settop(L, 1);
+    return 1;
+}
+
 static int op_len(lua_State *L) { return op_count(L); }
 
 static int op_tostring(lua_State *L) {
@@ -263,7 +334,8 @@ static const luaL_Reg OPS[] = {{"dtype", op_dtype}, {"shape", op_shape}, {"ndim"
                                {"min", op_min},     {"max", op_max},     {"sum", op_sum},
                                {"mean", op_mean},   {"box", op_box},     {"reduce", op_reduce},
                                {"copy", op_copy},   {"new", op_new},     {"set", op_set},
-                               {NULL, NULL}};
+                               {"quantize", op_quantize}, {"dequantize", op_dequantize},
+                               {"delta", op_delta}, {"patch", op_patch}, {NULL, NULL}};
 
 void lei_array_lua_ops(lua_State *L, volatile sig_atomic_t *stop) {
     const luaL_Reg *f;

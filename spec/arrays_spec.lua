@@ -297,6 +297,55 @@ describe("array operations in a modulator", function()
     assert.is_true(math.abs(s - sum) < 1e-6)
   end)
 
+  it("send only what moved (delta against what the stream sent, patched back by the demodulator) and quantized fields", function()
+    local ch = ctx:channel("diff")
+    local have, worst, qworst, steps, bytes_delta = nil, 0, 0, 0, 0
+    local sent = {}
+    local TH, SCALE, OFF = 0.05, 0.01, -100
+    assert(ch:consumer(function(ev, meta)
+      if ev.key then have = ev.key:copy() else have:patch(ev.idx, ev.vals) bytes_delta = bytes_delta + #ev.idx * 12 end
+      local src = sent[ev.step]
+      local q = ev.q:dequantize(SCALE, OFF)
+      for i = 0, #src - 1 do
+        worst = math.max(worst, math.abs(have[i] - src[i]))
+        qworst = math.max(qworst, math.abs(q[i] - src[i]))
+      end
+      assert.are.equal("<u2", ev.q:dtype())
+      steps = steps + 1
+    end, { params = { th = TH, scale = SCALE, offset = OFF }, modulator = [[
+      local ref
+      function enqueue(ev)
+        local q = ev.field:quantize("<u2", params.scale, params.offset)
+        if not ref then ref = ev.field:copy() return { step = ev.step, key = ref, q = q } end
+        local idx, vals = ev.field:delta(ref, params.th)
+        return { step = ev.step, idx = idx, vals = vals, q = q }
+      end]] }))
+    local p = assert(ch:producer())
+    local N = 4096
+    local f = array.new("<f8", { N })
+    for step = 1, 20 do
+      local ptr = f:ptr()
+      for i = 0, N - 1 do -- a slow drift, and a bump that moves
+        ptr[i] = math.sin(i / 200 + step * 0.0005) * 10 + (math.abs(i - step * 150) < 40 and 5 or 0)
+      end
+      sent[step] = f:copy()
+      assert.is_true(p:submit_sync({ step = step, field = f }, { timeout = 5 }))
+    end
+    assert.are.equal(20, steps)
+    assert.is_true(worst <= TH, "delta error " .. worst)
+    assert.is_true(qworst <= SCALE / 2 + 1e-12, "quantization error " .. qworst)
+    -- what moved is far less than the whole field each step
+    assert.is_true(bytes_delta < 19 * N * 8 / 2, "delta bytes " .. bytes_delta)
+  end)
+
+  it("refuse a patch from a hostile stream: an index out of range changes nothing", function()
+    local ref = array.from({ 1, 2, 3 })
+    assert.has_error(function() ref:patch(array.from({ 1, 3 }, "<u4"), array.from({ 9, 9 })) end)
+    assert.has_error(function() ref:patch(array.from({ 1 }, "<u4"), array.from({ 9 }, "<f4")) end)
+    assert.has_error(function() ref:patch(array.from({ 0.5 }, "<f8"), array.from({ 9 })) end)
+    assert.are.same({ 1, 2, 3 }, ref:totable())
+  end)
+
   it("end a loop of operations when the budget runs out", function()
     local ch = ctx:channel("hog")
     local errs = {}

@@ -239,6 +239,18 @@ function methods.mean(a) return OPS.mean(a) end
 -- trailing partial block counts).  In C, one pass.
 function methods.reduce(a, k, op) return OPS.reduce(a, k, op) end
 
+--- Quantization (in C): q = round((x - offset) / scale) as dtype (an
+-- integer dtype is clamped, NaN -> 0; a:quantize("<f4") is f64 -> f32),
+-- and back: q:dequantize(scale, offset [, dtype "<f8"]) = q * scale + offset.
+function methods.quantize(a, dtype, scale, offset) return OPS.quantize(a, dtype, scale, offset) end
+function methods.dequantize(q, scale, offset, dtype) return OPS.dequantize(q, scale, offset, dtype) end
+
+--- Delta (in C): idx, vals of the elements of a that moved by more than
+-- threshold from ref, which takes them (ref then is what a receiver that
+-- applied every delta has); ref:patch(idx, vals) is the inverse.
+function methods.delta(a, ref, threshold) return OPS.delta(a, ref, threshold) end
+function methods.patch(ref, idx, vals) return OPS.patch(ref, idx, vals) end
+
 --- The elements as a nested Lua table (1-based, as Lua tables are).
 function methods.totable(a)
   local h = H(a)

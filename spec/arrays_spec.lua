@@ -379,3 +379,79 @@ describe("the REPL's printer", function()
     assert.is_true(#s < 300, s)
   end)
 end)
+
+describe("array operations against plain loops", function()
+  it("agree on random shapes, dtypes, boxes and strides (views of views included)", function()
+    math.randomseed(24)
+    local ops = { "mean", "min", "max", "sum" }
+    for trial = 1, 150 do
+      local nd = math.random(1, 3)
+      local shape = {}
+      for d = 1, nd do shape[d] = math.random(1, 9) end
+      local dt = array.dtypes[math.random(1, #array.dtypes)]
+      local a = array.new(dt, shape)
+      local n = #a
+      local p = a:ptr()
+      for k = 0, n - 1 do p[k] = math.random(0, 100) end
+      -- a random box with steps, then maybe a box of that
+      local start, count, step = {}, {}, {}
+      for d = 1, nd do
+        start[d] = math.random(0, shape[d] - 1)
+        step[d] = math.random(1, 3)
+        count[d] = math.random(1, math.floor((shape[d] - 1 - start[d]) / step[d]) + 1)
+      end
+      local v = a:box(start, count, step)
+      if math.random() < 0.5 then v = v:box(nil, nil, 1) end
+      -- element (i...) of v is a's (start + i*step ...)
+      local function at(idx)
+        local t = {}
+        for d = 1, nd do t[d] = start[d] + idx[d] * step[d] end
+        return a:get(unpack(t))
+      end
+      local vals, idxs = {}, {}
+      local function walk(d, idx)
+        if d > nd then
+          local x = at(idx)
+          vals[#vals + 1] = x
+          idxs[#idxs + 1] = { unpack(idx) }
+          assert.are.equal(x, v:get(unpack(idx)))
+          return
+        end
+        for i = 0, count[d] - 1 do idx[d] = i walk(d + 1, idx) end
+      end
+      walk(1, {})
+      local mn, mx, sum = math.huge, -math.huge, 0
+      for _, x in ipairs(vals) do mn = math.min(mn, x) mx = math.max(mx, x) sum = sum + x end
+      local smn, smx, ssum, smean = v:stats()
+      assert.are.same({ mn, mx, sum, sum / #vals }, { smn, smx, ssum, smean })
+      -- copy keeps the order
+      local c = v:copy()
+      local cp = c:ptr()
+      for i, x in ipairs(vals) do assert.are.equal(x, tonumber(cp[i - 1])) end
+      -- block reduce of the view by random k
+      local k = {}
+      for d = 1, nd do k[d] = math.random(1, 4) end
+      local op = ops[math.random(1, 4)]
+      local r = v:reduce(k, op)
+      local acc, cnt = {}, {}
+      for i, idx in ipairs(idxs) do
+        local key = {}
+        for d = 1, nd do key[d] = math.floor(idx[d] / k[d]) end
+        local s = table.concat(key, ",")
+        local x = vals[i]
+        if acc[s] == nil then acc[s], cnt[s] = x, 1
+        else
+          cnt[s] = cnt[s] + 1
+          if op == "min" then acc[s] = math.min(acc[s], x) elseif op == "max" then acc[s] = math.max(acc[s], x)
+          else acc[s] = acc[s] + x end
+        end
+      end
+      for s, x in pairs(acc) do
+        local key = {}
+        for w in s:gmatch("%d+") do key[#key + 1] = tonumber(w) end
+        local want = op == "mean" and x / cnt[s] or x
+        assert.is_true(math.abs(r:get(unpack(key)) - want) < 1e-9, ("trial %d %s %s"):format(trial, op, s))
+      end
+    end
+  end)
+end)

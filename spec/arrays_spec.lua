@@ -455,3 +455,93 @@ describe("array operations against plain loops", function()
     end
   end)
 end)
+
+-- C consumers (lecho.h) of a Lua producer's arrays, and the C side sending
+-- them back: a C program built against build/liblecho.so.
+local C_CONSUMER = [[
+#include <lecho.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+static long n, bad, misaligned;
+static lecho_producer *back;
+static const char *handler(const lecho_value *ev, const lecho_meta *meta, void *ud) {
+    lecho_array_info ai;
+    double step;
+    (void)meta;
+    if (lecho_type(ev, NULL) == LECHO_TSTRING) { lecho_stop(ud); return NULL; }
+    if (lecho_get_number(ev, "step", &step) != 0 || lecho_get_array(ev, "field", &ai) != 0) { bad++; return "no field"; }
+    if ((uintptr_t)ai.data % ai.itemsize) misaligned++;
+    if (strcmp(ai.dtype, "<f8") != 0 || ai.ndim != 2) { bad++; return "dtype"; }
+    const double *d = ai.data;
+    for (size_t i = 0; i < ai.count; i++) if (d[i] != step * 1000 + (double)i) { bad++; break; }
+    n++;
+    /* and back: the same field, lent (the submit copies it) */
+    lecho_value *out = lecho_value_new(ud);
+    lecho_set_number(out, "step", step);
+    lecho_set_array(out, "field", "<f8", ai.ndim, ai.shape, ai.data, NULL, NULL);
+    if (lecho_submit(back, out) != 0) bad++;
+    lecho_value_free(out);
+    return NULL;
+}
+int main(int argc, char **argv) {
+    const char *opts[] = { "nameserver", argv[1], "quiet", "true", NULL };
+    lecho_ctx *ctx;
+    lecho_consumer *c;
+    char err[256];
+    (void)argc;
+    if (lecho_open(opts, &ctx, err, sizeof err) != 0) { fprintf(stderr, "%s\n", err); return 1; }
+    /* from inside a handler only a producer that never waits may submit */
+    if (lecho_producer_open(lecho_channel_get(ctx, "back"), "drop_newest", &back) != 0 ||
+        lecho_consumer_open(lecho_channel_get(ctx, "tocee"), handler, ctx, &c) != 0) {
+        fprintf(stderr, "%s\n", lecho_errmsg(ctx));
+        return 1;
+    }
+    printf("ready\n");
+    fflush(stdout);
+    lecho_run(ctx);
+    printf("got %ld bad %ld misaligned %ld\n", n, bad, misaligned);
+    lecho_close(ctx, 5);
+    return 0;
+}
+]]
+
+describe("arrays and the C API between processes", function()
+  local ns, ctx
+  before_each(function() ns, ctx = S.world() end)
+  after_each(function() S.end_world(ctx); ctx = nil end)
+
+  it("a C consumer reads a Lua producer's arrays (in place or moved once to align them) and sends them back", function()
+    local ok, log = S.sh(("make -s -C %s liblecho"):format(S.sh_quote(S.root)))
+    assert(ok, log)
+    local src = S.write(S.tmpname("ccons") .. ".c", C_CONSUMER)
+    local bin = S.tmpname("ccons")
+    ok, log = S.sh(("cc -O2 -Wall -Wextra -Werror -I%s/core -o %s %s -L%s/build -llecho -Wl,-rpath,%s/build")
+      :format(S.root, bin, src, S.root, S.root))
+    assert(ok, log)
+    local cc = S.spawn(("LECHO_LUA_DIR=%s/lua %s %s"):format(S.root, bin, ns))
+    assert(S.wait_file(cc.out, "ready", 30), S.errors(cc))
+    local back, bad = {}, {}
+    assert(ctx:channel("back"):consumer(function(ev)
+      local f = ev.field
+      for i = 0, #f - 1 do
+        if f:ptr()[i] ~= ev.step * 1000 + i then bad[#bad + 1] = ev.step break end
+      end
+      back[#back + 1] = ev.step
+    end))
+    local p = assert(ctx:channel("tocee"):producer())
+    -- odd-sized strings before the field shift its bytes to any offset
+    for step = 1, 12 do
+      local f = array.new("<f8", { 16, 40 + step }) -- 5 KiB and more: views at the consumer
+      local fp = f:ptr()
+      for i = 0, #f - 1 do fp[i] = step * 1000 + i end
+      assert(p:submit_sync({ a = ("x"):rep(step), step = step, field = f }, { timeout = 10 }))
+    end
+    assert(p:submit_sync("end", { timeout = 10 }))
+    local done = S.wait(cc, 20, ctx)
+    assert(done, "C consumer still running: " .. S.output(cc) .. S.errors(cc))
+    assert.truthy(S.output(cc):find("got 12 bad 0 misaligned 0", 1, true), S.output(cc) .. S.errors(cc))
+    assert.is_true(S.run_until(ctx, function() return #back == 12 end, 10))
+    assert.are.same({}, bad)
+  end)
+end)

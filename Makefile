@@ -16,9 +16,9 @@ SODIUM_CFLAGS := $(shell $(PKG_CONFIG) --cflags libsodium 2>/dev/null)
 SODIUM_LIBS   := $(or $(shell $(PKG_CONFIG) --libs libsodium 2>/dev/null),-lsodium)
 ALLCFLAGS  := $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -I$(LUA_INCDIR) -Icore $(SODIUM_CFLAGS) $(SAN)
 
-CORE_SRC   := core/codec.c core/errors.c core/frame.c core/addr.c core/ctx.c core/conn.c core/rbuf.c core/accept.c core/inmap.c core/peer.c core/peers.c core/chan.c \
+CORE_SRC   := core/codec.c core/array.c core/errors.c core/frame.c core/addr.c core/ctx.c core/conn.c core/rbuf.c core/accept.c core/inmap.c core/peer.c core/peers.c core/chan.c \
               core/local.c core/sync.c core/live.c core/auth.c core/secure.c core/handshake.c
-LUA_SRC    := core/codec_lua.c core/moe.c core/moe_env.c core/moe_group.c core/moe_svc.c core/lua_ctx.c core/lua_hook.c core/lua_chan.c \
+LUA_SRC    := core/codec_lua.c core/array_lua.c core/moe.c core/moe_env.c core/moe_group.c core/moe_svc.c core/lua_ctx.c core/lua_hook.c core/lua_chan.c \
               core/lua_moe.c core/lua_loop.c core/lua_auth.c core/lpat.c
 HDRS       := $(wildcard core/*.h)
 SO         := lua/lecho/core.so
@@ -224,12 +224,13 @@ build/fuzz_conn: core/fuzz_conn.c $(FUZZ_CORE) $(HDRS) | build
 	$(FUZZ_CC) $(FUZZ_FLAGS) -DLECHO_FUZZ_DIR='"$(CURDIR)/build/fuzz/sock"' \
 	  -o $@ core/fuzz_conn.c $(FUZZ_CORE) -lev $(SODIUM_LIBS)
 
-build/fuzz_ns: core/fuzz_ns.c $(FUZZ_OBJ)/codec_lua.o $(FUZZ_OBJ)/codec.o $(HDRS) | build
+build/fuzz_ns: core/fuzz_ns.c $(FUZZ_OBJ)/codec_lua.o $(FUZZ_OBJ)/codec.o $(FUZZ_OBJ)/array.o $(HDRS) | build
 	$(FUZZ_CC) $(FUZZ_FLAGS) -DLECHO_LUA_DIR='"$(CURDIR)/lua"' -o $@ core/fuzz_ns.c $(FUZZ_OBJ)/codec_lua.o \
-	  $(FUZZ_OBJ)/codec.o -lluajit-5.1
+	  $(FUZZ_OBJ)/codec.o $(FUZZ_OBJ)/array.o -lluajit-5.1
 
-build/fuzz_codec: core/fuzz_codec.c $(FUZZ_OBJ)/codec_lua.o $(FUZZ_OBJ)/codec.o $(HDRS) | build
-	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ core/fuzz_codec.c $(FUZZ_OBJ)/codec_lua.o $(FUZZ_OBJ)/codec.o -lluajit-5.1
+build/fuzz_codec: core/fuzz_codec.c $(FUZZ_OBJ)/codec_lua.o $(FUZZ_OBJ)/codec.o $(FUZZ_OBJ)/array.o $(HDRS) | build
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ core/fuzz_codec.c $(FUZZ_OBJ)/codec_lua.o $(FUZZ_OBJ)/codec.o \
+	  $(FUZZ_OBJ)/array.o -lluajit-5.1
 
 fuzz-build:
 	@$(MAKE) --no-print-directory deps DEPS="$(FUZZ_DEPS)"
@@ -256,8 +257,8 @@ fuzz-quick: fuzz-build
 # loads the Lua layer.  build/liblecho.so finds the Lua files of this
 # checkout; the installed one (build/inst/) those of INST_LUADIR/INST_LIBDIR.
 LECHO_LIBS := -lluajit-5.1
-LECHO_SRC  := core/lecho.c core/lecho_value.c core/errors.c
-build/liblecho.so: $(LECHO_SRC) core/lecho.h core/lecho_int.h core/errors.h | build
+LECHO_SRC  := core/lecho.c core/lecho_value.c core/lecho_array.c core/errors.c
+build/liblecho.so: $(LECHO_SRC) core/lecho.h core/lecho_int.h core/errors.h core/array.h | build
 	$(CC) $(ALLCFLAGS) -shared -o $@ $(LECHO_SRC) \
 	  -DLECHO_LUA_DIR='"$(CURDIR)/lua"' -DLECHO_LUA_CDIR='"$(CURDIR)/lua"' $(LECHO_LIBS) $(LDFLAGS)
 

@@ -10,6 +10,7 @@
  */
 #define _GNU_SOURCE
 #include "lua_int.h"
+#include "array.h"
 #include "lpat.h"
 
 #include <limits.h>
@@ -457,6 +458,8 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
     lb_moe_open(L);
     lua_newtable(L);
     lei_codec_lua_setfuncs(L); /* encode, decode, validate */
+    lei_array_lua_ops(L, NULL); /* the array operations, never stopped here */
+    lua_setfield(L, -2, "array_ops");
     lua_pushcfunction(L, l_new);
     lua_setfield(L, -2, "new");
     lua_pushcfunction(L, l_hash);

@@ -47,6 +47,9 @@ typedef struct lb_ctx {
 /* The shortest string value handed to Lua as a view (lua_hook.c view_of):
  * below it a copy costs less than the buffer object that saves it. */
 #define LB_VIEW_MIN ((size_t)64 * 1024)
+/* The smallest array handed to Lua as a view into the payload (lua_hook.c;
+ * smaller ones are copied into their userdata as they are decoded). */
+#define LB_ARRAY_VIEW_MIN ((size_t)4096)
 
 /* A modulator userdata: owns its lei_moe until close, gc or context close. */
 struct lb_moe {

@@ -7,6 +7,7 @@
 local options = require "lecho.options"
 local ffi = require "ffi"
 local sbuf = require "string.buffer"
+local core = require "lecho.core"
 
 local Context = {}
 Context.__index = Context
@@ -136,7 +137,19 @@ local function copy_bytes(p, n)
   return ffi.string(p, n)
 end
 
+-- Arrays (lecho.array) of 4 KiB or more come from C as views too, into
+-- the same bytes (lua_hook.c, LB_ARRAY_VIEW_MIN): rv = { a = the list of
+-- them } and the handlers get the value itself.  keep_view gives each its
+-- own copy (core.array_keep, views made from them follow); a dispatch that
+-- ends with them not kept ends them (core.array_end: no elements left, so
+-- a handler that stored one reads nothing, never freed memory).
 local function keep_view(rv)
+  local avs = rv.a
+  if avs then
+    for i = 1, #avs do core.array_keep(avs[i]) end -- may raise (memory)
+    rv.a = nil
+    return
+  end
   local p, n = rv.p, rv.n
   if not p then return end
   local s = copy_bytes(p, n) -- may raise (memory): rv is unchanged then
@@ -541,12 +554,14 @@ local function dispatcher(self)
   end
 end
 
-function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, vlen)
+function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, vlen, avs)
   local rv
   if vlen then
     -- a view (see keep_view): valid until this returns
     rv = { p = ffi.cast(charp, value), n = vlen, bufs = {} }
     value = nil
+  elseif avs then
+    rv = { a = avs } -- the value's array views (see keep_view)
   end
   -- a call channel served here (lecho.service): the call runs in a
   -- coroutine of its own and is answered by ctx:ack; no ack from C
@@ -554,7 +569,9 @@ function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, 
   if svc and svc[chid] then
     -- a call is a request table: a long string is a bad request, answered
     -- as one without copying it
-    if rv then value = "" end
+    if rv and rv.p then value = "" end
+    -- a call runs in its own coroutine: its arrays are copied first
+    if avs then keep_view(rv) end
     return self:_serve(svc[chid], value, peer, sync, gen, nbytes)
   end
   if rv then
@@ -562,17 +579,22 @@ function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, 
     live[#live + 1] = rv
     -- protected: nothing may leave rv listed (keep_views would read its
     -- bytes after C freed them)
-    local ok, held, nran, errs = pcall(self._dispatch_value, self, chid, value, peer, producer, seq, sync, gen, rv)
+    local ok, held, nran, errs = pcall(self._dispatch_value, self, chid, value, peer, producer, seq, sync, gen, rv.p and rv)
     live[#live] = nil
     -- A handler waits: _wait kept the view before it yielded (the later
     -- handlers of this event read the copy).  Else every handler returned
     -- and their buffers are empty.  Either way C may free the bytes now.
-    if ok and held and rv.p and not pcall(keep_view, rv) then
+    if ok and held and (rv.p or rv.a) and not pcall(keep_view, rv) then
       self.log("out of memory keeping a value while its handler waits: the buffers of this event are emptied")
     end
     if rv.p then
       rv.p = nil
       for _, b in ipairs(rv.bufs) do b:free() end
+    end
+    if rv.a then
+      local a = rv.a
+      rv.a = nil
+      for i = 1, #a do core.array_end(a[i]) end
     end
     if not ok then error(held, 0) end
     return held, nran, errs

@@ -45,6 +45,7 @@ local M = {
   _VERSION = "0.1.0",
   protocol_version = core.protocol_version,
   modulator = modulator.source,   -- the text of a modulator: source, or a file's
+  array = require "lecho.array",  -- typed n-D numeric arrays (lua/lecho/array.lua)
 }
 
 -- The value codec: string, or nil, err, code ("invalid", "limit").
@@ -199,8 +200,8 @@ function M.context(opts)
     self.tick = c:timer(0.1, 0.1, function() self.reg:tick(self._send, now(self)) end)
   end
   c:hooks{
-    event = function(chid, value, peer, producer, seq, sync, gen, nbytes, vlen)
-      return self:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, vlen)
+    event = function(chid, value, peer, producer, seq, sync, gen, nbytes, vlen, avs)
+      return self:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, vlen, avs)
     end,
     ctrl = function(from, msg, gen)
       if self.keyed and not self:_nameserver_ok(from) then return end

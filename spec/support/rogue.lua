@@ -3,7 +3,9 @@
 -- (spec/protocol_doc_spec.lua).  Written from doc/protocol.md alone: raw
 -- TCP through luasocket, frames built and parsed here, values through the
 -- codec of lecho.core, and for keyed mode libsodium through LuaJIT's FFI
--- (ffi.load "sodium", Debian libsodium23).  It speaks protocol version 2:
+-- (ffi.load "sodium", Debian libsodium23).  It speaks protocol version 3
+-- (2's layouts; 3 added the array value, tag 0x07, which lecho.core's codec
+-- reads and writes):
 -- the protected-mode handshake (mode 0), the keyed one (mode 1) with its
 -- own identity (a trusted key or not, a certificate or not), then records;
 -- it can send any frame, and reads frames and ERRORs.  It can dial (the
@@ -23,7 +25,7 @@ local core = require "lecho.core"
 
 local M = {}
 
--- The version this build's core speaks (2 once issue 10 is in; the v1
+-- The version this build's core speaks (3 since issue 24's arrays; the v1
 -- layouts have no mode byte in HELLO and no ticket byte in BIND).
 M.VERSION = core.protocol_version or 2
 M.F = { HELLO = 1, HELLO_OK = 2, ERROR = 3, CTRL = 4, BIND = 5, EVENT = 6, ACK = 7,

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "test.h"
@@ -42,23 +43,23 @@ static void test_identity(void) {
     CHECK(!lei_ctx_keyed(c));
     CHECK(lei_ctx_sign(c, "m", 1, sig) == -LEI_E_INVALID);
     /* names: 1..64 of [A-Za-z0-9._-] */
-    CHECK(lei_ctx_set_identity(c, sk, "", NULL, err) == -LEI_E_INVALID);
+    CHECK(lei_ctx_set_identity(c, sk, "", NULL, 0, err) == -LEI_E_INVALID);
     CHECK(strstr(err, "bad principal name") != NULL);
-    CHECK(lei_ctx_set_identity(c, sk, "a b", NULL, err) == -LEI_E_INVALID);
-    CHECK(lei_ctx_set_identity(c, sk, "x/y", NULL, err) == -LEI_E_INVALID);
+    CHECK(lei_ctx_set_identity(c, sk, "a b", NULL, 0, err) == -LEI_E_INVALID);
+    CHECK(lei_ctx_set_identity(c, sk, "x/y", NULL, 0, err) == -LEI_E_INVALID);
     char longname[66];
     memset(longname, 'a', 65);
     longname[65] = '\0';
-    CHECK(lei_ctx_set_identity(c, sk, longname, NULL, err) == -LEI_E_INVALID);
+    CHECK(lei_ctx_set_identity(c, sk, longname, NULL, 0, err) == -LEI_E_INVALID);
     longname[64] = '\0';
     /* the embedded pk must be the seed's */
     memcpy(bad, sk, 32);
     memcpy(bad + 32, pk2, 32);
-    CHECK(lei_ctx_set_identity(c, bad, "alice", NULL, err) == -LEI_E_INVALID);
+    CHECK(lei_ctx_set_identity(c, bad, "alice", NULL, 0, err) == -LEI_E_INVALID);
     CHECK(strstr(err, "does not match") != NULL);
     CHECK(!lei_ctx_keyed(c));
-    CHECK(lei_ctx_set_identity(c, sk, longname, NULL, err) == 0);
-    CHECK(lei_ctx_set_identity(c, sk, "Alice-1.x_y", NULL, err) == 0);
+    CHECK(lei_ctx_set_identity(c, sk, longname, NULL, 0, err) == 0);
+    CHECK(lei_ctx_set_identity(c, sk, "Alice-1.x_y", NULL, 0, err) == 0);
     CHECK(lei_ctx_keyed(c));
     CHECK(lei_ctx_sign(c, "hello", 5, sig) == 0);
     CHECK(crypto_sign_verify_detached(sig, (const uint8_t *)"hello", 5, pk) == 0);
@@ -68,28 +69,28 @@ static void test_identity(void) {
     c = new_ctx();
     CHECK(lei_ctx_listen(c, "127.0.0.1:0", NULL, NULL, err) == 0);
     CHECK(lei_peer_get(c, lei_ctx_addr(c), 1) != NULL); /* dials itself */
-    CHECK(lei_ctx_set_identity(c, sk, "alice", NULL, err) == -LEI_E_INVALID);
+    CHECK(lei_ctx_set_identity(c, sk, "alice", NULL, 0, err) == -LEI_E_INVALID);
     CHECK(strstr(err, "before the first connection") != NULL);
     lei_ctx_free(c);
 }
 
 static void test_tables(void) {
     lei_ctx *c = new_ctx();
-    uint8_t pk[32], sk[64], t[64];
+    uint8_t pk[32], sk[64], t[LEI_TICKET_BYTES];
     crypto_sign_keypair(pk, sk);
     CHECK(lei_ctx_trust_key(c, pk, "bad name") == -LEI_E_INVALID);
     for (int i = 0; i < 40; i++) { /* grows */
         uint8_t k[32];
         randombytes_buf(k, sizeof k);
         CHECK(lei_ctx_trust_key(c, k, "many") == 0);
-        CHECK(lei_ctx_trust_authority(c, k) == 0);
+        CHECK(lei_ctx_trust_authority(c, k, 0, 0) == 0);
         char addr[32];
         snprintf(addr, sizeof addr, "127.0.0.1:%d", 1000 + i);
         CHECK(lei_peer_expect(c, addr, k) == 0);
     }
     CHECK(lei_ctx_trust_key(c, pk, "bob") == 0);
     CHECK(lei_ctx_trust_key(c, pk, "bob2") == 0); /* renames */
-    CHECK(lei_ctx_trust_authority(c, pk) == 0);
+    CHECK(lei_ctx_trust_authority(c, pk, 0, 0) == 0);
     char longaddr[200];
     memset(longaddr, 'x', sizeof longaddr - 1);
     longaddr[sizeof longaddr - 1] = '\0';
@@ -113,7 +114,7 @@ static void test_tables(void) {
 /* ---- frames of protocol 2 ---------------------------------------------- */
 
 static void test_frames(void) {
-    uint8_t buf[LEI_HELLO_MAX], t[64];
+    uint8_t buf[LEI_HELLO_MAX], t[LEI_TICKET_BYTES];
     lei_hello key, h;
     lei_frame f;
     const char *err = NULL;
@@ -122,15 +123,17 @@ static void test_frames(void) {
     randombytes_buf(key.idpk, 32);
     strcpy(key.name, "alice");
     for (int type = LEI_F_HELLO; type <= LEI_F_HELLO_OK; type++)
-        for (int cert = 0; cert < 2; cert++) {
+        for (int cert = 0; cert < 3; cert++) {
             key.has_cert = (uint8_t)cert;
+            key.cert_len = cert == 2 ? 100 : cert ? 64 : 0;
             memset(key.cert, 9, sizeof key.cert);
             size_t n = lei_frame_hello(buf, (uint8_t)type, LEI_PROTO_VERSION, 77, "127.0.0.1:9", &key);
             CHECK(n <= LEI_HELLO_MAX && lei_frame_next(buf, n, 4096, &f, &err) == 1);
             CHECK(lei_parse_hello(f.body, f.len, &h, &err) == 0);
             CHECK(h.mode == LEI_MODE_KEYED && h.incarnation == 77 && strcmp(h.name, "alice") == 0);
             CHECK(memcmp(h.eph, key.eph, 32) == 0 && memcmp(h.idpk, key.idpk, 32) == 0);
-            CHECK(h.has_cert == cert && (!cert || memcmp(h.cert, key.cert, 64) == 0));
+            CHECK(h.has_cert == cert && h.cert_len == key.cert_len &&
+                  memcmp(h.cert, key.cert, key.cert_len) == 0);
             CHECK(h.has_sig == (type == LEI_F_HELLO_OK));
             /* every cut is refused, never read past */
             for (size_t k = 6; k < f.len; k++) {
@@ -145,7 +148,8 @@ static void test_frames(void) {
     /* the longest name fits LEI_HELLO_MAX */
     memset(key.name, 'n', LEI_NAME_MAX);
     key.name[LEI_NAME_MAX] = '\0';
-    key.has_cert = 1;
+    key.has_cert = 2;
+    key.cert_len = LEI_CERT_MAX;
     char addr[LEI_ADDR_MAX];
     memset(addr, 'a', sizeof addr - 1);
     addr[sizeof addr - 1] = '\0';
@@ -215,7 +219,7 @@ static void side_init(side *s, const char *name, const uint8_t *sk) {
     o.retry_max = 30;
     s->c = lei_ctx_new(&o, &h);
     char err[160];
-    if (sk) CHECK(lei_ctx_set_identity(s->c, sk, name, NULL, err) == 0);
+    if (sk) CHECK(lei_ctx_set_identity(s->c, sk, name, NULL, 0, err) == 0);
     CHECK(lei_ctx_listen(s->c, "127.0.0.1:0", NULL, NULL, err) == 0);
 }
 
@@ -309,16 +313,25 @@ static void send_events(side *a, side *b, const char *to, int sync) {
     }
 }
 
-static void ticket_for(const uint8_t msk[64], const char *base, const uint8_t ppk[32], uint8_t t[64]) {
+/* A ticket (u64be expiry, signature) expiring at exp (Unix seconds). */
+static void ticket_exp(const uint8_t msk[64], const char *base, const uint8_t ppk[32], uint64_t exp,
+                       uint8_t t[LEI_TICKET_BYTES]) {
     uint8_t m[200];
     size_t n = 0, bl = strlen(base);
-    memcpy(m, "lecho-producer-v1", 18);
+    for (int i = 0; i < 8; i++) t[i] = (uint8_t)(exp >> (56 - 8 * i));
+    memcpy(m, "lecho-producer-v2", 18);
     n = 18;
     memcpy(m + n, base, bl + 1);
     n += bl + 1;
     memcpy(m + n, ppk, 32);
     n += 32;
-    crypto_sign_detached(t, NULL, m, n, msk);
+    memcpy(m + n, t, 8);
+    n += 8;
+    crypto_sign_detached(t + 8, NULL, m, n, msk);
+}
+static void ticket_for(const uint8_t msk[64], const char *base, const uint8_t ppk[32],
+                       uint8_t t[LEI_TICKET_BYTES]) {
+    ticket_exp(msk, base, ppk, (uint64_t)time(NULL) + 3600, t);
 }
 
 typedef struct keys {
@@ -340,7 +353,7 @@ static void keyed_sides(const keys *k, side *a, side *b) {
 
 /* b may produce on "ns/x" for a: a knows the manager's key, b has its ticket. */
 static void authorize(side *a, side *b, const keys *k) {
-    uint8_t mpk[32], msk[64], t[64];
+    uint8_t mpk[32], msk[64], t[LEI_TICKET_BYTES];
     crypto_sign_keypair(mpk, msk);
     ticket_for(msk, "ns/x", k->bpk, t);
     lei_chan_set_manager_key(a->c, lei_chan_open(a->c, "ns/x", 4), mpk);
@@ -409,21 +422,101 @@ static void set_pin_acceptor(side *a, side *b, keys *k) {
     randombytes_buf(other, 32);
     lei_peer_expect(a->c, lei_ctx_addr(b->c), other);
 }
-/* An authority's certificate for principal "b" with key pk. */
-static void cert_for(const uint8_t ask[64], const uint8_t pk[32], uint8_t cert[64]) {
-    uint8_t m[14 + 2 + 32];
-    memcpy(m, "lecho-cert-v1\0b", 16);
-    memcpy(m + 16, pk, 32);
-    crypto_sign_detached(cert, NULL, m, sizeof m, ask);
+/* An authority's v2 certificate for principal `name` with key pk, valid
+ * [nb, na), listing the address addr if not NULL: its length. */
+static size_t cert_v2(const uint8_t ask[64], const char *name, const uint8_t pk[32], uint64_t nb,
+                      uint64_t na, const char *addr, uint8_t cert[LEI_CERT_MAX]) {
+    uint8_t m[400];
+    size_t n = 0, nl = strlen(name), c = 0;
+    for (int i = 0; i < 8; i++) {
+        cert[c + i] = (uint8_t)(nb >> (56 - 8 * i));
+        cert[c + 8 + i] = (uint8_t)(na >> (56 - 8 * i));
+    }
+    c = 16;
+    cert[c++] = addr ? 1 : 0;
+    if (addr) {
+        cert[c++] = (uint8_t)strlen(addr);
+        memcpy(cert + c, addr, strlen(addr));
+        c += strlen(addr);
+    }
+    memcpy(m, "lecho-cert-v2", 14);
+    n = 14;
+    memcpy(m + n, name, nl + 1);
+    n += nl + 1;
+    memcpy(m + n, pk, 32);
+    n += 32;
+    memcpy(m + n, cert, c);
+    n += c;
+    crypto_sign_detached(cert + c, NULL, m, n, ask);
+    return c + 64;
+}
+static size_t cert_len;
+/* An authority's certificate for principal "b" with key pk, valid an hour. */
+static void cert_for(const uint8_t ask[64], const uint8_t pk[32], uint8_t cert[LEI_CERT_MAX]) {
+    uint64_t now = (uint64_t)time(NULL);
+    cert_len = cert_v2(ask, "b", pk, now - 60, now + 3600, NULL, cert);
 }
 
 static void set_cert_wrong(side *a, side *b, keys *k) {
+    uint8_t apk[32], ask[64], cert[LEI_CERT_MAX];
+    char err[160];
+    crypto_sign_keypair(apk, ask);
+    lei_ctx_trust_authority(a->c, apk, 0, 0);
+    cert_for(ask, k->bpk, cert); /* certifies "b", while b claims "b2" */
+    CHECK(lei_ctx_set_identity(b->c, k->bsk, "b2", cert, cert_len, err) == 0);
+}
+
+/* b (the dialler) certified by an authority a trusts, [nb, na) from now,
+ * listing addr; b not in a's trust list. */
+static uint8_t cert_apk[32];
+static void cert_b(side *a, side *b, keys *k, int64_t nb, int64_t na, const char *addr) {
+    uint8_t ask[64], cert[LEI_CERT_MAX];
+    char err[160];
+    uint64_t now = (uint64_t)time(NULL);
+    crypto_sign_keypair(cert_apk, ask);
+    lei_ctx_free(a->c); /* b's key is trusted only by its certificate */
+    side_init(a, "a", k->ask);
+    lei_ctx_trust_authority(a->c, cert_apk, 0, 0);
+    size_t cl = cert_v2(ask, "b", k->bpk, now + nb, now + na, addr, cert);
+    CHECK(lei_ctx_set_identity(b->c, k->bsk, "b", cert, cl, err) == 0);
+}
+static void set_cert_expired(side *a, side *b, keys *k) { cert_b(a, b, k, -60, -1, NULL); }
+static void set_cert_early(side *a, side *b, keys *k) { cert_b(a, b, k, 60, 3600, NULL); }
+static void set_cert_addr(side *a, side *b, keys *k) { cert_b(a, b, k, -60, 3600, "127.0.0.9:1"); }
+static void set_cert_v1(side *a, side *b, keys *k) {
     uint8_t apk[32], ask[64], cert[64];
     char err[160];
     crypto_sign_keypair(apk, ask);
-    lei_ctx_trust_authority(a->c, apk);
-    cert_for(ask, k->bpk, cert); /* certifies "b", while b claims "b2" */
-    CHECK(lei_ctx_set_identity(b->c, k->bsk, "b2", cert, err) == 0);
+    lei_ctx_free(a->c);
+    side_init(a, "a", k->ask);
+    lei_ctx_trust_authority(a->c, apk, 0, 0);
+    memset(cert, 1, sizeof cert);
+    CHECK(lei_ctx_set_identity(b->c, k->bsk, "b", cert, 64, err) == 0);
+}
+static void set_cert_authority_expired(side *a, side *b, keys *k) {
+    uint64_t now = (uint64_t)time(NULL);
+    cert_b(a, b, k, -60, 3600, NULL);
+    /* the same authority, now given a validity that ended */
+    lei_ctx_trust_authority(a->c, cert_apk, now - 100, now - 10);
+}
+/* a (the acceptor) certified with an expired certificate: b refuses it. */
+static void set_cert_acceptor_expired(side *a, side *b, keys *k) {
+    uint8_t apk[32], ask[64], cert[LEI_CERT_MAX];
+    char err[160];
+    uint64_t now = (uint64_t)time(NULL);
+    crypto_sign_keypair(apk, ask);
+    lei_ctx_free(b->c);
+    side_init(b, "b", k->bsk);
+    lei_ctx_trust_authority(b->c, apk, 0, 0);
+    lei_ctx_free(a->c);
+    side_init(a, "a", NULL);
+    size_t cl = cert_v2(ask, "a", k->apk, now - 60, now - 1, NULL, cert);
+    CHECK(lei_ctx_set_identity(a->c, k->ask, "a", cert, cl, err) == 0);
+    lei_ctx_trust_key(a->c, k->bpk, "b");
+}
+static void set_revoked(side *a, side *b, keys *k) {
+    (void)b;
+    CHECK(lei_ctx_set_revoked(a->c, k->bpk, 1) == 0);
 }
 
 static void test_refusals(void) {
@@ -432,21 +525,28 @@ static void test_refusals(void) {
     refusal("pin (dialler)", set_pin_dialler, "presented key", 1);
     refusal("pin (acceptor)", set_pin_acceptor, "belongs to another identity", 1);
     refusal("cert", set_cert_wrong, "not trusted: b2 ", 1);
+    refusal("cert expired", set_cert_expired, "certificate of b expired at ", 1);
+    refusal("cert not yet valid", set_cert_early, "certificate of b not yet valid (from ", 1);
+    refusal("cert address", set_cert_addr, "certificate of b does not list address 127.0.0.1:", 1);
+    refusal("cert v1", set_cert_v1, "an old certificate without validity (lecho-cert-v1)", 1);
+    refusal("authority expired", set_cert_authority_expired, "certificate of b expired at ", 1);
+    refusal("cert expired (acceptor)", set_cert_acceptor_expired, "certificate of a expired at ", 1);
+    refusal("revoked", set_revoked, "key revoked: b ", 1);
 }
 
 /* An authority's certificate stands for a trusted key. */
 static void test_cert(void) {
     keys k;
     side a, b;
-    uint8_t apk[32], ask[64], cert[64];
+    uint8_t apk[32], ask[64], cert[LEI_CERT_MAX];
     char err[160];
     make_keys(&k);
     crypto_sign_keypair(apk, ask);
     cert_for(ask, k.bpk, cert);
     side_init(&a, "a", k.ask);
     side_init(&b, "b", NULL);
-    CHECK(lei_ctx_set_identity(b.c, k.bsk, "b", cert, err) == 0);
-    lei_ctx_trust_authority(a.c, apk);
+    CHECK(lei_ctx_set_identity(b.c, k.bsk, "b", cert, cert_len, err) == 0);
+    lei_ctx_trust_authority(a.c, apk, 0, 0);
     lei_ctx_trust_key(b.c, k.apk, "a");
     authorize(&a, &b, &k);
     send_events(&a, &b, NULL, 0);
@@ -530,7 +630,7 @@ static int both3(side *a, side *b) { return a->events >= 3 && b->events >= 3; }
 static void test_crossing(void) {
     keys k;
     side a, b;
-    uint8_t mpk[32], msk[64], t[64];
+    uint8_t mpk[32], msk[64], t[LEI_TICKET_BYTES];
     make_keys(&k);
     crypto_sign_keypair(mpk, msk);
     keyed_sides(&k, &a, &b);
@@ -582,7 +682,7 @@ static int ticket_case(const char *name, const char *open, const char *mkey_on, 
                        uint64_t *refused, int *errs_ok) {
     keys k;
     side a, b;
-    uint8_t mpk[32], msk[64], t[64], other[32], osk[64];
+    uint8_t mpk[32], msk[64], t[LEI_TICKET_BYTES], other[32], osk[64];
     make_keys(&k);
     crypto_sign_keypair(mpk, msk);
     crypto_sign_keypair(other, osk);
@@ -600,7 +700,10 @@ static int ticket_case(const char *name, const char *open, const char *mkey_on, 
         char base[64];
         memcpy(base, name, bl);
         base[bl] = '\0';
-        ticket_for(msk, base, mode == 1 ? k.bpk : other, t);
+        if (mode == 3) /* expired a second ago */
+            ticket_exp(msk, base, k.bpk, (uint64_t)time(NULL) - 1, t);
+        else
+            ticket_for(msk, base, mode == 1 ? k.bpk : other, t);
         lei_chan_set_ticket(b.c, cbase, t);
     }
     const char *dest = lei_ctx_addr(a.c);
@@ -646,6 +749,8 @@ static void test_tickets(void) {
     CHECK(ticket_case("ns/x", "ns/x", NULL, 1, &refused, &errs) == 0 && refused == 3 && errs == 2);
     /* a ticket of another producer's key */
     CHECK(ticket_case("ns/x", "ns/x", "ns/x", 2, &refused, &errs) == 0 && refused == 3 && errs == 2);
+    /* an expired ticket */
+    CHECK(ticket_case("ns/x", "ns/x", "ns/x", 3, &refused, &errs) == 0 && refused == 3 && errs == 2);
     /* a valid ticket: delivered, the sync answered without errors */
     CHECK(ticket_case("ns/x", "ns/x", "ns/x", 1, &refused, &errs) == 3 && refused == 0 && errs == 1);
     /* a derived stream: the base channel's ticket and manager key */
@@ -664,7 +769,7 @@ static void test_protected_listen(void) {
     lei_ctx_free(c);
     c = new_ctx();
     crypto_sign_keypair(pk, sk);
-    CHECK(lei_ctx_set_identity(c, sk, "k", NULL, err) == 0);
+    CHECK(lei_ctx_set_identity(c, sk, "k", NULL, 0, err) == 0);
     CHECK(lei_ctx_listen(c, "0.0.0.0:0", NULL, NULL, err) == 0);
     lei_ctx_free(c);
     c = new_ctx();

@@ -246,7 +246,14 @@ int lei_chan_set_manager_key(lei_ctx *c, uint32_t chid, const uint8_t pk[32]) {
 int lei_chan_set_ticket(lei_ctx *c, uint32_t chid, const uint8_t t[LEI_TICKET_BYTES]) {
     lei_chan *ch = lei_chan_get(c, chid);
     if (!ch) return -LEI_E_NOTFOUND;
+    int changed = !ch->has_ticket || memcmp(ch->ticket, t, LEI_TICKET_BYTES) != 0;
     memcpy(ch->ticket, t, LEI_TICKET_BYTES);
+    /* A renewed ticket: the channel is bound again, with it, before its
+     * next event to each peer (a consumer checks tickets at BIND). */
+    for (int i = 0; changed && i < c->npeers; i++) {
+        lei_peer *p = c->peers[i];
+        if (ch->id < p->nbound) p->bound[ch->id] = 0;
+    }
     ch->has_ticket = 1;
     return 0;
 }

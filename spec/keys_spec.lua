@@ -66,7 +66,7 @@ describe("key files", function()
     assert.are.same({ nil, ("key file %s: not a lecho secret key (it is a lecho public key)"):format(p), "invalid" },
                     { keys.read_secret(p) })
     p = dir .. "/alice.key"
-    assert.are.same({ nil, ("trust file %s: not a lecho public key or trust list (it is a lecho secret key)")
+    assert.are.same({ nil, ("trust file %s: not a lecho public key, trust list or revocation list (it is a lecho secret key)")
                       :format(p), "invalid" }, { keys.read_trust(p) })
     p = f("x.key", "hello")
     assert.are.same({ nil, ("key file %s: not a lecho key file (JSON with a \"lecho\" field)"):format(p), "invalid" },
@@ -87,7 +87,7 @@ describe("key files", function()
     assert.are.same({ nil, ("key file %s: its secret and public keys do not belong together"):format(p), "invalid" },
                     { keys.read_secret(p) })
     p = f("half.key", '{"lecho":"secret-key","version":1,"name":"a",' .. good .. ',"cert":"00"}')
-    assert.are.same({ nil, ("key file %s: a certificate needs cert (128 hex digits) and authority (64 hex digits)")
+    assert.are.same({ nil, ("key file %s: a certificate needs cert (hex) and authority (64 hex digits)")
                       :format(p), "invalid" }, { keys.read_secret(p) })
     p = f("dup.json", ('{"lecho":"trust","version":1,"keys":[{"name":"a","public":"%s"},{"name":"b","public":"%s"}]}')
       :format(("05"):rep(32), ("05"):rep(32)))

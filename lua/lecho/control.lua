@@ -279,6 +279,8 @@ function Context:_on_ctrl(from, msg)
     if not ch then
       return self:_warn_limited("members", ("ignoring a members message from %s: %s"):format(from, why))
     end
+    -- keyed: a renewed ticket, from the channel's manager (members_channel checked `from`)
+    if msg.ticket ~= nil and self.keyed then ch:_take_ticket(msg.ticket) end
     if msg.ver > ch.ver then
       -- Refused whole, the list before it stays; the manager is told in
       -- the confirmation (it answers joins with it), the log says it once.
@@ -420,6 +422,16 @@ function Channel:_secure(chid)
   if self.ticket then c:chan_ticket(chid, self.ticket) end
 end
 
+-- A producer ticket (72 bytes: expiry, signature) from the channel's
+-- manager: a join reply's, or a renewed one in `members`.  A new one goes
+-- into the core, which BINDs the channel again with it before its next
+-- event (a consumer checks a ticket at BIND).
+function Channel:_take_ticket(t)
+  if type(t) ~= "string" or #t ~= 72 or self.ticket == t then return end
+  self.ticket = t
+  self:_secure_all()
+end
+
 function Channel:_secure_all()
   self:_secure(self.chid)
   for _, inst in pairs(self.mods) do self:_secure(inst.dchid) end
@@ -476,13 +488,10 @@ function Channel:_join(role)
   end
   if role == "producer" then
     if r.ticket ~= nil then
-      if not is_key(r.ticket, 64) then
-        return nil, ("joining '%s' as producer: a ticket that is not 64 bytes"):format(self.name), "protocol"
+      if not is_key(r.ticket, 72) then
+        return nil, ("joining '%s' as producer: a ticket that is not 72 bytes"):format(self.name), "protocol"
       end
-      if self.ticket ~= r.ticket then
-        self.ticket = r.ticket
-        self:_secure_all()
-      end
+      self:_take_ticket(r.ticket)
     end
     -- A `members` update handled while we waited (it can come in the same
     -- read as this reply, and was already confirmed) is newer: keep it.

@@ -504,6 +504,14 @@ function M.write_revocations(path, l)
   return write_atomic("revocation list", path, text, tonumber("644", 8))
 end
 
+--- A stamp of file path that changes when it is written or replaced
+-- (mtime, size, inode: one statx, no read), or "missing".
+function M.stamp(path)
+  local st = ffi.new("struct lecho_statx")
+  if C.statx(-100, path, 0, 0xfff, st) ~= 0 then return "missing" end
+  return ("%d.%d.%d.%d"):format(tonumber(st.mtime.sec), st.mtime.nsec, tonumber(st.size), tonumber(st.ino))
+end
+
 --- True when path names a directory.
 function M.is_dir(path)
   local st = ffi.new("struct lecho_statx")
@@ -563,7 +571,7 @@ function M.identity(key, trust)
   local t
   t, err, code = M.read_trust(trust)
   if not t then return nil, err, code end
-  return { key = k, trust = t }
+  return { key = k, trust = t, trust_paths = type(trust) == "string" and { trust } or trust }
 end
 
 --- Gives core context c (lecho.core) identity id (M.identity's): its key,

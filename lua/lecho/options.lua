@@ -169,6 +169,8 @@ local SCHEMA = {
     -- the registry of a name server or manager run inside the context
     ack_timeout = { TIME, 2.0 }, settle = { TIME }, recovering = { BOOL }, forget_after = { TIME },
     channel_quota = { size(1) },
+    -- keyed: how long a producer ticket this manager signs is valid (renewed at 2/3 of it)
+    ticket_ttl = { TIME_POS, 3600 },
     -- groups with leases (issue 12, lecho.presence): groups held, and the
     -- memberships and watches one requester may have (defaults 65536, 1024)
     max_groups = { size(1) }, group_quota = { size(1) },

@@ -221,7 +221,7 @@ function M.context(opts)
   if identity then
     self.revoked = identity.trust.revoked
     self.revocation_lists = identity.trust.lists
-    require("lecho.trustwatch").start(self, identity, self.reg and opts.policy_file or nil)
+    require("lecho.trustwatch").start(self, identity, self.reg and opts.policy_file or nil, opts.trust_poll)
   end
   if opts.manager and opts.nameserver then
     local r, rerr = self:request(self.ns, { op = "register_manager" })

@@ -154,6 +154,9 @@ local SCHEMA = {
     pin_threshold = { size(0) },
     max_value_bytes = { size(0) },  -- issue 11 (H5): decoded size of one value received, 64 MiB
     key = { keyfile }, trust = { trustfiles }, nameserver_principal = { principal, "nameserver" },
+    -- keyed: seconds between looks (one stat per file) at the trust files and a name
+    -- server's policy file, read again when one changed (0: only on SIGHUP)
+    trust_poll = { TIME, 0.5 },
     retry_interval = { TIME }, retry_max = { TIME }, heartbeat = { HEARTBEAT },
     heartbeat_misses = { time(1, true) },
     -- connections (issue 11, README "Limits"; the C core applies the defaults:

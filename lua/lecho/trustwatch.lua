@@ -90,8 +90,9 @@ function M.reload(ctx, w)
 end
 
 --- Watches ctx's trust files (identity.trust_paths) and policy file
--- (policy_path, or nil): a timer of M.POLL seconds and SIGHUP.
-function M.start(ctx, identity, policy_path)
+-- (policy_path, or nil): a timer of poll seconds (default M.POLL; 0: none)
+-- and SIGHUP.
+function M.start(ctx, identity, policy_path, poll)
   local w = { trust_paths = identity and identity.trust_paths, policy_path = policy_path }
   local paths = {}
   for _, p in ipairs(w.trust_paths or {}) do paths[#paths + 1] = p end
@@ -100,13 +101,16 @@ function M.start(ctx, identity, policy_path)
   w.paths = paths
   w.stamp = stamps(paths)
   ctx.trustwatch = w
-  w.timer = ctx.c:timer(M.POLL, M.POLL, function()
-    local s = stamps(paths)
-    if s ~= w.stamp then
-      w.stamp = s
-      M.reload(ctx, w)
-    end
-  end)
+  poll = poll or M.POLL
+  if poll > 0 then
+    w.timer = ctx.c:timer(poll, poll, function()
+      local s = stamps(paths)
+      if s ~= w.stamp then
+        w.stamp = s
+        M.reload(ctx, w)
+      end
+    end)
+  end
   local fd = hup_fd()
   if fd then
     hup.ctxs[ctx] = w

@@ -217,13 +217,17 @@ describe("issue 23, obs. 3: certificates that expire, revocation, tickets that e
 
   local function revocation(sighup)
     local c = nameserver()
-    local cons = child{ role = "consumer", ns = c.addr, key = dir .. "/cons.key", trust = trust, duration = 16,
-                        trust_poll = sighup and 0 or nil }
+    -- SIGHUP: the consumer's own list file, that the name server does not
+    -- read (nor hand on): only the signal can make it read the change
+    local list = sighup and dir .. "/cons.revoked" or dir .. "/ca.revoked"
+    if sighup then assert(keys.write_revocations(list, keys.sign_revocations(ca, 0, os.time(), {}))) end
+    local cons = child{ role = "consumer", ns = c.addr, key = dir .. "/cons.key", trust = { dir .. "/ca.pub", list },
+                        duration = 16, trust_poll = sighup and 0 or nil }
     assert(wait_out(c, cons, "ready ([^\n]+)\n"), out(cons) .. S.errors(cons))
     local prod = child{ role = "producer", ns = c.addr, key = dir .. "/prod.key", trust = trust, duration = 16 }
     assert(wait_out(c, prod, "ready ([^\n]+)\n"), out(prod) .. S.errors(prod))
     assert(S.run_until(c, function() return #events(cons) > 10 end, WAIT), "no flow: " .. out(cons))
-    keygen(("--dir %s --sign-with %s/ca.key --revoke prod"):format(dir, dir))
+    keygen(("--dir %s --sign-with %s/ca.key --revoke prod --list %s"):format(dir, dir, list))
     local t0 = socket.gettime()
     if sighup then
       -- no polling: nothing happens until the signal
@@ -235,11 +239,14 @@ describe("issue 23, obs. 3: certificates that expire, revocation, tickets that e
     local line = wait_out(c, cons, "(log [%d.]+ closing connection with [^\n]*key revoked: prod [^\n]+)\n", 10)
     assert.truthy(line, said(cons))
     local at = tonumber(line:match("^log ([%d.]+)"))
-    local reload = tonumber(out(cons):match("log ([%d.]+) trust files reloaded"))
+    -- the reload: its own files' (poll or SIGHUP), or the list its name
+    -- server handed on, whichever came first
+    local reload = tonumber(out(cons):match("log ([%d.]+) trust files reloaded")
+                            or out(cons):match("log ([%d.]+) revocation lists from name server"))
     assert.truthy(reload, said(cons))
     assert.is_true(at - reload < 1.0, ("closed %.3f s after the reload"):format(at - reload))
     assert.is_true(at - t0 < (sighup and 1.0 or 1.5), ("closed %.3f s after the list changed"):format(at - t0))
-    -- the name server did too, and neither takes it back
+    -- (the name server did too, but for SIGHUP) and nothing takes it back
     S.run_until(c, function() return false end, 1.5)
     local n = #events(cons)
     S.run_until(c, function() return false end, 1.5)
@@ -323,6 +330,51 @@ describe("issue 23, obs. 3: certificates that expire, revocation, tickets that e
            "the valid ticket's event did not come: " .. out(cons))
     assert.is_nil(out(cons):find("ev 998 ", 1, true), "the expired ticket's event was taken")
     assert.truthy(out(cons):find("refusing events of " .. base .. " from [^\n]*%(mallory%)"), out(cons))
+  end)
+
+  it("the name server hands its revocation list to the contexts that use it, which close the key's connections",
+     function()
+    local c = nameserver()
+    local ca_only = { dir .. "/ca.pub" }                 -- no list file of its own
+    local cons = child{ role = "consumer", ns = c.addr, key = dir .. "/cons.key", trust = ca_only, duration = 16 }
+    assert(wait_out(c, cons, "ready ([^\n]+)\n"), said(cons))
+    local prod = child{ role = "producer", ns = c.addr, key = dir .. "/prod.key", trust = ca_only, duration = 16 }
+    assert(wait_out(c, prod, "ready ([^\n]+)\n"), said(prod))
+    assert(S.run_until(c, function() return #events(cons) > 10 end, WAIT), "no flow: " .. said(cons))
+    keygen(("--dir %s --sign-with %s/ca.key --revoke prod"):format(dir, dir))
+    local line = wait_out(c, cons, "(log [%d.]+ closing connection with [^\n]*key revoked: prod [^\n]+)\n", 10)
+    assert.truthy(line, said(cons))
+    assert.truthy(out(cons):find("revocation lists from name server " .. c.addr .. ": 1 taken, 1 revoked keys", 1,
+                                 true), said(cons))
+  end)
+
+  it("takes a revocation list only from its name server, signed by an authority it trusts, and newer", function()
+    local c = nameserver()
+    local tw = require "lecho.trustwatch"
+    local pk1, pk2 = R.keypair(), R.keypair()
+    local l1 = keys.sign_revocations(ca, 5, os.time(), { pk1 })
+    local l2 = keys.sign_revocations(ca, 6, os.time(), { pk1, pk2 })
+    local ns = "127.0.0.1:1"
+    -- (a context whose name server is ns, authenticated as nameserver)
+    local ctx = setmetatable({ keyed = true, nameservers = { [ns] = true }, addr = c.addr, ns_principal = "nameserver",
+                               authorities = { [ca.public] = true }, log = function() end, warned = {},
+                               c = { peer_identity = function(_, a) return a == ns and "nameserver" or "cons" end,
+                                     set_revoked = function(_, ks) return 0 end } },
+                             { __index = { _warn_limited = function(self, k, m) self.warned[#self.warned + 1] = m end } })
+    local function msg(...) return { op = "revocations", lists = { ... } } end
+    assert.are.equal(0, tw.received(ctx, "127.0.0.1:2", msg(l2)))           -- not its name server
+    local opk, osk = R.keypair()
+    local forged = keys.sign_revocations({ public = ca.public, secret = osk }, 9, 1, { pk2 })
+    assert.are.equal(0, tw.received(ctx, ns, msg(forged)))                   -- not the authority's signature
+    local other = keys.sign_revocations({ public = opk, secret = osk }, 1, 1, {})
+    assert.are.equal(0, tw.received(ctx, ns, msg(other)))                    -- an authority not trusted here
+    assert.are.equal(3, #ctx.warned)
+    assert.are.equal(1, tw.received(ctx, ns, msg(l2)))
+    local want = { pk1, pk2 }
+    table.sort(want)
+    assert.are.same(want, ctx.revoked)
+    assert.are.equal(0, tw.received(ctx, ns, msg(l1)))                       -- older: never over a newer one
+    assert.are.equal(2, #ctx.revoked)
   end)
 
   it("reloads the name server's policy file when it changes", function()

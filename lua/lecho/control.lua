@@ -310,6 +310,10 @@ function Context:_on_ctrl(from, msg)
     if ch and type(msg.key) == "string" then
       ch:_tell_mod_error(msg.key, ("modulator at %s: %s"):format(from, tostring(msg.err)))
     end
+  elseif op == "revocations" then
+    -- keyed: a name server's revocation lists (checked there: who sent
+    -- them, who signed them, newer only; lecho.trustwatch)
+    if self.keyed then require("lecho.trustwatch").received(self, from, msg) end
   elseif op == "gchange" then
     -- a group's change, from one of its name servers (lecho.group)
     self:_on_gchange(from, msg)

@@ -209,7 +209,11 @@ function M.context(opts)
       return self:_on_ctrl(from, msg)
     end,
     peer = function(idx, paddr, up, reason)
-      if up and self.keyed then self:_check_nameserver(paddr) end
+      if up and self.keyed then
+        self:_check_nameserver(paddr)
+        -- a name server hands its revocation lists to who connects
+        if self.trustwatch then require("lecho.trustwatch").peer_up(self, paddr) end
+      end
       return self:_on_peer(idx, paddr, up, reason)
     end,
     log = function(msg) self.log(msg) end,
@@ -221,6 +225,8 @@ function M.context(opts)
   if identity then
     self.revoked = identity.trust.revoked
     self.revocation_lists = identity.trust.lists
+    self.authorities = {}       -- keyed: trusted authority keys (revocation lists they sign)
+    for _, e in ipairs(identity.trust.authorities) do self.authorities[e.public] = true end
     require("lecho.trustwatch").start(self, identity, self.reg and opts.policy_file or nil, opts.trust_poll)
   end
   if opts.manager and opts.nameserver then

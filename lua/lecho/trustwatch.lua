@@ -53,6 +53,93 @@ local function stamps(paths)
   return table.concat(s, "|")
 end
 
+-- The revocation lists ctx holds, by authority: the newer (higher seq) of
+-- its trust files' and the name server's; the revoked keys are their union.
+-- Lists: { [authority pk] = { authority, seq, issued, keys, sig } }.
+-- Returns how many lists changed, and how many connections closed.
+local function merge_lists(ctx, lists)
+  ctx.revocation_lists = ctx.revocation_lists or {}
+  local changed = 0
+  for apk, l in pairs(lists) do
+    local cur = ctx.revocation_lists[apk]
+    if not cur or l.seq > cur.seq then        -- never an older one over a newer
+      ctx.revocation_lists[apk] = l
+      changed = changed + 1
+    end
+  end
+  if changed == 0 then return 0, 0 end
+  local seen, revoked = {}, {}
+  for _, l in pairs(ctx.revocation_lists) do
+    for _, pk in ipairs(l.keys) do
+      if not seen[pk] then seen[pk] = true; revoked[#revoked + 1] = pk end
+    end
+  end
+  table.sort(revoked)
+  ctx.revoked = revoked
+  return changed, ctx.c:set_revoked(table.concat(revoked)) or 0
+end
+M.merge_lists = merge_lists
+
+-- A name server's lists, as a control message (byte strings as they are).
+local function lists_msg(ctx)
+  local out = {}
+  for _, l in pairs(ctx.revocation_lists or {}) do
+    out[#out + 1] = { authority = l.authority, seq = l.seq, issued = l.issued, keys = l.keys, sig = l.sig }
+  end
+  return #out > 0 and { op = "revocations", lists = out } or nil
+end
+
+local function is_nameserver(ctx) return ctx.reg and ctx.reg.role == "nameserver" end
+
+--- A name server tells a context that came up the revocation lists it
+-- holds (the context checks them: M.received).
+function M.peer_up(ctx, addr)
+  if not is_nameserver(ctx) then return end
+  local msg = lists_msg(ctx)
+  if msg then ctx:_send_ctrl(addr, msg) end
+end
+
+--- A `revocations` message from `from`: taken only from a name server this
+-- context uses, authenticated as nameserver_principal, and of each list
+-- only one an authority this context trusts signed, newer than the one it
+-- holds.  Returns how many lists it took (a refused message is logged,
+-- rate-limited).
+function M.received(ctx, from, msg)
+  if not (ctx.keyed and ctx.nameservers[from] and from ~= ctx.addr
+          and ctx.c:peer_identity(from) == ctx.ns_principal) then
+    ctx:_warn_limited("revocations", ("ignoring revocation lists from %s: not a name server of this context")
+                                     :format(from))
+    return 0
+  end
+  if type(msg.lists) ~= "table" or #msg.lists > 64 then
+    ctx:_warn_limited("revocations", ("ignoring revocation lists from %s: malformed"):format(from))
+    return 0
+  end
+  local take = {}
+  for _, l in ipairs(msg.lists) do
+    local ok = type(l) == "table" and type(l.authority) == "string" and ctx.authorities
+               and ctx.authorities[l.authority] and type(l.seq) == "number" and type(l.issued) == "number"
+               and type(l.keys) == "table" and #l.keys <= 65536 and type(l.sig) == "string"
+    if ok then
+      for _, pk in ipairs(l.keys) do if type(pk) ~= "string" or #pk ~= 32 then ok = false break end end
+    end
+    local list = ok and { authority = l.authority, seq = l.seq, issued = l.issued, keys = l.keys, sig = l.sig }
+    if list and keys.check_revocations(list) then
+      local cur = take[list.authority]
+      if not cur or list.seq > cur.seq then take[list.authority] = list end
+    else
+      ctx:_warn_limited("revocations", ("ignoring a revocation list from %s: not signed by an authority "
+        .. "this context trusts"):format(from))
+    end
+  end
+  local changed, closed = merge_lists(ctx, take)
+  if changed > 0 then
+    ctx.log(("revocation lists from name server %s: %d taken, %d revoked keys%s"):format(from, changed,
+      #ctx.revoked, closed > 0 and (", %d connections closed"):format(closed) or ""))
+  end
+  return changed
+end
+
 --- Reloads ctx's trust files (identity: lecho.keys.identity's) and its
 -- policy file now.  Returns true, or nil, why (logged).
 function M.reload(ctx, w)
@@ -68,12 +155,20 @@ function M.reload(ctx, w)
         c:trust_key(e.public, e.name)
         ctx.trust_names[e.public] = e.name
       end
-      for _, e in ipairs(t.authorities) do c:trust_authority(e.public, e.not_before or 0, e.not_after or 0) end
-      local n = c:set_revoked(table.concat(t.revoked))
-      ctx.revoked = t.revoked
-      ctx.revocation_lists = t.lists
+      for _, e in ipairs(t.authorities) do
+        c:trust_authority(e.public, e.not_before or 0, e.not_after or 0)
+        ctx.authorities[e.public] = true
+      end
+      local changed, n = merge_lists(ctx, t.lists)
       ctx.log(("trust files reloaded: %d keys, %d authorities, %d revoked%s"):format(#t.keys, #t.authorities,
-        #t.revoked, (n or 0) > 0 and (", %d connections closed"):format(n) or ""))
+        #(ctx.revoked or {}), n > 0 and (", %d connections closed"):format(n) or ""))
+      -- a name server hands newer lists on to every context connected
+      if changed > 0 and is_nameserver(ctx) then
+        local msg = lists_msg(ctx)
+        for addr, st in pairs(ctx.c:stats().peers or {}) do
+          if st.connected and addr ~= ctx.addr then ctx:_send_ctrl(addr, msg) end
+        end
+      end
     end
   end
   if w.policy_path and ctx.reg then

@@ -334,8 +334,11 @@ void lei_cert_watch(lei_conn *k) {
     uint64_t nb, na;
     size_t addrs;
     int naddrs;
-    if (k->sec && cert_verified(k->ctx, &k->sec->remote, &nb, &na, &addrs, &naddrs) == 0 && na)
+    k->cert_end = 0;
+    if (k->sec && cert_verified(k->ctx, &k->sec->remote, &nb, &na, &addrs, &naddrs) == 0 && na) {
+        k->cert_end = na; /* verified once here: the expiry timer reads it */
         lei_expiry_at(k->ctx, (double)na);
+    }
 }
 
 /* A live connection whose peer's certificate expired is closed when it
@@ -344,11 +347,8 @@ ev_tstamp lei_certs_expire(lei_ctx *c, ev_tstamp now) {
     ev_tstamp next = 0;
     for (lei_conn *k = c->conns, *nk; k; k = nk) {
         nk = k->next;
-        if (k->state != LEI_CONN_UP || !k->sec) continue;
-        uint64_t nb, na;
-        size_t addrs;
-        int naddrs;
-        if (cert_verified(c, &k->sec->remote, &nb, &na, &addrs, &naddrs) || !na) continue;
+        if (k->state != LEI_CONN_UP || !k->sec || !k->cert_end) continue;
+        uint64_t na = k->cert_end;
         if ((double)na <= now) {
             char why[LEI_NAME_MAX + 80], t1[24];
             snprintf(why, sizeof why, "certificate of %s expired at %s", k->sec->remote.name,

@@ -406,6 +406,8 @@ struct lei_conn {
     size_t nrnames, crnames;
     size_t rname_bytes; /* their why texts' lengths (conn.c: REFUSED_NAMES_MAX) */
     size_t nrefused;    /* BINDs refused on this connection (REFUSED_BINDS_MAX) */
+    uint64_t cert_end;  /* keyed, up: when the peer's certificate (within its
+                         * authority's validity) ends, Unix seconds; 0: never */
     size_t skip;        /* bytes of a dropped EVENT still to come, not buffered */
     ev_tstamp born, last_in, last_out, last_ping; /* liveness: created, last read, write, PING */
     lei_sec *sec;       /* owned: a keyed connection's crypto, or NULL (protected) */

@@ -558,6 +558,47 @@ static void test_cert(void) {
 
 static int b_up(side *a, side *b) { (void)a; return b->ups > 0; }
 
+/* A live connection ends when its peer's certificate does (acceptor a
+ * closes it, with the reason to b), and when its key is revoked. */
+static void test_cert_live(void) {
+    keys k;
+    side a, b;
+    uint8_t ask[64], cert[LEI_CERT_MAX];
+    char err[160];
+    make_keys(&k);
+    crypto_sign_keypair(cert_apk, ask);
+    uint64_t now = (uint64_t)time(NULL);
+    side_init(&a, "a", k.ask);
+    side_init(&b, "b", NULL);
+    size_t cl = cert_v2(ask, "b", k.bpk, now - 60, now + 2, NULL, cert);
+    CHECK(lei_ctx_set_identity(b.c, k.bsk, "b", cert, cl, err) == 0);
+    lei_ctx_trust_authority(a.c, cert_apk, 0, 0);
+    lei_ctx_trust_key(b.c, k.apk, "a");
+    authorize(&a, &b, &k);
+    send_events(&a, &b, NULL, 0);
+    pump(&a, &b, NULL, got3, 5);
+    CHECK(a.events == 3 && b.downs == 0);
+    pump(&a, &b, NULL, dialler_down, 5);
+    double t = (double)time(NULL);
+    CHECK(b.downs > 0 && strstr(b.reason, "certificate of b expired at ") != NULL);
+    CHECK(t >= (double)(now + 2) && t <= (double)(now + 4));
+    lei_ctx_free(a.c);
+    lei_ctx_free(b.c);
+    /* revoked while up: closed now, both sides told */
+    make_keys(&k);
+    keyed_sides(&k, &a, &b);
+    authorize(&a, &b, &k);
+    send_events(&a, &b, NULL, 0);
+    pump(&a, &b, NULL, got3, 5);
+    CHECK(a.events == 3);
+    CHECK(lei_ctx_set_revoked(a.c, k.bpk, 1) == 1);
+    pump(&a, &b, NULL, dialler_down, 5);
+    CHECK(b.downs > 0 && strstr(b.reason, "key revoked: b ") != NULL);
+    CHECK(lei_ctx_set_revoked(a.c, NULL, 0) == 0); /* emptied: nothing closed */
+    lei_ctx_free(a.c);
+    lei_ctx_free(b.c);
+}
+
 /* A proxy between b (dialling) and a (listening): its address. */
 static void proxy_open(proxy *px) {
     struct sockaddr_in sa;
@@ -785,6 +826,7 @@ int main(void) {
     test_keyed_ok();
     test_refusals();
     test_cert();
+    test_cert_live();
     test_tamper();
     test_bad_auth();
     test_tickets();

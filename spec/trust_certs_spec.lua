@@ -377,6 +377,22 @@ describe("issue 23, obs. 3: certificates that expire, revocation, tickets that e
     assert.are.equal(2, #ctx.revoked)
   end)
 
+  it("a manager takes a reloaded policy only from its name server", function()
+    local tw = require "lecho.trustwatch"
+    local ns = "127.0.0.1:1"
+    local ctx = setmetatable({ keyed = true, ns = ns, ns_principal = "nameserver", log = function() end, warned = {},
+                               reg = { role = "manager", policy = "before" },
+                               c = { peer_identity = function(_, a) return a == ns and "nameserver" or "mallory" end } },
+                             { __index = {
+                               _warn_limited = function(self, _, m) self.warned[#self.warned + 1] = m end,
+                               _registered = function(self, r) self.reg.policy = r.policy end } })
+    local rules = { rules = { { principal = "*", channel = "*", allow = { "produce" } } } }
+    assert.is_false(tw.policy_received(ctx, "127.0.0.1:2", { op = "policy", policy = rules }))
+    assert.are.equal("before", ctx.reg.policy)
+    assert.is_true(tw.policy_received(ctx, ns, { op = "policy", policy = rules }))
+    assert.are.same(rules, ctx.reg.policy)
+  end)
+
   it("reloads the name server's policy file when it changes", function()
     local pol = dir .. "/policy.json"
     local function policy(cons_allowed)

@@ -140,6 +140,20 @@ function M.received(ctx, from, msg)
   return changed
 end
 
+--- A `policy` message from `from`: a manager takes it only from its own
+-- name server (authenticated as nameserver_principal), as it takes the
+-- policy in the reply to register_manager.
+function M.policy_received(ctx, from, msg)
+  if not (ctx.keyed and ctx.reg and ctx.reg.role == "manager" and from == ctx.ns
+          and ctx.c:peer_identity(from) == ctx.ns_principal) then
+    ctx:_warn_limited("policy", ("ignoring a policy from %s: not this manager's name server"):format(from))
+    return false
+  end
+  ctx:_registered({ policy = msg.policy })
+  ctx.log(("policy from name server %s taken"):format(from))
+  return true
+end
+
 --- Reloads ctx's trust files (identity: lecho.keys.identity's) and its
 -- policy file now.  Returns true, or nil, why (logged).
 function M.reload(ctx, w)
@@ -179,6 +193,11 @@ function M.reload(ctx, w)
     else
       ctx.reg.policy = pol
       ctx.log(("policy reloaded from %s"):format(w.policy_path))
+      -- the managers registered here enforce it too: told now (as in the
+      -- reply to their register_manager)
+      for addr in pairs(ctx.reg.managers or {}) do
+        if addr ~= ctx.addr then ctx:_send_ctrl(addr, { op = "policy", policy = pol:table() }) end
+      end
     end
   end
   return ok, why

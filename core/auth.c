@@ -108,8 +108,14 @@ int lei_ctx_trust_authority(lei_ctx *c, const uint8_t pk[32], uint64_t not_befor
         a = &id->auths[id->nauths++];
         memcpy(a->pk, pk, 32);
     }
+    int changed = a->not_before != not_before || a->not_after != not_after;
     a->not_before = not_before;
     a->not_after = not_after;
+    /* A new validity (a reload): the ends of the live connections it
+     * certified are computed again; one already over closes them at the
+     * expiry timer's next turn. */
+    for (lei_conn *k = c->conns; changed && k; k = k->next)
+        if (k->state == LEI_CONN_UP && k->sec) lei_cert_watch(k);
     return 0;
 }
 

@@ -584,6 +584,23 @@ static void test_cert_live(void) {
     CHECK(t >= (double)(now + 2) && t <= (double)(now + 4));
     lei_ctx_free(a.c);
     lei_ctx_free(b.c);
+    /* its authority's validity cut short by a reload: closed at once */
+    make_keys(&k);
+    side_init(&a, "a", k.ask);
+    side_init(&b, "b", NULL);
+    cl = cert_v2(ask, "b", k.bpk, now - 60, now + 3600, NULL, cert);
+    CHECK(lei_ctx_set_identity(b.c, k.bsk, "b", cert, cl, err) == 0);
+    lei_ctx_trust_authority(a.c, cert_apk, 0, 0);
+    lei_ctx_trust_key(b.c, k.apk, "a");
+    authorize(&a, &b, &k);
+    send_events(&a, &b, NULL, 0);
+    pump(&a, &b, NULL, got3, 5);
+    CHECK(a.events == 3 && b.downs == 0);
+    lei_ctx_trust_authority(a.c, cert_apk, 0, now - 1);
+    pump(&a, &b, NULL, dialler_down, 5);
+    CHECK(b.downs > 0 && strstr(b.reason, "certificate of b expired at ") != NULL);
+    lei_ctx_free(a.c);
+    lei_ctx_free(b.c);
     /* revoked while up: closed now, both sides told */
     make_keys(&k);
     keyed_sides(&k, &a, &b);

@@ -336,6 +336,57 @@ int lei_trusted(const lei_ctx *c, const lei_hello *h, char *why, size_t n) {
     return -1;
 }
 
+int lei_ticket_bound(lei_conn *k, uint64_t idx, const uint8_t *ticket) {
+    size_t i = 0;
+    while (i < k->ntexp && k->texp[i].idx != idx) i++;
+    if (!ticket) {
+        if (i < k->ntexp) k->texp[i] = k->texp[--k->ntexp];
+        return 0;
+    }
+    uint64_t exp = 0;
+    for (int b = 0; b < 8; b++) exp = exp << 8 | ticket[b];
+    if (i == k->ntexp) {
+        if (k->ntexp == k->ctexp) {
+            size_t nc = k->ctexp ? 2 * k->ctexp : 8;
+            void *g = realloc(k->texp, nc * sizeof *k->texp); /* owned by k, freed with it */
+            if (!g) return -1;
+            k->texp = g;
+            k->ctexp = nc;
+        }
+        k->ntexp++;
+    }
+    k->texp[i].idx = idx;
+    k->texp[i].exp = exp;
+    lei_expiry_at(k->ctx, (double)exp);
+    return 0;
+}
+
+/* The indexes of k whose ticket expired by now are refused (one log line
+ * per refusal, rate-limited as refused BINDs); returns the next expiry. */
+static ev_tstamp tickets_expire(lei_conn *k, ev_tstamp now) {
+    ev_tstamp next = 0;
+    for (size_t i = 0; i < k->ntexp;) {
+        struct lei_texp *t = &k->texp[i];
+        if ((double)t->exp > now) {
+            if (!next || (double)t->exp < next) next = (double)t->exp;
+            i++;
+            continue;
+        }
+        uint32_t v;
+        uint64_t idx = t->idx;
+        *t = k->texp[--k->ntexp];
+        if (lei_inmap_get(k, idx, &v) || v == LEI_REFUSED) continue;
+        lei_chan *ch = lei_chan_get(k->ctx, v - 1);
+        char why[LEI_BIND_NAME_MAX + 64];
+        snprintf(why, sizeof why, "not an authorized producer of %.*s (ticket expired)",
+                 ch ? (int)ch->namelen : 1, ch ? ch->name : "?");
+        if (lei_inmap_set_rname(k, idx, ch ? ch->id : UINT32_MAX, why) == 0)
+            lei_inmap_set(k, idx, LEI_REFUSED);
+        if (ch && k->peer) lei_refused_log(k->ctx, k->peer, ch->name, ch->namelen);
+    }
+    return next;
+}
+
 void lei_cert_watch(lei_conn *k) {
     uint64_t nb, na;
     size_t addrs;
@@ -348,12 +399,18 @@ void lei_cert_watch(lei_conn *k) {
 }
 
 /* A live connection whose peer's certificate expired is closed when it
- * does, with one log line; returns the next expiry (0: none). */
+ * does, with one log line, and the bindings whose ticket expired are
+ * refused; returns the next expiry (0: none). */
 ev_tstamp lei_certs_expire(lei_ctx *c, ev_tstamp now) {
     ev_tstamp next = 0;
     for (lei_conn *k = c->conns, *nk; k; k = nk) {
         nk = k->next;
-        if (k->state != LEI_CONN_UP || !k->sec || !k->cert_end) continue;
+        if (k->state != LEI_CONN_UP || !k->sec) continue;
+        if (k->ntexp) {
+            ev_tstamp t = tickets_expire(k, now);
+            if (t && (!next || t < next)) next = t;
+        }
+        if (!k->cert_end) continue;
         uint64_t na = k->cert_end;
         if ((double)na <= now) {
             char why[LEI_NAME_MAX + 80], t1[24];

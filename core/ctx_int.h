@@ -408,6 +408,12 @@ struct lei_conn {
     size_t nrefused;    /* BINDs refused on this connection (REFUSED_BINDS_MAX) */
     uint64_t cert_end;  /* keyed, up: when the peer's certificate (within its
                          * authority's validity) ends, Unix seconds; 0: never */
+    /* Keyed: the indexes bound with a ticket, and when each ticket expires
+     * (auth.c): at that time the index is refused, as a BIND without a
+     * valid ticket (a renewed ticket comes with a new BIND).  At most one
+     * entry per bound index: bounded by max_peer_channels. */
+    struct lei_texp { uint64_t idx, exp; } *texp; /* owned */
+    size_t ntexp, ctexp;
     size_t skip;        /* bytes of a dropped EVENT still to come, not buffered */
     ev_tstamp born, last_in, last_out, last_ping; /* liveness: created, last read, write, PING */
     lei_sec *sec;       /* owned: a keyed connection's crypto, or NULL (protected) */
@@ -528,6 +534,9 @@ int lei_name_ok(const char *name, size_t n);
 /* Whether (pk, name, cert, advertised address) is trusted now: 0, or -1
  * with the reason in why[n]. */
 int lei_trusted(const lei_ctx *c, const lei_hello *h, char *why, size_t n);
+/* A BIND of idx on k: its ticket's expiry recorded (ticket NULL: the index
+ * has none any more).  0, or -1 out of memory. */
+int lei_ticket_bound(lei_conn *k, uint64_t idx, const uint8_t *ticket);
 /* k is up: the expiry timer is armed for its peer's certificate's end. */
 void lei_cert_watch(lei_conn *k);
 /* Closes the up connections whose peer's certificate expired by now (one

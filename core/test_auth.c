@@ -798,6 +798,51 @@ static int ticket_case(const char *name, const char *open, const char *mkey_on, 
     return got;
 }
 
+/* A binding lasts while its ticket does: the events after its expiry are
+ * refused, and a renewed ticket (a new BIND) is taken. */
+static int never(side *a, side *b) { (void)a, (void)b; return 0; }
+/* Three small events from b on ns/x, seqs from seq0 + 1. */
+static void send3(side *b, uint64_t seq0) {
+    uint32_t cb = lei_chan_open(b->c, "ns/x", 4);
+    for (int i = 0; i < 3; i++) {
+        lei_msg *m = msg_of(10);
+        const char *err;
+        uint64_t sid = 0;
+        CHECK(lei_submit(b->c, cb, 1, seq0 + (uint64_t)i + 1, m, 0, LEI_BLOCK, &sid, &err) == 0);
+        lei_msg_release(m, NULL, NULL);
+    }
+}
+static void test_ticket_live(void) {
+    keys k;
+    side a, b;
+    uint8_t mpk[32], msk[64], t[LEI_TICKET_BYTES];
+    make_keys(&k);
+    keyed_sides(&k, &a, &b);
+    crypto_sign_keypair(mpk, msk);
+    ticket_exp(msk, "ns/x", k.bpk, (uint64_t)time(NULL) + 2, t);
+    lei_chan_set_manager_key(a.c, lei_chan_open(a.c, "ns/x", 4), mpk);
+    uint32_t cb = lei_chan_open(b.c, "ns/x", 4);
+    lei_chan_set_ticket(b.c, cb, t);
+    send_events(&a, &b, NULL, 0);
+    pump(&a, &b, NULL, got3, 5);
+    CHECK(a.events == 3);
+    pump(&a, &b, NULL, never, 3.2); /* past the expiry */
+    send3(&b, 3);
+    pump(&a, &b, NULL, never, 1);
+    lei_peer *pb = lei_peer_get(a.c, lei_ctx_addr(b.c), 0);
+    lei_stats_peer ps;
+    if (pb) lei_peer_stats(pb, &ps);
+    CHECK(pb && ps.refused == 3 && a.events == 3);
+    /* renewed: bound again before the next event, taken */
+    ticket_exp(msk, "ns/x", k.bpk, (uint64_t)time(NULL) + 600, t);
+    lei_chan_set_ticket(b.c, cb, t);
+    send3(&b, 6);
+    pump(&a, &b, NULL, never, 1);
+    CHECK(a.events == 6);
+    lei_ctx_free(a.c);
+    lei_ctx_free(b.c);
+}
+
 static void test_tickets(void) {
     uint64_t refused;
     int errs;
@@ -847,6 +892,7 @@ int main(void) {
     test_tamper();
     test_bad_auth();
     test_tickets();
+    test_ticket_live();
     test_crossing();
     return TEST_SUMMARY();
 }

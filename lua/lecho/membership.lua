@@ -149,7 +149,13 @@ function M.renew_tickets(self, io)
     self.rhead = self.rhead + 1
     local c = r.c
     local p = self.channels[c.name] == c and c.producers[r.addr]
-    if p and p.tserial == r.serial then
+    -- renewed only while the policy still grants it (a reloaded policy may
+    -- not); refused, the ticket runs out and consumers refuse the producer
+    local ok, why = true, nil
+    if p and p.tserial == r.serial then ok, why = allowed(self, r.addr, "produce", c.name) end
+    if p and p.tserial == r.serial and not ok then
+      self.log("warn", ("ticket of %s for '%s' not renewed: %s"):format(r.addr, c.name, tostring(why)))
+    elseif p and p.tserial == r.serial then
       self.mid = self.mid + 1
       local plain, mods, svc = members_of(c)
       emit(self, io, r.addr, { op = "members", ch = c.name, ver = c.ver, consumers = plain, mods = mods,

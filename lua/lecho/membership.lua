@@ -126,12 +126,12 @@ local function ticket_for(self, c, addr)
   local _, pk = self.identity(addr)
   if not pk then return nil end
   local now = self.clock()
-  local exp = u64(math.floor(now + self.ticket_ttl))
+  local exp = u64(math.ceil(now + self.ticket_ttl))
   local p = c.producers[addr]
   if p then
     p.tserial = (p.tserial or 0) + 1
-    self.renewals[#self.renewals + 1] = { at = now + self.ticket_ttl * 2 / 3, c = c, addr = addr,
-                                          serial = p.tserial }
+    self.rtail = (self.rtail or 0) + 1          -- (a queue: #renewals is unreliable past consumed slots)
+    self.renewals[self.rtail] = { at = now + self.ticket_ttl * 2 / 3, c = c, addr = addr, serial = p.tserial }
   end
   return exp .. self.sign("lecho-producer-v2\0" .. base_of(c.name) .. "\0" .. pk .. exp)
 end
@@ -163,10 +163,11 @@ function M.renew_tickets(self, io)
                                ticket = ticket_for(self, c, r.addr) })
     end
   end
-  if self.rhead > 1024 and self.rhead > #q / 2 then   -- compact what was consumed
+  local tail = self.rtail or 0
+  if self.rhead > 1024 and self.rhead > tail / 2 then   -- compact what was consumed
     local nq = {}
-    for i = self.rhead, #q do nq[#nq + 1] = q[i] end
-    self.renewals, self.rhead = nq, 1
+    for i = self.rhead, tail do nq[#nq + 1] = q[i] end
+    self.renewals, self.rhead, self.rtail = nq, 1, #nq
   end
 end
 

@@ -219,7 +219,7 @@ function M.new(opts)
     policy = pol,                         -- rw, keyed mode: a lecho.policy (a manager's comes from its name server)
     sign = opts.sign,                     -- keyed mode: fn(msg) -> signature (producer tickets)
     ticket_ttl = opts.ticket_ttl or 3600, -- keyed: seconds a producer ticket is valid
-    renewals = {}, rhead = 1,             -- keyed: { at, c, addr, serial } in order of at
+    renewals = {}, rhead = 1, rtail = 0,  -- keyed: { at, c, addr, serial } in order of at, [rhead, rtail]
     clock = opts.clock or os.time,        -- wall clock (tickets' expiry: the consumers' clocks)
   }, Registry)
   presence.init(self, opts, num)          -- name server: groups with leases (lecho.presence)

@@ -299,9 +299,9 @@ static int cert_verified(const lei_ctx *c, const lei_hello *h, uint64_t *nb, uin
 /* The trust decision on a remote's identity (design: its key is trusted
  * under the name it claims, or an authority we trust certified the pair,
  * for a validity period that includes now and, when the certificate lists
- * addresses, for the address the HELLO advertises; and the key is not
- * revoked). */
-int lei_trusted(const lei_ctx *c, const lei_hello *h, char *why, size_t n) {
+ * addresses, for addr: the one a HELLO advertises, or the one we dialled
+ * for a HELLO_OK; and the key is not revoked). */
+int lei_trusted(const lei_ctx *c, const lei_hello *h, const char *addr, char *why, size_t n) {
     const lei_ident *id = &c->id;
     char pk[65], t1[24];
     sodium_bin2hex(pk, sizeof pk, h->idpk, 32);
@@ -326,8 +326,8 @@ int lei_trusted(const lei_ctx *c, const lei_hello *h, char *why, size_t n) {
             snprintf(why, n, "certificate of %s not yet valid (from %s)", h->name, utc(nb, t1));
         else if (na && now >= (double)na)
             snprintf(why, n, "certificate of %s expired at %s", h->name, utc(na, t1));
-        else if (naddrs && !cert_lists(h->cert, addrs, naddrs, h->addr))
-            snprintf(why, n, "certificate of %s does not list address %s", h->name, h->addr);
+        else if (naddrs && !cert_lists(h->cert, addrs, naddrs, addr))
+            snprintf(why, n, "certificate of %s does not list address %.*s", h->name, 160, addr);
         else
             return 0;
         return -1;

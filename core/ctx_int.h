@@ -531,9 +531,9 @@ void lei_inmap_free(lei_conn *k);
 lei_chan *lei_chan_find(lei_ctx *c, const char *name, size_t len);
 /* auth.c */
 int lei_name_ok(const char *name, size_t n);
-/* Whether (pk, name, cert, advertised address) is trusted now: 0, or -1
- * with the reason in why[n]. */
-int lei_trusted(const lei_ctx *c, const lei_hello *h, char *why, size_t n);
+/* Whether (pk, name, cert) is trusted now at addr (the address a HELLO
+ * advertises, or the one we dialled): 0, or -1 with the reason in why[n]. */
+int lei_trusted(const lei_ctx *c, const lei_hello *h, const char *addr, char *why, size_t n);
 /* A BIND of idx on k: its ticket's expiry recorded (ticket NULL: the index
  * has none any more).  0, or -1 out of memory. */
 int lei_ticket_bound(lei_conn *k, uint64_t idx, const uint8_t *ticket);

@@ -104,7 +104,7 @@ static int hello_read(lei_conn *k, const lei_frame *f, uint8_t want, lei_hello *
  * claims).  Returns 0, or -1 after closing k with an ERROR saying why. */
 static int identity_check(lei_conn *k, const lei_hello *h, const char *addr, int dialled) {
     char why[LEI_ADDR_MAX + 200];
-    if (lei_trusted(k->ctx, h, why, sizeof why) == 0) {
+    if (lei_trusted(k->ctx, h, addr, why, sizeof why) == 0) {
         const lei_pin *pin = lei_pin_find(k->ctx, addr);
         if (!pin || memcmp(pin->pk, h->idpk, 32) == 0) return 0;
         char got[65], want[65];

@@ -514,6 +514,21 @@ static void set_cert_acceptor_expired(side *a, side *b, keys *k) {
     CHECK(lei_ctx_set_identity(a->c, k->ask, "a", cert, cl, err) == 0);
     lei_ctx_trust_key(a->c, k->bpk, "b");
 }
+/* a (the acceptor) certified for another address than the one b dials. */
+static void set_cert_acceptor_addr(side *a, side *b, keys *k) {
+    uint8_t apk[32], ask[64], cert[LEI_CERT_MAX];
+    char err[160];
+    uint64_t now = (uint64_t)time(NULL);
+    crypto_sign_keypair(apk, ask);
+    lei_ctx_free(b->c);
+    side_init(b, "b", k->bsk);
+    lei_ctx_trust_authority(b->c, apk, 0, 0);
+    lei_ctx_free(a->c);
+    side_init(a, "a", NULL);
+    size_t cl = cert_v2(ask, "a", k->apk, now - 60, now + 3600, "127.0.0.9:1", cert);
+    CHECK(lei_ctx_set_identity(a->c, k->ask, "a", cert, cl, err) == 0);
+    lei_ctx_trust_key(a->c, k->bpk, "b");
+}
 static void set_revoked(side *a, side *b, keys *k) {
     (void)b;
     CHECK(lei_ctx_set_revoked(a->c, k->bpk, 1) == 0);
@@ -532,6 +547,7 @@ static void test_refusals(void) {
     refusal("authority expired", set_cert_authority_expired, "certificate of b expired at ", 1);
     refusal("cert expired (acceptor)", set_cert_acceptor_expired, "certificate of a expired at ", 1);
     refusal("revoked", set_revoked, "key revoked: b ", 1);
+    refusal("cert address (acceptor)", set_cert_acceptor_addr, "certificate of a does not list address 127.0.0.1:", 1);
 }
 
 /* An authority's certificate stands for a trusted key. */

@@ -193,10 +193,14 @@ end
 
 --- The certificate by authority `auth` (a secret key table) that pk (32
 -- raw bytes) is principal name's key from not_before to not_after (Unix
--- seconds, integers), for the addresses listed (nil or {}: any):
+-- seconds, integers; default 5 minutes ago and 365 days from now), for the
+-- addresses listed (nil or {}: any):
 -- u64be not_before || u64be not_after || u8 n || n x (u8 len, address) || sig64.
 function M.certify(auth, name, pk, not_before, not_after, addresses)
   addresses = addresses or {}
+  -- (defaults, as lecho-keygen's: from 5 minutes ago, for 365 days)
+  not_before = not_before or os.time() - 300
+  not_after = not_after or os.time() + 365 * 86400
   local parts = { u64(not_before), u64(not_after), string.char(#addresses) }
   for _, a in ipairs(addresses) do parts[#parts + 1] = string.char(#a) .. a end
   local body = table.concat(parts)

@@ -749,6 +749,7 @@ function Context:close(opts)
     return self.close_ok, self.close_err, self.close_err and "timeout"
   end
   self.closing = true
+  if self.trustwatch then require("lecho.trustwatch").stop(self) end
   local linger = opts and opts.linger or self.linger
   -- groups (lecho.group): left at every name server, the others told now
   for _, g in pairs(self.groups or {}) do g:leave() end

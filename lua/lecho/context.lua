@@ -685,7 +685,8 @@ local SIGNAME = { [2] = "SIGINT", [15] = "SIGTERM" }
 -- process at once.
 function Context:run()
   keep_views(self)
-  local sig = self.c:run(self.signals)
+  -- keyed: SIGHUP reloads the trust files and policy (lecho.trustwatch)
+  local sig = self.c:run(self.signals, self.trustwatch and require("lecho.trustwatch").hup or nil)
   if not sig then return end
   self.log(("%s: closing the context (delivering what was submitted, for at most %gs); "
     .. "a second signal ends the process at once"):format(SIGNAME[sig] or "signal " .. sig, self.linger))

@@ -13,39 +13,17 @@
 -- change.  The policy file replaces the registry's policy the same way.
 
 local keys = require "lecho.keys"
-local ffi = require "ffi"
-local bit = require "bit"
 
 local M = {}
 
 M.POLL = 0.5
 
--- SIGHUP, through a signalfd read by the loop of every context watching:
--- blocked for the thread, so it never interrupts Lua.
--- (own names for the libc symbols: other modules declare them with their
--- own sigset types)
-pcall(ffi.cdef, [[
-typedef struct { unsigned long val[16]; } lecho_tw_sigset_t;
-int lecho_tw_sigemptyset(lecho_tw_sigset_t *set) __asm__("sigemptyset");
-int lecho_tw_sigaddset(lecho_tw_sigset_t *set, int signum) __asm__("sigaddset");
-int lecho_tw_sigprocmask(int how, const lecho_tw_sigset_t *set, lecho_tw_sigset_t *old) __asm__("sigprocmask");
-int lecho_tw_signalfd(int fd, const lecho_tw_sigset_t *mask, int flags) __asm__("signalfd");
-]])
-pcall(ffi.cdef, "long read(int fd, void *buf, size_t n);")
-local SIGHUP, SIG_BLOCK, SFD_NONBLOCK, SFD_CLOEXEC = 1, 0, 2048, 524288
-local hup = { fd = nil, ctxs = setmetatable({}, { __mode = "k" }) }
-
-local function hup_fd()
-  if hup.fd then return hup.fd end
-  local set = ffi.new("lecho_tw_sigset_t")
-  ffi.C.lecho_tw_sigemptyset(set)
-  ffi.C.lecho_tw_sigaddset(set, SIGHUP)
-  if ffi.C.lecho_tw_sigprocmask(SIG_BLOCK, set, nil) ~= 0 then return nil end
-  local fd = ffi.C.lecho_tw_signalfd(-1, set, bit.bor(SFD_NONBLOCK, SFD_CLOEXEC))
-  if fd < 0 then return nil end
-  hup.fd = fd
-  return fd
-end
+-- SIGHUP: caught only inside ctx:run() with signals (lecho.context's
+-- `signals`, true by default), as SIGINT and SIGTERM are (core/lua_loop.c
+-- l_run): a host program's signal actions and mask are never changed
+-- outside it, and a program that serves its loop otherwise relies on the
+-- file poll.  A SIGHUP reloads every watching context of the process.
+local hup = { ctxs = setmetatable({}, { __mode = "k" }) }
 
 local function stamps(paths)
   local s = {}
@@ -225,26 +203,19 @@ function M.start(ctx, identity, policy_path, poll)
       end
     end)
   end
-  local fd = hup_fd()
-  if fd then
-    hup.ctxs[ctx] = w
-    -- each context's loop reads the signalfd: the first to read it reloads
-    -- every watching context of the process
-    w.io = ctx.c:io(fd, function()
-      local buf = ffi.new("uint8_t[128]")
-      local got = false
-      while ffi.C.read(fd, buf, 128) == 128 do got = true end
-      if got then
-        for x, xw in pairs(hup.ctxs) do
-          if not x.closed then
-            xw.stamp = stamps(xw.paths)
-            M.reload(x, xw)
-          end
-        end
-      end
-    end)
-  end
+  hup.ctxs[ctx] = w
   return w
+end
+
+--- On SIGHUP (ctx:run, core/lua_loop.c): every watching context of the
+-- process reads its files again.
+function M.hup()
+  for x, xw in pairs(hup.ctxs) do
+    if not x.closed then
+      xw.stamp = stamps(xw.paths)
+      M.reload(x, xw)
+    end
+  end
 end
 
 --- Stops watching (ctx:close).
@@ -253,7 +224,6 @@ function M.stop(ctx)
   if not w then return end
   hup.ctxs[ctx] = nil
   if w.timer then w.timer:stop() end
-  if w.io then w.io:stop() end
   ctx.trustwatch = nil
 end
 

@@ -296,6 +296,10 @@ static int auth_answered(lei_conn *k, const lei_frame *f) {
         return -1;
     }
     if (superseded(k)) return -1;
+    /* Trust and pins may have changed since HELLO_OK (the acceptor held
+     * AUTH_OK past its certificate's end, a reload revoked its key, a pin
+     * was made): checked again before anything queued goes out. */
+    if (identity_check(k, &k->sec->remote, k->peer->addr, 1)) return -1;
     conn_up(k, k->peer, k->sec->remote.incarnation);
     return 0;
 }

@@ -415,4 +415,31 @@ describe("issue 23, obs. 3: certificates that expire, revocation, tickets that e
     local c2 = child{ role = "consumer", ns = c.addr, key = dir .. "/cons.key", trust = trust }
     assert(wait_out(c, c2, "ready ([^\n]+)\n"), out(c2))
   end)
+
+  it("a dialler writes nothing to an acceptor whose certificate ended while it held AUTH_OK", function()
+    -- (found by the outside attack: the dialler checked the acceptor's
+    -- certificate at HELLO_OK only, and wrote its queue at AUTH_OK: a
+    -- lookup with the channel's name went to a name server whose
+    -- certificate had ended a second before)
+    local srv = R.listen()
+    local k = keys.generate("nameserver")
+    local now = os.time()
+    local cert = R.cert(ca.secret, "nameserver", k.public, now - 60, now + 2)
+    local c = child{ role = "producer", ns = srv.addr, key = dir .. "/prod.key", trust = trust, channel = "held" }
+    local p, err = srv:accept{ addr = srv.addr, timeout = 10, hold_auth_ok = math.max(0, now + 2.5 - socket.gettime()),
+                               key = { pk = k.public, sk = k.secret, name = "nameserver", cert = cert } }
+    assert(p, "the producer did not dial: " .. tostring(err) .. said(c))
+    local ctrl, error_text = 0, nil
+    local deadline = socket.gettime() + 3
+    while socket.gettime() < deadline do
+      local t, body = p:read(deadline - socket.gettime())
+      if not t then break end
+      if t == R.F.CTRL then ctrl = ctrl + 1 end
+      if t == R.F.ERROR then error_text = body break end
+    end
+    p:close()
+    srv:close()
+    assert.are.equal(0, ctrl, "the dialler wrote its queued requests after the certificate's end")
+    assert.truthy(error_text and error_text:find("certificate of nameserver expired at", 1, true), tostring(error_text))
+  end)
 end)

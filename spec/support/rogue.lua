@@ -755,6 +755,9 @@ function M.handshake_accepted(s, opts)
   p.rx, p.tx = M.session_keys(false, h.eph, esk, r.eph)
   p:_compact()
   p.keyed = true
+  -- opts.hold_auth_ok: seconds to wait before AUTH_OK (a peer that makes
+  -- the handshake outlast its certificate)
+  if opts.hold_auth_ok then socket.sleep(opts.hold_auth_ok) end
   p:send(M.frame(M.F.AUTH_OK))
   return p
 end

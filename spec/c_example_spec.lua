@@ -1,3 +1,4 @@
+-- Covers doc/c-api.md's install, cc and make examples-c commands (spec/doc_blocks_spec.lua does not run them).
 -- examples/c: the C heat simulation, compiled against an installed lecho
 -- (make install into a temporary PREFIX, then pkg-config from there), is a
 -- peer of a Lua viewer: the viewer gets every step in order, its steering

@@ -31,6 +31,10 @@
 --       shell commands, run with `bash -e` in a temp dir that holds links to
 --       the checkout's scripts/, examples/ and lua/, with `make env`'s paths
 --       and the name server's address for 127.0.0.1:7700; must exit 0.
+--   ```sh with="PROGRAM ARGS" ready=TEXT
+--       the same, while `luajit PROGRAM ARGS --nameserver ADDR` runs beside
+--       it (started from the checkout's root, waited for until it printed
+--       TEXT, stopped after).
 --   ```sh norun="REASON" spec=spec/x_spec.lua   (also ```text ..., ```c ...)
 --       not run here, for REASON (two hosts, runs for minutes, an
 --       interactive session ...); the named spec file must exist and name
@@ -251,8 +255,9 @@ describe("the code blocks of README.md and doc/*.md", function()
         end
       elseif kind == "text" and (b.info == "text output" or b.info == "text output of the background block") then
         local prevb = ALL[i - 1]
-        assert(prevb and prevb.page == b.page and (prevb.info:match("^lua") or prevb.info:match("^text output")),
+        assert(prevb and prevb.page == b.page and (prevb.info:match("^lua") or prevb.info:match("^sh") or prevb.info:match("^text output")),
                where(b) .. ": an output with no program before it")
+        assert(not prevb.info:find("norun=", 1, true), where(b) .. ": the output of a block not run")
       elseif kind == "text" and b.info:match("^text bytes ") then
         local lecho = require "lecho"
         local v = assert(loadstring("local lecho = ...; return " .. assert(a.value, where(b) .. ": no value=")))(lecho)
@@ -271,10 +276,18 @@ describe("the code blocks of README.md and doc/*.md", function()
       elseif kind == "sh" then
         local dir = S.tmpdir() .. "/sh-" .. i
         assert(sh(("mkdir -p %s && cd %s && ln -s %s/scripts %s/examples %s/lua ."):format(dir, dir, S.root, S.root, S.root)))
+        local beside
+        if a.with then
+          beside = S.spawn(("%s%s %s --nameserver %s"):format(env_prefix, S.luajit, a.with, ns))
+          assert(a.ready, where(b) .. ": with= needs ready=")
+          assert(S.wait_file(beside.out, a.ready:gsub("%p", "%%%0"), 20),
+                 where(b) .. ": " .. a.with .. " never printed " .. a.ready .. ": " .. S.errors(beside))
+        end
         local file = P.write(S.tmpname("block") .. ".sh", (b.text:gsub("127%.0%.0%.1:7700", ns)))
         local ok, out = sh(("cd %s && LUA_PATH=%s LUA_CPATH=%s timeout 60 bash -e %s 2>&1"):format(dir,
           S.sh_quote(S.root .. "/lua/?.lua;" .. S.root .. "/lua/?/init.lua;;"),
           S.sh_quote(S.root .. "/lua/?.so;;"), S.sh_quote(file)))
+        if beside then S.kill(beside, "TERM"); S.wait(beside, 10) end
         assert(ok, where(b) .. " failed:\n" .. tostring(out))
         if ALL[i + 1] and ALL[i + 1].info == "text output" then check_output(b, ALL[i + 1].text, out) end
       elseif kind == "json" then

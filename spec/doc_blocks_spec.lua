@@ -39,8 +39,8 @@
 --       not run here, for REASON (two hosts, runs for minutes, an
 --       interactive session ...); the named spec file must exist and name
 --       the page the block is on: it is the one that covers the block.
---   ```json
---       parsed (JSON text, one document).
+--   ```json [policy]
+--       parsed (JSON text, one document); a policy is loaded by lecho.policy.
 --   ```c [fragment]
 --       compiled with -Wall -Wextra -Werror -fsyntax-only against
 --       core/lecho.h; a fragment is the part of a program: what precedes its
@@ -292,6 +292,10 @@ describe("the code blocks of README.md and doc/*.md", function()
         if ALL[i + 1] and ALL[i + 1].info == "text output" then check_output(b, ALL[i + 1].text, out) end
       elseif kind == "json" then
         assert(pcall(cjson.decode, b.text), where(b) .. ": not JSON")
+        if flags.policy then
+          local file = P.write(S.tmpname("policy") .. ".json", b.text)
+          assert(require("lecho.policy").load(file))
+        end
       elseif kind == "c" then
         local src
         if flags.fragment then

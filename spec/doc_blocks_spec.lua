@@ -9,7 +9,8 @@
 --       replaced by the address of a name server this spec started.
 --       `background`: started and left running while the next `lua` block
 --       runs (that one waits until the background one printed TEXT, its
---       `after=`); then the background one must end by itself, with 0.
+--       `after=`); then the background one must end by itself, with 0, or,
+--       marked `stop`, is sent SIGTERM and must end as documented (143).
 --   ```text output [of the background block]
 --       what the program just above prints: each line, in order, must be a
 --       line of its output (`...` as a whole line skips any lines; `...`
@@ -241,7 +242,12 @@ describe("the code blocks of README.md and doc/*.md", function()
           local out = finish(nxt, fg)
           local k = i + 2
           if ALL[k] and ALL[k].info == "text output" then check_output(nxt, ALL[k].text, out); k = k + 1 end
-          local bout = finish(b, child)
+          if flags.stop then
+            S.kill(child, "TERM")
+            local done, rc = S.wait(child, 20)
+            assert(done and rc == 143, ("%s: after SIGTERM: %s, %s\n%s"):format(where(b), tostring(done), tostring(rc), S.errors(child)))
+          end
+          local bout = flags.stop and S.output(child) or finish(b, child)
           if ALL[k] and ALL[k].info == "text output of the background block" then
             check_output(b, ALL[k].text, bout)
           end

@@ -46,7 +46,7 @@ typedef struct lei_opts {
     double heartbeat;
     double heartbeat_misses;
     double retry_max;      /* cap of the exponential redial backoff */
-    /* Containment (issue 11; README "Limits"). */
+    /* Containment (issue 11; doc/limits.md). */
     double handshake_timeout;   /* s: a connection not UP this long after accept or
                                  * connect is closed with an ERROR (0: never) */
     size_t max_connections;     /* connections of the context, any state */

@@ -1,3 +1,4 @@
+-- Covers README's make demo and simulation command lines and doc/examples.md's (not run by spec/doc_blocks_spec.lua).
 -- The atmosphere example (examples/atmosphere/, make demo): its model, its
 -- modulator/demodulator pairs as plain Lua, and the whole demo run as
 -- processes, bounded in time.

@@ -352,7 +352,7 @@ describe("lecho-keygen: validity, addresses, revocation (issue 23)", function()
   end)
 end)
 
-describe("README's \"Running with keys\"", function()
+describe("README's \"Keys across two hosts\"", function()
   it("names a policy file that is there and lets its sim and viewer run the atmosphere example", function()
     local readme = S.read(S.root .. "/README.md")
     local file = readme:match("%-%-policy (%S+)")

@@ -1,3 +1,4 @@
+-- Covers doc/wire-format.md's frame notation too (not run by spec/doc_blocks_spec.lua).
 -- doc/protocol.md cannot say what the code does not: every hex example of
 -- the page (a fenced block marked `hex NAME`) is read from the page and
 -- checked here, so that a wrong byte fails this spec.

@@ -1,3 +1,4 @@
+-- Covers doc/api.md's luarocks command (spec/doc_blocks_spec.lua does not run it).
 -- `luarocks make rockspec/lecho-scm-1.rockspec` installs a tree from which
 -- `require "lecho"` and the name server script work, with nothing from the
 -- source tree on the paths; the rock builds its own core.so with the flags

@@ -714,7 +714,7 @@ function Context:flush() return self.c:flush() end
 
 function Context:now() return self.c:now() end
 
---- Counters per channel and per peer (see README "Statistics").
+--- Counters per channel and per peer (see doc/semantics.md "Statistics").
 function Context:stats()
   local s = self.c:stats()
   s.addr = self.addr

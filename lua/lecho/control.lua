@@ -258,7 +258,7 @@ local function members_channel(self, from, msg)
   return ch
 end
 
--- The limits a well-formed member list must stay within (README "Limits"):
+-- The limits a well-formed member list must stay within (doc/limits.md):
 -- at most max_members consumer contexts in the list and in each
 -- modulator's dests, none twice (a context listed 20,000 times would get
 -- every event 20,000 times), and no more than max_peers distinct remote

@@ -1,4 +1,4 @@
--- lecho.keys: the files of keyed mode (README "Keys"), read and written
+-- lecho.keys: the files of keyed mode (doc/keys.md), read and written
 -- with lua-cjson, and the certificates an authority signs.
 --
 --   local keys = require "lecho.keys"

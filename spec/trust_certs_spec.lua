@@ -21,6 +21,9 @@
 --     several ticket lifetimes; an expired ticket is refused;
 --   * the name server's policy file is read again when it changes.
 --
+-- It checks the byte layouts doc/security.md gives (certificates, revocation
+-- lists, tickets) through lecho-keygen, lecho.keys and the rogue.
+--
 -- Run: make && LUA_PATH="$PWD/lua/?.lua;$PWD/lua/?/init.lua;;" \
 --   LUA_CPATH="$PWD/lua/?.so;;" LECHO_ROOT=$PWD luajit /usr/bin/busted spec/trust_certs_spec.lua
 

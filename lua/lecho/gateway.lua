@@ -38,6 +38,8 @@ M.LIMITS = {
   handshake = 5,           -- seconds for the HTTP head, and in keyed mode for auth
 }
 M.SLOW = { drop = true, disconnect = true }
+-- seconds a client being closed has to take what was queued and the close
+M.LINGER = 2
 
 pcall(ffi.cdef, "struct lecho_metrics_sin { uint16_t family; uint16_t port; uint32_t addr; uint8_t zero[8]; };")
 for _, decl in ipairs{ "int socket(int domain, int type, int protocol);",
@@ -55,7 +57,11 @@ for _, decl in ipairs{ "int socket(int domain, int type, int protocol);",
 end
 local C = ffi.C
 local AF_INET, SOCK_STREAM, SOCK_NONBLOCK, SOCK_CLOEXEC = 2, 1, 2048, 524288
-local SOL_SOCKET, SO_REUSEADDR, MSG_NOSIGNAL = 1, 2, 0x4000
+local SOL_SOCKET, SO_REUSEADDR, SO_SNDBUF, MSG_NOSIGNAL = 1, 2, 7, 0x4000
+-- a client socket's kernel send buffer: bytes a client that does not read
+-- holds in the kernel, besides --max-queued in the gateway (loopback's
+-- autotuning would let it grow to megabytes)
+local SNDBUF = 262144
 local IPPROTO_TCP, TCP_NODELAY = 6, 1
 local EAGAIN, EINTR = 11, 4
 
@@ -260,9 +266,12 @@ function Gateway:_drop(cl, code, why)
   if code and not cl.closing then
     cl.closing = true
     if why then self.ctx.log(("gateway: client %d (%s) closed: %s"):format(cl.id, cl.peer or "?", why)) end
-    if cl.ws then cl.ws:close(code, why or "") else cl.out:put(encode{ error = why, closed = true }, "\n") end
+    -- (what is queued goes first if the socket takes it: a reply saying
+    -- why; wslay sends a close frame before queued messages otherwise)
+    if cl.ws then pcall(cl.ws.send, cl.ws); cl.ws:close(code, why or "")
+    else cl.out:put(encode{ error = why, closed = true }, "\n") end
     if cl.dtimer then cl.dtimer:stop() end
-    cl.dtimer = self.ctx.c:timer(1, 0, function() self:_drop(cl) end)  -- bounded linger for the close
+    cl.dtimer = self.ctx.c:timer(M.LINGER, 0, function() self:_drop(cl) end)  -- bounded linger for the close
     return self:_flush(cl)
   end
   cl.closed = true
@@ -291,6 +300,7 @@ function Gateway:_accept(lfd, kind)
     else
       local one = ffi.new("int[1]", 1)
       C.setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, one, 4)
+      C.setsockopt(fd, SOL_SOCKET, SO_SNDBUF, ffi.new("int[1]", SNDBUF), 4)
       self.nextid = self.nextid + 1
       local cl = setmetatable({ gw = self, fd = fd, id = self.nextid, kind = kind, head = "", out = buffer.new(),
                                 subs = {}, nsubs = 0, drops = 0, told = 0, events = 0, bytes = 0, inflight = 0,
@@ -351,7 +361,7 @@ function Gateway:_read(cl)
       if cl.watch then cl.watch:stop(); cl.watch = nil end
       self.ctx.log(("gateway: client %d (%s) closed by the WebSocket layer (bad frame or message over %d bytes)"):format(
         cl.id, cl.peer or "?", self.lim.message))
-      if not cl.dtimer then cl.dtimer = self.ctx.c:timer(1, 0, function() self:_drop(cl) end) end
+      if not cl.dtimer then cl.dtimer = self.ctx.c:timer(M.LINGER, 0, function() self:_drop(cl) end) end
       self:_flush(cl)
     elseif cl.ws:want_write() then
       self:_dirty(cl)  -- pongs and close replies wslay queued
@@ -717,7 +727,8 @@ function OPS.clients(self, cl, m, id)
       table.sort(subs)
       out[#out + 1] = { id = c.id, kind = c.kind, principal = c.principal, events = c.events,
                         bytes = c.ws and c.ws:bytes_out() or c.bytes, rate = c.rate, bps = c.bps,
-                        drops = c.drops, queued = c:queued(), subs = subs, you = c == cl or nil }
+                        drops = c.drops, queued = c:queued(), subs = subs, you = c == cl or nil,
+                        closing = c.closing or nil }
     end
   end
   table.sort(out, function(a, b) return a.id < b.id end)

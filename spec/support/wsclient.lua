@@ -35,9 +35,9 @@ function M.connect(host, port, opts)
   opts = opts or {}
   local s = socket.tcp()
   s:settimeout(opts.timeout or 5)
+  if opts.rcvbuf then s:setoption("recv-buffer-size", opts.rcvbuf) end  -- a small one: a slow reader fills sooner
   local ok, e = s:connect(host, port)
   if not ok then return nil, e end
-  if opts.rcvbuf then s:setoption("tcp-nodelay", true) end
   local key = b64(("%016d"):format(math.random(1, 1e9)))
   local req = opts.raw_request or table.concat({
     ("GET %s HTTP/1.1"):format(opts.path or "/ws"),
@@ -55,7 +55,7 @@ function M.connect(host, port, opts)
   end
   local status = head[1] or ""
   if not status:find("^HTTP/1.1 101") then s:close() return nil, status, table.concat(head, "\n") end
-  return setmetatable({ s = s, buf = "" }, Client), nil, table.concat(head, "\n")
+  return setmetatable({ s = s, buf = "", pos = 1 }, Client), nil, table.concat(head, "\n")
 end
 
 local function mask(payload, key)
@@ -90,53 +90,80 @@ function Client:frame(fin, opcode, payload, opts)
 end
 
 function Client:send_frame(fin, opcode, payload, opts)
+  self.s:settimeout(5)
   return self.s:send(self:frame(fin, opcode, payload, opts))
 end
 
 function Client:send_text(s) return self:send_frame(true, 1, s) end
 function Client:send_json(t) return self:send_text(cjson.encode(t)) end
 
-local function need(self, n)
-  while #self.buf < n do
-    local d, e, part = self.s:receive(65536)
-    d = d or part
-    if d and #d > 0 then self.buf = self.buf .. d
-    elseif e then return nil, e end
+-- Reads more into the buffer (self.buf from self.pos); nil, why on timeout or close.
+-- (receive(n) waits for all n bytes: select first, then take what is there)
+local function more(self)
+  local s = self.s
+  if not s:dirty() then
+    local r = socket.select({ s }, nil, math.max(0, self.deadline - socket.gettime()))
+    if not r[1] then return nil, "timeout" end
   end
-  local r = self.buf:sub(1, n)
-  self.buf = self.buf:sub(n + 1)
-  return r
+  s:settimeout(0)
+  local d, e, part = s:receive(65536)
+  d = d or part
+  if e == "timeout" then e = nil end
+  if d and #d > 0 then
+    if self.pos > 65536 then self.buf, self.pos = self.buf:sub(self.pos), 1 end
+    self.buf = self.buf .. d
+    return true
+  end
+  if e then return nil, e end
+  return true
+end
+
+-- One whole frame at self.pos, consumed: fin, opcode, payload; or nil when
+-- the buffer does not hold one yet (nothing consumed).
+local function frame_at(self)
+  local b, p = self.buf, self.pos
+  if #b - p + 1 < 2 then return nil end
+  local b1, b2 = b:byte(p, p + 1)
+  local len, off = bit.band(b2, 0x7f), p + 2
+  if len == 126 then
+    if #b < off + 1 then return nil end
+    len = b:byte(off) * 256 + b:byte(off + 1)
+    off = off + 2
+  elseif len == 127 then
+    if #b < off + 7 then return nil end
+    len = 0
+    for i = 0, 7 do len = len * 256 + b:byte(off + i) end
+    off = off + 8
+  end
+  if #b < off + len - 1 then return nil end
+  self.pos = off + len
+  return bit.band(b1, 0x80) ~= 0, bit.band(b1, 0x0f), b:sub(off, off + len - 1)
 end
 
 --- The next whole message: opcode (1 text, 2 binary, 8 close), payload; or
--- nil, "timeout"/"closed".  A close frame's payload: code, reason.
+-- nil, "timeout"/"closed" (a timeout loses nothing: the next call goes on).
+-- A close frame: 8, code, reason.
 function Client:recv(timeout)
-  self.s:settimeout(timeout or 5)
-  local msg, op0 = {}, nil
+  self.deadline = socket.gettime() + (timeout or 5)
   while true do
-    local h, e = need(self, 2)
-    if not h then return nil, e end
-    local b1, b2 = h:byte(1, 2)
-    local fin, op, len = bit.band(b1, 0x80) ~= 0, bit.band(b1, 0x0f), bit.band(b2, 0x7f)
-    if len == 126 then
-      local x = need(self, 2); if not x then return nil, "closed" end
-      len = x:byte(1) * 256 + x:byte(2)
-    elseif len == 127 then
-      local x = need(self, 8); if not x then return nil, "closed" end
-      len = 0
-      for i = 1, 8 do len = len * 256 + x:byte(i) end
-    end
-    local p = len > 0 and need(self, len) or ""
-    if not p then return nil, "closed" end
-    if op == 8 then
+    local fin, op, p = frame_at(self)
+    if fin == nil then
+      local ok, e = more(self)
+      if not ok then return nil, e end
+    elseif op == 8 then
       local code = #p >= 2 and p:byte(1) * 256 + p:byte(2) or nil
       return 8, code, p:sub(3)
     elseif op == 9 then
       self:send_frame(true, 10, p)
     elseif op ~= 10 then
-      if op ~= 0 then op0 = op end
-      msg[#msg + 1] = p
-      if fin then return op0, table.concat(msg) end
+      if op ~= 0 then self.op0 = op end
+      local parts = self.parts or {}
+      self.parts = parts
+      parts[#parts + 1] = p
+      if fin then
+        self.parts = nil
+        return self.op0, table.concat(parts)
+      end
     end
   end
 end

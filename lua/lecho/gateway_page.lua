@@ -29,7 +29,7 @@ ul { list-style:none; margin:0; padding:0; }
 #field-head b { color:var(--fg); font-weight:600; }
 canvas#heat { width:100%; image-rendering:pixelated; border-radius:4px; background:#000; display:block; margin-top:6px; }
 #scale { display:flex; align-items:center; gap:8px; margin-top:6px; font-size:12px; color:var(--dim); font-variant-numeric:tabular-nums; }
-canvas#legend { flex:1; height:12px; border-radius:3px; }
+canvas#legend { flex:1; min-width:0; width:100px; height:12px; border-radius:3px; }
 #events { font:12px/1.35 ui-monospace, monospace; max-height:230px; overflow:auto; margin-top:8px; }
 #events li { padding:2px 0; border-bottom:1px solid #1f2a33; white-space:nowrap; overflow:hidden; text-overflow:ellipsis; }
 table { width:100%; border-collapse:collapse; font-size:12px; font-variant-numeric:tabular-nums; }

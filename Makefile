@@ -79,6 +79,7 @@ help:
 	@echo "  make demo        atmosphere: a simulation and three viewers (full, region, diff), bytes per viewer"
 	@echo "  make keiretsu    instant messaging over four nodes (network namespaces if allowed): messages/s for 1-4 nodes, three killed, acknowledged messages counted"
 	@echo "  make bench       benchmark suite vs raw TCP, ZeroMQ, NATS and Redis, results in bench/results/"
+	@echo "  make bench-gateway  WebSocket fan-out to 100 clients: lecho-gateway beside nats-server (QUICK=1: small)"
 	@echo "  make bench-deps  check (apt-get install) make bench's own packages: $(foreach d,$(BENCH_DEPS),$(lastword $(subst :, ,$(d))))"
 	@echo "  make stress      seeded stress scenarios with real processes for STRESS_SECONDS"
 	@echo "  make stress-seed replay one stress scenario: SEED=N [SECONDS=S] [SCENARIO=NAME], keeps its logs"
@@ -337,9 +338,19 @@ keiretsu: deps all
 # against raw TCP, ZeroMQ, NATS and Redis (the servers started by the bench
 # on loopback ports it picks), in one run.  QUICK=1: small counts, < 30 s.
 # Results: bench/results/ (results.json, table.md, *.png); bench/README.md.
-BENCH_BIN := bench/baseline_tcp bench/baseline_zmq bench/baseline_peers bench/lecho_c bench/lecho_h
+BENCH_BIN := bench/baseline_tcp bench/baseline_zmq bench/baseline_peers bench/lecho_c bench/lecho_h bench/ws_fanout
 bench: deps bench-deps all $(BENCH_BIN)
 	$(SPEC_ENV) QUICK="$(QUICK)" $(LUAJIT) bench/run.lua
+
+# The gateway row (bench/README.md "Gateway"): WebSocket fan-out of 1 KiB
+# events to 100 clients, lecho-gateway beside nats-server's WebSocket
+# listener; QUICK=1: 1000 events, one repetition.  bench/results/gateway.json.
+.PHONY: bench-gateway
+bench-gateway: deps bench-deps all bench/ws_fanout
+	$(SPEC_ENV) QUICK="$(QUICK)" $(LUAJIT) bench/gateway_bench.lua
+
+bench/ws_fanout: bench/ws_fanout.c
+	$(CC) $(CFLAGS) $(WARN) -o $@ $<
 
 bench/baseline_tcp: bench/baseline_tcp.c bench/harness.h
 	$(CC) $(CFLAGS) $(WARN) -o $@ $<

@@ -54,7 +54,33 @@ typedef struct {
     int eof, oom, sock_err;
     int close_code; /* status code of a close frame received */
     double bytes_in, bytes_out;
+    /* frames wslay wrote, gathered into one send() per flush (owned; 64 KiB):
+     * one system call for many messages, not one each */
+    unsigned char *obuf;
+    size_t olen, ooff;
 } ws_conn;
+
+#define OBUF_CAP 65536
+
+/* Sends what obuf holds: 0 when all went or the socket is full, -1 on error. */
+static int flush_out(ws_conn *c) {
+    while (c->ooff < c->olen) {
+        ssize_t r = send(c->fd, c->obuf + c->ooff, c->olen - c->ooff, MSG_NOSIGNAL);
+        if (r > 0) {
+            c->ooff += (size_t)r;
+            c->bytes_out += (double)r;
+        } else if (r < 0 && errno == EINTR) {
+            continue;
+        } else if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            return 0;
+        } else {
+            c->sock_err = r < 0 ? errno : EPIPE;
+            return -1;
+        }
+    }
+    c->ooff = c->olen = 0;
+    return 0;
+}
 
 static ssize_t recv_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, int flags, void *ud) {
     (void)flags;
@@ -92,22 +118,41 @@ static ssize_t recv_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, in
 }
 
 static ssize_t send_cb(wslay_event_context_ptr ctx, const uint8_t *data, size_t len, int flags, void *ud) {
+    (void)flags;
     ws_conn *c = ud;
-    int f = MSG_NOSIGNAL | ((flags & WSLAY_MSG_MORE) ? MSG_MORE : 0);
-    ssize_t r;
-    do r = send(c->fd, data, len, f);
-    while (r < 0 && errno == EINTR);
-    if (r >= 0) {
-        c->bytes_out += (double)r;
-        return r;
+    if (!c->obuf) {
+        c->obuf = malloc(OBUF_CAP);
+        if (!c->obuf) {
+            c->sock_err = ENOMEM;
+            wslay_event_set_error(ctx, WSLAY_ERR_CALLBACK_FAILURE);
+            return -1;
+        }
     }
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
-    } else {
-        c->sock_err = errno;
-        wslay_event_set_error(ctx, WSLAY_ERR_CALLBACK_FAILURE);
+    if (OBUF_CAP - c->olen < len && c->ooff > 0) {
+        memmove(c->obuf, c->obuf + c->ooff, c->olen - c->ooff);
+        c->olen -= c->ooff;
+        c->ooff = 0;
     }
-    return -1;
+    if (c->olen == OBUF_CAP) {
+        if (flush_out(c) < 0) {
+            wslay_event_set_error(ctx, WSLAY_ERR_CALLBACK_FAILURE);
+            return -1;
+        }
+        if (c->ooff > 0) {
+            memmove(c->obuf, c->obuf + c->ooff, c->olen - c->ooff);
+            c->olen -= c->ooff;
+            c->ooff = 0;
+        }
+        if (c->olen == OBUF_CAP) {
+            wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
+            return -1;
+        }
+    }
+    size_t n = OBUF_CAP - c->olen;
+    if (n > len) n = len;
+    memcpy(c->obuf + c->olen, data, n);
+    c->olen += n;
+    return (ssize_t)n;
 }
 
 static void msg_cb(wslay_event_context_ptr ctx, const struct wslay_event_on_msg_recv_arg *a, void *ud) {
@@ -236,12 +281,13 @@ static int l_queue(lua_State *L) {
 static int l_send(lua_State *L) {
     ws_conn *c = check(L);
     int r = wslay_event_send(c->ev);
+    if (r == 0 && flush_out(c) < 0) r = -1;
     if (r != 0) {
         lua_pushnil(L);
         lua_pushstring(L, c->sock_err ? strerror(c->sock_err) : "wslay send error");
         return 2;
     }
-    lua_pushboolean(L, !wslay_event_want_write(c->ev));
+    lua_pushboolean(L, !wslay_event_want_write(c->ev) && c->ooff == c->olen);
     return 1;
 }
 
@@ -261,11 +307,13 @@ static int l_want_read(lua_State *L) {
     return 1;
 }
 static int l_want_write(lua_State *L) {
-    lua_pushboolean(L, wslay_event_want_write(check(L)->ev));
+    ws_conn *c = check(L);
+    lua_pushboolean(L, wslay_event_want_write(c->ev) || c->ooff < c->olen);
     return 1;
 }
 static int l_queued(lua_State *L) {
-    lua_pushnumber(L, (lua_Number)wslay_event_get_queued_msg_length(check(L)->ev));
+    ws_conn *c = check(L);
+    lua_pushnumber(L, (lua_Number)(wslay_event_get_queued_msg_length(c->ev) + (c->olen - c->ooff)));
     return 1;
 }
 static int l_bytes_in(lua_State *L) {
@@ -288,6 +336,9 @@ static int l_free(lua_State *L) {
     free(c->pre);
     c->pre = NULL;
     c->pre_len = c->pre_off = 0;
+    free(c->obuf);
+    c->obuf = NULL;
+    c->olen = c->ooff = 0;
     return 0;
 }
 

@@ -131,7 +131,11 @@ local function run_nats()
   for _ = 1, N / 64 do assert(s:send(chunk)) end
   for _ = 1, N % 64 do assert(s:send(msg)) end
   s:send("PING\r\n")
-  local l = s:receive("*l")
+  local l
+  repeat   -- (the server's own PINGs answered on the way)
+    l = s:receive("*l")
+    if l and l:find("^PING") then s:send("PONG\r\n") end
+  until not l or l:find("^PONG") or l:find("^%-ERR")
   assert(l and l:find("PONG"), "nats: " .. tostring(l))
   local r = result(c, nats.pid, cpu0)
   s:close()

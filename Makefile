@@ -455,7 +455,7 @@ ROCK_SO := build/rock/core.so
 rock:
 	rm -rf $(dir $(ROCK_SO))
 	mkdir -p $(dir $(ROCK_SO))
-	$(MAKE) -j$(BUILD_JOBS) all SO=$(ROCK_SO) OBJ_DIR=$(dir $(ROCK_SO))obj
+	$(MAKE) -j$(BUILD_JOBS) all SO=$(ROCK_SO) WS_SO=$(dir $(ROCK_SO))ws.so OBJ_DIR=$(dir $(ROCK_SO))obj
 
 clean:
 	rm -rf build $(SO) $(WS_SO) lua/lecho/codec.so $(BENCH_BIN) examples/c/heat

@@ -272,6 +272,26 @@ describe("lecho-gateway", function()
     good:close()
   end)
 
+  it("calls a service in another process: results, a version, the handler's error", function()
+    S.spawn(("%s %s/examples/services/echo.lua --serve %s"):format(S.luajit, S.root, ns))
+    local l = assert(W.lines("127.0.0.1", lp))
+    l:json()
+    local r
+    assert.truthy(until_(function()
+      l:send_json{ op = "call", id = 1, svc = "echo", args = { x = 21 }, version = 2 }
+      r = reply(l, 1)
+      return r.ok
+    end, 20, 0.2), r and r.error)
+    assert.are.equal(42, r.result)
+    assert.matches("^echo@2 at ", r.results[2])
+    l:send_json{ op = "call", id = 2, svc = "echo", args = { x = 21 }, version = 1 }
+    assert.are.equal(21, reply(l, 2).result)
+    l:send_json{ op = "call", id = 3, svc = "echo", args = { fail = "table" }, version = 1 }
+    r = reply(l, 3)
+    assert.are.same({ code = 400, why = "no x" }, r.error)
+    l:close()
+  end)
+
   it("refuses to listen beyond loopback without client keys or tokens", function()
     local ok, out = S.sh(("%s %s/scripts/lecho-gateway --nameserver %s --http 0.0.0.0:0 --for 5"):format(S.luajit, S.root, ns))
     assert.is_false(ok)

@@ -711,11 +711,21 @@ function OPS.call(self, cl, m, id)
   if type(svc) ~= "string" or svc == "" or #svc > 256 then return err(cl, id, "call needs svc, a service name") end
   local ok, why = self:_may(cl, "produce", "svc:" .. svc)
   if not ok then return err(cl, id, why, "denied") end
-  local t = tonumber(m.timeout)
-  local r = { pcall(self.ctx.call, self.ctx, svc, denull(m.args, 0), t and t > 0 and t <= 60 and { timeout = t } or nil) }
-  if not r[1] then return err(cl, id, tostring(r[2]), "invalid") end
-  if r[2] == nil and r[3] ~= nil then return err(cl, id, tostring(r[3]), r[4] or "failed") end
-  cl:reply{ id = id, ok = true, result = r[2] }
+  local t, v = tonumber(m.timeout), tonumber(m.version)
+  local copts = {}
+  if t and t > 0 and t <= 60 then copts.timeout = t end
+  if v and v >= 1 and v == math.floor(v) then copts.version = v end
+  local r = { n = 0 }
+  local function pack(ok, ...) r.n = select("#", ...); r.ok = ok; for i = 1, r.n do r[i] = select(i, ...) end end
+  pack(pcall(self.ctx.call, self.ctx, svc, denull(m.args, 0), copts))
+  if not r.ok then return err(cl, id, tostring(r[1]), "invalid") end
+  if r[1] == nil and r[2] ~= nil then
+    -- a handler's error: a string, or a table sent as a JSON object
+    return cl:reply{ id = id, error = type(r[2]) == "table" and r[2] or tostring(r[2]), code = r[3] or "failed" }
+  end
+  local results = {}
+  for i = 1, r.n do results[i] = r[i] == nil and null or r[i] end
+  cl:reply{ id = id, ok = true, result = r[1], results = results }
 end
 
 function OPS.clients(self, cl, m, id)

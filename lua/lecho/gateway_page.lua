@@ -131,6 +131,21 @@ function draw(f) {
 }
 $("level").onchange = () => { if (field) draw(field); };
 
+// one line per event: a table's scalars as k=v (step and t first), arrays by their length
+function summary(ev) {
+  if (!ev || typeof ev !== "object" || Array.isArray(ev)) {
+    const t = JSON.stringify(ev);
+    return Array.isArray(ev) && ev.length > 20 ? "[" + ev.length + " values]" : t;
+  }
+  const keys = Object.keys(ev).sort((a, b) => (a === "step" ? -1 : b === "step" ? 1 : a === "t" ? -1 : b === "t" ? 1 : a < b ? -1 : 1));
+  return keys.map((k) => {
+    const v = ev[k];
+    if (Array.isArray(v)) return k + "=[" + v.length + "]";
+    if (v && typeof v === "object") return k + "=" + JSON.stringify(v);
+    return k + "=" + (typeof v === "number" && !Number.isInteger(v) ? +v.toPrecision(6) : v);
+  }).join("  ");
+}
+
 function onEvent(m) {
   evCount++; view.frames++; view.last = m.ev;
   $("fcount").textContent = evCount;
@@ -138,8 +153,7 @@ function onEvent(m) {
   const f = findField(m.ev);
   if (f) { field = f; draw(f); }
   const li = document.createElement("li");
-  let text = JSON.stringify(m.ev);
-  if (f) text = text.replace(/\[[-0-9.e,]{200,}\]/, "[" + f.data.length + " numbers]");
+  const text = summary(m.ev);
   li.textContent = text.length > 300 ? text.slice(0, 300) + "…" : text;
   const ul = $("events"); ul.prepend(li);
   while (ul.children.length > 50) ul.lastChild.remove();

@@ -34,6 +34,7 @@
 #include <wslay/wslay.h>
 
 #define WS_MT "lecho.ws.conn"
+#define WS_BATCH 256
 
 /* A whole message received, waiting to be pushed to Lua.  Owner: the
  * connection's msgs array; data malloc'd (wslay's buffer is only lent to
@@ -85,6 +86,13 @@ static int flush_out(ws_conn *c) {
 static ssize_t recv_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, int flags, void *ud) {
     (void)flags;
     ws_conn *c = ud;
+    /* at most WS_BATCH whole messages per conn:recv (the rest stays in the
+     * socket; the loop says readable again): a flood of small frames cannot
+     * grow the list without bound nor hold the loop */
+    if (c->nmsgs >= WS_BATCH) {
+        wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
+        return -1;
+    }
     if (c->pre_off < c->pre_len) {
         size_t n = c->pre_len - c->pre_off;
         if (n > len) n = len;

@@ -260,13 +260,14 @@ describe("lecho-gateway", function()
       return gone
     end, 30, 0.05))
     -- what it had queued, then the close frame with the reason
-    local code, reason
+    local code, reason, ended
     assert.truthy(until_(function()
-      local op, c, why = lazy:recv(2)
+      local op, c, why = lazy:recv(5)
       if op == 8 then code, reason = c, why end
+      ended = op == nil and c
       return op == 8 or op == nil
     end, 30, 0))
-    assert.are.equal(1008, code)
+    assert.are.equal(1008, code, "the connection ended without a close frame: " .. tostring(ended))
     assert.matches("slow client", reason)
     assert.truthy(next_event(good, "atmosphere.field"))
     good:close()
@@ -290,6 +291,34 @@ describe("lecho-gateway", function()
     r = reply(l, 3)
     assert.are.same({ code = 400, why = "no x" }, r.error)
     l:close()
+  end)
+
+  it("a client that floods requests and reads no replies is closed; others go on", function()
+    local good = ws(hp)
+    good:send_json{ op = "sub", id = 1, ch = "atmosphere.field" }
+    assert.is_true(reply(good, 1).ok)
+    local flood = assert(W.lines("127.0.0.1", lp))
+    flood.s:setoption("recv-buffer-size", 4096)
+    flood.s:settimeout(0.5)
+    local chunk = ("x\n"):rep(50000)   -- each line an error reply of ~60 bytes
+    local sent = 0
+    for _ = 1, 40 do
+      local n = flood.s:send(chunk)
+      if not n then break end
+      sent = sent + n
+    end
+    local gone
+    assert.truthy(until_(function()
+      good:send_json{ op = "clients", id = 2 }
+      local r = reply(good, 2)
+      gone = #r.result == 1
+      return gone
+    end, 30, 0.2), "the flooding client is still served")
+    local a = assert(next_event(good, "atmosphere.field"))
+    local b = assert(next_event(good, "atmosphere.field"))
+    assert.are.equal(a.step + 1, b.step)
+    flood:close()
+    good:close()
   end)
 
   it("refuses to listen beyond loopback without client keys or tokens", function()

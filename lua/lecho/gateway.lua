@@ -39,7 +39,7 @@ M.LIMITS = {
 }
 M.SLOW = { drop = true, disconnect = true }
 -- seconds a client being closed has to take what was queued and the close
-M.LINGER = 2
+M.LINGER = 5
 
 pcall(ffi.cdef, "struct lecho_metrics_sin { uint16_t family; uint16_t port; uint32_t addr; uint8_t zero[8]; };")
 for _, decl in ipairs{ "int socket(int domain, int type, int protocol);",
@@ -175,7 +175,16 @@ function Client:_put(text)
   self.gw:_dirty(self)
 end
 
-function Client:reply(t) self:_put(encode(t)) end
+-- A reply: a client that sends requests but does not read the answers is
+-- closed once they pass --max-queued (events are dropped instead, replies
+-- cannot be).
+function Client:reply(t)
+  if self.closed or self.closing then return end
+  if self:queued() > self.gw.lim.queued then
+    return self.gw:_drop(self, 1008, ("client does not read its replies (%d bytes queued)"):format(self:queued()))
+  end
+  self:_put(encode(t))
+end
 
 -- An event's text for this client, under the slow-client policy.
 function Client:deliver(text)

@@ -188,7 +188,7 @@ end
 
 -- An event's text for this client, under the slow-client policy.
 function Client:deliver(text)
-  if self.closed then return end
+  if self.closed or self.closing then return end
   local gw = self.gw
   local q = self:queued()
   if q + #text > gw.lim.queued then
@@ -277,7 +277,11 @@ function Gateway:_drop(cl, code, why)
     if why then self.ctx.log(("gateway: client %d (%s) closed: %s"):format(cl.id, cl.peer or "?", why)) end
     -- (what is queued goes first if the socket takes it: a reply saying
     -- why; wslay sends a close frame before queued messages otherwise)
-    if cl.ws then pcall(cl.ws.send, cl.ws); cl.ws:close(code, why or "")
+    -- (wslay reads nothing more: the watcher stops, else a client still
+    -- sending would wake the loop for nothing until the end)
+    if cl.ws then
+      pcall(cl.ws.send, cl.ws); cl.ws:close(code, why or "")
+      if cl.watch then cl.watch:stop(); cl.watch = nil end
     else cl.out:put(encode{ error = why, closed = true }, "\n") end
     if cl.dtimer then cl.dtimer:stop() end
     cl.dtimer = self.ctx.c:timer(M.LINGER, 0, function() self:_drop(cl) end)  -- bounded linger for the close
@@ -360,6 +364,7 @@ function Gateway:_read(cl)
       end
     end
     if why then
+      if why:find("^closed") then pcall(cl.ws.send, cl.ws) end   -- wslay's answering close frame
       if why == "eof" or why:find("^closed") then return self:_drop(cl, nil, nil) end
       return self:_drop(cl, nil, why)
     end

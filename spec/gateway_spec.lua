@@ -73,7 +73,7 @@ describe("lecho-gateway", function()
     local _
     _, ns = S.nameserver("--quiet")
     sim(ns, "--seconds 200 --rate 20 --grid 2x18x36")
-    gw, hp, lp = gateway(ns, "--max-queued 200000 --max-message 4096")
+    gw, hp, lp = gateway(ns, "--max-queued 200000 --max-message 4096 --max-subs 3")
   end)
   lazy_teardown(function() S.cleanup() end)
 
@@ -271,6 +271,24 @@ describe("lecho-gateway", function()
     assert.matches("slow client", reason)
     assert.truthy(next_event(good, "atmosphere.field"))
     good:close()
+  end)
+
+  it("holds a client to --max-subs subscriptions and tells it so", function()
+    local l = assert(W.lines("127.0.0.1", lp))
+    assert.are.equal(3, l:json().limits.subs)
+    for i = 1, 3 do
+      l:send_json{ op = "sub", id = i, ch = "gw.many." .. i }
+      assert.is_true(reply(l, i).ok)
+    end
+    l:send_json{ op = "sub", id = 4, ch = "gw.many.4" }
+    local r = reply(l, 4)
+    assert.are.equal("limit", r.code)
+    assert.matches("3 subscriptions", r.error)
+    l:send_json{ op = "unsub", id = 5, ch = "gw.many.1" }
+    assert.is_true(reply(l, 5).ok)
+    l:send_json{ op = "sub", id = 6, ch = "gw.many.4" }
+    assert.is_true(reply(l, 6).ok)
+    l:close()
   end)
 
   it("calls a service in another process: results, a version, the handler's error", function()

@@ -240,8 +240,10 @@ static void io_cb(struct ev_loop *loop, ev_io *w, int revents) {
     timer_cb(loop, (ev_timer *)(void *)w, revents);
 }
 
-/* ctx:io(fd, fn) -> watcher; fn(watcher) runs on the loop whenever fd is
- * readable, until watcher:stop().  For a REPL reading stdin, say. */
+/* ctx:io(fd, fn [, "w"]) -> watcher; fn(watcher) runs on the loop whenever
+ * fd is readable (with "w": writable), until watcher:stop().  For a REPL
+ * reading stdin, say, or the gateway waiting for a client's socket to take
+ * more. */
 static int l_io(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     double d = luaL_checknumber(L, 2);
@@ -258,8 +260,9 @@ static int l_io(lua_State *L) {
                           d, bound);
     int fd = (int)d;
     if (fcntl(fd, F_GETFD) < 0) return luaL_error(L, "ctx:on_readable: fd %d is not open", fd);
+    const char *mode = luaL_optstring(L, 4, "r");
     lb_timer *t = watcher_new(L, b, 3, 1);
-    ev_io_init(&t->io, io_cb, fd, EV_READ);
+    ev_io_init(&t->io, io_cb, fd, strcmp(mode, "w") == 0 ? EV_WRITE : EV_READ);
     ev_io_start(lei_ctx_loop(b->c), &t->io);
     return watcher_register(L, b, t);
 }

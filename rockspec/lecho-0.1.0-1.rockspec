@@ -38,6 +38,7 @@ build = {
     INST_LUADIR = "$(LUADIR)",
     INST_BINDIR = "$(BINDIR)",
     SO = "build/rock/core.so",
+    WS_SO = "build/rock/ws.so",   -- lecho.ws, the gateway's WebSocket module
     -- the C API where a C user looks: the tree's include/lecho.h,
     -- lib/liblecho.so and lib/pkgconfig/lecho.pc (doc/c-api.md; outside
     -- the rock's own directory, so `luarocks remove` leaves them).  A

@@ -277,11 +277,12 @@ describe("atmosphere demo (make demo), as processes", function()
     end
     assert.is_true(steered, out)
     assert.is_true(sum.children_stopped)
-    assert.are.equal(4, #sum.pids)
+    assert.are.equal(5, #sum.pids)   -- the simulation, three viewers, the gateway
     for _, pid in ipairs(sum.pids) do
       assert.is_false(os.execute(("kill -0 %d 2>/dev/null"):format(pid)) == 0, "process " .. pid .. " still exists")
     end
     assert.truthy(S.output(child):match("checks:"))
+    assert.truthy(S.output(child):match("live view: http://127%.0%.0%.1:%d+/"))
   end)
 end)
 

@@ -371,6 +371,20 @@ function Registry:tick(send, now)
   return true
 end
 
+-- reg:set_policy(pol, send, now): keyed mode: `pol` (a lecho.policy, or
+-- nil: none) replaces the policy, and every member of every channel here
+-- is checked against it again (membership.recheck): what it no longer
+-- grants is withdrawn now, not at the next join.  Never raises.
+function Registry:set_policy(pol, send, now)
+  if type(send) ~= "function" then return host_misuse(self, "set_policy: send must be a function") end
+  if type(now) ~= "number" then return host_misuse(self, "set_policy: now must be a number") end
+  self.policy = pol
+  local io = { send = send, now = now }
+  guarded(self, membership.recheck, self, io)
+  flush(self)
+  return true
+end
+
 -- reg:snapshot(): a fresh table (safe to keep or encode):
 --   { addr = <own addr>, role = "nameserver"|"manager",
 --     channels = {

@@ -24,6 +24,8 @@ local cjson = require "cjson"
 local socket = require "socket"
 local lecho = require "lecho"
 local S = require "spec.support"
+local R = require "spec.support.rogue"
+local keys = require "lecho.keys"
 
 local WAIT = 20
 
@@ -44,7 +46,7 @@ local ctx = assert(lecho.context{ nameserver = opts.ns, key = opts.key, trust = 
   log = function(m) io.stdout:write(("log %.3f %s\n"):format(socket.gettime(), m)) end })
 local ch = ctx:channel(opts.channel)
 if opts.role == "producer" then
-  local p, err = ch:producer{ grant = { "clock" } }
+  local p, err = ch:producer{ grant = opts.grant or { "clock" } }
   if not p then io.stdout:write("fail ", tostring(err), "\n") ctx:close() return end
   local i, seen = 0, nil
   ctx:every(0.02, function()
@@ -68,6 +70,7 @@ else
     end, { modulator = "function enqueue(ev) return ev.i end", capabilities = { "clock" },
            on_error = on_error })
     if not c then io.stdout:write("fail ", tostring(err), "\n") ctx:close() return end
+    io.stdout:write("key ", c.mod.key, "\n")
   end
   c, err = ch:consumer(function(ev)
     io.stdout:write(("ev %s %.3f\n"):format(tostring(ev.i), socket.gettime()))
@@ -226,5 +229,39 @@ describe("issue 23: a reloaded policy withdraws rights from the members that hol
     assert.is_true(last_event(cons) - at > 3.0, "the plain stream stopped too: " .. said(cons))
     local why = out(cons):match("err [%d.]+ ([^\n]+)\n")
     assert.truthy(why and why:find("not allowed: cons may not modulate with clock temp", 1, true), said(cons))
+  end)
+
+  -- (the outside attack: a principal the policy grants nothing, knowing
+  -- the modulator's key, fired the consumer's on_error with its own text)
+  it("takes mod_error only from a producer of the channel: not from a certified peer granted nothing", function()
+    policy{
+      { principal = "prod", channel = "*", allow = { "produce" } },
+      { principal = "cons", channel = "*", allow = { "consume", "modulate" }, caps = { "clock" } },
+    }
+    local c = nameserver()
+    local cons = child(c, { role = "consumer", who = "cons", mod = true })
+    local caddr = wait_out(c, cons, "ready ([^\n]+)\n")
+    assert(caddr, said(cons))
+    local key = out(cons):match("key (%x+)\n")
+    assert(key, said(cons))
+    -- mallory: a key the authority certified, a principal the policy names nowhere
+    local ca = assert(keys.read_secret(dir .. "/ca.key"))
+    local pk, sk = R.keypair()
+    local now = os.time()
+    local srv = assert(R.listen())
+    local p, err = R.dial(caddr, { addr = srv.addr, key = { pk = pk, sk = sk, name = "mallory",
+                                   cert = R.cert(ca.secret, "mallory", pk, now - 60, now + 3600) } })
+    assert(p, tostring(err))
+    p:ctrl{ op = "mod_error", ch = c.addr .. "/temp", key = key, err = "FORGED: call +1 555 0100",
+            producer = "127.0.0.1:1" }
+    S.run_until(c, function() return false end, 1.5)
+    p:close()
+    srv:close()
+    assert.is_nil(out(cons):find("FORGED", 1, true), "a forged mod_error fired on_error: " .. said(cons))
+    -- a real producer's report still comes, before it sent any event (its
+    -- modulator is refused at install: it does not grant the clock)
+    local prod = child(c, { role = "producer", who = "prod", grant = {} })
+    local why = wait_out(c, cons, "err [%d.]+ (modulator at [^\n]+)\n", 10)
+    assert.truthy(why and why:find("clock", 1, true), said(cons) .. said(prod))
   end)
 end)

@@ -386,9 +386,20 @@ function Context:_on_ctrl(from, msg, gen)
       ch:_stream_ended(msg.key, from, type(msg.ver) == "number" and msg.ver or -math.huge)
     end
   elseif op == "mod_error" then
+    -- believed only from a producer of the channel for this context: one
+    -- whose connection has the channel or the modulator's stream bound
+    -- here (keyed: a BIND with its manager's ticket, not expired; the
+    -- producer binds before it reports), else any peer that knows the key
+    -- could fire our on_error with its text
     local ch = self.byname[msg.ch]
     if ch and type(msg.key) == "string" then
-      ch:_tell_mod_error(msg.key, ("modulator at %s: %s"):format(from, tostring(msg.err)))
+      local st = ch.streams and ch.streams[msg.key]
+      if from == self.addr or self.c:peer_binds(from, ch.chid) or (st and self.c:peer_binds(from, st.chid)) then
+        ch:_tell_mod_error(msg.key, ("modulator at %s: %s"):format(from, tostring(msg.err):sub(1, 1000)))
+      else
+        self:_warn_limited("mod_error", ("ignoring a mod_error from %s: not a producer of '%s' here"
+                                         .. " (no channel bound)"):format(from, ch.name))
+      end
     end
   elseif op == "unreached" then
     -- a producer of a channel consumed here could not connect to us: told

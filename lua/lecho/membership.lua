@@ -95,16 +95,9 @@ local function keys_of(self, plain, mods)
   return any and keys or nil
 end
 
--- A channel's name up to the first '@' after its last '/': the channel a
--- derived stream "ns/name@key" comes from (producer tickets name it).
-local function base_of(name)
-  local slash = 0
-  for i = #name, 1, -1 do
-    if name:byte(i) == 47 then slash = i break end
-  end
-  local at = name:find("@", slash + 1, true)
-  return at and name:sub(1, at - 1) or name
-end
+-- A channel's base name: the channel a derived stream "ns/name@key" comes
+-- from (producer tickets name it); the protocol's rule, lecho.addr.base.
+local base_of = require("lecho.addr").base
 M.base_of = base_of
 
 -- u64 big-endian of integer n in [0, 2^53)

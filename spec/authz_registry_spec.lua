@@ -233,4 +233,26 @@ describe("issue 10: the registry enforces the policy in keyed mode", function()
     assert.are.same({ "warn: keyed mode without a policy: every trusted principal may produce, consume, "
                       .. "modulate, manage and list every channel (doc/security.md)" }, said)
   end)
+
+  -- (the outside attack of issue 23: `may` answered any principal about
+  -- anyone's rights: an oracle of the policy)
+  it("may: answers only about the asker's own process or its own rights", function()
+    local pol = assert(policy.new({ rules = {
+      { principal = "viewer-*", channel = "sim", allow = "stats" },
+    } }, "test"))
+    local _, w = world("nameserver", { policy = pol })
+    -- eve asks whether viewer-1 may read sim's counters: not hers to know
+    local r = w.ask(EVE, { op = "may", action = "stats", principal = "viewer-1", target = "sim" })
+    assert.are.same({ false, "refused" }, { r.ok, r.code })
+    assert.truthy(r.err:find("not allowed: eve may ask only about its own process or its own rights", 1, true), r.err)
+    assert.is_nil(r.allowed)
+    -- sim asks about a request it received (viewer-1 wants its counters)
+    r = w.ask(SIM, { op = "may", action = "stats", principal = "viewer-1", target = "sim" })
+    assert.are.same({ true, true }, { r.ok ~= false, r.allowed })
+    r = w.ask(SIM, { op = "may", action = "stats", principal = "eve", target = "sim" })
+    assert.are.same({ true, false }, { r.ok ~= false, r.allowed })
+    -- viewer-1 about its own rights
+    r = w.ask(VIEW, { op = "may", action = "stats", principal = "viewer-1", target = "sim" })
+    assert.is_true(r.allowed)
+  end)
 end)

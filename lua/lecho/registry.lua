@@ -4,7 +4,8 @@
 -- The host owns the sockets and the clock. It decodes a control message into
 -- a plain Lua table and calls `reg:handle(from, msg, send, now)`; it reports
 -- lost connections with `reg:peer_down(addr, send, now)` and calls
--- `reg:tick(send, now)` periodically (~0.1 s). Everything this module says to
+-- `reg:tick(send, now)` periodically (~0.1 s); keyed, a new policy comes with
+-- `reg:set_policy(pol, send, now)` (members checked again). Everything this module says to
 -- the world goes through `send(addr, msg)`. Addresses are "host:port" strings,
 -- one per process context. Nothing here raises on any input: bad messages get
 -- `ok=false` replies (or a log line when they cannot be answered).

@@ -197,8 +197,12 @@ local function publish_members(self, c, io)
   self.seq = self.seq + 1
   c.ver = self.seq
   for _, p in ipairs(sorted_keys(c.producers)) do
-    local ok, why = still(self, c, p, "produce")
-    if not ok then drop_producer(self, c, p, why, io) end
+    -- (checked once per policy: `checked` is the policy it was granted by)
+    local r = c.producers[p]
+    if r.checked ~= self.policy then
+      local ok, why = still(self, c, p, "produce")
+      if ok then r.checked = self.policy else drop_producer(self, c, p, why, io) end
+    end
   end
   for _, p in ipairs(sorted_keys(c.producers)) do
     self.mid = self.mid + 1
@@ -473,7 +477,7 @@ function ops.join(self, from, msg, io)
       p.count = p.count + 1
     else
       -- The reply carries the current list: that is this context's confirmation.
-      p = { count = 1, acked = c.ver }
+      p = { count = 1, acked = c.ver, checked = self.policy }   -- (authorize granted it)
       c.producers[from] = p
     end
     -- While the control plane recovers (`settle`, as for consumers), the

@@ -264,6 +264,10 @@ int lei_peer_expect_principal(lei_ctx *c, const char *addr, const char *name) {
 
 const uint8_t *lei_peer_key(const lei_peer *p) { return p->has_key ? p->key : NULL; }
 
+int lei_peer_binds(const lei_peer *p, uint32_t chid) {
+    return p && p->conn && lei_inmap_binds(p->conn, chid);
+}
+
 const char *lei_peer_principal(const lei_peer *p) { return p->has_key ? p->principal : NULL; }
 
 int lei_chan_set_manager_key(lei_ctx *c, uint32_t chid, const uint8_t pk[32]) {

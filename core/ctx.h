@@ -354,6 +354,16 @@ int lei_peer_expect_principal(lei_ctx *c, const char *addr, const char *name);
 /* The authenticated key (32 bytes) and principal of the peer's current or
  * last connection; NULL in protected mode or before one authenticated. */
 const uint8_t *lei_peer_key(const lei_peer *p);
+/* Has peer p's current connection bound channel chid here (its BIND taken:
+ * open here; keyed, with a ticket of the channel's manager for p's key, not
+ * expired)?  The word of a producer of chid about it (mod_error) is
+ * believed only then. */
+int lei_peer_binds(const lei_peer *p, uint32_t chid);
+/* Queues a BIND of channel chid to the peer at addr now (as its first
+ * event would; nothing when already bound): a producer that reports on the
+ * channel before it sent an event proves it may (mod_error).  -1 when the
+ * peer is not live or (keyed) we have no ticket for chid. */
+int lei_peer_bind(lei_ctx *c, const char *addr, uint32_t chid);
 const char *lei_peer_principal(const lei_peer *p);
 /* Consumer side: the channel manager's key, against which BIND tickets of
  * the channel (and its derived streams) are verified.  In keyed mode a BIND

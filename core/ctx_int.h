@@ -529,6 +529,9 @@ const struct lei_rname *lei_inmap_rname(const lei_conn *k, uint64_t idx);
 int lei_inmap_set_rname(lei_conn *k, uint64_t idx, uint32_t chid, const char *why);
 void lei_inmap_drop_rname(lei_conn *k, uint64_t idx);
 void lei_inmap_free(lei_conn *k);
+/* Does k have an index bound to channel chid (a BIND taken, keyed: its
+ * ticket not expired)?  Linear in the indexes k bound (max_peer_channels). */
+int lei_inmap_binds(const lei_conn *k, uint32_t chid);
 /* chan.c: the channel of that name, or NULL (never created) */
 lei_chan *lei_chan_find(lei_ctx *c, const char *name, size_t len);
 /* auth.c */

@@ -114,6 +114,15 @@ int lei_inmap_set_rname(lei_conn *k, uint64_t idx, uint32_t chid, const char *wh
     return 0;
 }
 
+int lei_inmap_binds(const lei_conn *k, uint32_t chid) {
+    uint32_t want = chid + 1;
+    for (size_t i = 0; i < k->ninmap; i++)
+        if (k->inmap[i] == want) return 1;
+    for (size_t i = 0; i < k->hcap; i++)
+        if (k->hmap[i].idx && k->hmap[i].val == want) return 1;
+    return 0;
+}
+
 void lei_inmap_free(lei_conn *k) {
     if (k->ctx) k->ctx->nbound_all -= k->nbound;
     k->nbound = 0;

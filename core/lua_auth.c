@@ -213,6 +213,24 @@ static int l_peer_identity(lua_State *L) {
     return 2;
 }
 
+/* ctx:peer_binds(addr, chid) -> bool: the peer's connection has chid
+ * bound here (lei_peer_binds) */
+static int l_peer_binds(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    lei_peer *p = lei_peer_get(b->c, luaL_checkstring(L, 2), 0);
+    lua_pushboolean(L, lei_peer_binds(p, (uint32_t)luaL_checkinteger(L, 3)));
+    return 1;
+}
+
+/* ctx:bind_at(chid, addr) -> bool: a BIND of chid queued for addr now
+ * (lei_peer_bind) */
+static int l_bind_at(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    uint32_t chid = lb_check_chan(L, b, 2);
+    lua_pushboolean(L, lei_peer_bind(b->c, luaL_checkstring(L, 3), chid) == 0);
+    return 1;
+}
+
 /* ctx:chan_manager_key(chid, pk) */
 static int l_chan_manager_key(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
@@ -231,6 +249,8 @@ static int l_chan_ticket(lua_State *L) {
 
 const luaL_Reg lb_auth_methods[] = {
     {"set_identity", l_set_identity},
+    {"peer_binds", l_peer_binds},
+    {"bind_at", l_bind_at},
     {"trust_key", l_trust_key},
     {"trust_authority", l_trust_authority},
     {"set_revoked", l_set_revoked},

@@ -460,6 +460,34 @@ void lei_peer_flush(lei_peer *p) {
 
 
 
+/* Queues a BIND of ch for p unless p has it bound already (v2: with our
+ * ticket for the channel when we have one).  -1: out of memory. */
+static int queue_bind(lei_ctx *c, lei_peer *p, lei_chan *ch) {
+    if (ch->id >= p->nbound) ensure_bound(p, ch->id);
+    if (ch->id < p->nbound && !p->bound[ch->id]) {
+        uint8_t *b = malloc(LEI_FRAME_HDR + 20 + ch->namelen + LEI_BIND_MAX_EXTRA); /* freed below */
+        if (!b) return -1;
+        size_t n = lei_frame_bind(b, ch->id, ch->name, ch->namelen,
+                                  c->id.keyed ? lei_chan_ticket_for(c, ch) : NULL);
+        lei_qitem *bi = lei_item_bytes(b, LEI_FRAME_HDR, b + LEI_FRAME_HDR, n - LEI_FRAME_HDR);
+        free(b);
+        if (!bi) return -1;
+        lei_q_push(&p->q, bi);
+        p->bound[ch->id] = 1;
+    }
+    return 0;
+}
+
+int lei_peer_bind(lei_ctx *c, const char *addr, uint32_t chid) {
+    lei_chan *ch = lei_chan_get(c, chid);
+    lei_peer *p = ch ? lei_peer_get(c, addr, 1) : NULL; /* (peers own p, as for a CTRL) */
+    if (!p || (!lei_peer_live(p) && (peer_want(p), !lei_peer_live(p)))) return -1;
+    if (c->id.keyed && !lei_chan_ticket_for(c, ch)) return -1; /* refused there: keep the first event's */
+    if (queue_bind(c, p, ch)) return -1;
+    lei_defer_flush(c, p);
+    return 0;
+}
+
 void lei_peer_enqueue(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr, size_t hlen,
                       lei_msg *msg, uint64_t sync, int policy) {
     if (!lei_peer_live(p) && (peer_want(p), !lei_peer_live(p))) {
@@ -491,19 +519,7 @@ void lei_peer_enqueue(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr,
             return;
         }
     }
-    if (ch->id >= p->nbound) ensure_bound(p, ch->id);
-    if (ch->id < p->nbound && !p->bound[ch->id]) {
-        /* BIND (v2: with our ticket for the channel when we have one). */
-        uint8_t *b = malloc(LEI_FRAME_HDR + 20 + ch->namelen + LEI_BIND_MAX_EXTRA); /* freed below */
-        if (!b) return;
-        size_t n = lei_frame_bind(b, ch->id, ch->name, ch->namelen,
-                                  c->id.keyed ? lei_chan_ticket_for(c, ch) : NULL);
-        lei_qitem *bi = lei_item_bytes(b, LEI_FRAME_HDR, b + LEI_FRAME_HDR, n - LEI_FRAME_HDR);
-        free(b);
-        if (!bi) return;
-        lei_q_push(&p->q, bi);
-        p->bound[ch->id] = 1;
-    }
+    if (queue_bind(c, p, ch)) return;
     lei_qitem *it;
     if (!sync && msg->total <= SMALL_EVENT && msg->next == 0) {
         it = batch_event(p, ch->id, hdr, hlen, msg);

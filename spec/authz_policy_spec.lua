@@ -54,6 +54,35 @@ describe("lecho.policy", function()
     assert.are.equal("plain", policy.base_name("plain"))
   end)
 
+  -- (the outside attack of issue 23 read "NS/public@x/secret" as a derived
+  -- stream of "public": by the protocol's rule it is a base channel of its
+  -- own, "public@x/secret"; one function gives that rule to the policy,
+  -- the manager's tickets and, in C, lei_base_len)
+  it("uses the protocol's base name, one function for the policy and the manager's tickets", function()
+    local addr, membership = require "lecho.addr", require "lecho.membership"
+    local cases = {
+      ["127.0.0.1:7700/public@x/secret"] = "127.0.0.1:7700/public@x/secret",
+      ["127.0.0.1:7700/public@x/secret@k1"] = "127.0.0.1:7700/public@x/secret",
+      ["127.0.0.1:7700/public@k1"] = "127.0.0.1:7700/public",
+      ["127.0.0.1:7700/a/b@k@j"] = "127.0.0.1:7700/a/b",
+      ["unix:/run/l.sock//feed@k"] = "unix:/run/l.sock//feed",
+    }
+    for full, base in pairs(cases) do
+      assert.are.equal(base, addr.base(full), full)
+      assert.are.equal(base, membership.base_of(full), full)
+      assert.are.equal(select(2, addr.split(base)), policy.base_name(full), full)
+    end
+    assert.are.equal(addr.base, membership.base_of)
+    -- a rule for "public" (and its derived streams) grants nothing on
+    -- "public@x/secret"; a glob "public*" does: `*` matches any bytes, '/'
+    -- and '@' included (doc/security.md)
+    local p = assert(policy.new{ rules = { { principal = "v", channel = "public", allow = "consume" } } })
+    assert.is_true(p:check("v", "consume", "127.0.0.1:7700/public@k1"))
+    assert.is_nil(p:check("v", "consume", "127.0.0.1:7700/public@x/secret"))
+    p = assert(policy.new{ rules = { { principal = "v", channel = "public*", allow = "consume" } } })
+    assert.is_true(p:check("v", "consume", "127.0.0.1:7700/public@x/secret"))
+  end)
+
   it("loads a Lua policy and grants only what its rules say", function()
     local p = assert(policy.load(file(RULES)))
     assert.is_true(p:check("sim", "produce", "127.0.0.1:7700/atmos/ozone"))

@@ -233,4 +233,51 @@ describe("issue 10: the registry enforces the policy in keyed mode", function()
     assert.are.same({ "warn: keyed mode without a policy: every trusted principal may produce, consume, "
                       .. "modulate, manage and list every channel (doc/security.md)" }, said)
   end)
+
+  -- (the outside attack of issue 23: `may` answered any principal about
+  -- anyone's rights: an oracle of the policy)
+  it("may: answers only about the asker's own process or its own rights", function()
+    local pol = assert(policy.new({ rules = {
+      { principal = "viewer-*", channel = "sim", allow = "stats" },
+    } }, "test"))
+    local _, w = world("nameserver", { policy = pol })
+    -- eve asks whether viewer-1 may read sim's counters: not hers to know
+    local r = w.ask(EVE, { op = "may", action = "stats", principal = "viewer-1", target = "sim" })
+    assert.are.same({ false, "refused" }, { r.ok, r.code })
+    assert.truthy(r.err:find("not allowed: eve may ask only about its own process or its own rights", 1, true), r.err)
+    assert.is_nil(r.allowed)
+    -- sim asks about a request it received (viewer-1 wants its counters)
+    r = w.ask(SIM, { op = "may", action = "stats", principal = "viewer-1", target = "sim" })
+    assert.are.same({ true, true }, { r.ok ~= false, r.allowed })
+    r = w.ask(SIM, { op = "may", action = "stats", principal = "eve", target = "sim" })
+    assert.are.same({ true, false }, { r.ok ~= false, r.allowed })
+    -- viewer-1 about its own rights
+    r = w.ask(VIEW, { op = "may", action = "stats", principal = "viewer-1", target = "sim" })
+    assert.is_true(r.allowed)
+  end)
+
+  -- (the outside attack of issue 23: a producer whose produce a reload
+  -- withdrew kept receiving member lists: new consumers' addresses, keys,
+  -- modulator sources and params)
+  it("never sends a member list to a producer whose produce is withdrawn; set_policy drops it and tells it", function()
+    local no_sim = assert(policy.new({ rules = { POLICY:table().rules[2] } }, "test"))
+    -- the policy replaced behind the registry's back: the next list still skips sim
+    local reg, w = world()
+    assert.is_true(w.ask(SIM, { op = "join", ch = CH, role = "producer" }).ok ~= false)
+    reg.policy = no_sim
+    w.ask(VIEW, { op = "join", ch = CH, role = "consumer", subs = { mods = { k1 = { src = "SECRET SOURCE",
+      params = { token = "T0K3N" }, caps = { "clock" } } } } })
+    assert.are.same({}, w.members(SIM))
+    assert.is_nil(reg:snapshot().channels[CH].producers[SIM])
+    -- set_policy: checked at once; sim told why
+    local reg2, w2 = world()
+    assert.is_true(w2.ask(SIM, { op = "join", ch = CH, role = "producer" }).ok ~= false)
+    local sent = {}
+    assert.is_true(reg2:set_policy(no_sim, function(to, msg) sent[#sent + 1] = { to = to, msg = msg } end, 1))
+    assert.are.equal(1, #sent)
+    assert.are.same({ SIM, "revoked", "producer", "not allowed: sim may not produce atmos/ozone" },
+                    { sent[1].to, sent[1].msg.op, sent[1].msg.role, sent[1].msg.err })
+    local e = reg2:snapshot().channels[CH]
+    assert.is_nil(e.producers and e.producers[SIM])
+  end)
 end)

@@ -163,6 +163,21 @@ function M.split(ref, default_ns)
   return ns, name
 end
 
+--- A channel's base name (doc/protocol.md section 1): its full name up to
+-- (not including) the first '@' after its last '/'; the whole name when
+-- there is none.  The one rule of the protocol (core/auth.c lei_base_len:
+-- tickets name it), the manager (tickets) and the policy (what its rules
+-- match) use: "NS/a/b@k" -> "NS/a/b", "NS/public@x/secret" -> itself (its
+-- '@' is not after the last '/': no derived stream).
+function M.base(name)
+  local slash = 0
+  for i = #name, 1, -1 do
+    if name:byte(i) == 47 then slash = i break end
+  end
+  local at = name:find("@", slash + 1, true)
+  return at and name:sub(1, at - 1) or name
+end
+
 --- The full reference of channel name of name server ns (canonical).
 function M.join(ns, name)
   return ns .. (ns:sub(1, 5) == "unix:" and "//" or "/") .. name

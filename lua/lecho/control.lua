@@ -386,9 +386,20 @@ function Context:_on_ctrl(from, msg, gen)
       ch:_stream_ended(msg.key, from, type(msg.ver) == "number" and msg.ver or -math.huge)
     end
   elseif op == "mod_error" then
+    -- believed only from a producer of the channel for this context: one
+    -- whose connection has the channel or the modulator's stream bound
+    -- here (keyed: a BIND with its manager's ticket, not expired; the
+    -- producer binds before it reports), else any peer that knows the key
+    -- could fire our on_error with its text
     local ch = self.byname[msg.ch]
     if ch and type(msg.key) == "string" then
-      ch:_tell_mod_error(msg.key, ("modulator at %s: %s"):format(from, tostring(msg.err)))
+      local st = ch.streams and ch.streams[msg.key]
+      if from == self.addr or self.c:peer_binds(from, ch.chid) or (st and self.c:peer_binds(from, st.chid)) then
+        ch:_tell_mod_error(msg.key, ("modulator at %s: %s"):format(from, tostring(msg.err):sub(1, 1000)))
+      else
+        self:_warn_limited("mod_error", ("ignoring a mod_error from %s: not a producer of '%s' here"
+                                         .. " (no channel bound)"):format(from, ch.name))
+      end
     end
   elseif op == "unreached" then
     -- a producer of a channel consumed here could not connect to us: told
@@ -401,6 +412,11 @@ function Context:_on_ctrl(from, msg, gen)
          .. "the scripts' --advertise; listen = \"0.0.0.0:0\" or --listen to listen on it)")
           :format(ch.name, msg.producer:sub(1, 300), self.addr, tostring(msg.err):sub(1, 200)))
     end
+  elseif op == "revoked" then
+    -- the channel's manager withdrew this context's membership (a reloaded
+    -- policy no longer grants it): believed from that manager only
+    local ch = type(msg.ch) == "string" and self.byname[msg.ch]
+    if ch and ch.manager ~= nil and ch.manager == from then ch:_revoked(msg) end
   elseif op == "revocations" then
     -- keyed: a name server's revocation lists (checked there: who sent
     -- them, who signed them, newer only; lecho.trustwatch)
@@ -436,7 +452,8 @@ function Context:_registered(r)
     self.log(err .. "; every request is refused until it registers again")
     pol = policy.new({ rules = {} })
   end
-  self.reg.policy = pol
+  -- the members of the channels managed here are checked against it again
+  self.reg:set_policy(pol, self._send, now(self))
 end
 
 -- A dial to `addr` failed (connect: refused, no route, timed out): for
@@ -658,6 +675,36 @@ function Channel:_join(role)
     self:_check_reach(r.producers)
   end
   return r
+end
+
+-- The manager says this context may no longer be a `msg.role` of the
+-- channel (or, msg.key, that one modulator is no longer granted): told to
+-- the endpoints concerned (their on_error; else the log).  A producer
+-- stops sending at once (an empty list; the manager sends none again).
+local MAX_WHY = 300
+function Channel:_revoked(msg)
+  local why = ("'%s': %s (manager %s)"):format(self.name,
+    type(msg.err) == "string" and msg.err:sub(1, MAX_WHY) or "membership withdrawn", self.manager)
+  local ctx = self.ctx
+  if msg.role == "producer" then
+    if self.nprod > 0 then
+      ctx.log("producer on " .. why, "warn")
+      self:_apply_members({}, nil)
+    end
+    return
+  end
+  if msg.role ~= "consumer" then return end
+  if type(msg.key) == "string" then return self:_tell_mod_error(msg.key, why) end
+  for _, con in ipairs({ unpack(self.all) }) do
+    if not con.closed then
+      if con.on_error then
+        local ok, err = pcall(con.on_error, why)
+        if not ok then ctx.log("on_error handler failed: " .. tostring(err)) end
+      else
+        ctx.log(("consumer %s on %s"):format(tostring(con.id), why), "warn")
+      end
+    end
+  end
 end
 
 function Channel:_leave(role)

@@ -95,16 +95,9 @@ local function keys_of(self, plain, mods)
   return any and keys or nil
 end
 
--- A channel's name up to the first '@' after its last '/': the channel a
--- derived stream "ns/name@key" comes from (producer tickets name it).
-local function base_of(name)
-  local slash = 0
-  for i = #name, 1, -1 do
-    if name:byte(i) == 47 then slash = i break end
-  end
-  local at = name:find("@", slash + 1, true)
-  return at and name:sub(1, at - 1) or name
-end
+-- A channel's base name: the channel a derived stream "ns/name@key" comes
+-- from (producer tickets name it); the protocol's rule, lecho.addr.base.
+local base_of = require("lecho.addr").base
 M.base_of = base_of
 
 -- u64 big-endian of integer n in [0, 2^53)
@@ -171,10 +164,46 @@ function M.renew_tickets(self, io)
   end
 end
 
--- The consumer set changed: new version, `members` to every producing context.
+-- Keyed mode, after a policy change (a reload): is `addr` still granted
+-- `action` on c (a context with no authenticated identity now is left to
+-- peer_down: its connection is gone, not its rights)?  true, or nil, why.
+local function still(self, c, addr, action, caps)
+  if not (self.identity and self.policy) or addr == self.addr then return true end
+  if self.identity(addr) == nil then return true end
+  return allowed(self, addr, action, c.name, caps)
+end
+
+-- Drops producing context `addr` from c: its produce was withdrawn.  No
+-- member list (consumers' addresses, keys, modulator sources and params)
+-- goes to it any more; it is told why (`revoked`); its ticket is not
+-- renewed and runs out within ticket_ttl.
+local function drop_producer(self, c, addr, why, io)
+  c.producers[addr] = nil
+  if c.pwaits then
+    local keep = {}
+    for _, w in ipairs(c.pwaits) do
+      if w.from == addr then fail(self, io, addr, w.rid, why, { code = "refused" }) else keep[#keep + 1] = w end
+    end
+    c.pwaits = keep[1] and keep or nil
+  end
+  self.log("warn", ("producer %s dropped from '%s': %s"):format(addr, c.name, tostring(why)))
+  emit(self, io, addr, { op = "revoked", ch = c.name, role = "producer", err = why })
+end
+
+-- The consumer set changed: new version, `members` to every producing
+-- context still granted produce (one whose produce a reloaded policy
+-- withdrew is dropped, never sent the list).
 local function publish_members(self, c, io)
   self.seq = self.seq + 1
   c.ver = self.seq
+  for _, p in ipairs(sorted_keys(c.producers)) do
+    -- (checked once per policy: `checked` is the policy it was granted by)
+    local r = c.producers[p]
+    if r.checked ~= self.policy then
+      local ok, why = still(self, c, p, "produce")
+      if ok then r.checked = self.policy else drop_producer(self, c, p, why, io) end
+    end
+  end
   for _, p in ipairs(sorted_keys(c.producers)) do
     self.mid = self.mid + 1
     local plain, mods, svc = members_of(c)
@@ -218,8 +247,14 @@ local function answer(self, io, c, w, late)
                                    errors = wait_errors(c, w), producers = sorted_keys(c.producers) })
 end
 
--- Answers a producer's join with the current member list (its confirmation).
+-- Answers a producer's join with the current member list (its confirmation);
+-- refused instead to one whose produce a reloaded policy withdrew meanwhile.
 local function answer_producer(self, io, c, to, rid, p)
+  local ok, why = still(self, c, to, "produce")
+  if not ok then
+    if c.producers[to] == p then c.producers[to] = nil end
+    return fail(self, io, to, rid, why, { code = "refused" })
+  end
   local plain, mods, svc = members_of(c)
   reply(self, io, to, rid, { consumers = plain, mods = mods, svc = svc, keys = keys_of(self, plain, mods),
                              ver = c.ver, count = p.count, ticket = ticket_for(self, c, to) })
@@ -442,7 +477,7 @@ function ops.join(self, from, msg, io)
       p.count = p.count + 1
     else
       -- The reply carries the current list: that is this context's confirmation.
-      p = { count = 1, acked = c.ver }
+      p = { count = 1, acked = c.ver, checked = self.policy }   -- (authorize granted it)
       c.producers[from] = p
     end
     -- While the control plane recovers (`settle`, as for consumers), the
@@ -597,6 +632,57 @@ function ops.members_ok(self, from, msg, io)
   end
 end
 
+-- The policy changed (a reload on the name server, or the one it handed
+-- this manager): every member of every channel here is checked again.  A
+-- producing context no longer granted produce is dropped at once
+-- (drop_producer); a consumer context no longer granted consume is removed
+-- from the member lists, and so is each modulator whose caps are no longer
+-- granted (the consumer context keeps the rest); the producers stop
+-- sending to it at the next version, published now; it is told why
+-- (`revoked`: its consumers' on_error).  Its joins still waiting are
+-- refused.
+function M.recheck(self, io)
+  if not (self.identity and self.policy) then return end
+  for _, name in ipairs(sorted_keys(self.channels)) do
+    local c = self.channels[name]
+    for _, p in ipairs(sorted_keys(c.producers)) do
+      local ok, why = still(self, c, p, "produce")
+      if not ok then drop_producer(self, c, p, why, io) end
+    end
+    local changed = false
+    for _, a in ipairs(sorted_keys(c.consumers)) do
+      local r = c.consumers[a]
+      local ok, why = still(self, c, a, "consume")
+      if not ok then
+        c.consumers[a] = nil
+        c.nconsumers = c.nconsumers - 1
+        changed = true
+        local keep = {}
+        for _, w in ipairs(c.waits) do
+          if w.from == a then fail(self, io, a, w.rid, why, { code = "refused" }) else keep[#keep + 1] = w end
+        end
+        c.waits = keep
+        self.log("warn", ("consumer %s removed from '%s': %s"):format(a, c.name, tostring(why)))
+        emit(self, io, a, { op = "revoked", ch = c.name, role = "consumer", err = why })
+      elseif r.subs and r.subs.mods then
+        for _, k in ipairs(sorted_keys(r.subs.mods)) do
+          local m = r.subs.mods[k]
+          local mok, mwhy = still(self, c, a, "modulate", type(m.caps) == "table" and m.caps or nil)
+          if not mok then
+            r.subs.mods[k] = nil
+            changed = true
+            self.log("warn", ("modulator %s of %s removed from '%s': %s"):format(k:sub(1, 8), a, c.name,
+                                                                                 tostring(mwhy)))
+            emit(self, io, a, { op = "revoked", ch = c.name, role = "consumer", key = k, err = mwhy })
+          end
+        end
+      end
+    end
+    if changed then publish_members(self, c, io) end
+    check_waits(self, c, io)
+    maybe_drop(self, c, io.now)
+  end
+end
 
 M.members_of, M.publish_members, M.check_waits, M.maybe_drop, M.answer_producer =
   members_of, publish_members, check_waits, maybe_drop, answer_producer

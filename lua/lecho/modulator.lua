@@ -325,6 +325,9 @@ function Channel:_refuse(key, err, dests, kind)
   ctx:_warn_limited("modulator " .. (kind or "refused"),
                     ("modulator %s on '%s' not running here: %s"):format(key, self.short, err))
   for _, a in ipairs(dests or {}) do
+    -- a consumer believes it only from a producer with the channel bound
+    -- there (control.lua): bound now if no event did yet
+    if a ~= ctx.addr then ctx.c:bind_at(self.chid, a) end
     ctx:_send_ctrl(a, { op = "mod_error", ch = self.name, key = key, err = err, producer = ctx.addr })
   end
 end

@@ -57,16 +57,13 @@ local function glob(p, s)
 end
 M.glob = glob
 
--- A channel's name as rules see it: without the name server, without "@key".
+-- A channel's name as rules see it: its base name (the protocol's rule,
+-- lecho.addr.base: up to the first '@' after the last '/') without the
+-- name server.  A short name (no name server) is taken as it is.
 function M.base_name(ch)
-  local ns, short = address.split(ch)
-  if ns == nil then short = ch end
-  local slash = 0
-  for i = #short, 1, -1 do
-    if short:byte(i) == 47 then slash = i break end
-  end
-  local at = short:find("@", slash + 1, true)
-  if at then short = short:sub(1, at - 1) end
+  local base = address.base(ch)
+  local ns, short = address.split(base)
+  if ns == nil then short = base end
   return short
 end
 

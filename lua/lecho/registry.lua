@@ -4,7 +4,8 @@
 -- The host owns the sockets and the clock. It decodes a control message into
 -- a plain Lua table and calls `reg:handle(from, msg, send, now)`; it reports
 -- lost connections with `reg:peer_down(addr, send, now)` and calls
--- `reg:tick(send, now)` periodically (~0.1 s). Everything this module says to
+-- `reg:tick(send, now)` periodically (~0.1 s); keyed, a new policy comes with
+-- `reg:set_policy(pol, send, now)` (members checked again). Everything this module says to
 -- the world goes through `send(addr, msg)`. Addresses are "host:port" strings,
 -- one per process context. Nothing here raises on any input: bad messages get
 -- `ok=false` replies (or a log line when they cannot be answered).
@@ -367,6 +368,20 @@ function Registry:tick(send, now)
       if not c.pwaits and (#c.waits == 0 or self.channels[c.name] ~= c) then self.due[c] = nil end
     end
   end)
+  flush(self)
+  return true
+end
+
+-- reg:set_policy(pol, send, now): keyed mode: `pol` (a lecho.policy, or
+-- nil: none) replaces the policy, and every member of every channel here
+-- is checked against it again (membership.recheck): what it no longer
+-- grants is withdrawn now, not at the next join.  Never raises.
+function Registry:set_policy(pol, send, now)
+  if type(send) ~= "function" then return host_misuse(self, "set_policy: send must be a function") end
+  if type(now) ~= "number" then return host_misuse(self, "set_policy: now must be a number") end
+  self.policy = pol
+  local io = { send = send, now = now }
+  guarded(self, membership.recheck, self, io)
   flush(self)
   return true
 end

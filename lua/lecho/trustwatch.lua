@@ -169,8 +169,9 @@ function M.reload(ctx, w)
       ok, why = nil, err
       ctx.log(("policy not reloaded: %s (the one before stays)"):format(err))
     else
-      ctx.reg.policy = pol
       ctx.log(("policy reloaded from %s"):format(w.policy_path))
+      -- what it no longer grants is withdrawn from the members here now
+      ctx.reg:set_policy(pol, ctx._send, ctx.c:now())
       -- the managers registered here enforce it too: told now (as in the
       -- reply to their register_manager)
       for addr in pairs(ctx.reg.managers or {}) do

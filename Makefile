@@ -118,19 +118,22 @@ help:
 
 # Prints what it checks, what is missing and what it installs, or "all present".
 APT ?= apt-get
+# the target that runs the check, so its lines say what the user ran
+# (run-deps and bench-deps set it on their command line)
+DEPS_LABEL = make deps
 deps:
-	@echo "make deps: checking $(words $(DEPS)) Debian packages: $(foreach d,$(DEPS),$(lastword $(subst :, ,$(d))))"; \
+	@echo "$(DEPS_LABEL): checking $(words $(DEPS)) Debian packages: $(foreach d,$(DEPS),$(lastword $(subst :, ,$(d))))"; \
 	missing=""; for d in $(DEPS); do f=$${d%%:*}; p=$${d##*:}; \
-	  if [ ! -e $$f ]; then echo "make deps: $$p missing (no $$f)"; missing="$$missing $$p"; fi; done; \
-	if [ -z "$$missing" ]; then echo "make deps: all present"; exit 0; fi; \
-	if [ "$$(id -u)" != 0 ]; then echo "make deps: need root to apt-get install$$missing" >&2; exit 1; fi; \
-	echo "make deps: installing$$missing ($(APT) update, $(APT) install)"; \
+	  if [ ! -e $$f ]; then echo "$(DEPS_LABEL): $$p missing (no $$f)"; missing="$$missing $$p"; fi; done; \
+	if [ -z "$$missing" ]; then echo "$(DEPS_LABEL): all present"; exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then echo "$(DEPS_LABEL): need root to apt-get install$$missing" >&2; exit 1; fi; \
+	echo "$(DEPS_LABEL): installing$$missing ($(APT) update, $(APT) install)"; \
 	$(APT) update -qq && DEBIAN_FRONTEND=noninteractive $(APT) install -y -qq $$missing && \
-	echo "make deps: installed$$missing"
+	echo "$(DEPS_LABEL): installed$$missing"
 
 # The same check for make bench's own list (BENCH_DEPS).
 bench-deps:
-	@$(MAKE) --no-print-directory deps DEPS="$(BENCH_DEPS)"
+	@$(MAKE) --no-print-directory deps DEPS="$(BENCH_DEPS)" DEPS_LABEL="make bench-deps"
 
 build:
 	@mkdir -p build
@@ -320,7 +323,7 @@ demo: run-deps all
 	$(SPEC_ENV) $(LUAJIT) examples/atmosphere/run.lua
 
 run-deps:
-	@$(MAKE) --no-print-directory deps DEPS="$(RUN_DEPS)"
+	@$(MAKE) --no-print-directory deps DEPS="$(RUN_DEPS)" DEPS_LABEL="make run-deps"
 
 # For running one's own script from a checkout: eval "$(make -s env)", then
 # luajit my.lua (after make).  The same paths the specs and demos use.

@@ -92,6 +92,17 @@ describe("the rockspec", function()
     assert.are.equal("tree\n", S.output(child))
   end)
 
+  -- Issue 25: LuaRocks' wrapper runs `luajit -e 'LOADER' .../bin/lecho`;
+  -- the bench's child process is started with that same command line.
+  it("serves `lecho bench` from the installed tree (its consumer child started through the wrapper)", function()
+    local wrapper = assert(S.read(tree .. "/bin/lecho"), "no bin/lecho")
+    local _, ns = S.nameserver("--quiet")
+    local ok, out = S.sh(("cd %s && %s %s/bin/lecho bench --count 200 --rtt 10 --for 20 --json --nameserver %s")
+      :format(S.sh_quote(S.tmpdir()), env(), tree, ns))
+    assert.is_true(ok, out .. "\n(bin/lecho: " .. wrapper .. ")")
+    assert.matches('"events":200', out)
+  end)
+
   it("serves lecho-keygen from the installed tree (its core signs the certificate)", function()
     local dir = S.tmpname("keys")
     os.execute("mkdir -p " .. S.sh_quote(dir))

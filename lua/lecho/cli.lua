@@ -766,10 +766,24 @@ end
 
 local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
+-- This process's command line up to its script: the interpreter is arg's
+-- lowest index, and what lies between it and the script (arg[0]) are its
+-- options, passed along: LuaRocks' wrapper runs `luajit -e 'LOADER' SCRIPT`,
+-- whose -e chunk sets the paths the child needs too.
 local function self_command()
-  local exe = arg and arg[-1] or "luajit"
-  local script = arg and arg[0] or "lecho"
-  return q(exe) .. " " .. q(script)
+  if not arg or not arg[0] then return "luajit lecho" end
+  local lo = 0
+  while arg[lo - 1] ~= nil do lo = lo - 1 end
+  local words = {}
+  if lo == 0 then   -- no interpreter in arg (an embedding host): the running executable
+    local ffi = require "ffi"
+    pcall(ffi.cdef, "long readlink(const char *, char *, size_t);")
+    local buf = ffi.new("char[4096]")
+    local n = tonumber(ffi.C.readlink("/proc/self/exe", buf, 4096))
+    words[1] = q(n > 0 and ffi.string(buf, n) or "luajit")
+  end
+  for i = lo, 0 do words[#words + 1] = q(arg[i]) end
+  return table.concat(words, " ")
 end
 
 function cmds.bench(opts)

@@ -67,6 +67,7 @@ USAGE.sub = [[
 usage: lecho sub CHANNEL [--modulator FILE] [--params LUA] [--json] [--count N] [--for SECONDS]
 
 Prints each event of CHANNEL as it comes, one line each, until Ctrl-C (exit 130).
+Says on stderr at once when CHANNEL has no producer yet (a misspelt name?), and waits.
   --modulator FILE   run this modulator at the producers (doc/modulators.md)
   --params LUA       its parameters, a Lua table literal ('{ stride = 4 }')
   --json             one JSON object per event: {"channel", "producer", "seq", "value"}
@@ -80,7 +81,8 @@ usage: lecho pub CHANNEL VALUE [--sync] [--json]
 
 Submits VALUE, a Lua literal ('42', '"text"', '{ x = 1, tags = { "a" } }'),
 or, with -, every line of stdin as a JSON value (blank lines skipped), in
-order.  Waits for the channel's consumers to be known first, and on exit
+order.  Waits for the channel's consumers to be known first (none within
+--wait: says "no consumer of CHANNEL", sends nothing, exits 1), and on exit
 delivers what was queued (the context's linger).
   --string           VALUE is a plain string, not a Lua literal
   --sync             wait until every consumer handled each event (p:submit_sync);
@@ -379,6 +381,17 @@ function cmds.sub(opts, pos)
     io.stderr:write("lecho sub: ", server.message(ok and cerr or con), "\n")
     finish(ctx, ok and code_exit(ccode) or EXIT.failed)
   end
+  -- a misspelt name makes a new, empty channel: said at once (as the REPL's
+  -- sub does), and the wait goes on (its producer may be yet to start)
+  local chans = ctx:list()
+  local info = chans and chans[ch.name]
+  if info and not info.producers and info.manager and info.manager ~= ctx.ns then
+    local m = ctx:list(info.manager)
+    info = m and m[ch.name] or info
+  end
+  if chans and not (info and next(info.producers or {})) then
+    io.stderr:write(("lecho sub: no producer on '%s' yet (lecho ls lists the channels); waiting\n"):format(name))
+  end
   on_signals(ctx, function(s) code = signal_exit(s); ctx:stop() end)
   if opts.duration then
     ctx:after(opts.duration, function()
@@ -483,7 +496,14 @@ function cmds.pub(opts, pos)
     finish(ctx, okp and code_exit(pcode) or EXIT.failed)
   end
   on_signals(ctx, function(s) interrupted = s end)
-  wait_consumers(ctx, ch, opts.wait == nil and 2 or opts.wait)
+  local wait = opts.wait == nil and 2 or opts.wait
+  if wait_consumers(ctx, ch, wait) == false and not opts.sync and not interrupted then
+    -- (--sync says it per event: submit_sync fails with noconsumer)
+    io.stderr:write(("lecho pub: no consumer of %s within %g s: nothing delivered\n"):format(name, wait))
+    p:close()
+    ctx:close()
+    finish(nil, EXIT.failed)
+  end
   local n, code = 0, EXIT.ok
   for item in values do
     if interrupted then break end

@@ -200,6 +200,36 @@ describe("lecho, the command-line tool", function()
     assert.are.equal(100, ok + busy)
   end)
 
+  -- Issue 25 (review): a modulator's stream (NAME@KEY) is longer than the column was
+  it("stats' tables stay aligned with long channel names and peer addresses", function()
+    local cli = require "lecho.cli"
+    local row = { events_in = 1, events_out = 2, events_local = 0, drops = 0, producers = 1, consumers = 0 }
+    local s = { addr = "127.0.0.1:7700", role = "context", pid = 1, peers = {
+                  ["127.0.0.1:4000"] = { connected = true },
+                  ["[fd00:1234:5678:9abc::1]:40000"] = { connected = false, last_error = "gone" } },
+                channels = { ["127.0.0.1:7700/a"] = row,
+                             ["127.0.0.1:7700/atmosphere.field@2c0e2aef4cad5d9b"] = row } }
+    local out = {}
+    local write = io.write
+    io.write = function(...) for _, v in ipairs{ ... } do out[#out + 1] = v end end
+    local ok, err = pcall(cli.print_stats, s)
+    io.write = write
+    assert(ok, err)
+    local text = table.concat(out)
+    for _, head in ipairs{ "PEER", "CHANNEL" } do
+      local lines = {}
+      for l in (text .. "\n"):match("\n(" .. head .. " [^\n]*\n.-)\n\n"):gmatch("[^\n]+") do lines[#lines + 1] = l end
+      assert.are.equal(3, #lines, text)
+      -- the second column ends at the same place on every line
+      local at
+      for _, l in ipairs(lines) do
+        local e = select(2, l:find("^%S+%s+%S+"))
+        at = at or e
+        assert.are.equal(at, e, text)
+      end
+    end
+  end)
+
   it("sub --count and --for: 0 when the count came, 3 when time ran out", function()
     local _, ns = S.nameserver("--quiet")
     local body, rc = split(lecho(("sub quiet --count 1 --for 0.5 --nameserver %s"):format(ns)))

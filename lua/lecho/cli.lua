@@ -595,15 +595,24 @@ local function print_stats(s)
     s.connections or 0, fmt_num(s.read_buffer_bytes), s.local_queue_events or 0, fmt_num(s.encodes),
     s.bad_frames or 0, s.stale_acks or 0))
   w("")
-  w(("%-28s %9s %9s %9s %9s %7s %9s %s"):format("PEER", "EV_IN", "EV_OUT", "B_IN", "B_OUT", "DROPS", "QUEUE", "STATE"))
+  -- the first column as wide as its longest entry (a modulator's stream,
+  -- NAME@KEY, or an IPv6 address), so that the columns stay aligned
+  local function width(t, least)
+    for k in pairs(t or {}) do least = math.max(least, #tostring(k)) end
+    return least
+  end
+  local pw, cw = width(s.peers, 28), width(s.channels, 36)
+  local prow = "%-" .. pw .. "s %9s %9s %9s %9s %7s %9s %s"
+  local crow = "%-" .. cw .. "s %9s %9s %9s %7s %5s %5s %s"
+  w((prow):format("PEER", "EV_IN", "EV_OUT", "B_IN", "B_OUT", "DROPS", "QUEUE", "STATE"))
   for _, a in ipairs(sorted(s.peers)) do
     local p = s.peers[a]
-    w(("%-28s %9s %9s %9s %9s %7s %9s %s"):format(a, fmt_num(p.events_in), fmt_num(p.events_out),
+    w((prow):format(a, fmt_num(p.events_in), fmt_num(p.events_out),
       fmt_num(p.bytes_in), fmt_num(p.bytes_out), fmt_num(p.drops), fmt_num(p.queue_events),
       p.connected and "up" or ("down" .. (p.last_error and (": " .. tostring(p.last_error)) or ""))))
   end
   w("")
-  w(("%-36s %9s %9s %9s %7s %5s %5s %s"):format("CHANNEL", "EV_IN", "EV_OUT", "LOCAL", "DROPS", "PROD", "CONS",
+  w((crow):format("CHANNEL", "EV_IN", "EV_OUT", "LOCAL", "DROPS", "PROD", "CONS",
                                                  "SYNC p50/p99"))
   local bounds = s.bounds or require("lecho.stats").BUCKETS
   for _, n in ipairs(sorted(s.channels)) do
@@ -613,12 +622,14 @@ local function print_stats(s)
     if h and h.count > 0 then
       lat = ("<=%gms/<=%gms (%d)"):format(quantile(h, bounds, 0.5) * 1e3, quantile(h, bounds, 0.99) * 1e3, h.count)
     end
-    w(("%-36s %9s %9s %9s %7s %5s %5s %s"):format(n, fmt_num(c.events_in), fmt_num(c.events_out),
+    w((crow):format(n, fmt_num(c.events_in), fmt_num(c.events_out),
       fmt_num(c.events_local), fmt_num(c.drops), tostring(c.producers or 0), tostring(c.consumers or 0), lat))
   end
   if s.truncated then w(("(%d entries left out)"):format(s.truncated)) end
   io.write(table.concat(out, "\n"), "\n")
 end
+
+M.print_stats = print_stats
 
 function cmds.stats(opts, pos)
   local ctx = context("stats", opts)

@@ -88,6 +88,7 @@ help:
 	@echo "  make liblecho    build/liblecho.so, the C API (core/lecho.h) for this checkout"
 	@echo "  make examples-c  install into EXAMPLE_PREFIX (build/stage), build examples/c/heat there with pkg-config"
 	@echo "  make rock        the core for luarocks make (build/rock/core.so, built afresh)"
+	@echo "  make rock-pack   lecho-0.1.0-1.src.rock from this checkout's HEAD, offline (in ROCK_OUT)"
 	@echo "  make clean       remove build products"
 	@echo "  make help        this text"
 	@echo "Variables (make VAR=value ...):"
@@ -103,6 +104,7 @@ help:
 	@echo "  BUSTED_ARGS              make spec/test: arguments for busted (files, --filter ...)"
 	@echo "  SPEC_JOBS=$(SPEC_JOBS)              make spec/test/asan: spec files run at a time (1: one busted for spec/)"
 	@echo "  BUILD_JOBS=$(BUILD_JOBS)             make test, fuzz-build: parallel compile jobs"
+	@echo "  ROCK_OUT=.               make rock-pack: where the source rock is written"
 	@echo "  OBJ_DIR=$(OBJ_DIR)         where the core's objects are compiled (make rock: its own)"
 	@echo "  CC=$(CC) CFLAGS='$(CFLAGS)' LDFLAGS LIBFLAG='$(LIBFLAG)'  the compiler and its flags"
 	@echo "  LUA_INCDIR=$(LUA_INCDIR)  LuaJIT's headers"
@@ -118,19 +120,22 @@ help:
 
 # Prints what it checks, what is missing and what it installs, or "all present".
 APT ?= apt-get
+# the target that runs the check, so its lines say what the user ran
+# (run-deps and bench-deps set it on their command line)
+DEPS_LABEL = make deps
 deps:
-	@echo "make deps: checking $(words $(DEPS)) Debian packages: $(foreach d,$(DEPS),$(lastword $(subst :, ,$(d))))"; \
+	@echo "$(DEPS_LABEL): checking $(words $(DEPS)) Debian packages: $(foreach d,$(DEPS),$(lastword $(subst :, ,$(d))))"; \
 	missing=""; for d in $(DEPS); do f=$${d%%:*}; p=$${d##*:}; \
-	  if [ ! -e $$f ]; then echo "make deps: $$p missing (no $$f)"; missing="$$missing $$p"; fi; done; \
-	if [ -z "$$missing" ]; then echo "make deps: all present"; exit 0; fi; \
-	if [ "$$(id -u)" != 0 ]; then echo "make deps: need root to apt-get install$$missing" >&2; exit 1; fi; \
-	echo "make deps: installing$$missing ($(APT) update, $(APT) install)"; \
+	  if [ ! -e $$f ]; then echo "$(DEPS_LABEL): $$p missing (no $$f)"; missing="$$missing $$p"; fi; done; \
+	if [ -z "$$missing" ]; then echo "$(DEPS_LABEL): all present"; exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then echo "$(DEPS_LABEL): need root to apt-get install$$missing" >&2; exit 1; fi; \
+	echo "$(DEPS_LABEL): installing$$missing ($(APT) update, $(APT) install)"; \
 	$(APT) update -qq && DEBIAN_FRONTEND=noninteractive $(APT) install -y -qq $$missing && \
-	echo "make deps: installed$$missing"
+	echo "$(DEPS_LABEL): installed$$missing"
 
 # The same check for make bench's own list (BENCH_DEPS).
 bench-deps:
-	@$(MAKE) --no-print-directory deps DEPS="$(BENCH_DEPS)"
+	@$(MAKE) --no-print-directory deps DEPS="$(BENCH_DEPS)" DEPS_LABEL="make bench-deps"
 
 build:
 	@mkdir -p build
@@ -320,7 +325,7 @@ demo: run-deps all
 	$(SPEC_ENV) $(LUAJIT) examples/atmosphere/run.lua
 
 run-deps:
-	@$(MAKE) --no-print-directory deps DEPS="$(RUN_DEPS)"
+	@$(MAKE) --no-print-directory deps DEPS="$(RUN_DEPS)" DEPS_LABEL="make run-deps"
 
 # For running one's own script from a checkout: eval "$(make -s env)", then
 # luajit my.lua (after make).  The same paths the specs and demos use.
@@ -457,6 +462,25 @@ rock:
 	rm -rf $(dir $(ROCK_SO))
 	mkdir -p $(dir $(ROCK_SO))
 	$(MAKE) -j$(BUILD_JOBS) all SO=$(ROCK_SO) WS_SO=$(dir $(ROCK_SO))ws.so OBJ_DIR=$(dir $(ROCK_SO))obj
+
+# make rock-pack: lecho-$(ROCK_VERSION)-1.src.rock (in ROCK_OUT, default the
+# checkout) from this checkout's HEAD commit, offline.  The rockspec's source
+# is its public git URL (a placeholder until the project is published) at tag
+# v$(ROCK_VERSION); `luarocks pack` is pointed, through git's url.insteadOf, at
+# a temporary clone of HEAD tagged v$(ROCK_VERSION) (uncommitted changes are not in it).
+ROCK_VERSION = 0.1.0
+ROCK_OUT ?= $(CURDIR)
+ROCK_SPEC = $(CURDIR)/rockspec/lecho-$(ROCK_VERSION)-1.rockspec
+.PHONY: rock-pack
+rock-pack:
+	@url=$$(sed -n 's/^source = { url = "git+\([^"]*\)".*/\1/p' $(ROCK_SPEC)); \
+	test -n "$$url" || { echo "make rock-pack: no git+ source url in $(ROCK_SPEC)" >&2; exit 1; }; \
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	git clone -q "$(CURDIR)" "$$tmp/repo" && git -C "$$tmp/repo" tag -f v$(ROCK_VERSION) >/dev/null && \
+	mkdir -p "$(ROCK_OUT)" && cd "$(ROCK_OUT)" && \
+	GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0="url.file://$$tmp/repo.insteadOf" GIT_CONFIG_VALUE_0="$$url" \
+	luarocks --lua-version=5.1 pack $(ROCK_SPEC) && \
+	echo "make rock-pack: $(ROCK_OUT)/lecho-$(ROCK_VERSION)-1.src.rock (HEAD $$(git -C $(CURDIR) rev-parse --short HEAD))"
 
 clean:
 	rm -rf build $(SO) $(WS_SO) lua/lecho/codec.so $(BENCH_BIN) examples/c/heat

@@ -3,6 +3,9 @@ package = "lecho"
 version = "0.1.0-1"
 -- The release: tag v0.1.0 of the repository (`luarocks pack` this file for
 -- a source rock, which installs with no network: see doc/c-api.md).
+-- The source URL is a placeholder until the project is published (it has
+-- no public address yet): from a checkout, `make rock-pack` packs this
+-- rockspec offline (doc/api.md "Install").
 source = { url = "git+https://github.com/lecho/lecho.git", tag = "v0.1.0" }
 description = {
   summary = "Event channels between processes: a C core on libev, LuaJIT on top",

@@ -2,6 +2,9 @@ rockspec_format = "3.0"
 package = "lecho"
 version = "scm-1"
 -- The repository's head (`luarocks make` from a checkout needs no source).
+-- The source URL is a placeholder until the project is published (it has
+-- no public address yet): from a checkout, `make rock-pack` packs this
+-- rockspec offline (doc/api.md "Install").
 source = { url = "git+https://github.com/lecho/lecho.git", branch = "main" }
 description = {
   summary = "Event channels between processes: a C core on libev, LuaJIT on top",

@@ -116,11 +116,32 @@ describe("lecho, the command-line tool", function()
     local ended, code = S.wait(sub, 20)
     assert.is_true(ended)
     assert.are.equal(130, code)
-    assert.are.equal("", S.errors(sub))
+    -- it said at once that demo had no producer yet (the pub came later), and nothing else
+    assert.are.equal("lecho sub: no producer on 'demo' yet (lecho ls lists the channels); waiting\n", S.errors(sub))
     -- --sync with nobody left: said, exit 1
     body, rc = split(lecho(("pub demo 1 --sync --wait 0 --nameserver %s"):format(ns)))
     assert.are.equal(1, rc)
     assert.are.equal("lecho pub: event 1: no consumer of demo\n", body)
+  end)
+
+  -- Issue 25 (review): a misspelt channel is said, not silently waited on
+  it("sub of a channel with no producer says so at once and waits on; pub with no consumer says nothing was delivered, exit 1", function()
+    local _, ns = S.nameserver("--quiet")
+    local t0 = os.time()
+    local sub = S.spawn(("%s %s/scripts/lecho sub atmosphere.feild --count 1 --for 4 --nameserver %s")
+      :format(S.luajit, S.root, ns))
+    assert(S.wait_file(sub.err, "no producer", 20), "the subscriber said nothing: " .. S.errors(sub))
+    assert.is_true(os.time() - t0 < 4, "said only at the end")
+    local ended, code = S.wait(sub, 20)
+    assert.is_true(ended)
+    assert.are.equal(3, code)
+    assert.are.equal("lecho sub: no producer on 'atmosphere.feild' yet (lecho ls lists the channels); waiting\n",
+                     S.errors(sub))
+    assert.are.equal("", S.output(sub))
+    -- pub, no --sync, nobody consumes: said, exit 1
+    local body, rc = split(lecho(("pub atmosphere.steeer '{ emission = 3 }' --wait 1 --nameserver %s"):format(ns)))
+    assert.are.equal(1, rc, body)
+    assert.are.equal("lecho pub: no consumer of atmosphere.steeer within 1 s: nothing delivered\n", body)
   end)
 
   it("pub - reads stdin on the loop: Ctrl-C while it waits for a line ends it with 130", function()
@@ -179,11 +200,41 @@ describe("lecho, the command-line tool", function()
     assert.are.equal(100, ok + busy)
   end)
 
+  -- Issue 25 (review): a modulator's stream (NAME@KEY) is longer than the column was
+  it("stats' tables stay aligned with long channel names and peer addresses", function()
+    local cli = require "lecho.cli"
+    local row = { events_in = 1, events_out = 2, events_local = 0, drops = 0, producers = 1, consumers = 0 }
+    local s = { addr = "127.0.0.1:7700", role = "context", pid = 1, peers = {
+                  ["127.0.0.1:4000"] = { connected = true },
+                  ["[fd00:1234:5678:9abc::1]:40000"] = { connected = false, last_error = "gone" } },
+                channels = { ["127.0.0.1:7700/a"] = row,
+                             ["127.0.0.1:7700/atmosphere.field@2c0e2aef4cad5d9b"] = row } }
+    local out = {}
+    local write = io.write
+    io.write = function(...) for _, v in ipairs{ ... } do out[#out + 1] = v end end
+    local ok, err = pcall(cli.print_stats, s)
+    io.write = write
+    assert(ok, err)
+    local text = table.concat(out)
+    for _, head in ipairs{ "PEER", "CHANNEL" } do
+      local lines = {}
+      for l in (text .. "\n"):match("\n(" .. head .. " [^\n]*\n.-)\n\n"):gmatch("[^\n]+") do lines[#lines + 1] = l end
+      assert.are.equal(3, #lines, text)
+      -- the second column ends at the same place on every line
+      local at
+      for _, l in ipairs(lines) do
+        local e = select(2, l:find("^%S+%s+%S+"))
+        at = at or e
+        assert.are.equal(at, e, text)
+      end
+    end
+  end)
+
   it("sub --count and --for: 0 when the count came, 3 when time ran out", function()
     local _, ns = S.nameserver("--quiet")
     local body, rc = split(lecho(("sub quiet --count 1 --for 0.5 --nameserver %s"):format(ns)))
     assert.are.equal(3, rc)
-    assert.are.equal("", body)
+    assert.are.equal("lecho sub: no producer on 'quiet' yet (lecho ls lists the channels); waiting\n", body)
   end)
 
   it("call prints a service's results, and a remote error with exit 1", function()

@@ -12,10 +12,9 @@
 --       `after=`); then the background one must end by itself, with 0, or,
 --       marked `stop`, is sent SIGTERM and must end as documented (143).
 --   ```text output [of the background block]
---       what the program just above prints: each line, in order, must be a
---       line of its output (`...` as a whole line skips any lines; `...`
---       inside a line matches anything); lines it prints between them may be
---       extra.  Follows the program it checks.
+--       what the program just above prints, line for line and nothing more
+--       (`...` as a whole line stands for any lines, none included; `...`
+--       inside a line matches anything).  Follows the program it checks.
 --   ```lua fragment
 --       a part of a program (free names): compiled with loadstring.
 --   ```lua modulator [params={...}] [event={...}] [expect={...}]
@@ -118,22 +117,25 @@ end
 
 local function where(b) return ("%s:%d (```%s)"):format(b.page, b.line, b.info) end
 
--- the `text output` check: each expected line is found in order
+-- the `text output` check: the program's output, line for line (`...` as a
+-- whole line stands for any lines, none included); nothing extra
 local function check_output(b, expected, got)
-  local lines = {}
-  for l in got:gmatch("[^\n]*") do lines[#lines + 1] = l end
-  local at = 1
-  for want in expected:gmatch("([^\n]*)\n") do
-    if want ~= "..." then
-      local pat = "^" .. want:gsub("%p", "%%%0"):gsub("%%%.%%%.%%%.", ".-") .. "$"
-      local found
-      for k = at, #lines do
-        if lines[k]:match(pat) then found = k; break end
-      end
-      assert(found, ("%s prints no line %q after line %d of its output:\n%s"):format(where(b), want, at - 1, got))
-      at = found + 1
-    end
+  local lines, wants = {}, {}
+  for l in (got:match("\n$") and got or got .. "\n"):gmatch("([^\n]*)\n") do lines[#lines + 1] = l end
+  if got == "" then lines = {} end
+  for w in expected:gmatch("([^\n]*)\n") do
+    wants[#wants + 1] = w ~= "..." and "^" .. w:gsub("%p", "%%%0"):gsub("%%%.%%%.%%%.", ".-") .. "$" or false
   end
+  local function match(wi, li)
+    if wi > #wants then return li > #lines end
+    if not wants[wi] then
+      for k = li, #lines + 1 do if match(wi + 1, k) then return true end end
+      return false
+    end
+    return li <= #lines and lines[li]:match(wants[wi]) ~= nil and match(wi + 1, li + 1)
+  end
+  assert(match(1, 1), ("%s: its output is not, line for line, the `text output` block:\n%s--- expected:\n%s")
+    :format(where(b), got, expected))
 end
 
 local function sh(cmd)

@@ -93,8 +93,11 @@ ctx:close()
   it("checks for make demo only the packages that build and run lecho", function()
     local rc, out = make("run-deps APT=true")
     assert.are.equal(0, rc, out)
-    local list = out:match("checking %d+ Debian packages: ([^\n]*)")
+    local list = out:match("^make run%-deps: checking %d+ Debian packages: ([^\n]*)")
     assert.truthy(list, out)
+    -- every line names the target the user ran (make demo runs make run-deps)
+    assert.falsy(out:find("make deps:", 1, true), out)
+    assert.truthy(out:find("\nmake run-deps: all present\n", 1, true) or out:find("make run-deps: install", 1, true), out)
     for _, pkg in ipairs{ "luajit", "libev-dev", "libsodium-dev", "lua-cjson", "gcc" } do
       assert.truthy((" " .. list .. " "):find(" " .. pkg .. " ", 1, true), pkg .. " not checked: " .. list)
     end

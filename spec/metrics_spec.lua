@@ -306,6 +306,24 @@ describe("the metrics endpoint", function()
       "lecho: metrics address [::1]:0: only IPv4 HOST:PORT")
   end)
 
+  -- Issue 25 (review): an address in use is the same failure for metrics as
+  -- for listen (doc/api.md "Errors": lecho.context raises when it cannot
+  -- start), worded alike, and leaves nothing open: the address is free again.
+  it("a metrics address in use raises as a listen address in use does, and the next context starts", function()
+    local holder = assert(lecho.context{ quiet = true, metrics = "127.0.0.1:0" })
+    local used, maddr = holder.addr, holder.metrics.addr
+    local ok, lerr = pcall(lecho.context, { quiet = true, listen = used })
+    assert.is_false(ok)
+    assert.are.equal(("lecho: cannot listen on %s: bind: Address already in use"):format(used), lerr)
+    local mok, merr = pcall(lecho.context, { quiet = true, metrics = maddr })
+    assert.is_false(mok)
+    assert.are.equal(("lecho: metrics: cannot listen on %s: bind: Address already in use"):format(maddr), merr)
+    holder:close()
+    local again = assert(lecho.context{ quiet = true, listen = used, metrics = maddr })
+    assert.are.equal(maddr, again.metrics.addr)
+    again:close()
+  end)
+
   it("the parser refuses what is not the format", function()
     assert.has_error(function() parse("x_total 1\n") end, "line 1: sample x_total without its TYPE before")
     assert.has_error(function() parse("# TYPE x counter\nx 1\n") end, "line 2: counter x does not end in _total")

@@ -92,6 +92,17 @@ describe("the rockspec", function()
     assert.are.equal("tree\n", S.output(child))
   end)
 
+  -- Issue 25: LuaRocks' wrapper runs `luajit -e 'LOADER' .../bin/lecho`;
+  -- the bench's child process is started with that same command line.
+  it("serves `lecho bench` from the installed tree (its consumer child started through the wrapper)", function()
+    local wrapper = assert(S.read(tree .. "/bin/lecho"), "no bin/lecho")
+    local _, ns = S.nameserver("--quiet")
+    local ok, out = S.sh(("cd %s && %s %s/bin/lecho bench --count 200 --rtt 10 --for 20 --json --nameserver %s")
+      :format(S.sh_quote(S.tmpdir()), env(), tree, ns))
+    assert.is_true(ok, out .. "\n(bin/lecho: " .. wrapper .. ")")
+    assert.matches('"events":200', out)
+  end)
+
   it("serves lecho-keygen from the installed tree (its core signs the certificate)", function()
     local dir = S.tmpname("keys")
     os.execute("mkdir -p " .. S.sh_quote(dir))
@@ -106,8 +117,9 @@ end)
 
 -- Issue 25: a versioned rockspec that `luarocks pack` makes a source rock
 -- of, which installs with no network and --deps-mode=none where the Debian
--- packages are.  The rockspec's repository (its git URL) is this checkout,
--- cloned and tagged v0.1.0, through git's url.<base>.insteadOf: no network.
+-- packages are.  The rockspec's repository (its git URL, a placeholder) is
+-- this checkout, cloned and tagged v0.1.0, through git's url.<base>.insteadOf:
+-- no network (`make rock-pack` for the release, by hand here for scm).
 describe("the versioned rockspec", function()
   local ROCKSPEC = "rockspec/lecho-0.1.0-1.rockspec"
   local rs
@@ -144,11 +156,13 @@ describe("the versioned rockspec", function()
       :format(S.sh_quote(dir), S.sh_quote(S.root), S.sh_quote(repo), S.sh_quote(repo))))
     local git_env = ("GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=%s GIT_CONFIG_VALUE_0=%s")
       :format(S.sh_quote("url.file://" .. repo .. ".insteadOf"), S.sh_quote(rs.source.url:gsub("^git%+", "")))
-    local ok, out = S.sh(("cd %s && %s luarocks --lua-version=5.1 pack %s/%s")
-      :format(S.sh_quote(dir), git_env, S.sh_quote(S.root), ROCKSPEC))
+    -- doc/api.md's `make rock-pack` (from any directory; the rock where ROCK_OUT says)
+    local ok, out = S.sh(("cd %s && make -s --no-print-directory -C %s rock-pack ROCK_OUT=%s")
+      :format(S.sh_quote(S.tmpdir()), S.sh_quote(S.root), S.sh_quote(dir)))
     assert.is_true(ok, out)
     local rock = dir .. "/lecho-0.1.0-1.src.rock"
     assert.truthy(S.read(rock), out)
+    assert.matches("make rock%-pack: " .. rock:gsub("%p", "%%%0") .. " %(HEAD %x+%)\n$", out)
     -- the scm rockspec packs too (its branch main: this checkout's HEAD)
     -- (update-ref: `branch -f` refuses when the clone has main checked out,
     -- as a clone of a checkout on main has)

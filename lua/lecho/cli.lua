@@ -67,6 +67,7 @@ USAGE.sub = [[
 usage: lecho sub CHANNEL [--modulator FILE] [--params LUA] [--json] [--count N] [--for SECONDS]
 
 Prints each event of CHANNEL as it comes, one line each, until Ctrl-C (exit 130).
+Says on stderr at once when CHANNEL has no producer yet (a misspelt name?), and waits.
   --modulator FILE   run this modulator at the producers (doc/modulators.md)
   --params LUA       its parameters, a Lua table literal ('{ stride = 4 }')
   --json             one JSON object per event: {"channel", "producer", "seq", "value"}
@@ -80,7 +81,8 @@ usage: lecho pub CHANNEL VALUE [--sync] [--json]
 
 Submits VALUE, a Lua literal ('42', '"text"', '{ x = 1, tags = { "a" } }'),
 or, with -, every line of stdin as a JSON value (blank lines skipped), in
-order.  Waits for the channel's consumers to be known first, and on exit
+order.  Waits for the channel's consumers to be known first (none within
+--wait: says "no consumer of CHANNEL", sends nothing, exits 1), and on exit
 delivers what was queued (the context's linger).
   --string           VALUE is a plain string, not a Lua literal
   --sync             wait until every consumer handled each event (p:submit_sync);
@@ -379,6 +381,17 @@ function cmds.sub(opts, pos)
     io.stderr:write("lecho sub: ", server.message(ok and cerr or con), "\n")
     finish(ctx, ok and code_exit(ccode) or EXIT.failed)
   end
+  -- a misspelt name makes a new, empty channel: said at once (as the REPL's
+  -- sub does), and the wait goes on (its producer may be yet to start)
+  local chans = ctx:list()
+  local info = chans and chans[ch.name]
+  if info and not info.producers and info.manager and info.manager ~= ctx.ns then
+    local m = ctx:list(info.manager)
+    info = m and m[ch.name] or info
+  end
+  if chans and not (info and next(info.producers or {})) then
+    io.stderr:write(("lecho sub: no producer on '%s' yet (lecho ls lists the channels); waiting\n"):format(name))
+  end
   on_signals(ctx, function(s) code = signal_exit(s); ctx:stop() end)
   if opts.duration then
     ctx:after(opts.duration, function()
@@ -483,7 +496,14 @@ function cmds.pub(opts, pos)
     finish(ctx, okp and code_exit(pcode) or EXIT.failed)
   end
   on_signals(ctx, function(s) interrupted = s end)
-  wait_consumers(ctx, ch, opts.wait == nil and 2 or opts.wait)
+  local wait = opts.wait == nil and 2 or opts.wait
+  if wait_consumers(ctx, ch, wait) == false and not opts.sync and not interrupted then
+    -- (--sync says it per event: submit_sync fails with noconsumer)
+    io.stderr:write(("lecho pub: no consumer of %s within %g s: nothing delivered\n"):format(name, wait))
+    p:close()
+    ctx:close()
+    finish(nil, EXIT.failed)
+  end
   local n, code = 0, EXIT.ok
   for item in values do
     if interrupted then break end
@@ -575,15 +595,24 @@ local function print_stats(s)
     s.connections or 0, fmt_num(s.read_buffer_bytes), s.local_queue_events or 0, fmt_num(s.encodes),
     s.bad_frames or 0, s.stale_acks or 0))
   w("")
-  w(("%-28s %9s %9s %9s %9s %7s %9s %s"):format("PEER", "EV_IN", "EV_OUT", "B_IN", "B_OUT", "DROPS", "QUEUE", "STATE"))
+  -- the first column as wide as its longest entry (a modulator's stream,
+  -- NAME@KEY, or an IPv6 address), so that the columns stay aligned
+  local function width(t, least)
+    for k in pairs(t or {}) do least = math.max(least, #tostring(k)) end
+    return least
+  end
+  local pw, cw = width(s.peers, 28), width(s.channels, 36)
+  local prow = "%-" .. pw .. "s %9s %9s %9s %9s %7s %9s %s"
+  local crow = "%-" .. cw .. "s %9s %9s %9s %7s %5s %5s %s"
+  w((prow):format("PEER", "EV_IN", "EV_OUT", "B_IN", "B_OUT", "DROPS", "QUEUE", "STATE"))
   for _, a in ipairs(sorted(s.peers)) do
     local p = s.peers[a]
-    w(("%-28s %9s %9s %9s %9s %7s %9s %s"):format(a, fmt_num(p.events_in), fmt_num(p.events_out),
+    w((prow):format(a, fmt_num(p.events_in), fmt_num(p.events_out),
       fmt_num(p.bytes_in), fmt_num(p.bytes_out), fmt_num(p.drops), fmt_num(p.queue_events),
       p.connected and "up" or ("down" .. (p.last_error and (": " .. tostring(p.last_error)) or ""))))
   end
   w("")
-  w(("%-36s %9s %9s %9s %7s %5s %5s %s"):format("CHANNEL", "EV_IN", "EV_OUT", "LOCAL", "DROPS", "PROD", "CONS",
+  w((crow):format("CHANNEL", "EV_IN", "EV_OUT", "LOCAL", "DROPS", "PROD", "CONS",
                                                  "SYNC p50/p99"))
   local bounds = s.bounds or require("lecho.stats").BUCKETS
   for _, n in ipairs(sorted(s.channels)) do
@@ -593,12 +622,14 @@ local function print_stats(s)
     if h and h.count > 0 then
       lat = ("<=%gms/<=%gms (%d)"):format(quantile(h, bounds, 0.5) * 1e3, quantile(h, bounds, 0.99) * 1e3, h.count)
     end
-    w(("%-36s %9s %9s %9s %7s %5s %5s %s"):format(n, fmt_num(c.events_in), fmt_num(c.events_out),
+    w((crow):format(n, fmt_num(c.events_in), fmt_num(c.events_out),
       fmt_num(c.events_local), fmt_num(c.drops), tostring(c.producers or 0), tostring(c.consumers or 0), lat))
   end
   if s.truncated then w(("(%d entries left out)"):format(s.truncated)) end
   io.write(table.concat(out, "\n"), "\n")
 end
+
+M.print_stats = print_stats
 
 function cmds.stats(opts, pos)
   local ctx = context("stats", opts)
@@ -766,10 +797,24 @@ end
 
 local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
+-- This process's command line up to its script: the interpreter is arg's
+-- lowest index, and what lies between it and the script (arg[0]) are its
+-- options, passed along: LuaRocks' wrapper runs `luajit -e 'LOADER' SCRIPT`,
+-- whose -e chunk sets the paths the child needs too.
 local function self_command()
-  local exe = arg and arg[-1] or "luajit"
-  local script = arg and arg[0] or "lecho"
-  return q(exe) .. " " .. q(script)
+  if not arg or not arg[0] then return "luajit lecho" end
+  local lo = 0
+  while arg[lo - 1] ~= nil do lo = lo - 1 end
+  local words = {}
+  if lo == 0 then   -- no interpreter in arg (an embedding host): the running executable
+    local ffi = require "ffi"
+    pcall(ffi.cdef, "long readlink(const char *, char *, size_t);")
+    local buf = ffi.new("char[4096]")
+    local n = tonumber(ffi.C.readlink("/proc/self/exe", buf, 4096))
+    words[1] = q(n > 0 and ffi.string(buf, n) or "luajit")
+  end
+  for i = lo, 0 do words[#words + 1] = q(arg[i]) end
+  return table.concat(words, " ")
 end
 
 function cmds.bench(opts)

@@ -336,10 +336,13 @@ function M.serve(ctx, where)
   sin.family = AF_INET
   sin.port = C.htons(tonumber(port))
   C.inet_pton(AF_INET, host, ffi.cast("void *", ffi.cast("char *", sin) + 4))
-  if C.bind(fd, sin, 16) ~= 0 or C.listen(fd, 64) ~= 0 then
+  -- (worded as the context's own listen address in use: "cannot listen on
+  -- ADDR: bind: ...", which lecho.context raises the same way)
+  local call = C.bind(fd, sin, 16) ~= 0 and "bind" or C.listen(fd, 64) ~= 0 and "listen"
+  if call then
     local e = errstr()
     C.close(fd)
-    return nil, ("metrics: cannot listen on %s: %s"):format(a, e)
+    return nil, ("metrics: cannot listen on %s: %s: %s"):format(a, call, e)
   end
   local len = ffi.new("unsigned int[1]", 16)
   C.getsockname(fd, sin, len)

@@ -289,6 +289,9 @@ end
 function Channel:_rekey(inst, key, m)
   local ctx = self.ctx
   self.mods[inst.key] = nil
+  -- the old key's stream has no receivers left: its destinations hold
+  -- their peers (never freed, peer_free_after) as long as they are set
+  ctx.c:set_dests(inst.dchid, {})
   local dchid, ok, err = ctx.c:channel(self:_derived_name(key))
   if dchid then
     self:_secure(dchid)
@@ -311,6 +314,9 @@ end
 
 function Channel:_unload(inst)
   if self.ctx.moes[inst.id] == inst then count_principals(self.ctx, inst.principals, -1) end
+  -- its stream's destinations go with it: set, they would keep their peers
+  -- (a consumer that died) from being freed after peer_free_after
+  self.ctx.c:set_dests(inst.dchid, {})
   self.ctx.moes[inst.id] = nil
   if self.mods[inst.key] == inst then self.mods[inst.key] = nil end
   inst.moe:close()

@@ -255,6 +255,10 @@ function M.sign_revocations(auth, seq, issued, keys_)
   return l
 end
 
+-- The latest time a key file holds: the end of year 9999 (os.date's
+-- last; below 2^53, which JSON numbers keep exactly).
+M.MAX_TIME = 253402300799       -- 9999-12-31T23:59:59Z
+
 local function is_time(v) return type(v) == "number" and v >= 0 and v < 2^53 and v == math.floor(v) end
 
 --- Reads a secret key file: { name, public, secret, cert, authority, path }
@@ -514,6 +518,13 @@ function M.stamp(path)
   local st = ffi.new("struct lecho_statx")
   if C.statx(-100, path, 0, 0xfff, st) ~= 0 then return "missing" end
   return ("%d.%d.%d.%d"):format(tonumber(st.mtime.sec), st.mtime.nsec, tonumber(st.size), tonumber(st.ino))
+end
+
+--- The permission bits of path (with the sticky bit, 0o1000), or nil.
+function M.mode(path)
+  local st = ffi.new("struct lecho_statx")
+  if C.statx(-100, path, 0, STATX_MODE, st) ~= 0 then return nil end
+  return bit.band(st.mode, 4095)
 end
 
 --- True when path names a directory.

@@ -375,6 +375,12 @@ describe("lecho-keygen refuses what no peer could use (outside attack of issue 2
     assert.matches("rc=0\n$", keygen(("--dir %s --authority long --valid-for 2900000d"):format(dir)))
     assert.truthy(keys.read_secret(dir .. "/long.key"))
     assert.truthy(keys.read_trust(dir .. "/long.pub"))
+    -- a file written otherwise with such an end: refused, saying the range
+    S.write(dir .. "/huge.pub", (S.read(dir .. "/long.pub"):gsub('"not_after":%d+', '"not_after":8.64e+24')))
+    local ok, err = keys.read_trust(dir .. "/huge.pub")
+    assert.is_nil(ok)
+    assert.are.equal(("trust file %s/huge.pub: not_after must be Unix seconds (an integer from 0 to 2^53)"):format(dir),
+                     err)
   end)
 
   it("a duration without its unit: 1 could be a second or a day", function()

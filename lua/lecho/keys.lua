@@ -306,7 +306,7 @@ function M.read_secret(path)
   for _, f in ipairs{ "not_before", "not_after" } do       -- an authority's own validity
     if t[f] ~= nil and not k.cert then
       if not is_time(t[f]) then
-        return nil, ("%s %s: %s must be Unix seconds (an integer)"):format(what, path, f), "invalid"
+        return nil, ("%s %s: %s must be Unix seconds (an integer from 0 to 2^53)"):format(what, path, f), "invalid"
       end
       k[f] = t[f]
     end
@@ -328,7 +328,7 @@ function M.read_public(path)
   end
   for _, f in ipairs{ "not_before", "not_after" } do
     if t[f] ~= nil and not is_time(t[f]) then
-      return nil, ("%s %s: %s must be Unix seconds (an integer)"):format(what, path, f), "invalid"
+      return nil, ("%s %s: %s must be Unix seconds (an integer from 0 to 2^53)"):format(what, path, f), "invalid"
     end
   end
   return { name = name, public = pk, authority = t.authority == true, path = path,
@@ -404,7 +404,8 @@ function M.read_trust(paths)
           if not name then return nil, pk, "invalid" end
           for _, f in ipairs{ "not_before", "not_after" } do
             if e[f] ~= nil and not is_time(e[f]) then
-              return nil, ("%s: %s[%d]: %s must be Unix seconds"):format(where, list, i, f), "invalid"
+              return nil, ("%s: %s[%d]: %s must be Unix seconds (an integer from 0 to 2^53)")
+                :format(where, list, i, f), "invalid"
             end
           end
           local ok, aerr = add(list, name, pk, where, e)

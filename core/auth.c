@@ -295,10 +295,15 @@ int lei_chan_set_ticket(lei_ctx *c, uint32_t chid, const uint8_t t[LEI_TICKET_BY
 
 /* A v2 certificate in h that one of our authorities signed: 0 with the
  * validity of both (the certificate's within its authority's) and its
- * address list, or -1.  The signed message (doc/security.md):
+ * address list, or -1.  *by_auth: CERT_START_AUTH when nb is the
+ * authority's start (later than the certificate's), CERT_END_AUTH when na
+ * is the authority's end (earlier); apk: that authority's key (32 bytes,
+ * copied; may be NULL).  The signed message (doc/security.md):
  * "lecho-cert-v2" 0 name 0 pk32 || the certificate without its signature. */
+#define CERT_START_AUTH 1
+#define CERT_END_AUTH 2
 static int cert_verified(const lei_ctx *c, const lei_hello *h, uint64_t *nb, uint64_t *na,
-                         size_t *addrs, int *naddrs) {
+                         size_t *addrs, int *naddrs, int *by_auth, uint8_t *apk) {
     const lei_ident *id = &c->id;
     if (h->has_cert != 2 || !id->nauths ||
         cert_parse(h->cert, h->cert_len, nb, na, addrs, naddrs))
@@ -318,8 +323,16 @@ static int cert_verified(const lei_ctx *c, const lei_hello *h, uint64_t *nb, uin
     for (int i = 0; i < id->nauths; i++) {
         const lei_auth *a = &id->auths[i];
         if (crypto_sign_verify_detached(h->cert + body, m, pos, a->pk) != 0) continue;
-        if (a->not_before > *nb) *nb = a->not_before;
-        if (a->not_after && (!*na || a->not_after < *na)) *na = a->not_after;
+        *by_auth = 0;
+        if (a->not_before > *nb) {
+            *nb = a->not_before;
+            *by_auth |= CERT_START_AUTH;
+        }
+        if (a->not_after && (!*na || a->not_after < *na)) {
+            *na = a->not_after;
+            *by_auth |= CERT_END_AUTH;
+        }
+        if (apk) memcpy(apk, a->pk, 32);
         return 0;
     }
     return -1;
@@ -348,11 +361,19 @@ int lei_trusted(const lei_ctx *c, const lei_hello *h, const char *addr, char *wh
     }
     uint64_t nb, na;
     size_t addrs;
-    int naddrs;
-    if (cert_verified(c, h, &nb, &na, &addrs, &naddrs) == 0) {
+    int naddrs, by_auth;
+    uint8_t apk[32];
+    char ahex[65];
+    if (cert_verified(c, h, &nb, &na, &addrs, &naddrs, &by_auth, apk) == 0) {
         double now = ev_now(c->loop);
-        if (nb && now < (double)nb)
+        sodium_bin2hex(ahex, sizeof ahex, apk, 32);
+        if (nb && now < (double)nb && (by_auth & CERT_START_AUTH))
+            snprintf(why, n, "certificate of %s: its authority %s is not valid before %s", h->name, ahex,
+                     utc(nb, t1));
+        else if (nb && now < (double)nb)
             snprintf(why, n, "certificate of %s not yet valid (from %s)", h->name, utc(nb, t1));
+        else if (na && now >= (double)na && (by_auth & CERT_END_AUTH))
+            snprintf(why, n, "certificate of %s: its authority %s ended at %s", h->name, ahex, utc(na, t1));
         else if (na && now >= (double)na)
             snprintf(why, n, "certificate of %s expired at %s", h->name, utc(na, t1));
         else if (naddrs && !cert_lists(h->cert, addrs, naddrs, addr))
@@ -419,10 +440,12 @@ static ev_tstamp tickets_expire(lei_conn *k, ev_tstamp now) {
 void lei_cert_watch(lei_conn *k) {
     uint64_t nb, na;
     size_t addrs;
-    int naddrs;
+    int naddrs, by_auth;
     k->cert_end = 0;
-    if (k->sec && cert_verified(k->ctx, &k->sec->remote, &nb, &na, &addrs, &naddrs) == 0 && na) {
+    if (k->sec && cert_verified(k->ctx, &k->sec->remote, &nb, &na, &addrs, &naddrs, &by_auth,
+                                k->cert_apk) == 0 && na) {
         k->cert_end = na; /* verified once here: the expiry timer reads it */
+        k->cert_end_auth = (by_auth & CERT_END_AUTH) != 0;
         lei_expiry_at(k->ctx, (double)na);
     }
 }
@@ -442,9 +465,15 @@ ev_tstamp lei_certs_expire(lei_ctx *c, ev_tstamp now) {
         if (!k->cert_end) continue;
         uint64_t na = k->cert_end;
         if ((double)na <= now) {
-            char why[LEI_NAME_MAX + 80], t1[24];
-            snprintf(why, sizeof why, "certificate of %s expired at %s", k->sec->remote.name,
-                     utc(na, t1));
+            char why[LEI_NAME_MAX + 160], t1[24], ahex[65];
+            if (k->cert_end_auth) {
+                sodium_bin2hex(ahex, sizeof ahex, k->cert_apk, 32);
+                snprintf(why, sizeof why, "certificate of %s: its authority %s ended at %s",
+                         k->sec->remote.name, ahex, utc(na, t1));
+            } else {
+                snprintf(why, sizeof why, "certificate of %s expired at %s", k->sec->remote.name,
+                         utc(na, t1));
+            }
             lei_logf(c, "closing connection with %s: %s", k->peer ? k->peer->addr : "?", why);
             lei_conn_send_error(k, why);
             lei_conn_close(k, why, 0);

@@ -410,6 +410,8 @@ struct lei_conn {
     size_t nrefused;    /* BINDs refused on this connection (REFUSED_BINDS_MAX) */
     uint64_t cert_end;  /* keyed, up: when the peer's certificate (within its
                          * authority's validity) ends, Unix seconds; 0: never */
+    int cert_end_auth;  /* cert_end is its authority's end (cert_apk), not its own */
+    uint8_t cert_apk[32];
     /* Keyed: the indexes bound with a ticket, and when each ticket expires
      * (auth.c): at that time the index is refused, as a BIND without a
      * valid ticket (a renewed ticket comes with a new BIND).  At most one

@@ -312,7 +312,8 @@ describe("lecho-keygen: validity, addresses, revocation (issue 23)", function()
     assert.matches("^lecho%-keygen: %-%-valid%-for 31d would end at .*, after authority ca's own end %(.*%): "
                    .. "a certificate never outlasts its authority\nrc=1\n$", out)
     assert.is_nil(S.read(dir .. "/c.key"))
-    assert.are.equal("lecho-keygen: --valid-for takes a duration (30d, 12h, 90m, 3600s), not '3w'\nrc=2\n",
+    assert.are.equal("lecho-keygen: --valid-for takes a number and its unit, d, h, m or s (30d, 12h, 90m, 3600s), "
+                     .. "not '3w'\nrc=2\n",
                      keygen("x --authority --valid-for 3w"))
     assert.matches("^lecho%-keygen: %-%-address nowhere: ", keygen(("--dir %s --sign-with %s/ca.key d --address nowhere")
                                                                   :format(dir, dir)))
@@ -352,6 +353,85 @@ describe("lecho-keygen: validity, addresses, revocation (issue 23)", function()
   end)
 end)
 
+describe("lecho-keygen refuses what no peer could use (outside attack of issue 23)", function()
+  local dir
+  local function keygen(args)
+    return S.sh_out(("%s %s/scripts/lecho-keygen %s"):format(S.luajit, S.root, args))
+  end
+  before_each(function() dir = S.tmpname("keygenatk"); os.execute("mkdir -p " .. S.sh_quote(dir)) end)
+  teardown(function() S.cleanup() end)
+
+  it("a period ending past year 9999 (a key file could not hold it), for an authority or a certificate", function()
+    local huge = "--valid-for 99999999999999999999d"
+    assert.are.equal("lecho-keygen: --valid-for 99999999999999999999d would end after 9999-12-31T23:59:59Z, "
+                     .. "the latest end a key file holds\nrc=2\n", keygen(("--dir %s --authority big %s"):format(dir, huge)))
+    assert.is_nil(S.read(dir .. "/big.key"))
+    assert.matches("rc=0\n$", keygen(("--dir %s --authority ca"):format(dir)))
+    assert.are.equal("lecho-keygen: --valid-for 99999999999999999999d would end after 9999-12-31T23:59:59Z, "
+                     .. "the latest end a key file holds\nrc=2\n",
+                     keygen(("--dir %s --sign-with %s/ca.key c %s"):format(dir, dir, huge)))
+    assert.matches("would end after 9999", keygen(("--dir %s --authority big --valid-for 3000000d"):format(dir)))
+    -- the longest that fits is written and read back
+    assert.matches("rc=0\n$", keygen(("--dir %s --authority long --valid-for 2900000d"):format(dir)))
+    assert.truthy(keys.read_secret(dir .. "/long.key"))
+    assert.truthy(keys.read_trust(dir .. "/long.pub"))
+    -- a file written otherwise with such an end: refused, saying the range
+    S.write(dir .. "/huge.pub", (S.read(dir .. "/long.pub"):gsub('"not_after":%d+', '"not_after":8.64e+24')))
+    local ok, err = keys.read_trust(dir .. "/huge.pub")
+    assert.is_nil(ok)
+    assert.are.equal(("trust file %s/huge.pub: not_after must be Unix seconds (an integer from 0 to 2^53)"):format(dir),
+                     err)
+  end)
+
+  it("a duration without its unit: 1 could be a second or a day", function()
+    assert.are.equal("lecho-keygen: --valid-for takes a number and its unit, d, h, m or s (30d, 12h, 90m, 3600s), "
+                     .. "not '1'\nrc=2\n", keygen(("--dir %s --authority ca --valid-for 1"):format(dir)))
+    assert.is_nil(S.read(dir .. "/ca.key"))
+    assert.truthy(keygen("--help"):find("(a unit%s+is required)"))
+  end)
+
+  it("an --address no HELLO may carry: wildcard, broadcast, multicast, IPv4-mapped", function()
+    assert.matches("rc=0\n$", keygen(("--dir %s --authority ca"):format(dir)))
+    for a, why in pairs{ ["0.0.0.0:1"] = "a wildcard address cannot be dialled",
+                         ["[::]:7700"] = "a wildcard address cannot be dialled",
+                         ["255.255.255.255:5"] = "a broadcast address",
+                         ["224.0.0.1:5"] = "a multicast address", ["[ff02::1]:5"] = "a multicast address",
+                         ["[::ffff:127.0.0.1]:5"] = "an IPv4-mapped IPv6 address (write a.b.c.d:port)" } do
+      assert.are.equal(("lecho-keygen: --address %s: %s: no HELLO may advertise it, give the address peers dial"
+                        .. "\nrc=2\n"):format(a, why),
+                       keygen(("--dir %s --sign-with %s/ca.key n '--address' '%s'"):format(dir, dir, a)))
+    end
+    assert.is_nil(S.read(dir .. "/n.key"))
+    assert.matches("rc=0\n$", keygen(("--dir %s --sign-with %s/ca.key n --address [::1]:5"):format(dir, dir)))
+  end)
+
+  it("--revoke with an option of a new key says which options go with --revoke", function()
+    assert.matches("rc=0\n$", keygen(("--dir %s --authority ca"):format(dir)))
+    local tail = ": it takes --sign-with AUTHORITY.key and the keys to revoke, and optionally --dir and --list\nrc=2\n"
+    assert.are.equal("lecho-keygen: --revoke does not go with --valid-for" .. tail,
+                     keygen(("--dir %s --sign-with %s/ca.key --revoke x --valid-for 1d"):format(dir, dir)))
+    assert.are.equal("lecho-keygen: --revoke does not go with --address" .. tail,
+                     keygen(("--dir %s --sign-with %s/ca.key --revoke x --address 127.0.0.1:5"):format(dir, dir)))
+    assert.are.equal("lecho-keygen: --revoke does not go with a NAME (y)" .. tail,
+                     keygen(("--dir %s --sign-with %s/ca.key --revoke x y"):format(dir, dir)))
+  end)
+
+  it("refuses a --dir anyone may write (they could replace the keys), warns for a sticky one", function()
+    local ww = dir .. "/ww"
+    os.execute(("mkdir -m 777 %s"):format(S.sh_quote(ww)))
+    assert.are.equal(("lecho-keygen: directory %s is writable by everyone (mode 0777): anyone could replace the "
+                      .. "keys with their own; give another --dir (or chmod o-w it)\nrc=1\n"):format(ww),
+                     keygen(("--dir %s a"):format(ww)))
+    assert.is_nil(S.read(ww .. "/a.key"))
+    os.execute(("chmod 1777 %s"):format(S.sh_quote(ww)))
+    local out = keygen(("--dir %s a"):format(ww))
+    assert.matches(("^lecho%%-keygen: warning: directory %s is writable by everyone %%(mode 1777, sticky"):format(
+      ww:gsub("%p", "%%%0")), out)
+    assert.matches("rc=0\n$", out)
+    assert.truthy(keys.read_secret(ww .. "/a.key"))
+  end)
+end)
+
 describe("README's \"Keys across two hosts\"", function()
   it("names a policy file that is there and lets its sim and viewer run the atmosphere example", function()
     local readme = S.read(S.root .. "/README.md")
@@ -366,8 +446,15 @@ describe("README's \"Keys across two hosts\"", function()
     assert.is_false(P:allows("viewer", "produce", "127.0.0.1:7700/atmosphere.field"))
     assert.is_false(P:allows("sim", "consume", "127.0.0.1:7700/atmosphere.field"))
     -- the keygen line makes the principals the policy names
-    local names = readme:match("lecho%-keygen %-%-dir keys %-%-sign%-with keys/ca%.key ([%w ]+)\n")
-    assert.are.equal("nameserver sim viewer", names)
+    local names = {}
+    for list in readme:gmatch("lecho%-keygen %-%-dir keys %-%-sign%-with keys/ca%.key ([%w ]+)") do
+      for n in list:gmatch("%w+") do names[#names + 1] = n end
+    end
+    table.sort(names)
+    assert.are.same({ "nameserver", "sim", "viewer" }, names)
+    -- the name server's certificate lists the address it advertises
+    assert.truthy(readme:find("keys/ca.key nameserver --address HOST:7700\n", 1, true))
+    assert.truthy(readme:find("--listen 0.0.0.0:7700 --advertise HOST:7700 ", 1, true))
   end)
 end)
 

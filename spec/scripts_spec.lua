@@ -204,3 +204,49 @@ describe("lecho-nameserver, lecho-manager and the other commands", function()
       .. ">= 2 latitudes and longitudes\nrc=2\n", out)
   end)
 end)
+
+describe("--ticket-ttl of lecho-nameserver and lecho-manager (outside attack of issue 23)", function()
+  after_each(function() S.cleanup() end)
+  local lecho = require "lecho"
+  local keys = require "lecho.keys"
+
+  local function script(name, args)
+    return sh_out(("%s %s/scripts/%s %s"):format(S.luajit, S.root, name, args))
+  end
+
+  -- the expiry (Unix seconds) of the ticket a producer of channel name gets
+  local function ticket_expiry(ctx, name)
+    local ch = ctx:channel(name)
+    assert(ch:producer())
+    assert.are.equal(72, #(ch.ticket or ""))
+    return keys.get_u64(ch.ticket, 1)
+  end
+
+  it("sets how long the producer tickets they sign are valid", function()
+    assert.are.equal("lecho-nameserver: --ticket-ttl needs a number of seconds from 1 to 31622400 (366 days), "
+      .. "not '0.5'\nrc=2\n", script("lecho-nameserver", "--ticket-ttl 0.5"))
+    assert.are.equal("lecho-manager: --ticket-ttl needs a number of seconds from 1 to 31622400 (366 days), "
+      .. "not '1e300'\nrc=2\n", script("lecho-manager", "--nameserver 127.0.0.1:1 --ticket-ttl 1e300"))
+    assert.truthy(script("lecho-nameserver", "--help"):find("--ticket-ttl SECONDS", 1, true))
+    assert.truthy(script("lecho-manager", "--help"):find("--ticket-ttl SECONDS", 1, true))
+    local dir = S.tmpname("ttl")
+    os.execute("mkdir -p " .. S.sh_quote(dir))
+    local keygen = ("%s %s/scripts/lecho-keygen --dir %s "):format(S.luajit, S.root, dir)
+    assert(S.sh(keygen .. "--authority ca"))
+    assert(S.sh(keygen .. ("--sign-with %s/ca.key nameserver mgr sim"):format(dir)))
+    local pf, mpf = S.tmpname("ttl-ns"), S.tmpname("ttl-mgr")
+    local ns = S.spawn(("%s %s/scripts/lecho-nameserver --listen 127.0.0.1:0 --port-file %s --for 60 --settle 0 "
+      .. "--quiet --key %s/nameserver.key --trust %s/ca.pub --ticket-ttl 100"):format(S.luajit, S.root, pf, dir, dir))
+    local ns_addr = assert(S.wait_file(pf, "%S+\n", 20), "name server did not start: " .. S.errors(ns)):match("%S+")
+    local ctx = lecho.context{ nameserver = ns_addr, key = dir .. "/sim.key", trust = dir .. "/ca.pub", quiet = true,
+                               timeout = 10 }
+    local exp = ticket_expiry(ctx, "by-ns")
+    assert.is_true(math.abs(exp - (os.time() + 100)) <= 3, "expiry in " .. (exp - os.time()) .. " s, not 100")
+    local mgr = S.spawn(("%s %s/scripts/lecho-manager --nameserver %s --port-file %s --for 60 --quiet "
+      .. "--key %s/mgr.key --trust %s/ca.pub --ticket-ttl 200"):format(S.luajit, S.root, ns_addr, mpf, dir, dir))
+    assert(S.wait_file(mpf, "%S+\n", 20), "the manager did not start: " .. S.errors(mgr))
+    exp = ticket_expiry(ctx, "by-mgr")
+    assert.is_true(math.abs(exp - (os.time() + 200)) <= 3, "expiry in " .. (exp - os.time()) .. " s, not 200")
+    ctx:close()
+  end)
+end)

@@ -417,6 +417,19 @@ describe("issue 23, obs. 3: certificates that expire, revocation, tickets that e
     end, 5), table.concat(logs, "\n"))
     local c2 = child{ role = "consumer", ns = c.addr, key = dir .. "/cons.key", trust = trust }
     assert(wait_out(c, c2, "ready ([^\n]+)\n"), out(c2))
+    -- a reload logs what changed only (outside attack: a changed policy
+    -- logged "trust files reloaded" too, and a changed list "policy reloaded")
+    local function count(what)
+      local n = 0
+      for _, l in ipairs(logs) do if l:find(what, 1, true) then n = n + 1 end end
+      return n
+    end
+    assert.are.equal(0, count("trust files reloaded"), table.concat(logs, "\n"))
+    keygen(("--dir %s --sign-with %s/ca.key --revoke %s"):format(dir, dir, ("ab"):rep(32)))
+    assert(S.run_until(c, function() return count("trust files reloaded") > 0 end, 5), table.concat(logs, "\n"))
+    S.run_until(c, function() return false end, 1)      -- (a second poll or two: nothing more)
+    assert.are.equal(1, count("policy reloaded"), table.concat(logs, "\n"))
+    assert.are.equal(1, count("trust files reloaded"), table.concat(logs, "\n"))
   end)
 
   it("a dialler writes nothing to an acceptor whose certificate ended while it held AUTH_OK", function()

@@ -1,7 +1,8 @@
 -- README "Keys across two hosts", run as written on two hosts (issue 25, item
 -- 2): its four command lines are taken from README.md, the name server and
 -- the simulation run in one network namespace, the viewer in another (a
--- veth pair between them); HOST is the address the name server prints.  The
+-- veth pair between them); HOST is the name server's address on the veth
+-- (its certificate lists HOST:7700), which it must print.  The
 -- viewer must receive the simulation's events, its final one included, and
 -- exit 0.  Then a consumer left on 127.0.0.1 must say why nothing comes.
 --
@@ -99,13 +100,15 @@ describe("README's keyed recipe on two hosts", function()
   it("delivers the simulation's events to the viewer on the other host", function()
     if not ok_ns then pending("needs root and `ip netns` (" .. why .. "): skipped") return end
     local cmd = recipe()
-    assert(sh(("cd %s && %s"):format(S.sh_quote(dir), cmd[1])), "lecho-keygen failed: " .. cmd[1])
-    local ns = in_host(NS_A, cmd[2])
+    -- HOST: the name server's host's address as the other host reaches it
+    -- (its certificate lists HOST:7700, and it advertises it)
+    local function with_host(c) return (c:gsub("HOST:7700", IP_A .. ":7700")) end
+    assert(sh(("cd %s && %s"):format(S.sh_quote(dir), with_host(cmd[1]))), "lecho-keygen failed: " .. cmd[1])
+    local ns = in_host(NS_A, with_host(cmd[2]))
     local line = S.wait_file(ns.err, "listening on [%d%.]+:7700", 20)
     assert(line, "the name server did not start: " .. S.errors(ns))
     local host = line:match("listening on ([%d%.]+):7700")
     assert.are.equal(IP_A, host)
-    local function with_host(c) return (c:gsub("HOST:7700", host .. ":7700")) end
     local sim = in_host(NS_A, with_host(cmd[3]))
     assert(S.wait_file(sim.out, "simulating", 20), "the simulation did not start: " .. S.errors(sim))
     local viewer = in_host(NS_B, with_host(cmd[4]))
@@ -124,10 +127,10 @@ describe("README's keyed recipe on two hosts", function()
   it("tells a consumer on 127.0.0.1 that a producer on another host cannot reach it", function()
     if not ok_ns then pending("needs root and `ip netns` (" .. why .. "): skipped") return end
     local cmd = recipe()
-    local ns = in_host(NS_A, cmd[2])
+    local function with_host(c) return (c:gsub("HOST:7700", IP_A .. ":7700")) end
+    local ns = in_host(NS_A, with_host(cmd[2]))
     local line = S.wait_file(ns.err, "listening on [%d%.]+:7700", 20)
     assert(line, "the name server did not start: " .. S.errors(ns))
-    local function with_host(c) return (c:gsub("HOST:7700", IP_A .. ":7700")) end
     local sim = in_host(NS_A, with_host(cmd[3]) .. " --seconds 20")
     assert(S.wait_file(sim.out, "simulating", 20), "the simulation did not start: " .. S.errors(sim))
     -- the viewer as it was before the recipe said --listen

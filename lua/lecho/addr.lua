@@ -134,6 +134,30 @@ function M.is_wildcard(canon)
   return canon:match("^0%.0%.0%.0:%d+$") ~= nil or canon:match("^%[::%]:%d+$") ~= nil
 end
 
+--- Why a HELLO may not carry canonical address canon, or nil (the
+-- handshake's checks, core/handshake.c hello_addr_refused and
+-- core/addr.c lei_addr_unclaimable): a wildcard cannot be dialled, a
+-- broadcast or multicast address is no one context's, an IPv4-mapped IPv6
+-- address is a second spelling of an IPv4 one.
+function M.unclaimable(canon)
+  if M.is_wildcard(canon) then return "a wildcard address cannot be dialled" end
+  local kind = M.kind(canon)
+  if kind == "ipv4" then
+    local a = tonumber(canon:match("^(%d+)%."))
+    if canon:match("^255%.255%.255%.255:") then return "a broadcast address" end
+    if a and a >= 224 and a <= 239 then return "a multicast address" end
+  elseif kind == "ipv6" then
+    local host = canon:match("^%[([^%]%%]*)")
+    if host and C.inet_pton(AF_INET6, host, bin) == 1 then
+      if bin[0] == 0xff then return "a multicast address" end
+      local mapped = bin[10] == 0xff and bin[11] == 0xff
+      for i = 0, 9 do if bin[i] ~= 0 then mapped = false end end
+      if mapped then return "an IPv4-mapped IPv6 address (write a.b.c.d:port)" end
+    end
+  end
+  return nil
+end
+
 --- Splits a channel reference (grammar above) into the canonical address of
 -- its name server (default_ns for a plain name) and the name; or nil,
 -- message, "invalid".

@@ -10,18 +10,20 @@
 
 local keys = require "lecho.keys"
 local server = require "lecho.server"
+local bit = require "bit"
 
 local M = {}
 
 M.CERT_DAYS, M.AUTHORITY_DAYS = 365, 3650
 M.SKEW = 300       -- a certificate's not_before: this many seconds before now (clocks differ)
 
---- Seconds of a duration "30d", "12h", "90m", "3600s" or "3600", or nil.
+--- Seconds of a duration "30d", "12h", "90m" or "3600s" (a unit is
+-- required: a bare "1" could be a day as well as a second), or nil.
 function M.duration(text)
-  local n, unit = tostring(text):match("^(%d+)([dhms]?)$")
+  local n, unit = tostring(text):match("^(%d+)([dhms])$")
   n = tonumber(n)
   if not n or n <= 0 then return nil end
-  return n * (({ d = 86400, h = 3600, m = 60, s = 1 })[unit] or 1)
+  return n * ({ d = 86400, h = 3600, m = 60, s = 1 })[unit]
 end
 
 local function utc(t) return os.date("!%Y-%m-%dT%H:%M:%SZ", t) end
@@ -95,11 +97,15 @@ function M.main(argv, usage)
   local names = opts.names
   local valid_for = opts.valid_for and M.duration(opts.valid_for)
   if opts.valid_for and not valid_for then
-    server.die(prog, ("--valid-for takes a duration (30d, 12h, 90m, 3600s), not '%s'"):format(opts.valid_for))
+    server.die(prog, ("--valid-for takes a number and its unit, d, h, m or s (30d, 12h, 90m, 3600s), not '%s'")
+      :format(opts.valid_for))
   end
   if #opts.revoke > 0 then
-    if #names > 0 or opts.authority or valid_for or #opts.addresses > 0 then
-      server.die(prog, "--revoke takes --sign-with AUTHORITY.key (and --dir, --list) only, no NAME")
+    local extra = opts.authority and "--authority" or opts.valid_for and "--valid-for"
+      or #opts.addresses > 0 and "--address" or #names > 0 and ("a NAME (%s)"):format(names[1])
+    if extra then
+      server.die(prog, ("--revoke does not go with %s: it takes --sign-with AUTHORITY.key and the keys to "
+        .. "revoke, and optionally --dir and --list"):format(extra))
     end
     if not opts.sign_with then server.die(prog, "--revoke needs --sign-with AUTHORITY.key: the list's signer") end
   elseif opts.list then
@@ -110,10 +116,14 @@ function M.main(argv, usage)
     server.die(prog, ("at most %d --address"):format(keys.CERT_ADDRS_MAX))
   end
   for i, a in ipairs(opts.addresses) do     -- as HELLOs carry them: canonical text
-    local canon, why = require("lecho.addr").parse(a)
-    if not canon or #canon > 127 then
-      server.die(prog, ("--address %s: %s"):format(a, why or "longer than 127 bytes"))
+    local A = require "lecho.addr"
+    local canon, why = A.parse(a)
+    if canon and #canon > 127 then why = "longer than 127 bytes" end
+    if canon and not why then      -- what no HELLO may carry: a certificate with it would be of no use
+      why = A.unclaimable(canon)
+      if why then why = why .. ": no HELLO may advertise it, give the address peers dial" end
     end
+    if why then server.die(prog, ("--address %s: %s"):format(a, why)) end
     opts.addresses[i] = canon
   end
   if #opts.addresses > 0 and not opts.sign_with then
@@ -144,6 +154,10 @@ function M.main(argv, usage)
   end
   if #opts.revoke > 0 then return revoke(prog, opts, auth, opts.dir:gsub("(.)/+$", "%1")) end
   local now = os.time()
+  if valid_for and now + valid_for > keys.MAX_TIME then
+    server.die(prog, ("--valid-for %s would end after %s, the latest end a key file holds"):format(opts.valid_for,
+      utc(keys.MAX_TIME)))
+  end
   local not_before, not_after = now - M.SKEW, nil
   if auth then
     if auth.not_before and auth.not_before > not_before then not_before = auth.not_before end
@@ -168,6 +182,20 @@ function M.main(argv, usage)
   end
   local made, merr = keys.make_dir(dir)       -- and its missing parents, 0700
   if not made then server.die(prog, merr, 1) end
+  -- a directory anyone may write: anyone could replace the keys written
+  -- there with their own (whose secret they know), so refused; with the
+  -- sticky bit (as /tmp) others cannot rename or remove our files, but can
+  -- see and take the names first: written, with a warning
+  local mode = keys.mode(dir)
+  if mode and bit.band(mode, 2) ~= 0 then
+    if bit.band(mode, 512) == 0 then
+      server.die(prog, ("directory %s is writable by everyone (mode %04o): anyone could replace the keys "
+        .. "with their own; give another --dir (or chmod o-w it)"):format(dir, mode), 1)
+    end
+    io.stderr:write(("%s: warning: directory %s is writable by everyone (mode %04o, sticky: others cannot "
+      .. "replace the files, but can see them and take their names first); better a directory of your own\n")
+      :format(prog, dir, mode))
+  end
   local function file(n, ext) return dir == "." and n .. ext or ("%s/%s%s"):format(dir, n, ext) end
   for _, n in ipairs(names) do
     for _, f in ipairs{ file(n, ".key"), file(n, ".pub") } do

@@ -255,6 +255,10 @@ function M.sign_revocations(auth, seq, issued, keys_)
   return l
 end
 
+-- The latest time a key file holds: the end of year 9999 (os.date's
+-- last; below 2^53, which JSON numbers keep exactly).
+M.MAX_TIME = 253402300799       -- 9999-12-31T23:59:59Z
+
 local function is_time(v) return type(v) == "number" and v >= 0 and v < 2^53 and v == math.floor(v) end
 
 --- Reads a secret key file: { name, public, secret, cert, authority, path }
@@ -302,7 +306,7 @@ function M.read_secret(path)
   for _, f in ipairs{ "not_before", "not_after" } do       -- an authority's own validity
     if t[f] ~= nil and not k.cert then
       if not is_time(t[f]) then
-        return nil, ("%s %s: %s must be Unix seconds (an integer)"):format(what, path, f), "invalid"
+        return nil, ("%s %s: %s must be Unix seconds (an integer from 0 to 2^53)"):format(what, path, f), "invalid"
       end
       k[f] = t[f]
     end
@@ -324,7 +328,7 @@ function M.read_public(path)
   end
   for _, f in ipairs{ "not_before", "not_after" } do
     if t[f] ~= nil and not is_time(t[f]) then
-      return nil, ("%s %s: %s must be Unix seconds (an integer)"):format(what, path, f), "invalid"
+      return nil, ("%s %s: %s must be Unix seconds (an integer from 0 to 2^53)"):format(what, path, f), "invalid"
     end
   end
   return { name = name, public = pk, authority = t.authority == true, path = path,
@@ -400,7 +404,8 @@ function M.read_trust(paths)
           if not name then return nil, pk, "invalid" end
           for _, f in ipairs{ "not_before", "not_after" } do
             if e[f] ~= nil and not is_time(e[f]) then
-              return nil, ("%s: %s[%d]: %s must be Unix seconds"):format(where, list, i, f), "invalid"
+              return nil, ("%s: %s[%d]: %s must be Unix seconds (an integer from 0 to 2^53)")
+                :format(where, list, i, f), "invalid"
             end
           end
           local ok, aerr = add(list, name, pk, where, e)
@@ -514,6 +519,13 @@ function M.stamp(path)
   local st = ffi.new("struct lecho_statx")
   if C.statx(-100, path, 0, 0xfff, st) ~= 0 then return "missing" end
   return ("%d.%d.%d.%d"):format(tonumber(st.mtime.sec), st.mtime.nsec, tonumber(st.size), tonumber(st.ino))
+end
+
+--- The permission bits of path (with the sticky bit, 0o1000), or nil.
+function M.mode(path)
+  local st = ffi.new("struct lecho_statx")
+  if C.statx(-100, path, 0, STATX_MODE, st) ~= 0 then return nil end
+  return bit.band(st.mode, 4095)
 end
 
 --- True when path names a directory.

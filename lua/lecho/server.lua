@@ -51,6 +51,13 @@ local kinds = {
     end
     return n
   end,
+  ttl = function(v)                         -- a producer ticket's life: 1 s to 366 days
+    local n = tonumber(v)
+    if not n or not (n >= 1 and n <= 366 * 86400) then
+      return nil, "needs a number of seconds from 1 to 31622400 (366 days)"
+    end
+    return n
+  end,
   seconds0 = function(v)                    -- a duration >= 0
     local n = tonumber(v)
     if not n or n ~= n or n < 0 or n == math.huge then return nil, "needs a number of seconds >= 0" end

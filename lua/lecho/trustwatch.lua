@@ -133,10 +133,11 @@ function M.policy_received(ctx, from, msg)
 end
 
 --- Reloads ctx's trust files (identity: lecho.keys.identity's) and its
--- policy file now.  Returns true, or nil, why (logged).
-function M.reload(ctx, w)
+-- policy file now; only = "trust" or "policy": only those (what changed:
+-- the log says what was reloaded).  Returns true, or nil, why (logged).
+function M.reload(ctx, w, only)
   local ok, why = true, nil
-  if w.trust_paths then
+  if w.trust_paths and only ~= "policy" then
     local t, err = keys.read_trust(w.trust_paths)
     if not t then
       ok, why = nil, err
@@ -163,7 +164,7 @@ function M.reload(ctx, w)
       end
     end
   end
-  if w.policy_path and ctx.reg then
+  if w.policy_path and ctx.reg and only ~= "trust" then
     local pol, err = require("lecho.policy").load(w.policy_path)
     if not pol then
       ok, why = nil, err
@@ -192,15 +193,20 @@ function M.start(ctx, identity, policy_path, poll)
   if policy_path then paths[#paths + 1] = policy_path end
   if #paths == 0 then return nil end
   w.paths = paths
+  -- the trust files' stamps and the policy file's apart: a reload reads
+  -- (and logs) only what changed
+  local tpaths, ppaths = w.trust_paths or {}, { policy_path }
   w.stamp = stamps(paths)
+  w.tstamp, w.pstamp = stamps(tpaths), policy_path and stamps(ppaths)
   ctx.trustwatch = w
   poll = poll or M.POLL
   if poll > 0 then
     w.timer = ctx.c:timer(poll, poll, function()
-      local s = stamps(paths)
-      if s ~= w.stamp then
-        w.stamp = s
-        M.reload(ctx, w)
+      local ts, ps = stamps(tpaths), policy_path and stamps(ppaths)
+      local tch, pch = ts ~= w.tstamp, ps ~= w.pstamp
+      if tch or pch then
+        w.tstamp, w.pstamp, w.stamp = ts, ps, stamps(paths)
+        M.reload(ctx, w, not pch and "trust" or not tch and "policy" or nil)
       end
     end)
   end
@@ -214,6 +220,8 @@ function M.hup()
   for x, xw in pairs(hup.ctxs) do
     if not x.closed then
       xw.stamp = stamps(xw.paths)
+      xw.tstamp = stamps(xw.trust_paths or {})
+      xw.pstamp = xw.policy_path and stamps({ xw.policy_path })
       M.reload(x, xw)
     end
   end

@@ -11,7 +11,7 @@
 
 /* H_BORROWED: a value handle on the stack of liblecho (a handler's event,
  * a lecho_each key or value), not linked, freed by nobody. */
-enum { H_VALUE, H_CHANNEL, H_PRODUCER, H_CONSUMER, H_BORROWED };
+enum { H_VALUE, H_CHANNEL, H_PRODUCER, H_CONSUMER, H_BORROWED, H_SERVICE };
 
 /* Common head of every handle.  Owned by its context: linked in
  * ctx->handles until freed by its close/free function or lecho_close. */
@@ -50,6 +50,18 @@ struct lecho_consumer {
     struct cbox *box; /* borrowed from Lua: valid while h.ref holds the consumer */
 };
 
+/* The service trampoline's upvalue, as struct cbox for consumers. */
+struct sbox {
+    lecho_service *s;
+};
+
+struct lecho_service {
+    struct lei_h h;
+    lecho_service_fn fn;
+    void *ud;
+    struct sbox *box; /* borrowed from Lua: valid while h.ref holds the service */
+};
+
 /* Owned by the caller of lecho_submit_sync; every string is malloc'd here. */
 struct lecho_errors {
     size_t n;
@@ -68,6 +80,8 @@ struct lecho_ctx {
     char *ns;       /* owned */
     char *show;     /* owned: the last lecho_to_string text */
     struct lei_h *handles;
+    lecho_node *nodes; /* owned: lecho_nodes' array (nodes_cap of them) */
+    size_t nodes_cap;
     char err[512];
 };
 

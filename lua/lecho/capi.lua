@@ -50,6 +50,11 @@ local function options(list)
       v = false
     elseif tonumber(v) then
       v = tonumber(v)
+    elseif k == "trust" and v:find(":", 1, true) then
+      -- several trust files, separated by ":" as in $LECHO_TRUST
+      local list = {}
+      for f in v:gmatch("[^:]+") do list[#list + 1] = f end
+      v = list
     end
     opts[k] = v
   end
@@ -120,11 +125,58 @@ function M.flush(p) return protect(function() p:flush(); return true end) end
 function M.producer_close(p) return protect(function() p:close(); return true end) end
 
 -- cfn(ev, meta) is lecho.c's trampoline: nothing, or the handler's message.
-function M.consumer(ch, cfn)
+-- opts: nil, or the consumer options lecho_consumer_open_opts takes
+-- (modulator, params, period, capabilities; ch:consumer checks them).
+function M.consumer(ch, cfn, opts)
   return protect(ch.consumer, ch, function(ev, meta)
     local err = cfn(ev, meta)
     if err then error(err, 0) end
+  end, opts)
+end
+
+function M.set_params(c, params)
+  return protect(function()
+    local ok, err, code = c:set_params(params)
+    if not ok then return nil, err, code end
+    return true
   end)
+end
+
+-- cfn(args, meta) is lecho.c's service trampoline: true, result; or nil,
+-- message (raised here: the caller gets it with code "failed").
+function M.service(ctx, name, cfn, opts)
+  return protect(ctx.service, ctx, name, function(args, meta)
+    local ok, r = cfn(args, meta)
+    if not ok then error(r, 0) end
+    return r
+  end, opts)
+end
+
+function M.service_close(s) return protect(function() s:close(); return true end) end
+
+-- ctx:call through call_async, whose callback tells a failure from results
+-- that begin with nil: true, { n = N, results... }; or nil, message, code,
+-- the error value.  Waits on the loop (a main-line call, as submit_sync).
+function M.call(ctx, name, args, opts)
+  local done, r
+  local ok, err = pcall(ctx.call_async, ctx, name, args, opts or {}, function(...)
+    done, r = true, { n = select("#", ...), ... }
+  end)
+  if not ok then return raised(err) end
+  while not done do
+    if ctx.closed then return nil, "context is closed", "closed" end
+    local okr, rerr = pcall(ctx.run_once, ctx, 1)
+    if not okr then return raised(rerr) end
+  end
+  if r[1] then
+    local res = { n = r.n - 1 }
+    for i = 2, r.n do res[i - 1] = r[i] end
+    return true, res
+  end
+  local e = r[2]
+  local msg = type(e) == "string" and e or (type(e) == "table" and type(e.message) == "string" and e.message)
+    or tostring(e)
+  return nil, msg, type(r[3]) == "string" and r[3] or "failed", e
 end
 
 function M.consumer_close(c) return protect(function() c:close(); return true end) end

@@ -1,0 +1,657 @@
+"""lecho: event channels between processes, from Python.
+
+A binding of liblecho's public C API (core/lecho.h) with cffi: the context,
+its name server, the connections and the codec are liblecho's (a private
+LuaJIT state runs the same Lua layer a Lua peer runs), so a Python process
+is a peer like any other.  doc/python.md is the reference.
+
+    import lecho
+    ctx = lecho.Context(nameserver="127.0.0.1:7700")
+    ch = ctx.channel("ozone")
+    for ev in ch.subscribe(modulator="function enqueue(ev) if ev.step % 10 == 0 then return ev end end"):
+        print(ev["step"])
+"""
+import collections
+import sys
+import threading
+import traceback
+
+from ._ffi import ffi, lib, LIBRARY
+from . import _values
+
+__all__ = ["Context", "Channel", "Producer", "Consumer", "Subscription", "Service", "Meta",
+           "LechoError", "SyncError", "CallError", "modulator", "CODES", "LIBRARY"]
+
+# The shared error codes (README "Errors"; lua/lecho/errors.lua): name <-> number.
+CODES = {}
+for _i in range(1, 64):
+    _name = ffi.string(lib.lecho_strerror(_i)).decode()
+    if _name == "unknown":
+        break
+    CODES[_name] = _i
+del _i, _name
+
+
+class LechoError(Exception):
+    """A failure with its code: .code is the name of the shared list
+    ("timeout", "closed", "refused", "limit", "wouldblock", "invalid",
+    "notfound", "io", "protocol", "nomem", "failed", "noservice", "version",
+    "busy", "noconsumer": the Lua API's third value), .errno its number in
+    lecho.h, .message the text."""
+
+    def __init__(self, code, message):
+        if isinstance(code, int):
+            self.errno = code
+            code = ffi.string(lib.lecho_strerror(code)).decode()
+        else:
+            self.errno = CODES.get(code, lib.LECHO_EFAILED)
+        self.code = code
+        self.message = message
+        super().__init__("%s (%s)" % (message, code))
+
+
+class SyncError(LechoError):
+    """A failed submit_sync: .errors lists the failing or silent consumers,
+    each a dict with context, consumer, message and code."""
+
+    def __init__(self, code, message, errors):
+        super().__init__(code, message)
+        self.errors = errors
+
+
+class CallError(LechoError):
+    """A failed call: .value is the error value the handler raised (a
+    string, or a table as a dict), or the message."""
+
+    def __init__(self, code, message, value):
+        super().__init__(code, message)
+        self.value = value
+
+
+Meta = collections.namedtuple("Meta", "channel producer seq")
+
+
+def _s(b):
+    return ffi.string(b).decode("utf-8", "replace") if b != ffi.NULL else ""
+
+
+def _opt(v):
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if isinstance(v, (list, tuple)):  # trust files
+        return ":".join(str(x) for x in v)
+    return str(v)
+
+
+def modulator(src_or_file):
+    """The text of a modulator: the contents of a file when given a path
+    that ends in .lua (as Lua's lecho.modulator), else the source itself."""
+    s = str(src_or_file)
+    if "\n" not in s and s.endswith(".lua"):
+        try:
+            with open(s) as f:
+                return f.read()
+        except FileNotFoundError:
+            raise LechoError("notfound", "no such file: %s" % s) from None
+        except OSError as e:
+            raise LechoError("io", "%s: %s" % (s, e.strerror)) from None
+    return s
+
+
+class Context:
+    """A context: lecho.Context(nameserver="127.0.0.1:7700", ...).  Options
+    are those of the Lua lecho.context (README "API"): nameserver, listen,
+    advertise, timeout, sync_timeout, queue_limit, policy, quiet, key (a
+    secret key file), trust (a trust file or a list of them), ...; without
+    nameserver the context runs a name server of its own (.address).
+
+    A context and what is made from it belong to the thread that made it.
+    Events arrive, leave and handlers run only inside the loop calls:
+    run(), run_once(), iterating a Subscription, submit_sync(), call(), or
+    the asyncio ticks of attach()."""
+
+    def __init__(self, **opts):
+        flat = []
+        keep = []
+        for k, v in opts.items():
+            if v is None:
+                continue
+            for s in (k, _opt(v)):
+                c = ffi.new("char[]", s.encode())
+                keep.append(c)
+                flat.append(c)
+        flat.append(ffi.NULL)
+        arr = ffi.new("const char *[]", flat)
+        out = ffi.new("lecho_ctx **")
+        err = ffi.new("char[512]")
+        rc = lib.lecho_open(arr, out, err, 512)
+        if rc != 0:
+            raise LechoError(rc, _s(err))
+        self._x = out[0]
+        self._thread = threading.get_ident()
+        self._pending = None          # a BaseException raised in a callback, re-raised after
+        self._handles = []            # consumers, services: their callbacks live as long
+        self._asyncio = None
+        self._deferred = []           # value handles collected in another thread
+        self.address = _s(lib.lecho_address(self._x))
+        self.nameserver = _s(lib.lecho_nameserver(self._x))
+        self.on_handler_error = _print_handler_error
+
+    # -- internals --
+    def _check(self):
+        if self._x is None:
+            raise LechoError("closed", "context is closed")
+        return self._x
+
+    def _fail(self, rc):
+        raise LechoError(rc, _s(lib.lecho_errmsg(self._x)))
+
+    def _own(self, v):
+        """v (a new lecho_value) freed when the returned cdata is collected:
+        at once when that happens in the context's thread while it is open,
+        at the context's next call when in another thread (the garbage
+        collector may run anywhere), never once it is closed (lecho_close
+        freed it)."""
+        if v == ffi.NULL:
+            raise LechoError("nomem", "out of memory")
+        return ffi.gc(v, self._free_value)
+
+    def _free_value(self, v):
+        if self._x is None:
+            return
+        if threading.get_ident() == self._thread:
+            lib.lecho_value_free(v)
+        else:
+            self._deferred.append(v)
+
+    def _value(self, pyvalue):
+        """A new lecho_value (freed with the returned cdata) holding pyvalue."""
+        self._drain()
+        v = self._own(lib.lecho_value_new(self._check()))
+        self._set(v, pyvalue)
+        return v
+
+    def _drain(self):
+        while self._deferred:
+            lib.lecho_value_free(self._deferred.pop())
+
+    def _set(self, v, pyvalue):
+        n = _values.Nodes(pyvalue)
+        rc = lib.lecho_set_nodes(v, ffi.NULL, n.array, n.count)
+        if rc != 0:
+            self._fail(rc)
+
+    def _read(self, v, raw=False):
+        r = _values.read(v, raw)
+        if not isinstance(r, tuple):
+            self._fail(r)
+        return r[0]
+
+    def _reraise(self):
+        exc = self._pending
+        if exc is not None:
+            self._pending = None
+            raise exc
+
+    def _loop_call(self, rc):
+        """After a C call that ran the loop: a callback's KeyboardInterrupt
+        (or SystemExit) first, then rc."""
+        self._reraise()
+        if rc != 0:
+            self._fail(rc)
+
+    # -- the loop --
+    def run_once(self, timeout=0.0):
+        """One loop turn, waiting at most timeout seconds (None: until
+        something happens)."""
+        x = self._check()
+        self._drain()
+        rc = lib.lecho_run_once(x, -1.0 if timeout is None else float(timeout))
+        self._loop_call(rc)
+
+    def run(self, seconds=None):
+        """Serves the loop until stop() (or for `seconds`).  Turns of at most
+        0.1 s, so that Ctrl-C (KeyboardInterrupt) stops it at once."""
+        import time
+        self._stopped = False
+        end = None if seconds is None else time.monotonic() + seconds
+        while not self._stopped:
+            left = 0.1 if end is None else min(0.1, end - time.monotonic())
+            if left <= 0:
+                break
+            self.run_once(left)
+
+    def stop(self):
+        self._stopped = True
+        lib.lecho_stop(self._check())
+
+    # -- asyncio --
+    def attach(self, loop=None, interval=0.005):
+        """Runs this context inside an asyncio event loop (Jupyter's, say):
+        a turn of run_once(0) every `interval` seconds and soon after each
+        submit.  libev does not publish its backend descriptor (ev.h has no
+        ev_backend_fd), so there is no fd for loop.add_reader to watch; the
+        timers of a context (heartbeats, redials, timeouts) would need a tick
+        anyway.  A turn that finds nothing costs one epoll_wait(0)."""
+        import asyncio
+        if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = asyncio.get_event_loop()
+        self.detach()
+        self._asyncio = _Ticker(self, loop, interval)
+        return self
+
+    def detach(self):
+        if self._asyncio is not None:
+            self._asyncio.cancel()
+            self._asyncio = None
+
+    def _kick(self):
+        if self._asyncio is not None:
+            self._asyncio.soon()
+
+    # -- channels, services --
+    def channel(self, name):
+        """The channel `name` ("ozone", or "host:port/ozone")."""
+        ch = lib.lecho_channel_get(self._check(), name.encode())
+        if ch == ffi.NULL:
+            raise LechoError("invalid", _s(lib.lecho_errmsg(self._x)) or "bad channel name")
+        return Channel(self, ch, name)
+
+    def service(self, name, fn, **opts):
+        """Serves `name`: fn(args, meta) -> result runs for each call (in the
+        loop calls; it cannot wait).  opts: version, concurrency, queue,
+        queue_bytes, budget.  An exception in fn fails the call (code
+        "failed") with its text."""
+        return Service(self, name, fn, opts)
+
+    def call(self, name, args=None, **opts):
+        """Calls a server of `name`; runs the loop until it answers.  opts:
+        timeout, version, min_version, key, at, retries.  The handler's
+        result (None for none; a tuple for several), or CallError."""
+        x = self._check()
+        a = self._value(args)
+        o = self._value(opts) if opts else ffi.NULL
+        res = ffi.new("lecho_value **")
+        rc = lib.lecho_call(x, name.encode(), a, o, res)
+        msg = _s(lib.lecho_errmsg(x)) if rc != 0 else ""
+        holder = self._own(res[0]) if res[0] != ffi.NULL else None
+        self._reraise()
+        if rc != 0:
+            value = msg
+            if holder is not None:
+                r = _values.read(holder)
+                if isinstance(r, tuple):
+                    value = r[0]
+            raise CallError(rc, msg, value)
+        r = _values.read(holder)
+        if not isinstance(r, tuple):
+            self._fail(r)
+        d = r[0]
+        if isinstance(d, list):  # results 1..n with n among them? (n is a key: always a dict)
+            d = {i + 1: x for i, x in enumerate(d)}
+        n = d.get("n", 0)
+        vals = tuple(d.get(i) for i in range(1, n + 1))
+        if n == 0:
+            return None
+        return vals[0] if n == 1 else vals
+
+    def stats(self):
+        """The context's counters (Lua's ctx:stats())."""
+        v = lib.lecho_stats(self._check())
+        if v == ffi.NULL:
+            self._fail(lib.LECHO_EFAILED)
+        return self._read(self._own(v))
+
+    def stat(self, channel, counter):
+        """One counter of one channel (-1: none yet)."""
+        return lib.lecho_stat(self._check(), channel.encode(), counter.encode())
+
+    def close(self, linger=-1.0):
+        """Delivers what was submitted (at most `linger` seconds; < 0: the
+        context's linger option, 2 s), closes, frees.  LechoError("timeout")
+        when something could not be delivered (closed all the same)."""
+        if self._x is None:
+            return
+        self.detach()
+        self._drain()
+        x, self._x = self._x, None
+        for h in self._handles:
+            h._dead()
+        self._handles = []
+        err = ffi.new("char[512]")
+        rc = lib.lecho_close_err(x, float(linger), err, 512)
+        self._reraise()
+        if rc != 0:
+            raise LechoError(rc, _s(err))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_x", None) is not None and threading.get_ident() == self._thread:
+            try:
+                self.close(0)
+            except Exception:
+                pass
+
+
+def _print_handler_error(where, exc):
+    sys.stderr.write("lecho: %s failed: " % where)
+    traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+
+
+class _Ticker:
+    """Context.attach's asyncio side: run_once(0) every interval."""
+
+    def __init__(self, ctx, loop, interval):
+        self.ctx, self.loop, self.interval = ctx, loop, interval
+        self.handle = loop.call_soon(self.tick)
+        self.pending_soon = False
+
+    def tick(self):
+        self.handle = None
+        if self.ctx._x is None:
+            return
+        try:
+            self.ctx.run_once(0)
+        finally:
+            if self.ctx._x is not None:
+                self.handle = self.loop.call_later(self.interval, self.tick)
+
+    def soon(self):
+        if self.pending_soon:
+            return
+        self.pending_soon = True
+
+        def once():
+            self.pending_soon = False
+            if self.ctx._x is not None:
+                self.ctx.run_once(0)
+        self.loop.call_soon(once)
+
+    def cancel(self):
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+
+class Channel:
+    def __init__(self, ctx, ch, asked):
+        self.ctx = ctx
+        self._ch = ch
+        self.name = _s(lib.lecho_channel_name(ch))
+
+    def producer(self, policy=None):
+        """A producer: returns once the channel's manager said where the
+        consumers are.  policy: None (the context's), "block",
+        "drop_oldest", "drop_newest", "disconnect"."""
+        return Producer(self, policy)
+
+    def consumer(self, fn, modulator=None, params=None, period=None, capabilities=None, raw=False):
+        """A consumer running fn(ev, meta) for each event (inside the loop
+        calls).  fn's exception fails the event (a submit_sync sees its
+        text).  modulator: Lua source (or a .lua file) run in every
+        producing process (README "Modulators"); params: its shared
+        params."""
+        return Consumer(self, fn, _mod_opts(modulator, params, period, capabilities), raw)
+
+    def subscribe(self, modulator=None, params=None, period=None, capabilities=None, raw=False,
+                  maxsize=65536, meta=False):
+        """A consumer as an iterator: `for ev in ch.subscribe(...)` (or
+        `async for` once the context is attached to asyncio).  Yields
+        events, or (ev, Meta) with meta=True."""
+        return Subscription(self, _mod_opts(modulator, params, period, capabilities), raw,
+                            maxsize, meta)
+
+
+def _mod_opts(mod, params, period, capabilities):
+    o = {}
+    if mod is not None:
+        o["modulator"] = modulator(mod)
+    if params is not None:
+        o["params"] = params
+    if period is not None:
+        o["period"] = period
+    if capabilities is not None:
+        o["capabilities"] = list(capabilities)
+    return o
+
+
+class Producer:
+    def __init__(self, ch, policy):
+        self.ctx = ctx = ch.ctx
+        self.channel = ch
+        out = ffi.new("lecho_producer **")
+        rc = lib.lecho_producer_open(ch._ch, policy.encode() if policy else ffi.NULL, out)
+        ctx._loop_call(rc)
+        self._p = out[0]
+        self._ev = ctx._own(lib.lecho_value_new(ctx._x))
+
+    def _load(self, ev):
+        if self._p is None or self.ctx._x is None:
+            raise LechoError("closed", "producer is closed")
+        self.ctx._set(self._ev, ev)
+
+    def submit(self, ev):
+        """Queues ev for every consumer; returns at once (under "block",
+        first runs the loop until there is room)."""
+        self._load(ev)
+        rc = lib.lecho_submit(self._p, self._ev)
+        self.ctx._loop_call(rc)
+        self.ctx._kick()
+
+    def submit_sync(self, ev, timeout=-1.0):
+        """Submits ev and runs the loop until every consumer ran its
+        handler on it (True), or raises SyncError (.errors per consumer)."""
+        self._load(ev)
+        errs = ffi.new("lecho_errors **")
+        rc = lib.lecho_submit_sync(self._p, self._ev, float(timeout), errs)
+        ctx = self.ctx
+        msg = _s(lib.lecho_errmsg(ctx._x)) if rc != 0 else ""
+        e = errs[0]
+        lst = []
+        if e != ffi.NULL:
+            for i in range(lib.lecho_errors_count(e)):
+                lst.append({"context": _s(lib.lecho_errors_context(e, i)),
+                            "consumer": _s(lib.lecho_errors_consumer(e, i)),
+                            "message": _s(lib.lecho_errors_message(e, i)),
+                            "code": ffi.string(lib.lecho_strerror(lib.lecho_errors_code(e, i))).decode()})
+            msg = _s(lib.lecho_errors_text(e)) or msg
+            lib.lecho_errors_free(e)
+        ctx._reraise()
+        if rc != 0:
+            raise SyncError(rc, msg, lst)
+        return True
+
+    def flush(self):
+        rc = lib.lecho_flush(self._p)
+        if rc != 0:
+            self.ctx._fail(rc)
+
+    def close(self):
+        if self._p is not None and self.ctx._x is not None:
+            lib.lecho_producer_close(self._p)
+        self._p = None
+
+
+class _Handled:
+    """What consumers and services share: the cffi callback kept alive with
+    the handle, the error text kept alive until C copied it."""
+
+    def _dead(self):
+        self._h = None
+
+
+class Consumer(_Handled):
+    def __init__(self, ch, fn, opts, raw=False):
+        self.ctx = ctx = ch.ctx
+        self.channel = ch
+        self._fn = fn
+        self._raw = raw
+        self._err = None
+        self._cb = ffi.callback("lecho_handler", self._trampoline)
+        o = ctx._value(opts) if opts else ffi.NULL
+        out = ffi.new("lecho_consumer **")
+        rc = lib.lecho_consumer_open_opts(ch._ch, self._cb, ffi.NULL, o, out)
+        ctx._loop_call(rc)
+        self._h = out[0]
+        ctx._handles.append(self)
+
+    def _trampoline(self, ev, meta, ud):
+        ctx = self.ctx
+        try:
+            r = _values.read(ev, self._raw)
+            if not isinstance(r, tuple):
+                raise LechoError(r, _s(lib.lecho_errmsg(ctx._x)))
+            m = Meta(_s(meta.channel), _s(meta.producer), int(meta.seq))
+            res = self._fn(r[0], m)
+            if res is None or res is True:
+                return ffi.NULL
+            msg = str(res)
+        except Exception as exc:
+            ctx.on_handler_error("handler of consumer on %s" % self.channel.name, exc)
+            msg = "%s: %s" % (type(exc).__name__, exc)
+        except BaseException as exc:  # KeyboardInterrupt, SystemExit: after the C call
+            ctx._pending = exc
+            msg = "interrupted"
+        self._err = ffi.new("char[]", msg.encode("utf-8", "replace"))
+        return self._err
+
+    def set_params(self, params):
+        """Changes the modulator's params at every producer; returns once
+        every producer applied them."""
+        v = self.ctx._value(params)
+        rc = lib.lecho_consumer_set_params(self._h, v)
+        self.ctx._loop_call(rc)
+
+    def close(self):
+        if self._h is not None and self.ctx._x is not None:
+            lib.lecho_consumer_close(self._h)
+            self.ctx._handles.remove(self)
+        self._h = None
+
+
+class Subscription(Consumer):
+    """A consumer whose events queue up (at most maxsize; past it an event
+    fails at its consumer, counted in .dropped and logged: a submit_sync
+    sees "subscription queue full") until the iterator takes them."""
+
+    def __init__(self, ch, opts, raw, maxsize, meta):
+        self._q = collections.deque()
+        self._maxsize = maxsize
+        self._meta = meta
+        self._waiter = None
+        self.dropped = 0
+        super().__init__(ch, self._put, opts, raw)
+
+    def _put(self, ev, meta):
+        if self._maxsize and len(self._q) >= self._maxsize:
+            if self.dropped == 0:
+                sys.stderr.write("lecho: subscription on %s: queue full (%d), events refused\n"
+                                 % (self.channel.name, self._maxsize))
+            self.dropped += 1
+            return "subscription queue full"
+        self._q.append((ev, meta) if self._meta else ev)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+        return None
+
+    def get(self, timeout=None):
+        """The next event, running the loop meanwhile; LechoError("timeout")
+        after timeout seconds (None: waits)."""
+        import time
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self._q:
+            if self._h is None:
+                raise LechoError("closed", "consumer is closed")
+            left = 0.1 if end is None else min(0.1, end - time.monotonic())
+            if left <= 0:
+                raise LechoError("timeout", "no event within %g s" % timeout)
+            self.ctx.run_once(left)
+        return self._q.popleft()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._h is None and not self._q:
+            raise StopIteration
+        return self.get()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        import asyncio
+        while not self._q:
+            if self._h is None:
+                raise StopAsyncIteration
+            if self.ctx._asyncio is None:
+                raise LechoError("invalid", "async iteration needs ctx.attach() (asyncio)")
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._q.popleft()
+
+    def __len__(self):
+        return len(self._q)
+
+    def _dead(self):
+        super()._dead()
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def close(self):
+        super().close()
+        self._dead()
+
+
+class Service(_Handled):
+    def __init__(self, ctx, name, fn, opts):
+        self.ctx = ctx
+        self.name = name
+        self._fn = fn
+        self._err = None
+        self._cb = ffi.callback("lecho_service_fn", self._trampoline)
+        o = ctx._value(opts) if opts else ffi.NULL
+        out = ffi.new("lecho_service **")
+        rc = lib.lecho_service_open(ctx._check(), name.encode(), self._cb, ffi.NULL, o, out)
+        ctx._loop_call(rc)
+        self._h = out[0]
+        ctx._handles.append(self)
+
+    def _trampoline(self, args, meta, result, ud):
+        ctx = self.ctx
+        try:
+            a = _values.read(args)
+            m = _values.read(meta)
+            if not isinstance(a, tuple) or not isinstance(m, tuple):
+                raise LechoError("invalid", _s(lib.lecho_errmsg(ctx._x)))
+            r = self._fn(a[0], m[0])
+            ctx._set(result, r)
+            return ffi.NULL
+        except Exception as exc:
+            msg = "%s: %s" % (type(exc).__name__, exc)
+        except BaseException as exc:
+            ctx._pending = exc
+            msg = "interrupted"
+        self._err = ffi.new("char[]", msg.encode("utf-8", "replace"))
+        return self._err
+
+    def close(self):
+        if self._h is not None and self.ctx._x is not None:
+            lib.lecho_service_close(self._h)
+            self.ctx._handles.remove(self)
+        self._h = None

@@ -1,0 +1,65 @@
+-- python/tests/peer.lua: the Lua side of the Python package's tests, one
+-- process per role (run with the checkout's LUA_PATH/LUA_CPATH):
+--   luajit peer.lua produce NS CHANNEL N      waits for a consumer (sync pings),
+--       submits { k = 1..N, pad = 48 bytes }, then a sync { final = true };
+--       prints "sync true" or "sync nil MSG CODE" for each sync submit it makes
+--   luajit peer.lua steer NS CHANNEL          submit_sync { alpha = 0.5 }, then
+--       { alpha = "bad" }: prints each result, "ok" or "failed CODE MSG"
+--   luajit peer.lua consume NS CHANNEL N      prints each event's k, "final" at
+--       { final = true } (answering its sync), then exits after N events or final
+--   luajit peer.lua serve NS NAME             serves NAME: returns args.x * 2,
+--       raises { code = 400 } when args.x is not a number; prints "ready"
+--   luajit peer.lua call NS NAME X            prints the call's results or its error
+io.stdout:setvbuf("line")
+local lecho = require "lecho"
+local role, ns, name = arg[1], arg[2], arg[3]
+local ctx = lecho.context{ nameserver = ns, quiet = true }
+
+local function wait_consumer(p)
+  for _ = 1, 200 do
+    local ok, _, code = p:submit_sync({ ping = true }, { timeout = 2 })
+    if ok then return true end
+    if code ~= "noconsumer" then ctx:sleep(0.05) else ctx:sleep(0.05) end
+  end
+  error("no consumer came")
+end
+
+if role == "produce" then
+  local p = assert(ctx:channel(name):producer())
+  wait_consumer(p)
+  for k = 1, tonumber(arg[4]) do
+    assert(p:submit({ k = k, pad = ("x"):rep(48) }))
+  end
+  print("sync", p:submit_sync({ final = true }, { timeout = 10 }))
+elseif role == "steer" then
+  local p = assert(ctx:channel(name):producer())
+  wait_consumer(p)
+  for _, v in ipairs{ 0.5, "bad" } do
+    local ok, errs, code = p:submit_sync({ alpha = v }, { timeout = 5 })
+    if ok then print("ok") else print("failed", code, errs[1] and errs[1].err or tostring(errs)) end
+  end
+elseif role == "consume" then
+  local n, want = 0, tonumber(arg[4])
+  ctx:channel(name):consumer(function(ev)
+    if ev.final then print("final"); ctx:stop(); return end
+    if ev.ping then return end
+    n = n + 1
+    print(ev.k, ev.text)
+    if n >= want then ctx:stop() end
+  end)
+  print("ready")
+  ctx:after(20, function() print("timeout"); ctx:stop() end)
+  ctx:run()
+elseif role == "serve" then
+  ctx:service(name, function(args)
+    if type(args) ~= "table" or type(args.x) ~= "number" then error({ code = 400 }) end
+    return args.x * 2, "lua"
+  end)
+  print("ready")
+  ctx:after(30, function() ctx:stop() end)
+  ctx:run()
+elseif role == "call" then
+  local r = { ctx:call(name, { x = tonumber(arg[4]) or arg[4] }, { timeout = 5 }) }
+  print(unpack(r, 1, 3))
+end
+ctx:close()

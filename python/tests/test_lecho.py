@@ -1,0 +1,201 @@
+"""python/lecho against real processes: a Lua name server, Lua producers,
+consumers and servers (peer.lua), Python consumers and producers."""
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import lecho
+from conftest import ROOT, readline, rest
+
+EVEN = "function enqueue(ev) if ev.k == nil or ev.k % 2 == 0 then return ev end end"
+
+
+def test_values_round_trip_through_a_context():
+    with lecho.Context(quiet=True) as ctx:
+        ch = ctx.channel("values")
+        got = []
+        ch.consumer(lambda ev, meta: got.append((ev, meta)))
+        p = ch.producer()
+        ev = {"step": 3, "x": 0.25, "s": "héllo", "b": b"\xff\x00z", "none": None, "yes": True,
+              "no": False, "list": [1, "two", [3.5]], "nested": {"a": {"b": {}}}, 7: "int key",
+              "big": 2 ** 53}
+        assert p.submit_sync(ev) is True
+        (got_ev, meta), = got
+        expect = dict(ev)
+        del expect["none"]            # a nil field is no field, as in Lua
+        assert got_ev == expect
+        assert isinstance(got_ev["step"], int) and isinstance(got_ev["x"], float)
+        assert meta.channel == "values" and meta.seq == 1 and meta.producer.endswith("#1")
+        with pytest.raises(ValueError, match="2\\*\\*53"):
+            p.submit({"too_big": 2 ** 53 + 1})
+        with pytest.raises(TypeError, match="object"):
+            p.submit({"f": object()})
+
+
+def test_errors_carry_the_shared_codes(nameserver):
+    with pytest.raises(lecho.LechoError) as e:
+        lecho.Context(nameserver=nameserver, namserver="typo")
+    assert e.value.code == "invalid" and "namserver" in e.value.message
+    assert e.value.errno == lecho.CODES["invalid"] == 6
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        p = ctx.channel("nobody").producer()
+        with pytest.raises(lecho.SyncError) as e:
+            p.submit_sync({"x": 1}, timeout=2)
+        assert e.value.code == "noconsumer"
+        with pytest.raises(lecho.CallError) as e:
+            ctx.call("no.such.service", {"x": 1}, timeout=2)
+        assert e.value.code == "noservice"
+        with pytest.raises(lecho.LechoError) as e:
+            ctx.channel("nobody").subscribe(modulator="this is not lua")
+        assert e.value.code == "invalid"
+    with pytest.raises(lecho.LechoError) as e:
+        ctx.channel("x")
+    assert e.value.code == "closed"
+
+
+def test_python_consumer_of_a_lua_producer_with_a_modulator_at_the_producer(nameserver, procs):
+    n = 200
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        ch = ctx.channel("py.mod")
+        sub = ch.subscribe(modulator=EVEN)
+        lua = procs.lua("produce", nameserver, "py.mod", n)
+        ks = []
+        for ev in sub:
+            if ev.get("final"):
+                break
+            if "k" in ev:
+                ks.append(ev["k"])
+        assert ks == list(range(2, n + 1, 2))
+        assert readline(lua, r"^sync\s+(\S+)").group(1) == "true"
+        # Filtered where it was produced: only the even half crossed the wire.
+        # (a modulated consumer's events come on the channel's "NAME@hash" row)
+        events_in = sum(row["events_in"] for name, row in ctx.stats()["channels"].items()
+                        if name.startswith(ch.name))
+        assert n // 2 <= events_in < n, events_in
+
+
+def test_sync_submit_handled_by_a_python_consumer(nameserver, procs):
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        ctx.on_handler_error = lambda where, exc: None
+        alphas = []
+
+        def steer(ev, meta):
+            if ev.get("ping"):
+                return None
+            if not isinstance(ev.get("alpha"), float):
+                return "alpha must be a number"   # the steerer's submit_sync gets it
+            alphas.append(ev["alpha"])
+
+        ctx.channel("py.steer").consumer(steer)
+        lua = procs.lua("steer", nameserver, "py.steer")
+        ctx.run(seconds=0.2)
+        while lua.poll() is None:
+            ctx.run_once(0.05)
+        out = rest(lua)
+        assert out[0] == "ok"
+        assert out[1] == "failed\tfailed\talpha must be a number"
+        assert alphas == [0.5]
+
+
+def test_python_producer_to_a_lua_consumer(nameserver, procs):
+    lua = procs.lua("consume", nameserver, "py.out", 3)
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        readline(lua, "^ready")
+        p = ctx.channel("py.out").producer()
+        for k in range(1, 4):
+            p.submit({"k": k, "text": "from python"})
+        assert p.submit_sync({"final": True}, timeout=10) is True
+    out = rest(lua)
+    assert out[:4] == ["1\tfrom python", "2\tfrom python", "3\tfrom python", "final"]
+
+
+def test_calls_between_python_and_lua(nameserver, procs):
+    srv = procs.lua("serve", nameserver, "py.double")
+    readline(srv, "^ready")
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        assert ctx.call("py.double", {"x": 21}, timeout=5) == (42, "lua")
+        with pytest.raises(lecho.CallError) as e:
+            ctx.call("py.double", {"x": "no"}, timeout=5)
+        assert e.value.code == "failed" and e.value.value == {"code": 400}
+        s = ctx.service("py.upper", lambda args, meta: args["x"].upper())
+        caller = procs.lua("call", nameserver, "py.upper", "abc")
+        while caller.poll() is None:
+            ctx.run_once(0.05)
+        assert rest(caller) == ["ABC\tnil\tnil"]   # print(unpack(r, 1, 3)): one result
+        s.close()
+
+
+def test_asyncio_attach_and_async_for(nameserver, procs):
+    async def main():
+        ctx = lecho.Context(nameserver=nameserver, quiet=True).attach(interval=0.005)
+        sub = ctx.channel("py.aio").subscribe()
+        lua = procs.lua("produce", nameserver, "py.aio", 20)
+        ks = []
+        ticks = 0
+
+        async def other():          # the event loop stays free meanwhile
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.001)
+        t = asyncio.ensure_future(other())
+        async for ev in sub:
+            if ev.get("final"):
+                break
+            if "k" in ev:
+                ks.append(ev["k"])
+        t.cancel()
+        ctx.close()
+        return ks, ticks, lua
+
+    ks, ticks, lua = asyncio.run(asyncio.wait_for(main(), 30))
+    assert ks == list(range(1, 21))
+    assert ticks > 5
+    assert readline(lua, r"^sync\s+(\S+)").group(1) == "true"
+
+
+def test_ctrl_c_closes_cleanly(nameserver, procs, tmp_path):
+    script = tmp_path / "sub.py"
+    script.write_text(textwrap.dedent("""
+        import sys, lecho
+        ctx = lecho.Context(nameserver=sys.argv[1], quiet=True)
+        sub = ctx.channel("py.ctrlc").subscribe()
+        try:
+            print("subscribed", flush=True)
+            for ev in sub:
+                pass
+        except KeyboardInterrupt:
+            sub.close()
+            ctx.close(1)
+            print("closed cleanly", flush=True)
+    """))
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    p = procs.start([sys.executable, str(script), nameserver], env=env)
+    readline(p, "^subscribed")
+    p.send_signal(signal.SIGINT)
+    readline(p, "^closed cleanly", timeout=10)
+    assert p.wait(10) == 0
+    # The name server forgot the consumer: a sync submit now finds nobody.
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        with pytest.raises(lecho.SyncError) as e:
+            ctx.channel("py.ctrlc").producer().submit_sync({"x": 1}, timeout=2)
+        assert e.value.code == "noconsumer"
+
+
+def test_ctrl_c_inside_a_handler_is_raised_after_the_loop_call():
+    with lecho.Context(quiet=True) as ctx:
+        ch = ctx.channel("kbd")
+
+        def handler(ev, meta):
+            raise KeyboardInterrupt
+
+        ch.consumer(handler)
+        p = ch.producer()
+        p.submit({"x": 1})
+        with pytest.raises(KeyboardInterrupt):
+            ctx.run(seconds=2)

@@ -41,6 +41,9 @@ class Procs:
     def lua(self, *args):
         return self.start(["luajit", PEER] + [str(a) for a in args])
 
+    def lua_script(self, path, *args):
+        return self.start(["luajit", path] + [str(a) for a in args])
+
     def close(self):
         for p in self.procs:
             if p.poll() is None:

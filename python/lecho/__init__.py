@@ -20,7 +20,7 @@ from ._ffi import ffi, lib, LIBRARY
 from . import _values
 
 __all__ = ["Context", "Channel", "Producer", "Consumer", "Subscription", "Service", "Meta",
-           "LechoError", "SyncError", "CallError", "modulator", "CODES", "LIBRARY"]
+           "LechoError", "SyncError", "CallError", "modulator", "keygen", "CODES", "LIBRARY"]
 
 # The shared error codes (README "Errors"; lua/lecho/errors.lua): name <-> number.
 CODES = {}
@@ -98,6 +98,32 @@ def modulator(src_or_file):
         except OSError as e:
             raise LechoError("io", "%s: %s" % (s, e.strerror)) from None
     return s
+
+
+def keygen(*names, dir=".", authority=False, sign_with=None):
+    """Makes a key pair per principal name (scripts/lecho-keygen: DIR/NAME.key,
+    mode 0600, and DIR/NAME.pub; never overwrites a file).  authority: make
+    authority keys; sign_with: certify each new key with that authority's
+    secret key file.  Returns the secret key paths.  Raises LechoError
+    ("failed") with the script's message."""
+    import os
+    import shutil
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = os.path.join(here, "..", "..", "scripts", "lecho-keygen")
+    if not os.path.exists(script):
+        script = shutil.which("lecho-keygen")
+    if not script:
+        raise LechoError("notfound", "lecho-keygen not found (make install puts it in PREFIX/bin)")
+    argv = [script] + list(names) + ["--dir", str(dir)]
+    if authority:
+        argv.append("--authority")
+    if sign_with:
+        argv += ["--sign-with", str(sign_with)]
+    r = subprocess.run(argv, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise LechoError("failed", (r.stderr or r.stdout).strip())
+    return [os.path.join(str(dir), n + ".key") for n in names]
 
 
 class Context:

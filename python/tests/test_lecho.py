@@ -199,3 +199,28 @@ def test_ctrl_c_inside_a_handler_is_raised_after_the_loop_call():
         p.submit({"x": 1})
         with pytest.raises(KeyboardInterrupt):
             ctx.run(seconds=2)
+
+
+def test_keyed_mode_with_key_and_trust_files(procs, tmp_path):
+    keys = tmp_path / "keys"
+    lecho.keygen("ca", dir=keys, authority=True)
+    lecho.keygen("nameserver", "py", dir=keys, sign_with=keys / "ca.key")
+    p = procs.start(["luajit", os.path.join(ROOT, "scripts", "lecho-nameserver"),
+                     "--listen", "127.0.0.1:0", "--key", str(keys / "nameserver.key"),
+                     "--trust", str(keys / "ca.pub")])
+    ns = readline(p, r"^lecho-nameserver: listening on (\S+) \(keyed").group(1)
+    with lecho.Context(nameserver=ns, key=str(keys / "py.key"), trust=[str(keys / "ca.pub")],
+                       quiet=True) as ctx:
+        ch = ctx.channel("keyed")
+        got = []
+        ch.consumer(lambda ev, meta: got.append(ev))
+        assert ch.producer().submit_sync({"secret": "yes"}, timeout=5) is True
+        assert got == [{"secret": "yes"}]
+    # a context without keys is refused by the keyed name server
+    with lecho.Context(nameserver=ns, key=False, trust=False, quiet=True, timeout=2) as ctx:
+        with pytest.raises(lecho.LechoError) as e:
+            ctx.channel("keyed").producer()
+        assert e.value.code == "refused" and "mode mismatch" in e.value.message, e.value
+    with pytest.raises(lecho.LechoError) as e:
+        lecho.keygen("bad name!", dir=keys)
+    assert e.value.code == "failed"

@@ -217,6 +217,7 @@ static void ctx_free(lecho_ctx *x) {
     free(x->ns);
     free(x->show);
     free(x->nodes);
+    free(x->packed);
     free(x);
 }
 
@@ -270,8 +271,9 @@ int lecho_close_err(lecho_ctx *x, double linger, char *err, size_t errlen) {
     }
     /* No handler runs once closing started: the trampolines find no consumer. */
     for (struct lei_h *h = x->handles; h; h = h->next)
-        if (h->kind == H_CONSUMER)
-            ((lecho_consumer *)h)->box->c = NULL;
+        if (h->kind == H_CONSUMER) {
+            if (((lecho_consumer *)h)->box) ((lecho_consumer *)h)->box->c = NULL;
+        }
         else if (h->kind == H_SERVICE)
             ((lecho_service *)h)->box->s = NULL;
     struct op o = { .d = linger };
@@ -582,6 +584,7 @@ int lecho_consumer_open_opts(lecho_channel *ch, lecho_handler fn, void *ud, cons
     if (!c) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
     c->fn = fn;
     c->ud = ud;
+    c->qref = LUA_NOREF;
     struct op o = { .a = ch, .b = opts, .res = c };
     int rc = lei_api_protect(x, op_consumer, &o);
     if (rc != 0 || !c->box) {
@@ -595,10 +598,80 @@ int lecho_consumer_open_opts(lecho_channel *ch, lecho_handler fn, void *ud, cons
 
 void lecho_consumer_close(lecho_consumer *c) {
     if (!c) return;
-    c->box->c = NULL;
+    if (c->box) c->box->c = NULL;
     struct op o = { .a = c, .s = "consumer_close" };
     lei_api_protect(c->h.ctx, op_simple, &o);
+    if (c->qref != LUA_NOREF) luaL_unref(c->h.ctx->L, LUA_REGISTRYINDEX, c->qref);
     lei_api_h_free(&c->h);
+}
+
+static int op_consumer_queued(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lecho_consumer *c = o->res;
+    lei_api_push_ref(L, ((const lecho_channel *)o->a)->h.ref);
+    if (o->b)
+        lei_api_push_slot(L, o->b);
+    else
+        lua_pushnil(L);
+    lua_pushnumber(L, (lua_Number)o->n);
+    int b;
+    if ((o->rc = lei_api_glue_call(L, o->x, "consumer_queued", 3, &b)) != 0) return 0;
+    lua_pushvalue(L, b + 1);
+    c->qref = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_pushvalue(L, b);
+    c->h.ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    return 0;
+}
+
+int lecho_consumer_open_queued(lecho_channel *ch, const lecho_value *opts, size_t limit,
+                               lecho_consumer **out) {
+    if (out) *out = NULL;
+    if (!ch || !out || limit < 1 || (opts && opts->h.ctx != ch->h.ctx)) return LECHO_EINVAL;
+    lecho_ctx *x = ch->h.ctx;
+    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_consumer_open_queued: not from a handler");
+    lecho_consumer *c = lei_api_h_new(x, sizeof *c, H_CONSUMER);
+    if (!c) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+    c->qref = LUA_NOREF;
+    c->box = NULL; /* no C handler, no trampoline */
+    struct op o = { .a = ch, .b = opts, .n = limit, .res = c };
+    int rc = lei_api_protect(x, op_consumer_queued, &o);
+    if (rc != 0) {
+        if (x->L && c->qref != LUA_NOREF) luaL_unref(x->L, LUA_REGISTRYINDEX, c->qref);
+        lei_api_h_free(&c->h);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+static int op_take(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    const lecho_consumer *c = o->a;
+    lei_api_push_ref(L, c->qref);
+    lua_pushnumber(L, (lua_Number)o->n);
+    lua_pushboolean(L, o->kind);
+    int b;
+    if ((o->rc = lei_api_glue_call(L, o->x, "take", 3, &b)) != 0) return 0;
+    o->idx = lua_objlen(L, b);
+    o->d = lua_tonumber(L, b + 1);
+    /* into the slot of the caller's value */
+    lei_api_push_ref(L, ((const lecho_value *)o->b)->h.ref);
+    lua_pushvalue(L, b);
+    lua_rawseti(L, -2, 1);
+    return 0;
+}
+
+int lecho_consumer_take(lecho_consumer *c, lecho_value *v, size_t max, int meta, size_t *taken,
+                        size_t *dropped) {
+    if (taken) *taken = 0;
+    if (!c || !v || v->h.ctx != c->h.ctx || c->qref == LUA_NOREF) return LECHO_EINVAL;
+    if (max > 0x7fffffff) max = 0x7fffffff;
+    struct op o = { .a = c, .b = v, .n = max, .kind = meta != 0 };
+    int rc = lei_api_protect(c->h.ctx, op_take, &o);
+    if (rc != 0) return rc;
+    if (taken) *taken = o.idx;
+    if (dropped) *dropped = (size_t)o.d;
+    return 0;
 }
 
 static int op_set_params(lua_State *L) {

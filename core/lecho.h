@@ -224,6 +224,13 @@ typedef struct lecho_node {
  * LECHO_ENOMEM. */
 LECHO_API int lecho_nodes(const lecho_value *v, const char *key, const lecho_node **nodes,
                           size_t *count);
+/* lecho_nodes with every string's bytes (keys too) copied, in node order,
+ * into one array owned by the context: each node's str points into it,
+ * *bytes is its start, *nbytes its length.  A binding then takes all the
+ * strings of a value (a batch of events) out of the library in one copy.
+ * Valid until the next lecho_nodes or lecho_nodes_packed on the context. */
+LECHO_API int lecho_nodes_packed(const lecho_value *v, const char *key, const lecho_node **nodes,
+                                 size_t *count, const char **bytes, size_t *nbytes);
 /* The reverse: sets v's slot (key NULL) or field key to the value whose
  * count nodes, in the order lecho_nodes gives (for a table: its n pairs,
  * len of them the array part; a binding may give len 0 and list the
@@ -347,6 +354,24 @@ LECHO_API int lecho_consumer_open(lecho_channel *ch, lecho_handler fn, void *ud,
  * modulator that does not compile: LECHO_EINVAL with lecho_errmsg. */
 LECHO_API int lecho_consumer_open_opts(lecho_channel *ch, lecho_handler fn, void *ud,
                                        const lecho_value *opts, lecho_consumer **out);
+/* A consumer without a handler: its events wait in a queue inside the
+ * context until lecho_consumer_take takes them, so that a binding makes no
+ * call per event (python/lecho's iterators).  opts as for
+ * lecho_consumer_open_opts.  At most limit events wait (>= 1); past it an
+ * event fails at this consumer with "queue full" (a sync submit sees it)
+ * and is counted (lecho_consumer_take's *dropped).  An event counts as
+ * handled once queued.  0 with *out set (owned by ctx), or a code. */
+LECHO_API int lecho_consumer_open_queued(lecho_channel *ch, const lecho_value *opts, size_t limit,
+                                         lecho_consumer **out);
+/* Moves at most max of c's queued events, oldest first, into v's slot: a
+ * list { ev, ... }, or with meta nonzero { { ev, producer, seq }, ... }
+ * (an event that is nil is a hole in the list: use meta to see it).
+ * *taken (when not NULL) gets how many, *dropped (when not NULL) how many
+ * events the queue refused since the consumer opened.  Runs no loop: call
+ * lecho_run_once when it takes 0.  LECHO_EINVAL for a consumer not opened
+ * with lecho_consumer_open_queued. */
+LECHO_API int lecho_consumer_take(lecho_consumer *c, lecho_value *v, size_t max, int meta,
+                                  size_t *taken, size_t *dropped);
 /* Changes the params of the consumer's modulator at every producer and
  * returns once every producer applied them (c:set_params); 0, or a code
  * (LECHO_EINVAL: the consumer has no modulator).  Not from a handler. */

@@ -47,7 +47,8 @@ struct lecho_consumer {
     struct lei_h h;
     lecho_handler fn;
     void *ud;
-    struct cbox *box; /* borrowed from Lua: valid while h.ref holds the consumer */
+    struct cbox *box; /* borrowed from Lua: valid while h.ref holds the consumer; NULL when queued */
+    int qref;         /* a queued consumer: registry ref of its queue (else LUA_NOREF) */
 };
 
 /* The service trampoline's upvalue, as struct cbox for consumers. */
@@ -82,6 +83,8 @@ struct lecho_ctx {
     struct lei_h *handles;
     lecho_node *nodes; /* owned: lecho_nodes' array (nodes_cap of them) */
     size_t nodes_cap;
+    char *packed;      /* owned: lecho_nodes_packed's string bytes (packed_cap of them) */
+    size_t packed_cap;
     char err[512];
 };
 

@@ -456,6 +456,47 @@ int lecho_nodes(const lecho_value *v, const char *key, const lecho_node **nodes,
     return 0;
 }
 
+int lecho_nodes_packed(const lecho_value *v, const char *key, const lecho_node **nodes, size_t *count,
+                       const char **bytes, size_t *nbytes) {
+    if (bytes) *bytes = NULL;
+    if (nbytes) *nbytes = 0;
+    if (!bytes || !nbytes) return LECHO_EINVAL;
+    int rc = lecho_nodes(v, key, nodes, count);
+    if (rc != 0) return rc;
+    lecho_ctx *x = v->h.ctx;
+    size_t total = 0;
+    for (size_t i = 0; i < *count; i++)
+        if (x->nodes[i].type == LECHO_TSTRING) {
+            if (x->nodes[i].n + 1 > (size_t)-1 - total) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+            total += x->nodes[i].n + 1;
+        }
+    /* Bounded by the largest value read lately: a buffer grown by a huge
+     * string shrinks once values are small again. */
+    if (x->packed_cap > ((size_t)4 << 20) && total <= ((size_t)1 << 20)) {
+        free(x->packed);
+        x->packed = NULL;
+        x->packed_cap = 0;
+    }
+    if (total > x->packed_cap) {
+        char *p = realloc(x->packed, total);
+        if (!p) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+        x->packed = p;
+        x->packed_cap = total;
+    }
+    size_t at = 0;
+    for (size_t i = 0; i < *count; i++) {
+        lecho_node *nd = &x->nodes[i];
+        if (nd->type != LECHO_TSTRING) continue;
+        memcpy(x->packed + at, nd->str, nd->n);
+        x->packed[at + nd->n] = 0;
+        nd->str = x->packed + at;
+        at += nd->n + 1;
+    }
+    *bytes = x->packed;
+    *nbytes = total;
+    return 0;
+}
+
 /* Pushes the value whose nodes begin at o->nums' node *i (o->res: the
  * nodes, o->n: their count), advancing *i past them. */
 static int build_nodes(struct op *o, lua_State *L, size_t *i, int depth) {

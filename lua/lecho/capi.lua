@@ -134,6 +134,43 @@ function M.consumer(ch, cfn, opts)
   end, opts)
 end
 
+-- A queued consumer (lecho_consumer_open_queued): its handler appends to
+-- a queue { head, tail, dropped } that M.take empties; no call into C per
+-- event.  Past `limit` events waiting, an event fails at this consumer
+-- ("queue full": a sync submit sees it) and is counted in q.dropped.
+function M.consumer_queued(ch, opts, limit)
+  local q = { head = 1, tail = 0, dropped = 0, prod = {}, seq = {} }
+  local c, err, code = protect(ch.consumer, ch, function(ev, meta)
+    local t = q.tail
+    if t - q.head + 1 >= limit then
+      q.dropped = q.dropped + 1
+      error("queue full", 0)
+    end
+    t = t + 1
+    q[t], q.prod[t], q.seq[t] = ev, meta.producer, meta.seq
+    q.tail = t
+  end, opts)
+  if not c then return nil, err, code end
+  return c, q
+end
+
+-- At most max events of q, oldest first: the list { ev, ... } or, with
+-- meta, { { ev, producer, seq }, ... }; and q.dropped.
+function M.take(q, max, meta)
+  local out, n = {}, 0
+  local h, t = q.head, q.tail
+  local prod, seq = q.prod, q.seq
+  while h <= t and n < max do
+    n = n + 1
+    if meta then out[n] = { q[h], prod[h], seq[h] } else out[n] = q[h] end
+    q[h], prod[h], seq[h] = nil, nil, nil
+    h = h + 1
+  end
+  if h > t then h, q.tail = 1, 0 end
+  q.head = h
+  return out, q.dropped
+end
+
 function M.set_params(c, params)
   return protect(function()
     local ok, err, code = c:set_params(params)

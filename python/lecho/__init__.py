@@ -388,9 +388,15 @@ class _Ticker:
             return
         try:
             self.ctx.run_once(0)
+            self.wake()
         finally:
             if self.ctx._x is not None:
                 self.handle = self.loop.call_later(self.interval, self.tick)
+
+    def wake(self):
+        for h in self.ctx._handles:
+            if isinstance(h, Subscription):
+                h._wake()
 
     def soon(self):
         if self.pending_soon:
@@ -401,6 +407,7 @@ class _Ticker:
             self.pending_soon = False
             if self.ctx._x is not None:
                 self.ctx.run_once(0)
+                self.wake()
         self.loop.call_soon(once)
 
     def cancel(self):
@@ -565,51 +572,84 @@ class Consumer(_Handled):
         self._h = None
 
 
-class Subscription(Consumer):
-    """A consumer whose events queue up (at most maxsize; past it an event
-    fails at its consumer, counted in .dropped and logged: a submit_sync
-    sees "subscription queue full") until the iterator takes them."""
+class Subscription(_Handled):
+    """A consumer as an iterator.  Its events wait in a queue inside the
+    context (lecho_consumer_open_queued: no Python call per event) and are
+    taken in batches.  At most maxsize wait; past it an event fails at this
+    consumer (a submit_sync sees "queue full"), is counted in .dropped and
+    logged once.  An event counts as handled (for a producer's submit_sync)
+    once it is queued."""
+
+    BATCH = 4096
 
     def __init__(self, ch, opts, raw, maxsize, meta):
+        self.ctx = ctx = ch.ctx
+        self.channel = ch
+        self._raw = raw
+        self._meta = bool(meta)
         self._q = collections.deque()
-        self._maxsize = maxsize
-        self._meta = meta
         self._waiter = None
         self.dropped = 0
-        super().__init__(ch, self._put, opts, raw)
+        o = ctx._value(opts) if opts else ffi.NULL
+        out = ffi.new("lecho_consumer **")
+        rc = lib.lecho_consumer_open_queued(ch._ch, o, int(maxsize), out)
+        ctx._loop_call(rc)
+        self._h = out[0]
+        self._box = ctx._own(lib.lecho_value_new(ctx._x))
+        self._counts = ffi.new("size_t[2]")
+        ctx._handles.append(self)
 
-    def _put(self, ev, meta):
-        if self._maxsize and len(self._q) >= self._maxsize:
+    def _fill(self):
+        """Moves what the context queued into self._q; True if anything."""
+        if self._h is None or self.ctx._x is None:
+            return False
+        c = self._counts
+        rc = lib.lecho_consumer_take(self._h, self._box, self.BATCH, self._meta, c, c + 1)
+        if rc != 0:
+            self.ctx._fail(rc)
+        if c[1] != self.dropped:
             if self.dropped == 0:
-                sys.stderr.write("lecho: subscription on %s: queue full (%d), events refused\n"
-                                 % (self.channel.name, self._maxsize))
-            self.dropped += 1
-            return "subscription queue full"
-        self._q.append((ev, meta) if self._meta else ev)
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-        return None
+                sys.stderr.write("lecho: subscription on %s: queue full, events refused (.dropped)\n"
+                                 % self.channel.name)
+            self.dropped = c[1]
+        n = c[0]
+        if n == 0:
+            return False
+        evs = self.ctx._read(self._box, self._raw)
+        if not isinstance(evs, list) or len(evs) != n:   # nil events: holes
+            evs = [evs.get(i) for i in range(1, n + 1)] if isinstance(evs, dict) else [None] * n
+        if self._meta:
+            name = self.channel.name
+            evs = [(e.get(1) if isinstance(e, dict) else e[0],
+                    Meta(name, e.get(2, "") if isinstance(e, dict) else e[1],
+                         e.get(3, 0) if isinstance(e, dict) else e[2])) for e in evs]
+        self._q.extend(evs)
+        return True
 
     def get(self, timeout=None):
         """The next event, running the loop meanwhile; LechoError("timeout")
         after timeout seconds (None: waits)."""
         import time
+        if self._q or self._fill():
+            return self._q.popleft()
         end = None if timeout is None else time.monotonic() + timeout
-        while not self._q:
+        while True:
             if self._h is None:
                 raise LechoError("closed", "consumer is closed")
             left = 0.1 if end is None else min(0.1, end - time.monotonic())
             if left <= 0:
                 raise LechoError("timeout", "no event within %g s" % timeout)
             self.ctx.run_once(left)
-        return self._q.popleft()
+            if self._fill():
+                return self._q.popleft()
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        if self._h is None and not self._q:
+        if self._q:
+            return self._q.popleft()
+        if self._h is None:
             raise StopIteration
         return self.get()
 
@@ -618,7 +658,7 @@ class Subscription(Consumer):
 
     async def __anext__(self):
         import asyncio
-        while not self._q:
+        while not self._q and not self._fill():
             if self._h is None:
                 raise StopAsyncIteration
             if self.ctx._asyncio is None:
@@ -630,17 +670,26 @@ class Subscription(Consumer):
                 self._waiter = None
         return self._q.popleft()
 
+    def _wake(self):
+        """The asyncio ticker, after a loop turn: wakes an async iteration
+        that waits, when events came."""
+        w = self._waiter
+        if w is not None and not w.done() and (self._q or self._fill()):
+            w.set_result(None)
+
     def __len__(self):
         return len(self._q)
 
     def _dead(self):
-        super()._dead()
+        self._h = None
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)
 
     def close(self):
-        super().close()
+        if self._h is not None and self.ctx._x is not None:
+            lib.lecho_consumer_close(self._h)
+            self.ctx._handles.remove(self)
         self._dead()
 
 

@@ -58,6 +58,8 @@ int lecho_stop(lecho_ctx *ctx);
 lecho_value *lecho_value_new(lecho_ctx *ctx);
 void lecho_value_free(lecho_value *v);
 int lecho_nodes(const lecho_value *v, const char *key, const lecho_node **nodes, size_t *count);
+int lecho_nodes_packed(const lecho_value *v, const char *key, const lecho_node **nodes,
+                       size_t *count, const char **bytes, size_t *nbytes);
 int lecho_set_nodes(lecho_value *v, const char *key, const lecho_node *nodes, size_t count);
 
 lecho_channel *lecho_channel_get(lecho_ctx *ctx, const char *name);
@@ -79,6 +81,10 @@ void lecho_errors_free(lecho_errors *e);
 
 int lecho_consumer_open_opts(lecho_channel *ch, lecho_handler fn, void *ud,
                              const lecho_value *opts, lecho_consumer **out);
+int lecho_consumer_open_queued(lecho_channel *ch, const lecho_value *opts, size_t limit,
+                               lecho_consumer **out);
+int lecho_consumer_take(lecho_consumer *c, lecho_value *v, size_t max, int meta,
+                        size_t *taken, size_t *dropped);
 int lecho_consumer_set_params(lecho_consumer *c, const lecho_value *params);
 void lecho_consumer_close(lecho_consumer *c);
 

@@ -54,8 +54,8 @@ BENCH_DEPS := /usr/sbin/nats-server:nats-server \
         /usr/include/openssl/ssl.h:libssl-dev \
         /usr/bin/openssl:openssl
 
-.PHONY: all deps bench-deps test ctest spec pytest asan demo keiretsu bench clean help install liblecho examples-c \
-        install-python
+.PHONY: all deps bench-deps test ctest spec pytest asan demo keiretsu bench clean help install liblecho examples-c
+.PHONY: install-python
 
 all: $(SO)
 

@@ -550,8 +550,11 @@ class Consumer(_Handled):
                 return ffi.NULL
             msg = str(res)
         except Exception as exc:
-            ctx.on_handler_error("handler of consumer on %s" % self.channel.name, exc)
             msg = "%s: %s" % (type(exc).__name__, exc)
+            try:
+                ctx.on_handler_error("handler of consumer on %s" % self.channel.name, exc)
+            except Exception:
+                pass  # the event still fails with msg
         except BaseException as exc:  # KeyboardInterrupt, SystemExit: after the C call
             ctx._pending = exc
             msg = "interrupted"
@@ -597,6 +600,7 @@ class Subscription(_Handled):
         self._h = out[0]
         self._box = ctx._own(lib.lecho_value_new(ctx._x))
         self._counts = ffi.new("size_t[2]")
+        self._pending = False
         ctx._handles.append(self)
 
     def _fill(self):
@@ -604,9 +608,17 @@ class Subscription(_Handled):
         if self._h is None or self.ctx._x is None:
             return False
         c = self._counts
-        rc = lib.lecho_consumer_take(self._h, self._box, self.BATCH, self._meta, c, c + 1)
-        if rc != 0:
-            self.ctx._fail(rc)
+        # A batch taken but not yet converted (a KeyboardInterrupt between
+        # the two) stays in self._box: the next call converts it first, so
+        # Ctrl-C never loses events that were taken.  The flag is set before
+        # the take so that no signal can fall between the take and it.
+        if not self._pending:
+            self._pending = True
+            c[0] = 0
+            rc = lib.lecho_consumer_take(self._h, self._box, self.BATCH, self._meta, c, c + 1)
+            if rc != 0:
+                self._pending = False
+                self.ctx._fail(rc)
         if c[1] != self.dropped:
             if self.dropped == 0:
                 sys.stderr.write("lecho: subscription on %s: queue full, events refused (.dropped)\n"
@@ -614,6 +626,7 @@ class Subscription(_Handled):
             self.dropped = c[1]
         n = c[0]
         if n == 0:
+            self._pending = False
             return False
         evs = self.ctx._read(self._box, self._raw)
         if not isinstance(evs, list) or len(evs) != n:   # nil events: holes
@@ -624,6 +637,7 @@ class Subscription(_Handled):
                     Meta(name, e.get(2, "") if isinstance(e, dict) else e[1],
                          e.get(3, 0) if isinstance(e, dict) else e[2])) for e in evs]
         self._q.extend(evs)
+        self._pending = False
         return True
 
     def get(self, timeout=None):

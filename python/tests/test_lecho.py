@@ -224,3 +224,26 @@ def test_keyed_mode_with_key_and_trust_files(procs, tmp_path):
     with pytest.raises(lecho.LechoError) as e:
         lecho.keygen("bad name!", dir=keys)
     assert e.value.code == "failed"
+
+
+def test_ctrl_c_while_a_batch_is_converted_loses_no_event():
+    with lecho.Context(quiet=True) as ctx:
+        ch = ctx.channel("batch")
+        sub = ch.subscribe()
+        p = ch.producer()
+        for k in range(10):
+            p.submit({"k": k})
+        p.submit_sync({"k": 10})
+        real = ctx._read
+        calls = []
+
+        def interrupted(*a, **kw):          # Ctrl-C after the take, before the conversion
+            calls.append(1)
+            if len(calls) == 1:
+                raise KeyboardInterrupt
+            return real(*a, **kw)
+
+        ctx._read = interrupted
+        with pytest.raises(KeyboardInterrupt):
+            next(sub)
+        assert [sub.get(timeout=5)["k"] for _ in range(11)] == list(range(11))

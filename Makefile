@@ -77,7 +77,7 @@ help:
 	@echo "  make bench-deps  check (apt-get install) make bench's own packages: $(foreach d,$(BENCH_DEPS),$(lastword $(subst :, ,$(d))))"
 	@echo "  make stress      seeded stress scenarios with real processes for STRESS_SECONDS"
 	@echo "  make stress-seed replay one stress scenario: SEED=N [SECONDS=S] [SCENARIO=NAME], keeps its logs"
-	@echo "  make install     the Lua tree, the core, the scripts and the C API (lecho.h, liblecho, lecho.pc) under PREFIX"
+	@echo "  make install     the Lua tree, the core, the scripts, the C API (lecho.h, liblecho, lecho.pc) and the Python package under PREFIX"
 	@echo "  make install-capi  only the C API part of make install"
 	@echo "  make install-python  only the Python package (python/lecho) part of make install, into INST_PYDIR"
 	@echo "  make liblecho    build/liblecho.so, the C API (core/lecho.h) for this checkout"
@@ -367,6 +367,9 @@ INST_CLIBDIR ?= $(PREFIX)/lib
 INST_PCDIR   ?= $(INST_CLIBDIR)/pkgconfig
 LECHO_VERSION := 0.1.0
 CAPI_INSTALL := $(if $(filter command line,$(origin INST_LIBDIR)),$(filter command line,$(origin INST_INCDIR)),yes)
+# The Python package too, unless the Lua tree's directories were given
+# (LuaRocks) without PREFIX or INST_PYDIR: a rock's install stays in its tree.
+PY_INSTALL   := $(if $(filter command line,$(origin INST_LIBDIR)),$(filter command line,$(origin PREFIX) $(origin INST_PYDIR)),yes)
 
 install: $(SO)
 	mkdir -p $(DESTDIR)$(INST_LIBDIR)/lecho $(DESTDIR)$(INST_LUADIR) $(DESTDIR)$(INST_BINDIR)
@@ -377,6 +380,7 @@ install: $(SO)
 	  sed -e 's|@LECHO_LUADIR@|$(INST_LUADIR)|; s|@LECHO_LIBDIR@|$(INST_LIBDIR)|' "$$f" > "$(DESTDIR)$(INST_BINDIR)/$${f#scripts/}" && \
 	  chmod 755 "$(DESTDIR)$(INST_BINDIR)/$${f#scripts/}" || exit 1; done
 	$(if $(CAPI_INSTALL),$(MAKE) install-capi)
+	$(if $(and $(CAPI_INSTALL),$(PY_INSTALL)),$(MAKE) install-python)
 
 # The installed liblecho is built for where the Lua files go (INST_LUADIR,
 # INST_LIBDIR; LECHO_LUA_DIR and LECHO_LUA_CDIR override them at run time).
@@ -402,7 +406,6 @@ install-capi: | build
 	cp build/inst/liblecho.so.0 $(DESTDIR)$(INST_CLIBDIR)/liblecho.so.0
 	ln -sf liblecho.so.0 $(DESTDIR)$(INST_CLIBDIR)/liblecho.so
 	cp build/inst/lecho.pc $(DESTDIR)$(INST_PCDIR)/lecho.pc
-	$(MAKE) install-python
 
 # The Python package (python/lecho) where Debian's python3 finds it: for
 # PREFIX=/usr/local, /usr/local/lib/python3.X/dist-packages (on sys.path);

@@ -46,3 +46,18 @@ def test_make_install_puts_the_package_where_python3_finds_it(tmp_path):
                        cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[:2] == [str(prefix / "lib" / "liblecho.so.0"), "[{'a': 1}]"]
+
+
+def test_a_luarocks_style_install_writes_no_python_package_outside_its_tree(tmp_path):
+    # LuaRocks gives the Lua tree's directories and no PREFIX: the package
+    # must not land in PREFIX's (/usr/local's) dist-packages.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    tree = "/rock"
+    r = subprocess.run(["make", "-s", "-C", ROOT, "install", "DESTDIR=%s" % tmp_path,
+                        "INST_LIBDIR=%s/lib" % tree, "INST_LUADIR=%s/lua" % tree, "INST_BINDIR=%s/bin" % tree,
+                        "INST_INCDIR=%s/include" % tree, "INST_CLIBDIR=%s/clib" % tree],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    written = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs]
+    assert any(p.endswith("/rock/clib/liblecho.so.0") for p in written), written
+    assert not [p for p in written if p.endswith(".py")], written

@@ -364,7 +364,8 @@ LECHO_API int lecho_consumer_open_opts(lecho_channel *ch, lecho_handler fn, void
 LECHO_API int lecho_consumer_open_queued(lecho_channel *ch, const lecho_value *opts, size_t limit,
                                          lecho_consumer **out);
 /* Moves at most max of c's queued events, oldest first, into v's slot: a
- * list { ev, ... }, or with meta nonzero { { ev, producer, seq }, ... }
+ * list { ev, ... }, or with meta nonzero { { ev, producer, seq, channel }, ... }
+ * (lecho_meta's fields)
  * (an event that is nil is a hole in the list: use meta to see it).
  * *taken (when not NULL) gets how many, *dropped (when not NULL) how many
  * events the queue refused since the consumer opened.  Runs no loop: call

@@ -139,7 +139,7 @@ end
 -- event.  Past `limit` events waiting, an event fails at this consumer
 -- ("queue full": a sync submit sees it) and is counted in q.dropped.
 function M.consumer_queued(ch, opts, limit)
-  local q = { head = 1, tail = 0, dropped = 0, prod = {}, seq = {} }
+  local q = { head = 1, tail = 0, dropped = 0, prod = {}, seq = {}, chan = {} }
   local c, err, code = protect(ch.consumer, ch, function(ev, meta)
     local t = q.tail
     if t - q.head + 1 >= limit then
@@ -147,7 +147,7 @@ function M.consumer_queued(ch, opts, limit)
       error("queue full", 0)
     end
     t = t + 1
-    q[t], q.prod[t], q.seq[t] = ev, meta.producer, meta.seq
+    q[t], q.prod[t], q.seq[t], q.chan[t] = ev, meta.producer, meta.seq, meta.channel
     q.tail = t
   end, opts)
   if not c then return nil, err, code end
@@ -155,15 +155,15 @@ function M.consumer_queued(ch, opts, limit)
 end
 
 -- At most max events of q, oldest first: the list { ev, ... } or, with
--- meta, { { ev, producer, seq }, ... }; and q.dropped.
+-- meta, { { ev, producer, seq, channel }, ... }; and q.dropped.
 function M.take(q, max, meta)
   local out, n = {}, 0
   local h, t = q.head, q.tail
-  local prod, seq = q.prod, q.seq
+  local prod, seq, chan = q.prod, q.seq, q.chan
   while h <= t and n < max do
     n = n + 1
-    if meta then out[n] = { q[h], prod[h], seq[h] } else out[n] = q[h] end
-    q[h], prod[h], seq[h] = nil, nil, nil
+    if meta then out[n] = { q[h], prod[h], seq[h], chan[h] } else out[n] = q[h] end
+    q[h], prod[h], seq[h], chan[h] = nil, nil, nil, nil
     h = h + 1
   end
   if h > t then h, q.tail = 1, 0 end

@@ -317,9 +317,7 @@ class Context:
         r = _values.read(holder)
         if not isinstance(r, tuple):
             self._fail(r)
-        d = r[0]
-        if isinstance(d, list):  # results 1..n with n among them? (n is a key: always a dict)
-            d = {i + 1: x for i, x in enumerate(d)}
+        d = r[0]    # { n = N, results... }: a dict (the key "n" keeps it from being a list)
         n = d.get("n", 0)
         vals = tuple(d.get(i) for i in range(1, n + 1))
         if n == 0:
@@ -631,11 +629,9 @@ class Subscription(_Handled):
         evs = self.ctx._read(self._box, self._raw)
         if not isinstance(evs, list) or len(evs) != n:   # nil events: holes
             evs = [evs.get(i) for i in range(1, n + 1)] if isinstance(evs, dict) else [None] * n
-        if self._meta:
-            name = self.channel.name
-            evs = [(e.get(1) if isinstance(e, dict) else e[0],
-                    Meta(name, e.get(2, "") if isinstance(e, dict) else e[1],
-                         e.get(3, 0) if isinstance(e, dict) else e[2])) for e in evs]
+        if self._meta:   # { ev, producer, seq, channel } each; a nil ev makes a dict
+            evs = [(e.get(1), Meta(e.get(4, ""), e.get(2, ""), e.get(3, 0))) if isinstance(e, dict)
+                   else (e[0], Meta(e[3], e[1], e[2])) for e in evs]
         self._q.extend(evs)
         self._pending = False
         return True

@@ -17,6 +17,7 @@ valid UTF-8, else bytes (raw=True: always bytes), table -> list when its keys
 are exactly 1..n (n >= 1), else dict (an empty table is {}).
 """
 import struct
+import threading
 
 from ._ffi import ffi, lib
 
@@ -92,10 +93,17 @@ if (ffi.sizeof("lecho_node") == 40 and ffi.offsetof("lecho_node", "n") == 8
         and ffi.sizeof("void *") == 8):
     _NODE_FMT = struct.Struct("=i4xQQdQ")
 
-_out = ffi.new("const lecho_node **")
-_count = ffi.new("size_t *")
-_bytes = ffi.new("const char **")
-_nbytes = ffi.new("size_t *")
+# lecho_nodes' out parameters, one set per thread (contexts may live in
+# different threads).
+_tls = threading.local()
+
+
+def _outs():
+    o = getattr(_tls, "outs", None)
+    if o is None:
+        o = _tls.outs = (ffi.new("const lecho_node **"), ffi.new("size_t *"),
+                         ffi.new("const char **"), ffi.new("size_t *"))
+    return o
 
 
 def from_packed(recs, data, base, raw=False):
@@ -147,6 +155,7 @@ def from_packed(recs, data, base, raw=False):
 
 def read(v, raw=False, key=NULL):
     """(value,) of what a lecho_value handle holds, or a code."""
+    _out, _count, _bytes, _nbytes = _outs()
     if _NODE_FMT is None:
         rc = lib.lecho_nodes(v, key, _out, _count)
         if rc != 0:

@@ -31,6 +31,14 @@ def test_values_round_trip_through_a_context():
         assert got_ev == expect
         assert isinstance(got_ev["step"], int) and isinstance(got_ev["x"], float)
         assert meta.channel == "values" and meta.seq == 1 and meta.producer.endswith("#1")
+        sub = ch.subscribe(meta=True)
+        p.submit("plain")
+        p.submit(None)
+        ev, m = sub.get(timeout=5)
+        assert ev == "plain" and m == lecho.Meta("values", meta.producer, 2)   # as a callback's meta
+        ev, m = sub.get(timeout=5)
+        assert ev is None and m.seq == 3         # a nil event keeps its place
+        sub.close()
         with pytest.raises(ValueError, match="2\\*\\*53"):
             p.submit({"too_big": 2 ** 53 + 1})
         with pytest.raises(TypeError, match="object"):

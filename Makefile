@@ -16,27 +16,31 @@ SODIUM_CFLAGS := $(shell $(PKG_CONFIG) --cflags libsodium 2>/dev/null)
 SODIUM_LIBS   := $(or $(shell $(PKG_CONFIG) --libs libsodium 2>/dev/null),-lsodium)
 ALLCFLAGS  := $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -I$(LUA_INCDIR) -Icore $(SODIUM_CFLAGS) $(SAN)
 
-CORE_SRC   := core/codec.c core/errors.c core/frame.c core/addr.c core/ctx.c core/conn.c core/rbuf.c core/accept.c core/inmap.c core/peer.c core/peers.c core/chan.c \
+CORE_SRC   := core/codec.c core/array.c core/errors.c core/frame.c core/addr.c core/ctx.c core/conn.c core/rbuf.c core/accept.c core/inmap.c core/peer.c core/peers.c core/chan.c \
               core/local.c core/sync.c core/live.c core/auth.c core/secure.c core/handshake.c
-LUA_SRC    := core/codec_lua.c core/moe.c core/moe_env.c core/moe_group.c core/moe_svc.c core/lua_ctx.c core/lua_hook.c core/lua_chan.c \
+LUA_SRC    := core/codec_lua.c core/array_lua.c core/moe.c core/moe_env.c core/moe_group.c core/moe_svc.c core/lua_ctx.c core/lua_hook.c core/lua_chan.c \
               core/lua_moe.c core/lua_loop.c core/lua_auth.c core/lpat.c
 HDRS       := $(wildcard core/*.h)
 SO         := lua/lecho/core.so
 CTESTS     := build/test_codec build/test_frame build/test_inmap build/test_ctx build/test_addr build/test_errors \
               build/test_auth build/test_lpat
 
-# Debian packages the project needs, by the file that proves each is there.
-DEPS := /usr/bin/luajit:luajit \
+# Debian packages the project needs, by the file that proves each is there:
+# RUN_DEPS to build lecho and run it (make, make demo, the scripts), the
+# rest for the test and bench suites (make deps, make test, make bench).
+RUN_DEPS := /usr/bin/luajit:luajit \
         /usr/include/luajit-2.1/lua.h:libluajit-5.1-dev \
         /usr/include/ev.h:libev-dev \
         /usr/include/sodium.h:libsodium-dev \
         /usr/lib/x86_64-linux-gnu/lua/5.1/cjson.so:lua-cjson \
+        /usr/bin/gcc:gcc \
+        /usr/bin/make:make
+DEPS := $(RUN_DEPS) \
         /usr/bin/busted:lua-busted \
         /usr/share/lua/5.1/socket.lua:lua-socket \
         /usr/sbin/ip:iproute2 \
         /usr/bin/luarocks:luarocks \
-        /usr/bin/gcc:gcc \
-        /usr/bin/make:make \
+        /usr/bin/git:git \
         /usr/bin/pkg-config:pkg-config \
         /usr/include/zmq.h:libzmq3-dev \
         /usr/bin/gnuplot:gnuplot-nox \
@@ -54,7 +58,7 @@ BENCH_DEPS := /usr/sbin/nats-server:nats-server \
         /usr/include/openssl/ssl.h:libssl-dev \
         /usr/bin/openssl:openssl
 
-.PHONY: all deps bench-deps test ctest spec pytest asan demo keiretsu bench clean help install liblecho examples-c
+.PHONY: all deps run-deps env bench-deps test ctest spec pytest asan demo keiretsu bench clean help install liblecho examples-c
 .PHONY: install-python
 
 all: $(SO)
@@ -62,7 +66,9 @@ all: $(SO)
 help:
 	@echo "Targets:"
 	@echo "  make             build the core module ($(SO))"
-	@echo "  make deps        check the Debian packages lecho needs, apt-get install the missing ones"
+	@echo "  make deps        check the Debian packages lecho and its test and bench suites need, apt-get install the missing ones"
+	@echo "  make run-deps    the same for only those needed to build and run lecho (make demo checks these)"
+	@echo "  make env         print the exports that let luajit find this checkout's lecho: eval \"\$$(make -s env)\""
 	@echo "  make test        deps, build, C unit tests, the busted specs under LuaJIT, then make pytest"
 	@echo "  make fuzz        every libFuzzer harness (core/fuzz_*.c: $(FUZZ_HARNESSES)) for FUZZ_SECONDS each, clang installed if missing"
 	@echo "  make fuzz-quick  the same for FUZZ_QUICK_SECONDS each (make test runs it); fails on a crash"
@@ -92,7 +98,7 @@ help:
 	@echo "  FUZZ_QUICK_SECONDS=$(FUZZ_QUICK_SECONDS)     make fuzz-quick: how long per harness"
 	@echo "  STRESS_SECONDS=$(STRESS_SECONDS)       make stress: total time"
 	@echo "  STRESS_SCENARIO_SECONDS=$(STRESS_SCENARIO_SECONDS) make stress: time per scenario"
-	@echo "  SEED, SECONDS, SCENARIO  make stress-seed: which scenario to replay, for how long"
+	@echo "  SEED, SECONDS, SCENARIO, MODE  make stress-seed: which scenario to replay, for how long, keyed or protected"
 	@echo "  DEMO_SECONDS, LECHO_NAMESERVER  make demo: how long (10), which name server"
 	@echo "  KEIRETSU_ARGS            make keiretsu: options of examples/keiretsu/run.lua (--help)"
 	@echo "  BUSTED_ARGS              make spec/test: arguments for busted (files, --filter ...)"
@@ -109,6 +115,7 @@ help:
 	@echo "  PREFIX=$(PREFIX) DESTDIR  make install: where to (DESTDIR: a staging root)"
 	@echo "  INST_LIBDIR, INST_LUADIR, INST_BINDIR  make install: the Lua tree, the core, the scripts (under PREFIX)"
 	@echo "  INST_INCDIR, INST_CLIBDIR, INST_PCDIR   make install: the C API (LuaRocks: only when INST_INCDIR is given)"
+	@echo "  CAPI_IN_TREE             make install under LuaRocks (the rockspecs set it): the C API in the tree's include/, lib/, lib/pkgconfig/"
 	@echo "  EXAMPLE_PREFIX           make examples-c: the install it builds against"
 	@echo "  APT=$(APT)             make deps: the package tool"
 	@echo "  PKG_CONFIG=$(PKG_CONFIG)  finds libsodium's flags (SODIUM_CFLAGS, SODIUM_LIBS)"
@@ -226,12 +233,13 @@ build/fuzz_conn: core/fuzz_conn.c $(FUZZ_CORE) $(HDRS) | build
 	$(FUZZ_CC) $(FUZZ_FLAGS) -DLECHO_FUZZ_DIR='"$(CURDIR)/build/fuzz/sock"' \
 	  -o $@ core/fuzz_conn.c $(FUZZ_CORE) -lev $(SODIUM_LIBS)
 
-build/fuzz_ns: core/fuzz_ns.c $(FUZZ_OBJ)/codec_lua.o $(FUZZ_OBJ)/codec.o $(HDRS) | build
+build/fuzz_ns: core/fuzz_ns.c $(FUZZ_OBJ)/codec_lua.o $(FUZZ_OBJ)/codec.o $(FUZZ_OBJ)/array.o $(HDRS) | build
 	$(FUZZ_CC) $(FUZZ_FLAGS) -DLECHO_LUA_DIR='"$(CURDIR)/lua"' -o $@ core/fuzz_ns.c $(FUZZ_OBJ)/codec_lua.o \
-	  $(FUZZ_OBJ)/codec.o -lluajit-5.1
+	  $(FUZZ_OBJ)/codec.o $(FUZZ_OBJ)/array.o -lluajit-5.1
 
-build/fuzz_codec: core/fuzz_codec.c $(FUZZ_OBJ)/codec_lua.o $(FUZZ_OBJ)/codec.o $(HDRS) | build
-	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ core/fuzz_codec.c $(FUZZ_OBJ)/codec_lua.o $(FUZZ_OBJ)/codec.o -lluajit-5.1
+build/fuzz_codec: core/fuzz_codec.c $(FUZZ_OBJ)/codec_lua.o $(FUZZ_OBJ)/codec.o $(FUZZ_OBJ)/array.o $(HDRS) | build
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ core/fuzz_codec.c $(FUZZ_OBJ)/codec_lua.o $(FUZZ_OBJ)/codec.o \
+	  $(FUZZ_OBJ)/array.o -lluajit-5.1
 
 fuzz-build:
 	@$(MAKE) --no-print-directory deps DEPS="$(FUZZ_DEPS)"
@@ -258,8 +266,8 @@ fuzz-quick: fuzz-build
 # loads the Lua layer.  build/liblecho.so finds the Lua files of this
 # checkout; the installed one (build/inst/) those of INST_LUADIR/INST_LIBDIR.
 LECHO_LIBS := -lluajit-5.1
-LECHO_SRC  := core/lecho.c core/lecho_value.c core/errors.c
-build/liblecho.so: $(LECHO_SRC) core/lecho.h core/lecho_int.h core/errors.h | build
+LECHO_SRC  := core/lecho.c core/lecho_value.c core/lecho_array.c core/errors.c
+build/liblecho.so: $(LECHO_SRC) core/lecho.h core/lecho_int.h core/errors.h core/array.h | build
 	$(CC) $(ALLCFLAGS) -shared -o $@ $(LECHO_SRC) \
 	  -DLECHO_LUA_DIR='"$(CURDIR)/lua"' -DLECHO_LUA_CDIR='"$(CURDIR)/lua"' $(LECHO_LIBS) $(LDFLAGS)
 
@@ -316,8 +324,17 @@ asan: deps
 # The atmosphere example: a simulation and three viewer processes (full,
 # region, differencing), bytes per viewer; DEMO_SECONDS (10), LECHO_NAMESERVER
 # (default: the simulation runs the name server).
-demo: deps all
+demo: run-deps all
 	$(SPEC_ENV) $(LUAJIT) examples/atmosphere/run.lua
+
+run-deps:
+	@$(MAKE) --no-print-directory deps DEPS="$(RUN_DEPS)"
+
+# For running one's own script from a checkout: eval "$(make -s env)", then
+# luajit my.lua (after make).  The same paths the specs and demos use.
+env:
+	@echo 'export LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;"'
+	@echo 'export LUA_CPATH="$(CURDIR)/lua/?.so;;"'
 
 # The Keiretsu example: instant messaging over four nodes, each in its own
 # network namespace when allowed (root), else loopback processes; messages/s
@@ -366,7 +383,11 @@ INST_INCDIR  ?= $(PREFIX)/include
 INST_CLIBDIR ?= $(PREFIX)/lib
 INST_PCDIR   ?= $(INST_CLIBDIR)/pkgconfig
 LECHO_VERSION := 0.1.0
-CAPI_INSTALL := $(if $(filter command line,$(origin INST_LIBDIR)),$(filter command line,$(origin INST_INCDIR)),yes)
+# CAPI_IN_TREE (the rockspecs): the C API goes into the LuaRocks tree the
+# rock is installed in (ROCK_TREE below): TREE/include/lecho.h,
+# TREE/lib/liblecho.so, TREE/lib/pkgconfig/lecho.pc, where a C user looks.
+CAPI_IN_TREE ?=
+CAPI_INSTALL = $(if $(filter command line,$(origin INST_LIBDIR)),$(or $(filter command line,$(origin INST_INCDIR)),$(CAPI_IN_TREE)),yes)
 # The Python package too, unless the Lua tree's directories were given
 # (LuaRocks) without PREFIX or INST_PYDIR: a rock's install stays in its tree.
 PY_INSTALL   := $(if $(filter command line,$(origin INST_LIBDIR)),$(filter command line,$(origin PREFIX) $(origin INST_PYDIR)),yes)
@@ -376,7 +397,7 @@ install: $(SO)
 	cp $(SO) $(DESTDIR)$(INST_LIBDIR)/lecho/core.so
 	cd lua && find lecho -name '*.lua' | while read -r f; do \
 	  mkdir -p "$(DESTDIR)$(INST_LUADIR)/$$(dirname $$f)" && cp "$$f" "$(DESTDIR)$(INST_LUADIR)/$$f" || exit 1; done
-	for f in scripts/lecho-*; do \
+	for f in scripts/lecho scripts/lecho-*; do \
 	  sed -e 's|@LECHO_LUADIR@|$(INST_LUADIR)|; s|@LECHO_LIBDIR@|$(INST_LIBDIR)|' "$$f" > "$(DESTDIR)$(INST_BINDIR)/$${f#scripts/}" && \
 	  chmod 755 "$(DESTDIR)$(INST_BINDIR)/$${f#scripts/}" || exit 1; done
 	$(if $(CAPI_INSTALL),$(MAKE) install-capi)
@@ -393,6 +414,14 @@ ROCK_TREE = $(if $(findstring /lib/luarocks/rocks-5.1/,$(INST_LUADIR)),$(firstwo
 RUN_LUADIR = $(if $(ROCK_TREE),$(ROCK_TREE)/share/lua/5.1,$(INST_LUADIR))
 RUN_LIBDIR = $(if $(ROCK_TREE),$(ROCK_TREE)/lib/lua/5.1,$(INST_LIBDIR))
 PC_PREFIX = $(if $(filter command line,$(origin PREFIX)),$(PREFIX),$(patsubst %/,%,$(dir $(INST_INCDIR))))
+ifneq ($(CAPI_IN_TREE),)
+ifeq ($(ROCK_TREE),)
+$(error CAPI_IN_TREE: INST_LUADIR ($(INST_LUADIR)) is not inside a LuaRocks tree)
+endif
+override INST_INCDIR = $(ROCK_TREE)/include
+override INST_CLIBDIR = $(ROCK_TREE)/lib
+override INST_PCDIR = $(ROCK_TREE)/lib/pkgconfig
+endif
 install-capi: | build
 	@mkdir -p build/inst
 	@printf '%s\n' 'prefix=$(PC_PREFIX)' 'includedir=$(INST_INCDIR)' 'libdir=$(INST_CLIBDIR)' '' \
@@ -457,4 +486,4 @@ stress: all
 
 stress-seed: all
 	$(SPEC_ENV) $(SPEC_PRE) $(LUAJIT) stress/run.lua --seed $(SEED) --seconds $(or $(SECONDS),30) \
-	  $(if $(SCENARIO),--scenario $(SCENARIO)) --keep
+	  $(if $(SCENARIO),--scenario $(SCENARIO)) $(if $(MODE),--mode $(MODE)) --keep

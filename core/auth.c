@@ -112,18 +112,27 @@ const lei_pin *lei_pin_find(const lei_ctx *c, const char *addr) {
     return NULL;
 }
 
-int lei_peer_expect(lei_ctx *c, const char *addr, const uint8_t pk[32]) {
+/* The pin of addr, made (empty) if there is none; NULL when out of memory.
+ * The pin lives in c->id.pins (owned by the context, freed with it). */
+static lei_pin *pin_get(lei_ctx *c, const char *addr) {
     lei_ident *id = &c->id;
-    if (strlen(addr) >= LEI_ADDR_MAX) return -LEI_E_INVALID;
     lei_pin *p = (lei_pin *)lei_pin_find(c, addr);
-    if (!p) {
-        void *grown = room(id->pins, &id->cpins, id->npins, sizeof *id->pins);
-        if (!grown) return -LEI_E_NOMEM;
-        id->pins = grown;
-        p = &id->pins[id->npins++];
-        snprintf(p->addr, sizeof p->addr, "%s", addr);
-    }
+    if (p) return p;
+    void *grown = room(id->pins, &id->cpins, id->npins, sizeof *id->pins);
+    if (!grown) return NULL;
+    id->pins = grown;
+    p = &id->pins[id->npins++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->addr, sizeof p->addr, "%s", addr);
+    return p;
+}
+
+int lei_peer_expect(lei_ctx *c, const char *addr, const uint8_t pk[32]) {
+    if (strlen(addr) >= LEI_ADDR_MAX) return -LEI_E_INVALID;
+    lei_pin *p = pin_get(c, addr);
+    if (!p) return -LEI_E_NOMEM;
     memcpy(p->pk, pk, 32);
+    p->has_pk = 1;
     /* A connection up with another key ends now. */
     lei_peer *peer = lei_peer_find(c, addr);
     if (peer && lei_peer_is_up(peer) && peer->has_key && memcmp(peer->key, pk, 32) != 0) {
@@ -131,6 +140,22 @@ int lei_peer_expect(lei_ctx *c, const char *addr, const uint8_t pk[32]) {
         sodium_bin2hex(got, sizeof got, peer->key, 32);
         sodium_bin2hex(want, sizeof want, pk, 32);
         snprintf(why, sizeof why, "%s presented key %s, expected %s", addr, got, want);
+        lei_logf(c, "closing connection with %s", why);
+        lei_peer_close(peer, why);
+    }
+    return 0;
+}
+
+int lei_peer_expect_principal(lei_ctx *c, const char *addr, const char *name) {
+    if (strlen(addr) >= LEI_ADDR_MAX || strlen(name) > LEI_NAME_MAX) return -LEI_E_INVALID;
+    lei_pin *p = pin_get(c, addr);
+    if (!p) return -LEI_E_NOMEM;
+    snprintf(p->principal, sizeof p->principal, "%s", name);
+    /* A connection up as another principal ends now. */
+    lei_peer *peer = lei_peer_find(c, addr);
+    if (peer && lei_peer_is_up(peer) && peer->has_key && strcmp(peer->principal, name) != 0) {
+        char why[LEI_ADDR_MAX + 2 * LEI_NAME_MAX + 60];
+        snprintf(why, sizeof why, "%s is principal %s, expected %s", addr, peer->principal, name);
         lei_logf(c, "closing connection with %s", why);
         lei_peer_close(peer, why);
     }

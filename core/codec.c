@@ -21,8 +21,56 @@ const char *lei_codec_strerror(int code) {
     case LEI_ETRAIL: return "trailing garbage after value";
     case LEI_ENOMEM: return "out of memory";
     case LEI_ESIZE: return "value decodes to more than max_value_bytes";
+    case LEI_EDTYPE: return "unknown array dtype";
+    case LEI_ENDIM: return "array has too many dimensions";
+    case LEI_ESHAPE: return "array shape does not match its bytes";
     default: return "unknown codec error";
     }
+}
+
+/* ---- array element types ------------------------------------------- */
+
+static const char dt_names[LEI_DT_COUNT][4] = {"<u1", "<i1", "<u2", "<i2", "<u4",
+                                                "<i4", "<u8", "<i8", "<f4", "<f8"};
+static const unsigned char dt_sizes[LEI_DT_COUNT] = {1, 1, 2, 2, 4, 4, 8, 8, 4, 8};
+
+const char *lei_dtype_name(int dt) { return dt >= 0 && dt < LEI_DT_COUNT ? dt_names[dt] : NULL; }
+
+unsigned lei_dtype_size(int dt) { return dt >= 0 && dt < LEI_DT_COUNT ? dt_sizes[dt] : 0; }
+
+int lei_dtype_parse(const char *s, size_t n) {
+    int i;
+    if (n != 3) return -1;
+    if (s[0] == '|' && s[2] == '1') { /* NumPy writes the one-byte types so */
+        if (s[1] == 'u') return LEI_DT_U1;
+        if (s[1] == 'i') return LEI_DT_I1;
+        return -1;
+    }
+    for (i = 0; i < LEI_DT_COUNT; i++)
+        if (memcmp(s, dt_names[i], 3) == 0) return i;
+    return -1;
+}
+
+#define SHAPE_MAX_BYTES ((uint64_t)1 << 62)
+
+int lei_shape_bytes(const int64_t *shape, int ndim, unsigned itemsize, uint64_t *count,
+                    uint64_t *bytes) {
+    uint64_t c = 1;
+    int i;
+    for (i = 0; i < ndim; i++) {
+        if (shape[i] < 0) return -1;
+        if (shape[i] == 0) c = 0;
+        else if (c && (uint64_t)shape[i] > SHAPE_MAX_BYTES / c) return -1;
+        else c *= (uint64_t)shape[i];
+    }
+    if (c > SHAPE_MAX_BYTES / (itemsize ? itemsize : 1)) return -1;
+    /* a zero dim after a huge one: the product is 0, still refuse dims
+     * that alone pass the bound (no reader could walk them) */
+    for (i = 0; i < ndim; i++)
+        if ((uint64_t)shape[i] > SHAPE_MAX_BYTES) return -1;
+    *count = c;
+    *bytes = c * itemsize;
+    return 0;
 }
 
 /* ---- write buffer ---------------------------------------------------- */
@@ -150,6 +198,24 @@ int lei_enc_table_header(lei_wbuf *b, uint64_t narr, uint64_t nhash) {
     return 0;
 }
 
+int lei_enc_array_header(lei_wbuf *b, int dtype, int ndim, const int64_t *shape) {
+    uint64_t count, bytes;
+    int i;
+    if (!lei_dtype_size(dtype) || ndim < 0 || ndim > LEI_ARRAY_MAXDIM ||
+        lei_shape_bytes(shape, ndim, lei_dtype_size(dtype), &count, &bytes))
+        return -1;
+    if (lei_wbuf_reserve(b, 5 + (size_t)(ndim + 2) * LEI_VARINT_MAX)) return -1;
+    b->data[b->len++] = LEI_T_ARRAY;
+    b->data[b->len++] = 3;
+    memcpy(b->data + b->len, dt_names[dtype], 3);
+    b->len += 3;
+    b->len += lei_varint_encode((uint8_t *)b->data + b->len, (uint64_t)ndim);
+    for (i = 0; i < ndim; i++)
+        b->len += lei_varint_encode((uint8_t *)b->data + b->len, (uint64_t)shape[i]);
+    b->len += lei_varint_encode((uint8_t *)b->data + b->len, bytes);
+    return 0;
+}
+
 /* ---- reader ---------------------------------------------------------- */
 
 void lei_reader_init(lei_reader *r, const uint8_t *p, size_t n, const lei_codec_limits *lim) {
@@ -239,6 +305,38 @@ int lei_read_item(lei_reader *r, lei_item *it) {
         it->nhash = h;
         r->owed += (size_t)(a + 2 * h);
         return 0;
+    case LEI_T_ARRAY: {
+        uint64_t count, bytes;
+        int d;
+        if ((rc = rd_varint(r, &u))) return rc;
+        if (u > r->n - r->pos) return LEI_ETRUNC;
+        if ((it->dtype = lei_dtype_parse((const char *)r->p + r->pos, (size_t)u)) < 0)
+            return LEI_EDTYPE;
+        r->pos += (size_t)u;
+        if ((rc = rd_varint(r, &u))) return rc;
+        if (u > LEI_ARRAY_MAXDIM) {
+            r->err_val = u;
+            return LEI_ENDIM;
+        }
+        it->ndim = (int)u;
+        for (d = 0; d < it->ndim; d++) {
+            if ((rc = rd_varint(r, &u))) return rc;
+            if (u > SHAPE_MAX_BYTES) return LEI_ESHAPE;
+            it->shape[d] = (int64_t)u;
+        }
+        if ((rc = rd_varint(r, &u))) return rc;
+        if (lei_shape_bytes(it->shape, it->ndim, lei_dtype_size(it->dtype), &count, &bytes) ||
+            bytes != u)
+            return LEI_ESHAPE;
+        /* within the input, and the open tables' slots still have a byte
+         * each after these (the table count check's invariant) */
+        if (u > r->n - r->pos || r->owed > r->n - r->pos - u) return LEI_ETRUNC;
+        if ((rc = charge(r, LEI_DEC_ARRAY + (size_t)u))) return rc;
+        it->str = r->p + r->pos;
+        it->len = (size_t)u;
+        r->pos += (size_t)u;
+        return 0;
+    }
     default:
         r->err_val = (uint64_t)it->tag;
         r->pos = start;
@@ -264,6 +362,14 @@ char *lei_reader_strerror(const lei_reader *r, int code, char *buf, size_t len) 
         break;
     case LEI_EDEPTH: snprintf(buf, len, "nesting too deep (limit %u)", r->max_depth); break;
     case LEI_ESIZE: snprintf(buf, len, "value decodes to more than %zu bytes", r->max_value); break;
+    case LEI_EDTYPE:
+    case LEI_ESHAPE:
+        snprintf(buf, len, "%s at byte %zu", lei_codec_strerror(code), r->err_at);
+        break;
+    case LEI_ENDIM:
+        snprintf(buf, len, "array has too many dimensions (%llu, limit %d) at byte %zu",
+                 (unsigned long long)r->err_val, LEI_ARRAY_MAXDIM, r->err_at);
+        break;
     case LEI_ESTRLEN:
         snprintf(buf, len, "string too long (%llu bytes, limit %zu)",
                  (unsigned long long)r->err_val, r->max_string);

@@ -21,8 +21,28 @@ enum {
     LEI_T_INT = 0x03,    /* zigzag varint */
     LEI_T_DOUBLE = 0x04, /* 8 bytes IEEE-754 little-endian */
     LEI_T_STRING = 0x05, /* varint length, bytes */
-    LEI_T_TABLE = 0x06   /* varint narr, varint nhash, narr values, nhash pairs */
+    LEI_T_TABLE = 0x06,  /* varint narr, varint nhash, narr values, nhash pairs */
+    LEI_T_ARRAY = 0x07   /* varint dtype length, dtype ("<f8"), varint ndim, ndim
+                          * varint dims, varint byte length, the bytes */
 };
+
+/* ---- arrays: element types, named as NumPy's dtype.str ----------------- */
+enum {
+    LEI_DT_U1, LEI_DT_I1, LEI_DT_U2, LEI_DT_I2, LEI_DT_U4, LEI_DT_I4,
+    LEI_DT_U8, LEI_DT_I8, LEI_DT_F4, LEI_DT_F8, LEI_DT_COUNT
+};
+#define LEI_ARRAY_MAXDIM 8
+/* "<u1" ... "<f8" for a valid dtype, else NULL. */
+const char *lei_dtype_name(int dt);
+/* Bytes per element (1, 2, 4, 8), 0 for an invalid dtype. */
+unsigned lei_dtype_size(int dt);
+/* The dtype of a name ("<f8"; "|u1" and "|i1", NumPy's own spelling of the
+ * one-byte types, are accepted too), or -1. */
+int lei_dtype_parse(const char *s, size_t n);
+/* Element count of a shape, and its bytes at itemsize: 0, or -1 when the
+ * product overflows 2^62 bytes (a negative dim counts as overflow). */
+int lei_shape_bytes(const int64_t *shape, int ndim, unsigned itemsize, uint64_t *count,
+                    uint64_t *bytes);
 
 /* ---- error codes: 0 is success, these are all positive --------------- */
 enum {
@@ -35,7 +55,10 @@ enum {
     LEI_EKEY,       /* "nil or NaN table key" */
     LEI_ETRAIL,     /* "trailing garbage after value" */
     LEI_ENOMEM,     /* "out of memory" */
-    LEI_ESIZE       /* "value decodes to more than max_value_bytes" */
+    LEI_ESIZE,      /* "value decodes to more than max_value_bytes" */
+    LEI_EDTYPE,     /* "unknown array dtype" */
+    LEI_ENDIM,      /* "array has too many dimensions" */
+    LEI_ESHAPE      /* "array shape does not match its bytes" (overflow included) */
 };
 
 /* Static message for an error code; never NULL. */
@@ -97,6 +120,8 @@ typedef struct lei_codec_limits {
 #define LEI_DEC_TABLE 64u
 #define LEI_DEC_SLOT 16u
 #define LEI_DEC_STRING 24u
+/* an array: its header (a userdata, lei_array) plus its bytes */
+#define LEI_DEC_ARRAY 192u
 #define LEI_MAX_DEPTH_DEFAULT 100u
 /* Hard ceiling on max_depth: encoder and decoders recurse on the C stack, so
  * larger settings are treated as this value. */
@@ -113,6 +138,10 @@ int lei_enc_bool(lei_wbuf *b, int v);
 int lei_enc_number(lei_wbuf *b, double x);
 int lei_enc_string(lei_wbuf *b, const char *s, size_t len);
 int lei_enc_table_header(lei_wbuf *b, uint64_t narr, uint64_t nhash);
+/* An array's tag, dtype, shape and byte length; its bytes (product(shape)
+ * * itemsize, row-major, little-endian) must follow, copied or pinned
+ * (lei_msg_add_ext). -1: ENOMEM, bad dtype, ndim or an overflowing shape. */
+int lei_enc_array_header(lei_wbuf *b, int dtype, int ndim, const int64_t *shape);
 
 /* ---- reader: one item (tag plus header/scalar body) at a time -------- */
 /* Shared by lei_codec_validate and the Lua decoder so that every check lives
@@ -127,6 +156,10 @@ typedef struct lei_item {
     const uint8_t *str;   /* LEI_T_STRING: points into the input */
     size_t len;           /* LEI_T_STRING */
     uint64_t narr, nhash; /* LEI_T_TABLE: header only, children follow */
+    /* LEI_T_ARRAY: str/len are its bytes (any alignment), dtype, ndim and
+     * shape the rest; len == product(shape) * lei_dtype_size(dtype) */
+    int dtype, ndim;
+    int64_t shape[LEI_ARRAY_MAXDIM];
 } lei_item;
 
 typedef struct lei_reader {

@@ -8,6 +8,7 @@
  * raises left are Lua's own memory errors from the API calls we make.
  */
 #include "codec.h"
+#include "array.h"
 
 #include <lua.h>
 #include <lauxlib.h>
@@ -152,6 +153,77 @@ static int enc_string(enc_state *st, int idx) {
     return 0;
 }
 
+/* ---- arrays: a userdata holding a lei_array (array.h) --------------- */
+
+/* The metatable every array of this state shares (made on first use, with
+ * the registry name LEI_ARRAY_MT); lua/lecho/array.lua adds its methods. */
+static void push_array_mt(lua_State *L) {
+    if (luaL_newmetatable(L, LEI_ARRAY_MT)) {
+        lua_pushliteral(L, "lecho.array");
+        lua_setfield(L, -2, "__name");
+    }
+}
+
+lei_array *lei_array_check(lua_State *L, int idx) {
+    lei_array *a = lua_touserdata(L, idx);
+    int same;
+    if (!a || lua_islightuserdata(L, idx) || !lua_getmetatable(L, idx)) return NULL;
+    push_array_mt(L);
+    same = lua_rawequal(L, -1, -2);
+    lua_pop(L, 2);
+    return same ? a : NULL;
+}
+
+/* A new array userdata on the stack with extra bytes after its header
+ * (zeroed when zero is set); data points at them (or NULL if extra is 0).
+ * Its environment is a fresh table: [1] = what keeps data alive, .kids =
+ * views made from it. May raise (memory). */
+lei_array *lei_array_push(lua_State *L, int dtype, int ndim, const int64_t *shape, size_t extra,
+                          int zero) {
+    lei_array hdr;
+    if (lei_array_init(&hdr, dtype, ndim, shape)) luaL_error(L, "bad array dtype or shape");
+    size_t hsz = (sizeof(lei_array) + 15) & ~(size_t)15;
+    /* LuaJIT sizes a userdata with 32 bits: past its limit the size would
+     * wrap around */
+    if (extra > LEI_ARRAY_UD_MAX - hsz) luaL_error(L, "array of %zu bytes: more than one Lua object holds", extra);
+    lei_array *a = lua_newuserdata(L, hsz + extra);
+    *a = hdr;
+    a->data = extra ? (uint8_t *)a + hsz : NULL;
+    if (zero && extra) memset(a->data, 0, extra);
+    push_array_mt(L);
+    lua_setmetatable(L, -2);
+    lua_createtable(L, 1, 1);
+    lua_setfenv(L, -2);
+    return a;
+}
+
+static int enc_array(enc_state *st, int idx, lei_array *a) {
+    lua_State *L = st->L;
+    lei_wbuf *b = st->b;
+    size_t bytes = (size_t)a->count * (size_t)a->itemsize;
+
+    if (a->flags & LEI_AF_ENDED)
+        return enc_fail(st, 1, "cannot encode an array view whose handler returned (keep it with a:copy())");
+    if (enc_charge(st, LEI_DEC_ARRAY + bytes)) return -1;
+    if (lei_enc_array_header(b, a->dtype, a->ndim, a->shape)) return enc_fail(st, 0, "out of memory");
+    /* borrowed memory (lecho_set_array without a free function) is read
+     * during the submit only: copied, never pinned */
+    if (st->pin && bytes >= st->pin && !(a->flags & LEI_AF_BORROWED) && lei_array_contiguous(a)) {
+        int ref;
+        lua_pushvalue(L, idx); /* the array keeps its owner (its environment) */
+        ref = luaL_ref(L, LUA_REGISTRYINDEX);
+        if (lei_msg_add_ext(st->m, (const char *)a->data, bytes, ref)) {
+            luaL_unref(L, LUA_REGISTRYINDEX, ref);
+            return enc_fail(st, 0, "out of memory");
+        }
+        return 0;
+    }
+    if (lei_wbuf_reserve(b, bytes)) return enc_fail(st, 0, "out of memory");
+    lei_array_gather(a, (uint8_t *)b->data + b->len, NULL);
+    b->len += bytes;
+    return 0;
+}
+
 /* Is the key at kidx one of the integers 1..narr? */
 static inline int is_arr_key(lua_State *L, int kidx, size_t narr) {
     double k;
@@ -264,6 +336,10 @@ static int enc_value(enc_state *st, int idx, unsigned depth) {
     case LUA_TNUMBER: return enc_number(st, lua_tonumber(L, idx));
     case LUA_TSTRING: return enc_string(st, idx);
     case LUA_TTABLE: return enc_table(st, idx, depth);
+    case LUA_TUSERDATA: {
+        lei_array *a = lei_array_check(L, idx);
+        if (a) return enc_array(st, idx, a);
+    } /* fall through */
     default: return enc_fail(st, 1, "cannot encode a %s", lua_typename(L, t));
     }
 }
@@ -333,6 +409,36 @@ int lei_encode_lua(lua_State *L, int idx, lei_msg *m, const lei_codec_limits *li
 
 static int dec_table(lua_State *L, lei_reader *r, const lei_item *it, unsigned depth);
 
+/* A decode's state: the reader first (dec_* take the reader and find this
+ * around it).  view_min > 0: arrays of at least that many bytes are pushed
+ * as views pointing into the input (LEI_AF_VIEW) and listed in the table at
+ * stack index vtab (made at the first one). */
+typedef struct dec_state {
+    lei_reader r;
+    size_t view_min;
+    int vtab;
+} dec_state;
+
+static int dec_array(lua_State *L, lei_reader *r, const lei_item *it) {
+    dec_state *ds = (dec_state *)(void *)r;
+    lei_array *a;
+    if (ds->view_min && it->len >= ds->view_min) {
+        a = lei_array_push(L, it->dtype, it->ndim, it->shape, 0, 0);
+        a->data = (uint8_t *)it->str;
+        a->flags = LEI_AF_VIEW;
+        if (lua_isnil(L, ds->vtab)) {
+            lua_createtable(L, 1, 0);
+            lua_replace(L, ds->vtab);
+        }
+        lua_pushvalue(L, -1);
+        lua_rawseti(L, ds->vtab, (int)lua_objlen(L, ds->vtab) + 1);
+        return 0;
+    }
+    a = lei_array_push(L, it->dtype, it->ndim, it->shape, it->len, 0);
+    if (it->len) memcpy(a->data, it->str, it->len);
+    return 0;
+}
+
 /* Pushes the item just read (a table: decodes its contents too); depth =
  * number of tables enclosing it.  Scalars inline: no call per element. */
 static inline int dec_item(lua_State *L, lei_reader *r, const lei_item *it, unsigned depth) {
@@ -343,6 +449,7 @@ static inline int dec_item(lua_State *L, lei_reader *r, const lei_item *it, unsi
     case LEI_T_INT:
     case LEI_T_DOUBLE: lua_pushnumber(L, it->num); return 0;
     case LEI_T_STRING: lua_pushlstring(L, (const char *)it->str, it->len); return 0;
+    case LEI_T_ARRAY: return dec_array(L, r, it);
     default: /* LEI_T_TABLE: lei_read_item knows no other tag */ return dec_table(L, r, it, depth);
     }
 }
@@ -412,21 +519,35 @@ static int dec_value(lua_State *L, lei_reader *r) {
  * Does not raise, except Lua memory errors (nothing of ours is then held). */
 int lei_decode_lua(lua_State *L, const uint8_t *p, size_t n, const lei_codec_limits *lim, char *err,
                    size_t errlen) {
-    lei_reader r;
+    return lei_decode_lua_views(L, p, n, lim, 0, err, errlen);
+}
+
+int lei_decode_lua_views(lua_State *L, const uint8_t *p, size_t n, const lei_codec_limits *lim,
+                         size_t view_min, char *err, size_t errlen) {
+    dec_state ds;
+    lei_reader *rp = &ds.r;
     int top = lua_gettop(L), rc;
 
-    lei_reader_init(&r, p, n, lim);
-    if (!lua_checkstack(L, 4))
+    lei_reader_init(rp, p, n, lim);
+    ds.view_min = view_min;
+    ds.vtab = 0;
+    if (!lua_checkstack(L, 5))
         rc = DEC_ESTACK;
-    else if (!(rc = dec_value(L, &r)))
-        rc = lei_reader_finish(&r);
+    else {
+        if (view_min) {
+            lua_pushnil(L); /* the views, made at the first one */
+            ds.vtab = lua_gettop(L);
+        }
+        if (!(rc = dec_value(L, rp))) rc = lei_reader_finish(rp);
+        if (!rc && view_min) lua_insert(L, -2); /* value, views */
+    }
     if (rc) {
         lua_settop(L, top);
         if (err && errlen) {
             if (rc == DEC_ESTACK)
                 snprintf(err, errlen, "Lua stack overflow");
             else
-                lei_reader_strerror(&r, rc, err, errlen);
+                lei_reader_strerror(rp, rc, err, errlen);
         }
         return -1;
     }
@@ -436,6 +557,16 @@ int lei_decode_lua(lua_State *L, const uint8_t *p, size_t n, const lei_codec_lim
 /* ---- standalone module (tests and benches) --------------------------- */
 
 #define MSGBOX "lecho.codec.msg"
+
+/* opts.views (decode) and opts.count_only (encode): see l_decode, l_encode */
+static int opt_flag(lua_State *L, int arg, const char *name) {
+    int on;
+    if (!lua_istable(L, arg)) return 0;
+    lua_getfield(L, arg, name);
+    on = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return on;
+}
 
 static void opt_limits(lua_State *L, int arg, lei_codec_limits *lim, size_t *pin) {
     static const char *const names[] = {"max_string", "max_depth", "pin_threshold",
@@ -485,7 +616,8 @@ static int box_gc(lua_State *L) {
     return 0;
 }
 
-/* encode(v [, opts]) -> string | nil, err */
+/* encode(v [, opts]) -> string | nil, err.  opts.count_only: the encoded
+ * size instead (what a submit does: pinned slices are not copied). */
 static int l_encode(lua_State *L) {
     lei_msg *m = *(lei_msg **)lua_touserdata(L, lua_upvalueindex(1));
     lei_codec_limits lim;
@@ -498,6 +630,11 @@ static int l_encode(lua_State *L) {
         lua_pushnil(L);
         lua_pushstring(L, err);
         return 2;
+    }
+    if (opt_flag(L, 2, "count_only")) { /* the event path's work: no flat copy */
+        lua_pushnumber(L, (lua_Number)m->total);
+        box_reset(L, m);
+        return 1;
     }
     if (m->next == 0) {
         lua_pushlstring(L, m->own.data, m->own.len);
@@ -517,7 +654,8 @@ static int l_encode(lua_State *L) {
     return 1;
 }
 
-/* decode(s [, opts]) -> true, value | nil, err */
+/* decode(s [, opts]) -> true, value | nil, err.  opts.views: arrays point
+ * into s instead of holding a copy (read-only, each keeps s alive). */
 static int l_decode(lua_State *L) {
     size_t n;
     const char *s = luaL_checklstring(L, 1, &n);
@@ -525,11 +663,28 @@ static int l_decode(lua_State *L) {
     char err[256];
 
     opt_limits(L, 2, &lim, NULL);
+    int views = opt_flag(L, 2, "views");
     lua_pushboolean(L, 1);
-    if (lei_decode_lua(L, (const uint8_t *)s, n, &lim, err, sizeof err)) {
+    if (lei_decode_lua_views(L, (const uint8_t *)s, n, &lim, views ? 1 : 0, err, sizeof err)) {
         lua_pushnil(L);
         lua_pushstring(L, err);
         return 2;
+    }
+    if (views) {
+        /* arrays point into s, which each keeps alive; read-only (a Lua
+         * string must not change) */
+        int vt = lua_gettop(L), i;
+        if (lua_istable(L, vt))
+            for (i = 1; i <= (int)lua_objlen(L, vt); i++) {
+                lua_rawgeti(L, vt, i);
+                lei_array *a = lua_touserdata(L, -1);
+                a->flags = LEI_AF_READONLY;
+                lua_getfenv(L, -1);
+                lua_pushvalue(L, 1);
+                lua_rawseti(L, -2, 1);
+                lua_pop(L, 2);
+            }
+        lua_pop(L, 1);
     }
     return 2;
 }
@@ -573,6 +728,165 @@ static int l_count_keys(lua_State *L) {
     return 2;
 }
 
+/* ---- arrays from Lua (lua/lecho/array.lua builds its API on these) ---- */
+
+static int check_dtype(lua_State *L, int arg) {
+    size_t n;
+    const char *s = luaL_checklstring(L, arg, &n);
+    int dt = lei_dtype_parse(s, n);
+    if (dt < 0) luaL_argerror(L, arg, "unknown dtype (<u1 <i1 <u2 <i2 <u4 <i4 <u8 <i8 <f4 <f8)");
+    return dt;
+}
+
+static int check_shape(lua_State *L, int arg, int64_t *shape) {
+    int nd, d;
+    luaL_checktype(L, arg, LUA_TTABLE);
+    nd = (int)lua_objlen(L, arg);
+    if (nd > LEI_ARRAY_MAXDIM) luaL_argerror(L, arg, "more than 8 dimensions");
+    for (d = 0; d < nd; d++) {
+        double x;
+        lua_rawgeti(L, arg, d + 1);
+        x = lua_tonumber(L, -1);
+        lua_pop(L, 1);
+        if (!(x >= 0 && x <= 4611686018427387904.0) || x != (double)(int64_t)x)
+            luaL_argerror(L, arg, "dims must be integers >= 0");
+        shape[d] = (int64_t)x;
+    }
+    return nd;
+}
+
+static lei_array *check_array(lua_State *L, int arg) {
+    lei_array *a = lei_array_check(L, arg);
+    if (!a) luaL_typerror(L, arg, "lecho.array");
+    return a;
+}
+
+/* array_new(dtype, shape) -> a zeroed array */
+static int l_array_new(lua_State *L) {
+    int64_t shape[LEI_ARRAY_MAXDIM];
+    int dt = check_dtype(L, 1), nd = check_shape(L, 2, shape);
+    uint64_t count, bytes;
+    if (lei_shape_bytes(shape, nd, lei_dtype_size(dt), &count, &bytes) || bytes > ((size_t)1 << 40))
+        luaL_argerror(L, 2, "shape too large");
+    lei_array_push(L, dt, nd, shape, (size_t)bytes, 1);
+    return 1;
+}
+
+/* array_wrap(owner, dtype, shape) -> an array without elements whose
+ * environment keeps owner alive; the caller points data at owner's memory */
+static int l_array_wrap(lua_State *L) {
+    int64_t shape[LEI_ARRAY_MAXDIM];
+    int dt = check_dtype(L, 2), nd = check_shape(L, 3, shape);
+    luaL_checkany(L, 1);
+    lei_array_push(L, dt, nd, shape, 0, 0);
+    lua_getfenv(L, -1);
+    lua_pushvalue(L, 1);
+    lua_rawseti(L, -2, 1);
+    lua_pop(L, 1);
+    return 1;
+}
+
+/* array_view(a) -> a copy of a's header sharing its elements (the caller
+ * changes shape, strides and data); a view of a received view is listed in
+ * its parent's kids, so that it is kept or ended with it */
+static int l_array_view(lua_State *L) {
+    lei_array *a = check_array(L, 1), *v;
+    v = lei_array_push(L, a->dtype, 0, NULL, 0, 0);
+    *v = *a;
+    lua_getfenv(L, -1);
+    lua_pushvalue(L, 1);
+    lua_rawseti(L, -2, 1);
+    lua_pop(L, 1);
+    if (a->flags & LEI_AF_VIEW) {
+        lua_getfenv(L, 1);
+        lua_getfield(L, -1, "kids");
+        if (lua_isnil(L, -1)) {
+            lua_pop(L, 1);
+            lua_newtable(L);
+            lua_pushvalue(L, -1);
+            lua_setfield(L, -3, "kids");
+        }
+        lua_pushvalue(L, -3);
+        lua_rawseti(L, -2, (int)lua_objlen(L, -2) + 1);
+        lua_pop(L, 2);
+    }
+    return 1;
+}
+
+/* Repoint the view at idx and its kids from [old, old+n) to nw (nw NULL:
+ * end them). */
+static void rebase(lua_State *L, int idx, const uint8_t *old, size_t n, uint8_t *nw, int depth) {
+    lei_array *a = lua_touserdata(L, idx);
+    int i, k;
+    if (!(a->flags & LEI_AF_VIEW)) return;
+    if (nw && a->data && a->data >= old && a->data <= old + n) {
+        a->data = nw + (a->data - old);
+        a->flags &= ~LEI_AF_VIEW;
+    } else {
+        a->data = NULL;
+        a->count = 0;
+        for (i = 0; i < a->ndim; i++) a->shape[i] = 0;
+        a->flags = LEI_AF_ENDED;
+    }
+    if (depth > 50 || !lua_checkstack(L, 4)) return;
+    lua_getfenv(L, idx);
+    lua_getfield(L, -1, "kids");
+    if (lua_istable(L, -1)) {
+        k = lua_gettop(L);
+        for (i = 1; i <= (int)lua_objlen(L, k); i++) {
+            lua_rawgeti(L, k, i);
+            rebase(L, lua_gettop(L), old, n, nw, depth + 1);
+            lua_pop(L, 1);
+        }
+    }
+    lua_pop(L, 2);
+}
+
+/* array_keep(a): a received view gets its own copy of its bytes (once),
+ * and so do the views made from it; array_end(a): a received view and its
+ * views lose their elements (the dispatch ended and no handler kept it). */
+void lei_array_keep_lua(lua_State *L, int idx) {
+    lei_array *a = lua_touserdata(L, idx);
+    size_t n = (size_t)a->count * (size_t)a->itemsize;
+    uint8_t *old = a->data, *nw;
+    if (!(a->flags & LEI_AF_VIEW) || !old) return;
+    if (idx < 0) idx = lua_gettop(L) + 1 + idx;
+    if (n > LEI_ARRAY_UD_MAX) luaL_error(L, "array of %zu bytes: more than one Lua object holds", n);
+    nw = lua_newuserdata(L, n ? n : 1); /* may raise: a is unchanged */
+    memcpy(nw, old, n);
+    lua_getfenv(L, idx);
+    lua_pushvalue(L, -2);
+    lua_rawseti(L, -2, 1);
+    lua_pop(L, 2);
+    rebase(L, idx, old, n, nw, 0);
+}
+
+static int l_array_keep(lua_State *L) {
+    check_array(L, 1);
+    lei_array_keep_lua(L, 1);
+    return 0;
+}
+
+static int l_array_end(lua_State *L) {
+    check_array(L, 1);
+    rebase(L, 1, NULL, 0, NULL, 0);
+    return 0;
+}
+
+/* array_copy(a) -> a new contiguous array holding a's elements */
+static int l_array_copy(lua_State *L) {
+    lei_array *a = check_array(L, 1), *c;
+    size_t n = (size_t)a->count * (size_t)a->itemsize;
+    c = lei_array_push(L, a->dtype, a->ndim, a->shape, n, 0);
+    lei_array_gather(a, c->data, NULL);
+    return 1;
+}
+
+static int l_array_mt(lua_State *L) {
+    push_array_mt(L);
+    return 1;
+}
+
 /* Set encode, decode, validate and count_keys into the table on top of the stack; the
  * main lecho module may call this on its own table. */
 void lei_codec_lua_setfuncs(lua_State *L) {
@@ -594,6 +908,14 @@ void lei_codec_lua_setfuncs(lua_State *L) {
     lua_setfield(L, -2, "validate");
     lua_pushcfunction(L, l_count_keys);
     lua_setfield(L, -2, "count_keys");
+    static const luaL_Reg arr[] = {{"array_new", l_array_new},   {"array_wrap", l_array_wrap},
+                                   {"array_view", l_array_view}, {"array_keep", l_array_keep},
+                                   {"array_end", l_array_end},   {"array_copy", l_array_copy},
+                                   {"array_mt", l_array_mt},     {NULL, NULL}};
+    for (const luaL_Reg *f = arr; f->name; f++) {
+        lua_pushcfunction(L, f->func);
+        lua_setfield(L, -2, f->name);
+    }
 }
 
 __attribute__((visibility("default"))) int luaopen_lecho_codec(lua_State *L) {

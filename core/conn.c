@@ -411,7 +411,14 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
         lei_conn_close(k, why, 0);
         return -1;
     default:
-        snprintf(why, sizeof why, "unknown frame type %u", f->type);
+        /* (a second handshake on an up connection: bad input, said as such;
+         * here, not as cases of their own, so that the switch the events
+         * take is the one it was) */
+        if (f->type == LEI_F_HELLO || f->type == LEI_F_HELLO_OK || f->type == LEI_F_AUTH ||
+            f->type == LEI_F_AUTH_OK)
+            snprintf(why, sizeof why, "handshake frame (type %u) after the handshake", f->type);
+        else
+            snprintf(why, sizeof why, "unknown frame type %u", f->type);
         lei_conn_close(k, why, 1);
         return -1;
     }

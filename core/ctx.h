@@ -335,6 +335,13 @@ int lei_ctx_sign(const lei_ctx *c, const void *m, size_t n, uint8_t sig[64]);
 /* Pins addr to pk: a connection to or from addr must authenticate with it;
  * one up with another key is closed now. */
 int lei_peer_expect(lei_ctx *c, const char *addr, const uint8_t pk[32]);
+/* Pins addr to principal `name` (a name server address: nameserver_principal):
+ * a connection to or from addr must authenticate with a key certified or
+ * trusted for that name, checked in the handshake before the connection is
+ * up and anything queued for addr is written; one up as another principal
+ * is closed now.  0, or -LEI_E_INVALID (address or name too long),
+ * -LEI_E_NOMEM. */
+int lei_peer_expect_principal(lei_ctx *c, const char *addr, const char *name);
 /* The authenticated key (32 bytes) and principal of the peer's current or
  * last connection; NULL in protected mode or before one authenticated. */
 const uint8_t *lei_peer_key(const lei_peer *p);

@@ -33,9 +33,11 @@ typedef struct lei_tkey {     /* a trusted key and the principal name it must cl
     char name[LEI_NAME_MAX + 1];
 } lei_tkey;
 
-typedef struct lei_pin {      /* a peer address pinned to a key */
+typedef struct lei_pin {      /* a peer address pinned to a key, a principal, or both */
     char addr[LEI_ADDR_MAX];
-    uint8_t pk[32];
+    uint8_t pk[32];           /* valid when has_pk (lei_peer_expect) */
+    int has_pk;
+    char principal[LEI_NAME_MAX + 1]; /* "": none (lei_peer_expect_principal) */
 } lei_pin;
 
 typedef struct lei_ident {

@@ -17,7 +17,7 @@
 
 #include "errors.h"
 
-#define LEI_PROTO_VERSION 2
+#define LEI_PROTO_VERSION 3
 #define LEI_MAGIC "LECH"
 #define LEI_FRAME_HDR 5          /* u32 length + u8 type */
 #define LEI_EVENT_HDR_MAX (LEI_FRAME_HDR + 4 * 10)

@@ -8,9 +8,11 @@
  * Byte 0 of the input sets the limits (bits 0-1: max_depth 0, 3, 100, 1000;
  * bits 2-3: max_value_bytes 0, 256, 64 KiB, 1 MiB; bit 4: max_string 16),
  * the rest is the value.  Leans on core/codec.c, core/codec_lua.c, LuaJIT.
+ * Arrays (tag 0x07) compare by dtype, shape and bytes.
  * Seeds: core/fuzz/codec/ (scripts/lecho-fuzz-seeds writes them).
  */
 #include "codec.h"
+#include "array.h"
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -50,6 +52,14 @@ static int same(lua_State *S, int a, int b, int depth) {
         return la == lb && memcmp(x, y, la) == 0;
     }
     case LUA_TTABLE: break;
+    case LUA_TUSERDATA: { /* arrays: dtype, shape and the bytes */
+        const lei_array *x = lei_array_check(S, a), *y = lei_array_check(S, b);
+        if (!x || !y || x->dtype != y->dtype || x->ndim != y->ndim || x->count != y->count)
+            return 0;
+        for (int d = 0; d < x->ndim; d++)
+            if (x->shape[d] != y->shape[d]) return 0;
+        return x->count == 0 || memcmp(x->data, y->data, (size_t)(x->count * x->itemsize)) == 0;
+    }
     default: return 0;
     }
     if (depth > 1100 || !lua_checkstack(S, 6)) return 0;
@@ -61,8 +71,8 @@ static int same(lua_State *S, int a, int b, int depth) {
         lua_pushvalue(S, top - 1);
         lua_rawget(S, b); /* b[k]: keys are strings, numbers, booleans or tables */
         int ok;
-        if (lua_type(S, top - 1) == LUA_TTABLE) {
-            ok = 1; /* a table key: equal tables are different keys; counted only */
+        if (lua_type(S, top - 1) == LUA_TTABLE || lua_type(S, top - 1) == LUA_TUSERDATA) {
+            ok = 1; /* a table or array key: equal ones are different keys; counted only */
         } else {
             ok = same(S, top, top + 1, depth + 1);
         }

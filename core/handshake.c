@@ -102,17 +102,22 @@ static int hello_read(lei_conn *k, const lei_frame *f, uint8_t want, lei_hello *
  * address if any (addr: the address we dialled, or the one the remote
  * claims).  Returns 0, or -1 after closing k with an ERROR saying why. */
 static int identity_check(lei_conn *k, const lei_hello *h, const char *addr, int dialled) {
-    char why[LEI_ADDR_MAX + 200];
+    char why[LEI_ADDR_MAX + 2 * LEI_NAME_MAX + 200];
     if (lei_trusted(k->ctx, h, why, sizeof why) == 0) {
         const lei_pin *pin = lei_pin_find(k->ctx, addr);
-        if (!pin || memcmp(pin->pk, h->idpk, 32) == 0) return 0;
+        int key_ok = !pin || !pin->has_pk || memcmp(pin->pk, h->idpk, 32) == 0;
+        int name_ok = !pin || !pin->principal[0] || strcmp(pin->principal, h->name) == 0;
+        if (key_ok && name_ok) return 0;
         char got[65], want[65];
         sodium_bin2hex(got, sizeof got, h->idpk, 32);
         sodium_bin2hex(want, sizeof want, pin->pk, 32);
-        if (dialled)
-            snprintf(why, sizeof why, "%s presented key %s, expected %s", addr, got, want);
-        else
+        if (!dialled)
             snprintf(why, sizeof why, "address %s belongs to another identity", addr);
+        else if (!key_ok)
+            snprintf(why, sizeof why, "%s presented key %s, expected %s", addr, got, want);
+        else /* a principal pin (a name server's address): refused before UP, nothing written */
+            snprintf(why, sizeof why, "%s is principal %s (key %s), expected %s", addr, h->name, got,
+                     pin->principal);
     }
     lei_conn_close(k, why, 1);
     return -1;

@@ -26,8 +26,9 @@
  * and $LECHO_LUA_CDIR (where lecho/core.so is; default: $LECHO_LUA_DIR when
  * that is set, else the install directory).
  *
- * Events are Lua values: nil, booleans, numbers (doubles), byte strings and
- * tables.  In C an event is a lecho_value: one slot holding such a value.
+ * Events are Lua values: nil, booleans, numbers (doubles), byte strings,
+ * typed n-D arrays (lecho_set_array, lecho_get_array: no element-wise copy)
+ * and tables.  In C an event is a lecho_value: one slot holding such a value.
  * Setters and getters take a key: NULL means the slot itself, a string means
  * the field of that name of the table in the slot (made a table by the first
  * keyed setter if the slot is nil).  Arrays of doubles cross in one call
@@ -137,7 +138,7 @@ LECHO_API int lecho_stop(lecho_ctx *ctx);
 typedef struct lecho_value lecho_value;
 
 enum { LECHO_TNIL = 0, LECHO_TBOOLEAN, LECHO_TNUMBER, LECHO_TSTRING, LECHO_TTABLE,
-       LECHO_TOTHER };
+       LECHO_TOTHER, LECHO_TARRAY };
 
 /* A new slot holding nil.  Owned by the caller: lecho_value_free (or
  * lecho_close).  NULL when out of memory. */
@@ -203,6 +204,48 @@ LECHO_API int lecho_each(const lecho_value *v,
 LECHO_API int lecho_pairs(const lecho_value *v,
                           int (*fn)(const lecho_value *key, const lecho_value *value, void *ud),
                           void *ud);
+/* ---- arrays: typed n-D numeric arrays (doc/wire-format.md, tag 0x07),
+ * a lecho.array in Lua ---- */
+#define LECHO_ARRAY_MAXDIM 8
+/* Called once the array (and every message being sent from its memory) no
+ * longer needs data, from inside a lecho call on the context's thread. */
+typedef void (*lecho_free_fn)(void *data, void *ud);
+/* Sets key (NULL: the slot) to an array of dtype ("<u1" "<i1" "<u2" "<i2"
+ * "<u4" "<i4" "<u8" "<i8" "<f4" "<f8": NumPy's names, little-endian), ndim
+ * (0..8) dims shape[], whose elements are at data, row-major, without gaps
+ * (product(shape) * element size bytes; any alignment).  No element-wise
+ * copy:
+ *   - free_fn NULL: data is lent.  It must stay valid and unchanged while a
+ *     lecho_submit or lecho_submit_sync of a value holding the array runs;
+ *     each submit copies its bytes into the message (one memcpy) and
+ *     returns; the caller may then change or free data, and must not
+ *     submit the value again without setting the array again.
+ *   - free_fn given: the array owns data from a successful call on (on a
+ *     failure it stays the caller's).  Submits send it with no copy at all
+ *     (the frame's iovec points at data, 64 KiB and more); data must not
+ *     change until free_fn(data, ud) is called, once, when neither the
+ *     value nor a queued event holds the array any more (at the latest by
+ *     lecho_close).
+ * 0, LECHO_EINVAL (bad dtype, ndim, shape, data NULL with elements, or a
+ * key given and the slot holds neither a table nor nil), LECHO_ENOMEM. */
+LECHO_API int lecho_set_array(lecho_value *v, const char *key, const char *dtype, int ndim,
+                              const size_t *shape, const void *data, lecho_free_fn free_fn,
+                              void *ud);
+/* What lecho_get_array fills in. */
+typedef struct lecho_array_info {
+    const void *data;   /* the first element, aligned to its size; NULL when no elements */
+    const char *dtype;  /* "<f8", ...: static */
+    int ndim;
+    size_t shape[LECHO_ARRAY_MAXDIM];
+    size_t count;       /* elements: the product of shape */
+    size_t itemsize;    /* bytes per element */
+} lecho_array_info;
+/* The array at key (NULL: the slot): 0 with *out filled, its elements
+ * row-major without gaps.  Borrowed: valid while v holds the same value
+ * (for a handler's event: until the handler returns; an array received in
+ * place is moved once into memory of its own if it was not aligned).
+ * LECHO_ENOTFOUND (nil or missing), LECHO_EINVAL (not an array). */
+LECHO_API int lecho_get_array(const lecho_value *v, const char *key, lecho_array_info *out);
 /* A whole value in one call, as nodes in pre-order, for bindings that
  * convert it to their own values (python/lecho/): a scalar is one node; a
  * table is a LECHO_TTABLE node followed by its pairs, each a key's nodes

@@ -2,6 +2,7 @@
  * value of the context's private state, in a box table { v } kept in the
  * registry; setters and getters go through lua_cpcall (lecho_int.h). */
 #include "lecho_int.h"
+#include "array.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -169,6 +170,11 @@ static int op_get(lua_State *L) {
         o->i = t == LUA_TNIL ? LECHO_TNIL : t == LUA_TBOOLEAN ? LECHO_TBOOLEAN
              : t == LUA_TNUMBER ? LECHO_TNUMBER : t == LUA_TSTRING ? LECHO_TSTRING
              : t == LUA_TTABLE ? LECHO_TTABLE : LECHO_TOTHER;
+        if (t == LUA_TUSERDATA && lua_getmetatable(L, -1)) { /* a lecho.array? */
+            luaL_getmetatable(L, LEI_ARRAY_MT);
+            if (lua_rawequal(L, -1, -2)) o->i = LECHO_TARRAY;
+            lua_pop(L, 2);
+        }
         break;
     case G_NUMBER:
         if (t == LUA_TNUMBER)

@@ -143,6 +143,39 @@ static int l_expect(lua_State *L) {
     return lb_ok_or_err(L, rc ? lei_err_text(-rc) : NULL, -rc);
 }
 
+/* ctx:expect_principal(addr, name) -> true | nil, err, code: pins addr to a
+ * principal (a name server's address: nameserver_principal), checked in
+ * the handshake before anything queued for addr is written */
+static int l_expect_principal(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    const char *addr = luaL_checkstring(L, 2);
+    int rc = lei_peer_expect_principal(b->c, addr, luaL_checkstring(L, 3));
+    if (rc == -LEI_E_INVALID) return lb_push_err(L, "address or principal name too long", LEI_E_INVALID);
+    return lb_ok_or_err(L, rc ? lei_err_text(-rc) : NULL, -rc);
+}
+
+/* ctx:peer_gen(addr) -> the generation of addr's connection while it is up
+ * (unique in the context: a reply must come on the connection its request
+ * went out on, lecho.control), 0 when there is none up now */
+static int l_peer_gen(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    lei_peer *p = lei_peer_get(b->c, luaL_checkstring(L, 2), 0);
+    lua_pushnumber(L, (lua_Number)(p && lei_peer_up(p) ? lei_peer_gen(p) : 0));
+    return 1;
+}
+
+/* core.random_id() -> an integer in [1, 2^53), from libsodium's randombytes:
+ * request ids no other process can guess (lecho.control) */
+static int l_random_id(lua_State *L) {
+    uint64_t v;
+    do {
+        randombytes_buf(&v, sizeof v);
+        v &= (UINT64_C(1) << 53) - 1;
+    } while (v == 0);
+    lua_pushnumber(L, (lua_Number)v);
+    return 1;
+}
+
 /* ctx:peer_identity(addr) -> principal, pk | nil (unknown peer, protected
  * mode, or no authenticated connection yet) */
 static int l_peer_identity(lua_State *L) {
@@ -181,6 +214,8 @@ const luaL_Reg lb_auth_methods[] = {
     {"keyed", l_keyed},
     {"sign", l_ctx_sign},
     {"expect", l_expect},
+    {"expect_principal", l_expect_principal},
+    {"peer_gen", l_peer_gen},
     {"peer_identity", l_peer_identity},
     {"chan_manager_key", l_chan_manager_key},
     {"chan_ticket", l_chan_ticket},
@@ -188,4 +223,4 @@ const luaL_Reg lb_auth_methods[] = {
 
 const luaL_Reg lb_auth_funcs[] = {
     {"keypair", l_keypair}, {"sign", l_sign},   {"verify", l_verify},
-    {"hex", l_hex},         {"unhex", l_unhex}, {NULL, NULL}};
+    {"hex", l_hex},         {"unhex", l_unhex}, {"random_id", l_random_id}, {NULL, NULL}};

@@ -10,6 +10,7 @@
  */
 #define _GNU_SOURCE
 #include "lua_int.h"
+#include "array.h"
 #include "lpat.h"
 
 #include <limits.h>
@@ -457,13 +458,15 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
     lb_moe_open(L);
     lua_newtable(L);
     lei_codec_lua_setfuncs(L); /* encode, decode, validate */
+    lei_array_lua_ops(L, NULL); /* the array operations, never stopped here */
+    lua_setfield(L, -2, "array_ops");
     lua_pushcfunction(L, l_new);
     lua_setfield(L, -2, "new");
     lua_pushcfunction(L, l_hash);
     lua_setfield(L, -2, "hash");
     lua_pushcfunction(L, lei_lpat_new); /* core.lpat(): the modulators' pattern functions */
     lua_setfield(L, -2, "lpat");
-    luaL_register(L, NULL, lb_auth_funcs); /* keypair, sign, verify, hex, unhex */
+    luaL_register(L, NULL, lb_auth_funcs); /* keypair, sign, verify, hex, unhex, random_id */
     lua_pushinteger(L, LEI_PROTO_VERSION);
     lua_setfield(L, -2, "protocol_version");
     return 1;

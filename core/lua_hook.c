@@ -5,6 +5,7 @@
  */
 #define _GNU_SOURCE
 #include "lua_int.h"
+#include "array.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,7 +102,7 @@ static const uint8_t *view_of(const hook_args *a) {
 static int hook_call(lua_State *L) {
     hook_args *a = lua_touserdata(L, 1);
     lua_settop(L, 0);
-    luaL_checkstack(L, 12, "hook");
+    luaL_checkstack(L, 14, "hook");
     lua_rawgeti(L, LUA_REGISTRYINDEX, a->ref);
     if (a->is_event)
         lua_pushnumber(L, a->chid);
@@ -109,15 +110,27 @@ static int hook_call(lua_State *L) {
         lua_pushstring(L, lei_peer_addr(a->from));
     a->bad = 1; /* until the value is there */
     size_t vlen = 0;
+    int avs = 0; /* stack index of the value's array views (a table or nil) */
     const uint8_t *view = a->is_event ? view_of(a) : NULL;
     if (view) {
         lua_pushlightuserdata(L, (void *)view);
         vlen = a->n - (size_t)(view - a->p);
-    } else if (lei_decode_lua(L, a->p, a->n, &a->b->lim, a->err, sizeof a->err))
-        return 0;
+    } else if (!a->is_event) {
+        if (lei_decode_lua(L, a->p, a->n, &a->b->lim, a->err, sizeof a->err)) return 0;
+    } else {
+        /* arrays of LB_ARRAY_VIEW_MIN bytes or more point into the payload,
+         * valid while the dispatch runs (context.lua keeps or ends them) */
+        if (lei_decode_lua_views(L, a->p, a->n, &a->b->lim, LB_ARRAY_VIEW_MIN, a->err,
+                                 sizeof a->err))
+            return 0;
+        avs = lua_gettop(L);
+    }
     a->bad = 0;
     if (!a->is_event) {
-        lua_call(L, 2, 0);
+        /* the connection's generation: a reply is taken only from the
+         * connection its request went out on (lecho.control) */
+        lua_pushnumber(L, (lua_Number)lei_peer_gen(a->from));
+        lua_call(L, 3, 0);
         return 0;
     }
     lua_pushinteger(L, a->from ? lei_peer_idx(a->from) : 0);
@@ -131,12 +144,17 @@ static int hook_call(lua_State *L) {
         lua_pushnumber(L, (lua_Number)vlen);
     else
         lua_pushnil(L);
+    if (avs) {
+        lua_pushvalue(L, avs);
+        lua_remove(L, avs);
+    } else
+        lua_pushnil(L);
     /* -> held, nran, errors.  A sync event dispatched to its end is
      * acknowledged here, with what the dispatch returned: no call back
      * into C from Lua for it.  One whose handler waits is acknowledged by
      * the dispatch when it ends (ctx:ack); nran not a number: no ack (the
      * dispatch failed, or its context closed). */
-    lua_call(L, 9, 3);
+    lua_call(L, 10, 3);
     a->held = lua_toboolean(L, -3);
     lb_ctx *b = a->b;
     if (a->sync && !a->held && lua_isnumber(L, -2) && b->c && !b->close_pending)
@@ -224,7 +242,8 @@ void lb_hook_peer(void *ud, lei_peer *p, int up, const char *reason) {
         lua_pushstring(L, reason);
     else
         lua_pushnil(L);
-    lb_pcall(b, 4, 0);
+    lua_pushnumber(L, (lua_Number)lei_peer_gen(p)); /* up: the new connection's generation */
+    lb_pcall(b, 5, 0);
 }
 
 /* Runs the modulators' dequeue, then the turn hook (the Lua scheduler

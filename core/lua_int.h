@@ -40,11 +40,16 @@ typedef struct lb_ctx {
     lb_timer *timers;      /* live timers, stopped when the context closes */
     lb_moe *moes;          /* live modulators, freed when the context closes */
     lei_moe_group *moeg;   /* owned: what they share (made by the first), freed after them */
+    ev_signal sigw[2];     /* ctx:run(true): SIGINT, SIGTERM; started only inside l_run */
+    int signal;            /* the signal that ended the last ctx:run(true), or 0 */
 } lb_ctx;
 
 /* The shortest string value handed to Lua as a view (lua_hook.c view_of):
  * below it a copy costs less than the buffer object that saves it. */
 #define LB_VIEW_MIN ((size_t)64 * 1024)
+/* The smallest array handed to Lua as a view into the payload (lua_hook.c;
+ * smaller ones are copied into their userdata as they are decoded). */
+#define LB_ARRAY_VIEW_MIN ((size_t)4096)
 
 /* A modulator userdata: owns its lei_moe until close, gc or context close. */
 struct lb_moe {

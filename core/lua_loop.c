@@ -5,6 +5,7 @@
 #include "lua_int.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -68,13 +69,67 @@ static int l_run_once(lua_State *L) {
     return 0;
 }
 
-/* ctx:run(): serves the loop until ctx:stop(). */
+/* SIGINT or SIGTERM during ctx:run(true): the run ends, the caller closes. */
+static void run_sig_cb(struct ev_loop *loop, ev_signal *w, int revents) {
+    lb_ctx *b = w->data;
+    (void)revents;
+    b->signal = w->signum;
+    b->stopping = 1;
+    ev_break(loop, EVBREAK_ALL);
+}
+
+/* ctx:run([signals]): serves the loop until ctx:stop().  With signals true,
+ * SIGINT and SIGTERM (those the process does not ignore) are caught for the
+ * run only: they end it, and it returns the signal's number; the actions
+ * and the signal mask the process had are put back before it returns, or,
+ * when a signal ended it, the default actions (the caller closes and exits:
+ * a second signal ends the process at once).  Returns nothing otherwise. */
 static int l_run(lua_State *L) {
+    static const int sigs[2] = {SIGINT, SIGTERM};
     lb_ctx *b = lb_check_ctx(L);
+    int catch = lua_toboolean(L, 2), caught[2] = {0, 0};
+    struct sigaction old[2];
+    sigset_t oldmask;
+    struct ev_loop *loop = lei_ctx_loop(b->c);
     b->stopping = 0;
-    while (!b->stopping && b->c && !b->close_pending) ev_run(lei_ctx_loop(b->c), EVRUN_ONCE);
+    b->signal = 0;
+    if (catch) {
+        sigprocmask(SIG_SETMASK, NULL, &oldmask);
+        for (int i = 0; i < 2; i++) {
+            if (sigaction(sigs[i], NULL, &old[i]) != 0) continue;
+            /* An ignored signal stays ignored (nohup, a background job). */
+            if (!(old[i].sa_flags & SA_SIGINFO) && old[i].sa_handler == SIG_IGN) continue;
+            ev_signal_init(&b->sigw[i], run_sig_cb, sigs[i]);
+            b->sigw[i].data = b;
+            ev_signal_start(loop, &b->sigw[i]);
+            caught[i] = 1;
+        }
+    }
+    /* No Lua error leaves this loop (every callback is a protected call). */
+    while (!b->stopping && b->c && !b->close_pending) ev_run(loop, EVRUN_ONCE);
+    if (catch) {
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof dfl);
+        dfl.sa_handler = SIG_DFL;
+        sigemptyset(&dfl.sa_mask);
+        for (int i = 0; i < 2; i++) {
+            if (!caught[i]) continue;
+            /* The action is set before the stop (with signalfd, libev
+             * unblocks the signal there: one pending is delivered to it)
+             * and again after (without, libev sets SIG_DFL). */
+            const struct sigaction *to = b->signal ? &dfl : &old[i];
+            sigaction(sigs[i], to, NULL);
+            ev_signal_stop(loop, &b->sigw[i]);
+            sigaction(sigs[i], to, NULL);
+        }
+        sigprocmask(SIG_SETMASK, &oldmask, NULL);
+    }
     b->stopping = 0;
     lb_close_if_pending(b, L);
+    if (b->signal) {
+        lua_pushinteger(L, b->signal);
+        return 1;
+    }
     return 0;
 }
 

@@ -5,6 +5,7 @@
  */
 #define _GNU_SOURCE
 #include "moe_int.h"
+#include "array.h"
 
 #include <lauxlib.h>
 #include <lualib.h>
@@ -369,6 +370,8 @@ int moe_env_build(lua_State *L, lei_moe *m) {
     lua_pushcfunction(L, env_inspos);
     lua_pushcfunction(L, env_realmt);
     lua_call(L, 6, 0);
+    /* env.array and the arrays' methods: in C, stopped by the budget */
+    lei_array_lua_moe(L, env, &m->stop);
     lua_pushvalue(L, env);
     m->ref_env = luaL_ref(L, LUA_REGISTRYINDEX);
     return env;

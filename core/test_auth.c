@@ -94,6 +94,8 @@ static void test_tables(void) {
     memset(longaddr, 'x', sizeof longaddr - 1);
     longaddr[sizeof longaddr - 1] = '\0';
     CHECK(lei_peer_expect(c, longaddr, pk) == -LEI_E_INVALID);
+    CHECK(lei_peer_expect_principal(c, longaddr, "nameserver") == -LEI_E_INVALID);
+    CHECK(lei_peer_expect_principal(c, "127.0.0.1:1000", "nameserver") == 0); /* same pin, both */
     CHECK(lei_peer_expect(c, "127.0.0.1:1000", pk) == 0); /* replaces */
     /* no connection authenticated yet: no peer key */
     lei_peer *p = lei_peer_get(c, "127.0.0.1:1", 0);
@@ -353,6 +355,8 @@ static void test_keyed_ok(void) {
     make_keys(&k);
     keyed_sides(&k, &a, &b);
     authorize(&a, &b, &k);
+    /* a principal pin that a meets: nothing refused */
+    CHECK(lei_peer_expect_principal(b.c, lei_ctx_addr(a.c), "a") == 0);
     send_events(&a, &b, NULL, 1);
     pump(&a, &b, NULL, got3, 5);
     CHECK(a.events == 3 && a.last_len > 0 && a.downs == 0 && b.downs == 0);
@@ -409,6 +413,17 @@ static void set_pin_acceptor(side *a, side *b, keys *k) {
     randombytes_buf(other, 32);
     lei_peer_expect(a->c, lei_ctx_addr(b->c), other);
 }
+/* Principal pins (a name server's address: nameserver_principal): checked
+ * in the handshake, so nothing b queued for a is written (a.events == 0). */
+static void set_principal_dialler(side *a, side *b, keys *k) {
+    (void)k;
+    CHECK(lei_peer_expect_principal(b->c, lei_ctx_addr(a->c), "nameserver") == 0);
+}
+static void set_principal_acceptor(side *a, side *b, keys *k) {
+    (void)k;
+    CHECK(lei_peer_expect_principal(a->c, lei_ctx_addr(b->c), "someone-else") == 0);
+}
+
 /* An authority's certificate for principal "b" with key pk. */
 static void cert_for(const uint8_t ask[64], const uint8_t pk[32], uint8_t cert[64]) {
     uint8_t m[14 + 2 + 32];
@@ -431,6 +446,8 @@ static void test_refusals(void) {
     refusal("untrusted", set_untrusted, "not trusted: b ", 1);
     refusal("pin (dialler)", set_pin_dialler, "presented key", 1);
     refusal("pin (acceptor)", set_pin_acceptor, "belongs to another identity", 1);
+    refusal("principal pin (dialler)", set_principal_dialler, "is principal a (key ", 1);
+    refusal("principal pin (acceptor)", set_principal_acceptor, "belongs to another identity", 1);
     refusal("cert", set_cert_wrong, "not trusted: b2 ", 1);
 }
 

@@ -197,11 +197,11 @@ static void test_validate(void)
 	lei_wbuf_free(&b);
 
 	/* unknown tags, top level and nested */
-	for (i = 7; i < 256; i++) {
+	for (i = 8; i < 256; i++) {
 		buf[0] = (uint8_t)i;
 		CHECK(strncmp(vmsg(buf, 1, NULL), "unknown tag", 11) == 0);
 	}
-	memcpy(buf, "\x06\x01\x00\x07", 4);
+	memcpy(buf, "\x06\x01\x00\x08", 4);
 	CHECK(strncmp(vmsg(buf, 4, NULL), "unknown tag", 11) == 0);
 
 	/* bad varint in a string length */
@@ -548,6 +548,76 @@ static void test_mutations(void)
 	lei_wbuf_free(&work);
 }
 
+/* The array tag: what validates, and each way a hostile one is refused. */
+static void test_arrays(void)
+{
+	lei_wbuf b = {0};
+	int64_t shape[3] = {2, 3, 4};
+	double d[24];
+	int i;
+	const char *err;
+	lei_reader r;
+	lei_item it;
+
+	for (i = 0; i < 24; i++) d[i] = i * 0.5;
+	CHECK(lei_enc_array_header(&b, LEI_DT_F8, 3, shape) == 0);
+	CHECK(lei_wbuf_put(&b, d, sizeof d) == 0);
+	CHECK(lei_codec_validate((uint8_t *)b.data, b.len, NULL, NULL) == 0);
+	lei_reader_init(&r, (uint8_t *)b.data, b.len, NULL);
+	CHECK(lei_read_item(&r, &it) == 0 && it.tag == LEI_T_ARRAY && it.dtype == LEI_DT_F8 &&
+	      it.ndim == 3 && it.shape[2] == 4 && it.len == sizeof d &&
+	      memcmp(it.str, d, sizeof d) == 0 && lei_reader_finish(&r) == 0);
+	/* one byte short, one too many */
+	CHECK(lei_codec_validate((uint8_t *)b.data, b.len - 1, NULL, &err) == -1 &&
+	      strcmp(err, "truncated input") == 0);
+	CHECK(lei_wbuf_put_u8(&b, 0) == 0);
+	CHECK(lei_codec_validate((uint8_t *)b.data, b.len, NULL, &err) == -1 &&
+	      strcmp(err, "trailing garbage after value") == 0);
+	lei_wbuf_free(&b);
+	/* every dtype name, NumPy's |u1 and |i1, and a bad one */
+	for (i = 0; i < LEI_DT_COUNT; i++)
+		CHECK(lei_dtype_parse(lei_dtype_name(i), 3) == i);
+	CHECK(lei_dtype_parse("|u1", 3) == LEI_DT_U1 && lei_dtype_parse("|i1", 3) == LEI_DT_I1);
+	CHECK(lei_dtype_parse(">f8", 3) == -1 && lei_dtype_parse("<f8 ", 4) == -1);
+	/* hostile headers: a shape product that overflows (2^32 * 2^32 elements,
+	 * announced as 0 bytes), a shape that does not match its byte length, a
+	 * byte length past the input, too many dims, an unknown dtype */
+	static const uint8_t ovf[] = {7, 3, '<', 'f', '8', 2, 0x80, 0x80, 0x80, 0x80, 0x10,
+	                              0x80, 0x80, 0x80, 0x80, 0x10, 0};
+	CHECK(lei_codec_validate(ovf, sizeof ovf, NULL, &err) == -1 &&
+	      strcmp(err, "array shape does not match its bytes") == 0);
+	static const uint8_t mism[] = {7, 3, '<', 'f', '8', 1, 2, 8, 0, 0, 0, 0, 0, 0, 0, 0};
+	CHECK(lei_codec_validate(mism, sizeof mism, NULL, &err) == -1 &&
+	      strcmp(err, "array shape does not match its bytes") == 0);
+	static const uint8_t shortp[] = {7, 3, '<', 'u', '1', 1, 100, 100, 1, 2, 3};
+	CHECK(lei_codec_validate(shortp, sizeof shortp, NULL, &err) == -1 &&
+	      strcmp(err, "truncated input") == 0);
+	static const uint8_t ndim[] = {7, 3, '<', 'u', '1', 9, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0};
+	CHECK(lei_codec_validate(ndim, sizeof ndim, NULL, &err) == -1 &&
+	      strcmp(err, "array has too many dimensions") == 0);
+	static const uint8_t dt[] = {7, 3, '<', 'c', '8', 1, 1, 8, 0, 0, 0, 0, 0, 0, 0, 0};
+	CHECK(lei_codec_validate(dt, sizeof dt, NULL, &err) == -1 &&
+	      strcmp(err, "unknown array dtype") == 0);
+	/* inside a table whose other slots need the bytes the array claims */
+	static const uint8_t owed[] = {6, 3, 0, 7, 3, '<', 'u', '1', 1, 2, 2, 1, 2};
+	CHECK(lei_codec_validate(owed, sizeof owed, NULL, &err) == -1);
+	/* max_value_bytes counts the header and the bytes */
+	lei_codec_limits lim;
+	lei_codec_limits_default(&lim);
+	static const uint8_t small[] = {7, 3, '<', 'u', '1', 1, 8, 8, 1, 2, 3, 4, 5, 6, 7, 8};
+	lim.max_value_bytes = LEI_DEC_ARRAY + 8;
+	CHECK(lei_codec_validate(small, sizeof small, &lim, NULL) == 0);
+	lim.max_value_bytes = LEI_DEC_ARRAY + 7;
+	CHECK(lei_codec_validate(small, sizeof small, &lim, &err) == -1 &&
+	      strcmp(err, "value decodes to more than max_value_bytes") == 0);
+	/* the writer refuses what the reader would */
+	int64_t huge[2] = {(int64_t)1 << 32, (int64_t)1 << 32};
+	CHECK(lei_enc_array_header(&b, LEI_DT_F8, 2, huge) == -1);
+	CHECK(lei_enc_array_header(&b, LEI_DT_COUNT, 1, shape) == -1);
+	CHECK(lei_enc_array_header(&b, LEI_DT_U1, 9, shape) == -1);
+	lei_wbuf_free(&b);
+}
+
 int main(void)
 {
 	test_varint();
@@ -558,5 +628,6 @@ int main(void)
 	test_value_size();
 	test_msg_iov();
 	test_mutations();
+	test_arrays();
 	return TEST_SUMMARY();
 }

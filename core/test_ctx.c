@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <stdint.h>
 #include <unistd.h>
 
 #include "test.h"
@@ -32,6 +33,16 @@ static char last_payload[16];     /* idem */
 static int nested_ok;             /* idem */
 static lecho_producer *blocking, *dropping; /* the consumer thread's, on "fwd" */
 static int borrowed_ok;           /* written by the consumer thread only */
+static int arrays_ok = -1;        /* idem: the last "arr" event read right (1) or not (0) */
+static int narrays;               /* idem */
+static int freed;                 /* the main thread's free callback ran (count) */
+
+/* lecho_set_array's free function (main thread). */
+static void free_arr(void *data, void *ud) {
+    CHECK(ud == (void *)&freed);
+    free(data);
+    freed++;
+}
 
 static const char *handler(const lecho_value *ev, const lecho_meta *meta, void *ud) {
     double k, sleep_s;
@@ -57,6 +68,25 @@ static const char *handler(const lecho_value *ev, const lecho_meta *meta, void *
     if (lecho_type(ev, "quit") == LECHO_TBOOLEAN) {
         lecho_stop(ud); /* lecho_run returns after this turn */
         return NULL;
+    }
+    if (lecho_type(ev, "arr") == LECHO_TARRAY) {
+        /* { arr = n x 3 doubles (i*3+j + base), base = } and, maybe, small = <i2 [2] */
+        lecho_array_info ai;
+        double base = 0;
+        int ok = lecho_get_array(ev, "arr", &ai) == 0 && lecho_get_number(ev, "base", &base) == 0 &&
+                 strcmp(ai.dtype, "<f8") == 0 && ai.ndim == 2 && ai.shape[1] == 3 &&
+                 ai.count == ai.shape[0] * 3 && ai.itemsize == 8 &&
+                 (uintptr_t)ai.data % 8 == 0;
+        for (size_t i = 0; ok && i < ai.count; i++) ok = ((const double *)ai.data)[i] == (double)i + base;
+        if (lecho_type(ev, "small") == LECHO_TARRAY) {
+            ok = ok && lecho_get_array(ev, "small", &ai) == 0 && strcmp(ai.dtype, "<i2") == 0 &&
+                 ai.count == 2 && ((const short *)ai.data)[1] == -7;
+        }
+        ok = ok && lecho_get_array(ev, "base", &ai) == LECHO_EINVAL &&
+             lecho_get_array(ev, "nope", &ai) == LECHO_ENOTFOUND;
+        __atomic_store_n(&arrays_ok, ok, __ATOMIC_RELEASE);
+        __atomic_store_n(&narrays, __atomic_load_n(&narrays, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
+        return ok ? NULL : "bad array";
     }
     if (lecho_type(ev, "fail") == LECHO_TBOOLEAN) return "boom: the handler failed";
     /* A message with the word "timeout" in it is still a failed handler. */
@@ -415,6 +445,48 @@ int main(void) {
     CHECK(st && lecho_type(st, "channels") == LECHO_TTABLE);
     lecho_value_free(st);
 
+    /* Arrays: lent (copied into the message during the submit: the
+     * buffer is changed right after and the consumer sees the old values)
+     * and owned (sent from its memory, freed by the callback once written
+     * and no longer held), 1 and 2 MB, beside a small one. */
+    {
+        size_t rows = 40000, shape[2] = { rows, 3 }, sshape[1] = { 2 };
+        double *lent = malloc(rows * 3 * sizeof *lent);
+        short small[2] = { 3, -7 };
+        for (size_t i = 0; i < rows * 3; i++) lent[i] = (double)i;
+        lecho_value *av = lecho_value_new(ctx);
+        CHECK(lecho_set_array(av, "arr", "<f8", 2, shape, lent, NULL, NULL) == 0);
+        CHECK(lecho_set_array(av, "small", "<i2", 1, sshape, small, NULL, NULL) == 0);
+        CHECK(lecho_set_number(av, "base", 0) == 0);
+        CHECK(lecho_type(av, "arr") == LECHO_TARRAY);
+        lecho_array_info ai;
+        CHECK(lecho_get_array(av, "arr", &ai) == 0 && ai.data == lent && ai.count == rows * 3);
+        CHECK(lecho_submit(p, av) == 0);
+        for (size_t i = 0; i < rows * 3; i++) lent[i] = -1; /* after the submit: not sent */
+        free(lent);
+        lecho_value_free(av);
+        double *owned = malloc(2 * rows * 3 * sizeof *owned);
+        shape[0] = 2 * rows;
+        for (size_t i = 0; i < 2 * rows * 3; i++) owned[i] = (double)i + 5;
+        av = lecho_value_new(ctx);
+        CHECK(lecho_set_array(av, "arr", "<f8", 2, shape, owned, free_arr, &freed) == 0);
+        CHECK(lecho_set_number(av, "base", 5) == 0);
+        CHECK(lecho_submit_sync(p, av, 10, &errs) == 0 && errs == NULL);
+        lecho_errors_free(errs);
+        errs = NULL;
+        CHECK(__atomic_load_n(&narrays, __ATOMIC_ACQUIRE) == 2);
+        CHECK(__atomic_load_n(&arrays_ok, __ATOMIC_ACQUIRE) == 1);
+        CHECK(freed == 0); /* still held by av */
+        lecho_value_free(av);
+        for (int i = 0; i < 50 && freed == 0; i++) lecho_run_once(ctx, 0.01);
+        /* misuse */
+        av = lecho_value_new(ctx);
+        CHECK(lecho_set_array(av, "x", "<f16", 1, sshape, small, NULL, NULL) == LECHO_EINVAL);
+        CHECK(lecho_set_array(av, "x", "<i2", 9, sshape, small, NULL, NULL) == LECHO_EINVAL);
+        CHECK(lecho_set_array(av, "x", "<i2", 1, sshape, NULL, NULL, NULL) == LECHO_EINVAL);
+        lecho_value_free(av);
+    }
+
     /* A handler's error comes back in the sync result. */
     lecho_value *bad_ev = lecho_value_new(ctx);
     lecho_set_bool(bad_ev, "fail", 1);
@@ -496,6 +568,7 @@ int main(void) {
     lecho_value_free(big);
     char cerr[256] = "x";
     CHECK(lecho_close_err(ctx, 0.3, cerr, sizeof cerr) == LECHO_ETIMEOUT);
+    CHECK(freed == 1); /* the owned array's free function ran, once, by lecho_close at the latest */
     CHECK(strstr(cerr, "not delivered") != NULL);
     t0 = now();
     while (!__atomic_load_n(&stopped, __ATOMIC_ACQUIRE) && now() - t0 < 10) usleep(20000);

@@ -236,7 +236,7 @@ static void test_hello(void) {
 
     /* other versions: reported through h->version, nothing else parsed */
     {
-        static const unsigned vers[] = {0, 1, 3, 0x0100, 0xffff};
+        static const unsigned vers[] = {0, 1, 2, 4, 0x0100, 0xffff};
         for (size_t i = 0; i < sizeof vers / sizeof vers[0]; i++) {
             n = hello_body(body, "LECH", vers[i], 7, 3, "a:1", 3);
             memset(&h, 0, sizeof h);
@@ -252,10 +252,10 @@ static void test_hello(void) {
         h.version = 0;
         CHECK(parse_hello_exact(body, 6, &h, &err) == 0 && h.version == 1);
         CHECK(parse_hello_exact(body, 9, &h, &err) == 0 && h.version == 1);
-        /* a version-3 HELLO frame built by the library parses the same way */
-        n = lei_frame_hello(buf, LEI_F_HELLO, 3, 9, "127.0.0.1:1", NULL);
+        /* a version-4 HELLO frame built by the library parses the same way */
+        n = lei_frame_hello(buf, LEI_F_HELLO, 4, 9, "127.0.0.1:1", NULL);
         CHECK(lei_frame_next(buf, n, 1024, &f, &err) == 1);
-        CHECK(parse_hello_exact(f.body, f.len, &h, &err) == 0 && h.version == 3);
+        CHECK(parse_hello_exact(f.body, f.len, &h, &err) == 0 && h.version == 4);
     }
 
     /* truncated: magic but no (or half a) version, and version 2 cut short */
@@ -279,7 +279,7 @@ static void test_hello(void) {
     CHECK(parse_hello_exact(body, n, &h, &err) == 0 && strcmp(h.addr, "127.0.0.1") == 0);
 
     /* a varint that is not one (10th byte > 1) */
-    memcpy(body, "LECH\x00\x02", 6);
+    memcpy(body, "LECH\x00\x03", 6);
     memset(body + 6, 0xff, 9);
     body[15] = 0x02;
     err = NULL;

@@ -1,7 +1,8 @@
 rockspec_format = "3.0"
 package = "lecho"
 version = "scm-1"
-source = { url = "git+file:///dev/null" }
+-- The repository's head (`luarocks make` from a checkout needs no source).
+source = { url = "git+https://github.com/lecho/lecho.git", branch = "main" }
 description = {
   summary = "Event channels between processes: a C core on libev, LuaJIT on top",
   detailed = [[
@@ -11,12 +12,18 @@ once every consumer ran its handler); a name server and channel managers keep
 membership; one TCP connection per pair of processes carries every channel.
 Consumers can ship Lua modulators (filters, down-samplers, differencers) that
 run sandboxed in the producing processes; lecho-repl steers a running system.]],
-  license = "MIT",
+  homepage = "https://github.com/lecho/lecho",
+  license = "MIT",   -- LICENSE
 }
 -- LuaJIT 2.1 (LuaRocks provides "luajit" when its Lua is LuaJIT); lecho.check
--- says so at require time too.
-dependencies = { "lua ~> 5.1", "luajit >= 2.1.0-beta3" }
-external_dependencies = { LIBEV = { header = "ev.h" } }
+-- says so at require time too.  lua-cjson: keyed mode's files, policies in
+-- JSON, lecho-repl --json (Debian: lua-cjson; `--deps-mode=none` when it is
+-- there).  The C libraries: Debian's libev-dev and libsodium-dev.
+dependencies = { "lua ~> 5.1", "luajit >= 2.1.0-beta3", "lua-cjson >= 2.1" }
+external_dependencies = {
+  LIBEV = { header = "ev.h", library = "ev" },
+  LIBSODIUM = { header = "sodium.h", library = "sodium" },
+}
 build = {
   type = "make",
   makefile = "Makefile",
@@ -30,11 +37,11 @@ build = {
     INST_LUADIR = "$(LUADIR)",
     INST_BINDIR = "$(BINDIR)",
     SO = "build/rock/core.so",
-    -- the C API (lecho.h, liblecho, lecho.pc); clib, since LuaRocks takes a
-    -- rock's lib/ for Lua modules.  A rock-installed liblecho finds the Lua
-    -- files in the tree's share/lua/5.1 and lib/lua/5.1 (LECHO_LUA_DIR,
-    -- LECHO_LUA_CDIR point it elsewhere).
-    INST_INCDIR = "$(PREFIX)/include",
-    INST_CLIBDIR = "$(PREFIX)/clib",
+    -- the C API where a C user looks: the tree's include/lecho.h,
+    -- lib/liblecho.so and lib/pkgconfig/lecho.pc (README "From C"; outside
+    -- the rock's own directory, so `luarocks remove` leaves them).  A
+    -- rock-installed liblecho finds the Lua files in the tree's share/lua/5.1
+    -- and lib/lua/5.1 (LECHO_LUA_DIR, LECHO_LUA_CDIR point it elsewhere).
+    CAPI_IN_TREE = "yes",
   },
 }

@@ -306,11 +306,11 @@ end
 local function handshaken(T)
   local c = raw_connect(T)
   c.peer = fake_addr()
-  assert(c:send(hello(2, c.peer)))
+  assert(c:send(hello(3, c.peer)))
   assert(T:wait(function() c:pump() return #c:frames() >= 1 or c.closed end), "no HELLO_OK")
   local f = c:frames()[1]
   assert.are.equal(F_HELLO_OK, f.type)
-  assert.are.equal("LECH\0\2", f.body:sub(1, 6))
+  assert.are.equal("LECH\0\3", f.body:sub(1, 6))
   return c
 end
 
@@ -383,7 +383,7 @@ for _, kind in ipairs({ "context", "nameserver" }) do
       local mark, bad0 = T:log_mark(), T:bad_frames()
       -- half a HELLO, then gone
       local c1 = raw_connect(T)
-      c1:send(hello(2, fake_addr()):sub(1, 9))
+      c1:send(hello(3, fake_addr()):sub(1, 9))
       c1:close()
       -- a handshake, then half an EVENT (the length promises more), then gone
       local c2 = handshaken(T)
@@ -407,28 +407,28 @@ for _, kind in ipairs({ "context", "nameserver" }) do
     it("refuses a HELLO of protocol version 1 with an ERROR frame naming both versions", function()
       local c = raw_connect(T)
       c:send(hello(1, fake_addr()))
-      local _, text = assert_refused(T, c, "protocol version mismatch: peer speaks 1, this side speaks 2")
-      assert.are.equal("protocol version mismatch: peer speaks 1, this side speaks 2", text)
+      local _, text = assert_refused(T, c, "protocol version mismatch: peer speaks 1, this side speaks 3")
+      assert.are.equal("protocol version mismatch: peer speaks 1, this side speaks 3", text)
     end)
 
-    it("refuses a HELLO of version 1 whose body would not parse as version 2", function()
+    it("refuses a HELLO of version 1 whose body would not parse as version 3", function()
       local c = raw_connect(T)
       c:send(frame(F_HELLO, "LECH\0\1" .. garbage(30, 17)))
-      assert_refused(T, c, "protocol version mismatch: peer speaks 1, this side speaks 2")
+      assert_refused(T, c, "protocol version mismatch: peer speaks 1, this side speaks 3")
     end)
 
     it("refuses a keyed HELLO: this side has no keys (protected mode)", function()
       local c = raw_connect(T)
       local a = fake_addr()
       -- mode 1, ephemeral and identity keys, principal "x", no certificate
-      c:send(frame(F_HELLO, "LECH\0\2" .. varint(1) .. varint(#a) .. a .. "\1" .. ("k"):rep(64)
+      c:send(frame(F_HELLO, "LECH\0\3" .. varint(1) .. varint(#a) .. a .. "\1" .. ("k"):rep(64)
                             .. varint(1) .. "x" .. "\0"))
       assert_refused(T, c, "mode mismatch: this side has no keys (protected mode) and refuses a keyed peer")
     end)
 
     it("refuses a HELLO with an impossible address length", function()
       local c = raw_connect(T)
-      c:send(frame(F_HELLO, "LECH\0\2" .. varint(1) .. varint(200) .. "127.0.0.1:1\0"))
+      c:send(frame(F_HELLO, "LECH\0\3" .. varint(1) .. varint(200) .. "127.0.0.1:1\0"))
       assert_refused(T, c, "bad address in handshake")
     end)
 
@@ -436,7 +436,7 @@ for _, kind in ipairs({ "context", "nameserver" }) do
       -- a second spelling of one address would make a second peer for it
       for _, a in ipairs{ "localhost:1", "[0::1]:1", "127.0.0.1:01", "unix:rel", "x", "1.2.3.4:0" } do
         local c = raw_connect(T)
-        c:send(hello(2, a))
+        c:send(hello(3, a))
         assert_refused(T, c, "bad address in handshake")
       end
     end)
@@ -461,9 +461,9 @@ for _, kind in ipairs({ "context", "nameserver" }) do
 
     it("refuses a control message that is not a valid value", function()
       local c = handshaken(T)
-      c:send(frame(F_CTRL, "\7\7\7"))
+      c:send(frame(F_CTRL, "\8\8\8"))
       local logged = assert_refused(T, c, "malformed control message")
-      assert.truthy(logged:find("unknown tag 0x07", 1, true))
+      assert.truthy(logged:find("unknown tag 0x08", 1, true))
     end)
 
     if kind == "context" then
@@ -471,9 +471,9 @@ for _, kind in ipairs({ "context", "nameserver" }) do
         local before = #T.values
         local c = handshaken(T)
         c:send(bind(0, T.consumed) .. event(0, lecho.encode({ ok = 1 }))
-               .. event(0, "\7garbage"))
+               .. event(0, "\8garbage"))
         local logged = assert_refused(T, c, "malformed event value")
-        assert.truthy(logged:find("bad event value from " .. c.peer .. ": unknown tag 0x07", 1, true))
+        assert.truthy(logged:find("bad event value from " .. c.peer .. ": unknown tag 0x08", 1, true))
         assert.are.equal(before + 1, #T.values) -- the good one before it was delivered
         assert.are.equal(1, T.values[#T.values].ok)
       end)
@@ -486,13 +486,68 @@ for _, kind in ipairs({ "context", "nameserver" }) do
         assert.truthy(logged:find("truncated", 1, true))
         assert.are.equal(before, #T.values)
       end)
+
+      -- Issue 24: the array tag from a rogue peer.  Each costs that
+      -- connection, with the reason, before anything is allocated for it.
+      local function arr(dtype, dims, nbytes, bytes)
+        local h = "\7" .. varint(#dtype) .. dtype .. varint(#dims)
+        for _, d in ipairs(dims) do h = h .. varint(d) end
+        return h .. varint(nbytes) .. (bytes or "")
+      end
+      local ARRAY_CASES = {
+        { "a shape whose product overflows", arr("<f8", { 2 ^ 32, 2 ^ 32 }, 0),
+          "array shape does not match its bytes" },
+        { "a shape whose product does not match its bytes", arr("<f8", { 3, 4 }, 95, ("x"):rep(95)),
+          "array shape does not match its bytes" },
+        { "a short payload", arr("<f8", { 1000 }, 8000, ("x"):rep(100)), "truncated input" },
+        { "an unknown dtype", arr("<c16", { 1 }, 16, ("x"):rep(16)), "unknown array dtype" },
+        { "nine dimensions", arr("<u1", { 1, 1, 1, 1, 1, 1, 1, 1, 1 }, 1, "x"), "array has too many dimensions" },
+        { "an array inside a table 10,000 deep", ("\6\1\0"):rep(10000) .. arr("<u1", { 1 }, 1, "x"),
+          "nesting too deep (limit 100)" },
+        { "350,000 empty arrays (2.4 MB) that decode past max_value_bytes",
+          "\6" .. varint(350000) .. "\0" .. arr("<u1", { 0 }, 0):rep(350000), "value decodes to more than" },
+        { "one array of 65 MiB, past max_value_bytes", arr("<u1", { 65 * 2 ^ 20 }, 65 * 2 ^ 20, ("\0"):rep(65 * 2 ^ 20)),
+          "value decodes to more than 67108864 bytes" },
+      }
+      for _, case in ipairs(ARRAY_CASES) do
+        it("refuses a bound EVENT holding " .. case[1] .. ", delivering nothing", function()
+          local before = #T.values
+          -- made before the connection: the address space it takes is not
+          -- what the target allocated for the bad input
+          local bytes = bind(4, T.consumed) .. event(4, case[2])
+          local c = handshaken(T)
+          -- sent while the target's loop runs (it reads as it goes)
+          local i = 1
+          assert.is_true(T:wait(function()
+            local last, err, partial = c.s:send(bytes, i)
+            if err == "closed" then return true end
+            i = (last or partial or i - 1) + 1
+            return i > #bytes
+          end, 60))
+          local logged = assert_refused(T, c, "malformed event value")
+          assert.truthy(logged:find(case[3], 1, true), logged)
+          assert.are.equal(before, #T.values)
+        end)
+      end
+
+      it("delivers a well-formed array from a hand-built frame (the cases above fail for their one fault)", function()
+        local before = #T.values
+        local c = handshaken(T)
+        local bytes = "\1\0\2\0\3\0\4\0\5\0\6\0"
+        c:send(bind(5, T.consumed) .. event(5, "\6\0\1\5\1f" .. arr("<i2", { 2, 3 }, 12, bytes)))
+        assert.is_true(T:wait(function() c:pump() return #T.values > before end))
+        local v = T.values[#T.values].f
+        assert.are.same({ { 1, 2, 3 }, { 4, 5, 6 } }, v:totable())
+        assert.are.equal("<i2", v:dtype())
+        c:close()
+      end)
     else
       -- The name server consumes no channel: an event reaching it is counted
       -- and dropped without being decoded, so a bad value there goes unseen.
       it("drops a bound EVENT with a garbage value unread (it consumes nothing) and stays up", function()
         local c = handshaken(T)
         local mark, bad0 = T:log_mark(), T:bad_frames()
-        c:send(bind(0, T.addr .. "/feed") .. event(0, "\7garbage") .. event(0, "\5\20short"))
+        c:send(bind(0, T.addr .. "/feed") .. event(0, "\8garbage") .. event(0, "\5\20short"))
         T:wait(function() c:pump() return c.closed end, 0.5)
         assert.is_false(c.closed)
         assert.are.equal(bad0, T:bad_frames())
@@ -551,17 +606,17 @@ describe("a context dialling a peer of another protocol version", function()
     local stats = ctx:stats()
     ctx:close()
     assert.is_nil(p)
-    assert.truthy(err:find("protocol version mismatch: peer speaks 1, this side speaks 2", 1, true), err)
+    assert.truthy(err:find("protocol version mismatch: peer speaks 1, this side speaks 3", 1, true), err)
     local log = table.concat(logs, "\n")
     assert.truthy(log:find("closing connection from " .. addr
-      .. ": protocol version mismatch: peer speaks 1, this side speaks 2", 1, true), log)
+      .. ": protocol version mismatch: peer speaks 1, this side speaks 3", 1, true), log)
     assert.are.equal(1, stats.bad_frames)
     assert.is_false(stats.peers[addr].connected)
-    -- the fake server heard our HELLO (version 2) and then our ERROR
+    -- the fake server heard our HELLO (version 3) and then our ERROR
     assert.truthy(support.wait(fake, 10), "fake server hung")
     local out = support.output(fake)
-    assert.truthy(out:find("got type 1 version 2\n", 1, true), out)
-    assert.truthy(out:find("got type 3: protocol version mismatch: peer speaks 1, this side speaks 2",
+    assert.truthy(out:find("got type 1 version 3\n", 1, true), out)
+    assert.truthy(out:find("got type 3: protocol version mismatch: peer speaks 1, this side speaks 3",
                            1, true), out)
   end)
 end)

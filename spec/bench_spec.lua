@@ -39,6 +39,8 @@ describe("make bench QUICK=1", function()
     local w = doc.workloads
     for _, name in ipairs(WORKLOADS) do assert.is_table(w[name], "missing workload " .. name) end
     for _, c in ipairs(w.codec.cases) do positive(c.lecho_enc_ns, "codec " .. c.case) end
+    positive(w.codec.arrays.array_ms, "codec 1e6 f64 as an array")
+    positive(w.codec.arrays.table_ms, "codec 1e6 f64 as a table")
     assert.is_true(#w.latency >= 5)
     for _, r in ipairs(w.latency) do
       positive(r.lecho.us_per_op, "latency lecho " .. r.payload)

@@ -72,6 +72,8 @@ describe("the C example", function()
     assert.truthy(vout:find(("viewer: 80 steps in order, alpha 0.1 until step %d, 0.4 from step %d\n")
       :format(at, at + 1), 1, true), vout)
     assert.truthy(sout:find("done 80 steps, alpha 0.4, source 100", 1, true), sout)
+    -- the field travels as a typed array (lecho_set_array), 64 doubles
+    assert.truthy(vout:find("u <f8 [64]\n", 1, true), vout)
     -- The field shows it: the mean temperature rises faster after steering
     -- (diffusion slows down as the rod warms, unless alpha grows).
     local function mean(step)

@@ -705,11 +705,11 @@ local ctx = lecho.context{ quiet = true }
 io.stdout:write("ready ", ctx.addr, "\n")
 local sent = false
 local real = ctx._on_ctrl
-ctx._on_ctrl = function(self, from, msg)
+ctx._on_ctrl = function(self, from, msg, ...)  -- (...: the connection's generation)
   if sent and type(msg) == "table" and msg.op == "members_ok" and msg.ver == 2 ^ 40 then
     io.stdout:write(msg.refused and ("refused " .. msg.refused) or "applied", "\n")
   end
-  return real(self, from, msg)
+  return real(self, from, msg, ...)
 end
 ctx:every(0.05, function(t)
   local f = io.open(opts.go)

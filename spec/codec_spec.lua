@@ -228,7 +228,7 @@ describe("codec decode errors", function()
   end)
 
   it("reports unknown tags with their offset", function()
-    assert.equal("unknown tag 0x07 at byte 0", derr("\7"))
+    assert.equal("unknown tag 0x08 at byte 0", derr("\8"))
     assert.equal("unknown tag 0xff at byte 3", derr("\6\1\0\255"))
   end)
 

@@ -121,4 +121,18 @@ describe("README.md", function()
     end
     assert.are.same({}, missing)
   end)
+
+  it("names in its Layout every script and every page of doc/ (issue 25)", function()
+    local layout = read("README.md"):match("\n## Layout\n(.-)\n## ")
+    assert.truthy(layout, "README.md has no Layout section")
+    local row = function(folder) return layout:match("\n| `" .. folder:gsub("%p", "%%%0") .. "` |([^\n]*)") or "" end
+    local missing = {}
+    for f in sh("ls scripts"):gmatch("[^\n]+") do
+      if not row("scripts/"):find("`" .. f .. "`", 1, true) then missing[#missing + 1] = "scripts/" .. f end
+    end
+    for f in sh("ls doc"):gmatch("[^\n]+") do
+      if not row("doc/"):find("`doc/" .. f .. "`", 1, true) then missing[#missing + 1] = "doc/" .. f end
+    end
+    assert.are.same({}, missing)
+  end)
 end)

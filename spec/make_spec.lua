@@ -62,3 +62,46 @@ describe("make deps", function()
     end
   end)
 end)
+
+describe("make env and make run-deps (issue 25)", function()
+  teardown(function() S.cleanup() end)
+
+  it("prints the exports that run one's own script from a checkout, from any directory", function()
+    local rc, env = make("env")
+    assert.are.equal(0, rc, env)
+    assert.matches("^export LUA_PATH=\"[^\n]*\"\nexport LUA_CPATH=\"[^\n]*\"\n$", env)
+    local dir = S.tmpdir() .. "/mine"
+    os.execute("mkdir -p " .. S.sh_quote(dir))
+    S.write(dir .. "/my_program.lua", [[
+local lecho = require "lecho"
+local ctx = assert(lecho.context{ quiet = true })
+local got
+assert(ctx:channel("mine"):consumer(function(ev) got = ev ctx:stop() end))
+assert(assert(ctx:channel("mine"):producer()):submit("hello"))
+ctx:run()
+print("got " .. got)
+ctx:close()
+]])
+    -- (a shell without the specs' paths, as a user's)
+    local _, out, code = S.sh(("cd %s && env -u LUA_PATH -u LUA_CPATH sh -c %s"):format(S.sh_quote(dir),
+      S.sh_quote(("eval \"$(make -s --no-print-directory -C %s env)\" && %s my_program.lua")
+        :format(S.sh_quote(S.root), S.luajit))))
+    assert.are.equal(0, code, out)
+    assert.matches("got hello\n", out)
+  end)
+
+  it("checks for make demo only the packages that build and run lecho", function()
+    local rc, out = make("run-deps APT=true")
+    assert.are.equal(0, rc, out)
+    local list = out:match("checking %d+ Debian packages: ([^\n]*)")
+    assert.truthy(list, out)
+    for _, pkg in ipairs{ "luajit", "libev-dev", "libsodium-dev", "lua-cjson", "gcc" } do
+      assert.truthy((" " .. list .. " "):find(" " .. pkg .. " ", 1, true), pkg .. " not checked: " .. list)
+    end
+    for _, pkg in ipairs{ "lua-busted", "tmux", "libzmq3-dev", "gnuplot-nox", "iproute2", "lua-socket" } do
+      assert.falsy((" " .. list .. " "):find(" " .. pkg .. " ", 1, true), pkg .. " checked for make demo: " .. list)
+    end
+    local _, dry = make("-n demo")
+    assert.truthy(dry:find("run-deps", 1, true) or dry:find("DEPS=", 1, true), dry)
+  end)
+end)

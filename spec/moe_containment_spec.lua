@@ -164,6 +164,25 @@ describe("modulator containment (issue 11)", function()
     }, { "CPU budget", "CPU budget", "CPU budget", "CPU budget", "CPU budget", "CPU budget", "CPU budget" })
   end)
 
+  it("stops array operations past the CPU budget and refuses arrays past the memory cap (issue 24)", function()
+    -- operations of ~0.3 ms each, 10,000 of them against a 20 ms budget
+    -- (the array is made at the install, which the budget bounds too)
+    local big = [[local a = array.new("<f8", { 2 ^ 18 }) ]]
+    run(c, { modulator_budget = 0.02, modulators_cpu = 0 }, {
+      { modulator = big .. [[function enqueue() for i = 1, 10000 do a:stats() end end]] },
+      { modulator = big .. [[function enqueue() for i = 1, 10000 do a:reduce(2, "mean") end end]] },
+      { modulator = big .. [[function enqueue() for i = 1, 10000 do a:box(0, nil, 3):copy() end end]] },
+      { modulator = big .. [[function enqueue() for i = 1, 10000 do pcall(a.sum, a) end end]] },
+      -- 64 MiB at once, past the 32 MiB cap
+      { modulator = [[function enqueue() local b = array.new("<f8", { 2 ^ 23 }) end]] },
+      -- a reduction whose result (8 bytes per element) is past the cap
+      { modulator = [[local a = array.new("<u1", { 2 ^ 22 })
+          function enqueue() local r = a:reduce(1, "sum") end]] },
+      -- a shape no Lua object can hold
+      { modulator = [[function enqueue() local b = array.new("<f8", { 2 ^ 20, 2 ^ 20 }) end]] },
+    }, { "CPU budget", "CPU budget", "CPU budget", "CPU budget", "memory cap", "memory cap", "shape too large" })
+  end)
+
   it("caps the memory of all modulators of a producer together", function()
     -- 20 consumers with ~28 MiB modulators took a producer from 3 to 569 MiB
     local hostile = {}

@@ -122,9 +122,9 @@ describe("issue 10: the name server's per-requester quota", function()
     local t0 = socket.gettime()
     local refused = 0
     local real = junk._on_ctrl
-    junk._on_ctrl = function(self, from, msg)
+    junk._on_ctrl = function(self, from, msg, ...)  -- (...: the connection's generation)
       if msg.op == "reply" and msg.code == "limit" then refused = refused + 1 end
-      return real(self, from, msg)
+      return real(self, from, msg, ...)
     end
     for i = 1, 65536 do
       junk:_send_ctrl(ns, { op = "lookup", ch = "junk" .. i, rid = 1e6 + i })

@@ -62,12 +62,12 @@ local CHECK = {}
 
 function CHECK.hello()
   local h = assert(R.parse_hello(frame_of("hello", R.F.HELLO), false))
-  deep_same({ version = 2, incarnation = 1234, addr = "127.0.0.1:7701", mode = 0 }, h)
+  deep_same({ version = 3, incarnation = 1234, addr = "127.0.0.1:7701", mode = 0 }, h)
 end
 
 function CHECK.hello_ok()
   local h = assert(R.parse_hello(frame_of("hello_ok", R.F.HELLO_OK), true))
-  deep_same({ version = 2, incarnation = 5678, addr = "127.0.0.1:7700", mode = 0 }, h)
+  deep_same({ version = 3, incarnation = 5678, addr = "127.0.0.1:7700", mode = 0 }, h)
 end
 
 function CHECK.hello_v1()
@@ -76,7 +76,7 @@ function CHECK.hello_v1()
 end
 
 function CHECK.error()
-  assert.equals("protocol version mismatch: peer speaks 1, this side speaks 2",
+  assert.equals("protocol version mismatch: peer speaks 1, this side speaks 3",
                 frame_of("error", R.F.ERROR))
 end
 
@@ -112,7 +112,7 @@ function CHECK.key_nameserver() assert.equals(R.seed_keypair(SEED(3)), EX.key_na
 
 function CHECK.hello_keyed()
   local h = assert(R.parse_hello(frame_of("hello_keyed", R.F.HELLO), false))
-  deep_same({ version = 2, incarnation = 1234, addr = "127.0.0.1:7701", mode = 1,
+  deep_same({ version = 3, incarnation = 1234, addr = "127.0.0.1:7701", mode = 1,
               eph = (R.kx_keypair(SEED(2))), id = EX.key_alice, name = "alice" }, h)
 end
 
@@ -127,7 +127,7 @@ function CHECK.hello_ok_keyed()
   local h = assert(R.parse_hello(okb, true))
   local sig = h.sig
   h.sig = nil
-  deep_same({ version = 2, incarnation = 5678, addr = "127.0.0.1:7700", mode = 1,
+  deep_same({ version = 3, incarnation = 5678, addr = "127.0.0.1:7700", mode = 1,
               eph = (R.kx_keypair(SEED(4))), id = EX.key_nameserver, name = "nameserver" }, h)
   assert.is_true(R.verify(EX.key_nameserver, CTX_A .. T, sig), "sig_acceptor")
 end
@@ -270,7 +270,7 @@ describe("doc/protocol.md played to lecho", function()
       -- the example's layout with this context's own address and incarnation
       -- (its varint bytes as they came: a 64-bit number is no double)
       local _, after = R.get_varint(body, 7)
-      assert.equals(R.frame(R.F.HELLO_OK, "LECH\0\2" .. body:sub(7, after - 1) .. R.varint(#h.addr)
+      assert.equals(R.frame(R.F.HELLO_OK, "LECH\0\3" .. body:sub(7, after - 1) .. R.varint(#h.addr)
                                           .. h.addr .. "\0"), bytes)
       send(k, EX.bind .. EX.event)
       t, body, bytes = next_frame(c, k)

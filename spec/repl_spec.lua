@@ -306,9 +306,12 @@ end
     repl:run("stats('atmosphere.field')")
     local text = select(2, repl:expect("modulated mod%d+ %(%x+, before%)"))
     assert.not_matches("modulated %x+ ", text)
+    local before = S.read(file)
     repl:run("edit(m)")
     repl:expect("modulator replaced")
     repl:expect("stride=3 edited=true")
+    -- The editor worked on a copy: the file m came from is as it was.
+    assert.are.equal(before, S.read(file))
     repl:run("unsub(m)")
     repl:expect("1 subscription closed")
   end)
@@ -406,6 +409,20 @@ end
     repl:keys("Tab")
     repl:keys("Tab")
     repl:expect("stats%s+stop")
+    repl:keys("C-u")
+    -- After "ctx.": the public API (documented fields, methods), none of
+    -- the context's internal fields (issue 25)
+    repl:mark()
+    repl:type("ctx.")
+    repl:keys("Tab")
+    repl:keys("Tab")
+    local _, text = repl:expect("nslist[^\n]*\n")
+    text = repl:text()
+    assert.matches("%f[%w]addr%f[%W]", text)
+    assert.matches("%f[%w]channel%f[%W]", text)
+    for _, internal in ipairs{ "byname", "bychid", "disp", "dcon", "waiters", "copool", "fastenc" } do
+      assert.not_matches("%f[%w]" .. internal .. "%f[%W]", text)
+    end
     repl:keys("C-u")
   end)
 
@@ -537,6 +554,31 @@ end
     r3:keys("C-d")
     assert.truthy(S.wait_file(r3.rcfile, "rc=%d+", 20))
     assert.matches("rc=0", S.read(r3.rcfile))
+  end)
+
+  it("starts again, twice, with the history file of a previous session", function()
+    local hist = S.tmpname("kept-history")
+    for i = 1, 3 do
+      local r = start_repl("hist" .. i, ns, { LECHO_HISTORY = hist })
+      r.from = 1
+      r:expect("joined ")
+      assert.not_matches("internal error", r:text(1))
+      assert.not_matches("history not kept", r:text(1))
+      r:expect("lecho> $")
+      if i > 1 then
+        -- The line typed by the session before is one Up away.
+        r:mark()
+        r:keys("Up")
+        r:expect(("lecho> print%%(%d %%* 111%%)$"):format(i - 1))
+        r:keys("C-u")
+      end
+      r:run(("print(%d * 111)"):format(i))
+      r:expect(("\n%d\n"):format(i * 111))
+      r:keys("C-d")
+      assert.truthy(S.wait_file(r.rcfile, "rc=%d+", 20))
+      assert.matches("rc=0", S.read(r.rcfile))
+    end
+    assert.matches("print%(1 %* 111%)\nprint%(2 %* 111%)\nprint%(3 %* 111%)\n", S.read(hist))
   end)
 
   it("restores the terminal when it ends with Ctrl-D", function()

@@ -17,7 +17,7 @@ describe("the rockspec", function()
     tree = S.tmpname("tree")
     tree_so = S.root .. "/lua/lecho/core.so"
     tree_so_before = S.read(tree_so)
-    local cmd = ("cd %s && luarocks --lua-version=5.1 make --tree %s rockspec/lecho-scm-1.rockspec "
+    local cmd = ("cd %s && luarocks --lua-version=5.1 make --deps-mode=none --tree %s rockspec/lecho-scm-1.rockspec "
       .. "LUA_INCDIR=/usr/include/luajit-2.1 CFLAGS=%s >%s/luarocks.log 2>&1")
       :format(S.sh_quote(S.root), S.sh_quote(tree), S.sh_quote(ROCK_CFLAGS), S.tmpdir())
     local ok = os.execute(cmd)
@@ -42,11 +42,13 @@ describe("the rockspec", function()
     end
   end)
 
-  it("installs the C API (lecho.h, liblecho, lecho.pc) in the rock's directory", function()
-    local rock = tree .. "/lib/luarocks/rocks-5.1/lecho/scm-1"
-    for _, f in ipairs{ "/include/lecho.h", "/clib/liblecho.so.0", "/clib/pkgconfig/lecho.pc" } do
-      assert.truthy(S.read(rock .. f), rock .. f .. " missing")
+  it("installs the C API (lecho.h, liblecho, lecho.pc) where a C user looks: the tree's include/ and lib/", function()
+    for _, f in ipairs{ "/include/lecho.h", "/lib/liblecho.so.0", "/lib/pkgconfig/lecho.pc" } do
+      assert.truthy(S.read(tree .. f), tree .. f .. " missing")
     end
+    local ok, out = S.sh(("PKG_CONFIG_PATH=%s/lib/pkgconfig pkg-config --cflags lecho"):format(tree))
+    assert.is_true(ok, out)
+    assert.are.equal("-I" .. tree .. "/include", (out:gsub("%s+$", "")))
   end)
 
   it("builds its own core with the flags it is given, leaving the tree's core.so alone", function()
@@ -98,6 +100,87 @@ describe("the rockspec", function()
     assert.is_true(ok, out)
     assert.are.equal(("lecho-keygen: wrote %s/sim.key (secret, 0600) and %s/sim.pub, certified by ca\n")
                      :format(dir, dir), out)
+  end)
+end)
+
+-- Issue 25: a versioned rockspec that `luarocks pack` makes a source rock
+-- of, which installs with no network and --deps-mode=none where the Debian
+-- packages are.  The rockspec's repository (its git URL) is this checkout,
+-- cloned and tagged v0.1.0, through git's url.<base>.insteadOf: no network.
+describe("the versioned rockspec", function()
+  local ROCKSPEC = "rockspec/lecho-0.1.0-1.rockspec"
+  local rs
+
+  setup(function()
+    rs = {}
+    setfenv(assert(loadfile(S.root .. "/" .. ROCKSPEC)), rs)()
+  end)
+  teardown(function() S.cleanup() end)
+
+  it("says what a registry shows: version, homepage, licence (with its LICENSE file), dependencies", function()
+    assert.are.equal("0.1.0-1", rs.version)
+    assert.matches("^https://", rs.description.homepage)
+    assert.are.equal("MIT", rs.description.license)
+    local license = assert(S.read(S.root .. "/LICENSE"), "no LICENSE file")
+    assert.matches("^MIT License\n\nCopyright %(c%) 2026 the lecho authors\n", license)
+    local deps = table.concat(rs.dependencies, ",")
+    assert.matches("lua%-cjson", deps)
+    assert.matches("luajit >= 2%.1", deps)
+    assert.are.equal("sodium.h", rs.external_dependencies.LIBSODIUM.header)
+    assert.are.equal("ev.h", rs.external_dependencies.LIBEV.header)
+    -- the scm rockspec says the same
+    local scm = {}
+    setfenv(assert(loadfile(S.root .. "/rockspec/lecho-scm-1.rockspec")), scm)()
+    assert.are.same(rs.dependencies, scm.dependencies)
+    assert.are.same(rs.external_dependencies, scm.external_dependencies)
+    assert.are.equal(rs.description.homepage, scm.description.homepage)
+  end)
+
+  it("packs into a source rock that installs offline, C API included", function()
+    local dir = S.tmpdir() .. "/pack"
+    local repo = dir .. "/repo"
+    assert(S.sh(("mkdir -p %s && git clone -q %s %s && git -C %s tag v0.1.0")
+      :format(S.sh_quote(dir), S.sh_quote(S.root), S.sh_quote(repo), S.sh_quote(repo))))
+    local git_env = ("GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=%s GIT_CONFIG_VALUE_0=%s")
+      :format(S.sh_quote("url.file://" .. repo .. ".insteadOf"), S.sh_quote(rs.source.url:gsub("^git%+", "")))
+    local ok, out = S.sh(("cd %s && %s luarocks --lua-version=5.1 pack %s/%s")
+      :format(S.sh_quote(dir), git_env, S.sh_quote(S.root), ROCKSPEC))
+    assert.is_true(ok, out)
+    local rock = dir .. "/lecho-0.1.0-1.src.rock"
+    assert.truthy(S.read(rock), out)
+    -- the scm rockspec packs too (its branch main: this checkout's HEAD)
+    assert(S.sh(("git -C %s branch -f main HEAD"):format(S.sh_quote(repo))))
+    ok, out = S.sh(("cd %s && %s luarocks --lua-version=5.1 pack %s/rockspec/lecho-scm-1.rockspec")
+      :format(S.sh_quote(dir), git_env, S.sh_quote(S.root)))
+    assert.is_true(ok, out)
+    assert.truthy(S.read(dir .. "/lecho-scm-1.src.rock"), out)
+    -- installed from the rock alone: no git, no rockspec of the checkout
+    local tree = dir .. "/tree"
+    ok, out = S.sh(("cd %s && luarocks --lua-version=5.1 install --deps-mode=none --tree %s %s "
+      .. "LUA_INCDIR=/usr/include/luajit-2.1"):format(S.sh_quote(S.tmpdir()), S.sh_quote(tree), S.sh_quote(rock)))
+    assert.is_true(ok, out)
+    for _, f in ipairs{ "/include/lecho.h", "/lib/liblecho.so.0", "/lib/pkgconfig/lecho.pc",
+                        "/lib/lua/5.1/lecho/core.so", "/share/lua/5.1/lecho/init.lua", "/bin/lecho-nameserver" } do
+      assert.truthy(S.read(tree .. f), f .. " missing")
+    end
+    -- a C program built with pkg-config from the tree runs against it
+    local src = S.write(dir .. "/prog.c", [[
+#include <lecho.h>
+#include <stdio.h>
+int main(void) {
+    const char *opts[] = { "quiet", "true", NULL };
+    char err[256];
+    lecho_ctx *ctx;
+    if (lecho_open(opts, &ctx, err, sizeof err) != 0) { printf("open: %s\n", err); return 1; }
+    printf("opened\n");
+    return lecho_close(ctx, 0);
+}
+]])
+    ok, out = S.sh(("cc -o %s/prog %s $(PKG_CONFIG_PATH=%s/lib/pkgconfig pkg-config --cflags --libs lecho) "
+      .. "-Wl,-rpath,%s/lib && env -u LUA_PATH -u LUA_CPATH -u LECHO_ROOT %s/prog")
+      :format(dir, src, tree, tree, dir))
+    assert.is_true(ok, out)
+    assert.are.equal("opened\n", out)
   end)
 end)
 

@@ -64,6 +64,9 @@ describe("scripts and examples run from a checkout with no module paths set", fu
     local out = sh_out(bare(("%s/bin/lecho-repl --nameserver %s --no-history -e %s </dev/null")
       :format(tree, addr:match("[^\n]+"), S.sh_quote("print(package.searchpath('lecho.repl', package.path))"))))
     assert.are.equal(tree .. "/share/lua/5.1/lecho/repl/init.lua\nrc=0\n", out)
+    -- the lecho tool beside them (doc/operations.md), reading that name server
+    out = sh_out(bare(("%s/bin/lecho ls --json --nameserver %s"):format(tree, addr:match("[^\n]+"))))
+    assert.are.equal("rc=0\n", out)
     -- Moved elsewhere after installing: PREFIX/share/lua/5.1 next to its bin/.
     local moved = S.tmpname("moved")
     assert(os.execute(("mv %s %s"):format(tree, moved)) ~= false)
@@ -158,13 +161,15 @@ describe("lecho-nameserver, lecho-manager and the other commands", function()
     local addr = S.read(pf):match("[^\n]+")
     assert.are.equal("", S.errors(ns) .. S.output(ns))
     local out = script("lecho-nameserver", "--listen 127.0.0.1:0 --for 0.5 --settle 0")
-    assert.matches("^lecho%-nameserver: protected mode: no key configured; listening on loopback only, "
+    -- the library's log line (lecho.log), then the script's own message
+    local TS = "%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%d%.%d%d%dZ"
+    assert.matches("^" .. TS .. " info lecho%[127%.0%.0%.1:%d+%] context: protected mode: no key configured; listening on loopback only, "
       .. "every local process is trusted\nlecho%-nameserver: listening on 127%.0%.0%.1:%d+\nrc=0\n$", out)
     -- A manager with --quiet and without.
     local ns2
     ns2, addr = S.nameserver("--quiet")
     assert.are.equal("rc=0\n", script("lecho-manager", ("--nameserver %s --for 0.5 --quiet"):format(addr)))
-    assert.matches("^lecho%-manager: protected mode: no key configured; listening on loopback only, "
+    assert.matches("^" .. TS .. " info lecho%[127%.0%.0%.1:%d+%] context: protected mode: no key configured; listening on loopback only, "
       .. "every local process is trusted\nlecho%-manager: 127%.0%.0%.1:%d+ managing channels for "
       .. addr:gsub("%p", "%%%0") .. "\nrc=0\n$",
       script("lecho-manager", ("--nameserver %s --for 0.5"):format(addr)))

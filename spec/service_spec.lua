@@ -130,6 +130,38 @@ describe("ctx:service and ctx:call across processes", function()
     assert.are.equal(5, (ctx:call("echo", { op = "echo", x = 5 })))
   end)
 
+  it("says what is wrong in the caller's and the handler's words, not lecho's (issue 25)", function()
+    -- an argument that cannot be sent: its path in the args, not in the request
+    local ok, err, code = ctx:call("echo", { op = "echo", x = { y = print } })
+    assert.is_nil(ok)
+    assert.are.equal("invalid", code)
+    assert.are.equal("cannot encode a function at args.x.y", err)
+    -- a result that cannot be sent: which result
+    ok, err, code = ctx:call("echo", { op = "fn" })
+    assert.matches("at result 1$", err)
+    -- a handler's traceback: its frames, none of lecho's own
+    local tb
+    ok, err, code, tb = ctx:call("echo", { op = "raise", x = 7 })
+    assert.matches("stack traceback:\n", tb)
+    assert.not_matches("lua/lecho/", tb)
+    assert.not_matches("xpcall", tb)
+  end)
+
+  it("logs a callback's error with the user's frames only (issue 25)", function()
+    local out = S.sh_out(("%s -e %s"):format(S.luajit, S.sh_quote([[
+local lecho = require "lecho"
+local ctx = assert(lecho.context{})
+local function boom() error("boom") end
+ctx:after(0.01, function() boom() return 1 end)
+ctx:after(0.2, function() ctx:stop() end)
+ctx:run()
+ctx:close()
+]])))
+    assert.matches("error in callback: [^\n]*boom\nstack traceback:\n", out)
+    assert.matches("in function 'boom'", out)
+    assert.not_matches("lua/lecho/", out)
+  end)
+
   it("answers 'no service' at once, not at the timeout", function()
     local t0 = ctx:now()
     local ok, err, code = ctx:call("nosuch", 1, { timeout = 8 })

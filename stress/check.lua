@@ -55,6 +55,11 @@
 --   crash      stderr or a log holds an ASan/UBSan report, "stack overflow",
 --              "not enough memory", a Lua error or traceback, a handler error
 --   modulator  a modulator (trivial ones only here) was stopped: on_error called
+--   forged     a consumer handled an event of the attacker (stress/attacker.lua:
+--              its ids start with "mallory:")
+--   stolen     an event of the scenario reached the attacker, or a request of a
+--              process that took a forged reply for true; or (harness) the
+--              attacker made no connection or sent no forged reply
 local root = os.getenv("LECHO_ROOT") or "."
 package.path = root .. "/?.lua;" .. package.path
 local lib = require "stress.lib"
@@ -292,7 +297,7 @@ function M.run(dir)
     end
     -- events
     x.got = {}        -- producer id -> { [seq] = count }
-    local last, reorder, dups, corrupt, filt = {}, {}, {}, {}, {}
+    local last, reorder, dups, corrupt, filt, forged = {}, {}, {}, {}, {}, {}
     for _, r in ipairs(x.recs) do
       if r.k == "e" then
         nev = nev + 1
@@ -309,7 +314,9 @@ function M.run(dir)
           table.insert(reorder[pid], ("%d after %d"):format(q, last[pid]))
         end
         last[pid] = q
-        if r.bad or r.s ~= q or (px and r.id ~= px.id .. ":" .. q) then
+        if type(r.id) == "string" and r.id:match("^mallory:") then
+          forged[#forged + 1] = ("from %s seq %s: id=%s"):format(pid, tostring(q), r.id)
+        elseif r.bad or r.s ~= q or (px and r.id ~= px.id .. ":" .. q) then
           corrupt[#corrupt + 1] = ("from %s seq %s: s=%s id=%s"):format(pid, tostring(q), tostring(r.s), tostring(r.id))
         end
         if r.v and keep_v(q, r.v) == false then
@@ -319,6 +326,7 @@ function M.run(dir)
     end
     for pid, l in pairs(dups) do viol("duplicate", "consumer %s (%s): %d duplicate(s) from %s: seqs %s", id, kind, #l, pid, fmt_list(l)) end
     for pid, l in pairs(reorder) do viol("order", "consumer %s (%s): %d reorder(s) from %s: %s", id, kind, #l, pid, fmt_list(l, 5)) end
+    if #forged > 0 then viol("forged", "consumer %s handled %d event(s) of the attacker: %s", id, #forged, fmt_list(forged, 3)) end
     if #corrupt > 0 then viol("corrupt", "consumer %s: %d bad value(s): %s", id, #corrupt, fmt_list(corrupt, 3)) end
     if #filt > 0 then viol("filter", "consumer %s (%s): %d event(s) its modulator drops: %s", id, kind, #filt, fmt_list(filt, 5)) end
     if not join and x.found then
@@ -435,6 +443,32 @@ function M.run(dir)
     end
   end
 
+  -- the attacker (stress/attacker.lua): nothing reached it, and it attacked
+  local att, abad, afound = lib.read_jsonl(dir .. "/attacker.jsonl")
+  if abad > 0 then viol("crash", "attacker: %d unreadable log line(s)", abad) end
+  if afound then
+    local stolen, sent, from = 0, nil, {}
+    for _, r in ipairs(att) do
+      if r.k == "stolen" then
+        stolen = stolen + 1
+        from[#from + 1] = ("%s on %s"):format(tostring(r.from), tostring(r.ch))
+      elseif r.k == "believed" then
+        stolen = stolen + 1
+        from[#from + 1] = ("%s asked us '%s'%s"):format(tostring(r.from), tostring(r.op), r.ch and " on " .. r.ch or "")
+      elseif r.k == "sent" then sent = r end
+    end
+    if stolen > 0 then
+      viol("stolen", "the attacker received %d event(s) or request(s) of a process that believed it: %s",
+           stolen, fmt_list(from, 3))
+    end
+    if not sent or (sent.replies or 0) == 0 or (sent.conns or 0) == 0 then
+      viol("harness", "the attacker did not attack (%s)", sent and lib.json.encode(sent) or "no record")
+    end
+    notes.attack = sent
+  elseif sc.attacker then
+    viol("harness", "the attacker wrote no log")
+  end
+
   -- hangs and exits
   for id, h in pairs(hung) do
     local x = P[id] or C[id]
@@ -483,6 +517,9 @@ function M.run(dir)
     sc.name, nproc, nsub, nsync, nsyncfail, nev,
     notes.drops and (", %d dropped by policy"):format(notes.drops) or "",
     notes.dupconn and (", %d duplicate-connection log line(s)"):format(notes.dupconn) or "")
+    .. (sc.keyed and ", keyed" or ", protected")
+    .. (notes.attack and (", attacker: %d connections, %d forged replies, %d member lists, %d events sent"):format(
+          notes.attack.conns or 0, notes.attack.replies or 0, notes.attack.members or 0, notes.attack.events or 0) or "")
   table.sort(V, function(a, b) if a.kind ~= b.kind then return a.kind < b.kind end return a.msg < b.msg end)
   return V, summary
 end

@@ -67,5 +67,7 @@ function M.rng(seed)
   return R
 end
 
+function M.hex(s) return (s:gsub(".", function(c) return ("%02x"):format(c:byte()) end)) end
+
 M.json = cjson
 return M

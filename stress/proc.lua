@@ -30,6 +30,7 @@ local function new_ctx()
   local ctx = lecho.context{
     nameserver = spec.ns, queue_limit = spec.queue_limit, policy = spec.policy,
     batch_bytes = spec.batch_bytes,
+    key = spec.key or false, trust = spec.trust or false,  -- keyed scenarios (stress/keys.lua)
     log = function(msg) L.w{ k = "log", m = msg } end,
   }
   L.w{ k = "ctx", addr = ctx.addr, pid = lib.getpid() }

@@ -19,6 +19,7 @@ local root = os.getenv("LECHO_ROOT") or "."
 package.path = root .. "/?.lua;" .. package.path
 local lib = require "stress.lib"
 local sys = require "stress.os"
+local keys = require "stress.keys"
 local proc = require "spec.support.proc"
 local check = require "stress.check"
 local json = lib.json
@@ -33,13 +34,18 @@ local SLACK = 32 * 1024 * 1024  -- producer RSS allowed above its start + queues
 ------------------------------------------------------------------------------
 -- Scenario generation: a pure function of (seed, seconds, name)
 
-local function gen(seed, T, name)
+-- mode: "keyed" (every process with a key, the name server with a policy),
+-- "protected" (no keys), or "both": keyed for odd seeds.  Every scenario has
+-- the attacker of stress/attacker.lua beside it.
+local function gen(seed, T, name, mode)
   local R = lib.rng(seed)
   local pick_name = R.pick(NAMES)
   name = name or pick_name
   local all = name == "mixed"
+  mode = mode or "both"
   local sc = { seed = seed, seconds = T, name = name, procs = {}, actions = {}, drain = DRAIN,
-               rss_slack = SLACK }
+               rss_slack = SLACK, attacker = true,
+               keyed = mode == "keyed" or (mode == "both" and seed % 2 == 1) }
   local pend = 0.75 * T
   local function add(p) sc.procs[#sc.procs + 1] = p; return p end
   local function act(at, what, id, extra)
@@ -223,12 +229,23 @@ local function run(sc, dir)
     return s and s:match("[^\n]+")
   end
 
+  -- keyed: a key per process (named for its id; managers mgr1, mgr2), the
+  -- name server's with the policy (stress/keys.lua)
+  local K, ns_args = nil, { "--quiet" }
+  if sc.keyed then
+    local names = {}
+    for _, p in ipairs(sc.procs) do names[#names + 1] = p.id end
+    for i = 1, sc.managers do names[#names + 1] = "mgr" .. i end
+    K = keys.make(dir, names)
+    ns_args = { "--quiet", "--key", K.key.nameserver, "--trust", K.trust, "--policy", K.policy }
+  end
+
   -- name server: on a port the OS chooses; restarted on the same port
   local ns_port_file = dir .. "/ns.addr"
   local function start_ns(listen, n)
     local r
     return proc.nameserver{
-      root = root, luajit = LUAJIT, port_file = ns_port_file, listen = listen, args = { "--quiet" },
+      root = root, luajit = LUAJIT, port_file = ns_port_file, listen = listen, args = ns_args,
       start = function(argv)
         r = spawn(n == 1 and "ns" or "ns" .. n, argv, "ns")
         return r
@@ -251,14 +268,29 @@ local function run(sc, dir)
   local function start_mgr(i, gen_)
     local pf = dir .. "/m" .. i .. "." .. gen_ .. ".addr"
     local id = gen_ == 1 and "m" .. i or ("m%d.%d"):format(i, gen_)
-    local r = spawn(id, { LUAJIT, root .. "/scripts/lecho-manager", "--nameserver", ns,
-      "--port-file", pf, "--quiet" }, "manager")
+    local argv = { LUAJIT, root .. "/scripts/lecho-manager", "--nameserver", ns, "--port-file", pf, "--quiet" }
+    if K then
+      for _, a in ipairs{ "--key", K.key["mgr" .. i], "--trust", K.trust } do argv[#argv + 1] = a end
+    end
+    local r = spawn(id, argv, "manager")
     mgrs["m" .. i] = r
     wait_file(pf, ":%d+", 10, r)
   end
   for i = 1, sc.managers do start_mgr(i, 1) end
 
+  -- the attacker, from now to the end (stress/attacker.lua)
   local stopfile = dir .. "/stop"
+  do
+    local chans, seen = {}, {}
+    for _, p in ipairs(sc.procs) do
+      if not seen[p.ch] then seen[p.ch] = true; chans[#chans + 1] = p.ch end
+    end
+    local a = { log = dir .. "/attacker.jsonl", dir = dir, ns = ns, t0 = T0, stopfile = stopfile,
+                bound = sc.seconds * 3 + 100, keyed = sc.keyed, channels = chans }
+    if K then a.key = { pk = lib.hex(K.mallory.pk), sk = lib.hex(K.mallory.sk) } end
+    spawn("attacker", { LUAJIT, root .. "/stress/attacker.lua", json.encode(a) }, "attacker")
+  end
+
   local pending = {}
   for _, p in ipairs(sc.procs) do pending[#pending + 1] = p end
   table.sort(pending, function(a, b) return a.start < b.start end)
@@ -277,6 +309,7 @@ local function run(sc, dir)
     local spec = {}
     for k, v in pairs(p) do spec[k] = v end
     spec.ns, spec.t0, spec.log, spec.stopfile = ns, T0, dir .. "/" .. p.id .. ".jsonl", stopfile
+    if K then spec.key, spec.trust = K.key[p.id], K.trust end
     spawn(p.id, { LUAJIT, root .. "/stress/proc.lua", p.role == "ff" and "ff" or p.role,
                   json.encode(spec) }, p.role, { spec = p })
   end
@@ -311,7 +344,7 @@ local function run(sc, dir)
     nsn = nsn + 1
     restart.tries, restart.t0 = restart.tries + 1, t
     restart.child = spawn("ns" .. nsn, proc.nameserver_argv{
-      root = root, luajit = LUAJIT, port_file = ns_port_file, listen = ns, args = { "--quiet" } }, "ns")
+      root = root, luajit = LUAJIT, port_file = ns_port_file, listen = ns, args = ns_args }, "ns")
   end
 
   local function step()
@@ -442,13 +475,15 @@ local function run(sc, dir)
   D.w{ k = "stopfile" }
   lib.write(stopfile, "stop\n")
   local function consumers_done()
-    for _, r in pairs(procs) do if r.role == "consumer" and not r.exited then return false end end
+    for _, r in pairs(procs) do
+      if (r.role == "consumer" or r.role == "attacker") and not r.exited then return false end
+    end
     return true
   end
   local t_stop = now()
   while not consumers_done() and now() - t_stop < 15 and not poll_signal() do step() end
   for _, r in pairs(procs) do
-    if r.role == "consumer" and not r.exited and not interrupted then
+    if (r.role == "consumer" or r.role == "attacker") and not r.exited and not interrupted then
       D.w{ k = "hang", id = r.id, pid = r.pid, phase = "stop" }
       signal(r, "KILL", "kill_hung")
     end
@@ -479,17 +514,22 @@ while arg[i] do
   if a == "--seed" then opts.seed = tonumber(arg[i + 1]); i = i + 1
   elseif a == "--seconds" then opts.seconds = tonumber(arg[i + 1]); i = i + 1
   elseif a == "--scenario" then opts.scenario = arg[i + 1]; i = i + 1
+  elseif a == "--mode" then opts.mode = arg[i + 1]; i = i + 1
   elseif a == "--for" then opts.total = tonumber(arg[i + 1]); i = i + 1
   elseif a == "--dir" then opts.dir = arg[i + 1]; i = i + 1
   elseif a == "--keep" then opts.keep = true
   elseif a == "--print" then opts.print = true
   elseif a == "--help" or a == "-h" then
-    print("usage: luajit stress/run.lua --seed N [--seconds S] [--scenario NAME] [--dir DIR] [--keep] [--print]\n" ..
-          "       luajit stress/run.lua --for TOTAL [--seconds S] [--scenario NAME]\n" ..
-          "scenarios: mixed block drops churn control ff (default: chosen by the seed)")
+    print("usage: luajit stress/run.lua --seed N [--seconds S] [--scenario NAME] [--mode MODE] [--dir DIR] [--keep] [--print]\n" ..
+          "       luajit stress/run.lua --for TOTAL [--seconds S] [--scenario NAME] [--mode MODE]\n" ..
+          "scenarios: mixed block drops churn control ff (default: chosen by the seed)\n" ..
+          "modes: keyed, protected, both (default: keyed for odd seeds); an attacker runs beside every scenario")
     os.exit(0)
   else io.stderr:write("stress/run.lua: unknown option ", a, "\n"); os.exit(2) end
   i = i + 1
+end
+if opts.mode and opts.mode ~= "keyed" and opts.mode ~= "protected" and opts.mode ~= "both" then
+  io.stderr:write("stress/run.lua: unknown mode ", opts.mode, " (keyed, protected, both)\n"); os.exit(2)
 end
 if opts.scenario and not SCENARIOS[opts.scenario] then
   io.stderr:write("stress/run.lua: unknown scenario ", opts.scenario, "\n"); os.exit(2)
@@ -502,7 +542,7 @@ if not (opts.seconds and opts.seconds >= 4) then
 end
 
 if opts.print then
-  print(json.encode(gen(opts.seed, opts.seconds, opts.scenario)))
+  print(json.encode(gen(opts.seed, opts.seconds, opts.scenario, opts.mode)))
   os.exit(0)
 end
 
@@ -519,9 +559,10 @@ local function random_seed()
 end
 
 local function one(seed)
-  local sc = gen(seed, opts.seconds, opts.scenario)
-  print(("seed %d scenario %s seconds %g   (replay: make stress-seed SEED=%d SECONDS=%g%s)"):format(
-    seed, sc.name, sc.seconds, seed, sc.seconds, opts.scenario and " SCENARIO=" .. opts.scenario or ""))
+  local sc = gen(seed, opts.seconds, opts.scenario, opts.mode)
+  print(("seed %d scenario %s %s seconds %g   (replay: make stress-seed SEED=%d SECONDS=%g%s%s)"):format(
+    seed, sc.name, sc.keyed and "keyed" or "protected", sc.seconds, seed, sc.seconds,
+    opts.scenario and " SCENARIO=" .. opts.scenario or "", opts.mode and " MODE=" .. opts.mode or ""))
   local dir = opts.dir
   if not dir or opts.total then
     local p = io.popen("mktemp -d /tmp/lecho-stress-" .. seed .. ".XXXXXX")

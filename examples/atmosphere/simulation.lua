@@ -19,6 +19,10 @@ synchronously: when it returns, every consumer has had every event.
 
   --nameserver HOST:PORT  use this name server (default: run one inside this
                           process and print "nameserver 127.0.0.1:PORT" first)
+  --listen ADDRESS        where this process listens (default 127.0.0.1:0;
+                          0.0.0.0:0 to be reached from other hosts: needs keys)
+  --advertise ADDRESS     the address peers are told (default: with a wildcard
+                          --listen, this host's address toward the name server)
   --steps N               stop after N steps
   --seconds S             stop after S seconds of stepping (0: no bound;
                           default 30 unless --steps is given)
@@ -47,6 +51,8 @@ local opts, settings = {}, {}
 do
   A.parse(arg, {
     ["--nameserver"] = function(get) opts.nameserver = get.value() end,
+    ["--listen"] = function(get) opts.listen = get.value() end,
+    ["--advertise"] = function(get) opts.advertise = get.value() end,
     ["--steps"] = function(get) opts.steps = get.number() end,
     ["--seconds"] = function(get) opts.seconds = get.number() end,
     ["--wait"] = function(get) opts.wait = get.number() end,
@@ -87,6 +93,7 @@ end
 local lecho = require "lecho"
 local okc, ctx = pcall(lecho.context, {
   nameserver = opts.nameserver,
+  listen = opts.listen, advertise = opts.advertise,
   quiet = opts.quiet,
   modulator_budget = 0.05,      -- a viewer's differencing pass over 7776 cells, with room
 })

@@ -13,11 +13,15 @@ Subscribes to "atmosphere.field" and keeps the latest field:
 Once a second it reports { viewer, kind, events, bytes, wire, step, ... } on
 the channel given by --report (and prints a line unless --quiet).  On the
 simulation's final event it sends a final report that includes its field,
-then exits.
+then exits with status 0 (1: --seconds passed before a final event came).
 
   --kind K                full, region or diff
   --nameserver HOST:PORT  the name server (required)
   --name NAME             the name in reports (default: the kind)
+  --listen ADDRESS        where this process listens (default 127.0.0.1:0;
+                          0.0.0.0:0 to be reached from other hosts: needs keys)
+  --advertise ADDRESS     the address peers are told (default: with a wildcard
+                          --listen, this host's address toward the name server)
   --box A,B,C,D           region: lat_min,lat_max,lon_min,lon_max (default 0,90,0,180)
   --stride N              region: block side in cells (default 2)
   --threshold X           diff: threshold (default 0.5)
@@ -40,6 +44,8 @@ do
   A.parse(arg, {
     ["--kind"] = function(get) opts.kind = get.value() end,
     ["--nameserver"] = function(get) opts.nameserver = get.value() end,
+    ["--listen"] = function(get) opts.listen = get.value() end,
+    ["--advertise"] = function(get) opts.advertise = get.value() end,
     ["--name"] = function(get) opts.name = get.value() end,
     ["--report"] = function(get) opts.report = get.value() end,
     ["--seconds"] = function(get) opts.seconds = get.number() end,
@@ -63,7 +69,8 @@ do
 end
 
 local lecho = require "lecho"
-local okc, ctx = pcall(lecho.context, { nameserver = opts.nameserver, quiet = opts.quiet })
+local okc, ctx = pcall(lecho.context, { nameserver = opts.nameserver, quiet = opts.quiet,
+                                           listen = opts.listen, advertise = opts.advertise })
 if not okc then die(tostring(ctx), 1) end
 
 local report_p
@@ -182,8 +189,11 @@ if final_ev then
   final.levels = final_ev.levels
 end
 if report_p then
-  local ok, err = report_p:submit_sync(final, { timeout = 10 })
-  if not ok then io.stderr:write("viewer ", opts.name, ": final report: ", tostring(err), "\n") end
+  local ok, err, code = report_p:submit_sync(final, { timeout = 10 })
+  -- (nobody collecting reports, a viewer run on its own: nothing failed)
+  if not ok and code ~= "noconsumer" then
+    io.stderr:write("viewer ", opts.name, ": final report: ", tostring(err), "\n")
+  end
 end
 if not opts.quiet then
   final.cells = nil

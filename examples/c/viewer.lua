@@ -68,8 +68,9 @@ local consumer = ctx:channel("heat.field"):consumer(function(ev)
   if ev.step ~= seen then in_order = false end
   if #alphas == 0 or alphas[#alphas][1] ~= ev.alpha then alphas[#alphas + 1] = { ev.alpha, ev.step } end
   if opts.every > 0 and ev.step % opts.every == 0 then
-    print(("step %4d  alpha %.3g  mean %8.4f  max %8.4f  u[mid] %8.4f"):format(
-      ev.step, ev.alpha, ev.mean, ev.max, ev.u[math.floor(#ev.u / 2) + 1]))
+    -- u is a typed array (lecho.array): indices from 0
+    print(("step %4d  alpha %.3g  mean %8.4f  max %8.4f  u[mid] %8.4f  u %s [%d]"):format(
+      ev.step, ev.alpha, ev.mean, ev.max, ev.u:get(math.floor(#ev.u / 2)), ev.u:dtype(), #ev.u))
   end
   if ev.step == opts.steer_at then want_steer = true end
   last = ev

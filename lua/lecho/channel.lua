@@ -23,7 +23,7 @@ end
 function Context:_fullname(name)
   local ns, short = address.split(name, self.ns)
   if not ns then error("lecho: " .. short, 3) end
-  self.nameservers[ns] = true
+  self:_add_nameserver(ns)
   return address.join(ns, short), ns, short
 end
 
@@ -77,5 +77,29 @@ function Channel:_hot_update()
 end
 
 function Channel:_derived_name(key) return self.name .. "@" .. key end
+
+-- A host-local address: loopback (127.0.0.0/8, [::1]) or a unix socket.
+local function host_local(a)
+  return type(a) == "string" and (a:match("^127%.") or a:match("^%[::1%]:") or a:match("^unix:")) and true or false
+end
+
+-- A consumer joined: a producer (of the join reply's list) on another host
+-- cannot dial this context when it is known by a host-local address; it
+-- would only log "cannot reach" in its own process.  Said here, once per
+-- channel and producer, with what to do.
+function Channel:_check_reach(producers)
+  local me = self.ctx.addr
+  if not host_local(me) or type(producers) ~= "table" then return end
+  self.unreach_told = self.unreach_told or {}
+  for _, a in ipairs(producers) do
+    if type(a) == "string" and not host_local(a) and not self.unreach_told[a] then
+      self.unreach_told[a] = true
+      self.ctx.log(("consumer of '%s': producer %s is on another host and cannot connect to this "
+        .. "context's address %s, so its events will not arrive; listen on an address it can "
+        .. "reach (listen = \"0.0.0.0:0\", the scripts' --listen 0.0.0.0:0) or advertise one "
+        .. "(advertise, --advertise)"):format(self.name, a, me))
+    end
+  end
+end
 
 return Channel

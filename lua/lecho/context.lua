@@ -7,6 +7,7 @@
 local options = require "lecho.options"
 local ffi = require "ffi"
 local sbuf = require "string.buffer"
+local core = require "lecho.core"
 
 local Context = {}
 Context.__index = Context
@@ -22,7 +23,7 @@ local function now(self) return self.c:now() end
 -- line, outside any callback, serves the loop itself until it can go on.
 -- So waits never nest: no callback ever runs inside another one's wait.
 local WAIT, DONE = {}, {}
-local traceback = debug.traceback
+local traceback = require("lecho.errors").traceback  -- (without lecho's own frames)
 
 function Context:_peer_addr(idx)
   local a = self.peer_addrs[idx]
@@ -42,6 +43,20 @@ end
 function Context:_nameserver_ok(addr)
   if not self.nameservers[addr] or addr == self.addr then return true end
   return self.c:peer_identity(addr) == self.ns_principal
+end
+
+-- Records addr as a name server's address.  Keyed, the core pins it to
+-- ns_principal: the handshake of a connection to or from it refuses any
+-- other principal before the connection is up, so nothing queued for the
+-- name server (a gjoin with a member's data, a lookup) is ever written to
+-- an impostor there (issue 23).
+function Context:_add_nameserver(addr)
+  if self.nameservers[addr] then return end
+  self.nameservers[addr] = true
+  if self.keyed and addr ~= self.addr then
+    local ok, err = self.c:expect_principal(addr, self.ns_principal)
+    if not ok then self.log(("cannot pin name server %s to %s: %s"):format(addr, self.ns_principal, err)) end
+  end
 end
 
 -- From the peer hook, when the connection to addr came up in keyed mode:
@@ -122,7 +137,19 @@ local function copy_bytes(p, n)
   return ffi.string(p, n)
 end
 
+-- Arrays (lecho.array) of 4 KiB or more come from C as views too, into
+-- the same bytes (lua_hook.c, LB_ARRAY_VIEW_MIN): rv = { a = the list of
+-- them } and the handlers get the value itself.  keep_view gives each its
+-- own copy (core.array_keep, views made from them follow); a dispatch that
+-- ends with them not kept ends them (core.array_end: no elements left, so
+-- a handler that stored one reads nothing, never freed memory).
 local function keep_view(rv)
+  local avs = rv.a
+  if avs then
+    for i = 1, #avs do core.array_keep(avs[i]) end -- may raise (memory)
+    rv.a = nil
+    return
+  end
   local p, n = rv.p, rv.n
   if not p then return end
   local s = copy_bytes(p, n) -- may raise (memory): rv is unchanged then
@@ -527,12 +554,14 @@ local function dispatcher(self)
   end
 end
 
-function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, vlen)
+function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, vlen, avs)
   local rv
   if vlen then
     -- a view (see keep_view): valid until this returns
     rv = { p = ffi.cast(charp, value), n = vlen, bufs = {} }
     value = nil
+  elseif avs then
+    rv = { a = avs } -- the value's array views (see keep_view)
   end
   -- a call channel served here (lecho.service): the call runs in a
   -- coroutine of its own and is answered by ctx:ack; no ack from C
@@ -540,7 +569,9 @@ function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, 
   if svc and svc[chid] then
     -- a call is a request table: a long string is a bad request, answered
     -- as one without copying it
-    if rv then value = "" end
+    if rv and rv.p then value = "" end
+    -- a call runs in its own coroutine: its arrays are copied first
+    if avs then keep_view(rv) end
     return self:_serve(svc[chid], value, peer, sync, gen, nbytes)
   end
   if rv then
@@ -548,17 +579,22 @@ function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, 
     live[#live + 1] = rv
     -- protected: nothing may leave rv listed (keep_views would read its
     -- bytes after C freed them)
-    local ok, held, nran, errs = pcall(self._dispatch_value, self, chid, value, peer, producer, seq, sync, gen, rv)
+    local ok, held, nran, errs = pcall(self._dispatch_value, self, chid, value, peer, producer, seq, sync, gen, rv.p and rv)
     live[#live] = nil
     -- A handler waits: _wait kept the view before it yielded (the later
     -- handlers of this event read the copy).  Else every handler returned
     -- and their buffers are empty.  Either way C may free the bytes now.
-    if ok and held and rv.p and not pcall(keep_view, rv) then
+    if ok and held and (rv.p or rv.a) and not pcall(keep_view, rv) then
       self.log("out of memory keeping a value while its handler waits: the buffers of this event are emptied")
     end
     if rv.p then
       rv.p = nil
       for _, b in ipairs(rv.bufs) do b:free() end
+    end
+    if rv.a then
+      local a = rv.a
+      rv.a = nil
+      for i = 1, #a do core.array_end(a[i]) end
     end
     if not ok then error(held, 0) end
     return held, nran, errs
@@ -638,9 +674,29 @@ function Context:on_readable(fd, fn)
 end
 
 -- (A dispatch's view is copied before the loop runs inside it.)
+local SIGNAME = { [2] = "SIGINT", [15] = "SIGTERM" }
+
+--- Serves the loop until ctx:stop().  Unless the context was made with
+-- signals = false, SIGINT and SIGTERM (those the process does not ignore)
+-- are caught while it runs, and only then: one closes the context (what was
+-- submitted is delivered within linger) and ends the process by that signal
+-- (a shell's $? 130, 143); the actions the process had are back after a
+-- run that ends otherwise.  During that close a second signal ends the
+-- process at once.
 function Context:run()
   keep_views(self)
-  return self.c:run()
+  local sig = self.c:run(self.signals)
+  if not sig then return end
+  self.log(("%s: closing the context (delivering what was submitted, for at most %gs); "
+    .. "a second signal ends the process at once"):format(SIGNAME[sig] or "signal " .. sig, self.linger))
+  self:close()
+  io.stdout:flush()
+  io.stderr:flush()
+  -- Ended by the signal itself (its action is the default again): the
+  -- parent sees what it sent (a shell's $? is 128 + sig, 130 or 143).
+  pcall(ffi.cdef, "int raise(int sig);")
+  ffi.C.raise(sig)
+  os.exit(128 + sig)      -- (the signal blocked by the host program)
 end
 
 --- One loop turn, waiting at most timeout seconds (nil: until something
@@ -702,6 +758,7 @@ function Context:close(opts)
     if ch.rejoin then ch.rejoin:stop() end
   end
   if self.tick then self.tick:stop() end
+  if self.metrics then self.metrics:close() end
   if self.reregister then self.reregister:stop() end
   local ok, err = true, nil
   -- Lingering waits: on the main line, or in a callback of ours (it suspends).

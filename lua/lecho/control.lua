@@ -45,9 +45,64 @@ function Context:_send_ctrl(to, msg)
 end
 
 function Context:_fail_pending(addr, why)
+  -- Keyed: the handshake refused a name server's address for its principal
+  -- (the pin of _add_nameserver; core/handshake.c identity_check says
+  -- "ADDR is principal P (key K), expected Q", at the dial and to the sends
+  -- while the address is in backoff): said as _check_nameserver says it,
+  -- so that the requests waiting there fail with code "refused".
+  if self.keyed and self.nameservers[addr] then
+    local name, khex = tostring(why):match("^%S+ is principal (%S+) %(key (%x+)%), expected ")
+    if name then
+      why = ("refused: name server %s is %s (key %s), not %s"):format(addr, name, khex, self.ns_principal)
+      self:_warn_limited("nameserver " .. addr, why)
+    end
+  end
   for _, p in pairs(self.pending) do
     if p.to == addr and not p.reply then p.failed = why end
   end
+end
+
+-- A request to `to` waits for its reply in self.pending[rid] (`p`).  The
+-- id is random (libsodium's randombytes through the core): no other
+-- process can guess it, and none pending has it.  A reply is taken only
+-- from the connection the request went out on (p.gen: the connection up
+-- now, or, when none is, the next one to come up, set by _on_peer) and,
+-- keyed, from the principal or key that address must have (p.principal:
+-- a name server's; p.pk: the key it was pinned to, a manager's or a
+-- member's).  Returns rid, p.
+local random_id = require("lecho.core").random_id
+function Context:_pend(to)
+  local pending = self.pending
+  local rid
+  repeat rid = random_id() until not pending[rid]
+  local p = { to = to, gen = to ~= self.addr and self.c:peer_gen(to) or 0 }
+  if self.keyed and to ~= self.addr then
+    if self.nameservers[to] then p.principal = self.ns_principal end
+    p.pk = self.expect_keys[to]
+  end
+  pending[rid] = p
+  return rid, p
+end
+
+-- Why a reply from `from`, read on connection `gen` (nil: from this context
+-- itself, through the trampoline), is not the answer to request p; nil
+-- when it is.
+function Context:_reply_wrong(p, from, gen)
+  if p.failed or p.reply then return "its request is already settled" end
+  if from ~= p.to then return ("the request went to %s"):format(p.to) end
+  if from == self.addr then return gen ~= nil and "our own address, from a connection" or nil end
+  if gen == nil or p.gen == 0 or gen ~= p.gen then
+    return ("it came on connection %s, the request went out on %s"):format(tostring(gen),
+      p.gen == 0 and "none yet" or tostring(p.gen))
+  end
+  if p.principal or p.pk then
+    local name, pk = self.c:peer_identity(from)
+    if p.principal and name ~= p.principal then
+      return ("%s is principal %s, not %s"):format(from, tostring(name), p.principal)
+    end
+    if p.pk and pk ~= p.pk then return ("%s is not the key it was pinned to"):format(from) end
+  end
+  return nil
 end
 
 --- Sends a control request and waits (serving the loop) for its reply.
@@ -55,11 +110,8 @@ end
 -- else "failed"; "closed"/"refused" when the peer cannot be reached,
 -- "timeout" without an answer).
 function Context:request(to, msg, timeout)
-  self.rid = self.rid + 1
-  local rid = self.rid
+  local rid, p = self:_pend(to)
   msg.rid = rid
-  local p = { to = to }
-  self.pending[rid] = p
   self:_send_ctrl(to, msg)
   self:_wait(function() return p.reply or p.failed or self.closed end,
              now(self) + (timeout or self.timeout))
@@ -77,9 +129,12 @@ function Context:request(to, msg, timeout)
   return nil, ("no answer from %s within %gs"):format(to, timeout or self.timeout), "timeout"
 end
 
+-- A request whose reply nobody waits for (leave, subscribe without
+-- waiting): its id is random too, and not pending, so its reply is dropped.
 function Context:_notify(to, msg)
-  self.rid = self.rid + 1
-  msg.rid = self.rid
+  local rid
+  repeat rid = random_id() until not self.pending[rid]
+  msg.rid = rid
   self:_send_ctrl(to, msg)
 end
 
@@ -153,12 +208,21 @@ local function mods_ok(mods)
   return true
 end
 
+-- Keyed mode: pins addr to key pk in the core (its handshake refuses any
+-- other key there, before anything queued is written) and here (a reply
+-- from addr must come from that key: _reply_wrong).
+function Context:_expect(addr, pk)
+  local ok, err = self.c:expect(addr, pk)
+  if ok then self.expect_keys[addr] = pk end
+  return ok, err
+end
+
 -- Keyed mode: pins each address of `keys` ({ [addr] = pk }, from a member
 -- list or a producer's join reply) to its key before anything is sent
 -- there: a context that claims the address with another key is refused.
 local function pin_all(ctx, keys)
   for addr, pk in pairs(keys or {}) do
-    local ok, err = ctx.c:expect(addr, pk)
+    local ok, err = ctx:_expect(addr, pk)
     if not ok then ctx.log(("cannot pin %s to its key: %s"):format(addr, tostring(err))) end
     if ok then ctx.pinned_keys[addr] = pk end  -- whose modulators these are (lecho.modulator)
   end
@@ -168,6 +232,11 @@ end
 local function members_channel(self, from, msg)
   local ch = type(msg.ch) == "string" and self.byname[msg.ch]
   if not ch then return nil, ("no channel '%s' here"):format(tostring(msg.ch)) end
+  if ch.manager == nil and from == ch.left_manager then
+    -- the last endpoint here left; the list the manager sent before it had
+    -- our leave (a consumer's leave, say, told to the producers) is due
+    return nil, nil
+  end
   if ch.manager == nil or from ~= ch.manager then
     return nil, ("not the manager of '%s' (%s)"):format(ch.name, tostring(ch.manager or "none yet"))
   end
@@ -265,18 +334,29 @@ local function members_limits(self, ch, msg)
   taken()
 end
 
-function Context:_on_ctrl(from, msg)
+-- gen: the generation of the connection msg came on (nil: from this
+-- context itself, through the trampoline of _send_ctrl).
+function Context:_on_ctrl(from, msg, gen)
   if type(msg) ~= "table" or type(msg.op) ~= "string" then
     self:_warn_limited("noop", ("ignoring a control message without op from %s"):format(from))
     return
   end
   local op = msg.op
   if op == "reply" then
+    -- An id with nothing pending is a late reply (its request timed out)
+    -- or one to a notification: dropped without a word.  One pending but
+    -- from elsewhere is a forgery or a confusion: dropped and logged.
     local p = self.pending[msg.rid]
-    if p then p.reply = msg end
+    if not p then return end
+    local why = self:_reply_wrong(p, from, gen)
+    if why then
+      return self:_warn_limited("reply", ("ignoring a reply from %s: %s"):format(from, why))
+    end
+    p.reply = msg
   elseif op == "members" then
     local ch, why = members_channel(self, from, msg)
     if not ch then
+      if why == nil then return end
       return self:_warn_limited("members", ("ignoring a members message from %s: %s"):format(from, why))
     end
     if msg.ver > ch.ver then
@@ -308,9 +388,23 @@ function Context:_on_ctrl(from, msg)
     if ch and type(msg.key) == "string" then
       ch:_tell_mod_error(msg.key, ("modulator at %s: %s"):format(from, tostring(msg.err)))
     end
+  elseif op == "unreached" then
+    -- a producer of a channel consumed here could not connect to us: told
+    -- by the channel's manager only (issue 25)
+    local ch = type(msg.ch) == "string" and self.byname[msg.ch]
+    if ch and ch.manager == from and ch.all[1] and type(msg.producer) == "string" then
+      self:_warn_limited("unreached " .. ch.name .. " " .. msg.producer:sub(1, 300),
+        ("consumer of '%s': producer %s cannot connect to this context's address %s (%s), so its "
+         .. "events do not arrive; advertise an address it can reach (advertise = \"HOST:PORT\", "
+         .. "the scripts' --advertise; listen = \"0.0.0.0:0\" or --listen to listen on it)")
+          :format(ch.name, msg.producer:sub(1, 300), self.addr, tostring(msg.err):sub(1, 200)))
+    end
   elseif op == "gchange" then
     -- a group's change, from one of its name servers (lecho.group)
     self:_on_gchange(from, msg)
+  elseif op == "stats" then
+    -- another process reads our counters (lecho.stats; keyed: its policy)
+    require("lecho.stats").serve(self, from, msg)
   elseif self.reg then
     self.reg:handle(from, msg, self._send, now(self))
   elseif msg.rid then
@@ -336,15 +430,43 @@ function Context:_registered(r)
   self.reg.policy = pol
 end
 
-function Context:_on_peer(idx, addr, up, reason)
+-- A dial to `addr` failed (connect: refused, no route, timed out): for
+-- each channel produced here that sends there, its manager is told
+-- (`unreachable`), which tells that consumer context (`unreached`): the
+-- only one who can fix its address learns why nothing comes.  Once per
+-- channel and address per WARN_EVERY seconds (dials are retried).
+function Context:_tell_unreachable(addr, reason)
+  local t = now(self)
+  local sent = self.unreach_sent
+  if not sent then sent = {}; self.unreach_sent = sent end
+  for name, ch in pairs(self.byname) do
+    local to_it = false
+    for _, d in ipairs(ch.nprod > 0 and ch.dests or {}) do if d == addr then to_it = true break end end
+    for _, inst in pairs(ch.nprod > 0 and ch.mods or {}) do
+      for _, d in ipairs(inst.dests or {}) do if d == addr then to_it = true break end end
+    end
+    local key = name .. " " .. addr
+    if to_it and ch.manager and not (sent[key] and t - sent[key] < WARN_EVERY) then
+      sent[key] = t
+      self:_send_ctrl(ch.manager, { op = "unreachable", ch = name, consumer = addr, err = reason })
+    end
+  end
+end
+
+function Context:_on_peer(idx, addr, up, reason, gen)
   if up then
     self.peer_addrs[idx] = addr
+    -- requests queued for addr while it was down go out on this connection
+    for _, p in pairs(self.pending) do
+      if p.to == addr and p.gen == 0 and not p.failed then p.gen = gen end
+    end
     return
   end
   -- a peer that went down may be freed, and its idx name another later:
   -- what was cached under it goes (it is found again from the core)
   self.peer_addrs[idx], self.pnames[idx] = nil, nil
   self:_fail_pending(addr, reason or "connection lost")
+  if type(reason) == "string" and reason:find("^connect: ") then self:_tell_unreachable(addr, reason) end
   if self.reg then self.reg:peer_down(addr, self._send, now(self)) end
   -- A group's name server lost: renewed there at once (and again every
   -- 0.5 s while it does not answer), so that a restarted one is told the
@@ -396,6 +518,8 @@ function Context:list(addr)
   return r.channels, r.managers, r.truncated
 end
 
+local function is_key(k, n) return type(k) == "string" and #k == n end
+
 -- ctx:channel(name, { create = false }): does channel `full` (at name
 -- server `ns`) have a producer or a consumer?  Asks the name server, and the
 -- channel's manager when that is another context.  Returns true, or nil,
@@ -403,6 +527,16 @@ end
 function Context:_channel_exists(full, ns, name)
   local r, err, code = self:request(ns, { op = "lookup", ch = full, create = false })
   if r and r.manager ~= ns then
+    if type(r.manager) ~= "string" then return nil, ("name server %s: a lookup reply without a manager"):format(ns), "protocol" end
+    -- keyed: the manager is pinned to the key the name server gave before
+    -- anything is sent there (the info request and its reply, _reply_wrong)
+    if self.keyed then
+      local ok, perr = is_key(r.manager_key, 32) and self:_expect(r.manager, r.manager_key)
+      if not ok then
+        return nil, ("name server %s: manager %s: %s"):format(ns, r.manager,
+          tostring(perr or "a lookup reply without the manager's key")), "refused"
+      end
+    end
     r, err, code = self:request(r.manager, { op = "info", ch = full })
   end
   if r then return true end
@@ -426,7 +560,6 @@ function Channel:_secure_all()
   for _, st in pairs(self.streams) do self:_secure(st.chid) end
 end
 
-local function is_key(k, n) return type(k) == "string" and #k == n end
 
 function Channel:_manager()
   if self.manager then return self.manager end
@@ -441,10 +574,15 @@ function Channel:_manager()
   if type(r.manager) ~= "string" or (r.manager_key ~= nil and not is_key(r.manager_key, 32)) then
     return nil, ("name server %s: a lookup reply without a manager address and key"):format(self.ns), "protocol"
   end
+  -- keyed: nothing goes to a manager whose key the name server did not give
+  -- (its address would be anyone's who claims it first)
+  if ctx.keyed and r.manager ~= ctx.addr and not r.manager_key then
+    return nil, ("name server %s: a lookup reply without the key of manager %s"):format(self.ns, r.manager), "protocol"
+  end
   if r.manager_key then
     -- the manager is who the name server says it is: its address is pinned
     -- to that key, and its producers' tickets are checked against it
-    local ok, perr = ctx.c:expect(r.manager, r.manager_key)
+    local ok, perr = ctx:_expect(r.manager, r.manager_key)
     if not ok then
       return nil, ("name server %s: manager %s: %s"):format(self.ns, r.manager, tostring(perr)), "refused"
     end
@@ -453,7 +591,7 @@ function Channel:_manager()
       self:_secure_all()
     end
   end
-  self.manager = r.manager
+  self.manager, self.left_manager = r.manager, nil
   -- a peer's number: finite, positive, bounded, or none (a NaN or a string
   -- from a broken name server must not become the join's wait)
   local s = r.settle
@@ -501,6 +639,7 @@ function Channel:_join(role)
     end
   else
     self.cjoined = true
+    self:_check_reach(r.producers)
   end
   return r
 end
@@ -513,7 +652,7 @@ function Channel:_leave(role)
   -- Without endpoints here, the next one looks the manager up again: an
   -- unused channel is forgotten by the name server after forget_after, and
   -- may then go to another manager.
-  if self.nprod == 0 and #self.all == 0 then self.manager = nil end
+  if self.nprod == 0 and #self.all == 0 then self.manager, self.left_manager = nil, self.manager end
 end
 
 -- How long a producer that lost its manager keeps sending to the consumers

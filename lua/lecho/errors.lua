@@ -41,4 +41,30 @@ function M.code_of(msg, default)
   return default or "failed"
 end
 
+-- The directory of lecho's own Lua files ("@/path/lua/lecho/").
+local OWN = (debug.getinfo(1, "S").source or ""):match("^@(.*/)[^/]*$")
+
+--- debug.traceback without lecho's own frames: a handler's or a callback's
+-- error shows the user's frames, from where it was raised down to where
+-- lecho called in (the frames below, lecho's and the [C] xpcall that ran
+-- them, say nothing about the user's code).  co: a coroutine (optional, as
+-- for debug.traceback), msg, level.
+function M.traceback(co, msg, level)
+  local tb
+  if type(co) == "thread" then tb = debug.traceback(co, msg, level)
+  else co, msg, level = nil, co, msg; tb = debug.traceback(msg, (level or 1) + 1) end
+  if not OWN or type(tb) ~= "string" then return tb end
+  local head, frames = tb:match("^(.-stack traceback:)(.*)$")
+  if not head then return tb end
+  local kept = {}
+  for line in frames:gmatch("\n[^\n]*") do
+    if line:find(OWN, 1, true) then break end
+    kept[#kept + 1] = line
+  end
+  -- the [C] xpcall or pcall through which lecho called the user's code
+  while kept[#kept] and kept[#kept]:match("^\n%s*%[C%]: in function '?x?pcall'?") do kept[#kept] = nil end
+  while kept[#kept] and kept[#kept]:match("^\n%s*%(%.%.%.tail calls%.%.%.%)") do kept[#kept] = nil end
+  return head .. table.concat(kept)
+end
+
 return M

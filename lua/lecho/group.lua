@@ -71,11 +71,10 @@ local function ask_all(ctx, msg_of, enough, window)
     end
   end
   for i, addr in ipairs(ctx.nslist) do
-    ctx.rid = ctx.rid + 1
     local msg = msg_of(addr)
-    msg.rid = ctx.rid
-    sent[i] = { rid = ctx.rid, addr = addr, p = { to = addr } }
-    ctx.pending[ctx.rid] = sent[i].p
+    local rid, p = ctx:_pend(addr)   -- its reply only from addr's connection (lecho.control)
+    msg.rid = rid
+    sent[i] = { rid = rid, addr = addr, p = p }
     ctx:_send_ctrl(addr, msg)
   end
   local function all()

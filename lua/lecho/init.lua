@@ -37,6 +37,7 @@ require "lecho.consumer"
 require "lecho.service"
 require "lecho.group"
 local push = require "lecho.push"
+local logging = require "lecho.log"
 
 local parse_addr = options.parse_addr
 
@@ -44,6 +45,7 @@ local M = {
   _VERSION = "0.1.0",
   protocol_version = core.protocol_version,
   modulator = modulator.source,   -- the text of a modulator: source, or a file's
+  array = require "lecho.array",  -- typed n-D numeric arrays (lua/lecho/array.lua)
 }
 
 -- The value codec: string, or nil, err, code ("invalid", "limit").
@@ -73,7 +75,7 @@ local function now(self) return self.c:now() end
 -- sync_timeout (10 s), queue_limit, policy, batch_bytes, max_string,
 -- max_depth, max_frame, pin_threshold, retry_interval, retry_max, heartbeat,
 -- heartbeat_misses, handshake_timeout, max_connections, max_buffered,
--- max_peer_channels, max_peers, peer_free_after, log_window (see README, "Limits"), log (fn(msg)), quiet, key, trust and
+-- max_peer_channels, max_peers, peer_free_after, log_window (see README, "Limits"), log (fn(level, msg, component), or fn(msg): doc/operations.md "Logs"), log_level, metrics (doc/operations.md "Metrics"), quiet, key, trust and
 -- nameserver_principal (keyed mode: README "Keys"; without key and trust
 -- the context is in protected mode); the full list with defaults is
 -- lecho.options.CONTEXT.
@@ -126,11 +128,13 @@ function M.context(opts)
     -- (thousands of channels: each table touched is a cache miss)
     dcon = {}, dshort = {},
     peer_addrs = {}, pnames = {},
-    pending = {}, rid = 0,
+    pending = {},         -- rid -> a request waiting for its reply (lecho.control)
+    expect_keys = {},     -- keyed: address -> the key it was pinned to (c:expect)
     nextpid = 0, nextcid = 0,
     selfq = {}, draining = false,
     waiters = {}, cos = setmetatable({}, { __mode = "k" }), held = {}, views = {},
     linger = opts.linger or D.linger,
+    signals = opts.signals ~= false,   -- ctx:run() closes on SIGINT/SIGTERM unless false
     moes = {}, nextmoe = 0, moe_failed = {},
     -- the compiled encoder for submits (nil without string.buffer): same
     -- bytes as the C one, which still does what it declines
@@ -157,15 +161,11 @@ function M.context(opts)
     closed = false,
   }, Context)
   for _, e in ipairs(identity and identity.trust.keys or {}) do self.trust_names[e.public] = e.name end
-  if opts.log then
-    self.log = opts.log
-  elseif opts.quiet then
-    self.log = function() end
-  else
-    self.log = function(msg) io.stderr:write(("lecho[%s]: %s\n"):format(addr, msg)) end
-  end
+  -- ctx.log(msg [, level [, component]]): lecho.log (doc/operations.md "Logs")
+  self.log, self.log_level = logging.logger(opts, function() return ("lecho[%s]"):format(addr) end)
   if not identity then
-    self.log("protected mode: no key configured; listening on loopback only, every local process is trusted")
+    self.log("protected mode: no key configured; listening on loopback only, every local process is trusted",
+             "info", "context")
   end
   self._send = function(to, msg) self:_send_ctrl(to, msg) end
   self.ns = ns or addr
@@ -176,7 +176,7 @@ function M.context(opts)
   -- every address used as a name server (ours, those of nslist, and those
   -- channel names give): keyed, each must be the principal ns_principal
   self.nameservers = {}
-  for _, a in ipairs(nslist) do self.nameservers[a] = true end
+  for _, a in ipairs(nslist) do self:_add_nameserver(a) end
   if opts.manager or not opts.nameserver then
     self.reg = registry.new{
       addr = addr, role = opts.manager and opts.nameserver and "manager" or "nameserver",
@@ -194,25 +194,24 @@ function M.context(opts)
         return c:peer_identity(a)
       end or nil,
       sign = identity and function(m) return c:sign(m) end or nil,
-      log = function(level, msg)
-        if level == "warn" or level == "error" then self.log(("%s: %s"):format(level, msg)) end
-      end,
+      -- (its per-channel "info" lines were never shown: debug here)
+      log = function(level, msg) self.log(msg, level == "info" and "debug" or level, "registry") end,
     }
     self.tick = c:timer(0.1, 0.1, function() self.reg:tick(self._send, now(self)) end)
   end
   c:hooks{
-    event = function(chid, value, peer, producer, seq, sync, gen, nbytes, vlen)
-      return self:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, vlen)
+    event = function(chid, value, peer, producer, seq, sync, gen, nbytes, vlen, avs)
+      return self:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, vlen, avs)
     end,
-    ctrl = function(from, msg)
+    ctrl = function(from, msg, gen)
       if self.keyed and not self:_nameserver_ok(from) then return end
-      return self:_on_ctrl(from, msg)
+      return self:_on_ctrl(from, msg, gen)
     end,
-    peer = function(idx, paddr, up, reason)
+    peer = function(idx, paddr, up, reason, gen)
       if up and self.keyed then self:_check_nameserver(paddr) end
-      return self:_on_peer(idx, paddr, up, reason)
+      return self:_on_peer(idx, paddr, up, reason, gen)
     end,
-    log = function(msg) self.log(msg) end,
+    log = function(msg) self.log(msg, nil, "core") end,
     moe_error = function(id, why) self:_moe_error(id, why) end,
     turn = function() self:_turn() end,
   }
@@ -223,6 +222,15 @@ function M.context(opts)
       error("lecho: cannot register as a manager with " .. self.ns .. ": " .. tostring(rerr), 2)
     end
     self:_registered(r)
+  end
+  -- the Prometheus endpoint (lecho.metrics, doc/operations.md "Metrics")
+  if opts.metrics then
+    local srv, merr = require("lecho.metrics").serve(self, opts.metrics)
+    if not srv then
+      self:close()
+      error("lecho: " .. merr, 2)
+    end
+    self.metrics = srv   -- ro: its addr is where it listens
   end
   -- pushed code (README "Pushing code"): the built-in service lecho.code
   if opts.accept_code then

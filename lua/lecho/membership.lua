@@ -475,6 +475,24 @@ function ops.leave(self, from, msg, io)
   maybe_drop(self, c, io.now)
 end
 
+-- A producing context could not connect to a consumer context of `ch`
+-- (one-way, issue 25): told to that consumer context as `unreached`, so
+-- that it learns why nothing comes and what to do.  Believed only from a
+-- producer of the channel, and only about a consumer of it.
+local MAX_WHY = 200
+function ops.unreachable(self, from, msg, io)
+  local c = type(msg.ch) == "string" and self.channels[msg.ch]
+  if not (c and c.producers[from]) then
+    return self.log("debug", ("unreachable from %s: not a producer of '%s'"):format(from, tostring(msg.ch)))
+  end
+  local to = msg.consumer
+  if type(to) ~= "string" or not c.consumers[to] then
+    return self.log("debug", ("unreachable from %s: %s is not a consumer of '%s'"):format(from, tostring(to), c.name))
+  end
+  local why = type(msg.err) == "string" and msg.err:sub(1, MAX_WHY) or "no reason given"
+  emit(self, io, to, { op = "unreached", ch = c.name, producer = from, err = why })
+end
+
 -- Does `ch` have members here?  { producers = n, consumers = n } (contexts),
 -- or an error with code "notfound" (ctx:channel(name, { create = false }));
 -- "refused" when the asker may not produce, consume or list it.

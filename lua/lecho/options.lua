@@ -148,6 +148,15 @@ local SCHEMA = {
   CONTEXT = {
     nameserver = { addresses }, listen = { address, "127.0.0.1:0" }, advertise = { address },
     manager = { BOOL }, log = { FN }, quiet = { BOOL },
+    -- doc/operations.md: the log threshold (else $LECHO_LOG, else info), the
+    -- Prometheus endpoint's address (lecho.metrics; none by default)
+    log_level = { function(v)
+      if v ~= "debug" and v ~= "info" and v ~= "warn" and v ~= "error" then
+        return "must be \"debug\", \"info\", \"warn\" or \"error\""
+      end
+    end },
+    metrics = { address },
+    signals = { BOOL, true },  -- false: ctx:run() leaves SIGINT and SIGTERM to the host program
     timeout = { TIME_POS, 5 }, sync_timeout = { TIME, 10 }, linger = { TIME, 2 },
     queue_limit = { size(1) }, policy = { policy }, batch_bytes = { size(0) },
     max_string = { size(0) }, max_depth = { size(1) }, max_frame = { size(0) },

@@ -18,7 +18,9 @@ local address = require "lecho.addr"
 local M = {}
 
 -- The actions, in the order the documentation gives them.
-M.ACTIONS = { "produce", "consume", "modulate", "manage", "list" }
+-- (stats: reading a process's counters, lecho.stats; its "channel" is
+-- the process's principal name)
+M.ACTIONS = { "produce", "consume", "modulate", "manage", "list", "stats" }
 local ACTION = {}
 for _, a in ipairs(M.ACTIONS) do ACTION[a] = true end
 

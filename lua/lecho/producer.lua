@@ -6,6 +6,7 @@ local registry = require "lecho.registry"
 local options = require "lecho.options"
 local errors = require "lecho.errors"
 local Channel = require "lecho.channel"
+local stats = require "lecho.stats"
 
 local sorted_keys = registry.sorted_keys
 local code_of = errors.code_of
@@ -145,7 +146,8 @@ function Producer:submit_sync(ev, opts)
   end
   local ids, err, code = submit_core(self, ev, true)
   if not ids then return nil, err, code end
-  local deadline = c:now() + timeout
+  local t0 = c:now()
+  local deadline = t0 + timeout
   -- Consumers whose modulator failed or was refused here got nothing: as
   -- they were at the submit (a membership change during the wait may drop
   -- the record) and as they are after it.
@@ -184,8 +186,10 @@ function Producer:submit_sync(ev, opts)
       e.code = e.code or (e.consumer and "failed" or code_of(e.err))
       lcode = (lcode == nil or lcode == e.code) and e.code or "failed"
     end
+    stats.observe(ctx, ch.name, c:now() - t0, false)
     return nil, setmetatable(all, ErrList), lcode
   end
+  stats.observe(ctx, ch.name, c:now() - t0, true)  -- the sync latency histogram
   return true
 end
 

@@ -136,6 +136,29 @@ local function write_port_file(file, addr)
   return os.rename(file .. ".tmp", file)
 end
 
+-- A name server's run mark: a file per listen address (in $LECHO_RUN_DIR,
+-- else $XDG_RUNTIME_DIR/lecho-UID or /tmp/lecho-UID) saying that a name
+-- server of this user listened there and may have had clients that still
+-- hold channels it knew.  Only then does a new one settle (hold lookups
+-- until producers joined again): one that never ran there has no state to
+-- recover.  The mark is made at start and removed at a close that finds no
+-- connection open (no client left to remember it); a crash leaves it.
+local ffi = require "ffi"
+pcall(ffi.cdef, "int mkdir(const char *path, unsigned int mode);")
+pcall(ffi.cdef, "unsigned int getuid(void);")
+
+local function run_mark(listen)
+  if not listen or listen:match(":0$") then return nil end   -- a new port each run: none
+  local dir = os.getenv("LECHO_RUN_DIR")
+  if not dir or dir == "" then
+    dir = (os.getenv("XDG_RUNTIME_DIR") or "/tmp") .. "/lecho-" .. tostring(ffi.C.getuid())
+  end
+  ffi.C.mkdir(dir, tonumber("700", 8))        -- (there already: fine; unusable: no mark)
+  return dir .. "/nameserver-" .. listen:gsub("[^%w%.%-]", "_")
+end
+
+M.run_mark = run_mark
+
 --- Runs a name server or manager script (see the top of the file): parses
 -- arg, starts the context, writes --port-file, says where it listens unless
 -- --quiet, serves until --for seconds pass or a signal ends the process.
@@ -143,14 +166,20 @@ function M.main(spec)
   local prog = spec.prog
   local opts = M.parse(arg, spec)
   local lecho = require "lecho"
+  local mark = spec.run_mark and run_mark(opts.listen)
+  if spec.run_mark then
+    local f = mark and io.open(mark, "r")
+    opts.ran_before = f ~= nil
+    if f then f:close() end
+  end
   local copts = spec.context(opts)
   copts.listen = opts.listen
   copts.advertise = opts.advertise
+  copts.metrics = opts.metrics          -- --metrics ADDRESS (lecho.metrics)
   copts.key = opts.key                                      -- nil: $LECHO_KEY
   if opts.trust and #opts.trust > 0 then copts.trust = opts.trust end  -- else $LECHO_TRUST
-  copts.log = function(msg)
-    if not opts.quiet or msg:match("^error") then io.stderr:write(prog, ": ", msg, "\n") end
-  end
+  -- logs: lecho.log's lines on stderr (doc/operations.md "Logs"); --quiet: errors only
+  if opts.quiet then copts.log_level = "error" end
   local ok, ctx, err = pcall(lecho.context, copts)   -- (raises, or returns nil, err)
   if not ok or not ctx then M.die(prog, M.message(ok and err or ctx), 1) end
   if opts.port_file then
@@ -162,7 +191,20 @@ function M.main(spec)
   end
   if not opts.quiet then
     local mode = ctx.principal and (" (keyed: principal %s)"):format(ctx.principal) or ""
-    io.stderr:write(prog, ": ", spec.started(ctx, opts), mode, "\n")
+    local metrics = ctx.metrics and ("; metrics on http://%s/metrics"):format(ctx.metrics.addr) or ""
+    io.stderr:write(prog, ": ", spec.started(ctx, opts), mode, metrics, "\n")
+  end
+  -- listening on port 0: marked by the port it got (a restart may ask for it)
+  if spec.run_mark and not mark then mark = run_mark(ctx.addr) end
+  if mark then
+    local f = io.open(mark, "w")
+    if f then f:write(ctx.addr, "\n") f:close() end
+    -- (ctx:close also runs from ctx:run() on SIGINT/SIGTERM)
+    local close = ctx.close
+    ctx.close = function(self, ...)
+      if not self.closed and self.c:pending() == 0 then os.remove(mark) end
+      return close(self, ...)
+    end
   end
   if opts.duration then ctx:after(opts.duration, function() ctx:stop() end) end
   ctx:run()

@@ -18,7 +18,8 @@ local options = require "lecho.options"
 local Context = require "lecho.context"
 
 local jit_ok, jit = pcall(require, "jit")
-local sethook, traceback, clock = debug.sethook, debug.traceback, os.clock
+local sethook, clock = debug.sethook, os.clock
+local traceback = require("lecho.errors").traceback  -- (without lecho's own frames)
 local unpack, select, type, pairs, ipairs = unpack, select, type, pairs, ipairs
 
 local Service = {}
@@ -101,6 +102,8 @@ local function ack(ctx, peer, gen, sync, reply, rlim)
   local ok, err, code = ctx.c:ack(peer, sync, 1, reply, true, gen, rlim)
   if not ok then
     local e = tostring(err)
+    -- (the results' path in the handler's words: result 1, not ev[1])
+    e = e:gsub(" at ev%[(%d+)%]", " at result %1"):gsub(" at ev%.(%d+)", " at result %1")
     if code ~= "limit" then e = "reply cannot be sent: " .. e
     elseif not e:find("^result of") then e = "result exceeds the limit: " .. e end
     ctx.c:ack(peer, sync, 1, { e = e,
@@ -614,6 +617,8 @@ local function try(ctx, cl, ch, addr, want, args, opts, timeout)
     if code == "notfound" then
       return nil, ("service %s: %s is not a destination here"):format(cl.name, addr), "noservice", nil, "safe"
     end
+    -- the value's path in the caller's words (args.x), not the request's (ev.a.x)
+    if type(err) == "string" then err = err:gsub(" at ev%.a([%.%[])", " at args%1"):gsub(" at ev%.a$", " at args") end
     return nil, err, code
   end
   local r1, r2, r3 = c:call_result(sid)

@@ -52,9 +52,9 @@ def test_the_pages_protected_mode_examples_parse_and_rebuild():
     assert ex["hello"] == wire.frame(wire.HELLO, wire.hello_body("127.0.0.1:7701", 1234))
     assert ex["hello_ok"] == wire.frame(wire.HELLO_OK, wire.hello_body("127.0.0.1:7700", 5678))
     assert ex["hello_v1"] == wire.frame(wire.HELLO, wire.hello_body("127.0.0.1:7701", 1234, version=1))
-    assert wire.parse_hello(ex["hello"][5:]) == {"version": 2, "incarnation": 1234,
+    assert wire.parse_hello(ex["hello"][5:]) == {"version": 3, "incarnation": 1234,
                                                  "addr": "127.0.0.1:7701", "mode": 0}
-    assert ex["error"] == wire.frame(wire.ERROR, b"protocol version mismatch: peer speaks 1, this side speaks 2")
+    assert ex["error"] == wire.frame(wire.ERROR, b"protocol version mismatch: peer speaks 1, this side speaks 3")
     name = b"127.0.0.1:7700/temp"
     assert ex["bind"] == wire.frame(wire.BIND, wire.varint(1) + wire.varint(len(name)) + name + b"\0")
     assert ex["event"] == wire.frame(wire.EVENT, bytes([1, 1, 1, 7]) + wire.encode(21.5))
@@ -77,13 +77,20 @@ def read_frame(c):
             raise ConnectionError("closed before a frame")
 
 
+def test_the_array_example_of_wire_format():
+    text = open(os.path.join(ROOT, "doc", "wire-format.md")).read()
+    m = re.search(r"```\n07 03 3c 69 32.*?```", text, re.S)
+    hexes = "".join(re.findall(r"^((?:[0-9a-f]{2} ?)+)", m.group(0).strip("`\n"), re.M))
+    assert wire.decode(bytes.fromhex(hexes)) == ("<i2", (2, 3), [1, 2, 3, 4, 5, 6])
+
+
 def test_version_1_hello_gets_the_documented_error(nameserver):
     host, port = nameserver.rsplit(":", 1)
     s = socket.create_connection((host, int(port)), timeout=5)
     s.sendall(wire.frame(wire.HELLO, wire.hello_body("127.0.0.1:7701", 1234, version=1)))
     ftype, body = read_frame(wire.Conn(s))
     assert ftype == wire.ERROR
-    assert body.decode() == "protocol version mismatch: peer speaks 1, this side speaks 2"
+    assert body.decode() == "protocol version mismatch: peer speaks 1, this side speaks 3"
     s.close()
 
 

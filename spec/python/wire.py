@@ -1,5 +1,5 @@
-"""spec/python/wire.py: a lecho peer written from doc/protocol.md and
-doc/wire-format.md alone, in Python's standard library (socket, struct,
+"""spec/python/wire.py: a lecho peer (protocol version 3) written from
+doc/protocol.md and doc/wire-format.md alone, in Python's standard library (socket, struct,
 selectors): the value format, frames, the protected-mode handshake, and a
 consumer's control flow (lookup, join, BIND/EVENT/ACK, PING/HEARTBEAT).
 It exists so that the documents cannot drift from the code: when a test
@@ -12,7 +12,9 @@ import struct
 import time
 
 # -- doc/wire-format.md "Values" --------------------------------------------
-T_NIL, T_FALSE, T_TRUE, T_INT, T_DOUBLE, T_STRING, T_TABLE = range(7)
+T_NIL, T_FALSE, T_TRUE, T_INT, T_DOUBLE, T_STRING, T_TABLE, T_ARRAY = range(8)
+DTYPES = {"<u1": "B", "|u1": "B", "<i1": "b", "|i1": "b", "<u2": "H", "<i2": "h", "<u4": "I", "<i4": "i",
+          "<u8": "Q", "<i8": "q", "<f4": "f", "<f8": "d"}
 
 
 def varint(u):
@@ -125,12 +127,35 @@ def _dec(buf, pos, depth):
             if x is not None:
                 t[k] = x
         return t, pos
+    if tag == T_ARRAY:
+        # an array: (dtype, shape, flat list of elements), row-major
+        n, pos = read_varint(buf, pos)
+        dtype = bytes(buf[pos:pos + n]).decode()
+        pos += n
+        if dtype not in DTYPES:
+            raise ValueError("unknown dtype %r" % dtype)
+        ndim, pos = read_varint(buf, pos)
+        if ndim > 8:
+            raise ValueError("array of %d dims" % ndim)
+        shape = []
+        for _ in range(ndim):
+            d, pos = read_varint(buf, pos)
+            shape.append(d)
+        nbytes, pos = read_varint(buf, pos)
+        code = DTYPES[dtype]
+        count = 1
+        for d in shape:
+            count *= d
+        if nbytes != count * struct.calcsize(code) or pos + nbytes > len(buf):
+            raise ValueError("array byte length %d for %s %r" % (nbytes, dtype, shape))
+        elems = list(struct.unpack_from("<%d%s" % (count, code), buf, pos))
+        return (dtype, tuple(shape), elems), pos + nbytes
     raise ValueError("unknown tag 0x%02x at byte %d" % (tag, pos - 1))
 
 
 # -- doc/protocol.md section 2: frames ----------------------------------------
 HELLO, HELLO_OK, ERROR, CTRL, BIND, EVENT, ACK, HEARTBEAT, PING = range(1, 10)
-VERSION = 2
+VERSION = 3
 
 
 def frame(ftype, body=b""):

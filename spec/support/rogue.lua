@@ -3,7 +3,9 @@
 -- (spec/protocol_doc_spec.lua).  Written from doc/protocol.md alone: raw
 -- TCP through luasocket, frames built and parsed here, values through the
 -- codec of lecho.core, and for keyed mode libsodium through LuaJIT's FFI
--- (ffi.load "sodium", Debian libsodium23).  It speaks protocol version 2:
+-- (ffi.load "sodium", Debian libsodium23).  It speaks protocol version 3
+-- (2's layouts; 3 added the array value, tag 0x07, which lecho.core's codec
+-- reads and writes):
 -- the protected-mode handshake (mode 0), the keyed one (mode 1) with its
 -- own identity (a trusted key or not, a certificate or not), then records;
 -- it can send any frame, and reads frames and ERRORs.  It can dial (the
@@ -23,7 +25,7 @@ local core = require "lecho.core"
 
 local M = {}
 
--- The version this build's core speaks (2 once issue 10 is in; the v1
+-- The version this build's core speaks (3 since issue 24's arrays; the v1
 -- layouts have no mode byte in HELLO and no ticket byte in BIND).
 M.VERSION = core.protocol_version or 2
 M.F = { HELLO = 1, HELLO_OK = 2, ERROR = 3, CTRL = 4, BIND = 5, EVENT = 6, ACK = 7,
@@ -379,7 +381,7 @@ local function now() return socket.gettime() end
 local function wrap(s, opts)
   s:setoption("tcp-nodelay", true)
   return setmetatable({ s = s, raw = "", plain = "", pos = 1, closed = false, keyed = false,
-                        rx_n = 0, tx_n = 0, opts = opts, frames = {} }, Peer)
+                        rx_n = 0, tx_n = 0, opts = opts, frames = {}, log = {} }, Peer)
 end
 
 -- Reads what the socket has until `deadline` or until at least one more
@@ -447,6 +449,35 @@ function Peer:_decrypt()
   return true
 end
 
+-- Every frame this peer read (in the clear, or once a record decrypted:
+-- all it could read) is logged in self.log: { type = "CTRL", body = bytes,
+-- msg = the decoded CTRL value }.  A spec asks the log what the rogue
+-- learnt (Peer:learnt), whichever function read the frame.
+function Peer:_log(t, body)
+  local e = { type = M.NAMES[t] or tostring(t), body = body }
+  if t == M.F.CTRL then
+    local ok, msg = core.decode(body)
+    e.msg = ok and msg or nil
+  end
+  self.log[#self.log + 1] = e
+end
+
+--- What the log holds after the handshake: the frames of types other than
+-- HELLO, HELLO_OK, AUTH, AUTH_OK, ERROR, HEARTBEAT and PING (a list of log
+-- entries), and the CTRL ops among them (a list of strings).
+function Peer:learnt()
+  local skip = { HELLO = true, HELLO_OK = true, AUTH = true, AUTH_OK = true, ERROR = true,
+                 HEARTBEAT = true, PING = true }
+  local frames, ops = {}, {}
+  for _, e in ipairs(self.log) do
+    if not skip[e.type] then
+      frames[#frames + 1] = e
+      if e.type == "CTRL" then ops[#ops + 1] = type(e.msg) == "table" and tostring(e.msg.op) or "?" end
+    end
+  end
+  return frames, ops
+end
+
 --- The next frame, waiting up to `timeout` seconds: type, body; or nil,
 -- "timeout" / "closed" / "bad record".
 function Peer:read(timeout)
@@ -463,6 +494,7 @@ function Peer:read(timeout)
     local t, body, nxt = M.parse_frame(self[src], self.pos)
     if t then
       self.pos = nxt
+      self:_log(t, body)
       return t, body
     end
     if body then return nil, body end
@@ -631,11 +663,19 @@ function M.dial(target, opts)
   return p
 end
 
---- A listening socket on 127.0.0.1 (port chosen by the OS): the server;
--- server.addr is "127.0.0.1:PORT".
-function M.listen()
-  local s = assert(socket.tcp())
-  assert(s:bind("127.0.0.1", 0))
+--- A listening socket on 127.0.0.1 (port chosen by the OS, or `port`: an
+-- impostor at a port another process left): the server; server.addr is
+-- "127.0.0.1:PORT".  Returns nil, err when the port cannot be bound.
+function M.listen(port)
+  -- tcp4: the descriptor exists now (socket.tcp() makes it at bind), so
+  -- that SO_REUSEADDR can be set before bind: a port left in TIME_WAIT
+  local s = assert(socket.tcp4())
+  assert(s:setoption("reuseaddr", true))
+  local ok, err = s:bind("127.0.0.1", port or 0)
+  if not ok then
+    s:close()
+    return nil, err
+  end
   assert(s:listen(16))
   local ip, port = s:getsockname()
   return { s = s, addr = ("%s:%d"):format(ip, port),
@@ -650,8 +690,14 @@ function M.accept(server, opts)
   server.s:settimeout(opts.timeout or 5)
   local s, err = server.s:accept()
   if not s then return nil, err end
+  return M.handshake_accepted(s, opts)
+end
+
+--- The acceptor's side of the handshake on socket s, accepted already
+-- (opts as M.accept's): the peer, or nil, err, the peer.
+function M.handshake_accepted(s, opts)
   local p = wrap(s, opts)
-  local body
+  local body, err
   body, err = p:expect(M.F.HELLO, opts.timeout or 5)
   if not body then return nil, err, p end
   local r

@@ -104,12 +104,24 @@ function M.install(R)
     end
     local names, seen = {}, {}
     local t, depth = scope, 0
+    -- A lecho object (the context, a channel, ...): its public API only,
+    -- the methods of its class and the documented fields, never the
+    -- object's own internal ones (c, byname, disp, ...).
+    local public = R.public_fields and R.public_fields(scope)
+    if public then
+      for _, k in ipairs(public) do
+        if k:sub(1, #part) == part and sep ~= ":" then seen[k] = true names[#names + 1] = k end
+      end
+      local mt = getmetatable(scope)
+      t, depth = mt and rawget(mt, "__index"), 1
+    end
     while t ~= nil and depth < 4 do
       if type(t) == "table" then
         for k, v in next, t do
           if type(k) == "string" and k:sub(1, #part) == part and k:match("^[%a_][%w_]*$")
              and (k:sub(1, 1) ~= "_" or part:sub(1, 1) == "_")
-             and not seen[k] and (sep ~= ":" or type(v) == "function") then
+             and not seen[k] and (sep ~= ":" or type(v) == "function")
+             and not (public and (type(v) ~= "function" or k:sub(1, 1) == "_")) then
             seen[k] = true
             names[#names + 1] = k
           end

@@ -44,6 +44,7 @@ function History:load()
     self.list = keep
     self.rewrite = true
   end
+  return true
 end
 
 function History:add(entry)

@@ -101,6 +101,7 @@ function M.main(opts)
       nameserver = opts.nameserver, listen = opts.listen, advertise = opts.advertise,
       key = opts.key, trust = opts.trust and #opts.trust > 0 and opts.trust or nil,  -- nil: $LECHO_*
       nameserver_principal = opts.ns_principal,
+      signals = false,    -- the REPL's own: Ctrl-C interrupts a line, not the session
       log = function(msg)
         if opts.quiet or not started then return end
         if R.json then return R.json.emit{ log = msg } end
@@ -112,6 +113,22 @@ function M.main(opts)
       os.exit(1)
     end
     R.ctx, R.lecho = c, lecho
+  end
+
+  -- The documented fields of lecho's objects (README "Using it"), which Tab
+  -- completion lists with their classes' methods: an object's other fields
+  -- are lecho's own.  nil: not a lecho object.
+  do
+    local classes = {
+      [getmetatable(R.ctx)] = { "addr", "ns", "nslist", "principal" },
+      [require "lecho.channel"] = { "name" },
+      [require "lecho.producer"] = {},
+      [require "lecho.consumer"] = {},
+    }
+    function R.public_fields(obj)
+      local mt = type(obj) == "table" and getmetatable(obj)
+      return mt and classes[mt] or nil
+    end
   end
   local ctx = R.ctx
 

@@ -69,6 +69,10 @@ local function scalar(v, o)
     return "<function builtin>"
   end
   if t == "table" or t == "nil" or t == "boolean" then return tostring(v) end
+  -- an array: dtype, shape, min/max/mean and the first values, never all
+  if t == "userdata" and getmetatable(v) == "lecho.array" then
+    return "<" .. require("lecho.array").summary(v) .. ">"
+  end
   return "<" .. safe_tostring(v) .. ">"
 end
 

@@ -335,20 +335,21 @@ producer applied them.  The events printed after carry the new version.]], funct
   local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
   R.command("edit", "edit(sub)", "edit the modulator in $EDITOR, then set_modulator", [[
-Opens the source of mod() handle h in $VISUAL or $EDITOR (its file, when it
-came from one); once the editor exits, the new source replaces the old in
-every producer (set_modulator).]], function(x)
+Opens a copy of the source of mod() handle h in $VISUAL or $EDITOR (the file
+it came from, if any, is never written); once the editor exits, the new
+source replaces the old in every producer (set_modulator).]], function(x)
     local h = find_handle(x, "edit")
     if h.kind ~= "mod" then error("edit: " .. h.id .. " has no modulator", 2) end
     if h.closed then error("edit: " .. h.id .. " is closed", 2) end
     local editor = os.getenv("VISUAL")
     if not editor or editor == "" then editor = os.getenv("EDITOR") end
     if not editor or editor == "" then error("edit: set EDITOR (or VISUAL) to an editor", 2) end
-    local file = h.file
-    if not file then
-      local tmp = os.tmpname()        -- created empty by tmpname: ours to remove
-      os.remove(tmp)
-      file = tmp .. ".lua"
+    -- Always a copy of the source now installed, never the file it came
+    -- from (a checkout's example, a file the user keeps): ours to remove.
+    local tmp = os.tmpname()          -- created empty by tmpname: ours to remove
+    os.remove(tmp)
+    local file = tmp .. "-" .. (h.file and h.file:match("([^/]+)$") or "modulator.lua")
+    do
       local f = assert(io.open(file, "w"))
       f:write(h.src)
       f:close()
@@ -362,7 +363,7 @@ every producer (set_modulator).]], function(x)
     local f = io.open(file, "r")
     local text = f and f:read("*a")
     if f then f:close() end
-    if not h.file then os.remove(file) end
+    os.remove(file)
     if rc ~= 0 and rc ~= true then
       -- LuaJIT gives the wait status (exit code * 256, or the signal), or
       -- with 5.2 compatibility nil, "exit"|"signal", code.
@@ -380,7 +381,8 @@ every producer (set_modulator).]], function(x)
     if not ok then error("edit: set_modulator: " .. tostring(err), 2) end
     h.src = text
     h.failed, h.mod_failed = nil, nil
-    R.out(("%s: modulator replaced (version %d)"):format(h.id, h.con:params_version()))
+    R.out(("%s: modulator replaced (version %d)%s"):format(h.id, h.con:params_version(),
+      h.file and "; " .. h.file .. " is unchanged" or ""))
   end)
 end
 

@@ -1,0 +1,365 @@
+/* array_lua.c: the array operations for Lua (array.h, lei_array_lua_ops):
+ * in the main state through lecho.core (lua/lecho/array.lua), in a
+ * modulator's state as `array` and as the arrays' methods, where each looks
+ * at the MOE's stop flag (its CPU-budget timer) between chunks of
+ * LEI_ARRAY_CHUNK elements, and whatever it makes is allocated in that
+ * state (its memory cap).  Costs per element: doc/modulators.md.
+ */
+#include "array.h"
+
+#include <lauxlib.h>
+#include <lua.h>
+
+#include <string.h>
+
+#define STOP(L) ((volatile sig_atomic_t *)lua_touserdata(L, lua_upvalueindex(1)))
+
+static lei_array *arg_array(lua_State *L, int i) {
+    lei_array *a = lei_array_check(L, i);
+    if (!a) luaL_typerror(L, i, "lecho.array");
+    if (a->flags & LEI_AF_ENDED)
+        luaL_error(L, "lecho.array: a view of an event whose handler returned (keep it with a:copy())");
+    return a;
+}
+
+static void stopped(lua_State *L) { luaL_error(L, "CPU budget exceeded"); }
+
+/* Per dimension: t[d+1] of a table at i, or the number at i for all dims,
+ * or def when absent. */
+static void per_dim(lua_State *L, int i, int nd, int64_t def, int64_t *out, const char *what) {
+    int d;
+    for (d = 0; d < nd; d++) {
+        double x;
+        if (lua_isnoneornil(L, i)) {
+            out[d] = def;
+            continue;
+        }
+        if (lua_type(L, i) == LUA_TNUMBER) {
+            x = lua_tonumber(L, i);
+        } else {
+            luaL_checktype(L, i, LUA_TTABLE);
+            lua_rawgeti(L, i, d + 1);
+            if (lua_isnil(L, -1)) {
+                lua_pop(L, 1);
+                out[d] = def;
+                continue;
+            }
+            x = lua_tonumber(L, -1);
+            lua_pop(L, 1);
+        }
+        if (!(x >= -4e18 && x <= 4e18) || x != (double)(int64_t)x)
+            luaL_error(L, "lecho.array: %s must be integers (dimension %d)", what, d + 1);
+        out[d] = (int64_t)x;
+    }
+}
+
+static int op_dtype(lua_State *L) {
+    lua_pushstring(L, lei_dtype_name(arg_array(L, 1)->dtype));
+    return 1;
+}
+
+static int op_shape(lua_State *L) {
+    lei_array *a = arg_array(L, 1);
+    int d;
+    lua_createtable(L, a->ndim, 0);
+    for (d = 0; d < a->ndim; d++) {
+        lua_pushnumber(L, (lua_Number)a->shape[d]);
+        lua_rawseti(L, -2, d + 1);
+    }
+    return 1;
+}
+
+static int op_ndim(lua_State *L) {
+    lua_pushinteger(L, arg_array(L, 1)->ndim);
+    return 1;
+}
+
+static int op_count(lua_State *L) {
+    lua_pushnumber(L, (lua_Number)arg_array(L, 1)->count);
+    return 1;
+}
+
+/* get(a, i, j, ...): the element (indices from 0) as a number */
+static int op_get(lua_State *L) {
+    lei_array *a = arg_array(L, 1);
+    int64_t off = 0;
+    int d;
+    if (lua_gettop(L) - 1 != a->ndim)
+        luaL_error(L, "lecho.array: %d indices for %d dimensions", lua_gettop(L) - 1, a->ndim);
+    for (d = 0; d < a->ndim; d++) {
+        double x = luaL_checknumber(L, d + 2);
+        if (!(x >= 0 && x < (double)a->shape[d]) || x != (double)(int64_t)x)
+            luaL_error(L, "lecho.array: index out of range in dimension %d", d + 1);
+        off += (int64_t)x * a->strides[d];
+    }
+    lua_pushnumber(L, lei_array_load(a->dtype, a->data + off));
+    return 1;
+}
+
+/* stats(a) -> min, max, sum, mean (as doubles; NaN skipped by min, max) */
+static int op_stats(lua_State *L) {
+    lei_array_stats st;
+    if (lei_array_stats_of(arg_array(L, 1), &st, STOP(L))) stopped(L);
+    lua_pushnumber(L, st.min);
+    lua_pushnumber(L, st.max);
+    lua_pushnumber(L, st.sum);
+    lua_pushnumber(L, st.mean);
+    return 4;
+}
+
+static int one_stat(lua_State *L, int which) {
+    lei_array_stats st;
+    if (lei_array_stats_of(arg_array(L, 1), &st, STOP(L))) stopped(L);
+    lua_pushnumber(L, which == 0 ? st.min : which == 1 ? st.max : which == 2 ? st.sum : st.mean);
+    return 1;
+}
+static int op_min(lua_State *L) { return one_stat(L, 0); }
+static int op_max(lua_State *L) { return one_stat(L, 1); }
+static int op_sum(lua_State *L) { return one_stat(L, 2); }
+static int op_mean(lua_State *L) { return one_stat(L, 3); }
+
+/* A new header for a view of the array at 1 (its environment keeps it),
+ * listed in its kids when it is a received view (ended or kept with it). */
+static lei_array *push_view(lua_State *L, const lei_array *b) {
+    lei_array *v = lei_array_push(L, b->dtype, 0, NULL, 0, 0);
+    *v = *b;
+    lua_getfenv(L, -1);
+    lua_pushvalue(L, 1);
+    lua_rawseti(L, -2, 1);
+    lua_pop(L, 1);
+    if (b->flags & LEI_AF_VIEW) {
+        lua_getfenv(L, 1);
+        lua_getfield(L, -1, "kids");
+        if (lua_isnil(L, -1)) {
+            lua_pop(L, 1);
+            lua_newtable(L);
+            lua_pushvalue(L, -1);
+            lua_setfield(L, -3, "kids");
+        }
+        lua_pushvalue(L, -3);
+        lua_rawseti(L, -2, (int)lua_objlen(L, -2) + 1);
+        lua_pop(L, 2);
+    }
+    return v;
+}
+
+/* box(a, start, count, step) -> a view (no copy): per dim count[d]
+ * elements from start[d] (from 0), every step[d]-th.  A number stands for
+ * every dim; count defaults to all that fit, start to 0, step to 1. */
+static int op_box(lua_State *L) {
+    lei_array *a = arg_array(L, 1), b;
+    int64_t start[LEI_ARRAY_MAXDIM], count[LEI_ARRAY_MAXDIM], step[LEI_ARRAY_MAXDIM];
+    int d;
+    per_dim(L, 2, a->ndim, 0, start, "start");
+    per_dim(L, 4, a->ndim, 1, step, "step");
+    per_dim(L, 3, a->ndim, -1, count, "count");
+    for (d = 0; d < a->ndim; d++)
+        if (count[d] == -1 && step[d] >= 1 && start[d] >= 0 && start[d] <= a->shape[d])
+            count[d] = (a->shape[d] - start[d] + step[d] - 1) / step[d];
+    if (lei_array_box(a, start, count, step, &b))
+        luaL_error(L, "lecho.array.box: the box does not fit inside the array");
+    push_view(L, &b);
+    return 1;
+}
+
+/* reduce(a, k, op) -> a new <f8 array: op ("mean" default, "min", "max",
+ * "sum") over blocks of k[d] elements per dim (a number: every dim; a
+ * trailing partial block counts) */
+static int op_reduce(lua_State *L) {
+    static const char *const ops[] = {"mean", "min", "max", "sum", NULL};
+    lei_array *a = arg_array(L, 1), hdr, *out;
+    int64_t k[LEI_ARRAY_MAXDIM];
+    int op = luaL_checkoption(L, 3, "mean", ops);
+    per_dim(L, 2, a->ndim, 1, k, "block sizes");
+    hdr.data = NULL;
+    if (lei_array_reduce_shape(a, k, &hdr)) luaL_error(L, "lecho.array.reduce: block sizes must be >= 1");
+    /* allocated in this state: a modulator's memory cap refuses a huge one */
+    out = lei_array_push(L, LEI_DT_F8, hdr.ndim, hdr.shape, (size_t)hdr.count * 8, 0);
+    if (lei_array_reduce(a, k, op, out, STOP(L))) stopped(L);
+    return 1;
+}
+
+/* copy(a) -> a new contiguous array with a's elements */
+static int op_copy(lua_State *L) {
+    lei_array *a = arg_array(L, 1), *c;
+    c = lei_array_push(L, a->dtype, a->ndim, a->shape, (size_t)a->count * (size_t)a->itemsize, 0);
+    if (lei_array_gather(a, c->data, STOP(L))) stopped(L);
+    return 1;
+}
+
+/* new(dtype, shape) -> a zeroed array, allocated in this state (a
+ * modulator's memory cap refuses a huge one) */
+static int op_new(lua_State *L) {
+    size_t n;
+    const char *s = luaL_checklstring(L, 1, &n);
+    int dt = lei_dtype_parse(s, n), nd, d;
+    int64_t shape[LEI_ARRAY_MAXDIM];
+    uint64_t count, bytes;
+    if (dt < 0) luaL_argerror(L, 1, "unknown dtype");
+    luaL_checktype(L, 2, LUA_TTABLE);
+    nd = (int)lua_objlen(L, 2);
+    if (nd > LEI_ARRAY_MAXDIM) luaL_argerror(L, 2, "more than 8 dimensions");
+    per_dim(L, 2, nd, 0, shape, "dims");
+    for (d = 0; d < nd; d++)
+        if (shape[d] < 0) luaL_argerror(L, 2, "dims must be >= 0");
+    if (lei_shape_bytes(shape, nd, lei_dtype_size(dt), &count, &bytes) || bytes > LEI_ARRAY_UD_MAX)
+        luaL_argerror(L, 2, "shape too large");
+    lei_array_push(L, dt, nd, shape, (size_t)bytes, 1);
+    return 1;
+}
+
+/* set(a, i, j, ..., x): stores x (converted to the dtype) at the indices */
+static int op_set(lua_State *L) {
+    lei_array *a = arg_array(L, 1);
+    int64_t off = 0;
+    int d, n = lua_gettop(L) - 2;
+    double x = luaL_checknumber(L, lua_gettop(L));
+    if (n != a->ndim) luaL_error(L, "lecho.array: %d indices for %d dimensions", n, a->ndim);
+    if (a->flags & LEI_AF_READONLY) luaL_error(L, "lecho.array: read-only");
+    for (d = 0; d < a->ndim; d++) {
+        double i = luaL_checknumber(L, d + 2);
+        if (!(i >= 0 && i < (double)a->shape[d]) || i != (double)(int64_t)i)
+            luaL_error(L, "lecho.array: index out of range in dimension %d", d + 1);
+        off += (int64_t)i * a->strides[d];
+    }
+    uint8_t *p = a->data + off;
+    switch (a->dtype) {
+#define ST(T)                                                                                   \
+    {                                                                                           \
+        T v = (T)x;                                                                             \
+        memcpy(p, &v, sizeof v);                                                                \
+        break;                                                                                  \
+    }
+    case LEI_DT_U1: ST(uint8_t)
+    case LEI_DT_I1: ST(int8_t)
+    case LEI_DT_U2: ST(uint16_t)
+    case LEI_DT_I2: ST(int16_t)
+    case LEI_DT_U4: ST(uint32_t)
+    case LEI_DT_I4: ST(int32_t)
+    case LEI_DT_U8: ST(uint64_t)
+    case LEI_DT_I8: ST(int64_t)
+    case LEI_DT_F4: ST(float)
+    default: ST(double)
+#undef ST
+    }
+    return 0;
+}
+
+static int check_dt(lua_State *L, int i, const char *def) {
+    size_t n;
+    const char *s = luaL_optlstring(L, i, def, &n);
+    int dt = lei_dtype_parse(s, n);
+    if (dt < 0) luaL_argerror(L, i, "unknown dtype");
+    return dt;
+}
+
+static int convert(lua_State *L, lei_array *a, int dt, int mode, double scale, double offset) {
+    lei_array *out;
+    if (!(scale == scale) || scale == 0 || !(offset == offset))
+        luaL_error(L, "lecho.array: scale must be a number other than 0, offset a number");
+    out = lei_array_push(L, dt, a->ndim, a->shape, (size_t)a->count * lei_dtype_size(dt), 0);
+    if (lei_array_convert(a, out, mode, scale, offset, STOP(L))) stopped(L);
+    return 1;
+}
+
+/* quantize(a, dtype [, scale, offset]) -> round((x - offset) / scale) as
+ * dtype (an integer dtype: clamped to its range, NaN -> 0); "<f4" with
+ * neither: f64 -> f32 */
+static int op_quantize(lua_State *L) {
+    lei_array *a = arg_array(L, 1);
+    int dt = check_dt(L, 2, NULL);
+    return convert(L, a, dt, LEI_CONV_QUANTIZE, luaL_optnumber(L, 3, 1), luaL_optnumber(L, 4, 0));
+}
+
+/* dequantize(q, scale, offset [, dtype]) -> q * scale + offset as dtype
+ * ("<f8" by default): quantize's inverse, within scale / 2 */
+static int op_dequantize(lua_State *L) {
+    lei_array *a = arg_array(L, 1);
+    double scale = luaL_checknumber(L, 2), offset = luaL_checknumber(L, 3);
+    return convert(L, a, check_dt(L, 4, "<f8"), LEI_CONV_RESTORE, scale, offset);
+}
+
+static lei_array *arg_flat(lua_State *L, int i, int writable) {
+    lei_array *a = arg_array(L, i);
+    if (!lei_array_contiguous(a)) luaL_argerror(L, i, "a box or stride view (copy it first)");
+    if (writable && (a->flags & LEI_AF_READONLY)) luaL_argerror(L, i, "read-only");
+    return a;
+}
+
+/* delta(cur, ref, threshold) -> idx, vals: the flat indices (<u4, or <u8
+ * past 2^32 elements) and the values (cur's dtype) of the elements that
+ * moved by more than threshold from ref; ref takes them (it is then what
+ * the receiver rebuilds with patch) */
+static int op_delta(lua_State *L) {
+    lei_array *cur = arg_flat(L, 1, 0), *ref = arg_flat(L, 2, 1), *idx, *vals;
+    double th = luaL_checknumber(L, 3);
+    int64_t n;
+    if (cur->count != ref->count) luaL_error(L, "lecho.array.delta: %lld elements against %lld",
+                                             (long long)cur->count, (long long)ref->count);
+    if ((n = lei_array_delta_count(cur, ref, th, STOP(L))) < 0) stopped(L);
+    int idt = cur->count > 4294967295LL ? LEI_DT_U8 : LEI_DT_U4;
+    idx = lei_array_push(L, idt, 1, &n, (size_t)n * lei_dtype_size(idt), 0);
+    vals = lei_array_push(L, cur->dtype, 1, &n, (size_t)n * (size_t)cur->itemsize, 0);
+    if (lei_array_delta(cur, ref, th, idx, vals, STOP(L))) stopped(L);
+    return 2;
+}
+
+/* patch(ref, idx, vals) -> ref: vals written at the flat indices idx
+ * (delta's inverse); an index out of range, counts that differ or a dtype
+ * other than ref's raise, ref untouched */
+static int op_patch(lua_State *L) {
+    lei_array *ref = arg_flat(L, 1, 1), *idx = arg_flat(L, 2, 0), *vals = arg_flat(L, 3, 0);
+    if (idx->dtype >= LEI_DT_F4) luaL_argerror(L, 2, "integer indices expected");
+    if (lei_array_patch(ref, idx, vals))
+        luaL_error(L, "lecho.array.patch: an index out of range, counts that differ or another dtype");
+    lua_settop(L, 1);
+    return 1;
+}
+
+static int op_len(lua_State *L) { return op_count(L); }
+
+static int op_tostring(lua_State *L) {
+    lei_array *a = arg_array(L, 1);
+    char buf[200];
+    int n = snprintf(buf, sizeof buf, "lecho.array %s [", lei_dtype_name(a->dtype)), d;
+    for (d = 0; d < a->ndim && n < 150; d++)
+        n += snprintf(buf + n, sizeof buf - (size_t)n, "%s%lld", d ? "," : "", (long long)a->shape[d]);
+    snprintf(buf + n, sizeof buf - (size_t)n, "]");
+    lua_pushstring(L, buf);
+    return 1;
+}
+
+static const luaL_Reg OPS[] = {{"dtype", op_dtype}, {"shape", op_shape}, {"ndim", op_ndim},
+                               {"count", op_count}, {"get", op_get},     {"stats", op_stats},
+                               {"min", op_min},     {"max", op_max},     {"sum", op_sum},
+                               {"mean", op_mean},   {"box", op_box},     {"reduce", op_reduce},
+                               {"copy", op_copy},   {"new", op_new},     {"set", op_set},
+                               {"quantize", op_quantize}, {"dequantize", op_dequantize},
+                               {"delta", op_delta}, {"patch", op_patch}, {NULL, NULL}};
+
+void lei_array_lua_ops(lua_State *L, volatile sig_atomic_t *stop) {
+    const luaL_Reg *f;
+    lua_newtable(L);
+    for (f = OPS; f->name; f++) {
+        lua_pushlightuserdata(L, (void *)stop);
+        lua_pushcclosure(L, f->func, 1);
+        lua_setfield(L, -2, f->name);
+    }
+}
+
+void lei_array_lua_moe(lua_State *L, int env, volatile sig_atomic_t *stop) {
+    lei_array_lua_ops(L, stop);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, env, "array");
+    luaL_newmetatable(L, LEI_ARRAY_MT);
+    lua_pushvalue(L, -2);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, op_len);
+    lua_setfield(L, -2, "__len");
+    lua_pushlightuserdata(L, (void *)stop);
+    lua_pushcclosure(L, op_tostring, 1);
+    lua_setfield(L, -2, "__tostring");
+    lua_pushliteral(L, "lecho.array");
+    lua_setfield(L, -2, "__metatable");
+    lua_pop(L, 2);
+}

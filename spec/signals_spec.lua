@@ -1,0 +1,115 @@
+-- Ctrl-C and kill stop a lecho program cleanly (issue 25, item 3): SIGINT or
+-- SIGTERM to a program in ctx:run() closes its context, delivering what it
+-- had queued within linger, and ends it with 130 or 143; twice over, each
+-- with a fresh program.  The handlers exist only inside ctx:run(): a
+-- context made with signals = false leaves the signals to its host program,
+-- and after a run that ended otherwise the process's own actions are back.
+local S = require "spec.support"
+
+local N = 600                         -- events of 100 KB: 60 MB, more than
+local PAD = 100 * 1000                -- loopback's socket buffers take, read
+local SLOW = 0.003                    -- by a slow consumer (3 ms an event)
+
+-- A producer of `chan` that queues n events, says "queued", then runs.
+local PRODUCER = [[
+local ffi = require "ffi"
+ffi.cdef "int poll(void *fds, unsigned long nfds, int timeout);"
+local lecho = require "lecho"
+local ns, chan, n, pad = arg[1], arg[2], tonumber(arg[3]), tonumber(arg[4])
+local opts = { nameserver = ns, linger = 30, queue_limit = 2 * n * pad }
+if arg[5] == "no" then opts.signals = false end
+local ctx = assert(lecho.context(opts))
+local p = assert(ctx:channel(chan):producer())
+assert(p:submit_sync({ i = 0 }))       -- connected to the consumer
+local blob = string.rep("x", pad)
+for i = 1, n do assert(p:submit({ i = i, pad = blob })) end
+local _, events, bytes = ctx.c:pending()
+io.stdout:write("queued ", events, " ", bytes, "\n")
+io.stdout:flush()
+ctx:run()
+io.stdout:write("run returned\n")
+]]
+
+describe("a program in ctx:run()", function()
+  local ns, ctx
+  setup(function() ns, ctx = S.world() end)
+  teardown(function() S.end_world(ctx) end)
+
+  local k = 0
+  local function signalled(sig, code)
+    k = k + 1
+    local chan = "signals-" .. k
+    local consumer = S.consumer{ ns = ns, channels = { chan }, expect = N + 1, slow = SLOW, duration = 60 }
+    local child = S.lua(PRODUCER, ns, chan, tostring(N), tostring(PAD))
+    local line = S.wait_file(child.out, "queued %d+ %d+", 30)
+    assert(line, "the producer did not queue: " .. S.errors(child))
+    local queued, bytes = line:match("queued (%d+) (%d+)")
+    assert.is_true(tonumber(bytes) > N * PAD / 4,
+      ("only %s bytes left queued in the producer: the spec proves nothing"):format(bytes))
+    S.kill(child, sig)
+    local done, rc = S.wait(child, 40, ctx)
+    assert.is_true(done, ("SIG%s did not end the producer: %s"):format(sig, S.errors(child)))
+    assert.are.equal(code, rc, S.errors(child))
+    local res = S.result(consumer, 30, ctx)
+    assert.are.equal(N + 1, res.count, ("the consumer got %d of %d events (%s in %s bytes were queued at SIG%s): %s")
+        :format(res.count, N + 1, queued, bytes, sig, S.errors(child)))
+    assert.is_true(res.order_ok)
+    local err = S.errors(child)
+    assert.matches("SIG" .. sig .. ": closing the context", err)
+    assert.not_matches("interrupted", err)
+    assert.not_matches("run returned", S.output(child))
+  end
+
+  it("closes, delivering what it queued, and exits 130 on SIGINT", function()
+    signalled("INT", 130)
+  end)
+
+  it("closes, delivering what it queued, and exits 143 on SIGTERM", function()
+    signalled("TERM", 143)
+  end)
+
+  it("does the same again in a second run", function()
+    signalled("INT", 130)
+    signalled("TERM", 143)
+  end)
+
+  it("leaves the signals to the host program with signals = false", function()
+    local consumer = S.consumer{ ns = ns, channels = { "signals-no" }, duration = 20 }
+    local child = S.lua(PRODUCER, ns, "signals-no", "10", "10", "no")
+    assert(S.wait_file(child.out, "queued", 30), "the producer did not start: " .. S.errors(child))
+    S.sleep(0.2)
+    S.kill(child, "TERM")
+    assert.is_true((S.wait(child, 10, ctx)))
+    assert.not_matches("closing the context", S.errors(child))
+    S.kill(consumer, "KILL")
+  end)
+
+  it("puts the process's own actions back when the run ends otherwise", function()
+    -- SIGTERM ignored by the program before the run: caught by none during
+    -- it, and still ignored after it.  SIGINT's action (the interpreter's)
+    -- is back after the run: a SIGINT then is the interpreter's error.
+    local child = S.lua([[
+local ffi = require "ffi"
+ffi.cdef "void (*signal(int sig, void (*h)(int)))(int); int getpid(void);"
+local lecho = require "lecho"
+local ctx = assert(lecho.context{ nameserver = arg[1], quiet = true })
+ffi.C.signal(15, ffi.cast("void (*)(int)", 1))       -- SIG_IGN
+ctx:after(0.3, function() ctx:stop() end)
+ctx:run()
+io.stdout:write("run returned ", ffi.C.getpid(), "\n") io.stdout:flush()
+os.execute("kill -TERM " .. ffi.C.getpid())
+io.stdout:write("TERM ignored\n") io.stdout:flush()
+jit.off()                                           -- (hooks run in interpreted code only)
+local ok, err = pcall(function() while true do local _ = {} end end)
+io.stdout:write("after INT: ", tostring(err), "\n")
+ctx:close()
+]], ns)
+    assert(S.wait_file(child.out, "TERM ignored", 20), "the program did not get past SIGTERM: "
+      .. S.output(child) .. S.errors(child))
+    S.kill(child, "INT")
+    local done, rc = S.wait(child, 10, ctx)
+    assert.is_true(done)
+    assert.matches("after INT: [^\n]*interrupted", S.output(child))
+    assert.are.equal(0, rc)
+  end)
+end)

@@ -218,6 +218,7 @@ static void ctx_free(lecho_ctx *x) {
     free(x->show);
     free(x->nodes);
     free(x->packed);
+    free(x->arrays);
     free(x);
 }
 

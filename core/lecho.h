@@ -251,13 +251,20 @@ LECHO_API int lecho_get_array(const lecho_value *v, const char *key, lecho_array
  * table is a LECHO_TTABLE node followed by its pairs, each a key's nodes
  * then the value's nodes, the array part (keys 1..len, in order) first.
  * Strings (keys too) point into the value: borrowed, valid while v holds
- * the same value (for a handler's event: until the handler returns). */
+ * the same value (for a handler's event: until the handler returns).  An
+ * array is one LECHO_TARRAY node whose str points at its elements, in
+ * memory of the array's own (a view into the read buffer is copied out
+ * once, as a waiting Lua handler's is): valid while anything holds the
+ * array (a lecho_value holding the value, lecho_set_value, pins it), so a
+ * binding can hand the memory over without copying it.  A strided view
+ * (made in Lua) is LECHO_EINVAL. */
 typedef struct lecho_node {
-    int type;        /* LECHO_T*: LECHO_TNIL, _TBOOLEAN, _TNUMBER, _TSTRING, _TTABLE */
-    size_t n;        /* TSTRING: its length; TTABLE: its number of pairs */
+    int type;        /* LECHO_T*: LECHO_TNIL, _TBOOLEAN, _TNUMBER, _TSTRING, _TTABLE, _TARRAY */
+    size_t n;        /* TSTRING: its length; TTABLE: its number of pairs; TARRAY: its bytes */
     size_t len;      /* TTABLE: the length of its array part (pairs 1..len come first) */
     double num;      /* TNUMBER: the number; TBOOLEAN: 0 or 1 */
-    const char *str; /* TSTRING: the bytes (NUL after n) */
+    const char *str; /* TSTRING: the bytes (NUL after n); TARRAY: the elements (no copy) */
+    const lecho_array_info *array; /* TARRAY: dtype, shape (owned by the context, as the nodes) */
 } lecho_node;
 /* The nodes of the value in v (key: NULL, the slot; a string, that field).
  * 0 with *nodes and *count set (an array owned by the context, valid until
@@ -277,7 +284,8 @@ LECHO_API int lecho_nodes_packed(const lecho_value *v, const char *key, const le
 /* The reverse: sets v's slot (key NULL) or field key to the value whose
  * count nodes, in the order lecho_nodes gives (for a table: its n pairs,
  * len of them the array part; a binding may give len 0 and list the
- * elements as pairs with number keys), are at nodes.  Strings are copied.
+ * elements as pairs with number keys), are at nodes.  Strings are copied;
+ * an array node is LECHO_EINVAL (set arrays with lecho_set_array).
  * 0; LECHO_EINVAL for nodes that do not make one value (lecho_errmsg says
  * where), a nil or NaN key, or a key given and a slot that holds neither a
  * table nor nil; LECHO_ENOMEM. */

@@ -85,6 +85,8 @@ struct lecho_ctx {
     size_t nodes_cap;
     char *packed;      /* owned: lecho_nodes_packed's string bytes (packed_cap of them) */
     size_t packed_cap;
+    lecho_array_info *arrays; /* owned: the arrays of lecho_nodes' nodes (arrays_cap of them) */
+    size_t arrays_cap, narrays;
     char err[512];
 };
 
@@ -120,6 +122,10 @@ void lei_api_push_ref(lua_State *L, int ref);
 /* A new value handle (owned by x) holding the registry ref that op, run
  * under lei_api_protect, leaves in o->i; NULL if either fails. */
 lecho_value *lei_api_value_from(lecho_ctx *x, lua_CFunction op, struct op *o);
+/* lecho_array.c, for lecho_nodes: 1 with *out filled when the value at idx
+ * is an array (a received view copied out of the read buffer first), 0
+ * when it is not one, -1 for a strided view (x's message set). */
+int lei_api_array_node(lecho_ctx *x, lua_State *L, int idx, lecho_array_info *out);
 /* Pushes what the value handle v holds. */
 void lei_api_push_slot(lua_State *L, const lecho_value *v);
 

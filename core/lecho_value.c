@@ -397,9 +397,30 @@ static int walk_nodes(lecho_ctx *x, lua_State *L, int idx, int depth, size_t *co
         nd->str = lua_tolstring(L, idx, &nd->n);
         return 0;
     case LUA_TTABLE: break;
-    default:
-        return lei_api_fail(x, LECHO_EINVAL, "lecho_nodes: a value an event cannot hold (a function, ...)");
+    case LUA_TUSERDATA: {
+        lecho_array_info info;
+        int r = lei_api_array_node(x, L, idx, &info);
+        if (r < 0) return LECHO_EINVAL;
+        if (r == 0) break;
+        if (x->narrays == x->arrays_cap) {
+            size_t cap = x->arrays_cap ? 2 * x->arrays_cap : 8;
+            lecho_array_info *a = realloc(x->arrays, cap * sizeof *a);
+            if (!a) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+            x->arrays = a;
+            x->arrays_cap = cap;
+        }
+        nd = &x->nodes[at];
+        nd->type = LECHO_TARRAY;
+        nd->str = info.data;
+        nd->n = info.count * info.itemsize;
+        nd->len = x->narrays; /* the index, made a pointer once the walk is done */
+        x->arrays[x->narrays++] = info;
+        return 0;
     }
+    default: break;
+    }
+    if (lua_type(L, idx) != LUA_TTABLE)
+        return lei_api_fail(x, LECHO_EINVAL, "lecho_nodes: a value an event cannot hold (a function, ...)");
     nd->type = LECHO_TTABLE;
     if (depth >= NODES_MAX_DEPTH)
         return lei_api_fail(x, LECHO_ELIMIT, "lecho_nodes: tables nested deeper than 200");
@@ -445,8 +466,15 @@ static int op_nodes(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     push_get(L, o);
     size_t count = 0;
+    o->x->narrays = 0;
     o->rc = walk_nodes(o->x, L, lua_gettop(L), 0, &count);
     o->n = count;
+    if (o->rc == 0 && o->x->narrays)
+        for (size_t i = 0; i < count; i++)
+            if (o->x->nodes[i].type == LECHO_TARRAY) {
+                o->x->nodes[i].array = &o->x->arrays[o->x->nodes[i].len];
+                o->x->nodes[i].len = 0;
+            }
     return 0;
 }
 

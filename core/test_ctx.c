@@ -197,11 +197,11 @@ static const char *count_mod(const lecho_value *ev, const lecho_meta *meta, void
 static void test_bindings(lecho_ctx *ctx) {
     /* nodes: { 1.5, "ab", t = true, sub = { 7 } } */
     lecho_node in[] = {
-        { LECHO_TTABLE, 4, 2, 0, NULL },
-        { LECHO_TNUMBER, 0, 0, 1.5, NULL },
-        { LECHO_TSTRING, 2, 0, 0, "ab" },
-        { LECHO_TSTRING, 1, 0, 0, "t" }, { LECHO_TBOOLEAN, 0, 0, 1, NULL },
-        { LECHO_TSTRING, 3, 0, 0, "sub" }, { LECHO_TTABLE, 1, 1, 0, NULL }, { LECHO_TNUMBER, 0, 0, 7, NULL },
+        { LECHO_TTABLE, 4, 2, 0, NULL, NULL },
+        { LECHO_TNUMBER, 0, 0, 1.5, NULL, NULL },
+        { LECHO_TSTRING, 2, 0, 0, "ab", NULL },
+        { LECHO_TSTRING, 1, 0, 0, "t", NULL }, { LECHO_TBOOLEAN, 0, 0, 1, NULL, NULL },
+        { LECHO_TSTRING, 3, 0, 0, "sub", NULL }, { LECHO_TTABLE, 1, 1, 0, NULL, NULL }, { LECHO_TNUMBER, 0, 0, 7, NULL, NULL },
     };
     lecho_value *v = lecho_value_new(ctx);
     CHECK(lecho_set_nodes(v, NULL, in, 8) == 0);
@@ -217,12 +217,23 @@ static void test_bindings(lecho_ctx *ctx) {
     CHECK(lecho_nodes_packed(v, NULL, &out, &n, &bytes, &nbytes) == 0 && n == 8);
     CHECK(nbytes == 3 + 2 + 4 && out[2].str == bytes && strcmp(bytes, "ab") == 0);
     /* malformed nodes: refused with a code, nothing set */
-    lecho_node nilkey[] = { { LECHO_TTABLE, 1, 0, 0, NULL }, { LECHO_TNIL, 0, 0, 0, NULL },
-                            { LECHO_TNUMBER, 0, 0, 1, NULL } };
+    lecho_node nilkey[] = { { LECHO_TTABLE, 1, 0, 0, NULL, NULL }, { LECHO_TNIL, 0, 0, 0, NULL, NULL },
+                            { LECHO_TNUMBER, 0, 0, 1, NULL, NULL } };
     CHECK(lecho_set_nodes(v, "bad", nilkey, 3) == LECHO_EINVAL && strstr(lecho_errmsg(ctx), "nil or NaN key"));
     CHECK(lecho_set_nodes(v, "bad", nilkey, 1) == LECHO_EINVAL); /* ends inside the table */
     CHECK(lecho_set_nodes(v, "bad", in + 1, 2) == LECHO_EINVAL); /* left over */
     CHECK(lecho_type(v, "bad") == LECHO_TNIL);
+    /* an array is one node over its own memory, with its dtype and shape */
+    static const short elems[6] = { 1, 2, 3, 4, 5, 6 };
+    size_t shape[2] = { 2, 3 };
+    CHECK(lecho_set_array(v, "arr", "<i2", 2, shape, elems, NULL, NULL) == 0);
+    lecho_value *arr = lecho_field(v, "arr", 0);
+    CHECK(arr && lecho_nodes(arr, NULL, &out, &n) == 0 && n == 1 && out[0].type == LECHO_TARRAY);
+    CHECK(out[0].n == 12 && out[0].array && out[0].array->ndim == 2 && out[0].array->shape[1] == 3);
+    CHECK(strcmp(out[0].array->dtype, "<i2") == 0 && memcmp(out[0].str, elems, 12) == 0);
+    lecho_node anode = { LECHO_TARRAY, 12, 0, 0, (const char *)elems, NULL };
+    CHECK(lecho_set_nodes(v, "bad", &anode, 1) == LECHO_EINVAL); /* arrays: lecho_set_array */
+    lecho_value_free(arr);
 
     /* a modulator at the producer (here: the same context) */
     lecho_channel *ch = lecho_channel_get(ctx, "bind.mod");

@@ -140,12 +140,15 @@ end
 -- ("queue full": a sync submit sees it) and is counted in q.dropped.
 function M.consumer_queued(ch, opts, limit)
   local q = { head = 1, tail = 0, dropped = 0, prod = {}, seq = {}, chan = {} }
+  local ctx = ch.ctx
   local c, err, code = protect(ch.consumer, ch, function(ev, meta)
     local t = q.tail
     if t - q.head + 1 >= limit then
       q.dropped = q.dropped + 1
       error("queue full", 0)
     end
+    -- kept past its dispatch: arrays received as views get their own copy
+    ctx:keep_values()
     t = t + 1
     q[t], q.prod[t], q.seq[t], q.chan[t] = ev, meta.producer, meta.seq, meta.channel
     q.tail = t

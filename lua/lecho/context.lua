@@ -170,6 +170,12 @@ local function keep_views(self)
   for i = 1, #live do keep_view(live[i]) end
 end
 
+--- For a handler that stores its event for later (lecho.capi's queued
+-- consumers): the values being dispatched get their own copies of what
+-- points into the read buffer (arrays of 4 KiB or more, long strings for
+-- buffer consumers), as before a wait.  May raise (memory).
+function Context:keep_values() keep_views(self) end
+
 local LOST = "lecho: this event's value was lost: out of memory keeping it while a handler waited"
 
 -- What a consumer's handler gets: the value, and the buffer made for it.

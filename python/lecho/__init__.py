@@ -12,9 +12,11 @@ is a peer like any other.  doc/python.md is the reference.
         print(ev["step"])
 """
 import collections
+import gc
 import sys
 import threading
 import traceback
+import weakref
 
 from ._ffi import ffi, lib, LIBRARY
 from . import _values
@@ -161,6 +163,7 @@ class Context:
         self._handles = []            # consumers, services: their callbacks live as long
         self._asyncio = None
         self._deferred = []           # value handles collected in another thread
+        self._pins = weakref.WeakSet()  # what received arrays hold (see close)
         self.address = _s(lib.lecho_address(self._x))
         self.nameserver = _s(lib.lecho_nameserver(self._x))
         self.on_handler_error = _print_handler_error
@@ -206,14 +209,33 @@ class Context:
     def _set(self, v, pyvalue):
         n = _values.Nodes(pyvalue)
         rc = lib.lecho_set_nodes(v, ffi.NULL, n.array, n.count)
+        if rc == 0 and n.arrays:
+            rc = _values.set_arrays(v, n.arrays)
         if rc != 0:
             self._fail(rc)
 
-    def _read(self, v, raw=False):
-        r = _values.read(v, raw)
+    def _read(self, v, raw=False, pin=None):
+        r = _values.read(v, raw, pin=pin)
         if not isinstance(r, tuple):
             self._fail(r)
         return r[0]
+
+    # -- arrays received: NumPy arrays over the context's memory --
+    def _pin_owned(self, holder):
+        """A pin on holder (an owned lecho_value cdata): the arrays made
+        over its memory hold it; close() refuses while one lives."""
+        p = _Pin(holder)
+        self._pins.add(p)
+        return p
+
+    def _pin_copy(self, v):
+        """A pin on a new handle holding what v (borrowed: a handler's
+        event) holds: its arrays stay valid after the handler returned."""
+        holder = self._own(lib.lecho_value_new(self._x))
+        rc = lib.lecho_set_value(holder, ffi.NULL, v)
+        if rc != 0:
+            self._fail(rc)
+        return self._pin_owned(holder)
 
     def _reraise(self):
         exc = self._pending
@@ -307,14 +329,15 @@ class Context:
         msg = _s(lib.lecho_errmsg(x)) if rc != 0 else ""
         holder = self._own(res[0]) if res[0] != ffi.NULL else None
         self._reraise()
+        pin = (lambda: self._pin_owned(holder))
         if rc != 0:
             value = msg
             if holder is not None:
-                r = _values.read(holder)
+                r = _values.read(holder, pin=pin)
                 if isinstance(r, tuple):
                     value = r[0]
             raise CallError(rc, msg, value)
-        r = _values.read(holder)
+        r = _values.read(holder, pin=pin)
         if not isinstance(r, tuple):
             self._fail(r)
         d = r[0]    # { n = N, results... }: a dict (the key "n" keeps it from being a list)
@@ -341,6 +364,13 @@ class Context:
         when something could not be delivered (closed all the same)."""
         if self._x is None:
             return
+        if len(self._pins):
+            gc.collect()
+        if len(self._pins):
+            # as mmap.close() with exported buffers: freeing the memory under
+            # a live NumPy array would crash the process later
+            raise BufferError("lecho: arrays received from this context are still held (%d values): "
+                              "del them or keep copies (a.copy()) before closing" % len(self._pins))
         self.detach()
         self._drain()
         x, self._x = self._x, None
@@ -363,8 +393,16 @@ class Context:
         if getattr(self, "_x", None) is not None and threading.get_ident() == self._thread:
             try:
                 self.close(0)
-            except Exception:
+            except Exception:  # arrays still held (BufferError): left open
                 pass
+
+
+class _Pin:
+    """Holds a lecho_value whose arrays NumPy arrays point into."""
+    __slots__ = ("v", "__weakref__")
+
+    def __init__(self, v):
+        self.v = v
 
 
 def _print_handler_error(where, exc):
@@ -539,7 +577,7 @@ class Consumer(_Handled):
     def _trampoline(self, ev, meta, ud):
         ctx = self.ctx
         try:
-            r = _values.read(ev, self._raw)
+            r = _values.read(ev, self._raw, pin=lambda: ctx._pin_copy(ev))
             if not isinstance(r, tuple):
                 raise LechoError(r, _s(lib.lecho_errmsg(ctx._x)))
             m = Meta(_s(meta.channel), _s(meta.producer), int(meta.seq))
@@ -626,7 +664,11 @@ class Subscription(_Handled):
         if n == 0:
             self._pending = False
             return False
-        evs = self.ctx._read(self._box, self._raw)
+        box = self._box
+        evs = self.ctx._read(box, self._raw, pin=lambda: self.ctx._pin_owned(box))
+        if self.ctx._pins and any(p.v is box for p in self.ctx._pins):
+            # arrays of this batch point into it: the next batch gets a new box
+            self._box = self.ctx._own(lib.lecho_value_new(self.ctx._x))
         if not isinstance(evs, list) or len(evs) != n:   # nil events: holes
             evs = [evs.get(i) for i in range(1, n + 1)] if isinstance(evs, dict) else [None] * n
         if self._meta:   # { ev, producer, seq, channel } each; a nil ev makes a dict
@@ -720,7 +762,7 @@ class Service(_Handled):
     def _trampoline(self, args, meta, result, ud):
         ctx = self.ctx
         try:
-            a = _values.read(args)
+            a = _values.read(args, pin=lambda: ctx._pin_copy(args))
             m = _values.read(meta)
             if not isinstance(a, tuple) or not isinstance(m, tuple):
                 raise LechoError("invalid", _s(lib.lecho_errmsg(ctx._x)))

@@ -18,7 +18,9 @@ enum {
     LECHO_ENOMEM, LECHO_EFAILED, LECHO_ENOSERVICE, LECHO_EVERSION, LECHO_EBUSY,
     LECHO_ENOCONSUMER
 };
-enum { LECHO_TNIL = 0, LECHO_TBOOLEAN, LECHO_TNUMBER, LECHO_TSTRING, LECHO_TTABLE, LECHO_TOTHER };
+enum { LECHO_TNIL = 0, LECHO_TBOOLEAN, LECHO_TNUMBER, LECHO_TSTRING, LECHO_TTABLE, LECHO_TOTHER,
+       LECHO_TARRAY };
+#define LECHO_ARRAY_MAXDIM 8
 
 typedef struct lecho_ctx lecho_ctx;
 typedef struct lecho_value lecho_value;
@@ -34,12 +36,23 @@ typedef struct lecho_meta {
     double seq;
 } lecho_meta;
 
+typedef void (*lecho_free_fn)(void *data, void *ud);
+typedef struct lecho_array_info {
+    const void *data;
+    const char *dtype;
+    int ndim;
+    size_t shape[8];
+    size_t count;
+    size_t itemsize;
+} lecho_array_info;
+
 typedef struct lecho_node {
     int type;
     size_t n;
     size_t len;
     double num;
     const char *str;
+    const lecho_array_info *array;
 } lecho_node;
 
 typedef const char *(*lecho_handler)(const lecho_value *ev, const lecho_meta *meta, void *ud);
@@ -57,6 +70,10 @@ int lecho_stop(lecho_ctx *ctx);
 
 lecho_value *lecho_value_new(lecho_ctx *ctx);
 void lecho_value_free(lecho_value *v);
+int lecho_set_array(lecho_value *v, const char *key, const char *dtype, int ndim,
+                    const size_t *shape, const void *data, lecho_free_fn free_fn, void *ud);
+lecho_value *lecho_field(const lecho_value *v, const char *key, size_t index);
+int lecho_set_value(lecho_value *v, const char *key, const lecho_value *from);
 int lecho_nodes(const lecho_value *v, const char *key, const lecho_node **nodes, size_t *count);
 int lecho_nodes_packed(const lecho_value *v, const char *key, const lecho_node **nodes,
                        size_t *count, const char **bytes, size_t *nbytes);

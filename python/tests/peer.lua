@@ -3,9 +3,12 @@
 --   luajit peer.lua produce NS CHANNEL N      waits for a consumer (sync pings),
 --       submits { k = 1..N, pad = 48 bytes }, then a sync { final = true };
 --       prints "sync true" or "sync nil MSG CODE" for each sync submit it makes
+--   luajit peer.lua arrays NS CHANNEL N       as produce, with arrays: field (<f8 64x128,
+--       element i = k * 100000 + i) and small (<i2 { k, -k, 7 })
 --   luajit peer.lua steer NS CHANNEL          submit_sync { alpha = 0.5 }, then
 --       { alpha = "bad" }: prints each result, "ok" or "failed CODE MSG"
---   luajit peer.lua consume NS CHANNEL N      prints each event's k, "final" at
+--   luajit peer.lua consume NS CHANNEL N      prints each event's k and text (an array:
+--       "DTYPE AxB sum=S"), "final" at
 --       { final = true } (answering its sync), then exits after N events or final
 --   luajit peer.lua serve NS NAME             serves NAME: returns args.x * 2,
 --       raises { code = 400 } when args.x is not a number; prints "ready"
@@ -30,6 +33,17 @@ if role == "produce" then
     assert(p:submit({ k = k, pad = ("x"):rep(48) }))
   end
   print("sync", p:submit_sync({ final = true }, { timeout = 10 }))
+elseif role == "arrays" then
+  -- { k, field = <f8 array 64x128 (64 KiB: a view at the receiver), small = <i2 {3} } each
+  local p = assert(ctx:channel(name):producer())
+  wait_consumer(p)
+  for k = 1, tonumber(arg[4]) do
+    local a = lecho.array.new("<f8", { 64, 128 })
+    local ptr = a:ptr()
+    for i = 0, 64 * 128 - 1 do ptr[i] = k * 100000 + i end
+    assert(p:submit({ k = k, field = a, small = lecho.array.from({ k, -k, 7 }, "<i2") }))
+  end
+  print("sync", p:submit_sync({ final = true }, { timeout = 10 }))
 elseif role == "steer" then
   local p = assert(ctx:channel(name):producer())
   wait_consumer(p)
@@ -43,7 +57,11 @@ elseif role == "consume" then
     if ev.final then print("final"); ctx:stop(); return end
     if ev.ping then return end
     n = n + 1
-    print(ev.k, ev.text)
+    local text = ev.text
+    if lecho.array.is(text) then
+      text = ("%s %s sum=%g"):format(text:dtype(), table.concat(text:shape(), "x"), text:sum())
+    end
+    print(ev.k, text)
     if n >= want then ctx:stop() end
   end)
   print("ready")

@@ -182,7 +182,7 @@ function M.context(opts)
       addr = addr, role = opts.manager and opts.nameserver and "manager" or "nameserver",
       ack_timeout = opts.ack_timeout or D.ack_timeout,
       settle = opts.settle, recovering = opts.recovering, forget_after = opts.forget_after,
-      channel_quota = opts.channel_quota, max_groups = opts.max_groups, group_quota = opts.group_quota,
+      channel_quota = opts.channel_quota, ticket_ttl = opts.ticket_ttl, max_groups = opts.max_groups, group_quota = opts.group_quota,
       max_memberships = opts.max_memberships, max_group_bytes = opts.max_group_bytes,
       max_members = opts.max_members or D.max_members,
       nameserver = opts.manager and opts.nameserver and self.ns or nil,
@@ -208,13 +208,26 @@ function M.context(opts)
       return self:_on_ctrl(from, msg, gen)
     end,
     peer = function(idx, paddr, up, reason, gen)
-      if up and self.keyed then self:_check_nameserver(paddr) end
+      if up and self.keyed then
+        self:_check_nameserver(paddr)
+        -- a name server hands its revocation lists to who connects
+        if self.trustwatch then require("lecho.trustwatch").peer_up(self, paddr) end
+      end
       return self:_on_peer(idx, paddr, up, reason, gen)
     end,
     log = function(msg) self.log(msg, nil, "core") end,
     moe_error = function(id, why) self:_moe_error(id, why) end,
     turn = function() self:_turn() end,
   }
+  -- keyed: the trust files (revocation lists among them) and a name
+  -- server's policy file are read again when they change or on SIGHUP
+  if identity then
+    self.revoked = identity.trust.revoked
+    self.revocation_lists = identity.trust.lists
+    self.authorities = {}       -- keyed: trusted authority keys (revocation lists they sign)
+    for _, e in ipairs(identity.trust.authorities) do self.authorities[e.public] = true end
+    require("lecho.trustwatch").start(self, identity, self.reg and opts.policy_file or nil, opts.trust_poll)
+  end
   if opts.manager and opts.nameserver then
     local r, rerr = self:request(self.ns, { op = "register_manager" })
     if not r then

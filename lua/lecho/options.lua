@@ -163,6 +163,9 @@ local SCHEMA = {
     pin_threshold = { size(0) },
     max_value_bytes = { size(0) },  -- issue 11 (H5): decoded size of one value received, 64 MiB
     key = { keyfile }, trust = { trustfiles }, nameserver_principal = { principal, "nameserver" },
+    -- keyed: seconds between looks (one stat per file) at the trust files and a name
+    -- server's policy file, read again when one changed (0: only on SIGHUP)
+    trust_poll = { TIME, 0.5 },
     retry_interval = { TIME }, retry_max = { TIME }, heartbeat = { HEARTBEAT },
     heartbeat_misses = { time(1, true) },
     -- connections (issue 11, README "Limits"; the C core applies the defaults:
@@ -178,6 +181,8 @@ local SCHEMA = {
     -- the registry of a name server or manager run inside the context
     ack_timeout = { TIME, 2.0 }, settle = { TIME }, recovering = { BOOL }, forget_after = { TIME },
     channel_quota = { size(1) },
+    -- keyed: how long a producer ticket this manager signs is valid (renewed at 2/3 of it)
+    ticket_ttl = { TIME_POS, 3600 },
     -- groups with leases (issue 12, lecho.presence): groups held, and the
     -- memberships and watches one requester may have (defaults 65536, 1024)
     max_groups = { size(1) }, group_quota = { size(1) },

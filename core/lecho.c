@@ -675,6 +675,26 @@ int lecho_consumer_take(lecho_consumer *c, lecho_value *v, size_t max, int meta,
     return 0;
 }
 
+static int op_settle(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lei_api_push_ref(L, ((const lecho_consumer *)o->a)->qref);
+    lua_pushnumber(L, (lua_Number)o->n);
+    if (o->s)
+        lua_pushstring(L, o->s);
+    else
+        lua_pushnil(L);
+    o->rc = lei_api_glue_call(L, o->x, "settle", 3, NULL);
+    return 0;
+}
+
+int lecho_consumer_settle(lecho_consumer *c, size_t n, const char *err) {
+    if (!c || c->qref == LUA_NOREF) return LECHO_EINVAL;
+    if (n == 0) return 0;
+    if (n > 0x7fffffff) n = 0x7fffffff;
+    struct op o = { .a = c, .n = n, .s = err };
+    return lei_api_protect(c->h.ctx, op_settle, &o);
+}
+
 static int op_set_params(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     lei_api_push_ref(L, ((const struct lei_h *)o->a)->ref);

@@ -410,8 +410,11 @@ LECHO_API int lecho_consumer_open_opts(lecho_channel *ch, lecho_handler fn, void
  * call per event (python/lecho's iterators).  opts as for
  * lecho_consumer_open_opts.  At most limit events wait (>= 1); past it an
  * event fails at this consumer with "queue full" (a sync submit sees it)
- * and is counted (lecho_consumer_take's *dropped).  An event counts as
- * handled once queued.  0 with *out set (owned by ctx), or a code. */
+ * and is counted (lecho_consumer_take's *dropped).  The ack of a sync
+ * event is held until the binding says it is done with the event
+ * (lecho_consumer_settle), or the consumer closes (then it fails with "not
+ * handled: the subscription closed"); the producer's connection is not
+ * held meanwhile.  0 with *out set (owned by ctx), or a code. */
 LECHO_API int lecho_consumer_open_queued(lecho_channel *ch, const lecho_value *opts, size_t limit,
                                          lecho_consumer **out);
 /* Moves at most max of c's queued events, oldest first, into v's slot: a
@@ -424,6 +427,14 @@ LECHO_API int lecho_consumer_open_queued(lecho_channel *ch, const lecho_value *o
  * with lecho_consumer_open_queued. */
 LECHO_API int lecho_consumer_take(lecho_consumer *c, lecho_value *v, size_t max, int meta,
                                   size_t *taken, size_t *dropped);
+/* Settles the n oldest events lecho_consumer_take took from c and not
+ * settled yet (at most as many as were taken): err NULL, the code was done
+ * with them, and the held acks of the sync ones among them go out (with
+ * what the other consumers of the context found); else they fail at this
+ * consumer with err (copied; a producer's lecho_submit_sync gets it).
+ * Runs no loop.  LECHO_EINVAL for a consumer not opened with
+ * lecho_consumer_open_queued. */
+LECHO_API int lecho_consumer_settle(lecho_consumer *c, size_t n, const char *err);
 /* Changes the params of the consumer's modulator at every producer and
  * returns once every producer applied them (c:set_params); 0, or a code
  * (LECHO_EINVAL: the consumer has no modulator).  Not from a handler. */

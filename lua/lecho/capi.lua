@@ -9,6 +9,9 @@ local address = require "lecho.addr"
 
 local M = {}
 
+-- consumer -> its queue (M.consumer_queued), for M.consumer_close
+local queues = setmetatable({}, { __mode = "k" })
+
 -- A raised error's message without the "file.lua:12: " prefixes Lua adds
 -- (a C caller cannot use them).
 local function bare(msg)
@@ -139,7 +142,11 @@ end
 -- event.  Past `limit` events waiting, an event fails at this consumer
 -- ("queue full": a sync submit sees it) and is counted in q.dropped.
 function M.consumer_queued(ch, opts, limit)
-  local q = { head = 1, tail = 0, dropped = 0, prod = {}, seq = {}, chan = {} }
+  -- nin, nout, nset: events queued, taken, settled since the consumer
+  -- opened; acks: the held acks of sync events, oldest first, each
+  -- { rec, position }, from ahead (the next to settle) to atail
+  local q = { head = 1, tail = 0, dropped = 0, prod = {}, seq = {}, chan = {},
+              nin = 0, nout = 0, nset = 0, acks = {}, ahead = 1, atail = 0 }
   local ctx = ch.ctx
   local c, err, code = protect(ch.consumer, ch, function(ev, meta)
     local t = q.tail
@@ -152,9 +159,38 @@ function M.consumer_queued(ch, opts, limit)
     t = t + 1
     q[t], q.prod[t], q.seq[t], q.chan[t] = ev, meta.producer, meta.seq, meta.channel
     q.tail = t
+    q.nin = q.nin + 1
+    -- a sync event: its ack waits until the binding's code is done with it
+    -- (M.settle), not merely queued
+    if meta.sync then
+      local rec = ctx:_hold_ack(meta)
+      q.atail = q.atail + 1
+      q.acks[q.atail] = { rec, q.nin }
+    end
   end, opts)
   if not c then return nil, err, code end
+  q.ctx, q.id = ctx, c.id
+  queues[c] = q
   return c, q
+end
+
+-- Settles the n oldest taken events not settled yet (at most those taken):
+-- the held acks among them go out, as handled (err nil) or failed with err.
+local function settle(q, n, err)
+  local upto = math.min(q.nset + n, q.nout)
+  q.nset = upto
+  local acks, a = q.acks, q.ahead
+  while a <= q.atail and acks[a][2] <= upto do
+    q.ctx:_settle_ack(acks[a][1], q.id, err)
+    acks[a] = nil
+    a = a + 1
+  end
+  if a > q.atail then a, q.atail = 1, 0 end
+  q.ahead = a
+end
+
+function M.settle(q, n, err)
+  return protect(function() settle(q, n, err); return true end)
 end
 
 -- At most max events of q, oldest first: the list { ev, ... } or, with
@@ -171,6 +207,7 @@ function M.take(q, max, meta)
   end
   if h > t then h, q.tail = 1, 0 end
   q.head = h
+  q.nout = q.nout + n
   return out, q.dropped
 end
 
@@ -219,7 +256,20 @@ function M.call(ctx, name, args, opts)
   return nil, msg, type(r[3]) == "string" and r[3] or "failed", e
 end
 
-function M.consumer_close(c) return protect(function() c:close(); return true end) end
+function M.consumer_close(c)
+  return protect(function()
+    c:close()
+    -- a queued consumer: what it took and did not settle, and what still
+    -- waits in its queue, was not handled
+    local q = queues[c]
+    if q then
+      queues[c] = nil
+      q.nout = q.nin
+      settle(q, q.nin, "not handled: the subscription closed")
+    end
+    return true
+  end)
+end
 
 function M.stats(ctx) return protect(function() return ctx:stats() end) end
 

@@ -12,6 +12,7 @@ is a peer like any other.  doc/python.md is the reference.
         print(ev["step"])
 """
 import collections
+import dis
 import gc
 import sys
 import threading
@@ -611,13 +612,38 @@ class Consumer(_Handled):
         self._h = None
 
 
+_POP_TOP = dis.opmap.get("POP_TOP")
+
+
+def _left_by_break(f):
+    """In a generator's GeneratorExit, f the frame that dropped it: True
+    when that frame's last instruction is the POP_TOP that `break` or
+    `return` inside a for loop compiles to (CPython pops the loop's
+    iterator there); an exception drops it at the instruction that raised
+    (or a RERAISE), close() or del at theirs.  False when unsure."""
+    try:
+        return f is not None and f.f_code.co_code[f.f_lasti] == _POP_TOP
+    except (AttributeError, IndexError, TypeError):
+        return False
+
+
 class Subscription(_Handled):
     """A consumer as an iterator.  Its events wait in a queue inside the
     context (lecho_consumer_open_queued: no Python call per event) and are
     taken in batches.  At most maxsize wait; past it an event fails at this
     consumer (a submit_sync sees "queue full"), is counted in .dropped and
-    logged once.  An event counts as handled (for a producer's submit_sync)
-    once it is queued."""
+    logged once.  A producer's submit_sync returns true only once the code
+    is done with the event: an event handed out counts as handled when the
+    subscription is asked for the next one past its batch (the loop body
+    ran), when done() is called, or when the subscription closes.  A for
+    loop that stops by break or return counts the event out as handled;
+    one whose body raised (or whose iterator was closed or collected) fails
+    that event ("not handled: the subscription's iterator stopped"); the
+    same for async for.  Events taken and not
+    handed out yet wait for the next loop; close() fails them and those
+    still queued ("not handled: the subscription closed")."""
+
+    STOPPED = "not handled: the subscription's iterator stopped"
 
     BATCH = 4096
 
@@ -637,12 +663,44 @@ class Subscription(_Handled):
         self._box = ctx._own(lib.lecho_value_new(ctx._x))
         self._counts = ffi.new("size_t[2]")
         self._pending = False
+        self._out = 0      # events handed out, not settled (their acks held)
         ctx._handles.append(self)
 
+    def _settle(self, n, err=None):
+        """The n oldest events handed out are done with (err None) or failed."""
+        if n <= 0 or self._h is None or self.ctx._x is None:
+            return
+        rc = lib.lecho_consumer_settle(self._h, n, ffi.NULL if err is None else err.encode())
+        if rc != 0:
+            self.ctx._fail(rc)
+
+    def done(self):
+        """The events handed out so far are handled: their producers'
+        submit_sync return now (before a break, say)."""
+        n, self._out = self._out, 0
+        self._settle(n)
+
+    def _stopped(self, by_break=False):
+        """A loop over this stopped with an event out: the ones before it
+        were handled; that one too when the loop left by break or return,
+        else (its body raised, the generator was closed) it was not."""
+        n, self._out = self._out, 0
+        if n:
+            self._settle(n - 1 if not by_break else n)
+            if not by_break:
+                self._settle(1, self.STOPPED)
+
+    def _pop(self):
+        self._out += 1
+        return self._q.popleft()
+
     def _fill(self):
-        """Moves what the context queued into self._q; True if anything."""
+        """Moves what the context queued into self._q; True if anything.
+        Called with self._q empty: what was handed out is done with."""
         if self._h is None or self.ctx._x is None:
             return False
+        if self._out:
+            self.done()
         c = self._counts
         # A batch taken but not yet converted (a KeyboardInterrupt between
         # the two) stays in self._box: the next call converts it first, so
@@ -683,7 +741,7 @@ class Subscription(_Handled):
         after timeout seconds (None: waits)."""
         import time
         if self._q or self._fill():
-            return self._q.popleft()
+            return self._pop()
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             if self._h is None:
@@ -693,20 +751,31 @@ class Subscription(_Handled):
                 raise LechoError("timeout", "no event within %g s" % timeout)
             self.ctx.run_once(left)
             if self._fill():
-                return self._q.popleft()
+                return self._pop()
 
     def __iter__(self):
-        return self
+        # a generator per loop: it learns (GeneratorExit at its yield) that
+        # the loop stopped with an event out
+        while True:
+            try:
+                ev = self.__next__()
+            except StopIteration:
+                return
+            try:
+                yield ev
+            except GeneratorExit:
+                self._stopped(_left_by_break(sys._getframe(1)))
+                raise
 
     def __next__(self):
         if self._q:
-            return self._q.popleft()
+            return self._pop()
         if self._h is None:
             raise StopIteration
         return self.get()
 
     def __aiter__(self):
-        return self
+        return _AsyncLoop(self)
 
     async def __anext__(self):
         import asyncio
@@ -720,7 +789,7 @@ class Subscription(_Handled):
                 await self._waiter
             finally:
                 self._waiter = None
-        return self._q.popleft()
+        return self._pop()
 
     def _wake(self):
         """The asyncio ticker, after a loop turn: wakes an async iteration
@@ -739,10 +808,38 @@ class Subscription(_Handled):
             w.set_result(None)
 
     def close(self):
+        """Leaves.  The events handed out count as handled; those not
+        handed out yet fail ("not handled: the subscription closed")."""
         if self._h is not None and self.ctx._x is not None:
+            self.done()
             lib.lecho_consumer_close(self._h)
             self.ctx._handles.remove(self)
+            self._q.clear()   # answered as not handled by the close
         self._dead()
+
+
+class _AsyncLoop:
+    """The iterator of one `async for` over a Subscription.  An async
+    generator would learn that the loop stopped only when asyncio closes it,
+    later and from elsewhere; this object is dropped by the loop's own
+    frame at once (break, return or an exception), so __del__ sees how."""
+
+    __slots__ = ("sub",)
+
+    def __init__(self, sub):
+        self.sub = sub
+
+    def __aiter__(self):
+        return self
+
+    def __anext__(self):
+        return self.sub.__anext__()
+
+    def __del__(self):
+        try:
+            self.sub._stopped(_left_by_break(sys._getframe(1)))
+        except Exception:
+            pass   # a closed context: nothing to answer
 
 
 class Service(_Handled):

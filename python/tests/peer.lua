@@ -7,6 +7,9 @@
 --       element i = k * 100000 + i) and small (<i2 { k, -k, 7 })
 --   luajit peer.lua steer NS CHANNEL          submit_sync { alpha = 0.5 }, then
 --       { alpha = "bad" }: prints each result, "ok" or "failed CODE MSG"
+--   luajit peer.lua syncs NS CHANNEL N        waits for a consumer, then submit_sync { k = k }
+--       for k = 1..N one after the other: prints "sync K ok SECONDS" or
+--       "sync K failed SECONDS MESSAGE" (SECONDS: how long the call took)
 --   luajit peer.lua consume NS CHANNEL N      prints each event's k and text (an array:
 --       "DTYPE AxB sum=S"), "final" at
 --       { final = true } (answering its sync), then exits after N events or final
@@ -50,6 +53,16 @@ elseif role == "steer" then
   for _, v in ipairs{ 0.5, "bad" } do
     local ok, errs, code = p:submit_sync({ alpha = v }, { timeout = 5 })
     if ok then print("ok") else print("failed", code, errs[1] and errs[1].err or tostring(errs)) end
+  end
+elseif role == "syncs" then
+  local p = assert(ctx:channel(name):producer())
+  wait_consumer(p)
+  for k = 1, tonumber(arg[4]) do
+    local t0 = ctx:now()
+    local ok, errs = p:submit_sync({ k = k }, { timeout = 10 })
+    local dt = ("%.3f"):format(ctx:now() - t0)
+    if ok then print("sync", k, "ok", dt)
+    else print("sync", k, "failed", dt, type(errs) == "table" and errs[1] and errs[1].err or tostring(errs)) end
   end
 elseif role == "consume" then
   local n, want = 0, tonumber(arg[4])

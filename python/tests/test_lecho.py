@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -239,9 +240,8 @@ def test_ctrl_c_while_a_batch_is_converted_loses_no_event():
         ch = ctx.channel("batch")
         sub = ch.subscribe()
         p = ch.producer()
-        for k in range(10):
+        for k in range(11):
             p.submit({"k": k})
-        p.submit_sync({"k": 10})
         real = ctx._read
         calls = []
 
@@ -303,3 +303,81 @@ def test_numpy_arrays_sent_are_lecho_arrays_at_a_lua_consumer(nameserver, procs)
             p.submit({"k": 2, "list": [u]})
     out = rest(lua)
     assert out[0] == "1\t<i4 2x3 sum=15", out    # the elements as submitted, not the -1s written after
+
+
+def _syncs(lua):
+    """The "sync K ok|failed SECONDS [MESSAGE]" lines of a peer.lua syncs
+    process: {k: (result, seconds, message)}."""
+    out = {}
+    for line in rest(lua):
+        f = line.split("\t")
+        if f[0] == "sync":
+            out[int(f[1])] = (f[2], float(f[3]), f[4] if len(f) > 4 else None)
+    return out
+
+
+def test_sync_submit_to_an_iterator_returns_once_the_loop_body_ran(nameserver, procs):
+    # "true from a sync call means it happened": the ack of a sync event
+    # taken by a subscription is held until the body of the loop ran for it
+    # (the iterator asks for the next event), not sent once it is queued.
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        sub = ctx.channel("py.syncit").subscribe()
+        lua = procs.lua("syncs", nameserver, "py.syncit", 2)
+        bodies = []
+        for ev in sub:
+            if ev.get("ping"):
+                continue
+            time.sleep(0.6)             # the handling the producer waits for
+            bodies.append(ev["k"])
+            if ev["k"] == 2:
+                break                   # left by break: that event was handled too
+        while lua.poll() is None:       # the loop carries the acks out
+            ctx.run_once(0.05)
+        got = _syncs(lua)
+        assert bodies == [1, 2]
+        for k in (1, 2):
+            result, seconds, _ = got[k]
+            assert result == "ok", got
+            assert seconds >= 0.55, got  # not before the body's 0.6 s
+
+
+def test_sync_submit_to_an_iterator_whose_body_raises_fails(nameserver, procs):
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        sub = ctx.channel("py.syncraise").subscribe()
+        lua = procs.lua("syncs", nameserver, "py.syncraise", 2)
+        with pytest.raises(RuntimeError, match="bad event"):
+            for ev in sub:
+                if ev.get("ping"):
+                    continue
+                if ev["k"] == 1:
+                    time.sleep(0.3)
+                    raise RuntimeError("bad event")
+        # the loop is left; the context still answers (and takes k = 2 next)
+        assert sub.get(timeout=10)["k"] == 2
+        sub.close()                     # k = 2 was handed out, then closed: handled
+        while lua.poll() is None:
+            ctx.run_once(0.05)
+        got = _syncs(lua)
+        result, seconds, message = got[1]
+        assert result == "failed", got
+        assert message == "not handled: the subscription's iterator stopped", got
+        assert seconds >= 0.25, got
+        assert got[2][0] == "ok", got
+
+
+def test_closing_a_subscription_fails_the_sync_events_it_did_not_hand_out(nameserver, procs):
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        sub = ctx.channel("py.syncclose").subscribe()
+        lua = procs.lua("syncs", nameserver, "py.syncclose", 1)
+        for ev in sub:
+            assert ev.get("ping")
+            break                       # the ping handled: the producer goes on to k = 1
+        seen = ctx.stat("py.syncclose", "events_in")
+        end = time.monotonic() + 10
+        while ctx.stat("py.syncclose", "events_in") == seen and time.monotonic() < end:
+            ctx.run_once(0.05)          # k = 1 arrives and waits in the context's queue
+        sub.close()
+        while lua.poll() is None:
+            ctx.run_once(0.05)
+        result, _, message = _syncs(lua)[1]
+        assert (result, message) == ("failed", "not handled: the subscription closed")

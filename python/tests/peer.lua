@@ -10,6 +10,9 @@
 --   luajit peer.lua syncs NS CHANNEL N        waits for a consumer, then submit_sync { k = k }
 --       for k = 1..N one after the other: prints "sync K ok SECONDS" or
 --       "sync K failed SECONDS MESSAGE" (SECONDS: how long the call took)
+--   luajit peer.lua two NS A B                 waits for consumers of A and B; submit_sync { k = 1 }
+--       on A in a coroutine, then 0.2 s later { k = 2 } on B: prints "B ok|failed SECONDS",
+--       then "A ok|failed SECONDS" (or "A waiting" after 10 s)
 --   luajit peer.lua consume NS CHANNEL N      prints each event's k and text (an array:
 --       "DTYPE AxB sum=S"), "final" at
 --       { final = true } (answering its sync), then exits after N events or final
@@ -64,6 +67,27 @@ elseif role == "syncs" then
     if ok then print("sync", k, "ok", dt)
     else print("sync", k, "failed", dt, type(errs) == "table" and errs[1] and errs[1].err or tostring(errs)) end
   end
+elseif role == "two" then
+  local pa = assert(ctx:channel(name):producer())
+  local pb = assert(ctx:channel(arg[4]):producer())
+  wait_consumer(pa)
+  wait_consumer(pb)
+  local a_done = false
+  ctx:after(0, function()
+    local t0 = ctx:now()
+    local ok = pa:submit_sync({ k = 1 }, { timeout = 10 })
+    print("A", ok and "ok" or "failed", ("%.3f"):format(ctx:now() - t0))
+    a_done = true
+  end)
+  ctx:sleep(0.2)
+  local t0 = ctx:now()
+  local ok = pb:submit_sync({ k = 2 }, { timeout = 5 })
+  print("B", ok and "ok" or "failed", ("%.3f"):format(ctx:now() - t0))
+  for _ = 1, 200 do
+    if a_done then break end
+    ctx:sleep(0.05)
+  end
+  if not a_done then print("A", "waiting") end
 elseif role == "consume" then
   local n, want = 0, tonumber(arg[4])
   ctx:channel(name):consumer(function(ev)

@@ -381,3 +381,55 @@ def test_closing_a_subscription_fails_the_sync_events_it_did_not_hand_out(namese
             ctx.run_once(0.05)
         result, _, message = _syncs(lua)[1]
         assert (result, message) == ("failed", "not handled: the subscription closed")
+
+
+def test_a_held_ack_does_not_hold_the_producers_connection(nameserver, procs):
+    # While a subscription's loop body holds the ack of a sync event on one
+    # channel, the same producing process's events on another channel (the
+    # same connection) still arrive and are answered.
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        sub = ctx.channel("py.held.a").subscribe()
+        got_b = []
+        ctx.channel("py.held.b").consumer(lambda ev, meta: got_b.append(ev.get("k")))
+        lua = procs.lua("two", nameserver, "py.held.a", "py.held.b")
+        for ev in sub:
+            if ev.get("ping"):
+                continue
+            assert ev["k"] == 1
+            end = time.monotonic() + 5  # the body of k = 1 runs until B's event came
+            while 2 not in got_b and time.monotonic() < end:
+                ctx.run_once(0.05)
+            b = readline(lua, r"^B\t(\S+)\t(\S+)")
+            break
+        assert 2 in got_b
+        assert b.group(1) == "ok"       # answered while A's ack was held
+        while lua.poll() is None:
+            ctx.run_once(0.05)
+        a = [line for line in rest(lua) if line.startswith("A")]
+        assert a and a[0].split("\t")[1] == "ok", a
+        assert float(a[0].split("\t")[2]) >= 0.2, a  # A returned only after the body
+
+
+def test_async_for_whose_body_raises_fails_the_sync_event(nameserver, procs):
+    async def main():
+        ctx = lecho.Context(nameserver=nameserver, quiet=True).attach(interval=0.005)
+        sub = ctx.channel("py.aioraise").subscribe()
+        lua = procs.lua("syncs", nameserver, "py.aioraise", 2)
+        with pytest.raises(RuntimeError):
+            async for ev in sub:
+                if ev.get("ping"):
+                    continue
+                await asyncio.sleep(0.3)
+                raise RuntimeError("bad event")
+        async for ev in sub:        # k = 2: handled (left by break)
+            assert ev["k"] == 2
+            break
+        while lua.poll() is None:
+            await asyncio.sleep(0.05)
+        ctx.close()
+        return lua
+
+    got = _syncs(asyncio.run(asyncio.wait_for(main(), 30)))
+    assert got[1][0] == "failed" and got[1][2] == "not handled: the subscription's iterator stopped", got
+    assert got[1][1] >= 0.25, got
+    assert got[2][0] == "ok", got

@@ -639,9 +639,10 @@ class Subscription(_Handled):
     loop that stops by break or return counts the event out as handled;
     one whose body raised (or whose iterator was closed or collected) fails
     that event ("not handled: the subscription's iterator stopped"); the
-    same for async for.  Events taken and not
-    handed out yet wait for the next loop; close() fails them and those
-    still queued ("not handled: the subscription closed")."""
+    same for async for.  Events taken and not handed out yet wait for the
+    next loop; close() fails them and those still queued ("not handled:
+    the subscription closed").  doc/python.md "Subscriptions and
+    callbacks"."""
 
     STOPPED = "not handled: the subscription's iterator stopped"
 
@@ -664,6 +665,7 @@ class Subscription(_Handled):
         self._counts = ffi.new("size_t[2]")
         self._pending = False
         self._out = 0      # events handed out, not settled (their acks held)
+        self._elsewhere = None   # a loop stopped in another thread (_stopped)
         ctx._handles.append(self)
 
     def _settle(self, n, err=None):
@@ -676,7 +678,8 @@ class Subscription(_Handled):
 
     def done(self):
         """The events handed out so far are handled: their producers'
-        submit_sync return now (before a break, say)."""
+        submit_sync return now, not at the next batch (before a long wait
+        in the loop body, say)."""
         n, self._out = self._out, 0
         self._settle(n)
 
@@ -684,6 +687,10 @@ class Subscription(_Handled):
         """A loop over this stopped with an event out: the ones before it
         were handled; that one too when the loop left by break or return,
         else (its body raised, the generator was closed) it was not."""
+        if threading.get_ident() != self.ctx._thread:
+            self._elsewhere = by_break   # collected in another thread: answered
+            return                       # at the next call in the context's
+        self._elsewhere = None
         n, self._out = self._out, 0
         if n:
             self._settle(n - 1 if not by_break else n)
@@ -699,6 +706,8 @@ class Subscription(_Handled):
         Called with self._q empty: what was handed out is done with."""
         if self._h is None or self.ctx._x is None:
             return False
+        if self._elsewhere is not None:
+            self._stopped(self._elsewhere)
         if self._out:
             self.done()
         c = self._counts
@@ -811,6 +820,8 @@ class Subscription(_Handled):
         """Leaves.  The events handed out count as handled; those not
         handed out yet fail ("not handled: the subscription closed")."""
         if self._h is not None and self.ctx._x is not None:
+            if self._elsewhere is not None:
+                self._stopped(self._elsewhere)
             self.done()
             lib.lecho_consumer_close(self._h)
             self.ctx._handles.remove(self)

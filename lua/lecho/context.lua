@@ -227,14 +227,16 @@ function Context:_on_event(chid, value, peer, producer, seq, sync, rv)
   if con then
     if con.closed then return 0, nil end
     local short = self.dshort[chid]
-    local meta = { channel = short, producer = pname_of(self, peer, producer), seq = seq, sync = sync > 0 or nil }
+    local meta = { channel = short, producer = pname_of(self, peer, producer), seq = seq }
+    if sync > 0 then meta.sync = true end
     local errs
     if rv or con.buffer then
       errs = run_buffered(self, con, con.handler, value, meta, sync, nil, short, rv)
     else
       errs = run_handler(self, con, con.handler, value, meta, sync, nil, short)
     end
-    return 1, errs, meta[HOLD]
+    if sync > 0 then return 1, errs, meta[HOLD] end
+    return 1, errs
   end
   -- The consumer list carries its channel's short name and kind, so that an
   -- event touches a few small tables, not the channel object.
@@ -242,7 +244,8 @@ function Context:_on_event(chid, value, peer, producer, seq, sync, rv)
   local ch = list
   local nran, errs = 0, nil
   if list and list[1] then
-    local meta = { channel = ch.short, producer = pname_of(self, peer, producer), seq = seq, sync = sync > 0 or nil }
+    local meta = { channel = ch.short, producer = pname_of(self, peer, producer), seq = seq }
+    if sync > 0 then meta.sync = true end
     local n = #list
     local snap = list
     if n > 1 then snap = { unpack(list, 1, n) } end
@@ -264,7 +267,7 @@ function Context:_on_event(chid, value, peer, producer, seq, sync, rv)
         end
       end
     end
-    return nran, errs, meta[HOLD]
+    if sync > 0 then return nran, errs, meta[HOLD] end
   end
   return nran, errs
 end

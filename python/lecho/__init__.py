@@ -664,7 +664,7 @@ class Subscription(_Handled):
         self._box = ctx._own(lib.lecho_value_new(ctx._x))
         self._counts = ffi.new("size_t[2]")
         self._pending = False
-        self._out = 0      # events handed out, not settled (their acks held)
+        self._unsettled = 0   # events taken, not settled: the deque's and those handed out
         self._elsewhere = None   # a loop stopped in another thread (_stopped)
         ctx._handles.append(self)
 
@@ -675,12 +675,18 @@ class Subscription(_Handled):
         rc = lib.lecho_consumer_settle(self._h, n, ffi.NULL if err is None else err.encode())
         if rc != 0:
             self.ctx._fail(rc)
+        self._unsettled -= n
+
+    def _handed(self):
+        """How many events were handed out and not settled: those taken
+        and no longer in the deque (however they left it)."""
+        return self._unsettled - len(self._q)
 
     def done(self):
         """The events handed out so far are handled: their producers'
         submit_sync return now, not at the next batch (before a long wait
         in the loop body, say)."""
-        n, self._out = self._out, 0
+        n = self._handed()
         self._settle(n)
 
     def _stopped(self, by_break=False):
@@ -691,14 +697,13 @@ class Subscription(_Handled):
             self._elsewhere = by_break   # collected in another thread: answered
             return                       # at the next call in the context's
         self._elsewhere = None
-        n, self._out = self._out, 0
-        if n:
+        n = self._handed()
+        if n > 0:
             self._settle(n - 1 if not by_break else n)
             if not by_break:
                 self._settle(1, self.STOPPED)
 
     def _pop(self):
-        self._out += 1
         return self._q.popleft()
 
     def _fill(self):
@@ -708,7 +713,7 @@ class Subscription(_Handled):
             return False
         if self._elsewhere is not None:
             self._stopped(self._elsewhere)
-        if self._out:
+        if self._unsettled:
             self.done()
         c = self._counts
         # A batch taken but not yet converted (a KeyboardInterrupt between
@@ -742,6 +747,7 @@ class Subscription(_Handled):
             evs = [(e.get(1), Meta(e.get(4, ""), e.get(2, ""), e.get(3, 0))) if isinstance(e, dict)
                    else (e[0], Meta(e[3], e[1], e[2])) for e in evs]
         self._q.extend(evs)
+        self._unsettled += len(evs)
         self._pending = False
         return True
 

@@ -48,7 +48,10 @@ DEPS := $(RUN_DEPS) \
         /usr/include/zmq.h:libzmq3-dev \
         /usr/bin/gnuplot:gnuplot-nox \
         /usr/bin/tmux:tmux \
-        /usr/bin/chromium:chromium
+        /usr/bin/chromium:chromium \
+        /usr/lib/python3/dist-packages/cffi/__init__.py:python3-cffi \
+        /usr/lib/python3/dist-packages/pytest/__init__.py:python3-pytest \
+        /usr/lib/python3/dist-packages/numpy/__init__.py:python3-numpy
 
 # make bench's own packages (make bench-deps; not make deps, not make demo):
 # the peers it runs beside lecho: NATS (plain and with TLS, its throwaway
@@ -59,7 +62,8 @@ BENCH_DEPS := /usr/sbin/nats-server:nats-server \
         /usr/include/openssl/ssl.h:libssl-dev \
         /usr/bin/openssl:openssl
 
-.PHONY: all deps run-deps env bench-deps test ctest spec asan demo keiretsu bench clean help install liblecho examples-c
+.PHONY: all deps run-deps env bench-deps test ctest spec pytest asan demo keiretsu bench clean help install liblecho examples-c
+.PHONY: install-python
 
 all: $(SO) $(WS_SO)
 
@@ -69,11 +73,12 @@ help:
 	@echo "  make deps        check the Debian packages lecho and its test and bench suites need, apt-get install the missing ones"
 	@echo "  make run-deps    the same for only those needed to build and run lecho (make demo checks these)"
 	@echo "  make env         print the exports that let luajit find this checkout's lecho: eval \"\$$(make -s env)\""
-	@echo "  make test        deps, build, C unit tests, then the busted specs under LuaJIT"
+	@echo "  make test        deps, build, C unit tests, the busted specs under LuaJIT, then make pytest"
 	@echo "  make fuzz        every libFuzzer harness (core/fuzz_*.c: $(FUZZ_HARNESSES)) for FUZZ_SECONDS each, clang installed if missing"
 	@echo "  make fuzz-quick  the same for FUZZ_QUICK_SECONDS each (make test runs it); fails on a crash"
 	@echo "  make fuzz-build  only build the harnesses (build/fuzz_<name>)"
 	@echo "  make ctest       the C unit tests only: codec, framing, two contexts through lecho.h, error names, identities, the pattern matcher's step limit"
+	@echo "  make pytest      the Python package's tests (python/tests, spec/python) with Debian's pytest, against real processes"
 	@echo "  make spec        the busted specs only, SPEC_JOBS files at a time (BUSTED_ARGS: e.g. spec/codec_spec.lua: that one)"
 	@echo "  make asan        the same suite with the core built under ASan and UBSan"
 	@echo "  make demo        atmosphere: a simulation and three viewers (full, region, diff), bytes per viewer"
@@ -83,8 +88,9 @@ help:
 	@echo "  make bench-deps  check (apt-get install) make bench's own packages: $(foreach d,$(BENCH_DEPS),$(lastword $(subst :, ,$(d))))"
 	@echo "  make stress      seeded stress scenarios with real processes for STRESS_SECONDS"
 	@echo "  make stress-seed replay one stress scenario: SEED=N [SECONDS=S] [SCENARIO=NAME], keeps its logs"
-	@echo "  make install     the Lua tree, the core, the scripts and the C API (lecho.h, liblecho, lecho.pc) under PREFIX"
+	@echo "  make install     the Lua tree, the core, the scripts, the C API (lecho.h, liblecho, lecho.pc) and the Python package under PREFIX"
 	@echo "  make install-capi  only the C API part of make install"
+	@echo "  make install-python  only the Python package (python/lecho) part of make install, into INST_PYDIR"
 	@echo "  make liblecho    build/liblecho.so, the C API (core/lecho.h) for this checkout"
 	@echo "  make examples-c  install into EXAMPLE_PREFIX (build/stage), build examples/c/heat there with pkg-config"
 	@echo "  make rock        the core for luarocks make (build/rock/core.so, built afresh)"
@@ -109,6 +115,9 @@ help:
 	@echo "  CC=$(CC) CFLAGS='$(CFLAGS)' LDFLAGS LIBFLAG='$(LIBFLAG)'  the compiler and its flags"
 	@echo "  LUA_INCDIR=$(LUA_INCDIR)  LuaJIT's headers"
 	@echo "  LUAJIT=$(LUAJIT) BUSTED=$(BUSTED)  the interpreter and the test runner"
+	@echo "  PYTHON=$(PYTHON)  make pytest, install-python: Debian's python3 (cffi, pytest, numpy from Debian)"
+	@echo "  PYTEST_ARGS              make pytest: arguments for pytest (-k NAME, a file ...)"
+	@echo "  INST_PYDIR=$(INST_PYDIR)  make install: where the Python package goes"
 	@echo "  SAN                      extra compiler flags for sanitizers (make asan sets them)"
 	@echo "  PREFIX=$(PREFIX) DESTDIR  make install: where to (DESTDIR: a staging root)"
 	@echo "  INST_LIBDIR, INST_LUADIR, INST_BINDIR  make install: the Lua tree, the core, the scripts (under PREFIX)"
@@ -303,11 +312,21 @@ SPEC_SHARDS = $(if $(filter %.lua,$(BUSTED_ARGS)),,$(filter-out 1,$(SPEC_JOBS)))
 spec: $(SO) $(WS_SO)
 	$(SPEC_ENV) $(if $(SPEC_SHARDS),bash spec/support/shards.sh $(SPEC_JOBS) env) $(SPEC_PRE) $(LUAJIT) $(BUSTED) $(BUSTED_ARGS) $(if $(SPEC_SHARDS)$(filter %.lua,$(BUSTED_ARGS)),,spec)
 
+# The Python package (python/lecho, over build/liblecho.so) against real
+# processes, and the protocol peer written from doc/protocol.md in Python's
+# standard library (spec/python).  pytest prints "N passed" (.ci/run counts it).
+PYTHON      ?= /usr/bin/python3
+PYTEST_ARGS ?=
+pytest: $(SO) build/liblecho.so
+	$(SPEC_ENV) PYTHONPATH="$(CURDIR)/python" $(PYTHON) -m pytest -q -p no:cacheprovider \
+	  $(or $(PYTEST_ARGS),python/tests spec/python)
+
 # The core, liblecho and the C tests build in parallel (-j, the machine's
 # cores; output kept per target): 22.7 s -> 17.0 s from clean here.
 test: deps
 	$(MAKE) -j$(BUILD_JOBS) -Otarget all ctest
 	$(MAKE) spec
+	$(MAKE) pytest
 	$(MAKE) fuzz-quick
 
 ASAN_LIBS := $(shell $(CC) -print-file-name=libasan.so) $(shell $(CC) -print-file-name=libubsan.so)
@@ -395,6 +414,9 @@ LECHO_VERSION := 0.1.0
 # TREE/lib/liblecho.so, TREE/lib/pkgconfig/lecho.pc, where a C user looks.
 CAPI_IN_TREE ?=
 CAPI_INSTALL = $(if $(filter command line,$(origin INST_LIBDIR)),$(or $(filter command line,$(origin INST_INCDIR)),$(CAPI_IN_TREE)),yes)
+# The Python package too, unless the Lua tree's directories were given
+# (LuaRocks) without PREFIX or INST_PYDIR: a rock's install stays in its tree.
+PY_INSTALL   := $(if $(filter command line,$(origin INST_LIBDIR)),$(filter command line,$(origin PREFIX) $(origin INST_PYDIR)),yes)
 
 install: $(SO) $(WS_SO)
 	mkdir -p $(DESTDIR)$(INST_LIBDIR)/lecho $(DESTDIR)$(INST_LUADIR) $(DESTDIR)$(INST_BINDIR)
@@ -406,6 +428,7 @@ install: $(SO) $(WS_SO)
 	  sed -e 's|@LECHO_LUADIR@|$(INST_LUADIR)|; s|@LECHO_LIBDIR@|$(INST_LIBDIR)|' "$$f" > "$(DESTDIR)$(INST_BINDIR)/$${f#scripts/}" && \
 	  chmod 755 "$(DESTDIR)$(INST_BINDIR)/$${f#scripts/}" || exit 1; done
 	$(if $(CAPI_INSTALL),$(MAKE) install-capi)
+	$(if $(and $(CAPI_INSTALL),$(PY_INSTALL)),$(MAKE) install-python)
 
 # The installed liblecho is built for where the Lua files go (INST_LUADIR,
 # INST_LIBDIR; LECHO_LUA_DIR and LECHO_LUA_CDIR override them at run time).
@@ -439,6 +462,18 @@ install-capi: | build
 	cp build/inst/liblecho.so.0 $(DESTDIR)$(INST_CLIBDIR)/liblecho.so.0
 	ln -sf liblecho.so.0 $(DESTDIR)$(INST_CLIBDIR)/liblecho.so
 	cp build/inst/lecho.pc $(DESTDIR)$(INST_PCDIR)/lecho.pc
+
+# The Python package (python/lecho) where Debian's python3 finds it: for
+# PREFIX=/usr/local, /usr/local/lib/python3.X/dist-packages (on sys.path);
+# under another PREFIX, set PYTHONPATH=INST_PYDIR.  lecho/_paths.py names
+# the installed liblecho.
+PY_MINOR   := $(shell $(PYTHON) -c 'import sys; print(sys.version_info[1])' 2>/dev/null || echo 11)
+INST_PYDIR ?= $(PREFIX)/lib/python3.$(PY_MINOR)/dist-packages
+install-python:
+	mkdir -p $(DESTDIR)$(INST_PYDIR)/lecho
+	cp python/lecho/__init__.py python/lecho/_ffi.py python/lecho/_values.py $(DESTDIR)$(INST_PYDIR)/lecho/
+	printf '%s\n' '# written by make install: the liblecho this package loads' \
+	  'LIBRARY = "$(INST_CLIBDIR)/liblecho.so.0"' > $(DESTDIR)$(INST_PYDIR)/lecho/_paths.py
 
 # The C example (examples/c/heat.c) built the way a user builds against an
 # installed lecho: install into EXAMPLE_PREFIX (build/stage), then cc with

@@ -65,6 +65,7 @@ local ROOT = os.getenv("LECHO_ROOT") or (dir .. "/..")
 local BENCH = ROOT .. "/bench"
 local RESULTS = os.getenv("BENCH_RESULTS") or (BENCH .. "/results")
 local LUAJIT = os.getenv("LUAJIT") or "luajit"
+local PYTHON = os.getenv("PYTHON") or "/usr/bin/python3"
 local SUITE_T0 = clock()
 local MACHINE_BEFORE = common.machine()
 
@@ -163,6 +164,11 @@ local function start_workers(list, bound, sequential)
     o.ns, o.parent, o.bound = ctx.addr, MYPID, o.bound or 900
     ready[o.id] = nil
     local cmd = ("%s %s/worker.lua %s"):format(LUAJIT, BENCH, sh_quote(cjson.encode(o)))
+    if o.python then
+      -- bench/py_worker.py: the same role from the Python package
+      cmd = ("PYTHONPATH=%s %s %s/py_worker.py %s"):format(sh_quote(ROOT .. "/python"), PYTHON, BENCH,
+                                                         sh_quote(cjson.encode(o)))
+    end
     started[i] = spawn(cmd, o.id)
     if sequential then wait_ready(i) end
   end
@@ -417,8 +423,10 @@ end
 
 local function w_throughput()
   log("async throughput, %d interleaved repetitions", REPS)
-  local w = start_workers{ { id = "tp", subs = { { group = "tp", channels = { "tp" } } } } }
+  local w = start_workers{ { id = "tp", subs = { { group = "tp", channels = { "tp" } } } },
+                          { id = "tp_py", python = true, subs = { { group = "tp_py", channels = { "tp_py" } } } } }
   local p = assert(ctx:channel("tp"):producer())
+  local p_py = assert(ctx:channel("tp_py"):producer())
   local res = {}
   for _, sz in ipairs(CFG.tp) do
     local size, n, bn = sz[1], sz[2], sz[3]
@@ -435,6 +443,11 @@ local function w_throughput()
       { "tcp", function() return run_c("baseline_tcp", ("stream %d %d"):format(es, bn)) end },
       { "zmq", function() return run_c("baseline_zmq", ("stream %d %d"):format(es, bn)) end } }
     if size == 64 then
+      -- the Python package (bench/py_worker.py: a Subscription) beside the
+      -- Lua consumer, the same producer and events (issue 28)
+      runs[#runs + 1] = { "python", function()
+        return with_worker(w[2], async_run, { p_py }, v, math.max(1, math.floor(n / 20)), n, CFG.tp_bound, 1)
+      end }
       -- the C API (bench/lecho_c: strings of `size` bytes, encoded as the
       -- Lua binding does: the same bytes on the wire)
       runs[#runs + 1] = { "lecho_c", function()
@@ -450,6 +463,10 @@ local function w_throughput()
              extra = r.lecho.mb_per_s and ("%.0f MB/s"):format(r.lecho.mb_per_s) },
            iv, "lecho", "zmq", ops_per_s)
     iv_row({ workload = "", metric = "ev/s", base = "tcp batched" }, iv, "lecho", "tcp", ops_per_s)
+    if r.python then
+      iv_row({ workload = "async " .. label .. " events/s, Python consumer", metric = "ev/s",
+               base = "Lua consumer", target = { ">=", 0.5 }, target_issue = 28 }, iv, "python", "lecho", ops_per_s)
+    end
     if r.lecho_c then
       iv_row({ workload = "async " .. label .. " events/s, C API", metric = "ev/s", base = "tcp batched",
                target = { ">=", 0.6 } }, iv, "lecho_c", "tcp", ops_per_s)
@@ -457,6 +474,7 @@ local function w_throughput()
     end
   end
   p:close()
+  p_py:close()
   stop_workers(w)
   R.throughput = res
 end

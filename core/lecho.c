@@ -216,6 +216,9 @@ static void ctx_free(lecho_ctx *x) {
     free(x->addr);
     free(x->ns);
     free(x->show);
+    free(x->nodes);
+    free(x->packed);
+    free(x->arrays);
     free(x);
 }
 
@@ -269,7 +272,11 @@ int lecho_close_err(lecho_ctx *x, double linger, char *err, size_t errlen) {
     }
     /* No handler runs once closing started: the trampolines find no consumer. */
     for (struct lei_h *h = x->handles; h; h = h->next)
-        if (h->kind == H_CONSUMER) ((lecho_consumer *)h)->box->c = NULL;
+        if (h->kind == H_CONSUMER) {
+            if (((lecho_consumer *)h)->box) ((lecho_consumer *)h)->box->c = NULL;
+        }
+        else if (h->kind == H_SERVICE)
+            ((lecho_service *)h)->box->s = NULL;
     struct op o = { .d = linger };
     int rc = lei_api_protect(x, op_close, &o);
     if (rc != 0 && err && errlen) snprintf(err, errlen, "%s", x->err);
@@ -549,8 +556,12 @@ static int op_consumer(lua_State *L) {
     c->box = lua_newuserdata(L, sizeof *c->box);
     c->box->c = c;
     lua_pushcclosure(L, trampoline, 1);
+    if (o->b)
+        lei_api_push_slot(L, o->b);
+    else
+        lua_pushnil(L);
     int b;
-    if ((o->rc = lei_api_glue_call(L, o->x, "consumer", 2, &b)) != 0) {
+    if ((o->rc = lei_api_glue_call(L, o->x, "consumer", 3, &b)) != 0) {
         c->box->c = NULL;
         c->box = NULL;
         return 0;
@@ -561,15 +572,21 @@ static int op_consumer(lua_State *L) {
 }
 
 int lecho_consumer_open(lecho_channel *ch, lecho_handler fn, void *ud, lecho_consumer **out) {
+    return lecho_consumer_open_opts(ch, fn, ud, NULL, out);
+}
+
+int lecho_consumer_open_opts(lecho_channel *ch, lecho_handler fn, void *ud, const lecho_value *opts,
+                             lecho_consumer **out) {
     *out = NULL;
-    if (!ch || !fn) return LECHO_EINVAL;
+    if (!ch || !fn || (opts && opts->h.ctx != ch->h.ctx)) return LECHO_EINVAL;
     lecho_ctx *x = ch->h.ctx;
     if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_consumer_open: not from a consumer handler");
     lecho_consumer *c = lei_api_h_new(x, sizeof *c, H_CONSUMER);
     if (!c) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
     c->fn = fn;
     c->ud = ud;
-    struct op o = { .a = ch, .res = c };
+    c->qref = LUA_NOREF;
+    struct op o = { .a = ch, .b = opts, .res = c };
     int rc = lei_api_protect(x, op_consumer, &o);
     if (rc != 0 || !c->box) {
         if (c->box) c->box->c = NULL;
@@ -582,10 +599,255 @@ int lecho_consumer_open(lecho_channel *ch, lecho_handler fn, void *ud, lecho_con
 
 void lecho_consumer_close(lecho_consumer *c) {
     if (!c) return;
-    c->box->c = NULL;
+    if (c->box) c->box->c = NULL;
     struct op o = { .a = c, .s = "consumer_close" };
     lei_api_protect(c->h.ctx, op_simple, &o);
+    if (c->qref != LUA_NOREF) luaL_unref(c->h.ctx->L, LUA_REGISTRYINDEX, c->qref);
     lei_api_h_free(&c->h);
+}
+
+static int op_consumer_queued(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lecho_consumer *c = o->res;
+    lei_api_push_ref(L, ((const lecho_channel *)o->a)->h.ref);
+    if (o->b)
+        lei_api_push_slot(L, o->b);
+    else
+        lua_pushnil(L);
+    lua_pushnumber(L, (lua_Number)o->n);
+    int b;
+    if ((o->rc = lei_api_glue_call(L, o->x, "consumer_queued", 3, &b)) != 0) return 0;
+    lua_pushvalue(L, b + 1);
+    c->qref = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_pushvalue(L, b);
+    c->h.ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    return 0;
+}
+
+int lecho_consumer_open_queued(lecho_channel *ch, const lecho_value *opts, size_t limit,
+                               lecho_consumer **out) {
+    if (out) *out = NULL;
+    if (!ch || !out || limit < 1 || (opts && opts->h.ctx != ch->h.ctx)) return LECHO_EINVAL;
+    lecho_ctx *x = ch->h.ctx;
+    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_consumer_open_queued: not from a handler");
+    lecho_consumer *c = lei_api_h_new(x, sizeof *c, H_CONSUMER);
+    if (!c) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+    c->qref = LUA_NOREF;
+    c->box = NULL; /* no C handler, no trampoline */
+    struct op o = { .a = ch, .b = opts, .n = limit, .res = c };
+    int rc = lei_api_protect(x, op_consumer_queued, &o);
+    if (rc != 0) {
+        if (x->L && c->qref != LUA_NOREF) luaL_unref(x->L, LUA_REGISTRYINDEX, c->qref);
+        lei_api_h_free(&c->h);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+static int op_take(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    const lecho_consumer *c = o->a;
+    lei_api_push_ref(L, c->qref);
+    lua_pushnumber(L, (lua_Number)o->n);
+    lua_pushboolean(L, o->kind);
+    int b;
+    if ((o->rc = lei_api_glue_call(L, o->x, "take", 3, &b)) != 0) return 0;
+    o->idx = lua_objlen(L, b);
+    o->d = lua_tonumber(L, b + 1);
+    /* into the slot of the caller's value */
+    lei_api_push_ref(L, ((const lecho_value *)o->b)->h.ref);
+    lua_pushvalue(L, b);
+    lua_rawseti(L, -2, 1);
+    return 0;
+}
+
+int lecho_consumer_take(lecho_consumer *c, lecho_value *v, size_t max, int meta, size_t *taken,
+                        size_t *dropped) {
+    if (taken) *taken = 0;
+    if (!c || !v || v->h.ctx != c->h.ctx || c->qref == LUA_NOREF) return LECHO_EINVAL;
+    if (max > 0x7fffffff) max = 0x7fffffff;
+    struct op o = { .a = c, .b = v, .n = max, .kind = meta != 0 };
+    int rc = lei_api_protect(c->h.ctx, op_take, &o);
+    if (rc != 0) return rc;
+    if (taken) *taken = o.idx;
+    if (dropped) *dropped = (size_t)o.d;
+    return 0;
+}
+
+static int op_settle(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lei_api_push_ref(L, ((const lecho_consumer *)o->a)->qref);
+    lua_pushnumber(L, (lua_Number)o->n);
+    if (o->s)
+        lua_pushstring(L, o->s);
+    else
+        lua_pushnil(L);
+    o->rc = lei_api_glue_call(L, o->x, "settle", 3, NULL);
+    return 0;
+}
+
+int lecho_consumer_settle(lecho_consumer *c, size_t n, const char *err) {
+    if (!c || c->qref == LUA_NOREF) return LECHO_EINVAL;
+    if (n == 0) return 0;
+    if (n > 0x7fffffff) n = 0x7fffffff;
+    struct op o = { .a = c, .n = n, .s = err };
+    return lei_api_protect(c->h.ctx, op_settle, &o);
+}
+
+static int op_set_params(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lei_api_push_ref(L, ((const struct lei_h *)o->a)->ref);
+    lei_api_push_slot(L, o->b);
+    o->rc = lei_api_glue_call(L, o->x, "set_params", 2, NULL);
+    return 0;
+}
+
+int lecho_consumer_set_params(lecho_consumer *c, const lecho_value *params) {
+    if (!c || !params || params->h.ctx != c->h.ctx) return LECHO_EINVAL;
+    lecho_ctx *x = c->h.ctx;
+    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_consumer_set_params: not from a handler");
+    struct op o = { .a = c, .b = params };
+    return lei_api_protect(x, op_set_params, &o);
+}
+
+/* ---- services and calls ---- */
+
+/* The service's Lua handler (through lecho.capi): runs the C handler as
+ * trampoline runs a consumer's; returns true, result or nil, message. */
+static int svc_trampoline(lua_State *L) {
+    struct sbox *box = lua_touserdata(L, lua_upvalueindex(1));
+    lecho_service *s = box->s;
+    if (!s) {
+        lua_pushnil(L);
+        lua_pushliteral(L, "service is closed");
+        return 2;
+    }
+    lecho_ctx *x = s->h.ctx;
+    /* Three borrowed slots: args, meta, the result. */
+    lecho_value args = { { x, LUA_NOREF, H_BORROWED, NULL, NULL } };
+    lecho_value meta = args, res = args;
+    lua_createtable(L, 1, 0);
+    lua_pushvalue(L, 1);
+    lua_rawseti(L, -2, 1);
+    args.h.ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_createtable(L, 1, 0);
+    lua_pushvalue(L, 2);
+    lua_rawseti(L, -2, 1);
+    meta.h.ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_createtable(L, 1, 0);
+    res.h.ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_State *saved = x->L;
+    x->L = L;
+    x->in_handler++;
+    const char *err = s->fn(&args, &meta, &res, s->ud);
+    x->in_handler--;
+    x->L = saved;
+    luaL_unref(L, LUA_REGISTRYINDEX, args.h.ref);
+    luaL_unref(L, LUA_REGISTRYINDEX, meta.h.ref);
+    if (err) {
+        luaL_unref(L, LUA_REGISTRYINDEX, res.h.ref);
+        lua_pushnil(L);
+        lua_pushstring(L, err);
+        return 2;
+    }
+    lua_pushboolean(L, 1);
+    lei_api_push_slot(L, &res);
+    luaL_unref(L, LUA_REGISTRYINDEX, res.h.ref);
+    return 2;
+}
+
+static int op_service(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lecho_service *s = o->res;
+    lei_api_push_ref(L, o->x->self);
+    lua_pushstring(L, o->s);
+    s->box = lua_newuserdata(L, sizeof *s->box);
+    s->box->s = s;
+    lua_pushcclosure(L, svc_trampoline, 1);
+    if (o->b)
+        lei_api_push_slot(L, o->b);
+    else
+        lua_pushnil(L);
+    int b;
+    if ((o->rc = lei_api_glue_call(L, o->x, "service", 4, &b)) != 0) {
+        s->box->s = NULL;
+        s->box = NULL;
+        return 0;
+    }
+    lua_pushvalue(L, b);
+    s->h.ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    return 0;
+}
+
+int lecho_service_open(lecho_ctx *x, const char *name, lecho_service_fn fn, void *ud,
+                       const lecho_value *opts, lecho_service **out) {
+    if (out) *out = NULL;
+    if (!x || !name || !fn || !out || (opts && opts->h.ctx != x)) return LECHO_EINVAL;
+    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_service_open: not from a handler");
+    lecho_service *s = lei_api_h_new(x, sizeof *s, H_SERVICE);
+    if (!s) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+    s->fn = fn;
+    s->ud = ud;
+    struct op o = { .s = name, .b = opts, .res = s };
+    int rc = lei_api_protect(x, op_service, &o);
+    if (rc != 0 || !s->box) {
+        if (s->box) s->box->s = NULL;
+        lei_api_h_free(&s->h);
+        return rc ? rc : LECHO_EFAILED;
+    }
+    *out = s;
+    return 0;
+}
+
+void lecho_service_close(lecho_service *s) {
+    if (!s) return;
+    s->box->s = NULL;
+    struct op o = { .a = s, .s = "service_close" };
+    lei_api_protect(s->h.ctx, op_simple, &o);
+    lei_api_h_free(&s->h);
+}
+
+/* o->i: a registry ref of a box holding the results list or the error
+ * value (LUA_NOREF when there is none). */
+static int op_call(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lei_api_push_ref(L, o->x->self);
+    lua_pushstring(L, o->s);
+    if (o->a)
+        lei_api_push_slot(L, o->a);
+    else
+        lua_pushnil(L);
+    if (o->b)
+        lei_api_push_slot(L, o->b);
+    else
+        lua_pushnil(L);
+    int b;
+    o->rc = lei_api_glue_call(L, o->x, "call", 4, &b);
+    lua_createtable(L, 1, 0);
+    lua_pushvalue(L, o->rc == 0 ? b + 1 : b + 3);
+    lua_rawseti(L, -2, 1);
+    o->i = luaL_ref(L, LUA_REGISTRYINDEX);
+    return 0;
+}
+
+int lecho_call(lecho_ctx *x, const char *name, const lecho_value *args, const lecho_value *opts,
+               lecho_value **results) {
+    if (results) *results = NULL;
+    if (!x || !name || (args && args->h.ctx != x) || (opts && opts->h.ctx != x)) return LECHO_EINVAL;
+    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_call: not from a handler");
+    lecho_value *v = lei_api_h_new(x, sizeof *v, H_VALUE);
+    if (!v) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+    struct op o = { .s = name, .a = args, .b = opts, .i = LUA_NOREF };
+    int rc = lei_api_protect(x, op_call, &o);
+    if (o.i == LUA_NOREF || !results) {
+        if (o.i != LUA_NOREF) luaL_unref(x->L, LUA_REGISTRYINDEX, o.i);
+        lei_api_h_free(&v->h);
+        return rc;
+    }
+    v->h.ref = o.i;
+    *results = v;
+    return rc;
 }
 
 /* ---- statistics ---- */

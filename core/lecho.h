@@ -98,7 +98,8 @@ LECHO_API const char *lecho_errmsg(const lecho_ctx *ctx);
  * "listen" ("127.0.0.1:0"; any of those forms, port 0: the OS chooses),
  * "advertise" (the address peers are told when "listen" is a wildcard such
  * as "0.0.0.0:0"; port 0: the bound port), "timeout", "sync_timeout",
- * "queue_limit", "policy", "quiet" ("true"), ...  A value that reads whole as
+ * "queue_limit", "policy", "quiet" ("true"), "key" (a secret key file),
+ * "trust" (a trust file, or several separated by ':' as in $LECHO_TRUST), ...  A value that reads whole as
  * a number is passed as a number, "true"/"false" as booleans, anything else
  * as a string.  0 with *out set (owned by the caller: lecho_close), or a code
  * and *out NULL; then err (when not NULL) gets why, cut to errlen bytes with
@@ -245,6 +246,51 @@ typedef struct lecho_array_info {
  * place is moved once into memory of its own if it was not aligned).
  * LECHO_ENOTFOUND (nil or missing), LECHO_EINVAL (not an array). */
 LECHO_API int lecho_get_array(const lecho_value *v, const char *key, lecho_array_info *out);
+/* A whole value in one call, as nodes in pre-order, for bindings that
+ * convert it to their own values (python/lecho/): a scalar is one node; a
+ * table is a LECHO_TTABLE node followed by its pairs, each a key's nodes
+ * then the value's nodes, the array part (keys 1..len, in order) first.
+ * Strings (keys too) point into the value: borrowed, valid while v holds
+ * the same value (for a handler's event: until the handler returns).  An
+ * array is one LECHO_TARRAY node whose str points at its elements, in
+ * memory of the array's own (a view into the read buffer is copied out
+ * once, as a waiting Lua handler's is): valid while anything holds the
+ * array (a lecho_value holding the value, lecho_set_value, pins it), so a
+ * binding can hand the memory over without copying it.  A strided view
+ * (made in Lua) is LECHO_EINVAL. */
+typedef struct lecho_node {
+    int type;        /* LECHO_T*: LECHO_TNIL, _TBOOLEAN, _TNUMBER, _TSTRING, _TTABLE, _TARRAY */
+    size_t n;        /* TSTRING: its length; TTABLE: its number of pairs; TARRAY: its bytes */
+    size_t len;      /* TTABLE: the length of its array part (pairs 1..len come first) */
+    double num;      /* TNUMBER: the number; TBOOLEAN: 0 or 1 */
+    const char *str; /* TSTRING: the bytes (NUL after n); TARRAY: the elements (no copy) */
+    const lecho_array_info *array; /* TARRAY: dtype, shape (owned by the context, as the nodes) */
+} lecho_node;
+/* The nodes of the value in v (key: NULL, the slot; a string, that field).
+ * 0 with *nodes and *count set (an array owned by the context, valid until
+ * the next lecho_nodes on it or lecho_close); LECHO_ELIMIT when tables nest
+ * deeper than 200 (a table that holds itself) and LECHO_EINVAL for a value
+ * an event cannot hold (a function: LECHO_TOTHER), both with lecho_errmsg;
+ * LECHO_ENOMEM. */
+LECHO_API int lecho_nodes(const lecho_value *v, const char *key, const lecho_node **nodes,
+                          size_t *count);
+/* lecho_nodes with every string's bytes (keys too) copied, in node order,
+ * into one array owned by the context: each node's str points into it,
+ * *bytes is its start, *nbytes its length.  A binding then takes all the
+ * strings of a value (a batch of events) out of the library in one copy.
+ * Valid until the next lecho_nodes or lecho_nodes_packed on the context. */
+LECHO_API int lecho_nodes_packed(const lecho_value *v, const char *key, const lecho_node **nodes,
+                                 size_t *count, const char **bytes, size_t *nbytes);
+/* The reverse: sets v's slot (key NULL) or field key to the value whose
+ * count nodes, in the order lecho_nodes gives (for a table: its n pairs,
+ * len of them the array part; a binding may give len 0 and list the
+ * elements as pairs with number keys), are at nodes.  Strings are copied;
+ * an array node is LECHO_EINVAL (set arrays with lecho_set_array).
+ * 0; LECHO_EINVAL for nodes that do not make one value (lecho_errmsg says
+ * where), a nil or NaN key, or a key given and a slot that holds neither a
+ * table nor nil; LECHO_ENOMEM. */
+LECHO_API int lecho_set_nodes(lecho_value *v, const char *key, const lecho_node *nodes,
+                              size_t count);
 
 /* The value as text, bounded (for logs): "{ step = 3, u = { 1, 2, ... } }".
  * Borrowed: valid until the next lecho_to_string on the same context or
@@ -350,8 +396,84 @@ typedef const char *(*lecho_handler)(const lecho_value *ev, const lecho_meta *me
  * ctx; lecho_consumer_close ends it early), or a code. */
 LECHO_API int lecho_consumer_open(lecho_channel *ch, lecho_handler fn, void *ud,
                                   lecho_consumer **out);
+/* lecho_consumer_open with options: opts NULL, or a value holding a table
+ * of the Lua ch:consumer's options (README "Modulators"): "modulator" (Lua
+ * source of a modulator shipped to every producing process), "params" (its
+ * shared params, any value), "period", "capabilities" (a list of strings).
+ * fn gets what the modulator sent.  A modulator that fails at a producer is
+ * logged by the context (Lua's on_error default).  An unknown option, or a
+ * modulator that does not compile: LECHO_EINVAL with lecho_errmsg. */
+LECHO_API int lecho_consumer_open_opts(lecho_channel *ch, lecho_handler fn, void *ud,
+                                       const lecho_value *opts, lecho_consumer **out);
+/* A consumer without a handler: its events wait in a queue inside the
+ * context until lecho_consumer_take takes them, so that a binding makes no
+ * call per event (python/lecho's iterators).  opts as for
+ * lecho_consumer_open_opts.  At most limit events wait (>= 1); past it an
+ * event fails at this consumer with "queue full" (a sync submit sees it)
+ * and is counted (lecho_consumer_take's *dropped).  The ack of a sync
+ * event is held until the binding says it is done with the event
+ * (lecho_consumer_settle), or the consumer closes (then it fails with "not
+ * handled: the subscription closed"); the producer's connection is not
+ * held meanwhile.  0 with *out set (owned by ctx), or a code. */
+LECHO_API int lecho_consumer_open_queued(lecho_channel *ch, const lecho_value *opts, size_t limit,
+                                         lecho_consumer **out);
+/* Moves at most max of c's queued events, oldest first, into v's slot: a
+ * list { ev, ... }, or with meta nonzero { { ev, producer, seq, channel }, ... }
+ * (lecho_meta's fields)
+ * (an event that is nil is a hole in the list: use meta to see it).
+ * *taken (when not NULL) gets how many, *dropped (when not NULL) how many
+ * events the queue refused since the consumer opened.  Runs no loop: call
+ * lecho_run_once when it takes 0.  LECHO_EINVAL for a consumer not opened
+ * with lecho_consumer_open_queued. */
+LECHO_API int lecho_consumer_take(lecho_consumer *c, lecho_value *v, size_t max, int meta,
+                                  size_t *taken, size_t *dropped);
+/* Settles the n oldest events lecho_consumer_take took from c and not
+ * settled yet (at most as many as were taken): err NULL, the code was done
+ * with them, and the held acks of the sync ones among them go out (with
+ * what the other consumers of the context found); else they fail at this
+ * consumer with err (copied; a producer's lecho_submit_sync gets it).
+ * Runs no loop.  LECHO_EINVAL for a consumer not opened with
+ * lecho_consumer_open_queued. */
+LECHO_API int lecho_consumer_settle(lecho_consumer *c, size_t n, const char *err);
+/* Changes the params of the consumer's modulator at every producer and
+ * returns once every producer applied them (c:set_params); 0, or a code
+ * (LECHO_EINVAL: the consumer has no modulator).  Not from a handler. */
+LECHO_API int lecho_consumer_set_params(lecho_consumer *c, const lecho_value *params);
 /* Leaves: fn is not called again.  Frees the handle.  NULL is a no-op. */
 LECHO_API void lecho_consumer_close(lecho_consumer *c);
+
+/* ---- services and calls (README "Services and calls") ---- */
+typedef struct lecho_service lecho_service;
+
+/* A service handler: runs inside the loop calls for each call of the
+ * service, with args (the caller's value) and meta (a table: service,
+ * version, caller, key, deadline), both borrowed for the call.  It sets
+ * its one result in the slot `result` (key NULL; nil if it sets nothing)
+ * and returns NULL, or returns a message: the caller's lecho_call (or Lua
+ * ctx:call) fails with it, code LECHO_EFAILED.  What waits cannot run in it
+ * (as in a consumer handler, lecho_handler). */
+typedef const char *(*lecho_service_fn)(const lecho_value *args, const lecho_value *meta,
+                                        lecho_value *result, void *ud);
+/* Serves `name` with fn(args, meta, result, ud) (ctx:service): opts NULL or
+ * a value holding a table of its options ("version", "concurrency",
+ * "queue", "queue_bytes", "budget").  0 with *out set (owned by ctx;
+ * lecho_service_close unloads it), or a code. */
+LECHO_API int lecho_service_open(lecho_ctx *ctx, const char *name, lecho_service_fn fn, void *ud,
+                                 const lecho_value *opts, lecho_service **out);
+/* Unloads the service (calls running finish; later ones get "noservice")
+ * and frees the handle.  NULL is a no-op. */
+LECHO_API void lecho_service_close(lecho_service *s);
+/* Calls a server of `name` with args (NULL: nil) and runs the loop until
+ * it answers (ctx:call): opts NULL or a value holding a table ("timeout",
+ * "version", "min_version", "key", "at", "retries").  0 with *results (when
+ * not NULL) a new value holding the list of the handler's results, its
+ * field "n" their count (nils kept); or a code (LECHO_ENOSERVICE,
+ * LECHO_EVERSION, LECHO_EBUSY, LECHO_ETIMEOUT, LECHO_EFAILED: the handler
+ * failed, ...) with lecho_errmsg, and *results a new value holding the
+ * error value (a handler may raise a table).  *results is owned by the
+ * caller (lecho_value_free).  Not from a handler (LECHO_EINVAL). */
+LECHO_API int lecho_call(lecho_ctx *ctx, const char *name, const lecho_value *args,
+                         const lecho_value *opts, lecho_value **results);
 
 /* ---- statistics ---- */
 /* The context's counters as a value (the table Lua's ctx:stats() returns:

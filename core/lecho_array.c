@@ -202,3 +202,29 @@ int lecho_get_array(const lecho_value *v, const char *key, lecho_array_info *out
     a.o.key = key;
     return lei_api_protect(v->h.ctx, op_get_array, &a.o);
 }
+
+/* For lecho_nodes: when the value at idx is an array, fills *out and
+ * returns 1 (0: not an array; -1: a strided view, with lecho_errmsg).  A
+ * received view (into the read buffer, valid while its dispatch runs) gets
+ * its own copy first (core.array_keep, once), so the data stays valid as
+ * long as the array is held, whoever holds it. */
+int lei_api_array_node(lecho_ctx *x, lua_State *L, int idx, lecho_array_info *out) {
+    lei_array *arr = to_array(L, idx);
+    if (!arr) return 0;
+    if (!contiguous(arr)) {
+        lei_api_fail(x, LECHO_EINVAL, "lecho_nodes: a strided array view (copy it in Lua first)");
+        return -1;
+    }
+    if (arr->data && (arr->flags & LEI_AF_VIEW)) {
+        core_fn(L, "array_keep");
+        lua_pushvalue(L, idx);
+        lua_call(L, 1, 0);
+    }
+    out->data = arr->count ? arr->data : NULL;
+    out->dtype = DTYPES[arr->dtype];
+    out->ndim = arr->ndim;
+    for (int d = 0; d < LECHO_ARRAY_MAXDIM; d++) out->shape[d] = d < arr->ndim ? (size_t)arr->shape[d] : 0;
+    out->count = (size_t)arr->count;
+    out->itemsize = SIZES[arr->dtype];
+    return 1;
+}

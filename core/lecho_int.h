@@ -11,7 +11,7 @@
 
 /* H_BORROWED: a value handle on the stack of liblecho (a handler's event,
  * a lecho_each key or value), not linked, freed by nobody. */
-enum { H_VALUE, H_CHANNEL, H_PRODUCER, H_CONSUMER, H_BORROWED };
+enum { H_VALUE, H_CHANNEL, H_PRODUCER, H_CONSUMER, H_BORROWED, H_SERVICE };
 
 /* Common head of every handle.  Owned by its context: linked in
  * ctx->handles until freed by its close/free function or lecho_close. */
@@ -47,7 +47,20 @@ struct lecho_consumer {
     struct lei_h h;
     lecho_handler fn;
     void *ud;
-    struct cbox *box; /* borrowed from Lua: valid while h.ref holds the consumer */
+    struct cbox *box; /* borrowed from Lua: valid while h.ref holds the consumer; NULL when queued */
+    int qref;         /* a queued consumer: registry ref of its queue (else LUA_NOREF) */
+};
+
+/* The service trampoline's upvalue, as struct cbox for consumers. */
+struct sbox {
+    lecho_service *s;
+};
+
+struct lecho_service {
+    struct lei_h h;
+    lecho_service_fn fn;
+    void *ud;
+    struct sbox *box; /* borrowed from Lua: valid while h.ref holds the service */
 };
 
 /* Owned by the caller of lecho_submit_sync; every string is malloc'd here. */
@@ -68,6 +81,12 @@ struct lecho_ctx {
     char *ns;       /* owned */
     char *show;     /* owned: the last lecho_to_string text */
     struct lei_h *handles;
+    lecho_node *nodes; /* owned: lecho_nodes' array (nodes_cap of them) */
+    size_t nodes_cap;
+    char *packed;      /* owned: lecho_nodes_packed's string bytes (packed_cap of them) */
+    size_t packed_cap;
+    lecho_array_info *arrays; /* owned: the arrays of lecho_nodes' nodes (arrays_cap of them) */
+    size_t arrays_cap, narrays;
     char err[512];
 };
 
@@ -103,6 +122,10 @@ void lei_api_push_ref(lua_State *L, int ref);
 /* A new value handle (owned by x) holding the registry ref that op, run
  * under lei_api_protect, leaves in o->i; NULL if either fails. */
 lecho_value *lei_api_value_from(lecho_ctx *x, lua_CFunction op, struct op *o);
+/* lecho_array.c, for lecho_nodes: 1 with *out filled when the value at idx
+ * is an array (a received view copied out of the read buffer first), 0
+ * when it is not one, -1 for a strided view (x's message set). */
+int lei_api_array_node(lecho_ctx *x, lua_State *L, int idx, lecho_array_info *out);
 /* Pushes what the value handle v holds. */
 void lei_api_push_slot(lua_State *L, const lecho_value *v);
 

@@ -47,7 +47,9 @@ void lei_api_push_slot(lua_State *L, const lecho_value *v) {
     lua_remove(L, -2);
 }
 
-enum { S_NIL, S_BOOL, S_NUMBER, S_STRING, S_NUMBERS, S_TABLE, S_VALUE };
+enum { S_NIL, S_BOOL, S_NUMBER, S_STRING, S_NUMBERS, S_TABLE, S_VALUE, S_NODES };
+
+static int build_nodes(struct op *o, lua_State *L, size_t *i, int depth);
 
 static int op_set(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
@@ -80,6 +82,15 @@ static int op_set(lua_State *L) {
         }
         break;
     case S_TABLE: lua_newtable(L); break;
+    case S_NODES: {
+        size_t i = 0;
+        if ((o->rc = build_nodes(o, L, &i, 0)) != 0) return 0;
+        if (i != o->n) {
+            o->rc = lei_api_fail(o->x, LECHO_EINVAL, "lecho_set_nodes: nodes left over after the value");
+            return 0;
+        }
+        break;
+    }
     default: lei_api_push_slot(L, o->b); break;
     }
     if (o->key)
@@ -345,3 +356,228 @@ const char *lecho_to_string(const lecho_value *v) {
     return v->h.ctx->show;
 }
 
+
+/* ---- a whole value as nodes (lecho_nodes, lecho_set_nodes) ---- */
+
+/* Deeper than this is a table that holds itself, or no event: the codec's
+ * max_depth is 100 by default. */
+#define NODES_MAX_DEPTH 200
+
+/* Index of a new zeroed node at the end of x->nodes (grown as needed), or
+ * (size_t)-1 when out of memory.  Indices, not pointers: growing moves it. */
+static size_t node_add(lecho_ctx *x, size_t *count) {
+    if (*count == x->nodes_cap) {
+        size_t cap = x->nodes_cap ? 2 * x->nodes_cap : 64;
+        lecho_node *n = realloc(x->nodes, cap * sizeof *n);
+        if (!n) return (size_t)-1;
+        x->nodes = n;
+        x->nodes_cap = cap;
+    }
+    memset(&x->nodes[*count], 0, sizeof x->nodes[0]);
+    return (*count)++;
+}
+
+/* Appends the nodes of the value at absolute stack index idx. */
+static int walk_nodes(lecho_ctx *x, lua_State *L, int idx, int depth, size_t *count) {
+    size_t at = node_add(x, count);
+    if (at == (size_t)-1) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+    lecho_node *nd = &x->nodes[at];
+    switch (lua_type(L, idx)) {
+    case LUA_TNIL: nd->type = LECHO_TNIL; return 0;
+    case LUA_TBOOLEAN:
+        nd->type = LECHO_TBOOLEAN;
+        nd->num = lua_toboolean(L, idx);
+        return 0;
+    case LUA_TNUMBER:
+        nd->type = LECHO_TNUMBER;
+        nd->num = lua_tonumber(L, idx);
+        return 0;
+    case LUA_TSTRING:
+        nd->type = LECHO_TSTRING;
+        nd->str = lua_tolstring(L, idx, &nd->n);
+        return 0;
+    case LUA_TTABLE: break;
+    case LUA_TUSERDATA: {
+        lecho_array_info info;
+        int r = lei_api_array_node(x, L, idx, &info);
+        if (r < 0) return LECHO_EINVAL;
+        if (r == 0) break;
+        if (x->narrays == x->arrays_cap) {
+            size_t cap = x->arrays_cap ? 2 * x->arrays_cap : 8;
+            lecho_array_info *a = realloc(x->arrays, cap * sizeof *a);
+            if (!a) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+            x->arrays = a;
+            x->arrays_cap = cap;
+        }
+        nd = &x->nodes[at];
+        nd->type = LECHO_TARRAY;
+        nd->str = info.data;
+        nd->n = info.count * info.itemsize;
+        nd->len = x->narrays; /* the index, made a pointer once the walk is done */
+        x->arrays[x->narrays++] = info;
+        return 0;
+    }
+    default: break;
+    }
+    if (lua_type(L, idx) != LUA_TTABLE)
+        return lei_api_fail(x, LECHO_EINVAL, "lecho_nodes: a value an event cannot hold (a function, ...)");
+    nd->type = LECHO_TTABLE;
+    if (depth >= NODES_MAX_DEPTH)
+        return lei_api_fail(x, LECHO_ELIMIT, "lecho_nodes: tables nested deeper than 200");
+    if (!lua_checkstack(L, 4)) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+    /* The array part: elements 1.. up to the first nil (Lua's # may stop
+     * past a hole: what follows it is listed with its keys below). */
+    size_t len = 0, pairs = 0, max = lua_objlen(L, idx);
+    int rc;
+    for (size_t i = 1; i <= max; i++) {
+        lua_rawgeti(L, idx, (int)i);
+        if (lua_isnil(L, -1)) {
+            lua_pop(L, 1);
+            break;
+        }
+        rc = walk_nodes(x, L, lua_gettop(L), depth + 1, count);
+        lua_pop(L, 1);
+        if (rc) return rc;
+        len++;
+    }
+    pairs = len;
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        if (lua_type(L, -2) == LUA_TNUMBER) {
+            lua_Number k = lua_tonumber(L, -2);
+            if (k >= 1 && k <= (lua_Number)len && k == (lua_Number)(size_t)k) {
+                lua_pop(L, 1);
+                continue;
+            }
+        }
+        int top = lua_gettop(L);
+        if ((rc = walk_nodes(x, L, top - 1, depth + 1, count)) != 0 ||
+            (rc = walk_nodes(x, L, top, depth + 1, count)) != 0)
+            return rc;
+        lua_pop(L, 1);
+        pairs++;
+    }
+    x->nodes[at].n = pairs;
+    x->nodes[at].len = len;
+    return 0;
+}
+
+static int op_nodes(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    push_get(L, o);
+    size_t count = 0;
+    o->x->narrays = 0;
+    o->rc = walk_nodes(o->x, L, lua_gettop(L), 0, &count);
+    o->n = count;
+    if (o->rc == 0 && o->x->narrays)
+        for (size_t i = 0; i < count; i++)
+            if (o->x->nodes[i].type == LECHO_TARRAY) {
+                o->x->nodes[i].array = &o->x->arrays[o->x->nodes[i].len];
+                o->x->nodes[i].len = 0;
+            }
+    return 0;
+}
+
+int lecho_nodes(const lecho_value *v, const char *key, const lecho_node **nodes, size_t *count) {
+    if (nodes) *nodes = NULL;
+    if (count) *count = 0;
+    if (!v || !nodes || !count) return LECHO_EINVAL;
+    struct op o = { .a = v, .key = key };
+    int rc = lei_api_protect(v->h.ctx, op_nodes, &o);
+    if (rc != 0) return rc;
+    *nodes = v->h.ctx->nodes;
+    *count = o.n;
+    return 0;
+}
+
+int lecho_nodes_packed(const lecho_value *v, const char *key, const lecho_node **nodes, size_t *count,
+                       const char **bytes, size_t *nbytes) {
+    if (bytes) *bytes = NULL;
+    if (nbytes) *nbytes = 0;
+    if (!bytes || !nbytes) return LECHO_EINVAL;
+    int rc = lecho_nodes(v, key, nodes, count);
+    if (rc != 0) return rc;
+    lecho_ctx *x = v->h.ctx;
+    size_t total = 0;
+    for (size_t i = 0; i < *count; i++)
+        if (x->nodes[i].type == LECHO_TSTRING) {
+            if (x->nodes[i].n + 1 > (size_t)-1 - total) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+            total += x->nodes[i].n + 1;
+        }
+    /* Bounded by the largest value read lately: a buffer grown by a huge
+     * string shrinks once values are small again. */
+    if (x->packed_cap > ((size_t)4 << 20) && total <= ((size_t)1 << 20)) {
+        free(x->packed);
+        x->packed = NULL;
+        x->packed_cap = 0;
+    }
+    if (total > x->packed_cap) {
+        char *p = realloc(x->packed, total);
+        if (!p) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+        x->packed = p;
+        x->packed_cap = total;
+    }
+    size_t at = 0;
+    for (size_t i = 0; i < *count; i++) {
+        lecho_node *nd = &x->nodes[i];
+        if (nd->type != LECHO_TSTRING) continue;
+        memcpy(x->packed + at, nd->str, nd->n);
+        x->packed[at + nd->n] = 0;
+        nd->str = x->packed + at;
+        at += nd->n + 1;
+    }
+    *bytes = x->packed;
+    *nbytes = total;
+    return 0;
+}
+
+/* Pushes the value whose nodes begin at o->nums' node *i (o->res: the
+ * nodes, o->n: their count), advancing *i past them. */
+static int build_nodes(struct op *o, lua_State *L, size_t *i, int depth) {
+    const lecho_node *nodes = o->res;
+    if (*i >= o->n) return lei_api_fail(o->x, LECHO_EINVAL, "lecho_set_nodes: the nodes end inside a table");
+    const lecho_node *nd = &nodes[(*i)++];
+    char msg[96];
+    switch (nd->type) {
+    case LECHO_TNIL: lua_pushnil(L); return 0;
+    case LECHO_TBOOLEAN: lua_pushboolean(L, nd->num != 0); return 0;
+    case LECHO_TNUMBER: lua_pushnumber(L, nd->num); return 0;
+    case LECHO_TSTRING:
+        if (!nd->str && nd->n > 0) break;
+        lua_pushlstring(L, nd->str ? nd->str : "", nd->n);
+        return 0;
+    case LECHO_TTABLE: {
+        if (depth >= NODES_MAX_DEPTH)
+            return lei_api_fail(o->x, LECHO_ELIMIT, "lecho_set_nodes: tables nested deeper than 200");
+        if (nd->len > nd->n || nd->n > o->n) break;
+        if (!lua_checkstack(L, 4)) return lei_api_fail(o->x, LECHO_ENOMEM, "out of memory");
+        size_t len = nd->len, n = nd->n;
+        lua_createtable(L, len > 0x7fffffff ? 0x7fffffff : (int)len, (int)(n - len > 0x7fffffff ? 0 : n - len));
+        int t = lua_gettop(L), rc;
+        for (size_t k = 1; k <= len; k++) {
+            if ((rc = build_nodes(o, L, i, depth + 1)) != 0) return rc;
+            lua_rawseti(L, t, (int)k);
+        }
+        for (size_t k = len; k < n; k++) {
+            size_t at = *i;
+            if ((rc = build_nodes(o, L, i, depth + 1)) != 0) return rc;
+            if (lua_isnil(L, -1) || (lua_type(L, -1) == LUA_TNUMBER && lua_tonumber(L, -1) != lua_tonumber(L, -1))) {
+                snprintf(msg, sizeof msg, "lecho_set_nodes: a nil or NaN key at node %zu", at);
+                return lei_api_fail(o->x, LECHO_EINVAL, msg);
+            }
+            if ((rc = build_nodes(o, L, i, depth + 1)) != 0) return rc;
+            lua_rawset(L, t);
+        }
+        return 0;
+    }
+    default: break;
+    }
+    snprintf(msg, sizeof msg, "lecho_set_nodes: bad node %zu", *i - 1);
+    return lei_api_fail(o->x, LECHO_EINVAL, msg);
+}
+
+int lecho_set_nodes(lecho_value *v, const char *key, const lecho_node *nodes, size_t count) {
+    if (!v || (!nodes && count > 0)) return LECHO_EINVAL;
+    struct op o = { .kind = S_NODES, .res = (void *)nodes, .n = count };
+    return set(v, key, &o);
+}

@@ -70,6 +70,7 @@ describe("make bench QUICK=1", function()
     positive(w.null_call.c.us_per_op, "null call C API")
     positive(w.null_call.tcp.us_per_op, "null call tcp")
     positive(w.throughput[1].lecho_c.ops_per_s, "C API stream")
+    positive(w.throughput[1].python.ops_per_s, "Python consumer stream")
     -- issue 13: every figure from interleaved repetitions (QUICK: 3), each
     -- one kept, the machine's business stated
     assert.are.equal(3, doc.meta.reps)
@@ -139,6 +140,7 @@ describe("make bench QUICK=1", function()
     local want = {
       { "^async 64 B events/s, Lua API", "zmq PUB/SUB", ">=", 2 },
       { "^async 64 B events/s, C API", "tcp batched", ">=", 0.6 },
+      { "^async 64 B events/s, Python consumer", "Lua consumer", ">=", 0.5 },
       { "^null sync round trip, Lua API", "tcp", "<=", 1.15 },
       { "^latency composite", "tcp", "<=", 1.25 },
       { "^4096 channels", "1 channel", ">=", 0.9 },

@@ -9,6 +9,9 @@ local address = require "lecho.addr"
 
 local M = {}
 
+-- consumer -> its queue (M.consumer_queued), for M.consumer_close
+local queues = setmetatable({}, { __mode = "k" })
+
 -- A raised error's message without the "file.lua:12: " prefixes Lua adds
 -- (a C caller cannot use them).
 local function bare(msg)
@@ -50,6 +53,11 @@ local function options(list)
       v = false
     elseif tonumber(v) then
       v = tonumber(v)
+    elseif k == "trust" and v:find(":", 1, true) then
+      -- several trust files, separated by ":" as in $LECHO_TRUST
+      local list = {}
+      for f in v:gmatch("[^:]+") do list[#list + 1] = f end
+      v = list
     end
     opts[k] = v
   end
@@ -120,14 +128,148 @@ function M.flush(p) return protect(function() p:flush(); return true end) end
 function M.producer_close(p) return protect(function() p:close(); return true end) end
 
 -- cfn(ev, meta) is lecho.c's trampoline: nothing, or the handler's message.
-function M.consumer(ch, cfn)
+-- opts: nil, or the consumer options lecho_consumer_open_opts takes
+-- (modulator, params, period, capabilities; ch:consumer checks them).
+function M.consumer(ch, cfn, opts)
   return protect(ch.consumer, ch, function(ev, meta)
     local err = cfn(ev, meta)
     if err then error(err, 0) end
+  end, opts)
+end
+
+-- A queued consumer (lecho_consumer_open_queued): its handler appends to
+-- a queue { head, tail, dropped } that M.take empties; no call into C per
+-- event.  Past `limit` events waiting, an event fails at this consumer
+-- ("queue full": a sync submit sees it) and is counted in q.dropped.
+function M.consumer_queued(ch, opts, limit)
+  -- nin, nout, nset: events queued, taken, settled since the consumer
+  -- opened; acks: the held acks of sync events, oldest first, each
+  -- { rec, position }, from ahead (the next to settle) to atail
+  local q = { head = 1, tail = 0, dropped = 0, prod = {}, seq = {}, chan = {},
+              nin = 0, nout = 0, nset = 0, acks = {}, ahead = 1, atail = 0 }
+  local ctx = ch.ctx
+  local c, err, code = protect(ch.consumer, ch, function(ev, meta)
+    local t = q.tail
+    if t - q.head + 1 >= limit then
+      q.dropped = q.dropped + 1
+      error("queue full", 0)
+    end
+    -- kept past its dispatch: arrays received as views get their own copy
+    ctx:keep_values()
+    t = t + 1
+    q[t], q.prod[t], q.seq[t], q.chan[t] = ev, meta.producer, meta.seq, meta.channel
+    q.tail = t
+    q.nin = q.nin + 1
+    -- a sync event: its ack waits until the binding's code is done with it
+    -- (M.settle), not merely queued
+    if meta.sync then
+      local rec = ctx:_hold_ack(meta)
+      q.atail = q.atail + 1
+      q.acks[q.atail] = { rec, q.nin }
+    end
+  end, opts)
+  if not c then return nil, err, code end
+  q.ctx, q.id = ctx, c.id
+  queues[c] = q
+  return c, q
+end
+
+-- Settles the n oldest taken events not settled yet (at most those taken):
+-- the held acks among them go out, as handled (err nil) or failed with err.
+local function settle(q, n, err)
+  local upto = math.min(q.nset + n, q.nout)
+  q.nset = upto
+  local acks, a = q.acks, q.ahead
+  while a <= q.atail and acks[a][2] <= upto do
+    q.ctx:_settle_ack(acks[a][1], q.id, err)
+    acks[a] = nil
+    a = a + 1
+  end
+  if a > q.atail then a, q.atail = 1, 0 end
+  q.ahead = a
+end
+
+function M.settle(q, n, err)
+  return protect(function() settle(q, n, err); return true end)
+end
+
+-- At most max events of q, oldest first: the list { ev, ... } or, with
+-- meta, { { ev, producer, seq, channel }, ... }; and q.dropped.
+function M.take(q, max, meta)
+  local out, n = {}, 0
+  local h, t = q.head, q.tail
+  local prod, seq, chan = q.prod, q.seq, q.chan
+  while h <= t and n < max do
+    n = n + 1
+    if meta then out[n] = { q[h], prod[h], seq[h], chan[h] } else out[n] = q[h] end
+    q[h], prod[h], seq[h], chan[h] = nil, nil, nil, nil
+    h = h + 1
+  end
+  if h > t then h, q.tail = 1, 0 end
+  q.head = h
+  q.nout = q.nout + n
+  return out, q.dropped
+end
+
+function M.set_params(c, params)
+  return protect(function()
+    local ok, err, code = c:set_params(params)
+    if not ok then return nil, err, code end
+    return true
   end)
 end
 
-function M.consumer_close(c) return protect(function() c:close(); return true end) end
+-- cfn(args, meta) is lecho.c's service trampoline: true, result; or nil,
+-- message (raised here: the caller gets it with code "failed").
+function M.service(ctx, name, cfn, opts)
+  return protect(ctx.service, ctx, name, function(args, meta)
+    local ok, r = cfn(args, meta)
+    if not ok then error(r, 0) end
+    return r
+  end, opts)
+end
+
+function M.service_close(s) return protect(function() s:close(); return true end) end
+
+-- ctx:call through call_async, whose callback tells a failure from results
+-- that begin with nil: true, { n = N, results... }; or nil, message, code,
+-- the error value.  Waits on the loop (a main-line call, as submit_sync).
+function M.call(ctx, name, args, opts)
+  local done, r
+  local ok, err = pcall(ctx.call_async, ctx, name, args, opts or {}, function(...)
+    done, r = true, { n = select("#", ...), ... }
+  end)
+  if not ok then return raised(err) end
+  while not done do
+    if ctx.closed then return nil, "context is closed", "closed" end
+    local okr, rerr = pcall(ctx.run_once, ctx, 1)
+    if not okr then return raised(rerr) end
+  end
+  if r[1] then
+    local res = { n = r.n - 1 }
+    for i = 2, r.n do res[i - 1] = r[i] end
+    return true, res
+  end
+  local e = r[2]
+  local msg = type(e) == "string" and e or (type(e) == "table" and type(e.message) == "string" and e.message)
+    or tostring(e)
+  return nil, msg, type(r[3]) == "string" and r[3] or "failed", e
+end
+
+function M.consumer_close(c)
+  return protect(function()
+    c:close()
+    -- a queued consumer: what it took and did not settle, and what still
+    -- waits in its queue, was not handled
+    local q = queues[c]
+    if q then
+      queues[c] = nil
+      q.nout = q.nin
+      settle(q, q.nin, "not handled: the subscription closed")
+    end
+    return true
+  end)
+end
 
 function M.stats(ctx) return protect(function() return ctx:stats() end) end
 

@@ -23,6 +23,8 @@ local function now(self) return self.c:now() end
 -- line, outside any callback, serves the loop itself until it can go on.
 -- So waits never nest: no callback ever runs inside another one's wait.
 local WAIT, DONE = {}, {}
+-- meta[HOLD]: the held ack of a sync event (Context:_hold_ack)
+local HOLD = {}
 local traceback = require("lecho.errors").traceback  -- (without lecho's own frames)
 
 function Context:_peer_addr(idx)
@@ -170,6 +172,12 @@ local function keep_views(self)
   for i = 1, #live do keep_view(live[i]) end
 end
 
+--- For a handler that stores its event for later (lecho.capi's queued
+-- consumers): the values being dispatched get their own copies of what
+-- points into the read buffer (arrays of 4 KiB or more, long strings for
+-- buffer consumers), as before a wait.  May raise (memory).
+function Context:keep_values() keep_views(self) end
+
 local LOST = "lecho: this event's value was lost: out of memory keeping it while a handler waited"
 
 -- What a consumer's handler gets: the value, and the buffer made for it.
@@ -220,10 +228,15 @@ function Context:_on_event(chid, value, peer, producer, seq, sync, rv)
     if con.closed then return 0, nil end
     local short = self.dshort[chid]
     local meta = { channel = short, producer = pname_of(self, peer, producer), seq = seq }
+    if sync > 0 then meta.sync = true end
+    local errs
     if rv or con.buffer then
-      return 1, run_buffered(self, con, con.handler, value, meta, sync, nil, short, rv)
+      errs = run_buffered(self, con, con.handler, value, meta, sync, nil, short, rv)
+    else
+      errs = run_handler(self, con, con.handler, value, meta, sync, nil, short)
     end
-    return 1, run_handler(self, con, con.handler, value, meta, sync, nil, short)
+    if sync > 0 then return 1, errs, meta[HOLD] end
+    return 1, errs
   end
   -- The consumer list carries its channel's short name and kind, so that an
   -- event touches a few small tables, not the channel object.
@@ -232,6 +245,7 @@ function Context:_on_event(chid, value, peer, producer, seq, sync, rv)
   local nran, errs = 0, nil
   if list and list[1] then
     local meta = { channel = ch.short, producer = pname_of(self, peer, producer), seq = seq }
+    if sync > 0 then meta.sync = true end
     local n = #list
     local snap = list
     if n > 1 then snap = { unpack(list, 1, n) } end
@@ -253,8 +267,59 @@ function Context:_on_event(chid, value, peer, producer, seq, sync, rv)
         end
       end
     end
+    if sync > 0 then return nran, errs, meta[HOLD] end
   end
   return nran, errs
+end
+
+-- Held acks.  A handler that takes a sync event without being done with it
+-- (lecho.capi's queued consumer: the event waits in a queue for a binding's
+-- code) holds the event's ack: Context:_hold_ack(meta) during the handler
+-- gives a record; Context:_settle_ack(rec, consumer, err) later says this
+-- consumer is done with it (err nil) or failed (err its message).  Once
+-- every holder settled and the dispatch ended, the ack goes out with what
+-- the dispatch found plus the holders' failures, on the connection the
+-- event came on only (gen).  The dispatch itself does not wait: the
+-- connection is not held (other events of that peer, other channels
+-- included, go on), unlike a handler that waits (ctx.held).  A record whose
+-- context closed first is never sent (the producer sees its connection go).
+function Context:_hold_ack(meta)
+  if not meta.sync then return nil end
+  local rec = meta[HOLD]
+  if not rec then
+    rec = { left = 0 }
+    meta[HOLD] = rec
+  end
+  rec.left = rec.left + 1
+  return rec
+end
+
+local function send_held(self, rec)
+  if rec.left > 0 or not rec.ready or self.closed then return end
+  local errs = rec.errs
+  if rec.failed then
+    errs = errs or {}
+    for _, e in ipairs(rec.failed) do errs[#errs + 1] = e end
+  end
+  rec.ready = nil -- once
+  self.c:ack(rec.peer, rec.sync, rec.nran, errs, nil, rec.gen)
+end
+
+function Context:_settle_ack(rec, consumer, err)
+  if rec.left <= 0 then return end
+  rec.left = rec.left - 1
+  if err then
+    rec.failed = rec.failed or {}
+    rec.failed[#rec.failed + 1] = { consumer = consumer, err = err }
+  end
+  send_held(self, rec)
+end
+
+-- The dispatch of a sync event whose ack a handler holds ended: what it
+-- found waits in rec until the holders settled.
+local function held_ack(self, rec, peer, sync, nran, errs, gen)
+  rec.ready, rec.peer, rec.sync, rec.nran, rec.errs, rec.gen = true, peer, sync, nran, errs, gen
+  send_held(self, rec)
 end
 
 -- Spawned functions run in worker coroutines that are kept for the next
@@ -536,9 +601,14 @@ local function dispatcher(self)
   local co = coroutine.running()
   local chid, value, peer, producer, seq, sync, gen, rv = coroutine.yield(DONE)
   while true do
-    local nran, errs = self:_on_event(chid, value, peer, producer, seq, sync, rv)
+    local nran, errs, hrec = self:_on_event(chid, value, peer, producer, seq, sync, rv)
     local held = self.held[co]
-    if held then
+    if hrec then
+      -- a handler holds the ack (Context:_hold_ack): not C's to send now
+      if held then self.held[co] = nil; if not self.closed then self.c:resume(held, chid) end end
+      if not self.closed then held_ack(self, hrec, peer, sync, nran, errs, gen) end
+      nran, errs = nil, nil
+    elseif held then
       -- The dispatch waited: its event hook returned long ago, so the ack
       -- (if sync) is ours to send.
       self.held[co] = nil

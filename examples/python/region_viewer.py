@@ -1,0 +1,119 @@
+#!/usr/bin/python3
+"""examples/python/region_viewer.py: a Python viewer of the atmosphere
+example (examples/atmosphere/).  It subscribes to "atmosphere.field" with
+the region modulator of examples/atmosphere/modulators.lua: the simulation
+process keeps a latitude/longitude box and sends block means of it, so only
+the box crosses the wire.  Every N steps it prints a summary line and, with
+--out DIR, saves the field: a PNG heat map when Debian's python3-matplotlib
+is installed, else a .npy file (NumPy).
+
+    luajit examples/atmosphere/simulation.lua --steps 100 --wait 1 &   # prints "nameserver 127.0.0.1:PORT"
+    PYTHONPATH=python python3 examples/python/region_viewer.py --nameserver 127.0.0.1:PORT --every 10
+
+Options:
+  --nameserver HOST:PORT  the name server (required)
+  --box A,B,C,D           lat_min,lat_max,lon_min,lon_max (default 0,90,0,180)
+  --stride N              block side in cells (default 2)
+  --every N               report (and save) every N steps (default 10)
+  --out DIR               save each reported field there (PNG, or .npy without matplotlib)
+  --seconds S             stop after S seconds without the final event (default 60)
+Ends at the simulation's final event (or Ctrl-C)."""
+import argparse
+import os
+import re
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))  # a checkout; harmless when installed
+
+import lecho  # noqa: E402
+
+try:
+    import numpy as np
+except ImportError:  # the summary lines need no NumPy
+    np = None
+
+
+def region_modulator():
+    """The region modulator's Lua source, as the Lua viewer ships it."""
+    text = open(os.path.join(HERE, "..", "atmosphere", "modulators.lua")).read()
+    m = re.search(r"M\.region = \[==\[(.*?)\]==\]", text, re.S)
+    if not m:
+        sys.exit("region_viewer: no M.region in examples/atmosphere/modulators.lua")
+    return m.group(1)
+
+
+def save(field, ev, path_base):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        np.save(path_base + ".npy", field)
+        return path_base + ".npy"
+    fig, ax = plt.subplots(figsize=(6, 4))
+    lat0, lon0 = ev.get("lat0", 0), ev.get("lon0", 0)
+    extent = [lon0, lon0 + ev["dlon"] * ev["nlon"], lat0, lat0 + ev["dlat"] * ev["nlat"]]
+    im = ax.imshow(field[0], origin="lower", extent=extent, aspect="auto", cmap="viridis")
+    fig.colorbar(im, ax=ax)
+    ax.set_title("step %d, level 1" % ev["step"])
+    fig.savefig(path_base + ".png")
+    plt.close(fig)
+    return path_base + ".png"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nameserver", required=True)
+    ap.add_argument("--box", default="0,90,0,180")
+    ap.add_argument("--stride", type=int, default=2)
+    ap.add_argument("--every", type=int, default=10)
+    ap.add_argument("--out")
+    ap.add_argument("--seconds", type=float, default=60)
+    a = ap.parse_args()
+    box = [float(x) for x in a.box.split(",")]
+    if len(box) != 4:
+        ap.error("--box wants lat_min,lat_max,lon_min,lon_max")
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+    params = dict(zip(("lat_min", "lat_max", "lon_min", "lon_max"), box), stride=a.stride)
+    ctx = lecho.Context(nameserver=a.nameserver, quiet=True)
+    sub = ctx.channel("atmosphere.field").subscribe(modulator=region_modulator(), params=params)
+    print("subscribed", flush=True)
+    end = time.monotonic() + a.seconds
+    events = 0
+    try:
+        while True:
+            try:
+                ev = sub.get(timeout=max(0.01, end - time.monotonic()))
+            except lecho.LechoError as e:
+                if e.code == "timeout":
+                    print("no final event within %g s" % a.seconds)
+                    break
+                raise
+            events += 1
+            if "cells" in ev and (ev["step"] % a.every == 0 or ev.get("final")):
+                cells = ev["cells"]
+                shape = (ev["nlev"], ev["nlat"], ev["nlon"])
+                line = "step %d t %.1f h region %dx%dx%d" % ((ev["step"], ev["t"]) + shape)
+                if np is not None:
+                    field = np.asarray(cells, dtype=float).reshape(shape)
+                    line += " min %.3f mean %.3f max %.3f" % (field.min(), field.mean(), field.max())
+                    if a.out:
+                        line += " saved " + save(field, ev, os.path.join(a.out, "step%05d" % ev["step"]))
+                print(line, flush=True)
+            if ev.get("final"):
+                print("final step %d, %d events, %d bytes received" % (
+                    ev.get("step", 0), events, sum(r["bytes_in"] for n, r in ctx.stats()["channels"].items()
+                                                    if "atmosphere.field" in n)), flush=True)
+                break
+    except KeyboardInterrupt:
+        print("interrupted")
+    finally:
+        sub.close()
+        ctx.close(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,898 @@
+"""lecho: event channels between processes, from Python.
+
+A binding of liblecho's public C API (core/lecho.h) with cffi: the context,
+its name server, the connections and the codec are liblecho's (a private
+LuaJIT state runs the same Lua layer a Lua peer runs), so a Python process
+is a peer like any other.  doc/python.md is the reference.
+
+    import lecho
+    ctx = lecho.Context(nameserver="127.0.0.1:7700")
+    ch = ctx.channel("ozone")
+    for ev in ch.subscribe(modulator="function enqueue(ev) if ev.step % 10 == 0 then return ev end end"):
+        print(ev["step"])
+"""
+import collections
+import dis
+import gc
+import sys
+import threading
+import traceback
+import weakref
+
+from ._ffi import ffi, lib, LIBRARY
+from . import _values
+
+__all__ = ["Context", "Channel", "Producer", "Consumer", "Subscription", "Service", "Meta",
+           "LechoError", "SyncError", "CallError", "modulator", "keygen", "CODES", "LIBRARY"]
+
+# The shared error codes (README "Errors"; lua/lecho/errors.lua): name <-> number.
+CODES = {}
+for _i in range(1, 64):
+    _name = ffi.string(lib.lecho_strerror(_i)).decode()
+    if _name == "unknown":
+        break
+    CODES[_name] = _i
+del _i, _name
+
+
+class LechoError(Exception):
+    """A failure with its code: .code is the name of the shared list
+    ("timeout", "closed", "refused", "limit", "wouldblock", "invalid",
+    "notfound", "io", "protocol", "nomem", "failed", "noservice", "version",
+    "busy", "noconsumer": the Lua API's third value), .errno its number in
+    lecho.h, .message the text."""
+
+    def __init__(self, code, message):
+        if isinstance(code, int):
+            self.errno = code
+            code = ffi.string(lib.lecho_strerror(code)).decode()
+        else:
+            self.errno = CODES.get(code, lib.LECHO_EFAILED)
+        self.code = code
+        self.message = message
+        super().__init__("%s (%s)" % (message, code))
+
+
+class SyncError(LechoError):
+    """A failed submit_sync: .errors lists the failing or silent consumers,
+    each a dict with context, consumer, message and code."""
+
+    def __init__(self, code, message, errors):
+        super().__init__(code, message)
+        self.errors = errors
+
+
+class CallError(LechoError):
+    """A failed call: .value is the error value the handler raised (a
+    string, or a table as a dict), or the message."""
+
+    def __init__(self, code, message, value):
+        super().__init__(code, message)
+        self.value = value
+
+
+Meta = collections.namedtuple("Meta", "channel producer seq")
+
+
+def _s(b):
+    return ffi.string(b).decode("utf-8", "replace") if b != ffi.NULL else ""
+
+
+def _opt(v):
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if isinstance(v, (list, tuple)):  # trust files
+        return ":".join(str(x) for x in v)
+    return str(v)
+
+
+def modulator(src_or_file):
+    """The text of a modulator: the contents of a file when given a path
+    that ends in .lua (as Lua's lecho.modulator), else the source itself."""
+    s = str(src_or_file)
+    if "\n" not in s and s.endswith(".lua"):
+        try:
+            with open(s) as f:
+                return f.read()
+        except FileNotFoundError:
+            raise LechoError("notfound", "no such file: %s" % s) from None
+        except OSError as e:
+            raise LechoError("io", "%s: %s" % (s, e.strerror)) from None
+    return s
+
+
+def keygen(*names, dir=".", authority=False, sign_with=None):
+    """Makes a key pair per principal name (scripts/lecho-keygen: DIR/NAME.key,
+    mode 0600, and DIR/NAME.pub; never overwrites a file).  authority: make
+    authority keys; sign_with: certify each new key with that authority's
+    secret key file.  Returns the secret key paths.  Raises LechoError
+    ("failed") with the script's message."""
+    import os
+    import shutil
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = os.path.join(here, "..", "..", "scripts", "lecho-keygen")
+    if not os.path.exists(script):
+        script = shutil.which("lecho-keygen")
+    if not script:
+        raise LechoError("notfound", "lecho-keygen not found (make install puts it in PREFIX/bin)")
+    argv = [script] + list(names) + ["--dir", str(dir)]
+    if authority:
+        argv.append("--authority")
+    if sign_with:
+        argv += ["--sign-with", str(sign_with)]
+    r = subprocess.run(argv, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise LechoError("failed", (r.stderr or r.stdout).strip())
+    return [os.path.join(str(dir), n + ".key") for n in names]
+
+
+class Context:
+    """A context: lecho.Context(nameserver="127.0.0.1:7700", ...).  Options
+    are those of the Lua lecho.context (README "API"): nameserver, listen,
+    advertise, timeout, sync_timeout, queue_limit, policy, quiet, key (a
+    secret key file), trust (a trust file or a list of them), ...; without
+    nameserver the context runs a name server of its own (.address).
+
+    A context and what is made from it belong to the thread that made it.
+    Events arrive, leave and handlers run only inside the loop calls:
+    run(), run_once(), iterating a Subscription, submit_sync(), call(), or
+    the asyncio ticks of attach()."""
+
+    def __init__(self, **opts):
+        flat = []
+        keep = []
+        for k, v in opts.items():
+            if v is None:
+                continue
+            for s in (k, _opt(v)):
+                c = ffi.new("char[]", s.encode())
+                keep.append(c)
+                flat.append(c)
+        flat.append(ffi.NULL)
+        arr = ffi.new("const char *[]", flat)
+        out = ffi.new("lecho_ctx **")
+        err = ffi.new("char[512]")
+        rc = lib.lecho_open(arr, out, err, 512)
+        if rc != 0:
+            raise LechoError(rc, _s(err))
+        self._x = out[0]
+        self._thread = threading.get_ident()
+        self._pending = None          # a BaseException raised in a callback, re-raised after
+        self._handles = []            # consumers, services: their callbacks live as long
+        self._asyncio = None
+        self._deferred = []           # value handles collected in another thread
+        self._pins = weakref.WeakSet()  # what received arrays hold (see close)
+        self.address = _s(lib.lecho_address(self._x))
+        self.nameserver = _s(lib.lecho_nameserver(self._x))
+        self.on_handler_error = _print_handler_error
+
+    # -- internals --
+    def _check(self):
+        if self._x is None:
+            raise LechoError("closed", "context is closed")
+        return self._x
+
+    def _fail(self, rc):
+        raise LechoError(rc, _s(lib.lecho_errmsg(self._x)))
+
+    def _own(self, v):
+        """v (a new lecho_value) freed when the returned cdata is collected:
+        at once when that happens in the context's thread while it is open,
+        at the context's next call when in another thread (the garbage
+        collector may run anywhere), never once it is closed (lecho_close
+        freed it)."""
+        if v == ffi.NULL:
+            raise LechoError("nomem", "out of memory")
+        return ffi.gc(v, self._free_value)
+
+    def _free_value(self, v):
+        if self._x is None:
+            return
+        if threading.get_ident() == self._thread:
+            lib.lecho_value_free(v)
+        else:
+            self._deferred.append(v)
+
+    def _value(self, pyvalue):
+        """A new lecho_value (freed with the returned cdata) holding pyvalue."""
+        self._drain()
+        v = self._own(lib.lecho_value_new(self._check()))
+        self._set(v, pyvalue)
+        return v
+
+    def _drain(self):
+        while self._deferred:
+            lib.lecho_value_free(self._deferred.pop())
+
+    def _set(self, v, pyvalue):
+        n = _values.Nodes(pyvalue)
+        rc = lib.lecho_set_nodes(v, ffi.NULL, n.array, n.count)
+        if rc == 0 and n.arrays:
+            rc = _values.set_arrays(v, n.arrays)
+        if rc != 0:
+            self._fail(rc)
+
+    def _read(self, v, raw=False, pin=None):
+        r = _values.read(v, raw, pin=pin)
+        if not isinstance(r, tuple):
+            self._fail(r)
+        return r[0]
+
+    # -- arrays received: NumPy arrays over the context's memory --
+    def _pin_owned(self, holder):
+        """A pin on holder (an owned lecho_value cdata): the arrays made
+        over its memory hold it; close() refuses while one lives."""
+        p = _Pin(holder)
+        self._pins.add(p)
+        return p
+
+    def _pin_copy(self, v):
+        """A pin on a new handle holding what v (borrowed: a handler's
+        event) holds: its arrays stay valid after the handler returned."""
+        holder = self._own(lib.lecho_value_new(self._x))
+        rc = lib.lecho_set_value(holder, ffi.NULL, v)
+        if rc != 0:
+            self._fail(rc)
+        return self._pin_owned(holder)
+
+    def _reraise(self):
+        exc = self._pending
+        if exc is not None:
+            self._pending = None
+            raise exc
+
+    def _loop_call(self, rc):
+        """After a C call that ran the loop: a callback's KeyboardInterrupt
+        (or SystemExit) first, then rc."""
+        self._reraise()
+        if rc != 0:
+            self._fail(rc)
+
+    # -- the loop --
+    def run_once(self, timeout=0.0):
+        """One loop turn, waiting at most timeout seconds (None: until
+        something happens)."""
+        x = self._check()
+        self._drain()
+        rc = lib.lecho_run_once(x, -1.0 if timeout is None else float(timeout))
+        self._loop_call(rc)
+
+    def run(self, seconds=None):
+        """Serves the loop until stop() (or for `seconds`).  Turns of at most
+        0.1 s, so that Ctrl-C (KeyboardInterrupt) stops it at once."""
+        import time
+        self._stopped = False
+        end = None if seconds is None else time.monotonic() + seconds
+        while not self._stopped:
+            left = 0.1 if end is None else min(0.1, end - time.monotonic())
+            if left <= 0:
+                break
+            self.run_once(left)
+
+    def stop(self):
+        self._stopped = True
+        lib.lecho_stop(self._check())
+
+    # -- asyncio --
+    def attach(self, loop=None, interval=0.005):
+        """Runs this context inside an asyncio event loop (Jupyter's, say):
+        a turn of run_once(0) every `interval` seconds and soon after each
+        submit.  libev does not publish its backend descriptor (ev.h has no
+        ev_backend_fd), so there is no fd for loop.add_reader to watch; the
+        timers of a context (heartbeats, redials, timeouts) would need a tick
+        anyway.  A turn that finds nothing costs one epoll_wait(0)."""
+        import asyncio
+        if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = asyncio.get_event_loop()
+        self.detach()
+        self._asyncio = _Ticker(self, loop, interval)
+        return self
+
+    def detach(self):
+        if self._asyncio is not None:
+            self._asyncio.cancel()
+            self._asyncio = None
+
+    def _kick(self):
+        if self._asyncio is not None:
+            self._asyncio.soon()
+
+    # -- channels, services --
+    def channel(self, name):
+        """The channel `name` ("ozone", or "host:port/ozone")."""
+        ch = lib.lecho_channel_get(self._check(), name.encode())
+        if ch == ffi.NULL:
+            raise LechoError("invalid", _s(lib.lecho_errmsg(self._x)) or "bad channel name")
+        return Channel(self, ch, name)
+
+    def service(self, name, fn, **opts):
+        """Serves `name`: fn(args, meta) -> result runs for each call (in the
+        loop calls; it cannot wait).  opts: version, concurrency, queue,
+        queue_bytes, budget.  An exception in fn fails the call (code
+        "failed") with its text."""
+        return Service(self, name, fn, opts)
+
+    def call(self, name, args=None, **opts):
+        """Calls a server of `name`; runs the loop until it answers.  opts:
+        timeout, version, min_version, key, at, retries.  The handler's
+        result (None for none; a tuple for several), or CallError."""
+        x = self._check()
+        a = self._value(args)
+        o = self._value(opts) if opts else ffi.NULL
+        res = ffi.new("lecho_value **")
+        rc = lib.lecho_call(x, name.encode(), a, o, res)
+        msg = _s(lib.lecho_errmsg(x)) if rc != 0 else ""
+        holder = self._own(res[0]) if res[0] != ffi.NULL else None
+        self._reraise()
+        pin = (lambda: self._pin_owned(holder))
+        if rc != 0:
+            value = msg
+            if holder is not None:
+                r = _values.read(holder, pin=pin)
+                if isinstance(r, tuple):
+                    value = r[0]
+            raise CallError(rc, msg, value)
+        r = _values.read(holder, pin=pin)
+        if not isinstance(r, tuple):
+            self._fail(r)
+        d = r[0]    # { n = N, results... }: a dict (the key "n" keeps it from being a list)
+        n = d.get("n", 0)
+        vals = tuple(d.get(i) for i in range(1, n + 1))
+        if n == 0:
+            return None
+        return vals[0] if n == 1 else vals
+
+    def stats(self):
+        """The context's counters (Lua's ctx:stats())."""
+        v = lib.lecho_stats(self._check())
+        if v == ffi.NULL:
+            self._fail(lib.LECHO_EFAILED)
+        return self._read(self._own(v))
+
+    def stat(self, channel, counter):
+        """One counter of one channel (-1: none yet)."""
+        return lib.lecho_stat(self._check(), channel.encode(), counter.encode())
+
+    def close(self, linger=-1.0):
+        """Delivers what was submitted (at most `linger` seconds; < 0: the
+        context's linger option, 2 s), closes, frees.  LechoError("timeout")
+        when something could not be delivered (closed all the same)."""
+        if self._x is None:
+            return
+        if len(self._pins):
+            gc.collect()
+        if len(self._pins):
+            # as mmap.close() with exported buffers: freeing the memory under
+            # a live NumPy array would crash the process later
+            raise BufferError("lecho: arrays received from this context are still held (%d values): "
+                              "del them or keep copies (a.copy()) before closing" % len(self._pins))
+        self.detach()
+        self._drain()
+        x, self._x = self._x, None
+        for h in self._handles:
+            h._dead()
+        self._handles = []
+        err = ffi.new("char[512]")
+        rc = lib.lecho_close_err(x, float(linger), err, 512)
+        self._reraise()
+        if rc != 0:
+            raise LechoError(rc, _s(err))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_x", None) is not None and threading.get_ident() == self._thread:
+            try:
+                self.close(0)
+            except Exception:  # arrays still held (BufferError): left open
+                pass
+
+
+class _Pin:
+    """Holds a lecho_value whose arrays NumPy arrays point into."""
+    __slots__ = ("v", "__weakref__")
+
+    def __init__(self, v):
+        self.v = v
+
+
+def _print_handler_error(where, exc):
+    sys.stderr.write("lecho: %s failed: " % where)
+    traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+
+
+class _Ticker:
+    """Context.attach's asyncio side: run_once(0) every interval."""
+
+    def __init__(self, ctx, loop, interval):
+        self.ctx, self.loop, self.interval = ctx, loop, interval
+        self.handle = loop.call_soon(self.tick)
+        self.pending_soon = False
+
+    def tick(self):
+        self.handle = None
+        if self.ctx._x is None:
+            return
+        try:
+            self.ctx.run_once(0)
+            self.wake()
+        finally:
+            if self.ctx._x is not None:
+                self.handle = self.loop.call_later(self.interval, self.tick)
+
+    def wake(self):
+        for h in self.ctx._handles:
+            if isinstance(h, Subscription):
+                h._wake()
+
+    def soon(self):
+        if self.pending_soon:
+            return
+        self.pending_soon = True
+
+        def once():
+            self.pending_soon = False
+            if self.ctx._x is not None:
+                self.ctx.run_once(0)
+                self.wake()
+        self.loop.call_soon(once)
+
+    def cancel(self):
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+
+class Channel:
+    def __init__(self, ctx, ch, asked):
+        self.ctx = ctx
+        self._ch = ch
+        self.name = _s(lib.lecho_channel_name(ch))
+
+    def producer(self, policy=None):
+        """A producer: returns once the channel's manager said where the
+        consumers are.  policy: None (the context's), "block",
+        "drop_oldest", "drop_newest", "disconnect"."""
+        return Producer(self, policy)
+
+    def consumer(self, fn, modulator=None, params=None, period=None, capabilities=None, raw=False):
+        """A consumer running fn(ev, meta) for each event (inside the loop
+        calls).  fn's exception fails the event (a submit_sync sees its
+        text).  modulator: Lua source (or a .lua file) run in every
+        producing process (README "Modulators"); params: its shared
+        params."""
+        return Consumer(self, fn, _mod_opts(modulator, params, period, capabilities), raw)
+
+    def subscribe(self, modulator=None, params=None, period=None, capabilities=None, raw=False,
+                  maxsize=65536, meta=False):
+        """A consumer as an iterator: `for ev in ch.subscribe(...)` (or
+        `async for` once the context is attached to asyncio).  Yields
+        events, or (ev, Meta) with meta=True."""
+        return Subscription(self, _mod_opts(modulator, params, period, capabilities), raw,
+                            maxsize, meta)
+
+
+def _mod_opts(mod, params, period, capabilities):
+    o = {}
+    if mod is not None:
+        o["modulator"] = modulator(mod)
+    if params is not None:
+        o["params"] = params
+    if period is not None:
+        o["period"] = period
+    if capabilities is not None:
+        o["capabilities"] = list(capabilities)
+    return o
+
+
+class Producer:
+    def __init__(self, ch, policy):
+        self.ctx = ctx = ch.ctx
+        self.channel = ch
+        out = ffi.new("lecho_producer **")
+        rc = lib.lecho_producer_open(ch._ch, policy.encode() if policy else ffi.NULL, out)
+        ctx._loop_call(rc)
+        self._p = out[0]
+        self._ev = ctx._own(lib.lecho_value_new(ctx._x))
+
+    def _load(self, ev):
+        if self._p is None or self.ctx._x is None:
+            raise LechoError("closed", "producer is closed")
+        self.ctx._set(self._ev, ev)
+
+    def submit(self, ev):
+        """Queues ev for every consumer; returns at once (under "block",
+        first runs the loop until there is room)."""
+        self._load(ev)
+        rc = lib.lecho_submit(self._p, self._ev)
+        self.ctx._loop_call(rc)
+        self.ctx._kick()
+
+    def submit_sync(self, ev, timeout=-1.0):
+        """Submits ev and runs the loop until every consumer ran its
+        handler on it (True), or raises SyncError (.errors per consumer)."""
+        self._load(ev)
+        errs = ffi.new("lecho_errors **")
+        rc = lib.lecho_submit_sync(self._p, self._ev, float(timeout), errs)
+        ctx = self.ctx
+        msg = _s(lib.lecho_errmsg(ctx._x)) if rc != 0 else ""
+        e = errs[0]
+        lst = []
+        if e != ffi.NULL:
+            for i in range(lib.lecho_errors_count(e)):
+                lst.append({"context": _s(lib.lecho_errors_context(e, i)),
+                            "consumer": _s(lib.lecho_errors_consumer(e, i)),
+                            "message": _s(lib.lecho_errors_message(e, i)),
+                            "code": ffi.string(lib.lecho_strerror(lib.lecho_errors_code(e, i))).decode()})
+            msg = _s(lib.lecho_errors_text(e)) or msg
+            lib.lecho_errors_free(e)
+        ctx._reraise()
+        if rc != 0:
+            raise SyncError(rc, msg, lst)
+        return True
+
+    def flush(self):
+        rc = lib.lecho_flush(self._p)
+        if rc != 0:
+            self.ctx._fail(rc)
+
+    def close(self):
+        if self._p is not None and self.ctx._x is not None:
+            lib.lecho_producer_close(self._p)
+        self._p = None
+
+
+class _Handled:
+    """What consumers and services share: the cffi callback kept alive with
+    the handle, the error text kept alive until C copied it."""
+
+    def _dead(self):
+        self._h = None
+
+
+class Consumer(_Handled):
+    def __init__(self, ch, fn, opts, raw=False):
+        self.ctx = ctx = ch.ctx
+        self.channel = ch
+        self._fn = fn
+        self._raw = raw
+        self._err = None
+        self._cb = ffi.callback("lecho_handler", self._trampoline)
+        o = ctx._value(opts) if opts else ffi.NULL
+        out = ffi.new("lecho_consumer **")
+        rc = lib.lecho_consumer_open_opts(ch._ch, self._cb, ffi.NULL, o, out)
+        ctx._loop_call(rc)
+        self._h = out[0]
+        ctx._handles.append(self)
+
+    def _trampoline(self, ev, meta, ud):
+        ctx = self.ctx
+        try:
+            r = _values.read(ev, self._raw, pin=lambda: ctx._pin_copy(ev))
+            if not isinstance(r, tuple):
+                raise LechoError(r, _s(lib.lecho_errmsg(ctx._x)))
+            m = Meta(_s(meta.channel), _s(meta.producer), int(meta.seq))
+            res = self._fn(r[0], m)
+            if res is None or res is True:
+                return ffi.NULL
+            msg = str(res)
+        except Exception as exc:
+            msg = "%s: %s" % (type(exc).__name__, exc)
+            try:
+                ctx.on_handler_error("handler of consumer on %s" % self.channel.name, exc)
+            except Exception:
+                pass  # the event still fails with msg
+        except BaseException as exc:  # KeyboardInterrupt, SystemExit: after the C call
+            ctx._pending = exc
+            msg = "interrupted"
+        self._err = ffi.new("char[]", msg.encode("utf-8", "replace"))
+        return self._err
+
+    def set_params(self, params):
+        """Changes the modulator's params at every producer; returns once
+        every producer applied them."""
+        v = self.ctx._value(params)
+        rc = lib.lecho_consumer_set_params(self._h, v)
+        self.ctx._loop_call(rc)
+
+    def close(self):
+        if self._h is not None and self.ctx._x is not None:
+            lib.lecho_consumer_close(self._h)
+            self.ctx._handles.remove(self)
+        self._h = None
+
+
+_POP_TOP = dis.opmap.get("POP_TOP")
+
+
+def _left_by_break(f):
+    """In a generator's GeneratorExit, f the frame that dropped it: True
+    when that frame's last instruction is the POP_TOP that `break` or
+    `return` inside a for loop compiles to (CPython pops the loop's
+    iterator there); an exception drops it at the instruction that raised
+    (or a RERAISE), close() or del at theirs.  False when unsure."""
+    try:
+        return f is not None and f.f_code.co_code[f.f_lasti] == _POP_TOP
+    except (AttributeError, IndexError, TypeError):
+        return False
+
+
+class Subscription(_Handled):
+    """A consumer as an iterator.  Its events wait in a queue inside the
+    context (lecho_consumer_open_queued: no Python call per event) and are
+    taken in batches.  At most maxsize wait; past it an event fails at this
+    consumer (a submit_sync sees "queue full"), is counted in .dropped and
+    logged once.  A producer's submit_sync returns true only once the code
+    is done with the event: an event handed out counts as handled when the
+    subscription is asked for the next one past its batch (the loop body
+    ran), when done() is called, or when the subscription closes.  A for
+    loop that stops by break or return counts the event out as handled;
+    one whose body raised (or whose iterator was closed or collected) fails
+    that event ("not handled: the subscription's iterator stopped"); the
+    same for async for.  Events taken and not handed out yet wait for the
+    next loop; close() fails them and those still queued ("not handled:
+    the subscription closed").  doc/python.md "Subscriptions and
+    callbacks"."""
+
+    STOPPED = "not handled: the subscription's iterator stopped"
+
+    BATCH = 4096
+
+    def __init__(self, ch, opts, raw, maxsize, meta):
+        self.ctx = ctx = ch.ctx
+        self.channel = ch
+        self._raw = raw
+        self._meta = bool(meta)
+        self._q = collections.deque()
+        self._waiter = None
+        self.dropped = 0
+        o = ctx._value(opts) if opts else ffi.NULL
+        out = ffi.new("lecho_consumer **")
+        rc = lib.lecho_consumer_open_queued(ch._ch, o, int(maxsize), out)
+        ctx._loop_call(rc)
+        self._h = out[0]
+        self._box = ctx._own(lib.lecho_value_new(ctx._x))
+        self._counts = ffi.new("size_t[2]")
+        self._pending = False
+        self._unsettled = 0   # events taken, not settled: the deque's and those handed out
+        self._elsewhere = None   # a loop stopped in another thread (_stopped)
+        ctx._handles.append(self)
+
+    def _settle(self, n, err=None):
+        """The n oldest events handed out are done with (err None) or failed."""
+        if n <= 0 or self._h is None or self.ctx._x is None:
+            return
+        rc = lib.lecho_consumer_settle(self._h, n, ffi.NULL if err is None else err.encode())
+        if rc != 0:
+            self.ctx._fail(rc)
+        self._unsettled -= n
+
+    def _handed(self):
+        """How many events were handed out and not settled: those taken
+        and no longer in the deque (however they left it)."""
+        return self._unsettled - len(self._q)
+
+    def done(self):
+        """The events handed out so far are handled: their producers'
+        submit_sync return now, not at the next batch (before a long wait
+        in the loop body, say)."""
+        n = self._handed()
+        self._settle(n)
+
+    def _stopped(self, by_break=False):
+        """A loop over this stopped with an event out: the ones before it
+        were handled; that one too when the loop left by break or return,
+        else (its body raised, the generator was closed) it was not."""
+        if threading.get_ident() != self.ctx._thread:
+            self._elsewhere = by_break   # collected in another thread: answered
+            return                       # at the next call in the context's
+        self._elsewhere = None
+        n = self._handed()
+        if n > 0:
+            self._settle(n - 1 if not by_break else n)
+            if not by_break:
+                self._settle(1, self.STOPPED)
+
+    def _pop(self):
+        return self._q.popleft()
+
+    def _fill(self):
+        """Moves what the context queued into self._q; True if anything.
+        Called with self._q empty: what was handed out is done with."""
+        if self._h is None or self.ctx._x is None:
+            return False
+        if self._elsewhere is not None:
+            self._stopped(self._elsewhere)
+        if self._unsettled:
+            self.done()
+        c = self._counts
+        # A batch taken but not yet converted (a KeyboardInterrupt between
+        # the two) stays in self._box: the next call converts it first, so
+        # Ctrl-C never loses events that were taken.  The flag is set before
+        # the take so that no signal can fall between the take and it.
+        if not self._pending:
+            self._pending = True
+            c[0] = 0
+            rc = lib.lecho_consumer_take(self._h, self._box, self.BATCH, self._meta, c, c + 1)
+            if rc != 0:
+                self._pending = False
+                self.ctx._fail(rc)
+        if c[1] != self.dropped:
+            if self.dropped == 0:
+                sys.stderr.write("lecho: subscription on %s: queue full, events refused (.dropped)\n"
+                                 % self.channel.name)
+            self.dropped = c[1]
+        n = c[0]
+        if n == 0:
+            self._pending = False
+            return False
+        box = self._box
+        evs = self.ctx._read(box, self._raw, pin=lambda: self.ctx._pin_owned(box))
+        if self.ctx._pins and any(p.v is box for p in self.ctx._pins):
+            # arrays of this batch point into it: the next batch gets a new box
+            self._box = self.ctx._own(lib.lecho_value_new(self.ctx._x))
+        if not isinstance(evs, list) or len(evs) != n:   # nil events: holes
+            evs = [evs.get(i) for i in range(1, n + 1)] if isinstance(evs, dict) else [None] * n
+        if self._meta:   # { ev, producer, seq, channel } each; a nil ev makes a dict
+            evs = [(e.get(1), Meta(e.get(4, ""), e.get(2, ""), e.get(3, 0))) if isinstance(e, dict)
+                   else (e[0], Meta(e[3], e[1], e[2])) for e in evs]
+        self._q.extend(evs)
+        self._unsettled += len(evs)
+        self._pending = False
+        return True
+
+    def get(self, timeout=None):
+        """The next event, running the loop meanwhile; LechoError("timeout")
+        after timeout seconds (None: waits)."""
+        import time
+        if self._q or self._fill():
+            return self._pop()
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._h is None:
+                raise LechoError("closed", "consumer is closed")
+            left = 0.1 if end is None else min(0.1, end - time.monotonic())
+            if left <= 0:
+                raise LechoError("timeout", "no event within %g s" % timeout)
+            self.ctx.run_once(left)
+            if self._fill():
+                return self._pop()
+
+    def __iter__(self):
+        # a generator per loop: it learns (GeneratorExit at its yield) that
+        # the loop stopped with an event out
+        while True:
+            try:
+                ev = self.__next__()
+            except StopIteration:
+                return
+            try:
+                yield ev
+            except GeneratorExit:
+                self._stopped(_left_by_break(sys._getframe(1)))
+                raise
+
+    def __next__(self):
+        if self._q:
+            return self._pop()
+        if self._h is None:
+            raise StopIteration
+        return self.get()
+
+    def __aiter__(self):
+        return _AsyncLoop(self)
+
+    async def __anext__(self):
+        import asyncio
+        while not self._q and not self._fill():
+            if self._h is None:
+                raise StopAsyncIteration
+            if self.ctx._asyncio is None:
+                raise LechoError("invalid", "async iteration needs ctx.attach() (asyncio)")
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._pop()
+
+    def _wake(self):
+        """The asyncio ticker, after a loop turn: wakes an async iteration
+        that waits, when events came."""
+        w = self._waiter
+        if w is not None and not w.done() and (self._q or self._fill()):
+            w.set_result(None)
+
+    def __len__(self):
+        return len(self._q)
+
+    def _dead(self):
+        self._h = None
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def close(self):
+        """Leaves.  The events handed out count as handled; those not
+        handed out yet fail ("not handled: the subscription closed")."""
+        if self._h is not None and self.ctx._x is not None:
+            if self._elsewhere is not None:
+                self._stopped(self._elsewhere)
+            self.done()
+            lib.lecho_consumer_close(self._h)
+            self.ctx._handles.remove(self)
+            self._q.clear()   # answered as not handled by the close
+        self._dead()
+
+
+class _AsyncLoop:
+    """The iterator of one `async for` over a Subscription.  An async
+    generator would learn that the loop stopped only when asyncio closes it,
+    later and from elsewhere; this object is dropped by the loop's own
+    frame at once (break, return or an exception), so __del__ sees how."""
+
+    __slots__ = ("sub",)
+
+    def __init__(self, sub):
+        self.sub = sub
+
+    def __aiter__(self):
+        return self
+
+    def __anext__(self):
+        return self.sub.__anext__()
+
+    def __del__(self):
+        try:
+            self.sub._stopped(_left_by_break(sys._getframe(1)))
+        except Exception:
+            pass   # a closed context: nothing to answer
+
+
+class Service(_Handled):
+    def __init__(self, ctx, name, fn, opts):
+        self.ctx = ctx
+        self.name = name
+        self._fn = fn
+        self._err = None
+        self._cb = ffi.callback("lecho_service_fn", self._trampoline)
+        o = ctx._value(opts) if opts else ffi.NULL
+        out = ffi.new("lecho_service **")
+        rc = lib.lecho_service_open(ctx._check(), name.encode(), self._cb, ffi.NULL, o, out)
+        ctx._loop_call(rc)
+        self._h = out[0]
+        ctx._handles.append(self)
+
+    def _trampoline(self, args, meta, result, ud):
+        ctx = self.ctx
+        try:
+            a = _values.read(args, pin=lambda: ctx._pin_copy(args))
+            m = _values.read(meta)
+            if not isinstance(a, tuple) or not isinstance(m, tuple):
+                raise LechoError("invalid", _s(lib.lecho_errmsg(ctx._x)))
+            r = self._fn(a[0], m[0])
+            ctx._set(result, r)
+            return ffi.NULL
+        except Exception as exc:
+            msg = "%s: %s" % (type(exc).__name__, exc)
+        except BaseException as exc:
+            ctx._pending = exc
+            msg = "interrupted"
+        self._err = ffi.new("char[]", msg.encode("utf-8", "replace"))
+        return self._err
+
+    def close(self):
+        if self._h is not None and self.ctx._x is not None:
+            lib.lecho_service_close(self._h)
+            self.ctx._handles.remove(self)
+        self._h = None

@@ -1,0 +1,435 @@
+"""python/lecho against real processes: a Lua name server, Lua producers,
+consumers and servers (peer.lua), Python consumers and producers."""
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import lecho
+from conftest import ROOT, readline, rest
+
+EVEN = "function enqueue(ev) if ev.k == nil or ev.k % 2 == 0 then return ev end end"
+
+
+def test_values_round_trip_through_a_context():
+    with lecho.Context(quiet=True) as ctx:
+        ch = ctx.channel("values")
+        got = []
+        ch.consumer(lambda ev, meta: got.append((ev, meta)))
+        p = ch.producer()
+        ev = {"step": 3, "x": 0.25, "s": "héllo", "b": b"\xff\x00z", "none": None, "yes": True,
+              "no": False, "list": [1, "two", [3.5]], "nested": {"a": {"b": {}}}, 7: "int key",
+              "big": 2 ** 53}
+        assert p.submit_sync(ev) is True
+        (got_ev, meta), = got
+        expect = dict(ev)
+        del expect["none"]            # a nil field is no field, as in Lua
+        assert got_ev == expect
+        assert isinstance(got_ev["step"], int) and isinstance(got_ev["x"], float)
+        assert meta.channel == "values" and meta.seq == 1 and meta.producer.endswith("#1")
+        sub = ch.subscribe(meta=True)
+        p.submit("plain")
+        p.submit(None)
+        ev, m = sub.get(timeout=5)
+        assert ev == "plain" and m == lecho.Meta("values", meta.producer, 2)   # as a callback's meta
+        ev, m = sub.get(timeout=5)
+        assert ev is None and m.seq == 3         # a nil event keeps its place
+        sub.close()
+        with pytest.raises(ValueError, match="2\\*\\*53"):
+            p.submit({"too_big": 2 ** 53 + 1})
+        with pytest.raises(TypeError, match="object"):
+            p.submit({"f": object()})
+
+
+def test_errors_carry_the_shared_codes(nameserver):
+    with pytest.raises(lecho.LechoError) as e:
+        lecho.Context(nameserver=nameserver, namserver="typo")
+    assert e.value.code == "invalid" and "namserver" in e.value.message
+    assert e.value.errno == lecho.CODES["invalid"] == 6
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        p = ctx.channel("nobody").producer()
+        with pytest.raises(lecho.SyncError) as e:
+            p.submit_sync({"x": 1}, timeout=2)
+        assert e.value.code == "noconsumer"
+        with pytest.raises(lecho.CallError) as e:
+            ctx.call("no.such.service", {"x": 1}, timeout=2)
+        assert e.value.code == "noservice"
+        with pytest.raises(lecho.LechoError) as e:
+            ctx.channel("nobody").subscribe(modulator="this is not lua")
+        assert e.value.code == "invalid"
+    with pytest.raises(lecho.LechoError) as e:
+        ctx.channel("x")
+    assert e.value.code == "closed"
+
+
+def test_python_consumer_of_a_lua_producer_with_a_modulator_at_the_producer(nameserver, procs):
+    n = 200
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        ch = ctx.channel("py.mod")
+        sub = ch.subscribe(modulator=EVEN)
+        lua = procs.lua("produce", nameserver, "py.mod", n)
+        ks = []
+        for ev in sub:
+            if ev.get("final"):
+                break
+            if "k" in ev:
+                ks.append(ev["k"])
+        assert ks == list(range(2, n + 1, 2))
+        assert readline(lua, r"^sync\s+(\S+)").group(1) == "true"
+        # Filtered where it was produced: only the even half crossed the wire.
+        # (a modulated consumer's events come on the channel's "NAME@hash" row)
+        events_in = sum(row["events_in"] for name, row in ctx.stats()["channels"].items()
+                        if name.startswith(ch.name))
+        assert n // 2 <= events_in < n, events_in
+
+
+def test_sync_submit_handled_by_a_python_consumer(nameserver, procs):
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        ctx.on_handler_error = lambda where, exc: None
+        alphas = []
+
+        def steer(ev, meta):
+            if ev.get("ping"):
+                return None
+            if not isinstance(ev.get("alpha"), float):
+                return "alpha must be a number"   # the steerer's submit_sync gets it
+            alphas.append(ev["alpha"])
+
+        ctx.channel("py.steer").consumer(steer)
+        lua = procs.lua("steer", nameserver, "py.steer")
+        ctx.run(seconds=0.2)
+        while lua.poll() is None:
+            ctx.run_once(0.05)
+        out = rest(lua)
+        assert out[0] == "ok"
+        assert out[1] == "failed\tfailed\talpha must be a number"
+        assert alphas == [0.5]
+
+
+def test_python_producer_to_a_lua_consumer(nameserver, procs):
+    lua = procs.lua("consume", nameserver, "py.out", 3)
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        readline(lua, "^ready")
+        p = ctx.channel("py.out").producer()
+        for k in range(1, 4):
+            p.submit({"k": k, "text": "from python"})
+        assert p.submit_sync({"final": True}, timeout=10) is True
+    out = rest(lua)
+    assert out[:4] == ["1\tfrom python", "2\tfrom python", "3\tfrom python", "final"]
+
+
+def test_calls_between_python_and_lua(nameserver, procs):
+    srv = procs.lua("serve", nameserver, "py.double")
+    readline(srv, "^ready")
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        assert ctx.call("py.double", {"x": 21}, timeout=5) == (42, "lua")
+        with pytest.raises(lecho.CallError) as e:
+            ctx.call("py.double", {"x": "no"}, timeout=5)
+        assert e.value.code == "failed" and e.value.value == {"code": 400}
+        s = ctx.service("py.upper", lambda args, meta: args["x"].upper())
+        caller = procs.lua("call", nameserver, "py.upper", "abc")
+        while caller.poll() is None:
+            ctx.run_once(0.05)
+        assert rest(caller) == ["ABC\tnil\tnil"]   # print(unpack(r, 1, 3)): one result
+        s.close()
+
+
+def test_asyncio_attach_and_async_for(nameserver, procs):
+    async def main():
+        ctx = lecho.Context(nameserver=nameserver, quiet=True).attach(interval=0.005)
+        sub = ctx.channel("py.aio").subscribe()
+        lua = procs.lua("produce", nameserver, "py.aio", 20)
+        ks = []
+        ticks = 0
+
+        async def other():          # the event loop stays free meanwhile
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.001)
+        t = asyncio.ensure_future(other())
+        async for ev in sub:
+            if ev.get("final"):
+                break
+            if "k" in ev:
+                ks.append(ev["k"])
+        t.cancel()
+        ctx.close()
+        return ks, ticks, lua
+
+    ks, ticks, lua = asyncio.run(asyncio.wait_for(main(), 30))
+    assert ks == list(range(1, 21))
+    assert ticks > 5
+    assert readline(lua, r"^sync\s+(\S+)").group(1) == "true"
+
+
+def test_ctrl_c_closes_cleanly(nameserver, procs, tmp_path):
+    script = tmp_path / "sub.py"
+    script.write_text(textwrap.dedent("""
+        import sys, lecho
+        ctx = lecho.Context(nameserver=sys.argv[1], quiet=True)
+        sub = ctx.channel("py.ctrlc").subscribe()
+        try:
+            print("subscribed", flush=True)
+            for ev in sub:
+                pass
+        except KeyboardInterrupt:
+            sub.close()
+            ctx.close(1)
+            print("closed cleanly", flush=True)
+    """))
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    p = procs.start([sys.executable, str(script), nameserver], env=env)
+    readline(p, "^subscribed")
+    p.send_signal(signal.SIGINT)
+    readline(p, "^closed cleanly", timeout=10)
+    assert p.wait(10) == 0
+    # The name server forgot the consumer: a sync submit now finds nobody.
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        with pytest.raises(lecho.SyncError) as e:
+            ctx.channel("py.ctrlc").producer().submit_sync({"x": 1}, timeout=2)
+        assert e.value.code == "noconsumer"
+
+
+def test_ctrl_c_inside_a_handler_is_raised_after_the_loop_call():
+    with lecho.Context(quiet=True) as ctx:
+        ch = ctx.channel("kbd")
+
+        def handler(ev, meta):
+            raise KeyboardInterrupt
+
+        ch.consumer(handler)
+        p = ch.producer()
+        p.submit({"x": 1})
+        with pytest.raises(KeyboardInterrupt):
+            ctx.run(seconds=2)
+
+
+def test_keyed_mode_with_key_and_trust_files(procs, tmp_path):
+    keys = tmp_path / "keys"
+    lecho.keygen("ca", dir=keys, authority=True)
+    lecho.keygen("nameserver", "py", dir=keys, sign_with=keys / "ca.key")
+    p = procs.start(["luajit", os.path.join(ROOT, "scripts", "lecho-nameserver"),
+                     "--listen", "127.0.0.1:0", "--key", str(keys / "nameserver.key"),
+                     "--trust", str(keys / "ca.pub")])
+    ns = readline(p, r"^lecho-nameserver: listening on (\S+) \(keyed").group(1)
+    with lecho.Context(nameserver=ns, key=str(keys / "py.key"), trust=[str(keys / "ca.pub")],
+                       quiet=True) as ctx:
+        ch = ctx.channel("keyed")
+        got = []
+        ch.consumer(lambda ev, meta: got.append(ev))
+        assert ch.producer().submit_sync({"secret": "yes"}, timeout=5) is True
+        assert got == [{"secret": "yes"}]
+    # a context without keys is refused by the keyed name server
+    with lecho.Context(nameserver=ns, key=False, trust=False, quiet=True, timeout=2) as ctx:
+        with pytest.raises(lecho.LechoError) as e:
+            ctx.channel("keyed").producer()
+        assert e.value.code == "refused" and "mode mismatch" in e.value.message, e.value
+    with pytest.raises(lecho.LechoError) as e:
+        lecho.keygen("bad name!", dir=keys)
+    assert e.value.code == "failed"
+
+
+def test_ctrl_c_while_a_batch_is_converted_loses_no_event():
+    with lecho.Context(quiet=True) as ctx:
+        ch = ctx.channel("batch")
+        sub = ch.subscribe()
+        p = ch.producer()
+        for k in range(11):
+            p.submit({"k": k})
+        real = ctx._read
+        calls = []
+
+        def interrupted(*a, **kw):          # Ctrl-C after the take, before the conversion
+            calls.append(1)
+            if len(calls) == 1:
+                raise KeyboardInterrupt
+            return real(*a, **kw)
+
+        ctx._read = interrupted
+        with pytest.raises(KeyboardInterrupt):
+            next(sub)
+        assert [sub.get(timeout=5)["k"] for _ in range(11)] == list(range(11))
+
+
+def test_arrays_from_a_lua_producer_are_numpy_arrays_over_the_received_memory(nameserver, procs):
+    import numpy as np
+    n = 20
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        ch = ctx.channel("py.arrays")
+        sub = ch.subscribe()
+        kept = []
+        ch.consumer(lambda ev, meta: kept.append(ev) if "field" in ev else None)
+        lua = procs.lua("arrays", nameserver, "py.arrays", n)
+        fields = []
+        for ev in sub:
+            if ev.get("final"):
+                break
+            if "field" in ev:
+                fields.append(ev)
+        assert readline(lua, r"^sync\s+(\S+)").group(1) == "true"
+        want = np.arange(64 * 128, dtype="<f8").reshape(64, 128)
+        for k, ev in enumerate(fields, 1):
+            f = ev["field"]
+            assert f.dtype == np.dtype("<f8") and f.shape == (64, 128)
+            assert not f.flags["OWNDATA"]                  # NumPy over lecho's memory
+            assert np.array_equal(f, want + k * 100000)    # still valid: held by the array
+            assert ev["small"].tolist() == [k, -k, 7] and ev["small"].dtype == np.dtype("<i2")
+        assert len(fields) == n
+        # a callback's arrays outlive its handler, as the iterator's do
+        assert [ev["field"][0, 1] for ev in kept] == [k * 100000 + 1 for k in range(1, n + 1)]
+        # closing under live arrays is refused (their memory is the context's)
+        with pytest.raises(BufferError):
+            ctx.close()
+        fields = kept = f = ev = None
+
+
+def test_numpy_arrays_sent_are_lecho_arrays_at_a_lua_consumer(nameserver, procs):
+    import numpy as np
+    lua = procs.lua("consume", nameserver, "py.arrout", 1)
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        readline(lua, "^ready")
+        p = ctx.channel("py.arrout").producer()
+        u = np.arange(6, dtype=np.int32).reshape(2, 3)
+        p.submit({"k": 1, "text": u})          # peer.lua prints ev.k, ev.text (the array's tostring)
+        u[:] = -1                              # lent: the submit copied it already
+        assert p.submit_sync({"final": True}, timeout=10) is True
+        with pytest.raises(TypeError, match="inside a list"):
+            p.submit({"k": 2, "list": [u]})
+    out = rest(lua)
+    assert out[0] == "1\t<i4 2x3 sum=15", out    # the elements as submitted, not the -1s written after
+
+
+def _syncs(lua):
+    """The "sync K ok|failed SECONDS [MESSAGE]" lines of a peer.lua syncs
+    process: {k: (result, seconds, message)}."""
+    out = {}
+    for line in rest(lua):
+        f = line.split("\t")
+        if f[0] == "sync":
+            out[int(f[1])] = (f[2], float(f[3]), f[4] if len(f) > 4 else None)
+    return out
+
+
+def test_sync_submit_to_an_iterator_returns_once_the_loop_body_ran(nameserver, procs):
+    # "true from a sync call means it happened": the ack of a sync event
+    # taken by a subscription is held until the body of the loop ran for it
+    # (the iterator asks for the next event), not sent once it is queued.
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        sub = ctx.channel("py.syncit").subscribe()
+        lua = procs.lua("syncs", nameserver, "py.syncit", 2)
+        bodies = []
+        for ev in sub:
+            if ev.get("ping"):
+                continue
+            time.sleep(0.6)             # the handling the producer waits for
+            bodies.append(ev["k"])
+            if ev["k"] == 2:
+                break                   # left by break: that event was handled too
+        while lua.poll() is None:       # the loop carries the acks out
+            ctx.run_once(0.05)
+        got = _syncs(lua)
+        assert bodies == [1, 2]
+        for k in (1, 2):
+            result, seconds, _ = got[k]
+            assert result == "ok", got
+            assert seconds >= 0.55, got  # not before the body's 0.6 s
+
+
+def test_sync_submit_to_an_iterator_whose_body_raises_fails(nameserver, procs):
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        sub = ctx.channel("py.syncraise").subscribe()
+        lua = procs.lua("syncs", nameserver, "py.syncraise", 2)
+        with pytest.raises(RuntimeError, match="bad event"):
+            for ev in sub:
+                if ev.get("ping"):
+                    continue
+                if ev["k"] == 1:
+                    time.sleep(0.3)
+                    raise RuntimeError("bad event")
+        # the loop is left; the context still answers (and takes k = 2 next)
+        assert sub.get(timeout=10)["k"] == 2
+        sub.close()                     # k = 2 was handed out, then closed: handled
+        while lua.poll() is None:
+            ctx.run_once(0.05)
+        got = _syncs(lua)
+        result, seconds, message = got[1]
+        assert result == "failed", got
+        assert message == "not handled: the subscription's iterator stopped", got
+        assert seconds >= 0.25, got
+        assert got[2][0] == "ok", got
+
+
+def test_closing_a_subscription_fails_the_sync_events_it_did_not_hand_out(nameserver, procs):
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        sub = ctx.channel("py.syncclose").subscribe()
+        lua = procs.lua("syncs", nameserver, "py.syncclose", 1)
+        for ev in sub:
+            assert ev.get("ping")
+            break                       # the ping handled: the producer goes on to k = 1
+        seen = ctx.stat("py.syncclose", "events_in")
+        end = time.monotonic() + 10
+        while ctx.stat("py.syncclose", "events_in") == seen and time.monotonic() < end:
+            ctx.run_once(0.05)          # k = 1 arrives and waits in the context's queue
+        sub.close()
+        while lua.poll() is None:
+            ctx.run_once(0.05)
+        result, _, message = _syncs(lua)[1]
+        assert (result, message) == ("failed", "not handled: the subscription closed")
+
+
+def test_a_held_ack_does_not_hold_the_producers_connection(nameserver, procs):
+    # While a subscription's loop body holds the ack of a sync event on one
+    # channel, the same producing process's events on another channel (the
+    # same connection) still arrive and are answered.
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        sub = ctx.channel("py.held.a").subscribe()
+        got_b = []
+        ctx.channel("py.held.b").consumer(lambda ev, meta: got_b.append(ev.get("k")))
+        lua = procs.lua("two", nameserver, "py.held.a", "py.held.b")
+        for ev in sub:
+            if ev.get("ping"):
+                continue
+            assert ev["k"] == 1
+            end = time.monotonic() + 5  # the body of k = 1 runs until B's event came
+            while 2 not in got_b and time.monotonic() < end:
+                ctx.run_once(0.05)
+            b = readline(lua, r"^B\t(\S+)\t(\S+)")
+            break
+        assert 2 in got_b
+        assert b.group(1) == "ok"       # answered while A's ack was held
+        while lua.poll() is None:
+            ctx.run_once(0.05)
+        a = [line for line in rest(lua) if line.startswith("A")]
+        assert a and a[0].split("\t")[1] == "ok", a
+        assert float(a[0].split("\t")[2]) >= 0.2, a  # A returned only after the body
+
+
+def test_async_for_whose_body_raises_fails_the_sync_event(nameserver, procs):
+    async def main():
+        ctx = lecho.Context(nameserver=nameserver, quiet=True).attach(interval=0.005)
+        sub = ctx.channel("py.aioraise").subscribe()
+        lua = procs.lua("syncs", nameserver, "py.aioraise", 2)
+        with pytest.raises(RuntimeError):
+            async for ev in sub:
+                if ev.get("ping"):
+                    continue
+                await asyncio.sleep(0.3)
+                raise RuntimeError("bad event")
+        async for ev in sub:        # k = 2: handled (left by break)
+            assert ev["k"] == 2
+            break
+        while lua.poll() is None:
+            await asyncio.sleep(0.05)
+        ctx.close()
+        return lua
+
+    got = _syncs(asyncio.run(asyncio.wait_for(main(), 30)))
+    assert got[1][0] == "failed" and got[1][2] == "not handled: the subscription's iterator stopped", got
+    assert got[1][1] >= 0.25, got
+    assert got[2][0] == "ok", got

@@ -46,6 +46,11 @@
 --       core/lecho.h; a fragment is the part of a program: what precedes its
 --       first line `lecho_ctx *ctx;` goes at file level, the rest into main,
 --       which declares `alpha`, `u`, `n`, `step`, `cells` and `compute` for it.
+--   ```python fragment
+--       a part of a Python program (free names: a context, a channel):
+--       compiled by python3 (compile(), top-level await allowed as in a
+--       notebook; no run); doc/python.md's programs
+--       run as python/tests do.
 --   ```hex NAME
 --       checked by spec/protocol_doc_spec.lua.
 -- Anything else fails, naming the file and line.
@@ -318,6 +323,14 @@ describe("the code blocks of README.md and doc/*.md", function()
         local c = P.write(S.tmpname("block") .. ".c", src)
         local ok, log = sh(("cc -Wall -Wextra -Werror -fsyntax-only -I%s/core %s 2>&1"):format(S.sh_quote(S.root), c))
         assert(ok, where(b) .. ":\n" .. tostring(log) .. "\n" .. src)
+      elseif kind == "python" and flags.fragment then
+        local f = P.write(S.tmpname("block") .. ".py", b.text)
+        local cmd = ("%s -c %s %s"):format(os.getenv("PYTHON") or "/usr/bin/python3",
+          S.sh_quote("import sys, ast; compile(open(sys.argv[1]).read(), sys.argv[1], \"exec\", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)"), S.sh_quote(f))
+        local pipe = io.popen(cmd .. " 2>&1; echo rc=$?")
+        local log = pipe:read("*a")
+        pipe:close()
+        assert(log:match("rc=0\n$"), ("%s: %s:\n%s"):format(where(b), cmd, log))
       else
         error(where(b) .. ": not a kind of block this spec knows (see its head)")
       end

@@ -1,4 +1,4 @@
-# Covers README.md's "From Python" block (the region subscription) and the example.
+# Covers README.md's "From Python" block and doc/python.md's install and example commands.
 """The Python example against the real atmosphere simulation, and `make
 install` putting the package where Debian's python3 finds it."""
 import os

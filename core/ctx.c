@@ -119,8 +119,10 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
     /* The same frame header for every destination: built once. */
     uint8_t hdr[LEI_EVENT_HDR_MAX];
     size_t hlen = lei_frame_event_hdr(hdr, ch->id, producer, seq, s ? s->id : 0, msg->total);
-    ch->ev_out++;
-    ch->bytes_out += msg->total;
+    /* events_out and bytes_out count per destination, where the event is
+     * queued (lei_peer_enqueue); an event with no destination at all is
+     * counted here, and as nothing else (doc/semantics.md "Statistics"). */
+    if (!nd && !ch->local) ch->ev_nodest++;
     for (int i = 0; i < nd; i++) {
         lei_peer *p = dests[i];
         if (s) {
@@ -189,8 +191,7 @@ int lei_call(lei_ctx *c, uint32_t chid, const char *dest, lei_msg *msg, int poli
     *sync_id = s->id;
     s->w[0].peer = p;
     s->nw = s->nwait = 1;
-    ch->ev_out++;
-    ch->bytes_out += msg->total;
+    /* Counted where it goes: events_out (lei_peer_enqueue) or events_local. */
     if (p) {
         uint8_t hdr[LEI_EVENT_HDR_MAX];
         size_t hlen = lei_frame_event_hdr(hdr, ch->id, 1, 1, s->id, msg->total);

@@ -123,6 +123,7 @@ typedef struct lei_stats_chan {
     uint64_t ev_out, bytes_out, ev_in, bytes_in, drops, ev_local, encodes;
     uint64_t gaps, lost, dups;
     uint64_t refused;         /* events dropped from producers without a valid ticket */
+    uint64_t ev_nodest;       /* events submitted with no destination, remote or local */
     int ndests;               /* remote consuming contexts */
 } lei_stats_chan;
 

@@ -249,6 +249,7 @@ struct lei_chan {
     } d;
     uint64_t ev_out, bytes_out, encodes, ev_in, bytes_in; /* end of the first 64 bytes */
     uint64_t drops, ev_local;
+    uint64_t ev_nodest;       /* ro: events submitted with no destination at all */
     char *name;               /* ro: owned, NUL-terminated */
     size_t namelen;
     uint64_t gaps, lost, dups;  /* ro: sequence gaps seen, events they lost, duplicates dropped */

@@ -386,6 +386,7 @@ static int l_stats(lua_State *L) {
         lb_setn(L, "bytes_in", (double)st.bytes_in);
         lb_setn(L, "bytes_out", (double)st.bytes_out);
         lb_setn(L, "events_local", (double)st.ev_local);
+        lb_setn(L, "events_no_dest", (double)st.ev_nodest);
         lb_setn(L, "encodes", (double)st.encodes);
         lb_setn(L, "drops", (double)st.drops);
         lb_setn(L, "destinations", st.ndests);

@@ -535,6 +535,8 @@ void lei_peer_enqueue(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr,
         lei_q_push(&p->q, it);
     }
     p->st.ev_out++;
+    ch->ev_out++; /* per destination: what was queued toward a consuming context */
+    ch->bytes_out += msg->total;
     if (policy == LEI_DROP_OLDEST) {
         /* Drop whole, unstarted async events from the front until under the limit. */
         lei_qitem **pp = &p->q.head, *prev = NULL;

@@ -331,3 +331,38 @@ describe("atmosphere viewer on its own (issue 25)", function()
     assert.truthy(S.wait(sim, 20))
   end)
 end)
+
+describe("atmosphere simulation's report line", function()
+  after_each(function() S.cleanup() end)
+
+  -- The last "N events out, X MB, M with no consumer" line of its output.
+  local function last_report(sim)
+    local ev, nowhere
+    for a, b in S.output(sim):gmatch("| (%d+) events out, [%d.]+ MB, (%d+) with no consumer") do
+      ev, nowhere = tonumber(a), tonumber(b)
+    end
+    return ev, nowhere
+  end
+
+  it("counts the events sent to a viewer whose modulator makes a derived stream", function()
+    local _, ns = S.nameserver("--quiet")
+    local viewer = S.spawn(("%s %s/viewer.lua --kind diff --nameserver %s --seconds 60 --report none --quiet")
+      :format(S.luajit, dir, ns))
+    local sim = S.spawn(("%s %s/simulation.lua --nameserver %s --steps 50 --wait 1 --grid 1x4x8 --rate 20")
+      :format(S.luajit, dir, ns))
+    assert.truthy(S.wait(sim, 60), S.errors(sim))
+    assert.truthy(S.wait(viewer, 30), S.errors(viewer))
+    local ev = last_report(sim)
+    assert(ev, "no report line: " .. S.output(sim) .. S.errors(sim))
+    assert.is_true(ev > 0, S.output(sim))
+  end)
+
+  it("counts nothing as sent when nobody consumes, and says so", function()
+    local sim = S.spawn(("%s %s/simulation.lua --steps 30 --grid 1x4x8 --rate 20"):format(S.luajit, dir))
+    assert.truthy(S.wait(sim, 60), S.errors(sim))
+    local ev, nowhere = last_report(sim)
+    assert(ev, "no report line: " .. S.output(sim) .. S.errors(sim))
+    assert.are.equal(0, ev, S.output(sim))
+    assert.is_true(nowhere > 0, S.output(sim))
+  end)
+end)

@@ -50,8 +50,8 @@ describe("the concentrator", function()
     local st = ctx:stats()
     local cs = st.channels[ns .. "/g"]
     assert.are.equal(N, cs.encodes)             -- once per event, two receivers
-    assert.are.equal(N, cs.events_out)
-    assert.are.equal(N * enc, cs.bytes_out)
+    assert.are.equal(2 * N, cs.events_out)      -- once per receiving process
+    assert.are.equal(2 * N * enc, cs.bytes_out)
     assert.are.equal(3 * N, ra.ran)             -- three handlers ran ...
     local in_a = ra.channels[ns .. "/g"]
     assert.are.equal(N, in_a.events_in)          -- ... on one copy

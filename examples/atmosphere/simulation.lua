@@ -191,11 +191,24 @@ function restart_stepper()
 end
 restart_stepper()
 
+-- What really went to the viewers of other processes: the field channel's
+-- events_out and bytes_out (once per viewer), and those of its modulated
+-- streams "name@key" (a viewer with a modulator gets its events there);
+-- steps nobody consumed are events_no_dest (doc/semantics.md "Statistics").
+local function sent()
+  local ev, bytes, nowhere = 0, 0, 0
+  for name, s in pairs(ctx:stats().channels) do
+    if name == field_ch.name or name:sub(1, #field_ch.name + 1) == field_ch.name .. "@" then
+      ev, bytes, nowhere = ev + s.events_out, bytes + s.bytes_out, nowhere + (s.events_no_dest or 0)
+    end
+  end
+  return ev, bytes, nowhere
+end
+
 local progress = ctx:every(1.0, function()
-  local s = ctx:stats().channels[field_ch.name]
-  say("step %d t=%.1fh dt=%g emission=%g wind=%g tau=%g rate=%g | %d events out, %.2f MB",
-      sim.step_no, sim.t, sim.dt, sim.emission, sim.wind, sim.tau, sim.rate,
-      s and s.events_out or 0, (s and s.bytes_out or 0) / 1e6)
+  local ev, bytes, nowhere = sent()
+  say("step %d t=%.1fh dt=%g emission=%g wind=%g tau=%g rate=%g | %d events out, %.2f MB, %d with no consumer",
+      sim.step_no, sim.t, sim.dt, sim.emission, sim.wind, sim.tau, sim.rate, ev, bytes / 1e6, nowhere)
 end)
 
 say("simulating a %dx%dx%d grid at %g steps/s%s", sim.nlev, sim.nlat, sim.nlon, sim.rate,

@@ -100,10 +100,11 @@ local PEER = {
 }
 local CHAN = {
   { "lecho_channel_events_in_total", "counter", "Events received on the channel.", "events_in" },
-  { "lecho_channel_events_out_total", "counter", "Events sent on the channel (per destination).", "events_out" },
+  { "lecho_channel_events_out_total", "counter", "Events queued toward consuming contexts of other processes, once per destination.", "events_out" },
   { "lecho_channel_bytes_in_total", "counter", "Encoded value bytes received on the channel.", "bytes_in" },
-  { "lecho_channel_bytes_out_total", "counter", "Encoded value bytes sent on the channel.", "bytes_out" },
+  { "lecho_channel_bytes_out_total", "counter", "Encoded value bytes queued toward consuming contexts of other processes, once per destination.", "bytes_out" },
   { "lecho_channel_events_local_total", "counter", "Events delivered to consumers in this process.", "events_local" },
+  { "lecho_channel_events_no_dest_total", "counter", "Events submitted while the channel had no consumer, remote or local.", "events_no_dest" },
   { "lecho_channel_encodes_total", "counter", "Values of the channel encoded.", "encodes" },
   { "lecho_channel_drops_total", "counter", "Events of the channel dropped by a queue policy.", "drops" },
   { "lecho_channel_gaps_total", "counter", "Sequence gaps on the channel.", "gaps" },

@@ -14,11 +14,15 @@ PKG_CONFIG ?= pkg-config
 # libsodium (Debian libsodium-dev): the only crypto (identities, handshake, records).
 SODIUM_CFLAGS := $(shell $(PKG_CONFIG) --cflags libsodium 2>/dev/null)
 SODIUM_LIBS   := $(or $(shell $(PKG_CONFIG) --libs libsodium 2>/dev/null),-lsodium)
-ALLCFLAGS  := $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -I$(LUA_INCDIR) -Icore $(SODIUM_CFLAGS) $(SAN)
+# The MOE's compression operators (core/array_zip.c): zstd (libzstd-dev) and
+# ZFP (libzfp-dev, which ships no pkg-config file: -lzfp).
+ZIP_CFLAGS := $(shell $(PKG_CONFIG) --cflags libzstd 2>/dev/null)
+ZIP_LIBS   := $(or $(shell $(PKG_CONFIG) --libs libzstd 2>/dev/null),-lzstd) -lzfp
+ALLCFLAGS  := $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -I$(LUA_INCDIR) -Icore $(SODIUM_CFLAGS) $(ZIP_CFLAGS) $(SAN)
 
 CORE_SRC   := core/codec.c core/array.c core/errors.c core/frame.c core/addr.c core/ctx.c core/conn.c core/rbuf.c core/accept.c core/inmap.c core/peer.c core/peers.c core/chan.c \
               core/local.c core/sync.c core/live.c core/auth.c core/secure.c core/handshake.c
-LUA_SRC    := core/codec_lua.c core/array_lua.c core/moe.c core/moe_env.c core/moe_group.c core/moe_svc.c core/lua_ctx.c core/lua_hook.c core/lua_chan.c \
+LUA_SRC    := core/codec_lua.c core/array_lua.c core/array_zip.c core/moe.c core/moe_env.c core/moe_group.c core/moe_svc.c core/lua_ctx.c core/lua_hook.c core/lua_chan.c \
               core/lua_moe.c core/lua_loop.c core/lua_auth.c core/lpat.c
 HDRS       := $(wildcard core/*.h)
 SO         := lua/lecho/core.so
@@ -32,6 +36,8 @@ RUN_DEPS := /usr/bin/luajit:luajit \
         /usr/include/luajit-2.1/lua.h:libluajit-5.1-dev \
         /usr/include/ev.h:libev-dev \
         /usr/include/sodium.h:libsodium-dev \
+        /usr/include/zstd.h:libzstd-dev \
+        /usr/include/zfp.h:libzfp-dev \
         /usr/lib/x86_64-linux-gnu/lua/5.1/cjson.so:lua-cjson \
         /usr/bin/gcc:gcc \
         /usr/bin/make:make
@@ -148,7 +154,7 @@ $(CORE_OBJ:.o=.d):
 include $(wildcard $(CORE_OBJ:.o=.d))
 
 $(SO): $(CORE_OBJ)
-	$(CC) $(ALLCFLAGS) $(LIBFLAG) -o $@ $(CORE_OBJ) -lev $(SODIUM_LIBS) $(LDFLAGS)
+	$(CC) $(ALLCFLAGS) $(LIBFLAG) -o $@ $(CORE_OBJ) -lev $(SODIUM_LIBS) $(ZIP_LIBS) $(LDFLAGS)
 
 build/test_codec: core/test_codec.c core/codec.c $(HDRS) | build
 	$(CC) $(ALLCFLAGS) -o $@ core/test_codec.c core/codec.c $(LDFLAGS)

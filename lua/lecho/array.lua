@@ -251,6 +251,19 @@ function methods.dequantize(q, scale, offset, dtype) return OPS.dequantize(q, sc
 function methods.delta(a, ref, threshold) return OPS.delta(a, ref, threshold) end
 function methods.patch(ref, idx, vals) return OPS.patch(ref, idx, vals) end
 
+--- Compression (in C; doc/modulators.md "Compression"): a:zstd([level])
+-- (lossless, level 1-9, default 3) and a:zfp(tolerance) (ZFP, "<f4"/"<f8",
+-- every element within tolerance) return a "<u1" array holding a
+-- self-describing stream (dtype, shape, codec); array.unzstd(z),
+-- array.unzfp(z) or array.unzip(z) (either) give the array back.  z may
+-- also be a Lua string.  Hostile input raises with the reason.
+function methods.zstd(a, level) return OPS.zstd(a, level) end
+function methods.zfp(a, tolerance) return OPS.zfp(a, tolerance) end
+function methods.unzstd(z) return OPS.unzstd(z) end
+function methods.unzfp(z) return OPS.unzfp(z) end
+function methods.unzip(z) return OPS.unzip(z) end
+M.unzstd, M.unzfp, M.unzip = OPS.unzstd, OPS.unzfp, OPS.unzip
+
 --- The elements as a nested Lua table (1-based, as Lua tables are).
 function methods.totable(a)
   local h = H(a)

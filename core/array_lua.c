@@ -19,7 +19,8 @@ static lei_array *arg_array(lua_State *L, int i) {
     lei_array *a = lei_array_check(L, i);
     if (!a) luaL_typerror(L, i, "lecho.array");
     if (a->flags & LEI_AF_ENDED)
-        luaL_error(L, "lecho.array: a view of an event whose handler returned (keep it with a:copy())");
+        luaL_error(L, "lecho.array: this array was a view into a received event whose handler has returned: "
+                      "its bytes are gone (call a:keep() or a:copy() inside the handler to hold it longer)");
     return a;
 }
 

@@ -78,7 +78,7 @@ help:
 	@echo "  make ctest       the C unit tests only: codec, framing, two contexts through lecho.h, error names, identities, the pattern matcher's step limit"
 	@echo "  make spec        the busted specs only, SPEC_JOBS files at a time (BUSTED_ARGS: e.g. spec/codec_spec.lua: that one)"
 	@echo "  make asan        the same suite with the core built under ASan and UBSan"
-	@echo "  make demo        atmosphere: a simulation and three viewers (full, region, diff), bytes per viewer"
+	@echo "  make demo        atmosphere: a simulation (a <f8 array field) and five viewers (full, region, diff, zfp, quant), bytes, error and CPU per step"
 	@echo "  make keiretsu    instant messaging over four nodes (network namespaces if allowed): messages/s for 1-4 nodes, three killed, acknowledged messages counted"
 	@echo "  make bench       benchmark suite vs raw TCP, ZeroMQ, NATS and Redis, results in bench/results/"
 	@echo "  make bench-deps  check (apt-get install) make bench's own packages: $(foreach d,$(BENCH_DEPS),$(lastword $(subst :, ,$(d))))"
@@ -308,8 +308,8 @@ asan: deps
 	$(MAKE) spec SPEC_PRE='LD_PRELOAD="$(ASAN_LIBS)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:quarantine_size_mb=16 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1'
 	$(MAKE) clean
 
-# The atmosphere example: a simulation and three viewer processes (full,
-# region, differencing), bytes per viewer; DEMO_SECONDS (10), LECHO_NAMESERVER
+# The atmosphere example: a simulation and five viewer processes (full,
+# region, differencing, ZFP, quantized), bytes, error and CPU per step; DEMO_SECONDS (10), LECHO_NAMESERVER
 # (default: the simulation runs the name server).
 demo: run-deps all
 	$(SPEC_ENV) $(LUAJIT) examples/atmosphere/run.lua

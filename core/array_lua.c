@@ -319,6 +319,65 @@ static int op_patch(lua_State *L) {
 }
 
 
+/* cat(list, dim) -> a new array: the arrays of list (same dtype and ndim,
+ * the same dims but dim, from 1) one after another along dim.  Each piece
+ * that is a box or stride view is copied first (in this state). */
+static int op_cat(lua_State *L) {
+    int n, i, d, dim, nd;
+    lei_array *first, *out, *pc[64];
+    int64_t shape[LEI_ARRAY_MAXDIM], outer = 1, isz;
+    uint8_t *dst;
+    luaL_checktype(L, 1, LUA_TTABLE);
+    n = (int)lua_objlen(L, 1);
+    if (n < 1 || n > 64) luaL_argerror(L, 1, "a list of 1 to 64 arrays");
+    lua_settop(L, 2);
+    for (i = 1; i <= n; i++) lua_rawgeti(L, 1, i); /* pieces at 3 .. n+2 */
+    first = arg_array(L, 3);
+    nd = first->ndim;
+    dim = (int)luaL_optinteger(L, 2, 1);
+    if (dim < 1 || dim > nd) luaL_argerror(L, 2, "a dimension of the arrays (from 1)");
+    dim--;
+    for (d = 0; d < nd; d++) shape[d] = d == dim ? 0 : first->shape[d];
+    for (i = 0; i < n; i++) {
+        lei_array *a = arg_array(L, 3 + i);
+        if (a->dtype != first->dtype || a->ndim != nd)
+            luaL_error(L, "lecho.array.cat: piece %d is %s with %d dims, piece 1 %s with %d", i + 1,
+                       lei_dtype_name(a->dtype), a->ndim, lei_dtype_name(first->dtype), nd);
+        for (d = 0; d < nd; d++)
+            if (d != dim && a->shape[d] != first->shape[d])
+                luaL_error(L, "lecho.array.cat: piece %d differs from piece 1 in dimension %d", i + 1, d + 1);
+        if (__builtin_add_overflow(shape[dim], a->shape[dim], &shape[dim]))
+            luaL_error(L, "lecho.array.cat: too many elements");
+        if (!lei_array_contiguous(a)) { /* a copy, in place of the view */
+            lei_array *c = lei_array_push(L, a->dtype, nd, a->shape, (size_t)a->count * (size_t)a->itemsize, 0);
+            if (lei_array_gather(a, c->data, STOP(L))) stopped(L);
+            lua_replace(L, 3 + i);
+            a = c;
+        }
+        pc[i] = a;
+    }
+    for (d = 0; d < dim; d++) outer *= shape[d];
+    isz = first->itemsize;
+    {
+        uint64_t count, bytes;
+        if (lei_shape_bytes(shape, nd, (unsigned)isz, &count, &bytes) || bytes > LEI_ARRAY_UD_MAX)
+            luaL_error(L, "lecho.array.cat: too many elements");
+        out = lei_array_push(L, first->dtype, nd, shape, (size_t)bytes, 0);
+    }
+    dst = out->data;
+    if (!out->count) return 1;
+    /* piece i's o-th block (its dims from dim on) is contiguous */
+    for (int64_t o = 0; o < outer; o++) {
+        if (STOP(L) && *STOP(L)) stopped(L);
+        for (i = 0; i < n; i++) {
+            int64_t blk = pc[i]->count / outer * isz;
+            if (blk) memcpy(dst, pc[i]->data + o * blk, (size_t)blk);
+            dst += blk;
+        }
+    }
+    return 1;
+}
+
 /* ---- compression (array_zip.c): every buffer, the codecs' working memory
  * included, is a userdata of this state (a modulator's memory cap counts
  * it; a huge one is refused before any work), freed by the collector. ---- */
@@ -463,7 +522,7 @@ static const luaL_Reg OPS[] = {{"dtype", op_dtype}, {"shape", op_shape}, {"ndim"
                                {"mean", op_mean},   {"box", op_box},     {"reduce", op_reduce},
                                {"copy", op_copy},   {"new", op_new},     {"set", op_set},
                                {"quantize", op_quantize}, {"dequantize", op_dequantize},
-                               {"delta", op_delta}, {"patch", op_patch},
+                               {"delta", op_delta}, {"patch", op_patch}, {"cat", op_cat},
                                {"zstd", op_zstd}, {"unzstd", op_unzstd}, {"zfp", op_zfp},
                                {"unzfp", op_unzfp}, {"unzip", op_unzip}, {NULL, NULL}};
 

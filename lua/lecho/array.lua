@@ -274,6 +274,10 @@ function methods.unzfp(z) return OPS.unzfp(z) end
 function methods.unzip(z) return OPS.unzip(z) end
 M.unzstd, M.unzfp, M.unzip = OPS.unzstd, OPS.unzfp, OPS.unzip
 
+--- A new array: the arrays of list (same dtype, ndim and dims but dim)
+-- one after another along dimension dim (from 1, default 1), in C.
+M.cat = OPS.cat
+
 --- The elements as a nested Lua table (1-based, as Lua tables are).
 function methods.totable(a)
   local h = L(a)

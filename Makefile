@@ -189,7 +189,8 @@ ctest: $(CTESTS) $(SO)
 # into a context whose hooks close, submit, re-target, suspend from inside),
 # ns (the name server's and a manager's registry in LuaJIT, in-process, fed
 # decoded control messages),
-# handshake (arbitrary bytes as
+# zip (the compressed-array decoder, array_zip.c: hostile zstd and ZFP
+# streams), handshake (arbitrary bytes as
 # the remote side of an accepted and a dialled keyed connection, seeded with
 # recorded real handshakes).  Seeds: core/fuzz/<name>/ (in git; the
 # handshake one records its own into its corpus first).  `make fuzz` runs
@@ -198,7 +199,7 @@ ctest: $(CTESTS) $(SO)
 # (make test runs it).  clang and its fuzzer runtime come through `make deps`.
 FUZZ_SECONDS ?= 60
 FUZZ_QUICK_SECONDS ?= 3
-FUZZ_HARNESSES := frame codec conn ns handshake
+FUZZ_HARNESSES := frame codec conn ns handshake zip
 FUZZ_CC      := clang
 FUZZ_RT      := $(firstword $(wildcard /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a) \
                   /usr/lib/llvm-14/lib/clang/14/lib/linux/libclang_rt.fuzzer-x86_64.a)
@@ -218,7 +219,7 @@ $(FUZZ_OBJ)/%.o: core/%.c $(FUZZ_OBJ)/%.d
 	@mkdir -p $(FUZZ_OBJ)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(DEPFLAGS) -c -o $@ $<
 	@touch $@
-FUZZ_DEPS_D := $(patsubst core/%.c,$(FUZZ_OBJ)/%.d,$(CORE_SRC) core/codec_lua.c)
+FUZZ_DEPS_D := $(patsubst core/%.c,$(FUZZ_OBJ)/%.d,$(CORE_SRC) core/codec_lua.c core/array_zip.c)
 $(FUZZ_DEPS_D):
 include $(wildcard $(FUZZ_DEPS_D))
 
@@ -240,6 +241,11 @@ build/fuzz_ns: core/fuzz_ns.c $(FUZZ_OBJ)/codec_lua.o $(FUZZ_OBJ)/codec.o $(FUZZ
 build/fuzz_codec: core/fuzz_codec.c $(FUZZ_OBJ)/codec_lua.o $(FUZZ_OBJ)/codec.o $(FUZZ_OBJ)/array.o $(HDRS) | build
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ core/fuzz_codec.c $(FUZZ_OBJ)/codec_lua.o $(FUZZ_OBJ)/codec.o \
 	  $(FUZZ_OBJ)/array.o -lluajit-5.1
+
+# the compressed-array decoder (array_zip.c) against libzstd and libzfp
+build/fuzz_zip: core/fuzz_zip.c $(FUZZ_OBJ)/array_zip.o $(FUZZ_OBJ)/array.o $(FUZZ_OBJ)/codec.o $(HDRS) | build
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ core/fuzz_zip.c $(FUZZ_OBJ)/array_zip.o $(FUZZ_OBJ)/array.o \
+	  $(FUZZ_OBJ)/codec.o $(ZIP_LIBS)
 
 fuzz-build:
 	@$(MAKE) --no-print-directory deps DEPS="$(FUZZ_DEPS)"

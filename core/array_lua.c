@@ -425,7 +425,7 @@ static int op_zstd(lua_State *L) {
     /* above 9 a 128 KiB block takes zstd tens of ms (70 at 19): the stop
      * flag would wait that long */
     if (level < 1 || level > 9) luaL_argerror(L, 2, "a zstd level from 1 to 9");
-    a = flat_aligned(L, a);
+    if (!lei_array_contiguous(a)) a = flat_aligned(L, a); /* zstd reads bytes: any alignment */
     wn = lei_zstd_cwork(level, n);
     work = scratch(L, wn);
     cap = lei_zstd_bound(a);

@@ -29,6 +29,7 @@ LUA_SRC    := core/codec_lua.c core/array_lua.c core/array_zip.c core/moe.c core
               core/lua_moe.c core/lua_loop.c core/lua_auth.c core/lpat.c
 HDRS       := $(wildcard core/*.h)
 SO         := lua/lecho/core.so
+WS_SO      := lua/lecho/ws.so
 CTESTS     := build/test_codec build/test_frame build/test_inmap build/test_ctx build/test_addr build/test_errors \
               build/test_auth build/test_lpat
 
@@ -43,7 +44,9 @@ RUN_DEPS := /usr/bin/luajit:luajit \
         /usr/include/zfp.h:libzfp-dev \
         /usr/lib/x86_64-linux-gnu/lua/5.1/cjson.so:lua-cjson \
         /usr/bin/gcc:gcc \
-        /usr/bin/make:make
+        /usr/bin/make:make \
+        /usr/include/wslay/wslay.h:libwslay-dev \
+        /usr/include/nettle/sha1.h:nettle-dev
 DEPS := $(RUN_DEPS) \
         /usr/bin/busted:lua-busted \
         /usr/share/lua/5.1/socket.lua:lua-socket \
@@ -53,7 +56,8 @@ DEPS := $(RUN_DEPS) \
         /usr/bin/pkg-config:pkg-config \
         /usr/include/zmq.h:libzmq3-dev \
         /usr/bin/gnuplot:gnuplot-nox \
-        /usr/bin/tmux:tmux
+        /usr/bin/tmux:tmux \
+        /usr/bin/chromium:chromium
 
 # make bench's own packages (make bench-deps; not make deps, not make demo):
 # the peers it runs beside lecho: NATS (plain and with TLS, its throwaway
@@ -66,7 +70,7 @@ BENCH_DEPS := /usr/sbin/nats-server:nats-server \
 
 .PHONY: all deps run-deps env bench-deps test ctest spec asan demo keiretsu bench clean help install liblecho examples-c
 
-all: $(SO)
+all: $(SO) $(WS_SO)
 
 help:
 	@echo "Targets:"
@@ -84,6 +88,7 @@ help:
 	@echo "  make demo        atmosphere: a simulation (a <f8 array field) and five viewers (full, region, diff, zfp, quant), bytes, error and CPU per step"
 	@echo "  make keiretsu    instant messaging over four nodes (network namespaces if allowed): messages/s for 1-4 nodes, three killed, acknowledged messages counted"
 	@echo "  make bench       benchmark suite vs raw TCP, ZeroMQ, NATS and Redis, results in bench/results/"
+	@echo "  make bench-gateway  WebSocket fan-out to 100 clients: lecho-gateway beside nats-server (QUICK=1: small)"
 	@echo "  make bench-deps  check (apt-get install) make bench's own packages: $(foreach d,$(BENCH_DEPS),$(lastword $(subst :, ,$(d))))"
 	@echo "  make stress      seeded stress scenarios with real processes for STRESS_SECONDS"
 	@echo "  make stress-seed replay one stress scenario: SEED=N [SECONDS=S] [SCENARIO=NAME], keeps its logs"
@@ -158,6 +163,12 @@ include $(wildcard $(CORE_OBJ:.o=.d))
 
 $(SO): $(CORE_OBJ)
 	$(CC) $(ALLCFLAGS) $(LIBFLAG) -o $@ $(CORE_OBJ) -lev $(SODIUM_LIBS) $(ZIP_LIBS) $(LDFLAGS)
+
+# lecho.ws (lua/lecho/ws.so): the gateway's WebSocket connections, wslay's
+# framing and nettle's SHA-1; a module of its own, so that the core does not
+# link them.
+$(WS_SO): core/lua_ws.c
+	$(CC) $(ALLCFLAGS) $(LIBFLAG) -o $@ core/lua_ws.c -lwslay -lnettle $(LDFLAGS)
 
 build/test_codec: core/test_codec.c core/codec.c $(HDRS) | build
 	$(CC) $(ALLCFLAGS) -o $@ core/test_codec.c core/codec.c $(LDFLAGS)
@@ -299,7 +310,7 @@ SPEC_ENV := LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;" \
 # the whole spec/ directory.
 SPEC_JOBS ?= 3
 SPEC_SHARDS = $(if $(filter %.lua,$(BUSTED_ARGS)),,$(filter-out 1,$(SPEC_JOBS)))
-spec: $(SO)
+spec: $(SO) $(WS_SO)
 	$(SPEC_ENV) $(if $(SPEC_SHARDS),bash spec/support/shards.sh $(SPEC_JOBS) env) $(SPEC_PRE) $(LUAJIT) $(BUSTED) $(BUSTED_ARGS) $(if $(SPEC_SHARDS)$(filter %.lua,$(BUSTED_ARGS)),,spec)
 
 # The core, liblecho and the C tests build in parallel (-j, the machine's
@@ -343,9 +354,19 @@ keiretsu: deps all
 # against raw TCP, ZeroMQ, NATS and Redis (the servers started by the bench
 # on loopback ports it picks), in one run.  QUICK=1: small counts, < 30 s.
 # Results: bench/results/ (results.json, table.md, *.png); bench/README.md.
-BENCH_BIN := bench/baseline_tcp bench/baseline_zmq bench/baseline_peers bench/lecho_c bench/lecho_h
+BENCH_BIN := bench/baseline_tcp bench/baseline_zmq bench/baseline_peers bench/lecho_c bench/lecho_h bench/ws_fanout
 bench: deps bench-deps all $(BENCH_BIN)
 	$(SPEC_ENV) QUICK="$(QUICK)" $(LUAJIT) bench/run.lua
+
+# The gateway row (bench/README.md "Gateway"): WebSocket fan-out of 1 KiB
+# events to 100 clients, lecho-gateway beside nats-server's WebSocket
+# listener; QUICK=1: 1000 events, one repetition.  bench/results/gateway.json.
+.PHONY: bench-gateway
+bench-gateway: deps bench-deps all bench/ws_fanout
+	$(SPEC_ENV) QUICK="$(QUICK)" $(LUAJIT) bench/gateway_bench.lua
+
+bench/ws_fanout: bench/ws_fanout.c
+	$(CC) $(CFLAGS) $(WARN) -o $@ $<
 
 bench/baseline_tcp: bench/baseline_tcp.c bench/harness.h
 	$(CC) $(CFLAGS) $(WARN) -o $@ $<
@@ -385,9 +406,10 @@ LECHO_VERSION := 0.1.0
 CAPI_IN_TREE ?=
 CAPI_INSTALL = $(if $(filter command line,$(origin INST_LIBDIR)),$(or $(filter command line,$(origin INST_INCDIR)),$(CAPI_IN_TREE)),yes)
 
-install: $(SO)
+install: $(SO) $(WS_SO)
 	mkdir -p $(DESTDIR)$(INST_LIBDIR)/lecho $(DESTDIR)$(INST_LUADIR) $(DESTDIR)$(INST_BINDIR)
 	cp $(SO) $(DESTDIR)$(INST_LIBDIR)/lecho/core.so
+	cp $(WS_SO) $(DESTDIR)$(INST_LIBDIR)/lecho/ws.so
 	cd lua && find lecho -name '*.lua' | while read -r f; do \
 	  mkdir -p "$(DESTDIR)$(INST_LUADIR)/$$(dirname $$f)" && cp "$$f" "$(DESTDIR)$(INST_LUADIR)/$$f" || exit 1; done
 	for f in scripts/lecho scripts/lecho-*; do \
@@ -449,10 +471,10 @@ ROCK_SO := build/rock/core.so
 rock:
 	rm -rf $(dir $(ROCK_SO))
 	mkdir -p $(dir $(ROCK_SO))
-	$(MAKE) -j$(BUILD_JOBS) all SO=$(ROCK_SO) OBJ_DIR=$(dir $(ROCK_SO))obj
+	$(MAKE) -j$(BUILD_JOBS) all SO=$(ROCK_SO) WS_SO=$(dir $(ROCK_SO))ws.so OBJ_DIR=$(dir $(ROCK_SO))obj
 
 clean:
-	rm -rf build $(SO) lua/lecho/codec.so $(BENCH_BIN) examples/c/heat
+	rm -rf build $(SO) $(WS_SO) lua/lecho/codec.so $(BENCH_BIN) examples/c/heat
 
 # The stress harness (stress/run.lua, issue 8): random seeds for
 # STRESS_SECONDS (600) in scenarios of STRESS_SCENARIO_SECONDS (30) each;

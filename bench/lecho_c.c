@@ -60,22 +60,27 @@ static int keyed;                  /* --keyed: authenticated, encrypted */
  * producer holds its ticket. */
 static void set_keys(lei_ctx *c, int consumer, uint32_t chid)
 {
-    uint8_t seed[32], pk[2][32], sk[2][64], mpk[32], msk[64], t[64], m[18 + 6 + 32];
+    uint8_t seed[32], pk[2][32], sk[2][64], mpk[32], msk[64], t[72], m[18 + 6 + 32 + 8];
     char err[160];
     for (int i = 0; i < 3; i++) {
         memset(seed, i + 1, sizeof seed);
         crypto_sign_seed_keypair(i < 2 ? pk[i] : mpk, i < 2 ? sk[i] : msk, seed);
     }
-    if (lei_ctx_set_identity(c, sk[consumer], consumer ? "consumer" : "producer", NULL, err))
+    if (lei_ctx_set_identity(c, sk[consumer], consumer ? "consumer" : "producer", NULL, 0, err))
         die("set_identity: %s", err);
     lei_ctx_trust_key(c, pk[!consumer], consumer ? "producer" : "consumer");
     if (consumer) {
         lei_chan_set_manager_key(c, chid, mpk);
         return;
     }
-    memcpy(m, "lecho-producer-v1\0bench", 24);
+    /* the ticket (doc/security.md "Tickets"): u64be expiry (2^40 s, far
+     * past any run), then the signature over the name, key and expiry */
+    static const uint8_t exp[8] = {0, 0, 1, 0, 0, 0, 0, 0};
+    memcpy(m, "lecho-producer-v2\0bench", 24);
     memcpy(m + 24, pk[0], 32);
-    crypto_sign_detached(t, NULL, m, sizeof m, msk);
+    memcpy(m + 56, exp, 8);
+    memcpy(t, exp, 8);
+    crypto_sign_detached(t + 8, NULL, m, sizeof m, msk);
     lei_chan_set_ticket(c, chid, t);
 }
 

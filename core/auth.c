@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <time.h>
 
 /* 1..64 bytes of [A-Za-z0-9._-]. */
 int lei_name_ok(const char *name, size_t n) {
@@ -26,7 +28,7 @@ int lei_name_ok(const char *name, size_t n) {
 }
 
 int lei_ctx_set_identity(lei_ctx *c, const uint8_t sk[64], const char *name, const uint8_t *cert,
-                         char *err) {
+                         size_t cert_len, char *err) {
     uint8_t pk[32], sk2[64];
     size_t n = strlen(name);
     for (const lei_conn *k = c->conns; k; k = k->next)
@@ -34,6 +36,11 @@ int lei_ctx_set_identity(lei_ctx *c, const uint8_t sk[64], const char *name, con
             snprintf(err, 160, "the identity must be set before the first connection");
             return -LEI_E_INVALID;
         }
+    if (cert && cert_len != LEI_SIG_BYTES && (cert_len < LEI_CERT_MIN || cert_len > LEI_CERT_MAX)) {
+        snprintf(err, 160, "a certificate is 64 bytes (v1) or %d to %d bytes, not %zu", LEI_CERT_MIN,
+                 LEI_CERT_MAX, cert_len);
+        return -LEI_E_INVALID;
+    }
     if (!lei_name_ok(name, n)) {
         snprintf(err, 160, "bad principal name '%.64s': 1 to %d characters of A-Z a-z 0-9 . _ -",
                  name, LEI_NAME_MAX);
@@ -51,8 +58,9 @@ int lei_ctx_set_identity(lei_ctx *c, const uint8_t sk[64], const char *name, con
     memcpy(id->sk, sk, 64);
     memcpy(id->pk, pk, 32);
     memcpy(id->name, name, n + 1);
-    id->has_cert = cert != NULL;
-    if (cert) memcpy(id->cert, cert, 64);
+    id->has_cert = !cert ? 0 : cert_len == LEI_SIG_BYTES ? 1 : 2;
+    id->cert_len = cert ? cert_len : 0;
+    if (cert) memcpy(id->cert, cert, cert_len);
     id->keyed = 1;
     return 0;
 }
@@ -87,15 +95,107 @@ int lei_ctx_trust_key(lei_ctx *c, const uint8_t pk[32], const char *name) {
     return 0;
 }
 
-int lei_ctx_trust_authority(lei_ctx *c, const uint8_t pk[32]) {
+int lei_ctx_trust_authority(lei_ctx *c, const uint8_t pk[32], uint64_t not_before,
+                            uint64_t not_after) {
     lei_ident *id = &c->id;
+    lei_auth *a = NULL;
     for (int i = 0; i < id->nauths; i++)
-        if (memcmp(id->auths[i], pk, 32) == 0) return 0;
-    void *grown = room(id->auths, &id->cauths, id->nauths, sizeof *id->auths);
-    if (!grown) return -LEI_E_NOMEM;
-    id->auths = grown;
-    memcpy(id->auths[id->nauths++], pk, 32);
+        if (memcmp(id->auths[i].pk, pk, 32) == 0) a = &id->auths[i];
+    if (!a) {
+        void *grown = room(id->auths, &id->cauths, id->nauths, sizeof *id->auths);
+        if (!grown) return -LEI_E_NOMEM;
+        id->auths = grown;
+        a = &id->auths[id->nauths++];
+        memcpy(a->pk, pk, 32);
+    }
+    int changed = a->not_before != not_before || a->not_after != not_after;
+    a->not_before = not_before;
+    a->not_after = not_after;
+    /* A new validity (a reload): the ends of the live connections it
+     * certified are computed again; one already over closes them at the
+     * expiry timer's next turn. */
+    for (lei_conn *k = c->conns; changed && k; k = k->next)
+        if (k->state == LEI_CONN_UP && k->sec) lei_cert_watch(k);
     return 0;
+}
+
+static int is_revoked(const lei_ident *id, const uint8_t pk[32]) {
+    for (int i = 0; i < id->nrevoked; i++)
+        if (memcmp(id->revoked[i], pk, 32) == 0) return 1;
+    return 0;
+}
+
+int lei_ctx_set_revoked(lei_ctx *c, const uint8_t *pks, size_t n) {
+    lei_ident *id = &c->id;
+    if (n > (size_t)INT_MAX / 32) return -LEI_E_INVALID;
+    uint8_t(*r)[32] = NULL;
+    if (n) {
+        r = malloc(n * 32); /* owned by the context's lei_ident, freed at the next set or free */
+        if (!r) return -LEI_E_NOMEM;
+        memcpy(r, pks, n * 32);
+    }
+    free(id->revoked);
+    id->revoked = r;
+    id->nrevoked = (int)n;
+    /* Live connections of a revoked key end now, each with one log line. */
+    int closed = 0;
+    for (lei_conn *k = c->conns, *nk; k; k = nk) {
+        nk = k->next;
+        if (k->state == LEI_CONN_CLOSED || !k->sec || !k->sec->remote.name[0]) continue;
+        if (!is_revoked(id, k->sec->remote.idpk)) continue;
+        char why[LEI_NAME_MAX + 120], hex[65];
+        sodium_bin2hex(hex, sizeof hex, k->sec->remote.idpk, 32);
+        snprintf(why, sizeof why, "key revoked: %s %s", k->sec->remote.name, hex);
+        lei_logf(c, "closing connection with %s: %s", k->peer ? k->peer->addr : k->sec->remote.addr,
+                 why);
+        if (k->sec->rec_out || k->state < LEI_CONN_UP) lei_conn_send_error(k, why);
+        lei_conn_close(k, why, 0);
+        closed++;
+    }
+    return closed;
+}
+
+/* A v2 certificate body's layout (frame.h): 0 with its validity and where
+ * its address list starts, or -1 when malformed. */
+static int cert_parse(const uint8_t *b, size_t n, uint64_t *nb, uint64_t *na, size_t *addrs,
+                      int *naddrs) {
+    if (n < LEI_CERT_MIN || n > LEI_CERT_MAX) return -1;
+    *nb = *na = 0;
+    for (int i = 0; i < 8; i++) {
+        *nb = *nb << 8 | b[i];
+        *na = *na << 8 | b[8 + i];
+    }
+    *naddrs = b[16];
+    *addrs = 17;
+    if (*naddrs > LEI_CERT_ADDRS_MAX) return -1;
+    size_t pos = 17, end = n - LEI_SIG_BYTES;
+    for (int i = 0; i < *naddrs; i++) {
+        if (pos >= end) return -1;
+        size_t l = b[pos++];
+        if (l == 0 || l >= LEI_ADDR_MAX || l > end - pos) return -1;
+        pos += l;
+    }
+    return pos == end ? 0 : -1;
+}
+
+/* Whether addr is in a parsed certificate's address list. */
+static int cert_lists(const uint8_t *b, size_t addrs, int naddrs, const char *addr) {
+    size_t al = strlen(addr), pos = addrs;
+    for (int i = 0; i < naddrs; i++) {
+        size_t l = b[pos++];
+        if (l == al && memcmp(b + pos, addr, l) == 0) return 1;
+        pos += l;
+    }
+    return 0;
+}
+
+/* "2026-12-04T21:00:00Z" of Unix time t into out[24]. */
+static const char *utc(uint64_t t, char out[24]) {
+    time_t tt = t > (uint64_t)INT32_MAX * 64 ? (time_t)INT32_MAX * 64 : (time_t)t;
+    struct tm tm;
+    if (!gmtime_r(&tt, &tm) || !strftime(out, 24, "%Y-%m-%dT%H:%M:%SZ", &tm))
+        snprintf(out, 24, "%llu", (unsigned long long)t);
+    return out;
 }
 
 int lei_ctx_keyed(const lei_ctx *c) { return c->id.keyed; }
@@ -174,39 +274,181 @@ int lei_chan_set_manager_key(lei_ctx *c, uint32_t chid, const uint8_t pk[32]) {
     return 0;
 }
 
-int lei_chan_set_ticket(lei_ctx *c, uint32_t chid, const uint8_t t[64]) {
+int lei_chan_set_ticket(lei_ctx *c, uint32_t chid, const uint8_t t[LEI_TICKET_BYTES]) {
     lei_chan *ch = lei_chan_get(c, chid);
     if (!ch) return -LEI_E_NOTFOUND;
-    memcpy(ch->ticket, t, 64);
+    int changed = !ch->has_ticket || memcmp(ch->ticket, t, LEI_TICKET_BYTES) != 0;
+    memcpy(ch->ticket, t, LEI_TICKET_BYTES);
+    /* A renewed ticket: the channel is bound again, with it, before its
+     * next event to each peer (a consumer checks tickets at BIND). */
+    for (int i = 0; changed && i < c->npeers; i++) {
+        lei_peer *p = c->peers[i];
+        if (ch->id < p->nbound) p->bound[ch->id] = 0;
+    }
     ch->has_ticket = 1;
     return 0;
 }
 
-/* The trust decision on a remote's identity (design: its key is trusted
- * under the name it claims, or an authority we trust certified the pair). */
-int lei_trusted(const lei_ctx *c, const lei_hello *h, char *why, size_t n) {
+/* A v2 certificate in h that one of our authorities signed: 0 with the
+ * validity of both (the certificate's within its authority's) and its
+ * address list, or -1.  The signed message (doc/security.md):
+ * "lecho-cert-v2" 0 name 0 pk32 || the certificate without its signature. */
+static int cert_verified(const lei_ctx *c, const lei_hello *h, uint64_t *nb, uint64_t *na,
+                         size_t *addrs, int *naddrs) {
     const lei_ident *id = &c->id;
+    if (h->has_cert != 2 || !id->nauths ||
+        cert_parse(h->cert, h->cert_len, nb, na, addrs, naddrs))
+        return -1;
+    static const char P[] = "lecho-cert-v2";
+    uint8_t m[sizeof P + LEI_NAME_MAX + 1 + 32 + LEI_CERT_MAX];
+    size_t nl = strnlen(h->name, LEI_NAME_MAX), pos = 0, body = h->cert_len - LEI_SIG_BYTES;
+    memcpy(m, P, sizeof P); /* with its NUL */
+    pos += sizeof P;
+    memcpy(m + pos, h->name, nl);
+    pos += nl;
+    m[pos++] = 0;
+    memcpy(m + pos, h->idpk, 32);
+    pos += 32;
+    memcpy(m + pos, h->cert, body);
+    pos += body;
+    for (int i = 0; i < id->nauths; i++) {
+        const lei_auth *a = &id->auths[i];
+        if (crypto_sign_verify_detached(h->cert + body, m, pos, a->pk) != 0) continue;
+        if (a->not_before > *nb) *nb = a->not_before;
+        if (a->not_after && (!*na || a->not_after < *na)) *na = a->not_after;
+        return 0;
+    }
+    return -1;
+}
+
+/* The trust decision on a remote's identity (design: its key is trusted
+ * under the name it claims, or an authority we trust certified the pair,
+ * for a validity period that includes now and, when the certificate lists
+ * addresses, for addr: the one a HELLO advertises, or the one we dialled
+ * for a HELLO_OK; and the key is not revoked). */
+int lei_trusted(const lei_ctx *c, const lei_hello *h, const char *addr, char *why, size_t n) {
+    const lei_ident *id = &c->id;
+    char pk[65], t1[24];
+    sodium_bin2hex(pk, sizeof pk, h->idpk, 32);
+    if (is_revoked(id, h->idpk)) {
+        snprintf(why, n, "key revoked: %s %s", h->name, pk);
+        return -1;
+    }
     for (int i = 0; i < id->nkeys; i++)
         if (memcmp(id->keys[i].pk, h->idpk, 32) == 0 && strcmp(id->keys[i].name, h->name) == 0)
             return 0;
-    if (h->has_cert && id->nauths) {
-        static const char P[] = "lecho-cert-v1";
-        uint8_t m[sizeof P + LEI_NAME_MAX + 1 + 32];
-        size_t nl = strlen(h->name), pos = 0;
-        memcpy(m, P, sizeof P); /* with its NUL */
-        pos += sizeof P;
-        memcpy(m + pos, h->name, nl);
-        pos += nl;
-        m[pos++] = 0;
-        memcpy(m + pos, h->idpk, 32);
-        pos += 32;
-        for (int i = 0; i < id->nauths; i++)
-            if (crypto_sign_verify_detached(h->cert, m, pos, id->auths[i]) == 0) return 0;
+    if (h->has_cert == 1 && id->nauths) {
+        snprintf(why, n, "not trusted: %s %s: an old certificate without validity (lecho-cert-v1): "
+                 "certify the key again with lecho-keygen", h->name, pk);
+        return -1;
     }
-    char pk[65];
-    sodium_bin2hex(pk, sizeof pk, h->idpk, 32);
+    uint64_t nb, na;
+    size_t addrs;
+    int naddrs;
+    if (cert_verified(c, h, &nb, &na, &addrs, &naddrs) == 0) {
+        double now = ev_now(c->loop);
+        if (nb && now < (double)nb)
+            snprintf(why, n, "certificate of %s not yet valid (from %s)", h->name, utc(nb, t1));
+        else if (na && now >= (double)na)
+            snprintf(why, n, "certificate of %s expired at %s", h->name, utc(na, t1));
+        else if (naddrs && !cert_lists(h->cert, addrs, naddrs, addr))
+            snprintf(why, n, "certificate of %s does not list address %.*s", h->name, 160, addr);
+        else
+            return 0;
+        return -1;
+    }
     snprintf(why, n, "not trusted: %s %s", h->name, pk);
     return -1;
+}
+
+int lei_ticket_bound(lei_conn *k, uint64_t idx, const uint8_t *ticket) {
+    size_t i = 0;
+    while (i < k->ntexp && k->texp[i].idx != idx) i++;
+    if (!ticket) {
+        if (i < k->ntexp) k->texp[i] = k->texp[--k->ntexp];
+        return 0;
+    }
+    uint64_t exp = 0;
+    for (int b = 0; b < 8; b++) exp = exp << 8 | ticket[b];
+    if (i == k->ntexp) {
+        if (k->ntexp == k->ctexp) {
+            size_t nc = k->ctexp ? 2 * k->ctexp : 8;
+            void *g = realloc(k->texp, nc * sizeof *k->texp); /* owned by k, freed with it */
+            if (!g) return -1;
+            k->texp = g;
+            k->ctexp = nc;
+        }
+        k->ntexp++;
+    }
+    k->texp[i].idx = idx;
+    k->texp[i].exp = exp;
+    lei_expiry_at(k->ctx, (double)exp);
+    return 0;
+}
+
+/* The indexes of k whose ticket expired by now are refused (one log line
+ * per refusal, rate-limited as refused BINDs); returns the next expiry. */
+static ev_tstamp tickets_expire(lei_conn *k, ev_tstamp now) {
+    ev_tstamp next = 0;
+    for (size_t i = 0; i < k->ntexp;) {
+        struct lei_texp *t = &k->texp[i];
+        if ((double)t->exp > now) {
+            if (!next || (double)t->exp < next) next = (double)t->exp;
+            i++;
+            continue;
+        }
+        uint32_t v;
+        uint64_t idx = t->idx;
+        *t = k->texp[--k->ntexp];
+        if (lei_inmap_get(k, idx, &v) || v == LEI_REFUSED) continue;
+        lei_chan *ch = lei_chan_get(k->ctx, v - 1);
+        char why[LEI_BIND_NAME_MAX + 64];
+        snprintf(why, sizeof why, "not an authorized producer of %.*s (ticket expired)",
+                 ch ? (int)ch->namelen : 1, ch ? ch->name : "?");
+        if (lei_inmap_set_rname(k, idx, ch ? ch->id : UINT32_MAX, why) == 0)
+            lei_inmap_set(k, idx, LEI_REFUSED);
+        if (ch && k->peer) lei_refused_log(k->ctx, k->peer, ch->name, ch->namelen);
+    }
+    return next;
+}
+
+void lei_cert_watch(lei_conn *k) {
+    uint64_t nb, na;
+    size_t addrs;
+    int naddrs;
+    k->cert_end = 0;
+    if (k->sec && cert_verified(k->ctx, &k->sec->remote, &nb, &na, &addrs, &naddrs) == 0 && na) {
+        k->cert_end = na; /* verified once here: the expiry timer reads it */
+        lei_expiry_at(k->ctx, (double)na);
+    }
+}
+
+/* A live connection whose peer's certificate expired is closed when it
+ * does, with one log line, and the bindings whose ticket expired are
+ * refused; returns the next expiry (0: none). */
+ev_tstamp lei_certs_expire(lei_ctx *c, ev_tstamp now) {
+    ev_tstamp next = 0;
+    for (lei_conn *k = c->conns, *nk; k; k = nk) {
+        nk = k->next;
+        if (k->state != LEI_CONN_UP || !k->sec) continue;
+        if (k->ntexp) {
+            ev_tstamp t = tickets_expire(k, now);
+            if (t && (!next || t < next)) next = t;
+        }
+        if (!k->cert_end) continue;
+        uint64_t na = k->cert_end;
+        if ((double)na <= now) {
+            char why[LEI_NAME_MAX + 80], t1[24];
+            snprintf(why, sizeof why, "certificate of %s expired at %s", k->sec->remote.name,
+                     utc(na, t1));
+            lei_logf(c, "closing connection with %s: %s", k->peer ? k->peer->addr : "?", why);
+            lei_conn_send_error(k, why);
+            lei_conn_close(k, why, 0);
+        } else if (!next || (double)na < next) {
+            next = (double)na;
+        }
+    }
+    return next;
 }
 
 size_t lei_base_len(const char *name, size_t len) {
@@ -224,8 +466,9 @@ const uint8_t *lei_chan_ticket_for(lei_ctx *c, const lei_chan *ch) {
 }
 
 /* Consumer side of a BIND in keyed mode: the channel is open here, has a
- * manager key (its own or its base channel's), and the ticket is the
- * manager's signature of "lecho-producer-v1" 0 base 0 pk for the peer's
+ * manager key (its own or its base channel's), and the ticket (u64be
+ * expiry, then 64 bytes) is not expired and is the manager's signature of
+ * "lecho-producer-v2" 0 base 0 pk || u64be expiry for the peer's
  * authenticated key.  Returns the channel, or NULL (refused). */
 lei_chan *lei_bind_check(lei_ctx *c, const lei_peer *p, const char *name, size_t nl,
                          const uint8_t *ticket) {
@@ -235,8 +478,11 @@ lei_chan *lei_bind_check(lei_ctx *c, const lei_peer *p, const char *name, size_t
     const lei_chan *base = bl == nl ? ch : lei_chan_find(c, name, bl);
     const uint8_t *mkey = ch->has_mkey ? ch->mkey : base && base->has_mkey ? base->mkey : NULL;
     if (!mkey) return NULL;
-    static const char P[] = "lecho-producer-v1";
-    uint8_t *m = malloc(sizeof P + bl + 1 + 32); /* freed below */
+    uint64_t exp = 0;
+    for (int i = 0; i < 8; i++) exp = exp << 8 | ticket[i];
+    if ((double)exp <= ev_now(c->loop)) return NULL; /* expired */
+    static const char P[] = "lecho-producer-v2";
+    uint8_t *m = malloc(sizeof P + bl + 1 + 32 + 8); /* freed below */
     if (!m) return NULL;
     size_t pos = 0;
     memcpy(m, P, sizeof P); /* with its NUL */
@@ -246,7 +492,9 @@ lei_chan *lei_bind_check(lei_ctx *c, const lei_peer *p, const char *name, size_t
     m[pos++] = 0;
     memcpy(m + pos, p->key, 32);
     pos += 32;
-    int ok = crypto_sign_verify_detached(ticket, m, pos, mkey) == 0;
+    memcpy(m + pos, ticket, 8);
+    pos += 8;
+    int ok = crypto_sign_verify_detached(ticket + 8, m, pos, mkey) == 0;
     free(m);
     return ok ? ch : NULL;
 }
@@ -280,5 +528,6 @@ void lei_ident_free(lei_ctx *c) {
     free(id->keys);
     free(id->auths);
     free(id->pins);
+    free(id->revoked);
     sodium_memzero(id, sizeof *id);
 }

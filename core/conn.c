@@ -118,6 +118,9 @@ void lei_conn_close(lei_conn *k, const char *reason, int bad) {
     }
     k->rcap = k->rlen = k->rpos = 0;
     lei_inmap_free(k);
+    free(k->texp);
+    k->texp = NULL;
+    k->ntexp = k->ctexp = 0;
     lei_sec_free(k->sec);
     k->sec = NULL;
     lei_peer *p = k->peer;
@@ -260,6 +263,8 @@ static const char *conn_bind(lei_conn *k, const lei_frame *f) {
      * make us open channels); keyed, the BIND also needs a valid ticket. */
     lei_chan *ch = c->id.keyed ? lei_bind_check(c, k->peer, (const char *)name, nl, ticket)
                                : lei_chan_find(c, (const char *)name, nl);
+    /* keyed: the binding lasts while its ticket does (auth.c) */
+    if (c->id.keyed && lei_ticket_bound(k, idx, ch ? ticket : NULL)) return "out of memory";
     if (ch) return lei_inmap_set(k, idx, ch->id + 1) ? "out of memory" : NULL;
     /* A producer we refused stops at a few: many refusals are an attack
      * on our memory (each keeps its name for the ACKs' error text). */

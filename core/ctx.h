@@ -46,7 +46,7 @@ typedef struct lei_opts {
     double heartbeat;
     double heartbeat_misses;
     double retry_max;      /* cap of the exponential redial backoff */
-    /* Containment (issue 11; README "Limits"). */
+    /* Containment (issue 11; doc/limits.md). */
     double handshake_timeout;   /* s: a connection not UP this long after accept or
                                  * connect is closed with an ERROR (0: never) */
     size_t max_connections;     /* connections of the context, any state */
@@ -320,15 +320,24 @@ void lei_resume(lei_ctx *c, lei_peer *from, uint32_t chid);
  * negative of an errors.h code. */
 /* Our Ed25519 identity: sk (64 bytes, seed || pk: the embedded pk must be
  * the seed's), a principal name (1..64 of [A-Za-z0-9._-]) and optionally an
- * authority's certificate (64 bytes).  -LEI_E_INVALID with err[160], also
- * once a connection exists.  Set it before lei_ctx_listen to listen on
- * other than loopback or unix addresses. */
+ * authority's certificate of cert_len bytes (doc/security.md: 64 is an old
+ * v1 one, sent as such and refused by peers).  -LEI_E_INVALID with
+ * err[160], also once a connection exists.  Set it before lei_ctx_listen
+ * to listen on other than loopback or unix addresses. */
 int lei_ctx_set_identity(lei_ctx *c, const uint8_t sk[64], const char *name, const uint8_t *cert,
-                         char *err);
+                         size_t cert_len, char *err);
 /* Trusts pk for principal `name` (a second call for pk renames it). */
 int lei_ctx_trust_key(lei_ctx *c, const uint8_t pk[32], const char *name);
-/* Trusts every (name, pk) an authority certified. */
-int lei_ctx_trust_authority(lei_ctx *c, const uint8_t pk[32]);
+/* Trusts every (name, pk) an authority certified, within the authority's
+ * own validity [not_before, not_after) (Unix seconds; 0: unbounded); a
+ * second call for pk sets its validity. */
+int lei_ctx_trust_authority(lei_ctx *c, const uint8_t pk[32], uint64_t not_before,
+                            uint64_t not_after);
+/* The revoked keys: n keys of 32 bytes at pks (replacing the list before).
+ * Refused at every handshake from now on; live connections of them are
+ * closed now (one log line each).  Returns how many were closed, or
+ * -LEI_E_NOMEM (the list before stays). */
+int lei_ctx_set_revoked(lei_ctx *c, const uint8_t *pks, size_t n);
 int lei_ctx_keyed(const lei_ctx *c);
 /* Signs m with our identity: 0, or -LEI_E_INVALID when there is none. */
 int lei_ctx_sign(const lei_ctx *c, const void *m, size_t n, uint8_t sig[64]);
@@ -352,8 +361,9 @@ const char *lei_peer_principal(const lei_peer *p);
  * events are dropped and counted (stats refused), a sync one answered with
  * 0 handlers and "not an authorized producer of NAME". */
 int lei_chan_set_manager_key(lei_ctx *c, uint32_t chid, const uint8_t pk[32]);
-/* Producer side: the ticket our BINDs of the channel carry. */
-int lei_chan_set_ticket(lei_ctx *c, uint32_t chid, const uint8_t t[64]);
+/* Producer side: the ticket our BINDs of the channel carry (72 bytes: its
+ * u64 big-endian expiry, then the manager's signature; doc/security.md). */
+int lei_chan_set_ticket(lei_ctx *c, uint32_t chid, const uint8_t t[72]);
 
 /* Graceful close, step one: stop accepting, write every queue, then end
  * each connection with a FIN once its queue is empty and read until the

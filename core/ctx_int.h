@@ -40,16 +40,24 @@ typedef struct lei_pin {      /* a peer address pinned to a key, a principal, or
     char principal[LEI_NAME_MAX + 1]; /* "": none (lei_peer_expect_principal) */
 } lei_pin;
 
+typedef struct lei_auth {     /* a trusted authority and its own validity (0: unbounded) */
+    uint8_t pk[32];
+    uint64_t not_before, not_after;
+} lei_auth;
+
 typedef struct lei_ident {
     int keyed;                /* ro: an identity is set (keyed mode) */
     uint8_t sk[64], pk[32];   /* our Ed25519 identity (sk wiped at free) */
     char name[LEI_NAME_MAX + 1];
-    uint8_t cert[64];         /* an authority's signature of (name, pk), if has_cert */
-    int has_cert;
+    uint8_t cert[LEI_CERT_MAX]; /* an authority's certificate of (name, pk), if has_cert */
+    int has_cert;             /* 0, 1 (a v1 one: 64 bytes), 2 (cert_len bytes) */
+    size_t cert_len;
     lei_tkey *keys;           /* owned: trusted keys */
     int nkeys, ckeys;
-    uint8_t (*auths)[32];     /* owned: trusted authorities */
+    lei_auth *auths;          /* owned: trusted authorities */
     int nauths, cauths;
+    uint8_t (*revoked)[32];   /* owned: revoked keys (lei_ctx_set_revoked) */
+    int nrevoked;
     lei_pin *pins;            /* owned: address -> expected key */
     int npins, cpins;
     ev_tstamp rlog_t;         /* refused BINDs: log window start, lines, untold */
@@ -246,7 +254,7 @@ struct lei_chan {
     uint64_t gaps, lost, dups;  /* ro: sequence gaps seen, events they lost, duplicates dropped */
     uint8_t has_mkey, has_ticket;
     uint8_t mkey[32];         /* consumer side: the channel manager's key (BIND tickets) */
-    uint8_t ticket[64];       /* producer side: our ticket for the channel */
+    uint8_t ticket[LEI_TICKET_BYTES]; /* producer side: our ticket for the channel (expiry, sig) */
     uint64_t refused;         /* ro: events dropped from unauthorized producers */
 };
 
@@ -400,6 +408,14 @@ struct lei_conn {
     size_t nrnames, crnames;
     size_t rname_bytes; /* their why texts' lengths (conn.c: REFUSED_NAMES_MAX) */
     size_t nrefused;    /* BINDs refused on this connection (REFUSED_BINDS_MAX) */
+    uint64_t cert_end;  /* keyed, up: when the peer's certificate (within its
+                         * authority's validity) ends, Unix seconds; 0: never */
+    /* Keyed: the indexes bound with a ticket, and when each ticket expires
+     * (auth.c): at that time the index is refused, as a BIND without a
+     * valid ticket (a renewed ticket comes with a new BIND).  At most one
+     * entry per bound index: bounded by max_peer_channels. */
+    struct lei_texp { uint64_t idx, exp; } *texp; /* owned */
+    size_t ntexp, ctexp;
     size_t skip;        /* bytes of a dropped EVENT still to come, not buffered */
     ev_tstamp born, last_in, last_out, last_ping; /* liveness: created, last read, write, PING */
     lei_sec *sec;       /* owned: a keyed connection's crypto, or NULL (protected) */
@@ -517,8 +533,17 @@ void lei_inmap_free(lei_conn *k);
 lei_chan *lei_chan_find(lei_ctx *c, const char *name, size_t len);
 /* auth.c */
 int lei_name_ok(const char *name, size_t n);
-/* Whether (pk, name, cert) is trusted: 0, or -1 with the reason in why[n]. */
-int lei_trusted(const lei_ctx *c, const lei_hello *h, char *why, size_t n);
+/* Whether (pk, name, cert) is trusted now at addr (the address a HELLO
+ * advertises, or the one we dialled): 0, or -1 with the reason in why[n]. */
+int lei_trusted(const lei_ctx *c, const lei_hello *h, const char *addr, char *why, size_t n);
+/* A BIND of idx on k: its ticket's expiry recorded (ticket NULL: the index
+ * has none any more).  0, or -1 out of memory. */
+int lei_ticket_bound(lei_conn *k, uint64_t idx, const uint8_t *ticket);
+/* k is up: the expiry timer is armed for its peer's certificate's end. */
+void lei_cert_watch(lei_conn *k);
+/* Closes the up connections whose peer's certificate expired by now (one
+ * log line each); returns the next end of one, or 0. */
+ev_tstamp lei_certs_expire(lei_ctx *c, ev_tstamp now);
 /* The ticket a BIND of ch carries (its base channel's for a derived stream), or NULL. */
 const uint8_t *lei_chan_ticket_for(lei_ctx *c, const lei_chan *ch);
 /* The length of name's base: up to the first '@' after the last '/'. */

@@ -64,10 +64,14 @@ size_t lei_frame_hello(uint8_t *out, uint8_t type, unsigned version, uint64_t in
         pos += lei_varint_encode(out + pos, nl);
         memcpy(out + pos, key->name, nl);
         pos += nl;
-        out[pos++] = key->has_cert ? 1 : 0;
-        if (key->has_cert) {
+        out[pos++] = key->has_cert;
+        if (key->has_cert == 1) {
             memcpy(out + pos, key->cert, LEI_SIG_BYTES);
             pos += LEI_SIG_BYTES;
+        } else if (key->has_cert == 2) {
+            pos += lei_varint_encode(out + pos, key->cert_len);
+            memcpy(out + pos, key->cert, key->cert_len);
+            pos += key->cert_len;
         }
         if (type == LEI_F_HELLO_OK) {
             memset(out + pos, 0, LEI_SIG_BYTES);
@@ -119,6 +123,7 @@ int lei_parse_hello(const uint8_t *b, size_t n, lei_hello *h, const char **err) 
     pos += alen;
     h->mode = b[pos++];
     h->has_cert = h->has_sig = 0;
+    h->cert_len = 0;
     h->name[0] = '\0';
     if (h->mode == LEI_MODE_PROTECTED) {
         if (pos != n) {
@@ -141,11 +146,25 @@ int lei_parse_hello(const uint8_t *b, size_t n, lei_hello *h, const char **err) 
     if (getb(b, n, &pos, h->name, (size_t)nlen, err) || getb(b, n, &pos, &h->has_cert, 1, err))
         return -LEI_E_PROTOCOL;
     h->name[nlen] = '\0';
-    if (h->has_cert > 1) {
+    if (h->has_cert > 2) {
         *err = "bad certificate flag in handshake";
         return -LEI_E_PROTOCOL;
     }
-    if (h->has_cert && getb(b, n, &pos, h->cert, LEI_SIG_BYTES, err)) return -LEI_E_PROTOCOL;
+    /* 1: a v1 certificate (64 bytes, no validity: read, refused by the
+     * trust decision with its reason); 2: varint len, the certificate. */
+    if (h->has_cert == 1) {
+        if (getb(b, n, &pos, h->cert, LEI_SIG_BYTES, err)) return -LEI_E_PROTOCOL;
+        h->cert_len = LEI_SIG_BYTES;
+    } else if (h->has_cert == 2) {
+        uint64_t clen;
+        if (getv(b, n, &pos, &clen, err)) return -LEI_E_PROTOCOL;
+        if (clen < LEI_CERT_MIN || clen > LEI_CERT_MAX) {
+            *err = "bad certificate length in handshake";
+            return -LEI_E_PROTOCOL;
+        }
+        if (getb(b, n, &pos, h->cert, (size_t)clen, err)) return -LEI_E_PROTOCOL;
+        h->cert_len = (uint16_t)clen;
+    }
     if (n - pos == LEI_SIG_BYTES) {
         memcpy(h->sig, b + pos, LEI_SIG_BYTES);
         h->has_sig = 1;
@@ -207,10 +226,10 @@ size_t lei_frame_bind(uint8_t *out, uint64_t idx, const char *name, size_t namel
     pos += lei_varint_encode(out + pos, namelen);
     memcpy(out + pos, name, namelen);
     pos += namelen;
-    out[pos++] = ticket ? 1 : 0;
+    out[pos++] = ticket ? 2 : 0;
     if (ticket) {
-        memcpy(out + pos, ticket, LEI_SIG_BYTES);
-        pos += LEI_SIG_BYTES;
+        memcpy(out + pos, ticket, LEI_TICKET_BYTES);
+        pos += LEI_TICKET_BYTES;
     }
     lei_frame_hdr(out, LEI_F_BIND, pos - LEI_FRAME_HDR);
     return pos;
@@ -232,11 +251,13 @@ int lei_parse_bind(const uint8_t *b, size_t n, uint64_t *idx, const uint8_t **na
     *name = b + pos;
     *namelen = (size_t)len;
     pos += (size_t)len;
+    /* 0: none; 2: a ticket with its expiry (LEI_TICKET_BYTES); 1, a v1
+     * ticket without expiry (64 bytes), is read as none: refused. */
     uint8_t has = b[pos++];
-    if (has > 1 || n - pos != (has ? LEI_SIG_BYTES : 0)) {
+    if (has > 2 || n - pos != (has == 2 ? LEI_TICKET_BYTES : has ? LEI_SIG_BYTES : 0)) {
         *err = "bad ticket in bind";
         return -LEI_E_PROTOCOL;
     }
-    *ticket = has ? b + pos : NULL;
+    *ticket = has == 2 ? b + pos : NULL;
     return 0;
 }

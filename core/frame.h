@@ -30,17 +30,28 @@
 #define LEI_STR(x) LEI_STR_(x)
 #define LEI_NAME_MAX 64  /* principal names: 1..64 bytes of [A-Za-z0-9._-] */
 #define LEI_SIG_BYTES 64
-/* v1 fields, the mode byte, the keyed fields, the acceptor's signature */
+/* A certificate in a HELLO (has_cert 2, doc/security.md "Certificates"):
+ * u64 not_before, u64 not_after (big-endian, Unix seconds), u8 naddrs,
+ * naddrs x (u8 len, address), then the authority's 64-byte signature. */
+#define LEI_CERT_ADDRS_MAX 8
+#define LEI_CERT_MIN (8 + 8 + 1 + LEI_SIG_BYTES)
+#define LEI_CERT_MAX (LEI_CERT_MIN + LEI_CERT_ADDRS_MAX * LEI_ADDR_MAX)
+/* A producer ticket (BIND has_ticket 2): u64 expiry (big-endian, Unix
+ * seconds), then the manager's signature. */
+#define LEI_TICKET_BYTES (8 + LEI_SIG_BYTES)
+/* v1 fields, the mode byte, the keyed fields (a certificate: has_cert,
+ * varint len, body), the acceptor's signature */
 #define LEI_HELLO_MAX (LEI_FRAME_HDR + 4 + 2 + 10 + 10 + LEI_ADDR_MAX + 1 + 32 + 32 + 10 + \
-                       LEI_NAME_MAX + 1 + LEI_SIG_BYTES + LEI_SIG_BYTES)
-#define LEI_BIND_MAX_EXTRA (1 + LEI_SIG_BYTES) /* BIND v2: has_ticket [+ ticket] */
+                       LEI_NAME_MAX + 1 + 10 + LEI_CERT_MAX + LEI_SIG_BYTES)
+#define LEI_BIND_MAX_EXTRA (1 + LEI_TICKET_BYTES) /* BIND v2: has_ticket [+ ticket] */
 
 enum lei_mode { LEI_MODE_PROTECTED = 0, LEI_MODE_KEYED = 1 };
 
 enum lei_frame_type {
     LEI_F_HELLO = 1,    /* magic, u16 version, varint incarnation, varint len, listen addr,
                          * u8 mode [keyed: eph pk, identity pk, varint len, name,
-                         * u8 has_cert, cert] */
+                         * u8 has_cert [1: 64-byte v1 cert (refused); 2: varint len,
+                         * cert (LEI_CERT_MAX)]] */
     LEI_F_HELLO_OK = 2, /* same body as HELLO: the acceptor's identity; keyed: + signature */
     LEI_F_ERROR = 3,    /* utf-8 reason; the sender closes right after */
     LEI_F_CTRL = 4,     /* one encoded value: a control-plane message */
@@ -68,8 +79,9 @@ typedef struct lei_hello {
     uint8_t eph[32];             /* ephemeral X25519 public key (crypto_kx) */
     uint8_t idpk[32];            /* Ed25519 identity public key */
     char name[LEI_NAME_MAX + 1]; /* principal name */
-    uint8_t has_cert, has_sig;
-    uint8_t cert[LEI_SIG_BYTES]; /* an authority's signature of (name, idpk) */
+    uint8_t has_cert, has_sig;   /* has_cert: 0 none, 1 an old (v1) one, 2 cert_len bytes */
+    uint16_t cert_len;
+    uint8_t cert[LEI_CERT_MAX];  /* an authority's certificate of (name, idpk) */
     uint8_t sig[LEI_SIG_BYTES];  /* HELLO_OK: the acceptor's transcript signature */
 } lei_hello;
 
@@ -124,10 +136,10 @@ int lei_parse_ack(const uint8_t *b, size_t n, uint64_t *sync, uint64_t *nran,
                   const uint8_t **errs, size_t *elen, const char **err);
 
 /* A BIND frame into out (LEI_FRAME_HDR + 20 + namelen + LEI_BIND_MAX_EXTRA
- * bytes); ticket: 64 bytes or NULL (has_ticket 0). */
+ * bytes); ticket: LEI_TICKET_BYTES or NULL (has_ticket 0). */
 size_t lei_frame_bind(uint8_t *out, uint64_t idx, const char *name, size_t namelen,
                       const uint8_t *ticket);
-/* *ticket: NULL when has_ticket is 0. */
+/* *ticket (LEI_TICKET_BYTES): NULL when has_ticket is 0 or 1 (v1, no expiry). */
 int lei_parse_bind(const uint8_t *b, size_t n, uint64_t *idx, const uint8_t **name,
                    size_t *namelen, const uint8_t **ticket, const char **err);
 

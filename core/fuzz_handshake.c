@@ -108,15 +108,19 @@ static lei_ctx *make_ctx(int remote, const char *listen) {
     c->h.ud = c;
     c->incarnation = remote ? 2222 : 1111;
     char err[160];
-    if (lei_ctx_set_identity(c, remote ? b_sk : a_sk, remote ? "fuzzpeer" : "fuzzed", NULL, err))
+    if (lei_ctx_set_identity(c, remote ? b_sk : a_sk, remote ? "fuzzpeer" : "fuzzed", NULL, 0, err))
         abort();
     lei_ctx_trust_key(c, remote ? a_pk : b_pk, remote ? "fuzzed" : "fuzzpeer");
     uint32_t ch = lei_chan_open(c, "ns/x", 4);
     if (remote) {
-        uint8_t m[18 + 5 + 32], t[64];
-        memcpy(m, "lecho-producer-v1\0ns/x", 23);
+        /* a ticket that does not expire while the harness runs (u64be
+         * 2^40 s: in 36812), then the manager's signature */
+        uint8_t m[18 + 5 + 32 + 8], t[LEI_TICKET_BYTES] = {0, 0, 1, 0, 0, 0, 0, 0};
+        memcpy(m, "lecho-producer-v2\0ns/x", 23);
+        m[22] = 0;
         memcpy(m + 23, b_pk, 32);
-        crypto_sign_detached(t, NULL, m, sizeof m, m_sk);
+        memcpy(m + 55, t, 8);
+        crypto_sign_detached(t + 8, NULL, m, sizeof m, m_sk);
         lei_chan_set_ticket(c, ch, t);
     } else {
         lei_chan_set_local(c, ch, 1);

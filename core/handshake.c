@@ -49,7 +49,8 @@ static size_t build_hello(lei_conn *k, uint8_t type, uint8_t *b) {
     memcpy(key.idpk, c->id.pk, 32);
     memcpy(key.name, c->id.name, sizeof key.name);
     key.has_cert = (uint8_t)c->id.has_cert;
-    memcpy(key.cert, c->id.cert, sizeof key.cert);
+    key.cert_len = (uint16_t)c->id.cert_len;
+    memcpy(key.cert, c->id.cert, c->id.cert_len);
     size_t n = lei_frame_hello(b, type, LEI_PROTO_VERSION, c->incarnation, c->addr, &key);
     if (type == LEI_F_HELLO) {
         lei_sec_hash(s, b + LEI_FRAME_HDR, n - LEI_FRAME_HDR);
@@ -103,7 +104,7 @@ static int hello_read(lei_conn *k, const lei_frame *f, uint8_t want, lei_hello *
  * claims).  Returns 0, or -1 after closing k with an ERROR saying why. */
 static int identity_check(lei_conn *k, const lei_hello *h, const char *addr, int dialled) {
     char why[LEI_ADDR_MAX + 2 * LEI_NAME_MAX + 200];
-    if (lei_trusted(k->ctx, h, why, sizeof why) == 0) {
+    if (lei_trusted(k->ctx, h, addr, why, sizeof why) == 0) {
         const lei_pin *pin = lei_pin_find(k->ctx, addr);
         int key_ok = !pin || !pin->has_pk || memcmp(pin->pk, h->idpk, 32) == 0;
         int name_ok = !pin || !pin->principal[0] || strcmp(pin->principal, h->name) == 0;
@@ -143,6 +144,7 @@ static void conn_up(lei_conn *k, lei_peer *p, uint64_t incarnation) {
         p->has_key = 1;
         memcpy(p->key, k->sec->remote.idpk, 32);
         memcpy(p->principal, k->sec->remote.name, sizeof p->principal);
+        lei_cert_watch(k); /* closed when its certificate ends */
     }
     lei_live_peer_up(p, incarnation);
     if (was == LEI_CONN_HELLO_WAIT) {
@@ -294,6 +296,10 @@ static int auth_answered(lei_conn *k, const lei_frame *f) {
         return -1;
     }
     if (superseded(k)) return -1;
+    /* Trust and pins may have changed since HELLO_OK (the acceptor held
+     * AUTH_OK past its certificate's end, a reload revoked its key, a pin
+     * was made): checked again before anything queued goes out. */
+    if (identity_check(k, &k->sec->remote, k->peer->addr, 1)) return -1;
     conn_up(k, k->peer, k->sec->remote.incarnation);
     return 0;
 }

@@ -93,7 +93,7 @@ LECHO_API const char *lecho_errmsg(const lecho_ctx *ctx);
 
 /* Opens the context of this process.  opts: NULL, or a NULL-terminated list
  * of option name, value strings, the options of the Lua `lecho.context`
- * (README): "nameserver" (an address: "a.b.c.d:PORT", "[V6]:PORT" or
+ * (doc/api.md): "nameserver" (an address: "a.b.c.d:PORT", "[V6]:PORT" or
  * "unix:/PATH"; without it this context runs a name server of its own),
  * "listen" ("127.0.0.1:0"; any of those forms, port 0: the OS chooses),
  * "advertise" (the address peers are told when "listen" is a wildcard such
@@ -267,7 +267,7 @@ typedef struct lecho_producer lecho_producer;
 
 /* A producer on ch; returns once the channel's manager said where the
  * consumers are (runs the loop meanwhile).  policy: NULL (the context's),
- * "block", "drop_oldest", "drop_newest" or "disconnect" (README: what happens
+ * "block", "drop_oldest", "drop_newest" or "disconnect" (doc/semantics.md: what happens
  * when a consumer's queue is full).  0 with *out set (owned by ctx;
  * lecho_producer_close ends it early), or a code. */
 LECHO_API int lecho_producer_open(lecho_channel *ch, const char *policy, lecho_producer **out);

@@ -3,7 +3,8 @@
  * Module functions: core.keypair() -> pk, sk; core.sign(sk, msg) -> sig;
  * core.verify(pk, msg, sig) -> bool; core.hex(s); core.unhex(h).
  * Context methods: set_identity, trust_key, trust_authority, keyed, sign,
- * expect, peer_identity, chan_manager_key, chan_ticket (ctx.h, auth.c).
+ * set_revoked, expect, peer_identity, chan_manager_key, chan_ticket (ctx.h,
+ * auth.c).
  * Keys are raw bytes (pk 32, sk 64, signatures 64); a string of another
  * length is misuse and raises.
  */
@@ -88,14 +89,17 @@ static int l_unhex(lua_State *L) {
     return 1;
 }
 
-/* ctx:set_identity(sk, name[, cert]) -> true | nil, err, "invalid" */
+/* ctx:set_identity(sk, name[, cert]) -> true | nil, err, "invalid"
+ * (cert: 64 bytes, an old v1 one, or a v2 certificate: doc/security.md) */
 static int l_set_identity(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     const uint8_t *sk = check_bytes(L, 2, 64, "secret key");
     const char *name = luaL_checkstring(L, 3);
-    const uint8_t *cert = lua_isnoneornil(L, 4) ? NULL : check_bytes(L, 4, 64, "certificate");
+    size_t cl = 0;
+    const uint8_t *cert =
+        lua_isnoneornil(L, 4) ? NULL : (const uint8_t *)luaL_checklstring(L, 4, &cl);
     char err[160];
-    int rc = lei_ctx_set_identity(b->c, sk, name, cert, err);
+    int rc = lei_ctx_set_identity(b->c, sk, name, cert, cl, err);
     return lb_ok_or_err(L, rc ? err : NULL, -rc);
 }
 
@@ -109,11 +113,29 @@ static int l_trust_key(lua_State *L) {
     return lb_ok_or_err(L, rc ? lei_err_text(-rc) : NULL, -rc);
 }
 
-/* ctx:trust_authority(pk) -> true | nil, err, code */
+/* ctx:trust_authority(pk[, not_before, not_after]) -> true | nil, err, code
+ * (Unix seconds; nil or 0: unbounded) */
 static int l_trust_authority(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
-    int rc = lei_ctx_trust_authority(b->c, check_bytes(L, 2, 32, "public key"));
+    const uint8_t *pk = check_bytes(L, 2, 32, "public key");
+    lua_Number nb = luaL_optnumber(L, 3, 0), na = luaL_optnumber(L, 4, 0);
+    if (!(nb >= 0 && nb < 1e15 && na >= 0 && na < 1e15))
+        return luaL_argerror(L, 3, "validity: Unix seconds in [0, 1e15)");
+    int rc = lei_ctx_trust_authority(b->c, pk, (uint64_t)nb, (uint64_t)na);
     return lb_ok_or_err(L, rc ? lei_err_text(-rc) : NULL, -rc);
+}
+
+/* ctx:set_revoked(keys) -> closed | nil, err, code: keys is the revoked
+ * public keys, 32 bytes each, concatenated ("" for none) */
+static int l_set_revoked(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    size_t n;
+    const char *ks = luaL_checklstring(L, 2, &n);
+    if (n % 32) return luaL_argerror(L, 2, "revoked keys: a multiple of 32 bytes");
+    int rc = lei_ctx_set_revoked(b->c, (const uint8_t *)ks, n / 32);
+    if (rc < 0) return lb_ok_or_err(L, lei_err_text(-rc), -rc);
+    lua_pushinteger(L, rc);
+    return 1;
 }
 
 /* ctx:keyed() -> bool */
@@ -203,7 +225,7 @@ static int l_chan_manager_key(lua_State *L) {
 static int l_chan_ticket(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     uint32_t chid = lb_check_chan(L, b, 2);
-    lei_chan_set_ticket(b->c, chid, check_bytes(L, 3, 64, "ticket"));
+    lei_chan_set_ticket(b->c, chid, check_bytes(L, 3, LEI_TICKET_BYTES, "ticket"));
     return 0;
 }
 
@@ -211,6 +233,7 @@ const luaL_Reg lb_auth_methods[] = {
     {"set_identity", l_set_identity},
     {"trust_key", l_trust_key},
     {"trust_authority", l_trust_authority},
+    {"set_revoked", l_set_revoked},
     {"keyed", l_keyed},
     {"sign", l_ctx_sign},
     {"expect", l_expect},

@@ -84,7 +84,7 @@ static void opt_liveness(lua_State *L, lei_opts *o) {
 
 /* handshake_timeout= (s, 0: never), max_connections= (>= 1),
  * max_buffered= (bytes), max_peer_channels= (>= 1, <= 2^24), max_peers=, peer_free_after=, log_window= (s) of the options
- * table at index 1 (README "Limits"). */
+ * table at index 1 (doc/limits.md). */
 static void opt_containment(lua_State *L, lei_opts *o) {
     o->handshake_timeout = opt_time(L, 1, "handshake_timeout", o->handshake_timeout);
     o->max_connections = lb_opt_size(L, 1, "max_connections", o->max_connections);

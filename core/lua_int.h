@@ -40,7 +40,9 @@ typedef struct lb_ctx {
     lb_timer *timers;      /* live timers, stopped when the context closes */
     lb_moe *moes;          /* live modulators, freed when the context closes */
     lei_moe_group *moeg;   /* owned: what they share (made by the first), freed after them */
-    ev_signal sigw[2];     /* ctx:run(true): SIGINT, SIGTERM; started only inside l_run */
+    ev_signal sigw[3];     /* ctx:run(true): SIGINT, SIGTERM, and SIGHUP with a reload
+                            * function; started only inside l_run */
+    int hup;               /* a SIGHUP came during ctx:run(true, fn): fn runs next */
     int signal;            /* the signal that ended the last ctx:run(true), or 0 */
 } lb_ctx;
 

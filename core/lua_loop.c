@@ -78,41 +78,63 @@ static void run_sig_cb(struct ev_loop *loop, ev_signal *w, int revents) {
     ev_break(loop, EVBREAK_ALL);
 }
 
-/* ctx:run([signals]): serves the loop until ctx:stop().  With signals true,
- * SIGINT and SIGTERM (those the process does not ignore) are caught for the
- * run only: they end it, and it returns the signal's number; the actions
- * and the signal mask the process had are put back before it returns, or,
- * when a signal ended it, the default actions (the caller closes and exits:
- * a second signal ends the process at once).  Returns nothing otherwise. */
+static void run_hup_cb(struct ev_loop *loop, ev_signal *w, int revents) {
+    lb_ctx *b = w->data;
+    (void)revents;
+    b->hup = 1;
+    ev_break(loop, EVBREAK_ONE);
+}
+
+/* ctx:run([signals [, reload]]): serves the loop until ctx:stop().  With
+ * signals true, SIGINT and SIGTERM (those the process does not ignore) are
+ * caught for the run only: they end it, and it returns the signal's number;
+ * the actions and the signal mask the process had are put back before it
+ * returns, or, when a signal ended it, the default actions (the caller
+ * closes and exits: a second signal ends the process at once).  With a
+ * function reload too, SIGHUP (unless ignored) is caught for the run as
+ * well and calls it (a protected call; the run goes on).  Returns nothing
+ * otherwise. */
 static int l_run(lua_State *L) {
-    static const int sigs[2] = {SIGINT, SIGTERM};
+    static const int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
     lb_ctx *b = lb_check_ctx(L);
-    int catch = lua_toboolean(L, 2), caught[2] = {0, 0};
-    struct sigaction old[2];
+    int catch = lua_toboolean(L, 2), caught[3] = {0, 0, 0};
+    int nsigs = catch && lua_isfunction(L, 3) ? 3 : 2;
+    struct sigaction old[3];
     sigset_t oldmask;
     struct ev_loop *loop = lei_ctx_loop(b->c);
     b->stopping = 0;
     b->signal = 0;
+    b->hup = 0;
     if (catch) {
         sigprocmask(SIG_SETMASK, NULL, &oldmask);
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < nsigs; i++) {
             if (sigaction(sigs[i], NULL, &old[i]) != 0) continue;
             /* An ignored signal stays ignored (nohup, a background job). */
             if (!(old[i].sa_flags & SA_SIGINFO) && old[i].sa_handler == SIG_IGN) continue;
-            ev_signal_init(&b->sigw[i], run_sig_cb, sigs[i]);
+            ev_signal_init(&b->sigw[i], i == 2 ? run_hup_cb : run_sig_cb, sigs[i]);
             b->sigw[i].data = b;
             ev_signal_start(loop, &b->sigw[i]);
             caught[i] = 1;
         }
     }
     /* No Lua error leaves this loop (every callback is a protected call). */
-    while (!b->stopping && b->c && !b->close_pending) ev_run(loop, EVRUN_ONCE);
+    while (!b->stopping && b->c && !b->close_pending) {
+        ev_run(loop, EVRUN_ONCE);
+        if (b->hup) {
+            b->hup = 0;
+            lua_pushvalue(L, 3);
+            if (lua_pcall(L, 0, 0, 0) != 0) {
+                if (b->c) lei_logf(b->c, "reload on SIGHUP failed: %s", lua_tostring(L, -1));
+                lua_pop(L, 1);
+            }
+        }
+    }
     if (catch) {
         struct sigaction dfl;
         memset(&dfl, 0, sizeof dfl);
         dfl.sa_handler = SIG_DFL;
         sigemptyset(&dfl.sa_mask);
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < nsigs; i++) {
             if (!caught[i]) continue;
             /* The action is set before the stop (with signalfd, libev
              * unblocks the signal there: one pending is delivered to it)
@@ -218,8 +240,10 @@ static void io_cb(struct ev_loop *loop, ev_io *w, int revents) {
     timer_cb(loop, (ev_timer *)(void *)w, revents);
 }
 
-/* ctx:io(fd, fn) -> watcher; fn(watcher) runs on the loop whenever fd is
- * readable, until watcher:stop().  For a REPL reading stdin, say. */
+/* ctx:io(fd, fn [, "w"]) -> watcher; fn(watcher) runs on the loop whenever
+ * fd is readable (with "w": writable), until watcher:stop().  For a REPL
+ * reading stdin, say, or the gateway waiting for a client's socket to take
+ * more. */
 static int l_io(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     double d = luaL_checknumber(L, 2);
@@ -236,8 +260,9 @@ static int l_io(lua_State *L) {
                           d, bound);
     int fd = (int)d;
     if (fcntl(fd, F_GETFD) < 0) return luaL_error(L, "ctx:on_readable: fd %d is not open", fd);
+    const char *mode = luaL_optstring(L, 4, "r");
     lb_timer *t = watcher_new(L, b, 3, 1);
-    ev_io_init(&t->io, io_cb, fd, EV_READ);
+    ev_io_init(&t->io, io_cb, fd, strcmp(mode, "w") == 0 ? EV_WRITE : EV_READ);
     ev_io_start(lei_ctx_loop(b->c), &t->io);
     return watcher_register(L, b, t);
 }

@@ -140,7 +140,8 @@ void lei_expiry_at(lei_ctx *c, ev_tstamp when) {
 
 /* Deadlines: retired connections the remote did not close in time are
  * closed; peers whose remote never dialled back after winning the tie-break
- * are lost after all (queue dropped and counted, syncs fail). */
+ * are lost after all (queue dropped and counted, syncs fail); keyed, the
+ * connections whose peer's certificate ended are closed (auth.c). */
 
 void lei_expiry_cb(struct ev_loop *loop, ev_timer *w, int revents) {
     (void)loop;
@@ -165,6 +166,8 @@ void lei_expiry_cb(struct ev_loop *loop, ev_timer *w, int revents) {
             next = p->await_in;
         }
     }
+    ev_tstamp cert_end = c->id.keyed ? lei_certs_expire(c, now) : 0;
+    if (cert_end && (!next || cert_end < next)) next = cert_end;
     if (next) lei_expiry_at(c, next);
     lei_peers_sweep(c);
 }

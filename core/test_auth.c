@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "test.h"
@@ -42,23 +43,23 @@ static void test_identity(void) {
     CHECK(!lei_ctx_keyed(c));
     CHECK(lei_ctx_sign(c, "m", 1, sig) == -LEI_E_INVALID);
     /* names: 1..64 of [A-Za-z0-9._-] */
-    CHECK(lei_ctx_set_identity(c, sk, "", NULL, err) == -LEI_E_INVALID);
+    CHECK(lei_ctx_set_identity(c, sk, "", NULL, 0, err) == -LEI_E_INVALID);
     CHECK(strstr(err, "bad principal name") != NULL);
-    CHECK(lei_ctx_set_identity(c, sk, "a b", NULL, err) == -LEI_E_INVALID);
-    CHECK(lei_ctx_set_identity(c, sk, "x/y", NULL, err) == -LEI_E_INVALID);
+    CHECK(lei_ctx_set_identity(c, sk, "a b", NULL, 0, err) == -LEI_E_INVALID);
+    CHECK(lei_ctx_set_identity(c, sk, "x/y", NULL, 0, err) == -LEI_E_INVALID);
     char longname[66];
     memset(longname, 'a', 65);
     longname[65] = '\0';
-    CHECK(lei_ctx_set_identity(c, sk, longname, NULL, err) == -LEI_E_INVALID);
+    CHECK(lei_ctx_set_identity(c, sk, longname, NULL, 0, err) == -LEI_E_INVALID);
     longname[64] = '\0';
     /* the embedded pk must be the seed's */
     memcpy(bad, sk, 32);
     memcpy(bad + 32, pk2, 32);
-    CHECK(lei_ctx_set_identity(c, bad, "alice", NULL, err) == -LEI_E_INVALID);
+    CHECK(lei_ctx_set_identity(c, bad, "alice", NULL, 0, err) == -LEI_E_INVALID);
     CHECK(strstr(err, "does not match") != NULL);
     CHECK(!lei_ctx_keyed(c));
-    CHECK(lei_ctx_set_identity(c, sk, longname, NULL, err) == 0);
-    CHECK(lei_ctx_set_identity(c, sk, "Alice-1.x_y", NULL, err) == 0);
+    CHECK(lei_ctx_set_identity(c, sk, longname, NULL, 0, err) == 0);
+    CHECK(lei_ctx_set_identity(c, sk, "Alice-1.x_y", NULL, 0, err) == 0);
     CHECK(lei_ctx_keyed(c));
     CHECK(lei_ctx_sign(c, "hello", 5, sig) == 0);
     CHECK(crypto_sign_verify_detached(sig, (const uint8_t *)"hello", 5, pk) == 0);
@@ -68,28 +69,28 @@ static void test_identity(void) {
     c = new_ctx();
     CHECK(lei_ctx_listen(c, "127.0.0.1:0", NULL, NULL, err) == 0);
     CHECK(lei_peer_get(c, lei_ctx_addr(c), 1) != NULL); /* dials itself */
-    CHECK(lei_ctx_set_identity(c, sk, "alice", NULL, err) == -LEI_E_INVALID);
+    CHECK(lei_ctx_set_identity(c, sk, "alice", NULL, 0, err) == -LEI_E_INVALID);
     CHECK(strstr(err, "before the first connection") != NULL);
     lei_ctx_free(c);
 }
 
 static void test_tables(void) {
     lei_ctx *c = new_ctx();
-    uint8_t pk[32], sk[64], t[64];
+    uint8_t pk[32], sk[64], t[LEI_TICKET_BYTES];
     crypto_sign_keypair(pk, sk);
     CHECK(lei_ctx_trust_key(c, pk, "bad name") == -LEI_E_INVALID);
     for (int i = 0; i < 40; i++) { /* grows */
         uint8_t k[32];
         randombytes_buf(k, sizeof k);
         CHECK(lei_ctx_trust_key(c, k, "many") == 0);
-        CHECK(lei_ctx_trust_authority(c, k) == 0);
+        CHECK(lei_ctx_trust_authority(c, k, 0, 0) == 0);
         char addr[32];
         snprintf(addr, sizeof addr, "127.0.0.1:%d", 1000 + i);
         CHECK(lei_peer_expect(c, addr, k) == 0);
     }
     CHECK(lei_ctx_trust_key(c, pk, "bob") == 0);
     CHECK(lei_ctx_trust_key(c, pk, "bob2") == 0); /* renames */
-    CHECK(lei_ctx_trust_authority(c, pk) == 0);
+    CHECK(lei_ctx_trust_authority(c, pk, 0, 0) == 0);
     char longaddr[200];
     memset(longaddr, 'x', sizeof longaddr - 1);
     longaddr[sizeof longaddr - 1] = '\0';
@@ -115,7 +116,7 @@ static void test_tables(void) {
 /* ---- frames of protocol 2 ---------------------------------------------- */
 
 static void test_frames(void) {
-    uint8_t buf[LEI_HELLO_MAX], t[64];
+    uint8_t buf[LEI_HELLO_MAX], t[LEI_TICKET_BYTES];
     lei_hello key, h;
     lei_frame f;
     const char *err = NULL;
@@ -124,15 +125,17 @@ static void test_frames(void) {
     randombytes_buf(key.idpk, 32);
     strcpy(key.name, "alice");
     for (int type = LEI_F_HELLO; type <= LEI_F_HELLO_OK; type++)
-        for (int cert = 0; cert < 2; cert++) {
+        for (int cert = 0; cert < 3; cert++) {
             key.has_cert = (uint8_t)cert;
+            key.cert_len = cert == 2 ? 100 : cert ? 64 : 0;
             memset(key.cert, 9, sizeof key.cert);
             size_t n = lei_frame_hello(buf, (uint8_t)type, LEI_PROTO_VERSION, 77, "127.0.0.1:9", &key);
             CHECK(n <= LEI_HELLO_MAX && lei_frame_next(buf, n, 4096, &f, &err) == 1);
             CHECK(lei_parse_hello(f.body, f.len, &h, &err) == 0);
             CHECK(h.mode == LEI_MODE_KEYED && h.incarnation == 77 && strcmp(h.name, "alice") == 0);
             CHECK(memcmp(h.eph, key.eph, 32) == 0 && memcmp(h.idpk, key.idpk, 32) == 0);
-            CHECK(h.has_cert == cert && (!cert || memcmp(h.cert, key.cert, 64) == 0));
+            CHECK(h.has_cert == cert && h.cert_len == key.cert_len &&
+                  memcmp(h.cert, key.cert, key.cert_len) == 0);
             CHECK(h.has_sig == (type == LEI_F_HELLO_OK));
             /* every cut is refused, never read past */
             for (size_t k = 6; k < f.len; k++) {
@@ -147,7 +150,8 @@ static void test_frames(void) {
     /* the longest name fits LEI_HELLO_MAX */
     memset(key.name, 'n', LEI_NAME_MAX);
     key.name[LEI_NAME_MAX] = '\0';
-    key.has_cert = 1;
+    key.has_cert = 2;
+    key.cert_len = LEI_CERT_MAX;
     char addr[LEI_ADDR_MAX];
     memset(addr, 'a', sizeof addr - 1);
     addr[sizeof addr - 1] = '\0';
@@ -217,7 +221,7 @@ static void side_init(side *s, const char *name, const uint8_t *sk) {
     o.retry_max = 30;
     s->c = lei_ctx_new(&o, &h);
     char err[160];
-    if (sk) CHECK(lei_ctx_set_identity(s->c, sk, name, NULL, err) == 0);
+    if (sk) CHECK(lei_ctx_set_identity(s->c, sk, name, NULL, 0, err) == 0);
     CHECK(lei_ctx_listen(s->c, "127.0.0.1:0", NULL, NULL, err) == 0);
 }
 
@@ -311,16 +315,25 @@ static void send_events(side *a, side *b, const char *to, int sync) {
     }
 }
 
-static void ticket_for(const uint8_t msk[64], const char *base, const uint8_t ppk[32], uint8_t t[64]) {
+/* A ticket (u64be expiry, signature) expiring at exp (Unix seconds). */
+static void ticket_exp(const uint8_t msk[64], const char *base, const uint8_t ppk[32], uint64_t exp,
+                       uint8_t t[LEI_TICKET_BYTES]) {
     uint8_t m[200];
     size_t n = 0, bl = strlen(base);
-    memcpy(m, "lecho-producer-v1", 18);
+    for (int i = 0; i < 8; i++) t[i] = (uint8_t)(exp >> (56 - 8 * i));
+    memcpy(m, "lecho-producer-v2", 18);
     n = 18;
     memcpy(m + n, base, bl + 1);
     n += bl + 1;
     memcpy(m + n, ppk, 32);
     n += 32;
-    crypto_sign_detached(t, NULL, m, n, msk);
+    memcpy(m + n, t, 8);
+    n += 8;
+    crypto_sign_detached(t + 8, NULL, m, n, msk);
+}
+static void ticket_for(const uint8_t msk[64], const char *base, const uint8_t ppk[32],
+                       uint8_t t[LEI_TICKET_BYTES]) {
+    ticket_exp(msk, base, ppk, (uint64_t)time(NULL) + 3600, t);
 }
 
 typedef struct keys {
@@ -342,7 +355,7 @@ static void keyed_sides(const keys *k, side *a, side *b) {
 
 /* b may produce on "ns/x" for a: a knows the manager's key, b has its ticket. */
 static void authorize(side *a, side *b, const keys *k) {
-    uint8_t mpk[32], msk[64], t[64];
+    uint8_t mpk[32], msk[64], t[LEI_TICKET_BYTES];
     crypto_sign_keypair(mpk, msk);
     ticket_for(msk, "ns/x", k->bpk, t);
     lei_chan_set_manager_key(a->c, lei_chan_open(a->c, "ns/x", 4), mpk);
@@ -424,21 +437,116 @@ static void set_principal_acceptor(side *a, side *b, keys *k) {
     CHECK(lei_peer_expect_principal(a->c, lei_ctx_addr(b->c), "someone-else") == 0);
 }
 
-/* An authority's certificate for principal "b" with key pk. */
-static void cert_for(const uint8_t ask[64], const uint8_t pk[32], uint8_t cert[64]) {
-    uint8_t m[14 + 2 + 32];
-    memcpy(m, "lecho-cert-v1\0b", 16);
-    memcpy(m + 16, pk, 32);
-    crypto_sign_detached(cert, NULL, m, sizeof m, ask);
+/* An authority's v2 certificate for principal `name` with key pk, valid
+ * [nb, na), listing the address addr if not NULL: its length. */
+static size_t cert_v2(const uint8_t ask[64], const char *name, const uint8_t pk[32], uint64_t nb,
+                      uint64_t na, const char *addr, uint8_t cert[LEI_CERT_MAX]) {
+    uint8_t m[400];
+    size_t n = 0, nl = strlen(name), c = 0;
+    for (int i = 0; i < 8; i++) {
+        cert[c + i] = (uint8_t)(nb >> (56 - 8 * i));
+        cert[c + 8 + i] = (uint8_t)(na >> (56 - 8 * i));
+    }
+    c = 16;
+    cert[c++] = addr ? 1 : 0;
+    if (addr) {
+        cert[c++] = (uint8_t)strlen(addr);
+        memcpy(cert + c, addr, strlen(addr));
+        c += strlen(addr);
+    }
+    memcpy(m, "lecho-cert-v2", 14);
+    n = 14;
+    memcpy(m + n, name, nl + 1);
+    n += nl + 1;
+    memcpy(m + n, pk, 32);
+    n += 32;
+    memcpy(m + n, cert, c);
+    n += c;
+    crypto_sign_detached(cert + c, NULL, m, n, ask);
+    return c + 64;
+}
+static size_t cert_len;
+/* An authority's certificate for principal "b" with key pk, valid an hour. */
+static void cert_for(const uint8_t ask[64], const uint8_t pk[32], uint8_t cert[LEI_CERT_MAX]) {
+    uint64_t now = (uint64_t)time(NULL);
+    cert_len = cert_v2(ask, "b", pk, now - 60, now + 3600, NULL, cert);
 }
 
 static void set_cert_wrong(side *a, side *b, keys *k) {
+    uint8_t apk[32], ask[64], cert[LEI_CERT_MAX];
+    char err[160];
+    crypto_sign_keypair(apk, ask);
+    lei_ctx_trust_authority(a->c, apk, 0, 0);
+    cert_for(ask, k->bpk, cert); /* certifies "b", while b claims "b2" */
+    CHECK(lei_ctx_set_identity(b->c, k->bsk, "b2", cert, cert_len, err) == 0);
+}
+
+/* b (the dialler) certified by an authority a trusts, [nb, na) from now,
+ * listing addr; b not in a's trust list. */
+static uint8_t cert_apk[32];
+static void cert_b(side *a, side *b, keys *k, int64_t nb, int64_t na, const char *addr) {
+    uint8_t ask[64], cert[LEI_CERT_MAX];
+    char err[160];
+    uint64_t now = (uint64_t)time(NULL);
+    crypto_sign_keypair(cert_apk, ask);
+    lei_ctx_free(a->c); /* b's key is trusted only by its certificate */
+    side_init(a, "a", k->ask);
+    lei_ctx_trust_authority(a->c, cert_apk, 0, 0);
+    size_t cl = cert_v2(ask, "b", k->bpk, now + nb, now + na, addr, cert);
+    CHECK(lei_ctx_set_identity(b->c, k->bsk, "b", cert, cl, err) == 0);
+}
+static void set_cert_expired(side *a, side *b, keys *k) { cert_b(a, b, k, -60, -1, NULL); }
+static void set_cert_early(side *a, side *b, keys *k) { cert_b(a, b, k, 60, 3600, NULL); }
+static void set_cert_addr(side *a, side *b, keys *k) { cert_b(a, b, k, -60, 3600, "127.0.0.9:1"); }
+static void set_cert_v1(side *a, side *b, keys *k) {
     uint8_t apk[32], ask[64], cert[64];
     char err[160];
     crypto_sign_keypair(apk, ask);
-    lei_ctx_trust_authority(a->c, apk);
-    cert_for(ask, k->bpk, cert); /* certifies "b", while b claims "b2" */
-    CHECK(lei_ctx_set_identity(b->c, k->bsk, "b2", cert, err) == 0);
+    lei_ctx_free(a->c);
+    side_init(a, "a", k->ask);
+    lei_ctx_trust_authority(a->c, apk, 0, 0);
+    memset(cert, 1, sizeof cert);
+    CHECK(lei_ctx_set_identity(b->c, k->bsk, "b", cert, 64, err) == 0);
+}
+static void set_cert_authority_expired(side *a, side *b, keys *k) {
+    uint64_t now = (uint64_t)time(NULL);
+    cert_b(a, b, k, -60, 3600, NULL);
+    /* the same authority, now given a validity that ended */
+    lei_ctx_trust_authority(a->c, cert_apk, now - 100, now - 10);
+}
+/* a (the acceptor) certified with an expired certificate: b refuses it. */
+static void set_cert_acceptor_expired(side *a, side *b, keys *k) {
+    uint8_t apk[32], ask[64], cert[LEI_CERT_MAX];
+    char err[160];
+    uint64_t now = (uint64_t)time(NULL);
+    crypto_sign_keypair(apk, ask);
+    lei_ctx_free(b->c);
+    side_init(b, "b", k->bsk);
+    lei_ctx_trust_authority(b->c, apk, 0, 0);
+    lei_ctx_free(a->c);
+    side_init(a, "a", NULL);
+    size_t cl = cert_v2(ask, "a", k->apk, now - 60, now - 1, NULL, cert);
+    CHECK(lei_ctx_set_identity(a->c, k->ask, "a", cert, cl, err) == 0);
+    lei_ctx_trust_key(a->c, k->bpk, "b");
+}
+/* a (the acceptor) certified for another address than the one b dials. */
+static void set_cert_acceptor_addr(side *a, side *b, keys *k) {
+    uint8_t apk[32], ask[64], cert[LEI_CERT_MAX];
+    char err[160];
+    uint64_t now = (uint64_t)time(NULL);
+    crypto_sign_keypair(apk, ask);
+    lei_ctx_free(b->c);
+    side_init(b, "b", k->bsk);
+    lei_ctx_trust_authority(b->c, apk, 0, 0);
+    lei_ctx_free(a->c);
+    side_init(a, "a", NULL);
+    size_t cl = cert_v2(ask, "a", k->apk, now - 60, now + 3600, "127.0.0.9:1", cert);
+    CHECK(lei_ctx_set_identity(a->c, k->ask, "a", cert, cl, err) == 0);
+    lei_ctx_trust_key(a->c, k->bpk, "b");
+}
+static void set_revoked(side *a, side *b, keys *k) {
+    (void)b;
+    CHECK(lei_ctx_set_revoked(a->c, k->bpk, 1) == 0);
 }
 
 static void test_refusals(void) {
@@ -449,21 +557,29 @@ static void test_refusals(void) {
     refusal("principal pin (dialler)", set_principal_dialler, "is principal a (key ", 1);
     refusal("principal pin (acceptor)", set_principal_acceptor, "belongs to another identity", 1);
     refusal("cert", set_cert_wrong, "not trusted: b2 ", 1);
+    refusal("cert expired", set_cert_expired, "certificate of b expired at ", 1);
+    refusal("cert not yet valid", set_cert_early, "certificate of b not yet valid (from ", 1);
+    refusal("cert address", set_cert_addr, "certificate of b does not list address 127.0.0.1:", 1);
+    refusal("cert v1", set_cert_v1, "an old certificate without validity (lecho-cert-v1)", 1);
+    refusal("authority expired", set_cert_authority_expired, "certificate of b expired at ", 1);
+    refusal("cert expired (acceptor)", set_cert_acceptor_expired, "certificate of a expired at ", 1);
+    refusal("revoked", set_revoked, "key revoked: b ", 1);
+    refusal("cert address (acceptor)", set_cert_acceptor_addr, "certificate of a does not list address 127.0.0.1:", 1);
 }
 
 /* An authority's certificate stands for a trusted key. */
 static void test_cert(void) {
     keys k;
     side a, b;
-    uint8_t apk[32], ask[64], cert[64];
+    uint8_t apk[32], ask[64], cert[LEI_CERT_MAX];
     char err[160];
     make_keys(&k);
     crypto_sign_keypair(apk, ask);
     cert_for(ask, k.bpk, cert);
     side_init(&a, "a", k.ask);
     side_init(&b, "b", NULL);
-    CHECK(lei_ctx_set_identity(b.c, k.bsk, "b", cert, err) == 0);
-    lei_ctx_trust_authority(a.c, apk);
+    CHECK(lei_ctx_set_identity(b.c, k.bsk, "b", cert, cert_len, err) == 0);
+    lei_ctx_trust_authority(a.c, apk, 0, 0);
     lei_ctx_trust_key(b.c, k.apk, "a");
     authorize(&a, &b, &k);
     send_events(&a, &b, NULL, 0);
@@ -474,6 +590,64 @@ static void test_cert(void) {
 }
 
 static int b_up(side *a, side *b) { (void)a; return b->ups > 0; }
+
+/* A live connection ends when its peer's certificate does (acceptor a
+ * closes it, with the reason to b), and when its key is revoked. */
+static void test_cert_live(void) {
+    keys k;
+    side a, b;
+    uint8_t ask[64], cert[LEI_CERT_MAX];
+    char err[160];
+    make_keys(&k);
+    crypto_sign_keypair(cert_apk, ask);
+    uint64_t now = (uint64_t)time(NULL);
+    side_init(&a, "a", k.ask);
+    side_init(&b, "b", NULL);
+    size_t cl = cert_v2(ask, "b", k.bpk, now - 60, now + 2, NULL, cert);
+    CHECK(lei_ctx_set_identity(b.c, k.bsk, "b", cert, cl, err) == 0);
+    lei_ctx_trust_authority(a.c, cert_apk, 0, 0);
+    lei_ctx_trust_key(b.c, k.apk, "a");
+    authorize(&a, &b, &k);
+    send_events(&a, &b, NULL, 0);
+    pump(&a, &b, NULL, got3, 5);
+    CHECK(a.events == 3 && b.downs == 0);
+    pump(&a, &b, NULL, dialler_down, 5);
+    double t = (double)time(NULL);
+    CHECK(b.downs > 0 && strstr(b.reason, "certificate of b expired at ") != NULL);
+    CHECK(t >= (double)(now + 2) && t <= (double)(now + 4));
+    lei_ctx_free(a.c);
+    lei_ctx_free(b.c);
+    /* its authority's validity cut short by a reload: closed at once */
+    make_keys(&k);
+    side_init(&a, "a", k.ask);
+    side_init(&b, "b", NULL);
+    cl = cert_v2(ask, "b", k.bpk, now - 60, now + 3600, NULL, cert);
+    CHECK(lei_ctx_set_identity(b.c, k.bsk, "b", cert, cl, err) == 0);
+    lei_ctx_trust_authority(a.c, cert_apk, 0, 0);
+    lei_ctx_trust_key(b.c, k.apk, "a");
+    authorize(&a, &b, &k);
+    send_events(&a, &b, NULL, 0);
+    pump(&a, &b, NULL, got3, 5);
+    CHECK(a.events == 3 && b.downs == 0);
+    lei_ctx_trust_authority(a.c, cert_apk, 0, now - 1);
+    pump(&a, &b, NULL, dialler_down, 5);
+    CHECK(b.downs > 0 && strstr(b.reason, "certificate of b expired at ") != NULL);
+    lei_ctx_free(a.c);
+    lei_ctx_free(b.c);
+    /* revoked while up: closed now, both sides told */
+    make_keys(&k);
+    keyed_sides(&k, &a, &b);
+    authorize(&a, &b, &k);
+    send_events(&a, &b, NULL, 0);
+    pump(&a, &b, NULL, got3, 5);
+    CHECK(a.events == 3);
+    CHECK(lei_ctx_set_revoked(a.c, k.bpk, 1) == 1);
+    pump(&a, &b, NULL, dialler_down, 5);
+    CHECK(b.downs > 0 && strstr(b.reason, "key revoked: b ") != NULL);
+    CHECK(lei_ctx_set_revoked(a.c, NULL, 0) == 0); /* emptied: nothing closed */
+    lei_ctx_free(a.c);
+    lei_ctx_free(b.c);
+}
 
 /* A proxy between b (dialling) and a (listening): its address. */
 static void proxy_open(proxy *px) {
@@ -547,7 +721,7 @@ static int both3(side *a, side *b) { return a->events >= 3 && b->events >= 3; }
 static void test_crossing(void) {
     keys k;
     side a, b;
-    uint8_t mpk[32], msk[64], t[64];
+    uint8_t mpk[32], msk[64], t[LEI_TICKET_BYTES];
     make_keys(&k);
     crypto_sign_keypair(mpk, msk);
     keyed_sides(&k, &a, &b);
@@ -599,7 +773,7 @@ static int ticket_case(const char *name, const char *open, const char *mkey_on, 
                        uint64_t *refused, int *errs_ok) {
     keys k;
     side a, b;
-    uint8_t mpk[32], msk[64], t[64], other[32], osk[64];
+    uint8_t mpk[32], msk[64], t[LEI_TICKET_BYTES], other[32], osk[64];
     make_keys(&k);
     crypto_sign_keypair(mpk, msk);
     crypto_sign_keypair(other, osk);
@@ -617,7 +791,10 @@ static int ticket_case(const char *name, const char *open, const char *mkey_on, 
         char base[64];
         memcpy(base, name, bl);
         base[bl] = '\0';
-        ticket_for(msk, base, mode == 1 ? k.bpk : other, t);
+        if (mode == 3) /* expired a second ago */
+            ticket_exp(msk, base, k.bpk, (uint64_t)time(NULL) - 1, t);
+        else
+            ticket_for(msk, base, mode == 1 ? k.bpk : other, t);
         lei_chan_set_ticket(b.c, cbase, t);
     }
     const char *dest = lei_ctx_addr(a.c);
@@ -654,6 +831,51 @@ static int ticket_case(const char *name, const char *open, const char *mkey_on, 
     return got;
 }
 
+/* A binding lasts while its ticket does: the events after its expiry are
+ * refused, and a renewed ticket (a new BIND) is taken. */
+static int never(side *a, side *b) { (void)a, (void)b; return 0; }
+/* Three small events from b on ns/x, seqs from seq0 + 1. */
+static void send3(side *b, uint64_t seq0) {
+    uint32_t cb = lei_chan_open(b->c, "ns/x", 4);
+    for (int i = 0; i < 3; i++) {
+        lei_msg *m = msg_of(10);
+        const char *err;
+        uint64_t sid = 0;
+        CHECK(lei_submit(b->c, cb, 1, seq0 + (uint64_t)i + 1, m, 0, LEI_BLOCK, &sid, &err) == 0);
+        lei_msg_release(m, NULL, NULL);
+    }
+}
+static void test_ticket_live(void) {
+    keys k;
+    side a, b;
+    uint8_t mpk[32], msk[64], t[LEI_TICKET_BYTES];
+    make_keys(&k);
+    keyed_sides(&k, &a, &b);
+    crypto_sign_keypair(mpk, msk);
+    ticket_exp(msk, "ns/x", k.bpk, (uint64_t)time(NULL) + 2, t);
+    lei_chan_set_manager_key(a.c, lei_chan_open(a.c, "ns/x", 4), mpk);
+    uint32_t cb = lei_chan_open(b.c, "ns/x", 4);
+    lei_chan_set_ticket(b.c, cb, t);
+    send_events(&a, &b, NULL, 0);
+    pump(&a, &b, NULL, got3, 5);
+    CHECK(a.events == 3);
+    pump(&a, &b, NULL, never, 3.2); /* past the expiry */
+    send3(&b, 3);
+    pump(&a, &b, NULL, never, 1);
+    lei_peer *pb = lei_peer_get(a.c, lei_ctx_addr(b.c), 0);
+    lei_stats_peer ps;
+    if (pb) lei_peer_stats(pb, &ps);
+    CHECK(pb && ps.refused == 3 && a.events == 3);
+    /* renewed: bound again before the next event, taken */
+    ticket_exp(msk, "ns/x", k.bpk, (uint64_t)time(NULL) + 600, t);
+    lei_chan_set_ticket(b.c, cb, t);
+    send3(&b, 6);
+    pump(&a, &b, NULL, never, 1);
+    CHECK(a.events == 6);
+    lei_ctx_free(a.c);
+    lei_ctx_free(b.c);
+}
+
 static void test_tickets(void) {
     uint64_t refused;
     int errs;
@@ -663,6 +885,8 @@ static void test_tickets(void) {
     CHECK(ticket_case("ns/x", "ns/x", NULL, 1, &refused, &errs) == 0 && refused == 3 && errs == 2);
     /* a ticket of another producer's key */
     CHECK(ticket_case("ns/x", "ns/x", "ns/x", 2, &refused, &errs) == 0 && refused == 3 && errs == 2);
+    /* an expired ticket */
+    CHECK(ticket_case("ns/x", "ns/x", "ns/x", 3, &refused, &errs) == 0 && refused == 3 && errs == 2);
     /* a valid ticket: delivered, the sync answered without errors */
     CHECK(ticket_case("ns/x", "ns/x", "ns/x", 1, &refused, &errs) == 3 && refused == 0 && errs == 1);
     /* a derived stream: the base channel's ticket and manager key */
@@ -681,7 +905,7 @@ static void test_protected_listen(void) {
     lei_ctx_free(c);
     c = new_ctx();
     crypto_sign_keypair(pk, sk);
-    CHECK(lei_ctx_set_identity(c, sk, "k", NULL, err) == 0);
+    CHECK(lei_ctx_set_identity(c, sk, "k", NULL, 0, err) == 0);
     CHECK(lei_ctx_listen(c, "0.0.0.0:0", NULL, NULL, err) == 0);
     lei_ctx_free(c);
     c = new_ctx();
@@ -697,9 +921,11 @@ int main(void) {
     test_keyed_ok();
     test_refusals();
     test_cert();
+    test_cert_live();
     test_tamper();
     test_bad_auth();
     test_tickets();
+    test_ticket_live();
     test_crossing();
     return TEST_SUMMARY();
 }

@@ -611,7 +611,7 @@ static int parse_all(const uint8_t *b, size_t n) {
     err = NULL;
     const uint8_t *t;
     r = lei_parse_bind(b, n, &idx, &p, &l, &t, &err);
-    if (r == 0) ok &= l > 0 && p > b && p + l < b + n && (!t || t + LEI_SIG_BYTES == b + n);
+    if (r == 0) ok &= l > 0 && p > b && p + l < b + n && (!t || t + LEI_TICKET_BYTES == b + n);
     ok &= r == 0 || (r == -LEI_E_PROTOCOL && err != NULL);
     return ok;
 }

@@ -2,7 +2,7 @@ rockspec_format = "3.0"
 package = "lecho"
 version = "0.1.0-1"
 -- The release: tag v0.1.0 of the repository (`luarocks pack` this file for
--- a source rock, which installs with no network: see README "From C").
+-- a source rock, which installs with no network: see doc/c-api.md).
 source = { url = "git+https://github.com/lecho/lecho.git", tag = "v0.1.0" }
 description = {
   summary = "Event channels between processes: a C core on libev, LuaJIT on top",
@@ -41,8 +41,9 @@ build = {
     INST_LUADIR = "$(LUADIR)",
     INST_BINDIR = "$(BINDIR)",
     SO = "build/rock/core.so",
+    WS_SO = "build/rock/ws.so",   -- lecho.ws, the gateway's WebSocket module
     -- the C API where a C user looks: the tree's include/lecho.h,
-    -- lib/liblecho.so and lib/pkgconfig/lecho.pc (README "From C"; outside
+    -- lib/liblecho.so and lib/pkgconfig/lecho.pc (doc/c-api.md; outside
     -- the rock's own directory, so `luarocks remove` leaves them).  A
     -- rock-installed liblecho finds the Lua files in the tree's share/lua/5.1
     -- and lib/lua/5.1 (LECHO_LUA_DIR, LECHO_LUA_CDIR point it elsewhere).

@@ -40,8 +40,9 @@ build = {
     INST_LUADIR = "$(LUADIR)",
     INST_BINDIR = "$(BINDIR)",
     SO = "build/rock/core.so",
+    WS_SO = "build/rock/ws.so",   -- lecho.ws, the gateway's WebSocket module
     -- the C API where a C user looks: the tree's include/lecho.h,
-    -- lib/liblecho.so and lib/pkgconfig/lecho.pc (README "From C"; outside
+    -- lib/liblecho.so and lib/pkgconfig/lecho.pc (doc/c-api.md; outside
     -- the rock's own directory, so `luarocks remove` leaves them).  A
     -- rock-installed liblecho finds the Lua files in the tree's share/lua/5.1
     -- and lib/lua/5.1 (LECHO_LUA_DIR, LECHO_LUA_CDIR point it elsewhere).

@@ -1,3 +1,4 @@
+-- Covers README's make demo and simulation command lines and doc/examples.md's (not run by spec/doc_blocks_spec.lua).
 -- The atmosphere example (examples/atmosphere/, make demo): its model, its
 -- modulator/demodulator pairs as plain Lua, and the whole demo run as
 -- processes, bounded in time.
@@ -350,11 +351,12 @@ describe("atmosphere demo (make demo), as processes", function()
     assert.is_true(sum.simulation_cpu_per_step > 0, out)
     assert.truthy(out:match("sim%s+%d+%s+[%d.]+ ms"), out)
     assert.is_true(sum.children_stopped)
-    assert.are.equal(6, #sum.pids)
+    assert.are.equal(7, #sum.pids)   -- the simulation, five viewers, the gateway
     for _, pid in ipairs(sum.pids) do
       assert.is_false(os.execute(("kill -0 %d 2>/dev/null"):format(pid)) == 0, "process " .. pid .. " still exists")
     end
     assert.truthy(S.output(child):match("checks:"))
+    assert.truthy(S.output(child):match("live view: http://127%.0%.0%.1:%d+/"))
   end)
 end)
 

@@ -100,7 +100,7 @@ describe("issue 10: authorization in keyed mode", function()
     local sim = ctx_as("sim")
     local ch = sim:channel("atmos/ozone")
     local p = assert(ch:producer())
-    assert.are.equal(64, #ch.ticket)
+    assert.are.equal(72, #ch.ticket)          -- u64 expiry, signature
     assert.are.equal(32, #ch.manager_key)
     local sink = child_as("viewer", kids.sink, { ns = ns, channel = "atmos/ozone", stop_on = "end", duration = 25 })
     assert(S.run_until(sim, function() return (S.read(sink.out) or ""):find("ready", 1, true) end, WAIT),

@@ -89,7 +89,12 @@ describe("issue 10: the registry enforces the policy in keyed mode", function()
     local r = w.ask(SIM, { op = "join", ch = CH, role = "producer" })
     assert.is_true(r.ok)
     assert.are.same({ VIEW }, r.consumers)
-    assert.are.equal("SIG<lecho-producer-v1\0" .. CH .. "\0" .. pk(SIM) .. ">", r.ticket)
+    -- u64be expiry (an hour from now), then the signature over the channel, key and expiry
+    local exp = r.ticket:sub(1, 8)
+    local t = 0
+    for i = 1, 8 do t = t * 256 + exp:byte(i) end
+    assert.is_true(math.abs(t - (os.time() + 3600)) <= 2)
+    assert.are.equal(exp .. "SIG<lecho-producer-v2\0" .. CH .. "\0" .. pk(SIM) .. exp .. ">", r.ticket)
     assert.are.same({ [VIEW] = pk(VIEW) }, r.keys)
     w.ask(VIEW, { op = "subscribe", ch = CH, subs = { plain = false,
                    mods = { k = { src = "function enqueue(ev) return ev end" } } } })

@@ -144,7 +144,7 @@ describe("issue 8, obs. 4: three modulated consumers with every core busy", func
   -- second after the final event: a consumer whose modulator failed here
   -- before the sync submit, whose process then goes away while the sync
   -- waits for the others.  It was present at the submit and never handled
-  -- the event, so true is wrong (README: a consuming process that dies is an
+  -- the event, so true is wrong (doc/semantics.md: a consuming process that dies is an
   -- entry of the list).  No busy loops needed: a slow plain consumer
   -- keeps the sync waiting.
   it("keeps a consumer whose modulator failed in submit_sync's error list when its process exits during the wait", function()

@@ -1,3 +1,4 @@
+-- Covers doc/c-api.md's install, cc and make examples-c commands (spec/doc_blocks_spec.lua does not run them).
 -- examples/c: the C heat simulation, compiled against an installed lecho
 -- (make install into a temporary PREFIX, then pkg-config from there), is a
 -- peer of a Lua viewer: the viewer gets every step in order, its steering
@@ -27,9 +28,9 @@ describe("the C example", function()
 
   teardown(function() S.cleanup() end)
 
-  it("README's C snippet compiles warning-free (-Wall -Wextra -Werror)", function()
-    local readme = assert(S.read(S.root .. "/README.md"))
-    local snip = assert(readme:match("## From C.-```c\n(.-)```"), "no C snippet under From C")
+  it("doc/c-api.md's C snippet compiles warning-free (-Wall -Wextra -Werror)", function()
+    local readme = assert(S.read(S.root .. "/doc/c-api.md"))
+    local snip = assert(readme:match("## From C.-```c[^\n]*\n(.-)```"), "no C snippet under From C")
     -- The snippet is the part of a program: its functions, then main's body.
     local i = assert(snip:find("lecho_ctx *ctx;", 1, true), snip)
     local src = "#include <stdio.h>\n#include <stdlib.h>\n" .. snip:sub(1, i - 1)
@@ -42,7 +43,7 @@ describe("the C example", function()
     f:close()
     local ok, log = sh(("cc -Wall -Wextra -Werror -c -o %s.o %s $(PKG_CONFIG_PATH=%s/lib/pkgconfig pkg-config --cflags lecho)")
       :format(c, c, prefix))
-    assert(ok, "README's C snippet: " .. log .. "\n" .. src)
+    assert(ok, "doc/c-api.md's C snippet: " .. log .. "\n" .. src)
   end)
 
   it("publishes every step to a Lua viewer and takes its steering", function()

@@ -376,7 +376,7 @@ describe("a service given as Lua source", function()
 
   it("runs in a sandbox whose budget stops its helpers' loops too, compiled or not", function()
     -- the helper is hot (a compiled trace in a native handler, where a
-    -- count hook cannot stop it: README "Services and calls", Budget)
+    -- count hook cannot stop it: doc/services.md, Budget)
     local s = assert(ctx:service("contained", { source = [[
 local function helper(n) local s = 0 for i = 1, n do s = s + i % 7 end return s end
 helper(1e6)

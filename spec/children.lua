@@ -584,7 +584,7 @@ os.exit(0)
 ]]
 
 -- The consuming process of obs. 5 (heartbeat 0: a producer starved for
--- longer than two heartbeats would otherwise be declared dead, the README's
+-- longer than two heartbeats would otherwise be declared dead, doc/semantics.md's
 -- liveness rule, which is not what obs. 5 is about): two modulated
 -- consumers of opts.channel,
 --   modest  a loop of opts.iters iterations per event (well under the

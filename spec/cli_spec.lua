@@ -1,3 +1,4 @@
+-- Covers the lecho commands of README "Steering" and doc/operations.md's session (not run by spec/doc_blocks_spec.lua).
 -- scripts/lecho, the command-line tool (doc/operations.md "The lecho
 -- command"), against a real name server, producers, consumers and a
 -- service, each its own process: what each subcommand prints (JSON lines

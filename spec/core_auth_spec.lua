@@ -75,11 +75,19 @@ describe("context identity", function()
     local pk, sk = core.keypair()
     local chid = ctx:channel("ns/c")
     ctx:chan_manager_key(chid, pk)
-    ctx:chan_ticket(chid, core.sign(sk, "t"))
-    assert.has_error(function() ctx:chan_ticket(chid + 1, core.sign(sk, "t")) end)
+    ctx:chan_ticket(chid, ("\0"):rep(8) .. core.sign(sk, "t"))
+    assert.has_error(function() ctx:chan_ticket(chid + 1, ("\0"):rep(8) .. core.sign(sk, "t")) end)
+    assert.has_error(function() ctx:chan_ticket(chid, core.sign(sk, "t")) end)   -- v1: no expiry
     assert.equal(0, ctx:stats().channels["ns/c"].refused)
   end)
 end)
+
+-- u64 big-endian of Unix time t: a ticket's first 8 bytes
+local function ticket_exp(t)
+  local b = {}
+  for i = 7, 0, -1 do b[#b + 1] = string.char(math.floor(t / 2 ^ (8 * i)) % 256) end
+  return table.concat(b)
+end
 
 describe("two keyed contexts (binding)", function()
   local a, b
@@ -109,7 +117,8 @@ describe("two keyed contexts (binding)", function()
     a:chan_manager_key(ax, pm)
     a:chan_manager_key(ay, pm)
     local bx, by = b:channel("ns/x"), b:channel("ns/y")
-    b:chan_ticket(bx, core.sign(sm, "lecho-producer-v1\0ns/x\0" .. pb))
+    local exp = ticket_exp(os.time() + 3600)
+    b:chan_ticket(bx, exp .. core.sign(sm, "lecho-producer-v2\0ns/x\0" .. pb .. exp))
     b:set_dests(bx, { aaddr })
     b:set_dests(by, { aaddr })
     assert(b:submit(bx, 1, 1, "v1", false, "block"))

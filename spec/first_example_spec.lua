@@ -1,4 +1,4 @@
--- README's first example (the first ```lua block of "Using it"), run as
+-- README's first example (the first ```lua block of "A first program"), run as
 -- written against a standalone name server (issue 25, item 5):
 --   * against a name server that never ran on its address before it runs
 --     without the ~3 s stall of a restart's recovery window (`settle`);
@@ -13,8 +13,8 @@ local P = require "spec.support.proc"
 
 local function example(ns)
   local readme = S.read(S.root .. "/README.md")
-  local using = readme:match("\n## Using it\n(.*)")
-  local src = assert(using and using:match("```lua\n(.-)\n```"), "README.md: no example under Using it")
+  local using = readme:match("\n## A first program\n(.*)")
+  local src = assert(using and using:match("```lua[^\n]*\n(.-)\n```"), "README.md: no example under A first program")
   assert(src:find('nameserver = "127.0.0.1:7700"', 1, true), "the example's name server is not 127.0.0.1:7700")
   return (src:gsub("127%.0%.0%.1:7700", ns))
 end

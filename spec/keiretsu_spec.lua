@@ -1,3 +1,4 @@
+-- Covers doc/examples.md's Keiretsu output (not run by spec/doc_blocks_spec.lua).
 -- examples/keiretsu (issue 12 point 7), a short run: four nodes, each in its
 -- own network namespace when the machine allows it (else loopback
 -- processes, which the output says), keyed; a user lists who is online,

@@ -66,7 +66,7 @@ describe("key files", function()
     assert.are.same({ nil, ("key file %s: not a lecho secret key (it is a lecho public key)"):format(p), "invalid" },
                     { keys.read_secret(p) })
     p = dir .. "/alice.key"
-    assert.are.same({ nil, ("trust file %s: not a lecho public key or trust list (it is a lecho secret key)")
+    assert.are.same({ nil, ("trust file %s: not a lecho public key, trust list or revocation list (it is a lecho secret key)")
                       :format(p), "invalid" }, { keys.read_trust(p) })
     p = f("x.key", "hello")
     assert.are.same({ nil, ("key file %s: not a lecho key file (JSON with a \"lecho\" field)"):format(p), "invalid" },
@@ -87,7 +87,7 @@ describe("key files", function()
     assert.are.same({ nil, ("key file %s: its secret and public keys do not belong together"):format(p), "invalid" },
                     { keys.read_secret(p) })
     p = f("half.key", '{"lecho":"secret-key","version":1,"name":"a",' .. good .. ',"cert":"00"}')
-    assert.are.same({ nil, ("key file %s: a certificate needs cert (128 hex digits) and authority (64 hex digits)")
+    assert.are.same({ nil, ("key file %s: a certificate needs cert (hex) and authority (64 hex digits)")
                       :format(p), "invalid" }, { keys.read_secret(p) })
     p = f("dup.json", ('{"lecho":"trust","version":1,"keys":[{"name":"a","public":"%s"},{"name":"b","public":"%s"}]}')
       :format(("05"):rep(32), ("05"):rep(32)))
@@ -285,7 +285,74 @@ describe("lecho-keygen", function()
   end)
 end)
 
-describe("README's \"Running with keys\"", function()
+describe("lecho-keygen: validity, addresses, revocation (issue 23)", function()
+  local dir
+  local function keygen(args)
+    return S.sh_out(("%s %s/scripts/lecho-keygen %s"):format(S.luajit, S.root, args))
+  end
+  before_each(function() dir = S.tmpname("keygen23"); os.execute("mkdir -p " .. S.sh_quote(dir)) end)
+  teardown(function() S.cleanup() end)
+
+  it("--valid-for sets a certificate's period, never past its authority's; --address lists addresses", function()
+    local t0 = os.time()
+    assert.matches("rc=0\n$", keygen(("--dir %s --authority ca --valid-for 30d"):format(dir)))
+    local ca = assert(keys.read_public(dir .. "/ca.pub"))
+    assert.is_true(math.abs(ca.not_after - (t0 + 30 * 86400)) <= 2)
+    assert.matches("rc=0\n$", keygen(("--dir %s --sign-with %s/ca.key a --valid-for 12h --address 127.0.0.1:7701 "
+                                      .. "--address unix:/tmp/a.sock"):format(dir, dir)))
+    local a = assert(keys.read_secret(dir .. "/a.key"))
+    assert.is_true(math.abs(a.not_after - (t0 + 12 * 3600)) <= 2)
+    assert.is_true(math.abs(a.not_before - (t0 - 300)) <= 2)
+    assert.are.same({ "127.0.0.1:7701", "unix:/tmp/a.sock" }, a.addresses)
+    -- default: 365 days, cut to the authority's end
+    assert.matches("rc=0\n$", keygen(("--dir %s --sign-with %s/ca.key b"):format(dir, dir)))
+    assert.are.equal(ca.not_after, assert(keys.read_secret(dir .. "/b.key")).not_after)
+    -- asked past it: refused, nothing written
+    local out = keygen(("--dir %s --sign-with %s/ca.key c --valid-for 31d"):format(dir, dir))
+    assert.matches("^lecho%-keygen: %-%-valid%-for 31d would end at .*, after authority ca's own end %(.*%): "
+                   .. "a certificate never outlasts its authority\nrc=1\n$", out)
+    assert.is_nil(S.read(dir .. "/c.key"))
+    assert.are.equal("lecho-keygen: --valid-for takes a duration (30d, 12h, 90m, 3600s), not '3w'\nrc=2\n",
+                     keygen("x --authority --valid-for 3w"))
+    assert.matches("^lecho%-keygen: %-%-address nowhere: ", keygen(("--dir %s --sign-with %s/ca.key d --address nowhere")
+                                                                  :format(dir, dir)))
+    assert.are.equal("lecho-keygen: --address goes into a certificate: it needs --sign-with\nrc=2\n",
+                     keygen("e --address 127.0.0.1:1"))
+  end)
+
+  it("--revoke adds keys to the authority's signed list; trust files take it only with its authority", function()
+    keygen(("--dir %s --authority ca"):format(dir))
+    keygen(("--dir %s --sign-with %s/ca.key a b"):format(dir, dir))
+    local a, b = assert(keys.read_public(dir .. "/a.pub")), assert(keys.read_public(dir .. "/b.pub"))
+    assert.are.equal(("lecho-keygen: %s/ca.revoked: 1 revoked key (seq 1), added a (%s/a.pub) %s\nrc=0\n")
+                     :format(dir, dir, keys.hex(a.public)), keygen(("--dir %s --sign-with %s/ca.key --revoke a"):format(dir, dir)))
+    assert.matches("2 revoked keys %(seq 2%), added " .. keys.hex(b.public),
+                   keygen(("--dir %s --sign-with %s/ca.key --revoke %s"):format(dir, dir, keys.hex(b.public))))
+    assert.matches("2 revoked keys %(seq 3%), nothing new", keygen(("--dir %s --sign-with %s/ca.key --revoke a"):format(dir, dir)))
+    local l = assert(keys.read_revocations(dir .. "/ca.revoked"))
+    assert.are.equal(3, l.seq)
+    assert.is_true(keys.check_revocations(l))
+    local t = assert(keys.read_trust{ dir .. "/ca.pub", dir .. "/ca.revoked" })
+    local want = { a.public, b.public }
+    table.sort(want)
+    assert.are.same(want, t.revoked)
+    -- without its authority among the trust files: refused
+    local ok, err = keys.read_trust{ dir .. "/a.pub", dir .. "/ca.revoked" }
+    assert.is_nil(ok)
+    assert.matches("a revocation list by %x+, not an authority trusted here", err)
+    -- a key taken out of the list breaks its signature
+    S.write(dir .. "/bad.revoked", S.read(dir .. "/ca.revoked"):gsub('"keys":%["%x+",', '"keys":['))
+    ok, err = keys.read_trust{ dir .. "/ca.pub", dir .. "/bad.revoked" }
+    assert.is_nil(ok)
+    assert.matches("its signature does not verify with authority", err)
+    assert.are.equal("lecho-keygen: --revoke needs --sign-with AUTHORITY.key: the list's signer\nrc=2\n",
+                     keygen("--revoke a"))
+    assert.matches("^usage: lecho%-keygen NAME%.%.%.", keygen("--help"))
+    assert.truthy(keygen("--help"):find("--revoke NAME|KEY", 1, true))
+  end)
+end)
+
+describe("README's \"Keys across two hosts\"", function()
   it("names a policy file that is there and lets its sim and viewer run the atmosphere example", function()
     local readme = S.read(S.root .. "/README.md")
     local file = readme:match("%-%-policy (%S+)")

@@ -1,6 +1,6 @@
 -- Connections an attacker opens cost bounded memory, descriptors and CPU,
 -- and each refusal is told to the peer (an ERROR with the reason) and
--- logged once per kind per 10 s (issue 11, README "Limits"):
+-- logged once per kind per 10 s (issue 11, doc/limits.md):
 --
 --   * a frame declaring 1 GiB after a trivial handshake was buffered as it
 --     came: max_frame is 256 MiB + 64 KiB by default, and max_buffered caps
@@ -634,7 +634,7 @@ describe("connection limits (issue 11)", function()
     p.s:send(table.concat(evs))             -- and never reads until the cut
     support.sleep(2)
     -- cut: the ERROR may be lost to the reset of what the target did not
-    -- read (README "Limits"), the log line is there
+    -- read (doc/limits.md), the log line is there
     local r = p:drain(10)
     assert(r.ended == "closed" or r.error, "the connection was not cut")
     assert.equals(1, log_lines(t, "not reading acknowledgements: %d+ bytes of them queued %(queue_limit 262144%)"))

@@ -19,7 +19,7 @@ local function raised(fn, ...)
 end
 
 -- option -> values it must refuse (a good value of each is in
--- options_spec's "take every option the README documents").
+-- options_spec's "take every option doc/api.md documents").
 local CONTEXT_BAD = {
   timeout = { NAN, INF, -1, 0, "5" },
   sync_timeout = { NAN, INF, -1, "10" },

@@ -41,7 +41,7 @@ describe("unknown options", function()
     assert.are.equal(0, ctx:stats().channels[ctx.addr .. "/a"].consumers)
   end)
 
-  it("take every option the README documents", function()
+  it("take every option doc/api.md documents", function()
     ctx:close()
     ctx = lecho.context{ quiet = true, listen = "127.0.0.1:0", timeout = 5, sync_timeout = 10,
                          linger = 0, queue_limit = 1024 * 1024, policy = "block", batch_bytes = 65536,

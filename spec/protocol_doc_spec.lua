@@ -1,3 +1,4 @@
+-- Covers doc/wire-format.md's frame notation too (not run by spec/doc_blocks_spec.lua).
 -- doc/protocol.md cannot say what the code does not: every hex example of
 -- the page (a fenced block marked `hex NAME`) is read from the page and
 -- checked here, so that a wrong byte fails this spec.
@@ -170,12 +171,26 @@ end
 function CHECK.cert_alice()
   local apk = R.seed_keypair(SEED(5))
   assert.truthy(page:find(R.hex(apk), 1, true), "the page names the authority's key")
-  assert.is_true(R.verify(apk, "lecho-cert-v1\0alice\0" .. EX.key_alice, EX.cert_alice))
+  local c = EX.cert_alice
+  local body, sig = c:sub(1, -65), c:sub(-64)
+  assert.is_true(R.verify(apk, "lecho-cert-v2\0alice\0" .. EX.key_alice .. body, sig))
+  -- the fields the page names: validity 2027-01-01 .. 2028-01-01, one address
+  assert.equals(R.u64be(1798761600) .. R.u64be(1830297600) .. "\1\014" .. "127.0.0.1:7701", body)
+  assert.truthy(page:find("`02 60`", 1, true))
+  assert.equals(96, #c)
+  -- and the core takes it: a keyed context whose identity carries it
+  -- sends it in its HELLO (has_cert 2, varint 96, the certificate)
+  local h = R.hello_body{ addr = "127.0.0.1:7701", mode = 1, eph = ("\0"):rep(32), id = EX.key_alice,
+                          name = "alice", cert = c }
+  assert.truthy(h:find("\2\96" .. c, 1, true))
+  assert.same(c, assert(R.parse_hello(h)).cert)
 end
 
 function CHECK.ticket_alice()
-  assert.is_true(R.verify(EX.key_nameserver, "lecho-producer-v1\0" .. "127.0.0.1:7700/temp\0" .. EX.key_alice,
-                          EX.ticket_alice))
+  local exp = EX.ticket_alice:sub(1, 8)
+  assert.equals(R.u64be(1798761600), exp)
+  assert.is_true(R.verify(EX.key_nameserver, "lecho-producer-v2\0" .. "127.0.0.1:7700/temp\0" .. EX.key_alice
+                          .. exp, EX.ticket_alice:sub(9)))
 end
 
 ------------------------------------------------------------------------------

@@ -1,3 +1,4 @@
+-- Covers the REPL sessions of README "Steering" and doc/repl.md (not run by spec/doc_blocks_spec.lua).
 -- scripts/lecho-repl, driven the way a person would: keys typed into a
 -- tmux pane (a real terminal), the screen read back, against a name server
 -- and the atmosphere simulation.  Every wait is bounded; the tmux server,

@@ -112,4 +112,31 @@ ctx:close()
     assert.matches("after INT: [^\n]*interrupted", S.output(child))
     assert.are.equal(0, rc)
   end)
+
+  it("leaves the signal mask alone in keyed mode: a host program and its children see SIGHUP as before", function()
+    -- (a keyed context reloads its trust files on SIGHUP only inside
+    -- ctx:run(); it blocked SIGHUP for the whole process and its children
+    -- from its creation on, which a host program never asked for)
+    local T = require "spec.support.trust_world"
+    local dir = S.tmpdir()
+    local ids = T.identities(dir)
+    local child = S.lua([[
+local lecho = require "lecho"
+local function blocked()
+  local f = io.open("/proc/self/status") local s = f:read("*a") f:close()
+  return s:match("SigBlk:%s*(%x+)")
+end
+local before = blocked()
+local ctx = assert(lecho.context{ key = arg[1], trust = arg[2], quiet = true })
+ctx:run_once(0)
+local p = io.popen("grep SigBlk /proc/self/status") local child_mask = p:read("*a"):match("(%x+)%s*$") p:close()
+io.stdout:write("masks ", before, " ", blocked(), " ", child_mask, "\n")
+ctx:close()
+]], ids.prod.key, ids.trust)
+    assert.is_true((S.wait(child, 20, ctx)), S.errors(child))
+    local before, after, kid = S.output(child):match("masks (%x+) (%x+) (%x+)")
+    assert(before, S.output(child) .. S.errors(child))
+    assert.are.equal(before, after, "the keyed context changed the process's signal mask")
+    assert.are.equal(tonumber(before, 16) % 2, tonumber(kid, 16) % 2, "SIGHUP blocked for the children")
+  end)
 end)

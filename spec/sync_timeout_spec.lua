@@ -1,5 +1,5 @@
 -- submit_sync{ timeout = 0 }: a sync submit runs the consumers of its own
--- process before it returns (README, Local delivery), even when its
+-- process before it returns (doc/semantics.md, Local delivery), even when its
 -- deadline has passed before the first loop turn (attack nit, issue 9).
 local lecho = require "lecho"
 

@@ -1,4 +1,4 @@
--- README "Running with keys", run as written on two hosts (issue 25, item
+-- README "Keys across two hosts", run as written on two hosts (issue 25, item
 -- 2): its four command lines are taken from README.md, the name server and
 -- the simulation run in one network namespace, the viewer in another (a
 -- veth pair between them); HOST is the address the name server prints.  The
@@ -53,10 +53,10 @@ local function remove_hosts()
   sh("ip link del " .. DEV_A)
 end
 
--- The indented command lines of README's "Running with keys" recipe.
+-- The command lines of README's "Keys across two hosts" recipe (its ```sh block).
 local function recipe()
   local readme = S.read(S.root .. "/README.md")
-  local block = readme:match("give every process a key and the keys it trusts:\n\n(.-)\n\n")
+  local block = readme:match("give every process a key and the keys it trusts:\n\n```sh[^\n]*\n(.-)\n```\n")
   assert(block, "README.md: the keyed recipe is not where it was")
   local lines = {}
   for l in block:gmatch("[^\n]+") do lines[#lines + 1] = (l:gsub("^%s+", "")) end

@@ -35,6 +35,9 @@ Exits 0 when every check passed.  Every process it started is stopped.
   --steer LUA             a steering event sent about half-way through
                           (default "{ emission = 4 }"; "none": no steering;
                           runs shorter than 3 s are not steered)
+  --http ADDRESS          where lecho-gateway serves the live view (default:
+                          $DEMO_HTTP, else 127.0.0.1:0, a free port; its URL
+                          is printed; "none": no gateway)
   --json FILE             also write the summary as JSON to FILE
   --verbose               show the lecho logs of every process
   --help                  this text
@@ -50,7 +53,9 @@ local opts = {
   nameserver = os.getenv("LECHO_NAMESERVER"),
   seconds = tonumber(os.getenv("DEMO_SECONDS") or "") or 10,
   rate = 10, threshold = 0.5, stride = 2, tolerance = 0.01, scale = 0.005, steer = "{ emission = 4 }",
+  http = os.getenv("DEMO_HTTP") or "127.0.0.1:0",
 }
+if opts.http == "" then opts.http = "127.0.0.1:0" end
 if opts.nameserver == "" then opts.nameserver = nil end
 do
   A.parse(arg, {
@@ -62,6 +67,7 @@ do
     ["--tolerance"] = function(get) opts.tolerance = get.number() end,
     ["--scale"] = function(get) opts.scale = get.number() end,
     ["--json"] = function(get) opts.json = get.value() end,
+    ["--http"] = function(get) opts.http = get.value() end,
     ["--steer"] = function(get) opts.steer = get.value() end,
     ["--verbose"] = function() opts.verbose = true end,
   })
@@ -160,6 +166,29 @@ if not ns then
       finish(false)
     end
     proc.sleep(0.05)
+  end
+end
+
+-- 1b. The gateway beside them: the live view in a browser (doc/gateway.md),
+-- started before this process's context (whose loop the wait below would stall).
+if opts.http ~= "none" then
+  local gw_script = here .. "/../../scripts/lecho-gateway"
+  local gargs = { luajit, gw_script, "--nameserver", ns, "--http", opts.http, "--for", tostring(opts.seconds + 90) }
+  local gw, gerr = proc.spawn(gargs, { out = tmp .. "/gateway.out", err = tmp .. "/gateway.err" })
+  if not gw then out("run: cannot start the gateway: %s", tostring(gerr)) finish(false) end
+  gw.name, gw.err = "gateway", tmp .. "/gateway.err"
+  children[#children + 1] = gw
+  local t_end = os.time() + 20
+  local url
+  -- (not --quiet: its first line is the URL)
+  repeat
+    url = read(gw.err):match("lecho%-gateway: (http://%S+/)")
+    if not url then proc.sleep(0.05) end
+  until url or proc.poll(gw) or os.time() > t_end
+  if url then
+    out("live view: %s (open it in a browser; the demo runs %g s: DEMO_SECONDS=120 make demo for longer)", url, opts.seconds)
+  else
+    out("run: the gateway did not start: %s", read(gw.err))
   end
 end
 

@@ -1,5 +1,5 @@
 -- examples/keiretsu/transport.lua: how a node serves the "im" service and
--- how a client calls it (lecho's services, README "Services and calls").
+-- how a client calls it (lecho's services, doc/services.md).
 --
 --   local T = dofile(here .. "/transport.lua")
 --   T.serve(ctx, handle)               -- node: handle(msg, caller) raises or returns true

@@ -1,5 +1,5 @@
--- examples/keys/policy.lua: the name server's policy for README's "Running
--- with keys" (format: doc/security.md), for the principals its keygen line
+-- examples/keys/policy.lua: the name server's policy for README's "Keys across
+-- two hosts" (format: doc/security.md), for the principals its keygen line
 -- makes: nameserver, sim (examples/atmosphere/simulation.lua) and viewer
 -- (examples/atmosphere/viewer.lua).  What no rule grants is refused; the
 -- name server itself needs no rule.

@@ -1,4 +1,4 @@
--- examples/services/echo.lua: services and calls (README "Services and calls").
+-- examples/services/echo.lua: services and calls (doc/services.md).
 --
 --   luajit examples/services/echo.lua                 the whole tour in one process
 --   luajit examples/services/echo.lua --serve NS      serve echo@1 and echo@2 at name server NS

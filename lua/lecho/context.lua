@@ -685,7 +685,8 @@ local SIGNAME = { [2] = "SIGINT", [15] = "SIGTERM" }
 -- process at once.
 function Context:run()
   keep_views(self)
-  local sig = self.c:run(self.signals)
+  -- keyed: SIGHUP reloads the trust files and policy (lecho.trustwatch)
+  local sig = self.c:run(self.signals, self.trustwatch and require("lecho.trustwatch").hup or nil)
   if not sig then return end
   self.log(("%s: closing the context (delivering what was submitted, for at most %gs); "
     .. "a second signal ends the process at once"):format(SIGNAME[sig] or "signal " .. sig, self.linger))
@@ -713,7 +714,7 @@ function Context:flush() return self.c:flush() end
 
 function Context:now() return self.c:now() end
 
---- Counters per channel and per peer (see README "Statistics").
+--- Counters per channel and per peer (see doc/semantics.md "Statistics").
 function Context:stats()
   local s = self.c:stats()
   s.addr = self.addr
@@ -749,6 +750,7 @@ function Context:close(opts)
     return self.close_ok, self.close_err, self.close_err and "timeout"
   end
   self.closing = true
+  if self.trustwatch then require("lecho.trustwatch").stop(self) end
   local linger = opts and opts.linger or self.linger
   -- groups (lecho.group): left at every name server, the others told now
   for _, g in pairs(self.groups or {}) do g:leave() end

@@ -258,7 +258,7 @@ local function members_channel(self, from, msg)
   return ch
 end
 
--- The limits a well-formed member list must stay within (README "Limits"):
+-- The limits a well-formed member list must stay within (doc/limits.md):
 -- at most max_members consumer contexts in the list and in each
 -- modulator's dests, none twice (a context listed 20,000 times would get
 -- every event 20,000 times), and no more than max_peers distinct remote
@@ -359,6 +359,8 @@ function Context:_on_ctrl(from, msg, gen)
       if why == nil then return end
       return self:_warn_limited("members", ("ignoring a members message from %s: %s"):format(from, why))
     end
+    -- keyed: a renewed ticket, from the channel's manager (members_channel checked `from`)
+    if msg.ticket ~= nil and self.keyed then ch:_take_ticket(msg.ticket) end
     if msg.ver > ch.ver then
       -- Refused whole, the list before it stays; the manager is told in
       -- the confirmation (it answers joins with it), the log says it once.
@@ -399,6 +401,13 @@ function Context:_on_ctrl(from, msg, gen)
          .. "the scripts' --advertise; listen = \"0.0.0.0:0\" or --listen to listen on it)")
           :format(ch.name, msg.producer:sub(1, 300), self.addr, tostring(msg.err):sub(1, 200)))
     end
+  elseif op == "revocations" then
+    -- keyed: a name server's revocation lists (checked there: who sent
+    -- them, who signed them, newer only; lecho.trustwatch)
+    if self.keyed then require("lecho.trustwatch").received(self, from, msg) end
+  elseif op == "policy" and self.reg and self.reg.role == "manager" then
+    -- keyed: a name server's reloaded policy (lecho.trustwatch checks who sent it)
+    require("lecho.trustwatch").policy_received(self, from, msg)
   elseif op == "gchange" then
     -- a group's change, from one of its name servers (lecho.group)
     self:_on_gchange(from, msg)
@@ -554,6 +563,16 @@ function Channel:_secure(chid)
   if self.ticket then c:chan_ticket(chid, self.ticket) end
 end
 
+-- A producer ticket (72 bytes: expiry, signature) from the channel's
+-- manager: a join reply's, or a renewed one in `members`.  A new one goes
+-- into the core, which BINDs the channel again with it before its next
+-- event (a consumer checks a ticket at BIND).
+function Channel:_take_ticket(t)
+  if type(t) ~= "string" or #t ~= 72 or self.ticket == t then return end
+  self.ticket = t
+  self:_secure_all()
+end
+
 function Channel:_secure_all()
   self:_secure(self.chid)
   for _, inst in pairs(self.mods) do self:_secure(inst.dchid) end
@@ -614,13 +633,10 @@ function Channel:_join(role)
   end
   if role == "producer" then
     if r.ticket ~= nil then
-      if not is_key(r.ticket, 64) then
-        return nil, ("joining '%s' as producer: a ticket that is not 64 bytes"):format(self.name), "protocol"
+      if not is_key(r.ticket, 72) then
+        return nil, ("joining '%s' as producer: a ticket that is not 72 bytes"):format(self.name), "protocol"
       end
-      if self.ticket ~= r.ticket then
-        self.ticket = r.ticket
-        self:_secure_all()
-      end
+      self:_take_ticket(r.ticket)
     end
     -- A `members` update handled while we waited (it can come in the same
     -- read as this reply, and was already confirmed) is newer: keep it.

@@ -1,7 +1,7 @@
 -- lecho.errors: the error codes of the API.  An expected failure is
 -- returned as `nil, message, code`, code one of the names below (the same
 -- names as core/errors.h in C); misuse (a bad argument, an unknown option)
--- raises.  README "Errors" has the table of codes and when they occur.
+-- raises.  doc/api.md "Errors" has the table of codes and when they occur.
 
 local M = {}
 

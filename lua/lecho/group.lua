@@ -1,5 +1,5 @@
--- lecho.group: the client of groups with leases (issue 12, README
--- "Presence"); the name server's side is lecho.presence.
+-- lecho.group: the client of groups with leases (issue 12, doc/presence.md);
+-- the name server's side is lecho.presence.
 --
 --   local g = ctx:group("chat", { lease = 3, data = { nick = "ann" },
 --                                 watch = function(change) end, join = true })

@@ -13,7 +13,7 @@
 -- Expected failures return nil, message, code (lecho.errors); misuse raises.
 --
 -- This file makes a context and holds the exports; the rest of the Lua half
--- of a context is in files named for their concept (README "Layout"):
+-- of a context is in files named for their concept (doc/architecture.md "Layout"):
 -- lecho.context (scheduler, timers, run loop, event dispatch, close),
 -- lecho.control (requests, replies, joins, rejoin), lecho.channel,
 -- lecho.producer, lecho.consumer, lecho.modulator (both sides),
@@ -75,8 +75,8 @@ local function now(self) return self.c:now() end
 -- sync_timeout (10 s), queue_limit, policy, batch_bytes, max_string,
 -- max_depth, max_frame, pin_threshold, retry_interval, retry_max, heartbeat,
 -- heartbeat_misses, handshake_timeout, max_connections, max_buffered,
--- max_peer_channels, max_peers, peer_free_after, log_window (see README, "Limits"), log (fn(level, msg, component), or fn(msg): doc/operations.md "Logs"), log_level, metrics (doc/operations.md "Metrics"), quiet, key, trust and
--- nameserver_principal (keyed mode: README "Keys"; without key and trust
+-- max_peer_channels, max_peers, peer_free_after, log_window (see doc/limits.md), log (fn(level, msg, component), or fn(msg): doc/operations.md "Logs"), log_level, metrics (doc/operations.md "Metrics"), quiet, key, trust and
+-- nameserver_principal (keyed mode: doc/keys.md; without key and trust
 -- the context is in protected mode); the full list with defaults is
 -- lecho.options.CONTEXT.
 function M.context(opts)
@@ -98,7 +98,7 @@ function M.context(opts)
   end
   local ns = nslist[1]
   local advertise = opts.advertise and parse_addr(opts.advertise, "advertise address", true, 2)
-  -- keyed mode (key and trust, README "Keys") or protected mode (neither)
+  -- keyed mode (key and trust, doc/keys.md) or protected mode (neither)
   local identity, keys = false, nil
   if opts.key ~= nil or opts.trust ~= nil or os.getenv("LECHO_KEY") or os.getenv("LECHO_TRUST") then
     keys = require "lecho.keys"     -- (and lua-cjson) only for keyed mode
@@ -154,7 +154,7 @@ function M.context(opts)
     principal = identity and identity.key.name or nil,   -- ro: our name in keyed mode
     ns_principal = opts.nameserver_principal or D.nameserver_principal,
     sync_timeout = opts.sync_timeout or D.sync_timeout,
-    -- member lists a producer takes (lecho.control, README "Limits")
+    -- member lists a producer takes (lecho.control, doc/limits.md)
     max_members = opts.max_members or D.max_members,
     max_peers = opts.max_peers or D.max_peers,
     max_calls = opts.max_calls_in_flight or D.max_calls_in_flight,  -- lecho.service
@@ -182,7 +182,7 @@ function M.context(opts)
       addr = addr, role = opts.manager and opts.nameserver and "manager" or "nameserver",
       ack_timeout = opts.ack_timeout or D.ack_timeout,
       settle = opts.settle, recovering = opts.recovering, forget_after = opts.forget_after,
-      channel_quota = opts.channel_quota, max_groups = opts.max_groups, group_quota = opts.group_quota,
+      channel_quota = opts.channel_quota, ticket_ttl = opts.ticket_ttl, max_groups = opts.max_groups, group_quota = opts.group_quota,
       max_memberships = opts.max_memberships, max_group_bytes = opts.max_group_bytes,
       max_members = opts.max_members or D.max_members,
       nameserver = opts.manager and opts.nameserver and self.ns or nil,
@@ -208,13 +208,26 @@ function M.context(opts)
       return self:_on_ctrl(from, msg, gen)
     end,
     peer = function(idx, paddr, up, reason, gen)
-      if up and self.keyed then self:_check_nameserver(paddr) end
+      if up and self.keyed then
+        self:_check_nameserver(paddr)
+        -- a name server hands its revocation lists to who connects
+        if self.trustwatch then require("lecho.trustwatch").peer_up(self, paddr) end
+      end
       return self:_on_peer(idx, paddr, up, reason, gen)
     end,
     log = function(msg) self.log(msg, nil, "core") end,
     moe_error = function(id, why) self:_moe_error(id, why) end,
     turn = function() self:_turn() end,
   }
+  -- keyed: the trust files (revocation lists among them) and a name
+  -- server's policy file are read again when they change or on SIGHUP
+  if identity then
+    self.revoked = identity.trust.revoked
+    self.revocation_lists = identity.trust.lists
+    self.authorities = {}       -- keyed: trusted authority keys (revocation lists they sign)
+    for _, e in ipairs(identity.trust.authorities) do self.authorities[e.public] = true end
+    require("lecho.trustwatch").start(self, identity, self.reg and opts.policy_file or nil, opts.trust_poll)
+  end
   if opts.manager and opts.nameserver then
     local r, rerr = self:request(self.ns, { op = "register_manager" })
     if not r then
@@ -232,7 +245,7 @@ function M.context(opts)
     end
     self.metrics = srv   -- ro: its addr is where it listens
   end
-  -- pushed code (README "Pushing code"): the built-in service lecho.code
+  -- pushed code (doc/services.md "Pushing code"): the built-in service lecho.code
   if opts.accept_code then
     local ac = opts.accept_code
     if not identity and ac ~= true and not (ac.names ~= nil and (ac.principals == nil or ac.principals == true)) then

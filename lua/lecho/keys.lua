@@ -1,21 +1,28 @@
--- lecho.keys: the files of keyed mode (README "Keys"), read and written
+-- lecho.keys: the files of keyed mode (doc/keys.md), read and written
 -- with lua-cjson, and the certificates an authority signs.
 --
 --   local keys = require "lecho.keys"
 --   local k = assert(keys.read_secret("alice.key"))   -- { name, public, secret, cert?, authority?, path }
---   local t = assert(keys.read_trust{ "ca.pub", "ns.pub" })  -- { keys = {...}, authorities = {...} }
+--   local t = assert(keys.read_trust{ "ca.pub", "ns.pub", "ca.revoked" })
+--     -- { keys = {...}, authorities = {...}, revoked = {pk...}, lists = {[apk] = list} }
 --   keys.write_secret("bob.key", k)   keys.write_public("bob.pub", k)
---   local cert = keys.certify(ca, "bob", pk)    keys.check_cert(cert, "bob", pk, ca.public)
+--   local cert = keys.certify(ca, "bob", pk, not_before, not_after, { "10.0.0.5:7701" })
+--   keys.check_cert(cert, "bob", pk, ca.public)
 --
 -- The formats (hex lowercase; public 32 bytes, secret 64 as libsodium's
--- Ed25519 keeps them: seed then public key; cert 64):
+-- Ed25519 keeps them: seed then public key; cert: doc/security.md; times:
+-- Unix seconds):
 --   secret key (0600)  {"lecho":"secret-key","version":1,"name":N,"public":HEX,"secret":HEX
---                       [,"cert":HEX,"authority":HEX]}
---   public key         {"lecho":"public-key","version":1,"name":N,"public":HEX[,"authority":true]}
+--                       [,"cert":HEX,"authority":HEX | ,"not_before":T,"not_after":T]}
+--   public key         {"lecho":"public-key","version":1,"name":N,"public":HEX[,"authority":true
+--                       [,"not_before":T,"not_after":T]]}
 --   trust list         {"lecho":"trust","version":1,"keys":[{"name":N,"public":HEX}...],
---                       "authorities":[{"name":N,"public":HEX}...]}
+--                       "authorities":[{"name":N,"public":HEX[,"not_before":T,"not_after":T]}...]}
+--   revocation list    {"lecho":"revocations","version":1,"authority":HEX,"seq":N,"issued":T,
+--                       "keys":[HEX...],"sig":HEX}
 -- A trust file is a public key file (an authority's when "authority" is
--- true) or a trust list.  Keys are Lua strings of raw bytes in the tables.
+-- true), a trust list or a revocation list (signed by an authority the
+-- other trust files trust).  Keys are Lua strings of raw bytes in the tables.
 --
 -- Failures return nil, "WHAT PATH: why", code (lecho.errors: notfound, io,
 -- invalid, refused for a secret key file others may read, as ssh refuses
@@ -158,21 +165,97 @@ local function name_and_key(e, where)
 end
 
 
---- The message an authority signs to certify that pk is name's key.
-function M.cert_message(name, pk)
-  return "lecho-cert-v1\0" .. name .. "\0" .. pk
+-- u64 big-endian of integer n in [0, 2^53)
+local function u64(n)
+  local hi, lo = math.floor(n / 2^32), n % 2^32
+  local b = {}
+  for i = 3, 0, -1 do b[#b + 1] = string.char(bit.band(bit.rshift(hi, i * 8), 255)) end
+  for i = 3, 0, -1 do b[#b + 1] = string.char(bit.band(bit.rshift(lo, i * 8), 255)) end
+  return table.concat(b)
+end
+local function get_u64(s, at)
+  local hi, lo = 0, 0
+  for i = 0, 3 do hi = hi * 256 + s:byte(at + i) end
+  for i = 4, 7 do lo = lo * 256 + s:byte(at + i) end
+  return hi * 2^32 + lo
+end
+M.u64, M.get_u64 = u64, get_u64
+
+M.CERT_ADDRS_MAX = 8            -- addresses in one certificate (core/frame.h)
+
+--- The message an authority signs to certify that pk is name's key
+-- (doc/security.md "Certificates"): body is the certificate without its
+-- signature.  (v1, 64-byte certificates signed "lecho-cert-v1" 0 name 0 pk
+-- only: refused by peers since validity periods came.)
+function M.cert_message(name, pk, body)
+  return "lecho-cert-v2\0" .. name .. "\0" .. pk .. body
 end
 
---- The certificate (64 bytes) by authority `auth` (a secret key table)
--- that pk (32 raw bytes) is principal name's key.
-function M.certify(auth, name, pk)
-  return core().sign(auth.secret, M.cert_message(name, pk))
+--- The certificate by authority `auth` (a secret key table) that pk (32
+-- raw bytes) is principal name's key from not_before to not_after (Unix
+-- seconds, integers; default 5 minutes ago and 365 days from now), for the
+-- addresses listed (nil or {}: any):
+-- u64be not_before || u64be not_after || u8 n || n x (u8 len, address) || sig64.
+function M.certify(auth, name, pk, not_before, not_after, addresses)
+  addresses = addresses or {}
+  -- (defaults, as lecho-keygen's: from 5 minutes ago, for 365 days)
+  not_before = not_before or os.time() - 300
+  not_after = not_after or os.time() + 365 * 86400
+  local parts = { u64(not_before), u64(not_after), string.char(#addresses) }
+  for _, a in ipairs(addresses) do parts[#parts + 1] = string.char(#a) .. a end
+  local body = table.concat(parts)
+  return body .. core().sign(auth.secret, M.cert_message(name, pk, body))
+end
+
+--- The fields of certificate cert: { not_before, not_after, addresses },
+-- or nil, why (malformed, or a 64-byte v1 one).
+function M.cert_fields(cert)
+  if type(cert) ~= "string" then return nil, "not a certificate" end
+  if #cert == 64 then return nil, "an old certificate without validity (lecho-cert-v1)" end
+  if #cert < 17 + 64 then return nil, "a certificate too short" end
+  local n, pos, addrs = cert:byte(17), 18, {}
+  if n > M.CERT_ADDRS_MAX then return nil, "more than 8 addresses" end
+  for _ = 1, n do
+    local l = cert:byte(pos)
+    if not l or l == 0 or pos + l > #cert - 64 then return nil, "a malformed address list" end
+    addrs[#addrs + 1] = cert:sub(pos + 1, pos + l)
+    pos = pos + 1 + l
+  end
+  if pos ~= #cert - 64 + 1 then return nil, "trailing bytes in a certificate" end
+  return { not_before = get_u64(cert, 1), not_after = get_u64(cert, 9), addresses = addrs }
 end
 
 --- True when cert is authority apk's certificate that pk is name's key.
 function M.check_cert(cert, name, pk, apk)
-  return core().verify(apk, M.cert_message(name, pk), cert) == true
+  if not M.cert_fields(cert) then return false end
+  return core().verify(apk, M.cert_message(name, pk, cert:sub(1, -65)), cert:sub(-64)) == true
 end
+
+--- The message an authority signs in a revocation list (doc/security.md):
+-- "lecho-revocations-v1" 0 || authority pk || u64be seq || u64be issued ||
+-- u32be n || n x 32-byte key.
+function M.revocations_message(apk, seq, issued, keys_)
+  local n = #keys_
+  return "lecho-revocations-v1\0" .. apk .. u64(seq) .. u64(issued)
+    .. string.char(bit.band(bit.rshift(n, 24), 255), bit.band(bit.rshift(n, 16), 255),
+                   bit.band(bit.rshift(n, 8), 255), bit.band(n, 255))
+    .. table.concat(keys_)
+end
+
+--- True when list ({ authority, seq, issued, keys, sig }) is signed by its authority.
+function M.check_revocations(list)
+  return core().verify(list.authority, M.revocations_message(list.authority, list.seq, list.issued,
+                                                             list.keys), list.sig) == true
+end
+
+--- A signed revocation list by authority auth: { authority, seq, issued, keys, sig }.
+function M.sign_revocations(auth, seq, issued, keys_)
+  local l = { authority = auth.public, seq = seq, issued = issued, keys = keys_ }
+  l.sig = core().sign(auth.secret, M.revocations_message(l.authority, seq, issued, keys_))
+  return l
+end
+
+local function is_time(v) return type(v) == "number" and v >= 0 and v < 2^53 and v == math.floor(v) end
 
 --- Reads a secret key file: { name, public, secret, cert, authority, path }
 -- (cert and authority nil unless an authority signed it), or nil, err, code.
@@ -194,14 +277,34 @@ function M.read_secret(path)
   end
   local k = { name = name, public = pk, secret = sk, path = path }
   if t.cert ~= nil or t.authority ~= nil then
-    k.cert, k.authority = unhex(t.cert, 64), unhex(t.authority, 32)
+    local ch = type(t.cert) == "string" and #t.cert % 2 == 0 and t.cert or nil
+    k.cert, k.authority = ch and unhex(ch, #ch / 2), unhex(t.authority, 32)
     if not k.cert or not k.authority then
-      return nil, ("%s %s: a certificate needs cert (128 hex digits) and authority (64 hex digits)")
+      return nil, ("%s %s: a certificate needs cert (hex) and authority (64 hex digits)")
         :format(what, path), "invalid"
     end
-    if not M.check_cert(k.cert, name, pk, k.authority) then
+    if #k.cert == 64 then
+      -- a v1 certificate: read, so that the key still starts, and refused
+      -- by every peer with its reason (certify the key again)
+      k.cert_v1 = true
+      if core().verify(k.authority, "lecho-cert-v1\0" .. name .. "\0" .. pk, k.cert) ~= true then
+        return nil, ("%s %s: its certificate does not verify with authority %s")
+          :format(what, path, t.authority:lower()), "invalid"
+      end
+    elseif not M.check_cert(k.cert, name, pk, k.authority) then
       return nil, ("%s %s: its certificate does not verify with authority %s")
         :format(what, path, t.authority:lower()), "invalid"
+    else
+      local f = M.cert_fields(k.cert)
+      k.not_before, k.not_after, k.addresses = f.not_before, f.not_after, f.addresses
+    end
+  end
+  for _, f in ipairs{ "not_before", "not_after" } do       -- an authority's own validity
+    if t[f] ~= nil and not k.cert then
+      if not is_time(t[f]) then
+        return nil, ("%s %s: %s must be Unix seconds (an integer)"):format(what, path, f), "invalid"
+      end
+      k[f] = t[f]
     end
   end
   return k
@@ -219,8 +322,37 @@ function M.read_public(path)
   if t.authority ~= nil and type(t.authority) ~= "boolean" then
     return nil, ("%s %s: authority must be true or false"):format(what, path), "invalid"
   end
-  return { name = name, public = pk, authority = t.authority == true, path = path }
+  for _, f in ipairs{ "not_before", "not_after" } do
+    if t[f] ~= nil and not is_time(t[f]) then
+      return nil, ("%s %s: %s must be Unix seconds (an integer)"):format(what, path, f), "invalid"
+    end
+  end
+  return { name = name, public = pk, authority = t.authority == true, path = path,
+           not_before = t.not_before, not_after = t.not_after }
 end
+
+--- Reads a revocation list file: { authority, seq, issued, keys = {pk...},
+-- sig, path } (its signature not checked here: read_trust checks it
+-- against the authorities trusted), or nil, err, code.
+function M.read_revocations(path)
+  local what = "revocation list"
+  local t, err, code = read_json(what, path)
+  if not t then return nil, err, code end
+  if t.lecho ~= "revocations" then return wrong_kind(what, path, t, "a lecho revocation list") end
+  local l = { authority = unhex(t.authority, 32), seq = t.seq, issued = t.issued, sig = unhex(t.sig, 64),
+              keys = {}, path = path }
+  if not l.authority or not l.sig or not is_time(l.seq) or not is_time(l.issued) or type(t.keys) ~= "table" then
+    return nil, ("%s %s: needs authority (64 hex digits), seq and issued (integers), keys (a list) "
+      .. "and sig (128 hex digits)"):format(what, path), "invalid"
+  end
+  for i, h in ipairs(t.keys) do
+    local pk = unhex(h, 32)
+    if not pk then return nil, ("%s %s: keys[%d] must be 64 hex digits"):format(what, path, i), "invalid" end
+    l.keys[i] = pk
+  end
+  return l
+end
+
 
 --- Reads the trust files `paths` (one path or a list): every public key,
 -- authority key and trust list they hold, as { keys = { {name, public}... },
@@ -231,16 +363,18 @@ function M.read_trust(paths)
   if type(paths) ~= "table" or #paths == 0 then
     return nil, "trust must be a path or a non-empty list of paths", "invalid"
   end
-  local out, named = { keys = {}, authorities = {} }, {}
-  local function add(list, name, pk, where)
+  local out, named = { keys = {}, authorities = {}, revoked = {}, lists = {} }, {}
+  local function add(list, name, pk, where, e)
     local seen = named[pk]
     if seen and seen.name ~= name then
       return nil, ("%s: key %s is %s here and %s in %s"):format(where, M.hex(pk), name, seen.name, seen.where)
     end
     named[pk] = { name = name, where = where }
-    table.insert(out[list], { name = name, public = pk })
+    table.insert(out[list], { name = name, public = pk, not_before = e and e.not_before,
+                              not_after = e and e.not_after })
     return true
   end
+  local lists = {}
   for _, path in ipairs(paths) do
     local what = "trust file"
     local t, err, code = read_json(what, path)
@@ -249,8 +383,12 @@ function M.read_trust(paths)
     if t.lecho == "public-key" then
       local k, kerr, kcode = M.read_public(path)
       if not k then return nil, (kerr:gsub("^public key file", what)), kcode end
-      local ok, aerr = add(k.authority and "authorities" or "keys", k.name, k.public, where)
+      local ok, aerr = add(k.authority and "authorities" or "keys", k.name, k.public, where, k)
       if not ok then return nil, aerr, "invalid" end
+    elseif t.lecho == "revocations" then
+      local l, lerr, lcode = M.read_revocations(path)
+      if not l then return nil, (lerr:gsub("^revocation list", what)), lcode end
+      lists[#lists + 1] = l
     elseif t.lecho == "trust" then
       for _, list in ipairs{ "keys", "authorities" } do
         local l = t[list]
@@ -260,14 +398,42 @@ function M.read_trust(paths)
         for i, e in ipairs(l or {}) do
           local name, pk = name_and_key(e, ("%s: %s[%d]"):format(where, list, i))
           if not name then return nil, pk, "invalid" end
-          local ok, aerr = add(list, name, pk, where)
+          for _, f in ipairs{ "not_before", "not_after" } do
+            if e[f] ~= nil and not is_time(e[f]) then
+              return nil, ("%s: %s[%d]: %s must be Unix seconds"):format(where, list, i, f), "invalid"
+            end
+          end
+          local ok, aerr = add(list, name, pk, where, e)
           if not ok then return nil, aerr, "invalid" end
         end
       end
     else
-      return wrong_kind(what, path, t, "a lecho public key or trust list")
+      return wrong_kind(what, path, t, "a lecho public key, trust list or revocation list")
     end
   end
+  -- a revocation list counts when an authority trusted here signed it; of
+  -- an authority's lists the highest seq
+  local auths = {}
+  for _, a in ipairs(out.authorities) do auths[a.public] = true end
+  for _, l in ipairs(lists) do
+    if not auths[l.authority] then
+      return nil, ("trust file %s: a revocation list by %s, not an authority trusted here")
+        :format(l.path, M.hex(l.authority)), "invalid"
+    end
+    if not M.check_revocations(l) then
+      return nil, ("trust file %s: its signature does not verify with authority %s")
+        :format(l.path, M.hex(l.authority)), "invalid"
+    end
+    local cur = out.lists[l.authority]
+    if not cur or l.seq > cur.seq then out.lists[l.authority] = l end
+  end
+  local seen = {}
+  for _, l in pairs(out.lists) do
+    for _, pk in ipairs(l.keys) do
+      if not seen[pk] then seen[pk] = true; out.revoked[#out.revoked + 1] = pk end
+    end
+  end
+  table.sort(out.revoked)
   return out
 end
 
@@ -315,6 +481,8 @@ function M.write_secret(path, k)
               "secret", M.hex(k.secret) }
   if k.cert then
     f[#f + 1], f[#f + 2], f[#f + 3], f[#f + 4] = "cert", M.hex(k.cert), "authority", M.hex(k.authority)
+  elseif k.not_after then                       -- an authority's own validity
+    f[#f + 1], f[#f + 2], f[#f + 3], f[#f + 4] = "not_before", k.not_before or 0, "not_after", k.not_after
   end
   return write_atomic("key file", path, json(f), tonumber("600", 8))
 end
@@ -324,7 +492,28 @@ end
 function M.write_public(path, k, authority)
   local f = { "lecho", "public-key", "version", 1, "name", k.name, "public", M.hex(k.public) }
   if authority then f[#f + 1], f[#f + 2] = "authority", true end
+  if authority and k.not_after then
+    f[#f + 1], f[#f + 2], f[#f + 3], f[#f + 4] = "not_before", k.not_before or 0, "not_after", k.not_after
+  end
   return write_atomic("public key file", path, json(f), tonumber("644", 8))
+end
+
+--- Writes revocation list l (M.sign_revocations') to path, mode 0644.
+function M.write_revocations(path, l)
+  local hk = {}
+  for i, pk in ipairs(l.keys) do hk[i] = M.hex(pk) end
+  local f = { "lecho", "revocations", "version", 1, "authority", M.hex(l.authority), "seq", l.seq,
+              "issued", l.issued, "keys", hk, "sig", M.hex(l.sig) }
+  local text = json(f):gsub('"keys":{}', '"keys":[]')
+  return write_atomic("revocation list", path, text, tonumber("644", 8))
+end
+
+--- A stamp of file path that changes when it is written or replaced
+-- (mtime, size, inode: one statx, no read), or "missing".
+function M.stamp(path)
+  local st = ffi.new("struct lecho_statx")
+  if C.statx(-100, path, 0, 0xfff, st) ~= 0 then return "missing" end
+  return ("%d.%d.%d.%d"):format(tonumber(st.mtime.sec), st.mtime.nsec, tonumber(st.size), tonumber(st.ino))
 end
 
 --- True when path names a directory.
@@ -386,7 +575,7 @@ function M.identity(key, trust)
   local t
   t, err, code = M.read_trust(trust)
   if not t then return nil, err, code end
-  return { key = k, trust = t }
+  return { key = k, trust = t, trust_paths = type(trust) == "string" and { trust } or trust }
 end
 
 --- Gives core context c (lecho.core) identity id (M.identity's): its key,
@@ -400,9 +589,17 @@ function M.apply(c, id)
     if ok == nil and err then return nil, ("trusting %s: %s"):format(e.name, tostring(err)) end
   end
   for _, e in ipairs(id.trust.authorities) do
-    ok, err = c:trust_authority(e.public)
+    ok, err = c:trust_authority(e.public, e.not_before or 0, e.not_after or 0)
     if ok == nil and err then return nil, ("trusting authority %s: %s"):format(e.name, tostring(err)) end
   end
+  return M.apply_revoked(c, id.trust.revoked)
+end
+
+--- Gives core context c the revoked keys (a list of 32-byte keys): live
+-- connections of them are closed now.  true, or nil, err.
+function M.apply_revoked(c, revoked)
+  local n, err = c:set_revoked(table.concat(revoked or {}))
+  if not n then return nil, "revoking keys: " .. tostring(err) end
   return true
 end
 

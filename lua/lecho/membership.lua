@@ -7,6 +7,7 @@
 -- Never compiled, as lecho.registry (Debian's LuaJIT and LuaJIT #827).
 if jit then jit.off(true, true) end
 
+local bit = require "bit"
 local outbox = require "lecho.outbox"
 local naming = require "lecho.naming"
 
@@ -106,14 +107,68 @@ local function base_of(name)
 end
 M.base_of = base_of
 
--- Keyed mode: the ticket that lets producer `addr` BIND channel `name` at
--- its consumers (doc/wire-format.md): this manager's signature over
--- "lecho-producer-v1" 0 base-name 0 producer-pk.  nil in protected mode.
-local function ticket_for(self, name, addr)
+-- u64 big-endian of integer n in [0, 2^53)
+local function u64(n)
+  local hi, lo = math.floor(n / 2^32), n % 2^32
+  return string.char(bit.band(bit.rshift(hi, 24), 255), bit.band(bit.rshift(hi, 16), 255),
+                     bit.band(bit.rshift(hi, 8), 255), bit.band(hi, 255),
+                     bit.band(bit.rshift(lo, 24), 255), bit.band(bit.rshift(lo, 16), 255),
+                     bit.band(bit.rshift(lo, 8), 255), bit.band(lo, 255))
+end
+
+-- Keyed mode: the ticket that lets producer `addr` BIND channel c's name
+-- at its consumers until ticket_ttl from now (doc/security.md "Tickets"):
+-- u64be expiry || this manager's signature over "lecho-producer-v2" 0
+-- base-name 0 producer-pk || u64be expiry.  Its renewal is queued at 2/3
+-- of its life (renew_tickets).  nil in protected mode.
+local function ticket_for(self, c, addr)
   if not (self.sign and self.identity) then return nil end
   local _, pk = self.identity(addr)
   if not pk then return nil end
-  return self.sign("lecho-producer-v1\0" .. base_of(name) .. "\0" .. pk)
+  local now = self.clock()
+  local exp = u64(math.ceil(now + self.ticket_ttl))
+  local p = c.producers[addr]
+  if p then
+    p.tserial = (p.tserial or 0) + 1
+    self.rtail = (self.rtail or 0) + 1          -- (a queue: #renewals is unreliable past consumed slots)
+    self.renewals[self.rtail] = { at = now + self.ticket_ttl * 2 / 3, c = c, addr = addr, serial = p.tserial }
+  end
+  return exp .. self.sign("lecho-producer-v2\0" .. base_of(c.name) .. "\0" .. pk .. exp)
+end
+
+-- The tickets due: a renewed one goes to its producer in a `members` of
+-- the version it has (the list is not applied again, the ticket is taken,
+-- doc/protocol.md); a producer gone, or a channel dropped, is skipped.
+function M.renew_tickets(self, io)
+  local q, now = self.renewals, nil
+  while q[self.rhead] do
+    local r = q[self.rhead]
+    now = now or self.clock()
+    if r.at > now then break end
+    q[self.rhead] = nil
+    self.rhead = self.rhead + 1
+    local c = r.c
+    local p = self.channels[c.name] == c and c.producers[r.addr]
+    -- renewed only while the policy still grants it (a reloaded policy may
+    -- not); refused, the ticket runs out and consumers refuse the producer
+    local ok, why = true, nil
+    if p and p.tserial == r.serial then ok, why = allowed(self, r.addr, "produce", c.name) end
+    if p and p.tserial == r.serial and not ok then
+      self.log("warn", ("ticket of %s for '%s' not renewed: %s"):format(r.addr, c.name, tostring(why)))
+    elseif p and p.tserial == r.serial then
+      self.mid = self.mid + 1
+      local plain, mods, svc = members_of(c)
+      emit(self, io, r.addr, { op = "members", ch = c.name, ver = c.ver, consumers = plain, mods = mods,
+                               svc = svc, keys = keys_of(self, plain, mods), mid = self.mid,
+                               ticket = ticket_for(self, c, r.addr) })
+    end
+  end
+  local tail = self.rtail or 0
+  if self.rhead > 1024 and self.rhead > tail / 2 then   -- compact what was consumed
+    local nq = {}
+    for i = self.rhead, tail do nq[#nq + 1] = q[i] end
+    self.renewals, self.rhead, self.rtail = nq, 1, #nq
+  end
 end
 
 -- The consumer set changed: new version, `members` to every producing context.
@@ -167,7 +222,7 @@ end
 local function answer_producer(self, io, c, to, rid, p)
   local plain, mods, svc = members_of(c)
   reply(self, io, to, rid, { consumers = plain, mods = mods, svc = svc, keys = keys_of(self, plain, mods),
-                             ver = c.ver, count = p.count, ticket = ticket_for(self, c.name, to) })
+                             ver = c.ver, count = p.count, ticket = ticket_for(self, c, to) })
 end
 
 -- Answer every waiting consumer join whose version all current producers

@@ -9,7 +9,7 @@ local M = {}
 -- Capabilities a producer may grant to modulators (doc/modulators.md).
 M.CAPS = { clock = true, log = true }
 
--- Queue policies when a queue is full (README "Bounded memory").
+-- Queue policies when a queue is full (doc/semantics.md "Bounded memory").
 M.POLICIES = { block = true, drop_oldest = true, drop_newest = true, disconnect = true }
 
 -- The kinds of option values.  Each checks value v of option k and returns
@@ -97,7 +97,7 @@ local function accept_code(v)
   end
   if not strings(v) then return why end
 end
--- Keyed mode (README "Keys"): the secret key file, the trust files, the
+-- Keyed mode (doc/keys.md): the secret key file, the trust files, the
 -- principal the name server must be.  false: none, whatever $LECHO_KEY and
 -- $LECHO_TRUST say.
 local function keyfile(v)
@@ -138,7 +138,7 @@ local function SHARE(v)
   if type(v) ~= "number" or not (v >= 0 and v <= 1) then return "must be a number from 0 (no cap) to 1" end
 end
 
--- The names each options table takes (README "Using it" says what they
+-- The names each options table takes (doc/api.md "Using it" says what they
 -- do), with the kind of value each takes and the default where the Lua side
 -- applies one (nil: the C core or lecho.registry applies it, or there is
 -- none).  A key not listed is a mistake (`namserver`) and raises at the call
@@ -163,9 +163,12 @@ local SCHEMA = {
     pin_threshold = { size(0) },
     max_value_bytes = { size(0) },  -- issue 11 (H5): decoded size of one value received, 64 MiB
     key = { keyfile }, trust = { trustfiles }, nameserver_principal = { principal, "nameserver" },
+    -- keyed: seconds between looks (one stat per file) at the trust files and a name
+    -- server's policy file, read again when one changed (0: only on SIGHUP)
+    trust_poll = { TIME, 0.5 },
     retry_interval = { TIME }, retry_max = { TIME }, heartbeat = { HEARTBEAT },
     heartbeat_misses = { time(1, true) },
-    -- connections (issue 11, README "Limits"; the C core applies the defaults:
+    -- connections (issue 11, doc/limits.md; the C core applies the defaults:
     -- 10 s, 1024, 512 MiB, 65536)
     handshake_timeout = { TIME }, max_connections = { size(1) }, max_buffered = { size(0) },
     max_peer_channels = { size(1) },
@@ -178,22 +181,24 @@ local SCHEMA = {
     -- the registry of a name server or manager run inside the context
     ack_timeout = { TIME, 2.0 }, settle = { TIME }, recovering = { BOOL }, forget_after = { TIME },
     channel_quota = { size(1) },
+    -- keyed: how long a producer ticket this manager signs is valid (renewed at 2/3 of it)
+    ticket_ttl = { TIME_POS, 3600 },
     -- groups with leases (issue 12, lecho.presence): groups held, and the
     -- memberships and watches one requester may have (defaults 65536, 1024)
     max_groups = { size(1) }, group_quota = { size(1) },
     -- and in total: memberships, and bytes of member data (262144, 256 MiB)
     max_memberships = { size(1) }, max_group_bytes = { size(1) },
     policy_file = { typed("string") },  -- a name server's authorization policy (lecho.policy)
-    -- issue 11, state limits (README "Limits"): channels open in the C core
+    -- issue 11, state limits (doc/limits.md): channels open in the C core
     -- (its default 262144), consumer contexts in one member list (the
     -- producer refuses a longer one, or one naming a context twice; a
     -- manager refuses the join past it), distinct peer contexts member
     -- lists may make a producer send to
     max_channels = { size(1) }, max_members = { size(1), 4096 }, max_peers = { size(1), 4096 },
-    peer_free_after = { TIME, 30.0 },  -- an unused peer record is freed this long after (README "Limits")
-    log_window = { TIME, 10.0 },       -- one log line per kind of refusal per this long (README "Limits")
+    peer_free_after = { TIME, 30.0 },  -- an unused peer record is freed this long after (doc/limits.md)
+    log_window = { TIME, 10.0 },       -- one log line per kind of refusal per this long (doc/limits.md)
     max_calls_in_flight = { size(1), 1024 },  -- issue 12: ctx:call's in flight at once (lecho.service)
-    -- issue 12, pushed code (README "Pushing code", lecho.push): who may push
+    -- issue 12, pushed code (doc/services.md "Pushing code", lecho.push): who may push
     accept_code = { accept_code },
   },
   SERVICE = { version = { size(1), 1 }, concurrency = { size(1), 16 }, queue = { size(0), 64 },

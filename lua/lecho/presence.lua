@@ -1,5 +1,5 @@
 -- lecho.presence: the name server's part of the registry for groups with
--- leases (issue 12, README "Presence").  A member joins a group with a
+-- leases (issue 12, doc/presence.md).  A member joins a group with a
 -- lease and renews it by beacon (the same gjoin again); a member whose
 -- lease runs out is removed in the registry tick, and the group's watchers
 -- are told (gchange).  Soft state only: a restarted name server learns the

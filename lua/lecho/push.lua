@@ -1,4 +1,4 @@
--- lecho.push: code pushed to a running node (README "Pushing code").
+-- lecho.push: code pushed to a running node (doc/services.md "Pushing code").
 --
 -- ctx:sandbox(src, name [, opts]) loads Lua source in a sandboxed state made
 -- like a modulator's (core/moe_svc.c: the same environment without emit, the

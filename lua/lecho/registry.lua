@@ -219,6 +219,9 @@ function M.new(opts)
     identity = opts.identity,             -- keyed mode: fn(addr) -> principal, pk
     policy = pol,                         -- rw, keyed mode: a lecho.policy (a manager's comes from its name server)
     sign = opts.sign,                     -- keyed mode: fn(msg) -> signature (producer tickets)
+    ticket_ttl = opts.ticket_ttl or 3600, -- keyed: seconds a producer ticket is valid
+    renewals = {}, rhead = 1, rtail = 0,  -- keyed: { at, c, addr, serial } in order of at, [rhead, rtail]
+    clock = opts.clock or os.time,        -- wall clock (tickets' expiry: the consumers' clocks)
   }, Registry)
   presence.init(self, opts, num)          -- name server: groups with leases (lecho.presence)
   return self
@@ -338,6 +341,8 @@ function Registry:tick(send, now)
         ops.lookup(self, w.from, w.msg, io)
       end
     end
+    -- Tickets due for renewal: a queue in time order, the head only.
+    membership.renew_tickets(self, io)
     -- Only the channels with a pending join (self.due), not every channel:
     -- a tick costs what is waiting, however many channels there are.
     local due = {}

@@ -189,10 +189,11 @@ function M.main(spec)
       M.die(prog, ("cannot write --port-file %s: %s"):format(opts.port_file, tostring(werr)), 1)
     end
   end
+  local said = spec.started(ctx, opts)   -- (a script may start more here: the gateway)
   if not opts.quiet then
     local mode = ctx.principal and (" (keyed: principal %s)"):format(ctx.principal) or ""
     local metrics = ctx.metrics and ("; metrics on http://%s/metrics"):format(ctx.metrics.addr) or ""
-    io.stderr:write(prog, ": ", spec.started(ctx, opts), mode, metrics, "\n")
+    io.stderr:write(prog, ": ", said, mode, metrics, "\n")
   end
   -- listening on port 0: marked by the port it got (a restart may ask for it)
   if spec.run_mark and not mark then mark = run_mark(ctx.addr) end

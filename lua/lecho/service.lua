@@ -1,4 +1,4 @@
--- lecho.service: services and calls (README "Services and calls").
+-- lecho.service: services and calls (doc/services.md).
 --
 -- A service NAME is the channel "svc:NAME" at each name server of the
 -- context: its servers are consumers of it (their join lists the versions
@@ -470,7 +470,7 @@ local function join_all(ctx, cl, deadline)
   for i = 1, n do start_join(ctx, cl, i) end
   -- In the order of nslist first: a name server whose join is still in
   -- progress is waited for before a later one with servers is taken (the
-  -- README's "the first that has servers"), but only for half the time
+  -- doc/api.md's "the first that has servers"), but only for half the time
   -- left, at most ORDER_WAIT: a stalled name server's join must not eat a
   -- call's deadline (then any that lists servers does).
   local ordered_until = math.min(deadline, ctx.c:now() + math.min(ORDER_WAIT, (deadline - ctx.c:now()) / 2))

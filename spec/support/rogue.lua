@@ -103,7 +103,9 @@ function M.parse_frame(s, pos)
 end
 
 -- HELLO / HELLO_OK body: h = { version, incarnation, addr, mode (0/1),
--- eph (32), id (32), name, cert (64 or nil), sig (64, HELLO_OK only) }.
+-- eph (32), id (32), name, cert (a certificate, or nil), sig (64, HELLO_OK
+-- only) }.  A cert of 64 bytes goes as has_cert 1 (an old v1 one), any
+-- other as has_cert 2, varint len, cert (doc/protocol.md section 3).
 function M.hello_body(h, is_ok)
   local v = h.version or M.VERSION
   local b = { "LECH", string.char(math.floor(v / 256), v % 256), M.varint(h.incarnation or 1),
@@ -114,7 +116,8 @@ function M.hello_body(h, is_ok)
       b[#b + 1] = h.eph
       b[#b + 1] = h.id
       b[#b + 1] = M.varint(#h.name) .. h.name
-      b[#b + 1] = h.cert and ("\1" .. h.cert) or "\0"
+      b[#b + 1] = not h.cert and "\0" or #h.cert == 64 and ("\1" .. h.cert)
+                  or ("\2" .. M.varint(#h.cert) .. h.cert)
       if is_ok and h.sig then b[#b + 1] = h.sig end
     end
   end
@@ -151,12 +154,19 @@ function M.parse_hello(body, is_ok)
       if #h.name ~= nlen then return nil, "truncated" end
       pos = pos + nlen
       local has = body:byte(pos)
-      if has ~= 0 and has ~= 1 then return nil, "bad has_cert" end
+      if has ~= 0 and has ~= 1 and has ~= 2 then return nil, "bad has_cert" end
       pos = pos + 1
       if has == 1 then
         h.cert = body:sub(pos, pos + 63)
         if #h.cert ~= 64 then return nil, "truncated" end
         pos = pos + 64
+      elseif has == 2 then
+        local clen
+        clen, pos = M.get_varint(body, pos)
+        if not clen then return nil, pos end
+        h.cert = body:sub(pos, pos + clen - 1)
+        if #h.cert ~= clen then return nil, "truncated" end
+        pos = pos + clen
       end
       if is_ok then
         h.sig = body:sub(pos, pos + 63)
@@ -173,10 +183,14 @@ end
 
 function M.hello(h) return M.frame(M.F.HELLO, M.hello_body(h)) end
 
--- BIND: varint idx, varint len + name, [u8 has_ticket, ticket 64] (v2).
+-- BIND: varint idx, varint len + name, [u8 has_ticket, ticket] (v2): a
+-- ticket of 72 bytes (expiry, signature) goes as has_ticket 2, one of 64
+-- (an old one) as 1.
 function M.bind(idx, name, ticket, version)
   local b = M.varint(idx) .. M.varint(#name) .. name
-  if (version or M.VERSION) >= 2 then b = b .. (ticket and ("\1" .. ticket) or "\0") end
+  if (version or M.VERSION) >= 2 then
+    b = b .. (not ticket and "\0" or #ticket == 64 and ("\1" .. ticket) or ("\2" .. ticket))
+  end
   return M.frame(M.F.BIND, b)
 end
 
@@ -191,10 +205,11 @@ function M.parse_bind(body)
   pos = pos + nlen
   local has = body:byte(pos)
   if has == nil and M.VERSION < 2 then return r end
-  if has == 1 then
-    r.ticket = body:sub(pos + 1, pos + 64)
-    if #r.ticket ~= 64 then return nil, "truncated" end
-    pos = pos + 65
+  if has == 1 or has == 2 then
+    local tl = has == 2 and 72 or 64
+    r.ticket = body:sub(pos + 1, pos + tl)
+    if #r.ticket ~= tl then return nil, "truncated" end
+    pos = pos + 1 + tl
   elseif has == 0 then
     pos = pos + 1
   else
@@ -312,15 +327,36 @@ function M.verify(pk, msg, sig)
   return sodium().crypto_sign_verify_detached(sig, msg, #msg, pk) == 0
 end
 
---- A certificate of `name` and `pk` by authority secret key ask.
-function M.cert(ask, name, pk)
+-- u64 big-endian of integer t in [0, 2^53)
+function M.u64be(t)
+  local b = {}
+  for i = 7, 0, -1 do b[#b + 1] = string.char(math.floor(t / 2 ^ (8 * i)) % 256) end
+  return table.concat(b)
+end
+
+--- A certificate of `name` and `pk` by authority secret key ask (doc/security.md
+-- "Certificates"): valid [not_before, not_after) (Unix seconds; default an
+-- hour either side of now), for the addresses listed (nil: any).
+function M.cert(ask, name, pk, not_before, not_after, addrs)
+  local now = os.time()
+  local body = { M.u64be(not_before or now - 3600), M.u64be(not_after or now + 3600),
+                 string.char(#(addrs or {})) }
+  for _, a in ipairs(addrs or {}) do body[#body + 1] = string.char(#a) .. a end
+  body = table.concat(body)
+  return body .. M.sign(ask, "lecho-cert-v2\0" .. name .. "\0" .. pk .. body)
+end
+
+--- An old (v1) certificate: no validity; refused by peers with its reason.
+function M.cert_v1(ask, name, pk)
   return M.sign(ask, "lecho-cert-v1\0" .. name .. "\0" .. pk)
 end
 
 --- A producer ticket for channel base name `base` and producer pk, by the
--- manager's secret key msk.
-function M.ticket(msk, base, pk)
-  return M.sign(msk, "lecho-producer-v1\0" .. base .. "\0" .. pk)
+-- manager's secret key msk, expiring at exp (Unix seconds; default an
+-- hour from now): u64be exp || signature (doc/security.md "Tickets").
+function M.ticket(msk, base, pk, exp)
+  local e = M.u64be(exp or os.time() + 3600)
+  return e .. M.sign(msk, "lecho-producer-v2\0" .. base .. "\0" .. pk .. e)
 end
 
 function M.blake2b32(msg)
@@ -719,6 +755,9 @@ function M.handshake_accepted(s, opts)
   p.rx, p.tx = M.session_keys(false, h.eph, esk, r.eph)
   p:_compact()
   p.keyed = true
+  -- opts.hold_auth_ok: seconds to wait before AUTH_OK (a peer that makes
+  -- the handshake outlast its certificate)
+  if opts.hold_auth_ok then socket.sleep(opts.hold_auth_ok) end
   p:send(M.frame(M.F.AUTH_OK))
   return p
 end

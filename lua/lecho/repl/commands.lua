@@ -141,7 +141,7 @@ help(ctx) and help(lecho) list the context's methods, the module's functions.]],
         local what = obj == ctx and "ctx: this REPL's lecho context; its methods (ctx:name(...)):"
                      or "lecho: the lecho module; its functions (lecho.name(...)):"
         return R.out(what .. "\n  " .. table.concat(M.functions(obj, obj == ctx), " ")
-          .. "\nREADME.md (\"Using it\") tells what each does.")
+          .. "\ndoc/api.md tells what each does.")
       end
       local c = by_fn[x] or (type(x) == "string" and commands[x:match("^([%w_]+)")])
       if not c then error("help: no command " .. P.safe_tostring(x) .. " (help() lists them)", 2) end

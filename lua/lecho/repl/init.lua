@@ -115,7 +115,7 @@ function M.main(opts)
     R.ctx, R.lecho = c, lecho
   end
 
-  -- The documented fields of lecho's objects (README "Using it"), which Tab
+  -- The documented fields of lecho's objects (doc/api.md "Using it"), which Tab
   -- completion lists with their classes' methods: an object's other fields
   -- are lecho's own.  nil: not a lecho object.
   do

@@ -1,0 +1,441 @@
+/* lua_ws.c: `require "lecho.ws"`, WebSocket connections for the gateway
+ * (lua/lecho/gateway.lua), built as lua/lecho/ws.so.  The framing is wslay's
+ * (Debian libwslay-dev, RFC 6455): this file only ties one wslay server
+ * context to one non-blocking socket and hands whole messages to Lua.  The
+ * opening handshake's key (SHA-1 and base64 of RFC 6455 section 4.2.2) comes
+ * from nettle (Debian nettle-dev).  Knows Lua (a binding); no global mutable
+ * state: everything lives in a connection's userdata.
+ *
+ *   ws.accept(key)            -> the Sec-WebSocket-Accept value for key
+ *   ws.valid_utf8(s)          -> true when s is UTF-8 (a text frame must be)
+ *   ws.server(fd, max_msg)    -> conn (fd stays the caller's to close)
+ *   conn:feed(bytes)          bytes read with the HTTP head, read before the socket
+ *   conn:recv()               -> list {op1, data1, op2, data2, ...} of whole
+ *                                messages (1 text, 2 binary), or nil, why
+ *                                ("eof", "closed: CODE", a wslay error)
+ *   conn:queue(data, binary)  a message (copied by wslay) -> true or nil, why
+ *   conn:send()               -> true when nothing is left, false when the
+ *                                socket is full, nil, why on failure
+ *   conn:close(code, reason)  queues a close frame; nothing is read after it
+ *   conn:want_read(), want_write(), queued() (bytes), bytes_in(), bytes_out()
+ *   conn:free()               frees the wslay context (also at __gc)
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <nettle/base64.h>
+#include <nettle/sha1.h>
+#include <wslay/wslay.h>
+
+#define WS_MT "lecho.ws.conn"
+#define WS_BATCH 256
+
+/* A whole message received, waiting to be pushed to Lua.  Owner: the
+ * connection's msgs array; data malloc'd (wslay's buffer is only lent to
+ * the callback). */
+typedef struct {
+    int op;
+    size_t len;
+    char *data;
+} ws_msg;
+
+typedef struct {
+    wslay_event_context_ptr ev; /* owned; wslay_event_context_free in ws_free */
+    int fd;                     /* the caller's */
+    char *pre;                  /* owned: bytes fed before the socket's */
+    size_t pre_len, pre_off;
+    ws_msg *msgs; /* owned: messages of the recv in progress */
+    size_t nmsgs, capmsgs;
+    int eof, oom, sock_err;
+    int close_code; /* status code of a close frame received */
+    double bytes_in, bytes_out;
+    /* frames wslay wrote, gathered into one send() per flush (owned; 64 KiB):
+     * one system call for many messages, not one each */
+    unsigned char *obuf;
+    size_t olen, ooff;
+} ws_conn;
+
+#define OBUF_CAP 65536
+
+/* Sends what obuf holds: 0 when all went or the socket is full, -1 on error. */
+static int flush_out(ws_conn *c) {
+    while (c->ooff < c->olen) {
+        ssize_t r = send(c->fd, c->obuf + c->ooff, c->olen - c->ooff, MSG_NOSIGNAL);
+        if (r > 0) {
+            c->ooff += (size_t)r;
+            c->bytes_out += (double)r;
+        } else if (r < 0 && errno == EINTR) {
+            continue;
+        } else if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            return 0;
+        } else {
+            c->sock_err = r < 0 ? errno : EPIPE;
+            return -1;
+        }
+    }
+    c->ooff = c->olen = 0;
+    return 0;
+}
+
+static ssize_t recv_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, int flags, void *ud) {
+    (void)flags;
+    ws_conn *c = ud;
+    /* at most WS_BATCH whole messages per conn:recv (the rest stays in the
+     * socket; the loop says readable again): a flood of small frames cannot
+     * grow the list without bound nor hold the loop */
+    if (c->nmsgs >= WS_BATCH) {
+        wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
+        return -1;
+    }
+    if (c->pre_off < c->pre_len) {
+        size_t n = c->pre_len - c->pre_off;
+        if (n > len) n = len;
+        memcpy(buf, c->pre + c->pre_off, n);
+        c->pre_off += n;
+        if (c->pre_off == c->pre_len) {
+            free(c->pre);
+            c->pre = NULL;
+            c->pre_len = c->pre_off = 0;
+        }
+        c->bytes_in += (double)n;
+        return (ssize_t)n;
+    }
+    ssize_t r;
+    do r = recv(c->fd, buf, len, 0);
+    while (r < 0 && errno == EINTR);
+    if (r > 0) {
+        c->bytes_in += (double)r;
+        return r;
+    }
+    if (r == 0) {
+        c->eof = 1;
+        wslay_event_set_error(ctx, WSLAY_ERR_CALLBACK_FAILURE);
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
+    } else {
+        c->sock_err = errno;
+        wslay_event_set_error(ctx, WSLAY_ERR_CALLBACK_FAILURE);
+    }
+    return -1;
+}
+
+static ssize_t send_cb(wslay_event_context_ptr ctx, const uint8_t *data, size_t len, int flags, void *ud) {
+    (void)flags;
+    ws_conn *c = ud;
+    if (!c->obuf) {
+        c->obuf = malloc(OBUF_CAP);
+        if (!c->obuf) {
+            c->sock_err = ENOMEM;
+            wslay_event_set_error(ctx, WSLAY_ERR_CALLBACK_FAILURE);
+            return -1;
+        }
+    }
+    if (OBUF_CAP - c->olen < len && c->ooff > 0) {
+        memmove(c->obuf, c->obuf + c->ooff, c->olen - c->ooff);
+        c->olen -= c->ooff;
+        c->ooff = 0;
+    }
+    if (c->olen == OBUF_CAP) {
+        if (flush_out(c) < 0) {
+            wslay_event_set_error(ctx, WSLAY_ERR_CALLBACK_FAILURE);
+            return -1;
+        }
+        if (c->ooff > 0) {
+            memmove(c->obuf, c->obuf + c->ooff, c->olen - c->ooff);
+            c->olen -= c->ooff;
+            c->ooff = 0;
+        }
+        if (c->olen == OBUF_CAP) {
+            wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
+            return -1;
+        }
+    }
+    size_t n = OBUF_CAP - c->olen;
+    if (n > len) n = len;
+    memcpy(c->obuf + c->olen, data, n);
+    c->olen += n;
+    return (ssize_t)n;
+}
+
+static void msg_cb(wslay_event_context_ptr ctx, const struct wslay_event_on_msg_recv_arg *a, void *ud) {
+    (void)ctx;
+    ws_conn *c = ud;
+    if (a->opcode == WSLAY_CONNECTION_CLOSE) {
+        c->close_code = a->status_code ? a->status_code : 1005;
+        return;
+    }
+    if (a->opcode != WSLAY_TEXT_FRAME && a->opcode != WSLAY_BINARY_FRAME) return; /* ping/pong: wslay's */
+    if (c->oom) return;
+    if (c->nmsgs == c->capmsgs) {
+        size_t cap = c->capmsgs ? c->capmsgs * 2 : 8;
+        ws_msg *m = realloc(c->msgs, cap * sizeof *m);
+        if (!m) {
+            c->oom = 1;
+            return;
+        }
+        c->msgs = m;
+        c->capmsgs = cap;
+    }
+    char *d = malloc(a->msg_length ? a->msg_length : 1);
+    if (!d) {
+        c->oom = 1;
+        return;
+    }
+    memcpy(d, a->msg, a->msg_length);
+    c->msgs[c->nmsgs++] = (ws_msg){ a->opcode == WSLAY_TEXT_FRAME ? 1 : 2, a->msg_length, d };
+}
+
+static void drop_msgs(ws_conn *c) {
+    for (size_t i = 0; i < c->nmsgs; i++) free(c->msgs[i].data);
+    c->nmsgs = 0;
+}
+
+static ws_conn *check(lua_State *L) {
+    ws_conn *c = luaL_checkudata(L, 1, WS_MT);
+    if (!c->ev) luaL_error(L, "lecho.ws: connection is freed");
+    return c;
+}
+
+static int l_server(lua_State *L) {
+    int fd = (int)luaL_checkinteger(L, 1);
+    lua_Number max = luaL_checknumber(L, 2);
+    ws_conn *c = lua_newuserdata(L, sizeof *c);
+    memset(c, 0, sizeof *c);
+    c->fd = fd;
+    luaL_getmetatable(L, WS_MT);
+    lua_setmetatable(L, -2);
+    struct wslay_event_callbacks cb = { recv_cb, send_cb, NULL, NULL, NULL, NULL, msg_cb };
+    if (wslay_event_context_server_init(&c->ev, &cb, c) != 0) {
+        c->ev = NULL;
+        return luaL_error(L, "lecho.ws: out of memory");
+    }
+    wslay_event_config_set_max_recv_msg_length(c->ev, max > 0 ? (uint64_t)max : 1);
+    return 1;
+}
+
+static int l_feed(lua_State *L) {
+    ws_conn *c = check(L);
+    size_t n;
+    const char *s = luaL_checklstring(L, 2, &n);
+    if (n == 0) return 0;
+    char *p = realloc(c->pre, c->pre_len + n);
+    if (!p) return luaL_error(L, "lecho.ws: out of memory");
+    memcpy(p + c->pre_len, s, n);
+    c->pre = p;
+    c->pre_len += n;
+    return 0;
+}
+
+static int l_recv(lua_State *L) {
+    ws_conn *c = check(L);
+    int r = wslay_event_recv(c->ev);
+    /* the messages are pushed even when the read ended in an error */
+    if (!lua_checkstack(L, 4)) {
+        drop_msgs(c);
+        return luaL_error(L, "lecho.ws: stack");
+    }
+    lua_createtable(L, (int)c->nmsgs * 2, 0);
+    for (size_t i = 0; i < c->nmsgs; i++) {
+        lua_pushinteger(L, c->msgs[i].op);
+        lua_rawseti(L, -2, (int)(2 * i + 1));
+        lua_pushlstring(L, c->msgs[i].data, c->msgs[i].len);
+        lua_rawseti(L, -2, (int)(2 * i + 2));
+        free(c->msgs[i].data);
+        c->msgs[i].data = NULL;
+    }
+    c->nmsgs = 0;
+    if (c->oom) {
+        lua_pushnil(L);
+        lua_pushstring(L, "out of memory");
+        return 2;
+    }
+    if (r != 0) {
+        lua_pushnil(L);
+        if (c->eof) lua_pushstring(L, "eof");
+        else if (c->sock_err) lua_pushstring(L, strerror(c->sock_err));
+        else lua_pushfstring(L, "wslay error %d", r);
+        return 2;
+    }
+    if (c->close_code) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "closed: %d", c->close_code);
+        return 2;
+    }
+    return 1;
+}
+
+static int l_queue(lua_State *L) {
+    ws_conn *c = check(L);
+    size_t n;
+    const char *s = luaL_checklstring(L, 2, &n);
+    struct wslay_event_msg m = { lua_toboolean(L, 3) ? WSLAY_BINARY_FRAME : WSLAY_TEXT_FRAME, (const uint8_t *)s,
+                                 n };
+    int r = wslay_event_queue_msg(c->ev, &m);
+    if (r == 0) {
+        lua_pushboolean(L, 1);
+        return 1;
+    }
+    lua_pushnil(L);
+    lua_pushstring(L, r == WSLAY_ERR_NO_MORE_MSG ? "closing" : "cannot queue");
+    return 2;
+}
+
+static int l_send(lua_State *L) {
+    ws_conn *c = check(L);
+    int r = wslay_event_send(c->ev);
+    if (r == 0 && flush_out(c) < 0) r = -1;
+    if (r != 0) {
+        lua_pushnil(L);
+        lua_pushstring(L, c->sock_err ? strerror(c->sock_err) : "wslay send error");
+        return 2;
+    }
+    lua_pushboolean(L, !wslay_event_want_write(c->ev) && c->ooff == c->olen);
+    return 1;
+}
+
+static int l_close(lua_State *L) {
+    ws_conn *c = check(L);
+    int code = (int)luaL_optinteger(L, 2, 1000);
+    size_t n = 0;
+    const char *why = luaL_optlstring(L, 3, "", &n);
+    if (n > 123) n = 123; /* a control frame's payload is at most 125 bytes */
+    wslay_event_queue_close(c->ev, (uint16_t)code, (const uint8_t *)why, n);
+    wslay_event_shutdown_read(c->ev);
+    return 0;
+}
+
+static int l_want_read(lua_State *L) {
+    lua_pushboolean(L, wslay_event_want_read(check(L)->ev));
+    return 1;
+}
+static int l_want_write(lua_State *L) {
+    ws_conn *c = check(L);
+    lua_pushboolean(L, wslay_event_want_write(c->ev) || c->ooff < c->olen);
+    return 1;
+}
+static int l_queued(lua_State *L) {
+    ws_conn *c = check(L);
+    lua_pushnumber(L, (lua_Number)(wslay_event_get_queued_msg_length(c->ev) + (c->olen - c->ooff)));
+    return 1;
+}
+static int l_bytes_in(lua_State *L) {
+    lua_pushnumber(L, check(L)->bytes_in);
+    return 1;
+}
+static int l_bytes_out(lua_State *L) {
+    lua_pushnumber(L, check(L)->bytes_out);
+    return 1;
+}
+
+static int l_free(lua_State *L) {
+    ws_conn *c = luaL_checkudata(L, 1, WS_MT);
+    if (c->ev) wslay_event_context_free(c->ev);
+    c->ev = NULL;
+    drop_msgs(c);
+    free(c->msgs);
+    c->msgs = NULL;
+    c->capmsgs = 0;
+    free(c->pre);
+    c->pre = NULL;
+    c->pre_len = c->pre_off = 0;
+    free(c->obuf);
+    c->obuf = NULL;
+    c->olen = c->ooff = 0;
+    return 0;
+}
+
+/* RFC 6455 4.2.2: base64(SHA-1(key .. GUID)). */
+static int l_accept(lua_State *L) {
+    size_t n;
+    const char *key = luaL_checklstring(L, 1, &n);
+    static const char guid[] = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+    struct sha1_ctx h;
+    uint8_t d[SHA1_DIGEST_SIZE];
+    char out[BASE64_ENCODE_RAW_LENGTH(SHA1_DIGEST_SIZE) + 1];
+    sha1_init(&h);
+    sha1_update(&h, n, (const uint8_t *)key);
+    sha1_update(&h, sizeof guid - 1, (const uint8_t *)guid);
+    sha1_digest(&h, SHA1_DIGEST_SIZE, d);
+    base64_encode_raw((void *)out, SHA1_DIGEST_SIZE, d);
+    lua_pushlstring(L, out, BASE64_ENCODE_RAW_LENGTH(SHA1_DIGEST_SIZE));
+    return 1;
+}
+
+/* Strict UTF-8 (RFC 3629: no overlongs, no surrogates, <= U+10FFFF). */
+static int l_valid_utf8(lua_State *L) {
+    size_t n;
+    const unsigned char *s = (const unsigned char *)luaL_checklstring(L, 1, &n);
+    size_t i = 0;
+    while (i < n) {
+        unsigned char b = s[i];
+        if (b < 0x80) {
+            i++;
+            continue;
+        }
+        size_t k;
+        unsigned lo = 0x80, hi = 0xBF;
+        if (b >= 0xC2 && b <= 0xDF) k = 1;
+        else if (b >= 0xE0 && b <= 0xEF) {
+            k = 2;
+            if (b == 0xE0) lo = 0xA0;
+            if (b == 0xED) hi = 0x9F;
+        } else if (b >= 0xF0 && b <= 0xF4) {
+            k = 3;
+            if (b == 0xF0) lo = 0x90;
+            if (b == 0xF4) hi = 0x8F;
+        } else {
+            lua_pushboolean(L, 0);
+            return 1;
+        }
+        if (i + k >= n) { /* truncated sequence */
+            lua_pushboolean(L, 0);
+            return 1;
+        }
+        if (s[i + 1] < lo || s[i + 1] > hi) {
+            lua_pushboolean(L, 0);
+            return 1;
+        }
+        for (size_t j = 2; j <= k; j++)
+            if (s[i + j] < 0x80 || s[i + j] > 0xBF) {
+                lua_pushboolean(L, 0);
+                return 1;
+            }
+        i += k + 1;
+    }
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+static const luaL_Reg conn_m[] = {
+    { "feed", l_feed },           { "recv", l_recv },       { "queue", l_queue },
+    { "send", l_send },           { "close", l_close },     { "want_read", l_want_read },
+    { "want_write", l_want_write }, { "queued", l_queued }, { "bytes_in", l_bytes_in },
+    { "bytes_out", l_bytes_out }, { "free", l_free },       { NULL, NULL },
+};
+
+static const luaL_Reg mod_f[] = {
+    { "server", l_server },
+    { "accept", l_accept },
+    { "valid_utf8", l_valid_utf8 },
+    { NULL, NULL },
+};
+
+__attribute__((visibility("default"))) int luaopen_lecho_ws(lua_State *L) {
+    if (luaL_newmetatable(L, WS_MT)) {
+        lua_newtable(L);
+        luaL_register(L, NULL, conn_m);
+        lua_setfield(L, -2, "__index");
+        lua_pushcfunction(L, l_free);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_pop(L, 1);
+    lua_newtable(L);
+    luaL_register(L, NULL, mod_f);
+    return 1;
+}

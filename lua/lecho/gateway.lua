@@ -1,0 +1,870 @@
+-- lecho.gateway: browsers and simple devices on lecho channels
+-- (doc/gateway.md).  One listening port speaks HTTP: GET / is the live view
+-- (lecho.gateway_page), an Upgrade to WebSocket (framing by wslay, through
+-- lecho.ws) a client; a second, optional port takes plain JSON lines over
+-- TCP.  Both carry the same JSON messages: list, sub (with a modulator when
+-- the principal may), unsub, pub (sync or not), call, clients, auth.
+--
+--   local gw = require("lecho.gateway").new(ctx, { listen = "127.0.0.1:8080",
+--     lines = "127.0.0.1:8081", tokens = { secret = "viewer" }, policy = pol })
+--
+-- Served on the context's own libev loop; sockets through the FFI (Linux,
+-- IPv4).  Events of a channel are encoded to JSON once and queued to every
+-- subscribed client; every client has limits (message size, subscriptions,
+-- queued bytes, requests in flight) and the slow-client policy ("drop":
+-- events past the queue limit are dropped and the client told how many;
+-- "disconnect": the client is closed).  Keyed mode (tokens or client keys
+-- given): nothing but auth is served before a client proved a principal,
+-- and every action is checked against the policy here, where the client's
+-- message is read.  Without keys: loopback only, and WebSocket handshakes
+-- only from the gateway's own page (Origin) or non-browser clients.
+
+local ffi = require "ffi"
+local bit = require "bit"
+local buffer = require "string.buffer"
+local ws = require "lecho.ws"
+local addr = require "lecho.addr"
+local core = require "lecho.core"
+
+local M = {}
+
+M.LIMITS = {
+  message = 65536,         -- bytes of one client message (WebSocket message or JSON line)
+  subs = 32,               -- subscriptions per client
+  queued = 4 * 1024 * 1024, -- bytes queued for one client before the slow-client policy acts
+  clients = 256,           -- clients at once (WebSocket, JSON lines and HTTP requests)
+  inflight = 8,            -- requests of one client being served at once
+  head = 8192,             -- bytes of an HTTP request head
+  handshake = 5,           -- seconds for the HTTP head, and in keyed mode for auth
+}
+M.SLOW = { drop = true, disconnect = true }
+-- seconds a client being closed has to take what was queued and the close
+M.LINGER = 5
+
+pcall(ffi.cdef, "struct lecho_metrics_sin { uint16_t family; uint16_t port; uint32_t addr; uint8_t zero[8]; };")
+for _, decl in ipairs{ "int socket(int domain, int type, int protocol);",
+                       "int setsockopt(int fd, int level, int name, const void *val, unsigned int len);",
+                       "int bind(int fd, const void *addr, unsigned int len);",
+                       "int listen(int fd, int backlog);",
+                       "int accept4(int fd, void *addr, void *len, int flags);",
+                       "int getsockname(int fd, void *addr, unsigned int *len);",
+                       "long recv(int fd, void *buf, size_t n, int flags);",
+                       "long send(int fd, const void *buf, size_t n, int flags);",
+                       "int close(int fd);", "char *strerror(int errnum);", "int shutdown(int fd, int how);",
+                       "int inet_pton(int af, const char *src, void *dst);",
+                       "unsigned short htons(unsigned short v);" } do
+  pcall(ffi.cdef, decl)
+end
+local C = ffi.C
+local AF_INET, SOCK_STREAM, SOCK_NONBLOCK, SOCK_CLOEXEC = 2, 1, 2048, 524288
+local SOL_SOCKET, SO_REUSEADDR, SO_SNDBUF, MSG_NOSIGNAL = 1, 2, 7, 0x4000
+-- a client socket's kernel send buffer: bytes a client that does not read
+-- holds in the kernel, besides --max-queued in the gateway (loopback's
+-- autotuning would let it grow to megabytes)
+local SNDBUF = 262144
+local IPPROTO_TCP, TCP_NODELAY = 6, 1
+local EAGAIN, EINTR = 11, 4
+
+local function errstr() return ffi.string(C.strerror(ffi.errno())) end
+
+-- JSON: an instance of our own (settings not shared with other modules).
+local cj = require("cjson").new()
+cj.encode_invalid_numbers("null")
+cj.encode_sparse_array(true)
+cj.decode_max_depth(32)
+cj.encode_max_depth(64)
+local null = cj.null
+
+-- A decoded value with JSON nulls removed (lecho values have no null).
+local function denull(v, depth)
+  if v == null then return nil end
+  if type(v) ~= "table" then return v end
+  if depth > 32 then return nil end
+  local t = {}
+  for k, x in pairs(v) do
+    if x ~= null then t[k] = denull(x, depth + 1) end
+  end
+  return t
+end
+
+-- A value whose strings are not all UTF-8: each such string becomes
+-- { ["$hex"] = HEX } (a text frame must be UTF-8; doc/gateway.md).
+local function hexify(v, depth)
+  if type(v) == "string" then
+    if ws.valid_utf8(v) then return v end
+    return { ["$hex"] = (v:gsub(".", function(c) return ("%02x"):format(c:byte()) end)) }
+  end
+  if type(v) ~= "table" or depth > 64 then return v end
+  local t = {}
+  for k, x in pairs(v) do t[type(k) == "string" and (ws.valid_utf8(k) and k or hexify(k, 99)["$hex"]) or k] = hexify(x, depth + 1) end
+  return t
+end
+
+-- A value whose arrays (lecho.array) are { dtype, shape, data }: data the
+-- elements as numbers, flat, row-major (doc/gateway.md).  JSON has no
+-- typed arrays: this is the one place an array is walked element by element.
+local array = require "lecho.array"
+local function unarray(v, depth)
+  if array.is(v) then
+    local a = v:contiguous() and v or v:copy()
+    local p, data = a:ptr(), {}
+    for i = 0, #a - 1 do data[i + 1] = tonumber(p[i]) end
+    return { dtype = v:dtype(), shape = v:shape(), data = data }
+  end
+  if type(v) ~= "table" or depth > 64 then return v end
+  local t = {}
+  for k, x in pairs(v) do t[k] = unarray(x, depth + 1) end
+  return t
+end
+
+local function has_array(v, depth)
+  if array.is(v) then return true end
+  if type(v) ~= "table" or depth > 64 then return false end
+  for _, x in pairs(v) do if has_array(x, depth + 1) then return true end end
+  return false
+end
+
+--- The JSON text of an event on channel `ch` for clients (encoded once,
+-- whatever the number of clients).
+function M.event_json(ch, ev)
+  if has_array(ev, 0) then ev = unarray(ev, 0) end
+  local ok, s = pcall(cj.encode, ev)
+  if ok and not ws.valid_utf8(s) then ok, s = pcall(cj.encode, hexify(ev, 0)) end
+  if not ok then
+    return ('{"ch":%s,"error":%s}'):format(cj.encode(ch), cj.encode("event not representable in JSON: " .. tostring(s)))
+  end
+  return ('{"ch":%s,"ev":%s}'):format(cj.encode(ch), s)
+end
+
+local function encode(t)
+  local ok, s = pcall(cj.encode, t)
+  if ok and not ws.valid_utf8(s) then ok, s = pcall(cj.encode, hexify(t, 0)) end
+  if not ok then return cj.encode{ id = t.id, error = "reply not representable in JSON", code = "invalid" } end
+  return s
+end
+
+------------------------------------------------------------------------------
+-- Listening.
+
+local function listen(where, keyed, what)
+  local a, why = addr.parse(where, { listen = true })
+  if not a then return nil, ("%s address %s: %s"):format(what, where, why) end
+  local host, port = a:match("^(%d+%.%d+%.%d+%.%d+):(%d+)$")
+  if not host then return nil, ("%s address %s: only IPv4 HOST:PORT"):format(what, a) end
+  if not keyed and not host:find("^127%.") then
+    return nil, ("refusing to listen on %s without client keys or tokens (protected mode: loopback only)"):format(a)
+  end
+  local fd = C.socket(AF_INET, SOCK_STREAM + SOCK_NONBLOCK + SOCK_CLOEXEC, 0)
+  if fd < 0 then return nil, what .. ": socket: " .. errstr() end
+  local one = ffi.new("int[1]", 1)
+  C.setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, one, 4)
+  local sin = ffi.new("struct lecho_metrics_sin")
+  sin.family = AF_INET
+  sin.port = C.htons(tonumber(port))
+  C.inet_pton(AF_INET, host, ffi.cast("void *", ffi.cast("char *", sin) + 4))
+  if C.bind(fd, sin, 16) ~= 0 or C.listen(fd, 128) ~= 0 then
+    local e = errstr()
+    C.close(fd)
+    return nil, ("%s: cannot listen on %s: %s"):format(what, a, e)
+  end
+  local len = ffi.new("unsigned int[1]", 16)
+  C.getsockname(fd, sin, len)
+  return fd, ("%s:%d"):format(host, bit.band(sin.port, 0xff) * 256 + bit.rshift(sin.port, 8))
+end
+
+------------------------------------------------------------------------------
+-- Clients.
+
+local Gateway = {}
+Gateway.__index = Gateway
+
+local Client = {}
+Client.__index = Client
+
+-- Bytes queued for the client, not yet taken by its socket.
+function Client:queued()
+  if self.ws then return self.ws:queued() end
+  return #self.out
+end
+
+-- Queues one message (a JSON text) for the client; the socket is written
+-- at the end of this loop turn (many events, few system calls).
+function Client:_put(text)
+  if self.closed then return end
+  if self.ws then
+    local ok, why = self.ws:queue(text)
+    if not ok then return self.gw:_drop(self, nil, why) end
+  else
+    self.out:put(text, "\n")
+  end
+  self.gw:_dirty(self)
+end
+
+-- A reply: a client that sends requests but does not read the answers is
+-- closed once they pass --max-queued (events are dropped instead, replies
+-- cannot be).
+function Client:reply(t)
+  if self.closed or self.closing then return end
+  if self:queued() > self.gw.lim.queued then
+    return self.gw:_drop(self, 1008, ("client does not read its replies (%d bytes queued)"):format(self:queued()))
+  end
+  self:_put(encode(t))
+end
+
+-- An event's text for this client, under the slow-client policy.
+function Client:deliver(text)
+  if self.closed or self.closing then return end
+  local gw = self.gw
+  local q = self:queued()
+  if q + #text > gw.lim.queued then
+    if gw.slow == "disconnect" then
+      return gw:_drop(self, 1008, ("slow client: more than %d bytes queued"):format(gw.lim.queued))
+    end
+    self.drops = self.drops + 1
+    gw.drops = gw.drops + 1
+    return
+  end
+  if self.drops > self.told and q <= gw.lim.queued / 2 then
+    self:_put(('{"dropped":%d,"total":%d}'):format(self.drops - self.told, self.drops))
+    self.told = self.drops
+  end
+  self.events = self.events + 1
+  self:_put(text)
+end
+
+function Gateway:_dirty(cl)
+  if cl.dirty then return end
+  cl.dirty = true
+  local d = self.dirty
+  d[#d + 1] = cl
+  if not self.flusher then
+    self.flusher = self.ctx.c:timer(0, 0, function()
+      self.flusher = nil
+      local list = self.dirty
+      self.dirty = {}
+      for i = 1, #list do
+        local c = list[i]
+        c.dirty = false
+        self:_flush(c)
+      end
+    end)
+  end
+end
+
+-- Writes what the client's socket takes; a write watcher for the rest.
+function Gateway:_flush(cl)
+  if cl.closed then return end
+  local done
+  if cl.ws then
+    local ok, why = cl.ws:send()
+    if ok == nil then return self:_drop(cl, nil, why) end
+    done = ok
+    if done and cl.closing then return self:_drop(cl) end
+  else
+    local out = cl.out
+    while #out > 0 do
+      local p, n = out:ref()
+      local r = tonumber(C.send(cl.fd, p, n, MSG_NOSIGNAL))
+      if r > 0 then
+        out:skip(r)
+        cl.bytes = cl.bytes + r
+      else
+        local e = ffi.errno()
+        if r < 0 and (e == EAGAIN or e == EINTR) then break end
+        return self:_drop(cl, nil, "send: " .. errstr())
+      end
+    end
+    done = #out == 0
+    if done and cl.closing then return self:_drop(cl) end
+  end
+  if done then
+    if cl.wwatch then cl.wwatch:stop(); cl.wwatch = nil end
+    if cl.drops > cl.told then cl:deliver_notice() end
+  elseif not cl.wwatch then
+    cl.wwatch = self.ctx.c:io(cl.fd, function() self:_flush(cl) end, "w")
+  end
+end
+
+-- A drained queue tells the client what it missed at once.
+function Client:deliver_notice()
+  if self.drops > self.told then
+    self:_put(('{"dropped":%d,"total":%d}'):format(self.drops - self.told, self.drops))
+    self.told = self.drops
+  end
+end
+
+-- Ends a client: told why (a WebSocket close code and reason, or an error
+-- line), logged once, its subscriptions gone.
+function Gateway:_drop(cl, code, why)
+  if cl.closed then return end
+  if code and not cl.closing then
+    cl.closing = true
+    if why then self.ctx.log(("gateway: client %d (%s) closed: %s"):format(cl.id, cl.peer or "?", why)) end
+    -- (what is queued goes first if the socket takes it: a reply saying
+    -- why; wslay sends a close frame before queued messages otherwise)
+    -- (wslay reads nothing more: the watcher stops, else a client still
+    -- sending would wake the loop for nothing until the end)
+    if cl.ws then
+      pcall(cl.ws.send, cl.ws); cl.ws:close(code, why or "")
+      if cl.watch then cl.watch:stop(); cl.watch = nil end
+    else cl.out:put(encode{ error = why, closed = true }, "\n") end
+    if cl.dtimer then cl.dtimer:stop() end
+    cl.dtimer = self.ctx.c:timer(M.LINGER, 0, function() self:_drop(cl) end)  -- bounded linger for the close
+    return self:_flush(cl)
+  end
+  cl.closed = true
+  for _, w in ipairs{ "watch", "wwatch", "dtimer" } do
+    if cl[w] then cl[w]:stop(); cl[w] = nil end
+  end
+  for name in pairs(cl.subs) do self:_unsub(cl, name) end
+  if cl.ws then cl.ws:free() end
+  C.close(cl.fd)
+  self.clients[cl] = nil
+  self.nclients = self.nclients - 1
+  if why and not code then self.ctx.log(("gateway: client %d (%s) gone: %s"):format(cl.id, cl.peer or "?", why)) end
+end
+
+function Gateway:_accept(lfd, kind)
+  while true do
+    local fd = C.accept4(lfd, nil, nil, SOCK_NONBLOCK + SOCK_CLOEXEC)
+    if fd < 0 then return end
+    if self.nclients >= self.lim.clients then
+      local msg = kind == "lines" and '{"error":"too many clients","closed":true}\n'
+        or "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 17\r\nConnection: close\r\n\r\ntoo many clients\n"
+      C.send(fd, msg, #msg, MSG_NOSIGNAL)
+      C.close(fd)
+      self.refused = self.refused + 1
+      self.ctx:_warn_limited("gateway_clients", ("gateway: a client refused past the limit of %d"):format(self.lim.clients))
+    else
+      local one = ffi.new("int[1]", 1)
+      C.setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, one, 4)
+      C.setsockopt(fd, SOL_SOCKET, SO_SNDBUF, ffi.new("int[1]", SNDBUF), 4)
+      self.nextid = self.nextid + 1
+      local cl = setmetatable({ gw = self, fd = fd, id = self.nextid, kind = kind, head = "", out = buffer.new(),
+                                subs = {}, nsubs = 0, drops = 0, told = 0, events = 0, bytes = 0, inflight = 0,
+                                last_events = 0, last_bytes = 0, rate = 0, bps = 0, t0 = self.ctx.c:now() }, Client)
+      self.clients[cl] = true
+      self.nclients = self.nclients + 1
+      cl.watch = self.ctx.c:io(fd, function() self:_read(cl) end)
+      if kind == "lines" then
+        cl.kind = "lines"
+        self:_hello(cl)
+      else
+        cl.kind = "http"
+        cl.dtimer = self.ctx.c:timer(self.lim.handshake, 0, function()
+          self:_drop(cl, nil, "no complete request in time")
+        end)
+      end
+    end
+  end
+end
+
+function Gateway:_hello(cl)
+  if self.keyed and not cl.principal then
+    cl.nonce = ("%.0f%.0f"):format(core.random_id(), core.random_id())
+    if cl.dtimer then cl.dtimer:stop() end
+    cl.dtimer = self.ctx.c:timer(self.lim.handshake, 0, function()
+      cl.dtimer = nil
+      if not cl.principal then self:_drop(cl, 1008, "not authenticated in time") end
+    end)
+  elseif cl.dtimer then
+    cl.dtimer:stop(); cl.dtimer = nil
+  end
+  cl:reply{ hello = "lecho-gateway", version = 1, auth = (self.keyed and not cl.principal) and "required" or nil,
+            principal = cl.principal, nonce = cl.nonce, slow = self.slow,
+            limits = { message = self.lim.message, subs = self.lim.subs, queued = self.lim.queued } }
+end
+
+local rbuf_size = 65536
+
+function Gateway:_read(cl)
+  if cl.closed then return end
+  if cl.ws then
+    local msgs, why = cl.ws:recv()
+    if msgs then
+      for i = 1, #msgs, 2 do
+        if cl.closed or cl.closing then break end
+        if msgs[i] == 1 then self:_message(cl, msgs[i + 1])
+        else cl:reply{ error = "binary messages are not taken from clients", code = "invalid" } end
+      end
+    end
+    if why then
+      if why:find("^closed") then pcall(cl.ws.send, cl.ws) end   -- wslay's answering close frame
+      if why == "eof" or why:find("^closed") then return self:_drop(cl, nil, nil) end
+      return self:_drop(cl, nil, why)
+    end
+    if not cl.ws:want_read() then
+      -- wslay refused the input (a protocol error, a message past the size
+      -- limit): its close frame is queued; the connection ends once sent
+      cl.closing = true
+      if cl.watch then cl.watch:stop(); cl.watch = nil end
+      self.ctx.log(("gateway: client %d (%s) closed by the WebSocket layer (bad frame or message over %d bytes)"):format(
+        cl.id, cl.peer or "?", self.lim.message))
+      if not cl.dtimer then cl.dtimer = self.ctx.c:timer(M.LINGER, 0, function() self:_drop(cl) end) end
+      self:_flush(cl)
+    elseif cl.ws:want_write() then
+      self:_dirty(cl)  -- pongs and close replies wslay queued
+    end
+    return
+  end
+  while not cl.closed do
+    local r = tonumber(C.recv(cl.fd, self.rbuf, rbuf_size, 0))
+    if r == 0 then return self:_drop(cl) end
+    if r < 0 then
+      local e = ffi.errno()
+      if e == EAGAIN or e == EINTR then return end
+      return self:_drop(cl, nil, "recv: " .. errstr())
+    end
+    local s = ffi.string(self.rbuf, r)
+    if cl.kind == "http" then
+      cl.head = cl.head .. s
+      local e = cl.head:find("\r\n\r\n", 1, true)
+      if e then
+        local rest = cl.head:sub(e + 4)
+        cl.head = cl.head:sub(1, e + 3)
+        return self:_http(cl, rest)
+      elseif #cl.head > self.lim.head then
+        return self:_http_error(cl, 431, "request head too large")
+      end
+    elseif not cl.closing then
+      -- JSON lines: whole lines to _message, a line longer than the limit ends the client
+      local acc = cl.head .. s
+      local pos = 1
+      while true do
+        local nl = acc:find("\n", pos, true)
+        if not nl then break end
+        local line = acc:sub(pos, nl - 1)
+        pos = nl + 1
+        if #line > self.lim.message then
+          return self:_drop(cl, 1009, ("message over %d bytes"):format(self.lim.message))
+        end
+        if line:find("%S") then self:_message(cl, line) end
+        if cl.closed or cl.closing then return end
+      end
+      cl.head = acc:sub(pos)
+      if #cl.head > self.lim.message then
+        return self:_drop(cl, 1009, ("message over %d bytes"):format(self.lim.message))
+      end
+    end
+  end
+end
+
+------------------------------------------------------------------------------
+-- HTTP: the page, and the WebSocket handshake.
+
+local REASON = { [200] = "OK", [400] = "Bad Request", [401] = "Unauthorized", [403] = "Forbidden",
+                 [404] = "Not Found", [405] = "Method Not Allowed", [426] = "Upgrade Required",
+                 [431] = "Request Header Fields Too Large", [503] = "Service Unavailable" }
+
+function Gateway:_http_error(cl, code, why)
+  self:_http_send(cl, code, "text/plain; charset=utf-8", why .. "\n")
+  if code ~= 404 then
+    self.ctx.log(("gateway: client %d (%s) refused: %d %s"):format(cl.id, cl.peer or "?", code, why))
+  end
+end
+
+function Gateway:_http_send(cl, code, ctype, body, extra)
+  cl.kind = "done"
+  if cl.watch then cl.watch:stop(); cl.watch = nil end
+  cl.out:put(("HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nCache-Control: no-store\r\n%sConnection: close\r\n\r\n"):format(
+    code, REASON[code] or "Error", ctype, #body, extra or ""), body)
+  cl.closing = true
+  self:_flush(cl)
+end
+
+local function unquery(s)
+  return (s:gsub("+", " "):gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
+end
+
+function Gateway:_http(cl, rest)
+  if cl.dtimer then cl.dtimer:stop(); cl.dtimer = nil end
+  local head = cl.head
+  cl.head = ""
+  local method, target, ver = head:match("^(%u+) (%S+) HTTP/(%d%.%d)\r\n")
+  if not method then return self:_http_error(cl, 400, "not an HTTP/1.x request") end
+  local h = {}
+  for k, v in head:gmatch("\r\n([^:\r\n]+):[ \t]*([^\r\n]*)") do
+    k = k:lower()
+    h[k] = h[k] and (h[k] .. ", " .. v) or v
+  end
+  local path, query = target:match("^([^?]*)%??(.*)$")
+  local q = {}
+  for k, v in query:gmatch("([^&=]+)=([^&]*)") do q[unquery(k)] = unquery(v) end
+  if (h.upgrade or ""):lower() ~= "websocket" then
+    if method ~= "GET" and method ~= "HEAD" then return self:_http_error(cl, 405, "only GET") end
+    if path == "/" or path == "/index.html" then
+      return self:_http_send(cl, 200, "text/html; charset=utf-8", self.page)
+    end
+    return self:_http_error(cl, 404, "no such page")
+  end
+  -- RFC 6455 4.2.1
+  if method ~= "GET" or ver ~= "1.1" then return self:_http_error(cl, 400, "a WebSocket handshake is GET HTTP/1.1") end
+  if not (h.connection or ""):lower():find("upgrade", 1, true) then
+    return self:_http_error(cl, 400, "Connection: Upgrade missing")
+  end
+  if h["sec-websocket-version"] ~= "13" then
+    return self:_http_send(cl, 426, "text/plain", "WebSocket version 13 only\n", "Sec-WebSocket-Version: 13\r\n")
+  end
+  local key = h["sec-websocket-key"] or ""
+  if not key:match("^[%w+/]+=*$") or #key ~= 24 then return self:_http_error(cl, 400, "bad Sec-WebSocket-Key") end
+  if path ~= "/ws" and path ~= "/" then return self:_http_error(cl, 404, "WebSocket endpoint is /ws") end
+  -- a browser page of another site must not drive a loopback gateway
+  local origin = h.origin
+  if origin and not self.origins[origin] then
+    local host = h.host or ""
+    if origin ~= "http://" .. host then return self:_http_error(cl, 403, "origin " .. origin .. " not allowed") end
+  end
+  local token = q.token or (h.authorization or ""):match("^[Bb]earer%s+(%S+)$")
+  if token then
+    local p = self.tokens[token]
+    if not p then return self:_http_error(cl, 401, "unknown token") end
+    cl.principal = p
+  end
+  cl.out:put("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ",
+    ws.accept(key), "\r\n\r\n")
+  self:_flush(cl)
+  if cl.closed then return end
+  cl.kind = "ws"
+  cl.ws = ws.server(cl.fd, self.lim.message)
+  if #rest > 0 then cl.ws:feed(rest) end
+  -- what the out buffer still holds of the 101 goes first: wait for it
+  if #cl.out > 0 then return self:_drop(cl, nil, "socket full during the handshake") end
+  self:_hello(cl)
+  if #rest > 0 then return self:_read(cl) end
+end
+
+------------------------------------------------------------------------------
+-- Messages.
+
+local function err(cl, id, msg, code)
+  cl:reply{ id = id, error = msg, code = code or "invalid" }
+end
+
+-- May cl's principal do action on ch?  Protected mode: every local client may.
+function Gateway:_may(cl, action, ch)
+  if not self.keyed then return true end
+  if not self.policy then return nil, "not allowed: the gateway has no policy" end
+  return self.policy:check(cl.principal, action, ch)
+end
+
+local OPS = {}
+
+function Gateway:_message(cl, text)
+  local ok, m = pcall(cj.decode, text)
+  if not ok or type(m) ~= "table" then return err(cl, nil, "not a JSON object: " .. tostring(ok and "" or m)) end
+  local op, id = m.op, m.id
+  if id ~= nil and type(id) ~= "number" and type(id) ~= "string" then id = nil end
+  if type(op) ~= "string" or not OPS[op] then return err(cl, id, "unknown op " .. tostring(op)) end
+  if self.keyed and not cl.principal and op ~= "auth" then
+    return err(cl, id, "authenticate first (op auth with a token or a key)", "auth")
+  end
+  if cl.inflight >= self.lim.inflight then
+    return err(cl, id, ("limit: %d requests in flight"):format(self.lim.inflight), "limit")
+  end
+  cl.inflight = cl.inflight + 1
+  self.ctx:_spawn(function()
+    local okr, e = xpcall(OPS[op], debug.traceback, self, cl, m, id)
+    cl.inflight = cl.inflight - 1
+    if not okr then
+      self.ctx.log("gateway: op " .. op .. " failed: " .. tostring(e))
+      err(cl, id, "internal error", "internal")
+    end
+  end)
+end
+
+local function chan_name(m)
+  local ch = m.ch
+  if type(ch) ~= "string" or ch == "" or #ch > 256 then return nil end
+  return ch
+end
+
+function OPS.auth(self, cl, m, id)
+  if cl.principal then return cl:reply{ id = id, ok = true, principal = cl.principal } end
+  local p
+  if type(m.token) == "string" then
+    p = self.tokens[m.token]
+  elseif type(m.key) == "string" and type(m.sig) == "string" and cl.nonce then
+    local pk, sig = core.unhex(m.key), core.unhex(m.sig)
+    local name = pk and self.keys[pk]
+    if name and sig and core.verify(pk, M.auth_message(cl.nonce), sig) then p = name end
+  end
+  if not p then
+    err(cl, id, "authentication failed", "auth")
+    return self:_drop(cl, 1008, "authentication failed")
+  end
+  cl.principal = p
+  if cl.dtimer and not cl.closing then cl.dtimer:stop(); cl.dtimer = nil end
+  self.ctx.log(("gateway: client %d authenticated as %s"):format(cl.id, p), "info")
+  cl:reply{ id = id, ok = true, principal = p }
+end
+
+--- What a key signs to authenticate: the nonce of the gateway's hello.
+function M.auth_message(nonce) return "lecho-gateway auth " .. nonce end
+
+function OPS.list(self, cl, m, id)
+  local ok, why = self:_may(cl, "list", nil)
+  if not ok then return err(cl, id, why, "denied") end
+  local chans, e2 = self.ctx:list()
+  if not chans then return err(cl, id, tostring(e2), "failed") end
+  local out = {}
+  for name, e in pairs(chans) do
+    local short = name:match("^[^/]*/(.*)$") or name
+    if not self.keyed or self.policy:check(cl.principal, "list", short) == true then
+      local np, nc = 0, 0
+      for _ in pairs(e.producers or {}) do np = np + 1 end
+      for _ in pairs(e.consumers or {}) do nc = nc + 1 end
+      out[#out + 1] = { channel = short, producers = np, consumers = nc }
+    end
+  end
+  table.sort(out, function(a, b) return a.channel < b.channel end)
+  cl:reply{ id = id, ok = true, result = out }
+end
+
+function Gateway:_unsub(cl, name)
+  local s = cl.subs[name]
+  if not s then return end
+  cl.subs[name] = nil
+  cl.nsubs = cl.nsubs - 1
+  if s ~= true then s:close() return end
+  local e = self.chans[name]
+  if not e then return end
+  if e.clients[cl] then
+    e.clients[cl] = nil
+    e.n = e.n - 1
+  end
+  if e.n == 0 then
+    self.chans[name] = nil
+    if e.con then e.con:close() end
+    e.gone = true
+  end
+end
+
+function OPS.sub(self, cl, m, id)
+  local ch = chan_name(m)
+  if not ch then return err(cl, id, "sub needs ch, a channel name") end
+  if cl.subs[ch] then return err(cl, id, "already subscribed to " .. ch) end
+  if cl.nsubs >= self.lim.subs then return err(cl, id, ("limit: %d subscriptions"):format(self.lim.subs), "limit") end
+  local ok, why = self:_may(cl, "consume", ch)
+  if not ok then return err(cl, id, why, "denied") end
+  local src = m.modulator
+  if src ~= nil and src ~= null then
+    if type(src) ~= "string" then return err(cl, id, "modulator must be Lua source text") end
+    ok, why = self:_may(cl, "modulate", ch)
+    if not ok then return err(cl, id, why, "denied") end
+    if not self.modulators then return err(cl, id, "this gateway takes no modulators (--no-modulators)", "denied") end
+    cl.subs[ch] = "pending"
+    cl.nsubs = cl.nsubs + 1
+    local con, e2, code = self.ctx:channel(ch):consumer(function(ev)
+      cl:deliver(M.event_json(ch, ev))
+    end, { modulator = src, params = denull(m.params, 0), on_error = function(msg)
+      cl:reply{ ch = ch, error = tostring(msg), code = "modulator" }
+    end })
+    if not con then
+      cl.subs[ch] = nil
+      cl.nsubs = cl.nsubs - 1
+      return err(cl, id, tostring(e2), code or "failed")
+    end
+    if cl.closed or cl.subs[ch] ~= "pending" then con:close() return end
+    cl.subs[ch] = con
+    return cl:reply{ id = id, ok = true }
+  end
+  cl.subs[ch] = true
+  cl.nsubs = cl.nsubs + 1
+  local e = self.chans[ch]
+  if not e then
+    e = { clients = {}, n = 0 }
+    self.chans[ch] = e
+    local con, e2, code = self.ctx:channel(ch):consumer(function(ev)
+      local text = M.event_json(ch, ev)
+      self.events = self.events + 1
+      for c in pairs(e.clients) do c:deliver(text) end
+    end)
+    if not con then
+      e.failed = { tostring(e2), code }
+      if self.chans[ch] == e then self.chans[ch] = nil end
+    elseif e.gone then
+      con:close()
+    else
+      e.con = con
+    end
+  end
+  while not e.con and not e.failed and not e.gone do self.ctx:sleep(0.01) end
+  if e.failed then
+    if cl.subs[ch] == true then cl.subs[ch] = nil; cl.nsubs = cl.nsubs - 1 end
+    return err(cl, id, e.failed[1], e.failed[2] or "failed")
+  end
+  if cl.closed or cl.subs[ch] ~= true then return end
+  e.clients[cl] = true
+  e.n = e.n + 1
+  cl:reply{ id = id, ok = true }
+end
+
+function OPS.unsub(self, cl, m, id)
+  local ch = chan_name(m)
+  if not ch or not cl.subs[ch] then return err(cl, id, "not subscribed to " .. tostring(m.ch)) end
+  self:_unsub(cl, ch)
+  cl:reply{ id = id, ok = true }
+end
+
+function Gateway:_producer(ch)
+  local p = self.producers[ch]
+  if p then return p end
+  local e2
+  p, e2 = self.ctx:channel(ch):producer()
+  if not p then return nil, e2 end
+  if self.producers[ch] then p:close() return self.producers[ch] end
+  self.producers[ch] = p
+  return p
+end
+
+function OPS.pub(self, cl, m, id)
+  local ch = chan_name(m)
+  if not ch then return err(cl, id, "pub needs ch, a channel name") end
+  local ok, why = self:_may(cl, "produce", ch)
+  if not ok then return err(cl, id, why, "denied") end
+  local p, e2 = self:_producer(ch)
+  if not p then return err(cl, id, tostring(e2), "failed") end
+  local data = denull(m.data, 0)
+  local r, e3, code
+  if m.sync == true then
+    local t = tonumber(m.timeout)
+    r, e3, code = p:submit_sync(data, t and t > 0 and t <= 60 and { timeout = t } or nil)
+  else
+    r, e3, code = p:submit(data)
+  end
+  if r then
+    if id ~= nil or m.sync then cl:reply{ id = id, ok = true } end
+  else
+    -- submit_sync's errors: one per consumer that failed ({ consumer, err, code, ... })
+    if type(e3) == "table" then
+      local texts = {}
+      for _, x in ipairs(e3) do texts[#texts + 1] = type(x) == "table" and tostring(x.err) or tostring(x) end
+      return cl:reply{ id = id, error = table.concat(texts, "; "), code = code or "failed", errors = e3 }
+    end
+    err(cl, id, tostring(e3), code or "failed")
+  end
+end
+
+function OPS.call(self, cl, m, id)
+  local svc = m.svc
+  if type(svc) ~= "string" or svc == "" or #svc > 256 then return err(cl, id, "call needs svc, a service name") end
+  local ok, why = self:_may(cl, "produce", "svc:" .. svc)
+  if not ok then return err(cl, id, why, "denied") end
+  local t, v = tonumber(m.timeout), tonumber(m.version)
+  local copts = {}
+  if t and t > 0 and t <= 60 then copts.timeout = t end
+  if v and v >= 1 and v == math.floor(v) then copts.version = v end
+  local r = { n = 0 }
+  local function pack(ok, ...) r.n = select("#", ...); r.ok = ok; for i = 1, r.n do r[i] = select(i, ...) end end
+  pack(pcall(self.ctx.call, self.ctx, svc, denull(m.args, 0), copts))
+  if not r.ok then return err(cl, id, tostring(r[1]), "invalid") end
+  if r[1] == nil and r[2] ~= nil then
+    -- a handler's error: a string, or a table sent as a JSON object
+    return cl:reply{ id = id, error = type(r[2]) == "table" and r[2] or tostring(r[2]), code = r[3] or "failed" }
+  end
+  local results = {}
+  for i = 1, r.n do results[i] = r[i] == nil and null or r[i] end
+  cl:reply{ id = id, ok = true, result = r[1], results = results }
+end
+
+function OPS.clients(self, cl, m, id)
+  local out = {}
+  for c in pairs(self.clients) do
+    if c.kind == "ws" or c.kind == "lines" then
+      local subs = {}
+      for n in pairs(c.subs) do subs[#subs + 1] = n end
+      table.sort(subs)
+      out[#out + 1] = { id = c.id, kind = c.kind, principal = c.principal, events = c.events,
+                        bytes = c.ws and c.ws:bytes_out() or c.bytes, rate = c.rate, bps = c.bps,
+                        drops = c.drops, queued = c:queued(), subs = subs, you = c == cl or nil,
+                        closing = c.closing or nil }
+    end
+  end
+  table.sort(out, function(a, b) return a.id < b.id end)
+  cl:reply{ id = id, ok = true, result = out }
+end
+
+------------------------------------------------------------------------------
+
+--- A gateway on ctx: opts.listen (HTTP and WebSocket, default
+-- "127.0.0.1:8080"), opts.lines (JSON lines, optional), opts.tokens
+-- ({ token = principal }), opts.keys ({ {name, public}... }: client keys),
+-- opts.policy (a lecho.policy; needed in keyed mode), opts.limits (over
+-- M.LIMITS), opts.slow ("drop" or "disconnect"), opts.origins (more
+-- allowed Origin values), opts.modulators (false: none taken).
+-- The gateway (its addr, lines_addr), or nil, why.
+function M.new(ctx, opts)
+  opts = opts or {}
+  local lim = {}
+  for k, v in pairs(M.LIMITS) do lim[k] = v end
+  for k, v in pairs(opts.limits or {}) do
+    if M.LIMITS[k] == nil then return nil, "unknown gateway limit " .. tostring(k) end
+    if type(v) ~= "number" or v <= 0 then return nil, ("gateway limit %s must be a positive number"):format(k) end
+    lim[k] = v
+  end
+  local slow = opts.slow or "drop"
+  if not M.SLOW[slow] then return nil, "slow-client policy must be drop or disconnect" end
+  local tokens, keys = {}, {}
+  local keyed = false
+  for t, p in pairs(opts.tokens or {}) do
+    if type(t) ~= "string" or #t < 16 or type(p) ~= "string" then
+      return nil, "tokens: each token a string of at least 16 bytes mapped to a principal name"
+    end
+    tokens[t] = p
+    keyed = true
+  end
+  for _, k in ipairs(opts.keys or {}) do
+    keys[k.public] = k.name
+    keyed = true
+  end
+  if keyed and not opts.policy then return nil, "keyed mode (tokens or client keys) needs a policy" end
+  local origins = {}
+  for _, o in ipairs(opts.origins or {}) do origins[o] = true end
+  local self = setmetatable({ ctx = ctx, lim = lim, slow = slow, tokens = tokens, keys = keys, keyed = keyed,
+                              policy = opts.policy, origins = origins, modulators = opts.modulators ~= false,
+                              clients = {}, nclients = 0, chans = {}, producers = {}, dirty = {}, nextid = 0,
+                              refused = 0, drops = 0, events = 0, rbuf = ffi.new("uint8_t[?]", rbuf_size),
+                              page = opts.page or require("lecho.gateway_page") }, Gateway)
+  local fd, a = listen(opts.listen or "127.0.0.1:8080", keyed, "gateway")
+  if not fd then return nil, a end
+  self.fd, self.addr = fd, a
+  self.watch = ctx.c:io(fd, function() self:_accept(fd, "http") end)
+  if opts.lines then
+    local lfd, la = listen(opts.lines, keyed, "gateway lines")
+    if not lfd then self:close() return nil, la end
+    self.lfd, self.lines_addr = lfd, la
+    self.lwatch = ctx.c:io(lfd, function() self:_accept(lfd, "lines") end)
+  end
+  -- each client's events and bytes per second, for op clients and the page
+  self.ticker = ctx.c:timer(1, 1, function()
+    for c in pairs(self.clients) do
+      local b = c.ws and c.ws:bytes_out() or c.bytes
+      c.rate, c.bps = c.events - c.last_events, b - c.last_bytes
+      c.last_events, c.last_bytes = c.events, b
+    end
+  end)
+  return self
+end
+
+--- Stops serving: listeners, clients (told with a close), subscriptions.
+function Gateway:close()
+  if self.closed then return end
+  self.closed = true
+  for _, w in ipairs{ "watch", "lwatch", "ticker", "flusher" } do
+    if self[w] then self[w]:stop(); self[w] = nil end
+  end
+  for cl in pairs(self.clients) do
+    if cl.ws and not cl.closing then pcall(cl.ws.close, cl.ws, 1001, "gateway closing"); pcall(cl.ws.send, cl.ws) end
+    self:_drop(cl)
+  end
+  if self.fd then C.close(self.fd) end
+  if self.lfd then C.close(self.lfd) end
+  for _, p in pairs(self.producers) do p:close() end
+end
+
+--- Counters: clients, events (from channels), drops, refused.
+function Gateway:stats()
+  return { clients = self.nclients, events = self.events, drops = self.drops, refused = self.refused }
+end
+
+return M

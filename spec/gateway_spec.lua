@@ -1,0 +1,434 @@
+-- lecho-gateway (doc/gateway.md; README.md's "In a browser" commands) against real processes: a name server, the
+-- atmosphere simulation and gateways, each its own process.  The clients are
+-- this spec's own: a WebSocket client written from RFC 6455 over luasocket
+-- and a JSON-lines client (spec/support/wsclient.lua).  Hostile clients (a
+-- huge frame, a bad handshake, a slow reader, one that never reads) must
+-- cost one connection only; keyed mode refuses what it must.
+local cjson = require "cjson"
+local socket = require "socket"
+local S = require "spec.support"
+local P = require "spec.support.proc"
+package.path = S.root .. "/spec/support/?.lua;" .. package.path
+local W = require "wsclient"
+
+local function gateway(ns, args)
+  local child = S.spawn(("%s %s/scripts/lecho-gateway --nameserver %s --http 127.0.0.1:0 --lines 127.0.0.1:0 --for 120 %s")
+    :format(S.luajit, S.root, ns, args or ""))
+  local line = P.wait_file(child.err, "lecho%-gateway: http://[%d.]+:%d+/.-JSON lines on [%d.]+:%d+", 20)
+  assert(line, "gateway did not start: " .. S.errors(child))
+  local hp = line:match("lecho%-gateway: http://[%d.]+:(%d+)/")
+  local lp = line:match("JSON lines on [%d.]+:(%d+)")
+  return child, tonumber(hp), tonumber(lp)
+end
+
+local function sim(ns, args)
+  local c = S.spawn(("%s %s/examples/atmosphere/simulation.lua --nameserver %s --quiet %s")
+    :format(S.luajit, S.root, ns, args))
+  return c
+end
+
+-- The next event of channel ch on client c (replies and notices skipped).
+local function next_event(c, ch, timeout)
+  local deadline = socket.gettime() + (timeout or 10)
+  while socket.gettime() < deadline do
+    local m, e = c:json(math.max(0.05, deadline - socket.gettime()))
+    if not m then return nil, e end
+    if m.ch == ch and m.ev ~= nil then return m.ev end
+  end
+  return nil, "timeout"
+end
+
+-- The reply with id on client c (events skipped).
+local function reply(c, id, timeout)
+  local deadline = socket.gettime() + (timeout or 10)
+  while socket.gettime() < deadline do
+    local m, e, code, reason = c:json(math.max(0.05, deadline - socket.gettime()), true)
+    if not m then return nil, e, code, reason end
+    if m.id == id then return m end
+  end
+  return nil, "timeout"
+end
+
+-- pred() until true or timeout seconds pass (polled every `step` s).
+local function until_(pred, timeout, step)
+  local deadline = socket.gettime() + timeout
+  repeat
+    local v = pred()
+    if v then return v end
+    if step and step > 0 then socket.sleep(step) end
+  until socket.gettime() > deadline
+  return nil
+end
+
+local function ws(port, opts)
+  local c, e, head = W.connect("127.0.0.1", port, opts)
+  if not c then return nil, e, head end
+  local hello = assert(c:json(5))
+  return c, hello
+end
+
+describe("lecho-gateway", function()
+  local ns, gw, hp, lp
+  lazy_setup(function()
+    local _
+    _, ns = S.nameserver("--quiet")
+    sim(ns, "--seconds 200 --rate 20 --grid 2x18x36")
+    gw, hp, lp = gateway(ns, "--max-queued 200000 --max-message 4096 --max-subs 3")
+  end)
+  lazy_teardown(function() S.cleanup() end)
+
+  it("serves a WebSocket client: hello, list, sub, events, sync pub applied by the simulation, unsub", function()
+    local c, hello = ws(hp)
+    assert.truthy(c, hello)
+    assert.are.equal("lecho-gateway", hello.hello)
+    assert.are.equal(4096, hello.limits.message)
+    local names
+    assert.truthy(until_(function()
+      c:send_json{ op = "list", id = 1 }
+      local r = reply(c, 1)
+      names = {}
+      for _, x in ipairs(r.result) do names[x.channel] = x end
+      return names["atmosphere.field"] and names["atmosphere.steer"]
+    end, 20, 0.2))
+    assert.are.equal(1, names["atmosphere.field"].producers)
+    c:send_json{ op = "sub", id = 2, ch = "atmosphere.field" }
+    assert.is_true(reply(c, 2).ok)
+    local ev = assert(next_event(c, "atmosphere.field"))
+    -- the field, a <f8 array, as JSON: dtype, shape, the elements flat
+    assert.are.equal("<f8", ev.field.dtype)
+    assert.are.same({ 2, 18, 36 }, ev.field.shape)
+    assert.are.equal(2 * 18 * 36, #ev.field.data)
+    assert.are.equal(18, ev.nlat)
+    -- steering: true only once the simulation's handler ran, and applied
+    c:send_json{ op = "pub", id = 3, ch = "atmosphere.steer", data = { emission = 7.25 }, sync = true }
+    local r = reply(c, 3)
+    assert.is_true(r.ok, cjson.encode(r))
+    assert.truthy(until_(function()
+      local e = next_event(c, "atmosphere.field", 5)
+      return e and e.emission == 7.25
+    end, 10, 0))
+    -- the simulation's handler raises on a bad setting: the error comes back
+    c:send_json{ op = "pub", id = 4, ch = "atmosphere.steer", data = { nosuch = 1 }, sync = true }
+    r = reply(c, 4)
+    assert.is_nil(r.ok)
+    assert.matches("unknown setting 'nosuch'", r.error)
+    c:send_json{ op = "unsub", id = 5, ch = "atmosphere.field" }
+    assert.is_true(reply(c, 5).ok)
+    c:send_json{ op = "clients", id = 6 }
+    r = reply(c, 6)
+    local me
+    for _, x in ipairs(r.result) do if x.you then me = x end end
+    assert.truthy(me.events > 0 and me.bytes > 0)
+    -- after the unsub's reply, no more events
+    local m = c:json(0.5)
+    assert.is_true(m == nil or m.ev == nil)
+    c:close()
+  end)
+
+  it("serves a JSON-lines client: sub with a modulator runs at the producer, pub reaches a WebSocket subscriber", function()
+    local l = assert(W.lines("127.0.0.1", lp))
+    assert.are.equal("lecho-gateway", l:json().hello)
+    l:send_json{ op = "sub", id = 1, ch = "atmosphere.field",
+                 modulator = "function enqueue(ev) emit{ step = ev.step, n = #ev.field } end" }
+    assert.is_true(reply(l, 1, 20).ok)
+    local ev = assert(next_event(l, "atmosphere.field"))
+    assert.are.same({ "n", "step" }, (function() local k = {} for n in pairs(ev) do k[#k + 1] = n end table.sort(k) return k end)())
+    assert.are.equal(2 * 18 * 36, ev.n)
+    -- a lines client publishes, a WebSocket client receives
+    local c = ws(hp)
+    c:send_json{ op = "sub", id = 1, ch = "gw.test" }
+    assert.is_true(reply(c, 1).ok)
+    l:send_json{ op = "pub", id = 2, ch = "gw.test", data = { hello = "from a device", n = 3 }, sync = true }
+    local r = reply(l, 2)
+    assert.is_true(r.ok, cjson.encode(r))
+    local got = assert(next_event(c, "gw.test"))
+    assert.are.same({ hello = "from a device", n = 3 }, got)
+    -- unknown op, not JSON: an error reply, the connection goes on
+    l:send_raw("this is not json\n")
+    assert.matches("not a JSON object", l:json(5, true).error)
+    l:send_json{ op = "frobnicate", id = 9 }
+    assert.matches("unknown op", reply(l, 9).error)
+    l:close()
+    c:close()
+  end)
+
+  it("a huge frame, a too long line and bad handshakes cost their connection only", function()
+    local good = ws(hp)
+    good:send_json{ op = "sub", id = 1, ch = "atmosphere.field" }
+    assert.is_true(reply(good, 1).ok)
+    -- a frame claiming 1 GiB: closed with 1009 (message too big) before it is read
+    local c = ws(hp)
+    c.s:send(c:frame(true, 1, "", { len = 2 ^ 30 }) .. ("z"):rep(1000))
+    local op, code = c:recv(5)
+    assert.are.equal(8, op)
+    assert.are.equal(1009, code)
+    -- a text message over --max-message (4096) in two fragments
+    c = ws(hp)
+    c:send_frame(false, 1, ("x"):rep(3000))
+    c:send_frame(true, 0, ("x"):rep(3000))
+    op, code = c:recv(5)
+    assert.are.equal(8, op)
+    assert.are.equal(1009, code)
+    -- an unmasked client frame: a protocol error (1002)
+    c = ws(hp)
+    c:send_frame(true, 1, '{"op":"list"}', { mask = false })
+    op, code = c:recv(5)
+    assert.are.equal(8, op)
+    assert.are.equal(1002, code)
+    -- a JSON line past the limit: told, closed
+    local l = assert(W.lines("127.0.0.1", lp))
+    l:json()
+    l:send_raw(("y"):rep(10000))
+    local m = l:json(5)
+    assert.matches("over 4096 bytes", m.error)
+    assert.is_nil(l:json(2))
+    -- bad handshakes: each its HTTP refusal
+    local _, status = W.connect("127.0.0.1", hp, { raw_request = "GARBAGE\r\n\r\n" })
+    assert.matches("^HTTP/1.1 400", status)
+    _, status = W.connect("127.0.0.1", hp, { raw_request = "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n\r\n" })
+    assert.matches("^HTTP/1.1 400", status)
+    _, status = W.connect("127.0.0.1", hp, { raw_request = "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 8\r\n\r\n" })
+    assert.matches("^HTTP/1.1 426", status)
+    _, status = W.connect("127.0.0.1", hp, { headers = { "Origin: http://evil.example" } })
+    assert.matches("^HTTP/1.1 403", status)
+    _, status = W.connect("127.0.0.1", hp, { raw_request = "GET / HTTP/1.1\r\nHost: x\r\n" .. ("X-Pad: " .. ("p"):rep(100) .. "\r\n"):rep(100) })
+    assert.matches("^HTTP/1.1 431", status)
+    -- a head that never ends: closed at the handshake deadline (5 s)
+    local s = socket.tcp()
+    s:settimeout(8)
+    assert(s:connect("127.0.0.1", hp))
+    s:send("GET /ws HTTP/1.1\r\n")
+    local t0 = socket.gettime()
+    local d, e = s:receive("*a")
+    assert.are.equal("", d or "")
+    assert.truthy(socket.gettime() - t0 < 7.5, tostring(e))
+    s:close()
+    -- the good client saw none of it
+    local e1 = assert(next_event(good, "atmosphere.field"))
+    local e2 = assert(next_event(good, "atmosphere.field"))
+    assert.truthy(e2.step > e1.step)
+    assert.truthy(S.alive(gw))
+    good:close()
+  end)
+
+  it("a client that never reads is bounded by --max-queued and dropped events are counted to it; others go on", function()
+    local lazy = ws(hp, { rcvbuf = 4096 })
+    lazy:send_json{ op = "sub", id = 1, ch = "atmosphere.field" }
+    local good = ws(hp)
+    good:send_json{ op = "sub", id = 1, ch = "atmosphere.field" }
+    assert.is_true(reply(good, 1).ok)
+    -- ~25 kB per event at 20 steps/s: the kernel's buffers and 200000 bytes fill in seconds
+    local drops, queued
+    assert.truthy(until_(function()
+      good:send_json{ op = "clients", id = 2 }
+      local r = reply(good, 2)
+      for _, x in ipairs(r.result) do
+        if not x.you then drops, queued = x.drops, x.queued end
+      end
+      return drops and drops > 5
+    end, 30, 0.3), "the lazy client's events were not dropped: " .. tostring(drops))
+    assert.truthy(queued <= 200000)
+    -- the good client still gets every step in order meanwhile
+    local a = assert(next_event(good, "atmosphere.field"))
+    local b = assert(next_event(good, "atmosphere.field"))
+    assert.are.equal(a.step + 1, b.step)
+    -- the lazy client reads at last: the notice of what it missed
+    local told
+    assert.truthy(until_(function()
+      local m = lazy:json(1)
+      if m and m.dropped then told = m end
+      return told
+    end, 30, 0))
+    assert.truthy(told.dropped > 0 and told.total >= told.dropped)
+    lazy:close()
+    good:close()
+  end)
+
+  it("with --slow disconnect, a client that never reads is closed with a reason; others go on", function()
+    local _, hp2 = gateway(ns, "--slow disconnect --max-queued 100000")
+    local lazy = ws(hp2, { rcvbuf = 4096 })
+    lazy:send_json{ op = "sub", id = 1, ch = "atmosphere.field" }
+    local good = ws(hp2)
+    good:send_json{ op = "sub", id = 1, ch = "atmosphere.field" }
+    assert.is_true(reply(good, 1).ok)
+    local gone
+    assert.truthy(until_(function()
+      good:send_json{ op = "clients", id = 2 }
+      local r = reply(good, 2)
+      -- closing (its close frame queued) or already gone (frame handed to the kernel)
+      gone = #r.result == 1
+      for _, x in ipairs(r.result) do
+        if not x.you and x.closing then gone = true end
+      end
+      return gone
+    end, 30, 0.05))
+    -- what it had queued, then the close frame with the reason
+    local code, reason, ended
+    assert.truthy(until_(function()
+      local op, c, why = lazy:recv(5)
+      if op == 8 then code, reason = c, why end
+      ended = op == nil and c
+      return op == 8 or op == nil
+    end, 30, 0))
+    assert.are.equal(1008, code, "the connection ended without a close frame: " .. tostring(ended))
+    assert.matches("slow client", reason)
+    assert.truthy(next_event(good, "atmosphere.field"))
+    good:close()
+  end)
+
+  it("holds a client to --max-subs subscriptions and tells it so", function()
+    local l = assert(W.lines("127.0.0.1", lp))
+    assert.are.equal(3, l:json().limits.subs)
+    for i = 1, 3 do
+      l:send_json{ op = "sub", id = i, ch = "gw.many." .. i }
+      assert.is_true(reply(l, i).ok)
+    end
+    l:send_json{ op = "sub", id = 4, ch = "gw.many.4" }
+    local r = reply(l, 4)
+    assert.are.equal("limit", r.code)
+    assert.matches("3 subscriptions", r.error)
+    l:send_json{ op = "unsub", id = 5, ch = "gw.many.1" }
+    assert.is_true(reply(l, 5).ok)
+    l:send_json{ op = "sub", id = 6, ch = "gw.many.4" }
+    assert.is_true(reply(l, 6).ok)
+    l:close()
+  end)
+
+  it("calls a service in another process: results, a version, the handler's error", function()
+    S.spawn(("%s %s/examples/services/echo.lua --serve %s"):format(S.luajit, S.root, ns))
+    local l = assert(W.lines("127.0.0.1", lp))
+    l:json()
+    local r
+    assert.truthy(until_(function()
+      l:send_json{ op = "call", id = 1, svc = "echo", args = { x = 21 }, version = 2 }
+      r = reply(l, 1)
+      return r.ok
+    end, 20, 0.2), r and r.error)
+    assert.are.equal(42, r.result)
+    assert.matches("^echo@2 at ", r.results[2])
+    l:send_json{ op = "call", id = 2, svc = "echo", args = { x = 21 }, version = 1 }
+    assert.are.equal(21, reply(l, 2).result)
+    l:send_json{ op = "call", id = 3, svc = "echo", args = { fail = "table" }, version = 1 }
+    r = reply(l, 3)
+    assert.are.same({ code = 400, why = "no x" }, r.error)
+    l:close()
+  end)
+
+  it("a client that floods requests and reads no replies is closed; others go on", function()
+    local good = ws(hp)
+    good:send_json{ op = "sub", id = 1, ch = "atmosphere.field" }
+    assert.is_true(reply(good, 1).ok)
+    local flood = assert(W.lines("127.0.0.1", lp))
+    flood.s:setoption("recv-buffer-size", 4096)
+    flood.s:settimeout(0.5)
+    local chunk = ("x\n"):rep(50000)   -- each line an error reply of ~60 bytes
+    local sent = 0
+    for _ = 1, 40 do
+      local n = flood.s:send(chunk)
+      if not n then break end
+      sent = sent + n
+    end
+    local gone
+    assert.truthy(until_(function()
+      good:send_json{ op = "clients", id = 2 }
+      local r = reply(good, 2)
+      gone = #r.result == 1
+      return gone
+    end, 30, 0.2), "the flooding client is still served")
+    local a = assert(next_event(good, "atmosphere.field"))
+    local b = assert(next_event(good, "atmosphere.field"))
+    assert.are.equal(a.step + 1, b.step)
+    flood:close()
+    good:close()
+  end)
+
+  it("refuses to listen beyond loopback without client keys or tokens", function()
+    local ok, out = S.sh(("%s %s/scripts/lecho-gateway --nameserver %s --http 0.0.0.0:0 --for 5"):format(S.luajit, S.root, ns))
+    assert.is_false(ok)
+    assert.matches("protected mode: loopback only", out)
+  end)
+end)
+
+describe("lecho-gateway keyed", function()
+  local ns, hp, lp, pk, sk
+  lazy_setup(function()
+    local _
+    _, ns = S.nameserver("--quiet")
+    sim(ns, "--seconds 100 --rate 10 --grid 1x6x6")
+    local tokens = S.write(S.tmpname("tokens") .. ".json",
+      cjson.encode{ ["viewer-token-0123456789"] = "viewer", ["steerer-token-0123456789"] = "steerer" })
+    local policy = S.write(S.tmpname("policy") .. ".lua", [[
+return { rules = {
+  { principal = "*", channel = "*", allow = { "list", "consume" } },
+  { principal = "steerer", channel = "atmosphere.steer", allow = { "produce" } },
+  { principal = "device", channel = "atmosphere.steer", allow = { "produce" } },
+} }]])
+    local core = require "lecho.core"
+    pk, sk = core.keypair()
+    local pub = S.tmpname("device") .. ".pub"
+    assert(require("lecho.keys").write_public(pub, { name = "device", public = pk }))
+    local _
+    _, hp, lp = gateway(ns, ("--tokens %s --policy %s --client-trust %s"):format(tokens, policy, pub))
+  end)
+  lazy_teardown(function() S.cleanup() end)
+
+  it("refuses an unknown bearer token at the handshake and anything before auth", function()
+    local c, status = W.connect("127.0.0.1", hp, { headers = { "Authorization: Bearer wrong-token-0123456789" } })
+    assert.is_nil(c)
+    assert.matches("^HTTP/1.1 401", status)
+    local _
+    _, status = W.connect("127.0.0.1", hp, { path = "/ws?token=nope" })
+    assert.matches("^HTTP/1.1 401", status)
+    local hello
+    c, hello = ws(hp)
+    assert.are.equal("required", hello.auth)
+    c:send_json{ op = "list", id = 1 }
+    assert.are.equal("auth", reply(c, 1).code)
+    c:send_json{ op = "auth", id = 2, token = "guess-guess-guess-guess" }
+    assert.are.equal("auth", reply(c, 2).code)
+    local m, e, code = reply(c, 3, 3)
+    assert.is_nil(m)
+    assert.are.equal("closed", e)
+    assert.are.equal(1008, code)
+  end)
+
+  it("maps a token to its principal and checks the policy for each action", function()
+    local c, hello = ws(hp, { headers = { "Authorization: Bearer viewer-token-0123456789" } })
+    assert.are.equal("viewer", hello.principal)
+    c:send_json{ op = "sub", id = 1, ch = "atmosphere.field" }
+    assert.is_true(reply(c, 1).ok)
+    assert.truthy(next_event(c, "atmosphere.field"))
+    c:send_json{ op = "pub", id = 2, ch = "atmosphere.steer", data = { emission = 3 }, sync = true }
+    local r = reply(c, 2)
+    assert.are.equal("denied", r.code)
+    assert.matches("viewer may not produce", r.error)
+    c:send_json{ op = "sub", id = 3, ch = "atmosphere.field.x", modulator = "function enqueue(ev) emit(1) end" }
+    assert.are.equal("denied", reply(c, 3).code)
+    c:close()
+    local s = ws(hp, { path = "/ws?token=steerer-token-0123456789" })
+    s:send_json{ op = "pub", id = 1, ch = "atmosphere.steer", data = { emission = 3 }, sync = true }
+    assert.is_true(reply(s, 1).ok)
+    s:close()
+  end)
+
+  it("authenticates a JSON-lines device by a signature of the hello's nonce with its key", function()
+    local core = require "lecho.core"
+    local gwm = require "lecho.gateway"
+    local l = assert(W.lines("127.0.0.1", lp))
+    local hello = l:json()
+    assert.are.equal("required", hello.auth)
+    -- a signature of another nonce: refused, closed
+    l:send_json{ op = "auth", id = 1, key = core.hex(pk), sig = core.hex(core.sign(sk, gwm.auth_message("1234"))) }
+    assert.are.equal("auth", reply(l, 1).code)
+    assert.is_true(l:json(2).closed)
+    assert.is_nil(l:json(2))
+    l = assert(W.lines("127.0.0.1", lp))
+    hello = l:json()
+    l:send_json{ op = "auth", id = 1, key = core.hex(pk), sig = core.hex(core.sign(sk, gwm.auth_message(hello.nonce))) }
+    local r = reply(l, 1)
+    assert.are.equal("device", r.principal)
+    l:send_json{ op = "pub", id = 2, ch = "atmosphere.steer", data = { wind = 0.5 }, sync = true }
+    assert.is_true(reply(l, 2).ok)
+    l:close()
+  end)
+end)

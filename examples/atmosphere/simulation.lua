@@ -12,7 +12,7 @@ unknown key or a bad value changes nothing: the handler raises, so the
 steering process gets the reason back (submit_sync returns nil and it).  Each field event carries the
 settings it was computed with: ev.step, ev.t (model hours), ev.dt,
 ev.emission, ev.wind, ev.tau, ev.rate, the grid (ev.nlev, ev.nlat, ev.nlon,
-ev.lat0, ev.dlat, ev.lon0, ev.dlon), ev.source = { lat, lon }, ev.cpu (this
+ev.lat0, ev.dlat, ev.lon0, ev.dlon), ev.source = { lat, lon }, ev.t_cpu (this
 process's CPU seconds so far, its modulators' included) and ev.field, a
 "<f8" array of shape { nlev, nlat, nlon } (lecho.array; cell (k,i,j) at
 field:get(k-1, i-1, j-1)).
@@ -171,7 +171,7 @@ local array = lecho.array
 -- written: a fresh one is never changed before that).
 local function step_event()
   local ev = model.publishable(sim:step(), array)
-  ev.cpu = os.clock()
+  ev.t_cpu = os.clock()
   return ev
 end
 

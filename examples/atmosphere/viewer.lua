@@ -200,7 +200,7 @@ ticker:stop()
 local final = report{ done = true, final = final_ev ~= nil, timed_out = timed_out, cpu = os.clock() }
 if final_ev then
   final.field = state.field
-  final.sim_cpu = final_ev.cpu
+  final.sim_cpu = final_ev.t_cpu
   final.nlev, final.nlat, final.nlon = final_ev.nlev, final_ev.nlat, final_ev.nlon
   final.lat0, final.dlat, final.lon0, final.dlon = final_ev.lat0, final_ev.dlat, final_ev.lon0, final_ev.dlon
   final.region, final.threshold = final_ev.region, final_ev.threshold

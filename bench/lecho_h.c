@@ -15,6 +15,9 @@
  *                     string of SIZE bytes); each round trip timed.
  *   stream SIZE N     lecho_submit of strings of SIZE bytes; the child says
  *                     'W' when the warmup and 'D' when all N arrived.
+ * --array first: the value is { field = a "<f8" array of SIZE/8 elements }
+ * (lecho_set_array with a free function: sent from its memory, as the Lua
+ * API sends an array of 64 KiB or more) instead of a string.
  * The parent ends with the value `true`, on which the child exits.
  * Output: one JSON line, fields as in baseline_tcp.c.
  *
@@ -141,8 +144,20 @@ static void flush(void *ud)
     lecho_flush(((struct parent *)ud)->p);
 }
 
+static void free_payload(void *data, void *ud)
+{
+    (void)ud;
+    free(data);
+}
+
 int main(int argc, char **argv)
 {
+    int as_array = argc > 1 && strcmp(argv[1], "--array") == 0;
+    if (as_array) {
+        argv[1] = argv[0];
+        argv++;
+        argc--;
+    }
     const char *wname = lecho_bench_args(argc, argv);
     char *payload = xmalloc(size ? size : 1);
     memset(payload, 'x', size);
@@ -160,7 +175,14 @@ int main(int argc, char **argv)
     if (lecho_producer_open(lecho_channel_get(c, "bench"), NULL, &pa.p))
         die("producer: %s", lecho_errmsg(c));
     lecho_value *v = pa.v = lecho_value_new(c);
-    if (!v || (size && lecho_set_string(v, NULL, payload, size)))
+    if (as_array) {
+        /* the array owns payload (freed with v's last holder) */
+        size_t shape[1] = { size / 8 };
+        for (size_t i = 0; i < size / 8; i++)
+            ((double *)payload)[i] = (double)i;
+        if (!v || lecho_set_array(v, "field", "<f8", 1, shape, payload, free_payload, NULL))
+            die("lecho_set_array failed");
+    } else if (!v || (size && lecho_set_string(v, NULL, payload, size)))
         die("out of memory");
 
     const struct bench_parent bp = { &pa, submit, wait_ctl, flush };
@@ -171,6 +193,6 @@ int main(int argc, char **argv)
     lecho_close(c, 2);
     if (reap_child())
         return 1;
-    print_result("lecho_h", wname, size, nops, warmup, secs);
+    print_result(as_array ? "lecho_h_array" : "lecho_h", wname, size, nops, warmup, secs);
     return print_result_end(samples, nops);
 }

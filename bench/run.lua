@@ -34,7 +34,7 @@ the environment sets it up:
   QUICK=1           small counts, fewer points, 3 repetitions (not 5): < 60 s
   BENCH_ONLY=a,b    only these workloads: codec latency throughput sinks
                     pipeline channels bulk null_call calls modulators keyed
-                    peers attacked patterns scale
+                    peers attacked patterns scale arrays
   BENCH_RESULTS=DIR results there instead of bench/results
   LECHO_BENCH_LOG=1 the workers log to their stderr files
   BENCH_KEEP_TMP=1  keep the temporary directory of the workers' output
@@ -86,6 +86,8 @@ local CFG = QUICK and {
   pipe = { 1, 2, 6 }, pipe_n = 10000, pipe_bound = 2,
   chans = { 1, 64, 4096 }, chan_n = 20000, chan_bound = 2, chan_setup_bound = 60,
   bulk_n = 5, bulk_bound = 5,
+  -- { bytes, lecho's events (Lua and C API), raw TCP's }
+  arrays = { { 8 * 1024 * 1024, 10, 10 }, { 65536, 1000, 2000 } }, arrays_bound = 5,
   null_n = 1000, c_stream_n = 100000,
   keyed_pp_n = 1000, keyed_stream = { { 1024, 30000 }, { 65536, 1000 } },
   peers_keyed = { { 64, 20000 }, { 1024, 10000 } },
@@ -99,6 +101,7 @@ local CFG = QUICK and {
   pipe = { 1, 2, 3, 4, 5, 6 }, pipe_n = 50000, pipe_bound = 4,
   chans = { 1, 16, 256, 4096, 65536 }, chan_n = 200000, chan_bound = 4, chan_setup_bound = 120,
   bulk_n = 100, bulk_bound = 20,
+  arrays = { { 8 * 1024 * 1024, 60, 60 }, { 65536, 10000, 20000 } }, arrays_bound = 20,
   null_n = 3000, c_stream_n = 1000000,
   keyed_pp_n = 3000, keyed_stream = { { 1024, 200000 }, { 65536, 5000 } },
   -- { size, events } of the keyed rows against NATS with TLS and ZeroMQ CURVE
@@ -739,6 +742,88 @@ local function w_bulk()
   iv_row({ workload = "", metric = "MB/s", base = "zmq" }, iv, "lecho", "zmq", mb_per_s)
 end
 
+--- Arrays (issue 24): array events producer -> consumer (a Lua worker,
+-- the array a view into its read buffer) against raw TCP, the C API
+-- (bench/lecho_h --array: lecho_set_array with a free function) against the
+-- Lua API publishing the same, and ZFP at the demo's error bound (0.01)
+-- against zstd on a 32 MiB smooth <f8 field, in this process.
+local function w_arrays()
+  log("arrays, %d interleaved repetitions", REPS)
+  local array = lecho.array
+  local w = start_workers{ { id = "arr", subs = { { group = "arr", channels = { "arr" } } } } }
+  local p = assert(ctx:channel("arr"):producer())
+  local res = {}
+  for _, sz in ipairs(CFG.arrays) do
+    local bytes, n, bn = sz[1], sz[2], sz[3]
+    local a = array.new("<f8", { bytes / 8 })
+    local ptr = a:ptr()
+    for i = 0, bytes / 8 - 1 do ptr[i] = i * 0.5 end
+    local v = { field = a } -- the array is written from its own memory (>= 64 KiB: pinned)
+    local es = esize(v)
+    local big = bytes >= 1024 * 1024
+    local runs = {
+      { "lecho", function()
+          local r = with_worker(w[1], async_run, { p }, v, big and 2 or math.max(1, math.floor(n / 20)), n,
+                                CFG.arrays_bound, 1)
+          r.mb_per_s = r.ops_per_s * es / 1e6
+          return r
+        end },
+      -- 8 MiB: one writev of header + payload, read straight into a buffer
+      -- (bulk); 64 KiB: frames batched in a 64 KiB buffer (stream)
+      { "tcp", function()
+          return run_c("baseline_tcp", big and ("--warmup 2 bulk %d %d"):format(es, bn) or ("stream %d %d"):format(es, bn))
+        end },
+      { "lecho_h", function()
+          return run_c("lecho_h", ("--array %sstream %d %d"):format(big and "--warmup 2 " or "", bytes, n))
+        end } }
+    local iv = repeated(runs)
+    local r = medians(iv, mb_per_s, { bytes = bytes, encoded = es })
+    res[#res + 1] = r
+    local label = big and ("%d MiB"):format(bytes / 2 ^ 20) or ("%d KiB"):format(bytes / 1024)
+    iv_row({ workload = ("array events %s (<f8), MB/s, Lua API"):format(label), metric = "MB/s",
+             base = big and "tcp" or "tcp batched", target = { ">=", big and 0.9 or 0.8 } },
+           iv, "lecho", "tcp", mb_per_s)
+    iv_row({ workload = ("array events %s (<f8), MB/s, C API"):format(label), metric = "MB/s",
+             base = big and "tcp" or "tcp batched" }, iv, "lecho_h", "tcp", mb_per_s)
+    iv_row({ workload = "", metric = "MB/s", base = "Lua API", target = { ">=", 0.9 } }, iv, "lecho_h", "lecho", mb_per_s)
+  end
+  p:close()
+  stop_workers(w)
+
+  -- ZFP at the demo's error bound against zstd (level 1), in this process
+  local N = 2048
+  local f = array.new("<f8", { N, N })
+  local fp = f:ptr()
+  for i = 0, N * N - 1 do
+    local x, y = i % N, math.floor(i / N)
+    fp[i] = math.sin(x * 0.01) * math.cos(y * 0.013) * 50 + 280
+  end
+  local raw = N * N * 8
+  local function codec(name, pack, unpack)
+    return { name, function()
+      local t0 = clock()
+      local z = pack()
+      local t1 = clock()
+      local back = unpack(z)
+      local t2 = clock()
+      local _ = back
+      return { bytes = #z, mb_per_s = raw / (t1 - t0) / 1e6, unpack_mb_per_s = raw / (t2 - t1) / 1e6,
+               ratio = raw / #z }
+    end }
+  end
+  local iv = repeated{
+    codec("zfp", function() return f:zfp(0.01) end, array.unzfp),
+    codec("zstd", function() return f:zstd(1) end, array.unzstd) }
+  local function bytes_of(r) return r.bytes end
+  local function unpack_of(r) return r.unpack_mb_per_s end
+  R.arrays = { transfer = res, codecs = medians(iv, mb_per_s, { field = "2048x2048 <f8", tolerance = 0.01 }) }
+  local zr = R.arrays.codecs.zfp
+  iv_row({ workload = "ZFP (tolerance 0.01), 32 MiB <f8 field, compress MB/s", metric = "MB/s", base = "zstd -1",
+           extra = zr and zr.bytes and ("%.2f MB, %.1f:1"):format(zr.bytes / 1e6, zr.ratio) }, iv, "zfp", "zstd", mb_per_s)
+  iv_row({ workload = "", metric = "MB/s", base = "zstd -1 (decompress)" }, iv, "zfp", "zstd", unpack_of)
+  iv_row({ workload = "", metric = "bytes", base = "zstd -1", lower = true }, iv, "zfp", "zstd", bytes_of)
+end
+
 local function w_null()
   log("null call (Lua and C API), %d interleaved repetitions", REPS)
   local w = start_workers{ { id = "null", subs = { { group = "null", channels = { "null" } } } } }
@@ -1182,7 +1267,7 @@ local WORKLOADS = {
   { "sinks", w_sinks }, { "pipeline", w_pipeline }, { "channels", w_channels },
   { "bulk", w_bulk }, { "null_call", w_null }, { "calls", w_calls }, { "modulators", w_modulators },
   { "keyed", w_keyed }, { "peers", w_peers }, { "attacked", w_attacked }, { "patterns", w_patterns },
-  { "scale", w_scale },
+  { "scale", w_scale }, { "arrays", w_arrays },
 }
 
 local CORES = tonumber(io.popen("nproc"):read("*l"))

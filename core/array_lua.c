@@ -6,6 +6,7 @@
  * state (its memory cap).  Costs per element: doc/modulators.md.
  */
 #include "array.h"
+#include "array_zip.h"
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -18,7 +19,8 @@ static lei_array *arg_array(lua_State *L, int i) {
     lei_array *a = lei_array_check(L, i);
     if (!a) luaL_typerror(L, i, "lecho.array");
     if (a->flags & LEI_AF_ENDED)
-        luaL_error(L, "lecho.array: a view of an event whose handler returned (keep it with a:copy())");
+        luaL_error(L, "lecho.array: this array was a view into a received event whose handler has returned: "
+                      "its bytes are gone (call a:keep() or a:copy() inside the handler to hold it longer)");
     return a;
 }
 
@@ -316,6 +318,191 @@ static int op_patch(lua_State *L) {
     return 1;
 }
 
+
+/* cat(list, dim) -> a new array: the arrays of list (same dtype and ndim,
+ * the same dims but dim, from 1) one after another along dim.  Each piece
+ * that is a box or stride view is copied first (in this state). */
+static int op_cat(lua_State *L) {
+    int n, i, d, dim, nd;
+    lei_array *first, *out, *pc[64];
+    int64_t shape[LEI_ARRAY_MAXDIM], outer = 1, isz;
+    uint8_t *dst;
+    luaL_checktype(L, 1, LUA_TTABLE);
+    n = (int)lua_objlen(L, 1);
+    if (n < 1 || n > 64) luaL_argerror(L, 1, "a list of 1 to 64 arrays");
+    lua_settop(L, 2);
+    for (i = 1; i <= n; i++) lua_rawgeti(L, 1, i); /* pieces at 3 .. n+2 */
+    first = arg_array(L, 3);
+    nd = first->ndim;
+    dim = (int)luaL_optinteger(L, 2, 1);
+    if (dim < 1 || dim > nd) luaL_argerror(L, 2, "a dimension of the arrays (from 1)");
+    dim--;
+    for (d = 0; d < nd; d++) shape[d] = d == dim ? 0 : first->shape[d];
+    for (i = 0; i < n; i++) {
+        lei_array *a = arg_array(L, 3 + i);
+        if (a->dtype != first->dtype || a->ndim != nd)
+            luaL_error(L, "lecho.array.cat: piece %d is %s with %d dims, piece 1 %s with %d", i + 1,
+                       lei_dtype_name(a->dtype), a->ndim, lei_dtype_name(first->dtype), nd);
+        for (d = 0; d < nd; d++)
+            if (d != dim && a->shape[d] != first->shape[d])
+                luaL_error(L, "lecho.array.cat: piece %d differs from piece 1 in dimension %d", i + 1, d + 1);
+        if (__builtin_add_overflow(shape[dim], a->shape[dim], &shape[dim]))
+            luaL_error(L, "lecho.array.cat: too many elements");
+        if (!lei_array_contiguous(a)) { /* a copy, in place of the view */
+            lei_array *c = lei_array_push(L, a->dtype, nd, a->shape, (size_t)a->count * (size_t)a->itemsize, 0);
+            if (lei_array_gather(a, c->data, STOP(L))) stopped(L);
+            lua_replace(L, 3 + i);
+            a = c;
+        }
+        pc[i] = a;
+    }
+    for (d = 0; d < dim; d++) outer *= shape[d];
+    isz = first->itemsize;
+    {
+        uint64_t count, bytes;
+        if (lei_shape_bytes(shape, nd, (unsigned)isz, &count, &bytes) || bytes > LEI_ARRAY_UD_MAX)
+            luaL_error(L, "lecho.array.cat: too many elements");
+        out = lei_array_push(L, first->dtype, nd, shape, (size_t)bytes, 0);
+    }
+    dst = out->data;
+    if (!out->count) return 1;
+    /* piece i's o-th block (its dims from dim on) is contiguous */
+    for (int64_t o = 0; o < outer; o++) {
+        if (STOP(L) && *STOP(L)) stopped(L);
+        for (i = 0; i < n; i++) {
+            int64_t blk = pc[i]->count / outer * isz;
+            if (blk) memcpy(dst, pc[i]->data + o * blk, (size_t)blk);
+            dst += blk;
+        }
+    }
+    return 1;
+}
+
+/* ---- compression (array_zip.c): every buffer, the codecs' working memory
+ * included, is a userdata of this state (a modulator's memory cap counts
+ * it; a huge one is refused before any work), freed by the collector. ---- */
+
+static uint8_t *scratch(lua_State *L, size_t n) {
+    if (n > LEI_ARRAY_UD_MAX) luaL_error(L, "lecho.array: %zu bytes of working memory: too many", n);
+    return lua_newuserdata(L, n ? n : 1);
+}
+
+/* a's elements, contiguous and aligned to their size: a itself, or a copy
+ * (allocated here) pushed on the stack */
+static lei_array *flat_aligned(lua_State *L, lei_array *a) {
+    lei_array *c;
+    if (lei_array_contiguous(a) && ((uintptr_t)a->data % (uintptr_t)a->itemsize) == 0) return a;
+    c = lei_array_push(L, a->dtype, a->ndim, a->shape, (size_t)a->count * (size_t)a->itemsize, 0);
+    if (lei_array_gather(a, c->data, STOP(L))) stopped(L);
+    return c;
+}
+
+/* The result: a <u1 array of len bytes at out (allocated with cap bytes);
+ * copied to one of its size when it would waste more than half. */
+static void zip_result(lua_State *L, lei_array *out, size_t len, size_t cap) {
+    if (len < cap / 2) {
+        int64_t n = (int64_t)len;
+        lei_array *r = lei_array_push(L, LEI_DT_U1, 1, &n, len, 0);
+        if (len) memcpy(r->data, out->data, len);
+        return;
+    }
+    out->shape[0] = out->count = (int64_t)len;
+}
+
+static void zip_fail(lua_State *L, int rc, const char *err) {
+    if (rc == LEI_ZIP_STOPPED) stopped(L);
+    luaL_error(L, "lecho.array.%s", err);
+}
+
+/* zstd(a [, level 3]) -> a <u1 array: a compressed without loss (header:
+ * array_zip.h); its inverse is unzstd */
+static int op_zstd(lua_State *L) {
+    lei_array *a = arg_array(L, 1), *out;
+    int level = (int)luaL_optinteger(L, 2, 3), rc;
+    size_t n = (size_t)a->count * (size_t)a->itemsize, wn, cap, len = 0;
+    char err[160];
+    void *work;
+    /* above 9 a 128 KiB block takes zstd tens of ms (70 at 19): the stop
+     * flag would wait that long */
+    if (level < 1 || level > 9) luaL_argerror(L, 2, "a zstd level from 1 to 9");
+    if (!lei_array_contiguous(a)) a = flat_aligned(L, a); /* zstd reads bytes: any alignment */
+    wn = lei_zstd_cwork(level, n);
+    work = scratch(L, wn);
+    cap = lei_zstd_bound(a);
+    if (cap > LEI_ARRAY_UD_MAX) luaL_error(L, "lecho.array.zstd: %zu bytes: too many", n);
+    int64_t c64 = (int64_t)cap;
+    out = lei_array_push(L, LEI_DT_U1, 1, &c64, cap, 0);
+    if ((rc = lei_zstd_pack(a, level, work, wn, out->data, cap, &len, STOP(L), err, sizeof err))) zip_fail(L, rc, err);
+    zip_result(L, out, len, cap);
+    return 1;
+}
+
+/* zfp(a, tolerance) -> a <u1 array: a (<f4 or <f8) compressed by ZFP in
+ * fixed-accuracy mode, every element within tolerance of a's; unzfp */
+static int op_zfp(lua_State *L) {
+    lei_array *a = arg_array(L, 1), *out;
+    double tol = luaL_checknumber(L, 2);
+    size_t sn, hlen, cap, len = 0;
+    char err[200];
+    uint8_t *sc;
+    int rc;
+    if (lei_zfp_plan(a->dtype, a->ndim, a->shape, tol, &sn, &hlen))
+        luaL_error(L, "lecho.array.zfp: <f4 or <f8 arrays and a tolerance > 0 only (got %s, %f)",
+                   lei_dtype_name(a->dtype), tol);
+    a = flat_aligned(L, a);
+    sc = scratch(L, sn);
+    /* its bytes, and a few blocks more for a tiny array */
+    cap = hlen + (size_t)a->count * (size_t)a->itemsize + 1024;
+    if (cap > LEI_ARRAY_UD_MAX) luaL_error(L, "lecho.array.zfp: too many bytes");
+    int64_t c64 = (int64_t)cap;
+    out = lei_array_push(L, LEI_DT_U1, 1, &c64, cap, 0);
+    if ((rc = lei_zfp_pack(a, tol, sc, sn, out->data, cap, &len, STOP(L), err, sizeof err))) zip_fail(L, rc, err);
+    zip_result(L, out, len, cap);
+    return 1;
+}
+
+/* The compressed bytes at i: a string or a contiguous <u1 / <i1 array */
+static const uint8_t *arg_bytes(lua_State *L, int i, size_t *n) {
+    lei_array *a;
+    if (lua_type(L, i) == LUA_TSTRING) return (const uint8_t *)lua_tolstring(L, i, n);
+    a = arg_array(L, i);
+    if (a->itemsize != 1 || !lei_array_contiguous(a)) luaL_argerror(L, i, "a <u1 array or a string expected");
+    *n = (size_t)a->count;
+    return a->data;
+}
+
+/* unzip(z [, kind]) -> the array z holds (zstd or zfp, by its header) */
+static int unzip(lua_State *L, int kind) {
+    size_t n, sn = 0;
+    const uint8_t *p = arg_bytes(L, 1, &n);
+    lei_zip_hdr h;
+    lei_array *out;
+    char err[200];
+    int rc;
+    void *work;
+    if (lei_zip_parse(p, n, &h, err, sizeof err)) luaL_error(L, "lecho.array.unzip: %s", err);
+    if (kind && h.kind != kind)
+        luaL_error(L, "lecho.array.un%s: this holds a %s-compressed array", kind == LEI_ZIP_ZSTD ? "zstd" : "zfp",
+                   h.kind == LEI_ZIP_ZSTD ? "zstd" : "zfp");
+    if (h.kind == LEI_ZIP_ZSTD) {
+        sn = lei_zstd_dwork();
+    } else {
+        size_t hlen;
+        lei_zfp_plan(h.dtype, h.ndim, h.shape, h.tol, &sn, &hlen);
+    }
+    work = scratch(L, sn);
+    /* the declared size, allocated first: a cap refuses it before any work */
+    out = lei_array_push(L, h.dtype, h.ndim, h.shape, (size_t)h.bytes, 0);
+    rc = h.kind == LEI_ZIP_ZSTD ? lei_zstd_unpack(p, n, &h, work, sn, out->data, STOP(L), err, sizeof err)
+                                : lei_zfp_unpack(p, n, &h, work, sn, out->data, STOP(L), err, sizeof err);
+    if (rc == LEI_ZIP_STOPPED) stopped(L);
+    if (rc) luaL_error(L, "lecho.array.unzip: %s", err);
+    return 1;
+}
+static int op_unzstd(lua_State *L) { return unzip(L, LEI_ZIP_ZSTD); }
+static int op_unzfp(lua_State *L) { return unzip(L, LEI_ZIP_ZFP); }
+static int op_unzip(lua_State *L) { return unzip(L, 0); }
+
 static int op_len(lua_State *L) { return op_count(L); }
 
 static int op_tostring(lua_State *L) {
@@ -335,7 +522,9 @@ static const luaL_Reg OPS[] = {{"dtype", op_dtype}, {"shape", op_shape}, {"ndim"
                                {"mean", op_mean},   {"box", op_box},     {"reduce", op_reduce},
                                {"copy", op_copy},   {"new", op_new},     {"set", op_set},
                                {"quantize", op_quantize}, {"dequantize", op_dequantize},
-                               {"delta", op_delta}, {"patch", op_patch}, {NULL, NULL}};
+                               {"delta", op_delta}, {"patch", op_patch}, {"cat", op_cat},
+                               {"zstd", op_zstd}, {"unzstd", op_unzstd}, {"zfp", op_zfp},
+                               {"unzfp", op_unzfp}, {"unzip", op_unzip}, {NULL, NULL}};
 
 void lei_array_lua_ops(lua_State *L, volatile sig_atomic_t *stop) {
     const luaL_Reg *f;

@@ -761,6 +761,15 @@ static lei_array *check_array(lua_State *L, int arg) {
     return a;
 }
 
+/* check_array, raising on an ended view (array.lua's message) */
+static lei_array *live_array(lua_State *L, int arg) {
+    lei_array *a = check_array(L, arg);
+    if (a->flags & LEI_AF_ENDED)
+        luaL_error(L, "lecho.array: this array was a view into a received event whose handler has returned: "
+                      "its bytes are gone (call a:keep() or a:copy() inside the handler to hold it longer)");
+    return a;
+}
+
 /* array_new(dtype, shape) -> a zeroed array */
 static int l_array_new(lua_State *L) {
     int64_t shape[LEI_ARRAY_MAXDIM];
@@ -790,7 +799,7 @@ static int l_array_wrap(lua_State *L) {
  * changes shape, strides and data); a view of a received view is listed in
  * its parent's kids, so that it is kept or ended with it */
 static int l_array_view(lua_State *L) {
-    lei_array *a = check_array(L, 1), *v;
+    lei_array *a = live_array(L, 1), *v;
     v = lei_array_push(L, a->dtype, 0, NULL, 0, 0);
     *v = *a;
     lua_getfenv(L, -1);
@@ -862,7 +871,7 @@ void lei_array_keep_lua(lua_State *L, int idx) {
 }
 
 static int l_array_keep(lua_State *L) {
-    check_array(L, 1);
+    live_array(L, 1);
     lei_array_keep_lua(L, 1);
     return 0;
 }
@@ -875,7 +884,7 @@ static int l_array_end(lua_State *L) {
 
 /* array_copy(a) -> a new contiguous array holding a's elements */
 static int l_array_copy(lua_State *L) {
-    lei_array *a = check_array(L, 1), *c;
+    lei_array *a = live_array(L, 1), *c;
     size_t n = (size_t)a->count * (size_t)a->itemsize;
     c = lei_array_push(L, a->dtype, a->ndim, a->shape, n, 0);
     lei_array_gather(a, c->data, NULL);

@@ -21,11 +21,14 @@ run sandboxed in the producing processes; lecho-repl steers a running system.]],
 -- LuaJIT 2.1 (LuaRocks provides "luajit" when its Lua is LuaJIT); lecho.check
 -- says so at require time too.  lua-cjson: keyed mode's files, policies in
 -- JSON, lecho-repl --json (Debian: lua-cjson; `--deps-mode=none` when it is
--- there).  The C libraries: Debian's libev-dev and libsodium-dev.
+-- there).  The C libraries: Debian's libev-dev, libsodium-dev, libzstd-dev and libzfp-dev.
 dependencies = { "lua ~> 5.1", "luajit >= 2.1.0-beta3", "lua-cjson >= 2.1" }
 external_dependencies = {
   LIBEV = { header = "ev.h", library = "ev" },
   LIBSODIUM = { header = "sodium.h", library = "sodium" },
+  -- the MOE's compression operators (core/array_zip.c)
+  LIBZSTD = { header = "zstd.h", library = "zstd" },
+  LIBZFP = { header = "zfp.h", library = "zfp" },
 }
 build = {
   type = "make",

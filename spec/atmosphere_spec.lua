@@ -9,6 +9,22 @@ local S = require "spec.support"
 local dir = S.root .. "/examples/atmosphere"
 local model = dofile(dir .. "/model.lua")
 local mods = dofile(dir .. "/modulators.lua")
+local array = lecho.array
+
+-- A step of sim as the simulation publishes it (ev.field, a "<f8" array);
+-- also its cells as a flat Lua list.
+local function step_of(sim)
+  local ev = sim:step()
+  local cells = ev.cells
+  return model.publishable(ev, array), cells
+end
+
+-- The elements of an array as a flat Lua list.
+local function flat(a)
+  local t, p = {}, a:ptr()
+  for i = 0, #a - 1 do t[i + 1] = p[i] end
+  return t
+end
 
 -- What a consumer gets: a decoded copy of what was submitted.
 local function wire(v)
@@ -99,7 +115,7 @@ end)
 describe("atmosphere region modulator", function()
   it("keeps a lat/lon box and sends its block means, with the header", function()
     local sim = model.new()
-    local ev = sim:step()
+    local ev, cells = step_of(sim)
     ev.final = true
     local m = load_strict(mods.region, mods.region_params{ lat_min = 0, lat_max = 90, lon_min = 0, lon_max = 180, stride = 2 })
     local out = wire(m.enqueue(wire(ev)))
@@ -107,7 +123,8 @@ describe("atmosphere region modulator", function()
     assert.are.equal(3, out.nlev)
     assert.are.equal(9, out.nlat)
     assert.are.equal(19, out.nlon)
-    assert.are.equal(3 * 9 * 19, #out.cells)
+    assert.are.same({ 3, 9, 19 }, out.field:shape())
+    assert.are.equal("<f8", out.field:dtype())
     assert.is_true(out.final)
     assert.are.equal(ev.step, out.step)
     assert.are.equal(ev.dt, out.dt)
@@ -116,27 +133,49 @@ describe("atmosphere region modulator", function()
     -- block (level 2, block row 3, block col 4): rows 23,24 and columns 7,8
     local want = 0
     for _, i in ipairs{ 23, 24 } do
-      for _, j in ipairs{ 7, 8 } do want = want + ev.cells[model.index(2, i, j, 36, 72)] end
+      for _, j in ipairs{ 7, 8 } do want = want + cells[model.index(2, i, j, 36, 72)] end
     end
     want = want / 4
-    local got = out.cells[(2 - 1) * 9 * 19 + (3 - 1) * 19 + 4]
+    local got = out.field:get(1, 2, 3)
     assert.is_true(math.abs(got - want) < 1e-12)
     -- last block column holds the single column at 180 degrees
     local j180 = 37
-    local w2 = (ev.cells[model.index(1, 19, j180, 36, 72)] + ev.cells[model.index(1, 20, j180, 36, 72)]) / 2
-    assert.is_true(math.abs(out.cells[19] - w2) < 1e-12)
+    local w2 = (cells[model.index(1, 19, j180, 36, 72)] + cells[model.index(1, 20, j180, 36, 72)]) / 2
+    assert.is_true(math.abs(out.field:get(0, 0, 18) - w2) < 1e-12)
   end)
 
   it("handles a box across the 0 meridian and passes other events unchanged", function()
-    local ev = model.new():step()
+    local ev, cells = step_of(model.new())
     local m = load_strict(mods.region, mods.region_params{ lat_min = -10, lat_max = 10, lon_min = 350, lon_max = 10, stride = 1, levels = { 1 } })
     local out = m.enqueue(ev)
     assert.are.equal(1, out.nlev)
     assert.are.equal(4, out.nlat)  -- -7.5, -2.5, 2.5, 7.5
     assert.are.equal(5, out.nlon)  -- 350, 355, 0, 5, 10
     assert.are.equal(350, out.lon0)
-    assert.are.equal(ev.cells[model.index(1, 17, 71, 36, 72)], out.cells[1])
-    assert.are.equal(ev.cells[model.index(1, 17, 1, 36, 72)], out.cells[3])
+    assert.are.equal(cells[model.index(1, 17, 71, 36, 72)], out.field:get(0, 0, 0))
+    assert.are.equal(cells[model.index(1, 17, 1, 36, 72)], out.field:get(0, 0, 2))
+    -- levels that are not one run, across the meridian, 2x2 blocks: the
+    -- pieces are concatenated (array.cat), then reduced; against loops
+    local m2 = load_strict(mods.region, mods.region_params{ lat_min = -20, lat_max = 20, lon_min = 340, lon_max = 30, stride = 2, levels = { 3, 1 } })
+    local o2 = m2.enqueue(ev)
+    local rows, cols = {}, {}
+    for i = 15, 22 do rows[#rows + 1] = i end -- -17.5 .. 17.5
+    for j = 69, 72 do cols[#cols + 1] = j end -- 340 .. 355
+    for j = 1, 7 do cols[#cols + 1] = j end   -- 0 .. 30
+    assert.are.same({ 2, 4, 6 }, o2.field:shape())
+    for li, k in ipairs{ 3, 1 } do
+      for bi = 0, 3 do
+        for bj = 0, 5 do
+          local sum, n = 0, 0
+          for r = bi * 2 + 1, math.min(bi * 2 + 2, #rows) do
+            for c = bj * 2 + 1, math.min(bj * 2 + 2, #cols) do
+              sum, n = sum + cells[model.index(k, rows[r], cols[c], 36, 72)], n + 1
+            end
+          end
+          assert.is_true(math.abs(o2.field:get(li - 1, bi, bj) - sum / n) < 1e-12, ("block %d %d %d"):format(li, bi, bj))
+        end
+      end
+    end
     assert.are.equal("hello", m.enqueue("hello"))
     local t = { note = 1 }
     assert.are.equal(t, m.enqueue(t))
@@ -144,14 +183,14 @@ describe("atmosphere region modulator", function()
 end)
 
 describe("atmosphere stride modulator (the README's mod example)", function()
-  it("passes the steps that are multiples of params.stride, without the cells", function()
+  it("passes the steps that are multiples of params.stride, without the field", function()
     local m = load_strict(S.read(dir .. "/stride.lua"), { stride = 3 })
     local sim = model.new(nil, { nlev = 1, nlat = 4, nlon = 8 })
     local steps = {}
     for _ = 1, 9 do
-      local out = m.enqueue(wire(sim:step()))
+      local out = m.enqueue(wire(step_of(sim)))
       if out then
-        assert.is_nil(out.cells)
+        assert.is_nil(out.field)
         assert.are.equal(sim.emission, out.emission)
         steps[#steps + 1] = out.step
       end
@@ -170,14 +209,14 @@ describe("atmosphere diff modulator and demodulator", function()
     local res = { sizes = {}, maxerr = 0, changed = {} }
     for s = 1, steps do
       if steer_at and steer_at[s] then sim:steer(steer_at[s]) end
-      local ev = sim:step()
+      local ev, cells = step_of(sim)
       local sent = wire(m.enqueue(wire(ev)))
       res.sizes[s] = #lecho.encode(sent)
       demod(sent, meta)
       assert.are.equal(ev.step, st.ev.step)
       assert.are.equal(ev.emission, st.ev.emission)
       res.changed[s] = st.changed
-      res.maxerr = math.max(res.maxerr, max_abs_diff(ev.cells, st.cells))
+      res.maxerr = math.max(res.maxerr, max_abs_diff(cells, flat(st.field)))
       res.last = ev
     end
     res.state = st
@@ -197,39 +236,40 @@ describe("atmosphere diff modulator and demodulator", function()
     assert.is_true(r.changed[35] > 0)
   end)
 
-  it("sends exact values without a quantum", function()
-    local r = run(mods.diff_params{ threshold = 0.25, quantum = 0 }, 20)
+  it("sends exact values", function()
+    local r = run(mods.diff_params{ threshold = 0.25 }, 20)
     assert.is_true(r.maxerr <= 0.25)
     -- cells never sent since the key frame are exact
     local sim = model.new()
     local first = sim:step().cells
     local exact = 0
-    for i = 1, #first do if r.state.cells[i] == first[i] then exact = exact + 1 end end
+    local have = flat(r.state.field)
+    for i = 1, #first do if have[i] == first[i] then exact = exact + 1 end end
     assert.is_true(exact > 0.5 * #first)
   end)
 
   it("starts again with a key frame when the grid changes, and passes other events", function()
     local m = load_strict(mods.diff, mods.diff_params{})
-    local a = m.enqueue(model.new(nil, { nlev = 1, nlat = 4, nlon = 8 }):step())
+    local a = m.enqueue(step_of(model.new(nil, { nlev = 1, nlat = 4, nlon = 8 })))
     assert.truthy(a.key)
-    local b = m.enqueue(model.new(nil, { nlev = 2, nlat = 4, nlon = 8 }):step())
+    local b = m.enqueue(step_of(model.new(nil, { nlev = 2, nlat = 4, nlon = 8 })))
     assert.truthy(b.key)
     assert.are.equal(64, #b.key)
     assert.are.equal("x", m.enqueue("x"))
     -- a demodulator that missed the key frame does not invent a field
     local demod, st = mods.diff_demodulator()
-    demod({ gap = { 1 }, val = { 4 }, q = 0.5 }, { producer = "p" })
-    assert.is_nil(st.cells)
+    demod({ idx = array.from({ 1 }, "<u4"), vals = array.from({ 4 }) }, { producer = "p" })
+    assert.is_nil(st.field)
     assert.are.equal(1, st.missing)
   end)
 
   it("sends a key frame after receivers() (another viewer joined the shared modulator)", function()
     local m = load_strict(mods.diff, mods.diff_params{})
     local sim = model.new(nil, { nlev = 1, nlat = 4, nlon = 8 })
-    assert.truthy(m.enqueue(sim:step()).key)
-    assert.is_nil(m.enqueue(sim:step()).key)
+    assert.truthy(m.enqueue(step_of(sim)).key)
+    assert.is_nil(m.enqueue(step_of(sim)).key)
     m.receivers(2)
-    local k = m.enqueue(sim:step())
+    local k = m.enqueue(step_of(sim))
     assert.truthy(k.key)
     assert.are.equal(32, #k.key)
   end)
@@ -240,13 +280,38 @@ describe("atmosphere diff modulator and demodulator", function()
     local dif = load_strict(mods.diff, mods.diff_params{ threshold = 0.5 })
     local full, region, diff = 0, 0, 0
     for _ = 1, 40 do
-      local ev = sim:step()
+      local ev = step_of(sim)
       full = full + #lecho.encode(ev)
       region = region + #lecho.encode(reg.enqueue(ev))
       diff = diff + #lecho.encode(dif.enqueue(ev))
     end
     assert.is_true(region < 0.15 * full, ("region %d of %d"):format(region, full))
     assert.is_true(diff < region, ("diff %d, region %d"):format(diff, region))
+  end)
+end)
+
+describe("atmosphere zfp and quant modulators and demodulators", function()
+  it("rebuild the field within the tolerance and scale/2, in fewer bytes than the field", function()
+    local sim = model.new()
+    local z = load_strict(mods.zfp, mods.zfp_params{ tolerance = 0.01 })
+    local q = load_strict(mods.quant, mods.quant_params{ scale = 0.005 })
+    local zd, zs = mods.zfp_demodulator()
+    local qd, qs = mods.quant_demodulator()
+    for _ = 1, 5 do
+      local ev, cells = step_of(sim)
+      local full = #lecho.encode(ev)
+      local zo, qo = wire(z.enqueue(wire(ev))), wire(q.enqueue(wire(ev)))
+      zd(zo)
+      qd(qo)
+      assert.are.equal(ev.step, zs.ev.step)
+      assert.is_true(max_abs_diff(cells, flat(zs.field)) <= 0.01)
+      assert.is_true(max_abs_diff(cells, flat(qs.field)) <= 0.0025 + 1e-12)
+      assert.is_true(#lecho.encode(zo) < 0.5 * full)
+      assert.is_true(#lecho.encode(qo) < 0.3 * full)
+      assert.are.equal("<u2", qo.q:dtype())
+    end
+    assert.are.equal("x", z.enqueue("x"))
+    assert.are.equal("x", q.enqueue("x"))
   end)
 end)
 
@@ -276,8 +341,17 @@ describe("atmosphere demo (make demo), as processes", function()
       if c.name:match("steering") then steered = c.ok end
     end
     assert.is_true(steered, out)
+    -- ZFP within its tolerance, quantization within scale/2, both smaller
+    assert.is_true(sum.zfp_error <= 0.01 and sum.zfp_reduction > 0.5, out)
+    assert.is_true(sum.quant_error <= 0.0025 + 1e-12 and sum.quant_reduction > 0.7, out)
+    -- CPU per step of every process, the simulation's (its modulators in it) too
+    for _, k in ipairs{ "full", "region", "diff", "zfp", "quant" } do
+      assert.is_true(v[k].cpu_per_step > 0, k)
+    end
+    assert.is_true(sum.simulation_cpu_per_step > 0, out)
+    assert.truthy(out:match("sim%s+%d+%s+[%d.]+ ms"), out)
     assert.is_true(sum.children_stopped)
-    assert.are.equal(5, #sum.pids)   -- the simulation, three viewers, the gateway
+    assert.are.equal(7, #sum.pids)   -- the simulation, five viewers, the gateway
     for _, pid in ipairs(sum.pids) do
       assert.is_false(os.execute(("kill -0 %d 2>/dev/null"):format(pid)) == 0, "process " .. pid .. " still exists")
     end

@@ -94,7 +94,10 @@ describe("lecho-gateway", function()
     c:send_json{ op = "sub", id = 2, ch = "atmosphere.field" }
     assert.is_true(reply(c, 2).ok)
     local ev = assert(next_event(c, "atmosphere.field"))
-    assert.are.equal(2 * 18 * 36, #ev.cells)
+    -- the field, a <f8 array, as JSON: dtype, shape, the elements flat
+    assert.are.equal("<f8", ev.field.dtype)
+    assert.are.same({ 2, 18, 36 }, ev.field.shape)
+    assert.are.equal(2 * 18 * 36, #ev.field.data)
     assert.are.equal(18, ev.nlat)
     -- steering: true only once the simulation's handler ran, and applied
     c:send_json{ op = "pub", id = 3, ch = "atmosphere.steer", data = { emission = 7.25 }, sync = true }
@@ -126,7 +129,7 @@ describe("lecho-gateway", function()
     local l = assert(W.lines("127.0.0.1", lp))
     assert.are.equal("lecho-gateway", l:json().hello)
     l:send_json{ op = "sub", id = 1, ch = "atmosphere.field",
-                 modulator = "function enqueue(ev) emit{ step = ev.step, n = #ev.cells } end" }
+                 modulator = "function enqueue(ev) emit{ step = ev.step, n = #ev.field } end" }
     assert.is_true(reply(l, 1, 20).ok)
     local ev = assert(next_event(l, "atmosphere.field"))
     assert.are.same({ "n", "step" }, (function() local k = {} for n in pairs(ev) do k[#k + 1] = n end table.sort(k) return k end)())

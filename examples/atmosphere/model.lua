@@ -190,6 +190,17 @@ function Sim:step()
   }
 end
 
+--- The event the simulation publishes for a step's ev: its cells (a flat
+-- Lua list) become ev.field, a new "<f8" array of shape { nlev, nlat, nlon }
+-- (array: lecho.array, passed in so that the model needs nothing).
+function M.publishable(ev, array)
+  local f = array.new("<f8", { ev.nlev, ev.nlat, ev.nlon })
+  local ptr, cells = f:ptr(), ev.cells
+  for i = 1, #cells do ptr[i - 1] = cells[i] end
+  ev.cells, ev.field = nil, f
+  return ev
+end
+
 --- Index of cell (k, i, j) in a flat field of dims (nlat, nlon).
 function M.index(k, i, j, nlat, nlon)
   return (k - 1) * nlat * nlon + (i - 1) * nlon + j

@@ -2,19 +2,40 @@
 -- pairs (see doc/modulators.md), pure Lua without I/O.
 --
 -- A modulator is Lua source that runs in the producing process (the
--- simulation), in lecho's sandbox: it sees `params`, `emit`, string, table,
--- math, bit and the basic functions, nothing else.  A demodulator is the
--- viewer's handler: it turns what the modulator sent back into a field.
+-- simulation), in lecho's sandbox: it sees `params`, `emit`, `array` (the
+-- array operations, in C), string, table, math, bit and the basic
+-- functions, nothing else.  A demodulator is the viewer's handler: it turns
+-- what the modulator sent back into a field.
+--
+-- The simulation publishes its field as ev.field, a "<f8" array of shape
+-- { nlev, nlat, nlon } (doc/modulators.md "Arrays"); every view works on it
+-- with the array operations, never element by element in Lua:
+--   region  a lat/lon box (a box view), 2x2 block means (reduce)
+--   diff    the cells that moved past a threshold (delta; patch back)
+--   zfp     the field compressed by ZFP within an error bound (zfp; unzfp)
+--   quant   the field as 16-bit integers (quantize; dequantize)
 --
 --   local mods = dofile("examples/atmosphere/modulators.lua")
 --   ch:consumer(mods.region_demodulator(), { modulator = mods.region, params = mods.region_params() })
 --   ch:consumer(mods.diff_demodulator(),   { modulator = mods.diff,   params = mods.diff_params{ threshold = 0.5 } })
 --
--- Both modulators pass anything that is not a field event (no `cells`
--- array) unchanged, and copy every other key of a field event (step, t, the
--- settings, final, ...) into what they send.
+-- Every modulator passes anything that is not a field event (no `field`
+-- array) unchanged, and copies every other key of a field event (step, t,
+-- the settings, final, ...) into what it sends.
 
 local M = {}
+
+-- The header keys of a field event, in a new table (a modulator's prelude).
+local COPY = [==[
+local function header(ev)
+  local out = {}
+  for k, v in pairs(ev) do
+    if k ~= "field" then out[k] = v end
+  end
+  return out
+end
+local function is_field(ev) return type(ev) == "table" and type(ev.field) == "userdata" end
+]==]
 
 ------------------------------------------------------------------------------
 -- Region: keep a latitude/longitude box, down-sample it by block means.
@@ -24,12 +45,14 @@ local M = {}
 -- levels (list of level numbers, default all).
 -- Sends: the header keys, region = { lat_min, lat_max, lon_min, lon_max,
 -- stride }, nlev, nlat, nlon, lat0, dlat, lon0, dlon of the down-sampled
--- grid (a block's centre is the mean of its cells' centres), and cells:
--- each the mean of its block (a partial block at the box's edge averages
--- the cells it has).
+-- grid (a block's centre is the mean of its cells' centres), and field:
+-- each cell the mean of its block (a partial block at the box's edge
+-- averages the cells it has).  The box is one box view of the field (no
+-- copy) or, across the 0 meridian or for levels that are not one run, the
+-- views' concatenation (array.cat); the means one reduce, in C.
 
-M.region = [==[
-local plan, plan_key     -- the blocks, worked out once per grid shape and params
+M.region = COPY .. [==[
+local plan, plan_key     -- the box, worked out once per grid shape and params
 
 local function in_lon(lon, a, b)
   local w = (b - a) % 360
@@ -37,80 +60,70 @@ local function in_lon(lon, a, b)
   return (lon - a) % 360 <= w
 end
 
+-- Runs of consecutive numbers of list (in its order): { {first, count}, ... }
+local function runs(list)
+  local r = {}
+  for _, x in ipairs(list) do
+    local last = r[#r]
+    if last and x == last[1] + last[2] then last[2] = last[2] + 1 else r[#r + 1] = { x, 1 } end
+  end
+  return r
+end
+
 local function make_plan(ev)
   local p = params
   local s = p.stride or 1
   local rows, cols = {}, {}
-  for i = 1, ev.nlat do
-    local lat = ev.lat0 + (i - 1) * ev.dlat
+  for i = 0, ev.nlat - 1 do
+    local lat = ev.lat0 + i * ev.dlat
     if lat >= p.lat_min and lat <= p.lat_max then rows[#rows + 1] = i end
   end
-  for j = 1, ev.nlon do
-    if in_lon(ev.lon0 + (j - 1) * ev.dlon, p.lon_min, p.lon_max) then cols[#cols + 1] = j end
+  for j = 0, ev.nlon - 1 do
+    if in_lon(ev.lon0 + j * ev.dlon, p.lon_min, p.lon_max) then cols[#cols + 1] = j end
   end
   -- columns in box order (west to east from lon_min, across 0 if needed)
   table.sort(cols, function(a, b)
-    return (ev.lon0 + (a - 1) * ev.dlon - p.lon_min) % 360 < (ev.lon0 + (b - 1) * ev.dlon - p.lon_min) % 360
+    return (ev.lon0 + a * ev.dlon - p.lon_min) % 360 < (ev.lon0 + b * ev.dlon - p.lon_min) % 360
   end)
-  local brow, bcol = {}, {}
-  for r = 1, #rows, s do
-    local b = {}
-    for q = r, math.min(r + s - 1, #rows) do b[#b + 1] = rows[q] end
-    brow[#brow + 1] = b
-  end
-  for c = 1, #cols, s do
-    local b = {}
-    for q = c, math.min(c + s - 1, #cols) do b[#b + 1] = cols[q] end
-    bcol[#bcol + 1] = b
-  end
   local levels = p.levels
   if not levels then
     levels = {}
     for k = 1, ev.nlev do levels[k] = k end
   end
-  return { rows = brow, cols = bcol, levels = levels, s = s,
-           first_lat = rows[1], first_col = cols[1] }
+  local lv = {}
+  for i, k in ipairs(levels) do lv[i] = k - 1 end
+  return { row0 = rows[1] or 0, nrows = #rows, cols = runs(cols), ncols = #cols, levels = levels,
+           lruns = runs(lv), s = s, first_lat = rows[1], first_col = cols[1] }
 end
 
 function enqueue(ev)
-  if type(ev) ~= "table" or type(ev.cells) ~= "table" then return ev end
+  if not is_field(ev) then return ev end
+  local f = ev.field
   local key = ev.nlev .. "x" .. ev.nlat .. "x" .. ev.nlon
   if plan_key ~= key then plan, plan_key = make_plan(ev), key end
-  local out = {}
-  for k, v in pairs(ev) do
-    if k ~= "cells" then out[k] = v end
-  end
-  local cells, src = {}, ev.cells
-  local nlat, nlon = ev.nlat, ev.nlon
-  local n = 0
-  for _, k in ipairs(plan.levels) do
-    local off = (k - 1) * nlat * nlon
-    for _, br in ipairs(plan.rows) do
-      for _, bc in ipairs(plan.cols) do
-        local sum, m = 0, 0
-        for _, i in ipairs(br) do
-          local row = off + (i - 1) * nlon
-          for _, j in ipairs(bc) do
-            sum = sum + src[row + j]
-            m = m + 1
-          end
-        end
-        n = n + 1
-        cells[n] = sum / m
-      end
+  local out = header(ev)
+  local by_level = {}
+  for _, lr in ipairs(plan.lruns) do
+    local segs = {}
+    for _, cr in ipairs(plan.cols) do
+      segs[#segs + 1] = f:box({ lr[1], plan.row0, cr[1] }, { lr[2], plan.nrows, cr[2] })
     end
+    if #segs == 0 then segs[1] = f:box({ lr[1], plan.row0, 0 }, { lr[2], plan.nrows, 0 }) end
+    by_level[#by_level + 1] = #segs == 1 and segs[1] or array.cat(segs, 3)
   end
-  out.cells = cells
-  out.nlev, out.nlat, out.nlon = #plan.levels, #plan.rows, #plan.cols
+  local box = #by_level == 1 and by_level[1] or array.cat(by_level, 1)
+  out.field = box:reduce({ 1, plan.s, plan.s }, "mean")
+  local shape = out.field:shape()
+  out.nlev, out.nlat, out.nlon = shape[1], shape[2], shape[3]
   out.levels = plan.levels
   out.region = { lat_min = params.lat_min, lat_max = params.lat_max,
                  lon_min = params.lon_min, lon_max = params.lon_max, stride = plan.s }
   if plan.first_lat then
-    out.lat0 = ev.lat0 + (plan.first_lat - 1) * ev.dlat + (plan.s - 1) * ev.dlat / 2
-    out.lon0 = (ev.lon0 + (plan.first_col - 1) * ev.dlon + (plan.s - 1) * ev.dlon / 2) % 360
+    out.lat0 = ev.lat0 + plan.first_lat * ev.dlat + (plan.s - 1) * ev.dlat / 2
+    out.lon0 = (ev.lon0 + plan.first_col * ev.dlon + (plan.s - 1) * ev.dlon / 2) % 360
   end
   out.dlat, out.dlon = ev.dlat * plan.s, ev.dlon * plan.s
-  out.source_nlat, out.source_nlon = nlat, nlon
+  out.source_nlat, out.source_nlon = ev.nlat, ev.nlon
   return out
 end
 ]==]
@@ -126,150 +139,152 @@ function M.region_params(o)
   }
 end
 
---- The region demodulator: keeps the last down-sampled field.  Returns the
--- handler and a state table { ev, meta, events }.
-function M.region_demodulator(on_field)
+-- A demodulator that keeps ev[key] turned into a field by make (default:
+-- a copy: a received array is a view that ends with the handler).
+local function keeper(key, make, on_field)
   local state = { events = 0 }
   return function(ev, meta)
     state.events = state.events + 1
-    if type(ev) == "table" and ev.cells then
+    if type(ev) == "table" and ev[key] ~= nil then
+      state.field = make and make(ev) or ev[key]:copy()
       state.ev, state.meta = ev, meta
       if on_field then on_field(ev, meta, state) end
     end
   end, state
 end
 
+--- The region demodulator: keeps the last down-sampled field (state.field).
+-- Returns the handler and a state table { field, ev, meta, events }.
+function M.region_demodulator(on_field) return keeper("field", nil, on_field) end
+
 ------------------------------------------------------------------------------
 -- Differencing: send only the cells that moved by more than a threshold
 -- since they were last sent.
 --
--- params: threshold (> 0), quantum (optional, >= 0: values are sent as
--- integers k meaning k * quantum, rounded to nearest; 0 or absent: exact
--- doubles; must be <= 2 * threshold for the guarantee below).
+-- params: threshold (> 0).
 -- Sends: the header keys plus, for the first event of a grid (a key frame),
--- key = every cell; afterwards gap (index differences: the first is the
--- index itself) and val (the values) of the cells that moved.  `q` is the
--- quantum in use (0: exact).
--- The modulator keeps `last`, the field as the demodulator has rebuilt it,
--- and sends a cell when |value - last| > threshold: so the rebuilt field is
--- within threshold of the source at every step, cell by cell.
+-- key = the whole field; afterwards idx ("<u4" flat indices) and vals (the
+-- "<f8" values) of the cells that moved (a:delta).  The modulator keeps ref,
+-- the field as the demodulator has rebuilt it (delta updates it), and sends
+-- a cell when |value - ref| > threshold: so the rebuilt field is within
+-- threshold of the source at every step, cell by cell.
 
-M.diff = [==[
-local last, last_key   -- the demodulator's picture of the field
-local floor = math.floor
+M.diff = COPY .. [==[
+local ref, ref_key   -- the demodulator's picture of the field
 
 -- Another viewer joined this (shared) modulator: it has no picture yet, so
 -- the next step goes out as a key frame, to every viewer.
 function receivers(n)
-  last_key = nil
+  ref_key = nil
 end
 
 function enqueue(ev)
-  if type(ev) ~= "table" or type(ev.cells) ~= "table" then return ev end
-  local th = params.threshold
-  local q = params.quantum or 0
-  local out = {}
-  for k, v in pairs(ev) do
-    if k ~= "cells" then out[k] = v end
-  end
-  out.q = q
-  out.threshold = th
-  local cells = ev.cells
-  local n = #cells
-  local key = tostring(ev.nlev) .. "x" .. tostring(ev.nlat) .. "x" .. tostring(ev.nlon) .. "/" .. n
-  if last_key ~= key then
-    -- key frame: everything
-    last, last_key = {}, key
-    local kf = {}
-    for i = 1, n do
-      local v = cells[i]
-      if q > 0 then
-        local k = floor(v / q + 0.5)
-        kf[i] = k
-        last[i] = k * q
-      else
-        kf[i] = v
-        last[i] = v
-      end
-    end
-    out.key = kf
+  if not is_field(ev) then return ev end
+  local out = header(ev)
+  out.threshold = params.threshold
+  local f = ev.field
+  local key = table.concat(f:shape(), "x")
+  if ref_key ~= key then
+    ref, ref_key = f:copy(), key
+    out.key = ref
     return out
   end
-  local gap, val, m, prev = {}, {}, 0, 0
-  for i = 1, n do
-    local v = cells[i]
-    local d = v - last[i]
-    if d > th or d < -th then
-      m = m + 1
-      gap[m] = i - prev
-      prev = i
-      if q > 0 then
-        local k = floor(v / q + 0.5)
-        val[m] = k
-        last[i] = k * q
-      else
-        val[m] = v
-        last[i] = v
-      end
-    end
-  end
-  out.gap, out.val = gap, val
+  out.idx, out.vals = f:delta(ref, params.threshold)
   return out
 end
 ]==]
 
---- The differencing view's params.  A quarter of the threshold as quantum
--- keeps 7/8 of the threshold as headroom after each send.
+--- The differencing view's params.
 function M.diff_params(o)
   o = o or {}
   local th = o.threshold or 0.5
-  local q = o.quantum
-  if q == nil then q = th / 4 end
   assert(type(th) == "number" and th > 0, "threshold must be a positive number")
-  assert(type(q) == "number" and q >= 0 and q <= 2 * th, "quantum must be in [0, 2 * threshold]")
-  return { threshold = th, quantum = q }
+  return { threshold = th }
 end
 
 --- The diff demodulator: rebuilds the full field from key frames and
--- differences.  Returns the handler and its state { cells (the rebuilt
--- field), ev (the last event, header keys), meta, events, changed (cells in
--- the last event), key_frames, missing (events that came before any key
--- frame) }.  A new producer (meta.producer) must start with a key frame.
+-- differences (ref:patch).  Returns the handler and its state { field (the
+-- rebuilt field), ev (the last event, header keys), meta, events, changed
+-- (cells in the last event), key_frames, missing (events that came before
+-- any key frame) }.  A new producer (meta.producer) must start with a key
+-- frame.
 function M.diff_demodulator(on_field)
   local state = { events = 0, key_frames = 0, missing = 0, changed = 0 }
   return function(ev, meta)
     state.events = state.events + 1
     if type(ev) ~= "table" then return end
-    local q = ev.q or 0
     if ev.key then
-      local cells, key = {}, ev.key
-      if q > 0 then
-        for i = 1, #key do cells[i] = key[i] * q end
-      else
-        for i = 1, #key do cells[i] = key[i] end
-      end
-      state.cells, state.producer = cells, meta and meta.producer
+      state.field, state.producer = ev.key:copy(), meta and meta.producer
       state.key_frames = state.key_frames + 1
-      state.changed = #key
-    elseif ev.gap then
-      local cells = state.cells
-      if not cells or (meta and state.producer ~= meta.producer) then
+      state.changed = #ev.key
+    elseif ev.idx then
+      if not state.field or (meta and state.producer ~= meta.producer) then
         state.missing = state.missing + 1
         return
       end
-      local gap, val = ev.gap, ev.val
-      local i = 0
-      for m = 1, #gap do
-        i = i + gap[m]
-        cells[i] = q > 0 and val[m] * q or val[m]
-      end
-      state.changed = #gap
+      state.field:patch(ev.idx, ev.vals)
+      state.changed = #ev.idx
     else
       return
     end
     state.ev, state.meta = ev, meta
     if on_field then on_field(ev, meta, state) end
   end, state
+end
+
+------------------------------------------------------------------------------
+-- ZFP: the whole field, compressed with every cell within params.tolerance.
+-- Sends the header keys, tolerance and z (a "<u1" array: a:zfp's stream).
+
+M.zfp = COPY .. [==[
+function enqueue(ev)
+  if not is_field(ev) then return ev end
+  local out = header(ev)
+  out.tolerance = params.tolerance
+  out.z = ev.field:zfp(params.tolerance)
+  return out
+end
+]==]
+
+function M.zfp_params(o)
+  o = o or {}
+  local tol = o.tolerance or 0.01
+  assert(type(tol) == "number" and tol > 0, "tolerance must be a positive number")
+  return { tolerance = tol }
+end
+
+--- The ZFP demodulator: state.field = array.unzfp(ev.z).
+function M.zfp_demodulator(on_field)
+  local array = require "lecho.array"
+  return keeper("z", function(ev) return array.unzfp(ev.z) end, on_field)
+end
+
+------------------------------------------------------------------------------
+-- Quantized: the whole field as "<u2", k = round((x - offset) / scale);
+-- each cell within scale / 2 while the values stay in [offset, offset +
+-- 65535 * scale].  Sends the header keys, scale, offset and q.
+
+M.quant = COPY .. [==[
+function enqueue(ev)
+  if not is_field(ev) then return ev end
+  local out = header(ev)
+  out.scale, out.offset = params.scale, params.offset
+  out.q = ev.field:quantize("<u2", params.scale, params.offset)
+  return out
+end
+]==]
+
+function M.quant_params(o)
+  o = o or {}
+  local scale, offset = o.scale or 0.005, o.offset or 0
+  assert(type(scale) == "number" and scale > 0, "scale must be a positive number")
+  assert(type(offset) == "number", "offset must be a number")
+  return { scale = scale, offset = offset }
+end
+
+--- The quantized demodulator: state.field = ev.q:dequantize(scale, offset).
+function M.quant_demodulator(on_field)
+  return keeper("q", function(ev) return ev.q:dequantize(ev.scale, ev.offset) end, on_field)
 end
 
 ------------------------------------------------------------------------------
@@ -280,8 +295,11 @@ end
 function M.sandbox(params, emit)
   local str = {}
   for k, v in pairs(string) do if k ~= "dump" then str[k] = v end end
+  local array = require "lecho.array"
   local env = {
     params = params, emit = emit or function() end,
+    -- the MOE's `array`: the operations as functions (array.box(a, ...))
+    array = setmetatable({}, { __index = function(_, k) return array[k] or array.methods[k] end }),
     string = str, table = table, math = math, bit = bit,
     assert = assert, error = error, ipairs = ipairs, next = next, pairs = pairs,
     pcall = pcall, select = select, rawequal = rawequal, rawget = rawget,

@@ -5,14 +5,19 @@ local usage = [[
 usage: luajit examples/atmosphere/run.lua [options]
 
 Starts examples/atmosphere/simulation.lua (with a name server inside it,
-unless one is given) and three viewers (full, region, diff) as separate
-processes, prints what each viewer received once a second, then a summary:
-events and bytes per viewer, the reduction against the full view, and the
-checks:
+unless one is given) and five viewers (full, region, diff, zfp, quant) as
+separate processes.  The simulation publishes its field as a "<f8" array;
+each view's modulator reduces it with the array operations, in C (a box and
+block means, a delta, ZFP at an error bound, a 16-bit quantization).  Prints
+what each viewer received once a second, then a summary: events and bytes
+per viewer, the reduction against the full view, each process's CPU per
+step (the simulation's with its modulators), and the checks:
   - the region view receives at least 85% fewer bytes than the full view,
   - the diff view receives fewer bytes than the region view,
   - the diff view's rebuilt field is within the threshold of the source
     (the full view's field at the same final step), cell by cell,
+  - the zfp view's field is within --tolerance of the source, the quant
+    view's within scale/2, each in fewer bytes than the full view,
   - the region view's cells are the block means of the source,
   - the steering event sent about half-way reached the simulation (the last
     field carries the steered settings).
@@ -25,6 +30,8 @@ Exits 0 when every check passed.  Every process it started is stopped.
   --rate HZ               simulation steps per second (default 10)
   --threshold X           the diff view's threshold (default 0.5)
   --stride N              the region view's block side (default 2)
+  --tolerance X           the zfp view's error bound (default 0.01)
+  --scale X               the quant view's step (default 0.005)
   --steer LUA             a steering event sent about half-way through
                           (default "{ emission = 4 }"; "none": no steering;
                           runs shorter than 3 s are not steered)
@@ -45,7 +52,7 @@ local die = A.die
 local opts = {
   nameserver = os.getenv("LECHO_NAMESERVER"),
   seconds = tonumber(os.getenv("DEMO_SECONDS") or "") or 10,
-  rate = 10, threshold = 0.5, stride = 2, steer = "{ emission = 4 }",
+  rate = 10, threshold = 0.5, stride = 2, tolerance = 0.01, scale = 0.005, steer = "{ emission = 4 }",
   http = os.getenv("DEMO_HTTP") or "127.0.0.1:0",
 }
 if opts.http == "" then opts.http = "127.0.0.1:0" end
@@ -57,6 +64,8 @@ do
     ["--rate"] = function(get) opts.rate = get.number() end,
     ["--threshold"] = function(get) opts.threshold = get.number() end,
     ["--stride"] = function(get) opts.stride = get.number() end,
+    ["--tolerance"] = function(get) opts.tolerance = get.number() end,
+    ["--scale"] = function(get) opts.scale = get.number() end,
     ["--json"] = function(get) opts.json = get.value() end,
     ["--http"] = function(get) opts.http = get.value() end,
     ["--steer"] = function(get) opts.steer = get.value() end,
@@ -136,8 +145,8 @@ local function finish(ok, summary)
   os.exit(ok and 0 or 1)
 end
 
--- 1. The simulation; it waits for the three viewers before stepping.
-local sim_args = { "--seconds", tostring(opts.seconds), "--rate", tostring(opts.rate), "--wait", "3" }
+-- 1. The simulation; it waits for the five viewers before stepping.
+local sim_args = { "--seconds", tostring(opts.seconds), "--rate", tostring(opts.rate), "--wait", "5" }
 if opts.nameserver then
   sim_args[#sim_args + 1] = "--nameserver"
   sim_args[#sim_args + 1] = opts.nameserver
@@ -194,23 +203,27 @@ if not okc then out("run: %s", tostring(ctx)) finish(false) end
 local latest, finals = {}, {}
 local reports, rerr = ctx:channel("atmosphere.viewers"):consumer(function(r)
   if type(r) ~= "table" or type(r.viewer) ~= "string" then return end
+  -- a received array is a view that ends with this handler: keep a copy
+  if lecho.array.is(r.field) then r.field = r.field:copy() end
   latest[r.viewer] = r
   if r.done then finals[r.viewer] = r end
 end)
 if not reports then out("run: cannot consume atmosphere.viewers: %s", tostring(rerr)) finish(false) end
 
 -- 3. The viewers.
-local KINDS = { "full", "region", "diff" }
+local KINDS = { "full", "region", "diff", "zfp", "quant" }
 for _, kind in ipairs(KINDS) do
   local a = { "--kind", kind, "--nameserver", ns, "--seconds", tostring(opts.seconds + 90) }
   if kind == "region" then a[#a + 1] = "--stride"; a[#a + 1] = tostring(opts.stride) end
   if kind == "diff" then a[#a + 1] = "--threshold"; a[#a + 1] = tostring(opts.threshold) end
+  if kind == "zfp" then a[#a + 1] = "--tolerance"; a[#a + 1] = tostring(opts.tolerance) end
+  if kind == "quant" then a[#a + 1] = "--scale"; a[#a + 1] = tostring(opts.scale) end
   if quiet then a[#a + 1] = quiet end
   local v, verr = start(kind, "viewer.lua", a)
   if not v then out("run: cannot start the %s viewer: %s", kind, tostring(verr)) finish(false) end
 end
 
-out("atmosphere: name server %s; simulation pid %d, viewers full/region/diff; %g s at %g steps/s",
+out("atmosphere: name server %s; simulation pid %d, viewers full/region/diff/zfp/quant; %g s at %g steps/s",
     ns, sim.pid, opts.seconds, opts.rate)
 
 local function kb(n) return n and ("%.1f kB"):format(n / 1000) or "-" end
@@ -296,24 +309,51 @@ local function check(name, ok, detail)
 end
 if why then check("every viewer sent its final report", false, why) end
 
-local full, region, diff = finals.full, finals.region, finals.diff
+local full, region, diff, zfp, quant = finals.full, finals.region, finals.diff, finals.zfp, finals.quant
 out("")
-out("%-8s %8s %14s %14s %12s %10s", "viewer", "events", "bytes", "wire bytes", "per event", "vs full")
+out("%-8s %8s %14s %14s %12s %10s %12s", "viewer", "events", "bytes", "wire bytes", "per event", "vs full", "cpu/step")
+local function cpu_step(cpu, steps) return cpu and steps and steps > 0 and ("%.2f ms"):format(1000 * cpu / steps) or "-" end
 for _, kind in ipairs(KINDS) do
   local r = finals[kind] or latest[kind]
   if r then
     local red = kind ~= "full" and reduction(r, full or latest.full)
-    out("%-8s %8d %14s %14s %12s %10s", kind, r.events, tostring(r.bytes or "-"), tostring(r.wire or "-"),
-        per_event(r) and ("%.0f"):format(per_event(r)) or "-", red and ("-%.1f%%"):format(100 * red) or "")
+    out("%-8s %8d %14s %14s %12s %10s %12s", kind, r.events, tostring(r.bytes or "-"), tostring(r.wire or "-"),
+        per_event(r) and ("%.0f"):format(per_event(r)) or "-", red and ("-%.1f%%"):format(100 * red) or "",
+        cpu_step(r.cpu, r.events))
     summary.viewers[kind] = { events = r.events, bytes = r.bytes, wire = r.wire, step = r.step,
-                              reduction = red or nil, final = r.final, modulator_error = r.modulator_error }
+                              reduction = red or nil, final = r.final, modulator_error = r.modulator_error,
+                              cpu = r.cpu, cpu_per_step = r.cpu and r.events > 0 and r.cpu / r.events or nil }
   else
     out("%-8s %8s", kind, "no report")
   end
 end
+-- the simulation's CPU, as its last field event said (its five modulators included)
+if full and full.sim_cpu and full.step then
+  out("%-8s %8d %14s %14s %12s %10s %12s", "sim", full.step, "", "", "", "", cpu_step(full.sim_cpu, full.step))
+  summary.simulation_cpu, summary.simulation_cpu_per_step = full.sim_cpu, full.sim_cpu / full.step
+end
 out("")
 
-if full and region and diff then
+local function all_there()
+  for _, kind in ipairs(KINDS) do if not finals[kind] then return false end end
+  return true
+end
+
+-- The largest |a - b| over two arrays of one shape, or nil and why.
+local function max_error(a, b)
+  if not (lecho.array.is(a) and lecho.array.is(b)) then return nil, "no field" end
+  if table.concat(a:shape(), "x") ~= table.concat(b:shape(), "x") then
+    return nil, ("shapes %s and %s"):format(table.concat(a:shape(), "x"), table.concat(b:shape(), "x"))
+  end
+  local x, y, m = a:ptr(), b:ptr(), 0
+  for i = 0, #a - 1 do
+    local e = math.abs(x[i] - y[i])
+    if not (e <= m) then m = e end
+  end
+  return m
+end
+
+if all_there() then
   for _, kind in ipairs(KINDS) do
     local r = finals[kind]
     if not r.final then check(kind .. " view got the final event", false, r.timed_out and "timed out" or "no final event") end
@@ -336,40 +376,69 @@ if full and region and diff then
   summary.region_reduction, summary.diff_reduction = rr, dr
   summary.region_wire_reduction, summary.diff_wire_reduction = rw or nil, dw or nil
 
-  -- the diff view's field against the source (the full view's), same step
-  local src, rebuilt = full.cells, diff.cells
-  local th = diff.threshold or opts.threshold
-  if full.step ~= diff.step or type(src) ~= "table" or type(rebuilt) ~= "table" or #src ~= #rebuilt then
-    check("diff view's field is within the threshold of the source", false,
-          ("cannot compare: full at step %s (%s cells), diff at step %s (%s cells)"):format(
-            tostring(full.step), tostring(type(src) == "table" and #src), tostring(diff.step),
-            tostring(type(rebuilt) == "table" and #rebuilt)))
-  else
-    local maxerr, at = 0, 0
-    for i = 1, #src do
-      local e = math.abs(src[i] - rebuilt[i])
-      if not (e <= maxerr) then maxerr, at = e, i end
+  -- each rebuilt field against the source (the full view's), same step
+  local src = full.field
+  local function against_source(r, name, bound, what, slack)
+    if full.step ~= r.step then
+      check(("%s view's field is within %s (%g) of the source"):format(name, what, bound), false,
+            ("cannot compare: full at step %s, %s at step %s"):format(tostring(full.step), name, tostring(r.step)))
+      return
     end
-    summary.max_error, summary.threshold, summary.final_step = maxerr, th, full.step
-    check(("diff view's field is within the threshold (%g) of the source"):format(th), maxerr <= th,
-          ("max abs error %.6f over %d cells at step %d"):format(maxerr, #src, full.step))
+    local e, why = max_error(src, r.field)
+    local red = reduction(r, full)
+    check(("%s view's field is within %s (%g) of the source"):format(name, what, bound), e and e <= bound + (slack or 0),
+          e and ("max abs error %.6f over %d cells at step %d, %s per event (-%.1f%%)"):format(
+            e, #src, full.step, kb(per_event(r)), 100 * (red or 0)) or why)
+    return e, red
   end
+  local th = diff.threshold or opts.threshold
+  summary.max_error, summary.threshold, summary.final_step = against_source(diff, "diff", th, "the threshold"), th, full.step
+  local ze, zr = against_source(zfp, "zfp", zfp.tolerance or opts.tolerance, "the tolerance")
+  -- (a cell half-way between two steps is off by scale/2 and a rounding)
+  local qe, qr = against_source(quant, "quant", (quant.scale or opts.scale) / 2, "scale/2", 1e-12)
+  check("zfp and quant views receive fewer bytes than the full view", zr and qr and zr > 0 and qr > 0,
+        zr and qr and ("zfp -%.1f%%, quant -%.1f%%"):format(100 * zr, 100 * qr))
+  summary.zfp_error, summary.zfp_reduction, summary.quant_error, summary.quant_reduction = ze, zr, qe, qr
 
-  -- the region view's cells against block means of the source
-  if full.step == region.step and type(region.cells) == "table" and region.region and type(src) == "table" then
-    local mods = dofile(here .. "/modulators.lua")
-    local env = mods.load(mods.region, region.region.stride and {
-      lat_min = region.region.lat_min, lat_max = region.region.lat_max,
-      lon_min = region.region.lon_min, lon_max = region.region.lon_max,
-      stride = region.region.stride, levels = region.levels })
-    local want = env.enqueue{ cells = src, nlev = full.nlev, nlat = full.nlat, nlon = full.nlon,
-                              lat0 = full.lat0, dlat = full.dlat, lon0 = full.lon0, dlon = full.dlon }
-    local maxd = #want.cells == #region.cells and 0 or math.huge
-    for i = 1, math.min(#want.cells, #region.cells) do
-      maxd = math.max(maxd, math.abs(want.cells[i] - region.cells[i]))
+  -- the region view's cells against block means of the source, in plain loops
+  if full.step == region.step and lecho.array.is(region.field) and region.region and lecho.array.is(src) then
+    local model = dofile(here .. "/model.lua")
+    local rg, s = region.region, region.region.stride
+    local rows, cols = {}, {}
+    for i = 1, full.nlat do
+      local lat = full.lat0 + (i - 1) * full.dlat
+      if lat >= rg.lat_min and lat <= rg.lat_max then rows[#rows + 1] = i end
+    end
+    for j = 1, full.nlon do
+      local lon, w = full.lon0 + (j - 1) * full.dlon, (rg.lon_max - rg.lon_min) % 360
+      if w == 0 and rg.lon_max ~= rg.lon_min then w = 360 end
+      if (lon - rg.lon_min) % 360 <= w then cols[#cols + 1] = j end
+    end
+    table.sort(cols, function(a, b)
+      return (full.lon0 + (a - 1) * full.dlon - rg.lon_min) % 360 < (full.lon0 + (b - 1) * full.dlon - rg.lon_min) % 360
+    end)
+    local want, flat = {}, src:ptr()
+    for _, k in ipairs(region.levels or {}) do
+      for r0 = 1, #rows, s do
+        for c0 = 1, #cols, s do
+          local sum, m = 0, 0
+          for r = r0, math.min(r0 + s - 1, #rows) do
+            for c = c0, math.min(c0 + s - 1, #cols) do
+              sum = sum + flat[model.index(k, rows[r], cols[c], full.nlat, full.nlon) - 1]
+              m = m + 1
+            end
+          end
+          want[#want + 1] = sum / m
+        end
+      end
+    end
+    local got = region.field:ptr()
+    local maxd = #want == #region.field and 0 or math.huge
+    for i = 1, math.min(#want, #region.field) do
+      maxd = math.max(maxd, math.abs(want[i] - got[i - 1]))
     end
     check("region view's cells are the block means of the source", maxd < 1e-9,
-          ("%d cells, max difference %g"):format(#region.cells, maxd))
+          ("%d cells, max difference %g"):format(#region.field, maxd))
   end
 
   if opts.steer then

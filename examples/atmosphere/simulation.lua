@@ -12,8 +12,10 @@ unknown key or a bad value changes nothing: the handler raises, so the
 steering process gets the reason back (submit_sync returns nil and it).  Each field event carries the
 settings it was computed with: ev.step, ev.t (model hours), ev.dt,
 ev.emission, ev.wind, ev.tau, ev.rate, the grid (ev.nlev, ev.nlat, ev.nlon,
-ev.lat0, ev.dlat, ev.lon0, ev.dlon), ev.source = { lat, lon } and ev.cells
-(flat, level-major: cell (k,i,j) at (k-1)*nlat*nlon + (i-1)*nlon + j).
+ev.lat0, ev.dlat, ev.lon0, ev.dlon), ev.source = { lat, lon }, ev.t_cpu (this
+process's CPU seconds so far, its modulators' included) and ev.field, a
+"<f8" array of shape { nlev, nlat, nlon } (lecho.array; cell (k,i,j) at
+field:get(k-1, i-1, j-1)).
 The last event of a bounded run has ev.final = true and is submitted
 synchronously: when it returns, every consumer has had every event.
 
@@ -95,7 +97,7 @@ local okc, ctx = pcall(lecho.context, {
   nameserver = opts.nameserver,
   listen = opts.listen, advertise = opts.advertise,
   quiet = opts.quiet,
-  modulator_budget = 0.05,      -- a viewer's differencing pass over 7776 cells, with room
+  modulator_budget = 0.05,      -- a view's array operations over 7776 cells, with room
 })
 if not okc then die(tostring(ctx), 1) end
 if not opts.nameserver then
@@ -162,9 +164,20 @@ end
 local t_start = ctx:now()
 local done, failed = false, false
 
+local array = lecho.array
+
+-- The model's step as an event: its cells (a flat Lua list) become a new
+-- "<f8" array each step (an async submit reads the array when its frame is
+-- written: a fresh one is never changed before that).
+local function step_event()
+  local ev = model.publishable(sim:step(), array)
+  ev.t_cpu = os.clock()
+  return ev
+end
+
 local function step()
   if done then return end
-  local ev = sim:step()
+  local ev = step_event()
   local last = (opts.steps and sim.step_no >= opts.steps)
             or (opts.seconds and ctx:now() - t_start >= opts.seconds)
   if last then

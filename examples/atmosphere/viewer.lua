@@ -1,14 +1,18 @@
 -- examples/atmosphere/viewer.lua: a viewer process of the atmosphere example.
 local usage = [[
-usage: luajit examples/atmosphere/viewer.lua --kind full|region|diff --nameserver HOST:PORT [options]
+usage: luajit examples/atmosphere/viewer.lua --kind full|region|diff|zfp|quant --nameserver HOST:PORT [options]
 
-Subscribes to "atmosphere.field" and keeps the latest field:
+Subscribes to "atmosphere.field" (its field a "<f8" array) and keeps the
+latest field; each view's modulator works with the array operations in C:
   full    every event as the simulation published it
   region  a modulator in the simulation keeps a lat/lon box and sends 2x2
-          block means of it (--box, --stride)
+          block means of it (--box, --stride: a box view, a block reduce)
   diff    a modulator in the simulation sends only the cells that moved by
-          more than --threshold since last sent; this viewer rebuilds the
-          whole field, within the threshold of the source
+          more than --threshold since last sent (delta); this viewer
+          rebuilds the whole field (patch), within the threshold of the source
+  zfp     the whole field compressed by ZFP, every cell within --tolerance
+  quant   the whole field as 16-bit integers (--scale, --offset), every cell
+          within scale/2
 
 Once a second it reports { viewer, kind, events, bytes, wire, step, ... } on
 the channel given by --report (and prints a line unless --quiet).  On the
@@ -25,7 +29,8 @@ then exits with status 0 (1: --seconds passed before a final event came).
   --box A,B,C,D           region: lat_min,lat_max,lon_min,lon_max (default 0,90,0,180)
   --stride N              region: block side in cells (default 2)
   --threshold X           diff: threshold (default 0.5)
-  --quantum Q             diff: value quantum, 0 for exact doubles (default threshold/4)
+  --tolerance X           zfp: the absolute error bound (default 0.01)
+  --scale X, --offset X   quant: value = offset + k * scale (default 0.005, 0)
   --report CHANNEL        where reports go (default atmosphere.viewers; "none": nowhere)
   --seconds S             exit after S seconds even without a final event
                           (default 120; 0: no bound)
@@ -51,7 +56,9 @@ do
     ["--seconds"] = function(get) opts.seconds = get.number() end,
     ["--stride"] = function(get) opts.stride = get.number() end,
     ["--threshold"] = function(get) opts.threshold = get.number() end,
-    ["--quantum"] = function(get) opts.quantum = get.number() end,
+    ["--tolerance"] = function(get) opts.tolerance = get.number() end,
+    ["--scale"] = function(get) opts.scale = get.number() end,
+    ["--offset"] = function(get) opts.offset = get.number() end,
     ["--box"] = function(get)
       local b = {}
       for x in get.value():gmatch("[^,]+") do b[#b + 1] = tonumber(x) end
@@ -60,8 +67,9 @@ do
     end,
     ["--quiet"] = function() opts.quiet = true end,
   })
-  if opts.kind ~= "full" and opts.kind ~= "region" and opts.kind ~= "diff" then
-    die("--kind must be full, region or diff\n" .. usage)
+  local kinds = { full = true, region = true, diff = true, zfp = true, quant = true }
+  if not kinds[opts.kind] then
+    die("--kind must be full, region, diff, zfp or quant\n" .. usage)
   end
   if not opts.nameserver then die("--nameserver HOST:PORT is required\n" .. usage) end
   if opts.report == "none" then opts.report = nil end
@@ -94,8 +102,9 @@ if opts.kind == "full" then
   state = { events = 0 }
   handler = function(ev, meta)
     state.events = state.events + 1
-    if type(ev) == "table" and ev.cells then
-      state.ev, state.meta, state.cells = ev, meta, ev.cells
+    if type(ev) == "table" and ev.field then
+      -- a received array is a view that ends with this handler: keep a copy
+      state.ev, state.meta, state.field = ev, meta, ev.field:copy()
       on_field(ev)
     end
   end
@@ -103,18 +112,25 @@ elseif opts.kind == "region" then
   local box = opts.box or {}
   local params = mods.region_params{ lat_min = box[1], lat_max = box[2],
                                      lon_min = box[3], lon_max = box[4], stride = opts.stride }
-  handler, state = mods.region_demodulator(function(ev, _, st)
-    st.cells = ev.cells
-    on_field(ev)
-  end)
+  handler, state = mods.region_demodulator(function(ev) on_field(ev) end)
   copts = { modulator = mods.region, params = params }
-else
-  local okp, params = pcall(mods.diff_params, { threshold = opts.threshold, quantum = opts.quantum })
+elseif opts.kind == "diff" then
+  local okp, params = pcall(mods.diff_params, { threshold = opts.threshold })
   if not okp then die(tostring(params)) end
   -- Viewers asking for the same threshold share one modulator in the
   -- simulation; when one joins, receivers() makes the next step a key frame.
   handler, state = mods.diff_demodulator(function(ev) on_field(ev) end)
   copts = { modulator = mods.diff, params = params }
+elseif opts.kind == "zfp" then
+  local okp, params = pcall(mods.zfp_params, { tolerance = opts.tolerance })
+  if not okp then die(tostring(params)) end
+  handler, state = mods.zfp_demodulator(function(ev) on_field(ev) end)
+  copts = { modulator = mods.zfp, params = params }
+else
+  local okp, params = pcall(mods.quant_params, { scale = opts.scale, offset = opts.offset })
+  if not okp then die(tostring(params)) end
+  handler, state = mods.quant_demodulator(function(ev) on_field(ev) end)
+  copts = { modulator = mods.quant, params = params }
 end
 if copts then
   copts.on_error = function(err)
@@ -180,12 +196,15 @@ end
 ctx:run()
 ticker:stop()
 
-local final = report{ done = true, final = final_ev ~= nil, timed_out = timed_out }
+-- this process's CPU seconds (os.clock: all of its threads)
+local final = report{ done = true, final = final_ev ~= nil, timed_out = timed_out, cpu = os.clock() }
 if final_ev then
-  final.cells = state.cells
+  final.field = state.field
+  final.sim_cpu = final_ev.t_cpu
   final.nlev, final.nlat, final.nlon = final_ev.nlev, final_ev.nlat, final_ev.nlon
   final.lat0, final.dlat, final.lon0, final.dlon = final_ev.lat0, final_ev.dlat, final_ev.lon0, final_ev.dlon
-  final.region, final.threshold, final.q = final_ev.region, final_ev.threshold, final_ev.q
+  final.region, final.threshold = final_ev.region, final_ev.threshold
+  final.tolerance, final.scale, final.offset = final_ev.tolerance, final_ev.scale, final_ev.offset
   final.levels = final_ev.levels
 end
 if report_p then
@@ -196,7 +215,7 @@ if report_p then
   end
 end
 if not opts.quiet then
-  final.cells = nil
+  final.field = nil
   print(line(final) .. (final_ev and " (final)" or " (no final event)"))
 end
 con:close()

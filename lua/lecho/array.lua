@@ -52,6 +52,18 @@ local mt = core.array_mt()
 
 local function H(a) return ffi.cast(hdr_t, a) end
 
+local GONE = "lecho.array: this array was a view into a received event whose handler has returned: "
+  .. "its bytes are gone (call a:keep() or a:copy() inside the handler to hold it longer)"
+
+-- The header of a, raising when a is an ended view: every method that
+-- reads the layout or the elements goes through it, so a stored view
+-- never reads freed memory nor passes for an empty array.
+local function L(a, level)
+  local h = ffi.cast(hdr_t, a)
+  if h.flags == ENDED then error(GONE, (level or 1) + 2) end
+  return h
+end
+
 local function shape_of(shape)
   if type(shape) == "number" then return { shape } end
   if type(shape) ~= "table" then error("lecho.array: shape must be a number or a list of dims", 3) end
@@ -141,9 +153,6 @@ local function offset(h, n, ...)
   for d = 0, n - 1 do
     local i = select(d + 1, ...)
     if type(i) ~= "number" or i < 0 or i >= h.shape[d] or i % 1 ~= 0 then
-      if h.flags == ENDED then
-        error("lecho.array: this array was a view of an event whose handler returned (keep it with a:copy())", 3)
-      end
       error(("lecho.array: index %s out of range [0, %d) in dimension %d"):format(tostring(i), tonumber(h.shape[d]), d + 1), 3)
     end
     off = off + i * h.strides[d]
@@ -153,14 +162,14 @@ end
 
 --- Element at indices (one per dimension, from 0), as a number.
 function methods.get(a, ...)
-  local h = H(a)
+  local h = L(a)
   local off = offset(h, select("#", ...), ...)
   return tonumber(ffi.cast(PTR[h.dtype], h.data + off)[0])
 end
 
 --- Sets the element at indices (one per dimension) to the last argument.
 function methods.set(a, ...)
-  local h = H(a)
+  local h = L(a)
   if bit.band(h.flags, READONLY) ~= 0 then error("lecho.array: read-only (a view into a string): a:copy() first", 2) end
   local n = select("#", ...)
   local off = offset(h, n - 1, ...)
@@ -169,33 +178,33 @@ end
 
 --- The dtype ("<f8"), the shape (a new list), the number of dimensions,
 -- elements, bytes per element.
-function methods.dtype(a) return DTYPES[H(a).dtype + 1] end
+function methods.dtype(a) return DTYPES[L(a).dtype + 1] end
 function methods.shape(a)
-  local h, s = H(a), {}
+  local h, s = L(a), {}
   for d = 0, h.ndim - 1 do s[d + 1] = tonumber(h.shape[d]) end
   return s
 end
 function methods.strides(a)
-  local h, s = H(a), {}
+  local h, s = L(a), {}
   for d = 0, h.ndim - 1 do s[d + 1] = tonumber(h.strides[d]) end
   return s
 end
-function methods.ndim(a) return H(a).ndim end
-function methods.count(a) return tonumber(H(a).count) end
-function methods.itemsize(a) return H(a).itemsize end
+function methods.ndim(a) return L(a).ndim end
+function methods.count(a) return tonumber(L(a).count) end
+function methods.itemsize(a) return L(a).itemsize end
 
 --- The first element as a typed pointer (double * for "<f8"), or nil
--- (no elements, or an ended view).  Row-major without gaps unless the
+-- (no elements; an ended view raises).  Row-major without gaps unless the
 -- array is a box or stride view (see a:strides(), in bytes).
 function methods.ptr(a)
-  local h = H(a)
+  local h = L(a)
   if h.data == nil then return nil end
   return ffi.cast(PTR[h.dtype], h.data)
 end
 
 --- Row-major without gaps?
 function methods.contiguous(a)
-  local h = H(a)
+  local h = L(a)
   if h.count == 0 then return true end
   local want = h.itemsize
   for d = h.ndim - 1, 0, -1 do
@@ -206,11 +215,12 @@ function methods.contiguous(a)
 end
 
 --- A new array holding a copy of the elements (contiguous).
-function methods.copy(a) return core.array_copy(a) end
+function methods.copy(a) L(a) return core.array_copy(a) end
 
 --- A received view kept past its handler: its bytes copied once (no-op
 -- for any other array).  Returns a.
 function methods.keep(a)
+  L(a)
   core.array_keep(a)
   return a
 end
@@ -251,9 +261,26 @@ function methods.dequantize(q, scale, offset, dtype) return OPS.dequantize(q, sc
 function methods.delta(a, ref, threshold) return OPS.delta(a, ref, threshold) end
 function methods.patch(ref, idx, vals) return OPS.patch(ref, idx, vals) end
 
+--- Compression (in C; doc/modulators.md "Compression"): a:zstd([level])
+-- (lossless, level 1-9, default 3) and a:zfp(tolerance) (ZFP, "<f4"/"<f8",
+-- every element within tolerance) return a "<u1" array holding a
+-- self-describing stream (dtype, shape, codec); array.unzstd(z),
+-- array.unzfp(z) or array.unzip(z) (either) give the array back.  z may
+-- also be a Lua string.  Hostile input raises with the reason.
+function methods.zstd(a, level) return OPS.zstd(a, level) end
+function methods.zfp(a, tolerance) return OPS.zfp(a, tolerance) end
+function methods.unzstd(z) return OPS.unzstd(z) end
+function methods.unzfp(z) return OPS.unzfp(z) end
+function methods.unzip(z) return OPS.unzip(z) end
+M.unzstd, M.unzfp, M.unzip = OPS.unzstd, OPS.unzfp, OPS.unzip
+
+--- A new array: the arrays of list (same dtype, ndim and dims but dim)
+-- one after another along dimension dim (from 1, default 1), in C.
+M.cat = OPS.cat
+
 --- The elements as a nested Lua table (1-based, as Lua tables are).
 function methods.totable(a)
-  local h = H(a)
+  local h = L(a)
   local nd = h.ndim
   if nd == 0 then return methods.get(a) end
   local idx = {}
@@ -314,7 +341,7 @@ mt.__newindex = function(a, k, v)
   if type(k) == "number" then return methods.set(a, k, v) end
   error("lecho.array: cannot set field " .. tostring(k), 2)
 end
-mt.__len = function(a) return tonumber(H(a).count) end
+mt.__len = function(a) return tonumber(L(a).count) end
 mt.__tostring = describe
 mt.__metatable = "lecho.array"
 

@@ -100,9 +100,34 @@ local function hexify(v, depth)
   return t
 end
 
+-- A value whose arrays (lecho.array) are { dtype, shape, data }: data the
+-- elements as numbers, flat, row-major (doc/gateway.md).  JSON has no
+-- typed arrays: this is the one place an array is walked element by element.
+local array = require "lecho.array"
+local function unarray(v, depth)
+  if array.is(v) then
+    local a = v:contiguous() and v or v:copy()
+    local p, data = a:ptr(), {}
+    for i = 0, #a - 1 do data[i + 1] = tonumber(p[i]) end
+    return { dtype = v:dtype(), shape = v:shape(), data = data }
+  end
+  if type(v) ~= "table" or depth > 64 then return v end
+  local t = {}
+  for k, x in pairs(v) do t[k] = unarray(x, depth + 1) end
+  return t
+end
+
+local function has_array(v, depth)
+  if array.is(v) then return true end
+  if type(v) ~= "table" or depth > 64 then return false end
+  for _, x in pairs(v) do if has_array(x, depth + 1) then return true end end
+  return false
+end
+
 --- The JSON text of an event on channel `ch` for clients (encoded once,
 -- whatever the number of clients).
 function M.event_json(ch, ev)
+  if has_array(ev, 0) then ev = unarray(ev, 0) end
   local ok, s = pcall(cj.encode, ev)
   if ok and not ws.valid_utf8(s) then ok, s = pcall(cj.encode, hexify(ev, 0)) end
   if not ok then

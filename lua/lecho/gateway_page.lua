@@ -91,10 +91,16 @@ function colour(t) {
 })();
 
 // the numeric field of an event: ev.cells with ev.nlat x ev.nlon (levels ev.nlev),
+// or ev.field, an array { dtype, shape, data } (the atmosphere simulation's),
 // else the first array of numbers found (drawn as a square-ish grid)
 function findField(ev) {
   if (ev && Array.isArray(ev.cells) && ev.nlat && ev.nlon)
     return { data: ev.cells, ny: ev.nlat, nx: ev.nlon, nz: ev.nlev || 1 };
+  // an array (lecho.array as JSON: { dtype, shape, data }) of 2 or 3 dims
+  if (ev && ev.field && Array.isArray(ev.field.data) && Array.isArray(ev.field.shape) && ev.field.shape.length >= 2) {
+    const s = ev.field.shape, n = s.length;
+    return { data: ev.field.data, ny: s[n - 2], nx: s[n - 1], nz: n > 2 ? s[0] : 1 };
+  }
   const walk = (v, d) => {
     if (Array.isArray(v) && v.length > 1 && typeof v[0] === "number") {
       const nx = Math.ceil(Math.sqrt(v.length));

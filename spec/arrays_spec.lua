@@ -563,4 +563,27 @@ describe("arrays and the C API between processes", function()
     assert.is_true(S.run_until(ctx, function() return #back == 12 end, 10))
     assert.are.same({}, bad)
   end)
+
+  it("an array function given a non-array raises, never crashes the process", function()
+    -- (outside review: summary(nil), get(5, 0), totable(cdata) and the like
+    -- read the address their argument named: exit 139, pcall no help)
+    local out = S.sh_out(("%s -e %s"):format(S.luajit, S.sh_quote([[
+local A = require "lecho".array
+local ffi = require "ffi"
+local n = 0
+for _, f in ipairs{ "summary", "get", "set", "shape", "dtype", "ndim", "ptr", "strides", "contiguous", "copy",
+                    "keep", "totable", "count", "box", "stride", "stats" } do
+  for _, v in ipairs{ false, 5, "x", {}, ffi.new("int[4]") } do
+    local ok, err = pcall(A.methods[f] or A[f], v, 0)
+    assert(not ok, f)
+    n = n + 1
+  end
+  local ok, err = pcall(A.methods[f] or A[f], nil, 0)
+  assert(not ok and tostring(err):find("expected", 1, true), f .. ": " .. tostring(err))
+  n = n + 1
+end
+print("raised " .. n)
+]])))
+    assert.matches("raised 96\nrc=0\n$", out)
+  end)
 end)

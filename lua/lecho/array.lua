@@ -50,7 +50,18 @@ local ENDED, READONLY = 2, 4
 local bit = require "bit"
 local mt = core.array_mt()
 
-local function H(a) return ffi.cast(hdr_t, a) end
+-- Every function that reads a header checks first that it was given an
+-- array: a nil, a number or a cdata cast to a header pointer would read
+-- whatever address it names (a segmentation fault: a handler doing
+-- summary(ev.field) on an event without that field).
+local function arg(a, level)
+  if type(a) ~= "userdata" or getmetatable(a) ~= "lecho.array" then
+    error(("lecho.array expected, got %s"):format(type(a) == "userdata" and "another userdata" or type(a)),
+          level + 2)
+  end
+end
+
+local function H(a) arg(a, 2) return ffi.cast(hdr_t, a) end
 
 local GONE = "lecho.array: this array was a view into a received event whose handler has returned: "
   .. "its bytes are gone (call a:keep() or a:copy() inside the handler to hold it longer)"
@@ -59,6 +70,7 @@ local GONE = "lecho.array: this array was a view into a received event whose han
 -- reads the layout or the elements goes through it, so a stored view
 -- never reads freed memory nor passes for an empty array.
 local function L(a, level)
+  arg(a, (level or 1) + 1)
   local h = ffi.cast(hdr_t, a)
   if h.flags == ENDED then error(GONE, (level or 1) + 2) end
   return h

@@ -149,6 +149,15 @@ int lei_zip_parse(const uint8_t *p, size_t n, lei_zip_hdr *h, char *err, size_t 
         if (sum != n - hlen)
             return FAIL("compressed array: the slabs say %llu bytes, %zu are there", (unsigned long long)sum,
                         n - hlen);
+        /* ZFP writes at least one bit for every block of 4^d values (an
+         * all-zero block too: fixed accuracy's minimum): a stream shorter
+         * than that for its shape did not come from ZFP, and would have the
+         * receiver make a large array out of a few bytes. */
+        uint64_t blocks = (z.rows + 3) / 4;
+        for (d = 0; d < z.ninner; d++) blocks *= (z.inner[d] + 3) / 4;
+        if (h->count && sum * 8 < blocks)
+            return FAIL("compressed array: %llu bytes of ZFP cannot hold the %llu blocks of its shape",
+                        (unsigned long long)sum, (unsigned long long)blocks);
         h->hlen = hlen;
     }
     return 0;

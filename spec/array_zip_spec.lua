@@ -199,4 +199,26 @@ describe("array compression in a modulator", function()
     -- 1,000 rounds take ~40 s; the budget ended it in a slab or a block
     assert.is_true(os.clock() - t0 < 0.3, ("the modulator ran %.3f s of CPU"):format(os.clock() - t0))
   end)
+
+  it("refuses a ZFP stream too short for the shape its header claims (a small stream, a huge array)", function()
+    -- (outside review: a 66-byte a:zfp() stream of a 3x4 field, its shape
+    -- rewritten to 3 x 13,369,348, made the receiver build 320 MB)
+    local z = bytes(field({ 3, 4 }, "<f8", 7):zfp(1e-3))
+    local function u64le(n)
+      local t = {}
+      for i = 1, 8 do t[i] = string.char(n % 256) n = math.floor(n / 256) end
+      return table.concat(t)
+    end
+    local function with_shape(d1, d2)
+      for _, enc in ipairs{ u64le, function(n) return u64le(n):reverse() end } do
+        if z:sub(9, 24) == enc(3) .. enc(4) then return z:sub(1, 8) .. enc(d1) .. enc(d2) .. z:sub(25) end
+      end
+      error("the header's shape is not where this spec looks for it")
+    end
+    local ok, err = pcall(array.unzip, with_shape(3, 13369348))
+    assert.is_false(ok)
+    assert.matches("cannot hold the %d+ blocks of its shape", err)
+    local back = array.unzip(with_shape(3, 4))
+    assert.are.same({ 3, 4 }, back:shape())
+  end)
 end)

@@ -38,10 +38,11 @@ except ImportError:  # the summary lines need no NumPy
 def region_modulator():
     """The region modulator's Lua source, as the Lua viewer ships it."""
     text = open(os.path.join(HERE, "..", "atmosphere", "modulators.lua")).read()
-    m = re.search(r"M\.region = \[==\[(.*?)\]==\]", text, re.S)
-    if not m:
-        sys.exit("region_viewer: no M.region in examples/atmosphere/modulators.lua")
-    return m.group(1)
+    copy = re.search(r"local COPY = \[==\[(.*?)\]==\]", text, re.S)
+    m = re.search(r"M\.region = COPY \.\. \[==\[(.*?)\]==\]", text, re.S)
+    if not m or not copy:
+        sys.exit("region_viewer: no M.region (COPY .. [==[...]==]) in examples/atmosphere/modulators.lua")
+    return copy.group(1) + m.group(1)
 
 
 def save(field, ev, path_base):
@@ -83,6 +84,7 @@ def main():
     print("subscribed", flush=True)
     end = time.monotonic() + a.seconds
     events = 0
+    ev = field = None
     try:
         while True:
             try:
@@ -93,12 +95,13 @@ def main():
                     break
                 raise
             events += 1
-            if "cells" in ev and (ev["step"] % a.every == 0 or ev.get("final")):
-                cells = ev["cells"]
+            if "field" in ev and (ev["step"] % a.every == 0 or ev.get("final")):
                 shape = (ev["nlev"], ev["nlat"], ev["nlon"])
                 line = "step %d t %.1f h region %dx%dx%d" % ((ev["step"], ev["t"]) + shape)
                 if np is not None:
-                    field = np.asarray(cells, dtype=float).reshape(shape)
+                    # the region's block means, an <f8 array: a NumPy array over
+                    # lecho's memory (no copy), reshaped to the grid it describes
+                    field = np.asarray(ev["field"], dtype=float).reshape(shape)
                     line += " min %.3f mean %.3f max %.3f" % (field.min(), field.mean(), field.max())
                     if a.out:
                         line += " saved " + save(field, ev, os.path.join(a.out, "step%05d" % ev["step"]))
@@ -111,6 +114,9 @@ def main():
     except KeyboardInterrupt:
         print("interrupted")
     finally:
+        # a received array is lecho's memory: let go of the last event's
+        # before the context closes (doc/python.md, arrays)
+        ev = field = None
         sub.close()
         ctx.close(1)
 

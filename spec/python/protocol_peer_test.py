@@ -79,7 +79,7 @@ def read_frame(c):
 
 def test_the_array_example_of_wire_format():
     text = open(os.path.join(ROOT, "doc", "wire-format.md")).read()
-    m = re.search(r"```\n07 03 3c 69 32.*?```", text, re.S)
+    m = re.search(r"```[^\n]*\n07 03 3c 69 32.*?```", text, re.S)
     hexes = "".join(re.findall(r"^((?:[0-9a-f]{2} ?)+)", m.group(0).strip("`\n"), re.M))
     assert wire.decode(bytes.fromhex(hexes)) == ("<i2", (2, 3), [1, 2, 3, 4, 5, 6])
 

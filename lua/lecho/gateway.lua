@@ -41,20 +41,7 @@ M.SLOW = { drop = true, disconnect = true }
 -- seconds a client being closed has to take what was queued and the close
 M.LINGER = 5
 
-pcall(ffi.cdef, "struct lecho_metrics_sin { uint16_t family; uint16_t port; uint32_t addr; uint8_t zero[8]; };")
-for _, decl in ipairs{ "int socket(int domain, int type, int protocol);",
-                       "int setsockopt(int fd, int level, int name, const void *val, unsigned int len);",
-                       "int bind(int fd, const void *addr, unsigned int len);",
-                       "int listen(int fd, int backlog);",
-                       "int accept4(int fd, void *addr, void *len, int flags);",
-                       "int getsockname(int fd, void *addr, unsigned int *len);",
-                       "long recv(int fd, void *buf, size_t n, int flags);",
-                       "long send(int fd, const void *buf, size_t n, int flags);",
-                       "int close(int fd);", "char *strerror(int errnum);", "int shutdown(int fd, int how);",
-                       "int inet_pton(int af, const char *src, void *dst);",
-                       "unsigned short htons(unsigned short v);" } do
-  pcall(ffi.cdef, decl)
-end
+require "lecho.sockets"     -- the socket calls, declared once
 local C = ffi.C
 local AF_INET, SOCK_STREAM, SOCK_NONBLOCK, SOCK_CLOEXEC = 2, 1, 2048, 524288
 local SOL_SOCKET, SO_REUSEADDR, SO_SNDBUF, MSG_NOSIGNAL = 1, 2, 7, 0x4000

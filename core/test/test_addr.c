@@ -451,7 +451,7 @@ int main(int argc, char **argv) {
         perror("mkdtemp");
         return 2;
     }
-    test_cases(argc > 1 ? argv[1] : "core/test_addr_cases.txt");
+    test_cases(argc > 1 ? argv[1] : "core/test/test_addr_cases.txt");
     test_parse();
     test_sockets(dir);
     test_stale(dir);

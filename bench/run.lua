@@ -964,7 +964,7 @@ local function w_attacked()
             { median = common.median(v.ratios), lo = v.ratio_lo, hi = v.ratio_hi, all = v.ratios })
 end
 
--- The modulators' pattern functions (core/lpat.c) against LuaJIT's own,
+-- The modulators' pattern functions (core/moe/lpat.c) against LuaJIT's own,
 -- in bench/pattern_bench.lua: per case the medians of interleaved
 -- repetitions (7, QUICK 3) and the spread of the per-repetition ratios.
 local function w_patterns()

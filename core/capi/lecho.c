@@ -3,7 +3,7 @@
  * Each lecho_ctx owns a private LuaJIT state that loads the Lua layer
  * (`require "lecho.capi"`, which requires "lecho") and drives it: the control
  * plane (name server, managers, joins) is Lua, so this file only calls the
- * public Lua API through lua/lecho/capi.lua and never reaches into core/ctx.h.
+ * public Lua API through lua/lecho/capi.lua and never reaches into core/transport/ctx.h.
  * Every Lua call goes through lua_cpcall, so a Lua error (memory included)
  * becomes a code and a message, never a longjmp past the caller.
  *

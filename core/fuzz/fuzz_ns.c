@@ -15,7 +15,7 @@
  * 2 a connection lost, 3 a tick), u8 sender (one of four clients, or the
  * other registry), u8 time step (1/16 s), u16le length, an encoded value.
  * Lua lines are fed to libFuzzer as extra coverage counters (a line hook).
- * Leans on core/codec.c, core/codec_lua.c, LuaJIT and the Lua files of this
+ * Leans on core/base/codec.c, core/base/codec_lua.c, LuaJIT and the Lua files of this
  * tree (LECHO_LUA_DIR, compile-time).  Seeds: core/fuzz/ns/.
  */
 #include "codec.h"

@@ -353,7 +353,7 @@ static int step_init(lua_State *L) {
     lua_settop(L, 0);
     moe_sandbox_open(L);
     /* The string table's pattern functions: ours, which the budget stops
-     * (core/lpat.c), before the sandbox copies it (and for string methods). */
+     * (core/moe/lpat.c), before the sandbox copies it (and for string methods). */
     lua_getfield(L, LUA_GLOBALSINDEX, "string");
     lei_lpat_open(L, &m->stop);
     lua_pop(L, 1);

@@ -1,5 +1,5 @@
 -- lecho.group: the client of groups with leases (issue 12, doc/presence.md);
--- the name server's side is lecho.presence.
+-- the name server's side is lecho.ns.presence.
 --
 --   local g = ctx:group("chat", { lease = 3, data = { nick = "ann" },
 --                                 watch = function(change) end, join = true })

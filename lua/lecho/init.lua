@@ -19,12 +19,12 @@
 -- lecho.producer, lecho.consumer, lecho.modulator (both sides),
 -- lecho.options (the lists of policies, capabilities and options) and
 -- lecho.errors (the error codes).  The C half (lecho.core) owns the loop,
--- the sockets, the queues and the codec; lecho.registry answers the
+-- the sockets, the queues and the codec; lecho.ns.registry answers the
 -- control plane in name servers and managers.
 
 require "lecho.check"
 local core = require "lecho.core"
-local registry = require "lecho.registry"
+local registry = require "lecho.ns.registry"
 local fastenc = require "lecho.fastenc"
 local options = require "lecho.options"
 local errors = require "lecho.errors"
@@ -170,7 +170,7 @@ function M.context(opts)
   self._send = function(to, msg) self:_send_ctrl(to, msg) end
   self.ns = ns or addr
   -- ro: the name servers, in order (always set: { self.ns } with one); a
-  -- group (lecho.presence) and a service register with every one
+  -- group (lecho.ns.presence) and a service register with every one
   if not ns then nslist[1] = addr end
   self.nslist = nslist
   -- every address used as a name server (ours, those of nslist, and those

@@ -5,7 +5,7 @@
 -- consuming side, the streams of modulated events with their demodulators.
 
 local core = require "lecho.core"
-local registry = require "lecho.registry"
+local registry = require "lecho.ns.registry"
 local options = require "lecho.options"
 local Context = require "lecho.context"
 local Channel = require "lecho.channel"

@@ -2,7 +2,7 @@
 -- is the hot path: encoded once (by the compiled encoder when it can), no
 -- closure or table made unless it waits for room.
 
-local registry = require "lecho.registry"
+local registry = require "lecho.ns.registry"
 local options = require "lecho.options"
 local errors = require "lecho.errors"
 local Channel = require "lecho.channel"

@@ -10,11 +10,11 @@
 --     server's policy (doc/security.md): checked here, where the counters
 --     are read; a name server or manager checks its own policy, any other
 --     context asks its name server (`{ op = "may" }`, answered by `M.ops`
---     in lecho.registry) and keeps the answer for MAY_TTL seconds.
+--     in lecho.ns.registry) and keeps the answer for MAY_TTL seconds.
 --
--- Leans on lecho.outbox (the registry's replies) and lecho.policy.
+-- Leans on lecho.ns.outbox (the registry's replies) and lecho.policy.
 
-local outbox = require "lecho.outbox"
+local outbox = require "lecho.ns.outbox"
 
 local M = {}
 
@@ -151,7 +151,7 @@ function M.fetch(ctx, addr, timeout)
   return r.stats
 end
 
--- The registry's side (lecho.registry adds these ops): `may` answers
+-- The registry's side (lecho.ns.registry adds these ops): `may` answers
 -- whether principal P may do action A (only "stats") on the process whose
 -- principal is `target`, by this name server's policy.  It exists for a
 -- process asked for its stats (M.serve, `may` above): it asks about a

@@ -1,15 +1,15 @@
--- lecho.membership: a channel manager's part of the registry: per channel,
+-- lecho.ns.membership: a channel manager's part of the registry: per channel,
 -- which contexts produce and which consume (with their subscriptions), the
 -- channel version, which version each producing context confirmed, and the
 -- consumer joins that wait for those confirmations.  Ops are
 -- `function(self, from, msg, io)` on a registry.
 
--- Never compiled, as lecho.registry (Debian's LuaJIT and LuaJIT #827).
+-- Never compiled, as lecho.ns.registry (Debian's LuaJIT and LuaJIT #827).
 if jit then jit.off(true, true) end
 
 local bit = require "bit"
-local outbox = require "lecho.outbox"
-local naming = require "lecho.naming"
+local outbox = require "lecho.ns.outbox"
+local naming = require "lecho.ns.naming"
 
 local sorted_keys, emit, reply, fail = outbox.sorted_keys, outbox.emit, outbox.reply, outbox.fail
 local check_ch, claim, allowed = naming.check_ch, naming.claim, naming.allowed

@@ -1,4 +1,4 @@
--- lecho.presence: the name server's part of the registry for groups with
+-- lecho.ns.presence: the name server's part of the registry for groups with
 -- leases (issue 12, doc/presence.md).  A member joins a group with a
 -- lease and renews it by beacon (the same gjoin again); a member whose
 -- lease runs out is removed in the registry tick, and the group's watchers
@@ -34,11 +34,11 @@
 -- lease runs; glist entries carry `principal`, gchange `who = { [addr] =
 -- principal }` and `lease = { [addr] = seconds }` for those joined.
 
--- Never compiled, as lecho.registry (Debian's LuaJIT and LuaJIT #827).
+-- Never compiled, as lecho.ns.registry (Debian's LuaJIT and LuaJIT #827).
 if jit then jit.off(true, true) end
 
-local outbox = require "lecho.outbox"
-local naming = require "lecho.naming"
+local outbox = require "lecho.ns.outbox"
+local naming = require "lecho.ns.naming"
 
 local emit, reply, fail = outbox.emit, outbox.reply, outbox.fail
 
@@ -504,7 +504,7 @@ function M.peer_down(self, addr)
   end
 end
 
--- The registry's fields for groups (lecho.registry.new).
+-- The registry's fields for groups (lecho.ns.registry.new).
 function M.init(self, opts, num)
   self.groups, self.ngroups = {}, 0
   self.gcount = {}                                   -- requester -> entries

@@ -169,7 +169,7 @@ describe("a group", function()
     assert.is_true(g:leave())
     assert.is_true(g:leave())
     local r = assert(ctx:request(ns, { op = "glist", group = "chat" }))
-    assert.are.same({ a2 }, require("lecho.ns.registry").sorted_keys(r.members))
+    assert.are.same({ a2 }, require("lecho.tables").sorted_keys(r.members))
   end)
 
   it("loses a member killed with SIGKILL after its lease; the others are told once, 'expired'", function()
@@ -470,7 +470,7 @@ describe("the name server's bounds on groups", function()
     local r = assert(ctx:request(ctx.addr, { op = "glist", group = "full" }))
     local both = { a1, a2 }
     table.sort(both)
-    assert.are.same(both, require("lecho.ns.registry").sorted_keys(r.members))
+    assert.are.same(both, require("lecho.tables").sorted_keys(r.members))
   end)
 
   it("never fall to a rogue peer's junk g* messages: each refused, the name server and the watchers go on", function()

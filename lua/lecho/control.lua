@@ -5,13 +5,12 @@
 -- or name server was lost (soft state).  The other side is lecho.ns.registry,
 -- run by the name server and the managers.
 
-local registry = require "lecho.ns.registry"
 local policy = require "lecho.policy"
 local errors = require "lecho.errors"
 local Context = require "lecho.context"
 local Channel = require "lecho.channel"
 
-local sorted_keys = registry.sorted_keys
+local sorted_keys = require("lecho.tables").sorted_keys
 
 local function now(self) return self.c:now() end
 

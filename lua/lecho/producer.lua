@@ -2,13 +2,12 @@
 -- is the hot path: encoded once (by the compiled encoder when it can), no
 -- closure or table made unless it waits for room.
 
-local registry = require "lecho.ns.registry"
 local options = require "lecho.options"
 local errors = require "lecho.errors"
 local Channel = require "lecho.channel"
 local stats = require "lecho.stats"
 
-local sorted_keys = registry.sorted_keys
+local sorted_keys = require("lecho.tables").sorted_keys
 local code_of = errors.code_of
 
 local Producer = {}

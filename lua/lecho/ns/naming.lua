@@ -10,7 +10,8 @@ if jit then jit.off(true, true) end
 local outbox = require "lecho.ns.outbox"
 local policy = require "lecho.policy"
 
-local sorted_keys, reply, fail = outbox.sorted_keys, outbox.reply, outbox.fail
+local sorted_keys = require("lecho.tables").sorted_keys
+local reply, fail = outbox.reply, outbox.fail
 
 local M = {}
 

@@ -8,14 +8,6 @@ if jit then jit.off(true, true) end
 
 local M = {}
 
-local function sorted_keys(t)
-  local ks = {}
-  for k in pairs(t) do ks[#ks + 1] = k end
-  table.sort(ks)
-  return ks
-end
-M.sorted_keys = sorted_keys   -- the keys of t, sorted (shared with lecho.control and others)
-
 local function emit(self, io, addr, msg)
   local q = self.outq
   q[#q + 1] = { io.send, addr, msg }

@@ -39,6 +39,7 @@ if jit then jit.off(true, true) end
 
 local outbox = require "lecho.ns.outbox"
 local naming = require "lecho.ns.naming"
+local same = require("lecho.tables").same  -- (unchanged data is no news)
 
 local emit, reply, fail = outbox.emit, outbox.reply, outbox.fail
 
@@ -109,18 +110,6 @@ local function epoch(self, now)
   return self.gepoch
 end
 
--- Are a and b the same value (tables by content, 32 levels at most)?
-local function same_value(a, b, depth)
-  if a == b then return true end
-  if type(a) ~= "table" or type(b) ~= "table" or depth > 32 then return false end
-  for k, v in pairs(a) do
-    if not same_value(v, b[k], depth + 1) then return false end
-  end
-  for k in pairs(b) do
-    if a[k] == nil then return false end
-  end
-  return true
-end
 
 -- The deadlines: one binary min-heap (self.gheap) of every membership and
 -- watch by `expires`, each entry holding its index (hi), its group (g), its
@@ -366,7 +355,7 @@ function ops.gjoin(self, from, msg, io)
     -- a beacon older than the data held (it waited in a stopped name
     -- server's socket): renews the lease, never brings back older data
     data, size, dv = m.data, m.size, m.dv
-  elseif m.data ~= data and not same_value(m.data, data, 0) then
+  elseif m.data ~= data and not same(m.data, data) then
     news = true     -- the same member with other data: told as joined again
   end
   g.bytes = g.bytes - (m.size or 0) + size

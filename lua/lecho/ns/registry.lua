@@ -56,12 +56,11 @@ local membership = require "lecho.ns.membership"
 local presence = require "lecho.ns.presence"
 local policy = require "lecho.policy"
 
-local sorted_keys, reply, fail, flush = outbox.sorted_keys, outbox.reply, outbox.fail, outbox.flush
+local sorted_keys = require("lecho.tables").sorted_keys
+local reply, fail, flush = outbox.reply, outbox.fail, outbox.flush
 local members_of, publish_members, check_waits, maybe_drop, answer_producer =
   membership.members_of, membership.publish_members, membership.check_waits,
   membership.maybe_drop, membership.answer_producer
-
-M.sorted_keys = sorted_keys   -- the keys of t, sorted (shared with lecho.control and others)
 
 -- Operations. Each is `function(self, from, msg, io)`; `msg.rid` is a number
 -- for requests (checked by the dispatcher).

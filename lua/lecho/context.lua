@@ -1,8 +1,20 @@
 -- lecho.context: the Lua half of a context's run loop: the scheduler of
 -- waits (every callback runs in a coroutine of the context's), timers and
--- descriptors, the dispatch of decoded events to consumer handlers, stats
--- and close.  The context is made by lecho.context() (init.lua); the control
--- plane's methods are in lecho.control, channels in lecho.channel.
+-- descriptors, the dispatch of decoded events to consumer handlers (or to
+-- a channel's route), stats and close.  The context is made by
+-- lecho.context() (init.lua).  This is the home of Context, the object
+-- lecho.context() returns: its methods not defined here are defined in
+-- these modules (each adds them when required; spec/lua_layout_spec.lua
+-- checks this list against the code):
+--   lecho.channel:   channel, _fullname
+--   lecho.control:   request, list, _send_ctrl, _notify, _pend, _fail_pending,
+--                    _reply_wrong, _warn_limited, _expect, _on_ctrl, _registered,
+--                    _tell_unreachable, _on_peer, _channel_exists
+--   lecho.service:   service
+--   lecho.call:      call, call_async, _call
+--   lecho.group:     group, _on_gchange
+--   lecho.push:      sandbox, push, unload_pushed, pushed
+--   lecho.modulator: _moe_error
 
 local options = require "lecho.options"
 local ffi = require "ffi"

@@ -372,7 +372,7 @@ function Context:_on_ctrl(from, msg, gen)
       end
       ch.ver = msg.ver
       pin_all(self, msg.keys)
-      ch.svc = type(msg.svc) == "table" and msg.svc or nil  -- a call channel's servers (lecho.service)
+      ch.svc = type(msg.svc) == "table" and msg.svc or nil  -- a call channel's servers (lecho.call)
       ch:_apply_members(msg.consumers, msg.mods)
     end
     self:_send_ctrl(from, { op = "members_ok", ch = msg.ch, ver = msg.ver, mid = msg.mid,

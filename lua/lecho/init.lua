@@ -158,7 +158,7 @@ function M.context(opts)
     -- member lists a producer takes (lecho.control, doc/limits.md)
     max_members = opts.max_members or D.max_members,
     max_peers = opts.max_peers or D.max_peers,
-    max_calls = opts.max_calls_in_flight or D.max_calls_in_flight,  -- lecho.service
+    max_calls = opts.max_calls_in_flight or D.max_calls_in_flight,  -- lecho.call
     closed = false,
   }, Context)
   for _, e in ipairs(identity and identity.trust.keys or {}) do self.trust_names[e.public] = e.name end

@@ -197,7 +197,7 @@ local SCHEMA = {
     max_channels = { size(1) }, max_members = { size(1), 4096 }, max_peers = { size(1), 4096 },
     peer_free_after = { TIME, 30.0 },  -- an unused peer record is freed this long after (doc/limits.md)
     log_window = { TIME, 10.0 },       -- one log line per kind of refusal per this long (doc/limits.md)
-    max_calls_in_flight = { size(1), 1024 },  -- issue 12: ctx:call's in flight at once (lecho.service)
+    max_calls_in_flight = { size(1), 1024 },  -- issue 12: ctx:call's in flight at once (lecho.call)
     -- issue 12, pushed code (doc/services.md "Pushing code", lecho.push): who may push
     accept_code = { accept_code },
   },

@@ -114,10 +114,6 @@ function Producer:submit(ev)
   return submit_core(self, ev, false)
 end
 
---- Submits ev and waits until every consumer ran its handler.
--- Returns true, or nil, errors: a list of { context, consumer, err } (it
--- prints as one line) with each failing or silent consumer, and each
--- consumer whose modulator failed here.
 -- failed plus ch's failed modulators not in it yet (failed nil and none
 -- failed: nil, no table).
 local function add_failed(failed, ch)
@@ -130,6 +126,10 @@ local function add_failed(failed, ch)
   return failed
 end
 
+--- Submits ev and waits until every consumer ran its handler.
+-- Returns true, or nil, errors: a list of { context, consumer, err } (it
+-- prints as one line) with each failing or silent consumer, and each
+-- consumer whose modulator failed here.
 function Producer:submit_sync(ev, opts)
   if self.closed then return nil, "producer is closed", "closed" end
   local ctx = self.ch.ctx

@@ -6,8 +6,8 @@
 --    defined outside its home and not listed, listed but not defined
 --    there, or defined twice;
 --  * the name server's side (lua/lecho/ns/) is required by no client
---    module but the two that run it (lecho's init makes a name server's
---    or manager's registry; lecho.stats' op `may` is one of the registry's).
+--    module but lecho's init, which makes a name server's or manager's
+--    registry.
 -- No processes.
 --
 -- Run: LUA_PATH="$PWD/lua/?.lua;$PWD/lua/?/init.lua;;" LUA_CPATH="$PWD/lua/?.so;;" \
@@ -149,8 +149,8 @@ describe("lua/lecho/ layout", function()
                       c = { "lecho.other" } }, defs)
   end)
 
-  it("no client module requires the name server's side (lua/lecho/ns/) but init and stats", function()
-    local allowed = { ["lecho"] = true, ["lecho.stats"] = true }
+  it("no client module requires the name server's side (lua/lecho/ns/) but init", function()
+    local allowed = { ["lecho"] = true }
     local bad = {}
     for _, f in ipairs(lua_files()) do
       if not f.mod:find("^lecho%.ns%.") then

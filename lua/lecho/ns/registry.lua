@@ -68,7 +68,7 @@ local ops = {}
 for k, f in pairs(naming.ops) do ops[k] = f end
 for k, f in pairs(membership.ops) do ops[k] = f end
 for k, f in pairs(presence.ops) do ops[k] = f end
-for k, f in pairs(require("lecho.stats").ops) do ops[k] = f end  -- may (stats in keyed mode)
+for k, f in pairs(require("lecho.ns.may").ops) do ops[k] = f end  -- may (stats in keyed mode)
 
 -- What one `list` reply carries at most: channels, and bytes (estimated:
 -- names, addresses, 16 per field), far below the receiver's 16 MiB CTRL

@@ -52,8 +52,8 @@ end
 -- LuaJIT's hooks are the VM's, not a coroutine's: the count hook is set
 -- while a budgeted handler runs and cleared while it waits (the context
 -- calls the budget's pause and resume around each wait: Context:_on_wait)
--- and when it ends.  The handler's functions
--- run interpreted (jit.off) so that the hook sees their loops.
+-- and when it ends.  The handler's functions run interpreted (jit.off) so
+-- that the hook sees their loops.
 
 -- The clock is read from the hook's first call on (b.last false until
 -- then): a handler that ends within HOOK_COUNT instructions costs no clock

@@ -588,7 +588,7 @@ local function w_pipeline()
          function(x) return x.async_null.producer_cpu_us end)
 end
 
--- A name server keeps at most 65536 channels (lecho.registry max_channels),
+-- A name server keeps at most 65536 channels (lecho.ns.registry max_channels),
 -- the report channel included: points above 4096 get a name server of their
 -- own (scripts/lecho-nameserver), with channels named "host:port/name".
 local function own_nameserver(k)

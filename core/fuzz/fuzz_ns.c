@@ -1,5 +1,5 @@
 /* fuzz_ns.c: a libFuzzer harness (make fuzz) for the name server's
- * protocol: the control plane (lua/lecho/registry.lua with naming.lua,
+ * protocol: the control plane (lua/lecho/ns/registry.lua with naming.lua,
  * membership.lua, policy.lua) runs in a LuaJIT state in this process, a name
  * server and a channel manager, and is fed control messages decoded by the
  * core's decoder, as lecho-nameserver is, from four client addresses; what
@@ -54,7 +54,7 @@ static unsigned long runs;
 /* The driver: builds both registries per input and plays the records. */
 static const char DRIVER[] =
     "local decode, encode, bad = ...\n"
-    "local registry = require 'lecho.registry'\n"
+    "local registry = require 'lecho.ns.registry'\n"
     "local verbose = os.getenv('LECHO_FUZZ_LOG')\n"
     "local policy = require 'lecho.policy'\n"
     "local NS, MGR = '127.0.0.1:7000', '127.0.0.1:7100'\n"

@@ -23,7 +23,8 @@ ZIP_CFLAGS := $(shell $(PKG_CONFIG) --cflags libzstd 2>/dev/null)
 ZIP_LIBS   := $(or $(shell $(PKG_CONFIG) --libs libzstd 2>/dev/null),-lzstd) -lzfp -Wl,-z,nodelete
 
 # core/ in folders by layer (doc/architecture.md "Layers"; each folder's
-# README.md says what its files may include): base, transport, moe,
+# README.md says what its files may include, spec/layers_spec.lua checks
+# every #include against them): base, transport, moe,
 # binding, capi, and test/, fuzz/ outside them; core/lecho.h, the public
 # header, at the top.  Every layer's folder is on the include path, so an
 # #include names a header by its file name alone (header names are unique).

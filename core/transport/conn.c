@@ -24,6 +24,8 @@
 static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents);
 static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents);
 
+/* ---- life cycle: new, free, writing straight out, close, retire, dial --- */
+
 lei_conn *lei_conn_new(lei_ctx *c, int fd, enum lei_conn_state state) {
     lei_conn *k = calloc(1, sizeof *k);
     if (!k) return NULL;
@@ -692,7 +694,7 @@ static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents) {
     }
 }
 
-/* ---- life cycle -------------------------------------------------------- */
+/* ---- our side's end (FIN) ---------------------------------------------- */
 
 /* Closing: once k's queue is written, our side ends with a FIN; reading
  * goes on until the remote closes (it has then read all we sent). */

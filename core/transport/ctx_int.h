@@ -1,9 +1,14 @@
-/* ctx_int.h: the context's private structs and the functions its files
- * (ctx.c, conn.c, peer.c, chan.c, local.c, sync.c, live.c) share.
+/* ctx_int.h: the context's private structs and the functions the files of
+ * the transport layer (every .c of core/transport/) share.
  *
- * Nothing outside those files may include this header: the binding and
- * embedders use the functions of ctx.h only.  A struct field written from
- * elsewhere is a second implementation of that field's rules.
+ * No other layer includes this header: the MOE, the binding and embedders
+ * use the functions of ctx.h only (spec/layers_spec.lua fails a file of
+ * another layer that includes it).  A struct field written from elsewhere
+ * is a second implementation of that field's rules.  White-box code reads
+ * it knowingly: the tests and fuzz harnesses that need a connection's
+ * insides (core/test/test_inmap.c, core/fuzz/fuzz_conn.c,
+ * core/fuzz/fuzz_handshake.c) and bench/lecho_c.c (c->loop, c->addr,
+ * c->h.ud, a channel's local flag).
  */
 #ifndef LECHO_CTX_INT_H
 #define LECHO_CTX_INT_H
@@ -356,8 +361,8 @@ struct lei_ctx {
     char refusal[200];
 };
 
-/* The states of a connection, in the order it walks them (the handshake
- * section of conn.c draws the transitions).  Before UP only handshake
+/* The states of a connection, in the order it walks them (handshake.c's
+ * head comment draws the transitions).  Before UP only handshake
  * frames count. */
 enum lei_conn_state {
     LEI_CONN_DIALING = 1, /* we dialled: connect() in progress */
@@ -474,7 +479,8 @@ void lei_peer_enqueue(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr,
 void lei_expiry_at(lei_ctx *c, ev_tstamp when);
 void lei_expiry_cb(struct ev_loop *loop, ev_timer *w, int revents);
 void lei_kick_cb(struct ev_loop *loop, ev_idle *w, int revents);
-/* conn.c: connections and the handshake */
+/* conn.c: connections (sockets, dialling, reading, closing); the handshake
+ * is handshake.c's */
 int lei_peer_dial(lei_peer *p);
 /* Once per loop turn (prepare): dials waiting for a slot, peers past max_peers. */
 void lei_peers_turn(lei_ctx *c);

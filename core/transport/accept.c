@@ -1,8 +1,8 @@
 /* accept.c: a context's listening side and the limits on its connections:
- * listening (lei_ctx_listen), accepting, max_connections, accept() backing
+ * listening (lei_accept_listen), accepting, max_connections, accept() backing
  * off when out of file descriptors (with a reserved descriptor to refuse
  * through), the handshake deadline (handshake_timeout) and refusals told to
- * the peer (lei_conn_refuse, logged through lei_ratelog).
+ * the peer (lei_accept_refuse, logged through lei_ratelog).
  *
  * Connections themselves (reading, writing, closing) are conn.c's.  Leans
  * on libev; no Lua here.
@@ -42,7 +42,7 @@ void lei_conns_stop(lei_ctx *c) {
 
 /* The handshake deadline: checked a few times per handshake_timeout while
  * a connection is not UP. */
-void lei_conn_hs_arm(lei_ctx *c) {
+void lei_accept_hs_arm(lei_ctx *c) {
     double t = c->o.handshake_timeout;
     if (t <= 0 || ev_is_active(&c->hs_w)) return;
     t /= 8;
@@ -53,7 +53,7 @@ void lei_conn_hs_arm(lei_ctx *c) {
 
 /* Refuses k: the peer is told why (ERROR), the process logs one line per
  * kind per window (lei_ratelog), k is closed. */
-void lei_conn_refuse(lei_conn *k, int kind, const char *reason) {
+void lei_accept_refuse(lei_conn *k, int kind, const char *reason) {
     lei_ctx *c = k->ctx;
     lei_conn_send_error(k, reason);
     lei_ratelog(c, kind, "closing connection %s %s: %s", k->peer ? "with" : "from",
@@ -85,7 +85,7 @@ static void hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
         if (k->state == LEI_CONN_DIALING) /* nothing to tell: not connected */
             lei_conn_close(k, why, 0);
         else
-            lei_conn_refuse(k, LEI_RL_HANDSHAKE_TIMEOUT, why);
+            lei_accept_refuse(k, LEI_RL_HANDSHAKE_TIMEOUT, why);
     }
     if (!waiting) {
         ev_ref(loop);
@@ -94,7 +94,7 @@ static void hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
 }
 
 /* Room for one more connection: 0, or -1 with the reason in why[n]. */
-int lei_conn_room(lei_ctx *c, char *why, size_t n) {
+int lei_accept_room(lei_ctx *c, char *why, size_t n) {
     if (c->nconns < c->o.max_connections) return 0;
     snprintf(why, n, "too many connections (limit %zu)", c->o.max_connections);
     return -1;
@@ -158,7 +158,7 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents) {
         }
         c->acc_backoff = 0.1;
         char why[128];
-        if (lei_conn_room(c, why, sizeof why)) {
+        if (lei_accept_room(c, why, sizeof why)) {
             refuse_fd(c, fd, why);
             continue;
         }
@@ -172,7 +172,7 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents) {
 }
 
 
-int lei_ctx_listen(lei_ctx *c, const char *addr, const char *advertise, const char *toward,
+int lei_accept_listen(lei_ctx *c, const char *addr, const char *advertise, const char *toward,
                    char *err) {
     const char *why;
     if (lei_addr_parse(addr, LEI_ADDR_LISTEN, &c->laddr, &why)) {

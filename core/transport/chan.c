@@ -160,7 +160,7 @@ void lei_chan_set_calls(lei_ctx *c, uint32_t id, int on) {
 }
 
 
-uint32_t lei_ctx_nchans(const lei_ctx *c) { return c->nchans; }
+uint32_t lei_chan_total(const lei_ctx *c) { return c->nchans; }
 
 int lei_chan_at_limit(const lei_ctx *c) { return c->nchans >= c->o.max_channels; }
 

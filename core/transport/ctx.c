@@ -220,7 +220,7 @@ static void prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents) {
     lei_ctx *c = w->data;
     if (c->nnotes) lei_tell_notes(c);
     if (c->h.prepare) c->h.prepare(c->h.ud);
-    lei_peers_turn(c);
+    lei_peer_turn(c);
     c->unflushed = 0;
     lei_flush(c);
 }

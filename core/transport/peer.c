@@ -111,7 +111,7 @@ void lei_peer_note(lei_peer *p, int up, const char *reason) {
 void lei_tell_notes(lei_ctx *c) {
     for (int i = 0; i < c->nnotes; i++) {
         struct lei_note n = c->notes[i];
-        lei_peer *p = lei_peer_by_idx(c, n.idx);
+        lei_peer *p = lei_peers_by_idx(c, n.idx);
         if (!p) continue;
         c->depth++;
         c->h.peer(c->h.ud, p, n.up, n.up ? NULL : n.reason);
@@ -283,13 +283,13 @@ void lei_peer_close(lei_peer *p, const char *reason) {
 
 /* Dials p when it may be (not connected, not awaited, backoff over): at
  * once while fewer than LEI_DIALS_MAX of our dials are in progress, else it
- * waits its turn (dial_pending: live, its queue kept; lei_peers_turn). */
+ * waits its turn (dial_pending: live, its queue kept; lei_peer_turn). */
 static void peer_want(lei_peer *p) {
     lei_ctx *c = p->ctx;
     if (p->conn || p->dial_pending || p->await_in > 0 || p->retiring || !lei_live_may_dial(p))
         return;
     if (c->ndialing < LEI_DIALS_MAX) {
-        lei_peer_dial(p);
+        lei_conn_dial(p);
         return;
     }
     p->dial_pending = 1;
@@ -297,8 +297,8 @@ static void peer_want(lei_peer *p) {
 }
 
 lei_peer *lei_peer_get(lei_ctx *c, const char *addr, int create) {
-    lei_peer *p = lei_peer_find(c, addr);
-    if (!p && create) p = lei_peer_new(c, addr);
+    lei_peer *p = lei_peers_find(c, addr);
+    if (!p && create) p = lei_peers_new(c, addr);
     if (p && create) peer_want(p);
     return p;
 }
@@ -307,7 +307,7 @@ void lei_dial_done(lei_conn *k) {
     if (!k->dial_slot) return;
     k->dial_slot = 0;
     k->ctx->ndialing--;
-    if (k->ctx->ndial_pending) ev_idle_start(k->ctx->loop, &k->ctx->kick); /* lei_peers_turn dials */
+    if (k->ctx->ndial_pending) ev_idle_start(k->ctx->loop, &k->ctx->kick); /* lei_peer_turn dials */
 }
 
 /* Dials the peers waiting for a slot, while there are slots.  A dial that
@@ -318,7 +318,7 @@ static void dials_run(lei_ctx *c) {
         if (!p->dial_pending) continue;
         p->dial_pending = 0;
         c->ndial_pending--;
-        if (lei_peer_dial(p)) lei_peer_lost(p, p->reason[0] ? p->reason : "dial failed");
+        if (lei_conn_dial(p)) lei_peer_lost(p, p->reason[0] ? p->reason : "dial failed");
     }
 }
 
@@ -468,7 +468,7 @@ static int queue_bind(lei_ctx *c, lei_peer *p, lei_chan *ch) {
         uint8_t *b = malloc(LEI_FRAME_HDR + 20 + ch->namelen + LEI_BIND_MAX_EXTRA); /* freed below */
         if (!b) return -1;
         size_t n = lei_frame_bind(b, ch->id, ch->name, ch->namelen,
-                                  c->id.keyed ? lei_chan_ticket_for(c, ch) : NULL);
+                                  c->id.keyed ? lei_auth_ticket_for(c, ch) : NULL);
         lei_qitem *bi = lei_item_bytes(b, LEI_FRAME_HDR, b + LEI_FRAME_HDR, n - LEI_FRAME_HDR);
         free(b);
         if (!bi) return -1;
@@ -482,7 +482,7 @@ int lei_peer_bind(lei_ctx *c, const char *addr, uint32_t chid) {
     lei_chan *ch = lei_chan_get(c, chid);
     lei_peer *p = ch ? lei_peer_get(c, addr, 1) : NULL; /* (peers own p, as for a CTRL) */
     if (!p || (!lei_peer_live(p) && (peer_want(p), !lei_peer_live(p)))) return -1;
-    if (c->id.keyed && !lei_chan_ticket_for(c, ch)) return -1; /* refused there: keep the first event's */
+    if (c->id.keyed && !lei_auth_ticket_for(c, ch)) return -1; /* refused there: keep the first event's */
     if (queue_bind(c, p, ch)) return -1;
     lei_defer_flush(c, p);
     return 0;
@@ -590,7 +590,7 @@ int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err) 
                  "not reading control replies: %zu bytes of them queued (queue_limit %zu)", p->ctrl_bytes,
                  c->o.queue_limit);
         lei_item_free(c, it);
-        if (p->conn) lei_conn_refuse(p->conn, LEI_RL_SLOW_CTRL, p->ctrl_why);
+        if (p->conn) lei_accept_refuse(p->conn, LEI_RL_SLOW_CTRL, p->ctrl_why);
         *err = p->ctrl_why;
         return -LEI_E_CLOSED;
     }
@@ -607,7 +607,7 @@ int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err) 
 
 /* Once per loop turn, before the queues are written (prepare_cb): the
  * dials waiting for a slot, and the peers past max_peers. */
-void lei_peers_turn(lei_ctx *c) {
+void lei_peer_turn(lei_ctx *c) {
     if (c->closing) return;
     if (c->ndial_pending && c->ndialing < LEI_DIALS_MAX) dials_run(c);
     if (c->peers_over) {
@@ -624,7 +624,7 @@ void lei_flush(lei_ctx *c) {
 
 /* ---- read access for the embedder (ctx.h) ------------------------------ */
 
-int lei_ctx_npeers(const lei_ctx *c) { return c->npeers; }
+int lei_peer_total(const lei_ctx *c) { return c->npeers; }
 
 int lei_peer_idx(const lei_peer *p) { return p->idx; }
 

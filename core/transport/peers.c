@@ -11,11 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-lei_peer *lei_peer_by_idx(lei_ctx *c, int idx) {
+lei_peer *lei_peers_by_idx(lei_ctx *c, int idx) {
     return idx >= 1 && idx <= c->nbyidx ? c->byidx[idx - 1] : NULL;
 }
 
-lei_peer *lei_ctx_peer(lei_ctx *c, int i) { return i >= 0 && i < c->npeers ? c->peers[i] : NULL; }
+lei_peer *lei_peers_at(lei_ctx *c, int i) { return i >= 0 && i < c->npeers ? c->peers[i] : NULL; }
 
 /* Peers by address: a hash table (a member list of 4096 addresses, each
  * looked up per event and per dial, made a linear search the hot spot). */
@@ -25,7 +25,7 @@ static uint32_t addr_hash(const char *s) {
     return h;
 }
 
-lei_peer *lei_peer_find(lei_ctx *c, const char *addr) {
+lei_peer *lei_peers_find(lei_ctx *c, const char *addr) {
     if (!c->phcap) return NULL;
     uint32_t m = (uint32_t)c->phcap - 1;
     for (uint32_t j = addr_hash(addr) & m; c->phash[j]; j = (j + 1) & m)
@@ -91,7 +91,7 @@ static int peers_room(lei_ctx *c) {
     return 0;
 }
 
-lei_peer *lei_peer_new(lei_ctx *c, const char *addr) {
+lei_peer *lei_peers_new(lei_ctx *c, const char *addr) {
     if (peers_room(c) || phash_room(c)) return NULL;
     lei_peer *p = calloc(1, sizeof *p); /* owned by ctx->peers until lei_peers_sweep */
     if (!p) return NULL;
@@ -103,7 +103,7 @@ lei_peer *lei_peer_new(lei_ctx *c, const char *addr) {
     p->idx = c->nfreeidx ? c->freeidx[--c->nfreeidx] : ++c->nbyidx;
     c->byidx[p->idx - 1] = p;
     phash_put(c, p);
-    if ((size_t)c->npeers > c->o.max_peers) c->peers_over = 1; /* lei_peers_turn evicts */
+    if ((size_t)c->npeers > c->o.max_peers) c->peers_over = 1; /* lei_peer_turn evicts */
     /* unused until a channel, a sync or a connection takes it: swept if none does */
     p->unused_at = ev_now(c->loop);
     lei_expiry_at(c, p->unused_at + c->o.peer_free_after);
@@ -132,7 +132,7 @@ static void peers_mark(lei_ctx *c) {
         if (k->was) k->was->mark = 1;
     }
     for (int i = 0; i < c->nnotes; i++) {
-        lei_peer *p = lei_peer_by_idx(c, c->notes[i].idx);
+        lei_peer *p = lei_peers_by_idx(c, c->notes[i].idx);
         if (p) p->mark = 1;
     }
 }

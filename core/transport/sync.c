@@ -173,7 +173,7 @@ void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uin
             snprintf(why, sizeof why, "not reading acknowledgements: %zu bytes of them queued (queue_limit %zu)",
                      from->ack_bytes, c->o.queue_limit);
             lei_item_free(c, it);
-            lei_conn_refuse(from->conn, LEI_RL_SLOW_ACKS, why);
+            lei_accept_refuse(from->conn, LEI_RL_SLOW_ACKS, why);
             return;
         }
         it->ack = 1;

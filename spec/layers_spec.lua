@@ -4,7 +4,10 @@
 -- only inside its layer (and by test/ and fuzz/); Lua's headers only where
 -- the README says the layer knows Lua ("Knows Lua:").  The READMEs are the
 -- rules (doc/architecture.md "Layers" draws them); this spec reads them and
--- every file under core/.  No processes, no build.
+-- every file under core/.  And the prefix is the file: a function lei_X_...
+-- whose X is the name of a C file of core/ (the longest that fits:
+-- lei_moe_svc_... is moe_svc.c's) is defined in that file.  No processes,
+-- no build.
 --
 -- Run: LECHO_ROOT=$PWD luajit /usr/bin/busted spec/layers_spec.lua
 -- (LECHO_ROOT may point at a scratch copy of the tree: only core/ is read.)
@@ -177,5 +180,56 @@ describe("core/'s layers", function()
     local _, L = violations()
     assert.is_false(L.transport.lua)
     assert.are.same({ ["codec_lua.c"] = true, ["array_lua.c"] = true }, L.base.lua)
+  end)
+end)
+
+-- The functions a C file defines with external linkage: a line at the left
+-- margin, not static, naming lei_...( and not ending a declaration.
+local function definitions(text)
+  local out = {}
+  for l in text:gmatch("[^\n]*") do
+    if l:match("^[%a_]") and not l:match("^static") and not l:match("^typedef") and not l:match("^#") then
+      local name = l:match("[%s%*](lei_[%w_]+)%(")
+      if name and not l:match(";%s*$") then out[#out + 1] = name end
+    end
+  end
+  return out
+end
+
+-- The file a name belongs to by its prefix: the longest stem s of a C file
+-- of core/ with name = "lei_" .. s .. "_...", or nil.
+local function owner(name, stems)
+  local best
+  for stem in pairs(stems) do
+    if name:sub(1, #stem + 5) == "lei_" .. stem .. "_" and (not best or #stem > #best) then best = stem end
+  end
+  return best
+end
+
+local function prefix_violations()
+  local _, L, fs = violations()
+  local stems, bad, n = {}, {}, 0
+  for _, f in ipairs(fs) do
+    if f.name:match("%.c$") then stems[f.name:sub(1, -3)] = f.path end
+  end
+  for _, f in ipairs(fs) do
+    if f.name:match("%.c$") and not L[f.layer].any then
+      for _, name in ipairs(definitions(read(f.path))) do
+        n = n + 1
+        local stem = owner(name, stems)
+        if stem and stems[stem] ~= f.path then
+          bad[#bad + 1] = ("%s defines %s, a name of %s"):format(f.path, name, stems[stem])
+        end
+      end
+    end
+  end
+  return bad, n
+end
+
+describe("core/'s function names", function()
+  it("say their file: lei_X_... is defined in X.c when X.c exists", function()
+    local bad, n = prefix_violations()
+    assert.is_true(n > 200, "too few function definitions found under core/: " .. n)
+    assert.are.same({}, bad)
   end)
 end)

@@ -632,6 +632,10 @@ const char *lei_peer_addr(const lei_peer *p) { return p->addr; }
 
 int lei_peer_up(const lei_peer *p) { return lei_peer_is_up(p); }
 
+uint64_t lei_peer_gen(const lei_peer *p) { return p && p->conn ? p->gen : 0; }
+
+size_t lei_peer_ack_bytes(const lei_peer *p) { return p ? p->ack_bytes : 0; }
+
 const char *lei_peer_reason(const lei_peer *p) { return p->reason; }
 
 void lei_peer_stats(const lei_peer *p, lei_stats_peer *out) {

@@ -194,10 +194,6 @@ void lei_ack_gen(lei_ctx *c, lei_peer *from, uint64_t gen, uint64_t sync, uint64
     lei_ack(c, from, sync, nran, errs, elen);
 }
 
-uint64_t lei_peer_gen(const lei_peer *p) { return p && p->conn ? p->gen : 0; }
-
-size_t lei_peer_ack_bytes(const lei_peer *p) { return p ? p->ack_bytes : 0; }
-
 int lei_sync_pending(const lei_sync *s) { return s->nwait; }
 
 uint64_t lei_sync_nran(const lei_sync *s) { return s->nran; }

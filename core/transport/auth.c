@@ -285,8 +285,8 @@ int lei_auth_set_ticket(lei_ctx *c, uint32_t chid, const uint8_t t[LEI_TICKET_BY
     memcpy(ch->ticket, t, LEI_TICKET_BYTES);
     /* A renewed ticket: the channel is bound again, with it, before its
      * next event to each peer (a consumer checks tickets at BIND). */
-    for (int i = 0; changed && i < c->npeers; i++) {
-        lei_peer *p = c->peers[i];
+    for (int i = 0; changed && i < c->peers_s.npeers; i++) {
+        lei_peer *p = c->peers_s.peers[i];
         if (ch->id < p->nbound) p->bound[ch->id] = 0;
     }
     ch->has_ticket = 1;

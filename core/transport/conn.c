@@ -43,7 +43,7 @@ lei_conn *lei_conn_new(lei_ctx *c, int fd, enum lei_conn_state state) {
     c->conns = k;
     lei_addr_nodelay(fd);
     lei_live_conn_new(k);
-    c->nconns++;
+    c->accept_s.nconns++;
     lei_accept_hs_arm(c);
     return k;
 }
@@ -110,7 +110,7 @@ void lei_conn_close(lei_conn *k, const char *reason, int bad) {
     }
     close(k->fd);
     k->fd = -1;
-    c->nconns--;
+    c->accept_s.nconns--;
     c->rbuf -= k->rcap;
     /* A frame below us (busy) may still be read: a handler's zero-copy
      * buffer points into it (lua_hook.c).  lei_conn_free frees it then. */
@@ -200,7 +200,7 @@ int lei_conn_dial(lei_peer *p) {
     k->peer = p;
     p->conn = k;
     k->dial_slot = 1; /* until UP or closed (lei_dial_done) */
-    c->ndialing++;
+    c->peer_s.ndialing++;
     ev_io_start(c->loop, &k->wio);
     return 0;
 }

@@ -198,7 +198,7 @@ struct lei_peer {
     int idx;                  /* ro: 1-based handle, stable while the peer lives; a
                                * freed peer's idx goes to the next new one (the
                                * hook was told it went down before) */
-    int pos;                  /* its index in ctx->peers */
+    int pos;                  /* its index in ctx->peers_s.peers */
     ev_tstamp unused_at;      /* since when nothing uses it (0: in use); freed
                                * LEI_PEER_FREE_AFTER later (lei_peers_sweep) */
     uint8_t mark;             /* lei_peers_sweep: something refers to it */
@@ -241,7 +241,7 @@ struct lei_peer {
  * read the list with lei_chan_dests.  Keep it so when adding fields: rare
  * ones go after the first line (chan.c asserts the size of the first). */
 struct lei_chan {
-    uint32_t id;              /* ro: index in ctx->chans, also the wire idx we send */
+    uint32_t id;              /* ro: index in ctx->chan_s.chans, also the wire idx we send */
     int ndests;
     uint32_t epoch;           /* ro: bumped when local consumers appear again */
     uint8_t local;            /* rw via lei_chan_set_local: local consumers exist */
@@ -278,14 +278,84 @@ typedef struct lei_sync_wait {
 } lei_sync_wait;
 
 struct lei_sync {
-    struct lei_sync *next, *prev; /* c->syncs, every record */
-    struct lei_sync *hnext;   /* c->shash chain */
+    struct lei_sync *next, *prev; /* c->sync_s.syncs, every record */
+    struct lei_sync *hnext;   /* c->sync_s.shash chain */
     uint64_t id;
-    int watch;                /* its id goes on c->sdone when it settles */
+    int watch;                /* its id goes on c->sync_s.sdone when it settles */
     int nwait;                /* waits not yet done */
     int nw;
     lei_sync_wait *w;         /* owned */
     uint64_t nran;
+};
+
+/* ---- the context's state, by the file that owns it ----------------------
+ * struct lei_ctx holds one sub-struct per file that owns a part of the
+ * context's state (c->peers_s is peers.c's, c->sync_s sync.c's, ...): the
+ * other files read them through the owner's functions where they can.
+ * What stays at the top level is ctx.c's, or shared by several files. */
+
+/* peers.c: the peer table, by position, by idx and by address */
+struct lei_peers_state {
+    lei_peer **peers;         /* owned: the peers, dense (p->pos), any order */
+    int npeers, cpeers;
+    lei_peer **byidx;         /* owned array (not the peers): idx-1 -> peer or NULL */
+    int *freeidx;             /* owned: idx of freed peers, reused (capacity cbyidx) */
+    int nbyidx, cbyidx, nfreeidx;
+    lei_peer **phash;         /* owned array (not the peers): open addressing by
+                               * address, phcap slots (a power of 2), half full at most */
+    int phcap;
+    int peers_over;           /* a peer was created past max_peers: lei_peer_turn evicts */
+};
+
+/* chan.c: the channel table, by id and by name */
+struct lei_chan_state {
+    lei_chan **chans;         /* owned */
+    uint32_t nchans, cchans;
+    uint32_t *hash;           /* open addressing: chid+1, 0 empty */
+    uint32_t hcap;
+};
+
+/* sync.c: the sync records, by id, and the watched ones settled */
+struct lei_sync_state {
+    lei_sync *syncs;
+    uint64_t next_sync;       /* starts random below 2^52 (ids reach Lua as numbers:
+                               * a late ACK meant for a dead process that used our
+                               * address must not meet an id of ours) */
+    uint64_t stale_acks;      /* ro: ACKs dropped: their event's connection was gone */
+    lei_sync **shash;         /* owned array (not the records): by id & (shcap-1) */
+    uint32_t shcap, nsyncs;
+    uint64_t *sdone;          /* owned: ids of watched records settled since the last
+                               * lei_sync_done_take (Lua resumes only their waiters) */
+    uint32_t nsdone, csdone;
+    int sdone_lost;           /* a push failed (no memory): the taker looks at all */
+};
+
+/* local.c: local delivery (producer and consumer in this process) */
+struct lei_local_state {
+    ev_idle idle;             /* runs the local delivery queue */
+    lei_queue lq;             /* local deliveries */
+    lei_queue ldef;           /* local items of held channels, in order */
+};
+
+/* accept.c: listening, accepting, the limits on connections */
+struct lei_accept_state {
+    int lfd;
+    ev_io lio;
+    size_t nconns;            /* connections not CLOSED (max_connections) */
+    ev_timer hs_w;            /* closes connections not UP within handshake_timeout */
+    ev_timer acc_w;           /* restarts accepting after EMFILE/ENFILE */
+    double acc_backoff;       /* s: the next pause (0.1 doubling to 2) */
+    int reserve_fd;           /* owned: /dev/null held to accept-and-refuse when out of fds */
+};
+
+/* peer.c: dials in progress, peer changes to tell, expiries */
+struct lei_peer_state {
+    int ndialing;             /* our dials not yet UP (LEI_DIALS_MAX) */
+    int ndial_pending;        /* peers with dial_pending set */
+    struct lei_note *notes;   /* owned: peer changes not yet told to the hook */
+    int nnotes, cnotes;
+    ev_idle kick;             /* keeps one loop turn from blocking (peer notes) */
+    ev_timer expiry_w;        /* peers' await_in, retired connections */
 };
 
 struct lei_ctx {
@@ -296,61 +366,22 @@ struct lei_ctx {
     char bound[LEI_ADDR_MAX]; /* ro: what we are bound to (differs for a wildcard) */
     lei_addr laddr;           /* ro: the listening address, for lei_addr_close */
     uint64_t incarnation;
-    int lfd;
-    ev_io lio;
     ev_prepare prep;          /* writes batched queues once per loop turn */
     ev_check chk;             /* after a turn's callbacks: writes what they deferred */
     int unflushed;            /* a callback deferred a sync write (lei_defer_flush) */
-    ev_idle idle;             /* runs the local delivery queue */
     ev_timer hb;              /* liveness: PINGs and dead peers, all connections */
-    lei_peer **peers;         /* owned: the peers, dense (p->pos), any order */
-    int npeers, cpeers;
-    lei_peer **byidx;         /* owned array (not the peers): idx-1 -> peer or NULL */
-    int *freeidx;             /* owned: idx of freed peers, reused (capacity cbyidx) */
-    int nbyidx, cbyidx, nfreeidx;
-    lei_peer **phash;         /* owned array (not the peers): open addressing by
-                               * address, phcap slots (a power of 2), half full at most */
-    int phcap;
-    int ndialing;             /* our dials not yet UP (LEI_DIALS_MAX) */
-    int ndial_pending;        /* peers with dial_pending set */
-    int peers_over;           /* a peer was created past max_peers: lei_peer_turn evicts */
     lei_conn *conns;          /* all live connections (list through conn->next) */
-    lei_chan **chans;         /* owned */
-    uint32_t nchans, cchans;
-    uint32_t *hash;           /* open addressing: chid+1, 0 empty */
-    uint32_t hcap;
-    lei_queue lq;             /* local deliveries */
-    lei_sync *syncs;
-    uint64_t next_sync;       /* starts random below 2^52 (ids reach Lua as numbers:
-                               * a late ACK meant for a dead process that used our
-                               * address must not meet an id of ours) */
     uint64_t conn_gen;        /* last connection generation given (conn_up) */
-    uint64_t stale_acks;      /* ro: ACKs dropped: their event's connection was gone */
-    lei_sync **shash;         /* owned array (not the records): by id & (shcap-1) */
-    uint32_t shcap, nsyncs;
-    uint64_t *sdone;          /* owned: ids of watched records settled since the last
-                               * lei_sync_done_take (Lua resumes only their waiters) */
-    uint32_t nsdone, csdone;
-    int sdone_lost;           /* a push failed (no memory): the taker looks at all */
     int depth;                /* ro: nesting of hooks in progress */
-    lei_queue ldef;           /* local items of held channels, in order */
     int closing;              /* ro: lei_ctx_shutdown was called */
-    struct lei_note *notes;   /* owned: peer changes not yet told to the hook */
-    int nnotes, cnotes;
-    ev_idle kick;             /* keeps one loop turn from blocking (peer notes) */
-    ev_timer expiry_w;        /* peers' await_in, retired connections */
     uint64_t encodes;         /* values encoded (lei_ctx_count_encode) */
     uint64_t bad_frames;      /* ro: connections closed for bad input */
     lei_ident id;             /* identity, trust, pins (auth.c) */
-    /* Containment (conn.c): connections not CLOSED, bytes of their read
-     * buffers (rcap), the handshake deadline timer, accept()'s backoff. */
-    size_t nconns;
-    size_t nbound_all;        /* BIND indexes bound on all connections (inmap.c) */
+    /* Containment: BIND indexes bound on all connections (inmap.c), bytes
+     * of the connections' read buffers (rcap, rbuf.c); the count of
+     * connections and the handshake deadline are accept_s's. */
+    size_t nbound_all;
     size_t rbuf;
-    ev_timer hs_w;            /* closes connections not UP within handshake_timeout */
-    ev_timer acc_w;           /* restarts accepting after EMFILE/ENFILE */
-    double acc_backoff;       /* s: the next pause (0.1 doubling to 2) */
-    int reserve_fd;           /* owned: /dev/null held to accept-and-refuse when out of fds */
     struct {                  /* lei_ratelog: per kind, the window's start and */
         ev_tstamp t;          /* the lines it did not log */
         uint64_t skipped;
@@ -359,6 +390,12 @@ struct lei_ctx {
     /* rw: why the event or ctrl hook just refused its value ("": it did not
      * say), set by lei_ctx_refusal; conn.c adds it to the peer's ERROR */
     char refusal[200];
+    struct lei_peers_state peers_s;   /* peers.c's */
+    struct lei_chan_state chan_s;     /* chan.c's */
+    struct lei_sync_state sync_s;     /* sync.c's */
+    struct lei_local_state local_s;   /* local.c's */
+    struct lei_accept_state accept_s; /* accept.c's */
+    struct lei_peer_state peer_s;     /* peer.c's */
 };
 
 /* The states of a connection, in the order it walks them (handshake.c's
@@ -390,7 +427,7 @@ struct lei_conn {
     int fd;
     enum lei_conn_state state;
     int busy;           /* read callbacks in progress on this connection */
-    int dial_slot;      /* dialled by us, not yet UP: counted in ctx->ndialing */
+    int dial_slot;      /* dialled by us, not yet UP: counted in ctx->peer_s.ndialing */
     lei_peer *was;      /* retired: the peer it served (p->retiring == this) */
     ev_tstamp retired;  /* RETIRED: when */
     ev_io rio, wio;
@@ -448,7 +485,7 @@ static inline int lei_peer_live(const lei_peer *p) {
  * events go on).  One rule for the submit's drop policy and for
  * lei_chan_room's wait. */
 static inline int lei_local_full(const lei_ctx *c, const lei_chan *ch) {
-    return c->lq.bytes >= c->o.queue_limit || (ch->held && c->ldef.bytes >= c->o.queue_limit);
+    return c->local_s.lq.bytes >= c->o.queue_limit || (ch->held && c->local_s.ldef.bytes >= c->o.queue_limit);
 }
 
 

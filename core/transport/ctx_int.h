@@ -491,7 +491,7 @@ static inline int lei_local_full(const lei_ctx *c, const lei_chan *ch) {
 
 /* ---- shared between the context's files -------------------------------- */
 
-/* peer.c: queue items (an item owns one reference to its msg) */
+/* item.c: queue items (an item owns one reference to its msg) */
 lei_qitem *lei_item_new(lei_msg *m);
 void lei_item_free(lei_ctx *c, lei_qitem *it);
 lei_qitem *lei_item_bytes(const uint8_t *hdr, size_t hlen, const void *body, size_t blen);

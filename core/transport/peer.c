@@ -16,21 +16,7 @@
 
 #define IOVN 512
 
-/* ---- messages and queue items ---------------------------------------- */
-
-static void msg_release(lei_ctx *c, lei_msg *m) {
-    if (m) lei_msg_release(m, c->h.unpin, c->h.ud);
-}
-
-lei_qitem *lei_item_new(lei_msg *m) {
-    lei_qitem *it = calloc(1, sizeof *it);
-    if (!it) return NULL;
-    if (m) {
-        m->refcnt++;
-        it->msg = m;
-    }
-    return it;
-}
+/* ---- items leaving a peer's queue (the items themselves: item.c) ------- */
 
 /* An item leaves peer p's queue (written or dropped).  A batch's buffer is
  * kept as the peer's spare for its next batch (when it has none and nothing
@@ -46,41 +32,6 @@ static void item_done(lei_peer *p, lei_qitem *it) {
     }
     lei_item_free(p->ctx, it);
 }
-
-void lei_item_free(lei_ctx *c, lei_qitem *it) {
-    msg_release(c, it->msg);
-    free(it);
-}
-
-/* A frame made of raw bytes (handshake, bind, ack, ctrl): copied into a
- * message of its own so that the queue treats every frame alike. */
-lei_qitem *lei_item_bytes(const uint8_t *hdr, size_t hlen, const void *body, size_t blen) {
-    lei_msg *m = NULL;
-    lei_qitem *it;
-    if (blen || hlen > sizeof it->hdr) {
-        m = lei_msg_new();
-        if (!m) return NULL;
-        if ((hlen > sizeof it->hdr && lei_wbuf_put(&m->own, hdr, hlen)) ||
-            (blen && lei_wbuf_put(&m->own, body, blen))) {
-            lei_msg_release(m, NULL, NULL);
-            return NULL;
-        }
-        m->total = m->own.len;
-    }
-    it = lei_item_new(m);
-    if (m) m->refcnt--; /* lei_item_new took the only reference */
-    if (!it) {
-        if (m) lei_msg_release(m, NULL, NULL);
-        return NULL;
-    }
-    if (hlen <= sizeof it->hdr) {
-        memcpy(it->hdr, hdr, hlen);
-        it->hlen = (uint8_t)hlen;
-    }
-    it->size = it->hlen + (m ? m->total : 0);
-    return it;
-}
-
 
 /* ---- peers ------------------------------------------------------------- */
 

@@ -240,7 +240,9 @@ lei_peer *lei_peers_at(lei_ctx *c, int i);
 int lei_peer_idx(const lei_peer *p);
 /* The remote context's listen address. */
 const char *lei_peer_addr(const lei_peer *p);
-/* 1 when the handshake is done on the peer's current connection. */
+/* 1 when the handshake is done on the peer's current connection (UP, or
+ * CLOSING: still delivering).  The same test as the inline lei_peer_is_up
+ * the transport's files use (ctx_int.h), out of line for the binding. */
 int lei_peer_up(const lei_peer *p);
 /* Why the last connection ended ("" if none did). */
 const char *lei_peer_reason(const lei_peer *p);

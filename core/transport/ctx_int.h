@@ -468,7 +468,10 @@ struct lei_conn {
 };
 
 /* The handshake is done and the connection still carries the peer's
- * frames (UP or CLOSING). */
+ * frames (UP or CLOSING).  Inline, for the transport's files: asked per
+ * event and destination; ctx.h's lei_peer_up is the same test out of line.
+ * Not to be confused with live.c's lei_live_peer_up, which is not a test
+ * but what liveness does when a handshake completes. */
 static inline int lei_peer_is_up(const lei_peer *p) {
     return p->conn && (p->conn->state == LEI_CONN_UP || p->conn->state == LEI_CONN_CLOSING);
 }
@@ -616,6 +619,8 @@ void lei_sync_answered(lei_ctx *c, lei_peer *p, uint64_t sync, uint64_t nran,
 /* live.c: liveness and sequence tracking */
 void lei_live_conn_new(lei_conn *k);
 int lei_live_may_dial(lei_peer *p);
+/* A handshake completed (incarnation from the remote's HELLO): liveness
+ * and sequence tracking start again for a new incarnation. */
 void lei_live_peer_up(lei_peer *p, uint64_t incarnation);
 int lei_live_frame(lei_conn *k, const lei_frame *f);
 int lei_live_seq(lei_ctx *c, lei_peer *p, lei_chan *ch, uint64_t producer, uint64_t seq);

@@ -23,7 +23,8 @@ ZIP_CFLAGS := $(shell $(PKG_CONFIG) --cflags libzstd 2>/dev/null)
 ZIP_LIBS   := $(or $(shell $(PKG_CONFIG) --libs libzstd 2>/dev/null),-lzstd) -lzfp -Wl,-z,nodelete
 
 # core/ in folders by layer (doc/architecture.md "Layers"; each folder's
-# README.md says what its files may include): base, transport, moe,
+# README.md says what its files may include, spec/layers_spec.lua checks
+# every #include against them): base, transport, moe,
 # binding, capi, and test/, fuzz/ outside them; core/lecho.h, the public
 # header, at the top.  Every layer's folder is on the include path, so an
 # #include names a header by its file name alone (header names are unique).
@@ -35,7 +36,7 @@ CORE_SRC   := core/base/codec.c core/base/array.c core/base/errors.c core/transp
               core/transport/ctx.c core/transport/conn.c core/transport/rbuf.c core/transport/accept.c \
               core/transport/inmap.c core/transport/peer.c core/transport/peers.c core/transport/chan.c \
               core/transport/local.c core/transport/sync.c core/transport/live.c core/transport/auth.c \
-              core/transport/secure.c core/transport/handshake.c
+              core/transport/secure.c core/transport/handshake.c core/transport/item.c
 LUA_SRC    := core/base/codec_lua.c core/base/array_lua.c core/base/array_zip.c core/moe/moe.c core/moe/moe_env.c \
               core/moe/moe_group.c core/moe/moe_svc.c core/moe/lpat.c core/binding/lua_ctx.c core/binding/lua_hook.c \
               core/binding/lua_chan.c core/binding/lua_moe.c core/binding/lua_loop.c core/binding/lua_auth.c

@@ -1,6 +1,7 @@
-/* lua_int.h: what the files of the Lua binding share (lua_ctx.c,
- * lua_hook.c, lua_chan.c, lua_moe.c, lua_loop.c): the userdata structs and
- * the helpers that cross files.  Only these files include it.
+/* lua_int.h: what the files of lecho.core, the Lua binding, share
+ * (lua_ctx.c, lua_hook.c, lua_chan.c, lua_moe.c, lua_loop.c, lua_auth.c):
+ * the userdata structs and the helpers that cross files.  Only these files
+ * include it (lua_ws.c, the module lecho.ws, does not).
  *
  * The binding reaches the core through ctx.h, moe.h and codec.h only.
  * Ownership: the context userdata owns the context; each timer userdata owns

@@ -1,9 +1,14 @@
-/* ctx_int.h: the context's private structs and the functions its files
- * (ctx.c, conn.c, peer.c, chan.c, local.c, sync.c, live.c) share.
+/* ctx_int.h: the context's private structs and the functions the files of
+ * the transport layer (every .c of core/transport/) share.
  *
- * Nothing outside those files may include this header: the binding and
- * embedders use the functions of ctx.h only.  A struct field written from
- * elsewhere is a second implementation of that field's rules.
+ * No other layer includes this header: the MOE, the binding and embedders
+ * use the functions of ctx.h only (spec/layers_spec.lua fails a file of
+ * another layer that includes it).  A struct field written from elsewhere
+ * is a second implementation of that field's rules.  White-box code reads
+ * it knowingly: the tests and fuzz harnesses that need a connection's
+ * insides (core/test/test_inmap.c, core/fuzz/fuzz_conn.c,
+ * core/fuzz/fuzz_handshake.c) and bench/lecho_c.c (c->loop, c->addr,
+ * c->h.ud, a channel's local flag).
  */
 #ifndef LECHO_CTX_INT_H
 #define LECHO_CTX_INT_H
@@ -35,9 +40,9 @@ typedef struct lei_tkey {     /* a trusted key and the principal name it must cl
 
 typedef struct lei_pin {      /* a peer address pinned to a key, a principal, or both */
     char addr[LEI_ADDR_MAX];
-    uint8_t pk[32];           /* valid when has_pk (lei_peer_expect) */
+    uint8_t pk[32];           /* valid when has_pk (lei_auth_expect) */
     int has_pk;
-    char principal[LEI_NAME_MAX + 1]; /* "": none (lei_peer_expect_principal) */
+    char principal[LEI_NAME_MAX + 1]; /* "": none (lei_auth_expect_principal) */
 } lei_pin;
 
 typedef struct lei_auth {     /* a trusted authority and its own validity (0: unbounded) */
@@ -56,7 +61,7 @@ typedef struct lei_ident {
     int nkeys, ckeys;
     lei_auth *auths;          /* owned: trusted authorities */
     int nauths, cauths;
-    uint8_t (*revoked)[32];   /* owned: revoked keys (lei_ctx_set_revoked) */
+    uint8_t (*revoked)[32];   /* owned: revoked keys (lei_auth_set_revoked) */
     int nrevoked;
     lei_pin *pins;            /* owned: address -> expected key */
     int npins, cpins;
@@ -193,7 +198,7 @@ struct lei_peer {
     int idx;                  /* ro: 1-based handle, stable while the peer lives; a
                                * freed peer's idx goes to the next new one (the
                                * hook was told it went down before) */
-    int pos;                  /* its index in ctx->peers */
+    int pos;                  /* its index in ctx->peers_s.peers */
     ev_tstamp unused_at;      /* since when nothing uses it (0: in use); freed
                                * LEI_PEER_FREE_AFTER later (lei_peers_sweep) */
     uint8_t mark;             /* lei_peers_sweep: something refers to it */
@@ -208,7 +213,7 @@ struct lei_peer {
     ev_tstamp await_in;       /* our dial lost the tie-break: the remote's own
                                * connection is awaited until then, queue kept */
     int dial_pending;         /* waits for a dial slot (LEI_DIALS_MAX): live,
-                               * its queue kept, dialled by lei_peers_turn */
+                               * its queue kept, dialled by lei_peer_turn */
     lei_queue q;              /* ro: frames waiting for the socket */
     size_t woff;              /* bytes of q.head already written */
     lei_msg *spare;           /* owned: an empty batch buffer (BATCH_MAX) kept for the
@@ -236,7 +241,7 @@ struct lei_peer {
  * read the list with lei_chan_dests.  Keep it so when adding fields: rare
  * ones go after the first line (chan.c asserts the size of the first). */
 struct lei_chan {
-    uint32_t id;              /* ro: index in ctx->chans, also the wire idx we send */
+    uint32_t id;              /* ro: index in ctx->chan_s.chans, also the wire idx we send */
     int ndests;
     uint32_t epoch;           /* ro: bumped when local consumers appear again */
     uint8_t local;            /* rw via lei_chan_set_local: local consumers exist */
@@ -273,31 +278,24 @@ typedef struct lei_sync_wait {
 } lei_sync_wait;
 
 struct lei_sync {
-    struct lei_sync *next, *prev; /* c->syncs, every record */
-    struct lei_sync *hnext;   /* c->shash chain */
+    struct lei_sync *next, *prev; /* c->sync_s.syncs, every record */
+    struct lei_sync *hnext;   /* c->sync_s.shash chain */
     uint64_t id;
-    int watch;                /* its id goes on c->sdone when it settles */
+    int watch;                /* its id goes on c->sync_s.sdone when it settles */
     int nwait;                /* waits not yet done */
     int nw;
     lei_sync_wait *w;         /* owned */
     uint64_t nran;
 };
 
-struct lei_ctx {
-    struct ev_loop *loop;     /* ro: owned */
-    lei_opts o;               /* rw before lei_ctx_listen */
-    lei_hooks h;
-    char addr[LEI_ADDR_MAX];  /* ro: our advertised address (what peers dial, HELLO carries) */
-    char bound[LEI_ADDR_MAX]; /* ro: what we are bound to (differs for a wildcard) */
-    lei_addr laddr;           /* ro: the listening address, for lei_addr_close */
-    uint64_t incarnation;
-    int lfd;
-    ev_io lio;
-    ev_prepare prep;          /* writes batched queues once per loop turn */
-    ev_check chk;             /* after a turn's callbacks: writes what they deferred */
-    int unflushed;            /* a callback deferred a sync write (lei_defer_flush) */
-    ev_idle idle;             /* runs the local delivery queue */
-    ev_timer hb;              /* liveness: PINGs and dead peers, all connections */
+/* ---- the context's state, by the file that owns it ----------------------
+ * struct lei_ctx holds one sub-struct per file that owns a part of the
+ * context's state (c->peers_s is peers.c's, c->sync_s sync.c's, ...): the
+ * other files read them through the owner's functions where they can.
+ * What stays at the top level is ctx.c's, or shared by several files. */
+
+/* peers.c: the peer table, by position, by idx and by address */
+struct lei_peers_state {
     lei_peer **peers;         /* owned: the peers, dense (p->pos), any order */
     int npeers, cpeers;
     lei_peer **byidx;         /* owned array (not the peers): idx-1 -> peer or NULL */
@@ -306,20 +304,23 @@ struct lei_ctx {
     lei_peer **phash;         /* owned array (not the peers): open addressing by
                                * address, phcap slots (a power of 2), half full at most */
     int phcap;
-    int ndialing;             /* our dials not yet UP (LEI_DIALS_MAX) */
-    int ndial_pending;        /* peers with dial_pending set */
-    int peers_over;           /* a peer was created past max_peers: lei_peers_turn evicts */
-    lei_conn *conns;          /* all live connections (list through conn->next) */
+    int peers_over;           /* a peer was created past max_peers: lei_peer_turn evicts */
+};
+
+/* chan.c: the channel table, by id and by name */
+struct lei_chan_state {
     lei_chan **chans;         /* owned */
     uint32_t nchans, cchans;
     uint32_t *hash;           /* open addressing: chid+1, 0 empty */
     uint32_t hcap;
-    lei_queue lq;             /* local deliveries */
+};
+
+/* sync.c: the sync records, by id, and the watched ones settled */
+struct lei_sync_state {
     lei_sync *syncs;
     uint64_t next_sync;       /* starts random below 2^52 (ids reach Lua as numbers:
                                * a late ACK meant for a dead process that used our
                                * address must not meet an id of ours) */
-    uint64_t conn_gen;        /* last connection generation given (conn_up) */
     uint64_t stale_acks;      /* ro: ACKs dropped: their event's connection was gone */
     lei_sync **shash;         /* owned array (not the records): by id & (shcap-1) */
     uint32_t shcap, nsyncs;
@@ -327,25 +328,60 @@ struct lei_ctx {
                                * lei_sync_done_take (Lua resumes only their waiters) */
     uint32_t nsdone, csdone;
     int sdone_lost;           /* a push failed (no memory): the taker looks at all */
-    int depth;                /* ro: nesting of hooks in progress */
+};
+
+/* local.c: local delivery (producer and consumer in this process) */
+struct lei_local_state {
+    ev_idle idle;             /* runs the local delivery queue */
+    lei_queue lq;             /* local deliveries */
     lei_queue ldef;           /* local items of held channels, in order */
-    int closing;              /* ro: lei_ctx_shutdown was called */
-    struct lei_note *notes;   /* owned: peer changes not yet told to the hook */
-    int nnotes, cnotes;
-    ev_idle kick;             /* keeps one loop turn from blocking (peer notes) */
-    ev_timer expiry_w;        /* peers' await_in, retired connections */
-    uint64_t encodes;         /* values encoded (lei_ctx_count_encode) */
-    uint64_t bad_frames;      /* ro: connections closed for bad input */
-    lei_ident id;             /* identity, trust, pins (auth.c) */
-    /* Containment (conn.c): connections not CLOSED, bytes of their read
-     * buffers (rcap), the handshake deadline timer, accept()'s backoff. */
-    size_t nconns;
-    size_t nbound_all;        /* BIND indexes bound on all connections (inmap.c) */
-    size_t rbuf;
+};
+
+/* accept.c: listening, accepting, the limits on connections */
+struct lei_accept_state {
+    int lfd;
+    ev_io lio;
+    size_t nconns;            /* connections not CLOSED (max_connections) */
     ev_timer hs_w;            /* closes connections not UP within handshake_timeout */
     ev_timer acc_w;           /* restarts accepting after EMFILE/ENFILE */
     double acc_backoff;       /* s: the next pause (0.1 doubling to 2) */
     int reserve_fd;           /* owned: /dev/null held to accept-and-refuse when out of fds */
+};
+
+/* peer.c: dials in progress, peer changes to tell, expiries */
+struct lei_peer_state {
+    int ndialing;             /* our dials not yet UP (LEI_DIALS_MAX) */
+    int ndial_pending;        /* peers with dial_pending set */
+    struct lei_note *notes;   /* owned: peer changes not yet told to the hook */
+    int nnotes, cnotes;
+    ev_idle kick;             /* keeps one loop turn from blocking (peer notes) */
+    ev_timer expiry_w;        /* peers' await_in, retired connections */
+};
+
+struct lei_ctx {
+    struct ev_loop *loop;     /* ro: owned */
+    lei_opts o;               /* rw before lei_accept_listen */
+    lei_hooks h;
+    char addr[LEI_ADDR_MAX];  /* ro: our advertised address (what peers dial, HELLO carries) */
+    char bound[LEI_ADDR_MAX]; /* ro: what we are bound to (differs for a wildcard) */
+    lei_addr laddr;           /* ro: the listening address, for lei_addr_close */
+    uint64_t incarnation;
+    ev_prepare prep;          /* writes batched queues once per loop turn */
+    ev_check chk;             /* after a turn's callbacks: writes what they deferred */
+    int unflushed;            /* a callback deferred a sync write (lei_defer_flush) */
+    ev_timer hb;              /* liveness: PINGs and dead peers, all connections */
+    lei_conn *conns;          /* all live connections (list through conn->next) */
+    uint64_t conn_gen;        /* last connection generation given (conn_up) */
+    int depth;                /* ro: nesting of hooks in progress */
+    int closing;              /* ro: lei_ctx_shutdown was called */
+    uint64_t encodes;         /* values encoded (lei_ctx_count_encode) */
+    uint64_t bad_frames;      /* ro: connections closed for bad input */
+    lei_ident id;             /* identity, trust, pins (auth.c) */
+    /* Containment: BIND indexes bound on all connections (inmap.c), bytes
+     * of the connections' read buffers (rcap, rbuf.c); the count of
+     * connections and the handshake deadline are accept_s's. */
+    size_t nbound_all;
+    size_t rbuf;
     struct {                  /* lei_ratelog: per kind, the window's start and */
         ev_tstamp t;          /* the lines it did not log */
         uint64_t skipped;
@@ -354,10 +390,16 @@ struct lei_ctx {
     /* rw: why the event or ctrl hook just refused its value ("": it did not
      * say), set by lei_ctx_refusal; conn.c adds it to the peer's ERROR */
     char refusal[200];
+    struct lei_peers_state peers_s;   /* peers.c's */
+    struct lei_chan_state chan_s;     /* chan.c's */
+    struct lei_sync_state sync_s;     /* sync.c's */
+    struct lei_local_state local_s;   /* local.c's */
+    struct lei_accept_state accept_s; /* accept.c's */
+    struct lei_peer_state peer_s;     /* peer.c's */
 };
 
-/* The states of a connection, in the order it walks them (the handshake
- * section of conn.c draws the transitions).  Before UP only handshake
+/* The states of a connection, in the order it walks them (handshake.c's
+ * head comment draws the transitions).  Before UP only handshake
  * frames count. */
 enum lei_conn_state {
     LEI_CONN_DIALING = 1, /* we dialled: connect() in progress */
@@ -385,7 +427,7 @@ struct lei_conn {
     int fd;
     enum lei_conn_state state;
     int busy;           /* read callbacks in progress on this connection */
-    int dial_slot;      /* dialled by us, not yet UP: counted in ctx->ndialing */
+    int dial_slot;      /* dialled by us, not yet UP: counted in ctx->peer_s.ndialing */
     lei_peer *was;      /* retired: the peer it served (p->retiring == this) */
     ev_tstamp retired;  /* RETIRED: when */
     ev_io rio, wio;
@@ -426,7 +468,10 @@ struct lei_conn {
 };
 
 /* The handshake is done and the connection still carries the peer's
- * frames (UP or CLOSING). */
+ * frames (UP or CLOSING).  Inline, for the transport's files: asked per
+ * event and destination; ctx.h's lei_peer_up is the same test out of line.
+ * Not to be confused with live.c's lei_live_peer_up, which is not a test
+ * but what liveness does when a handshake completes. */
 static inline int lei_peer_is_up(const lei_peer *p) {
     return p->conn && (p->conn->state == LEI_CONN_UP || p->conn->state == LEI_CONN_CLOSING);
 }
@@ -443,13 +488,13 @@ static inline int lei_peer_live(const lei_peer *p) {
  * events go on).  One rule for the submit's drop policy and for
  * lei_chan_room's wait. */
 static inline int lei_local_full(const lei_ctx *c, const lei_chan *ch) {
-    return c->lq.bytes >= c->o.queue_limit || (ch->held && c->ldef.bytes >= c->o.queue_limit);
+    return c->local_s.lq.bytes >= c->o.queue_limit || (ch->held && c->local_s.ldef.bytes >= c->o.queue_limit);
 }
 
 
 /* ---- shared between the context's files -------------------------------- */
 
-/* peer.c: queue items (an item owns one reference to its msg) */
+/* item.c: queue items (an item owns one reference to its msg) */
 lei_qitem *lei_item_new(lei_msg *m);
 void lei_item_free(lei_ctx *c, lei_qitem *it);
 lei_qitem *lei_item_bytes(const uint8_t *hdr, size_t hlen, const void *body, size_t blen);
@@ -462,8 +507,8 @@ lei_qitem *lei_item_bytes(const uint8_t *hdr, size_t hlen, const void *body, siz
 #define LEI_DIALS_MAX 64
 void lei_peers_sweep(lei_ctx *c);
 void lei_peers_free(lei_ctx *c);
-lei_peer *lei_peer_find(lei_ctx *c, const char *addr);
-lei_peer *lei_peer_new(lei_ctx *c, const char *addr);
+lei_peer *lei_peers_find(lei_ctx *c, const char *addr);
+lei_peer *lei_peers_new(lei_ctx *c, const char *addr);
 void lei_peer_note(lei_peer *p, int up, const char *reason);
 void lei_tell_notes(lei_ctx *c);
 void lei_peer_lost(lei_peer *p, const char *reason);
@@ -474,10 +519,11 @@ void lei_peer_enqueue(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr,
 void lei_expiry_at(lei_ctx *c, ev_tstamp when);
 void lei_expiry_cb(struct ev_loop *loop, ev_timer *w, int revents);
 void lei_kick_cb(struct ev_loop *loop, ev_idle *w, int revents);
-/* conn.c: connections and the handshake */
-int lei_peer_dial(lei_peer *p);
+/* conn.c: connections (sockets, dialling, reading, closing); the handshake
+ * is handshake.c's */
+int lei_conn_dial(lei_peer *p);
 /* Once per loop turn (prepare): dials waiting for a slot, peers past max_peers. */
-void lei_peers_turn(lei_ctx *c);
+void lei_peer_turn(lei_ctx *c);
 /* More than max_peers peers: the unused ones freed at once (peers.c). */
 void lei_peers_evict(lei_ctx *c);
 /* k, dialled by us, is UP or closed: its dial slot is free (no-op else). */
@@ -492,7 +538,7 @@ void lei_conn_write_now(lei_conn *k, const uint8_t *b, size_t n);
 void lei_conn_send_error(lei_conn *k, const char *msg);
 /* Refuses k: ERROR with the reason to the peer, one log line per kind per
  * window (lei_ratelog), k closed. */
-void lei_conn_refuse(lei_conn *k, int kind, const char *reason);
+void lei_accept_refuse(lei_conn *k, int kind, const char *reason);
 /* rbuf.c: k's read buffer is now (b, ncap), the context's total follows;
  * grow k's buffer to at least need bytes (need > rcap) within max_buffered
  * for the frame ending at end (0: not known) of fsize bytes: 0, or -1
@@ -516,12 +562,12 @@ lei_conn *lei_conn_new(lei_ctx *c, int fd, enum lei_conn_state state);
  * with the reason in why[n]). */
 void lei_conns_init(lei_ctx *c);
 void lei_conns_stop(lei_ctx *c);
-void lei_conn_hs_arm(lei_ctx *c);
-int lei_conn_room(lei_ctx *c, char *why, size_t n);
+void lei_accept_hs_arm(lei_ctx *c);
+int lei_accept_room(lei_ctx *c, char *why, size_t n);
 /* conn.c -> handshake.c: one frame before UP (0, or -1 after closing k),
  * our HELLO once a dial connected. */
-int lei_conn_handshake(lei_conn *k, const lei_frame *f);
-void lei_conn_hello(lei_conn *k);
+int lei_handshake_frame(lei_conn *k, const lei_frame *f);
+void lei_handshake_hello(lei_conn *k);
 /* Bytes after the frame being read are records from now on. */
 int lei_conn_records_in(lei_conn *k);
 /* inmap.c: a connection's channel indexes.  get: 0 with *val, or -1 (not
@@ -551,7 +597,7 @@ void lei_cert_watch(lei_conn *k);
  * log line each); returns the next end of one, or 0. */
 ev_tstamp lei_certs_expire(lei_ctx *c, ev_tstamp now);
 /* The ticket a BIND of ch carries (its base channel's for a derived stream), or NULL. */
-const uint8_t *lei_chan_ticket_for(lei_ctx *c, const lei_chan *ch);
+const uint8_t *lei_auth_ticket_for(lei_ctx *c, const lei_chan *ch);
 /* The length of name's base: up to the first '@' after the last '/'. */
 size_t lei_base_len(const char *name, size_t len);
 /* Keyed consumer side of a BIND: the local channel, or NULL when refused. */
@@ -573,6 +619,8 @@ void lei_sync_answered(lei_ctx *c, lei_peer *p, uint64_t sync, uint64_t nran,
 /* live.c: liveness and sequence tracking */
 void lei_live_conn_new(lei_conn *k);
 int lei_live_may_dial(lei_peer *p);
+/* A handshake completed (incarnation from the remote's HELLO): liveness
+ * and sequence tracking start again for a new incarnation. */
 void lei_live_peer_up(lei_peer *p, uint64_t incarnation);
 int lei_live_frame(lei_conn *k, const lei_frame *f);
 int lei_live_seq(lei_ctx *c, lei_peer *p, lei_chan *ch, uint64_t producer, uint64_t seq);

@@ -1,0 +1,235 @@
+-- The layers of core/ stay layers (issue 26): every C file's #include names
+-- a header of its own layer or of one its folder's README.md allows
+-- ("May include:"), never one above it; a private header (*_int.h) is read
+-- only inside its layer (and by test/ and fuzz/); Lua's headers only where
+-- the README says the layer knows Lua ("Knows Lua:").  The READMEs are the
+-- rules (doc/architecture.md "Layers" draws them); this spec reads them and
+-- every file under core/.  And the prefix is the file: a function lei_X_...
+-- whose X is the name of a C file of core/ (the longest that fits:
+-- lei_moe_svc_... is moe_svc.c's) is defined in that file.  No processes,
+-- no build.
+--
+-- Run: LECHO_ROOT=$PWD luajit /usr/bin/busted spec/layers_spec.lua
+-- (LECHO_ROOT may point at a scratch copy of the tree: only core/ is read.)
+
+local root = os.getenv("LECHO_ROOT") or "."
+
+local function read(path)
+  local f = assert(io.open(root .. "/" .. path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local function lines_of(cmd)
+  local p = assert(io.popen(("cd '%s' && %s"):format(root:gsub("'", "'\\''"), cmd)))
+  local out = {}
+  for l in p:lines() do out[#out + 1] = l end
+  p:close()
+  table.sort(out)
+  return out
+end
+
+local LUA_HEADERS = { ["lua.h"] = true, ["lauxlib.h"] = true, ["lualib.h"] = true, ["luajit.h"] = true }
+
+-- Each folder core/X/ with a README.md is a layer: its rank ("Layer: N
+-- name", or "none" for test/ and fuzz/), what it may include (names, or
+-- "any") and whether its files know Lua ("yes", "no", or the files that do).
+local function layers()
+  local out = {}
+  for _, readme in ipairs(lines_of("ls core/*/README.md")) do
+    local name = readme:match("^core/([^/]+)/README%.md$")
+    local text = read(readme)
+    local rank = text:match("\nLayer: (%d+) " .. name:gsub("%p", "%%%0") .. "\n")
+    local none = text:find("\nLayer: none", 1, true)
+    local may = text:match("\nMay include: ([^\n]+)")
+    local lua = text:match("\nKnows Lua: ([^\n]+)")
+    assert(rank or none, readme .. ": no \"Layer: N " .. name .. "\" (or \"Layer: none\") line")
+    assert(may, readme .. ": no \"May include:\" line")
+    assert(lua, readme .. ": no \"Knows Lua:\" line")
+    local L = { name = name, rank = tonumber(rank), may = {}, any = may:match("^any") ~= nil }
+    for w in may:gmatch("[%w_]+") do L.may[w] = true end
+    L.may[name] = true
+    local first = lua:match("^(%S+)")
+    if first == "yes" then L.lua = true
+    elseif first == "no" then L.lua = false
+    else
+      L.lua = {}
+      for f in lua:gmatch("[%w_]+%.[ch]") do L.lua[f] = true end
+    end
+    out[name] = L
+  end
+  return out
+end
+
+-- Every C file under core/ (corpora and scripts aside) with its layer and
+-- what it includes; core/lecho.h, the public header, belongs to capi.
+local function files(L)
+  local out, problems = {}, {}
+  for _, path in ipairs(lines_of("find core -name '*.[ch]' -type f")) do
+    local layer = path:match("^core/([^/]+)/[^/]+$")
+    if path == "core/lecho.h" then layer = "capi" end
+    if not (layer and L[layer]) then
+      problems[#problems + 1] = path .. ": not in a layer's folder (core/<layer>/ with a README.md)"
+    else
+      local inc, sys = {}, {}
+      for l in read(path):gmatch("[^\n]*") do
+        local q = l:match('^%s*#%s*include%s*"([^"]+)"')
+        local a = l:match("^%s*#%s*include%s*<([^>]+)>")
+        if q then inc[#inc + 1] = q end
+        if a then sys[#sys + 1] = a end
+      end
+      out[#out + 1] = { path = path, name = path:match("[^/]+$"), layer = layer, inc = inc, sys = sys }
+    end
+  end
+  return out, problems
+end
+
+local function violations()
+  local L = layers()
+  local fs, bad = files(L)
+  local header, nincludes = {}, 0
+  for _, f in ipairs(fs) do
+    if f.name:match("%.h$") then
+      if header[f.name] then
+        bad[#bad + 1] = f.path .. ": a second header named " .. f.name .. " (" .. header[f.name].path
+          .. "): with every layer on the include path, names must be unique"
+      end
+      header[f.name] = f
+    end
+  end
+
+  -- The ranks may only go down: a layer that may include one above it
+  -- (or of no rank) is a circle waiting to happen.
+  for _, l in pairs(L) do
+    if l.rank then
+      for m in pairs(l.may) do
+        local o = L[m]
+        if not o then
+          bad[#bad + 1] = "core/" .. l.name .. "/README.md: may include " .. m .. ", which is no layer"
+        elseif not o.rank or o.rank > l.rank then
+          bad[#bad + 1] = "core/" .. l.name .. "/README.md: may include " .. m .. ", a layer above it"
+        end
+      end
+    end
+  end
+
+  -- Which headers pull in Lua's, directly or through another header.
+  local lua_h = {}
+  local function knows_lua(name, seen)
+    if lua_h[name] ~= nil then return lua_h[name] end
+    local h = header[name]
+    if not h or seen[name] then return false end
+    seen[name] = true
+    local yes = false
+    for _, s in ipairs(h.sys) do if LUA_HEADERS[s] then yes = true end end
+    for _, i in ipairs(h.inc) do if knows_lua(i, seen) then yes = true end end
+    lua_h[name] = yes
+    return yes
+  end
+
+  for _, f in ipairs(fs) do
+    local l = L[f.layer]
+    for _, i in ipairs(f.inc) do
+      nincludes = nincludes + 1
+      local h = header[i]
+      if not h then
+        bad[#bad + 1] = f.path .. ": includes \"" .. i .. "\", which is no header under core/"
+      elseif h.layer ~= f.layer and not l.any then
+        local o = L[h.layer]
+        if not l.may[h.layer] then
+          bad[#bad + 1] = ("%s: includes %s (%s, layer %s); %s may include %s"):format(f.path, h.path, h.layer,
+            o.rank or "none", f.layer, (read("core/" .. f.layer .. "/README.md"):match("\nMay include: ([^\n]+)")))
+        elseif h.name:match("_int%.h$") then
+          bad[#bad + 1] = ("%s: includes %s, private to %s"):format(f.path, h.path, h.layer)
+        end
+      end
+    end
+    local lua = l.lua == true or (type(l.lua) == "table" and l.lua[f.name])
+    if not lua then
+      for _, s in ipairs(f.sys) do
+        if LUA_HEADERS[s] then bad[#bad + 1] = f.path .. ": includes <" .. s .. ">; " .. f.layer .. " knows no Lua" end
+      end
+      for _, i in ipairs(f.inc) do
+        if knows_lua(i, {}) then
+          bad[#bad + 1] = f.path .. ": includes " .. i .. ", which includes Lua's headers; " .. f.layer .. " knows no Lua"
+        end
+      end
+    end
+  end
+  return bad, L, fs, nincludes
+end
+
+describe("core/'s layers", function()
+  it("are the folders base, transport, moe, binding, capi ranked 1 to 5, and test, fuzz outside them", function()
+    local _, L = violations()
+    local got = {}
+    for name, l in pairs(L) do got[name] = l.rank or "none" end
+    assert.are.same({ base = 1, transport = 2, moe = 3, binding = 4, capi = 5, test = "none", fuzz = "none" }, got)
+  end)
+
+  it("hold every C file of core/, and no file includes a header its layer may not", function()
+    local bad, _, fs, n = violations()
+    -- the spec reads something: ~70 files, ~90 includes today
+    assert.is_true(#fs > 60, "too few C files found under core/: " .. #fs)
+    assert.is_true(n > 60, "too few #include lines found: " .. n)
+    assert.are.same({}, bad)
+  end)
+
+  it("keep the transport free of Lua and the base's Lua in codec_lua.c and array_lua.c", function()
+    local _, L = violations()
+    assert.is_false(L.transport.lua)
+    assert.are.same({ ["codec_lua.c"] = true, ["array_lua.c"] = true }, L.base.lua)
+  end)
+end)
+
+-- The functions a C file defines with external linkage: a line at the left
+-- margin, not static, naming lei_...( and not ending a declaration.
+local function definitions(text)
+  local out = {}
+  for l in text:gmatch("[^\n]*") do
+    if l:match("^[%a_]") and not l:match("^static") and not l:match("^typedef") and not l:match("^#") then
+      local name = l:match("[%s%*](lei_[%w_]+)%(")
+      if name and not l:match(";%s*$") then out[#out + 1] = name end
+    end
+  end
+  return out
+end
+
+-- The file a name belongs to by its prefix: the longest stem s of a C file
+-- of core/ with name = "lei_" .. s .. "_...", or nil.
+local function owner(name, stems)
+  local best
+  for stem in pairs(stems) do
+    if name:sub(1, #stem + 5) == "lei_" .. stem .. "_" and (not best or #stem > #best) then best = stem end
+  end
+  return best
+end
+
+local function prefix_violations()
+  local _, L, fs = violations()
+  local stems, bad, n = {}, {}, 0
+  for _, f in ipairs(fs) do
+    if f.name:match("%.c$") then stems[f.name:sub(1, -3)] = f.path end
+  end
+  for _, f in ipairs(fs) do
+    if f.name:match("%.c$") and not L[f.layer].any then
+      for _, name in ipairs(definitions(read(f.path))) do
+        n = n + 1
+        local stem = owner(name, stems)
+        if stem and stems[stem] ~= f.path then
+          bad[#bad + 1] = ("%s defines %s, a name of %s"):format(f.path, name, stems[stem])
+        end
+      end
+    end
+  end
+  return bad, n
+end
+
+describe("core/'s function names", function()
+  it("say their file: lei_X_... is defined in X.c when X.c exists", function()
+    local bad, n = prefix_violations()
+    assert.is_true(n > 200, "too few function definitions found under core/: " .. n)
+    assert.are.same({}, bad)
+  end)
+end)

@@ -24,7 +24,7 @@ ZIP_LIBS   := $(or $(shell $(PKG_CONFIG) --libs libzstd 2>/dev/null),-lzstd) -lz
 ALLCFLAGS  := $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -I$(LUA_INCDIR) -Icore $(SODIUM_CFLAGS) $(ZIP_CFLAGS) $(SAN)
 
 CORE_SRC   := core/codec.c core/array.c core/errors.c core/frame.c core/addr.c core/ctx.c core/conn.c core/rbuf.c core/accept.c core/inmap.c core/peer.c core/peers.c core/chan.c \
-              core/local.c core/sync.c core/live.c core/auth.c core/secure.c core/handshake.c
+              core/local.c core/sync.c core/live.c core/auth.c core/secure.c core/plain.c core/handshake.c
 LUA_SRC    := core/codec_lua.c core/array_lua.c core/array_zip.c core/moe.c core/moe_env.c core/moe_group.c core/moe_svc.c core/lua_ctx.c core/lua_hook.c core/lua_chan.c \
               core/lua_moe.c core/lua_loop.c core/lua_auth.c core/lpat.c
 HDRS       := $(wildcard core/*.h)

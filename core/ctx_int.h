@@ -91,10 +91,11 @@ typedef struct lei_cipher {
     uint8_t suite;         /* enum lei_suite: its number in an offer */
     size_t tag;            /* bytes a record adds past its plaintext (and 4 of length) */
     int (*available)(void);              /* this CPU runs it (AES-NI for AES-GCM) */
-    void (*keys)(lei_sec *s);            /* the key schedule of s->tx, s->rx */
-    /* n bytes at m sealed to c (c may be m): n bytes of ciphertext, then the tag */
-    void (*seal)(lei_sec *s, uint8_t *c, const uint8_t *m, size_t n, const uint8_t ad[4],
-                 uint64_t ctr);
+    int (*keys)(lei_sec *s);             /* the key schedule of s->tx, s->rx: 0 or -1 */
+    /* n bytes at m sealed to c (c may be m): n bytes of ciphertext, then the
+     * tag; 0, or -1 (out of memory in OpenSSL) */
+    int (*seal)(lei_sec *s, uint8_t *c, const uint8_t *m, size_t n, const uint8_t ad[4],
+                uint64_t ctr);
     /* the reverse into m: 0, or -1 (forged, or not this key's) */
     int (*open)(lei_sec *s, uint8_t *m, const uint8_t *c, size_t n, const uint8_t ad[4],
                 uint64_t ctr);
@@ -138,7 +139,9 @@ extern const lei_mech lei_mech_protected, lei_mech_keyed;
 
 /* The keyed mechanism's state of one connection. */
 struct lei_sec {
-    crypto_aead_aes256gcm_state aes_tx, aes_rx; /* AES-256-GCM: the expanded keys (16-aligned) */
+    crypto_aead_aes256gcm_state aes_tx, aes_rx; /* libsodium's AES-256-GCM: the expanded
+                                                 * keys (16-aligned) */
+    void *evp_tx, *evp_rx;       /* owned, LECHO_OPENSSL: the ciphers' EVP_CIPHER_CTX */
     crypto_generichash_state th; /* transcript: HELLO body, HELLO_OK body sans signature */
     uint8_t T[32];               /* its hash, once both are in */
     uint8_t eph_pk[32], eph_sk[32]; /* our ephemeral X25519 keys (sk wiped once used) */

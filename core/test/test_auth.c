@@ -176,8 +176,12 @@ typedef struct side {
     lei_ctx *c;
     int events, ctrls, ups, downs;
     size_t last_len;
+    int bad_payloads; /* events whose string is not pattern() of its length */
     char reason[256];
 } side;
+
+/* The bytes of a test string of n bytes: its length mixed with the offset. */
+static uint8_t pattern(size_t n, size_t i) { return (uint8_t)(i * 7 + n * 13 + (i >> 9)); }
 
 static int on_event(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
                     uint64_t sync, const uint8_t *p, size_t n) {
@@ -186,6 +190,17 @@ static int on_event(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, 
     (void)from, (void)chid, (void)producer, (void)seq, (void)p;
     s->events++;
     s->last_len = n;
+    /* a string (tag 5, varint length, bytes): its bytes checked when patterned */
+    uint64_t len;
+    size_t used;
+    if (n > 1 && p[0] == 5 && lei_varint_decode(p + 1, n - 1, &len, &used) == 0 &&
+        1 + used + len == n && len > 0 && p[1 + used] != 'v') {
+        for (size_t i = 0; i < len; i++)
+            if (p[1 + used + i] != pattern((size_t)len, i)) {
+                s->bad_payloads++;
+                break;
+            }
+    }
     if (sync) lei_ack(s->c, from, sync, 1, NULL, 0);
     return 0;
 }
@@ -206,6 +221,9 @@ static void on_peer(void *ud, lei_peer *p, int up, const char *reason) {
     if (!up && reason) snprintf(s->reason, sizeof s->reason, "%s", reason);
 }
 
+/* side_init's contexts: 1 never offer nor choose AES-256-GCM. */
+static int side_no_aes;
+
 static void side_init(side *s, const char *name, const uint8_t *sk) {
     memset(s, 0, sizeof *s);
     lei_hooks h;
@@ -219,6 +237,7 @@ static void side_init(side *s, const char *name, const uint8_t *sk) {
     lei_opts_default(&o);
     o.retry_interval = 30; /* one dial per test */
     o.retry_max = 30;
+    o.no_aes = side_no_aes;
     s->c = lei_ctx_new(&o, &h);
     char err[160];
     if (sk) CHECK(lei_auth_set_identity(s->c, sk, name, NULL, 0, err) == 0);
@@ -229,7 +248,12 @@ static void side_init(side *s, const char *name, const uint8_t *sk) {
  * dialler sends once told to). */
 typedef struct proxy {
     int lfd, a, b; /* listener; to the acceptor; from the dialler */
-    int tamper;    /* 1: flip a byte of the next chunk (then 2); 3: of the AUTH */
+    int tamper;    /* 1: flip a byte of the next chunk (then 2); 3: of the AUTH;
+                    * 5: AES-256-GCM out of the HELLO's offer (then 6);
+                    * 7: AES-256-GCM out of the HELLO_OK's choice (then 8);
+                    * 9: the first HELLO answered with a forged "bad mode in
+                    * handshake" ERROR in the acceptor's name (then 10) */
+    int forged;    /* connections answered so (tamper 9) */
     int chunks;    /* read from the dialler */
     char addr[64];
 } proxy;
@@ -245,6 +269,24 @@ static void proxy_io(proxy *px, const char *to) {
         sa.sin_family = AF_INET;
         sa.sin_port = htons((uint16_t)atoi(strchr(to, ':') + 1));
         sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (px->tamper == 9) { /* the old acceptor's refusal, forged */
+            uint8_t hb[4096];
+            ssize_t got = 0;
+            for (int i = 0; i < 200 && got <= 0; i++) {
+                got = read(fd, hb, sizeof hb); /* (blocking: the HELLO comes next) */
+                if (got <= 0) usleep(1000);
+            }
+            static const char E[] = "bad mode in handshake";
+            uint8_t e[LEI_FRAME_HDR + sizeof E];
+            lei_frame_hdr(e, LEI_F_ERROR, sizeof E - 1);
+            memcpy(e + LEI_FRAME_HDR, E, sizeof E - 1);
+            CHECK(got > 5 && hb[4] == LEI_F_HELLO);
+            CHECK(write(fd, e, LEI_FRAME_HDR + sizeof E - 1) == (ssize_t)(LEI_FRAME_HDR + sizeof E - 1));
+            close(fd);
+            px->forged++;
+            px->tamper = 10;
+            return;
+        }
         px->a = socket(AF_INET, SOCK_STREAM, 0);
         CHECK(connect(px->a, (struct sockaddr *)&sa, sizeof sa) == 0);
         fcntl(fd, F_SETFL, O_NONBLOCK);
@@ -258,13 +300,28 @@ static void proxy_io(proxy *px, const char *to) {
             buf[20] ^= 0x01;
             px->tamper = 4;
         }
+        if (px->tamper == 5 && n > 8 && buf[4] == LEI_F_HELLO) {
+            /* mode 2, the offer last: n-of-suites, AES, ChaCha -> ChaCha twice */
+            CHECK(buf[n - 3] == 2 && buf[n - 2] == LEI_SUITE_AES256_GCM &&
+                  buf[n - 1] == LEI_SUITE_CHACHA20_POLY1305);
+            buf[n - 2] = LEI_SUITE_CHACHA20_POLY1305;
+            px->tamper = 6;
+        }
         if (px->tamper == 1 && n > 8) {
             buf[8] ^= 0x40; /* inside a record's ciphertext */
             px->tamper = 2;
         }
         CHECK(write(px->a, buf, (size_t)n) == n);
     }
-    while ((n = read(px->a, buf, sizeof buf)) > 0) CHECK(write(px->b, buf, (size_t)n) == n);
+    while ((n = read(px->a, buf, sizeof buf)) > 0) {
+        if (px->tamper == 7 && n > 70 && buf[4] == LEI_F_HELLO_OK) {
+            /* mode 2: one suite, AES, then the signature -> ChaCha */
+            CHECK(buf[n - 66] == 1 && buf[n - 65] == LEI_SUITE_AES256_GCM);
+            buf[n - 65] = LEI_SUITE_CHACHA20_POLY1305;
+            px->tamper = 8;
+        }
+        CHECK(write(px->b, buf, (size_t)n) == n);
+    }
 }
 
 static void pump(side *x, side *y, proxy *px, int (*done)(side *, side *), double secs) {
@@ -914,6 +971,111 @@ static void test_protected_listen(void) {
     lei_ctx_free(c);
 }
 
+/* ---- record ciphers (doc/protocol.md section 3, "Record ciphers") -------- */
+
+static int aes_here(void) { return crypto_aead_aes256gcm_is_available(); }
+
+/* The cipher both sides agree on: AES-256-GCM when both offer it, else
+ * ChaCha20-Poly1305; events of every size pass (records sealed from the
+ * queue's pieces, gathered or straight from the value). */
+static void cipher_case(int a_no_aes, int b_no_aes, const char *want) {
+    keys k;
+    side a, b;
+    make_keys(&k);
+    side_no_aes = a_no_aes;
+    side_init(&a, "a", k.ask);
+    side_no_aes = b_no_aes;
+    side_init(&b, "b", k.bsk);
+    side_no_aes = 0;
+    CHECK(lei_auth_trust_key(a.c, k.bpk, "b") == 0);
+    CHECK(lei_auth_trust_key(b.c, k.apk, "a") == 0);
+    authorize(&a, &b, &k);
+    uint32_t ca = lei_chan_open(a.c, "ns/x", 4), cb = lei_chan_open(b.c, "ns/x", 4);
+    lei_chan_set_local(a.c, ca, 1);
+    const char *dest = lei_ctx_addr(a.c);
+    lei_chan_set_dests(b.c, cb, &dest, 1);
+    static const size_t sizes[] = {1,     100,   2040,  2047,  2048,   2049,   5000, 65535,
+                                   65536, 65537, 131072, 200001, 3,     1000000, 700, 64000};
+    int nsz = (int)(sizeof sizes / sizeof sizes[0]), total = 3 * nsz;
+    for (int r = 0; r < 3; r++)
+        for (int i = 0; i < nsz; i++) {
+            size_t n = sizes[(i + r * 5) % nsz];
+            uint8_t *v = malloc(n);
+            for (size_t j = 0; j < n; j++) v[j] = pattern(n, j);
+            if (v[0] == 'v') v[0] = pattern(n, 0); /* (never 'v': see on_event) */
+            lei_msg *m = lei_msg_new();
+            lei_enc_string(&m->own, (const char *)v, n);
+            lei_msg_sync(m);
+            free(v);
+            const char *err;
+            uint64_t sid = 0;
+            CHECK(lei_submit(b.c, cb, 1, (uint64_t)(r * nsz + i + 1), m, 0, LEI_BLOCK, &sid, &err) == 0);
+            lei_msg_release(m, NULL, NULL);
+        }
+    double end = ev_time() + 10;
+    while (ev_time() < end && a.events < total) {
+        ev_run(lei_ctx_loop(a.c), EVRUN_NOWAIT);
+        ev_run(lei_ctx_loop(b.c), EVRUN_NOWAIT);
+    }
+    CHECK(a.events == total && a.bad_payloads == 0 && a.downs == 0 && b.downs == 0);
+    lei_peer *pa = lei_peer_get(b.c, lei_ctx_addr(a.c), 0);
+    lei_peer *pb = lei_peer_get(a.c, lei_ctx_addr(b.c), 0);
+    const char *ga = pa ? lei_peer_cipher(pa) : NULL, *gb = pb ? lei_peer_cipher(pb) : NULL;
+    CHECK(ga && gb && strcmp(ga, want) == 0 && strcmp(gb, want) == 0);
+    if (!ga || strcmp(ga, want)) fprintf(stderr, "cipher: '%s', wanted '%s'\n", ga ? ga : "-", want);
+    lei_ctx_free(a.c);
+    lei_ctx_free(b.c);
+}
+
+static void test_ciphers(void) {
+    const char *best = aes_here() ? "aes-256-gcm" : "chacha20-poly1305";
+    cipher_case(0, 0, best);
+    cipher_case(1, 0, "chacha20-poly1305"); /* the acceptor without AES */
+    cipher_case(0, 1, "chacha20-poly1305"); /* the dialler without AES */
+    cipher_case(1, 1, "chacha20-poly1305");
+}
+
+/* An active attacker between two peers that both have AES-256-GCM: editing
+ * the offer (HELLO) or the choice (HELLO_OK) towards ChaCha20-Poly1305
+ * fails the transcript signatures, and a forged "old acceptor" refusal
+ * makes the dialler fall back in mode 1, whose marker the acceptor reads
+ * as the forgery it is: every time the connection fails, nothing goes
+ * over the weaker cipher. */
+static void downgrade_case(int tamper, const char *want_b) {
+    keys k;
+    side a, b;
+    proxy px = {.lfd = -1, .a = -1, .b = -1, .tamper = tamper};
+    make_keys(&k);
+    keyed_sides(&k, &a, &b);
+    authorize(&a, &b, &k);
+    proxy_open(&px);
+    send_events(&a, &b, px.addr, 0);
+    pump(&a, &b, &px, acceptor_bad, 5);
+    /* (tamper 9: the dialler was up on its fallback connection, the
+     * acceptor closed it at the marker, the first thing it read there) */
+    CHECK(px.tamper == tamper + 1 && a.events == 0 && (tamper == 9 || (a.ups == 0 && b.ups == 0)) &&
+          b.downs > 0);
+    CHECK(strstr(b.reason, want_b) != NULL);
+    if (!strstr(b.reason, want_b)) fprintf(stderr, "downgrade %d: '%s'\n", tamper, b.reason);
+    lei_stats_ctx st;
+    lei_ctx_stats(a.c, &st);
+    CHECK(st.bad_frames > 0);
+    if (tamper == 9) CHECK(px.forged == 1);
+    lei_ctx_free(a.c);
+    lei_ctx_free(b.c);
+    proxy_close(&px);
+}
+
+static void test_downgrade(void) {
+    if (!aes_here()) {
+        fprintf(stderr, "test_downgrade: no AES-NI here, nothing to downgrade from\n");
+        return;
+    }
+    downgrade_case(5, "bad handshake signature or key (HELLO_OK)");
+    downgrade_case(7, "bad handshake signature or key (HELLO_OK)");
+    downgrade_case(9, "peer reported: record cipher downgrade");
+}
+
 int main(void) {
     test_identity();
     test_tables();
@@ -928,5 +1090,7 @@ int main(void) {
     test_tickets();
     test_ticket_live();
     test_crossing();
+    test_ciphers();
+    test_downgrade();
     return TEST_SUMMARY();
 }

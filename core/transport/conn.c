@@ -29,7 +29,8 @@ static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents);
 lei_conn *lei_conn_new(lei_ctx *c, int fd, enum lei_conn_state state) {
     lei_conn *k = calloc(1, sizeof *k);
     if (!k) return NULL;
-    if (c->id.keyed && !(k->sec = lei_sec_new())) {
+    k->mech = c->id.keyed ? &lei_mech_keyed : &lei_mech_protected;
+    if (k->mech->start(k)) {
         free(k);
         return NULL;
     }
@@ -59,26 +60,10 @@ void lei_conn_free(lei_conn *k) {
     free(k);
 }
 
-/* Writes a small frame straight to the socket: only for the handshake and
- * for the parting ERROR, when nothing else is queued on the connection.
- * Once records are on it is sealed as one, behind any pending record; what
- * the socket does not take now waits for the write watcher. */
-void lei_conn_write_now(lei_conn *k, const uint8_t *b, size_t n) {
-    if (k->sec && k->sec->rec_out) {
-        size_t wrote;
-        if (lei_sec_seal(k->sec, b, n) == 0 && lei_sec_write(k->sec, k->fd, &wrote) == 0 &&
-            k->state != LEI_CONN_CLOSED)
-            ev_io_start(k->ctx->loop, &k->wio);
-        return;
-    }
-    while (n) {
-        ssize_t w = send(k->fd, b, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return;
-        b += w;
-        n -= (size_t)w;
-    }
-}
+/* Writes a small frame now: only for the handshake and for the parting
+ * ERROR, when nothing else is queued on the connection (the mechanism
+ * seals it as a record once records are on). */
+void lei_conn_write_now(lei_conn *k, const uint8_t *b, size_t n) { k->mech->write_now(k, b, n); }
 
 void lei_conn_send_error(lei_conn *k, const char *msg) {
     uint8_t b[LEI_FRAME_HDR + 256];
@@ -123,8 +108,7 @@ void lei_conn_close(lei_conn *k, const char *reason, int bad) {
     free(k->texp);
     k->texp = NULL;
     k->ntexp = k->ctexp = 0;
-    lei_sec_free(k->sec);
-    k->sec = NULL;
+    k->mech->end(k);
     lei_peer *p = k->peer;
     k->peer = NULL;
     if (p && p->conn == k) lei_peer_lost(p, reason);
@@ -146,7 +130,7 @@ void lei_conn_retire(lei_conn *k, const char *reason) {
         lei_conn_close(k, reason, 0);
         return;
     }
-    if (lei_sec_pending(k->sec)) {
+    if (k->mech->out_pending(k)) {
         k->fin_pending = 1; /* after the sealed records: conn_write_cb */
         ev_io_start(c->loop, &k->wio);
     } else {
@@ -388,6 +372,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
         break;
     }
     case LEI_F_CTRL:
+        if (k->sec && k->sec->legacy && lei_handshake_fallback_check(k, f)) return -1;
         p->st.ctrl_in++;
         c->depth++;
         c->refusal[0] = '\0';
@@ -515,54 +500,31 @@ static int conn_frames(lei_conn *k) {
     return k->state == LEI_CONN_CLOSED ? -1 : 0;
 }
 
-/* Bytes after the frame being handled are records from now on: what was
- * read behind it goes to the ciphertext buffer.  0, or -1 after closing k. */
-int lei_conn_records_in(lei_conn *k) {
-    lei_sec *s = k->sec;
-    if (s->rec_in) return 0;
-    s->rec_in = 1;
-    if (k->rlen > k->rpos) {
-        if (lei_sec_in_take(s, k->rb + k->rpos, k->rlen - k->rpos)) {
-            lei_conn_close(k, "out of memory for the read buffer", 0);
-            return -1;
-        }
-        k->rlen = k->rpos;
-    }
-    return 0;
-}
-
-/* Decrypts the complete records (keyed connections), hands over the frames
- * until one suspends or closes; again when the handshake just switched the
- * input to records behind a frame.  Frees k once closed and not busy;
- * returns -1 then (or when closed), else 0. */
+/* Opens what the mechanism holds (keyed: decrypts the complete records),
+ * hands over the frames until one suspends or closes; again when the
+ * handshake just switched the input to records behind a frame.  Frees k
+ * once closed and not busy; returns -1 then (or when closed), else 0. */
 static int conn_input(lei_conn *k) {
     k->busy++;
     for (;;) {
-        lei_sec *s = k->sec;
-        int was_records = s && s->rec_in;
-        if (was_records && lei_sec_in_pending(s)) {
-            const char *err = NULL;
+        size_t sealed = k->mech->in_pending(k);
+        if (sealed) {
             if (k->rpos && k->busy == 1) { /* compact: nobody below holds a frame */
                 memmove(k->rb, k->rb + k->rpos, k->rlen - k->rpos);
                 k->rlen -= k->rpos;
                 k->rpos = 0;
             }
             /* Room for the plaintext of what was read (at least). */
-            size_t need = k->rlen + (s->clen - s->cpos), fsize = 0;
+            size_t need = k->rlen + sealed, fsize = 0;
             size_t end = frame_end(k, &fsize);
             if (need > k->rcap && lei_rbuf_grow(k, need, end, fsize ? fsize : need)) break;
-            size_t cap0 = k->rcap;
-            int bad = lei_sec_open(s, &k->rb, &k->rlen, &k->rcap, &err);
-            k->ctx->rbuf = k->ctx->rbuf - cap0 + k->rcap;
-            if (bad) {
-                lei_conn_close(k, err, 1);
-                break;
-            }
+            if (k->mech->open(k)) break; /* closed: a bad record */
         }
         conn_frames(k);
         if (k->state == LEI_CONN_CLOSED || (k->peer && k->peer->held && k->state >= LEI_CONN_UP))
             break;
-        if (was_records || !(k->sec && k->sec->rec_in && lei_sec_in_pending(k->sec))) break;
+        /* records switched on behind a frame: their first bytes are opened now */
+        if (sealed || !k->mech->in_pending(k)) break;
     }
     k->busy--;
     if (k->state != LEI_CONN_CLOSED) {
@@ -579,17 +541,29 @@ static int conn_input(lei_conn *k) {
     return -1;
 }
 
-/* Reads ciphertext (records on): 0 when something came, -1 otherwise
- * (EAGAIN, or k closed). */
-static ssize_t read_records(lei_conn *k) {
-    uint8_t *at;
-    size_t room;
-    if (lei_sec_in_room(k->sec, &at, &room)) {
-        lei_conn_close(k, "out of memory for the read buffer", 0);
+/* Reads frames as they come into k's buffer (the protected mechanism's
+ * read, and the keyed one's before records): > 0 bytes read, 0 the remote
+ * closed, < 0 with errno (or k closed: its state says). */
+ssize_t lei_conn_read_frames(lei_conn *k) {
+    size_t fsize = 0, big_end = frame_end(k, &fsize); /* a large frame: read to its end */
+    if (big_end && fsize <= LEI_RBUF_MIN) big_end = 0;
+    /* 64 KiB of room while reads fill what they get, else 4 KiB */
+    size_t want = k->rfull ? LEI_RBUF_MIN : LEI_RBUF_SMALL;
+    size_t need = k->rlen + want;
+    if (big_end && big_end < need) need = big_end;
+    if (k->rcap - k->rlen < want && need > k->rcap &&
+        lei_rbuf_grow(k, need, big_end, big_end ? fsize : want)) {
+        errno = ENOMEM;
         return -1;
     }
-    ssize_t n = read(k->fd, at, room);
-    if (n > 0) k->sec->clen += (size_t)n;
+    /* Reading past the end of a large frame would put the next frame's
+     * first bytes behind it, to be moved to the front afterwards: a copy of
+     * up to a whole frame.  Stop at its end instead. */
+    size_t room = k->rcap - k->rlen;
+    if (big_end > k->rlen && big_end - k->rlen < room) room = big_end - k->rlen;
+    ssize_t n = read(k->fd, k->rb + k->rlen, room);
+    if (n > 0) k->rlen += (size_t)n;
+    k->rfull = n > 0 && (size_t)n == room;
     return n;
 }
 
@@ -603,7 +577,7 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
         return;
     }
     /* What a suspended dispatch left in the buffers goes first. */
-    if (k->rpos < k->rlen || (k->sec && k->sec->rec_in && lei_sec_in_pending(k->sec))) {
+    if (k->rpos < k->rlen || k->mech->in_pending(k)) {
         if (conn_input(k)) return;
         if (k->peer && k->peer->held) return;
     }
@@ -614,31 +588,10 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
         k->rlen -= k->rpos;
         k->rpos = 0;
     }
-    ssize_t n;
-    if (k->sec && k->sec->rec_in) {
-        n = read_records(k);
-        if (k->state == LEI_CONN_CLOSED) return;
-    } else {
-        size_t fsize = 0, big_end = frame_end(k, &fsize); /* a large frame: read to its end */
-        if (big_end && fsize <= LEI_RBUF_MIN) big_end = 0;
-        /* 64 KiB of room while reads fill what they get, else 4 KiB */
-        size_t want = k->rfull ? LEI_RBUF_MIN : LEI_RBUF_SMALL;
-        size_t need = k->rlen + want;
-        if (big_end && big_end < need) need = big_end;
-        if (k->rcap - k->rlen < want && need > k->rcap &&
-            lei_rbuf_grow(k, need, big_end, big_end ? fsize : want))
-            return;
-        /* Reading past the end of a large frame would put the next frame's
-         * first bytes behind it, to be moved to the front afterwards: a copy of
-         * up to a whole frame.  Stop at its end instead. */
-        size_t room = k->rcap - k->rlen;
-        if (big_end > k->rlen && big_end - k->rlen < room) room = big_end - k->rlen;
-        n = read(k->fd, k->rb + k->rlen, room);
-        if (n > 0) k->rlen += (size_t)n;
-        k->rfull = n > 0 && (size_t)n == room;
-    }
+    ssize_t n = k->mech->read(k);
+    if (k->state == LEI_CONN_CLOSED) return;
     if (n < 0) {
-        if (errno == EAGAIN || errno == EINTR) return;
+        if (errno == EAGAIN || errno == EINTR || errno == ENOMEM) return; /* ENOMEM: told by rbuf.c */
         char why[128];
         snprintf(why, sizeof why, "read: %s", strerror(errno));
         lei_conn_close(k, why, 0);
@@ -680,8 +633,7 @@ static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents) {
     }
     /* Sealed records of a connection without its queue (the handshake's
      * last records, a retired connection's): written, then the FIN if due. */
-    size_t wrote;
-    int r = k->sec ? lei_sec_write(k->sec, k->fd, &wrote) : 1;
+    int r = k->mech->write_pending(k);
     if (r == 0) return;
     ev_io_stop(k->ctx->loop, &k->wio);
     if (r < 0) {
@@ -701,7 +653,7 @@ static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents) {
 void lei_conn_fin(lei_conn *k) {
     if (k->state != LEI_CONN_UP) return;
     lei_peer *p = k->peer;
-    if ((p && (p->conn != k || p->q.head)) || lei_sec_pending(k->sec)) return;
+    if ((p && (p->conn != k || p->q.head)) || k->mech->out_pending(k)) return;
     k->state = LEI_CONN_CLOSING;
     shutdown(k->fd, SHUT_WR);
 }

@@ -36,6 +36,7 @@ void lei_opts_default(lei_opts *o) {
     o->max_peers = 4096;
     o->peer_free_after = LEI_PEER_FREE_AFTER;
     o->log_window = LEI_RATELOG_WINDOW;
+    o->no_aes = 0;
 }
 
 struct ev_loop *lei_ctx_loop(const lei_ctx *c) { return c->loop; }

@@ -67,6 +67,9 @@ typedef struct lei_opts {
     /* s: lei_ratelog logs one line per kind of refusal per this long
      * (LEI_RATELOG_WINDOW, 10). */
     double log_window;
+    /* keyed: 1 never offers nor chooses AES-256-GCM (ChaCha20-Poly1305 only,
+     * as on a CPU without AES-NI); 0 (default) offers it where available. */
+    int no_aes;
 } lei_opts;
 
 void lei_opts_default(lei_opts *o);
@@ -246,6 +249,9 @@ const char *lei_peer_addr(const lei_peer *p);
 int lei_peer_up(const lei_peer *p);
 /* Why the last connection ended ("" if none did). */
 const char *lei_peer_reason(const lei_peer *p);
+/* The record cipher of p's keyed connection while it is up ("aes-256-gcm",
+ * "chacha20-poly1305"), NULL otherwise (down, or protected mode). */
+const char *lei_peer_cipher(const lei_peer *p);
 void lei_peer_stats(const lei_peer *p, lei_stats_peer *out);
 
 /* 1 when every live destination of channel chid has room in its queue,

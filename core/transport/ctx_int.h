@@ -70,17 +70,92 @@ typedef struct lei_ident {
     uint64_t rlog_skipped;
 } lei_ident;
 
-/* ---- a keyed connection's crypto (secure.c) ------------------------------ */
+/* ---- security mechanisms (plain.c, secure.c) ----------------------------
+ *
+ * How a connection's bytes are protected is a mechanism object chosen per
+ * connection (ZeroMQ's null/plain/curve model): the transport (conn.c,
+ * peer.c) reads, writes and closes through k->mech and never asks which
+ * mode it is in.  Two mechanisms: protected (plain.c: no keys, frames go
+ * to the socket as they are) and keyed (secure.c: records sealed with the
+ * record cipher the handshake chose).  The handshake's own steps (the
+ * keyed HELLO fields, signatures, AUTH) are handshake.c's; the key schedule
+ * and the cipher are the mechanism's. */
 
 #include <sodium.h>
+#include <sys/types.h>
 
 #define LEI_REC_PLAIN_MAX 65536  /* plaintext bytes per record */
+#define LEI_IOVN 512             /* iovecs per write of a queue */
 
-typedef struct lei_sec {
+typedef struct lei_sec lei_sec;
+
+/* A record cipher (secure.c): an AEAD with a 16-byte tag and 96-bit nonces
+ * (4 zero bytes || the u64 LE record counter of the direction). */
+typedef struct lei_cipher {
+    const char *name;      /* "aes-256-gcm", "chacha20-poly1305" */
+    uint8_t suite;         /* enum lei_suite: its number in an offer */
+    size_t tag;            /* bytes a record adds past its plaintext (and 4 of length) */
+    int (*available)(void);              /* this CPU runs it (AES-NI for AES-GCM) */
+    int (*keys)(lei_sec *s);             /* the key schedule of s->tx, s->rx: 0 or -1 */
+    /* n bytes at m sealed to c (c may be m): n bytes of ciphertext, then the
+     * tag; 0, or -1 (out of memory in OpenSSL) */
+    int (*seal)(lei_sec *s, uint8_t *c, const uint8_t *m, size_t n, const uint8_t ad[4],
+                uint64_t ctr);
+    /* the reverse into m: 0, or -1 (forged, or not this key's) */
+    int (*open)(lei_sec *s, uint8_t *m, const uint8_t *c, size_t n, const uint8_t ad[4],
+                uint64_t ctr);
+} lei_cipher;
+
+/* The available cipher of that number, or NULL. */
+const lei_cipher *lei_cipher_get(uint8_t suite);
+/* What this context offers, in its order of preference: how many. */
+int lei_cipher_offer(const lei_ctx *c, uint8_t suites[LEI_SUITES_MAX]);
+/* The acceptor's choice among a dialler's offer: its own first preference
+ * that the offer holds, or NULL (nothing in common). */
+const lei_cipher *lei_cipher_choose(const lei_ctx *c, const uint8_t *offer, int n);
+
+/* A connection's security mechanism.  Every function takes the connection
+ * and is called while its socket is open (write_now also for the parting
+ * ERROR inside lei_conn_close; end there, last). */
+typedef struct lei_mech {
+    const char *name;        /* "protected", "keyed" */
+    /* The connection's state for it (k->sec): 0, or -1 ENOMEM; freed at close. */
+    int (*start)(lei_conn *k);
+    void (*end)(lei_conn *k);
+    /* A small frame (handshake, parting ERROR) out now, behind what is pending. */
+    void (*write_now)(lei_conn *k, const uint8_t *b, size_t n);
+    /* The peer's queue to the socket: as much as it takes; arms the write
+     * watcher when full; may close the connection. */
+    void (*flush)(lei_peer *p);
+    /* Bytes already protected (sealed) but not written: 1 or 0, and the
+     * write of them (1 all written, 0 the socket is full, -1 error). */
+    int (*out_pending)(const lei_conn *k);
+    int (*write_pending)(lei_conn *k);
+    /* A read from the socket into the connection's input: > 0 bytes read,
+     * 0 the remote closed, < 0 errno set (or k closed: k->state says). */
+    ssize_t (*read)(lei_conn *k);
+    /* Bytes read but not yet opened (ciphertext; 0 while there are no records). */
+    size_t (*in_pending)(const lei_conn *k);
+    /* Opens what was read into k's frame buffer: 0, or -1 after closing k. */
+    int (*open)(lei_conn *k);
+} lei_mech;
+
+extern const lei_mech lei_mech_protected, lei_mech_keyed;
+
+/* The keyed mechanism's state of one connection. */
+struct lei_sec {
+    crypto_aead_aes256gcm_state aes_tx, aes_rx; /* libsodium's AES-256-GCM: the expanded
+                                                 * keys (16-aligned) */
+    void *evp_tx, *evp_rx;       /* owned, LECHO_OPENSSL: the ciphers' EVP_CIPHER_CTX */
     crypto_generichash_state th; /* transcript: HELLO body, HELLO_OK body sans signature */
     uint8_t T[32];               /* its hash, once both are in */
     uint8_t eph_pk[32], eph_sk[32]; /* our ephemeral X25519 keys (sk wiped once used) */
-    uint8_t rx[32], tx[32];      /* session keys */
+    uint8_t rx[32], tx[32];      /* session keys (AES-GCM: the current ones, rekeyed) */
+    const lei_cipher *cs;        /* the record cipher: ChaCha20-Poly1305 unless the
+                                  * handshake (mode 2) chose another */
+    int offered;                 /* dialler: our HELLO was mode 2 (an offer) */
+    int fallback;                /* dialler: mode 1 after an acceptor refused the offer */
+    int legacy;                  /* acceptor: the dialler's HELLO was mode 1 (no offer) */
     uint64_t rn, tn;             /* record counters, per direction */
     int rec_in, rec_out;         /* the stream is records, per direction */
     lei_hello remote;            /* the remote's HELLO or HELLO_OK (keyed fields) */
@@ -88,34 +163,25 @@ typedef struct lei_sec {
     size_t clen, cpos, ccap;
     uint8_t *wrec;               /* owned: sealed records not yet written */
     size_t wlen, woff, wcap;
-    uint8_t *pt;                 /* owned: scratch for one record's plaintext */
-} lei_sec;
+};
 
-lei_sec *lei_sec_new(void);
-void lei_sec_free(lei_sec *s);
 void lei_sec_hash(lei_sec *s, const uint8_t *b, size_t n);
 void lei_sec_final(lei_sec *s);
 /* The transcript signature of our role (acceptor or dialler), and the check
  * of the remote's: 0 or -1. */
 void lei_sec_sign(const lei_ctx *c, const lei_sec *s, int acceptor, uint8_t sig[64]);
 int lei_sec_verify(const lei_sec *s, int acceptor, const uint8_t pk[32], const uint8_t sig[64]);
-/* Session keys from our ephemeral keys and the remote's: 0 or -1. */
+/* The key schedule: session keys from our ephemeral keys and the remote's,
+ * expanded for s->cs (chosen before): 0 or -1. */
 int lei_sec_keys(lei_sec *s, int dialler, const uint8_t remote_eph[32]);
-/* Seals n (1..LEI_REC_PLAIN_MAX) plaintext bytes as one pending record: 0 or -1 (ENOMEM). */
-int lei_sec_seal(lei_sec *s, const uint8_t *pt, size_t n);
-/* A LEI_REC_PLAIN_MAX-byte scratch buffer (NULL: ENOMEM). */
-uint8_t *lei_sec_scratch(lei_sec *s);
-/* Writes pending records: 1 all written, 0 the socket is full, -1 error (errno). */
-int lei_sec_write(lei_sec *s, int fd, size_t *wrote);
-int lei_sec_pending(const lei_sec *s);
-/* Where the next read of ciphertext goes (0, or -1 ENOMEM); then clen += n. */
-int lei_sec_in_room(lei_sec *s, uint8_t **at, size_t *room);
-/* Ciphertext read before the switch to records (0 or -1). */
-int lei_sec_in_take(lei_sec *s, const uint8_t *b, size_t n);
-/* Decrypts the complete records read into (*rb, *rlen, *rcap), growing it:
- * 0, or -1 with *err (a bad record: the connection must close). */
-int lei_sec_open(lei_sec *s, uint8_t **rb, size_t *rlen, size_t *rcap, const char **err);
-int lei_sec_in_pending(const lei_sec *s);
+/* Bytes after the frame being handled are records from now on: what was
+ * read behind it goes to the ciphertext buffer.  0, or -1 after closing k. */
+int lei_sec_records_in(lei_conn *k);
+/* The marker a dialler sends first on a connection it made in mode 1 after
+ * an acceptor refused its offer (doc/protocol.md "Record ciphers"): a CTRL
+ * frame, header included, into b (at least LEI_FALLBACK_MAX): its size. */
+#define LEI_FALLBACK_MAX 96
+size_t lei_sec_fallback_frame(uint8_t *b);
 
 /* A peer's connection came up or went down; told to the hook later. */
 struct lei_note {
@@ -214,6 +280,8 @@ struct lei_peer {
                                * connection is awaited until then, queue kept */
     int dial_pending;         /* waits for a dial slot (LEI_DIALS_MAX): live,
                                * its queue kept, dialled by lei_peer_turn */
+    int no_offer;             /* keyed: it refused our mode 2 HELLO (a v3 peer
+                               * of before the cipher offer): mode 1 to it */
     lei_queue q;              /* ro: frames waiting for the socket */
     size_t woff;              /* bytes of q.head already written */
     lei_msg *spare;           /* owned: an empty batch buffer (BATCH_MAX) kept for the
@@ -463,7 +531,8 @@ struct lei_conn {
     size_t ntexp, ctexp;
     size_t skip;        /* bytes of a dropped EVENT still to come, not buffered */
     ev_tstamp born, last_in, last_out, last_ping; /* liveness: created, last read, write, PING */
-    lei_sec *sec;       /* owned: a keyed connection's crypto, or NULL (protected) */
+    const lei_mech *mech; /* how its bytes are protected (plain.c, secure.c) */
+    lei_sec *sec;       /* owned: the keyed mechanism's state, or NULL (protected) */
     int fin_pending;    /* our FIN goes out once the pending records are written */
 };
 
@@ -514,6 +583,12 @@ void lei_tell_notes(lei_ctx *c);
 void lei_peer_lost(lei_peer *p, const char *reason);
 void lei_peer_q_clear(lei_ctx *c, lei_peer *p, int count_drops);
 void lei_peer_flush(lei_peer *p);
+/* For the mechanisms' flush: iovecs of p's queue from its written offset
+ * (at most max - 2), and w bytes of it gone out (or into records): the
+ * items done are freed. */
+struct iovec;
+int lei_peer_queue_iov(lei_peer *p, struct iovec *iov, int max);
+void lei_peer_queue_took(lei_peer *p, size_t w);
 void lei_peer_enqueue(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr, size_t hlen,
                       lei_msg *msg, uint64_t sync, int policy);
 void lei_expiry_at(lei_ctx *c, ev_tstamp when);
@@ -568,8 +643,12 @@ int lei_accept_room(lei_ctx *c, char *why, size_t n);
  * our HELLO once a dial connected. */
 int lei_handshake_frame(lei_conn *k, const lei_frame *f);
 void lei_handshake_hello(lei_conn *k);
-/* Bytes after the frame being read are records from now on. */
-int lei_conn_records_in(lei_conn *k);
+/* conn.c: frames from the socket into k's buffer as they come (the
+ * protected mechanism's read): > 0, 0 (closed by the remote), < 0 errno. */
+ssize_t lei_conn_read_frames(lei_conn *k);
+/* handshake.c: a CTRL on a keyed connection accepted in mode 1: 0, or -1
+ * after closing k (the marker of a forced fallback). */
+int lei_handshake_fallback_check(lei_conn *k, const lei_frame *f);
 /* inmap.c: a connection's channel indexes.  get: 0 with *val, or -1 (not
  * bound); set: 0, or -1 (out of memory, or idx past 2^32 - 1). */
 int lei_inmap_get(const lei_conn *k, uint64_t idx, uint32_t *val);

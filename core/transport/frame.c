@@ -54,7 +54,9 @@ size_t lei_frame_hello(uint8_t *out, uint8_t type, unsigned version, uint64_t in
     pos += lei_varint_encode(out + pos, alen);
     memcpy(out + pos, addr, alen);
     pos += alen;
-    out[pos++] = key ? LEI_MODE_KEYED : LEI_MODE_PROTECTED;
+    int offer = key && key->mode == LEI_MODE_KEYED_OFFER && key->nsuites >= 1 &&
+                key->nsuites <= LEI_SUITES_MAX;
+    out[pos++] = !key ? LEI_MODE_PROTECTED : offer ? LEI_MODE_KEYED_OFFER : LEI_MODE_KEYED;
     if (key) {
         size_t nl = strnlen(key->name, LEI_NAME_MAX);
         memcpy(out + pos, key->eph, 32);
@@ -72,6 +74,11 @@ size_t lei_frame_hello(uint8_t *out, uint8_t type, unsigned version, uint64_t in
             pos += lei_varint_encode(out + pos, key->cert_len);
             memcpy(out + pos, key->cert, key->cert_len);
             pos += key->cert_len;
+        }
+        if (offer) {
+            out[pos++] = key->nsuites;
+            memcpy(out + pos, key->suites, key->nsuites);
+            pos += key->nsuites;
         }
         if (type == LEI_F_HELLO_OK) {
             memset(out + pos, 0, LEI_SIG_BYTES);
@@ -132,7 +139,8 @@ int lei_parse_hello(const uint8_t *b, size_t n, lei_hello *h, const char **err) 
         }
         return 0;
     }
-    if (h->mode != LEI_MODE_KEYED) {
+    h->nsuites = 0;
+    if (h->mode != LEI_MODE_KEYED && h->mode != LEI_MODE_KEYED_OFFER) {
         *err = "bad mode in handshake";
         return -LEI_E_PROTOCOL;
     }
@@ -164,6 +172,14 @@ int lei_parse_hello(const uint8_t *b, size_t n, lei_hello *h, const char **err) 
         }
         if (getb(b, n, &pos, h->cert, (size_t)clen, err)) return -LEI_E_PROTOCOL;
         h->cert_len = (uint16_t)clen;
+    }
+    if (h->mode == LEI_MODE_KEYED_OFFER) {
+        if (getb(b, n, &pos, &h->nsuites, 1, err)) return -LEI_E_PROTOCOL;
+        if (h->nsuites == 0 || h->nsuites > LEI_SUITES_MAX) {
+            *err = "bad record cipher list in handshake";
+            return -LEI_E_PROTOCOL;
+        }
+        if (getb(b, n, &pos, h->suites, h->nsuites, err)) return -LEI_E_PROTOCOL;
     }
     if (n - pos == LEI_SIG_BYTES) {
         memcpy(h->sig, b + pos, LEI_SIG_BYTES);

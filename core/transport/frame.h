@@ -42,10 +42,16 @@
 /* v1 fields, the mode byte, the keyed fields (a certificate: has_cert,
  * varint len, body), the acceptor's signature */
 #define LEI_HELLO_MAX (LEI_FRAME_HDR + 4 + 2 + 10 + 10 + LEI_ADDR_MAX + 1 + 32 + 32 + 10 + \
-                       LEI_NAME_MAX + 1 + 10 + LEI_CERT_MAX + LEI_SIG_BYTES)
+                       LEI_NAME_MAX + 1 + 10 + LEI_CERT_MAX + 1 + LEI_SUITES_MAX + LEI_SIG_BYTES)
 #define LEI_BIND_MAX_EXTRA (1 + LEI_TICKET_BYTES) /* BIND v2: has_ticket [+ ticket] */
 
-enum lei_mode { LEI_MODE_PROTECTED = 0, LEI_MODE_KEYED = 1 };
+/* Mode 2 is mode 1 with a list of record ciphers after the certificate:
+ * the dialler's offer in its HELLO, the acceptor's choice (one) in its
+ * HELLO_OK (doc/protocol.md section 3, "Record ciphers"). */
+enum lei_mode { LEI_MODE_PROTECTED = 0, LEI_MODE_KEYED = 1, LEI_MODE_KEYED_OFFER = 2 };
+/* Record ciphers by their number in an offer (secure.c has them). */
+enum lei_suite { LEI_SUITE_CHACHA20_POLY1305 = 1, LEI_SUITE_AES256_GCM = 2 };
+#define LEI_SUITES_MAX 8 /* ciphers in one offer */
 
 enum lei_frame_type {
     LEI_F_HELLO = 1,    /* magic, u16 version, varint incarnation, varint len, listen addr,
@@ -82,6 +88,8 @@ typedef struct lei_hello {
     uint8_t has_cert, has_sig;   /* has_cert: 0 none, 1 an old (v1) one, 2 cert_len bytes */
     uint16_t cert_len;
     uint8_t cert[LEI_CERT_MAX];  /* an authority's certificate of (name, idpk) */
+    uint8_t nsuites;             /* mode 2: 1..LEI_SUITES_MAX record ciphers (enum lei_suite, */
+    uint8_t suites[LEI_SUITES_MAX]; /* any byte: unknown ones are skipped), in preference order */
     uint8_t sig[LEI_SIG_BYTES];  /* HELLO_OK: the acceptor's transcript signature */
 } lei_hello;
 

@@ -37,6 +37,9 @@
 /* The reason sent to the loser of simultaneous dials: it keeps its queue
  * and waits for the connection the winner dialled. */
 static const char DUP_REASON[] = "duplicate connection: the one dialled by the smaller address wins";
+/* What a v3 acceptor of before the record cipher offer answers a mode 2
+ * HELLO (frame.c's parser): the dialler tries again in mode 1. */
+static const char OLD_ACCEPTOR[] = "bad mode in handshake";
 
 /* Our HELLO (dialled) or HELLO_OK (accepted) into b[LEI_HELLO_MAX]; a keyed
  * one goes into the transcript, a keyed HELLO_OK ends with our signature. */
@@ -51,6 +54,24 @@ static size_t build_hello(lei_conn *k, uint8_t type, uint8_t *b) {
     key.has_cert = (uint8_t)c->id.has_cert;
     key.cert_len = (uint16_t)c->id.cert_len;
     memcpy(key.cert, c->id.cert, c->id.cert_len);
+    /* The record ciphers: a dialler offers those it has (mode 2), unless
+     * its peer refused an offer just now (a v3 acceptor of before: mode 1,
+     * this once); an acceptor answers an offer with its choice, a mode 1
+     * HELLO in mode 1 (ChaCha20-Poly1305). */
+    key.mode = LEI_MODE_KEYED;
+    key.nsuites = 0;
+    if (type == LEI_F_HELLO && k->peer && k->peer->no_offer) {
+        k->peer->no_offer = 0;
+        s->fallback = 1;
+    } else if (type == LEI_F_HELLO) {
+        key.nsuites = (uint8_t)lei_cipher_offer(c, key.suites);
+        key.mode = LEI_MODE_KEYED_OFFER;
+        s->offered = 1;
+    } else if (!s->legacy) {
+        key.nsuites = 1;
+        key.suites[0] = s->cs->suite;
+        key.mode = LEI_MODE_KEYED_OFFER;
+    }
     size_t n = lei_frame_hello(b, type, LEI_PROTO_VERSION, c->incarnation, c->addr, &key);
     if (type == LEI_F_HELLO) {
         lei_sec_hash(s, b + LEI_FRAME_HDR, n - LEI_FRAME_HDR);
@@ -83,7 +104,7 @@ static int hello_read(lei_conn *k, const lei_frame *f, uint8_t want, lei_hello *
         snprintf(why, sizeof why, "protocol version mismatch: peer speaks %u, this side speaks %u",
                  h->version, LEI_PROTO_VERSION);
         err = why;
-    } else if (h->mode != (keyed ? LEI_MODE_KEYED : LEI_MODE_PROTECTED)) {
+    } else if (keyed ? h->mode == LEI_MODE_PROTECTED : h->mode != LEI_MODE_PROTECTED) {
         err = keyed ? "mode mismatch: this side is keyed and refuses a peer without keys "
                       "(protected mode)"
                     : "mode mismatch: this side has no keys (protected mode) and refuses a "
@@ -241,6 +262,23 @@ static int dial_refused(lei_conn *k, const lei_frame *f) {
         lei_conn_close(k, "lost the tie-break of simultaneous dials", 0);
         return -1;
     }
+    if (p && p->conn == k && k->sec && k->sec->offered && f->len == sizeof OLD_ACCEPTOR - 1 &&
+        memcmp(f->body, OLD_ACCEPTOR, f->len) == 0) {
+        /* A v3 acceptor of before the record cipher offer: dialled again at
+         * once in mode 1 (ChaCha20-Poly1305), the queue kept.  The new
+         * connection says so in its first record (lei_sec_fallback_frame):
+         * an acceptor that reads offers takes this refusal for a forgery
+         * and closes, so it cannot downgrade two peers that have AES. */
+        p->conn = NULL;
+        k->peer = NULL;
+        lei_conn_close(k, "refused the record cipher offer (a peer of before it)", 0);
+        lei_ratelog(c, LEI_RL_HANDSHAKE,
+                    "%s does not read record cipher offers (lecho of before them): dialling it "
+                    "again in mode 1, chacha20-poly1305", p->addr);
+        p->no_offer = 1;
+        if (lei_conn_dial(p)) lei_peer_lost(p, p->reason[0] ? p->reason : "dial failed");
+        return -1;
+    }
     snprintf(why, sizeof why, "refused by peer: %.*s", (int)(f->len > 200 ? 200 : f->len),
              (const char *)f->body);
     lei_logf(c, "connection to %s %s", p ? p->addr : "?", why);
@@ -257,6 +295,32 @@ static int superseded(lei_conn *k) {
     return 1;
 }
 
+/* The acceptor's choice of record cipher (keyed HELLO_OK): one of those
+ * we offered, or none when we offered none (mode 1: ChaCha20-Poly1305).
+ * Both HELLOs are in the transcript both signatures cover: an offer or a
+ * choice changed on the way fails the signatures, it cannot downgrade.
+ * 0, or -1 after closing k. */
+static int cipher_answer(lei_conn *k, const lei_hello *h) {
+    lei_sec *s = k->sec;
+    const char *err = NULL;
+    if (!s->offered) {
+        if (h->mode != LEI_MODE_KEYED) err = "record cipher chosen, none offered (HELLO_OK)";
+    } else if (h->mode != LEI_MODE_KEYED_OFFER || h->nsuites != 1) {
+        err = "no record cipher chosen (HELLO_OK)";
+    } else {
+        uint8_t mine[LEI_SUITES_MAX];
+        int n = lei_cipher_offer(k->ctx, mine);
+        const lei_cipher *cs = lei_cipher_get(h->suites[0]);
+        if (!cs || !memchr(mine, h->suites[0], (size_t)n))
+            err = "record cipher chosen that was not offered (HELLO_OK)";
+        else
+            s->cs = cs;
+    }
+    if (!err) return 0;
+    lei_conn_close(k, err, 1);
+    return -1;
+}
+
 /* HELLO_SENT: the remote answered our HELLO.  Returns 0 (k is UP, or keyed:
  * AUTH_SENT), or -1 after closing k. */
 static int hello_answered(lei_conn *k, const lei_frame *f) {
@@ -270,6 +334,7 @@ static int hello_answered(lei_conn *k, const lei_frame *f) {
         return 0;
     }
     if (identity_check(k, &h, k->peer->addr, 1)) return -1;
+    if (cipher_answer(k, &h)) return -1;
     lei_sec_hash(s, f->body, f->len - LEI_SIG_BYTES);
     lei_sec_final(s);
     if (lei_sec_verify(s, 1, h.idpk, h.sig) || lei_sec_keys(s, 1, h.eph)) {
@@ -283,7 +348,7 @@ static int hello_answered(lei_conn *k, const lei_frame *f) {
     lei_conn_write_now(k, b, sizeof b);
     /* From the byte after AUTH both directions are records. */
     s->rec_out = 1;
-    if (lei_conn_records_in(k)) return -1;
+    if (lei_sec_records_in(k)) return -1;
     k->state = LEI_CONN_AUTH_SENT;
     return 0;
 }
@@ -300,6 +365,10 @@ static int auth_answered(lei_conn *k, const lei_frame *f) {
      * AUTH_OK past its certificate's end, a reload revoked its key, a pin
      * was made): checked again before anything queued goes out. */
     if (identity_check(k, &k->sec->remote, k->peer->addr, 1)) return -1;
+    if (k->sec->fallback) { /* before anything queued: the acceptor reads it first */
+        uint8_t b[LEI_FALLBACK_MAX];
+        lei_conn_write_now(k, b, lei_sec_fallback_frame(b));
+    }
     conn_up(k, k->peer, k->sec->remote.incarnation);
     return 0;
 }
@@ -317,7 +386,7 @@ static int auth_read(lei_conn *k, const lei_frame *f) {
     }
     /* The dialler reads records from now on: a refusal goes in one. */
     s->rec_out = 1;
-    if (lei_conn_records_in(k)) return -1;
+    if (lei_sec_records_in(k)) return -1;
     if (lei_sec_verify(s, 0, s->remote.idpk, f->body)) {
         lei_conn_close(k, "bad handshake signature (AUTH)", 1);
         return -1;
@@ -386,6 +455,17 @@ static int hello_received(lei_conn *k, const lei_frame *f) {
     /* Keyed: refused at once if untrusted or pinned to another key; bound to
      * its peer only once AUTH proved the key is the remote's. */
     if (identity_check(k, &h, h.addr, 0)) return -1;
+    if (h.mode == LEI_MODE_KEYED_OFFER) {
+        const lei_cipher *cs = lei_cipher_choose(k->ctx, h.suites, h.nsuites);
+        if (!cs) {
+            lei_conn_close(k, "no record cipher in common (this side has chacha20-poly1305 and, "
+                              "with AES-NI, aes-256-gcm)", 1);
+            return -1;
+        }
+        s->cs = cs;
+    } else {
+        s->legacy = 1; /* a v3 dialler of before the offer, or one falling back */
+    }
     s->remote = h;
     lei_sec_hash(s, f->body, f->len);
     uint8_t b[LEI_HELLO_MAX];
@@ -405,4 +485,17 @@ int lei_handshake_frame(lei_conn *k, const lei_frame *f) {
     default:
         return hello_received(k, f);
     }
+}
+
+/* An acceptor that read a mode 1 HELLO: is this CTRL the marker of a
+ * dialler falling back after a refused offer?  Then an active attacker
+ * forged the refusal (this side reads offers): closed, nothing downgraded.
+ * 0, or -1 after closing k. */
+int lei_handshake_fallback_check(lei_conn *k, const lei_frame *f) {
+    uint8_t b[LEI_FALLBACK_MAX];
+    size_t n = lei_sec_fallback_frame(b);
+    if (f->len != n - LEI_FRAME_HDR || memcmp(f->body, b + LEI_FRAME_HDR, f->len) != 0) return 0;
+    lei_conn_close(k, "record cipher downgrade: the dialler's offer was refused in its name "
+                      "(a forged ERROR on the way): closing", 1);
+    return -1;
 }

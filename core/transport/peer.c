@@ -14,7 +14,6 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
-#define IOVN 512
 
 /* ---- items leaving a peer's queue (the items themselves: item.c) ------- */
 
@@ -284,11 +283,11 @@ static void ensure_bound(lei_peer *p, uint32_t chid) {
     p->nbound = n;
 }
 
-/* iovecs of p's queue from its written offset (woff), at most IOVN - 2. */
-static int queue_iov(lei_peer *p, struct iovec *iov) {
+/* iovecs of p's queue from its written offset (woff), at most max - 2. */
+int lei_peer_queue_iov(lei_peer *p, struct iovec *iov, int max) {
     int n = 0;
     size_t off = p->woff;
-    for (lei_qitem *it = p->q.head; it && n < IOVN - 2; it = it->next) {
+    for (lei_qitem *it = p->q.head; it && n < max - 2; it = it->next) {
         if (off < it->hlen) {
             iov[n].iov_base = it->hdr + off;
             iov[n].iov_len = it->hlen - off;
@@ -299,7 +298,7 @@ static int queue_iov(lei_peer *p, struct iovec *iov) {
         }
         if (it->msg) {
             size_t covered = 0;
-            int m = lei_msg_iov(it->msg, off, iov + n, IOVN - n, &covered);
+            int m = lei_msg_iov(it->msg, off, iov + n, max - n, &covered);
             n += m;
             if (covered < it->msg->total - off) break;
         }
@@ -309,7 +308,7 @@ static int queue_iov(lei_peer *p, struct iovec *iov) {
 }
 
 /* w bytes of p's queue went out (or into a record): items done are freed. */
-static void queue_took(lei_peer *p, size_t w) {
+void lei_peer_queue_took(lei_peer *p, size_t w) {
     while (w) {
         lei_qitem *it = p->q.head;
         size_t rem = it->size - p->woff;
@@ -324,92 +323,13 @@ static void queue_took(lei_peer *p, size_t w) {
     }
 }
 
-/* A keyed connection: the queue goes out as records of up to
- * LEI_REC_PLAIN_MAX bytes, each sealed whole and written; one the socket
- * does not take waits (pending) and goes first next time. */
-static void flush_records(lei_peer *p) {
-    lei_ctx *c = p->ctx;
-    lei_conn *k = p->conn;
-    lei_sec *s = k->sec;
-    uint8_t *pt = lei_sec_scratch(s);
-    for (;;) {
-        size_t wrote;
-        int r = lei_sec_write(s, k->fd, &wrote);
-        if (wrote) k->last_out = ev_now(c->loop);
-        if (r < 0) {
-            char why[160];
-            snprintf(why, sizeof why, "write: %s", strerror(errno));
-            lei_conn_close(k, why, 0);
-            return;
-        }
-        if (r == 0) {
-            ev_io_start(c->loop, &k->wio);
-            return;
-        }
-        if (!p->q.head) break;
-        struct iovec iov[IOVN];
-        int n = queue_iov(p, iov);
-        size_t len = 0;
-        for (int i = 0; pt && i < n && len < LEI_REC_PLAIN_MAX; i++) {
-            size_t m = iov[i].iov_len < LEI_REC_PLAIN_MAX - len ? iov[i].iov_len
-                                                                 : LEI_REC_PLAIN_MAX - len;
-            memcpy(pt + len, iov[i].iov_base, m);
-            len += m;
-        }
-        if (!len || lei_sec_seal(s, pt, len)) {
-            lei_conn_close(k, "out of memory for a record", 0);
-            return;
-        }
-        p->st.batches++;
-        p->st.bytes_out += len;
-        queue_took(p, len);
-    }
-    ev_io_stop(c->loop, &k->wio);
-    if (c->closing) lei_conn_fin(k);
-}
-
-/* Writes as much of the peer's queue as the socket takes, many frames per
- * writev; arms the write watcher when the socket is full. */
+/* Writes as much of the peer's queue as the socket takes, through the
+ * connection's mechanism (plain.c: sendmsg of the iovecs; secure.c:
+ * records sealed from them); arms the write watcher when the socket is full. */
 void lei_peer_flush(lei_peer *p) {
-    lei_ctx *c = p->ctx;
-    lei_conn *k = p->conn;
     if (!lei_peer_is_up(p)) return;
-    if (k->sec) {
-        flush_records(p);
-        return;
-    }
-    while (p->q.head) {
-        struct iovec iov[IOVN];
-        int n = queue_iov(p, iov);
-        /* sendmsg rather than writev: MSG_NOSIGNAL turns a write to a peer
-         * that went away into EPIPE instead of killing the process. */
-        struct msghdr mh;
-        memset(&mh, 0, sizeof mh);
-        mh.msg_iov = iov;
-        mh.msg_iovlen = (size_t)n;
-        ssize_t w = sendmsg(k->fd, &mh, MSG_NOSIGNAL);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                ev_io_start(c->loop, &k->wio);
-                return;
-            }
-            char why[160];
-            snprintf(why, sizeof why, "write: %s", strerror(errno));
-            lei_conn_close(k, why, 0);
-            return;
-        }
-        p->st.batches++;
-        p->st.bytes_out += (uint64_t)w;
-        k->last_out = ev_now(c->loop);
-        queue_took(p, (size_t)w);
-    }
-    ev_io_stop(c->loop, &k->wio);
-    if (c->closing) lei_conn_fin(k);
+    p->conn->mech->flush(p);
 }
-
-
-
 
 /* Queues a BIND of ch for p unless p has it bound already (v2: with our
  * ticket for the channel when we have one).  -1: out of memory. */
@@ -588,6 +508,10 @@ uint64_t lei_peer_gen(const lei_peer *p) { return p && p->conn ? p->gen : 0; }
 size_t lei_peer_ack_bytes(const lei_peer *p) { return p ? p->ack_bytes : 0; }
 
 const char *lei_peer_reason(const lei_peer *p) { return p->reason; }
+
+const char *lei_peer_cipher(const lei_peer *p) {
+    return lei_peer_is_up(p) && p->conn->sec ? p->conn->sec->cs->name : NULL;
+}
 
 void lei_peer_stats(const lei_peer *p, lei_stats_peer *out) {
     out->st = p->st;

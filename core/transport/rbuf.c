@@ -22,7 +22,7 @@ void lei_rbuf_set(lei_conn *k, uint8_t *b, size_t ncap) {
  * over yet (plaintext, and ciphertext not opened yet). */
 static size_t rbuf_held(const lei_conn *k) {
     size_t n = k->rlen - k->rpos;
-    if (k->sec && k->sec->rec_in) n += k->sec->clen - k->sec->cpos;
+    n += k->mech->in_pending(k);
     return n;
 }
 

@@ -102,8 +102,9 @@ function M.parse_frame(s, pos)
   return s:byte(pos + 4), s:sub(pos + 5, pos + 3 + len), pos + 4 + len
 end
 
--- HELLO / HELLO_OK body: h = { version, incarnation, addr, mode (0/1),
--- eph (32), id (32), name, cert (a certificate, or nil), sig (64, HELLO_OK
+-- HELLO / HELLO_OK body: h = { version, incarnation, addr, mode (0/1/2),
+-- eph (32), id (32), name, cert (a certificate, or nil), suites (mode 2:
+-- the record ciphers offered or chosen, one byte each), sig (64, HELLO_OK
 -- only) }.  A cert of 64 bytes goes as has_cert 1 (an old v1 one), any
 -- other as has_cert 2, varint len, cert (doc/protocol.md section 3).
 function M.hello_body(h, is_ok)
@@ -112,12 +113,13 @@ function M.hello_body(h, is_ok)
               M.varint(#h.addr), h.addr }
   if v >= 2 then
     b[#b + 1] = string.char(h.mode or 0)
-    if (h.mode or 0) == 1 then
+    if (h.mode or 0) == 1 or h.mode == 2 then
       b[#b + 1] = h.eph
       b[#b + 1] = h.id
       b[#b + 1] = M.varint(#h.name) .. h.name
       b[#b + 1] = not h.cert and "\0" or #h.cert == 64 and ("\1" .. h.cert)
                   or ("\2" .. M.varint(#h.cert) .. h.cert)
+      if h.mode == 2 then b[#b + 1] = string.char(#h.suites) .. h.suites end
       if is_ok and h.sig then b[#b + 1] = h.sig end
     end
   end
@@ -143,7 +145,7 @@ function M.parse_hello(body, is_ok)
     h.mode = body:byte(pos)
     if not h.mode then return nil, "truncated" end
     pos = pos + 1
-    if h.mode == 1 then
+    if h.mode == 1 or h.mode == 2 then
       h.eph, h.id = body:sub(pos, pos + 31), body:sub(pos + 32, pos + 63)
       if #h.id ~= 32 then return nil, "truncated" end
       pos = pos + 64
@@ -167,6 +169,13 @@ function M.parse_hello(body, is_ok)
         h.cert = body:sub(pos, pos + clen - 1)
         if #h.cert ~= clen then return nil, "truncated" end
         pos = pos + clen
+      end
+      if h.mode == 2 then
+        local n = body:byte(pos)
+        if not n or n < 1 or n > 8 then return nil, "bad cipher list" end
+        h.suites = body:sub(pos + 1, pos + n)
+        if #h.suites ~= n then return nil, "truncated" end
+        pos = pos + 1 + n
       end
       if is_ok then
         h.sig = body:sub(pos, pos + 63)
@@ -278,6 +287,9 @@ local function sodium()
     "int crypto_generichash(unsigned char *out, size_t outlen, const unsigned char *in, unsigned long long inlen, const unsigned char *key, size_t keylen);",
     "int crypto_aead_chacha20poly1305_ietf_encrypt(unsigned char *c, unsigned long long *clen, const unsigned char *m, unsigned long long mlen, const unsigned char *ad, unsigned long long adlen, const unsigned char *nsec, const unsigned char *npub, const unsigned char *k);",
     "int crypto_aead_chacha20poly1305_ietf_decrypt(unsigned char *m, unsigned long long *mlen, unsigned char *nsec, const unsigned char *c, unsigned long long clen, const unsigned char *ad, unsigned long long adlen, const unsigned char *npub, const unsigned char *k);",
+    "int crypto_aead_aes256gcm_is_available(void);",
+    "int crypto_aead_aes256gcm_encrypt(unsigned char *c, unsigned long long *clen, const unsigned char *m, unsigned long long mlen, const unsigned char *ad, unsigned long long adlen, const unsigned char *nsec, const unsigned char *npub, const unsigned char *k);",
+    "int crypto_aead_aes256gcm_decrypt(unsigned char *m, unsigned long long *mlen, unsigned char *nsec, const unsigned char *c, unsigned long long clen, const unsigned char *ad, unsigned long long adlen, const unsigned char *npub, const unsigned char *k);",
   } do pcall(ffi.cdef, decl) end
   S = ffi.load("sodium")
   assert(S.sodium_init() >= 0, "sodium_init failed")
@@ -381,23 +393,32 @@ local function nonce(counter)
   return "\0\0\0\0" .. M.u32le(lo) .. M.u32le(hi)
 end
 
--- One record: u32 LE clen, then the AEAD of plaintext with the length as ad.
-function M.seal(key, counter, plain)
+-- The record ciphers by their number in an offer (doc/protocol.md section 3).
+M.CHACHA, M.AES = "\1", "\2"
+local AEAD = { [M.CHACHA] = "chacha20poly1305_ietf", [M.AES] = "aes256gcm" }
+
+--- Whether this CPU runs AES-256-GCM (libsodium: AES-NI and PCLMUL).
+function M.aes_available() return sodium().crypto_aead_aes256gcm_is_available() == 1 end
+
+-- One record: u32 LE clen, then the AEAD of plaintext with the length as
+-- ad (suite: M.CHACHA, the default, or M.AES; AES-GCM's key of a direction
+-- changes every 2^20 records, which no spec reaches).
+function M.seal(key, counter, plain, suite)
   local clen = #plain + 16
   local hdr = M.u32le(clen)
   local c, cl = buf(clen), ffi.new("unsigned long long[1]")
-  assert(sodium().crypto_aead_chacha20poly1305_ietf_encrypt(c, cl, plain, #plain, hdr, 4, nil,
-                                                             nonce(counter), key) == 0)
+  local f = sodium()["crypto_aead_" .. AEAD[suite or M.CHACHA] .. "_encrypt"]
+  assert(f(c, cl, plain, #plain, hdr, 4, nil, nonce(counter), key) == 0)
   return hdr .. str(c, clen)
 end
 
 -- Opens the ciphertext `c` of a record whose length bytes were hdr: the
 -- plaintext or nil.
-function M.open(key, counter, hdr, c)
+function M.open(key, counter, hdr, c, suite)
   if #c < 16 then return nil end
   local m, ml = buf(#c), ffi.new("unsigned long long[1]")
-  if sodium().crypto_aead_chacha20poly1305_ietf_decrypt(m, ml, nil, c, #c, hdr, 4,
-                                                         nonce(counter), key) ~= 0 then
+  local f = sodium()["crypto_aead_" .. AEAD[suite or M.CHACHA] .. "_decrypt"]
+  if f(m, ml, nil, c, #c, hdr, 4, nonce(counter), key) ~= 0 then
     return nil
   end
   return str(m, tonumber(ml[0]))
@@ -463,7 +484,7 @@ function Peer:_decrypt()
     local clen = M.get_u32le(self.raw, 1)
     local size_ok = clen >= 17 and clen <= M.RECORD_MAX
     if size_ok and #self.raw < 4 + clen then break end
-    local p = size_ok and M.open(self.rx, self.rx_n, self.raw:sub(1, 4), self.raw:sub(5, 4 + clen))
+    local p = size_ok and M.open(self.rx, self.rx_n, self.raw:sub(1, 4), self.raw:sub(5, 4 + clen), self.suite)
     if p then
       self.rx_n = self.rx_n + 1
       self:_compact()
@@ -557,7 +578,7 @@ function Peer:send(bytes)
   if self.keyed then
     local out = {}
     for i = 1, #bytes, 65536 do
-      out[#out + 1] = M.seal(self.tx, self.tx_n, bytes:sub(i, i + 65535))
+      out[#out + 1] = M.seal(self.tx, self.tx_n, bytes:sub(i, i + 65535), self.suite)
       self.tx_n = self.tx_n + 1
     end
     bytes = table.concat(out)
@@ -648,12 +669,15 @@ local CTX_D, CTX_A = M.CTX_DIALLER, M.CTX_ACCEPTOR
 
 -- Our HELLO fields for opts: addr (the address we claim), incarnation,
 -- version, key = { pk, sk, name, cert } (keyed) or nil (protected);
--- mode overrides (e.g. 1 without a key to lie about it).
+-- mode overrides (e.g. 1 without a key to lie about it); offer (keyed: the
+-- record ciphers to offer, e.g. M.AES .. M.CHACHA: mode 2; none: mode 1,
+-- a peer of before the offer).
 local function my_hello(opts)
   local key = opts.key
   local h = { version = opts.version or M.VERSION, incarnation = opts.incarnation or math.random(1, 2 ^ 31),
-              addr = opts.addr, mode = opts.mode or (key and 1 or 0) }
-  if h.mode == 1 then
+              addr = opts.addr, mode = opts.mode or (key and (opts.offer and 2 or 1) or 0),
+              suites = opts.offer }
+  if h.mode == 1 or h.mode == 2 then
     local epk, esk = kx_keypair()
     h.eph, h.id, h.name, h.cert = epk, key.pk, key.name, key.cert
     return h, esk
@@ -663,10 +687,11 @@ end
 
 --- Dials `target` ("host:port") and does the handshake.  opts: addr (the
 -- listen address we claim, required), key (keyed mode: { pk, sk, name,
--- cert }), version, incarnation, mode, timeout (5 s).  Returns the peer
--- (p.remote: the acceptor's HELLO_OK fields), or nil, err ("ERROR: text"
--- when refused with a reason; "closed", "timeout", "bad signature", ...),
--- and the peer (for a look at what came).
+-- cert }), version, incarnation, mode, offer (record ciphers: mode 2),
+-- timeout (5 s).  Returns the peer (p.remote: the acceptor's HELLO_OK
+-- fields; p.suite: the record cipher), or nil, err ("ERROR: text" when
+-- refused with a reason; "closed", "timeout", "bad signature", ...), and
+-- the peer (for a look at what came).
 function M.dial(target, opts)
   local host, port = target:match("^%[?(.-)%]?:(%d+)$")
   local s = assert(socket.tcp())
@@ -685,7 +710,11 @@ function M.dial(target, opts)
   r, err = M.parse_hello(body, true)
   if not r then return nil, "bad HELLO_OK: " .. err, p end
   p.remote = r
-  if r.mode ~= 1 or not opts.key then return p end
+  if (r.mode ~= 1 and r.mode ~= 2) or not opts.key then return p end
+  if (r.mode == 2) ~= (h.mode == 2) or (r.mode == 2 and (#r.suites ~= 1 or not h.suites:find(r.suites, 1, true))) then
+    return nil, "bad cipher choice", p
+  end
+  p.suite = r.suites
   -- Keyed: check the acceptor's signature over the transcript, AUTH, records.
   local T = M.blake2b32(hello .. body:sub(1, #body - 64))
   if not M.verify(r.id, CTX_A .. T, r.sig) then return nil, "bad signature", p end
@@ -720,8 +749,12 @@ function M.listen(port)
 end
 
 --- server:accept(opts): waits (opts.timeout, 5 s) for a dialler and does
--- the acceptor's side of the handshake with opts as M.dial's (addr: ours).
--- Returns the peer (p.remote: the dialler's HELLO) or nil, err.
+-- the acceptor's side of the handshake with opts as M.dial's (addr: ours;
+-- offer: the ciphers this side has, in its preference, default M.CHACHA:
+-- it chooses the first the dialler offered; old = true: a v3 acceptor of
+-- before the offer, which refuses a mode 2 HELLO with ERROR "bad mode in
+-- handshake" as lecho did).  Returns the peer (p.remote: the dialler's
+-- HELLO) or nil, err.
 function M.accept(server, opts)
   server.s:settimeout(opts.timeout or 5)
   local s, err = server.s:accept()
@@ -737,13 +770,31 @@ function M.handshake_accepted(s, opts)
   body, err = p:expect(M.F.HELLO, opts.timeout or 5)
   if not body then return nil, err, p end
   local r
+  if opts.old then
+    local h0 = M.parse_hello(body, false)
+    if h0 and h0.mode == 2 then
+      p:send(M.frame(M.F.ERROR, "bad mode in handshake"))
+      return nil, "refused the offer (old)", p
+    end
+  end
   r, err = M.parse_hello(body, false)
   if not r then return nil, "bad HELLO: " .. err, p end
   p.remote = r
+  local my_offer = opts.offer
+  opts.offer = nil
   local h, esk = my_hello(opts)
-  if h.mode ~= 1 or r.mode ~= 1 then
+  opts.offer = my_offer
+  if h.mode ~= 1 or (r.mode ~= 1 and r.mode ~= 2) then
     p:send(M.frame(M.F.HELLO_OK, M.hello_body(h)))
     return p
+  end
+  if r.mode == 2 and not opts.old then
+    for i = 1, #(my_offer or M.CHACHA) do
+      local c = (my_offer or M.CHACHA):sub(i, i)
+      if r.suites:find(c, 1, true) then p.suite = c break end
+    end
+    if not p.suite then return nil, "no cipher in common", p end
+    h.mode, h.suites = 2, p.suite
   end
   local ok_body = M.hello_body(h, true)
   local T = M.blake2b32(body .. ok_body)

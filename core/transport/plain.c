@@ -1,0 +1,103 @@
+/* plain.c: the protected mechanism (mech: ctx_int.h): no keys, no records;
+ * frames go to the socket as they are, a peer's queue by sendmsg of its
+ * iovecs, many frames per call, and come into the frame buffer as read
+ * (conn.c's lei_conn_read_frames).  The keyed mechanism (secure.c) uses
+ * write_now and read too, before its records are on.
+ *
+ * Leans on peer.c for the queue's iovecs, conn.c for the sockets.  No Lua.
+ */
+#define _GNU_SOURCE
+#include "ctx_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+static int plain_start(lei_conn *k) {
+    k->sec = NULL;
+    return 0;
+}
+
+static void plain_end(lei_conn *k) { (void)k; }
+
+/* Straight to the socket (a handshake frame, a parting ERROR: nothing else
+ * is queued then); what it does not take is lost with the connection. */
+static void plain_write_now(lei_conn *k, const uint8_t *b, size_t n) {
+    while (n) {
+        ssize_t w = send(k->fd, b, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return;
+        b += w;
+        n -= (size_t)w;
+    }
+}
+
+/* Writes as much of the peer's queue as the socket takes, many frames per
+ * sendmsg; arms the write watcher when the socket is full. */
+static void plain_flush(lei_peer *p) {
+    lei_ctx *c = p->ctx;
+    lei_conn *k = p->conn;
+    while (p->q.head) {
+        struct iovec iov[LEI_IOVN];
+        int n = lei_peer_queue_iov(p, iov, LEI_IOVN);
+        /* sendmsg rather than writev: MSG_NOSIGNAL turns a write to a peer
+         * that went away into EPIPE instead of killing the process. */
+        struct msghdr mh;
+        memset(&mh, 0, sizeof mh);
+        mh.msg_iov = iov;
+        mh.msg_iovlen = (size_t)n;
+        ssize_t w = sendmsg(k->fd, &mh, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                ev_io_start(c->loop, &k->wio);
+                return;
+            }
+            char why[160];
+            snprintf(why, sizeof why, "write: %s", strerror(errno));
+            lei_conn_close(k, why, 0);
+            return;
+        }
+        p->st.batches++;
+        p->st.bytes_out += (uint64_t)w;
+        k->last_out = ev_now(c->loop);
+        lei_peer_queue_took(p, (size_t)w);
+    }
+    ev_io_stop(c->loop, &k->wio);
+    if (c->closing) lei_conn_fin(k);
+}
+
+static int plain_out_pending(const lei_conn *k) {
+    (void)k;
+    return 0;
+}
+
+static int plain_write_pending(lei_conn *k) {
+    (void)k;
+    return 1;
+}
+
+static size_t plain_in_pending(const lei_conn *k) {
+    (void)k;
+    return 0;
+}
+
+static int plain_open(lei_conn *k) {
+    (void)k;
+    return 0;
+}
+
+const lei_mech lei_mech_protected = {
+    .name = "protected",
+    .start = plain_start,
+    .end = plain_end,
+    .write_now = plain_write_now,
+    .flush = plain_flush,
+    .out_pending = plain_out_pending,
+    .write_pending = plain_write_pending,
+    .read = lei_conn_read_frames,
+    .in_pending = plain_in_pending,
+    .open = plain_open,
+};

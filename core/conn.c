@@ -293,7 +293,7 @@ static const char *conn_bind(lei_conn *k, const lei_frame *f) {
 }
 
 /* An EVENT on a refused index: dropped and counted; a sync one is answered
- * with 0 handlers run and the reason in the error list. */
+ * with 0 handlers run and the reason in the error list, code "refused". */
 static void refused_event(lei_conn *k, const lei_event_hdr *e) {
     lei_ctx *c = k->ctx;
     lei_peer *p = k->peer;
@@ -304,9 +304,11 @@ static void refused_event(lei_conn *k, const lei_event_hdr *e) {
     if (!e->sync) return;
     const char *why = r ? r->why : "refused channel";
     lei_wbuf b = {0};
-    int bad = lei_enc_table_header(&b, 1, 0) || lei_enc_table_header(&b, 0, 2) ||
+    const char *code = lei_err_name(LEI_E_REFUSED);
+    int bad = lei_enc_table_header(&b, 1, 0) || lei_enc_table_header(&b, 0, 3) ||
               lei_enc_string(&b, "consumer", 8) || lei_enc_string(&b, c->addr, strlen(c->addr)) ||
-              lei_enc_string(&b, "err", 3) || lei_enc_string(&b, why, strlen(why));
+              lei_enc_string(&b, "err", 3) || lei_enc_string(&b, why, strlen(why)) ||
+              lei_enc_string(&b, "code", 4) || lei_enc_string(&b, code, strlen(code));
     lei_ack(c, p, e->sync, 0, bad ? NULL : (const uint8_t *)b.data, bad ? 0 : b.len);
     lei_wbuf_free(&b);
 }

@@ -132,6 +132,7 @@ typedef struct lei_sync_answer {
     const char *addr;         /* the consuming context; NULL: the local consumers */
     int done;                 /* answered or failed */
     const char *err;          /* transport failure, or NULL */
+    int code;                 /* that failure's code (LEI_E_*), set where it happened */
     const uint8_t *errs;      /* encoded handler errors from the ack, elen bytes */
     size_t elen;
 } lei_sync_answer;

@@ -268,6 +268,7 @@ typedef struct lei_sync_wait {
     lei_peer *peer;           /* NULL: the local consumers */
     int done;
     char *err;                /* owned: transport failure, or NULL */
+    int code;                 /* that failure's LEI_E_* code, set where it happened */
     uint8_t *errs;            /* owned: encoded handler errors from the ack */
     size_t elen;
 } lei_sync_wait;
@@ -566,7 +567,8 @@ void lei_defer_flush(lei_ctx *c, lei_peer *p);
 void lei_sync_link(lei_ctx *c, lei_sync *s);
 
 /* sync.c */
-void lei_sync_fail(lei_sync_wait *w, lei_sync *s, const char *why);
+/* Fails wait w of s (once): why, and code (LEI_E_*), what it was. */
+void lei_sync_fail(lei_sync_wait *w, lei_sync *s, const char *why, int code);
 void lei_syncs_peer_lost(lei_ctx *c, lei_peer *p, const char *reason);
 void lei_sync_answered(lei_ctx *c, lei_peer *p, uint64_t sync, uint64_t nran,
                        const uint8_t *errs, size_t elen);

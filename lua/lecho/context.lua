@@ -97,7 +97,8 @@ local function pname_of(self, peer, producer)
 end
 
 -- Runs one handler; a raise is counted on con and, for a sync event, added
--- to errs (returned), else logged.
+-- to errs (returned) with its code, "failed" (the ACK carries it: the
+-- producer never reads a code from the message), else logged.
 local function run_handler(self, con, handler, value, meta, sync, errs, short)
   local ok, err = pcall(handler, value, meta)
   if not ok then
@@ -105,7 +106,7 @@ local function run_handler(self, con, handler, value, meta, sync, errs, short)
     con.errors = con.errors + 1
     if sync > 0 then
       errs = errs or {}
-      errs[#errs + 1] = { consumer = con.id, err = err }
+      errs[#errs + 1] = { consumer = con.id, err = err, code = "failed" }
     else
       self.log(("consumer %s on '%s' failed: %s"):format(con.id, short, err))
     end
@@ -275,8 +276,9 @@ end
 -- Held acks.  A handler that takes a sync event without being done with it
 -- (lecho.capi's queued consumer: the event waits in a queue for a binding's
 -- code) holds the event's ack: Context:_hold_ack(meta) during the handler
--- gives a record; Context:_settle_ack(rec, consumer, err) later says this
--- consumer is done with it (err nil) or failed (err its message).  Once
+-- gives a record; Context:_settle_ack(rec, consumer, err[, code]) later says
+-- this consumer is done with it (err nil) or failed (err its message, code
+-- its code, "failed" when not given).  Once
 -- every holder settled and the dispatch ended, the ack goes out with what
 -- the dispatch found plus the holders' failures, on the connection the
 -- event came on only (gen).  The dispatch itself does not wait: the
@@ -305,12 +307,12 @@ local function send_held(self, rec)
   self.c:ack(rec.peer, rec.sync, rec.nran, errs, nil, rec.gen)
 end
 
-function Context:_settle_ack(rec, consumer, err)
+function Context:_settle_ack(rec, consumer, err, code)
   if rec.left <= 0 then return end
   rec.left = rec.left - 1
   if err then
     rec.failed = rec.failed or {}
-    rec.failed[#rec.failed + 1] = { consumer = consumer, err = err }
+    rec.failed[#rec.failed + 1] = { consumer = consumer, err = err, code = code or "failed" }
   end
   send_held(self, rec)
 end

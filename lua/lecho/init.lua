@@ -51,7 +51,7 @@ local M = {
 -- The value codec: string, or nil, err, code ("invalid", "limit").
 function M.encode(v, ...)
   local s, err, code = core.encode(v, ...)
-  if s == nil then return nil, err, code or errors.code_of(err, "invalid") end
+  if s == nil then return nil, err, code end -- (the encoder sets the code where it fails)
   return s
 end
 

@@ -165,7 +165,14 @@ void lei_conn_retire(lei_conn *k, const char *reason) {
     lei_expiry_at(c, k->retired + RETIRE_SECONDS);
 }
 
-/* Dials the peer.  Frames queue up until the handshake is answered. */
+/* The code of a failed connect(): ECONNREFUSED refused, ENOENT (a unix
+ * socket's path) notfound, any other io. */
+static int connect_code(int e) {
+    return e == ECONNREFUSED ? LEI_E_REFUSED : e == ENOENT ? LEI_E_NOTFOUND : LEI_E_IO;
+}
+
+/* Dials the peer.  Frames queue up until the handshake is answered.  A
+ * failure says why in p->reason and p->reason_code. */
 int lei_peer_dial(lei_peer *p) {
     lei_ctx *c = p->ctx;
     lei_addr a;
@@ -173,10 +180,12 @@ int lei_peer_dial(lei_peer *p) {
     char err[LEI_ADDR_ERR_MAX];
     if (lei_addr_parse(p->addr, 0, &a, &why)) {
         snprintf(p->reason, sizeof p->reason, "bad address '%s': %s", p->addr, why);
+        p->reason_code = p->next_code = LEI_E_INVALID;
         p->last_fail = ev_now(c->loop);
         return -1;
     }
     if (lei_conn_room(c, p->reason, sizeof p->reason)) {
+        p->reason_code = p->next_code = LEI_E_LIMIT;
         p->last_fail = ev_now(c->loop);
         lei_ratelog(c, LEI_RL_CONNECTIONS, "not dialling %s: %s", p->addr, p->reason);
         return -1;
@@ -187,6 +196,7 @@ int lei_peer_dial(lei_peer *p) {
     int fd = lei_addr_connect(&a, err, sizeof err); /* owned by the conn below */
     if (fd < 0) {
         snprintf(p->reason, sizeof p->reason, "%s", err);
+        p->reason_code = p->next_code = connect_code(errno);
         p->last_fail = ev_now(c->loop);
         return -1;
     }
@@ -664,7 +674,10 @@ static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents) {
         if (e) {
             char why[128];
             snprintf(why, sizeof why, "connect: %s", strerror(e));
-            if (k->peer) lei_ratelog(k->ctx, LEI_RL_DIAL, "cannot reach %s: %s", k->peer->addr, why);
+            if (k->peer) {
+                lei_ratelog(k->ctx, LEI_RL_DIAL, "cannot reach %s: %s", k->peer->addr, why);
+                k->peer->next_code = connect_code(e);
+            }
             lei_conn_close(k, why, 0);
             return;
         }

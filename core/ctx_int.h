@@ -217,6 +217,8 @@ struct lei_peer {
     size_t nbound;
     ev_tstamp last_fail;      /* when the last connection failed */
     char reason[160];         /* ro: why the last connection ended */
+    int reason_code;          /* ro: its LEI_E_* code, set where it happened (0: closed) */
+    int next_code;            /* the code lei_peer_lost takes for a loss set up before it (0: closed) */
     lei_pstats st;            /* ro */
     lei_live lv;              /* liveness and sequence tracking (live.c) */
     int has_key;              /* ro: key/principal are those of the current or last

@@ -124,13 +124,15 @@ void lei_sync_fail(lei_sync_wait *w, lei_sync *s, const char *why, int code) {
     s->nwait--;
 }
 
-/* A peer's connection ended: every sync still waiting on it fails. */
+/* A peer's connection ended: every sync still waiting on it fails, with
+ * the code of why (p->reason_code: closed, or refused, limit, ... when
+ * the dial failed). */
 void lei_syncs_peer_lost(lei_ctx *c, lei_peer *p, const char *reason) {
     char why[256];
     snprintf(why, sizeof why, "consumer context %s: %s", p->addr, reason);
     for (lei_sync *s = c->syncs; s; s = s->next) {
         for (int i = 0; i < s->nw; i++)
-            if (s->w[i].peer == p) lei_sync_fail(&s->w[i], s, why, LEI_E_CLOSED);
+            if (s->w[i].peer == p) lei_sync_fail(&s->w[i], s, why, p->reason_code ? p->reason_code : LEI_E_CLOSED);
         sync_settled(c, s);
     }
 }

@@ -42,6 +42,8 @@ struct ev_loop *lei_ctx_loop(const lei_ctx *c) { return c->loop; }
 
 const lei_opts *lei_ctx_opts(const lei_ctx *c) { return &c->o; }
 
+void lei_ctx_batch(lei_ctx *c, int on) { c->batch = on && c->h.events; }
+
 void lei_ctx_refusal(lei_ctx *c, const char *why) {
     snprintf(c->refusal, sizeof c->refusal, "%s", why ? why : "");
 }

@@ -357,6 +357,7 @@ struct lei_ctx {
     /* rw: why the event or ctrl hook just refused its value ("": it did not
      * say), set by lei_ctx_refusal; conn.c adds it to the peer's ERROR */
     char refusal[200];
+    int batch;                /* rw: lei_ctx_batch: the events hook takes a read's async EVENTs */
 };
 
 /* The states of a connection, in the order it walks them (the handshake

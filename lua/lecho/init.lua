@@ -203,6 +203,7 @@ function M.context(opts)
     event = function(chid, value, peer, producer, seq, sync, gen, nbytes, vlen, avs)
       return self:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, vlen, avs)
     end,
+    events = function(t, n, peer) return self:_dispatch_batch(t, n, peer) end,
     ctrl = function(from, msg, gen)
       if self.keyed and not self:_nameserver_ok(from) then return end
       return self:_on_ctrl(from, msg, gen)

@@ -10,6 +10,7 @@
 
 local cjson = require "cjson"
 local S = require "spec.support"
+local R = require "spec.support.rogue"
 
 local N = 20000
 
@@ -80,5 +81,39 @@ describe("batched delivery with every core busy", function()
     local r = cjson.decode(S.output(prod):match("{[^\n]*"))
     assert.is_true(r.ok, tostring(r.err))
     assert.is_true(crossings < N / 8, ("%d crossings for %d events"):format(crossings, N))
+  end)
+
+  it("runs the events before a bad value of the same read, in order, and closes that connection", function()
+    local got = {}
+    local ch = ctx:channel("mid")
+    assert(ch:consumer(function(ev) got[#got + 1] = ev end))
+    local srv = assert(R.listen())   -- the address the rogue claims
+    -- (this process serves the context: the handshake's answer is read
+    -- between loop turns)
+    local p, err = R.dial(ctx.addr, { addr = srv.addr, hello_only = true })
+    assert(p, "the rogue's dial: " .. tostring(err))
+    local up = false
+    assert.is_true(S.run_until(ctx, function()
+      local t = p:read(0.005)
+      up = up or t == R.F.HELLO_OK
+      return up
+    end, 10), "no HELLO_OK")
+    local name = ch.name
+    -- one write: three good events, a value that does not decode, a good one
+    p:send(R.bind(0, name) .. R.event(0, 1, 1, 0, 1) .. R.event(0, 1, 2, 0, 2) .. R.event(0, 1, 3, 0, 3)
+           .. R.event(0, 1, 4, 0, "\9", true) .. R.event(0, 1, 5, 0, 5))
+    local d
+    assert.is_true(S.run_until(ctx, function()
+      if not d then
+        local t, body = p:read(0.005)
+        if t == R.F.ERROR then d = body end
+      end
+      return d ~= nil and #got >= 3
+    end, 20), "no ERROR for the bad value; got " .. #got .. " events")
+    S.run_until(ctx, function() return false end, 0.3)
+    assert.same({ 1, 2, 3 }, got)
+    assert.matches("^malformed event value", d)
+    p:close()
+    srv.s:close()
   end)
 end)

@@ -378,6 +378,8 @@ static int batch_flush(lei_conn *k, ev_batch *bt) {
         /* A handler waits: hold what comes next from this peer (the hook
          * ends the hold, lei_resume, once the rest of its batch ran). */
         ev_io_stop(c->loop, &k->rio);
+    } else if (p->conn && p->conn != k) {
+        lei_resume(c, p, 0); /* a new connection came up meanwhile: its reads were held too */
     } else {
         p->held = 0;
         if (k->state == LEI_CONN_UP) ev_io_start(c->loop, &k->rio); /* (a nested read may have stopped it) */

@@ -134,30 +134,30 @@ end)
 
 describe("codec encode errors", function()
   it("refuses functions with a location", function()
-    assert.same({ nil, "cannot encode a function at ev" }, { codec.encode(print) })
-    assert.same({ nil, "cannot encode a function at ev.cb" }, { codec.encode({ cb = print }) })
-    assert.same({ nil, "cannot encode a function at ev[3].x" },
+    assert.same({ nil, "cannot encode a function at ev", "invalid" }, { codec.encode(print) })
+    assert.same({ nil, "cannot encode a function at ev.cb", "invalid" }, { codec.encode({ cb = print }) })
+    assert.same({ nil, "cannot encode a function at ev[3].x", "invalid" },
       { codec.encode({ 1, 2, { x = print } }) })
-    assert.same({ nil, 'cannot encode a function at ev["a b"][2.5]' },
+    assert.same({ nil, 'cannot encode a function at ev["a b"][2.5]', "invalid" },
       { codec.encode({ ["a b"] = { [2.5] = print } }) })
-    assert.same({ nil, "cannot encode a function at ev[<function key>]" },
+    assert.same({ nil, "cannot encode a function at ev[<function key>]", "invalid" },
       { codec.encode({ [print] = 1 }) })
   end)
 
   it("refuses userdata, coroutines and lightuserdata-like values", function()
-    assert.same({ nil, "cannot encode a userdata at ev.out" }, { codec.encode({ out = io.stdout }) })
-    assert.same({ nil, "cannot encode a thread at ev.co" },
+    assert.same({ nil, "cannot encode a userdata at ev.out", "invalid" }, { codec.encode({ out = io.stdout }) })
+    assert.same({ nil, "cannot encode a thread at ev.co", "invalid" },
       { codec.encode({ co = coroutine.create(function() end) }) })
   end)
 
   it("refuses cycles", function()
     local t = {}
     t.self = t
-    assert.same({ nil, "cannot encode a cycle at ev.self" }, { codec.encode(t) })
+    assert.same({ nil, "cannot encode a cycle at ev.self", "invalid" }, { codec.encode(t) })
     local a, b = {}, {}
     a[1] = { b }
     b.back = a
-    assert.same({ nil, "cannot encode a cycle at ev[1][1].back" }, { codec.encode(a) })
+    assert.same({ nil, "cannot encode a cycle at ev[1][1].back", "invalid" }, { codec.encode(a) })
   end)
 
   it("limits depth to 100 nested tables by default", function()
@@ -167,18 +167,18 @@ describe("codec encode errors", function()
       return t
     end
     assert.truthy(codec.encode(nest(100)))
-    assert.same({ nil, "nesting too deep (limit 100)" }, { codec.encode(nest(101)) })
-    assert.same({ nil, "nesting too deep (limit 3)" }, { codec.encode(nest(4), { max_depth = 3 }) })
+    assert.same({ nil, "nesting too deep (limit 100)", "limit" }, { codec.encode(nest(101)) })
+    assert.same({ nil, "nesting too deep (limit 3)", "limit" }, { codec.encode(nest(4), { max_depth = 3 }) })
     assert.truthy(codec.encode(nest(500), { max_depth = 500 }))
-    assert.same({ nil, "nesting too deep (limit 1000)" },
+    assert.same({ nil, "nesting too deep (limit 1000)", "limit" },
       { codec.encode(nest(1001), { max_depth = 1e9 }) }) -- clamped
   end)
 
   it("limits string length, inclusive", function()
     assert.truthy(codec.encode(("x"):rep(10), { max_string = 10 }))
-    assert.same({ nil, "string too long (11 bytes, limit 10) at ev" },
+    assert.same({ nil, "string too long (11 bytes, limit 10) at ev", "limit" },
       { codec.encode(("x"):rep(11), { max_string = 10 }) })
-    assert.same({ nil, "string too long (11 bytes, limit 10) at ev.payload" },
+    assert.same({ nil, "string too long (11 bytes, limit 10) at ev.payload", "limit" },
       { codec.encode({ payload = ("x"):rep(11) }, { max_string = 10, pin_threshold = 4 }) })
   end)
 

@@ -51,7 +51,9 @@ describe("the core's sync path", function()
     c:drain_local()
     local ok, errs = c:sync_result({ sid })
     assert.is_nil(ok)
-    assert.same({ { context = "local", consumer = "c1", err = "boom" } }, errs)
+    -- an entry without a code (what an ACK of a peer older than codes
+    -- carries) is a handler's error: "failed"
+    assert.same({ { context = "local", consumer = "c1", err = "boom", code = "failed" } }, errs)
   end)
 
   it("a held dispatch is not acknowledged until ctx:ack; the timeout names the silent context", function()
@@ -63,7 +65,7 @@ describe("the core's sync path", function()
     assert.equals(false, c:sync_result(sid))
     local ok, errs = c:sync_result(sid, 2)
     assert.is_nil(ok)
-    assert.same({ { context = "local", err = "consumer context local: no answer within 2 s" } }, errs)
+    assert.same({ { context = "local", err = "consumer context local: no answer within 2 s", code = "timeout" } }, errs)
     -- the record is gone: a late answer changes nothing
     c:ack(held[1], held[2], 1, nil)
     assert.equals(true, c:sync_result(sid))
@@ -88,6 +90,13 @@ describe("the core's sync path", function()
     r:hooks({ event = function(_, v, peer, _, _, sync)
       got = got + 1
       assert.is_true(peer > 0)
+      if v == "coded" then
+        -- codes travel in the ACK; one outside errors.h's list, or not a
+        -- string, is "failed"; the context is the reader's, never the peer's
+        return false, 1, { { consumer = "r1", err = "timed out, refused, closed", code = "limit" },
+                           { consumer = "r2", err = "x", code = "banana" },
+                           { consumer = "r3", err = "y", code = 7, context = "elsewhere" } }
+      end
       return false, 1, v == "bad" and { { consumer = "r1", err = "no" } } or nil
     end })
     c:set_local(ch, false)
@@ -99,8 +108,14 @@ describe("the core's sync path", function()
     sid = assert(c:submit(ch, 1, 2, "bad", true, "block"))
     drive({ c, r }, function() ok, errs = c:sync_result(sid); return ok ~= false end)
     assert.is_nil(ok)
-    assert.same({ { context = r:addr(), consumer = "r1", err = "no" } }, errs)
-    assert.equals(2, got)
+    assert.same({ { context = r:addr(), consumer = "r1", err = "no", code = "failed" } }, errs)
+    sid = assert(c:submit(ch, 1, 3, "coded", true, "block"))
+    drive({ c, r }, function() ok, errs = c:sync_result(sid); return ok ~= false end)
+    assert.is_nil(ok)
+    assert.same({ { context = r:addr(), consumer = "r1", err = "timed out, refused, closed", code = "limit" },
+                  { context = r:addr(), consumer = "r2", err = "x", code = "failed" },
+                  { context = r:addr(), consumer = "r3", err = "y", code = "failed" } }, errs)
+    assert.equals(3, got)
     r:close()
   end)
 end)

@@ -126,7 +126,7 @@ describe("a producer submitting a value past max_value_bytes", function()
     assert.same({ nil, "value decodes to more than 1000 bytes", "limit" }, r1)
     assert.same({ nil, "value decodes to more than 1000 bytes", "limit" }, r2)
     assert.is_true(r3[1])
-    assert.same({ nil, "value decodes to more than 200 bytes" },
+    assert.same({ nil, "value decodes to more than 200 bytes", "limit" },
                 { core.encode({ ("x"):rep(100) }, { max_value_bytes = 200 }) })  -- 64 + 16 + 124
     assert.truthy(core.encode({ ("x"):rep(100) }, { max_value_bytes = 204 }))
   end)

@@ -99,6 +99,11 @@ function CHECK.ack_errors()
             assert(R.parse_ack(frame_of("ack_errors", R.F.ACK))))
 end
 
+function CHECK.ack_errors_code()
+  deep_same({ sync = 8, nran = 1, errs = { { consumer = "127.0.0.1:7701", err = "boom", code = "failed" } } },
+            assert(R.parse_ack(frame_of("ack_errors_code", R.F.ACK))))
+end
+
 function CHECK.heartbeat() assert.equals("", frame_of("heartbeat", R.F.HEARTBEAT)) end
 function CHECK.ping() assert.equals("", frame_of("ping", R.F.PING)) end
 

@@ -12,7 +12,7 @@
 --     says so first ({ op = "reply", rid = 0, fallback = ... }, which an old
 --     peer drops) and its lookup follows, over ChaCha20-Poly1305.
 -- The man in the middle who edits the offer or forges that refusal between
--- two contexts: core/test_auth.c test_downgrade.
+-- two contexts: core/test/test_auth.c test_downgrade.
 --
 -- Run: make && LUA_PATH="$PWD/lua/?.lua;$PWD/lua/?/init.lua;;" \
 --   LUA_CPATH="$PWD/lua/?.so;;" LECHO_ROOT=$PWD luajit /usr/bin/busted spec/trust_ciphers_spec.lua

@@ -122,7 +122,8 @@ describe("injection (keyed mode)", function()
     local ack = res[1]
     assert.truthy(ack, "no ACK for the forged sync event: " .. tostring(res[2]))
     assert.equals(0, ack.nran)
-    assert.same({ { consumer = w.cons.addr, err = "not an authorized producer of " .. name } }, ack.errs)
+    assert.same({ { consumer = w.cons.addr, err = "not an authorized producer of " .. name, code = "refused" } },
+                ack.errs)
     support.sleep(0.5)
     assert.equals(0, forged_delivered(w), "the consumer delivered forged events")
     T.assert_unaffected(base, during, "BIND + EVENT injection")

@@ -240,8 +240,9 @@ int lei_msg_flatten(const lei_msg *m, char *out);
 /* ---- Lua bridge (codec_lua.c; declared here without lua.h) ------------ */
 /* lei_encode_lua: encode the value at idx, appending to m; strings of at least
  *   pin_threshold bytes (0 = never) are pinned as lei_ext with a registry
- *   reference (release m with an unpin fn that calls luaL_unref). 0, or -1 with
- *   err filled, m restored to its state on entry and nothing new pinned.
+ *   reference (release m with an unpin fn that calls luaL_unref). 0, or
+ *   -LEI_E_NOMEM, -LEI_E_LIMIT or -LEI_E_INVALID (errors.h; set where the
+ *   encoding failed) with err filled, m restored to its state on entry and nothing new pinned.
  * lei_decode_lua: push exactly one value decoded from p[0..n): 0; or push
  *   nothing and return -1 with err filled.
  * lei_codec_lua_setfuncs: set encode/decode/validate in the table on top.

@@ -8,6 +8,7 @@
  * raises left are Lua's own memory errors from the API calls we make.
  */
 #include "codec.h"
+#include "errors.h"
 #include "array.h"
 
 #include <lua.h>
@@ -32,6 +33,7 @@ typedef struct enc_state {
     size_t size;      /* decoded size so far, charged as the reader will */
     size_t max_value; /* max_value_bytes */
     char msg[160]; /* error message without location */
+    int code;      /* LEI_E_* of that error, set where it happens */
     int want_path; /* the message takes an " at ev..." location */
     int ptrunc;    /* path lost its outer segments */
     size_t pstart; /* the path is path[pstart .. PATH_BUF) */
@@ -41,20 +43,22 @@ typedef struct enc_state {
 
 static int enc_value(enc_state *st, int idx, unsigned depth);
 
-static int enc_fail(enc_state *st, int want_path, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+static int enc_fail(enc_state *st, int code, int want_path, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* The receiver's reader charges the same (codec.h, LEI_DEC_*): a value it
  * would refuse is refused here, at the submit. */
 static int enc_charge(enc_state *st, size_t cost) {
     if (cost > st->max_value - st->size)
-        return enc_fail(st, 0, "value decodes to more than %zu bytes", st->max_value);
+        return enc_fail(st, LEI_E_LIMIT, 0, "value decodes to more than %zu bytes", st->max_value);
     st->size += cost;
     return 0;
 }
 
-static int enc_fail(enc_state *st, int want_path, const char *fmt, ...) {
+/* Records why the encoding fails: code (LEI_E_*) and the message. -1. */
+static int enc_fail(enc_state *st, int code, int want_path, const char *fmt, ...) {
     va_list ap;
+    st->code = code;
     va_start(ap, fmt);
     vsnprintf(st->msg, sizeof st->msg, fmt, ap);
     va_end(ap);
@@ -134,22 +138,22 @@ static int enc_string(enc_state *st, int idx) {
     const char *s = lua_tolstring(L, idx, &len);
 
     if (len > st->max_string)
-        return enc_fail(st, 1, "string too long (%zu bytes, limit %zu)", len, st->max_string);
+        return enc_fail(st, LEI_E_LIMIT, 1, "string too long (%zu bytes, limit %zu)", len, st->max_string);
     if (enc_charge(st, LEI_DEC_STRING + len)) return -1;
     if (st->pin && len >= st->pin) {
         int ref;
-        if (lei_wbuf_reserve(b, 1 + LEI_VARINT_MAX)) return enc_fail(st, 0, "out of memory");
+        if (lei_wbuf_reserve(b, 1 + LEI_VARINT_MAX)) return enc_fail(st, LEI_E_NOMEM, 0, "out of memory");
         b->data[b->len++] = LEI_T_STRING;
         b->len += lei_varint_encode((uint8_t *)b->data + b->len, len);
         lua_pushvalue(L, idx);
         ref = luaL_ref(L, LUA_REGISTRYINDEX);
         if (lei_msg_add_ext(st->m, s, len, ref)) {
             luaL_unref(L, LUA_REGISTRYINDEX, ref);
-            return enc_fail(st, 0, "out of memory");
+            return enc_fail(st, LEI_E_NOMEM, 0, "out of memory");
         }
         return 0;
     }
-    if (lei_enc_string(b, s, len)) return enc_fail(st, 0, "out of memory");
+    if (lei_enc_string(b, s, len)) return enc_fail(st, LEI_E_NOMEM, 0, "out of memory");
     return 0;
 }
 
@@ -203,9 +207,9 @@ static int enc_array(enc_state *st, int idx, lei_array *a) {
     size_t bytes = (size_t)a->count * (size_t)a->itemsize;
 
     if (a->flags & LEI_AF_ENDED)
-        return enc_fail(st, 1, "cannot encode an array view whose handler returned (keep it with a:copy())");
+        return enc_fail(st, LEI_E_INVALID, 1, "cannot encode an array view whose handler returned (keep it with a:copy())");
     if (enc_charge(st, LEI_DEC_ARRAY + bytes)) return -1;
-    if (lei_enc_array_header(b, a->dtype, a->ndim, a->shape)) return enc_fail(st, 0, "out of memory");
+    if (lei_enc_array_header(b, a->dtype, a->ndim, a->shape)) return enc_fail(st, LEI_E_NOMEM, 0, "out of memory");
     /* borrowed memory (lecho_set_array without a free function) is read
      * during the submit only: copied, never pinned */
     if (st->pin && bytes >= st->pin && !(a->flags & LEI_AF_BORROWED) && lei_array_contiguous(a)) {
@@ -214,11 +218,11 @@ static int enc_array(enc_state *st, int idx, lei_array *a) {
         ref = luaL_ref(L, LUA_REGISTRYINDEX);
         if (lei_msg_add_ext(st->m, (const char *)a->data, bytes, ref)) {
             luaL_unref(L, LUA_REGISTRYINDEX, ref);
-            return enc_fail(st, 0, "out of memory");
+            return enc_fail(st, LEI_E_NOMEM, 0, "out of memory");
         }
         return 0;
     }
-    if (lei_wbuf_reserve(b, bytes)) return enc_fail(st, 0, "out of memory");
+    if (lei_wbuf_reserve(b, bytes)) return enc_fail(st, LEI_E_NOMEM, 0, "out of memory");
     lei_array_gather(a, (uint8_t *)b->data + b->len, NULL);
     b->len += bytes;
     return 0;
@@ -239,13 +243,13 @@ static int enc_table(enc_state *st, int idx, unsigned depth) {
     unsigned d;
 
     for (d = 0; d < depth; d++)
-        if (st->stack[d] == self) return enc_fail(st, 1, "cannot encode a cycle");
+        if (st->stack[d] == self) return enc_fail(st, LEI_E_INVALID, 1, "cannot encode a cycle");
     if (depth >= st->max_depth)
-        return enc_fail(st, 0, "nesting too deep (limit %u)", st->max_depth);
-    if (!lua_checkstack(L, 4)) return enc_fail(st, 0, "Lua stack overflow");
+        return enc_fail(st, LEI_E_LIMIT, 0, "nesting too deep (limit %u)", st->max_depth);
+    if (!lua_checkstack(L, 4)) return enc_fail(st, LEI_E_LIMIT, 0, "Lua stack overflow");
     /* luaL_ref writes the registry: never iterate it while pinning */
     if (st->pin && lua_rawequal(L, idx, LUA_REGISTRYINDEX))
-        return enc_fail(st, 1, "cannot encode the registry");
+        return enc_fail(st, LEI_E_INVALID, 1, "cannot encode the registry");
     st->stack[depth] = self;
 
     /* narr = consecutive non-nil t[1], t[2], ... bounded by objlen. One
@@ -272,7 +276,7 @@ static int enc_table(enc_state *st, int idx, unsigned depth) {
     }
     nhash = nkeys - narr;
     if (enc_charge(st, LEI_DEC_TABLE + LEI_DEC_SLOT * (narr + 2 * nhash))) return -1;
-    if (lei_enc_table_header(st->b, narr, nhash)) return enc_fail(st, 0, "out of memory");
+    if (lei_enc_table_header(st->b, narr, nhash)) return enc_fail(st, LEI_E_NOMEM, 0, "out of memory");
 
     for (i = 1; i <= narr; i++) {
         lua_rawgeti(L, idx, (int)i);
@@ -317,7 +321,7 @@ static inline int enc_number(enc_state *st, double x) {
         b->len += 2;
         return 0;
     }
-    if (lei_enc_number(b, x)) return enc_fail(st, 0, "out of memory");
+    if (lei_enc_number(b, x)) return enc_fail(st, LEI_E_NOMEM, 0, "out of memory");
     return 0;
 }
 
@@ -328,10 +332,10 @@ static int enc_value(enc_state *st, int idx, unsigned depth) {
 
     switch (t) {
     case LUA_TNIL:
-        if (lei_enc_nil(st->b)) return enc_fail(st, 0, "out of memory");
+        if (lei_enc_nil(st->b)) return enc_fail(st, LEI_E_NOMEM, 0, "out of memory");
         return 0;
     case LUA_TBOOLEAN:
-        if (lei_enc_bool(st->b, lua_toboolean(L, idx))) return enc_fail(st, 0, "out of memory");
+        if (lei_enc_bool(st->b, lua_toboolean(L, idx))) return enc_fail(st, LEI_E_NOMEM, 0, "out of memory");
         return 0;
     case LUA_TNUMBER: return enc_number(st, lua_tonumber(L, idx));
     case LUA_TSTRING: return enc_string(st, idx);
@@ -340,7 +344,7 @@ static int enc_value(enc_state *st, int idx, unsigned depth) {
         lei_array *a = lei_codec_lua_array_check(L, idx);
         if (a) return enc_array(st, idx, a);
     } /* fall through */
-    default: return enc_fail(st, 1, "cannot encode a %s", lua_typename(L, t));
+    default: return enc_fail(st, LEI_E_INVALID, 1, "cannot encode a %s", lua_typename(L, t));
     }
 }
 
@@ -350,7 +354,8 @@ static void unpin_ref(void *ud, int ref) { luaL_unref((lua_State *)ud, LUA_REGIS
  * bytes (0 = never) are not copied: m gets a lei_ext holding a registry
  * reference to the string, which the owner of m gives back with
  * lei_msg_release(m, fn calling luaL_unref, ...). lim may be NULL.
- * Returns 0, or -1 with a message in err: m is then restored to what it was on
+ * Returns 0, or the negative of a LEI_E_* code (the kind of failure, set
+ * where it happened: NOMEM, LIMIT or INVALID) with a message in err: m is then restored to what it was on
  * entry (own.len, ext) and nothing new stays pinned. The Lua stack is left as
  * it was. Does not raise, except Lua memory errors from luaL_ref. */
 int lei_encode_lua(lua_State *L, int idx, lei_msg *m, const lei_codec_limits *lim,
@@ -373,12 +378,13 @@ int lei_encode_lua(lua_State *L, int idx, lei_msg *m, const lei_codec_limits *li
     st.size = 0;
     st.max_value = lim->max_value_bytes;
     st.want_path = 0;
+    st.code = LEI_E_INVALID;
     st.ptrunc = 0;
     st.pstart = PATH_BUF;
     st.path[PATH_BUF] = '\0';
 
     if (!lua_checkstack(L, 2)) {
-        rc = enc_fail(&st, 0, "Lua stack overflow");
+        rc = enc_fail(&st, LEI_E_LIMIT, 0, "Lua stack overflow");
     } else {
         lua_pushvalue(L, idx); /* absolute index, pseudo-indices too */
         rc = enc_value(&st, top + 1, 0);
@@ -396,7 +402,7 @@ int lei_encode_lua(lua_State *L, int idx, lei_msg *m, const lei_codec_limits *li
             else
                 snprintf(err, errlen, "%s", st.msg);
         }
-        return -1;
+        return -st.code;
     }
     lei_msg_sync(m);
     return 0;
@@ -616,7 +622,18 @@ static int box_gc(lua_State *L) {
     return 0;
 }
 
-/* encode(v [, opts]) -> string | nil, err.  opts.count_only: the encoded
+/* The name of code (errors.h's list, expanded here: the codec's module
+ * links without errors.c). */
+static const char *enc_code_name(int code) {
+    switch (code < 0 ? -code : code) {
+#define LEI_ERRCASE(c, name, text) case LEI_E_##c: return name;
+        LEI_ERRDEF(LEI_ERRCASE)
+#undef LEI_ERRCASE
+    default: return "failed";
+    }
+}
+
+/* encode(v [, opts]) -> string | nil, err, code.  opts.count_only: the encoded
  * size instead (what a submit does: pinned slices are not copied). */
 static int l_encode(lua_State *L) {
     lei_msg *m = *(lei_msg **)lua_touserdata(L, lua_upvalueindex(1));
@@ -626,10 +643,12 @@ static int l_encode(lua_State *L) {
 
     opt_limits(L, 2, &lim, &pin);
     box_reset(L, m);
-    if (lei_encode_lua(L, 1, m, &lim, pin, err, sizeof err)) {
+    int rc = lei_encode_lua(L, 1, m, &lim, pin, err, sizeof err);
+    if (rc) {
         lua_pushnil(L);
         lua_pushstring(L, err);
-        return 2;
+        lua_pushstring(L, enc_code_name(rc));
+        return 3;
     }
     if (opt_flag(L, 2, "count_only")) { /* the event path's work: no flat copy */
         lua_pushnumber(L, (lua_Number)m->total);

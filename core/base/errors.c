@@ -2,6 +2,8 @@
  * errors.h, LEI_ERRDEF). */
 #include "errors.h"
 
+#include <string.h>
+
 static const struct {
     const char *name, *text;
 } errs[] = {
@@ -19,3 +21,9 @@ static int err_index(int code) {
 const char *lei_err_name(int code) { return errs[err_index(code)].name; }
 
 const char *lei_err_text(int code) { return errs[err_index(code)].text; }
+
+int lei_err_code(const char *name, size_t len) {
+    for (int i = 1; i < LEI_E_MAX; i++)
+        if (strlen(errs[i].name) == len && memcmp(errs[i].name, name, len) == 0) return i;
+    return 0;
+}

@@ -41,5 +41,9 @@ enum lei_err {
 const char *lei_err_name(int code);
 /* The generic text of a code, for when no message says more. */
 const char *lei_err_text(int code);
+/* The code (> 0) whose stable name is name[0..len), or 0 when none is:
+ * a code a peer names is believed only when it is one of this list. */
+#include <stddef.h>
+int lei_err_code(const char *name, size_t len);
 
 #endif

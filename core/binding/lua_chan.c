@@ -9,13 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The code of an encoder's message (codec_lua.c says what, not which). */
-static int enc_code(const char *msg) {
-    if (strstr(msg, "out of memory")) return LEI_E_NOMEM;
-    if (strstr(msg, "limit") || strstr(msg, "decodes to more than")) return LEI_E_LIMIT;
-    return LEI_E_INVALID;
-}
-
 const char *const lb_policy_names[] = {"block", "drop_oldest", "drop_newest", "disconnect",
                                            NULL};
 
@@ -78,9 +71,10 @@ lei_msg *lb_encode_at(lua_State *L, lb_ctx *b, int idx) {
         lb_push_err(L, NULL, LEI_E_NOMEM);
         return NULL;
     }
-    if (lei_encode_lua(L, idx, m, &b->lim, b->pin_threshold, err, sizeof err)) {
+    int rc = lei_encode_lua(L, idx, m, &b->lim, b->pin_threshold, err, sizeof err);
+    if (rc) {
         lei_msg_release(m, lb_hook_unpin, b);
-        lb_push_err(L, err, enc_code(err));
+        lb_push_err(L, err, -rc); /* the encoder's code, set where it failed */
         return NULL;
     }
     lei_ctx_count_encode(b->c);
@@ -285,10 +279,27 @@ static uint64_t sync_id_at(lua_State *L, int idx, int i, int many) {
     return id;
 }
 
+/* Sets t.code (t on top) to the code the entry names when it is one of
+ * errors.h's list, else to "failed": an ACK of a peer older than codes
+ * (protocol.md, section 2) names none, and its entries are handler errors.
+ * Never read from the message's text. */
+static void entry_code(lua_State *L) {
+    size_t n;
+    lua_getfield(L, -1, "code");
+    const char *name = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &n) : NULL;
+    int code = name ? lei_err_code(name, n) : 0;
+    lua_pop(L, 1);
+    lua_pushstring(L, lei_err_name(code ? code : LEI_E_FAILED));
+    lua_setfield(L, -2, "code");
+}
+
 /* Appends what went wrong in record s to the error list at index `list`
  * (made on first need; *list 0: none yet): each consumer context that
- * failed or never answered, then each handler error its ack listed.
- * Returns the new length. */
+ * failed or never answered (code: the record's, set where it failed, or
+ * "timeout"), then each handler error its ack listed (code: the one the
+ * ack carried).  Every entry is { context, consumer, err, code }: this is
+ * the one place the list is read from the records.  Returns the new
+ * length. */
 static int sync_errors(lua_State *L, lb_ctx *b, lei_sync *s, int *list, int n, int timeout) {
     char err[256];
     lei_sync_answer w;
@@ -302,9 +313,11 @@ static int sync_errors(lua_State *L, lb_ctx *b, lei_sync *s, int *list, int n, i
         }
         const char *ctxname = w.addr ? w.addr : "local";
         if (!w.done || w.err) {
-            lua_createtable(L, 0, 2);
+            lua_createtable(L, 0, 3);
             lua_pushstring(L, ctxname);
             lua_setfield(L, -2, "context");
+            lua_pushstring(L, lei_err_name(!w.done ? LEI_E_TIMEOUT : w.code ? w.code : LEI_E_FAILED));
+            lua_setfield(L, -2, "code");
             if (w.err)
                 lua_pushstring(L, w.err);
             else
@@ -315,7 +328,7 @@ static int sync_errors(lua_State *L, lb_ctx *b, lei_sync *s, int *list, int n, i
             lua_rawseti(L, *list, ++n);
         }
         if (w.elen && lei_decode_lua(L, w.errs, w.elen, &b->lim, err, sizeof err) == 0) {
-            /* a list of { consumer =, err = } from the acknowledging side */
+            /* a list of { consumer =, err =, code = } from the acknowledging side */
             if (lua_istable(L, -1)) {
                 int m = (int)lua_objlen(L, -1);
                 for (int j = 1; j <= m; j++) {
@@ -323,6 +336,7 @@ static int sync_errors(lua_State *L, lb_ctx *b, lei_sync *s, int *list, int n, i
                     if (lua_istable(L, -1)) {
                         lua_pushstring(L, ctxname);
                         lua_setfield(L, -2, "context");
+                        entry_code(L);
                         lua_rawseti(L, *list, ++n);
                     } else {
                         lua_pop(L, 1);
@@ -341,7 +355,7 @@ static int sync_errors(lua_State *L, lb_ctx *b, lei_sync *s, int *list, int n, i
  * answered and no timeout is given: false, the records are kept.  Else the
  * records are freed and the result is true when every consumer ran its
  * handler without error, or nil and a list of { context =, consumer =,
- * err = } (given the timeout, each context that never answered is an error
+ * err =, code = } (given the timeout, each context that never answered is an error
  * "no answer within <timeout> s").  An id without a record counts as
  * answered.  No table is made in the common case of a clean round trip. */
 static int l_sync_result(lua_State *L) {
@@ -515,7 +529,7 @@ static int l_call_result(lua_State *L) {
     if (!w.done) {
         n = lb_push_err(L, "timeout", LEI_E_TIMEOUT);
     } else if (w.err) {
-        n = lb_push_err(L, w.err, LEI_E_CLOSED);
+        n = lb_push_err(L, w.err, w.code ? w.code : LEI_E_FAILED);
     } else {
         char err[256];
         lua_pushboolean(L, 1);

@@ -135,7 +135,7 @@ static int l_new(lua_State *L) {
     lb_ctx *b = lua_newuserdata(L, sizeof *b);
     memset(b, 0, sizeof *b);
     b->ref_event = b->ref_ctrl = b->ref_peer = b->ref_log = b->ref_moe_error = LUA_NOREF;
-    b->ref_turn = LUA_NOREF;
+    b->ref_turn = b->ref_events = LUA_NOREF;
     b->lim = lim;
     b->pin_threshold = pin;
     lei_hooks h;
@@ -183,12 +183,13 @@ static void ctx_close(lb_ctx *b, lua_State *L) {
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_log);
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_moe_error);
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_turn);
+    luaL_unref(L, LUA_REGISTRYINDEX, b->ref_events);
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_tb);
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_thread);
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_calls);
     b->L = NULL;
     b->ref_event = b->ref_ctrl = b->ref_peer = b->ref_log = b->ref_moe_error = LUA_NOREF;
-    b->ref_turn = LUA_NOREF;
+    b->ref_turn = b->ref_events = LUA_NOREF;
 }
 
 /* ctx:close(): frees the context now, or, from inside one of its own
@@ -261,7 +262,11 @@ static void set_ref(lua_State *L, int t, const char *k, int *ref) {
  *           (ctx:views), a lightuserdata to vlen bytes valid during the call
  *   ctrl = fn(from_addr, msg)          peer = fn(idx, addr, up, reason)
  *   log = fn(message)                  moe_error = fn(moe_id, why)
- *   turn = fn(), before each loop turn's writes while ctx:want_turn(true) */
+ *   turn = fn(), before each loop turn's writes while ctx:want_turn(true)
+ *   events = fn(t, n, peer_idx, gen) -> held: the async events of one read
+ *           from one peer (values under 4 KiB), in order: t[4i+1 .. 4i+4] =
+ *           chid, value, producer, seq of event i (0-based), n of them;
+ *           without it every event comes through event */
 static int l_hooks(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     luaL_checktype(L, 2, LUA_TTABLE);
@@ -271,6 +276,8 @@ static int l_hooks(lua_State *L) {
     set_ref(L, 2, "log", &b->ref_log);
     set_ref(L, 2, "moe_error", &b->ref_moe_error);
     set_ref(L, 2, "turn", &b->ref_turn);
+    set_ref(L, 2, "events", &b->ref_events);
+    lei_ctx_batch(b->c, b->ref_events != LUA_NOREF);
     return 0;
 }
 

@@ -224,6 +224,97 @@ int lb_hook_event(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, ui
     return run_hook(b, &a);
 }
 
+/* What lb_hook_events hands to batch_call. */
+typedef struct batch_args {
+    lb_ctx *b;
+    lei_peer *from;
+    const lei_event_in *ev;
+    int n;
+    int ndec;                /* values decoded (the first bad one: ndec < n) */
+    int held;                /* the events function returned true */
+    char err[256];
+} batch_args;
+
+/* Decodes every value of the batch into one table t (t[4i+1 .. 4i+4] =
+ * chid, value, producer, seq) and calls the events function once
+ * with (t, count, peer, gen), inside one lua_pcall: the one crossing into
+ * Lua for a read's async events.  A value that does not decode ends the
+ * batch there: those before it are dispatched, a->ndec says where. */
+static int batch_call(lua_State *L) {
+    batch_args *a = lua_touserdata(L, 1);
+    lb_ctx *b = a->b;
+    lua_settop(L, 0);
+    luaL_checkstack(L, 8, "hook");
+    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_events);
+    lua_createtable(L, a->n * 4, 0);
+    int k = 0;
+    for (int i = 0; i < a->n; i++, k += 4) {
+        const lei_event_in *e = &a->ev[i];
+        if (lei_decode_lua(L, e->p, e->n, &b->lim, a->err, sizeof a->err)) break;
+        lua_rawseti(L, 2, k + 2);
+        lua_pushnumber(L, e->chid);
+        lua_rawseti(L, 2, k + 1);
+        lua_pushnumber(L, (lua_Number)e->producer);
+        lua_rawseti(L, 2, k + 3);
+        lua_pushnumber(L, (lua_Number)e->seq);
+        lua_rawseti(L, 2, k + 4);
+        a->ndec++;
+    }
+    if (a->ndec == 0) return 0;
+    lua_pushinteger(L, a->ndec);
+    lua_pushinteger(L, lei_peer_idx(a->from));
+    lua_pushnumber(L, (lua_Number)lei_peer_gen(a->from));
+    lua_call(L, 4, 1);
+    a->held = lua_toboolean(L, -1);
+    return 0;
+}
+
+/* The events hook (ctx.h): one protected call for the batch.  An error in
+ * Lua outside the handlers (which run under their own pcall) is logged;
+ * running out of memory while decoding costs the connection, as for one
+ * event (run_hook), with the batch's values. */
+int lb_hook_events(void *ud, lei_peer *from, const lei_event_in *ev, int n, int *held) {
+    lb_ctx *b = ud;
+    lua_State *L = b->L;
+    *held = 0;
+    if (!L || b->ref_events == LUA_NOREF || !lua_checkstack(L, 4)) return 0;
+    batch_args a;
+    a.b = b;
+    a.from = from;
+    a.ev = ev;
+    a.n = n;
+    a.ndec = a.held = 0;
+    a.err[0] = '\0';
+    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_tb);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_calls); /* no allocation before the pcall */
+    lua_rawgeti(L, -1, 3);
+    lua_remove(L, -2);
+    lua_pushlightuserdata(L, &a);
+    int rc = lua_pcall(L, 1, 0, -3);
+    *held = a.held;
+    if (rc) {
+        const char *m = lua_tostring(L, -1);
+        if (rc == LUA_ERRMEM) {
+            lua_pop(L, 1);
+            lua_gc(L, LUA_GCCOLLECT, 0);
+            lei_logf(b->c, "bad event value from %s: out of memory decoding it", lei_peer_addr(from));
+            if (b->c) lei_ctx_refusal(b->c, "out of memory decoding it");
+            lua_pop(L, 1);
+            return a.ndec < n ? a.ndec : 0;
+        }
+        lei_logf(b->c, "error in callback: %s", m ? m : "(non-string error)");
+        lua_pop(L, 2);
+        return n;
+    }
+    lua_pop(L, 1);
+    if (a.ndec < n) {
+        lei_logf(b->c, "bad event value from %s: %s", lei_peer_addr(from), a.err);
+        if (b->c) lei_ctx_refusal(b->c, a.err);
+        return a.ndec;
+    }
+    return n;
+}
+
 int lb_hook_ctrl(void *ud, lei_peer *from, const uint8_t *p, size_t n) {
     lb_ctx *b = ud;
     hook_args a = {.b = b, .from = from, .ref = b->ref_ctrl, .p = p, .n = n};
@@ -266,13 +357,15 @@ void lb_hook_prepare(void *ud) {
 void lb_hooks_init(lua_State *L, lb_ctx *b, lei_hooks *h) {
     b->L = lua_newthread(L);
     b->ref_thread = luaL_ref(L, LUA_REGISTRYINDEX);
-    lua_createtable(L, 2, 0);
+    lua_createtable(L, 3, 0);
     lua_pushcfunction(L, hook_call);
     lua_rawseti(L, -2, 1);
     lua_pushcfunction(L, log_call);
     lua_rawseti(L, -2, 2);
+    lua_pushcfunction(L, batch_call);
+    lua_rawseti(L, -2, 3);
     b->ref_calls = luaL_ref(L, LUA_REGISTRYINDEX);
     lei_hooks hk = {b, lb_hook_event, lb_hook_ctrl, lb_hook_peer, lb_hook_unpin, lb_hook_log,
-                    lb_hook_prepare};
+                    lb_hook_prepare, lb_hook_events};
     *h = hk;
 }

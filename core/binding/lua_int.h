@@ -30,6 +30,7 @@ typedef struct lb_ctx {
     lei_ctx *c;            /* owned; NULL once closed */
     lua_State *L;          /* the thread every callback runs on (owned via ref_thread) */
     int ref_event, ref_ctrl, ref_peer, ref_log, ref_tb, ref_moe_error, ref_turn;
+    int ref_events;           /* the batch hook (lua_hook.c lb_hook_events), or LUA_NOREF */
     int ref_thread;        /* pins L */
     int ref_calls;         /* { hook_call, log_call }: made once, no allocation per call */
     int want_turn;         /* call the turn hook before each loop turn's writes */
@@ -106,6 +107,7 @@ void lb_hooks_init(lua_State *L, lb_ctx *b, lei_hooks *h);
 int lb_hook_event(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
                   uint64_t sync, const uint8_t *p, size_t n);
 int lb_hook_ctrl(void *ud, lei_peer *from, const uint8_t *p, size_t n);
+int lb_hook_events(void *ud, lei_peer *from, const lei_event_in *ev, int n, int *held);
 void lb_hook_peer(void *ud, lei_peer *p, int up, const char *reason);
 void lb_hook_unpin(void *ud, int ref);
 void lb_hook_log(void *ud, const char *msg);

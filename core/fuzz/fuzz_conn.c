@@ -8,8 +8,9 @@
  * acknowledge a sync event, send a control message, or call the value bad.
  *
  * Input: bytes 0..3 are the actions the hooks take in turn (one per call,
- * cycling), byte 4 where the rest is cut in two writes, the rest the
- * stream.  Leans on the core's C files, libev, libsodium; sockets under
+ * cycling), byte 4 where the rest is cut in two writes (and, its low bit,
+ * whether a read's async events come as one batch, the events hook, as the
+ * Lua binding has them, or one by one), the rest the stream.  Leans on the core's C files, libev, libsodium; sockets under
  * LECHO_FUZZ_DIR (compile-time).  Seeds: core/fuzz/conn/.
  */
 #define _GNU_SOURCE
@@ -118,6 +119,24 @@ static int on_event(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, 
     return act(from, chid, sync, 1);
 }
 
+/* The batch: each event acts in turn, as the binding's loop runs them; a
+ * suspend holds the peer (the rest count as kept by the hook, as the
+ * binding keeps them in its coroutine); a bad value ends the batch. */
+static int on_events(void *ud, lei_peer *from, const lei_event_in *ev, int n, int *held) {
+    (void)ud;
+    *held = 0;
+    for (int i = 0; i < n; i++) {
+        if (ev[i].n) {
+            volatile uint8_t x = ev[i].p[0] ^ ev[i].p[ev[i].n - 1];
+            (void)x;
+        }
+        int rc = act(from, ev[i].chid, 0, 1);
+        if (rc < 0) return i;
+        if (rc == 1) *held = 1;
+    }
+    return n;
+}
+
 static int on_ctrl(void *ud, lei_peer *from, const uint8_t *p, size_t n) {
     (void)ud;
     if (n) {
@@ -183,6 +202,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 5) return 0;
     lei_hooks h = {0};
     h.event = on_event;
+    h.events = on_events;
     h.ctrl = on_ctrl;
     h.peer = on_peer;
     h.log = on_log;
@@ -194,6 +214,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     S.acts = data;
     S.c = lei_ctx_new(&o, &h);
     if (!S.c) abort();
+    lei_ctx_batch(S.c, data[4] & 1);
     char err[160];
     /* two channels consumed here: "ns/x" and "ns/y" */
     lei_chan_set_local(S.c, lei_chan_open(S.c, "ns/x", 4), 1);

@@ -614,12 +614,13 @@ int lei_moe_receivers(lei_moe *m, int n) { return call_hook(m, "receivers", n); 
 lei_moe *lei_moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *src, size_t len,
                      const uint8_t *p, size_t plen, const lei_moe_opts *o, char *err,
                      size_t errlen) {
-    return moe_new(c, chid, name, src, len, p, plen, o, 0, err, errlen);
+    return moe_new(c, chid, name, src, len, p, plen, o, 0, NULL, err, errlen);
 }
 
 lei_moe *moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *src, size_t len,
-                 const uint8_t *p, size_t plen, const lei_moe_opts *o, int svc, char *err,
-                 size_t errlen) {
+                 const uint8_t *p, size_t plen, const lei_moe_opts *o, int svc, int *over,
+                 char *err, size_t errlen) {
+    if (over) *over = 0;
     lei_moe *m = calloc(1, sizeof *m);
     if (!m) {
         snprintf(err, errlen, "out of memory");
@@ -684,6 +685,7 @@ lei_moe *moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *src, s
     }
     if (rc) {
         snprintf(err, errlen, "%s", m->err);
+        if (over) *over = m->over;
         lei_moe_free(m);
         return NULL;
     }

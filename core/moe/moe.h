@@ -126,7 +126,9 @@ int lei_moe_has_pending(const lei_moe *m);
  * results; a call that raises, overruns its budget or its memory fails
  * alone and the state serves the next call.  Only the group's CPU share
  * (lei_moe_group) ends a sandbox for good: every later call is refused with
- * the reason (lei_moe_error).  Freed with lei_moe_free; the caller owns it. */
+ * the reason (lei_moe_error).  Freed with lei_moe_free; the caller owns it.
+ * NULL with err when the chunk cannot serve (it does not compile, raises,
+ * overruns its budget: "budget exceeded: ...", said by moe_new's flag). */
 lei_moe *lei_moe_svc_new(lei_ctx *c, const char *name, const char *src, size_t len,
                          const lei_moe_opts *o, char *err, size_t errlen);
 /* Names of the table's functions in *names (an encoded array of strings,

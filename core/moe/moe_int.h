@@ -133,9 +133,11 @@ struct lei_moe_group {
 };
 
 /* moe.c */
+/* (over, when not NULL: set to 1 when the creation failed because the
+ * chunk overran its CPU budget, else 0) */
 lei_moe *moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *src, size_t len,
-                 const uint8_t *p, size_t plen, const lei_moe_opts *o, int svc, char *err,
-                 size_t errlen);
+                 const uint8_t *p, size_t plen, const lei_moe_opts *o, int svc, int *over,
+                 char *err, size_t errlen);
 /* Runs fn in the state: 0, or -1 with m->err set (a modulator is failed; a
  * sandbox only when m->svc_kind is SVC_FATAL). */
 int moe_run_step(lei_moe *m, lua_CFunction fn, void *arg);

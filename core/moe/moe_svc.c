@@ -18,8 +18,9 @@
 
 lei_moe *lei_moe_svc_new(lei_ctx *c, const char *name, const char *src, size_t len,
                          const lei_moe_opts *o, char *err, size_t errlen) {
-    lei_moe *m = moe_new(c, 0, name, src, len, NULL, 0, o, 1, err, errlen);
-    if (!m && strncmp(err, "exceeded its CPU budget", 23) == 0) {
+    int over;
+    lei_moe *m = moe_new(c, 0, name, src, len, NULL, 0, o, 1, &over, err, errlen);
+    if (!m && over) { /* the chunk overran its budget (moe_new says so, not the text) */
         char why[384];
         snprintf(why, sizeof why, "budget exceeded: %s", err);
         snprintf(err, errlen, "%s", why);

@@ -151,7 +151,14 @@ void lei_conn_retire(lei_conn *k, const char *reason) {
     lei_expiry_at(c, k->retired + RETIRE_SECONDS);
 }
 
-/* Dials the peer.  Frames queue up until the handshake is answered. */
+/* The code of a failed connect(): ECONNREFUSED refused, ENOENT (a unix
+ * socket's path) notfound, any other io. */
+static int connect_code(int e) {
+    return e == ECONNREFUSED ? LEI_E_REFUSED : e == ENOENT ? LEI_E_NOTFOUND : LEI_E_IO;
+}
+
+/* Dials the peer.  Frames queue up until the handshake is answered.  A
+ * failure says why in p->reason and p->reason_code. */
 int lei_conn_dial(lei_peer *p) {
     lei_ctx *c = p->ctx;
     lei_addr a;
@@ -159,10 +166,12 @@ int lei_conn_dial(lei_peer *p) {
     char err[LEI_ADDR_ERR_MAX];
     if (lei_addr_parse(p->addr, 0, &a, &why)) {
         snprintf(p->reason, sizeof p->reason, "bad address '%s': %s", p->addr, why);
+        p->reason_code = p->next_code = LEI_E_INVALID;
         p->last_fail = ev_now(c->loop);
         return -1;
     }
     if (lei_accept_room(c, p->reason, sizeof p->reason)) {
+        p->reason_code = p->next_code = LEI_E_LIMIT;
         p->last_fail = ev_now(c->loop);
         lei_ratelog(c, LEI_RL_CONNECTIONS, "not dialling %s: %s", p->addr, p->reason);
         return -1;
@@ -173,6 +182,7 @@ int lei_conn_dial(lei_peer *p) {
     int fd = lei_addr_connect(&a, err, sizeof err); /* owned by the conn below */
     if (fd < 0) {
         snprintf(p->reason, sizeof p->reason, "%s", err);
+        p->reason_code = p->next_code = connect_code(errno);
         p->last_fail = ev_now(c->loop);
         return -1;
     }
@@ -279,7 +289,7 @@ static const char *conn_bind(lei_conn *k, const lei_frame *f) {
 }
 
 /* An EVENT on a refused index: dropped and counted; a sync one is answered
- * with 0 handlers run and the reason in the error list. */
+ * with 0 handlers run and the reason in the error list, code "refused". */
 static void refused_event(lei_conn *k, const lei_event_hdr *e) {
     lei_ctx *c = k->ctx;
     lei_peer *p = k->peer;
@@ -290,9 +300,11 @@ static void refused_event(lei_conn *k, const lei_event_hdr *e) {
     if (!e->sync) return;
     const char *why = r ? r->why : "refused channel";
     lei_wbuf b = {0};
-    int bad = lei_enc_table_header(&b, 1, 0) || lei_enc_table_header(&b, 0, 2) ||
+    const char *code = lei_err_name(LEI_E_REFUSED);
+    int bad = lei_enc_table_header(&b, 1, 0) || lei_enc_table_header(&b, 0, 3) ||
               lei_enc_string(&b, "consumer", 8) || lei_enc_string(&b, c->addr, strlen(c->addr)) ||
-              lei_enc_string(&b, "err", 3) || lei_enc_string(&b, why, strlen(why));
+              lei_enc_string(&b, "err", 3) || lei_enc_string(&b, why, strlen(why)) ||
+              lei_enc_string(&b, "code", 4) || lei_enc_string(&b, code, strlen(code));
     lei_ack(c, p, e->sync, 0, bad ? NULL : (const uint8_t *)b.data, bad ? 0 : b.len);
     lei_wbuf_free(&b);
 }
@@ -324,20 +336,69 @@ static int refused_large(lei_conn *k) {
     return 1;
 }
 
-/* Handles one frame.  Returns 0, or -1 after closing the connection. */
-static int conn_frame(lei_conn *k, const lei_frame *f) {
+/* Async EVENTs gathered from one read (conn_frames), handed to the events
+ * hook together: one call into the binding per read, not one per event.
+ * Their bytes are in k's read buffer, consumed (rpos is past them). */
+typedef struct ev_batch {
+    int n;
+    lei_event_in ev[LEI_BATCH_MAX];
+} ev_batch;
+
+/* Hands the gathered events over, in order, before anything else of k is
+ * handled (any other frame, a sync or large EVENT, an ACK we send: it says
+ * every earlier EVENT was handled).  While they run, k's peer counts as
+ * held: a loop turn run inside a handler reads nothing more of this peer
+ * before the batch is through.  0, or -1 after closing k (a bad value). */
+static int batch_flush(lei_conn *k, ev_batch *bt) {
+    if (!bt || bt->n == 0) return 0;
+    lei_ctx *c = k->ctx;
+    lei_peer *p = k->peer;
+    int n = bt->n, held = 0;
+    bt->n = 0;
+    p->held = 1;
+    c->depth++;
+    c->refusal[0] = '\0';
+    int took = c->h.events(c->h.ud, p, bt->ev, n, &held);
+    c->depth--;
+    if (held) {
+        /* A handler waits: hold what comes next from this peer (the hook
+         * ends the hold, lei_resume, once the rest of its batch ran). */
+        ev_io_stop(c->loop, &k->rio);
+    } else if (p->conn && p->conn != k) {
+        lei_resume(c, p, 0); /* a new connection came up meanwhile: its reads were held too */
+    } else {
+        p->held = 0;
+        if (k->state == LEI_CONN_UP) ev_io_start(c->loop, &k->rio); /* (a nested read may have stopped it) */
+    }
+    if (took < n && k->state != LEI_CONN_CLOSED && k->state != LEI_CONN_RETIRED) {
+        char why[256];
+        snprintf(why, sizeof why, "malformed event value%s%s", c->refusal[0] ? ": " : "", c->refusal);
+        lei_conn_close(k, why, 1);
+        return -1;
+    }
+    return 0;
+}
+
+/* Handles one frame; bt (NULL: none) gathers async EVENTs for the events
+ * hook.  Returns 0, or -1 after closing the connection. */
+static int conn_frame(lei_conn *k, const lei_frame *f, ev_batch *bt) {
     lei_ctx *c = k->ctx;
     const char *err = NULL;
     char why[256];
     if (k->state < LEI_CONN_UP) return lei_handshake_frame(k, f);
     lei_peer *p = k->peer;
+    if (f->type != LEI_F_EVENT && batch_flush(k, bt)) return -1;
     if (f->type == LEI_F_HEARTBEAT || f->type == LEI_F_PING) return lei_live_frame(k, f);
     switch (f->type) {
     case LEI_F_EVENT: {
         lei_event_hdr e;
         uint32_t chid;
-        if (lei_parse_event(f->body, f->len, &e, &err)) break;
+        if (lei_parse_event(f->body, f->len, &e, &err)) {
+            if (batch_flush(k, bt)) return -1;
+            break;
+        }
         int m = map_idx(k, e.idx, &chid);
+        if (m && batch_flush(k, bt)) return -1;
         if (m == 1) {
             refused_event(k, &e);
             break;
@@ -351,9 +412,22 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
         ch->ev_in++;
         ch->bytes_in += e.plen;
         if (!ch->local || lei_live_seq(c, p, ch, e.producer, e.seq)) {
-            if (e.sync) lei_ack(c, p, e.sync, 0, NULL, 0);
+            if (e.sync) {
+                if (batch_flush(k, bt)) return -1;
+                lei_ack(c, p, e.sync, 0, NULL, 0);
+            }
             return 0;
         }
+        if (bt && !e.sync && e.plen < LEI_BATCH_VALUE_MAX) {
+            lei_event_in *x = &bt->ev[bt->n++];
+            x->chid = chid;
+            x->producer = e.producer;
+            x->seq = e.seq;
+            x->p = e.payload;
+            x->n = e.plen;
+            return bt->n == LEI_BATCH_MAX ? batch_flush(k, bt) : 0;
+        }
+        if (batch_flush(k, bt)) return -1;
         c->depth++;
         c->refusal[0] = '\0';
         int rc = c->h.event(c->h.ud, p, chid, e.producer, e.seq, e.sync, e.payload, e.plen);
@@ -473,6 +547,10 @@ static int conn_frames(lei_conn *k) {
         k->skip -= n;
         if (k->skip) return 0;
     }
+    /* on this C stack frame: a nested conn_frames (a loop turn inside a
+     * handler) gathers its own */
+    ev_batch batch, *bt = k->ctx->batch && k->state >= LEI_CONN_UP ? &batch : NULL;
+    if (bt) bt->n = 0;
     while (k->state != LEI_CONN_CLOSED && !(k->peer && k->peer->held && k->state >= LEI_CONN_UP)) {
         lei_frame f;
         const char *err = NULL;
@@ -495,8 +573,14 @@ static int conn_frames(lei_conn *k) {
         k->rpos += f.size; /* consumed before the hooks run: they may re-enter */
         /* retired (refused, or the disconnect policy from a hook): what
          * follows is not read, k->peer is gone */
-        if (conn_frame(k, &f) || k->state == LEI_CONN_CLOSED || k->state == LEI_CONN_RETIRED) break;
+        if (conn_frame(k, &f, bt && k->state >= LEI_CONN_UP ? bt : NULL) || k->state == LEI_CONN_CLOSED ||
+            k->state == LEI_CONN_RETIRED)
+            break;
     }
+    /* what was gathered goes now: nothing of this read is left for later
+     * (closed or retired meanwhile: a frame after them failed, they are
+     * handed over all the same, as one by one they were before) */
+    if (bt && bt->n && k->peer && k->state != LEI_CONN_CLOSED) batch_flush(k, bt);
     return k->state == LEI_CONN_CLOSED ? -1 : 0;
 }
 
@@ -617,7 +701,10 @@ static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents) {
         if (e) {
             char why[128];
             snprintf(why, sizeof why, "connect: %s", strerror(e));
-            if (k->peer) lei_ratelog(k->ctx, LEI_RL_DIAL, "cannot reach %s: %s", k->peer->addr, why);
+            if (k->peer) {
+                lei_ratelog(k->ctx, LEI_RL_DIAL, "cannot reach %s: %s", k->peer->addr, why);
+                k->peer->next_code = connect_code(e);
+            }
             lei_conn_close(k, why, 0);
             return;
         }

@@ -43,6 +43,8 @@ struct ev_loop *lei_ctx_loop(const lei_ctx *c) { return c->loop; }
 
 const lei_opts *lei_ctx_opts(const lei_ctx *c) { return &c->o; }
 
+void lei_ctx_batch(lei_ctx *c, int on) { c->batch = on && c->h.events; }
+
 void lei_ctx_refusal(lei_ctx *c, const char *why) {
     snprintf(c->refusal, sizeof c->refusal, "%s", why ? why : "");
 }
@@ -136,7 +138,7 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
             char why[LEI_ADDR_MAX + 256]; /* an address and a peer reason */
             snprintf(why, sizeof why, "consumer context %s: unreachable (%s)", p->addr,
                      p->reason[0] ? p->reason : "not connected");
-            lei_sync_fail(&s->w[s->nw - 1], s, why);
+            lei_sync_fail(&s->w[s->nw - 1], s, why, p->reason_code ? p->reason_code : LEI_E_CLOSED);
         }
     }
     if (dests != one) free(dests);
@@ -201,7 +203,7 @@ int lei_call(lei_ctx *c, uint32_t chid, const char *dest, lei_msg *msg, int poli
             char why[LEI_ADDR_MAX + 256];
             snprintf(why, sizeof why, "service context %s: unreachable (%s)", p->addr,
                      p->reason[0] ? p->reason : "not connected");
-            lei_sync_fail(&s->w[0], s, why);
+            lei_sync_fail(&s->w[0], s, why, p->reason_code ? p->reason_code : LEI_E_CLOSED);
         }
         return 0;
     }

@@ -83,6 +83,20 @@ void lei_opts_default(lei_opts *o);
  * lei_resume(from, chid).  peer is never
  * called from inside another call into the context: losses found while
  * submitting or writing are told from the next loop turn. */
+/* One async EVENT of a batch (lei_hooks.events): its channel, producer,
+ * sequence and value bytes p[0..n), valid during the call only. */
+typedef struct lei_event_in {
+    uint32_t chid;
+    uint64_t producer, seq;
+    const uint8_t *p;
+    size_t n;
+} lei_event_in;
+
+/* The most EVENTs one batch holds, and the largest value one may carry
+ * (larger ones, and sync ones, go one by one through event). */
+#define LEI_BATCH_MAX 256
+#define LEI_BATCH_VALUE_MAX 4096
+
 typedef struct lei_hooks {
     void *ud;
     int (*event)(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
@@ -94,6 +108,14 @@ typedef struct lei_hooks {
     /* Called once per loop iteration, before the queues are written (the
      * binding runs modulators' dequeue there).  May be NULL. */
     void (*prepare)(void *ud);
+    /* The async EVENTs of one read from one peer, in order, n >= 1 of them
+     * (only once lei_ctx_batch(c, 1); NULL: never).  Returns how many it
+     * took: n, or k < n when event k's value was bad (the ones before it
+     * were handed over; the caller closes the connection, with the reason
+     * set by lei_ctx_refusal).  *held: 1 when a handler of one of them
+     * waits: the hook keeps the rest and ends the hold with lei_resume,
+     * as event's 1 does. */
+    int (*events)(void *ud, lei_peer *from, const lei_event_in *ev, int n, int *held);
 } lei_hooks;
 
 typedef struct lei_pstats {
@@ -135,6 +157,7 @@ typedef struct lei_sync_answer {
     const char *addr;         /* the consuming context; NULL: the local consumers */
     int done;                 /* answered or failed */
     const char *err;          /* transport failure, or NULL */
+    int code;                 /* that failure's code (LEI_E_*), set where it happened */
     const uint8_t *errs;      /* encoded handler errors from the ack, elen bytes */
     size_t elen;
 } lei_sync_answer;
@@ -199,6 +222,9 @@ enum lei_ratelog_kind {
  * logged, the others counted, and the next line logged says "(N more in the
  * last 10 s)". */
 void lei_ratelog(lei_ctx *c, int kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* on: async EVENTs of one read go to the events hook together (when it is
+ * set), not one by one through event. */
+void lei_ctx_batch(lei_ctx *c, int on);
 /* From an event or ctrl hook about to return -1 (a value it refuses): why,
  * for the ERROR the peer gets ("malformed event value: <why>"). */
 void lei_ctx_refusal(lei_ctx *c, const char *why);

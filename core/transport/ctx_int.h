@@ -290,6 +290,8 @@ struct lei_peer {
     size_t nbound;
     ev_tstamp last_fail;      /* when the last connection failed */
     char reason[160];         /* ro: why the last connection ended */
+    int reason_code;          /* ro: its LEI_E_* code, set where it happened (0: closed) */
+    int next_code;            /* the code lei_peer_lost takes for a loss set up before it (0: closed) */
     lei_pstats st;            /* ro */
     lei_live lv;              /* liveness and sequence tracking (live.c) */
     int has_key;              /* ro: key/principal are those of the current or last
@@ -341,6 +343,7 @@ typedef struct lei_sync_wait {
     lei_peer *peer;           /* NULL: the local consumers */
     int done;
     char *err;                /* owned: transport failure, or NULL */
+    int code;                 /* that failure's LEI_E_* code, set where it happened */
     uint8_t *errs;            /* owned: encoded handler errors from the ack */
     size_t elen;
 } lei_sync_wait;
@@ -464,6 +467,7 @@ struct lei_ctx {
     struct lei_local_state local_s;   /* local.c's */
     struct lei_accept_state accept_s; /* accept.c's */
     struct lei_peer_state peer_s;     /* peer.c's */
+    int batch;                /* rw: lei_ctx_batch: the events hook takes a read's async EVENTs */
 };
 
 /* The states of a connection, in the order it walks them (handshake.c's
@@ -691,7 +695,8 @@ void lei_defer_flush(lei_ctx *c, lei_peer *p);
 void lei_sync_link(lei_ctx *c, lei_sync *s);
 
 /* sync.c */
-void lei_sync_fail(lei_sync_wait *w, lei_sync *s, const char *why);
+/* Fails wait w of s (once): why, and code (LEI_E_*), what it was. */
+void lei_sync_fail(lei_sync_wait *w, lei_sync *s, const char *why, int code);
 void lei_syncs_peer_lost(lei_ctx *c, lei_peer *p, const char *reason);
 void lei_sync_answered(lei_ctx *c, lei_peer *p, uint64_t sync, uint64_t nran,
                        const uint8_t *errs, size_t elen);

@@ -161,6 +161,7 @@ static void conn_up(lei_conn *k, lei_peer *p, uint64_t incarnation) {
     lei_dial_done(k);
     p->await_in = 0;
     p->reason[0] = '\0';
+    p->reason_code = 0;
     if (k->sec) {
         p->has_key = 1;
         memcpy(p->key, k->sec->remote.idpk, 32);

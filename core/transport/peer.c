@@ -217,6 +217,8 @@ void lei_peer_lost(lei_peer *p, const char *reason) {
     }
     p->last_fail = ev_now(c->loop);
     snprintf(p->reason, sizeof p->reason, "%s", reason);
+    p->reason_code = p->next_code ? p->next_code : LEI_E_CLOSED;
+    p->next_code = 0;
     lei_peer_q_clear(c, p, 1);
     if (p->nbound) memset(p->bound, 0, p->nbound); /* bound is NULL until a channel is sent */
     lei_syncs_peer_lost(c, p, reason);

@@ -116,20 +116,23 @@ void lei_sync_free(lei_ctx *c, lei_sync *s) {
     free(s);
 }
 
-void lei_sync_fail(lei_sync_wait *w, lei_sync *s, const char *why) {
+void lei_sync_fail(lei_sync_wait *w, lei_sync *s, const char *why, int code) {
     if (w->done) return;
     w->done = 1;
     w->err = strdup(why);
+    w->code = code;
     s->nwait--;
 }
 
-/* A peer's connection ended: every sync still waiting on it fails. */
+/* A peer's connection ended: every sync still waiting on it fails, with
+ * the code of why (p->reason_code: closed, or refused, limit, ... when
+ * the dial failed). */
 void lei_syncs_peer_lost(lei_ctx *c, lei_peer *p, const char *reason) {
     char why[256];
     snprintf(why, sizeof why, "consumer context %s: %s", p->addr, reason);
     for (lei_sync *s = c->sync_s.syncs; s; s = s->next) {
         for (int i = 0; i < s->nw; i++)
-            if (s->w[i].peer == p) lei_sync_fail(&s->w[i], s, why);
+            if (s->w[i].peer == p) lei_sync_fail(&s->w[i], s, why, p->reason_code ? p->reason_code : LEI_E_CLOSED);
         sync_settled(c, s);
     }
 }
@@ -205,6 +208,7 @@ void lei_sync_reply(const lei_sync *s, int i, lei_sync_answer *out) {
     out->addr = w->peer ? w->peer->addr : NULL;
     out->done = w->done;
     out->err = w->err;
+    out->code = w->code;
     out->errs = w->errs;
     out->elen = w->elen;
 }

@@ -10,7 +10,7 @@
 --   addr.join("unix:/run/ns.sock", "a/b")    --> "unix:/run/ns.sock//a/b"
 --
 -- The grammar, the canonical text and the error messages are those of
--- core/addr.h (IPv4 "a.b.c.d:port" and "localhost:port", IPv6 "[v6]:port"
+-- core/transport/addr.h (IPv4 "a.b.c.d:port" and "localhost:port", IPv6 "[v6]:port"
 -- and "[v6%zone]:port", "unix:/abs/path" and "unix:@abstract"; port 1-65535,
 -- 0 only to listen); IPv6 goes through the C library's inet_pton/inet_ntop
 -- by the FFI, so both sides write the same canonical text.  Only the NUL
@@ -135,8 +135,8 @@ function M.is_wildcard(canon)
 end
 
 --- Why a HELLO may not carry canonical address canon, or nil (the
--- handshake's checks, core/handshake.c hello_addr_refused and
--- core/addr.c lei_addr_unclaimable): a wildcard cannot be dialled, a
+-- handshake's checks, core/transport/handshake.c hello_addr_refused and
+-- core/transport/addr.c lei_addr_unclaimable): a wildcard cannot be dialled, a
 -- broadcast or multicast address is no one context's, an IPv4-mapped IPv6
 -- address is a second spelling of an IPv4 one.
 function M.unclaimable(canon)
@@ -189,7 +189,7 @@ end
 
 --- A channel's base name (doc/protocol.md section 1): its full name up to
 -- (not including) the first '@' after its last '/'; the whole name when
--- there is none.  The one rule of the protocol (core/auth.c lei_base_len:
+-- there is none.  The one rule of the protocol (core/transport/auth.c lei_base_len:
 -- tickets name it), the manager (tickets) and the policy (what its rules
 -- match) use: "NS/a/b@k" -> "NS/a/b", "NS/public@x/secret" -> itself (its
 -- '@' is not after the last '/': no derived stream).

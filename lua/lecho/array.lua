@@ -1,6 +1,6 @@
 -- lecho.array: typed n-D numeric arrays, the array value of
 -- doc/wire-format.md (tag 0x07).  An array is a userdata holding a header
--- (core/array.h, lei_array: data pointer, dtype, shape, strides in bytes)
+-- (core/base/array.h, lei_array: data pointer, dtype, shape, strides in bytes)
 -- read here through the FFI; its elements live after the header, in an
 -- FFI cdata it wraps, or in a received payload (a view).  Indices start at
 -- 0, as in C, NumPy and FFI arrays; shapes are row-major.

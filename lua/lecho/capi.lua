@@ -1,4 +1,4 @@
--- lecho.capi: the Lua half of liblecho (core/lecho.c), loaded in the private
+-- lecho.capi: the Lua half of liblecho (core/capi/lecho.c), loaded in the private
 -- LuaJIT state that each C context runs.  It calls only the public API of
 -- `lecho` and turns its results into what lecho.c reads: every function
 -- returns its results, or nil, message, code (a name of the shared error

@@ -109,7 +109,8 @@ local function pname_of(self, peer, producer)
 end
 
 -- Runs one handler; a raise is counted on con and, for a sync event, added
--- to errs (returned), else logged.
+-- to errs (returned) with its code, "failed" (the ACK carries it: the
+-- producer never reads a code from the message), else logged.
 local function run_handler(self, con, handler, value, meta, sync, errs, short)
   local ok, err = pcall(handler, value, meta)
   if not ok then
@@ -117,7 +118,7 @@ local function run_handler(self, con, handler, value, meta, sync, errs, short)
     con.errors = con.errors + 1
     if sync > 0 then
       errs = errs or {}
-      errs[#errs + 1] = { consumer = con.id, err = err }
+      errs[#errs + 1] = { consumer = con.id, err = err, code = "failed" }
     else
       self.log(("consumer %s on '%s' failed: %s"):format(con.id, short, err))
     end
@@ -287,8 +288,9 @@ end
 -- Held acks.  A handler that takes a sync event without being done with it
 -- (lecho.capi's queued consumer: the event waits in a queue for a binding's
 -- code) holds the event's ack: Context:_hold_ack(meta) during the handler
--- gives a record; Context:_settle_ack(rec, consumer, err) later says this
--- consumer is done with it (err nil) or failed (err its message).  Once
+-- gives a record; Context:_settle_ack(rec, consumer, err[, code]) later says
+-- this consumer is done with it (err nil) or failed (err its message, code
+-- its code, "failed" when not given).  Once
 -- every holder settled and the dispatch ended, the ack goes out with what
 -- the dispatch found plus the holders' failures, on the connection the
 -- event came on only (gen).  The dispatch itself does not wait: the
@@ -317,12 +319,12 @@ local function send_held(self, rec)
   self.c:ack(rec.peer, rec.sync, rec.nran, errs, nil, rec.gen)
 end
 
-function Context:_settle_ack(rec, consumer, err)
+function Context:_settle_ack(rec, consumer, err, code)
   if rec.left <= 0 then return end
   rec.left = rec.left - 1
   if err then
     rec.failed = rec.failed or {}
-    rec.failed[#rec.failed + 1] = { consumer = consumer, err = err }
+    rec.failed[#rec.failed + 1] = { consumer = consumer, err = err, code = code or "failed" }
   end
   send_held(self, rec)
 end
@@ -618,6 +620,28 @@ function Context:_turn()
   end
 end
 
+-- A batch (the events hook, lua_hook.c batch_call): the async events of
+-- one read from peer, t[4i+1 .. 4i+4] = chid, value, producer, seq, n of
+-- them, run in order by this compiled loop inside the dispatcher's
+-- coroutine.  A handler that waits suspends the coroutine with the rest of
+-- the batch in it: C holds the peer (Context:_dispatch_batch returned
+-- true) until the loop is through, then ctx:resume.  No ack: async only.
+local BATCH = {}
+local function run_batch(self, co, t, n, peer)
+  local svc = self.svc_chans
+  for k = 0, 4 * (n - 1), 4 do
+    local chid = t[k + 1]
+    -- (an async event on a call channel is no call: nothing to run)
+    if not (svc and svc[chid]) then self:_on_event(chid, t[k + 2], peer, t[k + 3], t[k + 4], 0, nil) end
+  end
+  local held = self.held[co]
+  if held then
+    -- it waited: the hook returned long ago, what C held back comes next
+    self.held[co] = nil
+    if not self.closed then self.c:resume(held, 0) end
+  end
+end
+
 -- The event hook: dispatches in a coroutine kept for it.  Returns true
 -- when a handler waits: C then holds back what comes next from the same
 -- peer (or the local queue) until the dispatch ends (ctx:resume).
@@ -625,6 +649,11 @@ local function dispatcher(self)
   local co = coroutine.running()
   local chid, value, peer, producer, seq, sync, gen, rv = coroutine.yield(DONE)
   while true do
+    while chid == BATCH do
+      -- (value: the batch's table, producer: its count)
+      run_batch(self, co, value, producer, peer)
+      chid, value, peer, producer, seq, sync, gen, rv = coroutine.yield(DONE)
+    end
     local nran, errs, hrec = self:_on_event(chid, value, peer, producer, seq, sync, rv)
     local held = self.held[co]
     if hrec then
@@ -740,6 +769,32 @@ function Context:_dispatch_value(chid, value, peer, producer, seq, sync, gen, rv
   if not self.dco then self.dco = co end
   -- C acknowledges a sync event with these (ctx:hooks, lua_hook.c).
   return false, nran, errs
+end
+
+-- The events hook (lua_hook.c lb_hook_events): a read's async events, in
+-- one resume of the dispatcher (not one crossing and one resume each).
+-- True when a handler waits (C holds the peer until ctx:resume).
+function Context:_dispatch_batch(t, n, peer)
+  local co = self.dco
+  if co then
+    self.dco = nil
+  else
+    co = coroutine.create(dispatcher)
+    self.cos[co] = true
+    coroutine.resume(co, self)
+  end
+  local ok, r = coroutine.resume(co, BATCH, t, peer, n)
+  while ok and bare_yield(self, co, r) do ok, r = coroutine.resume(co) end
+  if not ok then
+    self.log("error dispatching an event: " .. traceback(co, tostring(r)))
+    return false
+  end
+  if r == WAIT then
+    self.held[co] = peer
+    return true
+  end
+  if not self.dco then self.dco = co end
+  return false
 end
 
 --- Calls fn(timer) every sec seconds (a finite number > 0) until

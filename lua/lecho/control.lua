@@ -45,7 +45,7 @@ end
 
 function Context:_fail_pending(addr, why)
   -- Keyed: the handshake refused a name server's address for its principal
-  -- (the pin of _add_nameserver; core/handshake.c identity_check says
+  -- (the pin of _add_nameserver; core/transport/handshake.c identity_check says
   -- "ADDR is principal P (key K), expected Q", at the dial and to the sends
   -- while the address is in backoff): said as _check_nameserver says it,
   -- so that the requests waiting there fail with code "refused".

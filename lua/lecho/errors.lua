@@ -1,6 +1,6 @@
 -- lecho.errors: the error codes of the API.  An expected failure is
 -- returned as `nil, message, code`, code one of the names below (the same
--- names as core/errors.h in C); misuse (a bad argument, an unknown option)
+-- names as core/base/errors.h in C); misuse (a bad argument, an unknown option)
 -- raises.  doc/api.md "Errors" has the table of codes and when they occur.
 
 local M = {}
@@ -24,9 +24,11 @@ M.CODES = {
   noconsumer = "a sync submit to a channel that has no consumer anywhere",
 }
 
--- The code of a message from the C core that came without one (until the
--- binding returns its codes as a third value); `default` when none fits
--- ("failed" if nil).
+-- The code of a message that came without one; `default` when none fits
+-- ("failed" if nil).  Left for the two paths that still have no code where
+-- the error happens: lecho.decode (the decoder says what, not which) and a
+-- manager's `failed` reply (lecho.control).  Sync results, submits and
+-- lecho.encode never use it: their codes are set where the error happens.
 function M.code_of(msg, default)
   msg = tostring(msg)
   if msg:find("out of memory", 1, true) then return "nomem" end

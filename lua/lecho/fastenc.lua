@@ -6,7 +6,7 @@
 --                            max_value_bytes = 2^26 }
 --   local s = enc(value)     -- the encoded bytes, or nil: use the C encoder
 --
--- The C encoder (core/codec_lua.c) goes through the Lua C API for every
+-- The C encoder (core/base/codec_lua.c) goes through the Lua C API for every
 -- element (~50 ns each); this one runs compiled (a few ns).  It produces the
 -- same bytes (spec/fastenc_spec.lua checks that on random values) and
 -- declines, returning nil, whatever is not the plain case: strings to pin
@@ -35,7 +35,7 @@ function M.new(opts)
   local max_depth = math.min(opts.max_depth or 100, 1000) -- the C ceiling
   local max_string = opts.max_string or 256 * 1024 * 1024
   local pin = opts.pin or 64 * 1024
-  -- what the receiver's reader charges (core/codec.h, LEI_DEC_*): past it, declined
+  -- what the receiver's reader charges (core/base/codec.h, LEI_DEC_*): past it, declined
   local max_value = opts.max_value_bytes or 64 * 1024 * 1024
   local size = 0
   if pin == 0 then pin = math.huge end

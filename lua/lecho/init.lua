@@ -52,7 +52,7 @@ local M = {
 -- The value codec: string, or nil, err, code ("invalid", "limit").
 function M.encode(v, ...)
   local s, err, code = core.encode(v, ...)
-  if s == nil then return nil, err, code or errors.code_of(err, "invalid") end
+  if s == nil then return nil, err, code end -- (the encoder sets the code where it fails)
   return s
 end
 
@@ -204,6 +204,7 @@ function M.context(opts)
     event = function(chid, value, peer, producer, seq, sync, gen, nbytes, vlen, avs)
       return self:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, vlen, avs)
     end,
+    events = function(t, n, peer) return self:_dispatch_batch(t, n, peer) end,
     ctrl = function(from, msg, gen)
       if self.keyed and not self:_nameserver_ok(from) then return end
       return self:_on_ctrl(from, msg, gen)

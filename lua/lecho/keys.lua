@@ -181,7 +181,7 @@ local function get_u64(s, at)
 end
 M.u64, M.get_u64 = u64, get_u64
 
-M.CERT_ADDRS_MAX = 8            -- addresses in one certificate (core/frame.h)
+M.CERT_ADDRS_MAX = 8            -- addresses in one certificate (core/transport/frame.h)
 
 --- The message an authority signs to certify that pk is name's key
 -- (doc/security.md "Certificates"): body is the certificate without its

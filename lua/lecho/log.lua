@@ -16,7 +16,7 @@
 -- begins with "error", else "warn" (most of lecho's log lines are
 -- problems); the component defaults to the calling file's name
 -- ("control" for lua/lecho/control.lua).  Rate limits are the callers'
--- (lecho.control `_warn_limited`, core/auth.c): this file drops nothing
+-- (lecho.control `_warn_limited`, core/transport/auth.c): this file drops nothing
 -- but what the threshold filters.  Pure Lua and the FFI (the clock).
 
 local ffi = require "ffi"

@@ -3,12 +3,10 @@
 -- closure or table made unless it waits for room.
 
 local options = require "lecho.options"
-local errors = require "lecho.errors"
 local Channel = require "lecho.channel"
 local stats = require "lecho.stats"
 
 local sorted_keys = require("lecho.tables").sorted_keys
-local code_of = errors.code_of
 
 local Producer = {}
 Producer.__index = Producer
@@ -66,7 +64,7 @@ local function try_submit(self, ev, sync, bytes)
     self[SEQ] = seq
     return false, r
   end
-  return code == "wouldblock", r, err, code or code_of(err)
+  return code == "wouldblock", r, err, code
 end
 
 -- The waiting part of submit_core: behind the submits of this producer
@@ -126,10 +124,25 @@ local function add_failed(failed, ch)
   return failed
 end
 
+-- Waits until every sync record of ids (one id, or the list of a submit
+-- through modulators) settled: on the core's settled notice, as a call
+-- does (Context:_wait_sync), not a poll per loop turn.  False when the
+-- deadline came first or the context closed.
+local function wait_settled(ctx, ids, deadline)
+  if type(ids) ~= "table" then return ctx:_wait_sync(ids, deadline) end
+  for i = 1, #ids do
+    if not ctx:_wait_sync(ids[i], deadline) then return false end
+  end
+  return true
+end
+
 --- Submits ev and waits until every consumer ran its handler.
--- Returns true, or nil, errors: a list of { context, consumer, err } (it
--- prints as one line) with each failing or silent consumer, and each
--- consumer whose modulator failed here.
+-- Returns true, or nil, errors, code: errors a list of { context,
+-- consumer, err, code } (it prints as one line) with each failing or silent
+-- consumer, and each consumer whose modulator failed here; every code set
+-- where its error happened (a remote handler's comes in the ACK, a lost
+-- connection's or a timeout's from the sync record), never read from a
+-- message.  The list's code is theirs when they agree, else "failed".
 function Producer:submit_sync(ev, opts)
   if self.closed then return nil, "producer is closed", "closed" end
   local ctx = self.ch.ctx
@@ -152,15 +165,12 @@ function Producer:submit_sync(ev, opts)
   -- the record) and as they are after it.
   local ch = self.ch
   local failed = add_failed(nil, ch)
-  -- One call per look: false while waiting, then true or nil, errors (no
-  -- tables unless something failed); past the deadline, with the timeout,
-  -- silent consumers become errors.
-  local ok, all
-  ctx:_wait(function()
-    ok, all = c:sync_result(ids)
-    return ok ~= false
-  end, deadline)
+  -- Then one call collects: true, or nil, errors (no tables unless
+  -- something failed); past the deadline, with the timeout, silent
+  -- consumers become errors.
+  wait_settled(ctx, ids, deadline)
   if ctx.closed then return nil, "context closed while waiting", "closed" end
+  local ok, all = c:sync_result(ids)
   if ok == false and c:depth() == 0 then
     -- The deadline came before a loop turn ran this process's consumers
     -- (timeout 0): they run now all the same.  Not from inside a callback,
@@ -179,10 +189,9 @@ function Producer:submit_sync(ev, opts)
     end
   end
   if all and #all > 0 then
-    -- Each entry gets its code; the list's is theirs when they agree.
+    -- The list's code is its entries' when they agree.
     local lcode
     for _, e in ipairs(all) do
-      e.code = e.code or (e.consumer and "failed" or code_of(e.err))
       lcode = (lcode == nil or lcode == e.code) and e.code or "failed"
     end
     stats.observe(ctx, ch.name, c:now() - t0, false)

@@ -1,7 +1,7 @@
 -- lecho.push: code pushed to a running node (doc/services.md "Pushing code").
 --
 -- ctx:sandbox(src, name [, opts]) loads Lua source in a sandboxed state made
--- like a modulator's (core/moe_svc.c: the same environment without emit, the
+-- like a modulator's (core/moe/moe_svc.c: the same environment without emit, the
 -- node's modulator_memory and modulator_budget, which opts may lower but not
 -- raise, and the group caps modulators_memory and modulators_cpu).  The
 -- chunk returns a function or a table of functions; sb:call(...) and

@@ -78,6 +78,11 @@ end
 
 local on_error
 
+-- A budget stop is raised as this object (code limit), never a string whose
+-- words would say so: a handler's own error that happens to read "budget
+-- exceeded: ..." is its error, code failed.  It prints as its message.
+local BUDGET = { __tostring = function(b) return b.e end }
+
 local function budget_hook(ctx)
   return function()
     local b = ctx.svc_cur
@@ -94,8 +99,8 @@ local function budget_hook(ctx)
         b.over = true
         sethook(ctx.svc_hook, "", HOOK_AGAIN)
       end
-      error(("budget exceeded: %s@%d used %.2f s of CPU (budget %g s)"):format(
-        b.s.name, b.s.version, b.used, b.limit), 0)
+      error(setmetatable({ e = ("budget exceeded: %s@%d used %.2f s of CPU (budget %g s)"):format(
+        b.s.name, b.s.version, b.used, b.limit) }, BUDGET), 0)
     end
   end
 end
@@ -161,9 +166,7 @@ end
 on_error = function(e)
   sethook()  -- the handler is over (a budget's hook must not fire in here)
   if getmetatable(e) == FAIL then return { e = e.e, c = e.c, tb = e.tb } end
-  if type(e) == "string" and e:find("^budget exceeded: ") then
-    return { e = e, c = "limit", tb = traceback(e, 2) }
-  end
+  if getmetatable(e) == BUDGET then return { e = e.e, c = "limit", tb = traceback(e.e, 2) } end
   -- (a value that is no string: the traceback alone, "stack traceback:...")
   return { e = e, c = "failed", tb = type(e) == "string" and traceback(e, 2)
                                      or (traceback("", 2):gsub("^\n", "")) }
@@ -323,7 +326,10 @@ function Context:service(name, handler, opts, reserved)
       local function keep(...) r = { n = select("#", ...), ... } end
       keep(sb:call(args, meta))
       if r[1] then return unpack(r, 2, r.n) end
-      error(r[2], 0) -- a budget stop: "budget exceeded: ..." (code limit)
+      -- a stop (budget, memory: limit; an ended sandbox: closed) keeps the
+      -- sandbox's code; a raise is the handler's error (failed)
+      if r[3] ~= "failed" then error(setmetatable({ e = r[2], c = r[3], tb = traceback(tostring(r[2]), 2) }, FAIL), 0) end
+      error(r[2], 0)
     end
   end
   self.svc_names = self.svc_names or {}

@@ -19,7 +19,7 @@ local M = {}
 M.POLL = 0.5
 
 -- SIGHUP: caught only inside ctx:run() with signals (lecho.context's
--- `signals`, true by default), as SIGINT and SIGTERM are (core/lua_loop.c
+-- `signals`, true by default), as SIGINT and SIGTERM are (core/binding/lua_loop.c
 -- l_run): a host program's signal actions and mask are never changed
 -- outside it, and a program that serves its loop otherwise relies on the
 -- file poll.  A SIGHUP reloads every watching context of the process.
@@ -214,7 +214,7 @@ function M.start(ctx, identity, policy_path, poll)
   return w
 end
 
---- On SIGHUP (ctx:run, core/lua_loop.c): every watching context of the
+--- On SIGHUP (ctx:run, core/binding/lua_loop.c): every watching context of the
 -- process reads its files again.
 function M.hup()
   for x, xw in pairs(hup.ctxs) do

@@ -61,7 +61,10 @@ def test_the_pages_protected_mode_examples_parse_and_rebuild():
     assert ex["ack"] == wire.frame(wire.ACK, wire.varint(7) + wire.varint(1))
     errs = wire.decode(ex["ack_errors"][7:])
     assert ex["ack_errors"][5:7] == bytes([8, 1])
-    assert errs == {1: {"consumer": "127.0.0.1:7701", "err": "boom"}}
+    assert errs == {1: {"consumer": "127.0.0.1:7701", "err": "boom"}}  # a peer of before codes
+    coded = wire.decode(ex["ack_errors_code"][7:])
+    assert ex["ack_errors_code"][5:7] == bytes([8, 1])
+    assert coded == {1: {"consumer": "127.0.0.1:7701", "err": "boom", "code": "failed"}}
     assert ex["heartbeat"] == wire.frame(wire.HEARTBEAT) and ex["ping"] == wire.frame(wire.PING)
     lookup = {"rid": 1, "op": "lookup", "ch": "127.0.0.1:7700/temp"}
     assert ex["ctrl_lookup"] == wire.frame(wire.CTRL, wire.encode(lookup))

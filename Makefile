@@ -26,7 +26,7 @@ ALLCFLAGS  := $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -I$(LUA_INCDIR) -Icore
 CORE_SRC   := core/codec.c core/array.c core/errors.c core/frame.c core/addr.c core/ctx.c core/conn.c core/rbuf.c core/accept.c core/inmap.c core/peer.c core/peers.c core/chan.c \
               core/local.c core/sync.c core/live.c core/auth.c core/secure.c core/handshake.c
 LUA_SRC    := core/codec_lua.c core/array_lua.c core/array_zip.c core/moe.c core/moe_env.c core/moe_group.c core/moe_svc.c core/lua_ctx.c core/lua_hook.c core/lua_chan.c \
-              core/lua_moe.c core/lua_loop.c core/lua_auth.c core/lpat.c
+              core/lua_prod.c core/lua_moe.c core/lua_loop.c core/lua_auth.c core/lpat.c
 HDRS       := $(wildcard core/*.h)
 SO         := lua/lecho/core.so
 WS_SO      := lua/lecho/ws.so
@@ -298,7 +298,7 @@ fuzz-quick: fuzz-build
 # checkout; the installed one (build/inst/) those of INST_LUADIR/INST_LIBDIR.
 LECHO_LIBS := -lluajit-5.1
 LECHO_SRC  := core/lecho.c core/lecho_value.c core/lecho_array.c core/errors.c
-build/liblecho.so: $(LECHO_SRC) core/lecho.h core/lecho_int.h core/errors.h core/array.h | build
+build/liblecho.so: $(LECHO_SRC) core/lecho.h core/lecho_int.h core/lua_prod.h core/errors.h core/array.h | build
 	$(CC) $(ALLCFLAGS) -shared -o $@ $(LECHO_SRC) \
 	  -DLECHO_LUA_DIR='"$(CURDIR)/lua"' -DLECHO_LUA_CDIR='"$(CURDIR)/lua"' $(LECHO_LIBS) $(LDFLAGS)
 

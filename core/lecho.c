@@ -2,8 +2,12 @@
  *
  * Each lecho_ctx owns a private LuaJIT state that loads the Lua layer
  * (`require "lecho.capi"`, which requires "lecho") and drives it: the control
- * plane (name server, managers, joins) is Lua, so this file only calls the
- * public Lua API through lua/lecho/capi.lua and never reaches into core/ctx.h.
+ * plane (name server, managers, joins, modulator lists) is Lua, reached
+ * through lua/lecho/capi.lua; this file never reaches into core/ctx.h.  The
+ * data plane of an async submit is C: lecho_submit hands the value to the
+ * producer's handle through core.so's table of functions (lb_dataplane,
+ * lua_prod.h: liblecho is not linked with the core), which encodes it and
+ * queues it without calling a Lua function.
  * Every Lua call goes through lua_cpcall, so a Lua error (memory included)
  * becomes a code and a message, never a longjmp past the caller.
  *
@@ -112,13 +116,28 @@ static void channel_fini(lecho_channel *ch) {
 
 /* ---- protected calls ---- */
 
+/* The one C function lei_api_protect calls through lua_pcall: runs the
+ * op's function with the op as its first argument, as lua_cpcall would. */
+static int api_tramp(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    return o->fn(L);
+}
+
 /* Runs f(op) protected on the current thread; a raised error becomes a code
  * and its message. */
 int lei_api_protect(lecho_ctx *x, lua_CFunction f, struct op *o) {
     o->x = x;
     o->rc = 0;
+    o->fn = f;
     int top = lua_gettop(x->L);
-    int rc = lua_cpcall(x->L, f, o);
+    int rc;
+    if (x->tramp != LUA_NOREF) {
+        lua_rawgeti(x->L, LUA_REGISTRYINDEX, x->tramp);
+        lua_pushlightuserdata(x->L, o);
+        rc = lua_pcall(x->L, 1, 0, 0);
+    } else {
+        rc = lua_cpcall(x->L, f, o);
+    }
     if (rc != 0) {
         const char *m = lua_tostring(x->L, -1);
         lei_api_fail(x, rc == LUA_ERRMEM ? LECHO_ENOMEM : LECHO_EFAILED, m ? m : "error");
@@ -184,6 +203,18 @@ static int op_open(lua_State *L) {
     lua_pushliteral(L, "lecho.capi");
     lua_call(L, 1, 1);
     x->glue = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_pushcfunction(L, api_tramp);
+    x->tramp = luaL_ref(L, LUA_REGISTRYINDEX);
+    /* lecho.capi loaded lecho.core: its data plane table */
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "lecho.core");
+    lua_call(L, 1, 1);
+    lua_getfield(L, -1, "dataplane");
+    if (lua_isfunction(L, -1)) {
+        lua_call(L, 0, 1);
+        x->dp = lua_touserdata(L, -1);
+    }
+    lua_pop(L, 2);
     lua_newtable(L);
     for (int i = 0; opts && opts[i]; i += 2) {
         if (!opts[i + 1]) {
@@ -235,7 +266,7 @@ int lecho_open(const char *const *opts, lecho_ctx **out, char *err, size_t errle
         return LECHO_ENOMEM;
     }
     x->L = x->L0;
-    x->glue = x->self = LUA_NOREF;
+    x->glue = x->self = x->tramp = LUA_NOREF;
     x->blocks = 1;
     for (int i = 0; opts && opts[i] && opts[i + 1]; i += 2)
         if (strcmp(opts[i], "policy") == 0) x->blocks = strcmp(opts[i + 1], "block") == 0;
@@ -373,6 +404,9 @@ static int op_producer(lua_State *L) {
         lua_pushnil(L);
     int b;
     if ((o->rc = lei_api_glue_call(L, o->x, "producer", 2, &b)) != 0) return 0;
+    lua_rawgeti(L, b, 1); /* the Lua producer's handle (lecho.producer's slot H) */
+    o->res = lua_touserdata(L, -1);
+    lua_pop(L, 1);
     lua_pushvalue(L, b);
     o->i = luaL_ref(L, LUA_REGISTRYINDEX);
     return 0;
@@ -392,6 +426,7 @@ int lecho_producer_open(lecho_channel *ch, const char *policy, lecho_producer **
         return rc;
     }
     p->h.ref = o.i;
+    p->ph = x->dp ? o.res : NULL;
     p->blocks = policy ? strcmp(policy, "block") == 0 : x->blocks;
     *out = p;
     return 0;
@@ -432,15 +467,31 @@ static int op_submit(lua_State *L) {
     return 0;
 }
 
+/* The data plane: the value handed to the producer's handle in C (protected
+ * only against Lua memory errors while pinning a long string).  o->rc is
+ * LB_PROD_SLOW when the Lua path must do it (it waits for room). */
+static int op_submit_fast(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lecho_ctx *x = o->x;
+    lei_api_push_slot(L, o->b);
+    o->rc = x->dp->submit(((const lecho_producer *)o->a)->ph, L, lua_gettop(L), x->err, sizeof x->err);
+    return 0;
+}
+
 int lecho_submit(lecho_producer *p, const lecho_value *ev) {
     if (!p || !ev || ev->h.ctx != p->h.ctx) return LECHO_EINVAL;
+    lecho_ctx *x = p->h.ctx;
     /* A wait for room cannot suspend a C handler (and a failed one would
      * leave the producer's queue of waiting submits inconsistent). */
-    if (p->h.ctx->in_handler && p->blocks)
-        return lei_api_fail(p->h.ctx, LECHO_EINVAL, "lecho_submit: not from a consumer handler "
+    if (x->in_handler && p->blocks)
+        return lei_api_fail(x, LECHO_EINVAL, "lecho_submit: not from a consumer handler "
                             "with a producer under the block policy (it may have to wait)");
     struct op o = { .a = p, .b = ev };
-    return lei_api_protect(p->h.ctx, op_submit, &o);
+    if (p->ph) {
+        int rc = lei_api_protect(x, op_submit_fast, &o);
+        if (rc != LB_PROD_SLOW) return rc;
+    }
+    return lei_api_protect(x, op_submit, &o);
 }
 
 int lecho_submit_sync(lecho_producer *p, const lecho_value *ev, double timeout,

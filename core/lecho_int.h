@@ -5,6 +5,7 @@
 #define LECHO_INT_H
 
 #include "lecho.h"
+#include "lua_prod.h"
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -35,6 +36,8 @@ struct lecho_channel {
 struct lecho_producer {
     struct lei_h h;
     int blocks; /* under the "block" policy: its submits may wait */
+    void *ph;   /* borrowed: the core's producer handle (lua_prod.c), which the
+                 * Lua producer h.ref holds keeps alive; NULL: Lua path only */
 };
 
 /* The trampoline's upvalue (a Lua userdata, owned by the Lua state): points
@@ -74,6 +77,10 @@ struct lecho_ctx {
     lua_State *L0;  /* owned: the private state (lua_close in lecho_close) */
     lua_State *L;   /* the thread calls run on: L0, or a handler's coroutine */
     int glue;       /* registry ref of the lecho.capi table */
+    const lb_dataplane *dp; /* core.so's data plane (static in core.so), or NULL */
+    int tramp;      /* registry ref of the C function lei_api_protect calls (made once:
+                     * lua_cpcall allocates a closure per call, and the C-only
+                     * data plane runs no GC step that would free them) */
     int self;       /* registry ref of the Lua context */
     int in_handler; /* depth of C handlers running */
     int blocks;     /* the context's policy is "block" (the default) */
@@ -93,6 +100,7 @@ struct lecho_ctx {
 /* The arguments and results of one protected operation. */
 struct op {
     lecho_ctx *x;
+    lua_CFunction fn; /* what lei_api_protect runs */
     int rc;
     const void *a, *b; /* handles */
     const char *key, *s;

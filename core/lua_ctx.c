@@ -450,6 +450,7 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
         luaL_register(L, NULL, lb_loop_methods);
         luaL_register(L, NULL, lb_moe_ctx_methods);
         luaL_register(L, NULL, lb_auth_methods);
+        luaL_register(L, NULL, lb_prod_ctx_methods);
         lua_setfield(L, -2, "__index");
         lua_pushcfunction(L, l_gc);
         lua_setfield(L, -2, "__gc");
@@ -463,6 +464,7 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
     lua_setfield(L, -2, "array_ops");
     lua_pushcfunction(L, l_new);
     lua_setfield(L, -2, "new");
+    lb_prod_open(L); /* core.dataplane, core.dataplane_cdef */
     lua_pushcfunction(L, l_hash);
     lua_setfield(L, -2, "hash");
     lua_pushcfunction(L, lei_lpat_new); /* core.lpat(): the modulators' pattern functions */

@@ -1,11 +1,12 @@
 /* lua_int.h: what the files of the Lua binding share (lua_ctx.c,
- * lua_hook.c, lua_chan.c, lua_moe.c, lua_loop.c): the userdata structs and
- * the helpers that cross files.  Only these files include it.
+ * lua_hook.c, lua_chan.c, lua_prod.c, lua_moe.c, lua_loop.c, lua_auth.c):
+ * the userdata structs and the helpers that cross files.  Only these files include it.
  *
  * The binding reaches the core through ctx.h, moe.h and codec.h only.
  * Ownership: the context userdata owns the context; each timer userdata owns
  * its ev_timer and, while active, pins itself and its function in the
- * registry; a modulator userdata owns its lei_moe.  Strings pinned by the
+ * registry; a modulator userdata owns its lei_moe; a producer handle owns
+ * its list of modulator pointers (lua_prod.c).  Strings pinned by the
  * codec are released through the unpin hook.
  */
 #ifndef LECHO_LUA_INT_H
@@ -113,6 +114,10 @@ void lb_hook_prepare(void *ud);
 /* lua_chan.c: channels, submitting, sync answers, acks, control messages */
 extern const char *const lb_policy_names[];
 uint32_t lb_check_chan(lua_State *L, lb_ctx *b, int i);
+/* Encodes the value at idx of L into a new message (the caller releases it
+ * with lb_hook_unpin); NULL with the code in *code and the message in err,
+ * nothing pushed. */
+lei_msg *lb_encode(lb_ctx *b, lua_State *L, int idx, char *err, size_t errlen, int *code);
 /* Encodes the value at idx into a new message (the caller releases it);
  * NULL with nil, err, code pushed. */
 lei_msg *lb_encode_at(lua_State *L, lb_ctx *b, int idx);
@@ -129,6 +134,11 @@ extern const luaL_Reg lb_chan_methods[];
 void lb_moe_unlink(lb_moe *x);
 extern const luaL_Reg lb_moe_ctx_methods[];
 void lb_moe_open(lua_State *L);
+
+/* lua_prod.c: producer handles (ctx:producer) and the data plane table
+ * (core.dataplane, lua_prod.h) in the module table on top */
+extern const luaL_Reg lb_prod_ctx_methods[];
+void lb_prod_open(lua_State *L);
 
 /* lua_auth.c: keys, signatures, identity and trust */
 extern const luaL_Reg lb_auth_methods[];

@@ -67,9 +67,7 @@ function Channel:_plain() return #self.dests > 0 or #self.consumers > 0 end
 function Channel:_hot_update()
   local plain = self:_plain()
   local mods = self.modlist[1] and self.modlist or false
-  for p in pairs(self.producers) do
-    p[p.MODS], p[p.PLAIN] = mods, plain
-  end
+  for p in pairs(self.producers) do p:_retarget(mods, plain) end
   -- Context:_on_event's fast path: a plain channel with one consumer
   -- (called whenever that list changes: Channel:consumer, Consumer:_unlink)
   local list = self.consumers

@@ -114,6 +114,15 @@ static void channel_fini(lecho_channel *ch) {
     free(ch->name);
 }
 
+/* Frees what a consumer handle owns besides its head: its channel name and
+ * the registry slot of its sink's events (x->L NULL: the state is gone). */
+static void consumer_fini(lecho_consumer *c) {
+    free(c->chan);
+    c->chan = NULL;
+    if (c->h.ctx->L && c->slot != LUA_NOREF) luaL_unref(c->h.ctx->L, LUA_REGISTRYINDEX, c->slot);
+    c->slot = LUA_NOREF;
+}
+
 /* ---- protected calls ---- */
 
 /* The one C function lei_api_protect calls through lua_pcall: runs the
@@ -241,6 +250,7 @@ static void ctx_free(lecho_ctx *x) {
         struct lei_h *h = x->handles;
         x->handles = h->next;
         if (h->kind == H_CHANNEL) channel_fini((lecho_channel *)h);
+        if (h->kind == H_CONSUMER) free(((lecho_consumer *)h)->chan);
         free(h);
     }
     if (x->L0) lua_close(x->L0);
@@ -305,6 +315,7 @@ int lecho_close_err(lecho_ctx *x, double linger, char *err, size_t errlen) {
     for (struct lei_h *h = x->handles; h; h = h->next)
         if (h->kind == H_CONSUMER) {
             if (((lecho_consumer *)h)->box) ((lecho_consumer *)h)->box->c = NULL;
+            if (((lecho_consumer *)h)->sink) ((lecho_consumer *)h)->sink->c = NULL;
         }
         else if (h->kind == H_SERVICE)
             ((lecho_service *)h)->box->s = NULL;
@@ -600,6 +611,48 @@ static int trampoline(lua_State *L) {
     return 1;
 }
 
+/* The consumer's C sink (core/lua_sink.c): an async event of its channel,
+ * decoded at idx of L (the core's callback thread), handed to the C handler
+ * without a Lua function called; as trampoline does, with meta made here.
+ * Runs inside the core's protected call: may raise. */
+static void sink_event(lb_sink *s, lua_State *L, int idx, const lb_event *e) {
+    struct csink *k = (struct csink *)s;
+    lecho_consumer *c = k->c;
+    if (!c) return;
+    lecho_ctx *x = c->h.ctx;
+    /* meta.producer as the Lua dispatch names it: "address#id", made once
+     * per producer in a row */
+    const char *from = e->from ? e->from : x->addr;
+    size_t fl = strlen(from);
+    if (c->plen == 0 || c->pid != e->producer || c->plen != fl || memcmp(c->pname, from, fl) != 0) {
+        int w = snprintf(c->pname, sizeof c->pname, "%s#%llu", from, (unsigned long long)e->producer);
+        c->pid = e->producer;
+        c->plen = w > 0 && (size_t)w < sizeof c->pname ? fl : 0;
+    }
+    int slot = c->slot;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, slot);
+    int t = lua_gettop(L);
+    lua_pushvalue(L, idx);
+    lua_rawseti(L, t, 1);
+    lecho_value ev = { { x, slot, H_BORROWED, NULL, NULL } };
+    lecho_meta m = { c->chan ? c->chan : "", c->pname, (double)e->seq };
+    lua_State *saved = x->L;
+    x->L = L;
+    x->in_handler++;
+    const char *err = c->fn(&ev, &m, c->ud);
+    x->in_handler--;
+    x->L = saved;
+    lua_pushnil(L);
+    lua_rawseti(L, t, 1); /* the value is garbage once the handler returned */
+    if (!err || !(c = k->c)) return;
+    /* counted and logged by lecho.capi, as the Lua dispatch does */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, x->glue);
+    lua_getfield(L, -1, "consumer_failed");
+    lei_api_push_ref(L, c->h.ref);
+    lua_pushstring(L, err);
+    lua_call(L, 2, 0);
+}
+
 static int op_consumer(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     lecho_consumer *c = o->res;
@@ -611,10 +664,29 @@ static int op_consumer(lua_State *L) {
         lei_api_push_slot(L, o->b);
     else
         lua_pushnil(L);
+    lua_newtable(L);
+    c->slot = luaL_ref(L, LUA_REGISTRYINDEX);
+    c->sink = lua_newuserdata(L, sizeof *c->sink);
+    c->sink->s.fn = sink_event;
+    c->sink->c = c;
+    luaL_newmetatable(L, LB_SINK_MT);
+    lua_setmetatable(L, -2);
     int b;
-    if ((o->rc = lei_api_glue_call(L, o->x, "consumer", 3, &b)) != 0) {
+    if ((o->rc = lei_api_glue_call(L, o->x, "consumer", 4, &b)) != 0) {
         c->box->c = NULL;
         c->box = NULL;
+        c->sink->c = NULL;
+        c->sink = NULL;
+        return 0;
+    }
+    const char *chan = lua_tostring(L, b + 1);
+    if (chan && !(c->chan = lei_api_dupstr(chan))) {
+        o->rc = lei_api_fail(o->x, LECHO_ENOMEM, "out of memory");
+        /* the Lua consumer stays open until the context closes: no handler runs */
+        c->box->c = NULL;
+        c->box = NULL;
+        c->sink->c = NULL;
+        c->sink = NULL;
         return 0;
     }
     lua_pushvalue(L, b);
@@ -636,11 +708,13 @@ int lecho_consumer_open_opts(lecho_channel *ch, lecho_handler fn, void *ud, cons
     if (!c) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
     c->fn = fn;
     c->ud = ud;
-    c->qref = LUA_NOREF;
+    c->qref = c->slot = LUA_NOREF;
     struct op o = { .a = ch, .b = opts, .res = c };
     int rc = lei_api_protect(x, op_consumer, &o);
     if (rc != 0 || !c->box) {
         if (c->box) c->box->c = NULL;
+        if (c->sink) c->sink->c = NULL;
+        consumer_fini(c);
         lei_api_h_free(&c->h);
         return rc ? rc : LECHO_EFAILED;
     }
@@ -651,9 +725,11 @@ int lecho_consumer_open_opts(lecho_channel *ch, lecho_handler fn, void *ud, cons
 void lecho_consumer_close(lecho_consumer *c) {
     if (!c) return;
     if (c->box) c->box->c = NULL;
+    if (c->sink) c->sink->c = NULL;
     struct op o = { .a = c, .s = "consumer_close" };
     lei_api_protect(c->h.ctx, op_simple, &o);
     if (c->qref != LUA_NOREF) luaL_unref(c->h.ctx->L, LUA_REGISTRYINDEX, c->qref);
+    consumer_fini(c);
     lei_api_h_free(&c->h);
 }
 
@@ -683,7 +759,7 @@ int lecho_consumer_open_queued(lecho_channel *ch, const lecho_value *opts, size_
     if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_consumer_open_queued: not from a handler");
     lecho_consumer *c = lei_api_h_new(x, sizeof *c, H_CONSUMER);
     if (!c) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
-    c->qref = LUA_NOREF;
+    c->qref = c->slot = LUA_NOREF;
     c->box = NULL; /* no C handler, no trampoline */
     struct op o = { .a = ch, .b = opts, .n = limit, .res = c };
     int rc = lei_api_protect(x, op_consumer_queued, &o);

@@ -46,12 +46,26 @@ struct cbox {
     lecho_consumer *c;
 };
 
+/* The consumer's C sink (lua_prod.h lb_sink, a Lua userdata owned by the
+ * Lua consumer): the core hands it the channel's async events directly.
+ * Points back at the consumer until the consumer is closed. */
+struct csink {
+    lb_sink s; /* first: the core sees an lb_sink */
+    lecho_consumer *c;
+};
+
 struct lecho_consumer {
     struct lei_h h;
     lecho_handler fn;
     void *ud;
-    struct cbox *box; /* borrowed from Lua: valid while h.ref holds the consumer; NULL when queued */
-    int qref;         /* a queued consumer: registry ref of its queue (else LUA_NOREF) */
+    struct cbox *box;   /* borrowed from Lua: valid while h.ref holds the consumer; NULL when queued */
+    struct csink *sink; /* borrowed from Lua as box is; NULL when queued */
+    int qref;           /* a queued consumer: registry ref of its queue (else LUA_NOREF) */
+    int slot;           /* registry ref of the table whose [1] holds the sink's event */
+    char *chan;         /* owned: meta.channel (the channel's short name) */
+    char pname[320];    /* meta.producer of the last sink event ("addr#id") */
+    uint64_t pid;       /* ... its producer id, and its address (pname up to '#') */
+    size_t plen;        /* length of that address in pname; 0: none cached */
 };
 
 /* The service trampoline's upvalue, as struct cbox for consumers. */

@@ -207,6 +207,8 @@ static int run_hook(lb_ctx *b, hook_args *a) {
 int lb_hook_event(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
                   uint64_t sync, const uint8_t *p, size_t n) {
     lb_ctx *b = ud;
+    int sunk = lb_sink_event(b, from, chid, producer, seq, sync, p, n); /* a C consumer */
+    if (sunk != LB_NO_SINK) return sunk;
     /* field by field: an initializer would zero err[] (256 bytes) per event */
     hook_args a;
     a.b = b;
@@ -266,11 +268,13 @@ void lb_hook_prepare(void *ud) {
 void lb_hooks_init(lua_State *L, lb_ctx *b, lei_hooks *h) {
     b->L = lua_newthread(L);
     b->ref_thread = luaL_ref(L, LUA_REGISTRYINDEX);
-    lua_createtable(L, 2, 0);
+    lua_createtable(L, 3, 0);
     lua_pushcfunction(L, hook_call);
     lua_rawseti(L, -2, 1);
     lua_pushcfunction(L, log_call);
     lua_rawseti(L, -2, 2);
+    lb_sink_push_call(L);
+    lua_rawseti(L, -2, 3);
     b->ref_calls = luaL_ref(L, LUA_REGISTRYINDEX);
     lei_hooks hk = {b, lb_hook_event, lb_hook_ctrl, lb_hook_peer, lb_hook_unpin, lb_hook_log,
                     lb_hook_prepare};

@@ -1,6 +1,7 @@
 /* lua_int.h: what the files of the Lua binding share (lua_ctx.c,
- * lua_hook.c, lua_chan.c, lua_prod.c, lua_moe.c, lua_loop.c, lua_auth.c):
- * the userdata structs and the helpers that cross files.  Only these files include it.
+ * lua_hook.c, lua_chan.c, lua_prod.c, lua_sink.c, lua_moe.c, lua_loop.c,
+ * lua_auth.c): the userdata structs and the helpers that cross files.  Only
+ * these files include it.
  *
  * The binding reaches the core through ctx.h, moe.h and codec.h only.
  * Ownership: the context userdata owns the context; each timer userdata owns
@@ -24,6 +25,7 @@
 #define MOE_MT "lecho.moe"
 
 typedef struct lb_timer lb_timer;
+struct lb_sink;
 typedef struct lb_moe lb_moe;
 
 typedef struct lb_ctx {
@@ -31,7 +33,7 @@ typedef struct lb_ctx {
     lua_State *L;          /* the thread every callback runs on (owned via ref_thread) */
     int ref_event, ref_ctrl, ref_peer, ref_log, ref_tb, ref_moe_error, ref_turn;
     int ref_thread;        /* pins L */
-    int ref_calls;         /* { hook_call, log_call }: made once, no allocation per call */
+    int ref_calls;         /* { hook_call, log_call, sink_call }: made once, no allocation per call */
     int want_turn;         /* call the turn hook before each loop turn's writes */
     int close_pending;     /* close() came from inside a callback: done on return */
     lei_codec_limits lim;
@@ -45,6 +47,10 @@ typedef struct lb_ctx {
                             * function; started only inside l_run */
     int hup;               /* a SIGHUP came during ctx:run(true, fn): fn runs next */
     int signal;            /* the signal that ended the last ctx:run(true), or 0 */
+    struct lb_sink **sinks; /* owned array by channel id (nsinks long): the C sink of
+                             * each channel that has one (lua_sink.c), else NULL */
+    uint32_t nsinks;
+    int ref_sinks;         /* the table chid -> sink userdata pinning them */
 } lb_ctx;
 
 /* The shortest string value handed to Lua as a view (lua_hook.c view_of):
@@ -139,6 +145,18 @@ void lb_moe_open(lua_State *L);
  * (core.dataplane, lua_prod.h) in the module table on top */
 extern const luaL_Reg lb_prod_ctx_methods[];
 void lb_prod_open(lua_State *L);
+
+/* lua_sink.c: C sinks, a channel's one consumer in C (lua_prod.h) */
+#define LB_NO_SINK (-2)
+extern const luaL_Reg lb_sink_ctx_methods[];
+/* The event hook's first step: the channel's C sink, if it has one and the
+ * event is async: 0, or -1 (a bad value: close the connection); LB_NO_SINK
+ * when the Lua dispatch must take it. */
+int lb_sink_event(lb_ctx *b, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
+                  uint64_t sync, const uint8_t *p, size_t n);
+/* Pushes the protected function lb_sink_event calls (kept in ref_calls[3]). */
+void lb_sink_push_call(lua_State *L);
+void lb_sinks_free(lb_ctx *b, lua_State *L);
 
 /* lua_auth.c: keys, signatures, identity and trust */
 extern const luaL_Reg lb_auth_methods[];

@@ -38,6 +38,29 @@ typedef struct lb_dataplane {
     int (*stage)(void *h, const uint8_t *p, size_t n);
 } lb_dataplane;
 
+/* One async event for a C sink: the record the event hook hands over (the
+ * value itself is decoded onto the sink's Lua stack). */
+typedef struct lb_event {
+    const char *from;  /* the producing context's address; NULL: this context */
+    uint64_t producer; /* the producer's id in that context */
+    uint64_t seq;
+    size_t n;          /* the value's encoded bytes */
+} lb_event;
+
+/* A channel's one consumer written in C (liblecho's lecho_consumer_open):
+ * set with ctx:set_sink(chid, sink) (lua_sink.c) by Channel:_hot_update
+ * while it is the channel's only plain consumer.  Each async event of the
+ * channel is decoded onto L (at index idx) and handed to fn from the event
+ * hook without a Lua function called; sync events, markers and everything
+ * else take the Lua dispatch.  fn runs inside the hook's protected call and
+ * may raise.  The userdata carrying it has the metatable LB_SINK_MT and
+ * begins with this struct; the Lua consumer (its `sink` field) keeps it. */
+typedef struct lb_sink {
+    void (*fn)(struct lb_sink *s, struct lua_State *L, int idx, const lb_event *ev);
+} lb_sink;
+
+#define LB_SINK_MT "lecho.sink"
+
 /* The same struct for ffi.cdef. */
 #define LB_DATAPLANE_CDEF                                                          \
     "typedef struct lb_dataplane { int (*submit)(void *, void *, int, char *, size_t);" \

@@ -21,13 +21,13 @@ static int l_set_sink(lua_State *L) {
     uint32_t chid = lb_check_chan(L, b, 2);
     lb_sink *s = lua_isnoneornil(L, 3) ? NULL : luaL_checkudata(L, 3, LB_SINK_MT);
     if (s && chid >= b->nsinks) {
-        uint32_t n = b->nsinks ? b->nsinks : 16;
+        uint64_t n = b->nsinks ? b->nsinks : 16;
         while (n <= chid) n *= 2;
-        lb_sink **a = realloc(b->sinks, n * sizeof *a);
+        lb_sink **a = realloc(b->sinks, (size_t)n * sizeof *a);
         if (!a) return luaL_error(L, "lecho: out of memory");
         memset(a + b->nsinks, 0, (n - b->nsinks) * sizeof *a);
         b->sinks = a;
-        b->nsinks = n;
+        b->nsinks = (uint32_t)(n > UINT32_MAX ? UINT32_MAX : n);
     }
     if (b->ref_sinks == LUA_NOREF) {
         lua_newtable(L);

@@ -14,20 +14,32 @@ PKG_CONFIG ?= pkg-config
 # libsodium (Debian libsodium-dev): the only crypto (identities, handshake, records).
 SODIUM_CFLAGS := $(shell $(PKG_CONFIG) --cflags libsodium 2>/dev/null)
 SODIUM_LIBS   := $(or $(shell $(PKG_CONFIG) --libs libsodium 2>/dev/null),-lsodium)
-# The MOE's compression operators (core/array_zip.c): zstd (libzstd-dev) and
+# The MOE's compression operators (core/base/array_zip.c): zstd (libzstd-dev) and
 # ZFP (libzfp-dev, which ships no pkg-config file: -lzfp).
 ZIP_CFLAGS := $(shell $(PKG_CONFIG) --cflags libzstd 2>/dev/null)
 # core.so is marked nodelete: libzfp pulls in libgomp, whose start-up
 # allocation (8 bytes) LeakSanitizer reports as a leak once lua_close has
 # unloaded them (make asan's ctest: 4 contexts, 32 bytes, "unknown module").
 ZIP_LIBS   := $(or $(shell $(PKG_CONFIG) --libs libzstd 2>/dev/null),-lzstd) -lzfp -Wl,-z,nodelete
-ALLCFLAGS  := $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -I$(LUA_INCDIR) -Icore $(SODIUM_CFLAGS) $(ZIP_CFLAGS) $(SAN)
 
-CORE_SRC   := core/codec.c core/array.c core/errors.c core/frame.c core/addr.c core/ctx.c core/conn.c core/rbuf.c core/accept.c core/inmap.c core/peer.c core/peers.c core/chan.c \
-              core/local.c core/sync.c core/live.c core/auth.c core/secure.c core/handshake.c
-LUA_SRC    := core/codec_lua.c core/array_lua.c core/array_zip.c core/moe.c core/moe_env.c core/moe_group.c core/moe_svc.c core/lua_ctx.c core/lua_hook.c core/lua_chan.c \
-              core/lua_prod.c core/lua_sink.c core/lua_moe.c core/lua_loop.c core/lua_auth.c core/lpat.c
-HDRS       := $(wildcard core/*.h)
+# core/ in folders by layer (doc/architecture.md "Layers"; each folder's
+# README.md says what its files may include): base, transport, moe,
+# binding, capi, and test/, fuzz/ outside them; core/lecho.h, the public
+# header, at the top.  Every layer's folder is on the include path, so an
+# #include names a header by its file name alone (header names are unique).
+CORE_LAYERS := base transport moe binding capi test
+CORE_INC   := -Icore $(addprefix -Icore/,$(CORE_LAYERS))
+ALLCFLAGS  := $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -I$(LUA_INCDIR) $(CORE_INC) $(SODIUM_CFLAGS) $(ZIP_CFLAGS) $(SAN)
+
+CORE_SRC   := core/base/codec.c core/base/array.c core/base/errors.c core/transport/frame.c core/transport/addr.c \
+              core/transport/ctx.c core/transport/conn.c core/transport/rbuf.c core/transport/accept.c \
+              core/transport/inmap.c core/transport/peer.c core/transport/peers.c core/transport/chan.c \
+              core/transport/local.c core/transport/sync.c core/transport/live.c core/transport/auth.c \
+              core/transport/secure.c core/transport/handshake.c
+LUA_SRC    := core/base/codec_lua.c core/base/array_lua.c core/base/array_zip.c core/moe/moe.c core/moe/moe_env.c \
+              core/moe/moe_group.c core/moe/moe_svc.c core/moe/lpat.c core/binding/lua_ctx.c core/binding/lua_hook.c \
+              core/binding/lua_chan.c core/binding/lua_prod.c core/binding/lua_sink.c core/binding/lua_moe.c core/binding/lua_loop.c core/binding/lua_auth.c
+HDRS       := $(wildcard core/*.h core/*/*.h)
 SO         := lua/lecho/core.so
 WS_SO      := lua/lecho/ws.so
 CTESTS     := build/test_codec build/test_frame build/test_inmap build/test_ctx build/test_addr build/test_errors \
@@ -83,7 +95,7 @@ help:
 	@echo "  make run-deps    the same for only those needed to build and run lecho (make demo checks these)"
 	@echo "  make env         print the exports that let luajit find this checkout's lecho: eval \"\$$(make -s env)\""
 	@echo "  make test        deps, build, C unit tests, the busted specs under LuaJIT, then make pytest"
-	@echo "  make fuzz        every libFuzzer harness (core/fuzz_*.c: $(FUZZ_HARNESSES)) for FUZZ_SECONDS each, clang installed if missing"
+	@echo "  make fuzz        every libFuzzer harness (core/fuzz/fuzz_*.c: $(FUZZ_HARNESSES)) for FUZZ_SECONDS each, clang installed if missing"
 	@echo "  make fuzz-quick  the same for FUZZ_QUICK_SECONDS each (make test runs it); fails on a crash"
 	@echo "  make fuzz-build  only build the harnesses (build/fuzz_<name>)"
 	@echo "  make ctest       the C unit tests only: codec, framing, two contexts through lecho.h, error names, identities, the pattern matcher's step limit"
@@ -169,7 +181,7 @@ CORE_OBJ := $(patsubst core/%.c,$(OBJ_DIR)/%.o,$(CORE_SRC) $(LUA_SRC))
 # its .d.
 DEPFLAGS  = -MMD -MP
 $(OBJ_DIR)/%.o: core/%.c $(OBJ_DIR)/%.d
-	@mkdir -p $(OBJ_DIR)
+	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) $(DEPFLAGS) -c -o $@ $<
 	@touch $@
 $(CORE_OBJ:.o=.d):
@@ -181,34 +193,34 @@ $(SO): $(CORE_OBJ)
 # lecho.ws (lua/lecho/ws.so): the gateway's WebSocket connections, wslay's
 # framing and nettle's SHA-1; a module of its own, so that the core does not
 # link them.
-$(WS_SO): core/lua_ws.c
-	$(CC) $(ALLCFLAGS) $(LIBFLAG) -o $@ core/lua_ws.c -lwslay -lnettle $(LDFLAGS)
+$(WS_SO): core/binding/lua_ws.c
+	$(CC) $(ALLCFLAGS) $(LIBFLAG) -o $@ core/binding/lua_ws.c -lwslay -lnettle $(LDFLAGS)
 
-build/test_codec: core/test_codec.c core/codec.c $(HDRS) | build
-	$(CC) $(ALLCFLAGS) -o $@ core/test_codec.c core/codec.c $(LDFLAGS)
+build/test_codec: core/test/test_codec.c core/base/codec.c $(HDRS) | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test/test_codec.c core/base/codec.c $(LDFLAGS)
 
-build/test_frame: core/test_frame.c core/frame.c core/codec.c $(HDRS) | build
-	$(CC) $(ALLCFLAGS) -o $@ core/test_frame.c core/frame.c core/codec.c $(LDFLAGS)
+build/test_frame: core/test/test_frame.c core/transport/frame.c core/base/codec.c $(HDRS) | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test/test_frame.c core/transport/frame.c core/base/codec.c $(LDFLAGS)
 
-build/test_inmap: core/test_inmap.c core/inmap.c $(HDRS) | build
-	$(CC) $(ALLCFLAGS) -o $@ core/test_inmap.c core/inmap.c $(LDFLAGS)
+build/test_inmap: core/test/test_inmap.c core/transport/inmap.c $(HDRS) | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test/test_inmap.c core/transport/inmap.c $(LDFLAGS)
 
-build/test_addr: core/test_addr.c core/addr.c $(HDRS) | build
-	$(CC) $(ALLCFLAGS) -o $@ core/test_addr.c core/addr.c $(LDFLAGS)
+build/test_addr: core/test/test_addr.c core/transport/addr.c $(HDRS) | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test/test_addr.c core/transport/addr.c $(LDFLAGS)
 
 # Identities, trust, pins and (later) the keyed handshake, on the context API (ctx.h) alone.
-build/test_auth: core/test_auth.c $(CORE_SRC) $(HDRS) | build
-	$(CC) $(ALLCFLAGS) -o $@ core/test_auth.c $(CORE_SRC) -lev $(SODIUM_LIBS) $(LDFLAGS)
+build/test_auth: core/test/test_auth.c $(CORE_SRC) $(HDRS) | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test/test_auth.c $(CORE_SRC) -lev $(SODIUM_LIBS) $(LDFLAGS)
 
 # The pattern matcher's step limit: a stop flag set by another thread ends a stuck call.
-build/test_lpat: core/test_lpat.c core/lpat.c core/lpat.h core/test.h | build
-	$(CC) $(ALLCFLAGS) -o $@ core/test_lpat.c core/lpat.c -lluajit-5.1 -lpthread $(LDFLAGS)
+build/test_lpat: core/test/test_lpat.c core/moe/lpat.c core/moe/lpat.h core/test/test.h | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test/test_lpat.c core/moe/lpat.c -lluajit-5.1 -lpthread $(LDFLAGS)
 
 ctest: $(CTESTS) $(SO)
 	@for t in $(CTESTS); do ./$$t || exit 1; done
 
 # The fuzzers (libFuzzer, clang -fsanitize=fuzzer,address,undefined), one
-# per harness core/fuzz_<name>.c: frame (the frame parser and the HELLO,
+# per harness core/fuzz/fuzz_<name>.c: frame (the frame parser and the HELLO,
 # BIND, EVENT, ACK parsers, round trips), codec (the C walker and the Lua
 # decoder agree; decode/encode round trips), conn (a protected peer's frames
 # into a context whose hooks close, submit, re-target, suspend from inside),
@@ -230,7 +242,7 @@ FUZZ_RT      := $(firstword $(wildcard /usr/lib/llvm-14/lib/clang/*/lib/linux/li
                   /usr/lib/llvm-14/lib/clang/14/lib/linux/libclang_rt.fuzzer-x86_64.a)
 FUZZ_DEPS    := /usr/bin/clang:clang $(FUZZ_RT):libclang-rt-14-dev /usr/include/sodium.h:libsodium-dev \
                 /usr/include/ev.h:libev-dev
-FUZZ_FLAGS   := -g -O1 $(WARN) -Icore -I$(LUA_INCDIR) $(SODIUM_CFLAGS) -fsanitize=fuzzer,address,undefined \
+FUZZ_FLAGS   := -g -O1 $(WARN) $(CORE_INC) -I$(LUA_INCDIR) $(SODIUM_CFLAGS) -fsanitize=fuzzer,address,undefined \
                 -fno-sanitize-recover=undefined
 .PHONY: fuzz fuzz-quick fuzz-build
 # Every core source is compiled once per run into build/fuzz-obj/ (conn and
@@ -241,36 +253,36 @@ FUZZ_OBJ  := build/fuzz-obj
 FUZZ_CORE := $(CORE_SRC:core/%.c=$(FUZZ_OBJ)/%.o)
 BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 $(FUZZ_OBJ)/%.o: core/%.c $(FUZZ_OBJ)/%.d
-	@mkdir -p $(FUZZ_OBJ)
+	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(DEPFLAGS) -c -o $@ $<
 	@touch $@
-FUZZ_DEPS_D := $(patsubst core/%.c,$(FUZZ_OBJ)/%.d,$(CORE_SRC) core/codec_lua.c core/array_zip.c)
+FUZZ_DEPS_D := $(patsubst core/%.c,$(FUZZ_OBJ)/%.d,$(CORE_SRC) core/base/codec_lua.c core/base/array_zip.c)
 $(FUZZ_DEPS_D):
 include $(wildcard $(FUZZ_DEPS_D))
 
-build/fuzz_handshake: core/fuzz_handshake.c $(FUZZ_CORE) $(HDRS) | build
+build/fuzz_handshake: core/fuzz/fuzz_handshake.c $(FUZZ_CORE) $(HDRS) | build
 	$(FUZZ_CC) $(FUZZ_FLAGS) -DLECHO_FUZZ_DIR='"$(CURDIR)/build/fuzz/sock"' \
-	  -o $@ core/fuzz_handshake.c $(FUZZ_CORE) -lev $(SODIUM_LIBS)
+	  -o $@ core/fuzz/fuzz_handshake.c $(FUZZ_CORE) -lev $(SODIUM_LIBS)
 
-build/fuzz_frame: core/fuzz_frame.c $(FUZZ_OBJ)/frame.o $(FUZZ_OBJ)/codec.o $(HDRS) | build
-	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ core/fuzz_frame.c $(FUZZ_OBJ)/frame.o $(FUZZ_OBJ)/codec.o
+build/fuzz_frame: core/fuzz/fuzz_frame.c $(FUZZ_OBJ)/transport/frame.o $(FUZZ_OBJ)/base/codec.o $(HDRS) | build
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ core/fuzz/fuzz_frame.c $(FUZZ_OBJ)/transport/frame.o $(FUZZ_OBJ)/base/codec.o
 
-build/fuzz_conn: core/fuzz_conn.c $(FUZZ_CORE) $(HDRS) | build
+build/fuzz_conn: core/fuzz/fuzz_conn.c $(FUZZ_CORE) $(HDRS) | build
 	$(FUZZ_CC) $(FUZZ_FLAGS) -DLECHO_FUZZ_DIR='"$(CURDIR)/build/fuzz/sock"' \
-	  -o $@ core/fuzz_conn.c $(FUZZ_CORE) -lev $(SODIUM_LIBS)
+	  -o $@ core/fuzz/fuzz_conn.c $(FUZZ_CORE) -lev $(SODIUM_LIBS)
 
-build/fuzz_ns: core/fuzz_ns.c $(FUZZ_OBJ)/codec_lua.o $(FUZZ_OBJ)/codec.o $(FUZZ_OBJ)/array.o $(HDRS) | build
-	$(FUZZ_CC) $(FUZZ_FLAGS) -DLECHO_LUA_DIR='"$(CURDIR)/lua"' -o $@ core/fuzz_ns.c $(FUZZ_OBJ)/codec_lua.o \
-	  $(FUZZ_OBJ)/codec.o $(FUZZ_OBJ)/array.o -lluajit-5.1
+build/fuzz_ns: core/fuzz/fuzz_ns.c $(FUZZ_OBJ)/base/codec_lua.o $(FUZZ_OBJ)/base/codec.o $(FUZZ_OBJ)/base/array.o $(HDRS) | build
+	$(FUZZ_CC) $(FUZZ_FLAGS) -DLECHO_LUA_DIR='"$(CURDIR)/lua"' -o $@ core/fuzz/fuzz_ns.c $(FUZZ_OBJ)/base/codec_lua.o \
+	  $(FUZZ_OBJ)/base/codec.o $(FUZZ_OBJ)/base/array.o -lluajit-5.1
 
-build/fuzz_codec: core/fuzz_codec.c $(FUZZ_OBJ)/codec_lua.o $(FUZZ_OBJ)/codec.o $(FUZZ_OBJ)/array.o $(HDRS) | build
-	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ core/fuzz_codec.c $(FUZZ_OBJ)/codec_lua.o $(FUZZ_OBJ)/codec.o \
-	  $(FUZZ_OBJ)/array.o -lluajit-5.1
+build/fuzz_codec: core/fuzz/fuzz_codec.c $(FUZZ_OBJ)/base/codec_lua.o $(FUZZ_OBJ)/base/codec.o $(FUZZ_OBJ)/base/array.o $(HDRS) | build
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ core/fuzz/fuzz_codec.c $(FUZZ_OBJ)/base/codec_lua.o $(FUZZ_OBJ)/base/codec.o \
+	  $(FUZZ_OBJ)/base/array.o -lluajit-5.1
 
 # the compressed-array decoder (array_zip.c) against libzstd and libzfp
-build/fuzz_zip: core/fuzz_zip.c $(FUZZ_OBJ)/array_zip.o $(FUZZ_OBJ)/array.o $(FUZZ_OBJ)/codec.o $(HDRS) | build
-	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ core/fuzz_zip.c $(FUZZ_OBJ)/array_zip.o $(FUZZ_OBJ)/array.o \
-	  $(FUZZ_OBJ)/codec.o $(ZIP_LIBS)
+build/fuzz_zip: core/fuzz/fuzz_zip.c $(FUZZ_OBJ)/base/array_zip.o $(FUZZ_OBJ)/base/array.o $(FUZZ_OBJ)/base/codec.o $(HDRS) | build
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ core/fuzz/fuzz_zip.c $(FUZZ_OBJ)/base/array_zip.o $(FUZZ_OBJ)/base/array.o \
+	  $(FUZZ_OBJ)/base/codec.o $(ZIP_LIBS)
 
 fuzz-build:
 	@$(MAKE) --no-print-directory deps DEPS="$(FUZZ_DEPS)"
@@ -297,19 +309,19 @@ fuzz-quick: fuzz-build
 # loads the Lua layer.  build/liblecho.so finds the Lua files of this
 # checkout; the installed one (build/inst/) those of INST_LUADIR/INST_LIBDIR.
 LECHO_LIBS := -lluajit-5.1
-LECHO_SRC  := core/lecho.c core/lecho_value.c core/lecho_array.c core/errors.c
-build/liblecho.so: $(LECHO_SRC) core/lecho.h core/lecho_int.h core/lua_prod.h core/errors.h core/array.h | build
+LECHO_SRC  := core/capi/lecho.c core/capi/lecho_value.c core/capi/lecho_array.c core/base/errors.c
+build/liblecho.so: $(LECHO_SRC) core/lecho.h core/capi/lecho_int.h core/binding/lua_prod.h core/base/errors.h core/base/array.h | build
 	$(CC) $(ALLCFLAGS) -shared -o $@ $(LECHO_SRC) \
 	  -DLECHO_LUA_DIR='"$(CURDIR)/lua"' -DLECHO_LUA_CDIR='"$(CURDIR)/lua"' $(LECHO_LIBS) $(LDFLAGS)
 
 liblecho: build/liblecho.so $(SO)
 
-build/test_ctx: core/test_ctx.c core/lecho.h core/test.h build/liblecho.so | build
-	$(CC) $(ALLCFLAGS) -o $@ core/test_ctx.c -Lbuild -llecho -Wl,-rpath,$(CURDIR)/build -lpthread $(LDFLAGS)
+build/test_ctx: core/test/test_ctx.c core/lecho.h core/test/test.h build/liblecho.so | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test/test_ctx.c -Lbuild -llecho -Wl,-rpath,$(CURDIR)/build -lpthread $(LDFLAGS)
 
 # errors.c is compiled in as well: lei_err_name is hidden in liblecho.
-build/test_errors: core/test_errors.c core/errors.c core/errors.h core/lecho.h core/test.h build/liblecho.so | build
-	$(CC) $(ALLCFLAGS) -o $@ core/test_errors.c core/errors.c -Lbuild -llecho -Wl,-rpath,$(CURDIR)/build $(LDFLAGS)
+build/test_errors: core/test/test_errors.c core/base/errors.c core/base/errors.h core/lecho.h core/test/test.h build/liblecho.so | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test/test_errors.c core/base/errors.c -Lbuild -llecho -Wl,-rpath,$(CURDIR)/build $(LDFLAGS)
 
 # busted runs under LuaJIT with the tree's own module paths first.
 SPEC_ENV := LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;" \
@@ -404,10 +416,10 @@ bench/baseline_peers: bench/baseline_peers.c bench/harness.h
 
 # The public C API (lecho.h) in the same workloads as lecho_c: the Lua layer included.
 bench/lecho_h: bench/lecho_h.c bench/harness.h bench/lecho_bench.h core/lecho.h build/liblecho.so
-	$(CC) $(CFLAGS) $(WARN) -Icore -o $@ bench/lecho_h.c -Lbuild -llecho -Wl,-rpath,$(CURDIR)/build
+	$(CC) $(CFLAGS) $(WARN) $(CORE_INC) -o $@ bench/lecho_h.c -Lbuild -llecho -Wl,-rpath,$(CURDIR)/build
 
 bench/lecho_c: bench/lecho_c.c bench/harness.h bench/lecho_bench.h $(CORE_SRC) $(HDRS)
-	$(CC) $(CFLAGS) $(WARN) -Icore $(SODIUM_CFLAGS) -o $@ bench/lecho_c.c $(CORE_SRC) -lev $(SODIUM_LIBS)
+	$(CC) $(CFLAGS) $(WARN) $(CORE_INC) $(SODIUM_CFLAGS) -o $@ bench/lecho_c.c $(CORE_SRC) -lev $(SODIUM_LIBS)
 
 # `make install [PREFIX=/usr/local] [DESTDIR=]`: the Lua module tree, the
 # core, the scripts, and the C API (lecho.h, liblecho.so, lecho.pc).  The

@@ -1,5 +1,5 @@
 /*
- * bench/lecho_c.c -- lecho's C API (core/ctx.h, core/codec.h) driven
+ * bench/lecho_c.c -- lecho's C API (core/transport/ctx.h, core/base/codec.h) driven
  * directly, without Lua, for the benchmark suite.  Same argv interface and
  * JSON output as bench/baseline_tcp.c, with "impl":"lecho_c".
  *

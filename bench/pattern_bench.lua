@@ -1,4 +1,4 @@
--- bench/pattern_bench.lua: the modulators' pattern functions (core/lpat.c,
+-- bench/pattern_bench.lua: the modulators' pattern functions (core/moe/lpat.c,
 -- core.lpat()) against LuaJIT's own on the same inputs: typical modulator
 -- patterns on short fields and on 10 KB events.
 --

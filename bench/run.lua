@@ -34,7 +34,7 @@ the environment sets it up:
   QUICK=1           small counts, fewer points, 3 repetitions (not 5): < 60 s
   BENCH_ONLY=a,b    only these workloads: codec latency throughput sinks
                     pipeline channels bulk null_call calls modulators keyed
-                    peers attacked patterns scale arrays
+                    peers attacked patterns moe_calls scale arrays
   BENCH_RESULTS=DIR results there instead of bench/results
   LECHO_BENCH_LOG=1 the workers log to their stderr files
   BENCH_KEEP_TMP=1  keep the temporary directory of the workers' output
@@ -588,7 +588,7 @@ local function w_pipeline()
          function(x) return x.async_null.producer_cpu_us end)
 end
 
--- A name server keeps at most 65536 channels (lecho.registry max_channels),
+-- A name server keeps at most 65536 channels (lecho.ns.registry max_channels),
 -- the report channel included: points above 4096 get a name server of their
 -- own (scripts/lecho-nameserver), with channels named "host:port/name".
 local function own_nameserver(k)
@@ -964,7 +964,7 @@ local function w_attacked()
             { median = common.median(v.ratios), lo = v.ratio_lo, hi = v.ratio_hi, all = v.ratios })
 end
 
--- The modulators' pattern functions (core/lpat.c) against LuaJIT's own,
+-- The modulators' pattern functions (core/moe/lpat.c) against LuaJIT's own,
 -- in bench/pattern_bench.lua: per case the medians of interleaved
 -- repetitions (7, QUICK 3) and the spread of the per-repetition ratios.
 local function w_patterns()
@@ -980,6 +980,30 @@ local function w_patterns()
          base_v = c.luajit_us, lower = true, target = { "<=", 2 }, target_issue = 12,
          ratio = c.ratio_median or c.ratio, lo = c.ratio_lo, hi = c.ratio_hi, reps = c.reps }
   end
+end
+
+-- What a modulator's own code costs per call in the MOE (issue 27 item 5):
+-- bench/moe_jit_bench.lua, in-process sandboxes (the MOE's states), its own
+-- interleaved repetitions; each ratio to the call's two encode/decode rounds.
+local function w_moe_calls()
+  log("moe_calls (a modulator's call in the MOE: trivial, Lua loop, region)")
+  local file = RESULTS .. "/moe_calls.json"
+  os.remove(file)
+  local f = io.popen(("%s %s/moe_jit_bench.lua --json %s %s 2>&1")
+    :format(LUAJIT, BENCH, sh_quote(file), QUICK and "--quick" or ""))
+  local out = f:read("*a")
+  f:close()
+  local s = common.read(file)
+  local v = s and cjson.decode(s)
+  if not v or not v.median or not v.ratio then error("moe_jit_bench failed: " .. out) end
+  R.moe_calls = v
+  local m = v.median
+  ratio_row({ workload = "modulator call, trivial filter (5-key event)", metric = "us/call", lecho = m.trivial,
+              base = "2 codec rounds", base_v = m.codec_small, lower = true }, v.ratio.trivial)
+  ratio_row({ workload = "modulator call, stats of 1,000 numbers (Lua loop)", metric = "us/call", lecho = m.stats,
+              base = "2 codec rounds", base_v = m.codec_numbers, lower = true }, v.ratio.stats)
+  row{ workload = "modulator call, atmosphere region (4x90x180 <f8)", metric = "us/call", lecho = m.region,
+       base = "-", lower = true, reps = v.reps, extra = "its work is C (box views, one reduce)" }
 end
 
 -- Scale points (issue 13): fan-out to 64/256 consuming contexts, idle
@@ -1267,7 +1291,7 @@ local WORKLOADS = {
   { "sinks", w_sinks }, { "pipeline", w_pipeline }, { "channels", w_channels },
   { "bulk", w_bulk }, { "null_call", w_null }, { "calls", w_calls }, { "modulators", w_modulators },
   { "keyed", w_keyed }, { "peers", w_peers }, { "attacked", w_attacked }, { "patterns", w_patterns },
-  { "scale", w_scale }, { "arrays", w_arrays },
+  { "moe_calls", w_moe_calls }, { "scale", w_scale }, { "arrays", w_arrays },
 }
 
 local CORES = tonumber(io.popen("nproc"):read("*l"))

@@ -26,7 +26,7 @@ dependencies = { "lua ~> 5.1", "luajit >= 2.1.0-beta3", "lua-cjson >= 2.1" }
 external_dependencies = {
   LIBEV = { header = "ev.h", library = "ev" },
   LIBSODIUM = { header = "sodium.h", library = "sodium" },
-  -- the MOE's compression operators (core/array_zip.c)
+  -- the MOE's compression operators (core/base/array_zip.c)
   LIBZSTD = { header = "zstd.h", library = "zstd" },
   LIBZFP = { header = "zfp.h", library = "zfp" },
 }

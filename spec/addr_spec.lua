@@ -1,6 +1,6 @@
 -- The address grammar on the Lua side (lua/lecho/addr.lua): the same
--- canonical texts and exact messages as core/test_addr.c (the cases in
--- core/test_addr_cases.txt are run by both), and channel
+-- canonical texts and exact messages as core/test/test_addr.c (the cases in
+-- core/test/test_addr_cases.txt are run by both), and channel
 -- references that split without doubt even when the name server's address
 -- is a unix path or the name holds "/".  Pure text: no sockets.
 
@@ -13,10 +13,10 @@ local function fails(s, msg, opts)
   assert.are.equal("invalid", code)
 end
 
--- The cases shared with core/test_addr.c (format in the file's header).
+-- The cases shared with core/test/test_addr.c (format in the file's header).
 local function shared_cases()
   local root = os.getenv("LECHO_ROOT") or "."
-  local f = assert(io.open(root .. "/core/test_addr_cases.txt"))
+  local f = assert(io.open(root .. "/core/test/test_addr_cases.txt"))
   local cases = {}
   for line in f:lines() do
     if line ~= "" and line:sub(1, 1) ~= "#" then

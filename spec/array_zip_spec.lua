@@ -1,4 +1,4 @@
--- Compression operators on arrays (issue 24 item 4, core/array_zip.c):
+-- Compression operators on arrays (issue 24 item 4, core/base/array_zip.c):
 -- lossless zstd and lossy ZFP at an absolute error bound, each with its
 -- inverse in the demodulator; in a modulator under its CPU budget and
 -- memory cap; hostile compressed input (truncated, lying sizes, a zstd

@@ -59,7 +59,7 @@ describe("lecho.policy", function()
   -- own, "public@x/secret"; one function gives that rule to the policy,
   -- the manager's tickets and, in C, lei_base_len)
   it("uses the protocol's base name, one function for the policy and the manager's tickets", function()
-    local addr, membership = require "lecho.addr", require "lecho.membership"
+    local addr, membership = require "lecho.addr", require "lecho.ns.membership"
     local cases = {
       ["127.0.0.1:7700/public@x/secret"] = "127.0.0.1:7700/public@x/secret",
       ["127.0.0.1:7700/public@x/secret@k1"] = "127.0.0.1:7700/public@x/secret",

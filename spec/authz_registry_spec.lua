@@ -1,5 +1,5 @@
 -- Proves the name server's and managers' enforcement of a policy
--- (doc/security.md) in lecho.registry, with identities and signatures
+-- (doc/security.md) in lecho.ns.registry, with identities and signatures
 -- injected as the context does in keyed mode: join (produce, consume,
 -- modulate with capabilities), subscribe, a lookup that makes an entry,
 -- any lookup and info (produce, consume or list), register_manager (manage, and which channels go to which manager) and
@@ -11,7 +11,7 @@
 -- Run: LUA_PATH="$PWD/lua/?.lua;$PWD/lua/?/init.lua;;" LUA_CPATH="$PWD/lua/?.so;;" \
 --   luajit /usr/bin/busted spec/authz_registry_spec.lua
 
-local R = require "lecho.registry"
+local R = require "lecho.ns.registry"
 local policy = require "lecho.policy"
 
 local NS = "127.0.0.1:7700"

@@ -12,7 +12,7 @@
 -- process attached to it the whole time.  After each case the spec checks
 -- the logged reason, the bad-frame count, the ERROR frame the offender got,
 -- that no huge buffer was allocated, and that events (async and sync) still
--- flow.  Raw frames are built by hand here (layout in core/frame.h) and sent
+-- flow.  Raw frames are built by hand here (layout in core/transport/frame.h) and sent
 -- with luasocket.
 --
 -- Run: make && LUA_PATH="$PWD/lua/?.lua;$PWD/lua/?/init.lua;;" \
@@ -337,7 +337,7 @@ for _, kind in ipairs({ "context", "nameserver" }) do
       local c = raw_connect(T)
       c:send(junk)
       -- Before the handshake only small frames are taken (HANDSHAKE_FRAME_MAX
-      -- in core/conn.c): a longer one is refused at once, not waited for.
+      -- in core/transport/conn.c): a longer one is refused at once, not waited for.
       assert_refused(T, c, ("frame length exceeds limit (%d bytes, limit 4096)"):format(len))
     end)
 

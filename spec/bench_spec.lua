@@ -6,7 +6,7 @@ local support = require "spec.support"
 local cjson = require "cjson"
 
 local WORKLOADS = { "codec", "latency", "throughput", "sinks", "pipeline", "channels",
-                    "bulk", "null_call", "calls", "modulators", "keyed", "peers", "attacked", "patterns", "scale" }
+                    "bulk", "null_call", "calls", "modulators", "keyed", "peers", "attacked", "patterns", "moe_calls", "scale" }
 
 local function positive(x, what)
   assert(type(x) == "number" and x > 0 and x == x and x < math.huge,
@@ -119,6 +119,9 @@ describe("make bench QUICK=1", function()
     positive(w.attacked.attacked, "attacked: the flow beside the attacker")
     assert.equal(0, w.attacked.lost)
     for _, c in ipairs(w.patterns.cases) do positive(c.ours_us, c.name); positive(c.luajit_us, c.name) end
+    for _, k in ipairs{ "codec_small", "trivial", "codec_numbers", "stats", "region" } do
+      positive(w.moe_calls.median[k], "moe_calls " .. k)
+    end
     -- scale (issue 13): the fan-out's repetitions kept, every peer and channel counted
     for _, pl in ipairs{ "null", "composite" } do
       local fo = w.scale.fanout[pl]

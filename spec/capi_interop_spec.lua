@@ -2,9 +2,9 @@
 -- item 1: the C API's data plane in C; events a Lua peer sends and a C peer
 -- reads, and back, are what they were).  spec/support/capi_relay.c consumes
 -- "a" with a C handler (its async events come from the core's event hook,
--- core/lua_sink.c; its sync ones through the Lua dispatch) and sends each
+-- core/binding/lua_sink.c; its sync ones through the Lua dispatch) and sends each
 -- value on to "b" with lecho_submit from inside the handler (the producer
--- handle's C path, core/lua_prod.c), with the meta it was given.  The Lua
+-- handle's C path, core/binding/lua_prod.c), with the meta it was given.  The Lua
 -- side sends a mix of async and sync submits of every kind of value
 -- (strings with NULs, a 70,000-byte string, integers, doubles, booleans,
 -- nil, nested tables, arrays of several dtypes and sizes) and checks what

@@ -1,4 +1,4 @@
--- core_auth_spec.lua: the binding's keys and identities (core/lua_auth.c):
+-- core_auth_spec.lua: the binding's keys and identities (core/binding/lua_auth.c):
 -- keypairs, signatures, hex, and the context's identity, trust and pins.
 local core = require "lecho.core"
 

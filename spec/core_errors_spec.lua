@@ -1,5 +1,5 @@
 -- Proves that the core binding (lecho.core) reports every expected failure
--- as nil, message, code, with a code from the one list of core/errors.h
+-- as nil, message, code, with a code from the one list of core/base/errors.h
 -- ("timeout", "closed", "refused", "limit", "wouldblock", "invalid",
 -- "notfound", "io", "protocol", "nomem", "failed"), and the message worded
 -- as before.  Real sockets on 127.0.0.1, ports chosen by the OS.

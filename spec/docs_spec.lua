@@ -34,7 +34,7 @@ end
 
 -- Files being added by a helper working in parallel: named in the map
 -- ahead of time, checked once they exist.
-local SOON = { ["core/addr.c"] = true, ["core/addr.h"] = true, ["lua/lecho/addr.lua"] = true }
+local SOON = { ["core/transport/addr.c"] = true, ["core/transport/addr.h"] = true, ["lua/lecho/addr.lua"] = true }
 
 local TOP = { core = true, lua = true, scripts = true, spec = true, bench = true, stress = true,
               rockspec = true, doc = true, examples = true }

@@ -12,7 +12,7 @@
 --   LUA_CPATH="$PWD/lua/?.so;;" LECHO_ROOT=$PWD luajit /usr/bin/busted spec/leaks_spec.lua
 
 local lecho = require "lecho"
-local R = require "lecho.registry"
+local R = require "lecho.ns.registry"
 local S = require "spec.support"
 
 local NS = "127.0.0.1:7700"

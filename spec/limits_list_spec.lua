@@ -12,7 +12,7 @@
 
 local lecho = require "lecho"
 local core = require "lecho.core"
-local R = require "lecho.registry"
+local R = require "lecho.ns.registry"
 local S = require "spec.support"
 
 local N, LEN = 20480, 1000

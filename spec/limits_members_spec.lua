@@ -19,7 +19,7 @@
 
 local lecho = require "lecho"
 local cjson = require "cjson"
-local registry = require "lecho.registry"
+local registry = require "lecho.ns.registry"
 local S = require "spec.support"
 local kids = require "spec.children"
 

@@ -1,4 +1,4 @@
--- The modulators' pattern functions (core/lpat.c) against LuaJIT's own, on
+-- The modulators' pattern functions (core/moe/lpat.c) against LuaJIT's own, on
 -- random subjects, patterns, replacements, inits and counts: every result
 -- and every error text the same.  Seeded (LPAT_SEED=n replays a run; the
 -- seed is in every failure message), bounded in time.

@@ -1,4 +1,4 @@
--- The string pattern functions of a modulator (core/lpat.c in every
+-- The string pattern functions of a modulator (core/moe/lpat.c in every
 -- modulator state) answer as LuaJIT's own on the seven kinds of input
 -- where lecho.patterns (the Lua matcher they replace) did not (issue 11),
 -- the CPU budget stops them inside one call, and they are fast enough that

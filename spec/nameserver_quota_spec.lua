@@ -12,7 +12,7 @@
 
 local lecho = require "lecho"
 local socket = require "socket"
-local R = require "lecho.registry"
+local R = require "lecho.ns.registry"
 local S = require "spec.support"
 
 local NS = "127.0.0.1:7700"

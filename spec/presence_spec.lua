@@ -169,7 +169,7 @@ describe("a group", function()
     assert.is_true(g:leave())
     assert.is_true(g:leave())
     local r = assert(ctx:request(ns, { op = "glist", group = "chat" }))
-    assert.are.same({ a2 }, require("lecho.registry").sorted_keys(r.members))
+    assert.are.same({ a2 }, require("lecho.tables").sorted_keys(r.members))
   end)
 
   it("loses a member killed with SIGKILL after its lease; the others are told once, 'expired'", function()
@@ -470,7 +470,7 @@ describe("the name server's bounds on groups", function()
     local r = assert(ctx:request(ctx.addr, { op = "glist", group = "full" }))
     local both = { a1, a2 }
     table.sort(both)
-    assert.are.same(both, require("lecho.registry").sorted_keys(r.members))
+    assert.are.same(both, require("lecho.tables").sorted_keys(r.members))
   end)
 
   it("never fall to a rogue peer's junk g* messages: each refused, the name server and the watchers go on", function()
@@ -524,9 +524,9 @@ ctx:close{ linger = 0 }
   end)
 end)
 
-describe("the name server's groups (lecho.registry, no I/O)", function()
-  local registry = require "lecho.registry"
-  local presence = require "lecho.presence"
+describe("the name server's groups (lecho.ns.registry, no I/O)", function()
+  local registry = require "lecho.ns.registry"
+  local presence = require "lecho.ns.presence"
 
   -- A name server registry, the messages it sent ({ to, msg }), and a
   -- request function at time `t`.
@@ -658,7 +658,7 @@ describe("the name server's groups (lecho.registry, no I/O)", function()
     reg:tick(send, 4000)        -- (every one expires: the totals go back to nothing)
     assert.are.same({ 0, 0, 0 }, { reg.nmemberships, reg.gbytes, #reg.gheap - 0 })
     -- the heap against a sorted list: random sets and removals
-    local H = require("lecho.presence")._heap
+    local H = require("lecho.ns.presence")._heap
     local h, es = {}, {}
     math.randomseed(12)
     for i = 1, 2000 do

@@ -1,7 +1,7 @@
--- The registry forgets unused channels (lecho.naming, lecho.membership):
+-- The registry forgets unused channels (lecho.ns.naming, lecho.ns.membership):
 -- the state machine alone, with the clock and the transport injected.
 -- Run: luajit /usr/bin/busted --lpath='lua/?.lua;lua/?/init.lua' spec/registry_forget_spec.lua
-local registry = require "lecho.registry"
+local registry = require "lecho.ns.registry"
 
 local function host()
   local sent = {}

@@ -1,10 +1,10 @@
--- Proves lecho.registry, the transport-free control plane of the name server
+-- Proves lecho.ns.registry, the transport-free control plane of the name server
 -- and channel managers: lookup and balancing, membership counts, the consumer
 -- join that waits for producer confirmations (and its timeout), peer loss,
 -- and that bad input gets clear errors instead of exceptions.
 -- Run: luajit /usr/bin/busted --lpath='lua/?.lua;lua/?/init.lua' spec/registry_spec.lua
 
-local R = require "lecho.registry"
+local R = require "lecho.ns.registry"
 
 local NS = "127.0.0.1:7700"
 local P1, P2, C1, C2 = "10.0.0.1:1", "10.0.0.2:2", "10.0.0.3:3", "10.0.0.4:4"
@@ -61,7 +61,7 @@ local function members_to(w, addr)
   return ms
 end
 
-describe("lecho.registry lookup", function()
+describe("lecho.ns.registry lookup", function()
   it("self-manages channels when no manager registered", function()
     local reg, w = new(), wire()
     local id = req(reg, w, P1, { op = "lookup", ch = "a" })
@@ -144,7 +144,7 @@ describe("lecho.registry lookup", function()
   end)
 end)
 
-describe("lecho.registry membership", function()
+describe("lecho.ns.registry membership", function()
   for _, role in ipairs { "nameserver", "manager" } do
     it("gives a joining producer the current consumers (" .. role .. ")", function()
       local reg, w = new(role), wire()
@@ -387,7 +387,7 @@ describe("lecho.registry membership", function()
   end)
 end)
 
-describe("lecho.registry bad input", function()
+describe("lecho.ns.registry bad input", function()
   local reg, w
   before_each(function() reg, w = new(), wire() end)
 
@@ -468,15 +468,15 @@ describe("lecho.registry bad input", function()
 
   it("raises for bad constructor options", function()
     assert.has_error(function() R.new { addr = NS, role = "boss" } end,
-                     'lecho.registry.new: \'role\' must be "nameserver" or "manager"')
+                     'lecho.ns.registry.new: \'role\' must be "nameserver" or "manager"')
     assert.has_error(function() R.new { role = "manager" } end,
-                     "lecho.registry.new: 'addr' must be a non-empty string")
+                     "lecho.ns.registry.new: 'addr' must be a non-empty string")
     assert.has_error(function() R.new { addr = NS, role = "manager", ack_timeout = -1 } end,
-                     "lecho.registry.new: 'ack_timeout' must be a non-negative number")
+                     "lecho.ns.registry.new: 'ack_timeout' must be a non-negative number")
   end)
 end)
 
-describe("lecho.registry modulator subscriptions", function()
+describe("lecho.ns.registry modulator subscriptions", function()
   local SRC = "function enqueue(ev) return ev end"
 
   it("merges equal modulators by key and sends producers their destinations", function()
@@ -513,7 +513,7 @@ describe("lecho.registry modulator subscriptions", function()
   end)
 end)
 
-describe("lecho.registry list and snapshot", function()
+describe("lecho.ns.registry list and snapshot", function()
   it("shows full membership for own channels, the manager for assigned ones", function()
     local reg, w = new(), wire()
     req(reg, w, P1, { op = "join", ch = "own", role = "producer" })
@@ -546,7 +546,7 @@ describe("lecho.registry list and snapshot", function()
   end)
 end)
 
-describe("lecho.registry under random traffic", function()
+describe("lecho.ns.registry under random traffic", function()
   it("never raises, answers every request once, keeps counts consistent", function()
     math.randomseed(42)
     local addrs = { P1, P2, C1, C2, M1, NS }
@@ -604,7 +604,7 @@ end)
 -- Issue 13: a name server with many channels must not pay for them on every
 -- tick (0.1 s): the tick visits the channels with a pending join only.
 -- (Counted by the registry itself, reg.tick_visits: no timing.)
-describe("lecho.registry tick cost", function()
+describe("lecho.ns.registry tick cost", function()
   it("visits only the channels with a pending join, not every channel", function()
     local reg, w = new("nameserver", { ack_timeout = 2.0 }), wire()
     for i = 1, 500 do
@@ -627,7 +627,7 @@ describe("lecho.registry tick cost", function()
   end)
 end)
 
-describe("lecho.registry forget cost", function()
+describe("lecho.ns.registry forget cost", function()
   it("checks only the channels that may be due for forgetting, not every channel", function()
     local reg, w = new("nameserver", { forget_after = 10 }), wire()
     for i = 1, 500 do

@@ -35,7 +35,7 @@ describe("the rockspec", function()
   end
 
   it("installs the module, the core and the scripts", function()
-    for _, f in ipairs{ "/share/lua/5.1/lecho/init.lua", "/share/lua/5.1/lecho/registry.lua",
+    for _, f in ipairs{ "/share/lua/5.1/lecho/init.lua", "/share/lua/5.1/lecho/ns/registry.lua",
                         "/share/lua/5.1/lecho/check.lua",
                         "/lib/lua/5.1/lecho/core.so", "/bin/lecho-nameserver", "/bin/lecho-manager",
                         "/bin/lecho-keygen", "/share/lua/5.1/lecho/keys.lua" } do

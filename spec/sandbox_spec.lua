@@ -1,4 +1,4 @@
--- Sandboxes (issue 12 point 6, core/moe_svc.c): Lua source loaded in a
+-- Sandboxes (issue 12 point 6, core/moe/moe_svc.c): Lua source loaded in a
 -- state made like a modulator's and called with values.  Hostile functions
 -- (loops, unbounded allocation, raised tables, results that cannot travel,
 -- the absent os/io, huge arguments) each fail alone with a reason and a

@@ -1,5 +1,5 @@
 -- core/fuzz/seeds.lua: writes the seed corpora of the libFuzzer harnesses
--- (core/fuzz_<name>.c) into core/fuzz/<name>/: real values, frames and
+-- (core/fuzz/fuzz_<name>.c) into core/fuzz/<name>/: real values, frames and
 -- control messages as lecho sends them, built with the core's own encoder.
 -- The files are in git; run this again when a format changes:
 --

@@ -1,7 +1,17 @@
 -- lecho.channel: the channel object of a context (a name at a name
--- server) and the lookup of channels by name.  Its endpoints are made by
--- lecho.producer and lecho.consumer, its membership kept by lecho.control,
--- its modulators by lecho.modulator.
+-- server) and the lookup of channels by name (ctx:channel, a method of
+-- Context's, listed in lecho.context).  This is the home of Channel: its
+-- methods not defined here are defined in these modules (each adds them
+-- when required; spec/lua_layout_spec.lua checks this list against the
+-- code):
+--   lecho.producer:  producer
+--   lecho.consumer:  consumer
+--   lecho.control:   _join, _leave, _manager, _apply_members, _update_subs, _subs,
+--                    _schedule_rejoin, _forget_kept, _revoked, _secure,
+--                    _secure_all, _take_ticket
+--   lecho.modulator: _set_consumers, _rebuild_modlist, _install, _rekey, _unload,
+--                    _refuse, _mod_failed, _mod_errors, _attach, _detach,
+--                    _end_watch, _end_streams, _stream_ended, _tell_mod_error
 
 local options = require "lecho.options"
 local Context = require "lecho.context"

@@ -1,8 +1,20 @@
 -- lecho.context: the Lua half of a context's run loop: the scheduler of
 -- waits (every callback runs in a coroutine of the context's), timers and
--- descriptors, the dispatch of decoded events to consumer handlers, stats
--- and close.  The context is made by lecho.context() (init.lua); the control
--- plane's methods are in lecho.control, channels in lecho.channel.
+-- descriptors, the dispatch of decoded events to consumer handlers (or to
+-- a channel's route), stats and close.  The context is made by
+-- lecho.context() (init.lua).  This is the home of Context, the object
+-- lecho.context() returns: its methods not defined here are defined in
+-- these modules (each adds them when required; spec/lua_layout_spec.lua
+-- checks this list against the code):
+--   lecho.channel:   channel, _fullname
+--   lecho.control:   request, list, _send_ctrl, _notify, _pend, _fail_pending,
+--                    _reply_wrong, _warn_limited, _expect, _on_ctrl, _registered,
+--                    _tell_unreachable, _on_peer, _channel_exists
+--   lecho.service:   service
+--   lecho.call:      call, call_async, _call
+--   lecho.group:     group, _on_gchange
+--   lecho.push:      sandbox, push, unload_pushed, pushed
+--   lecho.modulator: _moe_error
 
 local options = require "lecho.options"
 local ffi = require "ffi"
@@ -455,12 +467,10 @@ function Context:_wait(ready, deadline, sid)
     end
     if deadline then self:_wake_at(deadline) end
     self.c:want_turn(true)
-    -- a service handler under a CPU budget (lecho.service): not counted
-    -- while it waits
-    local bud = self.svc_budgets and self.svc_budgets[co]
-    if bud then self:_budget_pause(bud) end
+    local h = self.wait_hooks and self.wait_hooks[co]  -- (Context:_on_wait)
+    if h then h:pause() end
     local r = coroutine.yield(WAIT)
-    if bud then self:_budget_resume(bud) end
+    if h then h:resume() end
     return r
   end
   return main_wait(self, call_ready, ready, nil, deadline)
@@ -485,13 +495,27 @@ function Context:_wait_sync(sid, deadline)
     self.nsyncw = self.nsyncw + 1
     if deadline then self:_wake_at(deadline) end
     c:want_turn(true)
-    local bud = self.svc_budgets and self.svc_budgets[co]
-    if bud then self:_budget_pause(bud) end
+    local h = self.wait_hooks and self.wait_hooks[co]  -- (Context:_on_wait)
+    if h then h:pause() end
     local r = coroutine.yield(WAIT)
-    if bud then self:_budget_resume(bud) end
+    if h then h:resume() end
     return r
   end
   return main_wait(self, settled, c, sid, deadline)
+end
+
+-- Sets h as coroutine co's wait hook (nil: none): h:pause() runs before
+-- each wait of co (_wait, _wait_sync), h:resume() when it goes on.  A
+-- service handler's CPU budget (lecho.service) is one: a wait is not CPU.
+-- Weak keys: a coroutine that ends takes its hook with it.
+function Context:_on_wait(co, h)
+  local hooks = self.wait_hooks
+  if not hooks then
+    if h == nil then return end
+    hooks = setmetatable({}, { __mode = "k" })
+    self.wait_hooks = hooks
+  end
+  hooks[co] = h
 end
 
 -- The waits on sync records (_wait's sid, _wait_sync): those whose record settled
@@ -633,16 +657,17 @@ function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, 
   elseif avs then
     rv = { a = avs } -- the value's array views (see keep_view)
   end
-  -- a call channel served here (lecho.service): the call runs in a
-  -- coroutine of its own and is answered by ctx:ack; no ack from C
-  local svc = self.svc_chans
-  if svc and svc[chid] then
-    -- a call is a request table: a long string is a bad request, answered
-    -- as one without copying it
+  -- a routed channel (Context:_route: a service's call channel) takes the
+  -- event itself, and answers it itself: no ack from C
+  local routes = self.routes
+  local route = routes and routes[chid]
+  if route then
+    -- it takes requests (tables): a long string is none, passed as ""
+    -- rather than copied
     if rv and rv.p then value = "" end
-    -- a call runs in its own coroutine: its arrays are copied first
+    -- the value outlives this dispatch: its arrays are copied first
     if avs then keep_view(rv) end
-    return self:_serve(svc[chid], value, peer, sync, gen, nbytes)
+    return route(value, peer, sync, gen, nbytes)
   end
   if rv then
     local live = self.views
@@ -670,6 +695,23 @@ function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, 
     return held, nran, errs
   end
   return self:_dispatch_value(chid, value, peer, producer, seq, sync, gen)
+end
+
+--- Routes the events of channel chid to fn(value, peer, sync, gen, nbytes)
+-- instead of the consumer handlers (nil: back to them).  fn runs on the
+-- loop's own call, not in a coroutine (it may start one), and answers a
+-- sync event itself (ctx.c:ack): what it returns goes back to C as the
+-- dispatch's "no count", so C sends no ACK.  value outlives the dispatch
+-- (arrays copied); a long string comes as "".  lecho.service routes its
+-- call channels here: the dispatcher knows no service.
+function Context:_route(chid, fn)
+  local routes = self.routes
+  if not routes then
+    if fn == nil then return end
+    routes = {}
+    self.routes = routes
+  end
+  routes[chid] = fn
 end
 
 function Context:_dispatch_value(chid, value, peer, producer, seq, sync, gen, rv)
@@ -728,6 +770,15 @@ function Context:after(sec, fn)
       if not ok then self.log("error in callback: " .. tostring(err)) end
     end)
   end)
+end
+
+--- Waits sec seconds (a finite number >= 0) while the loop serves
+-- everything else: inside a callback or a service handler only that one
+-- waits; on the main line the loop runs meanwhile.
+function Context:sleep(sec)
+  options.check_time(sec, "ctx:sleep", "sec", 2)
+  local deadline = self.c:now() + sec
+  self:_wait(function() return self.c:now() >= deadline end, deadline)
 end
 
 --- Calls fn(watcher) on the loop whenever descriptor fd is readable, until

@@ -2,16 +2,15 @@
 -- (to ourselves through a trampoline, to others through the core),
 -- requests and their replies, lookups and joins, the member lists a
 -- producer gets from its channel's manager, and the rejoin after a manager
--- or name server was lost (soft state).  The other side is lecho.registry,
+-- or name server was lost (soft state).  The other side is lecho.ns.registry,
 -- run by the name server and the managers.
 
-local registry = require "lecho.registry"
 local policy = require "lecho.policy"
 local errors = require "lecho.errors"
 local Context = require "lecho.context"
 local Channel = require "lecho.channel"
 
-local sorted_keys = registry.sorted_keys
+local sorted_keys = require("lecho.tables").sorted_keys
 
 local function now(self) return self.c:now() end
 
@@ -373,7 +372,7 @@ function Context:_on_ctrl(from, msg, gen)
       end
       ch.ver = msg.ver
       pin_all(self, msg.keys)
-      ch.svc = type(msg.svc) == "table" and msg.svc or nil  -- a call channel's servers (lecho.service)
+      ch.svc = type(msg.svc) == "table" and msg.svc or nil  -- a call channel's servers (lecho.call)
       ch:_apply_members(msg.consumers, msg.mods)
     end
     self:_send_ctrl(from, { op = "members_ok", ch = msg.ch, ver = msg.ver, mid = msg.mid,
@@ -537,7 +536,7 @@ end
 --- Snapshot of the name server's (or a manager's) view: channels with their
 -- producing and consuming contexts; returns channels, managers, and the
 -- number of channels left out when the reply is capped (4096 channels or
--- 4 MiB: lecho.registry LIST_MAX, LIST_BYTES), else nil.
+-- 4 MiB: lecho.ns.registry LIST_MAX, LIST_BYTES), else nil.
 function Context:list(addr)
   local r, err, code = self:request(addr or self.ns, { op = "list" })
   if not r then return nil, err, code end

@@ -1,5 +1,5 @@
 -- lecho.group: the client of groups with leases (issue 12, doc/presence.md);
--- the name server's side is lecho.presence.
+-- the name server's side is lecho.ns.presence.
 --
 --   local g = ctx:group("chat", { lease = 3, data = { nick = "ann" },
 --                                 watch = function(change) end, join = true })
@@ -21,6 +21,7 @@
 
 local options = require "lecho.options"
 local Context = require "lecho.context"
+local same = require("lecho.tables").same  -- (a member's unchanged data is no news)
 
 local Group = {}
 Group.__index = Group
@@ -179,7 +180,7 @@ function Group:_recompute()
     end
     local before = self.online[a]
     local news = before == nil or (before ~= d and type(d) ~= "table")
-                 or (type(d) == "table" and before ~= d and not self.same(before, d))
+                 or (type(d) == "table" and before ~= d and not same(before, d))
     if news then
       joined[a], any = d, true
       if principal[a] then who = who or {}; who[a] = principal[a] end
@@ -195,19 +196,6 @@ function Group:_recompute()
   if any then deliver(self, { joined = joined, left = left, who = who }) end
 end
 
--- Are a and b the same value (by content, 32 levels)?
-function Group.same(a, b, depth)
-  depth = depth or 0
-  if a == b then return true end
-  if type(a) ~= "table" or type(b) ~= "table" or depth > 32 then return false end
-  for k, v in pairs(a) do
-    if not Group.same(v, b[k], depth + 1) then return false end
-  end
-  for k in pairs(b) do
-    if a[k] == nil then return false end
-  end
-  return true
-end
 
 -- A name server answered a renewal (reply r) or a list.
 function Group:_absorb(st, r)

@@ -19,12 +19,12 @@
 -- lecho.producer, lecho.consumer, lecho.modulator (both sides),
 -- lecho.options (the lists of policies, capabilities and options) and
 -- lecho.errors (the error codes).  The C half (lecho.core) owns the loop,
--- the sockets, the queues and the codec; lecho.registry answers the
+-- the sockets, the queues and the codec; lecho.ns.registry answers the
 -- control plane in name servers and managers.
 
 require "lecho.check"
 local core = require "lecho.core"
-local registry = require "lecho.registry"
+local registry = require "lecho.ns.registry"
 local fastenc = require "lecho.fastenc"
 local options = require "lecho.options"
 local errors = require "lecho.errors"
@@ -35,6 +35,7 @@ local modulator = require "lecho.modulator"
 require "lecho.producer"
 require "lecho.consumer"
 require "lecho.service"
+require "lecho.call"
 require "lecho.group"
 local push = require "lecho.push"
 local logging = require "lecho.log"
@@ -158,7 +159,7 @@ function M.context(opts)
     -- member lists a producer takes (lecho.control, doc/limits.md)
     max_members = opts.max_members or D.max_members,
     max_peers = opts.max_peers or D.max_peers,
-    max_calls = opts.max_calls_in_flight or D.max_calls_in_flight,  -- lecho.service
+    max_calls = opts.max_calls_in_flight or D.max_calls_in_flight,  -- lecho.call
     closed = false,
   }, Context)
   for _, e in ipairs(identity and identity.trust.keys or {}) do self.trust_names[e.public] = e.name end
@@ -171,7 +172,7 @@ function M.context(opts)
   self._send = function(to, msg) self:_send_ctrl(to, msg) end
   self.ns = ns or addr
   -- ro: the name servers, in order (always set: { self.ns } with one); a
-  -- group (lecho.presence) and a service register with every one
+  -- group (lecho.ns.presence) and a service register with every one
   if not ns then nslist[1] = addr end
   self.nslist = nslist
   -- every address used as a name server (ours, those of nslist, and those

@@ -5,14 +5,13 @@
 -- consuming side, the streams of modulated events with their demodulators.
 
 local core = require "lecho.core"
-local registry = require "lecho.registry"
 local options = require "lecho.options"
 local Context = require "lecho.context"
 local Channel = require "lecho.channel"
 
 local CAPS = options.CAPS
 local others = Channel.without
-local sorted_keys = registry.sorted_keys
+local sorted_keys = require("lecho.tables").sorted_keys
 
 local M = {}
 

@@ -128,7 +128,7 @@ local function HEARTBEAT(v)
 end
 local TIME, TIME_POS, BOOL, FN, TABLE = time(0), time(0, true), typed("boolean"), typed("function"),
                                         typed("table")
--- A group's lease (lecho.presence: [0.1, 3600] s); a group's data: anything.
+-- A group's lease (lecho.ns.presence: [0.1, 3600] s); a group's data: anything.
 local function LEASE(v)
   if type(v) ~= "number" or not (v >= 0.1 and v <= 3600) then return "must be a number of seconds from 0.1 to 3600" end
 end
@@ -140,7 +140,7 @@ end
 
 -- The names each options table takes (doc/api.md "Using it" says what they
 -- do), with the kind of value each takes and the default where the Lua side
--- applies one (nil: the C core or lecho.registry applies it, or there is
+-- applies one (nil: the C core or lecho.ns.registry applies it, or there is
 -- none).  A key not listed is a mistake (`namserver`) and raises at the call
 -- with its name: an unknown option never silently means its default; so
 -- does a value of the wrong kind (a NaN timeout, a negative queue_limit).
@@ -183,7 +183,7 @@ local SCHEMA = {
     channel_quota = { size(1) },
     -- keyed: how long a producer ticket this manager signs is valid (renewed at 2/3 of it)
     ticket_ttl = { TIME_POS, 3600 },
-    -- groups with leases (issue 12, lecho.presence): groups held, and the
+    -- groups with leases (issue 12, lecho.ns.presence): groups held, and the
     -- memberships and watches one requester may have (defaults 65536, 1024)
     max_groups = { size(1) }, group_quota = { size(1) },
     -- and in total: memberships, and bytes of member data (262144, 256 MiB)
@@ -197,7 +197,7 @@ local SCHEMA = {
     max_channels = { size(1) }, max_members = { size(1), 4096 }, max_peers = { size(1), 4096 },
     peer_free_after = { TIME, 30.0 },  -- an unused peer record is freed this long after (doc/limits.md)
     log_window = { TIME, 10.0 },       -- one log line per kind of refusal per this long (doc/limits.md)
-    max_calls_in_flight = { size(1), 1024 },  -- issue 12: ctx:call's in flight at once (lecho.service)
+    max_calls_in_flight = { size(1), 1024 },  -- issue 12: ctx:call's in flight at once (lecho.call)
     -- issue 12, pushed code (doc/services.md "Pushing code", lecho.push): who may push
     accept_code = { accept_code },
   },

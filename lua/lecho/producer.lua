@@ -2,13 +2,12 @@
 -- is the hot path: encoded once (by the compiled encoder when it can), no
 -- closure or table made unless it waits for room.
 
-local registry = require "lecho.registry"
 local options = require "lecho.options"
 local errors = require "lecho.errors"
 local Channel = require "lecho.channel"
 local stats = require "lecho.stats"
 
-local sorted_keys = registry.sorted_keys
+local sorted_keys = require("lecho.tables").sorted_keys
 local code_of = errors.code_of
 
 local Producer = {}
@@ -164,10 +163,6 @@ function Producer:submit(ev)
   return submit_core(self, ev, false)
 end
 
---- Submits ev and waits until every consumer ran its handler.
--- Returns true, or nil, errors: a list of { context, consumer, err } (it
--- prints as one line) with each failing or silent consumer, and each
--- consumer whose modulator failed here.
 -- failed plus ch's failed modulators not in it yet (failed nil and none
 -- failed: nil, no table).
 local function add_failed(failed, ch)
@@ -180,6 +175,10 @@ local function add_failed(failed, ch)
   return failed
 end
 
+--- Submits ev and waits until every consumer ran its handler.
+-- Returns true, or nil, errors: a list of { context, consumer, err } (it
+-- prints as one line) with each failing or silent consumer, and each
+-- consumer whose modulator failed here.
 function Producer:submit_sync(ev, opts)
   if self.closed then return nil, "producer is closed", "closed" end
   local ctx = self.ch.ctx

@@ -1,7 +1,11 @@
--- lua/lecho/server.lua: what scripts/lecho-nameserver and scripts/lecho-manager
--- share (reading the command line, starting the context, the port file, the
--- messages), so that each script only says what is its own.  Leans on
--- lecho.context; the command-line reader is also the REPL's.
+-- lua/lecho/server.lua: what the scripts share, so that each says only
+-- what is its own: reading the command line (M.parse, M.kinds, M.die, every
+-- script's and lecho.cli's, lecho.keygen's), lecho's errors without their
+-- prefix (M.message), and running a server script (M.main: the context,
+-- the port file, the first line; scripts/lecho-nameserver, lecho-manager
+-- and lecho-gateway) with the name server's run mark.  Not part of the
+-- name server's side (lua/lecho/ns/): every script uses it.  Leans on
+-- lecho.context.
 --
 --   require("lecho.server").main{
 --     prog = "lecho-manager", usage = usage,

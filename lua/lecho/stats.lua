@@ -9,12 +9,8 @@
 --     must be allowed the action `stats` on this process by the name
 --     server's policy (doc/security.md): checked here, where the counters
 --     are read; a name server or manager checks its own policy, any other
---     context asks its name server (`{ op = "may" }`, answered by `M.ops`
---     in lecho.registry) and keeps the answer for MAY_TTL seconds.
---
--- Leans on lecho.outbox (the registry's replies) and lecho.policy.
-
-local outbox = require "lecho.outbox"
+--     context asks its name server (`{ op = "may" }`, answered by
+--     lecho.ns.may) and keeps the answer for MAY_TTL seconds.
 
 local M = {}
 
@@ -149,32 +145,6 @@ function M.fetch(ctx, addr, timeout)
   if not r then return nil, err, code end
   if type(r.stats) ~= "table" then return nil, ("%s answered stats without a table"):format(addr), "protocol" end
   return r.stats
-end
-
--- The registry's side (lecho.registry adds these ops): `may` answers
--- whether principal P may do action A (only "stats") on the process whose
--- principal is `target`, by this name server's policy.  It exists for a
--- process asked for its stats (M.serve, `may` above): it asks about a
--- request it received, on itself.  So in keyed mode the asker must be
--- `target` (rights on itself: who may read its own counters) or `principal`
--- (its own rights); anything else would make the name server an oracle of
--- its policy for any certified principal (refused, code "refused").
-M.ops = {}
-function M.ops.may(self, from, msg, io)
-  if msg.action ~= "stats" or type(msg.principal) ~= "string" or type(msg.target) ~= "string" then
-    return outbox.fail(self, io, from, msg.rid, "may: needs action \"stats\", string principal and target")
-  end
-  if self.identity and from ~= self.addr then
-    local asker = self.identity(from)
-    if asker == nil or (asker ~= msg.target and asker ~= msg.principal) then
-      return outbox.fail(self, io, from, msg.rid,
-        ("not allowed: %s may ask only about its own process or its own rights (may %s stats %s?)")
-          :format(tostring(asker or from), msg.principal:sub(1, 64), msg.target:sub(1, 64)), { code = "refused" })
-    end
-  end
-  local ok, err = true, nil
-  if self.identity and self.policy then ok, err = self.policy:check(msg.principal, "stats", msg.target) end
-  outbox.reply(self, io, from, msg.rid, { allowed = ok and true or false, err = err })
 end
 
 return M

@@ -1,5 +1,5 @@
 /* lecho_array.c: lecho.h's arrays.  An array in the context's private state
- * is lecho.core's (a userdata holding a lei_array, core/array.h): made by
+ * is lecho.core's (a userdata holding a lei_array, core/base/array.h): made by
  * core.array_wrap, pointed here at the caller's memory, kept alive by its
  * environment ([1] = an owner userdata whose __gc calls the free function,
  * or nothing when lent). */

@@ -1,16 +1,17 @@
--- lecho.naming: the name server's part of the registry: which manager
+-- lecho.ns.naming: the name server's part of the registry: which manager
 -- owns each channel (sticky, least-loaded first; the name server itself
 -- when no manager registered), managers registering (again, after a
 -- restart, with the channels they had), and lookups held while the control
 -- plane recovers.  Ops are `function(self, from, msg, io)` on a registry.
 
--- Never compiled, as lecho.registry (Debian's LuaJIT and LuaJIT #827).
+-- Never compiled, as lecho.ns.registry (Debian's LuaJIT and LuaJIT #827).
 if jit then jit.off(true, true) end
 
-local outbox = require "lecho.outbox"
+local outbox = require "lecho.ns.outbox"
 local policy = require "lecho.policy"
 
-local sorted_keys, reply, fail = outbox.sorted_keys, outbox.reply, outbox.fail
+local sorted_keys = require("lecho.tables").sorted_keys
+local reply, fail = outbox.reply, outbox.fail
 
 local M = {}
 

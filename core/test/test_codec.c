@@ -4,8 +4,8 @@
  * deterministic random-mutation loop. Prints "N passed, N failed" and exits
  * nonzero on failure.
  *
- *   gcc -O2 -g -Wall -Wextra -Werror -std=gnu99 core/codec.c core/test_codec.c \
- *       -o core/test_codec && ./core/test_codec
+ *   gcc -O2 -g -Wall -Wextra -Werror -std=gnu99 core/base/codec.c core/test/test_codec.c \
+ *       -Icore/base -Icore/test -o build/test_codec && ./build/test_codec
  */
 #include "codec.h"
 

@@ -1,5 +1,5 @@
 /* frame.c: building and parsing lecho frames (layout in frame.h).
- * Pure C, no sockets, no Lua; unit-tested by core/test_frame.c. */
+ * Pure C, no sockets, no Lua; unit-tested by core/test/test_frame.c. */
 #include "frame.h"
 #include "codec.h"
 

@@ -1,4 +1,4 @@
--- lecho.registry: the control plane of the name server and of channel
+-- lecho.ns.registry: the control plane of the name server and of channel
 -- managers, as a transport-free state machine (pure Lua 5.1 / LuaJIT, no I/O).
 --
 -- The host owns the sockets and the clock. It decodes a control message into
@@ -34,8 +34,8 @@
 -- (loopback to its own context) is therefore safe: the nested call's messages
 -- join the same queue, after ours.
 --
--- The name server's part is in lecho.naming, the channel managers' in
--- lecho.membership, the output queue in lecho.outbox.
+-- The name server's part is in lecho.ns.naming, the channel managers' in
+-- lecho.ns.membership, the output queue in lecho.ns.outbox.
 --
 -- Never compiled: Debian's LuaJIT (2.1.0-beta3, git 2022-03-20) predates
 -- the upstream fix of a JIT bug that ends a `pairs` loop early once it is
@@ -50,18 +50,17 @@ Registry.__index = Registry
 
 local function noop() end
 
-local outbox = require "lecho.outbox"
-local naming = require "lecho.naming"
-local membership = require "lecho.membership"
-local presence = require "lecho.presence"
+local outbox = require "lecho.ns.outbox"
+local naming = require "lecho.ns.naming"
+local membership = require "lecho.ns.membership"
+local presence = require "lecho.ns.presence"
 local policy = require "lecho.policy"
 
-local sorted_keys, reply, fail, flush = outbox.sorted_keys, outbox.reply, outbox.fail, outbox.flush
+local sorted_keys = require("lecho.tables").sorted_keys
+local reply, fail, flush = outbox.reply, outbox.fail, outbox.flush
 local members_of, publish_members, check_waits, maybe_drop, answer_producer =
   membership.members_of, membership.publish_members, membership.check_waits,
   membership.maybe_drop, membership.answer_producer
-
-M.sorted_keys = sorted_keys   -- the keys of t, sorted (shared with lecho.control and others)
 
 -- Operations. Each is `function(self, from, msg, io)`; `msg.rid` is a number
 -- for requests (checked by the dispatcher).
@@ -69,7 +68,7 @@ local ops = {}
 for k, f in pairs(naming.ops) do ops[k] = f end
 for k, f in pairs(membership.ops) do ops[k] = f end
 for k, f in pairs(presence.ops) do ops[k] = f end
-for k, f in pairs(require("lecho.stats").ops) do ops[k] = f end  -- may (stats in keyed mode)
+for k, f in pairs(require("lecho.ns.may").ops) do ops[k] = f end  -- may (stats in keyed mode)
 
 -- What one `list` reply carries at most: channels, and bytes (estimated:
 -- names, addresses, 16 per field), far below the receiver's 16 MiB CTRL
@@ -132,7 +131,7 @@ local ONEWAY = { members_ok = true, release = true, unreachable = true }
 -- (forget_after); past it a lookup or a join fails with code "limit".  max_members: consumer contexts of one channel (what
 -- a producer takes in one member list); the join of one more fails with
 -- code "limit".  max_groups, group_quota: groups with leases
--- (lecho.presence): groups this name server holds, and the memberships and
+-- (lecho.ns.presence): groups this name server holds, and the memberships and
 -- watches one requester may have; max_memberships, max_group_bytes: the
 -- memberships and the bytes of member data this name server holds in all
 -- (claimed addresses evade group_quota in protected mode: not these).
@@ -151,27 +150,27 @@ local ONEWAY = { members_ok = true, release = true, unreachable = true }
 -- Raises on misuse (bad options); log levels are "debug", "info", "warn",
 -- "error".
 function M.new(opts)
-  if type(opts) ~= "table" then error("lecho.registry.new: options table expected", 2) end
+  if type(opts) ~= "table" then error("lecho.ns.registry.new: options table expected", 2) end
   if type(opts.addr) ~= "string" or opts.addr == "" then
-    error("lecho.registry.new: 'addr' must be a non-empty string", 2)
+    error("lecho.ns.registry.new: 'addr' must be a non-empty string", 2)
   end
   if opts.role ~= "nameserver" and opts.role ~= "manager" then
-    error("lecho.registry.new: 'role' must be \"nameserver\" or \"manager\"", 2)
+    error("lecho.ns.registry.new: 'role' must be \"nameserver\" or \"manager\"", 2)
   end
   local function num(k, dflt)
     local v = opts[k]
     if v == nil then return dflt end
     if type(v) ~= "number" or v < 0 then
-      error(("lecho.registry.new: '%s' must be a non-negative number"):format(k), 3)
+      error(("lecho.ns.registry.new: '%s' must be a non-negative number"):format(k), 3)
     end
     return v
   end
   if opts.nameserver ~= nil and type(opts.nameserver) ~= "string" then
-    error("lecho.registry.new: 'nameserver' must be a \"host:port\" string", 2)
+    error("lecho.ns.registry.new: 'nameserver' must be a \"host:port\" string", 2)
   end
   for _, k in ipairs{ "identity", "sign" } do
     if opts[k] ~= nil and type(opts[k]) ~= "function" then
-      error(("lecho.registry.new: '%s' must be a function"):format(k), 2)
+      error(("lecho.ns.registry.new: '%s' must be a function"):format(k), 2)
     end
   end
   local pol = opts.policy
@@ -181,10 +180,10 @@ function M.new(opts)
     if type(pol) == "string" then pol, perr = policy.load(pol) else pol, perr = policy.new(pol) end
     if not pol then error(perr, 2) end
   elseif pol ~= nil and (type(pol) ~= "table" or type(pol.check) ~= "function") then
-    error("lecho.registry.new: 'policy' must be a file name, a policy table or a lecho.policy", 2)
+    error("lecho.ns.registry.new: 'policy' must be a file name, a policy table or a lecho.policy", 2)
   end
   if opts.log ~= nil and type(opts.log) ~= "function" then
-    error("lecho.registry.new: 'log' must be a function", 2)
+    error("lecho.ns.registry.new: 'log' must be a function", 2)
   end
   local self = setmetatable({
     addr = opts.addr,                     -- ro
@@ -210,7 +209,7 @@ function M.new(opts)
     orphans = {},                         -- name server: ch -> when its manager died
     lwaits = {},                          -- name server: lookups held while recovering
     used = {}, forget_at = -math.huge,    -- name server: ch -> last time it was in use
-    fheap = {}, fqueued = {},             -- name server: channels to check for forgetting (lecho.naming)
+    fheap = {}, fqueued = {},             -- name server: channels to check for forgetting (lecho.ns.naming)
     forget_visits = 0,                    -- name server: channels those checks visited (introspection)
     idle_remote = {},                     -- name server: ch -> its manager said unused
     nameserver = opts.nameserver,         -- manager: its name server's addr (release)
@@ -224,7 +223,7 @@ function M.new(opts)
     renewals = {}, rhead = 1, rtail = 0,  -- keyed: { at, c, addr, serial } in order of at, [rhead, rtail]
     clock = opts.clock or os.time,        -- wall clock (tickets' expiry: the consumers' clocks)
   }, Registry)
-  presence.init(self, opts, num)          -- name server: groups with leases (lecho.presence)
+  presence.init(self, opts, num)          -- name server: groups with leases (lecho.ns.presence)
   return self
 end
 

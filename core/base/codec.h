@@ -3,7 +3,7 @@
  * encoded value with pinned zero-copy slices.
  *
  * Lua-free on purpose: this header and codec.c build and are unit-tested
- * without a Lua state (core/test_codec.c). The Lua side lives in codec_lua.c.
+ * without a Lua state (core/test/test_codec.c). The Lua side lives in codec_lua.c.
  * The format itself is specified in doc/wire-format.md, section "Values".
  */
 #ifndef LECHO_CODEC_H

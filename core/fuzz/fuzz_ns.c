@@ -1,5 +1,5 @@
 /* fuzz_ns.c: a libFuzzer harness (make fuzz) for the name server's
- * protocol: the control plane (lua/lecho/registry.lua with naming.lua,
+ * protocol: the control plane (lua/lecho/ns/registry.lua with naming.lua,
  * membership.lua, policy.lua) runs in a LuaJIT state in this process, a name
  * server and a channel manager, and is fed control messages decoded by the
  * core's decoder, as lecho-nameserver is, from four client addresses; what
@@ -15,7 +15,7 @@
  * 2 a connection lost, 3 a tick), u8 sender (one of four clients, or the
  * other registry), u8 time step (1/16 s), u16le length, an encoded value.
  * Lua lines are fed to libFuzzer as extra coverage counters (a line hook).
- * Leans on core/codec.c, core/codec_lua.c, LuaJIT and the Lua files of this
+ * Leans on core/base/codec.c, core/base/codec_lua.c, LuaJIT and the Lua files of this
  * tree (LECHO_LUA_DIR, compile-time).  Seeds: core/fuzz/ns/.
  */
 #include "codec.h"
@@ -54,7 +54,7 @@ static unsigned long runs;
 /* The driver: builds both registries per input and plays the records. */
 static const char DRIVER[] =
     "local decode, encode, bad = ...\n"
-    "local registry = require 'lecho.registry'\n"
+    "local registry = require 'lecho.ns.registry'\n"
     "local verbose = os.getenv('LECHO_FUZZ_LOG')\n"
     "local policy = require 'lecho.policy'\n"
     "local NS, MGR = '127.0.0.1:7000', '127.0.0.1:7100'\n"

@@ -1,4 +1,4 @@
--- lecho.presence: the name server's part of the registry for groups with
+-- lecho.ns.presence: the name server's part of the registry for groups with
 -- leases (issue 12, doc/presence.md).  A member joins a group with a
 -- lease and renews it by beacon (the same gjoin again); a member whose
 -- lease runs out is removed in the registry tick, and the group's watchers
@@ -34,11 +34,12 @@
 -- lease runs; glist entries carry `principal`, gchange `who = { [addr] =
 -- principal }` and `lease = { [addr] = seconds }` for those joined.
 
--- Never compiled, as lecho.registry (Debian's LuaJIT and LuaJIT #827).
+-- Never compiled, as lecho.ns.registry (Debian's LuaJIT and LuaJIT #827).
 if jit then jit.off(true, true) end
 
-local outbox = require "lecho.outbox"
-local naming = require "lecho.naming"
+local outbox = require "lecho.ns.outbox"
+local naming = require "lecho.ns.naming"
+local same = require("lecho.tables").same  -- (unchanged data is no news)
 
 local emit, reply, fail = outbox.emit, outbox.reply, outbox.fail
 
@@ -109,18 +110,6 @@ local function epoch(self, now)
   return self.gepoch
 end
 
--- Are a and b the same value (tables by content, 32 levels at most)?
-local function same_value(a, b, depth)
-  if a == b then return true end
-  if type(a) ~= "table" or type(b) ~= "table" or depth > 32 then return false end
-  for k, v in pairs(a) do
-    if not same_value(v, b[k], depth + 1) then return false end
-  end
-  for k in pairs(b) do
-    if a[k] == nil then return false end
-  end
-  return true
-end
 
 -- The deadlines: one binary min-heap (self.gheap) of every membership and
 -- watch by `expires`, each entry holding its index (hi), its group (g), its
@@ -366,7 +355,7 @@ function ops.gjoin(self, from, msg, io)
     -- a beacon older than the data held (it waited in a stopped name
     -- server's socket): renews the lease, never brings back older data
     data, size, dv = m.data, m.size, m.dv
-  elseif m.data ~= data and not same_value(m.data, data, 0) then
+  elseif m.data ~= data and not same(m.data, data) then
     news = true     -- the same member with other data: told as joined again
   end
   g.bytes = g.bytes - (m.size or 0) + size
@@ -504,7 +493,7 @@ function M.peer_down(self, addr)
   end
 end
 
--- The registry's fields for groups (lecho.registry.new).
+-- The registry's fields for groups (lecho.ns.registry.new).
 function M.init(self, opts, num)
   self.groups, self.ngroups = {}, 0
   self.gcount = {}                                   -- requester -> entries

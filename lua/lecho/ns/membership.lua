@@ -1,17 +1,19 @@
--- lecho.membership: a channel manager's part of the registry: per channel,
+-- lecho.ns.membership: a channel manager's part of the registry: per channel,
 -- which contexts produce and which consume (with their subscriptions), the
 -- channel version, which version each producing context confirmed, and the
 -- consumer joins that wait for those confirmations.  Ops are
 -- `function(self, from, msg, io)` on a registry.
 
--- Never compiled, as lecho.registry (Debian's LuaJIT and LuaJIT #827).
+-- Never compiled, as lecho.ns.registry (Debian's LuaJIT and LuaJIT #827).
 if jit then jit.off(true, true) end
 
 local bit = require "bit"
-local outbox = require "lecho.outbox"
-local naming = require "lecho.naming"
+local outbox = require "lecho.ns.outbox"
+local naming = require "lecho.ns.naming"
 
-local sorted_keys, emit, reply, fail = outbox.sorted_keys, outbox.emit, outbox.reply, outbox.fail
+local tables = require "lecho.tables"
+local sorted_keys, same = tables.sorted_keys, tables.same
+local emit, reply, fail = outbox.emit, outbox.reply, outbox.fail
 local check_ch, claim, allowed = naming.check_ch, naming.claim, naming.allowed
 
 local M = {}
@@ -345,18 +347,6 @@ local function check_subs(msg)
   return { plain = s.plain ~= false, mods = mods, svc = svc }
 end
 
--- Deep equality of plain values (params, capability lists).
-local function same(a, b)
-  if a == b then return true end
-  if type(a) ~= "table" or type(b) ~= "table" then return a ~= a and b ~= b end -- NaN
-  for k, v in pairs(a) do
-    if not same(v, b[k]) then return false end
-  end
-  for k in pairs(b) do
-    if a[k] == nil then return false end
-  end
-  return true
-end
 
 -- Keys name modulators (a 64-bit hash made by the consumer): two consumers
 -- using one key must mean one modulator, or one would receive the other's

@@ -3,13 +3,15 @@
  * Each lecho_ctx owns a private LuaJIT state that loads the Lua layer
  * (`require "lecho.capi"`, which requires "lecho") and drives it: the control
  * plane (name server, managers, joins, modulator lists) is Lua, reached
- * through lua/lecho/capi.lua; this file never reaches into core/ctx.h.  The
+ * through lua/lecho/capi.lua; this file never reaches into core/transport/ctx.h.  The
  * data plane of an async submit is C: lecho_submit hands the value to the
  * producer's handle through core.so's table of functions (lb_dataplane,
- * lua_prod.h: liblecho is not linked with the core), which encodes it and
- * queues it without calling a Lua function.
- * Every Lua call goes through lua_cpcall, so a Lua error (memory included)
- * becomes a code and a message, never a longjmp past the caller.
+ * core/binding/lua_prod.h: liblecho is not linked with the core), which
+ * encodes it and queues it without calling a Lua function; a consumer's C
+ * handler gets its channel's async events from the core's event hook
+ * (sink_event).  Every Lua call goes through one protected call
+ * (lei_api_protect), so a Lua error (memory included) becomes a code and a
+ * message, never a longjmp past the caller.
  *
  * Handles keep their Lua object in the registry (h.ref); values are in
  * lecho_value.c, the shared structs in lecho_int.h.
@@ -611,7 +613,7 @@ static int trampoline(lua_State *L) {
     return 1;
 }
 
-/* The consumer's C sink (core/lua_sink.c): an async event of its channel,
+/* The consumer's C sink (core/binding/lua_sink.c): an async event of its channel,
  * decoded at idx of L (the core's callback thread), handed to the C handler
  * without a Lua function called; as trampoline does, with meta made here.
  * Runs inside the core's protected call: may raise. */

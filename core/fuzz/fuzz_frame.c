@@ -5,7 +5,7 @@
  * What parses is built again with the matching writer and parsed again:
  * the fields must come back the same (the writers and parsers agree).
  *
- * Leans on core/frame.c and core/codec.c only: no context, no sockets.
+ * Leans on core/transport/frame.c and core/base/codec.c only: no context, no sockets.
  * Seeds: core/fuzz/frame/ (scripts/lecho-fuzz-seeds writes them).
  */
 #include "codec.h"

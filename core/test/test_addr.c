@@ -1,6 +1,6 @@
 /* test_addr.c: unit tests for addr.c: parse/format roundtrips of every
  * form, each malformed input with its exact message (the cases shared with
- * spec/addr_spec.lua are in core/test_addr_cases.txt), listening on
+ * spec/addr_spec.lua are in core/test/test_addr_cases.txt), listening on
  * 127.0.0.1:0, [::1]:0 (skipped with a message when the host has no IPv6
  * loopback), a unix path and an abstract name and exchanging a byte with a
  * connection to each, the stale-socket-file rule, processes racing for one
@@ -9,7 +9,7 @@
  * Prints "N passed, N failed" and exits nonzero on failure.
  *
  *   make ctest                       (builds build/test_addr and runs it)
- *   build/test_addr [CASES]          (CASES: core/test_addr_cases.txt, from
+ *   build/test_addr [CASES]          (CASES: core/test/test_addr_cases.txt, from
  *                                     the top of the tree by default)
  */
 #include "addr.h"
@@ -62,7 +62,7 @@ static void malformed(const char *in, int flags, const char *want) {
     if (!STREQ(err, want)) fprintf(stderr, "  '%s' gives '%s', want '%s'\n", in, err, want);
 }
 
-/* Runs the shared cases of core/test_addr_cases.txt (format in its header). */
+/* Runs the shared cases of core/test/test_addr_cases.txt (format in its header). */
 static void test_cases(const char *file) {
     char line[512];
     int ncases = 0;
@@ -451,7 +451,7 @@ int main(int argc, char **argv) {
         perror("mkdtemp");
         return 2;
     }
-    test_cases(argc > 1 ? argv[1] : "core/test_addr_cases.txt");
+    test_cases(argc > 1 ? argv[1] : "core/test/test_addr_cases.txt");
     test_parse();
     test_sockets(dir);
     test_stale(dir);

@@ -1,4 +1,4 @@
-/* test_lpat.c: the step limit of the pattern matcher (core/lpat.c).  A
+/* test_lpat.c: the step limit of the pattern matcher (core/moe/lpat.c).  A
  * matcher stuck in one C call (backtracking, a huge class, a plain find
  * over a big subject) must see the stop flag within a few thousand steps
  * and raise "CPU budget exceeded"; with no flag it finishes as LuaJIT's.

@@ -72,6 +72,19 @@ lei_moe *moe_of(lua_State *L) {
     return m;
 }
 
+lei_moe *moe_step_of(lua_State *L) {
+    /* a C function without upvalues reads nil here (LuaJIT's index2adr) */
+    lei_moe *m = lua_touserdata(L, lua_upvalueindex(1));
+    return m ? m : moe_of(L);
+}
+
+/* The hot step of m (moe_int.h), m as its upvalue; in the registry. */
+static void make_hot(lua_State *L, lei_moe *m) {
+    lua_pushlightuserdata(L, m);
+    lua_pushcclosure(L, m->hot_fn, 1);
+    m->hot_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
 /* Budget check every HOOK_COUNT instructions.  Short calls never get here,
  * so the thread's CPU clock (a system call of several microseconds here) is
  * read only by long ones.  The budget counts this thread's CPU time from the
@@ -250,6 +263,19 @@ static void push_env_fn(lua_State *L, lei_moe *m, const char *fn) {
     lua_remove(L, -2);
 }
 
+/* push_env_fn with the name kept in the registry at ref (the same lookup,
+ * metamethods of the environment included, without interning the name). */
+static void push_env_ref(lua_State *L, lei_moe *m, int ref, const char *fn) {
+    if (ref == LUA_NOREF) {
+        push_env_fn(L, m, fn);
+        return;
+    }
+    lua_rawgeti(L, LUA_REGISTRYINDEX, m->ref_env);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+    lua_gettable(L, -2);
+    lua_remove(L, -2);
+}
+
 static void decode_in(lua_State *L, lei_moe *m) {
     char err[256];
     if (lei_decode_lua(L, m->in, m->inlen, &m->o.lim, err, sizeof err))
@@ -272,7 +298,7 @@ typedef struct init_args {
 } init_args;
 
 static int step(lua_State *L) {
-    lei_moe *m = moe_of(L);
+    lei_moe *m = moe_step_of(L);
     switch (m->stage) {
     default:
         break;
@@ -284,7 +310,7 @@ static int step(lua_State *L) {
         lua_pop(L, 1);
         break;
     case ST_ENQ:
-        push_env_fn(L, m, "enqueue");
+        push_env_ref(L, m, m->ref_kenq, "enqueue");
         if (lua_isnil(L, -1)) {
             lua_pop(L, 1);
             decode_in(L, m);
@@ -298,7 +324,7 @@ static int step(lua_State *L) {
     case ST_DEQ: {
         lua_rawgeti(L, LUA_REGISTRYINDEX, m->ref_q);
         int q = lua_gettop(L);
-        push_env_fn(L, m, "dequeue");
+        push_env_ref(L, m, m->ref_kdeq, "dequeue");
         lua_rawgeti(L, q, (int)m->qhead);
         lua_pushnil(L);
         lua_rawseti(L, q, (int)m->qhead);
@@ -327,7 +353,7 @@ static int step_init(lua_State *L) {
     lua_settop(L, 0);
     moe_sandbox_open(L);
     /* The string table's pattern functions: ours, which the budget stops
-     * (core/lpat.c), before the sandbox copies it (and for string methods). */
+     * (core/moe/lpat.c), before the sandbox copies it (and for string methods). */
     lua_getfield(L, LUA_GLOBALSINDEX, "string");
     lei_lpat_open(L, &m->stop);
     lua_pop(L, 1);
@@ -366,8 +392,7 @@ static int step_init(lua_State *L) {
                        luaL_typename(L, -1));
         }
         m->ref_fn = luaL_ref(L, LUA_REGISTRYINDEX);
-        lua_pushcfunction(L, m->hot_fn);
-        m->hot_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+        make_hot(L, m);
         return 0;
     }
     lua_call(L, 0, 0);
@@ -386,8 +411,11 @@ static int step_init(lua_State *L) {
             luaL_error(L, "'%s' must be a function", *f);
         lua_pop(L, 1);
     }
-    lua_pushcfunction(L, m->hot_fn);
-    m->hot_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_pushliteral(L, "enqueue");
+    m->ref_kenq = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_pushliteral(L, "dequeue");
+    m->ref_kdeq = luaL_ref(L, LUA_REGISTRYINDEX);
+    make_hot(L, m);
     return 0;
 }
 
@@ -429,7 +457,7 @@ int moe_run_step(lei_moe *m, lua_CFunction fn, void *arg) {
     m->over = 0;
     m->stop = 0;
     m->cpu0 = -1;
-    clock_gettime(CLOCK_MONOTONIC, &m->mono0);
+    clock_gettime(MOE_WALL_CLOCK, &m->mono0);
     if (g) moe_group_enter(g, m);
     int rc;
     if (fn == m->hot_fn && m->hot_ref != LUA_NOREF) {
@@ -442,7 +470,7 @@ int moe_run_step(lei_moe *m, lua_CFunction fn, void *arg) {
     }
     m->in_call = 0;
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(MOE_WALL_CLOCK, &t);
     uint64_t ns = (uint64_t)((moe_ts_sec(&t) - moe_ts_sec(&m->mono0)) * 1e9);
     if (g) {
         moe_group_leave(g, &t);
@@ -601,6 +629,7 @@ lei_moe *moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *src, s
     m->ref_fn = LUA_NOREF;
     m->hot_fn = svc ? moe_svc_step : step;
     m->hot_ref = LUA_NOREF;
+    m->ref_kenq = m->ref_kdeq = LUA_NOREF;
     m->ctx = c;
     m->chid = chid;
     m->o = *o;

@@ -79,7 +79,7 @@ lei_moe_group *lei_moe_group_new(lei_ctx *c, size_t mem_cap, double cpu_share) {
     g->ctx = c;
     g->mem_cap = mem_cap;
     g->cpu_share = cpu_share;
-    clock_gettime(CLOCK_MONOTONIC, &g->win0);
+    clock_gettime(MOE_WALL_CLOCK, &g->win0);
     g->win_cpu0 = moe_cpu_now();
     /* The handler is installed once per process and shared (it finds its
      * group in the signal's value); a handler the application put there
@@ -164,7 +164,7 @@ void moe_group_retain(lei_moe_group *g, lei_moe *m) {
 
 static double mono_now(void) {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(MOE_WALL_CLOCK, &t);
     return moe_ts_sec(&t);
 }
 

@@ -1,6 +1,6 @@
 /* addr.c: address text <-> sockaddr, listening, connecting and the
  * advertised address (grammar and rules in addr.h).  Socket API only: no
- * libev, no Lua; unit-tested by core/test_addr.c. */
+ * libev, no Lua; unit-tested by core/test/test_addr.c. */
 #include "addr.h"
 
 #include <arpa/inet.h>

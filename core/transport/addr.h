@@ -23,7 +23,7 @@
  *
  * Leans on the socket API only: no libev, no Lua, no global state.  Parsing
  * and formatting are pure; the socket functions return plain descriptors
- * that belong to the caller.  Unit-tested by core/test_addr.c.
+ * that belong to the caller.  Unit-tested by core/test/test_addr.c.
  */
 #ifndef LECHO_ADDR_H
 #define LECHO_ADDR_H

@@ -7,7 +7,7 @@
  *
  * Byte 0 of the input sets the limits (bits 0-1: max_depth 0, 3, 100, 1000;
  * bits 2-3: max_value_bytes 0, 256, 64 KiB, 1 MiB; bit 4: max_string 16),
- * the rest is the value.  Leans on core/codec.c, core/codec_lua.c, LuaJIT.
+ * the rest is the value.  Leans on core/base/codec.c, core/base/codec_lua.c, LuaJIT.
  * Arrays (tag 0x07) compare by dtype, shape and bytes.
  * Seeds: core/fuzz/codec/ (scripts/lecho-fuzz-seeds writes them).
  */

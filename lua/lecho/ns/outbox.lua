@@ -1,20 +1,12 @@
--- lecho.outbox: what the registry (lecho.registry) says to the world: each
+-- lecho.ns.outbox: what the registry (lecho.ns.registry) says to the world: each
 -- message queued while the state changes, sent once it is consistent, in
 -- FIFO order, each through pcall.  A `send` that re-enters the registry
 -- (loopback to its own context) only appends to the queue, after ours.
 
--- Never compiled, as lecho.registry (Debian's LuaJIT and LuaJIT #827).
+-- Never compiled, as lecho.ns.registry (Debian's LuaJIT and LuaJIT #827).
 if jit then jit.off(true, true) end
 
 local M = {}
-
-local function sorted_keys(t)
-  local ks = {}
-  for k in pairs(t) do ks[#ks + 1] = k end
-  table.sort(ks)
-  return ks
-end
-M.sorted_keys = sorted_keys   -- the keys of t, sorted (shared with lecho.control and others)
 
 local function emit(self, io, addr, msg)
   local q = self.outq

@@ -79,7 +79,7 @@ static void pack(lua_State *L, int base) {
 }
 
 int moe_svc_step(lua_State *L) {
-    lei_moe *m = moe_of(L);
+    lei_moe *m = moe_step_of(L);
     char err[256];
     lua_settop(L, 0);
     m->svc_raised = 0;

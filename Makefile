@@ -48,7 +48,7 @@ CORE_SRC   := core/base/codec.c core/base/array.c core/base/errors.c core/transp
               core/transport/secure.c core/transport/plain.c core/transport/handshake.c core/transport/item.c
 LUA_SRC    := core/base/codec_lua.c core/base/array_lua.c core/base/array_zip.c core/moe/moe.c core/moe/moe_env.c \
               core/moe/moe_group.c core/moe/moe_svc.c core/moe/lpat.c core/binding/lua_ctx.c core/binding/lua_hook.c \
-              core/binding/lua_chan.c core/binding/lua_moe.c core/binding/lua_loop.c core/binding/lua_auth.c
+              core/binding/lua_chan.c core/binding/lua_prod.c core/binding/lua_sink.c core/binding/lua_moe.c core/binding/lua_loop.c core/binding/lua_auth.c
 HDRS       := $(wildcard core/*.h core/*/*.h)
 SO         := lua/lecho/core.so
 WS_SO      := lua/lecho/ws.so
@@ -322,7 +322,7 @@ fuzz-quick: fuzz-build
 # checkout; the installed one (build/inst/) those of INST_LUADIR/INST_LIBDIR.
 LECHO_LIBS := -lluajit-5.1
 LECHO_SRC  := core/capi/lecho.c core/capi/lecho_value.c core/capi/lecho_array.c core/base/errors.c
-build/liblecho.so: $(LECHO_SRC) core/lecho.h core/capi/lecho_int.h core/base/errors.h core/base/array.h | build
+build/liblecho.so: $(LECHO_SRC) core/lecho.h core/capi/lecho_int.h core/binding/lua_prod.h core/base/errors.h core/base/array.h | build
 	$(CC) $(ALLCFLAGS) -shared -o $@ $(LECHO_SRC) \
 	  -DLECHO_LUA_DIR='"$(CURDIR)/lua"' -DLECHO_LUA_CDIR='"$(CURDIR)/lua"' $(LECHO_LIBS) $(LDFLAGS)
 

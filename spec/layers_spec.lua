@@ -30,6 +30,13 @@ local function lines_of(cmd)
   return out
 end
 
+local function sorted(set)
+  local out = {}
+  for k in pairs(set) do out[#out + 1] = k end
+  table.sort(out)
+  return out
+end
+
 local LUA_HEADERS = { ["lua.h"] = true, ["lauxlib.h"] = true, ["lualib.h"] = true, ["luajit.h"] = true }
 
 -- Each folder core/X/ with a README.md is a layer: its rank ("Layer: N
@@ -47,8 +54,13 @@ local function layers()
     assert(rank or none, readme .. ": no \"Layer: N " .. name .. "\" (or \"Layer: none\") line")
     assert(may, readme .. ": no \"May include:\" line")
     assert(lua, readme .. ": no \"Knows Lua:\" line")
-    local L = { name = name, rank = tonumber(rank), may = {}, any = may:match("^any") ~= nil }
-    for w in may:gmatch("[%w_]+") do L.may[w] = true end
+    local L = { name = name, rank = tonumber(rank), may = {}, only = {}, any = may:match("^any") ~= nil }
+    -- "a, b (x.h, y.h only), c": of b, only its headers x.h and y.h
+    for w, only in may:gmatch("([%w_]+)%s*%(([^)]-) only%)") do
+      L.only[w] = {}
+      for h in only:gmatch("[%w_]+%.h") do L.only[w][h] = true end
+    end
+    for w in may:gsub("%b()", ""):gmatch("[%w_]+") do L.may[w] = true end
     L.may[name] = true
     local first = lua:match("^(%S+)")
     if first == "yes" then L.lua = true
@@ -140,6 +152,9 @@ local function violations()
         if not l.may[h.layer] then
           bad[#bad + 1] = ("%s: includes %s (%s, layer %s); %s may include %s"):format(f.path, h.path, h.layer,
             o.rank or "none", f.layer, (read("core/" .. f.layer .. "/README.md"):match("\nMay include: ([^\n]+)")))
+        elseif l.only[h.layer] and not l.only[h.layer][h.name] then
+          bad[#bad + 1] = ("%s: includes %s; %s may include only %s of %s"):format(f.path, h.path, f.layer,
+            table.concat(sorted(l.only[h.layer]), ", "), h.layer)
         elseif h.name:match("_int%.h$") then
           bad[#bad + 1] = ("%s: includes %s, private to %s"):format(f.path, h.path, h.layer)
         end

@@ -65,7 +65,7 @@ local function producer(ff)
   -- re-enters it: issue 8, items 3 and 8); calls: how many were made.
   local depth, calls = 0, 0
   local function one(sync, final)
-    local seq = p[p.SEQ] + 1 -- the producer's sequence slot (lecho.producer)
+    local seq = p:_seq() + 1 -- the producer's sequence (lecho.producer)
     local ev = { s = seq, id = id .. ":" .. seq, pad = pad }
     depth, calls = depth + 1, calls + 1
     local d, c0 = depth, calls
@@ -79,7 +79,7 @@ local function producer(ff)
     if d > 1 then rec.depth = d end
     if calls > c0 then rec.inner = calls - c0 end
     if not ok then rec.err = tostring(err) end
-    if ok and p[p.SEQ] ~= seq then rec.seqerr = p[p.SEQ] end
+    if ok and p:_seq() ~= seq then rec.seqerr = p:_seq() end
     L.w(rec)
   end
 

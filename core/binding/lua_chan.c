@@ -1,6 +1,6 @@
 /* lua_chan.c: channels and their events from Lua: opening channels,
- * destinations, encoding and submitting (plain and through modulators),
- * room for a blocking submit, sync answers, acks and control messages.
+ * destinations, encoding, a submit without a producer (producers have a
+ * handle: lua_prod.c), sync answers, acks and control messages.
  */
 #define _GNU_SOURCE
 #include "lua_int.h"
@@ -62,38 +62,33 @@ static int l_set_dests(lua_State *L) {
     return 0;
 }
 
-/* Encodes the value at idx into a new message; NULL with nil, err, code
- * pushed. */
-lei_msg *lb_encode_at(lua_State *L, lb_ctx *b, int idx) {
-    char err[256];
+/* Encodes the value at idx of L into a new message (the caller releases it
+ * with lb_hook_unpin); NULL with the code in *code and the message in err.
+ * Pushes nothing. */
+lei_msg *lb_encode(lb_ctx *b, lua_State *L, int idx, char *err, size_t errlen, int *code) {
     lei_msg *m = lei_msg_new();
     if (!m) {
-        lb_push_err(L, NULL, LEI_E_NOMEM);
+        snprintf(err, errlen, "%s", lei_err_text(LEI_E_NOMEM));
+        *code = LEI_E_NOMEM;
         return NULL;
     }
-    int rc = lei_encode_lua(L, idx, m, &b->lim, b->pin_threshold, err, sizeof err);
+    int rc = lei_encode_lua(L, idx, m, &b->lim, b->pin_threshold, err, errlen);
     if (rc) {
         lei_msg_release(m, lb_hook_unpin, b);
-        lb_push_err(L, err, -rc); /* the encoder's code, set where it failed */
+        *code = -rc; /* the encoder's code, set where it failed */
         return NULL;
     }
     lei_ctx_count_encode(b->c);
     return m;
 }
 
-/* A message holding the string at idx, which already is an encoded value
- * (lecho.fastenc's output): copied, never re-encoded. */
-static lei_msg *encoded_at(lua_State *L, lb_ctx *b, int idx) {
-    size_t n;
-    const char *s = luaL_checklstring(L, idx, &n);
-    lei_msg *m = lei_msg_new();
-    if (!m || lei_wbuf_put(&m->own, s, n)) {
-        lei_msg_release(m, NULL, NULL);
-        lb_push_err(L, NULL, LEI_E_NOMEM);
-        return NULL;
-    }
-    lei_msg_sync(m);
-    lei_ctx_count_encode(b->c);
+/* Encodes the value at idx into a new message; NULL with nil, err, code
+ * pushed. */
+lei_msg *lb_encode_at(lua_State *L, lb_ctx *b, int idx) {
+    char err[256];
+    int code;
+    lei_msg *m = lb_encode(b, L, idx, err, sizeof err, &code);
+    if (!m) lb_push_err(L, err, code);
     return m;
 }
 
@@ -126,46 +121,6 @@ void lb_flat_done(lb_ctx *b, lb_flat *f) {
     lei_msg_release(f->m, lb_hook_unpin, b);
 }
 
-/* The modulator sent nothing for a sync event: a marker (producer 0, seq
- * 0, value nil) goes on its stream instead, acknowledged by the consuming
- * context once everything before it was handled.  0 with its sync id. */
-static int sync_marker(lb_ctx *b, uint32_t chid, uint64_t *sid) {
-    lei_msg *m = lei_msg_new();
-    const uint8_t nil = LEI_T_NIL;
-    const char *err = NULL;
-    if (!m || lei_wbuf_put(&m->own, &nil, 1)) {
-        lei_msg_release(m, NULL, NULL);
-        return -1;
-    }
-    lei_msg_sync(m);
-    int rc = lei_submit(b->c, chid, 0, 0, m, 1, LEI_BLOCK, sid, &err);
-    lei_msg_release(m, NULL, NULL);
-    return rc;
-}
-
-/* 1 when channel chid (if plain) and the derived channel of every live
- * modulator in the array at index `moes` have room for a blocking submit. */
-static int room_for(lb_ctx *b, uint32_t chid, int plain, lua_State *L, int moes, int nmoes) {
-    if (plain && !lei_chan_room(b->c, chid)) return 0;
-    for (int i = 1; i <= nmoes; i++) {
-        lua_rawgeti(L, moes, i);
-        lb_moe *x = luaL_checkudata(L, -1, MOE_MT);
-        lua_pop(L, 1);
-        if (x->m && !lei_moe_error(x->m) && !lei_chan_room(b->c, lei_moe_chid(x->m))) return 0;
-    }
-    return 1;
-}
-
-/* ctx:room(chid, moes, plain) -> true when a blocking submit would not wait. */
-static int l_room(lua_State *L) {
-    lb_ctx *b = lb_check_ctx(L);
-    uint32_t chid = lb_check_chan(L, b, 2);
-    int nmoes = lua_istable(L, 3) ? (int)lua_objlen(L, 3) : 0;
-    int plain = nmoes == 0 || lua_isnoneornil(L, 4) || lua_toboolean(L, 4);
-    lua_pushboolean(L, room_for(b, chid, plain, L, 3, nmoes));
-    return 1;
-}
-
 /* ctx:resume(peer_idx, chid): a suspended dispatch from that peer (0: a
  * local one, of channel chid) is over; what it held back comes next. */
 static int l_resume(lua_State *L) {
@@ -178,12 +133,10 @@ static int l_resume(lua_State *L) {
     return 0;
 }
 
-/* ctx:submit(chid, producer, seq, value, sync, policy[, moes, plain, encoded])
- *   -> true | sync id | nil, err
- * moes: an array of modulators each event also goes through (encoded once
- * for all); plain (default true): also send it unmodulated on chid.  For a
- * sync submit with moes, returns a list of the sync ids to wait for.
- * encoded: value is a string holding the encoded value already. */
+/* ctx:submit(chid, producer, seq, value, sync, policy) -> true | sync id |
+ * nil, err, code: one event on chid without a producer handle (specs and
+ * tools; producers submit through theirs, lua_prod.c).  "wouldblock":
+ * under the block policy or sync, no room, nothing done. */
 static int l_submit(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     uint32_t chid = lb_check_chan(L, b, 2);
@@ -193,67 +146,24 @@ static int l_submit(lua_State *L) {
     int sync = lua_toboolean(L, 6);
     int policy = lua_isnoneornil(L, 7) ? lei_ctx_opts(b->c)->policy
                                        : luaL_checkoption(L, 7, NULL, lb_policy_names);
-    int nmoes = lua_istable(L, 8) ? (int)lua_objlen(L, 8) : 0;
-    int plain = nmoes == 0 || lua_isnoneornil(L, 9) || lua_toboolean(L, 9);
-    if ((policy == LEI_BLOCK || sync) && !room_for(b, chid, plain, L, 8, nmoes)) {
-        /* Nothing done: the caller waits for room (ctx:room) and retries. */
+    if ((policy == LEI_BLOCK || sync) && !lei_chan_room(b->c, chid)) {
         lua_pushnil(L);
         lua_pushliteral(L, "queue full");
         lua_pushliteral(L, "wouldblock");
         return 3;
     }
-    lei_msg *m = lua_toboolean(L, 10) ? encoded_at(L, b, 5) : lb_encode_at(L, b, 5);
+    lei_msg *m = lb_encode_at(L, b, 5);
     if (!m) return 3;
     lei_chan_count_encode(b->c, chid);
     const char *err = NULL;
     uint64_t sid = 0;
-    int rc = plain ? lei_submit(b->c, chid, producer, seq, m, sync, policy, &sid, &err) : 0;
-    if (rc || nmoes == 0) {
-        lei_msg_release(m, lb_hook_unpin, b);
-        if (rc) return lb_push_err(L, err, rc);
-        if (sync)
-            lua_pushnumber(L, (lua_Number)sid);
-        else
-            lua_pushboolean(L, 1);
-        return 1;
-    }
-    /* Through each modulator; a failing one is reported by its hook and
-     * does not stop the others.  What it sent for the event before failing
-     * is waited for all the same (its sync records would stay otherwise). */
-    int nids = 0;
-    if (sync) {
-        lua_newtable(L);
-        if (plain) {
-            lua_pushnumber(L, (lua_Number)sid);
-            lua_rawseti(L, -2, ++nids);
-        }
-    }
-    int ids = lua_gettop(L);
-    uint8_t *tmp;
-    const uint8_t *bytes = msg_bytes(m, &tmp);
-    for (int i = 1; bytes && i <= nmoes; i++) {
-        lua_rawgeti(L, 8, i);
-        lb_moe *x = luaL_checkudata(L, -1, MOE_MT);
-        lua_pop(L, 1); /* the array keeps it */
-        if (!x->m || lei_moe_error(x->m)) continue;
-        int failed = lei_moe_enqueue(x->m, producer, seq, bytes, m->total, sync, policy);
-        if (!sync) continue;
-        const uint64_t *sids;
-        size_t n = lei_moe_syncs(x->m, &sids);
-        uint64_t marker;
-        if (n == 0 && !failed && sync_marker(b, lei_moe_chid(x->m), &marker) == 0) {
-            sids = &marker;
-            n = 1;
-        }
-        for (size_t k = 0; k < n; k++) {
-            lua_pushnumber(L, (lua_Number)sids[k]);
-            lua_rawseti(L, ids, ++nids);
-        }
-    }
-    free(tmp);
+    int rc = lei_submit(b->c, chid, producer, seq, m, sync, policy, &sid, &err);
     lei_msg_release(m, lb_hook_unpin, b);
-    if (!bytes) return lb_push_err(L, NULL, LEI_E_NOMEM);
-    if (!sync) lua_pushboolean(L, 1);
+    if (rc) return lb_push_err(L, err, rc);
+    if (sync)
+        lua_pushnumber(L, (lua_Number)sid);
+    else
+        lua_pushboolean(L, 1);
     return 1;
 }
 
@@ -599,7 +509,7 @@ static int l_send_ctrl(lua_State *L) {
 const luaL_Reg lb_chan_methods[] = {
     {"channel", l_channel},       {"set_local", l_set_local},
     {"set_dests", l_set_dests},   {"chan_stats", l_chan_stats},
-    {"submit", l_submit},         {"room", l_room},
+    {"submit", l_submit},
     {"resume", l_resume},         {"sync_result", l_sync_result},
     {"ack", l_ack},               {"reply_limit", l_reply_limit},
     {"send_ctrl", l_send_ctrl},   {"set_calls", l_set_calls},

@@ -135,7 +135,7 @@ static int l_new(lua_State *L) {
     lb_ctx *b = lua_newuserdata(L, sizeof *b);
     memset(b, 0, sizeof *b);
     b->ref_event = b->ref_ctrl = b->ref_peer = b->ref_log = b->ref_moe_error = LUA_NOREF;
-    b->ref_turn = b->ref_events = LUA_NOREF;
+    b->ref_turn = b->ref_events = b->ref_sinks = LUA_NOREF;
     b->lim = lim;
     b->pin_threshold = pin;
     lei_hooks h;
@@ -177,6 +177,7 @@ static void ctx_close(lb_ctx *b, lua_State *L) {
     }
     lei_ctx_free(b->c);
     b->c = NULL;
+    lb_sinks_free(b, L);
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_event);
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_ctrl);
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_peer);
@@ -189,7 +190,7 @@ static void ctx_close(lb_ctx *b, lua_State *L) {
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_calls);
     b->L = NULL;
     b->ref_event = b->ref_ctrl = b->ref_peer = b->ref_log = b->ref_moe_error = LUA_NOREF;
-    b->ref_turn = b->ref_events = LUA_NOREF;
+    b->ref_turn = b->ref_events = b->ref_sinks = LUA_NOREF;
 }
 
 /* ctx:close(): frees the context now, or, from inside one of its own
@@ -457,6 +458,8 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
         luaL_register(L, NULL, lb_loop_methods);
         luaL_register(L, NULL, lb_moe_ctx_methods);
         luaL_register(L, NULL, lb_auth_methods);
+        luaL_register(L, NULL, lb_prod_ctx_methods);
+        luaL_register(L, NULL, lb_sink_ctx_methods);
         lua_setfield(L, -2, "__index");
         lua_pushcfunction(L, l_gc);
         lua_setfield(L, -2, "__gc");
@@ -470,6 +473,7 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
     lua_setfield(L, -2, "array_ops");
     lua_pushcfunction(L, l_new);
     lua_setfield(L, -2, "new");
+    lb_prod_open(L); /* core.dataplane, core.dataplane_cdef */
     lua_pushcfunction(L, l_hash);
     lua_setfield(L, -2, "hash");
     lua_pushcfunction(L, lei_lpat_new); /* core.lpat(): the modulators' pattern functions */

@@ -207,6 +207,8 @@ static int run_hook(lb_ctx *b, hook_args *a) {
 int lb_hook_event(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
                   uint64_t sync, const uint8_t *p, size_t n) {
     lb_ctx *b = ud;
+    int sunk = lb_sink_event(b, from, chid, producer, seq, sync, p, n); /* a C consumer */
+    if (sunk != LB_NO_SINK) return sunk;
     /* field by field: an initializer would zero err[] (256 bytes) per event */
     hook_args a;
     a.b = b;
@@ -273,8 +275,7 @@ static int batch_call(lua_State *L) {
  * Lua outside the handlers (which run under their own pcall) is logged;
  * running out of memory while decoding costs the connection, as for one
  * event (run_hook), with the batch's values. */
-int lb_hook_events(void *ud, lei_peer *from, const lei_event_in *ev, int n, int *held) {
-    lb_ctx *b = ud;
+static int batch_lua(lb_ctx *b, lei_peer *from, const lei_event_in *ev, int n, int *held) {
     lua_State *L = b->L;
     *held = 0;
     if (!L || b->ref_events == LUA_NOREF || !lua_checkstack(L, 4)) return 0;
@@ -313,6 +314,28 @@ int lb_hook_events(void *ud, lei_peer *from, const lei_event_in *ev, int n, int 
         return a.ndec;
     }
     return n;
+}
+
+/* The events hook: the leading events whose channel has a C consumer
+ * (lua_sink.c) go to it one by one, without Lua; from the first one that
+ * has none, the rest of the read goes to Lua as one batch (Lua dispatches a
+ * C consumer's channel too), so the order of the read is kept and a
+ * handler that waits holds what follows it.  Returns the events taken (n,
+ * or the index of a value that did not decode). */
+int lb_hook_events(void *ud, lei_peer *from, const lei_event_in *ev, int n, int *held) {
+    lb_ctx *b = ud;
+    int i = 0;
+    *held = 0;
+    if (b->nsinks) {
+        for (; i < n; i++) {
+            const lei_event_in *e = &ev[i];
+            int r = lb_sink_event(b, from, e->chid, e->producer, e->seq, 0, e->p, e->n);
+            if (r == LB_NO_SINK) break;
+            if (r < 0) return i;
+        }
+        if (i == n) return n;
+    }
+    return i + batch_lua(b, from, ev + i, n - i, held);
 }
 
 int lb_hook_ctrl(void *ud, lei_peer *from, const uint8_t *p, size_t n) {
@@ -357,13 +380,15 @@ void lb_hook_prepare(void *ud) {
 void lb_hooks_init(lua_State *L, lb_ctx *b, lei_hooks *h) {
     b->L = lua_newthread(L);
     b->ref_thread = luaL_ref(L, LUA_REGISTRYINDEX);
-    lua_createtable(L, 3, 0);
+    lua_createtable(L, 4, 0);
     lua_pushcfunction(L, hook_call);
     lua_rawseti(L, -2, 1);
     lua_pushcfunction(L, log_call);
     lua_rawseti(L, -2, 2);
     lua_pushcfunction(L, batch_call);
     lua_rawseti(L, -2, 3);
+    lb_sink_push_call(L);
+    lua_rawseti(L, -2, 4);
     b->ref_calls = luaL_ref(L, LUA_REGISTRYINDEX);
     lei_hooks hk = {b, lb_hook_event, lb_hook_ctrl, lb_hook_peer, lb_hook_unpin, lb_hook_log,
                     lb_hook_prepare, lb_hook_events};

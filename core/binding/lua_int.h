@@ -1,12 +1,13 @@
-/* lua_int.h: what the files of lecho.core, the Lua binding, share
- * (lua_ctx.c, lua_hook.c, lua_chan.c, lua_moe.c, lua_loop.c, lua_auth.c):
- * the userdata structs and the helpers that cross files.  Only these files
- * include it (lua_ws.c, the module lecho.ws, does not).
+/* lua_int.h: what the files of the Lua binding share (lua_ctx.c,
+ * lua_hook.c, lua_chan.c, lua_prod.c, lua_sink.c, lua_moe.c, lua_loop.c,
+ * lua_auth.c): the userdata structs and the helpers that cross files.  Only
+ * these files include it.
  *
  * The binding reaches the core through ctx.h, moe.h and codec.h only.
  * Ownership: the context userdata owns the context; each timer userdata owns
  * its ev_timer and, while active, pins itself and its function in the
- * registry; a modulator userdata owns its lei_moe.  Strings pinned by the
+ * registry; a modulator userdata owns its lei_moe; a producer handle owns
+ * its list of modulator pointers (lua_prod.c).  Strings pinned by the
  * codec are released through the unpin hook.
  */
 #ifndef LECHO_LUA_INT_H
@@ -24,6 +25,7 @@
 #define MOE_MT "lecho.moe"
 
 typedef struct lb_timer lb_timer;
+struct lb_sink;
 typedef struct lb_moe lb_moe;
 
 typedef struct lb_ctx {
@@ -32,7 +34,7 @@ typedef struct lb_ctx {
     int ref_event, ref_ctrl, ref_peer, ref_log, ref_tb, ref_moe_error, ref_turn;
     int ref_events;           /* the batch hook (lua_hook.c lb_hook_events), or LUA_NOREF */
     int ref_thread;        /* pins L */
-    int ref_calls;         /* { hook_call, log_call }: made once, no allocation per call */
+    int ref_calls;         /* { hook_call, log_call, batch_call, sink_call }: made once, no allocation per call */
     int want_turn;         /* call the turn hook before each loop turn's writes */
     int close_pending;     /* close() came from inside a callback: done on return */
     lei_codec_limits lim;
@@ -46,6 +48,10 @@ typedef struct lb_ctx {
                             * function; started only inside l_run */
     int hup;               /* a SIGHUP came during ctx:run(true, fn): fn runs next */
     int signal;            /* the signal that ended the last ctx:run(true), or 0 */
+    struct lb_sink **sinks; /* owned array by channel id (nsinks long): the C sink of
+                             * each channel that has one (lua_sink.c), else NULL */
+    uint32_t nsinks;
+    int ref_sinks;         /* the table chid -> sink userdata pinning them */
 } lb_ctx;
 
 /* The shortest string value handed to Lua as a view (lua_hook.c view_of):
@@ -116,6 +122,10 @@ void lb_hook_prepare(void *ud);
 /* lua_chan.c: channels, submitting, sync answers, acks, control messages */
 extern const char *const lb_policy_names[];
 uint32_t lb_check_chan(lua_State *L, lb_ctx *b, int i);
+/* Encodes the value at idx of L into a new message (the caller releases it
+ * with lb_hook_unpin); NULL with the code in *code and the message in err,
+ * nothing pushed. */
+lei_msg *lb_encode(lb_ctx *b, lua_State *L, int idx, char *err, size_t errlen, int *code);
 /* Encodes the value at idx into a new message (the caller releases it);
  * NULL with nil, err, code pushed. */
 lei_msg *lb_encode_at(lua_State *L, lb_ctx *b, int idx);
@@ -132,6 +142,23 @@ extern const luaL_Reg lb_chan_methods[];
 void lb_moe_unlink(lb_moe *x);
 extern const luaL_Reg lb_moe_ctx_methods[];
 void lb_moe_open(lua_State *L);
+
+/* lua_prod.c: producer handles (ctx:producer) and the data plane table
+ * (core.dataplane, lua_prod.h) in the module table on top */
+extern const luaL_Reg lb_prod_ctx_methods[];
+void lb_prod_open(lua_State *L);
+
+/* lua_sink.c: C sinks, a channel's one consumer in C (lua_prod.h) */
+#define LB_NO_SINK (-2)
+extern const luaL_Reg lb_sink_ctx_methods[];
+/* The event hook's first step: the channel's C sink, if it has one and the
+ * event is async: 0, or -1 (a bad value: close the connection); LB_NO_SINK
+ * when the Lua dispatch must take it. */
+int lb_sink_event(lb_ctx *b, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
+                  uint64_t sync, const uint8_t *p, size_t n);
+/* Pushes the protected function lb_sink_event calls (kept in ref_calls[4]). */
+void lb_sink_push_call(lua_State *L);
+void lb_sinks_free(lb_ctx *b, lua_State *L);
 
 /* lua_auth.c: keys, signatures, identity and trust */
 extern const luaL_Reg lb_auth_methods[];

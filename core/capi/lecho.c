@@ -2,10 +2,16 @@
  *
  * Each lecho_ctx owns a private LuaJIT state that loads the Lua layer
  * (`require "lecho.capi"`, which requires "lecho") and drives it: the control
- * plane (name server, managers, joins) is Lua, so this file only calls the
- * public Lua API through lua/lecho/capi.lua and never reaches into core/transport/ctx.h.
- * Every Lua call goes through lua_cpcall, so a Lua error (memory included)
- * becomes a code and a message, never a longjmp past the caller.
+ * plane (name server, managers, joins, modulator lists) is Lua, reached
+ * through lua/lecho/capi.lua; this file never reaches into core/transport/ctx.h.  The
+ * data plane of an async submit is C: lecho_submit hands the value to the
+ * producer's handle through core.so's table of functions (lb_dataplane,
+ * core/binding/lua_prod.h: liblecho is not linked with the core), which
+ * encodes it and queues it without calling a Lua function; a consumer's C
+ * handler gets its channel's async events from the core's event hook
+ * (sink_event).  Every Lua call goes through one protected call
+ * (lei_api_protect), so a Lua error (memory included) becomes a code and a
+ * message, never a longjmp past the caller.
  *
  * Handles keep their Lua object in the registry (h.ref); values are in
  * lecho_value.c, the shared structs in lecho_int.h.
@@ -110,15 +116,39 @@ static void channel_fini(lecho_channel *ch) {
     free(ch->name);
 }
 
+/* Frees what a consumer handle owns besides its head: its channel name and
+ * the registry slot of its sink's events (x->L NULL: the state is gone). */
+static void consumer_fini(lecho_consumer *c) {
+    free(c->chan);
+    c->chan = NULL;
+    if (c->h.ctx->L && c->slot != LUA_NOREF) luaL_unref(c->h.ctx->L, LUA_REGISTRYINDEX, c->slot);
+    c->slot = LUA_NOREF;
+}
+
 /* ---- protected calls ---- */
+
+/* The one C function lei_api_protect calls through lua_pcall: runs the
+ * op's function with the op as its first argument, as lua_cpcall would. */
+static int api_tramp(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    return o->fn(L);
+}
 
 /* Runs f(op) protected on the current thread; a raised error becomes a code
  * and its message. */
 int lei_api_protect(lecho_ctx *x, lua_CFunction f, struct op *o) {
     o->x = x;
     o->rc = 0;
+    o->fn = f;
     int top = lua_gettop(x->L);
-    int rc = lua_cpcall(x->L, f, o);
+    int rc;
+    if (x->tramp != LUA_NOREF) {
+        lua_rawgeti(x->L, LUA_REGISTRYINDEX, x->tramp);
+        lua_pushlightuserdata(x->L, o);
+        rc = lua_pcall(x->L, 1, 0, 0);
+    } else {
+        rc = lua_cpcall(x->L, f, o);
+    }
     if (rc != 0) {
         const char *m = lua_tostring(x->L, -1);
         lei_api_fail(x, rc == LUA_ERRMEM ? LECHO_ENOMEM : LECHO_EFAILED, m ? m : "error");
@@ -184,6 +214,18 @@ static int op_open(lua_State *L) {
     lua_pushliteral(L, "lecho.capi");
     lua_call(L, 1, 1);
     x->glue = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_pushcfunction(L, api_tramp);
+    x->tramp = luaL_ref(L, LUA_REGISTRYINDEX);
+    /* lecho.capi loaded lecho.core: its data plane table */
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "lecho.core");
+    lua_call(L, 1, 1);
+    lua_getfield(L, -1, "dataplane");
+    if (lua_isfunction(L, -1)) {
+        lua_call(L, 0, 1);
+        x->dp = lua_touserdata(L, -1);
+    }
+    lua_pop(L, 2);
     lua_newtable(L);
     for (int i = 0; opts && opts[i]; i += 2) {
         if (!opts[i + 1]) {
@@ -210,6 +252,7 @@ static void ctx_free(lecho_ctx *x) {
         struct lei_h *h = x->handles;
         x->handles = h->next;
         if (h->kind == H_CHANNEL) channel_fini((lecho_channel *)h);
+        if (h->kind == H_CONSUMER) free(((lecho_consumer *)h)->chan);
         free(h);
     }
     if (x->L0) lua_close(x->L0);
@@ -235,7 +278,7 @@ int lecho_open(const char *const *opts, lecho_ctx **out, char *err, size_t errle
         return LECHO_ENOMEM;
     }
     x->L = x->L0;
-    x->glue = x->self = LUA_NOREF;
+    x->glue = x->self = x->tramp = LUA_NOREF;
     x->blocks = 1;
     for (int i = 0; opts && opts[i] && opts[i + 1]; i += 2)
         if (strcmp(opts[i], "policy") == 0) x->blocks = strcmp(opts[i + 1], "block") == 0;
@@ -274,6 +317,7 @@ int lecho_close_err(lecho_ctx *x, double linger, char *err, size_t errlen) {
     for (struct lei_h *h = x->handles; h; h = h->next)
         if (h->kind == H_CONSUMER) {
             if (((lecho_consumer *)h)->box) ((lecho_consumer *)h)->box->c = NULL;
+            if (((lecho_consumer *)h)->sink) ((lecho_consumer *)h)->sink->c = NULL;
         }
         else if (h->kind == H_SERVICE)
             ((lecho_service *)h)->box->s = NULL;
@@ -373,6 +417,9 @@ static int op_producer(lua_State *L) {
         lua_pushnil(L);
     int b;
     if ((o->rc = lei_api_glue_call(L, o->x, "producer", 2, &b)) != 0) return 0;
+    lua_rawgeti(L, b, 1); /* the Lua producer's handle (lecho.producer's slot H) */
+    o->res = lua_touserdata(L, -1);
+    lua_pop(L, 1);
     lua_pushvalue(L, b);
     o->i = luaL_ref(L, LUA_REGISTRYINDEX);
     return 0;
@@ -392,6 +439,7 @@ int lecho_producer_open(lecho_channel *ch, const char *policy, lecho_producer **
         return rc;
     }
     p->h.ref = o.i;
+    p->ph = x->dp ? o.res : NULL;
     p->blocks = policy ? strcmp(policy, "block") == 0 : x->blocks;
     *out = p;
     return 0;
@@ -432,15 +480,31 @@ static int op_submit(lua_State *L) {
     return 0;
 }
 
+/* The data plane: the value handed to the producer's handle in C (protected
+ * only against Lua memory errors while pinning a long string).  o->rc is
+ * LB_PROD_SLOW when the Lua path must do it (it waits for room). */
+static int op_submit_fast(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lecho_ctx *x = o->x;
+    lei_api_push_slot(L, o->b);
+    o->rc = x->dp->submit(((const lecho_producer *)o->a)->ph, L, lua_gettop(L), x->err, sizeof x->err);
+    return 0;
+}
+
 int lecho_submit(lecho_producer *p, const lecho_value *ev) {
     if (!p || !ev || ev->h.ctx != p->h.ctx) return LECHO_EINVAL;
+    lecho_ctx *x = p->h.ctx;
     /* A wait for room cannot suspend a C handler (and a failed one would
      * leave the producer's queue of waiting submits inconsistent). */
-    if (p->h.ctx->in_handler && p->blocks)
-        return lei_api_fail(p->h.ctx, LECHO_EINVAL, "lecho_submit: not from a consumer handler "
+    if (x->in_handler && p->blocks)
+        return lei_api_fail(x, LECHO_EINVAL, "lecho_submit: not from a consumer handler "
                             "with a producer under the block policy (it may have to wait)");
     struct op o = { .a = p, .b = ev };
-    return lei_api_protect(p->h.ctx, op_submit, &o);
+    if (p->ph) {
+        int rc = lei_api_protect(x, op_submit_fast, &o);
+        if (rc != LB_PROD_SLOW) return rc;
+    }
+    return lei_api_protect(x, op_submit, &o);
 }
 
 int lecho_submit_sync(lecho_producer *p, const lecho_value *ev, double timeout,
@@ -549,6 +613,48 @@ static int trampoline(lua_State *L) {
     return 1;
 }
 
+/* The consumer's C sink (core/binding/lua_sink.c): an async event of its channel,
+ * decoded at idx of L (the core's callback thread), handed to the C handler
+ * without a Lua function called; as trampoline does, with meta made here.
+ * Runs inside the core's protected call: may raise. */
+static void sink_event(lb_sink *s, lua_State *L, int idx, const lb_event *e) {
+    struct csink *k = (struct csink *)s;
+    lecho_consumer *c = k->c;
+    if (!c) return;
+    lecho_ctx *x = c->h.ctx;
+    /* meta.producer as the Lua dispatch names it: "address#id", made once
+     * per producer in a row */
+    const char *from = e->from ? e->from : x->addr;
+    size_t fl = strlen(from);
+    if (c->plen == 0 || c->pid != e->producer || c->plen != fl || memcmp(c->pname, from, fl) != 0) {
+        int w = snprintf(c->pname, sizeof c->pname, "%s#%llu", from, (unsigned long long)e->producer);
+        c->pid = e->producer;
+        c->plen = w > 0 && (size_t)w < sizeof c->pname ? fl : 0;
+    }
+    int slot = c->slot;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, slot);
+    int t = lua_gettop(L);
+    lua_pushvalue(L, idx);
+    lua_rawseti(L, t, 1);
+    lecho_value ev = { { x, slot, H_BORROWED, NULL, NULL } };
+    lecho_meta m = { c->chan ? c->chan : "", c->pname, (double)e->seq };
+    lua_State *saved = x->L;
+    x->L = L;
+    x->in_handler++;
+    const char *err = c->fn(&ev, &m, c->ud);
+    x->in_handler--;
+    x->L = saved;
+    lua_pushnil(L);
+    lua_rawseti(L, t, 1); /* the value is garbage once the handler returned */
+    if (!err || !(c = k->c)) return;
+    /* counted and logged by lecho.capi, as the Lua dispatch does */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, x->glue);
+    lua_getfield(L, -1, "consumer_failed");
+    lei_api_push_ref(L, c->h.ref);
+    lua_pushstring(L, err);
+    lua_call(L, 2, 0);
+}
+
 static int op_consumer(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     lecho_consumer *c = o->res;
@@ -560,10 +666,29 @@ static int op_consumer(lua_State *L) {
         lei_api_push_slot(L, o->b);
     else
         lua_pushnil(L);
+    lua_newtable(L);
+    c->slot = luaL_ref(L, LUA_REGISTRYINDEX);
+    c->sink = lua_newuserdata(L, sizeof *c->sink);
+    c->sink->s.fn = sink_event;
+    c->sink->c = c;
+    luaL_newmetatable(L, LB_SINK_MT);
+    lua_setmetatable(L, -2);
     int b;
-    if ((o->rc = lei_api_glue_call(L, o->x, "consumer", 3, &b)) != 0) {
+    if ((o->rc = lei_api_glue_call(L, o->x, "consumer", 4, &b)) != 0) {
         c->box->c = NULL;
         c->box = NULL;
+        c->sink->c = NULL;
+        c->sink = NULL;
+        return 0;
+    }
+    const char *chan = lua_tostring(L, b + 1);
+    if (chan && !(c->chan = lei_api_dupstr(chan))) {
+        o->rc = lei_api_fail(o->x, LECHO_ENOMEM, "out of memory");
+        /* the Lua consumer stays open until the context closes: no handler runs */
+        c->box->c = NULL;
+        c->box = NULL;
+        c->sink->c = NULL;
+        c->sink = NULL;
         return 0;
     }
     lua_pushvalue(L, b);
@@ -585,11 +710,13 @@ int lecho_consumer_open_opts(lecho_channel *ch, lecho_handler fn, void *ud, cons
     if (!c) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
     c->fn = fn;
     c->ud = ud;
-    c->qref = LUA_NOREF;
+    c->qref = c->slot = LUA_NOREF;
     struct op o = { .a = ch, .b = opts, .res = c };
     int rc = lei_api_protect(x, op_consumer, &o);
     if (rc != 0 || !c->box) {
         if (c->box) c->box->c = NULL;
+        if (c->sink) c->sink->c = NULL;
+        consumer_fini(c);
         lei_api_h_free(&c->h);
         return rc ? rc : LECHO_EFAILED;
     }
@@ -600,9 +727,11 @@ int lecho_consumer_open_opts(lecho_channel *ch, lecho_handler fn, void *ud, cons
 void lecho_consumer_close(lecho_consumer *c) {
     if (!c) return;
     if (c->box) c->box->c = NULL;
+    if (c->sink) c->sink->c = NULL;
     struct op o = { .a = c, .s = "consumer_close" };
     lei_api_protect(c->h.ctx, op_simple, &o);
     if (c->qref != LUA_NOREF) luaL_unref(c->h.ctx->L, LUA_REGISTRYINDEX, c->qref);
+    consumer_fini(c);
     lei_api_h_free(&c->h);
 }
 
@@ -632,7 +761,7 @@ int lecho_consumer_open_queued(lecho_channel *ch, const lecho_value *opts, size_
     if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_consumer_open_queued: not from a handler");
     lecho_consumer *c = lei_api_h_new(x, sizeof *c, H_CONSUMER);
     if (!c) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
-    c->qref = LUA_NOREF;
+    c->qref = c->slot = LUA_NOREF;
     c->box = NULL; /* no C handler, no trampoline */
     struct op o = { .a = ch, .b = opts, .n = limit, .res = c };
     int rc = lei_api_protect(x, op_consumer_queued, &o);

@@ -5,6 +5,7 @@
 #define LECHO_INT_H
 
 #include "lecho.h"
+#include "lua_prod.h"
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -35,6 +36,8 @@ struct lecho_channel {
 struct lecho_producer {
     struct lei_h h;
     int blocks; /* under the "block" policy: its submits may wait */
+    void *ph;   /* borrowed: the core's producer handle (lua_prod.c), which the
+                 * Lua producer h.ref holds keeps alive; NULL: Lua path only */
 };
 
 /* The trampoline's upvalue (a Lua userdata, owned by the Lua state): points
@@ -43,12 +46,26 @@ struct cbox {
     lecho_consumer *c;
 };
 
+/* The consumer's C sink (lua_prod.h lb_sink, a Lua userdata owned by the
+ * Lua consumer): the core hands it the channel's async events directly.
+ * Points back at the consumer until the consumer is closed. */
+struct csink {
+    lb_sink s; /* first: the core sees an lb_sink */
+    lecho_consumer *c;
+};
+
 struct lecho_consumer {
     struct lei_h h;
     lecho_handler fn;
     void *ud;
-    struct cbox *box; /* borrowed from Lua: valid while h.ref holds the consumer; NULL when queued */
-    int qref;         /* a queued consumer: registry ref of its queue (else LUA_NOREF) */
+    struct cbox *box;   /* borrowed from Lua: valid while h.ref holds the consumer; NULL when queued */
+    struct csink *sink; /* borrowed from Lua as box is; NULL when queued */
+    int qref;           /* a queued consumer: registry ref of its queue (else LUA_NOREF) */
+    int slot;           /* registry ref of the table whose [1] holds the sink's event */
+    char *chan;         /* owned: meta.channel (the channel's short name) */
+    char pname[320];    /* meta.producer of the last sink event ("addr#id") */
+    uint64_t pid;       /* ... its producer id, and its address (pname up to '#') */
+    size_t plen;        /* length of that address in pname; 0: none cached */
 };
 
 /* The service trampoline's upvalue, as struct cbox for consumers. */
@@ -74,6 +91,10 @@ struct lecho_ctx {
     lua_State *L0;  /* owned: the private state (lua_close in lecho_close) */
     lua_State *L;   /* the thread calls run on: L0, or a handler's coroutine */
     int glue;       /* registry ref of the lecho.capi table */
+    const lb_dataplane *dp; /* core.so's data plane (static in core.so), or NULL */
+    int tramp;      /* registry ref of the C function lei_api_protect calls (made once:
+                     * lua_cpcall allocates a closure per call, and the C-only
+                     * data plane runs no GC step that would free them) */
     int self;       /* registry ref of the Lua context */
     int in_handler; /* depth of C handlers running */
     int blocks;     /* the context's policy is "block" (the default) */
@@ -93,6 +114,7 @@ struct lecho_ctx {
 /* The arguments and results of one protected operation. */
 struct op {
     lecho_ctx *x;
+    lua_CFunction fn; /* what lei_api_protect runs */
     int rc;
     const void *a, *b; /* handles */
     const char *key, *s;

@@ -284,6 +284,8 @@ struct lei_peer {
                                * of before the cipher offer): mode 1 to it */
     lei_queue q;              /* ro: frames waiting for the socket */
     size_t woff;              /* bytes of q.head already written */
+    size_t wfull;             /* q.bytes when a write last found the socket full
+                               * (lei_peer_enqueue tries again batch_bytes later) */
     lei_msg *spare;           /* owned: an empty batch buffer (BATCH_MAX) kept for the
                                * next batch, freed with the peer (peers.c peer_free) */
     uint8_t *bound;           /* channels announced (BIND) on this connection */

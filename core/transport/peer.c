@@ -428,8 +428,15 @@ void lei_peer_enqueue(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr,
             }
         }
     }
-    if (p->q.bytes >= c->o.batch_bytes) lei_peer_flush(p);
-    else if (sync) lei_defer_flush(c, p);
+    /* Past batch_bytes it writes now; but while the socket was full at the
+     * last try (the write watcher waits for it) only once more per
+     * batch_bytes queued since: a producer faster than its consumer would
+     * otherwise make one failing sendmsg per event. */
+    if (p->q.bytes >= c->o.batch_bytes &&
+        (!p->conn || !ev_is_active(&p->conn->wio) || p->q.bytes >= p->wfull + c->o.batch_bytes))
+        lei_peer_flush(p);
+    else if (sync)
+        lei_defer_flush(c, p);
 }
 
 /* Runs the local consumers of one queued item.  Returns 1 when a handler

@@ -53,6 +53,7 @@ static void plain_flush(lei_peer *p) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 ev_io_start(c->loop, &k->wio);
+                p->wfull = p->q.bytes; /* lei_peer_enqueue writes again past batch_bytes more */
                 return;
             }
             char why[160];

@@ -386,6 +386,7 @@ static void keyed_flush(lei_peer *p) {
         }
         if (r == 0) {
             ev_io_start(c->loop, &k->wio);
+            p->wfull = p->q.bytes; /* lei_peer_enqueue writes again past batch_bytes more */
             return;
         }
         if (!p->q.head) break;

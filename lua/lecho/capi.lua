@@ -130,11 +130,28 @@ function M.producer_close(p) return protect(function() p:close(); return true en
 -- cfn(ev, meta) is lecho.c's trampoline: nothing, or the handler's message.
 -- opts: nil, or the consumer options lecho_consumer_open_opts takes
 -- (modulator, params, period, capabilities; ch:consumer checks them).
-function M.consumer(ch, cfn, opts)
-  return protect(ch.consumer, ch, function(ev, meta)
+-- sink: lecho.c's C sink for the same handler: while this is the channel's
+-- only plain consumer, its async events go to the sink from the event hook
+-- (core/lua_sink.c, Channel:_hot_update), the rest through the trampoline.
+-- Returns the consumer and the channel's short name (meta.channel).
+function M.consumer(ch, cfn, opts, sink)
+  local c, err, code = protect(ch.consumer, ch, function(ev, meta)
     local err = cfn(ev, meta)
     if err then error(err, 0) end
   end, opts)
+  if not c then return nil, err, code end
+  if sink and not c.mod and not c.buffer then
+    c.sink = sink
+    ch:_hot_update()
+  end
+  return c, ch.short
+end
+
+-- A C sink's handler failed on an async event: counted and logged as
+-- Context:_on_event does for a Lua handler.
+function M.consumer_failed(c, err)
+  c.errors = c.errors + 1
+  c.ch.ctx.log(("consumer %s on '%s' failed: %s"):format(c.id, c.ch.short, err))
 end
 
 -- A queued consumer (lecho_consumer_open_queued): its handler appends to

@@ -77,13 +77,19 @@ function Channel:_plain() return #self.dests > 0 or #self.consumers > 0 end
 function Channel:_hot_update()
   local plain = self:_plain()
   local mods = self.modlist[1] and self.modlist or false
-  for p in pairs(self.producers) do
-    p[p.MODS], p[p.PLAIN] = mods, plain
-  end
+  for p in pairs(self.producers) do p:_retarget(mods, plain) end
   -- Context:_on_event's fast path: a plain channel with one consumer
-  -- (called whenever that list changes: Channel:consumer, Consumer:_unlink)
+  -- (called whenever that list changes: Channel:consumer, Consumer:_unlink);
+  -- when that consumer is C code (lecho.capi sets its `sink`), its async
+  -- events go to it from the event hook, never into Lua (core/lua_sink.c)
   local list = self.consumers
-  self.ctx.dcon[self.chid] = #list == 1 and list[1] or nil
+  local one = #list == 1 and list[1] or nil
+  self.ctx.dcon[self.chid] = one
+  local sink = one and not one.closed and one.sink or nil
+  if sink ~= self.sink and not self.ctx.closed then
+    self.sink = sink
+    self.ctx.c:set_sink(self.chid, sink)
+  end
 end
 
 function Channel:_derived_name(key) return self.name .. "@" .. key end

@@ -5,6 +5,10 @@
 --   local enc = fastenc.new{ max_depth = 100, max_string = 2^28, pin = 65536,
 --                            max_value_bytes = 2^26 }
 --   local s = enc(value)     -- the encoded bytes, or nil: use the C encoder
+--   local ref = fastenc.new(opts, true)
+--   local p, n = ref(value)   -- the same bytes in the encoder's buffer (a
+--                             -- uint8_t * and a length, valid until its next
+--                             -- call), or nil: no Lua string is made
 --
 -- The C encoder (core/base/codec_lua.c) goes through the Lua C API for every
 -- element (~50 ns each); this one runs compiled (a few ns).  It produces the
@@ -30,7 +34,7 @@ local floor, type, next, rawget = math.floor, type, next, rawget
 local T_NIL, T_FALSE, T_TRUE, T_INT, T_DOUBLE, T_STRING, T_TABLE = 0, 1, 2, 3, 4, 5, 6
 local INT_FAST = 2 ^ 50 -- zigzag of |x| below this is exact in a double
 
-function M.new(opts)
+function M.new(opts, ref)
   if not M.available then return nil end
   local max_depth = math.min(opts.max_depth or 100, 1000) -- the C ceiling
   local max_string = opts.max_string or 256 * 1024 * 1024
@@ -184,6 +188,14 @@ function M.new(opts)
     return false
   end
 
+  if ref then
+    return function(v)
+      buf:reset()
+      size = 0
+      if enc(v, 0) then return buf:ref() end
+      return nil
+    end
+  end
   return function(v)
     buf:reset()
     size = 0

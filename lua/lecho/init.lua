@@ -138,9 +138,10 @@ function M.context(opts)
     signals = opts.signals ~= false,   -- ctx:run() closes on SIGINT/SIGTERM unless false
     moes = {}, nextmoe = 0, moe_failed = {},
     -- the compiled encoder for submits (nil without string.buffer): same
-    -- bytes as the C one, which still does what it declines
-    fastenc = fastenc.new{ max_depth = opts.max_depth, max_string = opts.max_string,
-                           pin = opts.pin_threshold, max_value_bytes = opts.max_value_bytes },
+    -- bytes as the C one, which still does what it declines; it returns
+    -- its buffer (pointer, length), staged into the producer handle
+    fastenc = fastenc.new({ max_depth = opts.max_depth, max_string = opts.max_string,
+                            pin = opts.pin_threshold, max_value_bytes = opts.max_value_bytes }, true),
     mod_budget = opts.modulator_budget or D.modulator_budget,
     mod_memory = opts.modulator_memory or D.modulator_memory,
     mods_memory = opts.modulators_memory or D.modulators_memory,

@@ -14,11 +14,27 @@ Producer.__index = Producer
 -- What a submit reads sits in the producer's array part, in these slots: a
 -- small array is allocated with the table's header, so a submit touches two
 -- adjacent cache lines of it, not a hash part's scattered nodes (thousands
--- of channels round-robin: these misses were the producer's cost).  MODS is
--- the channel's modulator list when it has any, else false (the core then
--- reads no per-channel table); POLICY and ENC are false for none.
-local CORE, CHID, PID, SEQ, POLICY, MODS, PLAIN, ENC = 1, 2, 3, 4, 5, 6, 7, 8
-Producer.SEQ, Producer.MODS, Producer.PLAIN = SEQ, MODS, PLAIN
+-- of channels round-robin: these misses were the producer's cost).  H is the
+-- core's producer handle (core/lua_prod.c: channel, producer id, sequence,
+-- policy and the channel's modulators; liblecho submits through it too), HP
+-- its address for the FFI; MODS (the channel's modulator list, or false) and
+-- PLAIN are Lua's copies for submit_sync's "no consumer" check; ENC is false
+-- without the compiled encoder.
+local H, HP, MODS, PLAIN, ENC = 1, 2, 3, 4, 5
+Producer.MODS, Producer.PLAIN = MODS, PLAIN
+
+-- lb_dataplane (core/lua_prod.h): stage copies fastenc's buffer into the
+-- handle's next message, once, without a Lua string or a Lua C call.
+local DP
+do
+  local ok, ffi = pcall(require, "ffi")
+  local core = require "lecho.core"
+  if ok then
+    if not pcall(ffi.typeof, "lb_dataplane") then ffi.cdef(core.dataplane_cdef) end
+    DP = ffi.cast("const lb_dataplane *", core.dataplane())
+    Producer._ffi = ffi
+  end
+end
 
 -- An error list (from submit_sync) prints as one line per failing consumer.
 local ErrList = {
@@ -45,46 +61,79 @@ function Channel:producer(opts)
   end
   self.nprod = self.nprod + 1
   ctx.nextpid = ctx.nextpid + 1
+  local h = ctx.c:producer(self.chid, ctx.nextpid, opts.policy or false)
+  local mods, plain = self.modlist[1] and self.modlist or false, self:_plain()
+  h:set_mods(mods, plain)
   -- What submit reads sits in the producer itself (one table per event:
   -- with thousands of channels, cache misses are the cost): the slots above.
-  local p = setmetatable({ ctx.c, self.chid, ctx.nextpid, 0, opts.policy or false,
-                           self.modlist[1] and self.modlist or false, self:_plain(),
-                           ctx.fastenc or false, ch = self, id = ctx.nextpid }, Producer)
+  local p = setmetatable({ h, DP and Producer._ffi.cast("void *", h) or false, mods, plain,
+                           DP and ctx.fastenc or false, ch = self, id = ctx.nextpid }, Producer)
   self.producers[p] = true
   return p
 end
 
+-- The channel's modulators or consumers changed (Channel:_hot_update).
+function Producer:_retarget(mods, plain)
+  self[MODS], self[PLAIN] = mods, plain
+  self[H]:set_mods(mods, plain)
+end
+
+-- The sequence of the last event this producer submitted.
+function Producer:_seq() return self[H]:seq() end
+
 -- One try: the core answers "wouldblock" when a queue has no room (and
--- then did nothing).  Returns again, r, err, code.
+-- then did nothing).  bytes: a string holding the encoded value (a retry
+-- after a wait); else the value, staged from fastenc's buffer when it
+-- encoded it.  Returns again, r, err, code.
 local function try_submit(self, ev, sync, bytes)
-  local seq = self[SEQ] + 1
-  local r, err, code = self[CORE]:submit(self[CHID], self[PID], seq, bytes or ev, sync,
-                                         self[POLICY] or nil, self[MODS], self[PLAIN], bytes ~= nil)
-  if r then
-    self[SEQ] = seq
-    return false, r
+  local h = self[H]
+  local r, err, code
+  if bytes then
+    if DP.stage(self[HP], bytes, #bytes) ~= 0 then return false, nil, "out of memory", "nomem" end
+    r, err, code = h:submit_staged(sync)
+  else
+    local enc = self[ENC]
+    local p, n
+    if enc then p, n = enc(ev) end
+    if p then
+      if DP.stage(self[HP], p, n) ~= 0 then return false, nil, "out of memory", "nomem" end
+      r, err, code = h:submit_staged(sync)
+      -- a wait keeps the bytes (the encoder's buffer is the next submit's)
+      if code == "wouldblock" then return true, nil, err, code, Producer._ffi.string(p, n) end
+    else
+      r, err, code = h:submit(ev, sync)
+    end
   end
+  if r then return false, r end
   return code == "wouldblock", r, err, code
 end
 
 -- The waiting part of submit_core: behind the submits of this producer
 -- already waiting, until there is room.
 local function submit_wait(self, ev, sync, bytes)
-  local c = self[CORE]
+  local h = self[H]
   local q = self.waitq or {}
   self.waitq = q
   local me = {}
   q[#q + 1] = me
+  h:waiting(1)  -- liblecho's submits take this path while any waits
   local ctx = self.ch.ctx
   local function ready()
-    return self.closed or q[1] == me and c:room(self[CHID], self[MODS], self[PLAIN])
+    return self.closed or q[1] == me and h:room()
   end
   while true do
     ctx:_wait(ready)
     if q[1] == me then table.remove(q, 1) end
-    if self.closed or ctx.closed then return nil, "producer closed while waiting for room", "closed" end
-    local again, r, err, code = try_submit(self, ev, sync, bytes)
-    if not again then return r, err, code end
+    if self.closed or ctx.closed then
+      h:waiting(-1)
+      return nil, "producer closed while waiting for room", "closed"
+    end
+    local again, r, err, code, b = try_submit(self, ev, sync, bytes)
+    bytes = bytes or b
+    if not again then
+      h:waiting(-1)
+      return r, err, code
+    end
     table.insert(q, 1, me)
   end
 end
@@ -94,12 +143,12 @@ end
 -- order the submits of this producer were called.  No closure is made unless
 -- it waits (a submit is the hot path).
 local function submit_core(self, ev, sync)
-  local enc = self[ENC]
-  local bytes = enc and enc(ev)
   local q = self.waitq
+  local bytes
   if not q or not q[1] then
-    local again, r, err, code = try_submit(self, ev, sync, bytes)
+    local again, r, err, code, b = try_submit(self, ev, sync)
     if not again then return r, err, code end
+    bytes = b
   end
   return submit_wait(self, ev, sync, bytes)
 end
@@ -210,6 +259,7 @@ function Producer:close()
   local ch = self.ch
   ch.producers[self] = nil
   ch.nprod = ch.nprod - 1
+  self[H]:close()
   if ch.nprod == 0 then
     ch.ctx.c:flush()
     ch:_leave("producer")

@@ -1,0 +1,365 @@
+/* lua_prod.c: the producer handle (binding): one userdata per producer
+ * holding what a submit reads (channel, producer id, sequence, policy, the
+ * channel's modulator list and whether it also goes plain), so a submit is
+ * submit(handle, value).  lecho.producer keeps one per Producer and updates
+ * its modulator list when the channel's changes (Channel:_hot_update);
+ * liblecho submits through the same handle without entering Lua
+ * (lb_dataplane, lua_prod.h).
+ *
+ * Ownership: the userdata owns its moes array and its staged message; its
+ * environment table pins the context userdata (so b outlives the handle)
+ * and the Lua modulator list whose userdata the moes array points at.
+ */
+#define _GNU_SOURCE
+#include "lua_int.h"
+#include "lua_prod.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PROD_MT "lecho.producer"
+
+typedef struct lb_prod {
+    lb_ctx *b;     /* ro: the context (pinned by the environment table) */
+    uint32_t chid; /* ro */
+    uint64_t pid;  /* ro */
+    uint64_t seq;  /* ro: the sequence of the last event submitted */
+    int policy;    /* ro: LEI_* policy, or -1: the context's */
+    int plain;     /* ro: also sent unmodulated on chid */
+    int nmoes;     /* ro */
+    lb_moe **moes; /* owned array; each pinned by the modulator list in the environment */
+    int nwait;     /* rw (h:waiting): submits of this producer waiting for room in Lua */
+    int closed;
+    lei_msg *staged; /* owned: what lb_dataplane.stage copied for the next submit_staged */
+} lb_prod;
+
+static lb_prod *check_prod(lua_State *L) {
+    return luaL_checkudata(L, 1, PROD_MT);
+}
+
+static int policy_of(const lb_prod *h) {
+    return h->policy >= 0 ? h->policy : lei_ctx_opts(h->b->c)->policy;
+}
+
+/* 1 when the plain channel (if sent plain) and the derived channel of every
+ * live modulator have room for a blocking submit. */
+static int prod_room(const lb_prod *h) {
+    lei_ctx *c = h->b->c;
+    if (h->plain && !lei_chan_room(c, h->chid)) return 0;
+    for (int i = 0; i < h->nmoes; i++) {
+        lei_moe *m = h->moes[i]->m;
+        if (m && !lei_moe_error(m) && !lei_chan_room(c, lei_moe_chid(m))) return 0;
+    }
+    return 1;
+}
+
+/* The modulator sent nothing for a sync event: a marker (producer 0, seq
+ * 0, value nil) goes on its stream instead, acknowledged by the consuming
+ * context once everything before it was handled.  0 with its sync id. */
+static int sync_marker(lb_ctx *b, uint32_t chid, uint64_t *sid) {
+    lei_msg *m = lei_msg_new();
+    const uint8_t nil = LEI_T_NIL;
+    const char *err = NULL;
+    if (!m || lei_wbuf_put(&m->own, &nil, 1)) {
+        lei_msg_release(m, NULL, NULL);
+        return -1;
+    }
+    lei_msg_sync(m);
+    int rc = lei_submit(b->c, chid, 0, 0, m, 1, LEI_BLOCK, sid, &err);
+    lei_msg_release(m, NULL, NULL);
+    return rc;
+}
+
+/* Flat bytes of m: its own buffer, or a copy in *tmp (pinned slices). */
+static const uint8_t *msg_bytes(lei_msg *m, uint8_t **tmp) {
+    *tmp = NULL;
+    if (m->next == 0) return (const uint8_t *)m->own.data;
+    *tmp = malloc(m->total ? m->total : 1);
+    if (!*tmp) return NULL;
+    lei_msg_flatten(m, (char *)*tmp);
+    return *tmp;
+}
+
+/* Sends m (the caller keeps its reference) as the producer's next event:
+ * plain, then through each modulator (a failing one is reported by its
+ * hook and does not stop the others).  Sync: its ids are pushed on L (one
+ * number, or a list through modulators).  0, or a code with *err (NULL:
+ * the code's text), nothing sent. */
+static int prod_send(lb_prod *h, lei_msg *m, int sync, lua_State *L, const char **err) {
+    lb_ctx *b = h->b;
+    int policy = policy_of(h);
+    uint64_t seq = h->seq + 1, sid = 0;
+    *err = NULL;
+    lei_chan_count_encode(b->c, h->chid);
+    int rc = h->plain ? lei_submit(b->c, h->chid, h->pid, seq, m, sync, policy, &sid, err) : 0;
+    if (rc) return rc < 0 ? -rc : rc;
+    h->seq = seq;
+    if (h->nmoes == 0) {
+        if (sync) lua_pushnumber(L, (lua_Number)sid);
+        return 0;
+    }
+    /* What a modulator sent for the event before failing is waited for all
+     * the same (its sync records would stay otherwise). */
+    int nids = 0, ids = 0;
+    if (sync) {
+        lua_newtable(L);
+        ids = lua_gettop(L);
+        if (h->plain) {
+            lua_pushnumber(L, (lua_Number)sid);
+            lua_rawseti(L, ids, ++nids);
+        }
+    }
+    uint8_t *tmp;
+    const uint8_t *bytes = msg_bytes(m, &tmp);
+    for (int i = 0; bytes && i < h->nmoes; i++) {
+        lei_moe *x = h->moes[i]->m;
+        if (!x || lei_moe_error(x)) continue;
+        int failed = lei_moe_enqueue(x, h->pid, seq, bytes, m->total, sync, policy);
+        if (!sync) continue;
+        const uint64_t *sids;
+        size_t n = lei_moe_syncs(x, &sids);
+        uint64_t marker;
+        if (n == 0 && !failed && sync_marker(b, lei_moe_chid(x), &marker) == 0) {
+            sids = &marker;
+            n = 1;
+        }
+        for (size_t k = 0; k < n; k++) {
+            lua_pushnumber(L, (lua_Number)sids[k]);
+            lua_rawseti(L, ids, ++nids);
+        }
+    }
+    free(tmp);
+    /* The plain event went; the modulators could not be given it. */
+    if (!bytes) return LEI_E_NOMEM;
+    return 0;
+}
+
+/* ---- the data plane for liblecho and the FFI ---- */
+
+static int dp_submit(void *hp, lua_State *L, int idx, char *err, size_t errlen) {
+    lb_prod *h = hp;
+    if (h->closed || !h->b->c || h->nwait > 0) return LB_PROD_SLOW;
+    if (policy_of(h) == LEI_BLOCK && !prod_room(h)) return LB_PROD_SLOW;
+    int code;
+    lei_msg *m = lb_encode(h->b, L, idx, err, errlen, &code);
+    if (!m) return code;
+    const char *e;
+    int rc = prod_send(h, m, 0, L, &e);
+    lei_msg_release(m, lb_hook_unpin, h->b);
+    if (rc) snprintf(err, errlen, "%s", e ? e : lei_err_text(rc));
+    return rc;
+}
+
+static int dp_stage(void *hp, const uint8_t *p, size_t n) {
+    lb_prod *h = hp;
+    lei_msg_release(h->staged, NULL, NULL); /* a staged message has no pins */
+    h->staged = NULL;
+    lei_msg *m = lei_msg_new();
+    if (!m || lei_wbuf_put(&m->own, p, n)) {
+        lei_msg_release(m, NULL, NULL);
+        return -1;
+    }
+    lei_msg_sync(m);
+    h->staged = m;
+    return 0;
+}
+
+static const lb_dataplane dataplane = {dp_submit, dp_stage};
+
+/* core.dataplane() -> light userdata: the lb_dataplane table (lua_prod.h). */
+static int l_dataplane(lua_State *L) {
+    lua_pushlightuserdata(L, (void *)&dataplane);
+    return 1;
+}
+
+/* ---- the handle from Lua ---- */
+
+/* Replaces the handle's modulators by the lb_moe userdata of the array at
+ * idx (nil or false: none), pinning the array in the environment table. */
+static void set_mods(lua_State *L, lb_prod *h, int idx) {
+    int n = lua_istable(L, idx) ? (int)lua_objlen(L, idx) : 0;
+    lb_moe **a = NULL;
+    if (n) {
+        a = malloc((size_t)n * sizeof *a);
+        if (!a) luaL_error(L, "lecho: out of memory");
+        for (int i = 0; i < n; i++) {
+            lua_rawgeti(L, idx, i + 1);
+            a[i] = lua_touserdata(L, -1);
+            if (!a[i] || !lua_getmetatable(L, -1)) {
+                free(a);
+                luaL_argerror(L, idx, "modulators expected");
+            }
+            luaL_getmetatable(L, MOE_MT);
+            int ok = lua_rawequal(L, -1, -2);
+            lua_pop(L, 3);
+            if (!ok) {
+                free(a);
+                luaL_argerror(L, idx, "modulators expected");
+            }
+        }
+    }
+    free(h->moes);
+    h->moes = a;
+    h->nmoes = n;
+    lua_getfenv(L, 1);
+    if (n)
+        lua_pushvalue(L, idx);
+    else
+        lua_pushnil(L);
+    lua_setfield(L, -2, "mods");
+    lua_pop(L, 1);
+}
+
+/* ctx:producer(chid, pid, policy) -> a producer handle (policy nil: the
+ * context's, read at each submit). */
+static int l_producer(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    uint32_t chid = lb_check_chan(L, b, 2);
+    uint64_t pid = (uint64_t)luaL_checknumber(L, 3);
+    int policy = lua_toboolean(L, 4) ? luaL_checkoption(L, 4, NULL, lb_policy_names) : -1;
+    lb_prod *h = lua_newuserdata(L, sizeof *h);
+    memset(h, 0, sizeof *h);
+    h->b = b;
+    h->chid = chid;
+    h->pid = pid;
+    h->policy = policy;
+    h->plain = 1;
+    luaL_getmetatable(L, PROD_MT);
+    lua_setmetatable(L, -2);
+    lua_createtable(L, 0, 2);
+    lua_pushvalue(L, 1);
+    lua_setfield(L, -2, "ctx");
+    lua_setfenv(L, -2);
+    return 1;
+}
+
+/* h:set_mods(list|false, plain): the channel's modulators and whether a
+ * submit also goes plain (when it has modulators; without, always). */
+static int l_set_mods(lua_State *L) {
+    lb_prod *h = check_prod(L);
+    set_mods(L, h, 2);
+    h->plain = h->nmoes == 0 || lua_toboolean(L, 3);
+    return 0;
+}
+
+/* The common part of h:submit and h:submit_staged: m (released here). */
+static int submit_msg(lua_State *L, lb_prod *h, lei_msg *m, int sync) {
+    const char *err;
+    int rc = prod_send(h, m, sync, L, &err);
+    lei_msg_release(m, lb_hook_unpin, h->b);
+    if (rc) return lb_push_err(L, err, rc);
+    if (!sync) lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* Nothing done: the caller waits for room (h:room) and retries. */
+static int would_block(lua_State *L) {
+    lua_pushnil(L);
+    lua_pushliteral(L, "queue full");
+    lua_pushliteral(L, "wouldblock");
+    return 3;
+}
+
+/* 1 when the submit must wait for room first (checked before encoding). */
+static int must_wait(lb_prod *h, int sync) {
+    return (sync || policy_of(h) == LEI_BLOCK) && !prod_room(h);
+}
+
+/* h:submit(value, sync) -> true | sync id(s) | nil, err, code.  Sync
+ * through modulators: a list of the sync ids to wait for.  "wouldblock":
+ * nothing done, the caller waits for room (h:room) and retries. */
+static int l_submit(lua_State *L) {
+    lb_prod *h = check_prod(L);
+    luaL_checkany(L, 2);
+    int sync = lua_toboolean(L, 3);
+    if (h->closed) return lb_push_err(L, "producer is closed", LEI_E_CLOSED);
+    if (!h->b->c) luaL_error(L, "lecho: context is closed");
+    if (must_wait(h, sync)) return would_block(L);
+    char err[256];
+    int code;
+    lei_msg *m = lb_encode(h->b, L, 2, err, sizeof err, &code);
+    if (!m) return lb_push_err(L, err, code);
+    return submit_msg(L, h, m, sync);
+}
+
+/* h:submit_staged(sync): h:submit of what lb_dataplane.stage copied last
+ * (taken: a second call without a stage is misuse). */
+static int l_submit_staged(lua_State *L) {
+    lb_prod *h = check_prod(L);
+    int sync = lua_toboolean(L, 2);
+    if (h->closed) return lb_push_err(L, "producer is closed", LEI_E_CLOSED);
+    if (!h->b->c) luaL_error(L, "lecho: context is closed");
+    if (!h->staged) return luaL_error(L, "lecho: nothing staged");
+    if (must_wait(h, sync)) return would_block(L); /* stays staged */
+    lei_msg *m = h->staged;
+    h->staged = NULL;
+    lei_ctx_count_encode(h->b->c);
+    return submit_msg(L, h, m, sync);
+}
+
+/* h:room() -> true when a blocking submit would not wait. */
+static int l_room(lua_State *L) {
+    lb_prod *h = check_prod(L);
+    lua_pushboolean(L, h->b->c && prod_room(h));
+    return 1;
+}
+
+/* h:waiting(delta): submits of this producer waiting for room in Lua (the
+ * C path takes the Lua path while any does, to keep their order). */
+static int l_waiting(lua_State *L) {
+    lb_prod *h = check_prod(L);
+    h->nwait += (int)luaL_checkinteger(L, 2);
+    return 0;
+}
+
+/* h:seq() -> the sequence of the last event submitted. */
+static int l_seq(lua_State *L) {
+    lua_pushnumber(L, (lua_Number)check_prod(L)->seq);
+    return 1;
+}
+
+static void prod_free(lb_prod *h) {
+    free(h->moes);
+    h->moes = NULL;
+    h->nmoes = 0;
+    lei_msg_release(h->staged, NULL, NULL);
+    h->staged = NULL;
+}
+
+/* h:close(): no submit goes through it any more. */
+static int l_close(lua_State *L) {
+    lb_prod *h = check_prod(L);
+    h->closed = 1;
+    prod_free(h);
+    return 0;
+}
+
+static int l_gc(lua_State *L) {
+    prod_free(check_prod(L));
+    return 0;
+}
+
+static const luaL_Reg prod_methods[] = {
+    {"submit", l_submit}, {"submit_staged", l_submit_staged}, {"room", l_room},
+    {"waiting", l_waiting}, {"seq", l_seq}, {"set_mods", l_set_mods}, {"close", l_close},
+    {NULL, NULL}};
+
+const luaL_Reg lb_prod_ctx_methods[] = {{"producer", l_producer}, {NULL, NULL}};
+
+/* The handle's metatable; core.dataplane and core.dataplane_cdef in the
+ * module table on top. */
+void lb_prod_open(lua_State *L) {
+    if (luaL_newmetatable(L, PROD_MT)) {
+        lua_newtable(L);
+        luaL_register(L, NULL, prod_methods);
+        lua_setfield(L, -2, "__index");
+        lua_pushcfunction(L, l_gc);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_pop(L, 1);
+    lua_pushcfunction(L, l_dataplane);
+    lua_setfield(L, -2, "dataplane");
+    lua_pushstring(L, LB_DATAPLANE_CDEF);
+    lua_setfield(L, -2, "dataplane_cdef");
+}

@@ -1,0 +1,132 @@
+/* lua_sink.c: C sinks (binding): a channel whose only plain consumer is C
+ * code (liblecho) has its async events handed to that code from the event
+ * hook, decoded onto the callback thread, without the Lua dispatch
+ * (lua_prod.h, lb_sink).  ctx:set_sink(chid, sink|nil) is called by
+ * Channel:_hot_update whenever the channel's consumer list changes.
+ *
+ * Ownership: b->sinks (an array by channel id) is owned by the context and
+ * freed when it closes; each sink userdata is pinned in the table
+ * b->ref_sinks (chid -> sink) while set, and owned by its Lua consumer.
+ */
+#define _GNU_SOURCE
+#include "lua_int.h"
+#include "lua_prod.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ctx:set_sink(chid, sink|nil) */
+static int l_set_sink(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    uint32_t chid = lb_check_chan(L, b, 2);
+    lb_sink *s = lua_isnoneornil(L, 3) ? NULL : luaL_checkudata(L, 3, LB_SINK_MT);
+    if (s && chid >= b->nsinks) {
+        uint64_t n = b->nsinks ? b->nsinks : 16;
+        while (n <= chid) n *= 2;
+        lb_sink **a = realloc(b->sinks, (size_t)n * sizeof *a);
+        if (!a) return luaL_error(L, "lecho: out of memory");
+        memset(a + b->nsinks, 0, (n - b->nsinks) * sizeof *a);
+        b->sinks = a;
+        b->nsinks = (uint32_t)(n > UINT32_MAX ? UINT32_MAX : n);
+    }
+    if (b->ref_sinks == LUA_NOREF) {
+        lua_newtable(L);
+        b->ref_sinks = luaL_ref(L, LUA_REGISTRYINDEX);
+    }
+    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_sinks);
+    lua_pushvalue(L, 3);
+    lua_rawseti(L, -2, (int)chid);
+    lua_pop(L, 1);
+    if (chid < b->nsinks) b->sinks[chid] = s;
+    return 0;
+}
+
+const luaL_Reg lb_sink_ctx_methods[] = {{"set_sink", l_set_sink}, {NULL, NULL}};
+
+void lb_sinks_free(lb_ctx *b, lua_State *L) {
+    free(b->sinks);
+    b->sinks = NULL;
+    b->nsinks = 0;
+    luaL_unref(L, LUA_REGISTRYINDEX, b->ref_sinks);
+    b->ref_sinks = LUA_NOREF;
+}
+
+/* What lb_sink_event hands to the protected call. */
+typedef struct sink_args {
+    lb_ctx *b;
+    lb_sink *s;
+    uint32_t chid;
+    const uint8_t *p;
+    lb_event ev;
+    int bad; /* the payload did not decode */
+    char err[256];
+} sink_args;
+
+/* Decodes the value and calls the sink, inside one lua_pcall (running out
+ * of memory decoding costs the connection, never the process). */
+static int sink_call(lua_State *L) {
+    sink_args *a = lua_touserdata(L, 1);
+    lua_settop(L, 0);
+    a->bad = 1;
+    if (lei_decode_lua(L, a->p, a->ev.n, &a->b->lim, a->err, sizeof a->err)) return 0;
+    a->bad = 0;
+    /* the sink's userdata stays on the stack while it runs: a handler that
+     * closes its consumer unpins it */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, a->b->ref_sinks);
+    lua_rawgeti(L, -1, (int)a->chid);
+    a->s->fn(a->s, L, 1, &a->ev);
+    return 0;
+}
+
+int lb_sink_event(lb_ctx *b, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
+                  uint64_t sync, const uint8_t *p, size_t n) {
+    lb_sink *s = chid < b->nsinks ? b->sinks[chid] : NULL;
+    lua_State *L = b->L;
+    if (!s || sync || !L || !lua_checkstack(L, 6)) return LB_NO_SINK;
+    sink_args a;
+    a.b = b;
+    a.s = s;
+    a.chid = chid;
+    a.p = p;
+    a.ev.from = from ? lei_peer_addr(from) : NULL;
+    a.ev.producer = producer;
+    a.ev.seq = seq;
+    a.ev.n = n;
+    a.bad = 0;
+    a.err[0] = '\0';
+    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_tb);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_calls); /* no allocation before the pcall */
+    lua_rawgeti(L, -1, 4);
+    lua_remove(L, -2);
+    lua_pushlightuserdata(L, &a);
+    int rc = lua_pcall(L, 1, 0, -3);
+    const char *src = from ? lei_peer_addr(from) : "local";
+    if (rc == LUA_ERRMEM || (rc && a.bad)) {
+        lua_pop(L, 1);
+        lua_gc(L, LUA_GCCOLLECT, 0);
+        lua_pushstring(L, rc == LUA_ERRMEM ? "not enough memory" : "error");
+    }
+    if (rc) {
+        const char *m = lua_tostring(L, -1);
+        if (a.bad) {
+            const char *why = rc == LUA_ERRMEM ? "out of memory decoding it" : (m ? m : "error");
+            lei_logf(b->c, "bad event value from %s: %s", src, why);
+            if (b->c) lei_ctx_refusal(b->c, why);
+        } else {
+            lei_logf(b->c, "error in callback: %s", m ? m : "(non-string error)");
+        }
+        lua_pop(L, 2);
+        return a.bad ? -1 : 0;
+    }
+    lua_pop(L, 1);
+    if (a.bad) {
+        lei_logf(b->c, "bad event value from %s: %s", src, a.err);
+        if (b->c) lei_ctx_refusal(b->c, a.err);
+        return -1;
+    }
+    return 0;
+}
+
+void lb_sink_push_call(lua_State *L) {
+    lua_pushcfunction(L, sink_call);
+}

@@ -12,7 +12,6 @@ is a peer like any other.  doc/python.md is the reference.
         print(ev["step"])
 """
 import collections
-import dis
 import gc
 import sys
 import threading
@@ -612,21 +611,6 @@ class Consumer(_Handled):
         self._h = None
 
 
-_POP_TOP = dis.opmap.get("POP_TOP")
-
-
-def _left_by_break(f):
-    """In a generator's GeneratorExit, f the frame that dropped it: True
-    when that frame's last instruction is the POP_TOP that `break` or
-    `return` inside a for loop compiles to (CPython pops the loop's
-    iterator there); an exception drops it at the instruction that raised
-    (or a RERAISE), close() or del at theirs.  False when unsure."""
-    try:
-        return f is not None and f.f_code.co_code[f.f_lasti] == _POP_TOP
-    except (AttributeError, IndexError, TypeError):
-        return False
-
-
 class Subscription(_Handled):
     """A consumer as an iterator.  Its events wait in a queue inside the
     context (lecho_consumer_open_queued: no Python call per event) and are
@@ -635,14 +619,18 @@ class Subscription(_Handled):
     logged once.  A producer's submit_sync returns true only once the code
     is done with the event: an event handed out counts as handled when the
     subscription is asked for the next one past its batch (the loop body
-    ran), when done() is called, or when the subscription closes.  A for
-    loop that stops by break or return counts the event out as handled;
-    one whose body raised (or whose iterator was closed or collected) fails
-    that event ("not handled: the subscription's iterator stopped"); the
-    same for async for.  Events taken and not handed out yet wait for the
-    next loop; close() fails them and those still queued ("not handled:
-    the subscription closed").  doc/python.md "Subscriptions and
-    callbacks"."""
+    ran), when done() is called, or when the subscription closes.
+
+    A for loop that stops with an event out (break, return, an exception:
+    Python tells its iterator none of these apart, it only closes it) fails
+    that event ("not handled: the subscription's iterator stopped"), unless
+    the loop runs inside `with sub:` (`async with sub:`): then the with
+    block decides when it is left: by an exception, the event out fails;
+    otherwise (break, return, or the loop went on and asked for more) it
+    was handled.  sub.done() before a break counts it handled too.  Events
+    taken and not handed out yet wait for the next loop; close() fails them
+    and those still queued ("not handled: the subscription closed").
+    doc/python.md "Subscriptions and callbacks"."""
 
     STOPPED = "not handled: the subscription's iterator stopped"
 
@@ -665,7 +653,8 @@ class Subscription(_Handled):
         self._counts = ffi.new("size_t[2]")
         self._pending = False
         self._unsettled = 0   # events taken, not settled: the deque's and those handed out
-        self._elsewhere = None   # a loop stopped in another thread (_stopped)
+        self._elsewhere = False  # a loop stopped in another thread (_stopped)
+        self._with = 0           # inside `with sub:` blocks: they decide (__exit__)
         ctx._handles.append(self)
 
     def _settle(self, n, err=None):
@@ -689,19 +678,45 @@ class Subscription(_Handled):
         n = self._handed()
         self._settle(n)
 
-    def _stopped(self, by_break=False):
-        """A loop over this stopped with an event out: the ones before it
-        were handled; that one too when the loop left by break or return,
-        else (its body raised, the generator was closed) it was not."""
+    def _stopped(self):
+        """A loop over this stopped with an event out (its iterator was
+        closed or collected: break, return and an exception alike).  Inside
+        `with sub:` the block's exit decides; else the ones before it were
+        handled and that one was not."""
+        if self._with:
+            return
         if threading.get_ident() != self.ctx._thread:
-            self._elsewhere = by_break   # collected in another thread: answered
-            return                       # at the next call in the context's
-        self._elsewhere = None
+            self._elsewhere = True   # collected in another thread: answered
+            return                   # at the next call in the context's
+        self._elsewhere = False
+        self._fail_last()
+
+    def _fail_last(self):
+        """The events handed out: all handled but the last, which failed."""
         n = self._handed()
         if n > 0:
-            self._settle(n - 1 if not by_break else n)
-            if not by_break:
-                self._settle(1, self.STOPPED)
+            self._settle(n - 1)
+            self._settle(1, self.STOPPED)
+
+    def __enter__(self):
+        self._with += 1
+        return self
+
+    def __exit__(self, etype, exc, tb):
+        """Leaves `with sub:`: by an exception, the event out failed (the
+        loop body raised); otherwise it was handled.  Closes the
+        subscription."""
+        self._with -= 1
+        if self._h is not None and self.ctx._x is not None and etype is not None:
+            self._fail_last()
+        self.close()
+        return False
+
+    async def __aenter__(self):
+        return self.__enter__()
+
+    async def __aexit__(self, etype, exc, tb):
+        return self.__exit__(etype, exc, tb)
 
     def _pop(self):
         return self._q.popleft()
@@ -711,8 +726,8 @@ class Subscription(_Handled):
         Called with self._q empty: what was handed out is done with."""
         if self._h is None or self.ctx._x is None:
             return False
-        if self._elsewhere is not None:
-            self._stopped(self._elsewhere)
+        if self._elsewhere:
+            self._stopped()
         if self._unsettled:
             self.done()
         c = self._counts
@@ -779,7 +794,7 @@ class Subscription(_Handled):
             try:
                 yield ev
             except GeneratorExit:
-                self._stopped(_left_by_break(sys._getframe(1)))
+                self._stopped()
                 raise
 
     def __next__(self):
@@ -826,8 +841,8 @@ class Subscription(_Handled):
         """Leaves.  The events handed out count as handled; those not
         handed out yet fail ("not handled: the subscription closed")."""
         if self._h is not None and self.ctx._x is not None:
-            if self._elsewhere is not None:
-                self._stopped(self._elsewhere)
+            if self._elsewhere:
+                self._stopped()
             self.done()
             lib.lecho_consumer_close(self._h)
             self.ctx._handles.remove(self)
@@ -839,7 +854,8 @@ class _AsyncLoop:
     """The iterator of one `async for` over a Subscription.  An async
     generator would learn that the loop stopped only when asyncio closes it,
     later and from elsewhere; this object is dropped by the loop's own
-    frame at once (break, return or an exception), so __del__ sees how."""
+    frame at once (break, return or an exception): __del__ tells the
+    subscription a loop stopped (Subscription._stopped)."""
 
     __slots__ = ("sub",)
 
@@ -854,7 +870,7 @@ class _AsyncLoop:
 
     def __del__(self):
         try:
-            self.sub._stopped(_left_by_break(sys._getframe(1)))
+            self.sub._stopped()
         except Exception:
             pass   # a closed context: nothing to answer
 

@@ -74,11 +74,12 @@ def test_python_consumer_of_a_lua_producer_with_a_modulator_at_the_producer(name
         sub = ch.subscribe(modulator=EVEN)
         lua = procs.lua("produce", nameserver, "py.mod", n)
         ks = []
-        for ev in sub:
-            if ev.get("final"):
-                break
-            if "k" in ev:
-                ks.append(ev["k"])
+        with sub:                   # the final event, left by break, was handled
+            for ev in sub:
+                if ev.get("final"):
+                    break
+                if "k" in ev:
+                    ks.append(ev["k"])
         assert ks == list(range(2, n + 1, 2))
         assert readline(lua, r"^sync\s+(\S+)").group(1) == "true"
         # Filtered where it was produced: only the even half crossed the wire.
@@ -153,11 +154,12 @@ def test_asyncio_attach_and_async_for(nameserver, procs):
                 ticks += 1
                 await asyncio.sleep(0.001)
         t = asyncio.ensure_future(other())
-        async for ev in sub:
-            if ev.get("final"):
-                break
-            if "k" in ev:
-                ks.append(ev["k"])
+        async with sub:
+            async for ev in sub:
+                if ev.get("final"):
+                    break
+                if "k" in ev:
+                    ks.append(ev["k"])
         t.cancel()
         ctx.close()
         return ks, ticks, lua
@@ -267,11 +269,12 @@ def test_arrays_from_a_lua_producer_are_numpy_arrays_over_the_received_memory(na
         ch.consumer(lambda ev, meta: kept.append(ev) if "field" in ev else None)
         lua = procs.lua("arrays", nameserver, "py.arrays", n)
         fields = []
-        for ev in sub:
-            if ev.get("final"):
-                break
-            if "field" in ev:
-                fields.append(ev)
+        with sub:
+            for ev in sub:
+                if ev.get("final"):
+                    break
+                if "field" in ev:
+                    fields.append(ev)
         assert readline(lua, r"^sync\s+(\S+)").group(1) == "true"
         want = np.arange(64 * 128, dtype="<f8").reshape(64, 128)
         for k, ev in enumerate(fields, 1):
@@ -324,13 +327,14 @@ def test_sync_submit_to_an_iterator_returns_once_the_loop_body_ran(nameserver, p
         sub = ctx.channel("py.syncit").subscribe()
         lua = procs.lua("syncs", nameserver, "py.syncit", 2)
         bodies = []
-        for ev in sub:
-            if ev.get("ping"):
-                continue
-            time.sleep(0.6)             # the handling the producer waits for
-            bodies.append(ev["k"])
-            if ev["k"] == 2:
-                break                   # left by break: that event was handled too
+        with sub:
+            for ev in sub:
+                if ev.get("ping"):
+                    continue
+                time.sleep(0.6)         # the handling the producer waits for
+                bodies.append(ev["k"])
+                if ev["k"] == 2:
+                    break               # left by break inside `with`: handled too
         while lua.poll() is None:       # the loop carries the acks out
             ctx.run_once(0.05)
         got = _syncs(lua)
@@ -371,7 +375,8 @@ def test_closing_a_subscription_fails_the_sync_events_it_did_not_hand_out(namese
         lua = procs.lua("syncs", nameserver, "py.syncclose", 1)
         for ev in sub:
             assert ev.get("ping")
-            break                       # the ping handled: the producer goes on to k = 1
+            sub.done()                  # the ping handled: the producer goes on to k = 1
+            break
         seen = ctx.stat("py.syncclose", "events_in")
         end = time.monotonic() + 10
         while ctx.stat("py.syncclose", "events_in") == seen and time.monotonic() < end:
@@ -400,6 +405,7 @@ def test_a_held_ack_does_not_hold_the_producers_connection(nameserver, procs):
             while 2 not in got_b and time.monotonic() < end:
                 ctx.run_once(0.05)
             b = readline(lua, r"^B\t(\S+)\t(\S+)")
+            sub.done()
             break
         assert 2 in got_b
         assert b.group(1) == "ok"       # answered while A's ack was held
@@ -421,9 +427,10 @@ def test_async_for_whose_body_raises_fails_the_sync_event(nameserver, procs):
                     continue
                 await asyncio.sleep(0.3)
                 raise RuntimeError("bad event")
-        async for ev in sub:        # k = 2: handled (left by break)
-            assert ev["k"] == 2
-            break
+        async with sub:             # k = 2: handled (left by break inside `async with`)
+            async for ev in sub:
+                assert ev["k"] == 2
+                break
         while lua.poll() is None:
             await asyncio.sleep(0.05)
         ctx.close()
@@ -433,3 +440,88 @@ def test_async_for_whose_body_raises_fails_the_sync_event(nameserver, procs):
     assert got[1][0] == "failed" and got[1][2] == "not handled: the subscription's iterator stopped", got
     assert got[1][1] >= 0.25, got
     assert got[2][0] == "ok", got
+
+
+def _iterate(sub, how, k_stop):
+    """A for loop over sub that stops at event k_stop by `how`: "break",
+    "raise" (its body raises), "with-break", "with-raise" (the same inside
+    `with sub:`), "done-break" (sub.done() then break)."""
+    def loop():
+        for ev in sub:
+            if ev.get("ping"):
+                continue
+            if ev["k"] == k_stop:
+                if how.endswith("raise"):
+                    raise RuntimeError("bad event")
+                if how.startswith("done"):
+                    sub.done()
+                break
+    try:
+        if how.startswith("with"):
+            with sub:
+                loop()
+        else:
+            loop()
+    except RuntimeError:
+        pass
+
+
+@pytest.mark.parametrize("how,want", [
+    ("break", "failed"),        # outside `with`, break and an exception look alike: never a wrong true
+    ("raise", "failed"),
+    ("with-break", "ok"),       # `with sub:` tells them apart by how its block is left
+    ("with-raise", "failed"),
+    ("done-break", "ok"),       # sub.done() said it was handled
+])
+def test_how_a_loop_stops_decides_the_sync_event_it_stopped_at(nameserver, procs, how, want):
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        sub = ctx.channel("py.stop").subscribe()
+        lua = procs.lua("syncs", nameserver, "py.stop", 1)
+        _iterate(sub, how, 1)
+        sub.close()
+        while lua.poll() is None:
+            ctx.run_once(0.05)
+        result, _, message = _syncs(lua)[1]
+        assert result == want, (how, result, message)
+        if want == "failed":
+            assert message == "not handled: the subscription's iterator stopped"
+
+
+def test_normal_iteration_acks_each_event_once_the_next_is_asked_for(nameserver, procs):
+    # a loop that goes on: k = 1 and 2 are acked when the body asks for the
+    # next one, k = 3's loop is left inside `with` by the subscription closing
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        sub = ctx.channel("py.normal").subscribe()
+        lua = procs.lua("syncs", nameserver, "py.normal", 3)
+        seen = []
+        with sub:
+            for ev in sub:
+                if ev.get("ping"):
+                    continue
+                seen.append(ev["k"])
+                if ev["k"] == 3:
+                    sub.close()         # the for loop ends normally (StopIteration)
+        assert seen == [1, 2, 3]
+        while lua.poll() is None:
+            ctx.run_once(0.05)
+        got = _syncs(lua)
+        assert [got[k][0] for k in (1, 2, 3)] == ["ok", "ok", "ok"], got
+
+
+def test_async_for_left_by_break_outside_async_with_fails_the_event(nameserver, procs):
+    async def main():
+        ctx = lecho.Context(nameserver=nameserver, quiet=True).attach(interval=0.005)
+        sub = ctx.channel("py.aiobreak").subscribe()
+        lua = procs.lua("syncs", nameserver, "py.aiobreak", 1)
+        async for ev in sub:
+            if ev.get("ping"):
+                continue
+            break
+        sub.close()
+        while lua.poll() is None:
+            await asyncio.sleep(0.05)
+        ctx.close()
+        return lua
+
+    got = _syncs(asyncio.run(asyncio.wait_for(main(), 30)))
+    assert got[1][0] == "failed" and got[1][2] == "not handled: the subscription's iterator stopped", got

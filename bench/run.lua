@@ -750,8 +750,10 @@ end
 local function w_arrays()
   log("arrays, %d interleaved repetitions", REPS)
   local array = lecho.array
-  local w = start_workers{ { id = "arr", subs = { { group = "arr", channels = { "arr" } } } } }
+  local w = start_workers{ { id = "arr", subs = { { group = "arr", channels = { "arr" } } } },
+                           { id = "arr_py", python = true, subs = { { group = "arr_py", channels = { "arr_py" } } } } }
   local p = assert(ctx:channel("arr"):producer())
+  local p_py = assert(ctx:channel("arr_py"):producer())
   local res = {}
   for _, sz in ipairs(CFG.arrays) do
     local bytes, n, bn = sz[1], sz[2], sz[3]
@@ -776,6 +778,16 @@ local function w_arrays()
       { "lecho_h", function()
           return run_c("lecho_h", ("--array %sstream %d %d"):format(big and "--warmup 2 " or "", bytes, n))
         end } }
+    if big then
+      -- the Python package (bench/py_worker.py, a Subscription: each event's
+      -- field a NumPy array over the received memory) beside the Lua
+      -- consumer, the same events (issue 28: >= 0.9x raw TCP, no copy)
+      runs[#runs + 1] = { "python", function()
+        local r = with_worker(w[2], async_run, { p_py }, v, 2, n, CFG.arrays_bound, 1)
+        r.mb_per_s = r.ops_per_s * es / 1e6
+        return r
+      end }
+    end
     local iv = repeated(runs)
     local r = medians(iv, mb_per_s, { bytes = bytes, encoded = es })
     res[#res + 1] = r
@@ -786,8 +798,13 @@ local function w_arrays()
     iv_row({ workload = ("array events %s (<f8), MB/s, C API"):format(label), metric = "MB/s",
              base = big and "tcp" or "tcp batched" }, iv, "lecho_h", "tcp", mb_per_s)
     iv_row({ workload = "", metric = "MB/s", base = "Lua API", target = { ">=", 0.9 } }, iv, "lecho_h", "lecho", mb_per_s)
+    if r.python then
+      iv_row({ workload = ("array events %s (<f8), MB/s, Python consumer"):format(label), metric = "MB/s",
+               base = "tcp", target = { ">=", 0.9 }, target_issue = 28 }, iv, "python", "tcp", mb_per_s)
+    end
   end
   p:close()
+  p_py:close()
   stop_workers(w)
 
   -- ZFP at the demo's error bound against zstd (level 1), in this process

@@ -342,6 +342,13 @@ struct lei_ctx {
     size_t nconns;
     size_t nbound_all;        /* BIND indexes bound on all connections (inmap.c) */
     size_t rbuf;
+    /* owned: one large read buffer handed back by the program that adopted
+     * it (lei_ctx_return_rbuf), for the next large frame: its pages are
+     * in already (a fresh buffer's page faults cost more than the copy the
+     * adoption saved); at most one, freed with the context */
+    uint8_t *spare;
+    size_t spare_cap;
+    uint64_t rbuf_adopted;    /* read buffers handed over (lei_ctx_adopt_rbuf) */
     ev_timer hs_w;            /* closes connections not UP within handshake_timeout */
     ev_timer acc_w;           /* restarts accepting after EMFILE/ENFILE */
     double acc_backoff;       /* s: the next pause (0.1 doubling to 2) */

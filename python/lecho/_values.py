@@ -81,6 +81,7 @@ def from_nodes(nodes, count, raw=False, pin=None):
         return None
 
     value = walk()
+    walk = None   # walk's cell held walk (a cycle), and through it pin: an array's memory
     if pos != count:
         raise ValueError("lecho: %d nodes left over" % (count - pos))
     return value
@@ -171,6 +172,7 @@ def from_packed(recs, data, base, raw=False, pin=None):
         return None
 
     value = walk()
+    walk = None   # as in from_nodes: no cycle keeps pin (the arrays' memory) for the cyclic GC
     if pos != len(recs):
         raise ValueError("lecho: %d nodes left over" % (len(recs) - pos))
     return value

@@ -525,3 +525,57 @@ def test_async_for_left_by_break_outside_async_with_fails_the_event(nameserver, 
 
     got = _syncs(asyncio.run(asyncio.wait_for(main(), 30)))
     assert got[1][0] == "failed" and got[1][2] == "not handled: the subscription's iterator stopped", got
+
+
+def _rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+
+
+def test_large_arrays_held_past_later_events_keep_their_values(nameserver, procs):
+    # 1 MiB arrays come without a copy (the read buffer handed over): one
+    # held while 40 more arrive, and their buffers recycled, keeps its
+    # elements; letting it go frees it (the context closes: no BufferError)
+    import numpy as np
+    m = 2 ** 20 // 8
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        sub = ctx.channel("py.big").subscribe()
+        lua = procs.lua("big", nameserver, "py.big", 41, 2 ** 20)
+        held = {}
+        with sub:
+            for ev in sub:
+                if ev.get("final"):
+                    break
+                if "field" in ev and ev["k"] in (1, 2, 20):
+                    held[ev["k"]] = ev["field"]
+                ev = None
+        assert readline(lua, r"^sync\s+(\S+)").group(1) == "true"
+        # each 1 MiB array took its read buffer over: none was copied
+        assert ctx.stats()["arrays_adopted"] == 41
+        for k, a in held.items():
+            assert a.shape == (m,) and not a.flags["OWNDATA"]
+            assert np.array_equal(a, np.arange(m, dtype="<f8") + k * 1e7), k
+        held = a = None
+    # closed without BufferError: every array's memory was let go
+
+
+def test_a_thousand_large_array_events_keep_memory_bounded(nameserver, procs):
+    n, size = 1000, 2 ** 20
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        sub = ctx.channel("py.rss").subscribe()
+        lua = procs.lua("big", nameserver, "py.rss", n, size, "sparse")
+        got, rss = 0, []
+        with sub:
+            for ev in sub:
+                if ev.get("final"):
+                    break
+                if "field" in ev:
+                    assert ev["field"][3] == ev["k"] * 1e7 + 3
+                    got += 1
+                    if got in (100, 1000):
+                        rss.append(_rss_mib())
+                ev = None
+        assert readline(lua, r"^sync\s+(\S+)", timeout=120).group(1) == "true"
+        assert got == n
+        # 900 MiB went through between the two readings: what was let go was freed
+        assert rss[1] - rss[0] < 64, rss

@@ -297,7 +297,7 @@ fuzz-quick: fuzz-build
 # loads the Lua layer.  build/liblecho.so finds the Lua files of this
 # checkout; the installed one (build/inst/) those of INST_LUADIR/INST_LIBDIR.
 LECHO_LIBS := -lluajit-5.1
-LECHO_SRC  := core/lecho.c core/lecho_value.c core/lecho_array.c core/errors.c
+LECHO_SRC  := core/lecho.c core/lecho_value.c core/lecho_array.c core/lecho_pending.c core/errors.c
 build/liblecho.so: $(LECHO_SRC) core/lecho.h core/lecho_int.h core/errors.h core/array.h | build
 	$(CC) $(ALLCFLAGS) -shared -o $@ $(LECHO_SRC) \
 	  -DLECHO_LUA_DIR='"$(CURDIR)/lua"' -DLECHO_LUA_CDIR='"$(CURDIR)/lua"' $(LECHO_LIBS) $(LDFLAGS)

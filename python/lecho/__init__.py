@@ -347,6 +347,56 @@ class Context:
             return None
         return vals[0] if n == 1 else vals
 
+    async def call_async(self, name, args=None, **opts):
+        """call() as an awaitable, for code inside a running asyncio loop
+        (a Jupyter cell, asyncio.run): the request leaves now and the loop
+        stays free while the answer comes (lecho_call_start).  The same
+        results and CallError as call()."""
+        x = self._check()
+        a = self._value(args)
+        o = self._value(opts) if opts else ffi.NULL
+        out = ffi.new("lecho_value **")
+        rc = lib.lecho_call_start(x, name.encode(), a, o, out)
+        self._loop_call(rc)
+        holder = self._own(out[0])
+        r = await self._await_pending(holder)
+        if not r.get("ok"):
+            msg = r.get("message") or ""
+            raise CallError(r.get("code") or "failed", msg, r.get("value", msg))
+        d = r.get("results") or {}
+        n = d.get("n", 0) if isinstance(d, dict) else len(d)
+        if n == 0:
+            return None
+        vals = tuple(d.get(i) for i in range(1, n + 1)) if isinstance(d, dict) else tuple(d)
+        return vals[0] if n == 1 else vals
+
+    async def _await_pending(self, holder):
+        """Waits without blocking the asyncio loop until the started
+        operation in holder (lecho_*_start) is done; its table as a dict.
+        Attached (ctx.attach()), the ticker's turns carry it and wake this;
+        else this coroutine turns the loop itself (run_once(0) every 2 ms)."""
+        import asyncio
+        loop = asyncio.get_running_loop()
+        flag = ffi.new("int *")
+        while True:
+            rc = lib.lecho_get_bool(holder, b"done", flag)
+            if rc != 0:
+                self._fail(rc)
+            if flag[0]:
+                break
+            t = self._asyncio
+            if t is None or t.loop is not loop:
+                self.run_once(0)
+                await asyncio.sleep(0.002)
+            else:
+                fut = loop.create_future()
+                t.waiters.append(fut)
+                await fut
+        r = _values.read(holder, pin=lambda: self._pin_owned(holder))
+        if not isinstance(r, tuple):
+            self._fail(r)
+        return r[0]
+
     def stats(self):
         """The context's counters (Lua's ctx:stats())."""
         v = lib.lecho_stats(self._check())
@@ -417,6 +467,7 @@ class _Ticker:
         self.ctx, self.loop, self.interval = ctx, loop, interval
         self.handle = loop.call_soon(self.tick)
         self.pending_soon = False
+        self.waiters = []     # futures of awaitables (_await_pending): set after each turn
 
     def tick(self):
         self.handle = None
@@ -433,6 +484,10 @@ class _Ticker:
         for h in self.ctx._handles:
             if isinstance(h, Subscription):
                 h._wake()
+        ws, self.waiters = self.waiters, []
+        for f in ws:
+            if not f.done():
+                f.set_result(None)
 
     def soon(self):
         if self.pending_soon:
@@ -539,6 +594,29 @@ class Producer:
         if rc != 0:
             raise SyncError(rc, msg, lst)
         return True
+
+    async def submit_sync_async(self, ev, timeout=-1.0):
+        """submit_sync() as an awaitable, for code inside a running asyncio
+        loop (a Jupyter cell, asyncio.run): ev leaves now (lent arrays may
+        change once this is called), the loop stays free while the
+        consumers answer (lecho_submit_sync_start).  True, or SyncError as
+        submit_sync()."""
+        self._load(ev)
+        ctx = self.ctx
+        out = ffi.new("lecho_value **")
+        rc = lib.lecho_submit_sync_start(self._p, self._ev, float(timeout), out)
+        ctx._loop_call(rc)
+        holder = ctx._own(out[0])
+        ctx._kick()
+        r = await ctx._await_pending(holder)
+        if r.get("ok"):
+            return True
+        flat = r.get("errors") or []
+        if isinstance(flat, dict):   # holes (nil fields) make a dict
+            flat = [flat.get(i) for i in range(1, max([k for k in flat if isinstance(k, int)] or [0]) + 1)]
+        lst = [{"context": flat[i] or "", "consumer": flat[i + 1] or "", "message": flat[i + 2] or "",
+                "code": flat[i + 3] or ""} for i in range(0, len(flat) - 3, 4)]
+        raise SyncError(r.get("code") or "failed", r.get("message") or "", lst)
 
     def flush(self):
         rc = lib.lecho_flush(self._p)

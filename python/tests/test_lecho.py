@@ -579,3 +579,60 @@ def test_a_thousand_large_array_events_keep_memory_bounded(nameserver, procs):
         assert got == n
         # 900 MiB went through between the two readings: what was let go was freed
         assert rss[1] - rss[0] < 64, rss
+
+
+def test_submit_sync_and_call_as_awaitables_leave_the_asyncio_loop_free(nameserver, procs):
+    # Inside a running loop (as in a Jupyter cell): the awaitables wait
+    # without blocking it.  Shown with a same-process subscription, whose
+    # loop body runs in another task: a blocking submit_sync could not
+    # return before its own timeout there (doc/python.md).
+    async def main():
+        ctx = lecho.Context(nameserver=nameserver, quiet=True).attach(interval=0.005)
+        ch = ctx.channel("py.await")
+        sub = ch.subscribe()
+        p = ch.producer()
+        seen = []
+
+        async def consumer():
+            async with sub:
+                async for ev in sub:
+                    await asyncio.sleep(0.3)     # the handling the producer waits for
+                    seen.append(ev["k"])
+                    if ev["k"] == 2:
+                        break
+        t = asyncio.ensure_future(consumer())
+        t0 = time.monotonic()
+        r1 = await p.submit_sync_async({"k": 1}, timeout=5)
+        t1 = time.monotonic() - t0
+        r2 = await p.submit_sync_async({"k": 2}, timeout=5)
+        t2 = time.monotonic() - t0
+        await t
+        lua = procs.lua("serve", nameserver, "py.await.double")
+        readline(lua, "^ready")
+        doubled = await ctx.call_async("py.await.double", {"x": 21}, timeout=5)
+        with pytest.raises(lecho.CallError) as ce:
+            await ctx.call_async("py.await.double", {"x": "no"}, timeout=5)
+        with pytest.raises(lecho.SyncError) as se:
+            await ctx.channel("py.await.nobody").producer().submit_sync_async({"k": 1}, timeout=1)
+        ctx.close()
+        return r1, r2, t1, t2, seen, doubled, ce.value, se.value
+
+    r1, r2, t1, t2, seen, doubled, ce, se = asyncio.run(asyncio.wait_for(main(), 30))
+    assert (r1, r2, seen) == (True, True, [1, 2])
+    assert t1 >= 0.25 and t2 >= 0.55, (t1, t2)   # each returned once the loop body ran
+    assert doubled == (42, "lua")
+    assert ce.code == "failed" and ce.value == {"code": 400}, (ce.code, ce.value)
+    assert se.code == "noconsumer"
+
+
+def test_awaitables_without_attach_turn_the_loop_themselves(nameserver, procs):
+    lua = procs.lua("serve", nameserver, "py.await.plain")
+
+    async def main():
+        ctx = lecho.Context(nameserver=nameserver, quiet=True)     # not attached
+        readline(lua, "^ready")
+        got = await ctx.call_async("py.await.plain", {"x": 4}, timeout=5)
+        ctx.close()
+        return got
+
+    assert asyncio.run(asyncio.wait_for(main(), 30)) == (8, "lua")   # two results: a tuple, as call()

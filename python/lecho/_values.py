@@ -234,6 +234,12 @@ def _flat_list(mem, count, data, base, raw):
         lens = a["n"][1:].tolist()
         if raw:
             return [data[o:o + n] for o, n in zip(offs, lens)]
+        if data.isascii():
+            # one decode for the batch (an ASCII byte is one character:
+            # byte offsets are character offsets), then str slices: about
+            # 10x less per string than a bytes slice and its decode each
+            text = data.decode("ascii")
+            return [text[o:o + n] for o, n in zip(offs, lens)]
         out = []
         for o, n in zip(offs, lens):
             b = data[o:o + n]

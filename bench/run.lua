@@ -34,7 +34,7 @@ the environment sets it up:
   QUICK=1           small counts, fewer points, 3 repetitions (not 5): < 60 s
   BENCH_ONLY=a,b    only these workloads: codec latency throughput sinks
                     pipeline channels bulk null_call calls modulators keyed
-                    peers attacked patterns scale arrays
+                    peers attacked patterns scale arrays gateway
   BENCH_RESULTS=DIR results there instead of bench/results
   LECHO_BENCH_LOG=1 the workers log to their stderr files
   BENCH_KEEP_TMP=1  keep the temporary directory of the workers' output
@@ -1277,6 +1277,36 @@ local function w_peers()
   if not ok then error(err, 0) end
 end
 
+--- Gateway (issue 28): WebSocket fan-out of 1 KiB events to 100 clients,
+-- lecho-gateway against nats-server's WebSocket listener, interleaved:
+-- bench/gateway_bench.lua run as a child (its own name server, producer,
+-- gateway and bench/ws_fanout clients; QUICK: 1,000 events, 1 repetition;
+-- else 10,000 and 3), its repetitions read back from gateway.json.
+local function w_gateway()
+  log("gateway WebSocket fan-out (100 clients) vs nats-server, gateway_bench.lua")
+  if not have("nats-server") then
+    row{ workload = "gateway WebSocket fan-out, 100 clients, 1 KiB", metric = "deliveries/s",
+         flags = { "not measured: nats-server missing (make bench-deps)" } }
+    return
+  end
+  local out = RESULTS .. "/gateway.json"
+  os.remove(out)
+  local child = spawn(("QUICK=%s BENCH_RESULTS=%s %s %s/gateway_bench.lua"):format(QUICK and "1" or "", sh_quote(RESULTS),
+                                                                                  LUAJIT, BENCH), "gateway")
+  if not proc.wait(child, 300, function(dt) ctx:run_once(dt) end) then proc.kill(child, "KILL") end
+  local f = io.open(out)
+  local g = f and cjson.decode(f:read("*a"))
+  if f then f:close() end
+  if not g then error("gateway_bench.lua wrote no results: " .. child_errors(child)) end
+  local iv = { reps = g.reps, runs = { lecho = g.runs.lecho, nats = g.runs.nats } }
+  R.gateway = g
+  local label = ("gateway WebSocket fan-out, %d clients, 1 KiB"):format(g.clients)
+  iv_row({ workload = label .. ", deliveries/s", metric = "ev/s", base = "nats-server WebSocket" }, iv, "lecho", "nats",
+         function(r) return r.deliveries_per_s end)
+  iv_row({ workload = "", metric = "us CPU/delivery", base = "nats-server WebSocket", lower = true }, iv, "lecho", "nats",
+         function(r) return r.cpu_us_per_delivery end)
+end
+
 ------------------------------------------------------------------------------
 
 local WORKLOADS = {
@@ -1284,7 +1314,7 @@ local WORKLOADS = {
   { "sinks", w_sinks }, { "pipeline", w_pipeline }, { "channels", w_channels },
   { "bulk", w_bulk }, { "null_call", w_null }, { "calls", w_calls }, { "modulators", w_modulators },
   { "keyed", w_keyed }, { "peers", w_peers }, { "attacked", w_attacked }, { "patterns", w_patterns },
-  { "scale", w_scale }, { "arrays", w_arrays },
+  { "scale", w_scale }, { "arrays", w_arrays }, { "gateway", w_gateway },
 }
 
 local CORES = tonumber(io.popen("nproc"):read("*l"))

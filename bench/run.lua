@@ -1280,8 +1280,8 @@ end
 --- Gateway (issue 28): WebSocket fan-out of 1 KiB events to 100 clients,
 -- lecho-gateway against nats-server's WebSocket listener, interleaved:
 -- bench/gateway_bench.lua run as a child (its own name server, producer,
--- gateway and bench/ws_fanout clients; QUICK: 1,000 events, 1 repetition;
--- else 10,000 and 3), its repetitions read back from gateway.json.
+-- gateway and bench/ws_fanout clients; QUICK: 1,000 events, else 10,000;
+-- 3 repetitions), its repetitions read back from gateway.json.
 local function w_gateway()
   log("gateway WebSocket fan-out (100 clients) vs nats-server, gateway_bench.lua")
   if not have("nats-server") then
@@ -1291,7 +1291,8 @@ local function w_gateway()
   end
   local out = RESULTS .. "/gateway.json"
   os.remove(out)
-  local child = spawn(("QUICK=%s BENCH_RESULTS=%s %s %s/gateway_bench.lua"):format(QUICK and "1" or "", sh_quote(RESULTS),
+  -- (3 repetitions even in QUICK, as every row of the table)
+  local child = spawn(("QUICK=%s GW_REPS=3 BENCH_RESULTS=%s %s %s/gateway_bench.lua"):format(QUICK and "1" or "", sh_quote(RESULTS),
                                                                                   LUAJIT, BENCH), "gateway")
   if not proc.wait(child, 300, function(dt) ctx:run_once(dt) end) then proc.kill(child, "KILL") end
   local f = io.open(out)

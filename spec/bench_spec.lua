@@ -6,7 +6,8 @@ local support = require "spec.support"
 local cjson = require "cjson"
 
 local WORKLOADS = { "codec", "latency", "throughput", "sinks", "pipeline", "channels",
-                    "bulk", "null_call", "calls", "modulators", "keyed", "peers", "attacked", "patterns", "scale" }
+                    "bulk", "null_call", "calls", "modulators", "keyed", "peers", "attacked", "patterns", "scale",
+                    "arrays", "gateway" }
 
 local function positive(x, what)
   assert(type(x) == "number" and x > 0 and x == x and x < math.huge,
@@ -141,6 +142,7 @@ describe("make bench QUICK=1", function()
       { "^async 64 B events/s, Lua API", "zmq PUB/SUB", ">=", 2 },
       { "^async 64 B events/s, C API", "tcp batched", ">=", 0.6 },
       { "^async 64 B events/s, Python consumer", "Lua consumer", ">=", 0.5 },
+      { "^array events 8 MiB %(<f8%), MB/s, Python consumer", "tcp", ">=", 0.9 },
       { "^null sync round trip, Lua API", "tcp", "<=", 1.15 },
       { "^latency composite", "tcp", "<=", 1.25 },
       { "^4096 channels", "1 channel", ">=", 0.9 },

@@ -238,7 +238,8 @@ function M.settle(q, n, err)
 end
 
 -- At most max events of q, oldest first: the list { ev, ... } or, with
--- meta, { { ev, producer, seq, channel }, ... }; and q.dropped.
+-- meta, { { ev, producer, seq, channel }, ... }; q.dropped; and how many
+-- (a nil event is a hole in the list: its length may miss the last ones).
 function M.take(q, max, meta)
   local out, n = {}, 0
   local h, t = q.head, q.tail
@@ -252,7 +253,7 @@ function M.take(q, max, meta)
   if h > t then h, q.tail = 1, 0 end
   q.head = h
   q.nout = q.nout + n
-  return out, q.dropped
+  return out, q.dropped, n
 end
 
 function M.set_params(c, params)

@@ -835,7 +835,10 @@ class Subscription(_Handled):
             # arrays of this batch point into it: the next batch gets a new box
             self._box = self.ctx._own(lib.lecho_value_new(self.ctx._x))
         if not isinstance(evs, list) or len(evs) != n:   # nil events: holes
-            evs = [evs.get(i) for i in range(1, n + 1)] if isinstance(evs, dict) else [None] * n
+            if isinstance(evs, list):     # the holes at its end
+                evs = evs + [None] * (n - len(evs))
+            else:
+                evs = [evs.get(i) for i in range(1, n + 1)] if isinstance(evs, dict) else [None] * n
         if self._meta:   # { ev, producer, seq, channel } each; a nil ev makes a dict
             evs = [(e.get(1), Meta(e.get(4, ""), e.get(2, ""), e.get(3, 0))) if isinstance(e, dict)
                    else (e[0], Meta(e[3], e[1], e[2])) for e in evs]

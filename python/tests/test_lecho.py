@@ -636,3 +636,18 @@ def test_awaitables_without_attach_turn_the_loop_themselves(nameserver, procs):
         return got
 
     assert asyncio.run(asyncio.wait_for(main(), 30)) == (8, "lua")   # two results: a tuple, as call()
+
+
+def test_a_nil_event_at_the_end_of_a_batch_is_not_lost():
+    # a nil event is a hole in the batch's list: its length missed the
+    # last ones, and the subscription never saw them (nor settled them)
+    with lecho.Context(quiet=True) as ctx:
+        ch = ctx.channel("py.nil")
+        sub = ch.subscribe()
+        p = ch.producer()
+        p.submit(1)
+        p.submit(None)
+        for _ in range(5):
+            ctx.run_once(0.01)
+        assert [sub.get(timeout=2), sub.get(timeout=2)] == [1, None]
+        sub.close()

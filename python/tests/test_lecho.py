@@ -651,3 +651,48 @@ def test_a_nil_event_at_the_end_of_a_batch_is_not_lost():
             ctx.run_once(0.01)
         assert [sub.get(timeout=2), sub.get(timeout=2)] == [1, None]
         sub.close()
+
+
+def test_large_arrays_over_a_keyed_connection_come_without_a_copy(procs, tmp_path):
+    # the read buffer handed over holds the decrypted frame (keyed mode)
+    import numpy as np
+    keys = tmp_path / "keys"
+    lecho.keygen("ca", dir=keys, authority=True)
+    lecho.keygen("nameserver", "py", "pyprod", dir=keys, sign_with=keys / "ca.key")
+    p = procs.start(["luajit", os.path.join(ROOT, "scripts", "lecho-nameserver"),
+                     "--listen", "127.0.0.1:0", "--key", str(keys / "nameserver.key"),
+                     "--trust", str(keys / "ca.pub")])
+    ns = readline(p, r"^lecho-nameserver: listening on (\S+) \(keyed").group(1)
+    code = textwrap.dedent("""
+        import sys, numpy as np, lecho
+        ctx = lecho.Context(nameserver=sys.argv[1], key=sys.argv[2], trust=[sys.argv[3]], quiet=True)
+        p = ctx.channel("py.keyedbig").producer()
+        for _ in range(200):
+            try:
+                p.submit_sync({"ping": True}, timeout=2); break
+            except lecho.SyncError:
+                ctx.run_once(0.05)
+        for k in range(1, 6):
+            p.submit({"k": k, "field": np.arange(2 ** 17, dtype="<f8") + k})
+        print("sync", p.submit_sync({"final": True}, timeout=30), flush=True)
+        ctx.close()
+    """)
+    with lecho.Context(nameserver=ns, key=str(keys / "py.key"), trust=[str(keys / "ca.pub")],
+                       quiet=True) as ctx:
+        sub = ctx.channel("py.keyedbig").subscribe()
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+        prod = procs.start([sys.executable, "-c", code, ns, str(keys / "pyprod.key"), str(keys / "ca.pub")],
+                           env=env)
+        fields = {}
+        with sub:
+            for ev in sub:
+                if ev.get("final"):
+                    break
+                if "field" in ev:
+                    fields[ev["k"]] = ev["field"]
+        assert readline(prod, r"^sync\s+(\S+)", timeout=60).group(1) == "True"
+        assert sorted(fields) == [1, 2, 3, 4, 5]
+        for k, a in fields.items():
+            assert np.array_equal(a, np.arange(2 ** 17, dtype="<f8") + k), k
+        assert ctx.stats()["arrays_adopted"] == 5
+        fields = a = None

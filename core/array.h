@@ -107,21 +107,21 @@ double lei_array_load(int dtype, const uint8_t *p);
 #define LEI_ARRAY_UD_MAX ((size_t)0x7fff0000)
 struct lua_State;
 /* The array at idx, or NULL when it is something else. */
-lei_array *lei_array_check(struct lua_State *L, int idx);
+lei_array *lei_codec_lua_array_check(struct lua_State *L, int idx);
 /* Pushes a new array of that dtype and shape with extra bytes after the
  * header (data points at them; zeroed if zero). Raises on a bad shape or
  * out of memory. */
-lei_array *lei_array_push(struct lua_State *L, int dtype, int ndim, const int64_t *shape,
+lei_array *lei_codec_lua_array_push(struct lua_State *L, int dtype, int ndim, const int64_t *shape,
                           size_t extra, int zero);
 /* A received view (LEI_AF_VIEW) at idx gets its own copy of its bytes,
  * and so do the views made from it; anything else is left alone. Raises on
  * out of memory (nothing changed then). */
-void lei_array_keep_lua(struct lua_State *L, int idx);
+void lei_codec_lua_array_keep(struct lua_State *L, int idx);
 /* A received view at idx kept: without a copy when adopt(ud, data, n,
  * &cap) hands over the (malloc'd, cap bytes) buffer its n bytes are in,
  * owned by the array from then on and given back through give (with the
  * object at ctx_idx, kept alive meanwhile, on the stack top) when it is
- * collected; else copied as lei_array_keep_lua does.  Arrays under
+ * collected; else copied as lei_codec_lua_array_keep does.  Arrays under
  * LEI_ARRAY_ADOPT_MIN bytes are copied without asking. */
 #define LEI_ARRAY_ADOPT_MIN ((size_t)256 * 1024)
 typedef uint8_t *(*lei_adopt_fn)(void *ud, const void *p, size_t n, size_t *cap);

@@ -27,7 +27,7 @@ local ROOT = os.getenv("LECHO_ROOT") or (dir .. "/..")
 local LUAJIT = os.getenv("LUAJIT") or "luajit"
 local K = tonumber(os.getenv("GW_CLIENTS") or "") or 100
 local N = QUICK and 1000 or 10000
-local REPS = QUICK and 1 or 3
+local REPS = tonumber(os.getenv("GW_REPS") or "") or (QUICK and 1 or 3)   -- make bench: 3 always
 local BOUND = QUICK and 30 or 60
 local RESULTS = os.getenv("BENCH_RESULTS") or (ROOT .. "/bench/results")
 

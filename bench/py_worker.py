@@ -20,6 +20,12 @@ import time
 import lecho
 
 
+def is_ctl(ev):
+    """A control event { bench_ctl = ... } (an event of the run: a string,
+    or a dict of arrays)."""
+    return ev.__class__ is dict and "bench_ctl" in ev
+
+
 def main():
     opts = json.loads(sys.argv[1])
     ctx = lecho.Context(nameserver=opts["ns"], quiet=True, timeout=20)
@@ -41,7 +47,7 @@ def main():
             if e.code != "timeout":
                 raise
             ev = None
-        if ev is not None and ev.__class__ is not dict:
+        if ev is not None and not is_ctl(ev):
             count += 1
             if count == 1:
                 t_first = time.monotonic()
@@ -49,12 +55,13 @@ def main():
             q = sub._q
             while q:
                 ev = q.popleft()
-                if ev.__class__ is dict:
+                if is_ctl(ev):
                     break
                 count += 1
             else:
+                ev = None   # let go of the last event (its arrays) before waiting
                 continue
-        if ev.__class__ is dict and "bench_ctl" in ev:
+        if is_ctl(ev):
             op = ev["bench_ctl"]
             if op == "reset":
                 count, t_first = 0, None

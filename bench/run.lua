@@ -34,7 +34,7 @@ the environment sets it up:
   QUICK=1           small counts, fewer points, 3 repetitions (not 5): < 60 s
   BENCH_ONLY=a,b    only these workloads: codec latency throughput sinks
                     pipeline channels bulk null_call calls modulators keyed
-                    peers attacked patterns moe_calls scale arrays
+                    peers attacked patterns moe_calls scale arrays gateway
   BENCH_RESULTS=DIR results there instead of bench/results
   LECHO_BENCH_LOG=1 the workers log to their stderr files
   BENCH_KEEP_TMP=1  keep the temporary directory of the workers' output
@@ -750,8 +750,10 @@ end
 local function w_arrays()
   log("arrays, %d interleaved repetitions", REPS)
   local array = lecho.array
-  local w = start_workers{ { id = "arr", subs = { { group = "arr", channels = { "arr" } } } } }
+  local w = start_workers{ { id = "arr", subs = { { group = "arr", channels = { "arr" } } } },
+                           { id = "arr_py", python = true, subs = { { group = "arr_py", channels = { "arr_py" } } } } }
   local p = assert(ctx:channel("arr"):producer())
+  local p_py = assert(ctx:channel("arr_py"):producer())
   local res = {}
   for _, sz in ipairs(CFG.arrays) do
     local bytes, n, bn = sz[1], sz[2], sz[3]
@@ -776,6 +778,16 @@ local function w_arrays()
       { "lecho_h", function()
           return run_c("lecho_h", ("--array %sstream %d %d"):format(big and "--warmup 2 " or "", bytes, n))
         end } }
+    if big then
+      -- the Python package (bench/py_worker.py, a Subscription: each event's
+      -- field a NumPy array over the received memory) beside the Lua
+      -- consumer, the same events (issue 28: >= 0.9x raw TCP, no copy)
+      runs[#runs + 1] = { "python", function()
+        local r = with_worker(w[2], async_run, { p_py }, v, 2, n, CFG.arrays_bound, 1)
+        r.mb_per_s = r.ops_per_s * es / 1e6
+        return r
+      end }
+    end
     local iv = repeated(runs)
     local r = medians(iv, mb_per_s, { bytes = bytes, encoded = es })
     res[#res + 1] = r
@@ -786,8 +798,13 @@ local function w_arrays()
     iv_row({ workload = ("array events %s (<f8), MB/s, C API"):format(label), metric = "MB/s",
              base = big and "tcp" or "tcp batched" }, iv, "lecho_h", "tcp", mb_per_s)
     iv_row({ workload = "", metric = "MB/s", base = "Lua API", target = { ">=", 0.9 } }, iv, "lecho_h", "lecho", mb_per_s)
+    if r.python then
+      iv_row({ workload = ("array events %s (<f8), MB/s, Python consumer"):format(label), metric = "MB/s",
+               base = "tcp", target = { ">=", 0.9 }, target_issue = 28 }, iv, "python", "tcp", mb_per_s)
+    end
   end
   p:close()
+  p_py:close()
   stop_workers(w)
 
   -- ZFP at the demo's error bound against zstd (level 1), in this process
@@ -1284,6 +1301,37 @@ local function w_peers()
   if not ok then error(err, 0) end
 end
 
+--- Gateway (issue 28): WebSocket fan-out of 1 KiB events to 100 clients,
+-- lecho-gateway against nats-server's WebSocket listener, interleaved:
+-- bench/gateway_bench.lua run as a child (its own name server, producer,
+-- gateway and bench/ws_fanout clients; QUICK: 1,000 events, else 10,000;
+-- 3 repetitions), its repetitions read back from gateway.json.
+local function w_gateway()
+  log("gateway WebSocket fan-out (100 clients) vs nats-server, gateway_bench.lua")
+  if not have("nats-server") then
+    row{ workload = "gateway WebSocket fan-out, 100 clients, 1 KiB", metric = "deliveries/s",
+         flags = { "not measured: nats-server missing (make bench-deps)" } }
+    return
+  end
+  local out = RESULTS .. "/gateway.json"
+  os.remove(out)
+  -- (3 repetitions even in QUICK, as every row of the table)
+  local child = spawn(("QUICK=%s GW_REPS=3 BENCH_RESULTS=%s %s %s/gateway_bench.lua"):format(QUICK and "1" or "", sh_quote(RESULTS),
+                                                                                  LUAJIT, BENCH), "gateway")
+  if not proc.wait(child, 300, function(dt) ctx:run_once(dt) end) then proc.kill(child, "KILL") end
+  local f = io.open(out)
+  local g = f and cjson.decode(f:read("*a"))
+  if f then f:close() end
+  if not g then error("gateway_bench.lua wrote no results: " .. child_errors(child)) end
+  local iv = { reps = g.reps, runs = { lecho = g.runs.lecho, nats = g.runs.nats } }
+  R.gateway = g
+  local label = ("gateway WebSocket fan-out, %d clients, 1 KiB"):format(g.clients)
+  iv_row({ workload = label .. ", deliveries/s", metric = "ev/s", base = "nats-server WebSocket" }, iv, "lecho", "nats",
+         function(r) return r.deliveries_per_s end)
+  iv_row({ workload = "", metric = "us CPU/delivery", base = "nats-server WebSocket", lower = true }, iv, "lecho", "nats",
+         function(r) return r.cpu_us_per_delivery end)
+end
+
 ------------------------------------------------------------------------------
 
 local WORKLOADS = {
@@ -1291,7 +1339,7 @@ local WORKLOADS = {
   { "sinks", w_sinks }, { "pipeline", w_pipeline }, { "channels", w_channels },
   { "bulk", w_bulk }, { "null_call", w_null }, { "calls", w_calls }, { "modulators", w_modulators },
   { "keyed", w_keyed }, { "peers", w_peers }, { "attacked", w_attacked }, { "patterns", w_patterns },
-  { "moe_calls", w_moe_calls }, { "scale", w_scale }, { "arrays", w_arrays },
+  { "moe_calls", w_moe_calls }, { "scale", w_scale }, { "arrays", w_arrays }, { "gateway", w_gateway },
 }
 
 local CORES = tonumber(io.popen("nproc"):read("*l"))

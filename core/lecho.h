@@ -475,6 +475,21 @@ LECHO_API void lecho_service_close(lecho_service *s);
 LECHO_API int lecho_call(lecho_ctx *ctx, const char *name, const lecho_value *args,
                          const lecho_value *opts, lecho_value **results);
 
+/* ---- without waiting (an event loop of the caller's: asyncio, a GUI) ---- */
+/* lecho_submit_sync and lecho_call, started: the event leaves (the request
+ * is queued) now, and *pending (owned by the caller: lecho_value_free) is
+ * a table whose boolean "done" turns true once the outcome is in, carried
+ * by the loop calls (lecho_run_once) meanwhile.  Then "ok" is true (a call:
+ * "results", as lecho_call's), or false with "message", "code" (the name of
+ * a code, as lecho_strerror's) and, for a submit_sync, "errors" (4 strings
+ * per failing consumer: context, consumer, message, code name) or, for a
+ * call, "value" (the error value).  0, or a code (nothing started).  Not
+ * from a handler (LECHO_EINVAL). */
+LECHO_API int lecho_submit_sync_start(lecho_producer *p, const lecho_value *ev, double timeout,
+                                      lecho_value **pending);
+LECHO_API int lecho_call_start(lecho_ctx *ctx, const char *name, const lecho_value *args,
+                               const lecho_value *opts, lecho_value **pending);
+
 /* ---- statistics ---- */
 /* The context's counters as a value (the table Lua's ctx:stats() returns:
  * "channels" -> name -> { events_out, bytes_out, events_in, ... }, "peers",

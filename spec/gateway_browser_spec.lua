@@ -1,7 +1,9 @@
 -- The gateway's live view (lecho.gateway_page) in headless Chromium, driven
 -- through the DevTools protocol (spec/support/cdp.lua), against a running
 -- simulation (examples/atmosphere) and lecho-gateway, each its own process:
--- the page loads, events arrive, the DOM shows the channels, the field and
+-- the page loads, events arrive (the field's in binary frames, laid out as
+-- doc/gateway.md "Arrays" says, read as a
+-- Float64Array), the DOM shows the channels, the field and
 -- the viewers, the heat map's pixels change, a steering value is applied by
 -- the simulation, a bad one shows its error.  A screenshot goes to
 -- build/gateway-view.png.
@@ -40,6 +42,9 @@ describe("the gateway's live view in headless Chromium", function()
 
   it("shows the channels, the field's events and the viewers; the heat map changes; steering is applied", function()
     assert.truthy(b:wait("window.lechoView && lechoView.frames >= 2", 30), "no events reached the page")
+    -- the field came in binary WebSocket frames, viewed in place as a typed array
+    assert.truthy(b:eval("lechoView.binary") >= 2, "no binary frame reached the page")
+    assert.truthy(b:eval("lechoView.typed instanceof Float64Array && lechoView.typed.length === 3 * 36 * 72"))
     assert.are.equal("lecho live view", b:eval("document.title"))
     assert.truthy(b:eval([[!!document.querySelector('#channels li[data-channel="atmosphere.field"]')]]))
     assert.truthy(b:eval([[!!document.querySelector('#channels li[data-channel="atmosphere.steer"]')]]))

@@ -33,7 +33,7 @@ local function next_event(c, ch, timeout)
   while socket.gettime() < deadline do
     local m, e = c:json(math.max(0.05, deadline - socket.gettime()))
     if not m then return nil, e end
-    if m.ch == ch and m.ev ~= nil then return m.ev end
+    if m.ch == ch and m.ev ~= nil then return m.ev, m end
   end
   return nil, "timeout"
 end
@@ -93,11 +93,16 @@ describe("lecho-gateway", function()
     assert.are.equal(1, names["atmosphere.field"].producers)
     c:send_json{ op = "sub", id = 2, ch = "atmosphere.field" }
     assert.is_true(reply(c, 2).ok)
-    local ev = assert(next_event(c, "atmosphere.field"))
-    -- the field, a <f8 array, as JSON: dtype, shape, the elements flat
+    local ev, msg = next_event(c, "atmosphere.field")
+    assert.truthy(ev, msg)
+    -- the field, a <f8 array, in a binary frame (doc/gateway.md "Arrays"):
+    -- dtype, shape, the elements raw at an offset a multiple of 8
+    assert.is_true(msg.binary)
     assert.are.equal("<f8", ev.field.dtype)
     assert.are.same({ 2, 18, 36 }, ev.field.shape)
     assert.are.equal(2 * 18 * 36, #ev.field.data)
+    assert.are.equal(2 * 18 * 36 * 8, #ev.field.raw)
+    assert.truthy(ev.field.data[1] > 0 and ev.field.data[1] == ev.field.data[1])
     assert.are.equal(18, ev.nlat)
     -- steering: true only once the simulation's handler ran, and applied
     c:send_json{ op = "pub", id = 3, ch = "atmosphere.steer", data = { emission = 7.25 }, sync = true }
@@ -134,6 +139,17 @@ describe("lecho-gateway", function()
     local ev = assert(next_event(l, "atmosphere.field"))
     assert.are.same({ "n", "step" }, (function() local k = {} for n in pairs(ev) do k[#k + 1] = n end table.sort(k) return k end)())
     assert.are.equal(2 * 18 * 36, ev.n)
+    -- an array to a lines client (no binary there): JSON { dtype, shape, data },
+    -- the same event a WebSocket client of the channel gets in a binary frame
+    local l2 = assert(W.lines("127.0.0.1", lp))
+    l2:json()
+    l2:send_json{ op = "sub", id = 1, ch = "atmosphere.field" }
+    assert.is_true(reply(l2, 1, 20).ok)
+    local fe = assert(next_event(l2, "atmosphere.field"))
+    assert.are.equal("<f8", fe.field.dtype)
+    assert.are.same({ 2, 18, 36 }, fe.field.shape)
+    assert.are.equal(2 * 18 * 36, #fe.field.data)
+    l2:close()
     -- a lines client publishes, a WebSocket client receives
     local c = ws(hp)
     c:send_json{ op = "sub", id = 1, ch = "gw.test" }

@@ -117,6 +117,16 @@ lei_array *lei_codec_lua_array_push(struct lua_State *L, int dtype, int ndim, co
  * and so do the views made from it; anything else is left alone. Raises on
  * out of memory (nothing changed then). */
 void lei_codec_lua_array_keep(struct lua_State *L, int idx);
+/* A received view at idx kept: without a copy when adopt(ud, data, n,
+ * &cap) hands over the (malloc'd, cap bytes) buffer its n bytes are in,
+ * owned by the array from then on and given back through give (with the
+ * object at ctx_idx, kept alive meanwhile, on the stack top) when it is
+ * collected; else copied as lei_codec_lua_array_keep does.  Arrays under
+ * LEI_ARRAY_ADOPT_MIN bytes are copied without asking. */
+#define LEI_ARRAY_ADOPT_MIN ((size_t)256 * 1024)
+typedef uint8_t *(*lei_adopt_fn)(void *ud, const void *p, size_t n, size_t *cap);
+void lei_codec_lua_array_adopt(struct lua_State *L, int idx, int ctx_idx, lei_adopt_fn adopt,
+                         void (*give)(struct lua_State *L, uint8_t *base, size_t cap), void *ud);
 /* Pushes a table of the array operations (array_lua.c: dtype, shape,
  * ndim, count, get, stats, min, max, sum, mean, box, reduce, copy), each
  * looking at *stop (NULL: never stopped) between chunks and raising "CPU

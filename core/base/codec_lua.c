@@ -16,6 +16,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define PATH_BUF 200   /* longest location path kept in encoder messages */
@@ -887,6 +888,82 @@ void lei_codec_lua_array_keep(lua_State *L, int idx) {
     lua_rawseti(L, -2, 1);
     lua_pop(L, 2);
     rebase(L, idx, old, n, nw, 0);
+}
+
+/* An adopted read buffer (lei_rbuf_adopt): a userdata holding its
+ * address and size, which gives it back when collected (give(L, -1, ...)
+ * with its context's object, its environment's [1], on the stack top; or
+ * free()).  Owner of the buffer: this userdata. */
+#define RBUF_MT "lecho.rbuf"
+typedef struct rbuf_box {
+    uint8_t *base;
+    size_t cap;
+    void (*give)(lua_State *L, uint8_t *base, size_t cap);
+} rbuf_box;
+
+static int rbuf_gc(lua_State *L) {
+    rbuf_box *x = lua_touserdata(L, 1);
+    uint8_t *b = x->base;
+    x->base = NULL;
+    if (!b) return 0;
+    lua_getfenv(L, 1);
+    lua_rawgeti(L, -1, 1);
+    if (x->give && !lua_isnil(L, -1))
+        x->give(L, b, x->cap);
+    else
+        free(b);
+    return 0;
+}
+
+/* The received view at idx kept: without a copy when adopt(ud, data, n,
+ * &cap) hands over the buffer its bytes are in (lei_rbuf_adopt:
+ * malloc'd, cap bytes, owned from then on by a userdata in the array's
+ * environment, which gives it back through give with the object at
+ * ctx_idx, the context, when it and the views made from it are collected;
+ * they stop being views), else with one (lei_codec_lua_array_keep).  The owner
+ * is made before the buffer is asked for, so that nothing that may raise
+ * comes between the handing over and its owner.  The collector is told of
+ * the n bytes adopted (a step as for an allocation of that size): what the
+ * program lets go of is given back at the pace a copy would have been
+ * freed.  Raises on out of memory, with the view unchanged. */
+void lei_codec_lua_array_adopt(lua_State *L, int idx, int ctx_idx, lei_adopt_fn adopt,
+                         void (*give)(lua_State *L, uint8_t *base, size_t cap), void *ud) {
+    lei_array *a = lua_touserdata(L, idx);
+    size_t n = (size_t)a->count * (size_t)a->itemsize, cap = 0;
+    uint8_t *old = a->data;
+    if (!(a->flags & LEI_AF_VIEW) || !old) return;
+    if (idx < 0) idx = lua_gettop(L) + 1 + idx;
+    if (ctx_idx < 0) ctx_idx = lua_gettop(L) + 1 + ctx_idx;
+    if (!adopt || n < LEI_ARRAY_ADOPT_MIN) {
+        lei_codec_lua_array_keep(L, idx);
+        return;
+    }
+    rbuf_box *box = lua_newuserdata(L, sizeof *box);
+    memset(box, 0, sizeof *box);
+    if (luaL_newmetatable(L, RBUF_MT)) {
+        lua_pushcfunction(L, rbuf_gc);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_setmetatable(L, -2);
+    lua_createtable(L, 1, 0);
+    lua_pushvalue(L, ctx_idx);
+    lua_rawseti(L, -2, 1);
+    lua_setfenv(L, -2);
+    uint8_t *base = adopt(ud, old, n, &cap);
+    if (!base) {
+        lua_pop(L, 1);
+        lei_codec_lua_array_keep(L, idx);
+        return;
+    }
+    box->base = base; /* owned by box from here; box by the array (below) */
+    box->cap = cap;
+    box->give = give;
+    lua_getfenv(L, idx);
+    lua_pushvalue(L, -2);
+    lua_rawseti(L, -2, 1);
+    lua_pop(L, 2);
+    rebase(L, idx, old, n, old, 0);
+    lua_gc(L, LUA_GCSTEP, (int)(n >> 10));
 }
 
 static int l_array_keep(lua_State *L) {

@@ -210,6 +210,32 @@ static int l_close(lua_State *L) {
     return 0;
 }
 
+static uint8_t *adopt_rbuf(void *ud, const void *p, size_t n, size_t *cap) {
+    return lei_rbuf_adopt(ud, p, n, cap);
+}
+
+/* An adopted buffer let go of: back to its context (the lb_ctx on the
+ * stack top) while it is open, for the next large frame; else freed. */
+static void give_rbuf(lua_State *L, uint8_t *base, size_t cap) {
+    lb_ctx *b = lua_touserdata(L, -1);
+    if (b && b->c)
+        lei_rbuf_return(b->c, base, cap);
+    else
+        free(base);
+}
+
+/* ctx:keep_array(a): a received array view (context.lua keep_view) kept
+ * past its dispatch: the read buffer its bytes are in handed over to it
+ * when they are most of one (lei_rbuf_adopt: no copy; given back to
+ * this context when the array is collected), else copied. */
+static int l_keep_array(lua_State *L) {
+    lb_ctx *b = luaL_checkudata(L, 1, CTX_MT);
+    lei_array *a = lei_codec_lua_array_check(L, 2);
+    if (!a) return luaL_argerror(L, 2, "an array expected");
+    lei_codec_lua_array_adopt(L, 2, 1, b->c ? adopt_rbuf : NULL, give_rbuf, b->c);
+    return 0;
+}
+
 /* After a run or run_once returned: a close asked for from inside. */
 void lb_close_if_pending(lb_ctx *b, lua_State *L) {
     if (b->close_pending && b->c && lei_ctx_depth(b->c) == 0) ctx_close(b, L);
@@ -351,6 +377,7 @@ static int l_stats(lua_State *L) {
     lb_setn(L, "connections", (double)cs.connections);
     lb_setn(L, "read_buffer_bytes", (double)cs.read_buffer_bytes);
     lb_setn(L, "stale_acks", (double)cs.stale_acks);
+    lb_setn(L, "arrays_adopted", (double)cs.rbuf_adopted);
     lua_newtable(L);
     for (int i = 0; i < lei_peer_total(c); i++) {
         lei_peer *p = lei_peers_at(c, i);
@@ -446,7 +473,7 @@ static const luaL_Reg ctx_methods[] = {
     {"listen", l_listen},         {"addr", l_addr},
     {"hooks", l_hooks},           {"stats", l_stats},           {"views", l_views},
     {"peer_addr", l_peer_addr},   {"close_peer", l_close_peer},
-    {"close", l_close},           {"depth", l_depth},
+    {"close", l_close},           {"depth", l_depth},           {"keep_array", l_keep_array},
     {"shutdown", l_shutdown},     {"pending", l_pending},
     {NULL, NULL}};
 

@@ -782,7 +782,8 @@ static int op_take(lua_State *L) {
     lua_pushboolean(L, o->kind);
     int b;
     if ((o->rc = lei_api_glue_call(L, o->x, "take", 3, &b)) != 0) return 0;
-    o->idx = lua_objlen(L, b);
+    /* the count the glue gives (the list's length misses nil events at its end) */
+    o->idx = lua_isnumber(L, b + 2) ? (size_t)lua_tonumber(L, b + 2) : lua_objlen(L, b);
     o->d = lua_tonumber(L, b + 1);
     /* into the slot of the caller's value */
     lei_api_push_ref(L, ((const lecho_value *)o->b)->h.ref);

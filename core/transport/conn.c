@@ -615,8 +615,10 @@ static int conn_input(lei_conn *k) {
         /* A large frame's buffer goes once drained: the next read starts
          * again from LEI_RBUF_SMALL (nobody holds a frame: busy is 0). */
         if (!k->busy && k->rpos == k->rlen && k->rcap > RBUF_KEEP) {
-            free(k->rb);
+            uint8_t *rb = k->rb;
+            size_t cap = k->rcap;
             lei_rbuf_set(k, NULL, 0);
+            lei_rbuf_return(k->ctx, rb, cap); /* the spare, for the next large frame */
             k->rlen = k->rpos = 0;
         }
         return 0;

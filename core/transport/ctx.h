@@ -135,6 +135,7 @@ typedef struct lei_stats_ctx {
     size_t connections;       /* not closed (max_connections counts them) */
     size_t read_buffer_bytes; /* of all connections (max_buffered counts them) */
     uint64_t stale_acks;      /* ACKs dropped: the connection their event came on was gone */
+    uint64_t rbuf_adopted;    /* read buffers handed over to a kept array (lei_rbuf_adopt) */
 } lei_stats_ctx;
 
 typedef struct lei_stats_peer {
@@ -186,6 +187,15 @@ void lei_ctx_enter(lei_ctx *c);
 void lei_ctx_leave(lei_ctx *c);
 /* > 0 inside a hook or an entered callback. */
 int lei_ctx_depth(const lei_ctx *c);
+/* rbuf.c: the read buffer holding [p, p + n), a received array's bytes
+ * during its dispatch, handed over instead of copied (the caller owns the
+ * returned address: free(); p stays valid while it does), when n is at
+ * least half the buffer and no frame further down the stack reads from it;
+ * NULL else (copy the bytes). */
+uint8_t *lei_rbuf_adopt(lei_ctx *c, const void *p, size_t n, size_t *cap);
+/* rbuf.c: an adopted buffer of cap bytes given back (its owner let go):
+ * kept for the next large frame's read buffer, or freed. */
+void lei_rbuf_return(lei_ctx *c, uint8_t *b, size_t cap);
 /* The embedder encoded a value (for the context, for channel chid). */
 void lei_ctx_count_encode(lei_ctx *c);
 void lei_chan_count_encode(lei_ctx *c, uint32_t chid);

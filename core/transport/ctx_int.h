@@ -470,6 +470,13 @@ struct lei_ctx {
     struct lei_accept_state accept_s; /* accept.c's */
     struct lei_peer_state peer_s;     /* peer.c's */
     int batch;                /* rw: lei_ctx_batch: the events hook takes a read's async EVENTs */
+    /* rbuf.c's: one large read buffer handed back by the program that
+     * adopted it (lei_rbuf_return), for the next large frame: its pages
+     * are in already (a fresh buffer's page faults cost more than the copy
+     * the adoption saved); owned, at most one, freed with the context */
+    uint8_t *spare;
+    size_t spare_cap;
+    uint64_t rbuf_adopted;    /* read buffers handed over (lei_rbuf_adopt) */
 };
 
 /* The states of a connection, in the order it walks them (handshake.c's

@@ -7,6 +7,10 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* The largest spare buffer a context keeps (lei_rbuf_return). */
+#define LEI_SPARE_MAX ((size_t)64 * 1024 * 1024)
 
 /* A large frame's buffer grows at most this far past the bytes it needs. */
 #define RBUF_STEP ((size_t)16 * 1024 * 1024)
@@ -95,6 +99,19 @@ int lei_rbuf_grow(lei_conn *k, size_t need, size_t end, size_t fsize) {
         if (ncap > need + RBUF_STEP) ncap = need + RBUF_STEP;
     }
     if (ncap > left) ncap = left;
+    /* A large frame whose end is known: the spare buffer (an adopted one
+     * given back) when it holds the frame, its pages already in; not more
+     * than twice the room wanted, nor past the budget. */
+    if (end > LEI_RBUF_MIN && c->spare && c->spare_cap >= end && c->spare_cap >= need &&
+        c->spare_cap <= 2 * end && c->spare_cap <= left) {
+        uint8_t *sp = c->spare;
+        c->spare = NULL;
+        if (k->rlen) memcpy(sp, k->rb, k->rlen);
+        free(k->rb);
+        lei_rbuf_set(k, sp, c->spare_cap);
+        c->spare_cap = 0;
+        return 0;
+    }
     uint8_t *nb = realloc(k->rb, ncap);
     if (!nb) {
         lei_conn_close(k, "out of memory for the read buffer", 0);
@@ -110,4 +127,62 @@ void lei_rbuf_idle(lei_conn *k, int idle) {
     lei_rbuf_set(k, NULL, 0);
     k->rlen = k->rpos = 0;
     k->rfull = 0;
+}
+
+/* Hands over the read buffer that holds [p, p + n) (a received array's
+ * bytes, while its event is dispatched) instead of a copy of them being
+ * made: when a connection at its first dispatch level (busy == 1: no frame
+ * further down the stack points into its buffer) holds those bytes, and
+ * they are at least half its buffer, the buffer leaves
+ * the connection (its room uncharged from max_buffered; bytes read behind
+ * the frame being handled move to a new buffer of their own) and its
+ * address is returned: the caller owns it from then on (free()), and p is
+ * valid as long as it does.  The connection reads on into a new buffer, as
+ * it does after every large frame anyway (conn_input frees one once
+ * drained).  NULL when not (the caller copies); also when the new buffer
+ * for the bytes behind cannot be had. */
+uint8_t *lei_rbuf_adopt(lei_ctx *c, const void *p, size_t n, size_t *cap) {
+    const uint8_t *q = p;
+    if (!c || !q || !n) return NULL;
+    for (lei_conn *k = c->conns; k; k = k->next) {
+        if (!k->rb || q < k->rb || q + n > k->rb + k->rlen) continue;
+        if (k->busy != 1 || n < k->rcap / 2 || k->state == LEI_CONN_CLOSED) return NULL;
+        size_t behind = k->rlen - k->rpos;
+        uint8_t *nb = NULL;
+        if (behind) {
+            nb = malloc(behind > LEI_RBUF_SMALL ? behind : LEI_RBUF_SMALL);
+            if (!nb) return NULL;
+            memcpy(nb, k->rb + k->rpos, behind);
+        }
+        uint8_t *base = k->rb;
+        *cap = k->rcap;
+        k->ctx->rbuf -= k->rcap; /* lei_rbuf_set without freeing */
+        k->rb = NULL;
+        k->rcap = 0;
+        if (nb) lei_rbuf_set(k, nb, behind > LEI_RBUF_SMALL ? behind : LEI_RBUF_SMALL);
+        k->rlen = behind;
+        k->rpos = 0;
+        c->rbuf_adopted++;
+        return base;
+    }
+    return NULL;
+}
+
+/* A large read buffer done with (a drained connection's, or an adopted
+ * one its owner let go of) comes back: kept as the context's spare (the
+ * larger of the two, at most LEI_SPARE_MAX; the other freed), which
+ * lei_rbuf_grow gives the next large frame instead of growing a fresh
+ * buffer.  Not charged to max_buffered: one buffer per context, idle. */
+void lei_rbuf_return(lei_ctx *c, uint8_t *b, size_t cap) {
+    if (!c || cap > LEI_SPARE_MAX) {
+        free(b);
+        return;
+    }
+    if (c->spare && c->spare_cap >= cap) {
+        free(b);
+        return;
+    }
+    free(c->spare);
+    c->spare = b;
+    c->spare_cap = cap;
 }

@@ -123,6 +123,50 @@ function M.submit_sync(p, ev, timeout)
   return nil, tostring(errs), code, flat
 end
 
+-- lecho_submit_sync_start: the submit now, its wait in a coroutine of the
+-- context (ctx:_spawn runs it at once: the event is encoded and queued
+-- before this returns, so memory lent to it may change after).  r =
+-- { done = false } until it ends; then ok, and message, code, errors (the
+-- flat list of M.submit_sync) when it failed.
+function M.submit_sync_start(p, ev, timeout)
+  local r = { done = false }
+  local ctx = p.ch.ctx
+  local ok, err = pcall(ctx._spawn, ctx, function()
+    local res = { M.submit_sync(p, ev, timeout) }
+    if res[1] then
+      r.ok = true
+    else
+      r.ok, r.message, r.code, r.errors = false, res[2], res[3], res[4]
+    end
+    r.done = true
+  end)
+  if not ok then return raised(err) end
+  return r
+end
+
+-- lecho_call_start: ctx:call_async; r as above, with results ({ n, ... })
+-- or the error value (value).
+function M.call_start(ctx, name, args, opts)
+  local r = { done = false }
+  local ok, err = pcall(ctx.call_async, ctx, name, args, opts or {}, function(...)
+    local a = { n = select("#", ...), ... }
+    if a[1] then
+      local res = { n = a.n - 1 }
+      for i = 2, a.n do res[i - 1] = a[i] end
+      r.ok, r.results = true, res
+    else
+      local e = a[2]
+      r.ok, r.value = false, e
+      r.message = type(e) == "string" and e or (type(e) == "table" and type(e.message) == "string" and e.message)
+        or tostring(e)
+      r.code = type(a[3]) == "string" and a[3] or "failed"
+    end
+    r.done = true
+  end)
+  if not ok then return raised(err) end
+  return r
+end
+
 function M.flush(p) return protect(function() p:flush(); return true end) end
 
 function M.producer_close(p) return protect(function() p:close(); return true end) end
@@ -211,7 +255,8 @@ function M.settle(q, n, err)
 end
 
 -- At most max events of q, oldest first: the list { ev, ... } or, with
--- meta, { { ev, producer, seq, channel }, ... }; and q.dropped.
+-- meta, { { ev, producer, seq, channel }, ... }; q.dropped; and how many
+-- (a nil event is a hole in the list: its length may miss the last ones).
 function M.take(q, max, meta)
   local out, n = {}, 0
   local h, t = q.head, q.tail
@@ -225,7 +270,7 @@ function M.take(q, max, meta)
   if h > t then h, q.tail = 1, 0 end
   q.head = h
   q.nout = q.nout + n
-  return out, q.dropped
+  return out, q.dropped, n
 end
 
 function M.set_params(c, params)

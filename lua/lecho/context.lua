@@ -154,14 +154,17 @@ end
 
 -- Arrays (lecho.array) of 4 KiB or more come from C as views too, into
 -- the same bytes (lua_hook.c, LB_ARRAY_VIEW_MIN): rv = { a = the list of
--- them } and the handlers get the value itself.  keep_view gives each its
--- own copy (core.array_keep, views made from them follow); a dispatch that
--- ends with them not kept ends them (core.array_end: no elements left, so
--- a handler that stored one reads nothing, never freed memory).
-local function keep_view(rv)
+-- them } and the handlers get the value itself.  keep_view keeps each past
+-- the dispatch (c:keep_array, views made from them follow): one that is
+-- most of its read buffer (256 KiB or more) takes the buffer over, no
+-- copy (lei_rbuf_adopt), the others get their own copy; a dispatch
+-- that ends with them not kept ends them (core.array_end: no elements
+-- left, so a handler that stored one reads nothing, never freed memory).
+-- c: the core context (self.c).
+local function keep_view(rv, c)
   local avs = rv.a
   if avs then
-    for i = 1, #avs do core.array_keep(avs[i]) end -- may raise (memory)
+    for i = 1, #avs do c:keep_array(avs[i]) end -- may raise (memory)
     rv.a = nil
     return
   end
@@ -182,7 +185,8 @@ end
 -- Every view of a dispatch on the stack (none: nothing to do).
 local function keep_views(self)
   local live = self.views
-  for i = 1, #live do keep_view(live[i]) end
+  local c = self.c
+  for i = 1, #live do keep_view(live[i], c) end
 end
 
 --- For a handler that stores its event for later (lecho.capi's queued
@@ -695,7 +699,7 @@ function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, 
     -- rather than copied
     if rv and rv.p then value = "" end
     -- the value outlives this dispatch: its arrays are copied first
-    if avs then keep_view(rv) end
+    if avs then keep_view(rv, self.c) end
     return route(value, peer, sync, gen, nbytes)
   end
   if rv then
@@ -708,7 +712,7 @@ function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, 
     -- A handler waits: _wait kept the view before it yielded (the later
     -- handlers of this event read the copy).  Else every handler returned
     -- and their buffers are empty.  Either way C may free the bytes now.
-    if ok and held and (rv.p or rv.a) and not pcall(keep_view, rv) then
+    if ok and held and (rv.p or rv.a) and not pcall(keep_view, rv, self.c) then
       self.log("out of memory keeping a value while its handler waits: the buffers of this event are emptied")
     end
     if rv.p then

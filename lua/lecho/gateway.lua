@@ -123,6 +123,96 @@ function M.event_json(ch, ev)
   return ('{"ch":%s,"ev":%s}'):format(cj.encode(ch), s)
 end
 
+-- The event without its arrays (nil where each was), and list filled with
+-- { path, array } per array: path the keys from the top (doc/gateway.md).
+local function strip(v, path, list, depth)
+  if array.is(v) then
+    list[#list + 1] = { path, v }
+    return nil
+  end
+  if type(v) ~= "table" or depth > 64 then return v end
+  local t = {}
+  for k, x in pairs(v) do
+    local p = { unpack(path) }
+    p[#p + 1] = k
+    t[k] = strip(x, p, list, depth + 1)
+  end
+  return t
+end
+
+local U32 = ffi.new("uint8_t[4]")
+local ZERO8 = ("\0"):rep(8)
+
+--- The binary WebSocket message of an event holding arrays (lecho.array),
+-- encoded once for every WebSocket client (doc/gateway.md "Arrays"): a
+-- u32 little-endian length L, L bytes of a JSON header
+-- {"ch":..,"ev":THE EVENT WITHOUT ITS ARRAYS,"arrays":[{"path":[..],
+-- "dtype":"<f8","shape":[..],"offset":O,"bytes":B},..]}, zero bytes up to a
+-- multiple of 8, then each array's elements (little-endian, row-major) at
+-- O bytes past that point (O a multiple of 8): a browser views them in
+-- place (new Float64Array(buf, base + O, B / 8)).  The elements are copied
+-- once, from the read buffer into this message.  nil, the error text for
+-- an event whose other fields JSON cannot represent.
+function M.event_binary(ch, ev)
+  local list = {}
+  local rest = strip(ev, {}, list, 0)
+  local parts, off = {}, 0
+  local function list_json(t) return #t == 0 and "[]" or cj.encode(t) end
+  for i, pa in ipairs(list) do
+    local a = pa[2]
+    local n = a:count() * a:itemsize()
+    local ok, path = pcall(list_json, pa[1])
+    if ok and not ws.valid_utf8(path) then ok, path = pcall(list_json, hexify(pa[1], 0)) end
+    if not ok then path = "[]" end
+    parts[i] = ('{"path":%s,"dtype":%s,"shape":%s,"offset":%d,"bytes":%d}'):format(
+      path, cj.encode(a:dtype()), list_json(a:shape()), off, n)
+    pa[3] = n
+    off = off + n + (-n) % 8
+  end
+  local evj = ""
+  if rest ~= nil then
+    local ok, e = pcall(cj.encode, rest)
+    if ok and not ws.valid_utf8(e) then ok, e = pcall(cj.encode, hexify(rest, 0)) end
+    if not ok then
+      return nil, ('{"ch":%s,"error":%s}'):format(cj.encode(ch), cj.encode("event not representable in JSON: " .. tostring(e)))
+    end
+    evj = ',"ev":' .. e
+  end
+  local h = ('{"ch":%s%s,"arrays":[%s]}'):format(cj.encode(ch), evj, table.concat(parts, ","))
+  local L = #h
+  U32[0], U32[1], U32[2], U32[3] = L % 256, math.floor(L / 256) % 256, math.floor(L / 65536) % 256,
+    math.floor(L / 16777216) % 256
+  local b = buffer.new(8 + L + off)
+  b:putcdata(U32, 4):put(h, ZERO8:sub(1, (-(4 + L)) % 8))
+  for i, pa in ipairs(list) do
+    local a = pa[2]
+    if not a:contiguous() then a = a:copy() end
+    local n = pa[3]
+    if n > 0 then b:putcdata(a:ptr(), n) end
+    b:put(ZERO8:sub(1, (-n) % 8))
+  end
+  return b:tostring()
+end
+
+--- What an event goes out as: (text for JSON-lines clients, message for
+-- WebSocket clients, binary: whether that message is a binary one), each
+-- made at most once (lazily: text only when asked), whatever the number of
+-- clients.
+function M.event_out(ch, ev)
+  if not has_array(ev, 0) then
+    local t = M.event_json(ch, ev)
+    return function() return t end, t, false
+  end
+  local bin, errtext = M.event_binary(ch, ev)
+  local text
+  local function lines()
+    if not text then text = M.event_json(ch, ev) end
+    return text
+  end
+  if not bin then return lines, errtext, false end
+  return lines, bin, true
+end
+
 local function encode(t)
   local ok, s = pcall(cj.encode, t)
   if ok and not ws.valid_utf8(s) then ok, s = pcall(cj.encode, hexify(t, 0)) end
@@ -176,10 +266,10 @@ end
 
 -- Queues one message (a JSON text) for the client; the socket is written
 -- at the end of this loop turn (many events, few system calls).
-function Client:_put(text)
+function Client:_put(text, binary)
   if self.closed then return end
   if self.ws then
-    local ok, why = self.ws:queue(text)
+    local ok, why = self.ws:queue(text, binary)
     if not ok then return self.gw:_drop(self, nil, why) end
   else
     self.out:put(text, "\n")
@@ -198,8 +288,13 @@ function Client:reply(t)
   self:_put(encode(t))
 end
 
--- An event's text for this client, under the slow-client policy.
-function Client:deliver(text)
+-- An event for this client under the slow-client policy: text (a JSON
+-- text), or M.event_out's three values (the binary message to a WebSocket
+-- client, the JSON text to a lines one).
+function Client:deliver(text, msg, binary)
+  if msg ~= nil then
+    if self.ws then text = msg else text, binary = text(), false end
+  end
   if self.closed or self.closing then return end
   local gw = self.gw
   local q = self:queued()
@@ -216,7 +311,7 @@ function Client:deliver(text)
     self.told = self.drops
   end
   self.events = self.events + 1
-  self:_put(text)
+  self:_put(text, binary)
 end
 
 function Gateway:_dirty(cl)
@@ -642,7 +737,7 @@ function OPS.sub(self, cl, m, id)
     cl.subs[ch] = "pending"
     cl.nsubs = cl.nsubs + 1
     local con, e2, code = self.ctx:channel(ch):consumer(function(ev)
-      cl:deliver(M.event_json(ch, ev))
+      cl:deliver(M.event_out(ch, ev))
     end, { modulator = src, params = denull(m.params, 0), on_error = function(msg)
       cl:reply{ ch = ch, error = tostring(msg), code = "modulator" }
     end })
@@ -662,9 +757,9 @@ function OPS.sub(self, cl, m, id)
     e = { clients = {}, n = 0 }
     self.chans[ch] = e
     local con, e2, code = self.ctx:channel(ch):consumer(function(ev)
-      local text = M.event_json(ch, ev)
+      local lines, msg, binary = M.event_out(ch, ev)
       self.events = self.events + 1
-      for c in pairs(e.clients) do c:deliver(text) end
+      for c in pairs(e.clients) do c:deliver(lines, msg, binary) end
     end)
     if not con then
       e.failed = { tostring(e2), code }

@@ -72,7 +72,7 @@ button { background:#1f5f99; border-color:#2a78bf; cursor:pointer; } button:hove
 const $ = (id) => document.getElementById(id);
 const q = new URLSearchParams(location.search);
 let ws, nextId = 1, pending = {}, subscribed = null, evCount = 0, field = null;
-const view = { frames: 0, last: null };
+const view = { frames: 0, last: null, binary: 0, typed: null };
 window.lechoView = view;   // read by the browser spec
 
 function send(m) { return new Promise((res) => { m.id = nextId++; pending[m.id] = res; ws.send(JSON.stringify(m)); }); }
@@ -96,8 +96,10 @@ function colour(t) {
 function findField(ev) {
   if (ev && Array.isArray(ev.cells) && ev.nlat && ev.nlon)
     return { data: ev.cells, ny: ev.nlat, nx: ev.nlon, nz: ev.nlev || 1 };
-  // an array (lecho.array as JSON: { dtype, shape, data }) of 2 or 3 dims
-  if (ev && ev.field && Array.isArray(ev.field.data) && Array.isArray(ev.field.shape) && ev.field.shape.length >= 2) {
+  // an array (lecho.array: { dtype, shape, data }, data a typed array from a
+  // binary frame, or numbers from a JSON one) of 2 or 3 dims
+  if (ev && ev.field && (Array.isArray(ev.field.data) || ArrayBuffer.isView(ev.field.data)) &&
+      Array.isArray(ev.field.shape) && ev.field.shape.length >= 2) {
     const s = ev.field.shape, n = s.length;
     return { data: ev.field.data, ny: s[n - 2], nx: s[n - 1], nz: n > 2 ? s[0] : 1 };
   }
@@ -147,9 +149,36 @@ function summary(ev) {
   return keys.map((k) => {
     const v = ev[k];
     if (Array.isArray(v)) return k + "=[" + v.length + "]";
+    if (v && v.dtype && Array.isArray(v.shape)) return k + "=" + v.dtype + " " + v.shape.join("×");
     if (v && typeof v === "object") return k + "=" + JSON.stringify(v);
     return k + "=" + (typeof v === "number" && !Number.isInteger(v) ? +v.toPrecision(6) : v);
   }).join("  ");
+}
+
+// A binary message: u32 little-endian length L, L bytes of JSON header
+// { ch, ev (without its arrays), arrays: [{ path, dtype, shape, offset, bytes }] },
+// zero bytes to a multiple of 8, the elements: viewed in place as typed
+// arrays and put back into the event at their paths as { dtype, shape, data }.
+const TYPED = { "<u1": Uint8Array, "<i1": Int8Array, "<u2": Uint16Array, "<i2": Int16Array,
+  "<u4": Uint32Array, "<i4": Int32Array, "<u8": BigUint64Array, "<i8": BigInt64Array,
+  "<f4": Float32Array, "<f8": Float64Array };
+function fromBinary(buf) {
+  const L = new DataView(buf).getUint32(0, true);
+  const head = JSON.parse(new TextDecoder().decode(new Uint8Array(buf, 4, L)));
+  const base = (4 + L + 7) & ~7;
+  let ev = head.ev;
+  for (const a of head.arrays || []) {
+    const T = TYPED[a.dtype];
+    if (!T) continue;
+    const val = { dtype: a.dtype, shape: a.shape, data: new T(buf, base + a.offset, a.bytes / T.BYTES_PER_ELEMENT) };
+    view.typed = val.data;
+    if (!a.path.length) { ev = val; continue; }
+    if (!ev || typeof ev !== "object") ev = {};
+    let t = ev;
+    for (let i = 0; i < a.path.length - 1; i++) t = t[a.path[i]] = t[a.path[i]] || {};
+    t[a.path[a.path.length - 1]] = val;
+  }
+  return { ch: head.ch, ev };
 }
 
 function onEvent(m) {
@@ -233,8 +262,14 @@ function connect() {
     pending = {}; subscribed = null; view.autoDone = false;
     setTimeout(connect, 2000);
   };
+  ws.binaryType = "arraybuffer";
   ws.onmessage = (e) => {
-    if (typeof e.data !== "string") return;
+    if (typeof e.data !== "string") {   // an event holding arrays (doc/gateway.md "Arrays")
+      const m = fromBinary(e.data);
+      view.binary++;
+      if (m.ch !== undefined) onEvent(m);
+      return;
+    }
     const m = JSON.parse(e.data);
     if (m.id !== undefined && pending[m.id]) { const f = pending[m.id]; delete pending[m.id]; f(m); }
     else if (m.hello) { listChannels(); }

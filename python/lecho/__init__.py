@@ -12,7 +12,6 @@ is a peer like any other.  doc/python.md is the reference.
         print(ev["step"])
 """
 import collections
-import dis
 import gc
 import sys
 import threading
@@ -348,6 +347,56 @@ class Context:
             return None
         return vals[0] if n == 1 else vals
 
+    async def call_async(self, name, args=None, **opts):
+        """call() as an awaitable, for code inside a running asyncio loop
+        (a Jupyter cell, asyncio.run): the request leaves now and the loop
+        stays free while the answer comes (lecho_call_start).  The same
+        results and CallError as call()."""
+        x = self._check()
+        a = self._value(args)
+        o = self._value(opts) if opts else ffi.NULL
+        out = ffi.new("lecho_value **")
+        rc = lib.lecho_call_start(x, name.encode(), a, o, out)
+        self._loop_call(rc)
+        holder = self._own(out[0])
+        r = await self._await_pending(holder)
+        if not r.get("ok"):
+            msg = r.get("message") or ""
+            raise CallError(r.get("code") or "failed", msg, r.get("value", msg))
+        d = r.get("results") or {}
+        n = d.get("n", 0) if isinstance(d, dict) else len(d)
+        if n == 0:
+            return None
+        vals = tuple(d.get(i) for i in range(1, n + 1)) if isinstance(d, dict) else tuple(d)
+        return vals[0] if n == 1 else vals
+
+    async def _await_pending(self, holder):
+        """Waits without blocking the asyncio loop until the started
+        operation in holder (lecho_*_start) is done; its table as a dict.
+        Attached (ctx.attach()), the ticker's turns carry it and wake this;
+        else this coroutine turns the loop itself (run_once(0) every 2 ms)."""
+        import asyncio
+        loop = asyncio.get_running_loop()
+        flag = ffi.new("int *")
+        while True:
+            rc = lib.lecho_get_bool(holder, b"done", flag)
+            if rc != 0:
+                self._fail(rc)
+            if flag[0]:
+                break
+            t = self._asyncio
+            if t is None or t.loop is not loop:
+                self.run_once(0)
+                await asyncio.sleep(0.002)
+            else:
+                fut = loop.create_future()
+                t.waiters.append(fut)
+                await fut
+        r = _values.read(holder, pin=lambda: self._pin_owned(holder))
+        if not isinstance(r, tuple):
+            self._fail(r)
+        return r[0]
+
     def stats(self):
         """The context's counters (Lua's ctx:stats())."""
         v = lib.lecho_stats(self._check())
@@ -418,6 +467,7 @@ class _Ticker:
         self.ctx, self.loop, self.interval = ctx, loop, interval
         self.handle = loop.call_soon(self.tick)
         self.pending_soon = False
+        self.waiters = []     # futures of awaitables (_await_pending): set after each turn
 
     def tick(self):
         self.handle = None
@@ -434,6 +484,10 @@ class _Ticker:
         for h in self.ctx._handles:
             if isinstance(h, Subscription):
                 h._wake()
+        ws, self.waiters = self.waiters, []
+        for f in ws:
+            if not f.done():
+                f.set_result(None)
 
     def soon(self):
         if self.pending_soon:
@@ -541,6 +595,29 @@ class Producer:
             raise SyncError(rc, msg, lst)
         return True
 
+    async def submit_sync_async(self, ev, timeout=-1.0):
+        """submit_sync() as an awaitable, for code inside a running asyncio
+        loop (a Jupyter cell, asyncio.run): ev leaves now (lent arrays may
+        change once this is called), the loop stays free while the
+        consumers answer (lecho_submit_sync_start).  True, or SyncError as
+        submit_sync()."""
+        self._load(ev)
+        ctx = self.ctx
+        out = ffi.new("lecho_value **")
+        rc = lib.lecho_submit_sync_start(self._p, self._ev, float(timeout), out)
+        ctx._loop_call(rc)
+        holder = ctx._own(out[0])
+        ctx._kick()
+        r = await ctx._await_pending(holder)
+        if r.get("ok"):
+            return True
+        flat = r.get("errors") or []
+        if isinstance(flat, dict):   # holes (nil fields) make a dict
+            flat = [flat.get(i) for i in range(1, max([k for k in flat if isinstance(k, int)] or [0]) + 1)]
+        lst = [{"context": flat[i] or "", "consumer": flat[i + 1] or "", "message": flat[i + 2] or "",
+                "code": flat[i + 3] or ""} for i in range(0, len(flat) - 3, 4)]
+        raise SyncError(r.get("code") or "failed", r.get("message") or "", lst)
+
     def flush(self):
         rc = lib.lecho_flush(self._p)
         if rc != 0:
@@ -612,21 +689,6 @@ class Consumer(_Handled):
         self._h = None
 
 
-_POP_TOP = dis.opmap.get("POP_TOP")
-
-
-def _left_by_break(f):
-    """In a generator's GeneratorExit, f the frame that dropped it: True
-    when that frame's last instruction is the POP_TOP that `break` or
-    `return` inside a for loop compiles to (CPython pops the loop's
-    iterator there); an exception drops it at the instruction that raised
-    (or a RERAISE), close() or del at theirs.  False when unsure."""
-    try:
-        return f is not None and f.f_code.co_code[f.f_lasti] == _POP_TOP
-    except (AttributeError, IndexError, TypeError):
-        return False
-
-
 class Subscription(_Handled):
     """A consumer as an iterator.  Its events wait in a queue inside the
     context (lecho_consumer_open_queued: no Python call per event) and are
@@ -635,14 +697,18 @@ class Subscription(_Handled):
     logged once.  A producer's submit_sync returns true only once the code
     is done with the event: an event handed out counts as handled when the
     subscription is asked for the next one past its batch (the loop body
-    ran), when done() is called, or when the subscription closes.  A for
-    loop that stops by break or return counts the event out as handled;
-    one whose body raised (or whose iterator was closed or collected) fails
-    that event ("not handled: the subscription's iterator stopped"); the
-    same for async for.  Events taken and not handed out yet wait for the
-    next loop; close() fails them and those still queued ("not handled:
-    the subscription closed").  doc/python.md "Subscriptions and
-    callbacks"."""
+    ran), when done() is called, or when the subscription closes.
+
+    A for loop that stops with an event out (break, return, an exception:
+    Python tells its iterator none of these apart, it only closes it) fails
+    that event ("not handled: the subscription's iterator stopped"), unless
+    the loop runs inside `with sub:` (`async with sub:`): then the with
+    block decides when it is left: by an exception, the event out fails;
+    otherwise (break, return, or the loop went on and asked for more) it
+    was handled.  sub.done() before a break counts it handled too.  Events
+    taken and not handed out yet wait for the next loop; close() fails them
+    and those still queued ("not handled: the subscription closed").
+    doc/python.md "Subscriptions and callbacks"."""
 
     STOPPED = "not handled: the subscription's iterator stopped"
 
@@ -665,7 +731,8 @@ class Subscription(_Handled):
         self._counts = ffi.new("size_t[2]")
         self._pending = False
         self._unsettled = 0   # events taken, not settled: the deque's and those handed out
-        self._elsewhere = None   # a loop stopped in another thread (_stopped)
+        self._elsewhere = False  # a loop stopped in another thread (_stopped)
+        self._with = 0           # inside `with sub:` blocks: they decide (__exit__)
         ctx._handles.append(self)
 
     def _settle(self, n, err=None):
@@ -689,19 +756,45 @@ class Subscription(_Handled):
         n = self._handed()
         self._settle(n)
 
-    def _stopped(self, by_break=False):
-        """A loop over this stopped with an event out: the ones before it
-        were handled; that one too when the loop left by break or return,
-        else (its body raised, the generator was closed) it was not."""
+    def _stopped(self):
+        """A loop over this stopped with an event out (its iterator was
+        closed or collected: break, return and an exception alike).  Inside
+        `with sub:` the block's exit decides; else the ones before it were
+        handled and that one was not."""
+        if self._with:
+            return
         if threading.get_ident() != self.ctx._thread:
-            self._elsewhere = by_break   # collected in another thread: answered
-            return                       # at the next call in the context's
-        self._elsewhere = None
+            self._elsewhere = True   # collected in another thread: answered
+            return                   # at the next call in the context's
+        self._elsewhere = False
+        self._fail_last()
+
+    def _fail_last(self):
+        """The events handed out: all handled but the last, which failed."""
         n = self._handed()
         if n > 0:
-            self._settle(n - 1 if not by_break else n)
-            if not by_break:
-                self._settle(1, self.STOPPED)
+            self._settle(n - 1)
+            self._settle(1, self.STOPPED)
+
+    def __enter__(self):
+        self._with += 1
+        return self
+
+    def __exit__(self, etype, exc, tb):
+        """Leaves `with sub:`: by an exception, the event out failed (the
+        loop body raised); otherwise it was handled.  Closes the
+        subscription."""
+        self._with -= 1
+        if self._h is not None and self.ctx._x is not None and etype is not None:
+            self._fail_last()
+        self.close()
+        return False
+
+    async def __aenter__(self):
+        return self.__enter__()
+
+    async def __aexit__(self, etype, exc, tb):
+        return self.__exit__(etype, exc, tb)
 
     def _pop(self):
         return self._q.popleft()
@@ -711,8 +804,8 @@ class Subscription(_Handled):
         Called with self._q empty: what was handed out is done with."""
         if self._h is None or self.ctx._x is None:
             return False
-        if self._elsewhere is not None:
-            self._stopped(self._elsewhere)
+        if self._elsewhere:
+            self._stopped()
         if self._unsettled:
             self.done()
         c = self._counts
@@ -742,7 +835,10 @@ class Subscription(_Handled):
             # arrays of this batch point into it: the next batch gets a new box
             self._box = self.ctx._own(lib.lecho_value_new(self.ctx._x))
         if not isinstance(evs, list) or len(evs) != n:   # nil events: holes
-            evs = [evs.get(i) for i in range(1, n + 1)] if isinstance(evs, dict) else [None] * n
+            if isinstance(evs, list):     # the holes at its end
+                evs = evs + [None] * (n - len(evs))
+            else:
+                evs = [evs.get(i) for i in range(1, n + 1)] if isinstance(evs, dict) else [None] * n
         if self._meta:   # { ev, producer, seq, channel } each; a nil ev makes a dict
             evs = [(e.get(1), Meta(e.get(4, ""), e.get(2, ""), e.get(3, 0))) if isinstance(e, dict)
                    else (e[0], Meta(e[3], e[1], e[2])) for e in evs]
@@ -779,7 +875,7 @@ class Subscription(_Handled):
             try:
                 yield ev
             except GeneratorExit:
-                self._stopped(_left_by_break(sys._getframe(1)))
+                self._stopped()
                 raise
 
     def __next__(self):
@@ -826,8 +922,8 @@ class Subscription(_Handled):
         """Leaves.  The events handed out count as handled; those not
         handed out yet fail ("not handled: the subscription closed")."""
         if self._h is not None and self.ctx._x is not None:
-            if self._elsewhere is not None:
-                self._stopped(self._elsewhere)
+            if self._elsewhere:
+                self._stopped()
             self.done()
             lib.lecho_consumer_close(self._h)
             self.ctx._handles.remove(self)
@@ -839,7 +935,8 @@ class _AsyncLoop:
     """The iterator of one `async for` over a Subscription.  An async
     generator would learn that the loop stopped only when asyncio closes it,
     later and from elsewhere; this object is dropped by the loop's own
-    frame at once (break, return or an exception), so __del__ sees how."""
+    frame at once (break, return or an exception): __del__ tells the
+    subscription a loop stopped (Subscription._stopped)."""
 
     __slots__ = ("sub",)
 
@@ -854,7 +951,7 @@ class _AsyncLoop:
 
     def __del__(self):
         try:
-            self.sub._stopped(_left_by_break(sys._getframe(1)))
+            self.sub._stopped()
         except Exception:
             pass   # a closed context: nothing to answer
 

@@ -111,6 +111,11 @@ int lecho_service_open(lecho_ctx *ctx, const char *name, lecho_service_fn fn, vo
 void lecho_service_close(lecho_service *s);
 int lecho_call(lecho_ctx *ctx, const char *name, const lecho_value *args,
                const lecho_value *opts, lecho_value **results);
+int lecho_submit_sync_start(lecho_producer *p, const lecho_value *ev, double timeout,
+                            lecho_value **pending);
+int lecho_call_start(lecho_ctx *ctx, const char *name, const lecho_value *args,
+                     const lecho_value *opts, lecho_value **pending);
+int lecho_get_bool(const lecho_value *v, const char *key, int *out);
 
 lecho_value *lecho_stats(lecho_ctx *ctx);
 double lecho_stat(lecho_ctx *ctx, const char *channel, const char *counter);

@@ -81,6 +81,7 @@ def from_nodes(nodes, count, raw=False, pin=None):
         return None
 
     value = walk()
+    walk = None   # walk's cell held walk (a cycle), and through it pin: an array's memory
     if pos != count:
         raise ValueError("lecho: %d nodes left over" % (count - pos))
     return value
@@ -171,6 +172,7 @@ def from_packed(recs, data, base, raw=False, pin=None):
         return None
 
     value = walk()
+    walk = None   # as in from_nodes: no cycle keeps pin (the arrays' memory) for the cyclic GC
     if pos != len(recs):
         raise ValueError("lecho: %d nodes left over" % (len(recs) - pos))
     return value
@@ -232,6 +234,12 @@ def _flat_list(mem, count, data, base, raw):
         lens = a["n"][1:].tolist()
         if raw:
             return [data[o:o + n] for o, n in zip(offs, lens)]
+        if data.isascii():
+            # one decode for the batch (an ASCII byte is one character:
+            # byte offsets are character offsets), then str slices: about
+            # 10x less per string than a bytes slice and its decode each
+            text = data.decode("ascii")
+            return [text[o:o + n] for o, n in zip(offs, lens)]
         out = []
         for o, n in zip(offs, lens):
             b = data[o:o + n]

@@ -5,6 +5,9 @@
 --       prints "sync true" or "sync nil MSG CODE" for each sync submit it makes
 --   luajit peer.lua arrays NS CHANNEL N       as produce, with arrays: field (<f8 64x128,
 --       element i = k * 100000 + i) and small (<i2 { k, -k, 7 })
+--   luajit peer.lua big NS CHANNEL N BYTES [sparse]   as produce, with { k, field = <f8 array of
+--       BYTES bytes, element i = k * 1e7 + i (sparse: the first 16 only, the rest 0) } (a read
+--       buffer of its own at the consumer: adopted)
 --   luajit peer.lua steer NS CHANNEL          submit_sync { alpha = 0.5 }, then
 --       { alpha = "bad" }: prints each result, "ok" or "failed CODE MSG"
 --   luajit peer.lua syncs NS CHANNEL N        waits for a consumer, then submit_sync { k = k }
@@ -50,6 +53,22 @@ elseif role == "arrays" then
     assert(p:submit({ k = k, field = a, small = lecho.array.from({ k, -k, 7 }, "<i2") }))
   end
   print("sync", p:submit_sync({ final = true }, { timeout = 10 }))
+elseif role == "big" then
+  local p = assert(ctx:channel(name):producer())
+  wait_consumer(p)
+  local m = tonumber(arg[5]) / 8
+  local sparse = arg[6] == "sparse"
+  local pool = {} -- sparse: 32 arrays reused (a fresh one's page faults made the producer the bottleneck)
+  for k = 1, tonumber(arg[4]) do
+    local a = sparse and pool[k % 32] or lecho.array.new("<f8", { m })
+    if sparse then pool[k % 32] = a end
+    local ptr = a:ptr()
+    for i = 0, (sparse and 16 or m) - 1 do ptr[i] = k * 1e7 + i end
+    assert(p:submit({ k = k, field = a }))
+    -- lent until written (the submit rule): a sync ping after every 32, then they may change
+    if sparse and k % 32 == 0 then assert(p:submit_sync({ ping = true }, { timeout = 30 })) end
+  end
+  print("sync", p:submit_sync({ final = true }, { timeout = 60 }))
 elseif role == "steer" then
   local p = assert(ctx:channel(name):producer())
   wait_consumer(p)

@@ -62,3 +62,20 @@ def test_a_luarocks_style_install_writes_no_python_package_outside_its_tree(tmp_
     written = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs]
     assert any(p.endswith("/rock/clib/liblecho.so.0") for p in written), written
     assert not [p for p in written if p.endswith(".py")], written
+
+
+def test_the_default_prefix_installs_into_a_directory_on_debians_sys_path(tmp_path):
+    # `make install` without PREFIX (/usr/local): the package lands in a
+    # directory Debian's python3 searches, no PYTHONPATH needed (staged
+    # under DESTDIR here, the machine's /usr/local left alone)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    r = subprocess.run(["make", "-s", "-C", ROOT, "install-python", "DESTDIR=%s" % tmp_path],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    inits = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs if f == "__init__.py"]
+    assert len(inits) == 1, inits
+    pydir = os.path.dirname(os.path.dirname(inits[0]))[len(str(tmp_path)):]
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run(["/usr/bin/python3", "-c", "import sys; print('\\n'.join(sys.path))"],
+                       capture_output=True, text=True, env=clean)
+    assert pydir in r.stdout.split("\n"), (pydir, r.stdout)

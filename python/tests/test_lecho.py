@@ -74,11 +74,12 @@ def test_python_consumer_of_a_lua_producer_with_a_modulator_at_the_producer(name
         sub = ch.subscribe(modulator=EVEN)
         lua = procs.lua("produce", nameserver, "py.mod", n)
         ks = []
-        for ev in sub:
-            if ev.get("final"):
-                break
-            if "k" in ev:
-                ks.append(ev["k"])
+        with sub:                   # the final event, left by break, was handled
+            for ev in sub:
+                if ev.get("final"):
+                    break
+                if "k" in ev:
+                    ks.append(ev["k"])
         assert ks == list(range(2, n + 1, 2))
         assert readline(lua, r"^sync\s+(\S+)").group(1) == "true"
         # Filtered where it was produced: only the even half crossed the wire.
@@ -153,11 +154,12 @@ def test_asyncio_attach_and_async_for(nameserver, procs):
                 ticks += 1
                 await asyncio.sleep(0.001)
         t = asyncio.ensure_future(other())
-        async for ev in sub:
-            if ev.get("final"):
-                break
-            if "k" in ev:
-                ks.append(ev["k"])
+        async with sub:
+            async for ev in sub:
+                if ev.get("final"):
+                    break
+                if "k" in ev:
+                    ks.append(ev["k"])
         t.cancel()
         ctx.close()
         return ks, ticks, lua
@@ -267,11 +269,12 @@ def test_arrays_from_a_lua_producer_are_numpy_arrays_over_the_received_memory(na
         ch.consumer(lambda ev, meta: kept.append(ev) if "field" in ev else None)
         lua = procs.lua("arrays", nameserver, "py.arrays", n)
         fields = []
-        for ev in sub:
-            if ev.get("final"):
-                break
-            if "field" in ev:
-                fields.append(ev)
+        with sub:
+            for ev in sub:
+                if ev.get("final"):
+                    break
+                if "field" in ev:
+                    fields.append(ev)
         assert readline(lua, r"^sync\s+(\S+)").group(1) == "true"
         want = np.arange(64 * 128, dtype="<f8").reshape(64, 128)
         for k, ev in enumerate(fields, 1):
@@ -324,13 +327,14 @@ def test_sync_submit_to_an_iterator_returns_once_the_loop_body_ran(nameserver, p
         sub = ctx.channel("py.syncit").subscribe()
         lua = procs.lua("syncs", nameserver, "py.syncit", 2)
         bodies = []
-        for ev in sub:
-            if ev.get("ping"):
-                continue
-            time.sleep(0.6)             # the handling the producer waits for
-            bodies.append(ev["k"])
-            if ev["k"] == 2:
-                break                   # left by break: that event was handled too
+        with sub:
+            for ev in sub:
+                if ev.get("ping"):
+                    continue
+                time.sleep(0.6)         # the handling the producer waits for
+                bodies.append(ev["k"])
+                if ev["k"] == 2:
+                    break               # left by break inside `with`: handled too
         while lua.poll() is None:       # the loop carries the acks out
             ctx.run_once(0.05)
         got = _syncs(lua)
@@ -371,7 +375,8 @@ def test_closing_a_subscription_fails_the_sync_events_it_did_not_hand_out(namese
         lua = procs.lua("syncs", nameserver, "py.syncclose", 1)
         for ev in sub:
             assert ev.get("ping")
-            break                       # the ping handled: the producer goes on to k = 1
+            sub.done()                  # the ping handled: the producer goes on to k = 1
+            break
         seen = ctx.stat("py.syncclose", "events_in")
         end = time.monotonic() + 10
         while ctx.stat("py.syncclose", "events_in") == seen and time.monotonic() < end:
@@ -400,6 +405,7 @@ def test_a_held_ack_does_not_hold_the_producers_connection(nameserver, procs):
             while 2 not in got_b and time.monotonic() < end:
                 ctx.run_once(0.05)
             b = readline(lua, r"^B\t(\S+)\t(\S+)")
+            sub.done()
             break
         assert 2 in got_b
         assert b.group(1) == "ok"       # answered while A's ack was held
@@ -421,9 +427,10 @@ def test_async_for_whose_body_raises_fails_the_sync_event(nameserver, procs):
                     continue
                 await asyncio.sleep(0.3)
                 raise RuntimeError("bad event")
-        async for ev in sub:        # k = 2: handled (left by break)
-            assert ev["k"] == 2
-            break
+        async with sub:             # k = 2: handled (left by break inside `async with`)
+            async for ev in sub:
+                assert ev["k"] == 2
+                break
         while lua.poll() is None:
             await asyncio.sleep(0.05)
         ctx.close()
@@ -433,3 +440,259 @@ def test_async_for_whose_body_raises_fails_the_sync_event(nameserver, procs):
     assert got[1][0] == "failed" and got[1][2] == "not handled: the subscription's iterator stopped", got
     assert got[1][1] >= 0.25, got
     assert got[2][0] == "ok", got
+
+
+def _iterate(sub, how, k_stop):
+    """A for loop over sub that stops at event k_stop by `how`: "break",
+    "raise" (its body raises), "with-break", "with-raise" (the same inside
+    `with sub:`), "done-break" (sub.done() then break)."""
+    def loop():
+        for ev in sub:
+            if ev.get("ping"):
+                continue
+            if ev["k"] == k_stop:
+                if how.endswith("raise"):
+                    raise RuntimeError("bad event")
+                if how.startswith("done"):
+                    sub.done()
+                break
+    try:
+        if how.startswith("with"):
+            with sub:
+                loop()
+        else:
+            loop()
+    except RuntimeError:
+        pass
+
+
+@pytest.mark.parametrize("how,want", [
+    ("break", "failed"),        # outside `with`, break and an exception look alike: never a wrong true
+    ("raise", "failed"),
+    ("with-break", "ok"),       # `with sub:` tells them apart by how its block is left
+    ("with-raise", "failed"),
+    ("done-break", "ok"),       # sub.done() said it was handled
+])
+def test_how_a_loop_stops_decides_the_sync_event_it_stopped_at(nameserver, procs, how, want):
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        sub = ctx.channel("py.stop").subscribe()
+        lua = procs.lua("syncs", nameserver, "py.stop", 1)
+        _iterate(sub, how, 1)
+        sub.close()
+        while lua.poll() is None:
+            ctx.run_once(0.05)
+        result, _, message = _syncs(lua)[1]
+        assert result == want, (how, result, message)
+        if want == "failed":
+            assert message == "not handled: the subscription's iterator stopped"
+
+
+def test_normal_iteration_acks_each_event_once_the_next_is_asked_for(nameserver, procs):
+    # a loop that goes on: k = 1 and 2 are acked when the body asks for the
+    # next one, k = 3's loop is left inside `with` by the subscription closing
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        sub = ctx.channel("py.normal").subscribe()
+        lua = procs.lua("syncs", nameserver, "py.normal", 3)
+        seen = []
+        with sub:
+            for ev in sub:
+                if ev.get("ping"):
+                    continue
+                seen.append(ev["k"])
+                if ev["k"] == 3:
+                    sub.close()         # the for loop ends normally (StopIteration)
+        assert seen == [1, 2, 3]
+        while lua.poll() is None:
+            ctx.run_once(0.05)
+        got = _syncs(lua)
+        assert [got[k][0] for k in (1, 2, 3)] == ["ok", "ok", "ok"], got
+
+
+def test_async_for_left_by_break_outside_async_with_fails_the_event(nameserver, procs):
+    async def main():
+        ctx = lecho.Context(nameserver=nameserver, quiet=True).attach(interval=0.005)
+        sub = ctx.channel("py.aiobreak").subscribe()
+        lua = procs.lua("syncs", nameserver, "py.aiobreak", 1)
+        async for ev in sub:
+            if ev.get("ping"):
+                continue
+            break
+        sub.close()
+        while lua.poll() is None:
+            await asyncio.sleep(0.05)
+        ctx.close()
+        return lua
+
+    got = _syncs(asyncio.run(asyncio.wait_for(main(), 30)))
+    assert got[1][0] == "failed" and got[1][2] == "not handled: the subscription's iterator stopped", got
+
+
+def _rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+
+
+def test_large_arrays_held_past_later_events_keep_their_values(nameserver, procs):
+    # 1 MiB arrays come without a copy (the read buffer handed over): one
+    # held while 40 more arrive, and their buffers recycled, keeps its
+    # elements; letting it go frees it (the context closes: no BufferError)
+    import numpy as np
+    m = 2 ** 20 // 8
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        sub = ctx.channel("py.big").subscribe()
+        lua = procs.lua("big", nameserver, "py.big", 41, 2 ** 20)
+        held = {}
+        with sub:
+            for ev in sub:
+                if ev.get("final"):
+                    break
+                if "field" in ev and ev["k"] in (1, 2, 20):
+                    held[ev["k"]] = ev["field"]
+                ev = None
+        assert readline(lua, r"^sync\s+(\S+)").group(1) == "true"
+        # each 1 MiB array took its read buffer over: none was copied
+        assert ctx.stats()["arrays_adopted"] == 41
+        for k, a in held.items():
+            assert a.shape == (m,) and not a.flags["OWNDATA"]
+            assert np.array_equal(a, np.arange(m, dtype="<f8") + k * 1e7), k
+        held = a = None
+    # closed without BufferError: every array's memory was let go
+
+
+def test_a_thousand_large_array_events_keep_memory_bounded(nameserver, procs):
+    n, size = 1000, 2 ** 20
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        sub = ctx.channel("py.rss").subscribe()
+        lua = procs.lua("big", nameserver, "py.rss", n, size, "sparse")
+        got, rss = 0, []
+        with sub:
+            for ev in sub:
+                if ev.get("final"):
+                    break
+                if "field" in ev:
+                    assert ev["field"][3] == ev["k"] * 1e7 + 3
+                    got += 1
+                    if got in (100, 1000):
+                        rss.append(_rss_mib())
+                ev = None
+        assert readline(lua, r"^sync\s+(\S+)", timeout=120).group(1) == "true"
+        assert got == n
+        # 900 MiB went through between the two readings: what was let go was freed
+        assert rss[1] - rss[0] < 64, rss
+
+
+def test_submit_sync_and_call_as_awaitables_leave_the_asyncio_loop_free(nameserver, procs):
+    # Inside a running loop (as in a Jupyter cell): the awaitables wait
+    # without blocking it.  Shown with a same-process subscription, whose
+    # loop body runs in another task: a blocking submit_sync could not
+    # return before its own timeout there (doc/python.md).
+    async def main():
+        ctx = lecho.Context(nameserver=nameserver, quiet=True).attach(interval=0.005)
+        ch = ctx.channel("py.await")
+        sub = ch.subscribe()
+        p = ch.producer()
+        seen = []
+
+        async def consumer():
+            async with sub:
+                async for ev in sub:
+                    await asyncio.sleep(0.3)     # the handling the producer waits for
+                    seen.append(ev["k"])
+                    if ev["k"] == 2:
+                        break
+        t = asyncio.ensure_future(consumer())
+        t0 = time.monotonic()
+        r1 = await p.submit_sync_async({"k": 1}, timeout=5)
+        t1 = time.monotonic() - t0
+        r2 = await p.submit_sync_async({"k": 2}, timeout=5)
+        t2 = time.monotonic() - t0
+        await t
+        lua = procs.lua("serve", nameserver, "py.await.double")
+        readline(lua, "^ready")
+        doubled = await ctx.call_async("py.await.double", {"x": 21}, timeout=5)
+        with pytest.raises(lecho.CallError) as ce:
+            await ctx.call_async("py.await.double", {"x": "no"}, timeout=5)
+        with pytest.raises(lecho.SyncError) as se:
+            await ctx.channel("py.await.nobody").producer().submit_sync_async({"k": 1}, timeout=1)
+        ctx.close()
+        return r1, r2, t1, t2, seen, doubled, ce.value, se.value
+
+    r1, r2, t1, t2, seen, doubled, ce, se = asyncio.run(asyncio.wait_for(main(), 30))
+    assert (r1, r2, seen) == (True, True, [1, 2])
+    assert t1 >= 0.25 and t2 >= 0.55, (t1, t2)   # each returned once the loop body ran
+    assert doubled == (42, "lua")
+    assert ce.code == "failed" and ce.value == {"code": 400}, (ce.code, ce.value)
+    assert se.code == "noconsumer"
+
+
+def test_awaitables_without_attach_turn_the_loop_themselves(nameserver, procs):
+    lua = procs.lua("serve", nameserver, "py.await.plain")
+
+    async def main():
+        ctx = lecho.Context(nameserver=nameserver, quiet=True)     # not attached
+        readline(lua, "^ready")
+        got = await ctx.call_async("py.await.plain", {"x": 4}, timeout=5)
+        ctx.close()
+        return got
+
+    assert asyncio.run(asyncio.wait_for(main(), 30)) == (8, "lua")   # two results: a tuple, as call()
+
+
+def test_a_nil_event_at_the_end_of_a_batch_is_not_lost():
+    # a nil event is a hole in the batch's list: its length missed the
+    # last ones, and the subscription never saw them (nor settled them)
+    with lecho.Context(quiet=True) as ctx:
+        ch = ctx.channel("py.nil")
+        sub = ch.subscribe()
+        p = ch.producer()
+        p.submit(1)
+        p.submit(None)
+        for _ in range(5):
+            ctx.run_once(0.01)
+        assert [sub.get(timeout=2), sub.get(timeout=2)] == [1, None]
+        sub.close()
+
+
+def test_large_arrays_over_a_keyed_connection_come_without_a_copy(procs, tmp_path):
+    # the read buffer handed over holds the decrypted frame (keyed mode)
+    import numpy as np
+    keys = tmp_path / "keys"
+    lecho.keygen("ca", dir=keys, authority=True)
+    lecho.keygen("nameserver", "py", "pyprod", dir=keys, sign_with=keys / "ca.key")
+    p = procs.start(["luajit", os.path.join(ROOT, "scripts", "lecho-nameserver"),
+                     "--listen", "127.0.0.1:0", "--key", str(keys / "nameserver.key"),
+                     "--trust", str(keys / "ca.pub")])
+    ns = readline(p, r"^lecho-nameserver: listening on (\S+) \(keyed").group(1)
+    code = textwrap.dedent("""
+        import sys, numpy as np, lecho
+        ctx = lecho.Context(nameserver=sys.argv[1], key=sys.argv[2], trust=[sys.argv[3]], quiet=True)
+        p = ctx.channel("py.keyedbig").producer()
+        for _ in range(200):
+            try:
+                p.submit_sync({"ping": True}, timeout=2); break
+            except lecho.SyncError:
+                ctx.run_once(0.05)
+        for k in range(1, 6):
+            p.submit({"k": k, "field": np.arange(2 ** 17, dtype="<f8") + k})
+        print("sync", p.submit_sync({"final": True}, timeout=30), flush=True)
+        ctx.close()
+    """)
+    with lecho.Context(nameserver=ns, key=str(keys / "py.key"), trust=[str(keys / "ca.pub")],
+                       quiet=True) as ctx:
+        sub = ctx.channel("py.keyedbig").subscribe()
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+        prod = procs.start([sys.executable, "-c", code, ns, str(keys / "pyprod.key"), str(keys / "ca.pub")],
+                           env=env)
+        fields = {}
+        with sub:
+            for ev in sub:
+                if ev.get("final"):
+                    break
+                if "field" in ev:
+                    fields[ev["k"]] = ev["field"]
+        assert readline(prod, r"^sync\s+(\S+)", timeout=60).group(1) == "True"
+        assert sorted(fields) == [1, 2, 3, 4, 5]
+        for k, a in fields.items():
+            assert np.array_equal(a, np.arange(2 ** 17, dtype="<f8") + k), k
+        assert ctx.stats()["arrays_adopted"] == 5
+        fields = a = None

@@ -175,12 +175,49 @@ function Client:json(timeout, skip_events)
     local op, p, reason = self:recv(math.max(0.01, deadline - socket.gettime()))
     if not op then return nil, p end
     if op == 8 then return nil, "closed", p, reason end
-    local t = cjson.decode(p)
+    local t = op == 2 and M.binary_event(p) or cjson.decode(p)
     if not (skip_events and t.ev ~= nil) then return t end
   end
 end
 
 function Client:close() self.s:close() end
+
+--- A binary event message as doc/gateway.md "Arrays" lays it out: a u32
+-- little-endian header length L, the JSON header { ch, ev, arrays }, zero
+-- bytes to a multiple of 8, the elements; the event with each array put
+-- back at its path as { dtype, shape, data (the elements, numbers), raw
+-- (their bytes), offset }; binary = true.  Written from the page, not
+-- from the gateway's code.
+local ffi = require "ffi"
+local CT = { ["<u1"] = "uint8_t", ["<i1"] = "int8_t", ["<u2"] = "uint16_t", ["<i2"] = "int16_t",
+             ["<u4"] = "uint32_t", ["<i4"] = "int32_t", ["<u8"] = "uint64_t", ["<i8"] = "int64_t",
+             ["<f4"] = "float", ["<f8"] = "double" }
+function M.binary_event(p)
+  assert(#p >= 4, "binary message shorter than its length field")
+  local L = p:byte(1) + p:byte(2) * 256 + p:byte(3) * 65536 + p:byte(4) * 16777216
+  local head = cjson.decode(p:sub(5, 4 + L))
+  local base = 4 + L + (-(4 + L)) % 8
+  assert(p:sub(5 + L, base) == ("\0"):rep(base - 4 - L), "padding not zero")
+  local ev = head.ev
+  for _, a in ipairs(head.arrays) do
+    assert(a.offset % 8 == 0, "array offset not a multiple of 8")
+    local raw = p:sub(base + a.offset + 1, base + a.offset + a.bytes)
+    assert(#raw == a.bytes, "array past the message's end")
+    local ct = assert(CT[a.dtype], a.dtype)
+    local n = a.bytes / ffi.sizeof(ct)
+    local ptr = ffi.cast("const " .. ct .. " *", raw)
+    local data = {}
+    for i = 0, n - 1 do data[i + 1] = tonumber(ptr[i]) end
+    local val = { dtype = a.dtype, shape = a.shape, data = data, raw = raw, offset = a.offset }
+    if #a.path == 0 then ev = val else
+      ev = type(ev) == "table" and ev or {}
+      local t = ev
+      for i = 1, #a.path - 1 do t[a.path[i]] = t[a.path[i]] or {}; t = t[a.path[i]] end
+      t[a.path[#a.path]] = val
+    end
+  end
+  return { ch = head.ch, ev = ev, binary = true, header_length = L }
+end
 
 --- A JSON-lines client (the same messages, one per line).
 local Lines = {}

@@ -113,6 +113,17 @@ end
 local stepper
 local function restart_stepper() end
 
+-- The current settings on atmosphere.settings, kept as its last value
+-- (history): a viewer that attaches with { history = "last" } reads them at
+-- once, then every change.
+local settings_p, sperr = ctx:channel("atmosphere.settings"):producer{ history = "last" }
+if not settings_p then die("cannot produce on atmosphere.settings: " .. tostring(sperr), 1) end
+local function publish_settings()
+  local ok, err = settings_p:submit(sim:settings())
+  if not ok then log("settings not published: %s", tostring(err)) end
+end
+publish_settings()
+
 -- Steering: all of an event or nothing.  A bad one raises, and lecho's error
 -- forwarding takes the reason back to the steering process.
 local steer_ch = ctx:channel("atmosphere.steer")
@@ -129,12 +140,15 @@ local steer, serr = steer_ch:consumer(function(ev, meta)
     table.sort(changes)
     if not opts.quiet then log("step %d: steered: %s", sim.step_no, table.concat(changes, ", ")) end
     if applied.rate then restart_stepper() end
+    publish_settings()
   end
 end)
 if not steer then die("cannot consume atmosphere.steer: " .. tostring(serr), 1) end
 
 local field_ch = ctx:channel("atmosphere.field")
-local p, perr = field_ch:producer{ grant = { "clock", "log" } }
+-- history: a viewer that attaches late gets the current field at once,
+-- through its own modulator, then the steps that follow
+local p, perr = field_ch:producer{ grant = { "clock", "log" }, history = "last" }
 if not p then die("cannot produce on atmosphere.field: " .. tostring(perr), 1) end
 
 -- Consuming processes of a channel, asking its manager.

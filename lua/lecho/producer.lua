@@ -7,6 +7,7 @@ local options = require "lecho.options"
 local errors = require "lecho.errors"
 local Channel = require "lecho.channel"
 local stats = require "lecho.stats"
+local history = require "lecho.history"
 
 local sorted_keys = registry.sorted_keys
 local code_of = errors.code_of
@@ -53,6 +54,8 @@ function Channel:producer(opts)
   local p = setmetatable({ ctx.c, self.chid, ctx.nextpid, 0, opts.policy or false,
                            self.modlist[1] and self.modlist or false, self:_plain(),
                            ctx.fastenc or false, ch = self, id = ctx.nextpid }, Producer)
+  if opts.history then p.hist = history.ring(history.count(opts.history),
+                                                   opts.history_bytes or history.DEFAULT_BYTES) end
   self.producers[p] = true
   return p
 end
@@ -65,6 +68,7 @@ local function try_submit(self, ev, sync, bytes)
                                          self[POLICY] or nil, self[MODS], self[PLAIN], bytes ~= nil)
   if r then
     self[SEQ] = seq
+    if self.hist then history.add(self, seq, bytes, ev) end  -- issue 29: kept for late joiners
     return false, r
   end
   return code == "wouldblock", r, err, code or code_of(err)

@@ -177,6 +177,7 @@ static void ctx_close(lb_ctx *b, lua_State *L) {
     }
     lei_ctx_free(b->c);
     b->c = NULL;
+    lb_raw_free(b);
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_event);
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_ctrl);
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_peer);
@@ -448,6 +449,7 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
         luaL_register(L, NULL, ctx_methods);
         luaL_register(L, NULL, lb_chan_methods);
         luaL_register(L, NULL, lb_loop_methods);
+        luaL_register(L, NULL, lb_raw_methods);
         luaL_register(L, NULL, lb_moe_ctx_methods);
         luaL_register(L, NULL, lb_auth_methods);
         lua_setfield(L, -2, "__index");

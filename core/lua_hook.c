@@ -117,6 +117,9 @@ static int hook_call(lua_State *L) {
         vlen = a->n - (size_t)(view - a->p);
     } else if (!a->is_event) {
         if (lei_decode_lua(L, a->p, a->n, &a->b->lim, a->err, sizeof a->err)) return 0;
+    } else if (lb_raw_is(a->b, a->chid)) {
+        /* a recorder's channel: the bytes as they came (lua_raw.c) */
+        if (lb_raw_push(L, a->b, a->p, a->n, a->err, sizeof a->err)) return 0;
     } else {
         /* arrays of LB_ARRAY_VIEW_MIN bytes or more point into the payload,
          * valid while the dispatch runs (context.lua keeps or ends them) */

@@ -22,7 +22,7 @@ Producer.__index = Producer
 -- the channel's modulator list when it has any, else false (the core then
 -- reads no per-channel table); POLICY and ENC are false for none.
 local CORE, CHID, PID, SEQ, POLICY, MODS, PLAIN, ENC = 1, 2, 3, 4, 5, 6, 7, 8
-Producer.SEQ, Producer.MODS, Producer.PLAIN = SEQ, MODS, PLAIN
+Producer.SEQ, Producer.MODS, Producer.PLAIN, Producer.PID = SEQ, MODS, PLAIN, PID
 
 -- An error list (from submit_sync) prints as one line per failing consumer.
 local ErrList = {
@@ -195,6 +195,18 @@ function Producer:submit_sync(ev, opts)
   end
   stats.observe(ctx, ch.name, c:now() - t0, true)  -- the sync latency histogram
   return true
+end
+
+-- An event already encoded (lecho.replay: the bytes a recording holds),
+-- submitted as submit does (room, order, modulators).
+function Producer:_submit_encoded(s)
+  if self.closed then return nil, "producer is closed", "closed" end
+  local q = self.waitq
+  if not q or not q[1] then
+    local again, r, err, code = try_submit(self, nil, false, s)
+    if not again then return r, err, code end
+  end
+  return submit_wait(self, nil, false, s)
 end
 
 --- Writes whatever this context has queued, now.

@@ -1082,10 +1082,15 @@ function cmds.replay(opts, pos)
     -- seek or a step may wait for room)
     local term = require "lecho.repl.term"
     local eof = false
-    ctx:on_readable(0, function(wt)
-      local r = term.read_fd(0)
-      if r == nil then eof = true; wt:stop() else buf = buf .. r end
-    end)
+    if io.stdin:seek("cur") then
+      -- a file (epoll does not watch those): its commands are all there
+      buf, eof = io.stdin:read("*a") or "", true
+    else
+      ctx:on_readable(0, function(wt)
+        local r = term.read_fd(0)
+        if r == nil then eof = true; wt:stop() else buf = buf .. r end
+      end)
+    end
     replay_status(opts, rp:status())
     while code == nil and not ctx.closed do
       local line, rest = buf:match("^([^\n]*)\n(.*)$")
@@ -1104,6 +1109,10 @@ function cmds.replay(opts, pos)
   end
   while code == nil and not ctx.closed do ctx:run() end
   local st = rp:status()
+  if not rp:drain(60) then
+    io.stderr:write("lecho replay: events still queued after 60 s (a consumer too slow)\n")
+    code = EXIT.failed
+  end
   rp:close()
   if not opts.step then replay_status(opts, st) end
   finish(ctx, code or EXIT.ok)

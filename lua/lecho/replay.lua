@@ -195,6 +195,20 @@ function Replay:status()
            speed = self.speed, err = self.err }
 end
 
+--- Serves the loop until what was sent left this process (the queues are
+-- empty), at most timeout seconds (default 60): true, or false.
+function Replay:drain(timeout)
+  local ctx = self.ctx
+  local deadline = ctx:now() + (timeout or 60)
+  while ctx:now() < deadline do
+    ctx.c:flush()
+    local _, ev = ctx.c:pending()
+    if ev == 0 then return true end
+    ctx:run_once(0.02)
+  end
+  return false
+end
+
 function Replay:close()
   if self.closed then return end
   self.closed = true

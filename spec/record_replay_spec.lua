@@ -2,7 +2,8 @@
 -- the recorder mid-write (its torn tail found and cut, everything before it
 -- replayed), keeps the values' bytes as they came (arrays too), rotates
 -- past --max-bytes, and replays at the recorded pace times --speed, with
--- seek and step, on renamed channels, flagged meta.replay.
+-- seek and step, on renamed channels, flagged meta.replay: what
+-- doc/recording.md says.
 --
 -- Real processes on 127.0.0.1 (scripts/lecho and a producer in Lua), ports
 -- chosen by the OS; everything is killed in after_each by S.cleanup().

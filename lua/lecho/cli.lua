@@ -66,13 +66,16 @@ manager and the processes that produce and consume it.
 ]] .. COMMON
 
 USAGE.sub = [[
-usage: lecho sub CHANNEL [--modulator FILE] [--params LUA] [--json] [--count N] [--for SECONDS]
+usage: lecho sub CHANNEL [--modulator FILE] [--params LUA] [--history N|last] [--json] [--count N] [--for SECONDS]
 
 Prints each event of CHANNEL as it comes, one line each, until Ctrl-C (exit 130).
 Says on stderr at once when CHANNEL has no producer yet (a misspelt name?), and waits.
   --modulator FILE   run this modulator at the producers (doc/modulators.md)
   --params LUA       its parameters, a Lua table literal ('{ stride = 4 }')
+  --history N|last   first the last N events each producer keeps (doc/api.md
+                     "History"), then the live ones
   --json             one JSON object per event: {"channel", "producer", "seq", "value"}
+                     (and "history": true, "replay": true when meta says so)
   --count N          exit 0 after N events
   --for SECONDS      exit after this long: 0 if --count was reached or not given, else 3
 ]] .. COMMON
@@ -185,6 +188,7 @@ local COMMON_OPTS = {
 local OPTS = {
   ls = { { "--json", "json", "flag" } },
   sub = { { "--modulator", "modulator", "string" }, { "--params", "params", "string" },
+          { "--history", "history", "string" },
           { "--json", "json", "flag" }, { "--count", "count", "count" }, { "--for", "duration", "seconds" } },
   pub = { { "--sync", "sync", "flag" }, { "--json", "json", "flag" }, { "--string", "string", "flag" },
           { "--wait", "wait", "seconds0" } },
@@ -408,9 +412,11 @@ function cmds.sub(opts, pos)
   local function handler(v, meta)
     seen = seen + 1
     if opts.json then
-      emit{ channel = meta.channel, producer = meta.producer, seq = meta.seq, value = v }
+      emit{ channel = meta.channel, producer = meta.producer, seq = meta.seq, value = v,
+            history = meta.history, replay = meta.replay }
     else
-      io.stdout:write(("%s %s #%d: %s\n"):format(meta.channel, meta.producer, meta.seq,
+      io.stdout:write(("%s %s #%d%s: %s\n"):format(meta.channel, meta.producer, meta.seq,
+        (meta.history and " history" or "") .. (meta.replay and " replay" or ""),
         require("lecho.repl.pretty").short(v, 1000)))
       io.stdout:flush()
     end
@@ -421,7 +427,14 @@ function cmds.sub(opts, pos)
     io.stderr:write("lecho sub: ", tostring(err), "\n")
     finish(ctx, code_exit(ecode))
   end
-  local ok, con, cerr, ccode = pcall(ch.consumer, ch, handler, src and { modulator = src, params = params } or nil)
+  local copts = src and { modulator = src, params = params } or nil
+  if opts.history then
+    local n = opts.history == "last" and "last" or tonumber(opts.history)
+    if not n then die("sub", ("--history needs a count or last, not '%s'"):format(opts.history)) end
+    copts = copts or {}
+    copts.history = n
+  end
+  local ok, con, cerr, ccode = pcall(ch.consumer, ch, handler, copts)
   if not ok or not con then
     io.stderr:write("lecho sub: ", server.message(ok and cerr or con), "\n")
     finish(ctx, ok and code_exit(ccode) or EXIT.failed)

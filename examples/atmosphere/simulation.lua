@@ -109,20 +109,11 @@ local function fmt_value(v)
   return type(v) == "number" and ("%g"):format(v) or tostring(v)
 end
 
+local publish_settings   -- (below, once its producer is made)
+
 -- The timer that steps; replaced when steering changes the rate.
 local stepper
 local function restart_stepper() end
-
--- The current settings on atmosphere.settings, kept as its last value
--- (history): a viewer that attaches with { history = "last" } reads them at
--- once, then every change.
-local settings_p, sperr = ctx:channel("atmosphere.settings"):producer{ history = "last" }
-if not settings_p then die("cannot produce on atmosphere.settings: " .. tostring(sperr), 1) end
-local function publish_settings()
-  local ok, err = settings_p:submit(sim:settings())
-  if not ok then log("settings not published: %s", tostring(err)) end
-end
-publish_settings()
 
 -- Steering: all of an event or nothing.  A bad one raises, and lecho's error
 -- forwarding takes the reason back to the steering process.
@@ -150,6 +141,17 @@ local field_ch = ctx:channel("atmosphere.field")
 -- through its own modulator, then the steps that follow
 local p, perr = field_ch:producer{ grant = { "clock", "log" }, history = "last" }
 if not p then die("cannot produce on atmosphere.field: " .. tostring(perr), 1) end
+
+-- The current settings on atmosphere.settings, kept as its last value
+-- (history): a viewer that attaches with { history = "last" } reads them at
+-- once, then every change.
+local settings_p, sperr = ctx:channel("atmosphere.settings"):producer{ history = "last" }
+if not settings_p then die("cannot produce on atmosphere.settings: " .. tostring(sperr), 1) end
+function publish_settings()
+  local ok, err = settings_p:submit(sim:settings())
+  if not ok then log("settings not published: %s", tostring(err)) end
+end
+publish_settings()
 
 -- Consuming processes of a channel, asking its manager.
 local function consumers_of(ch)

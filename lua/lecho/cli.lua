@@ -410,6 +410,8 @@ function cmds.sub(opts, pos)
   local ctx = context("sub", opts)
   local seen, code = 0, nil
   local function handler(v, meta)
+    -- past --count (a history and the events held behind it come in one go)
+    if opts.count and seen >= opts.count then return end
     seen = seen + 1
     if opts.json then
       emit{ channel = meta.channel, producer = meta.producer, seq = meta.seq, value = v,

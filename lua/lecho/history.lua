@@ -254,6 +254,7 @@ function M.serve(ctx, from, msg)
   end
   if msg.rid then
     ctx:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = true, entries = entries, seam = seam })
+    ctx.c:flush()  -- now, not at the end of the turn: a late joiner waits on it
   end
   return entries, seam
 end

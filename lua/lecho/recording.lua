@@ -48,8 +48,8 @@ function M.wall()
   return tonumber(tv.tv_sec) + tonumber(tv.tv_usec) / 1e6
 end
 
-function M.crc32(s)
-  return tonumber(zlib.crc32(0, ffi.cast("const unsigned char *", s), #s))
+function M.crc32(s, crc)
+  return tonumber(zlib.crc32(crc or 0, ffi.cast("const unsigned char *", s), #s))
 end
 
 local char, byte, floor = string.char, string.byte, math.floor
@@ -63,6 +63,8 @@ local function rd_u32(s, i)
 end
 
 local function varint(n)
+  if n < 128 then return char(n) end
+  if n < 16384 then return char(n % 128 + 128, floor(n / 128)) end
   local t = {}
   repeat
     local b = n % 128
@@ -261,15 +263,20 @@ function Writer:event(ch, producer, seq, wall, sync, data)
     pre = pre .. record("P" .. varint(p) .. producer)
   end
   local us = math.max(0, floor((wall - self.created) * 1e6 + 0.5))
-  body = body .. varint(c) .. varint(p) .. varint(seq) .. varint(us) .. char(sync and 1 or 0) .. data
-  local rec = record(body)
-  if self.max and self.size + #pre + #rec > self.max and self.events_in_segment then
+  -- the value's bytes are written as they are: the checksum runs over the
+  -- head, then on over them (no copy of the value)
+  local head = body .. varint(c) .. varint(p) .. varint(seq) .. varint(us) .. char(sync and 1 or 0)
+  local len = #head + #data
+  if self.max and self.size + #pre + 8 + len > self.max and self.events_in_segment then
     local ok, err = self:_rotate()
     if not ok then return nil, err end
     return self:event(ch, producer, seq, wall, sync, data)
   end
   if pre ~= "" then self:_put(pre) end
-  self:_put(rec)
+  local f = self.f
+  f:write(u32(len), u32(M.crc32(data, M.crc32(head))), head, data)
+  self.size = self.size + 8 + len
+  self.bytes = self.bytes + 8 + len
   self.events = self.events + 1
   self.events_in_segment = true
   return true

@@ -305,6 +305,8 @@ function M.consumer(con, n)
       if last then
         if pid ~= 0 and meta.seq <= last then return end  -- delivered from history already
         s.last[pid] = nil
+        st.lasts = st.lasts - 1
+        if st.lasts == 0 and st.fetched then M.unwrap(st) end
       end
       return real(ev, meta)
     end
@@ -320,9 +322,18 @@ function M.consumer(con, n)
     s.buf[#s.buf + 1] = { data = data, meta = copy_meta(meta), pid = pid, rec = ctx:_hold_ack(meta) }
   end
   st.wrapper = wrapper
+  st.lasts = 0
   con.handler = wrapper
   if con.entry then con.entry.handler = wrapper end
   return st
+end
+
+-- Caught up, and nothing left to drop: the consumer's own handler again
+-- (unless it was switched meanwhile).
+function M.unwrap(st)
+  local con = st.con
+  if con.handler == st.wrapper then con.handler = st.real end
+  if con.entry and con.entry.handler == st.wrapper then con.entry.handler = st.real end
 end
 
 -- Producer context paddr answered (entries, or nil when it gave none: why):
@@ -381,6 +392,7 @@ function M.flush(st, paddr, entries, why, seam)
   for pid, seq in pairs(cut) do
     if not last[pid] or last[pid] < seq then last[pid] = seq end
   end
+  for _ in pairs(last) do st.lasts = st.lasts + 1 end
   s.buf = {}
 end
 
@@ -438,7 +450,10 @@ function M.fetch(st, r)
     end
     M.flush(st, a, entries, err and ("no history from %s: %s"):format(a, err) or nil, seam)
   end
-  -- everything listed answered: the wrapper only drops duplicates now
+  -- everything listed answered: the wrapper only drops repeats now, and
+  -- goes once none can come
+  st.fetched = true
+  if st.lasts == 0 then M.unwrap(st) end
 end
 
 return M

@@ -126,6 +126,85 @@ describe("issue 29: late joiners get the last values, then the live stream", fun
     assert.is_true(diff[1].h)
   end)
 
+  it("a submit_sync during the catch-up returns true only once the joiner's handler ran it", function()
+    local lecho = require "lecho"
+    local _, ns = S.nameserver("--quiet")
+    -- the producer in another process submits sync events one after another
+    local PROD = [[
+      local lecho = require "lecho"
+      local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+      local p = assert(ctx:channel("hsync"):producer{ history = 2 })
+      assert(p:submit({ i = 0 }))
+      io.stdout:write("ready\n") io.stdout:flush()
+      local i, ok_after = 0, 0
+      local deadline = ctx:now() + 20
+      local function exists(f) local h = io.open(f) if h then h:close() return true end end
+      while ctx:now() < deadline and not exists(arg[2]) do
+        i = i + 1
+        local ok = p:submit_sync({ i = i }, { timeout = 10 })
+        if not ok then ctx:run_once(0.01) end   -- (no consumer yet: fails at once)
+        -- the joiner writes the last i its handler ran into arg[3]
+        if ok and exists(arg[3]) then
+          local f = io.open(arg[3]) local last = tonumber(f:read("*a")) f:close()
+          if last and last < i then io.stdout:write("early ", i, " ", last, "\n") io.stdout:flush() end
+          ok_after = ok_after + 1
+        end
+      end
+      io.stdout:write("done ", ok_after, "\n") io.stdout:flush()
+      ctx:close()
+    ]]
+    local stop, seen = S.tmpname("stop"), S.tmpname("seen")
+    local prod = S.lua(PROD, ns, stop, seen)
+    assert(S.wait_file(prod.out, "ready", 20), S.errors(prod))
+    S.write(seen, "0")        -- from the start: an ack before any handler ran shows
+    local ctx = lecho.context{ nameserver = ns, quiet = true }
+    local ch = ctx:channel("hsync")
+    -- a slow joiner: each handler call writes where it got to, then the
+    -- producer's next sync submit must see it there
+    assert(ch:consumer(function(ev)
+      if ev.i > 0 then
+        local f = io.open(seen .. ".tmp", "w") f:write(tostring(ev.i)) f:close()
+        os.rename(seen .. ".tmp", seen)
+      end
+    end, { history = 2 }))
+    S.run_until(ctx, function() return false end, 1.5)
+    S.write(stop, "x")
+    assert(S.wait(prod, 30, ctx), S.errors(prod))
+    local out = S.output(prod)
+    assert.is_nil(out:match("early"), "a submit_sync returned true before the joiner's handler ran: " .. out)
+    assert(tonumber(out:match("done (%d+)")) > 0, out)
+    assert(ctx:close())
+  end)
+
+  it("is refused to a context the producer does not send the stream to, and logged", function()
+    local lecho = require "lecho"
+    local logs = {}
+    local ctx = lecho.context{ log = function(level, msg) logs[#logs + 1] = msg end }
+    local ch = ctx:channel("hrefuse")
+    local p = assert(ch:producer{ history = 1 })
+    assert(p:submit({ secret = 1 }))
+    local history = require "lecho.history"
+    -- what a stranger's request finds: nothing, a reason, a log line
+    local sent = {}
+    local real = ctx._send_ctrl
+    ctx._send_ctrl = function(self, to, msg) sent[#sent + 1] = { to = to, msg = msg } end
+    history.serve(ctx, "127.0.0.1:1", { op = "history", ch = ch.name, n = 1, rid = "x" })
+    history.serve(ctx, "127.0.0.1:1", { op = "history", ch = ch.name, n = 0, rid = "y" })
+    history.serve(ctx, "127.0.0.1:1", { op = "history", ch = "nope", n = 1, rid = "z" })
+    ctx._send_ctrl = real
+    assert.are.equal(3, #sent)
+    assert.are.same({ op = "reply", rid = "x", ok = false, err = "history: not a consumer of this stream here" },
+                    sent[1].msg)
+    assert.are.equal("history: n must be a positive integer", sent[2].msg.err)
+    assert.are.equal("history: not a producer of that channel here", sent[3].msg.err)
+    local found = false
+    for _, l in ipairs(logs) do
+      found = found or l:find("refusing a history request from 127.0.0.1:1", 1, true) ~= nil
+    end
+    assert.is_true(found)
+    assert(ctx:close())
+  end)
+
   it("is refused as an option where it cannot work", function()
     local lecho = require "lecho"
     local ctx = lecho.context{ quiet = true }

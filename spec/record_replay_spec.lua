@@ -82,6 +82,38 @@ end
 describe("issue 29: record and replay", function()
   after_each(function() S.cleanup() end)
 
+  it("a damaged file never raises: the reader stops at the first bad record and says where", function()
+    local recording = require "lecho.recording"
+    local lecho = require "lecho"
+    local file = S.tmpname("fuzz") .. ".lecho"
+    local w = assert(recording.writer(file, {}))
+    for i = 1, 50 do assert(w:event("c" .. (i % 3), "127.0.0.1:1#" .. (i % 2), i, 1e9 + i, i % 5 == 0,
+                                    assert(lecho.encode({ i = i, s = ("y"):rep(i) })))) end
+    w:close()
+    local good = assert(S.read(file))
+    local whole = assert(recording.scan(file))
+    assert.are.equal(50, #whole.events)
+    assert.is_nil(whole.torn)
+    math.randomseed(29)
+    for round = 1, 300 do
+      local b = { good:byte(1, -1) }
+      for _ = 1, math.random(1, 8) do
+        local k = math.random(#recording.MAGIC + 1, #b)
+        b[k] = math.random(0, 255)
+      end
+      local cut = math.random(#recording.MAGIC, #b)
+      local bad = string.char(unpack(b, 1, math.min(#b, 7000))):sub(1, round % 2 == 0 and cut or -1)
+      local f = S.write(S.tmpname("bad"), bad)
+      local ok, r = pcall(recording.scan, f)
+      assert(ok, "scan raised on round " .. round .. ": " .. tostring(r))
+      assert.is_table(r)
+      -- what it kept is a prefix of what was written, in order
+      for k, e in ipairs(r.events) do assert(k <= 50 and e.seq == whole.events[k].seq) end
+      -- fewer events: a torn tail said, or the file cut exactly between two records
+      if #r.events < 50 then assert(r.torn or r.good == #bad, "events lost without a torn tail said") end
+    end
+  end)
+
   it("a recorder killed mid-write: the torn tail is found, cut, and the rest replays whole", function()
     local _, ns = S.nameserver("--quiet")
     local file = S.tmpname("rec") .. ".lecho"

@@ -26,7 +26,7 @@ ALLCFLAGS  := $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -I$(LUA_INCDIR) -Icore
 CORE_SRC   := core/codec.c core/array.c core/errors.c core/frame.c core/addr.c core/ctx.c core/conn.c core/rbuf.c core/accept.c core/inmap.c core/peer.c core/peers.c core/chan.c \
               core/local.c core/sync.c core/live.c core/auth.c core/secure.c core/handshake.c
 LUA_SRC    := core/codec_lua.c core/array_lua.c core/array_zip.c core/moe.c core/moe_env.c core/moe_group.c core/moe_svc.c core/lua_ctx.c core/lua_hook.c core/lua_chan.c \
-              core/lua_moe.c core/lua_loop.c core/lua_auth.c core/lua_raw.c core/lpat.c
+              core/lua_moe.c core/lua_loop.c core/lua_auth.c core/lua_raw.c core/lua_rsink.c core/lpat.c
 HDRS       := $(wildcard core/*.h)
 SO         := lua/lecho/core.so
 WS_SO      := lua/lecho/ws.so

@@ -175,6 +175,7 @@ static void ctx_close(lb_ctx *b, lua_State *L) {
         }
         t->b = NULL;
     }
+    lb_rsink_free(b);             /* written out before the context goes */
     lei_ctx_free(b->c);
     b->c = NULL;
     lb_raw_free(b);
@@ -450,6 +451,7 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
         luaL_register(L, NULL, lb_chan_methods);
         luaL_register(L, NULL, lb_loop_methods);
         luaL_register(L, NULL, lb_raw_methods);
+        luaL_register(L, NULL, lb_rsink_methods);
         luaL_register(L, NULL, lb_moe_ctx_methods);
         luaL_register(L, NULL, lb_auth_methods);
         lua_setfield(L, -2, "__index");

@@ -210,6 +210,20 @@ static int run_hook(lb_ctx *b, hook_args *a) {
 int lb_hook_event(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
                   uint64_t sync, const uint8_t *p, size_t n) {
     lb_ctx *b = ud;
+    if (b->rsink) {
+        /* a recorder writing from C: its channels never enter Lua */
+        char err[256];
+        int r = lb_rsink_event(b, from, chid, producer, seq, sync, p, n, err, sizeof err);
+        if (r < 0) {
+            lei_logf(b->c, "bad event value from %s: %s", from ? lei_peer_addr(from) : "local", err);
+            lei_ctx_refusal(b->c, err);
+            return -1;
+        }
+        if (r > 0) {
+            if (sync && b->c) lei_ack(b->c, from, sync, 1, NULL, 0);
+            return 0;
+        }
+    }
     /* field by field: an initializer would zero err[] (256 bytes) per event */
     hook_args a;
     a.b = b;

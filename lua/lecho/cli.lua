@@ -970,6 +970,8 @@ function cmds.record(opts, pos)
   end
   local code
   local r, err, ecode = recording.record(ctx, pos, w, {
+    -- without --count the events are written from C, never entering Lua
+    direct = not opts.count,
     on_error = function(e)
       io.stderr:write("lecho record: ", tostring(e), "\n")
       code = EXIT.failed

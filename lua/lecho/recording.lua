@@ -223,7 +223,8 @@ function Writer:_open()
   local core = require "lecho.core"
   local h = assert(core.encode({ format = M.FORMAT, created = self.created, recorder = self.recorder,
                                  fields = M.FIELDS }))
-  self:_put(record("H" .. h))
+  self.header = record("H" .. h)
+  self:_put(self.header)
   return true
 end
 
@@ -302,6 +303,7 @@ end
 -- nil, err.
 function M.record(ctx, names, w, opts)
   opts = opts or {}
+  if opts.direct then return M.record_direct(ctx, names, w, opts) end
   local r = { w = w, cons = {}, events = 0 }
   local gettime = M.wall
   for _, name in ipairs(names) do
@@ -329,6 +331,52 @@ function M.record(ctx, names, w, opts)
     if r.timer then r.timer:stop() r.timer = nil end
     for _, c in ipairs(r.cons) do c:close() end
     w:flush()
+  end
+  return r
+end
+
+--- The same, written from C (core/lua_rsink.c): the events never enter
+-- Lua, so the recorder keeps up with a producer at full rate.  No
+-- per-event callback (opts.on_event is not called); w's counts are set by
+-- stop().
+function M.record_direct(ctx, names, w, opts)
+  w:flush()
+  w.f:close()
+  w.f = nil
+  local ok, err = ctx.c:rsink_open(w.path, M.MAGIC .. w.header, w.created, w.max or 0, w.keep)
+  if not ok then return nil, err end
+  local r = { w = w, cons = {} }
+  local function stop_all()
+    for _, c in ipairs(r.cons) do c:close() end
+    ctx.c:rsink_close()
+  end
+  for _, name in ipairs(names) do
+    local ch, cerr, code = ctx:channel(name)
+    if not ch then stop_all() return nil, cerr, code end
+    ctx.c:rsink_channel(ch.chid, ch.short)
+    ctx.c:raw(ch.chid, true)
+    local con
+    con, cerr, code = ch:consumer(function() end)   -- (never runs: the sink takes the events)
+    if not con then stop_all() return nil, cerr, code end
+    r.cons[#r.cons + 1] = con
+  end
+  local reported
+  r.timer = ctx:every(0.05, function()
+    ctx.c:rsink_flush()
+    local _, _, _, serr = ctx.c:rsink_stats()
+    if serr and not reported then
+      reported = true
+      if opts.on_error then opts.on_error(serr) end
+    end
+  end)
+  function r.stop()
+    if r.timer then r.timer:stop() r.timer = nil end
+    for _, c in ipairs(r.cons) do c:close() end
+    local ev, by, rot = ctx.c:rsink_stats()
+    if ev then
+      w.events, w.bytes, w.rotations = ev, w.bytes + by, rot
+    end
+    ctx.c:rsink_close()
   end
   return r
 end

@@ -963,6 +963,36 @@ local function w_calls()
   end
 end
 
+-- Recording and history (issue 29): bench/recplay_bench.lua, its own
+-- processes: the producer's throughput with a recorder attached vs without,
+-- the recording's bytes per event vs the wire's, a late joiner's time to
+-- its first value vs a sync round trip.
+local function w_recplay()
+  log("recplay (a recorder attached, disk vs wire bytes, a late joiner's first value)")
+  local file = RESULTS .. "/recplay.json"
+  os.remove(file)
+  local f = io.popen(("%s %s/recplay_bench.lua --json %s %s 2>&1")
+    :format(LUAJIT, BENCH, sh_quote(file), QUICK and "--quick" or ""))
+  local out = f:read("*a")
+  f:close()
+  local s = common.read(file)
+  local v = s and cjson.decode(s)
+  if not v or not v.throughput then error("recplay_bench failed: " .. out) end
+  R.recplay = v
+  local t = v.throughput
+  ratio_row({ workload = ("async %d B events/s, a recorder attached (lecho record)"):format(t.size), metric = "ev/s",
+              lecho = t.median.recorded, base = "no recorder", base_v = t.median.plain,
+              target = { ">=", 0.9 }, target_issue = 29 }, t.ratio)
+  local d = v.disk
+  row{ workload = "recording: disk bytes per event", metric = "B/ev", lecho = d.per_event, base = "wire",
+       base_v = d.wire, lower = true, target = { "<=", 1.05 }, target_issue = 29, ratio = d.ratio, lo = d.lo,
+       hi = d.hi, reps = #d.all }
+  local l = v.late
+  ratio_row({ workload = "late joiner: join answered to first value (history)", metric = "us",
+              lecho = l.median.first_value, base = "sync round trip", base_v = l.median.rtt, lower = true,
+              target = { "<=", 2 }, target_issue = 29 }, l.ratio)
+end
+
 -- A legitimate flow beside an attacker (idle sockets, partial headers, junk
 -- BINDs, junk lookups): bench/attacked_bench.lua, its own processes.
 local function w_attacked()
@@ -1340,6 +1370,7 @@ local WORKLOADS = {
   { "bulk", w_bulk }, { "null_call", w_null }, { "calls", w_calls }, { "modulators", w_modulators },
   { "keyed", w_keyed }, { "peers", w_peers }, { "attacked", w_attacked }, { "patterns", w_patterns },
   { "moe_calls", w_moe_calls }, { "scale", w_scale }, { "arrays", w_arrays }, { "gateway", w_gateway },
+  { "recplay", w_recplay },
 }
 
 local CORES = tonumber(io.popen("nproc"):read("*l"))

@@ -287,7 +287,7 @@ describe("the code blocks of README.md and doc/*.md", function()
         for k = 1, #enc do got[k] = ("%02x"):format(enc:byte(k)) end
         assert.are.equal(table.concat(want, " "), table.concat(got, " "))
       elseif kind == "sh" then
-        local dir = S.tmpdir() .. "/sh-" .. i
+        local dir = S.tmpdir() .. "/shblock-" .. i   -- not "sh-N": S.sh's output files are named so
         assert(sh(("mkdir -p %s && cd %s && ln -s %s/scripts %s/examples %s/lua ."):format(dir, dir, S.root, S.root, S.root)))
         local beside
         if a.with then

@@ -345,10 +345,10 @@ end
     repl:run("help()")
     local text = select(2, repl:expect("quit%(%[code%]%)[^\n]*\n"))
     for _, c in ipairs{ "help", "ls", "sub", "unsub", "subs", "send", "mod", "params", "edit",
-                        "stats", "wait", "pp", "history", "quit" } do
+                        "stats", "wait", "pp", "history", "record", "replay", "quit" } do
       assert.matches("\n  " .. c .. "%(", text)
     end
-    assert.matches("sub%(ch, {fields=, every=, limit=, where=, format=}%)", text)
+    assert.matches("sub%(ch, {fields=, every=, limit=, where=, format=, history=}%)", text)
     repl:run("help(sub)")
     repl:expect("where = \"ev%.step %% 10 == 0\"")
     repl:run('help("stats")')
@@ -524,9 +524,9 @@ end
     -- An empty VISUAL does not hide EDITOR.
     local out = sh_out(("VISUAL= EDITOR=false timeout 60 %s %s/scripts/lecho-repl --nameserver %s --no-history < %s")
       :format(S.luajit, S.root, ns, input))
-    assert.matches("stdin:1: sub: unknown option 'wher' %(known: fields, every, limit, where, format%)\n", out)
+    assert.matches("stdin:1: sub: unknown option 'wher' %(known: fields, every, limit, where, format, history%)\n", out)
     assert.matches("stdin:1: sub: unknown option 'limt' ", out)
-    assert.matches("stdin:1: mod: unknown option 'fieldz' %(known: [^\n]*period, capabilities%)\n", out)
+    assert.matches("stdin:1: mod: unknown option 'fieldz' %(known: [^\n]*period, capabilities, history%)\n", out)
     assert.matches("stdin:1: send: unknown option 'timout' %(known: async, timeout%)\n", out)
     assert.matches("stdin:1: edit: false exited with status 1\n", out)
     -- NaN or negative seconds are refused, not waited for

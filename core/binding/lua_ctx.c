@@ -175,9 +175,11 @@ static void ctx_close(lb_ctx *b, lua_State *L) {
         }
         t->b = NULL;
     }
+    lb_rsink_free(b);             /* written out before the context goes */
     lei_ctx_free(b->c);
     b->c = NULL;
     lb_sinks_free(b, L);
+    lb_raw_free(b);
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_event);
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_ctrl);
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_peer);
@@ -483,6 +485,8 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
         luaL_register(L, NULL, ctx_methods);
         luaL_register(L, NULL, lb_chan_methods);
         luaL_register(L, NULL, lb_loop_methods);
+        luaL_register(L, NULL, lb_raw_methods);
+        luaL_register(L, NULL, lb_rsink_methods);
         luaL_register(L, NULL, lb_moe_ctx_methods);
         luaL_register(L, NULL, lb_auth_methods);
         luaL_register(L, NULL, lb_prod_ctx_methods);

@@ -117,6 +117,9 @@ static int hook_call(lua_State *L) {
         vlen = a->n - (size_t)(view - a->p);
     } else if (!a->is_event) {
         if (lei_decode_lua(L, a->p, a->n, &a->b->lim, a->err, sizeof a->err)) return 0;
+    } else if (lb_raw_is(a->b, a->chid)) {
+        /* a recorder's channel: the bytes as they came (lua_raw.c) */
+        if (lb_raw_push(L, a->b, a->p, a->n, a->err, sizeof a->err)) return 0;
     } else {
         /* arrays of LB_ARRAY_VIEW_MIN bytes or more point into the payload,
          * valid while the dispatch runs (context.lua keeps or ends them) */
@@ -207,6 +210,20 @@ static int run_hook(lb_ctx *b, hook_args *a) {
 int lb_hook_event(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
                   uint64_t sync, const uint8_t *p, size_t n) {
     lb_ctx *b = ud;
+    if (b->rsink) {
+        /* a recorder writing from C: its channels never enter Lua */
+        char err[256];
+        int r = lb_rsink_event(b, from, chid, producer, seq, sync, p, n, err, sizeof err);
+        if (r < 0) {
+            lei_logf(b->c, "bad event value from %s: %s", from ? lei_peer_addr(from) : "local", err);
+            lei_ctx_refusal(b->c, err);
+            return -1;
+        }
+        if (r > 0) {
+            if (sync && b->c) lei_ack(b->c, from, sync, 1, NULL, 0);
+            return 0;
+        }
+    }
     int sunk = lb_sink_event(b, from, chid, producer, seq, sync, p, n); /* a C consumer */
     if (sunk != LB_NO_SINK) return sunk;
     /* field by field: an initializer would zero err[] (256 bytes) per event */
@@ -252,7 +269,10 @@ static int batch_call(lua_State *L) {
     int k = 0;
     for (int i = 0; i < a->n; i++, k += 4) {
         const lei_event_in *e = &a->ev[i];
-        if (lei_decode_lua(L, e->p, e->n, &b->lim, a->err, sizeof a->err)) break;
+        /* a raw channel (lua_raw.c, a recorder's) gets the checked bytes */
+        if (lb_raw_is(b, e->chid) ? lb_raw_push(L, b, e->p, e->n, a->err, sizeof a->err)
+                                  : lei_decode_lua(L, e->p, e->n, &b->lim, a->err, sizeof a->err))
+            break;
         lua_rawseti(L, 2, k + 2);
         lua_pushnumber(L, e->chid);
         lua_rawseti(L, 2, k + 1);
@@ -316,8 +336,9 @@ static int batch_lua(lb_ctx *b, lei_peer *from, const lei_event_in *ev, int n, i
     return n;
 }
 
-/* The events hook: the leading events whose channel has a C consumer
- * (lua_sink.c) go to it one by one, without Lua; from the first one that
+/* The events hook: the leading events whose channel a recorder writes from
+ * C (lua_rsink.c) or has a C consumer (lua_sink.c) go there one by one,
+ * without Lua; from the first one that
  * has none, the rest of the read goes to Lua as one batch (Lua dispatches a
  * C consumer's channel too), so the order of the read is kept and a
  * handler that waits holds what follows it.  Returns the events taken (n,
@@ -326,10 +347,20 @@ int lb_hook_events(void *ud, lei_peer *from, const lei_event_in *ev, int n, int 
     lb_ctx *b = ud;
     int i = 0;
     *held = 0;
-    if (b->nsinks) {
+    if (b->nsinks || b->rsink) {
         for (; i < n; i++) {
             const lei_event_in *e = &ev[i];
-            int r = lb_sink_event(b, from, e->chid, e->producer, e->seq, 0, e->p, e->n);
+            if (b->rsink) { /* a recorder writing from C */
+                char err[256];
+                int r = lb_rsink_event(b, from, e->chid, e->producer, e->seq, 0, e->p, e->n, err, sizeof err);
+                if (r < 0) {
+                    lei_logf(b->c, "bad event value from %s: %s", from ? lei_peer_addr(from) : "local", err);
+                    lei_ctx_refusal(b->c, err);
+                    return i;
+                }
+                if (r > 0) continue;
+            }
+            int r = b->nsinks ? lb_sink_event(b, from, e->chid, e->producer, e->seq, 0, e->p, e->n) : LB_NO_SINK;
             if (r == LB_NO_SINK) break;
             if (r < 0) return i;
         }

@@ -41,6 +41,9 @@ typedef struct lb_ctx {
     size_t pin_threshold;
     int stopping;
     int views;             /* ctx:views(true): long string values go to Lua as (pointer, length) */
+    unsigned char *raw;    /* ctx:raw: a byte per channel index, events as encoded bytes (lua_raw.c; owned) */
+    uint32_t nraw;
+    struct lb_rsink *rsink; /* a recorder writing from C (lua_rsink.c; owned) or NULL */
     lb_timer *timers;      /* live timers, stopped when the context closes */
     lb_moe *moes;          /* live modulators, freed when the context closes */
     lei_moe_group *moeg;   /* owned: what they share (made by the first), freed after them */
@@ -166,6 +169,17 @@ extern const luaL_Reg lb_auth_funcs[];
 
 /* lua_loop.c: running the loop, timers, watchers */
 extern const luaL_Reg lb_loop_methods[];
+/* lua_raw.c: channels whose events reach Lua as their encoded bytes */
+extern const luaL_Reg lb_raw_methods[];
+int lb_raw_is(const lb_ctx *b, uint32_t chid);
+int lb_raw_push(lua_State *L, lb_ctx *b, const uint8_t *p, size_t n, char *err, size_t errlen);
+void lb_raw_free(lb_ctx *b);
+/* lua_rsink.c: a recorder writing its channels' events from the hook */
+typedef struct lb_rsink lb_rsink;
+extern const luaL_Reg lb_rsink_methods[];
+int lb_rsink_event(lb_ctx *b, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
+                   uint64_t sync, const uint8_t *p, size_t n, char *err, size_t errlen);
+void lb_rsink_free(lb_ctx *b);
 void lb_loop_open(lua_State *L);
 
 #endif

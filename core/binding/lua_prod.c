@@ -327,6 +327,22 @@ static void prod_free(lb_prod *h) {
     h->staged = NULL;
 }
 
+/* h:set_pid(pid): the producer id its events carry from now on (a replay's
+ * producers take ids of their own, lecho.replay). */
+static int l_set_pid(lua_State *L) {
+    lb_prod *h = check_prod(L);
+    h->pid = (uint64_t)luaL_checknumber(L, 2);
+    return 0;
+}
+
+/* h:set_seq(seq): the sequence of the last event, so the next is seq + 1
+ * (lecho.history runs kept events through a modulator with theirs). */
+static int l_set_seq(lua_State *L) {
+    lb_prod *h = check_prod(L);
+    h->seq = (uint64_t)luaL_checknumber(L, 2);
+    return 0;
+}
+
 /* h:close(): no submit goes through it any more. */
 static int l_close(lua_State *L) {
     lb_prod *h = check_prod(L);
@@ -342,7 +358,7 @@ static int l_gc(lua_State *L) {
 
 static const luaL_Reg prod_methods[] = {
     {"submit", l_submit}, {"submit_staged", l_submit_staged}, {"room", l_room},
-    {"waiting", l_waiting}, {"seq", l_seq}, {"set_mods", l_set_mods}, {"close", l_close},
+    {"waiting", l_waiting}, {"seq", l_seq}, {"set_mods", l_set_mods}, {"set_pid", l_set_pid}, {"set_seq", l_set_seq}, {"close", l_close},
     {NULL, NULL}};
 
 const luaL_Reg lb_prod_ctx_methods[] = {{"producer", l_producer}, {NULL, NULL}};

@@ -109,6 +109,8 @@ local function fmt_value(v)
   return type(v) == "number" and ("%g"):format(v) or tostring(v)
 end
 
+local publish_settings   -- (below, once its producer is made)
+
 -- The timer that steps; replaced when steering changes the rate.
 local stepper
 local function restart_stepper() end
@@ -129,13 +131,27 @@ local steer, serr = steer_ch:consumer(function(ev, meta)
     table.sort(changes)
     if not opts.quiet then log("step %d: steered: %s", sim.step_no, table.concat(changes, ", ")) end
     if applied.rate then restart_stepper() end
+    publish_settings()
   end
 end)
 if not steer then die("cannot consume atmosphere.steer: " .. tostring(serr), 1) end
 
 local field_ch = ctx:channel("atmosphere.field")
-local p, perr = field_ch:producer{ grant = { "clock", "log" } }
+-- history: a viewer that attaches late gets the current field at once,
+-- through its own modulator, then the steps that follow
+local p, perr = field_ch:producer{ grant = { "clock", "log" }, history = "last" }
 if not p then die("cannot produce on atmosphere.field: " .. tostring(perr), 1) end
+
+-- The current settings on atmosphere.settings, kept as its last value
+-- (history): a viewer that attaches with { history = "last" } reads them at
+-- once, then every change.
+local settings_p, sperr = ctx:channel("atmosphere.settings"):producer{ history = "last" }
+if not settings_p then die("cannot produce on atmosphere.settings: " .. tostring(sperr), 1) end
+function publish_settings()
+  local ok, err = settings_p:submit(sim:settings())
+  if not ok then log("settings not published: %s", tostring(err)) end
+end
+publish_settings()
 
 -- Consuming processes of a channel, asking its manager.
 local function consumers_of(ch)

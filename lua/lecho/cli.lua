@@ -51,6 +51,8 @@ usage: lecho SUBCOMMAND [OPTIONS] [ARGS]
   stats [PROCESS]         a process's counters (default: the name server's)
   top                     live counters of every process of a name server
   bench                   a quick pub/sub throughput and round-trip latency figure
+  record CHANNEL... --out FILE   write a channel's events to a file (doc/recording.md)
+  replay FILE...          publish a recording again: 1x, Nx, max, or step by step
 
 `lecho SUBCOMMAND --help` says more of each.
 ]] .. COMMON
@@ -64,13 +66,16 @@ manager and the processes that produce and consume it.
 ]] .. COMMON
 
 USAGE.sub = [[
-usage: lecho sub CHANNEL [--modulator FILE] [--params LUA] [--json] [--count N] [--for SECONDS]
+usage: lecho sub CHANNEL [--modulator FILE] [--params LUA] [--history N|last] [--json] [--count N] [--for SECONDS]
 
 Prints each event of CHANNEL as it comes, one line each, until Ctrl-C (exit 130).
 Says on stderr at once when CHANNEL has no producer yet (a misspelt name?), and waits.
   --modulator FILE   run this modulator at the producers (doc/modulators.md)
   --params LUA       its parameters, a Lua table literal ('{ stride = 4 }')
+  --history N|last   first the last N events each producer keeps (doc/api.md
+                     "History"), then the live ones
   --json             one JSON object per event: {"channel", "producer", "seq", "value"}
+                     (and "history": true, "replay": true when meta says so)
   --count N          exit 0 after N events
   --for SECONDS      exit after this long: 0 if --count was reached or not given, else 3
 ]] .. COMMON
@@ -138,6 +143,42 @@ submit_sync one after the other: median, p99).  Bounded by --for seconds
   --json             one JSON object with the figures
 ]] .. COMMON
 
+USAGE.record = [[
+usage: lecho record CHANNEL... --out FILE [--max-bytes BYTES] [--keep N] [--append]
+                   [--for SECONDS] [--count N] [--json]
+
+Writes every event of the CHANNELs (values as they came on the wire, arrays
+untouched; producer, sequence number, time) to FILE until Ctrl-C, in the
+append-only format of doc/recording.md.  A record is written whole or
+detected as torn: after a crash, replay (or --append) cuts the torn tail.
+  --out FILE         the file (refused when it exists, unless --append)
+  --append           go on after what FILE holds (its torn tail cut first)
+  --max-bytes BYTES  rotate past this size: FILE -> FILE.1 -> ... -> FILE.KEEP
+  --keep N           rotated files kept (default 3; the oldest is dropped)
+  --for SECONDS      stop after this long
+  --count N          stop after N events
+  --json             the summary at the end as one JSON object
+]] .. COMMON
+
+USAGE.replay = [[
+usage: lecho replay FILE... [--speed X|max] [--step] [--rename OLD=NEW]...
+                   [--seek-time SECONDS] [--seek-seq N] [--wait SECONDS] [--check] [--json]
+
+Publishes the events of the recordings (in the order given) again on their
+channels, at their recorded pace times --speed (default 1; "max": as fast
+as the queues take them).  Consumers see meta.replay = true.  A torn tail
+is said on stderr and ignored.
+  --rename OLD=NEW   publish channel OLD's events on NEW (repeatable)
+  --step             start paused and read commands from stdin, one a line:
+                     step [N], play, pause, seek t=SECONDS, seek seq=N,
+                     speed X, status, quit (each answered with a status line)
+  --seek-time S      start S seconds into the recording
+  --seek-seq N       start at the first event with sequence number N or later
+  --wait SECONDS     first wait (at most this long) for a consumer of each channel
+  --check            only read the files: events, channels, duration, torn tail
+  --json             status and summary lines as JSON
+]] .. COMMON
+
 -- The options of each subcommand: { flag, key, kind }; kinds of
 -- lecho.server, "flag", "lua" (a literal), "int0" (>= 0).
 local COMMON_OPTS = {
@@ -147,6 +188,7 @@ local COMMON_OPTS = {
 local OPTS = {
   ls = { { "--json", "json", "flag" } },
   sub = { { "--modulator", "modulator", "string" }, { "--params", "params", "string" },
+          { "--history", "history", "string" },
           { "--json", "json", "flag" }, { "--count", "count", "count" }, { "--for", "duration", "seconds" } },
   pub = { { "--sync", "sync", "flag" }, { "--json", "json", "flag" }, { "--string", "string", "flag" },
           { "--wait", "wait", "seconds0" } },
@@ -157,11 +199,18 @@ local OPTS = {
   bench = { { "--count", "count", "count" }, { "--size", "size", "count" }, { "--rtt", "rtt", "count" },
             { "--for", "duration", "seconds" }, { "--channel", "channel", "string" },
             { "--json", "json", "flag" }, { "--sink", "sink", "string" } },
+  record = { { "--out", "out", "string" }, { "--max-bytes", "max_bytes", "count" }, { "--keep", "keep", "count" },
+             { "--append", "append", "flag" }, { "--for", "duration", "seconds" }, { "--count", "count", "count" },
+             { "--json", "json", "flag" } },
+  replay = { { "--speed", "speed", "string" }, { "--step", "step", "flag" },
+             { "--rename", "rename", "string", many = true }, { "--seek-time", "seek_time", "seconds0" },
+             { "--seek-seq", "seek_seq", "count" }, { "--wait", "wait", "seconds0" }, { "--check", "check", "flag" },
+             { "--json", "json", "flag" } },
 }
 -- positional arguments: { names }, how many at least
 local POS = { ls = { {}, 0 }, sub = { { "CHANNEL" }, 1 }, pub = { { "CHANNEL", "VALUE" }, 2 },
               call = { { "SERVICE", "ARGS" }, 1 }, stats = { { "PROCESS" }, 0 }, top = { {}, 0 },
-              bench = { {}, 0 } }
+              bench = { {}, 0 }, record = { { "CHANNEL" }, 1, many = true }, replay = { { "FILE" }, 1, many = true } }
 
 local function die(cmd, msg, code)
   io.stderr:write("lecho", cmd and (" " .. cmd) or "", ": ", msg, "\n")
@@ -175,7 +224,7 @@ function M.parse(cmd, argv)
   local by = {}
   for _, o in ipairs(COMMON_OPTS) do by[o[1]] = o end
   for _, o in ipairs(OPTS[cmd]) do by[o[1]] = o end
-  local opts, pos = { trust = {} }, {}
+  local opts, pos = { trust = {}, rename = {} }, {}
   local i, rest = 1, false
   while argv[i] do
     local a = argv[i]
@@ -212,7 +261,7 @@ function M.parse(cmd, argv)
   if #pos < least then
     die(cmd, ("%s is required\n%s"):format(names[#pos + 1], USAGE[cmd]))
   end
-  if #pos > #names then die(cmd, ("unexpected argument '%s' (lecho %s --help)"):format(pos[#names + 1], cmd)) end
+  if #pos > #names and not POS[cmd].many then die(cmd, ("unexpected argument '%s' (lecho %s --help)"):format(pos[#names + 1], cmd)) end
   return opts, pos
 end
 
@@ -361,11 +410,15 @@ function cmds.sub(opts, pos)
   local ctx = context("sub", opts)
   local seen, code = 0, nil
   local function handler(v, meta)
+    -- past --count (a history and the events held behind it come in one go)
+    if opts.count and seen >= opts.count then return end
     seen = seen + 1
     if opts.json then
-      emit{ channel = meta.channel, producer = meta.producer, seq = meta.seq, value = v }
+      emit{ channel = meta.channel, producer = meta.producer, seq = meta.seq, value = v,
+            history = meta.history, replay = meta.replay }
     else
-      io.stdout:write(("%s %s #%d: %s\n"):format(meta.channel, meta.producer, meta.seq,
+      io.stdout:write(("%s %s #%d%s: %s\n"):format(meta.channel, meta.producer, meta.seq,
+        (meta.history and " history" or "") .. (meta.replay and " replay" or ""),
         require("lecho.repl.pretty").short(v, 1000)))
       io.stdout:flush()
     end
@@ -376,7 +429,14 @@ function cmds.sub(opts, pos)
     io.stderr:write("lecho sub: ", tostring(err), "\n")
     finish(ctx, code_exit(ecode))
   end
-  local ok, con, cerr, ccode = pcall(ch.consumer, ch, handler, src and { modulator = src, params = params } or nil)
+  local copts = src and { modulator = src, params = params } or nil
+  if opts.history then
+    local n = opts.history == "last" and "last" or tonumber(opts.history)
+    if not n then die("sub", ("--history needs a count or last, not '%s'"):format(opts.history)) end
+    copts = copts or {}
+    copts.history = n
+  end
+  local ok, con, cerr, ccode = pcall(ch.consumer, ch, handler, copts)
   if not ok or not con then
     io.stderr:write("lecho sub: ", server.message(ok and cerr or con), "\n")
     finish(ctx, ok and code_exit(ccode) or EXIT.failed)
@@ -889,6 +949,190 @@ function cmds.bench(opts)
   local code = (res.throughput_error or res.rtt_error) and EXIT.failed or EXIT.ok
   if interrupted then code = signal_exit(interrupted) end
   finish(ctx, code)
+end
+
+------------------------------------------------------------------------------
+-- record and replay (lecho.recording, lecho.replay; doc/recording.md)
+
+function cmds.record(opts, pos)
+  if not opts.out then die("record", "--out FILE is required\n" .. USAGE.record) end
+  local recording = require "lecho.recording"
+  local ctx = context("record", opts)
+  local w, werr = recording.writer(opts.out, { max_bytes = opts.max_bytes, keep = opts.keep, append = opts.append,
+                                               recorder = ctx.addr })
+  if not w then
+    io.stderr:write("lecho record: ", tostring(werr), "\n")
+    finish(ctx, EXIT.failed)
+  end
+  if w.cut then
+    io.stderr:write(("lecho record: %s: torn tail at byte %d (%d bytes) cut\n"):format(opts.out, w.cut.offset,
+                                                                                      w.cut.bytes))
+  end
+  local code
+  local r, err, ecode = recording.record(ctx, pos, w, {
+    -- without --count the events are written from C, never entering Lua
+    direct = not opts.count,
+    on_error = function(e)
+      io.stderr:write("lecho record: ", tostring(e), "\n")
+      code = EXIT.failed
+      ctx:stop()
+    end,
+    on_event = function(rec)
+      if opts.count and rec.events >= opts.count then code = EXIT.ok; ctx:stop() end
+    end,
+  })
+  if not r then
+    io.stderr:write("lecho record: ", server.message(err), "\n")
+    w:close()
+    finish(ctx, code_exit(ecode))
+  end
+  io.stderr:write(("lecho record: recording %s to %s\n"):format(table.concat(pos, ", "), opts.out))
+  on_signals(ctx, function(s) code = signal_exit(s); ctx:stop() end)
+  if opts.duration then ctx:after(opts.duration, function() code = code or EXIT.ok; ctx:stop() end) end
+  while code == nil and not ctx.closed do ctx:run() end
+  r.stop()
+  w:close()
+  local summary = { file = opts.out, events = w.events, bytes = w.bytes, rotations = w.rotations }
+  if opts.json then emit(summary)
+  else
+    io.stdout:write(("recorded %d events, %d bytes, to %s%s\n"):format(w.events, w.bytes, opts.out,
+      w.rotations > 0 and (" (%d rotations)"):format(w.rotations) or ""))
+  end
+  finish(ctx, code or EXIT.ok)
+end
+
+local function replay_status(opts, st)
+  if opts.json then return emit(st) end
+  io.stdout:write(("replay %d/%d sent=%d t=%.3f/%.3f %s%s\n"):format(math.min(st.pos, st.total), st.total, st.sent,
+    st.t, st.duration, st.done and "done" or (st.paused and "paused" or "playing"),
+    st.err and (" error: " .. st.err) or ""))
+  io.stdout:flush()
+end
+
+function cmds.replay(opts, pos)
+  local recording = require "lecho.recording"
+  if opts.check then
+    local code = EXIT.ok
+    for _, f in ipairs(pos) do
+      local r, err = recording.scan(f)
+      if not r then
+        io.stderr:write("lecho replay: ", tostring(err), "\n")
+        code = EXIT.failed
+      else
+        local e = r.events
+        local s = { file = f, events = #e, channels = r.channels, duration = e[1] and e[#e].t or 0,
+                    bytes = r.size, torn = r.torn }
+        if opts.json then emit(s) else
+          io.stdout:write(("%s: %d events on %s, %.3f s%s\n"):format(f, #e, table.concat(r.channels, ", "),
+            s.duration, r.torn and (", torn tail at byte %d (%d bytes: %s)"):format(r.torn.offset, r.torn.bytes,
+                                                                                     r.torn.why) or ""))
+        end
+      end
+    end
+    os.exit(code)
+  end
+  local speed = 1
+  if opts.speed then
+    speed = opts.speed == "max" and "max" or tonumber(opts.speed)
+    if not speed or (speed ~= "max" and not (speed > 0)) then
+      die("replay", ("--speed needs a number > 0 or max, not '%s'"):format(opts.speed))
+    end
+  end
+  local rename = {}
+  for _, r in ipairs(opts.rename) do
+    local a, b = r:match("^([^=]+)=([^=]+)$")
+    if not a then die("replay", ("--rename needs OLD=NEW, not '%s'"):format(r)) end
+    rename[a] = b
+  end
+  local ctx = context("replay", opts)
+  local code
+  local rp, err = require("lecho.replay").new(ctx, pos, {
+    speed = speed, rename = rename, paused = true,
+    on_end = function(r) if not opts.step then code = code or (r.err and EXIT.failed or EXIT.ok); ctx:stop() end end,
+  })
+  if not rp then
+    io.stderr:write("lecho replay: ", tostring(err), "\n")
+    finish(ctx, EXIT.failed)
+  end
+  for _, t in ipairs(rp.torn) do io.stderr:write("lecho replay: ", t, "\n") end
+  -- the channels, each waited for (at most --wait) to have a consumer
+  local seen = {}
+  for _, e in ipairs(rp.events) do
+    local name = rename[e.ch] or e.ch
+    if not seen[name] then
+      seen[name] = true
+      local ch = ctx:channel(name)
+      if opts.wait and ch then wait_consumers(ctx, ch, opts.wait) end
+    end
+  end
+  if opts.seek_time then rp:seek{ t = opts.seek_time } end
+  if opts.seek_seq then rp:seek{ seq = opts.seek_seq } end
+  on_signals(ctx, function(s) code = signal_exit(s); ctx:stop() end)
+  if opts.step then
+    -- commands from stdin, a line each, answered with a status line
+    local buf = ""
+    local function command(line)
+      local w = {}
+      for x in line:gmatch("%S+") do w[#w + 1] = x end
+      local c = w[1]
+      if c == nil then return end
+      local st
+      if c == "step" then st = rp:step(tonumber(w[2]) or 1)
+      elseif c == "play" then st = rp:resume()
+      elseif c == "pause" then st = rp:pause()
+      elseif c == "status" then st = rp:status()
+      elseif c == "speed" then
+        local x = w[2] == "max" and "max" or tonumber(w[2])
+        if not x or (x ~= "max" and not (x > 0)) then io.stderr:write("lecho replay: speed X|max\n") return end
+        st = rp:set_speed(x)
+      elseif c == "seek" then
+        local k, v = (w[2] or ""):match("^(%a+)=([%d.]+)$")
+        if k == "t" then st = rp:seek{ t = tonumber(v) }
+        elseif k == "seq" then st = rp:seek{ seq = tonumber(v) }
+        else io.stderr:write("lecho replay: seek t=SECONDS or seek seq=N\n") return end
+      elseif c == "quit" then code = EXIT.ok; ctx:stop() return
+      else io.stderr:write(("lecho replay: unknown command '%s'\n"):format(c)) return end
+      ctx.c:flush()
+      replay_status(opts, st)
+    end
+    -- stdin read on the loop; the commands run here, on the main line (a
+    -- seek or a step may wait for room)
+    local term = require "lecho.repl.term"
+    local eof = false
+    if io.stdin:seek("cur") then
+      -- a file (epoll does not watch those): its commands are all there
+      buf, eof = io.stdin:read("*a") or "", true
+    else
+      ctx:on_readable(0, function(wt)
+        local r = term.read_fd(0)
+        if r == nil then eof = true; wt:stop() else buf = buf .. r end
+      end)
+    end
+    replay_status(opts, rp:status())
+    while code == nil and not ctx.closed do
+      local line, rest = buf:match("^([^\n]*)\n(.*)$")
+      if line then
+        buf = rest
+        command(line)
+      elseif eof then
+        if buf ~= "" then command(buf) buf = "" end
+        code = code or EXIT.ok
+      else
+        ctx:run_once(0.5)
+      end
+    end
+  else
+    rp:resume()
+  end
+  while code == nil and not ctx.closed do ctx:run() end
+  local st = rp:status()
+  if not rp:drain(60) then
+    io.stderr:write("lecho replay: events still queued after 60 s (a consumer too slow)\n")
+    code = EXIT.failed
+  end
+  rp:close()
+  if not opts.step then replay_status(opts, st) end
+  finish(ctx, code or EXIT.ok)
 end
 
 ------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 
 local options = require "lecho.options"
 local modulator = require "lecho.modulator"
+local history = require "lecho.history"
 local Channel = require "lecho.channel"
 
 local mod_spec, reply_errors = modulator.spec, modulator.reply_errors
@@ -49,6 +50,14 @@ function Channel:consumer(handler, opts)
     self:_hot_update()
     con.chids[self.chid] = true
   end
+  -- issue 29: a consumer with history holds what comes until each producer
+  -- answered; a new one changes this context's subscription, so the
+  -- manager answers once every producer confirmed, and names them
+  local hist
+  if opts.history then
+    hist = history.consumer(con, history.count(opts.history))
+    self.hist_gen = (self.hist_gen or 0) + 1
+  end
   local r, err, code = self:_update_subs()
   if not r then
     con:_unlink()
@@ -71,6 +80,7 @@ function Channel:consumer(handler, opts)
       end
     end
   end
+  if hist then history.fetch(hist, r) end
   return con
 end
 

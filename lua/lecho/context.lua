@@ -234,6 +234,10 @@ local function run_buffered(self, con, handler, value, meta, sync, errs, short, 
   return errs
 end
 
+-- Producer ids from 2^40 up are a replay's (lecho.replay): meta.replay
+local REPLAY_PID = 2 ^ 40
+Context.REPLAY_PID = REPLAY_PID
+
 function Context:_on_event(chid, value, peer, producer, seq, sync, rv)
   -- producer 0, seq 0: a sync marker on a modulated stream (the modulator
   -- sent nothing for a sync event): acknowledged once all before it ran.
@@ -246,6 +250,7 @@ function Context:_on_event(chid, value, peer, producer, seq, sync, rv)
     local short = self.dshort[chid]
     local meta = { channel = short, producer = pname_of(self, peer, producer), seq = seq }
     if sync > 0 then meta.sync = true end
+    if producer >= REPLAY_PID then meta.replay = true end  -- lecho.replay's producers
     local errs
     if rv or con.buffer then
       errs = run_buffered(self, con, con.handler, value, meta, sync, nil, short, rv)
@@ -263,6 +268,7 @@ function Context:_on_event(chid, value, peer, producer, seq, sync, rv)
   if list and list[1] then
     local meta = { channel = ch.short, producer = pname_of(self, peer, producer), seq = seq }
     if sync > 0 then meta.sync = true end
+    if producer >= REPLAY_PID then meta.replay = true end
     local n = #list
     local snap = list
     if n > 1 then snap = { unpack(list, 1, n) } end

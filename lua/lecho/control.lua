@@ -9,6 +9,7 @@ local policy = require "lecho.policy"
 local errors = require "lecho.errors"
 local Context = require "lecho.context"
 local Channel = require "lecho.channel"
+local history = require "lecho.history"
 
 local sorted_keys = require("lecho.tables").sorted_keys
 
@@ -426,6 +427,9 @@ function Context:_on_ctrl(from, msg, gen)
   elseif op == "gchange" then
     -- a group's change, from one of its name servers (lecho.group)
     self:_on_gchange(from, msg)
+  elseif op == "history" then
+    -- a late joiner asks for the last events (lecho.history checks it takes the stream)
+    require("lecho.history").serve(self, from, msg)
   elseif op == "stats" then
     -- another process reads our counters (lecho.stats; keyed: its policy)
     require("lecho.stats").serve(self, from, msg)
@@ -741,6 +745,7 @@ end
 -- event to a consumer present before and after it.
 function Channel:_apply_members(list, mods)
   local ctx = self.ctx
+  history.snapshot(self)        -- the seam for late joiners (lecho.history)
   self.last_members = { list = list, mods = mods }
   if self.regrace then
     self.regrace = nil
@@ -820,12 +825,14 @@ function Channel:_subs()
   end
   -- a call channel served here: the versions (lecho.service)
   local svc = self.svc_versions
-  return { plain = #self.consumers > 0, mods = mods, svc = svc and svc[1] and { versions = svc } or nil }
+  return { plain = #self.consumers > 0, mods = mods, svc = svc and svc[1] and { versions = svc } or nil,
+           hist = self.hist_gen }  -- a new history consumer: subscribed again (lecho.history)
 end
 
 local function subs_sig(subs)
   return tostring(subs.plain) .. ":" .. table.concat(sorted_keys(subs.mods), ",")
     .. (subs.svc and ":" .. table.concat(subs.svc.versions, ",") or "")
+    .. (subs.hist and ":h" .. subs.hist or "")
 end
 
 -- Joins, re-subscribes or leaves to match the consumers; waits for the

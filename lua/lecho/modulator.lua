@@ -144,6 +144,7 @@ function Channel:_set_consumers(list, mods)
         for _, d in ipairs(m.dests or {}) do added = added or not had[d] end
       end
       inst.dests = m.dests
+      inst.spec = m                   -- lecho.history runs a fresh copy of it for a late joiner
       inst.dests_key = table.concat(m.dests or {}, ",")
       ctx.c:set_dests(inst.dchid, others(m.dests, ctx.addr))
       -- A context joined a running modulator: it may want to start over

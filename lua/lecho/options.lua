@@ -53,6 +53,13 @@ local function addresses(v)
     if type(a) ~= "string" then return why end
   end
 end
+-- history: "last" or a count of events (lecho.history, at most 1024)
+local function history(v)
+  if v == "last" then return end
+  if type(v) ~= "number" or not (v >= 1 and v <= 1024) or v ~= math.floor(v) then
+    return 'must be "last" or an integer from 1 to 1024'
+  end
+end
 local function policy(v)
   if not M.POLICIES[v] then return "lecho: unknown policy '" .. tostring(v) .. "'", true end
 end
@@ -209,9 +216,12 @@ local SCHEMA = {
   -- ctx:group (issue 12, lecho.group): data is any value (its size is the
   -- name server's to refuse)
   GROUP = { lease = { LEASE, 10 }, data = { ANY }, watch = { FN }, join = { BOOL } },
-  PRODUCER = { policy = { policy }, grant = { caps } },
+  PRODUCER = { policy = { policy }, grant = { caps },
+               -- issue 29, lecho.history: the last events kept for late joiners
+               history = { history }, history_bytes = { size(1), 1024 * 1024 } },
   CONSUMER = { modulator = { typed("string") }, params = { TABLE }, period = { time(0.001) },
-               capabilities = { caps }, on_error = { FN }, buffer = { BOOL } },
+               capabilities = { caps }, on_error = { FN }, buffer = { BOOL },
+               history = { history } },
   SUBMIT_SYNC = { timeout = { TIME } },
   CLOSE = { linger = { TIME } },
 }
@@ -227,6 +237,7 @@ local TOGETHER = {
     end
   end,
   CONSUMER = function(o)
+    if o.history ~= nil and o.buffer then return "history does not go with buffer" end
     if o.modulator == nil then
       for _, k in ipairs{ "params", "period", "capabilities" } do
         if o[k] ~= nil then return k .. " needs a modulator" end

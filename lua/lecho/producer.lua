@@ -5,6 +5,7 @@
 local options = require "lecho.options"
 local Channel = require "lecho.channel"
 local stats = require "lecho.stats"
+local history = require "lecho.history"
 
 local sorted_keys = require("lecho.tables").sorted_keys
 
@@ -68,6 +69,8 @@ function Channel:producer(opts)
   -- with thousands of channels, cache misses are the cost): the slots above.
   local p = setmetatable({ h, DP and Producer._ffi.cast("void *", h) or false, mods, plain,
                            DP and ctx.fastenc or false, ch = self, id = ctx.nextpid }, Producer)
+  if opts.history then p.hist = history.ring(history.count(opts.history),
+                                                   opts.history_bytes or history.DEFAULT_BYTES) end
   self.producers[p] = true
   return p
 end
@@ -80,6 +83,12 @@ end
 
 -- The sequence of the last event this producer submitted.
 function Producer:_seq() return self[H]:seq() end
+
+-- The producer id its events carry from now on (lecho.replay's producers).
+function Producer:_set_pid(pid)
+  self[H]:set_pid(pid)
+  self.id = pid
+end
 
 -- One try: the core answers "wouldblock" when a queue has no room (and
 -- then did nothing).  bytes: a string holding the encoded value (a retry
@@ -98,13 +107,18 @@ local function try_submit(self, ev, sync, bytes)
     if p then
       if DP.stage(self[HP], p, n) ~= 0 then return false, nil, "out of memory", "nomem" end
       r, err, code = h:submit_staged(sync)
+      -- issue 29: a producer keeping history keeps these bytes (a string)
+      if r and self.hist then bytes = Producer._ffi.string(p, n) end
       -- a wait keeps the bytes (the encoder's buffer is the next submit's)
       if code == "wouldblock" then return true, nil, err, code, Producer._ffi.string(p, n) end
     else
       r, err, code = h:submit(ev, sync)
     end
   end
-  if r then return false, r end
+  if r then
+    if self.hist then history.add(self, h:seq(), bytes, ev) end  -- kept for late joiners
+    return false, r
+  end
   return code == "wouldblock", r, err, code
 end
 
@@ -248,6 +262,18 @@ function Producer:submit_sync(ev, opts)
   end
   stats.observe(ctx, ch.name, c:now() - t0, true)  -- the sync latency histogram
   return true
+end
+
+-- An event already encoded (lecho.replay: the bytes a recording holds),
+-- submitted as submit does (room, order, modulators).
+function Producer:_submit_encoded(s)
+  if self.closed then return nil, "producer is closed", "closed" end
+  local q = self.waitq
+  if not q or not q[1] then
+    local again, r, err, code = try_submit(self, nil, false, s)
+    if not again then return r, err, code end
+  end
+  return submit_wait(self, nil, false, s)
 end
 
 --- Writes whatever this context has queued, now.

@@ -10,7 +10,7 @@ local M = {}
 
 -- The order of help().
 local ORDER = { "help", "ls", "sub", "unsub", "subs", "send", "mod", "params", "edit",
-                "stats", "wait", "pp", "history", "quit" }
+                "stats", "wait", "pp", "history", "record", "replay", "quit" }
 
 --- The sorted names of the functions reachable as obj.name (its fields,
 -- then its metatables' __index tables; methods: only the latter), not
@@ -131,6 +131,7 @@ function M.install(R)
   end
 
   require("lecho.repl.subs").install(R)
+  require("lecho.repl.recplay").install(R)
 
   R.command("help", "help([cmd])", "this list; help(cmd) or help(\"cmd\"): that command", [[
 help() lists the commands; help(sub) or help("sub") tells more of one;
@@ -333,9 +334,13 @@ items per table (40), strlen (200), width (100), lines (200).]], function(v, o)
     R.out(P.pretty(v, o))
   end)
 
-  R.command("history", "history([n])", "the last n (20) history entries", [[
-The last n entries of the history ($LECHO_HISTORY, default ~/.lecho_history),
-numbered.  Up/Down walk through it, Ctrl-R searches it.]], function(n)
+  R.command("history", "history([n]) or history(ch [, n])", "the last n (20) lines typed; or a channel's last values", [[
+history(n): the last n entries of the input history ($LECHO_HISTORY, default
+~/.lecho_history), numbered.  Up/Down walk through it, Ctrl-R searches it.
+history(ch [, n]): the last n (1) values each producer of channel ch keeps
+(a producer made with { history = N }), printed now; returns them as a list
+of { ev, meta }.  sub(ch, { history = n }) prints them and goes on live.]], function(n, m)
+    if type(n) == "string" then return R.channel_history(n, m) end
     n = n or 20
     local l = {}
     for i = math.max(1, #R.history.list - n + 1), #R.history.list do

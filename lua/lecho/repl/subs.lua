@@ -117,6 +117,8 @@ function M.install(R)
       else
         local tag = ("[%s %s #%s"):format(h.id, h.channel, tostring(meta and meta.seq or "?"))
         if meta and meta.params_version then tag = tag .. " p" .. tostring(meta.params_version) end
+        if meta and meta.history then tag = tag .. " history" end   -- lecho.history
+        if meta and meta.replay then tag = tag .. " replay" end     -- lecho.replay
         if not line then
           line = fields_line(ev, h.fields, math.max((R.interactive and T.term.cols() or 160) - #tag - 3, 40))
         end
@@ -148,8 +150,8 @@ function M.install(R)
     return f, v
   end
 
-  local SUB_OPTS = { "fields", "every", "limit", "where", "format" }
-  local MOD_OPTS = { "fields", "every", "limit", "where", "format", "period", "capabilities" }
+  local SUB_OPTS = { "fields", "every", "limit", "where", "format", "history" }
+  local MOD_OPTS = { "fields", "every", "limit", "where", "format", "period", "capabilities", "history" }
 
   local function new_handle(kind, name, o)
     R.check_opts(o, kind, kind == "mod" and MOD_OPTS or SUB_OPTS, 4)
@@ -170,7 +172,7 @@ function M.install(R)
       kind = kind, id = kind .. nextid, num = nextid, channel = name,
       fields = fields, every = math.floor(o.every or 1), limit = o.limit,
       where = where, format = format, where_src = where_src, format_src = format_src,
-      count = 0, printed = 0,
+      count = 0, printed = 0, history = o.history,
     }, Handle)
   end
 
@@ -223,7 +225,7 @@ function M.install(R)
     return h
   end
 
-  R.command("sub", "sub(ch, {fields=, every=, limit=, where=, format=})",
+  R.command("sub", "sub(ch, {fields=, every=, limit=, where=, format=, history=})",
     "print the events of a channel as they arrive", [[
 Subscribes to channel ch and prints each event as `[sub1 ch #seq] k=v ...`.
 Options:
@@ -235,6 +237,8 @@ Options:
                                        or a function(ev, meta))
   format = "ev.step .. ' ' .. ev.dt"   print this instead of the fields (same;
                                        not a string: pretty-printed, e.g. "ev")
+  history = "last" | N    first the last N events each producer keeps (tagged
+                          `history`), then the live ones
   Any other key is refused.
 A where or format that does not compile fails here; one that raises stops the
 subscription, which subs() then lists as failed with the reason.
@@ -242,7 +246,7 @@ Returns a handle: h.last (the last event), h:wait(seconds) (serve the loop
 until the limit is reached), h:close().]], function(name, o)
     R.check_name(name, "sub")
     local h = new_handle("sub", name, o)
-    start(h, make_handler(h))     -- (not a tail call: its errors name the caller's line)
+    start(h, make_handler(h), h.history and { history = h.history } or nil)  -- (not a tail call: its errors name the caller's line)
     return h
   end)
 

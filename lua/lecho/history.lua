@@ -1,0 +1,466 @@
+-- lecho.history: last values for late joiners (issue 29).
+--
+-- Producing side: a producer made with `history = N` keeps the last N
+-- events it submitted (their encoded bytes and sequence numbers), bounded
+-- by `history_bytes` (`Producer:_hist_add`, called by producer.lua's
+-- try_submit once the core took the event, so the ring holds exactly what
+-- was sent, in order).  A consumer context asks for it with the control
+-- request `history` (`M.serve`): believed only from a context this process
+-- already sends the channel (or that modulator's stream) to.  For a
+-- modulated consumer the entries go through a fresh instance of that
+-- consumer's modulator (`run_modulator`), so what arrives is what its
+-- demodulator would have got, and a stateful modulator's state for the
+-- newcomer starts from the history.
+--
+-- Consuming side: a consumer made with `history = "last" | N` takes its
+-- events through a catch-up wrapper (`M.consumer`) until every producing
+-- context answered.  Where the seam is: a producer answers from its loop
+-- at some moment T, and its reply goes on the same connection, after every
+-- event it sent us before T.  So for producer P the wrapper holds P's live
+-- events (held acks for sync ones: a submit_sync is not told "handled"
+-- before the handler ran) until P's reply; then it delivers the history
+-- entries older than the first held event, the held events, and from then
+-- on live events whose sequence is past the last delivered one (a local
+-- producer's queued events can come after its reply).  No gap (history is
+-- the last entries up to T, held events start at or before T + 1) and no
+-- duplicate (everything at or below the last delivered sequence is dropped),
+-- whatever the rate.  meta.history is true on what came from history.
+
+local core = require "lecho.core"
+
+local M = {}
+
+M.DEFAULT_BYTES = 1024 * 1024      -- history_bytes: per producer
+M.MAX_N = 1024                     -- history = N: at most this many per producer
+M.MAX_HELD = 1000000               -- events held per consumer while catching up
+-- A producer's answer comes after every event it queued for us before it
+-- (that is the seam): behind a backlog of up to its queue_limit
+M.REPLY_TIMEOUT = 30
+M.MAX_HELD_BYTES = 64 * 1024 * 1024
+
+---------------------------------------------------------------------------
+-- Producing side
+---------------------------------------------------------------------------
+
+-- The ring of one producer: seqs[i], data[i] for i = first .. last.
+local Ring = {}
+Ring.__index = Ring
+
+function M.ring(n, max_bytes)
+  return setmetatable({ n = n, max = max_bytes, seqs = {}, data = {}, first = 1, last = 0, bytes = 0,
+                        skipped = 0 }, Ring)
+end
+
+-- Keeps event (seq, encoded string) as the newest; drops the oldest past n
+-- entries or max bytes.  One larger than max alone is not kept (counted in
+-- `skipped`): the ring then holds nothing older either, since what it holds
+-- would no longer end at the producer's last event.
+function Ring:add(seq, s)
+  local len = #s
+  if len > self.max then
+    self.seqs, self.data, self.first, self.last, self.bytes = {}, {}, 1, 0, 0
+    self.skipped = self.skipped + 1
+    return
+  end
+  local last = self.last + 1
+  self.last = last
+  self.seqs[last], self.data[last] = seq, s
+  self.bytes = self.bytes + len
+  local first = self.first
+  while last - first + 1 > self.n or self.bytes > self.max do
+    self.bytes = self.bytes - #self.data[first]
+    self.seqs[first], self.data[first] = nil, nil
+    first = first + 1
+  end
+  self.first = first
+end
+
+-- The newest n entries, oldest first, appended to out as { pid, seq, data }.
+function Ring:tail(n, pid, out)
+  local from = math.max(self.first, self.last - n + 1)
+  for i = from, self.last do
+    out[#out + 1] = { pid = pid, seq = self.seqs[i], data = self.data[i] }
+  end
+  return out
+end
+
+-- producer.lua's hook: what the core took (bytes: fastenc's, or nil when the
+-- C encoder did it: encoded again here, the price of keeping it).
+function M.add(p, seq, bytes, ev)
+  local s = bytes
+  if s == nil then
+    local err
+    s, err = core.encode(ev)
+    if not s then return end  -- the core encoded it: cannot happen short of memory
+  end
+  p.hist:add(seq, s)
+end
+
+-- Reads a consumer's or producer's history option: "last" is 1.
+function M.count(v)
+  if v == "last" then return 1 end
+  return v
+end
+
+-- Does context `from` already take what `key` (nil: the plain stream) sends?
+local function listed(ch, from, key)
+  if from == ch.ctx.addr then return true end
+  local dests
+  if key then
+    local inst = ch.mods[key]
+    dests = inst and inst.dests
+  else
+    dests = ch.dests
+  end
+  for _, a in ipairs(dests or {}) do
+    if a == from then return true end
+  end
+  return false
+end
+
+-- The history entries of channel ch (its open producers here), all that
+-- their rings hold.
+local function collect_all(ch)
+  local out = {}
+  local ps = {}
+  for p in pairs(ch.producers) do
+    if p.hist then ps[#ps + 1] = p end
+  end
+  table.sort(ps, function(a, b) return a.id < b.id end)
+  for _, p in ipairs(ps) do p.hist:tail(p.hist.n, p.id, out) end
+  return out
+end
+
+M.SNAPSHOTS = 16      -- member-list versions remembered per channel
+M.SNAPSHOT_AGE = 30   -- seconds
+
+--- At each member list this producing context applies (control.lua
+-- `Channel:_apply_members`, ch.ver already the list's version): what every
+-- producer's ring holds now, by reference.  Everything submitted after it
+-- goes to the contexts that list names, so a consumer whose join or
+-- subscribe was answered with version v is owed exactly the entries of the
+-- snapshot of v: the seam, however many events come before it asks.
+function M.snapshot(ch)
+  local any = false
+  for p in pairs(ch.producers) do any = any or p.hist ~= nil end
+  if not any then return end
+  local snaps = ch.hist_snaps or {}
+  ch.hist_snaps = snaps
+  local now = ch.ctx.c:now()
+  -- the seam: each producer's last sequence number (with or without history)
+  local seam = {}
+  for p in pairs(ch.producers) do seam[#seam + 1] = { pid = p.id, seq = p:_seq() } end
+  snaps[#snaps + 1] = { ver = ch.ver, t = now, entries = collect_all(ch), seam = seam }
+  while #snaps > M.SNAPSHOTS or (snaps[1] and now - snaps[1].t > M.SNAPSHOT_AGE) do
+    table.remove(snaps, 1)
+  end
+end
+
+-- The entries owed for member-list version ver: the first snapshot at or
+-- after it; else (a version not seen yet, or forgotten) the rings now.
+local function owed(ch, ver, n)
+  local src, seam
+  for _, sn in ipairs(ch.hist_snaps or {}) do
+    if type(ver) == "number" and sn.ver >= ver then src, seam = sn.entries, sn.seam break end
+  end
+  src = src or collect_all(ch)
+  -- the newest n of each producer
+  local count, out = {}, {}
+  for i = #src, 1, -1 do
+    local e = src[i]
+    local k = count[e.pid] or 0
+    if k < n then
+      count[e.pid] = k + 1
+      out[#out + 1] = e
+    end
+  end
+  local rev = {}
+  for i = #out, 1, -1 do rev[#rev + 1] = out[i] end
+  return rev, seam
+end
+
+-- Runs entries through a fresh instance of modulator `key` (its spec as the
+-- member list gave it): what it returns or emits for each, with that
+-- entry's producer and sequence.  The instance's outputs go to a channel
+-- of this context only, delivered here by drain_local; then it is closed.
+local function run_modulator(ch, key, entries)
+  local ctx = ch.ctx
+  local inst = ch.mods[key]
+  local m = inst and inst.spec
+  if not m then return nil, "modulator not running here" end
+  ctx.nexthist = (ctx.nexthist or 0) + 1
+  local name = ("%s@%s@hist%d"):format(ch.name, key, ctx.nexthist)
+  local chid, err = ctx.c:channel(name)
+  if not chid then return nil, err end
+  local out = {}
+  local list = { short = ch.short, derived = true }
+  list[1] = { con = {}, handler = function(v, meta)
+    local s = core.encode(v)
+    if s then out[#out + 1] = { pid = meta.pid, seq = meta.seq, data = s, raw = meta.producer } end
+  end }
+  ctx.disp[chid] = list
+  ctx.c:set_local(chid, true)
+  ctx.nextmoe = ctx.nextmoe + 1
+  local grant = {}
+  for _, cap in ipairs(m.caps or {}) do grant[cap] = ch.grants[cap] end
+  local moe, merr = ctx.c:moe(ctx.nextmoe, chid, ("%s@%s history"):format(ch.short, key:sub(1, 8)), m.src,
+                              m.params == nil and {} or m.params,
+                              { budget = ctx.mod_budget, memory = ctx.mod_memory, period = nil,
+                                clock = grant.clock, log = grant.log,
+                                pool_memory = ctx.mods_memory, cpu_share = ctx.mods_cpu })
+  if moe then
+    -- a handle of its own: only through the modulator, each kept event
+    -- with its producer id and sequence
+    local h = ctx.c:producer(chid, 0, false)
+    h:set_mods({ moe }, false)
+    for _, e in ipairs(entries) do
+      local _, v = core.decode(e.data)
+      h:set_pid(e.pid)
+      h:set_seq(e.seq - 1)
+      h:submit(v, false)
+    end
+    h:close()
+    ctx.c:drain_local()
+    moe:close()
+  end
+  ctx.c:set_local(chid, false)
+  ctx.disp[chid] = nil
+  if not moe then return nil, merr end
+  -- the producer id of an output: pname_of made "addr#pid"
+  for _, o in ipairs(out) do
+    o.pid = tonumber(tostring(o.raw):match("#(%d+)$")) or 0
+    o.raw = nil
+  end
+  return out
+end
+
+--- The control request `history` { ch, n, key }: the last n events of each
+-- producer of ch here, or (key) those events through modulator key.
+function M.serve(ctx, from, msg)
+  local function fail(err)
+    if msg.rid then ctx:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = false, err = err }) end
+  end
+  local ch = type(msg.ch) == "string" and ctx.byname[msg.ch]
+  if not ch or ch.nprod == 0 then return fail("history: not a producer of that channel here") end
+  local key = msg.key
+  if key ~= nil and type(key) ~= "string" then return fail("history: key must be a string") end
+  local n = msg.n
+  if type(n) ~= "number" or n < 1 or n % 1 ~= 0 then return fail("history: n must be a positive integer") end
+  n = math.min(n, M.MAX_N)
+  -- believed only from a context that already takes this stream from us
+  if not listed(ch, from, key) then
+    ctx:_warn_limited("history", ("refusing a history request from %s for '%s': not a consumer of it here")
+                                 :format(from, ch.name))
+    return fail("history: not a consumer of this stream here")
+  end
+  local entries, seam = owed(ch, msg.ver, n)
+  if key and entries[1] then
+    local out, err = run_modulator(ch, key, entries)
+    if not out then return fail("history: " .. tostring(err)) end
+    entries = out
+  end
+  if msg.rid then
+    ctx:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = true, entries = entries, seam = seam })
+    ctx.c:flush()  -- now, not at the end of the turn: a late joiner waits on it
+  end
+  return entries, seam
+end
+
+---------------------------------------------------------------------------
+-- Consuming side
+---------------------------------------------------------------------------
+
+local function split(pname)
+  local a, id = tostring(pname):match("^(.*)#(%d+)$")
+  return a or tostring(pname), tonumber(id) or 0
+end
+
+local function copy_meta(meta)
+  local m = {}
+  for k, v in pairs(meta) do
+    if type(k) == "string" then m[k] = v end
+  end
+  return m
+end
+
+-- Wraps consumer con's handler (con.handler and, modulated, its entry's)
+-- for the catch-up; returns the state M.fetch finishes.
+function M.consumer(con, n)
+  local ctx = con.ch.ctx
+  local real = con.handler
+  local st = { n = n, by = {}, held = 0, held_bytes = 0, real = real, con = con }
+  con.hist_state = st
+  local function run(v, meta, rec)
+    local ok, err = pcall(real, v, meta)
+    if not ok then
+      con.errors = con.errors + 1
+      ctx.log(("handler error on '%s' (history catch-up): %s"):format(con.ch.short, tostring(err)))
+    end
+    if rec then ctx:_settle_ack(rec, con.id, not ok and tostring(err) or nil) end
+  end
+  st.run = run
+  local function wrapper(ev, meta)
+    local paddr, pid = split(meta.producer)
+    local s = st.by[paddr]
+    if not s then
+      if st.listed then return real(ev, meta) end  -- a producer that came after the join
+      s = { buf = {}, last = {} }
+      st.by[paddr] = s
+    end
+    if s.done then
+      local last = s.last[pid]
+      if last then
+        if pid ~= 0 and meta.seq <= last then return end  -- delivered from history already
+        s.last[pid] = nil
+        st.lasts = st.lasts - 1
+        if st.lasts == 0 and st.fetched then M.unwrap(st) end
+      end
+      return real(ev, meta)
+    end
+    local data = core.encode(ev)
+    if st.held >= M.MAX_HELD or st.held_bytes + #(data or "") > M.MAX_HELD_BYTES or not data then
+      -- too much came before the history: it is given up for this producer,
+      -- nothing of the live stream is
+      M.flush(st, paddr, nil, ("history from %s given up: more than %d events or %d bytes came first")
+                              :format(paddr, M.MAX_HELD, M.MAX_HELD_BYTES))
+      return real(ev, meta)
+    end
+    st.held, st.held_bytes = st.held + 1, st.held_bytes + #data
+    s.buf[#s.buf + 1] = { data = data, meta = copy_meta(meta), pid = pid, rec = ctx:_hold_ack(meta) }
+  end
+  st.wrapper = wrapper
+  st.lasts = 0
+  con.handler = wrapper
+  if con.entry then con.entry.handler = wrapper end
+  return st
+end
+
+-- Caught up, and nothing left to drop: the consumer's own handler again
+-- (unless it was switched meanwhile).
+function M.unwrap(st)
+  local con = st.con
+  if con.handler == st.wrapper then con.handler = st.real end
+  if con.entry and con.entry.handler == st.wrapper then con.entry.handler = st.real end
+end
+
+-- Producer context paddr answered (entries, or nil when it gave none: why):
+-- its history older than what was held, then what was held.
+function M.flush(st, paddr, entries, why, seam)
+  local con = st.con
+  local ctx = con.ch.ctx
+  local s = st.by[paddr]
+  if not s then
+    s = { buf = {}, last = {} }
+    st.by[paddr] = s
+  end
+  if s.done then return end
+  s.done = true
+  if why then ctx.log(("consumer on '%s': %s"):format(con.ch.short, why)) end
+  -- where the history ends for each producer: the seam the producer said
+  -- (its last seq when it applied the member list that took us: held
+  -- events up to it came before ch:consumer() returned, the history stands
+  -- for them), else the first event held
+  local cut = {}
+  for _, e in ipairs(seam or {}) do cut[e.pid] = e.seq end
+  local first = {}
+  for _, b in ipairs(s.buf) do
+    if not first[b.pid] then first[b.pid] = b.meta.seq end
+  end
+  for pid, seq in pairs(cut) do first[pid] = seq + 1 end
+  local last = s.last
+  table.sort(entries or {}, function(a, b)
+    if a.pid ~= b.pid then return a.pid < b.pid end
+    return a.seq < b.seq
+  end)
+  for _, e in ipairs(entries or {}) do
+    local f = first[e.pid]
+    if (not f or e.seq < f) and not (con.closed) then
+      local ok, v = core.decode(e.data)
+      if ok then
+        local meta = { channel = con.ch.short, producer = paddr .. "#" .. e.pid, seq = e.seq, history = true }
+        if con.mod then meta.params_version = con.mod.version end
+        st.run(v, meta)
+        if e.pid ~= 0 and (not last[e.pid] or e.seq > last[e.pid]) then last[e.pid] = e.seq end
+      end
+    end
+  end
+  for _, b in ipairs(s.buf) do
+    st.held, st.held_bytes = st.held - 1, st.held_bytes - #b.data
+    local c = cut[b.pid]
+    if con.closed or (c and b.meta.seq <= c) then
+      if b.rec then ctx:_settle_ack(b.rec, con.id, nil) end
+    else
+      local _, v = core.decode(b.data)
+      st.run(v, b.meta, b.rec)
+      if b.pid ~= 0 and (not last[b.pid] or b.meta.seq > last[b.pid]) then last[b.pid] = b.meta.seq end
+    end
+  end
+  -- what is at or below the seam and still comes (a local producer's queue) is dropped
+  for pid, seq in pairs(cut) do
+    if not last[pid] or last[pid] < seq then last[pid] = seq end
+  end
+  for _ in pairs(last) do st.lasts = st.lasts + 1 end
+  s.buf = {}
+end
+
+-- After the join (r: its reply, with the producing contexts): asks each for
+-- its history and delivers it at the seam.  Returns nothing; failures are
+-- logged, and the live stream goes on.
+function M.fetch(st, r)
+  local con = st.con
+  local ch = con.ch
+  local ctx = ch.ctx
+  local producers = type(r) == "table" and type(r.producers) == "table" and r.producers or {}
+  -- every listed producer holds its events until it answered; one that
+  -- was not listed (it came after the join, or left) is live only
+  local listed = {}
+  for _, a in ipairs(producers) do
+    listed[a] = true
+    st.by[a] = st.by[a] or { buf = {}, last = {} }
+  end
+  st.listed = true
+  for paddr in pairs(st.by) do
+    if not listed[paddr] then M.flush(st, paddr, {}) end
+  end
+  local key = con.mod and con.mod.key or nil
+  -- the member-list version that took this consumer's subscription: the seam
+  local ver = type(r) == "table" and type(r.ver) == "number" and r.ver or nil
+  for _, a in ipairs(producers) do
+    if con.closed or ctx.closed then break end
+    local entries, err, seam
+    if a == ctx.addr then
+      entries, seam = M.serve(ctx, a, { ch = ch.name, n = st.n, key = key, ver = ver })
+      if not entries then err = "no history here" end
+    else
+      local rep, rerr = ctx:request(a, { op = "history", ch = ch.name, n = st.n, key = key, ver = ver },
+                                    math.max(ctx.timeout, M.REPLY_TIMEOUT))
+      if rep then
+        entries = type(rep.entries) == "table" and rep.entries or {}
+        -- what a producer sends is checked like any value from the wire
+        local good = {}
+        for _, e in ipairs(entries) do
+          if type(e) == "table" and type(e.seq) == "number" and type(e.pid) == "number"
+             and type(e.data) == "string" and #good < st.n * 64 then
+            good[#good + 1] = e
+          end
+        end
+        entries = good
+        seam = {}
+        for _, e in ipairs(type(rep.seam) == "table" and rep.seam or {}) do
+          if type(e) == "table" and type(e.pid) == "number" and type(e.seq) == "number" and #seam < 4096 then
+            seam[#seam + 1] = e
+          end
+        end
+      else
+        err = rerr
+      end
+    end
+    M.flush(st, a, entries, err and ("no history from %s: %s"):format(a, err) or nil, seam)
+  end
+  -- everything listed answered: the wrapper only drops repeats now, and
+  -- goes once none can come
+  st.fetched = true
+  if st.lasts == 0 then M.unwrap(st) end
+end
+
+return M

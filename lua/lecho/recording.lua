@@ -1,0 +1,384 @@
+-- lecho.recording: the recording file format (doc/recording.md) and a
+-- recorder (issue 29).  A file is the magic line "LECHOREC1\n", then
+-- records, each
+--
+--   u32le length of the body | u32le CRC-32 (zlib's) of the body | body
+--
+-- and the body's first byte says its kind:
+--   'H' header: an encoded lecho value { format = 1, created, recorder,
+--       fields } (`fields` describes the other kinds in words); every
+--       segment starts with one, and it resets the channel and producer
+--       tables below
+--   'C' varint index, then a channel's short name (replay publishes there)
+--   'P' varint index, then a producer's name ("host:port#id")
+--   'E' an event: varint channel index, varint producer index, varint seq,
+--       varint microseconds since the header's `created`, one flag byte
+--       (1: it was a sync event), then the value's encoded bytes exactly
+--       as they came on the wire (doc/wire-format.md; arrays untouched)
+--
+-- Append-only; a crash mid-write leaves at most a torn last record: its
+-- length runs past the end, or its checksum fails.  A reader stops there
+-- and says where (`M.scan`); `M.cut` truncates a file to its good part
+-- (record --append does it before it writes).
+
+local ffi = require "ffi"
+local bit = require "bit"
+
+local M = {}
+
+M.MAGIC = "LECHOREC1\n"
+M.FORMAT = 1
+M.MAX_RECORD = 256 * 1024 * 1024   -- a length past this is a torn or foreign file
+M.FIELDS = "C: varint index, short channel name; P: varint index, producer name; "
+        .. "E: varint channel, varint producer, varint seq, varint microseconds since created, "
+        .. "u8 flags (1 sync), encoded value as received"
+
+ffi.cdef [[
+unsigned long crc32(unsigned long crc, const unsigned char *buf, unsigned int len);
+int truncate(const char *path, long length);
+struct lecho_rec_timeval { long tv_sec; long tv_usec; };
+int gettimeofday(struct lecho_rec_timeval *tv, void *tz);
+]]
+local zlib = ffi.load("z")
+
+local tv = ffi.new("struct lecho_rec_timeval")
+--- Seconds since the epoch, to the microsecond.
+function M.wall()
+  ffi.C.gettimeofday(tv, nil)
+  return tonumber(tv.tv_sec) + tonumber(tv.tv_usec) / 1e6
+end
+
+function M.crc32(s, crc)
+  return tonumber(zlib.crc32(crc or 0, ffi.cast("const unsigned char *", s), #s))
+end
+
+local char, byte, floor = string.char, string.byte, math.floor
+
+local function u32(n)
+  return char(n % 256, floor(n / 256) % 256, floor(n / 65536) % 256, floor(n / 16777216) % 256)
+end
+local function rd_u32(s, i)
+  local a, b, c, d = byte(s, i, i + 3)
+  return a + b * 256 + c * 65536 + d * 16777216
+end
+
+local function varint(n)
+  if n < 128 then return char(n) end
+  if n < 16384 then return char(n % 128 + 128, floor(n / 128)) end
+  local t = {}
+  repeat
+    local b = n % 128
+    n = floor(n / 128)
+    t[#t + 1] = char(n > 0 and b + 128 or b)
+  until n == 0
+  return table.concat(t)
+end
+M.varint = varint
+
+-- value, next index; nil when it runs past the end or past 2^53
+local function rd_varint(s, i)
+  local n, mul = 0, 1
+  while true do
+    local b = byte(s, i)
+    if not b or mul > 2 ^ 49 then return nil end
+    n = n + (b % 128) * mul
+    i = i + 1
+    if b < 128 then return n, i end
+    mul = mul * 128
+  end
+end
+
+-- One record as bytes: header and body.
+local function record(body)
+  return u32(#body) .. u32(M.crc32(body)) .. body
+end
+M.record = record
+
+---------------------------------------------------------------------------
+-- Reading
+---------------------------------------------------------------------------
+
+--- Reads a whole file into an index of its events: { events = { { ch =
+-- short name, producer, seq, t (seconds from the first event), wall
+-- (seconds since the epoch), sync, data = encoded value } ... }, channels
+-- = { names }, header, good (bytes of whole records), size, torn (nil,
+-- or { offset, bytes, why }) }; or nil, err when it is not a recording.
+function M.scan(path)
+  local f, err = io.open(path, "rb")
+  if not f then return nil, err end
+  local s = f:read("*a")
+  f:close()
+  if s:sub(1, #M.MAGIC) ~= M.MAGIC then
+    return nil, ("%s: not a lecho recording (no %q at its start)"):format(path, M.MAGIC:sub(1, -2))
+  end
+  local core = require "lecho.core"
+  local out = { events = {}, channels = {}, size = #s, path = path }
+  local chans, prods, created = {}, {}, nil
+  local seen = {}
+  local i = #M.MAGIC + 1
+  local why
+  while i <= #s do
+    if i + 8 > #s + 1 then why = "a record header cut short" break end
+    local len, crc = rd_u32(s, i), rd_u32(s, i + 4)
+    if len == 0 or len > M.MAX_RECORD then why = ("a record length of %d"):format(len) break end
+    if i + 8 + len > #s + 1 then why = ("a record of %d bytes cut short"):format(len) break end
+    local body = s:sub(i + 8, i + 7 + len)
+    if M.crc32(body) ~= crc then why = "a record whose checksum fails" break end
+    local kind = body:sub(1, 1)
+    if kind == "H" then
+      local ok, h = core.decode(body:sub(2))
+      if not ok or type(h) ~= "table" or h.format ~= M.FORMAT or type(h.created) ~= "number" then
+        why = "a header that is not format 1" break
+      end
+      out.header = out.header or h
+      created, chans, prods = h.created, {}, {}
+    elseif kind == "C" or kind == "P" then
+      local idx, j = rd_varint(body, 2)
+      if not idx then why = "a bad index" break end
+      local t = kind == "C" and chans or prods
+      t[idx] = body:sub(j)
+      if kind == "C" and not seen[t[idx]] then
+        seen[t[idx]] = true
+        out.channels[#out.channels + 1] = t[idx]
+      end
+    elseif kind == "E" then
+      if not created then why = "an event before any header" break end
+      local c, p, seq, us, j
+      c, j = rd_varint(body, 2)
+      if c then p, j = rd_varint(body, j) end
+      if p then seq, j = rd_varint(body, j) end
+      if seq then us, j = rd_varint(body, j) end
+      local flags = us and byte(body, j)
+      if not flags or not chans[c] or not prods[p] then why = "a bad event record" break end
+      local wall = created + us / 1e6
+      out.events[#out.events + 1] = { ch = chans[c], producer = prods[p], seq = seq, wall = wall,
+                                      sync = bit.band(flags, 1) == 1, data = body:sub(j + 1) }
+    end
+    -- other kinds: skipped (a later format's additions)
+    i = i + 8 + len
+  end
+  out.good = i - 1
+  if i <= #s then out.torn = { offset = i - 1, bytes = #s - i + 1, why = why } end
+  local t0 = out.events[1] and out.events[1].wall or 0
+  for _, e in ipairs(out.events) do e.t = e.wall - t0 end
+  return out
+end
+
+--- Truncates path to its whole records (a torn tail cut).  Returns the
+-- scan, or nil, err.
+function M.cut(path)
+  local r, err = M.scan(path)
+  if not r then return nil, err end
+  if r.torn then
+    if ffi.C.truncate(path, r.good) ~= 0 then return nil, ("%s: cannot truncate"):format(path) end
+  end
+  return r
+end
+
+---------------------------------------------------------------------------
+-- Writing
+---------------------------------------------------------------------------
+
+local Writer = {}
+Writer.__index = Writer
+
+local function exists(p)
+  local f = io.open(p, "rb")
+  if f then f:close() return true end
+end
+
+--- A writer of path: opts.max_bytes (rotation past it: path -> path.1 ->
+-- ... -> path.KEEP, the oldest dropped), opts.keep (default 3), opts.append
+-- (go on after what a file holds, its torn tail cut; else an existing file
+-- is refused), opts.recorder (a name for the header).
+function M.writer(path, opts)
+  opts = opts or {}
+  local w = setmetatable({ path = path, max = opts.max_bytes, keep = opts.keep or 3, recorder = opts.recorder,
+                           events = 0, bytes = 0, rotations = 0 }, Writer)
+  if exists(path) then
+    if not opts.append then return nil, ("%s exists (--append goes on after it)"):format(path) end
+    local r, err = M.cut(path)
+    if not r then return nil, err end
+    w.cut = r.torn
+  end
+  local ok, err = w:_open()
+  if not ok then return nil, err end
+  return w
+end
+
+function Writer:_open()
+  local fresh = not exists(self.path)
+  local f, err = io.open(self.path, "ab")
+  if not f then return nil, err end
+  f:setvbuf("full", 64 * 1024)
+  self.f = f
+  self.size = fresh and 0 or f:seek("end")
+  if fresh then
+    f:write(M.MAGIC)
+    self.size = #M.MAGIC
+  end
+  -- a segment: header, then its own channel and producer tables
+  self.chans, self.prods, self.nchan, self.nprod = {}, {}, 0, 0
+  self.created = floor(M.wall())
+  local core = require "lecho.core"
+  local h = assert(core.encode({ format = M.FORMAT, created = self.created, recorder = self.recorder,
+                                 fields = M.FIELDS }))
+  self.header = record("H" .. h)
+  self:_put(self.header)
+  return true
+end
+
+function Writer:_put(rec)
+  self.f:write(rec)
+  self.size = self.size + #rec
+  self.bytes = self.bytes + #rec
+end
+
+function Writer:_rotate()
+  self.f:close()
+  for k = self.keep, 1, -1 do
+    local from = k == 1 and self.path or (self.path .. "." .. (k - 1))
+    if exists(from) then os.rename(from, self.path .. "." .. k) end
+  end
+  self.rotations = self.rotations + 1
+  return self:_open()
+end
+
+--- Appends one event: short channel name, producer name, seq, wall time
+-- (seconds since the epoch), sync, the encoded value as it came.
+function Writer:event(ch, producer, seq, wall, sync, data)
+  local body = "E"
+  local c = self.chans[ch]
+  local pre = ""
+  if not c then
+    self.nchan = self.nchan + 1
+    c = self.nchan
+    self.chans[ch] = c
+    pre = record("C" .. varint(c) .. ch)
+  end
+  local p = self.prods[producer]
+  if not p then
+    self.nprod = self.nprod + 1
+    p = self.nprod
+    self.prods[producer] = p
+    pre = pre .. record("P" .. varint(p) .. producer)
+  end
+  local us = math.max(0, floor((wall - self.created) * 1e6 + 0.5))
+  -- the value's bytes are written as they are: the checksum runs over the
+  -- head, then on over them (no copy of the value)
+  local head = body .. varint(c) .. varint(p) .. varint(seq) .. varint(us) .. char(sync and 1 or 0)
+  local len = #head + #data
+  if self.max and self.size + #pre + 8 + len > self.max and self.events_in_segment then
+    local ok, err = self:_rotate()
+    if not ok then return nil, err end
+    return self:event(ch, producer, seq, wall, sync, data)
+  end
+  if pre ~= "" then self:_put(pre) end
+  local f = self.f
+  f:write(u32(len), u32(M.crc32(data, M.crc32(head))), head, data)
+  self.size = self.size + 8 + len
+  self.bytes = self.bytes + 8 + len
+  self.events = self.events + 1
+  self.events_in_segment = true
+  return true
+end
+
+function Writer:flush() if self.f then self.f:flush() end end
+
+function Writer:close()
+  if self.f then
+    self.f:close()
+    self.f = nil
+  end
+end
+
+---------------------------------------------------------------------------
+-- Recording channels
+---------------------------------------------------------------------------
+
+--- Records channels `names` (short names or full ones) of ctx into writer
+-- w: one consumer per channel in raw mode (ctx:raw: the bytes as they
+-- came, not decoded; every consumer of those channels in ctx gets bytes,
+-- so a recorder has its own context).  Returns the recorder { stop() } or
+-- nil, err.
+function M.record(ctx, names, w, opts)
+  opts = opts or {}
+  if opts.direct then return M.record_direct(ctx, names, w, opts) end
+  local r = { w = w, cons = {}, events = 0 }
+  local gettime = M.wall
+  for _, name in ipairs(names) do
+    local ch, err, code = ctx:channel(name)
+    if not ch then return nil, err, code end
+    ctx.c:raw(ch.chid, true)
+    local short = ch.short
+    local con
+    con, err, code = ch:consumer(function(data, meta)
+      local ok, werr = w:event(short, meta.producer, meta.seq, gettime(), meta.sync == true, data)
+      if not ok then
+        if opts.on_error then opts.on_error(werr) end
+        return
+      end
+      r.events = r.events + 1
+      if opts.on_event then opts.on_event(r) end
+    end)
+    if not con then return nil, err, code end
+    r.cons[#r.cons + 1] = con
+  end
+  -- written at least every 50 ms: a kill loses at most that much, a torn
+  -- last record at worst
+  r.timer = ctx:every(0.05, function() w:flush() end)
+  function r.stop()
+    if r.timer then r.timer:stop() r.timer = nil end
+    for _, c in ipairs(r.cons) do c:close() end
+    w:flush()
+  end
+  return r
+end
+
+--- The same, written from C (core/lua_rsink.c): the events never enter
+-- Lua, so the recorder keeps up with a producer at full rate.  No
+-- per-event callback (opts.on_event is not called); w's counts are set by
+-- stop().
+function M.record_direct(ctx, names, w, opts)
+  w:flush()
+  w.f:close()
+  w.f = nil
+  local ok, err = ctx.c:rsink_open(w.path, M.MAGIC .. w.header, w.created, w.max or 0, w.keep)
+  if not ok then return nil, err end
+  local r = { w = w, cons = {} }
+  local function stop_all()
+    for _, c in ipairs(r.cons) do c:close() end
+    ctx.c:rsink_close()
+  end
+  for _, name in ipairs(names) do
+    local ch, cerr, code = ctx:channel(name)
+    if not ch then stop_all() return nil, cerr, code end
+    ctx.c:rsink_channel(ch.chid, ch.short)
+    ctx.c:raw(ch.chid, true)
+    local con
+    con, cerr, code = ch:consumer(function() end)   -- (never runs: the sink takes the events)
+    if not con then stop_all() return nil, cerr, code end
+    r.cons[#r.cons + 1] = con
+  end
+  local reported
+  r.timer = ctx:every(0.05, function()
+    ctx.c:rsink_flush()
+    local _, _, _, serr = ctx.c:rsink_stats()
+    if serr and not reported then
+      reported = true
+      if opts.on_error then opts.on_error(serr) end
+    end
+  end)
+  function r.stop()
+    if r.timer then r.timer:stop() r.timer = nil end
+    for _, c in ipairs(r.cons) do c:close() end
+    local ev, by, rot = ctx.c:rsink_stats()
+    if ev then
+      w.events, w.bytes, w.rotations = ev, w.bytes + by, rot
+    end
+    ctx.c:rsink_close()
+  end
+  return r
+end
+
+return M

@@ -1,0 +1,108 @@
+-- lua/lecho/repl/recplay.lua: the REPL's record(), replay() and the
+-- channel form of history() (issue 29).  record() runs `lecho record` as a
+-- child process (a recorder takes its channels' bytes raw: a context of
+-- its own); replay() runs lecho.replay on the REPL's context, so that it
+-- can be paused, stepped and sought while the prompt stays live.
+
+local P = require "lecho.repl.pretty"
+
+local M = {}
+
+function M.install(R)
+  local ctx = R.ctx
+
+  -- history(ch, n): the last values, now
+  function R.channel_history(name, n)
+    R.check_name(name, "history")
+    n = n or 1
+    local got = {}
+    local ch = assert(ctx:channel(name))
+    local con, err = ch:consumer(function(ev, meta)
+      if meta.history then got[#got + 1] = { ev = ev, meta = meta } end
+    end, { history = n })
+    if not con then error("history: " .. tostring(err), 3) end
+    con:close()
+    if #got == 0 then R.out(("no history on '%s' (its producers keep none, or there are none)"):format(name)) end
+    for _, e in ipairs(got) do
+      R.out(("[%s %s #%s history] %s"):format(name, e.meta.producer, tostring(e.meta.seq), P.short(e.ev, 200)))
+    end
+    return got
+  end
+
+  -- the directory of this REPL's scripts (lecho is beside lecho-repl)
+  local function lecho_script()
+    local self = arg and arg[0] or "scripts/lecho-repl"
+    local dir = self:match("^(.*)/[^/]*$") or "."
+    return dir .. "/lecho"
+  end
+
+  local Rec = {}
+  Rec.__index = Rec
+  function Rec:stop()
+    if self.stopped then return self.summary end
+    self.stopped = true
+    os.execute(("kill -INT %d 2>/dev/null"):format(self.pid))
+    for _ = 1, 100 do
+      local f = io.open(self.outfile)
+      local s = f and f:read("*a")
+      if f then f:close() end
+      if s and s:find("}") then
+        self.summary = require("cjson").decode(s:match("({.*})"))
+        break
+      end
+      R.serve(0.05)
+    end
+    R.out(("record: %s"):format(self.summary and ("%d events, %d bytes in %s"):format(self.summary.events,
+      self.summary.bytes, self.file) or "stopped (no summary)"))
+    return self.summary
+  end
+  function Rec:__tostring() return ("record %s -> %s (pid %d)"):format(table.concat(self.channels, ", "), self.file, self.pid) end
+
+  R.command("record", "record(ch | {ch, ...}, file [, {max_bytes=, keep=, append=}])",
+    "record channels to a file (lecho record, in the background)", [[
+Starts `lecho record` on the channels, writing to file (doc/recording.md):
+every event as it came, with producer, seq and time.  Returns a handle:
+h:stop() ends it and prints what was written.  replay(file) plays it back.]], function(chs, file, o)
+    if type(chs) == "string" then chs = { chs } end
+    if type(chs) ~= "table" or not chs[1] then error("record: the channels: a name or a list of names", 2) end
+    if type(file) ~= "string" then error("record: the file name is missing", 2) end
+    o = o or {}
+    local q = R.sh_quote or function(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+    local args = {}
+    for _, c in ipairs(chs) do args[#args + 1] = q(c) end
+    local outfile = os.tmpname()
+    local cmd = ("%s %s record %s --out %s --json --nameserver %s%s%s%s >%s 2>&1 & echo $!"):format(
+      "luajit", q(lecho_script()), table.concat(args, " "), q(file), q(ctx.ns),
+      o.max_bytes and (" --max-bytes " .. math.floor(o.max_bytes)) or "",
+      o.keep and (" --keep " .. math.floor(o.keep)) or "", o.append and " --append" or "", q(outfile))
+    local pipe = assert(io.popen(cmd))
+    local pid = tonumber(pipe:read("*l"))
+    pipe:close()
+    if not pid then error("record: could not start lecho record", 2) end
+    R.serve(0.3)
+    local h = setmetatable({ pid = pid, file = file, channels = chs, outfile = outfile }, Rec)
+    R.out(tostring(h))
+    return h
+  end)
+
+  R.command("replay", "replay(file | {files}, {speed=, rename=, paused=})",
+    "publish a recording again, under your control", [[
+Publishes the recording's events again on their channels (rename = { old =
+"new" } for others), at the recorded pace times speed (1; "max": as fast as
+the queues take them).  Consumers see meta.replay = true.  Returns a handle:
+r:pause(), r:resume(), r:step([n]), r:seek{ t = seconds } or r:seek{ seq = n },
+r:set_speed(x), r:status(), r:close().  paused = true starts paused.]], function(files, o)
+    o = o or {}
+    local rp, err = require("lecho.replay").new(ctx, files, {
+      speed = o.speed, rename = o.rename, paused = o.paused,
+      on_end = function(r) R.out(("replay: done, %d events sent"):format(r.sent)) end,
+    })
+    if not rp then error("replay: " .. tostring(err), 2) end
+    for _, t in ipairs(rp.torn) do R.out("replay: " .. t) end
+    local st = rp:status()
+    R.out(("replay: %d events over %.3f s%s"):format(st.total, st.duration, rp.paused and ", paused" or ""))
+    return rp
+  end)
+end
+
+return M

@@ -1,0 +1,217 @@
+-- lecho.replay: publishes a recording (lecho.recording) again on its
+-- channels, or renamed ones, at its own pace times `speed`, as fast as the
+-- queues take ("max"), or step by step; pause, resume, seek to a time or a
+-- sequence number (issue 29).  One producer per recorded (channel,
+-- producer), so each producer's order is kept; the events go out as the
+-- bytes that were recorded (no decoding), and their producer ids are
+-- 2^40 and up, which consumers see as meta.replay = true (context.lua):
+-- nothing else tells a replay from the live run.  Runs on the context's
+-- loop (a timer), so a REPL or a script goes on meanwhile.
+
+local recording = require "lecho.recording"
+local Context = require "lecho.context"
+
+local M = {}
+
+local Replay = {}
+Replay.__index = Replay
+
+--- ctx, files (a path or a list of paths, replayed in that order), opts:
+-- speed (number > 0 or "max"; default 1), rename ({ old = new }),
+-- paused (start paused: step or resume), on_end(rp) when the last event
+-- went, on_event(rp, e) after each.  Returns the replay, or nil, err.
+function M.new(ctx, files, opts)
+  opts = opts or {}
+  if type(files) == "string" then files = { files } end
+  local events, torn = {}, {}
+  for _, f in ipairs(files) do
+    local r, err = recording.scan(f)
+    if not r then return nil, err end
+    if r.torn then
+      torn[#torn + 1] = ("%s: torn tail at byte %d (%d bytes: %s) ignored"):format(f, r.torn.offset,
+                                                                                  r.torn.bytes, r.torn.why)
+    end
+    for _, e in ipairs(r.events) do events[#events + 1] = e end
+  end
+  local t0 = events[1] and events[1].wall or 0
+  for _, e in ipairs(events) do e.t = e.wall - t0 end
+  local speed = opts.speed or 1
+  if speed ~= "max" and (type(speed) ~= "number" or not (speed > 0)) then
+    return nil, "speed must be a number > 0 or \"max\""
+  end
+  local rp = setmetatable({ ctx = ctx, events = events, torn = torn, rename = opts.rename or {}, speed = speed,
+                            pos = 1, sent = 0, paused = opts.paused or false, producers = {},
+                            on_end = opts.on_end, on_event = opts.on_event, duration = events[#events]
+                            and events[#events].t or 0 }, Replay)
+  -- every producer joined now, from the caller's line: the timer that
+  -- sends must not wait for a manager
+  for _, e in ipairs(events) do
+    local p, err = rp:_producer(e)
+    if not p then
+      rp:close()
+      return nil, ("replaying on '%s': %s"):format(rp.rename[e.ch] or e.ch, tostring(err))
+    end
+  end
+  rp:_rebase()
+  if not rp.paused then rp:_schedule(0) end
+  return rp
+end
+
+-- The producer of recorded (channel, producer): made on first use.
+function Replay:_producer(e)
+  local key = e.ch .. "\0" .. e.producer
+  local p = self.producers[key]
+  if p then return p end
+  local name = self.rename[e.ch] or e.ch
+  local ch, err, code = self.ctx:channel(name)
+  if not ch then return nil, err, code end
+  p, err, code = ch:producer()
+  if not p then return nil, err, code end
+  local ctx = self.ctx
+  ctx.nextreplay = (ctx.nextreplay or 0) + 1
+  p:_set_pid(Context.REPLAY_PID + ctx.nextreplay)
+  self.producers[key] = p
+  return p
+end
+
+-- From now, event pos is due at now + (its t - base_t) / speed.
+function Replay:_rebase()
+  local e = self.events[self.pos]
+  self.base_t = e and e.t or 0
+  self.base_now = self.ctx:now()
+end
+
+function Replay:_schedule(delay)
+  if self.timer then self.timer:stop() end
+  self.timer = self.ctx:after(math.max(0, delay), function()
+    self.timer = nil
+    self:_run()
+  end)
+end
+
+-- Sends one event; true, or nil, err.
+function Replay:_send(e)
+  local p, err = self:_producer(e)
+  if not p then return nil, err end
+  local ok, serr = p:_submit_encoded(e.data)
+  if not ok then return nil, serr end
+  self.sent = self.sent + 1
+  self.last = e
+  if self.on_event then self.on_event(self, e) end
+  return true
+end
+
+function Replay:_run()
+  if self.paused or self.closed then return end
+  local ctx = self.ctx
+  local n = 0
+  while self.pos <= #self.events do
+    local e = self.events[self.pos]
+    if self.speed ~= "max" then
+      local due = self.base_now + (e.t - self.base_t) / self.speed
+      local now = ctx:now()
+      if due > now then return self:_schedule(due - now) end
+    end
+    self.pos = self.pos + 1
+    local ok, err = self:_send(e)
+    if not ok then self.err = err end
+    n = n + 1
+    -- "max": let the loop write and take requests every 1000 events
+    if self.speed == "max" and n >= 1000 then return self:_schedule(0) end
+    if self.paused or self.closed then return end
+  end
+  self.done = true
+  if self.on_end then self.on_end(self) end
+end
+
+--- Stops sending; resume() goes on from the same event, at the same pace.
+function Replay:pause()
+  self.paused = true
+  if self.timer then self.timer:stop() self.timer = nil end
+  return self:status()
+end
+
+function Replay:resume()
+  if self.closed then return nil, "replay is closed" end
+  self.paused = false
+  self:_rebase()
+  self:_schedule(0)
+  return self:status()
+end
+
+--- Sends the next n events (default 1) now, paused or not (it pauses).
+function Replay:step(n)
+  self:pause()
+  for _ = 1, n or 1 do
+    local e = self.events[self.pos]
+    if not e then break end
+    self.pos = self.pos + 1
+    local ok, err = self:_send(e)
+    if not ok then return nil, err end
+  end
+  if self.pos > #self.events then
+    self.done = true
+    if self.on_end then self.on_end(self) end
+  end
+  return self:status()
+end
+
+--- Goes to a time ({ t = seconds from the recording's first event }) or a
+-- sequence number ({ seq = N [, producer = name] }: the first event of
+-- that producer, or of any, with that seq or later).  Paused stays paused.
+function Replay:seek(to)
+  local k
+  if type(to) == "number" then to = { t = to } end
+  if type(to) ~= "table" then error("lecho: seek takes { t = seconds } or { seq = n }", 2) end
+  for i, e in ipairs(self.events) do
+    if to.t and e.t >= to.t then k = i break end
+    if to.seq and e.seq >= to.seq and (to.producer == nil or e.producer == to.producer) then k = i break end
+  end
+  self.pos = k or (#self.events + 1)
+  self.done = self.pos > #self.events
+  self:_rebase()
+  if not self.paused then self:_schedule(0) end
+  return self:status()
+end
+
+--- Changes the pace (a number > 0, or "max") from the current event on.
+function Replay:set_speed(x)
+  if x ~= "max" and (type(x) ~= "number" or not (x > 0)) then
+    error("lecho: speed must be a number > 0 or \"max\"", 2)
+  end
+  self.speed = x
+  self:_rebase()
+  if not self.paused then self:_schedule(0) end
+  return self:status()
+end
+
+--- { pos, total, sent, t (of the next event), duration, paused, done, speed }
+function Replay:status()
+  local e = self.events[self.pos]
+  return { pos = self.pos, total = #self.events, sent = self.sent, t = e and e.t or self.duration,
+           duration = self.duration, paused = self.paused, done = self.pos > #self.events,
+           speed = self.speed, err = self.err }
+end
+
+--- Serves the loop until what was sent left this process (the queues are
+-- empty), at most timeout seconds (default 60): true, or false.
+function Replay:drain(timeout)
+  local ctx = self.ctx
+  local deadline = ctx:now() + (timeout or 60)
+  while ctx:now() < deadline do
+    ctx.c:flush()
+    local _, ev = ctx.c:pending()
+    if ev == 0 then return true end
+    ctx:run_once(0.02)
+  end
+  return false
+end
+
+function Replay:close()
+  if self.closed then return end
+  self.closed = true
+  if self.timer then self.timer:stop() self.timer = nil end
+  for _, p in pairs(self.producers) do p:close() end
+end
+
+return M

@@ -638,11 +638,12 @@ end
 -- true) until the loop is through, then ctx:resume.  No ack: async only.
 local BATCH = {}
 local function run_batch(self, co, t, n, peer)
-  local svc = self.svc_chans
+  local routes = self.routes
   for k = 0, 4 * (n - 1), 4 do
     local chid = t[k + 1]
-    -- (an async event on a call channel is no call: nothing to run)
-    if not (svc and svc[chid]) then self:_on_event(chid, t[k + 2], peer, t[k + 3], t[k + 4], 0, nil) end
+    -- a routed channel (a service's call channel, Context:_route) takes no
+    -- async event: it is no call, nothing to run (as _dispatch's route)
+    if not (routes and routes[chid]) then self:_on_event(chid, t[k + 2], peer, t[k + 3], t[k + 4], 0, nil) end
   end
   local held = self.held[co]
   if held then

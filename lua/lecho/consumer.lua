@@ -116,7 +116,7 @@ function Consumer:_switch(spec, handler)
   -- Back to a modulator whose old stream is still ending here (A, B, A
   -- again before A's end came): the same key is one stream; its old entry
   -- goes now, or each event would reach both.
-  local st = ch.streams[spec.key]
+  local st = ch.streams[spec.stream or spec.key]
   if st then
     for _, e in ipairs(self.old_entries or {}) do
       for _, x in ipairs(st.consumers) do
@@ -144,7 +144,7 @@ function Consumer:_switch(spec, handler)
     ch.subs_sig = nil
     self.old_entries = self.old_entries or {}
     self.old_entries[#self.old_entries + 1] = new_entry
-    local nst = ch.streams[spec.key]
+    local nst = ch.streams[spec.stream or spec.key]
     if nst then ch:_end_watch(new_entry, spec.key, nst.chid) else ch:_detach(new_entry) end
     -- The request may have reached the manager before it failed: say again
     -- what this consumer takes (now if a manager is known, else at rejoin).
@@ -158,7 +158,7 @@ function Consumer:_switch(spec, handler)
     -- the stream stayed quiet for sync_timeout (a producer that never
     -- answered: _end_watch).  Unless another consumer of this context still
     -- uses that modulator: then it stops at once.
-    local st = old and ch.streams[old.key]
+    local st = old and ch.streams[old.stream or old.key]
     local ending = {}
     for _, a in ipairs(type(r) == "table" and r.producers or {}) do ending[a] = true end
     -- producers that ended it already, for this change (the list of the
@@ -190,7 +190,106 @@ end
 function Consumer:set_params(params)
   if not self.mod then error("lecho: set_params: this consumer has no modulator", 2) end
   local m = self.mod
-  return self:_switch(mod_spec(m.src, params, m.period, m.caps, 3), self.handler)
+  local spec = mod_spec(m.src, params, m.period, m.caps, 3)
+  if spec.key == m.key then return true end   -- (on a stream of its own, the next line says)
+  local r, err, code = self:_params_inband(m.stream and mod_spec(m.src, params, m.period, m.caps, 3, m.stream))
+  if r ~= false then return r, err, code end
+  return self:_switch(spec, self.handler)
+end
+
+-- The in-band change (doc/modulators.md "Ordering"): when this consumer is
+-- the only one of its stream here, a `params` request goes to each
+-- producer the manager last named, which applies it between two submits
+-- and answers after the last event made with the old params, on the same
+-- connection; the manager is told at the same time (not waited for), so
+-- that a producer joining later installs the new params.  The stream,
+-- its channel and the instance's state stay.  Returns false when it does
+-- not apply (then the change goes through the manager: a new stream).
+function Consumer:_params_inband(spec)
+  local ch = self.ch
+  local ctx = ch.ctx
+  local old, e = self.mod, self.entry
+  if not spec or self.closed or ctx.closed or not ch.cjoined then return false end
+  local st = ch.streams[old.stream or old.key]
+  if not st or #st.consumers ~= 1 or st.consumers[1] ~= e then return false end
+  -- the producers: those the manager named in its last answer here, this
+  -- context if it produces, and every peer that sent us events and has
+  -- the channel or this stream bound here
+  local to, seen = {}, {}
+  local function add(a)
+    if type(a) == "string" and not seen[a] then seen[a] = true; to[#to + 1] = a end
+  end
+  for _, a in ipairs(type(ch.producers_seen) == "table" and ch.producers_seen or {}) do add(a) end
+  if ch.nprod > 0 then add(ctx.addr) end
+  for idx in pairs(ctx.pnames) do
+    local a = idx ~= 0 and ctx:_peer_addr(idx)
+    if a and not seen[a] and (ctx.c:peer_binds(a, st.chid) or ctx.c:peer_binds(a, ch.chid)) then add(a) end
+  end
+  for _, x in ipairs(self.old_entries or {}) do
+    if not x.detached then return false end
+  end
+  if spec.key == old.key then return true end
+  self.vmax = math.max(self.vmax or 0, old.version or 0) + 1
+  spec.version, spec.pseq = self.vmax, self.vmax
+  e.vkeys = { [old.key] = old.version, [spec.key] = spec.version }
+  e.pver = {}
+  local pend, left = {}, 0
+  for _, a in ipairs(to) do
+    local rid, p = ctx:_pend(a)
+    left = left + 1
+    p.on_reply = function(msg)
+      -- in band: the events before this reply were made with the old params
+      if msg.ok then e.pver[a] = spec.version end
+    end
+    pend[#pend + 1] = { a = a, rid = rid, p = p }
+  end
+  self.mod = spec
+  for _, q in ipairs(pend) do
+    ctx:_send_ctrl(q.a, { op = "params", rid = q.rid, ch = ch.name, stream = spec.stream, key = spec.key,
+                          pseq = spec.pseq, params = spec.params })
+  end
+  ctx:_wait(function()
+    if ctx.closed then return true end
+    for _, q in ipairs(pend) do
+      if not (q.p.reply or q.p.failed) then return false end
+    end
+    return true
+  end, ctx.c:now() + ctx.timeout)
+  local busy, other, applied
+  for _, q in ipairs(pend) do
+    ctx.pending[q.rid] = nil
+    local r = q.p.reply
+    applied = applied or (r and r.ok)
+    if r and not r.ok then
+      if r.code == "busy" then busy = true
+      elseif r.code ~= "notfound" then other = ("producer %s: %s"):format(q.a, tostring(r.err)) end
+    elseif not r and not q.p.failed then
+      other = ("no answer from producer %s within %gs"):format(q.a, ctx.timeout)
+    end
+  end
+  if ctx.closed then return nil, "context closed while waiting", "closed" end
+  if busy then
+    -- shared with another context at a producer: a stream of its own,
+    -- through the manager (told nothing of the in-band key)
+    self.mod, e.vkeys, e.pver = old, nil, nil
+    if not applied then self.vmax = self.vmax - 1 end   -- nothing was made with it
+    return self:_switch(mod_spec(spec.src, spec.params, spec.period, spec.caps, 3), self.handler)
+  end
+  -- the manager, not waited for: a producer that joins later installs the
+  -- new params; one the manager lists that we did not know switches when
+  -- the list comes, and says so in band (params_at)
+  if not other then ch:_update_subs(true) end
+  if other then
+    -- through the manager: its reply comes once every producer took the list
+    -- naming the new key (those that switch then say so in band: params_at)
+    ch.subs_sig = nil
+    local r, err, code = ch:_update_subs()
+    if not r then return nil, err, code end
+    local perr = reply_errors(r, spec.key)
+    if perr then return nil, perr, "failed" end
+  end
+  e.version, e.pver = spec.version, nil
+  return true
 end
 
 --- Replaces the modulator and demodulator together (params: the new

@@ -205,6 +205,7 @@ end
 -- that a producer joining later installs the new params.  The stream,
 -- its channel and the instance's state stay.  Returns false when it does
 -- not apply (then the change goes through the manager: a new stream).
+local SUBS_LATER = 0.02   -- s
 function Consumer:_params_inband(spec)
   local ch = self.ch
   local ctx = ch.ctx
@@ -231,8 +232,14 @@ function Consumer:_params_inband(spec)
   if spec.key == old.key then return true end
   self.vmax = math.max(self.vmax or 0, old.version or 0) + 1
   spec.version, spec.pseq = self.vmax, self.vmax
-  e.vkeys = { [old.key] = old.version, [spec.key] = spec.version }
-  e.pver = {}
+  -- the versions of this stream's keys (a producer says in band which it
+  -- runs: the reply, or params_at), the last 64
+  e.vkeys = e.vkeys or { [old.key] = old.version }
+  e.vorder = e.vorder or { old.key }
+  e.vkeys[spec.key] = spec.version
+  e.vorder[#e.vorder + 1] = spec.key
+  if #e.vorder > 64 then e.vkeys[table.remove(e.vorder, 1)] = nil end
+  e.pver = e.pver or {}
   local pend, left = {}, 0
   for _, a in ipairs(to) do
     local rid, p = ctx:_pend(a)
@@ -271,14 +278,23 @@ function Consumer:_params_inband(spec)
   if busy then
     -- shared with another context at a producer: a stream of its own,
     -- through the manager (told nothing of the in-band key)
-    self.mod, e.vkeys, e.pver = old, nil, nil
+    self.mod = old
+    e.vkeys[spec.key] = nil
     if not applied then self.vmax = self.vmax - 1 end   -- nothing was made with it
     return self:_switch(mod_spec(spec.src, spec.params, spec.period, spec.caps, 3), self.handler)
   end
   -- the manager, not waited for: a producer that joins later installs the
   -- new params; one the manager lists that we did not know switches when
   -- the list comes, and says so in band (params_at)
-  if not other then ch:_update_subs(true) end
+  if not other and not ch.subs_later then
+    -- one subscription update for a burst of changes (each would cost the
+    -- manager a member list and every producer its confirmation)
+    ch.subs_later = true
+    ctx:after(SUBS_LATER, function()
+      ch.subs_later = nil
+      if not ctx.closed then ch:_update_subs(true) end
+    end)
+  end
   if other then
     -- through the manager: its reply comes once every producer took the list
     -- naming the new key (those that switch then say so in band: params_at)
@@ -288,7 +304,8 @@ function Consumer:_params_inband(spec)
     local perr = reply_errors(r, spec.key)
     if perr then return nil, perr, "failed" end
   end
-  e.version, e.pver = spec.version, nil
+  -- e.version stays: the version of producers that never said (they run
+  -- the key the stream started with)
   return true
 end
 

@@ -157,10 +157,7 @@ function Channel:_set_consumers(list, mods)
           inst = cur
         else
           inst = self:_params_here(cur, key, m.params, m.pseq)
-          for _, a in ipairs(inst and m.dests or {}) do
-            if a == ctx.addr then ctx.c:drain_local() end
-            ctx:_send_ctrl(a, { op = "params_at", ch = self.name, stream = s, key = key })
-          end
+          if inst then self:_params_at_tell(inst) end
         end
       elseif cur and (used[cur] or mods[cur.key]) then
         -- its stream is another instance's, which stays (a race with a change)
@@ -332,7 +329,21 @@ function Channel:_install(key, m)
   count_principals(ctx, whose, 1)
   ctx.moes[inst.id] = inst
   self.mods[key] = inst
+  -- a stream whose params changed in band: its consumer learns which of
+  -- its keys this producer runs before its first event
+  if inst.stream ~= key then self:_params_at_tell(inst) end
   return inst
+end
+
+-- Tells the consumers of inst, in band, that its events from here on are
+-- made by key inst.key (they believe it from a producer with the stream
+-- bound there: bound first, if no event did yet).
+function Channel:_params_at_tell(inst)
+  local ctx = self.ctx
+  for _, a in ipairs(inst.dests or {}) do
+    if a == ctx.addr then ctx.c:drain_local() else ctx.c:bind_at(inst.dchid, a) end
+    ctx:_send_ctrl(a, { op = "params_at", ch = self.name, stream = inst.stream, key = inst.key })
+  end
 end
 
 function Channel:_rekey(inst, key, m)

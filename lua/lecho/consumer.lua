@@ -190,9 +190,9 @@ end
 function Consumer:set_params(params)
   if not self.mod then error("lecho: set_params: this consumer has no modulator", 2) end
   local m = self.mod
-  local spec = mod_spec(m.src, params, m.period, m.caps, 3)
-  if spec.key == m.key then return true end   -- (on a stream of its own, the next line says)
-  local r, err, code = self:_params_inband(m.stream and mod_spec(m.src, params, m.period, m.caps, 3, m.stream))
+  local spec = modulator.respec(m, params, 3)
+  if spec.key == m.key then return true end
+  local r, err, code = self:_params_inband(m.stream and modulator.respec(m, spec.params, 3, m.stream))
   if r ~= false then return r, err, code end
   return self:_switch(spec, self.handler)
 end
@@ -263,6 +263,9 @@ function Consumer:_params_inband(spec)
     return true
   end, ctx.c:now() + ctx.timeout)
   local busy, other, applied
+  -- none known here: the manager says who they are (its reply comes once
+  -- each took the list; those that switch on it say so in band)
+  if #to == 0 then other = "no producer known here" end
   for _, q in ipairs(pend) do
     ctx.pending[q.rid] = nil
     local r = q.p.reply
@@ -281,7 +284,7 @@ function Consumer:_params_inband(spec)
     self.mod = old
     e.vkeys[spec.key] = nil
     if not applied then self.vmax = self.vmax - 1 end   -- nothing was made with it
-    return self:_switch(mod_spec(spec.src, spec.params, spec.period, spec.caps, 3), self.handler)
+    return self:_switch(modulator.respec(spec, spec.params, 3), self.handler)
   end
   -- the manager, not waited for: a producer that joins later installs the
   -- new params; one the manager lists that we did not know switches when

@@ -114,6 +114,17 @@ local function mod_spec(src, params, period, caps, level, stream)
            stream = stream or key }
 end
 
+-- Spec m with other params (and `stream`): the code was compiled when m
+-- was made; only the params are checked and hashed (set_params).
+local function respec(m, params, level, stream)
+  if params == nil then params = {} end
+  local ok, err = core.encode(params)
+  if not ok then error("lecho: modulator params cannot be sent: " .. err, level) end
+  local key = stream_key(m.base, params, stream)
+  return { src = m.src, params = params, period = m.period, caps = m.caps, base = m.base, key = key,
+           stream = stream or key }
+end
+
 -- Producing side: who takes the plain stream, and which modulators run
 -- here (installed, re-targeted after a params change, or unloaded).
 function Channel:_set_consumers(list, mods)
@@ -422,7 +433,16 @@ function Channel:_params_req(from, msg)
   for _, i in pairs(self.mods) do
     if i.stream == s then inst = i break end
   end
-  if not inst then return nil, ("no modulator on stream %s here"):format(s:sub(1, 16)), "notfound" end
+  if not inst then
+    -- failed or refused here: said as such (the consumer goes through the
+    -- manager, whose list installs the new params again)
+    for k, why in pairs(self.failed) do
+      for _, a in ipairs(self.failed_dests[k] or {}) do
+        if a == from then return nil, ("modulator %s not running here: %s"):format(k, why), "failed" end
+      end
+    end
+    return nil, ("no modulator on stream %s here"):format(s:sub(1, 16)), "notfound"
+  end
   local mine = false
   for _, a in ipairs(inst.dests or {}) do mine = mine or a == from end
   if not mine then
@@ -658,6 +678,7 @@ end
 
 M.spec = mod_spec
 M.stream_key = stream_key
+M.respec = respec
 M.reply_errors = reply_errors
 
 return M

@@ -247,3 +247,49 @@ describe("params in band, believed only from the instance's one consumer", funct
     ctx2:close(); ctx:close()
   end)
 end)
+
+describe("params in band, keyed", function()
+  local T = require "spec.support.trust_world"
+  local w
+  after_each(function() T.stop(w); w = nil end)
+
+  it("switch on the same stream; a trusted key that is no consumer, or claims the consumer's address, changes nothing",
+     function()
+    w = T.start{ mode = "keyed", duration = 30 }
+    local ctx = assert(lecho.context{ nameserver = w.ns, key = w.ids.cons2.key, trust = w.ids.trust, quiet = true })
+    local ch = ctx:channel(T.CHANNEL)
+    local got = {}
+    local con = assert(ch:consumer(function(ev, meta) got[#got + 1] = { ev.tag, meta.params_version } end,
+                                   { modulator = TAG, params = { tag = 1 } }))
+    assert(S.run_until(ctx, function() return #got >= 5 end, 20), "no events: " .. S.errors(w.prod))
+    local _, st0 = next(ch.streams)
+    assert.is_true(con:set_params{ tag = 2 })
+    got = {}
+    assert(S.run_until(ctx, function() return #got >= 5 end, 20))
+    for _, g in ipairs(got) do assert.are.same({ 2, 2 }, g) end
+    assert.are.equal(1, nstreams(ch))            -- in band: the same stream
+    local _, st1 = next(ch.streams)
+    assert.are.equal(st0.chid, st1.chid)
+    local m = con.mod
+    local key = require("lecho.modulator").stream_key or function() return "x" end
+    local msg = { op = "params", rid = 5, ch = ch.name, stream = m.stream, pseq = m.pseq + 1,
+                  key = key(m.base, { tag = 9 }, m.stream), params = { tag = 9 } }
+    -- mallory: trusted, allowed nothing, at an address of its own
+    local p = assert(T.dial(w, w.prod.addr, "mallory"))
+    p:ctrl(msg)
+    local r = p:reply(5, 5)
+    assert(r and r.ok == false and r.code == "refused", cjson.encode(r or {}))
+    -- mallory claiming our address: the member list pinned it to our key
+    local p2 = T.dial(w, w.prod.addr, "mallory", ctx.addr)
+    if p2 then
+      p2:ctrl(msg)
+      local r2 = p2:reply(5, 3)
+      assert(not (r2 and r2.ok), cjson.encode(r2 or {}))
+    end
+    got = {}
+    assert(S.run_until(ctx, function() return #got >= 5 end, 20))
+    for _, g in ipairs(got) do assert.are.same({ 2, 2 }, g) end
+    assert.matches("refusing params from", S.errors(w.prod))
+    ctx:close()
+  end)
+end)

@@ -99,8 +99,11 @@ describe("params in band", function()
       if after.want and ev.tag < after.want then after.wrong = (after.wrong or 0) + 1 end
       if after.want and not after.first then after.first = ev.tag end
     end
+    -- the first change gives the consumer a stream of its own (through
+    -- the manager); the next ones go in band on it
+    assert.is_true(con:set_params{ tag = 2 })
     local streams = {}
-    for v = 2, 21 do
+    for v = 3, 22 do
       local ok, err = con:set_params{ tag = v }
       assert.is_true(ok, err)
       assert.are.equal(v, con:params_version())
@@ -136,9 +139,10 @@ describe("params in band", function()
       for _ in pairs(from) do n = n + 1 end
       return n == 2
     end, 30), "not both producers: " .. S.errors(p1) .. S.errors(p2))
+    assert.is_true(con:set_params{ tag = 2 })    -- (to a stream of its own, both alive)
     S.sh("kill -9 " .. p1.pid)
     local t0 = ctx:now()
-    local ok, err = con:set_params{ tag = 2 }
+    local ok, err = con:set_params{ tag = 3 }
     local took = ctx:now() - t0
     assert.is_true(ok, err)
     assert.is_true(took < 7, "set_params took " .. took .. " s")
@@ -149,7 +153,7 @@ describe("params in band", function()
     local newtag
     w.on_event = function(ev, meta) if meta.producer == p2name then newtag = ev.tag end end
     assert(S.run_until(ctx, function() return newtag ~= nil end, 20), "p2 sent nothing after the change")
-    assert.are.equal(2, newtag)
+    assert.are.equal(3, newtag)
     assert(S.run_until(ctx, function() return w.dones >= 1 end, 60), "p2 did not end: " .. S.errors(p2))
     assert.are.equal(0, #w.bad, table.concat(w.bad, "\n"))
     assert.are.equal(0, w.dups)
@@ -237,6 +241,13 @@ describe("params in band, believed only from the instance's one consumer", funct
     serve(0.5)
     assert.is_true(#shared > 0 and #mine > 0)
     for _, t in ipairs(shared) do assert.are.equal(50, t) end   -- ctx2's stays as it was
+    -- the params our consumer started with, asked for by ctx2 now: its own
+    -- instance (our stream is no modulator's key), tag 1
+    local first = {}
+    assert(ch2:consumer(function(ev) first[#first + 1] = ev.tag end, { modulator = TAG, params = { tag = 1 } }))
+    serve(0.5)
+    assert.is_true(#first > 0, S.errors(prod))
+    for _, t in ipairs(first) do assert.are.equal(1, t) end
     for _, t in ipairs(mine) do assert.are.same({ 51, 2 }, t) end
     -- one log line per kind in the producer: "refusing params from ..."
     local log = S.errors(prod)
@@ -262,11 +273,13 @@ describe("params in band, keyed", function()
     local con = assert(ch:consumer(function(ev, meta) got[#got + 1] = { ev.tag, meta.params_version } end,
                                    { modulator = TAG, params = { tag = 1 } }))
     assert(S.run_until(ctx, function() return #got >= 5 end, 20), "no events: " .. S.errors(w.prod))
+    assert.is_true(con:set_params{ tag = 2 })    -- (to a stream of its own)
+    assert(S.run_until(ctx, function() return nstreams(ch) == 1 end, 20))
     local _, st0 = next(ch.streams)
-    assert.is_true(con:set_params{ tag = 2 })
+    assert.is_true(con:set_params{ tag = 3 })
     got = {}
     assert(S.run_until(ctx, function() return #got >= 5 end, 20))
-    for _, g in ipairs(got) do assert.are.same({ 2, 2 }, g) end
+    for _, g in ipairs(got) do assert.are.same({ 3, 3 }, g) end
     assert.are.equal(1, nstreams(ch))            -- in band: the same stream
     local _, st1 = next(ch.streams)
     assert.are.equal(st0.chid, st1.chid)
@@ -288,7 +301,7 @@ describe("params in band, keyed", function()
     end
     got = {}
     assert(S.run_until(ctx, function() return #got >= 5 end, 20))
-    for _, g in ipairs(got) do assert.are.same({ 2, 2 }, g) end
+    for _, g in ipairs(got) do assert.are.same({ 3, 3 }, g) end
     assert.matches("refusing params from", S.errors(w.prod))
     ctx:close()
   end)

@@ -1,6 +1,7 @@
 -- lecho.consumer: consumers, their handlers, and switching a consumer's
 -- modulator (params or code) at every producer of the channel.
 
+local core = require "lecho.core"
 local options = require "lecho.options"
 local modulator = require "lecho.modulator"
 local Channel = require "lecho.channel"
@@ -112,6 +113,7 @@ function Consumer:_switch(spec, handler)
   -- rolled back (its events may still arrive, tagged with it).
   self.vmax = math.max(self.vmax or 0, old and old.version or 0) + 1
   spec.version = self.vmax
+  if spec.stream ~= spec.key then spec.pseq = spec.version end   -- a stream of its own
   local old_entry = self.entry
   -- Back to a modulator whose old stream is still ending here (A, B, A
   -- again before A's end came): the same key is one stream; its old entry
@@ -192,6 +194,14 @@ function Consumer:set_params(params)
   local m = self.mod
   local spec = modulator.respec(m, params, 3)
   if spec.key == m.key then return true end
+  if m.stream == m.key then
+    -- The first change: to a stream of this consumer's own, through the
+    -- manager (a new stream, as set_modulator).  Its id is no modulator's
+    -- key, so a context asking for the first params later shares nothing
+    -- with it; the changes after it go in band.
+    local own = core.hash(m.key .. "|" .. self.id)
+    return self:_switch(modulator.respec(m, spec.params, 3, own), self.handler)
+  end
   local r, err, code = self:_params_inband(m.stream and modulator.respec(m, spec.params, 3, m.stream))
   if r ~= false then return r, err, code end
   return self:_switch(spec, self.handler)

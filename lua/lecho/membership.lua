@@ -377,6 +377,16 @@ local function check_keys(c, from, subs, op)
         return nil, ("%s: modulator key %s is already used by %s for another modulator"):format(
           op, key, addr)
       end
+      -- a stream kept through in-band params changes is its consumer's:
+      -- another context naming it would take its derived channel at the
+      -- producers (consumer.lua _params_inband)
+      if addr ~= from and m.stream ~= nil and m.stream ~= key then
+        for k2, o2 in pairs(r.subs.mods) do
+          if (o2.stream or k2) == m.stream then
+            return nil, ("%s: modulator stream %s is %s's"):format(op, m.stream, addr)
+          end
+        end
+      end
     end
   end
   return true

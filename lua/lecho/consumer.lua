@@ -305,7 +305,8 @@ function Consumer:_params_inband(spec)
     ch.subs_later = true
     ctx:after(SUBS_LATER, function()
       ch.subs_later = nil
-      if not ctx.closed then ch:_update_subs(true) end
+      -- not joined (the manager was lost): the rejoin sends what we take now
+      if not ctx.closed and ch.cjoined then ch:_update_subs(true) end
     end)
   end
   if other then

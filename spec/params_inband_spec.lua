@@ -102,6 +102,8 @@ describe("params in band", function()
     -- the first change gives the consumer a stream of its own (through
     -- the manager); the next ones go in band on it
     assert.is_true(con:set_params{ tag = 2 })
+    -- (what the first stream still brings goes to its demodulator until its end)
+    assert(S.run_until(ctx, function() return nstreams(ch) == 1 end, 20), "the first stream did not end")
     local streams = {}
     for v = 3, 22 do
       local ok, err = con:set_params{ tag = v }

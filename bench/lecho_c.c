@@ -66,11 +66,11 @@ static void set_keys(lei_ctx *c, int consumer, uint32_t chid)
         memset(seed, i + 1, sizeof seed);
         crypto_sign_seed_keypair(i < 2 ? pk[i] : mpk, i < 2 ? sk[i] : msk, seed);
     }
-    if (lei_ctx_set_identity(c, sk[consumer], consumer ? "consumer" : "producer", NULL, 0, err))
+    if (lei_auth_set_identity(c, sk[consumer], consumer ? "consumer" : "producer", NULL, 0, err))
         die("set_identity: %s", err);
-    lei_ctx_trust_key(c, pk[!consumer], consumer ? "producer" : "consumer");
+    lei_auth_trust_key(c, pk[!consumer], consumer ? "producer" : "consumer");
     if (consumer) {
-        lei_chan_set_manager_key(c, chid, mpk);
+        lei_auth_set_manager_key(c, chid, mpk);
         return;
     }
     /* the ticket (doc/security.md "Tickets"): u64be expiry (2^40 s, far
@@ -81,7 +81,7 @@ static void set_keys(lei_ctx *c, int consumer, uint32_t chid)
     memcpy(m + 56, exp, 8);
     memcpy(t, exp, 8);
     crypto_sign_detached(t + 8, NULL, m, sizeof m, msk);
-    lei_chan_set_ticket(c, chid, t);
+    lei_auth_set_ticket(c, chid, t);
 }
 
 /* Child: the consumer's event hook.  Acknowledges sync events like the Lua
@@ -138,7 +138,7 @@ static lei_ctx *make_ctx(void)
         die("lei_ctx_new failed");
     c->h.ud = c;
     char err[LEI_ADDR_ERR_MAX];
-    if (lei_ctx_listen(c, "127.0.0.1:0", NULL, NULL, err))
+    if (lei_accept_listen(c, "127.0.0.1:0", NULL, NULL, err))
         die("listen: %s", err);
     return c;
 }

@@ -1,8 +1,8 @@
 /* accept.c: a context's listening side and the limits on its connections:
- * listening (lei_ctx_listen), accepting, max_connections, accept() backing
+ * listening (lei_accept_listen), accepting, max_connections, accept() backing
  * off when out of file descriptors (with a reserved descriptor to refuse
  * through), the handshake deadline (handshake_timeout) and refusals told to
- * the peer (lei_conn_refuse, logged through lei_ratelog).
+ * the peer (lei_accept_refuse, logged through lei_ratelog).
  *
  * Connections themselves (reading, writing, closing) are conn.c's.  Leans
  * on libev; no Lua here.
@@ -22,38 +22,38 @@ static void hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents);
 static void acc_timer_cb(struct ev_loop *loop, ev_timer *w, int revents);
 
 void lei_conns_init(lei_ctx *c) {
-    c->reserve_fd = -1;
-    c->acc_backoff = 0.1;
-    ev_init(&c->hs_w, hs_timer_cb);
-    c->hs_w.data = c;
-    ev_init(&c->acc_w, acc_timer_cb);
-    c->acc_w.data = c;
+    c->accept_s.reserve_fd = -1;
+    c->accept_s.acc_backoff = 0.1;
+    ev_init(&c->accept_s.hs_w, hs_timer_cb);
+    c->accept_s.hs_w.data = c;
+    ev_init(&c->accept_s.acc_w, acc_timer_cb);
+    c->accept_s.acc_w.data = c;
 }
 
 void lei_conns_stop(lei_ctx *c) {
-    if (ev_is_active(&c->hs_w)) {
+    if (ev_is_active(&c->accept_s.hs_w)) {
         ev_ref(c->loop); /* hs_arm unref'd it */
-        ev_timer_stop(c->loop, &c->hs_w);
+        ev_timer_stop(c->loop, &c->accept_s.hs_w);
     }
-    ev_timer_stop(c->loop, &c->acc_w);
-    if (c->reserve_fd >= 0) close(c->reserve_fd);
-    c->reserve_fd = -1;
+    ev_timer_stop(c->loop, &c->accept_s.acc_w);
+    if (c->accept_s.reserve_fd >= 0) close(c->accept_s.reserve_fd);
+    c->accept_s.reserve_fd = -1;
 }
 
 /* The handshake deadline: checked a few times per handshake_timeout while
  * a connection is not UP. */
-void lei_conn_hs_arm(lei_ctx *c) {
+void lei_accept_hs_arm(lei_ctx *c) {
     double t = c->o.handshake_timeout;
-    if (t <= 0 || ev_is_active(&c->hs_w)) return;
+    if (t <= 0 || ev_is_active(&c->accept_s.hs_w)) return;
     t /= 8;
-    c->hs_w.repeat = t < 0.01 ? 0.01 : t > 1.0 ? 1.0 : t;
-    ev_timer_again(c->loop, &c->hs_w);
+    c->accept_s.hs_w.repeat = t < 0.01 ? 0.01 : t > 1.0 ? 1.0 : t;
+    ev_timer_again(c->loop, &c->accept_s.hs_w);
     ev_unref(c->loop); /* the deadline alone does not keep the loop alive */
 }
 
 /* Refuses k: the peer is told why (ERROR), the process logs one line per
  * kind per window (lei_ratelog), k is closed. */
-void lei_conn_refuse(lei_conn *k, int kind, const char *reason) {
+void lei_accept_refuse(lei_conn *k, int kind, const char *reason) {
     lei_ctx *c = k->ctx;
     lei_conn_send_error(k, reason);
     lei_ratelog(c, kind, "closing connection %s %s: %s", k->peer ? "with" : "from",
@@ -85,7 +85,7 @@ static void hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
         if (k->state == LEI_CONN_DIALING) /* nothing to tell: not connected */
             lei_conn_close(k, why, 0);
         else
-            lei_conn_refuse(k, LEI_RL_HANDSHAKE_TIMEOUT, why);
+            lei_accept_refuse(k, LEI_RL_HANDSHAKE_TIMEOUT, why);
     }
     if (!waiting) {
         ev_ref(loop);
@@ -94,8 +94,8 @@ static void hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
 }
 
 /* Room for one more connection: 0, or -1 with the reason in why[n]. */
-int lei_conn_room(lei_ctx *c, char *why, size_t n) {
-    if (c->nconns < c->o.max_connections) return 0;
+int lei_accept_room(lei_ctx *c, char *why, size_t n) {
+    if (c->accept_s.nconns < c->o.max_connections) return 0;
     snprintf(why, n, "too many connections (limit %zu)", c->o.max_connections);
     return -1;
 }
@@ -118,29 +118,29 @@ static void refuse_fd(lei_ctx *c, int fd, const char *reason) {
  * that stays readable. */
 static void accept_out_of_fds(lei_ctx *c, int err) {
     lei_ratelog(c, LEI_RL_ACCEPT, "accept: %s: not accepting for %g s", strerror(err),
-                c->acc_backoff);
-    if (c->reserve_fd >= 0) {
-        close(c->reserve_fd);
-        c->reserve_fd = -1;
+                c->accept_s.acc_backoff);
+    if (c->accept_s.reserve_fd >= 0) {
+        close(c->accept_s.reserve_fd);
+        c->accept_s.reserve_fd = -1;
         for (int i = 0; i < 64; i++) {
-            int fd = accept4(c->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            int fd = accept4(c->accept_s.lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
             if (fd < 0) break;
             refuse_fd(c, fd, "too many connections (out of file descriptors)");
         }
-        c->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* may fail: tried again later */
+        c->accept_s.reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* may fail: tried again later */
     }
-    ev_io_stop(c->loop, &c->lio);
-    ev_timer_set(&c->acc_w, c->acc_backoff, 0.);
-    ev_timer_start(c->loop, &c->acc_w);
-    c->acc_backoff = c->acc_backoff * 2 > 2.0 ? 2.0 : c->acc_backoff * 2;
+    ev_io_stop(c->loop, &c->accept_s.lio);
+    ev_timer_set(&c->accept_s.acc_w, c->accept_s.acc_backoff, 0.);
+    ev_timer_start(c->loop, &c->accept_s.acc_w);
+    c->accept_s.acc_backoff = c->accept_s.acc_backoff * 2 > 2.0 ? 2.0 : c->accept_s.acc_backoff * 2;
 }
 
 static void acc_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
     (void)revents;
     lei_ctx *c = w->data;
-    if (c->lfd < 0) return;
-    if (c->reserve_fd < 0) c->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    ev_io_start(loop, &c->lio);
+    if (c->accept_s.lfd < 0) return;
+    if (c->accept_s.reserve_fd < 0) c->accept_s.reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    ev_io_start(loop, &c->accept_s.lio);
 }
 
 static void accept_cb(struct ev_loop *loop, ev_io *w, int revents) {
@@ -148,7 +148,7 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents) {
     (void)revents;
     lei_ctx *c = w->data;
     for (int i = 0; i < 64; i++) {
-        int fd = accept4(c->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = accept4(c->accept_s.lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
                 accept_out_of_fds(c, errno);
@@ -156,9 +156,9 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents) {
                 lei_ratelog(c, LEI_RL_ACCEPT, "accept: %s", strerror(errno));
             return;
         }
-        c->acc_backoff = 0.1;
+        c->accept_s.acc_backoff = 0.1;
         char why[128];
-        if (lei_conn_room(c, why, sizeof why)) {
+        if (lei_accept_room(c, why, sizeof why)) {
             refuse_fd(c, fd, why);
             continue;
         }
@@ -172,7 +172,7 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents) {
 }
 
 
-int lei_ctx_listen(lei_ctx *c, const char *addr, const char *advertise, const char *toward,
+int lei_accept_listen(lei_ctx *c, const char *addr, const char *advertise, const char *toward,
                    char *err) {
     const char *why;
     if (lei_addr_parse(addr, LEI_ADDR_LISTEN, &c->laddr, &why)) {
@@ -186,17 +186,17 @@ int lei_ctx_listen(lei_ctx *c, const char *addr, const char *advertise, const ch
                  "or listen on 127.0.0.1", addr);
         return -LEI_E_INVALID;
     }
-    int fd = lei_addr_listen(&c->laddr, 512, c->bound, err, LEI_ADDR_ERR_MAX); /* c->lfd owns */
+    int fd = lei_addr_listen(&c->laddr, 512, c->bound, err, LEI_ADDR_ERR_MAX); /* c->accept_s.lfd owns */
     if (fd < 0) return -LEI_E_IO;
     if (lei_addr_advertise(c->bound, advertise, toward, c->addr, err, LEI_ADDR_ERR_MAX)) {
         lei_addr_close(fd, &c->laddr);
         c->addr[0] = '\0';
         return -LEI_E_INVALID;
     }
-    c->lfd = fd;
-    c->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* owned: see accept_out_of_fds */
-    ev_io_init(&c->lio, accept_cb, fd, EV_READ);
-    c->lio.data = c;
-    ev_io_start(c->loop, &c->lio);
+    c->accept_s.lfd = fd;
+    c->accept_s.reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* owned: see accept_out_of_fds */
+    ev_io_init(&c->accept_s.lio, accept_cb, fd, EV_READ);
+    c->accept_s.lio.data = c;
+    ev_io_start(c->loop, &c->accept_s.lio);
     return 0;
 }

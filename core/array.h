@@ -107,16 +107,16 @@ double lei_array_load(int dtype, const uint8_t *p);
 #define LEI_ARRAY_UD_MAX ((size_t)0x7fff0000)
 struct lua_State;
 /* The array at idx, or NULL when it is something else. */
-lei_array *lei_array_check(struct lua_State *L, int idx);
+lei_array *lei_codec_lua_array_check(struct lua_State *L, int idx);
 /* Pushes a new array of that dtype and shape with extra bytes after the
  * header (data points at them; zeroed if zero). Raises on a bad shape or
  * out of memory. */
-lei_array *lei_array_push(struct lua_State *L, int dtype, int ndim, const int64_t *shape,
+lei_array *lei_codec_lua_array_push(struct lua_State *L, int dtype, int ndim, const int64_t *shape,
                           size_t extra, int zero);
 /* A received view (LEI_AF_VIEW) at idx gets its own copy of its bytes,
  * and so do the views made from it; anything else is left alone. Raises on
  * out of memory (nothing changed then). */
-void lei_array_keep_lua(struct lua_State *L, int idx);
+void lei_codec_lua_array_keep(struct lua_State *L, int idx);
 /* Pushes a table of the array operations (array_lua.c: dtype, shape,
  * ndim, count, get, stats, min, max, sum, mean, box, reduce, copy), each
  * looking at *stop (NULL: never stopped) between chunks and raising "CPU

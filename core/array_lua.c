@@ -16,7 +16,7 @@
 #define STOP(L) ((volatile sig_atomic_t *)lua_touserdata(L, lua_upvalueindex(1)))
 
 static lei_array *arg_array(lua_State *L, int i) {
-    lei_array *a = lei_array_check(L, i);
+    lei_array *a = lei_codec_lua_array_check(L, i);
     if (!a) luaL_typerror(L, i, "lecho.array");
     if (a->flags & LEI_AF_ENDED)
         luaL_error(L, "lecho.array: this array was a view into a received event whose handler has returned: "
@@ -123,7 +123,7 @@ static int op_mean(lua_State *L) { return one_stat(L, 3); }
 /* A new header for a view of the array at 1 (its environment keeps it),
  * listed in its kids when it is a received view (ended or kept with it). */
 static lei_array *push_view(lua_State *L, const lei_array *b) {
-    lei_array *v = lei_array_push(L, b->dtype, 0, NULL, 0, 0);
+    lei_array *v = lei_codec_lua_array_push(L, b->dtype, 0, NULL, 0, 0);
     *v = *b;
     lua_getfenv(L, -1);
     lua_pushvalue(L, 1);
@@ -176,7 +176,7 @@ static int op_reduce(lua_State *L) {
     hdr.data = NULL;
     if (lei_array_reduce_shape(a, k, &hdr)) luaL_error(L, "lecho.array.reduce: block sizes must be >= 1");
     /* allocated in this state: a modulator's memory cap refuses a huge one */
-    out = lei_array_push(L, LEI_DT_F8, hdr.ndim, hdr.shape, (size_t)hdr.count * 8, 0);
+    out = lei_codec_lua_array_push(L, LEI_DT_F8, hdr.ndim, hdr.shape, (size_t)hdr.count * 8, 0);
     if (lei_array_reduce(a, k, op, out, STOP(L))) stopped(L);
     return 1;
 }
@@ -184,7 +184,7 @@ static int op_reduce(lua_State *L) {
 /* copy(a) -> a new contiguous array with a's elements */
 static int op_copy(lua_State *L) {
     lei_array *a = arg_array(L, 1), *c;
-    c = lei_array_push(L, a->dtype, a->ndim, a->shape, (size_t)a->count * (size_t)a->itemsize, 0);
+    c = lei_codec_lua_array_push(L, a->dtype, a->ndim, a->shape, (size_t)a->count * (size_t)a->itemsize, 0);
     if (lei_array_gather(a, c->data, STOP(L))) stopped(L);
     return 1;
 }
@@ -206,7 +206,7 @@ static int op_new(lua_State *L) {
         if (shape[d] < 0) luaL_argerror(L, 2, "dims must be >= 0");
     if (lei_shape_bytes(shape, nd, lei_dtype_size(dt), &count, &bytes) || bytes > LEI_ARRAY_UD_MAX)
         luaL_argerror(L, 2, "shape too large");
-    lei_array_push(L, dt, nd, shape, (size_t)bytes, 1);
+    lei_codec_lua_array_push(L, dt, nd, shape, (size_t)bytes, 1);
     return 1;
 }
 
@@ -259,7 +259,7 @@ static int convert(lua_State *L, lei_array *a, int dt, int mode, double scale, d
     lei_array *out;
     if (!(scale == scale) || scale == 0 || !(offset == offset))
         luaL_error(L, "lecho.array: scale must be a number other than 0, offset a number");
-    out = lei_array_push(L, dt, a->ndim, a->shape, (size_t)a->count * lei_dtype_size(dt), 0);
+    out = lei_codec_lua_array_push(L, dt, a->ndim, a->shape, (size_t)a->count * lei_dtype_size(dt), 0);
     if (lei_array_convert(a, out, mode, scale, offset, STOP(L))) stopped(L);
     return 1;
 }
@@ -300,8 +300,8 @@ static int op_delta(lua_State *L) {
                                              (long long)cur->count, (long long)ref->count);
     if ((n = lei_array_delta_count(cur, ref, th, STOP(L))) < 0) stopped(L);
     int idt = cur->count > 4294967295LL ? LEI_DT_U8 : LEI_DT_U4;
-    idx = lei_array_push(L, idt, 1, &n, (size_t)n * lei_dtype_size(idt), 0);
-    vals = lei_array_push(L, cur->dtype, 1, &n, (size_t)n * (size_t)cur->itemsize, 0);
+    idx = lei_codec_lua_array_push(L, idt, 1, &n, (size_t)n * lei_dtype_size(idt), 0);
+    vals = lei_codec_lua_array_push(L, cur->dtype, 1, &n, (size_t)n * (size_t)cur->itemsize, 0);
     if (lei_array_delta(cur, ref, th, idx, vals, STOP(L))) stopped(L);
     return 2;
 }
@@ -349,7 +349,7 @@ static int op_cat(lua_State *L) {
         if (__builtin_add_overflow(shape[dim], a->shape[dim], &shape[dim]))
             luaL_error(L, "lecho.array.cat: too many elements");
         if (!lei_array_contiguous(a)) { /* a copy, in place of the view */
-            lei_array *c = lei_array_push(L, a->dtype, nd, a->shape, (size_t)a->count * (size_t)a->itemsize, 0);
+            lei_array *c = lei_codec_lua_array_push(L, a->dtype, nd, a->shape, (size_t)a->count * (size_t)a->itemsize, 0);
             if (lei_array_gather(a, c->data, STOP(L))) stopped(L);
             lua_replace(L, 3 + i);
             a = c;
@@ -362,7 +362,7 @@ static int op_cat(lua_State *L) {
         uint64_t count, bytes;
         if (lei_shape_bytes(shape, nd, (unsigned)isz, &count, &bytes) || bytes > LEI_ARRAY_UD_MAX)
             luaL_error(L, "lecho.array.cat: too many elements");
-        out = lei_array_push(L, first->dtype, nd, shape, (size_t)bytes, 0);
+        out = lei_codec_lua_array_push(L, first->dtype, nd, shape, (size_t)bytes, 0);
     }
     dst = out->data;
     if (!out->count) return 1;
@@ -392,7 +392,7 @@ static uint8_t *scratch(lua_State *L, size_t n) {
 static lei_array *flat_aligned(lua_State *L, lei_array *a) {
     lei_array *c;
     if (lei_array_contiguous(a) && ((uintptr_t)a->data % (uintptr_t)a->itemsize) == 0) return a;
-    c = lei_array_push(L, a->dtype, a->ndim, a->shape, (size_t)a->count * (size_t)a->itemsize, 0);
+    c = lei_codec_lua_array_push(L, a->dtype, a->ndim, a->shape, (size_t)a->count * (size_t)a->itemsize, 0);
     if (lei_array_gather(a, c->data, STOP(L))) stopped(L);
     return c;
 }
@@ -402,7 +402,7 @@ static lei_array *flat_aligned(lua_State *L, lei_array *a) {
 static void zip_result(lua_State *L, lei_array *out, size_t len, size_t cap) {
     if (len < cap / 2) {
         int64_t n = (int64_t)len;
-        lei_array *r = lei_array_push(L, LEI_DT_U1, 1, &n, len, 0);
+        lei_array *r = lei_codec_lua_array_push(L, LEI_DT_U1, 1, &n, len, 0);
         if (len) memcpy(r->data, out->data, len);
         return;
     }
@@ -431,7 +431,7 @@ static int op_zstd(lua_State *L) {
     cap = lei_zstd_bound(a);
     if (cap > LEI_ARRAY_UD_MAX) luaL_error(L, "lecho.array.zstd: %zu bytes: too many", n);
     int64_t c64 = (int64_t)cap;
-    out = lei_array_push(L, LEI_DT_U1, 1, &c64, cap, 0);
+    out = lei_codec_lua_array_push(L, LEI_DT_U1, 1, &c64, cap, 0);
     if ((rc = lei_zstd_pack(a, level, work, wn, out->data, cap, &len, STOP(L), err, sizeof err))) zip_fail(L, rc, err);
     zip_result(L, out, len, cap);
     return 1;
@@ -455,7 +455,7 @@ static int op_zfp(lua_State *L) {
     cap = hlen + (size_t)a->count * (size_t)a->itemsize + 1024;
     if (cap > LEI_ARRAY_UD_MAX) luaL_error(L, "lecho.array.zfp: too many bytes");
     int64_t c64 = (int64_t)cap;
-    out = lei_array_push(L, LEI_DT_U1, 1, &c64, cap, 0);
+    out = lei_codec_lua_array_push(L, LEI_DT_U1, 1, &c64, cap, 0);
     if ((rc = lei_zfp_pack(a, tol, sc, sn, out->data, cap, &len, STOP(L), err, sizeof err))) zip_fail(L, rc, err);
     zip_result(L, out, len, cap);
     return 1;
@@ -492,7 +492,7 @@ static int unzip(lua_State *L, int kind) {
     }
     work = scratch(L, sn);
     /* the declared size, allocated first: a cap refuses it before any work */
-    out = lei_array_push(L, h.dtype, h.ndim, h.shape, (size_t)h.bytes, 0);
+    out = lei_codec_lua_array_push(L, h.dtype, h.ndim, h.shape, (size_t)h.bytes, 0);
     rc = h.kind == LEI_ZIP_ZSTD ? lei_zstd_unpack(p, n, &h, work, sn, out->data, STOP(L), err, sizeof err)
                                 : lei_zfp_unpack(p, n, &h, work, sn, out->data, STOP(L), err, sizeof err);
     if (rc == LEI_ZIP_STOPPED) stopped(L);

@@ -27,7 +27,7 @@ int lei_name_ok(const char *name, size_t n) {
     return 1;
 }
 
-int lei_ctx_set_identity(lei_ctx *c, const uint8_t sk[64], const char *name, const uint8_t *cert,
+int lei_auth_set_identity(lei_ctx *c, const uint8_t sk[64], const char *name, const uint8_t *cert,
                          size_t cert_len, char *err) {
     uint8_t pk[32], sk2[64];
     size_t n = strlen(name);
@@ -77,7 +77,7 @@ static void *room(void *arr, int *cap, int n, size_t size) {
     return a;
 }
 
-int lei_ctx_trust_key(lei_ctx *c, const uint8_t pk[32], const char *name) {
+int lei_auth_trust_key(lei_ctx *c, const uint8_t pk[32], const char *name) {
     lei_ident *id = &c->id;
     size_t n = strlen(name);
     if (!lei_name_ok(name, n)) return -LEI_E_INVALID;
@@ -95,7 +95,7 @@ int lei_ctx_trust_key(lei_ctx *c, const uint8_t pk[32], const char *name) {
     return 0;
 }
 
-int lei_ctx_trust_authority(lei_ctx *c, const uint8_t pk[32], uint64_t not_before,
+int lei_auth_trust_authority(lei_ctx *c, const uint8_t pk[32], uint64_t not_before,
                             uint64_t not_after) {
     lei_ident *id = &c->id;
     lei_auth *a = NULL;
@@ -125,7 +125,7 @@ static int is_revoked(const lei_ident *id, const uint8_t pk[32]) {
     return 0;
 }
 
-int lei_ctx_set_revoked(lei_ctx *c, const uint8_t *pks, size_t n) {
+int lei_auth_set_revoked(lei_ctx *c, const uint8_t *pks, size_t n) {
     lei_ident *id = &c->id;
     if (n > (size_t)INT_MAX / 32) return -LEI_E_INVALID;
     uint8_t(*r)[32] = NULL;
@@ -198,9 +198,9 @@ static const char *utc(uint64_t t, char out[24]) {
     return out;
 }
 
-int lei_ctx_keyed(const lei_ctx *c) { return c->id.keyed; }
+int lei_auth_keyed(const lei_ctx *c) { return c->id.keyed; }
 
-int lei_ctx_sign(const lei_ctx *c, const void *m, size_t n, uint8_t sig[64]) {
+int lei_auth_sign(const lei_ctx *c, const void *m, size_t n, uint8_t sig[64]) {
     if (!c->id.keyed) return -LEI_E_INVALID;
     crypto_sign_detached(sig, NULL, m, n, c->id.sk);
     return 0;
@@ -227,14 +227,14 @@ static lei_pin *pin_get(lei_ctx *c, const char *addr) {
     return p;
 }
 
-int lei_peer_expect(lei_ctx *c, const char *addr, const uint8_t pk[32]) {
+int lei_auth_expect(lei_ctx *c, const char *addr, const uint8_t pk[32]) {
     if (strlen(addr) >= LEI_ADDR_MAX) return -LEI_E_INVALID;
     lei_pin *p = pin_get(c, addr);
     if (!p) return -LEI_E_NOMEM;
     memcpy(p->pk, pk, 32);
     p->has_pk = 1;
     /* A connection up with another key ends now. */
-    lei_peer *peer = lei_peer_find(c, addr);
+    lei_peer *peer = lei_peers_find(c, addr);
     if (peer && lei_peer_is_up(peer) && peer->has_key && memcmp(peer->key, pk, 32) != 0) {
         char why[LEI_ADDR_MAX + 200], got[65], want[65];
         sodium_bin2hex(got, sizeof got, peer->key, 32);
@@ -246,13 +246,13 @@ int lei_peer_expect(lei_ctx *c, const char *addr, const uint8_t pk[32]) {
     return 0;
 }
 
-int lei_peer_expect_principal(lei_ctx *c, const char *addr, const char *name) {
+int lei_auth_expect_principal(lei_ctx *c, const char *addr, const char *name) {
     if (strlen(addr) >= LEI_ADDR_MAX || strlen(name) > LEI_NAME_MAX) return -LEI_E_INVALID;
     lei_pin *p = pin_get(c, addr);
     if (!p) return -LEI_E_NOMEM;
     snprintf(p->principal, sizeof p->principal, "%s", name);
     /* A connection up as another principal ends now. */
-    lei_peer *peer = lei_peer_find(c, addr);
+    lei_peer *peer = lei_peers_find(c, addr);
     if (peer && lei_peer_is_up(peer) && peer->has_key && strcmp(peer->principal, name) != 0) {
         char why[LEI_ADDR_MAX + 2 * LEI_NAME_MAX + 60];
         snprintf(why, sizeof why, "%s is principal %s, expected %s", addr, peer->principal, name);
@@ -262,15 +262,15 @@ int lei_peer_expect_principal(lei_ctx *c, const char *addr, const char *name) {
     return 0;
 }
 
-const uint8_t *lei_peer_key(const lei_peer *p) { return p->has_key ? p->key : NULL; }
+const uint8_t *lei_auth_peer_key(const lei_peer *p) { return p->has_key ? p->key : NULL; }
 
-int lei_peer_binds(const lei_peer *p, uint32_t chid) {
+int lei_auth_peer_binds(const lei_peer *p, uint32_t chid) {
     return p && p->conn && lei_inmap_binds(p->conn, chid);
 }
 
-const char *lei_peer_principal(const lei_peer *p) { return p->has_key ? p->principal : NULL; }
+const char *lei_auth_peer_principal(const lei_peer *p) { return p->has_key ? p->principal : NULL; }
 
-int lei_chan_set_manager_key(lei_ctx *c, uint32_t chid, const uint8_t pk[32]) {
+int lei_auth_set_manager_key(lei_ctx *c, uint32_t chid, const uint8_t pk[32]) {
     lei_chan *ch = lei_chan_get(c, chid);
     if (!ch) return -LEI_E_NOTFOUND;
     memcpy(ch->mkey, pk, 32);
@@ -278,15 +278,15 @@ int lei_chan_set_manager_key(lei_ctx *c, uint32_t chid, const uint8_t pk[32]) {
     return 0;
 }
 
-int lei_chan_set_ticket(lei_ctx *c, uint32_t chid, const uint8_t t[LEI_TICKET_BYTES]) {
+int lei_auth_set_ticket(lei_ctx *c, uint32_t chid, const uint8_t t[LEI_TICKET_BYTES]) {
     lei_chan *ch = lei_chan_get(c, chid);
     if (!ch) return -LEI_E_NOTFOUND;
     int changed = !ch->has_ticket || memcmp(ch->ticket, t, LEI_TICKET_BYTES) != 0;
     memcpy(ch->ticket, t, LEI_TICKET_BYTES);
     /* A renewed ticket: the channel is bound again, with it, before its
      * next event to each peer (a consumer checks tickets at BIND). */
-    for (int i = 0; changed && i < c->npeers; i++) {
-        lei_peer *p = c->peers[i];
+    for (int i = 0; changed && i < c->peers_s.npeers; i++) {
+        lei_peer *p = c->peers_s.peers[i];
         if (ch->id < p->nbound) p->bound[ch->id] = 0;
     }
     ch->has_ticket = 1;
@@ -492,7 +492,7 @@ size_t lei_base_len(const char *name, size_t len) {
     return at ? (size_t)(at - name) : len;
 }
 
-const uint8_t *lei_chan_ticket_for(lei_ctx *c, const lei_chan *ch) {
+const uint8_t *lei_auth_ticket_for(lei_ctx *c, const lei_chan *ch) {
     size_t bl = lei_base_len(ch->name, ch->namelen);
     const lei_chan *base = bl == ch->namelen ? ch : lei_chan_find(c, ch->name, bl);
     return base && base->has_ticket ? base->ticket : NULL;

@@ -17,17 +17,17 @@ static uint32_t hash_name(const char *s, size_t n) {
 }
 
 static int hash_grow(lei_ctx *c) {
-    uint32_t ncap = c->hcap ? c->hcap * 2 : 256;
+    uint32_t ncap = c->chan_s.hcap ? c->chan_s.hcap * 2 : 256;
     uint32_t *nh = calloc(ncap, sizeof *nh);
     if (!nh) return -1;
-    for (uint32_t i = 0; i < c->nchans; i++) {
-        uint32_t j = hash_name(c->chans[i]->name, c->chans[i]->namelen) & (ncap - 1);
+    for (uint32_t i = 0; i < c->chan_s.nchans; i++) {
+        uint32_t j = hash_name(c->chan_s.chans[i]->name, c->chan_s.chans[i]->namelen) & (ncap - 1);
         while (nh[j]) j = (j + 1) & (ncap - 1);
         nh[j] = i + 1;
     }
-    free(c->hash);
-    c->hash = nh;
-    c->hcap = ncap;
+    free(c->chan_s.hash);
+    c->chan_s.hash = nh;
+    c->chan_s.hcap = ncap;
     return 0;
 }
 
@@ -35,16 +35,16 @@ static int hash_grow(lei_ctx *c) {
 _Static_assert(offsetof(lei_chan, drops) == 64, "lei_chan: the hot fields are the first 64 bytes");
 
 lei_chan *lei_chan_get(lei_ctx *c, uint32_t id) {
-    return id < c->nchans ? c->chans[id] : NULL;
+    return id < c->chan_s.nchans ? c->chan_s.chans[id] : NULL;
 }
 
 lei_chan *lei_chan_find(lei_ctx *c, const char *name, size_t len) {
-    if (!c->hcap) return NULL;
-    uint32_t j = hash_name(name, len) & (c->hcap - 1);
-    while (c->hash[j]) {
-        lei_chan *ch = c->chans[c->hash[j] - 1];
+    if (!c->chan_s.hcap) return NULL;
+    uint32_t j = hash_name(name, len) & (c->chan_s.hcap - 1);
+    while (c->chan_s.hash[j]) {
+        lei_chan *ch = c->chan_s.chans[c->chan_s.hash[j] - 1];
         if (ch->namelen == len && memcmp(ch->name, name, len) == 0) return ch;
-        j = (j + 1) & (c->hcap - 1);
+        j = (j + 1) & (c->chan_s.hcap - 1);
     }
     return NULL;
 }
@@ -56,15 +56,15 @@ uint32_t lei_chan_open(lei_ctx *c, const char *name, size_t len) {
     lei_chan *found = lei_chan_find(c, name, len);
     if (found) return found->id;
     if (lei_chan_at_limit(c)) return UINT32_MAX;
-    if ((c->nchans + 1) * 2 > c->hcap && hash_grow(c)) return UINT32_MAX;
-    if (c->nchans == c->cchans) {
-        uint32_t n = c->cchans ? c->cchans * 2 : 64;
-        lei_chan **nc = realloc(c->chans, n * sizeof *nc);
+    if ((c->chan_s.nchans + 1) * 2 > c->chan_s.hcap && hash_grow(c)) return UINT32_MAX;
+    if (c->chan_s.nchans == c->chan_s.cchans) {
+        uint32_t n = c->chan_s.cchans ? c->chan_s.cchans * 2 : 64;
+        lei_chan **nc = realloc(c->chan_s.chans, n * sizeof *nc);
         if (!nc) return UINT32_MAX;
-        c->chans = nc;
-        c->cchans = n;
+        c->chan_s.chans = nc;
+        c->chan_s.cchans = n;
     }
-    /* owned by c->chans (freed in lei_ctx_free); 64-byte aligned: the hot
+    /* owned by c->chan_s.chans (freed in lei_ctx_free); 64-byte aligned: the hot
      * first line of struct lei_chan is one cache line */
     lei_chan *ch = aligned_alloc(64, (sizeof *ch + 63) & ~(size_t)63);
     if (ch) memset(ch, 0, sizeof *ch);
@@ -76,11 +76,11 @@ uint32_t lei_chan_open(lei_ctx *c, const char *name, size_t len) {
     ch->name[len] = '\0';
     ch->namelen = len;
     ch->derived = memchr(name, '@', len) != NULL;
-    ch->id = c->nchans;
-    c->chans[c->nchans++] = ch;
-    uint32_t j = hash_name(name, len) & (c->hcap - 1);
-    while (c->hash[j]) j = (j + 1) & (c->hcap - 1);
-    c->hash[j] = ch->id + 1;
+    ch->id = c->chan_s.nchans;
+    c->chan_s.chans[c->chan_s.nchans++] = ch;
+    uint32_t j = hash_name(name, len) & (c->chan_s.hcap - 1);
+    while (c->chan_s.hash[j]) j = (j + 1) & (c->chan_s.hcap - 1);
+    c->chan_s.hash[j] = ch->id + 1;
     return ch->id;
 }
 
@@ -137,7 +137,7 @@ int lei_chan_room(lei_ctx *c, uint32_t chid) {
         if (p->q.bytes >= before || p->q.bytes >= c->o.queue_limit) return 0;
     }
     if (ch->local && lei_local_full(c, ch)) {
-        if (c->lq.head) ev_idle_start(c->loop, &c->idle);
+        if (c->local_s.lq.head) ev_idle_start(c->loop, &c->local_s.idle);
         return 0;
     }
     return 1;
@@ -160,21 +160,21 @@ void lei_chan_set_calls(lei_ctx *c, uint32_t id, int on) {
 }
 
 
-uint32_t lei_ctx_nchans(const lei_ctx *c) { return c->nchans; }
+uint32_t lei_chan_total(const lei_ctx *c) { return c->chan_s.nchans; }
 
-int lei_chan_at_limit(const lei_ctx *c) { return c->nchans >= c->o.max_channels; }
+int lei_chan_at_limit(const lei_ctx *c) { return c->chan_s.nchans >= c->o.max_channels; }
 
 const char *lei_chan_name(const lei_ctx *c, uint32_t id) {
-    return id < c->nchans ? c->chans[id]->name : NULL;
+    return id < c->chan_s.nchans ? c->chan_s.chans[id]->name : NULL;
 }
 
 void lei_chan_count_encode(lei_ctx *c, uint32_t chid) {
-    if (chid < c->nchans) c->chans[chid]->encodes++;
+    if (chid < c->chan_s.nchans) c->chan_s.chans[chid]->encodes++;
 }
 
 int lei_chan_stats(const lei_ctx *c, uint32_t id, lei_stats_chan *out) {
-    if (id >= c->nchans) return -1;
-    const lei_chan *ch = c->chans[id];
+    if (id >= c->chan_s.nchans) return -1;
+    const lei_chan *ch = c->chan_s.chans[id];
     out->ev_out = ch->ev_out;
     out->bytes_out = ch->bytes_out;
     out->ev_in = ch->ev_in;

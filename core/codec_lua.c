@@ -164,7 +164,7 @@ static void push_array_mt(lua_State *L) {
     }
 }
 
-lei_array *lei_array_check(lua_State *L, int idx) {
+lei_array *lei_codec_lua_array_check(lua_State *L, int idx) {
     lei_array *a = lua_touserdata(L, idx);
     int same;
     if (!a || lua_islightuserdata(L, idx) || !lua_getmetatable(L, idx)) return NULL;
@@ -178,7 +178,7 @@ lei_array *lei_array_check(lua_State *L, int idx) {
  * (zeroed when zero is set); data points at them (or NULL if extra is 0).
  * Its environment is a fresh table: [1] = what keeps data alive, .kids =
  * views made from it. May raise (memory). */
-lei_array *lei_array_push(lua_State *L, int dtype, int ndim, const int64_t *shape, size_t extra,
+lei_array *lei_codec_lua_array_push(lua_State *L, int dtype, int ndim, const int64_t *shape, size_t extra,
                           int zero) {
     lei_array hdr;
     if (lei_array_init(&hdr, dtype, ndim, shape)) luaL_error(L, "bad array dtype or shape");
@@ -337,7 +337,7 @@ static int enc_value(enc_state *st, int idx, unsigned depth) {
     case LUA_TSTRING: return enc_string(st, idx);
     case LUA_TTABLE: return enc_table(st, idx, depth);
     case LUA_TUSERDATA: {
-        lei_array *a = lei_array_check(L, idx);
+        lei_array *a = lei_codec_lua_array_check(L, idx);
         if (a) return enc_array(st, idx, a);
     } /* fall through */
     default: return enc_fail(st, 1, "cannot encode a %s", lua_typename(L, t));
@@ -423,7 +423,7 @@ static int dec_array(lua_State *L, lei_reader *r, const lei_item *it) {
     dec_state *ds = (dec_state *)(void *)r;
     lei_array *a;
     if (ds->view_min && it->len >= ds->view_min) {
-        a = lei_array_push(L, it->dtype, it->ndim, it->shape, 0, 0);
+        a = lei_codec_lua_array_push(L, it->dtype, it->ndim, it->shape, 0, 0);
         a->data = (uint8_t *)it->str;
         a->flags = LEI_AF_VIEW;
         if (lua_isnil(L, ds->vtab)) {
@@ -434,7 +434,7 @@ static int dec_array(lua_State *L, lei_reader *r, const lei_item *it) {
         lua_rawseti(L, ds->vtab, (int)lua_objlen(L, ds->vtab) + 1);
         return 0;
     }
-    a = lei_array_push(L, it->dtype, it->ndim, it->shape, it->len, 0);
+    a = lei_codec_lua_array_push(L, it->dtype, it->ndim, it->shape, it->len, 0);
     if (it->len) memcpy(a->data, it->str, it->len);
     return 0;
 }
@@ -756,7 +756,7 @@ static int check_shape(lua_State *L, int arg, int64_t *shape) {
 }
 
 static lei_array *check_array(lua_State *L, int arg) {
-    lei_array *a = lei_array_check(L, arg);
+    lei_array *a = lei_codec_lua_array_check(L, arg);
     if (!a) luaL_typerror(L, arg, "lecho.array");
     return a;
 }
@@ -777,7 +777,7 @@ static int l_array_new(lua_State *L) {
     uint64_t count, bytes;
     if (lei_shape_bytes(shape, nd, lei_dtype_size(dt), &count, &bytes) || bytes > ((size_t)1 << 40))
         luaL_argerror(L, 2, "shape too large");
-    lei_array_push(L, dt, nd, shape, (size_t)bytes, 1);
+    lei_codec_lua_array_push(L, dt, nd, shape, (size_t)bytes, 1);
     return 1;
 }
 
@@ -787,7 +787,7 @@ static int l_array_wrap(lua_State *L) {
     int64_t shape[LEI_ARRAY_MAXDIM];
     int dt = check_dtype(L, 2), nd = check_shape(L, 3, shape);
     luaL_checkany(L, 1);
-    lei_array_push(L, dt, nd, shape, 0, 0);
+    lei_codec_lua_array_push(L, dt, nd, shape, 0, 0);
     lua_getfenv(L, -1);
     lua_pushvalue(L, 1);
     lua_rawseti(L, -2, 1);
@@ -800,7 +800,7 @@ static int l_array_wrap(lua_State *L) {
  * its parent's kids, so that it is kept or ended with it */
 static int l_array_view(lua_State *L) {
     lei_array *a = live_array(L, 1), *v;
-    v = lei_array_push(L, a->dtype, 0, NULL, 0, 0);
+    v = lei_codec_lua_array_push(L, a->dtype, 0, NULL, 0, 0);
     *v = *a;
     lua_getfenv(L, -1);
     lua_pushvalue(L, 1);
@@ -854,7 +854,7 @@ static void rebase(lua_State *L, int idx, const uint8_t *old, size_t n, uint8_t 
 /* array_keep(a): a received view gets its own copy of its bytes (once),
  * and so do the views made from it; array_end(a): a received view and its
  * views lose their elements (the dispatch ended and no handler kept it). */
-void lei_array_keep_lua(lua_State *L, int idx) {
+void lei_codec_lua_array_keep(lua_State *L, int idx) {
     lei_array *a = lua_touserdata(L, idx);
     size_t n = (size_t)a->count * (size_t)a->itemsize;
     uint8_t *old = a->data, *nw;
@@ -872,7 +872,7 @@ void lei_array_keep_lua(lua_State *L, int idx) {
 
 static int l_array_keep(lua_State *L) {
     live_array(L, 1);
-    lei_array_keep_lua(L, 1);
+    lei_codec_lua_array_keep(L, 1);
     return 0;
 }
 
@@ -886,7 +886,7 @@ static int l_array_end(lua_State *L) {
 static int l_array_copy(lua_State *L) {
     lei_array *a = live_array(L, 1), *c;
     size_t n = (size_t)a->count * (size_t)a->itemsize;
-    c = lei_array_push(L, a->dtype, a->ndim, a->shape, n, 0);
+    c = lei_codec_lua_array_push(L, a->dtype, a->ndim, a->shape, n, 0);
     lei_array_gather(a, c->data, NULL);
     return 1;
 }

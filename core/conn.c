@@ -41,8 +41,8 @@ lei_conn *lei_conn_new(lei_ctx *c, int fd, enum lei_conn_state state) {
     c->conns = k;
     lei_addr_nodelay(fd);
     lei_live_conn_new(k);
-    c->nconns++;
-    lei_conn_hs_arm(c);
+    c->accept_s.nconns++;
+    lei_accept_hs_arm(c);
     return k;
 }
 
@@ -108,7 +108,7 @@ void lei_conn_close(lei_conn *k, const char *reason, int bad) {
     }
     close(k->fd);
     k->fd = -1;
-    c->nconns--;
+    c->accept_s.nconns--;
     c->rbuf -= k->rcap;
     /* A frame below us (busy) may still be read: a handler's zero-copy
      * buffer points into it (lua_hook.c).  lei_conn_free frees it then. */
@@ -166,7 +166,7 @@ void lei_conn_retire(lei_conn *k, const char *reason) {
 }
 
 /* Dials the peer.  Frames queue up until the handshake is answered. */
-int lei_peer_dial(lei_peer *p) {
+int lei_conn_dial(lei_peer *p) {
     lei_ctx *c = p->ctx;
     lei_addr a;
     const char *why;
@@ -176,7 +176,7 @@ int lei_peer_dial(lei_peer *p) {
         p->last_fail = ev_now(c->loop);
         return -1;
     }
-    if (lei_conn_room(c, p->reason, sizeof p->reason)) {
+    if (lei_accept_room(c, p->reason, sizeof p->reason)) {
         p->last_fail = ev_now(c->loop);
         lei_ratelog(c, LEI_RL_CONNECTIONS, "not dialling %s: %s", p->addr, p->reason);
         return -1;
@@ -198,7 +198,7 @@ int lei_peer_dial(lei_peer *p) {
     k->peer = p;
     p->conn = k;
     k->dial_slot = 1; /* until UP or closed (lei_dial_done) */
-    c->ndialing++;
+    c->peer_s.ndialing++;
     ev_io_start(c->loop, &k->wio);
     return 0;
 }
@@ -245,7 +245,7 @@ static const char *conn_bind(lei_conn *k, const lei_frame *f) {
         char why[128];
         snprintf(why, sizeof why, "channel index out of range (%zu bound, limit %zu)", k->nbound,
                  c->o.max_peer_channels);
-        lei_conn_refuse(k, LEI_RL_BIND_INDEX, why); /* conn_frame sees k closed */
+        lei_accept_refuse(k, LEI_RL_BIND_INDEX, why); /* conn_frame sees k closed */
         return NULL;
     }
     /* All connections together: 4 x max_peer_channels (12 connections of
@@ -255,7 +255,7 @@ static const char *conn_bind(lei_conn *k, const lei_frame *f) {
         char why[160];
         snprintf(why, sizeof why, "channel bindings of all connections over %zu (4 x max_peer_channels)",
                  4 * c->o.max_peer_channels);
-        lei_conn_refuse(k, LEI_RL_BIND_INDEX, why);
+        lei_accept_refuse(k, LEI_RL_BIND_INDEX, why);
         return NULL;
     }
     lei_inmap_drop_rname(k, idx);
@@ -269,7 +269,7 @@ static const char *conn_bind(lei_conn *k, const lei_frame *f) {
     /* A producer we refused stops at a few: many refusals are an attack
      * on our memory (each keeps its name for the ACKs' error text). */
     if (++k->nrefused > REFUSED_BINDS_MAX) { /* an attack: told, logged once per 10 s */
-        lei_conn_refuse(k, LEI_RL_REFUSED_BINDS, "too many refused channel bindings (limit 256)");
+        lei_accept_refuse(k, LEI_RL_REFUSED_BINDS, "too many refused channel bindings (limit 256)");
         return NULL; /* conn_frame sees k closed */
     }
     /* Resolved once here, not per EVENT: the channel (keyed: open, but no
@@ -281,7 +281,7 @@ static const char *conn_bind(lei_conn *k, const lei_frame *f) {
     else
         snprintf(rwhy, sizeof rwhy, "no channel %.*s open here", (int)nl, (const char *)name);
     if (k->rname_bytes + strlen(rwhy) > REFUSED_NAMES_MAX) {
-        lei_conn_refuse(k, LEI_RL_REFUSED_BINDS,
+        lei_accept_refuse(k, LEI_RL_REFUSED_BINDS,
                         "refused channel bindings' names over 65536 bytes");
         return NULL; /* conn_frame sees k closed */
     }
@@ -343,7 +343,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f) {
     lei_ctx *c = k->ctx;
     const char *err = NULL;
     char why[256];
-    if (k->state < LEI_CONN_UP) return lei_conn_handshake(k, f);
+    if (k->state < LEI_CONN_UP) return lei_handshake_frame(k, f);
     lei_peer *p = k->peer;
     if (f->type == LEI_F_HEARTBEAT || f->type == LEI_F_PING) return lei_live_frame(k, f);
     switch (f->type) {
@@ -668,7 +668,7 @@ static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents) {
         }
         ev_io_stop(k->ctx->loop, &k->wio);
         k->state = LEI_CONN_HELLO_SENT;
-        lei_conn_hello(k);
+        lei_handshake_hello(k);
         ev_io_start(k->ctx->loop, &k->rio);
         return;
     }

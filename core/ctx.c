@@ -150,8 +150,8 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
             lit->sync = s->id;
         }
         /* Local consumers run from the loop, after what was queued before. */
-        lei_q_push(&c->lq, lit);
-        ev_idle_start(c->loop, &c->idle);
+        lei_q_push(&c->local_s.lq, lit);
+        ev_idle_start(c->loop, &c->local_s.idle);
     }
     return 0;
 }
@@ -177,7 +177,7 @@ int lei_call(lei_ctx *c, uint32_t chid, const char *dest, lei_msg *msg, int poli
         *err = "no such destination";
         return -LEI_E_NOTFOUND;
     }
-    /* Owners: s (and s->w) go on c->syncs, freed by lei_sync_free; lit goes
+    /* Owners: s (and s->w) go on c->sync_s.syncs, freed by lei_sync_free; lit goes
      * on the local queue, freed once delivered. */
     lei_sync *s = calloc(1, sizeof *s);
     lei_qitem *lit = NULL;
@@ -209,8 +209,8 @@ int lei_call(lei_ctx *c, uint32_t chid, const char *dest, lei_msg *msg, int poli
     lit->seq = 1;
     lit->size = msg->total;
     lit->sync = s->id;
-    lei_q_push(&c->lq, lit);
-    ev_idle_start(c->loop, &c->idle);
+    lei_q_push(&c->local_s.lq, lit);
+    ev_idle_start(c->loop, &c->local_s.idle);
     return 0;
 }
 
@@ -218,9 +218,9 @@ static void prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents) {
     (void)loop;
     (void)revents;
     lei_ctx *c = w->data;
-    if (c->nnotes) lei_tell_notes(c);
+    if (c->peer_s.nnotes) lei_tell_notes(c);
     if (c->h.prepare) c->h.prepare(c->h.ud);
-    lei_peers_turn(c);
+    lei_peer_turn(c);
     c->unflushed = 0;
     lei_flush(c);
 }
@@ -253,8 +253,8 @@ void lei_ctx_shutdown(lei_ctx *c) {
     c->closing = 1;
     /* Closing from a handler that holds its connection: read on, so that
      * the remote's FIN is seen (what comes is for closed consumers now). */
-    for (int i = 0; i < c->npeers; i++)
-        if (c->peers[i]->held) lei_resume(c, c->peers[i], 0);
+    for (int i = 0; i < c->peers_s.npeers; i++)
+        if (c->peers_s.peers[i]->held) lei_resume(c, c->peers_s.peers[i], 0);
     for (lei_conn *k = c->conns, *nk; k; k = nk) {
         nk = k->next; /* a failed write frees k */
         if (k->state == LEI_CONN_CLOSED) continue;
@@ -267,13 +267,13 @@ void lei_ctx_shutdown(lei_ctx *c) {
 }
 
 void lei_ctx_stop_listening(lei_ctx *c) {
-    if (c->lfd < 0) return;
-    ev_io_stop(c->loop, &c->lio);
-    ev_timer_stop(c->loop, &c->acc_w);
-    if (c->reserve_fd >= 0) close(c->reserve_fd);
-    c->reserve_fd = -1;
-    lei_addr_close(c->lfd, &c->laddr); /* removes our unix socket file */
-    c->lfd = -1;
+    if (c->accept_s.lfd < 0) return;
+    ev_io_stop(c->loop, &c->accept_s.lio);
+    ev_timer_stop(c->loop, &c->accept_s.acc_w);
+    if (c->accept_s.reserve_fd >= 0) close(c->accept_s.reserve_fd);
+    c->accept_s.reserve_fd = -1;
+    lei_addr_close(c->accept_s.lfd, &c->laddr); /* removes our unix socket file */
+    c->accept_s.lfd = -1;
 }
 
 int lei_ctx_pending(lei_ctx *c, uint64_t *events, uint64_t *bytes) {
@@ -281,8 +281,8 @@ int lei_ctx_pending(lei_ctx *c, uint64_t *events, uint64_t *bytes) {
     *events = *bytes = 0;
     for (lei_conn *k = c->conns; k; k = k->next)
         if (k->state != LEI_CONN_CLOSED) open++;
-    for (int i = 0; i < c->npeers; i++) {
-        lei_peer *p = c->peers[i];
+    for (int i = 0; i < c->peers_s.npeers; i++) {
+        lei_peer *p = c->peers_s.peers[i];
         for (lei_qitem *it = p->q.head; it; it = it->next)
             if (it->batch)
                 *events += it->nev;
@@ -311,14 +311,14 @@ lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h) {
         free(c);
         return NULL;
     }
-    c->lfd = -1;
+    c->accept_s.lfd = -1;
     if (getrandom(&c->incarnation, sizeof c->incarnation, 0) != sizeof c->incarnation)
         c->incarnation = (uint64_t)getpid() << 32 ^ (uint64_t)ev_time();
     /* Sync ids start anywhere below 2^52 (room for 2^52 more below 2^53,
      * where Lua numbers stop being exact): a process that took over a dead
      * one's address must not have ids the dead one's late answers match. */
-    randombytes_buf(&c->next_sync, sizeof c->next_sync);
-    c->next_sync &= ((uint64_t)1 << 52) - 1;
+    randombytes_buf(&c->sync_s.next_sync, sizeof c->sync_s.next_sync);
+    c->sync_s.next_sync &= ((uint64_t)1 << 52) - 1;
     ev_prepare_init(&c->prep, prepare_cb);
     c->prep.data = c;
     ev_prepare_start(c->loop, &c->prep);
@@ -328,12 +328,12 @@ lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h) {
     c->chk.data = c;
     ev_check_start(c->loop, &c->chk);
     ev_unref(c->loop);
-    ev_idle_init(&c->idle, lei_local_idle_cb);
-    c->idle.data = c;
-    ev_idle_init(&c->kick, lei_kick_cb);
-    c->kick.data = c;
-    ev_timer_init(&c->expiry_w, lei_expiry_cb, AWAIT_IN_SECONDS, 0.);
-    c->expiry_w.data = c;
+    ev_idle_init(&c->local_s.idle, lei_local_idle_cb);
+    c->local_s.idle.data = c;
+    ev_idle_init(&c->peer_s.kick, lei_kick_cb);
+    c->peer_s.kick.data = c;
+    ev_timer_init(&c->peer_s.expiry_w, lei_expiry_cb, AWAIT_IN_SECONDS, 0.);
+    c->peer_s.expiry_w.data = c;
     ev_init(&c->hb, lei_live_timer_cb);
     c->hb.data = c;
     lei_conns_init(c);
@@ -356,30 +356,30 @@ void lei_ctx_free(lei_ctx *c) {
         lei_conn_close(k, "context closed", 0);
     }
     lei_qitem *it;
-    while ((it = lei_q_pop(&c->lq))) lei_item_free(c, it);
-    while ((it = lei_q_pop(&c->ldef))) lei_item_free(c, it);
+    while ((it = lei_q_pop(&c->local_s.lq))) lei_item_free(c, it);
+    while ((it = lei_q_pop(&c->local_s.ldef))) lei_item_free(c, it);
     lei_peers_free(c);
-    for (uint32_t i = 0; i < c->nchans; i++) {
-        free(c->chans[i]->name);
-        if (c->chans[i]->ndests > 1) free(c->chans[i]->d.many);
-        free(c->chans[i]);
+    for (uint32_t i = 0; i < c->chan_s.nchans; i++) {
+        free(c->chan_s.chans[i]->name);
+        if (c->chan_s.chans[i]->ndests > 1) free(c->chan_s.chans[i]->d.many);
+        free(c->chan_s.chans[i]);
     }
-    free(c->chans);
-    free(c->hash);
-    while (c->syncs) lei_sync_free(c, c->syncs);
-    free(c->shash);
-    free(c->sdone);
+    free(c->chan_s.chans);
+    free(c->chan_s.hash);
+    while (c->sync_s.syncs) lei_sync_free(c, c->sync_s.syncs);
+    free(c->sync_s.shash);
+    free(c->sync_s.sdone);
     lei_ctx_stop_listening(c);
     ev_ref(c->loop);
     ev_prepare_stop(c->loop, &c->prep);
     ev_ref(c->loop);
     ev_check_stop(c->loop, &c->chk);
-    ev_idle_stop(c->loop, &c->idle);
-    ev_idle_stop(c->loop, &c->kick);
-    ev_timer_stop(c->loop, &c->expiry_w);
+    ev_idle_stop(c->loop, &c->local_s.idle);
+    ev_idle_stop(c->loop, &c->peer_s.kick);
+    ev_timer_stop(c->loop, &c->peer_s.expiry_w);
     ev_timer_stop(c->loop, &c->hb);
     lei_conns_stop(c);
-    free(c->notes);
+    free(c->peer_s.notes);
     lei_ident_free(c);
     ev_loop_destroy(c->loop);
     free(c);
@@ -402,11 +402,11 @@ void lei_ctx_count_encode(lei_ctx *c) { c->encodes++; }
 void lei_ctx_stats(const lei_ctx *c, lei_stats_ctx *out) {
     out->encodes = c->encodes;
     out->bad_frames = c->bad_frames;
-    out->local_bytes = c->lq.bytes;
-    out->local_events = c->lq.count;
-    out->deferred_bytes = c->ldef.bytes;
-    out->deferred_events = c->ldef.count;
-    out->connections = c->nconns;
+    out->local_bytes = c->local_s.lq.bytes;
+    out->local_events = c->local_s.lq.count;
+    out->deferred_bytes = c->local_s.ldef.bytes;
+    out->deferred_events = c->local_s.ldef.count;
+    out->connections = c->accept_s.nconns;
     out->read_buffer_bytes = c->rbuf;
-    out->stale_acks = c->stale_acks;
+    out->stale_acks = c->sync_s.stale_acks;
 }

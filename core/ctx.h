@@ -145,14 +145,14 @@ void lei_ctx_free(lei_ctx *c);
  * identity one other than loopback or unix: protected mode) or -LEI_E_IO (the
  * socket calls: in use, a live unix socket or a file that is not a socket
  * at the path, ...), with a message in err[LEI_ADDR_ERR_MAX]. */
-int lei_ctx_listen(lei_ctx *c, const char *addr, const char *advertise, const char *toward,
+int lei_accept_listen(lei_ctx *c, const char *addr, const char *advertise, const char *toward,
                    char *err);
 /* The context's loop (owned by the context) and options (read only). */
 struct ev_loop *lei_ctx_loop(const lei_ctx *c);
 const lei_opts *lei_ctx_opts(const lei_ctx *c);
-/* Our advertised address ("" before lei_ctx_listen). */
+/* Our advertised address ("" before lei_accept_listen). */
 const char *lei_ctx_addr(const lei_ctx *c);
-/* The address we are bound to ("" before lei_ctx_listen). */
+/* The address we are bound to ("" before lei_accept_listen). */
 const char *lei_ctx_bound(const lei_ctx *c);
 /* A callback of the embedder's own (a timer, a watcher) begins or ends:
  * the context counts its nesting like that of its hooks. */
@@ -205,8 +205,8 @@ void lei_ctx_refusal(lei_ctx *c, const char *why);
 uint32_t lei_chan_open(lei_ctx *c, const char *name, size_t len);
 /* The channel with this id (an opaque handle), or NULL. */
 lei_chan *lei_chan_get(lei_ctx *c, uint32_t id);
-/* Channels are numbered 0 .. lei_ctx_nchans - 1, for the context's life. */
-uint32_t lei_ctx_nchans(const lei_ctx *c);
+/* Channels are numbered 0 .. lei_chan_total - 1, for the context's life. */
+uint32_t lei_chan_total(const lei_ctx *c);
 /* max_channels are open: lei_chan_open of a new name fails. */
 int lei_chan_at_limit(const lei_ctx *c);
 /* The full name of channel id (NULL: no such channel). */
@@ -233,10 +233,10 @@ lei_peer *lei_peer_get(lei_ctx *c, const char *addr, int create);
 /* Peer idx (1-based, stable while the peer lives; NULL: none, or freed).
  * A peer nothing uses is freed a while after (ctx_int.h); its idx may then
  * name a new peer, after the hook was told the old one went down. */
-lei_peer *lei_peer_by_idx(lei_ctx *c, int idx);
-/* The peers now: lei_ctx_peer(c, 0 .. lei_ctx_npeers - 1), any order. */
-int lei_ctx_npeers(const lei_ctx *c);
-lei_peer *lei_ctx_peer(lei_ctx *c, int i);
+lei_peer *lei_peers_by_idx(lei_ctx *c, int idx);
+/* The peers now: lei_peers_at(c, 0 .. lei_peer_total - 1), any order. */
+int lei_peer_total(const lei_ctx *c);
+lei_peer *lei_peers_at(lei_ctx *c, int i);
 int lei_peer_idx(const lei_peer *p);
 /* The remote context's listen address. */
 const char *lei_peer_addr(const lei_peer *p);
@@ -323,58 +323,58 @@ void lei_resume(lei_ctx *c, lei_peer *from, uint32_t chid);
  * the seed's), a principal name (1..64 of [A-Za-z0-9._-]) and optionally an
  * authority's certificate of cert_len bytes (doc/security.md: 64 is an old
  * v1 one, sent as such and refused by peers).  -LEI_E_INVALID with
- * err[160], also once a connection exists.  Set it before lei_ctx_listen
+ * err[160], also once a connection exists.  Set it before lei_accept_listen
  * to listen on other than loopback or unix addresses. */
-int lei_ctx_set_identity(lei_ctx *c, const uint8_t sk[64], const char *name, const uint8_t *cert,
+int lei_auth_set_identity(lei_ctx *c, const uint8_t sk[64], const char *name, const uint8_t *cert,
                          size_t cert_len, char *err);
 /* Trusts pk for principal `name` (a second call for pk renames it). */
-int lei_ctx_trust_key(lei_ctx *c, const uint8_t pk[32], const char *name);
+int lei_auth_trust_key(lei_ctx *c, const uint8_t pk[32], const char *name);
 /* Trusts every (name, pk) an authority certified, within the authority's
  * own validity [not_before, not_after) (Unix seconds; 0: unbounded); a
  * second call for pk sets its validity. */
-int lei_ctx_trust_authority(lei_ctx *c, const uint8_t pk[32], uint64_t not_before,
+int lei_auth_trust_authority(lei_ctx *c, const uint8_t pk[32], uint64_t not_before,
                             uint64_t not_after);
 /* The revoked keys: n keys of 32 bytes at pks (replacing the list before).
  * Refused at every handshake from now on; live connections of them are
  * closed now (one log line each).  Returns how many were closed, or
  * -LEI_E_NOMEM (the list before stays). */
-int lei_ctx_set_revoked(lei_ctx *c, const uint8_t *pks, size_t n);
-int lei_ctx_keyed(const lei_ctx *c);
+int lei_auth_set_revoked(lei_ctx *c, const uint8_t *pks, size_t n);
+int lei_auth_keyed(const lei_ctx *c);
 /* Signs m with our identity: 0, or -LEI_E_INVALID when there is none. */
-int lei_ctx_sign(const lei_ctx *c, const void *m, size_t n, uint8_t sig[64]);
+int lei_auth_sign(const lei_ctx *c, const void *m, size_t n, uint8_t sig[64]);
 /* Pins addr to pk: a connection to or from addr must authenticate with it;
  * one up with another key is closed now. */
-int lei_peer_expect(lei_ctx *c, const char *addr, const uint8_t pk[32]);
+int lei_auth_expect(lei_ctx *c, const char *addr, const uint8_t pk[32]);
 /* Pins addr to principal `name` (a name server address: nameserver_principal):
  * a connection to or from addr must authenticate with a key certified or
  * trusted for that name, checked in the handshake before the connection is
  * up and anything queued for addr is written; one up as another principal
  * is closed now.  0, or -LEI_E_INVALID (address or name too long),
  * -LEI_E_NOMEM. */
-int lei_peer_expect_principal(lei_ctx *c, const char *addr, const char *name);
+int lei_auth_expect_principal(lei_ctx *c, const char *addr, const char *name);
 /* The authenticated key (32 bytes) and principal of the peer's current or
  * last connection; NULL in protected mode or before one authenticated. */
-const uint8_t *lei_peer_key(const lei_peer *p);
+const uint8_t *lei_auth_peer_key(const lei_peer *p);
 /* Has peer p's current connection bound channel chid here (its BIND taken:
  * open here; keyed, with a ticket of the channel's manager for p's key, not
  * expired)?  The word of a producer of chid about it (mod_error) is
  * believed only then. */
-int lei_peer_binds(const lei_peer *p, uint32_t chid);
+int lei_auth_peer_binds(const lei_peer *p, uint32_t chid);
 /* Queues a BIND of channel chid to the peer at addr now (as its first
  * event would; nothing when already bound): a producer that reports on the
  * channel before it sent an event proves it may (mod_error).  -1 when the
  * peer is not live or (keyed) we have no ticket for chid. */
 int lei_peer_bind(lei_ctx *c, const char *addr, uint32_t chid);
-const char *lei_peer_principal(const lei_peer *p);
+const char *lei_auth_peer_principal(const lei_peer *p);
 /* Consumer side: the channel manager's key, against which BIND tickets of
  * the channel (and its derived streams) are verified.  In keyed mode a BIND
  * without a valid ticket, or for a channel not open here, is refused: its
  * events are dropped and counted (stats refused), a sync one answered with
  * 0 handlers and "not an authorized producer of NAME". */
-int lei_chan_set_manager_key(lei_ctx *c, uint32_t chid, const uint8_t pk[32]);
+int lei_auth_set_manager_key(lei_ctx *c, uint32_t chid, const uint8_t pk[32]);
 /* Producer side: the ticket our BINDs of the channel carry (72 bytes: its
  * u64 big-endian expiry, then the manager's signature; doc/security.md). */
-int lei_chan_set_ticket(lei_ctx *c, uint32_t chid, const uint8_t t[72]);
+int lei_auth_set_ticket(lei_ctx *c, uint32_t chid, const uint8_t t[72]);
 
 /* Graceful close, step one: stop accepting, write every queue, then end
  * each connection with a FIN once its queue is empty and read until the

@@ -35,9 +35,9 @@ typedef struct lei_tkey {     /* a trusted key and the principal name it must cl
 
 typedef struct lei_pin {      /* a peer address pinned to a key, a principal, or both */
     char addr[LEI_ADDR_MAX];
-    uint8_t pk[32];           /* valid when has_pk (lei_peer_expect) */
+    uint8_t pk[32];           /* valid when has_pk (lei_auth_expect) */
     int has_pk;
-    char principal[LEI_NAME_MAX + 1]; /* "": none (lei_peer_expect_principal) */
+    char principal[LEI_NAME_MAX + 1]; /* "": none (lei_auth_expect_principal) */
 } lei_pin;
 
 typedef struct lei_auth {     /* a trusted authority and its own validity (0: unbounded) */
@@ -56,7 +56,7 @@ typedef struct lei_ident {
     int nkeys, ckeys;
     lei_auth *auths;          /* owned: trusted authorities */
     int nauths, cauths;
-    uint8_t (*revoked)[32];   /* owned: revoked keys (lei_ctx_set_revoked) */
+    uint8_t (*revoked)[32];   /* owned: revoked keys (lei_auth_set_revoked) */
     int nrevoked;
     lei_pin *pins;            /* owned: address -> expected key */
     int npins, cpins;
@@ -193,7 +193,7 @@ struct lei_peer {
     int idx;                  /* ro: 1-based handle, stable while the peer lives; a
                                * freed peer's idx goes to the next new one (the
                                * hook was told it went down before) */
-    int pos;                  /* its index in ctx->peers */
+    int pos;                  /* its index in ctx->peers_s.peers */
     ev_tstamp unused_at;      /* since when nothing uses it (0: in use); freed
                                * LEI_PEER_FREE_AFTER later (lei_peers_sweep) */
     uint8_t mark;             /* lei_peers_sweep: something refers to it */
@@ -208,7 +208,7 @@ struct lei_peer {
     ev_tstamp await_in;       /* our dial lost the tie-break: the remote's own
                                * connection is awaited until then, queue kept */
     int dial_pending;         /* waits for a dial slot (LEI_DIALS_MAX): live,
-                               * its queue kept, dialled by lei_peers_turn */
+                               * its queue kept, dialled by lei_peer_turn */
     lei_queue q;              /* ro: frames waiting for the socket */
     size_t woff;              /* bytes of q.head already written */
     lei_msg *spare;           /* owned: an empty batch buffer (BATCH_MAX) kept for the
@@ -236,7 +236,7 @@ struct lei_peer {
  * read the list with lei_chan_dests.  Keep it so when adding fields: rare
  * ones go after the first line (chan.c asserts the size of the first). */
 struct lei_chan {
-    uint32_t id;              /* ro: index in ctx->chans, also the wire idx we send */
+    uint32_t id;              /* ro: index in ctx->chan_s.chans, also the wire idx we send */
     int ndests;
     uint32_t epoch;           /* ro: bumped when local consumers appear again */
     uint8_t local;            /* rw via lei_chan_set_local: local consumers exist */
@@ -273,10 +273,10 @@ typedef struct lei_sync_wait {
 } lei_sync_wait;
 
 struct lei_sync {
-    struct lei_sync *next, *prev; /* c->syncs, every record */
-    struct lei_sync *hnext;   /* c->shash chain */
+    struct lei_sync *next, *prev; /* c->sync_s.syncs, every record */
+    struct lei_sync *hnext;   /* c->sync_s.shash chain */
     uint64_t id;
-    int watch;                /* its id goes on c->sdone when it settles */
+    int watch;                /* its id goes on c->sync_s.sdone when it settles */
     int nwait;                /* waits not yet done */
     int nw;
     lei_sync_wait *w;         /* owned */
@@ -285,7 +285,7 @@ struct lei_sync {
 
 struct lei_ctx {
     struct ev_loop *loop;     /* ro: owned */
-    lei_opts o;               /* rw before lei_ctx_listen */
+    lei_opts o;               /* rw before lei_accept_listen */
     lei_hooks h;
     char addr[LEI_ADDR_MAX];  /* ro: our advertised address (what peers dial, HELLO carries) */
     char bound[LEI_ADDR_MAX]; /* ro: what we are bound to (differs for a wildcard) */
@@ -308,7 +308,7 @@ struct lei_ctx {
     int phcap;
     int ndialing;             /* our dials not yet UP (LEI_DIALS_MAX) */
     int ndial_pending;        /* peers with dial_pending set */
-    int peers_over;           /* a peer was created past max_peers: lei_peers_turn evicts */
+    int peers_over;           /* a peer was created past max_peers: lei_peer_turn evicts */
     lei_conn *conns;          /* all live connections (list through conn->next) */
     lei_chan **chans;         /* owned */
     uint32_t nchans, cchans;
@@ -385,7 +385,7 @@ struct lei_conn {
     int fd;
     enum lei_conn_state state;
     int busy;           /* read callbacks in progress on this connection */
-    int dial_slot;      /* dialled by us, not yet UP: counted in ctx->ndialing */
+    int dial_slot;      /* dialled by us, not yet UP: counted in ctx->peer_s.ndialing */
     lei_peer *was;      /* retired: the peer it served (p->retiring == this) */
     ev_tstamp retired;  /* RETIRED: when */
     ev_io rio, wio;
@@ -443,7 +443,7 @@ static inline int lei_peer_live(const lei_peer *p) {
  * events go on).  One rule for the submit's drop policy and for
  * lei_chan_room's wait. */
 static inline int lei_local_full(const lei_ctx *c, const lei_chan *ch) {
-    return c->lq.bytes >= c->o.queue_limit || (ch->held && c->ldef.bytes >= c->o.queue_limit);
+    return c->local_s.lq.bytes >= c->o.queue_limit || (ch->held && c->local_s.ldef.bytes >= c->o.queue_limit);
 }
 
 
@@ -462,8 +462,8 @@ lei_qitem *lei_item_bytes(const uint8_t *hdr, size_t hlen, const void *body, siz
 #define LEI_DIALS_MAX 64
 void lei_peers_sweep(lei_ctx *c);
 void lei_peers_free(lei_ctx *c);
-lei_peer *lei_peer_find(lei_ctx *c, const char *addr);
-lei_peer *lei_peer_new(lei_ctx *c, const char *addr);
+lei_peer *lei_peers_find(lei_ctx *c, const char *addr);
+lei_peer *lei_peers_new(lei_ctx *c, const char *addr);
 void lei_peer_note(lei_peer *p, int up, const char *reason);
 void lei_tell_notes(lei_ctx *c);
 void lei_peer_lost(lei_peer *p, const char *reason);
@@ -475,9 +475,9 @@ void lei_expiry_at(lei_ctx *c, ev_tstamp when);
 void lei_expiry_cb(struct ev_loop *loop, ev_timer *w, int revents);
 void lei_kick_cb(struct ev_loop *loop, ev_idle *w, int revents);
 /* conn.c: connections and the handshake */
-int lei_peer_dial(lei_peer *p);
+int lei_conn_dial(lei_peer *p);
 /* Once per loop turn (prepare): dials waiting for a slot, peers past max_peers. */
-void lei_peers_turn(lei_ctx *c);
+void lei_peer_turn(lei_ctx *c);
 /* More than max_peers peers: the unused ones freed at once (peers.c). */
 void lei_peers_evict(lei_ctx *c);
 /* k, dialled by us, is UP or closed: its dial slot is free (no-op else). */
@@ -492,7 +492,7 @@ void lei_conn_write_now(lei_conn *k, const uint8_t *b, size_t n);
 void lei_conn_send_error(lei_conn *k, const char *msg);
 /* Refuses k: ERROR with the reason to the peer, one log line per kind per
  * window (lei_ratelog), k closed. */
-void lei_conn_refuse(lei_conn *k, int kind, const char *reason);
+void lei_accept_refuse(lei_conn *k, int kind, const char *reason);
 /* rbuf.c: k's read buffer is now (b, ncap), the context's total follows;
  * grow k's buffer to at least need bytes (need > rcap) within max_buffered
  * for the frame ending at end (0: not known) of fsize bytes: 0, or -1
@@ -516,12 +516,12 @@ lei_conn *lei_conn_new(lei_ctx *c, int fd, enum lei_conn_state state);
  * with the reason in why[n]). */
 void lei_conns_init(lei_ctx *c);
 void lei_conns_stop(lei_ctx *c);
-void lei_conn_hs_arm(lei_ctx *c);
-int lei_conn_room(lei_ctx *c, char *why, size_t n);
+void lei_accept_hs_arm(lei_ctx *c);
+int lei_accept_room(lei_ctx *c, char *why, size_t n);
 /* conn.c -> handshake.c: one frame before UP (0, or -1 after closing k),
  * our HELLO once a dial connected. */
-int lei_conn_handshake(lei_conn *k, const lei_frame *f);
-void lei_conn_hello(lei_conn *k);
+int lei_handshake_frame(lei_conn *k, const lei_frame *f);
+void lei_handshake_hello(lei_conn *k);
 /* Bytes after the frame being read are records from now on. */
 int lei_conn_records_in(lei_conn *k);
 /* inmap.c: a connection's channel indexes.  get: 0 with *val, or -1 (not
@@ -551,7 +551,7 @@ void lei_cert_watch(lei_conn *k);
  * log line each); returns the next end of one, or 0. */
 ev_tstamp lei_certs_expire(lei_ctx *c, ev_tstamp now);
 /* The ticket a BIND of ch carries (its base channel's for a derived stream), or NULL. */
-const uint8_t *lei_chan_ticket_for(lei_ctx *c, const lei_chan *ch);
+const uint8_t *lei_auth_ticket_for(lei_ctx *c, const lei_chan *ch);
 /* The length of name's base: up to the first '@' after the last '/'. */
 size_t lei_base_len(const char *name, size_t len);
 /* Keyed consumer side of a BIND: the local channel, or NULL when refused. */

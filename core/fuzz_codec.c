@@ -53,7 +53,7 @@ static int same(lua_State *S, int a, int b, int depth) {
     }
     case LUA_TTABLE: break;
     case LUA_TUSERDATA: { /* arrays: dtype, shape and the bytes */
-        const lei_array *x = lei_array_check(S, a), *y = lei_array_check(S, b);
+        const lei_array *x = lei_codec_lua_array_check(S, a), *y = lei_codec_lua_array_check(S, b);
         if (!x || !y || x->dtype != y->dtype || x->ndim != y->ndim || x->count != y->count)
             return 0;
         for (int d = 0; d < x->ndim; d++)

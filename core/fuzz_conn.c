@@ -199,7 +199,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     lei_chan_set_local(S.c, lei_chan_open(S.c, "ns/x", 4), 1);
     lei_chan_set_local(S.c, lei_chan_open(S.c, "ns/y", 4), 1);
     unlink(C_PATH);
-    if (lei_ctx_listen(S.c, "unix:" C_PATH, NULL, NULL, err)) {
+    if (lei_accept_listen(S.c, "unix:" C_PATH, NULL, NULL, err)) {
         fprintf(stderr, "fuzz: listen: %s\n", err);
         abort();
     }

@@ -108,9 +108,9 @@ static lei_ctx *make_ctx(int remote, const char *listen) {
     c->h.ud = c;
     c->incarnation = remote ? 2222 : 1111;
     char err[160];
-    if (lei_ctx_set_identity(c, remote ? b_sk : a_sk, remote ? "fuzzpeer" : "fuzzed", NULL, 0, err))
+    if (lei_auth_set_identity(c, remote ? b_sk : a_sk, remote ? "fuzzpeer" : "fuzzed", NULL, 0, err))
         abort();
-    lei_ctx_trust_key(c, remote ? a_pk : b_pk, remote ? "fuzzed" : "fuzzpeer");
+    lei_auth_trust_key(c, remote ? a_pk : b_pk, remote ? "fuzzed" : "fuzzpeer");
     uint32_t ch = lei_chan_open(c, "ns/x", 4);
     if (remote) {
         /* a ticket that does not expire while the harness runs (u64be
@@ -121,13 +121,13 @@ static lei_ctx *make_ctx(int remote, const char *listen) {
         memcpy(m + 23, b_pk, 32);
         memcpy(m + 55, t, 8);
         crypto_sign_detached(t + 8, NULL, m, sizeof m, m_sk);
-        lei_chan_set_ticket(c, ch, t);
+        lei_auth_set_ticket(c, ch, t);
     } else {
         lei_chan_set_local(c, ch, 1);
-        lei_chan_set_manager_key(c, ch, m_pk);
+        lei_auth_set_manager_key(c, ch, m_pk);
     }
     unlink(listen + 5);
-    if (lei_ctx_listen(c, listen, NULL, NULL, err)) {
+    if (lei_accept_listen(c, listen, NULL, NULL, err)) {
         fprintf(stderr, "fuzz: listen %s: %s\n", listen, err);
         abort();
     }

@@ -63,7 +63,7 @@ static size_t build_hello(lei_conn *k, uint8_t type, uint8_t *b) {
 }
 
 /* The dial connected: our HELLO goes out. */
-void lei_conn_hello(lei_conn *k) {
+void lei_handshake_hello(lei_conn *k) {
     uint8_t b[LEI_HELLO_MAX];
     lei_conn_write_now(k, b, build_hello(k, LEI_F_HELLO, b));
 }
@@ -178,7 +178,7 @@ static double live_window(const lei_ctx *c) {
 
 static int hello_accepted(lei_conn *k, const lei_hello *h) {
     lei_ctx *c = k->ctx;
-    lei_peer *p = lei_peer_find(c, h->addr);
+    lei_peer *p = lei_peers_find(c, h->addr);
     if (p && p->conn && p->conn->state != LEI_CONN_CLOSED && p->conn != k) {
         lei_conn *old = p->conn;
         if (old->state == LEI_CONN_DIALING || old->state == LEI_CONN_HELLO_SENT ||
@@ -219,7 +219,7 @@ static int hello_accepted(lei_conn *k, const lei_hello *h) {
             lei_conn_close(old, "replaced by a new connection from the same context", 0);
         }
     }
-    if (!p && !(p = lei_peer_new(c, h->addr))) return -1;
+    if (!p && !(p = lei_peers_new(c, h->addr))) return -1;
     conn_up(k, p, h->incarnation);
     return 0;
 }
@@ -394,7 +394,7 @@ static int hello_received(lei_conn *k, const lei_frame *f) {
     return 0;
 }
 
-int lei_conn_handshake(lei_conn *k, const lei_frame *f) {
+int lei_handshake_frame(lei_conn *k, const lei_frame *f) {
     switch (k->state) {
     case LEI_CONN_HELLO_SENT:
         return hello_answered(k, f);

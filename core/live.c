@@ -112,7 +112,7 @@ void lei_live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
                     lei_ratelog(c, LEI_RL_LIVENESS, "closing connection: %s", why);
                     lei_conn_close(k, why, 0);
                 } else { /* told why (ERROR), one log line per window */
-                    lei_conn_refuse(k, LEI_RL_LIVENESS, why);
+                    lei_accept_refuse(k, LEI_RL_LIVENESS, why);
                 }
             } else {
                 any = 1;

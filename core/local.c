@@ -40,17 +40,17 @@ static int local_deliver(lei_ctx *c, lei_qitem *it) {
 /* Runs up to max local items; those of a held channel wait in ldef. */
 static void run_local(lei_ctx *c, int max) {
     for (int i = 0; i < max; i++) {
-        lei_qitem *it = lei_q_pop(&c->lq);
+        lei_qitem *it = lei_q_pop(&c->local_s.lq);
         if (!it) break;
         lei_chan *ch = lei_chan_get(c, it->chid);
         if (ch && ch->held) {
-            lei_q_push(&c->ldef, it); /* after its channel's suspended event */
+            lei_q_push(&c->local_s.ldef, it); /* after its channel's suspended event */
             continue;
         }
         local_deliver(c, it);
         lei_item_free(c, it);
     }
-    if (!c->lq.head) ev_idle_stop(c->loop, &c->idle);
+    if (!c->local_s.lq.head) ev_idle_stop(c->loop, &c->local_s.idle);
 }
 
 void lei_drain_local(lei_ctx *c) { run_local(c, INT_MAX); }
@@ -71,16 +71,16 @@ void lei_resume(lei_ctx *c, lei_peer *from, uint32_t chid) {
          * order: every event of it still in the queue came later. */
         lei_queue keep = {0}, mine = {0};
         lei_qitem *it;
-        while ((it = lei_q_pop(&c->ldef))) lei_q_push(it->chid == chid ? &mine : &keep, it);
-        c->ldef = keep;
+        while ((it = lei_q_pop(&c->local_s.ldef))) lei_q_push(it->chid == chid ? &mine : &keep, it);
+        c->local_s.ldef = keep;
         if (mine.head) {
-            mine.tail->next = c->lq.head;
-            if (!c->lq.head) c->lq.tail = mine.tail;
-            c->lq.head = mine.head;
-            c->lq.bytes += mine.bytes;
-            c->lq.count += mine.count;
+            mine.tail->next = c->local_s.lq.head;
+            if (!c->local_s.lq.head) c->local_s.lq.tail = mine.tail;
+            c->local_s.lq.head = mine.head;
+            c->local_s.lq.bytes += mine.bytes;
+            c->local_s.lq.count += mine.count;
         }
-        if (c->lq.head) ev_idle_start(c->loop, &c->idle);
+        if (c->local_s.lq.head) ev_idle_start(c->loop, &c->local_s.idle);
         return;
     }
     from->held = 0;

@@ -99,7 +99,7 @@ static int l_set_identity(lua_State *L) {
     const uint8_t *cert =
         lua_isnoneornil(L, 4) ? NULL : (const uint8_t *)luaL_checklstring(L, 4, &cl);
     char err[160];
-    int rc = lei_ctx_set_identity(b->c, sk, name, cert, cl, err);
+    int rc = lei_auth_set_identity(b->c, sk, name, cert, cl, err);
     return lb_ok_or_err(L, rc ? err : NULL, -rc);
 }
 
@@ -108,7 +108,7 @@ static int l_trust_key(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     const uint8_t *pk = check_bytes(L, 2, 32, "public key");
     const char *name = luaL_checkstring(L, 3);
-    int rc = lei_ctx_trust_key(b->c, pk, name);
+    int rc = lei_auth_trust_key(b->c, pk, name);
     if (rc == -LEI_E_INVALID) return lb_push_err(L, "bad principal name", LEI_E_INVALID);
     return lb_ok_or_err(L, rc ? lei_err_text(-rc) : NULL, -rc);
 }
@@ -121,7 +121,7 @@ static int l_trust_authority(lua_State *L) {
     lua_Number nb = luaL_optnumber(L, 3, 0), na = luaL_optnumber(L, 4, 0);
     if (!(nb >= 0 && nb < 1e15 && na >= 0 && na < 1e15))
         return luaL_argerror(L, 3, "validity: Unix seconds in [0, 1e15)");
-    int rc = lei_ctx_trust_authority(b->c, pk, (uint64_t)nb, (uint64_t)na);
+    int rc = lei_auth_trust_authority(b->c, pk, (uint64_t)nb, (uint64_t)na);
     return lb_ok_or_err(L, rc ? lei_err_text(-rc) : NULL, -rc);
 }
 
@@ -132,7 +132,7 @@ static int l_set_revoked(lua_State *L) {
     size_t n;
     const char *ks = luaL_checklstring(L, 2, &n);
     if (n % 32) return luaL_argerror(L, 2, "revoked keys: a multiple of 32 bytes");
-    int rc = lei_ctx_set_revoked(b->c, (const uint8_t *)ks, n / 32);
+    int rc = lei_auth_set_revoked(b->c, (const uint8_t *)ks, n / 32);
     if (rc < 0) return lb_ok_or_err(L, lei_err_text(-rc), -rc);
     lua_pushinteger(L, rc);
     return 1;
@@ -140,7 +140,7 @@ static int l_set_revoked(lua_State *L) {
 
 /* ctx:keyed() -> bool */
 static int l_keyed(lua_State *L) {
-    lua_pushboolean(L, lei_ctx_keyed(lb_check_ctx(L)->c));
+    lua_pushboolean(L, lei_auth_keyed(lb_check_ctx(L)->c));
     return 1;
 }
 
@@ -150,7 +150,7 @@ static int l_ctx_sign(lua_State *L) {
     size_t n;
     const char *m = luaL_checklstring(L, 2, &n);
     uint8_t sig[64];
-    if (lei_ctx_sign(b->c, m, n, sig))
+    if (lei_auth_sign(b->c, m, n, sig))
         return lb_push_err(L, "this context has no identity (key=)", LEI_E_INVALID);
     lua_pushlstring(L, (const char *)sig, 64);
     return 1;
@@ -160,7 +160,7 @@ static int l_ctx_sign(lua_State *L) {
 static int l_expect(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     const char *addr = luaL_checkstring(L, 2);
-    int rc = lei_peer_expect(b->c, addr, check_bytes(L, 3, 32, "public key"));
+    int rc = lei_auth_expect(b->c, addr, check_bytes(L, 3, 32, "public key"));
     if (rc == -LEI_E_INVALID) return lb_push_err(L, "address too long", LEI_E_INVALID);
     return lb_ok_or_err(L, rc ? lei_err_text(-rc) : NULL, -rc);
 }
@@ -171,7 +171,7 @@ static int l_expect(lua_State *L) {
 static int l_expect_principal(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     const char *addr = luaL_checkstring(L, 2);
-    int rc = lei_peer_expect_principal(b->c, addr, luaL_checkstring(L, 3));
+    int rc = lei_auth_expect_principal(b->c, addr, luaL_checkstring(L, 3));
     if (rc == -LEI_E_INVALID) return lb_push_err(L, "address or principal name too long", LEI_E_INVALID);
     return lb_ok_or_err(L, rc ? lei_err_text(-rc) : NULL, -rc);
 }
@@ -203,22 +203,22 @@ static int l_random_id(lua_State *L) {
 static int l_peer_identity(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     lei_peer *p = lei_peer_get(b->c, luaL_checkstring(L, 2), 0);
-    const uint8_t *pk = p ? lei_peer_key(p) : NULL;
+    const uint8_t *pk = p ? lei_auth_peer_key(p) : NULL;
     if (!pk) {
         lua_pushnil(L);
         return 1;
     }
-    lua_pushstring(L, lei_peer_principal(p));
+    lua_pushstring(L, lei_auth_peer_principal(p));
     lua_pushlstring(L, (const char *)pk, 32);
     return 2;
 }
 
 /* ctx:peer_binds(addr, chid) -> bool: the peer's connection has chid
- * bound here (lei_peer_binds) */
+ * bound here (lei_auth_peer_binds) */
 static int l_peer_binds(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     lei_peer *p = lei_peer_get(b->c, luaL_checkstring(L, 2), 0);
-    lua_pushboolean(L, lei_peer_binds(p, (uint32_t)luaL_checkinteger(L, 3)));
+    lua_pushboolean(L, lei_auth_peer_binds(p, (uint32_t)luaL_checkinteger(L, 3)));
     return 1;
 }
 
@@ -235,7 +235,7 @@ static int l_bind_at(lua_State *L) {
 static int l_chan_manager_key(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     uint32_t chid = lb_check_chan(L, b, 2);
-    lei_chan_set_manager_key(b->c, chid, check_bytes(L, 3, 32, "public key"));
+    lei_auth_set_manager_key(b->c, chid, check_bytes(L, 3, 32, "public key"));
     return 0;
 }
 
@@ -243,7 +243,7 @@ static int l_chan_manager_key(lua_State *L) {
 static int l_chan_ticket(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     uint32_t chid = lb_check_chan(L, b, 2);
-    lei_chan_set_ticket(b->c, chid, check_bytes(L, 3, LEI_TICKET_BYTES, "ticket"));
+    lei_auth_set_ticket(b->c, chid, check_bytes(L, 3, LEI_TICKET_BYTES, "ticket"));
     return 0;
 }
 

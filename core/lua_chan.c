@@ -179,8 +179,8 @@ static int l_resume(lua_State *L) {
     int idx = (int)luaL_checkinteger(L, 2);
     if (idx == 0)
         lei_resume(b->c, NULL, (uint32_t)luaL_checknumber(L, 3));
-    else if (lei_peer_by_idx(b->c, idx))
-        lei_resume(b->c, lei_peer_by_idx(b->c, idx), 0);
+    else if (lei_peers_by_idx(b->c, idx))
+        lei_resume(b->c, lei_peers_by_idx(b->c, idx), 0);
     return 0;
 }
 
@@ -428,7 +428,7 @@ static int l_ack(lua_State *L) {
     int idx = (int)luaL_checkinteger(L, 2);
     uint64_t sync = (uint64_t)luaL_checknumber(L, 3);
     uint64_t nran = (uint64_t)luaL_checknumber(L, 4);
-    lei_peer *p = idx ? lei_peer_by_idx(b->c, idx) : NULL;
+    lei_peer *p = idx ? lei_peers_by_idx(b->c, idx) : NULL;
     if (idx && !p) return 0;
     uint64_t gen = 0;
     int has_gen = idx && !lua_isnoneornil(L, 7);

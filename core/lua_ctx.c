@@ -224,7 +224,7 @@ static int l_listen(lua_State *L) {
     const char *addr = luaL_checkstring(L, 2);
     const char *advertise = luaL_optstring(L, 3, NULL), *toward = luaL_optstring(L, 4, NULL);
     char err[LEI_ADDR_ERR_MAX];
-    int rc = lei_ctx_listen(b->c, addr, advertise, toward, err);
+    int rc = lei_accept_listen(b->c, addr, advertise, toward, err);
     if (rc) {
         lua_pushnil(L);
         lua_pushfstring(L, "cannot listen on %s: %s", addr, err);
@@ -344,8 +344,8 @@ static int l_stats(lua_State *L) {
     lb_setn(L, "read_buffer_bytes", (double)cs.read_buffer_bytes);
     lb_setn(L, "stale_acks", (double)cs.stale_acks);
     lua_newtable(L);
-    for (int i = 0; i < lei_ctx_npeers(c); i++) {
-        lei_peer *p = lei_ctx_peer(c, i);
+    for (int i = 0; i < lei_peer_total(c); i++) {
+        lei_peer *p = lei_peers_at(c, i);
         lei_stats_peer ps;
         lei_peer_stats(p, &ps);
         lua_newtable(L);
@@ -377,7 +377,7 @@ static int l_stats(lua_State *L) {
     }
     lua_setfield(L, -2, "peers");
     lua_newtable(L);
-    for (uint32_t i = 0; i < lei_ctx_nchans(c); i++) {
+    for (uint32_t i = 0; i < lei_chan_total(c); i++) {
         lei_stats_chan st;
         lei_chan_stats(c, i, &st);
         lua_newtable(L);
@@ -402,7 +402,7 @@ static int l_stats(lua_State *L) {
 
 static int l_peer_addr(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
-    lei_peer *p = lei_peer_by_idx(b->c, (int)luaL_checkinteger(L, 2));
+    lei_peer *p = lei_peers_by_idx(b->c, (int)luaL_checkinteger(L, 2));
     if (!p) return 0;
     lua_pushstring(L, lei_peer_addr(p));
     return 1;

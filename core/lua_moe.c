@@ -366,7 +366,7 @@ static int l_sbx_stats(lua_State *L) {
 
 static int l_sbx_close(lua_State *L) {
     lb_moe *x = luaL_checkudata(L, 1, SBX_MT);
-    if (x->m && lei_moe_in_call(x->m))
+    if (x->m && lei_moe_svc_in_call(x->m))
         return luaL_error(L, "lecho: a sandbox cannot be closed from inside its own call");
     if (x->m) {
         lb_moe_unlink(x);

@@ -143,7 +143,7 @@ int lei_moe_svc_call(lei_moe *m, const char *fn, const uint8_t *in, size_t n, le
                      char *err, size_t errlen);
 
 /* True while a call of m runs (a hook it calls must not free it). */
-int lei_moe_in_call(const lei_moe *m);
+int lei_moe_svc_in_call(const lei_moe *m);
 
 /* The derived channel its outputs go to. */
 uint32_t lei_moe_chid(const lei_moe *m);

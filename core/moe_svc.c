@@ -195,4 +195,4 @@ int lei_moe_svc_names(lei_moe *m, lei_msg **names) {
     return 0;
 }
 
-int lei_moe_in_call(const lei_moe *m) { return m->in_call; }
+int lei_moe_svc_in_call(const lei_moe *m) { return m->in_call; }

@@ -90,34 +90,34 @@ lei_qitem *lei_item_bytes(const uint8_t *hdr, size_t hlen, const void *body, siz
 void lei_peer_note(lei_peer *p, int up, const char *reason) {
     lei_ctx *c = p->ctx;
     if (!c->h.peer) return;
-    if (c->nnotes == c->cnotes) {
-        int n = c->cnotes ? c->cnotes * 2 : 8;
-        struct lei_note *nn = realloc(c->notes, (size_t)n * sizeof *nn);
+    if (c->peer_s.nnotes == c->peer_s.cnotes) {
+        int n = c->peer_s.cnotes ? c->peer_s.cnotes * 2 : 8;
+        struct lei_note *nn = realloc(c->peer_s.notes, (size_t)n * sizeof *nn);
         if (!nn) {
             lei_logf(c, "out of memory: peer %s %s not told", p->addr, up ? "up" : "down");
             return;
         }
-        c->notes = nn;
-        c->cnotes = n;
+        c->peer_s.notes = nn;
+        c->peer_s.cnotes = n;
     }
-    struct lei_note *n = &c->notes[c->nnotes++];
+    struct lei_note *n = &c->peer_s.notes[c->peer_s.nnotes++];
     n->idx = p->idx;
     n->up = up;
     snprintf(n->reason, sizeof n->reason, "%s", reason ? reason : "");
-    ev_idle_start(c->loop, &c->kick); /* told from the next loop turn, without waiting */
+    ev_idle_start(c->loop, &c->peer_s.kick); /* told from the next loop turn, without waiting */
 }
 
 /* Tells the hook what changed, in order.  The hook may add notes. */
 void lei_tell_notes(lei_ctx *c) {
-    for (int i = 0; i < c->nnotes; i++) {
-        struct lei_note n = c->notes[i];
-        lei_peer *p = lei_peer_by_idx(c, n.idx);
+    for (int i = 0; i < c->peer_s.nnotes; i++) {
+        struct lei_note n = c->peer_s.notes[i];
+        lei_peer *p = lei_peers_by_idx(c, n.idx);
         if (!p) continue;
         c->depth++;
         c->h.peer(c->h.ud, p, n.up, n.up ? NULL : n.reason);
         c->depth--;
     }
-    c->nnotes = 0;
+    c->peer_s.nnotes = 0;
 }
 
 
@@ -130,7 +130,7 @@ void lei_kick_cb(struct ev_loop *loop, ev_idle *w, int revents) {
 /* Arms the expiry timer to fire at `when` at the latest (it serves both
  * deadlines below). */
 void lei_expiry_at(lei_ctx *c, ev_tstamp when) {
-    ev_timer *w = &c->expiry_w;
+    ev_timer *w = &c->peer_s.expiry_w;
     ev_tstamp now = ev_now(c->loop);
     if (ev_is_active(w) && now + ev_timer_remaining(c->loop, w) <= when) return;
     ev_timer_stop(c->loop, w);
@@ -156,8 +156,8 @@ void lei_expiry_cb(struct ev_loop *loop, ev_timer *w, int revents) {
         else if (!next || k->retired + RETIRE_SECONDS < next)
             next = k->retired + RETIRE_SECONDS;
     }
-    for (int i = 0; i < c->npeers; i++) {
-        lei_peer *p = c->peers[i];
+    for (int i = 0; i < c->peers_s.npeers; i++) {
+        lei_peer *p = c->peers_s.peers[i];
         if (p->await_in <= 0 || p->conn) continue;
         if (p->await_in <= now) {
             p->await_in = 0;
@@ -263,7 +263,7 @@ void lei_peer_lost(lei_peer *p, const char *reason) {
     p->conn = NULL;
     if (p->dial_pending) {
         p->dial_pending = 0;
-        c->ndial_pending--;
+        c->peer_s.ndial_pending--;
     }
     p->last_fail = ev_now(c->loop);
     snprintf(p->reason, sizeof p->reason, "%s", reason);
@@ -283,22 +283,22 @@ void lei_peer_close(lei_peer *p, const char *reason) {
 
 /* Dials p when it may be (not connected, not awaited, backoff over): at
  * once while fewer than LEI_DIALS_MAX of our dials are in progress, else it
- * waits its turn (dial_pending: live, its queue kept; lei_peers_turn). */
+ * waits its turn (dial_pending: live, its queue kept; lei_peer_turn). */
 static void peer_want(lei_peer *p) {
     lei_ctx *c = p->ctx;
     if (p->conn || p->dial_pending || p->await_in > 0 || p->retiring || !lei_live_may_dial(p))
         return;
-    if (c->ndialing < LEI_DIALS_MAX) {
-        lei_peer_dial(p);
+    if (c->peer_s.ndialing < LEI_DIALS_MAX) {
+        lei_conn_dial(p);
         return;
     }
     p->dial_pending = 1;
-    c->ndial_pending++;
+    c->peer_s.ndial_pending++;
 }
 
 lei_peer *lei_peer_get(lei_ctx *c, const char *addr, int create) {
-    lei_peer *p = lei_peer_find(c, addr);
-    if (!p && create) p = lei_peer_new(c, addr);
+    lei_peer *p = lei_peers_find(c, addr);
+    if (!p && create) p = lei_peers_new(c, addr);
     if (p && create) peer_want(p);
     return p;
 }
@@ -306,19 +306,19 @@ lei_peer *lei_peer_get(lei_ctx *c, const char *addr, int create) {
 void lei_dial_done(lei_conn *k) {
     if (!k->dial_slot) return;
     k->dial_slot = 0;
-    k->ctx->ndialing--;
-    if (k->ctx->ndial_pending) ev_idle_start(k->ctx->loop, &k->ctx->kick); /* lei_peers_turn dials */
+    k->ctx->peer_s.ndialing--;
+    if (k->ctx->peer_s.ndial_pending) ev_idle_start(k->ctx->loop, &k->ctx->peer_s.kick); /* lei_peer_turn dials */
 }
 
 /* Dials the peers waiting for a slot, while there are slots.  A dial that
  * fails at once loses the peer (its queue dropped and counted). */
 static void dials_run(lei_ctx *c) {
-    for (int i = 0; i < c->npeers && c->ndial_pending && c->ndialing < LEI_DIALS_MAX; i++) {
-        lei_peer *p = c->peers[i];
+    for (int i = 0; i < c->peers_s.npeers && c->peer_s.ndial_pending && c->peer_s.ndialing < LEI_DIALS_MAX; i++) {
+        lei_peer *p = c->peers_s.peers[i];
         if (!p->dial_pending) continue;
         p->dial_pending = 0;
-        c->ndial_pending--;
-        if (lei_peer_dial(p)) lei_peer_lost(p, p->reason[0] ? p->reason : "dial failed");
+        c->peer_s.ndial_pending--;
+        if (lei_conn_dial(p)) lei_peer_lost(p, p->reason[0] ? p->reason : "dial failed");
     }
 }
 
@@ -468,7 +468,7 @@ static int queue_bind(lei_ctx *c, lei_peer *p, lei_chan *ch) {
         uint8_t *b = malloc(LEI_FRAME_HDR + 20 + ch->namelen + LEI_BIND_MAX_EXTRA); /* freed below */
         if (!b) return -1;
         size_t n = lei_frame_bind(b, ch->id, ch->name, ch->namelen,
-                                  c->id.keyed ? lei_chan_ticket_for(c, ch) : NULL);
+                                  c->id.keyed ? lei_auth_ticket_for(c, ch) : NULL);
         lei_qitem *bi = lei_item_bytes(b, LEI_FRAME_HDR, b + LEI_FRAME_HDR, n - LEI_FRAME_HDR);
         free(b);
         if (!bi) return -1;
@@ -482,7 +482,7 @@ int lei_peer_bind(lei_ctx *c, const char *addr, uint32_t chid) {
     lei_chan *ch = lei_chan_get(c, chid);
     lei_peer *p = ch ? lei_peer_get(c, addr, 1) : NULL; /* (peers own p, as for a CTRL) */
     if (!p || (!lei_peer_live(p) && (peer_want(p), !lei_peer_live(p)))) return -1;
-    if (c->id.keyed && !lei_chan_ticket_for(c, ch)) return -1; /* refused there: keep the first event's */
+    if (c->id.keyed && !lei_auth_ticket_for(c, ch)) return -1; /* refused there: keep the first event's */
     if (queue_bind(c, p, ch)) return -1;
     lei_defer_flush(c, p);
     return 0;
@@ -590,7 +590,7 @@ int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err) 
                  "not reading control replies: %zu bytes of them queued (queue_limit %zu)", p->ctrl_bytes,
                  c->o.queue_limit);
         lei_item_free(c, it);
-        if (p->conn) lei_conn_refuse(p->conn, LEI_RL_SLOW_CTRL, p->ctrl_why);
+        if (p->conn) lei_accept_refuse(p->conn, LEI_RL_SLOW_CTRL, p->ctrl_why);
         *err = p->ctrl_why;
         return -LEI_E_CLOSED;
     }
@@ -607,24 +607,24 @@ int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err) 
 
 /* Once per loop turn, before the queues are written (prepare_cb): the
  * dials waiting for a slot, and the peers past max_peers. */
-void lei_peers_turn(lei_ctx *c) {
+void lei_peer_turn(lei_ctx *c) {
     if (c->closing) return;
-    if (c->ndial_pending && c->ndialing < LEI_DIALS_MAX) dials_run(c);
-    if (c->peers_over) {
-        c->peers_over = 0;
+    if (c->peer_s.ndial_pending && c->peer_s.ndialing < LEI_DIALS_MAX) dials_run(c);
+    if (c->peers_s.peers_over) {
+        c->peers_s.peers_over = 0;
         lei_peers_evict(c);
     }
 }
 
 void lei_flush(lei_ctx *c) {
-    for (int i = 0; i < c->npeers; i++)
-        if (c->peers[i]->q.head) lei_peer_flush(c->peers[i]);
+    for (int i = 0; i < c->peers_s.npeers; i++)
+        if (c->peers_s.peers[i]->q.head) lei_peer_flush(c->peers_s.peers[i]);
 }
 
 
 /* ---- read access for the embedder (ctx.h) ------------------------------ */
 
-int lei_ctx_npeers(const lei_ctx *c) { return c->npeers; }
+int lei_peer_total(const lei_ctx *c) { return c->peers_s.npeers; }
 
 int lei_peer_idx(const lei_peer *p) { return p->idx; }
 

@@ -11,11 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-lei_peer *lei_peer_by_idx(lei_ctx *c, int idx) {
-    return idx >= 1 && idx <= c->nbyidx ? c->byidx[idx - 1] : NULL;
+lei_peer *lei_peers_by_idx(lei_ctx *c, int idx) {
+    return idx >= 1 && idx <= c->peers_s.nbyidx ? c->peers_s.byidx[idx - 1] : NULL;
 }
 
-lei_peer *lei_ctx_peer(lei_ctx *c, int i) { return i >= 0 && i < c->npeers ? c->peers[i] : NULL; }
+lei_peer *lei_peers_at(lei_ctx *c, int i) { return i >= 0 && i < c->peers_s.npeers ? c->peers_s.peers[i] : NULL; }
 
 /* Peers by address: a hash table (a member list of 4096 addresses, each
  * looked up per event and per dial, made a linear search the hot spot). */
@@ -25,85 +25,85 @@ static uint32_t addr_hash(const char *s) {
     return h;
 }
 
-lei_peer *lei_peer_find(lei_ctx *c, const char *addr) {
-    if (!c->phcap) return NULL;
-    uint32_t m = (uint32_t)c->phcap - 1;
-    for (uint32_t j = addr_hash(addr) & m; c->phash[j]; j = (j + 1) & m)
-        if (strcmp(c->phash[j]->addr, addr) == 0) return c->phash[j];
+lei_peer *lei_peers_find(lei_ctx *c, const char *addr) {
+    if (!c->peers_s.phcap) return NULL;
+    uint32_t m = (uint32_t)c->peers_s.phcap - 1;
+    for (uint32_t j = addr_hash(addr) & m; c->peers_s.phash[j]; j = (j + 1) & m)
+        if (strcmp(c->peers_s.phash[j]->addr, addr) == 0) return c->peers_s.phash[j];
     return NULL;
 }
 
 static void phash_put(lei_ctx *c, lei_peer *p) {
-    uint32_t m = (uint32_t)c->phcap - 1, j = addr_hash(p->addr) & m;
-    while (c->phash[j]) j = (j + 1) & m;
-    c->phash[j] = p;
+    uint32_t m = (uint32_t)c->peers_s.phcap - 1, j = addr_hash(p->addr) & m;
+    while (c->peers_s.phash[j]) j = (j + 1) & m;
+    c->peers_s.phash[j] = p;
 }
 
 /* Room in the table for one more peer (half full at most). */
 static int phash_room(lei_ctx *c) {
-    if (2 * (c->npeers + 1) <= c->phcap) return 0;
-    int ncap = c->phcap ? c->phcap * 2 : 64;
+    if (2 * (c->peers_s.npeers + 1) <= c->peers_s.phcap) return 0;
+    int ncap = c->peers_s.phcap ? c->peers_s.phcap * 2 : 64;
     lei_peer **nh = calloc((size_t)ncap, sizeof *nh);
     if (!nh) return -1;
-    free(c->phash);
-    c->phash = nh;
-    c->phcap = ncap;
-    for (int i = 0; i < c->npeers; i++) phash_put(c, c->peers[i]);
+    free(c->peers_s.phash);
+    c->peers_s.phash = nh;
+    c->peers_s.phcap = ncap;
+    for (int i = 0; i < c->peers_s.npeers; i++) phash_put(c, c->peers_s.peers[i]);
     return 0;
 }
 
 /* Takes p out of the table (linear probing: the run after it shifts back). */
 static void phash_del(lei_ctx *c, lei_peer *p) {
-    uint32_t m = (uint32_t)c->phcap - 1, j = addr_hash(p->addr) & m;
-    while (c->phash[j] != p) j = (j + 1) & m;
-    c->phash[j] = NULL;
-    for (uint32_t k = (j + 1) & m; c->phash[k]; k = (k + 1) & m) {
-        lei_peer *q = c->phash[k];
+    uint32_t m = (uint32_t)c->peers_s.phcap - 1, j = addr_hash(p->addr) & m;
+    while (c->peers_s.phash[j] != p) j = (j + 1) & m;
+    c->peers_s.phash[j] = NULL;
+    for (uint32_t k = (j + 1) & m; c->peers_s.phash[k]; k = (k + 1) & m) {
+        lei_peer *q = c->peers_s.phash[k];
         uint32_t h = addr_hash(q->addr) & m;
         /* q stays unless its home h lies cyclically outside (j, k] */
         if ((j < k) ? (h <= j || h > k) : (h <= j && h > k)) {
-            c->phash[j] = q;
-            c->phash[k] = NULL;
+            c->peers_s.phash[j] = q;
+            c->peers_s.phash[k] = NULL;
             j = k;
         }
     }
 }
 
-/* Room for one more peer in ctx->peers and one more idx. */
+/* Room for one more peer in ctx->peers_s.peers and one more idx. */
 static int peers_room(lei_ctx *c) {
-    if (c->npeers == c->cpeers) {
-        int n = c->cpeers ? c->cpeers * 2 : 8;
-        lei_peer **np = realloc(c->peers, (size_t)n * sizeof *np);
+    if (c->peers_s.npeers == c->peers_s.cpeers) {
+        int n = c->peers_s.cpeers ? c->peers_s.cpeers * 2 : 8;
+        lei_peer **np = realloc(c->peers_s.peers, (size_t)n * sizeof *np);
         if (!np) return -1;
-        c->peers = np;
-        c->cpeers = n;
+        c->peers_s.peers = np;
+        c->peers_s.cpeers = n;
     }
-    if (!c->nfreeidx && c->nbyidx == c->cbyidx) {
-        int n = c->cbyidx ? c->cbyidx * 2 : 8;
-        lei_peer **nb = realloc(c->byidx, (size_t)n * sizeof *nb);
+    if (!c->peers_s.nfreeidx && c->peers_s.nbyidx == c->peers_s.cbyidx) {
+        int n = c->peers_s.cbyidx ? c->peers_s.cbyidx * 2 : 8;
+        lei_peer **nb = realloc(c->peers_s.byidx, (size_t)n * sizeof *nb);
         if (!nb) return -1;
-        c->byidx = nb;
-        int *nf = realloc(c->freeidx, (size_t)n * sizeof *nf);
+        c->peers_s.byidx = nb;
+        int *nf = realloc(c->peers_s.freeidx, (size_t)n * sizeof *nf);
         if (!nf) return -1;
-        c->freeidx = nf;
-        c->cbyidx = n;
+        c->peers_s.freeidx = nf;
+        c->peers_s.cbyidx = n;
     }
     return 0;
 }
 
-lei_peer *lei_peer_new(lei_ctx *c, const char *addr) {
+lei_peer *lei_peers_new(lei_ctx *c, const char *addr) {
     if (peers_room(c) || phash_room(c)) return NULL;
-    lei_peer *p = calloc(1, sizeof *p); /* owned by ctx->peers until lei_peers_sweep */
+    lei_peer *p = calloc(1, sizeof *p); /* owned by ctx->peers_s.peers until lei_peers_sweep */
     if (!p) return NULL;
     p->ctx = c;
     snprintf(p->addr, sizeof p->addr, "%s", addr);
     p->last_fail = -1e9;
-    p->pos = c->npeers;
-    c->peers[c->npeers++] = p;
-    p->idx = c->nfreeidx ? c->freeidx[--c->nfreeidx] : ++c->nbyidx;
-    c->byidx[p->idx - 1] = p;
+    p->pos = c->peers_s.npeers;
+    c->peers_s.peers[c->peers_s.npeers++] = p;
+    p->idx = c->peers_s.nfreeidx ? c->peers_s.freeidx[--c->peers_s.nfreeidx] : ++c->peers_s.nbyidx;
+    c->peers_s.byidx[p->idx - 1] = p;
     phash_put(c, p);
-    if ((size_t)c->npeers > c->o.max_peers) c->peers_over = 1; /* lei_peers_turn evicts */
+    if ((size_t)c->peers_s.npeers > c->o.max_peers) c->peers_s.peers_over = 1; /* lei_peer_turn evicts */
     /* unused until a channel, a sync or a connection takes it: swept if none does */
     p->unused_at = ev_now(c->loop);
     lei_expiry_at(c, p->unused_at + c->o.peer_free_after);
@@ -121,18 +121,18 @@ static void peer_free(lei_ctx *c, lei_peer *p) {
 /* Marks the peers something refers to: channels' destinations, sync waits,
  * connections (a closed one not yet freed too), notes not yet told. */
 static void peers_mark(lei_ctx *c) {
-    for (int i = 0; i < c->npeers; i++) c->peers[i]->mark = 0;
-    for (uint32_t i = 0; i < c->nchans; i++)
-        for (int j = 0; j < c->chans[i]->ndests; j++) lei_chan_dests(c->chans[i])[j]->mark = 1;
-    for (lei_sync *s = c->syncs; s; s = s->next)
+    for (int i = 0; i < c->peers_s.npeers; i++) c->peers_s.peers[i]->mark = 0;
+    for (uint32_t i = 0; i < c->chan_s.nchans; i++)
+        for (int j = 0; j < c->chan_s.chans[i]->ndests; j++) lei_chan_dests(c->chan_s.chans[i])[j]->mark = 1;
+    for (lei_sync *s = c->sync_s.syncs; s; s = s->next)
         for (int i = 0; i < s->nw; i++)
             if (s->w[i].peer) s->w[i].peer->mark = 1;
     for (lei_conn *k = c->conns; k; k = k->next) {
         if (k->peer) k->peer->mark = 1;
         if (k->was) k->was->mark = 1;
     }
-    for (int i = 0; i < c->nnotes; i++) {
-        lei_peer *p = lei_peer_by_idx(c, c->notes[i].idx);
+    for (int i = 0; i < c->peer_s.nnotes; i++) {
+        lei_peer *p = lei_peers_by_idx(c, c->peer_s.notes[i].idx);
         if (p) p->mark = 1;
     }
 }
@@ -143,14 +143,14 @@ static int peer_unused(const lei_peer *p) {
              p->dial_pending);
 }
 
-/* Frees c->peers[i] (the last peer takes its place). */
+/* Frees c->peers_s.peers[i] (the last peer takes its place). */
 static void peer_drop(lei_ctx *c, int i) {
-    lei_peer *p = c->peers[i];
+    lei_peer *p = c->peers_s.peers[i];
     phash_del(c, p);
-    c->byidx[p->idx - 1] = NULL;
-    c->freeidx[c->nfreeidx++] = p->idx;
-    c->peers[i] = c->peers[--c->npeers];
-    c->peers[i]->pos = i;
+    c->peers_s.byidx[p->idx - 1] = NULL;
+    c->peers_s.freeidx[c->peers_s.nfreeidx++] = p->idx;
+    c->peers_s.peers[i] = c->peers_s.peers[--c->peers_s.npeers];
+    c->peers_s.peers[i]->pos = i;
     peer_free(c, p);
 }
 
@@ -159,8 +159,8 @@ static void peer_drop(lei_ctx *c, int i) {
 void lei_peers_sweep(lei_ctx *c) {
     ev_tstamp now = ev_now(c->loop), next = 0;
     peers_mark(c);
-    for (int i = 0; i < c->npeers; i++) {
-        lei_peer *p = c->peers[i];
+    for (int i = 0; i < c->peers_s.npeers; i++) {
+        lei_peer *p = c->peers_s.peers[i];
         if (!peer_unused(p)) {
             p->unused_at = 0;
             /* without a connection to say when it ends, looked at again
@@ -195,18 +195,18 @@ void lei_peers_evict(lei_ctx *c) {
     ev_tstamp now = ev_now(c->loop);
     size_t keep = c->o.max_peers - c->o.max_peers / 16;
     peers_mark(c);
-    lei_peer **v = malloc((size_t)c->npeers * sizeof *v); /* freed below */
+    lei_peer **v = malloc((size_t)c->peers_s.npeers * sizeof *v); /* freed below */
     if (!v) return;
     int n = 0;
-    for (int i = 0; i < c->npeers; i++) {
-        lei_peer *p = c->peers[i];
+    for (int i = 0; i < c->peers_s.npeers; i++) {
+        lei_peer *p = c->peers_s.peers[i];
         if (!peer_unused(p)) continue;
         if (!p->unused_at) p->unused_at = now;
         v[n++] = p;
     }
     qsort(v, (size_t)n, sizeof *v, by_unused_at);
     int freed = 0;
-    for (int j = 0; j < n && (size_t)c->npeers > keep; j++, freed++) peer_drop(c, v[j]->pos);
+    for (int j = 0; j < n && (size_t)c->peers_s.npeers > keep; j++, freed++) peer_drop(c, v[j]->pos);
     free(v);
     if (freed)
         lei_ratelog(c, LEI_RL_PEERS, "more than %zu peer records: %d unused ones freed at once",
@@ -215,9 +215,9 @@ void lei_peers_evict(lei_ctx *c) {
 
 /* At the context's end: every peer. */
 void lei_peers_free(lei_ctx *c) {
-    for (int i = 0; i < c->npeers; i++) peer_free(c, c->peers[i]);
-    free(c->peers);
-    free(c->phash);
-    free(c->byidx);
-    free(c->freeidx);
+    for (int i = 0; i < c->peers_s.npeers; i++) peer_free(c, c->peers_s.peers[i]);
+    free(c->peers_s.peers);
+    free(c->peers_s.phash);
+    free(c->peers_s.byidx);
+    free(c->peers_s.freeidx);
 }

@@ -52,7 +52,7 @@ static void rbuf_cut(lei_conn *hog) {
     snprintf(why, sizeof why,
              "read buffer budget: this connection holds the most (%zu bytes of an unfinished frame)",
              rbuf_held(hog));
-    lei_conn_refuse(hog, LEI_RL_FRAME, why);
+    lei_accept_refuse(hog, LEI_RL_FRAME, why);
     if (hog->state == LEI_CONN_CLOSED) return; /* its buffer is gone with it */
     free(hog->rb);
     lei_rbuf_set(hog, NULL, 0);
@@ -84,7 +84,7 @@ int lei_rbuf_grow(lei_conn *k, size_t need, size_t end, size_t fsize) {
             char why[160];
             snprintf(why, sizeof why, "frame of %zu bytes exceeds the read buffer budget (limit %zu)",
                      fsize, c->o.max_buffered);
-            lei_conn_refuse(k, LEI_RL_FRAME, why);
+            lei_accept_refuse(k, LEI_RL_FRAME, why);
             return -1;
         }
         rbuf_cut(hog);

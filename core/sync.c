@@ -11,51 +11,51 @@
 
 /* ---- sync records ------------------------------------------------------ */
 
-/* Records are found by id in c->shash (ids are consecutive: id & mask
+/* Records are found by id in c->sync_s.shash (ids are consecutive: id & mask
  * spreads them evenly); with thousands in flight a list walk per lookup made
  * every loop turn quadratic.  The hash only grows; a failed growth keeps
  * the old one (longer chains, nothing lost). */
 static void shash_grow(lei_ctx *c) {
-    uint32_t cap = c->shcap ? c->shcap * 2 : 64;
+    uint32_t cap = c->sync_s.shcap ? c->sync_s.shcap * 2 : 64;
     lei_sync **h = calloc(cap, sizeof *h);
     if (!h) return;
-    for (lei_sync *s = c->syncs; s; s = s->next) {
+    for (lei_sync *s = c->sync_s.syncs; s; s = s->next) {
         lei_sync **b = &h[s->id & (cap - 1)];
         s->hnext = *b;
         *b = s;
     }
-    free(c->shash);
-    c->shash = h;
-    c->shcap = cap;
+    free(c->sync_s.shash);
+    c->sync_s.shash = h;
+    c->sync_s.shcap = cap;
 }
 
-/* Gives s its id and puts it on c->syncs and in c->shash (c owns it from
+/* Gives s its id and puts it on c->sync_s.syncs and in c->sync_s.shash (c owns it from
  * now on, freed by lei_sync_free). */
 void lei_sync_link(lei_ctx *c, lei_sync *s) {
-    s->id = ++c->next_sync;
+    s->id = ++c->sync_s.next_sync;
     s->prev = NULL;
-    s->next = c->syncs;
-    if (c->syncs) c->syncs->prev = s;
-    c->syncs = s;
-    c->nsyncs++;
-    if (c->nsyncs > c->shcap) {
-        uint32_t was = c->shcap;
+    s->next = c->sync_s.syncs;
+    if (c->sync_s.syncs) c->sync_s.syncs->prev = s;
+    c->sync_s.syncs = s;
+    c->sync_s.nsyncs++;
+    if (c->sync_s.nsyncs > c->sync_s.shcap) {
+        uint32_t was = c->sync_s.shcap;
         shash_grow(c);
-        if (c->shcap != was) return; /* rehashed s with the others */
-        if (!c->shcap) return;       /* no hash at all: lei_sync_find walks the list */
+        if (c->sync_s.shcap != was) return; /* rehashed s with the others */
+        if (!c->sync_s.shcap) return;       /* no hash at all: lei_sync_find walks the list */
     }
-    lei_sync **b = &c->shash[s->id & (c->shcap - 1)];
+    lei_sync **b = &c->sync_s.shash[s->id & (c->sync_s.shcap - 1)];
     s->hnext = *b;
     *b = s;
 }
 
 lei_sync *lei_sync_find(lei_ctx *c, uint64_t id) {
-    if (!c->shcap) {
-        for (lei_sync *s = c->syncs; s; s = s->next)
+    if (!c->sync_s.shcap) {
+        for (lei_sync *s = c->sync_s.syncs; s; s = s->next)
             if (s->id == id) return s;
         return NULL;
     }
-    for (lei_sync *s = c->shash[id & (c->shcap - 1)]; s; s = s->hnext)
+    for (lei_sync *s = c->sync_s.shash[id & (c->sync_s.shcap - 1)]; s; s = s->hnext)
         if (s->id == id) return s;
     return NULL;
 }
@@ -64,17 +64,17 @@ lei_sync *lei_sync_find(lei_ctx *c, uint64_t id) {
 static void sync_settled(lei_ctx *c, lei_sync *s) {
     if (!s->watch || s->nwait) return;
     s->watch = 0;
-    if (c->nsdone == c->csdone) {
-        uint32_t n = c->csdone ? c->csdone * 2 : 64;
-        uint64_t *d = realloc(c->sdone, n * sizeof *d);
+    if (c->sync_s.nsdone == c->sync_s.csdone) {
+        uint32_t n = c->sync_s.csdone ? c->sync_s.csdone * 2 : 64;
+        uint64_t *d = realloc(c->sync_s.sdone, n * sizeof *d);
         if (!d) {
-            c->sdone_lost = 1;
+            c->sync_s.sdone_lost = 1;
             return;
         }
-        c->sdone = d;
-        c->csdone = n;
+        c->sync_s.sdone = d;
+        c->sync_s.csdone = n;
     }
-    c->sdone[c->nsdone++] = s->id;
+    c->sync_s.sdone[c->sync_s.nsdone++] = s->id;
 }
 
 /* Asks for s's id on the settled list once it settles (at once when it
@@ -88,10 +88,10 @@ void lei_sync_watch(lei_ctx *c, lei_sync *s) {
  * the count returned; -1: some were not recorded (no memory), every
  * watched record must be looked at.  The list is emptied. */
 int lei_sync_done_take(lei_ctx *c, const uint64_t **ids) {
-    int n = c->sdone_lost ? -1 : (int)c->nsdone;
-    *ids = c->sdone;
-    c->nsdone = 0;
-    c->sdone_lost = 0;
+    int n = c->sync_s.sdone_lost ? -1 : (int)c->sync_s.nsdone;
+    *ids = c->sync_s.sdone;
+    c->sync_s.nsdone = 0;
+    c->sync_s.sdone_lost = 0;
     return n;
 }
 
@@ -99,11 +99,11 @@ void lei_sync_free(lei_ctx *c, lei_sync *s) {
     if (s->prev)
         s->prev->next = s->next;
     else
-        c->syncs = s->next;
+        c->sync_s.syncs = s->next;
     if (s->next) s->next->prev = s->prev;
-    c->nsyncs--;
-    if (c->shcap)
-        for (lei_sync **pp = &c->shash[s->id & (c->shcap - 1)]; *pp; pp = &(*pp)->hnext)
+    c->sync_s.nsyncs--;
+    if (c->sync_s.shcap)
+        for (lei_sync **pp = &c->sync_s.shash[s->id & (c->sync_s.shcap - 1)]; *pp; pp = &(*pp)->hnext)
             if (*pp == s) {
                 *pp = s->hnext;
                 break;
@@ -127,7 +127,7 @@ void lei_sync_fail(lei_sync_wait *w, lei_sync *s, const char *why) {
 void lei_syncs_peer_lost(lei_ctx *c, lei_peer *p, const char *reason) {
     char why[256];
     snprintf(why, sizeof why, "consumer context %s: %s", p->addr, reason);
-    for (lei_sync *s = c->syncs; s; s = s->next) {
+    for (lei_sync *s = c->sync_s.syncs; s; s = s->next) {
         for (int i = 0; i < s->nw; i++)
             if (s->w[i].peer == p) lei_sync_fail(&s->w[i], s, why);
         sync_settled(c, s);
@@ -173,7 +173,7 @@ void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uin
             snprintf(why, sizeof why, "not reading acknowledgements: %zu bytes of them queued (queue_limit %zu)",
                      from->ack_bytes, c->o.queue_limit);
             lei_item_free(c, it);
-            lei_conn_refuse(from->conn, LEI_RL_SLOW_ACKS, why);
+            lei_accept_refuse(from->conn, LEI_RL_SLOW_ACKS, why);
             return;
         }
         it->ack = 1;
@@ -188,7 +188,7 @@ void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uin
 void lei_ack_gen(lei_ctx *c, lei_peer *from, uint64_t gen, uint64_t sync, uint64_t nran,
                  const uint8_t *errs, size_t elen) {
     if (from && (!from->conn || from->gen != gen)) {
-        c->stale_acks++;
+        c->sync_s.stale_acks++;
         return;
     }
     lei_ack(c, from, sync, nran, errs, elen);

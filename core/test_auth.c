@@ -40,36 +40,36 @@ static void test_identity(void) {
     CHECK(c != NULL);
     crypto_sign_keypair(pk, sk);
     crypto_sign_keypair(pk2, sk2);
-    CHECK(!lei_ctx_keyed(c));
-    CHECK(lei_ctx_sign(c, "m", 1, sig) == -LEI_E_INVALID);
+    CHECK(!lei_auth_keyed(c));
+    CHECK(lei_auth_sign(c, "m", 1, sig) == -LEI_E_INVALID);
     /* names: 1..64 of [A-Za-z0-9._-] */
-    CHECK(lei_ctx_set_identity(c, sk, "", NULL, 0, err) == -LEI_E_INVALID);
+    CHECK(lei_auth_set_identity(c, sk, "", NULL, 0, err) == -LEI_E_INVALID);
     CHECK(strstr(err, "bad principal name") != NULL);
-    CHECK(lei_ctx_set_identity(c, sk, "a b", NULL, 0, err) == -LEI_E_INVALID);
-    CHECK(lei_ctx_set_identity(c, sk, "x/y", NULL, 0, err) == -LEI_E_INVALID);
+    CHECK(lei_auth_set_identity(c, sk, "a b", NULL, 0, err) == -LEI_E_INVALID);
+    CHECK(lei_auth_set_identity(c, sk, "x/y", NULL, 0, err) == -LEI_E_INVALID);
     char longname[66];
     memset(longname, 'a', 65);
     longname[65] = '\0';
-    CHECK(lei_ctx_set_identity(c, sk, longname, NULL, 0, err) == -LEI_E_INVALID);
+    CHECK(lei_auth_set_identity(c, sk, longname, NULL, 0, err) == -LEI_E_INVALID);
     longname[64] = '\0';
     /* the embedded pk must be the seed's */
     memcpy(bad, sk, 32);
     memcpy(bad + 32, pk2, 32);
-    CHECK(lei_ctx_set_identity(c, bad, "alice", NULL, 0, err) == -LEI_E_INVALID);
+    CHECK(lei_auth_set_identity(c, bad, "alice", NULL, 0, err) == -LEI_E_INVALID);
     CHECK(strstr(err, "does not match") != NULL);
-    CHECK(!lei_ctx_keyed(c));
-    CHECK(lei_ctx_set_identity(c, sk, longname, NULL, 0, err) == 0);
-    CHECK(lei_ctx_set_identity(c, sk, "Alice-1.x_y", NULL, 0, err) == 0);
-    CHECK(lei_ctx_keyed(c));
-    CHECK(lei_ctx_sign(c, "hello", 5, sig) == 0);
+    CHECK(!lei_auth_keyed(c));
+    CHECK(lei_auth_set_identity(c, sk, longname, NULL, 0, err) == 0);
+    CHECK(lei_auth_set_identity(c, sk, "Alice-1.x_y", NULL, 0, err) == 0);
+    CHECK(lei_auth_keyed(c));
+    CHECK(lei_auth_sign(c, "hello", 5, sig) == 0);
     CHECK(crypto_sign_verify_detached(sig, (const uint8_t *)"hello", 5, pk) == 0);
     CHECK(crypto_sign_verify_detached(sig, (const uint8_t *)"hellp", 5, pk) != 0);
     lei_ctx_free(c);
     /* not once a connection exists */
     c = new_ctx();
-    CHECK(lei_ctx_listen(c, "127.0.0.1:0", NULL, NULL, err) == 0);
+    CHECK(lei_accept_listen(c, "127.0.0.1:0", NULL, NULL, err) == 0);
     CHECK(lei_peer_get(c, lei_ctx_addr(c), 1) != NULL); /* dials itself */
-    CHECK(lei_ctx_set_identity(c, sk, "alice", NULL, 0, err) == -LEI_E_INVALID);
+    CHECK(lei_auth_set_identity(c, sk, "alice", NULL, 0, err) == -LEI_E_INVALID);
     CHECK(strstr(err, "before the first connection") != NULL);
     lei_ctx_free(c);
 }
@@ -78,36 +78,36 @@ static void test_tables(void) {
     lei_ctx *c = new_ctx();
     uint8_t pk[32], sk[64], t[LEI_TICKET_BYTES];
     crypto_sign_keypair(pk, sk);
-    CHECK(lei_ctx_trust_key(c, pk, "bad name") == -LEI_E_INVALID);
+    CHECK(lei_auth_trust_key(c, pk, "bad name") == -LEI_E_INVALID);
     for (int i = 0; i < 40; i++) { /* grows */
         uint8_t k[32];
         randombytes_buf(k, sizeof k);
-        CHECK(lei_ctx_trust_key(c, k, "many") == 0);
-        CHECK(lei_ctx_trust_authority(c, k, 0, 0) == 0);
+        CHECK(lei_auth_trust_key(c, k, "many") == 0);
+        CHECK(lei_auth_trust_authority(c, k, 0, 0) == 0);
         char addr[32];
         snprintf(addr, sizeof addr, "127.0.0.1:%d", 1000 + i);
-        CHECK(lei_peer_expect(c, addr, k) == 0);
+        CHECK(lei_auth_expect(c, addr, k) == 0);
     }
-    CHECK(lei_ctx_trust_key(c, pk, "bob") == 0);
-    CHECK(lei_ctx_trust_key(c, pk, "bob2") == 0); /* renames */
-    CHECK(lei_ctx_trust_authority(c, pk, 0, 0) == 0);
+    CHECK(lei_auth_trust_key(c, pk, "bob") == 0);
+    CHECK(lei_auth_trust_key(c, pk, "bob2") == 0); /* renames */
+    CHECK(lei_auth_trust_authority(c, pk, 0, 0) == 0);
     char longaddr[200];
     memset(longaddr, 'x', sizeof longaddr - 1);
     longaddr[sizeof longaddr - 1] = '\0';
-    CHECK(lei_peer_expect(c, longaddr, pk) == -LEI_E_INVALID);
-    CHECK(lei_peer_expect_principal(c, longaddr, "nameserver") == -LEI_E_INVALID);
-    CHECK(lei_peer_expect_principal(c, "127.0.0.1:1000", "nameserver") == 0); /* same pin, both */
-    CHECK(lei_peer_expect(c, "127.0.0.1:1000", pk) == 0); /* replaces */
+    CHECK(lei_auth_expect(c, longaddr, pk) == -LEI_E_INVALID);
+    CHECK(lei_auth_expect_principal(c, longaddr, "nameserver") == -LEI_E_INVALID);
+    CHECK(lei_auth_expect_principal(c, "127.0.0.1:1000", "nameserver") == 0); /* same pin, both */
+    CHECK(lei_auth_expect(c, "127.0.0.1:1000", pk) == 0); /* replaces */
     /* no connection authenticated yet: no peer key */
     lei_peer *p = lei_peer_get(c, "127.0.0.1:1", 0);
     CHECK(p == NULL);
     /* channel keys */
     uint32_t ch = lei_chan_open(c, "ns/x", 4);
     memset(t, 7, sizeof t);
-    CHECK(lei_chan_set_manager_key(c, ch, pk) == 0);
-    CHECK(lei_chan_set_ticket(c, ch, t) == 0);
-    CHECK(lei_chan_set_manager_key(c, ch + 1, pk) == -LEI_E_NOTFOUND);
-    CHECK(lei_chan_set_ticket(c, ch + 1, t) == -LEI_E_NOTFOUND);
+    CHECK(lei_auth_set_manager_key(c, ch, pk) == 0);
+    CHECK(lei_auth_set_ticket(c, ch, t) == 0);
+    CHECK(lei_auth_set_manager_key(c, ch + 1, pk) == -LEI_E_NOTFOUND);
+    CHECK(lei_auth_set_ticket(c, ch + 1, t) == -LEI_E_NOTFOUND);
     lei_stats_chan st;
     CHECK(lei_chan_stats(c, ch, &st) == 0 && st.refused == 0);
     lei_ctx_free(c);
@@ -221,8 +221,8 @@ static void side_init(side *s, const char *name, const uint8_t *sk) {
     o.retry_max = 30;
     s->c = lei_ctx_new(&o, &h);
     char err[160];
-    if (sk) CHECK(lei_ctx_set_identity(s->c, sk, name, NULL, 0, err) == 0);
-    CHECK(lei_ctx_listen(s->c, "127.0.0.1:0", NULL, NULL, err) == 0);
+    if (sk) CHECK(lei_auth_set_identity(s->c, sk, name, NULL, 0, err) == 0);
+    CHECK(lei_accept_listen(s->c, "127.0.0.1:0", NULL, NULL, err) == 0);
 }
 
 /* A tampering proxy between two contexts (tamper: flip a byte of what the
@@ -349,8 +349,8 @@ static void make_keys(keys *k) {
 static void keyed_sides(const keys *k, side *a, side *b) {
     side_init(a, "a", k->ask);
     side_init(b, "b", k->bsk);
-    CHECK(lei_ctx_trust_key(a->c, k->bpk, "b") == 0);
-    CHECK(lei_ctx_trust_key(b->c, k->apk, "a") == 0);
+    CHECK(lei_auth_trust_key(a->c, k->bpk, "b") == 0);
+    CHECK(lei_auth_trust_key(b->c, k->apk, "a") == 0);
 }
 
 /* b may produce on "ns/x" for a: a knows the manager's key, b has its ticket. */
@@ -358,8 +358,8 @@ static void authorize(side *a, side *b, const keys *k) {
     uint8_t mpk[32], msk[64], t[LEI_TICKET_BYTES];
     crypto_sign_keypair(mpk, msk);
     ticket_for(msk, "ns/x", k->bpk, t);
-    lei_chan_set_manager_key(a->c, lei_chan_open(a->c, "ns/x", 4), mpk);
-    lei_chan_set_ticket(b->c, lei_chan_open(b->c, "ns/x", 4), t);
+    lei_auth_set_manager_key(a->c, lei_chan_open(a->c, "ns/x", 4), mpk);
+    lei_auth_set_ticket(b->c, lei_chan_open(b->c, "ns/x", 4), t);
 }
 
 static void test_keyed_ok(void) {
@@ -369,18 +369,18 @@ static void test_keyed_ok(void) {
     keyed_sides(&k, &a, &b);
     authorize(&a, &b, &k);
     /* a principal pin that a meets: nothing refused */
-    CHECK(lei_peer_expect_principal(b.c, lei_ctx_addr(a.c), "a") == 0);
+    CHECK(lei_auth_expect_principal(b.c, lei_ctx_addr(a.c), "a") == 0);
     send_events(&a, &b, NULL, 1);
     pump(&a, &b, NULL, got3, 5);
     CHECK(a.events == 3 && a.last_len > 0 && a.downs == 0 && b.downs == 0);
     /* the identities are known both ways, the addresses pinned */
     lei_peer *pa = lei_peer_get(b.c, lei_ctx_addr(a.c), 0);
-    CHECK(pa && lei_peer_up(pa) && lei_peer_key(pa) && memcmp(lei_peer_key(pa), k.apk, 32) == 0);
-    CHECK(pa && strcmp(lei_peer_principal(pa), "a") == 0);
+    CHECK(pa && lei_peer_up(pa) && lei_auth_peer_key(pa) && memcmp(lei_auth_peer_key(pa), k.apk, 32) == 0);
+    CHECK(pa && strcmp(lei_auth_peer_principal(pa), "a") == 0);
     lei_peer *pb = lei_peer_get(a.c, lei_ctx_addr(b.c), 0);
-    CHECK(pb && lei_peer_key(pb) && memcmp(lei_peer_key(pb), k.bpk, 32) == 0);
+    CHECK(pb && lei_auth_peer_key(pb) && memcmp(lei_auth_peer_key(pb), k.bpk, 32) == 0);
     /* pinning the address to another key now ends the connection */
-    CHECK(lei_peer_expect(b.c, lei_ctx_addr(a.c), k.bpk) == 0);
+    CHECK(lei_auth_expect(b.c, lei_ctx_addr(a.c), k.bpk) == 0);
     CHECK(pa && !lei_peer_up(pa) && strstr(lei_peer_reason(pa), "presented key") != NULL);
     /* the sync answer came back through records */
     lei_sync *s = lei_sync_find(b.c, last_sid);
@@ -397,8 +397,8 @@ static void refusal(const char *what, void (*setup)(side *, side *, keys *), con
     make_keys(&k);
     side_init(&a, "a", k.ask);
     side_init(&b, "b", b_keyed ? k.bsk : NULL);
-    lei_ctx_trust_key(a.c, k.bpk, "b");
-    if (b_keyed) lei_ctx_trust_key(b.c, k.apk, "a");
+    lei_auth_trust_key(a.c, k.bpk, "b");
+    if (b_keyed) lei_auth_trust_key(b.c, k.apk, "a");
     setup(&a, &b, &k);
     send_events(&a, &b, NULL, 0);
     pump(&a, &b, NULL, dialler_down, 5);
@@ -412,29 +412,29 @@ static void refusal(const char *what, void (*setup)(side *, side *, keys *), con
 static void set_none(side *a, side *b, keys *k) { (void)a, (void)b, (void)k; }
 static void set_untrusted(side *a, side *b, keys *k) {
     (void)b;
-    lei_ctx_trust_key(a->c, k->bpk, "someone-else");
+    lei_auth_trust_key(a->c, k->bpk, "someone-else");
 }
 static void set_pin_dialler(side *a, side *b, keys *k) {
     (void)k;
     uint8_t other[32];
     randombytes_buf(other, 32);
-    lei_peer_expect(b->c, lei_ctx_addr(a->c), other);
+    lei_auth_expect(b->c, lei_ctx_addr(a->c), other);
 }
 static void set_pin_acceptor(side *a, side *b, keys *k) {
     (void)k;
     uint8_t other[32];
     randombytes_buf(other, 32);
-    lei_peer_expect(a->c, lei_ctx_addr(b->c), other);
+    lei_auth_expect(a->c, lei_ctx_addr(b->c), other);
 }
 /* Principal pins (a name server's address: nameserver_principal): checked
  * in the handshake, so nothing b queued for a is written (a.events == 0). */
 static void set_principal_dialler(side *a, side *b, keys *k) {
     (void)k;
-    CHECK(lei_peer_expect_principal(b->c, lei_ctx_addr(a->c), "nameserver") == 0);
+    CHECK(lei_auth_expect_principal(b->c, lei_ctx_addr(a->c), "nameserver") == 0);
 }
 static void set_principal_acceptor(side *a, side *b, keys *k) {
     (void)k;
-    CHECK(lei_peer_expect_principal(a->c, lei_ctx_addr(b->c), "someone-else") == 0);
+    CHECK(lei_auth_expect_principal(a->c, lei_ctx_addr(b->c), "someone-else") == 0);
 }
 
 /* An authority's v2 certificate for principal `name` with key pk, valid
@@ -476,9 +476,9 @@ static void set_cert_wrong(side *a, side *b, keys *k) {
     uint8_t apk[32], ask[64], cert[LEI_CERT_MAX];
     char err[160];
     crypto_sign_keypair(apk, ask);
-    lei_ctx_trust_authority(a->c, apk, 0, 0);
+    lei_auth_trust_authority(a->c, apk, 0, 0);
     cert_for(ask, k->bpk, cert); /* certifies "b", while b claims "b2" */
-    CHECK(lei_ctx_set_identity(b->c, k->bsk, "b2", cert, cert_len, err) == 0);
+    CHECK(lei_auth_set_identity(b->c, k->bsk, "b2", cert, cert_len, err) == 0);
 }
 
 /* b (the dialler) certified by an authority a trusts, [nb, na) from now,
@@ -491,9 +491,9 @@ static void cert_b(side *a, side *b, keys *k, int64_t nb, int64_t na, const char
     crypto_sign_keypair(cert_apk, ask);
     lei_ctx_free(a->c); /* b's key is trusted only by its certificate */
     side_init(a, "a", k->ask);
-    lei_ctx_trust_authority(a->c, cert_apk, 0, 0);
+    lei_auth_trust_authority(a->c, cert_apk, 0, 0);
     size_t cl = cert_v2(ask, "b", k->bpk, now + nb, now + na, addr, cert);
-    CHECK(lei_ctx_set_identity(b->c, k->bsk, "b", cert, cl, err) == 0);
+    CHECK(lei_auth_set_identity(b->c, k->bsk, "b", cert, cl, err) == 0);
 }
 static void set_cert_expired(side *a, side *b, keys *k) { cert_b(a, b, k, -60, -1, NULL); }
 static void set_cert_early(side *a, side *b, keys *k) { cert_b(a, b, k, 60, 3600, NULL); }
@@ -504,15 +504,15 @@ static void set_cert_v1(side *a, side *b, keys *k) {
     crypto_sign_keypair(apk, ask);
     lei_ctx_free(a->c);
     side_init(a, "a", k->ask);
-    lei_ctx_trust_authority(a->c, apk, 0, 0);
+    lei_auth_trust_authority(a->c, apk, 0, 0);
     memset(cert, 1, sizeof cert);
-    CHECK(lei_ctx_set_identity(b->c, k->bsk, "b", cert, 64, err) == 0);
+    CHECK(lei_auth_set_identity(b->c, k->bsk, "b", cert, 64, err) == 0);
 }
 static void set_cert_authority_expired(side *a, side *b, keys *k) {
     uint64_t now = (uint64_t)time(NULL);
     cert_b(a, b, k, -60, 3600, NULL);
     /* the same authority, now given a validity that ended */
-    lei_ctx_trust_authority(a->c, cert_apk, now - 100, now - 10);
+    lei_auth_trust_authority(a->c, cert_apk, now - 100, now - 10);
 }
 /* a (the acceptor) certified with an expired certificate: b refuses it. */
 static void set_cert_acceptor_expired(side *a, side *b, keys *k) {
@@ -522,12 +522,12 @@ static void set_cert_acceptor_expired(side *a, side *b, keys *k) {
     crypto_sign_keypair(apk, ask);
     lei_ctx_free(b->c);
     side_init(b, "b", k->bsk);
-    lei_ctx_trust_authority(b->c, apk, 0, 0);
+    lei_auth_trust_authority(b->c, apk, 0, 0);
     lei_ctx_free(a->c);
     side_init(a, "a", NULL);
     size_t cl = cert_v2(ask, "a", k->apk, now - 60, now - 1, NULL, cert);
-    CHECK(lei_ctx_set_identity(a->c, k->ask, "a", cert, cl, err) == 0);
-    lei_ctx_trust_key(a->c, k->bpk, "b");
+    CHECK(lei_auth_set_identity(a->c, k->ask, "a", cert, cl, err) == 0);
+    lei_auth_trust_key(a->c, k->bpk, "b");
 }
 /* a (the acceptor) certified for another address than the one b dials. */
 static void set_cert_acceptor_addr(side *a, side *b, keys *k) {
@@ -537,16 +537,16 @@ static void set_cert_acceptor_addr(side *a, side *b, keys *k) {
     crypto_sign_keypair(apk, ask);
     lei_ctx_free(b->c);
     side_init(b, "b", k->bsk);
-    lei_ctx_trust_authority(b->c, apk, 0, 0);
+    lei_auth_trust_authority(b->c, apk, 0, 0);
     lei_ctx_free(a->c);
     side_init(a, "a", NULL);
     size_t cl = cert_v2(ask, "a", k->apk, now - 60, now + 3600, "127.0.0.9:1", cert);
-    CHECK(lei_ctx_set_identity(a->c, k->ask, "a", cert, cl, err) == 0);
-    lei_ctx_trust_key(a->c, k->bpk, "b");
+    CHECK(lei_auth_set_identity(a->c, k->ask, "a", cert, cl, err) == 0);
+    lei_auth_trust_key(a->c, k->bpk, "b");
 }
 static void set_revoked(side *a, side *b, keys *k) {
     (void)b;
-    CHECK(lei_ctx_set_revoked(a->c, k->bpk, 1) == 0);
+    CHECK(lei_auth_set_revoked(a->c, k->bpk, 1) == 0);
 }
 
 static void test_refusals(void) {
@@ -578,9 +578,9 @@ static void test_cert(void) {
     cert_for(ask, k.bpk, cert);
     side_init(&a, "a", k.ask);
     side_init(&b, "b", NULL);
-    CHECK(lei_ctx_set_identity(b.c, k.bsk, "b", cert, cert_len, err) == 0);
-    lei_ctx_trust_authority(a.c, apk, 0, 0);
-    lei_ctx_trust_key(b.c, k.apk, "a");
+    CHECK(lei_auth_set_identity(b.c, k.bsk, "b", cert, cert_len, err) == 0);
+    lei_auth_trust_authority(a.c, apk, 0, 0);
+    lei_auth_trust_key(b.c, k.apk, "a");
     authorize(&a, &b, &k);
     send_events(&a, &b, NULL, 0);
     pump(&a, &b, NULL, got3, 5);
@@ -604,9 +604,9 @@ static void test_cert_live(void) {
     side_init(&a, "a", k.ask);
     side_init(&b, "b", NULL);
     size_t cl = cert_v2(ask, "b", k.bpk, now - 60, now + 2, NULL, cert);
-    CHECK(lei_ctx_set_identity(b.c, k.bsk, "b", cert, cl, err) == 0);
-    lei_ctx_trust_authority(a.c, cert_apk, 0, 0);
-    lei_ctx_trust_key(b.c, k.apk, "a");
+    CHECK(lei_auth_set_identity(b.c, k.bsk, "b", cert, cl, err) == 0);
+    lei_auth_trust_authority(a.c, cert_apk, 0, 0);
+    lei_auth_trust_key(b.c, k.apk, "a");
     authorize(&a, &b, &k);
     send_events(&a, &b, NULL, 0);
     pump(&a, &b, NULL, got3, 5);
@@ -622,14 +622,14 @@ static void test_cert_live(void) {
     side_init(&a, "a", k.ask);
     side_init(&b, "b", NULL);
     cl = cert_v2(ask, "b", k.bpk, now - 60, now + 3600, NULL, cert);
-    CHECK(lei_ctx_set_identity(b.c, k.bsk, "b", cert, cl, err) == 0);
-    lei_ctx_trust_authority(a.c, cert_apk, 0, 0);
-    lei_ctx_trust_key(b.c, k.apk, "a");
+    CHECK(lei_auth_set_identity(b.c, k.bsk, "b", cert, cl, err) == 0);
+    lei_auth_trust_authority(a.c, cert_apk, 0, 0);
+    lei_auth_trust_key(b.c, k.apk, "a");
     authorize(&a, &b, &k);
     send_events(&a, &b, NULL, 0);
     pump(&a, &b, NULL, got3, 5);
     CHECK(a.events == 3 && b.downs == 0);
-    lei_ctx_trust_authority(a.c, cert_apk, 0, now - 1);
+    lei_auth_trust_authority(a.c, cert_apk, 0, now - 1);
     pump(&a, &b, NULL, dialler_down, 5);
     CHECK(b.downs > 0 && strstr(b.reason, "certificate of b: its authority ") != NULL &&
           strstr(b.reason, " ended at ") != NULL);
@@ -642,10 +642,10 @@ static void test_cert_live(void) {
     send_events(&a, &b, NULL, 0);
     pump(&a, &b, NULL, got3, 5);
     CHECK(a.events == 3);
-    CHECK(lei_ctx_set_revoked(a.c, k.bpk, 1) == 1);
+    CHECK(lei_auth_set_revoked(a.c, k.bpk, 1) == 1);
     pump(&a, &b, NULL, dialler_down, 5);
     CHECK(b.downs > 0 && strstr(b.reason, "key revoked: b ") != NULL);
-    CHECK(lei_ctx_set_revoked(a.c, NULL, 0) == 0); /* emptied: nothing closed */
+    CHECK(lei_auth_set_revoked(a.c, NULL, 0) == 0); /* emptied: nothing closed */
     lei_ctx_free(a.c);
     lei_ctx_free(b.c);
 }
@@ -731,9 +731,9 @@ static void test_crossing(void) {
     for (int i = 0; i < 2; i++) {
         uint32_t ch = lei_chan_open(s[i]->c, "ns/x", 4);
         lei_chan_set_local(s[i]->c, ch, 1);
-        lei_chan_set_manager_key(s[i]->c, ch, mpk);
+        lei_auth_set_manager_key(s[i]->c, ch, mpk);
         ticket_for(msk, "ns/x", pks[i], t);
-        lei_chan_set_ticket(s[i]->c, ch, t);
+        lei_auth_set_ticket(s[i]->c, ch, t);
     }
     for (int i = 0; i < 2; i++) {
         uint32_t ch = lei_chan_open(s[i]->c, "ns/x", 4);
@@ -760,7 +760,7 @@ static void test_crossing(void) {
 static int got3_or_down(side *a, side *b) {
     lei_stats_chan st;
     (void)b;
-    uint32_t n = lei_ctx_nchans(a->c);
+    uint32_t n = lei_chan_total(a->c);
     uint64_t refused = 0;
     for (uint32_t i = 0; i < n; i++)
         if (lei_chan_stats(a->c, i, &st) == 0) refused += st.refused;
@@ -784,8 +784,8 @@ static int ticket_case(const char *name, const char *open, const char *mkey_on, 
         uint32_t ca = lei_chan_open(a.c, open, strlen(open));
         lei_chan_set_local(a.c, ca, 1);
     }
-    if (mkey_on) lei_chan_set_manager_key(a.c, lei_chan_open(a.c, mkey_on, strlen(mkey_on)), mpk);
-    nbefore = lei_ctx_nchans(a.c);
+    if (mkey_on) lei_auth_set_manager_key(a.c, lei_chan_open(a.c, mkey_on, strlen(mkey_on)), mpk);
+    nbefore = lei_chan_total(a.c);
     size_t bl = strcspn(name, "@");
     uint32_t cbase = lei_chan_open(b.c, name, bl), cb = lei_chan_open(b.c, name, strlen(name));
     if (mode) {
@@ -796,7 +796,7 @@ static int ticket_case(const char *name, const char *open, const char *mkey_on, 
             ticket_exp(msk, base, k.bpk, (uint64_t)time(NULL) - 1, t);
         else
             ticket_for(msk, base, mode == 1 ? k.bpk : other, t);
-        lei_chan_set_ticket(b.c, cbase, t);
+        lei_auth_set_ticket(b.c, cbase, t);
     }
     const char *dest = lei_ctx_addr(a.c);
     lei_chan_set_dests(b.c, cb, &dest, 1);
@@ -825,7 +825,7 @@ static int ticket_case(const char *name, const char *open, const char *mkey_on, 
     if (pb) lei_peer_stats(pb, &ps);
     *refused = pb ? ps.refused : 0;
     /* a BIND never opens a channel in keyed mode */
-    CHECK(lei_ctx_nchans(a.c) == nbefore);
+    CHECK(lei_chan_total(a.c) == nbefore);
     int got = a.events;
     lei_ctx_free(a.c);
     lei_ctx_free(b.c);
@@ -854,9 +854,9 @@ static void test_ticket_live(void) {
     keyed_sides(&k, &a, &b);
     crypto_sign_keypair(mpk, msk);
     ticket_exp(msk, "ns/x", k.bpk, (uint64_t)time(NULL) + 2, t);
-    lei_chan_set_manager_key(a.c, lei_chan_open(a.c, "ns/x", 4), mpk);
+    lei_auth_set_manager_key(a.c, lei_chan_open(a.c, "ns/x", 4), mpk);
     uint32_t cb = lei_chan_open(b.c, "ns/x", 4);
-    lei_chan_set_ticket(b.c, cb, t);
+    lei_auth_set_ticket(b.c, cb, t);
     send_events(&a, &b, NULL, 0);
     pump(&a, &b, NULL, got3, 5);
     CHECK(a.events == 3);
@@ -869,7 +869,7 @@ static void test_ticket_live(void) {
     CHECK(pb && ps.refused == 3 && a.events == 3);
     /* renewed: bound again before the next event, taken */
     ticket_exp(msk, "ns/x", k.bpk, (uint64_t)time(NULL) + 600, t);
-    lei_chan_set_ticket(b.c, cb, t);
+    lei_auth_set_ticket(b.c, cb, t);
     send3(&b, 6);
     pump(&a, &b, NULL, never, 1);
     CHECK(a.events == 6);
@@ -901,16 +901,16 @@ static void test_protected_listen(void) {
     char err[160];
     uint8_t pk[32], sk[64];
     lei_ctx *c = new_ctx();
-    CHECK(lei_ctx_listen(c, "0.0.0.0:0", NULL, NULL, err) == -LEI_E_INVALID);
+    CHECK(lei_accept_listen(c, "0.0.0.0:0", NULL, NULL, err) == -LEI_E_INVALID);
     CHECK(strstr(err, "refusing to listen on 0.0.0.0:0 without keys (protected mode)") != NULL);
     lei_ctx_free(c);
     c = new_ctx();
     crypto_sign_keypair(pk, sk);
-    CHECK(lei_ctx_set_identity(c, sk, "k", NULL, 0, err) == 0);
-    CHECK(lei_ctx_listen(c, "0.0.0.0:0", NULL, NULL, err) == 0);
+    CHECK(lei_auth_set_identity(c, sk, "k", NULL, 0, err) == 0);
+    CHECK(lei_accept_listen(c, "0.0.0.0:0", NULL, NULL, err) == 0);
     lei_ctx_free(c);
     c = new_ctx();
-    CHECK(lei_ctx_listen(c, "127.0.0.2:0", NULL, NULL, err) == 0);
+    CHECK(lei_accept_listen(c, "127.0.0.2:0", NULL, NULL, err) == 0);
     lei_ctx_free(c);
 }
 

@@ -176,7 +176,7 @@ function M.producer_close(p) return protect(function() p:close(); return true en
 -- (modulator, params, period, capabilities; ch:consumer checks them).
 -- sink: lecho.c's C sink for the same handler: while this is the channel's
 -- only plain consumer, its async events go to the sink from the event hook
--- (core/lua_sink.c, Channel:_hot_update), the rest through the trampoline.
+-- (core/binding/lua_sink.c, Channel:_hot_update), the rest through the trampoline.
 -- Returns the consumer and the channel's short name (meta.channel).
 function M.consumer(ch, cfn, opts, sink)
   local c, err, code = protect(ch.consumer, ch, function(ev, meta)

@@ -11,7 +11,8 @@
 --                    _secure_all, _take_ticket
 --   lecho.modulator: _set_consumers, _rebuild_modlist, _install, _rekey, _unload,
 --                    _refuse, _mod_failed, _mod_errors, _attach, _detach,
---                    _end_watch, _end_streams, _stream_ended, _tell_mod_error
+--                    _end_watch, _end_streams, _stream_ended, _tell_mod_error,
+--                    _params_req, _params_here, _params_at, _params_at_tell
 
 local options = require "lecho.options"
 local Context = require "lecho.context"
@@ -81,7 +82,7 @@ function Channel:_hot_update()
   -- Context:_on_event's fast path: a plain channel with one consumer
   -- (called whenever that list changes: Channel:consumer, Consumer:_unlink);
   -- when that consumer is C code (lecho.capi sets its `sink`), its async
-  -- events go to it from the event hook, never into Lua (core/lua_sink.c)
+  -- events go to it from the event hook, never into Lua (core/binding/lua_sink.c)
   local list = self.consumers
   local one = #list == 1 and list[1] or nil
   self.ctx.dcon[self.chid] = one

@@ -1,6 +1,7 @@
 -- lecho.consumer: consumers, their handlers, and switching a consumer's
 -- modulator (params or code) at every producer of the channel.
 
+local core = require "lecho.core"
 local options = require "lecho.options"
 local modulator = require "lecho.modulator"
 local history = require "lecho.history"
@@ -122,11 +123,12 @@ function Consumer:_switch(spec, handler)
   -- rolled back (its events may still arrive, tagged with it).
   self.vmax = math.max(self.vmax or 0, old and old.version or 0) + 1
   spec.version = self.vmax
+  if spec.stream ~= spec.key then spec.pseq = spec.version end   -- a stream of its own
   local old_entry = self.entry
   -- Back to a modulator whose old stream is still ending here (A, B, A
   -- again before A's end came): the same key is one stream; its old entry
   -- goes now, or each event would reach both.
-  local st = ch.streams[spec.key]
+  local st = ch.streams[spec.stream or spec.key]
   if st then
     for _, e in ipairs(self.old_entries or {}) do
       for _, x in ipairs(st.consumers) do
@@ -154,7 +156,7 @@ function Consumer:_switch(spec, handler)
     ch.subs_sig = nil
     self.old_entries = self.old_entries or {}
     self.old_entries[#self.old_entries + 1] = new_entry
-    local nst = ch.streams[spec.key]
+    local nst = ch.streams[spec.stream or spec.key]
     if nst then ch:_end_watch(new_entry, spec.key, nst.chid) else ch:_detach(new_entry) end
     -- The request may have reached the manager before it failed: say again
     -- what this consumer takes (now if a manager is known, else at rejoin).
@@ -168,7 +170,7 @@ function Consumer:_switch(spec, handler)
     -- the stream stayed quiet for sync_timeout (a producer that never
     -- answered: _end_watch).  Unless another consumer of this context still
     -- uses that modulator: then it stops at once.
-    local st = old and ch.streams[old.key]
+    local st = old and ch.streams[old.stream or old.key]
     local ending = {}
     for _, a in ipairs(type(r) == "table" and r.producers or {}) do ending[a] = true end
     -- producers that ended it already, for this change (the list of the
@@ -200,7 +202,135 @@ end
 function Consumer:set_params(params)
   if not self.mod then error("lecho: set_params: this consumer has no modulator", 2) end
   local m = self.mod
-  return self:_switch(mod_spec(m.src, params, m.period, m.caps, 3), self.handler)
+  local spec = modulator.respec(m, params, 3)
+  if spec.key == m.key then return true end
+  if m.stream == m.key then
+    -- The first change: to a stream of this consumer's own, through the
+    -- manager (a new stream, as set_modulator).  Its id is no modulator's
+    -- key, so a context asking for the first params later shares nothing
+    -- with it; the changes after it go in band.
+    local own = core.hash(m.key .. "|" .. self.id)
+    return self:_switch(modulator.respec(m, spec.params, 3, own), self.handler)
+  end
+  local r, err, code = self:_params_inband(m.stream and modulator.respec(m, spec.params, 3, m.stream))
+  if r ~= false then return r, err, code end
+  return self:_switch(spec, self.handler)
+end
+
+-- The in-band change (doc/modulators.md "Ordering"): when this consumer is
+-- the only one of its stream here, a `params` request goes to each
+-- producer the manager last named, which applies it between two submits
+-- and answers after the last event made with the old params, on the same
+-- connection; the manager is told at the same time (not waited for), so
+-- that a producer joining later installs the new params.  The stream,
+-- its channel and the instance's state stay.  Returns false when it does
+-- not apply (then the change goes through the manager: a new stream).
+local SUBS_LATER = 0.02   -- s
+function Consumer:_params_inband(spec)
+  local ch = self.ch
+  local ctx = ch.ctx
+  local old, e = self.mod, self.entry
+  if not spec or self.closed or ctx.closed or not ch.cjoined then return false end
+  local st = ch.streams[old.stream or old.key]
+  if not st or #st.consumers ~= 1 or st.consumers[1] ~= e then return false end
+  -- the producers: those the manager named in its last answer here, this
+  -- context if it produces, and every peer that sent us events and has
+  -- the channel or this stream bound here
+  local to, seen = {}, {}
+  local function add(a)
+    if type(a) == "string" and not seen[a] then seen[a] = true; to[#to + 1] = a end
+  end
+  for _, a in ipairs(type(ch.producers_seen) == "table" and ch.producers_seen or {}) do add(a) end
+  if ch.nprod > 0 then add(ctx.addr) end
+  for idx in pairs(ctx.pnames) do
+    local a = idx ~= 0 and ctx:_peer_addr(idx)
+    if a and not seen[a] and (ctx.c:peer_binds(a, st.chid) or ctx.c:peer_binds(a, ch.chid)) then add(a) end
+  end
+  for _, x in ipairs(self.old_entries or {}) do
+    if not x.detached then return false end
+  end
+  if spec.key == old.key then return true end
+  self.vmax = math.max(self.vmax or 0, old.version or 0) + 1
+  spec.version, spec.pseq = self.vmax, self.vmax
+  -- the versions of this stream's keys (a producer says in band which it
+  -- runs: the reply, or params_at), the last 64
+  e.vkeys = e.vkeys or { [old.key] = old.version }
+  e.vorder = e.vorder or { old.key }
+  e.vkeys[spec.key] = spec.version
+  e.vorder[#e.vorder + 1] = spec.key
+  if #e.vorder > 64 then e.vkeys[table.remove(e.vorder, 1)] = nil end
+  e.pver = e.pver or {}
+  local pend, left = {}, 0
+  for _, a in ipairs(to) do
+    local rid, p = ctx:_pend(a)
+    left = left + 1
+    p.on_reply = function(msg)
+      -- in band: the events before this reply were made with the old params
+      if msg.ok then e.pver[a] = spec.version end
+    end
+    pend[#pend + 1] = { a = a, rid = rid, p = p }
+  end
+  self.mod = spec
+  for _, q in ipairs(pend) do
+    ctx:_send_ctrl(q.a, { op = "params", rid = q.rid, ch = ch.name, stream = spec.stream, key = spec.key,
+                          pseq = spec.pseq, params = spec.params })
+  end
+  ctx:_wait(function()
+    if ctx.closed then return true end
+    for _, q in ipairs(pend) do
+      if not (q.p.reply or q.p.failed) then return false end
+    end
+    return true
+  end, ctx.c:now() + ctx.timeout)
+  local busy, other, applied
+  -- none known here: the manager says who they are (its reply comes once
+  -- each took the list; those that switch on it say so in band)
+  if #to == 0 then other = "no producer known here" end
+  for _, q in ipairs(pend) do
+    ctx.pending[q.rid] = nil
+    local r = q.p.reply
+    applied = applied or (r and r.ok)
+    if r and not r.ok then
+      if r.code == "busy" then busy = true
+      elseif r.code ~= "notfound" then other = ("producer %s: %s"):format(q.a, tostring(r.err)) end
+    elseif not r and not q.p.failed then
+      other = ("no answer from producer %s within %gs"):format(q.a, ctx.timeout)
+    end
+  end
+  if ctx.closed then return nil, "context closed while waiting", "closed" end
+  if busy then
+    -- shared with another context at a producer: a stream of its own,
+    -- through the manager (told nothing of the in-band key)
+    self.mod = old
+    e.vkeys[spec.key] = nil
+    if not applied then self.vmax = self.vmax - 1 end   -- nothing was made with it
+    return self:_switch(modulator.respec(spec, spec.params, 3), self.handler)
+  end
+  -- the manager, not waited for: a producer that joins later installs the
+  -- new params; one the manager lists that we did not know switches when
+  -- the list comes, and says so in band (params_at)
+  if not other and not ch.subs_later then
+    -- one subscription update for a burst of changes (each would cost the
+    -- manager a member list and every producer its confirmation)
+    ch.subs_later = true
+    ctx:after(SUBS_LATER, function()
+      ch.subs_later = nil
+      -- not joined (the manager was lost): the rejoin sends what we take now
+      if not ctx.closed and ch.cjoined then ch:_update_subs(true) end
+    end)
+  end
+  if other then
+    -- through the manager: its reply comes once every producer took the list
+    -- naming the new key (those that switch then say so in band: params_at)
+    ch.subs_sig = nil
+    local r, err, code = ch:_update_subs()
+    if not r then return nil, err, code end
+    local perr = reply_errors(r, spec.key)
+    if perr then return nil, perr, "failed" end
+  end
+  -- e.version stays: the version of producers that never said (they run
+  -- the key the stream started with)
+  return true
 end
 
 --- Replaces the modulator and demodulator together (params: the new

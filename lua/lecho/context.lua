@@ -276,7 +276,9 @@ function Context:_on_event(chid, value, peer, producer, seq, sync, rv)
     for i = 1, n do
       local c, handler = snap[i], nil
       if derived then
-        meta.params_version = c.version
+        -- per producer while an in-band params change goes round (consumer.lua)
+        local pv = c.pver
+        meta.params_version = pv and pv[peer == 0 and self.addr or self:_peer_addr(peer)] or c.version
         handler, c = c.handler, c.con
       else
         handler = c.handler

@@ -353,6 +353,7 @@ function Context:_on_ctrl(from, msg, gen)
       return self:_warn_limited("reply", ("ignoring a reply from %s: %s"):format(from, why))
     end
     p.reply = msg
+    if p.on_reply then p.on_reply(msg) end
   elseif op == "members" then
     local ch, why = members_channel(self, from, msg)
     if not ch then
@@ -384,6 +385,34 @@ function Context:_on_ctrl(from, msg, gen)
     local ch = self.byname[msg.ch]
     if ch and type(msg.key) == "string" then
       ch:_stream_ended(msg.key, from, type(msg.ver) == "number" and msg.ver or -math.huge)
+    end
+  elseif op == "params" then
+    -- a consumer's in-band params change (modulator.lua _params_req checks
+    -- who may send it); the reply goes after the last event made with the
+    -- old params, on the connection it came on
+    local ch = type(msg.ch) == "string" and self.byname[msg.ch]
+    local ok, why, code
+    if not ch or ch.nprod == 0 then
+      why, code = ("not a producer of '%s'"):format(tostring(msg.ch):sub(1, 300)), "notfound"
+    else
+      ok, why, code = ch:_params_req(from, msg)
+    end
+    if not ok then
+      self:_warn_limited("params", ("refusing params from %s: %s"):format(from, why))
+    end
+    if msg.rid ~= nil then
+      self:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = ok or false, err = why, code = code })
+    end
+  elseif op == "params_at" then
+    -- a producer switched a stream of ours to other params here (in band):
+    -- believed from a producer with that stream bound here only
+    local ch = type(msg.ch) == "string" and self.byname[msg.ch]
+    local st = ch and type(msg.stream) == "string" and ch.streams[msg.stream]
+    if st and type(msg.key) == "string" and (from == self.addr or self.c:peer_binds(from, st.chid)) then
+      ch:_params_at(st, from, msg.key)
+    elseif st then
+      self:_warn_limited("params_at", ("ignoring a params_at from %s: not a producer of '%s' here"):format(
+        from, ch.name))
     end
   elseif op == "mod_error" then
     -- believed only from a producer of the channel for this context: one
@@ -675,6 +704,7 @@ function Channel:_join(role)
     end
   else
     self.cjoined = true
+    self.producers_seen = type(r.producers) == "table" and r.producers or nil
     self:_check_reach(r.producers)
   end
   return r
@@ -820,7 +850,8 @@ function Channel:_subs()
   for _, con in ipairs(self.all) do
     local m = con.mod
     if m then
-      mods[m.key] = { src = m.src, params = m.params, period = m.period, caps = m.caps, base = m.base }
+      mods[m.key] = { src = m.src, params = m.params, period = m.period, caps = m.caps, base = m.base,
+                      stream = m.stream ~= m.key and m.stream or nil, pseq = m.pseq }
     end
   end
   -- a call channel served here: the versions (lecho.service)
@@ -862,6 +893,7 @@ function Channel:_update_subs(nowait)
     self.subs_sig = nil
     return nil, ("updating the subscription to '%s': %s"):format(self.name, err), code
   end
+  if type(r) == "table" and type(r.producers) == "table" then self.producers_seen = r.producers end
   return r
 end
 

@@ -78,7 +78,15 @@ end
 
 -- The identity of a modulator: `base` names the code (source, period,
 -- capabilities), `key` the code with its params.
-local function mod_spec(src, params, period, caps, level)
+-- `stream`: the stream an in-band params change keeps (the key of the
+-- first params of it, doc/modulators.md "Ordering"): the key then names
+-- code, params and that stream, so that equal keys are one instance on one
+-- stream, and a consumer using the first key elsewhere is another instance.
+local function stream_key(base, params, stream)
+  return core.hash(base .. table.concat(canon(params, {})) .. (stream and "|" .. stream or ""))
+end
+
+local function mod_spec(src, params, period, caps, level, stream)
   if type(src) ~= "string" or src == "" then
     error("lecho: modulator must be Lua source text (a non-empty string)", level)
   end
@@ -100,8 +108,20 @@ local function mod_spec(src, params, period, caps, level)
   for _, c in ipairs(caps or {}) do cl[#cl + 1] = c end
   table.sort(cl)
   local base = core.hash(table.concat(canon({ src, period or 0, cl }, {})))
-  local key = core.hash(base .. table.concat(canon(params, {})))
-  return { src = src, params = params, period = period, caps = cl, base = base, key = key }
+  local key = stream_key(base, params, stream)
+  return { src = src, params = params, period = period, caps = cl, base = base, key = key,
+           stream = stream or key }
+end
+
+-- Spec m with other params (and `stream`): the code was compiled when m
+-- was made; only the params are checked and hashed (set_params).
+local function respec(m, params, level, stream)
+  if params == nil then params = {} end
+  local ok, err = core.encode(params)
+  if not ok then error("lecho: modulator params cannot be sent: " .. err, level) end
+  local key = stream_key(m.base, params, stream)
+  return { src = m.src, params = params, period = m.period, caps = m.caps, base = m.base, key = key,
+           stream = stream or key }
 end
 
 -- Producing side: who takes the plain stream, and which modulators run
@@ -115,26 +135,61 @@ function Channel:_set_consumers(list, mods)
   mods = type(mods) == "table" and mods or {}
   -- Instances whose key went: reused for a new key of the same code and the
   -- same consumers (a params change keeps the modulator's state), else closed.
-  local gone = {}
+  -- A key on the stream of a running instance (an in-band params change,
+  -- told to the manager after the producers) changes its params in place,
+  -- unless the instance already runs a newer one of its consumer (pseq):
+  -- a list the manager made before it knew cannot undo it.
+  local gone, bystream, used = {}, {}, {}
   for key, inst in pairs(self.mods) do
     if not mods[key] then gone[#gone + 1] = inst end
+    bystream[inst.stream] = inst
   end
   for key in pairs(self.failed) do
     if not mods[key] then self.failed[key], self.failed_dests[key] = nil, nil end
   end
+  local function take(inst)
+    used[inst] = true
+    for i, g in ipairs(gone) do
+      if g == inst then table.remove(gone, i) break end
+    end
+  end
   for _, key in ipairs(sorted_keys(mods)) do
     local m = mods[key]
     local inst = self.mods[key]
+    if inst then used[inst] = true end
     if not inst and not self.failed[key] then
       local same = table.concat(m.dests or {}, ",")
-      for i, old in ipairs(gone) do
-        if old.base == m.base and old.dests_key == same then
-          table.remove(gone, i)
-          inst = self:_rekey(old, key, m)
-          break
+      local s = type(m.stream) == "string" and m.stream or key
+      local cur = bystream[s]
+      if cur and not used[cur] and not mods[cur.key] and cur.base == m.base and cur.dests_key == same then
+        take(cur)
+        if (cur.pseq or 0) > (type(m.pseq) == "number" and m.pseq or 0) then
+          inst = cur
+        else
+          inst = self:_params_here(cur, key, m.params, m.pseq)
+          if inst then self:_params_at_tell(inst) end
         end
+      elseif cur and (used[cur] or mods[cur.key]) then
+        -- its stream is another instance's, which stays (a race with a change)
+        self:_refuse(key, ("the stream %s is another modulator's here: changed through the manager only")
+                            :format(s:sub(1, 16)), m.dests)
+      else
+        if cur then
+          -- the instance on that stream goes (its consumers changed): first,
+          -- its channel is this one's
+          take(cur)
+          self:_unload(cur)
+        end
+        for i, old in ipairs(gone) do
+          if old.base == m.base and old.dests_key == same then
+            table.remove(gone, i)
+            used[old] = true
+            inst = self:_rekey(old, key, m)
+            break
+          end
+        end
+        if not inst then inst = self:_install(key, m) end
       end
-      if not inst then inst = self:_install(key, m) end
     end
     if inst then
       local added = false
@@ -167,7 +222,7 @@ function Channel:_end_streams(mods)
   for key, m in pairs(mods) do
     local set = {}
     for _, a in ipairs(m.dests or {}) do set[a] = true end
-    now[key] = set
+    now[type(m.stream) == "string" and m.stream or key] = set
   end
   for key, set in pairs(self.sub_dests or {}) do
     for a in pairs(set) do
@@ -259,7 +314,7 @@ function Channel:_install(key, m)
     -- no derived channel for what is refused: a member list naming
     -- thousands of modulators must not open thousands of channels
     local cerr
-    dchid, cerr = ctx.c:channel(self:_derived_name(key))
+    dchid, cerr = ctx.c:channel(self:_derived_name(type(m.stream) == "string" and m.stream or key))
     err = cerr                                     -- (max_channels)
   end
   if err then
@@ -279,11 +334,27 @@ function Channel:_install(key, m)
     return nil
   end
   local inst = { id = ctx.nextmoe, key = key, base = m.base, moe = moe, dchid = dchid, ch = self,
-                 dests = m.dests, principals = whose }
+                 dests = m.dests, principals = whose,
+                 stream = type(m.stream) == "string" and m.stream or key,
+                 pseq = type(m.pseq) == "number" and m.pseq or 0 }
   count_principals(ctx, whose, 1)
   ctx.moes[inst.id] = inst
   self.mods[key] = inst
+  -- a stream whose params changed in band: its consumer learns which of
+  -- its keys this producer runs before its first event
+  if inst.stream ~= key then self:_params_at_tell(inst) end
   return inst
+end
+
+-- Tells the consumers of inst, in band, that its events from here on are
+-- made by key inst.key (they believe it from a producer with the stream
+-- bound there: bound first, if no event did yet).
+function Channel:_params_at_tell(inst)
+  local ctx = self.ctx
+  for _, a in ipairs(inst.dests or {}) do
+    if a == ctx.addr then ctx.c:drain_local() else ctx.c:bind_at(inst.dchid, a) end
+    ctx:_send_ctrl(a, { op = "params_at", ch = self.name, stream = inst.stream, key = inst.key })
+  end
 end
 
 function Channel:_rekey(inst, key, m)
@@ -292,7 +363,8 @@ function Channel:_rekey(inst, key, m)
   -- the old key's stream has no receivers left: its destinations hold
   -- their peers (never freed, peer_free_after) as long as they are set
   ctx.c:set_dests(inst.dchid, {})
-  local dchid, ok, err = ctx.c:channel(self:_derived_name(key))
+  local s = type(m.stream) == "string" and m.stream or key
+  local dchid, ok, err = ctx.c:channel(self:_derived_name(s))
   if dchid then
     self:_secure(dchid)
     ok, err = inst.moe:retarget(dchid)
@@ -307,9 +379,90 @@ function Channel:_rekey(inst, key, m)
     self:_refuse(key, err, m.dests)
     return nil
   end
-  inst.key, inst.dchid, inst.dests = key, dchid, m.dests
+  inst.key, inst.dchid, inst.dests, inst.stream = key, dchid, m.dests, s
+  inst.pseq = type(m.pseq) == "number" and m.pseq or 0
   self.mods[key] = inst
   return inst
+end
+
+-- New params for instance `inst` on its own stream: what it holds is sent
+-- first (dequeued with the old params), then the params change between two
+-- submits.  Its key becomes `key`.  Returns inst, or nil (failed: unloaded,
+-- its consumers told).
+function Channel:_params_here(inst, key, params, pseq)
+  local ctx = self.ctx
+  local ok, err = inst.moe:retarget(inst.dchid)
+  for _, a in ipairs(inst.dests or {}) do
+    if a == ctx.addr then ctx.c:drain_local() end   -- delivered here before the switch
+  end
+  if ok then ok, err = inst.moe:params(params == nil and {} or params) end
+  if self.mods[inst.key] == inst then self.mods[inst.key] = nil end
+  if not ok then
+    ctx.moes[inst.id] = nil
+    count_principals(ctx, inst.principals, -1)
+    ctx.c:set_dests(inst.dchid, {})
+    inst.moe:close()
+    self:_rebuild_modlist()
+    self:_refuse(key, err, inst.dests)
+    return nil
+  end
+  inst.key, inst.pseq = key, type(pseq) == "number" and pseq or inst.pseq
+  self.mods[key] = inst
+  return inst
+end
+
+-- A `params` request from the consumer context `from` (control.lua): new
+-- params for the instance on stream msg.stream, in band.  Believed only
+-- from the one context the manager's member list names as that instance's
+-- consumer (keyed: the address is pinned to that member's key, so the
+-- connection it came on proved it), for an instance no other context
+-- shares, with a key that is the hash of its code, these params and the
+-- stream, and a pseq above the last one applied.  Returns true, or nil,
+-- why, code.
+local MAX_KEY = 64
+function Channel:_params_req(from, msg)
+  local ctx = self.ctx
+  local s, key, pseq = msg.stream, msg.key, msg.pseq
+  if type(s) ~= "string" or #s == 0 or #s > MAX_KEY or type(key) ~= "string" or #key == 0
+     or #key > MAX_KEY or type(pseq) ~= "number" or pseq < 1 or pseq % 1 ~= 0 or pseq >= 2 ^ 53
+     or type(msg.params) ~= "table" then
+    return nil, "a params message needs stream, key (strings), pseq (integer >= 1) and params (a table)",
+           "protocol"
+  end
+  local inst
+  for _, i in pairs(self.mods) do
+    if i.stream == s then inst = i break end
+  end
+  if not inst then
+    -- failed or refused here: said as such (the consumer goes through the
+    -- manager, whose list installs the new params again)
+    for k, why in pairs(self.failed) do
+      for _, a in ipairs(self.failed_dests[k] or {}) do
+        if a == from then return nil, ("modulator %s not running here: %s"):format(k, why), "failed" end
+      end
+    end
+    return nil, ("no modulator on stream %s here"):format(s:sub(1, 16)), "notfound"
+  end
+  local mine = false
+  for _, a in ipairs(inst.dests or {}) do mine = mine or a == from end
+  if not mine then
+    return nil, ("%s is not a consumer of the modulator on stream %s"):format(from, s:sub(1, 16)), "refused"
+  end
+  if #inst.dests ~= 1 then
+    return nil, ("the modulator on stream %s is shared with %d other contexts here"):format(
+      s:sub(1, 16), #inst.dests - 1), "busy"
+  end
+  if key == inst.key and pseq == inst.pseq then return true end   -- the manager's list came first
+  if pseq <= (inst.pseq or 0) then
+    return nil, ("params %d after %d: an older change"):format(pseq, inst.pseq), "refused"
+  end
+  if stream_key(inst.base, msg.params, s) ~= key then
+    return nil, "the key is not the hash of the modulator, these params and the stream", "refused"
+  end
+  if not self:_params_here(inst, key, msg.params, pseq) then
+    return nil, tostring(self.failed[key]), "failed"
+  end
+  return true
 end
 
 function Channel:_unload(inst)
@@ -386,14 +539,15 @@ end
 -- nil, err, code when its channel cannot be opened (max_channels).
 function Channel:_attach(con, spec, handler)
   local ctx = self.ctx
-  local st = self.streams[spec.key]
+  local sk = spec.stream or spec.key
+  local st = self.streams[sk]
   if not st then
-    local name = self:_derived_name(spec.key)
+    local name = self:_derived_name(sk)
     local chid, err, code = ctx.c:channel(name)
     if not chid then return nil, err, code end
-    st = { derived = true, short = self.short, key = spec.key,
+    st = { derived = true, short = self.short, key = sk,
            consumers = { short = self.short, derived = true }, chid = chid }
-    self.streams[spec.key] = st
+    self.streams[sk] = st
     self:_secure(st.chid)
     ctx.bychid[st.chid] = st
     ctx.disp[st.chid] = st.consumers
@@ -487,6 +641,18 @@ function Channel:_stream_ended(key, producer, ver)
   end
 end
 
+-- A producer switched stream `st` to modulator `key` at this point of its
+-- stream (control.lua params_at): its later events carry that key's version.
+function Channel:_params_at(st, producer, key)
+  for _, e in ipairs(st.consumers) do
+    local v = e.vkeys and e.vkeys[key]
+    if v then
+      e.pver = e.pver or {}
+      e.pver[producer] = v
+    end
+  end
+end
+
 function Channel:_tell_mod_error(key, msg)
   for _, con in ipairs({ unpack(self.all) }) do
     if con.mod and con.mod.key == key and not con.closed then
@@ -511,6 +677,8 @@ local function reply_errors(r, key)
 end
 
 M.spec = mod_spec
+M.stream_key = stream_key
+M.respec = respec
 M.reply_errors = reply_errors
 
 return M

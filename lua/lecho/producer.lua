@@ -16,7 +16,7 @@ Producer.__index = Producer
 -- small array is allocated with the table's header, so a submit touches two
 -- adjacent cache lines of it, not a hash part's scattered nodes (thousands
 -- of channels round-robin: these misses were the producer's cost).  H is the
--- core's producer handle (core/lua_prod.c: channel, producer id, sequence,
+-- core's producer handle (core/binding/lua_prod.c: channel, producer id, sequence,
 -- policy and the channel's modulators; liblecho submits through it too), HP
 -- its address for the FFI; MODS (the channel's modulator list, or false) and
 -- PLAIN are Lua's copies for submit_sync's "no consumer" check; ENC is false
@@ -24,7 +24,7 @@ Producer.__index = Producer
 local H, HP, MODS, PLAIN, ENC = 1, 2, 3, 4, 5
 Producer.MODS, Producer.PLAIN = MODS, PLAIN
 
--- lb_dataplane (core/lua_prod.h): stage copies fastenc's buffer into the
+-- lb_dataplane (core/binding/lua_prod.h): stage copies fastenc's buffer into the
 -- handle's next message, once, without a Lua string or a Lua C call.
 local DP
 do

@@ -335,7 +335,7 @@ function M.record(ctx, names, w, opts)
   return r
 end
 
---- The same, written from C (core/lua_rsink.c): the events never enter
+--- The same, written from C (core/binding/lua_rsink.c): the events never enter
 -- Lua, so the recorder keeps up with a producer at full rate.  No
 -- per-event callback (opts.on_event is not called); w's counts are set by
 -- stop().

@@ -69,7 +69,7 @@ local function members_of(c)
       local e = mods[k]
       if not e then
         e = { src = m.src, params = m.params, period = m.period, caps = m.caps, base = m.base,
-              dests = {} }
+              stream = m.stream, pseq = m.pseq, dests = {} }
         mods[k] = e
       end
       e.dests[#e.dests + 1] = a
@@ -324,8 +324,14 @@ local function check_subs(msg)
         return nil, ("%s: modulator '%s': caps must be a list of strings"):format(op, k)
       end
     end
+    if m.stream ~= nil and (type(m.stream) ~= "string" or #m.stream == 0 or #m.stream > 64) then
+      return nil, ("%s: modulator '%s': stream must be a string of 1 to 64 bytes"):format(op, k)
+    end
+    if m.pseq ~= nil and (type(m.pseq) ~= "number" or m.pseq < 0 or m.pseq >= 2 ^ 53 or m.pseq % 1 ~= 0) then
+      return nil, ("%s: modulator '%s': pseq must be an integer"):format(op, k)
+    end
     mods[k] = { src = m.src, params = m.params, period = m.period, caps = m.caps,
-                base = type(m.base) == "string" and m.base or nil }
+                base = type(m.base) == "string" and m.base or nil, stream = m.stream, pseq = m.pseq }
   end
   -- a service's server (lecho.service): the versions it serves here
   local svc
@@ -357,9 +363,19 @@ local function check_keys(c, from, subs, op)
     for addr, r in pairs(c.consumers) do
       local o = addr ~= from and r.subs.mods[key]
       if o and not (o.src == m.src and o.period == m.period and same(o.caps, m.caps)
-                    and same(o.params, m.params)) then
+                    and same(o.params, m.params) and o.stream == m.stream) then
         return nil, ("%s: modulator key %s is already used by %s for another modulator"):format(
           op, key, addr)
+      end
+      -- a stream kept through in-band params changes is its consumer's:
+      -- another context naming it would take its derived channel at the
+      -- producers (consumer.lua _params_inband)
+      if addr ~= from and m.stream ~= nil and m.stream ~= key then
+        for k2, o2 in pairs(r.subs.mods) do
+          if (o2.stream or k2) == m.stream then
+            return nil, ("%s: modulator stream %s is %s's"):format(op, m.stream, addr)
+          end
+        end
       end
     end
   end

@@ -192,7 +192,10 @@ function M.install(R)
   function R.handle_of_stream(full, key)
     for _, h in pairs(handles) do
       if h.kind == "mod" and h.con and h.full == full then
-        if type(h.con.mod) == "table" and h.con.mod.key == key then return h end
+        -- a consumer whose params changed in band keeps a stream of its
+        -- own (mod.stream): the derived channel is named by that
+        local m = h.con.mod
+        if type(m) == "table" and (m.key == key or m.stream == key) then return h end
         if h.old_keys and h.old_keys[key] then return h, true end
       end
     end
@@ -201,9 +204,10 @@ function M.install(R)
 
   -- Remembers h's modulator key before it changes (stats() labels its row).
   local function keep_key(h)
-    if type(h.con.mod) == "table" and h.con.mod.key then
+    local m = h.con.mod
+    if type(m) == "table" and m.key then
       h.old_keys = h.old_keys or {}
-      h.old_keys[h.con.mod.key] = true
+      h.old_keys[m.stream or m.key] = true
     end
   end
 

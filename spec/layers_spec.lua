@@ -248,3 +248,17 @@ describe("core/'s function names", function()
     assert.are.same({}, bad)
   end)
 end)
+
+-- A path core/<file>.c or .h written in a comment or a doc names the layer
+-- folder (core/transport/peer.c); only core/lecho.h sits at core/'s top.
+describe("paths into core/", function()
+  it("name the layer folder of the file (no core/<file>.[ch] but core/lecho.h)", function()
+    local hits = lines_of("grep -rnoE '(^|[^A-Za-z0-9_/.])core/[a-z_0-9]+\\.[ch]\\b' lua core spec bench doc python"
+      .. " README.md 2>/dev/null || true")
+    local bad = {}
+    for _, h in ipairs(hits) do
+      if not h:match("core/lecho%.h$") then bad[#bad + 1] = h end
+    end
+    assert.are.same({}, bad)
+  end)
+end)

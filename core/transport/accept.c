@@ -40,6 +40,16 @@ void lei_accept_stop(lei_ctx *c) {
     c->accept_s.reserve_fd = -1;
 }
 
+/* A connection was made (lei_conn_new, accepted or dialled) or closed
+ * (lei_conn_close): the count max_connections bounds; a new one is not UP
+ * yet, so the handshake deadline is armed. */
+void lei_accept_conn_added(lei_ctx *c) {
+    c->accept_s.nconns++;
+    lei_accept_hs_arm(c);
+}
+
+void lei_accept_conn_removed(lei_ctx *c) { c->accept_s.nconns--; }
+
 /* The handshake deadline: checked a few times per handshake_timeout while
  * a connection is not UP. */
 void lei_accept_hs_arm(lei_ctx *c) {

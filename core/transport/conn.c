@@ -44,8 +44,7 @@ lei_conn *lei_conn_new(lei_ctx *c, int fd, enum lei_conn_state state) {
     c->conns = k;
     lei_addr_nodelay(fd);
     lei_live_conn_new(k);
-    c->accept_s.nconns++;
-    lei_accept_hs_arm(c);
+    lei_accept_conn_added(c);
     return k;
 }
 
@@ -95,7 +94,7 @@ void lei_conn_close(lei_conn *k, const char *reason, int bad) {
     }
     close(k->fd);
     k->fd = -1;
-    c->accept_s.nconns--;
+    lei_accept_conn_removed(c);
     c->rbuf -= k->rcap;
     /* A frame below us (busy) may still be read: a handler's zero-copy
      * buffer points into it (lua_hook.c).  lei_conn_free frees it then. */
@@ -194,7 +193,7 @@ int lei_conn_dial(lei_peer *p) {
     k->peer = p;
     p->conn = k;
     k->dial_slot = 1; /* until UP or closed (lei_dial_done) */
-    c->peer_s.ndialing++;
+    lei_peer_dial_started(c);
     ev_io_start(c->loop, &k->wio);
     return 0;
 }

@@ -383,7 +383,7 @@ void lei_ctx_free(lei_ctx *c) {
     ev_timer_stop(c->loop, &c->hb);
     lei_accept_stop(c);
     free(c->peer_s.notes);
-    free(c->spare);
+    free(c->rbuf_s.spare);
     lei_ident_free(c);
     ev_loop_destroy(c->loop);
     free(c);
@@ -413,5 +413,5 @@ void lei_ctx_stats(const lei_ctx *c, lei_stats_ctx *out) {
     out->connections = c->accept_s.nconns;
     out->read_buffer_bytes = c->rbuf;
     out->stale_acks = c->sync_s.stale_acks;
-    out->rbuf_adopted = c->rbuf_adopted;
+    out->rbuf_adopted = c->rbuf_s.adopted;
 }

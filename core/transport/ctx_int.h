@@ -363,9 +363,20 @@ struct lei_sync {
 
 /* ---- the context's state, by the file that owns it ----------------------
  * struct lei_ctx holds one sub-struct per file that owns a part of the
- * context's state (c->peers_s is peers.c's, c->sync_s sync.c's, ...): the
- * other files read them through the owner's functions where they can.
- * What stays at the top level is ctx.c's, or shared by several files. */
+ * context's state (c->peers_s is peers.c's, c->sync_s sync.c's, ...).  The
+ * rule that holds: a sub-struct's fields are written only by its file
+ * (others call the owner: lei_accept_conn_added/_removed,
+ * lei_peer_dial_started, lei_local_kick, lei_peers_evict), with these
+ * exceptions, all ctx.c's: lei_ctx_new and lei_ctx_free, the context's
+ * constructor and destructor, initialise and free every sub-struct (the
+ * watchers' callbacks, the tables, the spare read buffer), lei_ctx_stats
+ * reads them, lei_ctx_stop_listening closes the listener (accept_s), and
+ * lei_submit and lei_call push onto local.c's queue (local_s.lq) and start
+ * its idle watcher themselves: the local submit's hot path, kept inline.
+ * Other files read other sub-structs (the peer table's peers_s.peers,
+ * npeers; local_s.lq through lei_local_full).  What stays at the top level
+ * is ctx.c's, or shared by several files (rbuf, nbound_all: the
+ * containment counters conn.c, rbuf.c and inmap.c keep). */
 
 /* peers.c: the peer table, by position, by idx and by address */
 struct lei_peers_state {
@@ -421,6 +432,16 @@ struct lei_accept_state {
     int reserve_fd;           /* owned: /dev/null held to accept-and-refuse when out of fds */
 };
 
+/* rbuf.c: one large read buffer handed back by the program that adopted
+ * it (lei_rbuf_return), for the next large frame: its pages are in already
+ * (a fresh buffer's page faults cost more than the copy the adoption
+ * saved); owned, at most one, freed with the context (ctx.c) */
+struct lei_rbuf_state {
+    uint8_t *spare;
+    size_t spare_cap;
+    uint64_t adopted;         /* read buffers handed over (lei_rbuf_adopt) */
+};
+
 /* peer.c: dials in progress, peer changes to tell, expiries */
 struct lei_peer_state {
     int ndialing;             /* our dials not yet UP (LEI_DIALS_MAX) */
@@ -470,13 +491,7 @@ struct lei_ctx {
     struct lei_accept_state accept_s; /* accept.c's */
     struct lei_peer_state peer_s;     /* peer.c's */
     int batch;                /* rw: lei_ctx_batch: the events hook takes a read's async EVENTs */
-    /* rbuf.c's: one large read buffer handed back by the program that
-     * adopted it (lei_rbuf_return), for the next large frame: its pages
-     * are in already (a fresh buffer's page faults cost more than the copy
-     * the adoption saved); owned, at most one, freed with the context */
-    uint8_t *spare;
-    size_t spare_cap;
-    uint64_t rbuf_adopted;    /* read buffers handed over (lei_rbuf_adopt) */
+    struct lei_rbuf_state rbuf_s;     /* rbuf.c's */
 };
 
 /* The states of a connection, in the order it walks them (handshake.c's
@@ -614,6 +629,7 @@ int lei_conn_dial(lei_peer *p);
 void lei_peer_turn(lei_ctx *c);
 /* More than max_peers peers: the unused ones freed at once (peers.c). */
 void lei_peers_evict(lei_ctx *c);
+void lei_peer_dial_started(lei_ctx *c);
 /* k, dialled by us, is UP or closed: its dial slot is free (no-op else). */
 void lei_dial_done(lei_conn *k);
 void lei_conn_close(lei_conn *k, const char *reason, int bad);
@@ -651,6 +667,8 @@ lei_conn *lei_conn_new(lei_ctx *c, int fd, enum lei_conn_state state);
 void lei_accept_init(lei_ctx *c);
 void lei_accept_stop(lei_ctx *c);
 void lei_accept_hs_arm(lei_ctx *c);
+void lei_accept_conn_added(lei_ctx *c);
+void lei_accept_conn_removed(lei_ctx *c);
 int lei_accept_room(lei_ctx *c, char *why, size_t n);
 /* conn.c -> handshake.c: one frame before UP (0, or -1 after closing k),
  * our HELLO once a dial connected. */
@@ -700,6 +718,7 @@ const lei_pin *lei_pin_find(const lei_ctx *c, const char *addr);
 void lei_ident_free(lei_ctx *c);
 /* local.c */
 void lei_local_idle_cb(struct ev_loop *loop, ev_idle *w, int revents);
+void lei_local_kick(lei_ctx *c);
 void lei_defer_flush(lei_ctx *c, lei_peer *p);
 void lei_sync_link(lei_ctx *c, lei_sync *s);
 

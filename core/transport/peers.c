@@ -192,6 +192,7 @@ static int by_unused_at(const void *a, const void *b) {
  * this once per max_peers / 16 of them).  Peers in use stay: those are
  * bounded by the member lists (max_peers) and connections (max_connections). */
 void lei_peers_evict(lei_ctx *c) {
+    c->peers_s.peers_over = 0;
     ev_tstamp now = ev_now(c->loop);
     size_t keep = c->o.max_peers - c->o.max_peers / 16;
     peers_mark(c);

@@ -1,6 +1,6 @@
 -- bench/moe_jit_bench.lua: what a modulator's own code costs per call in the
 -- MOE, in this process (issue 27 item 5: "measure first").  Three
--- modulators run as sandboxes (ctx:sandbox, core/moe_svc.c: the same state,
+-- modulators run as sandboxes (ctx:sandbox, core/moe/moe_svc.c: the same state,
 -- sandbox environment, budget hook and CPU-time timer as a modulator), each
 -- called with one event per call (encoded, decoded in the state, the call,
 -- its result encoded and decoded back), beside the same two rounds of encode
@@ -12,7 +12,7 @@
 -- us/call for each, REPS interleaved repetitions (bench/common.lua), and the
 -- per-repetition ratios to the codec rounds (region: its input is 506 KiB, its
 -- output 1/4 of it, so only its time).  The MOE runs its states with the JIT off
--- (core/moe.c): run the same file against a build with the JIT on to see what
+-- (core/moe/moe.c): run the same file against a build with the JIT on to see what
 -- the compiler would give (the figures in the commit that added this file).
 --
 --   luajit bench/moe_jit_bench.lua [--quick] [--json FILE]

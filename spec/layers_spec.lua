@@ -221,9 +221,20 @@ local function owner(name, stems)
   return best
 end
 
+-- A variant of a stem: its plural or singular (lei_conns_... would be
+-- conn.c's, lei_syncs_... sync.c's), for a name no stem fits exactly.
+local function variant_owner(name, stems)
+  local word = name:match("^lei_([%w]+)_")
+  if not word then return nil end
+  if stems[word .. "s"] then return word .. "s" end
+  if word:sub(-1) == "s" and stems[word:sub(1, -2)] then return word:sub(1, -2) end
+end
+
+-- bad: names in the wrong file; odd: path -> the names of that file that
+-- start with no stem of it nor of a variant of one (lei_submit in ctx.c).
 local function prefix_violations()
   local _, L, fs = violations()
-  local stems, bad, n = {}, {}, 0
+  local stems, bad, n, odd = {}, {}, 0, {}
   for _, f in ipairs(fs) do
     if f.name:match("%.c$") then stems[f.name:sub(1, -3)] = f.path end
   end
@@ -231,20 +242,72 @@ local function prefix_violations()
     if f.name:match("%.c$") and not L[f.layer].any then
       for _, name in ipairs(definitions(read(f.path))) do
         n = n + 1
-        local stem = owner(name, stems)
+        local stem = owner(name, stems) or variant_owner(name, stems)
         if stem and stems[stem] ~= f.path then
           bad[#bad + 1] = ("%s defines %s, a name of %s"):format(f.path, name, stems[stem])
+        elseif not stem then
+          odd[f.path] = odd[f.path] or {}
+          table.insert(odd[f.path], name)
         end
       end
     end
   end
-  return bad, n
+  for _, names in pairs(odd) do table.sort(names) end
+  return bad, n, odd
+end
+
+-- doc/architecture.md's list of the names without their file's prefix:
+-- the lines "- `core/x/y.c`: `lei_a`, `lei_b`" after "Names whose first word
+-- is no file's".
+local function documented_odd()
+  local doc = read("doc/architecture.md")
+  local at = assert(doc:find("Names whose first word is no file's", 1, true),
+    "doc/architecture.md: no list \"Names whose first word is no file's\"")
+  local out = {}
+  for line in doc:sub(at):gmatch("[^\n]*") do
+    local path, rest = line:match("^%- `(core/[%w_/]+%.c)`: (.*)$")
+    if path then
+      out[path] = {}
+      for name in rest:gmatch("`(lei_[%w_]+)`") do table.insert(out[path], name) end
+      table.sort(out[path])
+    elseif next(out) and line ~= "" then
+      break
+    end
+  end
+  return out
 end
 
 describe("core/'s function names", function()
   it("say their file: lei_X_... is defined in X.c when X.c exists", function()
     local bad, n = prefix_violations()
     assert.is_true(n > 200, "too few function definitions found under core/: " .. n)
+    assert.are.same({}, bad)
+  end)
+
+  it("say it by a variant too: lei_conns_... (conn.c's) or lei_syncs_... (sync.c's) is defined there", function()
+    local stems = { conn = true, peers = true, peer = true, sync = true }
+    assert.are.equal("conn", variant_owner("lei_conns_init", stems))
+    assert.are.equal("sync", variant_owner("lei_syncs_peer_lost", stems))
+    assert.is_nil(variant_owner("lei_submit_x", stems))
+  end)
+
+  it("that start with no file's word are listed by file in doc/architecture.md, exactly", function()
+    local _, _, odd = prefix_violations()
+    assert.is_true(next(odd) ~= nil)
+    assert.are.same(odd, documented_odd())
+  end)
+end)
+
+-- A path core/<file>.c or .h written in a comment or a doc names the layer
+-- folder (core/transport/peer.c); only core/lecho.h sits at core/'s top.
+describe("paths into core/", function()
+  it("name the layer folder of the file (no core/<file>.[ch] but core/lecho.h)", function()
+    local hits = lines_of("grep -rnoE '(^|[^A-Za-z0-9_/.])core/[a-z_0-9]+\\.[ch]\\b' lua core spec bench doc python"
+      .. " README.md 2>/dev/null || true")
+    local bad = {}
+    for _, h in ipairs(hits) do
+      if not h:match("core/lecho%.h$") then bad[#bad + 1] = h end
+    end
     assert.are.same({}, bad)
   end)
 end)

@@ -1,6 +1,6 @@
 /* lua_prod.h: the producer handle's data plane as a table of functions, for
  * callers outside the binding that are not linked with the core: liblecho
- * (core/lecho.c) and lecho.producer's FFI (lua/lecho/producer.lua).  core.so
+ * (core/capi/lecho.c) and lecho.producer's FFI (lua/lecho/producer.lua).  core.so
  * hands it out as a light userdata (`core.dataplane()`); the functions take
  * the handle's userdata block (what `ctx:producer` returned, lua_touserdata
  * or ffi.cast of it) and never call a Lua function.

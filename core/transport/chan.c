@@ -137,7 +137,7 @@ int lei_chan_room(lei_ctx *c, uint32_t chid) {
         if (p->q.bytes >= before || p->q.bytes >= c->o.queue_limit) return 0;
     }
     if (ch->local && lei_local_full(c, ch)) {
-        if (c->local_s.lq.head) ev_idle_start(c->loop, &c->local_s.idle);
+        lei_local_kick(c);
         return 0;
     }
     return 1;

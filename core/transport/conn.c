@@ -44,8 +44,7 @@ lei_conn *lei_conn_new(lei_ctx *c, int fd, enum lei_conn_state state) {
     c->conns = k;
     lei_addr_nodelay(fd);
     lei_live_conn_new(k);
-    c->accept_s.nconns++;
-    lei_accept_hs_arm(c);
+    lei_accept_conn_added(c);
     return k;
 }
 
@@ -95,7 +94,7 @@ void lei_conn_close(lei_conn *k, const char *reason, int bad) {
     }
     close(k->fd);
     k->fd = -1;
-    c->accept_s.nconns--;
+    lei_accept_conn_removed(c);
     c->rbuf -= k->rcap;
     /* A frame below us (busy) may still be read: a handler's zero-copy
      * buffer points into it (lua_hook.c).  lei_conn_free frees it then. */
@@ -194,7 +193,7 @@ int lei_conn_dial(lei_peer *p) {
     k->peer = p;
     p->conn = k;
     k->dial_slot = 1; /* until UP or closed (lei_dial_done) */
-    c->peer_s.ndialing++;
+    lei_peer_dial_started(c);
     ev_io_start(c->loop, &k->wio);
     return 0;
 }
@@ -224,7 +223,7 @@ static int map_idx(lei_conn *k, uint64_t idx, uint32_t *chid) {
 /* A BIND: the remote's index idx names a channel.  It must be open here
  * (a BIND never opens one: a peer could make us keep any number of
  * channels), and in keyed mode the BIND carry a valid ticket
- * (lei_bind_check); else the index maps to LEI_REFUSED.  NULL, or an
+ * (lei_auth_bind_check); else the index maps to LEI_REFUSED.  NULL, or an
  * error (bad input). */
 static const char *conn_bind(lei_conn *k, const lei_frame *f) {
     lei_ctx *c = k->ctx;
@@ -257,7 +256,7 @@ static const char *conn_bind(lei_conn *k, const lei_frame *f) {
     lei_inmap_drop_rname(k, idx);
     /* Only a channel open here is bound (protected mode too: a BIND must not
      * make us open channels); keyed, the BIND also needs a valid ticket. */
-    lei_chan *ch = c->id.keyed ? lei_bind_check(c, k->peer, (const char *)name, nl, ticket)
+    lei_chan *ch = c->id.keyed ? lei_auth_bind_check(c, k->peer, (const char *)name, nl, ticket)
                                : lei_chan_find(c, (const char *)name, nl);
     /* keyed: the binding lasts while its ticket does (auth.c) */
     if (c->id.keyed && lei_ticket_bound(k, idx, ch ? ticket : NULL)) return "out of memory";

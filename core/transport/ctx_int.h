@@ -363,9 +363,20 @@ struct lei_sync {
 
 /* ---- the context's state, by the file that owns it ----------------------
  * struct lei_ctx holds one sub-struct per file that owns a part of the
- * context's state (c->peers_s is peers.c's, c->sync_s sync.c's, ...): the
- * other files read them through the owner's functions where they can.
- * What stays at the top level is ctx.c's, or shared by several files. */
+ * context's state (c->peers_s is peers.c's, c->sync_s sync.c's, ...).  The
+ * rule that holds: a sub-struct's fields are written only by its file
+ * (others call the owner: lei_accept_conn_added/_removed,
+ * lei_peer_dial_started, lei_local_kick, lei_peers_evict), with these
+ * exceptions, all ctx.c's: lei_ctx_new and lei_ctx_free, the context's
+ * constructor and destructor, initialise and free every sub-struct (the
+ * watchers' callbacks, the tables, the spare read buffer), lei_ctx_stats
+ * reads them, lei_ctx_stop_listening closes the listener (accept_s), and
+ * lei_submit and lei_call push onto local.c's queue (local_s.lq) and start
+ * its idle watcher themselves: the local submit's hot path, kept inline.
+ * Other files read other sub-structs (the peer table's peers_s.peers,
+ * npeers; local_s.lq through lei_local_full).  What stays at the top level
+ * is ctx.c's, or shared by several files (rbuf, nbound_all: the
+ * containment counters conn.c, rbuf.c and inmap.c keep). */
 
 /* peers.c: the peer table, by position, by idx and by address */
 struct lei_peers_state {
@@ -421,6 +432,16 @@ struct lei_accept_state {
     int reserve_fd;           /* owned: /dev/null held to accept-and-refuse when out of fds */
 };
 
+/* rbuf.c: one large read buffer handed back by the program that adopted
+ * it (lei_rbuf_return), for the next large frame: its pages are in already
+ * (a fresh buffer's page faults cost more than the copy the adoption
+ * saved); owned, at most one, freed with the context (ctx.c) */
+struct lei_rbuf_state {
+    uint8_t *spare;
+    size_t spare_cap;
+    uint64_t adopted;         /* read buffers handed over (lei_rbuf_adopt) */
+};
+
 /* peer.c: dials in progress, peer changes to tell, expiries */
 struct lei_peer_state {
     int ndialing;             /* our dials not yet UP (LEI_DIALS_MAX) */
@@ -444,7 +465,7 @@ struct lei_ctx {
     int unflushed;            /* a callback deferred a sync write (lei_defer_flush) */
     ev_timer hb;              /* liveness: PINGs and dead peers, all connections */
     lei_conn *conns;          /* all live connections (list through conn->next) */
-    uint64_t conn_gen;        /* last connection generation given (conn_up) */
+    uint64_t conn_gen;        /* last connection generation given (handshake_up) */
     int depth;                /* ro: nesting of hooks in progress */
     int closing;              /* ro: lei_ctx_shutdown was called */
     uint64_t encodes;         /* values encoded (lei_ctx_count_encode) */
@@ -470,13 +491,7 @@ struct lei_ctx {
     struct lei_accept_state accept_s; /* accept.c's */
     struct lei_peer_state peer_s;     /* peer.c's */
     int batch;                /* rw: lei_ctx_batch: the events hook takes a read's async EVENTs */
-    /* rbuf.c's: one large read buffer handed back by the program that
-     * adopted it (lei_rbuf_return), for the next large frame: its pages
-     * are in already (a fresh buffer's page faults cost more than the copy
-     * the adoption saved); owned, at most one, freed with the context */
-    uint8_t *spare;
-    size_t spare_cap;
-    uint64_t rbuf_adopted;    /* read buffers handed over (lei_rbuf_adopt) */
+    struct lei_rbuf_state rbuf_s;     /* rbuf.c's */
 };
 
 /* The states of a connection, in the order it walks them (handshake.c's
@@ -614,6 +629,7 @@ int lei_conn_dial(lei_peer *p);
 void lei_peer_turn(lei_ctx *c);
 /* More than max_peers peers: the unused ones freed at once (peers.c). */
 void lei_peers_evict(lei_ctx *c);
+void lei_peer_dial_started(lei_ctx *c);
 /* k, dialled by us, is UP or closed: its dial slot is free (no-op else). */
 void lei_dial_done(lei_conn *k);
 void lei_conn_close(lei_conn *k, const char *reason, int bad);
@@ -648,9 +664,11 @@ lei_conn *lei_conn_new(lei_ctx *c, int fd, enum lei_conn_state state);
 /* accept.c: the context's timers, counters, the reserved fd; the handshake
  * deadline (armed by lei_conn_new); room for one more connection (0, or -1
  * with the reason in why[n]). */
-void lei_conns_init(lei_ctx *c);
-void lei_conns_stop(lei_ctx *c);
+void lei_accept_init(lei_ctx *c);
+void lei_accept_stop(lei_ctx *c);
 void lei_accept_hs_arm(lei_ctx *c);
+void lei_accept_conn_added(lei_ctx *c);
+void lei_accept_conn_removed(lei_ctx *c);
 int lei_accept_room(lei_ctx *c, char *why, size_t n);
 /* conn.c -> handshake.c: one frame before UP (0, or -1 after closing k),
  * our HELLO once a dial connected. */
@@ -693,13 +711,14 @@ const uint8_t *lei_auth_ticket_for(lei_ctx *c, const lei_chan *ch);
 /* The length of name's base: up to the first '@' after the last '/'. */
 size_t lei_base_len(const char *name, size_t len);
 /* Keyed consumer side of a BIND: the local channel, or NULL when refused. */
-lei_chan *lei_bind_check(lei_ctx *c, const lei_peer *p, const char *name, size_t nl,
+lei_chan *lei_auth_bind_check(lei_ctx *c, const lei_peer *p, const char *name, size_t nl,
                          const uint8_t *ticket);
 void lei_refused_log(lei_ctx *c, const lei_peer *p, const char *name, size_t nl);
 const lei_pin *lei_pin_find(const lei_ctx *c, const char *addr);
 void lei_ident_free(lei_ctx *c);
 /* local.c */
 void lei_local_idle_cb(struct ev_loop *loop, ev_idle *w, int revents);
+void lei_local_kick(lei_ctx *c);
 void lei_defer_flush(lei_ctx *c, lei_peer *p);
 void lei_sync_link(lei_ctx *c, lei_sync *s);
 

@@ -485,18 +485,19 @@ int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err) 
     return 0;
 }
 
+/* lei_conn_dial started a dial of ours: it holds a slot until UP or closed
+ * (lei_dial_done gives it back). */
+void lei_peer_dial_started(lei_ctx *c) { c->peer_s.ndialing++; }
+
 /* Once per loop turn, before the queues are written (prepare_cb): the
  * dials waiting for a slot, and the peers past max_peers. */
 void lei_peer_turn(lei_ctx *c) {
     if (c->closing) return;
     if (c->peer_s.ndial_pending && c->peer_s.ndialing < LEI_DIALS_MAX) dials_run(c);
-    if (c->peers_s.peers_over) {
-        c->peers_s.peers_over = 0;
-        lei_peers_evict(c);
-    }
+    if (c->peers_s.peers_over) lei_peers_evict(c);
 }
 
-void lei_flush(lei_ctx *c) {
+void lei_peer_flush_all(lei_ctx *c) {
     for (int i = 0; i < c->peers_s.npeers; i++)
         if (c->peers_s.peers[i]->q.head) lei_peer_flush(c->peers_s.peers[i]);
 }

@@ -102,14 +102,14 @@ int lei_rbuf_grow(lei_conn *k, size_t need, size_t end, size_t fsize) {
     /* A large frame whose end is known: the spare buffer (an adopted one
      * given back) when it holds the frame, its pages already in; not more
      * than twice the room wanted, nor past the budget. */
-    if (end > LEI_RBUF_MIN && c->spare && c->spare_cap >= end && c->spare_cap >= need &&
-        c->spare_cap <= 2 * end && c->spare_cap <= left) {
-        uint8_t *sp = c->spare;
-        c->spare = NULL;
+    if (end > LEI_RBUF_MIN && c->rbuf_s.spare && c->rbuf_s.spare_cap >= end && c->rbuf_s.spare_cap >= need &&
+        c->rbuf_s.spare_cap <= 2 * end && c->rbuf_s.spare_cap <= left) {
+        uint8_t *sp = c->rbuf_s.spare;
+        c->rbuf_s.spare = NULL;
         if (k->rlen) memcpy(sp, k->rb, k->rlen);
         free(k->rb);
-        lei_rbuf_set(k, sp, c->spare_cap);
-        c->spare_cap = 0;
+        lei_rbuf_set(k, sp, c->rbuf_s.spare_cap);
+        c->rbuf_s.spare_cap = 0;
         return 0;
     }
     uint8_t *nb = realloc(k->rb, ncap);
@@ -162,7 +162,7 @@ uint8_t *lei_rbuf_adopt(lei_ctx *c, const void *p, size_t n, size_t *cap) {
         if (nb) lei_rbuf_set(k, nb, behind > LEI_RBUF_SMALL ? behind : LEI_RBUF_SMALL);
         k->rlen = behind;
         k->rpos = 0;
-        c->rbuf_adopted++;
+        c->rbuf_s.adopted++;
         return base;
     }
     return NULL;
@@ -178,11 +178,11 @@ void lei_rbuf_return(lei_ctx *c, uint8_t *b, size_t cap) {
         free(b);
         return;
     }
-    if (c->spare && c->spare_cap >= cap) {
+    if (c->rbuf_s.spare && c->rbuf_s.spare_cap >= cap) {
         free(b);
         return;
     }
-    free(c->spare);
-    c->spare = b;
-    c->spare_cap = cap;
+    free(c->rbuf_s.spare);
+    c->rbuf_s.spare = b;
+    c->rbuf_s.spare_cap = cap;
 }

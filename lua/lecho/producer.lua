@@ -189,7 +189,8 @@ end
 
 -- Waits until every sync record of ids (one id, or the list of a submit
 -- through modulators) settled: on the core's settled notice, as a call
--- does (Context:_wait_sync), not a poll per loop turn.  False when the
+-- does (Context:_wait_sync): in a coroutine no poll per loop turn (the
+-- main line polls ctx:sync_pending once a turn).  False when the
 -- deadline came first or the context closed.
 local function wait_settled(ctx, ids, deadline)
   if type(ids) ~= "table" then return ctx:_wait_sync(ids, deadline) end

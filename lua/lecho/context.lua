@@ -454,6 +454,28 @@ local function main_wait(self, done, a, b, deadline)
   self.main_waits = self.main_waits - 1
   return r
 end
+-- A coroutine's wait, w = { deadline, co [, ready] }: listed as the waiter
+-- of sync record sid (resumed when the core says it settled) or, sid nil,
+-- already in self.waiters (asked each turn); then yields until resumed,
+-- its wait hook (Context:_on_wait) paused meanwhile.
+local function suspend(self, co, w, sid)
+  if sid then
+    local sw = self.sync_waiters
+    if not sw then
+      sw = {}
+      self.sync_waiters, self.nsyncw, self.sync_ids = sw, 0, {}
+    end
+    sw[sid] = w
+    self.nsyncw = self.nsyncw + 1
+  end
+  if w.deadline then self:_wake_at(w.deadline) end
+  self.c:want_turn(true)
+  local h = self.wait_hooks and self.wait_hooks[co]
+  if h then h:pause() end
+  local r = coroutine.yield(WAIT)
+  if h then h:resume() end
+  return r
+end
 local function call_ready(ready) return ready() end
 local function settled(c, sid) return not c:sync_pending(sid) end
 
@@ -468,24 +490,9 @@ function Context:_wait(ready, deadline, sid)
   if co and self.cos[co] then
     keep_views(self) -- before the yield (see keep_view)
     local w = { ready = ready, deadline = deadline, co = co }
-    if sid and self.c:sync_watch(sid) then
-      local sw = self.sync_waiters
-      if not sw then
-        sw = {}
-        self.sync_waiters, self.nsyncw, self.sync_ids = sw, 0, {}
-      end
-      sw[sid] = w
-      self.nsyncw = self.nsyncw + 1
-    else
-      self.waiters[#self.waiters + 1] = w
-    end
-    if deadline then self:_wake_at(deadline) end
-    self.c:want_turn(true)
-    local h = self.wait_hooks and self.wait_hooks[co]  -- (Context:_on_wait)
-    if h then h:pause() end
-    local r = coroutine.yield(WAIT)
-    if h then h:resume() end
-    return r
+    if sid and self.c:sync_watch(sid) then return suspend(self, co, w, sid) end
+    self.waiters[#self.waiters + 1] = w
+    return suspend(self, co, w, nil)
   end
   return main_wait(self, call_ready, ready, nil, deadline)
 end
@@ -500,20 +507,7 @@ function Context:_wait_sync(sid, deadline)
   if co and self.cos[co] then
     if not c:sync_watch(sid) then return true end
     keep_views(self) -- before the yield (see keep_view)
-    local sw = self.sync_waiters
-    if not sw then
-      sw = {}
-      self.sync_waiters, self.nsyncw, self.sync_ids = sw, 0, {}
-    end
-    sw[sid] = { deadline = deadline, co = co }
-    self.nsyncw = self.nsyncw + 1
-    if deadline then self:_wake_at(deadline) end
-    c:want_turn(true)
-    local h = self.wait_hooks and self.wait_hooks[co]  -- (Context:_on_wait)
-    if h then h:pause() end
-    local r = coroutine.yield(WAIT)
-    if h then h:resume() end
-    return r
+    return suspend(self, co, { deadline = deadline, co = co }, sid)
   end
   return main_wait(self, settled, c, sid, deadline)
 end

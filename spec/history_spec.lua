@@ -317,4 +317,51 @@ describe("issue 29: late joiners get the last values, then the live stream", fun
     assert.are.same(want, early)
     assert(ctx:close())
   end)
+  it("a joiner's seam does not swallow a producer restarted at the same address", function()
+    -- outside review of issue 29: the seam was kept per address, so the new
+    -- incarnation's 1..N were dropped as "delivered from history already"
+    local lecho = require "lecho"
+    local _, ns = S.nameserver("--quiet")
+    local probe = assert(lecho.context{ quiet = true, listen = "127.0.0.1:0" })
+    local addr = probe.addr
+    assert(probe:close())
+    local PROD = [[
+      local lecho = require "lecho"
+      local ns, listen, n = arg[1], arg[2], tonumber(arg[3])
+      local ctx = lecho.context{ nameserver = ns, quiet = true, listen = listen }
+      local p = assert(ctx:channel("same"):producer{ history = 5 })
+      for i = 1, n do assert(p:submit_sync({ i = i }, { timeout = 10 })) end
+      io.stdout:write("sent\n") io.stdout:flush()
+      local deadline = ctx:now() + 30
+      local function exists(f) local h = io.open(f) if h then h:close() return true end end
+      while ctx:now() < deadline and not exists(arg[4]) do ctx:run_once(0.05) end
+      ctx:close()
+    ]]
+    local ctx = lecho.context{ nameserver = ns, quiet = true }
+    local ch = ctx:channel("same")
+    local keep = assert(ch:consumer(function() end))  -- so the first one's syncs are taken
+    local stop1 = S.tmpname("stop1")
+    local a = S.lua(PROD, ns, addr, "50", stop1)
+    assert(S.run_until(ctx, function() return S.output(a):find("sent") end, 30), S.errors(a))
+    local got = {}
+    assert(ch:consumer(recorder(got), { history = 3 }))
+    S.run_until(ctx, function() return #got >= 3 end, 10)
+    assert.are.same({ 48, 49, 50 }, { got[1] and got[1].seq, got[2] and got[2].seq, got[3] and got[3].seq })
+    S.kill(a, "KILL")
+    S.wait(a, 5)
+    S.run_until(ctx, function() return false end, 0.5)
+    local stop2 = S.tmpname("stop2")
+    local b = S.lua(PROD, ns, addr, "20", stop2)
+    assert(S.run_until(ctx, function() return S.output(b):find("sent") end, 30), S.errors(b))
+    S.run_until(ctx, function() return #got >= 23 end, 10)
+    S.write(stop2, "x\n")
+    S.wait(b, 10, ctx)
+    local seqs = {}
+    for i = 4, #got do seqs[#seqs + 1] = got[i].seq end
+    local want = {}
+    for i = 1, 20 do want[i] = i end
+    assert.are.same(want, seqs)
+    keep:close()
+    assert(ctx:close())
+  end)
 end)

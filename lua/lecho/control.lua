@@ -524,6 +524,7 @@ function Context:_on_peer(idx, addr, up, reason, gen)
   -- what was cached under it goes (it is found again from the core)
   self.peer_addrs[idx], self.pnames[idx] = nil, nil
   self:_fail_pending(addr, reason or "connection lost")
+  history.peer_lost(self, addr)  -- a restarted producer's events are new
   if type(reason) == "string" and reason:find("^connect: ") then self:_tell_unreachable(addr, reason) end
   if self.reg then self.reg:peer_down(addr, self._send, now(self)) end
   -- A group's name server lost: renewed there at once (and again every

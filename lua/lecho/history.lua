@@ -234,6 +234,23 @@ local function run_modulator(ch, key, entries)
   return out
 end
 
+-- The connection to producing context addr was lost (Context:_on_peer,
+-- after its pending history request failed): the seam of its producers is
+-- forgotten.  What comes from addr next comes on a new connection, from a
+-- restarted process or not, and is taken as new, as the core's sequence
+-- check takes it (doc/semantics.md "Restarts"): a restarted producer's
+-- 1..N are not "delivered from history already".
+function M.peer_lost(ctx, addr)
+  for st in pairs(ctx.hist_states or {}) do
+    local s = st.by[addr]
+    if s and s.done then
+      for _ in pairs(s.last) do st.lasts = st.lasts - 1 end
+      s.last = {}
+      if st.lasts <= 0 and st.fetched then M.unwrap(st) end
+    end
+  end
+end
+
 --- The control request `history` { ch, n, key }: the last n events of each
 -- producer of ch here, or (key) those events through modulator key.
 function M.serve(ctx, from, msg)
@@ -290,6 +307,10 @@ function M.consumer(con, n)
   local real = con.handler
   local st = { n = n, by = {}, held = 0, held_bytes = 0, real = real, con = con }
   con.hist_state = st
+  -- the catch-ups of this context, for M.peer_lost (weak: a closed
+  -- consumer's goes with it)
+  ctx.hist_states = ctx.hist_states or setmetatable({}, { __mode = "k" })
+  ctx.hist_states[st] = true
   local function run(v, meta, rec)
     local ok, err = pcall(real, v, meta)
     if not ok then
@@ -339,6 +360,7 @@ end
 -- (unless it was switched meanwhile).
 function M.unwrap(st)
   local con = st.con
+  if con.ch.ctx.hist_states then con.ch.ctx.hist_states[st] = nil end
   if con.handler == st.wrapper then con.handler = st.real end
   if con.entry and con.entry.handler == st.wrapper then con.entry.handler = st.real end
 end

@@ -114,6 +114,37 @@ describe("issue 29: record and replay", function()
     end
   end)
 
+  it("a bad record in the middle is damage, not a torn tail: said, and never cut", function()
+    -- outside review of issue 29: one flipped byte mid-file made
+    -- `record --append` cut every good record after it as a "torn tail"
+    local recording = require "lecho.recording"
+    local lecho = require "lecho"
+    local file = S.tmpname("mid") .. ".lecho"
+    local w = assert(recording.writer(file, {}))
+    for i = 1, 40 do assert(w:event("c", "127.0.0.1:1#1", i, 1e9 + i, false, assert(lecho.encode({ i = i })))) end
+    w:close()
+    local good = assert(S.read(file))
+    local size = #good
+    -- a byte in the middle flipped: the records after it are whole
+    local k = math.floor(size / 2)
+    S.write(file, good:sub(1, k - 1) .. string.char(bit.bxor(good:byte(k), 255)) .. good:sub(k + 1))
+    local r = assert(recording.scan(file))
+    assert.is_table(r.torn)
+    assert.is_true(r.torn.damaged)
+    local ok, err = recording.cut(file)
+    assert.is_nil(ok)
+    assert.matches("damaged record at byte %d+", err)
+    assert.are.equal(size, #assert(S.read(file)))  -- nothing cut
+    assert.is_nil((recording.writer(file, { append = true })))
+    -- the same file cut short after its last record began: a torn tail, cut
+    S.write(file, good:sub(1, size - 3))
+    r = assert(recording.scan(file))
+    assert.is_table(r.torn)
+    assert.is_nil(r.torn.damaged)
+    assert(recording.cut(file))
+    assert.are.equal(r.good, #assert(S.read(file)))
+  end)
+
   it("a recorder killed mid-write: the torn tail is found, cut, and the rest replays whole", function()
     local _, ns = S.nameserver("--quiet")
     local file = S.tmpname("rec") .. ".lecho"

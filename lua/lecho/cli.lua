@@ -1022,11 +1022,14 @@ function cmds.replay(opts, pos)
         local e = r.events
         local s = { file = f, events = #e, channels = r.channels, duration = e[1] and e[#e].t or 0,
                     bytes = r.size, torn = r.torn }
+        local what = r.torn and (r.torn.damaged and "DAMAGED record" or "torn tail")
         if opts.json then emit(s) else
           io.stdout:write(("%s: %d events on %s, %.3f s%s\n"):format(f, #e, table.concat(r.channels, ", "),
-            s.duration, r.torn and (", torn tail at byte %d (%d bytes: %s)"):format(r.torn.offset, r.torn.bytes,
-                                                                                     r.torn.why) or ""))
+            s.duration, r.torn and (", %s at byte %d (%d bytes: %s)"):format(what, r.torn.offset, r.torn.bytes,
+                                                                              r.torn.why) or ""))
         end
+        -- damage past a crash's torn tail: the file is not what was written
+        if r.torn and r.torn.damaged then code = EXIT.failed end
       end
     end
     os.exit(code)

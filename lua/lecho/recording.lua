@@ -158,7 +158,18 @@ function M.scan(path)
     i = i + 8 + len
   end
   out.good = i - 1
-  if i <= #s then out.torn = { offset = i - 1, bytes = #s - i + 1, why = why } end
+  if i <= #s then
+    out.torn = { offset = i - 1, bytes = #s - i + 1, why = why }
+    -- A crash leaves a last record cut short (or, after a power loss, a
+    -- tail of zeros).  A whole record that is wrong with bytes after it is
+    -- damage, not a torn tail: nothing cuts it (M.cut refuses).
+    local short = why:find("cut short", 1, true) ~= nil
+    local zeros = not s:find("[^%z]", i)
+    local len = i + 8 <= #s + 1 and rd_u32(s, i) or nil
+    local sane = len and len > 0 and len <= M.MAX_RECORD
+    local last = sane and i + 7 + len >= #s  -- the bad record ends the file
+    out.torn.damaged = not (short or zeros or last) or nil
+  end
   local t0 = out.events[1] and out.events[1].wall or 0
   for _, e in ipairs(out.events) do e.t = e.wall - t0 end
   return out
@@ -169,6 +180,11 @@ end
 function M.cut(path)
   local r, err = M.scan(path)
   if not r then return nil, err end
+  if r.torn and r.torn.damaged then
+    return nil, ("%s: a damaged record at byte %d (%s) with %d bytes after it: not a torn tail, not cut"
+                 .. " (the records before it replay; copy the file before changing it)")
+                :format(path, r.torn.offset, r.torn.why, r.torn.bytes)
+  end
   if r.torn then
     if ffi.C.truncate(path, r.good) ~= 0 then return nil, ("%s: cannot truncate"):format(path) end
   end

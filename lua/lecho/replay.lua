@@ -28,8 +28,8 @@ function M.new(ctx, files, opts)
     local r, err = recording.scan(f)
     if not r then return nil, err end
     if r.torn then
-      torn[#torn + 1] = ("%s: torn tail at byte %d (%d bytes: %s) ignored"):format(f, r.torn.offset,
-                                                                                  r.torn.bytes, r.torn.why)
+      torn[#torn + 1] = ("%s: %s at byte %d (%d bytes: %s) ignored"):format(f,
+        r.torn.damaged and "DAMAGED record" or "torn tail", r.torn.offset, r.torn.bytes, r.torn.why)
     end
     for _, e in ipairs(r.events) do events[#events + 1] = e end
   end

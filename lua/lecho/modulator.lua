@@ -465,6 +465,18 @@ function Channel:_params_req(from, msg)
   return true
 end
 
+-- Never compiled: the LuaJIT of Debian bookworm (2.1.0~beta3+git20220320)
+-- miscompiles a compiled next() (LuaJIT issue 829, fixed upstream on
+-- 2022-04-05): when the register allocator moves lj_vm_next's result it
+-- emits a 32-bit xchg, the slot pointer loses its upper half and the next
+-- read of it segfaults.  The trace that did it here ran from the `params`
+-- control message (control.lua) into the pairs(self.mods) loop above:
+-- modulator_spec's in-process tests crashed the process in about 1 run in
+-- 6 (gdb: call lj_vm_next; xchg eax, edx; rorx r11, [rdx+0x8] with rdx =
+-- 0xf7c59dd8), none in 38 runs with the JIT off.  An aborted trace costs
+-- nothing here: one call per params change.
+if jit then jit.off(Channel._params_req) end
+
 function Channel:_unload(inst)
   if self.ctx.moes[inst.id] == inst then count_principals(self.ctx, inst.principals, -1) end
   -- its stream's destinations go with it: set, they would keep their peers

@@ -14,7 +14,9 @@
  *                                messages (1 text, 2 binary), or nil, why
  *                                ("eof", "closed: CODE", a wslay error;
  *                                "message over N bytes ...", 1009: a data
- *                                frame's header declares more than max_msg)
+ *                                frame's header declares more than max_msg;
+ *                                "protocol error: ...", 1002: a header wslay
+ *                                would refuse without a reason)
  *   conn:partial()            -> true while a frame or a fragmented message
  *                                is incomplete
  *   conn:queue(data, binary)  a message (copied by wslay) -> true or nil, why
@@ -64,6 +66,8 @@ typedef struct {
      * only refuse once payload came); partial() says a frame or a
      * fragmented message is incomplete (the gateway's deadline) */
     uint64_t max, remain, too_big; /* remain: payload bytes of the frame left */
+    uint64_t msglen;               /* bytes of the data message so far (its frames) */
+    const char *bad;               /* a protocol error found in a header (static text) */
     unsigned char hdr[14];
     size_t hlen;
     int frag; /* a data frame without FIN seen, its final frame not yet */
@@ -118,12 +122,23 @@ static int track(ws_conn *c, const uint8_t *p, size_t n) {
             for (size_t i = 0; i < ext; i++) len = len << 8 | c->hdr[2 + i];
         }
         c->hlen = 0;
-        if ((c->hdr[0] & 0x0f) < 8) { /* a data or continuation frame */
-            if (len > c->max) {
-                c->too_big = len;
+        unsigned op = c->hdr[0] & 0x0f, fin = c->hdr[0] & 0x80;
+        /* the errors wslay would answer with a close frame without a
+         * reason: found here, the gateway closes with 1002 and says why */
+        if (!(c->hdr[1] & 0x80)) c->bad = "a client frame must be masked";
+        else if (c->hdr[0] & 0x70) c->bad = "reserved bits set (no extension was agreed)";
+        else if (op != 0 && op != 1 && op != 2 && op != 8 && op != 9 && op != 10) c->bad = "an unknown opcode";
+        else if (op >= 8 && (len > 125 || !fin)) c->bad = "a control frame over 125 bytes or fragmented";
+        else if (op == 0 && !c->frag) c->bad = "a continuation frame outside a fragmented message";
+        else if ((op == 1 || op == 2) && c->frag) c->bad = "a new message inside a fragmented one";
+        if (c->bad) return -1;
+        if (op < 8) { /* a data or continuation frame: the message's length so far */
+            c->msglen = op == 0 ? c->msglen + len : len;
+            if (len > c->max || c->msglen > c->max) {
+                c->too_big = c->msglen;
                 return -1;
             }
-            c->frag = !(c->hdr[0] & 0x80);
+            c->frag = !fin;
         }
         c->remain = len;
     }
@@ -131,7 +146,7 @@ static int track(ws_conn *c, const uint8_t *p, size_t n) {
 }
 
 static ssize_t got(wslay_event_context_ptr ctx, ws_conn *c, const uint8_t *buf, ssize_t n) {
-    if (c->too_big || track(c, buf, (size_t)n) < 0) {
+    if (c->too_big || c->bad || track(c, buf, (size_t)n) < 0) {
         /* "would block", not a failure: wslay would queue a close frame
          * of its own without a status; conn:recv says too big, the
          * gateway closes with 1009 and its reason */
@@ -316,8 +331,14 @@ static int l_recv(lua_State *L) {
     }
     if (c->too_big) {
         lua_pushnil(L);
-        lua_pushfstring(L, "message over %d bytes (a frame declares %f)", (int)c->max, (lua_Number)c->too_big);
+        lua_pushfstring(L, "message over %d bytes (its frames declare %f)", (int)c->max, (lua_Number)c->too_big);
         lua_pushinteger(L, 1009);
+        return 3;
+    }
+    if (c->bad) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "protocol error: %s", c->bad);
+        lua_pushinteger(L, 1002);
         return 3;
     }
     if (r != 0) {

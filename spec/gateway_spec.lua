@@ -319,6 +319,15 @@ describe("lecho-gateway", function()
     -- left with the client that made them (the name server forgets them
     -- after its forget_after, 30 s)
     assert.truthy(until_(function() return #listed() == 0 end, 10, 0.3), table.concat(listed(), " "))
+    -- a call to a service no process offers: told so, no channel made for it
+    local c2 = ws(hp2)
+    c2:send_json{ op = "call", id = 1, svc = "no.such.service", args = {}, timeout = 2 }
+    r = reply(c2, 1)
+    assert.are.equal("noservice", r.code)
+    assert.matches("no service no.such.service", r.error)
+    c2:send_json{ op = "list", id = 2 }
+    for _, x in ipairs(reply(c2, 2).result) do assert.is_nil(x.channel:find("no.such", 1, true), x.channel) end
+    c2:close()
     P.stop(g2)
   end)
 

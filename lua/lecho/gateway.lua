@@ -894,6 +894,17 @@ function OPS.call(self, cl, m, id)
   if not ok then return err(cl, id, why, "denied") end
   ok, why = self:_use(cl, "svc:" .. svc, false)
   if not ok then return err(cl, id, why, "limit") end
+  -- a service no process offers: said without a channel made for it (the
+  -- caller's state of a name, ctx.call's, lives as long as the context)
+  if not (self.ctx.svc_callers and self.ctx.svc_callers[svc]) then
+    local any = false
+    for _, ns in ipairs(self.ctx.nslist or { self.ctx.ns }) do
+      local yes, _, code = self.ctx:_channel_exists(ns .. "/svc:" .. svc, ns, "svc:" .. svc)
+      if yes then any = true break end
+      if code ~= "notfound" then any = true break end   -- (unsure: let the call say)
+    end
+    if not any then return err(cl, id, "no service " .. svc, "noservice") end
+  end
   local t, v = tonumber(m.timeout), tonumber(m.version)
   local copts = {}
   if t and t > 0 and t <= 60 then copts.timeout = t end

@@ -235,7 +235,7 @@ static void wait_ctl(void *ud, char want)
 
 static void flush(void *ud)
 {
-    lei_flush(((struct parent *)ud)->c);
+    lei_peer_flush_all(((struct parent *)ud)->c);
 }
 
 int main(int argc, char **argv)

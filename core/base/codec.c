@@ -259,7 +259,7 @@ static int charge(lei_reader *r, size_t cost) {
  * table (that is how callers walk), so it pays back one owed byte.  The
  * decoded size is charged here, a table's announced slots with its header,
  * so a decoder that presizes never allocates past max_value_bytes. */
-int lei_read_item(lei_reader *r, lei_item *it) {
+int lei_codec_read_item(lei_reader *r, lei_item *it) {
     size_t start = r->pos, avail;
     uint64_t a, h, u;
     int rc, i;
@@ -385,7 +385,7 @@ static int validate_value(lei_reader *r, unsigned depth, int is_key) {
     uint64_t i;
     int rc;
 
-    if ((rc = lei_read_item(r, &it))) return rc;
+    if ((rc = lei_codec_read_item(r, &it))) return rc;
     if (is_key && lei_item_bad_key(&it)) return LEI_EKEY;
     if (it.tag != LEI_T_TABLE) return 0;
     if (depth >= r->max_depth) return LEI_EDEPTH;

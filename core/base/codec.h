@@ -178,7 +178,7 @@ typedef struct lei_reader {
 /* lim may be NULL for the defaults. */
 void lei_reader_init(lei_reader *r, const uint8_t *p, size_t n, const lei_codec_limits *lim);
 /* Read the next item. 0 or an LEI_E* code (err_at/err_val filled). */
-int lei_read_item(lei_reader *r, lei_item *it);
+int lei_codec_read_item(lei_reader *r, lei_item *it);
 /* After the top value: 0, or LEI_ETRAIL when bytes are left over. */
 int lei_reader_finish(lei_reader *r);
 /* Detailed message for the reader's last error, e.g. "unknown tag 0x07 at

@@ -457,7 +457,7 @@ static inline int dec_item(lua_State *L, lei_reader *r, const lei_item *it, unsi
     case LEI_T_DOUBLE: lua_pushnumber(L, it->num); return 0;
     case LEI_T_STRING: lua_pushlstring(L, (const char *)it->str, it->len); return 0;
     case LEI_T_ARRAY: return dec_array(L, r, it);
-    default: /* LEI_T_TABLE: lei_read_item knows no other tag */ return dec_table(L, r, it, depth);
+    default: /* LEI_T_TABLE: lei_codec_read_item knows no other tag */ return dec_table(L, r, it, depth);
     }
 }
 
@@ -468,7 +468,7 @@ static int dec_table(lua_State *L, lei_reader *r, const lei_item *it, unsigned d
 
     if (depth >= r->max_depth) return LEI_EDEPTH;
     if (!lua_checkstack(L, 4)) return DEC_ESTACK;
-    /* counts were checked against the input by lei_read_item.  Presized
+    /* counts were checked against the input by lei_codec_read_item.  Presized
      * for at most one slot per four bytes left: nil and booleans take one
      * byte, so 4 MB of nils announced as an array of 4 million made us
      * zero 64 MiB per event (136 ms); a nil never needs its slot, and a
@@ -480,7 +480,7 @@ static int dec_table(lua_State *L, lei_reader *r, const lei_item *it, unsigned d
                     nhash > DEC_HASH_HINT ? DEC_HASH_HINT : (int)nhash);
     /* a nil (array slot or pair value) is read and checked, never pushed */
     for (i = 1; i <= it->narr; i++) {
-        if ((rc = lei_read_item(r, &e))) return rc;
+        if ((rc = lei_codec_read_item(r, &e))) return rc;
         if (e.tag == LEI_T_NIL) continue;
         if ((rc = dec_item(L, r, &e, depth + 1))) return rc;
         if (i <= INT32_MAX)
@@ -492,10 +492,10 @@ static int dec_table(lua_State *L, lei_reader *r, const lei_item *it, unsigned d
         }
     }
     for (i = 0; i < it->nhash; i++) {
-        if ((rc = lei_read_item(r, &e))) return rc;
+        if ((rc = lei_codec_read_item(r, &e))) return rc;
         if (lei_item_bad_key(&e)) return LEI_EKEY;
         if ((rc = dec_item(L, r, &e, depth + 1))) return rc;
-        if ((rc = lei_read_item(r, &e))) return rc;
+        if ((rc = lei_codec_read_item(r, &e))) return rc;
         if (e.tag == LEI_T_NIL) {
             lua_pop(L, 1);
             continue;
@@ -511,7 +511,7 @@ static int dec_value(lua_State *L, lei_reader *r) {
     lei_item it;
     int rc;
 
-    if ((rc = lei_read_item(r, &it))) return rc;
+    if ((rc = lei_codec_read_item(r, &it))) return rc;
     return dec_item(L, r, &it, 0);
 }
 
@@ -895,14 +895,14 @@ void lei_codec_lua_array_keep(lua_State *L, int idx) {
  * with its context's object, its environment's [1], on the stack top; or
  * free()).  Owner of the buffer: this userdata. */
 #define RBUF_MT "lecho.rbuf"
-typedef struct rbuf_box {
+typedef struct rbox {
     uint8_t *base;
     size_t cap;
     void (*give)(lua_State *L, uint8_t *base, size_t cap);
-} rbuf_box;
+} rbox;
 
-static int rbuf_gc(lua_State *L) {
-    rbuf_box *x = lua_touserdata(L, 1);
+static int rbox_gc(lua_State *L) {
+    rbox *x = lua_touserdata(L, 1);
     uint8_t *b = x->base;
     x->base = NULL;
     if (!b) return 0;
@@ -938,10 +938,10 @@ void lei_codec_lua_array_adopt(lua_State *L, int idx, int ctx_idx, lei_adopt_fn 
         lei_codec_lua_array_keep(L, idx);
         return;
     }
-    rbuf_box *box = lua_newuserdata(L, sizeof *box);
+    rbox *box = lua_newuserdata(L, sizeof *box);
     memset(box, 0, sizeof *box);
     if (luaL_newmetatable(L, RBUF_MT)) {
-        lua_pushcfunction(L, rbuf_gc);
+        lua_pushcfunction(L, rbox_gc);
         lua_setfield(L, -2, "__gc");
     }
     lua_setmetatable(L, -2);

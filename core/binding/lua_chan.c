@@ -210,7 +210,7 @@ static void entry_code(lua_State *L) {
  * ack carried).  Every entry is { context, consumer, err, code }: this is
  * the one place the list is read from the records.  Returns the new
  * length. */
-static int sync_errors(lua_State *L, lb_ctx *b, lei_sync *s, int *list, int n, int timeout) {
+static int settled_errors(lua_State *L, lb_ctx *b, lei_sync *s, int *list, int n, int timeout) {
     char err[256];
     lei_sync_answer w;
     int nw = lei_sync_nreplies(s);
@@ -286,7 +286,7 @@ static int l_sync_result(lua_State *L) {
     for (int i = 1; i <= nids; i++) {
         lei_sync *s = lei_sync_find(b->c, sync_id_at(L, 2, i, many));
         if (!s) continue;
-        n = sync_errors(L, b, s, &list, n, timeout);
+        n = settled_errors(L, b, s, &list, n, timeout);
         lei_sync_free(b->c, s);
     }
     if (n == 0) {

@@ -92,7 +92,7 @@ static const uint8_t *view_of(const hook_args *a) {
     lei_reader r;
     lei_item it;
     lei_reader_init(&r, a->p, a->n, &a->b->lim);
-    if (lei_read_item(&r, &it) || it.tag != LEI_T_STRING || lei_reader_finish(&r)) return NULL;
+    if (lei_codec_read_item(&r, &it) || it.tag != LEI_T_STRING || lei_reader_finish(&r)) return NULL;
     return it.str;
 }
 

@@ -21,7 +21,7 @@ static int l_want_turn(lua_State *L) {
 
 static int l_flush(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
-    lei_flush(b->c);
+    lei_peer_flush_all(b->c);
     return 0;
 }
 

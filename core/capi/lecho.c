@@ -10,7 +10,7 @@
  * encodes it and queues it without calling a Lua function; a consumer's C
  * handler gets its channel's async events from the core's event hook
  * (sink_event).  Every Lua call goes through one protected call
- * (lei_api_protect), so a Lua error (memory included) becomes a code and a
+ * (lei_lecho_protect), so a Lua error (memory included) becomes a code and a
  * message, never a longjmp past the caller.
  *
  * Handles keep their Lua object in the registry (h.ref); values are in
@@ -72,12 +72,12 @@ const char *lecho_errmsg(const lecho_ctx *x) {
     return x ? x->err : "";
 }
 
-int lei_api_fail(lecho_ctx *x, int code, const char *msg) {
+int lei_lecho_fail(lecho_ctx *x, int code, const char *msg) {
     snprintf(x->err, sizeof x->err, "%s", msg);
     return code;
 }
 
-char *lei_api_dupstr(const char *s) {
+char *lei_lecho_dupstr(const char *s) {
     size_t n = strlen(s) + 1;
     char *d = malloc(n);
     if (d) memcpy(d, s, n);
@@ -86,7 +86,7 @@ char *lei_api_dupstr(const char *s) {
 
 /* ---- handles ---- */
 
-void *lei_api_h_new(lecho_ctx *x, size_t size, int kind) {
+void *lei_lecho_h_new(lecho_ctx *x, size_t size, int kind) {
     struct lei_h *h = calloc(1, size);
     if (!h) return NULL;
     h->ctx = x;
@@ -98,7 +98,7 @@ void *lei_api_h_new(lecho_ctx *x, size_t size, int kind) {
     return h;
 }
 
-void lei_api_h_free(struct lei_h *h) {
+void lei_lecho_h_free(struct lei_h *h) {
     lecho_ctx *x = h->ctx;
     if (x->L) luaL_unref(x->L, LUA_REGISTRYINDEX, h->ref);
     if (h->prev)
@@ -110,7 +110,7 @@ void lei_api_h_free(struct lei_h *h) {
 }
 
 /* Frees what a channel handle owns besides its head (the kind-specific half
- * of freeing it: lei_api_h_free sees only the head). */
+ * of freeing it: lei_lecho_h_free sees only the head). */
 static void channel_fini(lecho_channel *ch) {
     free(ch->asked);
     free(ch->name);
@@ -127,7 +127,7 @@ static void consumer_fini(lecho_consumer *c) {
 
 /* ---- protected calls ---- */
 
-/* The one C function lei_api_protect calls through lua_pcall: runs the
+/* The one C function lei_lecho_protect calls through lua_pcall: runs the
  * op's function with the op as its first argument, as lua_cpcall would. */
 static int api_tramp(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
@@ -136,7 +136,7 @@ static int api_tramp(lua_State *L) {
 
 /* Runs f(op) protected on the current thread; a raised error becomes a code
  * and its message. */
-int lei_api_protect(lecho_ctx *x, lua_CFunction f, struct op *o) {
+int lei_lecho_protect(lecho_ctx *x, lua_CFunction f, struct op *o) {
     o->x = x;
     o->rc = 0;
     o->fn = f;
@@ -151,7 +151,7 @@ int lei_api_protect(lecho_ctx *x, lua_CFunction f, struct op *o) {
     }
     if (rc != 0) {
         const char *m = lua_tostring(x->L, -1);
-        lei_api_fail(x, rc == LUA_ERRMEM ? LECHO_ENOMEM : LECHO_EFAILED, m ? m : "error");
+        lei_lecho_fail(x, rc == LUA_ERRMEM ? LECHO_ENOMEM : LECHO_EFAILED, m ? m : "error");
         lua_settop(x->L, top);
         return rc == LUA_ERRMEM ? LECHO_ENOMEM : LECHO_EFAILED;
     }
@@ -161,7 +161,7 @@ int lei_api_protect(lecho_ctx *x, lua_CFunction f, struct op *o) {
 /* In a protected function: calls lecho.capi's `name` with the nargs values
  * on top.  Its results are left from index *base on; 0, or the code of
  * nil, message, code (the message in x->err). */
-int lei_api_glue_call(lua_State *L, lecho_ctx *x, const char *name, int nargs, int *base) {
+int lei_lecho_glue_call(lua_State *L, lecho_ctx *x, const char *name, int nargs, int *base) {
     lua_rawgeti(L, LUA_REGISTRYINDEX, x->glue);
     lua_getfield(L, -1, name);
     lua_replace(L, -2);
@@ -171,12 +171,12 @@ int lei_api_glue_call(lua_State *L, lecho_ctx *x, const char *name, int nargs, i
     if (base) *base = b;
     if (lua_isnil(L, b)) {
         const char *m = lua_tostring(L, b + 1);
-        return lei_api_fail(x, code_of(lua_tostring(L, b + 2)), m ? m : "failed");
+        return lei_lecho_fail(x, code_of(lua_tostring(L, b + 2)), m ? m : "failed");
     }
     return 0;
 }
 
-void lei_api_push_ref(lua_State *L, int ref) {
+void lei_lecho_push_ref(lua_State *L, int ref) {
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
 }
 
@@ -229,7 +229,7 @@ static int op_open(lua_State *L) {
     lua_newtable(L);
     for (int i = 0; opts && opts[i]; i += 2) {
         if (!opts[i + 1]) {
-            o->rc = lei_api_fail(x, LECHO_EINVAL, "lecho_open: an option name without a value");
+            o->rc = lei_lecho_fail(x, LECHO_EINVAL, "lecho_open: an option name without a value");
             return 0;
         }
         lua_pushstring(L, opts[i]);
@@ -238,12 +238,12 @@ static int op_open(lua_State *L) {
         lua_rawseti(L, -2, i + 2);
     }
     int b;
-    if ((o->rc = lei_api_glue_call(L, x, "open", 1, &b)) != 0) return 0;
-    x->addr = lei_api_dupstr(lua_tostring(L, b + 1));
-    x->ns = lei_api_dupstr(lua_tostring(L, b + 2));
+    if ((o->rc = lei_lecho_glue_call(L, x, "open", 1, &b)) != 0) return 0;
+    x->addr = lei_lecho_dupstr(lua_tostring(L, b + 1));
+    x->ns = lei_lecho_dupstr(lua_tostring(L, b + 2));
     lua_pushvalue(L, b);
     x->self = luaL_ref(L, LUA_REGISTRYINDEX);
-    if (!x->addr || !x->ns) o->rc = lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+    if (!x->addr || !x->ns) o->rc = lei_lecho_fail(x, LECHO_ENOMEM, "out of memory");
     return 0;
 }
 
@@ -283,7 +283,7 @@ int lecho_open(const char *const *opts, lecho_ctx **out, char *err, size_t errle
     for (int i = 0; opts && opts[i] && opts[i + 1]; i += 2)
         if (strcmp(opts[i], "policy") == 0) x->blocks = strcmp(opts[i + 1], "block") == 0;
     struct op o = { .a = opts };
-    int rc = lei_api_protect(x, op_open, &o);
+    int rc = lei_lecho_protect(x, op_open, &o);
     if (rc != 0) {
         if (err && errlen) snprintf(err, errlen, "%s", x->err);
         ctx_free(x);
@@ -295,9 +295,9 @@ int lecho_open(const char *const *opts, lecho_ctx **out, char *err, size_t errle
 
 static int op_close(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
-    lei_api_push_ref(L, o->x->self);
+    lei_lecho_push_ref(L, o->x->self);
     lua_pushnumber(L, o->d);
-    o->rc = lei_api_glue_call(L, o->x, "close", 2, NULL);
+    o->rc = lei_lecho_glue_call(L, o->x, "close", 2, NULL);
     return 0;
 }
 
@@ -319,7 +319,7 @@ int lecho_close_keep(lecho_ctx *x, double linger, char *err, size_t errlen) {
     if (err && errlen) err[0] = 0;
     if (!x) return 0;
     if (x->in_handler) {
-        lei_api_fail(x, LECHO_EINVAL, "lecho_close: not from a consumer handler or a lecho_each callback");
+        lei_lecho_fail(x, LECHO_EINVAL, "lecho_close: not from a consumer handler or a lecho_each callback");
         if (err && errlen) snprintf(err, errlen, "%s", x->err);
         return LECHO_EINVAL;
     }
@@ -332,7 +332,7 @@ int lecho_close_keep(lecho_ctx *x, double linger, char *err, size_t errlen) {
         else if (h->kind == H_SERVICE)
             ((lecho_service *)h)->box->s = NULL;
     struct op o = { .d = linger };
-    int rc = lei_api_protect(x, op_close, &o);
+    int rc = lei_lecho_protect(x, op_close, &o);
     if (rc != 0 && err && errlen) snprintf(err, errlen, "%s", x->err);
     return rc;
 }
@@ -349,34 +349,34 @@ const char *lecho_nameserver(const lecho_ctx *x) {
 
 static int op_loop(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
-    lei_api_push_ref(L, o->x->self);
+    lei_lecho_push_ref(L, o->x->self);
     if (o->kind) { /* run_once */
         lua_pushnumber(L, o->d);
-        o->rc = lei_api_glue_call(L, o->x, o->s, 2, NULL);
+        o->rc = lei_lecho_glue_call(L, o->x, o->s, 2, NULL);
     } else {
-        o->rc = lei_api_glue_call(L, o->x, o->s, 1, NULL);
+        o->rc = lei_lecho_glue_call(L, o->x, o->s, 1, NULL);
     }
     return 0;
 }
 
 int lecho_run(lecho_ctx *x) {
     if (!x) return LECHO_EINVAL;
-    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_run: not from a consumer handler");
+    if (x->in_handler) return lei_lecho_fail(x, LECHO_EINVAL, "lecho_run: not from a consumer handler");
     struct op o = { .s = "run" };
-    return lei_api_protect(x, op_loop, &o);
+    return lei_lecho_protect(x, op_loop, &o);
 }
 
 int lecho_run_once(lecho_ctx *x, double timeout) {
     if (!x) return LECHO_EINVAL;
-    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_run_once: not from a consumer handler");
+    if (x->in_handler) return lei_lecho_fail(x, LECHO_EINVAL, "lecho_run_once: not from a consumer handler");
     struct op o = { .s = "run_once", .kind = 1, .d = timeout };
-    return lei_api_protect(x, op_loop, &o);
+    return lei_lecho_protect(x, op_loop, &o);
 }
 
 int lecho_stop(lecho_ctx *x) {
     if (!x) return LECHO_EINVAL;
     struct op o = { .s = "stop" };
-    return lei_api_protect(x, op_loop, &o);
+    return lei_lecho_protect(x, op_loop, &o);
 }
 
 /* ---- channels, producers, consumers ---- */
@@ -384,11 +384,11 @@ int lecho_stop(lecho_ctx *x) {
 static int op_channel(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     struct lecho_channel *ch = o->res;
-    lei_api_push_ref(L, o->x->self);
+    lei_lecho_push_ref(L, o->x->self);
     lua_pushstring(L, o->s);
     int b;
-    if ((o->rc = lei_api_glue_call(L, o->x, "channel", 2, &b)) != 0) return 0;
-    ch->name = lei_api_dupstr(lua_tostring(L, b + 1));
+    if ((o->rc = lei_lecho_glue_call(L, o->x, "channel", 2, &b)) != 0) return 0;
+    ch->name = lei_lecho_dupstr(lua_tostring(L, b + 1));
     lua_pushvalue(L, b);
     ch->h.ref = luaL_ref(L, LUA_REGISTRYINDEX);
     return 0;
@@ -399,15 +399,15 @@ lecho_channel *lecho_channel_get(lecho_ctx *x, const char *name) {
     for (struct lei_h *h = x->handles; h; h = h->next)
         if (h->kind == H_CHANNEL && strcmp(((lecho_channel *)h)->asked, name) == 0)
             return (lecho_channel *)h;
-    lecho_channel *ch = lei_api_h_new(x, sizeof *ch, H_CHANNEL);
+    lecho_channel *ch = lei_lecho_h_new(x, sizeof *ch, H_CHANNEL);
     if (!ch) return NULL;
     struct op o = { .s = name, .res = ch };
-    int rc = (ch->asked = lei_api_dupstr(name)) ? lei_api_protect(x, op_channel, &o) : LECHO_ENOMEM;
+    int rc = (ch->asked = lei_lecho_dupstr(name)) ? lei_lecho_protect(x, op_channel, &o) : LECHO_ENOMEM;
     if (rc != 0 || !ch->name) {
         /* Only a failed copy is "out of memory"; a refused name keeps its reason. */
-        if (rc == LECHO_ENOMEM || (rc == 0 && !ch->name)) lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+        if (rc == LECHO_ENOMEM || (rc == 0 && !ch->name)) lei_lecho_fail(x, LECHO_ENOMEM, "out of memory");
         channel_fini(ch);
-        lei_api_h_free(&ch->h);
+        lei_lecho_h_free(&ch->h);
         return NULL;
     }
     return ch;
@@ -419,13 +419,13 @@ const char *lecho_channel_name(const lecho_channel *ch) {
 
 static int op_producer(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
-    lei_api_push_ref(L, ((const lecho_channel *)o->a)->h.ref);
+    lei_lecho_push_ref(L, ((const lecho_channel *)o->a)->h.ref);
     if (o->s)
         lua_pushstring(L, o->s);
     else
         lua_pushnil(L);
     int b;
-    if ((o->rc = lei_api_glue_call(L, o->x, "producer", 2, &b)) != 0) return 0;
+    if ((o->rc = lei_lecho_glue_call(L, o->x, "producer", 2, &b)) != 0) return 0;
     lua_rawgeti(L, b, 1); /* the Lua producer's handle (lecho.producer's slot H) */
     o->res = lua_touserdata(L, -1);
     lua_pop(L, 1);
@@ -438,13 +438,13 @@ int lecho_producer_open(lecho_channel *ch, const char *policy, lecho_producer **
     *out = NULL;
     if (!ch) return LECHO_EINVAL;
     lecho_ctx *x = ch->h.ctx;
-    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_producer_open: not from a consumer handler");
-    lecho_producer *p = lei_api_h_new(x, sizeof *p, H_PRODUCER);
-    if (!p) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+    if (x->in_handler) return lei_lecho_fail(x, LECHO_EINVAL, "lecho_producer_open: not from a consumer handler");
+    lecho_producer *p = lei_lecho_h_new(x, sizeof *p, H_PRODUCER);
+    if (!p) return lei_lecho_fail(x, LECHO_ENOMEM, "out of memory");
     struct op o = { .a = ch, .s = policy };
-    int rc = lei_api_protect(x, op_producer, &o);
+    int rc = lei_lecho_protect(x, op_producer, &o);
     if (rc != 0) {
-        lei_api_h_free(&p->h);
+        lei_lecho_h_free(&p->h);
         return rc;
     }
     p->h.ref = o.i;
@@ -456,15 +456,15 @@ int lecho_producer_open(lecho_channel *ch, const char *policy, lecho_producer **
 
 static int op_submit(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
-    lei_api_push_ref(L, ((const lecho_producer *)o->a)->h.ref);
-    lei_api_push_slot(L, o->b);
+    lei_lecho_push_ref(L, ((const lecho_producer *)o->a)->h.ref);
+    lei_lecho_value_push_slot(L, o->b);
     if (o->kind == 0) {
-        o->rc = lei_api_glue_call(L, o->x, "submit", 2, NULL);
+        o->rc = lei_lecho_glue_call(L, o->x, "submit", 2, NULL);
         return 0;
     }
     lua_pushnumber(L, o->d);
     int b;
-    if ((o->rc = lei_api_glue_call(L, o->x, "submit_sync", 3, &b)) == 0 || !lua_istable(L, b + 3))
+    if ((o->rc = lei_lecho_glue_call(L, o->x, "submit_sync", 3, &b)) == 0 || !lua_istable(L, b + 3))
         return 0;
     /* The per-consumer list: build the caller's lecho_errors. */
     struct lecho_errors *e = calloc(1, sizeof *e);
@@ -472,12 +472,12 @@ static int op_submit(lua_State *L) {
     size_t n = lua_objlen(L, b + 3) / 4;
     e->f = calloc(4 * n + 1, sizeof *e->f);
     const char *text = lua_tostring(L, b + 1);
-    e->text = lei_api_dupstr(text ? text : "");
+    e->text = lei_lecho_dupstr(text ? text : "");
     int ok = e->f && e->text;
     for (size_t i = 0; ok && i < 4 * n; i++) {
         lua_rawgeti(L, b + 3, (int)(i + 1));
         const char *f = lua_tostring(L, -1);
-        ok = (e->f[i] = lei_api_dupstr(f ? f : "")) != NULL;
+        ok = (e->f[i] = lei_lecho_dupstr(f ? f : "")) != NULL;
         lua_pop(L, 1);
     }
     if (!ok) {
@@ -495,7 +495,7 @@ static int op_submit(lua_State *L) {
 static int op_submit_fast(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     lecho_ctx *x = o->x;
-    lei_api_push_slot(L, o->b);
+    lei_lecho_value_push_slot(L, o->b);
     o->rc = x->dp->submit(((const lecho_producer *)o->a)->ph, L, lua_gettop(L), x->err, sizeof x->err);
     return 0;
 }
@@ -506,14 +506,14 @@ int lecho_submit(lecho_producer *p, const lecho_value *ev) {
     /* A wait for room cannot suspend a C handler (and a failed one would
      * leave the producer's queue of waiting submits inconsistent). */
     if (x->in_handler && p->blocks)
-        return lei_api_fail(x, LECHO_EINVAL, "lecho_submit: not from a consumer handler "
+        return lei_lecho_fail(x, LECHO_EINVAL, "lecho_submit: not from a consumer handler "
                             "with a producer under the block policy (it may have to wait)");
     struct op o = { .a = p, .b = ev };
     if (p->ph) {
-        int rc = lei_api_protect(x, op_submit_fast, &o);
+        int rc = lei_lecho_protect(x, op_submit_fast, &o);
         if (rc != LB_PROD_SLOW) return rc;
     }
-    return lei_api_protect(x, op_submit, &o);
+    return lei_lecho_protect(x, op_submit, &o);
 }
 
 int lecho_submit_sync(lecho_producer *p, const lecho_value *ev, double timeout,
@@ -521,9 +521,9 @@ int lecho_submit_sync(lecho_producer *p, const lecho_value *ev, double timeout,
     if (errs) *errs = NULL;
     if (!p || !ev || ev->h.ctx != p->h.ctx) return LECHO_EINVAL;
     lecho_ctx *x = p->h.ctx;
-    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_submit_sync: not from a consumer handler");
+    if (x->in_handler) return lei_lecho_fail(x, LECHO_EINVAL, "lecho_submit_sync: not from a consumer handler");
     struct op o = { .a = p, .b = ev, .kind = 1, .d = timeout };
-    int rc = lei_api_protect(x, op_submit, &o);
+    int rc = lei_lecho_protect(x, op_submit, &o);
     if (errs)
         *errs = o.res;
     else
@@ -533,22 +533,22 @@ int lecho_submit_sync(lecho_producer *p, const lecho_value *ev, double timeout,
 
 static int op_simple(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
-    lei_api_push_ref(L, ((const struct lei_h *)o->a)->ref);
-    o->rc = lei_api_glue_call(L, o->x, o->s, 1, NULL);
+    lei_lecho_push_ref(L, ((const struct lei_h *)o->a)->ref);
+    o->rc = lei_lecho_glue_call(L, o->x, o->s, 1, NULL);
     return 0;
 }
 
 int lecho_flush(lecho_producer *p) {
     if (!p) return LECHO_EINVAL;
     struct op o = { .a = p, .s = "flush" };
-    return lei_api_protect(p->h.ctx, op_simple, &o);
+    return lei_lecho_protect(p->h.ctx, op_simple, &o);
 }
 
 void lecho_producer_close(lecho_producer *p) {
     if (!p) return;
     struct op o = { .a = p, .s = "producer_close" };
-    lei_api_protect(p->h.ctx, op_simple, &o);
-    lei_api_h_free(&p->h);
+    lei_lecho_protect(p->h.ctx, op_simple, &o);
+    lei_lecho_h_free(&p->h);
 }
 
 size_t lecho_errors_count(const lecho_errors *e) {
@@ -659,7 +659,7 @@ static void sink_event(lb_sink *s, lua_State *L, int idx, const lb_event *e) {
     /* counted and logged by lecho.capi, as the Lua dispatch does */
     lua_rawgeti(L, LUA_REGISTRYINDEX, x->glue);
     lua_getfield(L, -1, "consumer_failed");
-    lei_api_push_ref(L, c->h.ref);
+    lei_lecho_push_ref(L, c->h.ref);
     lua_pushstring(L, err);
     lua_call(L, 2, 0);
 }
@@ -667,12 +667,12 @@ static void sink_event(lb_sink *s, lua_State *L, int idx, const lb_event *e) {
 static int op_consumer(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     lecho_consumer *c = o->res;
-    lei_api_push_ref(L, ((const lecho_channel *)o->a)->h.ref);
+    lei_lecho_push_ref(L, ((const lecho_channel *)o->a)->h.ref);
     c->box = lua_newuserdata(L, sizeof *c->box);
     c->box->c = c;
     lua_pushcclosure(L, trampoline, 1);
     if (o->b)
-        lei_api_push_slot(L, o->b);
+        lei_lecho_value_push_slot(L, o->b);
     else
         lua_pushnil(L);
     lua_newtable(L);
@@ -683,7 +683,7 @@ static int op_consumer(lua_State *L) {
     luaL_newmetatable(L, LB_SINK_MT);
     lua_setmetatable(L, -2);
     int b;
-    if ((o->rc = lei_api_glue_call(L, o->x, "consumer", 4, &b)) != 0) {
+    if ((o->rc = lei_lecho_glue_call(L, o->x, "consumer", 4, &b)) != 0) {
         c->box->c = NULL;
         c->box = NULL;
         c->sink->c = NULL;
@@ -691,8 +691,8 @@ static int op_consumer(lua_State *L) {
         return 0;
     }
     const char *chan = lua_tostring(L, b + 1);
-    if (chan && !(c->chan = lei_api_dupstr(chan))) {
-        o->rc = lei_api_fail(o->x, LECHO_ENOMEM, "out of memory");
+    if (chan && !(c->chan = lei_lecho_dupstr(chan))) {
+        o->rc = lei_lecho_fail(o->x, LECHO_ENOMEM, "out of memory");
         /* the Lua consumer stays open until the context closes: no handler runs */
         c->box->c = NULL;
         c->box = NULL;
@@ -714,19 +714,19 @@ int lecho_consumer_open_opts(lecho_channel *ch, lecho_handler fn, void *ud, cons
     *out = NULL;
     if (!ch || !fn || (opts && opts->h.ctx != ch->h.ctx)) return LECHO_EINVAL;
     lecho_ctx *x = ch->h.ctx;
-    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_consumer_open: not from a consumer handler");
-    lecho_consumer *c = lei_api_h_new(x, sizeof *c, H_CONSUMER);
-    if (!c) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+    if (x->in_handler) return lei_lecho_fail(x, LECHO_EINVAL, "lecho_consumer_open: not from a consumer handler");
+    lecho_consumer *c = lei_lecho_h_new(x, sizeof *c, H_CONSUMER);
+    if (!c) return lei_lecho_fail(x, LECHO_ENOMEM, "out of memory");
     c->fn = fn;
     c->ud = ud;
     c->qref = c->slot = LUA_NOREF;
     struct op o = { .a = ch, .b = opts, .res = c };
-    int rc = lei_api_protect(x, op_consumer, &o);
+    int rc = lei_lecho_protect(x, op_consumer, &o);
     if (rc != 0 || !c->box) {
         if (c->box) c->box->c = NULL;
         if (c->sink) c->sink->c = NULL;
         consumer_fini(c);
-        lei_api_h_free(&c->h);
+        lei_lecho_h_free(&c->h);
         return rc ? rc : LECHO_EFAILED;
     }
     *out = c;
@@ -738,23 +738,23 @@ void lecho_consumer_close(lecho_consumer *c) {
     if (c->box) c->box->c = NULL;
     if (c->sink) c->sink->c = NULL;
     struct op o = { .a = c, .s = "consumer_close" };
-    lei_api_protect(c->h.ctx, op_simple, &o);
+    lei_lecho_protect(c->h.ctx, op_simple, &o);
     if (c->qref != LUA_NOREF) luaL_unref(c->h.ctx->L, LUA_REGISTRYINDEX, c->qref);
     consumer_fini(c);
-    lei_api_h_free(&c->h);
+    lei_lecho_h_free(&c->h);
 }
 
 static int op_consumer_queued(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     lecho_consumer *c = o->res;
-    lei_api_push_ref(L, ((const lecho_channel *)o->a)->h.ref);
+    lei_lecho_push_ref(L, ((const lecho_channel *)o->a)->h.ref);
     if (o->b)
-        lei_api_push_slot(L, o->b);
+        lei_lecho_value_push_slot(L, o->b);
     else
         lua_pushnil(L);
     lua_pushnumber(L, (lua_Number)o->n);
     int b;
-    if ((o->rc = lei_api_glue_call(L, o->x, "consumer_queued", 3, &b)) != 0) return 0;
+    if ((o->rc = lei_lecho_glue_call(L, o->x, "consumer_queued", 3, &b)) != 0) return 0;
     lua_pushvalue(L, b + 1);
     c->qref = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_pushvalue(L, b);
@@ -767,16 +767,16 @@ int lecho_consumer_open_queued(lecho_channel *ch, const lecho_value *opts, size_
     if (out) *out = NULL;
     if (!ch || !out || limit < 1 || (opts && opts->h.ctx != ch->h.ctx)) return LECHO_EINVAL;
     lecho_ctx *x = ch->h.ctx;
-    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_consumer_open_queued: not from a handler");
-    lecho_consumer *c = lei_api_h_new(x, sizeof *c, H_CONSUMER);
-    if (!c) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+    if (x->in_handler) return lei_lecho_fail(x, LECHO_EINVAL, "lecho_consumer_open_queued: not from a handler");
+    lecho_consumer *c = lei_lecho_h_new(x, sizeof *c, H_CONSUMER);
+    if (!c) return lei_lecho_fail(x, LECHO_ENOMEM, "out of memory");
     c->qref = c->slot = LUA_NOREF;
     c->box = NULL; /* no C handler, no trampoline */
     struct op o = { .a = ch, .b = opts, .n = limit, .res = c };
-    int rc = lei_api_protect(x, op_consumer_queued, &o);
+    int rc = lei_lecho_protect(x, op_consumer_queued, &o);
     if (rc != 0) {
         if (x->L && c->qref != LUA_NOREF) luaL_unref(x->L, LUA_REGISTRYINDEX, c->qref);
-        lei_api_h_free(&c->h);
+        lei_lecho_h_free(&c->h);
         return rc;
     }
     *out = c;
@@ -786,16 +786,16 @@ int lecho_consumer_open_queued(lecho_channel *ch, const lecho_value *opts, size_
 static int op_take(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     const lecho_consumer *c = o->a;
-    lei_api_push_ref(L, c->qref);
+    lei_lecho_push_ref(L, c->qref);
     lua_pushnumber(L, (lua_Number)o->n);
     lua_pushboolean(L, o->kind);
     int b;
-    if ((o->rc = lei_api_glue_call(L, o->x, "take", 3, &b)) != 0) return 0;
+    if ((o->rc = lei_lecho_glue_call(L, o->x, "take", 3, &b)) != 0) return 0;
     /* the count the glue gives (the list's length misses nil events at its end) */
     o->idx = lua_isnumber(L, b + 2) ? (size_t)lua_tonumber(L, b + 2) : lua_objlen(L, b);
     o->d = lua_tonumber(L, b + 1);
     /* into the slot of the caller's value */
-    lei_api_push_ref(L, ((const lecho_value *)o->b)->h.ref);
+    lei_lecho_push_ref(L, ((const lecho_value *)o->b)->h.ref);
     lua_pushvalue(L, b);
     lua_rawseti(L, -2, 1);
     return 0;
@@ -807,7 +807,7 @@ int lecho_consumer_take(lecho_consumer *c, lecho_value *v, size_t max, int meta,
     if (!c || !v || v->h.ctx != c->h.ctx || c->qref == LUA_NOREF) return LECHO_EINVAL;
     if (max > 0x7fffffff) max = 0x7fffffff;
     struct op o = { .a = c, .b = v, .n = max, .kind = meta != 0 };
-    int rc = lei_api_protect(c->h.ctx, op_take, &o);
+    int rc = lei_lecho_protect(c->h.ctx, op_take, &o);
     if (rc != 0) return rc;
     if (taken) *taken = o.idx;
     if (dropped) *dropped = (size_t)o.d;
@@ -816,13 +816,13 @@ int lecho_consumer_take(lecho_consumer *c, lecho_value *v, size_t max, int meta,
 
 static int op_settle(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
-    lei_api_push_ref(L, ((const lecho_consumer *)o->a)->qref);
+    lei_lecho_push_ref(L, ((const lecho_consumer *)o->a)->qref);
     lua_pushnumber(L, (lua_Number)o->n);
     if (o->s)
         lua_pushstring(L, o->s);
     else
         lua_pushnil(L);
-    o->rc = lei_api_glue_call(L, o->x, "settle", 3, NULL);
+    o->rc = lei_lecho_glue_call(L, o->x, "settle", 3, NULL);
     return 0;
 }
 
@@ -831,23 +831,23 @@ int lecho_consumer_settle(lecho_consumer *c, size_t n, const char *err) {
     if (n == 0) return 0;
     if (n > 0x7fffffff) n = 0x7fffffff;
     struct op o = { .a = c, .n = n, .s = err };
-    return lei_api_protect(c->h.ctx, op_settle, &o);
+    return lei_lecho_protect(c->h.ctx, op_settle, &o);
 }
 
 static int op_set_params(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
-    lei_api_push_ref(L, ((const struct lei_h *)o->a)->ref);
-    lei_api_push_slot(L, o->b);
-    o->rc = lei_api_glue_call(L, o->x, "set_params", 2, NULL);
+    lei_lecho_push_ref(L, ((const struct lei_h *)o->a)->ref);
+    lei_lecho_value_push_slot(L, o->b);
+    o->rc = lei_lecho_glue_call(L, o->x, "set_params", 2, NULL);
     return 0;
 }
 
 int lecho_consumer_set_params(lecho_consumer *c, const lecho_value *params) {
     if (!c || !params || params->h.ctx != c->h.ctx) return LECHO_EINVAL;
     lecho_ctx *x = c->h.ctx;
-    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_consumer_set_params: not from a handler");
+    if (x->in_handler) return lei_lecho_fail(x, LECHO_EINVAL, "lecho_consumer_set_params: not from a handler");
     struct op o = { .a = c, .b = params };
-    return lei_api_protect(x, op_set_params, &o);
+    return lei_lecho_protect(x, op_set_params, &o);
 }
 
 /* ---- services and calls ---- */
@@ -891,7 +891,7 @@ static int svc_trampoline(lua_State *L) {
         return 2;
     }
     lua_pushboolean(L, 1);
-    lei_api_push_slot(L, &res);
+    lei_lecho_value_push_slot(L, &res);
     luaL_unref(L, LUA_REGISTRYINDEX, res.h.ref);
     return 2;
 }
@@ -899,17 +899,17 @@ static int svc_trampoline(lua_State *L) {
 static int op_service(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     lecho_service *s = o->res;
-    lei_api_push_ref(L, o->x->self);
+    lei_lecho_push_ref(L, o->x->self);
     lua_pushstring(L, o->s);
     s->box = lua_newuserdata(L, sizeof *s->box);
     s->box->s = s;
     lua_pushcclosure(L, svc_trampoline, 1);
     if (o->b)
-        lei_api_push_slot(L, o->b);
+        lei_lecho_value_push_slot(L, o->b);
     else
         lua_pushnil(L);
     int b;
-    if ((o->rc = lei_api_glue_call(L, o->x, "service", 4, &b)) != 0) {
+    if ((o->rc = lei_lecho_glue_call(L, o->x, "service", 4, &b)) != 0) {
         s->box->s = NULL;
         s->box = NULL;
         return 0;
@@ -923,16 +923,16 @@ int lecho_service_open(lecho_ctx *x, const char *name, lecho_service_fn fn, void
                        const lecho_value *opts, lecho_service **out) {
     if (out) *out = NULL;
     if (!x || !name || !fn || !out || (opts && opts->h.ctx != x)) return LECHO_EINVAL;
-    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_service_open: not from a handler");
-    lecho_service *s = lei_api_h_new(x, sizeof *s, H_SERVICE);
-    if (!s) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+    if (x->in_handler) return lei_lecho_fail(x, LECHO_EINVAL, "lecho_service_open: not from a handler");
+    lecho_service *s = lei_lecho_h_new(x, sizeof *s, H_SERVICE);
+    if (!s) return lei_lecho_fail(x, LECHO_ENOMEM, "out of memory");
     s->fn = fn;
     s->ud = ud;
     struct op o = { .s = name, .b = opts, .res = s };
-    int rc = lei_api_protect(x, op_service, &o);
+    int rc = lei_lecho_protect(x, op_service, &o);
     if (rc != 0 || !s->box) {
         if (s->box) s->box->s = NULL;
-        lei_api_h_free(&s->h);
+        lei_lecho_h_free(&s->h);
         return rc ? rc : LECHO_EFAILED;
     }
     *out = s;
@@ -943,26 +943,26 @@ void lecho_service_close(lecho_service *s) {
     if (!s) return;
     s->box->s = NULL;
     struct op o = { .a = s, .s = "service_close" };
-    lei_api_protect(s->h.ctx, op_simple, &o);
-    lei_api_h_free(&s->h);
+    lei_lecho_protect(s->h.ctx, op_simple, &o);
+    lei_lecho_h_free(&s->h);
 }
 
 /* o->i: a registry ref of a box holding the results list or the error
  * value (LUA_NOREF when there is none). */
 static int op_call(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
-    lei_api_push_ref(L, o->x->self);
+    lei_lecho_push_ref(L, o->x->self);
     lua_pushstring(L, o->s);
     if (o->a)
-        lei_api_push_slot(L, o->a);
+        lei_lecho_value_push_slot(L, o->a);
     else
         lua_pushnil(L);
     if (o->b)
-        lei_api_push_slot(L, o->b);
+        lei_lecho_value_push_slot(L, o->b);
     else
         lua_pushnil(L);
     int b;
-    o->rc = lei_api_glue_call(L, o->x, "call", 4, &b);
+    o->rc = lei_lecho_glue_call(L, o->x, "call", 4, &b);
     lua_createtable(L, 1, 0);
     lua_pushvalue(L, o->rc == 0 ? b + 1 : b + 3);
     lua_rawseti(L, -2, 1);
@@ -974,14 +974,14 @@ int lecho_call(lecho_ctx *x, const char *name, const lecho_value *args, const le
                lecho_value **results) {
     if (results) *results = NULL;
     if (!x || !name || (args && args->h.ctx != x) || (opts && opts->h.ctx != x)) return LECHO_EINVAL;
-    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_call: not from a handler");
-    lecho_value *v = lei_api_h_new(x, sizeof *v, H_VALUE);
-    if (!v) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+    if (x->in_handler) return lei_lecho_fail(x, LECHO_EINVAL, "lecho_call: not from a handler");
+    lecho_value *v = lei_lecho_h_new(x, sizeof *v, H_VALUE);
+    if (!v) return lei_lecho_fail(x, LECHO_ENOMEM, "out of memory");
     struct op o = { .s = name, .a = args, .b = opts, .i = LUA_NOREF };
-    int rc = lei_api_protect(x, op_call, &o);
+    int rc = lei_lecho_protect(x, op_call, &o);
     if (o.i == LUA_NOREF || !results) {
         if (o.i != LUA_NOREF) luaL_unref(x->L, LUA_REGISTRYINDEX, o.i);
-        lei_api_h_free(&v->h);
+        lei_lecho_h_free(&v->h);
         return rc;
     }
     v->h.ref = o.i;
@@ -993,15 +993,15 @@ int lecho_call(lecho_ctx *x, const char *name, const lecho_value *args, const le
 
 static int op_stats(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
-    lei_api_push_ref(L, o->x->self);
+    lei_lecho_push_ref(L, o->x->self);
     int b;
     if (o->s) {
         lua_pushstring(L, o->s);
         lua_pushstring(L, o->key);
-        if ((o->rc = lei_api_glue_call(L, o->x, "stat", 3, &b)) == 0) o->d = lua_tonumber(L, b);
+        if ((o->rc = lei_lecho_glue_call(L, o->x, "stat", 3, &b)) == 0) o->d = lua_tonumber(L, b);
         return 0;
     }
-    if ((o->rc = lei_api_glue_call(L, o->x, "stats", 1, &b)) != 0) return 0;
+    if ((o->rc = lei_lecho_glue_call(L, o->x, "stats", 1, &b)) != 0) return 0;
     lua_createtable(L, 1, 0);
     lua_pushvalue(L, b);
     lua_rawseti(L, -2, 1);
@@ -1012,11 +1012,11 @@ static int op_stats(lua_State *L) {
 lecho_value *lecho_stats(lecho_ctx *x) {
     if (!x) return NULL;
     struct op o = { 0 };
-    return lei_api_value_from(x, op_stats, &o);
+    return lei_lecho_value_from(x, op_stats, &o);
 }
 
 double lecho_stat(lecho_ctx *x, const char *channel, const char *counter) {
     if (!x || !channel || !counter) return -1;
     struct op o = { .s = channel, .key = counter };
-    return lei_api_protect(x, op_stats, &o) == 0 ? o.d : -1;
+    return lei_lecho_protect(x, op_stats, &o) == 0 ? o.d : -1;
 }

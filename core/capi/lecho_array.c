@@ -29,7 +29,7 @@ static int owner_gc(lua_State *L) {
 }
 
 struct arr_op {
-    struct op o; /* first: lei_api_protect hands this back */
+    struct op o; /* first: lei_lecho_protect hands this back */
     int dt, ndim;
     const size_t *shape;
     const void *data;
@@ -77,7 +77,7 @@ static int op_set_array(lua_State *L) {
     owner *ow = NULL;
     int d;
 
-    lei_api_push_ref(L, v->h.ref);
+    lei_lecho_push_ref(L, v->h.ref);
     int box = lua_gettop(L);
     if (o->key) {
         lua_rawgeti(L, box, 1);
@@ -87,7 +87,7 @@ static int op_set_array(lua_State *L) {
             lua_pushvalue(L, -1);
             lua_rawseti(L, box, 1);
         } else if (!lua_istable(L, -1)) {
-            o->rc = lei_api_fail(o->x, LECHO_EINVAL, "lecho_set_array: the value is not a table");
+            o->rc = lei_lecho_fail(o->x, LECHO_EINVAL, "lecho_set_array: the value is not a table");
             return 0;
         }
         lua_pushstring(L, o->key);
@@ -132,15 +132,15 @@ int lecho_set_array(lecho_value *v, const char *key, const char *dtype, int ndim
     memset(&a, 0, sizeof a);
     for (d = 0; dtype && d < (int)(sizeof DTYPES / sizeof DTYPES[0]); d++)
         if (strcmp(dtype, DTYPES[d]) == 0) dt = d;
-    if (dt < 0) return lei_api_fail(v->h.ctx, LECHO_EINVAL, "lecho_set_array: unknown dtype");
+    if (dt < 0) return lei_lecho_fail(v->h.ctx, LECHO_EINVAL, "lecho_set_array: unknown dtype");
     if (ndim < 0 || ndim > LECHO_ARRAY_MAXDIM || (ndim > 0 && !shape))
-        return lei_api_fail(v->h.ctx, LECHO_EINVAL, "lecho_set_array: ndim must be 0..8, with a shape");
+        return lei_lecho_fail(v->h.ctx, LECHO_EINVAL, "lecho_set_array: ndim must be 0..8, with a shape");
     for (d = 0; d < ndim; d++) {
         if (shape[d] > ((uint64_t)1 << 50) || (count && shape[d] && count > (((uint64_t)1 << 50) / shape[d])))
-            return lei_api_fail(v->h.ctx, LECHO_EINVAL, "lecho_set_array: shape too large");
+            return lei_lecho_fail(v->h.ctx, LECHO_EINVAL, "lecho_set_array: shape too large");
         count *= shape[d];
     }
-    if (count && !data) return lei_api_fail(v->h.ctx, LECHO_EINVAL, "lecho_set_array: data is NULL");
+    if (count && !data) return lei_lecho_fail(v->h.ctx, LECHO_EINVAL, "lecho_set_array: data is NULL");
     a.dt = dt;
     a.ndim = ndim;
     a.shape = shape;
@@ -149,13 +149,13 @@ int lecho_set_array(lecho_value *v, const char *key, const char *dtype, int ndim
     a.ud = ud;
     a.o.a = v;
     a.o.key = key;
-    return lei_api_protect(v->h.ctx, op_set_array, &a.o);
+    return lei_lecho_protect(v->h.ctx, op_set_array, &a.o);
 }
 
 static int op_get_array(lua_State *L) {
     struct arr_op *a = lua_touserdata(L, 1);
     struct op *o = &a->o;
-    lei_api_push_slot(L, o->a);
+    lei_lecho_value_push_slot(L, o->a);
     if (o->key) {
         if (lua_istable(L, -1)) {
             lua_pushstring(L, o->key);
@@ -173,7 +173,7 @@ static int op_get_array(lua_State *L) {
         return 0;
     }
     if (!contiguous(arr)) { /* a box or stride view made in Lua */
-        o->rc = lei_api_fail(o->x, LECHO_EINVAL, "lecho_get_array: a strided view (copy it in Lua first)");
+        o->rc = lei_lecho_fail(o->x, LECHO_EINVAL, "lecho_get_array: a strided view (copy it in Lua first)");
         return 0;
     }
     /* received in place at an odd offset: moved once into its own memory */
@@ -200,7 +200,7 @@ int lecho_get_array(const lecho_value *v, const char *key, lecho_array_info *out
     a.info = out;
     a.o.a = v;
     a.o.key = key;
-    return lei_api_protect(v->h.ctx, op_get_array, &a.o);
+    return lei_lecho_protect(v->h.ctx, op_get_array, &a.o);
 }
 
 /* For lecho_nodes: when the value at idx is an array, fills *out and
@@ -208,11 +208,11 @@ int lecho_get_array(const lecho_value *v, const char *key, lecho_array_info *out
  * received view (into the read buffer, valid while its dispatch runs) gets
  * its own copy first (core.array_keep, once), so the data stays valid as
  * long as the array is held, whoever holds it. */
-int lei_api_array_node(lecho_ctx *x, lua_State *L, int idx, lecho_array_info *out) {
+int lei_lecho_array_node(lecho_ctx *x, lua_State *L, int idx, lecho_array_info *out) {
     lei_array *arr = to_array(L, idx);
     if (!arr) return 0;
     if (!contiguous(arr)) {
-        lei_api_fail(x, LECHO_EINVAL, "lecho_nodes: a strided array view (copy it in Lua first)");
+        lei_lecho_fail(x, LECHO_EINVAL, "lecho_nodes: a strided array view (copy it in Lua first)");
         return -1;
     }
     if (arr->data && (arr->flags & LEI_AF_VIEW)) {

@@ -92,7 +92,7 @@ struct lecho_ctx {
     lua_State *L;   /* the thread calls run on: L0, or a handler's coroutine */
     int glue;       /* registry ref of the lecho.capi table */
     const lb_dataplane *dp; /* core.so's data plane (static in core.so), or NULL */
-    int tramp;      /* registry ref of the C function lei_api_protect calls (made once:
+    int tramp;      /* registry ref of the C function lei_lecho_protect calls (made once:
                      * lua_cpcall allocates a closure per call, and the C-only
                      * data plane runs no GC step that would free them) */
     int self;       /* registry ref of the Lua context */
@@ -114,7 +114,7 @@ struct lecho_ctx {
 /* The arguments and results of one protected operation. */
 struct op {
     lecho_ctx *x;
-    lua_CFunction fn; /* what lei_api_protect runs */
+    lua_CFunction fn; /* what lei_lecho_protect runs */
     int rc;
     const void *a, *b; /* handles */
     const char *key, *s;
@@ -128,27 +128,27 @@ struct op {
 };
 
 /* Stores msg as the context's last error message; returns code. */
-int lei_api_fail(lecho_ctx *x, int code, const char *msg);
+int lei_lecho_fail(lecho_ctx *x, int code, const char *msg);
 /* malloc'd copy (owned by the caller), or NULL. */
-char *lei_api_dupstr(const char *s);
+char *lei_lecho_dupstr(const char *s);
 /* A zeroed handle of size bytes linked into x's list (owned by x), or NULL. */
-void *lei_api_h_new(lecho_ctx *x, size_t size, int kind);
+void *lei_lecho_h_new(lecho_ctx *x, size_t size, int kind);
 /* Unrefs, unlinks and frees a handle. */
-void lei_api_h_free(struct lei_h *h);
+void lei_lecho_h_free(struct lei_h *h);
 /* Runs f(o) under lua_cpcall on x->L; o->rc, or the code of a raised error. */
-int lei_api_protect(lecho_ctx *x, lua_CFunction f, struct op *o);
+int lei_lecho_protect(lecho_ctx *x, lua_CFunction f, struct op *o);
 /* In a protected function: calls lecho.capi's `name` on the nargs values on
  * top; 0 with its results from *base on, or the code of nil, msg, code. */
-int lei_api_glue_call(lua_State *L, lecho_ctx *x, const char *name, int nargs, int *base);
-void lei_api_push_ref(lua_State *L, int ref);
+int lei_lecho_glue_call(lua_State *L, lecho_ctx *x, const char *name, int nargs, int *base);
+void lei_lecho_push_ref(lua_State *L, int ref);
 /* A new value handle (owned by x) holding the registry ref that op, run
- * under lei_api_protect, leaves in o->i; NULL if either fails. */
-lecho_value *lei_api_value_from(lecho_ctx *x, lua_CFunction op, struct op *o);
+ * under lei_lecho_protect, leaves in o->i; NULL if either fails. */
+lecho_value *lei_lecho_value_from(lecho_ctx *x, lua_CFunction op, struct op *o);
 /* lecho_array.c, for lecho_nodes: 1 with *out filled when the value at idx
  * is an array (a received view copied out of the read buffer first), 0
  * when it is not one, -1 for a strided view (x's message set). */
-int lei_api_array_node(lecho_ctx *x, lua_State *L, int idx, lecho_array_info *out);
+int lei_lecho_array_node(lecho_ctx *x, lua_State *L, int idx, lecho_array_info *out);
 /* Pushes what the value handle v holds. */
-void lei_api_push_slot(lua_State *L, const lecho_value *v);
+void lei_lecho_value_push_slot(lua_State *L, const lecho_value *v);
 
 #endif

@@ -12,24 +12,24 @@ static int op_start(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     int b, nargs;
     if (o->kind == 0) { /* submit_sync */
-        lei_api_push_ref(L, ((const lecho_producer *)o->a)->h.ref);
-        lei_api_push_slot(L, o->b);
+        lei_lecho_push_ref(L, ((const lecho_producer *)o->a)->h.ref);
+        lei_lecho_value_push_slot(L, o->b);
         lua_pushnumber(L, o->d);
         nargs = 3;
     } else { /* call */
-        lei_api_push_ref(L, o->x->self);
+        lei_lecho_push_ref(L, o->x->self);
         lua_pushstring(L, o->s);
         if (o->a)
-            lei_api_push_slot(L, o->a);
+            lei_lecho_value_push_slot(L, o->a);
         else
             lua_pushnil(L);
         if (o->b)
-            lei_api_push_slot(L, o->b);
+            lei_lecho_value_push_slot(L, o->b);
         else
             lua_pushnil(L);
         nargs = 4;
     }
-    if ((o->rc = lei_api_glue_call(L, o->x, o->kind == 0 ? "submit_sync_start" : "call_start", nargs,
+    if ((o->rc = lei_lecho_glue_call(L, o->x, o->kind == 0 ? "submit_sync_start" : "call_start", nargs,
                                    &b)) != 0)
         return 0;
     lua_createtable(L, 1, 0);
@@ -41,14 +41,14 @@ static int op_start(lua_State *L) {
 
 /* A new value handle from op_start, or the code (with lecho_errmsg). */
 static int start(lecho_ctx *x, struct op *o, lecho_value **pending) {
-    lecho_value *v = lei_api_h_new(x, sizeof *v, H_VALUE);
-    if (!v) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+    lecho_value *v = lei_lecho_h_new(x, sizeof *v, H_VALUE);
+    if (!v) return lei_lecho_fail(x, LECHO_ENOMEM, "out of memory");
     o->i = LUA_NOREF;
-    int rc = lei_api_protect(x, op_start, o);
+    int rc = lei_lecho_protect(x, op_start, o);
     if (rc != 0 || o->i == LUA_NOREF) {
         if (o->i != LUA_NOREF) luaL_unref(x->L, LUA_REGISTRYINDEX, o->i);
-        lei_api_h_free(&v->h);
-        return rc ? rc : lei_api_fail(x, LECHO_EFAILED, "lecho: start failed");
+        lei_lecho_h_free(&v->h);
+        return rc ? rc : lei_lecho_fail(x, LECHO_EFAILED, "lecho: start failed");
     }
     v->h.ref = o->i;
     *pending = v;
@@ -61,7 +61,7 @@ int lecho_submit_sync_start(lecho_producer *p, const lecho_value *ev, double tim
     if (!p || !ev || !pending || ev->h.ctx != p->h.ctx) return LECHO_EINVAL;
     lecho_ctx *x = p->h.ctx;
     if (x->in_handler)
-        return lei_api_fail(x, LECHO_EINVAL, "lecho_submit_sync_start: not from a consumer handler");
+        return lei_lecho_fail(x, LECHO_EINVAL, "lecho_submit_sync_start: not from a consumer handler");
     struct op o = { .x = x, .a = p, .b = ev, .kind = 0, .d = timeout };
     return start(x, &o, pending);
 }
@@ -71,7 +71,7 @@ int lecho_call_start(lecho_ctx *x, const char *name, const lecho_value *args,
     if (pending) *pending = NULL;
     if (!x || !name || !pending || (args && args->h.ctx != x) || (opts && opts->h.ctx != x))
         return LECHO_EINVAL;
-    if (x->in_handler) return lei_api_fail(x, LECHO_EINVAL, "lecho_call_start: not from a handler");
+    if (x->in_handler) return lei_lecho_fail(x, LECHO_EINVAL, "lecho_call_start: not from a handler");
     struct op o = { .x = x, .s = name, .a = args, .b = opts, .kind = 1 };
     return start(x, &o, pending);
 }

@@ -17,11 +17,11 @@ static int op_box(lua_State *L) {
     return 0;
 }
 
-lecho_value *lei_api_value_from(lecho_ctx *x, lua_CFunction op, struct op *o) {
-    lecho_value *v = lei_api_h_new(x, sizeof *v, H_VALUE);
+lecho_value *lei_lecho_value_from(lecho_ctx *x, lua_CFunction op, struct op *o) {
+    lecho_value *v = lei_lecho_h_new(x, sizeof *v, H_VALUE);
     if (!v) return NULL;
-    if (lei_api_protect(x, op, o) != 0) {
-        lei_api_h_free(&v->h);
+    if (lei_lecho_protect(x, op, o) != 0) {
+        lei_lecho_h_free(&v->h);
         return NULL;
     }
     v->h.ref = o->i;
@@ -31,18 +31,18 @@ lecho_value *lei_api_value_from(lecho_ctx *x, lua_CFunction op, struct op *o) {
 lecho_value *lecho_value_new(lecho_ctx *x) {
     if (!x) return NULL;
     struct op o = { 0 };
-    return lei_api_value_from(x, op_box, &o);
+    return lei_lecho_value_from(x, op_box, &o);
 }
 
 void lecho_value_free(lecho_value *v) {
     /* A borrowed handle (a handler's event, lecho_each's value) is not the
      * caller's: freeing it would unlink the context's list.  No-op. */
-    if (v && v->h.kind != H_BORROWED) lei_api_h_free(&v->h);
+    if (v && v->h.kind != H_BORROWED) lei_lecho_h_free(&v->h);
 }
 
 /* Pushes the slot of v. */
-void lei_api_push_slot(lua_State *L, const lecho_value *v) {
-    lei_api_push_ref(L, v->h.ref);
+void lei_lecho_value_push_slot(lua_State *L, const lecho_value *v) {
+    lei_lecho_push_ref(L, v->h.ref);
     lua_rawgeti(L, -1, 1);
     lua_remove(L, -2);
 }
@@ -54,7 +54,7 @@ static int build_nodes(struct op *o, lua_State *L, size_t *i, int depth);
 static int op_set(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     const lecho_value *v = o->a;
-    lei_api_push_ref(L, v->h.ref);
+    lei_lecho_push_ref(L, v->h.ref);
     int box = lua_gettop(L);
     if (o->key) {
         lua_rawgeti(L, box, 1);
@@ -64,7 +64,7 @@ static int op_set(lua_State *L) {
             lua_pushvalue(L, -1);
             lua_rawseti(L, box, 1);
         } else if (!lua_istable(L, -1)) {
-            o->rc = lei_api_fail(o->x, LECHO_EINVAL, "lecho_set: the value is not a table");
+            o->rc = lei_lecho_fail(o->x, LECHO_EINVAL, "lecho_set: the value is not a table");
             return 0;
         }
         lua_pushstring(L, o->key);
@@ -86,12 +86,12 @@ static int op_set(lua_State *L) {
         size_t i = 0;
         if ((o->rc = build_nodes(o, L, &i, 0)) != 0) return 0;
         if (i != o->n) {
-            o->rc = lei_api_fail(o->x, LECHO_EINVAL, "lecho_set_nodes: nodes left over after the value");
+            o->rc = lei_lecho_fail(o->x, LECHO_EINVAL, "lecho_set_nodes: nodes left over after the value");
             return 0;
         }
         break;
     }
-    default: lei_api_push_slot(L, o->b); break;
+    default: lei_lecho_value_push_slot(L, o->b); break;
     }
     if (o->key)
         lua_rawset(L, -3);
@@ -104,7 +104,7 @@ static int set(lecho_value *v, const char *key, struct op *o) {
     if (!v) return LECHO_EINVAL;
     o->a = v;
     o->key = key;
-    return lei_api_protect(v->h.ctx, op_set, o);
+    return lei_lecho_protect(v->h.ctx, op_set, o);
 }
 
 int lecho_set_nil(lecho_value *v, const char *key) {
@@ -123,7 +123,7 @@ int lecho_set_number(lecho_value *v, const char *key, double d) {
 }
 
 int lecho_set_string(lecho_value *v, const char *key, const char *s, size_t len) {
-    if (!s && len > 0) return v ? lei_api_fail(v->h.ctx, LECHO_EINVAL, "lecho_set_string: s is NULL") : LECHO_EINVAL;
+    if (!s && len > 0) return v ? lei_lecho_fail(v->h.ctx, LECHO_EINVAL, "lecho_set_string: s is NULL") : LECHO_EINVAL;
     struct op o = { .kind = S_STRING, .s = s, .n = len };
     return set(v, key, &o);
 }
@@ -147,7 +147,7 @@ int lecho_set_value(lecho_value *v, const char *key, const lecho_value *from) {
 
 /* Pushes the slot of o->a, or its field o->key (nil when not a table). */
 static void push_get(lua_State *L, struct op *o) {
-    lei_api_push_slot(L, o->a);
+    lei_lecho_value_push_slot(L, o->a);
     if (!o->key) return;
     if (!lua_istable(L, -1)) {
         lua_pop(L, 1);
@@ -211,7 +211,7 @@ static int get(const lecho_value *v, const char *key, struct op *o) {
     if (!v) return LECHO_EINVAL;
     o->a = v;
     o->key = key;
-    return lei_api_protect(v->h.ctx, op_get, o);
+    return lei_lecho_protect(v->h.ctx, op_get, o);
 }
 
 int lecho_type(const lecho_value *v, const char *key) {
@@ -252,7 +252,7 @@ size_t lecho_get_numbers(const lecho_value *v, const char *key, double *out, siz
 
 static int op_field(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
-    lei_api_push_slot(L, o->a);
+    lei_lecho_value_push_slot(L, o->a);
     if (!lua_istable(L, -1)) {
         o->rc = LECHO_EINVAL;
         return 0;
@@ -270,7 +270,7 @@ static int op_field(lua_State *L) {
 lecho_value *lecho_field(const lecho_value *v, const char *key, size_t index) {
     if (!v || (!key && index >= 0x7fffffff)) return NULL;
     struct op o = { .a = v, .key = key, .idx = index };
-    return lei_api_value_from(v->h.ctx, op_field, &o);
+    return lei_lecho_value_from(v->h.ctx, op_field, &o);
 }
 
 struct each_args {
@@ -292,7 +292,7 @@ static void borrow(lua_State *L, lecho_ctx *x, int idx, lecho_value *tmp) {
 static int op_each(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     const struct each_args *e = o->b;
-    lei_api_push_slot(L, o->a);
+    lei_lecho_value_push_slot(L, o->a);
     int t = lua_gettop(L);
     if (!lua_istable(L, t)) return 0;
     lua_pushnil(L);
@@ -323,7 +323,7 @@ int lecho_each(const lecho_value *v, int (*fn)(const char *, const lecho_value *
     if (!v || !fn) return LECHO_EINVAL;
     struct each_args e = { fn, NULL, ud };
     struct op o = { .a = v, .b = &e };
-    return lei_api_protect(v->h.ctx, op_each, &o);
+    return lei_lecho_protect(v->h.ctx, op_each, &o);
 }
 
 int lecho_pairs(const lecho_value *v, int (*fn)(const lecho_value *, const lecho_value *, void *),
@@ -331,15 +331,15 @@ int lecho_pairs(const lecho_value *v, int (*fn)(const lecho_value *, const lecho
     if (!v || !fn) return LECHO_EINVAL;
     struct each_args e = { NULL, fn, ud };
     struct op o = { .a = v, .b = &e };
-    return lei_api_protect(v->h.ctx, op_each, &o);
+    return lei_lecho_protect(v->h.ctx, op_each, &o);
 }
 
 static int op_show(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
-    lei_api_push_slot(L, o->a);
+    lei_lecho_value_push_slot(L, o->a);
     int b;
-    if ((o->rc = lei_api_glue_call(L, o->x, "show", 1, &b)) != 0) return 0;
-    char *s = lei_api_dupstr(lua_tostring(L, b));
+    if ((o->rc = lei_lecho_glue_call(L, o->x, "show", 1, &b)) != 0) return 0;
+    char *s = lei_lecho_dupstr(lua_tostring(L, b));
     if (!s) {
         o->rc = LECHO_ENOMEM;
         return 0;
@@ -352,7 +352,7 @@ static int op_show(lua_State *L) {
 const char *lecho_to_string(const lecho_value *v) {
     if (!v) return "(no value)";
     struct op o = { .a = v };
-    if (lei_api_protect(v->h.ctx, op_show, &o) != 0) return "?";
+    if (lei_lecho_protect(v->h.ctx, op_show, &o) != 0) return "?";
     return v->h.ctx->show;
 }
 
@@ -380,7 +380,7 @@ static size_t node_add(lecho_ctx *x, size_t *count) {
 /* Appends the nodes of the value at absolute stack index idx. */
 static int walk_nodes(lecho_ctx *x, lua_State *L, int idx, int depth, size_t *count) {
     size_t at = node_add(x, count);
-    if (at == (size_t)-1) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+    if (at == (size_t)-1) return lei_lecho_fail(x, LECHO_ENOMEM, "out of memory");
     lecho_node *nd = &x->nodes[at];
     switch (lua_type(L, idx)) {
     case LUA_TNIL: nd->type = LECHO_TNIL; return 0;
@@ -399,13 +399,13 @@ static int walk_nodes(lecho_ctx *x, lua_State *L, int idx, int depth, size_t *co
     case LUA_TTABLE: break;
     case LUA_TUSERDATA: {
         lecho_array_info info;
-        int r = lei_api_array_node(x, L, idx, &info);
+        int r = lei_lecho_array_node(x, L, idx, &info);
         if (r < 0) return LECHO_EINVAL;
         if (r == 0) break;
         if (x->narrays == x->arrays_cap) {
             size_t cap = x->arrays_cap ? 2 * x->arrays_cap : 8;
             lecho_array_info *a = realloc(x->arrays, cap * sizeof *a);
-            if (!a) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+            if (!a) return lei_lecho_fail(x, LECHO_ENOMEM, "out of memory");
             x->arrays = a;
             x->arrays_cap = cap;
         }
@@ -420,11 +420,11 @@ static int walk_nodes(lecho_ctx *x, lua_State *L, int idx, int depth, size_t *co
     default: break;
     }
     if (lua_type(L, idx) != LUA_TTABLE)
-        return lei_api_fail(x, LECHO_EINVAL, "lecho_nodes: a value an event cannot hold (a function, ...)");
+        return lei_lecho_fail(x, LECHO_EINVAL, "lecho_nodes: a value an event cannot hold (a function, ...)");
     nd->type = LECHO_TTABLE;
     if (depth >= NODES_MAX_DEPTH)
-        return lei_api_fail(x, LECHO_ELIMIT, "lecho_nodes: tables nested deeper than 200");
-    if (!lua_checkstack(L, 4)) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+        return lei_lecho_fail(x, LECHO_ELIMIT, "lecho_nodes: tables nested deeper than 200");
+    if (!lua_checkstack(L, 4)) return lei_lecho_fail(x, LECHO_ENOMEM, "out of memory");
     /* The array part: elements 1.. up to the first nil (Lua's # may stop
      * past a hole: what follows it is listed with its keys below). */
     size_t len = 0, pairs = 0, max = lua_objlen(L, idx);
@@ -483,7 +483,7 @@ int lecho_nodes(const lecho_value *v, const char *key, const lecho_node **nodes,
     if (count) *count = 0;
     if (!v || !nodes || !count) return LECHO_EINVAL;
     struct op o = { .a = v, .key = key };
-    int rc = lei_api_protect(v->h.ctx, op_nodes, &o);
+    int rc = lei_lecho_protect(v->h.ctx, op_nodes, &o);
     if (rc != 0) return rc;
     *nodes = v->h.ctx->nodes;
     *count = o.n;
@@ -501,7 +501,7 @@ int lecho_nodes_packed(const lecho_value *v, const char *key, const lecho_node *
     size_t total = 0;
     for (size_t i = 0; i < *count; i++)
         if (x->nodes[i].type == LECHO_TSTRING) {
-            if (x->nodes[i].n + 1 > (size_t)-1 - total) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+            if (x->nodes[i].n + 1 > (size_t)-1 - total) return lei_lecho_fail(x, LECHO_ENOMEM, "out of memory");
             total += x->nodes[i].n + 1;
         }
     /* Bounded by the largest value read lately: a buffer grown by a huge
@@ -513,7 +513,7 @@ int lecho_nodes_packed(const lecho_value *v, const char *key, const lecho_node *
     }
     if (total > x->packed_cap) {
         char *p = realloc(x->packed, total);
-        if (!p) return lei_api_fail(x, LECHO_ENOMEM, "out of memory");
+        if (!p) return lei_lecho_fail(x, LECHO_ENOMEM, "out of memory");
         x->packed = p;
         x->packed_cap = total;
     }
@@ -535,7 +535,7 @@ int lecho_nodes_packed(const lecho_value *v, const char *key, const lecho_node *
  * nodes, o->n: their count), advancing *i past them. */
 static int build_nodes(struct op *o, lua_State *L, size_t *i, int depth) {
     const lecho_node *nodes = o->res;
-    if (*i >= o->n) return lei_api_fail(o->x, LECHO_EINVAL, "lecho_set_nodes: the nodes end inside a table");
+    if (*i >= o->n) return lei_lecho_fail(o->x, LECHO_EINVAL, "lecho_set_nodes: the nodes end inside a table");
     const lecho_node *nd = &nodes[(*i)++];
     char msg[96];
     switch (nd->type) {
@@ -548,9 +548,9 @@ static int build_nodes(struct op *o, lua_State *L, size_t *i, int depth) {
         return 0;
     case LECHO_TTABLE: {
         if (depth >= NODES_MAX_DEPTH)
-            return lei_api_fail(o->x, LECHO_ELIMIT, "lecho_set_nodes: tables nested deeper than 200");
+            return lei_lecho_fail(o->x, LECHO_ELIMIT, "lecho_set_nodes: tables nested deeper than 200");
         if (nd->len > nd->n || nd->n > o->n) break;
-        if (!lua_checkstack(L, 4)) return lei_api_fail(o->x, LECHO_ENOMEM, "out of memory");
+        if (!lua_checkstack(L, 4)) return lei_lecho_fail(o->x, LECHO_ENOMEM, "out of memory");
         size_t len = nd->len, n = nd->n;
         lua_createtable(L, len > 0x7fffffff ? 0x7fffffff : (int)len, (int)(n - len > 0x7fffffff ? 0 : n - len));
         int t = lua_gettop(L), rc;
@@ -563,7 +563,7 @@ static int build_nodes(struct op *o, lua_State *L, size_t *i, int depth) {
             if ((rc = build_nodes(o, L, i, depth + 1)) != 0) return rc;
             if (lua_isnil(L, -1) || (lua_type(L, -1) == LUA_TNUMBER && lua_tonumber(L, -1) != lua_tonumber(L, -1))) {
                 snprintf(msg, sizeof msg, "lecho_set_nodes: a nil or NaN key at node %zu", at);
-                return lei_api_fail(o->x, LECHO_EINVAL, msg);
+                return lei_lecho_fail(o->x, LECHO_EINVAL, msg);
             }
             if ((rc = build_nodes(o, L, i, depth + 1)) != 0) return rc;
             lua_rawset(L, t);
@@ -573,7 +573,7 @@ static int build_nodes(struct op *o, lua_State *L, size_t *i, int depth) {
     default: break;
     }
     snprintf(msg, sizeof msg, "lecho_set_nodes: bad node %zu", *i - 1);
-    return lei_api_fail(o->x, LECHO_EINVAL, msg);
+    return lei_lecho_fail(o->x, LECHO_EINVAL, msg);
 }
 
 int lecho_set_nodes(lecho_value *v, const char *key, const lecho_node *nodes, size_t count) {

@@ -92,7 +92,7 @@ static int number_roundtrip(double x, int want_tag, double *out)
 	if (lei_enc_number(&b, x))
 		return 0;
 	lei_reader_init(&r, (uint8_t *)b.data, b.len, NULL);
-	ok = lei_read_item(&r, &it) == 0 && lei_reader_finish(&r) == 0 &&
+	ok = lei_codec_read_item(&r, &it) == 0 && lei_reader_finish(&r) == 0 &&
 	     it.tag == want_tag && (uint8_t)b.data[0] == want_tag;
 	*out = it.num;
 	lei_wbuf_free(&b);
@@ -330,13 +330,13 @@ static void test_reader_messages(void)
 	int rc;
 
 	lei_reader_init(&r, (const uint8_t *)"\x06\x01\x00\x09", 4, NULL);
-	CHECK(lei_read_item(&r, &it) == 0 && it.tag == LEI_T_TABLE && it.narr == 1);
-	rc = lei_read_item(&r, &it);
+	CHECK(lei_codec_read_item(&r, &it) == 0 && it.tag == LEI_T_TABLE && it.narr == 1);
+	rc = lei_codec_read_item(&r, &it);
 	CHECK(rc == LEI_ETAG);
 	CHECK(strcmp(lei_reader_strerror(&r, rc, msg, sizeof msg), "unknown tag 0x09 at byte 3") == 0);
 
 	lei_reader_init(&r, (const uint8_t *)"\x00\x00\x00", 3, NULL);
-	CHECK(lei_read_item(&r, &it) == 0);
+	CHECK(lei_codec_read_item(&r, &it) == 0);
 	rc = lei_reader_finish(&r);
 	CHECK(rc == LEI_ETRAIL);
 	CHECK(strcmp(lei_reader_strerror(&r, rc, msg, sizeof msg),
@@ -345,7 +345,7 @@ static void test_reader_messages(void)
 	             "nesting too deep (limit 100)") == 0);
 
 	lei_reader_init(&r, (const uint8_t *)"\x05\x80\x80\x80\x80\x10", 6, NULL);
-	rc = lei_read_item(&r, &it);
+	rc = lei_codec_read_item(&r, &it);
 	CHECK(rc == LEI_ESTRLEN);
 	CHECK(strcmp(lei_reader_strerror(&r, rc, msg, sizeof msg),
 	             "string too long (4294967296 bytes, limit 268435456)") == 0);
@@ -386,7 +386,7 @@ static void test_value_size(void)
 	big[i++] = 0;
 	memset(big + i, 0, n - i);
 	lei_reader_init(&r, big, n, NULL);
-	rc = lei_read_item(&r, &it);
+	rc = lei_codec_read_item(&r, &it);
 	CHECK(rc == LEI_ESIZE && r.size == 0);
 	CHECK(strcmp(lei_reader_strerror(&r, rc, msg, sizeof msg),
 	             "value decodes to more than 67108864 bytes") == 0);
@@ -564,7 +564,7 @@ static void test_arrays(void)
 	CHECK(lei_wbuf_put(&b, d, sizeof d) == 0);
 	CHECK(lei_codec_validate((uint8_t *)b.data, b.len, NULL, NULL) == 0);
 	lei_reader_init(&r, (uint8_t *)b.data, b.len, NULL);
-	CHECK(lei_read_item(&r, &it) == 0 && it.tag == LEI_T_ARRAY && it.dtype == LEI_DT_F8 &&
+	CHECK(lei_codec_read_item(&r, &it) == 0 && it.tag == LEI_T_ARRAY && it.dtype == LEI_DT_F8 &&
 	      it.ndim == 3 && it.shape[2] == 4 && it.len == sizeof d &&
 	      memcmp(it.str, d, sizeof d) == 0 && lei_reader_finish(&r) == 0);
 	/* one byte short, one too many */

@@ -21,7 +21,7 @@
 static void hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents);
 static void acc_timer_cb(struct ev_loop *loop, ev_timer *w, int revents);
 
-void lei_conns_init(lei_ctx *c) {
+void lei_accept_init(lei_ctx *c) {
     c->accept_s.reserve_fd = -1;
     c->accept_s.acc_backoff = 0.1;
     ev_init(&c->accept_s.hs_w, hs_timer_cb);
@@ -30,7 +30,7 @@ void lei_conns_init(lei_ctx *c) {
     c->accept_s.acc_w.data = c;
 }
 
-void lei_conns_stop(lei_ctx *c) {
+void lei_accept_stop(lei_ctx *c) {
     if (ev_is_active(&c->accept_s.hs_w)) {
         ev_ref(c->loop); /* hs_arm unref'd it */
         ev_timer_stop(c->loop, &c->accept_s.hs_w);

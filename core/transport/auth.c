@@ -503,7 +503,7 @@ const uint8_t *lei_auth_ticket_for(lei_ctx *c, const lei_chan *ch) {
  * expiry, then 64 bytes) is not expired and is the manager's signature of
  * "lecho-producer-v2" 0 base 0 pk || u64be expiry for the peer's
  * authenticated key.  Returns the channel, or NULL (refused). */
-lei_chan *lei_bind_check(lei_ctx *c, const lei_peer *p, const char *name, size_t nl,
+lei_chan *lei_auth_bind_check(lei_ctx *c, const lei_peer *p, const char *name, size_t nl,
                          const uint8_t *ticket) {
     lei_chan *ch = lei_chan_find(c, name, nl);
     if (!ch || !ticket || !p->has_key) return NULL;

@@ -224,7 +224,7 @@ static int map_idx(lei_conn *k, uint64_t idx, uint32_t *chid) {
 /* A BIND: the remote's index idx names a channel.  It must be open here
  * (a BIND never opens one: a peer could make us keep any number of
  * channels), and in keyed mode the BIND carry a valid ticket
- * (lei_bind_check); else the index maps to LEI_REFUSED.  NULL, or an
+ * (lei_auth_bind_check); else the index maps to LEI_REFUSED.  NULL, or an
  * error (bad input). */
 static const char *conn_bind(lei_conn *k, const lei_frame *f) {
     lei_ctx *c = k->ctx;
@@ -257,7 +257,7 @@ static const char *conn_bind(lei_conn *k, const lei_frame *f) {
     lei_inmap_drop_rname(k, idx);
     /* Only a channel open here is bound (protected mode too: a BIND must not
      * make us open channels); keyed, the BIND also needs a valid ticket. */
-    lei_chan *ch = c->id.keyed ? lei_bind_check(c, k->peer, (const char *)name, nl, ticket)
+    lei_chan *ch = c->id.keyed ? lei_auth_bind_check(c, k->peer, (const char *)name, nl, ticket)
                                : lei_chan_find(c, (const char *)name, nl);
     /* keyed: the binding lasts while its ticket does (auth.c) */
     if (c->id.keyed && lei_ticket_bound(k, idx, ch ? ticket : NULL)) return "out of memory";

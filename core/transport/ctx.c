@@ -225,7 +225,7 @@ static void prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents) {
     if (c->h.prepare) c->h.prepare(c->h.ud);
     lei_peer_turn(c);
     c->unflushed = 0;
-    lei_flush(c);
+    lei_peer_flush_all(c);
 }
 
 /* Sync events and ACKs queued inside a callback (a call sent or answered
@@ -239,7 +239,7 @@ static void check_cb(struct ev_loop *loop, ev_check *w, int revents) {
     lei_ctx *c = w->data;
     if (!c->unflushed) return;
     c->unflushed = 0;
-    lei_flush(c);
+    lei_peer_flush_all(c);
 }
 
 /* A sync write to p: at once outside any callback (the main line), else at
@@ -339,14 +339,14 @@ lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h) {
     c->peer_s.expiry_w.data = c;
     ev_init(&c->hb, lei_live_timer_cb);
     c->hb.data = c;
-    lei_conns_init(c);
+    lei_accept_init(c);
     return c;
 }
 
 
 void lei_ctx_free(lei_ctx *c) {
     if (!c) return;
-    lei_flush(c);
+    lei_peer_flush_all(c);
     while (c->conns) {
         lei_conn *k = c->conns;
         k->busy = 0;
@@ -381,7 +381,7 @@ void lei_ctx_free(lei_ctx *c) {
     ev_idle_stop(c->loop, &c->peer_s.kick);
     ev_timer_stop(c->loop, &c->peer_s.expiry_w);
     ev_timer_stop(c->loop, &c->hb);
-    lei_conns_stop(c);
+    lei_accept_stop(c);
     free(c->peer_s.notes);
     free(c->spare);
     lei_ident_free(c);

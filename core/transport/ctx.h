@@ -349,7 +349,7 @@ void lei_sync_free(lei_ctx *c, lei_sync *s);
 void lei_sync_watch(lei_ctx *c, lei_sync *s);
 int lei_sync_done_take(lei_ctx *c, const uint64_t **ids);
 /* Writes every ready queue now. */
-void lei_flush(lei_ctx *c);
+void lei_peer_flush_all(lei_ctx *c);
 /* Runs the local delivery queue until it is empty. */
 void lei_drain_local(lei_ctx *c);
 /* Closes a peer's connection, dropping its queue, with a logged reason. */

@@ -444,7 +444,7 @@ struct lei_ctx {
     int unflushed;            /* a callback deferred a sync write (lei_defer_flush) */
     ev_timer hb;              /* liveness: PINGs and dead peers, all connections */
     lei_conn *conns;          /* all live connections (list through conn->next) */
-    uint64_t conn_gen;        /* last connection generation given (conn_up) */
+    uint64_t conn_gen;        /* last connection generation given (handshake_up) */
     int depth;                /* ro: nesting of hooks in progress */
     int closing;              /* ro: lei_ctx_shutdown was called */
     uint64_t encodes;         /* values encoded (lei_ctx_count_encode) */
@@ -648,8 +648,8 @@ lei_conn *lei_conn_new(lei_ctx *c, int fd, enum lei_conn_state state);
 /* accept.c: the context's timers, counters, the reserved fd; the handshake
  * deadline (armed by lei_conn_new); room for one more connection (0, or -1
  * with the reason in why[n]). */
-void lei_conns_init(lei_ctx *c);
-void lei_conns_stop(lei_ctx *c);
+void lei_accept_init(lei_ctx *c);
+void lei_accept_stop(lei_ctx *c);
 void lei_accept_hs_arm(lei_ctx *c);
 int lei_accept_room(lei_ctx *c, char *why, size_t n);
 /* conn.c -> handshake.c: one frame before UP (0, or -1 after closing k),
@@ -693,7 +693,7 @@ const uint8_t *lei_auth_ticket_for(lei_ctx *c, const lei_chan *ch);
 /* The length of name's base: up to the first '@' after the last '/'. */
 size_t lei_base_len(const char *name, size_t len);
 /* Keyed consumer side of a BIND: the local channel, or NULL when refused. */
-lei_chan *lei_bind_check(lei_ctx *c, const lei_peer *p, const char *name, size_t nl,
+lei_chan *lei_auth_bind_check(lei_ctx *c, const lei_peer *p, const char *name, size_t nl,
                          const uint8_t *ticket);
 void lei_refused_log(lei_ctx *c, const lei_peer *p, const char *name, size_t nl);
 const lei_pin *lei_pin_find(const lei_ctx *c, const char *addr);

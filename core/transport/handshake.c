@@ -151,7 +151,7 @@ static int identity_check(lei_conn *k, const lei_hello *h, const char *addr, int
  * connection, and beyond it only by an explicit pin: a first-come pin let
  * any trusted key squat an address not yet in use); then the peer is told
  * up and what queued for it while it was down goes out. */
-static void conn_up(lei_conn *k, lei_peer *p, uint64_t incarnation) {
+static void handshake_up(lei_conn *k, lei_peer *p, uint64_t incarnation) {
     lei_ctx *c = k->ctx;
     enum lei_conn_state was = k->state;
     k->peer = p;
@@ -242,7 +242,7 @@ static int hello_accepted(lei_conn *k, const lei_hello *h) {
         }
     }
     if (!p && !(p = lei_peers_new(c, h->addr))) return -1;
-    conn_up(k, p, h->incarnation);
+    handshake_up(k, p, h->incarnation);
     return 0;
 }
 
@@ -331,7 +331,7 @@ static int hello_answered(lei_conn *k, const lei_frame *f) {
     if (hello_read(k, f, LEI_F_HELLO_OK, &h) || superseded(k)) return -1;
     lei_sec *s = k->sec;
     if (!s) {
-        conn_up(k, k->peer, h.incarnation);
+        handshake_up(k, k->peer, h.incarnation);
         return 0;
     }
     if (identity_check(k, &h, k->peer->addr, 1)) return -1;
@@ -370,7 +370,7 @@ static int auth_answered(lei_conn *k, const lei_frame *f) {
         uint8_t b[LEI_FALLBACK_MAX];
         lei_conn_write_now(k, b, lei_sec_fallback_frame(b));
     }
-    conn_up(k, k->peer, k->sec->remote.incarnation);
+    handshake_up(k, k->peer, k->sec->remote.incarnation);
     return 0;
 }
 

@@ -496,7 +496,7 @@ void lei_peer_turn(lei_ctx *c) {
     }
 }
 
-void lei_flush(lei_ctx *c) {
+void lei_peer_flush_all(lei_ctx *c) {
     for (int i = 0; i < c->peers_s.npeers; i++)
         if (c->peers_s.peers[i]->q.head) lei_peer_flush(c->peers_s.peers[i]);
 }

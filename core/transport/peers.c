@@ -110,7 +110,7 @@ lei_peer *lei_peers_new(lei_ctx *c, const char *addr) {
     return p;
 }
 
-static void peer_free(lei_ctx *c, lei_peer *p) {
+static void peers_free(lei_ctx *c, lei_peer *p) {
     lei_peer_q_clear(c, p, 0);
     lei_msg_release(p->spare, NULL, NULL);
     lei_live_free(p);
@@ -144,14 +144,14 @@ static int peer_unused(const lei_peer *p) {
 }
 
 /* Frees c->peers_s.peers[i] (the last peer takes its place). */
-static void peer_drop(lei_ctx *c, int i) {
+static void peers_drop(lei_ctx *c, int i) {
     lei_peer *p = c->peers_s.peers[i];
     phash_del(c, p);
     c->peers_s.byidx[p->idx - 1] = NULL;
     c->peers_s.freeidx[c->peers_s.nfreeidx++] = p->idx;
     c->peers_s.peers[i] = c->peers_s.peers[--c->peers_s.npeers];
     c->peers_s.peers[i]->pos = i;
-    peer_free(c, p);
+    peers_free(c, p);
 }
 
 /* Frees the peers nothing has used for peer_free_after seconds, and
@@ -175,7 +175,7 @@ void lei_peers_sweep(lei_ctx *c) {
             if (!next || due < next) next = due;
             continue;
         }
-        peer_drop(c, i);
+        peers_drop(c, i);
         i--;
     }
     if (next) lei_expiry_at(c, next);
@@ -206,7 +206,7 @@ void lei_peers_evict(lei_ctx *c) {
     }
     qsort(v, (size_t)n, sizeof *v, by_unused_at);
     int freed = 0;
-    for (int j = 0; j < n && (size_t)c->peers_s.npeers > keep; j++, freed++) peer_drop(c, v[j]->pos);
+    for (int j = 0; j < n && (size_t)c->peers_s.npeers > keep; j++, freed++) peers_drop(c, v[j]->pos);
     free(v);
     if (freed)
         lei_ratelog(c, LEI_RL_PEERS, "more than %zu peer records: %d unused ones freed at once",
@@ -215,7 +215,7 @@ void lei_peers_evict(lei_ctx *c) {
 
 /* At the context's end: every peer. */
 void lei_peers_free(lei_ctx *c) {
-    for (int i = 0; i < c->peers_s.npeers; i++) peer_free(c, c->peers_s.peers[i]);
+    for (int i = 0; i < c->peers_s.npeers; i++) peers_free(c, c->peers_s.peers[i]);
     free(c->peers_s.peers);
     free(c->peers_s.phash);
     free(c->peers_s.byidx);

@@ -116,6 +116,14 @@ LECHO_API int lecho_close(lecho_ctx *ctx, double linger);
  * success, cut to errlen bytes with the NUL (ctx is gone: lecho_errmsg
  * cannot say it afterwards). */
 LECHO_API int lecho_close_err(lecho_ctx *ctx, double linger, char *err, size_t errlen);
+/* lecho_close_err that frees no memory: the endpoints are closed, what was
+ * submitted delivered (or LECHO_ETIMEOUT), no call but lecho_close_free is
+ * valid on ctx afterwards, and the values (and the arrays in them) the
+ * caller still points into stay valid until lecho_close_free(ctx) frees
+ * them with the context (the Python binding's close under live arrays). */
+LECHO_API int lecho_close_keep(lecho_ctx *ctx, double linger, char *err, size_t errlen);
+/* Frees a context closed by lecho_close_keep (NULL: a no-op). */
+LECHO_API void lecho_close_free(lecho_ctx *ctx);
 /* The address peers reach this context at ("host:port", "[v6]:port",
  * "unix:/path"; for a wildcard listen, the advertised one); with no
  * "nameserver" option, also the address of its name server, to give to

@@ -360,6 +360,45 @@ describe("atmosphere demo (make demo), as processes", function()
   end)
 end)
 
+describe("atmosphere demo steered by a user too", function()
+  after_each(function() S.cleanup() end)
+
+  it("passes when a user steers from the page after the demo's own steering", function()
+    -- outside review of issue 28 (B3): make demo failed ("FAIL the
+    -- simulation applied the steering event") when the user steered from
+    -- the page, as the README invites: it wanted its own value last
+    local _, ns = S.nameserver("--quiet")
+    local json = S.tmpname("summary") .. ".json"
+    local child = S.spawn(("LECHO_NAMESERVER=%s DEMO_SECONDS=6 %s %s/run.lua --json %s"):format(
+      ns, S.luajit, dir, S.sh_quote(json)))
+    assert.truthy(S.wait_file(child.out, "steering the simulation", 60), S.output(child) .. S.errors(child))
+    -- the user, once the demo has steered: emission 7, every 0.2 s
+    local user = S.lua([[
+      local lecho = require "lecho"
+      local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+      local p = assert(ctx:channel("atmosphere.steer"):producer())
+      local t0 = ctx:now()
+      while ctx:now() - t0 < 60 do
+        p:submit_sync({ emission = 7 }, { timeout = 2 })
+        ctx:run_once(0.2)
+      end
+    ]], ns)
+    local steered
+    local done, rc = S.wait(child, 120)
+    assert.is_true(done, S.output(child) .. S.errors(child))
+    local out = S.output(child) .. S.errors(child)
+    assert.matches("emission 7", out)       -- the user's steering was applied
+    local sum = cjson.decode((assert(S.read(json), out)))
+    for _, c in ipairs(sum.checks) do
+      if c.name:match("steering") then steered = c.ok end
+    end
+    assert.is_true(steered, out)
+    assert.are.equal(0, rc, out)
+    assert.matches("the demo runs 6 s: DEMO_SECONDS=120 make demo for longer", S.output(child))
+    S.kill(user, "KILL")
+  end)
+end)
+
 describe("atmosphere steering, as processes", function()
   after_each(function() S.cleanup() end)
 

@@ -182,15 +182,24 @@ describe("lecho-gateway", function()
     c = ws(hp)
     c:send_frame(false, 1, ("x"):rep(3000))
     c:send_frame(true, 0, ("x"):rep(3000))
-    op, code = c:recv(5)
+    local reason
+    op, code, reason = c:recv(5)
     assert.are.equal(8, op)
     assert.are.equal(1009, code)
-    -- an unmasked client frame: a protocol error (1002)
+    assert.matches("message over 4096 bytes", reason)   -- a reason, as doc/gateway.md says (review N1)
+    -- an unmasked client frame: a protocol error (1002), and why
     c = ws(hp)
     c:send_frame(true, 1, '{"op":"list"}', { mask = false })
-    op, code = c:recv(5)
+    op, code, reason = c:recv(5)
     assert.are.equal(8, op)
     assert.are.equal(1002, code)
+    assert.matches("must be masked", reason)
+    -- a continuation frame with no message begun: 1002, and why
+    c = ws(hp)
+    c:send_frame(true, 0, "x")
+    op, code, reason = c:recv(5)
+    assert.are.equal(1002, code)
+    assert.matches("continuation frame outside", reason)
     -- a JSON line past the limit: told, closed
     local l = assert(W.lines("127.0.0.1", lp))
     l:json()
@@ -225,6 +234,101 @@ describe("lecho-gateway", function()
     assert.truthy(e2.step > e1.step)
     assert.truthy(S.alive(gw))
     good:close()
+  end)
+
+  it("a frame header with no payload: over the limit 1009 at once, under it closed at --partial-timeout, logged", function()
+    -- outside review of issue 28 (B5): a header declaring 100000 bytes or
+    -- 2^40 and nothing after it held the connection forever, unlogged
+    local g2, hp2, lp2 = gateway(ns, "--max-message 200000 --partial-timeout 1.5")
+    for _, len in ipairs{ 2 ^ 40, 300000 } do
+      local c = ws(hp2)
+      c.s:send(c:frame(true, 1, "", { len = len }))
+      local t0 = socket.gettime()
+      local op, code = c:recv(5)
+      assert.are.equal(8, op, "declared " .. len)
+      assert.are.equal(1009, code)
+      assert.truthy(socket.gettime() - t0 < 1, "1009 at once, not at the deadline")
+      c:close()
+    end
+    -- under the limit: closed (1008, a reason) at the deadline
+    local c = ws(hp2)
+    c.s:send(c:frame(true, 2, "", { len = 100000 }) .. ("z"):rep(1000))
+    local t0 = socket.gettime()
+    local op, code, reason = c:recv(6)
+    assert.are.equal(8, op)
+    assert.are.equal(1008, code)
+    assert.matches("incomplete", reason)
+    local dt = socket.gettime() - t0
+    assert.truthy(dt > 1 and dt < 4, dt)
+    -- a JSON line without its newline, the same
+    local l = assert(W.lines("127.0.0.1", lp2))
+    l:json()
+    l:send_raw('{"op":"li')
+    local m = l:json(5)
+    assert.matches("incomplete", m.error)
+    -- a client that only listens (no message begun) stays
+    local quiet = ws(hp2)
+    socket.sleep(2.5)
+    quiet:send_json{ op = "list", id = 1 }
+    assert.truthy(reply(quiet, 1).result)
+    quiet:close()
+    local function log()   -- the gateway's stderr
+      local f = io.open(g2.err)
+      local t = f:read("*a")
+      f:close()
+      return t
+    end
+    local _, n = log():gsub("message over 200000 bytes", "")
+    assert.are.equal(2, n)     -- one line per client
+    _, n = log():gsub("left incomplete for 1.5 s", "")
+    assert.are.equal(2, n)
+    P.stop(g2)
+  end)
+
+  it("a client may publish to and call at most --max-channels distinct names; its channels go when it leaves", function()
+    -- outside review of issue 28 (B4): pub to 2000 distinct names made
+    -- 2000 channels that stayed after the client left, listed to everyone
+    local g2, hp2 = gateway(ns, "--max-channels 3")
+    local c, hello = ws(hp2)
+    assert.are.equal(3, hello.limits.channels)
+    for i = 1, 3 do
+      c:send_json{ op = "pub", id = i, ch = "flood.c" .. i, data = i }
+      assert.is_true(reply(c, i).ok)
+    end
+    c:send_json{ op = "pub", id = 4, ch = "flood.c1", data = 9 }   -- one it has already: fine
+    assert.is_true(reply(c, 4).ok)
+    c:send_json{ op = "pub", id = 5, ch = "flood.c4", data = 4 }
+    local r = reply(c, 5)
+    assert.are.equal("limit", r.code)
+    assert.matches("3 distinct channels", r.error)
+    c:send_json{ op = "call", id = 6, svc = "no.such.service", args = {}, timeout = 1 }
+    assert.are.equal("limit", reply(c, 6).code)
+    -- the flood channels with a producer (the gateway's, for this client)
+    local function listed()
+      local v = ws(hp2)
+      v:send_json{ op = "list", id = 1 }
+      local names = {}
+      for _, x in ipairs(reply(v, 1).result) do
+        if x.channel:find("^flood%.") and x.producers > 0 then names[#names + 1] = x.channel end
+      end
+      v:close()
+      return names
+    end
+    assert.truthy(until_(function() return #listed() == 3 end, 10, 0.2))
+    c:close()
+    -- left with the client that made them (the name server forgets them
+    -- after its forget_after, 30 s)
+    assert.truthy(until_(function() return #listed() == 0 end, 10, 0.3), table.concat(listed(), " "))
+    -- a call to a service no process offers: told so, no channel made for it
+    local c2 = ws(hp2)
+    c2:send_json{ op = "call", id = 1, svc = "no.such.service", args = {}, timeout = 2 }
+    r = reply(c2, 1)
+    assert.are.equal("noservice", r.code)
+    assert.matches("no service no.such.service", r.error)
+    c2:send_json{ op = "list", id = 2 }
+    for _, x in ipairs(reply(c2, 2).result) do assert.is_nil(x.channel:find("no.such", 1, true), x.channel) end
+    c2:close()
+    P.stop(g2)
   end)
 
   it("a client that never reads is bounded by --max-queued and dropped events are counted to it; others go on", function()

@@ -12,7 +12,13 @@
  *   conn:feed(bytes)          bytes read with the HTTP head, read before the socket
  *   conn:recv()               -> list {op1, data1, op2, data2, ...} of whole
  *                                messages (1 text, 2 binary), or nil, why
- *                                ("eof", "closed: CODE", a wslay error)
+ *                                ("eof", "closed: CODE", a wslay error;
+ *                                "message over N bytes ...", 1009: a data
+ *                                frame's header declares more than max_msg;
+ *                                "protocol error: ...", 1002: a header wslay
+ *                                would refuse without a reason)
+ *   conn:partial()            -> true while a frame or a fragmented message
+ *                                is incomplete
  *   conn:queue(data, binary)  a message (copied by wslay) -> true or nil, why
  *   conn:send()               -> true when nothing is left, false when the
  *                                socket is full, nil, why on failure
@@ -55,6 +61,16 @@ typedef struct {
     int eof, oom, sock_err;
     int close_code; /* status code of a close frame received */
     double bytes_in, bytes_out;
+    /* the frame headers of what wslay reads, followed here too: a data frame
+     * that declares more than max is refused at its header (wslay would
+     * only refuse once payload came); partial() says a frame or a
+     * fragmented message is incomplete (the gateway's deadline) */
+    uint64_t max, remain, too_big; /* remain: payload bytes of the frame left */
+    uint64_t msglen;               /* bytes of the data message so far (its frames) */
+    const char *bad;               /* a protocol error found in a header (static text) */
+    unsigned char hdr[14];
+    size_t hlen;
+    int frag; /* a data frame without FIN seen, its final frame not yet */
     /* frames wslay wrote, gathered into one send() per flush (owned; 64 KiB):
      * one system call for many messages, not one each */
     unsigned char *obuf;
@@ -83,6 +99,63 @@ static int flush_out(ws_conn *c) {
     return 0;
 }
 
+/* Follows the frame headers in the n bytes at p (what wslay is handed):
+ * 0, or -1 when a data frame declares more than c->max bytes (too_big). */
+static int track(ws_conn *c, const uint8_t *p, size_t n) {
+    while (n > 0) {
+        if (c->remain > 0) {
+            size_t k = (uint64_t)n < c->remain ? n : (size_t)c->remain;
+            c->remain -= k;
+            p += k;
+            n -= k;
+            continue;
+        }
+        c->hdr[c->hlen++] = *p++;
+        n--;
+        if (c->hlen < 2) continue;
+        unsigned l7 = c->hdr[1] & 0x7f;
+        size_t ext = l7 == 126 ? 2 : l7 == 127 ? 8 : 0;
+        if (c->hlen < 2 + ext + ((c->hdr[1] & 0x80) ? 4 : 0)) continue;
+        uint64_t len = l7;
+        if (ext) {
+            len = 0;
+            for (size_t i = 0; i < ext; i++) len = len << 8 | c->hdr[2 + i];
+        }
+        c->hlen = 0;
+        unsigned op = c->hdr[0] & 0x0f, fin = c->hdr[0] & 0x80;
+        /* the errors wslay would answer with a close frame without a
+         * reason: found here, the gateway closes with 1002 and says why */
+        if (!(c->hdr[1] & 0x80)) c->bad = "a client frame must be masked";
+        else if (c->hdr[0] & 0x70) c->bad = "reserved bits set (no extension was agreed)";
+        else if (op != 0 && op != 1 && op != 2 && op != 8 && op != 9 && op != 10) c->bad = "an unknown opcode";
+        else if (op >= 8 && (len > 125 || !fin)) c->bad = "a control frame over 125 bytes or fragmented";
+        else if (op == 0 && !c->frag) c->bad = "a continuation frame outside a fragmented message";
+        else if ((op == 1 || op == 2) && c->frag) c->bad = "a new message inside a fragmented one";
+        if (c->bad) return -1;
+        if (op < 8) { /* a data or continuation frame: the message's length so far */
+            c->msglen = op == 0 ? c->msglen + len : len;
+            if (len > c->max || c->msglen > c->max) {
+                c->too_big = c->msglen;
+                return -1;
+            }
+            c->frag = !fin;
+        }
+        c->remain = len;
+    }
+    return 0;
+}
+
+static ssize_t got(wslay_event_context_ptr ctx, ws_conn *c, const uint8_t *buf, ssize_t n) {
+    if (c->too_big || c->bad || track(c, buf, (size_t)n) < 0) {
+        /* "would block", not a failure: wslay would queue a close frame
+         * of its own without a status; conn:recv says too big, the
+         * gateway closes with 1009 and its reason */
+        wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
+        return -1;
+    }
+    return n;
+}
+
 static ssize_t recv_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, int flags, void *ud) {
     (void)flags;
     ws_conn *c = ud;
@@ -104,14 +177,14 @@ static ssize_t recv_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, in
             c->pre_len = c->pre_off = 0;
         }
         c->bytes_in += (double)n;
-        return (ssize_t)n;
+        return got(ctx, c, buf, (ssize_t)n);
     }
     ssize_t r;
     do r = recv(c->fd, buf, len, 0);
     while (r < 0 && errno == EINTR);
     if (r > 0) {
         c->bytes_in += (double)r;
-        return r;
+        return got(ctx, c, buf, r);
     }
     if (r == 0) {
         c->eof = 1;
@@ -215,7 +288,8 @@ static int l_server(lua_State *L) {
         c->ev = NULL;
         return luaL_error(L, "lecho.ws: out of memory");
     }
-    wslay_event_config_set_max_recv_msg_length(c->ev, max > 0 ? (uint64_t)max : 1);
+    c->max = max > 0 ? (uint64_t)max : 1;
+    wslay_event_config_set_max_recv_msg_length(c->ev, c->max);
     return 1;
 }
 
@@ -254,6 +328,18 @@ static int l_recv(lua_State *L) {
         lua_pushnil(L);
         lua_pushstring(L, "out of memory");
         return 2;
+    }
+    if (c->too_big) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "message over %d bytes (its frames declare %f)", (int)c->max, (lua_Number)c->too_big);
+        lua_pushinteger(L, 1009);
+        return 3;
+    }
+    if (c->bad) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "protocol error: %s", c->bad);
+        lua_pushinteger(L, 1002);
+        return 3;
     }
     if (r != 0) {
         lua_pushnil(L);
@@ -308,6 +394,12 @@ static int l_close(lua_State *L) {
     wslay_event_queue_close(c->ev, (uint16_t)code, (const uint8_t *)why, n);
     wslay_event_shutdown_read(c->ev);
     return 0;
+}
+
+static int l_partial(lua_State *L) {
+    ws_conn *c = check(L);
+    lua_pushboolean(L, c->hlen > 0 || c->remain > 0 || c->frag);
+    return 1;
 }
 
 static int l_want_read(lua_State *L) {
@@ -414,7 +506,7 @@ static int l_valid_utf8(lua_State *L) {
 
 static const luaL_Reg conn_m[] = {
     { "feed", l_feed },           { "recv", l_recv },       { "queue", l_queue },
-    { "send", l_send },           { "close", l_close },     { "want_read", l_want_read },
+    { "send", l_send },           { "close", l_close },     { "want_read", l_want_read }, { "partial", l_partial },
     { "want_write", l_want_write }, { "queued", l_queued }, { "bytes_in", l_bytes_in },
     { "bytes_out", l_bytes_out }, { "free", l_free },       { NULL, NULL },
 };

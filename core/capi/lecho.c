@@ -306,6 +306,16 @@ int lecho_close(lecho_ctx *x, double linger) {
 }
 
 int lecho_close_err(lecho_ctx *x, double linger, char *err, size_t errlen) {
+    int rc = lecho_close_keep(x, linger, err, errlen);
+    if (x && !x->in_handler) ctx_free(x);   /* in a handler: refused, nothing freed */
+    return rc;
+}
+
+void lecho_close_free(lecho_ctx *x) {
+    if (x) ctx_free(x);
+}
+
+int lecho_close_keep(lecho_ctx *x, double linger, char *err, size_t errlen) {
     if (err && errlen) err[0] = 0;
     if (!x) return 0;
     if (x->in_handler) {
@@ -324,7 +334,6 @@ int lecho_close_err(lecho_ctx *x, double linger, char *err, size_t errlen) {
     struct op o = { .d = linger };
     int rc = lei_lecho_protect(x, op_close, &o);
     if (rc != 0 && err && errlen) snprintf(err, errlen, "%s", x->err);
-    ctx_free(x);
     return rc;
 }
 

@@ -36,6 +36,8 @@ M.LIMITS = {
   inflight = 8,            -- requests of one client being served at once
   head = 8192,             -- bytes of an HTTP request head
   handshake = 5,           -- seconds for the HTTP head, and in keyed mode for auth
+  partial = 10,            -- seconds a client may leave a message (frame, fragments, line) incomplete
+  channels = 64,           -- distinct channels one client may publish to, and services it may call
 }
 M.SLOW = { drop = true, disconnect = true }
 -- seconds a client being closed has to take what was queued and the close
@@ -381,6 +383,7 @@ function Gateway:_drop(cl, code, why)
   if cl.closed then return end
   if code and not cl.closing then
     cl.closing = true
+    if cl.ptimer then cl.ptimer:stop(); cl.ptimer = nil end
     if why then self.ctx.log(("gateway: client %d (%s) closed: %s"):format(cl.id, cl.peer or "?", why)) end
     -- (what is queued goes first if the socket takes it: a reply saying
     -- why; wslay sends a close frame before queued messages otherwise)
@@ -395,10 +398,11 @@ function Gateway:_drop(cl, code, why)
     return self:_flush(cl)
   end
   cl.closed = true
-  for _, w in ipairs{ "watch", "wwatch", "dtimer" } do
+  for _, w in ipairs{ "watch", "wwatch", "dtimer", "ptimer" } do
     if cl[w] then cl[w]:stop(); cl[w] = nil end
   end
   for name in pairs(cl.subs) do self:_unsub(cl, name) end
+  self:_release(cl)
   if cl.ws then cl.ws:free() end
   C.close(cl.fd)
   self.clients[cl] = nil
@@ -423,7 +427,7 @@ function Gateway:_accept(lfd, kind)
       C.setsockopt(fd, SOL_SOCKET, SO_SNDBUF, ffi.new("int[1]", SNDBUF), 4)
       self.nextid = self.nextid + 1
       local cl = setmetatable({ gw = self, fd = fd, id = self.nextid, kind = kind, head = "", out = buffer.new(),
-                                subs = {}, nsubs = 0, drops = 0, told = 0, events = 0, bytes = 0, inflight = 0,
+                                subs = {}, nsubs = 0, used = {}, nused = 0, drops = 0, told = 0, events = 0, bytes = 0, inflight = 0,
                                 last_events = 0, last_bytes = 0, rate = 0, bps = 0, t0 = self.ctx.c:now() }, Client)
       self.clients[cl] = true
       self.nclients = self.nclients + 1
@@ -454,15 +458,32 @@ function Gateway:_hello(cl)
   end
   cl:reply{ hello = "lecho-gateway", version = 1, auth = (self.keyed and not cl.principal) and "required" or nil,
             principal = cl.principal, nonce = cl.nonce, slow = self.slow,
-            limits = { message = self.lim.message, subs = self.lim.subs, queued = self.lim.queued } }
+            limits = { message = self.lim.message, subs = self.lim.subs, queued = self.lim.queued,
+                       channels = self.lim.channels } }
 end
 
 local rbuf_size = 65536
 
+-- A client that leaves a message incomplete (a frame header with its
+-- payload not all sent, a fragmented message unfinished, a JSON line without
+-- its newline) for lim.partial seconds is closed: such a connection held
+-- open forever, 256 of them, would fill --max-clients.
+function Gateway:_deadline(cl, partial)
+  if cl.closed or cl.closing then return end
+  if not partial then
+    if cl.ptimer then cl.ptimer:stop(); cl.ptimer = nil end
+  elseif not cl.ptimer then
+    cl.ptimer = self.ctx.c:timer(self.lim.partial, 0, function()
+      cl.ptimer = nil
+      self:_drop(cl, 1008, ("a message left incomplete for %g s"):format(self.lim.partial))
+    end)
+  end
+end
+
 function Gateway:_read(cl)
   if cl.closed then return end
   if cl.ws then
-    local msgs, why = cl.ws:recv()
+    local msgs, why, wcode = cl.ws:recv()
     if msgs then
       for i = 1, #msgs, 2 do
         if cl.closed or cl.closing then break end
@@ -473,13 +494,15 @@ function Gateway:_read(cl)
     if why then
       if why:find("^closed") then pcall(cl.ws.send, cl.ws) end   -- wslay's answering close frame
       if why == "eof" or why:find("^closed") then return self:_drop(cl, nil, nil) end
-      return self:_drop(cl, nil, why)
+      return self:_drop(cl, wcode, why)   -- wcode 1009: a frame declared more than lim.message
     end
+    self:_deadline(cl, cl.ws:partial())
     if not cl.ws:want_read() then
       -- wslay refused the input (a protocol error, a message past the size
       -- limit): its close frame is queued; the connection ends once sent
       cl.closing = true
       if cl.watch then cl.watch:stop(); cl.watch = nil end
+      if cl.ptimer then cl.ptimer:stop(); cl.ptimer = nil end
       self.ctx.log(("gateway: client %d (%s) closed by the WebSocket layer (bad frame or message over %d bytes)"):format(
         cl.id, cl.peer or "?", self.lim.message))
       if not cl.dtimer then cl.dtimer = self.ctx.c:timer(M.LINGER, 0, function() self:_drop(cl) end) end
@@ -527,6 +550,7 @@ function Gateway:_read(cl)
       if #cl.head > self.lim.message then
         return self:_drop(cl, 1009, ("message over %d bytes"):format(self.lim.message))
       end
+      self:_deadline(cl, cl.head:find("%S") ~= nil)
     end
   end
 end
@@ -799,11 +823,47 @@ function Gateway:_producer(ch)
   return p
 end
 
+-- Counts key (a channel cl publishes to, "svc:NAME" a service it calls)
+-- against lim.channels: true, or nil, why.  A channel's producer is the
+-- gateway's, shared by its clients: closed (the channel left) when the last
+-- client that published to it is gone (_release), so a client cannot leave
+-- channels behind without bound.
+function Gateway:_use(cl, key, pub)
+  if cl.used[key] then return true end
+  if cl.nused >= self.lim.channels then
+    return nil, ("limit: %d distinct channels and services per client (--max-channels)"):format(self.lim.channels)
+  end
+  cl.used[key] = pub and "pub" or "call"
+  cl.nused = cl.nused + 1
+  if pub then
+    self.pubusers = self.pubusers or {}
+    self.pubusers[key] = (self.pubusers[key] or 0) + 1
+  end
+  return true
+end
+
+function Gateway:_release(cl)
+  for key, how in pairs(cl.used) do
+    if how == "pub" then
+      local n = (self.pubusers[key] or 1) - 1
+      self.pubusers[key] = n > 0 and n or nil
+      local p = self.producers[key]
+      if n <= 0 and p and cl.inflight == 0 then
+        self.producers[key] = nil
+        p:close()
+      end
+    end
+  end
+  cl.used, cl.nused = {}, 0
+end
+
 function OPS.pub(self, cl, m, id)
   local ch = chan_name(m)
   if not ch then return err(cl, id, "pub needs ch, a channel name") end
   local ok, why = self:_may(cl, "produce", ch)
   if not ok then return err(cl, id, why, "denied") end
+  ok, why = self:_use(cl, ch, true)
+  if not ok then return err(cl, id, why, "limit") end
   local p, e2 = self:_producer(ch)
   if not p then return err(cl, id, tostring(e2), "failed") end
   local data = denull(m.data, 0)
@@ -832,6 +892,19 @@ function OPS.call(self, cl, m, id)
   if type(svc) ~= "string" or svc == "" or #svc > 256 then return err(cl, id, "call needs svc, a service name") end
   local ok, why = self:_may(cl, "produce", "svc:" .. svc)
   if not ok then return err(cl, id, why, "denied") end
+  ok, why = self:_use(cl, "svc:" .. svc, false)
+  if not ok then return err(cl, id, why, "limit") end
+  -- a service no process offers: said without a channel made for it (the
+  -- caller's state of a name, ctx.call's, lives as long as the context)
+  if not (self.ctx.svc_callers and self.ctx.svc_callers[svc]) then
+    local any = false
+    for _, ns in ipairs(self.ctx.nslist or { self.ctx.ns }) do
+      local yes, _, code = self.ctx:_channel_exists(ns .. "/svc:" .. svc, ns, "svc:" .. svc)
+      if yes then any = true break end
+      if code ~= "notfound" then any = true break end   -- (unsure: let the call say)
+    end
+    if not any then return err(cl, id, "no service " .. svc, "noservice") end
+  end
   local t, v = tonumber(m.timeout), tonumber(m.version)
   local copts = {}
   if t and t > 0 and t <= 60 then copts.timeout = t end

@@ -158,6 +158,7 @@ class Context:
         if rc != 0:
             raise LechoError(rc, _s(err))
         self._x = out[0]
+        self._mem = _Mem(out[0])      # the context's memory: held by received arrays' pins too
         self._thread = threading.get_ident()
         self._pending = None          # a BaseException raised in a callback, re-raised after
         self._handles = []            # consumers, services: their callbacks live as long
@@ -223,8 +224,8 @@ class Context:
     # -- arrays received: NumPy arrays over the context's memory --
     def _pin_owned(self, holder):
         """A pin on holder (an owned lecho_value cdata): the arrays made
-        over its memory hold it; close() refuses while one lives."""
-        p = _Pin(holder)
+        over its memory hold it, and the context's memory (see close)."""
+        p = _Pin(holder, self._mem)
         self._pins.add(p)
         return p
 
@@ -411,16 +412,13 @@ class Context:
     def close(self, linger=-1.0):
         """Delivers what was submitted (at most `linger` seconds; < 0: the
         context's linger option, 2 s), closes, frees.  LechoError("timeout")
-        when something could not be delivered (closed all the same)."""
+        when something could not be delivered (closed all the same).
+        Large received arrays (over the context's memory) still alive stay
+        valid: the context's memory is freed when the last of them goes."""
         if self._x is None:
             return
         if len(self._pins):
             gc.collect()
-        if len(self._pins):
-            # as mmap.close() with exported buffers: freeing the memory under
-            # a live NumPy array would crash the process later
-            raise BufferError("lecho: arrays received from this context are still held (%d values): "
-                              "del them or keep copies (a.copy()) before closing" % len(self._pins))
         self.detach()
         self._drain()
         x, self._x = self._x, None
@@ -428,7 +426,12 @@ class Context:
             h._dead()
         self._handles = []
         err = ffi.new("char[512]")
-        rc = lib.lecho_close_err(x, float(linger), err, 512)
+        # closed, not freed: the memory goes with the last holder of _mem
+        # (this context, or a pin of a live array: see _Mem)
+        rc = lib.lecho_close_keep(x, float(linger), err, 512)
+        mem, self._mem = self._mem, None
+        mem.closed = rc != lib.LECHO_EINVAL     # EINVAL: refused (from a handler), nothing to free yet
+        mem = None
         self._reraise()
         if rc != 0:
             raise LechoError(rc, _s(err))
@@ -443,16 +446,32 @@ class Context:
         if getattr(self, "_x", None) is not None and threading.get_ident() == self._thread:
             try:
                 self.close(0)
-            except Exception:  # arrays still held (BufferError): left open
+            except Exception:
                 pass
 
 
-class _Pin:
-    """Holds a lecho_value whose arrays NumPy arrays point into."""
-    __slots__ = ("v", "__weakref__")
+class _Mem:
+    """A context's memory (its lecho_ctx): freed (lecho_close_free) when the
+    context is closed and nothing holds this any more, the Context nor the
+    pins of received arrays, which point into that memory."""
+    __slots__ = ("x", "closed")
 
-    def __init__(self, v):
-        self.v = v
+    def __init__(self, x):
+        self.x, self.closed = x, False
+
+    def __del__(self):
+        if self.closed and self.x is not None:
+            x, self.x = self.x, None
+            lib.lecho_close_free(x)
+
+
+class _Pin:
+    """Holds a lecho_value whose arrays NumPy arrays point into, and the
+    memory of its context (mem)."""
+    __slots__ = ("v", "mem", "__weakref__")
+
+    def __init__(self, v, mem):
+        self.v, self.mem = v, mem
 
 
 def _print_handler_error(where, exc):

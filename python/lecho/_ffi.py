@@ -63,6 +63,8 @@ const char *lecho_strerror(int code);
 const char *lecho_errmsg(const lecho_ctx *ctx);
 int lecho_open(const char *const *opts, lecho_ctx **out, char *err, size_t errlen);
 int lecho_close_err(lecho_ctx *ctx, double linger, char *err, size_t errlen);
+int lecho_close_keep(lecho_ctx *ctx, double linger, char *err, size_t errlen);
+void lecho_close_free(lecho_ctx *ctx);
 const char *lecho_address(const lecho_ctx *ctx);
 const char *lecho_nameserver(const lecho_ctx *ctx);
 int lecho_run_once(lecho_ctx *ctx, double timeout);

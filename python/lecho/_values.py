@@ -110,21 +110,36 @@ def _outs():
     return o
 
 
+# Arrays of at least this many bytes are NumPy arrays over lecho's memory
+# (no copy: the adopted read buffers of doc/python.md); smaller ones are
+# copied out into memory of their own.
+HOLD_MIN = 256 * 1024
+
+
 def array_of(ptr, nbytes, info, pin):
-    """A NumPy array over the nbytes at address ptr (no copy), of the dtype
-    and shape of info (a lecho_array_info *); pin() gives the object that
-    keeps that memory alive, held as long as the array is."""
+    """A read-only NumPy array of the nbytes at address ptr, of the dtype
+    and shape of info (a lecho_array_info *): over that memory (no copy)
+    when nbytes >= HOLD_MIN, pin() giving the object that keeps it alive,
+    held as long as the array is; else a copy of them."""
     if _np is None:
         raise ImportError("lecho: an event holds an array: install python3-numpy")
     info = ffi.cast("lecho_array_info *", info)
     dtype = ffi.string(info.dtype).decode()
     shape = tuple(info.shape[d] for d in range(info.ndim))
     if nbytes == 0:
-        return _np.zeros(shape, dtype=dtype)
-    holder = pin()
-    # the buffer's cdata holds the pin: the array -> buffer -> cdata -> pin
-    p = ffi.gc(ffi.cast("char *", ptr), lambda _c, _h=holder: None)
-    a = _np.frombuffer(ffi.buffer(p, nbytes), dtype=dtype).reshape(shape)
+        a = _np.zeros(shape, dtype=dtype)
+    elif nbytes < HOLD_MIN:
+        # a small array: copied out, its memory the array's own (nothing
+        # of the context held: close() is not delayed by it)
+        a = _np.frombuffer(ffi.buffer(ffi.cast("char *", ptr), nbytes), dtype=dtype).reshape(shape).copy()
+    else:
+        holder = pin()
+        # the buffer's cdata holds the pin: the array -> buffer -> cdata -> pin
+        p = ffi.gc(ffi.cast("char *", ptr), lambda _c, _h=holder: None)
+        a = _np.frombuffer(ffi.buffer(p, nbytes), dtype=dtype).reshape(shape)
+    # read-only: one decoded value goes to every consumer of the process (a
+    # write into it would change what the others see); a.copy() to write
+    a.flags.writeable = False
     return a
 
 

@@ -280,16 +280,70 @@ def test_arrays_from_a_lua_producer_are_numpy_arrays_over_the_received_memory(na
         for k, ev in enumerate(fields, 1):
             f = ev["field"]
             assert f.dtype == np.dtype("<f8") and f.shape == (64, 128)
-            assert not f.flags["OWNDATA"]                  # NumPy over lecho's memory
-            assert np.array_equal(f, want + k * 100000)    # still valid: held by the array
+            assert f.flags["OWNDATA"]                      # 64 KiB < 256 KiB: copied out
+            assert not f.flags["WRITEABLE"]
+            assert np.array_equal(f, want + k * 100000)
             assert ev["small"].tolist() == [k, -k, 7] and ev["small"].dtype == np.dtype("<i2")
         assert len(fields) == n
         # a callback's arrays outlive its handler, as the iterator's do
         assert [ev["field"][0, 1] for ev in kept] == [k * 100000 + 1 for k in range(1, n + 1)]
-        # closing under live arrays is refused (their memory is the context's)
-        with pytest.raises(BufferError):
-            ctx.close()
+        # small arrays do not hold the context: it closes under them
+        ctx.close()
+        assert np.array_equal(fields[-1]["field"], want + n * 100000)
         fields = kept = f = ev = None
+
+
+def _one_array_event(ctx, name, n):
+    import numpy as np
+    ch = ctx.channel(name)
+    subs = [ch.subscribe(), ch.subscribe()]
+    ch.producer().submit({"arr": np.arange(float(n))})
+    return [s.get(timeout=5)["arr"] for s in subs]
+
+
+@pytest.mark.parametrize("n", [4, 100000])
+def test_received_arrays_are_read_only_for_every_consumer_of_the_process(n):
+    import numpy as np
+    with lecho.Context(quiet=True) as ctx:
+        a, b = _one_array_event(ctx, "ro%d" % n, n)
+        with pytest.raises(ValueError):
+            a[0] = 99.0               # would change b too (one decoded value for both)
+        assert b[0] == 0.0 and a.flags["WRITEABLE"] is False
+        c = a.copy()
+        c[0] = 99.0                   # a copy is the caller's
+        assert a[0] == 0.0
+
+
+def test_a_context_closes_under_a_held_small_array():
+    import numpy as np
+    ctx = lecho.Context(quiet=True)
+    a, _ = _one_array_event(ctx, "small", 4)    # 32 bytes, as /tmp/rpw/smallhold.py
+    ctx.close()                                 # BufferError before
+    assert a.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_with_block_closes_under_held_large_arrays_which_stay_valid():
+    import numpy as np
+    n = 100000                                  # 800 KB: over the context's memory
+    with lecho.Context(quiet=True) as ctx:
+        a, b = _one_array_event(ctx, "large", n)
+        assert not a.flags["OWNDATA"]
+    # left the with block without BufferError; the arrays hold the memory
+    assert ctx._x is None
+    junk = [np.ones(n) for _ in range(20)]      # allocations that would reuse freed memory
+    assert np.array_equal(a, np.arange(float(n))) and np.array_equal(b, a)
+    a = b = junk = None
+
+
+def test_keyboard_interrupt_then_close_under_a_held_large_array():
+    import numpy as np
+    ctx = lecho.Context(quiet=True)
+    try:
+        a, _ = _one_array_event(ctx, "kbi", 100000)
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        ctx.close()
+    assert a.sum() == sum(range(100000))
 
 
 def test_numpy_arrays_sent_are_lecho_arrays_at_a_lua_consumer(nameserver, procs):

@@ -750,10 +750,13 @@ function Context:_route(chid, fn)
   routes[chid] = fn
 end
 
-function Context:_dispatch_value(chid, value, peer, producer, seq, sync, gen, rv)
-  -- self.dco is the dispatch coroutine, suspended, or nil: taken out while
-  -- it runs (an event dispatched from inside a handler gets another one),
-  -- put back when it yielded DONE (no coroutine.status per event)
+-- Runs one resume of the dispatch coroutine with a..h (an event, or a
+-- batch) for peer: held (a handler waits: C holds the peer until
+-- ctx:resume), and what the dispatcher returned.  self.dco is the dispatch
+-- coroutine, suspended, or nil: taken out while it runs (an event
+-- dispatched from inside a handler gets another one), put back when it
+-- yielded DONE (no coroutine.status per event).
+local function run_dispatcher(self, peer, a, b, c, d, e, f, g, h)
   local co = self.dco
   if co then
     self.dco = nil
@@ -762,7 +765,7 @@ function Context:_dispatch_value(chid, value, peer, producer, seq, sync, gen, rv
     self.cos[co] = true
     coroutine.resume(co, self)
   end
-  local ok, r, nran, errs = coroutine.resume(co, chid, value, peer, producer, seq, sync, gen, rv)
+  local ok, r, nran, errs = coroutine.resume(co, a, b, c, d, e, f, g, h)
   while ok and bare_yield(self, co, r) do ok, r, nran, errs = coroutine.resume(co) end
   if not ok then
     self.log("error dispatching an event: " .. traceback(co, tostring(r)))
@@ -774,34 +777,19 @@ function Context:_dispatch_value(chid, value, peer, producer, seq, sync, gen, rv
     return true
   end
   if not self.dco then self.dco = co end
-  -- C acknowledges a sync event with these (ctx:hooks, lua_hook.c).
   return false, nran, errs
+end
+
+function Context:_dispatch_value(chid, value, peer, producer, seq, sync, gen, rv)
+  -- C acknowledges a sync event with nran, errs (ctx:hooks, lua_hook.c).
+  return run_dispatcher(self, peer, chid, value, peer, producer, seq, sync, gen, rv)
 end
 
 -- The events hook (lua_hook.c lb_hook_events): a read's async events, in
 -- one resume of the dispatcher (not one crossing and one resume each).
 -- True when a handler waits (C holds the peer until ctx:resume).
 function Context:_dispatch_batch(t, n, peer)
-  local co = self.dco
-  if co then
-    self.dco = nil
-  else
-    co = coroutine.create(dispatcher)
-    self.cos[co] = true
-    coroutine.resume(co, self)
-  end
-  local ok, r = coroutine.resume(co, BATCH, t, peer, n)
-  while ok and bare_yield(self, co, r) do ok, r = coroutine.resume(co) end
-  if not ok then
-    self.log("error dispatching an event: " .. traceback(co, tostring(r)))
-    return false
-  end
-  if r == WAIT then
-    self.held[co] = peer
-    return true
-  end
-  if not self.dco then self.dco = co end
-  return false
+  return (run_dispatcher(self, peer, BATCH, t, peer, n))
 end
 
 --- Calls fn(timer) every sec seconds (a finite number > 0) until

@@ -949,8 +949,7 @@ void lecho_service_close(lecho_service *s) {
 
 /* o->i: a registry ref of a box holding the results list or the error
  * value (LUA_NOREF when there is none). */
-static int op_call(lua_State *L) {
-    struct op *o = lua_touserdata(L, 1);
+void lei_lecho_push_call(lua_State *L, const struct op *o) {
     lei_lecho_push_ref(L, o->x->self);
     lua_pushstring(L, o->s);
     if (o->a)
@@ -961,6 +960,11 @@ static int op_call(lua_State *L) {
         lei_lecho_value_push_slot(L, o->b);
     else
         lua_pushnil(L);
+}
+
+static int op_call(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lei_lecho_push_call(L, o);
     int b;
     o->rc = lei_lecho_glue_call(L, o->x, "call", 4, &b);
     lua_createtable(L, 1, 0);

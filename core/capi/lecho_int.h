@@ -140,6 +140,10 @@ int lei_lecho_protect(lecho_ctx *x, lua_CFunction f, struct op *o);
 /* In a protected function: calls lecho.capi's `name` on the nargs values on
  * top; 0 with its results from *base on, or the code of nil, msg, code. */
 int lei_lecho_glue_call(lua_State *L, lecho_ctx *x, const char *name, int nargs, int *base);
+/* Pushes a call's four arguments to the glue (lecho.capi's call and
+ * call_start): the context, o->s the service, o->a the args, o->b the
+ * options (NULL: nil). */
+void lei_lecho_push_call(lua_State *L, const struct op *o);
 void lei_lecho_push_ref(lua_State *L, int ref);
 /* A new value handle (owned by x) holding the registry ref that op, run
  * under lei_lecho_protect, leaves in o->i; NULL if either fails. */

@@ -17,16 +17,7 @@ static int op_start(lua_State *L) {
         lua_pushnumber(L, o->d);
         nargs = 3;
     } else { /* call */
-        lei_lecho_push_ref(L, o->x->self);
-        lua_pushstring(L, o->s);
-        if (o->a)
-            lei_lecho_value_push_slot(L, o->a);
-        else
-            lua_pushnil(L);
-        if (o->b)
-            lei_lecho_value_push_slot(L, o->b);
-        else
-            lua_pushnil(L);
+        lei_lecho_push_call(L, o);
         nargs = 4;
     }
     if ((o->rc = lei_lecho_glue_call(L, o->x, o->kind == 0 ? "submit_sync_start" : "call_start", nargs,

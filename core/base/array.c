@@ -284,7 +284,7 @@ int lei_array_reduce(const lei_array *a, const int64_t *k, int op, lei_array *ou
 
 /* ---- conversion, quantization ----------------------------------------- */
 
-static void store(int dtype, uint8_t *p, double y) {
+void lei_array_store(int dtype, uint8_t *p, double y) {
     switch (dtype) {
 #define ST(T)                                                                                   \
     {                                                                                           \
@@ -333,7 +333,7 @@ int lei_array_convert(const lei_array *a, lei_array *out, int mode, double scale
             if (y < lo) y = lo;
             if (y > hi) y = hi;
         }
-        store(out->dtype, out->data + i * out->itemsize, y);
+        lei_array_store(out->dtype, out->data + i * out->itemsize, y);
         for (d = nd - 1; d >= 0; d--) {
             if (++idx[d] < a->shape[d]) break;
             idx[d] = 0;
@@ -366,7 +366,7 @@ int lei_array_delta(const lei_array *cur, lei_array *ref, double threshold, lei_
         uint8_t *r = ref->data + i * ref->itemsize;
         double x = lei_array_load(cur->dtype, c), y = lei_array_load(ref->dtype, r);
         if (!(fabs(x - y) <= threshold) && !(x != x && y != y)) {
-            store(idx->dtype, idx->data + n * idx->itemsize, (double)i);
+            lei_array_store(idx->dtype, idx->data + n * idx->itemsize, (double)i);
             memcpy(vals->data + n * isz, c, isz);
             memcpy(r, c, isz); /* what the receiver has now */
             n++;

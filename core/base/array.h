@@ -41,6 +41,8 @@ int lei_array_contiguous(const lei_array *a);
 /* Copy the elements in row-major order to out (count*itemsize bytes).
  * 0, or -1 when *stop (may be NULL) was set meanwhile. */
 int lei_array_gather(const lei_array *a, uint8_t *out, volatile sig_atomic_t *stop);
+/* Stores y, converted to dtype (a C cast), as one element at p. */
+void lei_array_store(int dtype, uint8_t *p, double y);
 
 /* ---- operations (the MOE's, doc/modulators.md) ----------------------- */
 /* Statistics over every element, as doubles; NaNs are skipped by min/max.

@@ -224,26 +224,7 @@ static int op_set(lua_State *L) {
             luaL_error(L, "lecho.array: index out of range in dimension %d", d + 1);
         off += (int64_t)i * a->strides[d];
     }
-    uint8_t *p = a->data + off;
-    switch (a->dtype) {
-#define ST(T)                                                                                   \
-    {                                                                                           \
-        T v = (T)x;                                                                             \
-        memcpy(p, &v, sizeof v);                                                                \
-        break;                                                                                  \
-    }
-    case LEI_DT_U1: ST(uint8_t)
-    case LEI_DT_I1: ST(int8_t)
-    case LEI_DT_U2: ST(uint16_t)
-    case LEI_DT_I2: ST(int16_t)
-    case LEI_DT_U4: ST(uint32_t)
-    case LEI_DT_I4: ST(int32_t)
-    case LEI_DT_U8: ST(uint64_t)
-    case LEI_DT_I8: ST(int64_t)
-    case LEI_DT_F4: ST(float)
-    default: ST(double)
-#undef ST
-    }
+    lei_array_store(a->dtype, a->data + off, x);
     return 0;
 }
 

@@ -1049,7 +1049,7 @@ static void downgrade_case(int tamper, const char *want_b) {
     keyed_sides(&k, &a, &b);
     authorize(&a, &b, &k);
     proxy_open(&px);
-    send_events(&a, &b, px.addr, 0);
+    send_events(&a, &b, px.addr, 1); /* the third one sync */
     pump(&a, &b, &px, acceptor_bad, 5);
     /* (tamper 9: the dialler was up on its fallback connection, the
      * acceptor closed it at the marker, the first thing it read there) */
@@ -1061,6 +1061,19 @@ static void downgrade_case(int tamper, const char *want_b) {
     lei_ctx_stats(a.c, &st);
     CHECK(st.bad_frames > 0);
     if (tamper == 9) CHECK(px.forged == 1);
+    /* Nothing is lost silently: the sync submit queued behind the
+     * marker (or behind the failed handshake) is failed with its code
+     * where the connection ended, never left pending or reported as run. */
+    lei_sync *s = lei_sync_find(b.c, last_sid);
+    CHECK(s && lei_sync_pending(s) == 0 && lei_sync_nran(s) == 0 && lei_sync_nreplies(s) == 1);
+    if (s && lei_sync_nreplies(s) == 1) {
+        lei_sync_answer an;
+        lei_sync_reply(s, 0, &an);
+        CHECK(an.done && an.err != NULL && an.code != 0);
+        if (!an.done || !an.err || !an.code)
+            fprintf(stderr, "downgrade %d: sync answer done=%d err='%s' code=%d\n", tamper, an.done,
+                    an.err ? an.err : "-", an.code);
+    }
     lei_ctx_free(a.c);
     lei_ctx_free(b.c);
     proxy_close(&px);

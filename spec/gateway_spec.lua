@@ -396,6 +396,85 @@ describe("lecho-gateway", function()
     good:close()
   end)
 
+  -- Every core busy (two spinning processes), a producer at full rate and
+  -- four WebSocket clients read by this one process, one of which reads
+  -- nothing until the producer is done: each client gets the events in
+  -- order, every one it does not get was told to it as dropped
+  -- (--max-queued), never lost without a word, and the notice of a gap
+  -- comes before the first event after it.
+  it("busy cores, a producer at full rate, four clients: in order, every missing event told as dropped", function()
+    local spin = {}
+    for i = 1, 2 do spin[i] = S.spawn(("%s -e 'while true do end'"):format(S.luajit)) end
+    local N = 20000
+    local cs = {}
+    for i = 1, 4 do
+      cs[i] = assert(ws(hp, i == 4 and { rcvbuf = 4096 } or nil))
+      cs[i]:send_json{ op = "sub", id = 1, ch = "gwbusy" }
+      assert.is_true(reply(cs[i], 1).ok)
+    end
+    local prod = S.lua([[
+local lecho = require "lecho"
+local a = require("cjson").decode(arg[1])
+local ctx = lecho.context{ nameserver = a.ns, quiet = true }
+local ch = ctx:channel("gwbusy")
+local p = assert(ch:producer())
+local PAD = ("x"):rep(300)
+local deadline = ctx:now() + 20
+repeat
+  ctx:run_once(0.02)
+  local d = (ctx:stats().channels.gwbusy or {}).destinations or 0
+until d > 0 or ctx:now() > deadline
+for i = 1, a.n do
+  assert(p:submit({ i = i, pad = PAD }))
+  if i % 200 == 0 then ctx:run_once(0) end
+end
+assert(p:submit_sync({ i = a.n + 1, final = true }, { timeout = 60 }))
+io.stdout:write("sent\n") io.stdout:flush()
+ctx:close()
+]], cjson.encode{ ns = ns, n = N })
+    local st = {}
+    for i = 1, 4 do st[i] = { last = 0, got = 0, dropped = 0, bad = nil, done = false } end
+    local deadline = socket.gettime() + 90
+    local open = 4
+    while open > 0 and socket.gettime() < deadline do
+      for i = 1, 4 do
+        local t = st[i]
+        if not t.done and (i < 4 or S.output(prod):match("sent")) then
+          for _ = 1, 200 do
+            local m = cs[i]:json(0.01)
+            if not m then break end
+            if m.dropped then t.dropped = t.dropped + m.dropped end
+            if m.ch == "gwbusy" and m.ev then
+              local k = m.ev.i
+              -- in order; a gap only where a notice came before it
+              if k ~= t.last + 1 + (t.dropped - (t.seen_dropped or 0)) and not t.bad then
+                t.bad = ("event %d after %d with %d told dropped between"):format(k, t.last,
+                  t.dropped - (t.seen_dropped or 0))
+              end
+              t.seen_dropped = t.dropped
+              t.got = t.got + 1
+              t.last = k
+            end
+            -- every event came or was told dropped (the last notice may
+            -- come after the last event the client got)
+            if t.got + t.dropped == N + 1 then t.done = true open = open - 1 break end
+          end
+        end
+      end
+    end
+    for i = 1, 2 do P.kill(spin[i]) end
+    assert(S.wait(prod, 60), "producer: " .. S.errors(prod))
+    -- the client that did not read lost events to --max-queued, all told
+    assert.truthy(st[4].dropped > 0, "the idle client dropped nothing: the case did not happen")
+    for i = 1, 4 do
+      local t = st[i]
+      assert.is_nil(t.bad)
+      -- every event 1..N+1 either came or was counted as dropped
+      assert.are.equal(N + 1, t.got + t.dropped, ("client %d: got %d, told %d dropped"):format(i, t.got, t.dropped))
+      cs[i]:close()
+    end
+  end)
+
   it("holds a client to --max-subs subscriptions and tells it so", function()
     local l = assert(W.lines("127.0.0.1", lp))
     assert.are.equal(3, l:json().limits.subs)

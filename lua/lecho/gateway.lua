@@ -308,7 +308,16 @@ function Client:deliver(text, msg, binary)
     gw.drops = gw.drops + 1
     return
   end
-  if self.drops > self.told and q <= gw.lim.queued / 2 then
+  if self.drops > self.told then
+    -- Once dropping, the client's gap stays one gap until its queue is
+    -- below half: what comes meanwhile is dropped too, so the notice always
+    -- comes before the first event after the gap (never after events that
+    -- followed it).
+    if q > gw.lim.queued / 2 then
+      self.drops = self.drops + 1
+      gw.drops = gw.drops + 1
+      return
+    end
     self:_put(('{"dropped":%d,"total":%d}'):format(self.drops - self.told, self.drops))
     self.told = self.drops
   end

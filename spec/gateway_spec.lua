@@ -475,6 +475,30 @@ ctx:close()
     end
   end)
 
+  -- A client that vanished without closing (here: one that stopped reading
+  -- and writing after its handshake, as a dead host looks) is pinged and
+  -- closed; a silent client that answers pings (any browser), or a JSON-lines
+  -- listener that never writes, stays.
+  it("--ping: a WebSocket client that answers no ping is closed and logged; listeners that answer stay", function()
+    local g2, hp2, lp2 = gateway(ns, "--ping 0.5")
+    local dead = ws(hp2)
+    dead:send_json{ op = "sub", id = 1, ch = "atmosphere.field" }
+    local live = ws(hp2)
+    local lines = assert(W.lines("127.0.0.1", lp2))
+    assert.are.equal("lecho-gateway", lines:json().hello)
+    -- 3 s: six ping rounds; `live` only reads (its client answers pings)
+    local t_end = socket.gettime() + 3
+    while socket.gettime() < t_end do live:json(0.1) end
+    live:send_json{ op = "clients", id = 2 }
+    local r = assert(reply(live, 2))
+    assert.are.equal(2, #r.result, "the dead client is still there, or a listener was closed: " .. cjson.encode(r.result))
+    assert.matches("no answer to a ping in 0.5 s", S.errors(g2))
+    -- the listeners are still served
+    lines:send_json{ op = "list", id = 3 }
+    assert.truthy(lines:json(5, true))
+    live:close(); lines:close(); dead:close()
+  end)
+
   it("holds a client to --max-subs subscriptions and tells it so", function()
     local l = assert(W.lines("127.0.0.1", lp))
     assert.are.equal(3, l:json().limits.subs)

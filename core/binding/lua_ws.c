@@ -24,6 +24,7 @@
  *                                socket is full, nil, why on failure
  *   conn:close(code, reason)  queues a close frame; nothing is read after it
  *   conn:want_read(), want_write(), queued() (bytes), bytes_in(), bytes_out()
+ *   conn:ping()                 queues a ping frame (the pong comes back as input)
  *   conn:free()               frees the wslay context (also at __gc)
  */
 #include <errno.h>
@@ -372,6 +373,16 @@ static int l_queue(lua_State *L) {
     return 2;
 }
 
+/* A ping (RFC 6455 5.5.2) with a short payload; the client's pong comes
+ * back as input (counted in bytes_in like any frame). */
+static int l_ping(lua_State *L) {
+    ws_conn *c = check(L);
+    static const uint8_t P[] = "lecho";
+    struct wslay_event_msg m = { WSLAY_PING, P, sizeof P - 1 };
+    lua_pushboolean(L, wslay_event_queue_msg(c->ev, &m) == 0);
+    return 1;
+}
+
 static int l_send(lua_State *L) {
     ws_conn *c = check(L);
     int r = wslay_event_send(c->ev);
@@ -508,7 +519,7 @@ static const luaL_Reg conn_m[] = {
     { "feed", l_feed },           { "recv", l_recv },       { "queue", l_queue },
     { "send", l_send },           { "close", l_close },     { "want_read", l_want_read }, { "partial", l_partial },
     { "want_write", l_want_write }, { "queued", l_queued }, { "bytes_in", l_bytes_in },
-    { "bytes_out", l_bytes_out }, { "free", l_free },       { NULL, NULL },
+    { "bytes_out", l_bytes_out }, { "ping", l_ping },       { "free", l_free },       { NULL, NULL },
 };
 
 static const luaL_Reg mod_f[] = {

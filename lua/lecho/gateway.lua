@@ -38,6 +38,8 @@ M.LIMITS = {
   handshake = 5,           -- seconds for the HTTP head, and in keyed mode for auth
   partial = 10,            -- seconds a client may leave a message (frame, fragments, line) incomplete
   channels = 64,           -- distinct channels one client may publish to, and services it may call
+  ping = 30,               -- seconds: a WebSocket client silent this long is pinged, and closed when
+                           -- still silent this long after (0: never); TCP keepalive for every client
 }
 M.SLOW = { drop = true, disconnect = true }
 -- seconds a client being closed has to take what was queued and the close
@@ -52,6 +54,7 @@ local SOL_SOCKET, SO_REUSEADDR, SO_SNDBUF, MSG_NOSIGNAL = 1, 2, 7, 0x4000
 -- autotuning would let it grow to megabytes)
 local SNDBUF = 262144
 local IPPROTO_TCP, TCP_NODELAY = 6, 1
+local SO_KEEPALIVE, TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT = 9, 4, 5, 6
 local EAGAIN, EINTR = 11, 4
 
 local function errstr() return ffi.string(C.strerror(ffi.errno())) end
@@ -434,6 +437,16 @@ function Gateway:_accept(lfd, kind)
       local one = ffi.new("int[1]", 1)
       C.setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, one, 4)
       C.setsockopt(fd, SOL_SOCKET, SO_SNDBUF, ffi.new("int[1]", SNDBUF), 4)
+      if self.lim.ping > 0 then
+        -- a client whose host vanished (no FIN, no RST: a cable, a suspended
+        -- laptop) is found by the kernel: probes after lim.ping idle
+        -- seconds, the read fails with ETIMEDOUT and the client is dropped
+        local t = math.max(1, math.floor(self.lim.ping))
+        C.setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, one, 4)
+        C.setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, ffi.new("int[1]", t), 4)
+        C.setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, ffi.new("int[1]", math.max(1, math.floor(t / 2))), 4)
+        C.setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, ffi.new("int[1]", 3), 4)
+      end
       self.nextid = self.nextid + 1
       local cl = setmetatable({ gw = self, fd = fd, id = self.nextid, kind = kind, head = "", out = buffer.new(),
                                 subs = {}, nsubs = 0, used = {}, nused = 0, drops = 0, told = 0, events = 0, bytes = 0, inflight = 0,
@@ -1007,14 +1020,39 @@ function M.new(ctx, opts)
       c.last_events, c.last_bytes = c.events, b
     end
   end)
+  if self.lim.ping > 0 then
+    self.pinger = ctx.c:timer(self.lim.ping, self.lim.ping, function() self:_pings() end)
+  end
   return self
+end
+
+-- Every lim.ping seconds: a WebSocket client from which nothing came since
+-- the last round is pinged (a browser answers with a pong by itself); one
+-- still silent a round later is closed (1001, said and logged), its
+-- subscriptions and queue freed.  JSON-lines clients may be silent
+-- listeners: TCP keepalive (set at accept) finds their dead hosts.
+function Gateway:_pings()
+  for cl in pairs(self.clients) do
+    if cl.ws and not cl.closing and not cl.closed then
+      local n = cl.ws:bytes_in()
+      if n ~= cl.ping_in then
+        cl.ping_in, cl.pinged = n, false
+      elseif not cl.pinged then
+        cl.pinged = true
+        cl.ws:ping()
+        self:_dirty(cl)
+      else
+        self:_drop(cl, 1001, ("no answer to a ping in %g s"):format(self.lim.ping))
+      end
+    end
+  end
 end
 
 --- Stops serving: listeners, clients (told with a close), subscriptions.
 function Gateway:close()
   if self.closed then return end
   self.closed = true
-  for _, w in ipairs{ "watch", "lwatch", "ticker", "flusher" } do
+  for _, w in ipairs{ "watch", "lwatch", "ticker", "pinger", "flusher" } do
     if self[w] then self[w]:stop(); self[w] = nil end
   end
   for cl in pairs(self.clients) do

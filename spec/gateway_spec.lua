@@ -499,6 +499,32 @@ ctx:close()
     live:close(); lines:close(); dead:close()
   end)
 
+  it("listens on IPv6 loopback too, and logs a client by its address", function()
+    local child = S.spawn(("%s %s/scripts/lecho-gateway --nameserver %s --http '[::1]:0' --lines '[::1]:0' --for 60 --ping 0.5")
+      :format(S.luajit, S.root, ns))
+    local line = P.wait_file(child.err, "lecho%-gateway: http://%[::1%]:%d+/.-JSON lines on %[::1%]:%d+", 20)
+    assert(line, "gateway did not start on [::1]: " .. S.errors(child))
+    local hp6 = tonumber(line:match("http://%[::1%]:(%d+)/"))
+    local lp6 = tonumber(line:match("JSON lines on %[::1%]:(%d+)"))
+    local function ws6() local c = assert(W.connect("::1", hp6)); assert(c:json(5)); return c end
+    local c = ws6()
+    c:send_json{ op = "list", id = 1 }
+    assert.truthy(reply(c, 1))
+    local l = assert(W.lines("::1", lp6))
+    assert.are.equal("lecho-gateway", l:json().hello)
+    l:close()
+    -- a client that answers no ping is closed; the log names its address
+    local dead = ws6()
+    assert.truthy(until_(function() return S.errors(child):match("client %d+ %(%[::1%]:%d+%) closed: no answer to a ping") end, 10, 0.1),
+      S.errors(child))
+    c:close(); dead:close()
+    -- beyond loopback only with client keys or tokens
+    local bad = S.spawn(("%s %s/scripts/lecho-gateway --nameserver %s --http '[::]:0' --for 5")
+      :format(S.luajit, S.root, ns))
+    assert(S.wait(bad, 20))
+    assert.matches("refusing to listen on %[::%]:0 without client keys or tokens", S.errors(bad))
+  end)
+
   it("holds a client to --max-subs subscriptions and tells it so", function()
     local l = assert(W.lines("127.0.0.1", lp))
     assert.are.equal(3, l:json().limits.subs)

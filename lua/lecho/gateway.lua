@@ -9,7 +9,7 @@
 --     lines = "127.0.0.1:8081", tokens = { secret = "viewer" }, policy = pol })
 --
 -- Served on the context's own libev loop; sockets through the FFI (Linux,
--- IPv4).  Events of a channel are encoded to JSON once and queued to every
+-- IPv4 and IPv6).  Events of a channel are encoded to JSON once and queued to every
 -- subscribed client; every client has limits (message size, subscriptions,
 -- queued bytes, requests in flight) and the slow-client policy ("drop":
 -- events past the queue limit are dropped and the client told how many;
@@ -228,30 +228,63 @@ end
 ------------------------------------------------------------------------------
 -- Listening.
 
+local AF_INET6, IPPROTO_IPV6, IPV6_V6ONLY = 10, 41, 26
+
+local function ntohs(p) return bit.band(p, 0xff) * 256 + bit.rshift(p, 8) end
+
+-- "a.b.c.d:port" or "[v6]:port" of a socket address (struct lecho_sin6
+-- big enough for both), as the rest of lecho writes addresses.
+local function sa_text(sa)
+  local txt = ffi.new("char[64]")
+  if sa.family == AF_INET6 then
+    local h = C.inet_ntop(AF_INET6, sa.addr, txt, 64)
+    return ("[%s]:%d"):format(h ~= nil and ffi.string(h) or "?", ntohs(sa.port))
+  end
+  local h = C.inet_ntop(AF_INET, ffi.cast("char *", sa) + 4, txt, 64)
+  return ("%s:%d"):format(h ~= nil and ffi.string(h) or "?", ntohs(sa.port))
+end
+
+-- A listening socket on `where` (IPv4 "a.b.c.d:port", "localhost:port" or
+-- IPv6 "[v6]:port", "[v6%zone]:port"); beyond loopback (127.0.0.0/8, [::1])
+-- only in keyed mode.
 local function listen(where, keyed, what)
   local a, why = addr.parse(where, { listen = true })
   if not a then return nil, ("%s address %s: %s"):format(what, where, why) end
-  local host, port = a:match("^(%d+%.%d+%.%d+%.%d+):(%d+)$")
-  if not host then return nil, ("%s address %s: only IPv4 HOST:PORT"):format(what, a) end
-  if not keyed and not host:find("^127%.") then
+  local kind = addr.kind(a)
+  if kind == "unix" then return nil, ("%s address %s: a TCP address (HOST:PORT or [V6]:PORT)"):format(what, a) end
+  local host, port
+  if kind == "ipv6" then host, port = a:match("^%[(.-)%]:(%d+)$") else host, port = a:match("^(.-):(%d+)$") end
+  local loopback = kind == "ipv6" and host == "::1" or kind == "ipv4" and host:find("^127%.") ~= nil
+  if not keyed and not loopback then
     return nil, ("refusing to listen on %s without client keys or tokens (protected mode: loopback only)"):format(a)
   end
-  local fd = C.socket(AF_INET, SOCK_STREAM + SOCK_NONBLOCK + SOCK_CLOEXEC, 0)
+  local sa = ffi.new("struct lecho_sin6")
+  local salen = 16
+  if kind == "ipv6" then
+    local h, zone = host:match("^([^%%]*)%%?(.*)$")
+    sa.family = AF_INET6
+    C.inet_pton(AF_INET6, h, sa.addr)
+    if zone ~= "" then sa.scope = tonumber(zone) or C.if_nametoindex(zone) end
+    salen = 28
+  else
+    sa.family = AF_INET
+    C.inet_pton(AF_INET, host, ffi.cast("char *", sa) + 4)
+  end
+  sa.port = C.htons(tonumber(port))
+  local fd = C.socket(sa.family, SOCK_STREAM + SOCK_NONBLOCK + SOCK_CLOEXEC, 0)
   if fd < 0 then return nil, what .. ": socket: " .. errstr() end
   local one = ffi.new("int[1]", 1)
   C.setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, one, 4)
-  local sin = ffi.new("struct lecho_metrics_sin")
-  sin.family = AF_INET
-  sin.port = C.htons(tonumber(port))
-  C.inet_pton(AF_INET, host, ffi.cast("void *", ffi.cast("char *", sin) + 4))
-  if C.bind(fd, sin, 16) ~= 0 or C.listen(fd, 128) ~= 0 then
+  -- [::]:port is IPv6 only: an IPv4 client comes to an IPv4 listener
+  if kind == "ipv6" then C.setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, one, 4) end
+  if C.bind(fd, sa, salen) ~= 0 or C.listen(fd, 128) ~= 0 then
     local e = errstr()
     C.close(fd)
     return nil, ("%s: cannot listen on %s: %s"):format(what, a, e)
   end
-  local len = ffi.new("unsigned int[1]", 16)
-  C.getsockname(fd, sin, len)
-  return fd, ("%s:%d"):format(host, bit.band(sin.port, 0xff) * 256 + bit.rshift(sin.port, 8))
+  local len = ffi.new("unsigned int[1]", 28)
+  C.getsockname(fd, sa, len)
+  return fd, sa_text(sa)
 end
 
 ------------------------------------------------------------------------------
@@ -424,7 +457,8 @@ end
 
 function Gateway:_accept(lfd, kind)
   while true do
-    local fd = C.accept4(lfd, nil, nil, SOCK_NONBLOCK + SOCK_CLOEXEC)
+    local sa, salen = ffi.new("struct lecho_sin6"), ffi.new("unsigned int[1]", 28)
+    local fd = C.accept4(lfd, sa, salen, SOCK_NONBLOCK + SOCK_CLOEXEC)
     if fd < 0 then return end
     if self.nclients >= self.lim.clients then
       local msg = kind == "lines" and '{"error":"too many clients","closed":true}\n'
@@ -449,6 +483,7 @@ function Gateway:_accept(lfd, kind)
       end
       self.nextid = self.nextid + 1
       local cl = setmetatable({ gw = self, fd = fd, id = self.nextid, kind = kind, head = "", out = buffer.new(),
+                                peer = sa_text(sa),
                                 subs = {}, nsubs = 0, used = {}, nused = 0, drops = 0, told = 0, events = 0, bytes = 0, inflight = 0,
                                 last_events = 0, last_bytes = 0, rate = 0, bps = 0, t0 = self.ctx.c:now() }, Client)
       self.clients[cl] = true

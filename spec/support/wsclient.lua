@@ -41,7 +41,7 @@ function M.connect(host, port, opts)
   local key = b64(("%016d"):format(math.random(1, 1e9)))
   local req = opts.raw_request or table.concat({
     ("GET %s HTTP/1.1"):format(opts.path or "/ws"),
-    ("Host: %s:%d"):format(host, port),
+    ("Host: %s:%d"):format(host:find(":", 1, true) and "[" .. host .. "]" or host, port),
     "Upgrade: websocket", "Connection: Upgrade",
     "Sec-WebSocket-Key: " .. key, "Sec-WebSocket-Version: 13",
   }, "\r\n") .. "\r\n" .. table.concat(opts.headers or {}, "\r\n") .. (opts.headers and "\r\n" or "") .. "\r\n"

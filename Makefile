@@ -84,7 +84,9 @@ DEPS := $(RUN_DEPS) \
         /usr/bin/chromium:chromium \
         /usr/lib/python3/dist-packages/cffi/__init__.py:python3-cffi \
         /usr/lib/python3/dist-packages/pytest/__init__.py:python3-pytest \
-        /usr/lib/python3/dist-packages/numpy/__init__.py:python3-numpy
+        /usr/lib/python3/dist-packages/numpy/__init__.py:python3-numpy \
+        /usr/lib/python3/dist-packages/ipykernel/__init__.py:python3-ipykernel \
+        /usr/lib/python3/dist-packages/jupyter_client/__init__.py:python3-jupyter-client
 
 # make bench's own packages (make bench-deps; not make deps, not make demo):
 # the peers it runs beside lecho: NATS (plain and with TLS, its throwaway

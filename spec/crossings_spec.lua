@@ -1,7 +1,8 @@
 -- The crossings between C and Lua per event (doc/architecture.md "Crossings
 -- between C and Lua"), counted, not read from the code: a producer process
 -- (A) and this process as the consumer (B), over loopback, with the core's
--- methods (ctx.c's and the producer handle's metatables) and the Lua
+-- methods (ctx.c's and the producer handle's metatables, and the lecho.core
+-- module's functions) and the Lua
 -- functions the core's hooks call (Context:_turn, _dispatch,
 -- _dispatch_batch) wrapped to count their calls.  A crossing added on a
 -- path (one more core call per event or per loop turn waited) changes a
@@ -39,6 +40,18 @@ local function wrap(obj, prefix, counts, gate)
   end
   return orig
 end
+-- The module's own functions (lecho.core: core.encode, core.now, ...),
+-- counted the same way: a call added to a path through them is a crossing too.
+local function wrap_module(mod, prefix, counts, gate)
+  for k, v in pairs(mod) do
+    if type(v) == "function" then
+      mod[k] = function(...)
+        if not gate or gate() then counts[prefix .. k] = (counts[prefix .. k] or 0) + 1 end
+        return v(...)
+      end
+    end
+  end
+end
 ]]
 
 local PRODUCER = WRAP .. [[
@@ -50,6 +63,7 @@ local p = assert(ctx:channel("crossings"):producer())
 local counts = {}
 local orig = wrap(ctx.c, "c:", counts)
 wrap(p[1], "h:", counts)
+wrap_module(require "lecho.core", "core:", counts)
 local Context = getmetatable(ctx)
 for _, name in ipairs{ "_turn", "_dispatch", "_dispatch_batch" } do
   local f = Context[name]
@@ -99,7 +113,12 @@ describe("crossings between C and Lua per event", function()
     assert(ctx:channel("crossings"):consumer(function() got = got + 1 end))
     -- B: the hooks into Lua, and the core calls made inside them
     local inside, counts = 0, {}
-    local orig = load(WRAP .. " return wrap")()(ctx.c, "c:", counts, function() return inside > 0 end)
+    local wrap, wrap_module = load(WRAP .. " return wrap, wrap_module")()
+    local orig = wrap(ctx.c, "c:", counts, function() return inside > 0 end)
+    local core = require "lecho.core"
+    local core_orig = {}
+    for k, v in pairs(core) do core_orig[k] = v end
+    wrap_module(core, "core:", counts, function() return inside > 0 end)
     local Context = getmetatable(ctx)
     local od, ob = Context._dispatch, Context._dispatch_batch
     local nd, nb, nbe = 0, 0, 0
@@ -119,6 +138,7 @@ describe("crossings between C and Lua per event", function()
     local deadline = orig.now(ctx.c) + 90
     while not S.output(prod):find("}", 1, true) and orig.now(ctx.c) < deadline do orig.run_once(ctx.c, 0.05) end
     Context._dispatch, Context._dispatch_batch = od, ob
+    for k, v in pairs(core_orig) do core[k] = v end
     local line = S.output(prod):match("({.*})")
     assert(line, "no result from the producer: " .. S.errors(prod):sub(1, 1500))
     local A = require("cjson").decode(line)
@@ -129,7 +149,7 @@ describe("crossings between C and Lua per event", function()
     -- A, async, N submits with room: one crossing each (the core's
     -- submit_staged after DP.stage, or submit without the FFI encoder);
     -- no loop turn, no hook.
-    assert.equals(N, total(A.async, "h:") + total(A.async, "c:"))
+    assert.equals(N, total(A.async, "h:") + total(A.async, "c:") + total(A.async, "core:"))
     assert.equals(N, n(A.async, "h:submit_staged") + n(A.async, "h:submit"))
     assert.equals(0, total(A.async, "hook:"))
 
@@ -144,7 +164,7 @@ describe("crossings between C and Lua per event", function()
     assert.equals(turns + K, n(m, "c:sync_pending"))
     assert.equals(turns + 2 * K, n(m, "c:now"))
     assert.equals(K, n(m, "c:sync_result"))
-    assert.equals(5 * K + 3 * turns, total(m, "h:") + total(m, "c:"))
+    assert.equals(5 * K + 3 * turns, total(m, "h:") + total(m, "c:") + total(m, "core:"))
     -- no turn hook: it runs only while a coroutine waits (c:want_turn)
     assert.equals(0, total(m, "hook:"))
 
@@ -163,14 +183,17 @@ describe("crossings between C and Lua per event", function()
     assert.equals(1, n(co, "c:timer"))
     assert.equals(2 * K + 1, n(co, "c:now"))
     assert.equals(hooks, n(co, "c:sync_done"))
-    assert.equals(6 * K + hooks + 2, total(co, "h:") + total(co, "c:"))
+    assert.equals(6 * K + hooks + 2, total(co, "h:") + total(co, "c:") + total(co, "core:"))
     assert.equals(hooks, total(co, "hook:"))
 
     -- B: the async events came in batches (one crossing per batch of up
-    -- to 256), every sync event alone through the event hook; the
-    -- handlers called nothing in C (the ACK is sent from C).
+    -- to 256: LEI_BATCH_MAX), every sync event alone through the event
+    -- hook; the handlers called nothing in C (the ACK is sent from C).
+    -- How many reads the kernel splits N small events into is not ours to
+    -- fix (5 here on a quiet machine, for a floor of 4); at most 3 times the
+    -- floor: a batch limit under ~85, or one crossing per event, fails.
     assert.equals(N, nbe)
-    assert.is_true(nb >= math.ceil(N / 256) and nb <= N, "batches: " .. nb)
+    assert.is_true(nb >= math.ceil(N / 256) and nb <= 3 * math.ceil(N / 256), "batches: " .. nb)
     assert.equals(2 * K, nd)
     assert.are.same({}, counts)
 

@@ -1,6 +1,7 @@
 /* moe_int.h: what the parts of the MOE share (moe.c: states, steps and the
  * public calls; moe_env.c: the sandbox's environment; moe_group.c: what the
- * modulators of a context share).  Not for the rest of the core. */
+ * modulators of a context share; moe_svc.c: sandboxes for pushed services).
+ * Not for the rest of the core. */
 #ifndef LECHO_MOE_INT_H
 #define LECHO_MOE_INT_H
 

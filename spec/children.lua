@@ -736,7 +736,7 @@ ctx:close()
 -- A member of a group (lecho.group; presence_spec, nameserver_restart_spec).
 -- opts: ns (a list of addresses), group, lease, data, watch (print every
 -- change as "change JSON"), join (false: watch only), leave_after (seconds: then g:leave() and say
--- "left"), duration (seconds bound, default 60).  Says "ready ADDR" once
+-- "left"), leave_on (a file: once it exists, the same), duration (seconds bound, default 60).  Says "ready ADDR" once
 -- joined, or "failed ERR CODE".
 M.group_member = M.prelude .. [[
 local ctx = lecho.context{ quiet = true, nameserver = opts.ns, timeout = opts.timeout or 2 }
@@ -751,6 +751,12 @@ end
 io.stdout:write("ready ", ctx.addr, "\n")
 if opts.leave_after then
   ctx:after(opts.leave_after, function() g:leave() io.stdout:write("left\n") end)
+end
+if opts.leave_on then
+  ctx:every(0.05, function(t)
+    local f = io.open(opts.leave_on)
+    if f then f:close() t:stop() g:leave() io.stdout:write("left\n") end
+  end)
 end
 ctx:after(opts.duration or 60, function() ctx:stop() end)
 ctx:run()

@@ -15,12 +15,12 @@
 
 local options = require "lecho.options"
 local Context = require "lecho.context"
-local Service = require "lecho.service"
+local svcname = require "lecho.svcname"
 
 local jit_ok, jit = pcall(require, "jit")
 local traceback = require("lecho.errors").traceback  -- (without lecho's own frames)
 local unpack, type, pairs = unpack, type, pairs
-local check_name, nslist, MAX_RESULTS = Service.check_name, Service.nslist, Service.MAX_RESULTS
+local check_name, nslist, MAX_RESULTS = svcname.check_name, svcname.nslist, svcname.MAX_RESULTS
 
 local M = {}
 

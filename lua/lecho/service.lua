@@ -30,16 +30,9 @@ Service.__index = Service
 -- between two raises once it is past its budget.
 local HOOK_COUNT, HOOK_AGAIN = 10000, 1
 
--- (shared with lecho.call: Service.check_name, Service.nslist)
-local function check_name(name, where)
-  if type(name) ~= "string" or #name < 1 or #name > 200 or not name:find("^[%w%._%-]+$") then
-    error(("lecho: %s: a service name is 1 to 200 bytes of A-Z a-z 0-9 . _ - (got %s)")
-          :format(where, type(name) == "string" and ("%q"):format(name:sub(1, 40)) or type(name)), 3)
-  end
-end
-
-local function nslist(ctx) return ctx.nslist or { ctx.ns } end
-Service.check_name, Service.nslist = check_name, nslist
+-- (shared with lecho.call)
+local svcname = require "lecho.svcname"
+local check_name, nslist = svcname.check_name, svcname.nslist
 
 local function sorted_versions(byver)
   local vs = {}
@@ -148,8 +141,7 @@ local FAIL = {}
 function Service.fail(e, code, tb) error(setmetatable({ e = e, c = code, tb = tb }, FAIL), 0) end
 -- At most this many results travel in a reply (the caller unpacks them
 -- onto its Lua stack: LuaJIT takes fewer than 8000).
-local MAX_RESULTS = 4096
-Service.MAX_RESULTS = MAX_RESULTS
+local MAX_RESULTS = svcname.MAX_RESULTS
 
 local function pack_reply(ok, ...)
   local n = select("#", ...)

@@ -376,7 +376,9 @@ struct lei_sync {
  * Other files read other sub-structs (the peer table's peers_s.peers,
  * npeers; local_s.lq through lei_local_full).  What stays at the top level
  * is ctx.c's, or shared by several files (rbuf, nbound_all: the
- * containment counters conn.c, rbuf.c and inmap.c keep). */
+ * containment counters conn.c, rbuf.c and inmap.c keep; unflushed, set by
+ * peer.c's lei_defer_flush and cleared by ctx.c's check_cb), but rlog,
+ * log.c's, and kops, the connection table's operations ctx.c registers. */
 
 /* peers.c: the peer table, by position, by idx and by address */
 struct lei_peers_state {
@@ -492,6 +494,14 @@ struct lei_ctx {
     struct lei_peer_state peer_s;     /* peer.c's */
     int batch;                /* rw: lei_ctx_batch: the events hook takes a read's async EVENTs */
     struct lei_rbuf_state rbuf_s;     /* rbuf.c's */
+    /* The connection table's operations for the files below conn.c and
+     * accept.c in the layer order (core/transport/README.md): rbuf.c
+     * refuses a hog and closes a connection it cannot grow through these,
+     * never by name.  Set by lei_ctx_new (lei_accept_refuse, lei_conn_close). */
+    struct {
+        void (*refuse)(lei_conn *k, int kind, const char *reason);
+        void (*close)(lei_conn *k, const char *reason, int bad);
+    } kops;
 };
 
 /* The states of a connection, in the order it walks them (handshake.c's
@@ -719,6 +729,7 @@ void lei_ident_free(lei_ctx *c);
 /* local.c */
 void lei_local_idle_cb(struct ev_loop *loop, ev_idle *w, int revents);
 void lei_local_kick(lei_ctx *c);
+/* peer.c: p's queue flushed now outside a callback, else at the end of the turn */
 void lei_defer_flush(lei_ctx *c, lei_peer *p);
 void lei_sync_link(lei_ctx *c, lei_sync *s);
 
@@ -728,6 +739,8 @@ void lei_sync_fail(lei_sync_wait *w, lei_sync *s, const char *why, int code);
 void lei_syncs_peer_lost(lei_ctx *c, lei_peer *p, const char *reason);
 void lei_sync_answered(lei_ctx *c, lei_peer *p, uint64_t sync, uint64_t nran,
                        const uint8_t *errs, size_t elen);
+/* An answer dropped: its connection is another generation now (stale_acks). */
+void lei_sync_stale_ack(lei_ctx *c);
 /* live.c: liveness and sequence tracking */
 void lei_live_conn_new(lei_conn *k);
 int lei_live_may_dial(lei_peer *p);

@@ -494,13 +494,21 @@ struct lei_ctx {
     struct lei_peer_state peer_s;     /* peer.c's */
     int batch;                /* rw: lei_ctx_batch: the events hook takes a read's async EVENTs */
     struct lei_rbuf_state rbuf_s;     /* rbuf.c's */
-    /* The connection table's operations for the files below conn.c and
-     * accept.c in the layer order (core/transport/README.md): rbuf.c
-     * refuses a hog and closes a connection it cannot grow through these,
-     * never by name.  Set by lei_ctx_new (lei_accept_refuse, lei_conn_close). */
+    /* The operations that cross the transport's layers upward
+     * (core/transport/README.md "Order"), registered by lei_ctx_new, never
+     * called by name: rbuf.c refuses a hog and closes a connection it
+     * cannot grow (lei_accept_refuse, lei_conn_close, layer 3); conn.c
+     * starts a connection with a mechanism (lei_mech_protected of plain.c,
+     * lei_mech_keyed of secure.c) and hands the frames before UP, our
+     * HELLO and a keyed CTRL to check to the handshake (handshake.c's
+     * lei_handshake_frame, _hello, _fallback_check, layer 4). */
     struct {
         void (*refuse)(lei_conn *k, int kind, const char *reason);
         void (*close)(lei_conn *k, const char *reason, int bad);
+        const lei_mech *mech_protected, *mech_keyed;
+        int (*hs_frame)(lei_conn *k, const lei_frame *f);
+        void (*hs_hello)(lei_conn *k);
+        int (*hs_fallback_check)(lei_conn *k, const lei_frame *f);
     } kops;
 };
 

@@ -377,7 +377,7 @@ struct lei_sync {
  * npeers; local_s.lq through lei_local_full).  What stays at the top level
  * is ctx.c's, or shared by several files (rbuf, nbound_all: the
  * containment counters conn.c, rbuf.c and inmap.c keep; unflushed, set by
- * peer.c's lei_defer_flush and cleared by ctx.c's check_cb), but rlog,
+ * peer.c's lei_peer_flush_deferred and cleared by ctx.c's check_cb), but rlog,
  * log.c's, and kops, the connection table's operations ctx.c registers. */
 
 /* peers.c: the peer table, by position, by idx and by address */
@@ -464,7 +464,7 @@ struct lei_ctx {
     uint64_t incarnation;
     ev_prepare prep;          /* writes batched queues once per loop turn */
     ev_check chk;             /* after a turn's callbacks: writes what they deferred */
-    int unflushed;            /* a callback deferred a sync write (lei_defer_flush) */
+    int unflushed;            /* a callback deferred a sync write (lei_peer_flush_deferred) */
     ev_timer hb;              /* liveness: PINGs and dead peers, all connections */
     lei_conn *conns;          /* all live connections (list through conn->next) */
     uint64_t conn_gen;        /* last connection generation given (handshake_up) */
@@ -738,7 +738,7 @@ void lei_ident_free(lei_ctx *c);
 void lei_local_idle_cb(struct ev_loop *loop, ev_idle *w, int revents);
 void lei_local_kick(lei_ctx *c);
 /* peer.c: p's queue flushed now outside a callback, else at the end of the turn */
-void lei_defer_flush(lei_ctx *c, lei_peer *p);
+void lei_peer_flush_deferred(lei_ctx *c, lei_peer *p);
 void lei_sync_link(lei_ctx *c, lei_sync *s);
 
 /* sync.c */

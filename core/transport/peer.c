@@ -360,7 +360,7 @@ int lei_peer_bind(lei_ctx *c, const char *addr, uint32_t chid) {
     if (!p || (!lei_peer_live(p) && (peer_want(p), !lei_peer_live(p)))) return -1;
     if (c->id.keyed && !lei_auth_ticket_for(c, ch)) return -1; /* refused there: keep the first event's */
     if (queue_bind(c, p, ch)) return -1;
-    lei_defer_flush(c, p);
+    lei_peer_flush_deferred(c, p);
     return 0;
 }
 
@@ -439,7 +439,7 @@ void lei_peer_enqueue(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr,
         (!p->conn || !ev_is_active(&p->conn->wio) || p->q.bytes >= p->wfull + c->o.batch_bytes))
         lei_peer_flush(p);
     else if (sync)
-        lei_defer_flush(c, p);
+        lei_peer_flush_deferred(c, p);
 }
 
 /* Runs the local consumers of one queued item.  Returns 1 when a handler
@@ -484,7 +484,7 @@ int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err) 
     /* Inside a callback, written at the end of the turn with whatever else
      * it queued for p (a producer applying a member list answers the
      * manager and ends streams at the same peer: one write, not two). */
-    lei_defer_flush(c, p);
+    lei_peer_flush_deferred(c, p);
     return 0;
 }
 
@@ -541,7 +541,7 @@ void lei_peer_stats(const lei_peer *p, lei_stats_peer *out) {
 
 /* A sync write to p: at once outside any callback (the main line), else at
  * the end of the loop turn (check_cb, prepare_cb). */
-void lei_defer_flush(lei_ctx *c, lei_peer *p) {
+void lei_peer_flush_deferred(lei_ctx *c, lei_peer *p) {
     if (c->depth > 0 && ev_depth(c->loop) > 0)
         c->unflushed = 1;
     else
@@ -576,7 +576,7 @@ void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uin
         it->ack = 1;
         from->ack_bytes += it->size;
         lei_q_push(&from->q, it);
-        lei_defer_flush(c, from);
+        lei_peer_flush_deferred(c, from);
         return;
     }
     lei_sync_answered(c, NULL, sync, nran, errs, elen);

@@ -45,7 +45,8 @@ CORE_SRC   := core/base/codec.c core/base/array.c core/base/errors.c core/transp
               core/transport/ctx.c core/transport/conn.c core/transport/rbuf.c core/transport/accept.c \
               core/transport/inmap.c core/transport/peer.c core/transport/peers.c core/transport/chan.c \
               core/transport/local.c core/transport/sync.c core/transport/live.c core/transport/auth.c \
-              core/transport/secure.c core/transport/plain.c core/transport/handshake.c core/transport/item.c
+              core/transport/secure.c core/transport/plain.c core/transport/handshake.c core/transport/item.c \
+              core/transport/log.c
 LUA_SRC    := core/base/codec_lua.c core/base/array_lua.c core/base/array_zip.c core/moe/moe.c core/moe/moe_env.c \
               core/moe/moe_group.c core/moe/moe_svc.c core/moe/lpat.c core/binding/lua_ctx.c core/binding/lua_hook.c \
               core/binding/lua_chan.c core/binding/lua_prod.c core/binding/lua_sink.c core/binding/lua_moe.c core/binding/lua_loop.c core/binding/lua_auth.c \

@@ -311,3 +311,228 @@ describe("paths into core/", function()
     assert.are.same({}, bad)
   end)
 end)
+
+-- The transport's files call each other only downward (issue 26): the
+-- order of its layers is core/transport/README.md's "Order" list (bottom
+-- first, "N name: file, file, ..."); a file may call the files of its own
+-- layer and of the layers below it, never one above.  The calls are read
+-- from the sources: every name lei_... a file's code mentions (comments
+-- and strings aside; a function passed as a pointer counts too) that
+-- another transport file defines with external linkage.  When the objects
+-- are built and fresh (build/obj/transport/*.o), the graph `nm` reads
+-- from them (undefined symbols per object) must be the same.
+
+-- s without its comments and its string and character literals.
+local function code_only(s)
+  local out, i, n = {}, 1, #s
+  while i <= n do
+    local c2 = s:sub(i, i + 1)
+    local c = s:sub(i, i)
+    if c2 == "/*" then
+      local e = s:find("*/", i + 2, true) or n
+      out[#out + 1] = " "
+      i = e + 2
+    elseif c2 == "//" then
+      local e = s:find("\n", i, true) or n + 1
+      i = e
+    elseif c == '"' or c == "'" then
+      local j = i + 1
+      while j <= n and s:sub(j, j) ~= c do
+        if s:sub(j, j) == "\\" then j = j + 1 end
+        j = j + 1
+      end
+      out[#out + 1] = c .. c
+      i = j + 1
+    else
+      local j = s:find("[/\"']", i + 1) or n + 1 -- a lone / (a division) is code
+      out[#out + 1] = s:sub(i, j - 1)
+      i = j
+    end
+  end
+  return table.concat(out)
+end
+
+-- The names a file defines with external linkage: its functions
+-- (definitions above) and its data (a non-static lei_... = at the margin).
+local function external_names(text)
+  local out = definitions(text)
+  for l in text:gmatch("[^\n]*") do
+    if l:match("^[%a_]") and not l:match("^static") and not l:match("^typedef") and not l:match("^extern") then
+      local name = l:match("[%s%*](lei_[%w_]+)%s*=") or l:match("[%s%*](lei_[%w_]+)%s*%[[^%]]*%]%s*=")
+      if name then out[#out + 1] = name end
+    end
+  end
+  return out
+end
+
+-- stem -> { stem -> { names } }: which transport file calls which, by what.
+local function transport_calls()
+  local files = lines_of("ls core/transport/*.c")
+  local def, text = {}, {}
+  for _, path in ipairs(files) do
+    local stem = path:match("([%w_]+)%.c$")
+    text[stem] = code_only(read(path))
+    for _, name in ipairs(external_names(read(path))) do def[name] = stem end
+  end
+  local calls = {}
+  for stem, code in pairs(text) do
+    calls[stem] = {}
+    local seen = {}
+    for name in code:gmatch("[%w_]+") do
+      local to = def[name]
+      if to and to ~= stem and not seen[name] then
+        seen[name] = true
+        calls[stem][to] = calls[stem][to] or {}
+        table.insert(calls[stem][to], name)
+      end
+    end
+    for _, names in pairs(calls[stem]) do table.sort(names) end
+  end
+  return calls, def
+end
+
+-- core/transport/README.md's order: stem -> layer number, and the layers'
+-- names; nil when the README states none.
+local function transport_order()
+  local text = read("core/transport/README.md")
+  local at = text:find("\nOrder", 1, true)
+  if not at then return nil end
+  local rank, names = {}, {}
+  for line in text:sub(at + 1):gmatch("[^\n]*") do
+    local n, name, list = line:match("^%s*(%d+) ([%w ]+): ([%w_, ]+)$")
+    if n then
+      names[tonumber(n)] = name
+      for f in list:gmatch("[%w_]+") do
+        assert(not rank[f], "core/transport/README.md: " .. f .. " in two layers")
+        rank[f] = tonumber(n)
+      end
+    elseif next(rank) and not line:match("^%s*$") then
+      break
+    end
+  end
+  return rank, names
+end
+
+-- The strongly connected sets of files (Tarjan), those of more than one.
+local function cycles(calls)
+  local index, low, stack, on, out, i = {}, {}, {}, {}, {}, 0
+  local function visit(v)
+    i = i + 1
+    index[v], low[v] = i, i
+    stack[#stack + 1] = v
+    on[v] = true
+    for _, w in ipairs(sorted(calls[v] or {})) do
+      if not index[w] then
+        visit(w)
+        low[v] = math.min(low[v], low[w])
+      elseif on[w] then
+        low[v] = math.min(low[v], index[w])
+      end
+    end
+    if low[v] == index[v] then
+      local set = {}
+      repeat
+        local w = table.remove(stack)
+        on[w] = nil
+        set[#set + 1] = w
+      until w == v
+      table.sort(set)
+      if #set > 1 then out[#out + 1] = set end
+    end
+  end
+  for _, v in ipairs(sorted(calls)) do
+    if not index[v] then visit(v) end
+  end
+  table.sort(out, function(a, b) return a[1] < b[1] end)
+  return out
+end
+
+-- What breaks the order: calls up, and circles spanning layers.
+local function order_violations()
+  local calls = transport_calls()
+  local rank = transport_order()
+  local bad = {}
+  if not rank then
+    bad[#bad + 1] = "core/transport/README.md: no \"Order\" list of the transport's layers"
+    rank = {}
+    for stem in pairs(calls) do rank[stem] = stem end -- each file its own layer
+  else
+    for stem in pairs(calls) do
+      if not rank[stem] then bad[#bad + 1] = "core/transport/" .. stem .. ".c: in no layer of the Order list" end
+    end
+    for stem in pairs(rank) do
+      if not calls[stem] then bad[#bad + 1] = "core/transport/README.md: Order names " .. stem .. ", no file" end
+    end
+    for _, stem in ipairs(sorted(calls)) do
+      for _, to in ipairs(sorted(calls[stem])) do
+        if rank[stem] and rank[to] and rank[to] > rank[stem] then
+          bad[#bad + 1] = ("core/transport/%s.c (layer %d) calls up into %s.c (layer %d): %s"):format(stem,
+            rank[stem], to, rank[to], table.concat(calls[stem][to], ", "))
+        end
+      end
+    end
+  end
+  for _, set in ipairs(cycles(calls)) do
+    local layers = {}
+    for _, f in ipairs(set) do layers[tostring(rank[f])] = true end
+    if next(layers, next(layers)) then
+      bad[#bad + 1] = "a circle among transport files across layers: " .. table.concat(set, ", ")
+    end
+  end
+  return bad, calls
+end
+
+-- The same graph from the objects' symbols, or nil when they are missing
+-- or older than a source.
+local function nm_calls()
+  local objs = "build/obj/transport"
+  local stale = lines_of(("for f in core/transport/*.c; do o=%s/$(basename $f .c).o; "
+    .. "{ [ -f $o ] && [ ! $f -nt $o ]; } || echo $f; done"):format(objs))
+  if #stale > 0 or #lines_of("command -v nm || true") == 0 then return nil end
+  local def = {}
+  for _, l in ipairs(lines_of("nm -A --defined-only " .. objs .. "/*.o")) do
+    local o, kind, name = l:match("/([%w_]+)%.o:%x*%s+(%a)%s+(lei_[%w_]+)$")
+    if o and kind:match("[TDRB]") then def[name] = o end
+  end
+  local calls = {}
+  for _, l in ipairs(lines_of("nm -A -u " .. objs .. "/*.o")) do
+    local o, name = l:match("/([%w_]+)%.o:%s+U%s+(lei_[%w_]+)$")
+    calls[o or ""] = calls[o or ""] or {}
+    if o and def[name] and def[name] ~= o then calls[o][def[name]] = true end
+  end
+  calls[""] = nil
+  return calls
+end
+
+describe("core/transport's layers", function()
+  it("are stated in its README, bottom first, every file in one", function()
+    local rank, names = transport_order()
+    assert.is_truthy(rank, "core/transport/README.md: no \"Order\" list")
+    local calls = transport_calls()
+    assert.are.same(sorted(calls), sorted(rank))
+    assert.is_true(#names >= 3, "fewer than three layers")
+  end)
+
+  it("call only downward: no file calls a file of a layer above it, no circle spans layers", function()
+    local bad, calls = order_violations()
+    local n = 0
+    for _, to in pairs(calls) do for _ in pairs(to) do n = n + 1 end end
+    assert.is_true(n > 50, "too few calls between transport files found: " .. n)
+    assert.are.same({}, bad)
+  end)
+
+  it("read from the sources are the calls the objects' symbols show (when built)", function()
+    local from_nm = nm_calls()
+    if not from_nm then
+      pending("build/obj/transport/*.o missing or older than the sources: make first")
+      return
+    end
+    local calls = transport_calls()
+    local a, b = {}, {}
+    for f, to in pairs(calls) do for t in pairs(to) do a[#a + 1] = f .. " -> " .. t end end
+    for f, to in pairs(from_nm) do for t in pairs(to) do b[#b + 1] = f .. " -> " .. t end end
+    table.sort(a)
+    table.sort(b)
+    assert.are.same(b, a)
+  end)
+end)

@@ -29,7 +29,7 @@ static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents);
 lei_conn *lei_conn_new(lei_ctx *c, int fd, enum lei_conn_state state) {
     lei_conn *k = calloc(1, sizeof *k);
     if (!k) return NULL;
-    k->mech = c->id.keyed ? &lei_mech_keyed : &lei_mech_protected;
+    k->mech = c->id.keyed ? c->kops.mech_keyed : c->kops.mech_protected;
     if (k->mech->start(k)) {
         free(k);
         return NULL;
@@ -384,7 +384,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f, ev_batch *bt) {
     lei_ctx *c = k->ctx;
     const char *err = NULL;
     char why[256];
-    if (k->state < LEI_CONN_UP) return lei_handshake_frame(k, f);
+    if (k->state < LEI_CONN_UP) return c->kops.hs_frame(k, f);
     lei_peer *p = k->peer;
     if (f->type != LEI_F_EVENT && batch_flush(k, bt)) return -1;
     if (f->type == LEI_F_HEARTBEAT || f->type == LEI_F_PING) return lei_live_frame(k, f);
@@ -445,7 +445,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f, ev_batch *bt) {
         break;
     }
     case LEI_F_CTRL:
-        if (k->sec && k->sec->legacy && lei_handshake_fallback_check(k, f)) return -1;
+        if (k->sec && k->sec->legacy && c->kops.hs_fallback_check(k, f)) return -1;
         p->st.ctrl_in++;
         c->depth++;
         c->refusal[0] = '\0';
@@ -711,7 +711,7 @@ static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents) {
         }
         ev_io_stop(k->ctx->loop, &k->wio);
         k->state = LEI_CONN_HELLO_SENT;
-        lei_handshake_hello(k);
+        k->ctx->kops.hs_hello(k);
         ev_io_start(k->ctx->loop, &k->rio);
         return;
     }

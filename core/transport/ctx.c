@@ -4,7 +4,7 @@
  * The context's other concepts live in files of their own: conn.c
  * (sockets, reading, the handshake), peer.c (peers, queues, batching,
  * policies), chan.c (channels, destinations), local.c (local delivery),
- * sync.c (sync records, acks), live.c (heartbeats, sequence tracking).
+ * sync.c (sync records), live.c (heartbeats, sequence tracking).
  * Private structs: ctx_int.h.  Leans on libev; no Lua here.
  */
 #define _GNU_SOURCE
@@ -47,41 +47,6 @@ void lei_ctx_batch(lei_ctx *c, int on) { c->batch = on && c->h.events; }
 
 void lei_ctx_refusal(lei_ctx *c, const char *why) {
     snprintf(c->refusal, sizeof c->refusal, "%s", why ? why : "");
-}
-
-void lei_logf(lei_ctx *c, const char *fmt, ...) {
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    if (c->h.log)
-        c->h.log(c->h.ud, buf);
-    else
-        fprintf(stderr, "lecho: %s\n", buf);
-}
-
-void lei_ratelog(lei_ctx *c, int kind, const char *fmt, ...) {
-    if (kind < 0 || kind >= LEI_RL_NKINDS) kind = LEI_RL_NKINDS - 1;
-    ev_tstamp now = ev_now(c->loop);
-    if (c->rlog[kind].used && now - c->rlog[kind].t < c->o.log_window) {
-        c->rlog[kind].skipped++;
-        return;
-    }
-    uint64_t skipped = c->rlog[kind].skipped;
-    c->rlog[kind].used = 1;
-    c->rlog[kind].t = now;
-    c->rlog[kind].skipped = 0;
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    if (skipped)
-        lei_logf(c, "%s (%llu more in the last %g s)", buf, (unsigned long long)skipped,
-                 c->o.log_window);
-    else
-        lei_logf(c, "%s", buf);
 }
 
 int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_msg *msg,
@@ -242,16 +207,6 @@ static void check_cb(struct ev_loop *loop, ev_check *w, int revents) {
     lei_peer_flush_all(c);
 }
 
-/* A sync write to p: at once outside any callback (the main line), else at
- * the end of the loop turn (check_cb, prepare_cb). */
-void lei_defer_flush(lei_ctx *c, lei_peer *p) {
-    if (c->depth > 0 && ev_depth(c->loop) > 0)
-        c->unflushed = 1;
-    else
-        lei_peer_flush(p);
-}
-
-
 void lei_ctx_shutdown(lei_ctx *c) {
     c->closing = 1;
     /* Closing from a handler that holds its connection: read on, so that
@@ -309,6 +264,13 @@ lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h) {
      * and block every submit for ever (the Lua layer refuses 0 already). */
     if (c->o.queue_limit == 0) c->o.queue_limit = 1;
     c->h = *h;
+    c->kops.refuse = lei_accept_refuse;
+    c->kops.close = lei_conn_close;
+    c->kops.mech_protected = &lei_mech_protected;
+    c->kops.mech_keyed = &lei_mech_keyed;
+    c->kops.hs_frame = lei_handshake_frame;
+    c->kops.hs_hello = lei_handshake_hello;
+    c->kops.hs_fallback_check = lei_handshake_fallback_check;
     c->loop = ev_loop_new(EVFLAG_AUTO);
     if (!c->loop) {
         free(c);

@@ -200,6 +200,7 @@ void lei_rbuf_return(lei_ctx *c, uint8_t *b, size_t cap);
 void lei_ctx_count_encode(lei_ctx *c);
 void lei_chan_count_encode(lei_ctx *c, uint32_t chid);
 void lei_ctx_stats(const lei_ctx *c, lei_stats_ctx *out);
+/* log.c: one line to the log hook (lei_hooks log), or stderr. */
 void lei_logf(lei_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The kinds of refusal lei_ratelog counts apart (issue 11: a refused peer
  * costs at most one log line per kind per window).  The enum lives here,
@@ -221,7 +222,7 @@ enum lei_ratelog_kind {
     LEI_RL_HANDSHAKE,         /* conn.c: bad input before UP (garbage, untrusted key, ...) */
     LEI_RL_LIVENESS,          /* live.c: no handshake / no heartbeat within the deadline */
     LEI_RL_TAKEOVER,          /* handshake.c: a HELLO claiming an address with a live connection */
-    LEI_RL_SLOW_ACKS,         /* sync.c: a peer leaving queue_limit bytes of our ACKs unread */
+    LEI_RL_SLOW_ACKS,         /* peer.c: a peer leaving queue_limit bytes of our ACKs unread */
     LEI_RL_SLOW_CTRL,         /* peer.c: a peer leaving queue_limit bytes of our CTRL frames (replies) unread */
     LEI_RL_DIAL,              /* conn.c: a dial failed ("cannot reach") */
     LEI_RL_NKINDS
@@ -318,7 +319,7 @@ int lei_call(lei_ctx *c, uint32_t chid, const char *dest, lei_msg *msg, int poli
 /* Sends a control message (an encoded value) to addr.  0, or
  * -LEI_E_CLOSED (the peer is unreachable, *err says why) or -LEI_E_NOMEM. */
 int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err);
-/* Acknowledges sync event `sync` received from peer (NULL: local). errs: the
+/* peer.c: acknowledges sync event `sync` received from peer (NULL: local). errs: the
  * encoded handler errors or NULL. */
 void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uint8_t *errs,
              size_t elen);

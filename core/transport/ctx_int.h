@@ -376,7 +376,9 @@ struct lei_sync {
  * Other files read other sub-structs (the peer table's peers_s.peers,
  * npeers; local_s.lq through lei_local_full).  What stays at the top level
  * is ctx.c's, or shared by several files (rbuf, nbound_all: the
- * containment counters conn.c, rbuf.c and inmap.c keep). */
+ * containment counters conn.c, rbuf.c and inmap.c keep; unflushed, set by
+ * peer.c's lei_peer_flush_deferred and cleared by ctx.c's check_cb), but rlog,
+ * log.c's, and kops, the connection table's operations ctx.c registers. */
 
 /* peers.c: the peer table, by position, by idx and by address */
 struct lei_peers_state {
@@ -462,7 +464,7 @@ struct lei_ctx {
     uint64_t incarnation;
     ev_prepare prep;          /* writes batched queues once per loop turn */
     ev_check chk;             /* after a turn's callbacks: writes what they deferred */
-    int unflushed;            /* a callback deferred a sync write (lei_defer_flush) */
+    int unflushed;            /* a callback deferred a sync write (lei_peer_flush_deferred) */
     ev_timer hb;              /* liveness: PINGs and dead peers, all connections */
     lei_conn *conns;          /* all live connections (list through conn->next) */
     uint64_t conn_gen;        /* last connection generation given (handshake_up) */
@@ -492,6 +494,22 @@ struct lei_ctx {
     struct lei_peer_state peer_s;     /* peer.c's */
     int batch;                /* rw: lei_ctx_batch: the events hook takes a read's async EVENTs */
     struct lei_rbuf_state rbuf_s;     /* rbuf.c's */
+    /* The operations that cross the transport's layers upward
+     * (core/transport/README.md "Order"), registered by lei_ctx_new, never
+     * called by name: rbuf.c refuses a hog and closes a connection it
+     * cannot grow (lei_accept_refuse, lei_conn_close, layer 3); conn.c
+     * starts a connection with a mechanism (lei_mech_protected of plain.c,
+     * lei_mech_keyed of secure.c) and hands the frames before UP, our
+     * HELLO and a keyed CTRL to check to the handshake (handshake.c's
+     * lei_handshake_frame, _hello, _fallback_check, layer 4). */
+    struct {
+        void (*refuse)(lei_conn *k, int kind, const char *reason);
+        void (*close)(lei_conn *k, const char *reason, int bad);
+        const lei_mech *mech_protected, *mech_keyed;
+        int (*hs_frame)(lei_conn *k, const lei_frame *f);
+        void (*hs_hello)(lei_conn *k);
+        int (*hs_fallback_check)(lei_conn *k, const lei_frame *f);
+    } kops;
 };
 
 /* The states of a connection, in the order it walks them (handshake.c's
@@ -719,7 +737,8 @@ void lei_ident_free(lei_ctx *c);
 /* local.c */
 void lei_local_idle_cb(struct ev_loop *loop, ev_idle *w, int revents);
 void lei_local_kick(lei_ctx *c);
-void lei_defer_flush(lei_ctx *c, lei_peer *p);
+/* peer.c: p's queue flushed now outside a callback, else at the end of the turn */
+void lei_peer_flush_deferred(lei_ctx *c, lei_peer *p);
 void lei_sync_link(lei_ctx *c, lei_sync *s);
 
 /* sync.c */
@@ -728,6 +747,8 @@ void lei_sync_fail(lei_sync_wait *w, lei_sync *s, const char *why, int code);
 void lei_syncs_peer_lost(lei_ctx *c, lei_peer *p, const char *reason);
 void lei_sync_answered(lei_ctx *c, lei_peer *p, uint64_t sync, uint64_t nran,
                        const uint8_t *errs, size_t elen);
+/* An answer dropped: its connection is another generation now (stale_acks). */
+void lei_sync_stale_ack(lei_ctx *c);
 /* live.c: liveness and sequence tracking */
 void lei_live_conn_new(lei_conn *k);
 int lei_live_may_dial(lei_peer *p);

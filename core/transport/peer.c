@@ -1,6 +1,9 @@
 /* peer.c: peers (one per remote context), their outgoing queues,
  * batching of small events, the queue policies and writing (writev).
  *
+ * The ACKs of sync events go out from here (lei_ack: queued to the peer
+ * the event came from; sync.c only records the answers).
+ *
  * Leans on codec.h (messages shared by reference count) and frame.c for
  * frame headers; conn.c owns the sockets the queues are written to.
  */
@@ -357,7 +360,7 @@ int lei_peer_bind(lei_ctx *c, const char *addr, uint32_t chid) {
     if (!p || (!lei_peer_live(p) && (peer_want(p), !lei_peer_live(p)))) return -1;
     if (c->id.keyed && !lei_auth_ticket_for(c, ch)) return -1; /* refused there: keep the first event's */
     if (queue_bind(c, p, ch)) return -1;
-    lei_defer_flush(c, p);
+    lei_peer_flush_deferred(c, p);
     return 0;
 }
 
@@ -436,7 +439,7 @@ void lei_peer_enqueue(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr,
         (!p->conn || !ev_is_active(&p->conn->wio) || p->q.bytes >= p->wfull + c->o.batch_bytes))
         lei_peer_flush(p);
     else if (sync)
-        lei_defer_flush(c, p);
+        lei_peer_flush_deferred(c, p);
 }
 
 /* Runs the local consumers of one queued item.  Returns 1 when a handler
@@ -465,7 +468,7 @@ int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err) 
     if (p->ctrl_bytes && p->ctrl_bytes + it->size > c->o.queue_limit) {
         /* Requests it sends while never reading our replies (100,000
          * glist of a 4 MiB group: 2.8 GB) would grow this queue without
-         * bound: cut, as for ACKs (sync.c), what comes after is ignored. */
+         * bound: cut, as for ACKs (lei_ack), what comes after is ignored. */
         snprintf(p->ctrl_why, sizeof p->ctrl_why,
                  "not reading control replies: %zu bytes of them queued (queue_limit %zu)", p->ctrl_bytes,
                  c->o.queue_limit);
@@ -481,7 +484,7 @@ int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err) 
     /* Inside a callback, written at the end of the turn with whatever else
      * it queued for p (a producer applying a member list answers the
      * manager and ends streams at the same peer: one write, not two). */
-    lei_defer_flush(c, p);
+    lei_peer_flush_deferred(c, p);
     return 0;
 }
 
@@ -534,4 +537,56 @@ void lei_peer_stats(const lei_peer *p, lei_stats_peer *out) {
     out->lost = p->lv.lost;
     out->dups = p->lv.dups;
     out->refused = p->refused;
+}
+
+/* A sync write to p: at once outside any callback (the main line), else at
+ * the end of the loop turn (check_cb, prepare_cb). */
+void lei_peer_flush_deferred(lei_ctx *c, lei_peer *p) {
+    if (c->depth > 0 && ev_depth(c->loop) > 0)
+        c->unflushed = 1;
+    else
+        lei_peer_flush(p);
+}
+
+/* Sends the answer to sync `sync` to the peer it came from (its ACK, queued
+ * behind what p's queue holds: sync.c only records answers), or, from
+ * NULL (the local consumers), records it at once (lei_sync_answered). */
+void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uint8_t *errs,
+             size_t elen) {
+    if (from) {
+        uint8_t hdr[LEI_FRAME_HDR + 20];
+        size_t hl = lei_frame_ack_hdr(hdr, sync, nran, elen);
+        lei_qitem *it = lei_item_bytes(hdr, hl, errs, elen);
+        if (!it || !lei_peer_is_up(from)) {
+            if (it) lei_item_free(c, it);
+            return;
+        }
+        if (from->ack_bytes && from->ack_bytes + it->size > c->o.queue_limit && from->conn) {
+            /* Sync events it sends while never reading our answers would
+             * grow this queue without bound (20,000 ACKs of 2 KB: 75 MB).
+             * An empty ACK queue takes one of any size (a call's reply of
+             * up to max_frame, as an event). */
+            char why[160];
+            snprintf(why, sizeof why, "not reading acknowledgements: %zu bytes of them queued (queue_limit %zu)",
+                     from->ack_bytes, c->o.queue_limit);
+            lei_item_free(c, it);
+            lei_accept_refuse(from->conn, LEI_RL_SLOW_ACKS, why);
+            return;
+        }
+        it->ack = 1;
+        from->ack_bytes += it->size;
+        lei_q_push(&from->q, it);
+        lei_peer_flush_deferred(c, from);
+        return;
+    }
+    lei_sync_answered(c, NULL, sync, nran, errs, elen);
+}
+
+void lei_ack_gen(lei_ctx *c, lei_peer *from, uint64_t gen, uint64_t sync, uint64_t nran,
+                 const uint8_t *errs, size_t elen) {
+    if (from && (!from->conn || from->gen != gen)) {
+        lei_sync_stale_ack(c);
+        return;
+    }
+    lei_ack(c, from, sync, nran, errs, elen);
 }

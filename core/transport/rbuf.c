@@ -56,7 +56,7 @@ static void rbuf_cut(lei_conn *hog) {
     snprintf(why, sizeof why,
              "read buffer budget: this connection holds the most (%zu bytes of an unfinished frame)",
              rbuf_held(hog));
-    lei_accept_refuse(hog, LEI_RL_FRAME, why);
+    hog->ctx->kops.refuse(hog, LEI_RL_FRAME, why);
     if (hog->state == LEI_CONN_CLOSED) return; /* its buffer is gone with it */
     free(hog->rb);
     lei_rbuf_set(hog, NULL, 0);
@@ -88,7 +88,7 @@ int lei_rbuf_grow(lei_conn *k, size_t need, size_t end, size_t fsize) {
             char why[160];
             snprintf(why, sizeof why, "frame of %zu bytes exceeds the read buffer budget (limit %zu)",
                      fsize, c->o.max_buffered);
-            lei_accept_refuse(k, LEI_RL_FRAME, why);
+            c->kops.refuse(k, LEI_RL_FRAME, why);
             return -1;
         }
         rbuf_cut(hog);
@@ -114,7 +114,7 @@ int lei_rbuf_grow(lei_conn *k, size_t need, size_t end, size_t fsize) {
     }
     uint8_t *nb = realloc(k->rb, ncap);
     if (!nb) {
-        lei_conn_close(k, "out of memory for the read buffer", 0);
+        c->kops.close(k, "out of memory for the read buffer", 0);
         return -1;
     }
     lei_rbuf_set(k, nb, ncap);

@@ -1,6 +1,7 @@
 /* sync.c: sync records: one per sync submit, one wait per consumer
  * context (NULL: the local consumers), answered by ACK frames or failed
- * when a connection is lost.
+ * when a connection is lost.  This file records answers and sends
+ * nothing: the ACKs go out from peer.c (lei_ack), which owns the queues.
  */
 #define _GNU_SOURCE
 #include "ctx_int.h"
@@ -157,45 +158,7 @@ void lei_sync_answered(lei_ctx *c, lei_peer *p, uint64_t sync, uint64_t nran,
     }
 }
 
-void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uint8_t *errs,
-             size_t elen) {
-    if (from) {
-        uint8_t hdr[LEI_FRAME_HDR + 20];
-        size_t hl = lei_frame_ack_hdr(hdr, sync, nran, elen);
-        lei_qitem *it = lei_item_bytes(hdr, hl, errs, elen);
-        if (!it || !lei_peer_is_up(from)) {
-            if (it) lei_item_free(c, it);
-            return;
-        }
-        if (from->ack_bytes && from->ack_bytes + it->size > c->o.queue_limit && from->conn) {
-            /* Sync events it sends while never reading our answers would
-             * grow this queue without bound (20,000 ACKs of 2 KB: 75 MB).
-             * An empty ACK queue takes one of any size (a call's reply of
-             * up to max_frame, as an event). */
-            char why[160];
-            snprintf(why, sizeof why, "not reading acknowledgements: %zu bytes of them queued (queue_limit %zu)",
-                     from->ack_bytes, c->o.queue_limit);
-            lei_item_free(c, it);
-            lei_accept_refuse(from->conn, LEI_RL_SLOW_ACKS, why);
-            return;
-        }
-        it->ack = 1;
-        from->ack_bytes += it->size;
-        lei_q_push(&from->q, it);
-        lei_defer_flush(c, from);
-        return;
-    }
-    lei_sync_answered(c, NULL, sync, nran, errs, elen);
-}
-
-void lei_ack_gen(lei_ctx *c, lei_peer *from, uint64_t gen, uint64_t sync, uint64_t nran,
-                 const uint8_t *errs, size_t elen) {
-    if (from && (!from->conn || from->gen != gen)) {
-        c->sync_s.stale_acks++;
-        return;
-    }
-    lei_ack(c, from, sync, nran, errs, elen);
-}
+void lei_sync_stale_ack(lei_ctx *c) { c->sync_s.stale_acks++; }
 
 int lei_sync_pending(const lei_sync *s) { return s->nwait; }
 

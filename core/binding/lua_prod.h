@@ -52,8 +52,11 @@ typedef struct lb_event {
  * while it is the channel's only plain consumer.  Each async event of the
  * channel is decoded onto L (at index idx) and handed to fn from the event
  * hook without a Lua function called; sync events, markers and everything
- * else take the Lua dispatch.  fn runs inside the hook's protected call and
- * may raise.  The userdata carrying it has the metatable LB_SINK_MT and
+ * else take the Lua dispatch.  Its arrays of 4 KiB or more
+ * (LB_ARRAY_VIEW_MIN) point into the read buffer, listed in a table at
+ * idx + 1 (nil when none): lecho.core's array_keep gives one memory of its
+ * own, and those not kept end (no elements) when fn returns or raises.
+ * fn runs inside the hook's protected call and may raise.  The userdata carrying it has the metatable LB_SINK_MT and
  * begins with this struct; the Lua consumer (its `sink` field) keeps it. */
 typedef struct lb_sink {
     void (*fn)(struct lb_sink *s, struct lua_State *L, int idx, const lb_event *ev);

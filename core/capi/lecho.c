@@ -278,7 +278,7 @@ int lecho_open(const char *const *opts, lecho_ctx **out, char *err, size_t errle
         return LECHO_ENOMEM;
     }
     x->L = x->L0;
-    x->glue = x->self = x->tramp = LUA_NOREF;
+    x->glue = x->self = x->tramp = x->views = LUA_NOREF;
     x->blocks = 1;
     for (int i = 0; opts && opts[i] && opts[i + 1]; i += 2)
         if (strcmp(opts[i], "policy") == 0) x->blocks = strcmp(opts[i + 1], "block") == 0;
@@ -611,11 +611,14 @@ static int trampoline(lua_State *L) {
     lua_rawseti(L, -2, 1);
     ev.h.ref = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_State *saved = x->L;
+    int saved_views = x->views;
     x->L = L;
+    x->views = LUA_REFNIL; /* the Lua dispatch's views: ctx:keep_values() */
     x->in_handler++;
     const char *err = c->fn(&ev, &m, c->ud);
     x->in_handler--;
     x->L = saved;
+    x->views = saved_views;
     luaL_unref(L, LUA_REGISTRYINDEX, ev.h.ref);
     if (!err) return 0;
     lua_pushstring(L, err);
@@ -645,16 +648,31 @@ static void sink_event(lb_sink *s, lua_State *L, int idx, const lb_event *e) {
     int t = lua_gettop(L);
     lua_pushvalue(L, idx);
     lua_rawseti(L, t, 1);
+    /* [2]: the value's arrays received in place (views into the read
+     * buffer, ended when the handler returns), which a handle made from the
+     * event keeps (lei_lecho_value_keep_views) */
+    int views = lua_istable(L, idx + 1);
+    if (views) {
+        lua_pushvalue(L, idx + 1);
+        lua_rawseti(L, t, 2);
+    }
     lecho_value ev = { { x, slot, H_BORROWED, NULL, NULL } };
     lecho_meta m = { c->chan ? c->chan : "", c->pname, (double)e->seq };
     lua_State *saved = x->L;
+    int saved_views = x->views;
     x->L = L;
+    x->views = views ? slot : LUA_NOREF;
     x->in_handler++;
     const char *err = c->fn(&ev, &m, c->ud);
     x->in_handler--;
     x->L = saved;
+    x->views = saved_views;
     lua_pushnil(L);
     lua_rawseti(L, t, 1); /* the value is garbage once the handler returned */
+    if (views) {
+        lua_pushnil(L);
+        lua_rawseti(L, t, 2);
+    }
     if (!err || !(c = k->c)) return;
     /* counted and logged by lecho.capi, as the Lua dispatch does */
     lua_rawgeti(L, LUA_REGISTRYINDEX, x->glue);

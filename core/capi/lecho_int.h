@@ -97,6 +97,9 @@ struct lecho_ctx {
                      * data plane runs no GC step that would free them) */
     int self;       /* registry ref of the Lua context */
     int in_handler; /* depth of C handlers running */
+    int views;      /* registry ref of the running sink handler's slot table, whose [2]
+                     * lists its event's arrays received in place; LUA_REFNIL: a
+                     * handler of the Lua dispatch (its Context keeps them); LUA_NOREF: none */
     int blocks;     /* the context's policy is "block" (the default) */
     char *addr;     /* owned */
     char *ns;       /* owned */
@@ -152,6 +155,11 @@ lecho_value *lei_lecho_value_from(lecho_ctx *x, lua_CFunction op, struct op *o);
  * is an array (a received view copied out of the read buffer first), 0
  * when it is not one, -1 for a strided view (x's message set). */
 int lei_lecho_array_node(lecho_ctx *x, lua_State *L, int idx, lecho_array_info *out);
+/* In a protected function: the arrays of the running handler's event that
+ * point into the read buffer (x->views) get their own copy, once, so that
+ * a handle made from the event (lecho_set_value, lecho_field) outlives
+ * the handler with them.  May raise (memory). */
+void lei_lecho_value_keep_views(lua_State *L, lecho_ctx *x);
 /* Pushes what the value handle v holds. */
 void lei_lecho_value_push_slot(lua_State *L, const lecho_value *v);
 

@@ -51,6 +51,35 @@ enum { S_NIL, S_BOOL, S_NUMBER, S_STRING, S_NUMBERS, S_TABLE, S_VALUE, S_NODES }
 
 static int build_nodes(struct op *o, lua_State *L, size_t *i, int depth);
 
+void lei_lecho_value_keep_views(lua_State *L, lecho_ctx *x) {
+    if (x->views == LUA_NOREF) return;
+    if (x->views == LUA_REFNIL) { /* the Lua dispatch: Context:keep_values() */
+        lei_lecho_push_ref(L, x->self);
+        lua_getfield(L, -1, "keep_values");
+        lua_insert(L, -2);
+        lua_call(L, 1, 0);
+        return;
+    }
+    lei_lecho_push_ref(L, x->views);
+    lua_rawgeti(L, -1, 2);
+    if (lua_istable(L, -1)) {
+        int vt = lua_gettop(L), nv = (int)lua_objlen(L, vt);
+        lua_getglobal(L, "require");
+        lua_pushliteral(L, "lecho.core");
+        lua_call(L, 1, 1);
+        lua_getfield(L, -1, "array_keep");
+        for (int i = 1; i <= nv; i++) {
+            lua_pushvalue(L, -1);
+            lua_rawgeti(L, vt, i);
+            lua_call(L, 1, 0); /* a view already kept is left alone */
+        }
+        lua_pop(L, 2);
+        lua_pushnil(L);
+        lua_rawseti(L, -3, 2); /* kept: nothing left to end */
+    }
+    lua_pop(L, 2);
+}
+
 static int op_set(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     const lecho_value *v = o->a;
@@ -91,7 +120,12 @@ static int op_set(lua_State *L) {
         }
         break;
     }
-    default: lei_lecho_value_push_slot(L, o->b); break;
+    default:
+        /* a handler's event (or part of it) stored past the handler keeps
+         * its arrays received in place */
+        if (((const lecho_value *)o->b)->h.kind == H_BORROWED) lei_lecho_value_keep_views(L, o->x);
+        lei_lecho_value_push_slot(L, o->b);
+        break;
     }
     if (o->key)
         lua_rawset(L, -3);
@@ -257,6 +291,8 @@ static int op_field(lua_State *L) {
         o->rc = LECHO_EINVAL;
         return 0;
     }
+    /* the new handle may outlive a handler's event: its arrays kept */
+    if (((const lecho_value *)o->a)->h.kind == H_BORROWED) lei_lecho_value_keep_views(L, o->x);
     lua_createtable(L, 1, 0);
     if (o->key)
         lua_getfield(L, -2, o->key);

@@ -39,12 +39,18 @@ typedef struct lb_dataplane {
 } lb_dataplane;
 
 /* One async event for a C sink: the record the event hook hands over (the
- * value itself is decoded onto the sink's Lua stack). */
+ * value itself is decoded onto the sink's Lua stack, or for a bytes sink
+ * left in its encoded bytes). */
 typedef struct lb_event {
     const char *from;  /* the producing context's address; NULL: this context */
     uint64_t producer; /* the producer's id in that context */
     uint64_t seq;
     size_t n;          /* the value's encoded bytes */
+    /* For lb_sink.bytes only (else NULL): pushes onto L the value decoded
+     * from the bytes, then the list of its arrays received in place (views
+     * into the read buffer, as for fn) or nil.  Raises on a Lua memory
+     * error; valid while the bytes call runs. */
+    void (*decode)(const struct lb_event *ev, struct lua_State *L);
 } lb_event;
 
 /* A channel's one consumer written in C (liblecho's lecho_consumer_open):
@@ -60,6 +66,13 @@ typedef struct lb_event {
  * begins with this struct; the Lua consumer (its `sink` field) keeps it. */
 typedef struct lb_sink {
     void (*fn)(struct lb_sink *s, struct lua_State *L, int idx, const lb_event *ev);
+    /* NULL, or called instead of fn with the event's encoded bytes
+     * p[0..ev->n) (the codec's wire form, checked against the context's
+     * limits first: a bad value costs its connection before the call),
+     * nothing decoded; ev->decode makes the Lua value when the sink needs
+     * it, and its views end when bytes returns or raises.  p is valid
+     * while the call runs. */
+    void (*bytes)(struct lb_sink *s, struct lua_State *L, const uint8_t *p, const lb_event *ev);
 } lb_sink;
 
 #define LB_SINK_MT "lecho.sink"

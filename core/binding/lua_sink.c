@@ -13,6 +13,8 @@
 #include "lua_prod.h"
 #include "array.h"
 
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,8 +62,24 @@ typedef struct sink_args {
     const uint8_t *p;
     lb_event ev;
     int bad; /* the payload did not decode */
+    int vref; /* a bytes sink's decoded views: registry ref of their list (LUA_NOREF: none) */
     char err[256];
 } sink_args;
+
+/* lb_event.decode for a bytes sink: the value and its views (or nil) on L;
+ * the list is also pinned in a->vref so that lb_sink_event ends them once
+ * the sink returned or raised. */
+static void sink_decode(const lb_event *e, lua_State *L) {
+    sink_args *a = (sink_args *)((char *)e - offsetof(sink_args, ev));
+    char err[256];
+    luaL_checkstack(L, 4, "lecho: decode");
+    if (lei_decode_lua_views(L, a->p, e->n, &a->b->lim, LB_ARRAY_VIEW_MIN, err, sizeof err))
+        luaL_error(L, "lecho: %s", err); /* checked before the call: memory only */
+    if (lua_istable(L, -1) && a->vref == LUA_NOREF) {
+        lua_pushvalue(L, -1);
+        a->vref = luaL_ref(L, LUA_REGISTRYINDEX);
+    }
+}
 
 /* The sink's call when the value has views (sink_call): a at 1, the
  * value at 2, its views at 3, the sink's userdata at 4 (pinned). */
@@ -77,6 +95,20 @@ static int sink_call(lua_State *L) {
     sink_args *a = lua_touserdata(L, 1);
     lua_settop(L, 0);
     a->bad = 1;
+    if (a->s->bytes) {
+        /* the sink reads the bytes itself: checked here as a decode would */
+        const char *why;
+        if (lei_codec_validate(a->p, a->ev.n, &a->b->lim, &why)) {
+            snprintf(a->err, sizeof a->err, "%s", why);
+            return 0;
+        }
+        a->bad = 0;
+        lua_rawgeti(L, LUA_REGISTRYINDEX, a->b->ref_sinks);
+        lua_rawgeti(L, -1, (int)a->chid); /* pinned while it runs */
+        a->ev.decode = sink_decode;
+        a->s->bytes(a->s, L, a->p, &a->ev);
+        return 0;
+    }
     /* arrays of LB_ARRAY_VIEW_MIN bytes or more point into the payload (no
      * copy: an 8 MiB array copied per event ran at 0.08x of a view), listed
      * at 2 (or nil), as the Lua dispatch gets them (lua_hook.c) */
@@ -128,7 +160,9 @@ int lb_sink_event(lb_ctx *b, lei_peer *from, uint32_t chid, uint64_t producer, u
     a.ev.producer = producer;
     a.ev.seq = seq;
     a.ev.n = n;
+    a.ev.decode = NULL;
     a.bad = 0;
+    a.vref = LUA_NOREF;
     a.err[0] = '\0';
     lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_tb);
     lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_calls); /* no allocation before the pcall */
@@ -136,6 +170,18 @@ int lb_sink_event(lb_ctx *b, lei_peer *from, uint32_t chid, uint64_t producer, u
     lua_remove(L, -2);
     lua_pushlightuserdata(L, &a);
     int rc = lua_pcall(L, 1, 0, -3);
+    if (a.vref != LUA_NOREF) {
+        /* a bytes sink's decoded views, kept or not: over with the call */
+        lua_rawgeti(L, LUA_REGISTRYINDEX, a.vref);
+        int nv = (int)lua_objlen(L, -1);
+        for (int i = 1; i <= nv; i++) {
+            lua_rawgeti(L, -1, i);
+            lei_codec_lua_array_end(L, -1);
+            lua_pop(L, 1);
+        }
+        lua_pop(L, 1);
+        luaL_unref(L, LUA_REGISTRYINDEX, a.vref);
+    }
     const char *src = from ? lei_peer_addr(from) : "local";
     if (rc == LUA_ERRMEM || (rc && a.bad)) {
         lua_pop(L, 1);

@@ -262,6 +262,7 @@ static void ctx_free(lecho_ctx *x) {
     free(x->nodes);
     free(x->packed);
     free(x->arrays);
+    lei_lecho_value_scratch_reset(x, 1);
     free(x);
 }
 
@@ -596,7 +597,7 @@ static int trampoline(lua_State *L) {
     lecho_consumer *c = box->c;
     if (!c) return 0;
     lecho_ctx *x = c->h.ctx;
-    lecho_value ev = { { x, LUA_NOREF, H_BORROWED, NULL, NULL } };
+    lecho_value ev = { { x, LUA_NOREF, H_BORROWED, NULL, NULL }, NULL, 0, NULL };
     lecho_meta m = { "", "", 0 };
     if (lua_istable(L, 2)) {
         lua_getfield(L, 2, "channel");
@@ -625,11 +626,14 @@ static int trampoline(lua_State *L) {
     return 1;
 }
 
-/* The consumer's C sink (core/binding/lua_sink.c): an async event of its channel,
- * decoded at idx of L (the core's callback thread), handed to the C handler
- * without a Lua function called; as trampoline does, with meta made here.
- * Runs inside the core's protected call: may raise. */
-static void sink_event(lb_sink *s, lua_State *L, int idx, const lb_event *e) {
+/* The consumer's C sink (core/binding/lua_sink.c, lb_sink.bytes): an async
+ * event of its channel, still in its encoded bytes p[0..e->n) (checked by
+ * the core), handed to the C handler without a Lua function called and
+ * nothing decoded: the handler's getters read the bytes in place
+ * (lecho_value.c); what needs a Lua value decodes it into the slot then
+ * (e->decode, once).  As trampoline does, with meta made here.  Runs inside
+ * the core's protected call (L, its callback thread): may raise. */
+static void sink_bytes(lb_sink *s, lua_State *L, const uint8_t *p, const lb_event *e) {
     struct csink *k = (struct csink *)s;
     lecho_consumer *c = k->c;
     if (!c) return;
@@ -644,34 +648,28 @@ static void sink_event(lb_sink *s, lua_State *L, int idx, const lb_event *e) {
         c->plen = w > 0 && (size_t)w < sizeof c->pname ? fl : 0;
     }
     int slot = c->slot;
-    lua_rawgeti(L, LUA_REGISTRYINDEX, slot);
-    int t = lua_gettop(L);
-    lua_pushvalue(L, idx);
-    lua_rawseti(L, t, 1);
-    /* [2]: the value's arrays received in place (views into the read
-     * buffer, ended when the handler returns), which a handle made from the
-     * event keeps (lei_lecho_value_keep_views) */
-    int views = lua_istable(L, idx + 1);
-    if (views) {
-        lua_pushvalue(L, idx + 1);
-        lua_rawseti(L, t, 2);
-    }
-    lecho_value ev = { { x, slot, H_BORROWED, NULL, NULL } };
+    /* the slot table: [1] the value once decoded, [2] its arrays received
+     * in place (views, which the core ends after this call; a handle made
+     * from the event keeps them: lei_lecho_value_keep_views) */
+    lecho_value ev = { { x, slot, H_BORROWED, NULL, NULL }, p, e->n, e };
     lecho_meta m = { c->chan ? c->chan : "", c->pname, (double)e->seq };
     lua_State *saved = x->L;
     int saved_views = x->views;
     x->L = L;
-    x->views = views ? slot : LUA_NOREF;
+    x->views = slot;
     x->in_handler++;
     const char *err = c->fn(&ev, &m, c->ud);
     x->in_handler--;
     x->L = saved;
     x->views = saved_views;
-    lua_pushnil(L);
-    lua_rawseti(L, t, 1); /* the value is garbage once the handler returned */
-    if (views) {
+    if (x->scratch) lei_lecho_value_scratch_reset(x, 0); /* the getters' strings: over */
+    if (!ev.bp) { /* decoded: the value is garbage once the handler returned */
+        lua_rawgeti(L, LUA_REGISTRYINDEX, slot);
         lua_pushnil(L);
-        lua_rawseti(L, t, 2);
+        lua_rawseti(L, -2, 1);
+        lua_pushnil(L);
+        lua_rawseti(L, -2, 2);
+        lua_pop(L, 1);
     }
     if (!err || !(c = k->c)) return;
     /* counted and logged by lecho.capi, as the Lua dispatch does */
@@ -696,7 +694,8 @@ static int op_consumer(lua_State *L) {
     lua_newtable(L);
     c->slot = luaL_ref(L, LUA_REGISTRYINDEX);
     c->sink = lua_newuserdata(L, sizeof *c->sink);
-    c->sink->s.fn = sink_event;
+    c->sink->s.fn = NULL; /* the core calls bytes */
+    c->sink->s.bytes = sink_bytes;
     c->sink->c = c;
     luaL_newmetatable(L, LB_SINK_MT);
     lua_setmetatable(L, -2);
@@ -882,7 +881,7 @@ static int svc_trampoline(lua_State *L) {
     }
     lecho_ctx *x = s->h.ctx;
     /* Three borrowed slots: args, meta, the result. */
-    lecho_value args = { { x, LUA_NOREF, H_BORROWED, NULL, NULL } };
+    lecho_value args = { { x, LUA_NOREF, H_BORROWED, NULL, NULL }, NULL, 0, NULL };
     lecho_value meta = args, res = args;
     lua_createtable(L, 1, 0);
     lua_pushvalue(L, 1);

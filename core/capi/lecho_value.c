@@ -3,6 +3,7 @@
  * registry; setters and getters go through lua_cpcall (lecho_int.h). */
 #include "lecho_int.h"
 #include "array.h"
+#include "codec.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -40,8 +41,19 @@ void lecho_value_free(lecho_value *v) {
     if (v && v->h.kind != H_BORROWED) lei_lecho_h_free(&v->h);
 }
 
+void lei_lecho_value_decode(lua_State *L, const lecho_value *v) {
+    if (!v->bp) return;
+    lei_lecho_push_ref(L, v->h.ref); /* the consumer's slot table */
+    v->src->decode(v->src, L);       /* value, views (nil: none) */
+    lua_rawseti(L, -3, 2);           /* for lei_lecho_value_keep_views */
+    lua_rawseti(L, -2, 1);
+    lua_pop(L, 1);
+    ((lecho_value *)v)->bp = NULL; /* our own handle on the sink's stack */
+}
+
 /* Pushes the slot of v. */
 void lei_lecho_value_push_slot(lua_State *L, const lecho_value *v) {
+    lei_lecho_value_decode(L, v);
     lei_lecho_push_ref(L, v->h.ref);
     lua_rawgeti(L, -1, 1);
     lua_remove(L, -2);
@@ -83,6 +95,7 @@ void lei_lecho_value_keep_views(lua_State *L, lecho_ctx *x) {
 static int op_set(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     const lecho_value *v = o->a;
+    lei_lecho_value_decode(L, v);
     lei_lecho_push_ref(L, v->h.ref);
     int box = lua_gettop(L);
     if (o->key) {
@@ -121,10 +134,10 @@ static int op_set(lua_State *L) {
         break;
     }
     default:
+        lei_lecho_value_push_slot(L, o->b);
         /* a handler's event (or part of it) stored past the handler keeps
          * its arrays received in place */
         if (((const lecho_value *)o->b)->h.kind == H_BORROWED) lei_lecho_value_keep_views(L, o->x);
-        lei_lecho_value_push_slot(L, o->b);
         break;
     }
     if (o->key)
@@ -241,8 +254,216 @@ static int op_get(lua_State *L) {
     return 0;
 }
 
+/* ---- byte-backed values (a C sink's event, read in place) ----
+ * The bytes were checked against the context's limits before the handler
+ * (lua_sink.c), so the reader here runs without limits of its own; any
+ * reader error still only sends the getter to the Lua path (BV_LUA). */
+
+enum { BV_FOUND = 0, BV_MISSING = 1, BV_LUA = -1 };
+
+static void bv_reader(const lecho_value *v, lei_reader *r) {
+    static const lei_codec_limits open = { (size_t)-1, LEI_MAX_DEPTH_CEIL, (size_t)-1 };
+    lei_reader_init(r, v->bp, v->bn, &open);
+}
+
+/* Skips what follows the header item it (a table's children). */
+static int bv_skip_children(lei_reader *r, const lei_item *it, int depth) {
+    if (it->tag != LEI_T_TABLE) return 0;
+    if (depth > (int)LEI_MAX_DEPTH_CEIL) return -1;
+    uint64_t n = it->narr + 2 * it->nhash;
+    for (uint64_t i = 0; i < n; i++) {
+        lei_item c;
+        if (lei_codec_read_item(r, &c) || bv_skip_children(r, &c, depth + 1)) return -1;
+    }
+    return 0;
+}
+
+/* The item of v's slot (key NULL) or of its string field key (the last
+ * pair with that key, as a decode into a table keeps).  BV_FOUND with *it
+ * (a table's header: *r is at its children), BV_MISSING (not a table, or
+ * no such field), BV_LUA (unreadable here). */
+static int bv_find(const lecho_value *v, const char *key, lei_item *it, lei_reader *r) {
+    bv_reader(v, r);
+    if (lei_codec_read_item(r, it)) return BV_LUA;
+    if (!key) return BV_FOUND;
+    if (it->tag != LEI_T_TABLE) return BV_MISSING;
+    size_t kl = strlen(key);
+    uint64_t narr = it->narr, nhash = it->nhash;
+    for (uint64_t i = 0; i < narr; i++) {
+        lei_item c;
+        if (lei_codec_read_item(r, &c) || bv_skip_children(r, &c, 1)) return BV_LUA;
+    }
+    int found = BV_MISSING;
+    lei_reader at;
+    for (uint64_t i = 0; i < nhash; i++) {
+        lei_item k, c;
+        if (lei_codec_read_item(r, &k) || bv_skip_children(r, &k, 1)) return BV_LUA;
+        int hit = k.tag == LEI_T_STRING && k.len == kl && memcmp(k.str, key, kl) == 0;
+        if (lei_codec_read_item(r, &c)) return BV_LUA;
+        if (hit) {
+            *it = c;
+            at = *r;
+            found = BV_FOUND;
+        }
+        if (bv_skip_children(r, &c, 1)) return BV_LUA;
+    }
+    if (found == BV_FOUND) *r = at;
+    return found;
+}
+
+/* For lecho_len and lecho_get_numbers: the table's array part as Lua's #
+ * sees it, when that is plainly narr (its last element not nil, no number
+ * keys among the pairs); else BV_LUA.  *r is left at the first element. */
+static int bv_array_part(const lecho_value *v, const char *key, lei_reader *r, size_t *n) {
+    lei_item it;
+    int f = bv_find(v, key, &it, r);
+    if (f == BV_MISSING || (f == BV_FOUND && it.tag != LEI_T_TABLE)) {
+        *n = 0;
+        return BV_MISSING;
+    }
+    if (f == BV_LUA) return BV_LUA;
+    lei_reader start = *r;
+    for (uint64_t i = 0; i < it.narr; i++) {
+        lei_item c;
+        if (lei_codec_read_item(r, &c) || bv_skip_children(r, &c, 1)) return BV_LUA;
+        if (i + 1 == it.narr && c.tag == LEI_T_NIL) return BV_LUA;
+    }
+    for (uint64_t i = 0; i < it.nhash; i++) {
+        lei_item k, c;
+        if (lei_codec_read_item(r, &k) || k.tag == LEI_T_INT || k.tag == LEI_T_DOUBLE ||
+            bv_skip_children(r, &k, 1) || lei_codec_read_item(r, &c) || bv_skip_children(r, &c, 1))
+            return BV_LUA;
+    }
+    *r = start;
+    *n = (size_t)it.narr;
+    return BV_FOUND;
+}
+
+static int bv_type(int tag) {
+    switch (tag) {
+    case LEI_T_NIL: return LECHO_TNIL;
+    case LEI_T_FALSE: case LEI_T_TRUE: return LECHO_TBOOLEAN;
+    case LEI_T_INT: case LEI_T_DOUBLE: return LECHO_TNUMBER;
+    case LEI_T_STRING: return LECHO_TSTRING;
+    case LEI_T_TABLE: return LECHO_TTABLE;
+    default: return LECHO_TARRAY;
+    }
+}
+
+/* n bytes of x's scratch (8-aligned), or NULL. */
+static char *scratch_alloc(lecho_ctx *x, size_t n) {
+    struct lei_scratch *c = x->scratch;
+    n = (n + 7) & ~(size_t)7;
+    if (!c || c->cap - c->used < n) {
+        size_t cap = n > 4096 ? n : 4096;
+        if (!(c = malloc(sizeof *c + cap))) return NULL;
+        c->cap = cap;
+        c->used = 0;
+        c->next = x->scratch;
+        x->scratch = c; /* owned by x (struct lei_scratch) */
+    }
+    char *p = c->data + c->used;
+    c->used += n;
+    return p;
+}
+
+void lei_lecho_value_scratch_reset(lecho_ctx *x, int all) {
+    struct lei_scratch *c = x->scratch, *keep = NULL;
+    while (c) {
+        struct lei_scratch *nx = c->next;
+        if (!all && !keep && c->cap == 4096) {
+            keep = c;
+            keep->used = 0;
+            keep->next = NULL;
+        } else
+            free(c);
+        c = nx;
+    }
+    x->scratch = keep;
+}
+
+/* The getters on a byte-backed value: 1 when answered here (*o filled as
+ * op_get would), 0 to take the Lua path. */
+static int bv_get(const lecho_value *v, const char *key, struct op *o) {
+    lei_reader r;
+    lei_item it;
+    if (o->kind == G_LEN || o->kind == G_NUMBERS) {
+        size_t n;
+        int f = bv_array_part(v, key, &r, &n);
+        if (f == BV_LUA) return 0;
+        o->n = n;
+        for (size_t i = 0; o->kind == G_NUMBERS && i < n && i < o->idx; i++) {
+            lei_item c;
+            if (lei_codec_read_item(&r, &c) || bv_skip_children(&r, &c, 1)) return 0;
+            o->out[i] = c.tag == LEI_T_INT || c.tag == LEI_T_DOUBLE ? c.num : NAN;
+        }
+        return 1;
+    }
+    int f = bv_find(v, key, &it, &r);
+    if (f == BV_LUA) return 0;
+    int tag = f == BV_MISSING ? LEI_T_NIL : it.tag;
+    switch (o->kind) {
+    case G_TYPE: o->i = bv_type(tag); break;
+    case G_NUMBER:
+        if (tag == LEI_T_INT || tag == LEI_T_DOUBLE)
+            o->d = it.num;
+        else
+            o->rc = tag == LEI_T_NIL ? LECHO_ENOTFOUND : LECHO_EINVAL;
+        break;
+    case G_BOOL:
+        if (tag == LEI_T_TRUE || tag == LEI_T_FALSE)
+            o->i = tag == LEI_T_TRUE;
+        else
+            o->rc = tag == LEI_T_NIL ? LECHO_ENOTFOUND : LECHO_EINVAL;
+        break;
+    case G_STRING:
+        if (tag == LEI_T_STRING) {
+            /* NUL-terminated: a copy in the scratch, valid until the
+             * handler returns (lecho.h: "until the handler returns") */
+            char *s = scratch_alloc(v->h.ctx, it.len + 1);
+            if (!s) return 0;
+            memcpy(s, it.str, it.len);
+            s[it.len] = '\0';
+            o->str = s;
+            o->n = it.len;
+        }
+        break;
+    default: return 0;
+    }
+    return 1;
+}
+
+int lei_lecho_value_bytes_array(const lecho_value *v, const char *key, lecho_array_info *out) {
+    lei_reader r;
+    lei_item it;
+    int f = bv_find(v, key, &it, &r);
+    if (f == BV_LUA) return -1;
+    if (f == BV_MISSING || it.tag == LEI_T_NIL) return LECHO_ENOTFOUND;
+    if (it.tag != LEI_T_ARRAY) return LECHO_EINVAL;
+    size_t isz = lei_dtype_size(it.dtype);
+    /* at an odd offset: the Lua path moves it once into memory of its own */
+    if (!isz || (it.len && (uintptr_t)it.str % isz)) return -1;
+    memset(out, 0, sizeof *out);
+    out->data = it.len ? it.str : NULL;
+    out->dtype = lei_dtype_name(it.dtype);
+    out->ndim = it.ndim;
+    out->count = 1;
+    for (int d = 0; d < it.ndim; d++) {
+        out->shape[d] = (size_t)it.shape[d];
+        out->count *= (size_t)it.shape[d];
+    }
+    out->itemsize = isz;
+    if (!it.len) out->data = NULL;
+    return 0;
+}
+
 static int get(const lecho_value *v, const char *key, struct op *o) {
     if (!v) return LECHO_EINVAL;
+    if (v->bp) {
+        o->a = v;
+        if (bv_get(v, key, o)) return o->rc;
+        o->rc = 0;
+    }
     o->a = v;
     o->key = key;
     return lei_lecho_protect(v->h.ctx, op_get, o);
@@ -317,7 +538,7 @@ struct each_args {
 
 /* A borrowed handle (on the caller's stack, not linked) on the value at idx. */
 static void borrow(lua_State *L, lecho_ctx *x, int idx, lecho_value *tmp) {
-    tmp->h = (struct lei_h){ x, LUA_NOREF, H_BORROWED, NULL, NULL };
+    *tmp = (lecho_value){ { x, LUA_NOREF, H_BORROWED, NULL, NULL }, NULL, 0, NULL };
     lua_pushvalue(L, idx);
     lua_createtable(L, 1, 0);
     lua_insert(L, -2);

@@ -29,6 +29,8 @@ describe("a C consumer's getters", function()
 
   it("say the same of an event read in place (async) as of its Lua value (sync)", function()
     local ctx = assert(lecho.context{ quiet = true })
+    local built = {} -- what the C program builds and sends (before it runs: it sends at once)
+    assert(ctx:channel("built"):consumer(function(ev) built[#built + 1] = ev end))
     local cc = S.spawn(("%s %s"):format(bin, S.sh_quote(ctx.addr)))
     assert(S.run_until(ctx, function() return (S.read(cc.out) or ""):find("ready") end, 30),
            "the C consumer did not start: " .. S.errors(cc))
@@ -60,7 +62,18 @@ describe("a C consumer's getters", function()
     assert.are.equal(0, cc.rc, S.errors(cc))
     local lines = {}
     for l in S.output(cc):gmatch("[^\n]+") do lines[#lines + 1] = l end
+    -- built in C: the setters' results, the getters before and after the
+    -- value became a Lua value, and what a Lua consumer got
+    assert.are.equal("built rcs 0 0 0 0 0 0 0 " .. 6, table.remove(lines, 1)) -- LECHO_EINVAL last
+    local b0, b1 = table.remove(lines, 1), table.remove(lines, 1)
+    assert.are.equal(b0:gsub("^built0", ""), (b1:gsub("^built1", "")))
+    assert.truthy(b0:find("[s t3 n6 b6 s8:7265706c61636564 ", 1, true), b0)
+    assert.truthy(b0:find("[n t2 n0=1.5 ", 1, true), b0)
+    assert.truthy(b0:find("[b t0 n7 b7 ", 1, true), b0)
     assert.are.equal("ready", table.remove(lines, 1))
+    assert.is_true(S.run_until(ctx, function() return #built == 2 end, 10))
+    assert.are.same({ step = 1, name = "c-built", ok = false }, built[1])
+    assert.are.same({ n = 1.5, s = "replaced", t = {} }, built[2])
     local last = table.remove(lines)
     assert.are.equal(2 * #vals + 2, #lines, S.output(cc))
     for i = 1, #lines, 2 do

@@ -36,6 +36,12 @@ typedef struct lb_dataplane {
      * taken by the next h:submit_staged.  0, or -1 out of memory.  Touches
      * no Lua state: callable through the FFI. */
     int (*stage)(void *h, const uint8_t *p, size_t n);
+    /* submit for a value already encoded by the caller (liblecho's values
+     * built in C): p[0..n), one value in the codec's wire form, checked
+     * against the context's limits (LEI_E_LIMIT, with err), copied once
+     * into the message the queues hold, sent as submit sends.  Same
+     * returns as submit; touches no Lua state and never raises. */
+    int (*submit_bytes)(void *h, const uint8_t *p, size_t n, char *err, size_t errlen);
 } lb_dataplane;
 
 /* One async event for a C sink: the record the event hook hands over (the
@@ -80,6 +86,7 @@ typedef struct lb_sink {
 /* The same struct for ffi.cdef. */
 #define LB_DATAPLANE_CDEF                                                          \
     "typedef struct lb_dataplane { int (*submit)(void *, void *, int, char *, size_t);" \
-    " int (*stage)(void *, const uint8_t *, size_t); } lb_dataplane;"
+    " int (*stage)(void *, const uint8_t *, size_t);"                                   \
+    " int (*submit_bytes)(void *, const uint8_t *, size_t, char *, size_t); } lb_dataplane;"
 
 #endif

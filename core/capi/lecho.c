@@ -253,6 +253,7 @@ static void ctx_free(lecho_ctx *x) {
         x->handles = h->next;
         if (h->kind == H_CHANNEL) channel_fini((lecho_channel *)h);
         if (h->kind == H_CONSUMER) free(((lecho_consumer *)h)->chan);
+        if (h->kind == H_VALUE) lei_wbuf_free(&((lecho_value *)h)->enc);
         free(h);
     }
     if (x->L0) lua_close(x->L0);
@@ -458,7 +459,7 @@ int lecho_producer_open(lecho_channel *ch, const char *policy, lecho_producer **
 static int op_submit(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     lei_lecho_push_ref(L, ((const lecho_producer *)o->a)->h.ref);
-    lei_lecho_value_push_slot(L, o->b);
+    lei_lecho_value_push_sent(L, o->b);
     if (o->kind == 0) {
         o->rc = lei_lecho_glue_call(L, o->x, "submit", 2, NULL);
         return 0;
@@ -510,7 +511,13 @@ int lecho_submit(lecho_producer *p, const lecho_value *ev) {
         return lei_lecho_fail(x, LECHO_EINVAL, "lecho_submit: not from a consumer handler "
                             "with a producer under the block policy (it may have to wait)");
     struct op o = { .a = p, .b = ev };
-    if (p->ph) {
+    if (p->ph && ev->cb && x->dp->submit_bytes) {
+        /* built in C: its bytes to the core, no Lua state touched */
+        int rc = x->dp->submit_bytes(p->ph, (const uint8_t *)ev->enc.data, ev->enc.len, x->err,
+                                     sizeof x->err);
+        if (rc != LB_PROD_SLOW) return rc;
+    }
+    if (p->ph && !ev->cb) {
         int rc = lei_lecho_protect(x, op_submit_fast, &o);
         if (rc != LB_PROD_SLOW) return rc;
     }
@@ -597,7 +604,7 @@ static int trampoline(lua_State *L) {
     lecho_consumer *c = box->c;
     if (!c) return 0;
     lecho_ctx *x = c->h.ctx;
-    lecho_value ev = { { x, LUA_NOREF, H_BORROWED, NULL, NULL }, NULL, 0, NULL };
+    lecho_value ev = { .h = { x, LUA_NOREF, H_BORROWED, NULL, NULL } };
     lecho_meta m = { "", "", 0 };
     if (lua_istable(L, 2)) {
         lua_getfield(L, 2, "channel");
@@ -651,7 +658,7 @@ static void sink_bytes(lb_sink *s, lua_State *L, const uint8_t *p, const lb_even
     /* the slot table: [1] the value once decoded, [2] its arrays received
      * in place (views, which the core ends after this call; a handle made
      * from the event keeps them: lei_lecho_value_keep_views) */
-    lecho_value ev = { { x, slot, H_BORROWED, NULL, NULL }, p, e->n, e };
+    lecho_value ev = { .h = { x, slot, H_BORROWED, NULL, NULL }, .bp = p, .bn = e->n, .src = e };
     lecho_meta m = { c->chan ? c->chan : "", c->pname, (double)e->seq };
     lua_State *saved = x->L;
     int saved_views = x->views;
@@ -811,8 +818,11 @@ static int op_take(lua_State *L) {
     /* the count the glue gives (the list's length misses nil events at its end) */
     o->idx = lua_isnumber(L, b + 2) ? (size_t)lua_tonumber(L, b + 2) : lua_objlen(L, b);
     o->d = lua_tonumber(L, b + 1);
-    /* into the slot of the caller's value */
-    lei_lecho_push_ref(L, ((const lecho_value *)o->b)->h.ref);
+    /* into the slot of the caller's value (no longer built in C) */
+    lecho_value *into = (lecho_value *)o->b;
+    into->cb = 0;
+    lei_wbuf_free(&into->enc);
+    lei_lecho_push_ref(L, into->h.ref);
     lua_pushvalue(L, b);
     lua_rawseti(L, -2, 1);
     return 0;
@@ -881,7 +891,7 @@ static int svc_trampoline(lua_State *L) {
     }
     lecho_ctx *x = s->h.ctx;
     /* Three borrowed slots: args, meta, the result. */
-    lecho_value args = { { x, LUA_NOREF, H_BORROWED, NULL, NULL }, NULL, 0, NULL };
+    lecho_value args = { .h = { x, LUA_NOREF, H_BORROWED, NULL, NULL } };
     lecho_value meta = args, res = args;
     lua_createtable(L, 1, 0);
     lua_pushvalue(L, 1);

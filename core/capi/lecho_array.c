@@ -197,7 +197,7 @@ static int op_get_array(lua_State *L) {
 int lecho_get_array(const lecho_value *v, const char *key, lecho_array_info *out) {
     struct arr_op a;
     if (!v || !out) return LECHO_EINVAL;
-    if (v->bp) { /* a sink's event in its bytes: read in place */
+    if (v->bp || v->cb) { /* a sink's event in its bytes, or a value built in C: read in place */
         int rc = lei_lecho_value_bytes_array(v, key, out);
         if (rc >= 0) return rc;
     }

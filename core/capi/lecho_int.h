@@ -6,6 +6,7 @@
 
 #include "lecho.h"
 #include "lua_prod.h"
+#include "codec.h"
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -33,6 +34,14 @@ struct lecho_value {
     const uint8_t *bp;
     size_t bn;
     const lb_event *src;
+    /* cb: a value built in C (lecho_value_new, then the setters of
+     * scalars and of string-keyed scalar fields): enc, owned by the
+     * handle (freed by lecho_value_free or lecho_close), is its encoding
+     * and the Lua slot is unused; lecho_submit hands enc to the core
+     * without a Lua call.  What needs a Lua value decodes it once into the
+     * slot (lei_lecho_value_decode) and clears cb. */
+    int cb;
+    lei_wbuf enc;
 };
 
 /* Scratch memory for what a byte-backed event's getters hand out (strings
@@ -188,6 +197,10 @@ void lei_lecho_value_decode(lua_State *L, const lecho_value *v);
  * LECHO_ENOTFOUND, LECHO_EINVAL, or -1: take the Lua path (unaligned, or
  * unreadable here). */
 int lei_lecho_value_bytes_array(const lecho_value *v, const char *key, lecho_array_info *out);
+/* Pushes the value to send for v: a value built in C decoded for this
+ * once, v left as it is (a submit that waits for room takes the Lua path
+ * without making v a Lua value for good); else its slot. */
+void lei_lecho_value_push_sent(lua_State *L, const lecho_value *v);
 /* Pushes what the value handle v holds (decoding a byte-backed one). */
 void lei_lecho_value_push_slot(lua_State *L, const lecho_value *v);
 

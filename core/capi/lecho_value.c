@@ -32,16 +32,53 @@ lecho_value *lei_lecho_value_from(lecho_ctx *x, lua_CFunction op, struct op *o) 
 lecho_value *lecho_value_new(lecho_ctx *x) {
     if (!x) return NULL;
     struct op o = { 0 };
-    return lei_lecho_value_from(x, op_box, &o);
+    lecho_value *v = lei_lecho_value_from(x, op_box, &o);
+    /* built in C from here (struct lecho_value, cb); out of memory: the
+     * Lua slot (nil) serves */
+    if (v && lei_enc_nil(&v->enc) == 0) v->cb = 1;
+    return v;
 }
 
 void lecho_value_free(lecho_value *v) {
     /* A borrowed handle (a handler's event, lecho_each's value) is not the
      * caller's: freeing it would unlink the context's list.  No-op. */
-    if (v && v->h.kind != H_BORROWED) lei_lecho_h_free(&v->h);
+    if (!v || v->h.kind == H_BORROWED) return;
+    lei_wbuf_free(&v->enc);
+    lei_lecho_h_free(&v->h);
+}
+
+/* Pushes the value a value built in C encodes (decoded from enc; v is
+ * left as it is). */
+static void push_decoded(lua_State *L, const lecho_value *v) {
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "lecho.core");
+    lua_call(L, 1, 1);
+    lua_getfield(L, -1, "decode");
+    lua_remove(L, -2);
+    lua_pushlstring(L, v->enc.data, v->enc.len);
+    lua_call(L, 1, 2); /* true, value | nil, err */
+    if (!lua_toboolean(L, -2)) luaL_error(L, "lecho: %s", lua_tostring(L, -1));
+    lua_remove(L, -2);
+}
+
+void lei_lecho_value_push_sent(lua_State *L, const lecho_value *v) {
+    if (v->cb)
+        push_decoded(L, v);
+    else
+        lei_lecho_value_push_slot(L, v);
 }
 
 void lei_lecho_value_decode(lua_State *L, const lecho_value *v) {
+    if (v->cb) { /* built in C: its bytes decoded into the box, once */
+        lecho_value *w = (lecho_value *)v; /* the caller's own handle */
+        lei_lecho_push_ref(L, v->h.ref);
+        push_decoded(L, v);
+        lua_rawseti(L, -2, 1);
+        lua_pop(L, 1);
+        w->cb = 0;
+        lei_wbuf_free(&w->enc);
+        return;
+    }
     if (!v->bp) return;
     lei_lecho_push_ref(L, v->h.ref); /* the consumer's slot table */
     v->src->decode(v->src, L);       /* value, views (nil: none) */
@@ -62,6 +99,8 @@ void lei_lecho_value_push_slot(lua_State *L, const lecho_value *v) {
 enum { S_NIL, S_BOOL, S_NUMBER, S_STRING, S_NUMBERS, S_TABLE, S_VALUE, S_NODES };
 
 static int build_nodes(struct op *o, lua_State *L, size_t *i, int depth);
+static void bv_reader(const lecho_value *v, lei_reader *r);
+static int bv_skip_children(lei_reader *r, const lei_item *it, int depth);
 
 void lei_lecho_value_keep_views(lua_State *L, lecho_ctx *x) {
     if (x->views == LUA_NOREF) return;
@@ -147,8 +186,112 @@ static int op_set(lua_State *L) {
     return 0;
 }
 
+/* ---- values built in C (struct lecho_value, cb) ---- */
+
+/* b[at, at + del) replaced by ins[0..n).  0, or -1 out of memory (b unchanged). */
+static int splice(lei_wbuf *b, size_t at, size_t del, const void *ins, size_t n) {
+    if (n > del && lei_wbuf_reserve(b, n - del)) return -1;
+    memmove(b->data + at + n, b->data + at + del, b->len - at - del);
+    memcpy(b->data + at, ins, n);
+    b->len = b->len - del + n;
+    return 0;
+}
+
+/* A setter on a value built in C: 1 done (*rc its result), 0 when it
+ * takes the Lua path (what the encoding here does not hold: numbers
+ * lists, nested values set from handles, long strings, arrays, nodes). */
+static int cb_set(lecho_value *v, const char *key, const struct op *o, int *rc) {
+    lei_wbuf val = { 0 };
+    int e;
+    *rc = 0;
+    switch (o->kind) {
+    case S_NIL: e = lei_enc_nil(&val); break;
+    case S_BOOL: e = lei_enc_bool(&val, o->i); break;
+    case S_NUMBER: e = lei_enc_number(&val, o->d); break;
+    case S_STRING:
+        if (o->n >= 4096) return 0; /* long: the Lua path pins it, no copy per submit */
+        e = lei_enc_string(&val, o->s ? o->s : "", o->n);
+        break;
+    case S_TABLE: e = lei_enc_table_header(&val, 0, 0); break;
+    default: return 0;
+    }
+    if (e) {
+        lei_wbuf_free(&val);
+        *rc = lei_lecho_fail(v->h.ctx, LECHO_ENOMEM, "out of memory");
+        return 1;
+    }
+    lei_wbuf *b = &v->enc;
+    if (!key) {
+        b->len = 0;
+        e = lei_wbuf_put(b, val.data, val.len);
+        lei_wbuf_free(&val);
+        if (e) *rc = lei_lecho_fail(v->h.ctx, LECHO_ENOMEM, "out of memory");
+        return 1;
+    }
+    /* a field: the slot holds nil (a new table) or a table of pairs */
+    lei_reader r;
+    lei_item it;
+    bv_reader(v, &r);
+    if (lei_codec_read_item(&r, &it) || (it.tag != LEI_T_NIL && it.tag != LEI_T_TABLE) ||
+        (it.tag == LEI_T_TABLE && it.narr != 0)) {
+        lei_wbuf_free(&val);
+        if (it.tag == LEI_T_TABLE) return 0;
+        *rc = lei_lecho_fail(v->h.ctx, LECHO_EINVAL, "lecho_set: the value is not a table");
+        return 1;
+    }
+    uint64_t nhash = it.tag == LEI_T_TABLE ? it.nhash : 0;
+    size_t hl = it.tag == LEI_T_TABLE ? r.pos : b->len; /* the header's bytes (or the nil's) */
+    size_t kl = strlen(key), found = 0, fk = 0, fv = 0, fe = 0;
+    for (uint64_t i = 0; i < nhash; i++) {
+        lei_item k, c;
+        size_t kat = r.pos;
+        if (lei_codec_read_item(&r, &k) || bv_skip_children(&r, &k, 1)) goto lua;
+        size_t vat = r.pos;
+        if (lei_codec_read_item(&r, &c) || bv_skip_children(&r, &c, 1)) goto lua;
+        if (k.tag == LEI_T_STRING && k.len == kl && memcmp(k.str, key, kl) == 0) {
+            found = 1;
+            fk = kat;
+            fv = vat;
+            fe = r.pos;
+        }
+    }
+    int is_nil = o->kind == S_NIL;
+    if (found && is_nil) {
+        e = splice(b, fk, fe - fk, NULL, 0); /* t[key] = nil: the pair goes */
+        nhash--;
+    } else if (found)
+        e = splice(b, fv, fe - fv, val.data, val.len);
+    else if (!is_nil) {
+        lei_wbuf pair = { 0 };
+        e = lei_enc_string(&pair, key, kl) || lei_wbuf_put(&pair, val.data, val.len) ||
+            splice(b, b->len, 0, pair.data, pair.len);
+        lei_wbuf_free(&pair);
+        nhash++;
+    } else
+        e = 0;
+    if (!e) {
+        lei_wbuf h = { 0 };
+        e = lei_enc_table_header(&h, 0, nhash) || splice(b, 0, hl, h.data, h.len);
+        lei_wbuf_free(&h);
+    }
+    lei_wbuf_free(&val);
+    /* a failed splice leaves enc as it was, or with the pair changed and
+     * the old header: then the encoding is not trusted any more */
+    if (e) {
+        *rc = lei_lecho_fail(v->h.ctx, LECHO_ENOMEM, "out of memory");
+        b->len = 0;
+        lei_enc_nil(b);
+    }
+    return 1;
+lua:
+    lei_wbuf_free(&val);
+    return 0;
+}
+
 static int set(lecho_value *v, const char *key, struct op *o) {
     if (!v) return LECHO_EINVAL;
+    int rc;
+    if (v->cb && cb_set(v, key, o, &rc)) return rc;
     o->a = v;
     o->key = key;
     return lei_lecho_protect(v->h.ctx, op_set, o);
@@ -263,7 +406,10 @@ enum { BV_FOUND = 0, BV_MISSING = 1, BV_LUA = -1 };
 
 static void bv_reader(const lecho_value *v, lei_reader *r) {
     static const lei_codec_limits open = { (size_t)-1, LEI_MAX_DEPTH_CEIL, (size_t)-1 };
-    lei_reader_init(r, v->bp, v->bn, &open);
+    if (v->cb)
+        lei_reader_init(r, (const uint8_t *)v->enc.data, v->enc.len, &open);
+    else
+        lei_reader_init(r, v->bp, v->bn, &open);
 }
 
 /* Skips what follows the header item it (a table's children). */
@@ -417,6 +563,7 @@ static int bv_get(const lecho_value *v, const char *key, struct op *o) {
             o->rc = tag == LEI_T_NIL ? LECHO_ENOTFOUND : LECHO_EINVAL;
         break;
     case G_STRING:
+        if (v->cb) return 0; /* built in C: valid while v holds it, so the Lua string */
         if (tag == LEI_T_STRING) {
             /* NUL-terminated: a copy in the scratch, valid until the
              * handler returns (lecho.h: "until the handler returns") */
@@ -459,7 +606,7 @@ int lei_lecho_value_bytes_array(const lecho_value *v, const char *key, lecho_arr
 
 static int get(const lecho_value *v, const char *key, struct op *o) {
     if (!v) return LECHO_EINVAL;
-    if (v->bp) {
+    if (v->bp || v->cb) {
         o->a = v;
         if (bv_get(v, key, o)) return o->rc;
         o->rc = 0;
@@ -538,7 +685,7 @@ struct each_args {
 
 /* A borrowed handle (on the caller's stack, not linked) on the value at idx. */
 static void borrow(lua_State *L, lecho_ctx *x, int idx, lecho_value *tmp) {
-    *tmp = (lecho_value){ { x, LUA_NOREF, H_BORROWED, NULL, NULL }, NULL, 0, NULL };
+    *tmp = (lecho_value){ .h = { x, LUA_NOREF, H_BORROWED, NULL, NULL } };
     lua_pushvalue(L, idx);
     lua_createtable(L, 1, 0);
     lua_insert(L, -2);

@@ -101,8 +101,50 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", lecho_errmsg(ctx));
         return 1;
     }
+    /* values built in C (their encoding, lecho_value.c cb): what the
+     * getters say before and after lecho_field makes the Lua value, and
+     * the value sent to "built" for the Lua side to check */
+    lecho_producer *bp;
+    if (lecho_producer_open(lecho_channel_get(ctx, "built"), NULL, &bp) != 0) {
+        fprintf(stderr, "%s\n", lecho_errmsg(ctx));
+        return 1;
+    }
+    lecho_value *v = lecho_value_new(ctx), *w = lecho_value_new(ctx);
+    int rcs[8];
+    rcs[0] = lecho_set_number(v, "n", 42);
+    rcs[1] = lecho_set_string(v, "s", "a\0b", 3);
+    rcs[2] = lecho_set_bool(v, "b", 1);
+    rcs[3] = lecho_set_string(v, "s", "replaced", 8); /* the same key again */
+    rcs[4] = lecho_set_nil(v, "b");                   /* removed */
+    rcs[5] = lecho_set_table(v, "t");
+    rcs[6] = lecho_set_number(v, "n", 1.5);
+    lecho_set_string(w, NULL, "scalar", 6);
+    rcs[7] = lecho_set_number(w, "k", 1); /* not a table: invalid */
+    printf("built rcs %d %d %d %d %d %d %d %d\n", rcs[0], rcs[1], rcs[2], rcs[3], rcs[4], rcs[5], rcs[6], rcs[7]);
+    static const char *bkeys[] = { NULL, "n", "s", "b", "t", "missing" };
+    for (int pass = 0; pass < 2; pass++) {
+        printf("built%d", pass);
+        for (size_t i = 0; i < sizeof bkeys / sizeof *bkeys; i++) describe(v, bkeys[i]);
+        describe(w, NULL);
+        printf("\n");
+        lecho_value *t = lecho_field(v, "t", 0); /* needs the Lua value */
+        lecho_value_free(t);
+        lecho_set_value(w, NULL, w);
+    }
     printf("ready\n");
     fflush(stdout);
+    lecho_value *v2 = lecho_value_new(ctx);
+    lecho_set_number(v2, "step", 1);
+    lecho_set_string(v2, "name", "c-built", 7);
+    lecho_set_nil(v2, "nothing");
+    lecho_set_bool(v2, "ok", 0);
+    if (lecho_submit(bp, v2) != 0 || lecho_submit(bp, v) != 0) {
+        fprintf(stderr, "submit: %s\n", lecho_errmsg(ctx));
+        return 1;
+    }
+    lecho_value_free(v2);
+    lecho_value_free(v);
+    lecho_value_free(w);
     lecho_run(ctx);
     printf("kept %d:", nkept);
     describe(kept, "arr");

@@ -192,7 +192,7 @@ static int op_set(lua_State *L) {
 static int splice(lei_wbuf *b, size_t at, size_t del, const void *ins, size_t n) {
     if (n > del && lei_wbuf_reserve(b, n - del)) return -1;
     memmove(b->data + at + n, b->data + at + del, b->len - at - del);
-    memcpy(b->data + at, ins, n);
+    if (n) memcpy(b->data + at, ins, n); /* ins may be NULL when n is 0 */
     b->len = b->len - del + n;
     return 0;
 }

@@ -11,6 +11,7 @@
 local S = require "spec.support"
 local lecho = require "lecho"
 local array = require "lecho.array"
+local R = require "spec.support.rogue"
 
 describe("a C consumer's getters", function()
   local bin
@@ -49,6 +50,22 @@ describe("a C consumer's getters", function()
       { [{ 1 }] = 1, s = "after a table key" },
     }
     local p = assert(ctx:channel("g"):producer())
+    -- a rogue peer's event that is no value: its connection goes (the
+    -- bytes are checked before the C consumer reads them), the C consumer
+    -- goes on with every value below
+    local caddr = S.output(cc):match("addr (%S+)")
+    local r = assert(R.dial(caddr, { addr = "127.0.0.1:9" }))
+    r:send(R.bind(0, ctx.addr .. "/g") .. R.event(0, 1, 1, 0, "\8garbage", true))
+    local t0, closed, said = os.time(), false, nil
+    repeat
+      local t, body = r:read(0.2)
+      if t == R.F.ERROR then said = body end
+      closed = t == R.F.ERROR or (not t and body ~= "timeout")
+      ctx:run_once(0.01)
+    until closed or os.time() - t0 > 10
+    assert.truthy(closed, "the rogue's connection stayed open")
+    assert.truthy(said and said:find("malformed event value", 1, true), tostring(said))
+    r:close()
     for _, v in ipairs(vals) do
       assert.is_true(p:submit(v))
       assert.is_true(p:submit_sync(v))
@@ -70,6 +87,7 @@ describe("a C consumer's getters", function()
     assert.truthy(b0:find("[s t3 n6 b6 s8:7265706c61636564 ", 1, true), b0)
     assert.truthy(b0:find("[n t2 n0=1.5 ", 1, true), b0)
     assert.truthy(b0:find("[b t0 n7 b7 ", 1, true), b0)
+    assert.truthy(table.remove(lines, 1):find("^addr "))
     assert.are.equal("ready", table.remove(lines, 1))
     assert.is_true(S.run_until(ctx, function() return #built == 2 end, 10))
     assert.are.same({ step = 1, name = "c-built", ok = false }, built[1])

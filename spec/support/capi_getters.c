@@ -131,6 +131,7 @@ int main(int argc, char **argv) {
         lecho_value_free(t);
         lecho_set_value(w, NULL, w);
     }
+    printf("addr %s\n", lecho_address(ctx));
     printf("ready\n");
     fflush(stdout);
     lecho_value *v2 = lecho_value_new(ctx);

@@ -55,7 +55,8 @@ typedef struct lb_event {
     /* For lb_sink.bytes only (else NULL): pushes onto L the value decoded
      * from the bytes, then the list of its arrays received in place (views
      * into the read buffer, as for fn) or nil.  Raises on a Lua memory
-     * error; valid while the bytes call runs. */
+     * error: call it inside a protected call; valid while the bytes call
+     * runs. */
     void (*decode)(const struct lb_event *ev, struct lua_State *L);
 } lb_event;
 
@@ -76,8 +77,10 @@ typedef struct lb_sink {
      * p[0..ev->n) (the codec's wire form, checked against the context's
      * limits first: a bad value costs its connection before the call),
      * nothing decoded; ev->decode makes the Lua value when the sink needs
-     * it, and its views end when bytes returns or raises.  p is valid
-     * while the call runs. */
+     * it, and its views end when bytes returns.  Called outside any
+     * protected call: bytes must not raise (liblecho runs each Lua call
+     * it makes in a protected call of its own).  p is valid while the
+     * call runs. */
     void (*bytes)(struct lb_sink *s, struct lua_State *L, const uint8_t *p, const lb_event *ev);
 } lb_sink;
 

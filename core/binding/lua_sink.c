@@ -95,20 +95,6 @@ static int sink_call(lua_State *L) {
     sink_args *a = lua_touserdata(L, 1);
     lua_settop(L, 0);
     a->bad = 1;
-    if (a->s->bytes) {
-        /* the sink reads the bytes itself: checked here as a decode would */
-        const char *why;
-        if (lei_codec_validate(a->p, a->ev.n, &a->b->lim, &why)) {
-            snprintf(a->err, sizeof a->err, "%s", why);
-            return 0;
-        }
-        a->bad = 0;
-        lua_rawgeti(L, LUA_REGISTRYINDEX, a->b->ref_sinks);
-        lua_rawgeti(L, -1, (int)a->chid); /* pinned while it runs */
-        a->ev.decode = sink_decode;
-        a->s->bytes(a->s, L, a->p, &a->ev);
-        return 0;
-    }
     /* arrays of LB_ARRAY_VIEW_MIN bytes or more point into the payload (no
      * copy: an 8 MiB array copied per event ran at 0.08x of a view), listed
      * at 2 (or nil), as the Lua dispatch gets them (lua_hook.c) */
@@ -146,6 +132,21 @@ static int sink_call(lua_State *L) {
     return 0;
 }
 
+/* A bytes sink's decoded views (the list at registry ref vref; LUA_NOREF:
+ * none), kept or not: over with the call.  Allocates nothing, never raises. */
+static void views_end(lua_State *L, int vref) {
+    if (vref == LUA_NOREF) return;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, vref);
+    int nv = (int)lua_objlen(L, -1);
+    for (int i = 1; i <= nv; i++) {
+        lua_rawgeti(L, -1, i);
+        lei_codec_lua_array_end(L, -1);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    luaL_unref(L, LUA_REGISTRYINDEX, vref);
+}
+
 int lb_sink_event(lb_ctx *b, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
                   uint64_t sync, const uint8_t *p, size_t n) {
     lb_sink *s = chid < b->nsinks ? b->sinks[chid] : NULL;
@@ -164,25 +165,32 @@ int lb_sink_event(lb_ctx *b, lei_peer *from, uint32_t chid, uint64_t producer, u
     a.bad = 0;
     a.vref = LUA_NOREF;
     a.err[0] = '\0';
+    const char *src = from ? lei_peer_addr(from) : "local";
+    if (s->bytes) {
+        /* the sink reads the bytes itself and never raises: no protected
+         * call.  Checked first as a decode would check them. */
+        const char *why;
+        if (lei_codec_validate(p, n, &b->lim, &why)) {
+            lei_logf(b->c, "bad event value from %s: %s", src, why);
+            if (b->c) lei_ctx_refusal(b->c, why);
+            return -1;
+        }
+        int top = lua_gettop(L);
+        lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_sinks);
+        lua_rawgeti(L, -1, (int)chid); /* pinned while it runs: a handler may close its consumer */
+        a.ev.decode = sink_decode;
+        s->bytes(s, L, p, &a.ev);
+        views_end(L, a.vref);
+        lua_settop(L, top);
+        return 0;
+    }
     lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_tb);
     lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_calls); /* no allocation before the pcall */
     lua_rawgeti(L, -1, 4);
     lua_remove(L, -2);
     lua_pushlightuserdata(L, &a);
     int rc = lua_pcall(L, 1, 0, -3);
-    if (a.vref != LUA_NOREF) {
-        /* a bytes sink's decoded views, kept or not: over with the call */
-        lua_rawgeti(L, LUA_REGISTRYINDEX, a.vref);
-        int nv = (int)lua_objlen(L, -1);
-        for (int i = 1; i <= nv; i++) {
-            lua_rawgeti(L, -1, i);
-            lei_codec_lua_array_end(L, -1);
-            lua_pop(L, 1);
-        }
-        lua_pop(L, 1);
-        luaL_unref(L, LUA_REGISTRYINDEX, a.vref);
-    }
-    const char *src = from ? lei_peer_addr(from) : "local";
+
     if (rc == LUA_ERRMEM || (rc && a.bad)) {
         lua_pop(L, 1);
         lua_gc(L, LUA_GCCOLLECT, 0);

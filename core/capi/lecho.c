@@ -633,13 +633,24 @@ static int trampoline(lua_State *L) {
     return 1;
 }
 
+static int op_consumer_failed(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, o->x->glue);
+    lua_getfield(L, -1, "consumer_failed");
+    lei_lecho_push_ref(L, ((const lecho_consumer *)o->a)->h.ref);
+    lua_pushstring(L, o->s);
+    lua_call(L, 2, 0);
+    return 0;
+}
+
 /* The consumer's C sink (core/binding/lua_sink.c, lb_sink.bytes): an async
  * event of its channel, still in its encoded bytes p[0..e->n) (checked by
  * the core), handed to the C handler without a Lua function called and
  * nothing decoded: the handler's getters read the bytes in place
  * (lecho_value.c); what needs a Lua value decodes it into the slot then
- * (e->decode, once).  As trampoline does, with meta made here.  Runs inside
- * the core's protected call (L, its callback thread): may raise. */
+ * (e->decode, once, inside that call's protected call).  As trampoline
+ * does, with meta made here.  The core calls it unprotected (L, its
+ * callback thread): it never raises. */
 static void sink_bytes(lb_sink *s, lua_State *L, const uint8_t *p, const lb_event *e) {
     struct csink *k = (struct csink *)s;
     lecho_consumer *c = k->c;
@@ -679,12 +690,11 @@ static void sink_bytes(lb_sink *s, lua_State *L, const uint8_t *p, const lb_even
         lua_pop(L, 1);
     }
     if (!err || !(c = k->c)) return;
-    /* counted and logged by lecho.capi, as the Lua dispatch does */
-    lua_rawgeti(L, LUA_REGISTRYINDEX, x->glue);
-    lua_getfield(L, -1, "consumer_failed");
-    lei_lecho_push_ref(L, c->h.ref);
-    lua_pushstring(L, err);
-    lua_call(L, 2, 0);
+    /* counted and logged by lecho.capi, as the Lua dispatch does; in a
+     * protected call (the core calls this sink unprotected: it must not
+     * raise) */
+    struct op o = { .a = c, .s = err };
+    lei_lecho_protect(x, op_consumer_failed, &o);
 }
 
 static int op_consumer(lua_State *L) {

@@ -119,6 +119,10 @@ lei_array *lei_codec_lua_array_push(struct lua_State *L, int dtype, int ndim, co
  * and so do the views made from it; anything else is left alone. Raises on
  * out of memory (nothing changed then). */
 void lei_codec_lua_array_keep(struct lua_State *L, int idx);
+/* A received view at idx (an array) and the views made from it lose their
+ * elements (its dispatch ended and nobody kept it); anything else is left
+ * alone.  Allocates nothing. */
+void lei_codec_lua_array_end(struct lua_State *L, int idx);
 /* A received view at idx kept: without a copy when adopt(ud, data, n,
  * &cap) hands over the (malloc'd, cap bytes) buffer its n bytes are in,
  * owned by the array from then on and given back through give (with the

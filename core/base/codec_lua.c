@@ -972,9 +972,14 @@ static int l_array_keep(lua_State *L) {
     return 0;
 }
 
+void lei_codec_lua_array_end(lua_State *L, int idx) {
+    if (idx < 0) idx = lua_gettop(L) + 1 + idx;
+    rebase(L, idx, NULL, 0, NULL, 0);
+}
+
 static int l_array_end(lua_State *L) {
     check_array(L, 1);
-    rebase(L, 1, NULL, 0, NULL, 0);
+    lei_codec_lua_array_end(L, 1);
     return 0;
 }
 

@@ -165,7 +165,31 @@ static int dp_stage(void *hp, const uint8_t *p, size_t n) {
     return 0;
 }
 
-static const lb_dataplane dataplane = {dp_submit, dp_stage};
+static int dp_submit_bytes(void *hp, const uint8_t *p, size_t n, char *err, size_t errlen) {
+    lb_prod *h = hp;
+    if (h->closed || !h->b->c || h->nwait > 0) return LB_PROD_SLOW;
+    if (policy_of(h) == LEI_BLOCK && !prod_room(h)) return LB_PROD_SLOW;
+    const char *why;
+    if (lei_codec_validate(p, n, &h->b->lim, &why)) {
+        snprintf(err, errlen, "%s", why);
+        return LEI_E_LIMIT; /* a C-built value is well formed: only a limit fails it */
+    }
+    lei_msg *m = lei_msg_new(); /* ours until released below; the queues take their own references */
+    if (!m || lei_wbuf_put(&m->own, p, n)) {
+        lei_msg_release(m, NULL, NULL);
+        snprintf(err, errlen, "%s", lei_err_text(LEI_E_NOMEM));
+        return LEI_E_NOMEM;
+    }
+    lei_msg_sync(m);
+    lei_ctx_count_encode(h->b->c);
+    const char *e;
+    int rc = prod_send(h, m, 0, NULL, &e); /* async: L is not used */
+    lei_msg_release(m, NULL, NULL);
+    if (rc) snprintf(err, errlen, "%s", e ? e : lei_err_text(rc));
+    return rc;
+}
+
+static const lb_dataplane dataplane = {dp_submit, dp_stage, dp_submit_bytes};
 
 /* core.dataplane() -> light userdata: the lb_dataplane table (lua_prod.h). */
 static int l_dataplane(lua_State *L) {

@@ -36,15 +36,28 @@ typedef struct lb_dataplane {
      * taken by the next h:submit_staged.  0, or -1 out of memory.  Touches
      * no Lua state: callable through the FFI. */
     int (*stage)(void *h, const uint8_t *p, size_t n);
+    /* submit for a value already encoded by the caller (liblecho's values
+     * built in C): p[0..n), one value in the codec's wire form, checked
+     * against the context's limits (LEI_E_LIMIT, with err), copied once
+     * into the message the queues hold, sent as submit sends.  Same
+     * returns as submit; touches no Lua state and never raises. */
+    int (*submit_bytes)(void *h, const uint8_t *p, size_t n, char *err, size_t errlen);
 } lb_dataplane;
 
 /* One async event for a C sink: the record the event hook hands over (the
- * value itself is decoded onto the sink's Lua stack). */
+ * value itself is decoded onto the sink's Lua stack, or for a bytes sink
+ * left in its encoded bytes). */
 typedef struct lb_event {
     const char *from;  /* the producing context's address; NULL: this context */
     uint64_t producer; /* the producer's id in that context */
     uint64_t seq;
     size_t n;          /* the value's encoded bytes */
+    /* For lb_sink.bytes only (else NULL): pushes onto L the value decoded
+     * from the bytes, then the list of its arrays received in place (views
+     * into the read buffer, as for fn) or nil.  Raises on a Lua memory
+     * error: call it inside a protected call; valid while the bytes call
+     * runs. */
+    void (*decode)(const struct lb_event *ev, struct lua_State *L);
 } lb_event;
 
 /* A channel's one consumer written in C (liblecho's lecho_consumer_open):
@@ -52,11 +65,23 @@ typedef struct lb_event {
  * while it is the channel's only plain consumer.  Each async event of the
  * channel is decoded onto L (at index idx) and handed to fn from the event
  * hook without a Lua function called; sync events, markers and everything
- * else take the Lua dispatch.  fn runs inside the hook's protected call and
- * may raise.  The userdata carrying it has the metatable LB_SINK_MT and
+ * else take the Lua dispatch.  Its arrays of 4 KiB or more
+ * (LB_ARRAY_VIEW_MIN) point into the read buffer, listed in a table at
+ * idx + 1 (nil when none): lecho.core's array_keep gives one memory of its
+ * own, and those not kept end (no elements) when fn returns or raises.
+ * fn runs inside the hook's protected call and may raise.  The userdata carrying it has the metatable LB_SINK_MT and
  * begins with this struct; the Lua consumer (its `sink` field) keeps it. */
 typedef struct lb_sink {
     void (*fn)(struct lb_sink *s, struct lua_State *L, int idx, const lb_event *ev);
+    /* NULL, or called instead of fn with the event's encoded bytes
+     * p[0..ev->n) (the codec's wire form, checked against the context's
+     * limits first: a bad value costs its connection before the call),
+     * nothing decoded; ev->decode makes the Lua value when the sink needs
+     * it, and its views end when bytes returns.  Called outside any
+     * protected call: bytes must not raise (liblecho runs each Lua call
+     * it makes in a protected call of its own).  p is valid while the
+     * call runs. */
+    void (*bytes)(struct lb_sink *s, struct lua_State *L, const uint8_t *p, const lb_event *ev);
 } lb_sink;
 
 #define LB_SINK_MT "lecho.sink"
@@ -64,6 +89,7 @@ typedef struct lb_sink {
 /* The same struct for ffi.cdef. */
 #define LB_DATAPLANE_CDEF                                                          \
     "typedef struct lb_dataplane { int (*submit)(void *, void *, int, char *, size_t);" \
-    " int (*stage)(void *, const uint8_t *, size_t); } lb_dataplane;"
+    " int (*stage)(void *, const uint8_t *, size_t);"                                   \
+    " int (*submit_bytes)(void *, const uint8_t *, size_t, char *, size_t); } lb_dataplane;"
 
 #endif

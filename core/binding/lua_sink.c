@@ -11,7 +11,10 @@
 #define _GNU_SOURCE
 #include "lua_int.h"
 #include "lua_prod.h"
+#include "array.h"
 
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,8 +62,32 @@ typedef struct sink_args {
     const uint8_t *p;
     lb_event ev;
     int bad; /* the payload did not decode */
+    int vref; /* a bytes sink's decoded views: registry ref of their list (LUA_NOREF: none) */
     char err[256];
 } sink_args;
+
+/* lb_event.decode for a bytes sink: the value and its views (or nil) on L;
+ * the list is also pinned in a->vref so that lb_sink_event ends them once
+ * the sink returned or raised. */
+static void sink_decode(const lb_event *e, lua_State *L) {
+    sink_args *a = (sink_args *)((char *)e - offsetof(sink_args, ev));
+    char err[256];
+    luaL_checkstack(L, 4, "lecho: decode");
+    if (lei_decode_lua_views(L, a->p, e->n, &a->b->lim, LB_ARRAY_VIEW_MIN, err, sizeof err))
+        luaL_error(L, "lecho: %s", err); /* checked before the call: memory only */
+    if (lua_istable(L, -1) && a->vref == LUA_NOREF) {
+        lua_pushvalue(L, -1);
+        a->vref = luaL_ref(L, LUA_REGISTRYINDEX);
+    }
+}
+
+/* The sink's call when the value has views (sink_call): a at 1, the
+ * value at 2, its views at 3, the sink's userdata at 4 (pinned). */
+static int sink_fn_call(lua_State *L) {
+    sink_args *a = lua_touserdata(L, 1);
+    a->s->fn(a->s, L, 2, &a->ev);
+    return 0;
+}
 
 /* Decodes the value and calls the sink, inside one lua_pcall (running out
  * of memory decoding costs the connection, never the process). */
@@ -68,14 +95,56 @@ static int sink_call(lua_State *L) {
     sink_args *a = lua_touserdata(L, 1);
     lua_settop(L, 0);
     a->bad = 1;
-    if (lei_decode_lua(L, a->p, a->ev.n, &a->b->lim, a->err, sizeof a->err)) return 0;
+    /* arrays of LB_ARRAY_VIEW_MIN bytes or more point into the payload (no
+     * copy: an 8 MiB array copied per event ran at 0.08x of a view), listed
+     * at 2 (or nil), as the Lua dispatch gets them (lua_hook.c) */
+    if (lei_decode_lua_views(L, a->p, a->ev.n, &a->b->lim, LB_ARRAY_VIEW_MIN, a->err,
+                             sizeof a->err))
+        return 0;
     a->bad = 0;
     /* the sink's userdata stays on the stack while it runs: a handler that
      * closes its consumer unpins it */
     lua_rawgeti(L, LUA_REGISTRYINDEX, a->b->ref_sinks);
     lua_rawgeti(L, -1, (int)a->chid);
-    a->s->fn(a->s, L, 1, &a->ev);
+    if (!lua_istable(L, 2)) {
+        a->s->fn(a->s, L, 1, &a->ev);
+        return 0;
+    }
+    /* views: the sink runs in a protected call of its own, so that they
+     * end even when it raises */
+    int top = lua_gettop(L);
+    lua_pushcfunction(L, sink_fn_call);
+    lua_pushlightuserdata(L, a);
+    lua_pushvalue(L, 1);
+    lua_pushvalue(L, 2);
+    lua_pushvalue(L, top);
+    int rc = lua_pcall(L, 4, 0, 0);
+    /* the dispatch is over: the views not kept (lei_codec_lua_array_keep
+     * made those their own copies) lose their elements, so a value stored
+     * past it reads none, never the read buffer reused */
+    int nv = (int)lua_objlen(L, 2);
+    for (int i = 1; i <= nv; i++) {
+        lua_rawgeti(L, 2, i);
+        lei_codec_lua_array_end(L, -1);
+        lua_pop(L, 1);
+    }
+    if (rc) lua_error(L);
     return 0;
+}
+
+/* A bytes sink's decoded views (the list at registry ref vref; LUA_NOREF:
+ * none), kept or not: over with the call.  Allocates nothing, never raises. */
+static void views_end(lua_State *L, int vref) {
+    if (vref == LUA_NOREF) return;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, vref);
+    int nv = (int)lua_objlen(L, -1);
+    for (int i = 1; i <= nv; i++) {
+        lua_rawgeti(L, -1, i);
+        lei_codec_lua_array_end(L, -1);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    luaL_unref(L, LUA_REGISTRYINDEX, vref);
 }
 
 int lb_sink_event(lb_ctx *b, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
@@ -92,15 +161,36 @@ int lb_sink_event(lb_ctx *b, lei_peer *from, uint32_t chid, uint64_t producer, u
     a.ev.producer = producer;
     a.ev.seq = seq;
     a.ev.n = n;
+    a.ev.decode = NULL;
     a.bad = 0;
+    a.vref = LUA_NOREF;
     a.err[0] = '\0';
+    const char *src = from ? lei_peer_addr(from) : "local";
+    if (s->bytes) {
+        /* the sink reads the bytes itself and never raises: no protected
+         * call.  Checked first as a decode would check them. */
+        const char *why;
+        if (lei_codec_validate(p, n, &b->lim, &why)) {
+            lei_logf(b->c, "bad event value from %s: %s", src, why);
+            if (b->c) lei_ctx_refusal(b->c, why);
+            return -1;
+        }
+        int top = lua_gettop(L);
+        lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_sinks);
+        lua_rawgeti(L, -1, (int)chid); /* pinned while it runs: a handler may close its consumer */
+        a.ev.decode = sink_decode;
+        s->bytes(s, L, p, &a.ev);
+        views_end(L, a.vref);
+        lua_settop(L, top);
+        return 0;
+    }
     lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_tb);
     lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_calls); /* no allocation before the pcall */
     lua_rawgeti(L, -1, 4);
     lua_remove(L, -2);
     lua_pushlightuserdata(L, &a);
     int rc = lua_pcall(L, 1, 0, -3);
-    const char *src = from ? lei_peer_addr(from) : "local";
+
     if (rc == LUA_ERRMEM || (rc && a.bad)) {
         lua_pop(L, 1);
         lua_gc(L, LUA_GCCOLLECT, 0);

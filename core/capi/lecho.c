@@ -253,6 +253,7 @@ static void ctx_free(lecho_ctx *x) {
         x->handles = h->next;
         if (h->kind == H_CHANNEL) channel_fini((lecho_channel *)h);
         if (h->kind == H_CONSUMER) free(((lecho_consumer *)h)->chan);
+        if (h->kind == H_VALUE) lei_wbuf_free(&((lecho_value *)h)->enc);
         free(h);
     }
     if (x->L0) lua_close(x->L0);
@@ -262,6 +263,7 @@ static void ctx_free(lecho_ctx *x) {
     free(x->nodes);
     free(x->packed);
     free(x->arrays);
+    lei_lecho_value_scratch_reset(x, 1);
     free(x);
 }
 
@@ -278,7 +280,7 @@ int lecho_open(const char *const *opts, lecho_ctx **out, char *err, size_t errle
         return LECHO_ENOMEM;
     }
     x->L = x->L0;
-    x->glue = x->self = x->tramp = LUA_NOREF;
+    x->glue = x->self = x->tramp = x->views = LUA_NOREF;
     x->blocks = 1;
     for (int i = 0; opts && opts[i] && opts[i + 1]; i += 2)
         if (strcmp(opts[i], "policy") == 0) x->blocks = strcmp(opts[i + 1], "block") == 0;
@@ -457,7 +459,7 @@ int lecho_producer_open(lecho_channel *ch, const char *policy, lecho_producer **
 static int op_submit(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     lei_lecho_push_ref(L, ((const lecho_producer *)o->a)->h.ref);
-    lei_lecho_value_push_slot(L, o->b);
+    lei_lecho_value_push_sent(L, o->b);
     if (o->kind == 0) {
         o->rc = lei_lecho_glue_call(L, o->x, "submit", 2, NULL);
         return 0;
@@ -509,7 +511,13 @@ int lecho_submit(lecho_producer *p, const lecho_value *ev) {
         return lei_lecho_fail(x, LECHO_EINVAL, "lecho_submit: not from a consumer handler "
                             "with a producer under the block policy (it may have to wait)");
     struct op o = { .a = p, .b = ev };
-    if (p->ph) {
+    if (p->ph && ev->cb && x->dp->submit_bytes) {
+        /* built in C: its bytes to the core, no Lua state touched */
+        int rc = x->dp->submit_bytes(p->ph, (const uint8_t *)ev->enc.data, ev->enc.len, x->err,
+                                     sizeof x->err);
+        if (rc != LB_PROD_SLOW) return rc;
+    }
+    if (p->ph && !ev->cb) {
         int rc = lei_lecho_protect(x, op_submit_fast, &o);
         if (rc != LB_PROD_SLOW) return rc;
     }
@@ -596,7 +604,7 @@ static int trampoline(lua_State *L) {
     lecho_consumer *c = box->c;
     if (!c) return 0;
     lecho_ctx *x = c->h.ctx;
-    lecho_value ev = { { x, LUA_NOREF, H_BORROWED, NULL, NULL } };
+    lecho_value ev = { .h = { x, LUA_NOREF, H_BORROWED, NULL, NULL } };
     lecho_meta m = { "", "", 0 };
     if (lua_istable(L, 2)) {
         lua_getfield(L, 2, "channel");
@@ -611,22 +619,39 @@ static int trampoline(lua_State *L) {
     lua_rawseti(L, -2, 1);
     ev.h.ref = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_State *saved = x->L;
+    int saved_views = x->views;
     x->L = L;
+    x->views = LUA_REFNIL; /* the Lua dispatch's views: ctx:keep_values() */
     x->in_handler++;
     const char *err = c->fn(&ev, &m, c->ud);
     x->in_handler--;
     x->L = saved;
+    x->views = saved_views;
     luaL_unref(L, LUA_REGISTRYINDEX, ev.h.ref);
     if (!err) return 0;
     lua_pushstring(L, err);
     return 1;
 }
 
-/* The consumer's C sink (core/binding/lua_sink.c): an async event of its channel,
- * decoded at idx of L (the core's callback thread), handed to the C handler
- * without a Lua function called; as trampoline does, with meta made here.
- * Runs inside the core's protected call: may raise. */
-static void sink_event(lb_sink *s, lua_State *L, int idx, const lb_event *e) {
+static int op_consumer_failed(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, o->x->glue);
+    lua_getfield(L, -1, "consumer_failed");
+    lei_lecho_push_ref(L, ((const lecho_consumer *)o->a)->h.ref);
+    lua_pushstring(L, o->s);
+    lua_call(L, 2, 0);
+    return 0;
+}
+
+/* The consumer's C sink (core/binding/lua_sink.c, lb_sink.bytes): an async
+ * event of its channel, still in its encoded bytes p[0..e->n) (checked by
+ * the core), handed to the C handler without a Lua function called and
+ * nothing decoded: the handler's getters read the bytes in place
+ * (lecho_value.c); what needs a Lua value decodes it into the slot then
+ * (e->decode, once, inside that call's protected call).  As trampoline
+ * does, with meta made here.  The core calls it unprotected (L, its
+ * callback thread): it never raises. */
+static void sink_bytes(lb_sink *s, lua_State *L, const uint8_t *p, const lb_event *e) {
     struct csink *k = (struct csink *)s;
     lecho_consumer *c = k->c;
     if (!c) return;
@@ -641,27 +666,35 @@ static void sink_event(lb_sink *s, lua_State *L, int idx, const lb_event *e) {
         c->plen = w > 0 && (size_t)w < sizeof c->pname ? fl : 0;
     }
     int slot = c->slot;
-    lua_rawgeti(L, LUA_REGISTRYINDEX, slot);
-    int t = lua_gettop(L);
-    lua_pushvalue(L, idx);
-    lua_rawseti(L, t, 1);
-    lecho_value ev = { { x, slot, H_BORROWED, NULL, NULL } };
+    /* the slot table: [1] the value once decoded, [2] its arrays received
+     * in place (views, which the core ends after this call; a handle made
+     * from the event keeps them: lei_lecho_value_keep_views) */
+    lecho_value ev = { .h = { x, slot, H_BORROWED, NULL, NULL }, .bp = p, .bn = e->n, .src = e };
     lecho_meta m = { c->chan ? c->chan : "", c->pname, (double)e->seq };
     lua_State *saved = x->L;
+    int saved_views = x->views;
     x->L = L;
+    x->views = slot;
     x->in_handler++;
     const char *err = c->fn(&ev, &m, c->ud);
     x->in_handler--;
     x->L = saved;
-    lua_pushnil(L);
-    lua_rawseti(L, t, 1); /* the value is garbage once the handler returned */
+    x->views = saved_views;
+    if (x->scratch) lei_lecho_value_scratch_reset(x, 0); /* the getters' strings: over */
+    if (!ev.bp) { /* decoded: the value is garbage once the handler returned */
+        lua_rawgeti(L, LUA_REGISTRYINDEX, slot);
+        lua_pushnil(L);
+        lua_rawseti(L, -2, 1);
+        lua_pushnil(L);
+        lua_rawseti(L, -2, 2);
+        lua_pop(L, 1);
+    }
     if (!err || !(c = k->c)) return;
-    /* counted and logged by lecho.capi, as the Lua dispatch does */
-    lua_rawgeti(L, LUA_REGISTRYINDEX, x->glue);
-    lua_getfield(L, -1, "consumer_failed");
-    lei_lecho_push_ref(L, c->h.ref);
-    lua_pushstring(L, err);
-    lua_call(L, 2, 0);
+    /* counted and logged by lecho.capi, as the Lua dispatch does; in a
+     * protected call (the core calls this sink unprotected: it must not
+     * raise) */
+    struct op o = { .a = c, .s = err };
+    lei_lecho_protect(x, op_consumer_failed, &o);
 }
 
 static int op_consumer(lua_State *L) {
@@ -678,7 +711,8 @@ static int op_consumer(lua_State *L) {
     lua_newtable(L);
     c->slot = luaL_ref(L, LUA_REGISTRYINDEX);
     c->sink = lua_newuserdata(L, sizeof *c->sink);
-    c->sink->s.fn = sink_event;
+    c->sink->s.fn = NULL; /* the core calls bytes */
+    c->sink->s.bytes = sink_bytes;
     c->sink->c = c;
     luaL_newmetatable(L, LB_SINK_MT);
     lua_setmetatable(L, -2);
@@ -794,8 +828,11 @@ static int op_take(lua_State *L) {
     /* the count the glue gives (the list's length misses nil events at its end) */
     o->idx = lua_isnumber(L, b + 2) ? (size_t)lua_tonumber(L, b + 2) : lua_objlen(L, b);
     o->d = lua_tonumber(L, b + 1);
-    /* into the slot of the caller's value */
-    lei_lecho_push_ref(L, ((const lecho_value *)o->b)->h.ref);
+    /* into the slot of the caller's value (no longer built in C) */
+    lecho_value *into = (lecho_value *)o->b;
+    into->cb = 0;
+    lei_wbuf_free(&into->enc);
+    lei_lecho_push_ref(L, into->h.ref);
     lua_pushvalue(L, b);
     lua_rawseti(L, -2, 1);
     return 0;
@@ -864,7 +901,7 @@ static int svc_trampoline(lua_State *L) {
     }
     lecho_ctx *x = s->h.ctx;
     /* Three borrowed slots: args, meta, the result. */
-    lecho_value args = { { x, LUA_NOREF, H_BORROWED, NULL, NULL } };
+    lecho_value args = { .h = { x, LUA_NOREF, H_BORROWED, NULL, NULL } };
     lecho_value meta = args, res = args;
     lua_createtable(L, 1, 0);
     lua_pushvalue(L, 1);

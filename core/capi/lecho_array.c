@@ -77,6 +77,7 @@ static int op_set_array(lua_State *L) {
     owner *ow = NULL;
     int d;
 
+    lei_lecho_value_decode(L, v);
     lei_lecho_push_ref(L, v->h.ref);
     int box = lua_gettop(L);
     if (o->key) {
@@ -196,6 +197,10 @@ static int op_get_array(lua_State *L) {
 int lecho_get_array(const lecho_value *v, const char *key, lecho_array_info *out) {
     struct arr_op a;
     if (!v || !out) return LECHO_EINVAL;
+    if (v->bp || v->cb) { /* a sink's event in its bytes, or a value built in C: read in place */
+        int rc = lei_lecho_value_bytes_array(v, key, out);
+        if (rc >= 0) return rc;
+    }
     memset(&a, 0, sizeof a);
     a.info = out;
     a.o.a = v;

@@ -6,6 +6,7 @@
 
 #include "lecho.h"
 #include "lua_prod.h"
+#include "codec.h"
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -23,8 +24,34 @@ struct lei_h {
     struct lei_h *prev, *next;
 };
 
+/* A value handle.  bp non-NULL: a C sink's event still in its encoded
+ * bytes (bp[0..bn), the read buffer's, borrowed for the handler's call),
+ * read in place by the getters (lecho_value.c); the first operation that
+ * needs a Lua value decodes it (src->decode) into the slot h.ref names
+ * and sets bp to NULL. */
 struct lecho_value {
     struct lei_h h;
+    const uint8_t *bp;
+    size_t bn;
+    const lb_event *src;
+    /* cb: a value built in C (lecho_value_new, then the setters of
+     * scalars and of string-keyed scalar fields): enc, owned by the
+     * handle (freed by lecho_value_free or lecho_close), is its encoding
+     * and the Lua slot is unused; lecho_submit hands enc to the core
+     * without a Lua call.  What needs a Lua value decodes it once into the
+     * slot (lei_lecho_value_decode) and clears cb. */
+    int cb;
+    lei_wbuf enc;
+};
+
+/* Scratch memory for what a byte-backed event's getters hand out (strings
+ * NUL-terminated): a list of chunks owned by the context, emptied when
+ * the handler returns (lei_lecho_value_scratch_reset), freed by
+ * lecho_close. */
+struct lei_scratch {
+    struct lei_scratch *next;
+    size_t cap, used;
+    char data[];
 };
 
 struct lecho_channel {
@@ -96,7 +123,11 @@ struct lecho_ctx {
                      * lua_cpcall allocates a closure per call, and the C-only
                      * data plane runs no GC step that would free them) */
     int self;       /* registry ref of the Lua context */
+    struct lei_scratch *scratch; /* owned: see struct lei_scratch */
     int in_handler; /* depth of C handlers running */
+    int views;      /* registry ref of the running sink handler's slot table, whose [2]
+                     * lists its event's arrays received in place; LUA_REFNIL: a
+                     * handler of the Lua dispatch (its Context keeps them); LUA_NOREF: none */
     int blocks;     /* the context's policy is "block" (the default) */
     char *addr;     /* owned */
     char *ns;       /* owned */
@@ -152,7 +183,25 @@ lecho_value *lei_lecho_value_from(lecho_ctx *x, lua_CFunction op, struct op *o);
  * is an array (a received view copied out of the read buffer first), 0
  * when it is not one, -1 for a strided view (x's message set). */
 int lei_lecho_array_node(lecho_ctx *x, lua_State *L, int idx, lecho_array_info *out);
-/* Pushes what the value handle v holds. */
+/* In a protected function: the arrays of the running handler's event that
+ * point into the read buffer (x->views) get their own copy, once, so that
+ * a handle made from the event (lecho_set_value, lecho_field) outlives
+ * the handler with them.  May raise (memory). */
+void lei_lecho_value_keep_views(lua_State *L, lecho_ctx *x);
+/* Empties x's scratch (keeping one small chunk); all = 1 frees it all. */
+void lei_lecho_value_scratch_reset(lecho_ctx *x, int all);
+/* In a protected function: a byte-backed v (a sink's event) decoded into
+ * its slot, once; anything else is left alone.  May raise (memory). */
+void lei_lecho_value_decode(lua_State *L, const lecho_value *v);
+/* lecho_get_array on a byte-backed v, in place: 0 with *out filled,
+ * LECHO_ENOTFOUND, LECHO_EINVAL, or -1: take the Lua path (unaligned, or
+ * unreadable here). */
+int lei_lecho_value_bytes_array(const lecho_value *v, const char *key, lecho_array_info *out);
+/* Pushes the value to send for v: a value built in C decoded for this
+ * once, v left as it is (a submit that waits for room takes the Lua path
+ * without making v a Lua value for good); else its slot. */
+void lei_lecho_value_push_sent(lua_State *L, const lecho_value *v);
+/* Pushes what the value handle v holds (decoding a byte-backed one). */
 void lei_lecho_value_push_slot(lua_State *L, const lecho_value *v);
 
 #endif

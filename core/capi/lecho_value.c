@@ -3,6 +3,7 @@
  * registry; setters and getters go through lua_cpcall (lecho_int.h). */
 #include "lecho_int.h"
 #include "array.h"
+#include "codec.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -31,17 +32,65 @@ lecho_value *lei_lecho_value_from(lecho_ctx *x, lua_CFunction op, struct op *o) 
 lecho_value *lecho_value_new(lecho_ctx *x) {
     if (!x) return NULL;
     struct op o = { 0 };
-    return lei_lecho_value_from(x, op_box, &o);
+    lecho_value *v = lei_lecho_value_from(x, op_box, &o);
+    /* built in C from here (struct lecho_value, cb); out of memory: the
+     * Lua slot (nil) serves */
+    if (v && lei_enc_nil(&v->enc) == 0) v->cb = 1;
+    return v;
 }
 
 void lecho_value_free(lecho_value *v) {
     /* A borrowed handle (a handler's event, lecho_each's value) is not the
      * caller's: freeing it would unlink the context's list.  No-op. */
-    if (v && v->h.kind != H_BORROWED) lei_lecho_h_free(&v->h);
+    if (!v || v->h.kind == H_BORROWED) return;
+    lei_wbuf_free(&v->enc);
+    lei_lecho_h_free(&v->h);
+}
+
+/* Pushes the value a value built in C encodes (decoded from enc; v is
+ * left as it is). */
+static void push_decoded(lua_State *L, const lecho_value *v) {
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "lecho.core");
+    lua_call(L, 1, 1);
+    lua_getfield(L, -1, "decode");
+    lua_remove(L, -2);
+    lua_pushlstring(L, v->enc.data, v->enc.len);
+    lua_call(L, 1, 2); /* true, value | nil, err */
+    if (!lua_toboolean(L, -2)) luaL_error(L, "lecho: %s", lua_tostring(L, -1));
+    lua_remove(L, -2);
+}
+
+void lei_lecho_value_push_sent(lua_State *L, const lecho_value *v) {
+    if (v->cb)
+        push_decoded(L, v);
+    else
+        lei_lecho_value_push_slot(L, v);
+}
+
+void lei_lecho_value_decode(lua_State *L, const lecho_value *v) {
+    if (v->cb) { /* built in C: its bytes decoded into the box, once */
+        lecho_value *w = (lecho_value *)v; /* the caller's own handle */
+        lei_lecho_push_ref(L, v->h.ref);
+        push_decoded(L, v);
+        lua_rawseti(L, -2, 1);
+        lua_pop(L, 1);
+        w->cb = 0;
+        lei_wbuf_free(&w->enc);
+        return;
+    }
+    if (!v->bp) return;
+    lei_lecho_push_ref(L, v->h.ref); /* the consumer's slot table */
+    v->src->decode(v->src, L);       /* value, views (nil: none) */
+    lua_rawseti(L, -3, 2);           /* for lei_lecho_value_keep_views */
+    lua_rawseti(L, -2, 1);
+    lua_pop(L, 1);
+    ((lecho_value *)v)->bp = NULL; /* our own handle on the sink's stack */
 }
 
 /* Pushes the slot of v. */
 void lei_lecho_value_push_slot(lua_State *L, const lecho_value *v) {
+    lei_lecho_value_decode(L, v);
     lei_lecho_push_ref(L, v->h.ref);
     lua_rawgeti(L, -1, 1);
     lua_remove(L, -2);
@@ -50,10 +99,42 @@ void lei_lecho_value_push_slot(lua_State *L, const lecho_value *v) {
 enum { S_NIL, S_BOOL, S_NUMBER, S_STRING, S_NUMBERS, S_TABLE, S_VALUE, S_NODES };
 
 static int build_nodes(struct op *o, lua_State *L, size_t *i, int depth);
+static void bv_reader(const lecho_value *v, lei_reader *r);
+static int bv_skip_children(lei_reader *r, const lei_item *it, int depth);
+
+void lei_lecho_value_keep_views(lua_State *L, lecho_ctx *x) {
+    if (x->views == LUA_NOREF) return;
+    if (x->views == LUA_REFNIL) { /* the Lua dispatch: Context:keep_values() */
+        lei_lecho_push_ref(L, x->self);
+        lua_getfield(L, -1, "keep_values");
+        lua_insert(L, -2);
+        lua_call(L, 1, 0);
+        return;
+    }
+    lei_lecho_push_ref(L, x->views);
+    lua_rawgeti(L, -1, 2);
+    if (lua_istable(L, -1)) {
+        int vt = lua_gettop(L), nv = (int)lua_objlen(L, vt);
+        lua_getglobal(L, "require");
+        lua_pushliteral(L, "lecho.core");
+        lua_call(L, 1, 1);
+        lua_getfield(L, -1, "array_keep");
+        for (int i = 1; i <= nv; i++) {
+            lua_pushvalue(L, -1);
+            lua_rawgeti(L, vt, i);
+            lua_call(L, 1, 0); /* a view already kept is left alone */
+        }
+        lua_pop(L, 2);
+        lua_pushnil(L);
+        lua_rawseti(L, -3, 2); /* kept: nothing left to end */
+    }
+    lua_pop(L, 2);
+}
 
 static int op_set(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     const lecho_value *v = o->a;
+    lei_lecho_value_decode(L, v);
     lei_lecho_push_ref(L, v->h.ref);
     int box = lua_gettop(L);
     if (o->key) {
@@ -91,7 +172,12 @@ static int op_set(lua_State *L) {
         }
         break;
     }
-    default: lei_lecho_value_push_slot(L, o->b); break;
+    default:
+        lei_lecho_value_push_slot(L, o->b);
+        /* a handler's event (or part of it) stored past the handler keeps
+         * its arrays received in place */
+        if (((const lecho_value *)o->b)->h.kind == H_BORROWED) lei_lecho_value_keep_views(L, o->x);
+        break;
     }
     if (o->key)
         lua_rawset(L, -3);
@@ -100,8 +186,112 @@ static int op_set(lua_State *L) {
     return 0;
 }
 
+/* ---- values built in C (struct lecho_value, cb) ---- */
+
+/* b[at, at + del) replaced by ins[0..n).  0, or -1 out of memory (b unchanged). */
+static int splice(lei_wbuf *b, size_t at, size_t del, const void *ins, size_t n) {
+    if (n > del && lei_wbuf_reserve(b, n - del)) return -1;
+    memmove(b->data + at + n, b->data + at + del, b->len - at - del);
+    if (n) memcpy(b->data + at, ins, n); /* ins may be NULL when n is 0 */
+    b->len = b->len - del + n;
+    return 0;
+}
+
+/* A setter on a value built in C: 1 done (*rc its result), 0 when it
+ * takes the Lua path (what the encoding here does not hold: numbers
+ * lists, nested values set from handles, long strings, arrays, nodes). */
+static int cb_set(lecho_value *v, const char *key, const struct op *o, int *rc) {
+    lei_wbuf val = { 0 };
+    int e;
+    *rc = 0;
+    switch (o->kind) {
+    case S_NIL: e = lei_enc_nil(&val); break;
+    case S_BOOL: e = lei_enc_bool(&val, o->i); break;
+    case S_NUMBER: e = lei_enc_number(&val, o->d); break;
+    case S_STRING:
+        if (o->n >= 4096) return 0; /* long: the Lua path pins it, no copy per submit */
+        e = lei_enc_string(&val, o->s ? o->s : "", o->n);
+        break;
+    case S_TABLE: e = lei_enc_table_header(&val, 0, 0); break;
+    default: return 0;
+    }
+    if (e) {
+        lei_wbuf_free(&val);
+        *rc = lei_lecho_fail(v->h.ctx, LECHO_ENOMEM, "out of memory");
+        return 1;
+    }
+    lei_wbuf *b = &v->enc;
+    if (!key) {
+        b->len = 0;
+        e = lei_wbuf_put(b, val.data, val.len);
+        lei_wbuf_free(&val);
+        if (e) *rc = lei_lecho_fail(v->h.ctx, LECHO_ENOMEM, "out of memory");
+        return 1;
+    }
+    /* a field: the slot holds nil (a new table) or a table of pairs */
+    lei_reader r;
+    lei_item it;
+    bv_reader(v, &r);
+    if (lei_codec_read_item(&r, &it) || (it.tag != LEI_T_NIL && it.tag != LEI_T_TABLE) ||
+        (it.tag == LEI_T_TABLE && it.narr != 0)) {
+        lei_wbuf_free(&val);
+        if (it.tag == LEI_T_TABLE) return 0;
+        *rc = lei_lecho_fail(v->h.ctx, LECHO_EINVAL, "lecho_set: the value is not a table");
+        return 1;
+    }
+    uint64_t nhash = it.tag == LEI_T_TABLE ? it.nhash : 0;
+    size_t hl = it.tag == LEI_T_TABLE ? r.pos : b->len; /* the header's bytes (or the nil's) */
+    size_t kl = strlen(key), found = 0, fk = 0, fv = 0, fe = 0;
+    for (uint64_t i = 0; i < nhash; i++) {
+        lei_item k, c;
+        size_t kat = r.pos;
+        if (lei_codec_read_item(&r, &k) || bv_skip_children(&r, &k, 1)) goto lua;
+        size_t vat = r.pos;
+        if (lei_codec_read_item(&r, &c) || bv_skip_children(&r, &c, 1)) goto lua;
+        if (k.tag == LEI_T_STRING && k.len == kl && memcmp(k.str, key, kl) == 0) {
+            found = 1;
+            fk = kat;
+            fv = vat;
+            fe = r.pos;
+        }
+    }
+    int is_nil = o->kind == S_NIL;
+    if (found && is_nil) {
+        e = splice(b, fk, fe - fk, NULL, 0); /* t[key] = nil: the pair goes */
+        nhash--;
+    } else if (found)
+        e = splice(b, fv, fe - fv, val.data, val.len);
+    else if (!is_nil) {
+        lei_wbuf pair = { 0 };
+        e = lei_enc_string(&pair, key, kl) || lei_wbuf_put(&pair, val.data, val.len) ||
+            splice(b, b->len, 0, pair.data, pair.len);
+        lei_wbuf_free(&pair);
+        nhash++;
+    } else
+        e = 0;
+    if (!e) {
+        lei_wbuf h = { 0 };
+        e = lei_enc_table_header(&h, 0, nhash) || splice(b, 0, hl, h.data, h.len);
+        lei_wbuf_free(&h);
+    }
+    lei_wbuf_free(&val);
+    /* a failed splice leaves enc as it was, or with the pair changed and
+     * the old header: then the encoding is not trusted any more */
+    if (e) {
+        *rc = lei_lecho_fail(v->h.ctx, LECHO_ENOMEM, "out of memory");
+        b->len = 0;
+        lei_enc_nil(b);
+    }
+    return 1;
+lua:
+    lei_wbuf_free(&val);
+    return 0;
+}
+
 static int set(lecho_value *v, const char *key, struct op *o) {
     if (!v) return LECHO_EINVAL;
+    int rc;
+    if (v->cb && cb_set(v, key, o, &rc)) return rc;
     o->a = v;
     o->key = key;
     return lei_lecho_protect(v->h.ctx, op_set, o);
@@ -207,8 +397,220 @@ static int op_get(lua_State *L) {
     return 0;
 }
 
+/* ---- byte-backed values (a C sink's event, read in place) ----
+ * The bytes were checked against the context's limits before the handler
+ * (lua_sink.c), so the reader here runs without limits of its own; any
+ * reader error still only sends the getter to the Lua path (BV_LUA). */
+
+enum { BV_FOUND = 0, BV_MISSING = 1, BV_LUA = -1 };
+
+static void bv_reader(const lecho_value *v, lei_reader *r) {
+    static const lei_codec_limits open = { (size_t)-1, LEI_MAX_DEPTH_CEIL, (size_t)-1 };
+    if (v->cb)
+        lei_reader_init(r, (const uint8_t *)v->enc.data, v->enc.len, &open);
+    else
+        lei_reader_init(r, v->bp, v->bn, &open);
+}
+
+/* Skips what follows the header item it (a table's children). */
+static int bv_skip_children(lei_reader *r, const lei_item *it, int depth) {
+    if (it->tag != LEI_T_TABLE) return 0;
+    if (depth > (int)LEI_MAX_DEPTH_CEIL) return -1;
+    uint64_t n = it->narr + 2 * it->nhash;
+    for (uint64_t i = 0; i < n; i++) {
+        lei_item c;
+        if (lei_codec_read_item(r, &c) || bv_skip_children(r, &c, depth + 1)) return -1;
+    }
+    return 0;
+}
+
+/* The item of v's slot (key NULL) or of its string field key (the last
+ * pair with that key, as a decode into a table keeps).  BV_FOUND with *it
+ * (a table's header: *r is at its children), BV_MISSING (not a table, or
+ * no such field), BV_LUA (unreadable here). */
+static int bv_find(const lecho_value *v, const char *key, lei_item *it, lei_reader *r) {
+    bv_reader(v, r);
+    if (lei_codec_read_item(r, it)) return BV_LUA;
+    if (!key) return BV_FOUND;
+    if (it->tag != LEI_T_TABLE) return BV_MISSING;
+    size_t kl = strlen(key);
+    uint64_t narr = it->narr, nhash = it->nhash;
+    for (uint64_t i = 0; i < narr; i++) {
+        lei_item c;
+        if (lei_codec_read_item(r, &c) || bv_skip_children(r, &c, 1)) return BV_LUA;
+    }
+    int found = BV_MISSING;
+    lei_reader at;
+    for (uint64_t i = 0; i < nhash; i++) {
+        lei_item k, c;
+        if (lei_codec_read_item(r, &k) || bv_skip_children(r, &k, 1)) return BV_LUA;
+        int hit = k.tag == LEI_T_STRING && k.len == kl && memcmp(k.str, key, kl) == 0;
+        if (lei_codec_read_item(r, &c)) return BV_LUA;
+        if (hit) {
+            *it = c;
+            at = *r;
+            found = BV_FOUND;
+        }
+        if (bv_skip_children(r, &c, 1)) return BV_LUA;
+    }
+    if (found == BV_FOUND) *r = at;
+    return found;
+}
+
+/* For lecho_len and lecho_get_numbers: the table's array part as Lua's #
+ * sees it, when that is plainly narr (its last element not nil, no number
+ * keys among the pairs); else BV_LUA.  *r is left at the first element. */
+static int bv_array_part(const lecho_value *v, const char *key, lei_reader *r, size_t *n) {
+    lei_item it;
+    int f = bv_find(v, key, &it, r);
+    if (f == BV_MISSING || (f == BV_FOUND && it.tag != LEI_T_TABLE)) {
+        *n = 0;
+        return BV_MISSING;
+    }
+    if (f == BV_LUA) return BV_LUA;
+    lei_reader start = *r;
+    for (uint64_t i = 0; i < it.narr; i++) {
+        lei_item c;
+        if (lei_codec_read_item(r, &c) || bv_skip_children(r, &c, 1)) return BV_LUA;
+        if (i + 1 == it.narr && c.tag == LEI_T_NIL) return BV_LUA;
+    }
+    for (uint64_t i = 0; i < it.nhash; i++) {
+        lei_item k, c;
+        if (lei_codec_read_item(r, &k) || k.tag == LEI_T_INT || k.tag == LEI_T_DOUBLE ||
+            bv_skip_children(r, &k, 1) || lei_codec_read_item(r, &c) || bv_skip_children(r, &c, 1))
+            return BV_LUA;
+    }
+    *r = start;
+    *n = (size_t)it.narr;
+    return BV_FOUND;
+}
+
+static int bv_type(int tag) {
+    switch (tag) {
+    case LEI_T_NIL: return LECHO_TNIL;
+    case LEI_T_FALSE: case LEI_T_TRUE: return LECHO_TBOOLEAN;
+    case LEI_T_INT: case LEI_T_DOUBLE: return LECHO_TNUMBER;
+    case LEI_T_STRING: return LECHO_TSTRING;
+    case LEI_T_TABLE: return LECHO_TTABLE;
+    default: return LECHO_TARRAY;
+    }
+}
+
+/* n bytes of x's scratch (8-aligned), or NULL. */
+static char *scratch_alloc(lecho_ctx *x, size_t n) {
+    struct lei_scratch *c = x->scratch;
+    n = (n + 7) & ~(size_t)7;
+    if (!c || c->cap - c->used < n) {
+        size_t cap = n > 4096 ? n : 4096;
+        if (!(c = malloc(sizeof *c + cap))) return NULL;
+        c->cap = cap;
+        c->used = 0;
+        c->next = x->scratch;
+        x->scratch = c; /* owned by x (struct lei_scratch) */
+    }
+    char *p = c->data + c->used;
+    c->used += n;
+    return p;
+}
+
+void lei_lecho_value_scratch_reset(lecho_ctx *x, int all) {
+    struct lei_scratch *c = x->scratch, *keep = NULL;
+    while (c) {
+        struct lei_scratch *nx = c->next;
+        if (!all && !keep && c->cap == 4096) {
+            keep = c;
+            keep->used = 0;
+            keep->next = NULL;
+        } else
+            free(c);
+        c = nx;
+    }
+    x->scratch = keep;
+}
+
+/* The getters on a byte-backed value: 1 when answered here (*o filled as
+ * op_get would), 0 to take the Lua path. */
+static int bv_get(const lecho_value *v, const char *key, struct op *o) {
+    lei_reader r;
+    lei_item it;
+    if (o->kind == G_LEN || o->kind == G_NUMBERS) {
+        size_t n;
+        int f = bv_array_part(v, key, &r, &n);
+        if (f == BV_LUA) return 0;
+        o->n = n;
+        for (size_t i = 0; o->kind == G_NUMBERS && i < n && i < o->idx; i++) {
+            lei_item c;
+            if (lei_codec_read_item(&r, &c) || bv_skip_children(&r, &c, 1)) return 0;
+            o->out[i] = c.tag == LEI_T_INT || c.tag == LEI_T_DOUBLE ? c.num : NAN;
+        }
+        return 1;
+    }
+    int f = bv_find(v, key, &it, &r);
+    if (f == BV_LUA) return 0;
+    int tag = f == BV_MISSING ? LEI_T_NIL : it.tag;
+    switch (o->kind) {
+    case G_TYPE: o->i = bv_type(tag); break;
+    case G_NUMBER:
+        if (tag == LEI_T_INT || tag == LEI_T_DOUBLE)
+            o->d = it.num;
+        else
+            o->rc = tag == LEI_T_NIL ? LECHO_ENOTFOUND : LECHO_EINVAL;
+        break;
+    case G_BOOL:
+        if (tag == LEI_T_TRUE || tag == LEI_T_FALSE)
+            o->i = tag == LEI_T_TRUE;
+        else
+            o->rc = tag == LEI_T_NIL ? LECHO_ENOTFOUND : LECHO_EINVAL;
+        break;
+    case G_STRING:
+        if (v->cb) return 0; /* built in C: valid while v holds it, so the Lua string */
+        if (tag == LEI_T_STRING) {
+            /* NUL-terminated: a copy in the scratch, valid until the
+             * handler returns (lecho.h: "until the handler returns") */
+            char *s = scratch_alloc(v->h.ctx, it.len + 1);
+            if (!s) return 0;
+            memcpy(s, it.str, it.len);
+            s[it.len] = '\0';
+            o->str = s;
+            o->n = it.len;
+        }
+        break;
+    default: return 0;
+    }
+    return 1;
+}
+
+int lei_lecho_value_bytes_array(const lecho_value *v, const char *key, lecho_array_info *out) {
+    lei_reader r;
+    lei_item it;
+    int f = bv_find(v, key, &it, &r);
+    if (f == BV_LUA) return -1;
+    if (f == BV_MISSING || it.tag == LEI_T_NIL) return LECHO_ENOTFOUND;
+    if (it.tag != LEI_T_ARRAY) return LECHO_EINVAL;
+    size_t isz = lei_dtype_size(it.dtype);
+    /* at an odd offset: the Lua path moves it once into memory of its own */
+    if (!isz || (it.len && (uintptr_t)it.str % isz)) return -1;
+    memset(out, 0, sizeof *out);
+    out->data = it.len ? it.str : NULL;
+    out->dtype = lei_dtype_name(it.dtype);
+    out->ndim = it.ndim;
+    out->count = 1;
+    for (int d = 0; d < it.ndim; d++) {
+        out->shape[d] = (size_t)it.shape[d];
+        out->count *= (size_t)it.shape[d];
+    }
+    out->itemsize = isz;
+    if (!it.len) out->data = NULL;
+    return 0;
+}
+
 static int get(const lecho_value *v, const char *key, struct op *o) {
     if (!v) return LECHO_EINVAL;
+    if (v->bp || v->cb) {
+        o->a = v;
+        if (bv_get(v, key, o)) return o->rc;
+        o->rc = 0;
+    }
     o->a = v;
     o->key = key;
     return lei_lecho_protect(v->h.ctx, op_get, o);
@@ -257,6 +659,8 @@ static int op_field(lua_State *L) {
         o->rc = LECHO_EINVAL;
         return 0;
     }
+    /* the new handle may outlive a handler's event: its arrays kept */
+    if (((const lecho_value *)o->a)->h.kind == H_BORROWED) lei_lecho_value_keep_views(L, o->x);
     lua_createtable(L, 1, 0);
     if (o->key)
         lua_getfield(L, -2, o->key);
@@ -281,7 +685,7 @@ struct each_args {
 
 /* A borrowed handle (on the caller's stack, not linked) on the value at idx. */
 static void borrow(lua_State *L, lecho_ctx *x, int idx, lecho_value *tmp) {
-    tmp->h = (struct lei_h){ x, LUA_NOREF, H_BORROWED, NULL, NULL };
+    *tmp = (lecho_value){ .h = { x, LUA_NOREF, H_BORROWED, NULL, NULL } };
     lua_pushvalue(L, idx);
     lua_createtable(L, 1, 0);
     lua_insert(L, -2);

@@ -95,6 +95,13 @@ local function run_flow()
 end
 
 local recfile = tmp .. "/run.lecho"
+-- a process's time on a CPU so far, in ns (/proc/PID/schedstat's first
+-- field): the recorder's CPU per event, a figure the load does not skew
+-- as much as a rate
+local function sched_ns(pid)
+  local s = common.read("/proc/" .. pid .. "/schedstat")
+  return s and tonumber(s:match("^(%d+)"))
+end
 local disk = {}
 local iv = common.interleave{
   reps = CFG.reps,
@@ -108,6 +115,7 @@ local iv = common.interleave{
       local rec = spawn(("%s %s/scripts/lecho record rp.data --out %s --json --nameserver %s")
                         :format(LUAJIT, ROOT, recfile, ns))
       assert(common.run_until(ctx, function() return ndests() == 2 end, 20), "recorder did not join")
+      local cpu0 = sched_ns(rec.pid)
       local before = {}
       for a, s in pairs(ctx:stats().peers) do before[a] = { s.events_out, s.bytes_out } end
       local ev_s = run_flow()
@@ -117,6 +125,7 @@ local iv = common.interleave{
           wire = (s.bytes_out - before[a][2]) / (s.events_out - before[a][1])
         end
       end
+      local cpu1 = sched_ns(rec.pid)
       proc.signal(rec.pid, "INT")
       local done = proc.wait(rec, 20, function(dt) ctx:run_once(dt) end)
       assert(done, "recorder did not stop")
@@ -127,7 +136,8 @@ local iv = common.interleave{
       local body = 0
       for _, e in ipairs(scan.events) do body = body + #e.data end
       local per_event = (scan.size - hdr - 8 - 1 - #assert(lecho.encode(scan.header))) / #scan.events
-      disk[#disk + 1] = { disk = per_event, wire = wire, events = #scan.events, summary = sum }
+      local cpu_us = cpu0 and cpu1 and (cpu1 - cpu0) / 1e3 / (CFG.n + 1) or nil
+      disk[#disk + 1] = { disk = per_event, wire = wire, events = #scan.events, summary = sum, cpu_us = cpu_us }
       common.run_until(ctx, function() return ndests() == 1 end, 20)
       return { ev_s = ev_s, disk = per_event, wire = wire }
     end },
@@ -180,7 +190,8 @@ local out = {
   throughput = { median = iv.median, ratio = iv.ratios["recorded/plain"], runs = iv.runs, n = CFG.n, size = CFG.size },
   disk = { per_event = common.median((function() local t = {} for _, d in ipairs(disk) do t[#t + 1] = d.disk end return t end)()),
            wire = common.median((function() local t = {} for _, d in ipairs(disk) do t[#t + 1] = d.wire end return t end)()),
-           ratio = common.median(ratios), lo = dlo, hi = dhi, all = ratios, runs = disk },
+           ratio = common.median(ratios), lo = dlo, hi = dhi, all = ratios, runs = disk,
+           recorder_cpu_us = common.median((function() local t = {} for _, d in ipairs(disk) do t[#t + 1] = d.cpu_us end return t end)()) },
   late = { median = late.median, ratio = late.ratios["first_value/rtt"], runs = late.runs },
 }
 ctx:close()
@@ -191,8 +202,9 @@ if A.json then
   f:write(cjson.encode(out))
   f:close()
 end
-io.stdout:write(("throughput recorded/plain %.2fx (%s); disk/wire bytes per event %.3f (%.1f vs %.1f); "
+io.stdout:write(("throughput recorded/plain %.2fx (%s); recorder CPU %.2f us/event; disk/wire bytes per event %.3f (%.1f vs %.1f); "
   .. "late first value %.0f us vs sync rtt %.0f us (%.2fx)\n"):format(
-  out.throughput.ratio.median or 0, common.spread_text(out.throughput.ratio, CFG.reps), out.disk.ratio or 0,
+  out.throughput.ratio.median or 0, common.spread_text(out.throughput.ratio, CFG.reps), out.disk.recorder_cpu_us or 0,
+  out.disk.ratio or 0,
   out.disk.per_event or 0, out.disk.wire or 0, late.median.first_value or 0, late.median.rtt or 0,
   out.late.ratio.median or 0))

@@ -115,7 +115,7 @@ local iv = common.interleave{
       local rec = spawn(("%s %s/scripts/lecho record rp.data --out %s --json --nameserver %s")
                         :format(LUAJIT, ROOT, recfile, ns))
       assert(common.run_until(ctx, function() return ndests() == 2 end, 20), "recorder did not join")
-      local cpu0 = sched_ns(rec.pid)
+      local cpu0, self0, peer0 = sched_ns(rec.pid), sched_ns("self"), sched_ns(peer.pid)
       local before = {}
       for a, s in pairs(ctx:stats().peers) do before[a] = { s.events_out, s.bytes_out } end
       local ev_s = run_flow()
@@ -125,7 +125,7 @@ local iv = common.interleave{
           wire = (s.bytes_out - before[a][2]) / (s.events_out - before[a][1])
         end
       end
-      local cpu1 = sched_ns(rec.pid)
+      local cpu1, self1, peer1 = sched_ns(rec.pid), sched_ns("self"), sched_ns(peer.pid)
       proc.signal(rec.pid, "INT")
       local done = proc.wait(rec, 20, function(dt) ctx:run_once(dt) end)
       assert(done, "recorder did not stop")
@@ -136,8 +136,10 @@ local iv = common.interleave{
       local body = 0
       for _, e in ipairs(scan.events) do body = body + #e.data end
       local per_event = (scan.size - hdr - 8 - 1 - #assert(lecho.encode(scan.header))) / #scan.events
-      local cpu_us = cpu0 and cpu1 and (cpu1 - cpu0) / 1e3 / (CFG.n + 1) or nil
-      disk[#disk + 1] = { disk = per_event, wire = wire, events = #scan.events, summary = sum, cpu_us = cpu_us }
+      local function per(a, b) return a and b and (b - a) / 1e3 / (CFG.n + 1) or nil end
+      disk[#disk + 1] = { disk = per_event, wire = wire, events = #scan.events, summary = sum,
+                          cpu_us = per(cpu0, cpu1), producer_cpu_us = per(self0, self1),
+                          consumer_cpu_us = per(peer0, peer1) }
       common.run_until(ctx, function() return ndests() == 1 end, 20)
       return { ev_s = ev_s, disk = per_event, wire = wire }
     end },
@@ -183,6 +185,11 @@ local late = common.interleave{
   ratios = { { "first_value", "rtt" } },
 }
 
+local function med_of(rows, k)
+  local t = {}
+  for _, d in ipairs(rows) do t[#t + 1] = d[k] end
+  return t[1] and common.median(t) or nil
+end
 local ratios = {}
 for _, d in ipairs(disk) do if d.wire then ratios[#ratios + 1] = d.disk / d.wire end end
 local dlo, dhi = common.spread(ratios)
@@ -191,7 +198,8 @@ local out = {
   disk = { per_event = common.median((function() local t = {} for _, d in ipairs(disk) do t[#t + 1] = d.disk end return t end)()),
            wire = common.median((function() local t = {} for _, d in ipairs(disk) do t[#t + 1] = d.wire end return t end)()),
            ratio = common.median(ratios), lo = dlo, hi = dhi, all = ratios, runs = disk,
-           recorder_cpu_us = common.median((function() local t = {} for _, d in ipairs(disk) do t[#t + 1] = d.cpu_us end return t end)()) },
+           recorder_cpu_us = med_of(disk, "cpu_us"), producer_cpu_us = med_of(disk, "producer_cpu_us"),
+           consumer_cpu_us = med_of(disk, "consumer_cpu_us") },
   late = { median = late.median, ratio = late.ratios["first_value/rtt"], runs = late.runs },
 }
 ctx:close()
@@ -202,6 +210,20 @@ if A.json then
   f:write(cjson.encode(out))
   f:close()
 end
+-- what the CPU allows: with a core per process the slowest one bounds the
+-- flow; on 2 cores shared by the three, their sum over 2
+local d = out.disk
+if d.recorder_cpu_us and d.producer_cpu_us and d.consumer_cpu_us then
+  local p, c, r = d.producer_cpu_us, d.consumer_cpu_us, d.recorder_cpu_us
+  -- plain: at most 1 / max(p, c) events a second (two processes, two
+  -- cores); recorded: at most min(2 / (p + c + r), 1 / max(p, c, r)); p is
+  -- the recorded runs' (two destinations), so these are upper bounds
+  d.bound_2cores = math.max(p, c) * math.min(2 / (p + c + r), 1 / math.max(p, c, r))
+  d.bound_3cores = math.max(p, c) / math.max(p, c, r)
+end
+io.stdout:write(("CPU per event: producer %.2f us, consumer %.2f us, recorder %.2f us: the best recorded/plain "
+  .. "with 2 cores %.2fx, with a core each %.2fx\n"):format(d.producer_cpu_us or 0, d.consumer_cpu_us or 0,
+  d.recorder_cpu_us or 0, d.bound_2cores or 0, d.bound_3cores or 0))
 io.stdout:write(("throughput recorded/plain %.2fx (%s); recorder CPU %.2f us/event; disk/wire bytes per event %.3f (%.1f vs %.1f); "
   .. "late first value %.0f us vs sync rtt %.0f us (%.2fx)\n"):format(
   out.throughput.ratio.median or 0, common.spread_text(out.throughput.ratio, CFG.reps), out.disk.recorder_cpu_us or 0,

@@ -164,21 +164,23 @@ local late = common.interleave{
       return { us = common.median(xs) * 1e6 }
     end },
     { "first_value", function()
-      local xs = {}
+      local xs, js = {}, {}
       for _ = 1, CFG.late do
         local t_first
         local fetch = history.fetch
         local t_join
         history.fetch = function(st, r) t_join = ctx:now() return fetch(st, r) end
+        local t_call = ctx:now()
         local c = assert(ctx:channel("rp.hist"):consumer(function(ev, meta)
           if meta.history and not t_first then t_first = ctx:now() end
         end, { history = "last" }))
         history.fetch = fetch
         assert(t_first and t_join, "no history value")
         xs[#xs + 1] = t_first - t_join
+        js[#js + 1] = t_join - t_call
         c:close()
       end
-      return { us = common.median(xs) * 1e6 }
+      return { us = common.median(xs) * 1e6, join_us = common.median(js) * 1e6 }
     end },
   },
   value = function(r) return r.us end,
@@ -200,7 +202,8 @@ local out = {
            ratio = common.median(ratios), lo = dlo, hi = dhi, all = ratios, runs = disk,
            recorder_cpu_us = med_of(disk, "cpu_us"), producer_cpu_us = med_of(disk, "producer_cpu_us"),
            consumer_cpu_us = med_of(disk, "consumer_cpu_us") },
-  late = { median = late.median, ratio = late.ratios["first_value/rtt"], runs = late.runs },
+  late = { median = late.median, ratio = late.ratios["first_value/rtt"], runs = late.runs,
+           join_us = med_of(late.runs.first_value or {}, "join_us") },
 }
 ctx:close()
 kids:kill_all("KILL")
@@ -225,8 +228,8 @@ io.stdout:write(("CPU per event: producer %.2f us, consumer %.2f us, recorder %.
   .. "with 2 cores %.2fx, with a core each %.2fx\n"):format(d.producer_cpu_us or 0, d.consumer_cpu_us or 0,
   d.recorder_cpu_us or 0, d.bound_2cores or 0, d.bound_3cores or 0))
 io.stdout:write(("throughput recorded/plain %.2fx (%s); recorder CPU %.2f us/event; disk/wire bytes per event %.3f (%.1f vs %.1f); "
-  .. "late first value %.0f us vs sync rtt %.0f us (%.2fx)\n"):format(
+  .. "late first value %.0f us vs sync rtt %.0f us (%.2fx), its join %.0f us\n"):format(
   out.throughput.ratio.median or 0, common.spread_text(out.throughput.ratio, CFG.reps), out.disk.recorder_cpu_us or 0,
   out.disk.ratio or 0,
   out.disk.per_event or 0, out.disk.wire or 0, late.median.first_value or 0, late.median.rtt or 0,
-  out.late.ratio.median or 0))
+  out.late.ratio.median or 0, out.late.join_us or 0))

@@ -30,6 +30,10 @@ ZIP_CFLAGS := $(shell $(PKG_CONFIG) --cflags libzstd 2>/dev/null)
 # allocation (8 bytes) LeakSanitizer reports as a leak once lua_close has
 # unloaded them (make asan's ctest: 4 contexts, 32 bytes, "unknown module").
 ZIP_LIBS   := $(or $(shell $(PKG_CONFIG) --libs libzstd 2>/dev/null),-lzstd) -lzfp -Wl,-z,nodelete
+# libdeflate (libdeflate-dev): the recorder's CRC-32 (core/binding/lua_rsink.c),
+# PCLMUL-folded; lua/lecho/recording.lua checks the same CRC with zlib's
+# crc32 through the FFI (zlib1g-dev: libz.so).
+ZIP_LIBS   += $(or $(shell $(PKG_CONFIG) --libs libdeflate 2>/dev/null),-ldeflate)
 
 # core/ in folders by layer (doc/architecture.md "Layers"; each folder's
 # README.md says what its files may include, spec/layers_spec.lua checks
@@ -67,6 +71,8 @@ RUN_DEPS := /usr/bin/luajit:luajit \
         /usr/include/openssl/evp.h:libssl-dev \
         /usr/include/zstd.h:libzstd-dev \
         /usr/include/zfp.h:libzfp-dev \
+        /usr/include/zlib.h:zlib1g-dev \
+        /usr/include/libdeflate.h:libdeflate-dev \
         /usr/lib/x86_64-linux-gnu/lua/5.1/cjson.so:lua-cjson \
         /usr/bin/gcc:gcc \
         /usr/bin/make:make \

@@ -95,6 +95,13 @@ local function run_flow()
 end
 
 local recfile = tmp .. "/run.lecho"
+-- a process's time on a CPU so far, in ns (/proc/PID/schedstat's first
+-- field): the recorder's CPU per event, a figure the load does not skew
+-- as much as a rate
+local function sched_ns(pid)
+  local s = common.read("/proc/" .. pid .. "/schedstat")
+  return s and tonumber(s:match("^(%d+)"))
+end
 local disk = {}
 local iv = common.interleave{
   reps = CFG.reps,
@@ -108,6 +115,7 @@ local iv = common.interleave{
       local rec = spawn(("%s %s/scripts/lecho record rp.data --out %s --json --nameserver %s")
                         :format(LUAJIT, ROOT, recfile, ns))
       assert(common.run_until(ctx, function() return ndests() == 2 end, 20), "recorder did not join")
+      local cpu0, self0, peer0 = sched_ns(rec.pid), sched_ns("self"), sched_ns(peer.pid)
       local before = {}
       for a, s in pairs(ctx:stats().peers) do before[a] = { s.events_out, s.bytes_out } end
       local ev_s = run_flow()
@@ -117,6 +125,7 @@ local iv = common.interleave{
           wire = (s.bytes_out - before[a][2]) / (s.events_out - before[a][1])
         end
       end
+      local cpu1, self1, peer1 = sched_ns(rec.pid), sched_ns("self"), sched_ns(peer.pid)
       proc.signal(rec.pid, "INT")
       local done = proc.wait(rec, 20, function(dt) ctx:run_once(dt) end)
       assert(done, "recorder did not stop")
@@ -127,7 +136,10 @@ local iv = common.interleave{
       local body = 0
       for _, e in ipairs(scan.events) do body = body + #e.data end
       local per_event = (scan.size - hdr - 8 - 1 - #assert(lecho.encode(scan.header))) / #scan.events
-      disk[#disk + 1] = { disk = per_event, wire = wire, events = #scan.events, summary = sum }
+      local function per(a, b) return a and b and (b - a) / 1e3 / (CFG.n + 1) or nil end
+      disk[#disk + 1] = { disk = per_event, wire = wire, events = #scan.events, summary = sum,
+                          cpu_us = per(cpu0, cpu1), producer_cpu_us = per(self0, self1),
+                          consumer_cpu_us = per(peer0, peer1) }
       common.run_until(ctx, function() return ndests() == 1 end, 20)
       return { ev_s = ev_s, disk = per_event, wire = wire }
     end },
@@ -152,27 +164,34 @@ local late = common.interleave{
       return { us = common.median(xs) * 1e6 }
     end },
     { "first_value", function()
-      local xs = {}
+      local xs, js = {}, {}
       for _ = 1, CFG.late do
         local t_first
         local fetch = history.fetch
         local t_join
         history.fetch = function(st, r) t_join = ctx:now() return fetch(st, r) end
+        local t_call = ctx:now()
         local c = assert(ctx:channel("rp.hist"):consumer(function(ev, meta)
           if meta.history and not t_first then t_first = ctx:now() end
         end, { history = "last" }))
         history.fetch = fetch
         assert(t_first and t_join, "no history value")
         xs[#xs + 1] = t_first - t_join
+        js[#js + 1] = t_join - t_call
         c:close()
       end
-      return { us = common.median(xs) * 1e6 }
+      return { us = common.median(xs) * 1e6, join_us = common.median(js) * 1e6 }
     end },
   },
   value = function(r) return r.us end,
   ratios = { { "first_value", "rtt" } },
 }
 
+local function med_of(rows, k)
+  local t = {}
+  for _, d in ipairs(rows) do t[#t + 1] = d[k] end
+  return t[1] and common.median(t) or nil
+end
 local ratios = {}
 for _, d in ipairs(disk) do if d.wire then ratios[#ratios + 1] = d.disk / d.wire end end
 local dlo, dhi = common.spread(ratios)
@@ -180,8 +199,11 @@ local out = {
   throughput = { median = iv.median, ratio = iv.ratios["recorded/plain"], runs = iv.runs, n = CFG.n, size = CFG.size },
   disk = { per_event = common.median((function() local t = {} for _, d in ipairs(disk) do t[#t + 1] = d.disk end return t end)()),
            wire = common.median((function() local t = {} for _, d in ipairs(disk) do t[#t + 1] = d.wire end return t end)()),
-           ratio = common.median(ratios), lo = dlo, hi = dhi, all = ratios, runs = disk },
-  late = { median = late.median, ratio = late.ratios["first_value/rtt"], runs = late.runs },
+           ratio = common.median(ratios), lo = dlo, hi = dhi, all = ratios, runs = disk,
+           recorder_cpu_us = med_of(disk, "cpu_us"), producer_cpu_us = med_of(disk, "producer_cpu_us"),
+           consumer_cpu_us = med_of(disk, "consumer_cpu_us") },
+  late = { median = late.median, ratio = late.ratios["first_value/rtt"], runs = late.runs,
+           join_us = med_of(late.runs.first_value or {}, "join_us") },
 }
 ctx:close()
 kids:kill_all("KILL")
@@ -191,8 +213,23 @@ if A.json then
   f:write(cjson.encode(out))
   f:close()
 end
-io.stdout:write(("throughput recorded/plain %.2fx (%s); disk/wire bytes per event %.3f (%.1f vs %.1f); "
-  .. "late first value %.0f us vs sync rtt %.0f us (%.2fx)\n"):format(
-  out.throughput.ratio.median or 0, common.spread_text(out.throughput.ratio, CFG.reps), out.disk.ratio or 0,
+-- what the CPU allows: with a core per process the slowest one bounds the
+-- flow; on 2 cores shared by the three, their sum over 2
+local d = out.disk
+if d.recorder_cpu_us and d.producer_cpu_us and d.consumer_cpu_us then
+  local p, c, r = d.producer_cpu_us, d.consumer_cpu_us, d.recorder_cpu_us
+  -- plain: at most 1 / max(p, c) events a second (two processes, two
+  -- cores); recorded: at most min(2 / (p + c + r), 1 / max(p, c, r)); p is
+  -- the recorded runs' (two destinations), so these are upper bounds
+  d.bound_2cores = math.max(p, c) * math.min(2 / (p + c + r), 1 / math.max(p, c, r))
+  d.bound_3cores = math.max(p, c) / math.max(p, c, r)
+end
+io.stdout:write(("CPU per event: producer %.2f us, consumer %.2f us, recorder %.2f us: the best recorded/plain "
+  .. "with 2 cores %.2fx, with a core each %.2fx\n"):format(d.producer_cpu_us or 0, d.consumer_cpu_us or 0,
+  d.recorder_cpu_us or 0, d.bound_2cores or 0, d.bound_3cores or 0))
+io.stdout:write(("throughput recorded/plain %.2fx (%s); recorder CPU %.2f us/event; disk/wire bytes per event %.3f (%.1f vs %.1f); "
+  .. "late first value %.0f us vs sync rtt %.0f us (%.2fx), its join %.0f us\n"):format(
+  out.throughput.ratio.median or 0, common.spread_text(out.throughput.ratio, CFG.reps), out.disk.recorder_cpu_us or 0,
+  out.disk.ratio or 0,
   out.disk.per_event or 0, out.disk.wire or 0, late.median.first_value or 0, late.median.rtt or 0,
-  out.late.ratio.median or 0))
+  out.late.ratio.median or 0, out.late.join_us or 0))

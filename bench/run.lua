@@ -982,7 +982,10 @@ local function w_recplay()
   local t = v.throughput
   ratio_row({ workload = ("async %d B events/s, a recorder attached (lecho record)"):format(t.size), metric = "ev/s",
               lecho = t.median.recorded, base = "no recorder", base_v = t.median.plain,
-              target = { ">=", 0.9 }, target_issue = 29 }, t.ratio)
+              target = { ">=", 0.9 }, target_issue = 29,
+              extra = v.disk.recorder_cpu_us and ("CPU/ev: recorder %.2f, producer %.2f, consumer %.2f us; "
+                .. "2-core bound %.2fx"):format(v.disk.recorder_cpu_us, v.disk.producer_cpu_us or 0,
+                v.disk.consumer_cpu_us or 0, v.disk.bound_2cores or 0) or nil }, t.ratio)
   local d = v.disk
   row{ workload = "recording: disk bytes per event", metric = "B/ev", lecho = d.per_event, base = "wire",
        base_v = d.wire, lower = true, target = { "<=", 1.05 }, target_issue = 29, ratio = d.ratio, lo = d.lo,

@@ -36,6 +36,54 @@ io.stdout:write(require("cjson").encode({ sent = n + 1 }), "\n")
 ctx:close()
 ]]
 
+-- A producer at a steady rate (event k is { i = k }, seq k, every 2 ms)
+-- keeping its last `hist`; counts the `history` requests it answered
+-- (lecho.history's serve: a joiner that asks after its join returned);
+-- prints { sent, served } once the stop file exists.
+local STEADY = [[
+local lecho = require "lecho"
+local o = require("cjson").decode(arg[1])
+local H = require "lecho.history"
+local serve, served = H.serve, 0
+H.serve = function(...) served = served + 1 return serve(...) end
+local ctx = lecho.context{ nameserver = o.ns, quiet = true }
+local p = assert(ctx:channel(o.ch):producer{ history = o.hist })
+local function exists(f) local h = io.open(f) if h then h:close() return true end end
+local n = 0
+for _ = 1, o.hist do n = n + 1 assert(p:submit({ i = n })) end
+io.stdout:write("ready\n") io.stdout:flush()
+local t0 = ctx:now()
+while ctx:now() - t0 < 60 and not exists(o.stop) do
+  n = n + 1
+  assert(p:submit({ i = n }))
+  ctx:sleep(0.002)
+end
+assert(p:submit_sync({ i = n + 1, final = true }, { timeout = 30 }))
+io.stdout:write(require("cjson").encode({ sent = n + 1, served = served }), "\n")
+ctx:close()
+]]
+
+-- A stranger: floods context o.to with `history_push` messages for channel
+-- o.ch (every version 1..200, a value that is not the producer's) until
+-- the stop file exists.
+local STRANGER = [[
+local lecho = require "lecho"
+local o = require("cjson").decode(arg[1])
+local ctx = lecho.context{ nameserver = o.ns, quiet = true }
+local fake = assert(lecho.encode({ i = -1, fake = true }))
+local function exists(f) local h = io.open(f) if h then h:close() return true end end
+io.stdout:write("ready\n") io.stdout:flush()
+local t0 = ctx:now()
+while ctx:now() - t0 < 60 and not exists(o.stop) do
+  for ver = 1, 200 do
+    ctx:_send_ctrl(o.to, { op = "history_push", ch = o.ch, ver = ver, entries = { { pid = 1, seq = 1, data = fake } },
+                           seam = { { pid = 1, seq = 0 } } })
+  end
+  ctx:run_once(0.005)
+end
+ctx:close()
+]]
+
 -- n processes spinning until killed.
 local function busy_loops(n)
   local t = {}
@@ -215,6 +263,63 @@ describe("issue 29: late joiners get the last values, then the live stream", fun
       'ch:consumer: history must be "last" or an integer from 1 to 1024')
     assert.has_error(function() ch:consumer(function() end, { history = 1, buffer = true }) end,
       "ch:consumer: history does not go with buffer")
+    assert(ctx:close())
+  end)
+
+  it("a joiner's history comes with its join (pushed, not asked for after it), never a stranger's push", function()
+    local lecho = require "lecho"
+    local _, ns = S.nameserver("--quiet")
+    local o = { ns = ns, ch = "pushed", hist = 4, stop = S.tmpname("stop") }
+    local prod = S.lua(STEADY, cjson.encode(o))
+    assert(S.wait_file(prod.out, "ready", 20), "producer did not start: " .. S.errors(prod))
+    local logs = {}
+    local ctx = lecho.context{ nameserver = ns, log = function(level, msg) logs[#logs + 1] = msg end }
+    local ch = ctx:channel("pushed")
+    local bad = S.lua(STRANGER, cjson.encode({ ns = ns, ch = ch.name, to = ctx.addr, stop = o.stop }))
+    assert(S.wait_file(bad.out, "ready", 20), "stranger did not start: " .. S.errors(bad))
+    -- the stranger's pushes do reach the joiner's context (kept or not)
+    local history = require "lecho.history"
+    local pushed, from_stranger = history.pushed, 0
+    history.pushed = function(c, from, msg)
+      if msg.entries and msg.entries[1] and msg.entries[1].seq == 1 and msg.ver > 0 and from ~= nil
+         and (msg.seam or {})[1] and msg.seam[1].seq == 0 then
+        from_stranger = from_stranger + 1
+      end
+      return pushed(c, from, msg)
+    end
+    finally(function() history.pushed = pushed end)
+    S.run_until(ctx, function() return from_stranger > 0 end, 10)
+    local recs = {}
+    for k = 1, 10 do
+      local rec = { n = 0, nh = 0 }
+      local opts = { history = 2 }
+      if k % 2 == 0 then opts.modulator = [[ function enqueue(ev) return ev end ]] end
+      local c = assert(ch:consumer(seam_checker(rec), opts))
+      recs[k] = { rec = rec, mod = opts.modulator ~= nil, c = c }
+      S.run_until(ctx, function() return false end, 0.1)
+    end
+    S.write(o.stop, "stop\n")
+    assert(S.wait(prod, 60, ctx), "producer did not finish: " .. S.errors(prod))
+    local line = S.output(prod):match("({.*})")
+    assert(line, "producer: " .. S.output(prod) .. S.errors(prod))
+    local res = cjson.decode(line)
+    S.run_until(ctx, function()
+      for _, r in ipairs(recs) do
+        if not r.rec.final then return false end
+      end
+      return true
+    end, 20)
+    for k, r in ipairs(recs) do
+      local what = ("joiner %d (%s); log: %s"):format(k, r.mod and "modulated" or "plain",
+                                                      table.concat(logs, " | "):sub(1, 1500))
+      assert.is_nil(r.rec.bad, what)  -- a fake value (i = -1) or a gap would be bad
+      assert.are.equal(2, r.rec.nh, what .. ": history entries")
+      assert.are.equal(res.sent, r.rec.last, what .. ": did not get up to the final event")
+    end
+    -- each producer pushed its history with the list that took the joiner:
+    -- none (a late push under load: a few) had to be asked for
+    assert(res.served <= 3, ("%d of 10 joiners asked for their history after their join"):format(res.served))
+    assert(from_stranger > 1000, "the stranger's pushes did not arrive: " .. from_stranger)
     assert(ctx:close())
   end)
 

@@ -174,7 +174,11 @@ is said on stderr and ignored.
                      speed X, status, quit (each answered with a status line)
   --seek-time S      start S seconds into the recording
   --seek-seq N       start at the first event with sequence number N or later
-  --wait SECONDS     first wait (at most this long) for a consumer of each channel
+  --wait SECONDS     first wait (at most this long, default 2; 0: do not) for a
+                     consumer of each channel
+Events sent while their channel had no consumer are said on stderr (per
+channel) and counted (unreached=N in the summary).  Exits 1 when an event
+could not be sent or none reached a consumer; else 0.
   --check            only read the files: events, channels, duration, torn tail
   --json             status and summary lines as JSON
 ]] .. COMMON
@@ -1003,8 +1007,9 @@ end
 
 local function replay_status(opts, st)
   if opts.json then return emit(st) end
-  io.stdout:write(("replay %d/%d sent=%d t=%.3f/%.3f %s%s\n"):format(math.min(st.pos, st.total), st.total, st.sent,
+  io.stdout:write(("replay %d/%d sent=%d t=%.3f/%.3f %s%s%s\n"):format(math.min(st.pos, st.total), st.total, st.sent,
     st.t, st.duration, st.done and "done" or (st.paused and "paused" or "playing"),
+    (st.unreached or 0) > 0 and (" unreached=%d"):format(st.unreached) or "",
     st.err and (" error: " .. st.err) or ""))
   io.stdout:flush()
 end
@@ -1065,7 +1070,13 @@ function cmds.replay(opts, pos)
     if not seen[name] then
       seen[name] = true
       local ch = ctx:channel(name)
-      if opts.wait and ch then wait_consumers(ctx, ch, opts.wait) end
+      -- as lecho pub: a consumer waited for first (default 2 s); a replay
+      -- is long, so one may still come: said, and the replay goes on
+      local wait = opts.wait == nil and 2 or opts.wait
+      if ch and wait > 0 and not wait_consumers(ctx, ch, wait) then
+        io.stderr:write(("lecho replay: no consumer of %s yet (what goes to it before one joins is lost)\n")
+                        :format(name))
+      end
     end
   end
   if opts.seek_time then rp:seek{ t = opts.seek_time } end
@@ -1132,6 +1143,19 @@ function cmds.replay(opts, pos)
   if not rp:drain(60) then
     io.stderr:write("lecho replay: events still queued after 60 s (a consumer too slow)\n")
     code = EXIT.failed
+  end
+  -- a replay that reached nobody says so, with an exit code to script on
+  local unreached, by = rp:unreached()
+  st.unreached = unreached
+  if unreached > 0 then
+    local parts = {}
+    for name, n in pairs(by) do parts[#parts + 1] = ("%s: %d"):format(name, n) end
+    table.sort(parts)
+    io.stderr:write(("lecho replay: %d of %d events sent reached no consumer (%s)\n")
+                    :format(unreached, rp.sent, table.concat(parts, ", ")))
+    -- none reached anyone: a failure; some channels without a consumer
+    -- while others had theirs: said (and counted), not a failure
+    if unreached >= rp.sent and (code == nil or code == EXIT.ok) then code = EXIT.failed end
   end
   rp:close()
   if not opts.step then replay_status(opts, st) end

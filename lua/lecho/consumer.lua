@@ -58,9 +58,12 @@ function Channel:consumer(handler, opts)
   if opts.history then
     hist = history.consumer(con, history.count(opts.history))
     self.hist_gen = (self.hist_gen or 0) + 1
+    self.hist_want = { n = math.min(hist.n, history.MAX_N), key = con.mod and con.mod.key or nil }
   end
   local r, err, code = self:_update_subs()
+  self.hist_want = nil
   if not r then
+    if hist then history.done_waiting(self) end
     con:_unlink()
     return nil, err, code
   end

@@ -108,14 +108,19 @@ end
 --- Sends a control request and waits (serving the loop) for its reply.
 -- Returns the reply table, or nil, err, code (the code the reply carries,
 -- else "failed"; "closed"/"refused" when the peer cannot be reached,
--- "timeout" without an answer).
-function Context:request(to, msg, timeout)
+-- "timeout" without an answer).  also (optional, a function): the wait
+-- also ends when it returns true: nil, "answered otherwise", "done" then
+-- (the reply, if it comes, is dropped).
+function Context:request(to, msg, timeout, also)
   local rid, p = self:_pend(to)
   msg.rid = rid
   self:_send_ctrl(to, msg)
-  self:_wait(function() return p.reply or p.failed or self.closed end,
+  self:_wait(function() return p.reply or p.failed or self.closed or (also ~= nil and also()) end,
              now(self) + (timeout or self.timeout))
   self.pending[rid] = nil
+  if not p.reply and not p.failed and not self.closed and also ~= nil and also() then
+    return nil, "answered otherwise", "done"
+  end
   if p.reply then
     if p.reply.ok then return p.reply end
     local code = p.reply.code
@@ -376,6 +381,9 @@ function Context:_on_ctrl(from, msg, gen)
       pin_all(self, msg.keys)
       ch.svc = type(msg.svc) == "table" and msg.svc or nil  -- a call channel's servers (lecho.call)
       ch:_apply_members(msg.consumers, msg.mods)
+      -- a late joiner's history, sent now: before any event of this list
+      -- (lecho.history; from the manager only, members_channel checked)
+      if msg.hist ~= nil then history.push(ch, msg.hist) end
     end
     self:_send_ctrl(from, { op = "members_ok", ch = msg.ch, ver = msg.ver, mid = msg.mid,
                             errs = ch:_mod_errors(msg.mods) })
@@ -459,6 +467,10 @@ function Context:_on_ctrl(from, msg, gen)
   elseif op == "history" then
     -- a late joiner asks for the last events (lecho.history checks it takes the stream)
     require("lecho.history").serve(self, from, msg)
+  elseif op == "history_push" then
+    -- a producer's history for a late joiner here (lecho.history keeps it
+    -- only while one waits, and uses it only from a producer its join named)
+    require("lecho.history").pushed(self, from, msg)
   elseif op == "stats" then
     -- another process reads our counters (lecho.stats; keyed: its policy)
     require("lecho.stats").serve(self, from, msg)
@@ -858,7 +870,8 @@ function Channel:_subs()
   -- a call channel served here: the versions (lecho.service)
   local svc = self.svc_versions
   return { plain = #self.consumers > 0, mods = mods, svc = svc and svc[1] and { versions = svc } or nil,
-           hist = self.hist_gen }  -- a new history consumer: subscribed again (lecho.history)
+           hist = self.hist_gen,  -- a new history consumer: subscribed again (lecho.history)
+           histq = self.hist_want }  -- ... and what it wants, sent by the producers with the list
 end
 
 local function subs_sig(subs)

@@ -283,6 +283,72 @@ function M.serve(ctx, from, msg)
   return entries, seam
 end
 
+--- A member list this context just applied (control.lua, `members` from
+-- the channel's manager) took a late joiner that wants history, h = { to,
+-- n, key }: what serve would answer for that list's version goes to it
+-- now, unasked (`history_push`), ahead of every event of the list on the
+-- same connection: the joiner need not ask after its join returned
+-- (issue 29: its first value within 2x a round trip).  Not sent (the
+-- joiner then asks, M.fetch) when `to` is this context, or no producer of
+-- ch is here, or the list does not name it, or its modulator cannot run.
+function M.push(ch, h)
+  local ctx = ch.ctx
+  if type(h) ~= "table" or type(h.to) ~= "string" or type(h.n) ~= "number" or h.n < 1 or h.n % 1 ~= 0 then return end
+  local key = h.key
+  if key ~= nil and type(key) ~= "string" then return end
+  if h.to == ctx.addr or ch.nprod == 0 or not listed(ch, h.to, key) then return end
+  local entries, seam = owed(ch, ch.ver, math.min(h.n, M.MAX_N))
+  if key and entries[1] then
+    entries = run_modulator(ch, key, entries)
+    if not entries then return end
+  end
+  ctx:_send_ctrl(h.to, { op = "history_push", ch = ch.name, ver = ch.ver, key = key, entries = entries,
+                         seam = seam })
+  ctx.c:flush()  -- now: the joiner waits on it
+end
+
+M.MAX_PUSHED = 256   -- producing contexts whose pushed history a channel keeps while a joiner waits
+
+--- A `history_push` came from `from`: kept for M.fetch while a consumer of
+-- that channel here waits for its history (else dropped), one per
+-- producing context; believed there only from a producer the join's
+-- answer named, for the version it named.
+function M.pushed(ctx, from, msg)
+  local ch = type(msg.ch) == "string" and ctx.byname[msg.ch]
+  if not ch or (ch.hist_waiting or 0) <= 0 then return end
+  if type(msg.ver) ~= "number" or type(msg.entries) ~= "table" then return end
+  local kept = ch.hist_pushed
+  if not kept then
+    kept = { n = 0, by = {} }
+    ch.hist_pushed = kept
+  end
+  if not kept.by[from] then
+    if kept.n >= M.MAX_PUSHED then return end
+    kept.n = kept.n + 1
+  end
+  kept.by[from] = msg
+end
+
+-- The history producing context a pushed for version ver and modulator
+-- key (nil: none came, or for another list or stream); take: forgotten.
+local function take_push(ch, a, ver, key, take)
+  local kept = ch.hist_pushed
+  local m = kept and kept.by[a]
+  if not m or m.ver ~= ver or m.key ~= key then return nil end
+  if take then
+    kept.by[a] = nil
+    kept.n = kept.n - 1
+  end
+  return m
+end
+
+-- A history consumer of ch no longer waits (fetched, or its join failed):
+-- with none left, what was pushed goes.
+function M.done_waiting(ch)
+  ch.hist_waiting = (ch.hist_waiting or 1) - 1
+  if ch.hist_waiting <= 0 then ch.hist_waiting, ch.hist_pushed = nil, nil end
+end
+
 ---------------------------------------------------------------------------
 -- Consuming side
 ---------------------------------------------------------------------------
@@ -351,6 +417,8 @@ function M.consumer(con, n)
   end
   st.wrapper = wrapper
   st.lasts = 0
+  -- pushed histories are kept for this channel until it fetched (M.pushed)
+  con.ch.hist_waiting = (con.ch.hist_waiting or 0) + 1
   con.handler = wrapper
   if con.entry then con.entry.handler = wrapper end
   return st
@@ -454,8 +522,15 @@ function M.fetch(st, r)
       entries, seam = M.serve(ctx, a, { ch = ch.name, n = st.n, key = key, ver = ver })
       if not entries then err = "no history here" end
     else
-      local rep, rerr = ctx:request(a, { op = "history", ch = ch.name, n = st.n, key = key, ver = ver },
-                                    math.max(ctx.timeout, M.REPLY_TIMEOUT))
+      -- pushed with the member list that took us (M.push); else asked
+      -- for, and whichever comes first is taken (both are that version's)
+      local function push_in() return take_push(ch, a, ver, key) ~= nil end
+      local rep, rerr = take_push(ch, a, ver, key, true), nil
+      if not rep then
+        rep, rerr = ctx:request(a, { op = "history", ch = ch.name, n = st.n, key = key, ver = ver },
+                                math.max(ctx.timeout, M.REPLY_TIMEOUT), push_in)
+        if not rep and push_in() then rep, rerr = take_push(ch, a, ver, key, true), nil end
+      end
       if rep then
         entries = type(rep.entries) == "table" and rep.entries or {}
         -- what a producer sends is checked like any value from the wire
@@ -481,6 +556,7 @@ function M.fetch(st, r)
   end
   -- everything listed answered: the wrapper only drops repeats now, and
   -- goes once none can come
+  M.done_waiting(ch)
   st.fetched = true
   if st.lasts == 0 then M.unwrap(st) end
 end

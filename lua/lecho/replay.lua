@@ -52,6 +52,8 @@ function M.new(ctx, files, opts)
       return nil, ("replaying on '%s': %s"):format(rp.rename[e.ch] or e.ch, tostring(err))
     end
   end
+  -- what the channels counted as sent to nobody so far (Replay:unreached)
+  rp.nodest0 = rp:_nodest()
   rp:_rebase()
   if not rp.paused then rp:_schedule(0) end
   return rp
@@ -185,12 +187,40 @@ function Replay:set_speed(x)
   return self:status()
 end
 
---- { pos, total, sent, t (of the next event), duration, paused, done, speed }
+-- { [short channel name] = events submitted with no consumer at all }:
+-- the core's events_no_dest of each replayed channel and of its
+-- modulators' streams ("name@key"; a channel whose consumers all use
+-- modulators sends nothing on its plain stream)
+function Replay:_nodest()
+  local names = {}
+  for _, p in pairs(self.producers) do names[p.ch.name] = p.ch.short or p.ch.name end
+  local out = {}
+  for n, st in pairs(self.ctx:stats().channels) do
+    local base = n:match("^(.*)@[^@/]*$") or n
+    local short = names[base] or names[n]
+    if short then out[short] = (out[short] or 0) + (st.events_no_dest or 0) end
+  end
+  return out
+end
+
+--- Events this replay sent while their channel had no consumer (none
+-- reached anyone): total, { [channel] = count } (only those above 0).
+function Replay:unreached()
+  local now, total, by = self:_nodest(), 0, {}
+  for name, n in pairs(now) do
+    local d = n - ((self.nodest0 or {})[name] or 0)
+    if d > 0 then by[name], total = d, total + d end
+  end
+  return total, by
+end
+
+--- { pos, total, sent, unreached, t (of the next event), duration, paused,
+-- done, speed }
 function Replay:status()
   local e = self.events[self.pos]
-  return { pos = self.pos, total = #self.events, sent = self.sent, t = e and e.t or self.duration,
-           duration = self.duration, paused = self.paused, done = self.pos > #self.events,
-           speed = self.speed, err = self.err }
+  return { pos = self.pos, total = #self.events, sent = self.sent, unreached = (self:unreached()),
+           t = e and e.t or self.duration, duration = self.duration, paused = self.paused,
+           done = self.pos > #self.events, speed = self.speed, err = self.err }
 end
 
 --- Serves the loop until what was sent left this process (the queues are

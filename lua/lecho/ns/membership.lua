@@ -194,8 +194,10 @@ end
 
 -- The consumer set changed: new version, `members` to every producing
 -- context still granted produce (one whose produce a reloaded policy
--- withdrew is dropped, never sent the list).
-local function publish_members(self, c, io)
+-- withdrew is dropped, never sent the list).  hist: { to, n, key } when
+-- the change is a late joiner's that wants history (lecho.history): each
+-- producer sends it to `to` as it applies this list.
+local function publish_members(self, c, io, hist)
   self.seq = self.seq + 1
   c.ver = self.seq
   for _, p in ipairs(sorted_keys(c.producers)) do
@@ -210,7 +212,7 @@ local function publish_members(self, c, io)
     self.mid = self.mid + 1
     local plain, mods, svc = members_of(c)
     emit(self, io, p, { op = "members", ch = c.name, ver = c.ver, consumers = plain, mods = mods, svc = svc,
-                        keys = keys_of(self, plain, mods), mid = self.mid })
+                        keys = keys_of(self, plain, mods), mid = self.mid, hist = hist })
   end
 end
 
@@ -350,7 +352,18 @@ local function check_subs(msg)
     end
     svc = { versions = vs }
   end
-  return { plain = s.plain ~= false, mods = mods, svc = svc }
+  -- a late joiner's history wish (lecho.history): passed to the producers
+  -- with the member list that takes it, so that they send it at once
+  local histq
+  if s.histq ~= nil then
+    local h = s.histq
+    if type(h) ~= "table" or type(h.n) ~= "number" or h.n < 1 or h.n > 1024 or h.n % 1 ~= 0
+       or (h.key ~= nil and (type(h.key) ~= "string" or #h.key == 0 or #h.key > 64)) then
+      return nil, op .. ": 'subs.histq' must be { n = 1..1024, key = nil or a modulator key }"
+    end
+    histq = { n = h.n, key = h.key }
+  end
+  return { plain = s.plain ~= false, mods = mods, svc = svc, histq = histq }
 end
 
 
@@ -415,7 +428,8 @@ end
 -- for the producers, and the answer to `from` waits for their confirmations.
 local function subscribed(self, c, from, msg, r, subs, io)
   r.subs = subs
-  publish_members(self, c, io)
+  local h = subs.histq
+  publish_members(self, c, io, h and { to = from, n = h.n, key = h.key } or nil)
   r.ver = c.ver
   wait_for(self, c, from, msg, r, io)
 end

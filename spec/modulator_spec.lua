@@ -506,7 +506,7 @@ describe("replacing the modulator of a backlogged consumer", function()
     local pad = ("x"):rep(8000)
     for i = 1, 200 do assert(p:submit({ i = i, pad = pad })) end
     p:flush()
-    assert(S.run_until(ctx, function() return S.errors(v):match("switched") end, 20))
+    assert(S.run_until(ctx, function() return S.errors(v):match("switched") end, 60))
     for i = 201, 250 do assert(p:submit({ i = i })) end
     -- (generous: ~3 s of CPU for the viewer, on a host that may be busy)
     assert(p:submit_sync({ done = true }, { timeout = 60 }))

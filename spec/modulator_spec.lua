@@ -444,9 +444,12 @@ local cjson = require "cjson"
 local lecho = require "lecho"
 local ffi = require "ffi"
 local a = cjson.decode(arg[1])
-local ctx = lecho.context{ nameserver = a.ns, quiet = true, sync_timeout = 1 }
+local ctx = lecho.context{ nameserver = a.ns, quiet = true, sync_timeout = a.st or 1 }
 local n1, n2, mixed, switching, switched, slept = 0, 0, 0, false, false, false
 local function busy(s) local t = os.clock() + s while os.clock() < t do end end
+ffi.cdef "typedef struct { long s, us; } sw_tv; int gettimeofday(sw_tv *, void *);"
+local tv = ffi.new("sw_tv")
+local function wall() ffi.C.gettimeofday(tv, nil) return tonumber(tv.s) + tonumber(tv.us) * 1e-6 end
 local con
 local function demod2(ev)
   if ev.done then
@@ -471,35 +474,43 @@ local function demod1(ev)
       assert(con:set_modulator("function enqueue(ev) ev.m = 2 return ev end", nil, demod2))
       switched = true
       io.stderr:write("switched\n")
+      -- a.burn: then the viewer computes for that long (wall clock) without
+      -- a turn of its loop (the backlog waits unread in the kernel meanwhile)
+      if a.burn then
+        local t = wall() + a.burn
+        while wall() < t do end
+      end
     end)
   end
 end
 con = assert(ctx:channel("slow"):consumer(demod1,
   { modulator = "function enqueue(ev) ev.m = 1 return ev end" }))
 io.stdout:write("ready\n") io.stdout:flush()
-ctx:after(40, function() ctx:stop() end)
+ctx:after(90, function() ctx:stop() end)
 ctx:run()
 ]]
 
 describe("replacing the modulator of a backlogged consumer", function()
   after_each(function() S.cleanup() end)
 
-  local function backlog(wait)
+  local function backlog(wait, o)
+    o = o or {}
     -- the manager is another process: its answers do not queue behind the events
     local _, ns = S.nameserver("--quiet")
     local ctx = lecho.context{ nameserver = ns, quiet = true }
     local p = assert(ctx:channel("slow"):producer())
-    local v = S.lua(SLOW_SWITCHER, cjson.encode{ ns = ns, wait = wait })
+    local v = S.lua(SLOW_SWITCHER, cjson.encode{ ns = ns, wait = wait, burn = o.burn, st = o.st })
     assert(S.run_until(ctx, function() return S.output(v):match("ready") end, 20))
     -- ~3 s of work for the viewer; 8 KB each, so that one read does not
     -- take them all in before the viewer sees the manager's answer
     local pad = ("x"):rep(8000)
     for i = 1, 200 do assert(p:submit({ i = i, pad = pad })) end
     p:flush()
-    assert(S.run_until(ctx, function() return S.errors(v):match("switched") end, 20))
+    assert(S.run_until(ctx, function() return S.errors(v):match("switched") end, 60))
     for i = 201, 250 do assert(p:submit({ i = i })) end
-    assert(p:submit_sync({ done = true }, { timeout = 30 }))
-    assert(S.wait(v, 30, ctx))
+    -- (generous: ~3 s of CPU for the viewer, on a host that may be busy)
+    assert(p:submit_sync({ done = true }, { timeout = 60 }))
+    assert(S.wait(v, 60, ctx))
     local r = cjson.decode(S.output(v):match("{.*}"))
     assert.are.equal(0, r.mixed)
     assert.are.equal(200, r.n1)
@@ -513,6 +524,22 @@ describe("replacing the modulator of a backlogged consumer", function()
 
   it("delivers them too when the old demodulator waits longer than sync_timeout", function()
     backlog(2.5)
+  end)
+
+  -- Issue 26/27 (n1 = 33 of 200 under load and ASan): the old stream was
+  -- given up as quiet while its backlog waited unread.  The loop's clock
+  -- stands still through a turn: the switch resumes before the next poll,
+  -- on the clock of a turn whose handlers ran longer than sync_timeout, and
+  -- the watch's timer, already due, ran at the next poll before the read.
+  it("delivers them too when one turn of the viewer's loop takes longer than sync_timeout", function()
+    backlog(nil, { st = 0.2 })     -- a read's 15 ms handlers take longer than 0.2 s
+  end)
+
+  -- A viewer that stalls (a long computation, a descheduled process) with
+  -- its backlog waiting in the kernel: nothing of the stream arrived for
+  -- longer than sync_timeout, yet it is not quiet.
+  it("delivers them too when the viewer stalls longer than sync_timeout after the switch", function()
+    backlog(nil, { burn = 1.5 })
   end)
 end)
 

@@ -445,6 +445,15 @@ static int l_peer_addr(lua_State *L) {
     return 1;
 }
 
+/* ctx:peer_unread(addr) -> the bytes from addr waiting in the kernel, not
+ * read yet (lei_peer_unread); 0 when addr is no peer. */
+static int l_peer_unread(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    lei_peer *p = lei_peer_get(b->c, luaL_checkstring(L, 2), 0);
+    lua_pushnumber(L, p ? (lua_Number)lei_peer_unread(p) : 0);
+    return 1;
+}
+
 /* ctx:close_peer(addr, reason): drops the connection to addr. */
 static int l_close_peer(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
@@ -474,7 +483,7 @@ static const luaL_Reg ctx_methods[] = {
     {"ratelog", l_ratelog},
     {"listen", l_listen},         {"addr", l_addr},
     {"hooks", l_hooks},           {"stats", l_stats},           {"views", l_views},
-    {"peer_addr", l_peer_addr},   {"close_peer", l_close_peer},
+    {"peer_addr", l_peer_addr},   {"close_peer", l_close_peer}, {"peer_unread", l_peer_unread},
     {"close", l_close},           {"depth", l_depth},           {"keep_array", l_keep_array},
     {"shutdown", l_shutdown},     {"pending", l_pending},
     {NULL, NULL}};

@@ -290,6 +290,11 @@ const char *lei_peer_reason(const lei_peer *p);
  * "chacha20-poly1305"), NULL otherwise (down, or protected mode). */
 const char *lei_peer_cipher(const lei_peer *p);
 void lei_peer_stats(const lei_peer *p, lei_stats_peer *out);
+/* The bytes that came from p and wait in the kernel, not read yet (FIONREAD
+ * on its current connection; 0 without one): whether a context that did
+ * not read for a while has something of p waiting (lua/lecho/modulator.lua
+ * _end_watch: a stream is not quiet while its backlog waits unread). */
+size_t lei_peer_unread(const lei_peer *p);
 
 /* 1 when every live destination of channel chid has room in its queue,
  * after writing what the sockets take now; 0 when a submit under the block

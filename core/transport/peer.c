@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -524,6 +525,12 @@ const char *lei_peer_reason(const lei_peer *p) { return p->reason; }
 
 const char *lei_peer_cipher(const lei_peer *p) {
     return lei_peer_is_up(p) && p->conn->sec ? p->conn->sec->cs->name : NULL;
+}
+
+size_t lei_peer_unread(const lei_peer *p) {
+    int n = 0;
+    if (!p->conn || p->conn->fd < 0 || ioctl(p->conn->fd, FIONREAD, &n) != 0 || n < 0) return 0;
+    return (size_t)n;
 }
 
 void lei_peer_stats(const lei_peer *p, lei_stats_peer *out) {

@@ -349,14 +349,22 @@ end
 function Consumer:params_version() return self.mod and self.mod.version or 0 end
 
 --- What arrived for this consumer's stream(s): { events, bytes } (bytes:
--- encoded payloads received over the wire; local deliveries count 0 bytes).
+-- encoded payloads received over the wire; local deliveries count 0 bytes);
+-- undelivered: events of an old modulator's stream that came after it was
+-- given up (a producer that never ended it, doc/modulators.md "Ordering").
 function Consumer:stats()
+  local c = self.ch.ctx.c
   local ev, by = 0, 0
   for chid in pairs(self.chids) do
-    local ein, bin, eloc = self.ch.ctx.c:chan_stats(chid)
+    local ein, bin, eloc = c:chan_stats(chid)
     ev, by = ev + ein + eloc, by + bin
   end
-  return { events = ev, bytes = by, errors = self.errors, modulator_errors = self.mod_errors }
+  local lost = self.undelivered or 0
+  for _, rec in pairs(self.given_up or {}) do
+    lost = lost + (rec.upto or modulator.stream_events(c, rec.chid)) - rec.base
+  end
+  return { events = ev, bytes = by, errors = self.errors, modulator_errors = self.mod_errors,
+           undelivered = lost }
 end
 
 return Consumer

@@ -883,11 +883,28 @@ end
 -- Joins, re-subscribes or leaves to match the consumers; waits for the
 -- producers' confirmations.  Returns the reply (or true), or nil, err.
 function Channel:_update_subs(nowait)
+  local ctx = self.ctx
   if #self.all == 0 then
+    if nowait and self.cjoined and not ctx.closing and not ctx.closed then
+      -- The last consumer closed: leave at the next turn, unless another
+      -- consumer comes first (closed and opened at once: the producers
+      -- never stop sending here, and no gap is seen where they did)
+      if not self.leave_timer then
+        self.leave_timer = ctx:after(0, function()
+          self.leave_timer = nil
+          if #self.all == 0 and self.cjoined and not ctx.closed then
+            self.subs_sig = nil
+            self:_leave("consumer")
+          end
+        end)
+      end
+      return true
+    end
     self.subs_sig = nil
     if self.cjoined then self:_leave("consumer") end
     return true
   end
+  if self.leave_timer then self.leave_timer:stop() self.leave_timer = nil end
   local subs = self:_subs()
   local sig = subs_sig(subs)
   if self.cjoined and sig == self.subs_sig then return true end

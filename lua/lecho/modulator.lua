@@ -559,6 +559,12 @@ function Channel:_attach(con, spec, handler)
     if not chid then return nil, err, code end
     st = { derived = true, short = self.short, key = sk,
            consumers = { short = self.short, derived = true }, chid = chid }
+    -- given up here before (_end_watch): what comes from now on is delivered
+    local recs = ctx.given_up and ctx.given_up[chid]
+    if recs then
+      for _, rec in ipairs(recs) do rec.upto = stream_events(ctx.c, chid) end
+      ctx.given_up[chid] = nil
+    end
     self.streams[sk] = st
     self:_secure(st.chid)
     ctx.bychid[st.chid] = st
@@ -589,44 +595,88 @@ function Channel:_detach(e)
   end
 end
 
+-- The events that came on channel chid (over the wire and local).
+local function stream_events(c, chid)
+  local ein, _, eloc = c:chan_stats(chid)
+  return (ein or 0) + (eloc or 0)
+end
+
 -- Bounds the wait for the in-band ends of stream `key` (channel chid) that
--- old entry `e` still takes after a switch: it is detached once no event
--- came on that stream for sync_timeout, however long the backlog before the
--- ends takes to drain (issue 13: a fixed sync_timeout from the switch cut a
+-- old entry `e` still takes after a switch: it is detached once the stream
+-- was quiet for sync_timeout, however long the backlog before the ends
+-- takes to drain (issue 13: a fixed sync_timeout from the switch cut a
 -- slow consumer's backlog; the events after it went to no demodulator and
--- were counted nowhere).  A producer whose connection is lost ends its
--- streams at once (peer loss); this only bounds one that is connected but
--- never ends the stream (not while one of our handlers waits, holding back
--- what comes next from its peer).  Said in the log: events of it that still come
--- are not delivered.  The timer is the context's; it stops with `e`.
+-- were counted nowhere).  Quiet: no event of it came for sync_timeout of
+-- real time, and nothing that may be it waits unread: while bytes of the
+-- producers it waits for wait in the kernel, the loop reads them first
+-- (one more turn each time, for at most another sync_timeout: a producer
+-- that streams on, on other channels, and never ends this one).  A context
+-- that stalled (a long callback, a descheduled process, a turn whose
+-- handlers ran longer than sync_timeout) has its backlog waiting unread:
+-- not quiet (issue 26/27: the loop's clock stood still through a long
+-- turn, the watch's timer armed on it was due at once and ran at the next
+-- poll before the read; 167 events of a slow viewer's backlog reached no
+-- demodulator).  A producer whose connection is lost ends its streams at
+-- once (peer loss); this only bounds one that is connected but never ends
+-- the stream (not while one of our handlers waits, holding back what comes
+-- next from its peer).  Said in the log; what still comes of the stream is
+-- counted in the consumer's stats (`undelivered`).  The timers are the
+-- context's; they stop with `e`.
 function Channel:_end_watch(e, key, chid)
   local ctx = self.ctx
-  local function count()
-    local ein, _, eloc = ctx.c:chan_stats(chid)
-    return (ein or 0) + (eloc or 0)
+  local c = ctx.c
+  local function waiting()
+    for a in pairs(e.ending or {}) do
+      if c:peer_unread(a) > 0 then return true end
+    end
+    return false
   end
-  local seen = count()
-  local function check()
+  local seen, reread_until = stream_events(c, chid), nil
+  local check
+  local function arm(t)
+    c:now() -- the loop's clock moves on: this turn may have run long since it polled
+    ctx:after(t, check)
+  end
+  function check()
     if e.detached or ctx.closed or e.con.entry == e then return end
-    local n = count()
+    local n = stream_events(c, chid)
     -- a handler that waits holds back what comes next from its peer: not
     -- quiet, only waiting (ctx.held: the dispatches that wait)
     if n ~= seen or next(ctx.held) ~= nil then
-      seen = n
-      ctx:after(ctx.sync_timeout, check)
+      seen, reread_until = n, nil
+      arm(ctx.sync_timeout)
       return
+    end
+    if waiting() then
+      reread_until = reread_until or c:now() + ctx.sync_timeout
+      if c:now() < reread_until then
+        arm(0) -- after this turn's reads
+        return
+      end
     end
     local left = {}
     for a in pairs(e.ending or {}) do left[#left + 1] = tostring(a) end
     table.sort(left)
     if #left > 0 then
       ctx.log(("consumer on '%s': no end of the stream of modulator %s from %s after %g s"
-               .. " without an event of it: what still comes of it is not delivered")
+               .. " without an event of it: what still comes of it is not delivered"
+               .. " (counted: the consumer's stats, undelivered)")
               :format(self.short, key:sub(1, 8), table.concat(left, ", "), ctx.sync_timeout))
+      -- what comes of it from now on: counted until the stream is used again
+      local rec = { chid = chid, base = stream_events(c, chid) }
+      local con = e.con
+      con.given_up = con.given_up or {}   -- by chid: one record each
+      local was = con.given_up[chid]
+      if was then con.undelivered = (con.undelivered or 0) + (was.upto or rec.base) - was.base end
+      con.given_up[chid] = rec
+      ctx.given_up = ctx.given_up or {}
+      local recs = ctx.given_up[chid] or {}
+      recs[#recs + 1] = rec
+      ctx.given_up[chid] = recs
     end
     self:_detach(e)
   end
-  ctx:after(ctx.sync_timeout, check)
+  arm(ctx.sync_timeout)
 end
 
 -- A producer will send nothing more of stream `key` here: old entries
@@ -692,5 +742,6 @@ M.spec = mod_spec
 M.stream_key = stream_key
 M.respec = respec
 M.reply_errors = reply_errors
+M.stream_events = stream_events
 
 return M

@@ -186,6 +186,7 @@ size_t lei_sec_fallback_frame(uint8_t *b);
 /* A peer's connection came up or went down; told to the hook later. */
 struct lei_note {
     int idx, up;
+    int code; /* down: the LEI_E_* of reason (p->reason_code when it was lost) */
     char reason[160];
 };
 /* One queued frame: hdr bytes, then msg's bytes if msg is set. */

@@ -36,20 +36,23 @@ function Context:_send_ctrl(to, msg)
     end
     return true
   end
-  local ok, err = self.c:send_ctrl(to, msg)
+  local ok, err, code = self.c:send_ctrl(to, msg)
   if not ok then
     self:_warn_limited("send", ("cannot send to %s: %s"):format(to, err))
-    self:_fail_pending(to, err)
+    self:_fail_pending(to, err, code)
   end
   return ok, err
 end
 
-function Context:_fail_pending(addr, why)
+-- The requests waiting on addr fail: why (text), code (lecho.errors: from
+-- the core, where the connection failed: "refused" when the peer or the
+-- handshake refused it, "closed" when it was lost, ...; never read from why).
+function Context:_fail_pending(addr, why, code)
   -- Keyed: the handshake refused a name server's address for its principal
   -- (the pin of _add_nameserver; core/transport/handshake.c identity_check says
   -- "ADDR is principal P (key K), expected Q", at the dial and to the sends
-  -- while the address is in backoff): said as _check_nameserver says it,
-  -- so that the requests waiting there fail with code "refused".
+  -- while the address is in backoff, with code "refused"): said as
+  -- _check_nameserver says it (the wording only; the code is the core's).
   if self.keyed and self.nameservers[addr] then
     local name, khex = tostring(why):match("^%S+ is principal (%S+) %(key (%x+)%), expected ")
     if name then
@@ -58,7 +61,9 @@ function Context:_fail_pending(addr, why)
     end
   end
   for _, p in pairs(self.pending) do
-    if p.to == addr and not p.reply then p.failed = why end
+    -- (the first failure stays: _check_nameserver's "refused" is not
+    -- overwritten by the "closed" of the close that follows it)
+    if p.to == addr and not p.reply and not p.failed then p.failed, p.failed_code = why, code or "closed" end
   end
 end
 
@@ -118,12 +123,10 @@ function Context:request(to, msg, timeout)
   self.pending[rid] = nil
   if p.reply then
     if p.reply.ok then return p.reply end
-    local code = p.reply.code
-    return nil, p.reply.err or "request failed", errors.CODES[code] and code or "failed"
+    return nil, p.reply.err or "request failed", errors.peer_code(p.reply.code)
   end
   if p.failed then
-    local code = errors.code_of(p.failed)
-    return nil, ("%s unreachable: %s"):format(to, p.failed), code == "refused" and code or "closed"
+    return nil, ("%s unreachable: %s"):format(to, p.failed), p.failed_code == "refused" and "refused" or "closed"
   end
   if self.closed then return nil, "context closed while waiting", "closed" end
   return nil, ("no answer from %s within %gs"):format(to, timeout or self.timeout), "timeout"
@@ -511,7 +514,7 @@ function Context:_tell_unreachable(addr, reason)
   end
 end
 
-function Context:_on_peer(idx, addr, up, reason, gen)
+function Context:_on_peer(idx, addr, up, reason, gen, code)
   if up then
     self.peer_addrs[idx] = addr
     -- requests queued for addr while it was down go out on this connection
@@ -523,7 +526,7 @@ function Context:_on_peer(idx, addr, up, reason, gen)
   -- a peer that went down may be freed, and its idx name another later:
   -- what was cached under it goes (it is found again from the core)
   self.peer_addrs[idx], self.pnames[idx] = nil, nil
-  self:_fail_pending(addr, reason or "connection lost")
+  self:_fail_pending(addr, reason or "connection lost", code)
   history.peer_lost(self, addr)  -- a restarted producer's events are new
   if type(reason) == "string" and reason:find("^connect: ") then self:_tell_unreachable(addr, reason) end
   if self.reg then self.reg:peer_down(addr, self._send, now(self)) end

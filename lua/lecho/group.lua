@@ -20,6 +20,7 @@
 -- restart (its beacon re-registers it before): no false "left".
 
 local options = require "lecho.options"
+local errors = require "lecho.errors"
 local Context = require "lecho.context"
 local same = require("lecho.tables").same  -- (a member's unchanged data is no news)
 
@@ -64,7 +65,7 @@ local function ask_all(ctx, msg_of, enough, window)
         if p.reply and p.reply.ok then
           results[i] = { q.addr, p.reply }
         elseif p.reply then
-          results[i] = { q.addr, nil, p.reply.err or "refused", p.reply.code or "failed" }
+          results[i] = { q.addr, nil, p.reply.err or "refused", errors.peer_code(p.reply.code) }
         elseif p.failed then
           results[i] = { q.addr, nil, ("%s unreachable: %s"):format(q.addr, p.failed), "closed" }
         end

@@ -187,3 +187,71 @@ describe("the name server's replies", function()
     assert.has_error(function() outbox.fail(self, io_, "a", 3, "a made-up code", "bogus") end)
   end)
 end)
+
+describe("the C API (lecho.h)", function()
+  -- A C program that opens a producer on each channel named and prints the
+  -- code lecho_producer_open returned, its name and lecho_errmsg.
+  local SRC = [[
+#include <stdio.h>
+#include "lecho.h"
+int main(int argc, char **argv) {
+    const char *opts[] = {"nameserver", argv[1], "quiet", "true", "timeout", "3", NULL};
+    lecho_ctx *ctx;
+    char err[256];
+    if (lecho_open(opts, &ctx, err, sizeof err)) { printf("open failed: %s\n", err); return 1; }
+    for (int i = 2; i < argc; i++) {
+        lecho_producer *p;
+        int rc = lecho_producer_open(lecho_channel_get(ctx, argv[i]), NULL, &p);
+        printf("%s %d %s %s\n", argv[i], rc, lecho_strerror(rc), rc ? lecho_errmsg(ctx) : "");
+    }
+    lecho_close(ctx, 0);
+    return 0;
+}
+]]
+  local bin
+  setup(function()
+    local root = S.sh_quote(S.root)
+    local ok, log = S.sh(("make -s -C %s build/liblecho.so"):format(root))
+    assert(ok, "building liblecho failed: " .. log)
+    local src = S.write(S.tmpname("codes_capi") .. ".c", SRC)
+    bin = S.tmpname("codes_capi")
+    ok, log = S.sh(("cc -O2 -Wall -Wextra -Werror -I%s/core -o %s %s -L%s/build -llecho -Wl,-rpath,%s/build")
+      :format(root, bin, src, root, root))
+    assert(ok, "compiling the C program failed: " .. log)
+  end)
+  teardown(function() S.cleanup() end)
+
+  it("gets the name server's code, and 'failed' for a forged one", function()
+    -- a name server that refuses the second channel a requester makes
+    -- (limit), its messages reworded ("too many" and "limit" gone)
+    local ns_file = S.tmpname("ns")
+    S.lua(([[
+      local format = string.format
+      string.format = function(...) return (format(...):gsub("too many", "more than allowed"):gsub("limit", "cap")) end
+      local lecho = require "lecho"
+      local ns = lecho.context{ quiet = true, channel_quota = 1 }
+      local f = io.open(%q, "w"); f:write(ns.addr, "\n"); f:close()
+      ns:run(30)
+    ]]):format(ns_file))
+    local ns = assert(S.wait_file(ns_file, "\n", 10), "the name server did not start"):match("^(%S+)")
+    local out = S.sh_out(("%s %s a b"):format(bin, ns))
+    assert.matches("\na 0 success", "\n" .. out, nil, true)
+    assert.matches("\nb 4 limit name server [^\n]*: lookup: more than allowed channels created by", "\n" .. out)
+    -- a name server that answers a lookup with a code of its own making
+    local addr_file = S.tmpname("forger")
+    S.lua(([[
+      local lecho = require "lecho"
+      local ns = lecho.context{ quiet = true }
+      ns._on_ctrl = function(self, from, msg)
+        if msg.rid and msg.op ~= "reply" then
+          return self:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = false, err = "forged", code = "notacode" })
+        end
+      end
+      local f = io.open(%q, "w"); f:write(ns.addr, "\n"); f:close()
+      ns:run(30)
+    ]]):format(addr_file))
+    local addr = assert(S.wait_file(addr_file, "\n", 10), "the forger did not start"):match("^(%S+)")
+    out = S.sh_out(("%s %s c"):format(bin, addr))
+    assert.matches("\nc 11 failed [^\n]*forged", "\n" .. out)
+  end)
+end)

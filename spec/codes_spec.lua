@@ -158,6 +158,31 @@ describe("a request whose connection failed", function()
   end)
 end)
 
+describe("a group at a name server that cannot be reached", function()
+  it("is renewed there every 0.5 s, told unreachable by where it failed, not by the words", function()
+    local _, ns = S.nameserver("--quiet")
+    local down = S.refusing_addr()
+    local ctx = lecho.context{ quiet = true, nameserver = { ns, down }, timeout = 2, retry_max = 0.2 }
+    local asked = 0
+    local request = Context.request
+    Context.request = function(self, to, ...)
+      if to == down then asked = asked + 1 end
+      return request(self, to, ...)
+    end
+    local ok, err = pcall(with_format, function(s) return (s:gsub(" unreachable: ", " not reached: ")) end,
+      function()
+        local g = assert(ctx:group("pool", { lease = 30 }))   -- beacons every 10 s
+        ctx:sleep(2.2)
+        g:leave()
+      end)
+    Context.request = request
+    ctx:close()
+    S.cleanup()
+    assert(ok, err)
+    assert.is_true(asked >= 3, ("asked the unreachable name server %d times in 2.2 s"):format(asked))
+  end)
+end)
+
 describe("lecho.modulator(file)", function()
   local open = io.open
   after_each(function() io.open = open end)

@@ -112,8 +112,9 @@ end
 
 --- Sends a control request and waits (serving the loop) for its reply.
 -- Returns the reply table, or nil, err, code (the code the reply carries,
--- else "failed"; "closed"/"refused" when the peer cannot be reached,
--- "timeout" without an answer).
+-- else "failed"; "closed"/"refused" when the peer cannot be reached, then
+-- with a fourth value true: unreachable, told by where it failed rather
+-- than by the words; "timeout" without an answer).
 function Context:request(to, msg, timeout)
   local rid, p = self:_pend(to)
   msg.rid = rid
@@ -126,7 +127,7 @@ function Context:request(to, msg, timeout)
     return nil, p.reply.err or "request failed", errors.peer_code(p.reply.code)
   end
   if p.failed then
-    return nil, ("%s unreachable: %s"):format(to, p.failed), p.failed_code == "refused" and "refused" or "closed"
+    return nil, ("%s unreachable: %s"):format(to, p.failed), p.failed_code == "refused" and "refused" or "closed", true
   end
   if self.closed then return nil, "context closed while waiting", "closed" end
   return nil, ("no answer from %s within %gs"):format(to, timeout or self.timeout), "timeout"

@@ -259,7 +259,7 @@ function Group:_renew(st, timeout)
   st.busy = true
   local ctx = self.ctx
   ctx:_spawn(function()
-    local r, err, code = ctx:request(st.addr, self:_renewal(st), timeout or math.min(ctx.timeout, self.lease))
+    local r, err, code, lost = ctx:request(st.addr, self:_renewal(st), timeout or math.min(ctx.timeout, self.lease))
     st.busy = false
     -- a notice not applied while this was on its way (no view here yet, or
     -- a gap) and newer than its answer: the list the answer brings is
@@ -274,8 +274,7 @@ function Group:_renew(st, timeout)
     if behind then st.view, st.ver = nil, nil end
     self:_recompute()
     if behind then return self:_renew(st) end
-    local unreachable = code == "closed" or code == "timeout"
-                        or (type(err) == "string" and err:find(" unreachable: ", 1, true) ~= nil)
+    local unreachable = lost or code == "closed" or code == "timeout"
     if not r and unreachable and not st.retry and self.lease / 3 > RETRY then
       -- unreachable: tried again every RETRY s, not only at the next beacon,
       -- so a restarted name server is told this member (or watcher) and

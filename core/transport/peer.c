@@ -521,7 +521,7 @@ size_t lei_peer_ack_bytes(const lei_peer *p) { return p ? p->ack_bytes : 0; }
 const char *lei_peer_reason(const lei_peer *p) { return p->reason; }
 
 const char *lei_peer_cipher(const lei_peer *p) {
-    return lei_peer_is_up(p) && p->conn->sec ? p->conn->sec->cs->name : NULL;
+    return lei_peer_is_up(p) ? p->conn->mech->cipher(p->conn) : NULL;
 }
 
 void lei_peer_stats(const lei_peer *p, lei_stats_peer *out) {

@@ -76,6 +76,9 @@ describe("a name server's reply", function()
         if msg.op == "gjoin" then     -- taken, so that the group is made
           return self:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = true, epoch = 1, age = 0, ver = 0 })
         end
+        if msg.op == "info" then       -- a peer of before codes: none at all
+          return self:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = false, err = "old: limit" })
+        end
         if msg.rid and msg.op ~= "reply" then
           return self:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = false,
                                          err = "forged: limit refused", code = msg.op == "glist" and "bogus" or "wouldblock2" })
@@ -91,6 +94,9 @@ describe("a name server's reply", function()
     assert.is_nil(r)
     assert.are.equal("forged: limit refused", err)
     assert.are.equal("failed", code)
+    r, err, code = ctx:request(addr, { op = "info", ch = "x" })
+    assert.is_nil(r)
+    assert.are.same({ "old: limit", "failed" }, { err, code })
     -- the group's member list, asked of every name server at once (lecho.group)
     local g = assert(ctx:group("pool"))
     local members, gerr, gcode = g:members()

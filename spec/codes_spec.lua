@@ -164,6 +164,20 @@ describe("a request whose connection failed", function()
   end)
 end)
 
+describe("a plain context's replies", function()
+  it("carry the code of each refusal: an unknown op, a history request", function()
+    local ctx = lecho.context{ quiet = true, nameserver = S.refusing_addr(), timeout = 2 }  -- no registry inside
+    local r = { ctx:request(ctx.addr, { op = "no_such_op" }) }
+    local h = { ctx:request(ctx.addr, { op = "history", ch = "nope", n = 1 }) }
+    local hn = { ctx:request(ctx.addr, { op = "history", ch = "nope", n = 0 }) }
+    ctx:close()
+    S.cleanup()
+    assert.same({ nil, "unknown op 'no_such_op' (this context is not a name server)", "invalid" }, r)
+    assert.same({ nil, "history: not a producer of that channel here", "notfound" }, h)
+    assert.are.equal("notfound", hn[3])     -- (the channel is looked at first)
+  end)
+end)
+
 describe("a group at a name server that cannot be reached", function()
   it("is renewed there every 0.5 s, told unreachable by where it failed, not by the words", function()
     local _, ns = S.nameserver("--quiet")

@@ -469,7 +469,7 @@ function Context:_on_ctrl(from, msg, gen)
   elseif self.reg then
     self.reg:handle(from, msg, self._send, now(self))
   elseif msg.rid then
-    self:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = false,
+    self:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = false, code = "invalid",
                             err = ("unknown op '%s' (this context is not a name server)"):format(op) })
   end
 end

@@ -241,10 +241,11 @@ describe("issue 29: late joiners get the last values, then the live stream", fun
     history.serve(ctx, "127.0.0.1:1", { op = "history", ch = "nope", n = 1, rid = "z" })
     ctx._send_ctrl = real
     assert.are.equal(3, #sent)
-    assert.are.same({ op = "reply", rid = "x", ok = false, err = "history: not a consumer of this stream here" },
-                    sent[1].msg)
-    assert.are.equal("history: n must be a positive integer", sent[2].msg.err)
-    assert.are.equal("history: not a producer of that channel here", sent[3].msg.err)
+    assert.are.same({ op = "reply", rid = "x", ok = false, err = "history: not a consumer of this stream here",
+                      code = "refused" }, sent[1].msg)
+    assert.are.same({ "history: n must be a positive integer", "invalid" }, { sent[2].msg.err, sent[2].msg.code })
+    assert.are.same({ "history: not a producer of that channel here", "notfound" },
+                    { sent[3].msg.err, sent[3].msg.code })
     local found = false
     for _, l in ipairs(logs) do
       found = found or l:find("refusing a history request from 127.0.0.1:1", 1, true) ~= nil

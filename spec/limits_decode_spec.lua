@@ -61,7 +61,7 @@ describe("core.decode: a value that decodes to more than max_value_bytes", funct
   it("charges exactly: 64 per table, 16 per array slot, 32 per hash pair, 24 + length per string", function()
     local v = assert(core.encode({ "abc", k = true }))  -- 64 + 16 + 32 + (24 + 3) + (24 + 1)
     assert.same({ true, { "abc", k = true } }, { core.decode(v, { max_value_bytes = 164 }) })
-    assert.same({ nil, "value decodes to more than 163 bytes" },
+    assert.same({ nil, "value decodes to more than 163 bytes", "limit" },
                 { core.decode(v, { max_value_bytes = 163 }) })
     assert.same({ nil, "value decodes to more than max_value_bytes" },
                 { core.validate(v, { max_value_bytes = 163 }) })

@@ -6,7 +6,6 @@
 -- process, bounded in time.
 local lecho = require "lecho"
 local core = require "lecho.core"
-local errors = require "lecho.errors"
 local S = require "spec.support"
 
 local NAN, INF = 0 / 0, math.huge
@@ -210,9 +209,3 @@ describe("channel names", function()
   end)
 end)
 
-describe("lost peers", function()
-  it("are 'closed' whether they exited or went silent", function()
-    assert.are.equal("closed", errors.code_of("connection closed by peer"))
-    assert.are.equal("closed", errors.code_of("no heartbeat from 127.0.0.1:4567 for 2.0 s"))
-  end)
-end)

@@ -244,13 +244,18 @@ int lei_msg_flatten(const lei_msg *m, char *out);
  *   -LEI_E_NOMEM, -LEI_E_LIMIT or -LEI_E_INVALID (errors.h; set where the
  *   encoding failed) with err filled, m restored to its state on entry and nothing new pinned.
  * lei_decode_lua: push exactly one value decoded from p[0..n): 0; or push
- *   nothing and return -1 with err filled.
+ *   nothing and return -LEI_E_INVALID, -LEI_E_LIMIT or -LEI_E_NOMEM
+ *   (errors.h; set where the decoding failed) with err filled.
  * lei_codec_lua_setfuncs: set encode/decode/validate in the table on top.
  * lim may be NULL for the defaults. None of them raise except on Lua memory
  * errors. */
 struct lua_State;
 int lei_encode_lua(struct lua_State *L, int idx, lei_msg *m, const lei_codec_limits *lim,
                    size_t pin_threshold, char *err, size_t errlen);
+/* lei_encode_lua, and on a failure *why (why may be NULL) is LEI_ESIZE when
+ * max_value_bytes stopped it (set where the limit was met), else 0. */
+int lei_codec_lua_encode(struct lua_State *L, int idx, lei_msg *m, const lei_codec_limits *lim,
+                         size_t pin_threshold, char *err, size_t errlen, int *why);
 int lei_decode_lua(struct lua_State *L, const uint8_t *p, size_t n, const lei_codec_limits *lim,
                    char *err, size_t errlen);
 void lei_codec_lua_setfuncs(struct lua_State *L);

@@ -35,6 +35,7 @@ typedef struct enc_state {
     size_t max_value; /* max_value_bytes */
     char msg[160]; /* error message without location */
     int code;      /* LEI_E_* of that error, set where it happens */
+    int why;       /* LEI_ESIZE (codec.h) when max_value_bytes stopped it, else 0 */
     int want_path; /* the message takes an " at ev..." location */
     int ptrunc;    /* path lost its outer segments */
     size_t pstart; /* the path is path[pstart .. PATH_BUF) */
@@ -50,8 +51,10 @@ static int enc_fail(enc_state *st, int code, int want_path, const char *fmt, ...
 /* The receiver's reader charges the same (codec.h, LEI_DEC_*): a value it
  * would refuse is refused here, at the submit. */
 static int enc_charge(enc_state *st, size_t cost) {
-    if (cost > st->max_value - st->size)
+    if (cost > st->max_value - st->size) {
+        st->why = LEI_ESIZE;
         return enc_fail(st, LEI_E_LIMIT, 0, "value decodes to more than %zu bytes", st->max_value);
+    }
     st->size += cost;
     return 0;
 }
@@ -361,6 +364,13 @@ static void unpin_ref(void *ud, int ref) { luaL_unref((lua_State *)ud, LUA_REGIS
  * it was. Does not raise, except Lua memory errors from luaL_ref. */
 int lei_encode_lua(lua_State *L, int idx, lei_msg *m, const lei_codec_limits *lim,
                    size_t pin_threshold, char *err, size_t errlen) {
+    return lei_codec_lua_encode(L, idx, m, lim, pin_threshold, err, errlen, NULL);
+}
+
+/* lei_encode_lua, and on a failure *why (why may be NULL) says which limit
+ * stopped it, set where it was met: LEI_ESIZE (max_value_bytes), else 0. */
+int lei_codec_lua_encode(lua_State *L, int idx, lei_msg *m, const lei_codec_limits *lim,
+                         size_t pin_threshold, char *err, size_t errlen, int *why) {
     enc_state st;
     lei_codec_limits d;
     int top = lua_gettop(L), ext0 = m->next, rc, i;
@@ -380,6 +390,7 @@ int lei_encode_lua(lua_State *L, int idx, lei_msg *m, const lei_codec_limits *li
     st.max_value = lim->max_value_bytes;
     st.want_path = 0;
     st.code = LEI_E_INVALID;
+    st.why = 0;
     st.ptrunc = 0;
     st.pstart = PATH_BUF;
     st.path[PATH_BUF] = '\0';
@@ -403,6 +414,7 @@ int lei_encode_lua(lua_State *L, int idx, lei_msg *m, const lei_codec_limits *li
             else
                 snprintf(err, errlen, "%s", st.msg);
         }
+        if (why) *why = st.why;
         return -st.code;
     }
     lei_msg_sync(m);
@@ -516,7 +528,8 @@ static int dec_value(lua_State *L, lei_reader *r) {
 }
 
 /* Decode exactly one value from p[0..n) and push it: 0. On any malformed
- * input push nothing and return -1 with a message in err ("truncated input",
+ * input push nothing and return the negative of a LEI_E_* code (dec_code:
+ * LIMIT, NOMEM or INVALID) with a message in err ("truncated input",
  * "trailing garbage after value (K bytes)", "unknown tag 0x%02x at byte N",
  * "invalid varint", "string too long (N bytes, limit M)", "nesting too deep
  * (limit N)", "table count exceeds input", "nil or NaN table key", "value
@@ -524,6 +537,21 @@ static int dec_value(lua_State *L, lei_reader *r) {
  * string made, so nothing past max_value_bytes is allocated). lim may be
  * NULL. Later duplicate keys overwrite earlier ones; nil values are skipped.
  * Does not raise, except Lua memory errors (nothing of ours is then held). */
+/* The LEI_E_* code of a reader's error (codec.h), decided here where the
+ * kind of failure is known, never from the message: past a limit of lim
+ * (max_string, max_depth, max_value_bytes) or of the Lua stack: LIMIT; out
+ * of memory: NOMEM; bytes that are not a value: INVALID. */
+static int dec_code(int rc) {
+    switch (rc) {
+    case LEI_ESTRLEN:
+    case LEI_EDEPTH:
+    case LEI_ESIZE:
+    case DEC_ESTACK: return LEI_E_LIMIT;
+    case LEI_ENOMEM: return LEI_E_NOMEM;
+    default: return LEI_E_INVALID;
+    }
+}
+
 int lei_decode_lua(lua_State *L, const uint8_t *p, size_t n, const lei_codec_limits *lim, char *err,
                    size_t errlen) {
     return lei_decode_lua_views(L, p, n, lim, 0, err, errlen);
@@ -556,7 +584,7 @@ int lei_decode_lua_views(lua_State *L, const uint8_t *p, size_t n, const lei_cod
             else
                 lei_reader_strerror(rp, rc, err, errlen);
         }
-        return -1;
+        return -dec_code(rc);
     }
     return 0;
 }
@@ -674,8 +702,9 @@ static int l_encode(lua_State *L) {
     return 1;
 }
 
-/* decode(s [, opts]) -> true, value | nil, err.  opts.views: arrays point
- * into s instead of holding a copy (read-only, each keeps s alive). */
+/* decode(s [, opts]) -> true, value | nil, err, code (errors.h's name:
+ * "invalid", "limit", "nomem", set where the decoder failed).  opts.views:
+ * arrays point into s instead of holding a copy (read-only, each keeps s alive). */
 static int l_decode(lua_State *L) {
     size_t n;
     const char *s = luaL_checklstring(L, 1, &n);
@@ -685,10 +714,12 @@ static int l_decode(lua_State *L) {
     opt_limits(L, 2, &lim, NULL);
     int views = opt_flag(L, 2, "views");
     lua_pushboolean(L, 1);
-    if (lei_decode_lua_views(L, (const uint8_t *)s, n, &lim, views ? 1 : 0, err, sizeof err)) {
+    int rc = lei_decode_lua_views(L, (const uint8_t *)s, n, &lim, views ? 1 : 0, err, sizeof err);
+    if (rc) {
         lua_pushnil(L);
         lua_pushstring(L, err);
-        return 2;
+        lua_pushstring(L, enc_code_name(rc));
+        return 3;
     }
     if (views) {
         /* arrays point into s, which each keeps alive; read-only (a Lua

@@ -375,10 +375,10 @@ int lb_hook_ctrl(void *ud, lei_peer *from, const uint8_t *p, size_t n) {
     return run_hook(b, &a) < 0 ? -1 : 0;
 }
 
-void lb_hook_peer(void *ud, lei_peer *p, int up, const char *reason) {
+void lb_hook_peer(void *ud, lei_peer *p, int up, const char *reason, int code) {
     lb_ctx *b = ud;
     lua_State *L = b->L;
-    if (!L || b->ref_peer == LUA_NOREF || !lua_checkstack(L, 6)) return;
+    if (!L || b->ref_peer == LUA_NOREF || !lua_checkstack(L, 7)) return;
     lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_peer);
     lua_pushinteger(L, lei_peer_idx(p));
     lua_pushstring(L, lei_peer_addr(p));
@@ -388,7 +388,11 @@ void lb_hook_peer(void *ud, lei_peer *p, int up, const char *reason) {
     else
         lua_pushnil(L);
     lua_pushnumber(L, (lua_Number)lei_peer_gen(p)); /* up: the new connection's generation */
-    lb_pcall(b, 5, 0);
+    if (up)
+        lua_pushnil(L);
+    else
+        lua_pushstring(L, lei_err_name(code)); /* down: why, as a code set where it happened */
+    lb_pcall(b, 6, 0);
 }
 
 /* Runs the modulators' dequeue, then the turn hook (the Lua scheduler

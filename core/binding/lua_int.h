@@ -119,7 +119,7 @@ int lb_hook_event(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, ui
                   uint64_t sync, const uint8_t *p, size_t n);
 int lb_hook_ctrl(void *ud, lei_peer *from, const uint8_t *p, size_t n);
 int lb_hook_events(void *ud, lei_peer *from, const lei_event_in *ev, int n, int *held);
-void lb_hook_peer(void *ud, lei_peer *p, int up, const char *reason);
+void lb_hook_peer(void *ud, lei_peer *p, int up, const char *reason, int code);
 void lb_hook_unpin(void *ud, int ref);
 void lb_hook_log(void *ud, const char *msg);
 void lb_hook_prepare(void *ud);

@@ -60,12 +60,12 @@ const char *lecho_strerror(int code) {
     return code > 0 && code < LEI_E_MAX ? lei_err_name(code) : "unknown";
 }
 
-/* The code of a Lua error code name ("timeout", ...); LECHO_EFAILED for
- * anything else. */
-static int code_of(const char *name) {
-    for (int i = 1; name && i < LEI_E_MAX; i++)
-        if (strcmp(name, lei_err_name(i)) == 0) return i;
-    return LECHO_EFAILED;
+/* The code a Lua error code name stands for ("timeout", ...: the name the
+ * Lua layer carried from where the error happened, never read from a
+ * message); LECHO_EFAILED for anything else. */
+static int code_named(const char *name) {
+    int code = name ? lei_err_code(name, strlen(name)) : 0;
+    return code ? code : LECHO_EFAILED;
 }
 
 const char *lecho_errmsg(const lecho_ctx *x) {
@@ -171,7 +171,7 @@ int lei_lecho_glue_call(lua_State *L, lecho_ctx *x, const char *name, int nargs,
     if (base) *base = b;
     if (lua_isnil(L, b)) {
         const char *m = lua_tostring(L, b + 1);
-        return lei_lecho_fail(x, code_of(lua_tostring(L, b + 2)), m ? m : "failed");
+        return lei_lecho_fail(x, code_named(lua_tostring(L, b + 2)), m ? m : "failed");
     }
     return 0;
 }
@@ -581,7 +581,7 @@ const char *lecho_errors_message(const lecho_errors *e, size_t i) {
 
 int lecho_errors_code(const lecho_errors *e, size_t i) {
     const char *name = err_field(e, i, 3);
-    return name ? code_of(name) : LECHO_OK;
+    return name ? code_named(name) : LECHO_OK;
 }
 
 const char *lecho_errors_text(const lecho_errors *e) {

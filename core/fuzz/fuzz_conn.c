@@ -146,7 +146,8 @@ static int on_ctrl(void *ud, lei_peer *from, const uint8_t *p, size_t n) {
     return act(from, 0, 0, 0) < 0 ? -1 : 0;
 }
 
-static void on_peer(void *ud, lei_peer *p, int up, const char *reason) {
+static void on_peer(void *ud, lei_peer *p, int up, const char *reason, int code) {
+    (void)code;
     (void)ud;
     if (verbose)
         fprintf(stderr, "fuzz: peer %s %s %s\n", lei_peer_addr(p), up ? "up" : "down",

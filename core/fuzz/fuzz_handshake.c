@@ -84,7 +84,8 @@ static int on_ctrl(void *ud, lei_peer *from, const uint8_t *p, size_t n) {
     (void)ud, (void)from, (void)p, (void)n;
     return 0;
 }
-static void on_peer(void *ud, lei_peer *p, int up, const char *reason) {
+static void on_peer(void *ud, lei_peer *p, int up, const char *reason, int code) {
+    (void)code;
     (void)ud;
     if (getenv("LECHO_FUZZ_LOG"))
         fprintf(stderr, "fuzz: peer %s %s %s\n", lei_peer_addr(p), up ? "up" : "down",

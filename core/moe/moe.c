@@ -230,9 +230,10 @@ void moe_route(lua_State *L, lei_moe *m, int idx) {
     lei_msg *msg = lei_msg_new();
     if (!msg) luaL_error(L, "out of memory");
     /* Never pinned: the state may be gone before the bytes are written. */
-    if (lei_encode_lua(L, idx, msg, &lim, 0, err, sizeof err)) {
+    int why = 0;
+    if (lei_codec_lua_encode(L, idx, msg, &lim, 0, err, sizeof err, &why)) {
         lei_msg_release(msg, NULL, NULL);
-        if (capped && strncmp(err, "value decodes to more than", 26) == 0) {
+        if (capped && why == LEI_ESIZE) { /* the cap of the state's memory, said by the encoder */
             m->mem_hit = m->out_hit = 1;
             m->pool_hit = by_group;
             luaL_error(L, "not enough memory");

@@ -211,7 +211,8 @@ static int on_ctrl(void *ud, lei_peer *from, const uint8_t *p, size_t n) {
     return 0;
 }
 
-static void on_peer(void *ud, lei_peer *p, int up, const char *reason) {
+static void on_peer(void *ud, lei_peer *p, int up, const char *reason, int code) {
+    (void)code;
     side *s = ud;
     (void)p;
     if (up)

@@ -445,7 +445,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f, ev_batch *bt) {
         break;
     }
     case LEI_F_CTRL:
-        if (k->sec && k->sec->legacy && c->kops.hs_fallback_check(k, f)) return -1;
+        if (k->mech->ctrl_in(k, f)) return -1;
         p->st.ctrl_in++;
         c->depth++;
         c->refusal[0] = '\0';

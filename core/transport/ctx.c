@@ -270,7 +270,6 @@ lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h) {
     c->kops.mech_keyed = &lei_mech_keyed;
     c->kops.hs_frame = lei_handshake_frame;
     c->kops.hs_hello = lei_handshake_hello;
-    c->kops.hs_fallback_check = lei_handshake_fallback_check;
     c->loop = ev_loop_new(EVFLAG_AUTO);
     if (!c->loop) {
         free(c);

@@ -80,7 +80,8 @@ void lei_opts_default(lei_opts *o);
  * event may also return 1: the dispatch of that event is suspended (a
  * handler is waiting); nothing more from the same source (that connection,
  * or, locally, that channel's next events) is handed over until
- * lei_resume(from, chid).  peer is never
+ * lei_resume(from, chid).  peer's code is the LEI_E_* of a loss (closed,
+ * refused, limit, io, ...: set where it happened), 0 when up.  peer is never
  * called from inside another call into the context: losses found while
  * submitting or writing are told from the next loop turn. */
 /* One async EVENT of a batch (lei_hooks.events): its channel, producer,
@@ -102,7 +103,7 @@ typedef struct lei_hooks {
     int (*event)(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
                  uint64_t sync, const uint8_t *p, size_t n);
     int (*ctrl)(void *ud, lei_peer *from, const uint8_t *p, size_t n);
-    void (*peer)(void *ud, lei_peer *p, int up, const char *reason);
+    void (*peer)(void *ud, lei_peer *p, int up, const char *reason, int code);
     void (*unpin)(void *ud, int ref);
     void (*log)(void *ud, const char *msg);
     /* Called once per loop iteration, before the queues are written (the
@@ -321,8 +322,10 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
  * references on msg; the record is the context's until lei_sync_free. */
 int lei_call(lei_ctx *c, uint32_t chid, const char *dest, lei_msg *msg, int policy,
              uint64_t *sync_id, const char **err);
-/* Sends a control message (an encoded value) to addr.  0, or
- * -LEI_E_CLOSED (the peer is unreachable, *err says why) or -LEI_E_NOMEM. */
+/* Sends a control message (an encoded value) to addr.  0, or, the peer
+ * unreachable, the negative of the code of why (*err says it: refused,
+ * io, ... from where its connection failed, else -LEI_E_CLOSED), or
+ * -LEI_E_NOMEM. */
 int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err);
 /* peer.c: acknowledges sync event `sync` received from peer (NULL: local). errs: the
  * encoded handler errors or NULL. */

@@ -138,6 +138,12 @@ typedef struct lei_mech {
     size_t (*in_pending)(const lei_conn *k);
     /* Opens what was read into k's frame buffer: 0, or -1 after closing k. */
     int (*open)(lei_conn *k);
+    /* A CTRL frame read on k, before it is handed up: 0, or -1 after
+     * closing k (keyed: an acceptor of a mode 1 HELLO closes on the marker
+     * of a dialler forced to fall back, lei_sec_fallback_frame). */
+    int (*ctrl_in)(lei_conn *k, const lei_frame *f);
+    /* The record cipher's name ("aes-256-gcm", ...), NULL without one. */
+    const char *(*cipher)(const lei_conn *k);
 } lei_mech;
 
 extern const lei_mech lei_mech_protected, lei_mech_keyed;
@@ -186,6 +192,7 @@ size_t lei_sec_fallback_frame(uint8_t *b);
 /* A peer's connection came up or went down; told to the hook later. */
 struct lei_note {
     int idx, up;
+    int code; /* down: the LEI_E_* of reason (p->reason_code when it was lost) */
     char reason[160];
 };
 /* One queued frame: hdr bytes, then msg's bytes if msg is set. */
@@ -499,16 +506,15 @@ struct lei_ctx {
      * called by name: rbuf.c refuses a hog and closes a connection it
      * cannot grow (lei_accept_refuse, lei_conn_close, layer 3); conn.c
      * starts a connection with a mechanism (lei_mech_protected of plain.c,
-     * lei_mech_keyed of secure.c) and hands the frames before UP, our
-     * HELLO and a keyed CTRL to check to the handshake (handshake.c's
-     * lei_handshake_frame, _hello, _fallback_check, layer 4). */
+     * lei_mech_keyed of secure.c; a CTRL goes to its ctrl_in) and hands
+     * the frames before UP and our HELLO to the handshake (handshake.c's
+     * lei_handshake_frame, _hello, layer 4). */
     struct {
         void (*refuse)(lei_conn *k, int kind, const char *reason);
         void (*close)(lei_conn *k, const char *reason, int bad);
         const lei_mech *mech_protected, *mech_keyed;
         int (*hs_frame)(lei_conn *k, const lei_frame *f);
         void (*hs_hello)(lei_conn *k);
-        int (*hs_fallback_check)(lei_conn *k, const lei_frame *f);
     } kops;
 };
 
@@ -695,9 +701,6 @@ void lei_handshake_hello(lei_conn *k);
 /* conn.c: frames from the socket into k's buffer as they come (the
  * protected mechanism's read): > 0, 0 (closed by the remote), < 0 errno. */
 ssize_t lei_conn_read_frames(lei_conn *k);
-/* handshake.c: a CTRL on a keyed connection accepted in mode 1: 0, or -1
- * after closing k (the marker of a forced fallback). */
-int lei_handshake_fallback_check(lei_conn *k, const lei_frame *f);
 /* inmap.c: a connection's channel indexes.  get: 0 with *val, or -1 (not
  * bound); set: 0, or -1 (out of memory, or idx past 2^32 - 1). */
 int lei_inmap_get(const lei_conn *k, uint64_t idx, uint32_t *val);

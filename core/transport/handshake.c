@@ -141,6 +141,7 @@ static int identity_check(lei_conn *k, const lei_hello *h, const char *addr, int
             snprintf(why, sizeof why, "%s is principal %s (key %s), expected %s", addr, h->name, got,
                      pin->principal);
     }
+    if (dialled && k->peer && k->peer->conn == k) k->peer->next_code = LEI_E_REFUSED; /* the loss's code */
     lei_conn_close(k, why, 1);
     return -1;
 }
@@ -283,6 +284,7 @@ static int dial_refused(lei_conn *k, const lei_frame *f) {
     snprintf(why, sizeof why, "refused by peer: %.*s", (int)(f->len > 200 ? 200 : f->len),
              (const char *)f->body);
     lei_logf(c, "connection to %s %s", p ? p->addr : "?", why);
+    if (p && p->conn == k) p->next_code = LEI_E_REFUSED; /* the loss's code, for its syncs and the peer hook */
     lei_conn_close(k, why, 0);
     return -1;
 }
@@ -488,15 +490,4 @@ int lei_handshake_frame(lei_conn *k, const lei_frame *f) {
     }
 }
 
-/* An acceptor that read a mode 1 HELLO: is this CTRL the marker of a
- * dialler falling back after a refused offer?  Then an active attacker
- * forged the refusal (this side reads offers): closed, nothing downgraded.
- * 0, or -1 after closing k. */
-int lei_handshake_fallback_check(lei_conn *k, const lei_frame *f) {
-    uint8_t b[LEI_FALLBACK_MAX];
-    size_t n = lei_sec_fallback_frame(b);
-    if (f->len != n - LEI_FRAME_HDR || memcmp(f->body, b + LEI_FRAME_HDR, f->len) != 0) return 0;
-    lei_conn_close(k, "record cipher downgrade: the dialler's offer was refused in its name "
-                      "(a forged ERROR on the way): closing", 1);
-    return -1;
-}
+

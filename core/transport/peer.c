@@ -57,6 +57,7 @@ void lei_peer_note(lei_peer *p, int up, const char *reason) {
     struct lei_note *n = &c->peer_s.notes[c->peer_s.nnotes++];
     n->idx = p->idx;
     n->up = up;
+    n->code = up ? 0 : p->reason_code ? p->reason_code : LEI_E_CLOSED;
     snprintf(n->reason, sizeof n->reason, "%s", reason ? reason : "");
     ev_idle_start(c->loop, &c->peer_s.kick); /* told from the next loop turn, without waiting */
 }
@@ -68,7 +69,7 @@ void lei_tell_notes(lei_ctx *c) {
         lei_peer *p = lei_peers_by_idx(c, n.idx);
         if (!p) continue;
         c->depth++;
-        c->h.peer(c->h.ud, p, n.up, n.up ? NULL : n.reason);
+        c->h.peer(c->h.ud, p, n.up, n.up ? NULL : n.reason, n.code);
         c->depth--;
     }
     c->peer_s.nnotes = 0;
@@ -454,7 +455,7 @@ int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err) 
     }
     if (!lei_peer_live(p)) {
         *err = p->reason[0] ? p->reason : "peer unreachable";
-        return -LEI_E_CLOSED;
+        return -(p->reason_code ? p->reason_code : LEI_E_CLOSED); /* the code of that reason */
     }
     uint8_t hdr[LEI_FRAME_HDR];
     lei_frame_hdr(hdr, LEI_F_CTRL, msg->total);
@@ -524,7 +525,7 @@ size_t lei_peer_ack_bytes(const lei_peer *p) { return p ? p->ack_bytes : 0; }
 const char *lei_peer_reason(const lei_peer *p) { return p->reason; }
 
 const char *lei_peer_cipher(const lei_peer *p) {
-    return lei_peer_is_up(p) && p->conn->sec ? p->conn->sec->cs->name : NULL;
+    return lei_peer_is_up(p) ? p->conn->mech->cipher(p->conn) : NULL;
 }
 
 size_t lei_peer_unread(const lei_peer *p) {

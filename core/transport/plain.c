@@ -90,6 +90,17 @@ static int plain_open(lei_conn *k) {
     return 0;
 }
 
+static int plain_ctrl_in(lei_conn *k, const lei_frame *f) {
+    (void)k;
+    (void)f;
+    return 0;
+}
+
+static const char *plain_cipher(const lei_conn *k) {
+    (void)k;
+    return NULL; /* none: loopback and Unix sockets only */
+}
+
 const lei_mech lei_mech_protected = {
     .name = "protected",
     .start = plain_start,
@@ -101,4 +112,6 @@ const lei_mech lei_mech_protected = {
     .read = lei_conn_read_frames,
     .in_pending = plain_in_pending,
     .open = plain_open,
+    .ctrl_in = plain_ctrl_in,
+    .cipher = plain_cipher,
 };

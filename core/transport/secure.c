@@ -519,6 +519,22 @@ static void keyed_end(lei_conn *k) {
     k->sec = NULL;
 }
 
+/* An acceptor that read a mode 1 HELLO: is this CTRL the marker of a
+ * dialler falling back after a refused offer?  Then an active attacker
+ * forged the refusal (this side reads offers): closed, nothing downgraded.
+ * 0, or -1 after closing k. */
+static int keyed_ctrl_in(lei_conn *k, const lei_frame *f) {
+    if (!k->sec || !k->sec->legacy) return 0;
+    uint8_t b[LEI_FALLBACK_MAX];
+    size_t n = lei_sec_fallback_frame(b);
+    if (f->len != n - LEI_FRAME_HDR || memcmp(f->body, b + LEI_FRAME_HDR, f->len) != 0) return 0;
+    lei_conn_close(k, "record cipher downgrade: the dialler's offer was refused in its name "
+                      "(a forged ERROR on the way): closing", 1);
+    return -1;
+}
+
+static const char *keyed_cipher(const lei_conn *k) { return k->sec && k->sec->cs ? k->sec->cs->name : NULL; }
+
 const lei_mech lei_mech_keyed = {
     .name = "keyed",
     .start = keyed_start,
@@ -530,4 +546,6 @@ const lei_mech lei_mech_keyed = {
     .read = keyed_read,
     .in_pending = keyed_in_pending,
     .open = keyed_open,
+    .ctrl_in = keyed_ctrl_in,
+    .cipher = keyed_cipher,
 };

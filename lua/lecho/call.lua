@@ -19,6 +19,7 @@ local svcname = require "lecho.svcname"
 
 local jit_ok, jit = pcall(require, "jit")
 local traceback = require("lecho.errors").traceback  -- (without lecho's own frames)
+local peer_code = require("lecho.errors").peer_code
 local unpack, type, pairs = unpack, type, pairs
 local check_name, nslist, MAX_RESULTS = svcname.check_name, svcname.nslist, svcname.MAX_RESULTS
 
@@ -280,7 +281,7 @@ local function try(ctx, cl, ch, addr, want, args, opts, timeout)
   if reply.e ~= nil or reply.c ~= nil then
     local ecode = reply.c
     if ecode ~= nil and type(ecode) ~= "string" then return malformed(cl, addr, "an error code that is no string") end
-    ecode = ecode or "failed"
+    ecode = peer_code(ecode)    -- a server's code only if it is one of lecho.errors, else "failed"
     local tb = reply.tb
     if tb ~= nil and type(tb) ~= "string" then tb = nil end
     return nil, reply.e, ecode, tb, SURELY_NOT_RAN[ecode] and "safe" or nil

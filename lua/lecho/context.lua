@@ -84,7 +84,7 @@ function Context:_check_nameserver(addr)
     require("lecho.keys").hex(pk), self.ns_principal)
     or ("refused: name server %s did not authenticate as %s"):format(addr, self.ns_principal)
   self.log(why)
-  self:_fail_pending(addr, why)
+  self:_fail_pending(addr, why, "refused")
   self.c:close_peer(addr, why)
   return why
 end

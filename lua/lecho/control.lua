@@ -36,20 +36,23 @@ function Context:_send_ctrl(to, msg)
     end
     return true
   end
-  local ok, err = self.c:send_ctrl(to, msg)
+  local ok, err, code = self.c:send_ctrl(to, msg)
   if not ok then
     self:_warn_limited("send", ("cannot send to %s: %s"):format(to, err))
-    self:_fail_pending(to, err)
+    self:_fail_pending(to, err, code)
   end
   return ok, err
 end
 
-function Context:_fail_pending(addr, why)
+-- The requests waiting on addr fail: why (text), code (lecho.errors: from
+-- the core, where the connection failed: "refused" when the peer or the
+-- handshake refused it, "closed" when it was lost, ...; never read from why).
+function Context:_fail_pending(addr, why, code)
   -- Keyed: the handshake refused a name server's address for its principal
   -- (the pin of _add_nameserver; core/transport/handshake.c identity_check says
   -- "ADDR is principal P (key K), expected Q", at the dial and to the sends
-  -- while the address is in backoff): said as _check_nameserver says it,
-  -- so that the requests waiting there fail with code "refused".
+  -- while the address is in backoff, with code "refused"): said as
+  -- _check_nameserver says it (the wording only; the code is the core's).
   if self.keyed and self.nameservers[addr] then
     local name, khex = tostring(why):match("^%S+ is principal (%S+) %(key (%x+)%), expected ")
     if name then
@@ -58,7 +61,9 @@ function Context:_fail_pending(addr, why)
     end
   end
   for _, p in pairs(self.pending) do
-    if p.to == addr and not p.reply then p.failed = why end
+    -- (the first failure stays: _check_nameserver's "refused" is not
+    -- overwritten by the "closed" of the close that follows it)
+    if p.to == addr and not p.reply and not p.failed then p.failed, p.failed_code = why, code or "closed" end
   end
 end
 
@@ -107,10 +112,11 @@ end
 
 --- Sends a control request and waits (serving the loop) for its reply.
 -- Returns the reply table, or nil, err, code (the code the reply carries,
--- else "failed"; "closed"/"refused" when the peer cannot be reached,
--- "timeout" without an answer).  also (optional, a function): the wait
--- also ends when it returns true: nil, "answered otherwise", "done" then
--- (the reply, if it comes, is dropped).
+-- else "failed"; "closed"/"refused" when the peer cannot be reached, then
+-- with a fourth value true: unreachable, told by where it failed rather
+-- than by the words; "timeout" without an answer).  also (optional, a
+-- function): the wait also ends when it returns true: nil, "answered
+-- otherwise", "done" then (the reply, if it comes, is dropped).
 function Context:request(to, msg, timeout, also)
   local rid, p = self:_pend(to)
   msg.rid = rid
@@ -123,12 +129,10 @@ function Context:request(to, msg, timeout, also)
   end
   if p.reply then
     if p.reply.ok then return p.reply end
-    local code = p.reply.code
-    return nil, p.reply.err or "request failed", errors.CODES[code] and code or "failed"
+    return nil, p.reply.err or "request failed", errors.peer_code(p.reply.code)
   end
   if p.failed then
-    local code = errors.code_of(p.failed)
-    return nil, ("%s unreachable: %s"):format(to, p.failed), code == "refused" and code or "closed"
+    return nil, ("%s unreachable: %s"):format(to, p.failed), p.failed_code == "refused" and "refused" or "closed", true
   end
   if self.closed then return nil, "context closed while waiting", "closed" end
   return nil, ("no answer from %s within %gs"):format(to, timeout or self.timeout), "timeout"
@@ -477,7 +481,7 @@ function Context:_on_ctrl(from, msg, gen)
   elseif self.reg then
     self.reg:handle(from, msg, self._send, now(self))
   elseif msg.rid then
-    self:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = false,
+    self:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = false, code = "invalid",
                             err = ("unknown op '%s' (this context is not a name server)"):format(op) })
   end
 end
@@ -523,7 +527,7 @@ function Context:_tell_unreachable(addr, reason)
   end
 end
 
-function Context:_on_peer(idx, addr, up, reason, gen)
+function Context:_on_peer(idx, addr, up, reason, gen, code)
   if up then
     self.peer_addrs[idx] = addr
     -- requests queued for addr while it was down go out on this connection
@@ -535,7 +539,7 @@ function Context:_on_peer(idx, addr, up, reason, gen)
   -- a peer that went down may be freed, and its idx name another later:
   -- what was cached under it goes (it is found again from the core)
   self.peer_addrs[idx], self.pnames[idx] = nil, nil
-  self:_fail_pending(addr, reason or "connection lost")
+  self:_fail_pending(addr, reason or "connection lost", code)
   history.peer_lost(self, addr)  -- a restarted producer's events are new
   if type(reason) == "string" and reason:find("^connect: ") then self:_tell_unreachable(addr, reason) end
   if self.reg then self.reg:peer_down(addr, self._send, now(self)) end

@@ -24,23 +24,13 @@ M.CODES = {
   noconsumer = "a sync submit to a channel that has no consumer anywhere",
 }
 
--- The code of a message that came without one; `default` when none fits
--- ("failed" if nil).  Left for the two paths that still have no code where
--- the error happens: lecho.decode (the decoder says what, not which) and a
--- manager's `failed` reply (lecho.control).  Sync results, submits and
--- lecho.encode never use it: their codes are set where the error happens.
-function M.code_of(msg, default)
-  msg = tostring(msg)
-  if msg:find("out of memory", 1, true) then return "nomem" end
-  if msg:find("no answer", 1, true) or msg:find("timed out", 1, true) then return "timeout" end
-  if msg:find("refused", 1, true) then return "refused" end
-  if msg:find("closed", 1, true) or msg:find("connection lost", 1, true)
-     or msg:find("reset", 1, true) or msg:find("no heartbeat", 1, true) then return "closed" end
-  if msg:find("limit", 1, true) or msg:find("too long", 1, true) or msg:find("too deep", 1, true)
-     or msg:find("queue full", 1, true) then return "limit" end
-  if msg:find("cannot encode", 1, true) then return "invalid" end
-  if msg:find("no such", 1, true) then return "notfound" end
-  return default or "failed"
+-- The code a peer's reply or ACK entry carries, as this side believes it:
+-- one of CODES, else "failed" (an unknown name, a non-string, or none: a
+-- peer of before codes).  A code is set where an error happens and carried;
+-- none is ever read from a message's text.
+function M.peer_code(code)
+  if type(code) == "string" and M.CODES[code] then return code end
+  return "failed"
 end
 
 -- The directory of lecho's own Lua files ("@/path/lua/lecho/").

@@ -20,6 +20,7 @@
 -- restart (its beacon re-registers it before): no false "left".
 
 local options = require "lecho.options"
+local errors = require "lecho.errors"
 local Context = require "lecho.context"
 local same = require("lecho.tables").same  -- (a member's unchanged data is no news)
 
@@ -64,7 +65,7 @@ local function ask_all(ctx, msg_of, enough, window)
         if p.reply and p.reply.ok then
           results[i] = { q.addr, p.reply }
         elseif p.reply then
-          results[i] = { q.addr, nil, p.reply.err or "refused", p.reply.code or "failed" }
+          results[i] = { q.addr, nil, p.reply.err or "refused", errors.peer_code(p.reply.code) }
         elseif p.failed then
           results[i] = { q.addr, nil, ("%s unreachable: %s"):format(q.addr, p.failed), "closed" }
         end
@@ -258,7 +259,7 @@ function Group:_renew(st, timeout)
   st.busy = true
   local ctx = self.ctx
   ctx:_spawn(function()
-    local r, err, code = ctx:request(st.addr, self:_renewal(st), timeout or math.min(ctx.timeout, self.lease))
+    local r, err, code, lost = ctx:request(st.addr, self:_renewal(st), timeout or math.min(ctx.timeout, self.lease))
     st.busy = false
     -- a notice not applied while this was on its way (no view here yet, or
     -- a gap) and newer than its answer: the list the answer brings is
@@ -273,8 +274,7 @@ function Group:_renew(st, timeout)
     if behind then st.view, st.ver = nil, nil end
     self:_recompute()
     if behind then return self:_renew(st) end
-    local unreachable = code == "closed" or code == "timeout"
-                        or (type(err) == "string" and err:find(" unreachable: ", 1, true) ~= nil)
+    local unreachable = lost or code == "closed" or code == "timeout"
     if not r and unreachable and not st.retry and self.lease / 3 > RETRY then
       -- unreachable: tried again every RETRY s, not only at the next beacon,
       -- so a restarted name server is told this member (or watcher) and

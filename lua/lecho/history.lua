@@ -254,26 +254,26 @@ end
 --- The control request `history` { ch, n, key }: the last n events of each
 -- producer of ch here, or (key) those events through modulator key.
 function M.serve(ctx, from, msg)
-  local function fail(err)
-    if msg.rid then ctx:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = false, err = err }) end
+  local function fail(err, code)   -- (code: lecho.errors, set here where each refusal is made)
+    if msg.rid then ctx:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = false, err = err, code = code }) end
   end
   local ch = type(msg.ch) == "string" and ctx.byname[msg.ch]
-  if not ch or ch.nprod == 0 then return fail("history: not a producer of that channel here") end
+  if not ch or ch.nprod == 0 then return fail("history: not a producer of that channel here", "notfound") end
   local key = msg.key
-  if key ~= nil and type(key) ~= "string" then return fail("history: key must be a string") end
+  if key ~= nil and type(key) ~= "string" then return fail("history: key must be a string", "invalid") end
   local n = msg.n
-  if type(n) ~= "number" or n < 1 or n % 1 ~= 0 then return fail("history: n must be a positive integer") end
+  if type(n) ~= "number" or n < 1 or n % 1 ~= 0 then return fail("history: n must be a positive integer", "invalid") end
   n = math.min(n, M.MAX_N)
   -- believed only from a context that already takes this stream from us
   if not listed(ch, from, key) then
     ctx:_warn_limited("history", ("refusing a history request from %s for '%s': not a consumer of it here")
                                  :format(from, ch.name))
-    return fail("history: not a consumer of this stream here")
+    return fail("history: not a consumer of this stream here", "refused")
   end
   local entries, seam = owed(ch, msg.ver, n)
   if key and entries[1] then
     local out, err = run_modulator(ch, key, entries)
-    if not out then return fail("history: " .. tostring(err)) end
+    if not out then return fail("history: " .. tostring(err), "failed") end
     entries = out
   end
   if msg.rid then

@@ -57,10 +57,11 @@ function M.encode(v, ...)
 end
 
 -- true, value; or nil, err, code (bytes that are not a value: "invalid";
--- past max_string or max_depth: "limit").
+-- past max_string, max_depth or max_value_bytes: "limit"; "nomem"), the
+-- code set by the decoder where it failed.
 function M.decode(s, ...)
   local ok, v, code = core.decode(s, ...)
-  if not ok then return nil, v, code or errors.code_of(v, "invalid") end
+  if not ok then return nil, v, code end
   return ok, v
 end
 
@@ -210,13 +211,13 @@ function M.context(opts)
       if self.keyed and not self:_nameserver_ok(from) then return end
       return self:_on_ctrl(from, msg, gen)
     end,
-    peer = function(idx, paddr, up, reason, gen)
+    peer = function(idx, paddr, up, reason, gen, code)
       if up and self.keyed then
         self:_check_nameserver(paddr)
         -- a name server hands its revocation lists to who connects
         if self.trustwatch then require("lecho.trustwatch").peer_up(self, paddr) end
       end
-      return self:_on_peer(idx, paddr, up, reason, gen)
+      return self:_on_peer(idx, paddr, up, reason, gen, code)
     end,
     log = function(msg) self.log(msg, nil, "core") end,
     moe_error = function(id, why) self:_moe_error(id, why) end,

@@ -12,6 +12,7 @@ local Channel = require "lecho.channel"
 local CAPS = options.CAPS
 local others = Channel.without
 local sorted_keys = require("lecho.tables").sorted_keys
+local ENOENT = 2   -- errno.h: 2 on Linux, the BSDs and macOS (io.open gives the errno third)
 
 local M = {}
 
@@ -63,12 +64,12 @@ function M.source(s)
     error("lecho.modulator: want Lua source text or a file name (a non-empty string)", 2)
   end
   if s:find("\n") then return s end
-  local f, err = io.open(s, "rb")
+  local f, err, errno = io.open(s, "rb")
   if not f then
     if s:sub(-4) ~= ".lua" then return s end
-    local code = err:find("No such file", 1, true) and "notfound" or "io"
-    if code == "notfound" then return nil, "no such file: " .. s, code end
-    return nil, err, code
+    -- the code from the system's errno, not from err's text (which the locale words)
+    if errno == ENOENT then return nil, "no such file: " .. s, "notfound" end
+    return nil, err, "io"
   end
   local text, rerr = f:read("*a")
   f:close()

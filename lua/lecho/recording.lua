@@ -116,12 +116,12 @@ function M.scan(path)
   local chans, prods, created = {}, {}, nil
   local seen = {}
   local i = #M.MAGIC + 1
-  local why
+  local why, short   -- short: the last record is cut short (set where that is found)
   while i <= #s do
-    if i + 8 > #s + 1 then why = "a record header cut short" break end
+    if i + 8 > #s + 1 then why, short = "a record header cut short", true break end
     local len, crc = rd_u32(s, i), rd_u32(s, i + 4)
     if len == 0 or len > M.MAX_RECORD then why = ("a record length of %d"):format(len) break end
-    if i + 8 + len > #s + 1 then why = ("a record of %d bytes cut short"):format(len) break end
+    if i + 8 + len > #s + 1 then why, short = ("a record of %d bytes cut short"):format(len), true break end
     local body = s:sub(i + 8, i + 7 + len)
     if M.crc32(body) ~= crc then why = "a record whose checksum fails" break end
     local kind = body:sub(1, 1)
@@ -163,7 +163,6 @@ function M.scan(path)
     -- A crash leaves a last record cut short (or, after a power loss, a
     -- tail of zeros).  A whole record that is wrong with bytes after it is
     -- damage, not a torn tail: nothing cuts it (M.cut refuses).
-    local short = why:find("cut short", 1, true) ~= nil
     local zeros = not s:find("[^%z]", i)
     local len = i + 8 <= #s + 1 and rd_u32(s, i) or nil
     local sane = len and len > 0 and len <= M.MAX_RECORD

@@ -20,14 +20,14 @@ local M = {}
 M.ops = {}
 function M.ops.may(self, from, msg, io)
   if msg.action ~= "stats" or type(msg.principal) ~= "string" or type(msg.target) ~= "string" then
-    return outbox.fail(self, io, from, msg.rid, "may: needs action \"stats\", string principal and target")
+    return outbox.fail(self, io, from, msg.rid, "may: needs action \"stats\", string principal and target", "invalid")
   end
   if self.identity and from ~= self.addr then
     local asker = self.identity(from)
     if asker == nil or (asker ~= msg.target and asker ~= msg.principal) then
       return outbox.fail(self, io, from, msg.rid,
         ("not allowed: %s may ask only about its own process or its own rights (may %s stats %s?)")
-          :format(tostring(asker or from), msg.principal:sub(1, 64), msg.target:sub(1, 64)), { code = "refused" })
+          :format(tostring(asker or from), msg.principal:sub(1, 64), msg.target:sub(1, 64)), "refused")
     end
   end
   local ok, err = true, nil

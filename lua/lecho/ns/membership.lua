@@ -184,7 +184,7 @@ local function drop_producer(self, c, addr, why, io)
   if c.pwaits then
     local keep = {}
     for _, w in ipairs(c.pwaits) do
-      if w.from == addr then fail(self, io, addr, w.rid, why, { code = "refused" }) else keep[#keep + 1] = w end
+      if w.from == addr then fail(self, io, addr, w.rid, why, "refused") else keep[#keep + 1] = w end
     end
     c.pwaits = keep[1] and keep or nil
   end
@@ -257,7 +257,7 @@ local function answer_producer(self, io, c, to, rid, p)
   local ok, why = still(self, c, to, "produce")
   if not ok then
     if c.producers[to] == p then c.producers[to] = nil end
-    return fail(self, io, to, rid, why, { code = "refused" })
+    return fail(self, io, to, rid, why, "refused")
   end
   local plain, mods, svc = members_of(c)
   reply(self, io, to, rid, { consumers = plain, mods = mods, svc = svc, keys = keys_of(self, plain, mods),
@@ -421,7 +421,7 @@ local function checked_subs(self, c, from, msg, io)
     local ok; ok, err = check_keys(c, from, subs, msg.op)
     if ok then return subs end
   end
-  fail(self, io, from, msg.rid, err)
+  fail(self, io, from, msg.rid, err, "invalid")
 end
 
 -- Consumer context record `r` takes `subs` from now on: a new member list
@@ -455,7 +455,7 @@ end
 
 -- A refusal's text is the policy's, as it is (doc/security.md).
 local function refuse(self, io, from, msg, err)
-  return fail(self, io, from, msg.rid, err, { code = "refused" })
+  return fail(self, io, from, msg.rid, err, "refused")
 end
 
 local ops = {}
@@ -463,9 +463,9 @@ local ops = {}
 -- A context adds one producer or consumer endpoint to `ch`.
 function ops.join(self, from, msg, io)
   local ch, err = check_ch(self, msg)
-  if not ch then return fail(self, io, from, msg.rid, err) end
+  if not ch then return fail(self, io, from, msg.rid, err, "invalid") end
   local role; role, err = check_role(msg)
-  if not role then return fail(self, io, from, msg.rid, err) end
+  if not role then return fail(self, io, from, msg.rid, err, "invalid") end
   local ok; ok, err = authorize(self, from, msg, role, ch)
   if not ok then return refuse(self, io, from, msg, err) end
   local c = self.channels[ch]
@@ -477,13 +477,13 @@ function ops.join(self, from, msg, io)
     if fresh then
       local qerr
       ok, qerr = naming.quota_room(self, who, "join")
-      if not ok then return fail(self, io, from, msg.rid, qerr, { code = "limit" }) end
+      if not ok then return fail(self, io, from, msg.rid, qerr, "limit") end
     end
-    local e, owner
-    ok, e, owner = claim(self, ch, "join")
-    if not ok then return fail(self, io, from, msg.rid, e, { manager = owner }) end
+    local e, ecode, owner
+    ok, e, ecode, owner = claim(self, ch, "join")
+    if not ok then return fail(self, io, from, msg.rid, e, ecode, { manager = owner }) end
     if self.nchannels >= self.max_channels then
-      return fail(self, io, from, msg.rid, ("join: too many channels (limit %d)"):format(self.max_channels))
+      return fail(self, io, from, msg.rid, ("join: too many channels (limit %d)"):format(self.max_channels), "limit")
     end
     c = new_channel(self, ch)
     if fresh then naming.charge(self, ch, who) end
@@ -521,7 +521,7 @@ function ops.join(self, from, msg, io)
     -- (a producer refuses a longer member list whole: one context past it
     -- would cost every other its events)
     return fail(self, io, from, msg.rid, ("join: channel '%s' has %d consumer contexts (limit %d)")
-                :format(ch, c.nconsumers, self.max_members), { code = "limit" })
+                :format(ch, c.nconsumers, self.max_members), "limit")
   end
   if r then
     r.count = r.count + 1
@@ -539,13 +539,13 @@ end
 -- confirmed, with the modulator errors they reported.
 function ops.subscribe(self, from, msg, io)
   local ch, err = check_ch(self, msg)
-  if not ch then return fail(self, io, from, msg.rid, err) end
+  if not ch then return fail(self, io, from, msg.rid, err, "invalid") end
   local ok; ok, err = authorize(self, from, msg, "consumer", ch)
   if not ok then return refuse(self, io, from, msg, err) end
   local c = self.channels[ch]
   local r = c and c.consumers[from]
   if not r then
-    return fail(self, io, from, msg.rid, ("subscribe: %s is not a consumer of channel '%s'"):format(from, ch))
+    return fail(self, io, from, msg.rid, ("subscribe: %s is not a consumer of channel '%s'"):format(from, ch), "invalid")
   end
   local subs = checked_subs(self, c, from, msg, io)
   if not subs then return end
@@ -555,21 +555,21 @@ end
 -- A context removes one producer or consumer endpoint from `ch`.
 function ops.leave(self, from, msg, io)
   local ch, err = check_ch(self, msg)
-  if not ch then return fail(self, io, from, msg.rid, err) end
+  if not ch then return fail(self, io, from, msg.rid, err, "invalid") end
   local role; role, err = check_role(msg)
-  if not role then return fail(self, io, from, msg.rid, err) end
+  if not role then return fail(self, io, from, msg.rid, err, "invalid") end
   local c = self.channels[ch]
   if not c and self.role == "nameserver" then
     local owner = self.assign[ch]
     if owner and owner ~= self.addr then
-      return fail(self, io, from, msg.rid, ("leave: channel '%s' is managed by %s"):format(ch, owner),
+      return fail(self, io, from, msg.rid, ("leave: channel '%s' is managed by %s"):format(ch, owner), "refused",
                   { manager = owner })
     end
   end
   local set = c and (role == "producer" and c.producers or c.consumers)
   local r = set and set[from]
   if not r then
-    return fail(self, io, from, msg.rid, ("leave: %s is not a %s of channel '%s'"):format(from, role, ch))
+    return fail(self, io, from, msg.rid, ("leave: %s is not a %s of channel '%s'"):format(from, role, ch), "invalid")
   end
   r.count = r.count - 1
   if r.count == 0 then
@@ -608,15 +608,15 @@ end
 -- "refused" when the asker may not produce, consume or list it.
 function ops.info(self, from, msg, io)
   local ch, err = check_ch(self, msg)
-  if not ch then return fail(self, io, from, msg.rid, err) end
+  if not ch then return fail(self, io, from, msg.rid, err, "invalid") end
   local ok, serr = naming.may_see(self, from, ch)    -- before "notfound": existence is news too
-  if not ok then return fail(self, io, from, msg.rid, serr, { code = "refused" }) end
+  if not ok then return fail(self, io, from, msg.rid, serr, "refused") end
   local c = self.channels[ch]
   local np, nc = 0, 0
   for _ in pairs(c and c.producers or {}) do np = np + 1 end
   for _ in pairs(c and c.consumers or {}) do nc = nc + 1 end
   if np + nc == 0 then
-    return fail(self, io, from, msg.rid, ("info: no such channel: %s"):format(ch), { code = "notfound" })
+    return fail(self, io, from, msg.rid, ("info: no such channel: %s"):format(ch), "notfound")
   end
   reply(self, io, from, msg.rid, { producers = np, consumers = nc })
 end
@@ -679,7 +679,7 @@ function M.recheck(self, io)
         changed = true
         local keep = {}
         for _, w in ipairs(c.waits) do
-          if w.from == a then fail(self, io, a, w.rid, why, { code = "refused" }) else keep[#keep + 1] = w end
+          if w.from == a then fail(self, io, a, w.rid, why, "refused") else keep[#keep + 1] = w end
         end
         c.waits = keep
         self.log("warn", ("consumer %s removed from '%s': %s"):format(a, c.name, tostring(why)))

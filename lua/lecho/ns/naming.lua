@@ -176,19 +176,19 @@ local function forget_later(self, ch, at)
 end
 
 -- Name server: may this context manage `ch`? Claims unassigned channels.
--- Returns true, or nil, err, owner.
+-- Returns true, or nil, err, code ("limit", "refused": owner manages it), owner.
 local function claim(self, ch, op)
   if self.role ~= "nameserver" then return true end
   local owner = self.assign[ch]
   if owner == nil then
     if self.nassigned >= self.max_channels then
-      return nil, ("%s: too many channels (limit %d)"):format(op, self.max_channels)
+      return nil, ("%s: too many channels (limit %d)"):format(op, self.max_channels), "limit"
     end
     self.assign[ch] = self.addr
     self.nassigned = self.nassigned + 1
     forget_later(self, ch, -math.huge)   -- its first check stamps it (used)
   elseif owner ~= self.addr then
-    return nil, ("%s: channel '%s' is managed by %s"):format(op, ch, owner), owner
+    return nil, ("%s: channel '%s' is managed by %s"):format(op, ch, owner), "refused", owner
   end
   return true
 end
@@ -266,14 +266,14 @@ local ops = {}
 -- Name server: which manager owns `ch`? Assigns (stickily) on first lookup.
 function ops.lookup(self, from, msg, io)
   if self.role ~= "nameserver" then
-    return fail(self, io, from, msg.rid, "lookup: this context is a channel manager, not a name server")
+    return fail(self, io, from, msg.rid, "lookup: this context is a channel manager, not a name server", "refused")
   end
   local ch, err = check_ch(self, msg)
-  if not ch then return fail(self, io, from, msg.rid, err) end
+  if not ch then return fail(self, io, from, msg.rid, err, "invalid") end
   if msg.create == false or self.assign[ch] ~= nil then
     -- (a lookup that would make the entry needs more: may_create below)
     local ok, serr = may_see(self, from, ch)
-    if not ok then return fail(self, io, from, msg.rid, serr, { code = "refused" }) end
+    if not ok then return fail(self, io, from, msg.rid, serr, "refused") end
   end
   -- A context that lost its name server or manager and joins again says
   -- so: the control plane is recovering, for `settle` seconds from now.
@@ -294,10 +294,10 @@ function ops.lookup(self, from, msg, io)
     -- lookup counts against its requester's quota (the list is bounded).
     if msg.create ~= false then
       local ok, qerr = may_create(self, from, ch)
-      if not ok then return fail(self, io, from, msg.rid, qerr, { code = "refused" }) end
+      if not ok then return fail(self, io, from, msg.rid, qerr, "refused") end
       local who = requester(self, from)
       ok, qerr = quota_room(self, who, "lookup")
-      if not ok then return fail(self, io, from, msg.rid, qerr) end
+      if not ok then return fail(self, io, from, msg.rid, qerr, "limit") end
       self.lheld[who] = (self.lheld[who] or 0) + 1
       self.lwaits[#self.lwaits + 1] = { from = from, msg = msg, hold = self.recover_until, who = who }
       return
@@ -310,7 +310,7 @@ function ops.lookup(self, from, msg, io)
     -- no producer and no consumer is not one.  A channel managed elsewhere
     -- is answered by its manager (op "info").
     if owner == nil or (owner == self.addr and not in_use(self, ch)) then
-      return fail(self, io, from, msg.rid, ("lookup: no such channel: %s"):format(ch), { code = "notfound" })
+      return fail(self, io, from, msg.rid, ("lookup: no such channel: %s"):format(ch), "notfound")
     end
     return reply(self, io, from, msg.rid, { manager = owner, manager_key = key_of(self, owner),
                                             settle = settle > 0 and settle or nil })
@@ -319,13 +319,13 @@ function ops.lookup(self, from, msg, io)
   self.idle_remote[ch] = nil    -- the manager tells again once it is unused
   if owner == nil then
     if self.nassigned >= self.max_channels then
-      return fail(self, io, from, msg.rid, ("lookup: too many channels (limit %d)"):format(self.max_channels))
+      return fail(self, io, from, msg.rid, ("lookup: too many channels (limit %d)"):format(self.max_channels), "limit")
     end
     local ok, qerr = may_create(self, from, ch)
-    if not ok then return fail(self, io, from, msg.rid, qerr, { code = "refused" }) end
+    if not ok then return fail(self, io, from, msg.rid, qerr, "refused") end
     local who = requester(self, from)
     ok, qerr = quota_room(self, who, "lookup")
-    if not ok then return fail(self, io, from, msg.rid, qerr) end
+    if not ok then return fail(self, io, from, msg.rid, qerr, "limit") end
     charge(self, ch, who)
     owner = self.addr
     local best
@@ -351,10 +351,10 @@ end
 -- Name server: `from` is a channel manager ready to take channels.
 function ops.register_manager(self, from, msg, io)
   if self.role ~= "nameserver" then
-    return fail(self, io, from, msg.rid, "register_manager: this context is a channel manager, not a name server")
+    return fail(self, io, from, msg.rid, "register_manager: this context is a channel manager, not a name server", "refused")
   end
   local ok, err = allowed(self, from, "manage")
-  if not ok then return fail(self, io, from, msg.rid, err, { code = "refused" }) end
+  if not ok then return fail(self, io, from, msg.rid, err, "refused") end
   if not self.managers[from] then
     self.managers[from] = { nch = 0 }
     self.log("info", "manager registered: " .. from)

@@ -20,19 +20,13 @@ local function reply(self, io, to, rid, fields)
   emit(self, io, to, m)
 end
 
--- An error reply carries its code (lecho.errors): extra.code, or one
--- read from the message.
-local function fail_code(err)
-  if err:find("too many", 1, true) then return "limit" end
-  if err:find("managed by", 1, true) or err:find("not a name server", 1, true) then return "refused" end
-  if err:find("internal error", 1, true) then return "failed" end
-  return "invalid"    -- a field, an op or a role that does not fit
-end
-
-local function fail(self, io, to, rid, err, extra)
+-- An error reply carries its code (lecho.errors), set by the caller where
+-- the error happens, never read from err's text: fail(..., err, code [, extra]).
+local CODES = require("lecho.errors").CODES
+local function fail(self, io, to, rid, err, code, extra)
+  if not CODES[code] then error(("outbox.fail: bad code %s for %q"):format(tostring(code), tostring(err)), 2) end
   local m = extra or {}
-  m.ok, m.err = false, err
-  m.code = m.code or fail_code(err)
+  m.ok, m.err, m.code = false, err, code
   reply(self, io, to, rid, m)
 end
 

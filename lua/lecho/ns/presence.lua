@@ -81,10 +81,10 @@ local function check_group(self, msg)
   local g = msg.group
   if type(g) ~= "string" or g == "" or #g > M.MAX_GROUP_NAME or g:find("[^%w%._/%-]") or g:byte(1) == 47 then
     return nil, ("%s: field 'group' must be 1 to %d bytes of A-Z a-z 0-9 . _ - / (not first)")
-                :format(tostring(msg.op), M.MAX_GROUP_NAME)
+                :format(tostring(msg.op), M.MAX_GROUP_NAME), "invalid"
   end
   if self.role ~= "nameserver" then
-    return nil, ("%s: this context is a channel manager, not a name server"):format(msg.op)
+    return nil, ("%s: this context is a channel manager, not a name server"):format(msg.op), "refused"
   end
   return g
 end
@@ -294,13 +294,13 @@ end
 local ops = {}
 
 function ops.gjoin(self, from, msg, io)
-  local name, err = check_group(self, msg)
-  if not name then return fail(self, io, from, msg.rid, err) end
+  local name, err, ecode = check_group(self, msg)
+  if not name then return fail(self, io, from, msg.rid, err, ecode) end
   local lease; lease, err = check_lease(msg)
-  if not lease then return fail(self, io, from, msg.rid, err) end
+  if not lease then return fail(self, io, from, msg.rid, err, "invalid") end
   local ok; ok, err = naming.allowed(self, from, "produce", name)
   if ok and msg.watch == true then ok, err = naming.allowed(self, from, "consume", name) end  -- (watching too)
-  if not ok then return fail(self, io, from, msg.rid, "gjoin: " .. err, { code = "refused" }) end
+  if not ok then return fail(self, io, from, msg.rid, "gjoin: " .. err, "refused") end
   local data = msg.data
   if data == nil then data = {} end
   local dv = msg.dv
@@ -308,7 +308,7 @@ function ops.gjoin(self, from, msg, io)
   local size = value_bytes(data, M.MAX_DATA)
   if not size then
     return fail(self, io, from, msg.rid, ("gjoin: data larger than %d bytes encoded (or nested deeper than 32)")
-                                          :format(M.MAX_DATA), { code = "limit" })
+                                          :format(M.MAX_DATA), "limit")
   end
   local who = naming.requester(self, from)
   local g = self.groups[name]
@@ -316,30 +316,30 @@ function ops.gjoin(self, from, msg, io)
   local principal, pk = ident(self, from)
   self.gnow = io.now
   local bad = foreign(self, m, pk, from, name, "gjoin")
-  if bad then return fail(self, io, from, msg.rid, bad, { code = "refused" }) end
+  if bad then return fail(self, io, from, msg.rid, bad, "refused") end
   if not m then
     if g and g.n >= self.max_members then
       return fail(self, io, from, msg.rid, ("gjoin: group '%s' has %d members (limit %d)")
-                                            :format(name, g.n, self.max_members), { code = "limit" })
+                                            :format(name, g.n, self.max_members), "limit")
     end
     ok, err = quota_room(self, who)
-    if not ok then return fail(self, io, from, msg.rid, err, { code = "limit" }) end
+    if not ok then return fail(self, io, from, msg.rid, err, "limit") end
     if self.nmemberships >= self.max_memberships then
       return fail(self, io, from, msg.rid, ("gjoin: too many memberships at this name server (limit %d)")
-                                            :format(self.max_memberships), { code = "limit" })
+                                            :format(self.max_memberships), "limit")
     end
   end
   if self.gbytes - (m and m.size or 0) + size > self.max_group_bytes then
     return fail(self, io, from, msg.rid, ("gjoin: this name server holds %d bytes of member data (limit %d)")
-                                          :format(self.gbytes, self.max_group_bytes), { code = "limit" })
+                                          :format(self.gbytes, self.max_group_bytes), "limit")
   end
   if (g and g.bytes or 0) - (m and m.size or 0) + size > M.GROUP_BYTES then
     return fail(self, io, from, msg.rid, ("gjoin: group '%s' holds %d bytes of member data (limit %d)")
-                                          :format(name, g.bytes, M.GROUP_BYTES), { code = "limit" })
+                                          :format(name, g.bytes, M.GROUP_BYTES), "limit")
   end
   if not g then
     g, err = get_group(self, name, true, "gjoin")
-    if not g then return fail(self, io, from, msg.rid, err, { code = "limit" }) end
+    if not g then return fail(self, io, from, msg.rid, err, "limit") end
   end
   local expires = io.now + lease
   local news = false
@@ -367,7 +367,7 @@ function ops.gjoin(self, from, msg, io)
     ok, err, wcode = set_watch(self, g, from, who, lease, io.now, "gjoin")
     if not ok then
       if news then changed(self, io, g, { [from] = data }, nil) end
-      return fail(self, io, from, msg.rid, err, { code = wcode or "limit" })
+      return fail(self, io, from, msg.rid, err, wcode or "limit")
     end
   elseif msg.watch == false and not foreign(self, g.watchers[from], pk, from, name, "gjoin") then
     drop_watch(self, g, from)
@@ -379,17 +379,17 @@ function ops.gjoin(self, from, msg, io)
 end
 
 function ops.gleave(self, from, msg, io)
-  local name, err = check_group(self, msg)
-  if not name then return fail(self, io, from, msg.rid, err) end
+  local name, err, ecode = check_group(self, msg)
+  if not name then return fail(self, io, from, msg.rid, err, ecode) end
   -- (leaving needs the right joining needs: produce)
   local ok; ok, err = naming.allowed(self, from, "produce", name)
-  if not ok then return fail(self, io, from, msg.rid, "gleave: " .. err, { code = "refused" }) end
+  if not ok then return fail(self, io, from, msg.rid, "gleave: " .. err, "refused") end
   local g = self.groups[name]
   local m = g and g.members[from]
   local _, pk = ident(self, from)
   self.gnow = io.now
   local bad = foreign(self, m, pk, from, name, "gleave") or foreign(self, g and g.watchers[from], pk, from, name, "gleave")
-  if bad then return fail(self, io, from, msg.rid, bad, { code = "refused" }) end
+  if bad then return fail(self, io, from, msg.rid, bad, "refused") end
   if m then
     g.members[from] = nil
     hremove(self.gheap, m)
@@ -407,10 +407,10 @@ function ops.gleave(self, from, msg, io)
 end
 
 function ops.glist(self, from, msg, io)
-  local name, err = check_group(self, msg)
-  if not name then return fail(self, io, from, msg.rid, err) end
+  local name, err, ecode = check_group(self, msg)
+  if not name then return fail(self, io, from, msg.rid, err, ecode) end
   local ok; ok, err = naming.allowed(self, from, "consume", name)
-  if not ok then return fail(self, io, from, msg.rid, "glist: " .. err, { code = "refused" }) end
+  if not ok then return fail(self, io, from, msg.rid, "glist: " .. err, "refused") end
   local g = self.groups[name]
   local ep = epoch(self, io.now)
   reply(self, io, from, msg.rid, { members = g and member_list(g, io.now) or {}, epoch = ep,
@@ -418,15 +418,15 @@ function ops.glist(self, from, msg, io)
 end
 
 function ops.gwatch(self, from, msg, io)
-  local name, err = check_group(self, msg)
-  if not name then return fail(self, io, from, msg.rid, err) end
-  if type(msg.on) ~= "boolean" then return fail(self, io, from, msg.rid, "gwatch: field 'on' must be a boolean") end
+  local name, err, ecode = check_group(self, msg)
+  if not name then return fail(self, io, from, msg.rid, err, ecode) end
+  if type(msg.on) ~= "boolean" then return fail(self, io, from, msg.rid, "gwatch: field 'on' must be a boolean", "invalid") end
   local g = self.groups[name]
   if not msg.on then
     local _, pk = ident(self, from)
     self.gnow = io.now
     local bad = foreign(self, g and g.watchers[from], pk, from, name, "gwatch")
-    if bad then return fail(self, io, from, msg.rid, bad, { code = "refused" }) end
+    if bad then return fail(self, io, from, msg.rid, bad, "refused") end
     if g then
       drop_watch(self, g, from)
       maybe_drop(self, g)
@@ -434,20 +434,20 @@ function ops.gwatch(self, from, msg, io)
     return reply(self, io, from, msg.rid, {})
   end
   local lease; lease, err = check_lease(msg)
-  if not lease then return fail(self, io, from, msg.rid, err) end
+  if not lease then return fail(self, io, from, msg.rid, err, "invalid") end
   local ok; ok, err = naming.allowed(self, from, "consume", name)
-  if not ok then return fail(self, io, from, msg.rid, "gwatch: " .. err, { code = "refused" }) end
+  if not ok then return fail(self, io, from, msg.rid, "gwatch: " .. err, "refused") end
   local who = naming.requester(self, from)
   if not g then
     g, err = get_group(self, name, true, "gwatch")
-    if not g then return fail(self, io, from, msg.rid, err, { code = "limit" }) end
+    if not g then return fail(self, io, from, msg.rid, err, "limit") end
   end
   self.gnow = io.now
   local wcode
   ok, err, wcode = set_watch(self, g, from, who, lease, io.now, "gwatch")
   if not ok then
     maybe_drop(self, g)
-    return fail(self, io, from, msg.rid, err, { code = wcode or "limit" })
+    return fail(self, io, from, msg.rid, err, wcode or "limit")
   end
   renewal(self, io, from, msg, g, true)
 end

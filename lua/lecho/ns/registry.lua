@@ -93,7 +93,7 @@ end
 -- how many more there are.
 function ops.list(self, from, msg, io)
   local ok, err = naming.allowed(self, from, "list")
-  if not ok then return fail(self, io, from, msg.rid, err, { code = "refused" }) end
+  if not ok then return fail(self, io, from, msg.rid, err, "refused") end
   local s = self:snapshot()
   local names = {}
   for name in pairs(s.channels) do
@@ -262,14 +262,14 @@ function Registry:handle(from, msg, send, now)
   elseif rid == nil then
     self.log("warn", ("request '%s' from %s without rid: ignored"):format(tostring(op), from))
   elseif type(rid) ~= "number" then
-    fail(self, io, from, rid, "field 'rid' must be a number")
+    fail(self, io, from, rid, "field 'rid' must be a number", "invalid")
   elseif type(op) ~= "string" then
-    fail(self, io, from, rid, "field 'op' must be a string")
+    fail(self, io, from, rid, "field 'op' must be a string", "invalid")
   elseif not ops[op] then
-    fail(self, io, from, rid, ("unknown op '%s'"):format(op))
+    fail(self, io, from, rid, ("unknown op '%s'"):format(op), "invalid")
   else
     local ok, err = guarded(self, ops[op], self, from, msg, io)
-    if not ok then fail(self, io, from, rid, op .. ": internal error: " .. tostring(err)) end
+    if not ok then fail(self, io, from, rid, op .. ": internal error: " .. tostring(err), "failed") end
   end
   flush(self)
   return true

@@ -273,6 +273,15 @@ function M.take(q, max, meta)
   return out, q.dropped, n
 end
 
+-- lecho_consumer_on_error: fn (lecho.c's C closure) becomes c's on_error;
+-- false clears it (the context logs again); nil keeps the one set.
+function M.on_error(c, fn)
+  return protect(function()
+    if fn == false then c.on_error = nil elseif fn then c.on_error = fn end
+    return true
+  end)
+end
+
 function M.set_params(c, params)
   return protect(function()
     local ok, err, code = c:set_params(params)

@@ -444,6 +444,12 @@ LECHO_API int lecho_consumer_open_queued(lecho_channel *ch, const lecho_value *o
  * with lecho_consumer_open_queued. */
 LECHO_API int lecho_consumer_take(lecho_consumer *c, lecho_value *v, size_t max, int meta,
                                   size_t *taken, size_t *dropped);
+/* Runs the loop until c (opened with lecho_consumer_open_queued) has an
+ * event queued, or timeout seconds passed (< 0: no limit), or the context
+ * closed: lecho_run_once's turns without a return to the caller for each
+ * (a large event comes in many reads).  0 whether or not an event came
+ * (lecho_consumer_take says), or a code; LECHO_EINVAL from a handler. */
+LECHO_API int lecho_consumer_wait(lecho_consumer *c, double timeout);
 /* Settles the n oldest events lecho_consumer_take took from c and not
  * settled yet (at most as many as were taken): err NULL, the code was done
  * with them, and the held acks of the sync ones among them go out (with

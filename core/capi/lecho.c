@@ -863,6 +863,22 @@ int lecho_consumer_take(lecho_consumer *c, lecho_value *v, size_t max, int meta,
     return 0;
 }
 
+static int op_wait(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lei_lecho_push_ref(L, ((const lecho_consumer *)o->a)->qref);
+    lua_pushnumber(L, o->d);
+    o->rc = lei_lecho_glue_call(L, o->x, "wait", 2, NULL);
+    return 0;
+}
+
+int lecho_consumer_wait(lecho_consumer *c, double timeout) {
+    if (!c || c->qref == LUA_NOREF) return LECHO_EINVAL;
+    lecho_ctx *x = c->h.ctx;
+    if (x->in_handler) return lei_lecho_fail(x, LECHO_EINVAL, "lecho_consumer_wait: not from a consumer handler");
+    struct op o = { .a = c, .d = timeout };
+    return lei_lecho_protect(x, op_wait, &o);
+}
+
 static int op_settle(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     lei_lecho_push_ref(L, ((const lecho_consumer *)o->a)->qref);

@@ -250,6 +250,27 @@ local function settle(q, n, err)
   q.ahead = a
 end
 
+-- lecho_consumer_wait: loop turns until q has an event, t seconds pass
+-- (t < 0: no limit) or the context closes.  One call from the binding
+-- instead of one per turn: an 8 MiB event comes in dozens of reads.
+function M.wait(q, t)
+  return protect(function()
+    local ctx = q.ctx
+    if q.head <= q.tail then return true end
+    local deadline = t >= 0 and ctx:now() + t or nil
+    repeat
+      if deadline then
+        local left = deadline - ctx:now()
+        if left <= 0 then break end
+        ctx:run_once(left)
+      else
+        ctx:run_once()
+      end
+    until q.head <= q.tail or ctx.closed
+    return true
+  end)
+end
+
 function M.settle(q, n, err)
   return protect(function() settle(q, n, err); return true end)
 end

@@ -928,9 +928,10 @@ class Subscription(_Handled):
     def get(self, timeout=None):
         """The next event, running the loop meanwhile; LechoError("timeout")
         after timeout seconds (None: waits)."""
+        q = self._q
+        if q or self._fill():
+            return q.popleft()
         import time
-        if self._q or self._fill():
-            return self._pop()
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             if self._h is None:
@@ -938,18 +939,31 @@ class Subscription(_Handled):
             left = 0.1 if end is None else min(0.1, end - time.monotonic())
             if left <= 0:
                 raise LechoError("timeout", "no event within %g s" % timeout)
-            self.ctx.run_once(left)
+            # loop turns until an event is queued (at most left s: Ctrl-C
+            # is seen between calls), not one Python call per turn
+            ctx = self.ctx
+            ctx._check()
+            ctx._drain()
+            ctx._loop_call(lib.lecho_consumer_wait(self._h, left))
             if self._fill():
                 return self._pop()
 
     def __iter__(self):
         # a generator per loop: it learns (GeneratorExit at its yield) that
-        # the loop stopped with an event out
+        # the loop stopped with an event out.  The events of a batch are
+        # yielded straight from the deque: no Python call per event.
+        q = self._q
         while True:
-            try:
-                ev = self.__next__()
-            except StopIteration:
+            while q:
+                ev = q.popleft()
+                try:
+                    yield ev
+                except GeneratorExit:
+                    self._stopped()
+                    raise
+            if self._h is None:
                 return
+            ev = self.get()
             try:
                 yield ev
             except GeneratorExit:

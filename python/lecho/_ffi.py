@@ -118,6 +118,7 @@ int lecho_consumer_open_queued(lecho_channel *ch, const lecho_value *opts, size_
 int lecho_consumer_take(lecho_consumer *c, lecho_value *v, size_t max, int meta,
                         size_t *taken, size_t *dropped);
 int lecho_consumer_settle(lecho_consumer *c, size_t n, const char *err);
+int lecho_consumer_wait(lecho_consumer *c, double timeout);
 int lecho_consumer_set_params(lecho_consumer *c, const lecho_value *params);
 void lecho_consumer_close(lecho_consumer *c);
 typedef void (*lecho_error_fn)(const char *msg, void *ud);

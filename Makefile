@@ -515,14 +515,16 @@ install-capi: | build
 # The Python package (python/lecho) where Debian's python3 finds it: for
 # PREFIX=/usr/local, /usr/local/lib/python3.X/dist-packages (on sys.path);
 # under another PREFIX, set PYTHONPATH=INST_PYDIR.  lecho/_paths.py names
-# the installed liblecho.
+# the installed liblecho and the directory of the installed scripts
+# (lecho.keygen runs lecho-keygen from there, PATH or not).
 PY_MINOR   := $(shell $(PYTHON) -c 'import sys; print(sys.version_info[1])' 2>/dev/null || echo 11)
 INST_PYDIR ?= $(PREFIX)/lib/python3.$(PY_MINOR)/dist-packages
 install-python:
 	mkdir -p $(DESTDIR)$(INST_PYDIR)/lecho
 	cp python/lecho/__init__.py python/lecho/_ffi.py python/lecho/_values.py $(DESTDIR)$(INST_PYDIR)/lecho/
 	printf '%s\n' '# written by make install: the liblecho this package loads' \
-	  'LIBRARY = "$(INST_CLIBDIR)/liblecho.so.0"' > $(DESTDIR)$(INST_PYDIR)/lecho/_paths.py
+	  'LIBRARY = "$(INST_CLIBDIR)/liblecho.so.0"' 'BINDIR = "$(INST_BINDIR)"' \
+	  > $(DESTDIR)$(INST_PYDIR)/lecho/_paths.py
 
 # The C example (examples/c/heat.c) built the way a user builds against an
 # installed lecho: install into EXAMPLE_PREFIX (build/stage), then cc with

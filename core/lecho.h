@@ -413,6 +413,15 @@ LECHO_API int lecho_consumer_open(lecho_channel *ch, lecho_handler fn, void *ud,
  * modulator that does not compile: LECHO_EINVAL with lecho_errmsg. */
 LECHO_API int lecho_consumer_open_opts(lecho_channel *ch, lecho_handler fn, void *ud,
                                        const lecho_value *opts, lecho_consumer **out);
+/* What a consumer hears when its modulator failed at a producer (it did
+ * not compile or load there, the producer's policy refused it, or it
+ * raised): the Lua API's consumer on_error.  msg is borrowed for the call. */
+typedef void (*lecho_error_fn)(const char *msg, void *ud);
+/* Sets (fn NULL: clears) c's error function: called inside the loop calls
+ * with each such failure's message, instead of the context's log line.
+ * It may call what a lecho_handler may.  fn and ud must stay valid until
+ * lecho_consumer_close.  0, or LECHO_EINVAL. */
+LECHO_API int lecho_consumer_on_error(lecho_consumer *c, lecho_error_fn fn, void *ud);
 /* A consumer without a handler: its events wait in a queue inside the
  * context until lecho_consumer_take takes them, so that a binding makes no
  * call per event (python/lecho's iterators).  opts as for
@@ -435,6 +444,12 @@ LECHO_API int lecho_consumer_open_queued(lecho_channel *ch, const lecho_value *o
  * with lecho_consumer_open_queued. */
 LECHO_API int lecho_consumer_take(lecho_consumer *c, lecho_value *v, size_t max, int meta,
                                   size_t *taken, size_t *dropped);
+/* Runs the loop until c (opened with lecho_consumer_open_queued) has an
+ * event queued, or timeout seconds passed (< 0: no limit), or the context
+ * closed: lecho_run_once's turns without a return to the caller for each
+ * (a large event comes in many reads).  0 whether or not an event came
+ * (lecho_consumer_take says), or a code; LECHO_EINVAL from a handler. */
+LECHO_API int lecho_consumer_wait(lecho_consumer *c, double timeout);
 /* Settles the n oldest events lecho_consumer_take took from c and not
  * settled yet (at most as many as were taken): err NULL, the code was done
  * with them, and the held acks of the sync ones among them go out (with

@@ -770,12 +770,61 @@ int lecho_consumer_open_opts(lecho_channel *ch, lecho_handler fn, void *ud, cons
 void lecho_consumer_close(lecho_consumer *c) {
     if (!c) return;
     if (c->box) c->box->c = NULL;
+    if (c->ebox) c->ebox->c = NULL;
     if (c->sink) c->sink->c = NULL;
     struct op o = { .a = c, .s = "consumer_close" };
     lei_lecho_protect(c->h.ctx, op_simple, &o);
     if (c->qref != LUA_NOREF) luaL_unref(c->h.ctx->L, LUA_REGISTRYINDEX, c->qref);
     consumer_fini(c);
     lei_lecho_h_free(&c->h);
+}
+
+/* The consumer's on_error (through lecho.capi): calls the C error function
+ * as trampoline calls the handler. */
+static int on_error_tramp(lua_State *L) {
+    struct cbox *box = lua_touserdata(L, lua_upvalueindex(1));
+    lecho_consumer *c = box->c;
+    if (!c || !c->efn) return 0;
+    lecho_ctx *x = c->h.ctx;
+    const char *msg = lua_isstring(L, 1) ? lua_tostring(L, 1) : "modulator failed";
+    lua_State *saved = x->L;
+    x->L = L;
+    x->in_handler++;
+    c->efn(msg, c->eud);
+    x->in_handler--;
+    x->L = saved;
+    return 0;
+}
+
+static int op_on_error(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lecho_consumer *c = o->res;
+    lei_lecho_push_ref(L, c->h.ref);
+    if (o->kind) {
+        if (!c->ebox) {
+            c->ebox = lua_newuserdata(L, sizeof *c->ebox);
+            c->ebox->c = c;
+            lua_pushcclosure(L, on_error_tramp, 1);
+        } else {
+            lua_pushnil(L); /* the closure is already the consumer's on_error */
+        }
+    } else {
+        lua_pushboolean(L, 0); /* cleared: the context logs again */
+    }
+    o->rc = lei_lecho_glue_call(L, o->x, "on_error", 2, NULL);
+    return 0;
+}
+
+int lecho_consumer_on_error(lecho_consumer *c, lecho_error_fn fn, void *ud) {
+    if (!c || c->h.ref == LUA_NOREF) return LECHO_EINVAL;
+    c->efn = fn;
+    c->eud = ud;
+    struct op o = { .res = c, .kind = fn != NULL };
+    if (!fn && c->ebox) {
+        c->ebox->c = NULL;
+        c->ebox = NULL;
+    }
+    return lei_lecho_protect(c->h.ctx, op_on_error, &o);
 }
 
 static int op_consumer_queued(lua_State *L) {
@@ -849,6 +898,22 @@ int lecho_consumer_take(lecho_consumer *c, lecho_value *v, size_t max, int meta,
     if (taken) *taken = o.idx;
     if (dropped) *dropped = (size_t)o.d;
     return 0;
+}
+
+static int op_wait(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lei_lecho_push_ref(L, ((const lecho_consumer *)o->a)->qref);
+    lua_pushnumber(L, o->d);
+    o->rc = lei_lecho_glue_call(L, o->x, "wait", 2, NULL);
+    return 0;
+}
+
+int lecho_consumer_wait(lecho_consumer *c, double timeout) {
+    if (!c || c->qref == LUA_NOREF) return LECHO_EINVAL;
+    lecho_ctx *x = c->h.ctx;
+    if (x->in_handler) return lei_lecho_fail(x, LECHO_EINVAL, "lecho_consumer_wait: not from a consumer handler");
+    struct op o = { .a = c, .d = timeout };
+    return lei_lecho_protect(x, op_wait, &o);
 }
 
 static int op_settle(lua_State *L) {

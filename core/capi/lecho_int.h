@@ -87,6 +87,9 @@ struct lecho_consumer {
     void *ud;
     struct cbox *box;   /* borrowed from Lua: valid while h.ref holds the consumer; NULL when queued */
     struct csink *sink; /* borrowed from Lua as box is; NULL when queued */
+    struct cbox *ebox;  /* borrowed from Lua as box is: on_error's upvalue; NULL until set */
+    lecho_error_fn efn; /* lecho_consumer_on_error's function and its ud (the caller's) */
+    void *eud;
     int qref;           /* a queued consumer: registry ref of its queue (else LUA_NOREF) */
     int slot;           /* registry ref of the table whose [1] holds the sink's event */
     char *chan;         /* owned: meta.channel (the channel's short name) */

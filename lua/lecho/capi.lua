@@ -250,6 +250,27 @@ local function settle(q, n, err)
   q.ahead = a
 end
 
+-- lecho_consumer_wait: loop turns until q has an event, t seconds pass
+-- (t < 0: no limit) or the context closes.  One call from the binding
+-- instead of one per turn: an 8 MiB event comes in dozens of reads.
+function M.wait(q, t)
+  return protect(function()
+    local ctx = q.ctx
+    if q.head <= q.tail then return true end
+    local deadline = t >= 0 and ctx:now() + t or nil
+    repeat
+      if deadline then
+        local left = deadline - ctx:now()
+        if left <= 0 then break end
+        ctx:run_once(left)
+      else
+        ctx:run_once()
+      end
+    until q.head <= q.tail or ctx.closed
+    return true
+  end)
+end
+
 function M.settle(q, n, err)
   return protect(function() settle(q, n, err); return true end)
 end
@@ -271,6 +292,15 @@ function M.take(q, max, meta)
   q.head = h
   q.nout = q.nout + n
   return out, q.dropped, n
+end
+
+-- lecho_consumer_on_error: fn (lecho.c's C closure) becomes c's on_error;
+-- false clears it (the context logs again); nil keeps the one set.
+function M.on_error(c, fn)
+  return protect(function()
+    if fn == false then c.on_error = nil elseif fn then c.on_error = fn end
+    return true
+  end)
 end
 
 function M.set_params(c, params)

@@ -112,9 +112,17 @@ def keygen(*names, dir=".", authority=False, sign_with=None):
     import shutil
     import subprocess
     here = os.path.dirname(os.path.abspath(__file__))
+    # the checkout's script; else the installed one (make install wrote
+    # its directory into _paths.py: any PREFIX, PATH or not); else PATH's
     script = os.path.join(here, "..", "..", "scripts", "lecho-keygen")
     if not os.path.exists(script):
-        script = shutil.which("lecho-keygen")
+        try:
+            from . import _paths
+            script = os.path.join(_paths.BINDIR, "lecho-keygen")
+        except (ImportError, AttributeError):
+            script = None
+        if not script or not os.path.exists(script):
+            script = shutil.which("lecho-keygen")
     if not script:
         raise LechoError("notfound", "lecho-keygen not found (make install puts it in PREFIX/bin)")
     argv = [script] + list(names) + ["--dir", str(dir)]
@@ -538,21 +546,32 @@ class Channel:
         "drop_oldest", "drop_newest", "disconnect"."""
         return Producer(self, policy)
 
-    def consumer(self, fn, modulator=None, params=None, period=None, capabilities=None, raw=False):
+    def consumer(self, fn, modulator=None, params=None, period=None, capabilities=None, raw=False,
+                 on_error=None):
         """A consumer running fn(ev, meta) for each event (inside the loop
         calls).  fn's exception fails the event (a submit_sync sees its
         text).  modulator: Lua source (or a .lua file) run in every
         producing process (README "Modulators"); params: its shared
-        params."""
-        return Consumer(self, fn, _mod_opts(modulator, params, period, capabilities), raw)
+        params.  on_error(message): called (inside the loop calls) when the
+        modulator failed at a producer (did not load there, was refused by
+        its policy, or raised), as the Lua consumer's on_error; without it
+        the context logs the message (nothing, with quiet=True)."""
+        c = Consumer(self, fn, _mod_opts(modulator, params, period, capabilities), raw)
+        if on_error is not None:
+            c._set_on_error(on_error)
+        return c
 
     def subscribe(self, modulator=None, params=None, period=None, capabilities=None, raw=False,
-                  maxsize=65536, meta=False):
+                  maxsize=65536, meta=False, on_error=None):
         """A consumer as an iterator: `for ev in ch.subscribe(...)` (or
         `async for` once the context is attached to asyncio).  Yields
-        events, or (ev, Meta) with meta=True."""
-        return Subscription(self, _mod_opts(modulator, params, period, capabilities), raw,
-                            maxsize, meta)
+        events, or (ev, Meta) with meta=True.  on_error(message): as for
+        consumer(): the modulator failed at a producer."""
+        s = Subscription(self, _mod_opts(modulator, params, period, capabilities), raw,
+                         maxsize, meta)
+        if on_error is not None:
+            s._set_on_error(on_error)
+        return s
 
 
 def _mod_opts(mod, params, period, capabilities):
@@ -655,6 +674,28 @@ class _Handled:
     def _dead(self):
         self._h = None
 
+    def _set_on_error(self, fn):
+        """fn(message) for the modulator's failures at producers
+        (lecho_consumer_on_error); kept alive with the handle."""
+        ctx = self.ctx
+        where = "on_error of consumer on %s" % self.channel.name
+
+        def call(msg, _ud):
+            try:
+                fn(_s(msg))
+            except Exception as exc:
+                try:
+                    ctx.on_handler_error(where, exc)
+                except Exception:
+                    pass
+            except BaseException as exc:   # KeyboardInterrupt: after the C call
+                ctx._pending = exc
+        self._ecb = ffi.callback("lecho_error_fn", call)
+        rc = lib.lecho_consumer_on_error(self._h, self._ecb, ffi.NULL)
+        if rc != 0:
+            self.close()
+            ctx._fail(rc)
+
 
 class Consumer(_Handled):
     def __init__(self, ch, fn, opts, raw=False):
@@ -740,7 +781,8 @@ class Subscription(_Handled):
         self._meta = bool(meta)
         self._q = collections.deque()
         self._waiter = None
-        self.dropped = 0
+        self._dropped = 0
+        self._dbox = None   # the value lecho_consumer_take fills when .dropped is read
         o = ctx._value(opts) if opts else ffi.NULL
         out = ffi.new("lecho_consumer **")
         rc = lib.lecho_consumer_open_queued(ch._ch, o, int(maxsize), out)
@@ -818,6 +860,27 @@ class Subscription(_Handled):
     def _pop(self):
         return self._q.popleft()
 
+    def _note_dropped(self, d):
+        if d != self._dropped:
+            if self._dropped == 0:
+                sys.stderr.write("lecho: subscription on %s: queue full, events refused (.dropped)\n"
+                                 % self.channel.name)
+            self._dropped = d
+
+    @property
+    def dropped(self):
+        """How many events the queue refused since the subscription opened
+        (asked of the context at each read: current whether or not the
+        loop was iterated since)."""
+        if (self._h is not None and self.ctx._x is not None
+                and threading.get_ident() == self.ctx._thread):
+            c = ffi.new("size_t[2]")
+            if self._dbox is None:
+                self._dbox = self.ctx._own(lib.lecho_value_new(self.ctx._x))
+            if lib.lecho_consumer_take(self._h, self._dbox, 0, 0, c, c + 1) == 0:
+                self._note_dropped(c[1])
+        return self._dropped
+
     def _fill(self):
         """Moves what the context queued into self._q; True if anything.
         Called with self._q empty: what was handed out is done with."""
@@ -839,11 +902,7 @@ class Subscription(_Handled):
             if rc != 0:
                 self._pending = False
                 self.ctx._fail(rc)
-        if c[1] != self.dropped:
-            if self.dropped == 0:
-                sys.stderr.write("lecho: subscription on %s: queue full, events refused (.dropped)\n"
-                                 % self.channel.name)
-            self.dropped = c[1]
+        self._note_dropped(c[1])
         n = c[0]
         if n == 0:
             self._pending = False
@@ -869,9 +928,10 @@ class Subscription(_Handled):
     def get(self, timeout=None):
         """The next event, running the loop meanwhile; LechoError("timeout")
         after timeout seconds (None: waits)."""
+        q = self._q
+        if q or self._fill():
+            return q.popleft()
         import time
-        if self._q or self._fill():
-            return self._pop()
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             if self._h is None:
@@ -879,18 +939,31 @@ class Subscription(_Handled):
             left = 0.1 if end is None else min(0.1, end - time.monotonic())
             if left <= 0:
                 raise LechoError("timeout", "no event within %g s" % timeout)
-            self.ctx.run_once(left)
+            # loop turns until an event is queued (at most left s: Ctrl-C
+            # is seen between calls), not one Python call per turn
+            ctx = self.ctx
+            ctx._check()
+            ctx._drain()
+            ctx._loop_call(lib.lecho_consumer_wait(self._h, left))
             if self._fill():
                 return self._pop()
 
     def __iter__(self):
         # a generator per loop: it learns (GeneratorExit at its yield) that
-        # the loop stopped with an event out
+        # the loop stopped with an event out.  The events of a batch are
+        # yielded straight from the deque: no Python call per event.
+        q = self._q
         while True:
-            try:
-                ev = self.__next__()
-            except StopIteration:
+            while q:
+                ev = q.popleft()
+                try:
+                    yield ev
+                except GeneratorExit:
+                    self._stopped()
+                    raise
+            if self._h is None:
                 return
+            ev = self.get()
             try:
                 yield ev
             except GeneratorExit:

@@ -8,8 +8,21 @@ Where liblecho is looked for, first found wins:
      checkout's Lua files by itself.
 """
 import os
+import sys
 
-from cffi import FFI
+
+def _debian_python(module, package):
+    """The message of an ImportError for a module this package needs from
+    Debian: which python3 runs, and that Debian's has it."""
+    return ("lecho needs %s (Debian's %s), which %s cannot import: run Debian's /usr/bin/python3 "
+            "(make deps installs %s for it), not another python3 found first on PATH (pyenv, conda, "
+            "a virtualenv without system packages)" % (module, package, sys.executable, package))
+
+
+try:
+    from cffi import FFI
+except ImportError as _e:
+    raise ImportError(_debian_python("cffi", "python3-cffi")) from _e
 
 CDEF = r"""
 enum {
@@ -105,8 +118,11 @@ int lecho_consumer_open_queued(lecho_channel *ch, const lecho_value *opts, size_
 int lecho_consumer_take(lecho_consumer *c, lecho_value *v, size_t max, int meta,
                         size_t *taken, size_t *dropped);
 int lecho_consumer_settle(lecho_consumer *c, size_t n, const char *err);
+int lecho_consumer_wait(lecho_consumer *c, double timeout);
 int lecho_consumer_set_params(lecho_consumer *c, const lecho_value *params);
 void lecho_consumer_close(lecho_consumer *c);
+typedef void (*lecho_error_fn)(const char *msg, void *ud);
+int lecho_consumer_on_error(lecho_consumer *c, lecho_error_fn fn, void *ud);
 
 int lecho_service_open(lecho_ctx *ctx, const char *name, lecho_service_fn fn, void *ud,
                        const lecho_value *opts, lecho_service **out);

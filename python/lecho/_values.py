@@ -122,7 +122,8 @@ def array_of(ptr, nbytes, info, pin):
     when nbytes >= HOLD_MIN, pin() giving the object that keeps it alive,
     held as long as the array is; else a copy of them."""
     if _np is None:
-        raise ImportError("lecho: an event holds an array: install python3-numpy")
+        from ._ffi import _debian_python
+        raise ImportError("an event holds an array: " + _debian_python("numpy", "python3-numpy"))
     info = ffi.cast("lecho_array_info *", info)
     dtype = ffi.string(info.dtype).decode()
     shape = tuple(info.shape[d] for d in range(info.ndim))

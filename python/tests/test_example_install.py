@@ -79,3 +79,22 @@ def test_the_default_prefix_installs_into_a_directory_on_debians_sys_path(tmp_pa
     r = subprocess.run(["/usr/bin/python3", "-c", "import sys; print('\\n'.join(sys.path))"],
                        capture_output=True, text=True, env=clean)
     assert pydir in r.stdout.split("\n"), (pydir, r.stdout)
+
+
+def test_keygen_finds_the_installed_script_without_prefix_bin_on_path(tmp_path):
+    # review N2: under a custom PREFIX, lecho.keygen needed PREFIX/bin on PATH
+    prefix = tmp_path / "prefix"
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    r = subprocess.run(["make", "-s", "-C", ROOT, "install", "PREFIX=%s" % prefix],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    pydir = prefix / ("lib/python3.%d/dist-packages" % sys.version_info[1])
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("LUA_", "LECHO_")) and k != "PYTHONPATH"}
+    clean["PYTHONPATH"] = str(pydir)
+    clean["PATH"] = "/usr/bin:/bin"
+    keys = tmp_path / "keys"
+    r = subprocess.run([sys.executable, "-c", "import lecho, sys; print(lecho.keygen('viewer', dir=sys.argv[1]))",
+                        str(keys)], capture_output=True, text=True, env=clean, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert (keys / "viewer.key").exists() and (keys / "viewer.pub").exists()

@@ -750,3 +750,89 @@ def test_large_arrays_over_a_keyed_connection_come_without_a_copy(procs, tmp_pat
             assert np.array_equal(a, np.arange(2 ** 17, dtype="<f8") + k), k
         assert ctx.stats()["arrays_adopted"] == 5
         fields = a = None
+
+
+RAISES = "function enqueue(ev) if ev.k == 3 then error('modulator says no to ' .. ev.k) end return ev end"
+
+
+def test_on_error_hears_a_modulator_that_fails_at_a_lua_producer(nameserver, procs, tmp_path):
+    # review N5: quiet=True, the modulator raises at the producer: the
+    # Python consumer hears it (Lua's consumer on_error), not nothing
+    prod = tmp_path / "producer.lua"
+    prod.write_text(textwrap.dedent("""
+        local lecho = require "lecho"
+        local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+        local p = assert(ctx:channel("py.onerr"):producer())
+        for _ = 1, 200 do if p:submit_sync({ ping = true }, { timeout = 2 }) then break end ctx:sleep(0.05) end
+        for k = 1, 5 do assert(p:submit({ k = k })) end
+        ctx:sleep(20)
+    """))
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        ch = ctx.channel("py.onerr")
+        errs, cerrs, got = [], [], []
+        sub = ch.subscribe(modulator=RAISES, on_error=errs.append)
+        ch.consumer(lambda ev, m: got.append(ev), modulator=RAISES, on_error=cerrs.append)
+        procs.lua_script(str(prod), nameserver)
+        end = time.monotonic() + 20
+        ks = []
+        while (not errs or not cerrs) and time.monotonic() < end:
+            try:
+                ks.append(sub.get(timeout=0.1).get("k"))
+            except lecho.LechoError as e:
+                assert e.code == "timeout"
+        assert errs and "modulator says no to 3" in errs[0], errs
+        assert cerrs and "modulator says no to 3" in cerrs[0], cerrs
+        while len(ks) < 3:
+            ks.append(sub.get(timeout=5).get("k"))
+        with pytest.raises(lecho.LechoError):
+            sub.get(timeout=0.5)
+        assert ks == [None, 1, 2]   # the ping, then up to the failure (unloaded there)
+
+
+def test_on_error_that_raises_goes_to_on_handler_error():
+    with lecho.Context(quiet=True) as ctx:
+        ch = ctx.channel("py.onerr.raises")
+        seen = []
+        ctx.on_handler_error = lambda where, exc: seen.append((where, str(exc)))
+
+        def bad(msg):
+            raise RuntimeError("on_error failed on " + msg[:0] + "purpose")
+        sub = ch.subscribe(modulator=RAISES, on_error=bad)
+        p = ch.producer()
+        for k in range(1, 5):
+            p.submit({"k": k})
+        ks = []
+        while len(ks) < 2:
+            ks.append(sub.get(timeout=5)["k"])
+        end = time.monotonic() + 5
+        while not seen and time.monotonic() < end:
+            ctx.run_once(0.05)
+        assert ks == [1, 2]
+        assert seen and seen[0][0].startswith("on_error of consumer on ") and "purpose" in seen[0][1], seen
+
+
+def test_dropped_is_current_without_iterating():
+    # review N3: sub.dropped counted only once the queue was iterated
+    with lecho.Context(quiet=True) as ctx:
+        ch = ctx.channel("py.dropped")
+        sub = ch.subscribe(maxsize=2)
+        p = ch.producer()
+        for k in range(5):
+            p.submit({"k": k})
+        end = time.monotonic() + 5
+        while sub.dropped < 3 and time.monotonic() < end:
+            ctx.run_once(0.05)
+        assert sub.dropped == 3
+        assert [sub.get(timeout=5)["k"] for _ in range(2)] == [0, 1]
+        assert sub.dropped == 3
+
+
+def test_import_under_a_python_without_debians_packages_names_usr_bin_python3():
+    # review N7: a python3 first on PATH (pyenv, a venv) without Debian's
+    # cffi/NumPy: the error says which interpreter to run (here -S: no
+    # dist-packages, as such an interpreter)
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    r = subprocess.run([sys.executable, "-S", "-c", "import lecho"], capture_output=True, text=True, env=env)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert "/usr/bin/python3" in last and "python3-cffi" in last and sys.executable in last, r.stderr

@@ -525,6 +525,72 @@ ctx:close()
     assert.matches("refusing to listen on %[::%]:0 without client keys or tokens", S.errors(bad))
   end)
 
+  -- wslay answers each ping with a pong: a client that floods pings and
+  -- reads nothing made the gateway queue pongs without bound (1 GB in 10 s);
+  -- it is held to --max-queued like any client that does not read.
+  it("a client that floods pings and reads nothing is closed at --max-queued; others go on", function()
+    local g2, hp2 = gateway(ns, "--max-queued 100000")
+    local good = ws(hp2)
+    good:send_json{ op = "sub", id = 1, ch = "atmosphere.field" }
+    assert.is_true(reply(good, 1).ok)
+    local flood = assert(W.connect("127.0.0.1", hp2, { rcvbuf = 4096 }))
+    local ping = flood:frame(true, 9, ("p"):rep(125))
+    local blob = ping:rep(500)
+    flood.s:settimeout(0.05)
+    local sent, closed = 0, false
+    local t_end = socket.gettime() + 20
+    while socket.gettime() < t_end and sent < 400000 do
+      local n, e = flood.s:send(blob)
+      if n then sent = sent + 500 elseif e == "closed" then closed = true break end
+      good:json(0.001)
+      if S.errors(g2):find("client does not read", 1, true) then break end
+    end
+    assert.truthy(until_(function() return S.errors(g2):match("closed: client does not read %(%d+ bytes queued, its pongs") end, 10, 0.1),
+      "the ping flood was not closed after " .. sent .. " pings: " .. S.errors(g2))
+    -- the gateway's memory stayed near --max-queued plus the kernel's buffers
+    local st = S.read("/proc/" .. g2.pid .. "/status") or ""
+    local rss = tonumber(st:match("VmRSS:%s*(%d+)")) or 0
+    assert.truthy(rss < 150 * 1024, "gateway RSS " .. rss .. " KiB")
+    assert.truthy(next_event(good, "atmosphere.field", 10))
+    good:close()
+    flood.s:close()
+  end)
+
+  it("--max-channels counts subscribed names too: one client churning names cannot use up the gateway's", function()
+    local _, hp2 = gateway(ns, "--max-channels 5")
+    local churn = ws(hp2)
+    local codes = {}
+    for i = 1, 8 do
+      churn:send_json{ op = "sub", id = i, ch = "junk." .. i }
+      local r = reply(churn, i)
+      codes[i] = r.ok and "ok" or r.code
+      if r.ok then
+        churn:send_json{ op = "unsub", id = 100 + i, ch = "junk." .. i }
+        reply(churn, 100 + i)
+      end
+    end
+    assert.are.same({ "ok", "ok", "ok", "ok", "ok", "limit", "limit", "limit" }, codes)
+    -- a name it had already is not a new one
+    churn:send_json{ op = "sub", id = 20, ch = "junk.1" }
+    assert.is_true(reply(churn, 20).ok)
+    -- another client is not affected
+    local other = ws(hp2)
+    other:send_json{ op = "sub", id = 1, ch = "atmosphere.field" }
+    assert.is_true(reply(other, 1).ok)
+    other:close(); churn:close()
+  end)
+
+  it("says what a request that is not a JSON object was", function()
+    local l = assert(W.lines("127.0.0.1", lp))
+    assert(l:json())
+    l:send_raw('"str"\nnull\n{bad\n')
+    local a, b, c = l:json(5), l:json(5), l:json(5)
+    assert.matches("not a JSON object %(a string%)", a.error)
+    assert.matches("not a JSON object %(a null%)", b.error)
+    assert.matches("not a JSON object: .+", c.error)
+    l:close()
+  end)
+
   it("holds a client to --max-subs subscriptions and tells it so", function()
     local l = assert(W.lines("127.0.0.1", lp))
     assert.are.equal(3, l:json().limits.subs)
@@ -599,7 +665,7 @@ ctx:close()
 end)
 
 describe("lecho-gateway keyed", function()
-  local ns, hp, lp, pk, sk
+  local ns, hp, lp, pk, sk, gwk
   lazy_setup(function()
     local _
     _, ns = S.nameserver("--quiet")
@@ -616,8 +682,7 @@ return { rules = {
     pk, sk = core.keypair()
     local pub = S.tmpname("device") .. ".pub"
     assert(require("lecho.keys").write_public(pub, { name = "device", public = pk }))
-    local _
-    _, hp, lp = gateway(ns, ("--tokens %s --policy %s --client-trust %s"):format(tokens, policy, pub))
+    gwk, hp, lp = gateway(ns, ("--tokens %s --policy %s --client-trust %s"):format(tokens, policy, pub))
   end)
   lazy_teardown(function() S.cleanup() end)
 
@@ -639,6 +704,16 @@ return { rules = {
     assert.is_nil(m)
     assert.are.equal("closed", e)
     assert.are.equal(1008, code)
+    -- a failed auth ends the client cleanly: no error with a traceback in the log
+    -- (the connection was used after the message that freed it)
+    for _ = 1, 5 do
+      local d = ws(hp)
+      d:send_json{ op = "auth", id = 1, token = "guess-guess-guess-guess" }
+      reply(d, 1)
+      d:close()
+    end
+    socket.sleep(0.3)
+    assert.is_nil(S.errors(gwk):find("connection is freed", 1, true), S.errors(gwk))
   end)
 
   it("maps a token to its principal and checks the policy for each action", function()
@@ -653,6 +728,22 @@ return { rules = {
     assert.matches("viewer may not produce", r.error)
     c:send_json{ op = "sub", id = 3, ch = "atmosphere.field.x", modulator = "function enqueue(ev) emit(1) end" }
     assert.are.equal("denied", reply(c, 3).code)
+    -- a connection keeps its principal: a second auth is refused, not "ok"
+    c:send_json{ op = "auth", id = 4, token = "steerer-token-0123456789" }
+    r = reply(c, 4)
+    assert.are.equal("invalid", r.code)
+    assert.matches("already authenticated as viewer", r.error)
+    -- the gateway never dials an address a client names: a channel of
+    -- another name server is refused before any lookup
+    c:send_json{ op = "sub", id = 5, ch = "127.0.0.1:9/atmosphere.settings" }
+    r = reply(c, 5)
+    assert.are.equal("denied", r.code)
+    assert.matches("only names of this gateway's name server", r.error)
+    -- ...and the gateway's own name server written out is the plain name
+    c:send_json{ op = "sub", id = 6, ch = ns .. "/atmosphere.settings" }
+    assert.is_true(reply(c, 6).ok)
+    socket.sleep(0.2)
+    assert.is_nil(S.errors(gwk):find("127.0.0.1:9", 1, true), S.errors(gwk))
     c:close()
     local s = ws(hp, { path = "/ws?token=steerer-token-0123456789" })
     s:send_json{ op = "pub", id = 1, ch = "atmosphere.steer", data = { emission = 3 }, sync = true }

@@ -548,6 +548,14 @@ function Gateway:_read(cl)
         else cl:reply{ error = "binary messages are not taken from clients", code = "invalid" } end
       end
     end
+    -- a message may have ended the client (a failed auth): its connection is gone
+    if cl.closed then return end
+    -- wslay answers every ping with a pong by itself: a client that pings
+    -- and does not read is held to --max-queued like one that asks and
+    -- does not read its replies
+    if not cl.closing and cl:queued() > self.lim.queued then
+      return self:_drop(cl, 1008, ("client does not read (%d bytes queued, its pongs among them)"):format(cl:queued()))
+    end
     if why then
       if why:find("^closed") then pcall(cl.ws.send, cl.ws) end   -- wslay's answering close frame
       if why == "eof" or why:find("^closed") then return self:_drop(cl, nil, nil) end
@@ -714,7 +722,8 @@ local OPS = {}
 
 function Gateway:_message(cl, text)
   local ok, m = pcall(cj.decode, text)
-  if not ok or type(m) ~= "table" then return err(cl, nil, "not a JSON object: " .. tostring(ok and "" or m)) end
+  if not ok then return err(cl, nil, "not a JSON object: " .. tostring(m), "invalid") end
+  if type(m) ~= "table" then return err(cl, nil, "not a JSON object (a " .. (m == null and "null" or type(m)) .. ")", "invalid") end
   local op, id = m.op, m.id
   if id ~= nil and type(id) ~= "number" and type(id) ~= "string" then id = nil end
   if type(op) ~= "string" or not OPS[op] then return err(cl, id, "unknown op " .. tostring(op)) end
@@ -735,14 +744,27 @@ function Gateway:_message(cl, text)
   end)
 end
 
-local function chan_name(m)
+-- A client's channel name: a plain name (of the gateway's name server), or
+-- nil, why.  A name with a name server's address ("HOST:PORT/name") would
+-- have the gateway dial that address for the client: only the gateway's
+-- own name server's is taken (policies match names without it).
+local function chan_name(m, gw)
   local ch = m.ch
   if type(ch) ~= "string" or ch == "" or #ch > 256 then return nil end
+  if ch:find("/", 1, true) then
+    local ns, name = addr.split(ch, gw.ctx.ns)
+    if not ns or ns ~= gw.ctx.ns then
+      return nil, ("channel %s: only names of this gateway's name server are served (give the name alone)"):format(ch:sub(1, 80))
+    end
+    return name
+  end
   return ch
 end
 
 function OPS.auth(self, cl, m, id)
-  if cl.principal then return cl:reply{ id = id, ok = true, principal = cl.principal } end
+  if cl.principal then
+    return err(cl, id, ("already authenticated as %s (a connection keeps its principal)"):format(cl.principal), "invalid")
+  end
   local p
   if type(m.token) == "string" then
     p = self.tokens[m.token]
@@ -803,12 +825,14 @@ function Gateway:_unsub(cl, name)
 end
 
 function OPS.sub(self, cl, m, id)
-  local ch = chan_name(m)
-  if not ch then return err(cl, id, "sub needs ch, a channel name") end
+  local ch, bad = chan_name(m, self)
+  if not ch then return err(cl, id, bad or "sub needs ch, a channel name", bad and "denied" or "invalid") end
   if cl.subs[ch] then return err(cl, id, "already subscribed to " .. ch) end
   if cl.nsubs >= self.lim.subs then return err(cl, id, ("limit: %d subscriptions"):format(self.lim.subs), "limit") end
   local ok, why = self:_may(cl, "consume", ch)
   if not ok then return err(cl, id, why, "denied") end
+  ok, why = self:_use(cl, ch, "sub")
+  if not ok then return err(cl, id, why, "limit") end
   local src = m.modulator
   if src ~= nil and src ~= null then
     if type(src) ~= "string" then return err(cl, id, "modulator must be Lua source text") end
@@ -863,7 +887,7 @@ function OPS.sub(self, cl, m, id)
 end
 
 function OPS.unsub(self, cl, m, id)
-  local ch = chan_name(m)
+  local ch = chan_name(m, self)
   if not ch or not cl.subs[ch] then return err(cl, id, "not subscribed to " .. tostring(m.ch)) end
   self:_unsub(cl, ch)
   cl:reply{ id = id, ok = true }
@@ -872,27 +896,32 @@ end
 function Gateway:_producer(ch)
   local p = self.producers[ch]
   if p then return p end
-  local e2
-  p, e2 = self.ctx:channel(ch):producer()
-  if not p then return nil, e2 end
+  local e2, code
+  p, e2, code = self.ctx:channel(ch):producer()
+  if not p then return nil, e2, code end
   if self.producers[ch] then p:close() return self.producers[ch] end
   self.producers[ch] = p
   return p
 end
 
--- Counts key (a channel cl publishes to, "svc:NAME" a service it calls)
--- against lim.channels: true, or nil, why.  A channel's producer is the
+-- Counts key (a channel cl subscribes or publishes to, "svc:NAME" a service
+-- it calls; how: "sub", "pub", "call") against lim.channels, over the
+-- client's life (an unsubscribe does not give it back): true, or nil, why.
+-- Every name the gateway looks up is one its name server keeps for a
+-- while, counted against the gateway (one requester for all its clients):
+-- without this bound one client subscribing and unsubscribing to new names
+-- used up that quota for every other client.  A channel's producer is the
 -- gateway's, shared by its clients: closed (the channel left) when the last
--- client that published to it is gone (_release), so a client cannot leave
--- channels behind without bound.
-function Gateway:_use(cl, key, pub)
-  if cl.used[key] then return true end
-  if cl.nused >= self.lim.channels then
+-- client that published to it is gone (_release).
+function Gateway:_use(cl, key, how)
+  local had = cl.used[key]
+  if had == "pub" or (had and how ~= "pub") then return true end
+  if not had and cl.nused >= self.lim.channels then
     return nil, ("limit: %d distinct channels and services per client (--max-channels)"):format(self.lim.channels)
   end
-  cl.used[key] = pub and "pub" or "call"
-  cl.nused = cl.nused + 1
-  if pub then
+  cl.used[key] = how
+  if not had then cl.nused = cl.nused + 1 end
+  if how == "pub" then
     self.pubusers = self.pubusers or {}
     self.pubusers[key] = (self.pubusers[key] or 0) + 1
   end
@@ -915,14 +944,14 @@ function Gateway:_release(cl)
 end
 
 function OPS.pub(self, cl, m, id)
-  local ch = chan_name(m)
-  if not ch then return err(cl, id, "pub needs ch, a channel name") end
+  local ch, bad = chan_name(m, self)
+  if not ch then return err(cl, id, bad or "pub needs ch, a channel name", bad and "denied" or "invalid") end
   local ok, why = self:_may(cl, "produce", ch)
   if not ok then return err(cl, id, why, "denied") end
-  ok, why = self:_use(cl, ch, true)
+  ok, why = self:_use(cl, ch, "pub")
   if not ok then return err(cl, id, why, "limit") end
-  local p, e2 = self:_producer(ch)
-  if not p then return err(cl, id, tostring(e2), "failed") end
+  local p, e2, pcode = self:_producer(ch)
+  if not p then return err(cl, id, tostring(e2), pcode or "failed") end
   local data = denull(m.data, 0)
   local r, e3, code
   if m.sync == true then
@@ -949,7 +978,7 @@ function OPS.call(self, cl, m, id)
   if type(svc) ~= "string" or svc == "" or #svc > 256 then return err(cl, id, "call needs svc, a service name") end
   local ok, why = self:_may(cl, "produce", "svc:" .. svc)
   if not ok then return err(cl, id, why, "denied") end
-  ok, why = self:_use(cl, "svc:" .. svc, false)
+  ok, why = self:_use(cl, "svc:" .. svc, "call")
   if not ok then return err(cl, id, why, "limit") end
   -- a service no process offers: said without a channel made for it (the
   -- caller's state of a name, ctx.call's, lives as long as the context)

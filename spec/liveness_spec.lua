@@ -166,7 +166,9 @@ describe("liveness", function()
       pos = pos + 4 + len
     end
     assert.is_true(pings >= 1, "no PING before the close")
-    assert.is_true(took >= 2 * HB - 0.05 and took <= 2 * HB + 0.15, took)
+    -- not before two heartbeats; after them by a turn or two (wider on a
+    -- loaded machine: 0.654 s was seen at load 12 with HB 0.25)
+    assert.is_true(took >= 2 * HB - 0.05 and took <= 2 * HB + 0.5, took)
     assert.truthy(logged("no heartbeat from 127%.0%.0%.1:61999 for 0%.%d s"))
     s:close()
     -- a peer that accepts but never answers the handshake (a stopped process)

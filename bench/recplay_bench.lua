@@ -208,11 +208,6 @@ local out = {
 ctx:close()
 kids:kill_all("KILL")
 proc.remove(tmp)
-if A.json then
-  local f = assert(io.open(A.json, "w"))
-  f:write(cjson.encode(out))
-  f:close()
-end
 -- what the CPU allows: with a core per process the slowest one bounds the
 -- flow; on 2 cores shared by the three, their sum over 2
 local d = out.disk
@@ -223,6 +218,11 @@ if d.recorder_cpu_us and d.producer_cpu_us and d.consumer_cpu_us then
   -- the recorded runs' (two destinations), so these are upper bounds
   d.bound_2cores = math.max(p, c) * math.min(2 / (p + c + r), 1 / math.max(p, c, r))
   d.bound_3cores = math.max(p, c) / math.max(p, c, r)
+end
+if A.json then
+  local f = assert(io.open(A.json, "w"))
+  f:write(cjson.encode(out))
+  f:close()
 end
 io.stdout:write(("CPU per event: producer %.2f us, consumer %.2f us, recorder %.2f us: the best recorded/plain "
   .. "with 2 cores %.2fx, with a core each %.2fx\n"):format(d.producer_cpu_us or 0, d.consumer_cpu_us or 0,

@@ -580,6 +580,28 @@ ctx:close()
     other:close(); churn:close()
   end)
 
+  -- A modulator that does not compile raised inside the sub: the client got
+  -- "internal error", its subscription stayed "pending", and at its end the
+  -- gateway failed half way through dropping it: its slot and socket leaked.
+  it("a modulator that does not compile is refused, and its client leaves without a trace", function()
+    local watcher = ws(hp)
+    local function count()
+      watcher:send_json{ op = "clients", id = 99 }
+      local r = reply(watcher, 99)
+      return #r.result
+    end
+    local before = count()
+    for i = 1, 3 do
+      local c = ws(hp)
+      c:send_json{ op = "sub", id = 1, ch = "atmosphere.field", modulator = "this is not lua" }
+      local r = reply(c, 1)
+      assert.are.equal("invalid", r.code, cjson.encode(r))
+      c:close()
+    end
+    assert.truthy(until_(function() return count() == before end, 10, 0.1), "clients left behind")
+    watcher:close()
+  end)
+
   it("says what a request that is not a JSON object was", function()
     local l = assert(W.lines("127.0.0.1", lp))
     assert(l:json())

@@ -158,6 +158,14 @@ local ZERO8 = ("\0"):rep(8)
 -- place (new Float64Array(buf, base + O, B / 8)).  The elements are copied
 -- once, from the read buffer into this message.  nil, the error text for
 -- an event whose other fields JSON cannot represent.
+-- Debian's LuaJIT (2.1.0~beta3+git20220320) has upstream issues #827 and
+-- #829: a compiled or blacklisted pairs/next loop may stop early or crash.
+-- These walk every event of every channel, recursively, with pairs: an early
+-- stop in has_array would send an array event down the JSON path (an outside
+-- review saw a long-running gateway do exactly that, never reproduced);
+-- interpreted, they are exact.
+for _, f in ipairs{ denull, hexify, unarray, has_array, strip } do jit.off(f) end
+
 function M.event_binary(ch, ev)
   local list = {}
   local rest = strip(ev, {}, list, 0)
@@ -810,6 +818,7 @@ function Gateway:_unsub(cl, name)
   if not s then return end
   cl.subs[name] = nil
   cl.nsubs = cl.nsubs - 1
+  if s == "pending" then return end   -- its consumer is being made: OPS.sub closes it when it comes
   if s ~= true then s:close() return end
   local e = self.chans[name]
   if not e then return end
@@ -841,11 +850,16 @@ function OPS.sub(self, cl, m, id)
     if not self.modulators then return err(cl, id, "this gateway takes no modulators (--no-modulators)", "denied") end
     cl.subs[ch] = "pending"
     cl.nsubs = cl.nsubs + 1
-    local con, e2, code = self.ctx:channel(ch):consumer(function(ev)
-      cl:deliver(M.event_out(ch, ev))
-    end, { modulator = src, params = denull(m.params, 0), on_error = function(msg)
-      cl:reply{ ch = ch, error = tostring(msg), code = "modulator" }
-    end })
+    -- (a modulator that does not compile raises here: caught, so the
+    -- subscription is not left "pending", which leaked the client at its end)
+    local okc, con, e2, code = pcall(function()
+      return self.ctx:channel(ch):consumer(function(ev)
+        cl:deliver(M.event_out(ch, ev))
+      end, { modulator = src, params = denull(m.params, 0), on_error = function(msg)
+        cl:reply{ ch = ch, error = tostring(msg), code = "modulator" }
+      end })
+    end)
+    if not okc then con, e2, code = nil, con, "invalid" end
     if not con then
       cl.subs[ch] = nil
       cl.nsubs = cl.nsubs - 1

@@ -19,7 +19,7 @@ cmd=("$@")
 
 # Files that must not share the machine: busy_host_spec loads every core on
 # purpose; bench_spec runs `make bench QUICK=1` (which times things);
-# gateway_soak_spec keeps two busy loops for its 60 s soak.
+# gateway_soak_spec keeps two busy loops for its 25 s soak.
 SERIAL=" spec/busy_host_spec.lua spec/bench_spec.lua spec/gateway_soak_spec.lua "
 
 # Files run one after another in one busted (one job slot): the ones that
@@ -33,7 +33,7 @@ CHAINS=("spec/install_spec.lua spec/c_example_spec.lua spec/scripts_spec.lua spe
 DEFAULT=3
 weight() {
   case "$1" in
-    spec/gateway_soak_spec.lua) echo 75 ;;
+    spec/gateway_soak_spec.lua) echo 35 ;;
     spec/trust_members_spec.lua) echo 54 ;;
     spec/stress_spec.lua) echo 51 ;;
     spec/trust_nameserver_spec.lua) echo 38 ;;

@@ -27,6 +27,7 @@ typedef struct moe_out {
     size_t mem;   /* bytes charged to the moe's and the group's memory for it */
     uint64_t producer, seq;
     int sync;
+    int key;      /* emit(ev, { key = true }): a key frame (the key-frame ring restarts at it) */
 } moe_out;
 
 typedef struct moe_held {
@@ -95,6 +96,15 @@ struct lei_moe {
      * per-event lookup of the function in the environment without
      * interning the name each time (lua_getfield does). */
     int ref_kenq, ref_kdeq;
+    /* emit(ev, { key = true }) in the call in progress: the next output routed is a key frame */
+    int route_key;
+    /* The key-frame ring (doc/modulators.md "Key frames"): copies of the
+     * encoded outputs submitted since the last one marked a key frame, in
+     * order, at most o.mem_limit bytes (past it: none until the next key
+     * frame, kf_valid 0).  kf and each kf[i].data owned. */
+    lei_moe_kf *kf;
+    size_t nkf, ckf, kf_bytes;
+    int kf_valid;
 };
 
 /* CPU charged in the current window to one principal by modulators that are

@@ -123,6 +123,38 @@ describe("issue 29: key frames for late joiners of a modulated stream", function
     assert.are.equal(2, late.keys)
   end)
 
+  it("a ring past its bound (8 MiB) is not kept: the joiner gets the raw history through a fresh copy", function()
+    local lecho = require "lecho"
+    -- (1 MiB outputs: a budget for a loaded machine)
+    local ctx = lecho.context{ quiet = true, modulator_budget = 1 }
+    local ch = ctx:channel("kf2")
+    local p = assert(ch:producer{ history = 1 })
+    local src = [[
+      local n = 0
+      function enqueue(ev)
+        n = n + 1
+        if n == 1 then emit({ sum = ev.i, i = ev.i }, { key = true })
+        else emit({ d = ev.i, i = ev.i, pad = string.rep("x", params.pad) }) end
+      end ]]
+    local got = {}
+    assert(ch:consumer(function(ev) got[#got + 1] = ev.i end, { modulator = src, params = { pad = 2 ^ 20 } }))
+    local inst
+    for _, m in pairs(ch.mods) do inst = m end
+    for i = 1, 3 do assert(p:submit_sync({ i = i })) end
+    local kf = inst.moe:keyframes()
+    assert.are.equal(3, #kf)                       -- the key frame and two differences, in order
+    assert.are.same({ 1, 2, 3 }, { kf[1].seq, kf[2].seq, kf[3].seq })
+    for i = 4, 10 do assert(p:submit_sync({ i = i })) end
+    assert.is_nil(inst.moe:keyframes())            -- 9 MiB since the key frame
+    local late = {}
+    assert(ch:consumer(function(ev, meta) late[#late + 1] = { i = ev.i, key = ev.sum ~= nil, h = meta.history } end,
+                       { modulator = src, params = { pad = 2 ^ 20 }, history = "key" }))
+    assert(p:submit_sync({ i = 11 }))
+    assert(ctx:close())
+    -- the fresh copy's key frame of the last raw event, then live
+    assert.are.same({ { i = 10, key = true, h = true }, { i = 11, key = false } }, late)
+  end)
+
   it("joining at full rate, 2 busy loops: the exact state at once, and exact through the live stream", function()
     local lecho = require "lecho"
     local _, ns = S.nameserver("--quiet")

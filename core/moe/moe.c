@@ -549,7 +549,8 @@ static void kf_add(lei_moe *m, const moe_out *o) {
     if (!m->kf_valid) return;
     const lei_msg *msg = o->msg;
     size_t len = msg->own.len;
-    if (msg->next || m->kf_bytes + len > m->o.mem_limit) {
+    size_t cap = m->o.mem_limit < KF_BYTES ? m->o.mem_limit : KF_BYTES;
+    if (msg->next || m->kf_bytes + len > cap || m->nkf >= KF_ENTRIES) {
         kf_drop(m); /* too much since the key frame: a joiner gets none until the next */
         return;
     }

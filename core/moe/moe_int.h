@@ -12,6 +12,11 @@
 
 #define HOOK_COUNT 10000 /* instructions between budget checks */
 #define REG_KEY "lecho.moe"
+/* The key-frame ring's bounds: it goes to a joiner in one control message
+ * (at most 16 MiB framed, 64 MiB decoded: doc/limits.md), each entry a
+ * table of three fields (~200 bytes decoded) beside its bytes. */
+#define KF_BYTES (8u << 20)
+#define KF_ENTRIES 65536
 
 /* ST_HOOK: an optional function of the modulator called by name (period,
  * receivers), with hook_arg when >= 0. */
@@ -100,8 +105,9 @@ struct lei_moe {
     int route_key;
     /* The key-frame ring (doc/modulators.md "Key frames"): copies of the
      * encoded outputs submitted since the last one marked a key frame, in
-     * order, at most o.mem_limit bytes (past it: none until the next key
-     * frame, kf_valid 0).  kf and each kf[i].data owned. */
+     * order, at most KF_BYTES (or o.mem_limit when smaller) bytes and
+     * KF_ENTRIES of them (past that: none until the next key frame,
+     * kf_valid 0).  kf and each kf[i].data owned. */
     lei_moe_kf *kf;
     size_t nkf, ckf, kf_bytes;
     int kf_valid;

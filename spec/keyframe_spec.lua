@@ -18,7 +18,9 @@ local S = require "spec.support"
 
 -- A producer at full rate: event k is { i = k } with seq k (no history of
 -- its own); runs until the stop file exists (or 60 s), then submits a final
--- event synchronously and prints how many it sent.
+-- event synchronously and prints how many it sent.  Not quiet, and a
+-- failed submit says why on stderr: once (the first run of this spec, not
+-- since) a submit here returned nil, "closed" mid-flood.
 local FLOOD = [[
 local lecho = require "lecho"
 local o = require("cjson").decode(arg[1])

@@ -57,6 +57,38 @@ function enqueue(ev)
 end
 ]]
 
+-- A late joiner in a process of its own (a new connection to the producer:
+-- the history is pushed with the member list that takes it): rebuilds the
+-- sum from what it gets, checks it against the sum from o.i0 at every event,
+-- and prints { bad, n, nh, first, last } once the final event came.
+local JOINER = [[
+local lecho = require "lecho"
+local o = require("cjson").decode(arg[1])
+local ctx = lecho.context{ nameserver = o.ns, quiet = true }
+local t = { n = 0, nh = 0 }
+assert(ctx:channel(o.ch):consumer(function(ev, meta)
+  local function bad(why) if not t.bad then t.bad = why end end
+  if ev.sum then t.sum = ev.sum
+  elseif t.sum == nil then return bad("a difference before any key frame")
+  else t.sum = t.sum + ev.d end
+  local i, b = ev.i, o.i0 - 1
+  if t.sum ~= i * (i + 1) / 2 - b * (b + 1) / 2 then bad(("wrong sum at i = %d (%s)"):format(i, tostring(meta.history))) end
+  if t.last and meta.seq ~= t.last + 1 then bad(("seq %d after %d"):format(meta.seq, t.last)) end
+  if meta.history then
+    if t.nh ~= t.n then bad("a history event after a live one") end
+    t.nh = t.nh + 1
+  end
+  t.first, t.last, t.n = t.first or meta.seq, meta.seq, t.n + 1
+  if ev.final then t.final = true end
+end, { modulator = o.src, params = { K = 50 }, history = "key" }))
+io.stdout:write("joined\n") io.stdout:flush()
+local t0 = ctx:now()
+while not t.final and ctx:now() - t0 < 60 do ctx:run_once(0.05) end
+io.stdout:write(require("cjson").encode({ bad = t.bad or false, n = t.n, nh = t.nh, first = t.first or 0,
+                                          last = t.last or 0 }), "\n")
+ctx:close()
+]]
+
 local function busy_loops(n)
   local t = {}
   for i = 1, n do t[i] = S.spawn(("%s -e 'while true do end'"):format(S.luajit)) end
@@ -189,11 +221,24 @@ describe("issue 29: key frames for late joiners of a modulated stream", function
       recs[k] = rec
       S.run_until(ctx, function() return false end, 0.3)
     end
+    -- and one in a process of its own, joining the same instance
+    local joiner = S.lua(JOINER, cjson.encode({ ns = ns, ch = "kflood", src = SUMS, i0 = first.base.i0 }))
+    S.run_until(ctx, function() return S.output(joiner):find("joined") ~= nil end, 30)
+    assert(S.output(joiner):find("joined"), "joiner did not join: " .. S.errors(joiner))
+    S.run_until(ctx, function() return false end, 0.3)
     S.write(o.stop, "stop\n")
     assert(S.wait(prod, 90, ctx), "producer did not finish: " .. S.errors(prod))
     local line = S.output(prod):match("({.*})")
     assert(line, "producer: " .. S.output(prod) .. S.errors(prod))
     local sent = cjson.decode(line).sent
+    assert(S.wait(joiner, 60, ctx), "joiner did not finish: " .. S.errors(joiner))
+    local jline = S.output(joiner):match("({.*})")
+    assert(jline, "joiner: " .. S.output(joiner) .. S.errors(joiner))
+    local j = cjson.decode(jline)
+    assert.is_false(j.bad)
+    assert.are.equal(sent, j.last)
+    assert.are.equal(j.last - j.first + 1, j.n)
+    assert(j.nh >= 1 and j.nh <= 50, ("the joiner process: %d from history"):format(j.nh))
     S.run_until(ctx, function()
       for _, r in ipairs(recs) do
         if not r.final then return false end

@@ -261,7 +261,10 @@ describe("issue 29: late joiners get the last values, then the live stream", fun
     assert.has_error(function() ch:producer{ history = 0 } end,
       'ch:producer: history must be "last" or an integer from 1 to 1024')
     assert.has_error(function() ch:consumer(function() end, { history = "all" }) end,
-      'ch:consumer: history must be "last" or an integer from 1 to 1024')
+      'ch:consumer: history must be "last", "key" or an integer from 1 to 1024')
+    -- "key" is a consumer's (from its modulator's last key frame): not a producer's
+    assert.has_error(function() ch:producer{ history = "key" } end,
+      'ch:producer: history must be "last" or an integer from 1 to 1024')
     assert.has_error(function() ch:consumer(function() end, { history = 1, buffer = true }) end,
       "ch:consumer: history does not go with buffer")
     assert(ctx:close())

@@ -145,6 +145,26 @@ static int l_moe_retarget(lua_State *L) {
     return moe_result(L, x, rc);
 }
 
+/* moe:keyframes() -> { { pid =, seq =, data = } ... } | nil: the outputs
+ * since the last key frame the modulator marked (the key frame first), or
+ * nil when there is none (lei_moe_keyframes). */
+static int l_moe_keyframes(lua_State *L) {
+    lb_moe *x = check_moe(L);
+    const lei_moe_kf *kf;
+    long n = lei_moe_keyframes(x->m, &kf);
+    if (n < 0) return 0;
+    lua_createtable(L, (int)n, 0);
+    for (long i = 0; i < n; i++) {
+        lua_createtable(L, 0, 3);
+        lb_setn(L, "pid", (double)kf[i].producer);
+        lb_setn(L, "seq", (double)kf[i].seq);
+        lua_pushlstring(L, (const char *)kf[i].data, kf[i].len);
+        lua_setfield(L, -2, "data");
+        lua_rawseti(L, -2, (int)i + 1);
+    }
+    return 1;
+}
+
 static int l_moe_error(lua_State *L) {
     lb_moe *x = check_moe(L);
     const char *e = lei_moe_error(x->m);
@@ -383,7 +403,7 @@ void lb_moe_open(lua_State *L) {
     if (luaL_newmetatable(L, MOE_MT)) {
         static const luaL_Reg moe_methods[] = {{"params", l_moe_params}, {"error", l_moe_error},
                                                {"retarget", l_moe_retarget},
-                                               {"receivers", l_moe_receivers},
+                                               {"receivers", l_moe_receivers}, {"keyframes", l_moe_keyframes},
                                                {"stats", l_moe_stats},   {"close", l_moe_close},
                                                {NULL, NULL}};
         lua_newtable(L);

@@ -193,6 +193,8 @@ static void hold(lua_State *L, lei_moe *m) {
 /* Sends (after the step) or holds the value at idx, per the stage. */
 void moe_route(lua_State *L, lei_moe *m, int idx) {
     char err[256];
+    int key = m->route_key; /* taken here: an error below must not mark a later output */
+    m->route_key = 0;
     if (lua_isnil(L, idx)) return;
     if ((m->stage == ST_ENQ || m->stage == ST_HOOK) && m->ref_q != LUA_NOREF) {
         lua_pushvalue(L, idx);
@@ -254,6 +256,7 @@ void moe_route(lua_State *L, lei_moe *m, int idx) {
     o->producer = m->producer;
     o->seq = m->seq;
     o->sync = m->sync;
+    o->key = key;
 }
 
 /* ---- steps: everything that touches the state runs inside one ---------- */
@@ -522,12 +525,72 @@ int moe_run_step(lei_moe *m, lua_CFunction fn, void *arg) {
     return -1;
 }
 
+/* ---- the key-frame ring ------------------------------------------------ */
+
+static void kf_clear(lei_moe *m) {
+    for (size_t i = 0; i < m->nkf; i++) free(m->kf[i].data);
+    m->nkf = 0;
+    m->kf_bytes = 0;
+}
+
+static void kf_drop(lei_moe *m) {
+    kf_clear(m);
+    m->kf_valid = 0;
+}
+
+/* Output o is about to be submitted: a key frame restarts the ring; while
+ * the ring is valid, a copy of its bytes goes in (a message of a modulator
+ * is never pinned: its bytes are all in own). */
+static void kf_add(lei_moe *m, const moe_out *o) {
+    if (o->key) {
+        kf_clear(m);
+        m->kf_valid = 1;
+    }
+    if (!m->kf_valid) return;
+    const lei_msg *msg = o->msg;
+    size_t len = msg->own.len;
+    size_t cap = m->o.mem_limit < KF_BYTES ? m->o.mem_limit : KF_BYTES;
+    if (msg->next || m->kf_bytes + len > cap || m->nkf >= KF_ENTRIES) {
+        kf_drop(m); /* too much since the key frame: a joiner gets none until the next */
+        return;
+    }
+    if (m->nkf == m->ckf) {
+        size_t nc = m->ckf ? m->ckf * 2 : 16;
+        lei_moe_kf *k = realloc(m->kf, nc * sizeof *k);
+        if (!k) {
+            kf_drop(m);
+            return;
+        }
+        m->kf = k;
+        m->ckf = nc;
+    }
+    uint8_t *d = malloc(len ? len : 1);
+    if (!d) {
+        kf_drop(m);
+        return;
+    }
+    memcpy(d, msg->own.data, len);
+    lei_moe_kf *k = &m->kf[m->nkf++];
+    k->data = d;
+    k->len = len;
+    k->producer = o->producer;
+    k->seq = o->seq;
+    m->kf_bytes += len;
+}
+
+long lei_moe_keyframes(const lei_moe *m, const lei_moe_kf **kf) {
+    if (!m->L || !m->kf_valid) return -1;
+    *kf = m->kf;
+    return (long)m->nkf;
+}
+
 /* Submits the outputs of the last step, in order. */
 static void submit_outs(lei_moe *m, int keep_syncs) {
     for (size_t i = 0; i < m->nout; i++) {
         moe_out *o = &m->out[i];
         const char *err = NULL;
         uint64_t sid = 0;
+        kf_add(m, o);
         if (lei_submit(m->ctx, m->chid, o->producer, o->seq, o->msg, o->sync, m->policy, &sid, &err))
             lei_logf(m->ctx, "modulator %s: output not sent: %s", m->name, err);
         else
@@ -706,6 +769,8 @@ void lei_moe_free(lei_moe *m) {
         lua_close(m->L);
     }
     out_clear(m);
+    kf_drop(m);
+    free(m->kf);
     forget_ticks(m);
     if (m->o.group)
         for (lei_moe **pp = &m->o.group->list; *pp; pp = &(*pp)->gnext)
@@ -760,6 +825,7 @@ int lei_moe_retarget(lei_moe *m, uint32_t chid) {
         return -1;
     }
     m->chid = chid;
+    kf_drop(m); /* a new stream: its joiners are owed none of the old one's */
     return 0;
 }
 

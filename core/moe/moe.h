@@ -147,6 +147,21 @@ int lei_moe_svc_call(lei_moe *m, const char *fn, const uint8_t *in, size_t n, le
 /* True while a call of m runs (a hook it calls must not free it). */
 int lei_moe_svc_in_call(const lei_moe *m);
 
+/* One output kept in the key-frame ring: the encoded value data[0..len)
+ * and the producer id and sequence it was submitted with. */
+typedef struct lei_moe_kf {
+    uint8_t *data;
+    size_t len;
+    uint64_t producer, seq;
+} lei_moe_kf;
+
+/* The outputs submitted since the last key frame the modulator marked
+ * (emit(ev, { key = true })), the key frame first, oldest first, in *kf
+ * (valid until the next call into m); -1 when there is none: no key frame
+ * marked yet, the ring passed its bound since, the stream was retargeted, or
+ * the modulator failed. */
+long lei_moe_keyframes(const lei_moe *m, const lei_moe_kf **kf);
+
 /* The derived channel its outputs go to. */
 uint32_t lei_moe_chid(const lei_moe *m);
 /* NULL while loaded; the reason once failed. */

@@ -18,6 +18,15 @@ static int env_emit(lua_State *L) {
     luaL_checkany(L, 1);
     if (!m->in_call || m->stage == ST_INIT || m->stage == ST_PARAMS)
         return luaL_error(L, "emit: only from enqueue, dequeue or period");
+    int key = 0;
+    if (!lua_isnoneornil(L, 2)) {
+        luaL_checktype(L, 2, LUA_TTABLE);
+        lua_pushliteral(L, "key");
+        lua_rawget(L, 2); /* raw: no metamethod of the modulator's runs here */
+        key = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
+    m->route_key = key; /* moe_route takes it (and clears it) */
     moe_route(L, m, 1);
     return 0;
 }

@@ -12,6 +12,11 @@
 
 #define HOOK_COUNT 10000 /* instructions between budget checks */
 #define REG_KEY "lecho.moe"
+/* The key-frame ring's bounds: it goes to a joiner in one control message
+ * (at most 16 MiB framed, 64 MiB decoded: doc/limits.md), each entry a
+ * table of three fields (~200 bytes decoded) beside its bytes. */
+#define KF_BYTES (8u << 20)
+#define KF_ENTRIES 65536
 
 /* ST_HOOK: an optional function of the modulator called by name (period,
  * receivers), with hook_arg when >= 0. */
@@ -27,6 +32,7 @@ typedef struct moe_out {
     size_t mem;   /* bytes charged to the moe's and the group's memory for it */
     uint64_t producer, seq;
     int sync;
+    int key;      /* emit(ev, { key = true }): a key frame (the key-frame ring restarts at it) */
 } moe_out;
 
 typedef struct moe_held {
@@ -95,6 +101,16 @@ struct lei_moe {
      * per-event lookup of the function in the environment without
      * interning the name each time (lua_getfield does). */
     int ref_kenq, ref_kdeq;
+    /* emit(ev, { key = true }) in the call in progress: the next output routed is a key frame */
+    int route_key;
+    /* The key-frame ring (doc/modulators.md "Key frames"): copies of the
+     * encoded outputs submitted since the last one marked a key frame, in
+     * order, at most KF_BYTES (or o.mem_limit when smaller) bytes and
+     * KF_ENTRIES of them (past that: none until the next key frame,
+     * kf_valid 0).  kf and each kf[i].data owned. */
+    lei_moe_kf *kf;
+    size_t nkf, ckf, kf_bytes;
+    int kf_valid;
 };
 
 /* CPU charged in the current window to one principal by modulators that are

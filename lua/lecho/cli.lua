@@ -66,14 +66,15 @@ manager and the processes that produce and consume it.
 ]] .. COMMON
 
 USAGE.sub = [[
-usage: lecho sub CHANNEL [--modulator FILE] [--params LUA] [--history N|last] [--json] [--count N] [--for SECONDS]
+usage: lecho sub CHANNEL [--modulator FILE] [--params LUA] [--history N|last|key] [--json] [--count N] [--for SECONDS]
 
 Prints each event of CHANNEL as it comes, one line each, until Ctrl-C (exit 130).
 Says on stderr at once when CHANNEL has no producer yet (a misspelt name?), and waits.
   --modulator FILE   run this modulator at the producers (doc/modulators.md)
   --params LUA       its parameters, a Lua table literal ('{ stride = 4 }')
-  --history N|last   first the last N events each producer keeps (doc/api.md
-                     "History"), then the live ones
+  --history N|last|key  first the last N events each producer keeps (doc/api.md
+                     "History"), or what the modulator sent since its last key
+                     frame when it marks them (doc/modulators.md), then the live ones
   --json             one JSON object per event: {"channel", "producer", "seq", "value"}
                      (and "history": true, "replay": true when meta says so)
   --count N          exit 0 after N events
@@ -435,8 +436,8 @@ function cmds.sub(opts, pos)
   end
   local copts = src and { modulator = src, params = params } or nil
   if opts.history then
-    local n = opts.history == "last" and "last" or tonumber(opts.history)
-    if not n then die("sub", ("--history needs a count or last, not '%s'"):format(opts.history)) end
+    local n = (opts.history == "last" or opts.history == "key") and opts.history or tonumber(opts.history)
+    if not n then die("sub", ("--history needs a count, last or key, not '%s'"):format(opts.history)) end
     copts = copts or {}
     copts.history = n
   end

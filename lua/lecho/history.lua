@@ -96,9 +96,11 @@ function M.add(p, seq, bytes, ev)
   p.hist:add(seq, s)
 end
 
--- Reads a consumer's or producer's history option: "last" is 1.
+-- Reads a consumer's or producer's history option: "last" is 1, and so is
+-- "key" (a consumer's: from the last key frame of its modulator when it
+-- marks them, else the last event through a fresh copy of it).
 function M.count(v)
-  if v == "last" then return 1 end
+  if v == "last" or v == "key" then return 1 end
   return v
 end
 
@@ -143,6 +145,18 @@ M.SNAPSHOT_AGE = 30   -- seconds
 function M.snapshot(ch)
   local any = false
   for p in pairs(ch.producers) do any = any or p.hist ~= nil end
+  -- each modulator instance's key-frame ring (what it sent since the last
+  -- key frame it marked, doc/modulators.md "Key frames"), copied: the
+  -- instance sends on, to the joiner too, once this list is applied
+  local keys
+  for key, inst in pairs(ch.mods or {}) do
+    local kf = inst.moe and inst.moe:keyframes()
+    if kf then
+      keys = keys or {}
+      keys[key] = kf
+      any = true
+    end
+  end
   if not any then return end
   local snaps = ch.hist_snaps or {}
   ch.hist_snaps = snaps
@@ -150,7 +164,7 @@ function M.snapshot(ch)
   -- the seam: each producer's last sequence number (with or without history)
   local seam = {}
   for p in pairs(ch.producers) do seam[#seam + 1] = { pid = p.id, seq = p:_seq() } end
-  snaps[#snaps + 1] = { ver = ch.ver, t = now, entries = collect_all(ch), seam = seam }
+  snaps[#snaps + 1] = { ver = ch.ver, t = now, entries = collect_all(ch), seam = seam, keys = keys }
   while #snaps > M.SNAPSHOTS or (snaps[1] and now - snaps[1].t > M.SNAPSHOT_AGE) do
     table.remove(snaps, 1)
   end
@@ -158,10 +172,23 @@ end
 
 -- The entries owed for member-list version ver: the first snapshot at or
 -- after it; else (a version not seen yet, or forgotten) the rings now.
-local function owed(ch, ver, n)
-  local src, seam
+-- With key (a modulated stream): when instance key had a key-frame ring
+-- then, its entries, true (in the order they were sent: the key frame
+-- first); else the raw entries, to run through a fresh copy of it.
+local function owed(ch, ver, n, key)
+  local src, seam, snap
   for _, sn in ipairs(ch.hist_snaps or {}) do
-    if type(ver) == "number" and sn.ver >= ver then src, seam = sn.entries, sn.seam break end
+    if type(ver) == "number" and sn.ver >= ver then src, seam, snap = sn.entries, sn.seam, sn break end
+  end
+  if key then
+    local kf
+    if snap then
+      kf = snap.keys and snap.keys[key]
+    else
+      local inst = ch.mods[key]
+      kf = inst and inst.moe and inst.moe:keyframes()
+    end
+    if kf then return kf, seam, true end
   end
   src = src or collect_all(ch)
   -- the newest n of each producer
@@ -270,17 +297,17 @@ function M.serve(ctx, from, msg)
                                  :format(from, ch.name))
     return fail("history: not a consumer of this stream here", "refused")
   end
-  local entries, seam = owed(ch, msg.ver, n)
-  if key and entries[1] then
+  local entries, seam, kf = owed(ch, msg.ver, n, key)
+  if key and not kf and entries[1] then
     local out, err = run_modulator(ch, key, entries)
     if not out then return fail("history: " .. tostring(err), "failed") end
     entries = out
   end
   if msg.rid then
-    ctx:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = true, entries = entries, seam = seam })
+    ctx:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = true, entries = entries, seam = seam, kf = kf })
     ctx.c:flush()  -- now, not at the end of the turn: a late joiner waits on it
   end
-  return entries, seam
+  return entries, seam, kf
 end
 
 --- A member list this context just applied (control.lua, `members` from
@@ -297,13 +324,13 @@ function M.push(ch, h)
   local key = h.key
   if key ~= nil and type(key) ~= "string" then return end
   if h.to == ctx.addr or ch.nprod == 0 or not listed(ch, h.to, key) then return end
-  local entries, seam = owed(ch, ch.ver, math.min(h.n, M.MAX_N))
-  if key and entries[1] then
+  local entries, seam, kf = owed(ch, ch.ver, math.min(h.n, M.MAX_N), key)
+  if key and not kf and entries[1] then
     entries = run_modulator(ch, key, entries)
     if not entries then return end
   end
   ctx:_send_ctrl(h.to, { op = "history_push", ch = ch.name, ver = ch.ver, key = key, entries = entries,
-                         seam = seam })
+                         seam = seam, kf = kf })
   ctx.c:flush()  -- now: the joiner waits on it
 end
 
@@ -434,8 +461,10 @@ function M.unwrap(st)
 end
 
 -- Producer context paddr answered (entries, or nil when it gave none: why):
--- its history older than what was held, then what was held.
-function M.flush(st, paddr, entries, why, seam)
+-- its history older than what was held, then what was held.  kf: the
+-- entries are a key-frame ring, in the order the instance sent them (not
+-- sorted by producer: one instance interleaves its producers' outputs).
+function M.flush(st, paddr, entries, why, seam, kf)
   local con = st.con
   local ctx = con.ch.ctx
   local s = st.by[paddr]
@@ -458,10 +487,12 @@ function M.flush(st, paddr, entries, why, seam)
   end
   for pid, seq in pairs(cut) do first[pid] = seq + 1 end
   local last = s.last
-  table.sort(entries or {}, function(a, b)
-    if a.pid ~= b.pid then return a.pid < b.pid end
-    return a.seq < b.seq
-  end)
+  if not kf then
+    table.sort(entries or {}, function(a, b)
+      if a.pid ~= b.pid then return a.pid < b.pid end
+      return a.seq < b.seq
+    end)
+  end
   for _, e in ipairs(entries or {}) do
     local f = first[e.pid]
     if (not f or e.seq < f) and not (con.closed) then
@@ -517,9 +548,9 @@ function M.fetch(st, r)
   local ver = type(r) == "table" and type(r.ver) == "number" and r.ver or nil
   for _, a in ipairs(producers) do
     if con.closed or ctx.closed then break end
-    local entries, err, seam
+    local entries, err, seam, kf
     if a == ctx.addr then
-      entries, seam = M.serve(ctx, a, { ch = ch.name, n = st.n, key = key, ver = ver })
+      entries, seam, kf = M.serve(ctx, a, { ch = ch.name, n = st.n, key = key, ver = ver })
       if not entries then err = "no history here" end
     else
       -- pushed with the member list that took us (M.push); else asked
@@ -533,11 +564,14 @@ function M.fetch(st, r)
       end
       if rep then
         entries = type(rep.entries) == "table" and rep.entries or {}
+        kf = key ~= nil and rep.kf == true
         -- what a producer sends is checked like any value from the wire
+        -- (a key-frame ring is bounded in bytes at the producer, and here
+        -- by the size of the message that brought it)
         local good = {}
         for _, e in ipairs(entries) do
           if type(e) == "table" and type(e.seq) == "number" and type(e.pid) == "number"
-             and type(e.data) == "string" and #good < st.n * 64 then
+             and type(e.data) == "string" and (kf or #good < st.n * 64) then
             good[#good + 1] = e
           end
         end
@@ -552,7 +586,7 @@ function M.fetch(st, r)
         err = rerr
       end
     end
-    M.flush(st, a, entries, err and ("no history from %s: %s"):format(a, err) or nil, seam)
+    M.flush(st, a, entries, err and ("no history from %s: %s"):format(a, err) or nil, seam, kf)
   end
   -- everything listed answered: the wrapper only drops repeats now, and
   -- goes once none can come

@@ -60,6 +60,13 @@ local function history(v)
     return 'must be "last" or an integer from 1 to 1024'
   end
 end
+-- a consumer's history: also "key" (from the last key frame its modulator
+-- marked: doc/modulators.md "Key frames")
+local function chistory(v)
+  if v == "key" then return end
+  local why = history(v)
+  if why then return 'must be "last", "key" or an integer from 1 to 1024' end
+end
 local function policy(v)
   if not M.POLICIES[v] then return "lecho: unknown policy '" .. tostring(v) .. "'", true end
 end
@@ -221,7 +228,7 @@ local SCHEMA = {
                history = { history }, history_bytes = { size(1), 1024 * 1024 } },
   CONSUMER = { modulator = { typed("string") }, params = { TABLE }, period = { time(0.001) },
                capabilities = { caps }, on_error = { FN }, buffer = { BOOL },
-               history = { history } },
+               history = { chistory } },
   SUBMIT_SYNC = { timeout = { TIME } },
   CLOSE = { linger = { TIME } },
 }

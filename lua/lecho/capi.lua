@@ -156,10 +156,13 @@ function M.submit_sync_start(p, ev, timeout)
 end
 
 -- lecho_call_start: ctx:call_async; r as above, with results ({ n, ... })
--- or the error value (value).
+-- or the error value (value), and took (seconds from the start to the
+-- answer: the Python binding tells a late same-process answer by it).
 function M.call_start(ctx, name, args, opts)
   local r = { done = false }
+  local t0 = ctx:now()
   local ok, err = pcall(ctx.call_async, ctx, name, args, opts or {}, function(...)
+    r.took = ctx:now() - t0
     local a = { n = select("#", ...), ... }
     if a[1] then
       local res = { n = a.n - 1 }

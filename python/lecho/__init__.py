@@ -374,10 +374,14 @@ class Context:
 
     @staticmethod
     def _call_result(name, r, took, timeout):
-        """The results of a finished lecho_call_start table, or CallError."""
+        """The results of a finished lecho_call_start table, or CallError.
+        took: the seconds the caller waited, when the table has no "took"
+        (the context's: from the start to the answer, not to when an
+        awaiting task woke)."""
         if not r.get("ok"):
             msg = r.get("message") or ""
             raise CallError(r.get("code") or "failed", msg, r.get("value", msg))
+        took = r.get("took", took)
         if took > timeout:
             msg = ("service %s: answered after %.3g s, past the call's timeout of %.3g s "
                    "(a handler in this process is not interrupted)" % (name, took, timeout))

@@ -274,6 +274,13 @@ def test_a_same_process_call_answered_past_its_timeout_is_a_timeout():
         assert e.value.code == "timeout" and "past the call's timeout" in e.value.message
         assert time.monotonic() - t0 >= 1.0
 
+        async def late():
+            with pytest.raises(lecho.CallError) as e:
+                await ctx.call_async("py.slow", 0.8, timeout=0.3)
+            assert e.value.code == "timeout"
+            return await ctx.call_async("py.slow", 0, timeout=2)
+        assert asyncio.run(asyncio.wait_for(late(), 20)) == "late"
+
 
 def test_ctrl_c_inside_a_handler_is_raised_after_the_loop_call():
     with lecho.Context(quiet=True) as ctx:

@@ -123,6 +123,16 @@ function M.submit_sync(p, ev, timeout)
   return nil, tostring(errs), code, flat
 end
 
+-- A started operation just ended (r.done): the loop call that carries it
+-- returns without polling first.  Its coroutine is mostly resumed by the
+-- turn hook (the prepare phase, Context:_turn), after which the poll would
+-- sleep until the next event or the caller's turn timeout (0.1 s a call in
+-- the same process) before the caller could see it (c:break_once: that
+-- iteration, ctx:run goes on).
+local function done_now(ctx)
+  if not ctx.closed then ctx.c:break_once() end
+end
+
 -- lecho_submit_sync_start: the submit now, its wait in a coroutine of the
 -- context (ctx:_spawn runs it at once: the event is encoded and queued
 -- before this returns, so memory lent to it may change after).  r =
@@ -139,16 +149,20 @@ function M.submit_sync_start(p, ev, timeout)
       r.ok, r.message, r.code, r.errors = false, res[2], res[3], res[4]
     end
     r.done = true
+    done_now(ctx)
   end)
   if not ok then return raised(err) end
   return r
 end
 
 -- lecho_call_start: ctx:call_async; r as above, with results ({ n, ... })
--- or the error value (value).
+-- or the error value (value), and took (seconds from the start to the
+-- answer: the Python binding tells a late same-process answer by it).
 function M.call_start(ctx, name, args, opts)
   local r = { done = false }
+  local t0 = ctx:now()
   local ok, err = pcall(ctx.call_async, ctx, name, args, opts or {}, function(...)
+    r.took = ctx:now() - t0
     local a = { n = select("#", ...), ... }
     if a[1] then
       local res = { n = a.n - 1 }
@@ -162,6 +176,7 @@ function M.call_start(ctx, name, args, opts)
       r.code = type(a[3]) == "string" and a[3] or "failed"
     end
     r.done = true
+    done_now(ctx)
   end)
   if not ok then return raised(err) end
   return r

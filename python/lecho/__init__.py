@@ -15,6 +15,7 @@ import collections
 import gc
 import sys
 import threading
+import time
 import traceback
 import weakref
 
@@ -176,6 +177,12 @@ class Context:
         self.address = _s(lib.lecho_address(self._x))
         self.nameserver = _s(lib.lecho_nameserver(self._x))
         self.on_handler_error = _print_handler_error
+        self._flag = ffi.new("int *")  # lecho_get_bool's out, for _block_pending
+        self.close_error = None       # close()'s LechoError when it did not raise it
+        try:
+            self._sync_timeout = float(opts.get("sync_timeout", 10))
+        except (TypeError, ValueError):
+            self._sync_timeout = 10.0
 
     # -- internals --
     def _check(self):
@@ -329,32 +336,23 @@ class Context:
     def call(self, name, args=None, **opts):
         """Calls a server of `name`; runs the loop until it answers.  opts:
         timeout, version, min_version, key, at, retries.  The handler's
-        result (None for none; a tuple for several), or CallError."""
+        result (None for none; a tuple for several), or CallError.  The
+        wait is turns of at most 0.1 s (lecho_call_start), so Ctrl-C
+        (KeyboardInterrupt) stops it at once.  An answer that came after
+        the call's timeout (a handler in this process runs to its end in
+        the loop turn that called it) raises CallError code "timeout"."""
         x = self._check()
         a = self._value(args)
         o = self._value(opts) if opts else ffi.NULL
-        res = ffi.new("lecho_value **")
-        rc = lib.lecho_call(x, name.encode(), a, o, res)
-        msg = _s(lib.lecho_errmsg(x)) if rc != 0 else ""
-        holder = self._own(res[0]) if res[0] != ffi.NULL else None
-        self._reraise()
-        pin = (lambda: self._pin_owned(holder))
-        if rc != 0:
-            value = msg
-            if holder is not None:
-                r = _values.read(holder, pin=pin)
-                if isinstance(r, tuple):
-                    value = r[0]
-            raise CallError(rc, msg, value)
-        r = _values.read(holder, pin=pin)
-        if not isinstance(r, tuple):
-            self._fail(r)
-        d = r[0]    # { n = N, results... }: a dict (the key "n" keeps it from being a list)
-        n = d.get("n", 0)
-        vals = tuple(d.get(i) for i in range(1, n + 1))
-        if n == 0:
-            return None
-        return vals[0] if n == 1 else vals
+        out = ffi.new("lecho_value **")
+        timeout = opts.get("timeout")
+        timeout = self._sync_timeout if timeout is None else float(timeout)
+        t0 = time.monotonic()
+        rc = lib.lecho_call_start(x, name.encode(), a, o, out)
+        self._loop_call(rc)
+        holder = self._own(out[0])
+        self._block_pending(holder)
+        return self._call_result(name, self._pending_table(holder), time.monotonic() - t0, timeout)
 
     async def call_async(self, name, args=None, **opts):
         """call() as an awaitable, for code inside a running asyncio loop
@@ -365,19 +363,67 @@ class Context:
         a = self._value(args)
         o = self._value(opts) if opts else ffi.NULL
         out = ffi.new("lecho_value **")
+        timeout = opts.get("timeout")
+        timeout = self._sync_timeout if timeout is None else float(timeout)
+        t0 = time.monotonic()
         rc = lib.lecho_call_start(x, name.encode(), a, o, out)
         self._loop_call(rc)
         holder = self._own(out[0])
         r = await self._await_pending(holder)
+        return self._call_result(name, r, time.monotonic() - t0, timeout)
+
+    @staticmethod
+    def _call_result(name, r, took, timeout):
+        """The results of a finished lecho_call_start table, or CallError.
+        took: the seconds the caller waited, when the table has no "took"
+        (the context's: from the start to the answer, not to when an
+        awaiting task woke)."""
         if not r.get("ok"):
             msg = r.get("message") or ""
             raise CallError(r.get("code") or "failed", msg, r.get("value", msg))
+        took = r.get("took", took)
+        if took > timeout:
+            msg = ("service %s: answered after %.3g s, past the call's timeout of %.3g s "
+                   "(a handler in this process is not interrupted)" % (name, took, timeout))
+            raise CallError("timeout", msg, msg)
         d = r.get("results") or {}
         n = d.get("n", 0) if isinstance(d, dict) else len(d)
         if n == 0:
             return None
         vals = tuple(d.get(i) for i in range(1, n + 1)) if isinstance(d, dict) else tuple(d)
         return vals[0] if n == 1 else vals
+
+    def _block_pending(self, holder):
+        """Runs the loop until the started operation in holder
+        (lecho_*_start) is done, in turns of at most 0.1 s (a signal also
+        ends a turn: epoll_wait returns EINTR), so that Python's signal
+        handlers run between them: Ctrl-C raises KeyboardInterrupt here at
+        once.  The operation is then abandoned (its wait goes on in the
+        context until its timeout or the close, and nobody reads it), and
+        `except KeyboardInterrupt: ctx.close()` closes (see close).  Its
+        "ok" (a bool)."""
+        x = self._check()
+        flag = self._flag
+        while True:
+            rc = lib.lecho_get_bool(holder, b"done", flag)
+            if rc != 0:
+                self._fail(rc)
+            if flag[0]:
+                break
+            if self._deferred:
+                self._drain()
+            self._loop_call(lib.lecho_run_once(x, 0.1))
+        rc = lib.lecho_get_bool(holder, b"ok", flag)
+        if rc != 0:
+            self._fail(rc)
+        return bool(flag[0])
+
+    def _pending_table(self, holder):
+        """The table of a finished lecho_*_start operation, as a dict."""
+        r = _values.read(holder, pin=lambda: self._pin_owned(holder))
+        if not isinstance(r, tuple):
+            self._fail(r)
+        return r[0]
 
     async def _await_pending(self, holder):
         """Waits without blocking the asyncio loop until the started
@@ -419,10 +465,18 @@ class Context:
 
     def close(self, linger=-1.0):
         """Delivers what was submitted (at most `linger` seconds; < 0: the
-        context's linger option, 2 s), closes, frees.  LechoError("timeout")
-        when something could not be delivered (closed all the same).
-        Large received arrays (over the context's memory) still alive stay
-        valid: the context's memory is freed when the last of them goes."""
+        context's linger option, 2 s), closes, frees.  Always closes.
+        LechoError("timeout") when something could not be delivered, but
+        not while an exception is being handled (`except
+        KeyboardInterrupt: ctx.close()`, a `with` block left by an
+        exception): then the error is only logged (unless quiet) and kept
+        in .close_error, so that the exception being handled is not
+        replaced.  Large received arrays (over the context's memory) still
+        alive stay valid: the context's memory is freed when the last of
+        them goes."""
+        self._close(linger, sys.exc_info()[0] is not None)
+
+    def _close(self, linger, handling):
         if self._x is None:
             return
         if len(self._pins):
@@ -442,13 +496,17 @@ class Context:
         mem = None
         self._reraise()
         if rc != 0:
-            raise LechoError(rc, _s(err))
+            e = LechoError(rc, _s(err))
+            if handling and rc != lib.LECHO_EINVAL:
+                self.close_error = e    # the context logged it (ctx:close), unless quiet
+                return
+            raise e
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, etype, exc, tb):
+        self._close(-1.0, etype is not None)
 
     def __del__(self):
         if getattr(self, "_x", None) is not None and threading.get_ident() == self._thread:
@@ -612,26 +670,19 @@ class Producer:
 
     def submit_sync(self, ev, timeout=-1.0):
         """Submits ev and runs the loop until every consumer ran its
-        handler on it (True), or raises SyncError (.errors per consumer)."""
+        handler on it (True), or raises SyncError (.errors per consumer).
+        The wait is turns of at most 0.1 s (lecho_submit_sync_start), so
+        Ctrl-C (KeyboardInterrupt) stops it at once; the abandoned wait
+        ends with its timeout or the context's close."""
         self._load(ev)
-        errs = ffi.new("lecho_errors **")
-        rc = lib.lecho_submit_sync(self._p, self._ev, float(timeout), errs)
         ctx = self.ctx
-        msg = _s(lib.lecho_errmsg(ctx._x)) if rc != 0 else ""
-        e = errs[0]
-        lst = []
-        if e != ffi.NULL:
-            for i in range(lib.lecho_errors_count(e)):
-                lst.append({"context": _s(lib.lecho_errors_context(e, i)),
-                            "consumer": _s(lib.lecho_errors_consumer(e, i)),
-                            "message": _s(lib.lecho_errors_message(e, i)),
-                            "code": ffi.string(lib.lecho_strerror(lib.lecho_errors_code(e, i))).decode()})
-            msg = _s(lib.lecho_errors_text(e)) or msg
-            lib.lecho_errors_free(e)
-        ctx._reraise()
-        if rc != 0:
-            raise SyncError(rc, msg, lst)
-        return True
+        out = ffi.new("lecho_value **")
+        rc = lib.lecho_submit_sync_start(self._p, self._ev, float(timeout), out)
+        ctx._loop_call(rc)
+        holder = ctx._own(out[0])
+        if ctx._block_pending(holder):
+            return True
+        return self._sync_result(ctx._pending_table(holder))
 
     async def submit_sync_async(self, ev, timeout=-1.0):
         """submit_sync() as an awaitable, for code inside a running asyncio
@@ -646,7 +697,11 @@ class Producer:
         ctx._loop_call(rc)
         holder = ctx._own(out[0])
         ctx._kick()
-        r = await ctx._await_pending(holder)
+        return self._sync_result(await ctx._await_pending(holder))
+
+    @staticmethod
+    def _sync_result(r):
+        """True, or SyncError from a finished lecho_submit_sync_start table."""
         if r.get("ok"):
             return True
         flat = r.get("errors") or []

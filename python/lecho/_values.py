@@ -137,7 +137,10 @@ def array_of(ptr, nbytes, info, pin):
         holder = pin()
         # the buffer's cdata holds the pin: the array -> buffer -> cdata -> pin
         p = ffi.gc(ffi.cast("char *", ptr), lambda _c, _h=holder: None)
-        a = _np.frombuffer(ffi.buffer(p, nbytes), dtype=dtype).reshape(shape)
+        # over a read-only view of that memory: NumPy then refuses
+        # a.setflags(write=True) too (the memory is every consumer's)
+        ro = memoryview(ffi.buffer(p, nbytes)).toreadonly()
+        a = _np.frombuffer(ro, dtype=dtype).reshape(shape)
     # read-only: one decoded value goes to every consumer of the process (a
     # write into it would change what the others see); a.copy() to write
     a.flags.writeable = False

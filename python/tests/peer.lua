@@ -21,6 +21,8 @@
 --       { final = true } (answering its sync), then exits after N events or final
 --   luajit peer.lua serve NS NAME             serves NAME: returns args.x * 2,
 --       raises { code = 400 } when args.x is not a number; prints "ready"
+--   luajit peer.lua slow NS NAME              consumes NAME and serves NAME, each handler sleeping
+--       200 s (never answering in a test's time); prints "ready"
 --   luajit peer.lua call NS NAME X            prints the call's results or its error
 io.stdout:setvbuf("line")
 local lecho = require "lecho"
@@ -130,6 +132,12 @@ elseif role == "serve" then
   end)
   print("ready")
   ctx:after(30, function() ctx:stop() end)
+  ctx:run()
+elseif role == "slow" then
+  ctx:channel(name):consumer(function() ctx:sleep(200) end)
+  ctx:service(name, function() ctx:sleep(200) end)
+  print("ready")
+  ctx:after(60, function() ctx:stop() end)
   ctx:run()
 elseif role == "call" then
   local r = { ctx:call(name, { x = tonumber(arg[4]) or arg[4] }, { timeout = 5 }) }

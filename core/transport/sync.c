@@ -147,7 +147,7 @@ void lei_sync_answered(lei_ctx *c, lei_peer *p, uint64_t sync, uint64_t nran,
         lei_sync_wait *w = &s->w[i];
         if (w->peer != p || w->done) continue;
         if (!nran && !elen && s->want_ran) {
-            /* 0 handlers and nothing said: a peer of before codes whose
+            /* 0 handlers and nothing said: a peer of before this rule whose
              * consumer closed before the event came (one of now says it,
              * lei_ack_noconsumer).  Nothing handled it: never true. */
             char why[LEI_ADDR_MAX + 128];

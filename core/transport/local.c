@@ -31,8 +31,9 @@ static int local_deliver(lei_ctx *c, lei_qitem *it) {
         c->depth--;
     } else if (it->sync) {
         /* no local consumer any more (it closed after the submit): said,
-         * code noconsumer; a sync marker was handled by its modulator */
-        if (it->producer || it->seq)
+         * code noconsumer; a sync marker was handled by its modulator, a
+         * call whose service is gone is told by the bare ACK (noservice) */
+        if ((it->producer || it->seq) && !(ch && ch->calls))
             lei_ack_noconsumer(c, NULL, it->sync, ch ? ch->name : NULL);
         else
             lei_ack(c, NULL, it->sync, 0, NULL, 0);

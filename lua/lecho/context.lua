@@ -241,9 +241,13 @@ Context.REPLAY_PID = REPLAY_PID
 -- A sync event no handler ran for (its consumers here closed before it
 -- came, the producer not told yet): the ACK says so, code noconsumer, so
 -- that the producer's submit_sync fails as it does once it knows (never
--- true: nothing handled it).  Not for a sync marker (handled by its filter).
+-- true: nothing handled it).  Not for a sync marker (handled by its filter),
+-- nor a call (nil).
 local function unhandled(self, chid)
   local ch = self.bychid[chid]
+  -- a call channel whose service is gone here: the ACK without a value
+  -- says so to the caller (noservice, lecho.call), as before
+  if ch and ch.calls then return nil end
   local name = ch and (ch.name or ch.short) or "the channel"
   return { { consumer = self.addr, code = "noconsumer",
              err = ("no consumer of %s at %s any more: not handled"):format(name, tostring(self.addr)) } }

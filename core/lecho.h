@@ -343,7 +343,8 @@ typedef struct lecho_errors lecho_errors;
  * failing or silent consumers (owned by the caller: lecho_errors_free; NULL
  * when the failure is not per consumer, e.g. a closed producer:
  * lecho_errmsg says why).  LECHO_ENOCONSUMER at once when the channel has
- * no consumer anywhere (nothing is sent).
+ * no consumer anywhere (nothing is sent), or when the consumers of a
+ * consuming context closed before the event came there (its entry).
  * Must not be called from a consumer handler (LECHO_EINVAL). */
 LECHO_API int lecho_submit_sync(lecho_producer *p, const lecho_value *ev, double timeout,
                                 lecho_errors **errs);

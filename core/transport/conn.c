@@ -413,7 +413,14 @@ static int conn_frame(lei_conn *k, const lei_frame *f, ev_batch *bt) {
         if (!ch->local || lei_live_seq(c, p, ch, e.producer, e.seq)) {
             if (e.sync) {
                 if (batch_flush(k, bt)) return -1;
-                lei_ack(c, p, e.sync, 0, NULL, 0);
+                /* no consumer left here (it closed before the producer
+                 * knew): said, code noconsumer; a duplicate, a sync marker,
+                 * which its modulator handled, or a call whose service is
+                 * gone (the caller reads noservice): 0 handlers */
+                if (!ch->local && !ch->calls && (e.producer || e.seq))
+                    lei_ack_noconsumer(c, p, e.sync, ch->name);
+                else
+                    lei_ack(c, p, e.sync, 0, NULL, 0);
             }
             return 0;
         }

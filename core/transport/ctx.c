@@ -83,6 +83,8 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
     if (s) {
         lei_sync_link(c, s);
         *sync_id = s->id;
+        /* a sync marker (producer 0, seq 0) is answered with 0 handlers */
+        s->want_ran = producer || seq;
     }
     /* The same frame header for every destination: built once. */
     uint8_t hdr[LEI_EVENT_HDR_MAX];

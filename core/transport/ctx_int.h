@@ -366,6 +366,8 @@ struct lei_sync {
     int nw;
     lei_sync_wait *w;         /* owned */
     uint64_t nran;
+    int want_ran;             /* an event (no sync marker, no call): an ACK of
+                               * 0 handlers and no entry is a failure */
 };
 
 /* ---- the context's state, by the file that owns it ----------------------
@@ -742,6 +744,9 @@ void lei_local_idle_cb(struct ev_loop *loop, ev_idle *w, int revents);
 void lei_local_kick(lei_ctx *c);
 /* peer.c: p's queue flushed now outside a callback, else at the end of the turn */
 void lei_peer_flush_deferred(lei_ctx *c, lei_peer *p);
+/* peer.c: the answer to a sync event no handler here ran (no consumer of
+ * channel chname left): 0 handlers and one entry, code noconsumer. */
+void lei_ack_noconsumer(lei_ctx *c, lei_peer *from, uint64_t sync, const char *chname);
 void lei_sync_link(lei_ctx *c, lei_sync *s);
 
 /* sync.c */

@@ -30,7 +30,13 @@ static int local_deliver(lei_ctx *c, lei_qitem *it) {
         rc = c->h.event(c->h.ud, NULL, it->chid, it->producer, it->seq, it->sync, p, m->total);
         c->depth--;
     } else if (it->sync) {
-        lei_ack(c, NULL, it->sync, 0, NULL, 0);
+        /* no local consumer any more (it closed after the submit): said,
+         * code noconsumer; a sync marker was handled by its modulator, a
+         * call whose service is gone is told by the bare ACK (noservice) */
+        if ((it->producer || it->seq) && !(ch && ch->calls))
+            lei_ack_noconsumer(c, NULL, it->sync, ch ? ch->name : NULL);
+        else
+            lei_ack(c, NULL, it->sync, 0, NULL, 0);
     }
     free(flat);
     if (rc == 1 && ch) ch->held = 1;

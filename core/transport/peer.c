@@ -590,6 +590,29 @@ void lei_ack(lei_ctx *c, lei_peer *from, uint64_t sync, uint64_t nran, const uin
     lei_sync_answered(c, NULL, sync, nran, errs, elen);
 }
 
+/* A sync event that no handler of this context ran (no consumer of its
+ * channel here any more: it closed before the event came, and the producer
+ * was not told yet): answered with 0 handlers and one entry, code
+ * noconsumer, never a bare 0 the producer could take for success.  Not for a
+ * sync marker (producer 0, seq 0), which its modulator handled. */
+void lei_ack_noconsumer(lei_ctx *c, lei_peer *from, uint64_t sync, const char *chname) {
+    char why[LEI_ADDR_MAX + 320];
+    int wl = snprintf(why, sizeof why, "no consumer of %.256s at %s any more: not handled",
+                      chname ? chname : "the channel", c->addr);
+    if (wl < 0) wl = 0;
+    if ((size_t)wl >= sizeof why) wl = (int)sizeof why - 1;
+    const char *code = lei_err_name(LEI_E_NOCONSUMER);
+    lei_wbuf b = {0};
+    int bad = lei_enc_table_header(&b, 1, 0) || lei_enc_table_header(&b, 0, 3) ||
+              lei_enc_string(&b, "consumer", 8) || lei_enc_string(&b, c->addr, strlen(c->addr)) ||
+              lei_enc_string(&b, "err", 3) || lei_enc_string(&b, why, (size_t)wl) ||
+              lei_enc_string(&b, "code", 4) || lei_enc_string(&b, code, strlen(code));
+    /* out of memory: the bare ACK, which the producer reads as no handler
+     * run all the same (lei_sync_answered) */
+    lei_ack(c, from, sync, 0, bad ? NULL : (const uint8_t *)b.data, bad ? 0 : b.len);
+    lei_wbuf_free(&b);
+}
+
 void lei_ack_gen(lei_ctx *c, lei_peer *from, uint64_t gen, uint64_t sync, uint64_t nran,
                  const uint8_t *errs, size_t elen) {
     if (from && (!from->conn || from->gen != gen)) {

@@ -146,6 +146,18 @@ void lei_sync_answered(lei_ctx *c, lei_peer *p, uint64_t sync, uint64_t nran,
     for (int i = 0; i < s->nw; i++) {
         lei_sync_wait *w = &s->w[i];
         if (w->peer != p || w->done) continue;
+        if (!nran && !elen && s->want_ran) {
+            /* 0 handlers and nothing said: a peer of before this rule whose
+             * consumer closed before the event came (one of now says it,
+             * lei_ack_noconsumer).  Nothing handled it: never true. */
+            char why[LEI_ADDR_MAX + 128];
+            snprintf(why, sizeof why,
+                     "consumer context %s: no handler ran (no consumer of the channel there any more)",
+                     p ? p->addr : c->addr);
+            lei_sync_fail(w, s, why, LEI_E_NOCONSUMER);
+            sync_settled(c, s);
+            return;
+        }
         w->done = 1;
         s->nwait--;
         s->nran += nran;

@@ -37,6 +37,7 @@ local function caller_of(ctx, name)
     local ch, err, code = ctx:channel(ns .. "/svc:" .. name)
     if not ch then return nil, err, code end
     ctx.c:set_calls(ch.chid)
+    ch.calls = true   -- a call unanswered is no event unhandled (Context:_on_event)
     cl.chans[i] = ch
   end
   ctx.svc_callers[name] = cl

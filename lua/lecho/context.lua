@@ -238,6 +238,21 @@ end
 local REPLAY_PID = 2 ^ 40
 Context.REPLAY_PID = REPLAY_PID
 
+-- A sync event no handler ran for (its consumers here closed before it
+-- came, the producer not told yet): the ACK says so, code noconsumer, so
+-- that the producer's submit_sync fails as it does once it knows (never
+-- true: nothing handled it).  Not for a sync marker (handled by its filter),
+-- nor a call (nil).
+local function unhandled(self, chid)
+  local ch = self.bychid[chid]
+  -- a call channel whose service is gone here: the ACK without a value
+  -- says so to the caller (noservice, lecho.call), as before
+  if ch and ch.calls then return nil end
+  local name = ch and (ch.name or ch.short) or "the channel"
+  return { { consumer = self.addr, code = "noconsumer",
+             err = ("no consumer of %s at %s any more: not handled"):format(name, tostring(self.addr)) } }
+end
+
 function Context:_on_event(chid, value, peer, producer, seq, sync, rv)
   -- producer 0, seq 0: a sync marker on a modulated stream (the modulator
   -- sent nothing for a sync event): acknowledged once all before it ran.
@@ -246,7 +261,10 @@ function Context:_on_event(chid, value, peer, producer, seq, sync, rv)
   -- tables (thousands of channels: cache misses are the cost).
   local con = self.dcon[chid]
   if con then
-    if con.closed then return 0, nil end
+    if con.closed then
+      if sync > 0 then return 0, unhandled(self, chid) end
+      return 0, nil
+    end
     local short = self.dshort[chid]
     local meta = { channel = short, producer = pname_of(self, peer, producer), seq = seq }
     if sync > 0 then meta.sync = true end
@@ -292,8 +310,9 @@ function Context:_on_event(chid, value, peer, producer, seq, sync, rv)
         end
       end
     end
-    if sync > 0 then return nran, errs, meta[HOLD] end
+    if sync > 0 and nran > 0 then return nran, errs, meta[HOLD] end
   end
+  if sync > 0 and nran == 0 then return 0, unhandled(self, chid) end
   return nran, errs
 end
 

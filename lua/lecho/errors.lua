@@ -21,7 +21,7 @@ M.CODES = {
   noservice  = "no server of the service called is known (ctx:call, at once)",
   version    = "servers of the service exist, none with a compatible version (ctx:call, at once)",
   busy       = "refused at once: a service's concurrency + queue, or max_calls_in_flight",
-  noconsumer = "a sync submit to a channel that has no consumer anywhere",
+  noconsumer = "a sync submit to a channel that has no consumer anywhere, or none left where it came",
 }
 
 -- The code a peer's reply or ACK entry carries, as this side believes it:

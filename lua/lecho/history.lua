@@ -508,7 +508,11 @@ function M.flush(st, paddr, entries, why, seam, kf)
   for _, b in ipairs(s.buf) do
     st.held, st.held_bytes = st.held - 1, st.held_bytes - #b.data
     local c = cut[b.pid]
-    if con.closed or (c and b.meta.seq <= c) then
+    if con.closed then
+      -- never handed to the handler: a sync one's producer is told
+      if b.rec then ctx:_settle_ack(b.rec, con.id, "not handled: the consumer closed", "noconsumer") end
+    elseif c and b.meta.seq <= c then
+      -- the history stood for it
       if b.rec then ctx:_settle_ack(b.rec, con.id, nil) end
     else
       local _, v = core.decode(b.data)

@@ -333,6 +333,7 @@ function Context:service(name, handler, opts, reserved)
       local ch, err, code = self:channel(ns .. "/svc:" .. name)
       if not ch then return nil, err, code end
       self.c:set_calls(ch.chid)
+      ch.calls = true   -- a call unanswered is no event unhandled (Context:_on_event)
       entry.chans[#entry.chans + 1] = ch
       self:_route(ch.chid, function(req, peer, sync, gen, nbytes)
         return serve(self, entry, req, peer, sync, gen, nbytes)

@@ -2,6 +2,7 @@
 consumers and servers (peer.lua), Python consumers and producers."""
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -536,6 +537,34 @@ def test_closing_a_subscription_fails_the_sync_events_it_did_not_hand_out(namese
             ctx.run_once(0.05)
         result, _, message = _syncs(lua)[1]
         assert (result, message) == ("failed", "not handled: the subscription closed")
+
+
+def test_sync_events_that_come_after_the_subscription_closed_fail(nameserver, procs):
+    # Found by an outside reviewer: sync events that reached this context
+    # after sub.close() (the producer not told yet) came back true though no
+    # handler ran.  The name server (the channel's manager) is stopped once
+    # the subscription is known, so the producer is told only after all
+    # three came: each fails, answered by this context, code noconsumer.
+    ns_proc = procs.procs[0]            # the nameserver fixture's process
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        sub = ctx.channel("py.syncgone").subscribe()
+        lua = procs.lua("syncs", nameserver, "py.syncgone", 3)
+        ev = sub.get(timeout=10)
+        assert ev.get("ping")
+        os.kill(ns_proc.pid, signal.SIGSTOP)
+        try:
+            sub.close()                 # the ping was handed out: handled
+            end = time.monotonic() + 20
+            while lua.poll() is None and time.monotonic() < end:
+                ctx.run_once(0.05)
+        finally:
+            os.kill(ns_proc.pid, signal.SIGCONT)
+        got = _syncs(lua)
+        for k in (1, 2, 3):
+            result, _, message = got[k]
+            assert result == "failed", got
+            assert re.match(r"^no consumer of \S+/py\.syncgone at \S+ any more: not handled$", message), got
+        assert ctx.stat("py.syncgone", "events_in") == 4   # the ping and the three, none run
 
 
 def test_a_held_ack_does_not_hold_the_producers_connection(nameserver, procs):

@@ -229,7 +229,7 @@ describe("issue 29: key frames for late joiners of a modulated stream", function
     S.write(o.stop, "stop\n")
     assert(S.wait(prod, 90, ctx), "producer did not finish: " .. S.errors(prod))
     local line = S.output(prod):match("({.*})")
-    assert(line, "producer: " .. S.output(prod) .. S.errors(prod))
+    assert(line, ("producer (exit %s): "):format(tostring(prod.rc)) .. S.output(prod) .. S.errors(prod))
     local sent = cjson.decode(line).sent
     assert(S.wait(joiner, 60, ctx), "joiner did not finish: " .. S.errors(joiner))
     local jline = S.output(joiner):match("({.*})")

@@ -256,6 +256,23 @@ describe("issue 29: record and replay", function()
     assert.is_nil(lines_of(chk)[1].torn)
   end)
 
+  it("--count N writes exactly N events, not the rest of the batch that brought the Nth", function()
+    -- outside review of issue 29 (F3): --count 1 wrote 124 events, --count 1000 wrote 2126
+    local _, ns = S.nameserver("--quiet")
+    for _, n in ipairs({ 1, 1000 }) do
+      local file = S.tmpname("cnt") .. ".lecho"
+      local rec = lecho_cmd(("record cnt%d --out %s --count %d --json --nameserver %s"):format(n, file, n, ns))
+      assert(S.wait_file(rec.err, "recording", 20), S.errors(rec))
+      local prod = S.lua(PRODUCER, ns, "cnt" .. n, "20000", "0", "16")
+      assert.are.equal(0, finish(rec, 60, "recorder"), S.errors(rec))
+      S.kill(prod, "KILL")
+      assert.are.equal(n, lines_of(rec)[1].events, "the summary")
+      local chk = lecho_cmd("replay --check --json " .. file)
+      assert.are.equal(0, finish(chk, 20, "check"))
+      assert.are.equal(n, lines_of(chk)[1].events, "events in the file")
+    end
+  end)
+
   it("rotates past --max-bytes, keeping --keep files", function()
     local _, ns = S.nameserver("--quiet")
     local file = S.tmpname("rot") .. ".lecho"

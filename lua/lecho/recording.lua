@@ -376,12 +376,13 @@ end
 --- Records channels `names` (short names or full ones) of ctx into writer
 -- w: one consumer per channel in raw mode (ctx:raw: the bytes as they
 -- came, not decoded; every consumer of those channels in ctx gets bytes,
--- so a recorder has its own context).  Returns the recorder { stop() } or
--- nil, err.
+-- so a recorder has its own context).  opts.limit: write no more than that
+-- many events (those after are counted in r.refused; a sync one's producer
+-- hears "not recorded").  Returns the recorder { stop() } or nil, err.
 function M.record(ctx, names, w, opts)
   opts = opts or {}
   if opts.direct then return M.record_direct(ctx, names, w, opts) end
-  local r = { w = w, cons = {}, events = 0 }
+  local r = { w = w, cons = {}, events = 0, limit = opts.limit, refused = 0 }
   local gettime = M.wall
   for _, name in ipairs(names) do
     local ch, err, code = ctx:channel(name)
@@ -390,6 +391,14 @@ function M.record(ctx, names, w, opts)
     local short = ch.short
     local con
     con, err, code = ch:consumer(function(data, meta)
+      -- past opts.limit (--count): not written, though the rest of the
+      -- batch that brought the last one still comes; a sync producer is
+      -- told its event was not recorded (the handler's error is its ack's)
+      if r.limit and r.events >= r.limit then
+        r.refused = r.refused + 1
+        if meta.sync then error(("recorder stopped after %d events: not recorded"):format(r.limit), 0) end
+        return
+      end
       local ok, werr = w:event(short, meta.producer, meta.seq, gettime(), meta.sync == true, data)
       if not ok then
         if opts.on_error then opts.on_error(werr) end

@@ -1012,7 +1012,7 @@ end
 
 local function replay_status(opts, st)
   if opts.json then return emit(st) end
-  io.stdout:write(("replay %d/%d sent=%d t=%.3f/%.3f %s%s%s\n"):format(math.min(st.pos, st.total), st.total, st.sent,
+  io.stdout:write(("replay %d/%d sent=%d t=%.3f/%.3f %s%s%s\n"):format(st.pos, st.total, st.sent,
     st.t, st.duration, st.done and "done" or (st.paused and "paused" or "playing"),
     (st.unreached or 0) > 0 and (" unreached=%d"):format(st.unreached) or "",
     st.err and (" error: " .. st.err) or ""))

@@ -999,7 +999,7 @@ function cmds.record(opts, pos)
   r.stop()
   w:close()
   if (r.refused or 0) > 0 then
-    io.stderr:write(("lecho record: %d events after the %dth not recorded (--count)\n"):format(r.refused, opts.count))
+    io.stderr:write(("lecho record: %d events past --count %d not recorded\n"):format(r.refused, opts.count))
   end
   local summary = { file = opts.out, events = w.events, bytes = w.bytes, rotations = w.rotations }
   if opts.json then emit(summary)

@@ -145,6 +145,61 @@ describe("issue 29: record and replay", function()
     assert.are.equal(r.good, #assert(S.read(file)))
   end)
 
+  it("a flipped bit in a mid-file record's length (running it past the end) is damage, not a torn tail", function()
+    -- outside review of issue 29 (F1): the length's top byte flipped in a
+    -- middle record made it run past the end of the file; --check called it
+    -- a torn tail (exit 0) and record --append cut every record after it
+    local recording = require "lecho.recording"
+    local lecho = require "lecho"
+    local file = S.tmpname("lenflip") .. ".lecho"
+    local w = assert(recording.writer(file, {}))
+    for i = 1, 3000 do assert(w:event("c", "127.0.0.1:1#1", i, 1e9 + i, false, assert(lecho.encode({ i = i })))) end
+    w:close()
+    local good = assert(S.read(file))
+    local size = #good
+    -- the offsets of the records: length (4 LE), crc (4), body, from byte 10
+    local offs, pos = {}, #recording.MAGIC
+    while pos < size do
+      offs[#offs + 1] = pos
+      local a, b, c, d = good:byte(pos + 1, pos + 4)
+      pos = pos + 8 + a + b * 256 + c * 65536 + d * 16777216
+    end
+    assert.are.equal(size, pos)
+    local at = offs[math.floor(#offs / 2)]
+    local k = at + 4   -- 1-based index of the length's top byte
+    local bad = good:sub(1, k - 1) .. string.char(bit.bxor(good:byte(k), 1)) .. good:sub(k + 1)
+    local a, b, c, d = bad:byte(at + 1, at + 4)
+    assert(a + b * 256 + c * 65536 + d * 16777216 > size - at, "the flipped length does not run past the end")
+    S.write(file, bad)
+    local r = assert(recording.scan(file))
+    assert.is_table(r.torn)
+    assert.are.equal(at, r.torn.offset)
+    assert.is_true(r.torn.damaged, "taken for a torn tail: " .. tostring(r.torn.why))
+    assert.is_nil((recording.cut(file)))
+    assert.is_nil((recording.writer(file, { append = true })))
+    assert.are.equal(size, #assert(S.read(file)))  -- nothing cut
+    -- the commands: --check says DAMAGED and exits 1, record --append refuses and cuts nothing
+    local chk = lecho_cmd("replay --check " .. file)
+    assert.are.equal(1, finish(chk, 20, "check"))
+    assert.matches("DAMAGED record at byte " .. at, S.output(chk) .. S.errors(chk))
+    local _, ns = S.nameserver("--quiet")
+    local ap = lecho_cmd(("record lenflip --out %s --append --for 0.5 --nameserver %s"):format(file, ns))
+    assert.are_not.equal(0, finish(ap, 20, "record --append"))
+    assert.matches("damaged record at byte " .. at, S.errors(ap))
+    assert.are.equal(bad, S.read(file))
+    -- the same record cut short at the end of the file (a crash): still a torn tail, cut
+    S.write(file, good:sub(1, offs[#offs] + 5))
+    r = assert(recording.scan(file))
+    assert.is_table(r.torn)
+    assert.is_nil(r.torn.damaged)
+    S.write(file, good:sub(1, offs[#offs]) .. bad:sub(at + 1, at + 12))
+    r = assert(recording.scan(file))
+    assert.is_table(r.torn)
+    assert.is_nil(r.torn.damaged, "a last record whose length runs past the end is a crash's torn tail")
+    assert(recording.cut(file))
+    assert.are.equal(offs[#offs], #assert(S.read(file)))
+  end)
+
   it("a recorder killed mid-write: the torn tail is found, cut, and the rest replays whole", function()
     local _, ns = S.nameserver("--quiet")
     local file = S.tmpname("rec") .. ".lecho"
@@ -199,6 +254,23 @@ describe("issue 29: record and replay", function()
     chk = lecho_cmd("replay --check --json " .. file)
     finish(chk, 20, "check")
     assert.is_nil(lines_of(chk)[1].torn)
+  end)
+
+  it("--count N writes exactly N events, not the rest of the batch that brought the Nth", function()
+    -- outside review of issue 29 (F3): --count 1 wrote 124 events, --count 1000 wrote 2126
+    local _, ns = S.nameserver("--quiet")
+    for _, n in ipairs({ 1, 1000 }) do
+      local file = S.tmpname("cnt") .. ".lecho"
+      local rec = lecho_cmd(("record cnt%d --out %s --count %d --json --nameserver %s"):format(n, file, n, ns))
+      assert(S.wait_file(rec.err, "recording", 20), S.errors(rec))
+      local prod = S.lua(PRODUCER, ns, "cnt" .. n, "20000", "0", "16")
+      assert.are.equal(0, finish(rec, 60, "recorder"), S.errors(rec))
+      S.kill(prod, "KILL")
+      assert.are.equal(n, lines_of(rec)[1].events, "the summary")
+      local chk = lecho_cmd("replay --check --json " .. file)
+      assert.are.equal(0, finish(chk, 20, "check"))
+      assert.are.equal(n, lines_of(chk)[1].events, "events in the file")
+    end
   end)
 
   it("rotates past --max-bytes, keeping --keep files", function()
@@ -290,6 +362,9 @@ describe("issue 29: record and replay", function()
     local st = lines_of(rp)
     assert.are.equal(6, st[#st].sent)
     assert.are.equal(6, st[#st].unreached)
+    -- the final status: 6 of 6, as the text says (review of issue 29, N1: "pos":7,"total":6)
+    assert.are.equal(6, st[#st].total)
+    assert.are.equal(6, st[#st].pos)
     -- the same file to a consumer: every event reached it, exit 0, unreached 0
     local cons = S.lua(CONSUMER, ns, "nb.some", "6")
     assert(S.wait_file(cons.out, "ready", 20), S.errors(cons))

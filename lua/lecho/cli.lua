@@ -157,7 +157,7 @@ detected as torn: after a crash, replay (or --append) cuts the torn tail.
   --max-bytes BYTES  rotate past this size: FILE -> FILE.1 -> ... -> FILE.KEEP
   --keep N           rotated files kept (default 3; the oldest is dropped)
   --for SECONDS      stop after this long
-  --count N          stop after N events
+  --count N          stop after N events (exactly N written)
   --json             the summary at the end as one JSON object
 ]] .. COMMON
 
@@ -977,6 +977,7 @@ function cmds.record(opts, pos)
   local r, err, ecode = recording.record(ctx, pos, w, {
     -- without --count the events are written from C, never entering Lua
     direct = not opts.count,
+    limit = opts.count,   -- exact: the rest of the batch that brought the Nth is not written
     on_error = function(e)
       io.stderr:write("lecho record: ", tostring(e), "\n")
       code = EXIT.failed
@@ -997,6 +998,9 @@ function cmds.record(opts, pos)
   while code == nil and not ctx.closed do ctx:run() end
   r.stop()
   w:close()
+  if (r.refused or 0) > 0 then
+    io.stderr:write(("lecho record: %d events past --count %d not recorded\n"):format(r.refused, opts.count))
+  end
   local summary = { file = opts.out, events = w.events, bytes = w.bytes, rotations = w.rotations }
   if opts.json then emit(summary)
   else
@@ -1008,7 +1012,7 @@ end
 
 local function replay_status(opts, st)
   if opts.json then return emit(st) end
-  io.stdout:write(("replay %d/%d sent=%d t=%.3f/%.3f %s%s%s\n"):format(math.min(st.pos, st.total), st.total, st.sent,
+  io.stdout:write(("replay %d/%d sent=%d t=%.3f/%.3f %s%s%s\n"):format(st.pos, st.total, st.sent,
     st.t, st.duration, st.done and "done" or (st.paused and "paused" or "playing"),
     (st.unreached or 0) > 0 and (" unreached=%d"):format(st.unreached) or "",
     st.err and (" error: " .. st.err) or ""))

@@ -17,7 +17,8 @@
 --       as they came on the wire (doc/wire-format.md; arrays untouched)
 --
 -- Append-only; a crash mid-write leaves at most a torn last record: its
--- length runs past the end, or its checksum fails.  A reader stops there
+-- length runs past the end (with no whole record after its header), or its
+-- checksum fails.  A reader stops there
 -- and says where (`M.scan`); `M.cut` truncates a file to its good part
 -- (record --append does it before it writes).
 
@@ -98,6 +99,60 @@ M.record = record
 -- Reading
 ---------------------------------------------------------------------------
 
+-- The 0-based offset of the first whole record at or after 0-based offset
+-- `from` of s, or nil, or -1 (not known, see below).  A record whose length
+-- runs past the end of the file is a crash's torn tail only when nothing
+-- whole follows it: a flipped bit in a length mid-file also runs it past
+-- the end, and then the records after it are still there, whole (issue 29,
+-- F1).  Every offset is tried (the flip hid where the next record starts),
+-- cheap tests first: a length > 0 that fits, a kind that is a capital
+-- letter, and from there a chain of such headers, each where the one before
+-- it ends, reaching the end of the file (or a last header cut short, or a
+-- last record that runs past the end: a torn tail after the damage).  Only
+-- a candidate whose chain reaches the end has its body's CRC-32 computed
+-- (zlib's, through the FFI).  Chains are remembered, so the search is
+-- linear: a 15 MB file in a fraction of a second.  A file made to defeat
+-- the cheap tests could still cost many checksums: past 1 GiB of
+-- checksummed bytes the search gives up with -1, which the caller takes
+-- for damage (the safe side: nothing is cut).
+local CRC_BUDGET = 1024 * 1024 * 1024
+local function capital(b) return b >= 65 and b <= 90 end
+local function whole_record_after(s, from)
+  local n = #s
+  local p = ffi.cast("const uint8_t *", s)
+  local budget = CRC_BUDGET
+  local ends = {}   -- [offset] = whether the chain of headers from there reaches the end
+  local path = {}
+  local function reaches_end(k)
+    local np = 0
+    local ok
+    while true do
+      local known = ends[k]
+      if known ~= nil then ok = known break end
+      if k == n or n - k < 9 then ok = true break end
+      local len = p[k] + p[k + 1] * 256 + p[k + 2] * 65536 + p[k + 3] * 16777216
+      if len == 0 or len > M.MAX_RECORD or not capital(p[k + 8]) then ok = false break end
+      np = np + 1
+      path[np] = k
+      if len > n - k - 8 then ok = true break end   -- a torn last record
+      k = k + 8 + len
+    end
+    for q = 1, np do ends[path[q]] = ok end
+    return ok
+  end
+  for j = from, n - 9 do
+    local len = p[j] + p[j + 1] * 256 + p[j + 2] * 65536 + p[j + 3] * 16777216
+    if len > 0 and len <= n - j - 8 and capital(p[j + 8]) and reaches_end(j + 8 + len) then
+      budget = budget - len
+      if budget < 0 then return -1 end
+      local crc = p[j + 4] + p[j + 5] * 256 + p[j + 6] * 65536 + p[j + 7] * 16777216
+      if tonumber(zlib.crc32(0, p + j + 8, len)) == crc then return j end
+    end
+  end
+  return nil
+end
+M._whole_record_after = whole_record_after
+
 --- Reads a whole file into an index of its events: { events = { { ch =
 -- short name, producer, seq, t (seconds from the first event), wall
 -- (seconds since the epoch), sync, data = encoded value } ... }, channels
@@ -167,7 +222,14 @@ function M.scan(path)
     local len = i + 8 <= #s + 1 and rd_u32(s, i) or nil
     local sane = len and len > 0 and len <= M.MAX_RECORD
     local last = sane and i + 7 + len >= #s  -- the bad record ends the file
-    out.torn.damaged = not (short or zeros or last) or nil
+    -- a length past the end with a whole record after its header: the
+    -- length is damaged, not cut short by a crash
+    local hidden = short and i + 8 <= #s and whole_record_after(s, i - 1 + 8)
+    if hidden then
+      out.torn.why = out.torn.why .. (hidden < 0 and ", and no telling whether whole records follow it"
+                                      or ", with whole records after it")
+    end
+    out.torn.damaged = (hidden and true or not (short or zeros or last)) or nil
   end
   local t0 = out.events[1] and out.events[1].wall or 0
   for _, e in ipairs(out.events) do e.t = e.wall - t0 end
@@ -314,12 +376,13 @@ end
 --- Records channels `names` (short names or full ones) of ctx into writer
 -- w: one consumer per channel in raw mode (ctx:raw: the bytes as they
 -- came, not decoded; every consumer of those channels in ctx gets bytes,
--- so a recorder has its own context).  Returns the recorder { stop() } or
--- nil, err.
+-- so a recorder has its own context).  opts.limit: write no more than that
+-- many events (those after are counted in r.refused; a sync one's producer
+-- hears "not recorded").  Returns the recorder { stop() } or nil, err.
 function M.record(ctx, names, w, opts)
   opts = opts or {}
   if opts.direct then return M.record_direct(ctx, names, w, opts) end
-  local r = { w = w, cons = {}, events = 0 }
+  local r = { w = w, cons = {}, events = 0, limit = opts.limit, refused = 0 }
   local gettime = M.wall
   for _, name in ipairs(names) do
     local ch, err, code = ctx:channel(name)
@@ -328,6 +391,14 @@ function M.record(ctx, names, w, opts)
     local short = ch.short
     local con
     con, err, code = ch:consumer(function(data, meta)
+      -- past opts.limit (--count): not written, though the rest of the
+      -- batch that brought the last one still comes; a sync producer is
+      -- told its event was not recorded (the handler's error is its ack's)
+      if r.limit and r.events >= r.limit then
+        r.refused = r.refused + 1
+        if meta.sync then error(("recorder stopped after %d events: not recorded"):format(r.limit), 0) end
+        return
+      end
       local ok, werr = w:event(short, meta.producer, meta.seq, gettime(), meta.sync == true, data)
       if not ok then
         if opts.on_error then opts.on_error(werr) end

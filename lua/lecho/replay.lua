@@ -215,10 +215,11 @@ function Replay:unreached()
 end
 
 --- { pos, total, sent, unreached, t (of the next event), duration, paused,
--- done, speed }
+-- done, speed }.  pos: the next event's number, 1 to total; once done,
+-- total (the text and --json status lines say the same, 5663/5663).
 function Replay:status()
   local e = self.events[self.pos]
-  return { pos = self.pos, total = #self.events, sent = self.sent, unreached = (self:unreached()),
+  return { pos = math.min(self.pos, #self.events), total = #self.events, sent = self.sent, unreached = (self:unreached()),
            t = e and e.t or self.duration, duration = self.duration, paused = self.paused,
            done = self.pos > #self.events, speed = self.speed, err = self.err }
 end

@@ -172,7 +172,8 @@ is said on stderr and ignored.
   --rename OLD=NEW   publish channel OLD's events on NEW (repeatable)
   --step             start paused and read commands from stdin, one a line:
                      step [N], play, pause, seek t=SECONDS, seek seq=N,
-                     speed X, status, quit (each answered with a status line)
+                     speed X, status, quit (each answered with a status line;
+                     read once the file is loaded: the first status line)
   --seek-time S      start S seconds into the recording
   --seek-seq N       start at the first event with sequence number N or later
   --wait SECONDS     first wait (at most this long, default 2; 0: do not) for a

@@ -305,6 +305,23 @@ describe("issue 29: record and replay", function()
     assert.are.equal(121, got[#got].i)
   end)
 
+  it("lecho sub --json writes an array as {dtype, shape, data}, as the gateway does (issue 29 N2)", function()
+    local _, ns = S.nameserver("--quiet")
+    local sub = lecho_cmd(("sub arr.json --json --count 10 --nameserver %s"):format(ns))
+    local prod = S.lua(PRODUCER, ns, "arr.json", "10", "0")
+    assert.are.equal(0, finish(sub, 30, "lecho sub"), S.errors(sub))
+    finish(prod, 30, "producer")
+    local got = lines_of(sub)
+    assert.are.equal(10, #got, S.output(sub))
+    local f = got[10].value.field
+    assert.are.same({ dtype = "<f8", shape = { 4, 4 } }, { dtype = f.dtype, shape = f.shape })
+    assert.are.equal(16, #f.data)
+    assert.are.equal(0.5, f.data[1])
+    assert.are.equal(6.5, f.data[7])
+    assert.are.equal(15.5, f.data[16])
+    assert.is_nil(got[9].value.field)
+  end)
+
   it("a replay that reached no consumer says so and exits 1; one that reached its consumer exits 0", function()
     local _, ns = S.nameserver("--quiet")
     local file = S.tmpname("nobody") .. ".lecho"

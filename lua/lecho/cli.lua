@@ -76,6 +76,7 @@ Says on stderr at once when CHANNEL has no producer yet (a misspelt name?), and 
                      "History"), or what the modulator sent since its last key
                      frame when it marks them (doc/modulators.md), then the live ones
   --json             one JSON object per event: {"channel", "producer", "seq", "value"}
+                     (an array as {"dtype", "shape", "data"}: its elements flat, row-major)
                      (and "history": true, "replay": true when meta says so)
   --count N          exit 0 after N events
   --for SECONDS      exit after this long: 0 if --count was reached or not given, else 3

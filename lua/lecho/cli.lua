@@ -1019,6 +1019,7 @@ end
 
 function cmds.replay(opts, pos)
   local recording = require "lecho.recording"
+  local started = recording.wall()
   if opts.check then
     local code = EXIT.ok
     for _, f in ipairs(pos) do
@@ -1120,6 +1121,12 @@ function cmds.replay(opts, pos)
       -- a file (epoll does not watch those): its commands are all there
       buf, eof = io.stdin:read("*a") or "", true
     else
+      -- commands typed (or piped) while the file loaded run now, back to
+      -- back: said, since a `play` then `status` then says sent=0 (issue 29)
+      if term.readable(0) then
+        io.stderr:write(("lecho replay: commands came while the recording loaded (%.1f s): they run now,"
+          .. " one after the other (wait for the first status line)\n"):format(recording.wall() - started))
+      end
       ctx:on_readable(0, function(wt)
         local r = term.read_fd(0)
         if r == nil then eof = true; wt:stop() else buf = buf .. r end

@@ -513,6 +513,23 @@ end
     assert.matches("^%(command line%):1: mod: no such file: no/such/stride%.lua\nrc=1", out)
   end)
 
+  it("record() says why the recorder did not start, and h:stop() leaves no temporary file (issue 29 F5)", function()
+    local file = S.tmpname("f5") .. ".lecho"
+    local out = sh_out(("%s %s/scripts/lecho-repl --nameserver %s --no-history -e %s </dev/null; echo rc=$?")
+      :format(S.luajit, S.root, ns, S.sh_quote(("h = record('rec.f5', %q); wait(0.3); h:stop();"
+        .. " print('tmp gone', io.open(h.outfile) == nil)"):format(file))))
+    assert.matches("record rec%.f5 %-> .* %(pid %d+%)", out)
+    assert.matches("record: 0 events, %d+ bytes in", out)
+    assert.matches("tmp gone\ttrue", out)
+    assert.matches("rc=0", out)
+    -- a second session on the same file: the recorder refuses it, and says why
+    out = sh_out(("%s %s/scripts/lecho-repl --nameserver %s --no-history -e %s </dev/null; echo rc=$?")
+      :format(S.luajit, S.root, ns, S.sh_quote(("rec = record('rec.f5', %q)"):format(file))))
+    assert.matches("record: lecho record did not start: lecho record: .* exists %(%-%-append goes on after it%)", out)
+    assert.not_matches("%(pid %d+%)", out)
+    assert.matches("rc=1", out)
+  end)
+
   it("refuses options it does not know; says how the editor ended", function()
     local input = S.write(S.tmpname("opts-in"), table.concat({
       'sub("x", { wher = "true" })', 'sub("x", { limt = 3 })',

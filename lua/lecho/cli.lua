@@ -76,6 +76,7 @@ Says on stderr at once when CHANNEL has no producer yet (a misspelt name?), and 
                      "History"), or what the modulator sent since its last key
                      frame when it marks them (doc/modulators.md), then the live ones
   --json             one JSON object per event: {"channel", "producer", "seq", "value"}
+                     (an array as {"dtype", "shape", "data"}: its elements flat, row-major)
                      (and "history": true, "replay": true when meta says so)
   --count N          exit 0 after N events
   --for SECONDS      exit after this long: 0 if --count was reached or not given, else 3
@@ -172,7 +173,8 @@ is said on stderr and ignored.
   --rename OLD=NEW   publish channel OLD's events on NEW (repeatable)
   --step             start paused and read commands from stdin, one a line:
                      step [N], play, pause, seek t=SECONDS, seek seq=N,
-                     speed X, status, quit (each answered with a status line)
+                     speed X, status, quit (each answered with a status line;
+                     read once the file is loaded: the first status line)
   --seek-time S      start S seconds into the recording
   --seek-seq N       start at the first event with sequence number N or later
   --wait SECONDS     first wait (at most this long, default 2; 0: do not) for a
@@ -1021,6 +1023,7 @@ end
 
 function cmds.replay(opts, pos)
   local recording = require "lecho.recording"
+  local started = recording.wall()
   if opts.check then
     local code = EXIT.ok
     for _, f in ipairs(pos) do
@@ -1122,6 +1125,12 @@ function cmds.replay(opts, pos)
       -- a file (epoll does not watch those): its commands are all there
       buf, eof = io.stdin:read("*a") or "", true
     else
+      -- commands typed (or piped) while the file loaded run now, back to
+      -- back: said, since a `play` then `status` then says sent=0 (issue 29)
+      if term.readable(0) then
+        io.stderr:write(("lecho replay: commands came while the recording loaded (%.1f s): they run now,"
+          .. " one after the other (wait for the first status line)\n"):format(recording.wall() - started))
+      end
       ctx:on_readable(0, function(wt)
         local r = term.read_fd(0)
         if r == nil then eof = true; wt:stop() else buf = buf .. r end

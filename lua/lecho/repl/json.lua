@@ -3,12 +3,14 @@
 -- { "event": ..., "sub": ..., "channel": ..., "seq": ... }, { "text": ... },
 -- { "log": ... }), written with lua-cjson.  Lua values that JSON cannot hold
 -- become strings: functions and other objects "<function>", cycles "<cycle>",
--- NaN and infinities "nan", "inf", "-inf"; keys of a table that is not a
+-- NaN and infinities "nan", "inf", "-inf"; a lecho array {"dtype", "shape",
+-- "data"} (its elements flat, row-major, as the gateway sends them); keys of a table that is not a
 -- sequence become strings.  The output is always valid JSON (UTF-8): a
 -- string (value or key) that is not valid UTF-8 keeps its valid sequences,
 -- and each byte that is not part of one is written as the character with
 -- that code (U+0080..U+00FF, as in Latin-1): "\255x" becomes "\u00ffx".
 local cjson = require "cjson"
+local array = require "lecho.array"
 local byte, char, sub = string.byte, string.char, string.sub
 
 local M = {}
@@ -67,6 +69,14 @@ local function convert(v, path, depth)
     if v ~= v then return "nan" end
     if v == math.huge then return "inf" elseif v == -math.huge then return "-inf" end
     return v
+  end
+  if t == "userdata" and array.is(v) then
+    -- as the gateway writes it to JSON clients (doc/gateway.md): the
+    -- elements flat, row-major, each number as above
+    local a = v:contiguous() and v or v:copy()
+    local p, data = a:ptr(), {}
+    for i = 0, #a - 1 do data[i + 1] = convert(tonumber(p[i]), path, depth + 1) end
+    return { dtype = v:dtype(), shape = v:shape(), data = data }
   end
   if t ~= "table" then return "<" .. t .. ">" end
   if path[v] then return "<cycle>" end

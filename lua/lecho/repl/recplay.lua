@@ -36,24 +36,56 @@ function M.install(R)
     return dir .. "/lecho"
   end
 
+  -- The child's pid is running (not gone, not a zombie nobody reaped yet).
+  local function alive(pid)
+    local f = io.open(("/proc/%d/stat"):format(pid))
+    if not f then return false end
+    local st = f:read("*a") or ""
+    f:close()
+    local state = st:match("^%d+ %b() (%a)")
+    return state ~= nil and state ~= "Z" and state ~= "X"
+  end
+  local function slurp(path)
+    local f = io.open(path)
+    if not f then return "" end
+    local s = f:read("*a") or ""
+    f:close()
+    return s
+  end
+  -- What the child said that is not its JSON summary (its errors), one line.
+  local function said(out)
+    local t = {}
+    for l in out:gmatch("[^\n]+") do
+      if l:sub(1, 1) ~= "{" and not l:match("^lecho record: recording ") then t[#t + 1] = l end
+    end
+    return table.concat(t, "; ")
+  end
+
   local Rec = {}
   Rec.__index = Rec
   function Rec:stop()
     if self.stopped then return self.summary end
     self.stopped = true
     os.execute(("kill -INT %d 2>/dev/null"):format(self.pid))
+    local s = ""
     for _ = 1, 100 do
-      local f = io.open(self.outfile)
-      local s = f and f:read("*a")
-      if f then f:close() end
-      if s and s:find("}") then
+      s = slurp(self.outfile)
+      if s:find("}") then
         self.summary = require("cjson").decode(s:match("({.*})"))
         break
       end
+      if not alive(self.pid) then s = slurp(self.outfile) break end
       R.serve(0.05)
     end
-    R.out(("record: %s"):format(self.summary and ("%d events, %d bytes in %s"):format(self.summary.events,
-      self.summary.bytes, self.file) or "stopped (no summary)"))
+    os.remove(self.outfile)
+    local err = said(s)
+    if self.summary then
+      R.out(("record: %d events, %d bytes in %s%s"):format(self.summary.events, self.summary.bytes, self.file,
+        err ~= "" and (" (" .. err .. ")") or ""))
+    else
+      R.out(("record: stopped, nothing written%s"):format(err ~= "" and (": " .. err)
+        or (alive(self.pid) and (" (pid %d still running, its output lost)"):format(self.pid) or " (no summary)")))
+    end
     return self.summary
   end
   function Rec:__tostring() return ("record %s -> %s (pid %d)"):format(table.concat(self.channels, ", "), self.file, self.pid) end
@@ -61,8 +93,11 @@ function M.install(R)
   R.command("record", "record(ch | {ch, ...}, file [, {max_bytes=, keep=, append=}])",
     "record channels to a file (lecho record, in the background)", [[
 Starts `lecho record` on the channels, writing to file (doc/recording.md):
-every event as it came, with producer, seq and time.  Returns a handle:
-h:stop() ends it and prints what was written.  replay(file) plays it back.]], function(chs, file, o)
+every event as it came, with producer, seq and time.  Returns a handle once
+the recorder says it records; a recorder that ends first (the file exists:
+append = true goes on after it) is an error with its words.  h:stop() ends
+it and prints what was written, or the recorder's error.  replay(file)
+plays it back.]], function(chs, file, o)
     if type(chs) == "string" then chs = { chs } end
     if type(chs) ~= "table" or not chs[1] then error("record: the channels: a name or a list of names", 2) end
     if type(file) ~= "string" then error("record: the file name is missing", 2) end
@@ -78,10 +113,21 @@ h:stop() ends it and prints what was written.  replay(file) plays it back.]], fu
     local pipe = assert(io.popen(cmd))
     local pid = tonumber(pipe:read("*l"))
     pipe:close()
-    if not pid then error("record: could not start lecho record", 2) end
-    R.serve(0.3)
+    if not pid then os.remove(outfile) error("record: could not start lecho record", 2) end
+    -- started once it says "recording"; one that exits first (the file
+    -- exists, a channel refused, no name server) is an error, its words
+    local function settled()
+      return slurp(outfile):find("lecho record: recording ", 1, true) ~= nil or not alive(pid)
+    end
+    local up = R.serve(10, settled)
+    local out = slurp(outfile)
+    if not out:find("lecho record: recording ", 1, true) and not alive(pid) then
+      os.remove(outfile)
+      local err = said(out)
+      error("record: lecho record did not start: " .. (err ~= "" and err or "it exited saying nothing"), 2)
+    end
     local h = setmetatable({ pid = pid, file = file, channels = chs, outfile = outfile }, Rec)
-    R.out(tostring(h))
+    R.out(tostring(h) .. (up and "" or " (not recording yet after 10 s)"))
     return h
   end)
 

@@ -341,6 +341,13 @@ class Context:
         (KeyboardInterrupt) stops it at once.  An answer that came after
         the call's timeout (a handler in this process runs to its end in
         the loop turn that called it) raises CallError code "timeout"."""
+        holder, t0, timeout = self._call_start(name, args, opts)
+        self._block_pending(holder)
+        return self._call_result(name, self._pending_table(holder), time.monotonic() - t0, timeout)
+
+    def _call_start(self, name, args, opts):
+        """Starts a call (lecho_call_start): its pending holder, when it
+        started, and its timeout in seconds."""
         x = self._check()
         a = self._value(args)
         o = self._value(opts) if opts else ffi.NULL
@@ -350,25 +357,14 @@ class Context:
         t0 = time.monotonic()
         rc = lib.lecho_call_start(x, name.encode(), a, o, out)
         self._loop_call(rc)
-        holder = self._own(out[0])
-        self._block_pending(holder)
-        return self._call_result(name, self._pending_table(holder), time.monotonic() - t0, timeout)
+        return self._own(out[0]), t0, timeout
 
     async def call_async(self, name, args=None, **opts):
         """call() as an awaitable, for code inside a running asyncio loop
         (a Jupyter cell, asyncio.run): the request leaves now and the loop
         stays free while the answer comes (lecho_call_start).  The same
         results and CallError as call()."""
-        x = self._check()
-        a = self._value(args)
-        o = self._value(opts) if opts else ffi.NULL
-        out = ffi.new("lecho_value **")
-        timeout = opts.get("timeout")
-        timeout = self._sync_timeout if timeout is None else float(timeout)
-        t0 = time.monotonic()
-        rc = lib.lecho_call_start(x, name.encode(), a, o, out)
-        self._loop_call(rc)
-        holder = self._own(out[0])
+        holder, t0, timeout = self._call_start(name, args, opts)
         r = await self._await_pending(holder)
         return self._call_result(name, r, time.monotonic() - t0, timeout)
 

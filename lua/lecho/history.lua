@@ -441,6 +441,14 @@ function M.consumer(con, n)
       end
       return real(ev, meta)
     end
+    local late = s.late
+    if late and pid ~= 0 then
+      -- a late producer (M.late): what it sends before its push is at or
+      -- below the seam, cut when the push comes: not kept
+      if not late.cut[pid] or meta.seq > late.cut[pid] then late.cut[pid] = meta.seq end
+      late.n = late.n + 1
+      return
+    end
     local data = core.encode(ev)
     if st.held >= M.MAX_HELD or st.held_bytes + #(data or "") > M.MAX_HELD_BYTES or not data then
       -- too much came before the history: it is given up for this producer,
@@ -625,12 +633,13 @@ end
 -- delivering them would give the newcomer what was submitted before it
 -- existed, and count the window to the seam as lost), its push is taken
 -- when it comes (M.pushed), else the history is given up after
--- REPLY_TIMEOUT with the held events run (the live stream goes on).
+-- REPLY_TIMEOUT (or a lost connection, or past MAX_HELD): the held events
+-- are cut, not delivered (logged with their count), the live stream goes on.
 function M.late(st, a, ver, key)
   local con = st.con
   local ctx = con.ch.ctx
   local s = st.by[a]
-  s.late = { ver = ver, key = key }
+  s.late = { ver = ver, key = key, cut = {}, n = 0 }
   st.late = (st.late or 0) + 1
   s.late.timer = ctx:after(M.REPLY_TIMEOUT, function()
     if s.late and not s.done then
@@ -646,7 +655,8 @@ function M.settle_late(st, a, push, why)
   if not s or not s.late then return end
   local con = st.con
   local ch = con.ch
-  if s.late.timer then s.late.timer:stop() end
+  local late = s.late
+  if late.timer then late.timer:stop() end
   s.late = nil
   st.late = st.late - 1
   if push then
@@ -665,7 +675,20 @@ function M.settle_late(st, a, push, why)
     end
     M.flush(st, a, entries, nil, seam, kf)
   else
-    M.flush(st, a, nil, why)
+    -- no seam: cut at the last event held (they came before a's push, so
+    -- before the join took effect there: as without history they go to
+    -- nobody here, and the stream runs on from them without a gap)
+    local cut, n = late.cut, late.n
+    for _, b in ipairs(s.buf) do
+      if b.pid ~= 0 then
+        cut[b.pid] = math.max(cut[b.pid] or b.meta.seq, b.meta.seq)
+        n = n + 1
+      end
+    end
+    local seam = {}
+    for pid, seq in pairs(cut) do seam[#seam + 1] = { pid = pid, seq = seq } end
+    M.flush(st, a, nil, n > 0 and ("%s; the %d events it sent before the seam are not delivered"):format(why, n)
+                        or why, seam)
   end
   if st.late == 0 and st.fetched then
     M.done_waiting(ch)

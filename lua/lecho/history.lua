@@ -270,10 +270,11 @@ end
 function M.peer_lost(ctx, addr)
   for st in pairs(ctx.hist_states or {}) do
     local s = st.by[addr]
+    if s and s.late then M.settle_late(st, addr, nil, ("no history from %s: connection lost"):format(addr)) end
     if s and s.done then
       for _ in pairs(s.last) do st.lasts = st.lasts - 1 end
       s.last = {}
-      if st.lasts <= 0 and st.fetched then M.unwrap(st) end
+      if st.lasts <= 0 and st.fetched and (st.late or 0) == 0 then M.unwrap(st) end
     end
   end
 end
@@ -344,6 +345,15 @@ function M.pushed(ctx, from, msg)
   local ch = type(msg.ch) == "string" and ctx.byname[msg.ch]
   if not ch or (ch.hist_waiting or 0) <= 0 then return end
   if type(msg.ver) ~= "number" or type(msg.entries) ~= "table" then return end
+  -- a consumer here whose join stopped waiting for it (M.late): taken now,
+  -- where it comes on a's connection (after what came before the seam)
+  for st in pairs(ctx.hist_states or {}) do
+    local s = st.con.ch == ch and st.by[from]
+    if s and s.late and s.late.ver == msg.ver and s.late.key == msg.key then
+      M.settle_late(st, from, msg)
+      return
+    end
+  end
   local kept = ch.hist_pushed
   if not kept then
     kept = { n = 0, by = {} }
@@ -427,16 +437,25 @@ function M.consumer(con, n)
         if pid ~= 0 and meta.seq <= last then return end  -- delivered from history already
         s.last[pid] = nil
         st.lasts = st.lasts - 1
-        if st.lasts == 0 and st.fetched then M.unwrap(st) end
+        if st.lasts == 0 and st.fetched and (st.late or 0) == 0 then M.unwrap(st) end
       end
       return real(ev, meta)
+    end
+    local late = s.late
+    if late and pid ~= 0 then
+      -- a late producer (M.late): what it sends before its push is at or
+      -- below the seam, cut when the push comes: not kept
+      if not late.cut[pid] or meta.seq > late.cut[pid] then late.cut[pid] = meta.seq end
+      late.n = late.n + 1
+      return
     end
     local data = core.encode(ev)
     if st.held >= M.MAX_HELD or st.held_bytes + #(data or "") > M.MAX_HELD_BYTES or not data then
       -- too much came before the history: it is given up for this producer,
       -- nothing of the live stream is
-      M.flush(st, paddr, nil, ("history from %s given up: more than %d events or %d bytes came first")
-                              :format(paddr, M.MAX_HELD, M.MAX_HELD_BYTES))
+      local why = ("history from %s given up: more than %d events or %d bytes came first")
+                  :format(paddr, M.MAX_HELD, M.MAX_HELD_BYTES)
+      if s.late then M.settle_late(st, paddr, nil, why) else M.flush(st, paddr, nil, why) end
       return real(ev, meta)
     end
     st.held, st.held_bytes = st.held + 1, st.held_bytes + #data
@@ -560,11 +579,22 @@ function M.fetch(st, r)
       -- pushed with the member list that took us (M.push); else asked
       -- for, and whichever comes first is taken (both are that version's)
       local function push_in() return take_push(ch, a, ver, key) ~= nil end
-      local rep, rerr = take_push(ch, a, ver, key, true), nil
+      local rep, rerr, rcode = take_push(ch, a, ver, key, true), nil, nil
       if not rep then
-        rep, rerr = ctx:request(a, { op = "history", ch = ch.name, n = st.n, key = key, ver = ver },
-                                math.max(ctx.timeout, M.REPLY_TIMEOUT), push_in)
+        -- waited for at most the context's timeout: this process may be far
+        -- behind a's stream (the push comes after every event a sent us
+        -- before it), or the join was made in a handler (a's events, and its
+        -- push, are not read until it returns)
+        rep, rerr, rcode = ctx:request(a, { op = "history", ch = ch.name, n = st.n, key = key, ver = ver },
+                                       ctx.timeout, push_in)
         if not rep and push_in() then rep, rerr = take_push(ch, a, ver, key, true), nil end
+      end
+      if not rep and rcode == "timeout" and type(ver) == "number" and not con.closed and not ctx.closed then
+        -- late: what comes from a until its push is still from before the
+        -- seam, held as before; the push, when it comes, is taken then
+        -- (M.pushed), or the history is given up after REPLY_TIMEOUT
+        M.late(st, a, ver, key)
+        goto next
       end
       if rep then
         entries = type(rep.entries) == "table" and rep.entries or {}
@@ -591,12 +621,83 @@ function M.fetch(st, r)
       end
     end
     M.flush(st, a, entries, err and ("no history from %s: %s"):format(a, err) or nil, seam, kf)
+    ::next::
   end
-  -- everything listed answered: the wrapper only drops repeats now, and
-  -- goes once none can come
-  M.done_waiting(ch)
+  -- everything listed answered (or is late): the wrapper only drops
+  -- repeats now, and goes once none can come
   st.fetched = true
-  if st.lasts == 0 then M.unwrap(st) end
+  if (st.late or 0) == 0 then
+    M.done_waiting(ch)
+    if st.lasts == 0 then M.unwrap(st) end
+  end
+end
+
+-- Producer context a did not answer within the join's wait: its events
+-- are still held (they were sent before its push, so before the seam:
+-- delivering them would give the newcomer what was submitted before it
+-- existed, and count the window to the seam as lost), its push is taken
+-- when it comes (M.pushed), else the history is given up after
+-- REPLY_TIMEOUT (or a lost connection, or past MAX_HELD): the held events
+-- are cut, not delivered (logged with their count), the live stream goes on.
+function M.late(st, a, ver, key)
+  local con = st.con
+  local ctx = con.ch.ctx
+  local s = st.by[a]
+  s.late = { ver = ver, key = key, cut = {}, n = 0 }
+  st.late = (st.late or 0) + 1
+  s.late.timer = ctx:after(M.REPLY_TIMEOUT, function()
+    if s.late and not s.done then
+      M.settle_late(st, a, nil, ("no history from %s: no answer within %gs"):format(a, M.REPLY_TIMEOUT))
+    end
+  end)
+end
+
+-- A late producer a answered (push: its history_push) or was given up
+-- (why): flushed, and the catch-up ends once none is late.
+function M.settle_late(st, a, push, why)
+  local s = st.by[a]
+  if not s or not s.late then return end
+  local con = st.con
+  local ch = con.ch
+  local late = s.late
+  if late.timer then late.timer:stop() end
+  s.late = nil
+  st.late = st.late - 1
+  if push then
+    local entries, seam = {}, {}
+    local kf = push.key ~= nil and push.kf == true
+    for _, e in ipairs(push.entries) do
+      if type(e) == "table" and type(e.seq) == "number" and type(e.pid) == "number"
+         and type(e.data) == "string" and (kf or #entries < st.n * 64) then
+        entries[#entries + 1] = e
+      end
+    end
+    for _, e in ipairs(type(push.seam) == "table" and push.seam or {}) do
+      if type(e) == "table" and type(e.pid) == "number" and type(e.seq) == "number" and #seam < 4096 then
+        seam[#seam + 1] = e
+      end
+    end
+    M.flush(st, a, entries, nil, seam, kf)
+  else
+    -- no seam: cut at the last event held (they came before a's push, so
+    -- before the join took effect there: as without history they go to
+    -- nobody here, and the stream runs on from them without a gap)
+    local cut, n = late.cut, late.n
+    for _, b in ipairs(s.buf) do
+      if b.pid ~= 0 then
+        cut[b.pid] = math.max(cut[b.pid] or b.meta.seq, b.meta.seq)
+        n = n + 1
+      end
+    end
+    local seam = {}
+    for pid, seq in pairs(cut) do seam[#seam + 1] = { pid = pid, seq = seq } end
+    M.flush(st, a, nil, n > 0 and ("%s; the %d events it sent before the seam are not delivered"):format(why, n)
+                        or why, seam)
+  end
+  if st.late == 0 and st.fetched then
+    M.done_waiting(ch)
+    if st.lasts == 0 then M.unwrap(st) end
+  end
 end
 
 return M

@@ -46,6 +46,12 @@ local cjson = require "cjson"
 local socket = require "socket"
 local lecho = require "lecho"
 local opts = cjson.decode(arg[1])
+-- A test runner started under nohup passes SIGHUP ignored to every child,
+-- and lecho keeps an ignored signal ignored (a background job's choice):
+-- this child starts as a program from a terminal would, SIGHUP at its default.
+local ffi = require "ffi"
+pcall(ffi.cdef, "typedef void (*lecho_sighandler)(int); lecho_sighandler signal(int, lecho_sighandler);")
+ffi.C.signal(1, ffi.cast("lecho_sighandler", 0))
 io.stdout:setvbuf("line")
 local ctx = assert(lecho.context{ nameserver = opts.ns, key = opts.key, trust = opts.trust,
   listen = opts.listen, trust_poll = opts.trust_poll, timeout = 5,

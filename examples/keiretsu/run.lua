@@ -162,9 +162,13 @@ local function main()
   net = NET.new(NNODES, tag, o.loopback)
   -- The watchdog: when this driver is gone (killed, even), it kills what it
   -- started and deletes the namespaces.
+  -- (and every luajit whose command line names this run's directory: a
+  -- child started as the driver died never reached the list; "[l]uajit"
+  -- keeps the pattern from matching this shell's own command line)
   local wd = ("while kill -0 %d 2>/dev/null; do sleep 1; done; for p in $(cat %s 2>/dev/null); do grep -qs keiretsu /proc/$p/cmdline && kill -9 $p; done; "
-              .. "for n in %s; do ip netns del $n 2>/dev/null; done; %s")
-    :format(tonumber(read("/proc/self/stat"):match("^(%d+)")), sq(pidfile), table.concat(net.names(), " "), o.verbose and "true" or ("rm -rf " .. sq(tmp)))
+              .. "pkill -9 -f %s 2>/dev/null; for n in %s; do ip netns del $n 2>/dev/null; done; %s")
+    :format(tonumber(read("/proc/self/stat"):match("^(%d+)")), sq(pidfile), sq("[l]uajit .*" .. tmp .. "/"),
+            table.concat(net.names(), " "), o.verbose and "true" or ("rm -rf " .. sq(tmp)))
   os.execute(("setsid sh -c %s >/dev/null 2>&1 </dev/null &"):format(sq(wd)))
   if net.kind == "netns" then
     out("hosts: %d network namespaces (nodes 10.233.0.1-%d, hub 10.233.0.254 with the name servers and the clients), veth pairs on a bridge",

@@ -142,11 +142,11 @@ local function run_flow(n, rec)
            recorder_cpu_us = per(r0, r1) }
 end
 
--- The steady flow measured in both runs: the same workload, the same
+-- The steady flow measured in every kind of run: the same workload, the same
 -- preparation.  A first flow of CFG.warm events (not measured) brings the
--- run to its steady state: in the recorded run the recorder has joined,
+-- run to its steady state: the recorder (or second consumer) has joined,
 -- connected, compiled its paths and caught up (the sync of that flow
--- returned only once it had written everything), in both the producer's
+-- returned only once it had handled everything), and the producer's
 -- queues and buffers have grown to their size.  Then the measured flow of
 -- CFG.n events.
 local function measured(rec)

@@ -9,7 +9,10 @@
 -- common.interleave, with the spread of the per-repetition ratios):
 --   throughput  async events of 1000 B per second, then one submit_sync
 --               that returns once every consumer handled them all: with a
---               recorder attached vs without (target >= 0.9x)
+--               recorder attached vs without (target >= 0.9x); each run a
+--               warm-up flow then the measured one (bench/README.md says
+--               why), with every process's CPU per event beside the rate;
+--               the recording is checked whole after each recorded run
 --   disk        the recording's bytes per event (its file, less the
 --               header) vs the wire bytes per event toward the recorder
 --               (the producer's peer counters: frame headers included)
@@ -39,8 +42,15 @@ local A = common.args(arg, USAGE)
 local QUICK = A.quick
 local ROOT = os.getenv("LECHO_ROOT") or (dir .. "/..")
 local LUAJIT = os.getenv("LUAJIT") or "luajit"
-local CFG = QUICK and { reps = 3, n = 20000, size = 1000, late = 20, rtt = 200 }
-                   or { reps = 5, n = 100000, size = 1000, late = 50, rtt = 1000 }
+-- n: events of the measured flow; warm: events of the flow before it in
+-- every run (see run_flow); reps: interleaved repetitions of each kind.
+-- RECPLAY_N, RECPLAY_WARM, RECPLAY_REPS override them (spec/recplay_bench_spec.lua
+-- runs it small).
+local CFG = QUICK and { reps = 5, n = 40000, warm = 8000, size = 1000, late = 20, rtt = 200 }
+                   or { reps = 7, n = 100000, warm = 20000, size = 1000, late = 50, rtt = 1000 }
+CFG.n = tonumber(os.getenv("RECPLAY_N") or "") or CFG.n
+CFG.warm = tonumber(os.getenv("RECPLAY_WARM") or "") or CFG.warm
+CFG.reps = tonumber(os.getenv("RECPLAY_REPS") or "") or CFG.reps
 
 local tmp = proc.tmpdir("lecho-recplay")
 local kids = proc.group(tmp)
@@ -69,6 +79,22 @@ ctx:run()
 ctx:close()
 ]]
 local peer_file = proc.write(tmp .. "/peer.lua", PEER)
+-- the control: a second plain consumer of `ch` (in its own process, as the
+-- recorder), started for the "second" runs only, ended by SIGINT (ctx:run
+-- closes the context)
+local SECOND = [[
+local lecho = require "lecho"
+local ns, parent = arg[1], tonumber(arg[2])
+local proc = require "spec.support.proc"
+local ctx = lecho.context{ nameserver = ns, quiet = true }
+local n = 0
+assert(ctx:channel("rp.data"):consumer(function() n = n + 1 end))
+io.stdout:write("ready ", ctx.addr, "\n") io.stdout:flush()
+ctx:every(0.2, function() if not proc.alive(parent) then ctx:stop() end end)
+ctx:after(900, function() ctx:stop() end)
+ctx:run()
+]]
+local second_file = proc.write(tmp .. "/second.lua", SECOND)
 local peer = spawn(("%s %s %s %d"):format(LUAJIT, peer_file, ns, common.getpid()))
 local line = proc.wait_file(peer.out, "ready", 30)
 assert(line, "peer did not start")
@@ -85,68 +111,139 @@ local function ndests()
   return s and s.destinations or 0
 end
 
-local function run_flow()
-  local t0 = ctx:now()
-  for i = 1, CFG.n do
-    assert(p:submit({ i = i, pad = payload }))
-  end
-  assert(p:submit_sync({ last = true }, { timeout = 60 }))
-  return CFG.n / (ctx:now() - t0)
-end
-
-local recfile = tmp .. "/run.lecho"
--- a process's time on a CPU so far, in ns (/proc/PID/schedstat's first
--- field): the recorder's CPU per event, a figure the load does not skew
--- as much as a rate
+-- A process's time on a CPU so far, in ns (/proc/PID/schedstat's first
+-- field, exact, not sampled): CPU per event, a figure the load does not
+-- skew as much as a rate.
 local function sched_ns(pid)
   local s = common.read("/proc/" .. pid .. "/schedstat")
   return s and tonumber(s:match("^(%d+)"))
 end
+
+-- One flow: n async events, then one submit_sync that returns once every
+-- consumer (the recorder too: it acknowledges from C) handled them all.
+-- Returns events a second over the whole flow (its end included: what is
+-- still queued when the submit loop ends is drained before the sync
+-- returns), events a second of the submit loop alone, and the CPU each
+-- process spent per event meanwhile (us; rec: the recorder's pid or nil).
+local seq = 0
+local function run_flow(n, rec)
+  local p0, c0, r0 = sched_ns("self"), sched_ns(peer.pid), rec and sched_ns(rec.pid)
+  local t0 = ctx:now()
+  for i = 1, n do
+    assert(p:submit({ i = i, pad = payload }))
+  end
+  local t_loop = ctx:now() - t0
+  assert(p:submit_sync({ last = true }, { timeout = 60 }))
+  local dt = ctx:now() - t0
+  local p1, c1, r1 = sched_ns("self"), sched_ns(peer.pid), rec and sched_ns(rec.pid)
+  seq = seq + n + 1
+  local function per(x, y) return x and y and (y - x) / 1e3 / (n + 1) or nil end
+  return { ev_s = n / dt, loop_ev_s = n / t_loop, producer_cpu_us = per(p0, p1), consumer_cpu_us = per(c0, c1),
+           recorder_cpu_us = per(r0, r1) }
+end
+
+-- The steady flow measured in every kind of run: the same workload, the same
+-- preparation.  A first flow of CFG.warm events (not measured) brings the
+-- run to its steady state: the recorder (or second consumer) has joined,
+-- connected, compiled its paths and caught up (the sync of that flow
+-- returned only once it had handled everything), and the producer's
+-- queues and buffers have grown to their size.  Then the measured flow of
+-- CFG.n events.
+local function measured(rec)
+  local warm = run_flow(CFG.warm, rec)
+  local r = run_flow(CFG.n, rec)
+  r.warm_ev_s = warm.ev_s
+  return r
+end
+
+-- The process's first flows pay for LuaJIT compiling the paths and the
+-- heap growing to the queues' size (5-8 us of producer CPU per event
+-- instead of ~1): the first run of the first repetition was the slowest of
+-- all, by up to 5x, and the ratio of that repetition with it.  Both paths
+-- run once before anything is measured.
+common.run_until(ctx, function() return ndests() == 1 end, 20)
+local PREWARM = CFG.warm * 2
+run_flow(PREWARM)
+
+local recfile = tmp .. "/run.lecho"
+local recording = require "lecho.recording"
+local function start_recorder()
+  os.remove(recfile)
+  local rec = spawn(("%s %s/scripts/lecho record rp.data --out %s --json --nameserver %s")
+                    :format(LUAJIT, ROOT, recfile, ns))
+  assert(common.run_until(ctx, function() return ndests() == 2 end, 20), "recorder did not join")
+  return rec, seq
+end
+-- Stops the recorder and reads its file: every event sent since it joined
+-- must be in it, in order, none lost (a faster recorder must still count
+-- every event); returns the file's figures.
+local function stop_recorder(rec, seq0)
+  proc.signal(rec.pid, "INT")
+  local done = proc.wait(rec, 20, function(dt) ctx:run_once(dt) end)
+  assert(done, "recorder did not stop")
+  local sum = common.json_line(proc.read(rec.out) or "")
+  local scan = assert(recording.scan(recfile))
+  assert(not scan.torn, "the recording has a torn tail after a clean stop")
+  local want = seq - seq0
+  assert(#scan.events == want, ("the recorder wrote %d events of %d"):format(#scan.events, want))
+  for k, e in ipairs(scan.events) do
+    assert(e.seq == seq0 + k, ("event %d of the recording has seq %d, not %d"):format(k, e.seq, seq0 + k))
+  end
+  assert(not sum or sum.events == want, "the recorder's summary counts another number of events")
+  -- the file less its magic line and header record: the events' bytes
+  local per_event = (scan.size - #recording.MAGIC - 8 - 1 - #assert(lecho.encode(scan.header))) / #scan.events
+  return { events = #scan.events, disk = per_event, summary = sum }
+end
+
 local disk = {}
 local iv = common.interleave{
   reps = CFG.reps,
   runs = {
     { "plain", function()
       common.run_until(ctx, function() return ndests() == 1 end, 20)
-      return { ev_s = run_flow() }
+      return measured(nil)
+    end },
+    { "second", function()
+      local sc = spawn(("%s %s %s %d"):format(LUAJIT, second_file, ns, common.getpid()))
+      assert(common.run_until(ctx, function() return ndests() == 2 end, 20), "the second consumer did not join")
+      local r = measured(sc)
+      proc.signal(sc.pid, "INT")
+      assert(proc.wait(sc, 20, function(dt) ctx:run_once(dt) end), "the second consumer did not stop")
+      common.run_until(ctx, function() return ndests() == 1 end, 20)
+      -- its CPU per event in the recorder's slot of measured()
+      r.second_cpu_us, r.recorder_cpu_us = r.recorder_cpu_us, nil
+      return r
     end },
     { "recorded", function()
-      os.remove(recfile)
-      local rec = spawn(("%s %s/scripts/lecho record rp.data --out %s --json --nameserver %s")
-                        :format(LUAJIT, ROOT, recfile, ns))
-      assert(common.run_until(ctx, function() return ndests() == 2 end, 20), "recorder did not join")
-      local cpu0, self0, peer0 = sched_ns(rec.pid), sched_ns("self"), sched_ns(peer.pid)
+      local rec, seq0 = start_recorder()
       local before = {}
       for a, s in pairs(ctx:stats().peers) do before[a] = { s.events_out, s.bytes_out } end
-      local ev_s = run_flow()
+      local r = measured(rec)
       local wire
       for a, s in pairs(ctx:stats().peers) do
         if a ~= peer_addr and a ~= ns and before[a] and s.events_out > before[a][1] then
           wire = (s.bytes_out - before[a][2]) / (s.events_out - before[a][1])
         end
       end
-      local cpu1, self1, peer1 = sched_ns(rec.pid), sched_ns("self"), sched_ns(peer.pid)
-      proc.signal(rec.pid, "INT")
-      local done = proc.wait(rec, 20, function(dt) ctx:run_once(dt) end)
-      assert(done, "recorder did not stop")
-      local sum = common.json_line(proc.read(rec.out) or "")
-      -- the file less its magic line and header record: the events' bytes
-      local scan = require("lecho.recording").scan(recfile)
-      local hdr = #require("lecho.recording").MAGIC
-      local body = 0
-      for _, e in ipairs(scan.events) do body = body + #e.data end
-      local per_event = (scan.size - hdr - 8 - 1 - #assert(lecho.encode(scan.header))) / #scan.events
-      local function per(a, b) return a and b and (b - a) / 1e3 / (CFG.n + 1) or nil end
-      disk[#disk + 1] = { disk = per_event, wire = wire, events = #scan.events, summary = sum,
-                          cpu_us = per(cpu0, cpu1), producer_cpu_us = per(self0, self1),
-                          consumer_cpu_us = per(peer0, peer1) }
+      local f = stop_recorder(rec, seq0)
+      r.disk, r.wire, r.recorded_events = f.disk, wire, f.events
+      disk[#disk + 1] = { disk = f.disk, wire = wire, events = f.events, summary = f.summary,
+                          cpu_us = r.recorder_cpu_us, producer_cpu_us = r.producer_cpu_us,
+                          consumer_cpu_us = r.consumer_cpu_us }
       common.run_until(ctx, function() return ndests() == 1 end, 20)
-      return { ev_s = ev_s, disk = per_event, wire = wire }
+      return r
     end },
   },
   value = function(r) return r.ev_s end,
-  ratios = { { "recorded", "plain" } },
+  ratios = { { "recorded", "plain" }, { "second", "plain" }, { "recorded", "second" } },
 }
+-- The producer's CPU per event, plain over recorded, repetition by
+-- repetition: the throughput ratio the producer allows when it is the
+-- bottleneck and has a core of its own (it is, here: the consumer and the
+-- recorder each take less per event), a figure the load skews less than
+-- a rate.
+local cpu_ratio = common.ratio(iv, "plain", "recorded", function(r) return r.producer_cpu_us end)
+local cpu_ratio_second = common.ratio(iv, "plain", "second", function(r) return r.producer_cpu_us end)
 
 -- the late joiner: from its join's answer (lecho.history's fetch) to the
 -- first value, against a sync round trip to the same process
@@ -195,8 +292,19 @@ end
 local ratios = {}
 for _, d in ipairs(disk) do if d.wire then ratios[#ratios + 1] = d.disk / d.wire end end
 local dlo, dhi = common.spread(ratios)
+local function med_run(name, k) return common.median_of(iv, name, function(r) return r[k] end) end
+local cpu = { producer_plain = med_run("plain", "producer_cpu_us"), producer_recorded = med_run("recorded", "producer_cpu_us"),
+              consumer_plain = med_run("plain", "consumer_cpu_us"), consumer_recorded = med_run("recorded", "consumer_cpu_us"),
+              recorder = med_run("recorded", "recorder_cpu_us"), ratio = cpu_ratio,
+              producer_second = med_run("second", "producer_cpu_us"), second = med_run("second", "second_cpu_us"),
+              ratio_second = cpu_ratio_second }
 local out = {
-  throughput = { median = iv.median, ratio = iv.ratios["recorded/plain"], runs = iv.runs, n = CFG.n, size = CFG.size },
+  throughput = { median = iv.median, ratio = iv.ratios["recorded/plain"], runs = iv.runs, n = CFG.n, warm = CFG.warm,
+                 prewarm = PREWARM,
+                 size = CFG.size, reps = CFG.reps, cpu = cpu,
+                 loop_ev_s = { plain = med_run("plain", "loop_ev_s"), recorded = med_run("recorded", "loop_ev_s"),
+                               second = med_run("second", "loop_ev_s") },
+                 ratio_second = iv.ratios["second/plain"], ratio_recorded_second = iv.ratios["recorded/second"] },
   disk = { per_event = common.median((function() local t = {} for _, d in ipairs(disk) do t[#t + 1] = d.disk end return t end)()),
            wire = common.median((function() local t = {} for _, d in ipairs(disk) do t[#t + 1] = d.wire end return t end)()),
            ratio = common.median(ratios), lo = dlo, hi = dhi, all = ratios, runs = disk,
@@ -208,25 +316,40 @@ local out = {
 ctx:close()
 kids:kill_all("KILL")
 proc.remove(tmp)
--- what the CPU allows: with a core per process the slowest one bounds the
--- flow; on 2 cores shared by the three, their sum over 2
+-- What the CPU allows (medians of the CPU per event, us): a flow of k
+-- processes needing x_i us of CPU per event each goes at most at
+-- min(1 / max(x_i), cores / sum(x_i)) events a second.  Plain: producer p
+-- (one destination) and consumer c; recorded: producer p' (two), consumer
+-- c', recorder r.  On this machine's 2 cores the three of the recorded run
+-- share them; with a core each only the slowest counts.
 local d = out.disk
-if d.recorder_cpu_us and d.producer_cpu_us and d.consumer_cpu_us then
-  local p, c, r = d.producer_cpu_us, d.consumer_cpu_us, d.recorder_cpu_us
-  -- plain: at most 1 / max(p, c) events a second (two processes, two
-  -- cores); recorded: at most min(2 / (p + c + r), 1 / max(p, c, r)); p is
-  -- the recorded runs' (two destinations), so these are upper bounds
-  d.bound_2cores = math.max(p, c) * math.min(2 / (p + c + r), 1 / math.max(p, c, r))
-  d.bound_3cores = math.max(p, c) / math.max(p, c, r)
+local function rate(xs, cores)
+  local sum, max = 0, 0
+  for _, x in ipairs(xs) do sum, max = sum + x, math.max(max, x) end
+  return math.min(1 / max, cores / sum)
+end
+if cpu.producer_plain and cpu.consumer_plain and cpu.producer_recorded and cpu.consumer_recorded and cpu.recorder then
+  local plain = { cpu.producer_plain, cpu.consumer_plain }
+  local rec = { cpu.producer_recorded, cpu.consumer_recorded, cpu.recorder }
+  d.bound_2cores = rate(rec, 2) / rate(plain, 2)
+  d.bound_3cores = rate(rec, 3) / rate(plain, 3)
+  cpu.bound_2cores, cpu.bound_3cores = d.bound_2cores, d.bound_3cores
 end
 if A.json then
   local f = assert(io.open(A.json, "w"))
   f:write(cjson.encode(out))
   f:close()
 end
-io.stdout:write(("CPU per event: producer %.2f us, consumer %.2f us, recorder %.2f us: the best recorded/plain "
-  .. "with 2 cores %.2fx, with a core each %.2fx\n"):format(d.producer_cpu_us or 0, d.consumer_cpu_us or 0,
-  d.recorder_cpu_us or 0, d.bound_2cores or 0, d.bound_3cores or 0))
+io.stdout:write(("CPU per event (medians): producer %.2f us plain, %.2f recorded (plain/recorded %.2fx, %s), "
+  .. "%.2f with a second consumer instead (%.2fx); consumer %.2f / %.2f us, recorder %.2f us, second consumer %.2f us: "
+  .. "the best recorded/plain with 2 cores %.2fx, with a core each %.2fx\n")
+  :format(cpu.producer_plain or 0, cpu.producer_recorded or 0, cpu_ratio.median or 0,
+  common.spread_text(cpu_ratio, CFG.reps), cpu.producer_second or 0, cpu_ratio_second.median or 0,
+  cpu.consumer_plain or 0, cpu.consumer_recorded or 0, cpu.recorder or 0, cpu.second or 0,
+  d.bound_2cores or 0, d.bound_3cores or 0))
+io.stdout:write(("throughput with a second consumer instead of the recorder / plain %.2fx (%s); recorded / second consumer %.2fx (%s)\n")
+  :format(out.throughput.ratio_second.median or 0, common.spread_text(out.throughput.ratio_second, CFG.reps),
+  out.throughput.ratio_recorded_second.median or 0, common.spread_text(out.throughput.ratio_recorded_second, CFG.reps)))
 io.stdout:write(("throughput recorded/plain %.2fx (%s); recorder CPU %.2f us/event; disk/wire bytes per event %.3f (%.1f vs %.1f); "
   .. "late first value %.0f us vs sync rtt %.0f us (%.2fx), its join %.0f us\n"):format(
   out.throughput.ratio.median or 0, common.spread_text(out.throughput.ratio, CFG.reps), out.disk.recorder_cpu_us or 0,

@@ -983,9 +983,19 @@ local function w_recplay()
   ratio_row({ workload = ("async %d B events/s, a recorder attached (lecho record)"):format(t.size), metric = "ev/s",
               lecho = t.median.recorded, base = "no recorder", base_v = t.median.plain,
               target = { ">=", 0.9 }, target_issue = 29,
-              extra = v.disk.recorder_cpu_us and ("CPU/ev: recorder %.2f, producer %.2f, consumer %.2f us; "
-                .. "2-core bound %.2fx"):format(v.disk.recorder_cpu_us, v.disk.producer_cpu_us or 0,
-                v.disk.consumer_cpu_us or 0, v.disk.bound_2cores or 0) or nil }, t.ratio)
+              extra = t.cpu and t.cpu.producer_recorded and ("CPU/ev: producer %.2f us, %.2f without (%.2fx, %.2f-%.2f); "
+                .. "recorder %.2f, consumer %.2f; 2-core bound %.2fx"):format(t.cpu.producer_recorded,
+                t.cpu.producer_plain or 0, t.cpu.ratio.median or 0, t.cpu.ratio.lo or 0, t.cpu.ratio.hi or 0,
+                t.cpu.recorder or 0, t.cpu.consumer_recorded or 0, t.cpu.bound_2cores or 0) or nil }, t.ratio)
+  -- the control: what any second destination costs (a second plain
+  -- consumer process in the recorder's place), no target
+  if t.ratio_second and t.median.second then
+    ratio_row({ workload = ("async %d B events/s, a second consumer instead of the recorder (control)"):format(t.size),
+                metric = "ev/s", lecho = t.median.second, base = "no second consumer", base_v = t.median.plain,
+                extra = t.cpu and t.cpu.producer_second and ("CPU/ev: producer %.2f us, %.2f without (%.2fx); second "
+                  .. "consumer %.2f"):format(t.cpu.producer_second, t.cpu.producer_plain or 0,
+                  t.cpu.ratio_second.median or 0, t.cpu.second or 0) or nil }, t.ratio_second)
+  end
   local d = v.disk
   row{ workload = "recording: disk bytes per event", metric = "B/ev", lecho = d.per_event, base = "wire",
        base_v = d.wire, lower = true, target = { "<=", 1.05 }, target_issue = 29, ratio = d.ratio, lo = d.lo,

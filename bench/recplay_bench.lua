@@ -46,7 +46,7 @@ local LUAJIT = os.getenv("LUAJIT") or "luajit"
 -- every run (see run_flow); reps: interleaved repetitions of each kind.
 -- RECPLAY_N, RECPLAY_WARM, RECPLAY_REPS override them (spec/recplay_bench_spec.lua
 -- runs it small).
-local CFG = QUICK and { reps = 5, n = 40000, warm = 8000, size = 1000, late = 20, rtt = 200 }
+local CFG = QUICK and { reps = 3, n = 40000, warm = 8000, size = 1000, late = 20, rtt = 200 }
                    or { reps = 7, n = 100000, warm = 20000, size = 1000, late = 50, rtt = 1000 }
 CFG.n = tonumber(os.getenv("RECPLAY_N") or "") or CFG.n
 CFG.warm = tonumber(os.getenv("RECPLAY_WARM") or "") or CFG.warm

@@ -615,3 +615,47 @@ describe("a switch that fails", function()
     c:close()
   end)
 end)
+
+-- Issue 27 (modulator install 0.76x of 909b227 in make bench QUICK=1): an
+-- install runs the control plane's Lua on both sides (lecho.control,
+-- lecho.modulator), per member list and control message.  Compiled, LuaJIT
+-- recorded traces of it again and again and aborted them (a closure made in
+-- a loop, a loop left in a root trace): in the bench's 20 installs per chunk
+-- those attempts were half the CPU of an install.  Both modules now run
+-- interpreted, as lecho.ns.* do: no trace starts in them, however many
+-- installs.
+describe("modulator installs", function()
+  it("record no JIT trace in the control plane's modules (lecho.control, lecho.modulator)", function()
+    if not jit then return end
+    local c = lecho.context{ quiet = true }
+    local ch = c:channel("jitless")
+    local p = assert(ch:producer())
+    local keep = assert(ch:consumer(function() end, { modulator = "function enqueue(ev) return ev end",
+                                                     params = { v = 0 } }))
+    local funcinfo = require("jit.util").funcinfo
+    local began, n = {}, 0
+    local function on_trace(what, _, func)   -- (kept minimal: it runs inside the recorder)
+      if what == "start" and n < 10000 then n = n + 1; began[n] = func end
+    end
+    jit.attach(on_trace, "trace")
+    local ok, err = pcall(function()
+      for i = 1, 300 do
+        local con = assert(ch:consumer(function() end, { modulator = "function enqueue(ev) return ev end",
+                                                         params = { i = i } }))
+        con:close()
+      end
+      assert(p:submit_sync(1))
+    end)
+    jit.attach(on_trace)
+    keep:close()
+    c:close()
+    assert(ok, err)
+    local starts = {}
+    for i = 1, n do
+      local src = began[i] and funcinfo(began[i]).source or "?"
+      local file = src:match("lecho/(control%.lua)$") or src:match("lecho/(modulator%.lua)$")
+      if file then starts[file] = (starts[file] or 0) + 1 end
+    end
+    assert.are.same({}, starts)
+  end)
+end)

@@ -5,6 +5,15 @@
 -- or name server was lost (soft state).  The other side is lecho.ns.registry,
 -- run by the name server and the managers.
 
+-- Never compiled, as lecho.ns.* (its other side): every function here runs
+-- per control message (a request, a reply, a member list, a join), never
+-- per event, and traces of it were recorded over and over and aborted (a
+-- closure made in a loop, a loop left in a root trace: LuaJIT NYI): in the
+-- modulator bench's installs (20 per chunk) the JIT's attempts were half
+-- the CPU of an install.  Its `pairs` loops over member lists are also
+-- what Debian's LuaJIT #827 could end early once blacklisted.
+if jit then jit.off(true, true) end
+
 local policy = require "lecho.policy"
 local errors = require "lecho.errors"
 local Context = require "lecho.context"

@@ -4,6 +4,12 @@
 -- failures told to the consumers, and the in-band end of a stream; on the
 -- consuming side, the streams of modulated events with their demodulators.
 
+-- Never compiled, as lecho.control: modulator specs, installs, re-keys,
+-- unloads and stream ends run per member list or control message, never per
+-- event (a modulator runs in the MOE's own state, a demodulator is the
+-- consumer's handler): see lecho.control for why.
+if jit then jit.off(true, true) end
+
 local core = require "lecho.core"
 local options = require "lecho.options"
 local Context = require "lecho.context"

@@ -15,7 +15,8 @@ local M = {}
 M.bench = {
   opts = { { "--count", "count", "count" }, { "--size", "size", "count" }, { "--rtt", "rtt", "count" },
            { "--for", "duration", "seconds" }, { "--channel", "channel", "string" },
-           { "--json", "json", "flag" }, { "--sink", "sink", "string" } },
+           { "--json", "json", "flag" },
+           { "--sink", "sink", "string", internal = true } },   -- the child it starts
   pos = { {}, 0 },
   usage = [[
 usage: lecho bench [--count N] [--size BYTES] [--rtt N] [--for SECONDS] [--json]

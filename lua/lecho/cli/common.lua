@@ -30,7 +30,8 @@ Logs go to stderr (LECHO_LOG=debug|info|warn|error; default error here:
 ]]
 
 -- The options of every subcommand: { flag, key, kind }; kinds of
--- lecho.server, "flag", "lua" (a literal), "int0" (>= 0).
+-- lecho.server, "flag", "lua" (a literal), "int0" (>= 0); many = true: a
+-- list; internal = true: not in the help (one the tool passes itself).
 local COMMON_OPTS = {
   { "--nameserver", "nameserver", "address" }, { "--key", "key", "string" },
   { "--trust", "trust", "string", many = true }, { "--timeout", "timeout", "seconds" },

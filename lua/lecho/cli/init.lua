@@ -37,11 +37,12 @@ local M = {}
 M.EXIT = C.EXIT
 local EXIT = M.EXIT
 
--- subcommand -> its family's module
+-- subcommand -> its family's module (lecho.cli.FAMILY)
 local FAMILY = {
   ls = "pubsub", sub = "pubsub", pub = "pubsub", call = "pubsub",
   stats = "stats", top = "stats", bench = "bench", record = "record", replay = "record",
 }
+M.FAMILY = FAMILY
 
 local USAGE = [[
 usage: lecho SUBCOMMAND [OPTIONS] [ARGS]
@@ -58,6 +59,7 @@ usage: lecho SUBCOMMAND [OPTIONS] [ARGS]
 
 `lecho SUBCOMMAND --help` says more of each.
 ]] .. C.COMMON
+M.USAGE = USAGE
 
 -- The entry { opts, pos, usage, run } of subcommand cmd, or nil.
 local function command(cmd)

@@ -256,7 +256,7 @@ typedef struct batch_args {
 
 /* Decodes every value of the batch into one table t (t[4i+1 .. 4i+4] =
  * chid, value, producer, seq) and calls the events function once
- * with (t, count, peer, gen), inside one lua_pcall: the one crossing into
+ * with (t, count, peer), inside one lua_pcall: the one crossing into
  * Lua for a read's async events.  A value that does not decode ends the
  * batch there: those before it are dispatched, a->ndec says where. */
 static int batch_call(lua_State *L) {
@@ -285,8 +285,7 @@ static int batch_call(lua_State *L) {
     if (a->ndec == 0) return 0;
     lua_pushinteger(L, a->ndec);
     lua_pushinteger(L, lei_peer_idx(a->from));
-    lua_pushnumber(L, (lua_Number)lei_peer_gen(a->from));
-    lua_call(L, 4, 1);
+    lua_call(L, 3, 1);
     a->held = lua_toboolean(L, -1);
     return 0;
 }

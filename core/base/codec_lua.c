@@ -905,7 +905,7 @@ static void rebase(lua_State *L, int idx, const uint8_t *old, size_t n, uint8_t 
 /* array_keep(a): a received view gets its own copy of its bytes (once),
  * and so do the views made from it; array_end(a): a received view and its
  * views lose their elements (the dispatch ended and no handler kept it). */
-void lei_codec_lua_array_keep(lua_State *L, int idx) {
+static void lei_codec_lua_array_keep(lua_State *L, int idx) {
     lei_array *a = lua_touserdata(L, idx);
     size_t n = (size_t)a->count * (size_t)a->itemsize;
     uint8_t *old = a->data, *nw;

@@ -84,7 +84,7 @@ lei_msg *lb_encode(lb_ctx *b, lua_State *L, int idx, char *err, size_t errlen, i
 
 /* Encodes the value at idx into a new message; NULL with nil, err, code
  * pushed. */
-lei_msg *lb_encode_at(lua_State *L, lb_ctx *b, int idx) {
+static lei_msg *lb_encode_at(lua_State *L, lb_ctx *b, int idx) {
     char err[256];
     int code;
     lei_msg *m = lb_encode(b, L, idx, err, sizeof err, &code);

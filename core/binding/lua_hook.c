@@ -45,7 +45,7 @@ static int log_call(lua_State *L) {
     return 0;
 }
 
-void lb_hook_log(void *ud, const char *msg) {
+static void lb_hook_log(void *ud, const char *msg) {
     lb_ctx *b = ud;
     lua_State *L = b->L;
     if (b->ref_log == LUA_NOREF || !L || !lua_checkstack(L, 4)) {
@@ -207,7 +207,7 @@ static int run_hook(lb_ctx *b, hook_args *a) {
     return a->held ? 1 : 0;
 }
 
-int lb_hook_event(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
+static int lb_hook_event(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
                   uint64_t sync, const uint8_t *p, size_t n) {
     lb_ctx *b = ud;
     if (b->rsink) {
@@ -342,7 +342,7 @@ static int batch_lua(lb_ctx *b, lei_peer *from, const lei_event_in *ev, int n, i
  * C consumer's channel too), so the order of the read is kept and a
  * handler that waits holds what follows it.  Returns the events taken (n,
  * or the index of a value that did not decode). */
-int lb_hook_events(void *ud, lei_peer *from, const lei_event_in *ev, int n, int *held) {
+static int lb_hook_events(void *ud, lei_peer *from, const lei_event_in *ev, int n, int *held) {
     lb_ctx *b = ud;
     int i = 0;
     *held = 0;
@@ -368,13 +368,13 @@ int lb_hook_events(void *ud, lei_peer *from, const lei_event_in *ev, int n, int 
     return i + batch_lua(b, from, ev + i, n - i, held);
 }
 
-int lb_hook_ctrl(void *ud, lei_peer *from, const uint8_t *p, size_t n) {
+static int lb_hook_ctrl(void *ud, lei_peer *from, const uint8_t *p, size_t n) {
     lb_ctx *b = ud;
     hook_args a = {.b = b, .from = from, .ref = b->ref_ctrl, .p = p, .n = n};
     return run_hook(b, &a) < 0 ? -1 : 0;
 }
 
-void lb_hook_peer(void *ud, lei_peer *p, int up, const char *reason, int code) {
+static void lb_hook_peer(void *ud, lei_peer *p, int up, const char *reason, int code) {
     lb_ctx *b = ud;
     lua_State *L = b->L;
     if (!L || b->ref_peer == LUA_NOREF || !lua_checkstack(L, 7)) return;
@@ -396,7 +396,7 @@ void lb_hook_peer(void *ud, lei_peer *p, int up, const char *reason, int code) {
 
 /* Runs the modulators' dequeue, then the turn hook (the Lua scheduler
  * resumes waiters that can go on), before the queues are written. */
-void lb_hook_prepare(void *ud) {
+static void lb_hook_prepare(void *ud) {
     lb_ctx *b = ud;
     for (lb_moe *x = b->moes; x; x = x->next)
         if (x->m && lei_moe_has_pending(x->m)) lei_moe_pump(x->m);

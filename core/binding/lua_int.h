@@ -115,14 +115,7 @@ void lb_close_if_pending(lb_ctx *b, lua_State *L);
 int lb_pcall(lb_ctx *b, int nargs, int nres);
 /* Makes b->L, the thread every callback runs on, and fills in h. */
 void lb_hooks_init(lua_State *L, lb_ctx *b, lei_hooks *h);
-int lb_hook_event(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
-                  uint64_t sync, const uint8_t *p, size_t n);
-int lb_hook_ctrl(void *ud, lei_peer *from, const uint8_t *p, size_t n);
-int lb_hook_events(void *ud, lei_peer *from, const lei_event_in *ev, int n, int *held);
-void lb_hook_peer(void *ud, lei_peer *p, int up, const char *reason, int code);
 void lb_hook_unpin(void *ud, int ref);
-void lb_hook_log(void *ud, const char *msg);
-void lb_hook_prepare(void *ud);
 
 /* lua_chan.c: channels, submitting, sync answers, acks, control messages */
 extern const char *const lb_policy_names[];
@@ -131,9 +124,6 @@ uint32_t lb_check_chan(lua_State *L, lb_ctx *b, int i);
  * with lb_hook_unpin); NULL with the code in *code and the message in err,
  * nothing pushed. */
 lei_msg *lb_encode(lb_ctx *b, lua_State *L, int idx, char *err, size_t errlen, int *code);
-/* Encodes the value at idx into a new message (the caller releases it);
- * NULL with nil, err, code pushed. */
-lei_msg *lb_encode_at(lua_State *L, lb_ctx *b, int idx);
 /* Encodes the value at idx flat: 0, or -1 with nil, err, code pushed. */
 int lb_flat_encode(lua_State *L, lb_ctx *b, int idx, lb_flat *f);
 void lb_flat_done(lb_ctx *b, lb_flat *f);
@@ -144,7 +134,6 @@ void lb_ack(lb_ctx *b, lei_peer *p, const uint64_t *gen, uint64_t sync, uint64_t
 extern const luaL_Reg lb_chan_methods[];
 
 /* lua_moe.c: modulators */
-void lb_moe_unlink(lb_moe *x);
 extern const luaL_Reg lb_moe_ctx_methods[];
 void lb_moe_open(lua_State *L);
 

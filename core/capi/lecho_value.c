@@ -102,7 +102,11 @@ static int build_nodes(struct op *o, lua_State *L, size_t *i, int depth);
 static void bv_reader(const lecho_value *v, lei_reader *r);
 static int bv_skip_children(lei_reader *r, const lei_item *it, int depth);
 
-void lei_lecho_value_keep_views(lua_State *L, lecho_ctx *x) {
+/* In a protected function: the arrays of the running handler's event that
+ * point into the read buffer (x->views) get their own copy, once, so that
+ * a handle made from the event (lecho_set_value, lecho_field) outlives
+ * the handler with them.  May raise (memory). */
+static void lei_lecho_value_keep_views(lua_State *L, lecho_ctx *x) {
     if (x->views == LUA_NOREF) return;
     if (x->views == LUA_REFNIL) { /* the Lua dispatch: Context:keep_values() */
         lei_lecho_push_ref(L, x->self);

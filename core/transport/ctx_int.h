@@ -692,7 +692,6 @@ lei_conn *lei_conn_new(lei_ctx *c, int fd, enum lei_conn_state state);
  * with the reason in why[n]). */
 void lei_accept_init(lei_ctx *c);
 void lei_accept_stop(lei_ctx *c);
-void lei_accept_hs_arm(lei_ctx *c);
 void lei_accept_conn_added(lei_ctx *c);
 void lei_accept_conn_removed(lei_ctx *c);
 int lei_accept_room(lei_ctx *c, char *why, size_t n);
@@ -742,8 +741,6 @@ void lei_ident_free(lei_ctx *c);
 /* local.c */
 void lei_local_idle_cb(struct ev_loop *loop, ev_idle *w, int revents);
 void lei_local_kick(lei_ctx *c);
-/* peer.c: p's queue flushed now outside a callback, else at the end of the turn */
-void lei_peer_flush_deferred(lei_ctx *c, lei_peer *p);
 /* peer.c: the answer to a sync event no handler here ran (no consumer of
  * channel chname left): 0 handlers and one entry, code noconsumer. */
 void lei_ack_noconsumer(lei_ctx *c, lei_peer *from, uint64_t sync, const char *chname);

@@ -601,3 +601,48 @@ describe("core/'s functions with external linkage", function()
         .. "void lei_d(void);\nLECHO_API int lecho_c(void) {\n#define lei_e(x) x\n"))
   end)
 end)
+
+-- Fields of struct lei_ctx that one place keeps (issue 26 review: the hook
+-- depth was counted inline in conn.c, local.c and peer.c).  Every write of
+-- such a field (=, op=, ++, --; code only, not comments) under
+-- core/transport/ is in its owner.
+local KEPT = {
+  { field = "depth", owner = "core/transport/ctx_int.h" },   -- lei_ctx_hook_enter/leave
+}
+local KEPT_LEFT = {}
+
+-- The writes of field name in text (C code without comments): a count.
+local function writes(text, name)
+  local n = 0
+  local ref = "[%.>]" .. name .. "%f[^%w_]"
+  for _ in text:gmatch(ref .. "%s*[-+*/|&^]?=%f[^=]") do n = n + 1 end
+  for _ in text:gmatch(ref .. "%s*%+%+") do n = n + 1 end
+  for _ in text:gmatch(ref .. "%s*%-%-") do n = n + 1 end
+  for _ in text:gmatch("%+%+%s*[%w_]+[%w_%.>%-]-" .. ref) do n = n + 1 end
+  for _ in text:gmatch("%-%-%s*[%w_]+[%w_%.>%-]-" .. ref) do n = n + 1 end
+  return n
+end
+
+describe("the fields of struct lei_ctx that one file keeps", function()
+  it("are written only there", function()
+    local bad = {}
+    for _, f in ipairs(lines_of("ls core/transport/*.c core/transport/*.h")) do
+      local text = code_only(read(f))
+      for _, k in ipairs(KEPT) do
+        local n = writes(text, k.field)
+        if n > 0 and f ~= k.owner and not KEPT_LEFT[f .. ": " .. k.field] then
+          bad[#bad + 1] = ("%s writes ->%s %d times (only %s may)"):format(f, k.field, n, k.owner)
+        end
+      end
+    end
+    table.sort(bad)
+    assert.are.same({}, bad)
+  end)
+
+  it("are found by the check: =, op=, ++ and -- either side, not == or a read", function()
+    assert.are.equal(6, writes("c->depth++; c->depth -= 1; ++c->depth; x.depth = 2; --k->ctx->depth; c->depth--;",
+                               "depth"))
+    assert.are.equal(0, writes("if (c->depth == 0) n = c->depth + 1; c->depth_x = 1; k->rbuf_s.n++;", "depth"))
+    assert.are.equal(0, writes("k->rbuf_s.adopted++; a = c->rbuf;", "rbuf"))
+  end)
+end)

@@ -477,7 +477,7 @@ struct lei_ctx {
     ev_timer hb;              /* liveness: PINGs and dead peers, all connections */
     lei_conn *conns;          /* all live connections (list through conn->next) */
     uint64_t conn_gen;        /* last connection generation given (handshake_up) */
-    int depth;                /* ro: nesting of hooks in progress */
+    int depth;                /* ro: nesting of hooks in progress (lei_ctx_hook_enter) */
     int closing;              /* ro: lei_ctx_shutdown was called */
     uint64_t encodes;         /* values encoded (lei_ctx_count_encode) */
     uint64_t bad_frames;      /* ro: connections closed for bad input */
@@ -519,6 +519,14 @@ struct lei_ctx {
         void (*hs_hello)(lei_conn *k);
     } kops;
 };
+
+/* A hook of c->h (the binding's) is called, or an embedder's callback runs
+ * (ctx.c's lei_ctx_enter/leave): c->depth counts them, nested.  Inside one
+ * a sync write waits for the end of the turn (peer.c) and a close for the
+ * outermost to return (the binding).  Every change of c->depth is one of
+ * these two. */
+static inline void lei_ctx_hook_enter(lei_ctx *c) { c->depth++; }
+static inline void lei_ctx_hook_leave(lei_ctx *c) { c->depth--; }
 
 /* The states of a connection, in the order it walks them (handshake.c's
  * head comment draws the transitions).  Before UP only handshake

@@ -69,9 +69,9 @@ void lei_tell_notes(lei_ctx *c) {
         struct lei_note n = c->peer_s.notes[i];
         lei_peer *p = lei_peers_by_idx(c, n.idx);
         if (!p) continue;
-        c->depth++;
+        lei_ctx_hook_enter(c);
         c->h.peer(c->h.ud, p, n.up, n.up ? NULL : n.reason, n.code);
-        c->depth--;
+        lei_ctx_hook_leave(c);
     }
     c->peer_s.nnotes = 0;
 }

@@ -95,14 +95,7 @@ void lei_conn_close(lei_conn *k, const char *reason, int bad) {
     close(k->fd);
     k->fd = -1;
     lei_accept_conn_removed(c);
-    c->rbuf -= k->rcap;
-    /* A frame below us (busy) may still be read: a handler's zero-copy
-     * buffer points into it (lua_hook.c).  lei_conn_free frees it then. */
-    if (!k->busy) {
-        free(k->rb);
-        k->rb = NULL;
-    }
-    k->rcap = k->rlen = k->rpos = 0;
+    lei_rbuf_close(k);
     lei_inmap_free(k);
     free(k->texp);
     k->texp = NULL;

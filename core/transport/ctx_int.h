@@ -683,6 +683,9 @@ void lei_accept_refuse(lei_conn *k, int kind, const char *reason);
  * after closing k. */
 void lei_rbuf_set(lei_conn *k, uint8_t *b, size_t ncap);
 int lei_rbuf_grow(lei_conn *k, size_t need, size_t end, size_t fsize);
+/* rbuf.c: k closed: its buffer out of the budget, freed unless k is busy
+ * (then by lei_conn_free). */
+void lei_rbuf_close(lei_conn *k);
 /* A connection reads into LEI_RBUF_MIN bytes of room while its reads fill
  * the room they get (a stream), else into LEI_RBUF_SMALL: a quiet or idle
  * connection holds a small buffer, not 64 KiB of max_buffered each (10,000

@@ -653,15 +653,6 @@ static int box_gc(lua_State *L) {
 
 /* The name of code (errors.h's list, expanded here: the codec's module
  * links without errors.c). */
-static const char *enc_code_name(int code) {
-    switch (code < 0 ? -code : code) {
-#define LEI_ERRCASE(c, name, text) case LEI_E_##c: return name;
-        LEI_ERRDEF(LEI_ERRCASE)
-#undef LEI_ERRCASE
-    default: return "failed";
-    }
-}
-
 /* encode(v [, opts]) -> string | nil, err, code.  opts.count_only: the encoded
  * size instead (what a submit does: pinned slices are not copied). */
 static int l_encode(lua_State *L) {
@@ -676,7 +667,7 @@ static int l_encode(lua_State *L) {
     if (rc) {
         lua_pushnil(L);
         lua_pushstring(L, err);
-        lua_pushstring(L, enc_code_name(rc));
+        lua_pushstring(L, lei_err_name(rc));
         return 3;
     }
     if (opt_flag(L, 2, "count_only")) { /* the event path's work: no flat copy */
@@ -718,7 +709,7 @@ static int l_decode(lua_State *L) {
     if (rc) {
         lua_pushnil(L);
         lua_pushstring(L, err);
-        lua_pushstring(L, enc_code_name(rc));
+        lua_pushstring(L, lei_err_name(rc));
         return 3;
     }
     if (views) {

@@ -146,12 +146,8 @@ static int l_submit(lua_State *L) {
     int sync = lua_toboolean(L, 6);
     int policy = lua_isnoneornil(L, 7) ? lei_ctx_opts(b->c)->policy
                                        : luaL_checkoption(L, 7, NULL, lb_policy_names);
-    if ((policy == LEI_BLOCK || sync) && !lei_chan_room(b->c, chid)) {
-        lua_pushnil(L);
-        lua_pushliteral(L, "queue full");
-        lua_pushliteral(L, "wouldblock");
-        return 3;
-    }
+    if ((policy == LEI_BLOCK || sync) && !lei_chan_room(b->c, chid))
+        return lb_push_err(L, "queue full", LEI_E_WOULDBLOCK);
     lei_msg *m = lb_encode_at(L, b, 5);
     if (!m) return 3;
     lei_chan_count_encode(b->c, chid);

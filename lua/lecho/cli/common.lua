@@ -184,6 +184,17 @@ function M.code_exit(code)
   return code == "timeout" and EXIT.timeout or EXIT.failed
 end
 
+-- ctx:channel(name), or why not said on stderr and the tool ended (exit 1,
+-- 3 on a timeout).  sub, pub.
+function M.channel(ctx, cmd, name)
+  local ch, err, ecode = ctx:channel(name)
+  if not ch then
+    io.stderr:write("lecho ", cmd, ": ", tostring(err), "\n")
+    M.finish(ctx, M.code_exit(ecode))
+  end
+  return ch
+end
+
 -- Waits (serving the loop) until the channel has a consumer somewhere, at
 -- most `wait` seconds: what a fresh producer submits before its member
 -- list arrived goes nowhere (nobody consumes yet).  pub, bench, replay.

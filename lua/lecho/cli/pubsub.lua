@@ -161,11 +161,7 @@ function M.sub.run(opts, pos)
     end
     if opts.count and seen >= opts.count then code = EXIT.ok; ctx:stop() end
   end
-  local ch, err, ecode = ctx:channel(name)
-  if not ch then
-    io.stderr:write("lecho sub: ", tostring(err), "\n")
-    finish(ctx, code_exit(ecode))
-  end
+  local ch = C.channel(ctx, "sub", name)
   local copts = src and { modulator = src, params = params } or nil
   if opts.history then
     local n = (opts.history == "last" or opts.history == "key") and opts.history or tonumber(opts.history)
@@ -264,11 +260,7 @@ function M.pub.run(opts, pos)
     end
     values = function() local v = up() if v == nil then w:stop() end return v end
   end
-  local ch, err, ecode = ctx:channel(name)
-  if not ch then
-    io.stderr:write("lecho pub: ", tostring(err), "\n")
-    finish(ctx, code_exit(ecode))
-  end
+  local ch = C.channel(ctx, "pub", name)
   local okp, p, perr, pcode = pcall(ch.producer, ch)
   if not okp or not p then
     io.stderr:write("lecho pub: ", server.message(okp and perr or p), "\n")

@@ -115,6 +115,11 @@ lei_array *lei_codec_lua_array_check(struct lua_State *L, int idx);
  * out of memory. */
 lei_array *lei_codec_lua_array_push(struct lua_State *L, int dtype, int ndim, const int64_t *shape,
                           size_t extra, int zero);
+/* Pushes a view: a new array with header *h sharing the elements of the
+ * array at idx, whose environment keeps that array; a view of a received
+ * view is listed in its parent's kids (kept or ended with it).  Raises on
+ * out of memory. */
+lei_array *lei_codec_lua_array_view(struct lua_State *L, int idx, const lei_array *h);
 /* A received view at idx (an array) and the views made from it lose their
  * elements (its dispatch ended and nobody kept it); anything else is left
  * alone.  Allocates nothing. */

@@ -837,19 +837,20 @@ static int l_array_wrap(lua_State *L) {
     return 1;
 }
 
-/* array_view(a) -> a copy of a's header sharing its elements (the caller
- * changes shape, strides and data); a view of a received view is listed in
- * its parent's kids, so that it is kept or ended with it */
-static int l_array_view(lua_State *L) {
-    lei_array *a = live_array(L, 1), *v;
-    v = lei_codec_lua_array_push(L, a->dtype, 0, NULL, 0, 0);
-    *v = *a;
+/* Pushes a view: a new array with header *h (the elements of the array at
+ * idx, or part of them) whose environment keeps the array at idx; a view
+ * of a received view is listed in its parent's kids, so that it is kept or
+ * ended with it.  Raises on out of memory. */
+lei_array *lei_codec_lua_array_view(lua_State *L, int idx, const lei_array *h) {
+    if (idx < 0) idx = lua_gettop(L) + 1 + idx;
+    lei_array *v = lei_codec_lua_array_push(L, h->dtype, 0, NULL, 0, 0);
+    *v = *h;
     lua_getfenv(L, -1);
-    lua_pushvalue(L, 1);
+    lua_pushvalue(L, idx);
     lua_rawseti(L, -2, 1);
     lua_pop(L, 1);
-    if (a->flags & LEI_AF_VIEW) {
-        lua_getfenv(L, 1);
+    if (h->flags & LEI_AF_VIEW) {
+        lua_getfenv(L, idx);
         lua_getfield(L, -1, "kids");
         if (lua_isnil(L, -1)) {
             lua_pop(L, 1);
@@ -861,6 +862,13 @@ static int l_array_view(lua_State *L) {
         lua_rawseti(L, -2, (int)lua_objlen(L, -2) + 1);
         lua_pop(L, 2);
     }
+    return v;
+}
+
+/* array_view(a) -> a copy of a's header sharing its elements (the caller
+ * changes shape, strides and data) */
+static int l_array_view(lua_State *L) {
+    lei_codec_lua_array_view(L, 1, live_array(L, 1));
     return 1;
 }
 

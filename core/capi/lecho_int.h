@@ -188,6 +188,12 @@ lecho_value *lei_lecho_value_from(lecho_ctx *x, lua_CFunction op, struct op *o);
 int lei_lecho_array_node(lecho_ctx *x, lua_State *L, int idx, lecho_array_info *out);
 /* Empties x's scratch (keeping one small chunk); all = 1 frees it all. */
 void lei_lecho_value_scratch_reset(lecho_ctx *x, int all);
+/* In a protected function (lecho_set, lecho_set_array): where o->a's
+ * value is set.  Pushes its box (its slot at [1]) and, with o->key, the
+ * table in the slot (a new one when it is nil) and the key; returns the
+ * box's index, or 0 with o->rc set and not_table the message when the slot
+ * holds something else. */
+int lei_lecho_value_target(lua_State *L, struct op *o, const char *not_table);
 /* In a protected function: a byte-backed v (a sink's event) decoded into
  * its slot, once; anything else is left alone.  May raise (memory). */
 void lei_lecho_value_decode(lua_State *L, const lecho_value *v);

@@ -135,8 +135,7 @@ static void lei_lecho_value_keep_views(lua_State *L, lecho_ctx *x) {
     lua_pop(L, 2);
 }
 
-static int op_set(lua_State *L) {
-    struct op *o = lua_touserdata(L, 1);
+int lei_lecho_value_target(lua_State *L, struct op *o, const char *not_table) {
     const lecho_value *v = o->a;
     lei_lecho_value_decode(L, v);
     lei_lecho_push_ref(L, v->h.ref);
@@ -149,11 +148,18 @@ static int op_set(lua_State *L) {
             lua_pushvalue(L, -1);
             lua_rawseti(L, box, 1);
         } else if (!lua_istable(L, -1)) {
-            o->rc = lei_lecho_fail(o->x, LECHO_EINVAL, "lecho_set: the value is not a table");
+            o->rc = lei_lecho_fail(o->x, LECHO_EINVAL, not_table);
             return 0;
         }
         lua_pushstring(L, o->key);
     }
+    return box;
+}
+
+static int op_set(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    int box = lei_lecho_value_target(L, o, "lecho_set: the value is not a table");
+    if (!box) return 0;
     switch (o->kind) {
     case S_NIL: lua_pushnil(L); break;
     case S_BOOL: lua_pushboolean(L, o->i); break;

@@ -194,9 +194,6 @@ void lei_lecho_value_scratch_reset(lecho_ctx *x, int all);
  * box's index, or 0 with o->rc set and not_table the message when the slot
  * holds something else. */
 int lei_lecho_value_target(lua_State *L, struct op *o, const char *not_table);
-/* In a protected function: a byte-backed v (a sink's event) decoded into
- * its slot, once; anything else is left alone.  May raise (memory). */
-void lei_lecho_value_decode(lua_State *L, const lecho_value *v);
 /* lecho_get_array on a byte-backed v, in place: 0 with *out filled,
  * LECHO_ENOTFOUND, LECHO_EINVAL, or -1: take the Lua path (unaligned, or
  * unreadable here). */

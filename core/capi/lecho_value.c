@@ -68,7 +68,9 @@ void lei_lecho_value_push_sent(lua_State *L, const lecho_value *v) {
         lei_lecho_value_push_slot(L, v);
 }
 
-void lei_lecho_value_decode(lua_State *L, const lecho_value *v) {
+/* In a protected function: a byte-backed v (a sink's event) decoded into
+ * its slot, once; anything else is left alone.  May raise (memory). */
+static void lei_lecho_value_decode(lua_State *L, const lecho_value *v) {
     if (v->cb) { /* built in C: its bytes decoded into the box, once */
         lecho_value *w = (lecho_value *)v; /* the caller's own handle */
         lei_lecho_push_ref(L, v->h.ref);

@@ -53,7 +53,7 @@ static void lb_hook_log(void *ud, const char *msg) {
         return;
     }
     lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_calls);
-    lua_rawgeti(L, -1, 2);
+    lua_rawgeti(L, -1, LB_CALL_LOG);
     lua_remove(L, -2);
     lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_log);
     lua_pushlightuserdata(L, (void *)msg);
@@ -170,12 +170,7 @@ static int hook_call(lua_State *L) {
 static int run_hook(lb_ctx *b, hook_args *a) {
     lua_State *L = b->L;
     if (!L || a->ref == LUA_NOREF || !lua_checkstack(L, 4)) return -1;
-    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_tb);
-    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_calls); /* no allocation before the pcall */
-    lua_rawgeti(L, -1, 1);
-    lua_remove(L, -2);
-    lua_pushlightuserdata(L, a);
-    int rc = lua_pcall(L, 1, 0, -3);
+    int rc = lb_calls_pcall(L, b, LB_CALL_HOOK, a);
     if (rc == LUA_ERRMEM || (rc && a->bad)) {
         /* The partly decoded value is garbage now: collect it before the
          * next allocation (LuaJIT does not collect when one fails). */
@@ -305,12 +300,7 @@ static int batch_lua(lb_ctx *b, lei_peer *from, const lei_event_in *ev, int n, i
     a.n = n;
     a.ndec = a.held = 0;
     a.err[0] = '\0';
-    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_tb);
-    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_calls); /* no allocation before the pcall */
-    lua_rawgeti(L, -1, 3);
-    lua_remove(L, -2);
-    lua_pushlightuserdata(L, &a);
-    int rc = lua_pcall(L, 1, 0, -3);
+    int rc = lb_calls_pcall(L, b, LB_CALL_BATCH, &a);
     *held = a.held;
     if (rc) {
         const char *m = lua_tostring(L, -1);
@@ -416,13 +406,13 @@ void lb_hooks_init(lua_State *L, lb_ctx *b, lei_hooks *h) {
     b->ref_thread = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_createtable(L, 4, 0);
     lua_pushcfunction(L, hook_call);
-    lua_rawseti(L, -2, 1);
+    lua_rawseti(L, -2, LB_CALL_HOOK);
     lua_pushcfunction(L, log_call);
-    lua_rawseti(L, -2, 2);
+    lua_rawseti(L, -2, LB_CALL_LOG);
     lua_pushcfunction(L, batch_call);
-    lua_rawseti(L, -2, 3);
+    lua_rawseti(L, -2, LB_CALL_BATCH);
     lb_sink_push_call(L);
-    lua_rawseti(L, -2, 4);
+    lua_rawseti(L, -2, LB_CALL_SINK);
     b->ref_calls = luaL_ref(L, LUA_REGISTRYINDEX);
     lei_hooks hk = {b, lb_hook_event, lb_hook_ctrl, lb_hook_peer, lb_hook_unpin, lb_hook_log,
                     lb_hook_prepare, lb_hook_events};

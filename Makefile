@@ -293,13 +293,16 @@ build/fuzz_conn: core/fuzz/fuzz_conn.c $(FUZZ_CORE) $(HDRS) | build
 	$(FUZZ_CC) $(FUZZ_FLAGS) -DLECHO_FUZZ_DIR='"$(CURDIR)/build/fuzz/sock"' \
 	  -o $@ core/fuzz/fuzz_conn.c $(FUZZ_CORE) -lev $(SODIUM_LIBS)
 
-build/fuzz_ns: core/fuzz/fuzz_ns.c $(FUZZ_OBJ)/base/codec_lua.o $(FUZZ_OBJ)/base/codec.o $(FUZZ_OBJ)/base/array.o $(HDRS) | build
+# (codec_lua.c names its errors through errors.c's table: errors.o with it)
+build/fuzz_ns: core/fuzz/fuzz_ns.c $(FUZZ_OBJ)/base/codec_lua.o $(FUZZ_OBJ)/base/codec.o $(FUZZ_OBJ)/base/array.o \
+  $(FUZZ_OBJ)/base/errors.o $(HDRS) | build
 	$(FUZZ_CC) $(FUZZ_FLAGS) -DLECHO_LUA_DIR='"$(CURDIR)/lua"' -o $@ core/fuzz/fuzz_ns.c $(FUZZ_OBJ)/base/codec_lua.o \
-	  $(FUZZ_OBJ)/base/codec.o $(FUZZ_OBJ)/base/array.o -lluajit-5.1
+	  $(FUZZ_OBJ)/base/codec.o $(FUZZ_OBJ)/base/array.o $(FUZZ_OBJ)/base/errors.o -lluajit-5.1
 
-build/fuzz_codec: core/fuzz/fuzz_codec.c $(FUZZ_OBJ)/base/codec_lua.o $(FUZZ_OBJ)/base/codec.o $(FUZZ_OBJ)/base/array.o $(HDRS) | build
+build/fuzz_codec: core/fuzz/fuzz_codec.c $(FUZZ_OBJ)/base/codec_lua.o $(FUZZ_OBJ)/base/codec.o $(FUZZ_OBJ)/base/array.o \
+  $(FUZZ_OBJ)/base/errors.o $(HDRS) | build
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ core/fuzz/fuzz_codec.c $(FUZZ_OBJ)/base/codec_lua.o $(FUZZ_OBJ)/base/codec.o \
-	  $(FUZZ_OBJ)/base/array.o -lluajit-5.1
+	  $(FUZZ_OBJ)/base/array.o $(FUZZ_OBJ)/base/errors.o -lluajit-5.1
 
 # the compressed-array decoder (array_zip.c) against libzstd and libzfp
 build/fuzz_zip: core/fuzz/fuzz_zip.c $(FUZZ_OBJ)/base/array_zip.o $(FUZZ_OBJ)/base/array.o $(FUZZ_OBJ)/base/codec.o $(HDRS) | build

@@ -230,6 +230,35 @@ describe("lecho, the command-line tool", function()
     end
   end)
 
+  -- Issue 26: the tool is split per subcommand family (lua/lecho/cli/);
+  -- a subcommand added to a family but not dispatched, dispatched but
+  -- missing from the top help, or an option its help does not name fails
+  it("every subcommand is dispatched, in the top help, and its help names its options", function()
+    local cli = require "lecho.cli"
+    local top = {}
+    for line in cli.USAGE:match("\n\n(.-)\n\n"):gmatch("[^\n]+") do top[line:match("^  (%l+) ")] = true end
+    local entries = {}
+    for _, fam in ipairs{ "pubsub", "stats", "bench", "record" } do
+      for name, e in pairs(require("lecho.cli." .. fam)) do
+        if type(e) == "table" and e.run then
+          assert.is_nil(entries[name], name .. " defined twice")
+          entries[name] = fam
+          assert.are.equal(fam, cli.FAMILY[name], name .. " is in lecho.cli." .. fam .. " but not dispatched there")
+          assert.is_true(top[name], name .. " is not in lecho --help")
+          assert.matches("^usage: lecho " .. name .. " ", e.usage)
+          for _, o in ipairs(e.opts) do
+            if not o.internal then
+              assert.is_truthy(e.usage:find(o[1], 1, true), ("lecho %s --help does not name %s"):format(name, o[1]))
+            end
+          end
+        end
+      end
+    end
+    for name in pairs(top) do assert.is_truthy(entries[name], name .. " is in lecho --help but has no entry") end
+    for name in pairs(cli.FAMILY) do assert.is_truthy(entries[name], name .. " is dispatched but has no entry") end
+    assert.are.equal(9, #require("lecho.cli.common").sorted(entries))
+  end)
+
   it("sub --count and --for: 0 when the count came, 3 when time ran out", function()
     local _, ns = S.nameserver("--quiet")
     local body, rc = split(lecho(("sub quiet --count 1 --for 0.5 --nameserver %s"):format(ns)))

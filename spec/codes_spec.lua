@@ -300,3 +300,72 @@ int main(int argc, char **argv) {
     assert.matches("\nc 11 failed [^\n]*forged", "\n" .. out)
   end)
 end)
+
+-- One table of codes (issue 26 review: errors.c, lecho.c's checks and
+-- codec_lua.c's enc_code_name were three maps of code to name): the rows of
+-- core/base/errors.h's LEI_ERRDEF are lecho.errors.CODES and lecho.h's
+-- LECHO_E* codes, both ways, and only errors.c turns a code into its name
+-- (every other file asks lei_err_name; core/test/test_errors.c checks each
+-- row's code -> name -> code through the built library).
+describe("the list of error codes", function()
+  local function read(path)
+    local f = assert(io.open(S.root .. "/" .. path, "rb"))
+    local s = f:read("*a")
+    f:close()
+    return s
+  end
+  -- errors.h's rows: { code, name, pub }
+  local function rows()
+    local out = {}
+    local def = assert(read("core/base/errors.h"):match("#define LEI_ERRDEF%(_%)(.-)\n\n"))
+    for code, name, rest in def:gmatch('_%((%u+), "(%l+)", "[^"]*"([^)]*)%)') do
+      out[#out + 1] = { code = code, name = name, pub = rest:match("^, (E%u+)$") }
+    end
+    return out
+  end
+
+  it("is one: errors.h's rows are lecho.errors.CODES and lecho.h's codes, both ways", function()
+    local errors = require "lecho.errors"
+    local list = rows()
+    assert.is_true(#list >= 15, "rows found in errors.h: " .. #list)
+    local names = {}
+    local h = read("core/lecho.h")
+    for i, r in ipairs(list) do
+      names[r.name] = true
+      assert.is_string(errors.CODES[r.name], r.name .. " (errors.h) is not in lecho.errors.CODES")
+      assert.is_string(r.pub, r.code .. ": no public name in errors.h's row")
+      -- lecho.h: LECHO_<pub>, in the same place, says the same name
+      local n, said = 0, nil
+      for e, s in h:gmatch("\n%s+LECHO_(E%u+),?%s*/%* \"(%l+)\"") do
+        n = n + 1
+        if n == i then assert.are.equal(r.pub, e); said = s end
+      end
+      assert.are.equal(r.name, said, "lecho.h's LECHO_" .. r.pub)
+      assert.are.equal(#list, n, "lecho.h's codes")
+    end
+    for name in pairs(errors.CODES) do assert.is_true(names[name], name .. " (lecho.errors) is not in errors.h") end
+    -- the core's codec names its failures from the table
+    assert.are.same({ nil, "cannot encode a function at ev", "invalid" }, { core.encode(function() end) })
+  end)
+
+  it("is turned into names only by errors.c: no other expansion of LEI_ERRDEF into names, no name pushed as a literal", function()
+    local names = {}
+    for _, r in ipairs(rows()) do names[r.name] = true end
+    local bad = {}
+    local p = assert(io.popen(("cd '%s' && find core -name '*.c' -not -path 'core/test/*' -not -path 'core/fuzz/*' | sort")
+                              :format(S.root)))
+    for f in p:lines() do
+      local src = read(f)
+      -- lecho.c expands it into compile-time checks of numbers, not names
+      if src:find("LEI_ERRDEF(", 1, true) and f ~= "core/base/errors.c" and f ~= "core/capi/lecho.c" then
+        bad[#bad + 1] = f .. ": LEI_ERRDEF"
+      end
+      for name in src:gmatch("lua_push%a+%(%s*L%s*,%s*\"(%l+)\"%s*%)") do
+        if names[name] then bad[#bad + 1] = f .. ": pushes \"" .. name .. "\"" end
+      end
+    end
+    p:close()
+    table.sort(bad)
+    assert.are.same({}, bad)
+  end)
+end)

@@ -134,10 +134,19 @@ describe("crossings between C and Lua per event", function()
       inside = inside - 1
       return unpack(r)
     end
+    -- the events hook gets (t, n, peer) and nothing the dispatch does not
+    -- read (issue 26 review: a generation was pushed per batch, unused)
+    local nargs = {}
+    ctx.c:hooks{ events = function(...)
+      nargs[select("#", ...)] = true
+      return ctx:_dispatch_batch(...)
+    end }
     local prod = S.lua(PRODUCER, ns, tostring(N), tostring(K))
     local deadline = orig.now(ctx.c) + 90
     while not S.output(prod):find("}", 1, true) and orig.now(ctx.c) < deadline do orig.run_once(ctx.c, 0.05) end
     Context._dispatch, Context._dispatch_batch = od, ob
+    ctx.c:hooks{ events = function(t, k, peer) return ctx:_dispatch_batch(t, k, peer) end }
+    assert.are.same({ [3] = true }, nargs)
     for k, v in pairs(core_orig) do core[k] = v end
     local line = S.output(prod):match("({.*})")
     assert(line, "no result from the producer: " .. S.errors(prod):sub(1, 1500))

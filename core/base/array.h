@@ -115,10 +115,11 @@ lei_array *lei_codec_lua_array_check(struct lua_State *L, int idx);
  * out of memory. */
 lei_array *lei_codec_lua_array_push(struct lua_State *L, int dtype, int ndim, const int64_t *shape,
                           size_t extra, int zero);
-/* A received view (LEI_AF_VIEW) at idx gets its own copy of its bytes,
- * and so do the views made from it; anything else is left alone. Raises on
- * out of memory (nothing changed then). */
-void lei_codec_lua_array_keep(struct lua_State *L, int idx);
+/* Pushes a view: a new array with header *h sharing the elements of the
+ * array at idx, whose environment keeps that array; a view of a received
+ * view is listed in its parent's kids (kept or ended with it).  Raises on
+ * out of memory. */
+lei_array *lei_codec_lua_array_view(struct lua_State *L, int idx, const lei_array *h);
 /* A received view at idx (an array) and the views made from it lose their
  * elements (its dispatch ended and nobody kept it); anything else is left
  * alone.  Allocates nothing. */
@@ -127,7 +128,7 @@ void lei_codec_lua_array_end(struct lua_State *L, int idx);
  * &cap) hands over the (malloc'd, cap bytes) buffer its n bytes are in,
  * owned by the array from then on and given back through give (with the
  * object at ctx_idx, kept alive meanwhile, on the stack top) when it is
- * collected; else copied as lei_codec_lua_array_keep does.  Arrays under
+ * collected; else copied (as lecho.core's array_keep does).  Arrays under
  * LEI_ARRAY_ADOPT_MIN bytes are copied without asking. */
 #define LEI_ARRAY_ADOPT_MIN ((size_t)256 * 1024)
 typedef uint8_t *(*lei_adopt_fn)(void *ud, const void *p, size_t n, size_t *cap);

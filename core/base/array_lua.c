@@ -120,31 +120,6 @@ static int op_max(lua_State *L) { return one_stat(L, 1); }
 static int op_sum(lua_State *L) { return one_stat(L, 2); }
 static int op_mean(lua_State *L) { return one_stat(L, 3); }
 
-/* A new header for a view of the array at 1 (its environment keeps it),
- * listed in its kids when it is a received view (ended or kept with it). */
-static lei_array *push_view(lua_State *L, const lei_array *b) {
-    lei_array *v = lei_codec_lua_array_push(L, b->dtype, 0, NULL, 0, 0);
-    *v = *b;
-    lua_getfenv(L, -1);
-    lua_pushvalue(L, 1);
-    lua_rawseti(L, -2, 1);
-    lua_pop(L, 1);
-    if (b->flags & LEI_AF_VIEW) {
-        lua_getfenv(L, 1);
-        lua_getfield(L, -1, "kids");
-        if (lua_isnil(L, -1)) {
-            lua_pop(L, 1);
-            lua_newtable(L);
-            lua_pushvalue(L, -1);
-            lua_setfield(L, -3, "kids");
-        }
-        lua_pushvalue(L, -3);
-        lua_rawseti(L, -2, (int)lua_objlen(L, -2) + 1);
-        lua_pop(L, 2);
-    }
-    return v;
-}
-
 /* box(a, start, count, step) -> a view (no copy): per dim count[d]
  * elements from start[d] (from 0), every step[d]-th.  A number stands for
  * every dim; count defaults to all that fit, start to 0, step to 1. */
@@ -160,7 +135,7 @@ static int op_box(lua_State *L) {
             count[d] = (a->shape[d] - start[d] + step[d] - 1) / step[d];
     if (lei_array_box(a, start, count, step, &b))
         luaL_error(L, "lecho.array.box: the box does not fit inside the array");
-    push_view(L, &b);
+    lei_codec_lua_array_view(L, 1, &b); /* a view of the array at 1 */
     return 1;
 }
 

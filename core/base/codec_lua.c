@@ -653,15 +653,6 @@ static int box_gc(lua_State *L) {
 
 /* The name of code (errors.h's list, expanded here: the codec's module
  * links without errors.c). */
-static const char *enc_code_name(int code) {
-    switch (code < 0 ? -code : code) {
-#define LEI_ERRCASE(c, name, text) case LEI_E_##c: return name;
-        LEI_ERRDEF(LEI_ERRCASE)
-#undef LEI_ERRCASE
-    default: return "failed";
-    }
-}
-
 /* encode(v [, opts]) -> string | nil, err, code.  opts.count_only: the encoded
  * size instead (what a submit does: pinned slices are not copied). */
 static int l_encode(lua_State *L) {
@@ -676,7 +667,7 @@ static int l_encode(lua_State *L) {
     if (rc) {
         lua_pushnil(L);
         lua_pushstring(L, err);
-        lua_pushstring(L, enc_code_name(rc));
+        lua_pushstring(L, lei_err_name(rc));
         return 3;
     }
     if (opt_flag(L, 2, "count_only")) { /* the event path's work: no flat copy */
@@ -718,7 +709,7 @@ static int l_decode(lua_State *L) {
     if (rc) {
         lua_pushnil(L);
         lua_pushstring(L, err);
-        lua_pushstring(L, enc_code_name(rc));
+        lua_pushstring(L, lei_err_name(rc));
         return 3;
     }
     if (views) {
@@ -846,19 +837,20 @@ static int l_array_wrap(lua_State *L) {
     return 1;
 }
 
-/* array_view(a) -> a copy of a's header sharing its elements (the caller
- * changes shape, strides and data); a view of a received view is listed in
- * its parent's kids, so that it is kept or ended with it */
-static int l_array_view(lua_State *L) {
-    lei_array *a = live_array(L, 1), *v;
-    v = lei_codec_lua_array_push(L, a->dtype, 0, NULL, 0, 0);
-    *v = *a;
+/* Pushes a view: a new array with header *h (the elements of the array at
+ * idx, or part of them) whose environment keeps the array at idx; a view
+ * of a received view is listed in its parent's kids, so that it is kept or
+ * ended with it.  Raises on out of memory. */
+lei_array *lei_codec_lua_array_view(lua_State *L, int idx, const lei_array *h) {
+    if (idx < 0) idx = lua_gettop(L) + 1 + idx;
+    lei_array *v = lei_codec_lua_array_push(L, h->dtype, 0, NULL, 0, 0);
+    *v = *h;
     lua_getfenv(L, -1);
-    lua_pushvalue(L, 1);
+    lua_pushvalue(L, idx);
     lua_rawseti(L, -2, 1);
     lua_pop(L, 1);
-    if (a->flags & LEI_AF_VIEW) {
-        lua_getfenv(L, 1);
+    if (h->flags & LEI_AF_VIEW) {
+        lua_getfenv(L, idx);
         lua_getfield(L, -1, "kids");
         if (lua_isnil(L, -1)) {
             lua_pop(L, 1);
@@ -870,6 +862,13 @@ static int l_array_view(lua_State *L) {
         lua_rawseti(L, -2, (int)lua_objlen(L, -2) + 1);
         lua_pop(L, 2);
     }
+    return v;
+}
+
+/* array_view(a) -> a copy of a's header sharing its elements (the caller
+ * changes shape, strides and data) */
+static int l_array_view(lua_State *L) {
+    lei_codec_lua_array_view(L, 1, live_array(L, 1));
     return 1;
 }
 
@@ -905,7 +904,7 @@ static void rebase(lua_State *L, int idx, const uint8_t *old, size_t n, uint8_t 
 /* array_keep(a): a received view gets its own copy of its bytes (once),
  * and so do the views made from it; array_end(a): a received view and its
  * views lose their elements (the dispatch ended and no handler kept it). */
-void lei_codec_lua_array_keep(lua_State *L, int idx) {
+static void lei_codec_lua_array_keep(lua_State *L, int idx) {
     lei_array *a = lua_touserdata(L, idx);
     size_t n = (size_t)a->count * (size_t)a->itemsize;
     uint8_t *old = a->data, *nw;

@@ -8,7 +8,7 @@ static const struct {
     const char *name, *text;
 } errs[] = {
     {"ok", "no error"},
-#define LEI_ERRTAB(code, name, text) {name, text},
+#define LEI_ERRTAB(code, name, text, pub) {name, text},
     LEI_ERRDEF(LEI_ERRTAB)
 #undef LEI_ERRTAB
 };

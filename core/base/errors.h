@@ -10,27 +10,33 @@
 #ifndef LECHO_ERRORS_H
 #define LECHO_ERRORS_H
 
-/* The list: code suffix, stable name (never changes), generic text. */
-#define LEI_ERRDEF(_)                                                            \
-    _(TIMEOUT, "timeout", "timed out")                                          \
-    _(CLOSED, "closed", "closed")                                               \
-    _(REFUSED, "refused", "refused by the peer")                                \
-    _(LIMIT, "limit", "over a limit")                                           \
-    _(WOULDBLOCK, "wouldblock", "would block: queue full")                      \
-    _(INVALID, "invalid", "invalid argument")                                   \
-    _(NOTFOUND, "notfound", "not found")                                        \
-    _(IO, "io", "input/output error")                                           \
-    _(PROTOCOL, "protocol", "protocol error: malformed input from a peer")      \
-    _(NOMEM, "nomem", "out of memory")                                          \
-    _(FAILED, "failed", "failed")                                               \
-    _(NOSERVICE, "noservice", "no server of that service is known")             \
-    _(VERSION, "version", "no server has a compatible version")                 \
-    _(BUSY, "busy", "refused at once: over a concurrency or in-flight limit")    \
-    _(NOCONSUMER, "noconsumer", "no consumer of the channel anywhere")
+/* The list: code suffix, stable name (never changes), generic text, and
+ * the suffix of its public name in core/lecho.h (LECHO_E...: the same
+ * number, checked at compile time in core/capi/lecho.c).  The one table of
+ * codes: errors.c makes the names and texts from it (lei_err_name,
+ * lei_err_text, lei_err_code), and every other file asks errors.c;
+ * lua/lecho/errors.lua lists the same names for Lua (spec/codes_spec.lua
+ * checks that both lists are one). */
+#define LEI_ERRDEF(_)                                                                    \
+    _(TIMEOUT, "timeout", "timed out", ETIMEOUT)                                        \
+    _(CLOSED, "closed", "closed", ECLOSED)                                              \
+    _(REFUSED, "refused", "refused by the peer", EREFUSED)                              \
+    _(LIMIT, "limit", "over a limit", ELIMIT)                                           \
+    _(WOULDBLOCK, "wouldblock", "would block: queue full", EWOULDBLOCK)                 \
+    _(INVALID, "invalid", "invalid argument", EINVAL)                                   \
+    _(NOTFOUND, "notfound", "not found", ENOTFOUND)                                     \
+    _(IO, "io", "input/output error", EIO)                                              \
+    _(PROTOCOL, "protocol", "protocol error: malformed input from a peer", EPROTOCOL)   \
+    _(NOMEM, "nomem", "out of memory", ENOMEM)                                          \
+    _(FAILED, "failed", "failed", EFAILED)                                              \
+    _(NOSERVICE, "noservice", "no server of that service is known", ENOSERVICE)         \
+    _(VERSION, "version", "no server has a compatible version", EVERSION)               \
+    _(BUSY, "busy", "refused at once: over a concurrency or in-flight limit", EBUSY)     \
+    _(NOCONSUMER, "noconsumer", "no consumer of the channel anywhere", ENOCONSUMER)
 
 enum lei_err {
     LEI_OK = 0,
-#define LEI_ERRENUM(code, name, text) LEI_E_##code,
+#define LEI_ERRENUM(code, name, text, pub) LEI_E_##code,
     LEI_ERRDEF(LEI_ERRENUM)
 #undef LEI_ERRENUM
     LEI_E_MAX

@@ -84,7 +84,7 @@ lei_msg *lb_encode(lb_ctx *b, lua_State *L, int idx, char *err, size_t errlen, i
 
 /* Encodes the value at idx into a new message; NULL with nil, err, code
  * pushed. */
-lei_msg *lb_encode_at(lua_State *L, lb_ctx *b, int idx) {
+static lei_msg *lb_encode_at(lua_State *L, lb_ctx *b, int idx) {
     char err[256];
     int code;
     lei_msg *m = lb_encode(b, L, idx, err, sizeof err, &code);
@@ -146,12 +146,8 @@ static int l_submit(lua_State *L) {
     int sync = lua_toboolean(L, 6);
     int policy = lua_isnoneornil(L, 7) ? lei_ctx_opts(b->c)->policy
                                        : luaL_checkoption(L, 7, NULL, lb_policy_names);
-    if ((policy == LEI_BLOCK || sync) && !lei_chan_room(b->c, chid)) {
-        lua_pushnil(L);
-        lua_pushliteral(L, "queue full");
-        lua_pushliteral(L, "wouldblock");
-        return 3;
-    }
+    if ((policy == LEI_BLOCK || sync) && !lei_chan_room(b->c, chid))
+        return lb_push_err(L, "queue full", LEI_E_WOULDBLOCK);
     lei_msg *m = lb_encode_at(L, b, 5);
     if (!m) return 3;
     lei_chan_count_encode(b->c, chid);

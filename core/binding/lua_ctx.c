@@ -292,7 +292,7 @@ static void set_ref(lua_State *L, int t, const char *k, int *ref) {
  *   ctrl = fn(from_addr, msg)          peer = fn(idx, addr, up, reason)
  *   log = fn(message)                  moe_error = fn(moe_id, why)
  *   turn = fn(), before each loop turn's writes while ctx:want_turn(true)
- *   events = fn(t, n, peer_idx, gen) -> held: the async events of one read
+ *   events = fn(t, n, peer_idx) -> held: the async events of one read
  *           from one peer (values under 4 KiB), in order: t[4i+1 .. 4i+4] =
  *           chid, value, producer, seq of event i (0-based), n of them;
  *           without it every event comes through event */

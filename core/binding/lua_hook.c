@@ -45,7 +45,7 @@ static int log_call(lua_State *L) {
     return 0;
 }
 
-void lb_hook_log(void *ud, const char *msg) {
+static void lb_hook_log(void *ud, const char *msg) {
     lb_ctx *b = ud;
     lua_State *L = b->L;
     if (b->ref_log == LUA_NOREF || !L || !lua_checkstack(L, 4)) {
@@ -53,7 +53,7 @@ void lb_hook_log(void *ud, const char *msg) {
         return;
     }
     lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_calls);
-    lua_rawgeti(L, -1, 2);
+    lua_rawgeti(L, -1, LB_CALL_LOG);
     lua_remove(L, -2);
     lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_log);
     lua_pushlightuserdata(L, (void *)msg);
@@ -170,12 +170,7 @@ static int hook_call(lua_State *L) {
 static int run_hook(lb_ctx *b, hook_args *a) {
     lua_State *L = b->L;
     if (!L || a->ref == LUA_NOREF || !lua_checkstack(L, 4)) return -1;
-    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_tb);
-    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_calls); /* no allocation before the pcall */
-    lua_rawgeti(L, -1, 1);
-    lua_remove(L, -2);
-    lua_pushlightuserdata(L, a);
-    int rc = lua_pcall(L, 1, 0, -3);
+    int rc = lb_calls_pcall(L, b, LB_CALL_HOOK, a);
     if (rc == LUA_ERRMEM || (rc && a->bad)) {
         /* The partly decoded value is garbage now: collect it before the
          * next allocation (LuaJIT does not collect when one fails). */
@@ -207,7 +202,7 @@ static int run_hook(lb_ctx *b, hook_args *a) {
     return a->held ? 1 : 0;
 }
 
-int lb_hook_event(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
+static int lb_hook_event(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
                   uint64_t sync, const uint8_t *p, size_t n) {
     lb_ctx *b = ud;
     if (b->rsink) {
@@ -256,7 +251,7 @@ typedef struct batch_args {
 
 /* Decodes every value of the batch into one table t (t[4i+1 .. 4i+4] =
  * chid, value, producer, seq) and calls the events function once
- * with (t, count, peer, gen), inside one lua_pcall: the one crossing into
+ * with (t, count, peer), inside one lua_pcall: the one crossing into
  * Lua for a read's async events.  A value that does not decode ends the
  * batch there: those before it are dispatched, a->ndec says where. */
 static int batch_call(lua_State *L) {
@@ -285,8 +280,7 @@ static int batch_call(lua_State *L) {
     if (a->ndec == 0) return 0;
     lua_pushinteger(L, a->ndec);
     lua_pushinteger(L, lei_peer_idx(a->from));
-    lua_pushnumber(L, (lua_Number)lei_peer_gen(a->from));
-    lua_call(L, 4, 1);
+    lua_call(L, 3, 1);
     a->held = lua_toboolean(L, -1);
     return 0;
 }
@@ -306,12 +300,7 @@ static int batch_lua(lb_ctx *b, lei_peer *from, const lei_event_in *ev, int n, i
     a.n = n;
     a.ndec = a.held = 0;
     a.err[0] = '\0';
-    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_tb);
-    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_calls); /* no allocation before the pcall */
-    lua_rawgeti(L, -1, 3);
-    lua_remove(L, -2);
-    lua_pushlightuserdata(L, &a);
-    int rc = lua_pcall(L, 1, 0, -3);
+    int rc = lb_calls_pcall(L, b, LB_CALL_BATCH, &a);
     *held = a.held;
     if (rc) {
         const char *m = lua_tostring(L, -1);
@@ -343,7 +332,7 @@ static int batch_lua(lb_ctx *b, lei_peer *from, const lei_event_in *ev, int n, i
  * C consumer's channel too), so the order of the read is kept and a
  * handler that waits holds what follows it.  Returns the events taken (n,
  * or the index of a value that did not decode). */
-int lb_hook_events(void *ud, lei_peer *from, const lei_event_in *ev, int n, int *held) {
+static int lb_hook_events(void *ud, lei_peer *from, const lei_event_in *ev, int n, int *held) {
     lb_ctx *b = ud;
     int i = 0;
     *held = 0;
@@ -369,13 +358,13 @@ int lb_hook_events(void *ud, lei_peer *from, const lei_event_in *ev, int n, int 
     return i + batch_lua(b, from, ev + i, n - i, held);
 }
 
-int lb_hook_ctrl(void *ud, lei_peer *from, const uint8_t *p, size_t n) {
+static int lb_hook_ctrl(void *ud, lei_peer *from, const uint8_t *p, size_t n) {
     lb_ctx *b = ud;
     hook_args a = {.b = b, .from = from, .ref = b->ref_ctrl, .p = p, .n = n};
     return run_hook(b, &a) < 0 ? -1 : 0;
 }
 
-void lb_hook_peer(void *ud, lei_peer *p, int up, const char *reason, int code) {
+static void lb_hook_peer(void *ud, lei_peer *p, int up, const char *reason, int code) {
     lb_ctx *b = ud;
     lua_State *L = b->L;
     if (!L || b->ref_peer == LUA_NOREF || !lua_checkstack(L, 7)) return;
@@ -397,7 +386,7 @@ void lb_hook_peer(void *ud, lei_peer *p, int up, const char *reason, int code) {
 
 /* Runs the modulators' dequeue, then the turn hook (the Lua scheduler
  * resumes waiters that can go on), before the queues are written. */
-void lb_hook_prepare(void *ud) {
+static void lb_hook_prepare(void *ud) {
     lb_ctx *b = ud;
     for (lb_moe *x = b->moes; x; x = x->next)
         if (x->m && lei_moe_has_pending(x->m)) lei_moe_pump(x->m);
@@ -417,13 +406,13 @@ void lb_hooks_init(lua_State *L, lb_ctx *b, lei_hooks *h) {
     b->ref_thread = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_createtable(L, 4, 0);
     lua_pushcfunction(L, hook_call);
-    lua_rawseti(L, -2, 1);
+    lua_rawseti(L, -2, LB_CALL_HOOK);
     lua_pushcfunction(L, log_call);
-    lua_rawseti(L, -2, 2);
+    lua_rawseti(L, -2, LB_CALL_LOG);
     lua_pushcfunction(L, batch_call);
-    lua_rawseti(L, -2, 3);
+    lua_rawseti(L, -2, LB_CALL_BATCH);
     lb_sink_push_call(L);
-    lua_rawseti(L, -2, 4);
+    lua_rawseti(L, -2, LB_CALL_SINK);
     b->ref_calls = luaL_ref(L, LUA_REGISTRYINDEX);
     lei_hooks hk = {b, lb_hook_event, lb_hook_ctrl, lb_hook_peer, lb_hook_unpin, lb_hook_log,
                     lb_hook_prepare, lb_hook_events};

@@ -36,7 +36,7 @@ typedef struct lb_ctx {
     int ref_event, ref_ctrl, ref_peer, ref_log, ref_tb, ref_moe_error, ref_turn;
     int ref_events;           /* the batch hook (lua_hook.c lb_hook_events), or LUA_NOREF */
     int ref_thread;        /* pins L */
-    int ref_calls;         /* { hook_call, log_call, batch_call, sink_call }: made once, no allocation per call */
+    int ref_calls;         /* the protected calls (LB_CALL_*): made once, no allocation per call */
     int want_turn;         /* call the turn hook before each loop turn's writes */
     int close_pending;     /* close() came from inside a callback: done on return */
     lei_codec_limits lim;
@@ -113,16 +113,24 @@ void lb_close_if_pending(lb_ctx *b, lua_State *L);
 /* Calls the function below nargs arguments on b->L through the traceback
  * handler; errors are logged, never raised.  0 or -1. */
 int lb_pcall(lb_ctx *b, int nargs, int nres);
+/* The C functions of b->ref_calls (lb_hooks_init): each runs one callback
+ * into Lua from its arguments, a struct passed as a light userdata. */
+enum { LB_CALL_HOOK = 1, LB_CALL_LOG, LB_CALL_BATCH, LB_CALL_SINK };
+/* Runs b->ref_calls[k] on L (b->L) with args under the traceback handler,
+ * allocating nothing before the pcall (an out-of-memory error then comes
+ * from inside it): lua_pcall's code, with the handler left on the stack
+ * and, on an error, the message above it.  Needs 4 free slots. */
+static inline int lb_calls_pcall(lua_State *L, lb_ctx *b, int k, void *args) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_tb);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_calls);
+    lua_rawgeti(L, -1, k);
+    lua_remove(L, -2);
+    lua_pushlightuserdata(L, args);
+    return lua_pcall(L, 1, 0, -3);
+}
 /* Makes b->L, the thread every callback runs on, and fills in h. */
 void lb_hooks_init(lua_State *L, lb_ctx *b, lei_hooks *h);
-int lb_hook_event(void *ud, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
-                  uint64_t sync, const uint8_t *p, size_t n);
-int lb_hook_ctrl(void *ud, lei_peer *from, const uint8_t *p, size_t n);
-int lb_hook_events(void *ud, lei_peer *from, const lei_event_in *ev, int n, int *held);
-void lb_hook_peer(void *ud, lei_peer *p, int up, const char *reason, int code);
 void lb_hook_unpin(void *ud, int ref);
-void lb_hook_log(void *ud, const char *msg);
-void lb_hook_prepare(void *ud);
 
 /* lua_chan.c: channels, submitting, sync answers, acks, control messages */
 extern const char *const lb_policy_names[];
@@ -131,9 +139,6 @@ uint32_t lb_check_chan(lua_State *L, lb_ctx *b, int i);
  * with lb_hook_unpin); NULL with the code in *code and the message in err,
  * nothing pushed. */
 lei_msg *lb_encode(lb_ctx *b, lua_State *L, int idx, char *err, size_t errlen, int *code);
-/* Encodes the value at idx into a new message (the caller releases it);
- * NULL with nil, err, code pushed. */
-lei_msg *lb_encode_at(lua_State *L, lb_ctx *b, int idx);
 /* Encodes the value at idx flat: 0, or -1 with nil, err, code pushed. */
 int lb_flat_encode(lua_State *L, lb_ctx *b, int idx, lb_flat *f);
 void lb_flat_done(lb_ctx *b, lb_flat *f);
@@ -144,7 +149,6 @@ void lb_ack(lb_ctx *b, lei_peer *p, const uint64_t *gen, uint64_t sync, uint64_t
 extern const luaL_Reg lb_chan_methods[];
 
 /* lua_moe.c: modulators */
-void lb_moe_unlink(lb_moe *x);
 extern const luaL_Reg lb_moe_ctx_methods[];
 void lb_moe_open(lua_State *L);
 
@@ -161,7 +165,7 @@ extern const luaL_Reg lb_sink_ctx_methods[];
  * when the Lua dispatch must take it. */
 int lb_sink_event(lb_ctx *b, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
                   uint64_t sync, const uint8_t *p, size_t n);
-/* Pushes the protected function lb_sink_event calls (kept in ref_calls[4]). */
+/* Pushes the protected function lb_sink_event calls (ref_calls[LB_CALL_SINK]). */
 void lb_sink_push_call(lua_State *L);
 void lb_sinks_free(lb_ctx *b, lua_State *L);
 

@@ -190,7 +190,7 @@ static int l_moe_stats(lua_State *L) {
     return 1;
 }
 
-void lb_moe_unlink(lb_moe *x) {
+static void lb_moe_unlink(lb_moe *x) {
     if (!x->b) return;
     for (lb_moe **pp = &x->b->moes; *pp; pp = &(*pp)->next)
         if (*pp == x) {

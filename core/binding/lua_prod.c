@@ -278,12 +278,7 @@ static int submit_msg(lua_State *L, lb_prod *h, lei_msg *m, int sync) {
 }
 
 /* Nothing done: the caller waits for room (h:room) and retries. */
-static int would_block(lua_State *L) {
-    lua_pushnil(L);
-    lua_pushliteral(L, "queue full");
-    lua_pushliteral(L, "wouldblock");
-    return 3;
-}
+static int would_block(lua_State *L) { return lb_push_err(L, "queue full", LEI_E_WOULDBLOCK); }
 
 /* 1 when the submit must wait for room first (checked before encoding). */
 static int must_wait(lb_prod *h, int sync) {

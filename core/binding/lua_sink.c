@@ -184,12 +184,7 @@ int lb_sink_event(lb_ctx *b, lei_peer *from, uint32_t chid, uint64_t producer, u
         lua_settop(L, top);
         return 0;
     }
-    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_tb);
-    lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_calls); /* no allocation before the pcall */
-    lua_rawgeti(L, -1, 4);
-    lua_remove(L, -2);
-    lua_pushlightuserdata(L, &a);
-    int rc = lua_pcall(L, 1, 0, -3);
+    int rc = lb_calls_pcall(L, b, LB_CALL_SINK, &a);
 
     if (rc == LUA_ERRMEM || (rc && a.bad)) {
         lua_pop(L, 1);

@@ -33,25 +33,15 @@
 
 /* lecho.h's LECHO_E* codes are errors.h's LEI_E_* under public names: the
  * same numbers, so a code passes between the two unchanged and one table
- * (errors.c) names them.  A code added to one list and not the other stops
+ * (errors.c) names them.  Each row of errors.h's list names its public
+ * code; a row whose public code is missing or numbered otherwise, or a
+ * public code past the list (the last one's successor is LEI_E_MAX), stops
  * the build here. */
 #define LECHO_SAME(pub, core) _Static_assert((int)(pub) == (int)(core), #pub " must equal " #core)
 LECHO_SAME(LECHO_OK, LEI_OK);
-LECHO_SAME(LECHO_ETIMEOUT, LEI_E_TIMEOUT);
-LECHO_SAME(LECHO_ECLOSED, LEI_E_CLOSED);
-LECHO_SAME(LECHO_EREFUSED, LEI_E_REFUSED);
-LECHO_SAME(LECHO_ELIMIT, LEI_E_LIMIT);
-LECHO_SAME(LECHO_EWOULDBLOCK, LEI_E_WOULDBLOCK);
-LECHO_SAME(LECHO_EINVAL, LEI_E_INVALID);
-LECHO_SAME(LECHO_ENOTFOUND, LEI_E_NOTFOUND);
-LECHO_SAME(LECHO_EIO, LEI_E_IO);
-LECHO_SAME(LECHO_EPROTOCOL, LEI_E_PROTOCOL);
-LECHO_SAME(LECHO_ENOMEM, LEI_E_NOMEM);
-LECHO_SAME(LECHO_EFAILED, LEI_E_FAILED);
-LECHO_SAME(LECHO_ENOSERVICE, LEI_E_NOSERVICE);
-LECHO_SAME(LECHO_EVERSION, LEI_E_VERSION);
-LECHO_SAME(LECHO_EBUSY, LEI_E_BUSY);
-LECHO_SAME(LECHO_ENOCONSUMER, LEI_E_NOCONSUMER);
+#define LECHO_SAME_ROW(code, name, text, pub) LECHO_SAME(LECHO_##pub, LEI_E_##code);
+LEI_ERRDEF(LECHO_SAME_ROW)
+#undef LECHO_SAME_ROW
 LECHO_SAME(LECHO_ENOCONSUMER + 1, LEI_E_MAX);
 #undef LECHO_SAME
 

@@ -73,26 +73,11 @@ static int contiguous(const lei_array *a) {
 static int op_set_array(lua_State *L) {
     struct arr_op *a = lua_touserdata(L, 1);
     struct op *o = &a->o;
-    const lecho_value *v = o->a;
     owner *ow = NULL;
     int d;
 
-    lei_lecho_value_decode(L, v);
-    lei_lecho_push_ref(L, v->h.ref);
-    int box = lua_gettop(L);
-    if (o->key) {
-        lua_rawgeti(L, box, 1);
-        if (lua_isnil(L, -1)) {
-            lua_pop(L, 1);
-            lua_newtable(L);
-            lua_pushvalue(L, -1);
-            lua_rawseti(L, box, 1);
-        } else if (!lua_istable(L, -1)) {
-            o->rc = lei_lecho_fail(o->x, LECHO_EINVAL, "lecho_set_array: the value is not a table");
-            return 0;
-        }
-        lua_pushstring(L, o->key);
-    }
+    int box = lei_lecho_value_target(L, o, "lecho_set_array: the value is not a table");
+    if (!box) return 0;
     core_fn(L, "array_wrap");
     if (a->fn) { /* the owner: its __gc frees data once nothing holds the array */
         ow = lua_newuserdata(L, sizeof *ow);

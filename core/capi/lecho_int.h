@@ -186,16 +186,14 @@ lecho_value *lei_lecho_value_from(lecho_ctx *x, lua_CFunction op, struct op *o);
  * is an array (a received view copied out of the read buffer first), 0
  * when it is not one, -1 for a strided view (x's message set). */
 int lei_lecho_array_node(lecho_ctx *x, lua_State *L, int idx, lecho_array_info *out);
-/* In a protected function: the arrays of the running handler's event that
- * point into the read buffer (x->views) get their own copy, once, so that
- * a handle made from the event (lecho_set_value, lecho_field) outlives
- * the handler with them.  May raise (memory). */
-void lei_lecho_value_keep_views(lua_State *L, lecho_ctx *x);
 /* Empties x's scratch (keeping one small chunk); all = 1 frees it all. */
 void lei_lecho_value_scratch_reset(lecho_ctx *x, int all);
-/* In a protected function: a byte-backed v (a sink's event) decoded into
- * its slot, once; anything else is left alone.  May raise (memory). */
-void lei_lecho_value_decode(lua_State *L, const lecho_value *v);
+/* In a protected function (lecho_set, lecho_set_array): where o->a's
+ * value is set.  Pushes its box (its slot at [1]) and, with o->key, the
+ * table in the slot (a new one when it is nil) and the key; returns the
+ * box's index, or 0 with o->rc set and not_table the message when the slot
+ * holds something else. */
+int lei_lecho_value_target(lua_State *L, struct op *o, const char *not_table);
 /* lecho_get_array on a byte-backed v, in place: 0 with *out filled,
  * LECHO_ENOTFOUND, LECHO_EINVAL, or -1: take the Lua path (unaligned, or
  * unreadable here). */

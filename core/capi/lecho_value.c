@@ -68,7 +68,9 @@ void lei_lecho_value_push_sent(lua_State *L, const lecho_value *v) {
         lei_lecho_value_push_slot(L, v);
 }
 
-void lei_lecho_value_decode(lua_State *L, const lecho_value *v) {
+/* In a protected function: a byte-backed v (a sink's event) decoded into
+ * its slot, once; anything else is left alone.  May raise (memory). */
+static void lei_lecho_value_decode(lua_State *L, const lecho_value *v) {
     if (v->cb) { /* built in C: its bytes decoded into the box, once */
         lecho_value *w = (lecho_value *)v; /* the caller's own handle */
         lei_lecho_push_ref(L, v->h.ref);
@@ -102,7 +104,11 @@ static int build_nodes(struct op *o, lua_State *L, size_t *i, int depth);
 static void bv_reader(const lecho_value *v, lei_reader *r);
 static int bv_skip_children(lei_reader *r, const lei_item *it, int depth);
 
-void lei_lecho_value_keep_views(lua_State *L, lecho_ctx *x) {
+/* In a protected function: the arrays of the running handler's event that
+ * point into the read buffer (x->views) get their own copy, once, so that
+ * a handle made from the event (lecho_set_value, lecho_field) outlives
+ * the handler with them.  May raise (memory). */
+static void lei_lecho_value_keep_views(lua_State *L, lecho_ctx *x) {
     if (x->views == LUA_NOREF) return;
     if (x->views == LUA_REFNIL) { /* the Lua dispatch: Context:keep_values() */
         lei_lecho_push_ref(L, x->self);
@@ -131,8 +137,7 @@ void lei_lecho_value_keep_views(lua_State *L, lecho_ctx *x) {
     lua_pop(L, 2);
 }
 
-static int op_set(lua_State *L) {
-    struct op *o = lua_touserdata(L, 1);
+int lei_lecho_value_target(lua_State *L, struct op *o, const char *not_table) {
     const lecho_value *v = o->a;
     lei_lecho_value_decode(L, v);
     lei_lecho_push_ref(L, v->h.ref);
@@ -145,11 +150,18 @@ static int op_set(lua_State *L) {
             lua_pushvalue(L, -1);
             lua_rawseti(L, box, 1);
         } else if (!lua_istable(L, -1)) {
-            o->rc = lei_lecho_fail(o->x, LECHO_EINVAL, "lecho_set: the value is not a table");
+            o->rc = lei_lecho_fail(o->x, LECHO_EINVAL, not_table);
             return 0;
         }
         lua_pushstring(L, o->key);
     }
+    return box;
+}
+
+static int op_set(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    int box = lei_lecho_value_target(L, o, "lecho_set: the value is not a table");
+    if (!box) return 0;
     switch (o->kind) {
     case S_NIL: lua_pushnil(L); break;
     case S_BOOL: lua_pushboolean(L, o->i); break;

@@ -572,36 +572,26 @@ static void set_cert_authority_expired(side *a, side *b, keys *k) {
     /* the same authority, now given a validity that ended */
     lei_auth_trust_authority(a->c, cert_apk, now - 100, now - 10);
 }
+/* a (the acceptor) certified by an authority b trusts, [nb, na) from now,
+ * listing addr; a not in b's trust list. */
+static void cert_a(side *a, side *b, keys *k, int64_t nb, int64_t na, const char *addr) {
+    uint8_t apk[32], ask[64], cert[LEI_CERT_MAX];
+    char err[160];
+    uint64_t now = (uint64_t)time(NULL);
+    crypto_sign_keypair(apk, ask);
+    lei_ctx_free(b->c);
+    side_init(b, "b", k->bsk);
+    lei_auth_trust_authority(b->c, apk, 0, 0);
+    lei_ctx_free(a->c);
+    side_init(a, "a", NULL);
+    size_t cl = cert_v2(ask, "a", k->apk, now + nb, now + na, addr, cert);
+    CHECK(lei_auth_set_identity(a->c, k->ask, "a", cert, cl, err) == 0);
+    lei_auth_trust_key(a->c, k->bpk, "b");
+}
 /* a (the acceptor) certified with an expired certificate: b refuses it. */
-static void set_cert_acceptor_expired(side *a, side *b, keys *k) {
-    uint8_t apk[32], ask[64], cert[LEI_CERT_MAX];
-    char err[160];
-    uint64_t now = (uint64_t)time(NULL);
-    crypto_sign_keypair(apk, ask);
-    lei_ctx_free(b->c);
-    side_init(b, "b", k->bsk);
-    lei_auth_trust_authority(b->c, apk, 0, 0);
-    lei_ctx_free(a->c);
-    side_init(a, "a", NULL);
-    size_t cl = cert_v2(ask, "a", k->apk, now - 60, now - 1, NULL, cert);
-    CHECK(lei_auth_set_identity(a->c, k->ask, "a", cert, cl, err) == 0);
-    lei_auth_trust_key(a->c, k->bpk, "b");
-}
+static void set_cert_acceptor_expired(side *a, side *b, keys *k) { cert_a(a, b, k, -60, -1, NULL); }
 /* a (the acceptor) certified for another address than the one b dials. */
-static void set_cert_acceptor_addr(side *a, side *b, keys *k) {
-    uint8_t apk[32], ask[64], cert[LEI_CERT_MAX];
-    char err[160];
-    uint64_t now = (uint64_t)time(NULL);
-    crypto_sign_keypair(apk, ask);
-    lei_ctx_free(b->c);
-    side_init(b, "b", k->bsk);
-    lei_auth_trust_authority(b->c, apk, 0, 0);
-    lei_ctx_free(a->c);
-    side_init(a, "a", NULL);
-    size_t cl = cert_v2(ask, "a", k->apk, now - 60, now + 3600, "127.0.0.9:1", cert);
-    CHECK(lei_auth_set_identity(a->c, k->ask, "a", cert, cl, err) == 0);
-    lei_auth_trust_key(a->c, k->bpk, "b");
-}
+static void set_cert_acceptor_addr(side *a, side *b, keys *k) { cert_a(a, b, k, -60, 3600, "127.0.0.9:1"); }
 static void set_revoked(side *a, side *b, keys *k) {
     (void)b;
     CHECK(lei_auth_set_revoked(a->c, k->bpk, 1) == 0);

@@ -226,6 +226,16 @@ static void test_bindings(lecho_ctx *ctx) {
     /* an array is one node over its own memory, with its dtype and shape */
     static const short elems[6] = { 1, 2, 3, 4, 5, 6 };
     size_t shape[2] = { 2, 3 };
+    /* a field of a value that is not a table: refused, said, nothing set
+     * (lecho_set and lecho_set_array on the Lua path share where to set) */
+    lecho_value *num = lecho_value_new(ctx);
+    CHECK(lecho_set_nodes(num, NULL, in + 1, 1) == 0 && lecho_type(num, NULL) == LECHO_TNUMBER);
+    CHECK(lecho_set_number(num, "k", 2) == LECHO_EINVAL &&
+          strcmp(lecho_errmsg(ctx), "lecho_set: the value is not a table") == 0);
+    CHECK(lecho_set_array(num, "a", "<i2", 2, shape, elems, NULL, NULL) == LECHO_EINVAL &&
+          strcmp(lecho_errmsg(ctx), "lecho_set_array: the value is not a table") == 0);
+    CHECK(lecho_type(num, NULL) == LECHO_TNUMBER);
+    lecho_value_free(num);
     CHECK(lecho_set_array(v, "arr", "<i2", 2, shape, elems, NULL, NULL) == 0);
     lecho_value *arr = lecho_field(v, "arr", 0);
     CHECK(arr && lecho_nodes(arr, NULL, &out, &n) == 0 && n == 1 && out[0].type == LECHO_TARRAY);

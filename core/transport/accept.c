@@ -20,6 +20,7 @@
 
 static void hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents);
 static void acc_timer_cb(struct ev_loop *loop, ev_timer *w, int revents);
+static void lei_accept_hs_arm(lei_ctx *c);
 
 void lei_accept_init(lei_ctx *c) {
     c->accept_s.reserve_fd = -1;
@@ -52,7 +53,7 @@ void lei_accept_conn_removed(lei_ctx *c) { c->accept_s.nconns--; }
 
 /* The handshake deadline: checked a few times per handshake_timeout while
  * a connection is not UP. */
-void lei_accept_hs_arm(lei_ctx *c) {
+static void lei_accept_hs_arm(lei_ctx *c) {
     double t = c->o.handshake_timeout;
     if (t <= 0 || ev_is_active(&c->accept_s.hs_w)) return;
     t /= 8;

@@ -95,14 +95,7 @@ void lei_conn_close(lei_conn *k, const char *reason, int bad) {
     close(k->fd);
     k->fd = -1;
     lei_accept_conn_removed(c);
-    c->rbuf -= k->rcap;
-    /* A frame below us (busy) may still be read: a handler's zero-copy
-     * buffer points into it (lua_hook.c).  lei_conn_free frees it then. */
-    if (!k->busy) {
-        free(k->rb);
-        k->rb = NULL;
-    }
-    k->rcap = k->rlen = k->rpos = 0;
+    lei_rbuf_close(k);
     lei_inmap_free(k);
     free(k->texp);
     k->texp = NULL;
@@ -355,10 +348,10 @@ static int batch_flush(lei_conn *k, ev_batch *bt) {
     int n = bt->n, held = 0;
     bt->n = 0;
     p->held = 1;
-    c->depth++;
+    lei_ctx_hook_enter(c);
     c->refusal[0] = '\0';
     int took = c->h.events(c->h.ud, p, bt->ev, n, &held);
-    c->depth--;
+    lei_ctx_hook_leave(c);
     if (held) {
         /* A handler waits: hold what comes next from this peer (the hook
          * ends the hold, lei_resume, once the rest of its batch ran). */
@@ -434,10 +427,10 @@ static int conn_frame(lei_conn *k, const lei_frame *f, ev_batch *bt) {
             return bt->n == LEI_BATCH_MAX ? batch_flush(k, bt) : 0;
         }
         if (batch_flush(k, bt)) return -1;
-        c->depth++;
+        lei_ctx_hook_enter(c);
         c->refusal[0] = '\0';
         int rc = c->h.event(c->h.ud, p, chid, e.producer, e.seq, e.sync, e.payload, e.plen);
-        c->depth--;
+        lei_ctx_hook_leave(c);
         if (rc == 1) {
             /* A handler waits: hold what comes next from this peer. */
             p->held = 1;
@@ -454,7 +447,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f, ev_batch *bt) {
     case LEI_F_CTRL:
         if (k->mech->ctrl_in(k, f)) return -1;
         p->st.ctrl_in++;
-        c->depth++;
+        lei_ctx_hook_enter(c);
         c->refusal[0] = '\0';
         if (c->h.ctrl(c->h.ud, p, f->body, f->len)) {
             err = "malformed control message";
@@ -463,7 +456,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f, ev_batch *bt) {
                 err = why;
             }
         }
-        c->depth--;
+        lei_ctx_hook_leave(c);
         break;
     case LEI_F_BIND:
         err = conn_bind(k, f);

@@ -358,9 +358,9 @@ const char *lei_ctx_addr(const lei_ctx *c) { return c->addr; }
 
 const char *lei_ctx_bound(const lei_ctx *c) { return c->bound; }
 
-void lei_ctx_enter(lei_ctx *c) { c->depth++; }
+void lei_ctx_enter(lei_ctx *c) { lei_ctx_hook_enter(c); }
 
-void lei_ctx_leave(lei_ctx *c) { c->depth--; }
+void lei_ctx_leave(lei_ctx *c) { lei_ctx_hook_leave(c); }
 
 int lei_ctx_depth(const lei_ctx *c) { return c->depth; }
 

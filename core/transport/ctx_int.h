@@ -477,7 +477,7 @@ struct lei_ctx {
     ev_timer hb;              /* liveness: PINGs and dead peers, all connections */
     lei_conn *conns;          /* all live connections (list through conn->next) */
     uint64_t conn_gen;        /* last connection generation given (handshake_up) */
-    int depth;                /* ro: nesting of hooks in progress */
+    int depth;                /* ro: nesting of hooks in progress (lei_ctx_hook_enter) */
     int closing;              /* ro: lei_ctx_shutdown was called */
     uint64_t encodes;         /* values encoded (lei_ctx_count_encode) */
     uint64_t bad_frames;      /* ro: connections closed for bad input */
@@ -519,6 +519,14 @@ struct lei_ctx {
         void (*hs_hello)(lei_conn *k);
     } kops;
 };
+
+/* A hook of c->h (the binding's) is called, or an embedder's callback runs
+ * (ctx.c's lei_ctx_enter/leave): c->depth counts them, nested.  Inside one
+ * a sync write waits for the end of the turn (peer.c) and a close for the
+ * outermost to return (the binding).  Every change of c->depth is one of
+ * these two. */
+static inline void lei_ctx_hook_enter(lei_ctx *c) { c->depth++; }
+static inline void lei_ctx_hook_leave(lei_ctx *c) { c->depth--; }
 
 /* The states of a connection, in the order it walks them (handshake.c's
  * head comment draws the transitions).  Before UP only handshake
@@ -675,6 +683,9 @@ void lei_accept_refuse(lei_conn *k, int kind, const char *reason);
  * after closing k. */
 void lei_rbuf_set(lei_conn *k, uint8_t *b, size_t ncap);
 int lei_rbuf_grow(lei_conn *k, size_t need, size_t end, size_t fsize);
+/* rbuf.c: k closed: its buffer out of the budget, freed unless k is busy
+ * (then by lei_conn_free). */
+void lei_rbuf_close(lei_conn *k);
 /* A connection reads into LEI_RBUF_MIN bytes of room while its reads fill
  * the room they get (a stream), else into LEI_RBUF_SMALL: a quiet or idle
  * connection holds a small buffer, not 64 KiB of max_buffered each (10,000
@@ -692,7 +703,6 @@ lei_conn *lei_conn_new(lei_ctx *c, int fd, enum lei_conn_state state);
  * with the reason in why[n]). */
 void lei_accept_init(lei_ctx *c);
 void lei_accept_stop(lei_ctx *c);
-void lei_accept_hs_arm(lei_ctx *c);
 void lei_accept_conn_added(lei_ctx *c);
 void lei_accept_conn_removed(lei_ctx *c);
 int lei_accept_room(lei_ctx *c, char *why, size_t n);
@@ -742,8 +752,6 @@ void lei_ident_free(lei_ctx *c);
 /* local.c */
 void lei_local_idle_cb(struct ev_loop *loop, ev_idle *w, int revents);
 void lei_local_kick(lei_ctx *c);
-/* peer.c: p's queue flushed now outside a callback, else at the end of the turn */
-void lei_peer_flush_deferred(lei_ctx *c, lei_peer *p);
 /* peer.c: the answer to a sync event no handler here ran (no consumer of
  * channel chname left): 0 handlers and one entry, code noconsumer. */
 void lei_ack_noconsumer(lei_ctx *c, lei_peer *from, uint64_t sync, const char *chname);

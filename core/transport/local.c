@@ -26,9 +26,9 @@ static int local_deliver(lei_ctx *c, lei_qitem *it) {
     int rc = 0;
     if (ch && ch->local) {
         ch->ev_local++;
-        c->depth++;
+        lei_ctx_hook_enter(c);
         rc = c->h.event(c->h.ud, NULL, it->chid, it->producer, it->seq, it->sync, p, m->total);
-        c->depth--;
+        lei_ctx_hook_leave(c);
     } else if (it->sync) {
         /* no local consumer any more (it closed after the submit): said,
          * code noconsumer; a sync marker was handled by its modulator, a

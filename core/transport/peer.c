@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+static void lei_peer_flush_deferred(lei_ctx *c, lei_peer *p);
 
 /* ---- items leaving a peer's queue (the items themselves: item.c) ------- */
 
@@ -68,9 +69,9 @@ void lei_tell_notes(lei_ctx *c) {
         struct lei_note n = c->peer_s.notes[i];
         lei_peer *p = lei_peers_by_idx(c, n.idx);
         if (!p) continue;
-        c->depth++;
+        lei_ctx_hook_enter(c);
         c->h.peer(c->h.ud, p, n.up, n.up ? NULL : n.reason, n.code);
-        c->depth--;
+        lei_ctx_hook_leave(c);
     }
     c->peer_s.nnotes = 0;
 }
@@ -549,7 +550,7 @@ void lei_peer_stats(const lei_peer *p, lei_stats_peer *out) {
 
 /* A sync write to p: at once outside any callback (the main line), else at
  * the end of the loop turn (check_cb, prepare_cb). */
-void lei_peer_flush_deferred(lei_ctx *c, lei_peer *p) {
+static void lei_peer_flush_deferred(lei_ctx *c, lei_peer *p) {
     if (c->depth > 0 && ev_depth(c->loop) > 0)
         c->unflushed = 1;
     else

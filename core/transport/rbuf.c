@@ -22,6 +22,18 @@ void lei_rbuf_set(lei_conn *k, uint8_t *b, size_t ncap) {
     k->rcap = ncap;
 }
 
+/* k is closed: its read buffer leaves the budget and k holds no bytes.  A
+ * frame below us (k->busy) may still be read: a handler's zero-copy buffer
+ * points into it (lua_hook.c), so it is freed then by lei_conn_free. */
+void lei_rbuf_close(lei_conn *k) {
+    k->ctx->rbuf -= k->rcap;
+    if (!k->busy) {
+        free(k->rb);
+        k->rb = NULL;
+    }
+    k->rcap = k->rlen = k->rpos = 0;
+}
+
 /* Bytes of an unfinished frame that k holds: what came and is not handed
  * over yet (plaintext, and ciphertext not opened yet). */
 static size_t rbuf_held(const lei_conn *k) {

@@ -1,0 +1,293 @@
+-- lua/lecho/cli/record.lua: `lecho record` (a channel's events to a file)
+-- and `lecho replay` (published again: paced, or step by step from
+-- commands on stdin), each an entry { opts, pos, usage, run } that
+-- lecho.cli dispatches to (doc/recording.md).  Leans on lecho.cli.common,
+-- lecho.recording (the file format) and lecho.replay (the player).
+
+local server = require "lecho.server"
+local C = require "lecho.cli.common"
+
+local EXIT, COMMON = C.EXIT, C.COMMON
+local die, emit = C.die, C.emit
+local context, on_signals, signal_exit, finish, code_exit = C.context, C.on_signals, C.signal_exit, C.finish, C.code_exit
+local wait_consumers = C.wait_consumers
+
+local M = {}
+
+M.record = {
+  opts = { { "--out", "out", "string" }, { "--max-bytes", "max_bytes", "count" }, { "--keep", "keep", "count" },
+           { "--append", "append", "flag" }, { "--for", "duration", "seconds" }, { "--count", "count", "count" },
+           { "--json", "json", "flag" } },
+  pos = { { "CHANNEL" }, 1, many = true },
+  usage = [[
+usage: lecho record CHANNEL... --out FILE [--max-bytes BYTES] [--keep N] [--append]
+                   [--for SECONDS] [--count N] [--json]
+
+Writes every event of the CHANNELs (values as they came on the wire, arrays
+untouched; producer, sequence number, time) to FILE until Ctrl-C, in the
+append-only format of doc/recording.md.  A record is written whole or
+detected as torn: after a crash, replay (or --append) cuts the torn tail.
+  --out FILE         the file (refused when it exists, unless --append)
+  --append           go on after what FILE holds (its torn tail cut first)
+  --max-bytes BYTES  rotate past this size: FILE -> FILE.1 -> ... -> FILE.KEEP
+  --keep N           rotated files kept (default 3; the oldest is dropped)
+  --for SECONDS      stop after this long
+  --count N          stop after N events (exactly N written)
+  --json             the summary at the end as one JSON object
+]] .. COMMON,
+}
+
+M.replay = {
+  opts = { { "--speed", "speed", "string" }, { "--step", "step", "flag" },
+           { "--rename", "rename", "string", many = true }, { "--seek-time", "seek_time", "seconds0" },
+           { "--seek-seq", "seek_seq", "count" }, { "--wait", "wait", "seconds0" }, { "--check", "check", "flag" },
+           { "--json", "json", "flag" } },
+  pos = { { "FILE" }, 1, many = true },
+  usage = [[
+usage: lecho replay FILE... [--speed X|max] [--step] [--rename OLD=NEW]...
+                   [--seek-time SECONDS] [--seek-seq N] [--wait SECONDS] [--check] [--json]
+
+Publishes the events of the recordings (in the order given) again on their
+channels, at their recorded pace times --speed (default 1; "max": as fast
+as the queues take them).  Consumers see meta.replay = true.  A torn tail
+is said on stderr and ignored.
+  --rename OLD=NEW   publish channel OLD's events on NEW (repeatable)
+  --step             start paused and read commands from stdin, one a line:
+                     step [N], play, pause, seek t=SECONDS, seek seq=N,
+                     speed X, status, quit (each answered with a status line;
+                     read once the file is loaded: the first status line)
+  --seek-time S      start S seconds into the recording
+  --seek-seq N       start at the first event with sequence number N or later
+  --wait SECONDS     first wait (at most this long, default 2; 0: do not) for a
+                     consumer of each channel
+Events sent while their channel had no consumer are said on stderr (per
+channel) and counted (unreached=N in the summary).  Exits 1 when an event
+could not be sent or none reached a consumer; else 0.
+  --check            only read the files: events, channels, duration, torn tail
+  --json             status and summary lines as JSON
+]] .. COMMON,
+}
+
+------------------------------------------------------------------------------
+-- record
+
+function M.record.run(opts, pos)
+  if not opts.out then die("record", "--out FILE is required\n" .. M.record.usage) end
+  local recording = require "lecho.recording"
+  local ctx = context("record", opts)
+  local w, werr = recording.writer(opts.out, { max_bytes = opts.max_bytes, keep = opts.keep, append = opts.append,
+                                               recorder = ctx.addr })
+  if not w then
+    io.stderr:write("lecho record: ", tostring(werr), "\n")
+    finish(ctx, EXIT.failed)
+  end
+  if w.cut then
+    io.stderr:write(("lecho record: %s: torn tail at byte %d (%d bytes) cut\n"):format(opts.out, w.cut.offset,
+                                                                                      w.cut.bytes))
+  end
+  local code
+  local r, err, ecode = recording.record(ctx, pos, w, {
+    -- without --count the events are written from C, never entering Lua
+    direct = not opts.count,
+    limit = opts.count,   -- exact: the rest of the batch that brought the Nth is not written
+    on_error = function(e)
+      io.stderr:write("lecho record: ", tostring(e), "\n")
+      code = EXIT.failed
+      ctx:stop()
+    end,
+    on_event = function(rec)
+      if opts.count and rec.events >= opts.count then code = EXIT.ok; ctx:stop() end
+    end,
+  })
+  if not r then
+    io.stderr:write("lecho record: ", server.message(err), "\n")
+    w:close()
+    finish(ctx, code_exit(ecode))
+  end
+  io.stderr:write(("lecho record: recording %s to %s\n"):format(table.concat(pos, ", "), opts.out))
+  on_signals(ctx, function(s) code = signal_exit(s); ctx:stop() end)
+  if opts.duration then ctx:after(opts.duration, function() code = code or EXIT.ok; ctx:stop() end) end
+  while code == nil and not ctx.closed do ctx:run() end
+  r.stop()
+  w:close()
+  if (r.refused or 0) > 0 then
+    io.stderr:write(("lecho record: %d events past --count %d not recorded\n"):format(r.refused, opts.count))
+  end
+  local summary = { file = opts.out, events = w.events, bytes = w.bytes, rotations = w.rotations }
+  if opts.json then emit(summary)
+  else
+    io.stdout:write(("recorded %d events, %d bytes, to %s%s\n"):format(w.events, w.bytes, opts.out,
+      w.rotations > 0 and (" (%d rotations)"):format(w.rotations) or ""))
+  end
+  finish(ctx, code or EXIT.ok)
+end
+
+------------------------------------------------------------------------------
+-- replay
+
+local function replay_status(opts, st)
+  if opts.json then return emit(st) end
+  io.stdout:write(("replay %d/%d sent=%d t=%.3f/%.3f %s%s%s\n"):format(st.pos, st.total, st.sent,
+    st.t, st.duration, st.done and "done" or (st.paused and "paused" or "playing"),
+    (st.unreached or 0) > 0 and (" unreached=%d"):format(st.unreached) or "",
+    st.err and (" error: " .. st.err) or ""))
+  io.stdout:flush()
+end
+
+function M.replay.run(opts, pos)
+  local recording = require "lecho.recording"
+  local started = recording.wall()
+  if opts.check then
+    local code = EXIT.ok
+    for _, f in ipairs(pos) do
+      local r, err = recording.scan(f)
+      if not r then
+        io.stderr:write("lecho replay: ", tostring(err), "\n")
+        code = EXIT.failed
+      else
+        local e = r.events
+        local s = { file = f, events = #e, channels = r.channels, duration = e[1] and e[#e].t or 0,
+                    bytes = r.size, torn = r.torn }
+        local what = r.torn and (r.torn.damaged and "DAMAGED record" or "torn tail")
+        if opts.json then emit(s) else
+          io.stdout:write(("%s: %d events on %s, %.3f s%s\n"):format(f, #e, table.concat(r.channels, ", "),
+            s.duration, r.torn and (", %s at byte %d (%d bytes: %s)"):format(what, r.torn.offset, r.torn.bytes,
+                                                                              r.torn.why) or ""))
+        end
+        -- damage past a crash's torn tail: the file is not what was written
+        if r.torn and r.torn.damaged then code = EXIT.failed end
+      end
+    end
+    os.exit(code)
+  end
+  local speed = 1
+  if opts.speed then
+    speed = opts.speed == "max" and "max" or tonumber(opts.speed)
+    if not speed or (speed ~= "max" and not (speed > 0)) then
+      die("replay", ("--speed needs a number > 0 or max, not '%s'"):format(opts.speed))
+    end
+  end
+  local rename = {}
+  for _, r in ipairs(opts.rename) do
+    local a, b = r:match("^([^=]+)=([^=]+)$")
+    if not a then die("replay", ("--rename needs OLD=NEW, not '%s'"):format(r)) end
+    rename[a] = b
+  end
+  local ctx = context("replay", opts)
+  local code
+  local rp, err = require("lecho.replay").new(ctx, pos, {
+    speed = speed, rename = rename, paused = true,
+    on_end = function(r) if not opts.step then code = code or (r.err and EXIT.failed or EXIT.ok); ctx:stop() end end,
+  })
+  if not rp then
+    io.stderr:write("lecho replay: ", tostring(err), "\n")
+    finish(ctx, EXIT.failed)
+  end
+  for _, t in ipairs(rp.torn) do io.stderr:write("lecho replay: ", t, "\n") end
+  -- the channels, each waited for (at most --wait) to have a consumer
+  local seen = {}
+  for _, e in ipairs(rp.events) do
+    local name = rename[e.ch] or e.ch
+    if not seen[name] then
+      seen[name] = true
+      local ch = ctx:channel(name)
+      -- as lecho pub: a consumer waited for first (default 2 s); a replay
+      -- is long, so one may still come: said, and the replay goes on
+      local wait = opts.wait == nil and 2 or opts.wait
+      if ch and wait > 0 and not wait_consumers(ctx, ch, wait) then
+        io.stderr:write(("lecho replay: no consumer of %s yet (what goes to it before one joins is lost)\n")
+                        :format(name))
+      end
+    end
+  end
+  if opts.seek_time then rp:seek{ t = opts.seek_time } end
+  if opts.seek_seq then rp:seek{ seq = opts.seek_seq } end
+  on_signals(ctx, function(s) code = signal_exit(s); ctx:stop() end)
+  if opts.step then
+    -- commands from stdin, a line each, answered with a status line
+    local buf = ""
+    local function command(line)
+      local w = {}
+      for x in line:gmatch("%S+") do w[#w + 1] = x end
+      local c = w[1]
+      if c == nil then return end
+      local st
+      if c == "step" then st = rp:step(tonumber(w[2]) or 1)
+      elseif c == "play" then st = rp:resume()
+      elseif c == "pause" then st = rp:pause()
+      elseif c == "status" then st = rp:status()
+      elseif c == "speed" then
+        local x = w[2] == "max" and "max" or tonumber(w[2])
+        if not x or (x ~= "max" and not (x > 0)) then io.stderr:write("lecho replay: speed X|max\n") return end
+        st = rp:set_speed(x)
+      elseif c == "seek" then
+        local k, v = (w[2] or ""):match("^(%a+)=([%d.]+)$")
+        if k == "t" then st = rp:seek{ t = tonumber(v) }
+        elseif k == "seq" then st = rp:seek{ seq = tonumber(v) }
+        else io.stderr:write("lecho replay: seek t=SECONDS or seek seq=N\n") return end
+      elseif c == "quit" then code = EXIT.ok; ctx:stop() return
+      else io.stderr:write(("lecho replay: unknown command '%s'\n"):format(c)) return end
+      ctx.c:flush()
+      replay_status(opts, st)
+    end
+    -- stdin read on the loop; the commands run here, on the main line (a
+    -- seek or a step may wait for room)
+    local term = require "lecho.repl.term"
+    local eof = false
+    if io.stdin:seek("cur") then
+      -- a file (epoll does not watch those): its commands are all there
+      buf, eof = io.stdin:read("*a") or "", true
+    else
+      -- commands typed (or piped) while the file loaded run now, back to
+      -- back: said, since a `play` then `status` then says sent=0 (issue 29)
+      if term.readable(0) then
+        io.stderr:write(("lecho replay: commands came while the recording loaded (%.1f s): they run now,"
+          .. " one after the other (wait for the first status line)\n"):format(recording.wall() - started))
+      end
+      ctx:on_readable(0, function(wt)
+        local r = term.read_fd(0)
+        if r == nil then eof = true; wt:stop() else buf = buf .. r end
+      end)
+    end
+    replay_status(opts, rp:status())
+    while code == nil and not ctx.closed do
+      local line, rest = buf:match("^([^\n]*)\n(.*)$")
+      if line then
+        buf = rest
+        command(line)
+      elseif eof then
+        if buf ~= "" then command(buf) buf = "" end
+        code = code or EXIT.ok
+      else
+        ctx:run_once(0.5)
+      end
+    end
+  else
+    rp:resume()
+  end
+  while code == nil and not ctx.closed do ctx:run() end
+  local st = rp:status()
+  if not rp:drain(60) then
+    io.stderr:write("lecho replay: events still queued after 60 s (a consumer too slow)\n")
+    code = EXIT.failed
+  end
+  -- a replay that reached nobody says so, with an exit code to script on
+  local unreached, by = rp:unreached()
+  st.unreached = unreached
+  if unreached > 0 then
+    local parts = {}
+    for name, n in pairs(by) do parts[#parts + 1] = ("%s: %d"):format(name, n) end
+    table.sort(parts)
+    io.stderr:write(("lecho replay: %d of %d events sent reached no consumer (%s)\n")
+                    :format(unreached, rp.sent, table.concat(parts, ", ")))
+    -- none reached anyone: a failure; some channels without a consumer
+    -- while others had theirs: said (and counted), not a failure
+    if unreached >= rp.sent and (code == nil or code == EXIT.ok) then code = EXIT.failed end
+  end
+  rp:close()
+  if not opts.step then replay_status(opts, st) end
+  finish(ctx, code or EXIT.ok)
+end
+
+
+return M

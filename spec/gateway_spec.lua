@@ -651,6 +651,88 @@ ctx:close()
     l:close()
   end)
 
+  -- Outside review of issue 28 (BUG 6): an event larger than --max-queued
+  -- never reached a client, and the drop notice waited for the next event.
+  -- Now one such event is taken on an empty queue; what comes while it is
+  -- being sent is dropped and told as soon as the queue is empty.
+  it("an event larger than --max-queued reaches a client whose queue is empty; the drop notice follows at once", function()
+    local c = assert(ws(hp, { rcvbuf = 4096 }))   -- reads nothing until the three are published
+    c:send_json{ op = "sub", id = 1, ch = "big.ch" }
+    assert.is_true(reply(c, 1).ok)
+    local done = S.tmpname("big-done")
+    S.lua([[
+      local lecho = require "lecho"
+      local ns, done = arg[1], arg[2]
+      local ctx = lecho.context{ nameserver = ns, quiet = true }
+      local p = assert(ctx:channel("big.ch"):producer())
+      local function big(k)   -- 600 kB, 3x --max-queued
+        local a = lecho.array.new("<f8", { 75000 })
+        local d = a:ptr()
+        for i = 0, 74999 do d[i] = k + i end
+        return { k = k, a = a }
+      end
+      local t_end = ctx:now() + 20
+      while not p:submit_sync(big(1), { timeout = 2 }) and ctx:now() < t_end do ctx:sleep(0.1) end
+      assert(p:submit(big(2)))
+      assert(p:submit(big(3)))
+      assert(p:submit_sync({ k = 4 }, { timeout = 5 }))   -- all are through the gateway's handler
+      io.open(done, "w"):close()
+      for k = 5, 300 do ctx:sleep(0.1); p:submit({ k = k }) end
+    ]], ns, done)
+    assert.truthy(P.wait_file(done, "", 30), "the producer did not publish")
+    local ev, msg = next_event(c, "big.ch", 10)
+    assert.truthy(ev, msg)
+    assert.is_true(msg.binary)
+    assert.are.equal(1, ev.k)
+    assert.are.equal(75000, #ev.a.data)
+    assert.are.equal(1 + 74999, ev.a.data[75000])
+    -- 2, 3 and 4 came while it was queued (one gap: dropped until the
+    -- queue is below half): told as soon as the queue is empty
+    local t0 = socket.gettime()
+    local m = assert(c:json(3))
+    assert.are.same({ dropped = 3, total = 3 }, m)
+    assert.truthy(socket.gettime() - t0 < 2)
+    -- then the small ones again
+    assert.truthy((next_event(c, "big.ch", 5) or {}).k >= 5)
+    c:close()
+  end)
+
+  -- Outside review of issue 28 (BUG 7): a call whose result held an array
+  -- was answered {"error":"reply not representable in JSON","code":"invalid"}.
+  it("a call's result holding arrays: a binary reply over WebSocket, {dtype, shape, data} over JSON lines", function()
+    S.lua([[
+      local lecho = require "lecho"
+      local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+      assert(ctx:service("arrsvc", function(args)
+        return { a = lecho.array.from({ { 1, 2, 3 }, { 4, 5, 6 } }, "<i4") }, "second"
+      end))
+      ctx:sleep(100)
+    ]], ns)
+    local c = assert(ws(hp))
+    local r
+    assert.truthy(until_(function()
+      c:send_json{ op = "call", id = 4, svc = "arrsvc", args = { arr = 1 } }
+      r = reply(c, 4)
+      return r and r.code ~= "noservice"
+    end, 20, 0.2))
+    assert.is_true(r.ok, cjson.encode(r))
+    assert.is_true(r.binary)
+    assert.are.same({ dtype = "<i4", shape = { 2, 3 }, data = { 1, 2, 3, 4, 5, 6 } },
+      { dtype = r.result.a.dtype, shape = r.result.a.shape, data = r.result.a.data })
+    assert.are.same({ 1, 2, 3, 4, 5, 6 }, r.results[1].a.data)
+    assert.are.equal(r.result.a.offset, r.results[1].a.offset)   -- carried once
+    assert.are.equal("second", r.results[2])
+    c:close()
+    local l = assert(W.lines("127.0.0.1", lp))
+    l:json()
+    l:send_json{ op = "call", id = 5, svc = "arrsvc", args = { arr = 1 } }
+    r = reply(l, 5)
+    assert.is_true(r.ok, cjson.encode(r))
+    assert.are.same({ dtype = "<i4", shape = { 2, 3 }, data = { 1, 2, 3, 4, 5, 6 } }, r.result.a)
+    assert.are.same(r.result, r.results[1])
+    l:close()
+  end)
+
   it("a client that floods requests and reads no replies is closed; others go on", function()
     local good = ws(hp)
     good:send_json{ op = "sub", id = 1, ch = "atmosphere.field" }
@@ -771,6 +853,65 @@ return { rules = {
     s:send_json{ op = "pub", id = 1, ch = "atmosphere.steer", data = { emission = 3 }, sync = true }
     assert.is_true(reply(s, 1).ok)
     s:close()
+  end)
+
+  -- Outside review of issue 28 (BLOCKER 2): wslay answered every ping of
+  -- one read before the bound was checked, and an empty pong counted 0
+  -- bytes: 3,000,000 empty pings from a client that never authenticated
+  -- grew the gateway from 10 to 238 MB, never closed, and a viewer got no
+  -- event for 3.8 s.  Each pong now counts its frame and wslay's
+  -- bookkeeping, one read stops at the client's bound (64 KiB before auth),
+  -- the flooder is closed with 1008 there, other clients are served.
+  it("an unauthenticated client flooding empty pings is closed at a small bound; memory bounded, viewers served", function()
+    local function rss()
+      local st = S.read("/proc/" .. gwk.pid .. "/status") or ""
+      return (tonumber(st:match("VmRSS:%s*(%d+)")) or 0) * 1024
+    end
+    local good = ws(hp, { headers = { "Authorization: Bearer viewer-token-0123456789" } })
+    good:send_json{ op = "sub", id = 1, ch = "atmosphere.field" }
+    assert.is_true(reply(good, 1).ok)
+    assert.truthy(next_event(good, "atmosphere.field"))
+    local rss0 = rss()
+    local flood = assert(W.connect("127.0.0.1", hp, { rcvbuf = 4096 }))
+    local blob = string.char(0x89, 0x80, 0, 0, 0, 0):rep(1000)
+    flood.s:settimeout(0)
+    local sent, closed, gap, last = 0, false, 0, socket.gettime()
+    local t_end, i = socket.gettime() + 20, 0
+    for _ = 1, 3000 do
+      if socket.gettime() > t_end then break end
+      local n, e, part = flood.s:send(blob)
+      sent = sent + (n or part or 0)
+      if e == "closed" then closed = true break end
+      -- the viewer's events meanwhile (10 a second): the largest gap
+      while good.s:dirty() or socket.select({ good.s }, nil, 0)[1] do
+        local m = good:json(0.05)
+        if not m then break end
+        if m.ev ~= nil then
+          local now = socket.gettime()
+          gap, last = math.max(gap, now - last), now
+        end
+      end
+      i = i + 1
+      if i % 100 == 0 and S.errors(gwk):find("client does not read", 1, true) then break end
+    end
+    local peak = rss()
+    gap = math.max(gap, socket.gettime() - last)
+    assert.truthy(until_(function() return S.errors(gwk):match("closed: client does not read %((%d+) bytes queued, its pongs") end, 10, 0.1),
+      "the ping flood was not closed after " .. math.floor(sent / 6) .. " pings")
+    local q = tonumber(S.errors(gwk):match("closed: client does not read %((%d+) bytes queued, its pongs"))
+    -- closed at its bound (64 KiB before auth, plus at most one read buffer of pongs), not far past it
+    assert.truthy(q <= 65536 + 4096 / 6 * 98, "closed at " .. q .. " bytes queued")
+    -- the gateway's memory: the client's kernel buffers and its bound, plus a margin
+    assert.truthy(peak - rss0 < 16 * 1024 * 1024, ("gateway RSS %d -> %d bytes"):format(rss0, peak))
+    -- the viewer was served all along
+    assert.truthy(gap < 1, "the viewer got no event for " .. gap .. " s")
+    for _ = 1, 3 do
+      local t0 = socket.gettime()
+      assert.truthy(next_event(good, "atmosphere.field", 1))
+      assert.truthy(socket.gettime() - t0 < 1)
+    end
+    flood.s:close()
+    good:close()
   end)
 
   it("authenticates a JSON-lines device by a signature of the hello's nonce with its key", function()

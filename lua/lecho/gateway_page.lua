@@ -75,11 +75,8 @@ button { background:#1f5f99; border-color:#2a78bf; cursor:pointer; } button:hove
 const $ = (id) => document.getElementById(id);
 const q = new URLSearchParams(location.search);
 let ws, nextId = 1, pending = {}, subscribed = null, evCount = 0, field = null;
-const view = { frames: 0, last: null, binary: 0, typed: null, errors: [] };
+const view = { frames: 0, last: null, binary: 0, typed: null };
 window.lechoView = view;   // read by the browser spec
-// the page's own errors, kept where the browser spec can see them
-window.addEventListener("error", (e) => view.errors.push(String(e.message)));
-window.addEventListener("unhandledrejection", (e) => view.errors.push(String(e.reason)));
 
 function send(m) { return new Promise((res) => { m.id = nextId++; pending[m.id] = res; ws.send(JSON.stringify(m)); }); }
 

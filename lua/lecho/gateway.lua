@@ -522,7 +522,7 @@ function Gateway:_drop(cl, code, why)
     return self:_flush(cl)
   end
   cl.closed = true
-  for _, w in ipairs{ "watch", "wwatch", "dtimer", "ptimer" } do
+  for _, w in ipairs{ "watch", "wwatch", "dtimer", "ptimer", "again" } do
     if cl[w] then cl[w]:stop(); cl[w] = nil end
   end
   for name in pairs(cl.subs) do self:_unsub(cl, name) end
@@ -637,7 +637,8 @@ function Gateway:_read(cl)
     -- and does not read is held to its bound like one that asks and does
     -- not read its replies (each pong counted with its frame header and
     -- wslay's bookkeeping: lua_ws.c WS_MSG_COST)
-    if not cl.closing and cl:queued() > math.max(bound, q0) then
+    -- (the bound after the read: an auth in it raised it)
+    if not cl.closing and cl:queued() > math.max(bound, cl:bound(), q0) then
       return self:_drop(cl, 1008, ("client does not read (%d bytes queued, its pongs among them)"):format(cl:queued()))
     end
     if why then
@@ -661,8 +662,12 @@ function Gateway:_read(cl)
     end
     return
   end
-  -- at most 4 reads (256 KiB) per loop turn: a client that sends without
-  -- pause cannot hold the loop from the others (the watcher fires again)
+  -- JSON lines not yet taken (past one turn's LINE_BATCH) go first: nothing
+  -- more is read from the client until they are
+  if cl.kind == "lines" and not cl.closing and cl.head:find("\n", 1, true) then return self:_lines(cl) end
+  -- at most 4 reads (256 KiB) of an HTTP head per loop turn, one (64 KiB)
+  -- of JSON lines: a client that sends without pause cannot hold the loop
+  -- from the others (the watcher fires again)
   for _ = 1, 4 do
     if cl.closed then return end
     local r = tonumber(C.recv(cl.fd, self.rbuf, rbuf_size, 0))
@@ -684,27 +689,40 @@ function Gateway:_read(cl)
         return self:_http_error(cl, 431, "request head too large")
       end
     elseif not cl.closing then
-      -- JSON lines: whole lines to _message, a line longer than the limit ends the client
-      local acc = cl.head .. s
-      local pos = 1
-      while true do
-        local nl = acc:find("\n", pos, true)
-        if not nl then break end
-        local line = acc:sub(pos, nl - 1)
-        pos = nl + 1
-        if #line > self.lim.message then
-          return self:_drop(cl, 1009, ("message over %d bytes"):format(self.lim.message))
-        end
-        if line:find("%S") then self:_message(cl, line) end
-        if cl.closed or cl.closing then return end
-      end
-      cl.head = acc:sub(pos)
-      if #cl.head > self.lim.message then
-        return self:_drop(cl, 1009, ("message over %d bytes"):format(self.lim.message))
-      end
-      self:_deadline(cl, cl.head:find("%S") ~= nil)
+      cl.head = cl.head .. s
+      return self:_lines(cl)
     end
   end
+end
+
+-- JSON lines: whole lines to _message, at most LINE_BATCH per loop turn
+-- (a read of 64 KiB may hold 32768 of them: the rest waits in cl.head, a
+-- timer takes it next turn); a line longer than the limit ends the client.
+local LINE_BATCH = 256
+function Gateway:_lines(cl)
+  if cl.again then cl.again:stop(); cl.again = nil end
+  if cl.closed or cl.closing then return end
+  local acc, pos = cl.head, 1
+  for _ = 1, LINE_BATCH do
+    local nl = acc:find("\n", pos, true)
+    if not nl then break end
+    local line = acc:sub(pos, nl - 1)
+    pos = nl + 1
+    if #line > self.lim.message then
+      return self:_drop(cl, 1009, ("message over %d bytes"):format(self.lim.message))
+    end
+    if line:find("%S") then self:_message(cl, line) end
+    if cl.closed or cl.closing then return end
+  end
+  cl.head = acc:sub(pos)
+  if cl.head:find("\n", 1, true) then
+    cl.again = self.ctx.c:timer(0, 0, function() cl.again = nil; self:_lines(cl) end)
+    return
+  end
+  if #cl.head > self.lim.message then
+    return self:_drop(cl, 1009, ("message over %d bytes"):format(self.lim.message))
+  end
+  self:_deadline(cl, cl.head:find("%S") ~= nil)
 end
 
 ------------------------------------------------------------------------------

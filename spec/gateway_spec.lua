@@ -767,6 +767,44 @@ ctx:close()
     good:close()
   end)
 
+  -- a JSON-lines client's read was taken whole, and the socket read until
+  -- it was empty: one that sends without pause held the loop from others
+  it("a JSON-lines client sending without pause does not hold the loop: a viewer's events keep coming", function()
+    local good = ws(hp)
+    good:send_json{ op = "sub", id = 1, ch = "atmosphere.field" }
+    assert.is_true(reply(good, 1).ok)
+    assert.truthy(next_event(good, "atmosphere.field"))
+    local flood = assert(W.lines("127.0.0.1", lp))
+    flood:json()
+    flood.s:settimeout(0)
+    local blob = ('{"op":"nosuch"}\n'):rep(4096)   -- 64 KiB, each line an error reply
+    local gap, last, got = 0, socket.gettime(), 0
+    local t_end = socket.gettime() + 6
+    while socket.gettime() < t_end do
+      flood.s:send(blob)
+      repeat   -- it reads its replies: it is not a slow client
+        local d, _, part = flood.s:receive(65536)
+        d = d or part
+        got = got + #d
+      until #d == 0
+      while good.s:dirty() or socket.select({ good.s }, nil, 0)[1] do
+        local m = good:json(0.05)
+        if not m then break end
+        if m.ev ~= nil then
+          local now = socket.gettime()
+          gap, last = math.max(gap, now - last), now
+        end
+      end
+    end
+    gap = math.max(gap, socket.gettime() - last)
+    -- (one read answered whole made more replies than --max-queued at once:
+    -- the base closed this client, which reads them, as one that does not)
+    assert.truthy(got > 1000000, "the flooder got only " .. got .. " bytes of replies")
+    assert.truthy(gap < 1, "the viewer got no event for " .. gap .. " s")
+    flood:close()
+    good:close()
+  end)
+
   it("refuses to listen beyond loopback without client keys or tokens", function()
     local ok, out = S.sh(("%s %s/scripts/lecho-gateway --nameserver %s --http 0.0.0.0:0 --for 5"):format(S.luajit, S.root, ns))
     assert.is_false(ok)

@@ -29,6 +29,9 @@ local ctx = lecho.context{ nameserver = arg[1], quiet = true }
 local nan = assert(ctx:channel("t.nan"):producer())
 local i8 = assert(ctx:channel("t.i8"):producer())
 local img = assert(ctx:channel("t.img"):producer())
+assert(ctx:service("arrsvc", function()
+  return { a = lecho.array.from({ { 1, 2, 3 }, { 4, 5, 6 } }, "<i4") }, "second"
+end))
 for k = 1, 1000 do
   local f = lecho.array.new("<f8", { 6, 8 })
   local c = lecho.array.new("<i8", { 6, 8 })
@@ -164,6 +167,17 @@ describe("the gateway's live view in headless Chromium", function()
       assert.are.same({}, b:eval("window.__errs"))
     end)
   end
+
+  -- BUG 7: a call's result holding arrays comes as a binary message; the
+  -- page's decoder gives it back to the request that asked, arrays in place
+  it("a call's binary reply reaches the page's request, its arrays typed", function()
+    assert.truthy(open(("http://127.0.0.1:%d/?ch=t.img"):format(hp), 1))
+    local r = b:eval([=[send({ op: "call", svc: "arrsvc", args: {} }).then((r) => [r.ok === true,
+      r.result.a.dtype, r.result.a.data instanceof Int32Array, Array.from(r.result.a.data), r.result.a.shape,
+      Array.from(r.results[0].a.data), r.results[1]])]=])
+    assert.are.same({ true, "<i4", true, { 1, 2, 3, 4, 5, 6 }, { 2, 3 }, { 1, 2, 3, 4, 5, 6 }, "second" }, r)
+    assert.are.same({}, b:eval("window.__errs"))
+  end)
 
   -- NIT 8: a principal that may consume but not list saw "not allowed" and
   -- no event: ?ch= is subscribed whether or not the list is allowed

@@ -189,23 +189,33 @@ function summary(ev) {
 const TYPED = { "<u1": Uint8Array, "<i1": Int8Array, "<u2": Uint16Array, "<i2": Int16Array,
   "<u4": Uint32Array, "<i4": Int32Array, "<u8": BigUint64Array, "<i8": BigInt64Array,
   "<f4": Float32Array, "<f8": Float64Array };
+// A message without ch is a reply (a call's result holding arrays): the
+// arrays go back into the reply itself.  A path's numbers are places in a
+// list counted from 1 (Lua's): one less in a JavaScript array.
 function fromBinary(buf) {
   const L = new DataView(buf).getUint32(0, true);
   const head = JSON.parse(new TextDecoder().decode(new Uint8Array(buf, 4, L)));
   const base = (4 + L + 7) & ~7;
-  let ev = head.ev;
-  for (const a of head.arrays || []) {
+  const reply = head.ch === undefined, arrays = head.arrays || [];
+  let ev = reply ? head : head.ev;
+  if (reply) delete head.arrays;
+  const key = (t, k) => (Array.isArray(t) && typeof k === "number" ? k - 1 : k);
+  for (const a of arrays) {
     const T = TYPED[a.dtype];
     if (!T) continue;
     const val = { dtype: a.dtype, shape: a.shape, data: new T(buf, base + a.offset, a.bytes / T.BYTES_PER_ELEMENT) };
-    view.typed = val.data;
+    if (!reply) view.typed = val.data;
     if (!a.path.length) { ev = val; continue; }
     if (!ev || typeof ev !== "object") ev = {};
     let t = ev;
-    for (let i = 0; i < a.path.length - 1; i++) t = t[a.path[i]] = t[a.path[i]] || {};
-    t[a.path[a.path.length - 1]] = val;
+    for (let i = 0; i < a.path.length - 1; i++) {
+      const k = key(t, a.path[i]);
+      if (!t[k] || typeof t[k] !== "object") t[k] = {};
+      t = t[k];
+    }
+    t[key(t, a.path[a.path.length - 1])] = val;
   }
-  return { ch: head.ch, ev };
+  return reply ? { reply: ev } : { ch: head.ch, ev };
 }
 
 function onEvent(m) {
@@ -294,7 +304,8 @@ function connect() {
     if (typeof e.data !== "string") {   // an event holding arrays (doc/gateway.md "Arrays")
       const m = fromBinary(e.data);
       view.binary++;
-      if (m.ch !== undefined) onEvent(m);
+      if (m.reply) { const f = pending[m.reply.id]; if (f) { delete pending[m.reply.id]; f(m.reply); } }
+      else if (m.ch !== undefined) onEvent(m);
       return;
     }
     const m = JSON.parse(e.data);

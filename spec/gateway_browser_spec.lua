@@ -20,10 +20,50 @@ local PIXELS = [[(() => {
   return { hash: h, colours: seen.size, w: c.width, h: c.height };
 })()]]
 
+-- fields the review of issue 28 found the heat map broke on (BUG 5): a
+-- NaN and infinities in a float field, an <i8 field (BigInt elements), a
+-- 2-D <u1 array named img; each channel's values change every event
+local FIELDS = [[
+local lecho = require "lecho"
+local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+local nan = assert(ctx:channel("t.nan"):producer())
+local i8 = assert(ctx:channel("t.i8"):producer())
+local img = assert(ctx:channel("t.img"):producer())
+assert(ctx:service("arrsvc", function()
+  return { a = lecho.array.from({ { 1, 2, 3 }, { 4, 5, 6 } }, "<i4") }, "second"
+end))
+for k = 1, 1000 do
+  local f = lecho.array.new("<f8", { 6, 8 })
+  local c = lecho.array.new("<i8", { 6, 8 })
+  local u = lecho.array.new("<u1", { 6, 8 })
+  local pf, pc, pu = f:ptr(), c:ptr(), u:ptr()
+  for i = 0, 47 do
+    pf[i] = math.sin(i * 0.3 + k) * 10
+    pc[i] = ((i * 7 + k * 3) % 48) * 1000000000000 + 1   -- beyond 2^32: BigInt in the page
+    pu[i] = (i * 37 + k * 11) % 256
+  end
+  pf[0], pf[1], pf[2] = 0 / 0, math.huge, -math.huge
+  nan:submit{ step = k, field = f }
+  i8:submit{ step = k, counts = c }
+  img:submit{ step = k, img = u }
+  ctx:sleep(0.2)
+end
+]]
+
 describe("the gateway's live view in headless Chromium", function()
-  local b, hp
+  local b, hp, kp
   lazy_setup(function()
     local _, ns = S.nameserver("--quiet")
+    S.lua(FIELDS, ns)
+    -- a keyed gateway: bob may consume t.* but not list
+    local tokens = S.write(S.tmpname("tokens") .. ".json", '{"bob-token-0123456789": "bob"}')
+    local policy = S.write(S.tmpname("policy") .. ".lua",
+      'return { rules = { { principal = "bob", channel = "t.*", allow = { "consume" } } } }')
+    local kgw = S.spawn(("%s %s/scripts/lecho-gateway --nameserver %s --http 127.0.0.1:0 --tokens %s --policy %s --for 100")
+      :format(S.luajit, S.root, ns, tokens, policy))
+    local kline = P.wait_file(kgw.err, "lecho%-gateway: http://[%d.]+:%d+/", 20)
+    assert(kline, "keyed gateway did not start: " .. S.errors(kgw))
+    kp = tonumber(kline:match("lecho%-gateway: http://[%d.]+:(%d+)/"))
     S.spawn(("%s %s/examples/atmosphere/simulation.lua --nameserver %s --quiet --seconds 100 --rate 5")
       :format(S.luajit, S.root, ns))
     local gw = S.spawn(("%s %s/scripts/lecho-gateway --nameserver %s --http 127.0.0.1:0 --for 100")
@@ -75,5 +115,76 @@ describe("the gateway's live view in headless Chromium", function()
     b:eval([[document.getElementById("sval").value = '{"bogus": 1}'; document.getElementById("steer").requestSubmit(); true]])
     assert.truthy(b:wait([[document.getElementById("answer").className === "err"]], 20))
     assert.matches("unknown setting 'bogus'", b:eval([[document.getElementById("answer").textContent]]))
+  end)
+
+  -- loads url in the page and waits for n events there; the page's errors
+  -- (uncaught, in its handlers) gathered in window.__errs by a script of
+  -- the spec's own, run before the page's
+  local function open(url, n)
+    if not b.errs then
+      assert(b:call("Page.enable"))
+      b.errs = assert(b:call("Page.addScriptToEvaluateOnNewDocument", { source = [[window.__errs = [];
+        addEventListener("error", (e) => __errs.push(String(e.message)));
+        addEventListener("unhandledrejection", (e) => __errs.push(String(e.reason)));]] }))
+    end
+    b:eval("window.__old = true")
+    b:eval(("location.href = %q; true"):format(url))
+    return b:wait("!window.__old && window.lechoView && lechoView.frames >= " .. n, 30)
+  end
+  local function text(id) return b:eval(("document.getElementById(%q).textContent"):format(id)) end
+
+  -- Outside review of issue 28 (BUG 5): one NaN made colour() throw on
+  -- every event (nothing drawn), an infinity made the scale useless, an
+  -- <i8 field's BigInt elements were skipped ("Infinity – Infinity", one
+  -- colour), a 2-D <u1 array named img was drawn as "1x1x2".
+  for _, case in ipairs{
+    { ch = "t.nan", range = function(lo, hi) return lo >= -10 and hi <= 10 end },
+    { ch = "t.i8", range = function(lo, hi) return lo >= 1 and hi <= 47000000000001 and hi > 1e12 end },
+    { ch = "t.img", range = function(lo, hi) return lo >= 0 and hi <= 255 end },
+  } do
+    it("draws " .. case.ch .. ": finite scale, the pixels change with the events, no page error", function()
+      assert.truthy(open(("http://127.0.0.1:%d/?ch=%s"):format(hp, case.ch), 3), "no events of " .. case.ch)
+      assert.are.same({}, b:eval("window.__errs"))
+      assert.are.equal(case.ch, text("fch"))
+      assert.are.equal("1×6×8", text("fgrid"))
+      local lo, hi = tonumber(text("smin")), tonumber(text("smax"))
+      assert.truthy(lo and hi and lo < hi and hi < math.huge and lo > -math.huge, text("smin") .. " – " .. text("smax"))
+      assert.truthy(case.range(lo, hi), ("scale %s – %s"):format(lo, hi))
+      local p1 = b:eval(PIXELS)
+      assert.are.equal(8, p1.w)
+      assert.are.equal(6, p1.h)
+      assert.truthy(p1.colours > 10, "only " .. p1.colours .. " colours")
+      local f1 = b:eval("lechoView.frames")
+      assert.truthy(b:wait("lechoView.frames >= " .. (f1 + 2), 20))
+      assert.are_not.equal(p1.hash, b:eval(PIXELS).hash)
+      if case.ch == "t.nan" then
+        -- NaN, +inf and -inf (cells 0, 1, 2: the bottom row) in their own colours, counted in the legend
+        assert.are.same({ 255, 0, 255, 255, 255, 255, 0, 0, 0 }, b:eval([=[(() => {
+          const d = document.getElementById("heat").getContext("2d").getImageData(0, 5, 3, 1).data;
+          return [d[0], d[1], d[2], d[4], d[5], d[6], d[8], d[9], d[10]]; })()]=]))
+        assert.are.equal("(3 not finite)", text("snf"))
+      end
+      assert.are.same({}, b:eval("window.__errs"))
+    end)
+  end
+
+  -- BUG 7: a call's result holding arrays comes as a binary message; the
+  -- page's decoder gives it back to the request that asked, arrays in place
+  it("a call's binary reply reaches the page's request, its arrays typed", function()
+    assert.truthy(open(("http://127.0.0.1:%d/?ch=t.img"):format(hp), 1))
+    local r = b:eval([=[send({ op: "call", svc: "arrsvc", args: {} }).then((r) => [r.ok === true,
+      r.result.a.dtype, r.result.a.data instanceof Int32Array, Array.from(r.result.a.data), r.result.a.shape,
+      Array.from(r.results[0].a.data), r.results[1]])]=])
+    assert.are.same({ true, "<i4", true, { 1, 2, 3, 4, 5, 6 }, { 2, 3 }, { 1, 2, 3, 4, 5, 6 }, "second" }, r)
+    assert.are.same({}, b:eval("window.__errs"))
+  end)
+
+  -- NIT 8: a principal that may consume but not list saw "not allowed" and
+  -- no event: ?ch= is subscribed whether or not the list is allowed
+  it("subscribes to ?ch= for a principal that may consume but not list", function()
+    assert.truthy(open(("http://127.0.0.1:%d/?token=bob-token-0123456789&ch=t.img"):format(kp), 2),
+      "no events for bob: " .. tostring(text("fch")))
+    assert.are.equal("t.img", text("fch"))
+    assert.are.same({}, b:eval("window.__errs"))
   end)
 end)

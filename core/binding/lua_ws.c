@@ -10,20 +10,26 @@
  *   ws.valid_utf8(s)          -> true when s is UTF-8 (a text frame must be)
  *   ws.server(fd, max_msg)    -> conn (fd stays the caller's to close)
  *   conn:feed(bytes)          bytes read with the HTTP head, read before the socket
- *   conn:recv()               -> list {op1, data1, op2, data2, ...} of whole
+ *   conn:recv([limit])        -> list {op1, data1, op2, data2, ...} of whole
  *                                messages (1 text, 2 binary), or nil, why
  *                                ("eof", "closed: CODE", a wslay error;
  *                                "message over N bytes ...", 1009: a data
  *                                frame's header declares more than max_msg;
  *                                "protocol error: ...", 1002: a header wslay
- *                                would refuse without a reason)
+ *                                would refuse without a reason); reads
+ *                                at most WS_BATCH messages (pings and
+ *                                pongs among them) and stops reading
+ *                                while queued() is past limit
  *   conn:partial()            -> true while a frame or a fragmented message
  *                                is incomplete
  *   conn:queue(data, binary)  a message (copied by wslay) -> true or nil, why
  *   conn:send()               -> true when nothing is left, false when the
  *                                socket is full, nil, why on failure
  *   conn:close(code, reason)  queues a close frame; nothing is read after it
- *   conn:want_read(), want_write(), queued() (bytes), bytes_in(), bytes_out()
+ *   conn:want_read(), want_write(), queued() (bytes: what is queued to send,
+ *                                each message's frame header and wslay's
+ *                                bookkeeping counted, WS_MSG_COST),
+ *                                bytes_in(), bytes_out()
  *   conn:ping()                 queues a ping frame (the pong comes back as input)
  *   conn:free()               frees the wslay context (also at __gc)
  */
@@ -42,6 +48,11 @@
 
 #define WS_MT "lecho.ws.conn"
 #define WS_BATCH 256
+/* What one queued message costs besides its payload: its frame header and
+ * wslay's bookkeeping (struct wslay_event_omsg, the queue's entry, malloc's
+ * headers; ~76 bytes measured for an empty pong).  queued() counts it, so
+ * a flood of empty pings is held to the bound as a flood of events is. */
+#define WS_MSG_COST 96
 
 /* A whole message received, waiting to be pushed to Lua.  Owner: the
  * connection's msgs array; data malloc'd (wslay's buffer is only lent to
@@ -59,6 +70,8 @@ typedef struct {
     size_t pre_len, pre_off;
     ws_msg *msgs; /* owned: messages of the recv in progress */
     size_t nmsgs, capmsgs;
+    size_t nctl;   /* control frames (ping, pong) read by the recv in progress */
+    double rlimit; /* the recv in progress stops reading past this queued() (0: none) */
     int eof, oom, sock_err;
     int close_code; /* status code of a close frame received */
     double bytes_in, bytes_out;
@@ -79,6 +92,12 @@ typedef struct {
 } ws_conn;
 
 #define OBUF_CAP 65536
+
+/* Bytes the connection holds to send (see WS_MSG_COST). */
+static double cost(const ws_conn *c) {
+    return (double)wslay_event_get_queued_msg_length(c->ev) +
+           (double)wslay_event_get_queued_msg_count(c->ev) * WS_MSG_COST + (double)(c->olen - c->ooff);
+}
 
 /* Sends what obuf holds: 0 when all went or the socket is full, -1 on error. */
 static int flush_out(ws_conn *c) {
@@ -160,10 +179,13 @@ static ssize_t got(wslay_event_context_ptr ctx, ws_conn *c, const uint8_t *buf, 
 static ssize_t recv_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, int flags, void *ud) {
     (void)flags;
     ws_conn *c = ud;
-    /* at most WS_BATCH whole messages per conn:recv (the rest stays in the
-     * socket; the loop says readable again): a flood of small frames cannot
-     * grow the list without bound nor hold the loop */
-    if (c->nmsgs >= WS_BATCH) {
+    /* at most WS_BATCH whole messages per conn:recv, control frames counted
+     * (the rest stays in the socket; the loop says readable again): a flood
+     * of small frames cannot grow the list without bound nor hold the loop,
+     * and nothing more is read while what is queued for the client (pongs
+     * wslay answers pings with among it) is past the caller's limit: one
+     * read adds at most what one read buffer of pings answers */
+    if (c->nmsgs + c->nctl >= WS_BATCH || (c->rlimit > 0 && cost(c) > c->rlimit)) {
         wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
         return -1;
     }
@@ -244,7 +266,10 @@ static void msg_cb(wslay_event_context_ptr ctx, const struct wslay_event_on_msg_
         c->close_code = a->status_code ? a->status_code : 1005;
         return;
     }
-    if (a->opcode != WSLAY_TEXT_FRAME && a->opcode != WSLAY_BINARY_FRAME) return; /* ping/pong: wslay's */
+    if (a->opcode != WSLAY_TEXT_FRAME && a->opcode != WSLAY_BINARY_FRAME) { /* ping/pong: wslay's */
+        c->nctl++;
+        return;
+    }
     if (c->oom) return;
     if (c->nmsgs == c->capmsgs) {
         size_t cap = c->capmsgs ? c->capmsgs * 2 : 8;
@@ -309,6 +334,8 @@ static int l_feed(lua_State *L) {
 
 static int l_recv(lua_State *L) {
     ws_conn *c = check(L);
+    c->rlimit = luaL_optnumber(L, 2, 0);
+    c->nctl = 0;
     int r = wslay_event_recv(c->ev);
     /* the messages are pushed even when the read ended in an error */
     if (!lua_checkstack(L, 4)) {
@@ -424,7 +451,7 @@ static int l_want_write(lua_State *L) {
 }
 static int l_queued(lua_State *L) {
     ws_conn *c = check(L);
-    lua_pushnumber(L, (lua_Number)(wslay_event_get_queued_msg_length(c->ev) + (c->olen - c->ooff)));
+    lua_pushnumber(L, (lua_Number)cost(c));
     return 1;
 }
 static int l_bytes_in(lua_State *L) {

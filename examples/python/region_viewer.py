@@ -45,6 +45,15 @@ def region_modulator():
     return copy.group(1) + m.group(1)
 
 
+def extent(ev):
+    """The image's edges [west, east, south, north] in degrees: ev's lat0,
+    lon0 are the first block's centre (examples/atmosphere/modulators.lua),
+    so the edges are half a block out from the first and last centres."""
+    lat0, lon0 = ev.get("lat0", 0), ev.get("lon0", 0)
+    west, south = lon0 - ev["dlon"] / 2, lat0 - ev["dlat"] / 2
+    return [west, west + ev["dlon"] * ev["nlon"], south, south + ev["dlat"] * ev["nlat"]]
+
+
 def save(field, ev, path_base):
     try:
         import matplotlib
@@ -54,9 +63,7 @@ def save(field, ev, path_base):
         np.save(path_base + ".npy", field)
         return path_base + ".npy"
     fig, ax = plt.subplots(figsize=(6, 4))
-    lat0, lon0 = ev.get("lat0", 0), ev.get("lon0", 0)
-    extent = [lon0, lon0 + ev["dlon"] * ev["nlon"], lat0, lat0 + ev["dlat"] * ev["nlat"]]
-    im = ax.imshow(field[0], origin="lower", extent=extent, aspect="auto", cmap="viridis")
+    im = ax.imshow(field[0], origin="lower", extent=extent(ev), aspect="auto", cmap="viridis")
     fig.colorbar(im, ax=ax)
     ax.set_title("step %d, level 1" % ev["step"])
     fig.savefig(path_base + ".png")

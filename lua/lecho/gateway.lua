@@ -42,6 +42,10 @@ M.LIMITS = {
                            -- still silent this long after (0: never); TCP keepalive for every client
 }
 M.SLOW = { drop = true, disconnect = true }
+-- bytes a client that has not authenticated (keyed mode) may have queued:
+-- its hello and a few error replies; past it, closed (1008) like any client
+-- that does not read
+M.PREAUTH_QUEUED = 65536
 -- seconds a client being closed has to take what was queued and the close
 M.LINGER = 5
 
@@ -129,18 +133,19 @@ function M.event_json(ch, ev)
 end
 
 -- The event without its arrays (nil where each was), and list filled with
--- { path, array } per array: path the keys from the top (doc/gateway.md).
-local function strip(v, path, list, depth)
+-- { path, array } per array: path the keys from the top (doc/gateway.md);
+-- hole: what is left where an array was (nil, or JSON null for a reply).
+local function strip(v, path, list, depth, hole)
   if array.is(v) then
     list[#list + 1] = { path, v }
-    return nil
+    return hole
   end
   if type(v) ~= "table" or depth > 64 then return v end
   local t = {}
   for k, x in pairs(v) do
     local p = { unpack(path) }
     p[#p + 1] = k
-    t[k] = strip(x, p, list, depth + 1)
+    t[k] = strip(x, p, list, depth + 1, hole)
   end
   return t
 end
@@ -166,10 +171,12 @@ local ZERO8 = ("\0"):rep(8)
 -- interpreted, they are exact.
 for _, f in ipairs{ denull, hexify, unarray, has_array, strip } do jit.off(f) end
 
-function M.event_binary(ch, ev)
-  local list = {}
-  local rest = strip(ev, {}, list, 0)
-  local parts, off = {}, 0
+-- The binary message of list's arrays ({ path, array } each, from strip)
+-- under a header: head(ARRAYS) is the header's JSON text given the JSON
+-- list of the arrays' descriptions.  An array met twice (a service's first
+-- result, also in results) is carried once, both paths at its offset.
+local function pack(list, head)
+  local parts, off, at = {}, 0, {}
   local function list_json(t) return #t == 0 and "[]" or cj.encode(t) end
   for i, pa in ipairs(list) do
     local a = pa[2]
@@ -177,34 +184,67 @@ function M.event_binary(ch, ev)
     local ok, path = pcall(list_json, pa[1])
     if ok and not ws.valid_utf8(path) then ok, path = pcall(list_json, hexify(pa[1], 0)) end
     if not ok then path = "[]" end
-    parts[i] = ('{"path":%s,"dtype":%s,"shape":%s,"offset":%d,"bytes":%d}'):format(
-      path, cj.encode(a:dtype()), list_json(a:shape()), off, n)
-    pa[3] = n
-    off = off + n + (-n) % 8
-  end
-  local evj = ""
-  if rest ~= nil then
-    local ok, e = pcall(cj.encode, rest)
-    if ok and not ws.valid_utf8(e) then ok, e = pcall(cj.encode, hexify(rest, 0)) end
-    if not ok then
-      return nil, ('{"ch":%s,"error":%s}'):format(cj.encode(ch), cj.encode("event not representable in JSON: " .. tostring(e)))
+    local o = at[a]
+    if not o then
+      o = off
+      at[a] = o
+      pa[3] = n
+      off = off + n + (-n) % 8
     end
-    evj = ',"ev":' .. e
+    parts[i] = ('{"path":%s,"dtype":%s,"shape":%s,"offset":%d,"bytes":%d}'):format(
+      path, cj.encode(a:dtype()), list_json(a:shape()), o, n)
   end
-  local h = ('{"ch":%s%s,"arrays":[%s]}'):format(cj.encode(ch), evj, table.concat(parts, ","))
+  local h = head("[" .. table.concat(parts, ",") .. "]")
   local L = #h
   U32[0], U32[1], U32[2], U32[3] = L % 256, math.floor(L / 256) % 256, math.floor(L / 65536) % 256,
     math.floor(L / 16777216) % 256
   local b = buffer.new(8 + L + off)
   b:putcdata(U32, 4):put(h, ZERO8:sub(1, (-(4 + L)) % 8))
-  for i, pa in ipairs(list) do
-    local a = pa[2]
-    if not a:contiguous() then a = a:copy() end
+  for _, pa in ipairs(list) do
     local n = pa[3]
-    if n > 0 then b:putcdata(a:ptr(), n) end
-    b:put(ZERO8:sub(1, (-n) % 8))
+    if n then
+      local a = pa[2]
+      if not a:contiguous() then a = a:copy() end
+      if n > 0 then b:putcdata(a:ptr(), n) end
+      b:put(ZERO8:sub(1, (-n) % 8))
+    end
   end
   return b:tostring()
+end
+
+-- The JSON text of v (a table) with its strings made UTF-8, or nil, why.
+local function json_of(v)
+  local ok, e = pcall(cj.encode, v)
+  if ok and not ws.valid_utf8(e) then ok, e = pcall(cj.encode, hexify(v, 0)) end
+  if not ok then return nil, tostring(e) end
+  return e
+end
+
+function M.event_binary(ch, ev)
+  local list = {}
+  local rest = strip(ev, {}, list, 0)
+  local evj = ""
+  if rest ~= nil then
+    local e, why = json_of(rest)
+    if not e then
+      return nil, ('{"ch":%s,"error":%s}'):format(cj.encode(ch), cj.encode("event not representable in JSON: " .. why))
+    end
+    evj = ',"ev":' .. e
+  end
+  return pack(list, function(arrays) return ('{"ch":%s%s,"arrays":%s}'):format(cj.encode(ch), evj, arrays) end)
+end
+
+--- A reply (a table: id, ok, result, results...) holding arrays as one
+-- binary message, laid out as an event's (doc/gateway.md "Arrays"): the
+-- header is the reply without its arrays plus "arrays", each array's path
+-- from the reply's top (["result","a"], ["results",1,"a"]).  nil when the
+-- rest is not representable in JSON.
+function M.reply_binary(t)
+  local list = {}
+  local rest = strip(t, {}, list, 0, null)
+  local e = json_of(rest)
+  if not e or e:sub(-1) ~= "}" or e == "{}" then return nil end
+  return pack(list, function(arrays) return e:sub(1, -2) .. ',"arrays":' .. arrays .. "}" end)
 end
 
 --- What an event goes out as: (text for JSON-lines clients, message for
@@ -229,7 +269,9 @@ end
 local function encode(t)
   local ok, s = pcall(cj.encode, t)
   if ok and not ws.valid_utf8(s) then ok, s = pcall(cj.encode, hexify(t, 0)) end
-  if not ok then return cj.encode{ id = t.id, error = "reply not representable in JSON", code = "invalid" } end
+  if not ok then
+    return cj.encode{ id = t.id, error = "reply not representable in JSON: " .. tostring(s), code = "failed" }
+  end
   return s
 end
 
@@ -310,6 +352,16 @@ function Client:queued()
   return #self.out
 end
 
+-- What the client may have queued before it is held not to read: the
+-- --max-queued bound (M.PREAUTH_QUEUED before a keyed client authenticated),
+-- plus the one event larger than it that was taken on an empty queue
+-- (Client:deliver), while that one is not all sent.
+function Client:bound()
+  local gw = self.gw
+  local b = (gw.keyed and not self.principal) and math.min(gw.lim.queued, M.PREAUTH_QUEUED) or gw.lim.queued
+  return b + self.over
+end
+
 -- Queues one message (a JSON text) for the client; the socket is written
 -- at the end of this loop turn (many events, few system calls).
 function Client:_put(text, binary)
@@ -326,10 +378,20 @@ end
 -- A reply: a client that sends requests but does not read the answers is
 -- closed once they pass --max-queued (events are dropped instead, replies
 -- cannot be).
+-- A reply holding arrays (a service's result) goes out as events do: a
+-- binary message to a WebSocket client, { dtype, shape, data } in JSON to
+-- a lines one (doc/gateway.md "Arrays").
 function Client:reply(t)
   if self.closed or self.closing then return end
-  if self:queued() > self.gw.lim.queued then
+  if self:queued() > self:bound() then
     return self.gw:_drop(self, 1008, ("client does not read its replies (%d bytes queued)"):format(self:queued()))
+  end
+  if has_array(t, 0) then
+    if self.ws then
+      local bin = M.reply_binary(t)
+      if bin then return self:_put(bin, true) end
+    end
+    t = unarray(t, 0)
   end
   self:_put(encode(t))
 end
@@ -344,12 +406,20 @@ function Client:deliver(text, msg, binary)
   if self.closed or self.closing then return end
   local gw = self.gw
   local q = self:queued()
-  if q + #text > gw.lim.queued then
+  -- an event larger than --max-queued is taken when the queue is empty
+  -- (the client holds at most that one event then; the gateway takes no
+  -- event larger than its context's decoded-size limit); the bound is
+  -- back to --max-queued once it is sent (Gateway:_flush)
+  if q == 0 and #text > gw.lim.queued then
+    self.over = #text
+  elseif q + #text > gw.lim.queued then
     if gw.slow == "disconnect" then
       return gw:_drop(self, 1008, ("slow client: more than %d bytes queued"):format(gw.lim.queued))
     end
     self.drops = self.drops + 1
     gw.drops = gw.drops + 1
+    -- told as soon as the queue is empty: now, when nothing is queued
+    if q == 0 then gw:_dirty(self) end
     return
   end
   if self.drops > self.told then
@@ -416,6 +486,7 @@ function Gateway:_flush(cl)
   end
   if done then
     if cl.wwatch then cl.wwatch:stop(); cl.wwatch = nil end
+    cl.over = 0
     if cl.drops > cl.told then cl:deliver_notice() end
   elseif not cl.wwatch then
     cl.wwatch = self.ctx.c:io(cl.fd, function() self:_flush(cl) end, "w")
@@ -451,7 +522,7 @@ function Gateway:_drop(cl, code, why)
     return self:_flush(cl)
   end
   cl.closed = true
-  for _, w in ipairs{ "watch", "wwatch", "dtimer", "ptimer" } do
+  for _, w in ipairs{ "watch", "wwatch", "dtimer", "ptimer", "again" } do
     if cl[w] then cl[w]:stop(); cl[w] = nil end
   end
   for name in pairs(cl.subs) do self:_unsub(cl, name) end
@@ -492,7 +563,7 @@ function Gateway:_accept(lfd, kind)
       self.nextid = self.nextid + 1
       local cl = setmetatable({ gw = self, fd = fd, id = self.nextid, kind = kind, head = "", out = buffer.new(),
                                 peer = sa_text(sa),
-                                subs = {}, nsubs = 0, used = {}, nused = 0, drops = 0, told = 0, events = 0, bytes = 0, inflight = 0,
+                                subs = {}, nsubs = 0, used = {}, nused = 0, drops = 0, told = 0, over = 0, events = 0, bytes = 0, inflight = 0,
                                 last_events = 0, last_bytes = 0, rate = 0, bps = 0, t0 = self.ctx.c:now() }, Client)
       self.clients[cl] = true
       self.nclients = self.nclients + 1
@@ -548,7 +619,11 @@ end
 function Gateway:_read(cl)
   if cl.closed then return end
   if cl.ws then
-    local msgs, why, wcode = cl.ws:recv()
+    -- what this read may make the gateway queue (pongs) is bounded: wslay
+    -- reads nothing more once the queue is past the client's bound
+    local bound = cl:bound()
+    local q0 = cl:queued()
+    local msgs, why, wcode = cl.ws:recv(math.max(bound, q0))
     if msgs then
       for i = 1, #msgs, 2 do
         if cl.closed or cl.closing then break end
@@ -559,9 +634,11 @@ function Gateway:_read(cl)
     -- a message may have ended the client (a failed auth): its connection is gone
     if cl.closed then return end
     -- wslay answers every ping with a pong by itself: a client that pings
-    -- and does not read is held to --max-queued like one that asks and
-    -- does not read its replies
-    if not cl.closing and cl:queued() > self.lim.queued then
+    -- and does not read is held to its bound like one that asks and does
+    -- not read its replies (each pong counted with its frame header and
+    -- wslay's bookkeeping: lua_ws.c WS_MSG_COST)
+    -- (the bound after the read: an auth in it raised it)
+    if not cl.closing and cl:queued() > math.max(bound, cl:bound(), q0) then
       return self:_drop(cl, 1008, ("client does not read (%d bytes queued, its pongs among them)"):format(cl:queued()))
     end
     if why then
@@ -585,7 +662,14 @@ function Gateway:_read(cl)
     end
     return
   end
-  while not cl.closed do
+  -- JSON lines not yet taken (past one turn's LINE_BATCH) go first: nothing
+  -- more is read from the client until they are
+  if cl.kind == "lines" and not cl.closing and cl.head:find("\n", 1, true) then return self:_lines(cl) end
+  -- at most 4 reads (256 KiB) of an HTTP head per loop turn, one (64 KiB)
+  -- of JSON lines: a client that sends without pause cannot hold the loop
+  -- from the others (the watcher fires again)
+  for _ = 1, 4 do
+    if cl.closed then return end
     local r = tonumber(C.recv(cl.fd, self.rbuf, rbuf_size, 0))
     if r == 0 then return self:_drop(cl) end
     if r < 0 then
@@ -605,27 +689,40 @@ function Gateway:_read(cl)
         return self:_http_error(cl, 431, "request head too large")
       end
     elseif not cl.closing then
-      -- JSON lines: whole lines to _message, a line longer than the limit ends the client
-      local acc = cl.head .. s
-      local pos = 1
-      while true do
-        local nl = acc:find("\n", pos, true)
-        if not nl then break end
-        local line = acc:sub(pos, nl - 1)
-        pos = nl + 1
-        if #line > self.lim.message then
-          return self:_drop(cl, 1009, ("message over %d bytes"):format(self.lim.message))
-        end
-        if line:find("%S") then self:_message(cl, line) end
-        if cl.closed or cl.closing then return end
-      end
-      cl.head = acc:sub(pos)
-      if #cl.head > self.lim.message then
-        return self:_drop(cl, 1009, ("message over %d bytes"):format(self.lim.message))
-      end
-      self:_deadline(cl, cl.head:find("%S") ~= nil)
+      cl.head = cl.head .. s
+      return self:_lines(cl)
     end
   end
+end
+
+-- JSON lines: whole lines to _message, at most LINE_BATCH per loop turn
+-- (a read of 64 KiB may hold 32768 of them: the rest waits in cl.head, a
+-- timer takes it next turn); a line longer than the limit ends the client.
+local LINE_BATCH = 256
+function Gateway:_lines(cl)
+  if cl.again then cl.again:stop(); cl.again = nil end
+  if cl.closed or cl.closing then return end
+  local acc, pos = cl.head, 1
+  for _ = 1, LINE_BATCH do
+    local nl = acc:find("\n", pos, true)
+    if not nl then break end
+    local line = acc:sub(pos, nl - 1)
+    pos = nl + 1
+    if #line > self.lim.message then
+      return self:_drop(cl, 1009, ("message over %d bytes"):format(self.lim.message))
+    end
+    if line:find("%S") then self:_message(cl, line) end
+    if cl.closed or cl.closing then return end
+  end
+  cl.head = acc:sub(pos)
+  if cl.head:find("\n", 1, true) then
+    cl.again = self.ctx.c:timer(0, 0, function() cl.again = nil; self:_lines(cl) end)
+    return
+  end
+  if #cl.head > self.lim.message then
+    return self:_drop(cl, 1009, ("message over %d bytes"):format(self.lim.message))
+  end
+  self:_deadline(cl, cl.head:find("%S") ~= nil)
 end
 
 ------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ ul { list-style:none; margin:0; padding:0; }
 canvas#heat { width:100%; image-rendering:pixelated; border-radius:4px; background:#000; display:block; margin-top:6px; }
 #scale { display:flex; align-items:center; gap:8px; margin-top:6px; font-size:12px; color:var(--dim); font-variant-numeric:tabular-nums; }
 canvas#legend { flex:1; min-width:0; width:100px; height:12px; border-radius:3px; }
+#scale .sw { display:inline-block; width:10px; height:10px; border-radius:2px; margin-left:6px; }
 #events { font:12px/1.35 ui-monospace, monospace; max-height:230px; overflow:auto; margin-top:8px; }
 #events li { padding:2px 0; border-bottom:1px solid #1f2a33; white-space:nowrap; overflow:hidden; text-overflow:ellipsis; }
 table { width:100%; border-collapse:collapse; font-size:12px; font-variant-numeric:tabular-nums; }
@@ -54,7 +55,9 @@ button { background:#1f5f99; border-color:#2a78bf; cursor:pointer; } button:hove
     <span>grid <b id="fgrid">—</b></span><label>level <select id="level"></select></label>
     <span>events <b id="fcount">0</b></span></div>
   <canvas id="heat" width="72" height="36"></canvas>
-  <div id="scale"><span id="smin">—</span><canvas id="legend" width="256" height="1"></canvas><span id="smax">—</span></div>
+  <div id="scale"><span id="smin">—</span><canvas id="legend" width="256" height="1"></canvas><span id="smax">—</span>
+    <span class="sw" style="background:rgb(255,0,255)"></span>NaN <span class="sw" style="background:rgb(255,255,255)"></span>+inf
+    <span class="sw" style="background:rgb(0,0,0);border:1px solid #555"></span>−inf <span id="snf"></span></div>
   <h2 style="margin-top:12px">Events</h2><ul id="events"></ul>
 </section>
 <div class="right">
@@ -77,10 +80,13 @@ window.lechoView = view;   // read by the browser spec
 
 function send(m) { return new Promise((res) => { m.id = nextId++; pending[m.id] = res; ws.send(JSON.stringify(m)); }); }
 
-// a colour scale (viridis-like, 5 stops)
+// a colour scale (viridis-like, 5 stops); values that are not finite have
+// colours of their own, outside the scale (the legend says which)
 const STOPS = [[68,1,84],[59,82,139],[33,145,140],[94,201,98],[253,231,37]];
+const NAN_C = [255, 0, 255], PINF_C = [255, 255, 255], NINF_C = [0, 0, 0], NONE_C = [40, 40, 40];
 function colour(t) {
-  t = Math.max(0, Math.min(1, t)) * (STOPS.length - 1);
+  if (!(t >= 0)) t = 0;   // (NaN too: STOPS[NaN] is no colour)
+  t = Math.min(1, t) * (STOPS.length - 1);
   const i = Math.min(STOPS.length - 2, Math.floor(t)), f = t - i, a = STOPS[i], b = STOPS[i + 1];
   return [a[0] + (b[0] - a[0]) * f, a[1] + (b[1] - a[1]) * f, a[2] + (b[2] - a[2]) * f];
 }
@@ -92,23 +98,35 @@ function colour(t) {
 
 // the numeric field of an event: ev.cells with ev.nlat x ev.nlon (levels ev.nlev),
 // or ev.field, an array { dtype, shape, data } (the atmosphere simulation's),
-// else the first array of numbers found (drawn as a square-ish grid)
+// else the first array found: an array { dtype, shape, data } by its shape
+// (2 or more dims: the last two a grid, the first the levels), a list of
+// numbers or a typed array drawn as a square-ish grid.
+// data a typed array (from a binary frame) or numbers (from JSON); <i8 and
+// <u8 elements (BigInt) made numbers.
+const isNums = (v) => (ArrayBuffer.isView(v) && !(v instanceof DataView)) ||
+  (Array.isArray(v) && v.length > 0 && (typeof v[0] === "number" || v[0] === null));
+const numeric = (d) => (d instanceof BigInt64Array || d instanceof BigUint64Array) ? Float64Array.from(d, Number) : d;
+const isArr = (v) => v && typeof v === "object" && typeof v.dtype === "string" && Array.isArray(v.shape) && isNums(v.data);
+function square(data) {
+  const nx = Math.max(1, Math.ceil(Math.sqrt(data.length)));
+  return { data: numeric(data), nx, ny: Math.max(1, Math.ceil(data.length / nx)), nz: 1 };
+}
+function ofArray(a) {
+  const s = a.shape, n = s.length;
+  if (n < 2) return square(a.data);
+  let nz = 1;
+  for (let i = 0; i < n - 2; i++) nz *= s[i];
+  return { data: numeric(a.data), ny: s[n - 2], nx: s[n - 1], nz };
+}
 function findField(ev) {
-  if (ev && Array.isArray(ev.cells) && ev.nlat && ev.nlon)
-    return { data: ev.cells, ny: ev.nlat, nx: ev.nlon, nz: ev.nlev || 1 };
-  // an array (lecho.array: { dtype, shape, data }, data a typed array from a
-  // binary frame, or numbers from a JSON one) of 2 or 3 dims
-  if (ev && ev.field && (Array.isArray(ev.field.data) || ArrayBuffer.isView(ev.field.data)) &&
-      Array.isArray(ev.field.shape) && ev.field.shape.length >= 2) {
-    const s = ev.field.shape, n = s.length;
-    return { data: ev.field.data, ny: s[n - 2], nx: s[n - 1], nz: n > 2 ? s[0] : 1 };
-  }
+  if (ev && isNums(ev.cells) && ev.nlat && ev.nlon)
+    return { data: numeric(ev.cells), ny: ev.nlat, nx: ev.nlon, nz: ev.nlev || 1 };
+  if (ev && isArr(ev.field)) return ofArray(ev.field);
   const walk = (v, d) => {
-    if (Array.isArray(v) && v.length > 1 && typeof v[0] === "number") {
-      const nx = Math.ceil(Math.sqrt(v.length));
-      return { data: v, nx, ny: Math.ceil(v.length / nx), nz: 1 };
-    }
-    if (v && typeof v === "object" && d < 4) for (const k in v) { const r = walk(v[k], d + 1); if (r) return r; }
+    if (isArr(v)) return ofArray(v);
+    if (isNums(v) && v.length > 1) return square(v);
+    if (v && typeof v === "object" && !ArrayBuffer.isView(v) && d < 4)
+      for (const k in v) { const r = walk(v[k], d + 1); if (r) return r; }
     return null;
   };
   return walk(ev, 0);
@@ -123,18 +141,27 @@ function draw(f) {
     for (let k = 0; k < f.nz; k++) sel.add(new Option(String(k + 1), String(k)));
   }
   const k = Math.min(+sel.value || 0, f.nz - 1), n = f.nx * f.ny, base = k * n;
-  let lo = Infinity, hi = -Infinity;
-  for (let i = 0; i < n; i++) { const v = f.data[base + i]; if (typeof v === "number") { if (v < lo) lo = v; if (v > hi) hi = v; } }
-  if (!(hi > lo)) hi = lo + 1;
+  // the scale over the finite values only: NaN and infinities are counted
+  // and drawn in their own colours
+  let lo = Infinity, hi = -Infinity, nonfinite = 0;
+  for (let i = 0; i < n; i++) {
+    const v = f.data[base + i];
+    if (typeof v !== "number") continue;
+    if (Number.isFinite(v)) { if (v < lo) lo = v; if (v > hi) hi = v; } else nonfinite++;
+  }
+  if (lo === Infinity) { lo = 0; hi = 1; }
+  const span = hi > lo ? hi - lo : 1;
   const g = c.getContext("2d"), im = g.createImageData(f.nx, f.ny);
   for (let y = 0; y < f.ny; y++) for (let x = 0; x < f.nx; x++) {
     // row 0 of the field is the southernmost latitude: drawn at the bottom
     const v = f.data[base + y * f.nx + x], o = ((f.ny - 1 - y) * f.nx + x) * 4;
-    const col = typeof v === "number" ? colour((v - lo) / (hi - lo)) : [40, 40, 40];
+    const col = typeof v !== "number" ? NONE_C : Number.isNaN(v) ? NAN_C : v === Infinity ? PINF_C
+      : v === -Infinity ? NINF_C : colour((v - lo) / span);
     im.data[o] = col[0]; im.data[o + 1] = col[1]; im.data[o + 2] = col[2]; im.data[o + 3] = 255;
   }
   g.putImageData(im, 0, 0);
   $("smin").textContent = lo.toPrecision(4); $("smax").textContent = hi.toPrecision(4);
+  $("snf").textContent = nonfinite ? "(" + nonfinite + " not finite)" : "";
   $("fgrid").textContent = f.nz + "×" + f.ny + "×" + f.nx;
 }
 $("level").onchange = () => { if (field) draw(field); };
@@ -148,9 +175,9 @@ function summary(ev) {
   const keys = Object.keys(ev).sort((a, b) => (a === "step" ? -1 : b === "step" ? 1 : a === "t" ? -1 : b === "t" ? 1 : a < b ? -1 : 1));
   return keys.map((k) => {
     const v = ev[k];
-    if (Array.isArray(v)) return k + "=[" + v.length + "]";
+    if (Array.isArray(v) || ArrayBuffer.isView(v)) return k + "=[" + v.length + "]";
     if (v && v.dtype && Array.isArray(v.shape)) return k + "=" + v.dtype + " " + v.shape.join("×");
-    if (v && typeof v === "object") return k + "=" + JSON.stringify(v);
+    if (v && typeof v === "object") { try { return k + "=" + JSON.stringify(v); } catch (x) { return k + "={…}"; } }
     return k + "=" + (typeof v === "number" && !Number.isInteger(v) ? +v.toPrecision(6) : v);
   }).join("  ");
 }
@@ -162,23 +189,33 @@ function summary(ev) {
 const TYPED = { "<u1": Uint8Array, "<i1": Int8Array, "<u2": Uint16Array, "<i2": Int16Array,
   "<u4": Uint32Array, "<i4": Int32Array, "<u8": BigUint64Array, "<i8": BigInt64Array,
   "<f4": Float32Array, "<f8": Float64Array };
+// A message without ch is a reply (a call's result holding arrays): the
+// arrays go back into the reply itself.  A path's numbers are places in a
+// list counted from 1 (Lua's): one less in a JavaScript array.
 function fromBinary(buf) {
   const L = new DataView(buf).getUint32(0, true);
   const head = JSON.parse(new TextDecoder().decode(new Uint8Array(buf, 4, L)));
   const base = (4 + L + 7) & ~7;
-  let ev = head.ev;
-  for (const a of head.arrays || []) {
+  const reply = head.ch === undefined, arrays = head.arrays || [];
+  let ev = reply ? head : head.ev;
+  if (reply) delete head.arrays;
+  const key = (t, k) => (Array.isArray(t) && typeof k === "number" ? k - 1 : k);
+  for (const a of arrays) {
     const T = TYPED[a.dtype];
     if (!T) continue;
     const val = { dtype: a.dtype, shape: a.shape, data: new T(buf, base + a.offset, a.bytes / T.BYTES_PER_ELEMENT) };
-    view.typed = val.data;
+    if (!reply) view.typed = val.data;
     if (!a.path.length) { ev = val; continue; }
     if (!ev || typeof ev !== "object") ev = {};
     let t = ev;
-    for (let i = 0; i < a.path.length - 1; i++) t = t[a.path[i]] = t[a.path[i]] || {};
-    t[a.path[a.path.length - 1]] = val;
+    for (let i = 0; i < a.path.length - 1; i++) {
+      const k = key(t, a.path[i]);
+      if (!t[k] || typeof t[k] !== "object") t[k] = {};
+      t = t[k];
+    }
+    t[key(t, a.path[a.path.length - 1])] = val;
   }
-  return { ch: head.ch, ev };
+  return reply ? { reply: ev } : { ch: head.ch, ev };
 }
 
 function onEvent(m) {
@@ -267,12 +304,18 @@ function connect() {
     if (typeof e.data !== "string") {   // an event holding arrays (doc/gateway.md "Arrays")
       const m = fromBinary(e.data);
       view.binary++;
-      if (m.ch !== undefined) onEvent(m);
+      if (m.reply) { const f = pending[m.reply.id]; if (f) { delete pending[m.reply.id]; f(m.reply); } }
+      else if (m.ch !== undefined) onEvent(m);
       return;
     }
     const m = JSON.parse(e.data);
     if (m.id !== undefined && pending[m.id]) { const f = pending[m.id]; delete pending[m.id]; f(m); }
-    else if (m.hello) { listChannels(); }
+    else if (m.hello) {
+      // ?ch= is subscribed at once: a principal that may consume but not
+      // list uses the view too (the default, atmosphere.field, needs list)
+      const want = q.get("ch");
+      if (want && !view.autoDone) { view.autoDone = true; subscribe(want); } else listChannels();
+    }
     else if (m.ch !== undefined && m.ev !== undefined) onEvent(m);
     else if (m.dropped) { const li = document.createElement("li"); li.textContent = "(" + m.dropped + " events dropped: this view is slow)"; $("events").prepend(li); }
   };

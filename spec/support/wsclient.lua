@@ -198,8 +198,12 @@ function M.binary_event(p)
   local head = cjson.decode(p:sub(5, 4 + L))
   local base = 4 + L + (-(4 + L)) % 8
   assert(p:sub(5 + L, base) == ("\0"):rep(base - 4 - L), "padding not zero")
+  -- a reply (a service's result holding arrays): no ch, the arrays' paths
+  -- from the reply's top, JSON null where each was
+  local is_reply = head.ch == nil
   local ev = head.ev
-  for _, a in ipairs(head.arrays) do
+  if is_reply then ev = head; head.arrays = nil end
+  for _, a in ipairs(is_reply and cjson.decode(p:sub(5, 4 + L)).arrays or head.arrays) do
     assert(a.offset % 8 == 0, "array offset not a multiple of 8")
     local raw = p:sub(base + a.offset + 1, base + a.offset + a.bytes)
     assert(#raw == a.bytes, "array past the message's end")
@@ -212,10 +216,14 @@ function M.binary_event(p)
     if #a.path == 0 then ev = val else
       ev = type(ev) == "table" and ev or {}
       local t = ev
-      for i = 1, #a.path - 1 do t[a.path[i]] = t[a.path[i]] or {}; t = t[a.path[i]] end
+      for i = 1, #a.path - 1 do
+        if t[a.path[i]] == nil or t[a.path[i]] == cjson.null then t[a.path[i]] = {} end
+        t = t[a.path[i]]
+      end
       t[a.path[#a.path]] = val
     end
   end
+  if is_reply then ev.binary = true return ev end
   return { ch = head.ch, ev = ev, binary = true, header_length = L }
 end
 

@@ -221,7 +221,7 @@ static uint8_t *adopt_rbuf(void *ud, const void *p, size_t n, size_t *cap) {
 static void give_rbuf(lua_State *L, uint8_t *base, size_t cap) {
     lb_ctx *b = lua_touserdata(L, -1);
     if (b && b->c)
-        lei_rbuf_return(b->c, base, cap);
+        lei_rbuf_give(b->c, base, cap);
     else
         free(base);
 }
@@ -229,12 +229,21 @@ static void give_rbuf(lua_State *L, uint8_t *base, size_t cap) {
 /* ctx:keep_array(a): a received array view (context.lua keep_view) kept
  * past its dispatch: the read buffer its bytes are in handed over to it
  * when they are most of one (lei_rbuf_adopt: no copy; given back to
- * this context when the array is collected), else copied. */
+ * this context when the array is collected), else copied.  The collector
+ * is told of an adopted buffer (a step as for an allocation of its size,
+ * which on a small heap ends the cycle: a whole collection) when
+ * lei_rbuf_collect_due says so: no spare fits the next frame of that size
+ * and 4 adopted buffers (or 64 MiB of them) are out.  The ones let go of
+ * among them then come back together, as the next frames' spares: a
+ * program that lets each array go soon pays one collection per 3 large
+ * events instead of one per event, and never has more than those buffers
+ * let go of and not yet found. */
 static int l_keep_array(lua_State *L) {
     lb_ctx *b = luaL_checkudata(L, 1, CTX_MT);
     lei_array *a = lei_codec_lua_array_check(L, 2);
     if (!a) return luaL_argerror(L, 2, "an array expected");
-    lei_codec_lua_array_adopt(L, 2, 1, b->c ? adopt_rbuf : NULL, give_rbuf, b->c);
+    size_t cap = lei_codec_lua_array_adopt(L, 2, 1, b->c ? adopt_rbuf : NULL, give_rbuf, b->c);
+    if (cap && lei_rbuf_collect_due(b->c, cap)) lua_gc(L, LUA_GCSTEP, (int)(cap >> 10));
     return 0;
 }
 

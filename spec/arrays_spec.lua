@@ -247,6 +247,37 @@ describe("arrays between processes", function()
     assert.is_true(per[#per] < 256, "page faults per event: " .. faults)
   end)
 
+  it("an event its handlers let go of is not held until the next one comes (its read buffer can come back)", function()
+    -- The dispatcher's coroutine kept the last event in its locals while it
+    -- waited for the next: a kept array its program let go of (an adopted
+    -- read buffer) could not be collected before the next event's frame
+    -- needed a buffer, which was then read into another one.
+    local seen = setmetatable({}, { __mode = "k" })
+    local n = 0
+    assert(ctx:channel("letgo"):consumer(function(ev)
+      seen[ev] = true
+      seen[ev.field] = true
+      n = n + 1
+    end))
+    local prod = S.lua([[
+      local lecho = require "lecho"
+      local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+      local p = assert(ctx:channel("letgo"):producer())
+      local f = lecho.array.new("<f8", { 65536 })  -- 512 KiB: a view, adopted when kept
+      for step = 1, 2 do assert(p:submit_sync({ step = step, field = f }, { timeout = 20 })) end
+      io.write("sent\n")
+      io.flush()
+      ctx:sleep(30)
+    ]], ns)
+    assert.is_true(S.run_until(ctx, function() return n == 2 end, 30), S.errors(prod))
+    for _ = 1, 3 do ctx:run_once(0.01) end
+    collectgarbage()
+    collectgarbage()
+    local left = 0
+    for _ in pairs(seen) do left = left + 1 end
+    assert.are.equal(0, left)
+  end)
+
   it("sends an FFI array without copying it: the frame reads the array's memory, which the array keeps alive", function()
     local N = 4 * 1024 * 1024 -- 32 MiB: more than a socket takes at once
     local got = S.lua([[

@@ -201,10 +201,9 @@ void lei_rbuf_return(lei_ctx *c, uint8_t *b, size_t cap);
  * (kept or freed as lei_rbuf_return says; no longer counted as out). */
 void lei_rbuf_give(lei_ctx *c, uint8_t *b, size_t cap);
 /* rbuf.c: 1 when the embedder should collect what its program let go of
- * now, having just adopted a buffer of cap bytes: no spare fits the next
- * frame of that size, and enough adopted buffers are out (LEI_SPARES, or
- * their bytes LEI_SPARE_MAX) that those let go of are found together. */
-int lei_rbuf_collect_due(const lei_ctx *c, size_t cap);
+ * now: no spare fits the next frame of cap bytes (0: the size of the last
+ * buffer adopted) and at least min_out adopted buffers are out. */
+int lei_rbuf_collect_due(const lei_ctx *c, size_t cap, size_t min_out);
 /* The embedder encoded a value (for the context, for channel chid). */
 void lei_ctx_count_encode(lei_ctx *c);
 void lei_chan_count_encode(lei_ctx *c, uint32_t chid);

@@ -458,6 +458,7 @@ struct lei_rbuf_state {
     int nspare;               /* spare[0 .. nspare) are set */
     size_t spare_bytes;       /* their caps together */
     size_t out_n, out_bytes;  /* adopted buffers not given back yet (lei_rbuf_give) */
+    size_t last_cap;          /* the size of the last one adopted */
     uint64_t adopted;         /* read buffers handed over (lei_rbuf_adopt) */
 };
 

@@ -190,6 +190,7 @@ uint8_t *lei_rbuf_adopt(lei_ctx *c, const void *p, size_t n, size_t *cap) {
         c->rbuf_s.adopted++;
         c->rbuf_s.out_n++;
         c->rbuf_s.out_bytes += *cap;
+        c->rbuf_s.last_cap = *cap;
         return base;
     }
     return NULL;
@@ -240,22 +241,26 @@ void lei_rbuf_give(lei_ctx *c, uint8_t *b, size_t cap) {
     lei_rbuf_return(c, b, cap);
 }
 
-/* 1 when the binding should collect now, having just adopted a buffer of
- * cap bytes: no spare is one lei_rbuf_grow would give a frame of cap bytes
- * (at least cap, at most twice: the next such frame would need a fresh
- * buffer), and LEI_SPARES adopted buffers, or LEI_SPARE_MAX bytes of them,
- * are out.  With fewer out, the next frame gets a fresh buffer instead: a
- * collection costs the whole Lua heap's traversal whatever it finds, and
- * a program that lets each array go soon has only the one before let go
- * of at each adoption, so collecting then finds one buffer per collection,
- * a collection per event (15 % of a Python consumer's CPU on 8 MiB
- * arrays); with LEI_SPARES out it finds LEI_SPARES - 1 together.  What was
- * let go of and not found yet is at most those LEI_SPARES buffers (or
- * LEI_SPARE_MAX bytes) per size. */
-int lei_rbuf_collect_due(const lei_ctx *c, size_t cap) {
+/* 1 when the binding should collect what its program let go of now: no
+ * spare is one lei_rbuf_grow would give the next frame of cap bytes (at
+ * least cap, at most twice: it would be read into a fresh buffer), and at
+ * least min_out adopted buffers, or LEI_SPARE_MAX bytes of them, are out.
+ * cap 0: the size of the last buffer adopted.  A collection costs the
+ * whole Lua heap's traversal whatever it finds; done when the program is
+ * about to wait for the next event, having let go of the one before (min_out
+ * 1, ctx:reclaim from lecho.capi's wait), it gives that event's buffer back
+ * before the next frame comes, which is then read into the same memory,
+ * still in the CPU's cache as a plain consumer's drained buffer is (with
+ * two or four buffers taking turns a Python consumer of 8 MiB arrays went
+ * at 0.8x or 0.5x raw TCP under SCHED_FIFO).  At an adoption (min_out 2)
+ * it finds the buffers of the ones before, for a program that keeps
+ * arrays without such a wait (a handler that waits). */
+int lei_rbuf_collect_due(const lei_ctx *c, size_t cap, size_t min_out) {
     if (!c) return 0;
     const struct lei_rbuf_state *rs = &c->rbuf_s;
+    if (!cap) cap = rs->last_cap;
+    if (!cap || !rs->out_n) return 0;
     for (int i = 0; i < rs->nspare; i++)
         if (rs->spare_cap[i] >= cap && rs->spare_cap[i] <= 2 * cap) return 0;
-    return rs->out_n >= LEI_SPARES || rs->out_bytes >= LEI_SPARE_MAX;
+    return rs->out_n >= min_out || rs->out_bytes >= LEI_SPARE_MAX;
 }

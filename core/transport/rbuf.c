@@ -21,6 +21,12 @@
  * a few bytes larger (a longer sequence number, a longer name or step
  * field: an 8 MiB frame one byte larger than the spare was read into a
  * fresh buffer grown from 512 KiB by copies, 2048 page faults). */
+/* Only frames larger than this get it: a smaller frame's buffer stays the
+ * connection's (conn.c keeps a drained buffer up to 1 MiB, RBUF_KEEP), and
+ * room past its end only made reads take the next frame's first bytes,
+ * moved to the front afterwards (64 KiB frames: a 64 KiB memmove every
+ * two frames). */
+#define RBUF_ROOM_MIN ((size_t)1024 * 1024)
 static size_t rbuf_room(size_t end) {
     size_t r = end + (end >> 6);
     return (r + LEI_RBUF_MIN - 1) / LEI_RBUF_MIN * LEI_RBUF_MIN;
@@ -109,7 +115,7 @@ int lei_rbuf_grow(lei_conn *k, size_t need, size_t end, size_t fsize) {
         ncap = k->rcap * 2 < end ? k->rcap * 2 : end;
         if (ncap > need + RBUF_STEP) ncap = need + RBUF_STEP;
     }
-    if (end > LEI_RBUF_MIN && ncap >= end && rbuf_room(end) > ncap) ncap = rbuf_room(end);
+    if (end > RBUF_ROOM_MIN && ncap >= end && rbuf_room(end) > ncap) ncap = rbuf_room(end);
     if (ncap > left) ncap = left;
     /* A large frame whose end is known: the smallest spare buffer (a
      * drained or adopted one given back) that holds the frame, its pages

@@ -448,7 +448,10 @@ LECHO_API int lecho_consumer_take(lecho_consumer *c, lecho_value *v, size_t max,
 /* Runs the loop until c (opened with lecho_consumer_open_queued) has an
  * event queued, or timeout seconds passed (< 0: no limit), or the context
  * closed: lecho_run_once's turns without a return to the caller for each
- * (a large event comes in many reads).  0 whether or not an event came
+ * (a large event comes in many reads).  When nothing is queued it first
+ * collects what the caller let go of, if a large array's read buffer is
+ * out and no spare fits the next such frame: that buffer is the next
+ * frame's (doc/python.md).  0 whether or not an event came
  * (lecho_consumer_take says), or a code; LECHO_EINVAL from a handler. */
 LECHO_API int lecho_consumer_wait(lecho_consumer *c, double timeout);
 /* Settles the n oldest events lecho_consumer_take took from c and not

@@ -173,6 +173,111 @@ describe("arrays between processes", function()
     assert.is_nil(check(kept, "<f8", { 9000 }, 3))
   end)
 
+  it("reads 8 MiB frames a few bytes larger each time into the buffer of the last one: no page faults per event", function()
+    -- The drained buffer of a large frame (or an adopted one given back) is
+    -- the next large frame's; one byte more than it had room for made that
+    -- frame grow a fresh buffer from 512 KiB by copies: 2048+ page faults
+    -- per event.  Arrays kept by a handler that waits too (their read
+    -- buffers adopted, given back when let go of).
+    local N = 14
+    local cons = S.lua([[
+      local ffi = require "ffi"
+      ffi.cdef[[
+        struct lecho_tv { long s, us; };
+        struct lecho_ru { struct lecho_tv u, s; long maxrss, ixrss, idrss, isrss, minflt, rest[9]; };
+        int getrusage(int who, struct lecho_ru *r);
+      ]] .. "]]" .. [[
+      local function minflt()
+        local r = ffi.new("struct lecho_ru")
+        ffi.C.getrusage(0, r)
+        return tonumber(r.minflt)
+      end
+      local lecho = require "lecho"
+      local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+      local flt, bad, held, last = {}, 0, nil, minflt()
+      assert(ctx:channel("grow"):consumer(function(ev)
+        if ev == "end" then
+          io.write("bad ", bad, " faults ", table.concat(flt, " "), "\n")
+          io.flush()
+          ctx:stop()
+          return
+        end
+        local f = ev.field
+        if f:get(0) ~= ev.step or f:get(#f - 1) ~= ev.step + #f - 1 or #ev.note ~= ev.step then bad = bad + 1 end
+        -- a handler that waits keeps its views: the read buffer is handed
+        -- over (adopted, no copy), and given back once let go of
+        if ev.keep then ctx:sleep(0); held = f end   -- the one before is let go of
+        local now = minflt()
+        flt[#flt + 1] = now - last
+        last = now
+      end))
+      io.write("ready\n")
+      io.flush()
+      ctx:run()
+      ctx:close()
+    ]], ns)
+    assert(S.wait_file(cons.out, "ready", 30), S.errors(cons))
+    local p = assert(ctx:channel("grow"):producer())
+    local f = array.new("<f8", { 1024 * 1024 })
+    local fp = f:ptr()
+    for step = 1, N do
+      for i = 0, #f - 1 do fp[i] = step + i end
+      -- one byte longer each time; sync: f is written again only after
+      assert(p:submit_sync({ step = step, note = ("x"):rep(step), keep = step > 7 or nil, field = f },
+                           { timeout = 20 }))
+    end
+    assert(p:submit_sync("end", { timeout = 20 }))
+    assert(S.wait(cons, 20, ctx), S.output(cons) .. S.errors(cons))
+    local out = S.output(cons)
+    local bad, faults = out:match("bad (%d+) faults ([%d ]+)")
+    assert(bad, out .. S.errors(cons))
+    assert.are.equal("0", bad)
+    local flt = {}
+    for x in faults:gmatch("%d+") do flt[#flt + 1] = tonumber(x) end
+    assert.are.equal(N, #flt, out)
+    -- steps 3..7 read into the buffer of the one before (not kept), steps
+    -- 11..14 into one given back (kept, the one before let go of; the
+    -- first kept ones take buffers of their own)
+    local per = {}
+    for i = 3, 7 do per[#per + 1] = flt[i] end
+    for i = 11, N do per[#per + 1] = flt[i] end
+    -- a fresh 8 MiB buffer is 2048 pages of 4 KiB; allow some faults of
+    -- the Lua heap and the like
+    table.sort(per)
+    assert.is_true(per[#per] < 256, "page faults per event: " .. faults)
+  end)
+
+  it("an event its handlers let go of is not held until the next one comes (its read buffer can come back)", function()
+    -- The dispatcher's coroutine kept the last event in its locals while it
+    -- waited for the next: a kept array its program let go of (an adopted
+    -- read buffer) could not be collected before the next event's frame
+    -- needed a buffer, which was then read into another one.
+    local seen = setmetatable({}, { __mode = "k" })
+    local n = 0
+    assert(ctx:channel("letgo"):consumer(function(ev)
+      seen[ev] = true
+      seen[ev.field] = true
+      n = n + 1
+    end))
+    local prod = S.lua([[
+      local lecho = require "lecho"
+      local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+      local p = assert(ctx:channel("letgo"):producer())
+      local f = lecho.array.new("<f8", { 65536 })  -- 512 KiB: a view, adopted when kept
+      for step = 1, 2 do assert(p:submit_sync({ step = step, field = f }, { timeout = 20 })) end
+      io.write("sent\n")
+      io.flush()
+      ctx:sleep(30)
+    ]], ns)
+    assert.is_true(S.run_until(ctx, function() return n == 2 end, 30), S.errors(prod))
+    for _ = 1, 3 do ctx:run_once(0.01) end
+    collectgarbage()
+    collectgarbage()
+    local left = 0
+    for _ in pairs(seen) do left = left + 1 end
+    assert.are.equal(0, left)
+  end)
+
   it("sends an FFI array without copying it: the frame reads the array's memory, which the array keeps alive", function()
     local N = 4 * 1024 * 1024 -- 32 MiB: more than a socket takes at once
     local got = S.lua([[

@@ -129,10 +129,11 @@ void lei_codec_lua_array_end(struct lua_State *L, int idx);
  * owned by the array from then on and given back through give (with the
  * object at ctx_idx, kept alive meanwhile, on the stack top) when it is
  * collected; else copied (as lecho.core's array_keep does).  Arrays under
- * LEI_ARRAY_ADOPT_MIN bytes are copied without asking. */
+ * LEI_ARRAY_ADOPT_MIN bytes are copied without asking.  Returns cap (0:
+ * not adopted): the caller steps the collector for it when needed. */
 #define LEI_ARRAY_ADOPT_MIN ((size_t)256 * 1024)
 typedef uint8_t *(*lei_adopt_fn)(void *ud, const void *p, size_t n, size_t *cap);
-void lei_codec_lua_array_adopt(struct lua_State *L, int idx, int ctx_idx, lei_adopt_fn adopt,
+size_t lei_codec_lua_array_adopt(struct lua_State *L, int idx, int ctx_idx, lei_adopt_fn adopt,
                          void (*give)(struct lua_State *L, uint8_t *base, size_t cap), void *ud);
 /* Pushes a table of the array operations (array_lua.c: dtype, shape,
  * ndim, count, get, stats, min, max, sum, mean, box, reduce, copy), each

@@ -952,21 +952,23 @@ static int rbox_gc(lua_State *L) {
  * ctx_idx, the context, when it and the views made from it are collected;
  * they stop being views), else with one (lei_codec_lua_array_keep).  The owner
  * is made before the buffer is asked for, so that nothing that may raise
- * comes between the handing over and its owner.  The collector is told of
- * the n bytes adopted (a step as for an allocation of that size): what the
- * program lets go of is given back at the pace a copy would have been
- * freed.  Raises on out of memory, with the view unchanged. */
-void lei_codec_lua_array_adopt(lua_State *L, int idx, int ctx_idx, lei_adopt_fn adopt,
+ * comes between the handing over and its owner.  Returns the size of the
+ * buffer adopted (0: copied, or nothing to do): the caller tells the
+ * collector of it (a step as for an allocation of that size) when the
+ * context has no spare buffer of that size left, so that what the program
+ * lets go of is given back before the next large frame needs a buffer.
+ * Raises on out of memory, with the view unchanged. */
+size_t lei_codec_lua_array_adopt(lua_State *L, int idx, int ctx_idx, lei_adopt_fn adopt,
                          void (*give)(lua_State *L, uint8_t *base, size_t cap), void *ud) {
     lei_array *a = lua_touserdata(L, idx);
     size_t n = (size_t)a->count * (size_t)a->itemsize, cap = 0;
     uint8_t *old = a->data;
-    if (!(a->flags & LEI_AF_VIEW) || !old) return;
+    if (!(a->flags & LEI_AF_VIEW) || !old) return 0;
     if (idx < 0) idx = lua_gettop(L) + 1 + idx;
     if (ctx_idx < 0) ctx_idx = lua_gettop(L) + 1 + ctx_idx;
     if (!adopt || n < LEI_ARRAY_ADOPT_MIN) {
         lei_codec_lua_array_keep(L, idx);
-        return;
+        return 0;
     }
     rbox *box = lua_newuserdata(L, sizeof *box);
     memset(box, 0, sizeof *box);
@@ -983,7 +985,7 @@ void lei_codec_lua_array_adopt(lua_State *L, int idx, int ctx_idx, lei_adopt_fn 
     if (!base) {
         lua_pop(L, 1);
         lei_codec_lua_array_keep(L, idx);
-        return;
+        return 0;
     }
     box->base = base; /* owned by box from here; box by the array (below) */
     box->cap = cap;
@@ -993,7 +995,7 @@ void lei_codec_lua_array_adopt(lua_State *L, int idx, int ctx_idx, lei_adopt_fn 
     lua_rawseti(L, -2, 1);
     lua_pop(L, 2);
     rebase(L, idx, old, n, old, 0);
-    lua_gc(L, LUA_GCSTEP, (int)(n >> 10));
+    return cap;
 }
 
 static int l_array_keep(lua_State *L) {

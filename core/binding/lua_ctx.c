@@ -221,7 +221,7 @@ static uint8_t *adopt_rbuf(void *ud, const void *p, size_t n, size_t *cap) {
 static void give_rbuf(lua_State *L, uint8_t *base, size_t cap) {
     lb_ctx *b = lua_touserdata(L, -1);
     if (b && b->c)
-        lei_rbuf_return(b->c, base, cap);
+        lei_rbuf_give(b->c, base, cap);
     else
         free(base);
 }
@@ -229,12 +229,34 @@ static void give_rbuf(lua_State *L, uint8_t *base, size_t cap) {
 /* ctx:keep_array(a): a received array view (context.lua keep_view) kept
  * past its dispatch: the read buffer its bytes are in handed over to it
  * when they are most of one (lei_rbuf_adopt: no copy; given back to
- * this context when the array is collected), else copied. */
+ * this context when the array is collected), else copied.  The collector
+ * is told of an adopted buffer (a step as for an allocation of its size,
+ * which on a small heap ends the cycle: a whole collection) when no spare
+ * fits the next frame of that size and another adopted buffer is out
+ * (lei_rbuf_collect_due with min_out 2): the ones before that were let go
+ * of come back before that frame.  With only this one out, nothing is to
+ * be found: a program that lets each array go before it waits for the next
+ * collects then (ctx:reclaim), and the next frame reuses this buffer. */
 static int l_keep_array(lua_State *L) {
     lb_ctx *b = luaL_checkudata(L, 1, CTX_MT);
     lei_array *a = lei_codec_lua_array_check(L, 2);
     if (!a) return luaL_argerror(L, 2, "an array expected");
-    lei_codec_lua_array_adopt(L, 2, 1, b->c ? adopt_rbuf : NULL, give_rbuf, b->c);
+    size_t cap = lei_codec_lua_array_adopt(L, 2, 1, b->c ? adopt_rbuf : NULL, give_rbuf, b->c);
+    if (cap && lei_rbuf_collect_due(b->c, cap, 2)) lua_gc(L, LUA_GCSTEP, (int)(cap >> 10));
+    return 0;
+}
+
+/* ctx:reclaim(): a program about to wait for its next event, having let
+ * go of the ones before (lecho.capi's wait: a Python or C consumer's
+ * iterator), collects when an adopted buffer is out and no spare fits the
+ * next frame of its size (lei_rbuf_collect_due with min_out 1): the buffer
+ * of the event let go of comes back, and the next frame is read into it,
+ * its memory still in the CPU's cache.  Nothing when there is nothing to
+ * find; one collection per event for such a consumer otherwise. */
+static int l_reclaim(lua_State *L) {
+    lb_ctx *b = luaL_checkudata(L, 1, CTX_MT);
+    /* a step as for an allocation of 1 GiB: to the end of the cycle */
+    if (b->c && lei_rbuf_collect_due(b->c, 0, 1)) lua_gc(L, LUA_GCSTEP, 1 << 20);
     return 0;
 }
 
@@ -485,6 +507,7 @@ static const luaL_Reg ctx_methods[] = {
     {"hooks", l_hooks},           {"stats", l_stats},           {"views", l_views},
     {"peer_addr", l_peer_addr},   {"close_peer", l_close_peer}, {"peer_unread", l_peer_unread},
     {"close", l_close},           {"depth", l_depth},           {"keep_array", l_keep_array},
+    {"reclaim", l_reclaim},
     {"shutdown", l_shutdown},     {"pending", l_pending},
     {NULL, NULL}};
 

@@ -346,7 +346,7 @@ void lei_ctx_free(lei_ctx *c) {
     ev_timer_stop(c->loop, &c->hb);
     lei_accept_stop(c);
     free(c->peer_s.notes);
-    free(c->rbuf_s.spare);
+    for (int i = 0; i < c->rbuf_s.nspare; i++) free(c->rbuf_s.spare[i]);
     lei_ident_free(c);
     ev_loop_destroy(c->loop);
     free(c);

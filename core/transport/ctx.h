@@ -195,8 +195,15 @@ int lei_ctx_depth(const lei_ctx *c);
  * NULL else (copy the bytes). */
 uint8_t *lei_rbuf_adopt(lei_ctx *c, const void *p, size_t n, size_t *cap);
 /* rbuf.c: an adopted buffer of cap bytes given back (its owner let go):
- * kept for the next large frame's read buffer, or freed. */
+ * kept for the next large frames' read buffers, or freed. */
 void lei_rbuf_return(lei_ctx *c, uint8_t *b, size_t cap);
+/* rbuf.c: an adopted buffer given back by its owner, who let go of it
+ * (kept or freed as lei_rbuf_return says; no longer counted as out). */
+void lei_rbuf_give(lei_ctx *c, uint8_t *b, size_t cap);
+/* rbuf.c: 1 when the embedder should collect what its program let go of
+ * now: no spare fits the next frame of cap bytes (0: the size of the last
+ * buffer adopted) and at least min_out adopted buffers are out. */
+int lei_rbuf_collect_due(const lei_ctx *c, size_t cap, size_t min_out);
 /* The embedder encoded a value (for the context, for channel chid). */
 void lei_ctx_count_encode(lei_ctx *c);
 void lei_chan_count_encode(lei_ctx *c, uint32_t chid);

@@ -443,13 +443,22 @@ struct lei_accept_state {
     int reserve_fd;           /* owned: /dev/null held to accept-and-refuse when out of fds */
 };
 
-/* rbuf.c: one large read buffer handed back by the program that adopted
- * it (lei_rbuf_return), for the next large frame: its pages are in already
- * (a fresh buffer's page faults cost more than the copy the adoption
- * saved); owned, at most one, freed with the context (ctx.c) */
+/* rbuf.c: large read buffers handed back (lei_rbuf_return: a drained
+ * connection's, or one the program that adopted it let go of), for the
+ * next large frames: their pages are in already (a fresh buffer's page
+ * faults cost more than the copy the adoption saved).  Owned, at most
+ * LEI_SPARES of them and LEI_SPARE_MAX bytes together, freed with the
+ * context (ctx.c).  Several, not one: an adopted buffer comes back only
+ * when the collector finds it let go of, and one collection may find
+ * several (lei_rbuf_collect_due tells the binding when it is time for one). */
+#define LEI_SPARES 4
 struct lei_rbuf_state {
-    uint8_t *spare;
-    size_t spare_cap;
+    uint8_t *spare[LEI_SPARES];
+    size_t spare_cap[LEI_SPARES];
+    int nspare;               /* spare[0 .. nspare) are set */
+    size_t spare_bytes;       /* their caps together */
+    size_t out_n, out_bytes;  /* adopted buffers not given back yet (lei_rbuf_give) */
+    size_t last_cap;          /* the size of the last one adopted */
     uint64_t adopted;         /* read buffers handed over (lei_rbuf_adopt) */
 };
 

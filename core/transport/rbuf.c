@@ -9,11 +9,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The largest spare buffer a context keeps (lei_rbuf_return). */
+/* The bytes of spare buffers a context keeps, together (lei_rbuf_return). */
 #define LEI_SPARE_MAX ((size_t)64 * 1024 * 1024)
 
 /* A large frame's buffer grows at most this far past the bytes it needs. */
 #define RBUF_STEP ((size_t)16 * 1024 * 1024)
+
+/* The room a large frame of end bytes gets once its buffer reaches its
+ * end: end and 1/64 more, rounded up to LEI_RBUF_MIN, so that the buffer,
+ * once a spare (lei_rbuf_return), also holds the next frames when they are
+ * a few bytes larger (a longer sequence number, a longer name or step
+ * field: an 8 MiB frame one byte larger than the spare was read into a
+ * fresh buffer grown from 512 KiB by copies, 2048 page faults). */
+/* Only frames larger than this get it: a smaller frame's buffer stays the
+ * connection's (conn.c keeps a drained buffer up to 1 MiB, RBUF_KEEP), and
+ * room past its end only made reads take the next frame's first bytes,
+ * moved to the front afterwards (64 KiB frames: a 64 KiB memmove every
+ * two frames). */
+#define RBUF_ROOM_MIN ((size_t)1024 * 1024)
+static size_t rbuf_room(size_t end) {
+    size_t r = end + (end >> 6);
+    return (r + LEI_RBUF_MIN - 1) / LEI_RBUF_MIN * LEI_RBUF_MIN;
+}
 
 /* k's read buffer is now (b, ncap): the context's total follows. */
 void lei_rbuf_set(lei_conn *k, uint8_t *b, size_t ncap) {
@@ -110,18 +127,32 @@ int lei_rbuf_grow(lei_conn *k, size_t need, size_t end, size_t fsize) {
         ncap = k->rcap * 2 < end ? k->rcap * 2 : end;
         if (ncap > need + RBUF_STEP) ncap = need + RBUF_STEP;
     }
+    if (end > RBUF_ROOM_MIN && ncap >= end && rbuf_room(end) > ncap) ncap = rbuf_room(end);
     if (ncap > left) ncap = left;
-    /* A large frame whose end is known: the spare buffer (an adopted one
-     * given back) when it holds the frame, its pages already in; not more
-     * than twice the room wanted, nor past the budget. */
-    if (end > LEI_RBUF_MIN && c->rbuf_s.spare && c->rbuf_s.spare_cap >= end && c->rbuf_s.spare_cap >= need &&
-        c->rbuf_s.spare_cap <= 2 * end && c->rbuf_s.spare_cap <= left) {
-        uint8_t *sp = c->rbuf_s.spare;
-        c->rbuf_s.spare = NULL;
+    /* A large frame whose end is known: the smallest spare buffer (a
+     * drained or adopted one given back) that holds the frame, its pages
+     * already in; not more than twice the room wanted, nor past the budget. */
+    struct lei_rbuf_state *rs = &c->rbuf_s;
+    int best = -1;
+    if (end > LEI_RBUF_MIN) {
+        for (int i = 0; i < rs->nspare; i++) {
+            size_t sc = rs->spare_cap[i];
+            if (sc >= end && sc >= need && sc <= 2 * end && sc <= left &&
+                (best < 0 || sc < rs->spare_cap[best]))
+                best = i;
+        }
+    }
+    if (best >= 0) {
+        uint8_t *sp = rs->spare[best];
+        size_t sc = rs->spare_cap[best];
+        rs->nspare--;
+        rs->spare[best] = rs->spare[rs->nspare];
+        rs->spare_cap[best] = rs->spare_cap[rs->nspare];
+        rs->spare[rs->nspare] = NULL;
+        rs->spare_bytes -= sc;
         if (k->rlen) memcpy(sp, k->rb, k->rlen);
         free(k->rb);
-        lei_rbuf_set(k, sp, c->rbuf_s.spare_cap);
-        c->rbuf_s.spare_cap = 0;
+        lei_rbuf_set(k, sp, sc);
         return 0;
     }
     uint8_t *nb = realloc(k->rb, ncap);
@@ -175,26 +206,79 @@ uint8_t *lei_rbuf_adopt(lei_ctx *c, const void *p, size_t n, size_t *cap) {
         k->rlen = behind;
         k->rpos = 0;
         c->rbuf_s.adopted++;
+        c->rbuf_s.out_n++;
+        c->rbuf_s.out_bytes += *cap;
+        c->rbuf_s.last_cap = *cap;
         return base;
     }
     return NULL;
 }
 
 /* A large read buffer done with (a drained connection's, or an adopted
- * one its owner let go of) comes back: kept as the context's spare (the
- * larger of the two, at most LEI_SPARE_MAX; the other freed), which
- * lei_rbuf_grow gives the next large frame instead of growing a fresh
- * buffer.  Not charged to max_buffered: one buffer per context, idle. */
+ * one its owner let go of) comes back: kept as one of the context's spares
+ * while there are fewer than LEI_SPARES and their bytes stay within
+ * LEI_SPARE_MAX (else in place of the smallest spare when it is larger
+ * and that fits; else freed), for lei_rbuf_grow to give the next large
+ * frames instead of growing fresh buffers.  Not charged to max_buffered:
+ * idle memory of the context, bounded as said. */
 void lei_rbuf_return(lei_ctx *c, uint8_t *b, size_t cap) {
     if (!c || cap > LEI_SPARE_MAX) {
         free(b);
         return;
     }
-    if (c->rbuf_s.spare && c->rbuf_s.spare_cap >= cap) {
-        free(b);
+    struct lei_rbuf_state *rs = &c->rbuf_s;
+    if (rs->nspare < LEI_SPARES && rs->spare_bytes + cap <= LEI_SPARE_MAX) {
+        rs->spare[rs->nspare] = b;
+        rs->spare_cap[rs->nspare] = cap;
+        rs->nspare++;
+        rs->spare_bytes += cap;
         return;
     }
-    free(c->rbuf_s.spare);
-    c->rbuf_s.spare = b;
-    c->rbuf_s.spare_cap = cap;
+    int small = 0;
+    for (int i = 1; i < rs->nspare; i++)
+        if (rs->spare_cap[i] < rs->spare_cap[small]) small = i;
+    if (rs->nspare && rs->spare_cap[small] < cap && rs->spare_bytes - rs->spare_cap[small] + cap <= LEI_SPARE_MAX) {
+        free(rs->spare[small]);
+        rs->spare_bytes = rs->spare_bytes - rs->spare_cap[small] + cap;
+        rs->spare[small] = b;
+        rs->spare_cap[small] = cap;
+        return;
+    }
+    free(b);
+}
+
+/* An adopted buffer (lei_rbuf_adopt) given back by its owner, who let go
+ * of it: no longer counted as out, then kept or freed as lei_rbuf_return
+ * says. */
+void lei_rbuf_give(lei_ctx *c, uint8_t *b, size_t cap) {
+    if (c) {
+        struct lei_rbuf_state *rs = &c->rbuf_s;
+        if (rs->out_n) rs->out_n--;
+        rs->out_bytes = rs->out_bytes > cap ? rs->out_bytes - cap : 0;
+    }
+    lei_rbuf_return(c, b, cap);
+}
+
+/* 1 when the binding should collect what its program let go of now: no
+ * spare is one lei_rbuf_grow would give the next frame of cap bytes (at
+ * least cap, at most twice: it would be read into a fresh buffer), and at
+ * least min_out adopted buffers, or LEI_SPARE_MAX bytes of them, are out.
+ * cap 0: the size of the last buffer adopted.  A collection costs the
+ * whole Lua heap's traversal whatever it finds; done when the program is
+ * about to wait for the next event, having let go of the one before (min_out
+ * 1, ctx:reclaim from lecho.capi's wait), it gives that event's buffer back
+ * before the next frame comes, which is then read into the same memory,
+ * still in the CPU's cache as a plain consumer's drained buffer is (with
+ * two or four buffers taking turns a Python consumer of 8 MiB arrays went
+ * at 0.8x or 0.5x raw TCP under SCHED_FIFO).  At an adoption (min_out 2)
+ * it finds the buffers of the ones before, for a program that keeps
+ * arrays without such a wait (a handler that waits). */
+int lei_rbuf_collect_due(const lei_ctx *c, size_t cap, size_t min_out) {
+    if (!c) return 0;
+    const struct lei_rbuf_state *rs = &c->rbuf_s;
+    if (!cap) cap = rs->last_cap;
+    if (!cap || !rs->out_n) return 0;
+    for (int i = 0; i < rs->nspare; i++)
+        if (rs->spare_cap[i] >= cap && rs->spare_cap[i] <= 2 * cap) return 0;
+    return rs->out_n >= min_out || rs->out_bytes >= LEI_SPARE_MAX;
 }

@@ -272,6 +272,9 @@ function M.wait(q, t)
   return protect(function()
     local ctx = q.ctx
     if q.head <= q.tail then return true end
+    -- the caller let go of what it took (its iterator waits for the next):
+    -- the read buffers of its arrays come back now, for the next frames
+    ctx.c:reclaim()
     local deadline = t >= 0 and ctx:now() + t or nil
     repeat
       if deadline then

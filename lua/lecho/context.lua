@@ -678,6 +678,7 @@ local function dispatcher(self)
     while chid == BATCH do
       -- (value: the batch's table, producer: its count)
       run_batch(self, co, value, producer, peer)
+      value = nil -- not held while this waits for the next (see below)
       chid, value, peer, producer, seq, sync, gen, rv = coroutine.yield(DONE)
     end
     local nran, errs, hrec = self:_on_event(chid, value, peer, producer, seq, sync, rv)
@@ -699,6 +700,12 @@ local function dispatcher(self)
       end
       nran, errs = nil, nil
     end
+    -- The event is let go of while this waits for the next: the suspended
+    -- coroutine's locals are reachable, and a value its handlers let go of
+    -- (an adopted read buffer's array, a long string) stayed alive until
+    -- the next event came, its buffer not to be found before that event's
+    -- frame needed one (doc/python.md).
+    value, rv = nil, nil
     chid, value, peer, producer, seq, sync, gen, rv = coroutine.yield(DONE, nran, errs)
   end
 end

@@ -1004,6 +1004,7 @@ class Subscription(_Handled):
         # the loop stopped with an event out.  The events of a batch are
         # yielded straight from the deque: no Python call per event.
         q = self._q
+        ev = None
         while True:
             while q:
                 ev = q.popleft()
@@ -1012,6 +1013,9 @@ class Subscription(_Handled):
                 except GeneratorExit:
                     self._stopped()
                     raise
+            # the event handed out last is let go of before the wait: its
+            # arrays' buffers can be read into again (doc/python.md)
+            ev = None
             if self._h is None:
                 return
             ev = self.get()

@@ -5,9 +5,10 @@
 --       prints "sync true" or "sync nil MSG CODE" for each sync submit it makes
 --   luajit peer.lua arrays NS CHANNEL N       as produce, with arrays: field (<f8 64x128,
 --       element i = k * 100000 + i) and small (<i2 { k, -k, 7 })
---   luajit peer.lua big NS CHANNEL N BYTES [sparse]   as produce, with { k, field = <f8 array of
---       BYTES bytes, element i = k * 1e7 + i (sparse: the first 16 only, the rest 0) } (a read
---       buffer of its own at the consumer: adopted)
+--   luajit peer.lua big NS CHANNEL N BYTES [sparse|paced]   as produce, with { k, field = <f8
+--       array of BYTES bytes, element i = k * 1e7 + i (sparse: the first 16 only, the rest 0) } (a
+--       read buffer of its own at the consumer: adopted); paced: each event by submit_sync, the
+--       next one sent once it was handled
 --   luajit peer.lua steer NS CHANNEL          submit_sync { alpha = 0.5 }, then
 --       { alpha = "bad" }: prints each result, "ok" or "failed CODE MSG"
 --   luajit peer.lua syncs NS CHANNEL N        waits for a consumer, then submit_sync { k = k }
@@ -66,7 +67,11 @@ elseif role == "big" then
     if sparse then pool[k % 32] = a end
     local ptr = a:ptr()
     for i = 0, (sparse and 16 or m) - 1 do ptr[i] = k * 1e7 + i end
-    assert(p:submit({ k = k, field = a }))
+    if arg[6] == "paced" then
+      assert(p:submit_sync({ k = k, field = a }, { timeout = 30 }))
+    else
+      assert(p:submit({ k = k, field = a }))
+    end
     -- lent until written (the submit rule): a sync ping after every 32, then they may change
     if sparse and k % 32 == 0 then assert(p:submit_sync({ ping = true }, { timeout = 30 })) end
   end

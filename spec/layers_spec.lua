@@ -536,3 +536,73 @@ describe("core/transport's layers", function()
     assert.are.same(b, a)
   end)
 end)
+
+-- The security modes are mechanisms behind one interface (issue 26,
+-- ZeroMQ's null/plain/curve model: the engine drives, the mechanism owns
+-- its state and its messages): the keyed state of a connection (struct
+-- lei_sec, k->sec) is defined in secure.c and read nowhere else.  No other
+-- C file of core/ (comments and strings aside) reads a connection's sec
+-- field, defines struct lei_sec, or names secure.c's functions of that
+-- state (lei_sec_..., lei_cipher_...): handshake.c drives the keyed
+-- handshake's steps through k->mech (hello, hello_check, hello_in,
+-- auth_in, refused), auth.c and handshake.c ask for the remote's identity
+-- through k->mech->remote.  ctx_int.h declares the type, opaque, and the
+-- field.
+local MECH_STATE = "core/transport/secure.c"
+local MECH_STATE_PATTERNS = {
+  { "%->%s*sec%f[^%w_]", "reads a connection's keyed state (->sec)" },
+  { "%.%s*sec%f[^%w_]", "reads a connection's keyed state (.sec)" },
+  { "struct%s+lei_sec%s*{", "defines struct lei_sec" },
+  { "%f[%w_]lei_sec_[%w_]+", "names a function of the keyed state" },
+  { "%f[%w_]lei_cipher[%w_]*", "names the record ciphers' table" },
+}
+
+-- sources: path -> text.  The lines "path: what (the text)" that break it.
+local function mech_state_violations(sources)
+  local bad = {}
+  for path, text in pairs(sources) do
+    if path ~= MECH_STATE then
+      local code = code_only(text)
+      for _, p in ipairs(MECH_STATE_PATTERNS) do
+        local at = code:match("()" .. p[1])
+        if at then
+          bad[#bad + 1] = ("%s: %s (%s)"):format(path, p[2], code:sub(at, at + 24):gsub("%s+", " "))
+        end
+      end
+    end
+  end
+  table.sort(bad)
+  return bad
+end
+
+describe("the keyed mechanism's state", function()
+  it("is secure.c's alone: no other file of core/ reads k->sec, defines struct lei_sec, or calls lei_sec_*", function()
+    local sources, n = {}, 0
+    for _, path in ipairs(lines_of("find core -name '*.[ch]' -type f")) do
+      sources[path] = read(path)
+      n = n + 1
+    end
+    assert.is_true(n > 60, "too few C files found under core/: " .. n)
+    local bad = mech_state_violations(sources)
+    if not code_only(sources[MECH_STATE]):find("struct%s+lei_sec%s*{") then
+      table.insert(bad, 1, MECH_STATE .. ": does not define struct lei_sec")
+    end
+    assert.are.same({}, bad)
+  end)
+
+  it("check finds a planted read (the spec can fail)", function()
+    local planted = {
+      ["core/transport/handshake.c"] = "static int f(lei_conn *k) {\n    if (k->sec && k->sec->offered) return 1;\n"
+        .. "    /* k->sec in a comment is fine */\n    return 0;\n}\n",
+      ["core/transport/auth.c"] = "void g(lei_conn *k) { lei_sec_hash(k->sec, 0, 0); }\n",
+      ["core/transport/ctx_int.h"] = "typedef struct lei_sec lei_sec;\nstruct lei_sec { int x; };\n"
+        .. "struct lei_conn { lei_sec *sec; };\n",
+      [MECH_STATE] = "struct lei_sec { int offered; };\nstatic int h(lei_conn *k) { return k->sec->offered; }\n",
+    }
+    local bad = mech_state_violations(planted)
+    local by = {}
+    for _, l in ipairs(bad) do by[l:match("^([^:]+)")] = (by[l:match("^([^:]+)")] or 0) + 1 end
+    assert.are.same({ ["core/transport/handshake.c"] = 1, ["core/transport/auth.c"] = 2,
+      ["core/transport/ctx_int.h"] = 1 }, by)
+  end)
+end)

@@ -50,6 +50,56 @@ ctx:run()
     ctx:close()
   end)
 
+  -- Told by where the dial failed, not by its words (issue 26, "no text
+  -- decides"): the producer's core says the dial did not connect with a
+  -- flag (the peer hook's unreached, ctx.h lei_loss), so a reason worded
+  -- otherwise (here the producer's hook sees "dial failed: ..." where the
+  -- core says "connect: ...") tells the manager all the same.  Before, the
+  -- producer matched the reason's text "^connect: " and told nobody.
+  it("is told by the failed dial's flag, whatever the words of its reason", function()
+    local _, ns = S.nameserver("--quiet")
+    local bad = S.refusing_addr()
+    local logs = {}
+    local ctx = lecho.context{ nameserver = ns, advertise = bad, log = function(m) logs[#logs + 1] = m end }
+    assert(ctx:channel("unreach3"):consumer(function() end))
+    local prod = S.lua([[
+local lecho = require "lecho"
+local Context = require "lecho.context"
+local on_peer = Context._on_peer
+local reworded = 0
+Context._on_peer = function(self, idx, addr, up, reason, ...)
+  if type(reason) == "string" and reason:find("^connect: ") then
+    reason = "dial failed: " .. reason:sub(10)
+    reworded = reworded + 1
+  end
+  return on_peer(self, idx, addr, up, reason, ...)
+end
+local ctx = assert(lecho.context{ nameserver = arg[1] })
+local p = assert(ctx:channel("unreach3"):producer())
+ctx:every(0.2, function() p:submit("x") end)
+io.stdout:write("producing ", ctx.addr, "\n") io.stdout:flush()
+ctx:every(0.2, function(t)
+  if reworded > 0 then io.stdout:write("reworded\n") io.stdout:flush() t:stop() end
+end)
+ctx:after(20, function() ctx:stop() end)
+ctx:run()
+]], ns)
+    local line = S.wait_file(prod.out, "producing [%d%.:]+", 20)
+    assert(line, "the producer did not start: " .. S.errors(prod))
+    local paddr = line:match("producing ([%d%.:]+)")
+    local told
+    S.run_until(ctx, function()
+      for _, m in ipairs(logs) do if m:find("cannot connect", 1, true) then told = m return true end end
+    end, 15)
+    assert(S.wait_file(prod.out, "reworded", 1), "the producer's hook saw no failed dial: " .. S.errors(prod))
+    assert(told, "the consumer was told nothing; its log:\n" .. table.concat(logs, "\n")
+      .. "\nthe producer's:\n" .. S.errors(prod))
+    assert.matches(("consumer of '[^']*unreach3': producer %s cannot connect to this context's address %s %%(dial failed: ")
+      :format(paddr:gsub("%p", "%%%0"), bad:gsub("%p", "%%%0")), told)
+    S.kill(prod, "TERM")
+    ctx:close()
+  end)
+
   it("believes an 'unreached' only from the channel's manager", function()
     local _, ns = S.nameserver("--quiet")
     local logs = {}

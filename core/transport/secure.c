@@ -630,6 +630,7 @@ static const char *keyed_hello_check(const lei_conn *k, const lei_hello *h, uint
  * Returns 0, or -1 after closing k with an ERROR saying why. */
 static int identity_check(lei_conn *k, const lei_hello *h, const char *addr, int dialled) {
     char why[LEI_ADDR_MAX + 2 * LEI_NAME_MAX + 200];
+    int shown = 0; /* a principal pin refused the principal h shows */
     if (lei_trusted(k->ctx, h, addr, why, sizeof why) == 0) {
         const lei_pin *pin = lei_pin_find(k->ctx, addr);
         int key_ok = !pin || !pin->has_pk || memcmp(pin->pk, h->idpk, 32) == 0;
@@ -642,11 +643,20 @@ static int identity_check(lei_conn *k, const lei_hello *h, const char *addr, int
             snprintf(why, sizeof why, "address %s belongs to another identity", addr);
         else if (!key_ok)
             snprintf(why, sizeof why, "%s presented key %s, expected %s", addr, got, want);
-        else /* a principal pin (a name server's address): refused before UP, nothing written */
+        else { /* a principal pin (a name server's address): refused before UP, nothing written */
             snprintf(why, sizeof why, "%s is principal %s (key %s), expected %s", addr, h->name, got,
                      pin->principal);
+            shown = 1;
+        }
     }
-    if (dialled && k->peer && k->peer->conn == k) k->peer->next_code = LEI_E_REFUSED; /* the loss's code */
+    if (dialled && k->peer && k->peer->conn == k) {
+        k->peer->next_code = LEI_E_REFUSED; /* the loss's code */
+        if (shown) { /* and what the principal pin refused (lei_peer_loss) */
+            lei_loss *l = &k->peer->next_loss;
+            snprintf(l->principal, sizeof l->principal, "%s", h->name);
+            memcpy(l->key, h->idpk, 32);
+        }
+    }
     lei_conn_close(k, why, 1);
     return -1;
 }

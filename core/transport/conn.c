@@ -172,7 +172,11 @@ int lei_conn_dial(lei_peer *p) {
     lei_addr a;
     const char *why;
     char err[LEI_ADDR_ERR_MAX];
-    memset(&p->next_loss, 0, sizeof p->next_loss); /* this dial's, from here */
+    /* What the next loss takes is this dial's from here: a dial that failed
+     * at once (no loss follows it: the sender is told) leaves nothing for a
+     * later connection's loss. */
+    p->next_code = 0;
+    memset(&p->next_loss, 0, sizeof p->next_loss);
     if (lei_addr_parse(p->addr, 0, &a, &why)) {
         snprintf(p->reason, sizeof p->reason, "bad address '%s': %s", p->addr, why);
         dial_failed(p, LEI_E_INVALID, 0);

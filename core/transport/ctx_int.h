@@ -265,7 +265,8 @@ struct lei_peer {
     ev_tstamp last_fail;      /* when the last connection failed */
     char reason[160];         /* ro: why the last connection ended */
     int reason_code;          /* ro: its LEI_E_* code, set where it happened (0: closed) */
-    int next_code;            /* the code lei_peer_lost takes for a loss set up before it (0: closed) */
+    int next_code;            /* the code lei_peer_lost takes for a loss set up before it (0: closed);
+                               * cleared when a dial starts and when a connection comes up */
     lei_loss loss;            /* ro: the last loss's flags (lei_peer_loss); zero while up */
     lei_loss next_loss;       /* what lei_peer_lost takes as loss, set up where the loss
                                * happens (conn.c: a dial that did not connect; secure.c:

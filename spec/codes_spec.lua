@@ -162,6 +162,47 @@ describe("a request whose connection failed", function()
     assert.matches("refused", err, nil, true)
     assert.are.equal("closed", code)
   end)
+
+  -- A failed dial's code belongs to that dial: a unix socket's dial fails
+  -- at once (the sender is told notfound, no loss follows), and a later
+  -- connection to the address that comes up and is then lost has its own
+  -- code.  Before, the core kept the failed dial's code for the next loss
+  -- whenever it came: that later close read "notfound".
+  it("closed: a later loss's own code, not the code of a dial that failed before it", function()
+    Context._fail_pending = orig
+    local addr = "unix:" .. S.tmpname("late") .. ".sock"
+    ctx = lecho.context{ quiet = true, timeout = 3, retry_max = 0.2 }
+    local downs = {}
+    ctx._on_peer = function(self, idx, paddr, up, reason, gen, code, ...)
+      if paddr == addr and not up then downs[#downs + 1] = code end
+      return Context._on_peer(self, idx, paddr, up, reason, gen, code, ...)
+    end
+    local r, err, _, unreachable = ctx:request(addr, { op = "lookup", ch = "x" })
+    assert.is_nil(r)
+    assert.is_true(unreachable, err)
+    local _, _, scode = ctx.c:send_ctrl(addr, { op = "x" })  -- in backoff: the failed dial's code
+    assert.are.equal("notfound", scode)
+    local other = S.lua([[
+local lecho = require "lecho"
+local ctx = assert(lecho.context{ listen = arg[1], quiet = true })
+io.stdout:write("ready\n") io.stdout:flush()
+ctx:after(3, function() ctx:stop() end)
+ctx:run()
+ctx:close()
+]], addr)
+    assert(S.wait_file(other.out, "ready", 20), S.errors(other))
+    -- past the backoff, a request reaches it: the connection is up
+    local got
+    S.run_until(ctx, function()
+      got = got or ctx:request(addr, { op = "lookup", ch = "x" })
+      return got ~= nil
+    end, 10)
+    assert.is_truthy(got, "no request reached the listener: " .. S.errors(other))
+    local before = #downs
+    -- it closes: the loss is "closed"
+    S.run_until(ctx, function() return #downs > before end, 15)
+    assert.are.same({ "closed" }, { table.unpack(downs, before + 1) })
+  end)
 end)
 
 describe("a plain context's replies", function()

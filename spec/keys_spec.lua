@@ -553,4 +553,43 @@ describe("a keyed system in real processes", function()
     assert.truthy(table.concat(logs, "\n"):find(why, 1, true), table.concat(logs, "\n"))
     ctx:close()
   end)
+
+  -- Said from what the core recorded of that refusal (ctx:peer_loss: the
+  -- principal and key the name server showed), never from the words of the
+  -- core's reason (issue 26, "no text decides"): reworded here on its way
+  -- into _fail_pending, it is said all the same.  Before, the context
+  -- matched "ADDR is principal P (key K), expected Q" and, worded
+  -- otherwise, neither said nor logged which principal it met.
+  it("says which principal a refused name server showed from the core's record, not from its words", function()
+    local Context = require "lecho.context"
+    local orig = Context._fail_pending
+    local reworded = 0
+    Context._fail_pending = function(self, addr, why, code)
+      if type(why) == "string" and why:find(" is principal ", 1, true) then
+        why = why:gsub(" is principal ", " showed the principal ")
+        reworded = reworded + 1
+      end
+      return orig(self, addr, why, code)
+    end
+    local logs, ctx = {}
+    local ok, e = pcall(function()
+      ctx = lecho.context{ nameserver = ns_addr, key = dir .. "/sim.key", trust = dir .. "/ca.pub",
+                           nameserver_principal = "registry", timeout = 5,
+                           log = function(m) logs[#logs + 1] = m end }
+      local r, err, code = ctx:channel("k2"):producer()
+      assert.is_nil(r)
+      assert.are.equal("refused", code, err)
+      assert.is_true(reworded > 0, "the core's reason never reached _fail_pending: " .. tostring(err))
+      local nspk = assert(keys.read_public(dir .. "/nameserver.pub")).public
+      local why = ("refused: name server %s is nameserver (key %s), not registry"):format(ns_addr, keys.hex(nspk))
+      assert.truthy(tostring(err):find(why, 1, true), err)
+      assert.truthy(table.concat(logs, "\n"):find(why, 1, true), table.concat(logs, "\n"))
+      -- and the record is the core's: what the name server showed, nothing while none was refused
+      local unreached, name, pk = ctx.c:peer_loss(ns_addr)
+      assert.are.same({ false, "nameserver", nspk }, { unreached, name, pk })
+    end)
+    Context._fail_pending = orig
+    if ctx then ctx:close() end
+    assert(ok, e)
+  end)
 end)

@@ -199,65 +199,90 @@ describe("core/'s layers", function()
 end)
 
 -- The functions a C file defines with external linkage: a line at the left
--- margin, not static, naming lei_...( and not ending a declaration.
-local function definitions(text)
+-- margin, not static, naming <word>...( (word: "lei_" unless given) and not
+-- ending a declaration.
+local function definitions(text, word)
+  word = word or "lei_"
   local out = {}
   for l in text:gmatch("[^\n]*") do
     if l:match("^[%a_]") and not l:match("^static") and not l:match("^typedef") and not l:match("^#") then
-      local name = l:match("[%s%*](lei_[%w_]+)%(")
+      local name = l:match("[%s%*](" .. word .. "[%w_]+)%(")
       if name and not l:match(";%s*$") then out[#out + 1] = name end
     end
   end
   return out
 end
 
--- The file a name belongs to by its prefix: the longest stem s of a C file
--- of core/ with name = "lei_" .. s .. "_...", or nil.
-local function owner(name, stems)
+-- The families of names and the files they say (issue 26: the prefix is
+-- the file).  lei_X_... is X.c's, any C file of core/'s; lb_X_... the
+-- binding's core/binding/lua_X.c's; moe_X_... the MOE's core/moe/moe_X.c's,
+-- and a moe_... no longer stem fits moe.c's (the file named moe).  def: the
+-- word a definition's name starts with; prefix: what comes before a stem;
+-- stem(f): the stem of file f in the family, or nil.
+local FAMILIES = {
+  { def = "lei_", prefix = "lei_", stem = function(f) return f.name:match("^(.+)%.c$") end },
+  { def = "lb_", prefix = "lb_", stem = function(f) return f.layer == "binding" and f.name:match("^lua_(.+)%.c$") end },
+  { def = "moe_", prefix = "", stem = function(f) return f.layer == "moe" and f.name:match("^(moe[%w_]*)%.c$") end },
+}
+
+-- The file a name belongs to by its prefix: the longest stem s of the
+-- family with name = prefix .. s .. "_...", or nil.
+local function owner(name, stems, prefix)
+  prefix = prefix or "lei_"
   local best
   for stem in pairs(stems) do
-    if name:sub(1, #stem + 5) == "lei_" .. stem .. "_" and (not best or #stem > #best) then best = stem end
+    local p = prefix .. stem .. "_"
+    if name:sub(1, #p) == p and (not best or #stem > #best) then best = stem end
   end
   return best
 end
 
 -- A variant of a stem: its plural or singular (lei_conns_... would be
--- conn.c's, lei_syncs_... sync.c's), for a name no stem fits exactly.
-local function variant_owner(name, stems)
-  local word = name:match("^lei_([%w]+)_")
+-- conn.c's, lei_syncs_... sync.c's, lb_hooks_init lua_hook.c's), for a
+-- name no stem fits exactly.
+local function variant_owner(name, stems, prefix)
+  local word = name:match("^" .. (prefix or "lei_") .. "([%w]+)_")
   if not word then return nil end
   if stems[word .. "s"] then return word .. "s" end
   if word:sub(-1) == "s" and stems[word:sub(1, -2)] then return word:sub(1, -2) end
 end
 
 -- bad: names in the wrong file; odd: path -> the names of that file that
--- start with no stem of it nor of a variant of one (lei_submit in ctx.c).
-local function prefix_violations()
-  local _, L, fs = violations()
-  local stems, bad, n, odd = {}, {}, 0, {}
-  for _, f in ipairs(fs) do
-    if f.name:match("%.c$") then stems[f.name:sub(1, -3)] = f.path end
-  end
-  for _, f in ipairs(fs) do
-    if f.name:match("%.c$") and not L[f.layer].any then
-      for _, name in ipairs(definitions(read(f.path))) do
-        n = n + 1
-        local stem = owner(name, stems) or variant_owner(name, stems)
-        if stem and stems[stem] ~= f.path then
-          bad[#bad + 1] = ("%s defines %s, a name of %s"):format(f.path, name, stems[stem])
-        elseif not stem then
-          odd[f.path] = odd[f.path] or {}
-          table.insert(odd[f.path], name)
+-- start with no stem of it nor of a variant of one (lei_submit in ctx.c,
+-- lb_push_err in lua_ctx.c); n: the definitions read.  fams: FAMILIES
+-- unless given; fs: the files (violations()'s unless given).
+local function prefix_violations(fams, fs)
+  local L
+  if not fs then _, L, fs = violations() end
+  local bad, n, odd = {}, 0, {}
+  for _, fam in ipairs(fams or FAMILIES) do
+    local stems = {}
+    for _, f in ipairs(fs) do
+      local stem = f.name:match("%.c$") and fam.stem(f)
+      if stem then stems[stem] = f.path end
+    end
+    for _, f in ipairs(fs) do
+      if f.name:match("%.c$") and not (L and L[f.layer].any) then
+        for _, name in ipairs(definitions(f.text or read(f.path), fam.def)) do
+          n = n + 1
+          local stem = owner(name, stems, fam.prefix) or variant_owner(name, stems, fam.prefix)
+          if stem and stems[stem] ~= f.path then
+            bad[#bad + 1] = ("%s defines %s, a name of %s"):format(f.path, name, stems[stem])
+          elseif not stem then
+            odd[f.path] = odd[f.path] or {}
+            table.insert(odd[f.path], name)
+          end
         end
       end
     end
   end
   for _, names in pairs(odd) do table.sort(names) end
+  table.sort(bad)
   return bad, n, odd
 end
 
 -- doc/architecture.md's list of the names without their file's prefix:
--- the lines "- `core/x/y.c`: `lei_a`, `lei_b`" after "Names whose first word
+-- the lines "- `core/x/y.c`: `lei_a`, `lb_b`" after "Names whose first word
 -- is no file's".
 local function documented_odd()
   local doc = read("doc/architecture.md")
@@ -268,7 +293,7 @@ local function documented_odd()
     local path, rest = line:match("^%- `(core/[%w_/]+%.c)`: (.*)$")
     if path then
       out[path] = {}
-      for name in rest:gmatch("`(lei_[%w_]+)`") do table.insert(out[path], name) end
+      for name in rest:gmatch("`([%w_]+)`") do table.insert(out[path], name) end
       table.sort(out[path])
     elseif next(out) and line ~= "" then
       break
@@ -278,7 +303,7 @@ local function documented_odd()
 end
 
 describe("core/'s function names", function()
-  it("say their file: lei_X_... is defined in X.c when X.c exists", function()
+  it("say their file: lei_X_... is defined in X.c when X.c exists (lb_X_..., moe_X_... alike)", function()
     local bad, n = prefix_violations()
     assert.is_true(n > 200, "too few function definitions found under core/: " .. n)
     assert.are.same({}, bad)
@@ -295,6 +320,30 @@ describe("core/'s function names", function()
     local _, _, odd = prefix_violations()
     assert.is_true(next(odd) ~= nil)
     assert.are.same(odd, documented_odd())
+  end)
+
+  it("of the binding and the MOE say theirs too: lb_X_... is lua_X.c's, moe_X_... moe_X.c's, moe_... moe.c's", function()
+    local bad, n = prefix_violations({ FAMILIES[2], FAMILIES[3] })
+    assert.is_true(n > 40, "too few lb_/moe_ definitions found: " .. n)
+    assert.are.same({}, bad)
+    -- and a name out of its file is found (planted, not read from core/)
+    local planted = {
+      { path = "core/binding/lua_ctx.c", name = "lua_ctx.c", layer = "binding", text = "int lb_hook_x(void) {\n" },
+      { path = "core/binding/lua_hook.c", name = "lua_hook.c", layer = "binding", text = "int lb_hooks_y(void) {\n" },
+      { path = "core/binding/lua_chan.c", name = "lua_chan.c", layer = "binding", text = "void lb_encode(void) {\n" },
+      { path = "core/moe/moe.c", name = "moe.c", layer = "moe", text = "void moe_env_z(void) {\n" },
+      { path = "core/moe/moe_env.c", name = "moe_env.c", layer = "moe", text = "void moe_sandbox(void) {\n" },
+      { path = "core/moe/moe_svc.c", name = "moe_svc.c", layer = "moe", text = "static void moe_w(void) {\n" },
+      { path = "core/capi/lecho.c", name = "lecho.c", layer = "capi", text = "void lb_ctx_v(void) {\n" },
+    }
+    local pbad, _, podd = prefix_violations({ FAMILIES[2], FAMILIES[3] }, planted)
+    assert.are.same({
+      "core/binding/lua_ctx.c defines lb_hook_x, a name of core/binding/lua_hook.c",
+      "core/capi/lecho.c defines lb_ctx_v, a name of core/binding/lua_ctx.c",
+      "core/moe/moe.c defines moe_env_z, a name of core/moe/moe_env.c",
+      "core/moe/moe_env.c defines moe_sandbox, a name of core/moe/moe.c",
+    }, pbad)
+    assert.are.same({ ["core/binding/lua_chan.c"] = { "lb_encode" } }, podd)
   end)
 end)
 
@@ -534,6 +583,76 @@ describe("core/transport's layers", function()
     table.sort(a)
     table.sort(b)
     assert.are.same(b, a)
+  end)
+end)
+
+-- The security modes are mechanisms behind one interface (issue 26,
+-- ZeroMQ's null/plain/curve model: the engine drives, the mechanism owns
+-- its state and its messages): the keyed state of a connection (struct
+-- lei_sec, k->sec) is defined in secure.c and read nowhere else.  No other
+-- C file of core/ (comments and strings aside) reads a connection's sec
+-- field, defines struct lei_sec, or names secure.c's functions of that
+-- state (lei_sec_..., lei_cipher_...): handshake.c drives the keyed
+-- handshake's steps through k->mech (hello, hello_check, hello_in,
+-- auth_in, refused), auth.c and handshake.c ask for the remote's identity
+-- through k->mech->remote.  ctx_int.h declares the type, opaque, and the
+-- field.
+local MECH_STATE = "core/transport/secure.c"
+local MECH_STATE_PATTERNS = {
+  { "%->%s*sec%f[^%w_]", "reads a connection's keyed state (->sec)" },
+  { "%.%s*sec%f[^%w_]", "reads a connection's keyed state (.sec)" },
+  { "struct%s+lei_sec%s*{", "defines struct lei_sec" },
+  { "%f[%w_]lei_sec_[%w_]+", "names a function of the keyed state" },
+  { "%f[%w_]lei_cipher[%w_]*", "names the record ciphers' table" },
+}
+
+-- sources: path -> text.  The lines "path: what (the text)" that break it.
+local function mech_state_violations(sources)
+  local bad = {}
+  for path, text in pairs(sources) do
+    if path ~= MECH_STATE then
+      local code = code_only(text)
+      for _, p in ipairs(MECH_STATE_PATTERNS) do
+        local at = code:match("()" .. p[1])
+        if at then
+          bad[#bad + 1] = ("%s: %s (%s)"):format(path, p[2], code:sub(at, at + 24):gsub("%s+", " "))
+        end
+      end
+    end
+  end
+  table.sort(bad)
+  return bad
+end
+
+describe("the keyed mechanism's state", function()
+  it("is secure.c's alone: no other file of core/ reads k->sec, defines struct lei_sec, or calls lei_sec_*", function()
+    local sources, n = {}, 0
+    for _, path in ipairs(lines_of("find core -name '*.[ch]' -type f")) do
+      sources[path] = read(path)
+      n = n + 1
+    end
+    assert.is_true(n > 60, "too few C files found under core/: " .. n)
+    local bad = mech_state_violations(sources)
+    if not code_only(sources[MECH_STATE]):find("struct%s+lei_sec%s*{") then
+      table.insert(bad, 1, MECH_STATE .. ": does not define struct lei_sec")
+    end
+    assert.are.same({}, bad)
+  end)
+
+  it("check finds a planted read (the spec can fail)", function()
+    local planted = {
+      ["core/transport/handshake.c"] = "static int f(lei_conn *k) {\n    if (k->sec && k->sec->offered) return 1;\n"
+        .. "    /* k->sec in a comment is fine */\n    return 0;\n}\n",
+      ["core/transport/auth.c"] = "void g(lei_conn *k) { lei_sec_hash(k->sec, 0, 0); }\n",
+      ["core/transport/ctx_int.h"] = "typedef struct lei_sec lei_sec;\nstruct lei_sec { int x; };\n"
+        .. "struct lei_conn { lei_sec *sec; };\n",
+      [MECH_STATE] = "struct lei_sec { int offered; };\nstatic int h(lei_conn *k) { return k->sec->offered; }\n",
+    }
+    local bad = mech_state_violations(planted)
+    local by = {}
+    for _, l in ipairs(bad) do by[l:match("^([^:]+)")] = (by[l:match("^([^:]+)")] or 0) + 1 end
+    assert.are.same({ ["core/transport/handshake.c"] = 1, ["core/transport/auth.c"] = 2,
+      ["core/transport/ctx_int.h"] = 1 }, by)
   end)
 end)
 

@@ -198,6 +198,26 @@ static int l_random_id(lua_State *L) {
     return 1;
 }
 
+/* ctx:peer_loss(addr) -> unreached, principal, pk | nil (unknown peer):
+ * the flags of addr's last loss (ctx.h lei_loss), none while it is up:
+ * unreached (boolean) when a dial of ours did not connect; keyed, the
+ * principal and key (32 bytes) the remote showed when its address's
+ * principal pin refused it (nil, nil else: not proven, only what it said). */
+static int l_peer_loss(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    lei_peer *p = lei_peer_get(b->c, luaL_checkstring(L, 2), 0);
+    if (!p) {
+        lua_pushnil(L);
+        return 1;
+    }
+    const lei_loss *l = lei_peer_loss(p);
+    lua_pushboolean(L, l->unreached);
+    if (!l->principal[0]) return 1;
+    lua_pushstring(L, l->principal);
+    lua_pushlstring(L, (const char *)l->key, 32);
+    return 3;
+}
+
 /* ctx:peer_identity(addr) -> principal, pk | nil (unknown peer, protected
  * mode, or no authenticated connection yet) */
 static int l_peer_identity(lua_State *L) {
@@ -260,6 +280,7 @@ const luaL_Reg lb_auth_methods[] = {
     {"expect_principal", l_expect_principal},
     {"peer_gen", l_peer_gen},
     {"peer_identity", l_peer_identity},
+    {"peer_loss", l_peer_loss},
     {"chan_manager_key", l_chan_manager_key},
     {"chan_ticket", l_chan_ticket},
     {NULL, NULL}};

@@ -311,7 +311,11 @@ static void set_ref(lua_State *L, int t, const char *k, int *ref) {
  *           -> held: true when a handler waits (ctx:resume ends the hold);
  *           peer_idx 0 is a local event; vlen not nil: value is a view
  *           (ctx:views), a lightuserdata to vlen bytes valid during the call
- *   ctrl = fn(from_addr, msg)          peer = fn(idx, addr, up, reason)
+ *   ctrl = fn(from_addr, msg, gen)
+ *   peer = fn(idx, addr, up, reason, gen, code, unreached): up, gen the new
+ *           connection's; down, the loss's reason, its code (lecho.errors)
+ *           and unreached (true: a dial of ours did not connect; ctx.h
+ *           lei_loss), both set where it happened
  *   log = fn(message)                  moe_error = fn(moe_id, why)
  *   turn = fn(), before each loop turn's writes while ctx:want_turn(true)
  *   events = fn(t, n, peer_idx) -> held: the async events of one read

@@ -367,7 +367,7 @@ static int lb_hook_ctrl(void *ud, lei_peer *from, const uint8_t *p, size_t n) {
 static void lb_hook_peer(void *ud, lei_peer *p, int up, const char *reason, int code) {
     lb_ctx *b = ud;
     lua_State *L = b->L;
-    if (!L || b->ref_peer == LUA_NOREF || !lua_checkstack(L, 7)) return;
+    if (!L || b->ref_peer == LUA_NOREF || !lua_checkstack(L, 8)) return;
     lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_peer);
     lua_pushinteger(L, lei_peer_idx(p));
     lua_pushstring(L, lei_peer_addr(p));
@@ -377,11 +377,16 @@ static void lb_hook_peer(void *ud, lei_peer *p, int up, const char *reason, int 
     else
         lua_pushnil(L);
     lua_pushnumber(L, (lua_Number)lei_peer_gen(p)); /* up: the new connection's generation */
-    if (up)
+    if (up) {
         lua_pushnil(L);
-    else
+        lua_pushnil(L);
+    } else {
         lua_pushstring(L, lei_err_name(code)); /* down: why, as a code set where it happened */
-    lb_pcall(b, 6, 0);
+        /* and whether it was a dial that did not connect, a flag set where
+         * it failed (the reason's words decide nothing) */
+        lua_pushboolean(L, lei_peer_loss(p)->unreached);
+    }
+    lb_pcall(b, 7, 0);
 }
 
 /* Runs the modulators' dequeue, then the turn hook (the Lua scheduler

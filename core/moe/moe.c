@@ -355,7 +355,7 @@ static int step_init(lua_State *L) {
     lei_moe *m = moe_of(L);
     init_args *a = lua_touserdata(L, 1);
     lua_settop(L, 0);
-    moe_sandbox_open(L);
+    moe_env_sandbox_open(L);
     /* The string table's pattern functions: ours, which the budget stops
      * (core/moe/lpat.c), before the sandbox copies it (and for string methods). */
     lua_getfield(L, LUA_GLOBALSINDEX, "string");

@@ -296,7 +296,7 @@ static int sandbox_libs(lua_State *L) {
     return 0;
 }
 
-void moe_sandbox_open(lua_State *L) { sandbox_libs(L); }
+void moe_env_sandbox_open(lua_State *L) { sandbox_libs(L); }
 
 /* lua_dump's writer: appends to a malloc'd buffer (dump_buf.p, owned by
  * the caller); a failed allocation stops the dump. */

@@ -181,7 +181,7 @@ int moe_svc_step(lua_State *L);
 
 /* moe_env.c: the libraries (before lpat replaces their pattern functions), then the
  * environment on top of the stack (its index returned; m->ref_env set). */
-void moe_sandbox_open(lua_State *L);
+void moe_env_sandbox_open(lua_State *L);
 int moe_env_build(lua_State *L, lei_moe *m);
 
 /* moe_group.c: around each call of a member. */

@@ -379,7 +379,7 @@ int lei_addr_connect(const lei_addr *a, char *err, size_t esize) {
     if (!lei_addr_is_unix(a) && lei_addr_port(a) == 0) {
         snprintf(err, esize, "connect: port 0 is only for listening");
         errno = EINVAL;
-        return -1;
+        return -2;
     }
     int fd = socket(a->ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return fail(err, esize, "socket");
@@ -388,7 +388,7 @@ int lei_addr_connect(const lei_addr *a, char *err, size_t esize) {
         int e = errno;
         close(fd);
         errno = e;
-        return -1;
+        return -2; /* the address's failure, not this side's */
     }
     lei_addr_nodelay(fd);
     return fd;

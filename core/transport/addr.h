@@ -86,8 +86,10 @@ void lei_addr_close(int fd, const lei_addr *a);
 
 /* Starts a non-blocking connect to a (close-on-exec; TCP_NODELAY for TCP).
  * Returns the descriptor, owned by the caller, whose connect may still be in
- * progress (wait for it to be writable, then read SO_ERROR), or -1 with
- * errno set and a message in err[esize]. */
+ * progress (wait for it to be writable, then read SO_ERROR), or < 0 with
+ * errno set and a message in err[esize]: -2 when the address cannot be
+ * reached (connect() failed at once, as a unix socket's does, or port 0),
+ * -1 when this side could not try (socket(): no descriptor, ...). */
 int lei_addr_connect(const lei_addr *a, char *err, size_t esize);
 
 /* Sets TCP_NODELAY on fd when it is a TCP socket (an accepted one, say);

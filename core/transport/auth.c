@@ -115,7 +115,7 @@ int lei_auth_trust_authority(lei_ctx *c, const uint8_t pk[32], uint64_t not_befo
      * certified are computed again; one already over closes them at the
      * expiry timer's next turn. */
     for (lei_conn *k = c->conns; changed && k; k = k->next)
-        if (k->state == LEI_CONN_UP && k->sec) lei_cert_watch(k);
+        if (k->state == LEI_CONN_UP && k->mech->remote(k)) lei_cert_watch(k);
     return 0;
 }
 
@@ -141,14 +141,16 @@ int lei_auth_set_revoked(lei_ctx *c, const uint8_t *pks, size_t n) {
     int closed = 0;
     for (lei_conn *k = c->conns, *nk; k; k = nk) {
         nk = k->next;
-        if (k->state == LEI_CONN_CLOSED || !k->sec || !k->sec->remote.name[0]) continue;
-        if (!is_revoked(id, k->sec->remote.idpk)) continue;
+        if (k->state == LEI_CONN_CLOSED) continue;
+        const lei_hello *r = k->mech->remote(k); /* keyed: the key it showed */
+        if (!r || !r->name[0] || !is_revoked(id, r->idpk)) continue;
         char why[LEI_NAME_MAX + 120], hex[65];
-        sodium_bin2hex(hex, sizeof hex, k->sec->remote.idpk, 32);
-        snprintf(why, sizeof why, "key revoked: %s %s", k->sec->remote.name, hex);
-        lei_logf(c, "closing connection with %s: %s", k->peer ? k->peer->addr : k->sec->remote.addr,
-                 why);
-        if (k->sec->rec_out || k->state < LEI_CONN_UP) lei_conn_send_error(k, why);
+        sodium_bin2hex(hex, sizeof hex, r->idpk, 32);
+        snprintf(why, sizeof why, "key revoked: %s %s", r->name, hex);
+        lei_logf(c, "closing connection with %s: %s", k->peer ? k->peer->addr : r->addr, why);
+        /* Told in the stream the remote reads: plain before AUTH, a record
+         * after (a keyed connection's records are on from AUTH, before UP). */
+        lei_conn_send_error(k, why);
         lei_conn_close(k, why, 0);
         closed++;
     }
@@ -442,8 +444,8 @@ void lei_cert_watch(lei_conn *k) {
     size_t addrs;
     int naddrs, by_auth;
     k->cert_end = 0;
-    if (k->sec && cert_verified(k->ctx, &k->sec->remote, &nb, &na, &addrs, &naddrs, &by_auth,
-                                k->cert_apk) == 0 && na) {
+    const lei_hello *r = k->mech->remote(k);
+    if (r && cert_verified(k->ctx, r, &nb, &na, &addrs, &naddrs, &by_auth, k->cert_apk) == 0 && na) {
         k->cert_end = na; /* verified once here: the expiry timer reads it */
         k->cert_end_auth = (by_auth & CERT_END_AUTH) != 0;
         lei_expiry_at(k->ctx, (double)na);
@@ -457,7 +459,8 @@ ev_tstamp lei_certs_expire(lei_ctx *c, ev_tstamp now) {
     ev_tstamp next = 0;
     for (lei_conn *k = c->conns, *nk; k; k = nk) {
         nk = k->next;
-        if (k->state != LEI_CONN_UP || !k->sec) continue;
+        const lei_hello *r = k->mech->remote(k);
+        if (k->state != LEI_CONN_UP || !r) continue;
         if (k->ntexp) {
             ev_tstamp t = tickets_expire(k, now);
             if (t && (!next || t < next)) next = t;
@@ -469,10 +472,9 @@ ev_tstamp lei_certs_expire(lei_ctx *c, ev_tstamp now) {
             if (k->cert_end_auth) {
                 sodium_bin2hex(ahex, sizeof ahex, k->cert_apk, 32);
                 snprintf(why, sizeof why, "certificate of %s: its authority %s ended at %s",
-                         k->sec->remote.name, ahex, utc(na, t1));
+                         r->name, ahex, utc(na, t1));
             } else {
-                snprintf(why, sizeof why, "certificate of %s expired at %s", k->sec->remote.name,
-                         utc(na, t1));
+                snprintf(why, sizeof why, "certificate of %s expired at %s", r->name, utc(na, t1));
             }
             lei_logf(c, "closing connection with %s: %s", k->peer ? k->peer->addr : "?", why);
             lei_conn_send_error(k, why);

@@ -149,22 +149,34 @@ static int connect_code(int e) {
     return e == ECONNREFUSED ? LEI_E_REFUSED : e == ENOENT ? LEI_E_NOTFOUND : LEI_E_IO;
 }
 
+/* A dial that failed before it started (p->reason says why): its code and
+ * flags, for the caller now and for the loss that may follow. */
+static void dial_failed(lei_peer *p, int code, int unreached) {
+    p->reason_code = p->next_code = code;
+    p->next_loss.unreached = unreached;
+    p->loss = p->next_loss;
+    p->last_fail = ev_now(p->ctx->loop);
+}
+
 /* Dials the peer.  Frames queue up until the handshake is answered.  A
- * failure says why in p->reason and p->reason_code. */
+ * failure says why in p->reason, p->reason_code and p->loss. */
 int lei_conn_dial(lei_peer *p) {
     lei_ctx *c = p->ctx;
     lei_addr a;
     const char *why;
     char err[LEI_ADDR_ERR_MAX];
+    /* What the next loss takes is this dial's from here: a dial that failed
+     * at once (no loss follows it: the sender is told) leaves nothing for a
+     * later connection's loss. */
+    p->next_code = 0;
+    memset(&p->next_loss, 0, sizeof p->next_loss);
     if (lei_addr_parse(p->addr, 0, &a, &why)) {
         snprintf(p->reason, sizeof p->reason, "bad address '%s': %s", p->addr, why);
-        p->reason_code = p->next_code = LEI_E_INVALID;
-        p->last_fail = ev_now(c->loop);
+        dial_failed(p, LEI_E_INVALID, 0);
         return -1;
     }
     if (lei_accept_room(c, p->reason, sizeof p->reason)) {
-        p->reason_code = p->next_code = LEI_E_LIMIT;
-        p->last_fail = ev_now(c->loop);
+        dial_failed(p, LEI_E_LIMIT, 0);
         lei_ratelog(c, LEI_RL_CONNECTIONS, "not dialling %s: %s", p->addr, p->reason);
         return -1;
     }
@@ -174,8 +186,7 @@ int lei_conn_dial(lei_peer *p) {
     int fd = lei_addr_connect(&a, err, sizeof err); /* owned by the conn below */
     if (fd < 0) {
         snprintf(p->reason, sizeof p->reason, "%s", err);
-        p->reason_code = p->next_code = connect_code(errno);
-        p->last_fail = ev_now(c->loop);
+        dial_failed(p, connect_code(errno), fd == -2); /* -2: the address's failure */
         return -1;
     }
     lei_conn *k = lei_conn_new(c, fd, LEI_CONN_DIALING);
@@ -705,6 +716,7 @@ static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents) {
             if (k->peer) {
                 lei_ratelog(k->ctx, LEI_RL_DIAL, "cannot reach %s: %s", k->peer->addr, why);
                 k->peer->next_code = connect_code(e);
+                k->peer->next_loss.unreached = 1; /* the address cannot be reached (lei_peer_loss) */
             }
             lei_conn_close(k, why, 0);
             return;

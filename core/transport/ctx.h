@@ -294,6 +294,25 @@ const char *lei_peer_addr(const lei_peer *p);
 int lei_peer_up(const lei_peer *p);
 /* Why the last connection ended ("" if none did). */
 const char *lei_peer_reason(const lei_peer *p);
+/* What p's last loss was beyond its text and its code (the peer hook's),
+ * set where it happened: the hook and a caller read flags here, never the
+ * reason's words.  Zero while a connection is up.  The hook reads it when
+ * told (the next loop turn): the loss it is told of, p being dialled again
+ * only after its backoff. */
+typedef struct lei_loss {
+    /* A dial of ours did not connect: connect() failed (refused, no route,
+     * timed out, no socket at that path) or the address has port 0: the
+     * address cannot be reached from here.  Not a refused handshake, not
+     * a failure of this side (no descriptor, max_connections). */
+    int unreached;
+    /* Keyed: the remote showed, in its HELLO_OK, an identity the address's
+     * principal pin refuses (a name server's address, lei_auth_expect_principal):
+     * the principal and key it claimed (not proven: refused before its
+     * signature counts); "" when not so. */
+    char principal[LEI_NAME_MAX + 1];
+    uint8_t key[32];
+} lei_loss;
+const lei_loss *lei_peer_loss(const lei_peer *p);
 /* The record cipher of p's keyed connection while it is up ("aes-256-gcm",
  * "chacha20-poly1305"), NULL otherwise (down, or protected mode). */
 const char *lei_peer_cipher(const lei_peer *p);

@@ -72,47 +72,25 @@ typedef struct lei_ident {
 
 /* ---- security mechanisms (plain.c, secure.c) ----------------------------
  *
- * How a connection's bytes are protected is a mechanism object chosen per
- * connection (ZeroMQ's null/plain/curve model): the transport (conn.c,
- * peer.c) reads, writes and closes through k->mech and never asks which
- * mode it is in.  Two mechanisms: protected (plain.c: no keys, frames go
- * to the socket as they are) and keyed (secure.c: records sealed with the
- * record cipher the handshake chose).  The handshake's own steps (the
- * keyed HELLO fields, signatures, AUTH) are handshake.c's; the key schedule
- * and the cipher are the mechanism's. */
+ * How a connection introduces itself and protects its bytes is a mechanism
+ * object chosen per connection (ZeroMQ's null/plain/curve model: the
+ * engine drives, the mechanism owns its state and its messages).  The
+ * transport (conn.c, peer.c) reads, writes and closes through k->mech and
+ * never asks which mode it is in; the handshake (handshake.c) walks the
+ * connection's states and hands each step's frame to it.  Two mechanisms:
+ * protected (plain.c: no keys, a HELLO of the address, frames go to the
+ * socket as they are) and keyed (secure.c: the keyed HELLO fields, the
+ * transcript and its signatures, the trust and pins of the remote's key,
+ * AUTH, the record cipher's offer and choice, the key schedule, then
+ * records).  The keyed state (struct lei_sec, k->sec) is secure.c's alone:
+ * declared here, defined there; the others ask through `remote`. */
 
-#include <sodium.h>
 #include <sys/types.h>
 
 #define LEI_REC_PLAIN_MAX 65536  /* plaintext bytes per record */
 #define LEI_IOVN 512             /* iovecs per write of a queue */
 
-typedef struct lei_sec lei_sec;
-
-/* A record cipher (secure.c): an AEAD with a 16-byte tag and 96-bit nonces
- * (4 zero bytes || the u64 LE record counter of the direction). */
-typedef struct lei_cipher {
-    const char *name;      /* "aes-256-gcm", "chacha20-poly1305" */
-    uint8_t suite;         /* enum lei_suite: its number in an offer */
-    size_t tag;            /* bytes a record adds past its plaintext (and 4 of length) */
-    int (*available)(void);              /* this CPU runs it (AES-NI for AES-GCM) */
-    int (*keys)(lei_sec *s);             /* the key schedule of s->tx, s->rx: 0 or -1 */
-    /* n bytes at m sealed to c (c may be m): n bytes of ciphertext, then the
-     * tag; 0, or -1 (out of memory in OpenSSL) */
-    int (*seal)(lei_sec *s, uint8_t *c, const uint8_t *m, size_t n, const uint8_t ad[4],
-                uint64_t ctr);
-    /* the reverse into m: 0, or -1 (forged, or not this key's) */
-    int (*open)(lei_sec *s, uint8_t *m, const uint8_t *c, size_t n, const uint8_t ad[4],
-                uint64_t ctr);
-} lei_cipher;
-
-/* The available cipher of that number, or NULL. */
-const lei_cipher *lei_cipher_get(uint8_t suite);
-/* What this context offers, in its order of preference: how many. */
-int lei_cipher_offer(const lei_ctx *c, uint8_t suites[LEI_SUITES_MAX]);
-/* The acceptor's choice among a dialler's offer: its own first preference
- * that the offer holds, or NULL (nothing in common). */
-const lei_cipher *lei_cipher_choose(const lei_ctx *c, const uint8_t *offer, int n);
+typedef struct lei_sec lei_sec; /* secure.c's */
 
 /* A connection's security mechanism.  Every function takes the connection
  * and is called while its socket is open (write_now also for the parting
@@ -140,54 +118,41 @@ typedef struct lei_mech {
     int (*open)(lei_conn *k);
     /* A CTRL frame read on k, before it is handed up: 0, or -1 after
      * closing k (keyed: an acceptor of a mode 1 HELLO closes on the marker
-     * of a dialler forced to fall back, lei_sec_fallback_frame). */
+     * of a dialler forced to fall back after a refused cipher offer). */
     int (*ctrl_in)(lei_conn *k, const lei_frame *f);
     /* The record cipher's name ("aes-256-gcm", ...), NULL without one. */
     const char *(*cipher)(const lei_conn *k);
+
+    /* The handshake's steps of this mode; handshake.c calls them in the
+     * order of its states (its head comment) and owns the states. */
+    /* Our HELLO (LEI_F_HELLO, we dialled) or HELLO_OK (LEI_F_HELLO_OK, we
+     * were dialled) into b[LEI_HELLO_MAX]: its size. */
+    size_t (*hello)(lei_conn *k, uint8_t type, uint8_t *b);
+    /* The remote's HELLO or HELLO_OK (want), parsed and of our protocol
+     * version: NULL when it is one of this mode, else why not (bad input). */
+    const char *(*hello_check)(const lei_conn *k, const lei_hello *h, uint8_t want);
+    /* The remote's HELLO_OK (HELLO_SENT, k not superseded) or HELLO
+     * (HELLO_WAIT, its address one we could dial back), checked: 1 the
+     * remote is who it says (UP next), 0 this mode's AUTH step follows
+     * (our AUTH or our HELLO_OK is out: AUTH_SENT, AUTH_WAIT next), -1
+     * after closing k. */
+    int (*hello_in)(lei_conn *k, const lei_frame *f, const lei_hello *h);
+    /* The remote's AUTH (AUTH_WAIT, LEI_SIG_BYTES of signature) or AUTH_OK
+     * (AUTH_SENT, k not superseded): 0 the remote proved who it is (UP
+     * next), -1 after closing k.  Reached only when hello_in returned 0. */
+    int (*auth_in)(lei_conn *k, const lei_frame *f);
+    /* An ERROR before UP on a connection we dialled, not the tie-break's:
+     * 1 when it is this mode's to answer (k closed; keyed: an acceptor of
+     * before the cipher offer refused ours: dialled again in mode 1), 0 else. */
+    int (*refused)(lei_conn *k, const lei_frame *f);
+    /* The remote's identity (key, name, certificate, address, incarnation)
+     * as its keyed HELLO or HELLO_OK stated it: the name empty until one
+     * was read, proven once UP; NULL without keys (protected) or once k
+     * is closed. */
+    const lei_hello *(*remote)(const lei_conn *k);
 } lei_mech;
 
 extern const lei_mech lei_mech_protected, lei_mech_keyed;
-
-/* The keyed mechanism's state of one connection. */
-struct lei_sec {
-    crypto_aead_aes256gcm_state aes_tx, aes_rx; /* libsodium's AES-256-GCM: the expanded
-                                                 * keys (16-aligned) */
-    void *evp_tx, *evp_rx;       /* owned, LECHO_OPENSSL: the ciphers' EVP_CIPHER_CTX */
-    crypto_generichash_state th; /* transcript: HELLO body, HELLO_OK body sans signature */
-    uint8_t T[32];               /* its hash, once both are in */
-    uint8_t eph_pk[32], eph_sk[32]; /* our ephemeral X25519 keys (sk wiped once used) */
-    uint8_t rx[32], tx[32];      /* session keys (AES-GCM: the current ones, rekeyed) */
-    const lei_cipher *cs;        /* the record cipher: ChaCha20-Poly1305 unless the
-                                  * handshake (mode 2) chose another */
-    int offered;                 /* dialler: our HELLO was mode 2 (an offer) */
-    int fallback;                /* dialler: mode 1 after an acceptor refused the offer */
-    int legacy;                  /* acceptor: the dialler's HELLO was mode 1 (no offer) */
-    uint64_t rn, tn;             /* record counters, per direction */
-    int rec_in, rec_out;         /* the stream is records, per direction */
-    lei_hello remote;            /* the remote's HELLO or HELLO_OK (keyed fields) */
-    uint8_t *crb;                /* owned: ciphertext read, not yet decrypted */
-    size_t clen, cpos, ccap;
-    uint8_t *wrec;               /* owned: sealed records not yet written */
-    size_t wlen, woff, wcap;
-};
-
-void lei_sec_hash(lei_sec *s, const uint8_t *b, size_t n);
-void lei_sec_final(lei_sec *s);
-/* The transcript signature of our role (acceptor or dialler), and the check
- * of the remote's: 0 or -1. */
-void lei_sec_sign(const lei_ctx *c, const lei_sec *s, int acceptor, uint8_t sig[64]);
-int lei_sec_verify(const lei_sec *s, int acceptor, const uint8_t pk[32], const uint8_t sig[64]);
-/* The key schedule: session keys from our ephemeral keys and the remote's,
- * expanded for s->cs (chosen before): 0 or -1. */
-int lei_sec_keys(lei_sec *s, int dialler, const uint8_t remote_eph[32]);
-/* Bytes after the frame being handled are records from now on: what was
- * read behind it goes to the ciphertext buffer.  0, or -1 after closing k. */
-int lei_sec_records_in(lei_conn *k);
-/* The marker a dialler sends first on a connection it made in mode 1 after
- * an acceptor refused its offer (doc/protocol.md "Record ciphers"): a CTRL
- * frame, header included, into b (at least LEI_FALLBACK_MAX): its size. */
-#define LEI_FALLBACK_MAX 96
-size_t lei_sec_fallback_frame(uint8_t *b);
 
 /* A peer's connection came up or went down; told to the hook later. */
 struct lei_note {
@@ -300,7 +265,13 @@ struct lei_peer {
     ev_tstamp last_fail;      /* when the last connection failed */
     char reason[160];         /* ro: why the last connection ended */
     int reason_code;          /* ro: its LEI_E_* code, set where it happened (0: closed) */
-    int next_code;            /* the code lei_peer_lost takes for a loss set up before it (0: closed) */
+    int next_code;            /* the code lei_peer_lost takes for a loss set up before it (0: closed);
+                               * cleared when a dial starts and when a connection comes up */
+    lei_loss loss;            /* ro: the last loss's flags (lei_peer_loss); zero while up */
+    lei_loss next_loss;       /* what lei_peer_lost takes as loss, set up where the loss
+                               * happens (conn.c: a dial that did not connect; secure.c:
+                               * an identity a principal pin refuses); cleared when a dial
+                               * starts and when a connection comes up */
     lei_pstats st;            /* ro */
     lei_live lv;              /* liveness and sequence tracking (live.c) */
     int has_key;              /* ro: key/principal are those of the current or last
@@ -602,8 +573,10 @@ struct lei_conn {
     size_t ntexp, ctexp;
     size_t skip;        /* bytes of a dropped EVENT still to come, not buffered */
     ev_tstamp born, last_in, last_out, last_ping; /* liveness: created, last read, write, PING */
-    const lei_mech *mech; /* how its bytes are protected (plain.c, secure.c) */
-    lei_sec *sec;       /* owned: the keyed mechanism's state, or NULL (protected) */
+    const lei_mech *mech; /* how it introduces itself and protects its bytes
+                           * (plain.c, secure.c) */
+    lei_sec *sec;       /* owned by the keyed mechanism: its state, opaque
+                         * outside secure.c; NULL (protected, or closed) */
     int fin_pending;    /* our FIN goes out once the pending records are written */
 };
 

@@ -225,6 +225,8 @@ void lei_peer_lost(lei_peer *p, const char *reason) {
     snprintf(p->reason, sizeof p->reason, "%s", reason);
     p->reason_code = p->next_code ? p->next_code : LEI_E_CLOSED;
     p->next_code = 0;
+    p->loss = p->next_loss;
+    memset(&p->next_loss, 0, sizeof p->next_loss);
     lei_peer_q_clear(c, p, 1);
     if (p->nbound) memset(p->bound, 0, p->nbound); /* bound is NULL until a channel is sent */
     lei_syncs_peer_lost(c, p, reason);
@@ -524,6 +526,8 @@ uint64_t lei_peer_gen(const lei_peer *p) { return p && p->conn ? p->gen : 0; }
 size_t lei_peer_ack_bytes(const lei_peer *p) { return p ? p->ack_bytes : 0; }
 
 const char *lei_peer_reason(const lei_peer *p) { return p->reason; }
+
+const lei_loss *lei_peer_loss(const lei_peer *p) { return &p->loss; }
 
 const char *lei_peer_cipher(const lei_peer *p) {
     return lei_peer_is_up(p) ? p->conn->mech->cipher(p->conn) : NULL;

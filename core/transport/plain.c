@@ -1,8 +1,11 @@
-/* plain.c: the protected mechanism (mech: ctx_int.h): no keys, no records;
- * frames go to the socket as they are, a peer's queue by sendmsg of its
- * iovecs, many frames per call, and come into the frame buffer as read
- * (conn.c's lei_conn_read_frames).  The keyed mechanism (secure.c) uses
- * write_now and read too, before its records are on.
+/* plain.c: the protected mechanism (lei_mech, ctx_int.h): no keys, no
+ * records; its handshake is a HELLO and a HELLO_OK of the address and
+ * incarnation, nothing signed (who holds an address is the name server's
+ * to vouch for), and a mode 1 or 2 HELLO is refused; frames go to the
+ * socket as they are, a peer's queue by sendmsg of its iovecs, many frames
+ * per call, and come into the frame buffer as read (conn.c's
+ * lei_conn_read_frames).  The keyed mechanism (secure.c) uses write_now
+ * and read too, before its records are on.
  *
  * Leans on peer.c for the queue's iovecs, conn.c for the sockets.  No Lua.
  */
@@ -16,7 +19,7 @@
 #include <sys/uio.h>
 
 static int plain_start(lei_conn *k) {
-    k->sec = NULL;
+    (void)k; /* no state: k->sec stays NULL */
     return 0;
 }
 
@@ -101,6 +104,48 @@ static const char *plain_cipher(const lei_conn *k) {
     return NULL; /* none: loopback and Unix sockets only */
 }
 
+/* ---- the handshake: HELLO, HELLO_OK, nothing more ---------------------- */
+
+static size_t plain_hello(lei_conn *k, uint8_t type, uint8_t *b) {
+    return lei_frame_hello(b, type, LEI_PROTO_VERSION, k->ctx->incarnation, k->ctx->addr, NULL);
+}
+
+static const char *plain_hello_check(const lei_conn *k, const lei_hello *h, uint8_t want) {
+    (void)k;
+    (void)want;
+    if (h->mode != LEI_MODE_PROTECTED)
+        return "mode mismatch: this side has no keys (protected mode) and refuses a keyed peer";
+    return NULL;
+}
+
+/* Nothing to prove: the remote is the address it claims (dialled: the one
+ * we dialled) and handshake.c brings it up. */
+static int plain_hello_in(lei_conn *k, const lei_frame *f, const lei_hello *h) {
+    (void)k;
+    (void)f;
+    (void)h;
+    return 1;
+}
+
+/* Never reached (plain_hello_in never asks for an AUTH step): refused as
+ * bad input if it were. */
+static int plain_auth_in(lei_conn *k, const lei_frame *f) {
+    (void)f;
+    lei_conn_close(k, "no AUTH in protected mode", 1);
+    return -1;
+}
+
+static int plain_refused(lei_conn *k, const lei_frame *f) {
+    (void)k;
+    (void)f;
+    return 0;
+}
+
+static const lei_hello *plain_remote(const lei_conn *k) {
+    (void)k;
+    return NULL; /* no key: the peer is its address */
+}
+
 const lei_mech lei_mech_protected = {
     .name = "protected",
     .start = plain_start,
@@ -114,4 +159,10 @@ const lei_mech lei_mech_protected = {
     .open = plain_open,
     .ctrl_in = plain_ctrl_in,
     .cipher = plain_cipher,
+    .hello = plain_hello,
+    .hello_check = plain_hello_check,
+    .hello_in = plain_hello_in,
+    .auth_in = plain_auth_in,
+    .refused = plain_refused,
+    .remote = plain_remote,
 };

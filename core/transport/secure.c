@@ -1,13 +1,18 @@
-/* secure.c: the keyed mechanism (mech.h): the crypto of a keyed connection:
- * the ephemeral key exchange, the handshake transcript and its signatures,
- * the record ciphers and their key schedule, and records (doc/protocol.md
- * sections 3 and 4).
+/* secure.c: the keyed mechanism (lei_mech, ctx_int.h): a keyed
+ * connection's handshake steps and its crypto: our keyed HELLO and
+ * HELLO_OK, the checks of the remote's, the trust and pins of its key, the
+ * ephemeral key exchange, the handshake transcript and its signatures,
+ * AUTH and AUTH_OK, the record cipher's offer and choice and their key
+ * schedule, and records (doc/protocol.md sections 3 and 4).  Its state,
+ * struct lei_sec (k->sec), is defined here and read nowhere else:
+ * handshake.c drives the steps through k->mech, auth.c and handshake.c
+ * ask for the remote's identity through `remote`.
  *
  * A record is u32 LE clen (17 .. LEI_REC_PLAIN_MAX + 16), then clen bytes
  * of the connection's record cipher over up to LEI_REC_PLAIN_MAX plaintext
  * bytes, the 4 length bytes as additional data, nonce 4 zero bytes || u64
  * LE counter of that direction.  The cipher is ChaCha20-Poly1305 (IETF)
- * unless both sides offered AES-256-GCM in mode 2 (handshake.c chooses).
+ * unless both sides offered AES-256-GCM in mode 2 (the acceptor chooses).
  * Records are sealed from the queue's iovecs: a large piece (an event's
  * value) is encrypted straight from where it lies into the output, small
  * ones are gathered there and encrypted in place: no plaintext scratch copy.
@@ -16,13 +21,15 @@
  * pkg-config; its AES-GCM and ChaCha20-Poly1305 run 2.5x and 3.7x
  * libsodium 1.0.18's on an AVX-512 CPU), else by libsodium: the same
  * bytes on the wire either way.  No sockets but the write of pending
- * records and the read of ciphertext, no Lua.
+ * records and the read of ciphertext, no Lua.  The trust tables are
+ * auth.c's; the states, the peers and the tie-break handshake.c's.
  */
 #define _GNU_SOURCE
 #include "ctx_int.h"
 
 #include <errno.h>
 #include <sodium.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -33,6 +40,52 @@
 #endif
 
 #define TAG 16 /* both ciphers' tags */
+
+/* A record cipher: an AEAD with a 16-byte tag and 96-bit nonces (4 zero
+ * bytes || the u64 LE record counter of the direction). */
+typedef struct lei_cipher {
+    const char *name;      /* "aes-256-gcm", "chacha20-poly1305" */
+    uint8_t suite;         /* enum lei_suite: its number in an offer */
+    size_t tag;            /* bytes a record adds past its plaintext (and 4 of length) */
+    int (*available)(void);              /* this CPU runs it (AES-NI for AES-GCM) */
+    int (*keys)(lei_sec *s);             /* the key schedule of s->tx, s->rx: 0 or -1 */
+    /* n bytes at m sealed to c (c may be m): n bytes of ciphertext, then the
+     * tag; 0, or -1 (out of memory in OpenSSL) */
+    int (*seal)(lei_sec *s, uint8_t *c, const uint8_t *m, size_t n, const uint8_t ad[4],
+                uint64_t ctr);
+    /* the reverse into m: 0, or -1 (forged, or not this key's) */
+    int (*open)(lei_sec *s, uint8_t *m, const uint8_t *c, size_t n, const uint8_t ad[4],
+                uint64_t ctr);
+} lei_cipher;
+
+/* The keyed mechanism's state of one connection (k->sec, owned by k from
+ * keyed_start to keyed_end). */
+struct lei_sec {
+    crypto_aead_aes256gcm_state aes_tx, aes_rx; /* libsodium's AES-256-GCM: the expanded
+                                                 * keys (16-aligned) */
+    void *evp_tx, *evp_rx;       /* owned, LECHO_OPENSSL: the ciphers' EVP_CIPHER_CTX */
+    crypto_generichash_state th; /* transcript: HELLO body, HELLO_OK body sans signature */
+    uint8_t T[32];               /* its hash, once both are in */
+    uint8_t eph_pk[32], eph_sk[32]; /* our ephemeral X25519 keys (sk wiped once used) */
+    uint8_t rx[32], tx[32];      /* session keys (AES-GCM: the current ones, rekeyed) */
+    const lei_cipher *cs;        /* the record cipher: ChaCha20-Poly1305 unless the
+                                  * handshake (mode 2) chose another */
+    int offered;                 /* dialler: our HELLO was mode 2 (an offer) */
+    int fallback;                /* dialler: mode 1 after an acceptor refused the offer */
+    int legacy;                  /* acceptor: the dialler's HELLO was mode 1 (no offer) */
+    uint64_t rn, tn;             /* record counters, per direction */
+    int rec_in, rec_out;         /* the stream is records, per direction */
+    lei_hello remote;            /* the remote's HELLO or HELLO_OK (keyed fields) */
+    uint8_t *crb;                /* owned: ciphertext read, not yet decrypted */
+    size_t clen, cpos, ccap;
+    uint8_t *wrec;               /* owned: sealed records not yet written */
+    size_t wlen, woff, wcap;
+};
+
+/* The marker a dialler sends first on a connection it made in mode 1 after
+ * an acceptor refused its offer (doc/protocol.md "Record ciphers"): a CTRL
+ * frame, header included, of at most this size (fallback_frame). */
+#define FALLBACK_MAX 96
 
 /* A piece of the queue at least this long starts a record of its own and
  * is encrypted from where it lies; shorter ones are copied together. */
@@ -190,13 +243,15 @@ static const lei_cipher CIPHERS[] = {
 };
 #define NCIPHERS (sizeof CIPHERS / sizeof CIPHERS[0])
 
-const lei_cipher *lei_cipher_get(uint8_t suite) {
+/* The available cipher of that number, or NULL. */
+static const lei_cipher *cipher_get(uint8_t suite) {
     for (size_t i = 0; i < NCIPHERS; i++)
         if (CIPHERS[i].suite == suite && CIPHERS[i].available()) return &CIPHERS[i];
     return NULL;
 }
 
-int lei_cipher_offer(const lei_ctx *c, uint8_t suites[LEI_SUITES_MAX]) {
+/* What this context offers, in its order of preference: how many. */
+static int cipher_offer(const lei_ctx *c, uint8_t suites[LEI_SUITES_MAX]) {
     int n = 0;
     for (size_t i = 0; i < NCIPHERS; i++)
         if (CIPHERS[i].available() && !(CIPHERS[i].suite == LEI_SUITE_AES256_GCM && c->o.no_aes))
@@ -204,19 +259,21 @@ int lei_cipher_offer(const lei_ctx *c, uint8_t suites[LEI_SUITES_MAX]) {
     return n;
 }
 
-const lei_cipher *lei_cipher_choose(const lei_ctx *c, const uint8_t *offer, int n) {
+/* The acceptor's choice among a dialler's offer: its own first preference
+ * that the offer holds, or NULL (nothing in common). */
+static const lei_cipher *cipher_choose(const lei_ctx *c, const uint8_t *offer, int n) {
     uint8_t mine[LEI_SUITES_MAX];
-    int m = lei_cipher_offer(c, mine);
+    int m = cipher_offer(c, mine);
     for (int i = 0; i < m; i++)
-        if (memchr(offer, mine[i], (size_t)n)) return lei_cipher_get(mine[i]);
+        if (memchr(offer, mine[i], (size_t)n)) return cipher_get(mine[i]);
     return NULL;
 }
 
 /* ---- the handshake's crypto ------------------------------------------- */
 
-void lei_sec_hash(lei_sec *s, const uint8_t *b, size_t n) { crypto_generichash_update(&s->th, b, n); }
+static void sec_hash(lei_sec *s, const uint8_t *b, size_t n) { crypto_generichash_update(&s->th, b, n); }
 
-void lei_sec_final(lei_sec *s) { crypto_generichash_final(&s->th, s->T, 32); }
+static void sec_final(lei_sec *s) { crypto_generichash_final(&s->th, s->T, 32); }
 
 /* "lecho-v2 acceptor" 0x00 || T (or dialler) */
 static size_t role_msg(const lei_sec *s, int acceptor, uint8_t *m) {
@@ -228,19 +285,23 @@ static size_t role_msg(const lei_sec *s, int acceptor, uint8_t *m) {
     return n + 32;
 }
 
-void lei_sec_sign(const lei_ctx *c, const lei_sec *s, int acceptor, uint8_t sig[64]) {
+/* The transcript signature of our role (acceptor or dialler), and the check
+ * of the remote's: 0 or -1. */
+static void sec_sign(const lei_ctx *c, const lei_sec *s, int acceptor, uint8_t sig[64]) {
     uint8_t m[64];
     size_t n = role_msg(s, acceptor, m);
     crypto_sign_detached(sig, NULL, m, n, c->id.sk);
 }
 
-int lei_sec_verify(const lei_sec *s, int acceptor, const uint8_t pk[32], const uint8_t sig[64]) {
+static int sec_verify(const lei_sec *s, int acceptor, const uint8_t pk[32], const uint8_t sig[64]) {
     uint8_t m[64];
     size_t n = role_msg(s, acceptor, m);
     return crypto_sign_verify_detached(sig, m, n, pk) == 0 ? 0 : -1;
 }
 
-int lei_sec_keys(lei_sec *s, int dialler, const uint8_t remote_eph[32]) {
+/* The key schedule: session keys from our ephemeral keys and the remote's,
+ * expanded for s->cs (chosen before): 0 or -1. */
+static int sec_keys(lei_sec *s, int dialler, const uint8_t remote_eph[32]) {
     int rc = dialler ? crypto_kx_client_session_keys(s->rx, s->tx, s->eph_pk, s->eph_sk, remote_eph)
                      : crypto_kx_server_session_keys(s->rx, s->tx, s->eph_pk, s->eph_sk, remote_eph);
     sodium_memzero(s->eph_sk, sizeof s->eph_sk);
@@ -251,14 +312,14 @@ int lei_sec_keys(lei_sec *s, int dialler, const uint8_t remote_eph[32]) {
 /* { op = "reply", rid = 0, fallback = "cipher offer refused" }: a reply to
  * nothing (rids are drawn from 1), dropped without a word by a context of
  * before the offer; an acceptor that offers reads it as a downgrade. */
-size_t lei_sec_fallback_frame(uint8_t *b) {
+static size_t fallback_frame(uint8_t *b) {
     static const char F[] = "cipher offer refused";
     lei_wbuf w = {0};
     size_t n = 0;
     if (lei_enc_table_header(&w, 0, 3) == 0 && lei_enc_string(&w, "op", 2) == 0 &&
         lei_enc_string(&w, "reply", 5) == 0 && lei_enc_string(&w, "rid", 3) == 0 &&
         lei_enc_number(&w, 0) == 0 && lei_enc_string(&w, "fallback", 8) == 0 &&
-        lei_enc_string(&w, F, sizeof F - 1) == 0 && w.len + LEI_FRAME_HDR <= LEI_FALLBACK_MAX) {
+        lei_enc_string(&w, F, sizeof F - 1) == 0 && w.len + LEI_FRAME_HDR <= FALLBACK_MAX) {
         lei_frame_hdr(b, LEI_F_CTRL, w.len);
         memcpy(b + LEI_FRAME_HDR, w.data, w.len);
         n = LEI_FRAME_HDR + w.len;
@@ -420,7 +481,9 @@ static int in_room(lei_sec *s, uint8_t **at, size_t *room) {
     return 0;
 }
 
-int lei_sec_records_in(lei_conn *k) {
+/* Bytes after the frame being handled are records from now on: what was
+ * read behind it goes to the ciphertext buffer.  0, or -1 after closing k. */
+static int records_in(lei_conn *k) {
     lei_sec *s = k->sec;
     if (s->rec_in) return 0;
     s->rec_in = 1;
@@ -493,6 +556,253 @@ static int keyed_open(lei_conn *k) {
     return -1;
 }
 
+/* ---- the keyed handshake (handshake.c drives it: the mechanism's steps) --
+ *
+ * dialler: keyed_hello (HELLO, our offer) ... keyed_hello_in (HELLO_OK:
+ * trust, the cipher chosen, the acceptor's signature; AUTH out, records
+ * on) ... keyed_auth_in (AUTH_OK: trust again, the fallback marker).
+ * acceptor: keyed_hello_in (HELLO: trust, the cipher chosen; our signed
+ * HELLO_OK out) ... keyed_auth_in (AUTH: the dialler's signature, records
+ * on, trust again).  handshake.c moves the states and ties the
+ * connection to its peer. */
+
+/* What a v3 acceptor of before the record cipher offer answers a mode 2
+ * HELLO (frame.c's parser): the dialler tries again in mode 1. */
+static const char OLD_ACCEPTOR[] = "bad mode in handshake";
+
+/* Our keyed HELLO (dialled) or HELLO_OK (accepted) into b[LEI_HELLO_MAX]:
+ * into the transcript; a HELLO_OK ends with our signature. */
+static size_t keyed_hello(lei_conn *k, uint8_t type, uint8_t *b) {
+    lei_ctx *c = k->ctx;
+    lei_sec *s = k->sec;
+    lei_hello key;
+    memcpy(key.eph, s->eph_pk, 32);
+    memcpy(key.idpk, c->id.pk, 32);
+    memcpy(key.name, c->id.name, sizeof key.name);
+    key.has_cert = (uint8_t)c->id.has_cert;
+    key.cert_len = (uint16_t)c->id.cert_len;
+    memcpy(key.cert, c->id.cert, c->id.cert_len);
+    /* The record ciphers: a dialler offers those it has (mode 2), unless
+     * its peer refused an offer just now (a v3 acceptor of before: mode 1,
+     * this once); an acceptor answers an offer with its choice, a mode 1
+     * HELLO in mode 1 (ChaCha20-Poly1305). */
+    key.mode = LEI_MODE_KEYED;
+    key.nsuites = 0;
+    if (type == LEI_F_HELLO && k->peer && k->peer->no_offer) {
+        k->peer->no_offer = 0;
+        s->fallback = 1;
+    } else if (type == LEI_F_HELLO) {
+        key.nsuites = (uint8_t)cipher_offer(c, key.suites);
+        key.mode = LEI_MODE_KEYED_OFFER;
+        s->offered = 1;
+    } else if (!s->legacy) {
+        key.nsuites = 1;
+        key.suites[0] = s->cs->suite;
+        key.mode = LEI_MODE_KEYED_OFFER;
+    }
+    size_t n = lei_frame_hello(b, type, LEI_PROTO_VERSION, c->incarnation, c->addr, &key);
+    if (type == LEI_F_HELLO) {
+        sec_hash(s, b + LEI_FRAME_HDR, n - LEI_FRAME_HDR);
+    } else {
+        sec_hash(s, b + LEI_FRAME_HDR, n - LEI_FRAME_HDR - LEI_SIG_BYTES);
+        sec_final(s);
+        sec_sign(c, s, 1, b + n - LEI_SIG_BYTES);
+    }
+    return n;
+}
+
+/* The remote's HELLO or HELLO_OK is a keyed one, signed when it is a
+ * HELLO_OK, of a principal name we accept: NULL, or why not. */
+static const char *keyed_hello_check(const lei_conn *k, const lei_hello *h, uint8_t want) {
+    (void)k;
+    if (h->mode == LEI_MODE_PROTECTED)
+        return "mode mismatch: this side is keyed and refuses a peer without keys "
+               "(protected mode)";
+    if (h->has_sig != (want == LEI_F_HELLO_OK))
+        return want == LEI_F_HELLO_OK ? "handshake answer without its signature"
+                                      : "trailing bytes in handshake";
+    if (!lei_name_ok(h->name, strlen(h->name))) return "bad principal name in handshake";
+    return NULL;
+}
+
+/* The remote's identity: trusted, and the key pinned to its address if
+ * any (addr: the address we dialled, or the one the remote claims).
+ * Returns 0, or -1 after closing k with an ERROR saying why. */
+static int identity_check(lei_conn *k, const lei_hello *h, const char *addr, int dialled) {
+    char why[LEI_ADDR_MAX + 2 * LEI_NAME_MAX + 200];
+    int shown = 0; /* a principal pin refused the principal h shows */
+    if (lei_trusted(k->ctx, h, addr, why, sizeof why) == 0) {
+        const lei_pin *pin = lei_pin_find(k->ctx, addr);
+        int key_ok = !pin || !pin->has_pk || memcmp(pin->pk, h->idpk, 32) == 0;
+        int name_ok = !pin || !pin->principal[0] || strcmp(pin->principal, h->name) == 0;
+        if (key_ok && name_ok) return 0;
+        char got[65], want[65];
+        sodium_bin2hex(got, sizeof got, h->idpk, 32);
+        sodium_bin2hex(want, sizeof want, pin->pk, 32);
+        if (!dialled)
+            snprintf(why, sizeof why, "address %s belongs to another identity", addr);
+        else if (!key_ok)
+            snprintf(why, sizeof why, "%s presented key %s, expected %s", addr, got, want);
+        else { /* a principal pin (a name server's address): refused before UP, nothing written */
+            snprintf(why, sizeof why, "%s is principal %s (key %s), expected %s", addr, h->name, got,
+                     pin->principal);
+            shown = 1;
+        }
+    }
+    if (dialled && k->peer && k->peer->conn == k) {
+        k->peer->next_code = LEI_E_REFUSED; /* the loss's code */
+        if (shown) { /* and what the principal pin refused (lei_peer_loss) */
+            lei_loss *l = &k->peer->next_loss;
+            snprintf(l->principal, sizeof l->principal, "%s", h->name);
+            memcpy(l->key, h->idpk, 32);
+        }
+    }
+    lei_conn_close(k, why, 1);
+    return -1;
+}
+
+/* The acceptor's choice of record cipher (keyed HELLO_OK): one of those
+ * we offered, or none when we offered none (mode 1: ChaCha20-Poly1305).
+ * Both HELLOs are in the transcript both signatures cover: an offer or a
+ * choice changed on the way fails the signatures, it cannot downgrade.
+ * 0, or -1 after closing k. */
+static int cipher_answer(lei_conn *k, const lei_hello *h) {
+    lei_sec *s = k->sec;
+    const char *err = NULL;
+    if (!s->offered) {
+        if (h->mode != LEI_MODE_KEYED) err = "record cipher chosen, none offered (HELLO_OK)";
+    } else if (h->mode != LEI_MODE_KEYED_OFFER || h->nsuites != 1) {
+        err = "no record cipher chosen (HELLO_OK)";
+    } else {
+        uint8_t mine[LEI_SUITES_MAX];
+        int n = cipher_offer(k->ctx, mine);
+        const lei_cipher *cs = cipher_get(h->suites[0]);
+        if (!cs || !memchr(mine, h->suites[0], (size_t)n))
+            err = "record cipher chosen that was not offered (HELLO_OK)";
+        else
+            s->cs = cs;
+    }
+    if (!err) return 0;
+    lei_conn_close(k, err, 1);
+    return -1;
+}
+
+/* Dialler, HELLO_SENT: the acceptor's HELLO_OK.  Trusted, its cipher one
+ * we offered, its signature over the transcript good: our AUTH goes out
+ * and both directions are records from the byte after it.  0 (AUTH_SENT
+ * next), or -1 after closing k. */
+static int hello_ok_in(lei_conn *k, const lei_frame *f, const lei_hello *h) {
+    lei_sec *s = k->sec;
+    if (identity_check(k, h, k->peer->addr, 1)) return -1;
+    if (cipher_answer(k, h)) return -1;
+    sec_hash(s, f->body, f->len - LEI_SIG_BYTES);
+    sec_final(s);
+    if (sec_verify(s, 1, h->idpk, h->sig) || sec_keys(s, 1, h->eph)) {
+        lei_conn_close(k, "bad handshake signature or key (HELLO_OK)", 1);
+        return -1;
+    }
+    s->remote = *h;
+    uint8_t b[LEI_FRAME_HDR + LEI_SIG_BYTES];
+    lei_frame_hdr(b, LEI_F_AUTH, LEI_SIG_BYTES);
+    sec_sign(k->ctx, s, 0, b + LEI_FRAME_HDR);
+    lei_conn_write_now(k, b, sizeof b);
+    /* From the byte after AUTH both directions are records. */
+    s->rec_out = 1;
+    if (records_in(k)) return -1;
+    return 0;
+}
+
+/* Acceptor, HELLO_WAIT: the dialler's HELLO.  Refused at once if
+ * untrusted or pinned to another key; the cipher chosen among its offer;
+ * our signed HELLO_OK goes out.  Bound to its peer only once AUTH proved
+ * the key is the remote's.  0 (AUTH_WAIT next), or -1 after closing k. */
+static int hello_in(lei_conn *k, const lei_frame *f, const lei_hello *h) {
+    lei_sec *s = k->sec;
+    if (identity_check(k, h, h->addr, 0)) return -1;
+    if (h->mode == LEI_MODE_KEYED_OFFER) {
+        const lei_cipher *cs = cipher_choose(k->ctx, h->suites, h->nsuites);
+        if (!cs) {
+            lei_conn_close(k, "no record cipher in common (this side has chacha20-poly1305 and, "
+                              "with AES-NI, aes-256-gcm)", 1);
+            return -1;
+        }
+        s->cs = cs;
+    } else {
+        s->legacy = 1; /* a v3 dialler of before the offer, or one falling back */
+    }
+    s->remote = *h;
+    sec_hash(s, f->body, f->len);
+    uint8_t b[LEI_HELLO_MAX];
+    lei_conn_write_now(k, b, keyed_hello(k, LEI_F_HELLO_OK, b));
+    return 0;
+}
+
+static int keyed_hello_in(lei_conn *k, const lei_frame *f, const lei_hello *h) {
+    return f->type == LEI_F_HELLO_OK ? hello_ok_in(k, f, h) : hello_in(k, f, h);
+}
+
+/* Dialler, AUTH_SENT: the acceptor's AUTH_OK (its first record).  Trust
+ * and pins may have changed since HELLO_OK (the acceptor held AUTH_OK past
+ * its certificate's end, a reload revoked its key, a pin was made):
+ * checked again before anything queued goes out.  0, or -1 after closing k. */
+static int auth_ok_in(lei_conn *k) {
+    lei_sec *s = k->sec;
+    if (identity_check(k, &s->remote, k->peer->addr, 1)) return -1;
+    if (s->fallback) { /* before anything queued: the acceptor reads it first */
+        uint8_t b[FALLBACK_MAX];
+        lei_conn_write_now(k, b, fallback_frame(b));
+    }
+    return 0;
+}
+
+/* Acceptor, AUTH_WAIT: the dialler's AUTH proves it holds its identity's
+ * key.  0, or -1 after closing k. */
+static int auth_in(lei_conn *k, const lei_frame *f) {
+    lei_sec *s = k->sec;
+    if (sec_keys(s, 0, s->remote.eph)) {
+        lei_conn_close(k, "bad ephemeral key in handshake", 1);
+        return -1;
+    }
+    /* The dialler reads records from now on: a refusal goes in one. */
+    s->rec_out = 1;
+    if (records_in(k)) return -1;
+    if (sec_verify(s, 0, s->remote.idpk, f->body)) {
+        lei_conn_close(k, "bad handshake signature (AUTH)", 1);
+        return -1;
+    }
+    /* Pins may have changed since the HELLO. */
+    return identity_check(k, &s->remote, s->remote.addr, 0);
+}
+
+static int keyed_auth_in(lei_conn *k, const lei_frame *f) {
+    return f->type == LEI_F_AUTH_OK ? auth_ok_in(k) : auth_in(k, f);
+}
+
+/* An ERROR before UP on a connection we dialled: a v3 acceptor of before
+ * the record cipher offer refused ours?  Then it is dialled again at once
+ * in mode 1 (ChaCha20-Poly1305), the queue kept.  The new connection says
+ * so in its first record (fallback_frame): an acceptor that reads offers
+ * takes this refusal for a forgery and closes, so it cannot downgrade two
+ * peers that have AES.  1 (k closed), or 0: not this refusal. */
+static int keyed_refused(lei_conn *k, const lei_frame *f) {
+    lei_ctx *c = k->ctx;
+    lei_peer *p = k->peer;
+    if (!(p && p->conn == k && k->sec && k->sec->offered && f->len == sizeof OLD_ACCEPTOR - 1 &&
+          memcmp(f->body, OLD_ACCEPTOR, f->len) == 0))
+        return 0;
+    p->conn = NULL;
+    k->peer = NULL;
+    lei_conn_close(k, "refused the record cipher offer (a peer of before it)", 0);
+    lei_ratelog(c, LEI_RL_HANDSHAKE,
+                "%s does not read record cipher offers (lecho of before them): dialling it "
+                "again in mode 1, chacha20-poly1305", p->addr);
+    p->no_offer = 1;
+    if (lei_conn_dial(p)) lei_peer_lost(p, p->reason[0] ? p->reason : "dial failed");
+    return 1;
+}
+
+static const lei_hello *keyed_remote(const lei_conn *k) { return k->sec ? &k->sec->remote : NULL; }
+
 /* ---- the mechanism ------------------------------------------------------ */
 
 static int keyed_start(lei_conn *k) {
@@ -500,7 +810,7 @@ static int keyed_start(lei_conn *k) {
     if (!s) return -1;
     crypto_kx_keypair(s->eph_pk, s->eph_sk);
     crypto_generichash_init(&s->th, NULL, 0, 32);
-    s->cs = lei_cipher_get(LEI_SUITE_CHACHA20_POLY1305); /* unless mode 2 chooses */
+    s->cs = cipher_get(LEI_SUITE_CHACHA20_POLY1305); /* unless mode 2 chooses */
     k->sec = s;
     return 0;
 }
@@ -525,8 +835,8 @@ static void keyed_end(lei_conn *k) {
  * 0, or -1 after closing k. */
 static int keyed_ctrl_in(lei_conn *k, const lei_frame *f) {
     if (!k->sec || !k->sec->legacy) return 0;
-    uint8_t b[LEI_FALLBACK_MAX];
-    size_t n = lei_sec_fallback_frame(b);
+    uint8_t b[FALLBACK_MAX];
+    size_t n = fallback_frame(b);
     if (f->len != n - LEI_FRAME_HDR || memcmp(f->body, b + LEI_FRAME_HDR, f->len) != 0) return 0;
     lei_conn_close(k, "record cipher downgrade: the dialler's offer was refused in its name "
                       "(a forged ERROR on the way): closing", 1);
@@ -548,4 +858,10 @@ const lei_mech lei_mech_keyed = {
     .open = keyed_open,
     .ctrl_in = keyed_ctrl_in,
     .cipher = keyed_cipher,
+    .hello = keyed_hello,
+    .hello_check = keyed_hello_check,
+    .hello_in = keyed_hello_in,
+    .auth_in = keyed_auth_in,
+    .refused = keyed_refused,
+    .remote = keyed_remote,
 };

@@ -56,16 +56,18 @@ end
 -- The requests waiting on addr fail: why (text), code (lecho.errors: from
 -- the core, where the connection failed: "refused" when the peer or the
 -- handshake refused it, "closed" when it was lost, ...; never read from why).
+local hex = require("lecho.core").hex
 function Context:_fail_pending(addr, why, code)
-  -- Keyed: the handshake refused a name server's address for its principal
-  -- (the pin of _add_nameserver; core/transport/handshake.c identity_check says
-  -- "ADDR is principal P (key K), expected Q", at the dial and to the sends
-  -- while the address is in backoff, with code "refused"): said as
-  -- _check_nameserver says it (the wording only; the code is the core's).
+  -- Keyed: the handshake refused a name server's address for the principal
+  -- it showed (the pin of _add_nameserver; core/transport/secure.c
+  -- identity_check, at the dial, and to the sends while the address is in
+  -- backoff, with code "refused"): said as _check_nameserver says it, from
+  -- what the core recorded of that loss (ctx:peer_loss: the principal and
+  -- key shown), never from the words of why.
   if self.keyed and self.nameservers[addr] then
-    local name, khex = tostring(why):match("^%S+ is principal (%S+) %(key (%x+)%), expected ")
+    local _, name, pk = self.c:peer_loss(addr)
     if name then
-      why = ("refused: name server %s is %s (key %s), not %s"):format(addr, name, khex, self.ns_principal)
+      why = ("refused: name server %s is %s (key %s), not %s"):format(addr, name, hex(pk), self.ns_principal)
       self:_warn_limited("nameserver " .. addr, why)
     end
   end
@@ -536,7 +538,9 @@ function Context:_tell_unreachable(addr, reason)
   end
 end
 
-function Context:_on_peer(idx, addr, up, reason, gen, code)
+-- The peer hook's (init.lua): up, or down with the loss's reason, its code
+-- and unreached (a dial of ours did not connect), set where it happened.
+function Context:_on_peer(idx, addr, up, reason, gen, code, unreached)
   if up then
     self.peer_addrs[idx] = addr
     -- requests queued for addr while it was down go out on this connection
@@ -550,7 +554,7 @@ function Context:_on_peer(idx, addr, up, reason, gen, code)
   self.peer_addrs[idx], self.pnames[idx] = nil, nil
   self:_fail_pending(addr, reason or "connection lost", code)
   history.peer_lost(self, addr)  -- a restarted producer's events are new
-  if type(reason) == "string" and reason:find("^connect: ") then self:_tell_unreachable(addr, reason) end
+  if unreached then self:_tell_unreachable(addr, reason) end
   if self.reg then self.reg:peer_down(addr, self._send, now(self)) end
   -- A group's name server lost: renewed there at once (and again every
   -- 0.5 s while it does not answer), so that a restarted one is told the

@@ -211,13 +211,13 @@ function M.context(opts)
       if self.keyed and not self:_nameserver_ok(from) then return end
       return self:_on_ctrl(from, msg, gen)
     end,
-    peer = function(idx, paddr, up, reason, gen, code)
+    peer = function(idx, paddr, up, reason, gen, code, unreached)
       if up and self.keyed then
         self:_check_nameserver(paddr)
         -- a name server hands its revocation lists to who connects
         if self.trustwatch then require("lecho.trustwatch").peer_up(self, paddr) end
       end
-      return self:_on_peer(idx, paddr, up, reason, gen, code)
+      return self:_on_peer(idx, paddr, up, reason, gen, code, unreached)
     end,
     log = function(msg) self.log(msg, nil, "core") end,
     moe_error = function(id, why) self:_moe_error(id, why) end,

@@ -243,8 +243,21 @@ void lb_close_if_pending(lb_ctx *b, lua_State *L) {
     if (b->close_pending && b->c && lei_ctx_depth(b->c) == 0) ctx_close(b, L);
 }
 
+/* A context collected, or left at the program's end, while still open:
+ * lecho.context closes its own contexts first (context.lua Context:_at_end,
+ * delivering within linger), so this is one made with core.new alone, or
+ * the copy of a forked child.  Freed at once, and what its queues still held
+ * is said on stderr (no Lua called: the state is being finalized), never
+ * dropped silently. */
 static int l_gc(lua_State *L) {
     lb_ctx *b = luaL_checkudata(L, 1, CTX_MT);
+    if (b->c) {
+        uint64_t ev = 0, by = 0;
+        lei_ctx_pending(b->c, &ev, &by);
+        if (ev > 0)
+            fprintf(stderr, "lecho: a context freed without close: %llu events (%llu bytes) queued "
+                            "were not delivered\n", (unsigned long long)ev, (unsigned long long)by);
+    }
     ctx_close(b, L);
     return 0;
 }

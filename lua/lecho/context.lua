@@ -22,6 +22,7 @@ local sbuf = require "string.buffer"
 local core = require "lecho.core"
 
 local Context = {}
+pcall(ffi.cdef, "int getpid(void);")
 Context.__index = Context
 
 local function now(self) return self.c:now() end
@@ -967,11 +968,54 @@ function Context:close(opts)
     ok, err = nil, ("%d connection%s not closed by their remote within the linger time of %gs: "
       .. "what was sent there may not have been read"):format(open, open == 1 and "" or "s", linger)
   end
+  if err and self.ending then
+    err = err .. " (at the program's end: ctx:close() was not called)"
+    if self.quiet then
+      -- quiet silences the log, not a loss no caller can see any more
+      pcall(io.stderr.write, io.stderr, require("lecho.log").format("error", ("lecho[%s]"):format(self.addr),
+        "context", "close: " .. err) .. "\n")
+    end
+  end
   if err then self.log("close: " .. err) end
   self.close_ok, self.close_err = ok, err
   self.closed = true
+  self:_end_guard_off()
   self.c:close()
   return ok, err, err and "timeout"
+end
+
+--- The program ends (LuaJIT's lua_close runs the finalizers: a script's
+-- last line, an uncaught error, os.exit(code, true)) and the context is
+-- still open: it is closed as ctx:close() does, delivering what was
+-- submitted within `linger`, and what could not be is logged (to stderr
+-- even with quiet).  Called by the finalizer of the cdata lecho.context
+-- keeps in _end_guard: LuaJIT runs every cdata finalizer before any
+-- userdata's __gc, so the core context, the producer handles, timers,
+-- modulator states and open files are all still there.  (No GC step runs
+-- inside a finalizer: what the linger allocates waits for lua_close.)
+function Context:_at_end()
+  if self.closed or self.closing then return end
+  -- A forked child that ends shares our sockets: a graceful close there
+  -- would end the parent's connections.  It leaves them alone (the core
+  -- context's __gc frees its copy, saying what that copy held).
+  if ffi.C.getpid() ~= self._pid then return end
+  self.ending = true
+  local ok, err = pcall(self.close, self)
+  if not ok then
+    pcall(io.stderr.write, io.stderr, ("lecho[%s]: close at the program's end failed, what was queued "
+      .. "is lost: %s\n"):format(tostring(self.addr), tostring(err)))
+    pcall(self.c.close, self.c)
+  end
+end
+
+-- The guard's finalizer removed (a closed context owes nothing at the end):
+-- else the finalizer table (weak keys, strong values) would keep the
+-- closure, and through it the context, alive until the program ends.
+function Context:_end_guard_off()
+  if self._end_guard then
+    ffi.gc(self._end_guard, nil)
+    self._end_guard = nil
+  end
 end
 
 return Context

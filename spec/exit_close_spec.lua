@@ -143,4 +143,35 @@ io.stdout:write("queued ", events, "\n")
     assert.matches("queued 3", S.output(child))
     assert.matches("a context freed without close: 3 events %(%d+ bytes%) queued were not delivered", S.errors(child))
   end)
+
+  it("delivers between two contexts of one script that ends, at once", function()
+    -- no loop runs at the end but the one closing: the other context of
+    -- the state is turned beside it (else the close waited its whole
+    -- linger for a remote that could not answer, and said so)
+    local child = S.lua([[
+local lecho = require "lecho"
+local b = lecho.context{ nameserver = arg[1], quiet = true }
+local n = 0
+assert(b:channel("exit-two"):consumer(function() n = n + 1 end))
+local a = lecho.context{ nameserver = arg[1], quiet = true }
+local ch = a:channel("exit-two")
+local p = assert(ch:producer())
+local t = a:now() + 20
+while a:now() < t and not next(ch.dests) do a:run_once(0.02) end
+for i = 1, 1000 do assert(p:submit(i)) end
+io.stdout:write("submitted; got ", n, "\n") io.stdout:flush()
+local guard = newproxy(true)     -- a userdata: finalized after both closed
+getmetatable(guard).__gc = function() io.stdout:write("at the end got ", n, "\n") io.stdout:flush() end
+keep_guard = guard
+]], ns)
+    local t0 = P.clock()
+    local done, rc = S.wait(child, 30, ctx)
+    local took = P.clock() - t0
+    assert.is_true(done, "the script did not end: " .. S.errors(child))
+    assert.are.equal(0, rc, S.errors(child))
+    assert.matches("submitted; got 0", S.output(child))
+    assert.matches("at the end got 1000\n", S.output(child))
+    assert.are.equal("", S.errors(child))
+    assert.is_true(took < 10, ("the script took %.1fs"):format(took))
+  end)
 end)

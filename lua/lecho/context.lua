@@ -926,6 +926,19 @@ function Context:stats()
   return s
 end
 
+-- The contexts of this Lua state still open (weak keys: a Lua table per
+-- state, no C state), for a close at the program's end (Context:_at_end).
+local open_ctxs = setmetatable({}, { __mode = "k" })
+function Context:_opened() open_ctxs[self] = true end
+-- The others still open, or nil.
+local function open_others(self)
+  local t
+  for o in pairs(open_ctxs) do
+    if o ~= self and not o.closed then t = t or {}; t[#t + 1] = o end
+  end
+  return t
+end
+
 --- Closes the context.  What was submitted before is delivered first:
 -- every queue is written, then each connection ends and close waits until
 -- the remote closed its side too (it has read everything), for at most
@@ -958,7 +971,21 @@ function Context:close(opts)
   local can_wait = self.c:depth() == 0 or self.cos[coroutine.running() or 0]
   if linger > 0 and can_wait then
     self.c:shutdown()
-    self:_wait(function() return self.c:pending() == 0 end, now(self) + linger)
+    local others = self.ending and open_others(self)
+    if others then
+      -- at the program's end no loop runs but this one: the other contexts
+      -- of this state (this one's peers, maybe) are turned beside it, so
+      -- that they read what it sends and close their side
+      local deadline = now(self) + linger
+      while self.c:pending() ~= 0 and now(self) < deadline do
+        self.c:run_once(0.01)
+        for _, o in ipairs(others) do
+          if not o.closed and o.c:depth() == 0 then o.c:run_once(0) end
+        end
+      end
+    else
+      self:_wait(function() return self.c:pending() == 0 end, now(self) + linger)
+    end
   end
   local open, events, bytes = self.c:pending()
   if events > 0 then
@@ -979,6 +1006,7 @@ function Context:close(opts)
   if err then self.log("close: " .. err) end
   self.close_ok, self.close_err = ok, err
   self.closed = true
+  open_ctxs[self] = nil
   self:_end_guard_off()
   self.c:close()
   return ok, err, err and "timeout"
@@ -1000,6 +1028,26 @@ function Context:_at_end()
   -- context's __gc frees its copy, saying what that copy held).
   if ffi.C.getpid() ~= self._pid then return end
   self.ending = true
+  local others = open_others(self)
+  if others then
+    -- Several contexts in this state (one may consume what another
+    -- produces): all write their queues while all are still open, their
+    -- loops turned in turn, then a few more turns to read what was just
+    -- written, within linger; then each closes (which turns the others).
+    local all, deadline = { self, unpack(others) }, now(self) + self.linger
+    local settle = 10
+    while settle > 0 and now(self) < deadline do
+      local queued = false
+      for _, o in ipairs(all) do
+        if not o.closed and o.c:depth() == 0 then
+          o.c:run_once(0.002)
+          local _, ev = o.c:pending()
+          if ev > 0 then queued = true end
+        end
+      end
+      if not queued then settle = settle - 1 end
+    end
+  end
   local ok, err = pcall(self.close, self)
   if not ok then
     pcall(io.stderr.write, io.stderr, ("lecho[%s]: close at the program's end failed, what was queued "

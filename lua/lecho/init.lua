@@ -170,6 +170,7 @@ function M.context(opts)
   -- finalizer); ctx:close() removes it.
   self._end_guard = ffi.gc(ffi.new("char[1]"), function() self:_at_end() end)
   self._pid = ffi.C.getpid()
+  self:_opened()
   for _, e in ipairs(identity and identity.trust.keys or {}) do self.trust_names[e.public] = e.name end
   -- ctx.log(msg [, level [, component]]): lecho.log (doc/operations.md "Logs")
   self.log, self.log_level = logging.logger(opts, function() return ("lecho[%s]"):format(addr) end)

@@ -956,6 +956,8 @@ function Context:close(opts)
   self.closing = true
   if self.trustwatch then require("lecho.trustwatch").stop(self) end
   local linger = opts and opts.linger or self.linger
+  -- (at the program's end, the linger left after the other contexts wrote)
+  local wait = self.end_deadline and math.max(self.end_deadline - now(self), 0) or linger
   -- groups (lecho.group): left at every name server, the others told now
   for _, g in pairs(self.groups or {}) do g:leave() end
   for _, ch in pairs(self.byname) do
@@ -969,14 +971,14 @@ function Context:close(opts)
   local ok, err = true, nil
   -- Lingering waits: on the main line, or in a callback of ours (it suspends).
   local can_wait = self.c:depth() == 0 or self.cos[coroutine.running() or 0]
-  if linger > 0 and can_wait then
+  if wait > 0 and can_wait then
     self.c:shutdown()
     local others = self.ending and open_others(self)
     if others then
       -- at the program's end no loop runs but this one: the other contexts
       -- of this state (this one's peers, maybe) are turned beside it, so
       -- that they read what it sends and close their side
-      local deadline = now(self) + linger
+      local deadline = now(self) + wait
       while self.c:pending() ~= 0 and now(self) < deadline do
         self.c:run_once(0.01)
         for _, o in ipairs(others) do
@@ -984,7 +986,7 @@ function Context:close(opts)
         end
       end
     else
-      self:_wait(function() return self.c:pending() == 0 end, now(self) + linger)
+      self:_wait(function() return self.c:pending() == 0 end, now(self) + wait)
     end
   end
   local open, events, bytes = self.c:pending()
@@ -1029,12 +1031,14 @@ function Context:_at_end()
   if ffi.C.getpid() ~= self._pid then return end
   self.ending = true
   local others = open_others(self)
-  if others then
+  if others and self.c:depth() == 0 then
     -- Several contexts in this state (one may consume what another
     -- produces): all write their queues while all are still open, their
     -- loops turned in turn, then a few more turns to read what was just
-    -- written, within linger; then each closes (which turns the others).
+    -- written; then each closes (which turns the others), all of it
+    -- within this context's linger.
     local all, deadline = { self, unpack(others) }, now(self) + self.linger
+    self.end_deadline = deadline
     local settle = 10
     while settle > 0 and now(self) < deadline do
       local queued = false

@@ -168,7 +168,13 @@ function M.context(opts)
   -- The program's end without ctx:close(): closed as close does, delivering
   -- what was queued within linger (Context:_at_end says why a cdata's
   -- finalizer); ctx:close() removes it.
-  self._end_guard = ffi.gc(ffi.new("char[1]"), function() self:_at_end() end)
+  self._end_guard = ffi.gc(ffi.new("char[1]"), function()
+    local ok, err = pcall(self._at_end, self)
+    if not ok then
+      pcall(io.stderr.write, io.stderr, ("lecho[%s]: close at the program's end failed, what was queued "
+        .. "may be lost: %s\n"):format(tostring(self.addr), tostring(err)))
+    end
+  end)
   self._pid = ffi.C.getpid()
   self:_opened()
   for _, e in ipairs(identity and identity.trust.keys or {}) do self.trust_names[e.public] = e.name end

@@ -174,4 +174,36 @@ keep_guard = guard
     assert.are.equal("", S.errors(child))
     assert.is_true(took < 10, ("the script took %.1fs"):format(took))
   end)
+
+  it("delivers what it queued when it ends by os.exit(code) (the state not closed)", function()
+    local N = 20000
+    local consumer = S.consumer{ ns = ns, channels = { "exit-osexit" }, expect = N, duration = 40 }
+    local child = S.lua(PRODUCER:gsub('io.stdout:write%("submitted "', 'os.exit(3) io.stdout:write("submitted "'),
+                        ns, "exit-osexit", tostring(N), "200", "2", "")
+    local done, rc = S.wait(child, 40, ctx)
+    assert.is_true(done, "the producer did not end: " .. S.errors(child))
+    assert.are.equal(3, rc, S.errors(child))
+    local res = S.result(consumer, 40, ctx)
+    assert.are.equal(N, res.count, "the consumer got " .. res.count .. ": " .. S.errors(child))
+    assert.are.equal("", S.errors(child))
+  end)
+
+  it("delivers what a C program queued when it returns from main without lecho_close", function()
+    local root = S.sh_quote(S.root)
+    local ok, log = S.sh(("make -s -C %s build/liblecho.so"):format(root))
+    assert(ok, "building liblecho failed: " .. log)
+    local bin = S.tmpname("capi_exit")
+    ok, log = S.sh(("cc -O2 -Wall -Wextra -Werror -I%s/core -o %s %s/spec/support/capi_exit.c "
+      .. "-L%s/build -llecho -Wl,-rpath,%s/build"):format(root, bin, root, root, root))
+    assert(ok, "compiling spec/support/capi_exit.c failed: " .. log)
+    local N = 20000
+    local consumer = S.consumer{ ns = ns, channels = { "exit-c" }, expect = N, duration = 40 }
+    local child = S.spawn(("LECHO_LUA_DIR=%s/lua %s %s exit-c %d"):format(root, bin, S.sh_quote(ns), N))
+    local done, rc = S.wait(child, 40, ctx)
+    assert.is_true(done, "the C producer did not end: " .. S.errors(child))
+    assert.are.equal(0, rc, S.errors(child))
+    assert.matches("submitted", S.output(child))
+    local res = S.result(consumer, 40, ctx)
+    assert.are.equal(N, res.count, "the consumer got " .. res.count .. ": " .. S.errors(child))
+  end)
 end)

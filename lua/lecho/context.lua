@@ -1060,6 +1060,24 @@ function Context:_at_end()
   end
 end
 
+--- exit() with contexts open and LuaJIT's state not closed (os.exit(code),
+-- a C program's return from main with a liblecho context): each is closed
+-- as at the program's end.  Run by core.on_exit's handler
+-- (core/binding/lua_ctx.c), in the thread and process that made them.
+function Context._exit_all()
+  local list = {}
+  for o in pairs(open_ctxs) do
+    if not o.closed then list[#list + 1] = o end
+  end
+  for _, o in ipairs(list) do
+    local ok, err = pcall(o._at_end, o)
+    if not ok then
+      pcall(io.stderr.write, io.stderr, ("lecho[%s]: close at exit failed, what was queued may be lost: %s\n")
+        :format(tostring(o.addr), tostring(err)))
+    end
+  end
+end
+
 -- The guard's finalizer removed (a closed context owes nothing at the end):
 -- else the finalizer table (weak keys, strong values) would keep the
 -- closure, and through it the context, alive until the program ends.

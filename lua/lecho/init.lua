@@ -177,6 +177,8 @@ function M.context(opts)
   end)
   self._pid = ffi.C.getpid()
   self:_opened()
+  -- exit() without the state closed (os.exit(code)): the same close
+  core.on_exit(Context._exit_all)
   for _, e in ipairs(identity and identity.trust.keys or {}) do self.trust_names[e.public] = e.name end
   -- ctx.log(msg [, level [, component]]): lecho.log (doc/operations.md "Logs")
   self.log, self.log_level = logging.logger(opts, function() return ("lecho[%s]"):format(addr) end)

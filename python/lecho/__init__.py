@@ -507,7 +507,7 @@ class Context:
     def _close(self, linger, handling):
         if self._x is None:
             return
-        atexit.unregister(self._at_exit)
+        atexit.unregister(getattr(self, "_at_exit", None))   # (absent when __init__ failed early)
         if len(self._pins):
             gc.collect()
         self.detach()

@@ -109,7 +109,13 @@ LECHO_API int lecho_open(const char *const *opts, lecho_ctx **out, char *err, si
  * context's `linger` option, 2 s), closes every endpoint and frees the
  * context and every handle made from it.  0, or a code when something could
  * not be delivered (LECHO_ETIMEOUT; it is logged unless "quiet"; the context
- * is freed all the same).  NULL is a no-op. */
+ * is freed all the same).  NULL is a no-op.  A program that returns from
+ * main, or calls exit(), without lecho_close has its contexts closed so
+ * (with their `linger`; what could not be delivered on stderr) by an exit
+ * handler registered per context's state (glibc's on_exit), but only in
+ * the thread that opened them: a context of another thread, _exit(), a
+ * kill or a crash loses what is still queued.  Call lecho_close before the
+ * end. */
 LECHO_API int lecho_close(lecho_ctx *ctx, double linger);
 /* lecho_close that also tells why: err (when not NULL) gets the message of
  * a failure ("3 events (3145728 bytes) not delivered within ..."), "" on

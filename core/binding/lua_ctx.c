@@ -15,10 +15,12 @@
 
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* An expected failure as Lua sees it: nil, message, code name (errors.h).
  * Returns the number of values pushed. */
@@ -265,9 +267,95 @@ void lb_close_if_pending(lb_ctx *b, lua_State *L) {
     if (b->close_pending && b->c && lei_ctx_depth(b->c) == 0) ctx_close(b, L);
 }
 
+/* A context collected, or left at the program's end, while still open:
+ * lecho.context closes its own contexts first (context.lua Context:_at_end,
+ * delivering within linger), so this is one made with core.new alone, or
+ * the copy of a forked child.  Freed at once, and what its queues still held
+ * is said on stderr (no Lua called: the state is being finalized), never
+ * dropped silently. */
 static int l_gc(lua_State *L) {
     lb_ctx *b = luaL_checkudata(L, 1, CTX_MT);
+    if (b->c) {
+        uint64_t ev = 0, by = 0;
+        lei_ctx_pending(b->c, &ev, &by);
+        if (ev > 0)
+            fprintf(stderr, "lecho: a context freed without close: %llu events (%llu bytes) queued "
+                            "were not delivered\n", (unsigned long long)ev, (unsigned long long)by);
+    }
     ctx_close(b, L);
+    return 0;
+}
+
+/* exit() without lua_close (LuaJIT's os.exit(code), a C program that
+ * returns from main with a liblecho context open): the function given to
+ * core.on_exit runs, in the thread and process that registered it, before
+ * the process ends (lecho.context closes the contexts still open with it).
+ * One registration per Lua state, with glibc's on_exit (it takes an
+ * argument: no list of states of ours).  Its record is owned by the
+ * process's exit list and lives until exit (one per Lua state ever made
+ * that opened a lecho context: a few dozen bytes); the state's registry
+ * holds a userdata whose __gc clears `L` when the state closes, after which
+ * the record does nothing. */
+typedef struct {
+    lua_State *L;  /* a thread of the state, kept in the registry; NULL once it closed */
+    pid_t pid;     /* a forked child does not close its parent's contexts */
+    pthread_t th;  /* nor another thread than the one that registered */
+} lb_exit;
+
+#define EXIT_KEY "lecho.core.on_exit"
+
+static void exit_cb(int status, void *arg) {
+    (void)status;
+    lb_exit *x = arg;
+    if (!x->L || x->pid != getpid() || !pthread_equal(x->th, pthread_self())) return;
+    lua_State *L = x->L;
+    x->L = NULL; /* once */
+    if (!lua_checkstack(L, 4)) return;
+    lua_getfield(L, LUA_REGISTRYINDEX, EXIT_KEY ".fn");
+    if (lua_isfunction(L, -1)) {
+        if (lua_pcall(L, 0, 0, 0)) {
+            fprintf(stderr, "lecho: closing the contexts at exit failed: %s\n", lua_tostring(L, -1));
+            lua_pop(L, 1);
+        }
+    } else {
+        lua_pop(L, 1);
+    }
+}
+
+static int exit_mark_gc(lua_State *L) {
+    lb_exit **m = lua_touserdata(L, 1);
+    if (m && *m) (*m)->L = NULL;
+    return 0;
+}
+
+/* core.on_exit(fn): fn() runs at exit() when the state was not closed
+ * before (see lb_exit); the latest fn given counts. */
+static int l_on_exit(lua_State *L) {
+    luaL_checktype(L, 1, LUA_TFUNCTION);
+    lua_pushvalue(L, 1);
+    lua_setfield(L, LUA_REGISTRYINDEX, EXIT_KEY ".fn");
+    lua_getfield(L, LUA_REGISTRYINDEX, EXIT_KEY);
+    int done = !lua_isnil(L, -1);
+    lua_pop(L, 1);
+    if (done) return 0;
+    lb_exit *x = malloc(sizeof *x);
+    if (!x) return luaL_error(L, "lecho: out of memory");
+    lb_exit **m = lua_newuserdata(L, sizeof *m); /* the marker: registry[EXIT_KEY] */
+    *m = NULL;
+    lua_newtable(L);
+    lua_pushcfunction(L, exit_mark_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_setmetatable(L, -2);
+    lua_setfield(L, LUA_REGISTRYINDEX, EXIT_KEY);
+    x->L = lua_newthread(L);
+    lua_setfield(L, LUA_REGISTRYINDEX, EXIT_KEY ".thread");
+    x->pid = getpid();
+    x->th = pthread_self();
+    if (on_exit(exit_cb, x) != 0) {
+        free(x);
+        return luaL_error(L, "lecho: on_exit failed");
+    }
+    *m = x;
     return 0;
 }
 
@@ -543,6 +631,8 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
     lb_prod_open(L); /* core.dataplane, core.dataplane_cdef */
     lua_pushcfunction(L, l_hash);
     lua_setfield(L, -2, "hash");
+    lua_pushcfunction(L, l_on_exit);
+    lua_setfield(L, -2, "on_exit");
     lua_pushcfunction(L, lei_lpat_new); /* core.lpat(): the modulators' pattern functions */
     lua_setfield(L, -2, "lpat");
     luaL_register(L, NULL, lb_auth_funcs); /* keypair, sign, verify, hex, unhex, random_id */

@@ -22,6 +22,7 @@ local sbuf = require "string.buffer"
 local core = require "lecho.core"
 
 local Context = {}
+pcall(ffi.cdef, "int getpid(void);")
 Context.__index = Context
 
 local function now(self) return self.c:now() end
@@ -932,6 +933,19 @@ function Context:stats()
   return s
 end
 
+-- The contexts of this Lua state still open (weak keys: a Lua table per
+-- state, no C state), for a close at the program's end (Context:_at_end).
+local open_ctxs = setmetatable({}, { __mode = "k" })
+function Context:_opened() open_ctxs[self] = true end
+-- The others still open, or nil.
+local function open_others(self)
+  local t
+  for o in pairs(open_ctxs) do
+    if o ~= self and not o.closed then t = t or {}; t[#t + 1] = o end
+  end
+  return t
+end
+
 --- Closes the context.  What was submitted before is delivered first:
 -- every queue is written, then each connection ends and close waits until
 -- the remote closed its side too (it has read everything), for at most
@@ -949,6 +963,8 @@ function Context:close(opts)
   self.closing = true
   if self.trustwatch then require("lecho.trustwatch").stop(self) end
   local linger = opts and opts.linger or self.linger
+  -- (at the program's end, the linger left after the other contexts wrote)
+  local wait = self.end_deadline and math.max(self.end_deadline - now(self), 0) or linger
   -- groups (lecho.group): left at every name server, the others told now
   for _, g in pairs(self.groups or {}) do g:leave() end
   for _, ch in pairs(self.byname) do
@@ -962,9 +978,23 @@ function Context:close(opts)
   local ok, err = true, nil
   -- Lingering waits: on the main line, or in a callback of ours (it suspends).
   local can_wait = self.c:depth() == 0 or self.cos[coroutine.running() or 0]
-  if linger > 0 and can_wait then
+  if wait > 0 and can_wait then
     self.c:shutdown()
-    self:_wait(function() return self.c:pending() == 0 end, now(self) + linger)
+    local others = self.ending and open_others(self)
+    if others then
+      -- at the program's end no loop runs but this one: the other contexts
+      -- of this state (this one's peers, maybe) are turned beside it, so
+      -- that they read what it sends and close their side
+      local deadline = now(self) + wait
+      while self.c:pending() ~= 0 and now(self) < deadline do
+        self.c:run_once(0.01)
+        for _, o in ipairs(others) do
+          if not o.closed and o.c:depth() == 0 then o.c:run_once(0) end
+        end
+      end
+    else
+      self:_wait(function() return self.c:pending() == 0 end, now(self) + wait)
+    end
   end
   local open, events, bytes = self.c:pending()
   if events > 0 then
@@ -974,11 +1004,95 @@ function Context:close(opts)
     ok, err = nil, ("%d connection%s not closed by their remote within the linger time of %gs: "
       .. "what was sent there may not have been read"):format(open, open == 1 and "" or "s", linger)
   end
+  if err and self.ending then
+    err = err .. " (at the program's end: ctx:close() was not called)"
+    if self.quiet then
+      -- quiet silences the log, not a loss no caller can see any more
+      pcall(io.stderr.write, io.stderr, require("lecho.log").format("error", ("lecho[%s]"):format(self.addr),
+        "context", "close: " .. err) .. "\n")
+    end
+  end
   if err then self.log("close: " .. err) end
   self.close_ok, self.close_err = ok, err
   self.closed = true
+  open_ctxs[self] = nil
+  self:_end_guard_off()
   self.c:close()
   return ok, err, err and "timeout"
+end
+
+--- The program ends (LuaJIT's lua_close runs the finalizers: a script's
+-- last line, an uncaught error, os.exit(code, true)) and the context is
+-- still open: it is closed as ctx:close() does, delivering what was
+-- submitted within `linger`, and what could not be is logged (to stderr
+-- even with quiet).  Called by the finalizer of the cdata lecho.context
+-- keeps in _end_guard: LuaJIT runs every cdata finalizer before any
+-- userdata's __gc, so the core context, the producer handles, timers,
+-- modulator states and open files are all still there.  (No GC step runs
+-- inside a finalizer: what the linger allocates waits for lua_close.)
+function Context:_at_end()
+  if self.closed or self.closing then return end
+  -- A forked child that ends shares our sockets: a graceful close there
+  -- would end the parent's connections.  It leaves them alone (the core
+  -- context's __gc frees its copy, saying what that copy held).
+  if ffi.C.getpid() ~= self._pid then return end
+  self.ending = true
+  local others = open_others(self)
+  if others and self.c:depth() == 0 then
+    -- Several contexts in this state (one may consume what another
+    -- produces): all write their queues while all are still open, their
+    -- loops turned in turn, then a few more turns to read what was just
+    -- written; then each closes (which turns the others), all of it
+    -- within this context's linger.
+    local all, deadline = { self, unpack(others) }, now(self) + self.linger
+    self.end_deadline = deadline
+    local settle = 10
+    while settle > 0 and now(self) < deadline do
+      local queued = false
+      for _, o in ipairs(all) do
+        if not o.closed and o.c:depth() == 0 then
+          o.c:run_once(0.002)
+          local _, ev = o.c:pending()
+          if ev > 0 then queued = true end
+        end
+      end
+      if not queued then settle = settle - 1 end
+    end
+  end
+  local ok, err = pcall(self.close, self)
+  if not ok then
+    pcall(io.stderr.write, io.stderr, ("lecho[%s]: close at the program's end failed, what was queued "
+      .. "is lost: %s\n"):format(tostring(self.addr), tostring(err)))
+    pcall(self.c.close, self.c)
+  end
+end
+
+--- exit() with contexts open and LuaJIT's state not closed (os.exit(code),
+-- a C program's return from main with a liblecho context): each is closed
+-- as at the program's end.  Run by core.on_exit's handler
+-- (core/binding/lua_ctx.c), in the thread and process that made them.
+function Context._exit_all()
+  local list = {}
+  for o in pairs(open_ctxs) do
+    if not o.closed then list[#list + 1] = o end
+  end
+  for _, o in ipairs(list) do
+    local ok, err = pcall(o._at_end, o)
+    if not ok then
+      pcall(io.stderr.write, io.stderr, ("lecho[%s]: close at exit failed, what was queued may be lost: %s\n")
+        :format(tostring(o.addr), tostring(err)))
+    end
+  end
+end
+
+-- The guard's finalizer removed (a closed context owes nothing at the end):
+-- else the finalizer table (weak keys, strong values) would keep the
+-- closure, and through it the context, alive until the program ends.
+function Context:_end_guard_off()
+  if self._end_guard then
+    ffi.gc(self._end_guard, nil)
+    self._end_guard = nil
+  end
 end
 
 return Context

@@ -24,6 +24,7 @@
 
 require "lecho.check"
 local core = require "lecho.core"
+local ffi = require "ffi"
 local registry = require "lecho.ns.registry"
 local fastenc = require "lecho.fastenc"
 local options = require "lecho.options"
@@ -162,7 +163,22 @@ function M.context(opts)
     max_peers = opts.max_peers or D.max_peers,
     max_calls = opts.max_calls_in_flight or D.max_calls_in_flight,  -- lecho.call
     closed = false,
+    quiet = opts.quiet or false,
   }, Context)
+  -- The program's end without ctx:close(): closed as close does, delivering
+  -- what was queued within linger (Context:_at_end says why a cdata's
+  -- finalizer); ctx:close() removes it.
+  self._end_guard = ffi.gc(ffi.new("char[1]"), function()
+    local ok, err = pcall(self._at_end, self)
+    if not ok then
+      pcall(io.stderr.write, io.stderr, ("lecho[%s]: close at the program's end failed, what was queued "
+        .. "may be lost: %s\n"):format(tostring(self.addr), tostring(err)))
+    end
+  end)
+  self._pid = ffi.C.getpid()
+  self:_opened()
+  -- exit() without the state closed (os.exit(code)): the same close
+  core.on_exit(Context._exit_all)
   for _, e in ipairs(identity and identity.trust.keys or {}) do self.trust_names[e.public] = e.name end
   -- ctx.log(msg [, level [, component]]): lecho.log (doc/operations.md "Logs")
   self.log, self.log_level = logging.logger(opts, function() return ("lecho[%s]"):format(addr) end)

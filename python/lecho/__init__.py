@@ -11,6 +11,7 @@ is a peer like any other.  doc/python.md is the reference.
     for ev in ch.subscribe(modulator="function enqueue(ev) if ev.step % 10 == 0 then return ev end end"):
         print(ev["step"])
 """
+import atexit
 import collections
 import gc
 import sys
@@ -179,6 +180,19 @@ class Context:
         self.on_handler_error = _print_handler_error
         self._flag = ffi.new("int *")  # lecho_get_bool's out, for _block_pending
         self.close_error = None       # close()'s LechoError when it did not raise it
+        self._quiet = bool(opts.get("quiet"))
+        # The program's end without close(): closed as close() does (what was
+        # submitted delivered within linger).  atexit runs before CPython
+        # tears the modules down; a weak reference, so that the registration
+        # does not keep the context; close() unregisters it.
+        ref = weakref.ref(self)
+
+        def at_exit():
+            c = ref()
+            if c is not None:
+                c._at_end("the program's end")
+        self._at_exit = at_exit
+        atexit.register(at_exit)
         try:
             self._sync_timeout = float(opts.get("sync_timeout", 10))
         except (TypeError, ValueError):
@@ -472,9 +486,28 @@ class Context:
         them goes."""
         self._close(linger, sys.exc_info()[0] is not None)
 
+    def _at_end(self, when):
+        """close() at the program's end or when the context is collected
+        open: delivers within the context's linger; what it could not
+        deliver is logged by the context and, with quiet (nobody can see
+        close()'s result any more), said on stderr."""
+        if getattr(self, "_x", None) is None or threading.get_ident() != self._thread:
+            return
+        try:
+            self._close(-1.0, True)
+        except BaseException as e:        # never raised out of atexit or __del__
+            self.close_error = e
+        if self.close_error is not None and self._quiet:
+            try:
+                sys.stderr.write("lecho: close at %s (close() was not called): %s\n" % (when, self.close_error))
+                sys.stderr.flush()
+            except Exception:
+                pass
+
     def _close(self, linger, handling):
         if self._x is None:
             return
+        atexit.unregister(getattr(self, "_at_exit", None))   # (absent when __init__ failed early)
         if len(self._pins):
             gc.collect()
         self.detach()
@@ -505,11 +538,7 @@ class Context:
         self._close(-1.0, etype is not None)
 
     def __del__(self):
-        if getattr(self, "_x", None) is not None and threading.get_ident() == self._thread:
-            try:
-                self.close(0)
-            except Exception:
-                pass
+        self._at_end("its collection")
 
 
 class _Mem:

@@ -1016,3 +1016,85 @@ def test_import_under_a_python_without_debians_packages_names_usr_bin_python3():
     assert r.returncode != 0
     last = r.stderr.strip().splitlines()[-1]
     assert "/usr/bin/python3" in last and "python3-cffi" in last and sys.executable in last, r.stderr
+
+
+# A Lua consumer of `channel` that counts its events until it has argv[3]
+# of them or 40 s passed, then prints "got N".
+COUNTER_LUA = """
+local lecho = require "lecho"
+local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+local n, want = 0, tonumber(arg[3])
+assert(ctx:channel(arg[2]):consumer(function() n = n + 1 end))
+io.stdout:write("ready\\n") io.stdout:flush()
+local t = ctx:now() + 40
+while n < want and ctx:now() < t do ctx:run_once(0.05) end
+io.stdout:write("got ", n, "\\n") io.stdout:flush()
+ctx:close()
+"""
+
+# A Python producer of argv[2] that submits argv[3] events of argv[4]
+# bytes and simply ends: no close().
+ENDS_WITHOUT_CLOSE_PY = """
+import sys, lecho
+ctx = lecho.Context(nameserver=sys.argv[1], quiet=True, linger=float(sys.argv[5]))
+p = ctx.channel(sys.argv[2]).producer()
+if sys.argv[6] == "connect":
+    p.submit_sync({"i": 0}, timeout=20)
+    print("connected", flush=True)
+    sys.stdin.readline()
+pad = "x" * int(sys.argv[4])
+for i in range(int(sys.argv[3])):
+    p.submit({"i": i, "pad": pad})
+print("submitted", flush=True)
+"""
+
+
+def test_a_script_that_ends_without_close_delivers_what_it_submitted(nameserver, procs, tmp_path):
+    # Before: the context was never closed at the interpreter's exit (its
+    # __del__, if it ran at all, closed with linger 0 and said nothing):
+    # a consumer got 0 of the 20000 events
+    n = 20000
+    cons_lua = tmp_path / "counter.lua"
+    cons_lua.write_text(COUNTER_LUA)
+    cons = procs.lua_script(str(cons_lua), nameserver, "py.atexit", n)
+    readline(cons, "^ready")
+    script = tmp_path / "prod.py"
+    script.write_text(ENDS_WITHOUT_CLOSE_PY)
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    p = procs.start([sys.executable, str(script), nameserver, "py.atexit", str(n), "200", "2", "-"], env=env)
+    out = rest(p, timeout=40)
+    assert p.wait(10) == 0, out
+    assert "submitted" in out
+    assert readline(cons, r"^got (\d+)", timeout=45).group(1) == str(n)
+
+
+def test_a_script_that_ends_without_close_says_what_it_could_not_deliver(nameserver, procs, tmp_path):
+    # A consumer that does not read (SIGSTOP): the producer's exit is
+    # bounded by its linger, and its stderr (even with quiet) names what
+    # was not delivered
+    n, linger = 20000, 1
+    cons_lua = tmp_path / "counter.lua"
+    cons_lua.write_text(COUNTER_LUA)
+    cons = procs.lua_script(str(cons_lua), nameserver, "py.atexit.stopped", n + 1)
+    readline(cons, "^ready")
+    script = tmp_path / "prod.py"
+    script.write_text(ENDS_WITHOUT_CLOSE_PY)
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    p = procs.start([sys.executable, str(script), nameserver, "py.atexit.stopped", str(n), "2000",
+                     str(linger), "connect"], env=env, stdin=subprocess.PIPE)
+    readline(p, "^connected")
+    cons.send_signal(signal.SIGSTOP)
+    try:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        readline(p, "^submitted", timeout=30)
+        t0 = time.monotonic()
+        out = rest(p, timeout=30)
+        took = time.monotonic() - t0
+        assert p.wait(10) == 0, out
+    finally:
+        cons.send_signal(signal.SIGCONT)
+    assert took < linger + 3, (took, out)
+    said = [l for l in out if "not delivered within the linger time of 1s" in l]
+    assert len(said) == 1, out
+    assert "close() was not called" in said[0]

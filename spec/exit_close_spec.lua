@@ -1,0 +1,209 @@
+-- A script that submits and simply ends (no ctx:close(), no os.exit): its
+-- context is closed as ctx:close() does when LuaJIT closes the state and
+-- runs the finalizers (doc/semantics.md "Close").  Before, the context's
+-- __gc freed it abruptly: a producer of 20000 events that ended without
+-- close delivered none of them, and said nothing; one whose consumer's
+-- modulator had just failed there never told the consumer's on_error.
+local S = require "spec.support"
+local P = require "spec.support.proc"
+
+-- A producer of `chan` that waits until its manager listed a consumer
+-- (go == "": the connection to it may still be coming up, so nearly
+-- everything is queued at the end, as in the issue) or until that consumer
+-- is connected (a sync submit ran there) and the file `go` exists, queues
+-- n events of pad bytes and ends: no close, no os.exit.
+local PRODUCER = [[
+local lecho = require "lecho"
+local ns, chan, n, pad, linger, go = arg[1], arg[2], tonumber(arg[3]), tonumber(arg[4]), tonumber(arg[5]), arg[6]
+local ctx = lecho.context{ nameserver = ns, quiet = true, linger = linger, queue_limit = 4 * n * (pad + 64) }
+local ch = ctx:channel(chan)
+local p = assert(ch:producer())
+local t = ctx:now() + 20
+while ctx:now() < t and not next(ch.dests) do ctx:run_once(0.02) end
+assert(next(ch.dests), "no consumer listed")
+if go ~= "" then
+  assert(p:submit_sync({ i = 0 }, { timeout = 20 }))
+  io.stdout:write("connected\n") io.stdout:flush()
+  while not io.open(go, "r") do ctx:run_once(0.02) end
+end
+local blob = ("x"):rep(pad)
+for i = 1, n do assert(p:submit({ i = i, pad = blob })) end
+local _, events, bytes = ctx.c:pending()
+io.stdout:write("submitted ", events, " ", bytes, "\n") io.stdout:flush()
+]]
+
+-- n processes spinning for ever (killed by S.cleanup).
+local function busy_loops(n)
+  local t = {}
+  for i = 1, n do t[i] = S.spawn(("%s -e 'while true do end'"):format(S.luajit)) end
+  S.sleep(0.2)
+  for i = 1, n do assert(S.alive(t[i]), "busy loop did not start: " .. S.errors(t[i])) end
+  return t
+end
+
+describe("a script that ends without ctx:close()", function()
+  local ns, ctx
+  setup(function() ns, ctx = S.world() end)
+  teardown(function() S.end_world(ctx) end)
+
+  it("delivers the 20000 events it queued, with two busy loops running", function()
+    local N = 20000
+    busy_loops(2)
+    local consumer = S.consumer{ ns = ns, channels = { "exit-all" }, expect = N, duration = 40 }
+    local child = S.lua(PRODUCER, ns, "exit-all", tostring(N), "200", "2", "")
+    local done, rc = S.wait(child, 40, ctx)
+    assert.is_true(done, "the producer did not end: " .. S.errors(child))
+    assert.are.equal(0, rc, S.errors(child))
+    local line = S.output(child):match("submitted (%d+)")
+    assert(line, "the producer did not submit: " .. S.output(child) .. S.errors(child))
+    local res = S.result(consumer, 40, ctx)
+    assert.are.equal(N, res.count, ("the consumer got %d of %d (%s were still queued at the script's end): %s")
+      :format(res.count, N, line, S.errors(child)))
+    assert.is_true(res.order_ok)
+    assert.are.equal("", S.errors(child))
+  end)
+
+  it("says on stderr what it could not deliver to a consumer that does not read, within linger", function()
+    local N, LINGER = 20000, 1
+    local consumer = S.consumer{ ns = ns, channels = { "exit-stopped" }, expect = N + 1, duration = 60 }
+    local go = S.tmpname("go")
+    local child = S.lua(PRODUCER, ns, "exit-stopped", tostring(N), "2000", tostring(LINGER), go)
+    assert(S.wait_file(child.out, "connected", 30), "the producer did not connect: " .. S.errors(child))
+    S.kill(consumer, "STOP")
+    S.write(go, "go")
+    local line = S.wait_file(child.out, "submitted %d+", 30)
+    assert(line, "the producer did not submit: " .. S.errors(child))
+    local t0 = P.clock()
+    local done, rc = S.wait(child, 30, ctx)
+    local took = P.clock() - t0
+    S.kill(consumer, "CONT")
+    assert.is_true(done, "the producer did not end: " .. S.errors(child))
+    assert.are.equal(0, rc, S.errors(child))
+    -- bounded by linger (plus the scheduling of a loaded machine)
+    assert.is_true(took < LINGER + 3, ("the producer took %.1fs to end after its last submit (linger %gs)")
+      :format(took, LINGER))
+    local err = S.errors(child)
+    assert.matches("close: %d+ events %(%d+ bytes%) not delivered within the linger time of 1s", err)
+    assert.matches("ctx:close%(%) was not called", err)
+    local _, nl = err:gsub("\n", "")
+    assert.are.equal(1, nl, "one line: " .. err)
+  end)
+
+  it("tells the consumer's on_error that its modulator failed there, when the script ends right after", function()
+    local cons = S.lua([[
+local cjson = require "cjson"
+local lecho = require "lecho"
+local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+local errs = {}
+assert(ctx:channel("exit-mod"):consumer(function() end, {
+  modulator = [=[ function enqueue(ev) if ev.i == 3 then error("boom at three") end emit(ev) end ]=],
+  on_error = function(e) errs[#errs + 1] = tostring(e) end }))
+io.stdout:write("ready\n") io.stdout:flush()
+local t = ctx:now() + 20
+while ctx:now() < t and not errs[1] do ctx:run_once(0.05) end
+io.stdout:write(cjson.encode{ errors = errs }, "\n")
+ctx:close()
+]], ns)
+    assert(S.wait_file(cons.out, "ready", 20), "consumer did not start: " .. S.errors(cons))
+    local prod = S.lua([[
+local lecho = require "lecho"
+local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+local ch = ctx:channel("exit-mod")
+local p = assert(ch:producer())
+local t = ctx:now() + 20
+while ctx:now() < t and not next(ch.mods) do ctx:run_once(0.02) end
+assert(next(ch.mods), "no modulator installed")
+for i = 1, 5 do assert(p:submit({ i = i })) end
+io.stdout:write("submitted\n")
+]], ns)
+    local done, rc = S.wait(prod, 30, ctx)
+    assert.is_true(done, "the producer did not end: " .. S.errors(prod))
+    assert.are.equal(0, rc, S.errors(prod))
+    assert.matches("submitted", S.output(prod))
+    local res = S.result(cons, 30, ctx)
+    assert.are.equal(1, #res.errors, "on_error was not called: " .. S.errors(cons))
+    assert.matches("modulator at [^ ]+: .*boom at three", res.errors[1])
+  end)
+
+  it("says what a core context made without lecho.context held when it is freed open", function()
+    local child = S.lua([[
+local core = require "lecho.core"
+local c = core.new()
+assert(c:listen("127.0.0.1:0"))
+local ch = c:channel("127.0.0.1:1/raw")
+c:set_local(ch, false)
+c:set_dests(ch, { arg[1] })
+for i = 1, 3 do assert(c:submit(ch, 1, i, "v" .. i, false, "block")) end
+local _, events = c:pending()
+io.stdout:write("queued ", events, "\n")
+]], (S.refusing_addr()))
+    local done, rc = S.wait(child, 20, ctx)
+    assert.is_true(done)
+    assert.are.equal(0, rc, S.errors(child))
+    assert.matches("queued 3", S.output(child))
+    assert.matches("a context freed without close: 3 events %(%d+ bytes%) queued were not delivered", S.errors(child))
+  end)
+
+  it("delivers between two contexts of one script that ends, at once", function()
+    -- no loop runs at the end but the one closing: the other context of
+    -- the state is turned beside it (else the close waited its whole
+    -- linger for a remote that could not answer, and said so)
+    local child = S.lua([[
+local lecho = require "lecho"
+local b = lecho.context{ nameserver = arg[1], quiet = true }
+local n = 0
+assert(b:channel("exit-two"):consumer(function() n = n + 1 end))
+local a = lecho.context{ nameserver = arg[1], quiet = true }
+local ch = a:channel("exit-two")
+local p = assert(ch:producer())
+local t = a:now() + 20
+while a:now() < t and not next(ch.dests) do a:run_once(0.02) end
+for i = 1, 1000 do assert(p:submit(i)) end
+io.stdout:write("submitted; got ", n, "\n") io.stdout:flush()
+local guard = newproxy(true)     -- a userdata: finalized after both closed
+getmetatable(guard).__gc = function() io.stdout:write("at the end got ", n, "\n") io.stdout:flush() end
+keep_guard = guard
+]], ns)
+    local t0 = P.clock()
+    local done, rc = S.wait(child, 30, ctx)
+    local took = P.clock() - t0
+    assert.is_true(done, "the script did not end: " .. S.errors(child))
+    assert.are.equal(0, rc, S.errors(child))
+    assert.matches("submitted; got 0", S.output(child))
+    assert.matches("at the end got 1000\n", S.output(child))
+    assert.are.equal("", S.errors(child))
+    assert.is_true(took < 10, ("the script took %.1fs"):format(took))
+  end)
+
+  it("delivers what it queued when it ends by os.exit(code) (the state not closed)", function()
+    local N = 20000
+    local consumer = S.consumer{ ns = ns, channels = { "exit-osexit" }, expect = N, duration = 40 }
+    local child = S.lua(PRODUCER:gsub('io.stdout:write%("submitted "', 'os.exit(3) io.stdout:write("submitted "'),
+                        ns, "exit-osexit", tostring(N), "200", "2", "")
+    local done, rc = S.wait(child, 40, ctx)
+    assert.is_true(done, "the producer did not end: " .. S.errors(child))
+    assert.are.equal(3, rc, S.errors(child))
+    local res = S.result(consumer, 40, ctx)
+    assert.are.equal(N, res.count, "the consumer got " .. res.count .. ": " .. S.errors(child))
+    assert.are.equal("", S.errors(child))
+  end)
+
+  it("delivers what a C program queued when it returns from main without lecho_close", function()
+    local root = S.sh_quote(S.root)
+    local ok, log = S.sh(("make -s -C %s build/liblecho.so"):format(root))
+    assert(ok, "building liblecho failed: " .. log)
+    local bin = S.tmpname("capi_exit")
+    ok, log = S.sh(("cc -O2 -Wall -Wextra -Werror -I%s/core -o %s %s/spec/support/capi_exit.c "
+      .. "-L%s/build -llecho -Wl,-rpath,%s/build"):format(root, bin, root, root, root))
+    assert(ok, "compiling spec/support/capi_exit.c failed: " .. log)
+    local N = 20000
+    local consumer = S.consumer{ ns = ns, channels = { "exit-c" }, expect = N, duration = 40 }
+    local child = S.spawn(("LECHO_LUA_DIR=%s/lua %s %s exit-c %d"):format(root, bin, S.sh_quote(ns), N))
+    local done, rc = S.wait(child, 40, ctx)
+    assert.is_true(done, "the C producer did not end: " .. S.errors(child))
+    assert.are.equal(0, rc, S.errors(child))
+    assert.matches("submitted", S.output(child))
+    local res = S.result(consumer, 40, ctx)
+    assert.are.equal(N, res.count, "the consumer got " .. res.count .. ": " .. S.errors(child))
+  end)
+end)

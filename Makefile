@@ -59,7 +59,7 @@ HDRS       := $(wildcard core/*.h core/*/*.h)
 SO         := lua/lecho/core.so
 WS_SO      := lua/lecho/ws.so
 CTESTS     := build/test_codec build/test_frame build/test_inmap build/test_ctx build/test_addr build/test_errors \
-              build/test_auth build/test_lpat
+              build/test_auth build/test_lpat build/test_shared
 
 # Debian packages the project needs, by the file that proves each is there:
 # RUN_DEPS to build lecho and run it (make, make demo, the scripts), the
@@ -233,6 +233,10 @@ build/test_addr: core/test/test_addr.c core/transport/addr.c $(HDRS) | build
 # Identities, trust, pins and (later) the keyed handshake, on the context API (ctx.h) alone.
 build/test_auth: core/test/test_auth.c $(CORE_SRC) $(HDRS) | build
 	$(CC) $(ALLCFLAGS) -o $@ core/test/test_auth.c $(CORE_SRC) -lev $(SODIUM_LIBS) $(LDFLAGS)
+
+# One batch for many destinations (peer.c's shared batches): nine contexts of the core in one process.
+build/test_shared: core/test/test_shared.c $(CORE_SRC) $(HDRS) | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test/test_shared.c $(CORE_SRC) -lev $(SODIUM_LIBS) $(LDFLAGS)
 
 # The pattern matcher's step limit: a stop flag set by another thread ends a stuck call.
 build/test_lpat: core/test/test_lpat.c core/moe/lpat.c core/moe/lpat.h core/test/test.h | build

@@ -93,6 +93,19 @@ int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_m
      * queued (lei_peer_enqueue); an event with no destination at all is
      * counted here, and as nothing else (doc/semantics.md "Statistics"). */
     if (!nd && !ch->local) ch->ev_nodest++;
+    /* A small async event of several destinations: written once, into
+     * the channel's shared batch, and queued to each by reference (peer.c
+     * "shared batches"; out of memory there: a copy per destination). */
+    size_t soff = 0;
+    lei_msg *sb = nd > 1 && !sync && msg->total <= SMALL_EVENT && msg->next == 0
+                      ? lei_peer_shared_append(c, ch, hdr, hlen, msg, &soff)
+                      : NULL;
+    if (sb) {
+        for (int i = 0; i < nd; i++)
+            lei_peer_enqueue_shared(c, dests[i], ch, sb, soff, hlen + msg->total, msg->total, policy);
+        lei_peer_shared_unref(c, ch, sb);
+        nd = 0;
+    }
     for (int i = 0; i < nd; i++) {
         lei_peer *p = dests[i];
         if (s) {
@@ -326,6 +339,7 @@ void lei_ctx_free(lei_ctx *c) {
     while ((it = lei_q_pop(&c->local_s.ldef))) lei_item_free(c, it);
     lei_peers_free(c);
     for (uint32_t i = 0; i < c->chan_s.nchans; i++) {
+        if (c->chan_s.chans[i]->sb) lei_peer_shared_unref(c, NULL, c->chan_s.chans[i]->sb);
         free(c->chan_s.chans[i]->name);
         if (c->chan_s.chans[i]->ndests > 1) free(c->chan_s.chans[i]->d.many);
         free(c->chan_s.chans[i]);
@@ -347,6 +361,7 @@ void lei_ctx_free(lei_ctx *c) {
     lei_accept_stop(c);
     free(c->peer_s.notes);
     for (int i = 0; i < c->rbuf_s.nspare; i++) free(c->rbuf_s.spare[i]);
+    lei_peer_pool_free(c); /* after the peers' queues and the channels gave theirs back */
     lei_ident_free(c);
     ev_loop_destroy(c->loop);
     free(c);

@@ -23,6 +23,9 @@
  * its FIN at the latest, if the remote does not close first. */
 #define RETIRE_SECONDS 5.0
 #define BATCH_MAX (16 * 1024)
+/* Batch buffers kept for reuse by the context (peer.c): what batch_bytes
+ * (256 KiB) queued at a peer holds in flight, 256 KiB. */
+#define SB_POOL 16
 
 /* How long a peer that lost the tie-break of simultaneous dials waits for
  * the remote's own connection before it counts as lost. */
@@ -166,6 +169,9 @@ typedef struct lei_qitem {
     lei_msg *msg;       /* one reference owned by the item, or NULL */
     size_t size;        /* hlen + msg->total */
     uint32_t chid;      /* local queue: channel */
+    uint32_t moff;      /* shared: where its bytes start in msg->own (< BATCH_MAX; in
+                         * what was padding: the item stays 120 bytes, a malloc size
+                         * class whose heap layout the batches' reallocs like) */
     uint64_t producer, seq, sync;
     uint8_t hlen;
     uint8_t droppable;  /* an async event: policies may drop it */
@@ -173,6 +179,9 @@ typedef struct lei_qitem {
     uint8_t mixed;      /* a batch with events of more than one channel (chid: the first) */
     uint8_t ack;        /* an ACK frame: counted in its peer's ack_bytes while queued */
     uint8_t ctrl;       /* a CTRL frame: counted in its peer's ctrl_bytes while queued */
+    uint8_t shared;     /* a batch in a channel's shared buffer (peer.c): msg is that
+                         * buffer, the item its bytes [moff, moff + size), frames of
+                         * chid only; no hdr */
     uint32_t nev;
     uint8_t hdr[LEI_EVENT_HDR_MAX];
 } lei_qitem;
@@ -258,6 +267,8 @@ struct lei_peer {
     size_t woff;              /* bytes of q.head already written */
     size_t wfull;             /* q.bytes when a write last found the socket full
                                * (lei_peer_enqueue tries again batch_bytes later) */
+    int nshared;              /* items of q in shared batches (peer.c: each keeps a
+                               * buffer of up to BATCH_MAX alive) */
     lei_msg *spare;           /* owned: an empty batch buffer (BATCH_MAX) kept for the
                                * next batch, freed with the peer (peers.c peer_free) */
     uint8_t *bound;           /* channels announced (BIND) on this connection */
@@ -312,6 +323,12 @@ struct lei_chan {
     uint8_t mkey[32];         /* consumer side: the channel manager's key (BIND tickets) */
     uint8_t ticket[LEI_TICKET_BYTES]; /* producer side: our ticket for the channel (expiry, sig) */
     uint64_t refused;         /* ro: events dropped from unauthorized producers */
+    lei_msg *sb;              /* peer.c: the channel's open shared batch, its small async
+                               * events of two or more destinations written once and
+                               * sent to each by reference (one reference owned; NULL:
+                               * none; dropped when full or when no queue holds it) */
+    uint8_t sb_busy;          /* peer.c: its last shared batch was dropped full (the next
+                               * one may be a pooled BATCH_MAX buffer) */
 };
 
 /* The channel's destinations, ch->ndests of them. */
@@ -441,6 +458,11 @@ struct lei_peer_state {
     int nnotes, cnotes;
     ev_idle kick;             /* keeps one loop turn from blocking (peer notes) */
     ev_timer expiry_w;        /* peers' await_in, retired connections */
+    lei_msg *sb_pool[SB_POOL]; /* owned: empty batch buffers (cap BATCH_MAX, refcnt 1) for
+                               * the next busy channel's shared batch or busy peer's own:
+                               * no malloc, realloc, page faults or heap trims per batch;
+                               * freed in lei_ctx_free */
+    int nsb_pool;
 };
 
 struct lei_ctx {
@@ -635,6 +657,23 @@ int lei_peer_queue_iov(lei_peer *p, struct iovec *iov, int max);
 void lei_peer_queue_took(lei_peer *p, size_t w);
 void lei_peer_enqueue(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr, size_t hlen,
                       lei_msg *msg, uint64_t sync, int policy);
+/* A small async event of several destinations (lei_submit): its frame
+ * (hdr, then msg's own bytes; msg->next == 0, msg->total <= SMALL_EVENT)
+ * written once into ch's shared batch, of which it returns one reference
+ * the caller releases with lei_peer_shared_unref after queueing (*off:
+ * where the frame starts); NULL: out of memory, nothing written. */
+lei_msg *lei_peer_shared_append(lei_ctx *c, lei_chan *ch, const uint8_t *hdr, size_t hlen,
+                                const lei_msg *msg, size_t *off);
+/* lei_peer_enqueue of that frame (n bytes at off in sb) to p: the same
+ * policies and counts, the peer's queue referring to sb. */
+void lei_peer_enqueue_shared(lei_ctx *c, lei_peer *p, lei_chan *ch, lei_msg *sb, size_t off,
+                             size_t n, size_t total, int policy);
+/* Drops one reference to a shared batch of ch (ch may be NULL): the
+ * channel's own goes too when nothing else holds the batch; the last
+ * reference puts the buffer in the context's pool or frees it. */
+void lei_peer_shared_unref(lei_ctx *c, lei_chan *ch, lei_msg *sb);
+/* lei_ctx_free: the pool's buffers. */
+void lei_peer_pool_free(lei_ctx *c);
 void lei_expiry_at(lei_ctx *c, ev_tstamp when);
 void lei_expiry_cb(struct ev_loop *loop, ev_timer *w, int revents);
 void lei_kick_cb(struct ev_loop *loop, ev_idle *w, int revents);

@@ -22,17 +22,38 @@ static void lei_peer_flush_deferred(lei_ctx *c, lei_peer *p);
 
 /* ---- items leaving a peer's queue (the items themselves: item.c) ------- */
 
-/* An item leaves peer p's queue (written or dropped).  A batch's buffer is
- * kept as the peer's spare for its next batch (when it has none and nothing
- * else holds it). */
+static void sb_put(lei_ctx *c, lei_msg *m);
+
+/* An item leaves peer p's queue (written or dropped).  A batch's buffer of
+ * BATCH_MAX that nothing else holds is kept as the peer's spare for its
+ * next batch, or when it has one in the context's pool (sb_put). */
+static void item_free(lei_ctx *c, lei_peer *p, lei_qitem *it) {
+    if (it->shared) {
+        lei_msg *m = it->msg;
+        it->msg = NULL;
+        p->nshared--;
+        lei_peer_shared_unref(c, lei_chan_get(c, it->chid), m);
+    }
+    lei_item_free(c, it);
+}
+
 static void item_done(lei_peer *p, lei_qitem *it) {
     if (it->ack) p->ack_bytes -= it->size;
     if (it->ctrl) p->ctrl_bytes -= it->size;
-    if (it->batch && !p->spare && it->msg->refcnt == 1 && it->msg->own.cap == BATCH_MAX) {
-        p->spare = it->msg;
-        p->spare->own.len = 0;
-        p->spare->total = 0;
+    if (it->shared) {
+        item_free(p->ctx, p, it);
+        return;
+    }
+    if (it->batch && it->msg->refcnt == 1 && it->msg->own.cap == BATCH_MAX) {
+        lei_msg *m = it->msg;
         it->msg = NULL;
+        if (!p->spare) {
+            p->spare = m;
+            m->own.len = 0;
+            m->total = 0;
+        } else {
+            sb_put(p->ctx, m);
+        }
     }
     lei_item_free(p->ctx, it);
 }
@@ -142,8 +163,10 @@ static void count_drop(lei_ctx *c, lei_peer *p, lei_qitem *it, size_t sent) {
         if (ch) ch->drops += n;
         return;
     }
-    const uint8_t *b = (const uint8_t *)it->msg->own.data;
-    size_t off = 0, len = it->msg->own.len;
+    /* a batch's frames: its buffer's (own.len == size), or its part of a
+     * shared one */
+    const uint8_t *b = (const uint8_t *)it->msg->own.data + it->moff;
+    size_t off = 0, len = it->size;
     lei_frame f;
     lei_event_hdr e;
     const char *err;
@@ -171,19 +194,23 @@ void lei_peer_q_clear(lei_ctx *c, lei_peer *p, int count_drops) {
 
 /* Appends a small async event frame to the batch at the tail of p's queue,
  * starting a new batch when there is none or it is full (in the peer's
- * spare buffer when it has one: a busy peer's batches cost no malloc, no
- * realloc, no page faults; a quiet peer's batch stays small).  The tail batch may be partly
+ * spare buffer when it has one, or after a full batch in one of the
+ * context's pool: a busy peer's batches cost no malloc, no realloc, no
+ * page faults, no heap trim; a quiet peer's batch stays small).  The tail batch may be partly
  * written already: only its end grows.  Returns the batch, or NULL
  * (ENOMEM: the event is not queued, the queue is as it was; never an empty
  * batch, which a write could not get past).  This runs once per event and
  * destination: the frame is copied in with one reserve and two memcpys. */
 static lei_qitem *batch_event(lei_peer *p, uint32_t chid, const uint8_t *hdr, size_t hlen,
-                              const lei_msg *msg) {
+                              const void *body, size_t blen) {
     lei_qitem *t = p->q.tail;
-    size_t n = hlen + msg->own.len; /* msg->next == 0: own is all of it */
-    if (!t || !t->batch || t->msg->own.len + n > BATCH_MAX) {
+    size_t n = hlen + blen;
+    if (!t || !t->batch || t->shared || t->msg->own.len + n > BATCH_MAX) {
         lei_msg *m = p->spare;
         p->spare = NULL;
+        lei_ctx *c = p->ctx;
+        /* its last batch is full: a busy peer, a whole buffer from the pool */
+        if (!m && t && t->batch && !t->shared && c->peer_s.nsb_pool) m = c->peer_s.sb_pool[--c->peer_s.nsb_pool];
         if (!m && (!(m = lei_msg_new()) || lei_wbuf_reserve(&m->own, n))) {
             lei_msg_release(m, NULL, NULL);
             return NULL;
@@ -202,7 +229,7 @@ static lei_qitem *batch_event(lei_peer *p, uint32_t chid, const uint8_t *hdr, si
     /* Iovecs are rebuilt from the item at every write: growing is safe. */
     if (n > b->cap - b->len && lei_wbuf_reserve(b, n)) return NULL;
     memcpy(b->data + b->len, hdr, hlen);
-    memcpy(b->data + b->len + hlen, msg->own.data, msg->own.len);
+    memcpy(b->data + b->len + hlen, body, blen);
     b->len += n;
     t->msg->total = b->len;
     t->size += n;
@@ -306,7 +333,11 @@ int lei_peer_queue_iov(lei_peer *p, struct iovec *iov, int max) {
         } else {
             off -= it->hlen;
         }
-        if (it->msg) {
+        if (it->shared) { /* its bytes of the channel's shared batch */
+            iov[n].iov_base = it->msg->own.data + it->moff + off;
+            iov[n].iov_len = it->size - off;
+            n++;
+        } else if (it->msg) {
             size_t covered = 0;
             int m = lei_msg_iov(it->msg, off, iov + n, max - n, &covered);
             n += m;
@@ -369,20 +400,23 @@ int lei_peer_bind(lei_ctx *c, const char *addr, uint32_t chid) {
     return 0;
 }
 
-void lei_peer_enqueue(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr, size_t hlen,
-                      lei_msg *msg, uint64_t sync, int policy) {
+/* Whether an event of `total` bytes may be queued to p under `policy`
+ * (lei_peer_enqueue): 0 yes; else it was dropped or the peer disconnected,
+ * and counted. */
+static inline int admit(lei_ctx *c, lei_peer *p, lei_chan *ch, size_t total, uint64_t sync,
+                        int policy) {
     if (!lei_peer_live(p) && (peer_want(p), !lei_peer_live(p))) {
         /* Unreachable since a failed attempt, not yet dialled again: counted. */
         p->st.drops++;
         ch->drops++;
-        return;
+        return -1;
     }
-    size_t esize = LEI_EVENT_HDR_MAX + msg->total;
+    size_t esize = LEI_EVENT_HDR_MAX + total;
     if (!sync && p->q.count && p->q.bytes + esize > c->o.queue_limit) {
         if (policy == LEI_DROP_NEWEST) {
             p->st.drops++;
             ch->drops++;
-            return;
+            return -1;
         }
         if (policy == LEI_DISCONNECT) {
             char why[128];
@@ -397,27 +431,19 @@ void lei_peer_enqueue(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr,
             }
             p->st.drops++;
             ch->drops++;
-            return;
+            return -1;
         }
     }
-    if (queue_bind(c, p, ch)) return;
-    lei_qitem *it;
-    if (!sync && msg->total <= SMALL_EVENT && msg->next == 0) {
-        it = batch_event(p, ch->id, hdr, hlen, msg);
-        if (!it) return;
-    } else {
-        it = lei_item_new(msg);
-        if (!it) return;
-        memcpy(it->hdr, hdr, hlen);
-        it->hlen = (uint8_t)hlen;
-        it->size = it->hlen + msg->total;
-        it->chid = ch->id;
-        it->droppable = !sync;
-        lei_q_push(&p->q, it);
-    }
+    return queue_bind(c, p, ch);
+}
+
+/* The event is in p's queue, in item it (the tail): counted, the oldest
+ * dropped under drop_oldest, and written when enough is queued. */
+static inline void queued(lei_ctx *c, lei_peer *p, lei_chan *ch, lei_qitem *it, size_t total,
+                          uint64_t sync, int policy) {
     p->st.ev_out++;
     ch->ev_out++; /* per destination: what was queued toward a consuming context */
-    ch->bytes_out += msg->total;
+    ch->bytes_out += total;
     if (policy == LEI_DROP_OLDEST) {
         /* Drop whole, unstarted async events from the front until under the limit. */
         lei_qitem **pp = &p->q.head, *prev = NULL;
@@ -429,7 +455,7 @@ void lei_peer_enqueue(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr,
                 p->q.bytes -= x->size;
                 p->q.count--;
                 count_drop(c, p, x, 0);
-                lei_item_free(c, x);
+                item_free(c, p, x);
             } else {
                 prev = x;
                 pp = &x->next;
@@ -445,6 +471,149 @@ void lei_peer_enqueue(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr,
         lei_peer_flush(p);
     else if (sync)
         lei_peer_flush_deferred(c, p);
+}
+
+void lei_peer_enqueue(lei_ctx *c, lei_peer *p, lei_chan *ch, const uint8_t *hdr, size_t hlen,
+                      lei_msg *msg, uint64_t sync, int policy) {
+    if (admit(c, p, ch, msg->total, sync, policy)) return;
+    lei_qitem *it;
+    if (!sync && msg->total <= SMALL_EVENT && msg->next == 0) {
+        it = batch_event(p, ch->id, hdr, hlen, msg->own.data, msg->own.len); /* msg->next == 0: own is all of it */
+        if (!it) return;
+    } else {
+        it = lei_item_new(msg);
+        if (!it) return;
+        memcpy(it->hdr, hdr, hlen);
+        it->hlen = (uint8_t)hlen;
+        it->size = it->hlen + msg->total;
+        it->chid = ch->id;
+        it->droppable = !sync;
+        lei_q_push(&p->q, it);
+    }
+    queued(c, p, ch, it, msg->total, sync, policy);
+}
+
+/* ---- shared batches: one copy of an event for all its destinations ------
+ *
+ * A small async event of a channel with two or more destinations is
+ * written once, into the channel's open shared batch (ch->sb, a lei_msg's
+ * own buffer), and each destination's queue refers to its bytes: the
+ * peer's tail item grows over them when it ends where they start (the
+ * usual case: a run of the channel's events), else a new item refers to
+ * them.  The peers write from the shared buffer (lei_peer_queue_iov); the
+ * policies count per destination as for a batch of the peer's own
+ * (count_drop reads the item's frames from its part of the buffer).
+ *
+ * Memory: a shared batch is a lei_msg with one reference per owner, the
+ * channel while it is open (ch->sb) and every queue item referring to it
+ * (it->msg, it->shared).  The channel drops its reference when the batch
+ * is full (the next event starts another) or when the last item referring
+ * to it leaves its queue (written, dropped, or its peer lost or freed:
+ * item_free -> lei_peer_shared_unref), so a channel holds no buffer while
+ * nothing of it is queued; lei_ctx_free releases what is left.  The last
+ * reference frees the buffer, or keeps it in the context's pool (SB_POOL
+ * buffers of BATCH_MAX, c->peer_s.sb_pool, which busy peers' own batches
+ * use too) when it reached BATCH_MAX; a
+ * channel takes a pooled buffer only when its last batch was dropped full
+ * (sb_busy), so a quiet channel's batch starts small and grows as a peer's
+ * own batch does (at most twice its bytes).  A peer whose runs are broken
+ * (drops between them: a slow peer under drop_newest while the others
+ * keep up) would keep a whole buffer alive per item: past (nshared + 1) *
+ * BATCH_MAX > 2 * its queued bytes + batch_bytes it gets copies in its own
+ * batches instead, so what a queue keeps alive stays within that bound.
+ * Events of several such channels interleaved toward one peer cannot form
+ * runs: behind a batch of its own or another channel's shared run, an
+ * event is copied into the peer's own batch (as with one destination)
+ * until its queue empties. */
+
+static void sb_put(lei_ctx *c, lei_msg *m) {
+    if (--m->refcnt > 0) return;
+    if (m->own.cap == BATCH_MAX && !m->next && c->peer_s.nsb_pool < SB_POOL) {
+        m->refcnt = 1;
+        m->own.len = 0;
+        m->total = 0;
+        c->peer_s.sb_pool[c->peer_s.nsb_pool++] = m;
+        return;
+    }
+    m->refcnt = 1;
+    lei_msg_release(m, NULL, NULL);
+}
+
+void lei_peer_shared_unref(lei_ctx *c, lei_chan *ch, lei_msg *sb) {
+    if (ch && ch->sb == sb && sb->refcnt == 2) { /* the channel and this one: nothing queued */
+        ch->sb = NULL;
+        ch->sb_busy = 0;
+        sb->refcnt--;
+    }
+    sb_put(c, sb);
+}
+
+void lei_peer_pool_free(lei_ctx *c) {
+    while (c->peer_s.nsb_pool) lei_msg_release(c->peer_s.sb_pool[--c->peer_s.nsb_pool], NULL, NULL);
+}
+
+lei_msg *lei_peer_shared_append(lei_ctx *c, lei_chan *ch, const uint8_t *hdr, size_t hlen,
+                                const lei_msg *msg, size_t *off) {
+    size_t n = hlen + msg->own.len; /* msg->next == 0: own is all of it */
+    lei_msg *m = ch->sb;
+    if (m && m->own.len + n > BATCH_MAX) { /* full: the queues referring to it keep it */
+        ch->sb = NULL;
+        ch->sb_busy = 1;
+        sb_put(c, m);
+        m = NULL;
+    }
+    if (!m) {
+        if (ch->sb_busy && c->peer_s.nsb_pool) {
+            m = c->peer_s.sb_pool[--c->peer_s.nsb_pool];
+        } else if (!(m = lei_msg_new())) {
+            return NULL;
+        }
+        ch->sb = m;
+    }
+    lei_wbuf *b = &m->own;
+    /* Items hold offsets, iovecs are made at each write: growing is safe. */
+    if (n > b->cap - b->len && lei_wbuf_reserve(b, n)) return NULL;
+    *off = b->len;
+    memcpy(b->data + b->len, hdr, hlen);
+    memcpy(b->data + b->len + hlen, msg->own.data, msg->own.len);
+    b->len += n;
+    m->total = b->len;
+    m->refcnt++; /* the caller's, for its loop over the destinations */
+    return m;
+}
+
+void lei_peer_enqueue_shared(lei_ctx *c, lei_peer *p, lei_chan *ch, lei_msg *sb, size_t off,
+                             size_t n, size_t total, int policy) {
+    if (admit(c, p, ch, total, 0, policy)) return;
+    lei_qitem *t = p->q.tail;
+    if (t && t->shared && t->msg == sb && t->moff + t->size == off) {
+        t->size += n; /* the run of this channel's events it refers to grows */
+        t->nev++;
+        p->q.bytes += n;
+    } else if ((t && t->batch && !(t->shared && t->chid == ch->id)) ||
+               (size_t)(p->nshared + 1) * BATCH_MAX > 2 * p->q.bytes + c->o.batch_bytes) {
+        /* A copy in its own batch, as for one destination: behind a batch
+         * of its own or another channel's run (channels interleaved toward
+         * this peer would make an item per event; so until its queue
+         * empties), or when its runs are broken (drops between them) so
+         * often that each new item would keep a whole shared buffer alive
+         * for a few of its bytes: what its queue keeps alive of shared
+         * buffers stays within twice its bytes plus batch_bytes. */
+        const uint8_t *f = (const uint8_t *)sb->own.data + off;
+        if (!(t = batch_event(p, ch->id, f, n, f + n, 0))) return;
+    } else {
+        if (!(t = lei_item_new(sb))) return;
+        p->nshared++;
+        t->shared = 1;
+        t->batch = 1;
+        t->droppable = 1;
+        t->chid = ch->id;
+        t->moff = (uint32_t)off; /* off < BATCH_MAX */
+        t->size = n;
+        t->nev = 1;
+        lei_q_push(&p->q, t);
+    }
+    queued(c, p, ch, t, total, 0, policy);
 }
 
 /* Runs the local consumers of one queued item.  Returns 1 when a handler

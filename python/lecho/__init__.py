@@ -253,6 +253,15 @@ class Context:
             self._fail(rc)
         return self._pin_owned(holder)
 
+    def _keep(self, exc):
+        """An exception raised in a callback, raised by the loop call that
+        ran it (_reraise): KeyboardInterrupt and SystemExit before any
+        other; the first of a kind is kept."""
+        old = self._pending
+        if old is None or (isinstance(exc, (KeyboardInterrupt, SystemExit))
+                           and not isinstance(old, (KeyboardInterrupt, SystemExit))):
+            self._pending = exc
+
     def _reraise(self):
         exc = self._pending
         if exc is not None:
@@ -536,6 +545,35 @@ class _Pin:
         self.v, self.mem = v, mem
 
 
+# What a callback returns to C when Python raised outside its own try (a
+# signal's KeyboardInterrupt is raised as the callback enters Python, before
+# any line of it ran): the event (the call) fails with this text.
+_INTERRUPTED = ffi.new("char[]", b"interrupted")
+_INTERRUPTED_P = ffi.cast("const char *", _INTERRUPTED)
+
+
+def _callback(ctx, cdecl, fn, failed=None):
+    """A cffi callback of fn whose every exception is kept: cffi's onerror
+    gets those raised where fn's own try cannot see them (SIGINT's handler
+    runs as the callback enters Python, or between fn's last line and the
+    return), and keeps them in ctx._pending for the loop call that ran the
+    callback to raise after liblecho returned (Context._loop_call), as one
+    raised inside a handler is.  Without onerror cffi prints "Exception
+    ignored from cffi callback" and Ctrl-C is lost.  failed: what the
+    callback returns then (for a handler, the event fails)."""
+    ref = weakref.ref(ctx)
+
+    def onerror(etype, exc, tb):
+        c = ref()
+        if c is not None and exc is not None:
+            c._keep(exc)
+        return None
+
+    if failed is None:
+        return ffi.callback(cdecl, fn, onerror=onerror)
+    return ffi.callback(cdecl, fn, error=failed, onerror=onerror)
+
+
 def _print_handler_error(where, exc):
     sys.stderr.write("lecho: %s failed: " % where)
     traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
@@ -740,8 +778,8 @@ class _Handled:
                 except Exception:
                     pass
             except BaseException as exc:   # KeyboardInterrupt: after the C call
-                ctx._pending = exc
-        self._ecb = ffi.callback("lecho_error_fn", call)
+                ctx._keep(exc)
+        self._ecb = _callback(ctx, "lecho_error_fn", call)
         rc = lib.lecho_consumer_on_error(self._h, self._ecb, ffi.NULL)
         if rc != 0:
             self.close()
@@ -755,7 +793,7 @@ class Consumer(_Handled):
         self._fn = fn
         self._raw = raw
         self._err = None
-        self._cb = ffi.callback("lecho_handler", self._trampoline)
+        self._cb = _callback(ctx, "lecho_handler", self._trampoline, _INTERRUPTED_P)
         o = ctx._value(opts) if opts else ffi.NULL
         out = ffi.new("lecho_consumer **")
         rc = lib.lecho_consumer_open_opts(ch._ch, self._cb, ffi.NULL, o, out)
@@ -781,8 +819,8 @@ class Consumer(_Handled):
             except Exception:
                 pass  # the event still fails with msg
         except BaseException as exc:  # KeyboardInterrupt, SystemExit: after the C call
-            ctx._pending = exc
-            msg = "interrupted"
+            ctx._keep(exc)
+            return _INTERRUPTED_P
         self._err = ffi.new("char[]", msg.encode("utf-8", "replace"))
         return self._err
 
@@ -1105,7 +1143,7 @@ class Service(_Handled):
         self.name = name
         self._fn = fn
         self._err = None
-        self._cb = ffi.callback("lecho_service_fn", self._trampoline)
+        self._cb = _callback(ctx, "lecho_service_fn", self._trampoline, _INTERRUPTED_P)
         o = ctx._value(opts) if opts else ffi.NULL
         out = ffi.new("lecho_service **")
         rc = lib.lecho_service_open(ctx._check(), name.encode(), self._cb, ffi.NULL, o, out)
@@ -1126,8 +1164,8 @@ class Service(_Handled):
         except Exception as exc:
             msg = "%s: %s" % (type(exc).__name__, exc)
         except BaseException as exc:
-            ctx._pending = exc
-            msg = "interrupted"
+            ctx._keep(exc)
+            return _INTERRUPTED_P
         self._err = ffi.new("char[]", msg.encode("utf-8", "replace"))
         return self._err
 

@@ -1,0 +1,152 @@
+"""The findings of issue 28's outside review (a Python user, docs only):
+Ctrl-C while callbacks run, a second thread, a process idle past its
+peers' heartbeats, set_params on a subscription, close, stat."""
+import os
+import pty
+import select
+import signal
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import lecho
+from conftest import ROOT, LUA_ENV, readline
+
+PYENV = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+
+# A Lua producer at ~50k events/s (the review's flood), and a Lua caller
+# flooding a service with call_async.
+FLOOD = textwrap.dedent("""
+    local lecho = require "lecho"
+    local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+    if arg[2] == "events" then
+      local p = assert(ctx:channel("flood.ch"):producer{ policy = "drop_oldest" })
+      ctx:every(0.001, function() for _ = 1, 50 do p:submit({ pad = ("x"):rep(32) }) end end)
+    else
+      local inflight = 0
+      ctx:every(0.001, function()
+        for _ = 1, 20 do
+          if inflight < 200 then
+            inflight = inflight + 1
+            ctx:call_async("flood.svc", { x = 1 }, { timeout = 5 }, function() inflight = inflight - 1 end)
+          end
+        end
+      end)
+    end
+    print("flooding")
+    io.stdout:flush()
+    ctx:after(120, function() ctx:stop() end)
+    ctx:run()
+""")
+
+
+class Tty:
+    """A Python script on a pseudo-terminal, as in a real terminal: \\x03
+    makes the terminal send SIGINT to it."""
+
+    def __init__(self, script, *args):
+        pid, fd = pty.fork()
+        if pid == 0:
+            try:
+                signal.signal(signal.SIGINT, signal.SIG_DFL)   # as a terminal's shell leaves it
+                os.execve(sys.executable, [sys.executable, str(script)] + [str(a) for a in args], PYENV)
+            finally:
+                os._exit(127)
+        self.pid, self.fd, self.buf, self.all = pid, fd, b"", b""
+
+    def expect(self, pattern, timeout=20):
+        import re
+        end = time.monotonic() + timeout
+        while True:
+            m = re.search(pattern.encode(), self.buf)
+            if m:
+                self.buf = self.buf[m.end():]
+                return m
+            left = end - time.monotonic()
+            if left <= 0:
+                raise AssertionError("no %r within %g s; got %r" % (pattern, timeout, self.buf[-2000:]))
+            r, _, _ = select.select([self.fd], [], [], left)
+            if r:
+                try:
+                    data = os.read(self.fd, 65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    raise AssertionError("no %r: the script ended; got %r" % (pattern, self.buf[-2000:]))
+                self.buf += data
+                self.all += data
+
+    def press_ctrl_c(self):
+        os.write(self.fd, b"\x03")
+
+    def close(self):
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(self.pid, 0)
+        os.close(self.fd)
+
+
+PRESSES = 10
+
+CTRL_C_SCRIPT = textwrap.dedent("""
+    import sys, lecho
+    ctx = lecho.Context(nameserver=sys.argv[1], quiet=True)
+    how = sys.argv[2]
+    if how == "service":
+        ctx.service("flood.svc", lambda args, meta: args["x"])
+    else:
+        ctx.channel("flood.ch").consumer(lambda ev, m: None)
+    if how == "get":
+        sub = ctx.channel("quiet.ch").subscribe()
+    for i in range(%d):
+        print("READY", i, flush=True)
+        try:
+            if how == "get":
+                while True:
+                    try:
+                        sub.get(timeout=1)
+                    except lecho.LechoError:
+                        pass
+            else:
+                ctx.run(20)
+            print("RETURNED normally, KI lost", i, flush=True)
+        except KeyboardInterrupt:
+            print("KI", i, flush=True)
+    ctx.close(linger=0.5)
+    print("CLOSED", flush=True)
+""" % PRESSES)
+
+
+@pytest.mark.parametrize("how", ["run", "get", "service"])
+def test_every_ctrl_c_reaches_the_script_while_callbacks_run(nameserver, procs, tmp_path, how):
+    # Review of issue 28 (BLOCKER 1): the SIGINT was delivered as a cffi
+    # callback entered Python, before the trampoline's try: cffi printed
+    # "Exception ignored from cffi callback" and run(20) ran its 20 s.
+    flood = tmp_path / "flood.lua"
+    flood.write_text(FLOOD)
+    script = tmp_path / "ctrlc.py"
+    script.write_text(CTRL_C_SCRIPT)
+    t = Tty(script, nameserver, how)
+    try:
+        t.expect("READY 0")
+        lua = procs.lua_script(str(flood), nameserver, "events" if how != "service" else "calls")
+        readline(lua, "^flooding")
+        time.sleep(1.0)             # the flood reaches the script's callbacks
+        got = 0
+        for i in range(PRESSES):
+            if i:
+                t.expect("READY %d" % i)
+            time.sleep(0.5)
+            t.press_ctrl_c()
+            m = t.expect(r"(KI|RETURNED normally, KI lost) %d\r?\n" % i, timeout=25)
+            got += m.group(1) == b"KI"
+        t.expect("CLOSED")
+        assert b"Exception ignored" not in t.all, t.all[-3000:]
+        assert got == PRESSES, "%d of %d Ctrl-C reached the script" % (got, PRESSES)
+    finally:
+        t.close()

@@ -18,6 +18,7 @@ import threading
 import time
 import traceback
 import weakref
+from threading import get_ident as _ident
 
 from ._ffi import ffi, lib, LIBRARY
 from . import _values
@@ -186,9 +187,22 @@ class Context:
 
     # -- internals --
     def _check(self):
+        """The context's handle, at a call that may touch it: LechoError
+        "closed" once closed, "invalid" from another thread than the one
+        that made it (liblecho is not thread-safe: a second thread used to
+        crash the interpreter)."""
         if self._x is None:
             raise LechoError("closed", "context is closed")
+        if _ident() != self._thread:
+            self._wrong_thread()
         return self._x
+
+    def _wrong_thread(self):
+        names = {t.ident: t.name for t in threading.enumerate()}
+        me = _ident()
+        raise LechoError("invalid", "the context belongs to thread %d (%s), not to this thread %d (%s): "
+                         "a context and everything made from it are used from the thread that made it"
+                         % (self._thread, names.get(self._thread, "?"), me, names.get(me, "?")))
 
     def _fail(self, rc):
         raise LechoError(rc, _s(lib.lecho_errmsg(self._x)))
@@ -309,6 +323,7 @@ class Context:
         timers of a context (heartbeats, redials, timeouts) would need a tick
         anyway.  A turn that finds nothing costs one epoll_wait(0)."""
         import asyncio
+        self._check()
         if loop is None:
             try:
                 loop = asyncio.get_running_loop()
@@ -484,6 +499,7 @@ class Context:
     def _close(self, linger, handling):
         if self._x is None:
             return
+        self._check()
         if len(self._pins):
             gc.collect()
         self.detach()
@@ -683,6 +699,7 @@ class Producer:
     def __init__(self, ch, policy):
         self.ctx = ctx = ch.ctx
         self.channel = ch
+        ctx._check()
         out = ffi.new("lecho_producer **")
         rc = lib.lecho_producer_open(ch._ch, policy.encode() if policy else ffi.NULL, out)
         ctx._loop_call(rc)
@@ -690,9 +707,12 @@ class Producer:
         self._ev = ctx._own(lib.lecho_value_new(ctx._x))
 
     def _load(self, ev):
-        if self._p is None or self.ctx._x is None:
+        ctx = self.ctx
+        if self._p is None or ctx._x is None:
             raise LechoError("closed", "producer is closed")
-        self.ctx._set(self._ev, ev)
+        if _ident() != ctx._thread:
+            ctx._wrong_thread()
+        ctx._set(self._ev, ev)
 
     def submit(self, ev):
         """Queues ev for every consumer; returns at once (under "block",
@@ -746,12 +766,16 @@ class Producer:
         raise SyncError(r.get("code") or "failed", r.get("message") or "", lst)
 
     def flush(self):
+        self.ctx._check()
+        if self._p is None:
+            raise LechoError("closed", "producer is closed")
         rc = lib.lecho_flush(self._p)
         if rc != 0:
             self.ctx._fail(rc)
 
     def close(self):
         if self._p is not None and self.ctx._x is not None:
+            self.ctx._check()
             lib.lecho_producer_close(self._p)
         self._p = None
 
@@ -793,6 +817,7 @@ class Consumer(_Handled):
         self._fn = fn
         self._raw = raw
         self._err = None
+        ctx._check()
         self._cb = _callback(ctx, "lecho_handler", self._trampoline, _INTERRUPTED_P)
         o = ctx._value(opts) if opts else ffi.NULL
         out = ffi.new("lecho_consumer **")
@@ -828,11 +853,14 @@ class Consumer(_Handled):
         """Changes the modulator's params at every producer; returns once
         every producer applied them."""
         v = self.ctx._value(params)
+        if self._h is None:
+            raise LechoError("closed", "consumer is closed")
         rc = lib.lecho_consumer_set_params(self._h, v)
         self.ctx._loop_call(rc)
 
     def close(self):
         if self._h is not None and self.ctx._x is not None:
+            self.ctx._check()
             lib.lecho_consumer_close(self._h)
             self.ctx._handles.remove(self)
         self._h = None
@@ -872,6 +900,7 @@ class Subscription(_Handled):
         self._waiter = None
         self._dropped = 0
         self._dbox = None   # the value lecho_consumer_take fills when .dropped is read
+        ctx._check()
         o = ctx._value(opts) if opts else ffi.NULL
         out = ffi.new("lecho_consumer **")
         rc = lib.lecho_consumer_open_queued(ch._ch, o, int(maxsize), out)
@@ -889,6 +918,7 @@ class Subscription(_Handled):
         """The n oldest events handed out are done with (err None) or failed."""
         if n <= 0 or self._h is None or self.ctx._x is None:
             return
+        self.ctx._check()
         rc = lib.lecho_consumer_settle(self._h, n, ffi.NULL if err is None else err.encode())
         if rc != 0:
             self.ctx._fail(rc)
@@ -975,6 +1005,7 @@ class Subscription(_Handled):
         Called with self._q empty: what was handed out is done with."""
         if self._h is None or self.ctx._x is None:
             return False
+        self.ctx._check()
         if self._elsewhere:
             self._stopped()
         if self._unsettled:
@@ -1017,6 +1048,8 @@ class Subscription(_Handled):
     def get(self, timeout=None):
         """The next event, running the loop meanwhile; LechoError("timeout")
         after timeout seconds (None: waits)."""
+        if _ident() != self.ctx._thread:
+            self.ctx._wrong_thread()
         q = self._q
         if q or self._fill():
             return q.popleft()
@@ -1042,7 +1075,10 @@ class Subscription(_Handled):
         # the loop stopped with an event out.  The events of a batch are
         # yielded straight from the deque: no Python call per event.
         q = self._q
+        ctx = self.ctx
         while True:
+            if _ident() != ctx._thread:   # once per batch, not per event
+                ctx._wrong_thread()
             while q:
                 ev = q.popleft()
                 try:
@@ -1060,6 +1096,8 @@ class Subscription(_Handled):
                 raise
 
     def __next__(self):
+        if _ident() != self.ctx._thread:
+            self.ctx._wrong_thread()
         if self._q:
             return self._pop()
         if self._h is None:
@@ -1103,6 +1141,7 @@ class Subscription(_Handled):
         """Leaves.  The events handed out count as handled; those not
         handed out yet fail ("not handled: the subscription closed")."""
         if self._h is not None and self.ctx._x is not None:
+            self.ctx._check()
             if self._elsewhere:
                 self._stopped()
             self.done()
@@ -1143,6 +1182,7 @@ class Service(_Handled):
         self.name = name
         self._fn = fn
         self._err = None
+        ctx._check()
         self._cb = _callback(ctx, "lecho_service_fn", self._trampoline, _INTERRUPTED_P)
         o = ctx._value(opts) if opts else ffi.NULL
         out = ffi.new("lecho_service **")
@@ -1171,6 +1211,7 @@ class Service(_Handled):
 
     def close(self):
         if self._h is not None and self.ctx._x is not None:
+            self.ctx._check()
             lib.lecho_service_close(self._h)
             self.ctx._handles.remove(self)
         self._h = None

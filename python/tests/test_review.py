@@ -150,3 +150,74 @@ def test_every_ctrl_c_reaches_the_script_while_callbacks_run(nameserver, procs, 
         assert got == PRESSES, "%d of %d Ctrl-C reached the script" % (got, PRESSES)
     finally:
         t.close()
+
+
+THREAD_SCRIPT = textwrap.dedent("""
+    import sys, threading, time, lecho
+    ctx = lecho.Context(quiet=True)
+    ch = ctx.channel("thr2")
+    sub = ch.subscribe()
+    p = ch.producer()
+    stop = [False]
+    errors = []
+
+    def other():
+        tries = [lambda: p.submit({"x": 1}), lambda: p.submit_sync({"x": 1}, timeout=1),
+                 lambda: sub.get(timeout=0.1), lambda: next(iter(sub)), lambda: ctx.run_once(0),
+                 lambda: ctx.channel("thr3"), lambda: ch.producer(), lambda: ch.subscribe(),
+                 lambda: ctx.call("x", timeout=1), lambda: ctx.stats(), lambda: p.flush(),
+                 lambda: sub.close(), lambda: p.close(), lambda: ctx.close()]
+        i = 0
+        while not stop[0]:
+            try:
+                tries[i % len(tries)]()
+                errors.append("no error from try %d" % (i % len(tries)))
+            except lecho.LechoError as e:
+                if e.code != "invalid" or "belongs to thread" not in e.message:
+                    errors.append(repr(e))
+            i += 1
+        errors.append("tries %d" % i)
+
+    t = threading.Thread(target=other, name="second")
+    t.start()
+    end = time.monotonic() + float(sys.argv[1])
+    got = 0
+    while time.monotonic() < end:
+        try:
+            sub.get(timeout=0.1)
+            got += 1
+        except lecho.LechoError as e:
+            assert e.code == "timeout", e
+    stop[0] = True
+    t.join()
+    p.submit({"x": 2})
+    assert sub.get(timeout=2) == {"x": 2}
+    ctx.close()
+    print("errors", errors[:-1], errors[-1], "got", got, flush=True)
+""")
+
+
+def test_a_second_thread_gets_an_error_and_never_crashes_the_interpreter(procs, tmp_path):
+    # Review of issue 28 (bug 3): a thread submitting while the main thread
+    # waited in sub.get crashed the interpreter (exit 139, 3 of 3 runs).
+    script = tmp_path / "threads.py"
+    script.write_text(THREAD_SCRIPT)
+    p = procs.start([sys.executable, str(script), "3"], env=PYENV)
+    m = readline(p, r"^errors (.*) tries (\d+) got (\d+)", timeout=60)
+    assert p.wait(20) == 0
+    assert m.group(1) == "[]", m.group(1)
+    assert int(m.group(2)) > 100 and m.group(3) == "0"
+
+
+def test_the_thread_error_names_the_owner():
+    ctx = lecho.Context(quiet=True)
+    out = []
+    t = threading.Thread(target=lambda: out.append(pytest.raises(lecho.LechoError, ctx.channel, "x")),
+                         name="worker")
+    t.start()
+    t.join()
+    e = out[0].value
+    assert e.code == "invalid" and e.errno == lecho.CODES["invalid"]
+    assert "belongs to thread %d (MainThread)" % threading.get_ident() in e.message
+    assert "(worker)" in e.message
+    ctx.close()

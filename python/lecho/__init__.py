@@ -787,6 +787,16 @@ class _Handled:
     def _dead(self):
         self._h = None
 
+    def set_params(self, params):
+        """Changes the modulator's params at every producer (the callback
+        consumer's and the subscription's alike); returns once every
+        producer applied them (runs the loop meanwhile)."""
+        v = self.ctx._value(params)
+        if self._h is None:
+            raise LechoError("closed", "consumer is closed")
+        rc = lib.lecho_consumer_set_params(self._h, v)
+        self.ctx._loop_call(rc)
+
     def _set_on_error(self, fn):
         """fn(message) for the modulator's failures at producers
         (lecho_consumer_on_error); kept alive with the handle."""
@@ -848,15 +858,6 @@ class Consumer(_Handled):
             return _INTERRUPTED_P
         self._err = ffi.new("char[]", msg.encode("utf-8", "replace"))
         return self._err
-
-    def set_params(self, params):
-        """Changes the modulator's params at every producer; returns once
-        every producer applied them."""
-        v = self.ctx._value(params)
-        if self._h is None:
-            raise LechoError("closed", "consumer is closed")
-        rc = lib.lecho_consumer_set_params(self._h, v)
-        self.ctx._loop_call(rc)
 
     def close(self):
         if self._h is not None and self.ctx._x is not None:

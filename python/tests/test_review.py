@@ -221,3 +221,26 @@ def test_the_thread_error_names_the_owner():
     assert "belongs to thread %d (MainThread)" % threading.get_ident() in e.message
     assert "(worker)" in e.message
     ctx.close()
+
+
+def test_a_subscription_changes_its_modulators_params(nameserver, procs):
+    # Review of issue 28 (nit 9): Subscription had no set_params
+    # (AttributeError): `for ev in ch.subscribe(modulator=...)` could not
+    # change its modulator's params as the callback consumer can.
+    mod = "function enqueue(ev) if ev.k == nil or ev.k % params.m == 0 then return ev end end"
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        sub = ctx.channel("py.params").subscribe(modulator=mod, params={"m": 1000})
+        sub.set_params({"m": 3})
+        lua = procs.lua("produce", nameserver, "py.params", 30)
+        ks = []
+        with sub:
+            for ev in sub:
+                if ev.get("final"):
+                    break
+                if "k" in ev:
+                    ks.append(ev["k"])
+        assert ks == list(range(3, 31, 3))
+        assert readline(lua, r"^sync\s+(\S+)").group(1) == "true"
+        with pytest.raises(lecho.LechoError) as e:
+            sub.set_params({"m": 2})
+        assert e.value.code == "closed"

@@ -178,6 +178,7 @@ class Context:
         self.address = _s(lib.lecho_address(self._x))
         self.nameserver = _s(lib.lecho_nameserver(self._x))
         self.on_handler_error = _print_handler_error
+        self._quiet = opts.get("quiet") not in (None, False, 0, "false")
         self._flag = ffi.new("int *")  # lecho_get_bool's out, for _block_pending
         self.close_error = None       # close()'s LechoError when it did not raise it
         try:
@@ -480,8 +481,20 @@ class Context:
         return self._read(self._own(v))
 
     def stat(self, channel, counter):
-        """One counter of one channel (-1: none yet)."""
-        return lib.lecho_stat(self._check(), channel.encode(), counter.encode())
+        """One counter of one channel, an int (README "Statistics");
+        LechoError code "notfound" when this context has no such channel
+        (no producer or consumer of it here yet) or the channel no such
+        counter (the message lists those it has)."""
+        v = lib.lecho_stat(self._check(), channel.encode(), counter.encode())
+        if v >= 0:
+            return int(v) if v.is_integer() else v
+        rows = self.stats().get("channels") or {}
+        row = rows.get(channel) or rows.get("%s/%s" % (self.nameserver, channel))
+        if row is None:
+            raise LechoError("notfound", "no channel %r in this context (no producer or consumer of "
+                             "it here yet)" % channel)
+        raise LechoError("notfound", "no counter %r on channel %r (counters: %s)"
+                         % (counter, channel, ", ".join(sorted(k for k in row if isinstance(k, str)))))
 
     def close(self, linger=-1.0):
         """Delivers what was submitted (at most `linger` seconds; < 0: the
@@ -982,7 +995,7 @@ class Subscription(_Handled):
 
     def _note_dropped(self, d):
         if d != self._dropped:
-            if self._dropped == 0:
+            if self._dropped == 0 and not self.ctx._quiet:
                 sys.stderr.write("lecho: subscription on %s: queue full, events refused (.dropped)\n"
                                  % self.channel.name)
             self._dropped = d

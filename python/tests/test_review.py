@@ -244,3 +244,50 @@ def test_a_subscription_changes_its_modulators_params(nameserver, procs):
         with pytest.raises(lecho.LechoError) as e:
             sub.set_params({"m": 2})
         assert e.value.code == "closed"
+
+
+STAT_SCRIPT = textwrap.dedent("""
+    import sys, lecho
+    ctx = lecho.Context(quiet=sys.argv[1] == "quiet")
+    ch = ctx.channel("st")
+    p = ch.producer()
+    sub = ch.subscribe(maxsize=1)
+    for k in range(3):
+        p.submit(k)
+    ctx.run_once(0.2)
+    print("dropped", sub.dropped, flush=True)
+    ctx.close()
+""")
+
+
+@pytest.mark.parametrize("quiet", ["quiet", "loud"])
+def test_stat_raises_for_what_does_not_exist_and_counts_in_ints_and_quiet_is_quiet(procs, tmp_path, quiet):
+    # Review of issue 28 (nit 13): stat(ch, "nope") returned -1.0, counters
+    # came back as floats, and "queue full" was printed with quiet=True.
+    with lecho.Context(quiet=True) as ctx:
+        ch = ctx.channel("st")
+        p = ch.producer()
+        sub = ch.subscribe()
+        p.submit(1)
+        assert sub.get(timeout=5) == 1
+        v = ctx.stat("st", "events_local")
+        assert v == 1 and isinstance(v, int)
+        assert ctx.stat(ch.name, "events_local") == 1      # the full name too
+        with pytest.raises(lecho.LechoError) as e:
+            ctx.stat("st", "nope")
+        assert e.value.code == "notfound" and "events_local" in e.value.message
+        with pytest.raises(lecho.LechoError) as e:
+            ctx.stat("never.used", "events_out")
+        assert e.value.code == "notfound" and "never.used" in e.value.message
+    script = tmp_path / "stat.py"
+    script.write_text(STAT_SCRIPT)
+    p = procs.start([sys.executable, str(script), quiet], env=PYENV)
+    out = []
+    while True:
+        line = p.lines.get(timeout=30)
+        if line is None:
+            break
+        out.append(line)
+    assert p.wait(10) == 0
+    assert "dropped 2" in out, out
+    assert any("queue full" in line for line in out) == (quiet == "loud"), out

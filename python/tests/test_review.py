@@ -291,3 +291,41 @@ def test_stat_raises_for_what_does_not_exist_and_counts_in_ints_and_quiet_is_qui
     assert p.wait(10) == 0
     assert "dropped 2" in out, out
     assert any("queue full" in line for line in out) == (quiet == "loud"), out
+
+
+STALLED_PRODUCER = textwrap.dedent("""
+    local lecho = require "lecho"
+    local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+    local p = assert(ctx:channel("stalled.ch"):producer())
+    for _ = 1, 400 do
+      if p:submit_sync({ ping = true }, { timeout = 2 }) then break end
+      ctx:sleep(0.05)
+    end
+    for k = 1, 5 do p:submit({ k = k }) end
+    assert(p:submit_sync({ k = 6 }, { timeout = 5 }))
+    print("stalling")
+    io.stdout:flush()
+    os.execute("sleep 15")     -- not running its loop: it does not close its side
+""")
+
+
+def test_close_of_a_context_that_only_consumed_does_not_fail_for_a_stalled_producer(nameserver, procs, tmp_path):
+    # Review of issue 28 (nit 11): ctx.close() raised "1 connection not
+    # closed by their remote within the linger time" whenever the producer
+    # was not running its loop, though this context had nothing to deliver.
+    lua_file = tmp_path / "stalled.lua"
+    lua_file.write_text(STALLED_PRODUCER)
+    ctx = lecho.Context(nameserver=nameserver, quiet=True)
+    sub = ctx.channel("stalled.ch").subscribe()
+    lua = procs.lua_script(str(lua_file), nameserver)
+    ks = []
+    while len(ks) < 6:
+        ev = sub.get(timeout=30)
+        if "k" in ev:
+            ks.append(ev["k"])
+    sub.done()
+    readline(lua, "^stalling")
+    t0 = time.monotonic()
+    ctx.close(0.5)                      # no exception: nothing of ours was undelivered
+    assert time.monotonic() - t0 < 5
+    assert ks == [1, 2, 3, 4, 5, 6] and ctx.close_error is None

@@ -904,6 +904,16 @@ function Context:flush() return self.c:flush() end
 
 function Context:now() return self.c:now() end
 
+-- Before a request that needs peers (a sync submit, a call, a join), on the
+-- main line: the connections its peers closed while the program did not run
+-- the loop (they declared it dead after heartbeat * heartbeat_misses) are
+-- read to their close first, so that the request dials them afresh instead
+-- of failing on a dead socket (lei_live_catch_up; doc/semantics.md
+-- "Liveness").  Inside a callback the loop is running: nothing to catch up.
+function Context:_catch_up()
+  if self.c:depth() == 0 then self.c:catch_up() end
+end
+
 -- Whether a producer of this context sent events to another context (what
 -- close must answer for: an async event has no other way to say it was not
 -- read).  A context that only consumed, served or called has not.

@@ -329,3 +329,53 @@ def test_close_of_a_context_that_only_consumed_does_not_fail_for_a_stalled_produ
     ctx.close(0.5)                      # no exception: nothing of ours was undelivered
     assert time.monotonic() - t0 < 5
     assert ks == [1, 2, 3, 4, 5, 6] and ctx.close_error is None
+
+
+IDLE_PEER = textwrap.dedent("""
+    io.stdout:setvbuf("line")
+    local lecho = require "lecho"
+    local ctx = lecho.context{ quiet = true, heartbeat = 0.3, heartbeat_misses = 2 }
+    local n = 0
+    ctx:channel("idle.ch"):consumer(function(ev) if ev.x then n = n + 1; print("got", ev.x) end end)
+    ctx:channel("idle.other"):consumer(function() end)
+    ctx:service("idle.svc", function(a) return a.x * 2 end)
+    print("ns", ctx.ns)
+    io.stdout:flush()
+    ctx:after(60, function() ctx:stop() end)
+    ctx:run()
+""")
+
+
+def test_requests_after_an_idle_longer_than_the_peers_heartbeats_succeed(procs, tmp_path):
+    # Review of issue 28 (bug 4): after 15 s without a loop call, the peers
+    # had declared the process dead and closed; submit_sync, call and
+    # producer() failed ("write: Broken pipe", then "unreachable") though
+    # the peers were alive.  Here the peer's heartbeats make it drop us
+    # after 0.6 s.
+    peer_file = tmp_path / "peer.lua"
+    peer_file.write_text(IDLE_PEER)
+    peer = procs.lua_script(str(peer_file))
+    ns = readline(peer, r"^ns\s+(\S+)").group(1)
+    with lecho.Context(nameserver=ns, quiet=True, heartbeat=0.3, heartbeat_misses=2) as ctx:
+        p = ctx.channel("idle.ch").producer()
+        for _ in range(200):
+            try:
+                if p.submit_sync({"ping": 1}, timeout=2):
+                    break
+            except lecho.SyncError:
+                time.sleep(0.05)
+        for rnd in (1, 2):
+            time.sleep(2)                   # no loop call: dropped by the peer
+            t0 = time.monotonic()
+            assert p.submit_sync({"x": rnd}, timeout=3) is True
+            assert time.monotonic() - t0 < 2
+            time.sleep(2)
+            assert ctx.call("idle.svc", {"x": rnd}, timeout=3) == 2 * rnd
+            time.sleep(2)
+            p2 = ctx.channel("idle.other").producer()
+            assert p2.submit_sync({"y": rnd}, timeout=3) is True
+            p2.close()
+            time.sleep(2)
+            sub = ctx.channel("idle.back").subscribe()     # a join after the idle too
+            sub.close()
+    assert readline(peer, r"^got\s+2")

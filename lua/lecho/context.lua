@@ -467,6 +467,8 @@ local function main_wait(self, done, a, b, deadline)
     if done(a, b) then r = true break end
     local left = deadline and deadline - now(self)
     if left and left <= 0 then r = false break end
+    -- an embedder's interrupt (lecho_set_interrupt: Python's Ctrl-C)
+    if self.interrupt and self.interrupt() then r = false break end
     keep_views(self)
     self.c:run_once(left)
   end

@@ -185,6 +185,12 @@ class Context:
             self._sync_timeout = float(opts.get("sync_timeout", 10))
         except (TypeError, ValueError):
             self._sync_timeout = 10.0
+        # Asked between the turns of the waits inside one C call (close's
+        # linger, opening a producer or a consumer): entering Python runs a
+        # pending signal's handler, whose KeyboardInterrupt the callback's
+        # onerror keeps (as in a handler), and the wait ends at once.
+        self._intr = _callback(self, "lecho_interrupt_fn", _interrupt_fn(self), 1)
+        lib.lecho_set_interrupt(self._x, self._intr, ffi.NULL)
 
     # -- internals --
     def _check(self):
@@ -579,6 +585,17 @@ class _Pin:
 # any line of it ran): the event (the call) fails with this text.
 _INTERRUPTED = ffi.new("char[]", b"interrupted")
 _INTERRUPTED_P = ffi.cast("const char *", _INTERRUPTED)
+
+
+def _interrupt_fn(ctx):
+    """lecho_set_interrupt's callback: 1 (end the wait) while a
+    KeyboardInterrupt or SystemExit is kept for the loop call to raise."""
+    ref = weakref.ref(ctx)
+
+    def interrupted(_ud):
+        c = ref()
+        return 1 if c is not None and isinstance(c._pending, (KeyboardInterrupt, SystemExit)) else 0
+    return interrupted
 
 
 def _callback(ctx, cdecl, fn, failed=None):

@@ -379,3 +379,59 @@ def test_requests_after_an_idle_longer_than_the_peers_heartbeats_succeed(procs, 
             sub = ctx.channel("idle.back").subscribe()     # a join after the idle too
             sub.close()
     assert readline(peer, r"^got\s+2")
+
+
+CLOSE_SCRIPT = textwrap.dedent("""
+    import sys, time, lecho
+    ctx = lecho.Context(nameserver=sys.argv[1], quiet=True)
+    what = sys.argv[2]
+    if what == "close":
+        p = ctx.channel("slow.close2").producer()
+        try:
+            p.submit_sync({"a": 1}, timeout=0.5)    # at the slow consumer, which holds its connection
+        except lecho.SyncError:
+            pass
+        print("closing", flush=True)
+        t = time.monotonic()
+        try:
+            ctx.close(linger=20)
+            print("closed normally %.1f" % (time.monotonic() - t), flush=True)
+        except KeyboardInterrupt:
+            print("KI %.1f" % (time.monotonic() - t), ctx._x is None, flush=True)
+    else:   # opening a producer while the name server does not answer
+        print("closing", flush=True)
+        t = time.monotonic()
+        try:
+            ctx.channel("x").producer()
+            print("opened normally %.1f" % (time.monotonic() - t), flush=True)
+        except KeyboardInterrupt:
+            print("KI %.1f" % (time.monotonic() - t), flush=True)
+        ctx.close(0)
+""")
+
+
+@pytest.mark.parametrize("what", ["close", "open"])
+def test_ctrl_c_interrupts_close_and_an_opening(nameserver, procs, tmp_path, what):
+    # Review of issue 28 (nit 12): Ctrl-C during ctx.close(linger=20) came
+    # only when close returned (18.5 s).
+    script = tmp_path / "close.py"
+    script.write_text(CLOSE_SCRIPT)
+    if what == "close":
+        procs.lua("slow", nameserver, "slow.close2")
+        readline(procs.procs[-1], "^ready")
+        ns = nameserver
+    else:   # a name server that never answers: a listening socket nobody reads
+        import socket
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen(5)
+        ns = "127.0.0.1:%d" % s.getsockname()[1]
+    p = procs.start([sys.executable, str(script), ns, what], env=PYENV,
+                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    readline(p, "^closing")
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    m = readline(p, r"^(KI|closed normally|opened normally) (\S+)", timeout=30)
+    assert m.group(1) == "KI", m.group(0)
+    assert float(m.group(2)) < 3.0
+    assert p.wait(10) == 0

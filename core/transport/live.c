@@ -192,24 +192,24 @@ void lei_live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
  * silent for more than a heartbeat (a live remote writes at least that
  * often; 1 s without heartbeats) and whose remote's close is waiting
  * (POLLRDHUP: its FIN is in, maybe behind frames) is read to that close by
- * non-blocking turns of the loop, which dispatch what came before it as
- * any turn does.  Nothing is resent: the request has not been queued yet,
+ * its read callback, which dispatches what came before it as a loop turn
+ * would.  Nothing is resent: the request has not been queued yet,
  * and what was queued before is lost and counted with the connection as
  * always.  A connection that was up failed no dial: its peer is dialled
  * again at once (the backoff is for dials that fail). */
 int lei_live_catch_up(lei_ctx *c) {
     enum { MAXN = 16 };
-    lei_conn *ks[MAXN];
+    lei_conn *ks[MAXN]; /* compared, never read once a callback ran: it may be freed */
+    lei_peer *ps[MAXN]; /* peers outlive their connections (lei_peers_sweep, later) */
     int n = 0;
     ev_tstamp now = ev_time(), quiet = c->o.heartbeat > 0 ? c->o.heartbeat : 1.0;
     for (lei_conn *k = c->conns; k && n < MAXN; k = k->next) {
         if (k->state != LEI_CONN_UP || !k->peer || k->peer->conn != k || now - k->last_in <= quiet)
             continue;
         struct pollfd pf = {.fd = k->fd, .events = POLLIN | POLLRDHUP, .revents = 0};
-        if (poll(&pf, 1, 0) > 0 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR)))
-        {
+        if (poll(&pf, 1, 0) > 0 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
             k->peer->lv.caught = 1;
-            k->busy++; /* kept until the end of this call, closed or not */
+            ps[n] = k->peer;
             ks[n++] = k;
         }
     }
@@ -219,12 +219,10 @@ int lei_live_catch_up(lei_ctx *c) {
      * and take its reason for the loss): what came is dispatched, then the
      * close is read.  A call reads at most a buffer: a few, until closed. */
     for (int i = 0; i < n; i++) {
-        lei_conn *k = ks[i];
-        for (int r = 0; r < 64 && k->state == LEI_CONN_UP && k->peer && !k->peer->held; r++)
-            ev_invoke(c->loop, &k->rio, EV_READ);
-        if (k->state != LEI_CONN_CLOSED && k->peer) k->peer->lv.caught = 0; /* open after all: the usual backoff */
-        k->busy--;
-        if (k->state == LEI_CONN_CLOSED && !k->busy) lei_conn_free(k);
+        lei_peer *p = ps[i];
+        for (int r = 0; r < 64 && p->conn == ks[i] && ks[i]->state == LEI_CONN_UP && !p->held; r++)
+            ev_invoke(c->loop, &ks[i]->rio, EV_READ);
+        if (p->conn == ks[i]) p->lv.caught = 0; /* open after all: the usual backoff */
     }
     /* The binding hears of the losses now, not at the next turn: the
      * request that follows must not be failed by the old connection's. */

@@ -528,6 +528,15 @@ LECHO_API int lecho_call_start(lecho_ctx *ctx, const char *name, const lecho_val
  * "channels" -> name -> { events_out, bytes_out, events_in, ... }, "peers",
  * ...).  Owned by the caller (lecho_value_free); NULL on failure. */
 LECHO_API lecho_value *lecho_stats(lecho_ctx *ctx);
+/* fn(ud) is asked between the loop turns of every wait on the caller's
+ * line inside an API call (lecho_close's linger, opening a producer or a
+ * consumer, the name server's answers): nonzero ends that wait at once, as
+ * if its time ran out (close then closes without lingering further; an
+ * opening fails with a timeout).  A signal ends a turn, so a binding whose
+ * signal handlers run only between C calls (Python) lets Ctrl-C through a
+ * long wait this way.  NULL: none (the default). */
+LECHO_API int lecho_set_interrupt(lecho_ctx *ctx, int (*fn)(void *ud), void *ud);
+
 /* One counter of one channel, e.g. lecho_stat(ctx, "heat", "events_out"):
  * the number, or -1 when the channel or counter does not exist (yet; a
  * channel this context has no handle for is not created by asking). */

@@ -172,6 +172,17 @@ static int l_stop(lua_State *L) {
     return 0;
 }
 
+/* ctx:catch_up(): lei_live_catch_up before a request (a sync submit, a
+ * call, a join) from a program that may have been away from its loop: the
+ * number of connections found closed by their remote. */
+static int l_catch_up(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    int n = lei_live_catch_up(b->c);
+    lb_close_if_pending(b, L);
+    lua_pushinteger(L, n);
+    return 1;
+}
+
 static int l_now(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     ev_now_update(lei_ctx_loop(b->c));
@@ -307,6 +318,7 @@ const luaL_Reg lb_loop_methods[] = {
     {"flush", l_flush},           {"drain_local", l_drain_local},
     {"run_once", l_run_once},     {"run", l_run},
     {"stop", l_stop},             {"now", l_now},
+    {"catch_up", l_catch_up},
     {"break_once", l_break_once},
     {"timer", l_timer},           {"io", l_io},
     {"want_turn", l_want_turn},   {NULL, NULL}};

@@ -365,6 +365,34 @@ int lecho_run_once(lecho_ctx *x, double timeout) {
     return lei_lecho_protect(x, op_loop, &o);
 }
 
+/* The Lua side's view of lecho_set_interrupt's fn: true ends the wait. */
+static int l_interrupted(lua_State *L) {
+    lecho_ctx *x = lua_touserdata(L, lua_upvalueindex(1));
+    lua_pushboolean(L, x->intr_fn && x->intr_fn(x->intr_ud) != 0);
+    return 1;
+}
+
+static int op_interrupt(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lei_lecho_push_ref(L, o->x->self);
+    if (o->x->intr_fn) {
+        lua_pushlightuserdata(L, o->x);
+        lua_pushcclosure(L, l_interrupted, 1);
+    } else {
+        lua_pushnil(L);
+    }
+    o->rc = lei_lecho_glue_call(L, o->x, "set_interrupt", 2, NULL);
+    return 0;
+}
+
+int lecho_set_interrupt(lecho_ctx *x, int (*fn)(void *ud), void *ud) {
+    if (!x) return LECHO_EINVAL;
+    x->intr_fn = fn;
+    x->intr_ud = ud;
+    struct op o = { .s = "set_interrupt" };
+    return lei_lecho_protect(x, op_interrupt, &o);
+}
+
 int lecho_stop(lecho_ctx *x) {
     if (!x) return LECHO_EINVAL;
     struct op o = { .s = "stop" };

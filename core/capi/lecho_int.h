@@ -128,6 +128,8 @@ struct lecho_ctx {
     int self;       /* registry ref of the Lua context */
     struct lei_scratch *scratch; /* owned: see struct lei_scratch */
     int in_handler; /* depth of C handlers running */
+    int (*intr_fn)(void *ud); /* lecho_set_interrupt's: asked between the turns of a wait */
+    void *intr_ud;
     int views;      /* registry ref of the running sink handler's slot table, whose [2]
                      * lists its event's arrays received in place; LUA_REFNIL: a
                      * handler of the Lua dispatch (its Context keeps them); LUA_NOREF: none */

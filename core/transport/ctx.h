@@ -188,6 +188,12 @@ void lei_ctx_enter(lei_ctx *c);
 void lei_ctx_leave(lei_ctx *c);
 /* > 0 inside a hook or an entered callback. */
 int lei_ctx_depth(const lei_ctx *c);
+/* live.c: before a request that needs peers (a sync submit, a call, a
+ * join): the connections whose remote closed while this process did not
+ * run its loop are read to their close now (non-blocking loop turns), so
+ * that the request dials afresh instead of being written to a dead socket
+ * (EPIPE); those peers may be dialled at once.  The number found. */
+int lei_live_catch_up(lei_ctx *c);
 /* rbuf.c: the read buffer holding [p, p + n), a received array's bytes
  * during its dispatch, handed over instead of copied (the caller owns the
  * returned address: free(); p stays valid while it does), when n is at

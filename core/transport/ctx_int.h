@@ -227,6 +227,7 @@ typedef struct lei_seqent {
 typedef struct lei_live {
     uint64_t incarnation;     /* ro: from the last handshake (0: none yet) */
     int fails;                /* ro: dials since the last handshake (backoff) */
+    int caught;               /* lei_live_catch_up reads its remote's close: dial again at once */
     lei_seqent *seqs;         /* owned */
     uint32_t seqcap, seqn, seqhit;
     lei_seqent *bych;         /* owned: [chid], nbych entries, at most 4 per used + 64 */

@@ -125,6 +125,21 @@ void lei_live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
         if (now - k->last_in >= dead) {
             if (live_fd_ready(k->fd, POLLIN)) {
                 k->last_in = now; /* we were the slow one */
+            } else if (k->peer && k->peer->conn == k && !k->peer->q.head && now - k->last_out > 2 * hb) {
+                /* We were away ourselves (our own heartbeats did not go out,
+                 * with nothing queued): a remote with a longer heartbeat than
+                 * ours may have had nothing to say.  PING it, and give it one
+                 * heartbeat to answer before it is judged. */
+                k->last_in = now - dead + hb;
+                k->last_ping = k->last_out = now;
+                k->busy++; /* a failed write closes k: it must outlive this call */
+                live_send(k->peer, LEI_F_PING);
+                k->busy--;
+                if (k->state == LEI_CONN_CLOSED) {
+                    lei_conn_free(k);
+                    k = nk;
+                    continue;
+                }
             } else {
                 snprintf(why, sizeof why, "no heartbeat from %s for %.1f s", who, now - k->last_in);
                 lei_ratelog(c, LEI_RL_LIVENESS, "closing connection: %s (heartbeat %g s, misses %g)",
@@ -167,6 +182,54 @@ void lei_live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
         ev_timer_stop(loop, w);
 }
 
+/* A process that did not run its loop for longer than heartbeat * misses
+ * (a Python script between two calls, a long computation) has been
+ * declared dead by its peers, which closed their connections to it; until
+ * a loop turn reads those closes, the connections look up here, and a
+ * request written to one fails with EPIPE (or is lost to a RST) though the
+ * peer is alive and would answer on a new connection.  Before such a
+ * request the binding calls this: each connection up whose input has been
+ * silent for more than a heartbeat (a live remote writes at least that
+ * often; 1 s without heartbeats) and whose remote's close is waiting
+ * (POLLRDHUP: its FIN is in, maybe behind frames) is read to that close by
+ * its read callback, which dispatches what came before it as a loop turn
+ * would.  Nothing is resent: the request has not been queued yet,
+ * and what was queued before is lost and counted with the connection as
+ * always.  A connection that was up failed no dial: its peer is dialled
+ * again at once (the backoff is for dials that fail). */
+int lei_live_catch_up(lei_ctx *c) {
+    enum { MAXN = 16 };
+    lei_conn *ks[MAXN]; /* compared, never read once a callback ran: it may be freed */
+    lei_peer *ps[MAXN]; /* peers outlive their connections (lei_peers_sweep, later) */
+    int n = 0;
+    ev_tstamp now = ev_time(), quiet = c->o.heartbeat > 0 ? c->o.heartbeat : 1.0;
+    for (lei_conn *k = c->conns; k && n < MAXN; k = k->next) {
+        if (k->state != LEI_CONN_UP || !k->peer || k->peer->conn != k || now - k->last_in <= quiet)
+            continue;
+        struct pollfd pf = {.fd = k->fd, .events = POLLIN | POLLRDHUP, .revents = 0};
+        if (poll(&pf, 1, 0) > 0 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+            k->peer->lv.caught = 1;
+            ps[n] = k->peer;
+            ks[n++] = k;
+        }
+    }
+    if (!n) return 0;
+    /* Their read callbacks, as a turn would run them, but before anything
+     * else of a turn (a timer's write there would fail on the dead socket
+     * and take its reason for the loss): what came is dispatched, then the
+     * close is read.  A call reads at most a buffer: a few, until closed. */
+    for (int i = 0; i < n; i++) {
+        lei_peer *p = ps[i];
+        for (int r = 0; r < 64 && p->conn == ks[i] && ks[i]->state == LEI_CONN_UP && !p->held; r++)
+            ev_invoke(c->loop, &ks[i]->rio, EV_READ);
+        if (p->conn == ks[i]) p->lv.caught = 0; /* open after all: the usual backoff */
+    }
+    /* The binding hears of the losses now, not at the next turn: the
+     * request that follows must not be failed by the old connection's. */
+    if (c->peer_s.nnotes) lei_tell_notes(c);
+    return n;
+}
+
 /* Redial backoff: retry_interval after a loss, doubling with every dial that
  * did not reach a handshake, at most retry_max. */
 int lei_live_may_dial(lei_peer *p) {
@@ -174,6 +237,15 @@ int lei_live_may_dial(lei_peer *p) {
     double wait = c->o.retry_interval;
     for (int i = 0; i < p->lv.fails && wait < c->o.retry_max; i++) wait *= 2;
     if (wait > c->o.retry_max && c->o.retry_max > 0) wait = c->o.retry_max;
+    /* (a connection that was up, closed by its remote while this process
+     * was away from its loop: no dial failed, no backoff; lei_live_catch_up) */
+    if (p->lv.caught) { /* once: the next loss backs off again */
+        p->lv.caught = 0;
+        if (p->lv.fails == 0) {
+            p->lv.fails++;
+            return 1;
+        }
+    }
     if (ev_now(c->loop) - p->last_fail < wait) return 0;
     if (p->lv.fails < 64) p->lv.fails++;
     return 1;

@@ -422,6 +422,7 @@ end
 -- after a timeout or a lost connection too), at ("host:port": that server
 -- only), retries (2).
 function Context:call(name, args, opts)
+  self:_catch_up() -- (before check_call, which may start joins)
   opts = check_call(self, name, opts, "ctx:call")
   return strip(self:_call(name, args, opts))
 end
@@ -436,6 +437,7 @@ end
 -- code, traceback) runs later, in a coroutine of the context's.
 function Context:call_async(name, args, opts, cb)
   if type(cb) ~= "function" then error("lecho: ctx:call_async needs a callback function", 2) end
+  self:_catch_up() -- (before check_call, which may start joins)
   opts = check_call(self, name, opts, "ctx:call_async")
   self:_spawn(call_async_run, self, name, args, opts, cb)
 end

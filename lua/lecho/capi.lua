@@ -86,6 +86,13 @@ end
 
 function M.stop(ctx) return protect(function() ctx:stop(); return true end) end
 
+-- lecho_set_interrupt: f() (a C function) true ends a main-line wait
+-- (Context:_wait's main_wait) as its deadline would; nil: none.
+function M.set_interrupt(ctx, f)
+  ctx.interrupt = f
+  return true
+end
+
 function M.channel(ctx, name)
   return protect(function()
     local ch = ctx:channel(name)

@@ -24,6 +24,7 @@ function Channel:consumer(handler, opts)
   local ctx = self.ctx
   if ctx.closed then error("lecho: context is closed", 2) end
   opts = options.check(opts, options.CONSUMER, "ch:consumer", 2)
+  ctx:_catch_up()
   local spec
   if opts.modulator ~= nil then
     spec = mod_spec(opts.modulator, opts.params, opts.period, opts.capabilities, 3)

@@ -54,6 +54,7 @@ function Channel:producer(opts)
   opts = options.check(opts, options.PRODUCER, "ch:producer", 2)
   local ctx = self.ctx
   if ctx.closed then error("lecho: context is closed", 2) end
+  ctx:_catch_up()
   -- Granted before joining: the join installs the current modulators.
   for _, cap in ipairs(opts.grant or {}) do self.grants[cap] = true end
   if self.nprod == 0 then
@@ -212,6 +213,7 @@ function Producer:submit_sync(ev, opts)
   local ctx = self.ch.ctx
   local c = ctx.c
   if opts ~= nil then options.check(opts, options.SUBMIT_SYNC, "p:submit_sync", 2) end
+  ctx:_catch_up()
   local timeout = opts and opts.timeout or ctx.sync_timeout
   -- Nobody anywhere takes it (no consumer context, no local consumer, no
   -- modulator running or failed here): no handler can run, and "true"

@@ -19,6 +19,7 @@ import threading
 import time
 import traceback
 import weakref
+from threading import get_ident as _ident
 
 from ._ffi import ffi, lib, LIBRARY
 from . import _values
@@ -178,9 +179,9 @@ class Context:
         self.address = _s(lib.lecho_address(self._x))
         self.nameserver = _s(lib.lecho_nameserver(self._x))
         self.on_handler_error = _print_handler_error
+        self._quiet = opts.get("quiet") not in (None, False, 0, "false")
         self._flag = ffi.new("int *")  # lecho_get_bool's out, for _block_pending
         self.close_error = None       # close()'s LechoError when it did not raise it
-        self._quiet = bool(opts.get("quiet"))
         # The program's end without close(): closed as close() does (what was
         # submitted delivered within linger).  atexit runs before CPython
         # tears the modules down; a weak reference, so that the registration
@@ -197,12 +198,31 @@ class Context:
             self._sync_timeout = float(opts.get("sync_timeout", 10))
         except (TypeError, ValueError):
             self._sync_timeout = 10.0
+        # Asked between the turns of the waits inside one C call (close's
+        # linger, opening a producer or a consumer): entering Python runs a
+        # pending signal's handler, whose KeyboardInterrupt the callback's
+        # onerror keeps (as in a handler), and the wait ends at once.
+        self._intr = _callback(self, "lecho_interrupt_fn", _interrupt_fn(self), 1)
+        lib.lecho_set_interrupt(self._x, self._intr, ffi.NULL)
 
     # -- internals --
     def _check(self):
+        """The context's handle, at a call that may touch it: LechoError
+        "closed" once closed, "invalid" from another thread than the one
+        that made it (liblecho is not thread-safe: a second thread used to
+        crash the interpreter)."""
         if self._x is None:
             raise LechoError("closed", "context is closed")
+        if _ident() != self._thread:
+            self._wrong_thread()
         return self._x
+
+    def _wrong_thread(self):
+        names = {t.ident: t.name for t in threading.enumerate()}
+        me = _ident()
+        raise LechoError("invalid", "the context belongs to thread %d (%s), not to this thread %d (%s): "
+                         "a context and everything made from it are used from the thread that made it"
+                         % (self._thread, names.get(self._thread, "?"), me, names.get(me, "?")))
 
     def _fail(self, rc):
         raise LechoError(rc, _s(lib.lecho_errmsg(self._x)))
@@ -267,6 +287,15 @@ class Context:
             self._fail(rc)
         return self._pin_owned(holder)
 
+    def _keep(self, exc):
+        """An exception raised in a callback, raised by the loop call that
+        ran it (_reraise): KeyboardInterrupt and SystemExit before any
+        other; the first of a kind is kept."""
+        old = self._pending
+        if old is None or (isinstance(exc, (KeyboardInterrupt, SystemExit))
+                           and not isinstance(old, (KeyboardInterrupt, SystemExit))):
+            self._pending = exc
+
     def _reraise(self):
         exc = self._pending
         if exc is not None:
@@ -314,6 +343,7 @@ class Context:
         timers of a context (heartbeats, redials, timeouts) would need a tick
         anyway.  A turn that finds nothing costs one epoll_wait(0)."""
         import asyncio
+        self._check()
         if loop is None:
             try:
                 loop = asyncio.get_running_loop()
@@ -470,8 +500,20 @@ class Context:
         return self._read(self._own(v))
 
     def stat(self, channel, counter):
-        """One counter of one channel (-1: none yet)."""
-        return lib.lecho_stat(self._check(), channel.encode(), counter.encode())
+        """One counter of one channel, an int (README "Statistics");
+        LechoError code "notfound" when this context has no such channel
+        (no producer or consumer of it here yet) or the channel no such
+        counter (the message lists those it has)."""
+        v = lib.lecho_stat(self._check(), channel.encode(), counter.encode())
+        if v >= 0:
+            return int(v) if v.is_integer() else v
+        rows = self.stats().get("channels") or {}
+        row = rows.get(channel) or rows.get("%s/%s" % (self.nameserver, channel))
+        if row is None:
+            raise LechoError("notfound", "no channel %r in this context (no producer or consumer of "
+                             "it here yet)" % channel)
+        raise LechoError("notfound", "no counter %r on channel %r (counters: %s)"
+                         % (counter, channel, ", ".join(sorted(k for k in row if isinstance(k, str)))))
 
     def close(self, linger=-1.0):
         """Delivers what was submitted (at most `linger` seconds; < 0: the
@@ -507,6 +549,7 @@ class Context:
     def _close(self, linger, handling):
         if self._x is None:
             return
+        self._check()
         atexit.unregister(getattr(self, "_at_exit", None))   # (absent when __init__ failed early)
         if len(self._pins):
             gc.collect()
@@ -563,6 +606,46 @@ class _Pin:
 
     def __init__(self, v, mem):
         self.v, self.mem = v, mem
+
+
+# What a callback returns to C when Python raised outside its own try (a
+# signal's KeyboardInterrupt is raised as the callback enters Python, before
+# any line of it ran): the event (the call) fails with this text.
+_INTERRUPTED = ffi.new("char[]", b"interrupted")
+_INTERRUPTED_P = ffi.cast("const char *", _INTERRUPTED)
+
+
+def _interrupt_fn(ctx):
+    """lecho_set_interrupt's callback: 1 (end the wait) while a
+    KeyboardInterrupt or SystemExit is kept for the loop call to raise."""
+    ref = weakref.ref(ctx)
+
+    def interrupted(_ud):
+        c = ref()
+        return 1 if c is not None and isinstance(c._pending, (KeyboardInterrupt, SystemExit)) else 0
+    return interrupted
+
+
+def _callback(ctx, cdecl, fn, failed=None):
+    """A cffi callback of fn whose every exception is kept: cffi's onerror
+    gets those raised where fn's own try cannot see them (SIGINT's handler
+    runs as the callback enters Python, or between fn's last line and the
+    return), and keeps them in ctx._pending for the loop call that ran the
+    callback to raise after liblecho returned (Context._loop_call), as one
+    raised inside a handler is.  Without onerror cffi prints "Exception
+    ignored from cffi callback" and Ctrl-C is lost.  failed: what the
+    callback returns then (for a handler, the event fails)."""
+    ref = weakref.ref(ctx)
+
+    def onerror(etype, exc, tb):
+        c = ref()
+        if c is not None and exc is not None:
+            c._keep(exc)
+        return None
+
+    if failed is None:
+        return ffi.callback(cdecl, fn, onerror=onerror)
+    return ffi.callback(cdecl, fn, error=failed, onerror=onerror)
 
 
 def _print_handler_error(where, exc):
@@ -674,6 +757,7 @@ class Producer:
     def __init__(self, ch, policy):
         self.ctx = ctx = ch.ctx
         self.channel = ch
+        ctx._check()
         out = ffi.new("lecho_producer **")
         rc = lib.lecho_producer_open(ch._ch, policy.encode() if policy else ffi.NULL, out)
         ctx._loop_call(rc)
@@ -681,9 +765,12 @@ class Producer:
         self._ev = ctx._own(lib.lecho_value_new(ctx._x))
 
     def _load(self, ev):
-        if self._p is None or self.ctx._x is None:
+        ctx = self.ctx
+        if self._p is None or ctx._x is None:
             raise LechoError("closed", "producer is closed")
-        self.ctx._set(self._ev, ev)
+        if _ident() != ctx._thread:
+            ctx._wrong_thread()
+        ctx._set(self._ev, ev)
 
     def submit(self, ev):
         """Queues ev for every consumer; returns at once (under "block",
@@ -737,12 +824,16 @@ class Producer:
         raise SyncError(r.get("code") or "failed", r.get("message") or "", lst)
 
     def flush(self):
+        self.ctx._check()
+        if self._p is None:
+            raise LechoError("closed", "producer is closed")
         rc = lib.lecho_flush(self._p)
         if rc != 0:
             self.ctx._fail(rc)
 
     def close(self):
         if self._p is not None and self.ctx._x is not None:
+            self.ctx._check()
             lib.lecho_producer_close(self._p)
         self._p = None
 
@@ -753,6 +844,16 @@ class _Handled:
 
     def _dead(self):
         self._h = None
+
+    def set_params(self, params):
+        """Changes the modulator's params at every producer (the callback
+        consumer's and the subscription's alike); returns once every
+        producer applied them (runs the loop meanwhile)."""
+        v = self.ctx._value(params)
+        if self._h is None:
+            raise LechoError("closed", "consumer is closed")
+        rc = lib.lecho_consumer_set_params(self._h, v)
+        self.ctx._loop_call(rc)
 
     def _set_on_error(self, fn):
         """fn(message) for the modulator's failures at producers
@@ -769,8 +870,8 @@ class _Handled:
                 except Exception:
                     pass
             except BaseException as exc:   # KeyboardInterrupt: after the C call
-                ctx._pending = exc
-        self._ecb = ffi.callback("lecho_error_fn", call)
+                ctx._keep(exc)
+        self._ecb = _callback(ctx, "lecho_error_fn", call)
         rc = lib.lecho_consumer_on_error(self._h, self._ecb, ffi.NULL)
         if rc != 0:
             self.close()
@@ -784,7 +885,8 @@ class Consumer(_Handled):
         self._fn = fn
         self._raw = raw
         self._err = None
-        self._cb = ffi.callback("lecho_handler", self._trampoline)
+        ctx._check()
+        self._cb = _callback(ctx, "lecho_handler", self._trampoline, _INTERRUPTED_P)
         o = ctx._value(opts) if opts else ffi.NULL
         out = ffi.new("lecho_consumer **")
         rc = lib.lecho_consumer_open_opts(ch._ch, self._cb, ffi.NULL, o, out)
@@ -810,20 +912,14 @@ class Consumer(_Handled):
             except Exception:
                 pass  # the event still fails with msg
         except BaseException as exc:  # KeyboardInterrupt, SystemExit: after the C call
-            ctx._pending = exc
-            msg = "interrupted"
+            ctx._keep(exc)
+            return _INTERRUPTED_P
         self._err = ffi.new("char[]", msg.encode("utf-8", "replace"))
         return self._err
 
-    def set_params(self, params):
-        """Changes the modulator's params at every producer; returns once
-        every producer applied them."""
-        v = self.ctx._value(params)
-        rc = lib.lecho_consumer_set_params(self._h, v)
-        self.ctx._loop_call(rc)
-
     def close(self):
         if self._h is not None and self.ctx._x is not None:
+            self.ctx._check()
             lib.lecho_consumer_close(self._h)
             self.ctx._handles.remove(self)
         self._h = None
@@ -863,6 +959,7 @@ class Subscription(_Handled):
         self._waiter = None
         self._dropped = 0
         self._dbox = None   # the value lecho_consumer_take fills when .dropped is read
+        ctx._check()
         o = ctx._value(opts) if opts else ffi.NULL
         out = ffi.new("lecho_consumer **")
         rc = lib.lecho_consumer_open_queued(ch._ch, o, int(maxsize), out)
@@ -880,6 +977,7 @@ class Subscription(_Handled):
         """The n oldest events handed out are done with (err None) or failed."""
         if n <= 0 or self._h is None or self.ctx._x is None:
             return
+        self.ctx._check()
         rc = lib.lecho_consumer_settle(self._h, n, ffi.NULL if err is None else err.encode())
         if rc != 0:
             self.ctx._fail(rc)
@@ -942,7 +1040,7 @@ class Subscription(_Handled):
 
     def _note_dropped(self, d):
         if d != self._dropped:
-            if self._dropped == 0:
+            if self._dropped == 0 and not self.ctx._quiet:
                 sys.stderr.write("lecho: subscription on %s: queue full, events refused (.dropped)\n"
                                  % self.channel.name)
             self._dropped = d
@@ -966,6 +1064,7 @@ class Subscription(_Handled):
         Called with self._q empty: what was handed out is done with."""
         if self._h is None or self.ctx._x is None:
             return False
+        self.ctx._check()
         if self._elsewhere:
             self._stopped()
         if self._unsettled:
@@ -1008,6 +1107,8 @@ class Subscription(_Handled):
     def get(self, timeout=None):
         """The next event, running the loop meanwhile; LechoError("timeout")
         after timeout seconds (None: waits)."""
+        if _ident() != self.ctx._thread:
+            self.ctx._wrong_thread()
         q = self._q
         if q or self._fill():
             return q.popleft()
@@ -1034,7 +1135,10 @@ class Subscription(_Handled):
         # yielded straight from the deque: no Python call per event.
         q = self._q
         ev = None
+        ctx = self.ctx
         while True:
+            if _ident() != ctx._thread:   # once per batch, not per event
+                ctx._wrong_thread()
             while q:
                 ev = q.popleft()
                 try:
@@ -1055,6 +1159,8 @@ class Subscription(_Handled):
                 raise
 
     def __next__(self):
+        if _ident() != self.ctx._thread:
+            self.ctx._wrong_thread()
         if self._q:
             return self._pop()
         if self._h is None:
@@ -1098,6 +1204,7 @@ class Subscription(_Handled):
         """Leaves.  The events handed out count as handled; those not
         handed out yet fail ("not handled: the subscription closed")."""
         if self._h is not None and self.ctx._x is not None:
+            self.ctx._check()
             if self._elsewhere:
                 self._stopped()
             self.done()
@@ -1138,7 +1245,8 @@ class Service(_Handled):
         self.name = name
         self._fn = fn
         self._err = None
-        self._cb = ffi.callback("lecho_service_fn", self._trampoline)
+        ctx._check()
+        self._cb = _callback(ctx, "lecho_service_fn", self._trampoline, _INTERRUPTED_P)
         o = ctx._value(opts) if opts else ffi.NULL
         out = ffi.new("lecho_service **")
         rc = lib.lecho_service_open(ctx._check(), name.encode(), self._cb, ffi.NULL, o, out)
@@ -1159,13 +1267,14 @@ class Service(_Handled):
         except Exception as exc:
             msg = "%s: %s" % (type(exc).__name__, exc)
         except BaseException as exc:
-            ctx._pending = exc
-            msg = "interrupted"
+            ctx._keep(exc)
+            return _INTERRUPTED_P
         self._err = ffi.new("char[]", msg.encode("utf-8", "replace"))
         return self._err
 
     def close(self):
         if self._h is not None and self.ctx._x is not None:
+            self.ctx._check()
             lib.lecho_service_close(self._h)
             self.ctx._handles.remove(self)
         self._h = None

@@ -135,6 +135,8 @@ int lecho_call_start(lecho_ctx *ctx, const char *name, const lecho_value *args,
                      const lecho_value *opts, lecho_value **pending);
 int lecho_get_bool(const lecho_value *v, const char *key, int *out);
 
+typedef int (*lecho_interrupt_fn)(void *ud);
+int lecho_set_interrupt(lecho_ctx *ctx, lecho_interrupt_fn fn, void *ud);
 lecho_value *lecho_stats(lecho_ctx *ctx);
 double lecho_stat(lecho_ctx *ctx, const char *channel, const char *counter);
 """

@@ -1016,7 +1016,8 @@ local function replay_status(opts, st)
   if opts.json then return emit(st) end
   io.stdout:write(("replay %d/%d sent=%d t=%.3f/%.3f %s%s%s\n"):format(st.pos, st.total, st.sent,
     st.t, st.duration, st.done and "done" or (st.paused and "paused" or "playing"),
-    (st.unreached or 0) > 0 and (" unreached=%d"):format(st.unreached) or "",
+    ((st.unreached or 0) > 0 and (" unreached=%d"):format(st.unreached) or "")
+      .. (st.damaged and (" damaged=%d"):format(st.damaged) or ""),
     st.err and (" error: " .. st.err) or ""))
   io.stdout:flush()
 end
@@ -1026,24 +1027,50 @@ function cmds.replay(opts, pos)
   local started = recording.wall()
   if opts.check then
     local code = EXIT.ok
+    local scans, all = {}, {}
     for _, f in ipairs(pos) do
       local r, err = recording.scan(f)
       if not r then
         io.stderr:write("lecho replay: ", tostring(err), "\n")
         code = EXIT.failed
       else
+        scans[#scans + 1] = r
         local e = r.events
+        -- sequence gaps of each producer (issue 29 F13), across the files
+        -- given, said at the file where the gap ends
+        local from = #all
+        for _, x in ipairs(e) do all[#all + 1] = x end
+        local gaps, missing = {}, 0
+        for _, g in ipairs(recording.gaps(all)) do
+          if g.at > from then gaps[#gaps + 1] = g missing = missing + g.missing end
+        end
         local s = { file = f, events = #e, channels = r.channels, duration = e[1] and e[#e].t or 0,
-                    bytes = r.size, torn = r.torn }
+                    bytes = r.size, torn = r.torn, damage = r.damage, unindexed = r.unindexed, gaps = gaps,
+                    missing = missing }
         local what = r.torn and (r.torn.damaged and "DAMAGED record" or "torn tail")
         if opts.json then emit(s) else
           io.stdout:write(("%s: %d events on %s, %.3f s%s\n"):format(f, #e, table.concat(r.channels, ", "),
             s.duration, r.torn and (", %s at byte %d (%d bytes: %s)"):format(what, r.torn.offset, r.torn.bytes,
                                                                               r.torn.why) or ""))
+          for _, d in ipairs(r.damage) do
+            io.stdout:write(("%s: DAMAGED record at byte %d (%s): %d bytes skipped%s\n"):format(f, d.offset, d.why,
+              d.bytes, r.unindexed > 0 and (", %d events after it unplaceable"):format(r.unindexed) or ""))
+          end
+          for k, g in ipairs(gaps) do
+            if k > 10 then io.stdout:write(("%s: ... %d more gaps\n"):format(f, #gaps - 10)) break end
+            io.stdout:write(("%s: %s on %s: seq %d then %d (%s)\n"):format(f, g.producer, g.ch, g.after, g.next,
+              g.backwards and "backwards" or (g.missing .. " missing")))
+          end
         end
-        -- damage past a crash's torn tail: the file is not what was written
-        if r.torn and r.torn.damaged then code = EXIT.failed end
+        -- damage past a crash's torn tail, or events missing between
+        -- others: the file is not what was written
+        if (r.torn and r.torn.damaged) or #r.damage > 0 or #gaps > 0 then code = EXIT.failed end
       end
+    end
+    local oerr = recording.order(scans)
+    if oerr then
+      io.stderr:write("lecho replay: ", oerr, "\n")
+      code = EXIT.failed
     end
     os.exit(code)
   end
@@ -1170,6 +1197,12 @@ function cmds.replay(opts, pos)
     -- none reached anyone: a failure; some channels without a consumer
     -- while others had theirs: said (and counted), not a failure
     if unreached >= rp.sent and (code == nil or code == EXIT.ok) then code = EXIT.failed end
+  end
+  -- damaged records skipped: the replay is not the whole recording (F1)
+  if rp.damaged > 0 then
+    io.stderr:write(("lecho replay: %d damaged records skipped%s: the replay is not whole\n"):format(rp.damaged,
+      rp.unindexed > 0 and (", and %d events after them"):format(rp.unindexed) or ""))
+    if code == nil or code == EXIT.ok then code = EXIT.failed end
   end
   rp:close()
   if not opts.step then replay_status(opts, st) end

@@ -23,23 +23,41 @@ Replay.__index = Replay
 function M.new(ctx, files, opts)
   opts = opts or {}
   if type(files) == "string" then files = { files } end
-  local events, torn = {}, {}
+  -- torn: the lines to say about the files (a torn tail, damage, files
+  -- out of order); damaged: bad records skipped (the replay is not whole)
+  local events, torn, scans = {}, {}, {}
+  local damaged, unindexed = 0, 0
   for _, f in ipairs(files) do
     local r, err = recording.scan(f)
     if not r then return nil, err end
+    scans[#scans + 1] = r
+    for _, d in ipairs(r.damage) do
+      torn[#torn + 1] = ("%s: DAMAGED record at byte %d (%s): %d bytes skipped, read on from byte %d")
+                        :format(f, d.offset, d.why, d.bytes, d.offset + d.bytes)
+    end
+    damaged = damaged + #r.damage
+    if r.unindexed > 0 then
+      torn[#torn + 1] = ("%s: %d events skipped (their channel's or producer's record was damaged)")
+                        :format(f, r.unindexed)
+      unindexed = unindexed + r.unindexed
+    end
     if r.torn then
+      if r.torn.damaged then damaged = damaged + 1 end
       torn[#torn + 1] = ("%s: %s at byte %d (%d bytes: %s) ignored"):format(f,
         r.torn.damaged and "DAMAGED record" or "torn tail", r.torn.offset, r.torn.bytes, r.torn.why)
     end
     for _, e in ipairs(r.events) do events[#events + 1] = e end
   end
+  local oerr = recording.order(scans)
+  if oerr then return nil, oerr end
   local t0 = events[1] and events[1].wall or 0
   for _, e in ipairs(events) do e.t = e.wall - t0 end
   local speed = opts.speed or 1
   if speed ~= "max" and (type(speed) ~= "number" or not (speed > 0)) then
     return nil, "speed must be a number > 0 or \"max\""
   end
-  local rp = setmetatable({ ctx = ctx, events = events, torn = torn, rename = opts.rename or {}, speed = speed,
+  local rp = setmetatable({ ctx = ctx, events = events, torn = torn, damaged = damaged, unindexed = unindexed,
+                            rename = opts.rename or {}, speed = speed,
                             pos = 1, sent = 0, paused = opts.paused or false, producers = {},
                             on_end = opts.on_end, on_event = opts.on_event, duration = events[#events]
                             and events[#events].t or 0 }, Replay)
@@ -215,13 +233,15 @@ function Replay:unreached()
 end
 
 --- { pos, total, sent, unreached, t (of the next event), duration, paused,
--- done, speed }.  pos: the next event's number, 1 to total; once done,
+-- done, speed, err (the last send's), damaged (bad records the files had,
+-- skipped; nil when none) }.  pos: the next event's number, 1 to total; once done,
 -- total (the text and --json status lines say the same, 5663/5663).
 function Replay:status()
   local e = self.events[self.pos]
   return { pos = math.min(self.pos, #self.events), total = #self.events, sent = self.sent, unreached = (self:unreached()),
            t = e and e.t or self.duration, duration = self.duration, paused = self.paused,
-           done = self.pos > #self.events, speed = self.speed, err = self.err }
+           done = self.pos > #self.events, speed = self.speed, err = self.err,
+           damaged = self.damaged > 0 and self.damaged or nil }
 end
 
 --- Serves the loop until what was sent left this process (the queues are

@@ -311,6 +311,57 @@ describe("issue 29: record and replay", function()
     assert.are.equal("", S.output(rp))
   end)
 
+  it("--step answers every command with a status line, a refused one with its reason (F3)", function()
+    -- outside review of issue 29 (F3): a refused command was answered on
+    -- stderr only, and a driver reading one line per command hung
+    local _, ns = S.nameserver("--quiet")
+    local file = small_recording("steps", 10)
+    -- (seek t=1e308 is a seek past the end, as t=100 would be: not refused)
+    local bad = { "seek t=-5", "seek seq=-3", "speed 0", "speed -1", "speed x", "seek", "seek t=abc",
+                  "seek t=inf", "bogus", "step x", "step 0", "seek seq=1.5", "play now" }
+    local cmds = table.concat(bad, "\n") .. "\nstep 2\nstatus\nquit\n"
+    for _, json in ipairs({ true, false }) do
+      local script = S.write(S.tmpname("cmds"), cmds)
+      local rp = S.spawn(("sh -c %s"):format(S.sh_quote(("exec %s %s replay %s --step %s --wait 0 --nameserver %s < %s")
+        :format(S.luajit, LECHO, file, json and "--json" or "", ns, script))))
+      finish(rp, 30, "replay --step")   -- (exit 1: the 2 events stepped reached no consumer)
+      local lines = {}
+      for l in S.output(rp):gmatch("[^\n]+") do lines[#lines + 1] = l end
+      -- the first status line, then one per command but quit
+      assert.are.equal(1 + #bad + 2, #lines, S.output(rp) .. S.errors(rp))
+      for k = 1, #bad do
+        local l = lines[1 + k]
+        if json then
+          local st = cjson.decode(l)
+          assert.is_string(st.error, bad[k] .. ": " .. l)
+          assert.are.equal(0, st.sent)
+          assert.is_true(st.paused)
+        else
+          assert.matches("^replay 1/10 sent=0 .* paused refused: ", l)
+        end
+      end
+      if json then
+        assert.is_nil(cjson.decode(lines[#bad + 2]).error)
+        assert.are.equal(2, cjson.decode(lines[#bad + 3]).sent)
+      else
+        assert.matches("^replay 3/10 sent=2 .* paused unreached=2$", lines[#bad + 3])
+      end
+      local _, nerr = S.errors(rp):gsub("lecho replay: [^\n]*", "")
+      assert(nerr >= #bad, "the reasons on stderr: " .. S.errors(rp))
+    end
+  end)
+
+  it("the REPL's replay() says at its end what reached no consumer, as lecho replay does (F11)", function()
+    local _, ns = S.nameserver("--quiet")
+    local file = small_recording("repl", 5)
+    local p = io.popen(("%s %s/scripts/lecho-repl --nameserver %s --no-history -e %s </dev/null 2>&1; echo rc=$?")
+      :format(S.luajit, S.root, ns, S.sh_quote(("r = replay(%q, { speed = 'max', rename = { CH = 'repl.none' } });"
+        .. " wait(1)"):format(file))))
+    local out = p:read("*a")
+    p:close()
+    assert.matches("replay: done, 5 events sent, 5 of them reached no consumer %(repl%.none: 5%)", out)
+  end)
+
   it("a recorder killed mid-write: the torn tail is found, cut, and the rest replays whole", function()
     local _, ns = S.nameserver("--quiet")
     local file = S.tmpname("rec") .. ".lecho"

@@ -1018,7 +1018,7 @@ local function replay_status(opts, st)
     st.t, st.duration, st.done and "done" or (st.paused and "paused" or "playing"),
     ((st.unreached or 0) > 0 and (" unreached=%d"):format(st.unreached) or "")
       .. (st.damaged and (" damaged=%d"):format(st.damaged) or ""),
-    st.err and (" error: " .. st.err) or ""))
+    (st.err and (" error: " .. st.err) or "") .. (st.error and (" refused: " .. st.error) or "")))
   io.stdout:flush()
 end
 
@@ -1121,26 +1121,12 @@ function cmds.replay(opts, pos)
     -- commands from stdin, a line each, answered with a status line
     local buf = ""
     local function command(line)
-      local w = {}
-      for x in line:gmatch("%S+") do w[#w + 1] = x end
-      local c = w[1]
-      if c == nil then return end
-      local st
-      if c == "step" then st = rp:step(tonumber(w[2]) or 1)
-      elseif c == "play" then st = rp:resume()
-      elseif c == "pause" then st = rp:pause()
-      elseif c == "status" then st = rp:status()
-      elseif c == "speed" then
-        local x = w[2] == "max" and "max" or tonumber(w[2])
-        if not x or (x ~= "max" and not (x > 0)) then io.stderr:write("lecho replay: speed X|max\n") return end
-        st = rp:set_speed(x)
-      elseif c == "seek" then
-        local k, v = (w[2] or ""):match("^(%a+)=([%d.]+)$")
-        if k == "t" then st = rp:seek{ t = tonumber(v) }
-        elseif k == "seq" then st = rp:seek{ seq = tonumber(v) }
-        else io.stderr:write("lecho replay: seek t=SECONDS or seek seq=N\n") return end
-      elseif c == "quit" then code = EXIT.ok; ctx:stop() return
-      else io.stderr:write(("lecho replay: unknown command '%s'\n"):format(c)) return end
+      -- every command answered with a status line; a refused one with its
+      -- reason (also on stderr) and the status unchanged (issue 29 F3)
+      local st = rp:command(line)
+      if st == nil then return end
+      if st == "quit" then code = EXIT.ok; ctx:stop() return end
+      if st.error then io.stderr:write("lecho replay: ", st.error, "\n") end
       ctx.c:flush()
       replay_status(opts, st)
     end

@@ -258,6 +258,52 @@ function Replay:drain(timeout)
   return false
 end
 
+--- Runs one command of `lecho replay --step` (doc/recording.md): "step
+-- [N]", "play", "pause", "seek t=SECONDS", "seek seq=N", "speed X|max",
+-- "status", "quit".  Returns the status after it, with `error` set (the
+-- status unchanged) when the command is refused, so every command is
+-- answered (issue 29 F3: a refused one was answered on stderr only, and a
+-- driver reading a line per command hung); "quit" for quit; nil for an
+-- empty line.
+function Replay:command(line)
+  local w = {}
+  for x in line:gmatch("%S+") do w[#w + 1] = x end
+  local c, arg = w[1], w[2]
+  if c == nil then return nil end
+  local function refuse(why)
+    local st = self:status()
+    st.error = why
+    return st
+  end
+  if #w > 2 or (arg and c ~= "step" and c ~= "seek" and c ~= "speed") then
+    return refuse(("'%s' takes %s"):format(c, (c == "step" or c == "seek" or c == "speed") and "one argument"
+                                                   or "no argument"))
+  end
+  if c == "step" then
+    local n = arg == nil and 1 or tonumber(arg)
+    if not n or n < 1 or n % 1 ~= 0 or n > 2 ^ 31 then return refuse("step N: N a whole number >= 1") end
+    return self:step(n)
+  elseif c == "play" then return self:resume()
+  elseif c == "pause" then return self:pause()
+  elseif c == "status" then return self:status()
+  elseif c == "speed" then
+    local x = arg == "max" and "max" or tonumber(arg or "")
+    if not x or (x ~= "max" and not (x > 0 and x < math.huge)) then
+      return refuse("speed X: a number > 0, or max")
+    end
+    return self:set_speed(x)
+  elseif c == "seek" then
+    local k, v = (arg or ""):match("^(%a+)=(.+)$")
+    local n = v and tonumber(v)
+    if k == "t" and n and n >= 0 and n < math.huge then return self:seek{ t = n } end
+    if k == "seq" and n and n >= 0 and n % 1 == 0 and n < 2 ^ 53 then return self:seek{ seq = n } end
+    return refuse("seek t=SECONDS (>= 0) or seek seq=N (a whole number >= 0)")
+  elseif c == "quit" then return "quit"
+  end
+  return refuse(("unknown command '%s' (step [N], play, pause, seek t=S, seek seq=N, speed X, status, quit)")
+                :format(c))
+end
+
 function Replay:close()
   if self.closed then return end
   self.closed = true

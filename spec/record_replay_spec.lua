@@ -564,6 +564,51 @@ describe("issue 29: record and replay", function()
     assert.is_nil(got[9].value.field)
   end)
 
+  it("JSON of values keeps every number exact: lecho sub --json, the REPL's and the gateway's writer (F2, F12)",
+     function()
+    -- outside review of issue 29 (F2): lua-cjson wrote 14 significant
+    -- digits, arrays included (1/3 as 0.33333333333333, 2^53+2 as
+    -- 9.007199254741e+15); F12: an empty array's data as {}
+    local _, ns = S.nameserver("--quiet")
+    local VALUE = [[
+      local A = lecho.array
+      local f8 = A.new("<f8", { 4 })
+      f8:set(0, 1 / 3) f8:set(1, 0.1 + 0.2) f8:set(2, 2 ^ 53 + 2) f8:set(3, -0.0)
+      local i8 = A.new("<i8", { 2 })
+      i8:set(0, 9007199254740993LL) i8:set(1, -9223372036854775807LL)
+      local u8 = A.new("<u8", { 1 }) u8:set(0, 0xffffffffffffffffULL)
+      local f4 = A.new("<f4", { 1 }) f4:set(0, 0.1)
+      local v = { x = 1 / 3, big = 2 ^ 60, a = f8, b = i8, u = u8, f = f4, e = A.new("<f8", { 0 }), z = -0.0 }
+    ]]
+    local want = { '"x":0.3333333333333333', '"big":1152921504606846976', '"z":-0.0',
+                   '"data":[0.3333333333333333,0.30000000000000004,9007199254740994,-0.0]',
+                   '"data":[9007199254740993,-9223372036854775807]', '"data":[18446744073709551615]',
+                   '"data":[0.1]', '"data":[]' }
+    local prod = S.lua([[
+local lecho = require "lecho"
+local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+local p = assert(ctx:channel("exact"):producer())
+local deadline = ctx:now() + 20
+while ctx:now() < deadline and not next(ctx:channel("exact").dests) do ctx:run_once(0.02) end
+]] .. VALUE .. [[
+assert(p:submit_sync(v, { timeout = 20 }))
+ctx:close()
+]], ns)
+    local sub = lecho_cmd(("sub exact --json --count 1 --nameserver %s"):format(ns))
+    assert.are.equal(0, finish(sub, 30, "lecho sub"), S.errors(sub))
+    finish(prod, 30, "producer")
+    local line = S.output(sub)
+    for _, w in ipairs(want) do assert(line:find(w, 1, true), w .. " not in " .. line) end
+    -- the same writer for the REPL's --json and the gateway's JSON clients
+    local lecho = require "lecho"
+    local v = assert(loadstring(VALUE .. " return v", "value"))
+    setfenv(v, setmetatable({ lecho = lecho }, { __index = _G }))
+    v = v()
+    for _, text in ipairs({ require("lecho.repl.json").encode(v), require("lecho.gateway").event_json("exact", v) }) do
+      for _, w in ipairs(want) do assert(text:find(w, 1, true), w .. " not in " .. text) end
+    end
+  end)
+
   it("a replay that reached no consumer says so and exits 1; one that reached its consumer exits 0", function()
     local _, ns = S.nameserver("--quiet")
     local file = S.tmpname("nobody") .. ".lecho"

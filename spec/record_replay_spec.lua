@@ -351,6 +351,40 @@ describe("issue 29: record and replay", function()
     end
   end)
 
+  it("a pause in the middle of a gap keeps the rest of it, and status says the played time (F6)", function()
+    -- outside review of issue 29 (F6): events at 0, 0.5, 1 s; paused at
+    -- 0.75 s, played again 2 s later: the third came at once, and the
+    -- status at the pause said t=1.003
+    local _, ns = S.nameserver("--quiet")
+    local recording = require "lecho.recording"
+    local lecho = require "lecho"
+    local file = S.tmpname("gap") .. ".lecho"
+    local w = assert(recording.writer(file, {}))
+    local t0 = recording.wall()
+    for i = 1, 3 do assert(w:event("gap", "127.0.0.1:1#1", i, t0 + (i - 1) * 2, false, assert(lecho.encode({ i = i })))) end
+    w:close()
+    local cons = S.lua(CONSUMER, ns, "gap", "3")
+    assert(S.wait_file(cons.out, "ready", 20), S.errors(cons))
+    -- play at 0; pause at 3 s (1 s before the third event), 1 s paused, play
+    local out = S.tmpname("gap-status")
+    local rp = S.spawn(("sh -c %s"):format(S.sh_quote(("(while ! grep -q pos %s 2>/dev/null; do sleep 0.05; done;"
+      .. " echo play; sleep 3; echo pause; sleep 1; echo play; sleep 1.8; echo status; echo quit)"
+      .. " | %s %s replay %s --step --json --wait 10 --nameserver %s > %s")
+      :format(out, S.luajit, LECHO, file, ns, out))))
+    finish(rp, 30, "replay --step")
+    finish(cons, 30, "consumer")
+    local st = {}
+    for l in io.open(out):read("*a"):gmatch("[^\n]+") do st[#st + 1] = cjson.decode(l) end
+    local got = lines_of(cons)
+    assert.are.equal(3, #got, S.errors(rp))
+    -- the third: 1 s after the second play (5 s after the first event), not at it (4 s)
+    assert(got[3].t > 4.5 and got[3].t < 5.8, ("the third event came %.3f s after the first"):format(got[3].t))
+    -- the status at the pause: about 3 s played, not the next event's 4
+    assert.is_true(st[3].paused)
+    assert(st[3].t > 2.6 and st[3].t < 3.7, "status at the pause: t=" .. st[3].t)
+    assert.are.equal(3, st[5].sent)
+  end)
+
   it("the REPL's replay() says at its end what reached no consumer, as lecho replay does (F11)", function()
     local _, ns = S.nameserver("--quiet")
     local file = small_recording("repl", 5)

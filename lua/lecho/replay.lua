@@ -72,7 +72,7 @@ function M.new(ctx, files, opts)
   end
   -- what the channels counted as sent to nobody so far (Replay:unreached)
   rp.nodest0 = rp:_nodest()
-  rp:_rebase()
+  rp:_rebase(events[1] and events[1].t or 0)
   if not rp.paused then rp:_schedule(0) end
   return rp
 end
@@ -94,10 +94,22 @@ function Replay:_producer(e)
   return p
 end
 
--- From now, event pos is due at now + (its t - base_t) / speed.
-function Replay:_rebase()
+-- The played time: seconds into the recording the replay is at (between
+-- the last event sent and the next one, as time goes by while playing;
+-- frozen while paused).  Issue 29 F6: a pause in the middle of a gap kept
+-- no trace of it, and play sent the next event at once.
+function Replay:_played()
   local e = self.events[self.pos]
-  self.base_t = e and e.t or 0
+  if not e then return self.duration end
+  if self.paused or self.speed == "max" then return self.base_t end
+  local t = self.base_t + (self.ctx:now() - self.base_now) * self.speed
+  return math.max(self.base_t, math.min(e.t, t))
+end
+
+-- From now, played time t (default: the played time now): event pos is
+-- due at now + (its t - t) / speed.
+function Replay:_rebase(t)
+  self.base_t = t or self:_played()
   self.base_now = self.ctx:now()
 end
 
@@ -133,6 +145,7 @@ function Replay:_run()
       if due > now then return self:_schedule(due - now) end
     end
     self.pos = self.pos + 1
+    if self.speed == "max" then self.base_t = e.t end
     local ok, err = self:_send(e)
     if not ok then self.err = err end
     n = n + 1
@@ -144,8 +157,10 @@ function Replay:_run()
   if self.on_end then self.on_end(self) end
 end
 
---- Stops sending; resume() goes on from the same event, at the same pace.
+--- Stops sending; resume() goes on from the same point (in the middle of a
+-- gap: what was left of it), at the same pace.
 function Replay:pause()
+  if not self.paused then self:_rebase() end
   self.paused = true
   if self.timer then self.timer:stop() self.timer = nil end
   return self:status()
@@ -154,7 +169,7 @@ end
 function Replay:resume()
   if self.closed then return nil, "replay is closed" end
   self.paused = false
-  self:_rebase()
+  self:_rebase(self.base_t)
   self:_schedule(0)
   return self:status()
 end
@@ -166,6 +181,7 @@ function Replay:step(n)
     local e = self.events[self.pos]
     if not e then break end
     self.pos = self.pos + 1
+    self.base_t = e.t
     local ok, err = self:_send(e)
     if not ok then return nil, err end
   end
@@ -189,7 +205,9 @@ function Replay:seek(to)
   end
   self.pos = k or (#self.events + 1)
   self.done = self.pos > #self.events
-  self:_rebase()
+  -- played time: the time sought (up to the event found), or that event's
+  local e = self.events[self.pos]
+  self:_rebase(not e and self.duration or (to.t and math.max(0, math.min(to.t, e.t))) or e.t)
   if not self.paused then self:_schedule(0) end
   return self:status()
 end
@@ -199,8 +217,8 @@ function Replay:set_speed(x)
   if x ~= "max" and (type(x) ~= "number" or not (x > 0)) then
     error("lecho: speed must be a number > 0 or \"max\"", 2)
   end
-  self.speed = x
   self:_rebase()
+  self.speed = x
   if not self.paused then self:_schedule(0) end
   return self:status()
 end
@@ -232,14 +250,15 @@ function Replay:unreached()
   return total, by
 end
 
---- { pos, total, sent, unreached, t (of the next event), duration, paused,
+--- { pos, total, sent, unreached, t (the played time: seconds into the
+-- recording, between the last event sent and the next), duration, paused,
 -- done, speed, err (the last send's), damaged (bad records the files had,
 -- skipped; nil when none) }.  pos: the next event's number, 1 to total; once done,
 -- total (the text and --json status lines say the same, 5663/5663).
 function Replay:status()
   local e = self.events[self.pos]
   return { pos = math.min(self.pos, #self.events), total = #self.events, sent = self.sent, unreached = (self:unreached()),
-           t = e and e.t or self.duration, duration = self.duration, paused = self.paused,
+           t = e and self:_played() or self.duration, duration = self.duration, paused = self.paused,
            done = self.pos > #self.events, speed = self.speed, err = self.err,
            damaged = self.damaged > 0 and self.damaged or nil }
 end

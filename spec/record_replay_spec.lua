@@ -292,7 +292,7 @@ describe("issue 29: record and replay", function()
   it("rotated files given newest first are refused, by --check and by replay (F8)", function()
     local _, ns = S.nameserver("--quiet")
     local file = S.tmpname("rot") .. ".lecho"
-    local rec = lecho_cmd(("record rot --out %s --count 301 --max-bytes 4000 --keep 20 --nameserver %s")
+    local rec = lecho_cmd(("record rot --out %s --count 301 --max-bytes 4096 --keep 20 --nameserver %s")
                           :format(file, ns))
     assert(S.wait_file(rec.err, "recording", 20), S.errors(rec))
     local prod = S.lua(PRODUCER, ns, "rot", "300", "0", "20")
@@ -493,6 +493,24 @@ describe("issue 29: record and replay", function()
     local n = 0
     for _, l in ipairs(lines_of(chk)) do n = n + l.events; assert.is_nil(l.torn) end
     assert(n > 0 and n < 1001, "events in the kept files: " .. n)
+    -- F5 (outside review): --max-bytes 100 made files of 366 bytes (a
+    -- header and one event each): below 4096 it is refused, and said
+    local small = lecho_cmd(("record rot --out %s.small --max-bytes 100 --nameserver %s"):format(file, ns))
+    assert.are_not.equal(0, finish(small, 20, "record --max-bytes 100"))
+    assert.matches("%-%-max%-bytes 100 is below 4096", S.errors(small))
+    assert.is_nil(S.read(file .. ".small"))
+    -- an event larger than --max-bytes: a file of its own, the one case a
+    -- file is larger (doc/recording.md says so)
+    local recording = require "lecho.recording"
+    local w = assert(recording.writer(file .. ".big", { max_bytes = 4096, keep = 5 }))
+    local big = assert(require("lecho").encode(("z"):rep(6000)))
+    for i = 1, 3 do assert(w:event("rot", "127.0.0.1:1#1", i, recording.wall(), false, big)) end
+    w:close()
+    for _, f in ipairs({ file .. ".big", file .. ".big.1", file .. ".big.2" }) do
+      local r = assert(recording.scan(f))
+      assert.are.equal(1, #r.events)
+      assert(r.size < #big + 400, f .. ": " .. r.size .. " bytes")
+    end
   end)
 
   it("replays at the recorded pace times --speed, renamed, and seeks and steps on command", function()

@@ -30,6 +30,10 @@ local M = {}
 M.MAGIC = "LECHOREC1\n"
 M.FORMAT = 1
 M.MAX_RECORD = 256 * 1024 * 1024   -- a length past this is a torn or foreign file
+-- the least --max-bytes: a file's magic line and header take about 300
+-- bytes, and a file always holds at least one event (issue 29 F5:
+-- --max-bytes 100 made a file per event, each of 366 bytes)
+M.MIN_MAX_BYTES = 4096
 M.FIELDS = "C: varint index, short channel name; P: varint index, producer name; "
         .. "E: varint channel, varint producer, varint seq, varint microseconds since created, "
         .. "u8 flags (1 sync), encoded value as received"
@@ -352,12 +356,18 @@ local function exists(p)
   if f then f:close() return true end
 end
 
---- A writer of path: opts.max_bytes (rotation past it: path -> path.1 ->
+--- A writer of path: opts.max_bytes (>= MIN_MAX_BYTES; a file holds at
+-- most that many bytes, or its header and one event when that event alone
+-- takes it past; rotation past it: path -> path.1 ->
 -- ... -> path.KEEP, the oldest dropped), opts.keep (default 3), opts.append
 -- (go on after what a file holds, its torn tail cut; else an existing file
 -- is refused), opts.recorder (a name for the header).
 function M.writer(path, opts)
   opts = opts or {}
+  if opts.max_bytes and opts.max_bytes < M.MIN_MAX_BYTES then
+    return nil, ("--max-bytes %d is below %d: a file holds its header and at least one event")
+                :format(opts.max_bytes, M.MIN_MAX_BYTES)
+  end
   local w = setmetatable({ path = path, max = opts.max_bytes, keep = opts.keep or 3, recorder = opts.recorder,
                            events = 0, bytes = 0, rotations = 0 }, Writer)
   if exists(path) then
@@ -382,8 +392,11 @@ function Writer:_open()
     f:write(M.MAGIC)
     self.size = #M.MAGIC
   end
-  -- a segment: header, then its own channel and producer tables
+  -- a segment: header, then its own channel and producer tables (and no
+  -- event yet: an event larger than max_bytes goes into it, not into
+  -- another rotation, and another, for ever)
   self.chans, self.prods, self.nchan, self.nprod = {}, {}, 0, 0
+  self.events_in_segment = nil
   self.created = floor(M.wall())
   local core = require "lecho.core"
   local h = assert(core.encode({ format = M.FORMAT, created = self.created, recorder = self.recorder,

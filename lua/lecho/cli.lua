@@ -156,6 +156,7 @@ detected as torn: after a crash, replay (or --append) cuts the torn tail.
   --out FILE         the file (refused when it exists, unless --append)
   --append           go on after what FILE holds (its torn tail cut first)
   --max-bytes BYTES  rotate past this size: FILE -> FILE.1 -> ... -> FILE.KEEP
+                     (>= 4096; a file larger only to hold one larger event)
   --keep N           rotated files kept (default 3; the oldest is dropped)
   --for SECONDS      stop after this long
   --count N          stop after N events (exactly N written)
@@ -168,12 +169,15 @@ usage: lecho replay FILE... [--speed X|max] [--step] [--rename OLD=NEW]...
 
 Publishes the events of the recordings (in the order given) again on their
 channels, at their recorded pace times --speed (default 1; "max": as fast
-as the queues take them).  Consumers see meta.replay = true.  A torn tail
-is said on stderr and ignored.
+as the queues take them), files oldest first (FILE.2 FILE.1 FILE; out of
+order: refused).  Consumers see meta.replay = true.  A torn tail is said on
+stderr and ignored; a damaged record is said, skipped and counted
+(damaged=N), and the whole records after it are replayed.
   --rename OLD=NEW   publish channel OLD's events on NEW (repeatable)
   --step             start paused and read commands from stdin, one a line:
                      step [N], play, pause, seek t=SECONDS, seek seq=N,
-                     speed X, status, quit (each answered with a status line;
+                     speed X, status, quit (each answered with a status line,
+                     a refused one with its reason; t is the played time;
                      read once the file is loaded: the first status line)
   --seek-time S      start S seconds into the recording
   --seek-seq N       start at the first event with sequence number N or later
@@ -181,8 +185,10 @@ is said on stderr and ignored.
                      consumer of each channel
 Events sent while their channel had no consumer are said on stderr (per
 channel) and counted (unreached=N in the summary).  Exits 1 when an event
-could not be sent or none reached a consumer; else 0.
-  --check            only read the files: events, channels, duration, torn tail
+could not be sent, none reached a consumer, or the files had damage; else 0.
+  --check            only read the files: events, channels, duration, torn
+                     tail, damage, each producer's sequence gaps (exit 1 on
+                     damage, gaps or files out of order)
   --json             status and summary lines as JSON
 ]] .. COMMON
 

@@ -18,8 +18,9 @@
 --
 -- Append-only; a crash mid-write leaves at most a torn last record: its
 -- length runs past the end (with no whole record after its header), or its
--- checksum fails.  A reader stops there
--- and says where (`M.scan`); `M.cut` truncates a file to its good part
+-- checksum fails.  A reader stops there and says where (`M.scan`); a bad
+-- record with whole records after it is damage: skipped, said, and read on
+-- from the next whole record; `M.cut` truncates a file to its good part
 -- (record --append does it before it writes).
 
 local ffi = require "ffi"

@@ -84,23 +84,67 @@ local function str(s)
   end) .. '"'
 end
 
--- The data of array a (its elements, flat, row-major), appended to buf.
+ffi.cdef [[
+int snprintf(char *s, size_t n, const char *fmt, ...);
+double strtod(const char *s, char **end);
+float strtof(const char *s, char **end);
+]]
+local C = ffi.C
+local WIDTH = 32   -- bytes an element's text may take (%.17g: at most 24)
+local FMT = { ["<i8"] = "%lld", ["<u8"] = "%llu" }
+-- The text of a non-finite element, or -0.0, or nil for any other.
+local function special(x, opts)
+  if x ~= x or x == huge or x == -huge then return nonfinite(x, opts) end
+  if x == 0 and 1 / x < 0 then return "-0.0" end
+  return nil
+end
+
+-- The data of array a (its elements, flat, row-major), appended to buf:
+-- written with snprintf into one C buffer (no Lua string per element),
+-- each double the shortest of %.15g, %.16g, %.17g that strtod reads back
+-- as it (a float: of %.6g to %.9g, by strtof), 64-bit integers by %lld
+-- and %llu.  About 1 us an element for doubles (4x what cjson's 14 digits
+-- took).
 local function array_data(a, buf, opts)
   local c = a:contiguous() and a or a:copy()
   local p, n, dt = c:ptr(), #c, a:dtype()
-  local out = {}
-  if dt == "<i8" then
-    for i = 0, n - 1 do out[i + 1] = format("%d", p[i]) end
-  elseif dt == "<u8" then
-    for i = 0, n - 1 do out[i + 1] = format("%u", p[i]) end
-  elseif dt == "<f4" then
-    for i = 0, n - 1 do out[i + 1] = float32(tonumber(p[i]), opts) end
-  elseif dt == "<f8" then
-    for i = 0, n - 1 do out[i + 1] = number(tonumber(p[i]), opts) end
-  else   -- integers of 32 bits or fewer
-    for i = 0, n - 1 do out[i + 1] = format("%d", tonumber(p[i])) end
+  if n == 0 then buf[#buf + 1] = "[]" return end
+  local out = ffi.new("char[?]", n * (WIDTH + 1) + 2)   -- (garbage collected)
+  out[0] = 91   -- [
+  local off = 1
+  local fmt = FMT[dt]
+  for i = 0, n - 1 do
+    local q = out + off
+    local k
+    if fmt then
+      k = C.snprintf(q, WIDTH, fmt, p[i])
+    elseif dt == "<f8" or dt == "<f4" then
+      local x = tonumber(p[i])
+      local sp = special(x, opts)
+      if sp then
+        ffi.copy(q, sp, #sp)
+        k = #sp
+      elseif dt == "<f8" then
+        k = C.snprintf(q, WIDTH, "%.15g", x)
+        if C.strtod(q, nil) ~= x then
+          k = C.snprintf(q, WIDTH, "%.16g", x)
+          if C.strtod(q, nil) ~= x then k = C.snprintf(q, WIDTH, "%.17g", x) end
+        end
+      else
+        for d = 6, 9 do
+          k = C.snprintf(q, WIDTH, "%.*g", ffi.cast("int", d), x)
+          if C.strtof(q, nil) == x then break end
+        end
+      end
+    else   -- integers of 32 bits or fewer
+      k = C.snprintf(q, WIDTH, "%d", ffi.cast("int", p[i]))
+    end
+    off = off + k
+    out[off] = 44   -- ,
+    off = off + 1
   end
-  buf[#buf + 1] = "[" .. concat(out, ",") .. "]"
+  out[off - 1] = 93   -- ]
+  buf[#buf + 1] = ffi.string(out, off)
 end
 
 local write

@@ -662,6 +662,45 @@ ctx:close()
     end
   end)
 
+  local KEYED = pcall(require, "lecho.keys") and (require("lecho.core").protocol_version or 1) >= 2
+  ;(KEYED and it or pending)("lecho sub --history says why a history did not come: a producer refused its key (F10)",
+     function()
+    -- outside review of issue 29 (F10): `lecho sub kst2 --history 3`
+    -- printed nothing when the producer refused the consumer's key (only
+    -- with LECHO_LOG=info)
+    local dir = S.tmpdir() .. "/f10keys"
+    assert(os.execute("mkdir -p " .. S.sh_quote(dir)))
+    local ok, out = S.sh(("%s %s/scripts/lecho-keygen nameserver sim eve --dir %s"):format(S.luajit, S.root,
+      S.sh_quote(dir)))
+    assert(ok, out)
+    local pol = S.write(dir .. "/policy.lua", [[
+return { rules = {
+  { principal = "sim", channel = "kst2", allow = "produce" },
+  { principal = "eve", channel = "kst2", allow = "consume" },
+} }
+]])
+    local trust = ("--trust %s/nameserver.pub --trust %s/sim.pub --trust %s/eve.pub"):format(dir, dir, dir)
+    local _, ns = S.nameserver(("--quiet --key %s/nameserver.key --policy %s %s"):format(dir, pol, trust))
+    -- the producer trusts the name server and itself, not eve
+    local sim = S.lua_with(("export LECHO_KEY=%s/sim.key LECHO_TRUST=%s/nameserver.pub:%s/sim.pub")
+                           :format(dir, dir, dir), [[
+      local lecho = require "lecho"
+      local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+      local p = assert(ctx:channel("kst2"):producer{ history = 3 })
+      for i = 1, 3 do p:submit(i) end
+      print("up") io.stdout:flush()
+      ctx:every(0.2, function() p:submit(0) end)
+      ctx:after(60, function() ctx:stop() end)
+      ctx:run()
+    ]], ns)
+    assert(S.wait_file(sim.out, "up", 20), S.errors(sim))
+    local sub = lecho_cmd(("sub kst2 --history 3 --for 2 --nameserver %s --key %s/eve.key %s"):format(ns, dir, trust))
+    finish(sub, 30, "lecho sub")
+    assert.are.equal("", S.output(sub))
+    assert.matches("lecho sub: consumer on 'kst2': no history from [%d.:]+: .*refused by peer: not trusted: eve",
+                   S.errors(sub))
+  end)
+
   it("a replay that reached no consumer says so and exits 1; one that reached its consumer exits 0", function()
     local _, ns = S.nameserver("--quiet")
     local file = S.tmpname("nobody") .. ".lecho"

@@ -288,6 +288,15 @@ describe("issue 29: record and replay", function()
     chk = lecho_cmd("replay --check " .. file)
     assert.are.equal(1, finish(chk, 20, "check"))
     assert.matches("127.0.0.1:1#1 on CH: seq 39 then 41 %(1 missing%)", S.output(chk))
+    -- a producer that restarted on the same address (seqs from 1 again,
+    -- time going on) is no gap; seqs and time going back are
+    local recording = require "lecho.recording"
+    local ev = {}
+    for i = 1, 3 do ev[#ev + 1] = { ch = "c", producer = "p", seq = i, wall = i } end
+    for i = 1, 2 do ev[#ev + 1] = { ch = "c", producer = "p", seq = i, wall = 10 + i } end
+    assert.are.same({}, recording.gaps(ev))
+    ev[#ev + 1] = { ch = "c", producer = "p", seq = 1, wall = 5 }
+    assert.is_true(recording.gaps(ev)[1].backwards)
   end)
 
   it("rotated files given newest first are refused, by --check and by replay (F8)", function()

@@ -279,19 +279,21 @@ end
 -- numbers of one (channel, producer) jump in events (a list in file
 -- order): events lost between them (a record removed, or never recorded),
 -- at (the index in events of the event after the gap), and { ...
--- backwards = true } where they go back (files given in the
--- wrong order).  The first seq of each is not a gap (a recorder may start
+-- backwards = true } where they go back in time too (files given in the
+-- wrong order; back in seq only is a producer that restarted).  The first seq of each is not a gap (a recorder may start
 -- late).
 function M.gaps(events)
   local last, out = {}, {}
   for k, e in ipairs(events) do
     local key = e.ch .. "\0" .. e.producer
     local l = last[key]
-    if l and e.seq ~= l + 1 then
-      out[#out + 1] = { ch = e.ch, producer = e.producer, after = l, next = e.seq, at = k,
-                        missing = e.seq > l and e.seq - l - 1 or 0, backwards = e.seq <= l or nil }
+    -- (a seq going back while time goes on: the producer restarted, on
+    -- the same address, its seqs from 1 again; not a gap)
+    if l and e.seq ~= l.seq + 1 and not (e.seq <= l.seq and e.wall >= l.wall) then
+      out[#out + 1] = { ch = e.ch, producer = e.producer, after = l.seq, next = e.seq, at = k,
+                        missing = e.seq > l.seq and e.seq - l.seq - 1 or 0, backwards = e.seq <= l.seq or nil }
     end
-    last[key] = e.seq
+    last[key] = { seq = e.seq, wall = e.wall }
   end
   return out
 end
@@ -310,14 +312,16 @@ function M.order(scans)
       if not first[key] then
         first[key] = true
         local l = last[key]
-        if l and e.seq <= l.seq then
+        -- (seqs back while time goes on: a producer restarted on the same
+        -- address, its seqs from 1 again)
+        if l and e.seq <= l.seq and e.wall < l.wall then
           return ("%s holds %s's events on %s from seq %d, and %s (given before it) up to seq %d: give a"
                   .. " rotated set oldest first (FILE.2 FILE.1 FILE)"):format(r.path, e.producer, e.ch, e.seq,
                   l.path, l.seq)
         end
       end
     end
-    for _, e in ipairs(r.events) do last[e.ch .. "\0" .. e.producer] = { seq = e.seq, path = r.path } end
+    for _, e in ipairs(r.events) do last[e.ch .. "\0" .. e.producer] = { seq = e.seq, wall = e.wall, path = r.path } end
     local ev = r.events
     if ev[1] and lastwall and ev[#ev].wall < lastwall.wall then
       return ("%s ends (%.3f) before %s (given before it) begins (%.3f): give a rotated set oldest first"

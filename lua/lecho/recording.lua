@@ -122,11 +122,17 @@ M.record = record
 -- for damage (the safe side: nothing is cut).
 local CRC_BUDGET = 1024 * 1024 * 1024
 local function capital(b) return b >= 65 and b <= 90 end
-local function whole_record_after(s, from)
+local function whole_record_after(s, from, memo)
   local n = #s
   local p = ffi.cast("const uint8_t *", s)
-  local budget = CRC_BUDGET
-  local ends = {}   -- [offset] = whether the chain of headers from there reaches the end
+  memo = memo or {}
+  memo.budget = memo.budget or CRC_BUDGET
+  local budget = memo.budget
+  -- [offset] = whether the chain of headers from there reaches the end
+  -- (kept in memo from one search to the next in a file: a file with many
+  -- damages walks its chains once)
+  memo.ends = memo.ends or {}
+  local ends = memo.ends
   local path = {}
   local function reaches_end(k)
     local np = 0
@@ -149,6 +155,7 @@ local function whole_record_after(s, from)
     local len = p[j] + p[j + 1] * 256 + p[j + 2] * 65536 + p[j + 3] * 16777216
     if len > 0 and len <= n - j - 8 and capital(p[j + 8]) and reaches_end(j + 8 + len) then
       budget = budget - len
+      memo.budget = budget
       if budget < 0 then return -1 end
       local crc = p[j + 4] + p[j + 5] * 256 + p[j + 6] * 65536 + p[j + 7] * 16777216
       if tonumber(zlib.crc32(0, p + j + 8, len)) == crc then return j end
@@ -184,6 +191,7 @@ function M.scan(path)
   local i = #M.MAGIC + 1
   local why, short   -- short: the last record is cut short (set where that is found)
   local hidden       -- after a bad record: the 0-based offset of the next whole one (-1: not known)
+  local memo = {}    -- the searches' chains and checksum budget, for the whole file
   while i <= #s do
     why, short = nil, nil
     repeat   -- (a `break` out of this: the record at i is bad, `why`)
@@ -249,7 +257,7 @@ function M.scan(path)
       -- the end of the file): damage, not a crash's doing.  It is skipped,
       -- said, and the reading goes on at that record (issue 29 F1: the
       -- intact records after a flipped byte were dropped).
-      hidden = i + 8 <= #s and whole_record_after(s, i) or nil
+      hidden = i + 8 <= #s and whole_record_after(s, i, memo) or nil
       if not hidden or hidden < 0 then break end
       out.damage[#out.damage + 1] = { offset = i - 1, bytes = hidden - (i - 1), why = why }
       i = hidden + 1

@@ -96,22 +96,13 @@ local function hexify(v, depth)
   return t
 end
 
--- A value whose arrays (lecho.array) are { dtype, shape, data }: data the
--- elements as numbers, flat, row-major (doc/gateway.md).  JSON has no
--- typed arrays: this is the one place an array is walked element by element.
+-- JSON text of values: lecho.jsonw (every number exact: issue 29 F2;
+-- arrays as { dtype, shape, data }: data the elements, flat, row-major,
+-- doc/gateway.md); NaN and infinities as null, as cjson was set to.
 local array = require "lecho.array"
-local function unarray(v, depth)
-  if array.is(v) then
-    local a = v:contiguous() and v or v:copy()
-    local p, data = a:ptr(), {}
-    for i = 0, #a - 1 do data[i + 1] = tonumber(p[i]) end
-    return { dtype = v:dtype(), shape = v:shape(), data = data }
-  end
-  if type(v) ~= "table" or depth > 64 then return v end
-  local t = {}
-  for k, x in pairs(v) do t[k] = unarray(x, depth + 1) end
-  return t
-end
+local jsonw = require "lecho.jsonw"
+local JSONW = { nonfinite = "null", null = null }
+local function jencode(v) return jsonw.encode(v, JSONW) end
 
 local function has_array(v, depth)
   if array.is(v) then return true end
@@ -123,9 +114,8 @@ end
 --- The JSON text of an event on channel `ch` for clients (encoded once,
 -- whatever the number of clients).
 function M.event_json(ch, ev)
-  if has_array(ev, 0) then ev = unarray(ev, 0) end
-  local ok, s = pcall(cj.encode, ev)
-  if ok and not ws.valid_utf8(s) then ok, s = pcall(cj.encode, hexify(ev, 0)) end
+  local ok, s = pcall(jencode, ev)
+  if ok and not ws.valid_utf8(s) then ok, s = pcall(jencode, hexify(ev, 0)) end
   if not ok then
     return ('{"ch":%s,"error":%s}'):format(cj.encode(ch), cj.encode("event not representable in JSON: " .. tostring(s)))
   end
@@ -169,7 +159,7 @@ local ZERO8 = ("\0"):rep(8)
 -- stop in has_array would send an array event down the JSON path (an outside
 -- review saw a long-running gateway do exactly that, never reproduced);
 -- interpreted, they are exact.
-for _, f in ipairs{ denull, hexify, unarray, has_array, strip } do jit.off(f) end
+for _, f in ipairs{ denull, hexify, has_array, strip } do jit.off(f) end
 
 -- The binary message of list's arrays ({ path, array } each, from strip)
 -- under a header: head(ARRAYS) is the header's JSON text given the JSON
@@ -214,8 +204,8 @@ end
 
 -- The JSON text of v (a table) with its strings made UTF-8, or nil, why.
 local function json_of(v)
-  local ok, e = pcall(cj.encode, v)
-  if ok and not ws.valid_utf8(e) then ok, e = pcall(cj.encode, hexify(v, 0)) end
+  local ok, e = pcall(jencode, v)
+  if ok and not ws.valid_utf8(e) then ok, e = pcall(jencode, hexify(v, 0)) end
   if not ok then return nil, tostring(e) end
   return e
 end
@@ -267,8 +257,8 @@ function M.event_out(ch, ev)
 end
 
 local function encode(t)
-  local ok, s = pcall(cj.encode, t)
-  if ok and not ws.valid_utf8(s) then ok, s = pcall(cj.encode, hexify(t, 0)) end
+  local ok, s = pcall(jencode, t)
+  if ok and not ws.valid_utf8(s) then ok, s = pcall(jencode, hexify(t, 0)) end
   if not ok then
     return cj.encode{ id = t.id, error = "reply not representable in JSON: " .. tostring(s), code = "failed" }
   end
@@ -391,7 +381,6 @@ function Client:reply(t)
       local bin = M.reply_binary(t)
       if bin then return self:_put(bin, true) end
     end
-    t = unarray(t, 0)
   end
   self:_put(encode(t))
 end

@@ -493,7 +493,17 @@ function M.flush(st, paddr, entries, why, seam, kf)
   end
   if s.done then return end
   s.done = true
-  if why then ctx.log(("consumer on '%s': %s"):format(con.ch.short, why)) end
+  if why then
+    -- a history that did not come (its producer refused our key, went,
+    -- did not answer): the consumer's on_error is told, as a producer's
+    -- refusal of the member list is (consumer.lua), else the log (issue
+    -- 29 F10: `lecho sub --history` said nothing of it)
+    local msg = ("consumer on '%s': %s"):format(con.ch.short, why)
+    local ok, herr = true, nil
+    if con.on_error then ok, herr = pcall(con.on_error, msg) end
+    if not con.on_error then ctx.log(msg)
+    elseif not ok then ctx.log("on_error handler failed: " .. tostring(herr)) end
+  end
   -- where the history ends for each producer: the seam the producer said
   -- (its last seq when it applied the member list that took us: held
   -- events up to it came before ch:consumer() returned, the history stands

@@ -18,8 +18,9 @@
 --
 -- Append-only; a crash mid-write leaves at most a torn last record: its
 -- length runs past the end (with no whole record after its header), or its
--- checksum fails.  A reader stops there
--- and says where (`M.scan`); `M.cut` truncates a file to its good part
+-- checksum fails.  A reader stops there and says where (`M.scan`); a bad
+-- record with whole records after it is damage: skipped, said, and read on
+-- from the next whole record; `M.cut` truncates a file to its good part
 -- (record --append does it before it writes).
 
 local ffi = require "ffi"
@@ -30,6 +31,10 @@ local M = {}
 M.MAGIC = "LECHOREC1\n"
 M.FORMAT = 1
 M.MAX_RECORD = 256 * 1024 * 1024   -- a length past this is a torn or foreign file
+-- the least --max-bytes: a file's magic line and header take about 300
+-- bytes, and a file always holds at least one event (issue 29 F5:
+-- --max-bytes 100 made a file per event, each of 366 bytes)
+M.MIN_MAX_BYTES = 4096
 M.FIELDS = "C: varint index, short channel name; P: varint index, producer name; "
         .. "E: varint channel, varint producer, varint seq, varint microseconds since created, "
         .. "u8 flags (1 sync), encoded value as received"
@@ -117,11 +122,17 @@ M.record = record
 -- for damage (the safe side: nothing is cut).
 local CRC_BUDGET = 1024 * 1024 * 1024
 local function capital(b) return b >= 65 and b <= 90 end
-local function whole_record_after(s, from)
+local function whole_record_after(s, from, memo)
   local n = #s
   local p = ffi.cast("const uint8_t *", s)
-  local budget = CRC_BUDGET
-  local ends = {}   -- [offset] = whether the chain of headers from there reaches the end
+  memo = memo or {}
+  memo.budget = memo.budget or CRC_BUDGET
+  local budget = memo.budget
+  -- [offset] = whether the chain of headers from there reaches the end
+  -- (kept in memo from one search to the next in a file: a file with many
+  -- damages walks its chains once)
+  memo.ends = memo.ends or {}
+  local ends = memo.ends
   local path = {}
   local function reaches_end(k)
     local np = 0
@@ -144,6 +155,7 @@ local function whole_record_after(s, from)
     local len = p[j] + p[j + 1] * 256 + p[j + 2] * 65536 + p[j + 3] * 16777216
     if len > 0 and len <= n - j - 8 and capital(p[j + 8]) and reaches_end(j + 8 + len) then
       budget = budget - len
+      memo.budget = budget
       if budget < 0 then return -1 end
       local crc = p[j + 4] + p[j + 5] * 256 + p[j + 6] * 65536 + p[j + 7] * 16777216
       if tonumber(zlib.crc32(0, p + j + 8, len)) == crc then return j end
@@ -156,8 +168,13 @@ M._whole_record_after = whole_record_after
 --- Reads a whole file into an index of its events: { events = { { ch =
 -- short name, producer, seq, t (seconds from the first event), wall
 -- (seconds since the epoch), sync, data = encoded value } ... }, channels
--- = { names }, header, good (bytes of whole records), size, torn (nil,
--- or { offset, bytes, why }) }; or nil, err when it is not a recording.
+-- = { names }, header, good (bytes up to the end of the last whole
+-- record), size, damage = { { offset, bytes, why } ... } (bad records with
+-- whole records after them: skipped, and read on from the next whole
+-- record), unindexed (events after a damage whose channel or producer
+-- record was in it: skipped, counted), torn (nil, or { offset, bytes, why,
+-- damaged }: the tail that ends the file) }; or nil, err when it is not a
+-- recording.
 function M.scan(path)
   local f, err = io.open(path, "rb")
   if not f then return nil, err end
@@ -168,56 +185,83 @@ function M.scan(path)
   end
   local core = require "lecho.core"
   local sp = ffi.cast("const unsigned char *", s)
-  local out = { events = {}, channels = {}, size = #s, path = path }
+  local out = { events = {}, channels = {}, size = #s, path = path, damage = {}, unindexed = 0 }
   local chans, prods, created = {}, {}, nil
   local seen = {}
   local i = #M.MAGIC + 1
   local why, short   -- short: the last record is cut short (set where that is found)
+  local hidden       -- after a bad record: the 0-based offset of the next whole one (-1: not known)
+  local memo = {}    -- the searches' chains and checksum budget, for the whole file
   while i <= #s do
-    if i + 8 > #s + 1 then why, short = "a record header cut short", true break end
-    local len, crc = rd_u32(s, i), rd_u32(s, i + 4)
-    if len == 0 or len > M.MAX_RECORD then why = ("a record length of %d"):format(len) break end
-    if i + 8 + len > #s + 1 then why, short = ("a record of %d bytes cut short"):format(len), true break end
-    -- checked in place: an event's body is copied once, its value only
-    -- (issue 29: three copies of each record made an 87 MB file of 480 KB
-    -- events take seconds to load, and `replay --step` ran the commands
-    -- piped meanwhile back to back once it was ready)
-    if tonumber(zlib.crc32(0, sp + i + 7, len)) ~= crc then why = "a record whose checksum fails" break end
-    local kind = char(byte(s, i + 8))
-    local body = kind ~= "E" and s:sub(i + 8, i + 7 + len) or nil
-    if kind == "H" then
-      local ok, h = core.decode(body:sub(2))
-      if not ok or type(h) ~= "table" or h.format ~= M.FORMAT or type(h.created) ~= "number" then
-        why = "a header that is not format 1" break
+    why, short = nil, nil
+    repeat   -- (a `break` out of this: the record at i is bad, `why`)
+      if i + 8 > #s + 1 then why, short = "a record header cut short", true break end
+      local len, crc = rd_u32(s, i), rd_u32(s, i + 4)
+      if len == 0 or len > M.MAX_RECORD then why = ("a record length of %d"):format(len) break end
+      if i + 8 + len > #s + 1 then why, short = ("a record of %d bytes cut short"):format(len), true break end
+      -- checked in place: an event's body is copied once, its value only
+      -- (issue 29: three copies of each record made an 87 MB file of 480 KB
+      -- events take seconds to load, and `replay --step` ran the commands
+      -- piped meanwhile back to back once it was ready)
+      if tonumber(zlib.crc32(0, sp + i + 7, len)) ~= crc then why = "a record whose checksum fails" break end
+      local kind = char(byte(s, i + 8))
+      local body = kind ~= "E" and s:sub(i + 8, i + 7 + len) or nil
+      if kind == "H" then
+        local ok, h = core.decode(body:sub(2))
+        if not ok or type(h) ~= "table" or h.format ~= M.FORMAT or type(h.created) ~= "number" then
+          why = "a header that is not format 1" break
+        end
+        out.header = out.header or h
+        created, chans, prods = h.created, {}, {}
+      elseif kind == "C" or kind == "P" then
+        local idx, j = rd_varint(body, 2)
+        if not idx then why = "a bad index" break end
+        local t = kind == "C" and chans or prods
+        -- an index given twice: a segment whose header was in a damage
+        -- (a file never defines one twice in a segment): its own tables
+        if t[idx] and #out.damage > 0 then chans, prods = {}, {} t = kind == "C" and chans or prods end
+        t[idx] = body:sub(j)
+        if kind == "C" and not seen[t[idx]] then
+          seen[t[idx]] = true
+          out.channels[#out.channels + 1] = t[idx]
+        end
+      elseif kind == "E" then
+        if not created then why = "an event before any header" break end
+        -- the header fields read in s (bounded by the record: at most 41 bytes)
+        local head = s:sub(i + 8, i + 7 + math.min(len, 48))
+        local c, p, seq, us, j
+        c, j = rd_varint(head, 2)
+        if c then p, j = rd_varint(head, j) end
+        if p then seq, j = rd_varint(head, j) end
+        if seq then us, j = rd_varint(head, j) end
+        local flags = us and byte(head, j)
+        if not flags then why = "a bad event record" break end
+        if not chans[c] or not prods[p] then
+          -- its channel's or producer's record was lost in a damage: the
+          -- event cannot be placed (counted); before any damage, the file
+          -- is wrong here
+          if #out.damage == 0 then why = "a bad event record" break end
+          out.unindexed = out.unindexed + 1
+        else
+          local wall = created + us / 1e6
+          out.events[#out.events + 1] = { ch = chans[c], producer = prods[p], seq = seq, wall = wall,
+                                          sync = bit.band(flags, 1) == 1, data = s:sub(i + 8 + j, i + 7 + len) }
+        end
       end
-      out.header = out.header or h
-      created, chans, prods = h.created, {}, {}
-    elseif kind == "C" or kind == "P" then
-      local idx, j = rd_varint(body, 2)
-      if not idx then why = "a bad index" break end
-      local t = kind == "C" and chans or prods
-      t[idx] = body:sub(j)
-      if kind == "C" and not seen[t[idx]] then
-        seen[t[idx]] = true
-        out.channels[#out.channels + 1] = t[idx]
-      end
-    elseif kind == "E" then
-      if not created then why = "an event before any header" break end
-      -- the header fields read in s (bounded by the record: at most 41 bytes)
-      local head = s:sub(i + 8, i + 7 + math.min(len, 48))
-      local c, p, seq, us, j
-      c, j = rd_varint(head, 2)
-      if c then p, j = rd_varint(head, j) end
-      if p then seq, j = rd_varint(head, j) end
-      if seq then us, j = rd_varint(head, j) end
-      local flags = us and byte(head, j)
-      if not flags or not chans[c] or not prods[p] then why = "a bad event record" break end
-      local wall = created + us / 1e6
-      out.events[#out.events + 1] = { ch = chans[c], producer = prods[p], seq = seq, wall = wall,
-                                      sync = bit.band(flags, 1) == 1, data = s:sub(i + 8 + j, i + 7 + len) }
+      -- other kinds: skipped (a later format's additions)
+      i = i + 8 + len
+    until true
+    if why then
+      -- A bad record with a whole record after it (a length that fits, a
+      -- capital kind, its checksum right, and headers chaining from it to
+      -- the end of the file): damage, not a crash's doing.  It is skipped,
+      -- said, and the reading goes on at that record (issue 29 F1: the
+      -- intact records after a flipped byte were dropped).
+      hidden = i + 8 <= #s and whole_record_after(s, i, memo) or nil
+      if not hidden or hidden < 0 then break end
+      out.damage[#out.damage + 1] = { offset = i - 1, bytes = hidden - (i - 1), why = why }
+      i = hidden + 1
     end
-    -- other kinds: skipped (a later format's additions)
-    i = i + 8 + len
   end
   out.good = i - 1
   if i <= #s then
@@ -229,12 +273,8 @@ function M.scan(path)
     local len = i + 8 <= #s + 1 and rd_u32(s, i) or nil
     local sane = len and len > 0 and len <= M.MAX_RECORD
     local last = sane and i + 7 + len >= #s  -- the bad record ends the file
-    -- a length past the end with a whole record after its header: the
-    -- length is damaged, not cut short by a crash
-    local hidden = short and i + 8 <= #s and whole_record_after(s, i - 1 + 8)
-    if hidden then
-      out.torn.why = out.torn.why .. (hidden < 0 and ", and no telling whether whole records follow it"
-                                      or ", with whole records after it")
+    if hidden then   -- (-1: the search gave up)
+      out.torn.why = out.torn.why .. ", and no telling whether whole records follow it"
     end
     out.torn.damaged = (hidden and true or not (short or zeros or last)) or nil
   end
@@ -243,15 +283,73 @@ function M.scan(path)
   return out
 end
 
+--- { { ch, producer, after, next, missing } ... }: where the sequence
+-- numbers of one (channel, producer) jump in events (a list in file
+-- order): events lost between them (a record removed, or never recorded),
+-- at (the index in events of the event after the gap), and { ...
+-- backwards = true } where they go back in time too (files given in the
+-- wrong order; back in seq only is a producer that restarted).  The first seq of each is not a gap (a recorder may start
+-- late).
+function M.gaps(events)
+  local last, out = {}, {}
+  for k, e in ipairs(events) do
+    local key = e.ch .. "\0" .. e.producer
+    local l = last[key]
+    -- (a seq going back while time goes on: the producer restarted, on
+    -- the same address, its seqs from 1 again; not a gap)
+    if l and e.seq ~= l.seq + 1 and not (e.seq <= l.seq and e.wall >= l.wall) then
+      out[#out + 1] = { ch = e.ch, producer = e.producer, after = l.seq, next = e.seq, at = k,
+                        missing = e.seq > l.seq and e.seq - l.seq - 1 or 0, backwards = e.seq <= l.seq or nil }
+    end
+    last[key] = { seq = e.seq, wall = e.wall }
+  end
+  return out
+end
+
+--- nil, or why files (scans, in the order given) are not in the order
+-- they were written: a (channel, producer) whose sequence numbers go back
+-- from one file to the next (issue 29 F8: `FILE FILE.1 FILE.2` replayed
+-- newest first, its duration negative), or a file whose events all come
+-- before the previous file's first one.
+function M.order(scans)
+  local last, lastwall = {}, nil
+  for _, r in ipairs(scans) do
+    local first = {}
+    for _, e in ipairs(r.events) do
+      local key = e.ch .. "\0" .. e.producer
+      if not first[key] then
+        first[key] = true
+        local l = last[key]
+        -- (seqs back while time goes on: a producer restarted on the same
+        -- address, its seqs from 1 again)
+        if l and e.seq <= l.seq and e.wall < l.wall then
+          return ("%s holds %s's events on %s from seq %d, and %s (given before it) up to seq %d: give a"
+                  .. " rotated set oldest first (FILE.2 FILE.1 FILE)"):format(r.path, e.producer, e.ch, e.seq,
+                  l.path, l.seq)
+        end
+      end
+    end
+    for _, e in ipairs(r.events) do last[e.ch .. "\0" .. e.producer] = { seq = e.seq, wall = e.wall, path = r.path } end
+    local ev = r.events
+    if ev[1] and lastwall and ev[#ev].wall < lastwall.wall then
+      return ("%s ends (%.3f) before %s (given before it) begins (%.3f): give a rotated set oldest first"
+              .. " (FILE.2 FILE.1 FILE)"):format(r.path, ev[#ev].wall, lastwall.path, lastwall.wall)
+    end
+    if ev[1] then lastwall = { wall = ev[1].wall, path = r.path } end
+  end
+  return nil
+end
+
 --- Truncates path to its whole records (a torn tail cut).  Returns the
 -- scan, or nil, err.
 function M.cut(path)
   local r, err = M.scan(path)
   if not r then return nil, err end
-  if r.torn and r.torn.damaged then
+  local d = r.damage[1] or (r.torn and r.torn.damaged and r.torn)
+  if d then
     return nil, ("%s: a damaged record at byte %d (%s) with %d bytes after it: not a torn tail, not cut"
-                 .. " (the records before it replay; copy the file before changing it)")
-                :format(path, r.torn.offset, r.torn.why, r.torn.bytes)
+                 .. " (the whole records replay; copy the file before changing it)")
+                :format(path, d.offset, d.why, r.size - d.offset)
   end
   if r.torn then
     if ffi.C.truncate(path, r.good) ~= 0 then return nil, ("%s: cannot truncate"):format(path) end
@@ -271,12 +369,18 @@ local function exists(p)
   if f then f:close() return true end
 end
 
---- A writer of path: opts.max_bytes (rotation past it: path -> path.1 ->
+--- A writer of path: opts.max_bytes (>= MIN_MAX_BYTES; a file holds at
+-- most that many bytes, or its header and one event when that event alone
+-- takes it past; rotation past it: path -> path.1 ->
 -- ... -> path.KEEP, the oldest dropped), opts.keep (default 3), opts.append
 -- (go on after what a file holds, its torn tail cut; else an existing file
 -- is refused), opts.recorder (a name for the header).
 function M.writer(path, opts)
   opts = opts or {}
+  if opts.max_bytes and opts.max_bytes < M.MIN_MAX_BYTES then
+    return nil, ("--max-bytes %d is below %d: a file holds its header and at least one event")
+                :format(opts.max_bytes, M.MIN_MAX_BYTES)
+  end
   local w = setmetatable({ path = path, max = opts.max_bytes, keep = opts.keep or 3, recorder = opts.recorder,
                            events = 0, bytes = 0, rotations = 0 }, Writer)
   if exists(path) then
@@ -301,8 +405,11 @@ function Writer:_open()
     f:write(M.MAGIC)
     self.size = #M.MAGIC
   end
-  -- a segment: header, then its own channel and producer tables
+  -- a segment: header, then its own channel and producer tables (and no
+  -- event yet: an event larger than max_bytes goes into it, not into
+  -- another rotation, and another, for ever)
   self.chans, self.prods, self.nchan, self.nprod = {}, {}, 0, 0
+  self.events_in_segment = nil
   self.created = floor(M.wall())
   local core = require "lecho.core"
   local h = assert(core.encode({ format = M.FORMAT, created = self.created, recorder = self.recorder,

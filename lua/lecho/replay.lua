@@ -23,23 +23,41 @@ Replay.__index = Replay
 function M.new(ctx, files, opts)
   opts = opts or {}
   if type(files) == "string" then files = { files } end
-  local events, torn = {}, {}
+  -- torn: the lines to say about the files (a torn tail, damage, files
+  -- out of order); damaged: bad records skipped (the replay is not whole)
+  local events, torn, scans = {}, {}, {}
+  local damaged, unindexed = 0, 0
   for _, f in ipairs(files) do
     local r, err = recording.scan(f)
     if not r then return nil, err end
+    scans[#scans + 1] = r
+    for _, d in ipairs(r.damage) do
+      torn[#torn + 1] = ("%s: DAMAGED record at byte %d (%s): %d bytes skipped, read on from byte %d")
+                        :format(f, d.offset, d.why, d.bytes, d.offset + d.bytes)
+    end
+    damaged = damaged + #r.damage
+    if r.unindexed > 0 then
+      torn[#torn + 1] = ("%s: %d events skipped (their channel's or producer's record was damaged)")
+                        :format(f, r.unindexed)
+      unindexed = unindexed + r.unindexed
+    end
     if r.torn then
+      if r.torn.damaged then damaged = damaged + 1 end
       torn[#torn + 1] = ("%s: %s at byte %d (%d bytes: %s) ignored"):format(f,
         r.torn.damaged and "DAMAGED record" or "torn tail", r.torn.offset, r.torn.bytes, r.torn.why)
     end
     for _, e in ipairs(r.events) do events[#events + 1] = e end
   end
+  local oerr = recording.order(scans)
+  if oerr then return nil, oerr end
   local t0 = events[1] and events[1].wall or 0
   for _, e in ipairs(events) do e.t = e.wall - t0 end
   local speed = opts.speed or 1
   if speed ~= "max" and (type(speed) ~= "number" or not (speed > 0)) then
     return nil, "speed must be a number > 0 or \"max\""
   end
-  local rp = setmetatable({ ctx = ctx, events = events, torn = torn, rename = opts.rename or {}, speed = speed,
+  local rp = setmetatable({ ctx = ctx, events = events, torn = torn, damaged = damaged, unindexed = unindexed,
+                            rename = opts.rename or {}, speed = speed,
                             pos = 1, sent = 0, paused = opts.paused or false, producers = {},
                             on_end = opts.on_end, on_event = opts.on_event, duration = events[#events]
                             and events[#events].t or 0 }, Replay)
@@ -54,7 +72,7 @@ function M.new(ctx, files, opts)
   end
   -- what the channels counted as sent to nobody so far (Replay:unreached)
   rp.nodest0 = rp:_nodest()
-  rp:_rebase()
+  rp:_rebase(events[1] and events[1].t or 0)
   if not rp.paused then rp:_schedule(0) end
   return rp
 end
@@ -76,10 +94,22 @@ function Replay:_producer(e)
   return p
 end
 
--- From now, event pos is due at now + (its t - base_t) / speed.
-function Replay:_rebase()
+-- The played time: seconds into the recording the replay is at (between
+-- the last event sent and the next one, as time goes by while playing;
+-- frozen while paused).  Issue 29 F6: a pause in the middle of a gap kept
+-- no trace of it, and play sent the next event at once.
+function Replay:_played()
   local e = self.events[self.pos]
-  self.base_t = e and e.t or 0
+  if not e then return self.duration end
+  if self.paused or self.speed == "max" then return self.base_t end
+  local t = self.base_t + (self.ctx:now() - self.base_now) * self.speed
+  return math.max(self.base_t, math.min(e.t, t))
+end
+
+-- From now, played time t (default: the played time now): event pos is
+-- due at now + (its t - t) / speed.
+function Replay:_rebase(t)
+  self.base_t = t or self:_played()
   self.base_now = self.ctx:now()
 end
 
@@ -115,6 +145,7 @@ function Replay:_run()
       if due > now then return self:_schedule(due - now) end
     end
     self.pos = self.pos + 1
+    if self.speed == "max" then self.base_t = e.t end
     local ok, err = self:_send(e)
     if not ok then self.err = err end
     n = n + 1
@@ -126,8 +157,10 @@ function Replay:_run()
   if self.on_end then self.on_end(self) end
 end
 
---- Stops sending; resume() goes on from the same event, at the same pace.
+--- Stops sending; resume() goes on from the same point (in the middle of a
+-- gap: what was left of it), at the same pace.
 function Replay:pause()
+  if not self.paused then self:_rebase() end
   self.paused = true
   if self.timer then self.timer:stop() self.timer = nil end
   return self:status()
@@ -136,7 +169,7 @@ end
 function Replay:resume()
   if self.closed then return nil, "replay is closed" end
   self.paused = false
-  self:_rebase()
+  self:_rebase(self.base_t)
   self:_schedule(0)
   return self:status()
 end
@@ -148,6 +181,7 @@ function Replay:step(n)
     local e = self.events[self.pos]
     if not e then break end
     self.pos = self.pos + 1
+    self.base_t = e.t
     local ok, err = self:_send(e)
     if not ok then return nil, err end
   end
@@ -171,7 +205,9 @@ function Replay:seek(to)
   end
   self.pos = k or (#self.events + 1)
   self.done = self.pos > #self.events
-  self:_rebase()
+  -- played time: the time sought (up to the event found), or that event's
+  local e = self.events[self.pos]
+  self:_rebase(not e and self.duration or (to.t and math.max(0, math.min(to.t, e.t))) or e.t)
   if not self.paused then self:_schedule(0) end
   return self:status()
 end
@@ -181,8 +217,8 @@ function Replay:set_speed(x)
   if x ~= "max" and (type(x) ~= "number" or not (x > 0)) then
     error("lecho: speed must be a number > 0 or \"max\"", 2)
   end
-  self.speed = x
   self:_rebase()
+  self.speed = x
   if not self.paused then self:_schedule(0) end
   return self:status()
 end
@@ -214,14 +250,17 @@ function Replay:unreached()
   return total, by
 end
 
---- { pos, total, sent, unreached, t (of the next event), duration, paused,
--- done, speed }.  pos: the next event's number, 1 to total; once done,
+--- { pos, total, sent, unreached, t (the played time: seconds into the
+-- recording, between the last event sent and the next), duration, paused,
+-- done, speed, err (the last send's), damaged (bad records the files had,
+-- skipped; nil when none) }.  pos: the next event's number, 1 to total; once done,
 -- total (the text and --json status lines say the same, 5663/5663).
 function Replay:status()
   local e = self.events[self.pos]
   return { pos = math.min(self.pos, #self.events), total = #self.events, sent = self.sent, unreached = (self:unreached()),
-           t = e and e.t or self.duration, duration = self.duration, paused = self.paused,
-           done = self.pos > #self.events, speed = self.speed, err = self.err }
+           t = e and self:_played() or self.duration, duration = self.duration, paused = self.paused,
+           done = self.pos > #self.events, speed = self.speed, err = self.err,
+           damaged = self.damaged > 0 and self.damaged or nil }
 end
 
 --- Serves the loop until what was sent left this process (the queues are
@@ -236,6 +275,52 @@ function Replay:drain(timeout)
     ctx:run_once(0.02)
   end
   return false
+end
+
+--- Runs one command of `lecho replay --step` (doc/recording.md): "step
+-- [N]", "play", "pause", "seek t=SECONDS", "seek seq=N", "speed X|max",
+-- "status", "quit".  Returns the status after it, with `error` set (the
+-- status unchanged) when the command is refused, so every command is
+-- answered (issue 29 F3: a refused one was answered on stderr only, and a
+-- driver reading a line per command hung); "quit" for quit; nil for an
+-- empty line.
+function Replay:command(line)
+  local w = {}
+  for x in line:gmatch("%S+") do w[#w + 1] = x end
+  local c, arg = w[1], w[2]
+  if c == nil then return nil end
+  local function refuse(why)
+    local st = self:status()
+    st.error = why
+    return st
+  end
+  if #w > 2 or (arg and c ~= "step" and c ~= "seek" and c ~= "speed") then
+    return refuse(("'%s' takes %s"):format(c, (c == "step" or c == "seek" or c == "speed") and "one argument"
+                                                   or "no argument"))
+  end
+  if c == "step" then
+    local n = arg == nil and 1 or tonumber(arg)
+    if not n or n < 1 or n % 1 ~= 0 or n > 2 ^ 31 then return refuse("step N: N a whole number >= 1") end
+    return self:step(n)
+  elseif c == "play" then return self:resume()
+  elseif c == "pause" then return self:pause()
+  elseif c == "status" then return self:status()
+  elseif c == "speed" then
+    local x = arg == "max" and "max" or tonumber(arg or "")
+    if not x or (x ~= "max" and not (x > 0 and x < math.huge)) then
+      return refuse("speed X: a number > 0, or max")
+    end
+    return self:set_speed(x)
+  elseif c == "seek" then
+    local k, v = (arg or ""):match("^(%a+)=(.+)$")
+    local n = v and tonumber(v)
+    if k == "t" and n and n >= 0 and n < math.huge then return self:seek{ t = n } end
+    if k == "seq" and n and n >= 0 and n % 1 == 0 and n < 2 ^ 53 then return self:seek{ seq = n } end
+    return refuse("seek t=SECONDS (>= 0) or seek seq=N (a whole number >= 0)")
+  elseif c == "quit" then return "quit"
+  end
+  return refuse(("unknown command '%s' (step [N], play, pause, seek t=S, seek seq=N, speed X, status, quit)")
+                :format(c))
 end
 
 function Replay:close()

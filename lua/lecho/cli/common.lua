@@ -106,17 +106,13 @@ function M.literal(s)
   return true, v
 end
 
-local json -- lecho.repl.json, loaded on first use (lua-cjson)
--- One JSON line.  lua-cjson 2.1 writes an empty table as {}: the fields
--- that are lists are written [] when empty.
-local LISTS = { "producers", "consumers", "modulators", "results" }
+local json -- lecho.repl.json, loaded on first use (lecho.jsonw: numbers exact)
+-- One JSON line; the fields that are lists are written [] when empty.
+local JSON_OPTS = { lists = { producers = true, consumers = true, modulators = true, results = true,
+                              damage = true, gaps = true, channels = true } }
 function M.emit(obj)
   json = json or require "lecho.repl.json"
-  local ok, s = pcall(require("cjson").encode, json.value(obj))
-  if not ok then return json.emit(obj) end
-  for _, k in ipairs(LISTS) do s = s:gsub('"' .. k .. '":{}', '"' .. k .. '":[]') end
-  io.stdout:write(s, "\n")
-  io.stdout:flush()
+  json.emit(obj, JSON_OPTS)
 end
 function M.pretty(v)
   return require("lecho.repl.pretty").pretty(v)

@@ -169,6 +169,11 @@ function M.sub.run(opts, pos)
     copts = copts or {}
     copts.history = n
   end
+  -- what the consumer is told went wrong (a producer that refused the
+  -- member list, or our key; a history that did not come): said here, the
+  -- log being quiet by default (issue 29 F10)
+  copts = copts or {}
+  copts.on_error = function(msg) io.stderr:write("lecho sub: ", tostring(msg), "\n") end
   local ok, con, cerr, ccode = pcall(ch.consumer, ch, handler, copts)
   if not ok or not con then
     io.stderr:write("lecho sub: ", server.message(ok and cerr or con), "\n")

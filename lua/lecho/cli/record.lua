@@ -30,6 +30,7 @@ detected as torn: after a crash, replay (or --append) cuts the torn tail.
   --out FILE         the file (refused when it exists, unless --append)
   --append           go on after what FILE holds (its torn tail cut first)
   --max-bytes BYTES  rotate past this size: FILE -> FILE.1 -> ... -> FILE.KEEP
+                     (>= 4096; a file larger only to hold one larger event)
   --keep N           rotated files kept (default 3; the oldest is dropped)
   --for SECONDS      stop after this long
   --count N          stop after N events (exactly N written)
@@ -49,12 +50,15 @@ usage: lecho replay FILE... [--speed X|max] [--step] [--rename OLD=NEW]...
 
 Publishes the events of the recordings (in the order given) again on their
 channels, at their recorded pace times --speed (default 1; "max": as fast
-as the queues take them).  Consumers see meta.replay = true.  A torn tail
-is said on stderr and ignored.
+as the queues take them), files oldest first (FILE.2 FILE.1 FILE; out of
+order: refused).  Consumers see meta.replay = true.  A torn tail is said on
+stderr and ignored; a damaged record is said, skipped and counted
+(damaged=N), and the whole records after it are replayed.
   --rename OLD=NEW   publish channel OLD's events on NEW (repeatable)
   --step             start paused and read commands from stdin, one a line:
                      step [N], play, pause, seek t=SECONDS, seek seq=N,
-                     speed X, status, quit (each answered with a status line;
+                     speed X, status, quit (each answered with a status line,
+                     a refused one with its reason; t is the played time;
                      read once the file is loaded: the first status line)
   --seek-time S      start S seconds into the recording
   --seek-seq N       start at the first event with sequence number N or later
@@ -62,8 +66,10 @@ is said on stderr and ignored.
                      consumer of each channel
 Events sent while their channel had no consumer are said on stderr (per
 channel) and counted (unreached=N in the summary).  Exits 1 when an event
-could not be sent or none reached a consumer; else 0.
-  --check            only read the files: events, channels, duration, torn tail
+could not be sent, none reached a consumer, or the files had damage; else 0.
+  --check            only read the files: events, channels, duration, torn
+                     tail, damage, each producer's sequence gaps (exit 1 on
+                     damage, gaps or files out of order)
   --json             status and summary lines as JSON
 ]] .. COMMON,
 }
@@ -129,8 +135,9 @@ local function replay_status(opts, st)
   if opts.json then return emit(st) end
   io.stdout:write(("replay %d/%d sent=%d t=%.3f/%.3f %s%s%s\n"):format(st.pos, st.total, st.sent,
     st.t, st.duration, st.done and "done" or (st.paused and "paused" or "playing"),
-    (st.unreached or 0) > 0 and (" unreached=%d"):format(st.unreached) or "",
-    st.err and (" error: " .. st.err) or ""))
+    ((st.unreached or 0) > 0 and (" unreached=%d"):format(st.unreached) or "")
+      .. (st.damaged and (" damaged=%d"):format(st.damaged) or ""),
+    (st.err and (" error: " .. st.err) or "") .. (st.error and (" refused: " .. st.error) or "")))
   io.stdout:flush()
 end
 
@@ -139,24 +146,50 @@ function M.replay.run(opts, pos)
   local started = recording.wall()
   if opts.check then
     local code = EXIT.ok
+    local scans, all = {}, {}
     for _, f in ipairs(pos) do
       local r, err = recording.scan(f)
       if not r then
         io.stderr:write("lecho replay: ", tostring(err), "\n")
         code = EXIT.failed
       else
+        scans[#scans + 1] = r
         local e = r.events
+        -- sequence gaps of each producer (issue 29 F13), across the files
+        -- given, said at the file where the gap ends
+        local from = #all
+        for _, x in ipairs(e) do all[#all + 1] = x end
+        local gaps, missing = {}, 0
+        for _, g in ipairs(recording.gaps(all)) do
+          if g.at > from then gaps[#gaps + 1] = g missing = missing + g.missing end
+        end
         local s = { file = f, events = #e, channels = r.channels, duration = e[1] and e[#e].t or 0,
-                    bytes = r.size, torn = r.torn }
+                    bytes = r.size, torn = r.torn, damage = r.damage, unindexed = r.unindexed, gaps = gaps,
+                    missing = missing }
         local what = r.torn and (r.torn.damaged and "DAMAGED record" or "torn tail")
         if opts.json then emit(s) else
           io.stdout:write(("%s: %d events on %s, %.3f s%s\n"):format(f, #e, table.concat(r.channels, ", "),
             s.duration, r.torn and (", %s at byte %d (%d bytes: %s)"):format(what, r.torn.offset, r.torn.bytes,
                                                                               r.torn.why) or ""))
+          for _, d in ipairs(r.damage) do
+            io.stdout:write(("%s: DAMAGED record at byte %d (%s): %d bytes skipped%s\n"):format(f, d.offset, d.why,
+              d.bytes, r.unindexed > 0 and (", %d events after it unplaceable"):format(r.unindexed) or ""))
+          end
+          for k, g in ipairs(gaps) do
+            if k > 10 then io.stdout:write(("%s: ... %d more gaps\n"):format(f, #gaps - 10)) break end
+            io.stdout:write(("%s: %s on %s: seq %d then %d (%s)\n"):format(f, g.producer, g.ch, g.after, g.next,
+              g.backwards and "backwards" or (g.missing .. " missing")))
+          end
         end
-        -- damage past a crash's torn tail: the file is not what was written
-        if r.torn and r.torn.damaged then code = EXIT.failed end
+        -- damage past a crash's torn tail, or events missing between
+        -- others: the file is not what was written
+        if (r.torn and r.torn.damaged) or #r.damage > 0 or #gaps > 0 then code = EXIT.failed end
       end
+    end
+    local oerr = recording.order(scans)
+    if oerr then
+      io.stderr:write("lecho replay: ", oerr, "\n")
+      code = EXIT.failed
     end
     os.exit(code)
   end
@@ -207,26 +240,12 @@ function M.replay.run(opts, pos)
     -- commands from stdin, a line each, answered with a status line
     local buf = ""
     local function command(line)
-      local w = {}
-      for x in line:gmatch("%S+") do w[#w + 1] = x end
-      local c = w[1]
-      if c == nil then return end
-      local st
-      if c == "step" then st = rp:step(tonumber(w[2]) or 1)
-      elseif c == "play" then st = rp:resume()
-      elseif c == "pause" then st = rp:pause()
-      elseif c == "status" then st = rp:status()
-      elseif c == "speed" then
-        local x = w[2] == "max" and "max" or tonumber(w[2])
-        if not x or (x ~= "max" and not (x > 0)) then io.stderr:write("lecho replay: speed X|max\n") return end
-        st = rp:set_speed(x)
-      elseif c == "seek" then
-        local k, v = (w[2] or ""):match("^(%a+)=([%d.]+)$")
-        if k == "t" then st = rp:seek{ t = tonumber(v) }
-        elseif k == "seq" then st = rp:seek{ seq = tonumber(v) }
-        else io.stderr:write("lecho replay: seek t=SECONDS or seek seq=N\n") return end
-      elseif c == "quit" then code = EXIT.ok; ctx:stop() return
-      else io.stderr:write(("lecho replay: unknown command '%s'\n"):format(c)) return end
+      -- every command answered with a status line; a refused one with its
+      -- reason (also on stderr) and the status unchanged (issue 29 F3)
+      local st = rp:command(line)
+      if st == nil then return end
+      if st == "quit" then code = EXIT.ok; ctx:stop() return end
+      if st.error then io.stderr:write("lecho replay: ", st.error, "\n") end
       ctx.c:flush()
       replay_status(opts, st)
     end
@@ -283,6 +302,12 @@ function M.replay.run(opts, pos)
     -- none reached anyone: a failure; some channels without a consumer
     -- while others had theirs: said (and counted), not a failure
     if unreached >= rp.sent and (code == nil or code == EXIT.ok) then code = EXIT.failed end
+  end
+  -- damaged records skipped: the replay is not the whole recording (F1)
+  if rp.damaged > 0 then
+    io.stderr:write(("lecho replay: %d damaged records skipped%s: the replay is not whole\n"):format(rp.damaged,
+      rp.unindexed > 0 and (", and %d events after them"):format(rp.unindexed) or ""))
+    if code == nil or code == EXIT.ok then code = EXIT.failed end
   end
   rp:close()
   if not opts.step then replay_status(opts, st) end

@@ -1,7 +1,7 @@
 -- lua/lecho/repl/json.lua: the REPL's JSON output mode (--json), for piping:
 -- every output line is one JSON object ({ "values": [...] }, { "error": ... },
 -- { "event": ..., "sub": ..., "channel": ..., "seq": ... }, { "text": ... },
--- { "log": ... }), written with lua-cjson.  Lua values that JSON cannot hold
+-- { "log": ... }), written by lecho.jsonw (numbers exact).  Lua values that JSON cannot hold
 -- become strings: functions and other objects "<function>", cycles "<cycle>",
 -- NaN and infinities "nan", "inf", "-inf"; a lecho array {"dtype", "shape",
 -- "data"} (its elements flat, row-major, as the gateway sends them); keys of a table that is not a
@@ -11,6 +11,7 @@
 -- that code (U+0080..U+00FF, as in Latin-1): "\255x" becomes "\u00ffx".
 local cjson = require "cjson"
 local array = require "lecho.array"
+local jsonw = require "lecho.jsonw"
 local byte, char, sub = string.byte, string.char, string.sub
 
 local M = {}
@@ -71,12 +72,10 @@ local function convert(v, path, depth)
     return v
   end
   if t == "userdata" and array.is(v) then
-    -- as the gateway writes it to JSON clients (doc/gateway.md): the
-    -- elements flat, row-major, each number as above
-    local a = v:contiguous() and v or v:copy()
-    local p, data = a:ptr(), {}
-    for i = 0, #a - 1 do data[i + 1] = convert(tonumber(p[i]), path, depth + 1) end
-    return { dtype = v:dtype(), shape = v:shape(), data = data }
+    -- kept: lecho.jsonw writes it as the gateway does to JSON clients
+    -- (doc/gateway.md): {dtype, shape, data}, the elements flat,
+    -- row-major, each exact (64-bit integers as their digits)
+    return v
   end
   if t ~= "table" then return "<" .. t .. ">" end
   if path[v] then return "<cycle>" end
@@ -103,9 +102,16 @@ end
 --- A copy of Lua value v that cjson can encode.
 function M.value(v) return convert(v, {}, 0) end
 
+--- The JSON text of obj (through M.value), written by lecho.jsonw: every
+-- number exact (issue 29 F2: cjson wrote 14 digits).  opts: lecho.jsonw's
+-- (lists: the fields written [] when empty).
+function M.encode(obj, opts)
+  return jsonw.encode(M.value(obj), opts)
+end
+
 --- Writes obj (whose values went through M.value, or are plain) as one line.
-function M.emit(obj)
-  local ok, s = pcall(cjson.encode, M.value(obj))
+function M.emit(obj, opts)
+  local ok, s = pcall(M.encode, obj, opts)
   if not ok then s = cjson.encode{ error = M.utf8("cannot encode as JSON: " .. tostring(s)) } end
   io.stdout:write(s, "\n")
   io.stdout:flush()

@@ -141,7 +141,17 @@ r:set_speed(x), r:status(), r:close().  paused = true starts paused.]], function
     o = o or {}
     local rp, err = require("lecho.replay").new(ctx, files, {
       speed = o.speed, rename = o.rename, paused = o.paused,
-      on_end = function(r) R.out(("replay: done, %d events sent"):format(r.sent)) end,
+      -- as lecho replay says it (issue 29 F11): what reached nobody, per
+      -- channel (counted when sent), and damaged records skipped
+      on_end = function(r)
+        local unreached, by = r:unreached()
+        local parts = {}
+        for name, n in pairs(by) do parts[#parts + 1] = ("%s: %d"):format(name, n) end
+        table.sort(parts)
+        R.out(("replay: done, %d events sent%s%s"):format(r.sent,
+          unreached > 0 and (", %d of them reached no consumer (%s)"):format(unreached, table.concat(parts, ", ")) or "",
+          r.damaged > 0 and (", %d damaged records skipped"):format(r.damaged) or ""))
+      end,
     })
     if not rp then error("replay: " .. tostring(err), 2) end
     for _, t in ipairs(rp.torn) do R.out("replay: " .. t) end

@@ -162,10 +162,11 @@ describe("crossings between C and Lua per event", function()
     assert.equals(N, n(A.async, "h:submit_staged") + n(A.async, "h:submit"))
     assert.equals(0, total(A.async, "hook:"))
 
-    -- A, sync from the main line, per submit_sync: submit_staged, c:now
+    -- A, sync from the main line, per submit_sync: c:catch_up (a process
+    -- back from a stall: doc/semantics.md "Liveness"), submit_staged, c:now
     -- (t0), then per loop turn waited c:sync_pending, c:now (the time
     -- left), c:run_once, the last c:sync_pending (settled), then
-    -- c:sync_result and c:now (the latency histogram): 5 + 3 per turn.
+    -- c:sync_result and c:now (the latency histogram): 6 + 3 per turn.
     local m = A.sync_main
     local turns = n(m, "c:run_once")
     assert.is_true(turns >= K, "fewer loop turns than sync submits: " .. turns)
@@ -173,7 +174,8 @@ describe("crossings between C and Lua per event", function()
     assert.equals(turns + K, n(m, "c:sync_pending"))
     assert.equals(turns + 2 * K, n(m, "c:now"))
     assert.equals(K, n(m, "c:sync_result"))
-    assert.equals(5 * K + 3 * turns, total(m, "h:") + total(m, "c:") + total(m, "core:"))
+    assert.equals(K, n(m, "c:catch_up"))
+    assert.equals(6 * K + 3 * turns, total(m, "h:") + total(m, "c:") + total(m, "core:"))
     -- no turn hook: it runs only while a coroutine waits (c:want_turn)
     assert.equals(0, total(m, "hook:"))
 

@@ -174,10 +174,11 @@ static int l_stop(lua_State *L) {
 
 /* ctx:catch_up(): lei_live_catch_up before a request (a sync submit, a
  * call, a join) from a program that may have been away from its loop: the
- * number of connections found closed by their remote. */
+ * number of connections found closed by their remote.  Nothing inside a
+ * callback (the loop is running), one crossing otherwise. */
 static int l_catch_up(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
-    int n = lei_live_catch_up(b->c);
+    int n = lei_ctx_depth(b->c) > 0 ? 0 : lei_live_catch_up(b->c);
     lb_close_if_pending(b, L);
     lua_pushinteger(L, n);
     return 1;

@@ -199,9 +199,12 @@ describe("issue 29 F7: a recording holds the current state", function()
     assert.matches("rc=1", out)
   end)
 
-  it("history then live: no duplicate, no gap at the seam (--check), in both recorder paths", function()
+  it("history then live: no duplicate, no gap at the seam (--check), in both recorder paths, every core busy",
+     function()
     local _, ns = S.nameserver("--quiet")
-    local prod = S.lua(STREAM, ns, "rh.stream", "0.005", "30")
+    -- every core busy (2 here; the spinners are children, killed by cleanup)
+    for _ = 1, 2 do S.spawn(("%s -e 'while true do end'"):format(S.luajit)) end
+    local prod = S.lua(STREAM, ns, "rh.stream", "0.002", "40")
     assert(S.wait_file(prod.out, "started", 20), S.errors(prod))
     S.sleep(0.5)   -- a value kept, events flowing
     -- the C sink path (no --count) and the Lua one (--count)

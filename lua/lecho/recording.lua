@@ -532,12 +532,12 @@ function M.record(ctx, names, w, opts)
     local short = ch.short
     local con
     con, err, code = ch:consumer(function(data, meta)
-      -- past opts.limit (--count): not written, though the rest of the
-      -- batch that brought the last one still comes; a sync producer is
-      -- told its event was not recorded (the handler's error is its ack's)
       -- (handed to the C sink, M.record_direct: it takes the events, as
       -- the direct path's own empty handler never runs)
       if not w.f then return end
+      -- past opts.limit (--count): not written, though the rest of the
+      -- batch that brought the last one still comes; a sync producer is
+      -- told its event was not recorded (the handler's error is its ack's)
       if r.limit and r.events >= r.limit then
         r.refused = r.refused + 1
         if meta.sync then error(("recorder stopped after %d events: not recorded"):format(r.limit), 0) end

@@ -526,6 +526,10 @@ function M.flush(st, paddr, entries, why, seam, kf)
     local f = first[e.pid]
     if (not f or e.seq < f) and not (con.closed) then
       local ok, v = core.decode(e.data)
+      -- a channel taken raw (ctx:raw, a recorder: lecho.recording) gets
+      -- the entry's bytes as they came, checked to be one value, as its
+      -- live events come
+      if ok and con.ch.raw_bytes then v = e.data end
       if ok then
         local meta = { channel = con.ch.short, producer = paddr .. "#" .. e.pid, seq = e.seq, history = true }
         if con.mod then meta.params_version = con.mod.version end

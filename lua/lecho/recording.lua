@@ -13,7 +13,9 @@
 --   'P' varint index, then a producer's name ("host:port#id")
 --   'E' an event: varint channel index, varint producer index, varint seq,
 --       varint microseconds since the header's `created`, one flag byte
---       (1: it was a sync event), then the value's encoded bytes exactly
+--       (bit 0: it was a sync event; bit 1: it came from its producer's
+--       history, the last values it kept, when the recorder joined), then
+--       the value's encoded bytes exactly
 --       as they came on the wire (doc/wire-format.md; arrays untouched)
 --
 -- Append-only; a crash mid-write leaves at most a torn last record: its
@@ -35,9 +37,11 @@ M.MAX_RECORD = 256 * 1024 * 1024   -- a length past this is a torn or foreign fi
 -- bytes, and a file always holds at least one event (issue 29 F5:
 -- --max-bytes 100 made a file per event, each of 366 bytes)
 M.MIN_MAX_BYTES = 4096
+-- E record flags (a reader ignores bits it does not know: format 1 still)
+M.SYNC, M.HISTORY = 1, 2
 M.FIELDS = "C: varint index, short channel name; P: varint index, producer name; "
         .. "E: varint channel, varint producer, varint seq, varint microseconds since created, "
-        .. "u8 flags (1 sync), encoded value as received"
+        .. "u8 flags (1 sync, 2 history: a kept last value given when the recorder joined), encoded value as received"
 
 ffi.cdef [[
 unsigned long crc32(unsigned long crc, const unsigned char *buf, unsigned int len);
@@ -405,9 +409,14 @@ function Writer:_open()
     f:write(M.MAGIC)
     self.size = #M.MAGIC
   end
-  -- a segment: header, then its own channel and producer tables (and no
-  -- event yet: an event larger than max_bytes goes into it, not into
-  -- another rotation, and another, for ever)
+  self:_segment()
+  return true
+end
+
+-- A segment: header, then its own channel and producer tables (and no
+-- event yet: an event larger than max_bytes goes into it, not into
+-- another rotation, and another, for ever).
+function Writer:_segment()
   self.chans, self.prods, self.nchan, self.nprod = {}, {}, 0, 0
   self.events_in_segment = nil
   self.created = floor(M.wall())
@@ -416,7 +425,6 @@ function Writer:_open()
                                  fields = M.FIELDS }))
   self.header = record("H" .. h)
   self:_put(self.header)
-  return true
 end
 
 function Writer:_put(rec)
@@ -436,8 +444,9 @@ function Writer:_rotate()
 end
 
 --- Appends one event: short channel name, producer name, seq, wall time
--- (seconds since the epoch), sync, the encoded value as it came.
-function Writer:event(ch, producer, seq, wall, sync, data)
+-- (seconds since the epoch), sync, the encoded value as it came, hist (it
+-- came from the producer's history: flag bit 1).
+function Writer:event(ch, producer, seq, wall, sync, data, hist)
   local body = "E"
   local c = self.chans[ch]
   local pre = ""
@@ -457,12 +466,13 @@ function Writer:event(ch, producer, seq, wall, sync, data)
   local us = math.max(0, floor((wall - self.created) * 1e6 + 0.5))
   -- the value's bytes are written as they are: the checksum runs over the
   -- head, then on over them (no copy of the value)
-  local head = body .. varint(c) .. varint(p) .. varint(seq) .. varint(us) .. char(sync and 1 or 0)
+  local head = body .. varint(c) .. varint(p) .. varint(seq) .. varint(us)
+               .. char((sync and M.SYNC or 0) + (hist and M.HISTORY or 0))
   local len = #head + #data
   if self.max and self.size + #pre + 8 + len > self.max and self.events_in_segment then
     local ok, err = self:_rotate()
     if not ok then return nil, err end
-    return self:event(ch, producer, seq, wall, sync, data)
+    return self:event(ch, producer, seq, wall, sync, data, hist)
   end
   if pre ~= "" then self:_put(pre) end
   local f = self.f
@@ -487,12 +497,28 @@ end
 -- Recording channels
 ---------------------------------------------------------------------------
 
+--- Reads a --history value: "none" (or nil) nil, "last" "last", a count
+-- N >= 1 N; else nil, why.
+function M.history_opt(v)
+  if v == nil or v == "none" then return nil end
+  if v == "last" then return "last" end
+  local n = tonumber(v)
+  if n and n >= 1 and n % 1 == 0 then return n end
+  return nil, ("--history needs N (1 or more), last or none, not '%s'"):format(tostring(v))
+end
+
 --- Records channels `names` (short names or full ones) of ctx into writer
 -- w: one consumer per channel in raw mode (ctx:raw: the bytes as they
 -- came, not decoded; every consumer of those channels in ctx gets bytes,
 -- so a recorder has its own context).  opts.limit: write no more than that
 -- many events (those after are counted in r.refused; a sync one's producer
--- hears "not recorded").  Returns the recorder { stop() } or nil, err.
+-- hears "not recorded").  opts.history ("last" | N, as ch:consumer takes
+-- it; nil: none): each channel is joined with history, so the last values
+-- its producers kept are recorded first (issue 29 F7: a recording held
+-- no settings when nobody steered during it), with their own producer and
+-- sequence numbers and flag bit 1 (M.HISTORY); the consumer's catch-up
+-- (lecho.history) puts the seam between them and the live events, no gap,
+-- no duplicate.  Returns the recorder { stop() } or nil, err.
 function M.record(ctx, names, w, opts)
   opts = opts or {}
   if opts.direct then return M.record_direct(ctx, names, w, opts) end
@@ -502,9 +528,13 @@ function M.record(ctx, names, w, opts)
     local ch, err, code = ctx:channel(name)
     if not ch then return nil, err, code end
     ctx.c:raw(ch.chid, true)
+    ch.raw_bytes = true   -- (history entries given as bytes too: lecho.history)
     local short = ch.short
     local con
     con, err, code = ch:consumer(function(data, meta)
+      -- (handed to the C sink, M.record_direct: it takes the events, as
+      -- the direct path's own empty handler never runs)
+      if not w.f then return end
       -- past opts.limit (--count): not written, though the rest of the
       -- batch that brought the last one still comes; a sync producer is
       -- told its event was not recorded (the handler's error is its ack's)
@@ -513,15 +543,19 @@ function M.record(ctx, names, w, opts)
         if meta.sync then error(("recorder stopped after %d events: not recorded"):format(r.limit), 0) end
         return
       end
-      local ok, werr = w:event(short, meta.producer, meta.seq, gettime(), meta.sync == true, data)
+      local ok, werr = w:event(short, meta.producer, meta.seq, gettime(), meta.sync == true, data,
+                               meta.history == true)
       if not ok then
         if opts.on_error then opts.on_error(werr) end
         return
       end
       r.events = r.events + 1
       if opts.on_event then opts.on_event(r) end
-    end)
-    if not con then return nil, err, code end
+    end, opts.history and { history = opts.history } or nil)
+    if not con then
+      for _, c in ipairs(r.cons) do c:close() end
+      return nil, err, code
+    end
     r.cons[#r.cons + 1] = con
   end
   -- written at least every 50 ms: a kill loses at most that much, a torn
@@ -535,46 +569,104 @@ function M.record(ctx, names, w, opts)
   return r
 end
 
+-- Is any consumer of r still waiting for a producer's history (its answer
+-- late: lecho.history M.late)?
+local function catching_up(r)
+  for _, c in ipairs(r.cons) do
+    local st = c.hist_state
+    if st and (not st.fetched or (st.late or 0) > 0) then return true end
+  end
+  return false
+end
+
 --- The same, written from C (core/binding/lua_rsink.c): the events never enter
 -- Lua, so the recorder keeps up with a producer at full rate.  No
 -- per-event callback (opts.on_event is not called); w's counts are set by
--- stop().
+-- stop().  With opts.history the channels are joined by M.record (the
+-- catch-up, its seam and the history entries in Lua, written by w), and
+-- handed to the C sink once every history came (or was given up): the
+-- sink then appends to the same file, after a fresh segment header when w
+-- wrote events (the sink keeps its own channel and producer tables).
 function M.record_direct(ctx, names, w, opts)
-  w:flush()
-  w.f:close()
-  w.f = nil
-  local ok, err = ctx.c:rsink_open(w.path, M.MAGIC .. w.header, w.created, w.max or 0, w.keep)
-  if not ok then return nil, err end
   local r = { w = w, cons = {} }
-  local function stop_all()
-    for _, c in ipairs(r.cons) do c:close() end
-    ctx.c:rsink_close()
-  end
-  for _, name in ipairs(names) do
-    local ch, cerr, code = ctx:channel(name)
-    if not ch then stop_all() return nil, cerr, code end
-    ctx.c:rsink_channel(ch.chid, ch.short)
-    ctx.c:raw(ch.chid, true)
-    local con
-    con, cerr, code = ch:consumer(function() end)   -- (never runs: the sink takes the events)
-    if not con then stop_all() return nil, cerr, code end
-    r.cons[#r.cons + 1] = con
+  local lua_r
+  if opts.history then
+    local err, code
+    lua_r, err, code = M.record(ctx, names, w, { history = opts.history, on_error = opts.on_error })
+    if not lua_r then return nil, err, code end
+    r.cons = lua_r.cons
   end
   local reported
-  r.timer = ctx:every(0.05, function()
+  local function tick()
     ctx.c:rsink_flush()
     local _, _, _, serr = ctx.c:rsink_stats()
     if serr and not reported then
       reported = true
       if opts.on_error then opts.on_error(serr) end
     end
-  end)
+  end
+  -- the file to the C sink, and each channel's events with it (no loop
+  -- turn between: nothing comes in between to be written by neither)
+  local function handover()
+    if lua_r then
+      lua_r.timer:stop()
+      lua_r.timer = nil
+      if w.events_in_segment then w:_segment() end
+    end
+    w:flush()
+    w.f:close()
+    w.f = nil
+    local ok, err = ctx.c:rsink_open(w.path, M.MAGIC .. w.header, w.created, w.max or 0, w.keep)
+    if not ok then return nil, err end
+    r.sink = true
+    for _, c in ipairs(r.cons) do ctx.c:rsink_channel(c.ch.chid, c.ch.short) end
+    r.timer = ctx:every(0.05, tick)
+    return true
+  end
+  local function stop_all()
+    for _, c in ipairs(r.cons) do c:close() end
+    if r.sink then ctx.c:rsink_close() end
+  end
+  if not lua_r then
+    local ok, err = handover()
+    if not ok then return nil, err end
+    for _, name in ipairs(names) do
+      local ch, cerr, code = ctx:channel(name)
+      if not ch then stop_all() return nil, cerr, code end
+      ctx.c:rsink_channel(ch.chid, ch.short)
+      ctx.c:raw(ch.chid, true)
+      local con
+      con, cerr, code = ch:consumer(function() end)   -- (never runs: the sink takes the events)
+      if not con then stop_all() return nil, cerr, code end
+      r.cons[#r.cons + 1] = con
+    end
+  elseif not catching_up(r) then
+    local ok, err = handover()
+    if not ok then lua_r.stop() return nil, err end
+  else
+    -- a producer's history is late: the Lua recorder writes on (holding
+    -- that producer's events, as any consumer with history does) until it
+    -- came or was given up
+    r.wait = ctx:every(0.05, function()
+      w:flush()
+      if catching_up(r) then return end
+      r.wait:stop()
+      r.wait = nil
+      local ok, err = handover()
+      if not ok and opts.on_error then opts.on_error(err) end
+    end)
+  end
   function r.stop()
+    if r.wait then r.wait:stop() r.wait = nil end
     if r.timer then r.timer:stop() r.timer = nil end
+    if not r.sink then
+      if lua_r then lua_r.stop() end
+      return
+    end
     for _, c in ipairs(r.cons) do c:close() end
     local ev, by, rot = ctx.c:rsink_stats()
     if ev then
-      w.events, w.bytes, w.rotations = ev, w.bytes + by, rot
+      w.events, w.bytes, w.rotations = w.events + ev, w.bytes + by, w.rotations + rot
     end
     ctx.c:rsink_close()
   end

@@ -17,11 +17,11 @@ local M = {}
 M.record = {
   opts = { { "--out", "out", "string" }, { "--max-bytes", "max_bytes", "count" }, { "--keep", "keep", "count" },
            { "--append", "append", "flag" }, { "--for", "duration", "seconds" }, { "--count", "count", "count" },
-           { "--json", "json", "flag" } },
+           { "--history", "history", "string" }, { "--json", "json", "flag" } },
   pos = { { "CHANNEL" }, 1, many = true },
   usage = [[
 usage: lecho record CHANNEL... --out FILE [--max-bytes BYTES] [--keep N] [--append]
-                   [--for SECONDS] [--count N] [--json]
+                   [--for SECONDS] [--count N] [--history N|last|none] [--json]
 
 Writes every event of the CHANNELs (values as they came on the wire, arrays
 untouched; producer, sequence number, time) to FILE until Ctrl-C, in the
@@ -34,6 +34,9 @@ detected as torn: after a crash, replay (or --append) cuts the torn tail.
   --keep N           rotated files kept (default 3; the oldest is dropped)
   --for SECONDS      stop after this long
   --count N          stop after N events (exactly N written)
+  --history N|last|none  first record the last N values (last: 1) each
+                     producer kept (its history option), marked as history,
+                     then the live events (default last; none: live only)
   --json             the summary at the end as one JSON object
 ]] .. COMMON,
 }
@@ -80,6 +83,8 @@ could not be sent, none reached a consumer, or the files had damage; else 0.
 function M.record.run(opts, pos)
   if not opts.out then die("record", "--out FILE is required\n" .. M.record.usage) end
   local recording = require "lecho.recording"
+  local hist, herr = recording.history_opt(opts.history or "last")
+  if herr then die("record", herr) end
   local ctx = context("record", opts)
   local w, werr = recording.writer(opts.out, { max_bytes = opts.max_bytes, keep = opts.keep, append = opts.append,
                                                recorder = ctx.addr })
@@ -96,6 +101,7 @@ function M.record.run(opts, pos)
     -- without --count the events are written from C, never entering Lua
     direct = not opts.count,
     limit = opts.count,   -- exact: the rest of the batch that brought the Nth is not written
+    history = hist,       -- the kept last values first (issue 29 F7)
     on_error = function(e)
       io.stderr:write("lecho record: ", tostring(e), "\n")
       code = EXIT.failed

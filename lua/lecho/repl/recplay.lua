@@ -90,10 +90,12 @@ function M.install(R)
   end
   function Rec:__tostring() return ("record %s -> %s (pid %d)"):format(table.concat(self.channels, ", "), self.file, self.pid) end
 
-  R.command("record", "record(ch | {ch, ...}, file [, {max_bytes=, keep=, append=}])",
+  R.command("record", "record(ch | {ch, ...}, file [, {max_bytes=, keep=, append=, history=}])",
     "record channels to a file (lecho record, in the background)", [[
 Starts `lecho record` on the channels, writing to file (doc/recording.md):
-every event as it came, with producer, seq and time.  Returns a handle once
+every event as it came, with producer, seq and time, after the last value
+each producer kept (history = "last" by default, N, or "none": as
+`lecho record --history`).  Returns a handle once
 the recorder says it records; a recorder that ends first (the file exists:
 append = true goes on after it) is an error with its words.  h:stop() ends
 it and prints what was written, or the recorder's error.  replay(file)
@@ -106,10 +108,15 @@ plays it back.]], function(chs, file, o)
     local args = {}
     for _, c in ipairs(chs) do args[#args + 1] = q(c) end
     local outfile = os.tmpname()
-    local cmd = ("%s %s record %s --out %s --json --nameserver %s%s%s%s >%s 2>&1 & echo $!"):format(
+    if o.history ~= nil then
+      local _, herr = require("lecho.recording").history_opt(tostring(o.history))
+      if herr then error("record: " .. herr:gsub("^%-%-history", "history"), 2) end
+    end
+    local cmd = ("%s %s record %s --out %s --json --nameserver %s%s%s%s%s >%s 2>&1 & echo $!"):format(
       "luajit", q(lecho_script()), table.concat(args, " "), q(file), q(ctx.ns),
       o.max_bytes and (" --max-bytes " .. math.floor(o.max_bytes)) or "",
-      o.keep and (" --keep " .. math.floor(o.keep)) or "", o.append and " --append" or "", q(outfile))
+      o.keep and (" --keep " .. math.floor(o.keep)) or "", o.append and " --append" or "",
+      o.history ~= nil and (" --history " .. q(tostring(o.history))) or "", q(outfile))
     local pipe = assert(io.popen(cmd))
     local pid = tonumber(pipe:read("*l"))
     pipe:close()

@@ -179,8 +179,9 @@ describe("crossings between C and Lua per event", function()
     -- no turn hook: it runs only while a coroutine waits (c:want_turn)
     assert.equals(0, total(m, "hook:"))
 
-    -- A, sync from a coroutine, per submit_sync: submit_staged, c:now
-    -- (t0), c:sync_watch, c:want_turn(true), then c:sync_result, c:now: 6;
+    -- A, sync from a coroutine, per submit_sync: c:catch_up (nothing done
+    -- inside a callback), submit_staged, c:now (t0), c:sync_watch,
+    -- c:want_turn(true), then c:sync_result, c:now: 7;
     -- per loop turn waited the turn hook (C into Lua) and one c:sync_done
     -- for all waiters; once for the K waits the wake timer (c:timer and
     -- c:now in _wake_at: the later deadlines find it armed earlier).
@@ -194,7 +195,8 @@ describe("crossings between C and Lua per event", function()
     assert.equals(1, n(co, "c:timer"))
     assert.equals(2 * K + 1, n(co, "c:now"))
     assert.equals(hooks, n(co, "c:sync_done"))
-    assert.equals(6 * K + hooks + 2, total(co, "h:") + total(co, "c:") + total(co, "core:"))
+    assert.equals(K, n(co, "c:catch_up"))
+    assert.equals(7 * K + hooks + 2, total(co, "h:") + total(co, "c:") + total(co, "core:"))
     assert.equals(hooks, total(co, "hook:"))
 
     -- B: the async events came in batches (one crossing per batch of up

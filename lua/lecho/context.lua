@@ -921,8 +921,7 @@ function Context:now() return self.c:now() end
 -- of failing on a dead socket (lei_live_catch_up; doc/semantics.md
 -- "Liveness").  Inside a callback the loop is running: nothing to catch up.
 function Context:_catch_up()
-  -- (a coroutine is a handler or a task: its loop is running)
-  if not coroutine.running() then self.c:catch_up() end
+  self.c:catch_up()   -- (nothing inside a callback: the C side checks the depth)
 end
 
 -- Whether a producer of this context sent events to another context (what

@@ -26,7 +26,6 @@
 -- (record --append does it before it writes).
 
 local ffi = require "ffi"
-local bit = require "bit"
 
 local M = {}
 
@@ -67,11 +66,6 @@ local char, byte, floor = string.char, string.byte, math.floor
 local function u32(n)
   return char(n % 256, floor(n / 256) % 256, floor(n / 65536) % 256, floor(n / 16777216) % 256)
 end
-local function rd_u32(s, i)
-  local a, b, c, d = byte(s, i, i + 3)
-  return a + b * 256 + c * 65536 + d * 16777216
-end
-
 local function varint(n)
   if n < 128 then return char(n) end
   if n < 16384 then return char(n % 128 + 128, floor(n / 128)) end
@@ -85,19 +79,6 @@ local function varint(n)
 end
 M.varint = varint
 
--- value, next index; nil when it runs past the end or past 2^53
-local function rd_varint(s, i)
-  local n, mul = 0, 1
-  while true do
-    local b = byte(s, i)
-    if not b or mul > 2 ^ 49 then return nil end
-    n = n + (b % 128) * mul
-    i = i + 1
-    if b < 128 then return n, i end
-    mul = mul * 128
-  end
-end
-
 -- One record as bytes: header and body.
 local function record(body)
   return u32(#body) .. u32(M.crc32(body)) .. body
@@ -109,7 +90,7 @@ M.record = record
 ---------------------------------------------------------------------------
 
 -- The 0-based offset of the first whole record at or after 0-based offset
--- `from` of s, or nil, or -1 (not known, see below).  A record whose length
+-- `from` of the file's n bytes at p, or nil, or -1 (not known, see below).  A record whose length
 -- runs past the end of the file is a crash's torn tail only when nothing
 -- whole follows it: a flipped bit in a length mid-file also runs it past
 -- the end, and then the records after it are still there, whole (issue 29,
@@ -126,9 +107,7 @@ M.record = record
 -- for damage (the safe side: nothing is cut).
 local CRC_BUDGET = 1024 * 1024 * 1024
 local function capital(b) return b >= 65 and b <= 90 end
-local function whole_record_after(s, from, memo)
-  local n = #s
-  local p = ffi.cast("const uint8_t *", s)
+local function whole_record_after(p, n, from, memo)
   memo = memo or {}
   memo.budget = memo.budget or CRC_BUDGET
   local budget = memo.budget
@@ -167,93 +146,247 @@ local function whole_record_after(s, from, memo)
   end
   return nil
 end
-M._whole_record_after = whole_record_after
+--- (s: a string, from: a 0-based offset)
+function M._whole_record_after(s, from, memo)
+  return whole_record_after(ffi.cast("const uint8_t *", s), #s, from, memo)
+end
 
---- Reads a whole file into an index of its events: { events = { { ch =
--- short name, producer, seq, t (seconds from the first event), wall
--- (seconds since the epoch), sync, data = encoded value } ... }, channels
--- = { names }, header, good (bytes up to the end of the last whole
--- record), size, damage = { { offset, bytes, why } ... } (bad records with
--- whole records after them: skipped, and read on from the next whole
--- record), unindexed (events after a damage whose channel or producer
--- record was in it: skipped, counted), torn (nil, or { offset, bytes, why,
--- damaged }: the tail that ends the file) }; or nil, err when it is not a
--- recording.
+-- value, next offset, reading p from offset i below lim; nil when it runs
+-- past lim or past 2^53
+local function rd_varint_p(p, i, lim)
+  local n, mul = 0, 1
+  while true do
+    if i >= lim or mul > 2 ^ 49 then return nil end
+    local b = p[i]
+    n = n + (b % 128) * mul
+    i = i + 1
+    if b < 128 then return n, i end
+    mul = mul * 128
+  end
+end
+
+---------------------------------------------------------------------------
+-- A file's events, loaded: the file's bytes in one malloc'd buffer (read
+-- with fread, never a Lua string: LuaJIT's read("*a") held two or three
+-- copies of the file at its peak) and a compact index of its events, one
+-- 40-byte struct each in an array grown by doubling (issue 29, outside
+-- review F4: a table and a copy of the value per event made a 99 MB file of
+-- 2 million small events take 904 MB and 22 s to load).  A value's bytes
+-- are copied out (`list:data(k)`) only when it is sent.  Both allocations
+-- are owned by the list (a cdata with a __gc that frees them).
+---------------------------------------------------------------------------
+
+ffi.cdef [[
+typedef struct {
+  double wall;       /* seconds since the epoch */
+  double seq;        /* sequence number (up to 2^53) */
+  double off;        /* 0-based offset of the value's first byte in the file */
+  uint32_t len;      /* the value's length */
+  uint32_t ch;       /* 1-based index into the list's channel names */
+  uint32_t prod;     /* 1-based index into the list's producer names */
+  uint8_t sync;      /* 1: a sync event */
+} lecho_rec_ev;
+typedef struct {
+  uint8_t *buf;      /* the file's bytes (malloc'd, owned: freed by __gc) */
+  double size;
+  lecho_rec_ev *ev;  /* the events (malloc'd, owned: freed by __gc) */
+  uint32_t n, cap;
+  int32_t id;        /* key of its names in `names` below */
+} lecho_rec_list;
+]]
+for _, d in ipairs { "void *malloc(size_t);", "void *realloc(void *, size_t);", "void free(void *);",
+                     "void *fopen(const char *, const char *);", "int fclose(void *);",
+                     "size_t fread(void *, size_t, size_t, void *);", "int fseek(void *, long, int);",
+                     "long ftell(void *);" } do
+  pcall(ffi.cdef, d)
+end
+local C = ffi.C
+local EVSIZE = ffi.sizeof("lecho_rec_ev")
+
+-- [list id] = { chans = { names }, prods = { names } }: what a cdata
+-- cannot hold (dropped by the list's __gc)
+local names, nextid = {}, 0
+
+local List = {}
+local list_mt = {
+  __len = function(l) return l.n end,
+  __index = function(l, k)
+    if type(k) == "number" then return List.event(l, k) end
+    return List[k]
+  end,
+  __gc = function(l)
+    if l.buf ~= nil then C.free(l.buf) end
+    if l.ev ~= nil then C.free(l.ev) end
+    l.buf, l.ev = nil, nil
+    names[l.id] = nil
+  end,
+}
+local ListT = ffi.metatype("lecho_rec_list", list_mt)
+
+--- Event k (1-based) as a table { ch, producer, seq, wall, t (seconds
+-- from the list's first event), sync, data }, or nil.  Made afresh on each
+-- call (a replay reads the fields it needs instead: List.ref, List.data).
+function List.event(l, k)
+  if k < 1 or k > l.n or k % 1 ~= 0 then return nil end
+  local e = l.ev[k - 1]
+  local nm = names[l.id]
+  return { ch = nm.chans[e.ch], producer = nm.prods[e.prod], seq = e.seq, wall = e.wall,
+           t = e.wall - l.ev[0].wall, sync = e.sync == 1, data = ffi.string(l.buf + e.off, e.len) }
+end
+--- The struct of event k (1-based; not checked): its fields without a table.
+function List.ref(l, k) return l.ev[k - 1] end
+--- Event k's value: its encoded bytes, copied out of the file's.
+function List.data(l, k)
+  local e = l.ev[k - 1]
+  return ffi.string(l.buf + e.off, e.len)
+end
+function List.channel(l, i) return names[l.id].chans[i] end
+function List.producer(l, i) return names[l.id].prods[i] end
+--- Frees the file's bytes and the index now (else the GC does).
+function List.free(l) list_mt.__gc(l) l.n = 0 end
+
+-- Reads path whole into a malloc'd buffer: the list (n = 0), or nil, err.
+local function load(path)
+  local f = C.fopen(path, "rb")
+  if f == nil then
+    local h, err = io.open(path, "rb")   -- (the usual message)
+    if h then h:close() end
+    return nil, err or (path .. ": cannot open")
+  end
+  C.fseek(f, 0, 2)
+  local size = tonumber(C.ftell(f))
+  C.fseek(f, 0, 0)
+  if size < 0 then C.fclose(f) return nil, path .. ": cannot read" end
+  nextid = nextid + 1
+  local l = ListT()
+  l.id = nextid
+  names[l.id] = { chans = {}, prods = {} }
+  l.buf = C.malloc(math.max(size, 1))
+  if l.buf == nil then C.fclose(f) return nil, ("%s: no memory for its %d bytes"):format(path, size) end
+  local got = tonumber(C.fread(l.buf, 1, size, f))
+  C.fclose(f)
+  l.size = got
+  return l
+end
+
+-- Room for one more event in l (the array doubled when full); false when
+-- out of memory.
+local function grow(l)
+  local cap = l.cap == 0 and 4096 or l.cap * 2
+  local p = C.realloc(l.ev, cap * EVSIZE)
+  if p == nil then return false end
+  l.ev = ffi.cast("lecho_rec_ev *", p)
+  l.cap = cap
+  return true
+end
+
+--- Reads a whole file into an index of its events: { events = the list
+-- (#events, events[k] a table { ch = short name, producer, seq, t
+-- (seconds from the first event), wall (seconds since the epoch), sync,
+-- data = encoded value }, events:ref(k) its struct, events:data(k) its
+-- value), channels = { names }, producers = { names }, streams = { { ch,
+-- producer, first_seq, first_wall, last_seq, last_wall } ... } (each
+-- (channel, producer) in the order of its first event), sorted (the
+-- events' times never go back), header, good (bytes up to the end of the
+-- last whole record), size, damage = { { offset, bytes, why } ... } (bad
+-- records with whole records after them: skipped, and read on from the
+-- next whole record), unindexed (events after a damage whose channel or
+-- producer record was in it: skipped, counted), torn (nil, or { offset,
+-- bytes, why, damaged }: the tail that ends the file) }; or nil, err when
+-- it is not a recording.  Memory: the file's size plus 40 bytes an event.
 function M.scan(path)
-  local f, err = io.open(path, "rb")
-  if not f then return nil, err end
-  local s = f:read("*a")
-  f:close()
-  if s:sub(1, #M.MAGIC) ~= M.MAGIC then
+  local l, err = load(path)
+  if not l then return nil, err end
+  local p, n = l.buf, l.size
+  local magic_ok = n >= #M.MAGIC and ffi.string(p, #M.MAGIC) == M.MAGIC
+  if not magic_ok then
+    l:free()
     return nil, ("%s: not a lecho recording (no %q at its start)"):format(path, M.MAGIC:sub(1, -2))
   end
   local core = require "lecho.core"
-  local sp = ffi.cast("const unsigned char *", s)
-  local out = { events = {}, channels = {}, size = #s, path = path, damage = {}, unindexed = 0 }
-  local chans, prods, created = {}, {}, nil
-  local seen = {}
-  local i = #M.MAGIC + 1
+  local nm = names[l.id]
+  local out = { events = l, channels = nm.chans, producers = nm.prods, streams = {}, size = n, path = path,
+                damage = {}, unindexed = 0, sorted = true, seq_sorted = true }
+  local chan_id, prod_id = {}, {}   -- name -> index in out.channels / out.producers
+  local stream_of = {}               -- ch * 2^24 + prod -> its entry in out.streams
+  local chans, prods, created = {}, {}, nil   -- this segment's: varint index -> global index
+  local o = #M.MAGIC                 -- 0-based offset of the record being read
   local why, short   -- short: the last record is cut short (set where that is found)
   local hidden       -- after a bad record: the 0-based offset of the next whole one (-1: not known)
   local memo = {}    -- the searches' chains and checksum budget, for the whole file
-  while i <= #s do
+  local lastwall, lastseq = -math.huge, -1
+  while o < n do
     why, short = nil, nil
-    repeat   -- (a `break` out of this: the record at i is bad, `why`)
-      if i + 8 > #s + 1 then why, short = "a record header cut short", true break end
-      local len, crc = rd_u32(s, i), rd_u32(s, i + 4)
+    repeat   -- (a `break` out of this: the record at o is bad, `why`)
+      if o + 8 > n then why, short = "a record header cut short", true break end
+      local len = p[o] + p[o + 1] * 256 + p[o + 2] * 65536 + p[o + 3] * 16777216
+      local crc = p[o + 4] + p[o + 5] * 256 + p[o + 6] * 65536 + p[o + 7] * 16777216
       if len == 0 or len > M.MAX_RECORD then why = ("a record length of %d"):format(len) break end
-      if i + 8 + len > #s + 1 then why, short = ("a record of %d bytes cut short"):format(len), true break end
-      -- checked in place: an event's body is copied once, its value only
-      -- (issue 29: three copies of each record made an 87 MB file of 480 KB
-      -- events take seconds to load, and `replay --step` ran the commands
-      -- piped meanwhile back to back once it was ready)
-      if tonumber(zlib.crc32(0, sp + i + 7, len)) ~= crc then why = "a record whose checksum fails" break end
-      local kind = char(byte(s, i + 8))
-      local body = kind ~= "E" and s:sub(i + 8, i + 7 + len) or nil
-      if kind == "H" then
-        local ok, h = core.decode(body:sub(2))
-        if not ok or type(h) ~= "table" or h.format ~= M.FORMAT or type(h.created) ~= "number" then
-          why = "a header that is not format 1" break
-        end
-        out.header = out.header or h
-        created, chans, prods = h.created, {}, {}
-      elseif kind == "C" or kind == "P" then
-        local idx, j = rd_varint(body, 2)
-        if not idx then why = "a bad index" break end
-        local t = kind == "C" and chans or prods
-        -- an index given twice: a segment whose header was in a damage
-        -- (a file never defines one twice in a segment): its own tables
-        if t[idx] and #out.damage > 0 then chans, prods = {}, {} t = kind == "C" and chans or prods end
-        t[idx] = body:sub(j)
-        if kind == "C" and not seen[t[idx]] then
-          seen[t[idx]] = true
-          out.channels[#out.channels + 1] = t[idx]
-        end
-      elseif kind == "E" then
+      if o + 8 + len > n then why, short = ("a record of %d bytes cut short"):format(len), true break end
+      -- checked in place; nothing of an event is copied
+      if tonumber(zlib.crc32(0, p + o + 8, len)) ~= crc then why = "a record whose checksum fails" break end
+      local kind = p[o + 8]
+      local lim = o + 8 + len
+      if kind == 69 then   -- 'E'
         if not created then why = "an event before any header" break end
-        -- the header fields read in s (bounded by the record: at most 41 bytes)
-        local head = s:sub(i + 8, i + 7 + math.min(len, 48))
-        local c, p, seq, us, j
-        c, j = rd_varint(head, 2)
-        if c then p, j = rd_varint(head, j) end
-        if p then seq, j = rd_varint(head, j) end
-        if seq then us, j = rd_varint(head, j) end
-        local flags = us and byte(head, j)
-        if not flags then why = "a bad event record" break end
-        if not chans[c] or not prods[p] then
+        local c, pr, seq, us, j
+        c, j = rd_varint_p(p, o + 9, lim)
+        if c then pr, j = rd_varint_p(p, j, lim) end
+        if pr then seq, j = rd_varint_p(p, j, lim) end
+        if seq then us, j = rd_varint_p(p, j, lim) end
+        if not us or j >= lim then why = "a bad event record" break end
+        local gc, gp = chans[c], prods[pr]
+        if not gc or not gp then
           -- its channel's or producer's record was lost in a damage: the
           -- event cannot be placed (counted); before any damage, the file
           -- is wrong here
           if #out.damage == 0 then why = "a bad event record" break end
           out.unindexed = out.unindexed + 1
         else
+          if l.n == l.cap and not grow(l) then
+            l:free()
+            return nil, ("%s: no memory for the index of its events"):format(path)
+          end
           local wall = created + us / 1e6
-          out.events[#out.events + 1] = { ch = chans[c], producer = prods[p], seq = seq, wall = wall,
-                                          sync = bit.band(flags, 1) == 1, data = s:sub(i + 8 + j, i + 7 + len) }
+          local e = l.ev[l.n]
+          e.wall, e.seq, e.off, e.len, e.ch, e.prod, e.sync = wall, seq, j + 1, lim - j - 1, gc, gp, p[j] % 2
+          l.n = l.n + 1
+          if wall < lastwall then out.sorted = false end
+          if seq < lastseq then out.seq_sorted = false end
+          lastwall, lastseq = wall, seq
+          local key = gc * 16777216 + gp
+          local st = stream_of[key]
+          if not st then
+            st = { ch = nm.chans[gc], producer = nm.prods[gp], first_seq = seq, first_wall = wall }
+            stream_of[key] = st
+            out.streams[#out.streams + 1] = st
+          end
+          st.last_seq, st.last_wall = seq, wall
         end
+      elseif kind == 72 then   -- 'H'
+        local ok, h = core.decode(ffi.string(p + o + 9, len - 1))
+        if not ok or type(h) ~= "table" or h.format ~= M.FORMAT or type(h.created) ~= "number" then
+          why = "a header that is not format 1" break
+        end
+        out.header = out.header or h
+        created, chans, prods = h.created, {}, {}
+      elseif kind == 67 or kind == 80 then   -- 'C', 'P'
+        local idx, j = rd_varint_p(p, o + 9, lim)
+        if not idx then why = "a bad index" break end
+        local t = kind == 67 and chans or prods
+        -- an index given twice: a segment whose header was in a damage
+        -- (a file never defines one twice in a segment): its own tables
+        if t[idx] and #out.damage > 0 then chans, prods = {}, {} t = kind == 67 and chans or prods end
+        local name = ffi.string(p + j, lim - j)
+        local ids, list = kind == 67 and chan_id or prod_id, kind == 67 and nm.chans or nm.prods
+        if not ids[name] then
+          list[#list + 1] = name
+          ids[name] = #list
+        end
+        t[idx] = ids[name]
       end
       -- other kinds: skipped (a later format's additions)
-      i = i + 8 + len
+      o = lim
     until true
     if why then
       -- A bad record with a whole record after it (a length that fits, a
@@ -261,51 +394,83 @@ function M.scan(path)
       -- the end of the file): damage, not a crash's doing.  It is skipped,
       -- said, and the reading goes on at that record (issue 29 F1: the
       -- intact records after a flipped byte were dropped).
-      hidden = i + 8 <= #s and whole_record_after(s, i, memo) or nil
+      hidden = o + 9 <= n and whole_record_after(p, n, o + 1, memo) or nil
       if not hidden or hidden < 0 then break end
-      out.damage[#out.damage + 1] = { offset = i - 1, bytes = hidden - (i - 1), why = why }
-      i = hidden + 1
+      out.damage[#out.damage + 1] = { offset = o, bytes = hidden - o, why = why }
+      o = hidden
     end
   end
-  out.good = i - 1
-  if i <= #s then
-    out.torn = { offset = i - 1, bytes = #s - i + 1, why = why }
+  out.good = o
+  if o < n then
+    out.torn = { offset = o, bytes = n - o, why = why }
     -- A crash leaves a last record cut short (or, after a power loss, a
     -- tail of zeros).  A whole record that is wrong with bytes after it is
-    -- damage, not a torn tail: nothing cuts it (M.cut refuses).
-    local zeros = not s:find("[^%z]", i)
-    local len = i + 8 <= #s + 1 and rd_u32(s, i) or nil
+    -- damage, not a torn tail: nothing cut it (M.cut refuses).
+    local zeros = true
+    for q = o, n - 1 do if p[q] ~= 0 then zeros = false break end end
+    local len = o + 8 <= n and p[o] + p[o + 1] * 256 + p[o + 2] * 65536 + p[o + 3] * 16777216 or nil
     local sane = len and len > 0 and len <= M.MAX_RECORD
-    local last = sane and i + 7 + len >= #s  -- the bad record ends the file
+    local last = sane and o + 8 + len >= n  -- the bad record ends the file
     if hidden then   -- (-1: the search gave up)
       out.torn.why = out.torn.why .. ", and no telling whether whole records follow it"
     end
     out.torn.damaged = (hidden and true or not (short or zeros or last)) or nil
   end
-  local t0 = out.events[1] and out.events[1].wall or 0
-  for _, e in ipairs(out.events) do e.t = e.wall - t0 end
+  -- (kept apart from the list: `replay --check` frees each file's list once read)
+  out.first_wall = l.n > 0 and l.ev[0].wall or nil
+  out.last_wall = l.n > 0 and l.ev[l.n - 1].wall or nil
+  out.duration = l.n > 0 and out.last_wall - out.first_wall or 0
   return out
 end
 
---- { { ch, producer, after, next, missing } ... }: where the sequence
--- numbers of one (channel, producer) jump in events (a list in file
--- order): events lost between them (a record removed, or never recorded),
--- at (the index in events of the event after the gap), and { ...
--- backwards = true } where they go back in time too (files given in the
--- wrong order; back in seq only is a producer that restarted).  The first seq of each is not a gap (a recorder may start
--- late).
-function M.gaps(events)
-  local last, out = {}, {}
-  for k, e in ipairs(events) do
-    local key = e.ch .. "\0" .. e.producer
-    local l = last[key]
+--- { { ch, producer, after, next, missing, at } ... }: where the sequence
+-- numbers of one (channel, producer) jump in events (a scan's list, or a
+-- list of tables { ch, producer, seq, wall } in file order): events lost
+-- between them (a record removed, or never recorded), at (the index in
+-- events of the event after the gap), and { ... backwards = true } where
+-- they go back in time too (files given in the wrong order; back in seq
+-- only is a producer that restarted).  The first seq of each is not a gap
+-- (a recorder may start late).  state (optional, a table): where each
+-- (channel, producer) was, kept from one call to the next, so the events
+-- of files given one after the other are checked across them.
+function M.gaps(events, state)
+  local last = state or {}
+  local out = {}
+  local function check(k, ch, producer, seq, wall, l)
     -- (a seq going back while time goes on: the producer restarted, on
     -- the same address, its seqs from 1 again; not a gap)
-    if l and e.seq ~= l.seq + 1 and not (e.seq <= l.seq and e.wall >= l.wall) then
-      out[#out + 1] = { ch = e.ch, producer = e.producer, after = l.seq, next = e.seq, at = k,
-                        missing = e.seq > l.seq and e.seq - l.seq - 1 or 0, backwards = e.seq <= l.seq or nil }
+    if seq ~= l.seq + 1 and not (seq <= l.seq and wall >= l.wall) then
+      out[#out + 1] = { ch = ch, producer = producer, after = l.seq, next = seq, at = k,
+                        missing = seq > l.seq and seq - l.seq - 1 or 0, backwards = seq <= l.seq or nil }
     end
-    last[key] = { seq = e.seq, wall = e.wall }
+  end
+  if type(events) == "table" then
+    for k, e in ipairs(events) do
+      local key = e.ch .. "\0" .. e.producer
+      local l = last[key]
+      if l then check(k, e.ch, e.producer, e.seq, e.wall, l) else l = {} last[key] = l end
+      l.seq, l.wall = e.seq, e.wall
+    end
+    return out
+  end
+  -- a scan's list: its structs read in place, one state table per stream
+  local local_of = {}
+  local ev = events.ev
+  for k = 1, events.n do
+    local e = ev[k - 1]
+    local nk = e.ch * 16777216 + e.prod
+    local l = local_of[nk]
+    if not l then
+      local key = events:channel(e.ch) .. "\0" .. events:producer(e.prod)
+      l = last[key]
+      if not l then l = { first = true } last[key] = l end
+      local_of[nk] = l
+    end
+    if l.first then l.first = nil
+    elseif e.seq ~= l.seq + 1 then
+      check(k, events:channel(e.ch), events:producer(e.prod), e.seq, e.wall, l)
+    end
+    l.seq, l.wall = e.seq, e.wall
   end
   return out
 end
@@ -314,32 +479,32 @@ end
 -- they were written: a (channel, producer) whose sequence numbers go back
 -- from one file to the next (issue 29 F8: `FILE FILE.1 FILE.2` replayed
 -- newest first, its duration negative), or a file whose events all come
--- before the previous file's first one.
+-- before the previous file's first one.  (From each scan's streams: the
+-- first and last event of each (channel, producer).)
 function M.order(scans)
   local last, lastwall = {}, nil
   for _, r in ipairs(scans) do
-    local first = {}
-    for _, e in ipairs(r.events) do
-      local key = e.ch .. "\0" .. e.producer
-      if not first[key] then
-        first[key] = true
-        local l = last[key]
-        -- (seqs back while time goes on: a producer restarted on the same
-        -- address, its seqs from 1 again)
-        if l and e.seq <= l.seq and e.wall < l.wall then
-          return ("%s holds %s's events on %s from seq %d, and %s (given before it) up to seq %d: give a"
-                  .. " rotated set oldest first (FILE.2 FILE.1 FILE)"):format(r.path, e.producer, e.ch, e.seq,
-                  l.path, l.seq)
-        end
+    for _, s in ipairs(r.streams) do
+      local l = last[s.ch .. "\0" .. s.producer]
+      -- (seqs back while time goes on: a producer restarted on the same
+      -- address, its seqs from 1 again)
+      if l and s.first_seq <= l.seq and s.first_wall < l.wall then
+        return ("%s holds %s's events on %s from seq %d, and %s (given before it) up to seq %d: give a"
+                .. " rotated set oldest first (FILE.2 FILE.1 FILE)"):format(r.path, s.producer, s.ch, s.first_seq,
+                l.path, l.seq)
       end
     end
-    for _, e in ipairs(r.events) do last[e.ch .. "\0" .. e.producer] = { seq = e.seq, wall = e.wall, path = r.path } end
-    local ev = r.events
-    if ev[1] and lastwall and ev[#ev].wall < lastwall.wall then
-      return ("%s ends (%.3f) before %s (given before it) begins (%.3f): give a rotated set oldest first"
-              .. " (FILE.2 FILE.1 FILE)"):format(r.path, ev[#ev].wall, lastwall.path, lastwall.wall)
+    for _, s in ipairs(r.streams) do
+      last[s.ch .. "\0" .. s.producer] = { seq = s.last_seq, wall = s.last_wall, path = r.path }
     end
-    if ev[1] then lastwall = { wall = ev[1].wall, path = r.path } end
+    if r.first_wall then
+      local first, final = r.first_wall, r.last_wall
+      if lastwall and final < lastwall.wall then
+        return ("%s ends (%.3f) before %s (given before it) begins (%.3f): give a rotated set oldest first"
+                .. " (FILE.2 FILE.1 FILE)"):format(r.path, final, lastwall.path, lastwall.wall)
+      end
+      lastwall = { wall = first, path = r.path }
+    end
   end
   return nil
 end

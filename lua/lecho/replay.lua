@@ -24,9 +24,11 @@ function M.new(ctx, files, opts)
   opts = opts or {}
   if type(files) == "string" then files = { files } end
   -- torn: the lines to say about the files (a torn tail, damage, files
-  -- out of order); damaged: bad records skipped (the replay is not whole)
-  local events, torn, scans = {}, {}, {}
-  local damaged, unindexed = 0, 0
+  -- out of order); damaged: bad records skipped (the replay is not whole).
+  -- lists: each file's events, as recording.scan loaded them (the file's
+  -- bytes and a 40-byte struct an event: issue 29 F4), one after the other
+  local torn, scans, lists, streams, seen = {}, {}, {}, {}, {}
+  local damaged, unindexed, total = 0, 0, 0
   for _, f in ipairs(files) do
     local r, err = recording.scan(f)
     if not r then return nil, err end
@@ -46,35 +48,82 @@ function M.new(ctx, files, opts)
       torn[#torn + 1] = ("%s: %s at byte %d (%d bytes: %s) ignored"):format(f,
         r.torn.damaged and "DAMAGED record" or "torn tail", r.torn.offset, r.torn.bytes, r.torn.why)
     end
-    for _, e in ipairs(r.events) do events[#events + 1] = e end
+    if r.events.n > 0 then
+      lists[#lists + 1] = { list = r.events, start = total, n = r.events.n, sorted = r.sorted,
+                            seq_sorted = r.seq_sorted, first = r.first_wall, last = r.last_wall,
+                            first_seq = r.events:ref(1).seq, last_seq = r.events:ref(r.events.n).seq,
+                            producers = r.producers }
+      total = total + r.events.n
+    end
+    for _, s in ipairs(r.streams) do
+      local key = s.ch .. "\0" .. s.producer
+      if not seen[key] then seen[key] = true streams[#streams + 1] = { ch = s.ch, producer = s.producer } end
+    end
   end
   local oerr = recording.order(scans)
   if oerr then return nil, oerr end
-  local t0 = events[1] and events[1].wall or 0
-  for _, e in ipairs(events) do e.t = e.wall - t0 end
+  -- the times go forward all along (each file's, and from one to the
+  -- next): a seek to a time is a binary search
+  local sorted, seq_sorted = true, true
+  for k, x in ipairs(lists) do
+    if not x.sorted or (k > 1 and x.first < lists[k - 1].last) then sorted = false end
+    if not x.seq_sorted or (k > 1 and x.first_seq < lists[k - 1].last_seq) then seq_sorted = false end
+  end
   local speed = opts.speed or 1
   if speed ~= "max" and (type(speed) ~= "number" or not (speed > 0)) then
     return nil, "speed must be a number > 0 or \"max\""
   end
-  local rp = setmetatable({ ctx = ctx, events = events, torn = torn, damaged = damaged, unindexed = unindexed,
+  local t0 = lists[1] and lists[1].first or 0
+  local rp = setmetatable({ ctx = ctx, lists = lists, cur = lists[1], total = total, t0 = t0, sorted = sorted,
+                            seq_sorted = seq_sorted,
+                            streams = streams, torn = torn, damaged = damaged, unindexed = unindexed,
                             rename = opts.rename or {}, speed = speed,
                             pos = 1, sent = 0, paused = opts.paused or false, producers = {},
-                            on_end = opts.on_end, on_event = opts.on_event, duration = events[#events]
-                            and events[#events].t or 0 }, Replay)
+                            on_end = opts.on_end, on_event = opts.on_event,
+                            duration = total > 0 and lists[#lists].last - t0 or 0 }, Replay)
   -- every producer joined now, from the caller's line: the timer that
   -- sends must not wait for a manager
-  for _, e in ipairs(events) do
-    local p, err = rp:_producer(e)
+  for _, s in ipairs(streams) do
+    local p, err = rp:_producer(s)
     if not p then
       rp:close()
-      return nil, ("replaying on '%s': %s"):format(rp.rename[e.ch] or e.ch, tostring(err))
+      return nil, ("replaying on '%s': %s"):format(rp.rename[s.ch] or s.ch, tostring(err))
     end
   end
   -- what the channels counted as sent to nobody so far (Replay:unreached)
   rp.nodest0 = rp:_nodest()
-  rp:_rebase(events[1] and events[1].t or 0)
+  rp:_rebase(0)
   if not rp.paused then rp:_schedule(0) end
   return rp
+end
+
+-- Event pos (1 to total) of the files: its list and number in that list.
+function Replay:_locate(pos)
+  local L = self.cur
+  if not (L and pos > L.start and pos <= L.start + L.n) then
+    for _, x in ipairs(self.lists) do
+      if pos > x.start and pos <= x.start + x.n then L = x break end
+    end
+    self.cur = L
+  end
+  return L.list, pos - L.start
+end
+
+-- The time of event pos, seconds from the first event; nil past the end.
+function Replay:_t(pos)
+  if pos < 1 or pos > self.total then return nil end
+  local list, k = self:_locate(pos)
+  return list.ev[k - 1].wall - self.t0
+end
+
+--- Event pos (1 to total) as a table { ch, producer, seq, wall, t, sync,
+-- data }, or nil: made when asked (a replay keeps none).
+function Replay:event(pos)
+  if pos < 1 or pos > self.total or pos % 1 ~= 0 then return nil end
+  local list, k = self:_locate(pos)
+  local e = list[k]
+  e.t = e.wall - self.t0
+  return e
 end
 
 -- The producer of recorded (channel, producer): made on first use.
@@ -99,11 +148,11 @@ end
 -- frozen while paused).  Issue 29 F6: a pause in the middle of a gap kept
 -- no trace of it, and play sent the next event at once.
 function Replay:_played()
-  local e = self.events[self.pos]
-  if not e then return self.duration end
+  local et = self:_t(self.pos)
+  if not et then return self.duration end
   if self.paused or self.speed == "max" then return self.base_t end
   local t = self.base_t + (self.ctx:now() - self.base_now) * self.speed
-  return math.max(self.base_t, math.min(e.t, t))
+  return math.max(self.base_t, math.min(et, t))
 end
 
 -- From now, played time t (default: the played time now): event pos is
@@ -121,15 +170,31 @@ function Replay:_schedule(delay)
   end)
 end
 
--- Sends one event; true, or nil, err.
-function Replay:_send(e)
-  local p, err = self:_producer(e)
-  if not p then return nil, err end
-  local ok, serr = p:_submit_encoded(e.data)
+-- Sends event pos; true, or nil, err.  Its value's bytes are copied out
+-- of the file's now, and only now.
+function Replay:_send(pos)
+  local list, k = self:_locate(pos)
+  local ev = list.ev[k - 1]
+  local key = ev.ch * 16777216 + ev.prod
+  -- (the producer of each stream of a list, found once by its names)
+  local byk = self.byk and self.byk[list.id]
+  if not byk then
+    self.byk = self.byk or {}
+    byk = {}
+    self.byk[list.id] = byk
+  end
+  local p = byk[key]
+  if not p then
+    local err
+    p, err = self:_producer{ ch = list:channel(ev.ch), producer = list:producer(ev.prod) }
+    if not p then return nil, err end
+    byk[key] = p
+  end
+  local ok, serr = p:_submit_encoded(list:data(k))
   if not ok then return nil, serr end
   self.sent = self.sent + 1
-  self.last = e
-  if self.on_event then self.on_event(self, e) end
+  self.last = pos
+  if self.on_event then self.on_event(self, self:event(pos)) end
   return true
 end
 
@@ -137,16 +202,17 @@ function Replay:_run()
   if self.paused or self.closed then return end
   local ctx = self.ctx
   local n = 0
-  while self.pos <= #self.events do
-    local e = self.events[self.pos]
+  while self.pos <= self.total do
+    local pos = self.pos
+    local et = self:_t(pos)
     if self.speed ~= "max" then
-      local due = self.base_now + (e.t - self.base_t) / self.speed
+      local due = self.base_now + (et - self.base_t) / self.speed
       local now = ctx:now()
       if due > now then return self:_schedule(due - now) end
     end
-    self.pos = self.pos + 1
-    if self.speed == "max" then self.base_t = e.t end
-    local ok, err = self:_send(e)
+    self.pos = pos + 1
+    if self.speed == "max" then self.base_t = et end
+    local ok, err = self:_send(pos)
     if not ok then self.err = err end
     n = n + 1
     -- "max": let the loop write and take requests every 1000 events
@@ -178,14 +244,15 @@ end
 function Replay:step(n)
   self:pause()
   for _ = 1, n or 1 do
-    local e = self.events[self.pos]
-    if not e then break end
-    self.pos = self.pos + 1
-    self.base_t = e.t
-    local ok, err = self:_send(e)
+    local pos = self.pos
+    local et = self:_t(pos)
+    if not et then break end
+    self.pos = pos + 1
+    self.base_t = et
+    local ok, err = self:_send(pos)
     if not ok then return nil, err end
   end
-  if self.pos > #self.events then
+  if self.pos > self.total then
     self.done = true
     if self.on_end then self.on_end(self) end
   end
@@ -196,18 +263,42 @@ end
 -- sequence number ({ seq = N [, producer = name] }: the first event of
 -- that producer, or of any, with that seq or later).  Paused stays paused.
 function Replay:seek(to)
-  local k
   if type(to) == "number" then to = { t = to } end
   if type(to) ~= "table" then error("lecho: seek takes { t = seconds } or { seq = n }", 2) end
-  for i, e in ipairs(self.events) do
-    if to.t and e.t >= to.t then k = i break end
-    if to.seq and e.seq >= to.seq and (to.producer == nil or e.producer == to.producer) then k = i break end
+  local k
+  if (to.t and self.sorted) or (to.seq and not to.t and to.producer == nil and self.seq_sorted) then
+    -- the times (or the sequence numbers, of every event) go forward: the
+    -- first event at or after the one sought, by halves
+    local lo, hi = 1, self.total + 1
+    while lo < hi do
+      local mid = math.floor((lo + hi) / 2)
+      local list, i = self:_locate(mid)
+      local at
+      if to.t then at = list.ev[i - 1].wall - self.t0 >= to.t else at = list.ev[i - 1].seq >= to.seq end
+      if at then hi = mid else lo = mid + 1 end
+    end
+    k = lo <= self.total and lo or nil
+  else
+    -- in file order, reading the structs in place (no table an event)
+    for _, x in ipairs(self.lists) do
+      local list, ev, t0 = x.list, x.list.ev, self.t0
+      local prod
+      if to.producer ~= nil then
+        for i, name in ipairs(x.producers) do if name == to.producer then prod = i end end
+      end
+      for i = 0, x.n - 1 do
+        local e = ev[i]
+        if to.t and e.wall - t0 >= to.t then k = x.start + i + 1 break end
+        if to.seq and e.seq >= to.seq and (to.producer == nil or e.prod == prod) then k = x.start + i + 1 break end
+      end
+      if k then break end
+    end
   end
-  self.pos = k or (#self.events + 1)
-  self.done = self.pos > #self.events
+  self.pos = k or (self.total + 1)
+  self.done = self.pos > self.total
   -- played time: the time sought (up to the event found), or that event's
-  local e = self.events[self.pos]
-  self:_rebase(not e and self.duration or (to.t and math.max(0, math.min(to.t, e.t))) or e.t)
+  local et = self:_t(self.pos)
+  self:_rebase(not et and self.duration or (to.t and math.max(0, math.min(to.t, et))) or et)
   if not self.paused then self:_schedule(0) end
   return self:status()
 end
@@ -256,10 +347,10 @@ end
 -- skipped; nil when none) }.  pos: the next event's number, 1 to total; once done,
 -- total (the text and --json status lines say the same, 5663/5663).
 function Replay:status()
-  local e = self.events[self.pos]
-  return { pos = math.min(self.pos, #self.events), total = #self.events, sent = self.sent, unreached = (self:unreached()),
+  local e = self.pos <= self.total
+  return { pos = math.min(self.pos, self.total), total = self.total, sent = self.sent, unreached = (self:unreached()),
            t = e and self:_played() or self.duration, duration = self.duration, paused = self.paused,
-           done = self.pos > #self.events, speed = self.speed, err = self.err,
+           done = self.pos > self.total, speed = self.speed, err = self.err,
            damaged = self.damaged > 0 and self.damaged or nil }
 end
 

@@ -152,7 +152,7 @@ function M.replay.run(opts, pos)
   local started = recording.wall()
   if opts.check then
     local code = EXIT.ok
-    local scans, all = {}, {}
+    local scans, seqs = {}, {}
     for _, f in ipairs(pos) do
       local r, err = recording.scan(f)
       if not r then
@@ -162,14 +162,11 @@ function M.replay.run(opts, pos)
         scans[#scans + 1] = r
         local e = r.events
         -- sequence gaps of each producer (issue 29 F13), across the files
-        -- given, said at the file where the gap ends
-        local from = #all
-        for _, x in ipairs(e) do all[#all + 1] = x end
-        local gaps, missing = {}, 0
-        for _, g in ipairs(recording.gaps(all)) do
-          if g.at > from then gaps[#gaps + 1] = g missing = missing + g.missing end
-        end
-        local s = { file = f, events = #e, channels = r.channels, duration = e[1] and e[#e].t or 0,
+        -- given (seqs: where each was), said at the file where the gap
+        -- ends; `at`: the event's number in that file
+        local gaps, missing = recording.gaps(e, seqs), 0
+        for _, g in ipairs(gaps) do missing = missing + g.missing end
+        local s = { file = f, events = #e, channels = r.channels, duration = r.duration,
                     bytes = r.size, torn = r.torn, damage = r.damage, unindexed = r.unindexed, gaps = gaps,
                     missing = missing }
         local what = r.torn and (r.torn.damaged and "DAMAGED record" or "torn tail")
@@ -190,6 +187,7 @@ function M.replay.run(opts, pos)
         -- damage past a crash's torn tail, or events missing between
         -- others: the file is not what was written
         if (r.torn and r.torn.damaged) or #r.damage > 0 or #gaps > 0 then code = EXIT.failed end
+        r.events:free()   -- (a rotated set: one file's bytes in memory at a time)
       end
     end
     local oerr = recording.order(scans)
@@ -225,8 +223,8 @@ function M.replay.run(opts, pos)
   for _, t in ipairs(rp.torn) do io.stderr:write("lecho replay: ", t, "\n") end
   -- the channels, each waited for (at most --wait) to have a consumer
   local seen = {}
-  for _, e in ipairs(rp.events) do
-    local name = rename[e.ch] or e.ch
+  for _, s in ipairs(rp.streams) do
+    local name = rename[s.ch] or s.ch
     if not seen[name] then
       seen[name] = true
       local ch = ctx:channel(name)

@@ -186,7 +186,8 @@ local function stop_recorder(rec, seq0)
   assert(not scan.torn, "the recording has a torn tail after a clean stop")
   local want = seq - seq0
   assert(#scan.events == want, ("the recorder wrote %d events of %d"):format(#scan.events, want))
-  for k, e in ipairs(scan.events) do
+  for k = 1, #scan.events do   -- (an index of FFI structs: no ipairs)
+    local e = scan.events[k]
     assert(e.seq == seq0 + k, ("event %d of the recording has seq %d, not %d"):format(k, e.seq, seq0 + k))
   end
   assert(not sum or sum.events == want, "the recorder's summary counts another number of events")

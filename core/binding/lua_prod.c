@@ -6,7 +6,7 @@
  * liblecho submits through the same handle without entering Lua
  * (lb_dataplane, lua_prod.h).
  *
- * Ownership: the userdata owns its moes array and its staged message; its
+ * Ownership: the userdata owns its moes array, its staged and spare messages; its
  * environment table pins the context userdata (so b outlives the handle)
  * and the Lua modulator list whose userdata the moes array points at.
  */
@@ -32,7 +32,34 @@ typedef struct lb_prod {
     int nwait;     /* rw (h:waiting): submits of this producer waiting for room in Lua */
     int closed;
     lei_msg *staged; /* owned: what lb_dataplane.stage copied for the next submit_staged */
+    lei_msg *spare;  /* owned: an emptied message of a data-plane submit no queue kept, for the next one */
 } lb_prod;
+
+/* Messages of the data plane (stage, submit_bytes): a small async event is
+ * copied into its destinations' batches, so its message is ours alone again
+ * once sent.  Keeping one emptied message (its buffer up to SPARE_MAX) saves
+ * a calloc, a realloc and two frees per event (3.0M reallocs for 3.0M
+ * events of `lecho bench` before). */
+#define SPARE_MAX 4096
+
+static lei_msg *msg_take(lb_prod *h) {
+    lei_msg *m = h->spare;
+    if (!m) return lei_msg_new();
+    h->spare = NULL;
+    return m;
+}
+
+/* Done with m (a message of the data plane: no pins): kept as the spare when
+ * nobody else holds it, else released. */
+static void msg_done(lb_prod *h, lei_msg *m) {
+    if (m && !h->spare && m->refcnt == 1 && m->next == 0 && m->own.cap <= SPARE_MAX) {
+        m->own.len = 0;
+        m->total = 0;
+        h->spare = m;
+        return;
+    }
+    lei_msg_release(m, NULL, NULL);
+}
 
 static lb_prod *check_prod(lua_State *L) {
     return luaL_checkudata(L, 1, PROD_MT);
@@ -153,9 +180,9 @@ static int dp_submit(void *hp, lua_State *L, int idx, char *err, size_t errlen) 
 
 static int dp_stage(void *hp, const uint8_t *p, size_t n) {
     lb_prod *h = hp;
-    lei_msg_release(h->staged, NULL, NULL); /* a staged message has no pins */
+    msg_done(h, h->staged); /* a staged message has no pins */
     h->staged = NULL;
-    lei_msg *m = lei_msg_new();
+    lei_msg *m = msg_take(h);
     if (!m || lei_wbuf_put(&m->own, p, n)) {
         lei_msg_release(m, NULL, NULL);
         return -1;
@@ -174,7 +201,7 @@ static int dp_submit_bytes(void *hp, const uint8_t *p, size_t n, char *err, size
         snprintf(err, errlen, "%s", why);
         return LEI_E_LIMIT; /* a C-built value is well formed: only a limit fails it */
     }
-    lei_msg *m = lei_msg_new(); /* ours until released below; the queues take their own references */
+    lei_msg *m = msg_take(h); /* ours until msg_done below; the queues take their own references */
     if (!m || lei_wbuf_put(&m->own, p, n)) {
         lei_msg_release(m, NULL, NULL);
         snprintf(err, errlen, "%s", lei_err_text(LEI_E_NOMEM));
@@ -184,7 +211,7 @@ static int dp_submit_bytes(void *hp, const uint8_t *p, size_t n, char *err, size
     lei_ctx_count_encode(h->b->c);
     const char *e;
     int rc = prod_send(h, m, 0, NULL, &e); /* async: L is not used */
-    lei_msg_release(m, NULL, NULL);
+    msg_done(h, m);
     if (rc) snprintf(err, errlen, "%s", e ? e : lei_err_text(rc));
     return rc;
 }
@@ -314,7 +341,12 @@ static int l_submit_staged(lua_State *L) {
     lei_msg *m = h->staged;
     h->staged = NULL;
     lei_ctx_count_encode(h->b->c);
-    return submit_msg(L, h, m, sync);
+    const char *err;
+    int rc = prod_send(h, m, sync, L, &err);
+    msg_done(h, m); /* a staged message has no pins */
+    if (rc) return lb_push_err(L, err, rc);
+    if (!sync) lua_pushboolean(L, 1);
+    return 1;
 }
 
 /* h:room() -> true when a blocking submit would not wait. */
@@ -344,6 +376,8 @@ static void prod_free(lb_prod *h) {
     h->nmoes = 0;
     lei_msg_release(h->staged, NULL, NULL);
     h->staged = NULL;
+    lei_msg_release(h->spare, NULL, NULL);
+    h->spare = NULL;
 }
 
 /* h:set_pid(pid): the producer id its events carry from now on (a replay's

@@ -1,5 +1,9 @@
 /* peer.c: peers (one per remote context), their outgoing queues,
- * batching of small events, the queue policies and writing (writev).
+ * batching of small events, the queue policies and writing (writev),
+ * dials (lei_peer_dial) and a channel's destinations (lei_peer_set_dests).
+ * Layer 5 of core/transport/README.md's "Order": it calls conn.c,
+ * accept.c, auth.c and the tables by name; liveness's redial backoff
+ * through c->kops.may_dial.
  *
  * The ACKs of sync events go out from here (lei_ack: queued to the peer
  * the event came from; sync.c only records the answers).

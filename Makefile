@@ -46,7 +46,8 @@ CORE_INC   := -Icore $(addprefix -Icore/,$(CORE_LAYERS))
 ALLCFLAGS  := $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -I$(LUA_INCDIR) $(CORE_INC) $(SODIUM_CFLAGS) $(ZIP_CFLAGS) $(SAN)
 
 CORE_SRC   := core/base/codec.c core/base/array.c core/base/errors.c core/transport/frame.c core/transport/addr.c \
-              core/transport/ctx.c core/transport/conn.c core/transport/rbuf.c core/transport/accept.c \
+              core/transport/ctx.c core/transport/conn.c core/transport/conn_io.c core/transport/rbuf.c \
+              core/transport/accept.c \
               core/transport/inmap.c core/transport/peer.c core/transport/peers.c core/transport/chan.c \
               core/transport/local.c core/transport/sync.c core/transport/live.c core/transport/auth.c \
               core/transport/secure.c core/transport/plain.c core/transport/handshake.c core/transport/item.c \

@@ -263,7 +263,7 @@ int main(int argc, char **argv)
     if (keyed)
         set_keys(c, 0, pa.chid);
     const char *dests[1] = { addr };
-    lei_chan_set_dests(c, pa.chid, dests, 1);
+    lei_peer_set_dests(c, pa.chid, dests, 1);
     ev_io_init(&pa.ctl, ctl_cb, ctl_rfd, EV_READ);
 
     const struct bench_parent bp = { &pa, submit, wait_ctl, flush };

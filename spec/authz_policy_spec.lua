@@ -57,7 +57,7 @@ describe("lecho.policy", function()
   -- (the outside attack of issue 23 read "NS/public@x/secret" as a derived
   -- stream of "public": by the protocol's rule it is a base channel of its
   -- own, "public@x/secret"; one function gives that rule to the policy,
-  -- the manager's tickets and, in C, lei_base_len)
+  -- the manager's tickets and, in C, core/transport/auth.c's base_len)
   it("uses the protocol's base name, one function for the policy and the manager's tickets", function()
     local addr, membership = require "lecho.addr", require "lecho.ns.membership"
     local cases = {

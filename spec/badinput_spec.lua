@@ -337,7 +337,7 @@ for _, kind in ipairs({ "context", "nameserver" }) do
       local c = raw_connect(T)
       c:send(junk)
       -- Before the handshake only small frames are taken (HANDSHAKE_FRAME_MAX
-      -- in core/transport/conn.c): a longer one is refused at once, not waited for.
+      -- in core/transport/conn_io.c): a longer one is refused at once, not waited for.
       assert_refused(T, c, ("frame length exceeds limit (%d bytes, limit 4096)"):format(len))
     end)
 

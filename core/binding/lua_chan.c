@@ -57,7 +57,7 @@ static int l_set_dests(lua_State *L) {
             return luaL_argerror(L, 3, "addresses must be strings");
         }
     }
-    lei_chan_set_dests(b->c, chid, a, n);
+    lei_peer_set_dests(b->c, chid, a, n);
     free(a);
     return 0;
 }
@@ -146,7 +146,7 @@ static int l_submit(lua_State *L) {
     int sync = lua_toboolean(L, 6);
     int policy = lua_isnoneornil(L, 7) ? lei_ctx_opts(b->c)->policy
                                        : luaL_checkoption(L, 7, NULL, lb_policy_names);
-    if ((policy == LEI_BLOCK || sync) && !lei_chan_room(b->c, chid))
+    if ((policy == LEI_BLOCK || sync) && !lei_submit_room(b->c, chid))
         return lb_push_err(L, "queue full", LEI_E_WOULDBLOCK);
     lei_msg *m = lb_encode_at(L, b, 5);
     if (!m) return 3;

@@ -73,10 +73,10 @@ static int policy_of(const lb_prod *h) {
  * live modulator have room for a blocking submit. */
 static int prod_room(const lb_prod *h) {
     lei_ctx *c = h->b->c;
-    if (h->plain && !lei_chan_room(c, h->chid)) return 0;
+    if (h->plain && !lei_submit_room(c, h->chid)) return 0;
     for (int i = 0; i < h->nmoes; i++) {
         lei_moe *m = h->moes[i]->m;
-        if (m && !lei_moe_error(m) && !lei_chan_room(c, lei_moe_chid(m))) return 0;
+        if (m && !lei_moe_error(m) && !lei_submit_room(c, lei_moe_chid(m))) return 0;
     }
     return 1;
 }

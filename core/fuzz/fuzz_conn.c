@@ -68,7 +68,7 @@ static int act(lei_peer *from, uint32_t chid, uint64_t sync, int is_event) {
     case 2: {
         if (!is_event || !lei_chan_get(c, chid)) return 0;
         const char *to = from ? lei_peer_addr(from) : D_ADDR;
-        lei_chan_set_dests(c, chid, &to, 1);
+        lei_peer_set_dests(c, chid, &to, 1);
         lei_msg *m = msg_of("from inside a hook");
         uint64_t sid = 0;
         lei_submit(c, chid, 7, ++S.seq, m, (S.seq & 1) != 0, LEI_DROP_OLDEST, &sid, &err);
@@ -82,7 +82,7 @@ static int act(lei_peer *from, uint32_t chid, uint64_t sync, int is_event) {
     case 3: {
         if (!is_event || !lei_chan_get(c, chid)) return 0;
         const char *to[2] = {E_ADDR, D_ADDR};
-        lei_chan_set_dests(c, chid, to, (int)(S.next & 1) + 1);
+        lei_peer_set_dests(c, chid, to, (int)(S.next & 1) + 1);
         return 0;
     }
     case 4:

@@ -260,7 +260,7 @@ static void write_seed(const char *dir, const char *name, int dialled, const uin
 /* b produces three events on "ns/x" for a, the last one sync. */
 static void produce(lei_ctx *b, const char *to) {
     uint32_t ch = lei_chan_open(b, "ns/x", 4);
-    lei_chan_set_dests(b, ch, &to, 1);
+    lei_peer_set_dests(b, ch, &to, 1);
     for (int i = 0; i < 3; i++) {
         lei_msg *m = msg_of(i == 1 ? "a longer value, for the record" : "v");
         const char *err;

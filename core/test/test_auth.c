@@ -361,7 +361,7 @@ static void send_events(side *a, side *b, const char *to, int sync) {
     uint32_t ca = lei_chan_open(a->c, "ns/x", 4), cb = lei_chan_open(b->c, "ns/x", 4);
     lei_chan_set_local(a->c, ca, 1);
     const char *dest = to ? to : lei_ctx_addr(a->c);
-    lei_chan_set_dests(b->c, cb, &dest, 1);
+    lei_peer_set_dests(b->c, cb, &dest, 1);
     static const size_t sizes[] = {10, 300000, 20};
     for (int i = 0; i < 3; i++) {
         lei_msg *m = msg_of(sizes[i]);
@@ -786,7 +786,7 @@ static void test_crossing(void) {
     for (int i = 0; i < 2; i++) {
         uint32_t ch = lei_chan_open(s[i]->c, "ns/x", 4);
         const char *dest = lei_ctx_addr(s[1 - i]->c);
-        lei_chan_set_dests(s[i]->c, ch, &dest, 1); /* both dial now */
+        lei_peer_set_dests(s[i]->c, ch, &dest, 1); /* both dial now */
         for (int j = 0; j < 3; j++) {
             lei_msg *m = msg_of(100);
             const char *err;
@@ -847,7 +847,7 @@ static int ticket_case(const char *name, const char *open, const char *mkey_on, 
         lei_auth_set_ticket(b.c, cbase, t);
     }
     const char *dest = lei_ctx_addr(a.c);
-    lei_chan_set_dests(b.c, cb, &dest, 1);
+    lei_peer_set_dests(b.c, cb, &dest, 1);
     uint64_t sid = 0;
     for (int i = 0; i < 3; i++) {
         lei_msg *m = msg_of(10);
@@ -984,7 +984,7 @@ static void cipher_case(int a_no_aes, int b_no_aes, const char *want) {
     uint32_t ca = lei_chan_open(a.c, "ns/x", 4), cb = lei_chan_open(b.c, "ns/x", 4);
     lei_chan_set_local(a.c, ca, 1);
     const char *dest = lei_ctx_addr(a.c);
-    lei_chan_set_dests(b.c, cb, &dest, 1);
+    lei_peer_set_dests(b.c, cb, &dest, 1);
     static const size_t sizes[] = {1,     100,   2040,  2047,  2048,   2049,   5000, 65535,
                                    65536, 65537, 131072, 200001, 3,     1000000, 700, 64000};
     int nsz = (int)(sizeof sizes / sizeof sizes[0]), total = 3 * nsz;

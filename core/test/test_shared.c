@@ -129,7 +129,7 @@ static void setup(size_t queue_limit, size_t batch_bytes) {
         addrs[k] = lei_ctx_addr(cons[k].c);
     }
     pch = lei_chan_open(prod.c, "ns/s", 4);
-    lei_chan_set_dests(prod.c, pch, addrs, NDEST);
+    lei_peer_set_dests(prod.c, pch, addrs, NDEST);
     memset(seqs, 0, sizeof seqs);
 }
 
@@ -206,8 +206,8 @@ static void test_one_copy(void) {
     uint32_t uch = lei_chan_open(prod.c, "ns/u", 4), vch = lei_chan_open(prod.c, "ns/v", 4);
     const char *addrs[NDEST];
     for (int k = 0; k < NDEST; k++) addrs[k] = lei_ctx_addr(cons[k].c);
-    lei_chan_set_dests(prod.c, uch, addrs, NDEST);
-    lei_chan_set_dests(prod.c, vch, addrs, 1);
+    lei_peer_set_dests(prod.c, uch, addrs, NDEST);
+    lei_peer_set_dests(prod.c, vch, addrs, 1);
     for (int i = 0; i < 300; i++) {
         submit(1, LEI_BLOCK);
         submit_on(uch, 2, LEI_BLOCK);
@@ -313,7 +313,7 @@ static void test_sparse_bound(void) {
     char maddr[64];
     snprintf(maddr, sizeof maddr, "127.0.0.1:%d", ntohs(a.sin_port));
     const char *addrs[2] = {lei_ctx_addr(cons[0].c), maddr};
-    lei_chan_set_dests(prod.c, pch, addrs, 2);
+    lei_peer_set_dests(prod.c, pch, addrs, 2);
     lei_peer *m = lei_peer_get(prod.c, maddr, 0);
     CHECK(m != NULL);
     int bloated = 0, over = 0;

@@ -41,15 +41,12 @@ void lei_accept_stop(lei_ctx *c) {
     c->accept_s.reserve_fd = -1;
 }
 
-/* A connection was made (lei_conn_new, accepted or dialled) or closed
- * (lei_conn_close): the count max_connections bounds; a new one is not UP
+/* A connection was made (accepted here, or dialled: peer.c's
+ * lei_peer_dial, each after lei_conn_new, which counts it): it is not UP
  * yet, so the handshake deadline is armed. */
 void lei_accept_conn_added(lei_ctx *c) {
-    c->accept_s.nconns++;
     lei_accept_hs_arm(c);
 }
-
-void lei_accept_conn_removed(lei_ctx *c) { c->accept_s.nconns--; }
 
 /* The handshake deadline: checked a few times per handshake_timeout while
  * a connection is not UP. */
@@ -106,7 +103,7 @@ static void hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
 
 /* Room for one more connection: 0, or -1 with the reason in why[n]. */
 int lei_accept_room(lei_ctx *c, char *why, size_t n) {
-    if (c->accept_s.nconns < c->o.max_connections) return 0;
+    if (c->nconns < c->o.max_connections) return 0;
     snprintf(why, n, "too many connections (limit %zu)", c->o.max_connections);
     return -1;
 }
@@ -178,6 +175,7 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents) {
             close(fd);
             continue;
         }
+        lei_accept_conn_added(c);
         ev_io_start(c->loop, &k->rio);
     }
 }

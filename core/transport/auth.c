@@ -243,7 +243,7 @@ int lei_auth_expect(lei_ctx *c, const char *addr, const uint8_t pk[32]) {
         sodium_bin2hex(want, sizeof want, pk, 32);
         snprintf(why, sizeof why, "%s presented key %s, expected %s", addr, got, want);
         lei_logf(c, "closing connection with %s", why);
-        lei_peer_close(peer, why);
+        lei_conn_close(peer->conn, why, 0); /* up: it has one */
     }
     return 0;
 }
@@ -259,7 +259,7 @@ int lei_auth_expect_principal(lei_ctx *c, const char *addr, const char *name) {
         char why[LEI_ADDR_MAX + 2 * LEI_NAME_MAX + 60];
         snprintf(why, sizeof why, "%s is principal %s, expected %s", addr, peer->principal, name);
         lei_logf(c, "closing connection with %s", why);
-        lei_peer_close(peer, why);
+        lei_conn_close(peer->conn, why, 0); /* up: it has one */
     }
     return 0;
 }
@@ -486,7 +486,8 @@ ev_tstamp lei_certs_expire(lei_ctx *c, ev_tstamp now) {
     return next;
 }
 
-size_t lei_base_len(const char *name, size_t len) {
+/* The length of name's base: up to the first '@' after the last '/'. */
+static size_t base_len(const char *name, size_t len) {
     size_t slash = 0;
     for (size_t i = 0; i < len; i++)
         if (name[i] == '/') slash = i + 1;
@@ -495,7 +496,7 @@ size_t lei_base_len(const char *name, size_t len) {
 }
 
 const uint8_t *lei_auth_ticket_for(lei_ctx *c, const lei_chan *ch) {
-    size_t bl = lei_base_len(ch->name, ch->namelen);
+    size_t bl = base_len(ch->name, ch->namelen);
     const lei_chan *base = bl == ch->namelen ? ch : lei_chan_find(c, ch->name, bl);
     return base && base->has_ticket ? base->ticket : NULL;
 }
@@ -509,7 +510,7 @@ lei_chan *lei_auth_bind_check(lei_ctx *c, const lei_peer *p, const char *name, s
                          const uint8_t *ticket) {
     lei_chan *ch = lei_chan_find(c, name, nl);
     if (!ch || !ticket || !p->has_key) return NULL;
-    size_t bl = lei_base_len(name, nl);
+    size_t bl = base_len(name, nl);
     const lei_chan *base = bl == nl ? ch : lei_chan_find(c, name, bl);
     const uint8_t *mkey = ch->has_mkey ? ch->mkey : base && base->has_mkey ? base->mkey : NULL;
     if (!mkey) return NULL;

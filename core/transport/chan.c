@@ -1,5 +1,8 @@
-/* chan.c: channels: the name table (open addressing), destinations (the
- * remote consuming contexts), local consumers, and whether a submit has room.
+/* chan.c: channels: the name table (open addressing), their flags (local
+ * consumers, calls), counters and destinations as peer.c sets them
+ * (lei_peer_set_dests), and whether one of those is full.  A table: it
+ * calls no other transport file (core/transport/README.md "Order"); the
+ * room a submit waits for is ctx.c's (lei_submit_room).
  */
 #define _GNU_SOURCE
 #include "ctx_int.h"
@@ -84,68 +87,10 @@ uint32_t lei_chan_open(lei_ctx *c, const char *name, size_t len) {
     return ch->id;
 }
 
-void lei_chan_set_dests(lei_ctx *c, uint32_t id, const char **addrs, int n) {
-    lei_chan *ch = lei_chan_get(c, id);
-    if (!ch) return;
-    /* owned by ch (freed here when replaced, or in lei_ctx_free) when it
-     * keeps more than one: one destination is kept in ch->d.one */
-    lei_peer *one = NULL, **d = n > 1 ? calloc((size_t)n, sizeof *d) : n ? &one : NULL;
-    int nd = 0;
-    for (int i = 0; i < n; i++) {
-        if (strcmp(addrs[i], c->addr) == 0) continue;
-        lei_peer *p = lei_peer_get(c, addrs[i], 1);
-        if (p && d) d[nd++] = p;
-    }
-    /* the peers dropped here may now be unused: lei_peers_sweep looks */
-    if (ch->ndests) lei_expiry_at(c, ev_now(c->loop) + c->o.peer_free_after);
-    if (ch->ndests > 1) free(ch->d.many);
-    if (nd <= 1) {
-        /* none or one: no array, the destination in the struct's first line */
-        ch->d.one = nd ? d[0] : NULL;
-        if (d != &one) free(d);
-    } else {
-        ch->d.many = d;
-    }
-    ch->ndests = nd;
-}
-
-
-static lei_peer *full_dest(lei_ctx *c, lei_chan *ch) {
-    lei_peer **dests = lei_chan_dests(ch);
-    for (int i = 0; i < ch->ndests; i++) {
-        lei_peer *p = dests[i];
-        if (p->q.bytes >= c->o.queue_limit && lei_peer_live(p)) return p;
-    }
-    return NULL;
-}
-
 int lei_chan_full(lei_ctx *c, uint32_t chid) {
     lei_chan *ch = lei_chan_get(c, chid);
-    return ch && full_dest(c, ch) != NULL;
+    return ch && lei_chan_full_dest(c, ch) != NULL;
 }
-
-int lei_chan_room(lei_ctx *c, uint32_t chid) {
-    lei_chan *ch = lei_chan_get(c, chid);
-    if (!ch) return 1;
-    lei_peer *p;
-    while ((p = full_dest(c, ch)) != NULL) {
-        size_t before = p->q.bytes;
-        /* What the socket takes now may be enough; if not, lei_peer_flush armed
-         * the write watcher (or the connection is still being made), so the
-         * loop wakes when there may be room: never a sleep with data queued. */
-        lei_peer_flush(p);
-        if (p->q.bytes >= before || p->q.bytes >= c->o.queue_limit) return 0;
-    }
-    if (ch->local && lei_local_full(c, ch)) {
-        lei_local_kick(c);
-        return 0;
-    }
-    return 1;
-}
-
-/* Queues one event frame, header hdr (the same for every destination) then
- * msg, and the channel's BIND first if this connection has not seen it.
- * Applies the queue policy. */
 
 void lei_chan_set_local(lei_ctx *c, uint32_t id, int on) {
     lei_chan *ch = lei_chan_get(c, id);

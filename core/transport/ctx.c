@@ -1,10 +1,14 @@
 /* ctx.c: the context's life cycle (options, new, shutdown, free), the
- * submit entry and the loop's per-turn hook (contracts in ctx.h).
+ * submit entry and its room (lei_submit_room), the operations the lower
+ * layers reach upward through (c->kops, registered in lei_ctx_new) and the
+ * loop's per-turn hook (contracts in ctx.h).  The top of the transport's
+ * layers (core/transport/README.md "Order"): none of its files calls it.
  *
  * The context's other concepts live in files of their own: conn.c
- * (sockets, reading, the handshake), peer.c (peers, queues, batching,
- * policies), chan.c (channels, destinations), local.c (local delivery),
- * sync.c (sync records), live.c (heartbeats, sequence tracking).
+ * (connection records), conn_io.c (reading, handing frames over), peer.c
+ * (peers, queues, batching, policies, dials), chan.c (channels), local.c
+ * (local delivery), sync.c (sync records), live.c (heartbeats, sequence
+ * tracking).
  * Private structs: ctx_int.h.  Leans on libev; no Lua here.
  */
 #define _GNU_SOURCE
@@ -47,6 +51,27 @@ void lei_ctx_batch(lei_ctx *c, int on) { c->batch = on && c->h.events; }
 
 void lei_ctx_refusal(lei_ctx *c, const char *why) {
     snprintf(c->refusal, sizeof c->refusal, "%s", why ? why : "");
+}
+
+/* Whether a submit on chid has room: its destinations' queues (written
+ * to as far as the sockets take) and the local queue (ctx.h). */
+int lei_submit_room(lei_ctx *c, uint32_t chid) {
+    lei_chan *ch = lei_chan_get(c, chid);
+    if (!ch) return 1;
+    lei_peer *p;
+    while ((p = lei_chan_full_dest(c, ch)) != NULL) {
+        size_t before = p->q.bytes;
+        /* What the socket takes now may be enough; if not, lei_peer_flush armed
+         * the write watcher (or the connection is still being made), so the
+         * loop wakes when there may be room: never a sleep with data queued. */
+        lei_peer_flush(p);
+        if (p->q.bytes >= before || p->q.bytes >= c->o.queue_limit) return 0;
+    }
+    if (ch->local && lei_local_full(c, ch)) {
+        lei_local_kick(c);
+        return 0;
+    }
+    return 1;
 }
 
 int lei_submit(lei_ctx *c, uint32_t chid, uint64_t producer, uint64_t seq, lei_msg *msg,
@@ -281,6 +306,12 @@ lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h) {
     c->h = *h;
     c->kops.refuse = lei_accept_refuse;
     c->kops.close = lei_conn_close;
+    c->kops.read_cb = lei_conn_io_read_cb;
+    c->kops.write_cb = lei_conn_io_write_cb;
+    c->kops.live_new = lei_live_conn_new;
+    c->kops.peer_lost = lei_peer_lost;
+    c->kops.dial_done = lei_dial_done;
+    c->kops.may_dial = lei_live_may_dial;
     c->kops.mech_protected = &lei_mech_protected;
     c->kops.mech_keyed = &lei_mech_keyed;
     c->kops.hs_frame = lei_handshake_frame;
@@ -311,8 +342,8 @@ lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h) {
     c->local_s.idle.data = c;
     ev_idle_init(&c->peer_s.kick, lei_kick_cb);
     c->peer_s.kick.data = c;
-    ev_timer_init(&c->peer_s.expiry_w, lei_expiry_cb, AWAIT_IN_SECONDS, 0.);
-    c->peer_s.expiry_w.data = c;
+    ev_timer_init(&c->peers_s.expiry_w, lei_expiry_cb, AWAIT_IN_SECONDS, 0.);
+    c->peers_s.expiry_w.data = c;
     ev_init(&c->hb, lei_live_timer_cb);
     c->hb.data = c;
     lei_accept_init(c);
@@ -337,6 +368,8 @@ void lei_ctx_free(lei_ctx *c) {
     lei_qitem *it;
     while ((it = lei_q_pop(&c->local_s.lq))) lei_item_free(c, it);
     while ((it = lei_q_pop(&c->local_s.ldef))) lei_item_free(c, it);
+    /* the peers' queues (peer.c's), then the peer table frees the records */
+    for (int i = 0; i < c->peers_s.npeers; i++) lei_peer_q_clear(c, c->peers_s.peers[i], 0);
     lei_peers_free(c);
     for (uint32_t i = 0; i < c->chan_s.nchans; i++) {
         if (c->chan_s.chans[i]->sb) lei_peer_shared_unref(c, NULL, c->chan_s.chans[i]->sb);
@@ -356,7 +389,7 @@ void lei_ctx_free(lei_ctx *c) {
     ev_check_stop(c->loop, &c->chk);
     ev_idle_stop(c->loop, &c->local_s.idle);
     ev_idle_stop(c->loop, &c->peer_s.kick);
-    ev_timer_stop(c->loop, &c->peer_s.expiry_w);
+    ev_timer_stop(c->loop, &c->peers_s.expiry_w);
     ev_timer_stop(c->loop, &c->hb);
     lei_accept_stop(c);
     free(c->peer_s.notes);
@@ -388,7 +421,7 @@ void lei_ctx_stats(const lei_ctx *c, lei_stats_ctx *out) {
     out->local_events = c->local_s.lq.count;
     out->deferred_bytes = c->local_s.ldef.bytes;
     out->deferred_events = c->local_s.ldef.count;
-    out->connections = c->accept_s.nconns;
+    out->connections = c->nconns;
     out->read_buffer_bytes = c->rbuf;
     out->stale_acks = c->sync_s.stale_acks;
     out->rbuf_adopted = c->rbuf_s.adopted;

@@ -221,24 +221,24 @@ void lei_logf(lei_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2,
  * not in ctx_int.h, so the binding and moe.c can log through it too.
  * Append new kinds before LEI_RL_NKINDS. */
 enum lei_ratelog_kind {
-    LEI_RL_HANDSHAKE_TIMEOUT, /* conn.c: not UP within handshake_timeout */
-    LEI_RL_CONNECTIONS,       /* conn.c: past max_connections */
-    LEI_RL_ACCEPT,            /* conn.c: accept() failed (EMFILE, ENFILE, ...) */
-    LEI_RL_FRAME,             /* conn.c: a frame past max_frame or the buffer budget */
-    LEI_RL_BIND_INDEX,        /* conn.c: a BIND index out of range */
+    LEI_RL_HANDSHAKE_TIMEOUT, /* accept.c: not UP within handshake_timeout */
+    LEI_RL_CONNECTIONS,       /* accept.c, peer.c: past max_connections */
+    LEI_RL_ACCEPT,            /* accept.c: accept() failed (EMFILE, ENFILE, ...) */
+    LEI_RL_FRAME,             /* rbuf.c: a frame past max_frame or the buffer budget */
+    LEI_RL_BIND_INDEX,        /* conn_io.c: a BIND index out of range */
     LEI_RL_HELLO_ADDR,        /* handshake.c: a HELLO address refused */
     LEI_RL_CHANNELS,          /* chan.c: past max_channels */
     LEI_RL_PEERS,             /* peer.c / members: past max_peers */
     LEI_RL_MEMBERS,           /* members lists refused */
     LEI_RL_VALUE,             /* decoders: a value past max_value_bytes */
     LEI_RL_MODULATOR,         /* modulator refusals and unloads */
-    LEI_RL_REFUSED_BINDS,     /* conn.c: too many BINDs of channels refused or not here */
+    LEI_RL_REFUSED_BINDS,     /* conn_io.c: too many BINDs of channels refused or not here */
     LEI_RL_HANDSHAKE,         /* conn.c: bad input before UP (garbage, untrusted key, ...) */
     LEI_RL_LIVENESS,          /* live.c: no handshake / no heartbeat within the deadline */
     LEI_RL_TAKEOVER,          /* handshake.c: a HELLO claiming an address with a live connection */
     LEI_RL_SLOW_ACKS,         /* peer.c: a peer leaving queue_limit bytes of our ACKs unread */
     LEI_RL_SLOW_CTRL,         /* peer.c: a peer leaving queue_limit bytes of our CTRL frames (replies) unread */
-    LEI_RL_DIAL,              /* conn.c: a dial failed ("cannot reach") */
+    LEI_RL_DIAL,              /* conn_io.c: a dial failed ("cannot reach") */
     LEI_RL_NKINDS
 };
 #define LEI_RATELOG_WINDOW 10.0
@@ -276,7 +276,7 @@ void lei_chan_set_local(lei_ctx *c, uint32_t id, int on);
 void lei_chan_set_calls(lei_ctx *c, uint32_t id, int on);
 /* Replaces the remote destinations of a channel (addresses of consuming
  * contexts, our own excluded by the caller). */
-void lei_chan_set_dests(lei_ctx *c, uint32_t id, const char **addrs, int n);
+void lei_peer_set_dests(lei_ctx *c, uint32_t id, const char **addrs, int n);
 
 /* 1 when a live destination of the channel has a full queue (a submit
  * would block or drop). */
@@ -333,12 +333,12 @@ size_t lei_peer_unread(const lei_peer *p);
  * after writing what the sockets take now; 0 when a submit under the block
  * policy must wait (the write watcher is armed: the loop wakes when room
  * may have come). */
-int lei_chan_room(lei_ctx *c, uint32_t chid);
+int lei_submit_room(lei_ctx *c, uint32_t chid);
 
 /* Queues an event of channel chid for every destination and the local
  * consumers.  Takes its own references on msg.  sync: a sync record is made
  * and its id stored in *sync_id.  Never runs the loop and never waits: under
- * the block policy the caller waits for lei_chan_room first (a submit may
+ * the block policy the caller waits for lei_submit_room first (a submit may
  * then take a queue past its limit by one event).  Local consumers run from
  * the loop, in order.  Returns 0, or -LEI_E_NOTFOUND (no such channel),
  * -LEI_E_LIMIT (over max_frame) or -LEI_E_NOMEM with *err (nothing was

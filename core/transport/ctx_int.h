@@ -281,7 +281,7 @@ struct lei_peer {
                                * cleared when a dial starts and when a connection comes up */
     lei_loss loss;            /* ro: the last loss's flags (lei_peer_loss); zero while up */
     lei_loss next_loss;       /* what lei_peer_lost takes as loss, set up where the loss
-                               * happens (conn.c: a dial that did not connect; secure.c:
+                               * happens (conn_io.c: a dial that did not connect; secure.c:
                                * an identity a principal pin refuses); cleared when a dial
                                * starts and when a connection comes up */
     lei_pstats st;            /* ro */
@@ -296,7 +296,7 @@ struct lei_peer {
 /* What every event reads or counts sits in the first 64 bytes, and the
  * struct is allocated 64-byte aligned (chan.c lei_chan_open): with thousands
  * of channels round-robin the struct is out of cache at each event, so an
- * event costs one line of it on either side (producing: lei_chan_room,
+ * event costs one line of it on either side (producing: lei_submit_room,
  * lei_submit; consuming: conn_frame, lei_live_seq), where the fields spread
  * over 232 bytes and the destinations in an array of their own cost two or
  * three.  One destination (the usual case) is kept in the struct itself:
@@ -363,8 +363,8 @@ struct lei_sync {
  * struct lei_ctx holds one sub-struct per file that owns a part of the
  * context's state (c->peers_s is peers.c's, c->sync_s sync.c's, ...).  The
  * rule that holds: a sub-struct's fields are written only by its file
- * (others call the owner: lei_accept_conn_added/_removed,
- * lei_peer_dial_started, lei_local_kick, lei_peers_evict), with these
+ * (others call the owner: lei_accept_conn_added, lei_dial_done,
+ * lei_local_kick, lei_peers_evict, lei_expiry_at), with these
  * exceptions, all ctx.c's: lei_ctx_new and lei_ctx_free, the context's
  * constructor and destructor, initialise and free every sub-struct (the
  * watchers' callbacks, the tables, the spare read buffer), lei_ctx_stats
@@ -389,6 +389,9 @@ struct lei_peers_state {
                                * address, phcap slots (a power of 2), half full at most */
     int phcap;
     int peers_over;           /* a peer was created past max_peers: lei_peer_turn evicts */
+    ev_timer expiry_w;        /* the timed clean-ups: unused peers, peers' await_in,
+                               * retired connections, certificates (lei_expiry_at;
+                               * run by peer.c's lei_expiry_cb) */
 };
 
 /* chan.c: the channel table, by id and by name */
@@ -425,7 +428,6 @@ struct lei_local_state {
 struct lei_accept_state {
     int lfd;
     ev_io lio;
-    size_t nconns;            /* connections not CLOSED (max_connections) */
     ev_timer hs_w;            /* closes connections not UP within handshake_timeout */
     ev_timer acc_w;           /* restarts accepting after EMFILE/ENFILE */
     double acc_backoff;       /* s: the next pause (0.1 doubling to 2) */
@@ -451,14 +453,13 @@ struct lei_rbuf_state {
     uint64_t adopted;         /* read buffers handed over (lei_rbuf_adopt) */
 };
 
-/* peer.c: dials in progress, peer changes to tell, expiries */
+/* peer.c: dials in progress, peer changes to tell, batch buffers */
 struct lei_peer_state {
     int ndialing;             /* our dials not yet UP (LEI_DIALS_MAX) */
     int ndial_pending;        /* peers with dial_pending set */
     struct lei_note *notes;   /* owned: peer changes not yet told to the hook */
     int nnotes, cnotes;
     ev_idle kick;             /* keeps one loop turn from blocking (peer notes) */
-    ev_timer expiry_w;        /* peers' await_in, retired connections */
     lei_msg *sb_pool[SB_POOL]; /* owned: empty batch buffers (cap BATCH_MAX, refcnt 1) for
                                * the next busy channel's shared batch or busy peer's own:
                                * no malloc, realloc, page faults or heap trims per batch;
@@ -479,6 +480,7 @@ struct lei_ctx {
     int unflushed;            /* a callback deferred a sync write (lei_peer_flush_deferred) */
     ev_timer hb;              /* liveness: PINGs and dead peers, all connections */
     lei_conn *conns;          /* all live connections (list through conn->next) */
+    size_t nconns;            /* connections not CLOSED (max_connections): conn.c's */
     uint64_t conn_gen;        /* last connection generation given (handshake_up) */
     int depth;                /* ro: nesting of hooks in progress (lei_ctx_hook_enter) */
     int closing;              /* ro: lei_ctx_shutdown was called */
@@ -487,7 +489,7 @@ struct lei_ctx {
     lei_ident id;             /* identity, trust, pins (auth.c) */
     /* Containment: BIND indexes bound on all connections (inmap.c), bytes
      * of the connections' read buffers (rcap, rbuf.c); the count of
-     * connections and the handshake deadline are accept_s's. */
+     * connections is nconns above, the handshake deadline accept_s's. */
     size_t nbound_all;
     size_t rbuf;
     struct {                  /* lei_ratelog: per kind, the window's start and */
@@ -508,15 +510,27 @@ struct lei_ctx {
     struct lei_rbuf_state rbuf_s;     /* rbuf.c's */
     /* The operations that cross the transport's layers upward
      * (core/transport/README.md "Order"), registered by lei_ctx_new, never
-     * called by name: rbuf.c refuses a hog and closes a connection it
-     * cannot grow (lei_accept_refuse, lei_conn_close, layer 3); conn.c
+     * called by name; none is called per event: rbuf.c refuses a hog and
+     * closes a connection it cannot grow (accept.c's lei_accept_refuse,
+     * conn.c's lei_conn_close); conn.c sets a new connection's watchers'
+     * callbacks (conn_io.c's lei_conn_io_read_cb, _write_cb: libev calls
+     * them, no call of ours between), starts its liveness
+     * (lei_live_conn_new) and tells a connection's end to its peer
+     * (peer.c's lei_peer_lost, lei_dial_done); peer.c asks liveness
+     * whether the redial backoff is over (lei_live_may_dial); conn.c
      * starts a connection with a mechanism (lei_mech_protected of plain.c,
-     * lei_mech_keyed of secure.c; a CTRL goes to its ctrl_in) and hands
-     * the frames before UP and our HELLO to the handshake (handshake.c's
-     * lei_handshake_frame, _hello, layer 4). */
+     * lei_mech_keyed of secure.c; a CTRL goes to its ctrl_in) and conn_io.c
+     * hands the frames before UP and our HELLO to the handshake
+     * (handshake.c's lei_handshake_frame, _hello). */
     struct {
         void (*refuse)(lei_conn *k, int kind, const char *reason);
         void (*close)(lei_conn *k, const char *reason, int bad);
+        void (*read_cb)(struct ev_loop *loop, ev_io *w, int revents);
+        void (*write_cb)(struct ev_loop *loop, ev_io *w, int revents);
+        void (*live_new)(lei_conn *k);
+        void (*peer_lost)(lei_peer *p, const char *reason);
+        void (*dial_done)(lei_conn *k);
+        int (*may_dial)(lei_peer *p);
         const lei_mech *mech_protected, *mech_keyed;
         int (*hs_frame)(lei_conn *k, const lei_frame *f);
         void (*hs_hello)(lei_conn *k);
@@ -619,10 +633,22 @@ static inline int lei_peer_live(const lei_peer *p) {
     return (p->conn && p->conn->state != LEI_CONN_CLOSED) || p->await_in > 0 || p->dial_pending;
 }
 
+/* The first live destination of ch whose queue is at its limit, or NULL:
+ * chan.c's lei_chan_full, ctx.c's lei_submit_room (which writes to it).
+ * Inline: asked per submit. */
+static inline lei_peer *lei_chan_full_dest(const lei_ctx *c, lei_chan *ch) {
+    lei_peer **dests = lei_chan_dests(ch);
+    for (int i = 0; i < ch->ndests; i++) {
+        lei_peer *p = dests[i];
+        if (p->q.bytes >= c->o.queue_limit && lei_peer_live(p)) return p;
+    }
+    return NULL;
+}
+
 /* The local queue has no room for ch's next event: the queue itself, and
  * for a channel whose handler waits, what waits behind it (other channels'
  * events go on).  One rule for the submit's drop policy and for
- * lei_chan_room's wait. */
+ * lei_submit_room's wait. */
 static inline int lei_local_full(const lei_ctx *c, const lei_chan *ch) {
     return c->local_s.lq.bytes >= c->o.queue_limit || (ch->held && c->local_s.ldef.bytes >= c->o.queue_limit);
 }
@@ -642,7 +668,10 @@ lei_qitem *lei_item_bytes(const uint8_t *hdr, size_t hlen, const void *body, siz
  * peers to dial wait their turn (dial_pending), their queues kept. */
 #define LEI_DIALS_MAX 64
 void lei_peers_sweep(lei_ctx *c);
+/* The peer records (their queues cleared first: lei_peer_q_clear). */
 void lei_peers_free(lei_ctx *c);
+/* The expiry timer fires at `when` at the latest (peers.c; lei_expiry_cb, peer.c, runs it). */
+void lei_expiry_at(lei_ctx *c, ev_tstamp when);
 lei_peer *lei_peers_find(lei_ctx *c, const char *addr);
 lei_peer *lei_peers_new(lei_ctx *c, const char *addr);
 void lei_peer_note(lei_peer *p, int up, const char *reason);
@@ -675,19 +704,19 @@ void lei_peer_enqueue_shared(lei_ctx *c, lei_peer *p, lei_chan *ch, lei_msg *sb,
 void lei_peer_shared_unref(lei_ctx *c, lei_chan *ch, lei_msg *sb);
 /* lei_ctx_free: the pool's buffers. */
 void lei_peer_pool_free(lei_ctx *c);
-void lei_expiry_at(lei_ctx *c, ev_tstamp when);
 void lei_expiry_cb(struct ev_loop *loop, ev_timer *w, int revents);
 void lei_kick_cb(struct ev_loop *loop, ev_idle *w, int revents);
-/* conn.c: connections (sockets, dialling, reading, closing); the handshake
- * is handshake.c's */
-int lei_conn_dial(lei_peer *p);
+/* peer.c: dials p (a connection in DIALING, a dial slot held until UP or
+ * closed): 0, or -1 with the reason in p (reason, reason_code, loss). */
+int lei_peer_dial(lei_peer *p);
 /* Once per loop turn (prepare): dials waiting for a slot, peers past max_peers. */
 void lei_peer_turn(lei_ctx *c);
 /* More than max_peers peers: the unused ones freed at once (peers.c). */
 void lei_peers_evict(lei_ctx *c);
-void lei_peer_dial_started(lei_ctx *c);
 /* k, dialled by us, is UP or closed: its dial slot is free (no-op else). */
 void lei_dial_done(lei_conn *k);
+/* conn.c: connection records (sockets, closing, retiring); reading them is
+ * conn_io.c's, dialling peer.c's, the handshake handshake.c's. */
 void lei_conn_close(lei_conn *k, const char *reason, int bad);
 void lei_conn_retire(lei_conn *k, const char *reason);
 void lei_conn_fin(lei_conn *k);
@@ -696,6 +725,8 @@ void lei_conn_free(lei_conn *k);
  * as a record once records are on. */
 void lei_conn_write_now(lei_conn *k, const uint8_t *b, size_t n);
 void lei_conn_send_error(lei_conn *k, const char *msg);
+/* The code (LEI_E_*) of a failed connect()'s errno. */
+int lei_conn_connect_code(int e);
 /* Refuses k: ERROR with the reason to the peer, one log line per kind per
  * window (lei_ratelog), k closed. */
 void lei_accept_refuse(lei_conn *k, int kind, const char *reason);
@@ -704,6 +735,9 @@ void lei_accept_refuse(lei_conn *k, int kind, const char *reason);
  * for the frame ending at end (0: not known) of fsize bytes: 0, or -1
  * after closing k. */
 void lei_rbuf_set(lei_conn *k, uint8_t *b, size_t ncap);
+/* rbuf.c: room for need bytes in k's buffer for records opened into it
+ * (charged, not checked against the budget): 0, or -1 out of memory. */
+int lei_rbuf_reserve(lei_conn *k, size_t need);
 int lei_rbuf_grow(lei_conn *k, size_t need, size_t end, size_t fsize);
 /* rbuf.c: k closed: its buffer out of the budget, freed unless k is busy
  * (then by lei_conn_free). */
@@ -718,23 +752,27 @@ void lei_rbuf_close(lei_conn *k);
 #define LEI_RBUF_MIN ((size_t)64 * 1024)
 #define LEI_RBUF_SMALL ((size_t)4 * 1024)
 void lei_rbuf_idle(lei_conn *k, int idle);
-/* conn.c: a connection record for fd (owned by the context from now on). */
+/* conn.c: a connection record for fd (owned by the context from now on),
+ * counted in nconns; the caller arms the handshake deadline
+ * (lei_accept_conn_added). */
 lei_conn *lei_conn_new(lei_ctx *c, int fd, enum lei_conn_state state);
-/* accept.c: the context's timers, counters, the reserved fd; the handshake
- * deadline (armed by lei_conn_new); room for one more connection (0, or -1
- * with the reason in why[n]). */
+/* accept.c: the context's timers, the reserved fd; the handshake deadline
+ * (armed by lei_accept_conn_added once a connection is made); room for one
+ * more connection (0, or -1 with the reason in why[n]). */
 void lei_accept_init(lei_ctx *c);
 void lei_accept_stop(lei_ctx *c);
 void lei_accept_conn_added(lei_ctx *c);
-void lei_accept_conn_removed(lei_ctx *c);
 int lei_accept_room(lei_ctx *c, char *why, size_t n);
-/* conn.c -> handshake.c: one frame before UP (0, or -1 after closing k),
- * our HELLO once a dial connected. */
+/* conn_io.c -> handshake.c (c->kops): one frame before UP (0, or -1 after
+ * closing k), our HELLO once a dial connected. */
 int lei_handshake_frame(lei_conn *k, const lei_frame *f);
 void lei_handshake_hello(lei_conn *k);
-/* conn.c: frames from the socket into k's buffer as they come (the
- * protected mechanism's read): > 0, 0 (closed by the remote), < 0 errno. */
-ssize_t lei_conn_read_frames(lei_conn *k);
+/* conn_io.c: frames from the socket into k's buffer as they come (the
+ * protected mechanism's read): > 0, 0 (closed by the remote), < 0 errno;
+ * the watchers' callbacks (c->kops.read_cb, write_cb). */
+ssize_t lei_conn_io_read(lei_conn *k);
+void lei_conn_io_read_cb(struct ev_loop *loop, ev_io *w, int revents);
+void lei_conn_io_write_cb(struct ev_loop *loop, ev_io *w, int revents);
 /* inmap.c: a connection's channel indexes.  get: 0 with *val, or -1 (not
  * bound); set: 0, or -1 (out of memory, or idx past 2^32 - 1). */
 int lei_inmap_get(const lei_conn *k, uint64_t idx, uint32_t *val);
@@ -763,8 +801,6 @@ void lei_cert_watch(lei_conn *k);
 ev_tstamp lei_certs_expire(lei_ctx *c, ev_tstamp now);
 /* The ticket a BIND of ch carries (its base channel's for a derived stream), or NULL. */
 const uint8_t *lei_auth_ticket_for(lei_ctx *c, const lei_chan *ch);
-/* The length of name's base: up to the first '@' after the last '/'. */
-size_t lei_base_len(const char *name, size_t len);
 /* Keyed consumer side of a BIND: the local channel, or NULL when refused. */
 lei_chan *lei_auth_bind_check(lei_ctx *c, const lei_peer *p, const char *name, size_t nl,
                          const uint8_t *ticket);
@@ -795,7 +831,6 @@ int lei_live_may_dial(lei_peer *p);
 void lei_live_peer_up(lei_peer *p, uint64_t incarnation);
 int lei_live_frame(lei_conn *k, const lei_frame *f);
 int lei_live_seq(lei_ctx *c, lei_peer *p, lei_chan *ch, uint64_t producer, uint64_t seq);
-void lei_live_free(lei_peer *p);
 void lei_live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents);
 
 #endif

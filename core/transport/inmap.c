@@ -6,7 +6,7 @@
  * channels may bind only its last to us.  Indexes below INMAP_ARRAY live in
  * an array (the common case: one load per EVENT), the others in an open-
  * addressing table; either way the memory follows the number of BINDs, at
- * most max_peer_channels of them (conn.c refuses past it), not the largest
+ * most max_peer_channels of them (conn_io.c refuses past it), not the largest
  * index: a BIND of index 2^24 costs 8 bytes, not 128 MiB.  No Lua here.
  */
 #include "ctx_int.h"

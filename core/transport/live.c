@@ -264,14 +264,6 @@ void lei_live_peer_up(lei_peer *p, uint64_t incarnation) {
     p->lv.nbych_used = 0;
 }
 
-void lei_live_free(lei_peer *p) {
-    free(p->lv.seqs);
-    p->lv.seqs = NULL;
-    free(p->lv.bych);
-    p->lv.bych = NULL;
-    p->lv.nbych = p->lv.nbych_used = 0;
-}
-
 
 static uint32_t seq_hash(uint32_t chid, uint64_t producer) {
     uint64_t h = (producer ^ ((uint64_t)chid << 32)) * 0x9E3779B97F4A7C15ull;

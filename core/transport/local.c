@@ -62,7 +62,7 @@ static void run_local(lei_ctx *c, int max) {
 void lei_drain_local(lei_ctx *c) { run_local(c, INT_MAX); }
 
 /* Runs the local queue at the next loop turn if it holds anything (a
- * local channel that was full has room again: lei_chan_room). */
+ * local channel that was full has room again: lei_submit_room). */
 void lei_local_kick(lei_ctx *c) {
     if (c->local_s.lq.head) ev_idle_start(c->loop, &c->local_s.idle);
 }

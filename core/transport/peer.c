@@ -1,5 +1,9 @@
 /* peer.c: peers (one per remote context), their outgoing queues,
- * batching of small events, the queue policies and writing (writev).
+ * batching of small events, the queue policies and writing (writev),
+ * dials (lei_peer_dial) and a channel's destinations (lei_peer_set_dests).
+ * Layer 5 of core/transport/README.md's "Order": it calls conn.c,
+ * accept.c, auth.c and the tables by name; liveness's redial backoff
+ * through c->kops.may_dial.
  *
  * The ACKs of sync events go out from here (lei_ack: queued to the peer
  * the event came from; sync.c only records the answers).
@@ -17,6 +21,7 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 static void lei_peer_flush_deferred(lei_ctx *c, lei_peer *p);
 
@@ -112,21 +117,12 @@ void lei_kick_cb(struct ev_loop *loop, ev_idle *w, int revents) {
     ev_idle_stop(loop, w);
 }
 
-/* Arms the expiry timer to fire at `when` at the latest (it serves both
- * deadlines below). */
-void lei_expiry_at(lei_ctx *c, ev_tstamp when) {
-    ev_timer *w = &c->peer_s.expiry_w;
-    ev_tstamp now = ev_now(c->loop);
-    if (ev_is_active(w) && now + ev_timer_remaining(c->loop, w) <= when) return;
-    ev_timer_stop(c->loop, w);
-    ev_timer_set(w, when - now + 0.01, 0.);
-    ev_timer_start(c->loop, w);
-}
-
-/* Deadlines: retired connections the remote did not close in time are
- * closed; peers whose remote never dialled back after winning the tie-break
- * are lost after all (queue dropped and counted, syncs fail); keyed, the
- * connections whose peer's certificate ended are closed (auth.c). */
+/* The expiry timer (armed by peers.c's lei_expiry_at): retired
+ * connections the remote did not close in time are closed; peers whose
+ * remote never dialled back after winning the tie-break are lost after all
+ * (queue dropped and counted, syncs fail); keyed, the connections whose
+ * peer's certificate ended are closed (auth.c); unused peers are freed
+ * (peers.c). */
 
 void lei_expiry_cb(struct ev_loop *loop, ev_timer *w, int revents) {
     (void)loop;
@@ -279,15 +275,72 @@ void lei_peer_close(lei_peer *p, const char *reason) {
 }
 
 
+/* A dial that failed before it started (p->reason says why): its code and
+ * flags, for the caller now and for the loss that may follow. */
+static void dial_failed(lei_peer *p, int code, int unreached) {
+    p->reason_code = p->next_code = code;
+    p->next_loss.unreached = unreached;
+    p->loss = p->next_loss;
+    p->last_fail = ev_now(p->ctx->loop);
+}
+
+/* Dials the peer: a connection (conn.c) in DIALING, holding one of the
+ * LEI_DIALS_MAX slots until UP or closed (lei_dial_done).  Frames queue up
+ * until the handshake is answered.  A failure says why in p->reason,
+ * p->reason_code and p->loss. */
+int lei_peer_dial(lei_peer *p) {
+    lei_ctx *c = p->ctx;
+    lei_addr a;
+    const char *why;
+    char err[LEI_ADDR_ERR_MAX];
+    /* What the next loss takes is this dial's from here: a dial that failed
+     * at once (no loss follows it: the sender is told) leaves nothing for a
+     * later connection's loss. */
+    p->next_code = 0;
+    memset(&p->next_loss, 0, sizeof p->next_loss);
+    if (lei_addr_parse(p->addr, 0, &a, &why)) {
+        snprintf(p->reason, sizeof p->reason, "bad address '%s': %s", p->addr, why);
+        dial_failed(p, LEI_E_INVALID, 0);
+        return -1;
+    }
+    if (lei_accept_room(c, p->reason, sizeof p->reason)) {
+        dial_failed(p, LEI_E_LIMIT, 0);
+        lei_ratelog(c, LEI_RL_CONNECTIONS, "not dialling %s: %s", p->addr, p->reason);
+        return -1;
+    }
+    /* Unix: connects or fails at once (EAGAIN: the listener's backlog is
+     * full), and the retry/backoff redials as for a refused TCP dial. */
+    p->st.dials++;
+    int fd = lei_addr_connect(&a, err, sizeof err); /* owned by the conn below */
+    if (fd < 0) {
+        snprintf(p->reason, sizeof p->reason, "%s", err);
+        dial_failed(p, lei_conn_connect_code(errno), fd == -2); /* -2: the address's failure */
+        return -1;
+    }
+    lei_conn *k = lei_conn_new(c, fd, LEI_CONN_DIALING);
+    if (!k) {
+        close(fd);
+        return -1;
+    }
+    lei_accept_conn_added(c); /* the handshake deadline */
+    k->peer = p;
+    p->conn = k;
+    k->dial_slot = 1; /* until UP or closed (lei_dial_done) */
+    c->peer_s.ndialing++;
+    ev_io_start(c->loop, &k->wio);
+    return 0;
+}
+
 /* Dials p when it may be (not connected, not awaited, backoff over): at
  * once while fewer than LEI_DIALS_MAX of our dials are in progress, else it
  * waits its turn (dial_pending: live, its queue kept; lei_peer_turn). */
 static void peer_want(lei_peer *p) {
     lei_ctx *c = p->ctx;
-    if (p->conn || p->dial_pending || p->await_in > 0 || p->retiring || !lei_live_may_dial(p))
+    /* the backoff is liveness's (lei_live_may_dial, a layer above) */
+    if (p->conn || p->dial_pending || p->await_in > 0 || p->retiring || !c->kops.may_dial(p))
         return;
     if (c->peer_s.ndialing < LEI_DIALS_MAX) {
-        lei_conn_dial(p);
+        lei_peer_dial(p);
         return;
     }
     p->dial_pending = 1;
@@ -299,6 +352,33 @@ lei_peer *lei_peer_get(lei_ctx *c, const char *addr, int create) {
     if (!p && create) p = lei_peers_new(c, addr);
     if (p && create) peer_want(p);
     return p;
+}
+
+/* Channel id's destinations are the peers of addrs (created and dialled
+ * as needed), kept in the channel's record (ch->d, ch->ndests). */
+void lei_peer_set_dests(lei_ctx *c, uint32_t id, const char **addrs, int n) {
+    lei_chan *ch = lei_chan_get(c, id);
+    if (!ch) return;
+    /* owned by ch (freed here when replaced, or in lei_ctx_free) when it
+     * keeps more than one: one destination is kept in ch->d.one */
+    lei_peer *one = NULL, **d = n > 1 ? calloc((size_t)n, sizeof *d) : n ? &one : NULL;
+    int nd = 0;
+    for (int i = 0; i < n; i++) {
+        if (strcmp(addrs[i], c->addr) == 0) continue;
+        lei_peer *p = lei_peer_get(c, addrs[i], 1);
+        if (p && d) d[nd++] = p;
+    }
+    /* the peers dropped here may now be unused: lei_peers_sweep looks */
+    if (ch->ndests) lei_expiry_at(c, ev_now(c->loop) + c->o.peer_free_after);
+    if (ch->ndests > 1) free(ch->d.many);
+    if (nd <= 1) {
+        /* none or one: no array, the destination in the struct's first line */
+        ch->d.one = nd ? d[0] : NULL;
+        if (d != &one) free(d);
+    } else {
+        ch->d.many = d;
+    }
+    ch->ndests = nd;
 }
 
 void lei_dial_done(lei_conn *k) {
@@ -316,7 +396,7 @@ static void dials_run(lei_ctx *c) {
         if (!p->dial_pending) continue;
         p->dial_pending = 0;
         c->peer_s.ndial_pending--;
-        if (lei_conn_dial(p)) lei_peer_lost(p, p->reason[0] ? p->reason : "dial failed");
+        if (lei_peer_dial(p)) lei_peer_lost(p, p->reason[0] ? p->reason : "dial failed");
     }
 }
 
@@ -672,10 +752,6 @@ int lei_send_ctrl(lei_ctx *c, const char *addr, lei_msg *msg, const char **err) 
     lei_peer_flush_deferred(c, p);
     return 0;
 }
-
-/* lei_conn_dial started a dial of ours: it holds a slot until UP or closed
- * (lei_dial_done gives it back). */
-void lei_peer_dial_started(lei_ctx *c) { c->peer_s.ndialing++; }
 
 /* Once per loop turn, before the queues are written (prepare_cb): the
  * dials waiting for a slot, and the peers past max_peers. */

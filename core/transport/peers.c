@@ -1,6 +1,9 @@
 /* peers.c: the peer table of a context: peers by idx and by address (a
  * hash table), their creation, and their freeing once nothing uses them
- * (after peer_free_after, default LEI_PEER_FREE_AFTER, or at once past max_peers).
+ * (after peer_free_after, default LEI_PEER_FREE_AFTER, or at once past max_peers);
+ * the context's expiry timer (lei_expiry_at), which that freeing and the
+ * other timed clean-ups share.  A table: it calls no other transport file
+ * but log.c (core/transport/README.md "Order").
  *
  * peer.c has what a peer does (queues, dials, writing).
  */
@@ -10,6 +13,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Arms the expiry timer to fire at `when` at the latest: one deadline for
+ * the context's timed clean-ups (unused peers here; peer.c's lei_expiry_cb
+ * runs them all: retired connections, awaited peers, certificates). */
+void lei_expiry_at(lei_ctx *c, ev_tstamp when) {
+    ev_timer *w = &c->peers_s.expiry_w;
+    ev_tstamp now = ev_now(c->loop);
+    if (ev_is_active(w) && now + ev_timer_remaining(c->loop, w) <= when) return;
+    ev_timer_stop(c->loop, w);
+    ev_timer_set(w, when - now + 0.01, 0.);
+    ev_timer_start(c->loop, w);
+}
 
 lei_peer *lei_peers_by_idx(lei_ctx *c, int idx) {
     return idx >= 1 && idx <= c->peers_s.nbyidx ? c->peers_s.byidx[idx - 1] : NULL;
@@ -110,10 +125,15 @@ lei_peer *lei_peers_new(lei_ctx *c, const char *addr) {
     return p;
 }
 
-static void peers_free(lei_ctx *c, lei_peer *p) {
-    lei_peer_q_clear(c, p, 0);
+/* Frees p and what its record owns: its spare batch buffer, its channel
+ * flags (bound) and its sequence tracking's tables (p->lv's seqs and bych,
+ * which live.c allocates).  Its queue is empty: a peer is freed unused
+ * (peer_unused), or at the context's end after ctx.c cleared every queue
+ * (lei_peer_q_clear: the queue is peer.c's, a layer above this table). */
+static void peers_free(lei_peer *p) {
     lei_msg_release(p->spare, NULL, NULL);
-    lei_live_free(p);
+    free(p->lv.seqs);
+    free(p->lv.bych);
     free(p->bound);
     free(p);
 }
@@ -151,7 +171,7 @@ static void peers_drop(lei_ctx *c, int i) {
     c->peers_s.freeidx[c->peers_s.nfreeidx++] = p->idx;
     c->peers_s.peers[i] = c->peers_s.peers[--c->peers_s.npeers];
     c->peers_s.peers[i]->pos = i;
-    peers_free(c, p);
+    peers_free(p);
 }
 
 /* Frees the peers nothing has used for peer_free_after seconds, and
@@ -214,9 +234,9 @@ void lei_peers_evict(lei_ctx *c) {
                     c->o.max_peers, freed);
 }
 
-/* At the context's end: every peer. */
+/* At the context's end: every peer (ctx.c cleared their queues first). */
 void lei_peers_free(lei_ctx *c) {
-    for (int i = 0; i < c->peers_s.npeers; i++) peers_free(c, c->peers_s.peers[i]);
+    for (int i = 0; i < c->peers_s.npeers; i++) peers_free(c->peers_s.peers[i]);
     free(c->peers_s.peers);
     free(c->peers_s.phash);
     free(c->peers_s.byidx);

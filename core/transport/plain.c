@@ -3,8 +3,8 @@
  * incarnation, nothing signed (who holds an address is the name server's
  * to vouch for), and a mode 1 or 2 HELLO is refused; frames go to the
  * socket as they are, a peer's queue by sendmsg of its iovecs, many frames
- * per call, and come into the frame buffer as read (conn.c's
- * lei_conn_read_frames).  The keyed mechanism (secure.c) uses write_now
+ * per call, and come into the frame buffer as read (conn_io.c's
+ * lei_conn_io_read).  The keyed mechanism (secure.c) uses write_now
  * and read too, before its records are on.
  *
  * Leans on peer.c for the queue's iovecs, conn.c for the sockets.  No Lua.
@@ -154,7 +154,7 @@ const lei_mech lei_mech_protected = {
     .flush = plain_flush,
     .out_pending = plain_out_pending,
     .write_pending = plain_write_pending,
-    .read = lei_conn_read_frames,
+    .read = lei_conn_io_read,
     .in_pending = plain_in_pending,
     .open = plain_open,
     .ctrl_in = plain_ctrl_in,

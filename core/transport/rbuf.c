@@ -22,7 +22,7 @@
  * field: an 8 MiB frame one byte larger than the spare was read into a
  * fresh buffer grown from 512 KiB by copies, 2048 page faults). */
 /* Only frames larger than this get it: a smaller frame's buffer stays the
- * connection's (conn.c keeps a drained buffer up to 1 MiB, RBUF_KEEP), and
+ * connection's (conn_io.c keeps a drained buffer up to 1 MiB, RBUF_KEEP), and
  * room past its end only made reads take the next frame's first bytes,
  * moved to the front afterwards (64 KiB frames: a 64 KiB memmove every
  * two frames). */
@@ -37,6 +37,21 @@ void lei_rbuf_set(lei_conn *k, uint8_t *b, size_t ncap) {
     k->ctx->rbuf = k->ctx->rbuf - k->rcap + ncap;
     k->rb = b;
     k->rcap = ncap;
+}
+
+/* Room for need bytes in k's read buffer, for a mechanism that opens
+ * records into it (secure.c's keyed_open): grown by doubling from 4 KiB
+ * when short, the budget charged with the growth.  Not checked against
+ * max_buffered: conn_io.c made room within it first (lei_rbuf_grow, for
+ * the plaintext of what was read).  0, or -1 out of memory (k unchanged). */
+int lei_rbuf_reserve(lei_conn *k, size_t need) {
+    if (k->rcap >= need) return 0;
+    size_t n = k->rcap ? k->rcap : 4096;
+    while (n < need) n *= 2;
+    uint8_t *nb = realloc(k->rb, n); /* owned by k (k->rb) */
+    if (!nb) return -1;
+    lei_rbuf_set(k, nb, n);
+    return 0;
 }
 
 /* k is closed: its read buffer leaves the budget and k holds no bytes.  A

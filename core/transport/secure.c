@@ -529,7 +529,6 @@ static size_t keyed_in_pending(const lei_conn *k) {
 static int keyed_open(lei_conn *k) {
     lei_sec *s = k->sec;
     const char *err = NULL;
-    size_t cap0 = k->rcap;
     while (s->clen - s->cpos >= 4) {
         const uint8_t *r = s->crb + s->cpos;
         uint32_t clen = lei_get_u32le(r);
@@ -538,7 +537,7 @@ static int keyed_open(lei_conn *k) {
             break;
         }
         if (s->clen - s->cpos - 4 < clen) break;
-        if (grow(&k->rb, &k->rcap, k->rlen + clen - TAG)) {
+        if (lei_rbuf_reserve(k, k->rlen + clen - TAG)) { /* charged to the read budget */
             err = "out of memory for the read buffer";
             break;
         }
@@ -550,7 +549,6 @@ static int keyed_open(lei_conn *k) {
         k->rlen += clen - TAG;
         s->cpos += 4 + clen;
     }
-    k->ctx->rbuf = k->ctx->rbuf - cap0 + k->rcap;
     if (!err) return 0;
     lei_conn_close(k, err, 1);
     return -1;
@@ -797,7 +795,7 @@ static int keyed_refused(lei_conn *k, const lei_frame *f) {
                 "%s does not read record cipher offers (lecho of before them): dialling it "
                 "again in mode 1, chacha20-poly1305", p->addr);
     p->no_offer = 1;
-    if (lei_conn_dial(p)) lei_peer_lost(p, p->reason[0] ? p->reason : "dial failed");
+    if (lei_peer_dial(p)) lei_peer_lost(p, p->reason[0] ? p->reason : "dial failed");
     return 1;
 }
 

@@ -140,6 +140,7 @@ function Channel:_set_consumers(list, mods)
   ctx.c:set_dests(self.chid, dests)
   self:_hot_update()
   mods = type(mods) == "table" and mods or {}
+  if self.direct and next(self.direct) ~= nil then mods = self:_with_direct(mods) end
   -- Instances whose key went: reused for a new key of the same code and the
   -- same consumers (a params change keeps the modulator's state), else closed.
   -- A key on the stream of a running instance (an in-band params change,
@@ -218,6 +219,170 @@ function Channel:_set_consumers(list, mods)
   for _, inst in ipairs(gone) do self:_unload(inst) end
   self:_rebuild_modlist()
   self:_end_streams(mods)
+end
+
+-- Direct installs (doc/protocol.md `install`): a consumer context's
+-- whole set of modulators on this channel, sent to this producer straight,
+-- `self.direct[addr] = { sseq, mods }`.  It stands in for what the
+-- manager's member list says of that context only while the context is a
+-- member of the list (a consumer of the channel, plain or modulated: the
+-- manager admitted it), while the list has not caught up with it (the
+-- list's `sseq` for it is below the install's: the consumer tells the
+-- manager after) and, keyed with a policy, while the list's `grants` give
+-- it `modulate` with each modulator's capabilities.  Otherwise the
+-- override goes and the list is whole again.
+local MAX_DIRECT = 64          -- modulators in one install
+
+local function caps_combo(caps)
+  local cl = {}
+  for _, c in ipairs(type(caps) == "table" and caps or {}) do cl[#cl + 1] = c end
+  table.sort(cl)
+  return table.concat(cl, ",")
+end
+
+-- Why the direct set `d` of context `a` may not stand now, or nil.
+function Channel:_direct_wrong(a, d, members)
+  local ls = self.lsseq and self.lsseq[a]
+  if not members[a] then return "not a consumer of the channel in the manager's list" end
+  if ls and ls >= d.sseq then return "superseded" end
+  local g = self.lgrants
+  if g then
+    local mine = g[a]
+    for _, m in pairs(d.mods) do
+      if not (mine and mine[caps_combo(m.caps)]) then
+        return ("the manager's list does not grant it modulate with caps {%s}"):format(caps_combo(m.caps))
+      end
+    end
+  end
+  return nil
+end
+
+-- The member-list contexts of `list` and `mods`: { [addr] = true }.
+local function members_in(list, mods)
+  local set = {}
+  for _, a in ipairs(type(list) == "table" and list or {}) do set[a] = true end
+  for _, m in pairs(mods) do
+    for _, a in ipairs(type(m) == "table" and m.dests or {}) do set[a] = true end
+  end
+  return set
+end
+
+-- `mods` of the manager's list with each standing direct set in place of
+-- what the list says of its context (fresh tables; `mods` is not changed).
+function Channel:_with_direct(mods)
+  local members = members_in((self.last_members or {}).list, mods)
+  local over = {}
+  for _, a in ipairs(sorted_keys(self.direct)) do
+    local d = self.direct[a]
+    local why = self:_direct_wrong(a, d, members)
+    if why then self.direct[a] = nil else over[a] = d end
+  end
+  if next(over) == nil then return mods end
+  local out = {}
+  for key, m in pairs(mods) do
+    local dl = {}
+    for _, x in ipairs(m.dests or {}) do
+      if not over[x] then dl[#dl + 1] = x end
+    end
+    if #dl > 0 then
+      local c = {}
+      for f, v in pairs(m) do c[f] = v end
+      c.dests = dl
+      out[key] = c
+    end
+  end
+  for _, a in ipairs(sorted_keys(over)) do
+    for _, key in ipairs(sorted_keys(over[a].mods)) do
+      local e = out[key]
+      if not e then
+        local m = over[a].mods[key]
+        e = { src = m.src, params = m.params, period = m.period, caps = m.caps, base = m.base,
+              stream = m.stream, pseq = m.pseq, dests = {} }
+        out[key] = e
+      end
+      e.dests[#e.dests + 1] = a
+    end
+  end
+  return out
+end
+
+-- An `install` from consumer context `from` (control.lua): its whole set
+-- of modulators here, `msg.mods` as a subscription's (`subs.mods`), with
+-- `msg.sseq` its count of subscription changes.  Believed only from a
+-- context the manager's current member list names (keyed: its address is
+-- pinned to the key the list gave, so the handshake proved it), for
+-- itself only (no `dests`), above the last sseq it or the list said, each
+-- key the hash of its code and params (recomputed here: one key is one
+-- modulator, whoever else uses it), no stream another context's, and,
+-- keyed with a policy, within the list's grants.  Applied at once (a new
+-- instance is made, a dropped one unloaded); returns true, the errors of
+-- its keys here ({ [key] = why }, nil when none); or nil, why, code.
+function Channel:_install_req(from, msg)
+  local ctx = self.ctx
+  local sseq = msg.sseq
+  if type(sseq) ~= "number" or sseq < 1 or sseq % 1 ~= 0 or sseq >= 2 ^ 53 or type(msg.mods) ~= "table" then
+    return nil, "an install needs sseq (integer >= 1) and mods (a table)", "protocol"
+  end
+  if msg.dests ~= nil or msg.consumer ~= nil then
+    return nil, "an install is for its sender only (no dests, no consumer)", "refused"
+  end
+  local last = self.last_members
+  if not last then return nil, "no member list from the manager here yet", "refused" end
+  local members = members_in(last.list, type(last.mods) == "table" and last.mods or {})
+  if not members[from] then
+    return nil, ("%s is not a consumer of '%s' in the manager's list"):format(from, self.short), "refused"
+  end
+  local d = self.direct and self.direct[from]
+  local ls = self.lsseq and self.lsseq[from] or 0
+  if sseq <= ls or (d and sseq <= d.sseq) then
+    return nil, ("install %d after %d: an older change"):format(sseq, math.max(ls, d and d.sseq or 0)), "refused"
+  end
+  local subs, err = M.check_subs{ op = "install", subs = { mods = msg.mods } }
+  if not subs then return nil, err, "protocol" end
+  local n = 0
+  local lmods = type(last.mods) == "table" and last.mods or {}
+  for key, m in pairs(subs.mods) do
+    n = n + 1
+    if n > MAX_DIRECT then return nil, ("more than %d modulators in one install"):format(MAX_DIRECT), "limit" end
+    local cl = {}
+    for _, c in ipairs(m.caps or {}) do cl[#cl + 1] = c end
+    table.sort(cl)
+    local base = core.hash(table.concat(canon({ m.src, m.period or 0, cl }, {})))
+    if m.params == nil or not core.encode(m.params) or stream_key(base, m.params, m.stream) ~= key then
+      return nil, ("modulator %s: the key is not the hash of its code and params"):format(key:sub(1, 16)), "refused"
+    end
+    m.base = base
+    -- a stream kept through in-band params changes is its consumer's alone
+    local s = m.stream or key
+    if s ~= key then
+      for k2, o in pairs(lmods) do
+        if type(o) == "table" and (type(o.stream) == "string" and o.stream or k2) == s then
+          for _, x in ipairs(o.dests or {}) do
+            if x ~= from then
+              return nil, ("modulator %s: stream %s is %s's"):format(key:sub(1, 16), s:sub(1, 16), x), "refused"
+            end
+          end
+        end
+      end
+      for a2, d2 in pairs(self.direct or {}) do
+        if a2 ~= from then
+          for k2, o in pairs(d2.mods) do
+            if (o.stream or k2) == s then
+              return nil, ("modulator %s: stream %s is %s's"):format(key:sub(1, 16), s:sub(1, 16), a2), "refused"
+            end
+          end
+        end
+      end
+    end
+  end
+  local nd = { sseq = sseq, mods = subs.mods }
+  local why = self:_direct_wrong(from, nd, members)
+  if why then return nil, why, "refused" end
+  self.direct = self.direct or {}
+  self.direct[from] = nd
+  self:_apply_members(last.list, last.mods)
+  if self.direct[from] ~= nd then return nil, "not applied", "failed" end
+  return true, self:_mod_errors(subs.mods)
 end
 
 -- Each context that no longer takes modulator `key` from this process is
@@ -746,6 +911,7 @@ local function reply_errors(r, key)
 end
 
 M.spec = mod_spec
+function M.check_subs(msg) return require("lecho.ns.membership").check_subs(msg) end
 M.stream_key = stream_key
 M.respec = respec
 M.reply_errors = reply_errors

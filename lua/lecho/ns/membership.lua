@@ -56,9 +56,13 @@ end
 -- and each distinct modulator (by key) with the contexts that asked for it.
 -- Fresh tables on every call (they are handed to `send`).
 local function members_of(c)
-  local plain, mods, svc = {}, {}, nil
+  local plain, mods, svc, sseq = {}, {}, nil, nil
   for _, a in ipairs(sorted_keys(c.consumers)) do
     local subs = c.consumers[a].subs
+    if subs.sseq then
+      sseq = sseq or {}
+      sseq[a] = subs.sseq
+    end
     if subs.plain then plain[#plain + 1] = a end
     if subs.svc then
       svc = svc or {}
@@ -75,7 +79,26 @@ local function members_of(c)
       e.dests[#e.dests + 1] = a
     end
   end
-  return plain, mods, svc
+  return plain, mods, svc, sseq
+end
+
+-- Keyed mode with a policy: the capability sets each consumer context of
+-- c may modulate with ({ [addr] = { "", "clock", "clock,log", ... } }, a
+-- set sorted and joined by commas, as lecho.modulator's caps_combo): a
+-- producer believes a consumer's direct install (doc/protocol.md
+-- `install`) only within them.  nil otherwise (no policy: all granted).
+local CAP_SETS = { {}, { "clock" }, { "log" }, { "clock", "log" } }
+local function grants_of(self, c)
+  if not (self.identity and self.policy) then return nil end
+  local g = {}
+  for a in pairs(c.consumers) do
+    local l = {}
+    for _, cs in ipairs(CAP_SETS) do
+      if allowed(self, a, "modulate", c.name, cs[1] and cs or nil) then l[#l + 1] = table.concat(cs, ",") end
+    end
+    g[a] = l
+  end
+  return g
 end
 
 -- Keyed mode: the public keys of the consumer contexts a member list
@@ -152,9 +175,10 @@ function M.renew_tickets(self, io)
       self.log("warn", ("ticket of %s for '%s' not renewed: %s"):format(r.addr, c.name, tostring(why)))
     elseif p and p.tserial == r.serial then
       self.mid = self.mid + 1
-      local plain, mods, svc = members_of(c)
+      local plain, mods, svc, sseq = members_of(c)
       emit(self, io, r.addr, { op = "members", ch = c.name, ver = c.ver, consumers = plain, mods = mods,
                                svc = svc, keys = keys_of(self, plain, mods), mid = self.mid,
+                               sseq = sseq, grants = grants_of(self, c),
                                ticket = ticket_for(self, c, r.addr) })
     end
   end
@@ -210,9 +234,10 @@ local function publish_members(self, c, io, hist)
   end
   for _, p in ipairs(sorted_keys(c.producers)) do
     self.mid = self.mid + 1
-    local plain, mods, svc = members_of(c)
+    local plain, mods, svc, sseq = members_of(c)
     emit(self, io, p, { op = "members", ch = c.name, ver = c.ver, consumers = plain, mods = mods, svc = svc,
-                        keys = keys_of(self, plain, mods), mid = self.mid, hist = hist })
+                        keys = keys_of(self, plain, mods), mid = self.mid, hist = hist,
+                        sseq = sseq, grants = grants_of(self, c) })
   end
 end
 
@@ -259,8 +284,9 @@ local function answer_producer(self, io, c, to, rid, p)
     if c.producers[to] == p then c.producers[to] = nil end
     return fail(self, io, to, rid, why, "refused")
   end
-  local plain, mods, svc = members_of(c)
+  local plain, mods, svc, sseq = members_of(c)
   reply(self, io, to, rid, { consumers = plain, mods = mods, svc = svc, keys = keys_of(self, plain, mods),
+                             sseq = sseq, grants = grants_of(self, c),
                              ver = c.ver, count = p.count, ticket = ticket_for(self, c, to) })
 end
 
@@ -363,7 +389,13 @@ local function check_subs(msg)
     end
     histq = { n = h.n, key = h.key }
   end
-  return { plain = s.plain ~= false, mods = mods, svc = svc, histq = histq }
+  -- the consumer's count of its subscription changes (a direct install
+  -- names one above it: lecho.modulator _install_req)
+  local sseq = s.sseq
+  if sseq ~= nil and (type(sseq) ~= "number" or sseq < 0 or sseq >= 2 ^ 53 or sseq % 1 ~= 0) then
+    return nil, op .. ": 'subs.sseq' must be an integer"
+  end
+  return { plain = s.plain ~= false, mods = mods, svc = svc, histq = histq, sseq = sseq }
 end
 
 
@@ -704,6 +736,7 @@ function M.recheck(self, io)
   end
 end
 
+M.check_subs = check_subs
 M.members_of, M.publish_members, M.check_waits, M.maybe_drop, M.answer_producer =
   members_of, publish_members, check_waits, maybe_drop, answer_producer
 M.ops = ops

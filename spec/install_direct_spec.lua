@@ -99,9 +99,12 @@ describe("direct install", function()
       local ks = listed_keys(ctx, ch.name)
       return #ks == 1 and ks[1] == key
     end, 10), "the manager never learnt of the install")
-    -- a close: one message, the producer unloads; the manager learns it
+    -- a close: one message after this turn (or with the next install),
+    -- the producer unloads; the manager learns it
     local cops = ops_during(ctx, function() con:close() end)
-    assert.are.same({ "install" }, cops)
+    assert.are.same({}, cops)
+    cops = ops_during(ctx, function() S.run_until(ctx, function() return false end, 0.2) end)
+    assert.are.equal("install", cops[1])
     assert(S.run_until(ctx, function() return #listed_keys(ctx, ch.name) == 0 end, 10),
            "the manager still lists the closed modulator")
     -- a modulated consumer again after the manager's list: still direct
@@ -114,6 +117,33 @@ describe("direct install", function()
     assert.are.same({ "install" }, ops2)
     assert(S.run_until(ctx, function() return #got2 >= 20 end, 20), S.errors(prod))
     for _, t in ipairs(got2) do assert.are.equal(6, t) end
+    ctx:close()
+  end)
+
+  it("a close carried by the next install: the new consumer's modulator is a fresh state", function()
+    local _, ns = S.nameserver("--quiet")
+    local ctx = lecho.context{ nameserver = ns, quiet = true }
+    local ch = ctx:channel("field")
+    local n = 0
+    assert(ch:consumer(function() n = n + 1 end))
+    local prod = S.lua(PRODUCER, cjson.encode{ ns = ns, secs = 6 })
+    assert(S.run_until(ctx, function() return n >= 20 end, 30), "no events: " .. S.errors(prod))
+    local COUNT = "local k = 0 function enqueue(ev) k = k + 1 ev.k = k ev.tag = params.tag return ev end"
+    local a = {}
+    local ca = assert(ch:consumer(function(ev) if not ev.done then a[#a + 1] = ev.k end end,
+                                  { modulator = COUNT, params = { tag = 1 } }))
+    assert(S.run_until(ctx, function() return #a >= 300 end, 30), S.errors(prod))
+    local b = {}
+    local ops = ops_during(ctx, function()
+      ca:close()
+      return ch:consumer(function(ev) if not ev.done then b[#b + 1] = { ev.k, ev.tag } end end,
+                         { modulator = COUNT, params = { tag = 2 } })
+    end)
+    assert.are.same({ "install" }, ops)     -- the close went with the install
+    assert(S.run_until(ctx, function() return #b >= 5 end, 20), S.errors(prod))
+    -- a fresh state: its count starts again (the old one's was past 300)
+    assert.are.equal(2, b[1][2])
+    assert.is_true(b[1][1] < 50, "the new modulator went on from the old one's state: k = " .. b[1][1])
     ctx:close()
   end)
 

@@ -12,6 +12,8 @@ local mod_spec, reply_errors = modulator.spec, modulator.reply_errors
 local Consumer = {}
 Consumer.__index = Consumer
 
+local tell_manager_later   -- (below, with the direct install)
+
 --- Creates a consumer; handler(ev, meta) with meta = { channel, producer, seq }.
 -- Returns once every producing context knows of it: it receives every event
 -- submitted after this call returns.  opts.modulator (Lua source), params,
@@ -112,9 +114,16 @@ function Consumer:close()
   if self.closed then return end
   self.closed = true
   self:_unlink()
-  if not self.ch.ctx.closed and not (self.mod and #self.ch.all > 0 and self.ch:_install_direct(true)) then
-    self.ch:_update_subs(true)
+  local ch = self.ch
+  if ch.ctx.closed then return end
+  -- a modulated consumer of a context that stays a consumer here: its
+  -- producers are told directly, after this turn (with the next install,
+  -- or by the timer: tell_manager_later)
+  if self.mod and #ch.all > 0 and ch:_direct_ok() then
+    ch.direct_dirty = true
+    return tell_manager_later(ch)
   end
+  ch:_update_subs(true)
 end
 
 -- Switches to modulator spec with demodulator handler; waits for producers.
@@ -229,15 +238,25 @@ end
 -- The manager told of what the producers were told directly (not waited
 -- for; one subscription for a burst of changes, SUBS_LATER): a producer
 -- that joins later gets it in its list, and the reply names the producers.
+-- A close sent directly is sent then too, unless an install since carried
+-- it (ch.direct_dirty): a burst of closes and installs is one message per
+-- install, the producer's instance of a closed consumer unloaded within
+-- SUBS_LATER (its events meanwhile reach no handler here: the consumer
+-- stopped at once, as when the close went through the manager).
 local SUBS_LATER = 0.02   -- s
-local function tell_manager_later(ch)
+function tell_manager_later(ch)
   local ctx = ch.ctx
   if ch.subs_later then return end
   ch.subs_later = true
   ctx:after(SUBS_LATER, function()
     ch.subs_later = nil
+    if ctx.closed then return end
+    if ch.direct_dirty then
+      ch.direct_dirty = nil
+      if ch:_install_direct(true) then return end
+    end
     -- not joined (the manager was lost): the rejoin sends what we take now
-    if not ctx.closed and ch.cjoined then ch:_update_subs(true) end
+    if ch.cjoined then ch:_update_subs(true) end
   end)
 end
 
@@ -250,21 +269,26 @@ end
 -- false when it does not apply or a producer did not take it (then the
 -- change goes through the manager, whose list every producer takes).
 -- nowait (a close): sent without waiting; true when sent.
+function Channel:_direct_ok()
+  local ctx = self.ctx
+  return not (ctx.closed or ctx.closing or not self.cjoined or self.rejoin or not self.manager or #self.all == 0
+              or self.svc_versions)   -- a call channel's servers: through the manager
+end
+
 function Channel:_install_direct(nowait)
   local ctx = self.ctx
-  if ctx.closed or ctx.closing or not self.cjoined or self.rejoin or not self.manager or #self.all == 0 then
-    return false
-  end
+  if not self:_direct_ok() then return false end
   local to = known_producers(self)
   if #to == 0 then return false end
   local subs = self:_subs()
-  if subs.svc then return false end   -- a call channel's servers: through the manager
+  if subs.svc then return false end
   local msg = { op = "install", ch = self.name, sseq = subs.sseq, mods = subs.mods }
   if nowait then
     for _, a in ipairs(to) do ctx:_notify(a, { op = msg.op, ch = msg.ch, sseq = msg.sseq, mods = msg.mods }) end
     tell_manager_later(self)
     return true
   end
+  self.direct_dirty = nil                 -- (this install carries every close before it)
   local pend = {}
   for _, a in ipairs(to) do
     local rid, p = ctx:_pend(a)

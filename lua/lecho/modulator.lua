@@ -16,8 +16,9 @@ local Context = require "lecho.context"
 local Channel = require "lecho.channel"
 
 local CAPS = options.CAPS
+local check_subs = require("lecho.subs").check
 local others = Channel.without
-local sorted_keys = require("lecho.tables").sorted_keys
+local sorted_keys, same = require("lecho.tables").sorted_keys, require("lecho.tables").same
 local ENOENT = 2   -- errno.h: 2 on Linux, the BSDs and macOS (io.open gives the errno third)
 
 local M = {}
@@ -189,7 +190,7 @@ function Channel:_set_consumers(list, mods)
           self:_unload(cur)
         end
         for i, old in ipairs(gone) do
-          if old.base == m.base and old.dests_key == same then
+          if old.base == m.base and old.dests_key == same and not self.fresh_only then
             table.remove(gone, i)
             used[old] = true
             inst = self:_rekey(old, key, m)
@@ -306,6 +307,80 @@ function Channel:_with_direct(mods)
   return out
 end
 
+-- Context `from`'s new set `mods` applied to the running instances only
+-- where they change (what _set_consumers would make of the list with it,
+-- without a pass over every modulator of the list): an instance no longer
+-- its own stops sending to it (unloaded when it had no other consumer)
+-- and its stream is ended there in band; a new key gets a fresh instance,
+-- or `from` joins the running one of that key.  Returns true, or false
+-- when this does not apply (a list kept after a manager's loss, a stream
+-- changed in band) and the whole pass must run.
+function Channel:_direct_apply(from, mods)
+  local ctx = self.ctx
+  if self.kept or self.regrace then return false end
+  local had = {}
+  for key, inst in pairs(self.mods) do
+    for _, a in ipairs(inst.dests or {}) do
+      if a == from then had[key] = inst break end
+    end
+  end
+  for key, m in pairs(mods) do
+    if not had[key] and (m.stream or key) ~= key then return false end
+  end
+  local sub = self.sub_dests or {}
+  self.sub_dests = sub
+  local changed = false
+  for _, key in ipairs(sorted_keys(had)) do
+    local inst = had[key]
+    if not mods[key] then
+      local dl = others(inst.dests, from)
+      if #dl == 0 then
+        self:_unload(inst, true)
+      else
+        inst.dests, inst.dests_key = dl, table.concat(dl, ",")
+        ctx.c:set_dests(inst.dchid, others(dl, ctx.addr))
+      end
+      changed = true
+      local set = sub[inst.stream]
+      if set and set[from] then
+        set[from] = nil
+        if from == ctx.addr then ctx.c:drain_local() end -- local events first
+        ctx:_send_ctrl(from, { op = "stream_end", ch = self.name, key = inst.stream, producer = ctx.addr,
+                               ver = self.ver })
+      end
+    end
+  end
+  for _, key in ipairs(sorted_keys(mods)) do
+    if not had[key] and not self.failed[key] then
+      local m = mods[key]
+      local inst = self.mods[key]
+      if inst then
+        local dl = {}
+        for i, a in ipairs(inst.dests or {}) do dl[i] = a end
+        dl[#dl + 1] = from
+        inst.dests, inst.dests_key = dl, table.concat(dl, ",")
+        ctx.c:set_dests(inst.dchid, others(dl, ctx.addr))
+        inst.moe:receivers(#dl)
+      else
+        local e = { src = m.src, params = m.params, period = m.period, caps = m.caps, base = m.base,
+                    stream = m.stream, pseq = m.pseq, dests = { from } }
+        inst = self:_install(key, e)
+        if inst then
+          inst.spec, inst.dests_key = e, from
+          ctx.c:set_dests(inst.dchid, others(e.dests, ctx.addr))
+        end
+      end
+      if inst then
+        sub[inst.stream] = sub[inst.stream] or {}
+        sub[inst.stream][from] = true
+      end
+      changed = true
+    end
+  end
+  if changed then self:_rebuild_modlist() end
+  return true
+end
+
 -- An `install` from consumer context `from` (control.lua): its whole set
 -- of modulators here, `msg.mods` as a subscription's (`subs.mods`), with
 -- `msg.sseq` its count of subscription changes.  Believed only from a
@@ -328,7 +403,9 @@ function Channel:_install_req(from, msg)
   end
   local last = self.last_members
   if not last then return nil, "no member list from the manager here yet", "refused" end
-  local members = members_in(last.list, type(last.mods) == "table" and last.mods or {})
+  -- (once per list: a channel of thousands of consumers is not gone over per install)
+  local members = last.members or members_in(last.list, type(last.mods) == "table" and last.mods or {})
+  last.members = members
   if not members[from] then
     return nil, ("%s is not a consumer of '%s' in the manager's list"):format(from, self.short), "refused"
   end
@@ -337,21 +414,29 @@ function Channel:_install_req(from, msg)
   if sseq <= ls or (d and sseq <= d.sseq) then
     return nil, ("install %d after %d: an older change"):format(sseq, math.max(ls, d and d.sseq or 0)), "refused"
   end
-  local subs, err = M.check_subs{ op = "install", subs = { mods = msg.mods } }
+  local subs, err = check_subs{ op = "install", subs = { mods = msg.mods } }
   if not subs then return nil, err, "protocol" end
   local n = 0
   local lmods = type(last.mods) == "table" and last.mods or {}
   for key, m in pairs(subs.mods) do
     n = n + 1
     if n > MAX_DIRECT then return nil, ("more than %d modulators in one install"):format(MAX_DIRECT), "limit" end
-    local cl = {}
-    for _, c in ipairs(m.caps or {}) do cl[#cl + 1] = c end
-    table.sort(cl)
-    local base = core.hash(table.concat(canon({ m.src, m.period or 0, cl }, {})))
-    if m.params == nil or not core.encode(m.params) or stream_key(base, m.params, m.stream) ~= key then
-      return nil, ("modulator %s: the key is not the hash of its code and params"):format(key:sub(1, 16)), "refused"
+    -- hashed here once: an entry of the install before, the same in all
+    -- but pseq, was (a consumer's set goes whole in each install)
+    local o = d and d.mods[key]
+    if o and o.src == m.src and o.period == m.period and o.stream == m.stream and same(o.caps, m.caps)
+       and same(o.params, m.params) then
+      m.base = o.base
+    else
+      local cl = {}
+      for _, c in ipairs(m.caps or {}) do cl[#cl + 1] = c end
+      table.sort(cl)
+      local base = core.hash(table.concat(canon({ m.src, m.period or 0, cl }, {})))
+      if m.params == nil or not core.encode(m.params) or stream_key(base, m.params, m.stream) ~= key then
+        return nil, ("modulator %s: the key is not the hash of its code and params"):format(key:sub(1, 16)), "refused"
+      end
+      m.base = base
     end
-    m.base = base
     -- a stream kept through in-band params changes is its consumer's alone
     local s = m.stream or key
     if s ~= key then
@@ -380,7 +465,15 @@ function Channel:_install_req(from, msg)
   if why then return nil, why, "refused" end
   self.direct = self.direct or {}
   self.direct[from] = nd
-  self:_apply_members(last.list, last.mods)
+  -- a modulator that goes and one that comes in one install are two
+  -- consumers' (a close and a new consumer): a fresh state for the new
+  -- one, never the old one's re-keyed (that is a params change's, through
+  -- the manager)
+  self.fresh_only = true
+  local ok, aerr = pcall(self._direct_apply, self, from, subs.mods)
+  if ok and not aerr then ok, aerr = pcall(self._apply_members, self, last.list, last.mods) end
+  self.fresh_only = nil
+  if not ok then error(aerr, 0) end
   if self.direct[from] ~= nd then return nil, "not applied", "failed" end
   return true, self:_mod_errors(subs.mods)
 end
@@ -649,14 +742,28 @@ end
 -- nothing here: one call per params change.
 if jit then jit.off(Channel._params_req) end
 
-function Channel:_unload(inst)
+function Channel:_unload(inst, later)
   if self.ctx.moes[inst.id] == inst then count_principals(self.ctx, inst.principals, -1) end
   -- its stream's destinations go with it: set, they would keep their peers
   -- (a consumer that died) from being freed after peer_free_after
   self.ctx.c:set_dests(inst.dchid, {})
   self.ctx.moes[inst.id] = nil
   if self.mods[inst.key] == inst then self.mods[inst.key] = nil end
-  inst.moe:close()
+  if not later then return inst.moe:close() end
+  -- later: its state is freed after this turn (a direct install answers
+  -- first); it runs no more meanwhile (off the modulator list, which the
+  -- caller rebuilds, and sending nowhere)
+  local ctx = self.ctx
+  ctx.moe_closing = ctx.moe_closing or {}
+  local q = ctx.moe_closing
+  q[#q + 1] = inst.moe
+  if #q == 1 then
+    ctx:after(0, function()
+      local l = ctx.moe_closing
+      ctx.moe_closing = nil
+      for _, m in ipairs(l or {}) do m:close() end
+    end)
+  end
 end
 
 -- Logged once per kind ("refused" at install, "failed" while running) per
@@ -911,7 +1018,6 @@ local function reply_errors(r, key)
 end
 
 M.spec = mod_spec
-function M.check_subs(msg) return require("lecho.ns.membership").check_subs(msg) end
 M.stream_key = stream_key
 M.respec = respec
 M.reply_errors = reply_errors

@@ -280,7 +280,8 @@ end
 
 -- What a member list's extras say, on channel ch (shapes checked).
 local function take_extras(ch, msg)
-  ch.lsseq = type(msg.sseq) == "table" and msg.sseq or {}
+  -- (nil: a manager that knows no direct install; none is taken then)
+  ch.lsseq = type(msg.sseq) == "table" and msg.sseq or nil
   if type(msg.grants) == "table" then
     local g = {}
     for a, l in pairs(msg.grants) do

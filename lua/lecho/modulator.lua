@@ -243,7 +243,8 @@ end
 
 -- Why the direct set `d` of context `a` may not stand now, or nil.
 function Channel:_direct_wrong(a, d, members)
-  local ls = self.lsseq and self.lsseq[a]
+  if not self.lsseq then return "the manager's lists carry no sseq" end
+  local ls = self.lsseq[a]
   if not members[a] then return "not a consumer of the channel in the manager's list" end
   if ls and ls >= d.sseq then return "superseded" end
   local g = self.lgrants
@@ -403,6 +404,9 @@ function Channel:_install_req(from, msg)
   end
   local last = self.last_members
   if not last then return nil, "no member list from the manager here yet", "refused" end
+  -- a manager whose lists say no sseq (an older one) knows nothing of
+  -- direct installs: it could not supersede one, nor say its grants
+  if not self.lsseq then return nil, "the manager's lists carry no sseq: installs go through it", "refused" end
   -- (once per list: a channel of thousands of consumers is not gone over per install)
   local members = last.members or members_in(last.list, type(last.mods) == "table" and last.mods or {})
   last.members = members

@@ -56,13 +56,12 @@ end
 -- and each distinct modulator (by key) with the contexts that asked for it.
 -- Fresh tables on every call (they are handed to `send`).
 local function members_of(c)
-  local plain, mods, svc, sseq = {}, {}, nil, nil
+  -- sseq: always sent (empty too): a producer takes direct installs only
+  -- under a manager that says what each consumer's last change was
+  local plain, mods, svc, sseq = {}, {}, nil, {}
   for _, a in ipairs(sorted_keys(c.consumers)) do
     local subs = c.consumers[a].subs
-    if subs.sseq then
-      sseq = sseq or {}
-      sseq[a] = subs.sseq
-    end
+    if subs.sseq then sseq[a] = subs.sseq end
     if subs.plain then plain[#plain + 1] = a end
     if subs.svc then
       svc = svc or {}

@@ -13,7 +13,8 @@
 --                    _refuse, _mod_failed, _mod_errors, _attach, _detach,
 --                    _end_watch, _end_streams, _stream_ended, _tell_mod_error,
 --                    _params_req, _params_here, _params_at, _params_at_tell,
---                    _install_req, _with_direct, _direct_wrong, _direct_apply
+--                    _install_req, _install_apply, _with_direct, _direct_wrong,
+--                    _direct_apply
 
 local options = require "lecho.options"
 local Context = require "lecho.context"

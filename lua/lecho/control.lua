@@ -480,18 +480,25 @@ function Context:_on_ctrl(from, msg, gen)
     -- a consumer's direct install (modulator.lua _install_req checks who
     -- may send it); answered on the connection it came on
     local ch = type(msg.ch) == "string" and self.byname[msg.ch]
-    local ok, why, code, errs
+    local ok, why, code, errs, plan
     if not ch or ch.nprod == 0 then
       why, code = ("not a producer of '%s'"):format(tostring(msg.ch):sub(1, 300)), "notfound"
     else
       ok, why, code = ch:_install_req(from, msg)
-      if ok then errs, why = why, nil end
+      if ok then errs, why, plan, code = why, nil, code, nil end
     end
     if not ok then
       self:_warn_limited("install", ("refusing an install from %s: %s"):format(from, why))
     end
     if msg.rid ~= nil then
       self:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = ok or false, err = why, code = code, errs = errs })
+    end
+    if plan then
+      -- the answer written now, before the modulator's state is made (the
+      -- consumer goes on meanwhile; what this process submits next runs
+      -- through it: it cannot submit before this returns)
+      if from ~= self.addr then self.c:flush() end
+      ch:_install_apply(from, plan)
     end
   elseif op == "params_at" then
     -- a producer switched a stream of ours to other params here (in band):

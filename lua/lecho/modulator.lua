@@ -467,6 +467,18 @@ function Channel:_install_req(from, msg)
   local nd = { sseq = sseq, mods = subs.mods }
   local why = self:_direct_wrong(from, nd, members)
   if why then return nil, why, "refused" end
+  -- taken: applied by _install_apply (the caller answers first)
+  return true, self:_mod_errors(subs.mods), nd
+end
+
+-- Applies install `nd` (checked by _install_req) of context `from`.  The
+-- caller has answered and written the answer already: the consumer goes
+-- on while the state is made here, and no event of this process can be
+-- submitted before this returns (one thread: what it submits next goes
+-- through the new modulator).  What fails here goes to the consumer as a
+-- mod_error, as from a member list.
+function Channel:_install_apply(from, nd)
+  local last = self.last_members
   self.direct = self.direct or {}
   self.direct[from] = nd
   -- a modulator that goes and one that comes in one install are two
@@ -474,12 +486,10 @@ function Channel:_install_req(from, msg)
   -- one, never the old one's re-keyed (that is a params change's, through
   -- the manager)
   self.fresh_only = true
-  local ok, aerr = pcall(self._direct_apply, self, from, subs.mods)
+  local ok, aerr = pcall(self._direct_apply, self, from, nd.mods)
   if ok and not aerr then ok, aerr = pcall(self._apply_members, self, last.list, last.mods) end
   self.fresh_only = nil
   if not ok then error(aerr, 0) end
-  if self.direct[from] ~= nd then return nil, "not applied", "failed" end
-  return true, self:_mod_errors(subs.mods)
 end
 
 -- Each context that no longer takes modulator `key` from this process is

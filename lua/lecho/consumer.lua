@@ -237,7 +237,8 @@ end
 
 -- The manager told of what the producers were told directly (not waited
 -- for; one subscription for a burst of changes, SUBS_LATER): a producer
--- that joins later gets it in its list, and the reply names the producers.
+-- that joins later gets it in its list (its reply is not waited for, so
+-- the producers known here are those of the last answer waited for).
 -- A close sent directly is sent then too, unless an install since carried
 -- it (ch.direct_dirty): a burst of closes and installs is one message per
 -- install, the producer's instance of a closed consumer unloaded within

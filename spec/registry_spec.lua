@@ -152,8 +152,9 @@ describe("lecho.ns.registry membership", function()
       local cr = reply_to(w, C1)
       assert.is_true(cr.ok)                      -- no producer: answered at once
       local id = req(reg, w, P1, { op = "join", ch = "x", role = "producer" })
+      -- sseq: each consumer context's last subscription change (none said: empty)
       assert.are.same({ op = "reply", rid = id, ok = true, consumers = { C1 }, mods = {}, ver = cr.ver,
-                      count = 1 },
+                      count = 1, sseq = {} },
                       reply_to(w, P1))
     end)
   end

@@ -5,14 +5,16 @@
 -- when required; spec/lua_layout_spec.lua checks this list against the
 -- code):
 --   lecho.producer:  producer
---   lecho.consumer:  consumer
+--   lecho.consumer:  consumer, _install_direct, _direct_ok
 --   lecho.control:   _join, _leave, _manager, _apply_members, _update_subs, _subs,
 --                    _schedule_rejoin, _forget_kept, _revoked, _secure,
 --                    _secure_all, _take_ticket
 --   lecho.modulator: _set_consumers, _rebuild_modlist, _install, _rekey, _unload,
 --                    _refuse, _mod_failed, _mod_errors, _attach, _detach,
 --                    _end_watch, _end_streams, _stream_ended, _tell_mod_error,
---                    _params_req, _params_here, _params_at, _params_at_tell
+--                    _params_req, _params_here, _params_at, _params_at_tell,
+--                    _install_req, _install_apply, _with_direct, _direct_wrong,
+--                    _direct_apply
 
 local options = require "lecho.options"
 local Context = require "lecho.context"

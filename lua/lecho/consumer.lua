@@ -12,6 +12,8 @@ local mod_spec, reply_errors = modulator.spec, modulator.reply_errors
 local Consumer = {}
 Consumer.__index = Consumer
 
+local tell_manager_later   -- (below, with the direct install)
+
 --- Creates a consumer; handler(ev, meta) with meta = { channel, producer, seq }.
 -- Returns once every producing context knows of it: it receives every event
 -- submitted after this call returns.  opts.modulator (Lua source), params,
@@ -61,7 +63,9 @@ function Channel:consumer(handler, opts)
     self.hist_gen = (self.hist_gen or 0) + 1
     self.hist_want = { n = math.min(hist.n, history.MAX_N), key = con.mod and con.mod.key or nil }
   end
-  local r, err, code = self:_update_subs()
+  local r, err, code
+  if spec and not hist then r, err, code = self:_install_direct() end
+  if not r then r, err, code = self:_update_subs() end
   self.hist_want = nil
   if not r then
     if hist then history.done_waiting(self) end
@@ -110,7 +114,16 @@ function Consumer:close()
   if self.closed then return end
   self.closed = true
   self:_unlink()
-  if not self.ch.ctx.closed then self.ch:_update_subs(true) end
+  local ch = self.ch
+  if ch.ctx.closed then return end
+  -- a modulated consumer of a context that stays a consumer here: its
+  -- producers are told directly, after this turn (with the next install,
+  -- or by the timer: tell_manager_later)
+  if self.mod and #ch.all > 0 and ch:_direct_ok() then
+    ch.direct_dirty = true
+    return tell_manager_later(ch)
+  end
+  ch:_update_subs(true)
 end
 
 -- Switches to modulator spec with demodulator handler; waits for producers.
@@ -199,6 +212,118 @@ function Consumer:_switch(spec, handler)
   local perr = reply_errors(r, spec.key)
   if perr then return nil, perr, "failed" end
   return true
+end
+
+-- The producing contexts this consumer context knows of on channel ch:
+-- those the manager named in its last answer here, this context if it
+-- produces, and every peer that sent us events and has the channel (or
+-- stream chid) bound here.  A list of addresses.
+local function known_producers(ch, chid)
+  local ctx = ch.ctx
+  local to, seen = {}, {}
+  local function add(a)
+    if type(a) == "string" and not seen[a] then seen[a] = true; to[#to + 1] = a end
+  end
+  for _, a in ipairs(type(ch.producers_seen) == "table" and ch.producers_seen or {}) do add(a) end
+  if ch.nprod > 0 then add(ctx.addr) end
+  for idx in pairs(ctx.pnames) do
+    local a = idx ~= 0 and ctx:_peer_addr(idx)
+    if a and not seen[a] and (ctx.c:peer_binds(a, ch.chid) or (chid and ctx.c:peer_binds(a, chid))) then
+      add(a)
+    end
+  end
+  return to
+end
+
+-- The manager told of what the producers were told directly (not waited
+-- for; one subscription for a burst of changes, SUBS_LATER): a producer
+-- that joins later gets it in its list (its reply is not waited for, so
+-- the producers known here are those of the last answer waited for).
+-- A close sent directly is sent then too, unless an install since carried
+-- it (ch.direct_dirty): a burst of closes and installs is one message per
+-- install, the producer's instance of a closed consumer unloaded within
+-- SUBS_LATER (its events meanwhile reach no handler here: the consumer
+-- stopped at once, as when the close went through the manager).
+local SUBS_LATER = 0.02   -- s
+function tell_manager_later(ch)
+  local ctx = ch.ctx
+  if ch.subs_later then return end
+  ch.subs_later = true
+  ctx:after(SUBS_LATER, function()
+    ch.subs_later = nil
+    if ctx.closed then return end
+    if ch.direct_dirty then
+      ch.direct_dirty = nil
+      if ch:_install_direct(true) then return end
+    end
+    -- not joined (the manager was lost): the rejoin sends what we take now
+    if ch.cjoined then ch:_update_subs(true) end
+  end)
+end
+
+-- The direct install (issue 27 item 6; doc/protocol.md `install`): this
+-- context's whole set of modulators on the channel, sent straight to each
+-- producer it knows, one message and one reply each, where the manager
+-- already admitted this context as a consumer (a producer believes it
+-- only then: lecho.modulator _install_req); the manager is told after.
+-- Returns the reply as _update_subs does ({ producers, errors }), or
+-- false when it does not apply or a producer did not take it (then the
+-- change goes through the manager, whose list every producer takes).
+-- nowait (a close): sent without waiting; true when sent.
+function Channel:_direct_ok()
+  local ctx = self.ctx
+  return not (ctx.closed or ctx.closing or not self.cjoined or self.rejoin or not self.manager or #self.all == 0
+              or self.svc_versions)   -- a call channel's servers: through the manager
+end
+
+function Channel:_install_direct(nowait)
+  local ctx = self.ctx
+  if not self:_direct_ok() then return false end
+  local to = known_producers(self)
+  if #to == 0 then return false end
+  local subs = self:_subs()
+  if subs.svc then return false end
+  local msg = { op = "install", ch = self.name, sseq = subs.sseq, mods = subs.mods }
+  if nowait then
+    for _, a in ipairs(to) do ctx:_notify(a, { op = msg.op, ch = msg.ch, sseq = msg.sseq, mods = msg.mods }) end
+    tell_manager_later(self)
+    return true
+  end
+  self.direct_dirty = nil                 -- (this install carries every close before it)
+  local pend = {}
+  for _, a in ipairs(to) do
+    local rid, p = ctx:_pend(a)
+    pend[#pend + 1] = { a = a, rid = rid, p = p }
+  end
+  for _, q in ipairs(pend) do
+    ctx:_send_ctrl(q.a, { op = msg.op, rid = q.rid, ch = msg.ch, sseq = msg.sseq, mods = msg.mods })
+  end
+  ctx:_wait(function()
+    if ctx.closed then return true end
+    for _, q in ipairs(pend) do
+      if not (q.p.reply or q.p.failed) then return false end
+    end
+    return true
+  end, ctx.c:now() + ctx.timeout)
+  local ok, errs, producers = true, {}, {}
+  for _, q in ipairs(pend) do
+    ctx.pending[q.rid] = nil
+    local r = q.p.reply
+    if r and r.ok then
+      producers[#producers + 1] = q.a
+      for _, k in ipairs(require("lecho.tables").sorted_keys(type(r.errs) == "table" and r.errs or {})) do
+        errs[#errs + 1] = { producer = q.a, key = k, err = tostring(r.errs[k]):sub(1, 1000) }
+      end
+    elseif not (r and r.code == "notfound" and q.a ~= ctx.addr) then
+      -- refused, failed, lost or silent: through the manager (its list is
+      -- whole, with an sseq above this install's)
+      ok = false
+    end
+  end
+  if ctx.closed then return nil, "context closed while waiting", "closed" end
+  if not ok then return false end
+  tell_manager_later(self)
+  return { producers = producers, errors = errs }
 end
 
 --- Replaces the params of this consumer's modulator at every producer.

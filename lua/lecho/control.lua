@@ -248,6 +248,53 @@ local function pin_all(ctx, keys)
   end
 end
 
+-- A member list's `sseq` ({ [addr] = n }: the last subscription change of
+-- each consumer context the manager took, which a direct install must be
+-- above: modulator.lua _install_req) and, keyed with a policy, `grants`
+-- ({ [addr] = { "caps,..."... } }: the capability sets each may modulate
+-- with), checked for shape.
+local MAX_GRANTS = 16
+local function extras_ok(msg)
+  if msg.sseq ~= nil then
+    if type(msg.sseq) ~= "table" then return nil, "'sseq' is not a table" end
+    for a, n in pairs(msg.sseq) do
+      if type(a) ~= "string" or #a > MAX_ADDR or type(n) ~= "number" or not (n >= 0 and n < 2 ^ 53)
+         or n % 1 ~= 0 then
+        return nil, "'sseq' holds something that is not an address and an integer"
+      end
+    end
+  end
+  if msg.grants ~= nil then
+    if type(msg.grants) ~= "table" then return nil, "'grants' is not a table" end
+    for a, l in pairs(msg.grants) do
+      if type(a) ~= "string" or #a > MAX_ADDR or type(l) ~= "table" or #l > MAX_GRANTS then
+        return nil, "'grants' holds something that is not an address and a list of capability sets"
+      end
+      for _, g in pairs(l) do
+        if type(g) ~= "string" or #g > 64 then return nil, "'grants' holds a capability set that is not a string" end
+      end
+    end
+  end
+  return true
+end
+
+-- What a member list's extras say, on channel ch (shapes checked).
+local function take_extras(ch, msg)
+  -- (nil: a manager that knows no direct install; none is taken then)
+  ch.lsseq = type(msg.sseq) == "table" and msg.sseq or nil
+  if type(msg.grants) == "table" then
+    local g = {}
+    for a, l in pairs(msg.grants) do
+      local set = {}
+      for _, x in ipairs(l) do set[x] = true end
+      g[a] = set
+    end
+    ch.lgrants = g
+  else
+    ch.lgrants = nil
+  end
+end
+
 -- The channel a `members` message from `from` may change, or nil, why.
 local function members_channel(self, from, msg)
   local ch = type(msg.ch) == "string" and self.byname[msg.ch]
@@ -267,6 +314,8 @@ local function members_channel(self, from, msg)
   local ok, err = addr_list(msg.consumers, "'consumers'")
   if ok then ok, err = mods_ok(msg.mods) end
   if not ok then return nil, err end
+  local eok, eerr = extras_ok(msg)
+  if not eok then return nil, eerr end
   if msg.keys ~= nil then
     if type(msg.keys) ~= "table" then return nil, "'keys' is not a table" end
     for a, k in pairs(msg.keys) do
@@ -394,6 +443,7 @@ function Context:_on_ctrl(from, msg, gen)
       end
       ch.ver = msg.ver
       pin_all(self, msg.keys)
+      take_extras(ch, msg)
       ch.svc = type(msg.svc) == "table" and msg.svc or nil  -- a call channel's servers (lecho.call)
       ch:_apply_members(msg.consumers, msg.mods)
       -- a late joiner's history, sent now: before any event of this list
@@ -425,6 +475,30 @@ function Context:_on_ctrl(from, msg, gen)
     end
     if msg.rid ~= nil then
       self:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = ok or false, err = why, code = code })
+    end
+  elseif op == "install" then
+    -- a consumer's direct install (modulator.lua _install_req checks who
+    -- may send it); answered on the connection it came on
+    local ch = type(msg.ch) == "string" and self.byname[msg.ch]
+    local ok, why, code, errs, plan
+    if not ch or ch.nprod == 0 then
+      why, code = ("not a producer of '%s'"):format(tostring(msg.ch):sub(1, 300)), "notfound"
+    else
+      ok, why, code = ch:_install_req(from, msg)
+      if ok then errs, why, plan, code = why, nil, code, nil end
+    end
+    if not ok then
+      self:_warn_limited("install", ("refusing an install from %s: %s"):format(from, why))
+    end
+    if msg.rid ~= nil then
+      self:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = ok or false, err = why, code = code, errs = errs })
+    end
+    if plan then
+      -- the answer written now, before the modulator's state is made (the
+      -- consumer goes on meanwhile; what this process submits next runs
+      -- through it: it cannot submit before this returns)
+      if from ~= self.addr then self.c:flush() end
+      ch:_install_apply(from, plan)
     end
   elseif op == "params_at" then
     -- a producer switched a stream of ours to other params here (in band):
@@ -728,6 +802,7 @@ function Channel:_join(role)
       else
         self.ver = r.ver or self.ver
         pin_all(self.ctx, type(r.keys) == "table" and r.keys or nil)
+        if extras_ok(r) then take_extras(self, r) else take_extras(self, {}) end
         self.svc = type(r.svc) == "table" and r.svc or nil
         self:_apply_members(r.consumers or {}, r.mods)
       end
@@ -886,7 +961,11 @@ function Channel:_subs()
   end
   -- a call channel served here: the versions (lecho.service)
   local svc = self.svc_versions
+  -- sseq: this change's number (a direct install's is above every one
+  -- sent before, so a member list made from an older one never undoes it)
+  self.sseq = (self.sseq or 0) + 1
   return { plain = #self.consumers > 0, mods = mods, svc = svc and svc[1] and { versions = svc } or nil,
+           sseq = self.sseq,
            hist = self.hist_gen,  -- a new history consumer: subscribed again (lecho.history)
            histq = self.hist_want }  -- ... and what it wants, sent by the producers with the list
 end

@@ -16,8 +16,9 @@ local Context = require "lecho.context"
 local Channel = require "lecho.channel"
 
 local CAPS = options.CAPS
+local check_subs = require("lecho.subs").check
 local others = Channel.without
-local sorted_keys = require("lecho.tables").sorted_keys
+local sorted_keys, same = require("lecho.tables").sorted_keys, require("lecho.tables").same
 local ENOENT = 2   -- errno.h: 2 on Linux, the BSDs and macOS (io.open gives the errno third)
 
 local M = {}
@@ -140,6 +141,7 @@ function Channel:_set_consumers(list, mods)
   ctx.c:set_dests(self.chid, dests)
   self:_hot_update()
   mods = type(mods) == "table" and mods or {}
+  if self.direct and next(self.direct) ~= nil then mods = self:_with_direct(mods) end
   -- Instances whose key went: reused for a new key of the same code and the
   -- same consumers (a params change keeps the modulator's state), else closed.
   -- A key on the stream of a running instance (an in-band params change,
@@ -188,7 +190,7 @@ function Channel:_set_consumers(list, mods)
           self:_unload(cur)
         end
         for i, old in ipairs(gone) do
-          if old.base == m.base and old.dests_key == same then
+          if old.base == m.base and old.dests_key == same and not self.fresh_only then
             table.remove(gone, i)
             used[old] = true
             inst = self:_rekey(old, key, m)
@@ -218,6 +220,276 @@ function Channel:_set_consumers(list, mods)
   for _, inst in ipairs(gone) do self:_unload(inst) end
   self:_rebuild_modlist()
   self:_end_streams(mods)
+end
+
+-- Direct installs (doc/protocol.md `install`): a consumer context's
+-- whole set of modulators on this channel, sent to this producer straight,
+-- `self.direct[addr] = { sseq, mods }`.  It stands in for what the
+-- manager's member list says of that context only while the context is a
+-- member of the list (a consumer of the channel, plain or modulated: the
+-- manager admitted it), while the list has not caught up with it (the
+-- list's `sseq` for it is below the install's: the consumer tells the
+-- manager after) and, keyed with a policy, while the list's `grants` give
+-- it `modulate` with each modulator's capabilities.  Otherwise the
+-- override goes and the list is whole again.
+local MAX_DIRECT = 64          -- modulators in one install
+
+local function caps_combo(caps)
+  local cl = {}
+  for _, c in ipairs(type(caps) == "table" and caps or {}) do cl[#cl + 1] = c end
+  table.sort(cl)
+  return table.concat(cl, ",")
+end
+
+-- Why the direct set `d` of context `a` may not stand now, or nil.
+function Channel:_direct_wrong(a, d, members)
+  if not self.lsseq then return "the manager's lists carry no sseq" end
+  local ls = self.lsseq[a]
+  if not members[a] then return "not a consumer of the channel in the manager's list" end
+  if ls and ls >= d.sseq then return "superseded" end
+  local g = self.lgrants
+  if g then
+    local mine = g[a]
+    for _, m in pairs(d.mods) do
+      if not (mine and mine[caps_combo(m.caps)]) then
+        return ("the manager's list does not grant it modulate with caps {%s}"):format(caps_combo(m.caps))
+      end
+    end
+  end
+  return nil
+end
+
+-- The member-list contexts of `list` and `mods`: { [addr] = true }.
+local function members_in(list, mods)
+  local set = {}
+  for _, a in ipairs(type(list) == "table" and list or {}) do set[a] = true end
+  for _, m in pairs(mods) do
+    for _, a in ipairs(type(m) == "table" and m.dests or {}) do set[a] = true end
+  end
+  return set
+end
+
+-- `mods` of the manager's list with each standing direct set in place of
+-- what the list says of its context (fresh tables; `mods` is not changed).
+function Channel:_with_direct(mods)
+  local members = members_in((self.last_members or {}).list, mods)
+  local over = {}
+  for _, a in ipairs(sorted_keys(self.direct)) do
+    local d = self.direct[a]
+    local why = self:_direct_wrong(a, d, members)
+    if why then self.direct[a] = nil else over[a] = d end
+  end
+  if next(over) == nil then return mods end
+  local out = {}
+  for key, m in pairs(mods) do
+    local dl = {}
+    for _, x in ipairs(m.dests or {}) do
+      if not over[x] then dl[#dl + 1] = x end
+    end
+    if #dl > 0 then
+      local c = {}
+      for f, v in pairs(m) do c[f] = v end
+      c.dests = dl
+      out[key] = c
+    end
+  end
+  for _, a in ipairs(sorted_keys(over)) do
+    for _, key in ipairs(sorted_keys(over[a].mods)) do
+      local e = out[key]
+      if not e then
+        local m = over[a].mods[key]
+        e = { src = m.src, params = m.params, period = m.period, caps = m.caps, base = m.base,
+              stream = m.stream, pseq = m.pseq, dests = {} }
+        out[key] = e
+      end
+      e.dests[#e.dests + 1] = a
+    end
+  end
+  return out
+end
+
+-- Context `from`'s new set `mods` applied to the running instances only
+-- where they change (what _set_consumers would make of the list with it,
+-- without a pass over every modulator of the list): an instance no longer
+-- its own stops sending to it (unloaded when it had no other consumer)
+-- and its stream is ended there in band; a new key gets a fresh instance,
+-- or `from` joins the running one of that key.  Returns true, or false
+-- when this does not apply (a list kept after a manager's loss, a stream
+-- changed in band) and the whole pass must run.
+function Channel:_direct_apply(from, mods)
+  local ctx = self.ctx
+  if self.kept or self.regrace then return false end
+  local had = {}
+  for key, inst in pairs(self.mods) do
+    for _, a in ipairs(inst.dests or {}) do
+      if a == from then had[key] = inst break end
+    end
+  end
+  for key, m in pairs(mods) do
+    if not had[key] and (m.stream or key) ~= key then return false end
+  end
+  local sub = self.sub_dests or {}
+  self.sub_dests = sub
+  local changed = false
+  for _, key in ipairs(sorted_keys(had)) do
+    local inst = had[key]
+    if not mods[key] then
+      local dl = others(inst.dests, from)
+      if #dl == 0 then
+        self:_unload(inst, true)
+      else
+        inst.dests, inst.dests_key = dl, table.concat(dl, ",")
+        ctx.c:set_dests(inst.dchid, others(dl, ctx.addr))
+      end
+      changed = true
+      local set = sub[inst.stream]
+      if set and set[from] then
+        set[from] = nil
+        if from == ctx.addr then ctx.c:drain_local() end -- local events first
+        ctx:_send_ctrl(from, { op = "stream_end", ch = self.name, key = inst.stream, producer = ctx.addr,
+                               ver = self.ver })
+      end
+    end
+  end
+  for _, key in ipairs(sorted_keys(mods)) do
+    if not had[key] and not self.failed[key] then
+      local m = mods[key]
+      local inst = self.mods[key]
+      if inst then
+        local dl = {}
+        for i, a in ipairs(inst.dests or {}) do dl[i] = a end
+        dl[#dl + 1] = from
+        inst.dests, inst.dests_key = dl, table.concat(dl, ",")
+        ctx.c:set_dests(inst.dchid, others(dl, ctx.addr))
+        inst.moe:receivers(#dl)
+      else
+        local e = { src = m.src, params = m.params, period = m.period, caps = m.caps, base = m.base,
+                    stream = m.stream, pseq = m.pseq, dests = { from } }
+        inst = self:_install(key, e)
+        if inst then
+          inst.spec, inst.dests_key = e, from
+          ctx.c:set_dests(inst.dchid, others(e.dests, ctx.addr))
+        end
+      end
+      if inst then
+        sub[inst.stream] = sub[inst.stream] or {}
+        sub[inst.stream][from] = true
+      end
+      changed = true
+    end
+  end
+  if changed then self:_rebuild_modlist() end
+  return true
+end
+
+-- An `install` from consumer context `from` (control.lua): its whole set
+-- of modulators here, `msg.mods` as a subscription's (`subs.mods`), with
+-- `msg.sseq` its count of subscription changes.  Believed only from a
+-- context the manager's current member list names (keyed: its address is
+-- pinned to the key the list gave, so the handshake proved it), for
+-- itself only (no `dests`), above the last sseq it or the list said, each
+-- key the hash of its code and params (recomputed here: one key is one
+-- modulator, whoever else uses it), no stream another context's, and,
+-- keyed with a policy, within the list's grants.  Applied at once (a new
+-- instance is made, a dropped one unloaded); returns true, the errors of
+-- its keys here ({ [key] = why }, nil when none); or nil, why, code.
+function Channel:_install_req(from, msg)
+  local ctx = self.ctx
+  local sseq = msg.sseq
+  if type(sseq) ~= "number" or sseq < 1 or sseq % 1 ~= 0 or sseq >= 2 ^ 53 or type(msg.mods) ~= "table" then
+    return nil, "an install needs sseq (integer >= 1) and mods (a table)", "protocol"
+  end
+  if msg.dests ~= nil or msg.consumer ~= nil then
+    return nil, "an install is for its sender only (no dests, no consumer)", "refused"
+  end
+  local last = self.last_members
+  if not last then return nil, "no member list from the manager here yet", "refused" end
+  -- a manager whose lists say no sseq (an older one) knows nothing of
+  -- direct installs: it could not supersede one, nor say its grants
+  if not self.lsseq then return nil, "the manager's lists carry no sseq: installs go through it", "refused" end
+  -- (once per list: a channel of thousands of consumers is not gone over per install)
+  local members = last.members or members_in(last.list, type(last.mods) == "table" and last.mods or {})
+  last.members = members
+  if not members[from] then
+    return nil, ("%s is not a consumer of '%s' in the manager's list"):format(from, self.short), "refused"
+  end
+  local d = self.direct and self.direct[from]
+  local ls = self.lsseq and self.lsseq[from] or 0
+  if sseq <= ls or (d and sseq <= d.sseq) then
+    return nil, ("install %d after %d: an older change"):format(sseq, math.max(ls, d and d.sseq or 0)), "refused"
+  end
+  local subs, err = check_subs{ op = "install", subs = { mods = msg.mods } }
+  if not subs then return nil, err, "protocol" end
+  local n = 0
+  local lmods = type(last.mods) == "table" and last.mods or {}
+  for key, m in pairs(subs.mods) do
+    n = n + 1
+    if n > MAX_DIRECT then return nil, ("more than %d modulators in one install"):format(MAX_DIRECT), "limit" end
+    -- hashed here once: an entry of the install before, the same in all
+    -- but pseq, was (a consumer's set goes whole in each install)
+    local o = d and d.mods[key]
+    if o and o.src == m.src and o.period == m.period and o.stream == m.stream and same(o.caps, m.caps)
+       and same(o.params, m.params) then
+      m.base = o.base
+    else
+      local cl = {}
+      for _, c in ipairs(m.caps or {}) do cl[#cl + 1] = c end
+      table.sort(cl)
+      local base = core.hash(table.concat(canon({ m.src, m.period or 0, cl }, {})))
+      if m.params == nil or not core.encode(m.params) or stream_key(base, m.params, m.stream) ~= key then
+        return nil, ("modulator %s: the key is not the hash of its code and params"):format(key:sub(1, 16)), "refused"
+      end
+      m.base = base
+    end
+    -- a stream kept through in-band params changes is its consumer's alone
+    local s = m.stream or key
+    if s ~= key then
+      for k2, o in pairs(lmods) do
+        if type(o) == "table" and (type(o.stream) == "string" and o.stream or k2) == s then
+          for _, x in ipairs(o.dests or {}) do
+            if x ~= from then
+              return nil, ("modulator %s: stream %s is %s's"):format(key:sub(1, 16), s:sub(1, 16), x), "refused"
+            end
+          end
+        end
+      end
+      for a2, d2 in pairs(self.direct or {}) do
+        if a2 ~= from then
+          for k2, o in pairs(d2.mods) do
+            if (o.stream or k2) == s then
+              return nil, ("modulator %s: stream %s is %s's"):format(key:sub(1, 16), s:sub(1, 16), a2), "refused"
+            end
+          end
+        end
+      end
+    end
+  end
+  local nd = { sseq = sseq, mods = subs.mods }
+  local why = self:_direct_wrong(from, nd, members)
+  if why then return nil, why, "refused" end
+  -- taken: applied by _install_apply (the caller answers first)
+  return true, self:_mod_errors(subs.mods), nd
+end
+
+-- Applies install `nd` (checked by _install_req) of context `from`.  The
+-- caller has answered and written the answer already: the consumer goes
+-- on while the state is made here, and no event of this process can be
+-- submitted before this returns (one thread: what it submits next goes
+-- through the new modulator).  What fails here goes to the consumer as a
+-- mod_error, as from a member list.
+function Channel:_install_apply(from, nd)
+  local last = self.last_members
+  self.direct = self.direct or {}
+  self.direct[from] = nd
+  -- a modulator that goes and one that comes in one install are two
+  -- consumers' (a close and a new consumer): a fresh state for the new
+  -- one, never the old one's re-keyed (that is a params change's, through
+  -- the manager)
+  self.fresh_only = true
+  local ok, aerr = pcall(self._direct_apply, self, from, nd.mods)
+  if ok and not aerr then ok, aerr = pcall(self._apply_members, self, last.list, last.mods) end
+  self.fresh_only = nil
+  if not ok then error(aerr, 0) end
 end
 
 -- Each context that no longer takes modulator `key` from this process is
@@ -484,14 +756,28 @@ end
 -- nothing here: one call per params change.
 if jit then jit.off(Channel._params_req) end
 
-function Channel:_unload(inst)
+function Channel:_unload(inst, later)
   if self.ctx.moes[inst.id] == inst then count_principals(self.ctx, inst.principals, -1) end
   -- its stream's destinations go with it: set, they would keep their peers
   -- (a consumer that died) from being freed after peer_free_after
   self.ctx.c:set_dests(inst.dchid, {})
   self.ctx.moes[inst.id] = nil
   if self.mods[inst.key] == inst then self.mods[inst.key] = nil end
-  inst.moe:close()
+  if not later then return inst.moe:close() end
+  -- later: its state is freed after this turn (a direct install answers
+  -- first); it runs no more meanwhile (off the modulator list, which the
+  -- caller rebuilds, and sending nowhere)
+  local ctx = self.ctx
+  ctx.moe_closing = ctx.moe_closing or {}
+  local q = ctx.moe_closing
+  q[#q + 1] = inst.moe
+  if #q == 1 then
+    ctx:after(0, function()
+      local l = ctx.moe_closing
+      ctx.moe_closing = nil
+      for _, m in ipairs(l or {}) do m:close() end
+    end)
+  end
 end
 
 -- Logged once per kind ("refused" at install, "failed" while running) per

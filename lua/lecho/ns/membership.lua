@@ -56,9 +56,12 @@ end
 -- and each distinct modulator (by key) with the contexts that asked for it.
 -- Fresh tables on every call (they are handed to `send`).
 local function members_of(c)
-  local plain, mods, svc = {}, {}, nil
+  -- sseq: always sent (empty too): a producer takes direct installs only
+  -- under a manager that says what each consumer's last change was
+  local plain, mods, svc, sseq = {}, {}, nil, {}
   for _, a in ipairs(sorted_keys(c.consumers)) do
     local subs = c.consumers[a].subs
+    if subs.sseq then sseq[a] = subs.sseq end
     if subs.plain then plain[#plain + 1] = a end
     if subs.svc then
       svc = svc or {}
@@ -75,7 +78,26 @@ local function members_of(c)
       e.dests[#e.dests + 1] = a
     end
   end
-  return plain, mods, svc
+  return plain, mods, svc, sseq
+end
+
+-- Keyed mode with a policy: the capability sets each consumer context of
+-- c may modulate with ({ [addr] = { "", "clock", "clock,log", ... } }, a
+-- set sorted and joined by commas, as lecho.modulator's caps_combo): a
+-- producer believes a consumer's direct install (doc/protocol.md
+-- `install`) only within them.  nil otherwise (no policy: all granted).
+local CAP_SETS = { {}, { "clock" }, { "log" }, { "clock", "log" } }
+local function grants_of(self, c)
+  if not (self.identity and self.policy) then return nil end
+  local g = {}
+  for a in pairs(c.consumers) do
+    local l = {}
+    for _, cs in ipairs(CAP_SETS) do
+      if allowed(self, a, "modulate", c.name, cs[1] and cs or nil) then l[#l + 1] = table.concat(cs, ",") end
+    end
+    g[a] = l
+  end
+  return g
 end
 
 -- Keyed mode: the public keys of the consumer contexts a member list
@@ -152,9 +174,10 @@ function M.renew_tickets(self, io)
       self.log("warn", ("ticket of %s for '%s' not renewed: %s"):format(r.addr, c.name, tostring(why)))
     elseif p and p.tserial == r.serial then
       self.mid = self.mid + 1
-      local plain, mods, svc = members_of(c)
+      local plain, mods, svc, sseq = members_of(c)
       emit(self, io, r.addr, { op = "members", ch = c.name, ver = c.ver, consumers = plain, mods = mods,
                                svc = svc, keys = keys_of(self, plain, mods), mid = self.mid,
+                               sseq = sseq, grants = grants_of(self, c),
                                ticket = ticket_for(self, c, r.addr) })
     end
   end
@@ -210,9 +233,10 @@ local function publish_members(self, c, io, hist)
   end
   for _, p in ipairs(sorted_keys(c.producers)) do
     self.mid = self.mid + 1
-    local plain, mods, svc = members_of(c)
+    local plain, mods, svc, sseq = members_of(c)
     emit(self, io, p, { op = "members", ch = c.name, ver = c.ver, consumers = plain, mods = mods, svc = svc,
-                        keys = keys_of(self, plain, mods), mid = self.mid, hist = hist })
+                        keys = keys_of(self, plain, mods), mid = self.mid, hist = hist,
+                        sseq = sseq, grants = grants_of(self, c) })
   end
 end
 
@@ -259,8 +283,9 @@ local function answer_producer(self, io, c, to, rid, p)
     if c.producers[to] == p then c.producers[to] = nil end
     return fail(self, io, to, rid, why, "refused")
   end
-  local plain, mods, svc = members_of(c)
+  local plain, mods, svc, sseq = members_of(c)
   reply(self, io, to, rid, { consumers = plain, mods = mods, svc = svc, keys = keys_of(self, plain, mods),
+                             sseq = sseq, grants = grants_of(self, c),
                              ver = c.ver, count = p.count, ticket = ticket_for(self, c, to) })
 end
 
@@ -295,77 +320,9 @@ local function check_role(msg)
   return role
 end
 
--- A consumer context's subscriptions: { plain = bool, mods = { [key] = {
--- src, params, period, caps, base } } }.  Absent: the plain stream only.
-local MAX_SOURCE = 1024 * 1024
-local function check_subs(msg)
-  local s = msg.subs
-  if s == nil then return { plain = true, mods = {} } end
-  local op = msg.op
-  if type(s) ~= "table" then return nil, op .. ": field 'subs' must be a table" end
-  if s.mods ~= nil and type(s.mods) ~= "table" then return nil, op .. ": 'subs.mods' must be a table" end
-  local mods = {}
-  for k, m in pairs(s.mods or {}) do
-    if type(k) ~= "string" or #k == 0 or #k > 64 then
-      return nil, op .. ": modulator keys must be strings of 1 to 64 bytes"
-    end
-    if type(m) ~= "table" or type(m.src) ~= "string" then
-      return nil, ("%s: modulator '%s' needs a string 'src'"):format(op, k)
-    end
-    if #m.src > MAX_SOURCE then
-      return nil, ("%s: modulator '%s' source longer than %d bytes"):format(op, k, MAX_SOURCE)
-    end
-    if m.period ~= nil and (type(m.period) ~= "number" or not (m.period >= 0.001 and m.period < math.huge)) then
-      return nil, ("%s: modulator '%s': period must be a finite number >= 0.001"):format(op, k)
-    end
-    if m.caps ~= nil and type(m.caps) ~= "table" then
-      return nil, ("%s: modulator '%s': caps must be a list of strings"):format(op, k)
-    end
-    for _, cap in ipairs(m.caps or {}) do
-      if type(cap) ~= "string" then
-        return nil, ("%s: modulator '%s': caps must be a list of strings"):format(op, k)
-      end
-    end
-    if m.stream ~= nil and (type(m.stream) ~= "string" or #m.stream == 0 or #m.stream > 64) then
-      return nil, ("%s: modulator '%s': stream must be a string of 1 to 64 bytes"):format(op, k)
-    end
-    if m.pseq ~= nil and (type(m.pseq) ~= "number" or m.pseq < 0 or m.pseq >= 2 ^ 53 or m.pseq % 1 ~= 0) then
-      return nil, ("%s: modulator '%s': pseq must be an integer"):format(op, k)
-    end
-    mods[k] = { src = m.src, params = m.params, period = m.period, caps = m.caps,
-                base = type(m.base) == "string" and m.base or nil, stream = m.stream, pseq = m.pseq }
-  end
-  -- a service's server (lecho.service): the versions it serves here
-  local svc
-  if s.svc ~= nil then
-    local v = type(s.svc) == "table" and s.svc.versions
-    if type(v) ~= "table" or #v == 0 or #v > 64 then
-      return nil, op .. ": 'subs.svc.versions' must be a list of 1 to 64 integers"
-    end
-    local vs = {}
-    for i = 1, #v do
-      local x = v[i]
-      if type(x) ~= "number" or x < 1 or x > 2 ^ 31 or x % 1 ~= 0 then
-        return nil, op .. ": 'subs.svc.versions' must be a list of 1 to 64 integers"
-      end
-      vs[i] = x
-    end
-    svc = { versions = vs }
-  end
-  -- a late joiner's history wish (lecho.history): passed to the producers
-  -- with the member list that takes it, so that they send it at once
-  local histq
-  if s.histq ~= nil then
-    local h = s.histq
-    if type(h) ~= "table" or type(h.n) ~= "number" or h.n < 1 or h.n > 1024 or h.n % 1 ~= 0
-       or (h.key ~= nil and (type(h.key) ~= "string" or #h.key == 0 or #h.key > 64)) then
-      return nil, op .. ": 'subs.histq' must be { n = 1..1024, key = nil or a modulator key }"
-    end
-    histq = { n = h.n, key = h.key }
-  end
-  return { plain = s.plain ~= false, mods = mods, svc = svc, histq = histq }
-end
-
+-- A consumer context's subscriptions, checked: lecho.subs (shared with
+-- a producer's check of a direct install).
+local check_subs = require("lecho.subs").check
 
 -- Keys name modulators (a 64-bit hash made by the consumer): two consumers
 -- using one key must mean one modulator, or one would receive the other's

@@ -1,0 +1,90 @@
+-- lecho.subs: a consumer context's subscriptions to a channel as the
+-- control plane carries them (doc/protocol.md `subs`), checked for shape
+-- and size.  Shared by the channel manager (lecho.ns.membership: join,
+-- subscribe) and a producer (lecho.modulator: a direct `install`), so both
+-- hold a subscription to the same rules.  No I/O, no state.
+
+-- Never compiled, as lecho.ns.* (Debian's LuaJIT and LuaJIT #827).
+if jit then jit.off(true, true) end
+
+local M = {}
+
+-- A consumer context's subscriptions: { plain = bool, mods = { [key] = {
+-- src, params, period, caps, base } } }.  Absent: the plain stream only.
+local MAX_SOURCE = 1024 * 1024
+function M.check(msg)
+  local s = msg.subs
+  if s == nil then return { plain = true, mods = {} } end
+  local op = msg.op
+  if type(s) ~= "table" then return nil, op .. ": field 'subs' must be a table" end
+  if s.mods ~= nil and type(s.mods) ~= "table" then return nil, op .. ": 'subs.mods' must be a table" end
+  local mods = {}
+  for k, m in pairs(s.mods or {}) do
+    if type(k) ~= "string" or #k == 0 or #k > 64 then
+      return nil, op .. ": modulator keys must be strings of 1 to 64 bytes"
+    end
+    if type(m) ~= "table" or type(m.src) ~= "string" then
+      return nil, ("%s: modulator '%s' needs a string 'src'"):format(op, k)
+    end
+    if #m.src > MAX_SOURCE then
+      return nil, ("%s: modulator '%s' source longer than %d bytes"):format(op, k, MAX_SOURCE)
+    end
+    if m.period ~= nil and (type(m.period) ~= "number" or not (m.period >= 0.001 and m.period < math.huge)) then
+      return nil, ("%s: modulator '%s': period must be a finite number >= 0.001"):format(op, k)
+    end
+    if m.caps ~= nil and type(m.caps) ~= "table" then
+      return nil, ("%s: modulator '%s': caps must be a list of strings"):format(op, k)
+    end
+    for _, cap in ipairs(m.caps or {}) do
+      if type(cap) ~= "string" then
+        return nil, ("%s: modulator '%s': caps must be a list of strings"):format(op, k)
+      end
+    end
+    if m.stream ~= nil and (type(m.stream) ~= "string" or #m.stream == 0 or #m.stream > 64) then
+      return nil, ("%s: modulator '%s': stream must be a string of 1 to 64 bytes"):format(op, k)
+    end
+    if m.pseq ~= nil and (type(m.pseq) ~= "number" or m.pseq < 0 or m.pseq >= 2 ^ 53 or m.pseq % 1 ~= 0) then
+      return nil, ("%s: modulator '%s': pseq must be an integer"):format(op, k)
+    end
+    mods[k] = { src = m.src, params = m.params, period = m.period, caps = m.caps,
+                base = type(m.base) == "string" and m.base or nil, stream = m.stream, pseq = m.pseq }
+  end
+  -- a service's server (lecho.service): the versions it serves here
+  local svc
+  if s.svc ~= nil then
+    local v = type(s.svc) == "table" and s.svc.versions
+    if type(v) ~= "table" or #v == 0 or #v > 64 then
+      return nil, op .. ": 'subs.svc.versions' must be a list of 1 to 64 integers"
+    end
+    local vs = {}
+    for i = 1, #v do
+      local x = v[i]
+      if type(x) ~= "number" or x < 1 or x > 2 ^ 31 or x % 1 ~= 0 then
+        return nil, op .. ": 'subs.svc.versions' must be a list of 1 to 64 integers"
+      end
+      vs[i] = x
+    end
+    svc = { versions = vs }
+  end
+  -- a late joiner's history wish (lecho.history): passed to the producers
+  -- with the member list that takes it, so that they send it at once
+  local histq
+  if s.histq ~= nil then
+    local h = s.histq
+    if type(h) ~= "table" or type(h.n) ~= "number" or h.n < 1 or h.n > 1024 or h.n % 1 ~= 0
+       or (h.key ~= nil and (type(h.key) ~= "string" or #h.key == 0 or #h.key > 64)) then
+      return nil, op .. ": 'subs.histq' must be { n = 1..1024, key = nil or a modulator key }"
+    end
+    histq = { n = h.n, key = h.key }
+  end
+  -- the consumer's count of its subscription changes (a direct install
+  -- names one above it: lecho.modulator _install_req)
+  local sseq = s.sseq
+  if sseq ~= nil and (type(sseq) ~= "number" or sseq < 0 or sseq >= 2 ^ 53 or sseq % 1 ~= 0) then
+    return nil, op .. ": 'subs.sseq' must be an integer"
+  end
+  return { plain = s.plain ~= false, mods = mods, svc = svc, histq = histq, sseq = sseq }
+end
+
+
+return M

@@ -3,50 +3,49 @@
  *
  * `ctx:recorder(path, ...)` (lua/lecho/recorder.lua) makes one; a producer
  * handle given to it (h:set_record, lua_prod.c) hands each event it
- * submits to lb_rec_event, on the producer's thread: the event's message
- * (the encoded bytes the wire gets, lei_msg) by reference, one more
- * reference counted, with its channel and producer indexes, sequence
- * number, time and sync flag, into a ring the writer thread reads.  The
- * writer makes each record of doc/recording.md (length, CRC-32, kind `E`,
- * indexes, sequence, time, flags, the value's bytes) in its own 64 KiB
- * buffer, rotates past max bytes and write()s; it hands the message back
- * through a second ring, and the producer's thread drops the reference at
- * its next submit (or the 50 ms tick).  So the producer pays a reference
- * and a ring slot, no copy, no checksum, no system call, no second TCP
- * destination, and the file is the one `lecho record` writes (Lua wrote
- * its magic line and header, recording.writer): a crash leaves what a
- * crash of `lecho record` leaves, whole records and at worst one torn one
- * at the end (a write() cut short).
+ * submits to lb_rec_event, on the producer's thread, once the core took
+ * it: the event's record of doc/recording.md (length, a checksum left at
+ * 0, kind `E`, indexes, sequence, time, flags, then the encoded value: the
+ * bytes the wire gets) is appended to the 64 KiB chunk being filled, one
+ * memcpy of the value.  A full chunk, one 50 ms old at the next event, and
+ * every flush (and the 50 ms tick from Lua) are handed to the writer
+ * thread through a ring; it fills in each record's CRC-32, rotates past
+ * max bytes, write()s, and gives the chunk back through a second ring.
+ * So the producer pays a copy, no checksum, no system call, no second TCP
+ * destination; the file is the one `lecho record` writes (Lua wrote its
+ * magic line and header, recording.writer), and a crash leaves what a
+ * crash of `lecho record` leaves: whole records, and at worst one torn
+ * one at the end (a write() cut short).
  *
- * Threads: the writer thread touches no Lua state, no libev, no lei_ctx,
- * and no reference count: it reads the messages' bytes (a message is not
- * written to once submitted; the reference held keeps it and its pinned
- * slices alive) and its own part of this struct.  The two rings are
- * single-producer single-consumer, each counter written by one side
- * (release) and read by the other (acquire): no lock on an event's path.
- * The mutex and condition variables serve only to sleep and wake (the
- * writer naps 2 to 50 ms when it finds nothing; a flush, a close, a
- * quarter-full ring or a producer waiting for room wakes it).
+ * Threads: the writer thread touches no Lua state, no libev, no lei_ctx:
+ * only the chunks handed to it, its file and its part of this struct.  The
+ * two rings are single-producer single-consumer: each counter is written
+ * by one side (release) and read by the other (acquire), no lock on an
+ * event's path; a chunk belongs to the side that took it from a ring.  The
+ * mutex and condition variables only serve to sleep and wake: the writer
+ * naps 2 ms after it found work, doubling to 50 ms while it finds none
+ * (what was handed over is in the file within 50 ms), and is woken when a
+ * quarter of the buffer waits, a flush or close asks, or the producer
+ * waits for room.  (Woken per chunk, the futex wake cost the producer
+ * more than the copy in this VM.)
  *
- * Memory: the messages held (handed over, not yet given back) count in
- * held, within limit (ctx:recorder's buffer_bytes, default 8 MiB; one
- * event larger than it alone may be held), and in the ring's slots.  At
- * the bound the recorder's policy acts: "block" waits in the submit for
- * the writer to give messages back (the producer runs at the disk's pace,
- * nothing lost); "drop" does not record the event and counts it (stats
- * dropped; its sequence number is missing from the file, so `lecho replay
- * --check` names the gap).  A write error (disk full, EFBIG) stops the
- * writing: the events after it are counted as lost, the error kept for
- * stats and said once in the log (lecho.recorder), the producer never
- * blocked by it.
+ * Memory: every chunk (being filled, in a ring, spare) counts in nbytes,
+ * within limit (ctx:recorder's buffer_bytes, default 8 MiB; an event
+ * larger than a chunk takes one its size, and one larger than the limit
+ * alone may take it while no other chunk is held).  At the bound the
+ * recorder's policy acts: "block" waits in the submit for the writer to
+ * give a chunk back (the producer runs at the disk's pace, nothing lost);
+ * "drop" does not record the event and counts it (stats dropped; its
+ * sequence number is missing from the file, so `lecho replay --check`
+ * names the gap).  A write error (disk full, EFBIG) stops the writing:
+ * the events after it are counted as lost, the error kept for stats and
+ * said once in the log (lecho.recorder), the producer never blocked by it.
  *
- * Owners: the lb_rec is the userdata's memory (REC_MT); its rings, the
- * writer's buffer, path, header, names and kept records are malloc'd and
- * owned by it (freed by rec_close, the thread joined first); a message in
- * a ring is one reference owned by the recorder, dropped on the
- * producer's thread.  The userdata's environment pins the context
- * userdata; the context lists its open recorders (b->recs) and closes them
- * (flushed, joined) before it goes (lb_rec_close_all). */
+ * Owners: the lb_rec is the userdata's memory (REC_MT); its chunks, rings,
+ * path, header and kept records are malloc'd and owned by it (freed by
+ * rec_close once the thread is joined).  The userdata's environment pins
+ * the context userdata; the context lists its open recorders (b->recs)
+ * and closes them (flushed, joined) before it goes (lb_rec_close_all). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -567,10 +566,13 @@ static int l_recorder_open(lua_State *L) {
     int keep = (int)luaL_optinteger(L, 6, 3);
     const char *pol = luaL_optstring(L, 7, "block");
     double limit = luaL_optnumber(L, 8, 8.0 * 1024 * 1024);
+    size_t il = 0;
+    const char *initial = luaL_optlstring(L, 9, NULL, &il);
     if (strcmp(pol, "block") != 0 && strcmp(pol, "drop") != 0)
         return luaL_argerror(L, 7, "policy must be \"block\" or \"drop\"");
     if (!(limit >= 2.0 * REC_CHUNK)) return luaL_argerror(L, 8, "buffer_bytes must be 131072 or more");
     if (!b->c) return luaL_error(L, "lecho: context is closed");
+    /* (a FIFO: waits here for its reader, as a shell's > does) */
     int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
     if (fd < 0) {
         lua_pushnil(L);
@@ -607,6 +609,25 @@ static int l_recorder_open(lua_State *L) {
         free(r->hdr);
         close(fd);
         return luaL_error(L, "lecho: out of memory");
+    }
+    if (initial) { /* a stream's magic line and header (a FIFO: Lua did not open it) */
+        size_t off = 0;
+        while (off < il) {
+            ssize_t w = write(fd, initial + off, il - off);
+            if (w < 0 && errno == EINTR) continue;
+            if (w < 0) {
+                int e = errno;
+                free(r->full.slot);
+                free(r->back.slot);
+                free(r->path);
+                free(r->hdr);
+                close(fd);
+                lua_pushnil(L);
+                lua_pushfstring(L, "%s: %s", path, strerror(e));
+                return 2;
+            }
+            off += (size_t)w;
+        }
     }
     off_t end = lseek(fd, 0, SEEK_END);
     r->size = end > 0 ? (uint64_t)end : 0;

@@ -10,6 +10,12 @@ local Context = require "lecho.context"
 local options = require "lecho.options"
 local recording = require "lecho.recording"
 
+local function sh_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+local function u32(n)
+  return string.char(n % 256, math.floor(n / 256) % 256, math.floor(n / 65536) % 256, math.floor(n / 16777216) % 256)
+end
+
 local Recorder = {}
 Recorder.__index = Recorder
 
@@ -48,17 +54,32 @@ function Context:recorder(path, opts)
   opts = check(opts)
   if self.closed then error("lecho: context is closed", 2) end
   if type(path) ~= "string" or path == "" then error("ctx:recorder: path must be a file name", 2) end
-  local w, err = recording.writer(path, { max_bytes = opts.max_bytes, keep = opts.keep, append = opts.append,
-                                          recorder = self.addr })
-  if not w then return nil, err end
-  -- Lua wrote the magic line and the header: the C writer appends from here
-  w.f:close()
-  w.f = nil
-  local h
-  h, err = self.c:recorder_open(path, recording.MAGIC .. w.header, w.created, opts.max_bytes or 0,
-                                opts.keep or 3, opts.policy or "block", opts.buffer_bytes)
+  local header, created, initial, cut
+  if os.execute("test -p " .. sh_quote(path)) == 0 then
+    -- a FIFO (a pipe to another program: a compressor, a remote copy, a
+    -- slow reader): the stream starts with the magic line and the header,
+    -- written by the writer thread (opening it waits for its reader)
+    if opts.max_bytes or opts.append then
+      return nil, ("%s is a FIFO: max_bytes and append need a file"):format(path)
+    end
+    created = math.floor(recording.wall())
+    local body = "H" .. assert(require("lecho.core").encode({
+      format = recording.FORMAT, created = created, recorder = self.addr, fields = recording.FIELDS }))
+    header = u32(#body) .. u32(recording.crc32(body)) .. body
+    initial = recording.MAGIC .. header
+  else
+    local w, err = recording.writer(path, { max_bytes = opts.max_bytes, keep = opts.keep, append = opts.append,
+                                            recorder = self.addr })
+    if not w then return nil, err end
+    -- Lua wrote the magic line and the header: the C writer appends from here
+    w.f:close()
+    w.f = nil
+    header, created, cut = w.header, w.created, w.cut
+  end
+  local h, err = self.c:recorder_open(path, recording.MAGIC .. header, created, opts.max_bytes or 0,
+                                      opts.keep or 3, opts.policy or "block", opts.buffer_bytes, initial)
   if not h then return nil, err end
-  local r = setmetatable({ h = h, ctx = self, path = path, fsync = opts.fsync, cut = w.cut }, Recorder)
+  local r = setmetatable({ h = h, ctx = self, path = path, fsync = opts.fsync, cut = cut }, Recorder)
   -- what an idle producer submitted last is written within 50 ms; a write
   -- error is said once
   r.timer = self:every(0.05, function()

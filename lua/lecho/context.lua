@@ -15,6 +15,7 @@
 --   lecho.group:     group, _on_gchange
 --   lecho.push:      sandbox, push, unload_pushed, pushed
 --   lecho.modulator: _moe_error
+--   lecho.recorder:  recorder
 
 local options = require "lecho.options"
 local ffi = require "ffi"

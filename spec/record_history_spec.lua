@@ -205,6 +205,57 @@ describe("issue 29 F7: a recording holds the current state", function()
     S.kill(rp, "KILL")
   end)
 
+  it("the C writer with a producer in the recorder's own process: no duplicate, no gap after the handover",
+     function()
+    -- issue 29 leftover: the C path (lecho record without --count) takes
+    -- over from the history catch-up without the seam's floor; a producer
+    -- in the same process (its local queue) could, in principle, deliver
+    -- an event at or below the seam after the handover.  Not seen: what
+    -- this checks, under busy cores (doc/recording.md says when the C path
+    -- runs: `lecho record`, a process of its own)
+    for _ = 1, 2 do S.spawn(("%s -e 'while true do end'"):format(S.luajit)) end
+    local file = S.tmpname("rlocal") .. ".lecho"
+    local child = S.lua([[
+      local lecho = require "lecho"
+      local recording = require "lecho.recording"
+      local file = arg[1]
+      for round = 1, 3 do
+        os.remove(file)
+        local ctx = lecho.context{ quiet = true }
+        local p = assert(ctx:channel("rx.local"):producer{ history = "last" })
+        local k = 0
+        local tm = ctx:every(0.001, function() for _ = 1, 50 do k = k + 1 p:submit({ i = k }) end end)
+        ctx:sleep(0.1 * round)
+        local w = assert(recording.writer(file, {}))
+        local r = assert(recording.record(ctx, { "rx.local" }, w, { direct = true, history = "last" }))
+        ctx:sleep(0.5)
+        tm:stop()
+        ctx:sleep(0.2)
+        r.stop()
+        w:close()
+        local s = assert(recording.scan(file))
+        local bad, prev = 0, nil
+        for j = 1, #s.events do
+          local e = s.events[j]
+          if prev and e.seq ~= prev + 1 then bad = bad + 1 end
+          prev = e.seq
+        end
+        io.stdout:write(("round %d events %d bad %d last %d sent %d\n"):format(round, #s.events, bad, prev or -1, k))
+        ctx:close()
+      end
+    ]], file)
+    assert.are.equal(0, finish(child, 120, "recorder"), S.errors(child))
+    local out = S.output(child)
+    local rounds = 0
+    for n, bad, last, sent in out:gmatch("events (%d+) bad (%d+) last (%-?%d+) sent (%d+)") do
+      rounds = rounds + 1
+      assert(tonumber(n) > 100, out)
+      assert.are.equal(0, tonumber(bad), out)
+      assert.are.equal(tonumber(sent), tonumber(last), "the last events were not recorded: " .. out)
+    end
+    assert.are.equal(3, rounds, out)
+  end)
+
   it("the REPL's record() records the kept value too, and not with history = 'none'", function()
     local _, ns = S.nameserver("--quiet")
     local prod = S.lua(SETTINGS, ns, "rh.repl")

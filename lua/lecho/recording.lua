@@ -205,8 +205,18 @@ local C = ffi.C
 local EVSIZE = ffi.sizeof("lecho_rec_ev")
 
 -- [list id] = { chans = { names }, prods = { names } }: what a cdata
--- cannot hold (dropped by the list's __gc)
-local names, nextid = {}, 0
+-- cannot hold (dropped by the list's __gc).  Kept in the registry, with
+-- the id counter and the list's ctype, so that this module loaded again
+-- in the same state (busted runs each spec file with a fresh
+-- package.loaded; the FFI's types and metatables outlive it) reads and
+-- frees the same table the lists' metatable does: two tables made a list
+-- of the second load unreadable ("nm" nil) after one of the first.
+local shared = debug.getregistry()["lecho.recording"]
+if not shared then
+  shared = { names = {}, nextid = 0 }
+  debug.getregistry()["lecho.recording"] = shared
+end
+local names = shared.names
 
 local List = {}
 local list_mt = {
@@ -222,7 +232,9 @@ local list_mt = {
     names[l.id] = nil
   end,
 }
-local ListT = ffi.metatype("lecho_rec_list", list_mt)
+local okT, T = pcall(ffi.metatype, "lecho_rec_list", list_mt)
+if okT then shared.ListT = T end
+local ListT = shared.ListT
 
 --- Event k (1-based) as a table { ch, producer, seq, wall, t (seconds
 -- from the list's first event), sync, history (flag bit 1: a value its
@@ -266,9 +278,9 @@ local function load(path)
   local size = tonumber(C.ftell(f))
   C.fseek(f, 0, 0)
   if size < 0 then C.fclose(f) return nil, path .. ": cannot read" end
-  nextid = nextid + 1
+  shared.nextid = shared.nextid + 1
   local l = ListT()
-  l.id = nextid
+  l.id = shared.nextid
   names[l.id] = { chans = {}, prods = {} }
   l.buf = C.malloc(math.max(size, 1))
   if l.buf == nil then C.fclose(f) return nil, ("%s: no memory for its %d bytes"):format(path, size) end

@@ -48,7 +48,7 @@ end
 -- JSON in arg 4): n events { i = k, pad = size bytes, field = an array
 -- every 10th }, a sync one every 1000th (to a consumer when there is one:
 -- arg 6 "wait"), then the recorder's stats as a JSON line; "exit": ends
--- with os.exit(0), no close.
+-- with os.exit(0), no close; "drain": 1.5 s after them, 10 more.
 local PRODUCER = [[
 local lecho = require "lecho"
 local cjson = require "cjson"
@@ -77,6 +77,11 @@ for k = 1, n do
   if mode == "forever" and k == 2000 then io.stdout:write("going\n") io.stdout:flush() end
 end
 local dt = ctx:now() - t0
+if mode == "drain" then
+  -- the writer catches up, then 10 more: recorded after what was dropped
+  ctx:sleep(1.5)
+  for k = n + 1, n + 10 do assert(p:submit({ i = k, pad = pad })) end
+end
 if mode == "exit" then io.stdout:write("exiting\n") io.stdout:flush() os.exit(0) end
 local st = rec:close()
 st.submit_s = dt
@@ -236,7 +241,8 @@ describe("issue 29: recording in the producer's process", function()
       local reader = slow_reader(fifo, out)
       local n = 6000
       local prod = S.lua(PRODUCER, "-", "rt.slow", fifo, cjson.encode({ policy = policy, buffer_bytes = 131072 }),
-                         tostring(n), "-", "1000")
+                         tostring(n), "drain", "1000")
+      n = n + 10
       assert.are.equal(0, finish(prod, 120, "producer"), S.errors(prod))
       assert.are.equal(0, finish(reader, 60, "reader"), S.errors(reader))
       local st = json_lines(prod)[1]

@@ -55,7 +55,7 @@ CORE_SRC   := core/base/codec.c core/base/array.c core/base/errors.c core/transp
 LUA_SRC    := core/base/codec_lua.c core/base/array_lua.c core/base/array_zip.c core/moe/moe.c core/moe/moe_env.c \
               core/moe/moe_group.c core/moe/moe_svc.c core/moe/lpat.c core/binding/lua_ctx.c core/binding/lua_hook.c \
               core/binding/lua_chan.c core/binding/lua_prod.c core/binding/lua_sink.c core/binding/lua_moe.c core/binding/lua_loop.c core/binding/lua_auth.c \
-              core/binding/lua_raw.c core/binding/lua_rsink.c
+              core/binding/lua_raw.c core/binding/lua_rsink.c core/binding/lua_rec.c
 HDRS       := $(wildcard core/*.h core/*/*.h)
 SO         := lua/lecho/core.so
 WS_SO      := lua/lecho/ws.so
@@ -211,7 +211,7 @@ $(CORE_OBJ:.o=.d):
 include $(wildcard $(CORE_OBJ:.o=.d))
 
 $(SO): $(CORE_OBJ)
-	$(CC) $(ALLCFLAGS) $(LIBFLAG) -o $@ $(CORE_OBJ) -lev $(SODIUM_LIBS) $(ZIP_LIBS) $(LDFLAGS)
+	$(CC) $(ALLCFLAGS) $(LIBFLAG) -o $@ $(CORE_OBJ) -lev $(SODIUM_LIBS) $(ZIP_LIBS) -lpthread $(LDFLAGS)
 
 # lecho.ws (lua/lecho/ws.so): the gateway's WebSocket connections, wslay's
 # framing and nettle's SHA-1; a module of its own, so that the core does not

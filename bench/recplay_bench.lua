@@ -127,7 +127,7 @@ end
 -- process spent per event meanwhile (us; rec: the recorder's pid or nil).
 local seq = 0
 local function run_flow(n, rec)
-  local p0, c0, r0 = sched_ns("self"), sched_ns(peer.pid), rec and sched_ns(rec.pid)
+  local p0, c0, r0 = sched_ns("self"), sched_ns(peer.pid), rec and rec.sched()
   local t0 = ctx:now()
   for i = 1, n do
     assert(p:submit({ i = i, pad = payload }))
@@ -135,11 +135,27 @@ local function run_flow(n, rec)
   local t_loop = ctx:now() - t0
   assert(p:submit_sync({ last = true }, { timeout = 60 }))
   local dt = ctx:now() - t0
-  local p1, c1, r1 = sched_ns("self"), sched_ns(peer.pid), rec and sched_ns(rec.pid)
+  local p1, c1, r1 = sched_ns("self"), sched_ns(peer.pid), rec and rec.sched()
   seq = seq + n + 1
   local function per(x, y) return x and y and (y - x) / 1e3 / (n + 1) or nil end
   return { ev_s = n / dt, loop_ev_s = n / t_loop, producer_cpu_us = per(p0, p1), consumer_cpu_us = per(c0, c1),
            recorder_cpu_us = per(r0, r1) }
+end
+-- The CPU of a process (a recorder, a second consumer) for run_flow.
+local function of_pid(pid) return { pid = pid, sched = function() return sched_ns(pid) end } end
+-- The CPU of this process's threads but the main one (the in-process
+-- recorder's writer thread), listed once before the flow (no fork in it).
+local function other_threads()
+  local me = common.getpid()
+  local f = io.popen("ls /proc/" .. me .. "/task")
+  local tids = {}
+  for t in f:read("*a"):gmatch("%d+") do if tonumber(t) ~= me then tids[#tids + 1] = t end end
+  f:close()
+  return { sched = function()
+    local sum = 0
+    for _, t in ipairs(tids) do sum = sum + (sched_ns(me .. "/task/" .. t) or 0) end
+    return sum
+  end }
 end
 
 -- The steady flow measured in every kind of run: the same workload, the same
@@ -172,17 +188,14 @@ local function start_recorder()
   local rec = spawn(("%s %s/scripts/lecho record rp.data --out %s --json --nameserver %s")
                     :format(LUAJIT, ROOT, recfile, ns))
   assert(common.run_until(ctx, function() return ndests() == 2 end, 20), "recorder did not join")
+  rec.sched = function() return sched_ns(rec.pid) end
   return rec, seq
 end
--- Stops the recorder and reads its file: every event sent since it joined
--- must be in it, in order, none lost (a faster recorder must still count
--- every event); returns the file's figures.
-local function stop_recorder(rec, seq0)
-  proc.signal(rec.pid, "INT")
-  local done = proc.wait(rec, 20, function(dt) ctx:run_once(dt) end)
-  assert(done, "recorder did not stop")
-  local sum = common.json_line(proc.read(rec.out) or "")
-  local scan = assert(recording.scan(recfile))
+-- Reads a recording back: every event sent since seq0 must be in it, in
+-- order, none lost (a faster recorder must still count every event);
+-- returns the file's figures.
+local function check_file(path, sum, seq0)
+  local scan = assert(recording.scan(path))
   assert(not scan.torn, "the recording has a torn tail after a clean stop")
   local want = seq - seq0
   assert(#scan.events == want, ("the recorder wrote %d events of %d"):format(#scan.events, want))
@@ -195,8 +208,23 @@ local function stop_recorder(rec, seq0)
   local per_event = (scan.size - #recording.MAGIC - 8 - 1 - #assert(lecho.encode(scan.header))) / #scan.events
   return { events = #scan.events, disk = per_event, summary = sum }
 end
+-- Stops the recorder process and reads its file.
+local function stop_recorder(rec, seq0)
+  proc.signal(rec.pid, "INT")
+  local done = proc.wait(rec, 20, function(dt) ctx:run_once(dt) end)
+  assert(done, "recorder did not stop")
+  return check_file(recfile, common.json_line(proc.read(rec.out) or ""), seq0)
+end
 
-local disk = {}
+-- The wire bytes per event toward the consumer (frame headers included),
+-- from the producer's peer counters: what a recorded event is compared with.
+local function peer_counts()
+  local s = ctx:stats().peers[peer_addr]
+  return s and { s.events_out, s.bytes_out }
+end
+
+local disk, inproc_disk = {}, {}
+local inproc_file = tmp .. "/inproc.lecho"
 local iv = common.interleave{
   reps = CFG.reps,
   runs = {
@@ -207,7 +235,7 @@ local iv = common.interleave{
     { "second", function()
       local sc = spawn(("%s %s %s %d"):format(LUAJIT, second_file, ns, common.getpid()))
       assert(common.run_until(ctx, function() return ndests() == 2 end, 20), "the second consumer did not join")
-      local r = measured(sc)
+      local r = measured(of_pid(sc.pid))
       proc.signal(sc.pid, "INT")
       assert(proc.wait(sc, 20, function(dt) ctx:run_once(dt) end), "the second consumer did not stop")
       common.run_until(ctx, function() return ndests() == 1 end, 20)
@@ -234,9 +262,30 @@ local iv = common.interleave{
       common.run_until(ctx, function() return ndests() == 1 end, 20)
       return r
     end },
+    -- the recorder in this process (ch:producer{ record = }, p:record):
+    -- the producer's thread copies each event into a chunk, a writer
+    -- thread checksums and writes them (core/binding/lua_rec.c)
+    { "inproc", function()
+      common.run_until(ctx, function() return ndests() == 1 end, 20)
+      os.remove(inproc_file)
+      assert(p:record(inproc_file))
+      local seq0 = seq
+      local before = peer_counts()
+      local r = measured(other_threads())
+      local after = peer_counts()
+      local st = p.own_rec:stats()
+      assert(p:record(nil))
+      local f = check_file(inproc_file, nil, seq0)
+      r.disk, r.recorded_events = f.disk, f.events
+      r.wire = before and after and after[1] > before[1] and (after[2] - before[2]) / (after[1] - before[1]) or nil
+      r.writer_blocked = st.blocked
+      inproc_disk[#inproc_disk + 1] = { disk = f.disk, wire = r.wire, events = f.events, cpu_us = r.recorder_cpu_us,
+                                        producer_cpu_us = r.producer_cpu_us }
+      return r
+    end },
   },
   value = function(r) return r.ev_s end,
-  ratios = { { "recorded", "plain" }, { "second", "plain" }, { "recorded", "second" } },
+  ratios = { { "recorded", "plain" }, { "second", "plain" }, { "recorded", "second" }, { "inproc", "plain" } },
 }
 -- The producer's CPU per event, plain over recorded, repetition by
 -- repetition: the throughput ratio the producer allows when it is the
@@ -245,6 +294,7 @@ local iv = common.interleave{
 -- a rate.
 local cpu_ratio = common.ratio(iv, "plain", "recorded", function(r) return r.producer_cpu_us end)
 local cpu_ratio_second = common.ratio(iv, "plain", "second", function(r) return r.producer_cpu_us end)
+local cpu_ratio_inproc = common.ratio(iv, "plain", "inproc", function(r) return r.producer_cpu_us end)
 
 -- the late joiner: from its join's answer (lecho.history's fetch) to the
 -- first value, against a sync round trip to the same process
@@ -311,6 +361,18 @@ local out = {
            ratio = common.median(ratios), lo = dlo, hi = dhi, all = ratios, runs = disk,
            recorder_cpu_us = med_of(disk, "cpu_us"), producer_cpu_us = med_of(disk, "producer_cpu_us"),
            consumer_cpu_us = med_of(disk, "consumer_cpu_us") },
+  -- the recorder in this process (its writer thread's CPU: recorder_cpu_us)
+  inproc = { ratio = iv.ratios["inproc/plain"], median = iv.median.inproc, plain = iv.median.plain,
+             cpu = { producer = med_run("inproc", "producer_cpu_us"), producer_plain = med_run("plain", "producer_cpu_us"),
+                     writer = med_run("inproc", "recorder_cpu_us"), consumer = med_run("inproc", "consumer_cpu_us"),
+                     ratio = cpu_ratio_inproc },
+             loop_ev_s = med_run("inproc", "loop_ev_s"),
+             disk = { per_event = med_of(inproc_disk, "disk"), wire = med_of(inproc_disk, "wire"),
+                      ratio = (function()
+                        local t = {}
+                        for _, d in ipairs(inproc_disk) do if d.wire then t[#t + 1] = d.disk / d.wire end end
+                        return t[1] and common.median(t) or nil
+                      end)(), runs = inproc_disk } },
   late = { median = late.median, ratio = late.ratios["first_value/rtt"], runs = late.runs,
            join_us = med_of(late.runs.first_value or {}, "join_us") },
 }
@@ -348,6 +410,14 @@ io.stdout:write(("CPU per event (medians): producer %.2f us plain, %.2f recorded
   common.spread_text(cpu_ratio, CFG.reps), cpu.producer_second or 0, cpu_ratio_second.median or 0,
   cpu.consumer_plain or 0, cpu.consumer_recorded or 0, cpu.recorder or 0, cpu.second or 0,
   d.bound_2cores or 0, d.bound_3cores or 0))
+do
+  local ip = out.inproc
+  io.stdout:write(("in-process recorder: throughput inproc/plain %.2fx (%s); producer CPU %.2f us/event vs %.2f plain "
+    .. "(plain/inproc %.2fx, %s), writer thread %.2f us/event; disk/wire bytes per event %.3f (%.1f vs %.1f)\n")
+    :format(ip.ratio.median or 0, common.spread_text(ip.ratio, CFG.reps), ip.cpu.producer or 0, ip.cpu.producer_plain or 0,
+    cpu_ratio_inproc.median or 0, common.spread_text(cpu_ratio_inproc, CFG.reps), ip.cpu.writer or 0,
+    ip.disk.ratio or 0, ip.disk.per_event or 0, ip.disk.wire or 0))
+end
 io.stdout:write(("throughput with a second consumer instead of the recorder / plain %.2fx (%s); recorded / second consumer %.2fx (%s)\n")
   :format(out.throughput.ratio_second.median or 0, common.spread_text(out.throughput.ratio_second, CFG.reps),
   out.throughput.ratio_recorded_second.median or 0, common.spread_text(out.throughput.ratio_recorded_second, CFG.reps)))

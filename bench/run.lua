@@ -999,6 +999,18 @@ local function w_recplay()
                   .. "consumer %.2f"):format(t.cpu.producer_second, t.cpu.producer_plain or 0,
                   t.cpu.ratio_second.median or 0, t.cpu.second or 0) or nil }, t.ratio_second)
   end
+  -- the recorder in the producer's process (ch:producer{ record = },
+  -- core/binding/lua_rec.c): no second destination, a writer thread
+  local ip = v.inproc
+  if ip and ip.ratio and ip.median then
+    ratio_row({ workload = ("async %d B events/s, a recorder in the producer's process (ch:producer{ record = })")
+                  :format(t.size), metric = "ev/s", lecho = ip.median, base = "no recorder", base_v = ip.plain,
+                target = { ">=", 0.9 }, target_issue = 29,
+                extra = ip.cpu and ip.cpu.producer and ("CPU/ev: producer %.2f us, %.2f without (%.2fx, %.2f-%.2f); "
+                  .. "writer thread %.2f; disk/wire %.3f"):format(ip.cpu.producer, ip.cpu.producer_plain or 0,
+                  ip.cpu.ratio.median or 0, ip.cpu.ratio.lo or 0, ip.cpu.ratio.hi or 0, ip.cpu.writer or 0,
+                  ip.disk and ip.disk.ratio or 0) or nil }, ip.ratio)
+  end
   local d = v.disk
   row{ workload = "recording: disk bytes per event", metric = "B/ev", lecho = d.per_event, base = "wire",
        base_v = d.wire, lower = true, target = { "<=", 1.05 }, target_issue = 29, ratio = d.ratio, lo = d.lo,

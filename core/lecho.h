@@ -357,6 +357,13 @@ LECHO_API int lecho_submit_sync(lecho_producer *p, const lecho_value *ev, double
 /* Writes what this context has queued, now, instead of at the end of the
  * loop turn. */
 LECHO_API int lecho_flush(lecho_producer *p);
+/* Records every event p submits from now on into the file at path, in the
+ * format `lecho record` writes (doc/recording.md), from a writer thread of
+ * the library (the submit pays a copy; the policy at a full buffer is
+ * "block"); path NULL: no more (the file closed, everything submitted
+ * written).  An existing file is refused (LECHO_EFAILED with why); closing
+ * the producer or the context closes the file too. */
+LECHO_API int lecho_producer_record(lecho_producer *p, const char *path);
 /* Ends the producer (what it submitted is still delivered while the context
  * lives) and frees the handle.  NULL is a no-op. */
 LECHO_API void lecho_producer_close(lecho_producer *p);

@@ -178,6 +178,7 @@ static void ctx_close(lb_ctx *b, lua_State *L) {
         t->b = NULL;
     }
     lb_rsink_free(b);             /* written out before the context goes */
+    lb_rec_close_all(b);          /* the in-process recorders: flushed, their threads joined */
     lei_ctx_free(b->c);
     b->c = NULL;
     lb_sinks_free(b, L);
@@ -611,6 +612,7 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
         luaL_register(L, NULL, lb_loop_methods);
         luaL_register(L, NULL, lb_raw_methods);
         luaL_register(L, NULL, lb_rsink_methods);
+        luaL_register(L, NULL, lb_rec_ctx_methods);
         luaL_register(L, NULL, lb_moe_ctx_methods);
         luaL_register(L, NULL, lb_auth_methods);
         luaL_register(L, NULL, lb_prod_ctx_methods);
@@ -622,6 +624,7 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
     lua_pop(L, 1);
     lb_loop_open(L);
     lb_moe_open(L);
+    lb_rec_open(L);
     lua_newtable(L);
     lei_codec_lua_setfuncs(L); /* encode, decode, validate */
     lei_array_lua_ops(L, NULL); /* the array operations, never stopped here */

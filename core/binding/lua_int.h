@@ -46,6 +46,8 @@ typedef struct lb_ctx {
     unsigned char *raw;    /* ctx:raw: a byte per channel index, events as encoded bytes (lua_raw.c; owned) */
     uint32_t nraw;
     struct lb_rsink *rsink; /* a recorder writing from C (lua_rsink.c; owned) or NULL */
+    struct lb_rec *recs;   /* the open in-process recorders (lua_rec.c), each the memory of its
+                            * userdata: listed, not owned; closed before the context goes */
     lb_timer *timers;      /* live timers, stopped when the context closes */
     lb_moe *moes;          /* live modulators, freed when the context closes */
     lei_moe_group *moeg;   /* owned: what they share (made by the first), freed after them */
@@ -186,6 +188,16 @@ extern const luaL_Reg lb_rsink_methods[];
 int lb_rsink_event(lb_ctx *b, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
                    uint64_t sync, const uint8_t *p, size_t n, char *err, size_t errlen);
 void lb_rsink_free(lb_ctx *b);
+/* lua_rec.c: a recorder in the producer's process, its writer a thread of
+ * its own (ctx:recorder_open); producer handles append their events */
+typedef struct lb_rec lb_rec;
+extern const luaL_Reg lb_rec_ctx_methods[];
+void lb_rec_open(lua_State *L);
+lb_rec *lb_rec_check(lua_State *L, int idx);
+lb_ctx *lb_rec_ctx(const lb_rec *r);
+int lb_rec_attach(lb_rec *r, const char *chname, const char *pname, uint32_t *cidx, uint32_t *pidx);
+int lb_rec_event(lb_rec *r, uint32_t cidx, uint32_t pidx, uint64_t seq, int sync, lei_msg *m);
+void lb_rec_close_all(lb_ctx *b);
 void lb_loop_open(lua_State *L);
 
 #endif

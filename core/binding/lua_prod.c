@@ -33,6 +33,8 @@ typedef struct lb_prod {
     int closed;
     lei_msg *staged; /* owned: what lb_dataplane.stage copied for the next submit_staged */
     lei_msg *spare;  /* owned: an emptied message of a data-plane submit no queue kept, for the next one */
+    lb_rec *rec;     /* h:set_record: its recorder (lua_rec.c; pinned by the environment) or NULL */
+    uint32_t rec_c, rec_p; /* its channel's and its own index in the recording */
 } lb_prod;
 
 /* Messages of the data plane (stage, submit_bytes): a small async event is
@@ -122,6 +124,8 @@ static int prod_send(lb_prod *h, lei_msg *m, int sync, lua_State *L, const char 
     int rc = h->plain ? lei_submit(b->c, h->chid, h->pid, seq, m, sync, policy, &sid, err) : 0;
     if (rc) return rc < 0 ? -rc : rc;
     h->seq = seq;
+    /* the core took it: recorded (a copy for the writer thread, lua_rec.c) */
+    if (h->rec) lb_rec_event(h->rec, h->rec_c, h->rec_p, seq, sync, m);
     if (h->nmoes == 0) {
         if (sync) lua_pushnumber(L, (lua_Number)sid);
         return 0;
@@ -312,6 +316,33 @@ static int must_wait(lb_prod *h, int sync) {
     return (sync || policy_of(h) == LEI_BLOCK) && !prod_room(h);
 }
 
+/* h:set_record(recorder, channel_name, producer_name) -> true, or nil,
+ * err: every event it submits from now on is recorded there
+ * (ctx:recorder_open, lua_rec.c); h:set_record(nil): no more. */
+static int l_set_record(lua_State *L) {
+    lb_prod *h = check_prod(L);
+    lua_getfenv(L, 1);
+    if (lua_isnoneornil(L, 2)) {
+        h->rec = NULL;
+        lua_pushnil(L);
+        lua_setfield(L, -2, "rec");
+        lua_pushboolean(L, 1);
+        return 1;
+    }
+    lb_rec *r = lb_rec_check(L, 2);
+    const char *cn = luaL_checkstring(L, 3), *pn = luaL_checkstring(L, 4);
+    if (lb_rec_ctx(r) != h->b) return lb_push_err(L, "recorder closed, or of another context", LEI_E_INVALID);
+    uint32_t c, p;
+    if (lb_rec_attach(r, cn, pn, &c, &p)) return lb_push_err(L, "recorder closed or out of memory", LEI_E_NOMEM);
+    lua_pushvalue(L, 2);
+    lua_setfield(L, -2, "rec");
+    h->rec = r;
+    h->rec_c = c;
+    h->rec_p = p;
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
 /* h:submit(value, sync) -> true | sync id(s) | nil, err, code.  Sync
  * through modulators: a list of the sync ids to wait for.  "wouldblock":
  * nothing done, the caller waits for room (h:room) and retries. */
@@ -411,7 +442,7 @@ static int l_gc(lua_State *L) {
 
 static const luaL_Reg prod_methods[] = {
     {"submit", l_submit}, {"submit_staged", l_submit_staged}, {"room", l_room},
-    {"waiting", l_waiting}, {"seq", l_seq}, {"set_mods", l_set_mods}, {"set_pid", l_set_pid}, {"set_seq", l_set_seq}, {"close", l_close},
+    {"waiting", l_waiting}, {"seq", l_seq}, {"set_mods", l_set_mods}, {"set_pid", l_set_pid}, {"set_seq", l_set_seq}, {"set_record", l_set_record}, {"close", l_close},
     {NULL, NULL}};
 
 const luaL_Reg lb_prod_ctx_methods[] = {{"producer", l_producer}, {NULL, NULL}};

@@ -570,6 +570,23 @@ int lecho_flush(lecho_producer *p) {
     return lei_lecho_protect(p->h.ctx, op_simple, &o);
 }
 
+static int op_record(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    lei_lecho_push_ref(L, ((const struct lei_h *)o->a)->ref);
+    if (o->key)
+        lua_pushstring(L, o->key);
+    else
+        lua_pushnil(L);
+    o->rc = lei_lecho_glue_call(L, o->x, "producer_record", 2, NULL);
+    return 0;
+}
+
+int lecho_producer_record(lecho_producer *p, const char *path) {
+    if (!p) return LECHO_EINVAL;
+    struct op o = { .a = p, .key = path };
+    return lei_lecho_protect(p->h.ctx, op_record, &o);
+}
+
 void lecho_producer_close(lecho_producer *p) {
     if (!p) return;
     struct op o = { .a = p, .s = "producer_close" };

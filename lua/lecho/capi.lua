@@ -191,6 +191,9 @@ end
 
 function M.flush(p) return protect(function() p:flush(); return true end) end
 
+-- path: record what p submits into that file (lecho.recorder); nil: no more
+function M.producer_record(p, path) return protect(p.record, p, path) end
+
 function M.producer_close(p) return protect(function() p:close(); return true end) end
 
 -- cfn(ev, meta) is lecho.c's trampoline: nothing, or the handler's message.

@@ -15,6 +15,7 @@
 --   lecho.group:     group, _on_gchange
 --   lecho.push:      sandbox, push, unload_pushed, pushed
 --   lecho.modulator: _moe_error
+--   lecho.recorder:  recorder
 
 local options = require "lecho.options"
 local ffi = require "ffi"
@@ -994,6 +995,8 @@ function Context:close(opts)
     for p in pairs(ch.producers) do p:close() end
     if ch.rejoin then ch.rejoin:stop() end
   end
+  -- in-process recorders (lecho.recorder): what their producers submitted, written
+  if self.recorders then require("lecho.recorder")._close_all(self) end
   if self.tick then self.tick:stop() end
   if self.metrics then self.metrics:close() end
   if self.reregister then self.reregister:stop() end

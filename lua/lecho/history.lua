@@ -533,6 +533,9 @@ function M.flush(st, paddr, entries, why, seam, kf)
       if ok then
         local meta = { channel = con.ch.short, producer = paddr .. "#" .. e.pid, seq = e.seq, history = true }
         if con.mod then meta.params_version = con.mod.version end
+        -- a replay's producer (lecho.replay) keeps history too: its values
+        -- say so as its live events do
+        if e.pid >= require("lecho.context").REPLAY_PID then meta.replay = true end
         st.run(v, meta)
         if e.pid ~= 0 and (not last[e.pid] or e.seq > last[e.pid]) then last[e.pid] = e.seq end
       end

@@ -67,6 +67,13 @@ local function chistory(v)
   local why = history(v)
   if why then return 'must be "last", "key" or an integer from 1 to 1024' end
 end
+-- record: a file name (a recorder of the producer's own) or a recorder
+-- (ctx:recorder, lecho.recorder sets M.RECORDER, its metatable)
+local function record(v)
+  if type(v) == "string" and v ~= "" then return end
+  if type(v) == "table" and M.RECORDER and getmetatable(v) == M.RECORDER then return end
+  return "must be a file name or a recorder (ctx:recorder)"
+end
 local function policy(v)
   if not M.POLICIES[v] then return "lecho: unknown policy '" .. tostring(v) .. "'", true end
 end
@@ -225,7 +232,9 @@ local SCHEMA = {
   GROUP = { lease = { LEASE, 10 }, data = { ANY }, watch = { FN }, join = { BOOL } },
   PRODUCER = { policy = { policy }, grant = { caps },
                -- issue 29, lecho.history: the last events kept for late joiners
-               history = { history }, history_bytes = { size(1), 1024 * 1024 } },
+               history = { history }, history_bytes = { size(1), 1024 * 1024 },
+               -- issue 29, lecho.recorder: every event submitted recorded in this process
+               record = { record } },
   CONSUMER = { modulator = { typed("string") }, params = { TABLE }, period = { time(0.001) },
                capabilities = { caps }, on_error = { FN }, buffer = { BOOL },
                history = { chistory } },

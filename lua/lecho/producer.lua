@@ -73,6 +73,14 @@ function Channel:producer(opts)
   if opts.history then p.hist = history.ring(history.count(opts.history),
                                                    opts.history_bytes or history.DEFAULT_BYTES) end
   self.producers[p] = true
+  if opts.record then
+    -- issue 29: recorded in this process, off its thread (lecho.recorder)
+    local ok, err, code = p:record(opts.record)
+    if not ok then
+      p:close()
+      return nil, err, code
+    end
+  end
   return p
 end
 
@@ -279,6 +287,33 @@ function Producer:_submit_encoded(s)
   return submit_wait(self, nil, false, s)
 end
 
+--- Records every event this producer submits from now on (issue 29,
+-- lecho.recorder): into rec (ctx:recorder), or into a file of its own
+-- (a name: a recorder closed with the producer or the next record call);
+-- nil: no more (its own recorder closed).  true, or nil, err, code.
+function Producer:record(target)
+  if self.closed then return nil, "producer is closed", "closed" end
+  local own = self.own_rec
+  if own then
+    self.own_rec = nil
+    self[H]:set_record(nil)
+    own:close()
+  end
+  if target == nil then
+    self[H]:set_record(nil)
+    return true
+  end
+  local rec, err, code = target, nil, nil
+  if type(target) == "string" then
+    rec, err, code = self.ch.ctx:recorder(target)
+    if not rec then return nil, err, code end
+    self.own_rec = rec
+  elseif type(target) ~= "table" or not target._attach then
+    error("p:record: a file name, a recorder (ctx:recorder) or nil expected", 2)
+  end
+  return rec:_attach(self)
+end
+
 --- Writes whatever this context has queued, now.
 function Producer:flush() self.ch.ctx.c:flush() end
 
@@ -289,6 +324,7 @@ function Producer:close()
   ch.producers[self] = nil
   ch.nprod = ch.nprod - 1
   self[H]:close()
+  if self.own_rec then self.own_rec:close() end
   if ch.nprod == 0 then
     ch.ctx.c:flush()
     ch:_leave("producer")

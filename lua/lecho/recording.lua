@@ -185,6 +185,7 @@ typedef struct {
   uint32_t ch;       /* 1-based index into the list's channel names */
   uint32_t prod;     /* 1-based index into the list's producer names */
   uint8_t sync;      /* 1: a sync event */
+  uint8_t hist;      /* 1: a history event (flag bit 1: a kept value given when the recorder joined) */
 } lecho_rec_ev;
 typedef struct {
   uint8_t *buf;      /* the file's bytes (malloc'd, owned: freed by __gc) */
@@ -204,8 +205,18 @@ local C = ffi.C
 local EVSIZE = ffi.sizeof("lecho_rec_ev")
 
 -- [list id] = { chans = { names }, prods = { names } }: what a cdata
--- cannot hold (dropped by the list's __gc)
-local names, nextid = {}, 0
+-- cannot hold (dropped by the list's __gc).  Kept in the registry, with
+-- the id counter and the list's ctype, so that this module loaded again
+-- in the same state (busted runs each spec file with a fresh
+-- package.loaded; the FFI's types and metatables outlive it) reads and
+-- frees the same table the lists' metatable does: two tables made a list
+-- of the second load unreadable ("nm" nil) after one of the first.
+local shared = debug.getregistry()["lecho.recording"]
+if not shared then
+  shared = { names = {}, nextid = 0 }
+  debug.getregistry()["lecho.recording"] = shared
+end
+local names = shared.names
 
 local List = {}
 local list_mt = {
@@ -221,17 +232,21 @@ local list_mt = {
     names[l.id] = nil
   end,
 }
-local ListT = ffi.metatype("lecho_rec_list", list_mt)
+local okT, T = pcall(ffi.metatype, "lecho_rec_list", list_mt)
+if okT then shared.ListT = T end
+local ListT = shared.ListT
 
 --- Event k (1-based) as a table { ch, producer, seq, wall, t (seconds
--- from the list's first event), sync, data }, or nil.  Made afresh on each
+-- from the list's first event), sync, history (flag bit 1: a value its
+-- producer kept, given when the recorder joined), data }, or nil.  Made afresh on each
 -- call (a replay reads the fields it needs instead: List.ref, List.data).
 function List.event(l, k)
   if k < 1 or k > l.n or k % 1 ~= 0 then return nil end
   local e = l.ev[k - 1]
   local nm = names[l.id]
   return { ch = nm.chans[e.ch], producer = nm.prods[e.prod], seq = e.seq, wall = e.wall,
-           t = e.wall - l.ev[0].wall, sync = e.sync == 1, data = ffi.string(l.buf + e.off, e.len) }
+           t = e.wall - l.ev[0].wall, sync = e.sync == 1, history = e.hist == 1,
+           data = ffi.string(l.buf + e.off, e.len) }
 end
 --- The struct of event k (1-based; not checked): its fields without a table.
 function List.ref(l, k) return l.ev[k - 1] end
@@ -239,6 +254,12 @@ function List.ref(l, k) return l.ev[k - 1] end
 function List.data(l, k)
   local e = l.ev[k - 1]
   return ffi.string(l.buf + e.off, e.len)
+end
+--- How many of its events are history events (flag bit 1).
+function List.history_count(l)
+  local n = 0
+  for k = 0, l.n - 1 do n = n + l.ev[k].hist end
+  return n
 end
 function List.channel(l, i) return names[l.id].chans[i] end
 function List.producer(l, i) return names[l.id].prods[i] end
@@ -257,9 +278,9 @@ local function load(path)
   local size = tonumber(C.ftell(f))
   C.fseek(f, 0, 0)
   if size < 0 then C.fclose(f) return nil, path .. ": cannot read" end
-  nextid = nextid + 1
+  shared.nextid = shared.nextid + 1
   local l = ListT()
-  l.id = nextid
+  l.id = shared.nextid
   names[l.id] = { chans = {}, prods = {} }
   l.buf = C.malloc(math.max(size, 1))
   if l.buf == nil then C.fclose(f) return nil, ("%s: no memory for its %d bytes"):format(path, size) end
@@ -350,6 +371,7 @@ function M.scan(path)
           local wall = created + us / 1e6
           local e = l.ev[l.n]
           e.wall, e.seq, e.off, e.len, e.ch, e.prod, e.sync = wall, seq, j + 1, lim - j - 1, gc, gp, p[j] % 2
+          e.hist = math.floor(p[j] / 2) % 2
           l.n = l.n + 1
           if wall < lastwall then out.sorted = false end
           if seq < lastseq then out.seq_sorted = false end
@@ -361,6 +383,9 @@ function M.scan(path)
             stream_of[key] = st
             out.streams[#out.streams + 1] = st
           end
+          -- its history events (flag bit 1): the producer kept values
+          -- (lecho.replay's producer of this stream keeps as many)
+          if e.hist == 1 then st.history = (st.history or 0) + 1 end
           st.last_seq, st.last_wall = seq, wall
         end
       elseif kind == 72 then   -- 'H'

@@ -57,7 +57,13 @@ function M.new(ctx, files, opts)
     end
     for _, s in ipairs(r.streams) do
       local key = s.ch .. "\0" .. s.producer
-      if not seen[key] then seen[key] = true streams[#streams + 1] = { ch = s.ch, producer = s.producer } end
+      if not seen[key] then
+        seen[key] = { ch = s.ch, producer = s.producer }
+        streams[#streams + 1] = seen[key]
+      end
+      -- the producer kept history in the recorded run (its values marked
+      -- history in the file): the replay's keeps the most any file gave
+      if s.history then seen[key].history = math.max(seen[key].history or 0, s.history) end
     end
   end
   local oerr = recording.order(scans)
@@ -134,7 +140,17 @@ function Replay:_producer(e)
   local name = self.rename[e.ch] or e.ch
   local ch, err, code = self.ctx:channel(name)
   if not ch then return nil, err, code end
-  p, err, code = ch:producer()
+  -- a recorded producer that kept history (the file holds values marked
+  -- history): the replay's keeps its last values too, so a viewer that
+  -- joins the replay after its start gets the current settings, as a late
+  -- joiner of the live run did (issue 29)
+  local hist = e.history
+  if hist == nil then
+    for _, s in ipairs(self.streams) do
+      if s.ch == e.ch and s.producer == e.producer then hist = s.history end
+    end
+  end
+  p, err, code = ch:producer(hist and { history = hist == 1 and "last" or math.min(hist, 1024) } or nil)
   if not p then return nil, err, code end
   local ctx = self.ctx
   ctx.nextreplay = (ctx.nextreplay or 0) + 1

@@ -831,6 +831,18 @@ class Producer:
         if rc != 0:
             self.ctx._fail(rc)
 
+    def record(self, path):
+        """Records every event this producer submits from now on into the
+        file at path (doc/recording.md; a writer thread of the library,
+        policy "block"); None: no more (the file closed).  An existing
+        file is refused."""
+        self.ctx._check()
+        if self._p is None:
+            raise LechoError("closed", "producer is closed")
+        rc = lib.lecho_producer_record(self._p, path.encode() if path is not None else ffi.NULL)
+        if rc != 0:
+            self.ctx._fail(rc)
+
     def close(self):
         if self._p is not None and self.ctx._x is not None:
             self.ctx._check()

@@ -101,6 +101,7 @@ int lecho_producer_open(lecho_channel *ch, const char *policy, lecho_producer **
 int lecho_submit(lecho_producer *p, const lecho_value *ev);
 int lecho_submit_sync(lecho_producer *p, const lecho_value *ev, double timeout, lecho_errors **errs);
 int lecho_flush(lecho_producer *p);
+int lecho_producer_record(lecho_producer *p, const char *path);
 void lecho_producer_close(lecho_producer *p);
 
 size_t lecho_errors_count(const lecho_errors *e);

@@ -1098,3 +1098,23 @@ def test_a_script_that_ends_without_close_says_what_it_could_not_deliver(nameser
     said = [l for l in out if "not delivered within the linger time of 1s" in l]
     assert len(said) == 1, out
     assert "close() was not called" in said[0]
+
+
+def test_a_producer_records_what_it_submits(tmp_path):
+    # issue 29: Producer.record (lecho_producer_record): the file lecho
+    # record writes, every event in order; None stops; an existing file refused
+    path = str(tmp_path / "py.lecho")
+    ctx = lecho.Context(quiet=True)
+    p = ctx.channel("py.rec").producer()
+    p.record(path)
+    for i in range(1, 201):
+        p.submit({"i": i})
+    p.record(None)
+    p.submit({"i": 201})
+    with pytest.raises(lecho.LechoError):
+        p.record(path)
+    ctx.close()
+    out = subprocess.run([os.environ.get("LUAJIT", "luajit"), os.path.join(ROOT, "scripts", "lecho"), "replay",
+                          "--check", "--json", path], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert '"events":200' in out.stdout

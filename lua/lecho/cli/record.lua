@@ -166,12 +166,16 @@ function M.replay.run(opts, pos)
         -- ends; `at`: the event's number in that file
         local gaps, missing = recording.gaps(e, seqs), 0
         for _, g in ipairs(gaps) do missing = missing + g.missing end
-        local s = { file = f, events = #e, channels = r.channels, duration = r.duration,
+        -- history events (flag bit 1: the values the producers kept, given
+        -- when the recorder joined; issue 29 F7), counted apart
+        local hist = e:history_count()
+        local s = { file = f, events = #e, history = hist, channels = r.channels, duration = r.duration,
                     bytes = r.size, torn = r.torn, damage = r.damage, unindexed = r.unindexed, gaps = gaps,
                     missing = missing }
         local what = r.torn and (r.torn.damaged and "DAMAGED record" or "torn tail")
         if opts.json then emit(s) else
-          io.stdout:write(("%s: %d events on %s, %.3f s%s\n"):format(f, #e, table.concat(r.channels, ", "),
+          io.stdout:write(("%s: %d events%s on %s, %.3f s%s\n"):format(f, #e,
+            hist > 0 and (" (%d of them history)"):format(hist) or "", table.concat(r.channels, ", "),
             s.duration, r.torn and (", %s at byte %d (%d bytes: %s)"):format(what, r.torn.offset, r.torn.bytes,
                                                                               r.torn.why) or ""))
           for _, d in ipairs(r.damage) do

@@ -1,0 +1,364 @@
+-- The recorder in the producer's process (issue 29, lecho.recorder,
+-- core/binding/lua_rec.c): `ch:producer{ record = FILE }` writes every event
+-- the producer submits, in order, in the format `lecho record` writes
+-- (doc/recording.md), from a writer thread; a SIGKILL mid-record leaves a
+-- torn tail that --check reports and replay skips; a disk slower than the
+-- producer meets the policy the user chose (block: nothing lost; drop:
+-- counted, the gaps named by --check); a write error is counted and said;
+-- the program's end writes what was submitted.
+--
+-- Real processes on 127.0.0.1 (producers in Lua, scripts/lecho, a slow
+-- reader of a FIFO), busy loops where said; killed in after_each.
+
+local cjson = require "cjson"
+local S = require "spec.support"
+
+local LECHO = S.root .. "/scripts/lecho"
+
+local function lecho_cmd(args)
+  return S.spawn(("%s %s"):format(S.luajit .. " " .. LECHO, args))
+end
+
+local function finish(child, timeout, what)
+  local done, rc = S.wait(child, timeout)
+  if not done then
+    S.kill(child, "KILL")
+    error(("%s still running; stdout %s; stderr %s"):format(what, S.output(child):sub(-600),
+                                                            S.errors(child):sub(-1200)), 0)
+  end
+  return rc
+end
+
+local function json_lines(child)
+  local t = {}
+  for l in S.output(child):gmatch("[^\n]+") do
+    if l:sub(1, 1) == "{" then t[#t + 1] = cjson.decode(l) end
+  end
+  return t
+end
+
+-- n processes spinning until killed.
+local function busy_loops(n)
+  local t = {}
+  for i = 1, n do t[i] = S.spawn(("%s -e 'while true do end'"):format(S.luajit)) end
+  return t
+end
+
+-- A producer of `name` recording into `file` (ctx:recorder's options as
+-- JSON in arg 4): n events { i = k, pad = size bytes, field = an array
+-- every 10th }, a sync one every 1000th (to a consumer when there is one:
+-- arg 6 "wait"), then the recorder's stats as a JSON line; "exit": ends
+-- with os.exit(0), no close; "drain": 1.5 s after them, 10 more.
+local PRODUCER = [[
+local lecho = require "lecho"
+local cjson = require "cjson"
+local ns, name, file, opts, n, mode, size = arg[1], arg[2], arg[3], cjson.decode(arg[4]), tonumber(arg[5]),
+                                             arg[6], tonumber(arg[7] or "100")
+local ctx = lecho.context{ nameserver = ns ~= "-" and ns or nil, quiet = true }
+local rec = assert(ctx:recorder(file, opts))
+local ch = ctx:channel(name)
+local p = assert(ch:producer{ record = rec })
+if mode == "wait" then
+  local deadline = ctx:now() + 20
+  while ctx:now() < deadline and not next(ch.dests) do ctx:run_once(0.02) end
+end
+local a = lecho.array.new("<f8", { 4, 4 })
+for k = 0, 15 do a:set(math.floor(k / 4), k % 4, k + 0.5) end
+local pad = ("x"):rep(size)
+local t0 = ctx:now()
+for k = 1, n do
+  local ev = { i = k, pad = pad, field = (k % 10 == 0) and a or nil }
+  if mode == "wait" and k % 1000 == 0 then
+    assert(p:submit_sync(ev, { timeout = 30 }))
+  else
+    assert(p:submit(ev))
+  end
+  if k % 200 == 0 then ctx:run_once(0) end
+  if mode == "forever" and k == 2000 then io.stdout:write("going\n") io.stdout:flush() end
+end
+local dt = ctx:now() - t0
+if mode == "drain" then
+  -- the writer catches up, then 10 more: recorded after what was dropped
+  ctx:sleep(1.5)
+  for k = n + 1, n + 10 do assert(p:submit({ i = k, pad = pad })) end
+end
+if mode == "exit" then io.stdout:write("exiting\n") io.stdout:flush() os.exit(0) end
+local st = rec:close()
+st.submit_s = dt
+io.stdout:write(cjson.encode(st), "\n")
+ctx:close()
+]]
+
+-- The recording's events: { seq, sync, i, sum } each (decoded), and the scan.
+local function events_of(file)
+  local recording = require "lecho.recording"
+  local lecho = require "lecho"
+  local scan = assert(recording.scan(file))
+  local out = {}
+  for k = 1, #scan.events do   -- (an index of FFI structs: no ipairs)
+    local e = scan.events[k]
+    local ok, v = lecho.decode(e.data)
+    assert(ok, "an event that does not decode")
+    out[k] = { seq = tonumber(e.seq), sync = e.sync, i = v.i, sum = v.field and v.field:sum() or nil,
+               producer = e.producer, channel = e.ch }
+  end
+  return out, scan
+end
+
+describe("issue 29: recording in the producer's process", function()
+  after_each(function() S.cleanup() end)
+
+  it("records every event submitted, in order, values as sent, with every core busy", function()
+    local _, ns = S.nameserver("--quiet")
+    -- a consumer in another process: the wire goes on as without a recorder
+    local cons = S.lua([[
+      local lecho = require "lecho"
+      local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+      local n, bad, last = 0, 0, 0
+      assert(ctx:channel("rt.busy"):consumer(function(ev)
+        n = n + 1
+        if ev.i ~= last + 1 then bad = bad + 1 end
+        last = ev.i
+        if n == tonumber(arg[2]) then ctx:stop() end
+      end))
+      io.stdout:write("ready\n") io.stdout:flush()
+      ctx:after(120, function() ctx:stop() end)
+      ctx:run()
+      io.stdout:write(("got %d bad %d\n"):format(n, bad))
+      ctx:close()
+    ]], ns, "20000")
+    assert(S.wait_file(cons.out, "ready", 20), S.errors(cons))
+    busy_loops(2)
+    local file = S.tmpname("busy") .. ".lecho"
+    local prod = S.lua(PRODUCER, ns, "rt.busy", file, "{}", "20000", "wait")
+    assert.are.equal(0, finish(prod, 120, "producer"), S.errors(prod))
+    local st = json_lines(prod)[1]
+    assert.are.same({ 20000, 20000, 0, 0 }, { st.submitted, st.events, st.dropped, st.lost })
+    assert(finish(cons, 60, "consumer") == 0)
+    assert.matches("got 20000 bad 0", S.output(cons))
+    local evs, scan = events_of(file)
+    assert.is_nil(scan.torn)
+    assert.are.equal(20000, #evs)
+    local pname = evs[1].producer
+    assert.matches("^127%.0%.0%.1:%d+#%d+$", pname)
+    for k, e in ipairs(evs) do
+      assert(e.seq == k and e.i == k, ("event %d: seq %d i %s"):format(k, e.seq, tostring(e.i)))
+      assert(e.sync == (k % 1000 == 0), "the sync flag of event " .. k)
+      assert.are.equal("rt.busy", e.channel)
+      assert.are.equal(pname, e.producer)
+      if k % 10 == 0 then assert.are.equal(128, e.sum, "an array not as it was") end
+    end
+    -- the file is one `lecho replay --check` reads whole, no gap
+    local chk = lecho_cmd("replay --check --json " .. file)
+    assert.are.equal(0, finish(chk, 30, "check"), S.errors(chk))
+    local c = json_lines(chk)[1]
+    assert.are.equal(20000, c.events)
+    -- bytes per event close to the wire's (a value of ~130 B: its frame
+    -- header and the record's differ by a few bytes)
+    local per = (scan.size - #require("lecho.recording").MAGIC) / 20000
+    assert(per < 160, "a record takes " .. per .. " bytes")
+  end)
+
+  it("a SIGKILL mid-record leaves a torn tail at worst: --check reports it, replay sends the rest in order",
+     function()
+    local _, ns = S.nameserver("--quiet")
+    local file = S.tmpname("kill") .. ".lecho"
+    local prod = S.lua(PRODUCER, "-", "rt.kill", file, "{}", "100000000", "forever", "300")
+    assert(S.wait_file(prod.out, "going", 30), S.errors(prod))
+    -- killed while it records at full rate (the writer thread mid-write, or between two)
+    S.sleep(0.5)
+    S.kill(prod, "KILL")
+    finish(prod, 10, "producer")
+    local size = #assert(S.read(file))
+    local chk = lecho_cmd("replay --check --json " .. file)
+    assert.are.equal(0, finish(chk, 30, "check"), S.errors(chk))
+    local c = json_lines(chk)[1]
+    assert(c.events >= 1000, "recorded only " .. tostring(c.events) .. " events")
+    -- a torn tail for sure: bytes of the last record changed, as a write cut short
+    local f = io.open(file, "r+b")
+    f:seek("set", size - 7)
+    local b3 = f:read(3)
+    f:seek("set", size - 7)
+    f:write((b3:gsub(".", function(ch) return string.char(255 - ch:byte()) end)))
+    f:close()
+    chk = lecho_cmd("replay --check --json " .. file)
+    assert.are.equal(0, finish(chk, 30, "check"), S.errors(chk))
+    local c2 = json_lines(chk)[1]
+    assert.is_table(c2.torn, "the torn tail was not reported")
+    assert.are.equal(c.torn and c.events or c.events - 1, c2.events, "more than the torn record was lost")
+    local evs = events_of(file)
+    for k, e in ipairs(evs) do assert(e.seq == k and e.i == k, "a gap or disorder at " .. k) end
+    -- replayed to a consumer: every whole record, in order
+    local n = #evs
+    local cons = S.lua([[
+      local lecho = require "lecho"
+      local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+      local n, bad, last = 0, 0, 0
+      assert(ctx:channel("rt.kill"):consumer(function(ev, meta)
+        n = n + 1
+        if ev.i ~= last + 1 or not meta.replay then bad = bad + 1 end
+        last = ev.i
+        if n == tonumber(arg[2]) then ctx:stop() end
+      end))
+      io.stdout:write("ready\n") io.stdout:flush()
+      ctx:after(120, function() ctx:stop() end)
+      ctx:run()
+      io.stdout:write(("got %d bad %d\n"):format(n, bad))
+      ctx:close()
+    ]], ns, tostring(n))
+    assert(S.wait_file(cons.out, "ready", 20), S.errors(cons))
+    local rp = lecho_cmd(("replay %s --speed max --wait 10 --nameserver %s"):format(file, ns))
+    assert.are.equal(0, finish(rp, 120, "replay"), S.output(rp) .. S.errors(rp))
+    assert.matches("torn tail at byte %d+", S.errors(rp))
+    finish(cons, 60, "consumer")
+    assert.matches(("got %d bad 0"):format(n), S.output(cons))
+  end)
+
+  -- A FIFO read slowly: a disk slower than the producer.  The reader
+  -- copies it to out at about 2 MB/s (8 KiB every 4 ms).
+  local function slow_reader(fifo, out)
+    return S.lua([[
+      local socket_sleep = require("spec.support.proc").sleep
+      local f = assert(io.open(arg[1], "rb"))
+      local o = assert(io.open(arg[2], "wb"))
+      while true do
+        local b = f:read(8192)
+        if not b then break end
+        o:write(b)
+        socket_sleep(0.004)
+      end
+      o:close()
+    ]], fifo, out)
+  end
+
+  for _, policy in ipairs({ "block", "drop" }) do
+    it(("a disk slower than the producer, policy %s: %s"):format(policy, policy == "block"
+         and "the producer waits, every event recorded" or "events not recorded are counted, --check names the gaps"),
+       function()
+      local fifo = S.tmpname("fifo")
+      assert(os.execute("mkfifo " .. fifo) == 0)
+      local out = S.tmpname("slow") .. ".lecho"
+      local reader = slow_reader(fifo, out)
+      local n = 6000
+      local prod = S.lua(PRODUCER, "-", "rt.slow", fifo, cjson.encode({ policy = policy, buffer_bytes = 131072 }),
+                         tostring(n), "drain", "1000")
+      n = n + 10
+      assert.are.equal(0, finish(prod, 120, "producer"), S.errors(prod))
+      assert.are.equal(0, finish(reader, 60, "reader"), S.errors(reader))
+      local st = json_lines(prod)[1]
+      assert.are.equal(n, st.submitted)
+      assert.are.equal(0, st.lost)
+      assert.are.equal(n, st.events + st.dropped, "events neither recorded nor counted")
+      local evs = events_of(out)
+      assert.are.equal(st.events, #evs)
+      local chk = lecho_cmd("replay --check --json " .. out)
+      local rc = finish(chk, 30, "check")
+      local c = json_lines(chk)[1]
+      if policy == "block" then
+        assert.are.equal(0, st.dropped)
+        assert(st.blocked > 0, "the producer never waited for the disk")
+        -- ~6 MB at ~2 MB/s: the submits waited for the reader
+        assert(st.submit_s > 1, "6 MB went through a 2 MB/s disk in " .. st.submit_s .. " s")
+        for k, e in ipairs(evs) do assert(e.seq == k and e.i == k, "a gap or disorder at " .. k) end
+        assert.are.equal(0, rc, S.errors(chk))
+      else
+        assert(st.dropped > 0, "nothing dropped: the disk was not slower")
+        assert(st.submit_s < 5, "the producer waited for the disk under drop: " .. st.submit_s .. " s")
+        local last = 0
+        for _, e in ipairs(evs) do
+          assert(e.seq > last, "out of order")
+          last = e.seq
+        end
+        assert.are.equal(1, rc, "--check did not fail on the gaps")
+        assert.are.equal(st.dropped - (n - evs[#evs].seq), c.missing, "--check's missing is not what was dropped")
+      end
+    end)
+  end
+
+  it("a write error (file size limit) is counted and said, the producer goes on", function()
+    local file = S.tmpname("efbig") .. ".lecho"
+    -- SIGXFSZ ignored: write() fails with EFBIG instead of killing the process
+    local prod = S.lua_with("ulimit -f 1024", [[
+      local ffi = require "ffi"
+      ffi.cdef("typedef void (*sighandler_t)(int); sighandler_t signal(int, sighandler_t);")
+      ffi.C.signal(25, ffi.cast("sighandler_t", 1))
+      local lecho = require "lecho"
+      local cjson = require "cjson"
+      local logs = {}
+      local ctx = lecho.context{ log = function(m) logs[#logs + 1] = m end }
+      local p = assert(ctx:channel("rt.big"):producer{ record = arg[1] })
+      local pad = ("z"):rep(1000)
+      for k = 1, 3000 do assert(p:submit({ i = k, pad = pad })) if k % 100 == 0 then ctx:run_once(0.001) end end
+      ctx:sleep(0.2)
+      local st = p.own_rec:stats()
+      p:close()
+      io.stdout:write(cjson.encode({ st = st, logs = logs }), "\n")
+      ctx:close()
+    ]], file)
+    assert.are.equal(0, finish(prod, 60, "producer"), S.errors(prod))
+    local r = json_lines(prod)[1]
+    assert.matches("File too large", r.st.error or "")
+    assert(r.st.lost > 0, "no event counted lost")
+    assert.are.equal(3000, r.st.events + r.st.lost + r.st.queued)
+    assert.matches("recorder .*File too large", table.concat(r.logs, "\n"))
+    -- what was written is whole records of the first events, in order
+    local evs = events_of(file)
+    assert(#evs > 0 and #evs < 3000)
+    for k, e in ipairs(evs) do assert(e.seq == k, "a gap or disorder at " .. k) end
+  end)
+
+  it("the program's end (os.exit without close) writes everything submitted", function()
+    local file = S.tmpname("exit") .. ".lecho"
+    local prod = S.lua(PRODUCER, "-", "rt.exit", file, "{}", "30000", "exit")
+    assert.are.equal(0, finish(prod, 60, "producer"), S.errors(prod))
+    assert.matches("exiting", S.output(prod))
+    local evs, scan = events_of(file)
+    assert.is_nil(scan.torn)
+    assert.are.equal(30000, #evs)
+    for k, e in ipairs(evs) do assert(e.seq == k, "a gap or disorder at " .. k) end
+  end)
+
+  it("a C producer records what it submits (lecho_producer_record), and stops on NULL", function()
+    local root = S.sh_quote(S.root)
+    local ok, log = S.sh(("make -s -C %s build/liblecho.so"):format(root))
+    assert(ok, "building liblecho failed: " .. log)
+    local bin = S.tmpname("capi_record")
+    ok, log = S.sh(("cc -O2 -Wall -Wextra -Werror -I%s/core -o %s %s/spec/support/capi_record.c "
+      .. "-L%s/build -llecho -Wl,-rpath,%s/build"):format(root, bin, root, root, root))
+    assert(ok, "compiling spec/support/capi_record.c failed: " .. log)
+    local file = S.tmpname("crec") .. ".lecho"
+    local c = S.spawn(("%s %s"):format(bin, S.sh_quote(file)))
+    assert.are.equal(0, finish(c, 60, "C producer"), S.output(c) .. S.errors(c))
+    assert.matches("again %d+: .*exists", S.output(c))
+    local evs = events_of(file)
+    assert.are.equal(500, #evs)
+    for k, e in ipairs(evs) do assert(e.seq == k and e.i == k, "a gap or disorder at " .. k) end
+  end)
+
+  it("flush returns once what was submitted is in the file; p:record(nil) stops, p:record(rec) goes on", function()
+    local lecho = require "lecho"
+    local ctx = lecho.context{ quiet = true }
+    local file = S.tmpname("flush") .. ".lecho"
+    local rec = assert(ctx:recorder(file))
+    local p = assert(ctx:channel("rt.flush"):producer{ record = rec })
+    for k = 1, 100 do assert(p:submit({ i = k })) end
+    assert.is_true(rec:flush())
+    assert.are.equal(100, #events_of(file))
+    assert(p:record(nil))
+    for k = 101, 110 do assert(p:submit({ i = k })) end
+    assert(p:record(rec))
+    for k = 111, 120 do assert(p:submit({ i = k })) end
+    assert.is_true(rec:flush({ fsync = true }))
+    local evs = events_of(file)
+    assert.are.equal(110, #evs)
+    assert.are.equal(111, evs[101].seq)
+    local st = rec:close()
+    assert.are.same({ 110, 110, 0, 0, 0 }, { st.submitted, st.events, st.dropped, st.lost, st.queued })
+    -- closed: nothing more is recorded, nor raises
+    assert(p:submit({ i = 121 }))
+    assert.are.equal(110, #events_of(file))
+    assert.has_error(function() ctx:recorder(file, { policy = "sometimes" }) end)
+    assert.is_nil((ctx:recorder(file)))   -- exists: refused without append
+    ctx:close()
+  end)
+end)

@@ -185,6 +185,7 @@ static int l_moe_stats(lua_State *L) {
     lb_setn(L, "pending", (double)st.pending);
     lb_setn(L, "pending_drops", (double)st.pending_drops);
     lb_setn(L, "period_skips", (double)st.period_skips);
+    lb_setn(L, "passed", (double)st.passed);
     lb_setn(L, "time", (double)st.time_ns * 1e-9);
     lb_setn(L, "memory", (double)st.mem);
     return 1;

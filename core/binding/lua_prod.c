@@ -115,7 +115,7 @@ static int prod_send(lb_prod *h, lei_msg *m, int sync, lua_State *L, const char 
     for (int i = 0; bytes && i < h->nmoes; i++) {
         lei_moe *x = h->moes[i]->m;
         if (!x || lei_moe_error(x)) continue;
-        int failed = lei_moe_enqueue(x, h->pid, seq, bytes, m->total, sync, policy);
+        int failed = lei_moe_enqueue_msg(x, h->pid, seq, m, bytes, m->total, sync, policy);
         if (!sync) continue;
         const uint64_t *sids;
         size_t n = lei_moe_syncs(x, &sids);

@@ -78,10 +78,19 @@ lei_moe *moe_step_of(lua_State *L) {
     return m ? m : moe_of(L);
 }
 
-/* The hot step of m (moe_int.h), m as its upvalue; in the registry. */
+/* The hot step of m (moe_int.h), m as its upvalue, and for a modulator
+ * the environment and the names "enqueue" and "dequeue" (upvalues 2-4:
+ * push_env_ref's lookup in two API calls); in the registry. */
 static void make_hot(lua_State *L, lei_moe *m) {
     lua_pushlightuserdata(L, m);
-    lua_pushcclosure(L, m->hot_fn, 1);
+    int n = 1;
+    if (m->ref_kenq != LUA_NOREF) {
+        lua_rawgeti(L, LUA_REGISTRYINDEX, m->ref_env);
+        lua_rawgeti(L, LUA_REGISTRYINDEX, m->ref_kenq);
+        lua_rawgeti(L, LUA_REGISTRYINDEX, m->ref_kdeq);
+        n = 4;
+    }
+    lua_pushcclosure(L, m->hot_fn, n);
     m->hot_ref = luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
@@ -190,6 +199,52 @@ static void hold(lua_State *L, lei_moe *m) {
     m->nheld++;
 }
 
+/* Room for one more output; a stop of the budget between two outputs is
+ * taken here (each encode can be long). Raises. */
+static void out_room(lua_State *L, lei_moe *m) {
+    if (m->nout == m->cout) {
+        size_t nc = m->cout ? m->cout * 2 : 8;
+        moe_out *o = realloc(m->out, nc * sizeof *o);
+        if (!o) luaL_error(L, "out of memory");
+        m->out = o;
+        m->cout = nc;
+    }
+    if (m->stop || m->over) {
+        m->over = 1;
+        luaL_error(L, "CPU budget exceeded");
+    }
+}
+
+/* The event enqueue was given, returned unchanged, goes out as it came:
+ * the submitted message itself (one more reference), neither encoded again
+ * nor charged to the caps (its bytes are the producer's, already made). */
+static void route_same(lua_State *L, lei_moe *m) {
+    int key = m->route_key;
+    m->route_key = 0;
+    out_room(L, m);
+    moe_out *o = &m->out[m->nout++];
+    m->in_msg->refcnt++;
+    m->st.passed++;
+    o->msg = m->in_msg;
+    o->mem = 0;
+    o->producer = m->producer;
+    o->seq = m->seq;
+    o->sync = m->sync;
+    o->key = key;
+}
+
+/* 1 when the value at r is the decoded event at v unchanged: the same
+ * boolean, the same string (interned: the same bytes), a number of the same
+ * bits.  A table or an array may have been changed in place: never. */
+static int unchanged(lua_State *L, int v, int r) {
+    int t = lua_type(L, v);
+    if (lua_type(L, r) != t) return 0;
+    if (t == LUA_TBOOLEAN || t == LUA_TSTRING) return lua_rawequal(L, v, r);
+    if (t != LUA_TNUMBER) return 0;
+    lua_Number a = lua_tonumber(L, v), b = lua_tonumber(L, r);
+    return memcmp(&a, &b, sizeof a) == 0;
+}
+
 /* Sends (after the step) or holds the value at idx, per the stage. */
 void moe_route(lua_State *L, lei_moe *m, int idx) {
     char err[256];
@@ -201,18 +256,7 @@ void moe_route(lua_State *L, lei_moe *m, int idx) {
         hold(L, m);
         return;
     }
-    if (m->nout == m->cout) {
-        size_t nc = m->cout ? m->cout * 2 : 8;
-        moe_out *o = realloc(m->out, nc * sizeof *o);
-        if (!o) luaL_error(L, "out of memory");
-        m->out = o;
-        m->cout = nc;
-    }
-    /* each encode can be long: a stop between two is taken at once */
-    if (m->stop || m->over) {
-        m->over = 1;
-        luaL_error(L, "CPU budget exceeded");
-    }
+    out_room(L, m);
     /* The encoder charges at most what the caps leave (its charge, the
      * decoded size, is never below the encoded size): it stops there
      * instead of encoding the whole value first. */
@@ -270,6 +314,11 @@ static void push_env_fn(lua_State *L, lei_moe *m, const char *fn) {
 /* push_env_fn with the name kept in the registry at ref (the same lookup,
  * metamethods of the environment included, without interning the name). */
 static void push_env_ref(lua_State *L, lei_moe *m, int ref, const char *fn) {
+    if (lua_istable(L, lua_upvalueindex(2))) { /* the hot step (make_hot) */
+        lua_pushvalue(L, lua_upvalueindex(ref == m->ref_kenq ? 3 : 4));
+        lua_gettable(L, lua_upvalueindex(2));
+        return;
+    }
     if (ref == LUA_NOREF) {
         push_env_fn(L, m, fn);
         return;
@@ -320,6 +369,21 @@ static int step(lua_State *L) {
             decode_in(L, m);
             moe_route(L, m, -1);
             lua_pop(L, 1);
+        } else if (m->in_msg && m->ref_q == LUA_NOREF) {
+            /* as call_route, and a lone result that is the event unchanged
+             * goes out as the submitted message (route_same) */
+            decode_in(L, m);
+            int v = lua_gettop(L);
+            lua_pushvalue(L, v - 1);
+            lua_pushvalue(L, v);
+            lua_call(L, 1, LUA_MULTRET);
+            int top = lua_gettop(L);
+            if (top == v) m->st.dropped++;
+            if (top == v + 1 && unchanged(L, v, top))
+                route_same(L, m);
+            else
+                for (int i = v + 1; i <= top; i++) moe_route(L, m, i);
+            lua_settop(L, v - 2);
         } else {
             decode_in(L, m);
             call_route(L, m, 1);
@@ -466,9 +530,9 @@ int moe_run_step(lei_moe *m, lua_CFunction fn, void *arg) {
     int rc;
     if (fn == m->hot_fn && m->hot_ref != LUA_NOREF) {
         /* the step kept in the registry: nothing allocated per call (moe_int.h) */
+        (void)arg; /* the hot steps take none */
         lua_rawgeti(L, LUA_REGISTRYINDEX, m->hot_ref);
-        lua_pushlightuserdata(L, arg);
-        rc = lua_pcall(L, 1, 0, 0);
+        rc = lua_pcall(L, 0, 0, 0);
     } else {
         rc = lua_cpcall(L, fn, arg);
     }
@@ -797,6 +861,11 @@ int lei_moe_set_params(lei_moe *m, const uint8_t *p, size_t plen) {
 
 int lei_moe_enqueue(lei_moe *m, uint64_t producer, uint64_t seq, const uint8_t *p, size_t n,
                     int sync, int policy) {
+    return lei_moe_enqueue_msg(m, producer, seq, NULL, p, n, sync, policy);
+}
+
+int lei_moe_enqueue_msg(lei_moe *m, uint64_t producer, uint64_t seq, lei_msg *msg,
+                        const uint8_t *p, size_t n, int sync, int policy) {
     m->nsids = 0;
     if (!m->L) return -1;
     m->stage = ST_ENQ;
@@ -806,9 +875,11 @@ int lei_moe_enqueue(lei_moe *m, uint64_t producer, uint64_t seq, const uint8_t *
     m->policy = policy;
     m->in = p;
     m->inlen = n;
+    m->in_msg = msg && msg->next == 0 && msg->total == n ? msg : NULL;
     m->st.events_in++;
     int rc = moe_run_step(m, step, NULL);
     m->in = NULL;
+    m->in_msg = NULL;
     if (rc == 0) {
         submit_outs(m, 1);
         if (sync) rc = pump(m, 1);

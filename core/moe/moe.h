@@ -76,6 +76,7 @@ typedef struct lei_moe_opts {
 typedef struct lei_moe_stats {
     uint64_t calls, events_in, events_out, dropped, pending_drops, time_ns;
     uint64_t period_skips; /* period() not called: its destinations were full (block) */
+    uint64_t passed;       /* outputs sent as the submitted event's own message (unchanged) */
     size_t pending, mem;
 } lei_moe_stats;
 
@@ -100,6 +101,12 @@ int lei_moe_set_params(lei_moe *m, const uint8_t *p, size_t plen);
  * the modulator failed (it is then unloaded). */
 int lei_moe_enqueue(lei_moe *m, uint64_t producer, uint64_t seq, const uint8_t *p, size_t n,
                     int sync, int policy);
+/* The same with the event's message msg (p[0..n) its bytes; NULL: none):
+ * a flat one (no pinned slices) that enqueue returns unchanged (the same
+ * string, boolean or number it was given) is submitted itself (one more
+ * reference) instead of the value encoded again. */
+int lei_moe_enqueue_msg(lei_moe *m, uint64_t producer, uint64_t seq, lei_msg *msg,
+                        const uint8_t *p, size_t n, int sync, int policy);
 /* Sync ids submitted by the last lei_moe_enqueue (valid until the next). */
 size_t lei_moe_syncs(const lei_moe *m, const uint64_t **ids);
 

@@ -62,6 +62,10 @@ struct lei_moe {
     uint64_t producer, seq;
     const uint8_t *in;
     size_t inlen;
+    /* ST_ENQ: the submitted event's message (borrowed for the call; its
+     * bytes are in[0..inlen), no pinned slices), or NULL.  A value enqueue
+     * returns unchanged goes out as this message (moe.c, pass_through). */
+    lei_msg *in_msg;
     /* outputs of the call, then submitted */
     moe_out *out;          /* owned */
     size_t nout, cout;

@@ -67,6 +67,26 @@ describe("modulator pass-through (issue 27)", function()
     assert.are.equal(1, st.passed) -- two results are encoded each, as before
   end)
 
+  it("shares the message with a plain consumer of the channel, sync and async", function()
+    c = lecho.context{ quiet = true }
+    local ch = c:channel("both")
+    local p = assert(ch:producer())
+    local plain, modded = {}, {}
+    assert(ch:consumer(function(ev) plain[#plain + 1] = ev end))
+    assert(ch:consumer(function(ev) modded[#modded + 1] = ev end,
+                       { modulator = "function enqueue(ev) return ev end" }))
+    for i = 1, 50 do
+      if i % 5 == 0 then assert(p:submit_sync("s" .. i)) else assert(p:submit(i)) end
+    end
+    assert(S.run_until(c, function() return #plain == 50 and #modded == 50 end, 5))
+    for i = 1, 50 do
+      local want = i % 5 == 0 and "s" .. i or i
+      assert.are.equal(want, plain[i])
+      assert.are.equal(want, modded[i])
+    end
+    assert.are.equal(50, mstats(c).passed)
+  end)
+
   it("holds what a modulator with dequeue returns, and sends it when dequeued", function()
     local got, st = run([[
       function enqueue(ev) return ev end

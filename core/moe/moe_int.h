@@ -95,7 +95,9 @@ struct lei_moe {
     int svc, ref_fn, svc_kind, svc_raised;
     const char *svc_fn;    /* the call in progress: which function (NULL: the one) */
     /* The step every call runs (step, or moe_svc_step for a sandbox), kept
-     * in the registry at hot_ref once the state is set up: lua_cpcall makes
+     * in the registry at hot_ref once the state is set up (moe.c make_hot:
+     * its upvalues m, and for a modulator the environment and the names
+     * below; called without arguments): lua_cpcall makes
      * a closure per call, and a call that allocates nothing else never runs
      * the collector (a trivial filter of numbers filled 32 MiB of closures
      * in 700,000 events and was failed for memory). */

@@ -43,13 +43,18 @@ static int policy_of(const lb_prod *h) {
 }
 
 /* 1 when the plain channel (if sent plain) and the derived channel of every
- * live modulator have room for a blocking submit. */
+ * live modulator have room for a blocking submit.  A modulator whose
+ * stream has none runs its staged events first (they were let in, each
+ * with room then): a queue passes its limit by at most one batch. */
 static int prod_room(const lb_prod *h) {
     lei_ctx *c = h->b->c;
     if (h->plain && !lei_chan_room(c, h->chid)) return 0;
     for (int i = 0; i < h->nmoes; i++) {
         lei_moe *m = h->moes[i]->m;
-        if (m && !lei_moe_error(m) && !lei_chan_room(c, lei_moe_chid(m))) return 0;
+        if (m && !lei_moe_error(m) && !lei_chan_room(c, lei_moe_chid(m))) {
+            lei_moe_flush(m);
+            return 0;
+        }
     }
     return 1;
 }

@@ -78,6 +78,7 @@ typedef struct lei_moe_stats {
     uint64_t period_skips; /* period() not called: its destinations were full (block) */
     uint64_t passed;       /* outputs sent as the submitted event's own message (unchanged) */
     size_t pending, mem;
+    size_t staged;         /* async events staged for the next batch (lei_moe_flush) */
 } lei_moe_stats;
 
 void lei_moe_opts_default(lei_moe_opts *o);
@@ -107,6 +108,17 @@ int lei_moe_enqueue(lei_moe *m, uint64_t producer, uint64_t seq, const uint8_t *
  * reference) instead of the value encoded again. */
 int lei_moe_enqueue_msg(lei_moe *m, uint64_t producer, uint64_t seq, lei_msg *msg,
                         const uint8_t *p, size_t n, int sync, int policy);
+/* An async event (flat, at most STG_EV_BYTES encoded: moe_int.h) to a
+ * modulator without dequeue is staged instead, one more reference to msg:
+ * the staged events run in one entry into the state (a call and a budget
+ * each), when STG_MAX are staged, before any other call of the modulator
+ * (a sync event, params, period, receivers, retarget, pump), and in
+ * lei_moe_flush; lei_moe_has_pending says there are some.  Until then
+ * their outputs are not queued. */
+/* Runs the staged events now: 0, or -1 when the modulator failed (notified). */
+int lei_moe_flush(lei_moe *m);
+/* How many events are staged. */
+int lei_moe_staged(const lei_moe *m);
 /* Sync ids submitted by the last lei_moe_enqueue (valid until the next). */
 size_t lei_moe_syncs(const lei_moe *m, const uint64_t **ids);
 

@@ -21,7 +21,21 @@
 /* ST_HOOK: an optional function of the modulator called by name (period,
  * receivers), with hook_arg when >= 0. */
 /* ST_SVC: a sandbox's function called with arguments (moe_svc.c). */
-enum { ST_INIT, ST_PARAMS, ST_ENQ, ST_DEQ, ST_HOOK, ST_SVC };
+/* ST_BATCH: the staged async events, each an enqueue call (moe.c run_batch). */
+enum { ST_INIT, ST_PARAMS, ST_ENQ, ST_DEQ, ST_HOOK, ST_SVC, ST_BATCH };
+
+/* Async events staged for one entry into the state (moe.c run_batch): at
+ * most STG_MAX of them, each at most STG_EV_BYTES encoded (a larger one,
+ * a sync one, or one under another policy runs the batch and then itself);
+ * a batch's step returns to submit once its outputs pass STG_OUT_BYTES. */
+#define STG_MAX 64
+#define STG_EV_BYTES 4096
+#define STG_OUT_BYTES 65536
+
+typedef struct moe_stg {
+    lei_msg *msg; /* one reference, owned until the batch ran */
+    uint64_t producer, seq;
+} moe_stg;
 
 /* How a sandbox's call failed (m->svc_kind, moe_svc.c): the state survives
  * all but SVC_FATAL. */
@@ -66,6 +80,12 @@ struct lei_moe {
      * bytes are in[0..inlen), no pinned slices), or NULL.  A value enqueue
      * returns unchanged goes out as this message (moe.c, pass_through). */
     lei_msg *in_msg;
+    /* async events staged for the next batch (STG_*): stg[istg..nstg) not
+     * run yet; all under policy stg_policy.  nout_ok: outputs of the
+     * batch's step that belong to events whose call returned. */
+    moe_stg stg[STG_MAX];
+    int nstg, istg, stg_policy;
+    size_t nout_ok;
     /* outputs of the call, then submitted */
     moe_out *out;          /* owned */
     size_t nout, cout;

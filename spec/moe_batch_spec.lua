@@ -75,6 +75,32 @@ describe("modulator batches (issue 27)", function()
     for i = 1, 4 do assert.are.equal(i, got[59 + i]) end
   end)
 
+  it("is not entered again from a log hook that flushes and submits during a batch", function()
+    c = lecho.context{ quiet = true }
+    local ch = c:channel("re")
+    local p = assert(ch:producer{ grant = { "log" } })
+    local got, n = {}, 0
+    c.log = function()
+      n = n + 1
+      c:flush()
+      c:pending()
+      if n % 10 == 0 then assert(p:submit(-n)) end   -- staged behind the batch running
+    end
+    assert(ch:consumer(function(ev) got[#got + 1] = ev end,
+                       { capabilities = { "log" }, modulator = "function enqueue(ev) log('x') return ev end" }))
+    for i = 1, 100 do assert(p:submit(i)) end
+    c:flush()
+    assert(S.run_until(c, function() return mstats(c).staged == 0 and #got >= 100 end, 5))
+    c:run_once(0.05)
+    local pos, seen = 0, {}
+    for _, v in ipairs(got) do
+      assert.is_nil(seen[v], "delivered twice: " .. v)
+      seen[v] = true
+      if v > 0 then assert.are.equal(pos + 1, v) pos = v end
+    end
+    assert.are.equal(100, pos)
+  end)
+
   it("sends everything submitted before the producer's context closes, in order", function()
     local _, ns = S.nameserver("--quiet")
     local v = S.lua([[

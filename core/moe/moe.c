@@ -739,6 +739,7 @@ static void notify_fail(lei_moe *m) {
  * failed (now or before), the rest of them go as every later event does. */
 static int run_batch(lei_moe *m, int notify) {
     int rc = 0;
+    m->in_batch = 1;
     m->istg = 0;
     while (m->L && m->istg < m->nstg) {
         m->stage = ST_BATCH;
@@ -756,11 +757,14 @@ static int run_batch(lei_moe *m, int notify) {
     }
     for (int i = 0; i < m->nstg; i++) lei_msg_release(m->stg[i].msg, NULL, NULL);
     m->nstg = m->istg = 0;
+    m->in_batch = 0;
     if (rc && notify) notify_fail(m);
     return rc ? -1 : 0;
 }
 
-int lei_moe_flush(lei_moe *m) { return m->nstg ? run_batch(m, 1) : 0; }
+/* Not from inside a call of m or its batch (a log hook's Lua may flush):
+ * the batch running then finishes what is staged, in order. */
+int lei_moe_flush(lei_moe *m) { return m->nstg && !m->in_call && !m->in_batch ? run_batch(m, 1) : 0; }
 
 /* Dequeues held events; all of them when force, else while there is room. */
 static int pump(lei_moe *m, int force) {
@@ -910,7 +914,9 @@ void lei_moe_free(lei_moe *m) {
     if (!m) return;
     /* what was submitted before goes out (a failure is not notified: the
      * modulator is going away) */
-    if (m->nstg) run_batch(m, 0);
+    if (m->nstg && !m->in_call && !m->in_batch) run_batch(m, 0);
+    for (int i = 0; i < m->nstg; i++) lei_msg_release(m->stg[i].msg, NULL, NULL);
+    m->nstg = 0;
     if (m->L) {
         if (m->o.period > 0) ev_timer_stop(lei_ctx_loop(m->ctx), &m->period_w);
         m->limit_on = 0;
@@ -955,15 +961,15 @@ int lei_moe_enqueue_msg(lei_moe *m, uint64_t producer, uint64_t seq, lei_msg *ms
     /* an async event under the policy of those staged: staged (the batch
      * runs when full, before any other call, once per loop turn, and when
      * the binding flushes); any other runs after the batch */
-    if (!sync && msg && msg->next == 0 && msg->total == n && n <= STG_EV_BYTES &&
-        m->ref_q == LUA_NOREF && (m->nstg == 0 || policy == m->stg_policy)) {
+    if (!sync && !m->in_call && m->nstg < STG_MAX && msg && msg->next == 0 && msg->total == n &&
+        n <= STG_EV_BYTES && m->ref_q == LUA_NOREF && (m->nstg == 0 || policy == m->stg_policy)) {
         msg->refcnt++;
         moe_stg *g = &m->stg[m->nstg++];
         g->msg = msg;
         g->producer = producer;
         g->seq = seq;
         m->stg_policy = policy;
-        return m->nstg == STG_MAX ? run_batch(m, 1) : 0;
+        return m->nstg == STG_MAX && !m->in_batch ? run_batch(m, 1) : 0;
     }
     if (lei_moe_flush(m) || !m->L) return -1;
     m->stage = ST_ENQ;
@@ -1015,7 +1021,7 @@ void lei_moe_pump(lei_moe *m) {
 
 int lei_moe_has_pending(const lei_moe *m) { return m->L && (m->nheld > 0 || m->nstg > 0); }
 
-int lei_moe_staged(const lei_moe *m) { return m->nstg; }
+int lei_moe_staged(const lei_moe *m) { return m->in_call || m->in_batch ? 0 : m->nstg; }
 
 const char *lei_moe_error(const lei_moe *m) { return m->L ? NULL : m->err; }
 

@@ -117,7 +117,8 @@ int lei_moe_enqueue_msg(lei_moe *m, uint64_t producer, uint64_t seq, lei_msg *ms
  * their outputs are not queued. */
 /* Runs the staged events now: 0, or -1 when the modulator failed (notified). */
 int lei_moe_flush(lei_moe *m);
-/* How many events are staged. */
+/* How many staged events lei_moe_flush would run now (0 inside a call or
+ * a batch of m). */
 int lei_moe_staged(const lei_moe *m);
 /* Sync ids submitted by the last lei_moe_enqueue (valid until the next). */
 size_t lei_moe_syncs(const lei_moe *m, const uint64_t **ids);

@@ -85,6 +85,7 @@ struct lei_moe {
      * batch's step that belong to events whose call returned. */
     moe_stg stg[STG_MAX];
     int nstg, istg, stg_policy;
+    int in_batch;          /* run_batch is running (it is not entered again) */
     size_t nout_ok;
     /* outputs of the call, then submitted */
     moe_out *out;          /* owned */

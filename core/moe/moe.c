@@ -949,11 +949,6 @@ int lei_moe_set_params(lei_moe *m, const uint8_t *p, size_t plen) {
     return rc;
 }
 
-int lei_moe_enqueue(lei_moe *m, uint64_t producer, uint64_t seq, const uint8_t *p, size_t n,
-                    int sync, int policy) {
-    return lei_moe_enqueue_msg(m, producer, seq, NULL, p, n, sync, policy);
-}
-
 int lei_moe_enqueue_msg(lei_moe *m, uint64_t producer, uint64_t seq, lei_msg *msg,
                         const uint8_t *p, size_t n, int sync, int policy) {
     m->nsids = 0;

@@ -95,17 +95,15 @@ void lei_moe_free(lei_moe *m);
  * value does not decode or the modulator failed meanwhile. */
 int lei_moe_set_params(lei_moe *m, const uint8_t *p, size_t plen);
 
-/* One submitted event, encoded in p[0..n).  Outputs are submitted on the
- * derived channel with producer/seq (and sync, policy) before return, or held
- * for dequeue.  For a sync event, everything held is dequeued at once and the
- * sync ids of what was submitted are kept for lei_moe_syncs.  0, or -1 when
- * the modulator failed (it is then unloaded). */
-int lei_moe_enqueue(lei_moe *m, uint64_t producer, uint64_t seq, const uint8_t *p, size_t n,
-                    int sync, int policy);
-/* The same with the event's message msg (p[0..n) its bytes; NULL: none):
- * a flat one (no pinned slices) that enqueue returns unchanged (the same
- * string, boolean or number it was given) is submitted itself (one more
- * reference) instead of the value encoded again. */
+/* One submitted event, encoded in p[0..n), the bytes of its message msg
+ * (NULL: none).  Outputs are submitted on the derived channel with
+ * producer/seq (and sync, policy) before return, or held for dequeue.  For
+ * a sync event, everything held is dequeued at once and the sync ids of
+ * what was submitted are kept for lei_moe_syncs.  0, or -1 when the
+ * modulator failed (it is then unloaded).  A flat msg (no pinned slices)
+ * that enqueue returns unchanged (the same string, boolean or number it was
+ * given) is submitted itself (one more reference) instead of the value
+ * encoded again. */
 int lei_moe_enqueue_msg(lei_moe *m, uint64_t producer, uint64_t seq, lei_msg *msg,
                         const uint8_t *p, size_t n, int sync, int policy);
 /* An async event (flat, at most STG_EV_BYTES encoded: moe_int.h) to a
@@ -120,7 +118,7 @@ int lei_moe_flush(lei_moe *m);
 /* How many staged events lei_moe_flush would run now (0 inside a call or
  * a batch of m). */
 int lei_moe_staged(const lei_moe *m);
-/* Sync ids submitted by the last lei_moe_enqueue (valid until the next). */
+/* Sync ids submitted by the last lei_moe_enqueue_msg (valid until the next). */
 size_t lei_moe_syncs(const lei_moe *m, const uint64_t **ids);
 
 /* A receiving context was added: calls the modulator's receivers(n), if it

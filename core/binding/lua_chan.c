@@ -494,6 +494,9 @@ static int l_send_ctrl(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     const char *addr = luaL_checkstring(L, 2);
     luaL_checkany(L, 3);
+    /* a control message comes after the events submitted before it (a
+     * stream's end after its last event): staged ones are queued first */
+    lb_moe_flush_all(b);
     lei_msg *m = lb_encode_at(L, b, 3);
     if (!m) return 3;
     const char *err;

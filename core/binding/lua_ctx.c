@@ -442,6 +442,7 @@ static int l_depth(lua_State *L) {
 /* ctx:shutdown(): the graceful close begins (ctx.h lei_ctx_shutdown). */
 static int l_shutdown(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
+    lb_moe_flush_all(b);
     lei_ctx_shutdown(b->c);
     return 0;
 }
@@ -450,6 +451,7 @@ static int l_shutdown(lua_State *L) {
 static int l_pending(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     uint64_t ev, by;
+    lb_moe_flush_all(b); /* staged events are not queued yet */
     int open = lei_ctx_pending(b->c, &ev, &by);
     lua_pushinteger(L, open);
     lua_pushnumber(L, (lua_Number)ev);

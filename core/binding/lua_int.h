@@ -153,6 +153,10 @@ extern const luaL_Reg lb_chan_methods[];
 /* lua_moe.c: modulators */
 extern const luaL_Reg lb_moe_ctx_methods[];
 void lb_moe_open(lua_State *L);
+/* Runs the batch of async events staged in each modulator of b (moe.h
+ * lei_moe_flush): before anything that writes, counts or waits on the
+ * queues (flush, pending, shutdown). */
+void lb_moe_flush_all(lb_ctx *b);
 
 /* lua_prod.c: producer handles (ctx:producer) and the data plane table
  * (core.dataplane, lua_prod.h) in the module table on top */

@@ -21,12 +21,14 @@ static int l_want_turn(lua_State *L) {
 
 static int l_flush(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
+    lb_moe_flush_all(b);
     lei_peer_flush_all(b->c);
     return 0;
 }
 
 static int l_drain_local(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
+    lb_moe_flush_all(b);
     lei_drain_local(b->c);
     return 0;
 }

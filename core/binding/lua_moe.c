@@ -25,6 +25,16 @@ static void moe_failed(void *ud, lei_moe *m, const char *why) {
     lb_pcall(b, 2, 0);
 }
 
+void lb_moe_flush_all(lb_ctx *b) {
+    /* from the start after each one: a failure's hook (Lua) may change the list */
+again:
+    for (lb_moe *x = b->moes; x; x = x->next)
+        if (x->m && lei_moe_staged(x->m)) {
+            lei_moe_flush(x->m);
+            goto again;
+        }
+}
+
 static lb_moe *check_moe(lua_State *L) {
     lb_moe *x = luaL_checkudata(L, 1, MOE_MT);
     if (!x->m) luaL_error(L, "lecho: modulator is closed");
@@ -151,7 +161,8 @@ static int l_moe_retarget(lua_State *L) {
 static int l_moe_keyframes(lua_State *L) {
     lb_moe *x = check_moe(L);
     const lei_moe_kf *kf;
-    long n = lei_moe_keyframes(x->m, &kf);
+    lei_moe_flush(x->m); /* what was submitted before the joiner counts */
+    long n = x->m ? lei_moe_keyframes(x->m, &kf) : -1;
     if (n < 0) return 0;
     lua_createtable(L, (int)n, 0);
     for (long i = 0; i < n; i++) {
@@ -185,6 +196,8 @@ static int l_moe_stats(lua_State *L) {
     lb_setn(L, "pending", (double)st.pending);
     lb_setn(L, "pending_drops", (double)st.pending_drops);
     lb_setn(L, "period_skips", (double)st.period_skips);
+    lb_setn(L, "passed", (double)st.passed);
+    lb_setn(L, "staged", (double)st.staged);
     lb_setn(L, "time", (double)st.time_ns * 1e-9);
     lb_setn(L, "memory", (double)st.mem);
     return 1;

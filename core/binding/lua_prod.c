@@ -72,13 +72,18 @@ static int policy_of(const lb_prod *h) {
 }
 
 /* 1 when the plain channel (if sent plain) and the derived channel of every
- * live modulator have room for a blocking submit. */
+ * live modulator have room for a blocking submit.  A modulator whose
+ * stream has none runs its staged events first (they were let in, each
+ * with room then): a queue passes its limit by at most one batch. */
 static int prod_room(const lb_prod *h) {
     lei_ctx *c = h->b->c;
     if (h->plain && !lei_submit_room(c, h->chid)) return 0;
     for (int i = 0; i < h->nmoes; i++) {
         lei_moe *m = h->moes[i]->m;
-        if (m && !lei_moe_error(m) && !lei_submit_room(c, lei_moe_chid(m))) return 0;
+        if (m && !lei_moe_error(m) && !lei_submit_room(c, lei_moe_chid(m))) {
+            lei_moe_flush(m);
+            return 0;
+        }
     }
     return 1;
 }
@@ -146,7 +151,7 @@ static int prod_send(lb_prod *h, lei_msg *m, int sync, lua_State *L, const char 
     for (int i = 0; bytes && i < h->nmoes; i++) {
         lei_moe *x = h->moes[i]->m;
         if (!x || lei_moe_error(x)) continue;
-        int failed = lei_moe_enqueue(x, h->pid, seq, bytes, m->total, sync, policy);
+        int failed = lei_moe_enqueue_msg(x, h->pid, seq, m, bytes, m->total, sync, policy);
         if (!sync) continue;
         const uint64_t *sids;
         size_t n = lei_moe_syncs(x, &sids);

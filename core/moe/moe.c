@@ -78,10 +78,19 @@ lei_moe *moe_step_of(lua_State *L) {
     return m ? m : moe_of(L);
 }
 
-/* The hot step of m (moe_int.h), m as its upvalue; in the registry. */
+/* The hot step of m (moe_int.h), m as its upvalue, and for a modulator
+ * the environment and the names "enqueue" and "dequeue" (upvalues 2-4:
+ * push_env_ref's lookup in two API calls); in the registry. */
 static void make_hot(lua_State *L, lei_moe *m) {
     lua_pushlightuserdata(L, m);
-    lua_pushcclosure(L, m->hot_fn, 1);
+    int n = 1;
+    if (m->ref_kenq != LUA_NOREF) {
+        lua_rawgeti(L, LUA_REGISTRYINDEX, m->ref_env);
+        lua_rawgeti(L, LUA_REGISTRYINDEX, m->ref_kenq);
+        lua_rawgeti(L, LUA_REGISTRYINDEX, m->ref_kdeq);
+        n = 4;
+    }
+    lua_pushcclosure(L, m->hot_fn, n);
     m->hot_ref = luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
@@ -190,6 +199,52 @@ static void hold(lua_State *L, lei_moe *m) {
     m->nheld++;
 }
 
+/* Room for one more output; a stop of the budget between two outputs is
+ * taken here (each encode can be long). Raises. */
+static void out_room(lua_State *L, lei_moe *m) {
+    if (m->nout == m->cout) {
+        size_t nc = m->cout ? m->cout * 2 : 8;
+        moe_out *o = realloc(m->out, nc * sizeof *o);
+        if (!o) luaL_error(L, "out of memory");
+        m->out = o;
+        m->cout = nc;
+    }
+    if (m->stop || m->over) {
+        m->over = 1;
+        luaL_error(L, "CPU budget exceeded");
+    }
+}
+
+/* The event enqueue was given, returned unchanged, goes out as it came:
+ * the submitted message itself (one more reference), neither encoded again
+ * nor charged to the caps (its bytes are the producer's, already made). */
+static void route_same(lua_State *L, lei_moe *m) {
+    int key = m->route_key;
+    m->route_key = 0;
+    out_room(L, m);
+    moe_out *o = &m->out[m->nout++];
+    m->in_msg->refcnt++;
+    m->st.passed++;
+    o->msg = m->in_msg;
+    o->mem = 0;
+    o->producer = m->producer;
+    o->seq = m->seq;
+    o->sync = m->sync;
+    o->key = key;
+}
+
+/* 1 when the value at r is the decoded event at v unchanged: the same
+ * boolean, the same string (interned: the same bytes), a number of the same
+ * bits.  A table or an array may have been changed in place: never. */
+static int unchanged(lua_State *L, int v, int r) {
+    int t = lua_type(L, v);
+    if (lua_type(L, r) != t) return 0;
+    if (t == LUA_TBOOLEAN || t == LUA_TSTRING) return lua_rawequal(L, v, r);
+    if (t != LUA_TNUMBER) return 0;
+    lua_Number a = lua_tonumber(L, v), b = lua_tonumber(L, r);
+    return memcmp(&a, &b, sizeof a) == 0;
+}
+
 /* Sends (after the step) or holds the value at idx, per the stage. */
 void moe_route(lua_State *L, lei_moe *m, int idx) {
     char err[256];
@@ -201,18 +256,7 @@ void moe_route(lua_State *L, lei_moe *m, int idx) {
         hold(L, m);
         return;
     }
-    if (m->nout == m->cout) {
-        size_t nc = m->cout ? m->cout * 2 : 8;
-        moe_out *o = realloc(m->out, nc * sizeof *o);
-        if (!o) luaL_error(L, "out of memory");
-        m->out = o;
-        m->cout = nc;
-    }
-    /* each encode can be long: a stop between two is taken at once */
-    if (m->stop || m->over) {
-        m->over = 1;
-        luaL_error(L, "CPU budget exceeded");
-    }
+    out_room(L, m);
     /* The encoder charges at most what the caps leave (its charge, the
      * decoded size, is never below the encoded size): it stops there
      * instead of encoding the whole value first. */
@@ -270,6 +314,11 @@ static void push_env_fn(lua_State *L, lei_moe *m, const char *fn) {
 /* push_env_fn with the name kept in the registry at ref (the same lookup,
  * metamethods of the environment included, without interning the name). */
 static void push_env_ref(lua_State *L, lei_moe *m, int ref, const char *fn) {
+    if (lua_istable(L, lua_upvalueindex(2))) { /* the hot step (make_hot) */
+        lua_pushvalue(L, lua_upvalueindex(ref == m->ref_kenq ? 3 : 4));
+        lua_gettable(L, lua_upvalueindex(2));
+        return;
+    }
     if (ref == LUA_NOREF) {
         push_env_fn(L, m, fn);
         return;
@@ -301,10 +350,71 @@ typedef struct init_args {
     size_t len;
 } init_args;
 
+/* One enqueue call on the event m->in (the ST_ENQ step, and each event of
+ * a batch): its results routed, a lone one that is the event unchanged as
+ * the submitted message (route_same). */
+static void enq_one(lua_State *L, lei_moe *m) {
+    push_env_ref(L, m, m->ref_kenq, "enqueue");
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        decode_in(L, m);
+        moe_route(L, m, -1);
+        lua_pop(L, 1);
+    } else if (m->in_msg && m->ref_q == LUA_NOREF) {
+        decode_in(L, m);
+        int v = lua_gettop(L);
+        lua_pushvalue(L, v - 1);
+        lua_pushvalue(L, v);
+        lua_call(L, 1, LUA_MULTRET);
+        int top = lua_gettop(L);
+        if (top == v) m->st.dropped++;
+        if (top == v + 1 && unchanged(L, v, top))
+            route_same(L, m);
+        else
+            for (int i = v + 1; i <= top; i++) moe_route(L, m, i);
+        lua_settop(L, v - 2);
+    } else {
+        decode_in(L, m);
+        call_route(L, m, 1);
+    }
+}
+
+/* The staged events from istg on, one enqueue call each with a budget of
+ * its own (the group's call number and the CPU clock start again: the
+ * timer's handler and the hook measure each call apart), until they are
+ * all done or the outputs pass STG_OUT_BYTES.  A stop that came during
+ * the previous call fails the modulator here, as after a lone call. */
+static void step_batch(lua_State *L, lei_moe *m) {
+    size_t bytes = 0;
+    while (m->istg < m->nstg && bytes <= STG_OUT_BYTES) {
+        if (m->stop || m->over) {
+            m->over = 1;
+            luaL_error(L, "CPU budget exceeded");
+        }
+        moe_stg *g = &m->stg[m->istg++];
+        m->producer = g->producer;
+        m->seq = g->seq;
+        m->in_msg = g->msg;
+        m->in = (const uint8_t *)g->msg->own.data;
+        m->inlen = g->msg->total;
+        m->st.events_in++;
+        if (m->o.group) m->o.group->callno++;
+        m->cpu0 = -1;
+        size_t n0 = m->nout;
+        enq_one(L, m);
+        for (size_t i = n0; i < m->nout; i++)
+            bytes += m->out[i].mem ? m->out[i].mem : m->out[i].msg->total;
+        m->nout_ok = m->nout;
+    }
+}
+
 static int step(lua_State *L) {
     lei_moe *m = moe_step_of(L);
     switch (m->stage) {
     default:
+        break;
+    case ST_BATCH:
+        step_batch(L, m);
         break;
     case ST_PARAMS:
         /* the environment itself: the modulator may have rebound _G */
@@ -314,16 +424,7 @@ static int step(lua_State *L) {
         lua_pop(L, 1);
         break;
     case ST_ENQ:
-        push_env_ref(L, m, m->ref_kenq, "enqueue");
-        if (lua_isnil(L, -1)) {
-            lua_pop(L, 1);
-            decode_in(L, m);
-            moe_route(L, m, -1);
-            lua_pop(L, 1);
-        } else {
-            decode_in(L, m);
-            call_route(L, m, 1);
-        }
+        enq_one(L, m);
         break;
     case ST_DEQ: {
         lua_rawgeti(L, LUA_REGISTRYINDEX, m->ref_q);
@@ -446,6 +547,8 @@ static void moe_fail(lei_moe *m, const char *why) {
     if (m->o.period > 0) ev_timer_stop(lei_ctx_loop(m->ctx), &m->period_w);
 }
 
+static void submit_outs_n(lei_moe *m, size_t n, int keep_syncs);
+
 /* Runs fn in the state; 0, or -1 with the modulator failed (m->err set). */
 int moe_run_step(lei_moe *m, lua_CFunction fn, void *arg) {
     lua_State *L = m->L;
@@ -466,9 +569,9 @@ int moe_run_step(lei_moe *m, lua_CFunction fn, void *arg) {
     int rc;
     if (fn == m->hot_fn && m->hot_ref != LUA_NOREF) {
         /* the step kept in the registry: nothing allocated per call (moe_int.h) */
+        (void)arg; /* the hot steps take none */
         lua_rawgeti(L, LUA_REGISTRYINDEX, m->hot_ref);
-        lua_pushlightuserdata(L, arg);
-        rc = lua_pcall(L, 1, 0, 0);
+        rc = lua_pcall(L, 0, 0, 0);
     } else {
         rc = lua_cpcall(L, fn, arg);
     }
@@ -521,6 +624,9 @@ int moe_run_step(lei_moe *m, lua_CFunction fn, void *arg) {
         return -1;
     }
     m->svc_kind = SVC_FATAL;
+    /* a batch: what the calls before the failing one returned goes out, as
+     * it would have had each been called alone */
+    if (m->stage == ST_BATCH) submit_outs_n(m, m->nout_ok, 0);
     moe_fail(m, why);
     return -1;
 }
@@ -584,10 +690,17 @@ long lei_moe_keyframes(const lei_moe *m, const lei_moe_kf **kf) {
     return (long)m->nkf;
 }
 
-/* Submits the outputs of the last step, in order. */
-static void submit_outs(lei_moe *m, int keep_syncs) {
+/* Submits the first n outputs of the last step, in order; the others are
+ * dropped. */
+static void submit_outs_n(lei_moe *m, size_t n, int keep_syncs) {
     for (size_t i = 0; i < m->nout; i++) {
         moe_out *o = &m->out[i];
+        if (i >= n) {
+            lei_msg_release(o->msg, NULL, NULL);
+            out_uncharge(m, o);
+            o->msg = NULL;
+            continue;
+        }
         const char *err = NULL;
         uint64_t sid = 0;
         kf_add(m, o);
@@ -613,9 +726,45 @@ static void submit_outs(lei_moe *m, int keep_syncs) {
     m->nout = 0;
 }
 
+/* Submits the outputs of the last step, in order. */
+static void submit_outs(lei_moe *m, int keep_syncs) { submit_outs_n(m, m->nout, keep_syncs); }
+
 static void notify_fail(lei_moe *m) {
     if (m->o.on_fail) m->o.on_fail(m->o.ud, m, m->err);
 }
+
+/* Runs the staged async events (one entry into the state for up to
+ * STG_MAX calls) and submits what they returned; a failure is notified
+ * when notify.  The staged messages are released; with the modulator
+ * failed (now or before), the rest of them go as every later event does. */
+static int run_batch(lei_moe *m, int notify) {
+    int rc = 0;
+    m->in_batch = 1;
+    m->istg = 0;
+    while (m->L && m->istg < m->nstg) {
+        m->stage = ST_BATCH;
+        m->sync = 0;
+        m->policy = m->stg_policy;
+        m->nout_ok = 0;
+        uint64_t calls = m->st.calls;
+        int first = m->istg;
+        rc = moe_run_step(m, step, NULL);
+        m->st.calls = calls + (uint64_t)(m->istg - first); /* a call per event */
+        m->in = NULL;
+        m->in_msg = NULL;
+        if (rc) break;
+        submit_outs(m, 0);
+    }
+    for (int i = 0; i < m->nstg; i++) lei_msg_release(m->stg[i].msg, NULL, NULL);
+    m->nstg = m->istg = 0;
+    m->in_batch = 0;
+    if (rc && notify) notify_fail(m);
+    return rc ? -1 : 0;
+}
+
+/* Not from inside a call of m or its batch (a log hook's Lua may flush):
+ * the batch running then finishes what is staged, in order. */
+int lei_moe_flush(lei_moe *m) { return m->nstg && !m->in_call && !m->in_batch ? run_batch(m, 1) : 0; }
 
 /* Dequeues held events; all of them when force, else while there is room. */
 static int pump(lei_moe *m, int force) {
@@ -639,7 +788,7 @@ static int pump(lei_moe *m, int force) {
 /* Calls the modulator's function fn (if it has one) with arg (< 0: none);
  * what it emits carries producer id 0 and the modulator's own sequence. */
 static int call_hook(lei_moe *m, const char *fn, int arg) {
-    if (!m->L) return -1;
+    if (lei_moe_flush(m) || !m->L) return -1;
     m->stage = ST_HOOK;
     m->hook_fn = fn;
     m->hook_arg = arg;
@@ -763,6 +912,11 @@ lei_moe *moe_new(lei_ctx *c, uint32_t chid, const char *name, const char *src, s
 
 void lei_moe_free(lei_moe *m) {
     if (!m) return;
+    /* what was submitted before goes out (a failure is not notified: the
+     * modulator is going away) */
+    if (m->nstg && !m->in_call && !m->in_batch) run_batch(m, 0);
+    for (int i = 0; i < m->nstg; i++) lei_msg_release(m->stg[i].msg, NULL, NULL);
+    m->nstg = 0;
     if (m->L) {
         if (m->o.period > 0) ev_timer_stop(lei_ctx_loop(m->ctx), &m->period_w);
         m->limit_on = 0;
@@ -785,7 +939,7 @@ void lei_moe_free(lei_moe *m) {
 }
 
 int lei_moe_set_params(lei_moe *m, const uint8_t *p, size_t plen) {
-    if (!m->L) return -1;
+    if (lei_moe_flush(m) || !m->L) return -1;
     m->stage = ST_PARAMS;
     m->in = p;
     m->inlen = plen;
@@ -795,10 +949,24 @@ int lei_moe_set_params(lei_moe *m, const uint8_t *p, size_t plen) {
     return rc;
 }
 
-int lei_moe_enqueue(lei_moe *m, uint64_t producer, uint64_t seq, const uint8_t *p, size_t n,
-                    int sync, int policy) {
+int lei_moe_enqueue_msg(lei_moe *m, uint64_t producer, uint64_t seq, lei_msg *msg,
+                        const uint8_t *p, size_t n, int sync, int policy) {
     m->nsids = 0;
     if (!m->L) return -1;
+    /* an async event under the policy of those staged: staged (the batch
+     * runs when full, before any other call, once per loop turn, and when
+     * the binding flushes); any other runs after the batch */
+    if (!sync && !m->in_call && m->nstg < STG_MAX && msg && msg->next == 0 && msg->total == n &&
+        n <= STG_EV_BYTES && m->ref_q == LUA_NOREF && (m->nstg == 0 || policy == m->stg_policy)) {
+        msg->refcnt++;
+        moe_stg *g = &m->stg[m->nstg++];
+        g->msg = msg;
+        g->producer = producer;
+        g->seq = seq;
+        m->stg_policy = policy;
+        return m->nstg == STG_MAX && !m->in_batch ? run_batch(m, 1) : 0;
+    }
+    if (lei_moe_flush(m) || !m->L) return -1;
     m->stage = ST_ENQ;
     m->producer = producer;
     m->seq = seq;
@@ -806,9 +974,11 @@ int lei_moe_enqueue(lei_moe *m, uint64_t producer, uint64_t seq, const uint8_t *
     m->policy = policy;
     m->in = p;
     m->inlen = n;
+    m->in_msg = msg && msg->next == 0 && msg->total == n ? msg : NULL;
     m->st.events_in++;
     int rc = moe_run_step(m, step, NULL);
     m->in = NULL;
+    m->in_msg = NULL;
     if (rc == 0) {
         submit_outs(m, 1);
         if (sync) rc = pump(m, 1);
@@ -818,7 +988,7 @@ int lei_moe_enqueue(lei_moe *m, uint64_t producer, uint64_t seq, const uint8_t *
 }
 
 int lei_moe_retarget(lei_moe *m, uint32_t chid) {
-    if (!m->L) return -1;
+    if (lei_moe_flush(m) || !m->L) return -1;
     m->policy = lei_ctx_opts(m->ctx)->policy;
     if (pump(m, 1)) {
         notify_fail(m);
@@ -837,18 +1007,22 @@ size_t lei_moe_syncs(const lei_moe *m, const uint64_t **ids) {
 }
 
 void lei_moe_pump(lei_moe *m) {
+    if (lei_moe_flush(m)) return;
     if (m->L && m->nheld > 0) {
         m->policy = lei_ctx_opts(m->ctx)->policy;
         if (pump(m, 0)) notify_fail(m);
     }
 }
 
-int lei_moe_has_pending(const lei_moe *m) { return m->L && m->nheld > 0; }
+int lei_moe_has_pending(const lei_moe *m) { return m->L && (m->nheld > 0 || m->nstg > 0); }
+
+int lei_moe_staged(const lei_moe *m) { return m->in_call || m->in_batch ? 0 : m->nstg; }
 
 const char *lei_moe_error(const lei_moe *m) { return m->L ? NULL : m->err; }
 
 void lei_moe_get_stats(const lei_moe *m, lei_moe_stats *s) {
     *s = m->st;
     s->pending = m->L ? m->nheld : 0;
+    s->staged = (size_t)m->nstg;
     s->mem = m->L ? (m->own_alloc ? m->mem : (size_t)lua_gc(m->L, LUA_GCCOUNT, 0) * 1024u) : 0;
 }

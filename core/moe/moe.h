@@ -76,7 +76,9 @@ typedef struct lei_moe_opts {
 typedef struct lei_moe_stats {
     uint64_t calls, events_in, events_out, dropped, pending_drops, time_ns;
     uint64_t period_skips; /* period() not called: its destinations were full (block) */
+    uint64_t passed;       /* outputs sent as the submitted event's own message (unchanged) */
     size_t pending, mem;
+    size_t staged;         /* async events staged for the next batch (lei_moe_flush) */
 } lei_moe_stats;
 
 void lei_moe_opts_default(lei_moe_opts *o);
@@ -93,14 +95,30 @@ void lei_moe_free(lei_moe *m);
  * value does not decode or the modulator failed meanwhile. */
 int lei_moe_set_params(lei_moe *m, const uint8_t *p, size_t plen);
 
-/* One submitted event, encoded in p[0..n).  Outputs are submitted on the
- * derived channel with producer/seq (and sync, policy) before return, or held
- * for dequeue.  For a sync event, everything held is dequeued at once and the
- * sync ids of what was submitted are kept for lei_moe_syncs.  0, or -1 when
- * the modulator failed (it is then unloaded). */
-int lei_moe_enqueue(lei_moe *m, uint64_t producer, uint64_t seq, const uint8_t *p, size_t n,
-                    int sync, int policy);
-/* Sync ids submitted by the last lei_moe_enqueue (valid until the next). */
+/* One submitted event, encoded in p[0..n), the bytes of its message msg
+ * (NULL: none).  Outputs are submitted on the derived channel with
+ * producer/seq (and sync, policy) before return, or held for dequeue.  For
+ * a sync event, everything held is dequeued at once and the sync ids of
+ * what was submitted are kept for lei_moe_syncs.  0, or -1 when the
+ * modulator failed (it is then unloaded).  A flat msg (no pinned slices)
+ * that enqueue returns unchanged (the same string, boolean or number it was
+ * given) is submitted itself (one more reference) instead of the value
+ * encoded again. */
+int lei_moe_enqueue_msg(lei_moe *m, uint64_t producer, uint64_t seq, lei_msg *msg,
+                        const uint8_t *p, size_t n, int sync, int policy);
+/* An async event (flat, at most STG_EV_BYTES encoded: moe_int.h) to a
+ * modulator without dequeue is staged instead, one more reference to msg:
+ * the staged events run in one entry into the state (a call and a budget
+ * each), when STG_MAX are staged, before any other call of the modulator
+ * (a sync event, params, period, receivers, retarget, pump), and in
+ * lei_moe_flush; lei_moe_has_pending says there are some.  Until then
+ * their outputs are not queued. */
+/* Runs the staged events now: 0, or -1 when the modulator failed (notified). */
+int lei_moe_flush(lei_moe *m);
+/* How many staged events lei_moe_flush would run now (0 inside a call or
+ * a batch of m). */
+int lei_moe_staged(const lei_moe *m);
+/* Sync ids submitted by the last lei_moe_enqueue_msg (valid until the next). */
 size_t lei_moe_syncs(const lei_moe *m, const uint64_t **ids);
 
 /* A receiving context was added: calls the modulator's receivers(n), if it

@@ -21,7 +21,21 @@
 /* ST_HOOK: an optional function of the modulator called by name (period,
  * receivers), with hook_arg when >= 0. */
 /* ST_SVC: a sandbox's function called with arguments (moe_svc.c). */
-enum { ST_INIT, ST_PARAMS, ST_ENQ, ST_DEQ, ST_HOOK, ST_SVC };
+/* ST_BATCH: the staged async events, each an enqueue call (moe.c run_batch). */
+enum { ST_INIT, ST_PARAMS, ST_ENQ, ST_DEQ, ST_HOOK, ST_SVC, ST_BATCH };
+
+/* Async events staged for one entry into the state (moe.c run_batch): at
+ * most STG_MAX of them, each at most STG_EV_BYTES encoded (a larger one,
+ * a sync one, or one under another policy runs the batch and then itself);
+ * a batch's step returns to submit once its outputs pass STG_OUT_BYTES. */
+#define STG_MAX 64
+#define STG_EV_BYTES 4096
+#define STG_OUT_BYTES 65536
+
+typedef struct moe_stg {
+    lei_msg *msg; /* one reference, owned until the batch ran */
+    uint64_t producer, seq;
+} moe_stg;
 
 /* How a sandbox's call failed (m->svc_kind, moe_svc.c): the state survives
  * all but SVC_FATAL. */
@@ -62,6 +76,17 @@ struct lei_moe {
     uint64_t producer, seq;
     const uint8_t *in;
     size_t inlen;
+    /* ST_ENQ: the submitted event's message (borrowed for the call; its
+     * bytes are in[0..inlen), no pinned slices), or NULL.  A value enqueue
+     * returns unchanged goes out as this message (moe.c, pass_through). */
+    lei_msg *in_msg;
+    /* async events staged for the next batch (STG_*): stg[istg..nstg) not
+     * run yet; all under policy stg_policy.  nout_ok: outputs of the
+     * batch's step that belong to events whose call returned. */
+    moe_stg stg[STG_MAX];
+    int nstg, istg, stg_policy;
+    int in_batch;          /* run_batch is running (it is not entered again) */
+    size_t nout_ok;
     /* outputs of the call, then submitted */
     moe_out *out;          /* owned */
     size_t nout, cout;
@@ -91,7 +116,9 @@ struct lei_moe {
     int svc, ref_fn, svc_kind, svc_raised;
     const char *svc_fn;    /* the call in progress: which function (NULL: the one) */
     /* The step every call runs (step, or moe_svc_step for a sandbox), kept
-     * in the registry at hot_ref once the state is set up: lua_cpcall makes
+     * in the registry at hot_ref once the state is set up (moe.c make_hot:
+     * its upvalues m, and for a modulator the environment and the names
+     * below; called without arguments): lua_cpcall makes
      * a closure per call, and a call that allocates nothing else never runs
      * the collector (a trivial filter of numbers filled 32 MiB of closures
      * in 700,000 events and was failed for memory). */

@@ -1,0 +1,97 @@
+-- An event a modulator's enqueue returns unchanged goes out as the bytes it
+-- was submitted as, not decoded and encoded again (issue 27 item 5,
+-- doc/modulators.md "Costs"): counted in the modulator's stats as `passed`.
+-- What it changed, rebuilt, emitted or held is encoded as before, and the
+-- consumer sees the same values in the same order either way.
+local lecho = require "lecho"
+local S = require "spec.support"
+
+local function mstats(c)
+  local n, st = 0, nil
+  for _, ms in pairs(c:stats().modulators or {}) do n, st = n + 1, ms end
+  assert.are.equal(1, n)
+  return st
+end
+
+describe("modulator pass-through (issue 27)", function()
+  local c
+  after_each(function() if c then c:close() end c = nil end)
+
+  local function run(src, events)
+    c = lecho.context{ quiet = true }
+    local ch = c:channel("pt")
+    local p = assert(ch:producer())
+    local got = {}
+    assert(ch:consumer(function(ev) got[#got + 1] = ev end, { modulator = src }))
+    for _, ev in ipairs(events) do assert(p:submit(ev)) end
+    assert(p:submit_sync("end"))
+    assert(S.run_until(c, function() return got[#got] == "end" end, 5))
+    got[#got] = nil
+    return got, mstats(c)
+  end
+
+  local scalars = { 0, 1, -7, 2^53 + 2, 1.5, -0.0, 1 / 0, "", "text", ("x"):rep(5000), true, false }
+
+  it("sends a number, string or boolean returned unchanged as the submitted message", function()
+    local got, st = run("function enqueue(ev) return ev end", scalars)
+    assert.are.same(scalars, got)
+    assert.are.equal(1 / -0.0, 1 / got[6]) -- -0 stays -0
+    -- every scalar and the "end" marker went as they came
+    assert.are.equal(#scalars + 1, st.passed)
+    assert.are.equal(#scalars + 1, st.events_out)
+  end)
+
+  it("encodes again what it changed, rebuilt or may have changed in place", function()
+    local tables = { { a = 1 }, { 1, 2, 3 }, {} }
+    local got, st = run("function enqueue(ev) if type(ev) == 'table' then ev.x = 1 end return ev end",
+                        tables)
+    assert.are.same({ { a = 1, x = 1 }, { 1, 2, 3, x = 1 }, { x = 1 } }, got)
+    assert.are.equal(1, st.passed) -- only "end"
+    got, st = run("function enqueue(ev) if type(ev) == 'number' then return ev + 1 end return ev end",
+                  { 1, 2, 3 })
+    assert.are.same({ 2, 3, 4 }, got)
+    assert.are.equal(1, st.passed)
+    -- 0 and -0 are equal, not the same bits: -0 rebuilt as 0 is sent as 0
+    got, st = run("function enqueue(ev) if ev == 0 then return 0 end return ev end", { -0.0 })
+    assert.are.equal(1 / 0, 1 / got[1])
+    assert.are.equal(1, st.passed)
+  end)
+
+  it("keeps the order of what it emits before returning the event, and of several results", function()
+    local got, st = run([[function enqueue(ev)
+      if ev == "end" then return ev end
+      emit("before " .. ev)
+      return ev, ev
+    end]], { "a", "b" })
+    assert.are.same({ "before a", "a", "a", "before b", "b", "b" }, got)
+    assert.are.equal(1, st.passed) -- two results are encoded each, as before
+  end)
+
+  it("shares the message with a plain consumer of the channel, sync and async", function()
+    c = lecho.context{ quiet = true }
+    local ch = c:channel("both")
+    local p = assert(ch:producer())
+    local plain, modded = {}, {}
+    assert(ch:consumer(function(ev) plain[#plain + 1] = ev end))
+    assert(ch:consumer(function(ev) modded[#modded + 1] = ev end,
+                       { modulator = "function enqueue(ev) return ev end" }))
+    for i = 1, 50 do
+      if i % 5 == 0 then assert(p:submit_sync("s" .. i)) else assert(p:submit(i)) end
+    end
+    assert(S.run_until(c, function() return #plain == 50 and #modded == 50 end, 5))
+    for i = 1, 50 do
+      local want = i % 5 == 0 and "s" .. i or i
+      assert.are.equal(want, plain[i])
+      assert.are.equal(want, modded[i])
+    end
+    assert.are.equal(50, mstats(c).passed)
+  end)
+
+  it("holds what a modulator with dequeue returns, and sends it when dequeued", function()
+    local got, st = run([[
+      function enqueue(ev) return ev end
+      function dequeue(ev) return ev end]], { 1, "two", true })
+    assert.are.same({ 1, "two", true }, got)
+    assert.are.equal(0, st.passed)
+  end)
+end)

@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,6 +80,23 @@ void lei_accept_refuse(lei_conn *k, int kind, const char *reason) {
         lei_conn_close(k, reason, 0);
 }
 
+/* The deadline passed for k, but what k waits for may be in the socket
+ * unread: the program did not run the loop meanwhile (a script's sleep or
+ * computation, a stopped process), and on the first turn after, libev runs
+ * this timer before the read (pending watchers run last in, first out).
+ * The kernel is asked (a connect's answer: writable; a peer's frame:
+ * readable); then k gets one check period more, once, in which that turn's
+ * read or connect completion runs.  A peer that never answers is still cut
+ * at the deadline; one that keeps a byte waiting at the deadline, one
+ * period (at most 1 s) later. */
+static int hs_put_off(lei_conn *k, ev_tstamp now, double period) {
+    if (k->hs_grace) return now - k->hs_grace < period;
+    struct pollfd pf = {.fd = k->fd, .events = k->state == LEI_CONN_DIALING ? POLLOUT : POLLIN};
+    if (poll(&pf, 1, 0) <= 0) return 0;
+    k->hs_grace = now;
+    return 1;
+}
+
 static void hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
     (void)revents;
     lei_ctx *c = w->data;
@@ -89,7 +107,7 @@ static void hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
     for (lei_conn *k = c->conns, *nk; k; k = nk) {
         nk = k->next; /* lei_conn_close may free k */
         if (k->state >= LEI_CONN_UP) continue;
-        if (now - k->born < t) {
+        if (now - k->born < t || hs_put_off(k, now, w->repeat)) {
             waiting = 1;
             continue;
         }

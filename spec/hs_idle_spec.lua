@@ -106,6 +106,31 @@ describe("a dial still in its handshake when the program stops running the loop"
     assert(ctx:close())
   end)
 
+  it("completes a keyed dial (connect, HELLO_OK and AUTH_OK waited) after the idle", function()
+    local cjson = require "cjson"
+    local T = require "spec.support.trust_world"
+    local dir = S.tmpdir()
+    local w = { mode = "keyed", duration = 40, dir = dir, ids = T.identities(dir) }
+    local policy = S.write(dir .. "/policy.json", cjson.encode(T.policy_rules(T.CHANNEL)))
+    os.execute("chmod 600 " .. S.sh_quote(policy))
+    local _, ns = S.nameserver(("--quiet --key %s --trust %s --policy %s")
+      :format(w.ids.nameserver.key, w.ids.trust, policy))
+    w.ns = ns
+    local c = T.consumer(w, "cons")
+    local ctx = lecho.context{ nameserver = ns, quiet = true, key = w.ids.prod.key, trust = w.ids.trust,
+                               handshake_timeout = 1 }
+    stop(c)
+    local p = assert(ctx:channel(T.CHANNEL):producer())
+    S.kill(c, "CONT")
+    S.sleep(2)
+    local t0 = ctx:now()
+    local ok, errs, code = p:submit_sync({ i = 1 }, { timeout = 5 })
+    local took = ctx:now() - t0
+    assert.is_true(ok, ("%s %s"):format(tostring(errs), tostring(code)))
+    assert.is_true(took < 1, ("took %.2f s"):format(took))
+    assert(ctx:close())
+  end)
+
   it("still cuts a dial whose peer never answers at handshake_timeout while the loop runs", function()
     local ns, c = world()
     local ctx = lecho.context{ nameserver = ns, quiet = true, handshake_timeout = 1 }
@@ -117,6 +142,22 @@ describe("a dial still in its handshake when the program stops running the loop"
     assert.is_nil(ok)
     assert.matches("handshake timeout (1 s)", tostring(errs), 1, true)
     assert.is_true(took >= 0.9 and took < 2, ("took %.2f s"):format(took))
+    S.kill(c, "CONT")
+    assert(ctx:close())
+  end)
+
+  it("cuts a dial whose connect completed during the idle but whose peer then never answers, one deadline later", function()
+    local ns, c = world()
+    local ctx = lecho.context{ nameserver = ns, quiet = true, handshake_timeout = 1 }
+    stop(c) -- for good
+    local p = assert(ctx:channel("hs.ch"):producer())
+    S.sleep(2) -- the connect's answer waits: the deadline starts again once, our HELLO goes out, unanswered
+    local t0 = ctx:now()
+    local ok, errs = p:submit_sync({ x = 1 }, { timeout = 5 })
+    local took = ctx:now() - t0
+    assert.is_nil(ok)
+    assert.matches("handshake timeout (1 s)", tostring(errs), 1, true)
+    assert.is_true(took < 2.5, ("took %.2f s"):format(took))
     S.kill(c, "CONT")
     assert(ctx:close())
   end)

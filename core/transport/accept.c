@@ -85,12 +85,13 @@ void lei_accept_refuse(lei_conn *k, int kind, const char *reason) {
  * computation, a stopped process), and on the first turn after, libev runs
  * this timer before the read (pending watchers run last in, first out).
  * The kernel is asked (a connect's answer: writable; a peer's frame:
- * readable); then k gets one check period more, once, in which that turn's
- * read or connect completion runs.  A peer that never answers is still cut
- * at the deadline; one that keeps a byte waiting at the deadline, one
- * period (at most 1 s) later. */
-static int hs_put_off(lei_conn *k, ev_tstamp now, double period) {
-    if (k->hs_grace) return now - k->hs_grace < period;
+ * readable): if so, the peer is alive and k's deadline starts again, once,
+ * from now: that turn reads the answer, and the steps left (a keyed dial's
+ * HELLO_OK and AUTH_OK round trips after its connect) get handshake_timeout
+ * of a running loop.  A peer that never answers is still cut at the
+ * deadline; one whose byte waits at the deadline, at twice it at most. */
+static int hs_put_off(lei_conn *k, ev_tstamp now, double t) {
+    if (k->hs_grace) return now - k->hs_grace < t;
     struct pollfd pf = {.fd = k->fd, .events = k->state == LEI_CONN_DIALING ? POLLOUT : POLLIN};
     if (poll(&pf, 1, 0) <= 0) return 0;
     k->hs_grace = now;
@@ -107,7 +108,7 @@ static void hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
     for (lei_conn *k = c->conns, *nk; k; k = nk) {
         nk = k->next; /* lei_conn_close may free k */
         if (k->state >= LEI_CONN_UP) continue;
-        if (now - k->born < t || hs_put_off(k, now, w->repeat)) {
+        if (now - k->born < t || hs_put_off(k, now, t)) {
             waiting = 1;
             continue;
         }

@@ -86,9 +86,10 @@ describe("a dial still in its handshake when the program stops running the loop"
     assert(ctx:close())
   end)
 
-  it("redials at once a dial whose remote answered, then closed it during the idle", function()
-    -- the consumer's process declares the silent dialler dead after 0.6 s
-    -- and closes: its answer and its close wait in the socket
+  it("redials at once, its queue whole, a dial whose remote closed it during the idle", function()
+    -- the consumer's process cuts the silent dialler (our HELLO never went
+    -- out: the connect completed during the idle) after 0.6 s: its ERROR
+    -- and its close wait in the socket
     local ns, c = world(0.3)
     local ctx = lecho.context{ nameserver = ns, quiet = true, handshake_timeout = 1, heartbeat = 0.5 }
     stop(c)

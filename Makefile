@@ -108,11 +108,16 @@ BENCH_DEPS := /usr/sbin/nats-server:nats-server \
 .PHONY: all deps run-deps env bench-deps test ctest spec pytest asan demo keiretsu bench clean help install liblecho examples-c
 .PHONY: install-python
 
-all: $(SO) $(WS_SO)
+# make (all): the core module, the gateway's WebSocket module and liblecho
+# (the C API, which the Python package loads): the README's first `make`
+# gives Python what it needs.  make rock builds only its two modules
+# (LIBLECHO_ALL=: the rock's C API is make install's).
+LIBLECHO_ALL := build/liblecho.so
+all: $(SO) $(WS_SO) $(LIBLECHO_ALL)
 
 help:
 	@echo "Targets:"
-	@echo "  make             build the core module ($(SO))"
+	@echo "  make             build the core module ($(SO)), the gateway's $(WS_SO) and liblecho (build/liblecho.so)"
 	@echo "  make deps        check the Debian packages lecho and its test and bench suites need, apt-get install the missing ones"
 	@echo "  make run-deps    the same for only those needed to build and run lecho (make demo checks these)"
 	@echo "  make env         print the exports that let luajit find this checkout's lecho: eval \"\$$(make -s env)\""
@@ -556,7 +561,7 @@ ROCK_SO := build/rock/core.so
 rock:
 	rm -rf $(dir $(ROCK_SO))
 	mkdir -p $(dir $(ROCK_SO))
-	$(MAKE) -j$(BUILD_JOBS) all SO=$(ROCK_SO) WS_SO=$(dir $(ROCK_SO))ws.so OBJ_DIR=$(dir $(ROCK_SO))obj \
+	$(MAKE) -j$(BUILD_JOBS) all SO=$(ROCK_SO) WS_SO=$(dir $(ROCK_SO))ws.so OBJ_DIR=$(dir $(ROCK_SO))obj LIBLECHO_ALL= \
 	  WARN="-Wall -Wextra -std=gnu99"
 
 # make rock-pack: lecho-$(ROCK_VERSION)-1.src.rock (in ROCK_OUT, default the

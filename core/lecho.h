@@ -111,7 +111,8 @@ LECHO_API int lecho_open(const char *const *opts, lecho_ctx **out, char *err, si
  * not be delivered (LECHO_ETIMEOUT; it is logged unless "quiet"; the context
  * is freed all the same).  NULL is a no-op.  A program that returns from
  * main, or calls exit(), without lecho_close has its contexts closed so
- * (with their `linger`; what could not be delivered on stderr) by an exit
+ * (with their `linger`; what could not be delivered on stderr, and an
+ * exit status 0 made 1 then: the handler flushes stdio and _exits) by an exit
  * handler registered per context's state (glibc's on_exit), but only in
  * the thread that opened them: a context of another thread, _exit(), a
  * kill or a crash loses what is still queued.  Call lecho_close before the

@@ -78,7 +78,8 @@ describe("a script that ends without ctx:close()", function()
     local took = P.clock() - t0
     S.kill(consumer, "CONT")
     assert.is_true(done, "the producer did not end: " .. S.errors(child))
-    assert.are.equal(0, rc, S.errors(child))
+    -- events lost at the end fail the exit status (issue 28, third review: was 0)
+    assert.are.equal(1, rc, S.errors(child))
     -- bounded by linger (plus the scheduling of a loaded machine)
     assert.is_true(took < LINGER + 3, ("the producer took %.1fs to end after its last submit (linger %gs)")
       :format(took, LINGER))
@@ -186,6 +187,31 @@ keep_guard = guard
     local res = S.result(consumer, 40, ctx)
     assert.are.equal(N, res.count, "the consumer got " .. res.count .. ": " .. S.errors(child))
     assert.are.equal("", S.errors(child))
+  end)
+
+  it("exits 1, not 0, when os.exit(0) or a C program's return from main lost events; keeps another status", function()
+    local consumer = S.consumer{ ns = ns, channels = { "exit-lost" }, expect = 1, duration = 60 }
+    S.kill(consumer, "STOP") -- the dial to it is accepted by the kernel, never answered
+    local function ending(code)
+      return (PRODUCER:gsub('io.stdout:write%("submitted "', ('os.exit(%d) io.stdout:write("submitted "'):format(code)))
+    end
+    local zero = S.lua(ending(0), ns, "exit-lost", "100", "10", "0.5", "")
+    local three = S.lua(ending(3), ns, "exit-lost", "100", "10", "0.5", "")
+    local root = S.sh_quote(S.root)
+    local ok, log = S.sh(("make -s -C %s build/liblecho.so"):format(root))
+    assert(ok, "building liblecho failed: " .. log)
+    local bin = S.tmpname("capi_exit")
+    ok, log = S.sh(("cc -O2 -Wall -Wextra -Werror -I%s/core -o %s %s/spec/support/capi_exit.c "
+      .. "-L%s/build -llecho -Wl,-rpath,%s/build"):format(root, bin, root, root, root))
+    assert(ok, "compiling spec/support/capi_exit.c failed: " .. log)
+    local c = S.spawn(("LECHO_LUA_DIR=%s/lua %s %s exit-lost 100"):format(root, bin, S.sh_quote(ns)))
+    for _, t in ipairs{ { zero, 1 }, { three, 3 }, { c, 1 } } do
+      local done, rc = S.wait(t[1], 40, ctx)
+      assert.is_true(done, "did not end: " .. S.errors(t[1]))
+      assert.are.equal(t[2], rc, S.errors(t[1]))
+      assert.matches("not delivered", S.errors(t[1]))
+    end
+    S.kill(consumer, "CONT")
   end)
 
   it("delivers what a C program queued when it returns from main without lecho_close", function()

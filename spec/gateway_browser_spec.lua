@@ -168,6 +168,38 @@ describe("the gateway's live view in headless Chromium", function()
     end)
   end
 
+  -- Third review of issue 28 (nits): at 800 px wide the colour scale's
+  -- legend ran out of its panel; /favicon.ico answered 404 (an error in
+  -- the browser's console)
+  it("fits an 800 px wide window, and has an icon", function()
+    assert(b:call("Emulation.setDeviceMetricsOverride", { width = 800, height = 700, deviceScaleFactor = 1, mobile = false }))
+    assert.truthy(open(("http://127.0.0.1:%d/?ch=t.nan"):format(hp), 2))
+    assert.are.equal("(3 not finite)", text("snf"))
+    assert.truthy(b:wait([[document.querySelectorAll("#channels li[data-channel]").length >= 3]], 10))
+    local out = b:eval([=[(() => {
+      const out = [];
+      for (const e of document.querySelectorAll("#scale, #scale > *, #field-head > *, #heat, #channels li > *")) {
+        const r = e.getBoundingClientRect(), sec = e.closest("section").getBoundingClientRect();
+        if (r.width > 0 && (r.right > sec.right + 0.5 || r.left < sec.left - 0.5))
+          out.push((e.id || e.textContent) + " " + Math.round(r.left) + ".." + Math.round(r.right)
+            + " outside " + Math.round(sec.left) + ".." + Math.round(sec.right));
+      }
+      if (document.documentElement.scrollWidth > innerWidth) out.push("page " + document.documentElement.scrollWidth);
+      return out.join(", ");
+    })()]=])
+    assert.are.equal("", out)
+    local dir = S.root .. "/build"
+    os.execute("mkdir -p " .. dir)
+    assert.truthy(b:screenshot(dir .. "/gateway-view-800.png"))
+    assert(b:call("Emulation.clearDeviceMetricsOverride"))
+    -- the icon the page names, and /favicon.ico, which browsers ask for anyway
+    local icon = b:eval([[document.querySelector('link[rel="icon"]') && document.querySelector('link[rel="icon"]').href]])
+    assert.truthy(icon, "the page names no icon")
+    assert.are.same({ 200, "image/svg+xml", true }, b:eval(([=[Promise.all([%q, "/favicon.ico"].map((u) => fetch(u)
+      .then(async (r) => [r.status, r.headers.get("content-type"), (await r.text()).startsWith("<svg")])))
+      .then((a) => a[0][0] === a[1][0] && a[0][1] === a[1][1] ? a[1] : a)]=]):format(icon)))
+  end)
+
   -- BUG 7: a call's result holding arrays comes as a binary message; the
   -- page's decoder gives it back to the request that asked, arrays in place
   it("a call's binary reply reaches the page's request, its arrays typed", function()
@@ -185,6 +217,25 @@ describe("the gateway's live view in headless Chromium", function()
     assert.truthy(open(("http://127.0.0.1:%d/?token=bob-token-0123456789&ch=t.img"):format(kp), 2),
       "no events for bob: " .. tostring(text("fch")))
     assert.are.equal("t.img", text("fch"))
+    assert.are.same({}, b:eval("window.__errs"))
+  end)
+
+  -- Third review of issue 28 (nit): the same principal without ?ch= saw
+  -- "not allowed: bob may not list any channel" and nothing else to do
+  it("tells a principal that may consume but not list how to open a channel, and opens it", function()
+    b:eval("window.__old = true")
+    b:eval(("location.href = %q; true"):format(("http://127.0.0.1:%d/?token=bob-token-0123456789"):format(kp)))
+    assert.truthy(b:wait("!window.__old && !!document.getElementById('chname')", 20),
+      "no hint: " .. tostring(b:eval([[document.getElementById("channels") && document.getElementById("channels").textContent]])))
+    local hint = text("channels")
+    assert.matches("may not list", hint)
+    assert.matches("Open a channel by name", hint)
+    assert.matches("?ch=NAME", hint, 1, true)
+    assert.matches("(a channel it may consume is subscribed by name: op sub, ch NAME)", hint, 1, true)
+    b:eval([[document.getElementById("chname").value = "t.img"; document.getElementById("open").requestSubmit(); true]])
+    assert.truthy(b:wait("window.lechoView && lechoView.frames >= 2", 20), "no events after opening t.img: " .. text("fch"))
+    assert.are.equal("t.img", text("fch"))
+    assert.matches("ch=t.img", b:eval("location.search"), 1, true)
     assert.are.same({}, b:eval("window.__errs"))
   end)
 end)

@@ -63,6 +63,20 @@ describe("make deps", function()
   end)
 end)
 
+describe("make, the README's first build step", function()
+  -- issue 28, third review: `make` alone did not build liblecho, which the
+  -- Python package loads (doc/python.md said `make liblecho`)
+  it("builds liblecho (the C API the Python package loads) beside the core", function()
+    local rc, dry = make("-n -B")
+    assert.are.equal(0, rc, dry)
+    assert.truthy(dry:find("-o lua/lecho/core.so", 1, true), dry)
+    assert.truthy(dry:find("-o build/liblecho.so", 1, true), dry)
+    -- (make rock builds only the rock's own modules)
+    local _, rock = make("-n -B all SO=build/rock/core.so WS_SO=build/rock/ws.so OBJ_DIR=build/rock/obj LIBLECHO_ALL=")
+    assert.falsy(rock:find("build/liblecho.so", 1, true), rock)
+  end)
+end)
+
 describe("make env and make run-deps (issue 25)", function()
   teardown(function() S.cleanup() end)
 

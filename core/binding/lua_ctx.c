@@ -296,31 +296,57 @@ static int l_gc(lua_State *L) {
  * process's exit list and lives until exit (one per Lua state ever made
  * that opened a lecho context: a few dozen bytes); the state's registry
  * holds a userdata whose __gc clears `L` when the state closes, after which
- * the record does nothing. */
+ * the record only keeps `lost`.
+ *
+ * The exit status: a close the program did not call (its end, os.exit, the
+ * return from main: Context:_at_end) that left events undelivered marks
+ * the record (core.exit_lost).  Then, once the function ran, an exit with
+ * status 0 becomes status 1 (LB_EXIT_LOST): stdio is flushed and the
+ * process ends with _exit, so the exit handlers registered before this one
+ * (before the first lecho context of the state) do not run.  A non-zero
+ * status is kept. */
 typedef struct {
     lua_State *L;  /* a thread of the state, kept in the registry; NULL once it closed */
     pid_t pid;     /* a forked child does not close its parent's contexts */
     pthread_t th;  /* nor another thread than the one that registered */
+    int lost;      /* events were lost by a close at the program's end */
 } lb_exit;
+
+#define LB_EXIT_LOST 1
 
 #define EXIT_KEY "lecho.core.on_exit"
 
 static void exit_cb(int status, void *arg) {
-    (void)status;
     lb_exit *x = arg;
-    if (!x->L || x->pid != getpid() || !pthread_equal(x->th, pthread_self())) return;
+    if (x->pid != getpid() || !pthread_equal(x->th, pthread_self())) return;
     lua_State *L = x->L;
     x->L = NULL; /* once */
-    if (!lua_checkstack(L, 4)) return;
-    lua_getfield(L, LUA_REGISTRYINDEX, EXIT_KEY ".fn");
-    if (lua_isfunction(L, -1)) {
-        if (lua_pcall(L, 0, 0, 0)) {
-            fprintf(stderr, "lecho: closing the contexts at exit failed: %s\n", lua_tostring(L, -1));
+    if (L && lua_checkstack(L, 4)) {
+        lua_getfield(L, LUA_REGISTRYINDEX, EXIT_KEY ".fn");
+        if (lua_isfunction(L, -1)) {
+            if (lua_pcall(L, 0, 0, 0)) {
+                fprintf(stderr, "lecho: closing the contexts at exit failed: %s\n", lua_tostring(L, -1));
+                lua_pop(L, 1);
+            }
+        } else {
             lua_pop(L, 1);
         }
-    } else {
-        lua_pop(L, 1);
     }
+    if (x->lost && status == 0) {
+        fflush(NULL);
+        _exit(LB_EXIT_LOST);
+    }
+}
+
+/* core.exit_lost(): a close at the program's end lost events: the exit
+ * status becomes LB_EXIT_LOST if it would be 0 (see lb_exit).  Nothing when
+ * core.on_exit was not called in this state. */
+static int l_exit_lost(lua_State *L) {
+    lua_getfield(L, LUA_REGISTRYINDEX, EXIT_KEY);
+    lb_exit **m = lua_touserdata(L, -1);
+    if (m && *m) (*m)->lost = 1;
+    lua_pop(L, 1);
+    return 0;
 }
 
 static int exit_mark_gc(lua_State *L) {
@@ -352,6 +378,7 @@ static int l_on_exit(lua_State *L) {
     lua_setfield(L, LUA_REGISTRYINDEX, EXIT_KEY ".thread");
     x->pid = getpid();
     x->th = pthread_self();
+    x->lost = 0;
     if (on_exit(exit_cb, x) != 0) {
         free(x);
         return luaL_error(L, "lecho: on_exit failed");
@@ -638,6 +665,8 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
     lua_setfield(L, -2, "hash");
     lua_pushcfunction(L, l_on_exit);
     lua_setfield(L, -2, "on_exit");
+    lua_pushcfunction(L, l_exit_lost);
+    lua_setfield(L, -2, "exit_lost");
     lua_pushcfunction(L, lei_lpat_new); /* core.lpat(): the modulators' pattern functions */
     lua_setfield(L, -2, "lpat");
     luaL_register(L, NULL, lb_auth_funcs); /* keypair, sign, verify, hex, unhex, random_id */

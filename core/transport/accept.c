@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,6 +77,24 @@ void lei_accept_refuse(lei_conn *k, int kind, const char *reason) {
         lei_conn_close(k, reason, 0);
 }
 
+/* The deadline passed for k, but what k waits for may be in the socket
+ * unread: the program did not run the loop meanwhile (a script's sleep or
+ * computation, a stopped process), and on the first turn after, libev runs
+ * this timer before the read (pending watchers run last in, first out).
+ * The kernel is asked (a connect's answer: writable; a peer's frame:
+ * readable): if so, the peer is alive and k's deadline starts again, once,
+ * from now: that turn reads the answer, and the steps left (a keyed dial's
+ * HELLO_OK and AUTH_OK round trips after its connect) get handshake_timeout
+ * of a running loop.  A peer that never answers is still cut at the
+ * deadline; one whose byte waits at the deadline, at twice it at most. */
+static int hs_put_off(lei_conn *k, ev_tstamp now, double t) {
+    if (k->hs_grace) return now - k->hs_grace < t;
+    struct pollfd pf = {.fd = k->fd, .events = k->state == LEI_CONN_DIALING ? POLLOUT : POLLIN};
+    if (poll(&pf, 1, 0) <= 0) return 0;
+    k->hs_grace = now;
+    return 1;
+}
+
 static void hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
     (void)revents;
     lei_ctx *c = w->data;
@@ -86,7 +105,7 @@ static void hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
     for (lei_conn *k = c->conns, *nk; k; k = nk) {
         nk = k->next; /* lei_conn_close may free k */
         if (k->state >= LEI_CONN_UP) continue;
-        if (now - k->born < t) {
+        if (now - k->born < t || hs_put_off(k, now, t)) {
             waiting = 1;
             continue;
         }

@@ -196,24 +196,50 @@ void lei_live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
  * would.  Nothing is resent: the request has not been queued yet,
  * and what was queued before is lost and counted with the connection as
  * always.  A connection that was up failed no dial: its peer is dialled
- * again at once (the backoff is for dials that fail). */
+ * again at once (the backoff is for dials that fail).  Our own dial still in
+ * its handshake (connecting, or our HELLO or AUTH out) whose remote closed
+ * is closed here and its peer dialled again at once, its queue kept whole:
+ * nothing of it was written before UP.  Returns how many were caught. */
 int lei_live_catch_up(lei_ctx *c) {
     enum { MAXN = 16 };
     lei_conn *ks[MAXN]; /* compared, never read once a callback ran: it may be freed */
     lei_peer *ps[MAXN]; /* peers outlive their connections (lei_peers_sweep, later) */
     int n = 0;
     ev_tstamp now = ev_time(), quiet = c->o.heartbeat > 0 ? c->o.heartbeat : 1.0;
-    for (lei_conn *k = c->conns; k && n < MAXN; k = k->next) {
-        if (k->state != LEI_CONN_UP || !k->peer || k->peer->conn != k || now - k->last_in <= quiet)
+    int redialed = 0;
+    for (lei_conn *k = c->conns, *nk; k && n < MAXN; k = nk) {
+        nk = k->next; /* a dial in its handshake is closed here */
+        int hs = k->state == LEI_CONN_DIALING || k->state == LEI_CONN_HELLO_SENT ||
+                 k->state == LEI_CONN_AUTH_SENT;
+        if ((k->state != LEI_CONN_UP && !hs) || !k->peer || k->peer->conn != k ||
+            now - k->last_in <= quiet)
             continue;
         struct pollfd pf = {.fd = k->fd, .events = POLLIN | POLLRDHUP, .revents = 0};
-        if (poll(&pf, 1, 0) > 0 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
-            k->peer->lv.caught = 1;
-            ps[n] = k->peer;
-            ks[n++] = k;
+        if (poll(&pf, 1, 0) <= 0 || !(pf.revents & (POLLRDHUP | POLLHUP | POLLERR))) continue;
+        if (hs) {
+            /* Our dial, still in its handshake, closed by its remote (its
+             * own deadline cut us while we were away).  Nothing of the
+             * peer's queue was written on it (nothing is before UP): the
+             * queue, BINDs and syncs included, is kept whole for a new
+             * dial, made now (no dial failed: no backoff), as for a lost
+             * tie-break (handshake.c). */
+            lei_peer *p = k->peer;
+            p->conn = NULL;
+            k->peer = NULL;
+            lei_conn_close(k, "closed by its remote during the handshake", 0);
+            p->lv.fails = 0;
+            p->lv.caught = 1;
+            lei_peer_get(c, p->addr, 1);
+            if (!lei_peer_live(p)) /* the dial failed at once (p->reason): as dials_run */
+                lei_peer_lost(p, p->reason[0] ? p->reason : "dial failed");
+            redialed++;
+            continue;
         }
+        k->peer->lv.caught = 1;
+        ps[n] = k->peer;
+        ks[n++] = k;
     }
-    if (!n) return 0;
+    if (!n) return redialed;
     /* Their read callbacks, as a turn would run them, but before anything
      * else of a turn (a timer's write there would fail on the dead socket
      * and take its reason for the loss): what came is dispatched, then the
@@ -227,7 +253,7 @@ int lei_live_catch_up(lei_ctx *c) {
     /* The binding hears of the losses now, not at the next turn: the
      * request that follows must not be failed by the old connection's. */
     if (c->peer_s.nnotes) lei_tell_notes(c);
-    return n;
+    return n + redialed;
 }
 
 /* Redial backoff: retry_interval after a loss, doubling with every dial that

@@ -1089,12 +1089,15 @@ function Context:_at_end()
       if not queued then settle = settle - 1 end
     end
   end
-  local ok, err = pcall(self.close, self)
-  if not ok then
+  local pok, ok, err = pcall(self.close, self)
+  if not pok then
     pcall(io.stderr.write, io.stderr, ("lecho[%s]: close at the program's end failed, what was queued "
-      .. "is lost: %s\n"):format(tostring(self.addr), tostring(err)))
+      .. "is lost: %s\n"):format(tostring(self.addr), tostring(ok)))
     pcall(self.c.close, self.c)
   end
+  -- what could not be delivered (said on stderr) fails the process's exit
+  -- status too: 1 instead of 0 (core/binding/lua_ctx.c, lb_exit)
+  if (not pok or not ok) and core.exit_lost then core.exit_lost() end
 end
 
 --- exit() with contexts open and LuaJIT's state not closed (os.exit(code),

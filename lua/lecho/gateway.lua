@@ -721,6 +721,12 @@ local REASON = { [200] = "OK", [400] = "Bad Request", [401] = "Unauthorized", [4
                  [404] = "Not Found", [405] = "Method Not Allowed", [426] = "Upgrade Required",
                  [431] = "Request Header Fields Too Large", [503] = "Service Unavailable" }
 
+-- The live view's icon (the page names /favicon.svg; browsers ask for
+-- /favicon.ico whatever the page says): a trace on the page's colours.
+local ICON = '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16">'
+  .. '<rect width="16" height="16" rx="3" fill="#182028"/>'
+  .. '<path d="M2 9h3l2-5 2 8 2-5h3" fill="none" stroke="#4fb3ff" stroke-width="1.6" stroke-linejoin="round"/></svg>\n'
+
 function Gateway:_http_error(cl, code, why)
   self:_http_send(cl, code, "text/plain; charset=utf-8", why .. "\n")
   if code ~= 404 then
@@ -759,6 +765,9 @@ function Gateway:_http(cl, rest)
     if method ~= "GET" and method ~= "HEAD" then return self:_http_error(cl, 405, "only GET") end
     if path == "/" or path == "/index.html" then
       return self:_http_send(cl, 200, "text/html; charset=utf-8", self.page)
+    end
+    if path == "/favicon.ico" or path == "/favicon.svg" then
+      return self:_http_send(cl, 200, "image/svg+xml", ICON)
     end
     return self:_http_error(cl, 404, "no such page")
   end
@@ -882,7 +891,8 @@ function M.auth_message(nonce) return "lecho-gateway auth " .. nonce end
 
 function OPS.list(self, cl, m, id)
   local ok, why = self:_may(cl, "list", nil)
-  if not ok then return err(cl, id, why, "denied") end
+  -- a principal that may consume but not list: what it can do instead
+  if not ok then return err(cl, id, why .. " (a channel it may consume is subscribed by name: op sub, ch NAME)", "denied") end
   local chans, e2 = self.ctx:list()
   if not chans then return err(cl, id, tostring(e2), "failed") end
   local out = {}

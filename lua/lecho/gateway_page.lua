@@ -9,6 +9,7 @@ return [==[<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>lecho live view</title>
+<link rel="icon" type="image/svg+xml" href="/favicon.svg">
 <style>
 :root { --bg:#0f1419; --panel:#182028; --line:#2a3540; --fg:#d8e0e8; --dim:#8a98a8; --acc:#4fb3ff; --bad:#ff6b6b; --ok:#5fd38d; }
 * { box-sizing: border-box; }
@@ -25,11 +26,15 @@ ul { list-style:none; margin:0; padding:0; }
 #channels li { padding:5px 6px; border-radius:5px; cursor:pointer; display:flex; justify-content:space-between; gap:6px; }
 #channels li:hover { background:#22303c; } #channels li.sub { background:#1b3a55; }
 #channels .n { color:var(--dim); font-size:12px; white-space:nowrap; }
+#channels li.hint { display:block; cursor:auto; color:var(--fg); margin-top:8px; }
+#channels li.hint form { gap:6px; } #channels li.hint:hover { background:none; }
+#channels li > span:first-child { min-width:0; overflow:hidden; text-overflow:ellipsis; white-space:nowrap; }
 #field-head { display:flex; gap:12px; align-items:baseline; flex-wrap:wrap; color:var(--dim); font-size:13px; }
 #field-head b { color:var(--fg); font-weight:600; }
 canvas#heat { width:100%; image-rendering:pixelated; border-radius:4px; background:#000; display:block; margin-top:6px; }
-#scale { display:flex; align-items:center; gap:8px; margin-top:6px; font-size:12px; color:var(--dim); font-variant-numeric:tabular-nums; }
-canvas#legend { flex:1; min-width:0; width:100px; height:12px; border-radius:3px; }
+#scale { display:flex; flex-wrap:wrap; align-items:center; gap:4px 8px; margin-top:6px; font-size:12px; color:var(--dim); font-variant-numeric:tabular-nums; }
+canvas#legend { flex:1 1 120px; min-width:0; width:100px; height:12px; border-radius:3px; }
+#scale .nf { white-space:nowrap; }
 #scale .sw { display:inline-block; width:10px; height:10px; border-radius:2px; margin-left:6px; }
 #events { font:12px/1.35 ui-monospace, monospace; max-height:230px; overflow:auto; margin-top:8px; }
 #events li { padding:2px 0; border-bottom:1px solid #1f2a33; white-space:nowrap; overflow:hidden; text-overflow:ellipsis; }
@@ -43,6 +48,13 @@ button { background:#1f5f99; border-color:#2a78bf; cursor:pointer; } button:hove
 #answer { font:12px ui-monospace, monospace; padding:6px; border-radius:5px; background:#0f151b; min-height:2em; white-space:pre-wrap; word-break:break-all; }
 #answer.ok { color:var(--ok); } #answer.err { color:var(--bad); }
 .right { display:grid; gap:12px; align-content:start; }
+/* narrower windows: the field gets the room, the viewers and the form go
+   below it (side by side), then everything in one column */
+@media (max-width: 1100px) {
+  main { grid-template-columns: 230px minmax(0, 1fr); }
+  .right { grid-column: 1 / -1; grid-template-columns: repeat(auto-fit, minmax(300px, 1fr)); }
+}
+@media (max-width: 620px) { main { grid-template-columns: minmax(0, 1fr); } }
 </style></head>
 <body>
 <header><h1>lecho live view</h1><span id="status">connecting</span>
@@ -56,8 +68,9 @@ button { background:#1f5f99; border-color:#2a78bf; cursor:pointer; } button:hove
     <span>events <b id="fcount">0</b></span></div>
   <canvas id="heat" width="72" height="36"></canvas>
   <div id="scale"><span id="smin">—</span><canvas id="legend" width="256" height="1"></canvas><span id="smax">—</span>
-    <span class="sw" style="background:rgb(255,0,255)"></span>NaN <span class="sw" style="background:rgb(255,255,255)"></span>+inf
-    <span class="sw" style="background:rgb(0,0,0);border:1px solid #555"></span>−inf <span id="snf"></span></div>
+    <span class="nf"><span class="sw" style="background:rgb(255,0,255)"></span> NaN
+    <span class="sw" style="background:rgb(255,255,255)"></span> +inf
+    <span class="sw" style="background:rgb(0,0,0);border:1px solid #555"></span> −inf <span id="snf"></span></span></div>
   <h2 style="margin-top:12px">Events</h2><ul id="events"></ul>
 </section>
 <div class="right">
@@ -243,13 +256,35 @@ async function subscribe(name) {
 
 async function listChannels() {
   const r = await send({ op: "list" });
-  const ul = $("channels"); ul.innerHTML = "";
-  if (r.error) { ul.innerHTML = "<li class=n></li>"; ul.firstChild.textContent = r.error; return; }
+  const ul = $("channels");
+  if (r.error && r.code === "denied" && $("open")) return;   // the hint stays, with what is typed in it
+  ul.innerHTML = "";
+  if (r.error) {
+    ul.innerHTML = "<li class=n></li>"; ul.firstChild.textContent = r.error;
+    // a principal that may consume but not list: open a channel by name
+    // (the address keeps it: ?ch=NAME, as doc/gateway.md says)
+    if (r.code === "denied") {
+      const li = document.createElement("li"); li.className = "n hint";
+      li.innerHTML = "<form id=open>Open a channel by name (or add <code>?ch=NAME</code> to this address):" +
+        "<input id=chname aria-label=channel placeholder=channel><button type=submit>open</button></form>";
+      ul.appendChild(li);
+      if (subscribed) $("chname").value = subscribed;
+      $("open").onsubmit = (e) => {
+        e.preventDefault();
+        const name = $("chname").value.trim();
+        if (!name) return;
+        q.set("ch", name); history.replaceState(null, "", "?" + q.toString());
+        subscribe(name);
+      };
+    }
+    return;
+  }
   for (const c of r.result) {
     const li = document.createElement("li"); li.dataset.channel = c.channel;
     if (c.channel === subscribed) li.className = "sub";
     li.innerHTML = "<span></span><span class=n></span>";
     li.firstChild.textContent = c.channel;
+    li.title = c.channel;
     li.lastChild.textContent = c.producers + "p · " + c.consumers + "c";
     li.onclick = () => subscribe(c.channel);
     ul.appendChild(li);

@@ -4,7 +4,7 @@ the loaded liblecho (cffi, ABI mode: no compiler needed at run time).
 Where liblecho is looked for, first found wins:
   1. $LECHO_LIBRARY (a path to liblecho.so);
   2. the path `make install` wrote into lecho/_paths.py;
-  3. this checkout's build/liblecho.so (`make liblecho`), which finds the
+  3. this checkout's build/liblecho.so (`make`, or `make liblecho`), which finds the
      checkout's Lua files by itself.
 """
 import os
@@ -167,7 +167,7 @@ def _load():
             # the LuaJIT symbols from the process (liblecho brings libluajit).
             return ffi.dlopen(os.path.realpath(path), ffi.RTLD_NOW | ffi.RTLD_GLOBAL), path
         tried.append(path)
-    raise ImportError("lecho: liblecho.so not found (tried %s; `make liblecho` in the checkout, "
+    raise ImportError("lecho: liblecho.so not found (tried %s; `make` in the checkout, "
                       "`make install`, or set LECHO_LIBRARY)" % ", ".join(tried))
 
 

@@ -980,6 +980,35 @@ def test_awaitables_without_attach_turn_the_loop_themselves(nameserver, procs):
     assert asyncio.run(asyncio.wait_for(main(), 30)) == (8, "lua")   # two results: a tuple, as call()
 
 
+@pytest.mark.parametrize("raw", [False, True])
+def test_a_batch_of_strings_comes_whole_with_nuls_and_non_ascii_among_them(raw):
+    # A batch of string events is converted at once (the packed strings
+    # split at their NULs): a string holding a NUL, an empty one, non-ASCII
+    # and invalid UTF-8 among them come as they were sent.
+    plain = ["s%03d" % i for i in range(200)]
+    odd = list(plain)
+    odd[50], odd[51], odd[120] = "a\0b", "", "\0"
+    utf = list(plain)
+    utf[7] = "caf\u00e9"
+    bad = list(plain)
+    bad[9] = b"\xff\xfe"
+    with lecho.Context(quiet=True) as ctx:
+        ch = ctx.channel("py.strings")
+        sub = ch.subscribe(raw=raw)
+        p = ch.producer()
+        for batch in (plain, odd, utf, bad):
+            for x in batch:
+                p.submit(x)
+            for _ in range(50):
+                ctx.run_once(0.01)
+                if sub._fill():
+                    break
+            got = [sub.get(timeout=5) for _ in batch]
+            want = [x if isinstance(x, bytes) else x.encode() for x in batch] if raw else batch
+            assert got == want
+        sub.close()
+
+
 def test_a_nil_event_at_the_end_of_a_batch_is_not_lost():
     # a nil event is a hole in the batch's list: its length missed the
     # last ones, and the subscription never saw them (nor settled them)

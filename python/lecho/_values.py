@@ -126,7 +126,7 @@ def array_of(ptr, nbytes, info, pin):
         raise ImportError("an event holds an array: " + _debian_python("numpy", "python3-numpy"))
     info = ffi.cast("lecho_array_info *", info)
     dtype = ffi.string(info.dtype).decode()
-    shape = tuple(info.shape[d] for d in range(info.ndim))
+    shape = tuple(ffi.unpack(info.shape, info.ndim))
     if nbytes == 0:
         a = _np.zeros(shape, dtype=dtype)
     elif nbytes < HOLD_MIN:

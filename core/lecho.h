@@ -456,7 +456,13 @@ LECHO_API int lecho_consumer_open_queued(lecho_channel *ch, const lecho_value *o
  * *taken (when not NULL) gets how many, *dropped (when not NULL) how many
  * events the queue refused since the consumer opened.  Runs no loop: call
  * lecho_run_once when it takes 0.  LECHO_EINVAL for a consumer not opened
- * with lecho_consumer_open_queued. */
+ * with lecho_consumer_open_queued.  When c is the only consumer of its
+ * channel in the context, the large arrays of those events (read buffers
+ * taken over, doc/python.md) are held by v alone: lecho_value_free(v)
+ * gives their buffers back to the context at once, for the next frames
+ * (no collection of the context's Lua state needed), and what pointed
+ * into them is gone with v; a handle made from v first (lecho_field,
+ * lecho_set_value from v) keeps them, and they go back when collected. */
 LECHO_API int lecho_consumer_take(lecho_consumer *c, lecho_value *v, size_t max, int meta,
                                   size_t *taken, size_t *dropped);
 /* Runs the loop until c (opened with lecho_consumer_open_queued) has an

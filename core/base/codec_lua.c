@@ -1015,6 +1015,62 @@ static int l_array_end(lua_State *L) {
     return 0;
 }
 
+/* The array at idx and the views listed in its kids keep no elements
+ * (as an ended view: a read finds none, never freed memory). */
+static void end_all(lua_State *L, int idx, int depth) {
+    lei_array *a = lua_touserdata(L, idx);
+    int i, k;
+    a->data = NULL;
+    a->count = 0;
+    for (i = 0; i < a->ndim; i++) a->shape[i] = 0;
+    a->flags = LEI_AF_ENDED;
+    if (depth > 50 || !lua_checkstack(L, 4)) return;
+    lua_getfenv(L, idx);
+    lua_getfield(L, -1, "kids");
+    if (lua_istable(L, -1)) {
+        k = lua_gettop(L);
+        for (i = 1; i <= (int)lua_objlen(L, k); i++) {
+            lua_rawgeti(L, k, i);
+            if (lua_touserdata(L, -1)) end_all(L, lua_gettop(L), depth + 1);
+            lua_pop(L, 1);
+        }
+    }
+    lua_pop(L, 2);
+}
+
+/* array_release(a): the read buffer a took over (lei_codec_lua_array_adopt)
+ * given back now instead of when a is collected, for an owner that knows
+ * nothing else holds a (lecho.capi: the event of a queued consumer, the
+ * only consumer of its channel, whose handle was freed: one collection of
+ * the whole Lua state per event saved).  a then keeps no elements, as an
+ * ended view: should anything still read it, it finds none, never the
+ * buffer's next contents.  True when a buffer was given back; false, a
+ * left alone, when a holds no adopted buffer. */
+static int l_array_release(lua_State *L) {
+    lei_array *a = check_array(L, 1);
+    rbox *x;
+    int is_box = 0;
+    lua_settop(L, 1);
+    lua_getfenv(L, 1);
+    lua_rawgeti(L, 2, 1); /* 3: a's owner */
+    x = lua_touserdata(L, 3);
+    if (x && !lua_islightuserdata(L, 3) && lua_getmetatable(L, 3)) {
+        luaL_getmetatable(L, RBUF_MT);
+        is_box = lua_rawequal(L, -1, -2);
+        lua_pop(L, 2);
+    }
+    if (!is_box || !x->base || !a->data || a->data < x->base || a->data > x->base + x->cap) {
+        lua_pushboolean(L, 0);
+        return 1;
+    }
+    end_all(L, 1, 0);
+    lua_pushcfunction(L, rbox_gc); /* gives it back as the collector would, once */
+    lua_pushvalue(L, 3);
+    lua_call(L, 1, 0);
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
 /* array_copy(a) -> a new contiguous array holding a's elements */
 static int l_array_copy(lua_State *L) {
     lei_array *a = live_array(L, 1), *c;
@@ -1053,7 +1109,8 @@ void lei_codec_lua_setfuncs(lua_State *L) {
     static const luaL_Reg arr[] = {{"array_new", l_array_new},   {"array_wrap", l_array_wrap},
                                    {"array_view", l_array_view}, {"array_keep", l_array_keep},
                                    {"array_end", l_array_end},   {"array_copy", l_array_copy},
-                                   {"array_mt", l_array_mt},     {NULL, NULL}};
+                                   {"array_mt", l_array_mt},     {"array_release", l_array_release},
+                                   {NULL, NULL}};
     for (const luaL_Reg *f = arr; f->name; f++) {
         lua_pushcfunction(L, f->func);
         lua_setfield(L, -2, f->name);

@@ -239,14 +239,19 @@ static void give_rbuf(lua_State *L, uint8_t *base, size_t cap) {
  * (lei_rbuf_collect_due with min_out 2): the ones before that were let go
  * of come back before that frame.  With only this one out, nothing is to
  * be found: a program that lets each array go before it waits for the next
- * collects then (ctx:reclaim), and the next frame reuses this buffer. */
+ * collects then (ctx:reclaim), and the next frame reuses this buffer.
+ * Returns the size of the buffer adopted (0: copied, or nothing to do). */
 static int l_keep_array(lua_State *L) {
     lb_ctx *b = luaL_checkudata(L, 1, CTX_MT);
     lei_array *a = lei_codec_lua_array_check(L, 2);
     if (!a) return luaL_argerror(L, 2, "an array expected");
     size_t cap = lei_codec_lua_array_adopt(L, 2, 1, b->c ? adopt_rbuf : NULL, give_rbuf, b->c);
-    if (cap && lei_rbuf_collect_due(b->c, cap, 2)) lua_gc(L, LUA_GCSTEP, (int)(cap >> 10));
-    return 0;
+    if (cap && lei_rbuf_collect_due(b->c, cap, 2)) {
+        b->array_collections++;
+        lua_gc(L, LUA_GCSTEP, (int)(cap >> 10));
+    }
+    lua_pushnumber(L, (lua_Number)cap);
+    return 1;
 }
 
 /* ctx:reclaim(): a program about to wait for its next event, having let
@@ -259,7 +264,10 @@ static int l_keep_array(lua_State *L) {
 static int l_reclaim(lua_State *L) {
     lb_ctx *b = luaL_checkudata(L, 1, CTX_MT);
     /* a step as for an allocation of 1 GiB: to the end of the cycle */
-    if (b->c && lei_rbuf_collect_due(b->c, 0, 1)) lua_gc(L, LUA_GCSTEP, 1 << 20);
+    if (b->c && lei_rbuf_collect_due(b->c, 0, 1)) {
+        b->array_collections++;
+        lua_gc(L, LUA_GCSTEP, 1 << 20);
+    }
     return 0;
 }
 
@@ -524,6 +532,7 @@ static int l_stats(lua_State *L) {
     lb_setn(L, "read_buffer_bytes", (double)cs.read_buffer_bytes);
     lb_setn(L, "stale_acks", (double)cs.stale_acks);
     lb_setn(L, "arrays_adopted", (double)cs.rbuf_adopted);
+    lb_setn(L, "array_collections", (double)b->array_collections);
     lua_newtable(L);
     for (int i = 0; i < lei_peer_total(c); i++) {
         lei_peer *p = lei_peers_at(c, i);

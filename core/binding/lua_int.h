@@ -59,6 +59,8 @@ typedef struct lb_ctx {
                              * each channel that has one (lua_sink.c), else NULL */
     uint32_t nsinks;
     int ref_sinks;         /* the table chid -> sink userdata pinning them */
+    uint64_t array_collections; /* collections run to find adopted read buffers let go of
+                                 * (ctx:keep_array, ctx:reclaim): stats "array_collections" */
 } lb_ctx;
 
 /* The shortest string value handed to Lua as a view (lua_hook.c view_of):

@@ -919,6 +919,11 @@ static int op_take(lua_State *L) {
     lei_lecho_push_ref(L, into->h.ref);
     lua_pushvalue(L, b);
     lua_rawseti(L, -2, 1);
+    /* [2]: the arrays only this handle holds now (lecho.capi M.take), given
+     * back when it is freed; what it held before is left to the collector */
+    lua_pushvalue(L, b + 3);
+    lua_rawseti(L, -2, 2);
+    into->excl = lua_istable(L, b + 3);
     return 0;
 }
 

@@ -42,6 +42,14 @@ struct lecho_value {
      * slot (lei_lecho_value_decode) and clears cb. */
     int cb;
     lei_wbuf enc;
+    /* excl: a queued consumer's events taken into this handle
+     * (lecho_consumer_take) whose arrays hold read buffers nobody else
+     * holds (the box's [2] lists them): lecho_value_free gives those back
+     * at once (lecho.capi M.release) instead of a collection finding them.
+     * Cleared by any use that may let something else hold them
+     * (lei_lecho_value_push_slot: lecho_field, lecho_set_value from it, a
+     * submit, ...); the read-only getters and lecho_nodes leave it. */
+    int excl;
 };
 
 /* Scratch memory for what a byte-backed event's getters hand out (strings

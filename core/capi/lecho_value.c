@@ -39,10 +39,27 @@ lecho_value *lecho_value_new(lecho_ctx *x) {
     return v;
 }
 
+static int op_release(lua_State *L) {
+    struct op *o = lua_touserdata(L, 1);
+    const lecho_value *v = o->a;
+    lei_lecho_push_ref(L, v->h.ref);
+    lua_rawgeti(L, -1, 2);
+    lua_remove(L, -2);
+    if (lua_istable(L, -1)) o->rc = lei_lecho_glue_call(L, o->x, "release", 1, NULL);
+    return 0;
+}
+
 void lecho_value_free(lecho_value *v) {
     /* A borrowed handle (a handler's event, lecho_each's value) is not the
      * caller's: freeing it would unlink the context's list.  No-op. */
     if (!v || v->h.kind == H_BORROWED) return;
+    if (v->excl && v->h.ctx && v->h.ctx->L) {
+        /* its arrays' read buffers back now (see struct lecho_value); a
+         * failure leaves them to the collector, as before */
+        struct op o = { .a = v };
+        v->excl = 0;
+        (void)lei_lecho_protect(v->h.ctx, op_release, &o);
+    }
     lei_wbuf_free(&v->enc);
     lei_lecho_h_free(&v->h);
 }
@@ -90,12 +107,20 @@ static void lei_lecho_value_decode(lua_State *L, const lecho_value *v) {
     ((lecho_value *)v)->bp = NULL; /* our own handle on the sink's stack */
 }
 
-/* Pushes the slot of v. */
-void lei_lecho_value_push_slot(lua_State *L, const lecho_value *v) {
+/* Pushes the slot of v, for a read that keeps nothing of it (a getter,
+ * lecho_nodes): v->excl stays. */
+static void push_slot_peek(lua_State *L, const lecho_value *v) {
     lei_lecho_value_decode(L, v);
     lei_lecho_push_ref(L, v->h.ref);
     lua_rawgeti(L, -1, 1);
     lua_remove(L, -2);
+}
+
+/* Pushes the slot of v, for any use: what it holds may be held by others
+ * from now on (v->excl cleared). */
+void lei_lecho_value_push_slot(lua_State *L, const lecho_value *v) {
+    ((lecho_value *)v)->excl = 0;
+    push_slot_peek(L, v);
 }
 
 enum { S_NIL, S_BOOL, S_NUMBER, S_STRING, S_NUMBERS, S_TABLE, S_VALUE, S_NODES };
@@ -349,7 +374,7 @@ int lecho_set_value(lecho_value *v, const char *key, const lecho_value *from) {
 
 /* Pushes the slot of o->a, or its field o->key (nil when not a table). */
 static void push_get(lua_State *L, struct op *o) {
-    lei_lecho_value_push_slot(L, o->a);
+    push_slot_peek(L, o->a);
     if (!o->key) return;
     if (!lua_istable(L, -1)) {
         lua_pop(L, 1);

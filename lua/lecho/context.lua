@@ -163,10 +163,19 @@ end
 -- that ends with them not kept ends them (core.array_end: no elements
 -- left, so a handler that stored one reads nothing, never freed memory).
 -- c: the core context (self.c).
+-- The arrays that took their buffer over are listed in rv.kept, oldest
+-- first (lecho.capi's queued consumer gives them back when its handle on
+-- the event is freed, see lecho.capi).
 local function keep_view(rv, c)
   local avs = rv.a
   if avs then
-    for i = 1, #avs do c:keep_array(avs[i]) end -- may raise (memory)
+    for i = 1, #avs do
+      if c:keep_array(avs[i]) > 0 then -- may raise (memory)
+        local kept = rv.kept
+        if not kept then kept = {}; rv.kept = kept end
+        kept[#kept + 1] = avs[i]
+      end
+    end
     rv.a = nil
     return
   end
@@ -721,7 +730,7 @@ function Context:_dispatch(chid, value, peer, producer, seq, sync, gen, nbytes, 
     rv = { p = ffi.cast(charp, value), n = vlen, bufs = {} }
     value = nil
   elseif avs then
-    rv = { a = avs } -- the value's array views (see keep_view)
+    rv = { a = avs, v = value } -- the value's array views (see keep_view), and the value
   end
   -- a routed channel (Context:_route: a service's call channel) takes the
   -- event itself, and answers it itself: no ack from C

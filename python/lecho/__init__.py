@@ -264,11 +264,13 @@ class Context:
         if rc != 0:
             self._fail(rc)
 
-    def _read(self, v, raw=False, pin=None):
+    def _read(self, v, raw=False, pin=None, pinned=False):
+        """The value v holds; pinned: (value, whether pin was called: its
+        arrays point into v's memory)."""
         r = _values.read(v, raw, pin=pin)
         if not isinstance(r, tuple):
             self._fail(r)
-        return r[0]
+        return r if pinned else r[0]
 
     # -- arrays received: NumPy arrays over the context's memory --
     def _pin_owned(self, holder):
@@ -1099,8 +1101,8 @@ class Subscription(_Handled):
             self._pending = False
             return False
         box = self._box
-        evs = self.ctx._read(box, self._raw, pin=lambda: self.ctx._pin_owned(box))
-        if self.ctx._pins and any(p.v is box for p in self.ctx._pins):
+        evs, pinned = self.ctx._read(box, self._raw, pin=lambda: self.ctx._pin_owned(box), pinned=True)
+        if pinned:
             # arrays of this batch point into it: the next batch gets a new box
             self._box = self.ctx._own(lib.lecho_value_new(self.ctx._x))
         if not isinstance(evs, list) or len(evs) != n:   # nil events: holes

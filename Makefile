@@ -128,7 +128,7 @@ help:
 	@echo "  make ctest       the C unit tests only: codec, framing, two contexts through lecho.h, error names, identities, the pattern matcher's step limit"
 	@echo "  make pytest      the Python package's tests (python/tests, spec/python) with Debian's pytest, against real processes"
 	@echo "  make spec        the busted specs only, SPEC_JOBS files at a time (BUSTED_ARGS: e.g. spec/codec_spec.lua: that one)"
-	@echo "  make asan        the same suite with the core built under ASan and UBSan"
+	@echo "  make asan        the same suite with the core built under ASan and UBSan, leaks checked; ends with PASS or FAIL"
 	@echo "  make demo        atmosphere: a simulation (a <f8 array field) and five viewers (full, region, diff, zfp, quant), bytes, error and CPU per step"
 	@echo "  make keiretsu    instant messaging over four nodes (network namespaces if allowed): messages/s for 1-4 nodes, three killed, acknowledged messages counted"
 	@echo "  make bench       benchmark suite vs raw TCP, ZeroMQ, NATS and Redis, results in bench/results/"
@@ -167,6 +167,7 @@ help:
 	@echo "  PYTEST_ARGS              make pytest: arguments for pytest (-k NAME, a file ...)"
 	@echo "  INST_PYDIR=$(INST_PYDIR)  make install: where the Python package goes"
 	@echo "  SAN                      extra compiler flags for sanitizers (make asan sets them)"
+	@echo "  ASAN_LEAKS=$(ASAN_LEAKS) ASAN_LOG    make asan: LeakSanitizer on (0: off); where its reports go"
 	@echo "  PREFIX=$(PREFIX) DESTDIR  make install: where to (DESTDIR: a staging root)"
 	@echo "  INST_LIBDIR, INST_LUADIR, INST_BINDIR  make install: the Lua tree, the core, the scripts (under PREFIX)"
 	@echo "  INST_INCDIR, INST_CLIBDIR, INST_PCDIR   make install: the C API (LuaRocks: only when INST_INCDIR is given)"
@@ -391,13 +392,37 @@ test: deps
 	$(MAKE) pytest
 	$(MAKE) fuzz-quick
 
+# make asan: the core, liblecho and the C tests built with ASan and UBSan, the
+# C tests and every spec run with both, LeakSanitizer on in every process
+# (the specs' luajit processes get the runtimes by LD_PRELOAD, and so does
+# every program they start).  Each report goes to a file of its own in
+# ASAN_LOG (named for its program and pid), none to the specs' stderr; a
+# memory error aborts its process (abort_on_error), a leak does not change its
+# exit status (exitcode=0: a spec checks behaviour, the report is judged
+# after).  spec/support/lsan.supp: the leaks at exit that are not leaks (each
+# with its why); spec/support/asan_report.sh: the verdict, the last line
+# ("make asan: PASS" or "make asan: FAIL"): a report of lecho's own
+# processes fails the run, the leaks of the tools the specs start (cc1, as,
+# mktemp, ...) are only counted.  The price of the leak check: a process
+# that ends by os.exit(code) (lua_close skipped) has a suppressed leak, and
+# matching it runs the symbolizer at its exit: ~0.3 s of CPU and a 42 MiB
+# llvm-symbolizer child; under a heavy load specs that wait a few seconds
+# for a child's exit may fail.  ASAN_LEAKS=0: no leak check (the run before).
 ASAN_LIBS := $(shell $(CC) -print-file-name=libasan.so) $(shell $(CC) -print-file-name=libubsan.so)
+ASAN_LOG  ?= $(CURDIR)/asan-logs
+ASAN_LEAKS ?= 1
+ASAN_ENV   = ASAN_OPTIONS=detect_leaks=$(ASAN_LEAKS):exitcode=0:abort_on_error=1:quarantine_size_mb=16:log_path=$(ASAN_LOG)/asan:log_exe_name=1 \
+             LSAN_OPTIONS=suppressions=$(CURDIR)/spec/support/lsan.supp:print_suppressions=0 \
+             UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:log_path=$(ASAN_LOG)/ubsan:log_exe_name=1
 asan: deps
 	$(MAKE) clean
+	rm -rf $(ASAN_LOG) && mkdir -p $(ASAN_LOG)
+	@st=0; \
 	$(MAKE) all ctest SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" \
-	  LDFLAGS="-fsanitize=address,undefined"
-	$(MAKE) spec SPEC_PRE='LD_PRELOAD="$(ASAN_LIBS)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:quarantine_size_mb=16 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1'
-	$(MAKE) clean
+	  LDFLAGS="-fsanitize=address,undefined" $(ASAN_ENV) || st=$$?; \
+	[ $$st -ne 0 ] || $(MAKE) spec SPEC_PRE='LD_PRELOAD="$(ASAN_LIBS)" $(ASAN_ENV)' || st=$$?; \
+	$(MAKE) clean; \
+	bash spec/support/asan_report.sh $(ASAN_LOG) $$st
 
 # The atmosphere example: a simulation and five viewer processes (full,
 # region, differencing, ZFP, quantized), bytes, error and CPU per step; DEMO_SECONDS (10), LECHO_NAMESERVER

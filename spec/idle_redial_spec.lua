@@ -53,4 +53,50 @@ describe("a process idle past its peers' heartbeats", function()
     end
     assert(ctx:close())
   end)
+
+  -- The walk before every request polls a connection silent past a
+  -- heartbeat.  With heartbeats off nothing is ever heard on an idle
+  -- connection, and every request polled every idle peer: with 60 of them a
+  -- sync submit paid 60 poll() calls (~40 us of CPU, the round trip itself
+  -- ~20 us).  A poll that found a connection open counts as hearing from it:
+  -- polled again a heartbeat (1 s without heartbeats) later at the earliest.
+  it("polls an idle connection at most once a heartbeat, not before every request", function()
+    local N = 60
+    local ctx = lecho.context{ quiet = true, heartbeat = 0 } -- the name server too
+    local file = S.tmpname("up")
+    S.lua([[
+local lecho = require "lecho"
+local cs = {}
+for i = 1, ]] .. N .. [[ do
+  cs[i] = lecho.context{ quiet = true, heartbeat = 0, nameserver = arg[2] }
+  cs[i]:channel("many." .. i):consumer(function() end)
+end
+local f = assert(io.open(arg[1], "w")); f:write("up\n"); f:close()
+local t_end = cs[1]:now() + 60
+while cs[1]:now() < t_end do
+  cs[1]:run_once(0.002)
+  for i = 2, #cs do cs[i]:run_once(0) end
+end
+]], file, ctx.ns)
+    S.run_until(ctx, function() local f = io.open(file) if f then f:close() end return f ~= nil end, 60)
+    for i = 1, N do
+      local p = assert(ctx:channel("many." .. i):producer())
+      local ok
+      for _ = 1, 100 do
+        ok = p:submit_sync(i, { timeout = 5 })
+        if ok then break end
+        ctx:sleep(0.05)
+      end
+      assert.is_true(ok)
+    end
+    ctx:sleep(1.5) -- every connection silent past "a heartbeat" (1 s with heartbeats off)
+    local n = 2000
+    local t0 = os.clock()
+    for _ = 1, n do ctx:_catch_up() end
+    local us = (os.clock() - t0) * 1e6 / n
+    -- each of N connections polled once (~N us), then none: ~1 us a request
+    -- on average here; N polls every time: ~N us (CPU time, not wall)
+    assert.is_true(us < N / 6, ("%d idle peers: %.1f us of CPU per request's walk"):format(N, us))
+    assert(ctx:close())
+  end)
 end)

@@ -146,7 +146,10 @@ describe("lecho-repl", function()
     local _
     _, ns = S.nameserver("--quiet")
     ctx = lecho.context{ nameserver = ns, quiet = true }
-    sim = S.spawn(("%s %s --nameserver %s --seconds 150 --grid 1x6x12 --rate 5")
+    -- (600 s at most, S.cleanup ends it before: under make asan this file
+    -- ran 585-905 s and its cases after 150 s found "no producer on
+    -- 'atmosphere.field' yet")
+    sim = S.spawn(("%s %s --nameserver %s --seconds 600 --grid 1x6x12 --rate 5")
       :format(S.luajit, SIM, ns))
     -- Wait until the simulation publishes and listens to steering.
     local field, steer = ns .. "/atmosphere.field", ns .. "/atmosphere.steer"

@@ -95,10 +95,13 @@ function M.wait_file(path, pattern, timeout)
 end
 
 --- Starts scripts/lecho-nameserver on a port chosen by the OS (for at most
--- 120 s); extra: more of its options, one string ("--quiet").  Returns the
--- child and its address.
+-- 600 s: a bound for a stray one, M.cleanup kills it before; a spec file's
+-- setup may start one for all its cases, and under make asan on a loaded
+-- machine exit_close_spec's took more than the 120 s it had: its last case
+-- found "connection refused"); extra: more of its options, one string
+-- ("--quiet").  Returns the child and its address.
 function M.nameserver(extra)
-  local args = { "--for", "120", "--settle", "0" }
+  local args = { "--for", "600", "--settle", "0" }
   for w in (extra or ""):gmatch("%S+") do args[#args + 1] = w end
   local child, addr = P.nameserver{ root = M.root, luajit = M.luajit, port_file = M.tmpname("ns-addr"),
                                     args = args, start = function(argv) return M.spawn(P.sh_join(argv)) end }

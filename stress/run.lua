@@ -216,7 +216,8 @@ local function run(sc, dir)
       if r then
         live[pid] = nil
         r.exited = true
-        D.w{ k = "exit", id = r.id, pid = pid, code = st.code, signal = st.signal, max_rss = r.max_rss }
+        D.w{ k = "exit", id = r.id, pid = pid, code = st.code, signal = st.signal, max_rss = r.max_rss,
+             rss_peaks = r.rss_peaks }
       end
     end
   end
@@ -428,7 +429,13 @@ local function run(sc, dir)
         end
         if (r.role == "producer" or r.role == "ff") and r.execd then
           local rss = lib.rss(pid)
-          if rss and rss > (r.max_rss or 0) then r.max_rss = rss end
+          if rss and rss > (r.max_rss or 0) then
+            r.max_rss = rss
+            -- each new peak with its time: check.lua takes the peak up to the
+            -- process's own exit record (after it: only the teardown)
+            r.rss_peaks = r.rss_peaks or {}
+            r.rss_peaks[#r.rss_peaks + 1] = { now(), rss }
+          end
         end
       end
     end
@@ -586,7 +593,7 @@ local function one(seed)
 end
 
 local runs, nviol, bykind = 0, 0, {}
-local failed_seeds = {}
+local failed_seeds, seeds_run = {}, {}
 if opts.total then
   local t_end = now() + opts.total
   -- a scenario takes its seconds plus start, drain and stop (~20 s at most
@@ -596,6 +603,7 @@ if opts.total then
     local v = one(seed)
     if not v then break end
     runs = runs + 1
+    seeds_run[#seeds_run + 1] = seed
     nviol = nviol + #v
     if #v > 0 then failed_seeds[#failed_seeds + 1] = seed end
     for _, x in ipairs(v) do bykind[x.kind] = (bykind[x.kind] or 0) + 1 end
@@ -604,6 +612,7 @@ else
   local v = one(opts.seed)
   if v then
     runs = 1
+    seeds_run[1] = opts.seed
     nviol = #v
     for _, x in ipairs(v) do bykind[x.kind] = (bykind[x.kind] or 0) + 1 end
     if #v > 0 then failed_seeds[1] = opts.seed end
@@ -616,7 +625,8 @@ end
 local kinds = {}
 for k, n in pairs(bykind) do kinds[#kinds + 1] = k .. " " .. n end
 table.sort(kinds)
-print(("stress: %d scenario(s) run, %d violation(s)%s%s"):format(runs, nviol,
-  #kinds > 0 and " (" .. table.concat(kinds, ", ") .. ")" or "",
+print(("stress: %s: %d scenario(s) run (seeds %s), %d violation(s)%s%s"):format(
+  (nviol > 0 or runs == 0) and "FAIL" or "PASS", runs, #seeds_run > 0 and table.concat(seeds_run, " ") or "none",
+  nviol, #kinds > 0 and " (" .. table.concat(kinds, ", ") .. ")" or "",
   #failed_seeds > 0 and "; failing seeds " .. table.concat(failed_seeds, " ") or ""))
 os.exit(nviol > 0 and 1 or 0)

@@ -612,6 +612,7 @@ struct lei_conn {
     ev_tstamp born, last_in, last_out, last_ping; /* liveness: created, last read, write, PING */
     ev_tstamp hs_grace; /* accept.c: when the handshake deadline started again (its
                          * answer waited unread at the deadline); 0: never */
+    ev_tstamp open_at;  /* lei_live_catch_up: when a poll last found it open (0: never) */
     const lei_mech *mech; /* how it introduces itself and protects its bytes
                            * (plain.c, secure.c) */
     lei_sec *sec;       /* owned by the keyed mechanism: its state, opaque

@@ -35,7 +35,10 @@ function M.start(url, opts)
   os.execute("rm -rf '" .. profile .. "' && mkdir -p '" .. profile .. "'")
   local log = opts.dir .. "/chromium.log"
   local pidf = opts.dir .. "/chromium.pid"
-  local cmd = ("%s %s --user-data-dir=%s %s >/dev/null 2>%s </dev/null & echo $! > %s"):format(
+  -- (without LD_PRELOAD: under make asan the specs' environment preloads
+  -- libasan, and chromium's start script and allocator do not run with it:
+  -- "chromium did not start: /usr/bin/chromium: 9: [: ...: unexpected operator")
+  local cmd = ("env -u LD_PRELOAD %s %s --user-data-dir=%s %s >/dev/null 2>%s </dev/null & echo $! > %s"):format(
     bin, table.concat(M.FLAGS, " "), profile, "'" .. url .. "'", log, pidf)
   os.execute("sh -c \"" .. cmd:gsub('"', '\\"') .. "\"")
   local port

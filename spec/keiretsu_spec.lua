@@ -17,19 +17,34 @@ local S = require "spec.support"
 
 local RUN = S.root .. "/examples/keiretsu/run.lua"
 
--- What is left of a Keiretsu run (its namespaces, its processes): nil when nothing.
+-- What is left of a Keiretsu run (its namespaces, its processes): nil when
+-- nothing.  Only what was not there before the run (`before`, a snapshot()):
+-- namespaces another run left (a killed make asan) or another checkout's run
+-- at the same time made are not this run's.
 -- Without LD_PRELOAD: under `make asan` pgrep with ASan preloaded hangs in
 -- a futex for good (that hung `make asan` at this spec).
-local function leftovers()
+local function snapshot()
   local _, out = S.sh("env -u LD_PRELOAD sh -c " .. S.sh_quote("ip netns list 2>/dev/null | grep keiretsu-; "
                       .. "pgrep -af 'examples/keiretsu/(node|blaster|speedometer|client)[.]lua'"))
-  return out:match("%S") and out or nil
+  local set = {}
+  for line in out:gmatch("[^\n]+") do set[line:match("^(%S+)")] = line end
+  return set
+end
+
+local function leftovers(before)
+  local left = {}
+  for k, line in pairs(snapshot()) do
+    if not before[k] then left[#left + 1] = line end
+  end
+  table.sort(left)
+  return left[1] and table.concat(left, "\n") or nil
 end
 
 describe("examples/keiretsu", function()
   after_each(function() S.cleanup() end)
 
   it("loses no acknowledged message while three of four nodes are killed, and the service goes on", function()
+    local before = snapshot()
     local json = S.tmpname("keiretsu") .. ".json"
     local ok, out = S.sh(("%s %s --phase 1 --after 2 --kill-gap 0.3 --json %s")
       :format(S.luajit, RUN, S.sh_quote(json)))
@@ -63,7 +78,7 @@ describe("examples/keiretsu", function()
     assert.is_true(r.service_went_on)
     assert.is_true(r.after_kills.acked > 0 and r.after_kills.received > 0)
     assert.is_true(r.ok)
-    assert.is_nil(leftovers())
+    assert.is_nil(leftovers(before))
   end)
 
   it("runs its programs from anywhere without LUA_PATH, says how to use them, and refuses a message for a user who is not online", function()
@@ -97,13 +112,14 @@ describe("examples/keiretsu", function()
   end)
 
   it("removes its processes and namespaces when the driver itself is killed", function()
+    local before = snapshot()
     local drv = S.spawn(("%s %s --phase 30"):format(S.luajit, RUN))
     assert(S.wait_file(drv.out, "node%-1 ready", 30), "did not start: " .. S.output(drv) .. S.errors(drv))
     assert.is_truthy(S.alive(drv))
     S.kill(drv, "KILL")
     -- the watchdog looks once a second
     local deadline = os.time() + 10
-    while leftovers() and os.time() < deadline do S.sleep(0.2) end
-    assert.is_nil(leftovers())
+    while leftovers(before) and os.time() < deadline do S.sleep(0.2) end
+    assert.is_nil(leftovers(before))
   end)
 end)

@@ -189,6 +189,51 @@ describe("issue 29: key frames for late joiners of a modulated stream", function
     assert.are.same({ { i = 10, key = true, h = true }, { i = 11, key = false } }, late)
   end)
 
+  it("a key frame past the ring's bound (9 MiB): the push and a request for the same list share one fresh copy",
+     function()
+    -- third outside review of issue 29 (#1): 9 MiB key frames are not kept
+    -- (8 MiB bound), so each joiner's history is made by a fresh copy of
+    -- the modulator over the raw history: ~0.2 s of the producer's CPU
+    -- (a 9 MiB string made, encoded, delivered, encoded again), 2-3 s of
+    -- its timer on a loaded machine.  A joiner whose join was answered
+    -- before that push came (the copy being slow) asks again, and the copy
+    -- ran again, the producer's loop stalled twice.  Now once per list.
+    local lecho = require "lecho"
+    local history = require "lecho.history"
+    local ctx = lecho.context{ quiet = true, modulator_budget = 1, modulator_memory = 128 * 1024 * 1024 }
+    local ch = ctx:channel("kf9")
+    local p = assert(ch:producer{ history = 3 })
+    local src = [[
+      local n = 0
+      function enqueue(ev)
+        n = n + 1
+        if n % 5 == 1 then emit({ i = ev.i, key = true, blob = string.rep("x", params.size) }, { key = true })
+        else emit({ i = ev.i }) end
+      end ]]
+    local size = 9437184
+    assert(ch:consumer(function() end, { modulator = src, params = { size = size } }))
+    for i = 1, 3 do assert(p:submit_sync({ i = i })) end
+    local key
+    for k, m in pairs(ch.mods) do key = k assert.is_nil(m.moe:keyframes()) end   -- past 8 MiB: not kept
+    local before = ctx.nexthist or 0
+    local late = {}
+    assert(ch:consumer(function(ev, meta) late[#late + 1] = { i = ev.i, blob = ev.blob and #ev.blob, h = meta.history } end,
+                       { modulator = src, params = { size = size }, history = "key" }))
+    -- the joiner got the fresh copy's key frame (of the last raw event
+    -- kept: n = 1 there), from one copy
+    assert.are.same({ { i = 3, blob = size, h = true } }, late)
+    assert.are.equal(before + 1, ctx.nexthist)
+    -- the same list's history asked for again (as a joiner whose join was
+    -- answered first does): the same entries, no second copy
+    local e1 = history.serve(ctx, ctx.addr, { ch = ch.name, n = 1, key = key, ver = ch.ver })
+    local e2 = history.serve(ctx, ctx.addr, { ch = ch.name, n = 1, key = key, ver = ch.ver })
+    assert.are.equal(before + 1, ctx.nexthist, "the fresh copy ran again for the same member list")
+    assert.are.equal(1, #e1)
+    assert.are.equal(e1[1].data, e2[1].data)
+    assert.are.equal(size, #select(2, lecho.decode(e1[1].data)).blob)
+    assert(ctx:close())
+  end)
+
   it("joining at full rate, 2 busy loops: the exact state at once, and exact through the live stream", function()
     local lecho = require "lecho"
     local _, ns = S.nameserver("--quiet")

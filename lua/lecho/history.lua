@@ -221,8 +221,16 @@ local function run_modulator(ch, key, entries)
   if not chid then return nil, err end
   local out = {}
   local list = { short = ch.short, derived = true }
+  -- the outputs taken as the bytes the copy encoded (ctx:raw, as a
+  -- recorder takes them: checked to be one value, not decoded and encoded
+  -- again: for a 9 MiB key frame two copies of it fewer, review 3 #1);
+  -- not while this context hands large strings out as views (a `buffer`
+  -- consumer here: those come decoded, lua_hook.c view_of)
+  local raw = not ctx.views_on
+  if raw then ctx.c:raw(chid, true) end
   list[1] = { con = {}, handler = function(v, meta)
-    local s = core.encode(v)
+    local s = v
+    if not raw or type(v) ~= "string" then s = core.encode(v) end
     if s then out[#out + 1] = { pid = meta.pid, seq = meta.seq, data = s, raw = meta.producer } end
   end }
   ctx.disp[chid] = list
@@ -251,6 +259,7 @@ local function run_modulator(ch, key, entries)
     moe:close()
   end
   ctx.c:set_local(chid, false)
+  if raw then ctx.c:raw(chid, false) end
   ctx.disp[chid] = nil
   if not moe then return nil, merr end
   -- the producer id of an output: pname_of made "addr#pid"

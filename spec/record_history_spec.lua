@@ -164,6 +164,17 @@ describe("issue 29 F7: a recording holds the current state", function()
     rec = lecho_cmd(("record rh.settings --out %s.x --history 0 --nameserver %s"):format(none, ns))
     assert.are_not.equal(0, finish(rec, 30, "recorder"))
     assert.matches("%-%-history needs N", S.errors(rec))
+    -- past what ch:consumer takes (1024): the same clear refusal, exit 2,
+    -- and no file made (third outside review #3: a traceback, exit 1, and a
+    -- header-only file that made the corrected command fail "exists")
+    for _, n in ipairs({ "0", "2000", "1025", "1.5" }) do
+      rec = lecho_cmd(("record rh.settings --out %s.big --count 5 --history %s --nameserver %s"):format(none, n, ns))
+      assert.are.equal(2, finish(rec, 30, "recorder"), S.errors(rec))
+      assert.matches("%-%-history needs N %(1 to 1024%), last or none, not '" .. n:gsub("%.", "%%.") .. "'",
+                     S.errors(rec))
+      assert.is_nil(S.errors(rec):match("traceback"))
+      assert.is_nil(io.open(none .. ".big"), "a file was left by --history " .. n)
+    end
 
     -- the replay, to a viewer that joined the replay's channel: the
     -- settings value comes, flagged as a replay, with the replay's own seq

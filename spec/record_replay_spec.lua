@@ -272,6 +272,34 @@ describe("issue 29: record and replay", function()
     assert.matches("replay 999/999 sent=999 .* done damaged=1", S.output(rp))
   end)
 
+  it("a damaged file header is said once, its events counted unplaceable, none called a torn tail (review 3 #5)",
+     function()
+    -- third outside review of issue 29 (#5): byte 20 flipped (in the file
+    -- header): 300 lines "DAMAGED record ... (an event before any header)",
+    -- the last whole record "torn tail", replay "301 damaged records"
+    local _, ns = S.nameserver("--quiet")
+    local file, good = small_recording("hdr", 301)
+    S.write(file, flip(good, 20))
+    local r = assert(require("lecho.recording").scan(file))
+    assert.are.equal(1, #r.damage)
+    assert.are.equal(10, r.damage[1].offset)
+    assert.are.equal(301, r.unindexed)
+    assert.is_nil(r.torn)
+    local chk = lecho_cmd("replay --check " .. file)
+    assert.are.equal(1, finish(chk, 20, "check"), S.output(chk) .. S.errors(chk))
+    local out = S.output(chk)
+    local _, nd = out:gsub("DAMAGED", "")
+    assert.are.equal(1, nd, out)
+    assert.matches("DAMAGED record at byte 10 %(a record whose checksum fails%): %d+ bytes skipped, 301 events"
+                   .. " after it unplaceable", out)
+    assert.is_nil(out:match("torn tail"), out)
+    local rp = lecho_cmd(("replay %s --speed max --wait 0 --nameserver %s"):format(file, ns))
+    assert.are.equal(1, finish(rp, 20, "replay"), S.output(rp) .. S.errors(rp))
+    assert.matches("1 damaged records skipped, and 301 events after them: the replay is not whole", S.errors(rp))
+    local _, nl = S.errors(rp):gsub("DAMAGED", "")
+    assert.are.equal(1, nl, S.errors(rp))
+  end)
+
   it("--check reports each producer's sequence gaps (a record removed from the middle) and exits 1 (F13)",
      function()
     local file, good, offs = small_recording("gap", 100)
@@ -298,6 +326,35 @@ describe("issue 29: record and replay", function()
     assert.are.same({}, recording.gaps(ev))
     ev[#ev + 1] = { ch = "c", producer = "p", seq = 1, wall = 5 }
     assert.is_true(recording.gaps(ev)[1].backwards)
+  end)
+
+  it("--rename of a channel the recording does not hold is refused, exit 2, nothing published (review 3 #2)",
+     function()
+    -- third outside review of issue 29 (#2): `--rename nosuch=x` and a typo
+    -- (`--rename atmosphere.feild=...`) were ignored: the events went out on
+    -- the recorded channel, the live one
+    local _, ns = S.nameserver("--quiet")
+    local file = small_recording("CH", 20)
+    local cons = S.lua(CONSUMER, ns, "CH", "1")
+    assert(S.wait_file(cons.out, "ready", 20), S.errors(cons))
+    for _, r in ipairs({ "nosuch=x", "CH=ok --rename Ch=typo" }) do
+      local rp = lecho_cmd(("replay %s --rename %s --wait 0 --speed max --nameserver %s"):format(file, r, ns))
+      assert.are.equal(2, finish(rp, 20, "replay"), S.output(rp) .. S.errors(rp))
+      assert.matches("the recording holds no channel '" .. r:match("(%w+)=[%w.]+$") .. "' %(its channels: CH%)",
+                     S.errors(rp))
+      assert.are.equal("", S.output(rp))
+    end
+    -- the recorded channel's consumer got nothing
+    S.sleep(0.5)
+    assert.are.equal(0, #lines_of(cons))
+    S.kill(cons, "KILL")
+    -- the REPL's replay() refuses it too
+    local p = io.popen(("%s %s/scripts/lecho-repl --nameserver %s --no-history -e %s </dev/null 2>&1; echo rc=$?")
+      :format(S.luajit, S.root, ns, S.sh_quote(("r = replay(%q, { speed = 'max', rename = { CX = 'y' } })")
+        :format(file))))
+    local out = p:read("*a")
+    p:close()
+    assert.matches("the recording holds no channel 'CX'", out)
   end)
 
   it("rotated files given newest first are refused, by --check and by replay (F8)", function()
@@ -338,8 +395,9 @@ describe("issue 29: record and replay", function()
       finish(rp, 30, "replay --step")   -- (exit 1: the 2 events stepped reached no consumer)
       local lines = {}
       for l in S.output(rp):gmatch("[^\n]+") do lines[#lines + 1] = l end
-      -- the first status line, then one per command but quit
-      assert.are.equal(1 + #bad + 2, #lines, S.output(rp) .. S.errors(rp))
+      -- the first status line, then one per command, quit included (its
+      -- the final one: third outside review #4, quit had none)
+      assert.are.equal(1 + #bad + 3, #lines, S.output(rp) .. S.errors(rp))
       for k = 1, #bad do
         local l = lines[1 + k]
         if json then
@@ -354,8 +412,13 @@ describe("issue 29: record and replay", function()
       if json then
         assert.is_nil(cjson.decode(lines[#bad + 2]).error)
         assert.are.equal(2, cjson.decode(lines[#bad + 3]).sent)
+        local q = cjson.decode(lines[#bad + 4])
+        assert.are.equal(2, q.sent)
+        assert.are.equal(2, q.unreached)
+        assert.is_nil(q.error)
       else
         assert.matches("^replay 3/10 sent=2 .* paused unreached=2$", lines[#bad + 3])
+        assert.matches("^replay 3/10 sent=2 .* paused unreached=2$", lines[#bad + 4])
       end
       local _, nerr = S.errors(rp):gsub("lecho replay: [^\n]*", "")
       assert(nerr >= #bad, "the reasons on stderr: " .. S.errors(rp))
@@ -477,6 +540,29 @@ describe("issue 29: record and replay", function()
       local chk = lecho_cmd("replay --check --json " .. file)
       assert.are.equal(0, finish(chk, 20, "check"))
       assert.are.equal(n, lines_of(chk)[1].events, "events in the file")
+    end
+  end)
+
+  it("the summary's bytes are the files' bytes, magic line included, with and without --count (review 3 #6)",
+     function()
+    -- third outside review of issue 29 (#6): `record --json` said 355371
+    -- bytes where the file and --check said 355381 (the 10-byte magic
+    -- line left out; at each rotation too)
+    local _, ns = S.nameserver("--quiet")
+    for _, how in ipairs({ "--count 301", "--for 6" }) do
+      local file = S.tmpname("sumb") .. ".lecho"
+      local rec = lecho_cmd(("record sumb --out %s %s --max-bytes 8192 --keep 50 --json --nameserver %s")
+                            :format(file, how, ns))
+      assert(S.wait_file(rec.err, "recording", 20), S.errors(rec))
+      local prod = S.lua(PRODUCER, ns, "sumb", "300", "0", "40")
+      assert.are.equal(0, finish(rec, 60, "recorder"), S.errors(rec))
+      finish(prod, 30, "producer")
+      local sum = lines_of(rec)[1]
+      assert.are.equal(301, sum.events, how)
+      assert(sum.rotations >= 1, how .. ": rotations " .. sum.rotations)
+      local total = #assert(S.read(file))
+      for k = 1, sum.rotations do total = total + #assert(S.read(file .. "." .. k)) end
+      assert.are.equal(total, sum.bytes, how)
     end
   end)
 

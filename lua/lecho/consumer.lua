@@ -38,7 +38,7 @@ function Channel:consumer(handler, opts)
     errors = 0, mod_errors = 0, opts = opts, mod = spec, on_error = opts.on_error, chids = {},
     buffer = opts.buffer or nil,
   }, Consumer)
-  if opts.buffer then ctx.c:views(true) end
+  if opts.buffer then ctx.c:views(true) ctx.views_on = true end   -- (lecho.history reads it)
   self.all[#self.all + 1] = con
   if spec then
     local err, code

@@ -203,7 +203,7 @@ local function owed(ch, ver, n, key)
   end
   local rev = {}
   for i = #out, 1, -1 do rev[#rev + 1] = out[i] end
-  return rev, seam
+  return rev, seam, nil, snap
 end
 
 -- Runs entries through a fresh instance of modulator `key` (its spec as the
@@ -221,8 +221,16 @@ local function run_modulator(ch, key, entries)
   if not chid then return nil, err end
   local out = {}
   local list = { short = ch.short, derived = true }
+  -- the outputs taken as the bytes the copy encoded (ctx:raw, as a
+  -- recorder takes them: checked to be one value, not decoded and encoded
+  -- again: for a 9 MiB key frame two copies of it fewer, review 3 #1);
+  -- not while this context hands large strings out as views (a `buffer`
+  -- consumer here: those come decoded, lua_hook.c view_of)
+  local raw = not ctx.views_on
+  if raw then ctx.c:raw(chid, true) end
   list[1] = { con = {}, handler = function(v, meta)
-    local s = core.encode(v)
+    local s = v
+    if not raw or type(v) ~= "string" then s = core.encode(v) end
     if s then out[#out + 1] = { pid = meta.pid, seq = meta.seq, data = s, raw = meta.producer } end
   end }
   ctx.disp[chid] = list
@@ -251,12 +259,38 @@ local function run_modulator(ch, key, entries)
     moe:close()
   end
   ctx.c:set_local(chid, false)
+  if raw then ctx.c:raw(chid, false) end
   ctx.disp[chid] = nil
   if not moe then return nil, merr end
   -- the producer id of an output: pname_of made "addr#pid"
   for _, o in ipairs(out) do
     o.pid = tonumber(tostring(o.raw):match("#(%d+)$")) or 0
     o.raw = nil
+  end
+  return out
+end
+
+-- The entries owed (owed's) run through a fresh copy of modulator key
+-- (run_modulator), once per snapshot, key and n: kept with the snapshot
+-- (as long as it is: M.SNAPSHOTS lists, M.SNAPSHOT_AGE s), so the push
+-- made with the member list (M.push) and a `history` request for the same
+-- version (M.serve: the joiner asks when its join was answered before
+-- the push came, which is when the copy was slow) share one run.  Third
+-- outside review of issue 29 (#1): with 9 MiB key frames (past the 8 MiB
+-- ring, so every joiner's history is made this way) each run cost the
+-- producer ~0.2 s of CPU, 2-3 s of its timer on a loaded machine, and the
+-- second one came while the joiner was catching up.  nil, err when the
+-- modulator cannot run.
+local function modulated(ch, key, entries, snap, n)
+  local inst = ch.mods[key]
+  local spec = inst and inst.spec
+  local memo = snap and snap.modout and snap.modout[key]
+  if memo and memo.spec == spec and memo.n == n then return memo.out end
+  local out, err = run_modulator(ch, key, entries)
+  if not out then return nil, err end
+  if snap and spec then
+    snap.modout = snap.modout or {}
+    snap.modout[key] = { spec = spec, n = n, out = out }
   end
   return out
 end
@@ -298,9 +332,9 @@ function M.serve(ctx, from, msg)
                                  :format(from, ch.name))
     return fail("history: not a consumer of this stream here", "refused")
   end
-  local entries, seam, kf = owed(ch, msg.ver, n, key)
+  local entries, seam, kf, snap = owed(ch, msg.ver, n, key)
   if key and not kf and entries[1] then
-    local out, err = run_modulator(ch, key, entries)
+    local out, err = modulated(ch, key, entries, snap, n)
     if not out then return fail("history: " .. tostring(err), "failed") end
     entries = out
   end
@@ -325,9 +359,10 @@ function M.push(ch, h)
   local key = h.key
   if key ~= nil and type(key) ~= "string" then return end
   if h.to == ctx.addr or ch.nprod == 0 or not listed(ch, h.to, key) then return end
-  local entries, seam, kf = owed(ch, ch.ver, math.min(h.n, M.MAX_N), key)
+  local n = math.min(h.n, M.MAX_N)
+  local entries, seam, kf, snap = owed(ch, ch.ver, n, key)
   if key and not kf and entries[1] then
-    entries = run_modulator(ch, key, entries)
+    entries = modulated(ch, key, entries, snap, n)
     if not entries then return end
   end
   ctx:_send_ctrl(h.to, { op = "history_push", ch = ch.name, ver = ch.ver, key = key, entries = entries,

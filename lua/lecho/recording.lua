@@ -311,7 +311,7 @@ end
 -- events' times never go back), header, good (bytes up to the end of the
 -- last whole record), size, damage = { { offset, bytes, why } ... } (bad
 -- records with whole records after them: skipped, and read on from the
--- next whole record), unindexed (events after a damage whose channel or
+-- next whole record), unindexed (events after a damage whose header, channel or
 -- producer record was in it: skipped, counted), torn (nil, or { offset,
 -- bytes, why, damaged }: the tail that ends the file) }; or nil, err when
 -- it is not a recording.  Memory: the file's size plus 40 bytes an event.
@@ -349,7 +349,16 @@ function M.scan(path)
       local kind = p[o + 8]
       local lim = o + 8 + len
       if kind == 69 then   -- 'E'
-        if not created then why = "an event before any header" break end
+        if not created then
+          -- its segment's header was in a damage (third outside review #5:
+          -- each event after a damaged file header was called damage, the
+          -- last a torn tail): its time cannot be placed; counted with the
+          -- events whose channel or producer record was lost, said once
+          if #out.damage == 0 then why = "an event before any header" break end
+          out.unindexed = out.unindexed + 1
+          o = lim
+          break
+        end
         local c, pr, seq, us, j
         c, j = rd_varint_p(p, o + 9, lim)
         if c then pr, j = rd_varint_p(p, j, lim) end
@@ -598,6 +607,9 @@ function Writer:_open()
   if fresh then
     f:write(M.MAGIC)
     self.size = #M.MAGIC
+    -- (counted: the summary's bytes are the files' bytes, as --check says
+    -- them; third outside review #6 found them 10 short)
+    self.bytes = self.bytes + #M.MAGIC
   end
   self:_segment()
   return true
@@ -688,13 +700,16 @@ end
 ---------------------------------------------------------------------------
 
 --- Reads a --history value: "none" (or nil) nil, "last" "last", a count
--- N >= 1 N; else nil, why.
+-- N from 1 to lecho.history's MAX_N (1024, what ch:consumer takes) N;
+-- else nil, why (checked before the file is made: issue 29, third outside
+-- review #3, --history 2000 left a header-only file and a traceback).
 function M.history_opt(v)
   if v == nil or v == "none" then return nil end
   if v == "last" then return "last" end
   local n = tonumber(v)
-  if n and n >= 1 and n % 1 == 0 then return n end
-  return nil, ("--history needs N (1 or more), last or none, not '%s'"):format(tostring(v))
+  local max = require("lecho.history").MAX_N
+  if n and n >= 1 and n <= max and n % 1 == 0 then return n end
+  return nil, ("--history needs N (1 to %d), last or none, not '%s'"):format(max, tostring(v))
 end
 
 --- Records channels `names` (short names or full ones) of ctx into writer

@@ -19,7 +19,8 @@ Replay.__index = Replay
 --- ctx, files (a path or a list of paths, replayed in that order), opts:
 -- speed (number > 0 or "max"; default 1), rename ({ old = new }),
 -- paused (start paused: step or resume), on_end(rp) when the last event
--- went, on_event(rp, e) after each.  Returns the replay, or nil, err.
+-- went, on_event(rp, e) after each.  Returns the replay, or nil, err (and
+-- "usage" when opts.rename names a channel the files do not hold).
 function M.new(ctx, files, opts)
   opts = opts or {}
   if type(files) == "string" then files = { files } end
@@ -39,7 +40,7 @@ function M.new(ctx, files, opts)
     end
     damaged = damaged + #r.damage
     if r.unindexed > 0 then
-      torn[#torn + 1] = ("%s: %d events skipped (their channel's or producer's record was damaged)")
+      torn[#torn + 1] = ("%s: %d events skipped (their header, channel or producer record was damaged)")
                         :format(f, r.unindexed)
       unindexed = unindexed + r.unindexed
     end
@@ -68,6 +69,23 @@ function M.new(ctx, files, opts)
   end
   local oerr = recording.order(scans)
   if oerr then return nil, oerr end
+  -- a rename of a channel the files do not hold is a typo: refused, else
+  -- the replay goes to the recorded (live) channel (issue 29, third
+  -- outside review #2); code "usage"
+  local held, hold = {}, {}
+  for _, s in ipairs(streams) do
+    if not held[s.ch] then held[s.ch] = true hold[#hold + 1] = s.ch end
+  end
+  local olds = {}
+  for old in pairs(opts.rename or {}) do olds[#olds + 1] = old end
+  table.sort(olds)
+  for _, old in ipairs(olds) do
+    if not held[old] then
+      for _, r in ipairs(scans) do r.events:free() end
+      return nil, ("--rename %s=%s: the recording holds no channel '%s' (its channels: %s)"):format(old,
+        opts.rename[old], old, #hold > 0 and table.concat(hold, ", ") or "none"), "usage"
+    end
+  end
   -- the times go forward all along (each file's, and from one to the
   -- next): a seek to a time is a binary search
   local sorted, seq_sorted = true, true

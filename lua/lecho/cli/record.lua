@@ -34,7 +34,7 @@ detected as torn: after a crash, replay (or --append) cuts the torn tail.
   --keep N           rotated files kept (default 3; the oldest is dropped)
   --for SECONDS      stop after this long
   --count N          stop after N events (exactly N written)
-  --history N|last|none  first record the last N values (last: 1) each
+  --history N|last|none  first record the last N values (N <= 1024; last: 1) each
                      producer kept (its history option), marked as history,
                      then the live events (default last; none: live only)
   --json             the summary at the end as one JSON object
@@ -57,10 +57,12 @@ as the queues take them), files oldest first (FILE.2 FILE.1 FILE; out of
 order: refused).  Consumers see meta.replay = true.  A torn tail is said on
 stderr and ignored; a damaged record is said, skipped and counted
 (damaged=N), and the whole records after it are replayed.
-  --rename OLD=NEW   publish channel OLD's events on NEW (repeatable)
+  --rename OLD=NEW   publish channel OLD's events on NEW (repeatable; an OLD
+                     the files do not hold is refused, exit 2)
   --step             start paused and read commands from stdin, one a line:
                      step [N], play, pause, seek t=SECONDS, seek seq=N,
                      speed X, status, quit (each answered with a status line,
+                     quit's the final one, after the queues drained;
                      a refused one with its reason; t is the played time;
                      read once the file is loaded: the first status line)
   --seek-time S      start S seconds into the recording
@@ -216,13 +218,14 @@ function M.replay.run(opts, pos)
   end
   local ctx = context("replay", opts)
   local code
-  local rp, err = require("lecho.replay").new(ctx, pos, {
+  local rp, err, ecode = require("lecho.replay").new(ctx, pos, {
     speed = speed, rename = rename, paused = true,
     on_end = function(r) if not opts.step then code = code or (r.err and EXIT.failed or EXIT.ok); ctx:stop() end end,
   })
   if not rp then
     io.stderr:write("lecho replay: ", tostring(err), "\n")
-    finish(ctx, EXIT.failed)
+    -- (a --rename of a channel not recorded: a usage error, exit 2)
+    finish(ctx, ecode == "usage" and EXIT.usage or EXIT.failed)
   end
   for _, t in ipairs(rp.torn) do io.stderr:write("lecho replay: ", t, "\n") end
   -- the channels, each waited for (at most --wait) to have a consumer
@@ -244,6 +247,7 @@ function M.replay.run(opts, pos)
   if opts.seek_time then rp:seek{ t = opts.seek_time } end
   if opts.seek_seq then rp:seek{ seq = opts.seek_seq } end
   on_signals(ctx, function(s) code = signal_exit(s); ctx:stop() end)
+  local quitted
   if opts.step then
     -- commands from stdin, a line each, answered with a status line
     local buf = ""
@@ -252,7 +256,10 @@ function M.replay.run(opts, pos)
       -- reason (also on stderr) and the status unchanged (issue 29 F3)
       local st = rp:command(line)
       if st == nil then return end
-      if st == "quit" then code = EXIT.ok; ctx:stop() return end
+      -- quit: answered too, by the final status line (after the queues
+      -- drained: sent and unreached as the summary says them; third
+      -- outside review #4)
+      if st == "quit" then quitted = true; code = EXIT.ok; ctx:stop() return end
       if st.error then io.stderr:write("lecho replay: ", st.error, "\n") end
       ctx.c:flush()
       replay_status(opts, st)
@@ -318,7 +325,7 @@ function M.replay.run(opts, pos)
     if code == nil or code == EXIT.ok then code = EXIT.failed end
   end
   rp:close()
-  if not opts.step then replay_status(opts, st) end
+  if not opts.step or quitted then replay_status(opts, st) end
   finish(ctx, code or EXIT.ok)
 end
 

@@ -79,12 +79,22 @@ describe("modulator batches (issue 27)", function()
     c = lecho.context{ quiet = true }
     local ch = c:channel("re")
     local p = assert(ch:producer{ grant = { "log" } })
-    local got, n = {}, 0
+    local got, n, sent, refused, hook_errs = {}, 0, {}, {}, {}
     c.log = function()
       n = n + 1
-      c:flush()
-      c:pending()
-      if n % 10 == 0 then assert(p:submit(-n)) end   -- staged behind the batch running
+      local ok, err = pcall(function()
+        c:flush()
+        c.c:pending()   -- the core's (ctx.pending is the request table)
+        if n % 3 == 0 then
+          -- staged behind the batch running, or refused (the batch's
+          -- stage full, a sync event): never a step inside the running one
+          local sok, serr, code = p:submit(-n)
+          if sok then sent[#sent + 1] = -n else refused[#refused + 1] = code .. ": " .. tostring(serr) end
+          local yok, _, ycode = p:submit_sync(-n - 0.5, { timeout = 1 })
+          if not yok then refused[#refused + 1] = tostring(ycode) end
+        end
+      end)
+      if not ok then hook_errs[#hook_errs + 1] = tostring(err) end
     end
     assert(ch:consumer(function(ev) got[#got + 1] = ev end,
                        { capabilities = { "log" }, modulator = "function enqueue(ev) log('x') return ev end" }))
@@ -99,6 +109,10 @@ describe("modulator batches (issue 27)", function()
       if v > 0 then assert.are.equal(pos + 1, v) pos = v end
     end
     assert.are.equal(100, pos)
+    assert.are.same({}, hook_errs)
+    for _, v in ipairs(sent) do assert.is_true(seen[v], "staged from the hook, not delivered: " .. v) end
+    assert.is_true(#refused > 0) -- the sync submits from inside the call at least
+    for _, r in ipairs(refused) do assert.matches("^invalid", r) end
   end)
 
   it("sends everything submitted before the producer's context closes, in order", function()

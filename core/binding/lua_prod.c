@@ -125,6 +125,17 @@ static int prod_send(lb_prod *h, lei_msg *m, int sync, lua_State *L, const char 
     int policy = policy_of(h);
     uint64_t seq = h->seq + 1, sid = 0;
     *err = NULL;
+    /* From a hook that one of its modulators' own call runs (a granted
+     * log's handler), an event that modulator could not stage behind the
+     * running one (sync, large): refused, nothing sent */
+    for (int i = 0; i < h->nmoes; i++) {
+        lei_moe *x = h->moes[i]->m;
+        if (x && !lei_moe_error(x) && lei_moe_busy_for(x, m, m->total, sync, policy)) {
+            *err = "submitted from inside the call of one of its own modulators (a log hook): "
+                   "only a small async event can be, nothing sent";
+            return LEI_E_INVALID;
+        }
+    }
     lei_chan_count_encode(b->c, h->chid);
     int rc = h->plain ? lei_submit(b->c, h->chid, h->pid, seq, m, sync, policy, &sid, err) : 0;
     if (rc) return rc < 0 ? -rc : rc;

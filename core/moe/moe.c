@@ -949,23 +949,38 @@ int lei_moe_set_params(lei_moe *m, const uint8_t *p, size_t plen) {
     return rc;
 }
 
+/* 1 when the event can be staged (async, flat, small, the staged ones'
+ * policy, room, no dequeue). */
+static int stageable(const lei_moe *m, const lei_msg *msg, size_t n, int sync, int policy) {
+    return !sync && m->nstg < STG_MAX && msg && msg->next == 0 && msg->total == n &&
+           n <= STG_EV_BYTES && m->ref_q == LUA_NOREF && (m->nstg == 0 || policy == m->stg_policy);
+}
+
+int lei_moe_busy_for(const lei_moe *m, const lei_msg *msg, size_t n, int sync, int policy) {
+    return m->L && m->in_call && !stageable(m, msg, n, sync, policy);
+}
+
 int lei_moe_enqueue_msg(lei_moe *m, uint64_t producer, uint64_t seq, lei_msg *msg,
                         const uint8_t *p, size_t n, int sync, int policy) {
-    m->nsids = 0;
     if (!m->L) return -1;
     /* an async event under the policy of those staged: staged (the batch
      * runs when full, before any other call, once per loop turn, and when
-     * the binding flushes); any other runs after the batch */
-    if (!sync && !m->in_call && m->nstg < STG_MAX && msg && msg->next == 0 && msg->total == n &&
-        n <= STG_EV_BYTES && m->ref_q == LUA_NOREF && (m->nstg == 0 || policy == m->stg_policy)) {
+     * the binding flushes); any other runs after the batch.  Submitted from
+     * a hook that m's own call runs (a granted log's handler): staged too,
+     * behind the event whose call runs, the batch running takes it; what
+     * cannot be staged then was refused by the caller (lei_moe_busy_for):
+     * a step inside m's running step would mix the two events' outputs. */
+    if (stageable(m, msg, n, sync, policy)) {
         msg->refcnt++;
         moe_stg *g = &m->stg[m->nstg++];
         g->msg = msg;
         g->producer = producer;
         g->seq = seq;
         m->stg_policy = policy;
-        return m->nstg == STG_MAX && !m->in_batch ? run_batch(m, 1) : 0;
+        return m->nstg == STG_MAX && !m->in_batch && !m->in_call ? run_batch(m, 1) : 0;
     }
+    if (m->in_call) return 0; /* refused before (lei_moe_busy_for): not reached */
+    m->nsids = 0;
     if (lei_moe_flush(m) || !m->L) return -1;
     m->stage = ST_ENQ;
     m->producer = producer;

@@ -113,6 +113,10 @@ int lei_moe_enqueue_msg(lei_moe *m, uint64_t producer, uint64_t seq, lei_msg *ms
  * (a sync event, params, period, receivers, retarget, pump), and in
  * lei_moe_flush; lei_moe_has_pending says there are some.  Until then
  * their outputs are not queued. */
+/* 1 when m's own call is running (the event comes from a hook that call
+ * ran, e.g. a granted log's handler) and the event could not be staged
+ * behind it: the caller refuses the submit before anything is sent. */
+int lei_moe_busy_for(const lei_moe *m, const lei_msg *msg, size_t n, int sync, int policy);
 /* Runs the staged events now: 0, or -1 when the modulator failed (notified). */
 int lei_moe_flush(lei_moe *m);
 /* How many staged events lei_moe_flush would run now (0 inside a call or

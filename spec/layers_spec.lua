@@ -6,8 +6,9 @@
 -- rules (doc/architecture.md "Layers" draws them); this spec reads them and
 -- every file under core/.  And the prefix is the file: a function lei_X_...
 -- whose X is the name of a C file of core/ (the longest that fits:
--- lei_moe_svc_... is moe_svc.c's) is defined in that file.  No processes,
--- no build.
+-- lei_moe_svc_... is moe_svc.c's) is defined in that file.  The calls
+-- between files and layers are read from the objects' symbols (nm): the
+-- spec runs make layer-objs first (a compile of what is stale).
 --
 -- Run: LECHO_ROOT=$PWD luajit /usr/bin/busted spec/layers_spec.lua
 -- (LECHO_ROOT may point at a scratch copy of the tree: only core/ is read.)
@@ -368,9 +369,9 @@ end)
 -- each other in a circle, across layers or sideways within one.  The calls are read
 -- from the sources: every name lei_... a file's code mentions (comments
 -- and strings aside; a function passed as a pointer counts too) that
--- another transport file defines with external linkage.  When the objects
--- are built and fresh (build/obj/transport/*.o), the graph `nm` reads
--- from them (undefined symbols per object) must be the same.
+-- another transport file defines with external linkage.  The graph `nm`
+-- reads from the objects (undefined symbols per object; the spec builds
+-- them, make layer-objs) must be the same, and keeps the order too.
 
 -- s without its comments and its string and character literals.
 local function code_only(s)
@@ -537,27 +538,166 @@ local function order_violations(calls, rank)
   return bad, calls
 end
 
--- The same graph from the objects' symbols, or nil when they are missing
--- or older than a source.
-local function nm_calls()
-  local objs = "build/obj/transport"
-  local stale = lines_of(("for f in core/transport/*.c; do o=%s/$(basename $f .c).o; "
-    .. "{ [ -f $o ] && [ ! $f -nt $o ]; } || echo $f; done"):format(objs))
-  if #stale > 0 or #lines_of("command -v nm || true") == 0 then return nil end
+-- The calls between C files read from the objects' symbols (issue 26
+-- review, BUG A): every .c of a ranked layer is compiled into
+-- build/obj/<layer>/ (make layer-objs, which the spec runs: a stale or
+-- missing object is rebuilt, and a build that fails fails the spec, never
+-- a silent pending), and `nm` names what each object defines (T, D, R, B)
+-- and what it leaves undefined (U).  A U one object has and another
+-- defines is a call (or a read of data) from the first file into the
+-- second, whatever the source spells it through: an inline of a header,
+-- a macro, a hand-written prototype.
+local OBJ_DIR = "build/obj"
+
+-- Runs make layer-objs in the tree; nil, or the tail of make's output.
+local function build_layer_objects()
+  local out = lines_of("{ make -s --no-print-directory layer-objs 2>&1; echo \"rc=$?\"; } | tail -n 15")
+  local ok = false
+  for _, l in ipairs(out) do if l == "rc=0" then ok = true end end
+  if ok then return nil end
+  return table.concat(out, "\n")
+end
+
+-- "layer/stem" -> { "layer/stem" -> { names } } for the objects of the
+-- layers given (names of folders), built first; nil, why when they cannot
+-- be built or read.
+local object_graph_cache = {}
+local function object_graph(names)
+  local key = table.concat(names, " ")
+  if object_graph_cache[key] then return object_graph_cache[key] end
+  if #lines_of("command -v nm || true") == 0 then return nil, "no nm on PATH (binutils)" end
+  local err = build_layer_objects()
+  if err then return nil, "make layer-objs failed:\n" .. err end
+  local objs = {}
+  for _, layer in ipairs(names) do
+    for _, src in ipairs(lines_of("ls core/" .. layer .. "/*.c")) do
+      local o = OBJ_DIR .. "/" .. layer .. "/" .. src:match("([%w_]+)%.c$") .. ".o"
+      local fresh = lines_of(("{ [ -f %s ] && [ ! %s -nt %s ]; } && echo fresh || true"):format(o, src, o))
+      if fresh[1] ~= "fresh" then return nil, o .. " missing or older than " .. src .. " after make layer-objs" end
+      objs[#objs + 1] = o
+    end
+  end
+  local list = table.concat(objs, " ")
   local def = {}
-  for _, l in ipairs(lines_of("nm -A --defined-only " .. objs .. "/*.o")) do
-    local o, kind, name = l:match("/([%w_]+)%.o:%x*%s+(%a)%s+(lei_[%w_]+)$")
+  for _, l in ipairs(lines_of("nm -A --defined-only " .. list)) do
+    local o, kind, name = l:match("^" .. OBJ_DIR .. "/([%w_]+/[%w_]+)%.o:%x*%s+(%a)%s+([%w_]+)$")
     if o and kind:match("[TDRB]") then def[name] = o end
   end
   local calls = {}
-  for _, l in ipairs(lines_of("nm -A -u " .. objs .. "/*.o")) do
-    local o, name = l:match("/([%w_]+)%.o:%s+U%s+(lei_[%w_]+)$")
-    calls[o or ""] = calls[o or ""] or {}
-    if o and def[name] and def[name] ~= o then calls[o][def[name]] = true end
+  for _, o in ipairs(objs) do calls[o:match("([%w_]+/[%w_]+)%.o$")] = {} end
+  for _, l in ipairs(lines_of("nm -A -u " .. list)) do
+    local o, name = l:match("^" .. OBJ_DIR .. "/([%w_]+/[%w_]+)%.o:%s+U%s+([%w_]+)$")
+    local to = name and def[name]
+    if o and to and to ~= o then
+      calls[o][to] = calls[o][to] or {}
+      table.insert(calls[o][to], name)
+    end
   end
-  calls[""] = nil
+  for _, to in pairs(calls) do for _, n in pairs(to) do table.sort(n) end end
+  object_graph_cache[key] = calls
   return calls
 end
+
+-- The transport's part of it: stem -> { stem -> names }, or nil, why.
+local function nm_calls()
+  local g, why = object_graph({ "transport" })
+  if not g then return nil, why end
+  local calls = {}
+  for o, to in pairs(g) do
+    local stem = o:match("^transport/([%w_]+)$")
+    calls[stem] = {}
+    for t, names in pairs(to) do calls[stem][t:match("^transport/([%w_]+)$")] = names end
+  end
+  return calls
+end
+
+-- What breaks the layers in a graph of "layer/stem" calls: a call into a
+-- layer of a higher rank ("calls up"), or into one the caller's README
+-- does not name under "May include:" (capi into the transport, though
+-- below it).  L: layers().
+local function layer_call_violations(g, L)
+  local bad = {}
+  for _, from in ipairs(sorted(g)) do
+    local fl = from:match("^([%w_]+)/")
+    for _, to in ipairs(sorted(g[from])) do
+      local tl = to:match("^([%w_]+)/")
+      local a, b = L[fl], L[tl]
+      if fl ~= tl and a and b and a.rank then
+        local names = table.concat(g[from][to], ", ")
+        if not b.rank or b.rank > a.rank then
+          bad[#bad + 1] = ("core/%s.c (layer %d %s) calls up into core/%s.c (layer %s %s): %s"):format(from, a.rank,
+            fl, to, b.rank or "none", tl, names)
+        elseif not a.may[tl] then
+          bad[#bad + 1] = ("core/%s.c (layer %d %s) calls into core/%s.c (layer %d %s), a layer its README does "
+            .. "not name: %s"):format(from, a.rank, fl, to, b.rank, tl, names)
+        end
+      end
+    end
+  end
+  return bad
+end
+
+-- The ranked layers' names, bottom first.
+local function ranked(L)
+  local out = {}
+  for name, l in pairs(L) do if l.rank then out[#out + 1] = name end end
+  table.sort(out, function(x, y) return L[x].rank < L[y].rank end)
+  return out
+end
+
+-- doc/architecture.md's table of the layers: "| `core/X/README.md` | N,
+-- ..." -> X -> N (or "none" for a line without a rank).
+local function documented_ranks()
+  local out = {}
+  for line in read("doc/architecture.md"):gmatch("[^\n]*") do
+    local name, rest = line:match("^| `core/([%w_]+)/README%.md` | ([^|]*)")
+    if name then out[name] = tonumber(rest:match("^(%d+),")) or "none" end
+  end
+  return out
+end
+
+describe("calls between core/'s layers (nm of every layer's objects)", function()
+  it("go only downward, into layers the caller's README names: none up, by any route", function()
+    local _, L = violations()
+    local g, why = object_graph(ranked(L))
+    assert(g, why)
+    local n, across = 0, 0
+    for from, to in pairs(g) do
+      for t in pairs(to) do
+        n = n + 1
+        if from:match("^[%w_]+") ~= t:match("^[%w_]+") then across = across + 1 end
+      end
+    end
+    -- the spec reads something: ~250 calls between files, ~60 across layers today
+    assert.is_true(n > 150, "too few calls between C files in the objects: " .. n)
+    assert.is_true(across > 30, "too few calls across layers in the objects: " .. across)
+    assert.are.same({}, layer_call_violations(g, L))
+  end)
+
+  it("are ranked as doc/architecture.md's table of the layers states them", function()
+    local _, L = violations()
+    local got = {}
+    for name, l in pairs(L) do got[name] = l.rank or "none" end
+    assert.are.same(got, documented_ranks())
+  end)
+
+  it("check fails the review's planted calls up (sync.c -> lb_pcall, codec.c -> lei_peer_flush_all), "
+    .. "and capi into the transport", function()
+    local _, L = violations()
+    local g = {
+      ["transport/sync"] = { ["base/codec"] = { "lei_varint_encode" }, ["binding/lua_hook"] = { "lb_pcall" } },
+      ["base/codec"] = { ["transport/peer"] = { "lei_peer_flush_all" } },
+      ["capi/lecho"] = { ["base/errors"] = { "lei_err_name" }, ["transport/ctx"] = { "lei_ctx_new" } },
+      ["binding/lua_ctx"] = { ["moe/moe"] = { "moe_new" }, ["transport/ctx"] = { "lei_ctx_new" } },
+    }
+    assert.are.same({
+      "core/base/codec.c (layer 1 base) calls up into core/transport/peer.c (layer 2 transport): lei_peer_flush_all",
+      "core/capi/lecho.c (layer 5 capi) calls into core/transport/ctx.c (layer 2 transport), a layer its README "
+        .. "does not name: lei_ctx_new",
+      "core/transport/sync.c (layer 2 transport) calls up into core/binding/lua_hook.c (layer 4 binding): lb_pcall",
+    }, layer_call_violations(g, L))
+  end)
+end)
 
 describe("core/transport's layers", function()
   it("are stated in its README, bottom first, every file in one", function()
@@ -574,6 +714,11 @@ describe("core/transport's layers", function()
     for _, to in pairs(calls) do for _ in pairs(to) do n = n + 1 end end
     assert.is_true(n > 50, "too few calls between transport files found: " .. n)
     assert.are.same({}, bad)
+    -- and the graph of the objects' symbols, which sees a call the source
+    -- spells through another file's inline or macro (ctx_int.h's)
+    local from_nm, why = nm_calls()
+    assert(from_nm, why)
+    assert.are.same({}, (order_violations(from_nm)))
   end)
 
   it("check fails a planted upward call and a planted circle in one layer, not a call sideways", function()
@@ -608,12 +753,9 @@ describe("core/transport's layers", function()
     assert.are.same({}, order_violations(with({ { "live", "local", "lei_resume" } }), rank))
   end)
 
-  it("read from the sources are the calls the objects' symbols show (when built)", function()
-    local from_nm = nm_calls()
-    if not from_nm then
-      pending("build/obj/transport/*.o missing or older than the sources: make first")
-      return
-    end
+  it("read from the sources are the calls the objects' symbols show (make layer-objs first)", function()
+    local from_nm, why = nm_calls()
+    assert(from_nm, why)
     local calls = transport_calls()
     local a, b = {}, {}
     for f, to in pairs(calls) do for t in pairs(to) do a[#a + 1] = f .. " -> " .. t end end

@@ -681,17 +681,17 @@ describe("calls between core/'s layers (nm of every layer's objects)", function(
     assert.are.same(got, documented_ranks())
   end)
 
-  it("check fails the review's planted calls up (sync.c -> lb_pcall, codec.c -> lei_peer_flush_all), "
+  it("check fails the review's planted calls up (sync.c -> lb_pcall, codec.c -> lei_peer_note), "
     .. "and capi into the transport", function()
     local _, L = violations()
     local g = {
       ["transport/sync"] = { ["base/codec"] = { "lei_varint_encode" }, ["binding/lua_hook"] = { "lb_pcall" } },
-      ["base/codec"] = { ["transport/peer"] = { "lei_peer_flush_all" } },
+      ["base/codec"] = { ["transport/peer"] = { "lei_peer_note" } },
       ["capi/lecho"] = { ["base/errors"] = { "lei_err_name" }, ["transport/ctx"] = { "lei_ctx_new" } },
       ["binding/lua_ctx"] = { ["moe/moe"] = { "moe_new" }, ["transport/ctx"] = { "lei_ctx_new" } },
     }
     assert.are.same({
-      "core/base/codec.c (layer 1 base) calls up into core/transport/peer.c (layer 2 transport): lei_peer_flush_all",
+      "core/base/codec.c (layer 1 base) calls up into core/transport/peer.c (layer 2 transport): lei_peer_note",
       "core/capi/lecho.c (layer 5 capi) calls into core/transport/ctx.c (layer 2 transport), a layer its README "
         .. "does not name: lei_ctx_new",
       "core/transport/sync.c (layer 2 transport) calls up into core/binding/lua_hook.c (layer 4 binding): lb_pcall",

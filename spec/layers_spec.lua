@@ -199,19 +199,35 @@ describe("core/'s layers", function()
   end)
 end)
 
--- The functions a C file defines with external linkage: a line at the left
--- margin, not static, naming <word>...( (word: "lei_" unless given) and not
--- ending a declaration.
-local function definitions(text, word)
+-- The functions a C file defines: a line at the left margin naming
+-- <word>...( (word: "lei_" unless given), not typedef, extern or a
+-- directive, whose parameter list is followed by a body ({) before any ;
+-- (a prototype, even one with a trailing comment or over several lines,
+-- is no definition).  Without statics: those with external linkage only;
+-- with: the static ones too, in a second list.
+local function definitions(text, word, statics)
   word = word or "lei_"
-  local out = {}
-  for l in text:gmatch("[^\n]*") do
-    if l:match("^[%a_]") and not l:match("^static") and not l:match("^typedef") and not l:match("^#") then
-      local name = l:match("[%s%*](" .. word .. "[%w_]+)%(")
-      if name and not l:match(";%s*$") then out[#out + 1] = name end
+  -- comments blanked, lines kept
+  text = text:gsub("/%*.-%*/", function(c) return (c:gsub("[^\n]", " ")) end):gsub("//[^\n]*", "")
+  local out, st = {}, {}
+  local pos = 1
+  for l in text:gmatch("([^\n]*)\n?") do
+    local at = pos
+    pos = pos + #l + 1
+    if l:match("^[%a_]") and not l:match("^typedef") and not l:match("^extern") and not l:match("^#") then
+      local is_static = l:match("^static") ~= nil
+      local name, e = l:match("[%s%*](" .. word .. "[%w_]+)%(()")
+      if name and (statics or not is_static) then
+        local rest = text:sub(at + e - 1)
+        local brace, semi = rest:find("{", 1, true), rest:find(";", 1, true)
+        if brace and (not semi or brace < semi) then
+          if is_static then st[#st + 1] = name else out[#out + 1] = name end
+        end
+      end
     end
+    if pos > #text then break end
   end
-  return out
+  return out, st
 end
 
 -- The families of names and the files they say (issue 26: the prefix is
@@ -264,7 +280,8 @@ local function prefix_violations(fams, fs)
     end
     for _, f in ipairs(fs) do
       if f.name:match("%.c$") and not (L and L[f.layer].any) then
-        for _, name in ipairs(definitions(f.text or read(f.path), fam.def)) do
+        local ext, st = definitions(f.text or read(f.path), fam.def, true)
+        for _, name in ipairs(ext) do
           n = n + 1
           local stem = owner(name, stems, fam.prefix) or variant_owner(name, stems, fam.prefix)
           if stem and stems[stem] ~= f.path then
@@ -272,6 +289,16 @@ local function prefix_violations(fams, fs)
           elseif not stem then
             odd[f.path] = odd[f.path] or {}
             table.insert(odd[f.path], name)
+          end
+        end
+        -- a static function's name says its file the same way, when it
+        -- starts with a family's word (moe_failed in lua_moe.c would be
+        -- moe.c's); one whose first word is no file's needs no list
+        for _, name in ipairs(st) do
+          n = n + 1
+          local stem = owner(name, stems, fam.prefix) or variant_owner(name, stems, fam.prefix)
+          if stem and stems[stem] ~= f.path then
+            bad[#bad + 1] = ("%s defines static %s, a name of %s"):format(f.path, name, stems[stem])
           end
         end
       end
@@ -343,8 +370,91 @@ describe("core/'s function names", function()
       "core/capi/lecho.c defines lb_ctx_v, a name of core/binding/lua_ctx.c",
       "core/moe/moe.c defines moe_env_z, a name of core/moe/moe_env.c",
       "core/moe/moe_env.c defines moe_sandbox, a name of core/moe/moe.c",
+      "core/moe/moe_svc.c defines static moe_w, a name of core/moe/moe.c",
     }, pbad)
     assert.are.same({ ["core/binding/lua_chan.c"] = { "lb_encode" } }, podd)
+  end)
+end)
+
+-- A header's static inline functions follow the same rule (issue 26
+-- review, BUG B: lei_item_bad_key, codec's, sat in base/codec.h with
+-- transport/item.c's prefix): an inline whose name says a file X.c
+-- (lei_X_..., lb_X_..., moe_X_..., as above) is in X.c's own header X.h
+-- or in the private header (*_int.h) of X.c's layer, where the files of
+-- that layer share it (ctx_int.h: lei_chan_dests, lei_peer_is_up, ...);
+-- one whose first word is no file's is named for a type or concept of its
+-- header (lei_zigzag_encode, lei_q_push, lb_calls_pcall).  hs: { path,
+-- text } of headers (every header under core/ unless given); fs: the C
+-- files (violations()'s unless given).  The lines that break it, sorted.
+local function inline_violations(hs, fs)
+  if not fs then _, _, fs = violations() end
+  if not hs then
+    hs = {}
+    for _, path in ipairs(lines_of("find core -name '*.h' -type f")) do hs[#hs + 1] = { path = path } end
+  end
+  local bad = {}
+  for _, fam in ipairs(FAMILIES) do
+    local stems = {}
+    for _, f in ipairs(fs) do
+      local stem = f.name:match("%.c$") and fam.stem(f)
+      if stem then stems[stem] = f.path end
+    end
+    for _, h in ipairs(hs) do
+      local text = h.text or read(h.path)
+      for name in text:gmatch("\nstatic%s+inline%s+[^(;{]-[%s%*](" .. fam.def .. "[%w_]+)%(") do
+        local stem = owner(name, stems, fam.prefix) or variant_owner(name, stems, fam.prefix)
+        if stem then
+          local c = stems[stem]
+          local dir = c:match("^(.*/)")
+          local own = c:gsub("%.c$", ".h")
+          if h.path ~= own and not (h.path:sub(1, #dir) == dir and h.path:match("_int%.h$")) then
+            bad[#bad + 1] = ("%s: static inline %s, a name of %s, is in neither %s nor a private header of %s")
+              :format(h.path, name, c, own:match("[^/]+$"), dir)
+          end
+        end
+      end
+    end
+  end
+  table.sort(bad)
+  return bad
+end
+
+describe("core/'s static inline functions in headers", function()
+  it("that name a file are in its header or its layer's private header", function()
+    assert.are.same({}, inline_violations())
+  end)
+
+  it("are found by the check (planted: the review's lei_item_bad_key in codec.h)", function()
+    local fs = {
+      { path = "core/transport/item.c", name = "item.c", layer = "transport" },
+      { path = "core/transport/chan.c", name = "chan.c", layer = "transport" },
+      { path = "core/base/codec.c", name = "codec.c", layer = "base" },
+    }
+    local hs = {
+      { path = "core/base/codec.h", text = "\nstatic inline int lei_item_bad_key(const lei_item *it) {\n"
+        .. "\nstatic inline int lei_codec_bad_key(const lei_item *it) {\nstatic inline int lei_zigzag(int x) {\n" },
+      { path = "core/transport/ctx_int.h", text = "\nstatic inline lei_peer **lei_chan_dests(lei_chan *ch) {\n" },
+      { path = "core/transport/frame.h", text = "\nstatic inline int lei_chan_x(int a);\n" },
+    }
+    assert.are.same({
+      "core/base/codec.h: static inline lei_item_bad_key, a name of core/transport/item.c, is in neither item.h nor "
+        .. "a private header of core/transport/",
+      "core/transport/frame.h: static inline lei_chan_x, a name of core/transport/chan.c, is in neither chan.h nor "
+        .. "a private header of core/transport/",
+    }, inline_violations(hs, fs))
+  end)
+end)
+
+-- The definitions read: a prototype is none, with a trailing comment or
+-- over several lines (the review's false positive), a static one only
+-- when asked for.
+describe("the reading of definitions", function()
+  it("takes a body, not a prototype with a comment after it or one over two lines", function()
+    local ext, st = definitions("int lei_a(int x) {\nint lei_b(int x); /* a prototype */\nint lei_c(int x,\n"
+      .. "    int y);\nstatic int lei_d(void)\n{\nvoid lei_e(void) // c\n{\n", "lei_", true)
+    assert.are.same({ "lei_a", "lei_e" }, ext)
+    assert.are.same({ "lei_d" }, st)
+    assert.are.same({}, (select(2, definitions("static int lei_d(void) {\n"))))
   end)
 end)
 

@@ -1014,6 +1014,11 @@ end)
 local KEPT = {
   { field = "depth", owner = "core/transport/ctx_int.h" },   -- lei_ctx_hook_enter/leave
   { field = "rbuf", owner = "core/transport/rbuf.c" },
+  -- the listener and the first sync id (issue 26 review: ctx.c wrote them
+  -- in lei_ctx_new and lei_ctx_stop_listening)
+  { field = "lfd", owner = "core/transport/accept.c" },
+  { field = "reserve_fd", owner = "core/transport/accept.c" },
+  { field = "next_sync", owner = "core/transport/sync.c" },
 }
 
 -- The writes of field name in text (C code without comments): a count.

@@ -135,6 +135,7 @@ help:
 	@echo "  make install-capi  only the C API part of make install"
 	@echo "  make install-python  only the Python package (python/lecho) part of make install, into INST_PYDIR"
 	@echo "  make liblecho    build/liblecho.so, the C API (core/lecho.h) for this checkout"
+	@echo "  make layer-objs  every .c of the five layers as an object in OBJ_DIR (spec/layers_spec.lua reads their calls with nm)"
 	@echo "  make examples-c  install into EXAMPLE_PREFIX (build/stage), build examples/c/heat there with pkg-config"
 	@echo "  make rock        the core for luarocks make (build/rock/core.so, built afresh)"
 	@echo "  make rock-pack   lecho-0.1.0-1.src.rock from this checkout's HEAD, offline (in ROCK_OUT)"

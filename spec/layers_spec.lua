@@ -661,7 +661,7 @@ local OBJ_DIR = "build/obj"
 
 -- Runs make layer-objs in the tree; nil, or the tail of make's output.
 local function build_layer_objects()
-  local out = lines_of("{ make -s --no-print-directory layer-objs 2>&1; echo \"rc=$?\"; } | tail -n 15")
+  local out = lines_of("{ make -s --no-print-directory layer-objs OBJ_DIR=" .. OBJ_DIR .. " 2>&1; echo \"rc=$?\"; } | tail -n 15")
   local ok = false
   for _, l in ipairs(out) do if l == "rc=0" then ok = true end end
   if ok then return nil end

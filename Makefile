@@ -105,7 +105,7 @@ BENCH_DEPS := /usr/sbin/nats-server:nats-server \
         /usr/include/openssl/ssl.h:libssl-dev \
         /usr/bin/openssl:openssl
 
-.PHONY: all deps run-deps env bench-deps test ctest spec pytest asan demo keiretsu bench clean help install liblecho examples-c
+.PHONY: layer-objs all deps run-deps env bench-deps test ctest spec pytest asan demo keiretsu bench clean help install liblecho examples-c
 .PHONY: install-python
 
 # make (all): the core module, the gateway's WebSocket module and liblecho
@@ -140,6 +140,7 @@ help:
 	@echo "  make install-capi  only the C API part of make install"
 	@echo "  make install-python  only the Python package (python/lecho) part of make install, into INST_PYDIR"
 	@echo "  make liblecho    build/liblecho.so, the C API (core/lecho.h) for this checkout"
+	@echo "  make layer-objs  every .c of the five layers as an object in OBJ_DIR (spec/layers_spec.lua reads their calls with nm)"
 	@echo "  make examples-c  install into EXAMPLE_PREFIX (build/stage), build examples/c/heat there with pkg-config"
 	@echo "  make rock        the core for luarocks make (build/rock/core.so, built afresh)"
 	@echo "  make rock-pack   lecho-0.1.0-1.src.rock from this checkout's HEAD, offline (in ROCK_OUT)"
@@ -213,8 +214,14 @@ $(OBJ_DIR)/%.o: core/%.c $(OBJ_DIR)/%.d
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) $(DEPFLAGS) -c -o $@ $<
 	@touch $@
-$(CORE_OBJ:.o=.d):
-include $(wildcard $(CORE_OBJ:.o=.d))
+# Every .c of the ranked layers (liblecho's and ws.so's too) as an object:
+# spec/layers_spec.lua builds them (make layer-objs) and reads the calls
+# between files and layers from their symbols (nm).
+LAYER_SRC := $(wildcard $(patsubst %,core/%/*.c,base transport moe binding capi))
+LAYER_OBJ := $(patsubst core/%.c,$(OBJ_DIR)/%.o,$(LAYER_SRC))
+layer-objs: $(LAYER_OBJ)
+$(sort $(CORE_OBJ:.o=.d) $(LAYER_OBJ:.o=.d)):
+include $(wildcard $(sort $(CORE_OBJ:.o=.d) $(LAYER_OBJ:.o=.d)))
 
 $(SO): $(CORE_OBJ)
 	$(CC) $(ALLCFLAGS) $(LIBFLAG) -o $@ $(CORE_OBJ) -lev $(SODIUM_LIBS) $(ZIP_LIBS) -lpthread $(LDFLAGS)

@@ -386,7 +386,7 @@ static int validate_value(lei_reader *r, unsigned depth, int is_key) {
     int rc;
 
     if ((rc = lei_codec_read_item(r, &it))) return rc;
-    if (is_key && lei_item_bad_key(&it)) return LEI_EKEY;
+    if (is_key && lei_codec_bad_key(&it)) return LEI_EKEY;
     if (it.tag != LEI_T_TABLE) return 0;
     if (depth >= r->max_depth) return LEI_EDEPTH;
     for (i = 0; i < it.narr; i++)

@@ -187,7 +187,7 @@ int lei_reader_finish(lei_reader *r);
  * than N bytes". Returns buf. */
 char *lei_reader_strerror(const lei_reader *r, int code, char *buf, size_t len);
 /* A nil or NaN key cannot be stored in a Lua table: decoders reject it. */
-static inline int lei_item_bad_key(const lei_item *it) {
+static inline int lei_codec_bad_key(const lei_item *it) {
     return it->tag == LEI_T_NIL || (it->tag == LEI_T_DOUBLE && it->num != it->num);
 }
 

@@ -505,7 +505,7 @@ static int dec_table(lua_State *L, lei_reader *r, const lei_item *it, unsigned d
     }
     for (i = 0; i < it->nhash; i++) {
         if ((rc = lei_codec_read_item(r, &e))) return rc;
-        if (lei_item_bad_key(&e)) return LEI_EKEY;
+        if (lei_codec_bad_key(&e)) return LEI_EKEY;
         if ((rc = dec_item(L, r, &e, depth + 1))) return rc;
         if ((rc = lei_codec_read_item(r, &e))) return rc;
         if (e.tag == LEI_T_NIL) {

@@ -1,11 +1,12 @@
 /* lua_int.h: what the files of the Lua binding share (lua_ctx.c,
  * lua_hook.c, lua_chan.c, lua_prod.c, lua_sink.c, lua_moe.c, lua_loop.c,
- * lua_auth.c, lua_raw.c, lua_rsink.c): the userdata structs and the helpers
- * that cross files.  Only these files include it (lua_ws.c, the gateway's
- * WebSocket, is a module of its own and does not).
+ * lua_auth.c, lua_raw.c, lua_rsink.c, lua_rec.c): the userdata structs and
+ * the helpers that cross files.  Only these files include it (lua_ws.c,
+ * the gateway's WebSocket, is a module of its own and does not).
  *
- * The binding reaches the core through ctx.h, moe.h and codec.h, and the
- * public headers of base (array.h, lpat.h) where it makes their userdata.
+ * The binding reaches the core through ctx.h (the transport), moe.h (the
+ * MOE) and codec.h (base), and the public headers of base (array.h) and of
+ * the MOE (lpat.h) where it makes their userdata.
  * Ownership: the context userdata owns the context; each timer userdata owns
  * its ev_timer and, while active, pins itself and its function in the
  * registry; a modulator userdata owns its lei_moe; a producer handle owns

@@ -10,7 +10,7 @@
 #include <string.h>
 
 /* A modulator failed: tells Lua, which must not close it from the hook. */
-static void moe_failed(void *ud, lei_moe *m, const char *why) {
+static void lb_moe_failed(void *ud, lei_moe *m, const char *why) {
     (void)m;
     lb_moe *x = ud;
     lb_ctx *b = x->b;
@@ -69,7 +69,7 @@ static void read_opts(lua_State *L, lb_ctx *b, int t, lei_moe_opts *o) {
     o->principal = lua_isstring(L, -1) ? lua_tostring(L, -1) : NULL;
     lua_pop(L, 1);
     o->lim = b->lim;
-    o->on_fail = moe_failed;
+    o->on_fail = lb_moe_failed;
     /* The group is made with the first modulator's caps: the context's
      * options, the same for every call (lecho.context passes them). */
     if (!b->moeg) {
@@ -120,7 +120,7 @@ static int l_moe(lua_State *L) {
 }
 
 /* true, or nil, why the modulator failed, "failed". */
-static int moe_result(lua_State *L, lb_moe *x, int rc) {
+static int lb_moe_result(lua_State *L, lb_moe *x, int rc) {
     return lb_ok_or_err(L, rc ? lei_moe_error(x->m) : NULL, LEI_E_FAILED);
 }
 
@@ -135,7 +135,7 @@ static int l_moe_params(lua_State *L) {
     if (lb_flat_encode(L, b, 2, &f)) return 3;
     int rc = lei_moe_set_params(x->m, f.p, f.n);
     lb_flat_done(b, &f);
-    return moe_result(L, x, rc);
+    return lb_moe_result(L, x, rc);
 }
 
 /* moe:receivers(n) -> true | nil, err: a receiving context was added. */
@@ -143,7 +143,7 @@ static int l_moe_receivers(lua_State *L) {
     lb_moe *x = check_moe(L);
     int n = (int)luaL_checkinteger(L, 2);
     int rc = lei_moe_receivers(x->m, n);
-    return moe_result(L, x, rc);
+    return lb_moe_result(L, x, rc);
 }
 
 /* moe:retarget(chid) -> true | nil, err */
@@ -152,7 +152,7 @@ static int l_moe_retarget(lua_State *L) {
     lb_ctx *b = x->b;
     uint32_t chid = lb_check_chan(L, b, 2);
     int rc = lei_moe_retarget(x->m, chid);
-    return moe_result(L, x, rc);
+    return lb_moe_result(L, x, rc);
 }
 
 /* moe:keyframes() -> { { pid =, seq =, data = } ... } | nil: the outputs

@@ -41,7 +41,7 @@
  * producer starved by other processes is not charged the time it waited.
  * A tick outside any call disarms the timer: idle contexts get no
  * signals. */
-static void moe_sig(int sig, siginfo_t *si, void *uc) {
+static void moe_group_sig(int sig, siginfo_t *si, void *uc) {
     (void)sig;
     (void)uc;
     if (si->si_code != SI_TIMER) return;
@@ -86,11 +86,11 @@ lei_moe_group *lei_moe_group_new(lei_ctx *c, size_t mem_cap, double cpu_share) {
      * first is left alone, and budgets fall back to the count hook. */
     struct sigaction old;
     if (sigaction(LEI_MOE_SIGNAL, NULL, &old) == 0 &&
-        ((old.sa_flags & SA_SIGINFO) ? old.sa_sigaction == moe_sig
+        ((old.sa_flags & SA_SIGINFO) ? old.sa_sigaction == moe_group_sig
                                      : (old.sa_handler == SIG_DFL || old.sa_handler == SIG_IGN))) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
-        sa.sa_sigaction = moe_sig;
+        sa.sa_sigaction = moe_group_sig;
         sa.sa_flags = SA_SIGINFO | SA_RESTART;
         sigemptyset(&sa.sa_mask);
         struct sigevent sev;

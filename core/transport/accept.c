@@ -24,6 +24,7 @@ static void acc_timer_cb(struct ev_loop *loop, ev_timer *w, int revents);
 static void lei_accept_hs_arm(lei_ctx *c);
 
 void lei_accept_init(lei_ctx *c) {
+    c->accept_s.lfd = -1;
     c->accept_s.reserve_fd = -1;
     c->accept_s.acc_backoff = 0.1;
     ev_init(&c->accept_s.hs_w, hs_timer_cb);
@@ -40,6 +41,18 @@ void lei_accept_stop(lei_ctx *c) {
     ev_timer_stop(c->loop, &c->accept_s.acc_w);
     if (c->accept_s.reserve_fd >= 0) close(c->accept_s.reserve_fd);
     c->accept_s.reserve_fd = -1;
+}
+
+/* The listener closed (lei_ctx_stop_listening, and lei_ctx_free): no
+ * more accepts; a no-op when there is none. */
+void lei_accept_close(lei_ctx *c) {
+    if (c->accept_s.lfd < 0) return;
+    ev_io_stop(c->loop, &c->accept_s.lio);
+    ev_timer_stop(c->loop, &c->accept_s.acc_w);
+    if (c->accept_s.reserve_fd >= 0) close(c->accept_s.reserve_fd);
+    c->accept_s.reserve_fd = -1;
+    lei_addr_close(c->accept_s.lfd, &c->laddr); /* removes our unix socket file */
+    c->accept_s.lfd = -1;
 }
 
 /* A connection was made (accepted here, or dialled: peer.c's

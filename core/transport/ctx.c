@@ -264,15 +264,7 @@ void lei_ctx_shutdown(lei_ctx *c) {
     }
 }
 
-void lei_ctx_stop_listening(lei_ctx *c) {
-    if (c->accept_s.lfd < 0) return;
-    ev_io_stop(c->loop, &c->accept_s.lio);
-    ev_timer_stop(c->loop, &c->accept_s.acc_w);
-    if (c->accept_s.reserve_fd >= 0) close(c->accept_s.reserve_fd);
-    c->accept_s.reserve_fd = -1;
-    lei_addr_close(c->accept_s.lfd, &c->laddr); /* removes our unix socket file */
-    c->accept_s.lfd = -1;
-}
+void lei_ctx_stop_listening(lei_ctx *c) { lei_accept_close(c); }
 
 int lei_ctx_pending(lei_ctx *c, uint64_t *events, uint64_t *bytes) {
     int open = 0;
@@ -321,14 +313,10 @@ lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h) {
         free(c);
         return NULL;
     }
-    c->accept_s.lfd = -1;
+    lei_accept_init(c); /* no listener yet */
     if (getrandom(&c->incarnation, sizeof c->incarnation, 0) != sizeof c->incarnation)
         c->incarnation = (uint64_t)getpid() << 32 ^ (uint64_t)ev_time();
-    /* Sync ids start anywhere below 2^52 (room for 2^52 more below 2^53,
-     * where Lua numbers stop being exact): a process that took over a dead
-     * one's address must not have ids the dead one's late answers match. */
-    randombytes_buf(&c->sync_s.next_sync, sizeof c->sync_s.next_sync);
-    c->sync_s.next_sync &= ((uint64_t)1 << 52) - 1;
+    lei_sync_init(c); /* the first sync id, random below 2^52 */
     ev_prepare_init(&c->prep, prepare_cb);
     c->prep.data = c;
     ev_prepare_start(c->loop, &c->prep);
@@ -346,7 +334,6 @@ lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h) {
     c->peers_s.expiry_w.data = c;
     ev_init(&c->hb, lei_live_timer_cb);
     c->hb.data = c;
-    lei_accept_init(c);
     return c;
 }
 

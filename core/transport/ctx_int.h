@@ -1,14 +1,22 @@
 /* ctx_int.h: the context's private structs and the functions the files of
- * the transport layer (every .c of core/transport/) share.
+ * the transport layer share (every .c of core/transport/ but addr.c and
+ * frame.c, which know no context and have their own addr.h, frame.h).
  *
  * No other layer includes this header: the MOE, the binding and embedders
  * use the functions of ctx.h only (spec/layers_spec.lua fails a file of
  * another layer that includes it).  A struct field written from elsewhere
  * is a second implementation of that field's rules.  White-box code reads
  * it knowingly: the tests and fuzz harnesses that need a connection's
- * insides (core/test/test_inmap.c, core/fuzz/fuzz_conn.c,
- * core/fuzz/fuzz_handshake.c) and bench/lecho_c.c (c->loop, c->addr,
- * c->h.ud, a channel's local flag).
+ * insides (core/test/test_inmap.c, core/test/test_shared.c,
+ * core/fuzz/fuzz_conn.c, core/fuzz/fuzz_handshake.c) and bench/lecho_c.c
+ * (c->loop, c->addr, c->h.ud, a channel's local flag).
+ *
+ * Its static inline functions are those of transport files that several
+ * others call on a hot path; each is named for its file by the prefix rule
+ * (lei_chan_dests: chan.c's, lei_peer_is_up: peer.c's, lei_ctx_hook_enter:
+ * ctx.c's), and a header may hold only the inlines of its own file (X.h:
+ * X.c's) or, a private header, of its layer's files (doc/architecture.md
+ * "Layers"; spec/layers_spec.lua checks it).
  */
 #ifndef LECHO_CTX_INT_H
 #define LECHO_CTX_INT_H
@@ -366,11 +374,13 @@ struct lei_sync {
  * (others call the owner: lei_accept_conn_added, lei_dial_done,
  * lei_local_kick, lei_peers_evict, lei_expiry_at), with these
  * exceptions, all ctx.c's: lei_ctx_new and lei_ctx_free, the context's
- * constructor and destructor, initialise and free every sub-struct (the
- * watchers' callbacks, the tables, the spare read buffer), lei_ctx_stats
- * reads them, lei_ctx_stop_listening closes the listener (accept_s), and
- * lei_submit and lei_call push onto local.c's queue (local_s.lq) and start
- * its idle watcher themselves: the local submit's hot path, kept inline.
+ * constructor and destructor, initialise and free the sub-structs (the
+ * watchers' callbacks, the tables, the spare read buffer; accept_s and
+ * sync_s through their files' lei_accept_init and lei_sync_init, the
+ * listener closed by accept.c's lei_accept_close), lei_ctx_stats reads
+ * them, and lei_submit and lei_call push onto local.c's queue (local_s.lq)
+ * and start its idle watcher themselves: the local submit's hot path, kept
+ * inline.
  * Other files read other sub-structs (the peer table's peers_s.peers,
  * npeers; local_s.lq through lei_local_full).  What stays at the top level
  * is ctx.c's, or shared by several files (rbuf, nbound_all: the
@@ -764,6 +774,7 @@ lei_conn *lei_conn_new(lei_ctx *c, int fd, enum lei_conn_state state);
  * more connection (0, or -1 with the reason in why[n]). */
 void lei_accept_init(lei_ctx *c);
 void lei_accept_stop(lei_ctx *c);
+void lei_accept_close(lei_ctx *c);
 void lei_accept_conn_added(lei_ctx *c);
 int lei_accept_room(lei_ctx *c, char *why, size_t n);
 /* conn_io.c -> handshake.c (c->kops): one frame before UP (0, or -1 after
@@ -816,6 +827,7 @@ void lei_local_kick(lei_ctx *c);
 /* peer.c: the answer to a sync event no handler here ran (no consumer of
  * channel chname left): 0 handlers and one entry, code noconsumer. */
 void lei_ack_noconsumer(lei_ctx *c, lei_peer *from, uint64_t sync, const char *chname);
+void lei_sync_init(lei_ctx *c);
 void lei_sync_link(lei_ctx *c, lei_sync *s);
 
 /* sync.c */

@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include "ctx_int.h"
 
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,15 @@ static void shash_grow(lei_ctx *c) {
 
 /* Gives s its id and puts it on c->sync_s.syncs and in c->sync_s.shash (c owns it from
  * now on, freed by lei_sync_free). */
+/* Sync ids start anywhere below 2^52 (room for 2^52 more below 2^53,
+ * where Lua numbers stop being exact): a process that took over a dead
+ * one's address must not have ids the dead one's late answers match.
+ * lei_ctx_new calls it. */
+void lei_sync_init(lei_ctx *c) {
+    randombytes_buf(&c->sync_s.next_sync, sizeof c->sync_s.next_sync);
+    c->sync_s.next_sync &= ((uint64_t)1 << 52) - 1;
+}
+
 void lei_sync_link(lei_ctx *c, lei_sync *s) {
     s->id = ++c->sync_s.next_sync;
     s->prev = NULL;

@@ -872,6 +872,15 @@ static int l_array_view(lua_State *L) {
     return 1;
 }
 
+/* An array that keeps no elements any more (as an ended view: a read finds
+ * none, never freed memory). */
+static void array_end(lei_array *a) {
+    a->data = NULL;
+    a->count = 0;
+    for (int i = 0; i < a->ndim; i++) a->shape[i] = 0;
+    a->flags = LEI_AF_ENDED;
+}
+
 /* Repoint the view at idx and its kids from [old, old+n) to nw (nw NULL:
  * end them). */
 static void rebase(lua_State *L, int idx, const uint8_t *old, size_t n, uint8_t *nw, int depth) {
@@ -882,10 +891,7 @@ static void rebase(lua_State *L, int idx, const uint8_t *old, size_t n, uint8_t 
         a->data = nw + (a->data - old);
         a->flags &= ~LEI_AF_VIEW;
     } else {
-        a->data = NULL;
-        a->count = 0;
-        for (i = 0; i < a->ndim; i++) a->shape[i] = 0;
-        a->flags = LEI_AF_ENDED;
+        array_end(a);
     }
     if (depth > 50 || !lua_checkstack(L, 4)) return;
     lua_getfenv(L, idx);
@@ -1020,10 +1026,7 @@ static int l_array_end(lua_State *L) {
 static void end_all(lua_State *L, int idx, int depth) {
     lei_array *a = lua_touserdata(L, idx);
     int i, k;
-    a->data = NULL;
-    a->count = 0;
-    for (i = 0; i < a->ndim; i++) a->shape[i] = 0;
-    a->flags = LEI_AF_ENDED;
+    array_end(a);
     if (depth > 50 || !lua_checkstack(L, 4)) return;
     lua_getfenv(L, idx);
     lua_getfield(L, -1, "kids");

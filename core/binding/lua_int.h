@@ -195,6 +195,9 @@ extern const luaL_Reg lb_rsink_methods[];
 int lb_rsink_event(lb_ctx *b, lei_peer *from, uint32_t chid, uint64_t producer, uint64_t seq,
                    uint64_t sync, const uint8_t *p, size_t n, char *err, size_t errlen);
 void lb_rsink_free(lb_ctx *b);
+/* Moves PATH.(keep-1) .. PATH to PATH.keep .. PATH.1 (a recording's
+ * rotation; libc only, any thread): 0, or -1 out of memory. */
+int lb_rsink_rotate_names(const char *path, int keep);
 /* lua_rec.c: a recorder in the producer's process, its writer a thread of
  * its own (ctx:recorder_open); producer handles append their events */
 typedef struct lb_rec lb_rec;

@@ -203,24 +203,10 @@ static int write_all(lb_rec *r, const unsigned char *p, size_t n) {
 static int rotate(lb_rec *r) {
     close(r->fd);
     r->fd = -1;
-    size_t pl = strlen(r->path) + 24;
-    char *from = malloc(pl), *to = malloc(pl); /* freed below */
-    if (!from || !to) {
-        free(from);
-        free(to);
+    if (lb_rsink_rotate_names(r->path, r->keep)) {
         set_err(r, "out of memory");
         return -1;
     }
-    for (int k = r->keep; k >= 1; k--) {
-        if (k == 1)
-            snprintf(from, pl, "%s", r->path);
-        else
-            snprintf(from, pl, "%s.%d", r->path, k - 1);
-        snprintf(to, pl, "%s.%d", r->path, k);
-        rename(from, to); /* a missing one: nothing to move */
-    }
-    free(from);
-    free(to);
     r->fd = open(r->path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
     if (r->fd < 0) {
         set_err(r, strerror(errno));

@@ -119,29 +119,39 @@ static int rs_record(lb_rsink *s, const unsigned char *head, size_t hn, const un
     return 0;
 }
 
-static int rs_rotate(lb_rsink *s) {
-    if (rs_write_out(s)) return -1;
-    close(s->fd);
-    s->fd = -1;
-    size_t pl = strlen(s->path) + 24;
+/* Moves path.(keep-1) to path.keep, ..., path to path.1 (a missing one:
+ * nothing to move).  0, or -1 (out of memory).  libc only: the in-process
+ * recorder's writer thread calls it too (lua_rec.c). */
+int lb_rsink_rotate_names(const char *path, int keep) {
+    size_t pl = strlen(path) + 24;
     char *from = malloc(pl), *to = malloc(pl); /* freed below */
     if (!from || !to) {
         free(from);
         free(to);
-        s->err = 1;
-        snprintf(s->errmsg, sizeof s->errmsg, "out of memory");
         return -1;
     }
-    for (int k = s->keep; k >= 1; k--) {
+    for (int k = keep; k >= 1; k--) {
         if (k == 1)
-            snprintf(from, pl, "%s", s->path);
+            snprintf(from, pl, "%s", path);
         else
-            snprintf(from, pl, "%s.%d", s->path, k - 1);
-        snprintf(to, pl, "%s.%d", s->path, k);
+            snprintf(from, pl, "%s.%d", path, k - 1);
+        snprintf(to, pl, "%s.%d", path, k);
         rename(from, to); /* a missing one: nothing to move */
     }
     free(from);
     free(to);
+    return 0;
+}
+
+static int rs_rotate(lb_rsink *s) {
+    if (rs_write_out(s)) return -1;
+    close(s->fd);
+    s->fd = -1;
+    if (lb_rsink_rotate_names(s->path, s->keep)) {
+        s->err = 1;
+        snprintf(s->errmsg, sizeof s->errmsg, "out of memory");
+        return -1;
+    }
     s->fd = open(s->path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
     if (s->fd < 0) {
         s->err = 1;

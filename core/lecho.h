@@ -425,7 +425,10 @@ LECHO_API int lecho_consumer_open(lecho_channel *ch, lecho_handler fn, void *ud,
  * source of a modulator shipped to every producing process), "params" (its
  * shared params, any value), "period", "capabilities" (a list of strings).
  * fn gets what the modulator sent.  A modulator that fails at a producer is
- * logged by the context (Lua's on_error default).  An unknown option, or a
+ * logged by the context (Lua's on_error default); "on_error" true instead
+ * holds those failures (at most 100) until lecho_consumer_on_error sets the
+ * function, which then hears them: the open turns the loop, a failure may
+ * come before that call (lecho_consumer_open_queued takes it too).  An unknown option, or a
  * modulator that does not compile: LECHO_EINVAL with lecho_errmsg. */
 LECHO_API int lecho_consumer_open_opts(lecho_channel *ch, lecho_handler fn, void *ud,
                                        const lecho_value *opts, lecho_consumer **out);

@@ -745,6 +745,10 @@ class Channel:
         return s
 
 
+def _txt(b):
+    return b.decode("utf-8", "replace") if isinstance(b, bytes) else b
+
+
 def _mod_opts(mod, params, period, capabilities, on_error=False):
     o = {}
     if on_error:
@@ -1118,6 +1122,8 @@ class Subscription(_Handled):
         if self._meta:   # { ev, producer, seq, channel } each; a nil ev makes a dict
             evs = [(e.get(1), Meta(e.get(4, ""), e.get(2, ""), e.get(3, 0))) if isinstance(e, dict)
                    else (e[0], Meta(e[3], e[1], e[2])) for e in evs]
+            if self._raw:   # raw reads strings as bytes: Meta's are str, as consumer()'s
+                evs = [(ev, Meta(_txt(m.channel), _txt(m.producer), m.seq)) for ev, m in evs]
         self._q.extend(evs)
         self._unsettled += len(evs)
         self._pending = False

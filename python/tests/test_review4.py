@@ -136,3 +136,24 @@ def test_on_error_hears_a_refusal_answered_in_the_open(nameserver, procs, tmp_pa
     finally:
         ctx.close(0)
         first.close(0)
+
+
+def test_meta_is_str_for_a_raw_subscription_as_for_a_raw_consumer():
+    # Review 4 nit: subscribe(meta=True, raw=True) gave Meta's channel and
+    # producer as bytes, consumer(fn, raw=True) as str.
+    with lecho.Context(quiet=True) as ctx:
+        ch = ctx.channel("raw.meta")
+        got = []
+        ch.consumer(lambda ev, m: got.append(m), raw=True)
+        sub = ch.subscribe(meta=True, raw=True)
+        p = ch.producer()
+        p.submit({"x": b"y"})
+        ev, m = sub.get(timeout=5)
+        end = time.monotonic() + 5
+        while not got and time.monotonic() < end:
+            ctx.run_once(0.05)
+        assert ev == {b"x": b"y"} or ev == {"x": b"y"}, ev
+        assert got, "the consumer got nothing"
+        assert m == got[0]
+        assert type(m.channel) is str and type(m.producer) is str, m
+        assert m.channel == "raw.meta"

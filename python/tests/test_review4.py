@@ -157,3 +157,18 @@ def test_meta_is_str_for_a_raw_subscription_as_for_a_raw_consumer():
         assert m == got[0]
         assert type(m.channel) is str and type(m.producer) is str, m
         assert m.channel == "raw.meta"
+
+
+def test_the_jupyter_fragment_steers_settings_the_simulation_has():
+    # Review 4 nit: doc/python.md's Jupyter fragment sent {"alpha": 0.5} to
+    # atmosphere.steer, which examples/atmosphere refuses ("unknown setting").
+    import ast
+    import re
+    doc = open(os.path.join(ROOT, "doc", "python.md")).read()
+    sim = open(os.path.join(ROOT, "examples", "atmosphere", "simulation.lua")).read()
+    steered = re.findall(r'steer\.submit_sync_async\((\{[^}]*\})', doc)
+    assert steered, "no steer.submit_sync_async in doc/python.md"
+    for d in steered:
+        for key in ast.literal_eval(d):
+            assert re.search(r"--%s\b" % re.escape(key), sim), \
+                "doc/python.md steers %r, which examples/atmosphere/simulation.lua has no setting for" % key

@@ -335,7 +335,8 @@ LECHO_API int lecho_producer_open(lecho_channel *ch, const char *policy, lecho_p
 /* Queues ev for every consumer of the channel and returns at once (under the
  * "block" policy, first runs the loop until there is room).  The value is
  * encoded during the call: the caller may change or free ev afterwards.
- * 0, or a code (LECHO_EINVAL: ev cannot be encoded; nothing was sent). */
+ * 0, or a code (LECHO_EINVAL: ev cannot be encoded; LECHO_ETIMEOUT: the
+ * wait for room was ended by lecho_set_interrupt's fn; nothing was sent). */
 LECHO_API int lecho_submit(lecho_producer *p, const lecho_value *ev);
 
 /* What a sync submit reports per failing consumer. */
@@ -424,7 +425,10 @@ LECHO_API int lecho_consumer_open(lecho_channel *ch, lecho_handler fn, void *ud,
  * source of a modulator shipped to every producing process), "params" (its
  * shared params, any value), "period", "capabilities" (a list of strings).
  * fn gets what the modulator sent.  A modulator that fails at a producer is
- * logged by the context (Lua's on_error default).  An unknown option, or a
+ * logged by the context (Lua's on_error default); "on_error" true instead
+ * holds those failures (at most 100) until lecho_consumer_on_error sets the
+ * function, which then hears them: the open turns the loop, a failure may
+ * come before that call (lecho_consumer_open_queued takes it too).  An unknown option, or a
  * modulator that does not compile: LECHO_EINVAL with lecho_errmsg. */
 LECHO_API int lecho_consumer_open_opts(lecho_channel *ch, lecho_handler fn, void *ud,
                                        const lecho_value *opts, lecho_consumer **out);
@@ -544,9 +548,10 @@ LECHO_API int lecho_call_start(lecho_ctx *ctx, const char *name, const lecho_val
 LECHO_API lecho_value *lecho_stats(lecho_ctx *ctx);
 /* fn(ud) is asked between the loop turns of every wait on the caller's
  * line inside an API call (lecho_close's linger, opening a producer or a
- * consumer, the name server's answers): nonzero ends that wait at once, as
- * if its time ran out (close then closes without lingering further; an
- * opening fails with a timeout).  A signal ends a turn, so a binding whose
+ * consumer, the name server's answers, a submit waiting for room under
+ * "block"): nonzero ends that wait at once, as if its time ran out (close
+ * then closes without lingering further; an opening or that submit fails
+ * with a timeout, the submit having sent nothing).  A signal ends a turn, so a binding whose
  * signal handlers run only between C calls (Python) lets Ctrl-C through a
  * long wait this way.  NULL: none (the default). */
 LECHO_API int lecho_set_interrupt(lecho_ctx *ctx, int (*fn)(void *ud), void *ud);

@@ -204,12 +204,31 @@ function M.producer_close(p) return protect(function() p:close(); return true en
 -- only plain consumer, its async events go to the sink from the event hook
 -- (core/binding/lua_sink.c, Channel:_hot_update), the rest through the trampoline.
 -- Returns the consumer and the channel's short name (meta.channel).
+-- opts.on_error = true (the C API's way to ask for one before the open,
+-- which turns the loop: a failure reported meanwhile would be logged): the
+-- modulator's failures are held (at most HELD) until lecho_consumer_on_error
+-- sets the function (M.on_error), which then hears them.
+local HELD = 100
+local function hold_errors(opts)
+  if type(opts) ~= "table" or opts.on_error ~= true then return opts, nil end
+  local o = {}
+  for k, v in pairs(opts) do o[k] = v end
+  local held = { n = 0, lost = 0 }
+  o.on_error = function(msg)
+    if held.n < HELD then held.n = held.n + 1 held[held.n] = msg else held.lost = held.lost + 1 end
+  end
+  return o, held
+end
+
 function M.consumer(ch, cfn, opts, sink)
+  local held
+  opts, held = hold_errors(opts)
   local c, err, code = protect(ch.consumer, ch, function(ev, meta)
     local err = cfn(ev, meta)
     if err then error(err, 0) end
   end, opts)
   if not c then return nil, err, code end
+  c.held_errors = held
   if sink and not c.mod and not c.buffer then
     c.sink = sink
     ch:_hot_update()
@@ -229,6 +248,8 @@ end
 -- event.  Past `limit` events waiting, an event fails at this consumer
 -- ("queue full": a sync submit sees it) and is counted in q.dropped.
 function M.consumer_queued(ch, opts, limit)
+  local held
+  opts, held = hold_errors(opts)
   -- nin, nout, nset: events queued, taken, settled since the consumer
   -- opened; acks: the held acks of sync events, oldest first, each
   -- { rec, position }, from ahead (the next to settle) to atail
@@ -275,6 +296,7 @@ function M.consumer_queued(ch, opts, limit)
     end
   end, opts)
   if not c then return nil, err, code end
+  c.held_errors = held
   q.ctx, q.id = ctx, c.id
   queues[c] = q
   return c, q
@@ -371,6 +393,23 @@ end
 function M.on_error(c, fn)
   return protect(function()
     if fn == false then c.on_error = nil elseif fn then c.on_error = fn end
+    local held = c.held_errors
+    if held then  -- those that came during the open (hold_errors)
+      c.held_errors = nil
+      local h = c.on_error
+      for i = 1, held.n do
+        if h then
+          local ok, herr = pcall(h, held[i])
+          if not ok then c.ch.ctx.log("on_error handler failed: " .. tostring(herr)) end
+        else
+          c.ch.ctx.log(("consumer on '%s': %s"):format(c.ch.short, held[i]))
+        end
+      end
+      if held.lost > 0 then
+        c.ch.ctx.log(("consumer on '%s': %d more modulator failures during the open not told"):format(
+          c.ch.short, held.lost))
+      end
+    end
     return true
   end)
 end

@@ -145,11 +145,19 @@ local function submit_wait(self, ev, sync, bytes)
     return self.closed or q[1] == me and h:room()
   end
   while true do
-    ctx:_wait(ready)
+    -- false without a deadline: closed, or an embedder's interrupt
+    -- (lecho_set_interrupt: Python's Ctrl-C), which main_wait answers at
+    -- once without a loop turn: retrying would spin (issue 28, review 4).
+    local ok = ctx:_wait(ready)
     if q[1] == me then table.remove(q, 1) end
     if self.closed or ctx.closed then
       h:waiting(-1)
       return nil, "producer closed while waiting for room", "closed"
+    end
+    if not ok then
+      for i = #q, 1, -1 do if q[i] == me then table.remove(q, i) end end  -- the next may go
+      h:waiting(-1)
+      return nil, "interrupted while waiting for room (nothing was sent)", "timeout"
     end
     local again, r, err, code, b = try_submit(self, ev, sync, bytes)
     bytes = bytes or b

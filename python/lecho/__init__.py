@@ -724,7 +724,10 @@ class Channel:
         modulator failed at a producer (did not load there, was refused by
         its policy, or raised), as the Lua consumer's on_error; without it
         the context logs the message (nothing, with quiet=True)."""
-        c = Consumer(self, fn, _mod_opts(modulator, params, period, capabilities), raw)
+        # on_error asked for in the open (which turns the loop): failures
+        # reported meanwhile are held for _set_on_error, not logged.
+        c = Consumer(self, fn, _mod_opts(modulator, params, period, capabilities,
+                                         on_error is not None), raw)
         if on_error is not None:
             c._set_on_error(on_error)
         return c
@@ -735,15 +738,21 @@ class Channel:
         `async for` once the context is attached to asyncio).  Yields
         events, or (ev, Meta) with meta=True.  on_error(message): as for
         consumer(): the modulator failed at a producer."""
-        s = Subscription(self, _mod_opts(modulator, params, period, capabilities), raw,
-                         maxsize, meta)
+        s = Subscription(self, _mod_opts(modulator, params, period, capabilities,
+                                         on_error is not None), raw, maxsize, meta)
         if on_error is not None:
             s._set_on_error(on_error)
         return s
 
 
-def _mod_opts(mod, params, period, capabilities):
+def _txt(b):
+    return b.decode("utf-8", "replace") if isinstance(b, bytes) else b
+
+
+def _mod_opts(mod, params, period, capabilities, on_error=False):
     o = {}
+    if on_error:
+        o["on_error"] = True    # held until lecho_consumer_on_error (lecho.h)
     if mod is not None:
         o["modulator"] = modulator(mod)
     if params is not None:
@@ -1113,6 +1122,8 @@ class Subscription(_Handled):
         if self._meta:   # { ev, producer, seq, channel } each; a nil ev makes a dict
             evs = [(e.get(1), Meta(e.get(4, ""), e.get(2, ""), e.get(3, 0))) if isinstance(e, dict)
                    else (e[0], Meta(e[3], e[1], e[2])) for e in evs]
+            if self._raw:   # raw reads strings as bytes: Meta's are str, as consumer()'s
+                evs = [(ev, Meta(_txt(m.channel), _txt(m.producer), m.seq)) for ev, m in evs]
         self._q.extend(evs)
         self._unsettled += len(evs)
         self._pending = False

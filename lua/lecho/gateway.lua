@@ -670,12 +670,14 @@ function Gateway:_read(cl)
     if cl.kind == "http" then
       cl.head = cl.head .. s
       local e = cl.head:find("\r\n\r\n", 1, true)
+      -- the limit holds for a whole head that came in one read too
+      if (e and e + 3 or #cl.head) > self.lim.head then
+        return self:_http_error(cl, 431, "request head too large")
+      end
       if e then
         local rest = cl.head:sub(e + 4)
         cl.head = cl.head:sub(1, e + 3)
         return self:_http(cl, rest)
-      elseif #cl.head > self.lim.head then
-        return self:_http_error(cl, 431, "request head too large")
       end
     elseif not cl.closing then
       cl.head = cl.head .. s

@@ -168,6 +168,39 @@ describe("lecho-gateway", function()
     c:close()
   end)
 
+  -- review 4: a subscription whose modulator failed kept its slot (listed by
+  -- clients, counted against --max-subs, a corrected sub "already subscribed")
+  it("a failed modulator's subscription frees its slot: a corrected sub works", function()
+    local l = assert(W.lines("127.0.0.1", lp))
+    l:json()
+    l:send_json{ op = "sub", id = 1, ch = "atmosphere.field",
+                 modulator = "function enqueue(ev) error('broken on purpose ' .. tostring(ev.step)) end" }
+    local r = reply(l, 1, 20)
+    local notice = r and r.error and r or nil
+    if not notice then
+      assert.is_true(r and r.ok, cjson.encode(r))
+      local deadline = socket.gettime() + 15
+      while not notice and socket.gettime() < deadline do
+        local m = l:json(1, true)
+        if m and m.ch == "atmosphere.field" and m.code == "modulator" then notice = m end
+      end
+    end
+    assert(notice, "no failure notice")
+    assert.matches("broken on purpose", notice.error)
+    l:send_json{ op = "clients", id = 2 }
+    local cr = assert(reply(l, 2))
+    for _, c in ipairs(cr.result) do
+      if c.you then assert.are.same({}, c.subs) end
+    end
+    l:send_json{ op = "sub", id = 3, ch = "atmosphere.field",
+                 modulator = "function enqueue(ev) emit{ step = ev.step, fixed = true } end" }
+    r = reply(l, 3, 20)
+    assert.is_true(r and r.ok, cjson.encode(r or {}))
+    local ev = assert(next_event(l, "atmosphere.field", 20))
+    assert.is_true(ev.fixed)
+    l:close()
+  end)
+
   it("a huge frame, a too long line and bad handshakes cost their connection only", function()
     local good = ws(hp)
     good:send_json{ op = "sub", id = 1, ch = "atmosphere.field" }

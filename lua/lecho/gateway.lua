@@ -950,11 +950,20 @@ function OPS.sub(self, cl, m, id)
     cl.nsubs = cl.nsubs + 1
     -- (a modulator that does not compile raises here: caught, so the
     -- subscription is not left "pending", which leaked the client at its end)
+    -- A failure notice ends the subscription: its consumer is closed and
+    -- its slot freed (review 4: it stayed in `clients`, counted against
+    -- --max-subs and a corrected sub got "already subscribed")
+    local mine, failed
     local okc, con, e2, code = pcall(function()
       return self.ctx:channel(ch):consumer(function(ev)
         cl:deliver(M.event_out(ch, ev))
       end, { modulator = src, params = denull(m.params, 0), on_error = function(msg)
-        cl:reply{ ch = ch, error = tostring(msg), code = "modulator" }
+        if failed or (mine and mine.closed) then return end
+        failed = tostring(msg)
+        cl:reply{ ch = ch, error = failed, code = "modulator", unsubscribed = true }
+        if mine then
+          if cl.subs[ch] == mine then self:_unsub(cl, ch) else mine:close() end
+        end
       end })
     end)
     if not okc then con, e2, code = nil, con, "invalid" end
@@ -962,6 +971,12 @@ function OPS.sub(self, cl, m, id)
       cl.subs[ch] = nil
       cl.nsubs = cl.nsubs - 1
       return err(cl, id, tostring(e2), code or "failed")
+    end
+    mine = con
+    if failed then
+      con:close()
+      if cl.subs[ch] == "pending" then cl.subs[ch] = nil; cl.nsubs = cl.nsubs - 1 end
+      return err(cl, id, failed, "modulator")
     end
     if cl.closed or cl.subs[ch] ~= "pending" then con:close() return end
     cl.subs[ch] = con

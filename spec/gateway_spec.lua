@@ -855,10 +855,14 @@ describe("lecho-gateway keyed", function()
     _, ns = S.nameserver("--quiet")
     sim(ns, "--seconds 100 --rate 10 --grid 1x6x6")
     local tokens = S.write(S.tmpname("tokens") .. ".json",
-      cjson.encode{ ["viewer-token-0123456789"] = "viewer", ["steerer-token-0123456789"] = "steerer" })
+      cjson.encode{ ["viewer-token-0123456789"] = "viewer", ["steerer-token-0123456789"] = "steerer",
+                    ["watcher-token-0123456789"] = "watcher" })
     local policy = S.write(S.tmpname("policy") .. ".lua", [[
 return { rules = {
-  { principal = "*", channel = "*", allow = { "list", "consume" } },
+  { principal = "*", channel = "*", allow = { "consume" } },
+  { principal = "viewer", channel = "*", allow = { "list" } },
+  { principal = "steerer", channel = "atmosphere.steer", allow = { "list" } },
+  { principal = "device", channel = "*", allow = { "list" } },
   { principal = "steerer", channel = "atmosphere.steer", allow = { "produce" } },
   { principal = "device", channel = "atmosphere.steer", allow = { "produce" } },
 } }]])
@@ -933,6 +937,38 @@ return { rules = {
     s:send_json{ op = "pub", id = 1, ch = "atmosphere.steer", data = { emission = 3 }, sync = true }
     assert.is_true(reply(s, 1).ok)
     s:close()
+  end)
+
+  -- review 4: clients gave every client's principal and channels to any
+  -- authenticated principal, one whose policy denies list too
+  it("clients is for a principal that may list, and shows only the channels it may list", function()
+    local v = ws(hp, { headers = { "Authorization: Bearer viewer-token-0123456789" } })
+    v:send_json{ op = "sub", id = 1, ch = "atmosphere.field" }
+    assert.is_true(reply(v, 1).ok)
+    local w = ws(hp, { headers = { "Authorization: Bearer watcher-token-0123456789" } })
+    w:send_json{ op = "clients", id = 2 }
+    local r = reply(w, 2)
+    assert.are.equal("denied", r.code, cjson.encode(r))
+    assert.is_nil(r.result)
+    v:send_json{ op = "clients", id = 3 }
+    r = reply(v, 3)
+    assert.is_true(r.ok)
+    local mine
+    for _, c in ipairs(r.result) do if c.you then mine = c end end
+    assert.are.same({ "atmosphere.field" }, mine.subs)
+    -- a principal that may list atmosphere.steer only does not see the
+    -- viewer's atmosphere.field
+    local s = ws(hp, { headers = { "Authorization: Bearer steerer-token-0123456789" } })
+    s:send_json{ op = "clients", id = 4 }
+    r = reply(s, 4)
+    assert.is_true(r.ok, cjson.encode(r))
+    local seen = 0
+    for _, c in ipairs(r.result) do
+      seen = seen + 1
+      assert.are.same({}, c.subs)
+    end
+    assert.is_true(seen >= 2)
+    v:close(); w:close(); s:close()
   end)
 
   -- Outside review of issue 28 (BLOCKER 2): wslay answered every ping of

@@ -1136,11 +1136,18 @@ function OPS.call(self, cl, m, id)
 end
 
 function OPS.clients(self, cl, m, id)
+  -- keyed: the clients, their principals and channels are for a principal
+  -- that may list, and each client's channels only those it may list
+  -- (review 4: any authenticated principal got them all)
+  local ok, why = self:_may(cl, "list", nil)
+  if not ok then return err(cl, id, why, "denied") end
   local out = {}
   for c in pairs(self.clients) do
     if c.kind == "ws" or c.kind == "lines" then
       local subs = {}
-      for n in pairs(c.subs) do subs[#subs + 1] = n end
+      for n in pairs(c.subs) do
+        if not self.keyed or self.policy:check(cl.principal, "list", n) == true then subs[#subs + 1] = n end
+      end
       table.sort(subs)
       out[#out + 1] = { id = c.id, kind = c.kind, principal = c.principal, events = c.events,
                         bytes = c.ws and c.ws:bytes_out() or c.bytes, rate = c.rate, bps = c.bps,

@@ -201,6 +201,30 @@ describe("lecho-gateway", function()
     l:close()
   end)
 
+  -- review 4 (blocker): after one client's modulator F failed, every later
+  -- client subscribing with F got {"ok":true} and then nothing
+  it("a client subscribing with the source of a modulator that failed gets its events", function()
+    local F = "-- review4-shared\nlocal n = 0\nfunction enqueue(ev) n = n + 1 if n == 2 then error('second event') end emit{ step = ev.step, n = n } end"
+    local a = assert(W.lines("127.0.0.1", lp)); a:json()
+    local b = assert(W.lines("127.0.0.1", lp)); b:json()
+    a:send_json{ op = "sub", id = 1, ch = "atmosphere.field", modulator = F }
+    assert.is_true(reply(a, 1, 20).ok)
+    local notice
+    local deadline = socket.gettime() + 15
+    while not notice and socket.gettime() < deadline do
+      local m = a:json(1, true)
+      if m and m.code == "modulator" then notice = m end
+    end
+    assert(notice, "a's modulator did not fail")
+    b:send_json{ op = "sub", id = 1, ch = "atmosphere.field", modulator = F }
+    local r = reply(b, 1, 20)
+    assert.is_true(r and r.ok, cjson.encode(r or {}))
+    local ev = next_event(b, "atmosphere.field", 10)
+    assert(ev, "b: ok, then nothing")
+    assert.are.equal(1, ev.n)       -- a fresh instance
+    a:close(); b:close()
+  end)
+
   it("a huge frame, a too long line and bad handshakes cost their connection only", function()
     local good = ws(hp)
     good:send_json{ op = "sub", id = 1, ch = "atmosphere.field" }

@@ -13,7 +13,7 @@ local PRODUCER = [[
 local cjson = require "cjson"
 local lecho = require "lecho"
 local a = cjson.decode(arg[1])
-local ctx = lecho.context{ nameserver = a.ns, quiet = true }
+local ctx = lecho.context{ nameserver = a.ns, quiet = true, modulators_per_principal = a.limit }
 local p = assert(ctx:channel("mf"):producer())
 local i = 0
 ctx:every(0.01, function()
@@ -27,10 +27,10 @@ ctx:run()
 local F = "function enqueue(ev) if ev == 'bad' then error('boom') end return ev end"
 
 -- A consumer of F on ch: its events and errors.
-local function consumer(ch)
+local function consumer(ch, src)
   local r = { events = 0, errors = {} }
   r.con = assert(ch:consumer(function(ev) r.events = r.events + 1 end,
-                             { modulator = F, on_error = function(m) r.errors[#r.errors + 1] = m end }))
+                             { modulator = src or F, on_error = function(m) r.errors[#r.errors + 1] = m end }))
   return r
 end
 
@@ -75,6 +75,26 @@ describe("a consumer with the source of a failed shared modulator", function()
     S.run_until(c, function() return c2.events >= 5 or #c2.errors > 0 end, 10)
     assert.are.same({}, c2.errors)
     assert.is_true(c2.events >= 5, "c2: ok, then " .. c2.events .. " events, no error")
+  end)
+
+  -- the gateway's "too many modulators (limit 16)": that source stayed dead
+  it("refused for the producer's limit, gets an instance once there is room", function()
+    local _, ns = S.nameserver("--quiet")
+    S.lua(PRODUCER, cjson.encode{ ns = ns, limit = 1 })
+    local c = lecho.context{ nameserver = ns, quiet = true }
+    ctxs[#ctxs + 1] = c
+    local ch = c:channel("mf")
+    local g = consumer(ch, "function enqueue(ev) if ev ~= 'bad' then return ev end end")
+    assert(S.run_until(c, function() return g.events > 0 end, 20), "g got nothing")
+    local c1 = consumer(ch)
+    assert(S.run_until(c, function() return #c1.errors > 0 end, 10), "c1 was not refused")
+    assert.matches("too many modulators", c1.errors[1])
+    g.con:close()
+    S.run_until(c, function() return false end, 0.5)   -- its close reached the producer
+    local c2 = consumer(ch)
+    S.run_until(c, function() return c2.events >= 3 or #c2.errors > 0 end, 10)
+    assert.are.same({}, c2.errors)
+    assert.is_true(c2.events >= 3, "c2: ok, then " .. c2.events .. " events, no error")
   end)
 
   it("in another context is not told ok and then nothing", function()

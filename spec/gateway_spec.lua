@@ -168,6 +168,63 @@ describe("lecho-gateway", function()
     c:close()
   end)
 
+  -- review 4: a subscription whose modulator failed kept its slot (listed by
+  -- clients, counted against --max-subs, a corrected sub "already subscribed")
+  it("a failed modulator's subscription frees its slot: a corrected sub works", function()
+    local l = assert(W.lines("127.0.0.1", lp))
+    l:json()
+    l:send_json{ op = "sub", id = 1, ch = "atmosphere.field",
+                 modulator = "function enqueue(ev) error('broken on purpose ' .. tostring(ev.step)) end" }
+    local r = reply(l, 1, 20)
+    local notice = r and r.error and r or nil
+    if not notice then
+      assert.is_true(r and r.ok, cjson.encode(r))
+      local deadline = socket.gettime() + 15
+      while not notice and socket.gettime() < deadline do
+        local m = l:json(1, true)
+        if m and m.ch == "atmosphere.field" and m.code == "modulator" then notice = m end
+      end
+    end
+    assert(notice, "no failure notice")
+    assert.matches("broken on purpose", notice.error)
+    l:send_json{ op = "clients", id = 2 }
+    local cr = assert(reply(l, 2))
+    for _, c in ipairs(cr.result) do
+      if c.you then assert.are.same({}, c.subs) end
+    end
+    l:send_json{ op = "sub", id = 3, ch = "atmosphere.field",
+                 modulator = "function enqueue(ev) emit{ step = ev.step, fixed = true } end" }
+    r = reply(l, 3, 20)
+    assert.is_true(r and r.ok, cjson.encode(r or {}))
+    local ev = assert(next_event(l, "atmosphere.field", 20))
+    assert.is_true(ev.fixed)
+    l:close()
+  end)
+
+  -- review 4 (blocker): after one client's modulator F failed, every later
+  -- client subscribing with F got {"ok":true} and then nothing
+  it("a client subscribing with the source of a modulator that failed gets its events", function()
+    local F = "-- review4-shared\nlocal n = 0\nfunction enqueue(ev) n = n + 1 if n == 2 then error('second event') end emit{ step = ev.step, n = n } end"
+    local a = assert(W.lines("127.0.0.1", lp)); a:json()
+    local b = assert(W.lines("127.0.0.1", lp)); b:json()
+    a:send_json{ op = "sub", id = 1, ch = "atmosphere.field", modulator = F }
+    assert.is_true(reply(a, 1, 20).ok)
+    local notice
+    local deadline = socket.gettime() + 15
+    while not notice and socket.gettime() < deadline do
+      local m = a:json(1, true)
+      if m and m.code == "modulator" then notice = m end
+    end
+    assert(notice, "a's modulator did not fail")
+    b:send_json{ op = "sub", id = 1, ch = "atmosphere.field", modulator = F }
+    local r = reply(b, 1, 20)
+    assert.is_true(r and r.ok, cjson.encode(r or {}))
+    local ev = next_event(b, "atmosphere.field", 10)
+    assert(ev, "b: ok, then nothing")
+    assert.are.equal(1, ev.n)       -- a fresh instance
+    a:close(); b:close()
+  end)
+
   it("a huge frame, a too long line and bad handshakes cost their connection only", function()
     local good = ws(hp)
     good:send_json{ op = "sub", id = 1, ch = "atmosphere.field" }
@@ -217,6 +274,9 @@ describe("lecho-gateway", function()
     _, status = W.connect("127.0.0.1", hp, { headers = { "Origin: http://evil.example" } })
     assert.matches("^HTTP/1.1 403", status)
     _, status = W.connect("127.0.0.1", hp, { raw_request = "GET / HTTP/1.1\r\nHost: x\r\n" .. ("X-Pad: " .. ("p"):rep(100) .. "\r\n"):rep(100) })
+    assert.matches("^HTTP/1.1 431", status)
+    -- a whole head over 8 KiB that comes in one read (review 4): 431 too
+    _, status = W.connect("127.0.0.1", hp, { raw_request = "GET / HTTP/1.1\r\nHost: x\r\n" .. ("X-Pad: " .. ("p"):rep(100) .. "\r\n"):rep(90) .. "\r\n" })
     assert.matches("^HTTP/1.1 431", status)
     -- a head that never ends: closed at the handshake deadline (5 s)
     local s = socket.tcp()
@@ -820,10 +880,14 @@ describe("lecho-gateway keyed", function()
     _, ns = S.nameserver("--quiet")
     sim(ns, "--seconds 100 --rate 10 --grid 1x6x6")
     local tokens = S.write(S.tmpname("tokens") .. ".json",
-      cjson.encode{ ["viewer-token-0123456789"] = "viewer", ["steerer-token-0123456789"] = "steerer" })
+      cjson.encode{ ["viewer-token-0123456789"] = "viewer", ["steerer-token-0123456789"] = "steerer",
+                    ["watcher-token-0123456789"] = "watcher" })
     local policy = S.write(S.tmpname("policy") .. ".lua", [[
 return { rules = {
-  { principal = "*", channel = "*", allow = { "list", "consume" } },
+  { principal = "*", channel = "*", allow = { "consume" } },
+  { principal = "viewer", channel = "*", allow = { "list" } },
+  { principal = "steerer", channel = "atmosphere.steer", allow = { "list" } },
+  { principal = "device", channel = "*", allow = { "list" } },
   { principal = "steerer", channel = "atmosphere.steer", allow = { "produce" } },
   { principal = "device", channel = "atmosphere.steer", allow = { "produce" } },
 } }]])
@@ -898,6 +962,38 @@ return { rules = {
     s:send_json{ op = "pub", id = 1, ch = "atmosphere.steer", data = { emission = 3 }, sync = true }
     assert.is_true(reply(s, 1).ok)
     s:close()
+  end)
+
+  -- review 4: clients gave every client's principal and channels to any
+  -- authenticated principal, one whose policy denies list too
+  it("clients is for a principal that may list, and shows only the channels it may list", function()
+    local v = ws(hp, { headers = { "Authorization: Bearer viewer-token-0123456789" } })
+    v:send_json{ op = "sub", id = 1, ch = "atmosphere.field" }
+    assert.is_true(reply(v, 1).ok)
+    local w = ws(hp, { headers = { "Authorization: Bearer watcher-token-0123456789" } })
+    w:send_json{ op = "clients", id = 2 }
+    local r = reply(w, 2)
+    assert.are.equal("denied", r.code, cjson.encode(r))
+    assert.is_nil(r.result)
+    v:send_json{ op = "clients", id = 3 }
+    r = reply(v, 3)
+    assert.is_true(r.ok)
+    local mine
+    for _, c in ipairs(r.result) do if c.you then mine = c end end
+    assert.are.same({ "atmosphere.field" }, mine.subs)
+    -- a principal that may list atmosphere.steer only does not see the
+    -- viewer's atmosphere.field
+    local s = ws(hp, { headers = { "Authorization: Bearer steerer-token-0123456789" } })
+    s:send_json{ op = "clients", id = 4 }
+    r = reply(s, 4)
+    assert.is_true(r.ok, cjson.encode(r))
+    local seen = 0
+    for _, c in ipairs(r.result) do
+      seen = seen + 1
+      assert.are.same({}, c.subs)
+    end
+    assert.is_true(seen >= 2)
+    v:close(); w:close(); s:close()
   end)
 
   -- Outside review of issue 28 (BLOCKER 2): wslay answered every ping of

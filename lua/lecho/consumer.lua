@@ -29,8 +29,9 @@ function Channel:consumer(handler, opts)
   ctx:_catch_up()
   local spec
   if opts.modulator ~= nil then
-    spec = mod_spec(opts.modulator, opts.params, opts.period, opts.capabilities, 3)
+    spec = self:_fresh(mod_spec(opts.modulator, opts.params, opts.period, opts.capabilities, 3))
     spec.version = 1
+    if spec.stream ~= spec.key then spec.pseq = 1 end   -- a stream of its own (_fresh)
   end
   ctx.nextcid = ctx.nextcid + 1
   local con = setmetatable({
@@ -130,6 +131,7 @@ end
 function Consumer:_switch(spec, handler)
   if self.closed then return nil, "consumer is closed", "closed" end
   local ch = self.ch
+  spec = ch:_fresh(spec)      -- not a key whose instance failed (review 4 of issue 28)
   local old = self.mod
   if old and spec.key == old.key then
     -- Same modulator: only the demodulator changes, from the next event on.

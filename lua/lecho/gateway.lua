@@ -670,12 +670,14 @@ function Gateway:_read(cl)
     if cl.kind == "http" then
       cl.head = cl.head .. s
       local e = cl.head:find("\r\n\r\n", 1, true)
+      -- the limit holds for a whole head that came in one read too
+      if (e and e + 3 or #cl.head) > self.lim.head then
+        return self:_http_error(cl, 431, "request head too large")
+      end
       if e then
         local rest = cl.head:sub(e + 4)
         cl.head = cl.head:sub(1, e + 3)
         return self:_http(cl, rest)
-      elseif #cl.head > self.lim.head then
-        return self:_http_error(cl, 431, "request head too large")
       end
     elseif not cl.closing then
       cl.head = cl.head .. s
@@ -948,11 +950,20 @@ function OPS.sub(self, cl, m, id)
     cl.nsubs = cl.nsubs + 1
     -- (a modulator that does not compile raises here: caught, so the
     -- subscription is not left "pending", which leaked the client at its end)
+    -- A failure notice ends the subscription: its consumer is closed and
+    -- its slot freed (review 4: it stayed in `clients`, counted against
+    -- --max-subs and a corrected sub got "already subscribed")
+    local mine, failed
     local okc, con, e2, code = pcall(function()
       return self.ctx:channel(ch):consumer(function(ev)
         cl:deliver(M.event_out(ch, ev))
       end, { modulator = src, params = denull(m.params, 0), on_error = function(msg)
-        cl:reply{ ch = ch, error = tostring(msg), code = "modulator" }
+        if failed or (mine and mine.closed) then return end
+        failed = tostring(msg)
+        cl:reply{ ch = ch, error = failed, code = "modulator", unsubscribed = true }
+        if mine then
+          if cl.subs[ch] == mine then self:_unsub(cl, ch) else mine:close() end
+        end
       end })
     end)
     if not okc then con, e2, code = nil, con, "invalid" end
@@ -960,6 +971,12 @@ function OPS.sub(self, cl, m, id)
       cl.subs[ch] = nil
       cl.nsubs = cl.nsubs - 1
       return err(cl, id, tostring(e2), code or "failed")
+    end
+    mine = con
+    if failed then
+      con:close()
+      if cl.subs[ch] == "pending" then cl.subs[ch] = nil; cl.nsubs = cl.nsubs - 1 end
+      return err(cl, id, failed, "modulator")
     end
     if cl.closed or cl.subs[ch] ~= "pending" then con:close() return end
     cl.subs[ch] = con
@@ -1119,11 +1136,18 @@ function OPS.call(self, cl, m, id)
 end
 
 function OPS.clients(self, cl, m, id)
+  -- keyed: the clients, their principals and channels are for a principal
+  -- that may list, and each client's channels only those it may list
+  -- (review 4: any authenticated principal got them all)
+  local ok, why = self:_may(cl, "list", nil)
+  if not ok then return err(cl, id, why, "denied") end
   local out = {}
   for c in pairs(self.clients) do
     if c.kind == "ws" or c.kind == "lines" then
       local subs = {}
-      for n in pairs(c.subs) do subs[#subs + 1] = n end
+      for n in pairs(c.subs) do
+        if not self.keyed or self.policy:check(cl.principal, "list", n) == true then subs[#subs + 1] = n end
+      end
       table.sort(subs)
       out[#out + 1] = { id = c.id, kind = c.kind, principal = c.principal, events = c.events,
                         bytes = c.ws and c.ws:bytes_out() or c.bytes, rate = c.rate, bps = c.bps,

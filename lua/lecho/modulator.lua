@@ -166,6 +166,7 @@ function Channel:_set_consumers(list, mods)
     local m = mods[key]
     local inst = self.mods[key]
     if inst then used[inst] = true end
+    if not inst and self.failed[key] then self:_tell_failed(key, m.dests) end
     if not inst and not self.failed[key] then
       local same = table.concat(m.dests or {}, ",")
       local s = type(m.stream) == "string" and m.stream or key
@@ -352,6 +353,7 @@ function Channel:_direct_apply(from, mods)
     end
   end
   for _, key in ipairs(sorted_keys(mods)) do
+    if not had[key] and self.failed[key] then self:_tell_failed(key, { from }) end
     if not had[key] and not self.failed[key] then
       local m = mods[key]
       local inst = self.mods[key]
@@ -796,6 +798,62 @@ function Channel:_refuse(key, err, dests, kind)
   end
 end
 
+-- Contexts among `dests` that joined key `key` after it failed or was
+-- refused here are told so too (review 4 of issue 28: they were told
+-- nothing, their consumers got ok and then silence); they then ask for a
+-- fresh instance under another key (Channel:_fresh).
+function Channel:_tell_failed(key, dests)
+  local had, fd = {}, self.failed_dests[key] or {}
+  for _, a in ipairs(fd) do had[a] = true end
+  local new = {}
+  for _, a in ipairs(dests or {}) do
+    if not had[a] then new[#new + 1] = a end
+  end
+  if #new == 0 then return end
+  local all = {}
+  for _, a in ipairs(fd) do all[#all + 1] = a end
+  for _, a in ipairs(new) do all[#all + 1] = a end
+  local err = self.failed[key]
+  self:_refuse(key, err, new, "failed")
+  self.failed_dests[key] = all
+end
+
+-- Consuming side: the keys whose instance failed or was refused at some
+-- producer (a mod_error came), at most MAX_DEAD, the oldest forgotten
+-- first.  A producer keeps such a key dead while a member list names it;
+-- a consumer made later with the same modulator must not join it (it
+-- would be told ok and get nothing): _fresh gives it another stream, so
+-- another key, a fresh instance at every producer.  Consumers asking for
+-- it after that share that one while it is alive.
+local MAX_DEAD = 256
+function Channel:_dead_key(key)
+  local d = self.dead
+  if not d then
+    d = { keys = {}, order = {}, alias = {}, gen = 0 }
+    self.dead = d
+  end
+  if d.keys[key] then return end
+  d.keys[key] = true
+  d.order[#d.order + 1] = key
+  if #d.order > MAX_DEAD then
+    local k = table.remove(d.order, 1)
+    d.keys[k], d.alias[k] = nil, nil
+  end
+end
+
+-- spec, or (its key dead here) the same modulator on a stream of this
+-- context's own: a fresh instance.
+function Channel:_fresh(spec)
+  local d = self.dead
+  if not d or not d.keys[spec.key] or spec.stream ~= spec.key then return spec end
+  local a = d.alias[spec.key]
+  if a and not d.keys[a.key] then return respec(spec, spec.params, 3, a.stream) end
+  d.gen = d.gen + 1
+  local s = respec(spec, spec.params, 3, core.hash(spec.key .. "|" .. self.ctx.addr .. "|" .. d.gen))
+  d.alias[spec.key] = { key = s.key, stream = s.stream }
+  return s
+end
+
 -- A running modulator failed (error, budget, memory): already unloaded.
 function Channel:_mod_failed(inst, why)
   if self.mods[inst.key] ~= inst then return end
@@ -1009,6 +1067,7 @@ function Channel:_params_at(st, producer, key)
 end
 
 function Channel:_tell_mod_error(key, msg)
+  self:_dead_key(key)
   for _, con in ipairs({ unpack(self.all) }) do
     if con.mod and con.mod.key == key and not con.closed then
       con.mod_errors = con.mod_errors + 1

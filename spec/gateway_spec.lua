@@ -1131,3 +1131,38 @@ return { rules = {
     l:close()
   end)
 end)
+
+-- review 5: an empty list went out as {} (lua-cjson writes every empty
+-- table so): a page iterating `list`'s result threw and never subscribed
+describe("lecho-gateway empty lists", function()
+  local ns, lp
+  lazy_setup(function()
+    local _
+    _, ns = S.nameserver("--quiet")
+    _, _, lp = gateway(ns)
+  end)
+  lazy_teardown(function() S.cleanup() end)
+
+  -- the next line of lines client l that is not an event, as text
+  local function raw_line(l)
+    l.s:settimeout(10)
+    while true do
+      local line = assert(l.s:receive("*l"))
+      if not line:find('"ev":', 1, true) then return line end
+    end
+  end
+
+  it("list on an empty name server and clients with no subs give [], not {}", function()
+    local l = assert(W.lines("127.0.0.1", lp))
+    raw_line(l)   -- hello
+    l.s:send('{"op":"list"}\n')
+    local line = raw_line(l)
+    assert.matches('"result":%[%]', line)
+    assert.is_nil(line:find("{}", 1, true), line)
+    l.s:send('{"op":"clients","id":2}\n')
+    line = raw_line(l)
+    assert.matches('"subs":%[%]', line)
+    assert.is_nil(line:find("{}", 1, true), line)
+    l:close()
+  end)
+end)

@@ -1166,3 +1166,32 @@ describe("lecho-gateway empty lists", function()
     l:close()
   end)
 end)
+
+-- review 5 D: a sub whose modulator failed while its consumer was being
+-- made (a producer's refusal heard before the open returned) got an
+-- unsolicited {"unsubscribed":true} notice, then its error reply
+describe("lecho-gateway sub refused before its reply", function()
+  it("gets the error reply only", function()
+    local gwm = require "lecho.gateway"
+    local closed = 0
+    local ctx = { ns = "test", channel = function(_, name)
+      return { consumer = function(_, fn, opts)
+        opts.on_error("producer p: modulator refused on purpose")
+        return { close = function() closed = closed + 1 end }
+      end }
+    end }
+    local gw = setmetatable({ ctx = ctx, keyed = false, modulators = true, chans = {},
+                              lim = { subs = 4, channels = 8 } }, gwm._Gateway)
+    local got = {}
+    local cl = { subs = {}, nsubs = 0, used = {}, nused = 0, reply = function(_, t) got[#got + 1] = t end }
+    gwm._OPS.sub(gw, cl, { op = "sub", ch = "x", modulator = "function enqueue(ev) end" }, 1)
+    assert.are.equal(1, #got, cjson.encode(got))
+    assert.are.equal(1, got[1].id)
+    assert.are.equal("modulator", got[1].code)
+    assert.matches("refused on purpose", got[1].error)
+    assert.is_nil(got[1].unsubscribed)
+    assert.are.equal(1, closed)
+    assert.are.equal(0, cl.nsubs)
+    assert.is_nil(cl.subs.x)
+  end)
+end)

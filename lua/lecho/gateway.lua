@@ -960,6 +960,9 @@ function OPS.sub(self, cl, m, id)
       end, { modulator = src, params = denull(m.params, 0), on_error = function(msg)
         if failed or (mine and mine.closed) then return end
         failed = tostring(msg)
+        -- before the sub's reply (its consumer still being made): the error
+        -- reply below says it, no notice first (review 5 D)
+        if not mine then return end
         cl:reply{ ch = ch, error = failed, code = "modulator", unsubscribed = true }
         if mine then
           if cl.subs[ch] == mine then self:_unsub(cl, ch) else mine:close() end
@@ -1168,6 +1171,9 @@ end
 -- M.LIMITS), opts.slow ("drop" or "disconnect"), opts.origins (more
 -- allowed Origin values), opts.modulators (false: none taken).
 -- The gateway (its addr, lines_addr), or nil, why.
+-- (for spec/gateway_spec.lua: the requests and the gateway's methods)
+M._OPS, M._Gateway = OPS, Gateway
+
 function M.new(ctx, opts)
   opts = opts or {}
   local lim = {}

@@ -1131,3 +1131,67 @@ return { rules = {
     l:close()
   end)
 end)
+
+-- review 5: an empty list went out as {} (lua-cjson writes every empty
+-- table so): a page iterating `list`'s result threw and never subscribed
+describe("lecho-gateway empty lists", function()
+  local ns, lp
+  lazy_setup(function()
+    local _
+    _, ns = S.nameserver("--quiet")
+    _, _, lp = gateway(ns)
+  end)
+  lazy_teardown(function() S.cleanup() end)
+
+  -- the next line of lines client l that is not an event, as text
+  local function raw_line(l)
+    l.s:settimeout(10)
+    while true do
+      local line = assert(l.s:receive("*l"))
+      if not line:find('"ev":', 1, true) then return line end
+    end
+  end
+
+  it("list on an empty name server and clients with no subs give [], not {}", function()
+    local l = assert(W.lines("127.0.0.1", lp))
+    raw_line(l)   -- hello
+    l.s:send('{"op":"list"}\n')
+    local line = raw_line(l)
+    assert.matches('"result":%[%]', line)
+    assert.is_nil(line:find("{}", 1, true), line)
+    l.s:send('{"op":"clients","id":2}\n')
+    line = raw_line(l)
+    assert.matches('"subs":%[%]', line)
+    assert.is_nil(line:find("{}", 1, true), line)
+    l:close()
+  end)
+end)
+
+-- review 5 D: a sub whose modulator failed while its consumer was being
+-- made (a producer's refusal heard before the open returned) got an
+-- unsolicited {"unsubscribed":true} notice, then its error reply
+describe("lecho-gateway sub refused before its reply", function()
+  it("gets the error reply only", function()
+    local gwm = require "lecho.gateway"
+    local closed = 0
+    local ctx = { ns = "test", channel = function(_, name)
+      return { consumer = function(_, fn, opts)
+        opts.on_error("producer p: modulator refused on purpose")
+        return { close = function() closed = closed + 1 end }
+      end }
+    end }
+    local gw = setmetatable({ ctx = ctx, keyed = false, modulators = true, chans = {},
+                              lim = { subs = 4, channels = 8 } }, gwm._Gateway)
+    local got = {}
+    local cl = { subs = {}, nsubs = 0, used = {}, nused = 0, reply = function(_, t) got[#got + 1] = t end }
+    gwm._OPS.sub(gw, cl, { op = "sub", ch = "x", modulator = "function enqueue(ev) end" }, 1)
+    assert.are.equal(1, #got, cjson.encode(got))
+    assert.are.equal(1, got[1].id)
+    assert.are.equal("modulator", got[1].code)
+    assert.matches("refused on purpose", got[1].error)
+    assert.is_nil(got[1].unsubscribed)
+    assert.are.equal(1, closed)
+    assert.are.equal(0, cl.nsubs)
+    assert.is_nil(cl.subs.x)
+  end)
+end)

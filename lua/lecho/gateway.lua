@@ -91,7 +91,7 @@ local function hexify(v, depth)
     return { ["$hex"] = (v:gsub(".", function(c) return ("%02x"):format(c:byte()) end)) }
   end
   if type(v) ~= "table" or depth > 64 then return v end
-  local t = {}
+  local t = setmetatable({}, getmetatable(v))   -- (a jsonw.list stays one)
   for k, x in pairs(v) do t[type(k) == "string" and (ws.valid_utf8(k) and k or hexify(k, 99)["$hex"]) or k] = hexify(x, depth + 1) end
   return t
 end
@@ -897,7 +897,7 @@ function OPS.list(self, cl, m, id)
   if not ok then return err(cl, id, why .. " (a channel it may consume is subscribed by name: op sub, ch NAME)", "denied") end
   local chans, e2 = self.ctx:list()
   if not chans then return err(cl, id, tostring(e2), "failed") end
-  local out = {}
+  local out = jsonw.list()   -- [] when empty (review 5: it was {})
   for name, e in pairs(chans) do
     local short = name:match("^[^/]*/(.*)$") or name
     if not self.keyed or self.policy:check(cl.principal, "list", short) == true then
@@ -960,6 +960,9 @@ function OPS.sub(self, cl, m, id)
       end, { modulator = src, params = denull(m.params, 0), on_error = function(msg)
         if failed or (mine and mine.closed) then return end
         failed = tostring(msg)
+        -- before the sub's reply (its consumer still being made): the error
+        -- reply below says it, no notice first (review 5 D)
+        if not mine then return end
         cl:reply{ ch = ch, error = failed, code = "modulator", unsubscribed = true }
         if mine then
           if cl.subs[ch] == mine then self:_unsub(cl, ch) else mine:close() end
@@ -1094,7 +1097,7 @@ function OPS.pub(self, cl, m, id)
     if type(e3) == "table" then
       local texts = {}
       for _, x in ipairs(e3) do texts[#texts + 1] = type(x) == "table" and tostring(x.err) or tostring(x) end
-      return cl:reply{ id = id, error = table.concat(texts, "; "), code = code or "failed", errors = e3 }
+      return cl:reply{ id = id, error = table.concat(texts, "; "), code = code or "failed", errors = jsonw.list(e3) }
     end
     err(cl, id, tostring(e3), code or "failed")
   end
@@ -1130,7 +1133,7 @@ function OPS.call(self, cl, m, id)
     -- a handler's error: a string, or a table sent as a JSON object
     return cl:reply{ id = id, error = type(r[2]) == "table" and r[2] or tostring(r[2]), code = r[3] or "failed" }
   end
-  local results = {}
+  local results = jsonw.list()
   for i = 1, r.n do results[i] = r[i] == nil and null or r[i] end
   cl:reply{ id = id, ok = true, result = r[1], results = results }
 end
@@ -1141,10 +1144,10 @@ function OPS.clients(self, cl, m, id)
   -- (review 4: any authenticated principal got them all)
   local ok, why = self:_may(cl, "list", nil)
   if not ok then return err(cl, id, why, "denied") end
-  local out = {}
+  local out = jsonw.list()
   for c in pairs(self.clients) do
     if c.kind == "ws" or c.kind == "lines" then
-      local subs = {}
+      local subs = jsonw.list()   -- [] when empty (review 5: it was {})
       for n in pairs(c.subs) do
         if not self.keyed or self.policy:check(cl.principal, "list", n) == true then subs[#subs + 1] = n end
       end
@@ -1168,6 +1171,9 @@ end
 -- M.LIMITS), opts.slow ("drop" or "disconnect"), opts.origins (more
 -- allowed Origin values), opts.modulators (false: none taken).
 -- The gateway (its addr, lines_addr), or nil, why.
+-- (for spec/gateway_spec.lua: the requests and the gateway's methods)
+M._OPS, M._Gateway = OPS, Gateway
+
 function M.new(ctx, opts)
   opts = opts or {}
   local lim = {}

@@ -279,7 +279,10 @@ async function listChannels() {
     }
     return;
   }
-  for (const c of r.result) {
+  // a result that is not an array (an older gateway wrote an empty list as
+  // {}: review 5) is no channel, and ?ch= is still subscribed
+  const chans = Array.isArray(r.result) ? r.result : [];
+  for (const c of chans) {
     const li = document.createElement("li"); li.dataset.channel = c.channel;
     if (c.channel === subscribed) li.className = "sub";
     li.innerHTML = "<span></span><span class=n></span>";
@@ -291,7 +294,7 @@ async function listChannels() {
   }
   if (!subscribed && !view.autoDone) {
     view.autoDone = true;
-    const want = q.get("ch") || (r.result.find((c) => c.channel === "atmosphere.field") || {}).channel;
+    const want = q.get("ch") || (chans.find((c) => c.channel === "atmosphere.field") || {}).channel;
     if (want) subscribe(want);
   }
 }
@@ -301,7 +304,7 @@ async function viewers() {
   const r = await send({ op: "clients" });
   if (r.error) return;
   const tb = $("viewers"); tb.innerHTML = "";
-  for (const c of r.result) {
+  for (const c of (Array.isArray(r.result) ? r.result : [])) {
     const tr = document.createElement("tr"); if (c.you) tr.className = "you";
     for (const v of [(c.you ? "you · " : "") + c.kind + " " + c.id + (c.principal ? " (" + c.principal + ")" : ""),
                      c.events, c.rate, kb(c.bytes), kb(c.bps), c.drops]) {

@@ -24,7 +24,8 @@
 -- they are (JSON-escaped: the caller makes them valid UTF-8).  A table is
 -- a JSON array when its keys are 1..n (n > 0), else an object (keys that
 -- are not strings written with tostring); opts.lists: field names whose
--- empty table is written [] (lua-cjson writes every empty table {}).
+-- empty table is written [] (lua-cjson writes every empty table {});
+-- a table marked by M.list(t) (metatable M.LIST) is a list: [] when empty.
 -- opts.nonfinite: "null" (NaN and infinities as null) or, by default,
 -- "string" ("nan", "inf", "-inf").  Errors (raises) on a value nested
 -- deeper than 64, or a function, thread or other userdata.
@@ -34,6 +35,12 @@ local cjson = require "cjson"
 local array = require "lecho.array"
 
 local M = {}
+
+-- The mark of a table that is a list, written [] when empty (review 5:
+-- the gateway wrote an empty list result as {}).
+M.LIST = {}
+--- t (a new table when nil) marked as a list; returns it.
+function M.list(t) return setmetatable(t or {}, M.LIST) end
 
 local floor, huge, format, byte = math.floor, math.huge, string.format, string.byte
 local concat = table.concat
@@ -153,7 +160,7 @@ local function write_table(v, buf, opts, depth, key)
   while rawget(v, n + 1) ~= nil do n = n + 1 end
   for _ in next, v do count = count + 1 end
   if count == 0 then
-    buf[#buf + 1] = (key and opts and opts.lists and opts.lists[key]) and "[]" or "{}"
+    buf[#buf + 1] = (getmetatable(v) == M.LIST or (key and opts and opts.lists and opts.lists[key])) and "[]" or "{}"
     return
   end
   if n == count then
@@ -201,7 +208,7 @@ end
 
 -- Whether cjson writes v exactly: no array, every number an integer below
 -- 10^14 (and not -0), every table a list or an object of string keys,
--- no empty table where opts.lists wants [] (then it is ours).
+-- no empty table where opts.lists or M.list wants [] (then it is ours).
 local LIMIT = 1e14
 local function plain(v, depth, opts, key)
   local t = type(v)
@@ -216,7 +223,7 @@ local function plain(v, depth, opts, key)
     count = count + 1
     if not plain(x, depth + 1, opts, k) then return false end
   end
-  if count == 0 then return not (key and opts and opts.lists and opts.lists[key]) end
+  if count == 0 then return not (getmetatable(v) == M.LIST or (key and opts and opts.lists and opts.lists[key])) end
   if n == count then return true end
   for k in next, v do if type(k) ~= "string" then return false end end
   return true

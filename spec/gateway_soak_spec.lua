@@ -91,10 +91,21 @@ return { rules = {
 
   it(("after %d s of hostile and normal clients under busy cores, arrays still go out as binary frames"):format(SOAK), function()
     for _ = 1, 2 do S.spawn(("%s -e 'local t = os.time() + %d while os.time() < t do end'"):format(S.luajit, SOAK + 60)) end
-    local bad, seen = {}, 0
+    local bad, seen, own = {}, 0, 0
+    -- the flood round's own pub ({"step":-1}, no array: allowed to the soak
+    -- principal, so every subscriber of the channel gets it, as JSON text;
+    -- it reaches the gateway only when the round's 8 requests in flight
+    -- have room for it, which is timing)
+    local function own_pub(m)
+      if not m.binary and type(m.ev) == "table" and m.ev.step == -1 and next(m.ev, next(m.ev)) == nil then
+        own = own + 1
+        return true
+      end
+    end
     local function ws_check(m)
       if m.binary and type(m.ev) == "table" and type(m.ev.field) == "table" and m.ev.field.dtype == "<f8" then
         seen = seen + 1
+      elseif own_pub(m) then
       elseif m.ev ~= nil or m.error then
         bad[#bad + 1] = cjson.encode(m):sub(1, 200)
       end
@@ -103,6 +114,7 @@ return { rules = {
     local function lines_check(m)
       if type(m.ev) == "table" and type(m.ev.field) == "table" and m.ev.field.dtype == "<f8" then
         lseen = lseen + 1
+      elseif own_pub(m) then
       elseif m.ev ~= nil or m.error then
         bad[#bad + 1] = "lines: " .. cjson.encode(m):sub(1, 200)
       end
@@ -290,7 +302,7 @@ end]], ns)
       if m and m.ch == "atmosphere.field" then fresh = m end
     end
     if os.getenv("LECHO_SOAK_LOG") then
-      io.stderr:write(("soak: %d rounds, monitors saw %d and %d fields\n"):format(round, seen, lseen))
+      io.stderr:write(("soak: %d rounds, monitors saw %d and %d fields, %d of the flood's own pubs\n"):format(round, seen, lseen, own))
       io.stderr:write(S.errors(gw):sub(-6000), "\n")
     end
     assert.truthy(fresh, "no atmosphere.field event after the soak")

@@ -182,3 +182,50 @@ describe("the Lua dispatch of a sync event no consumer ran for", function()
     ctx:close()
   end)
 end)
+
+describe("a sync submit that waits for room under the block policy (issue 28, fifth review)", function()
+  it("a sync event the core has no destination for is never settled as handled", function()
+    -- (the reviewer's true: the last consuming context went while the
+    -- submit waited for room; the handle submits as Producer:submit_sync
+    -- does once its own check passed)
+    local ctx = require("lecho").context{ quiet = true }
+    local p = assert(ctx:channel("nodest"):producer())
+    local ok, err, code = p[1]:submit("x", true)   -- p[1]: the producer's handle (producer.lua H)
+    assert.is_nil(ok, "a sync record without destinations: " .. tostring(ok))
+    assert.equals("noconsumer", code, tostring(err))
+    ctx:close()
+  end)
+
+  it("keeps its timeout and is never true once its consumer's process is gone", function()
+    local nsc, ns = S.nameserver("--quiet")
+    local child = S.lua([[
+      local lecho = require "lecho"
+      local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+      assert(ctx:channel("st9"):consumer(function() end))
+      io.stdout:write("ready\n"); io.stdout:flush()
+      ctx:run(60)
+    ]], ns)
+    assert(S.wait_file(child.out, "ready", 20), S.errors(child))
+    local ctx = require("lecho").context{ nameserver = ns, quiet = true, queue_limit = 1048576 }
+    local p = assert(ctx:channel("st9"):producer{ policy = "block" })
+    assert(p:submit_sync("warm", { timeout = 10 }))
+    S.kill(child, "STOP")   -- stopped: its queue fills, then it is declared dead
+    local pad = ("z"):rep(1000)
+    for i = 1, 900 do assert(p:submit({ i = i, pad = pad })) end
+    local big = ("y"):rep(200000)
+    local res = {}
+    for k = 1, 3 do
+      local t0 = socket.gettime()
+      local ok, err, code = p:submit_sync(big, { timeout = 1 })
+      res[k] = { ok = ok, code = code, took = socket.gettime() - t0, err = tostring(err) }
+    end
+    S.kill(child, "KILL")
+    for k, r in ipairs(res) do
+      assert.is_nil(r.ok, ("sync %d true, after %.1f s"):format(k, r.took))
+      assert.truthy(r.code == "timeout" or r.code == "noconsumer", r.code .. ": " .. r.err)
+      assert.is_true(r.took < 1 + 0.8, ("sync %d waited %.1f s for a 1 s timeout (%s)"):format(k, r.took, r.err))
+    end
+    ctx:close{ linger = 0 }
+    S.kill(nsc, "KILL")
+  end)
+end)

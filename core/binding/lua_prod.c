@@ -136,8 +136,21 @@ static int prod_send(lb_prod *h, lei_msg *m, int sync, lua_State *L, const char 
             return LEI_E_INVALID;
         }
     }
+    /* A sync event with nobody to take it plain (the last consuming
+     * context went while this submit waited for room): no handler can
+     * run it there, and a record without destinations would settle as
+     * handled.  Without modulators: noconsumer, nothing sent; with them,
+     * only they take it. */
+    int plain = h->plain;
+    if (sync && plain && !lei_chan_has_dest(b->c, h->chid)) {
+        if (h->nmoes == 0) {
+            *err = "no consumer of the channel anywhere (its last consuming context is gone)";
+            return LEI_E_NOCONSUMER;
+        }
+        plain = 0;
+    }
     lei_chan_count_encode(b->c, h->chid);
-    int rc = h->plain ? lei_submit(b->c, h->chid, h->pid, seq, m, sync, policy, &sid, err) : 0;
+    int rc = plain ? lei_submit(b->c, h->chid, h->pid, seq, m, sync, policy, &sid, err) : 0;
     if (rc) return rc < 0 ? -rc : rc;
     h->seq = seq;
     /* the core took it: recorded (a copy for the writer thread, lua_rec.c) */
@@ -152,7 +165,7 @@ static int prod_send(lb_prod *h, lei_msg *m, int sync, lua_State *L, const char 
     if (sync) {
         lua_newtable(L);
         ids = lua_gettop(L);
-        if (h->plain) {
+        if (plain) {
             lua_pushnumber(L, (lua_Number)sid);
             lua_rawseti(L, ids, ++nids);
         }

@@ -92,6 +92,11 @@ int lei_chan_full(lei_ctx *c, uint32_t chid) {
     return ch && lei_chan_full_dest(c, ch) != NULL;
 }
 
+int lei_chan_has_dest(lei_ctx *c, uint32_t chid) {
+    lei_chan *ch = lei_chan_get(c, chid);
+    return ch && (ch->ndests > 0 || ch->local);
+}
+
 void lei_chan_set_local(lei_ctx *c, uint32_t id, int on) {
     lei_chan *ch = lei_chan_get(c, id);
     if (!ch) return;

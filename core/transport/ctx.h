@@ -281,6 +281,9 @@ void lei_peer_set_dests(lei_ctx *c, uint32_t id, const char **addrs, int n);
 /* 1 when a live destination of the channel has a full queue (a submit
  * would block or drop). */
 int lei_chan_full(lei_ctx *c, uint32_t chid);
+/* 1 when an event submitted on chid now would go somewhere: a remote
+ * consuming context or a local consumer. */
+int lei_chan_has_dest(lei_ctx *c, uint32_t chid);
 
 /* Finds the peer for addr, creating it (and dialling it) when create is set. */
 lei_peer *lei_peer_get(lei_ctx *c, const char *addr, int create);

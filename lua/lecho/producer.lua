@@ -133,7 +133,7 @@ end
 
 -- The waiting part of submit_core: behind the submits of this producer
 -- already waiting, until there is room.
-local function submit_wait(self, ev, sync, bytes)
+local function submit_wait(self, ev, sync, bytes, deadline)
   local h = self[H]
   local q = self.waitq or {}
   self.waitq = q
@@ -148,7 +148,7 @@ local function submit_wait(self, ev, sync, bytes)
     -- false without a deadline: closed, or an embedder's interrupt
     -- (lecho_set_interrupt: Python's Ctrl-C), which main_wait answers at
     -- once without a loop turn: retrying would spin (issue 28, review 4).
-    local ok = ctx:_wait(ready)
+    local ok = ctx:_wait(ready, deadline)
     if q[1] == me then table.remove(q, 1) end
     if self.closed or ctx.closed then
       h:waiting(-1)
@@ -157,6 +157,11 @@ local function submit_wait(self, ev, sync, bytes)
     if not ok then
       for i = #q, 1, -1 do if q[i] == me then table.remove(q, i) end end  -- the next may go
       h:waiting(-1)
+      if deadline and ctx.c:now() >= deadline then
+        -- a sync submit's timeout counts from its call, its wait for room
+        -- included (it waited past it, then said true: issue 28, review 5)
+        return nil, "no room in the queues within the timeout (nothing was sent)", "timeout"
+      end
       return nil, "interrupted while waiting for room (nothing was sent)", "timeout"
     end
     local again, r, err, code, b = try_submit(self, ev, sync, bytes)
@@ -173,7 +178,7 @@ end
 -- block policy (and for every sync submit) it first waits for room, in the
 -- order the submits of this producer were called.  No closure is made unless
 -- it waits (a submit is the hot path).
-local function submit_core(self, ev, sync)
+local function submit_core(self, ev, sync, deadline)
   local q = self.waitq
   local bytes
   if not q or not q[1] then
@@ -181,7 +186,7 @@ local function submit_core(self, ev, sync)
     if not again then return r, err, code end
     bytes = b
   end
-  return submit_wait(self, ev, sync, bytes)
+  return submit_wait(self, ev, sync, bytes, deadline)
 end
 
 --- Queues ev for every consumer: true, or nil, err (nothing was sent: the
@@ -238,10 +243,16 @@ function Producer:submit_sync(ev, opts)
   if not self[PLAIN] and not self[MODS] and next(ch0.failed) == nil then
     return nil, "no consumer of " .. ch0.short, "noconsumer"
   end
-  local ids, err, code = submit_core(self, ev, true)
-  if not ids then return nil, err, code end
   local t0 = c:now()
   local deadline = t0 + timeout
+  local ids, err, code = submit_core(self, ev, true, deadline)
+  local nobody  -- the core had no destination for it (nothing sent)
+  if not ids then
+    -- nobody takes it plain, but consumers whose modulator failed here
+    -- are told below (as when it went plain to no one)
+    if code ~= "noconsumer" or next(self.ch.failed) == nil then return nil, err, code end
+    ids, nobody = {}, { err, code }
+  end
   -- Consumers whose modulator failed or was refused here got nothing: as
   -- they were at the submit (a membership change during the wait may drop
   -- the record) and as they are after it.
@@ -279,6 +290,7 @@ function Producer:submit_sync(ev, opts)
     stats.observe(ctx, ch.name, c:now() - t0, false)
     return nil, setmetatable(all, ErrList), lcode
   end
+  if nobody then return nil, nobody[1], nobody[2] end
   stats.observe(ctx, ch.name, c:now() - t0, true)  -- the sync latency histogram
   return true
 end

@@ -1,6 +1,9 @@
 /* spec/support/capi_exit.c (spec/exit_close_spec.lua): a C producer of
- * argv[2] that submits argv[3] events of 200 bytes and returns from main
- * without lecho_close. */
+ * argv[2] that waits (20 s at most) until the channel has a consumer
+ * listed, submits argv[3] events of 200 bytes and returns from main
+ * without lecho_close.  (Without the wait, a member list arriving late on
+ * a loaded host left the events with no destination: none lost, exit 0,
+ * where the spec meant a consumer that never read them.) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +16,9 @@ int main(int argc, char **argv) {
     if (lecho_open(opts, &ctx, err, sizeof err) != 0) { fprintf(stderr, "%s\n", err); return 1; }
     lecho_producer *p;
     if (lecho_producer_open(lecho_channel_get(ctx, argv[2]), NULL, &p) != 0) { fprintf(stderr, "producer: %s\n", lecho_errmsg(ctx)); return 1; }
+    for (int t = 0; t < 1000 && lecho_stat(ctx, argv[2], "destinations") < 1; t++)
+        lecho_run_once(ctx, 0.02);
+    if (lecho_stat(ctx, argv[2], "destinations") < 1) { fprintf(stderr, "no consumer listed\n"); return 1; }
     int n = atoi(argv[3]);
     char pad[201];
     memset(pad, 'x', 200); pad[200] = 0;

@@ -1,6 +1,6 @@
 -- lecho.gateway.ops: what a client asks, one JSON message each (doc/gateway.md
 -- "Messages"): its decoding and dispatch (Gateway:_message: one coroutine
--- per request, at most --max-inflight per client, nothing but auth before
+-- per request, at most lim.inflight per client, nothing but auth before
 -- a keyed client authenticated), and the requests list, sub (one consumer
 -- per channel for all plain subscribers; a consumer of its own for a
 -- subscription with a modulator), unsub, pub (sync or not, through one

@@ -32,15 +32,6 @@ local _, events, bytes = ctx.c:pending()
 io.stdout:write("submitted ", events, " ", bytes, "\n") io.stdout:flush()
 ]]
 
--- n processes spinning for ever (killed by S.cleanup).
-local function busy_loops(n)
-  local t = {}
-  for i = 1, n do t[i] = S.spawn(("%s -e 'while true do end'"):format(S.luajit)) end
-  S.sleep(0.2)
-  for i = 1, n do assert(S.alive(t[i]), "busy loop did not start: " .. S.errors(t[i])) end
-  return t
-end
-
 describe("a script that ends without ctx:close()", function()
   local ns, ctx
   setup(function() ns, ctx = S.world() end)
@@ -48,7 +39,7 @@ describe("a script that ends without ctx:close()", function()
 
   it("delivers the 20000 events it queued, with two busy loops running", function()
     local N = 20000
-    busy_loops(2)
+    S.busy_loops(2)
     local consumer = S.consumer{ ns = ns, channels = { "exit-all" }, expect = N, duration = 40 }
     local child = S.lua(PRODUCER, ns, "exit-all", tostring(N), "200", "2", "")
     local done, rc = S.wait(child, 40, ctx)

@@ -279,13 +279,7 @@ describe("issue 29: recording in the producer's process", function()
   end)
 
   it("a C producer records what it submits (lecho_producer_record), and stops on NULL", function()
-    local root = S.sh_quote(S.root)
-    local ok, log = S.sh(("make -s -C %s build/liblecho.so"):format(root))
-    assert(ok, "building liblecho failed: " .. log)
-    local bin = S.tmpname("capi_record")
-    ok, log = S.sh(("cc -O2 -Wall -Wextra -Werror -I%s/core -o %s %s/spec/support/capi_record.c "
-      .. "-L%s/build -llecho -Wl,-rpath,%s/build"):format(root, bin, root, root, root))
-    assert(ok, "compiling spec/support/capi_record.c failed: " .. log)
+    local bin = S.capi_program(S.root .. "/spec/support/capi_record.c")
     local file = S.tmpname("crec") .. ".lecho"
     local c = S.spawn(("%s %s"):format(bin, S.sh_quote(file)))
     assert.are.equal(0, S.finish(c, 60, "C producer"), S.output(c) .. S.errors(c))

@@ -123,6 +123,20 @@ function M.lecho(args)
   return M.spawn(("%s %s/scripts/lecho %s"):format(M.luajit, M.root, args))
 end
 
+--- A C program built against the tree's liblecho (made first): src the
+-- path of its source; the binary's path.  Raises with the build's output
+-- when liblecho or the program does not build.
+function M.capi_program(src)
+  local root = sh_quote(M.root)
+  local ok, log = M.sh(("make -s -C %s build/liblecho.so"):format(root))
+  assert(ok, "building liblecho failed: " .. log)
+  local bin = M.tmpname((src:match("([^/]+)%.c$")))
+  ok, log = M.sh(("cc -O2 -Wall -Wextra -Werror -I%s/core -o %s %s -L%s/build -llecho -Wl,-rpath,%s/build")
+    :format(root, bin, sh_quote(src), root, root))
+  assert(ok, "compiling " .. src .. " failed: " .. log)
+  return bin
+end
+
 --- How many times text (plain) occurs in log (a spec bounds the lines a
 -- rate-limited log wrote).
 function M.count(log, text)

@@ -1,13 +1,13 @@
--- lecho.gateway.auth: the gateway's keyed mode (doc/gateway.md "Keyed
--- mode"): its tokens and client keys read from the options (M.config), the
--- hello each client gets first (with a nonce to sign when it must
--- authenticate, and the deadline to do it in), the request auth (a bearer
--- token, or an Ed25519 signature of the nonce by a client key: the
--- connection's principal, kept for its life) and the policy's check of
--- every action where the client's message is read (Gateway:_may).
--- Without keys (protected mode) every local client may do everything.
--- Its Gateway functions are methods of the Gateway (listed in
--- lecho.gateway's header, which mixes them in).
+-- lecho.gateway.auth: the gateway's keyed mode (doc/gateway.md
+-- "Protected and keyed mode"): its tokens and client keys read from the
+-- options (M.config), the hello each client gets first (with a nonce to
+-- sign when it must authenticate, and the deadline to do it in), the
+-- request auth (a bearer token, or an Ed25519 signature of the nonce by a
+-- client key: the connection's principal, kept for its life) and the
+-- policy's check of every action where the client's message is read
+-- (Gateway:_may).  Without keys (protected mode) every local client may
+-- do everything.  Its Gateway functions are methods of the Gateway
+-- (listed in lecho.gateway's header, which mixes them in).
 
 local core = require "lecho.core"
 local ops = require "lecho.gateway.ops"

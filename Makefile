@@ -511,9 +511,14 @@ CAPI_INSTALL = $(if $(filter command line,$(origin INST_LIBDIR)),$(or $(filter c
 # The Python package too, unless the Lua tree's directories were given
 # (LuaRocks) without PREFIX or INST_PYDIR: a rock's install stays in its tree.
 PY_INSTALL   := $(if $(filter command line,$(origin INST_LIBDIR)),$(filter command line,$(origin PREFIX) $(origin INST_PYDIR)),yes)
+# Files an earlier install left that would shadow a module moved since
+# (require finds lecho/X.lua before lecho/X/init.lua): lecho.gateway went
+# from lecho/gateway.lua to lecho/gateway/, its page to lecho/gateway/page.lua.
+STALE_LUA := lecho/gateway.lua lecho/gateway_page.lua
 
 install: $(SO) $(WS_SO)
 	mkdir -p $(DESTDIR)$(INST_LIBDIR)/lecho $(DESTDIR)$(INST_LUADIR) $(DESTDIR)$(INST_BINDIR)
+	rm -f $(addprefix $(DESTDIR)$(INST_LUADIR)/,$(STALE_LUA))
 	cp $(SO) $(DESTDIR)$(INST_LIBDIR)/lecho/core.so
 	cp $(WS_SO) $(DESTDIR)$(INST_LIBDIR)/lecho/ws.so
 	cd lua && find lecho -name '*.lua' | while read -r f; do \

@@ -28,19 +28,11 @@ io.stdout:flush()
 ctx:close()
 ]]
 
-local function busy_loops(n)
-  local t = {}
-  for i = 1, n do t[i] = S.spawn(("%s -e 'while true do end'"):format(S.luajit)) end
-  S.sleep(0.2)
-  for i = 1, n do assert(S.alive(t[i]), "busy loop did not start: " .. S.errors(t[i])) end
-  return t
-end
-
 describe("batched delivery with every core busy", function()
   local ns, ctx, busy
   before_each(function()
     ns, ctx = S.world()
-    busy = busy_loops(2)
+    busy = S.busy_loops(2)
   end)
   after_each(function()
     for _, b in ipairs(busy or {}) do S.kill(b, "KILL") end

@@ -17,13 +17,7 @@ describe("a C consumer's getters", function()
   local bin
 
   setup(function()
-    local root = S.sh_quote(S.root)
-    local ok, log = S.sh(("make -s -C %s build/liblecho.so"):format(root))
-    assert(ok, "building liblecho failed: " .. log)
-    bin = S.tmpname("capi_getters")
-    ok, log = S.sh(("cc -O2 -Wall -Wextra -Werror -I%s/core -o %s %s/spec/support/capi_getters.c "
-      .. "-L%s/build -llecho -Wl,-rpath,%s/build"):format(root, bin, root, root, root))
-    assert(ok, "compiling spec/support/capi_getters.c failed: " .. log)
+    bin = S.capi_program(S.root .. "/spec/support/capi_getters.c")
   end)
 
   teardown(function() S.cleanup() end)

@@ -53,13 +53,7 @@ describe("a C peer through lecho.h and a Lua peer", function()
   local relay_bin
 
   setup(function()
-    local root = S.sh_quote(S.root)
-    local ok, log = S.sh(("make -s -C %s build/liblecho.so"):format(root))
-    assert(ok, "building liblecho failed: " .. log)
-    relay_bin = S.tmpname("capi_relay")
-    ok, log = S.sh(("cc -O2 -Wall -Wextra -Werror -I%s/core -o %s %s/spec/support/capi_relay.c "
-      .. "-L%s/build -llecho -Wl,-rpath,%s/build"):format(root, relay_bin, root, root, root))
-    assert(ok, "compiling spec/support/capi_relay.c failed: " .. log)
+    relay_bin = S.capi_program(S.root .. "/spec/support/capi_relay.c")
   end)
 
   teardown(function() S.cleanup() end)

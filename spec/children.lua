@@ -763,4 +763,37 @@ ctx:run()
 ctx:close{ linger = 0 }
 ]]
 
+-- A producer of "field" for the specs of modulator changes
+-- (spec/install_direct_spec.lua, spec/params_inband_spec.lua; opts
+-- { ns, n, secs, linger }): says "ready ADDR", submits events { i = 1, 2,
+-- ... } every 2 ms in fives until n were sent or secs seconds passed,
+-- then a sync { done = true, i = 0 } (so every event before it reached
+-- the consumers), says "sent", and stays for linger seconds (0.1 by
+-- default: the attacks of a spec run meanwhile).
+M.field_producer = [[
+local cjson = require "cjson"
+local lecho = require "lecho"
+local a = cjson.decode(arg[1])
+local ctx = lecho.context{ nameserver = a.ns }
+local p = assert(ctx:channel("field"):producer())
+io.stdout:write("ready ", ctx.addr, "\n"); io.stdout:flush()
+local i, t0 = 0, ctx:now()
+ctx:every(0.002, function(t)
+  for _ = 1, 5 do
+    if a.n and i >= a.n then break end
+    i = i + 1
+    assert(p:submit{ i = i })
+  end
+  if (a.n and i >= a.n) or (a.secs and ctx:now() - t0 > a.secs) then t:stop(); ctx:stop() end
+end)
+ctx:run()
+assert(p:submit_sync({ done = true, i = 0 }, { timeout = 20 }))
+io.stdout:write("sent\n"); io.stdout:flush()
+ctx:after(a.linger or 0.1, function() ctx:stop() end); ctx:run()
+ctx:close()
+]]
+
+-- The modulator those specs install: each event tagged with its params' tag.
+M.tag_modulator = "function enqueue(ev) ev.tag = params.tag return ev end"
+
 return M

@@ -296,14 +296,7 @@ int main(int argc, char **argv) {
 ]]
   local bin
   setup(function()
-    local root = S.sh_quote(S.root)
-    local ok, log = S.sh(("make -s -C %s build/liblecho.so"):format(root))
-    assert(ok, "building liblecho failed: " .. log)
-    local src = S.write(S.tmpname("codes_capi") .. ".c", SRC)
-    bin = S.tmpname("codes_capi")
-    ok, log = S.sh(("cc -O2 -Wall -Wextra -Werror -I%s/core -o %s %s -L%s/build -llecho -Wl,-rpath,%s/build")
-      :format(root, bin, src, root, root))
-    assert(ok, "compiling the C program failed: " .. log)
+    bin = S.capi_program(S.write(S.tmpname("codes_capi") .. ".c", SRC))
   end)
   teardown(function() S.cleanup() end)
 

@@ -32,15 +32,6 @@ local _, events, bytes = ctx.c:pending()
 io.stdout:write("submitted ", events, " ", bytes, "\n") io.stdout:flush()
 ]]
 
--- n processes spinning for ever (killed by S.cleanup).
-local function busy_loops(n)
-  local t = {}
-  for i = 1, n do t[i] = S.spawn(("%s -e 'while true do end'"):format(S.luajit)) end
-  S.sleep(0.2)
-  for i = 1, n do assert(S.alive(t[i]), "busy loop did not start: " .. S.errors(t[i])) end
-  return t
-end
-
 describe("a script that ends without ctx:close()", function()
   local ns, ctx
   setup(function() ns, ctx = S.world() end)
@@ -48,7 +39,7 @@ describe("a script that ends without ctx:close()", function()
 
   it("delivers the 20000 events it queued, with two busy loops running", function()
     local N = 20000
-    busy_loops(2)
+    S.busy_loops(2)
     local consumer = S.consumer{ ns = ns, channels = { "exit-all" }, expect = N, duration = 40 }
     local child = S.lua(PRODUCER, ns, "exit-all", tostring(N), "200", "2", "")
     local done, rc = S.wait(child, 40, ctx)
@@ -198,12 +189,7 @@ keep_guard = guard
     local zero = S.lua(ending(0), ns, "exit-lost", "100", "10", "0.5", "")
     local three = S.lua(ending(3), ns, "exit-lost", "100", "10", "0.5", "")
     local root = S.sh_quote(S.root)
-    local ok, log = S.sh(("make -s -C %s build/liblecho.so"):format(root))
-    assert(ok, "building liblecho failed: " .. log)
-    local bin = S.tmpname("capi_exit")
-    ok, log = S.sh(("cc -O2 -Wall -Wextra -Werror -I%s/core -o %s %s/spec/support/capi_exit.c "
-      .. "-L%s/build -llecho -Wl,-rpath,%s/build"):format(root, bin, root, root, root))
-    assert(ok, "compiling spec/support/capi_exit.c failed: " .. log)
+    local bin = S.capi_program(S.root .. "/spec/support/capi_exit.c")
     local c = S.spawn(("LECHO_LUA_DIR=%s/lua %s %s exit-lost 100"):format(root, bin, S.sh_quote(ns)))
     for _, t in ipairs{ { zero, 1 }, { three, 3 }, { c, 1 } } do
       local done, rc = S.wait(t[1], 40, ctx)
@@ -216,12 +202,7 @@ keep_guard = guard
 
   it("delivers what a C program queued when it returns from main without lecho_close", function()
     local root = S.sh_quote(S.root)
-    local ok, log = S.sh(("make -s -C %s build/liblecho.so"):format(root))
-    assert(ok, "building liblecho failed: " .. log)
-    local bin = S.tmpname("capi_exit")
-    ok, log = S.sh(("cc -O2 -Wall -Wextra -Werror -I%s/core -o %s %s/spec/support/capi_exit.c "
-      .. "-L%s/build -llecho -Wl,-rpath,%s/build"):format(root, bin, root, root, root))
-    assert(ok, "compiling spec/support/capi_exit.c failed: " .. log)
+    local bin = S.capi_program(S.root .. "/spec/support/capi_exit.c")
     local N = 20000
     local consumer = S.consumer{ ns = ns, channels = { "exit-c" }, expect = N, duration = 40 }
     local child = S.spawn(("LECHO_LUA_DIR=%s/lua %s %s exit-c %d"):format(root, bin, S.sh_quote(ns), N))

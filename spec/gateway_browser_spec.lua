@@ -1,4 +1,4 @@
--- The gateway's live view (lecho.gateway_page) in headless Chromium, driven
+-- The gateway's live view (lecho.gateway.page) in headless Chromium, driven
 -- through the DevTools protocol (spec/support/cdp.lua), against a running
 -- simulation (examples/atmosphere) and lecho-gateway, each its own process:
 -- the page loads, events arrive (the field's in binary frames, laid out as

@@ -112,6 +112,26 @@ describe("make install", function()
     assert.truthy(S.read(tree .. "/clib/pkgconfig/lecho.pc"))
   end)
 
+  it("over an earlier install, leaves no file that shadows a module moved since (lecho.gateway)", function()
+    -- lecho.gateway was lecho/gateway.lua, is lecho/gateway/init.lua: an
+    -- old file left in place is found first by require
+    local tree = S.tmpname("over")
+    os.execute(("mkdir -p %s/lua/lecho"):format(tree))
+    S.write(tree .. "/lua/lecho/gateway.lua", 'error("the gateway of an earlier install")\n')
+    S.write(tree .. "/lua/lecho/gateway_page.lua", 'return "old page"\n')
+    local ok, log = sh(("make -s -C %s install INST_LIBDIR=%s/lib INST_LUADIR=%s/lua INST_BINDIR=%s/bin")
+      :format(S.sh_quote(S.root), tree, tree, tree))
+    assert(ok, log)
+    assert.is_nil(S.read(tree .. "/lua/lecho/gateway.lua"))
+    assert.is_nil(S.read(tree .. "/lua/lecho/gateway_page.lua"))
+    local out
+    ok, out = sh(("%s LUA_PATH='%s/lua/?.lua;%s/lua/?/init.lua;;' LUA_CPATH='%s/lib/?.so;;' %s -e %s")
+      :format(CLEAN, tree, tree, tree, S.luajit,
+              S.sh_quote('io.write(type(require("lecho.gateway").new), " ", #require("lecho.gateway.page") > 1000 and "page" or "?")')))
+    assert.is_true(ok, out)
+    assert.are.equal("function page", out)
+  end)
+
   it("puts the C API in the LuaRocks tree with CAPI_IN_TREE (the rockspecs), refuses it elsewhere", function()
     local tree = S.tmpname("lrtree")
     local rock = tree .. "/lib/luarocks/rocks-5.1/lecho/0.1.0-1"

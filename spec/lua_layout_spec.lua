@@ -1,6 +1,6 @@
 -- The layout of lua/lecho/ cannot drift (issue 26):
---  * Context and Channel each have a home file (lecho.context,
---    lecho.channel) whose header lists every method defined elsewhere,
+--  * Context, Channel and the gateway's Gateway each have a home file
+--    (lecho.context, lecho.channel, lecho.gateway) whose header lists every method defined elsewhere,
 --    by module; this spec reads those lists and the `function Class:name`
 --    definitions of every file under lua/lecho/ and fails on a method
 --    defined outside its home and not listed, listed but not defined
@@ -129,6 +129,12 @@ describe("lua/lecho/ layout", function()
   it("every method of Channel is in lecho.channel or listed in its header under the module defining it", function()
     local problems, n = check("Channel", "lecho.channel")
     assert.is_true(n > 25, "too few Channel methods found: " .. n)
+    assert.are.same({}, problems)
+  end)
+
+  it("every method of Gateway is in lecho.gateway or listed in its header under the module defining it", function()
+    local problems, n = check("Gateway", "lecho.gateway")
+    assert.is_true(n > 15, "too few Gateway methods found: " .. n)
     assert.are.same({}, problems)
   end)
 

@@ -12,41 +12,12 @@ local S = require "spec.support"
 local cjson = require "cjson"
 local lecho = require "lecho"
 
-local function busy_loops(n)
-  local t = {}
-  for i = 1, n do t[i] = S.spawn(("%s -e 'while true do end'"):format(S.luajit)) end
-  S.sleep(0.2)
-  for i = 1, n do assert(S.alive(t[i]), "busy loop did not start: " .. S.errors(t[i])) end
-  return t
-end
-
--- A producer of "field": events { i = 1..n } every 2 ms in fives, then a
--- sync { done } (so every event before it reached the consumer), then it
--- stays for a.linger seconds (the attacks run meanwhile).
-local PRODUCER = [[
-local cjson = require "cjson"
-local lecho = require "lecho"
-local a = cjson.decode(arg[1])
-local ctx = lecho.context{ nameserver = a.ns }
-local p = assert(ctx:channel("field"):producer())
-io.stdout:write("ready ", ctx.addr, "\n"); io.stdout:flush()
-local i = 0
-ctx:every(0.002, function(t)
-  for _ = 1, 5 do
-    if i >= a.n then break end
-    i = i + 1
-    assert(p:submit{ i = i })
-  end
-  if i >= a.n then t:stop(); ctx:stop() end
-end)
-ctx:run()
-assert(p:submit_sync({ done = true, i = 0 }, { timeout = 20 }))
-io.stdout:write("sent\n"); io.stdout:flush()
-ctx:after(a.linger or 0.1, function() ctx:stop() end); ctx:run()
-ctx:close()
-]]
-
-local TAG = "function enqueue(ev) ev.tag = params.tag return ev end"
+-- A producer of "field" (spec/children.lua: events { i = 1..a.n }
+-- every 2 ms in fives, then a sync { done } (so every event before it
+-- reached the consumer), then it stays for a.linger seconds: the attacks
+-- run meanwhile) and the modulator that tags events with params.tag.
+local K = require "spec.children"
+local PRODUCER, TAG = K.field_producer, K.tag_modulator
 
 -- The consumer side in this process: per producer, every i once, tag ==
 -- meta.params_version, versions never going down.
@@ -82,7 +53,7 @@ describe("params in band", function()
 
   it("switch on the same stream: none lost or doubled, each event tagged with its params, under busy cores",
      function()
-    busy_loops(2)
+    S.busy_loops(2)
     local _, ns = S.nameserver("--quiet")
     local ctx = lecho.context{ nameserver = ns, quiet = true }
     local ch = ctx:channel("field")
@@ -263,8 +234,7 @@ describe("params in band, believed only from the instance's one consumer", funct
     assert.is_true(new_seen, cjson.encode(mine))
     -- one log line per kind in the producer: "refusing params from ..."
     local log = S.errors(prod)
-    local lines = 0
-    for _ in log:gmatch("refusing params from") do lines = lines + 1 end
+    local lines = S.count(log, "refusing params from")
     assert.is_true(lines >= 1 and lines <= 2, log)   -- one per 10 s (and the count of the others)
     assert.matches("refusing params from", log)
     ctx2:close(); ctx:close()

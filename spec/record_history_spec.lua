@@ -9,7 +9,6 @@
 -- Real processes on 127.0.0.1 (scripts/lecho, producers and a consumer in
 -- Lua), killed in after_each by S.cleanup().
 
-local cjson = require "cjson"
 local S = require "spec.support"
 
 local LECHO = S.root .. "/scripts/lecho"
@@ -61,28 +60,6 @@ ctx:run()
 ctx:close()
 ]]
 
-local function lines_of(child)
-  local t = {}
-  for l in S.output(child):gmatch("[^\n]+") do
-    if l:sub(1, 1) == "{" then t[#t + 1] = cjson.decode(l) end
-  end
-  return t
-end
-
-local function lecho_cmd(args)
-  return S.spawn(("%s %s"):format(S.luajit .. " " .. LECHO, args))
-end
-
-local function finish(child, timeout, what)
-  local done, rc = S.wait(child, timeout)
-  if not done then
-    S.kill(child, "KILL")
-    error(("%s still running; stdout %s; stderr %s"):format(what, S.output(child):sub(-600),
-                                                            S.errors(child):sub(-1200)), 0)
-  end
-  return rc
-end
-
 -- The E records of a file, read as doc/recording.md describes them (not
 -- with lecho.recording: the spec checks the documented format): { seq,
 -- flags, value } in file order.
@@ -132,9 +109,9 @@ describe("issue 29 F7: a recording holds the current state", function()
     assert(S.wait_file(prod.out, "sent", 20), S.errors(prod))
     -- nobody steers while it records: the kept value is all there is
     local file = S.tmpname("rhist") .. ".lecho"
-    local rec = lecho_cmd(("record rh.settings --out %s --for 1 --json --nameserver %s"):format(file, ns))
-    assert.are.equal(0, finish(rec, 30, "recorder"), S.errors(rec))
-    assert.are.equal(1, lines_of(rec)[1].events, "the summary: " .. S.output(rec) .. S.errors(rec))
+    local rec = S.lecho(("record rh.settings --out %s --for 1 --json --nameserver %s"):format(file, ns))
+    assert.are.equal(0, S.finish(rec, 30, "recorder"), S.errors(rec))
+    assert.are.equal(1, S.json_lines(rec)[1].events, "the summary: " .. S.output(rec) .. S.errors(rec))
     local ev = events_of(file)
     assert.are.equal(1, #ev, "events in the file")
     assert.are.equal(7, ev[1].value.gain)
@@ -142,34 +119,34 @@ describe("issue 29 F7: a recording holds the current state", function()
     assert.are.equal(1, ev[1].seq, "the producer's own sequence number")
     assert.are.equal(2, ev[1].flags, "flags: history (bit 1), not sync")
     -- readable by --check as any file (an old reader: bit 1 not known)
-    local chk = lecho_cmd("replay --check --json " .. file)
-    assert.are.equal(0, finish(chk, 20, "check"), S.output(chk) .. S.errors(chk))
-    assert.are.equal(1, lines_of(chk)[1].events)
+    local chk = S.lecho("replay --check --json " .. file)
+    assert.are.equal(0, S.finish(chk, 20, "check"), S.output(chk) .. S.errors(chk))
+    assert.are.equal(1, S.json_lines(chk)[1].events)
     -- the history flag shown where a user looks (issue 29 leftover): --check
     -- counts history events, recording.scan gives each event's flag
-    assert.are.equal(1, lines_of(chk)[1].history, "--check --json does not count the history event")
-    chk = lecho_cmd("replay --check " .. file)
-    assert.are.equal(0, finish(chk, 20, "check"))
+    assert.are.equal(1, S.json_lines(chk)[1].history, "--check --json does not count the history event")
+    chk = S.lecho("replay --check " .. file)
+    assert.are.equal(0, S.finish(chk, 20, "check"))
     assert.matches("1 events %(1 of them history%) on rh.settings", S.output(chk))
     local scanned = assert(require("lecho.recording").scan(file))
     assert.is_true(scanned.events[1].history)
 
     -- --history none: live events only (none came)
     local none = S.tmpname("rnone") .. ".lecho"
-    rec = lecho_cmd(("record rh.settings --out %s --for 1 --history none --json --nameserver %s"):format(none, ns))
-    assert.are.equal(0, finish(rec, 30, "recorder"), S.errors(rec))
-    assert.are.equal(0, lines_of(rec)[1].events)
+    rec = S.lecho(("record rh.settings --out %s --for 1 --history none --json --nameserver %s"):format(none, ns))
+    assert.are.equal(0, S.finish(rec, 30, "recorder"), S.errors(rec))
+    assert.are.equal(0, S.json_lines(rec)[1].events)
     assert.are.equal(0, #events_of(none))
     -- a bad value is refused, with why
-    rec = lecho_cmd(("record rh.settings --out %s.x --history 0 --nameserver %s"):format(none, ns))
-    assert.are_not.equal(0, finish(rec, 30, "recorder"))
+    rec = S.lecho(("record rh.settings --out %s.x --history 0 --nameserver %s"):format(none, ns))
+    assert.are_not.equal(0, S.finish(rec, 30, "recorder"))
     assert.matches("%-%-history needs N", S.errors(rec))
     -- past what ch:consumer takes (1024): the same clear refusal, exit 2,
     -- and no file made (third outside review #3: a traceback, exit 1, and a
     -- header-only file that made the corrected command fail "exists")
     for _, n in ipairs({ "0", "2000", "1025", "1.5" }) do
-      rec = lecho_cmd(("record rh.settings --out %s.big --count 5 --history %s --nameserver %s"):format(none, n, ns))
-      assert.are.equal(2, finish(rec, 30, "recorder"), S.errors(rec))
+      rec = S.lecho(("record rh.settings --out %s.big --count 5 --history %s --nameserver %s"):format(none, n, ns))
+      assert.are.equal(2, S.finish(rec, 30, "recorder"), S.errors(rec))
       assert.matches("%-%-history needs N %(1 to 1024%), last or none, not '" .. n:gsub("%.", "%%.") .. "'",
                      S.errors(rec))
       assert.is_nil(S.errors(rec):match("traceback"))
@@ -181,10 +158,10 @@ describe("issue 29 F7: a recording holds the current state", function()
     S.kill(prod, "KILL")
     local viewer = S.lua(VIEWER, ns, "rh.replayed")
     assert(S.wait_file(viewer.out, "ready", 20), S.errors(viewer))
-    local rp = lecho_cmd(("replay %s --rename rh.settings=rh.replayed --wait 10 --nameserver %s"):format(file, ns))
-    assert.are.equal(0, finish(rp, 30, "replay"), S.output(rp) .. S.errors(rp))
-    finish(viewer, 30, "viewer")
-    local got = lines_of(viewer)
+    local rp = S.lecho(("replay %s --rename rh.settings=rh.replayed --wait 10 --nameserver %s"):format(file, ns))
+    assert.are.equal(0, S.finish(rp, 30, "replay"), S.output(rp) .. S.errors(rp))
+    S.finish(viewer, 30, "viewer")
+    local got = S.json_lines(viewer)
     assert.are.equal(1, #got, S.output(viewer) .. S.errors(viewer))
     assert.are.equal(7, got[1].gain)
     assert.is_true(got[1].replay)
@@ -198,8 +175,8 @@ describe("issue 29 F7: a recording holds the current state", function()
     local prod = S.lua(SETTINGS, ns, "rh.lset")
     assert(S.wait_file(prod.out, "sent", 20), S.errors(prod))
     local file = S.tmpname("rlate") .. ".lecho"
-    local rec = lecho_cmd(("record rh.lset --out %s --for 1 --json --nameserver %s"):format(file, ns))
-    assert.are.equal(0, finish(rec, 30, "recorder"), S.errors(rec))
+    local rec = S.lecho(("record rh.lset --out %s --for 1 --json --nameserver %s"):format(file, ns))
+    assert.are.equal(0, S.finish(rec, 30, "recorder"), S.errors(rec))
     S.kill(prod, "KILL")
     -- the replay sends the settings (step 1) to nobody, then waits
     local rp = S.spawn(("sh -c %s"):format(S.sh_quote(("(echo 'step 1'; sleep 40; echo quit) | %s %s replay %s "
@@ -207,8 +184,8 @@ describe("issue 29 F7: a recording holds the current state", function()
     assert(S.wait_file(rp.out, '"sent":1', 30), S.output(rp) .. S.errors(rp))
     -- a viewer joins now, with history: it gets them, from the replay
     local viewer = S.lua(VIEWER, ns, "rh.lview", "last")
-    finish(viewer, 40, "viewer")
-    local got = lines_of(viewer)
+    S.finish(viewer, 40, "viewer")
+    local got = S.json_lines(viewer)
     assert.are.equal(1, #got, "the late viewer got nothing: " .. S.output(viewer) .. S.errors(viewer))
     assert.are.equal(7, got[1].gain)
     assert.is_true(got[1].replay)
@@ -255,7 +232,7 @@ describe("issue 29 F7: a recording holds the current state", function()
         ctx:close()
       end
     ]], file)
-    assert.are.equal(0, finish(child, 120, "recorder"), S.errors(child))
+    assert.are.equal(0, S.finish(child, 120, "recorder"), S.errors(child))
     local out = S.output(child)
     local rounds = 0
     for n, bad, last, sent in out:gmatch("events (%d+) bad (%d+) last (%-?%d+) sent (%d+)") do
@@ -307,8 +284,8 @@ describe("issue 29 F7: a recording holds the current state", function()
     -- the C sink path (no --count) and the Lua one (--count)
     for _, extra in ipairs({ "--for 1", "--count 50" }) do
       local file = S.tmpname("rseam") .. ".lecho"
-      local rec = lecho_cmd(("record rh.stream --out %s %s --json --nameserver %s"):format(file, extra, ns))
-      assert.are.equal(0, finish(rec, 30, "recorder " .. extra), S.errors(rec))
+      local rec = S.lecho(("record rh.stream --out %s %s --json --nameserver %s"):format(file, extra, ns))
+      assert.are.equal(0, S.finish(rec, 30, "recorder " .. extra), S.errors(rec))
       local ev = events_of(file)
       assert(#ev >= 10, extra .. ": only " .. #ev .. " events")
       assert.are.equal(2, ev[1].flags, extra .. ": the first is the kept value")
@@ -317,9 +294,9 @@ describe("issue 29 F7: a recording holds the current state", function()
         assert.are.equal(ev[k - 1].seq + 1, ev[k].seq, extra .. ": a gap or a duplicate at " .. k)
         assert.are.equal(ev[k].seq, ev[k].value.i)
       end
-      local chk = lecho_cmd("replay --check --json " .. file)
-      assert.are.equal(0, finish(chk, 20, "check"), S.output(chk) .. S.errors(chk))
-      local c = lines_of(chk)[1]
+      local chk = S.lecho("replay --check --json " .. file)
+      assert.are.equal(0, S.finish(chk, 20, "check"), S.output(chk) .. S.errors(chk))
+      local c = S.json_lines(chk)[1]
       assert.are.equal(#ev, c.events)
       assert.are.equal(0, c.missing)
     end

@@ -57,26 +57,30 @@ ctx:run()
 ctx:close()
 ]]
 
-local function lines_of(child)
-  local t = {}
-  for l in S.output(child):gmatch("[^\n]+") do
-    if l:sub(1, 1) == "{" then t[#t + 1] = cjson.decode(l) end
-  end
-  return t
+-- `lecho record` of channel `name` into file (extra: more of its
+-- options) while PRODUCER sends it n events every gap seconds (size
+-- bytes of pad): the recorder, which took the n events and the last sync
+-- one and exited 0 within timeout seconds (30 by default), once the
+-- producer ended too.
+local function record(ns, file, name, n, gap, size, extra, timeout)
+  local rec = S.lecho(("record %s --out %s --count %d %s --nameserver %s"):format(name, file, n + 1, extra or "", ns))
+  assert(S.wait_file(rec.err, "recording", 20), S.errors(rec))
+  local prod = S.lua(PRODUCER, ns, name, tostring(n), tostring(gap), size and tostring(size) or nil)
+  assert.are.equal(0, S.finish(rec, timeout or 30, "recorder"), S.errors(rec))
+  S.finish(prod, 30, "producer")
+  return rec
 end
 
-local function lecho_cmd(args)
-  return S.spawn(("%s %s"):format(S.luajit .. " " .. LECHO, args))
-end
-
-local function finish(child, timeout, what)
-  local done, rc = S.wait(child, timeout)
-  if not done then
-    S.kill(child, "KILL")
-    error(("%s still running; stdout %s; stderr %s"):format(what, S.output(child):sub(-600),
-                                                            S.errors(child):sub(-1200)), 0)
-  end
-  return rc
+-- A recording of n events { i = k } on channel "c", made by
+-- lecho.recording's writer: its path and its bytes.
+local function numbered(stem, n)
+  local recording = require "lecho.recording"
+  local lecho = require "lecho"
+  local file = S.tmpname(stem) .. ".lecho"
+  local w = assert(recording.writer(file, {}))
+  for i = 1, n do assert(w:event("c", "127.0.0.1:1#1", i, 1e9 + i, false, assert(lecho.encode({ i = i })))) end
+  w:close()
+  return file, assert(S.read(file))
 end
 
 describe("issue 29: record and replay", function()
@@ -128,12 +132,7 @@ describe("issue 29: record and replay", function()
     -- outside review of issue 29: one flipped byte mid-file made
     -- `record --append` cut every good record after it as a "torn tail"
     local recording = require "lecho.recording"
-    local lecho = require "lecho"
-    local file = S.tmpname("mid") .. ".lecho"
-    local w = assert(recording.writer(file, {}))
-    for i = 1, 40 do assert(w:event("c", "127.0.0.1:1#1", i, 1e9 + i, false, assert(lecho.encode({ i = i })))) end
-    w:close()
-    local good = assert(S.read(file))
+    local file, good = numbered("mid", 40)
     local size = #good
     -- a byte in the middle flipped: the records after it are whole
     local k = math.floor(size / 2)
@@ -161,12 +160,7 @@ describe("issue 29: record and replay", function()
     -- middle record made it run past the end of the file; --check called it
     -- a torn tail (exit 0) and record --append cut every record after it
     local recording = require "lecho.recording"
-    local lecho = require "lecho"
-    local file = S.tmpname("lenflip") .. ".lecho"
-    local w = assert(recording.writer(file, {}))
-    for i = 1, 3000 do assert(w:event("c", "127.0.0.1:1#1", i, 1e9 + i, false, assert(lecho.encode({ i = i })))) end
-    w:close()
-    local good = assert(S.read(file))
+    local file, good = numbered("lenflip", 3000)
     local size = #good
     -- the offsets of the records: length (4 LE), crc (4), body, from byte 10
     local offs, pos = {}, #recording.MAGIC
@@ -190,12 +184,12 @@ describe("issue 29: record and replay", function()
     assert.is_nil((recording.writer(file, { append = true })))
     assert.are.equal(size, #assert(S.read(file)))  -- nothing cut
     -- the commands: --check says DAMAGED and exits 1, record --append refuses and cuts nothing
-    local chk = lecho_cmd("replay --check " .. file)
-    assert.are.equal(1, finish(chk, 20, "check"))
+    local chk = S.lecho("replay --check " .. file)
+    assert.are.equal(1, S.finish(chk, 20, "check"))
     assert.matches("DAMAGED record at byte " .. at, S.output(chk) .. S.errors(chk))
     local _, ns = S.nameserver("--quiet")
-    local ap = lecho_cmd(("record lenflip --out %s --append --for 0.5 --nameserver %s"):format(file, ns))
-    assert.are_not.equal(0, finish(ap, 20, "record --append"))
+    local ap = S.lecho(("record lenflip --out %s --append --for 0.5 --nameserver %s"):format(file, ns))
+    assert.are_not.equal(0, S.finish(ap, 20, "record --append"))
     assert.matches("damaged record at byte " .. at, S.errors(ap))
     assert.are.equal(bad, S.read(file))
     -- the same record cut short at the end of the file (a crash): still a torn tail, cut
@@ -250,25 +244,25 @@ describe("issue 29: record and replay", function()
     S.write(file, flip(good, at + 8 + a + b * 256 - 2))
     local cons = S.lua(CONSUMER, ns, "dmg", "999")
     assert(S.wait_file(cons.out, "ready", 20), S.errors(cons))
-    local rp = lecho_cmd(("replay %s --speed max --rename CH=dmg --json --nameserver %s"):format(file, ns))
-    local rc = finish(rp, 30, "replay")
-    finish(cons, 30, "consumer")
-    local got = lines_of(cons)
+    local rp = S.lecho(("replay %s --speed max --rename CH=dmg --json --nameserver %s"):format(file, ns))
+    local rc = S.finish(rp, 30, "replay")
+    S.finish(cons, 30, "consumer")
+    local got = S.json_lines(cons)
     assert.are.equal(999, #got, S.errors(rp))
     assert.are.equal(1000, got[999].i)
     for k = 1, 999 do assert.are.equal(k < 500 and k or k + 1, got[k].i) end
     assert.are.equal(1, rc, S.output(rp) .. S.errors(rp))
     assert.matches("DAMAGED record at byte " .. at .. " %(a record whose checksum fails%)", S.errors(rp))
     assert.matches("1 damaged records skipped: the replay is not whole", S.errors(rp))
-    local st = lines_of(rp)
+    local st = S.json_lines(rp)
     assert.are.equal(999, st[#st].sent)
     assert.are.equal(1, st[#st].damaged)
     -- the text summary says it too
     cons = S.lua(CONSUMER, ns, "dmg2", "999")
     assert(S.wait_file(cons.out, "ready", 20), S.errors(cons))
-    rp = lecho_cmd(("replay %s --speed max --rename CH=dmg2 --nameserver %s"):format(file, ns))
-    assert.are.equal(1, finish(rp, 30, "replay"))
-    finish(cons, 30, "consumer")
+    rp = S.lecho(("replay %s --speed max --rename CH=dmg2 --nameserver %s"):format(file, ns))
+    assert.are.equal(1, S.finish(rp, 30, "replay"))
+    S.finish(cons, 30, "consumer")
     assert.matches("replay 999/999 sent=999 .* done damaged=1", S.output(rp))
   end)
 
@@ -285,16 +279,16 @@ describe("issue 29: record and replay", function()
     assert.are.equal(10, r.damage[1].offset)
     assert.are.equal(301, r.unindexed)
     assert.is_nil(r.torn)
-    local chk = lecho_cmd("replay --check " .. file)
-    assert.are.equal(1, finish(chk, 20, "check"), S.output(chk) .. S.errors(chk))
+    local chk = S.lecho("replay --check " .. file)
+    assert.are.equal(1, S.finish(chk, 20, "check"), S.output(chk) .. S.errors(chk))
     local out = S.output(chk)
     local _, nd = out:gsub("DAMAGED", "")
     assert.are.equal(1, nd, out)
     assert.matches("DAMAGED record at byte 10 %(a record whose checksum fails%): %d+ bytes skipped, 301 events"
                    .. " after it unplaceable", out)
     assert.is_nil(out:match("torn tail"), out)
-    local rp = lecho_cmd(("replay %s --speed max --wait 0 --nameserver %s"):format(file, ns))
-    assert.are.equal(1, finish(rp, 20, "replay"), S.output(rp) .. S.errors(rp))
+    local rp = S.lecho(("replay %s --speed max --wait 0 --nameserver %s"):format(file, ns))
+    assert.are.equal(1, S.finish(rp, 20, "replay"), S.output(rp) .. S.errors(rp))
     assert.matches("1 damaged records skipped, and 301 events after them: the replay is not whole", S.errors(rp))
     local _, nl = S.errors(rp):gsub("DAMAGED", "")
     assert.are.equal(1, nl, S.errors(rp))
@@ -303,19 +297,19 @@ describe("issue 29: record and replay", function()
   it("--check reports each producer's sequence gaps (a record removed from the middle) and exits 1 (F13)",
      function()
     local file, good, offs = small_recording("gap", 100)
-    local chk = lecho_cmd("replay --check " .. file)
-    assert.are.equal(0, finish(chk, 20, "check"), S.output(chk) .. S.errors(chk))
+    local chk = S.lecho("replay --check " .. file)
+    assert.are.equal(0, S.finish(chk, 20, "check"), S.output(chk) .. S.errors(chk))
     -- the 40th event's record taken out whole
     local at, nxt = offs[3 + 40], offs[3 + 41]
     S.write(file, good:sub(1, at) .. good:sub(nxt + 1))
-    chk = lecho_cmd("replay --check --json " .. file)
-    assert.are.equal(1, finish(chk, 20, "check"), S.output(chk) .. S.errors(chk))
-    local s = lines_of(chk)[1]
+    chk = S.lecho("replay --check --json " .. file)
+    assert.are.equal(1, S.finish(chk, 20, "check"), S.output(chk) .. S.errors(chk))
+    local s = S.json_lines(chk)[1]
     assert.are.equal(99, s.events)
     assert.are.equal(1, s.missing)
     assert.are.same({ ch = "CH", producer = "127.0.0.1:1#1", after = 39, next = 41, missing = 1, at = 40 }, s.gaps[1])
-    chk = lecho_cmd("replay --check " .. file)
-    assert.are.equal(1, finish(chk, 20, "check"))
+    chk = S.lecho("replay --check " .. file)
+    assert.are.equal(1, S.finish(chk, 20, "check"))
     assert.matches("127.0.0.1:1#1 on CH: seq 39 then 41 %(1 missing%)", S.output(chk))
     -- a producer that restarted on the same address (seqs from 1 again,
     -- time going on) is no gap; seqs and time going back are
@@ -338,15 +332,15 @@ describe("issue 29: record and replay", function()
     local cons = S.lua(CONSUMER, ns, "CH", "1")
     assert(S.wait_file(cons.out, "ready", 20), S.errors(cons))
     for _, r in ipairs({ "nosuch=x", "CH=ok --rename Ch=typo" }) do
-      local rp = lecho_cmd(("replay %s --rename %s --wait 0 --speed max --nameserver %s"):format(file, r, ns))
-      assert.are.equal(2, finish(rp, 20, "replay"), S.output(rp) .. S.errors(rp))
+      local rp = S.lecho(("replay %s --rename %s --wait 0 --speed max --nameserver %s"):format(file, r, ns))
+      assert.are.equal(2, S.finish(rp, 20, "replay"), S.output(rp) .. S.errors(rp))
       assert.matches("the recording holds no channel '" .. r:match("(%w+)=[%w.]+$") .. "' %(its channels: CH%)",
                      S.errors(rp))
       assert.are.equal("", S.output(rp))
     end
     -- the recorded channel's consumer got nothing
     S.sleep(0.5)
-    assert.are.equal(0, #lines_of(cons))
+    assert.are.equal(0, #S.json_lines(cons))
     S.kill(cons, "KILL")
     -- the REPL's replay() refuses it too
     local p = io.popen(("%s %s/scripts/lecho-repl --nameserver %s --no-history -e %s </dev/null 2>&1; echo rc=$?")
@@ -360,21 +354,16 @@ describe("issue 29: record and replay", function()
   it("rotated files given newest first are refused, by --check and by replay (F8)", function()
     local _, ns = S.nameserver("--quiet")
     local file = S.tmpname("rot") .. ".lecho"
-    local rec = lecho_cmd(("record rot --out %s --count 301 --max-bytes 4096 --keep 20 --nameserver %s")
-                          :format(file, ns))
-    assert(S.wait_file(rec.err, "recording", 20), S.errors(rec))
-    local prod = S.lua(PRODUCER, ns, "rot", "300", "0", "20")
-    assert.are.equal(0, finish(rec, 30, "recorder"), S.errors(rec))
-    finish(prod, 30, "producer")
+    record(ns, file, "rot", 300, 0, 20, "--max-bytes 4096 --keep 20")
     local right = ("%s.2 %s.1 %s"):format(file, file, file)
     local wrong = ("%s %s.1 %s.2"):format(file, file, file)
-    local chk = lecho_cmd("replay --check " .. right)
-    assert.are.equal(0, finish(chk, 20, "check"), S.output(chk) .. S.errors(chk))
-    chk = lecho_cmd("replay --check " .. wrong)
-    assert.are.equal(1, finish(chk, 20, "check"), S.output(chk) .. S.errors(chk))
+    local chk = S.lecho("replay --check " .. right)
+    assert.are.equal(0, S.finish(chk, 20, "check"), S.output(chk) .. S.errors(chk))
+    chk = S.lecho("replay --check " .. wrong)
+    assert.are.equal(1, S.finish(chk, 20, "check"), S.output(chk) .. S.errors(chk))
     assert.matches("give a rotated set oldest first", S.errors(chk))
-    local rp = lecho_cmd(("replay %s --speed max --wait 0 --nameserver %s"):format(wrong, ns))
-    assert.are.equal(1, finish(rp, 20, "replay"))
+    local rp = S.lecho(("replay %s --speed max --wait 0 --nameserver %s"):format(wrong, ns))
+    assert.are.equal(1, S.finish(rp, 20, "replay"))
     assert.matches("give a rotated set oldest first", S.errors(rp))
     assert.are.equal("", S.output(rp))
   end)
@@ -392,7 +381,7 @@ describe("issue 29: record and replay", function()
       local script = S.write(S.tmpname("cmds"), cmds)
       local rp = S.spawn(("sh -c %s"):format(S.sh_quote(("exec %s %s replay %s --step %s --wait 0 --nameserver %s < %s")
         :format(S.luajit, LECHO, file, json and "--json" or "", ns, script))))
-      finish(rp, 30, "replay --step")   -- (exit 1: the 2 events stepped reached no consumer)
+      S.finish(rp, 30, "replay --step")   -- (exit 1: the 2 events stepped reached no consumer)
       local lines = {}
       for l in S.output(rp):gmatch("[^\n]+") do lines[#lines + 1] = l end
       -- the first status line, then one per command, quit included (its
@@ -445,11 +434,11 @@ describe("issue 29: record and replay", function()
       .. " echo play; sleep 3; echo pause; sleep 1; echo play; sleep 1.8; echo status; echo quit)"
       .. " | %s %s replay %s --step --json --wait 10 --nameserver %s > %s")
       :format(out, S.luajit, LECHO, file, ns, out))))
-    finish(rp, 30, "replay --step")
-    finish(cons, 30, "consumer")
+    S.finish(rp, 30, "replay --step")
+    S.finish(cons, 30, "consumer")
     local st = {}
     for l in io.open(out):read("*a"):gmatch("[^\n]+") do st[#st + 1] = cjson.decode(l) end
-    local got = lines_of(cons)
+    local got = S.json_lines(cons)
     assert.are.equal(3, #got, S.errors(rp))
     -- the third: 1 s after the second play (5 s after the first event), not at it (4 s)
     assert(got[3].t > 4.5 and got[3].t < 5.8, ("the third event came %.3f s after the first"):format(got[3].t))
@@ -473,21 +462,21 @@ describe("issue 29: record and replay", function()
   it("a recorder killed mid-write: the torn tail is found, cut, and the rest replays whole", function()
     local _, ns = S.nameserver("--quiet")
     local file = S.tmpname("rec") .. ".lecho"
-    local rec = lecho_cmd(("record kill1 --out %s --nameserver %s"):format(file, ns))
+    local rec = S.lecho(("record kill1 --out %s --nameserver %s"):format(file, ns))
     assert(S.wait_file(rec.err, "recording", 20), S.errors(rec))
     local prod = S.lua(PRODUCER, ns, "kill1", "200000", "0", "100")
     -- killed while events flow at full rate: somewhere in a record
     assert(S.wait_file(file, "kill1", 20))
     S.sleep(1.0)
     S.kill(rec, "KILL")
-    finish(rec, 10, "recorder")
+    S.finish(rec, 10, "recorder")
     S.kill(prod, "KILL")
     local size = #assert(S.read(file))
     -- a torn tail for sure: the file cut inside its last record as well
     -- (a kill between two writes leaves whole records, which is fine too)
-    local chk = lecho_cmd("replay --check --json " .. file)
-    assert.are.equal(0, finish(chk, 20, "check"))
-    local c = lines_of(chk)[1]
+    local chk = S.lecho("replay --check --json " .. file)
+    assert.are.equal(0, S.finish(chk, 20, "check"))
+    local c = S.json_lines(chk)[1]
     assert(c.events > 100, "recorded only " .. tostring(c.events) .. " events")
     local f = io.open(file, "r+b")
     f:seek("set", size - 7)
@@ -496,20 +485,20 @@ describe("issue 29: record and replay", function()
     -- a torn write: bytes of the last record changed (inverted: never the same)
     f:write((b3:gsub(".", function(c) return string.char(255 - c:byte()) end)))
     f:close()
-    chk = lecho_cmd("replay --check --json " .. file)
-    assert.are.equal(0, finish(chk, 20, "check"))
-    local c2 = lines_of(chk)[1]
+    chk = S.lecho("replay --check --json " .. file)
+    assert.are.equal(0, S.finish(chk, 20, "check"))
+    local c2 = S.json_lines(chk)[1]
     assert.is_table(c2.torn, "the torn tail was not detected")
     -- the kill itself may have left a torn record (then the change is in it)
     assert.are.equal(c.torn and c.events or c.events - 1, c2.events, "more than the torn record was lost")
     -- replayed: every whole record, in order, flagged
     local cons = S.lua(CONSUMER, ns, "kill1", tostring(c2.events))
     assert(S.wait_file(cons.out, "ready", 20), S.errors(cons))
-    local rp = lecho_cmd(("replay %s --speed max --wait 10 --nameserver %s"):format(file, ns))
-    assert.are.equal(0, finish(rp, 60, "replay"), S.output(rp) .. S.errors(rp))
+    local rp = S.lecho(("replay %s --speed max --wait 10 --nameserver %s"):format(file, ns))
+    assert.are.equal(0, S.finish(rp, 60, "replay"), S.output(rp) .. S.errors(rp))
     assert.matches("torn tail at byte %d+", S.errors(rp))
-    finish(cons, 60, "consumer")
-    local got = lines_of(cons)
+    S.finish(cons, 60, "consumer")
+    local got = S.json_lines(cons)
     assert.are.equal(c2.events, #got)
     local first = got[1].i
     for k, e in ipairs(got) do
@@ -518,12 +507,12 @@ describe("issue 29: record and replay", function()
       if e.i % 10 == 0 then assert.are.equal(128, e.sum, "an array not as it was") end
     end
     -- record --append cuts the torn tail before it goes on
-    local ap = lecho_cmd(("record kill1 --out %s --append --for 0.5 --json --nameserver %s"):format(file, ns))
-    assert.are.equal(0, finish(ap, 20, "record --append"))
+    local ap = S.lecho(("record kill1 --out %s --append --for 0.5 --json --nameserver %s"):format(file, ns))
+    assert.are.equal(0, S.finish(ap, 20, "record --append"))
     assert.matches("torn tail at byte %d+ %(%d+ bytes%) cut", S.errors(ap))
-    chk = lecho_cmd("replay --check --json " .. file)
-    finish(chk, 20, "check")
-    assert.is_nil(lines_of(chk)[1].torn)
+    chk = S.lecho("replay --check --json " .. file)
+    S.finish(chk, 20, "check")
+    assert.is_nil(S.json_lines(chk)[1].torn)
   end)
 
   it("--count N writes exactly N events, not the rest of the batch that brought the Nth", function()
@@ -531,15 +520,15 @@ describe("issue 29: record and replay", function()
     local _, ns = S.nameserver("--quiet")
     for _, n in ipairs({ 1, 1000 }) do
       local file = S.tmpname("cnt") .. ".lecho"
-      local rec = lecho_cmd(("record cnt%d --out %s --count %d --json --nameserver %s"):format(n, file, n, ns))
+      local rec = S.lecho(("record cnt%d --out %s --count %d --json --nameserver %s"):format(n, file, n, ns))
       assert(S.wait_file(rec.err, "recording", 20), S.errors(rec))
       local prod = S.lua(PRODUCER, ns, "cnt" .. n, "20000", "0", "16")
-      assert.are.equal(0, finish(rec, 60, "recorder"), S.errors(rec))
+      assert.are.equal(0, S.finish(rec, 60, "recorder"), S.errors(rec))
       S.kill(prod, "KILL")
-      assert.are.equal(n, lines_of(rec)[1].events, "the summary")
-      local chk = lecho_cmd("replay --check --json " .. file)
-      assert.are.equal(0, finish(chk, 20, "check"))
-      assert.are.equal(n, lines_of(chk)[1].events, "events in the file")
+      assert.are.equal(n, S.json_lines(rec)[1].events, "the summary")
+      local chk = S.lecho("replay --check --json " .. file)
+      assert.are.equal(0, S.finish(chk, 20, "check"))
+      assert.are.equal(n, S.json_lines(chk)[1].events, "events in the file")
     end
   end)
 
@@ -551,13 +540,13 @@ describe("issue 29: record and replay", function()
     local _, ns = S.nameserver("--quiet")
     for _, how in ipairs({ "--count 301", "--for 6" }) do
       local file = S.tmpname("sumb") .. ".lecho"
-      local rec = lecho_cmd(("record sumb --out %s %s --max-bytes 8192 --keep 50 --json --nameserver %s")
+      local rec = S.lecho(("record sumb --out %s %s --max-bytes 8192 --keep 50 --json --nameserver %s")
                             :format(file, how, ns))
       assert(S.wait_file(rec.err, "recording", 20), S.errors(rec))
       local prod = S.lua(PRODUCER, ns, "sumb", "300", "0", "40")
-      assert.are.equal(0, finish(rec, 60, "recorder"), S.errors(rec))
-      finish(prod, 30, "producer")
-      local sum = lines_of(rec)[1]
+      assert.are.equal(0, S.finish(rec, 60, "recorder"), S.errors(rec))
+      S.finish(prod, 30, "producer")
+      local sum = S.json_lines(rec)[1]
       assert.are.equal(301, sum.events, how)
       assert(sum.rotations >= 1, how .. ": rotations " .. sum.rotations)
       local total = #assert(S.read(file))
@@ -569,13 +558,8 @@ describe("issue 29: record and replay", function()
   it("rotates past --max-bytes, keeping --keep files", function()
     local _, ns = S.nameserver("--quiet")
     local file = S.tmpname("rot") .. ".lecho"
-    local rec = lecho_cmd(("record rot --out %s --max-bytes 20000 --keep 2 --count 1001 --json --nameserver %s")
-                          :format(file, ns))
-    assert(S.wait_file(rec.err, "recording", 20), S.errors(rec))
-    local prod = S.lua(PRODUCER, ns, "rot", "1000", "0", "100")
-    assert.are.equal(0, finish(rec, 60, "recorder"))
-    finish(prod, 30, "producer")
-    local sum = lines_of(rec)[1]
+    local rec = record(ns, file, "rot", 1000, 0, 100, "--max-bytes 20000 --keep 2 --json", 60)
+    local sum = S.json_lines(rec)[1]
     assert(sum.rotations >= 3, "rotations: " .. tostring(sum.rotations))
     local total = 0
     for _, f in ipairs({ file, file .. ".1", file .. ".2" }) do
@@ -585,15 +569,15 @@ describe("issue 29: record and replay", function()
     end
     assert.is_nil(S.read(file .. ".3"), "more files than --keep")
     -- the three files replay as one run, in order
-    local chk = lecho_cmd(("replay --check --json %s.2 %s.1 %s"):format(file, file, file))
-    finish(chk, 20, "check")
+    local chk = S.lecho(("replay --check --json %s.2 %s.1 %s"):format(file, file, file))
+    S.finish(chk, 20, "check")
     local n = 0
-    for _, l in ipairs(lines_of(chk)) do n = n + l.events; assert.is_nil(l.torn) end
+    for _, l in ipairs(S.json_lines(chk)) do n = n + l.events; assert.is_nil(l.torn) end
     assert(n > 0 and n < 1001, "events in the kept files: " .. n)
     -- F5 (outside review): --max-bytes 100 made files of 366 bytes (a
     -- header and one event each): below 4096 it is refused, and said
-    local small = lecho_cmd(("record rot --out %s.small --max-bytes 100 --nameserver %s"):format(file, ns))
-    assert.are_not.equal(0, finish(small, 20, "record --max-bytes 100"))
+    local small = S.lecho(("record rot --out %s.small --max-bytes 100 --nameserver %s"):format(file, ns))
+    assert.are_not.equal(0, S.finish(small, 20, "record --max-bytes 100"))
     assert.matches("%-%-max%-bytes 100 is below 4096", S.errors(small))
     assert.is_nil(S.read(file .. ".small"))
     -- an event larger than --max-bytes: a file of its own, the one case a
@@ -613,20 +597,16 @@ describe("issue 29: record and replay", function()
   it("replays at the recorded pace times --speed, renamed, and seeks and steps on command", function()
     local _, ns = S.nameserver("--quiet")
     local file = S.tmpname("pace") .. ".lecho"
-    local rec = lecho_cmd(("record pace --out %s --count 21 --nameserver %s"):format(file, ns))
-    assert(S.wait_file(rec.err, "recording", 20), S.errors(rec))
-    local prod = S.lua(PRODUCER, ns, "pace", "20", "0.05")
-    assert.are.equal(0, finish(rec, 30, "recorder"))
-    finish(prod, 30, "producer")
+    record(ns, file, "pace", 20, 0.05)
     -- recorded over ~1 s (20 gaps of 50 ms); at 2x, ~0.5 s
     for _, speed in ipairs({ 1, 2 }) do
       local cons = S.lua(CONSUMER, ns, "pace.re", "21")
       assert(S.wait_file(cons.out, "ready", 20), S.errors(cons))
-      local rp = lecho_cmd(("replay %s --speed %d --rename pace=pace.re --wait 10 --nameserver %s")
+      local rp = S.lecho(("replay %s --speed %d --rename pace=pace.re --wait 10 --nameserver %s")
                            :format(file, speed, ns))
-      assert.are.equal(0, finish(rp, 30, "replay"))
-      finish(cons, 30, "consumer")
-      local got = lines_of(cons)
+      assert.are.equal(0, S.finish(rp, 30, "replay"))
+      S.finish(cons, 30, "consumer")
+      local got = S.json_lines(cons)
       assert.are.equal(21, #got, S.output(cons) .. S.errors(rp))
       local span = got[21].t - got[1].t
       local want = 1.0 / speed
@@ -640,17 +620,17 @@ describe("issue 29: record and replay", function()
     -- (the child's own stdin is /dev/null: the commands come through sh)
     local rp = S.spawn(("sh -c %s"):format(S.sh_quote(("exec %s %s replay %s --step --json --rename pace=pace.step"
       .. " --wait 10 --nameserver %s < %s"):format(S.luajit, LECHO, file, ns, script))))
-    assert.are.equal(0, finish(rp, 30, "replay --step"))
-    local ok, err = pcall(finish, cons, 30, "consumer")
+    assert.are.equal(0, S.finish(rp, 30, "replay --step"))
+    local ok, err = pcall(S.finish, cons, 30, "consumer")
     assert(ok, tostring(err) .. "; replay: " .. S.output(rp) .. S.errors(rp))
-    local got = lines_of(cons)
+    local got = S.json_lines(cons)
     local is = {}
     for _, e in ipairs(got) do is[#is + 1] = e.i end
     -- seq 5 and 6; then the first event at or after 0.5 s (about the 11th) and the next
     assert.are.same({ 5, 6 }, { is[1], is[2] })
     assert(is[3] >= 9 and is[3] <= 13, "seek t=0.5 went to event " .. tostring(is[3]))
     assert.are.equal(is[3] + 1, is[4])
-    local st = lines_of(rp)
+    local st = S.json_lines(rp)
     assert.is_true(st[#st].paused)
     assert.are.equal(4, st[#st].sent)
   end)
@@ -659,11 +639,7 @@ describe("issue 29: record and replay", function()
     local _, ns = S.nameserver("--quiet")
     local file = S.tmpname("big") .. ".lecho"
     -- 121 events of ~480 KB over ~6 s
-    local rec = lecho_cmd(("record big --out %s --count 121 --nameserver %s"):format(file, ns))
-    assert(S.wait_file(rec.err, "recording", 20), S.errors(rec))
-    local prod = S.lua(PRODUCER, ns, "big", "120", "0.05", tostring(480 * 1024))
-    assert.are.equal(0, finish(rec, 30, "recorder"))
-    finish(prod, 30, "producer")
+    record(ns, file, "big", 120, 0.05, 480 * 1024)
     local cons = S.lua(CONSUMER, ns, "big.re", "121")
     assert(S.wait_file(cons.out, "ready", 20), S.errors(cons))
     -- commands through a pipe, as a user types them once the first status
@@ -673,7 +649,7 @@ describe("issue 29: record and replay", function()
       .. " echo 'seek t=5'; echo play; sleep 3; echo status; echo quit)"
       .. " | %s %s replay %s --step --json --rename big=big.re --wait 10 --nameserver %s > %s")
       :format(out, S.luajit, LECHO, file, ns, out))))
-    assert.are.equal(0, finish(rp, 60, "replay --step"))
+    assert.are.equal(0, S.finish(rp, 60, "replay --step"))
     local st = {}
     for l in io.open(out):read("*a"):gmatch("[^\n]+") do st[#st + 1] = cjson.decode(l) end
     assert.not_matches("commands came while", S.errors(rp))
@@ -683,8 +659,8 @@ describe("issue 29: record and replay", function()
     assert(rest >= 3 and rest <= 60, "seek t=5 went to " .. tostring(st[2] and st[2].pos))
     assert.are.equal(rest, last.sent, S.errors(rp))
     S.kill(cons, "TERM")
-    finish(cons, 30, "consumer")
-    local got = lines_of(cons)
+    S.finish(cons, 30, "consumer")
+    local got = S.json_lines(cons)
     assert.are.equal(rest, #got)
     assert.are.equal(121, got[#got].i)
     -- commands piped before the file is loaded (the reviewer's `sleep 1`
@@ -692,17 +668,17 @@ describe("issue 29: record and replay", function()
     rp = S.spawn(("sh -c %s"):format(S.sh_quote(("printf 'play\\nstatus\\nquit\\n'"
       .. " | %s %s replay %s --step --rename big=big.none --wait 0 --nameserver %s")
       :format(S.luajit, LECHO, file, ns))))
-    finish(rp, 60, "replay --step, commands piped at once")
+    S.finish(rp, 60, "replay --step, commands piped at once")
     assert.matches("commands came while the recording loaded %(%d+%.%d s%): they run now", S.errors(rp))
   end)
 
   it("lecho sub --json writes an array as {dtype, shape, data}, as the gateway does (issue 29 N2)", function()
     local _, ns = S.nameserver("--quiet")
-    local sub = lecho_cmd(("sub arr.json --json --count 10 --nameserver %s"):format(ns))
+    local sub = S.lecho(("sub arr.json --json --count 10 --nameserver %s"):format(ns))
     local prod = S.lua(PRODUCER, ns, "arr.json", "10", "0")
-    assert.are.equal(0, finish(sub, 30, "lecho sub"), S.errors(sub))
-    finish(prod, 30, "producer")
-    local got = lines_of(sub)
+    assert.are.equal(0, S.finish(sub, 30, "lecho sub"), S.errors(sub))
+    S.finish(prod, 30, "producer")
+    local got = S.json_lines(sub)
     assert.are.equal(10, #got, S.output(sub))
     local f = got[10].value.field
     assert.are.same({ dtype = "<f8", shape = { 4, 4 } }, { dtype = f.dtype, shape = f.shape })
@@ -743,9 +719,9 @@ while ctx:now() < deadline and not next(ctx:channel("exact").dests) do ctx:run_o
 assert(p:submit_sync(v, { timeout = 20 }))
 ctx:close()
 ]], ns)
-    local sub = lecho_cmd(("sub exact --json --count 1 --nameserver %s"):format(ns))
-    assert.are.equal(0, finish(sub, 30, "lecho sub"), S.errors(sub))
-    finish(prod, 30, "producer")
+    local sub = S.lecho(("sub exact --json --count 1 --nameserver %s"):format(ns))
+    assert.are.equal(0, S.finish(sub, 30, "lecho sub"), S.errors(sub))
+    S.finish(prod, 30, "producer")
     local line = S.output(sub)
     for _, w in ipairs(want) do assert(line:find(w, 1, true), w .. " not in " .. line) end
     -- the same writer for the REPL's --json and the gateway's JSON clients
@@ -790,8 +766,8 @@ return { rules = {
       ctx:run()
     ]], ns)
     assert(S.wait_file(sim.out, "up", 20), S.errors(sim))
-    local sub = lecho_cmd(("sub kst2 --history 3 --for 2 --nameserver %s --key %s/eve.key %s"):format(ns, dir, trust))
-    finish(sub, 30, "lecho sub")
+    local sub = S.lecho(("sub kst2 --history 3 --for 2 --nameserver %s --key %s/eve.key %s"):format(ns, dir, trust))
+    S.finish(sub, 30, "lecho sub")
     assert.are.equal("", S.output(sub))
     assert.matches("lecho sub: consumer on 'kst2': no history from [%d.:]+: .*refused by peer: not trusted: eve",
                    S.errors(sub))
@@ -800,19 +776,15 @@ return { rules = {
   it("a replay that reached no consumer says so and exits 1; one that reached its consumer exits 0", function()
     local _, ns = S.nameserver("--quiet")
     local file = S.tmpname("nobody") .. ".lecho"
-    local rec = lecho_cmd(("record nb --out %s --count 6 --nameserver %s"):format(file, ns))
-    assert(S.wait_file(rec.err, "recording", 20), S.errors(rec))
-    local prod = S.lua(PRODUCER, ns, "nb", "5", "0")
-    assert.are.equal(0, finish(rec, 30, "recorder"))
-    finish(prod, 30, "producer")
+    record(ns, file, "nb", 5, 0)
     -- nobody consumes nb.none: said on stderr, counted, exit 1 (as lecho pub)
-    local rp = lecho_cmd(("replay %s --speed max --rename nb=nb.none --wait 0.3 --json --nameserver %s")
+    local rp = S.lecho(("replay %s --speed max --rename nb=nb.none --wait 0.3 --json --nameserver %s")
                          :format(file, ns))
-    local rc = finish(rp, 30, "replay")
+    local rc = S.finish(rp, 30, "replay")
     assert.are.equal(1, rc, S.output(rp) .. S.errors(rp))
     assert.matches("no consumer of nb.none yet", S.errors(rp))
     assert.matches("6 of 6 events sent reached no consumer %(nb.none: 6%)", S.errors(rp))
-    local st = lines_of(rp)
+    local st = S.json_lines(rp)
     assert.are.equal(6, st[#st].sent)
     assert.are.equal(6, st[#st].unreached)
     -- the final status: 6 of 6, as the text says (review of issue 29, N1: "pos":7,"total":6)
@@ -821,11 +793,11 @@ return { rules = {
     -- the same file to a consumer: every event reached it, exit 0, unreached 0
     local cons = S.lua(CONSUMER, ns, "nb.some", "6")
     assert(S.wait_file(cons.out, "ready", 20), S.errors(cons))
-    rp = lecho_cmd(("replay %s --speed max --rename nb=nb.some --json --nameserver %s"):format(file, ns))
-    assert.are.equal(0, finish(rp, 30, "replay"), S.output(rp) .. S.errors(rp))
-    finish(cons, 30, "consumer")
-    assert.are.equal(6, #lines_of(cons))
-    st = lines_of(rp)
+    rp = S.lecho(("replay %s --speed max --rename nb=nb.some --json --nameserver %s"):format(file, ns))
+    assert.are.equal(0, S.finish(rp, 30, "replay"), S.output(rp) .. S.errors(rp))
+    S.finish(cons, 30, "consumer")
+    assert.are.equal(6, #S.json_lines(cons))
+    st = S.json_lines(rp)
     assert.are.equal(0, st[#st].unreached)
     assert.not_matches("reached no consumer", S.errors(rp))
   end)
@@ -835,26 +807,26 @@ return { rules = {
     local _, ns = S.nameserver("--quiet")
     local file = S.tmpname("partial") .. ".lecho"
     -- two channels, 6 events each (5 and the final sync one)
-    local rec = lecho_cmd(("record pa pb --out %s --count 12 --nameserver %s"):format(file, ns))
+    local rec = S.lecho(("record pa pb --out %s --count 12 --nameserver %s"):format(file, ns))
     assert(S.wait_file(rec.err, "recording", 20), S.errors(rec))
     local pa = S.lua(PRODUCER, ns, "pa", "5", "0")
     local pb = S.lua(PRODUCER, ns, "pb", "5", "0")
-    assert.are.equal(0, finish(rec, 30, "recorder"), S.errors(rec))
-    finish(pa, 30, "producer pa")
-    finish(pb, 30, "producer pb")
+    assert.are.equal(0, S.finish(rec, 30, "recorder"), S.errors(rec))
+    S.finish(pa, 30, "producer pa")
+    S.finish(pb, 30, "producer pb")
     -- pa's events go to a consumer, pb's to a channel nobody consumes
     local cons = S.lua(CONSUMER, ns, "pa.some", "6")
     assert(S.wait_file(cons.out, "ready", 20), S.errors(cons))
-    local rp = lecho_cmd(("replay %s --speed max --rename pa=pa.some --rename pb=pb.none --wait 0.5 --json"
+    local rp = S.lecho(("replay %s --speed max --rename pa=pa.some --rename pb=pb.none --wait 0.5 --json"
       .. " --nameserver %s"):format(file, ns))
-    local rc = finish(rp, 30, "replay")
-    finish(cons, 30, "consumer")
+    local rc = S.finish(rp, 30, "replay")
+    S.finish(cons, 30, "consumer")
     assert.are.equal(0, rc, S.output(rp) .. S.errors(rp))
-    assert.are.equal(6, #lines_of(cons))
+    assert.are.equal(6, #S.json_lines(cons))
     assert.matches("no consumer of pb.none yet", S.errors(rp))
     assert.not_matches("no consumer of pa.some", S.errors(rp))
     assert.matches("6 of 12 events sent reached no consumer %(pb.none: 6%)", S.errors(rp))
-    local st = lines_of(rp)
+    local st = S.json_lines(rp)
     assert.are.equal(12, st[#st].sent)
     assert.are.equal(6, st[#st].unreached)
   end)
@@ -884,7 +856,7 @@ local ru = ffi.new("struct lecho_ru")
 ffi.C.getrusage(-1, ru)
 io.stdout:write(("maxrss %d rc %s\n"):format(tonumber(ru.maxrss), tostring(rc))) io.stdout:flush()
 ]], ("%s %s replay --check %s >/dev/null"):format(S.luajit, LECHO, file))
-    assert.are.equal(0, finish(probe, 120, "check"), S.errors(probe))
+    assert.are.equal(0, S.finish(probe, 120, "check"), S.errors(probe))
     local kb, rc = S.output(probe):match("maxrss (%d+) rc (%S+)")
     assert.are.equal("0", rc, S.output(probe))
     local peak = tonumber(kb) * 1024

@@ -13,37 +13,6 @@
 local cjson = require "cjson"
 local S = require "spec.support"
 
-local LECHO = S.root .. "/scripts/lecho"
-
-local function lecho_cmd(args)
-  return S.spawn(("%s %s"):format(S.luajit .. " " .. LECHO, args))
-end
-
-local function finish(child, timeout, what)
-  local done, rc = S.wait(child, timeout)
-  if not done then
-    S.kill(child, "KILL")
-    error(("%s still running; stdout %s; stderr %s"):format(what, S.output(child):sub(-600),
-                                                            S.errors(child):sub(-1200)), 0)
-  end
-  return rc
-end
-
-local function json_lines(child)
-  local t = {}
-  for l in S.output(child):gmatch("[^\n]+") do
-    if l:sub(1, 1) == "{" then t[#t + 1] = cjson.decode(l) end
-  end
-  return t
-end
-
--- n processes spinning until killed.
-local function busy_loops(n)
-  local t = {}
-  for i = 1, n do t[i] = S.spawn(("%s -e 'while true do end'"):format(S.luajit)) end
-  return t
-end
-
 -- A producer of `name` recording into `file` (ctx:recorder's options as
 -- JSON in arg 4): n events { i = k, pad = size bytes, field = an array
 -- every 10th }, a sync one every 1000th (to a consumer when there is one:
@@ -105,36 +74,42 @@ local function events_of(file)
   return out, scan
 end
 
+-- A consumer of channel arg[2] that takes arg[3] events { i = 1, 2, ... }
+-- and says "got N bad B": B the events out of order (or, with arg[4]
+-- "replay", not flagged meta.replay).
+local IN_ORDER = [[
+local lecho = require "lecho"
+local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+local want_replay = arg[4] == "replay"
+local n, bad, last = 0, 0, 0
+assert(ctx:channel(arg[2]):consumer(function(ev, meta)
+  n = n + 1
+  if ev.i ~= last + 1 or (want_replay and not meta.replay) then bad = bad + 1 end
+  last = ev.i
+  if n == tonumber(arg[3]) then ctx:stop() end
+end))
+io.stdout:write("ready\n") io.stdout:flush()
+ctx:after(120, function() ctx:stop() end)
+ctx:run()
+io.stdout:write(("got %d bad %d\n"):format(n, bad))
+ctx:close()
+]]
+
 describe("issue 29: recording in the producer's process", function()
   after_each(function() S.cleanup() end)
 
   it("records every event submitted, in order, values as sent, with every core busy", function()
     local _, ns = S.nameserver("--quiet")
     -- a consumer in another process: the wire goes on as without a recorder
-    local cons = S.lua([[
-      local lecho = require "lecho"
-      local ctx = lecho.context{ nameserver = arg[1], quiet = true }
-      local n, bad, last = 0, 0, 0
-      assert(ctx:channel("rt.busy"):consumer(function(ev)
-        n = n + 1
-        if ev.i ~= last + 1 then bad = bad + 1 end
-        last = ev.i
-        if n == tonumber(arg[2]) then ctx:stop() end
-      end))
-      io.stdout:write("ready\n") io.stdout:flush()
-      ctx:after(120, function() ctx:stop() end)
-      ctx:run()
-      io.stdout:write(("got %d bad %d\n"):format(n, bad))
-      ctx:close()
-    ]], ns, "20000")
+    local cons = S.lua(IN_ORDER, ns, "rt.busy", "20000")
     assert(S.wait_file(cons.out, "ready", 20), S.errors(cons))
-    busy_loops(2)
+    S.busy_loops(2)
     local file = S.tmpname("busy") .. ".lecho"
     local prod = S.lua(PRODUCER, ns, "rt.busy", file, "{}", "20000", "wait")
-    assert.are.equal(0, finish(prod, 120, "producer"), S.errors(prod))
-    local st = json_lines(prod)[1]
+    assert.are.equal(0, S.finish(prod, 120, "producer"), S.errors(prod))
+    local st = S.json_lines(prod)[1]
     assert.are.same({ 20000, 20000, 0, 0 }, { st.submitted, st.events, st.dropped, st.lost })
-    assert(finish(cons, 60, "consumer") == 0)
+    assert(S.finish(cons, 60, "consumer") == 0)
     assert.matches("got 20000 bad 0", S.output(cons))
     local evs, scan = events_of(file)
     assert.is_nil(scan.torn)
@@ -149,9 +124,9 @@ describe("issue 29: recording in the producer's process", function()
       if k % 10 == 0 then assert.are.equal(128, e.sum, "an array not as it was") end
     end
     -- the file is one `lecho replay --check` reads whole, no gap
-    local chk = lecho_cmd("replay --check --json " .. file)
-    assert.are.equal(0, finish(chk, 30, "check"), S.errors(chk))
-    local c = json_lines(chk)[1]
+    local chk = S.lecho("replay --check --json " .. file)
+    assert.are.equal(0, S.finish(chk, 30, "check"), S.errors(chk))
+    local c = S.json_lines(chk)[1]
     assert.are.equal(20000, c.events)
     -- bytes per event close to the wire's (a value of ~130 B: its frame
     -- header and the record's differ by a few bytes)
@@ -168,11 +143,11 @@ describe("issue 29: recording in the producer's process", function()
     -- killed while it records at full rate (the writer thread mid-write, or between two)
     S.sleep(0.5)
     S.kill(prod, "KILL")
-    finish(prod, 10, "producer")
+    S.finish(prod, 10, "producer")
     local size = #assert(S.read(file))
-    local chk = lecho_cmd("replay --check --json " .. file)
-    assert.are.equal(0, finish(chk, 30, "check"), S.errors(chk))
-    local c = json_lines(chk)[1]
+    local chk = S.lecho("replay --check --json " .. file)
+    assert.are.equal(0, S.finish(chk, 30, "check"), S.errors(chk))
+    local c = S.json_lines(chk)[1]
     assert(c.events >= 1000, "recorded only " .. tostring(c.events) .. " events")
     -- a torn tail for sure: bytes of the last record changed, as a write cut short
     local f = io.open(file, "r+b")
@@ -181,36 +156,21 @@ describe("issue 29: recording in the producer's process", function()
     f:seek("set", size - 7)
     f:write((b3:gsub(".", function(ch) return string.char(255 - ch:byte()) end)))
     f:close()
-    chk = lecho_cmd("replay --check --json " .. file)
-    assert.are.equal(0, finish(chk, 30, "check"), S.errors(chk))
-    local c2 = json_lines(chk)[1]
+    chk = S.lecho("replay --check --json " .. file)
+    assert.are.equal(0, S.finish(chk, 30, "check"), S.errors(chk))
+    local c2 = S.json_lines(chk)[1]
     assert.is_table(c2.torn, "the torn tail was not reported")
     assert.are.equal(c.torn and c.events or c.events - 1, c2.events, "more than the torn record was lost")
     local evs = events_of(file)
     for k, e in ipairs(evs) do assert(e.seq == k and e.i == k, "a gap or disorder at " .. k) end
     -- replayed to a consumer: every whole record, in order
     local n = #evs
-    local cons = S.lua([[
-      local lecho = require "lecho"
-      local ctx = lecho.context{ nameserver = arg[1], quiet = true }
-      local n, bad, last = 0, 0, 0
-      assert(ctx:channel("rt.kill"):consumer(function(ev, meta)
-        n = n + 1
-        if ev.i ~= last + 1 or not meta.replay then bad = bad + 1 end
-        last = ev.i
-        if n == tonumber(arg[2]) then ctx:stop() end
-      end))
-      io.stdout:write("ready\n") io.stdout:flush()
-      ctx:after(120, function() ctx:stop() end)
-      ctx:run()
-      io.stdout:write(("got %d bad %d\n"):format(n, bad))
-      ctx:close()
-    ]], ns, tostring(n))
+    local cons = S.lua(IN_ORDER, ns, "rt.kill", tostring(n), "replay")
     assert(S.wait_file(cons.out, "ready", 20), S.errors(cons))
-    local rp = lecho_cmd(("replay %s --speed max --wait 10 --nameserver %s"):format(file, ns))
-    assert.are.equal(0, finish(rp, 120, "replay"), S.output(rp) .. S.errors(rp))
+    local rp = S.lecho(("replay %s --speed max --wait 10 --nameserver %s"):format(file, ns))
+    assert.are.equal(0, S.finish(rp, 120, "replay"), S.output(rp) .. S.errors(rp))
     assert.matches("torn tail at byte %d+", S.errors(rp))
-    finish(cons, 60, "consumer")
+    S.finish(cons, 60, "consumer")
     assert.matches(("got %d bad 0"):format(n), S.output(cons))
   end)
 
@@ -243,17 +203,17 @@ describe("issue 29: recording in the producer's process", function()
       local prod = S.lua(PRODUCER, "-", "rt.slow", fifo, cjson.encode({ policy = policy, buffer_bytes = 131072 }),
                          tostring(n), "drain", "1000")
       n = n + 10
-      assert.are.equal(0, finish(prod, 120, "producer"), S.errors(prod))
-      assert.are.equal(0, finish(reader, 60, "reader"), S.errors(reader))
-      local st = json_lines(prod)[1]
+      assert.are.equal(0, S.finish(prod, 120, "producer"), S.errors(prod))
+      assert.are.equal(0, S.finish(reader, 60, "reader"), S.errors(reader))
+      local st = S.json_lines(prod)[1]
       assert.are.equal(n, st.submitted)
       assert.are.equal(0, st.lost)
       assert.are.equal(n, st.events + st.dropped, "events neither recorded nor counted")
       local evs = events_of(out)
       assert.are.equal(st.events, #evs)
-      local chk = lecho_cmd("replay --check --json " .. out)
-      local rc = finish(chk, 30, "check")
-      local c = json_lines(chk)[1]
+      local chk = S.lecho("replay --check --json " .. out)
+      local rc = S.finish(chk, 30, "check")
+      local c = S.json_lines(chk)[1]
       if policy == "block" then
         assert.are.equal(0, st.dropped)
         assert(st.blocked > 0, "the producer never waited for the disk")
@@ -295,8 +255,8 @@ describe("issue 29: recording in the producer's process", function()
       io.stdout:write(cjson.encode({ st = st, logs = logs }), "\n")
       ctx:close()
     ]], file)
-    assert.are.equal(0, finish(prod, 60, "producer"), S.errors(prod))
-    local r = json_lines(prod)[1]
+    assert.are.equal(0, S.finish(prod, 60, "producer"), S.errors(prod))
+    local r = S.json_lines(prod)[1]
     assert.matches("File too large", r.st.error or "")
     assert(r.st.lost > 0, "no event counted lost")
     assert.are.equal(3000, r.st.events + r.st.lost + r.st.queued)
@@ -310,7 +270,7 @@ describe("issue 29: recording in the producer's process", function()
   it("the program's end (os.exit without close) writes everything submitted", function()
     local file = S.tmpname("exit") .. ".lecho"
     local prod = S.lua(PRODUCER, "-", "rt.exit", file, "{}", "30000", "exit")
-    assert.are.equal(0, finish(prod, 60, "producer"), S.errors(prod))
+    assert.are.equal(0, S.finish(prod, 60, "producer"), S.errors(prod))
     assert.matches("exiting", S.output(prod))
     local evs, scan = events_of(file)
     assert.is_nil(scan.torn)
@@ -319,16 +279,10 @@ describe("issue 29: recording in the producer's process", function()
   end)
 
   it("a C producer records what it submits (lecho_producer_record), and stops on NULL", function()
-    local root = S.sh_quote(S.root)
-    local ok, log = S.sh(("make -s -C %s build/liblecho.so"):format(root))
-    assert(ok, "building liblecho failed: " .. log)
-    local bin = S.tmpname("capi_record")
-    ok, log = S.sh(("cc -O2 -Wall -Wextra -Werror -I%s/core -o %s %s/spec/support/capi_record.c "
-      .. "-L%s/build -llecho -Wl,-rpath,%s/build"):format(root, bin, root, root, root))
-    assert(ok, "compiling spec/support/capi_record.c failed: " .. log)
+    local bin = S.capi_program(S.root .. "/spec/support/capi_record.c")
     local file = S.tmpname("crec") .. ".lecho"
     local c = S.spawn(("%s %s"):format(bin, S.sh_quote(file)))
-    assert.are.equal(0, finish(c, 60, "C producer"), S.output(c) .. S.errors(c))
+    assert.are.equal(0, S.finish(c, 60, "C producer"), S.output(c) .. S.errors(c))
     assert.matches("again %d+: .*exists", S.output(c))
     local evs = events_of(file)
     assert.are.equal(500, #evs)

@@ -94,6 +94,70 @@ function M.wait_file(path, pattern, timeout)
   return P.wait_file(path, pattern, timeout)
 end
 
+--- Waits until child exits and returns its exit code; past timeout seconds
+-- kills it and raises, naming it `what`, with the ends of its stdout and
+-- stderr.
+function M.finish(child, timeout, what)
+  local done, rc = M.wait(child, timeout)
+  if not done then
+    M.kill(child, "KILL")
+    error(("%s still running; stdout %s; stderr %s"):format(what, M.output(child):sub(-600),
+                                                            M.errors(child):sub(-1200)), 0)
+  end
+  return rc
+end
+
+--- The lines of child's stdout that are JSON objects, decoded, in order.
+function M.json_lines(child)
+  local cjson = require "cjson"
+  local t = {}
+  for l in M.output(child):gmatch("[^\n]+") do
+    if l:sub(1, 1) == "{" then t[#t + 1] = cjson.decode(l) end
+  end
+  return t
+end
+
+--- scripts/lecho with the arguments `args` (a shell command line's words)
+-- as a child.
+function M.lecho(args)
+  return M.spawn(("%s %s/scripts/lecho %s"):format(M.luajit, M.root, args))
+end
+
+--- A C program built against the tree's liblecho (made first): src the
+-- path of its source; the binary's path.  Raises with the build's output
+-- when liblecho or the program does not build.
+function M.capi_program(src)
+  local root = sh_quote(M.root)
+  local ok, log = M.sh(("make -s -C %s build/liblecho.so"):format(root))
+  assert(ok, "building liblecho failed: " .. log)
+  local bin = M.tmpname((src:match("([^/]+)%.c$")))
+  ok, log = M.sh(("cc -O2 -Wall -Wextra -Werror -I%s/core -o %s %s -L%s/build -llecho -Wl,-rpath,%s/build")
+    :format(root, bin, sh_quote(src), root, root))
+  assert(ok, "compiling " .. src .. " failed: " .. log)
+  return bin
+end
+
+--- How many times text (plain) occurs in log (a spec bounds the lines a
+-- rate-limited log wrote).
+function M.count(log, text)
+  local n, at = 0, 1
+  while true do
+    local i = log:find(text, at, true)
+    if not i then return n end
+    n, at = n + 1, i + #text
+  end
+end
+
+--- n processes spinning for ever (cores kept busy; killed by M.cleanup),
+-- each checked to be running: a list of children.
+function M.busy_loops(n)
+  local t = {}
+  for i = 1, n do t[i] = M.spawn(("%s -e 'while true do end'"):format(M.luajit)) end
+  M.sleep(0.2)
+  for i = 1, n do assert(M.alive(t[i]), "busy loop did not start: " .. M.errors(t[i])) end
+  return t
+end
+
 --- Starts scripts/lecho-nameserver on a port chosen by the OS (for at most
 -- 600 s: a bound for a stray one, M.cleanup kills it before; a spec file's
 -- setup may start one for all its cases, and under make asan on a loaded

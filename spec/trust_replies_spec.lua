@@ -29,15 +29,6 @@ local R = require "spec.support.rogue"
 
 local TOKEN = "MEMBER-TOKEN-31c9"
 
--- n processes spinning for ever (killed by S.cleanup, T.stop).
-local function busy_loops(n)
-  local t = {}
-  for i = 1, n do t[i] = S.spawn(("%s -e 'while true do end'"):format(S.luajit)) end
-  S.sleep(0.2)
-  for i = 1, n do assert(S.alive(t[i]), "busy loop did not start: " .. S.errors(t[i])) end
-  return t
-end
-
 -- The name server's options in world w (keyed: its key, trust, policy).
 local function ns_args(w, settle)
   local args = { "--for", "120", "--settle", tostring(settle), "--quiet" }
@@ -135,7 +126,7 @@ end
 -- rogue sprays the producer and the consumer; then checks what it got.
 local function settle_attack(mode)
   local w = T.start{ mode = mode, duration = 60 }
-  busy_loops(2)
+  S.busy_loops(2)
   local full = w.ns .. "/" .. T.CHANNEL
   local o = forged(w, full)
   o.targets, o.duration = { w.prod.addr, w.cons.addr }, 9
@@ -180,7 +171,7 @@ describe("forged control replies (issue 23, observation 1)", function()
 
   it("keyed: racing a producer's start, the producer never joins the rogue", function()
     w = T.start{ mode = "keyed", duration = 60 }
-    busy_loops(2)
+    S.busy_loops(2)
     local full = w.ns .. "/" .. T.CHANNEL
     local LATE = [[
 local cjson = require "cjson"
@@ -247,7 +238,7 @@ io.stdout:write("done\n")
 
   it("a forged gjoin or glist reply is ignored", function()
     w = { rogues = {} }
-    busy_loops(2)
+    S.busy_loops(2)
     local nsc, ns = S.nameserver("--quiet")
     local go = S.tmpname("go")
     local member = S.lua(MEMBER, cjson.encode{ ns = ns, go = go })
@@ -271,7 +262,7 @@ io.stdout:write("done\n")
 
   it("a forged register_manager reply is ignored (its policy and taken channels)", function()
     w = { rogues = {} }
-    busy_loops(2)
+    S.busy_loops(2)
     local nsc, ns = S.nameserver("--quiet")
     local MANAGER = [[
 local cjson = require "cjson"
@@ -316,7 +307,7 @@ describe("an impostor at the name server's address (issue 23, observation 2)", f
 
   it("reads nothing of what is queued for the name server", function()
     w = T.start{ mode = "keyed", duration = 60 }
-    busy_loops(2)
+    S.busy_loops(2)
     local MEMBER = [[
 local cjson = require "cjson"
 local lecho = require "lecho"

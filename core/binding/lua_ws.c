@@ -1,5 +1,5 @@
 /* lua_ws.c: `require "lecho.ws"`, WebSocket connections for the gateway
- * (lua/lecho/gateway.lua), built as lua/lecho/ws.so.  The framing is wslay's
+ * (lua/lecho/gateway/: conn.lua, http.lua), built as lua/lecho/ws.so.  The framing is wslay's
  * (Debian libwslay-dev, RFC 6455): this file only ties one wslay server
  * context to one non-blocking socket and hands whole messages to Lua.  The
  * opening handshake's key (SHA-1 and base64 of RFC 6455 section 4.2.2) comes

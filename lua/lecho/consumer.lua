@@ -216,6 +216,19 @@ function Consumer:_switch(spec, handler)
   return true
 end
 
+-- Waits (at most ctx.timeout) until every request of pend ({ p } each,
+-- from ctx:_pend, sent to a producer) has its reply or failed, or the
+-- context closed.
+local function wait_replies(ctx, pend)
+  ctx:_wait(function()
+    if ctx.closed then return true end
+    for _, q in ipairs(pend) do
+      if not (q.p.reply or q.p.failed) then return false end
+    end
+    return true
+  end, ctx.c:now() + ctx.timeout)
+end
+
 -- The producing contexts this consumer context knows of on channel ch:
 -- those the manager named in its last answer here, this context if it
 -- produces, and every peer that sent us events and has the channel (or
@@ -300,13 +313,7 @@ function Channel:_install_direct(nowait)
   for _, q in ipairs(pend) do
     ctx:_send_ctrl(q.a, { op = msg.op, rid = q.rid, ch = msg.ch, sseq = msg.sseq, mods = msg.mods })
   end
-  ctx:_wait(function()
-    if ctx.closed then return true end
-    for _, q in ipairs(pend) do
-      if not (q.p.reply or q.p.failed) then return false end
-    end
-    return true
-  end, ctx.c:now() + ctx.timeout)
+  wait_replies(ctx, pend)
   local ok, errs, producers = true, {}, {}
   for _, q in ipairs(pend) do
     ctx.pending[q.rid] = nil
@@ -356,7 +363,6 @@ end
 -- that a producer joining later installs the new params.  The stream,
 -- its channel and the instance's state stay.  Returns false when it does
 -- not apply (then the change goes through the manager: a new stream).
-local SUBS_LATER = 0.02   -- s
 function Consumer:_params_inband(spec)
   local ch = self.ch
   local ctx = ch.ctx
@@ -364,19 +370,8 @@ function Consumer:_params_inband(spec)
   if not spec or self.closed or ctx.closed or not ch.cjoined then return false end
   local st = ch.streams[old.stream or old.key]
   if not st or #st.consumers ~= 1 or st.consumers[1] ~= e then return false end
-  -- the producers: those the manager named in its last answer here, this
-  -- context if it produces, and every peer that sent us events and has
-  -- the channel or this stream bound here
-  local to, seen = {}, {}
-  local function add(a)
-    if type(a) == "string" and not seen[a] then seen[a] = true; to[#to + 1] = a end
-  end
-  for _, a in ipairs(type(ch.producers_seen) == "table" and ch.producers_seen or {}) do add(a) end
-  if ch.nprod > 0 then add(ctx.addr) end
-  for idx in pairs(ctx.pnames) do
-    local a = idx ~= 0 and ctx:_peer_addr(idx)
-    if a and not seen[a] and (ctx.c:peer_binds(a, st.chid) or ctx.c:peer_binds(a, ch.chid)) then add(a) end
-  end
+  -- the producers (those with the channel or this stream bound here too)
+  local to = known_producers(ch, st.chid)
   for _, x in ipairs(self.old_entries or {}) do
     if not x.detached then return false end
   end
@@ -406,13 +401,7 @@ function Consumer:_params_inband(spec)
     ctx:_send_ctrl(q.a, { op = "params", rid = q.rid, ch = ch.name, stream = spec.stream, key = spec.key,
                           pseq = spec.pseq, params = spec.params })
   end
-  ctx:_wait(function()
-    if ctx.closed then return true end
-    for _, q in ipairs(pend) do
-      if not (q.p.reply or q.p.failed) then return false end
-    end
-    return true
-  end, ctx.c:now() + ctx.timeout)
+  wait_replies(ctx, pend)
   local busy, other, applied
   -- none known here: the manager says who they are (its reply comes once
   -- each took the list; those that switch on it say so in band)

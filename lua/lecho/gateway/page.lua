@@ -1,4 +1,4 @@
--- lecho.gateway_page: the live view lecho-gateway serves at GET /
+-- lecho.gateway.page: the live view lecho-gateway serves at GET /
 -- (doc/gateway.md "The live view"): one HTML page, its script inline, no
 -- framework, nothing fetched but its own WebSocket (/ws on the same host).
 -- Channels of the name server (op list), a channel's events as they come,

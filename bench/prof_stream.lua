@@ -145,12 +145,14 @@ elseif mode == "inst" then
   local c1, p1, t1 = cpu(), peer_cpu(), clock()
   io.write(cjson.encode{ kind = kind, n = n, us_per_op = (t1 - t0) * 1e6 / n,
     this = delta(c0, c1, n), peer_oncpu_us = (p1 - p0) * 1e6 / n }, "\n")
+  rt:submit("quit")
+  ctx:flush()
   ctx:close()
 elseif mode == "iprod" then
   local ctx = lecho.context{ nameserver = arg[2], quiet = true, timeout = 20,
                             modulator_budget = tonumber(os.getenv("LECHO_PROF_BUDGET")) }
   local _p = assert(ctx:channel("prof.i"):producer())
-  local _c = assert(ctx:channel("prof.rt"):consumer(function() end))
+  local _c = assert(ctx:channel("prof.rt"):consumer(function(ev) if ev == "quit" then ctx:stop() end end))
   local rep = assert(ctx:channel("prof.report"):producer())
   assert(rep:submit_sync({ ready = true, pid = common.getpid() }, { timeout = 20 }))
   ctx:after(600, function() ctx:stop() end)

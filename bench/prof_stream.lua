@@ -31,6 +31,7 @@ package.cpath = dir .. "/../lua/?.so;" .. package.cpath
 if arg[1] == "--help" or arg[1] == "-h" then
   io.write("usage: luajit bench/prof_stream.lua prod SIZE N NSUBS [ADDRFILE] | cons ADDR [ID]\n"
     .. "       luajit bench/prof_stream.lua inst install|rt N [ADDRFILE] | iprod ADDR\n"
+    .. "       luajit bench/prof_stream.lua chans K N ROUNDS [ADDRFILE]  (cons with LECHO_PROF_CHANS=K)\n"
     .. "A probe for profiles (bench/README.md \"Issue 27: what stands in the way\"), not a row of make bench.\n")
   os.exit(0)
 end
@@ -38,6 +39,16 @@ local lecho = require "lecho"
 local common = require "common"
 local cjson = require "cjson"
 local clock = common.clock
+local ffi = require "ffi"
+pcall(ffi.cdef, [[
+struct lecho_prof_sched_param { int sched_priority; };
+int sched_setscheduler(int pid, int policy, const struct lecho_prof_sched_param *param);
+]])
+-- SCHED_FIFO at priority p for this process, or back to SCHED_OTHER (nil)
+common = setmetatable({ fifo = function(p)
+  local sp = ffi.new("struct lecho_prof_sched_param", { p or 0 })
+  ffi.C.sched_setscheduler(0, p and 1 or 0, sp)
+end }, { __index = common })
 
 -- CPU of this process so far: user and system (clock ticks of
 -- /proc/self/stat) and on-CPU ns (/proc/self/schedstat).
@@ -95,23 +106,91 @@ elseif mode == "cons" then
   local count, c0 = 0, nil
   local done = false
   local mod = os.getenv("LECHO_PROF_MOD")
-  local _c = assert(ctx:channel("prof.s"):consumer(function(ev)
+  local function handler(ev)
     if type(ev) == "table" then
-      if ev.ctl == "reset" then count, c0 = 0, cpu()
+      if ev.ctl == "reset" then
+        if ev.fifo then common.fifo(ev.fifo) end
+        count, c0 = 0, cpu()
       elseif ev.ctl == "end" then
         local c1 = cpu()
         local t = clock()
+        common.fifo(nil)
         assert(rep:submit{ id = id, count = count, t_last = t, cpu = delta(c0, c1, math.max(count, 1)) })
         rep:flush()
+        done = not os.getenv("LECHO_PROF_CHANS")  -- chans: several runs, then "quit"
+      elseif ev.ctl == "quit" then
         done = true
       end
       return
     end
     count = count + 1
-  end, mod and { modulator = mod } or nil))
+  end
+  local keep = { assert(ctx:channel("prof.s"):consumer(handler, mod and { modulator = mod } or nil)) }
+  for i = 1, tonumber(os.getenv("LECHO_PROF_CHANS") or 0) do
+    keep[#keep + 1] = assert(ctx:channel("prof.k" .. i):consumer(handler))
+    if i % 256 == 0 then ctx:run_once(0) end
+  end
   assert(rep:submit_sync({ ready = true, id = id }, { timeout = 20 }))
   common.run_until(ctx, function() return done end, 900)
   ctx:run_once(0.05)
+  ctx:close()
+elseif mode == "chans" then
+  -- K N ROUNDS: this process the name server and producer of 1 channel and
+  -- of K channels (prof.k1 .. prof.kK), a consumer process (cons, with
+  -- LECHO_PROF_CHANS=K) of all of them; ROUNDS times, alternating in an
+  -- order rotated each round, N null events on the one channel and N
+  -- round-robin over the K: events per second at the consumer and each
+  -- process's CPU per event.  LECHO_PROF_FIFO=P: both processes run the
+  -- measured part (not the set-up) under SCHED_FIFO priority P.
+  local k, n, rounds = tonumber(arg[2]), tonumber(arg[3]), tonumber(arg[4])
+  local addrfile = arg[5] or "/tmp/prof_stream.addr"
+  local ctx = lecho.context{ quiet = true, timeout = 60, channel_quota = 2 * k + 64 }
+  local ready, reports = 0, {}
+  local _rc = assert(ctx:channel("prof.report"):consumer(function(ev)
+    if type(ev) ~= "table" then return end
+    if ev.ready then ready = ready + 1 else reports[#reports + 1] = ev end
+  end))
+  local one = { assert(ctx:channel("prof.s"):producer()) }
+  common.write(addrfile, ctx.addr)
+  assert(common.run_until(ctx, function() return ready >= 1 end, 900), "consumer not ready")
+  local t0 = clock()
+  local many = {}
+  for i = 1, k do
+    many[i] = assert(ctx:channel("prof.k" .. i):producer())
+    if i % 256 == 0 then ctx:run_once(0) end
+  end
+  io.stderr:write(("chans: %d producers in %.1f s\n"):format(k, clock() - t0))
+  local fifo = tonumber(os.getenv("LECHO_PROF_FIFO"))
+  local function run(ps)
+    local np = #ps
+    for i = 1, math.max(np, 20000) do assert(ps[(i - 1) % np + 1]:submit(nil)) end
+    assert(one[1]:submit_sync({ ctl = "reset", fifo = fifo }, { timeout = 120 }))
+    if fifo then common.fifo(fifo) end
+    local c0, t1 = cpu(), clock()
+    for i = 1, n do assert(ps[(i - 1) % np + 1]:submit(nil)) end
+    ctx:flush()
+    local want = #reports + 1
+    assert(one[1]:submit_sync({ ctl = "end" }, { timeout = 600 }))
+    local c1 = cpu()
+    if fifo then common.fifo(nil) end
+    assert(common.run_until(ctx, function() return #reports >= want end, 600), "report missing")
+    local r = reports[want]
+    return { ev_s = n / (r.t_last - t1), producer = delta(c0, c1, n), consumer = r.cpu, count = r.count }
+  end
+  local out = { k = k, n = n, runs = {} }
+  for r = 1, rounds do
+    local order = r % 2 == 1 and { "1", "k" } or { "k", "1" }
+    local res = {}
+    for _, which in ipairs(order) do res[which] = run(which == "1" and one or many) end
+    res.ratio = res.k.ev_s / res["1"].ev_s
+    res.load = common.read("/proc/loadavg"):match("^(%S+)")
+    out.runs[r] = res
+    io.stderr:write(("round %d: 1 channel %.0f ev/s, %d channels %.0f ev/s, %.2fx (load %s)\n"):format(
+      r, res["1"].ev_s, k, res.k.ev_s, res.ratio, res.load))
+  end
+  io.write(cjson.encode(out), "\n")
+  one[1]:submit({ ctl = "quit" })
+  ctx:flush()
   ctx:close()
 elseif mode == "inst" then
   -- KIND N: this process the name server, the channel's manager and the
@@ -159,6 +238,7 @@ elseif mode == "iprod" then
   ctx:run()
 else
   io.stderr:write("usage: luajit bench/prof_stream.lua prod SIZE N NSUBS [ADDRFILE] | cons ADDR [ID]\n"
-    .. "       luajit bench/prof_stream.lua inst install|rt N [ADDRFILE] | iprod ADDR\n")
+    .. "       luajit bench/prof_stream.lua inst install|rt N [ADDRFILE] | iprod ADDR\n"
+    .. "       luajit bench/prof_stream.lua chans K N ROUNDS [ADDRFILE]  (cons with LECHO_PROF_CHANS=K)\n")
   os.exit(2)
 end

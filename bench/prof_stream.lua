@@ -14,7 +14,7 @@
 -- (user, system, on-CPU from /proc/self/schedstat) over the N events and
 -- the end's ack, each consumer's, and the time per event at the slowest.
 -- cons: one consumer of "prof.s" (a counting handler, as bench/worker.lua).
--- inst install|rt N: modulator installs (and closes) against a producer
+-- inst install|rt|call N: modulator installs (and closes) against a producer
 -- peer (iprod ADDR), or null sync round trips to it; this process's and
 -- the peer's CPU per operation.
 -- SIZE -1: the integer 7 (the modulator row's events).  LECHO_PROF_MOD in a
@@ -30,7 +30,7 @@ package.cpath = dir .. "/../lua/?.so;" .. package.cpath
 
 if arg[1] == "--help" or arg[1] == "-h" then
   io.write("usage: luajit bench/prof_stream.lua prod SIZE N NSUBS [ADDRFILE] | cons ADDR [ID]\n"
-    .. "       luajit bench/prof_stream.lua inst install|rt N [ADDRFILE] | iprod ADDR\n"
+    .. "       luajit bench/prof_stream.lua inst install|rt|call N [ADDRFILE] | iprod ADDR\n"
     .. "       luajit bench/prof_stream.lua chans K N ROUNDS [ADDRFILE]  (cons with LECHO_PROF_CHANS=K)\n"
     .. "A probe for profiles (bench/README.md \"Issue 27: what stands in the way\"), not a row of make bench.\n")
   os.exit(0)
@@ -197,7 +197,8 @@ elseif mode == "inst" then
   -- consumer; the peer (iprod) a producer of "prof.i" and a consumer of
   -- "prof.rt".  KIND install: N times a consumer with the trivial filter
   -- (distinct params: a new state each time) made and closed, as
-  -- bench/modulator_bench.lua; KIND rt: N null sync round trips to the peer.
+  -- bench/modulator_bench.lua; KIND rt: N null sync round trips to the peer;
+  -- KIND call: N ctx:call("prof.null") round trips (the peer serves it).
   local kind, n = arg[2], tonumber(arg[3])
   local addrfile = arg[4] or "/tmp/prof_stream.addr"
   local ctx = lecho.context{ quiet = true, timeout = 20 }
@@ -214,6 +215,7 @@ elseif mode == "inst" then
   local serial = 0
   local function one()
     if kind == "rt" then assert(rt:submit_sync(0)) return end
+    if kind == "call" then assert(ctx:call("prof.null", nil, { timeout = 60 }) ~= false) return end
     serial = serial + 1
     local c = assert(ch:consumer(function() end, { modulator = FILTER, params = { i = serial } }))
     c:close()
@@ -232,13 +234,14 @@ elseif mode == "iprod" then
                             modulator_budget = tonumber(os.getenv("LECHO_PROF_BUDGET")) }
   local _p = assert(ctx:channel("prof.i"):producer())
   local _c = assert(ctx:channel("prof.rt"):consumer(function(ev) if ev == "quit" then ctx:stop() end end))
+  local _s = assert(ctx:service("prof.null", function() end))
   local rep = assert(ctx:channel("prof.report"):producer())
   assert(rep:submit_sync({ ready = true, pid = common.getpid() }, { timeout = 20 }))
   ctx:after(600, function() ctx:stop() end)
   ctx:run()
 else
   io.stderr:write("usage: luajit bench/prof_stream.lua prod SIZE N NSUBS [ADDRFILE] | cons ADDR [ID]\n"
-    .. "       luajit bench/prof_stream.lua inst install|rt N [ADDRFILE] | iprod ADDR\n"
+    .. "       luajit bench/prof_stream.lua inst install|rt|call N [ADDRFILE] | iprod ADDR\n"
     .. "       luajit bench/prof_stream.lua chans K N ROUNDS [ADDRFILE]  (cons with LECHO_PROF_CHANS=K)\n")
   os.exit(2)
 end

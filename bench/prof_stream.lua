@@ -180,13 +180,14 @@ elseif mode == "chans" then
   local out = { k = k, n = n, runs = {} }
   for r = 1, rounds do
     local order = r % 2 == 1 and { "1", "k" } or { "k", "1" }
+    if os.getenv("LECHO_PROF_ONLY") == "k" then order = { "k" } end  -- for a profiler attached
     local res = {}
     for _, which in ipairs(order) do res[which] = run(which == "1" and one or many) end
-    res.ratio = res.k.ev_s / res["1"].ev_s
+    res.ratio = res["1"] and res.k.ev_s / res["1"].ev_s
     res.load = common.read("/proc/loadavg"):match("^(%S+)")
     out.runs[r] = res
     io.stderr:write(("round %d: 1 channel %.0f ev/s, %d channels %.0f ev/s, %.2fx (load %s)\n"):format(
-      r, res["1"].ev_s, k, res.k.ev_s, res.ratio, res.load))
+      r, res["1"] and res["1"].ev_s or 0, k, res.k.ev_s, res.ratio or 0, res.load))
   end
   io.write(cjson.encode(out), "\n")
   one[1]:submit({ ctl = "quit" })

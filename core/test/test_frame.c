@@ -389,6 +389,25 @@ static void test_event(void) {
               STREQ(err, "event without a value"));
         free(d);
     }
+    /* the same with one-byte fields (read without lei_varint_decode) */
+    {
+        size_t hl = lei_frame_event_hdr(buf, 5, 127, 6, 0, 1);
+        const uint8_t *b = buf + LEI_FRAME_HDR;
+        size_t bl = hl - LEI_FRAME_HDR;
+        CHECK(bl == 4 && b[0] == 5 && b[1] == 127 && b[2] == 6 && b[3] == 0);
+        for (size_t k = 0; k < bl; k++) {
+            err = NULL;
+            CHECK(parse_event_exact(b, k, &e, &err, &d) == -LEI_E_PROTOCOL &&
+                  STREQ(err, "truncated frame"));
+            free(d);
+        }
+        /* a continuation byte in a field's first byte goes the long way */
+        uint8_t c[8] = {5, 0x80, 1, 6, 0, LEI_T_TRUE};
+        err = NULL;
+        CHECK(parse_event_exact(c, 6, &e, &err, &d) == 0 && e.idx == 5 && e.producer == 128 &&
+              e.seq == 6 && e.sync == 0 && e.plen == 1);
+        free(d);
+    }
     /* an invalid varint */
     {
         uint8_t b[16];

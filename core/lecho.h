@@ -108,8 +108,10 @@ LECHO_API int lecho_open(const char *const *opts, lecho_ctx **out, char *err, si
 /* Delivers what was submitted (waiting at most linger seconds; < 0: the
  * context's `linger` option, 2 s), closes every endpoint and frees the
  * context and every handle made from it.  0, or a code when something could
- * not be delivered (LECHO_ETIMEOUT; it is logged unless "quiet"; the context
- * is freed all the same).  NULL is a no-op.  A program that returns from
+ * not be delivered (LECHO_ETIMEOUT: still queued at the end of linger;
+ * LECHO_ECLOSED: async events a connection's end dropped, at any time since
+ * the context began, counted in the stats' "undelivered"; it is logged
+ * unless "quiet"; the context is freed all the same).  NULL is a no-op.  A program that returns from
  * main, or calls exit(), without lecho_close has its contexts closed so
  * (with their `linger`; what could not be delivered on stderr, and an
  * exit status 0 made 1 then: the handler flushes stdio and _exits) by an exit
@@ -124,7 +126,7 @@ LECHO_API int lecho_close(lecho_ctx *ctx, double linger);
  * cannot say it afterwards). */
 LECHO_API int lecho_close_err(lecho_ctx *ctx, double linger, char *err, size_t errlen);
 /* lecho_close_err that frees no memory: the endpoints are closed, what was
- * submitted delivered (or LECHO_ETIMEOUT), no call but lecho_close_free is
+ * submitted delivered (or LECHO_ETIMEOUT, LECHO_ECLOSED), no call but lecho_close_free is
  * valid on ctx afterwards, and the values (and the arrays in them) the
  * caller still points into stay valid until lecho_close_free(ctx) frees
  * them with the context (the Python binding's close under live arrays). */

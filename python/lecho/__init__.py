@@ -847,9 +847,12 @@ class Producer:
         ctx._kick()
         return self._sync_result(await ctx._await_pending(holder))
 
-    @staticmethod
-    def _sync_result(r):
-        """True, or SyncError from a finished lecho_submit_sync_start table."""
+    def _sync_result(self, r):
+        """True, or SyncError from a finished lecho_submit_sync_start table.
+        Its errors are never empty: a failure decided here before any
+        consumer was asked (noconsumer at once: the channel has no consumer
+        anywhere; a closed producer or context) is one entry with this
+        context's address and consumer ""."""
         if r.get("ok"):
             return True
         flat = r.get("errors") or []
@@ -857,7 +860,10 @@ class Producer:
             flat = [flat.get(i) for i in range(1, max([k for k in flat if isinstance(k, int)] or [0]) + 1)]
         lst = [{"context": flat[i] or "", "consumer": flat[i + 1] or "", "message": flat[i + 2] or "",
                 "code": flat[i + 3] or ""} for i in range(0, len(flat) - 3, 4)]
-        raise SyncError(r.get("code") or "failed", r.get("message") or "", lst)
+        code, message = r.get("code") or "failed", r.get("message") or ""
+        if not lst:
+            lst = [{"context": self.ctx.address, "consumer": "", "message": message, "code": code}]
+        raise SyncError(code, message, lst)
 
     def flush(self):
         self.ctx._check()

@@ -156,7 +156,7 @@ void lei_expiry_cb(struct ev_loop *loop, ev_timer *w, int revents) {
 /* One or more async events dropped from p's queue: counted in drops, and,
  * unless a queue policy the user chose dropped them (lost: the connection
  * ended, or there was none), as undelivered too, per peer, per channel and
- * for the context (what ctx:close() reports, lei_ctx_undelivered). */
+ * for the context (what ctx:close() reports: lei_ctx_stats, lei_ctx_undelivered_why). */
 static void count_dropped(lei_ctx *c, lei_peer *p, lei_chan *ch, uint64_t n, size_t bytes, int lost) {
     p->st.drops += n;
     if (ch) ch->drops += n;
@@ -517,10 +517,11 @@ static inline int admit(lei_ctx *c, lei_peer *p, lei_chan *ch, size_t total, uin
                         int policy) {
     if (!lei_peer_live(p) && (peer_want(p), !lei_peer_live(p))) {
         /* Unreachable since a failed attempt, not yet dialled again:
-         * counted (undelivered, said at close, unless the disconnect policy
-         * cut it) */
-        count_dropped(c, p, ch, 1, LEI_EVENT_HDR_MAX + total, !p->policy_cut);
-        if (!p->policy_cut && (c->peer_s.und_why[0] == 0 || p->reason[0]))
+         * counted; an async one as undelivered too (said at close), unless
+         * the disconnect policy cut the peer (a sync one's submit fails) */
+        int lost = !p->policy_cut && !sync;
+        count_dropped(c, p, ch, 1, LEI_EVENT_HDR_MAX + total, lost);
+        if (lost)
             snprintf(c->peer_s.und_why, sizeof c->peer_s.und_why, "%s: %s", p->addr,
                      p->reason[0] ? p->reason : "not connected");
         return -1;

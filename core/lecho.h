@@ -108,8 +108,10 @@ LECHO_API int lecho_open(const char *const *opts, lecho_ctx **out, char *err, si
 /* Delivers what was submitted (waiting at most linger seconds; < 0: the
  * context's `linger` option, 2 s), closes every endpoint and frees the
  * context and every handle made from it.  0, or a code when something could
- * not be delivered (LECHO_ETIMEOUT; it is logged unless "quiet"; the context
- * is freed all the same).  NULL is a no-op.  A program that returns from
+ * not be delivered (LECHO_ETIMEOUT: still queued at the end of linger;
+ * LECHO_ECLOSED: async events a connection's end dropped, at any time since
+ * the context began, counted in the stats' "undelivered"; it is logged
+ * unless "quiet"; the context is freed all the same).  NULL is a no-op.  A program that returns from
  * main, or calls exit(), without lecho_close has its contexts closed so
  * (with their `linger`; what could not be delivered on stderr, and an
  * exit status 0 made 1 then: the handler flushes stdio and _exits) by an exit
@@ -124,7 +126,7 @@ LECHO_API int lecho_close(lecho_ctx *ctx, double linger);
  * cannot say it afterwards). */
 LECHO_API int lecho_close_err(lecho_ctx *ctx, double linger, char *err, size_t errlen);
 /* lecho_close_err that frees no memory: the endpoints are closed, what was
- * submitted delivered (or LECHO_ETIMEOUT), no call but lecho_close_free is
+ * submitted delivered (or LECHO_ETIMEOUT, LECHO_ECLOSED), no call but lecho_close_free is
  * valid on ctx afterwards, and the values (and the arrays in them) the
  * caller still points into stay valid until lecho_close_free(ctx) frees
  * them with the context (the Python binding's close under live arrays). */
@@ -366,6 +368,31 @@ LECHO_API int lecho_flush(lecho_producer *p);
  * written).  An existing file is refused (LECHO_EFAILED with why); closing
  * the producer or the context closes the file too. */
 LECHO_API int lecho_producer_record(lecho_producer *p, const char *path);
+/* A recording several producers of ctx share, with the options of Lua's
+ * ctx:recorder (doc/recording.md "In the producer's process"): opts NULL,
+ * or a table value (lecho_value_new + lecho_set_*) of "policy" ("block" or
+ * "drop"), "buffer_bytes", "max_bytes", "keep", "append" (boolean),
+ * "fsync" (boolean).  0 with *out set (owned by ctx: lecho_recorder_close,
+ * or lecho_close closes it), or a code (LECHO_EFAILED: the file exists and
+ * append is not set, ...; LECHO_EINVAL: an unknown option or a bad value)
+ * and *out NULL. */
+typedef struct lecho_recorder lecho_recorder;
+LECHO_API int lecho_recorder_open(lecho_ctx *ctx, const char *path, const lecho_value *opts,
+                                  lecho_recorder **out);
+/* p records every event it submits from now on into r (a recorder of the
+ * same context); r NULL: no more (as lecho_producer_record(p, NULL)). */
+LECHO_API int lecho_producer_record_to(lecho_producer *p, lecho_recorder *r);
+/* Waits until every event its producers submitted is in the file (fsync
+ * nonzero: and on the disk).  0 or a code (LECHO_ECLOSED: closed). */
+LECHO_API int lecho_recorder_flush(lecho_recorder *r, int fsync);
+/* Its counters, a table value (owned by the caller: lecho_value_free):
+ * events (written), submitted, queued, dropped, lost, bytes, rotations,
+ * blocked, buffered, open, error.  NULL on failure. */
+LECHO_API lecho_value *lecho_recorder_stats(lecho_recorder *r);
+/* Writes what is left, closes the file (its producers record nothing more)
+ * and frees the handle; returns the last counters as lecho_recorder_stats
+ * does (owned by the caller; NULL on failure, closed all the same). */
+LECHO_API lecho_value *lecho_recorder_close(lecho_recorder *r);
 /* Ends the producer (what it submitted is still delivered while the context
  * lives) and frees the handle.  NULL is a no-op. */
 LECHO_API void lecho_producer_close(lecho_producer *p);

@@ -360,6 +360,28 @@ describe("atmosphere demo (make demo), as processes", function()
   end)
 end)
 
+describe("atmosphere demo with the live view's port busy", function()
+  after_each(function() S.cleanup() end)
+
+  it("says why in one line and stops, no summary of viewers that never ran", function()
+    -- review 4 of issue 28: the gateway's "Address already in use" came
+    -- between a table of "no report" rows and every process's stderr
+    local srv = assert(require("socket").bind("127.0.0.1", 0))
+    local _, port = srv:getsockname()
+    local child = S.spawn(("DEMO_HTTP=127.0.0.1:%s DEMO_SECONDS=3 %s %s/run.lua"):format(port, S.luajit, dir))
+    local done, rc = S.wait(child, 60)
+    srv:close()
+    local out = S.output(child) .. S.errors(child)
+    assert.is_true(done, out)
+    assert.are_not.equal(0, rc, out)
+    local lines = {}
+    for l in out:gmatch("[^\n]+") do lines[#lines + 1] = l end
+    assert.are.equal(1, #lines, out)
+    assert.matches("^make demo: the live view's gateway did not start: .*cannot listen on 127%.0%.0%.1:"
+                   .. port .. ": Address already in use %(DEMO_HTTP=127%.0%.0%.1:0 make demo", lines[1])
+  end)
+end)
+
 describe("atmosphere demo steered by a user too", function()
   after_each(function() S.cleanup() end)
 

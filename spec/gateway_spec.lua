@@ -278,6 +278,28 @@ describe("lecho-gateway", function()
     -- a whole head over 8 KiB that comes in one read (review 4): 431 too
     _, status = W.connect("127.0.0.1", hp, { raw_request = "GET / HTTP/1.1\r\nHost: x\r\n" .. ("X-Pad: " .. ("p"):rep(100) .. "\r\n"):rep(90) .. "\r\n" })
     assert.matches("^HTTP/1.1 431", status)
+    -- HEAD: the head GET would get, no body (RFC 9110 9.3.2; review 4);
+    -- another method: 405 with Allow
+    local function raw(req)
+      local t = socket.tcp()
+      t:settimeout(5)
+      assert(t:connect("127.0.0.1", hp))
+      t:send(req)
+      local d, _, part = t:receive("*a")
+      t:close()
+      return d or part
+    end
+    for _, target in ipairs{ "/", "/favicon.svg", "/nothing" } do
+      local get = raw("GET " .. target .. " HTTP/1.1\r\nHost: x\r\n\r\n")
+      local head = raw("HEAD " .. target .. " HTTP/1.1\r\nHost: x\r\n\r\n")
+      local ghead, gbody = get:match("^(.-\r\n\r\n)(.*)$")
+      assert.truthy(#gbody > 0)
+      assert.are.equal(tonumber(ghead:match("Content%-Length: (%d+)")), #gbody)
+      assert.are.equal(ghead, head, target)      -- the same head, nothing after it
+    end
+    local post = raw("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    assert.matches("^HTTP/1.1 405", post)
+    assert.matches("\r\nAllow: GET, HEAD\r\n", post)
     -- a head that never ends: closed at the handshake deadline (5 s)
     local s = socket.tcp()
     s:settimeout(8)

@@ -112,4 +112,37 @@ describe("a consumer with the source of a failed shared modulator", function()
       assert.is_true(c3.events >= 5, "c3: " .. c3.events .. " events")
     end
   end)
+
+  it("in another context: the producer's mod_error comes at once, as doc/protocol.md says", function()
+    local c, c1, ns = setup()
+    local key = c1.con.mod.key
+    local d = lecho.context{ nameserver = ns, quiet = true }
+    ctxs[#ctxs + 1] = d
+    -- the control messages d takes (Context:_on_ctrl, control.lua)
+    local got = {}
+    local on_ctrl = d._on_ctrl
+    d._on_ctrl = function(self, from, msg, gen)
+      if type(msg) == "table" and msg.op == "mod_error" then got[#got + 1] = { from = from, msg = msg } end
+      return on_ctrl(self, from, msg, gen)
+    end
+    local t0 = d:now()
+    local c2 = consumer(d:channel("mf"))
+    assert.is_true(S.run_until(d, function() return #got > 0 end, 10), "no mod_error came")
+    assert.is_true(d:now() - t0 < 5, "it came late")
+    S.run_until(d, function() return false end, 0.5) -- (no second one)
+    assert.are.equal(1, #got)
+    local m = got[1].msg
+    assert.are.equal(ns .. "/mf", m.ch)
+    assert.are.equal(key, m.key)          -- the failed key, not a fresh one
+    assert.matches("boom", m.err)         -- the first failure's error
+    assert.are.equal(got[1].from, m.producer)
+    assert.are.equal(0, c2.events)        -- nothing of the dead key
+    assert.matches("boom", c2.errors[1])
+    -- a consumer made after that subscribes on a stream of its own
+    local c3 = consumer(d:channel("mf"))
+    assert.are_not.equal(key, c3.con.mod.key)
+    assert.is_true(S.run_until(d, function() return c3.events >= 5 end, 10), "c3: " .. c3.events .. " events")
+    assert.are.equal(1, #got)
+    c:close()
+  end)
 end)

@@ -482,16 +482,23 @@ static int l_shutdown(lua_State *L) {
     return 0;
 }
 
-/* ctx:pending() -> open connections, events queued, bytes queued */
+/* ctx:pending() -> open connections, events queued, bytes queued, and
+ * since the start: async events lost with a connection (not a queue
+ * policy), their bytes, the last such loss ("ADDR: reason") */
 static int l_pending(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     uint64_t ev, by;
+    lei_stats_ctx cs;
     lb_moe_flush_all(b); /* staged events are not queued yet */
     int open = lei_ctx_pending(b->c, &ev, &by);
+    lei_ctx_stats(b->c, &cs);
     lua_pushinteger(L, open);
     lua_pushnumber(L, (lua_Number)ev);
     lua_pushnumber(L, (lua_Number)by);
-    return 3;
+    lua_pushnumber(L, (lua_Number)cs.undelivered);
+    lua_pushnumber(L, (lua_Number)cs.undelivered_bytes);
+    lua_pushstring(L, lei_ctx_undelivered_why(b->c));
+    return 6;
 }
 
 /* core.hash(s) -> 16 hex digits (FNV-1a, 64 bits): names, not security. */
@@ -533,6 +540,8 @@ static int l_stats(lua_State *L) {
     lb_setn(L, "stale_acks", (double)cs.stale_acks);
     lb_setn(L, "arrays_adopted", (double)cs.rbuf_adopted);
     lb_setn(L, "array_collections", (double)b->array_collections);
+    lb_setn(L, "undelivered", (double)cs.undelivered);
+    lb_setn(L, "undelivered_bytes", (double)cs.undelivered_bytes);
     lua_newtable(L);
     for (int i = 0; i < lei_peer_total(c); i++) {
         lei_peer *p = lei_peers_at(c, i);
@@ -545,6 +554,7 @@ static int l_stats(lua_State *L) {
         lb_setn(L, "bytes_out", (double)ps.st.bytes_out);
         lb_setn(L, "batches", (double)ps.st.batches);
         lb_setn(L, "drops", (double)ps.st.drops);
+        lb_setn(L, "undelivered", (double)ps.st.undelivered);
         lb_setn(L, "ctrl_in", (double)ps.st.ctrl_in);
         lb_setn(L, "ctrl_out", (double)ps.st.ctrl_out);
         lb_setn(L, "dials", (double)ps.st.dials);
@@ -579,6 +589,7 @@ static int l_stats(lua_State *L) {
         lb_setn(L, "events_no_dest", (double)st.ev_nodest);
         lb_setn(L, "encodes", (double)st.encodes);
         lb_setn(L, "drops", (double)st.drops);
+        lb_setn(L, "undelivered", (double)st.undelivered);
         lb_setn(L, "destinations", st.ndests);
         lb_setn(L, "gaps", (double)st.gaps);
         lb_setn(L, "lost", (double)st.lost);

@@ -13,7 +13,7 @@
 
 /* H_BORROWED: a value handle on the stack of liblecho (a handler's event,
  * a lecho_each key or value), not linked, freed by nobody. */
-enum { H_VALUE, H_CHANNEL, H_PRODUCER, H_CONSUMER, H_BORROWED, H_SERVICE };
+enum { H_VALUE, H_CHANNEL, H_PRODUCER, H_CONSUMER, H_BORROWED, H_SERVICE, H_RECORDER };
 
 /* Common head of every handle.  Owned by its context: linked in
  * ctx->handles until freed by its close/free function or lecho_close. */
@@ -116,6 +116,12 @@ struct lecho_service {
     lecho_service_fn fn;
     void *ud;
     struct sbox *box; /* borrowed from Lua: valid while h.ref holds the service */
+};
+
+/* A recording of the context's producers (lecho.recorder's object, held
+ * by h.ref). */
+struct lecho_recorder {
+    struct lei_h h;
 };
 
 /* Owned by the caller of lecho_submit_sync; every string is malloc'd here. */

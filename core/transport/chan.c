@@ -137,6 +137,7 @@ int lei_chan_stats(const lei_ctx *c, uint32_t id, lei_stats_chan *out) {
     out->dups = ch->dups;
     out->refused = ch->refused;
     out->ev_nodest = ch->ev_nodest;
+    out->undelivered = ch->undelivered;
     out->ndests = ch->ndests;
     return 0;
 }

@@ -412,4 +412,8 @@ void lei_ctx_stats(const lei_ctx *c, lei_stats_ctx *out) {
     out->read_buffer_bytes = c->rbuf;
     out->stale_acks = c->sync_s.stale_acks;
     out->rbuf_adopted = c->rbuf_s.adopted;
+    out->undelivered = c->peer_s.und_events;
+    out->undelivered_bytes = c->peer_s.und_bytes;
 }
+
+const char *lei_ctx_undelivered_why(const lei_ctx *c) { return c->peer_s.und_why; }

@@ -122,6 +122,8 @@ typedef struct lei_hooks {
 typedef struct lei_pstats {
     uint64_t ev_in, ev_out, bytes_in, bytes_out, batches, drops, ctrl_in, ctrl_out;
     uint64_t dials; /* connections we started to it ("cannot reach" is rate-logged) */
+    uint64_t undelivered; /* of drops: async events its connection's end (or no connection)
+                           * dropped, not a queue policy the user chose */
 } lei_pstats;
 
 typedef struct lei_chan lei_chan;
@@ -137,6 +139,8 @@ typedef struct lei_stats_ctx {
     size_t read_buffer_bytes; /* of all connections (max_buffered counts them) */
     uint64_t stale_acks;      /* ACKs dropped: the connection their event came on was gone */
     uint64_t rbuf_adopted;    /* read buffers handed over to a kept array (lei_rbuf_adopt) */
+    uint64_t undelivered, undelivered_bytes; /* async events of ours a connection's end (or no
+                               * connection) dropped, not a queue policy: since the start */
 } lei_stats_ctx;
 
 typedef struct lei_stats_peer {
@@ -151,6 +155,7 @@ typedef struct lei_stats_chan {
     uint64_t gaps, lost, dups;
     uint64_t refused;         /* events dropped from producers without a valid ticket */
     uint64_t ev_nodest;       /* events submitted with no destination, remote or local */
+    uint64_t undelivered;     /* of drops: lost with a connection, not by a queue policy */
     int ndests;               /* remote consuming contexts */
 } lei_stats_chan;
 
@@ -214,6 +219,8 @@ int lei_rbuf_collect_due(const lei_ctx *c, size_t cap, size_t min_out);
 void lei_ctx_count_encode(lei_ctx *c);
 void lei_chan_count_encode(lei_ctx *c, uint32_t chid);
 void lei_ctx_stats(const lei_ctx *c, lei_stats_ctx *out);
+/* The last loss counted in lei_stats_ctx.undelivered: "ADDR: reason" ("": none). */
+const char *lei_ctx_undelivered_why(const lei_ctx *c);
 /* log.c: one line to the log hook (lei_hooks log), or stderr. */
 void lei_logf(lei_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The kinds of refusal lei_ratelog counts apart (issue 11: a refused peer

@@ -266,6 +266,11 @@ struct lei_peer {
     int held;                 /* ro: a handler of an event from this peer is suspended */
     lei_conn *retiring;       /* a connection ended by the disconnect policy,
                                * still delivering: no new one until it closes */
+    uint8_t policy_cut;       /* the disconnect policy ended its connection: what
+                               * its queue drops then, and what is submitted to it
+                               * until the next dial, is the policy's, not
+                               * undelivered (cleared when a dial starts or a
+                               * connection comes up) */
     ev_tstamp await_in;       /* our dial lost the tie-break: the remote's own
                                * connection is awaited until then, queue kept */
     int dial_pending;         /* waits for a dial slot (LEI_DIALS_MAX): live,
@@ -325,6 +330,7 @@ struct lei_chan {
     uint64_t ev_out, bytes_out, encodes, ev_in, bytes_in; /* end of the first 64 bytes */
     uint64_t drops, ev_local;
     uint64_t ev_nodest;       /* ro: events submitted with no destination at all */
+    uint64_t undelivered;     /* ro: of drops, those lost with a connection (no policy) */
     char *name;               /* ro: owned, NUL-terminated */
     size_t namelen;
     uint64_t gaps, lost, dups;  /* ro: sequence gaps seen, events they lost, duplicates dropped */
@@ -475,6 +481,12 @@ struct lei_peer_state {
                                * no malloc, realloc, page faults or heap trims per batch;
                                * freed in lei_ctx_free */
     int nsb_pool;
+    /* ro: async events of ours (and their wire bytes) dropped from a queue
+     * because its connection ended or there was none (not a queue policy
+     * the user chose): ctx:close() reports them (lei_ctx_undelivered);
+     * why: the last such loss, "ADDR: reason" */
+    uint64_t und_events, und_bytes;
+    char und_why[LEI_ADDR_MAX + 162];
 };
 
 struct lei_ctx {

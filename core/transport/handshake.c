@@ -90,6 +90,7 @@ static void handshake_up(lei_conn *k, lei_peer *p, uint64_t incarnation) {
     p->await_in = 0;
     p->reason[0] = '\0';
     p->reason_code = p->next_code = 0;
+    p->policy_cut = 0; /* what this connection loses is undelivered (peer.c) */
     memset(&p->loss, 0, sizeof p->loss);
     memset(&p->next_loss, 0, sizeof p->next_loss);
     const lei_hello *r = k->mech->remote(k);

@@ -153,18 +153,30 @@ void lei_expiry_cb(struct ev_loop *loop, ev_timer *w, int revents) {
     lei_peers_sweep(c);
 }
 
+/* One or more async events dropped from p's queue: counted in drops, and,
+ * unless a queue policy the user chose dropped them (lost: the connection
+ * ended, or there was none), as undelivered too, per peer, per channel and
+ * for the context (what ctx:close() reports: lei_ctx_stats, lei_ctx_undelivered_why). */
+static void count_dropped(lei_ctx *c, lei_peer *p, lei_chan *ch, uint64_t n, size_t bytes, int lost) {
+    p->st.drops += n;
+    if (ch) ch->drops += n;
+    if (!lost) return;
+    p->st.undelivered += n;
+    if (ch) ch->undelivered += n;
+    c->peer_s.und_events += n;
+    c->peer_s.und_bytes += bytes;
+}
+
 /* Counts a dropped queue item: one event, or each event of a batch (by
- * channel, read back from the frames when the batch is mixed). */
-static void count_drop(lei_ctx *c, lei_peer *p, lei_qitem *it, size_t sent) {
+ * channel, read back from the frames when the batch is mixed).  lost: see
+ * count_dropped. */
+static void count_drop(lei_ctx *c, lei_peer *p, lei_qitem *it, size_t sent, int lost) {
     if (!it->droppable) return;
     /* sent: bytes of it already written.  A batch's frames written whole
      * were delivered (the connection ends with a FIN after them): not
      * counted; a frame cut short is. */
     if (!it->batch || (!it->mixed && sent == 0)) {
-        uint32_t n = it->batch ? it->nev : 1;
-        p->st.drops += n;
-        lei_chan *ch = lei_chan_get(c, it->chid);
-        if (ch) ch->drops += n;
+        count_dropped(c, p, lei_chan_get(c, it->chid), it->batch ? it->nev : 1, it->size, lost);
         return;
     }
     /* a batch's frames: its buffer's (own.len == size), or its part of a
@@ -176,11 +188,8 @@ static void count_drop(lei_ctx *c, lei_peer *p, lei_qitem *it, size_t sent) {
     const char *err;
     while (off < len && lei_frame_next(b + off, len - off, len, &f, &err) == 1) {
         if (off + f.size > sent && f.type == LEI_F_EVENT &&
-            lei_parse_event(f.body, f.len, &e, &err) == 0) {
-            p->st.drops++;
-            lei_chan *ch = lei_chan_get(c, (uint32_t)e.idx);
-            if (ch) ch->drops++;
-        }
+            lei_parse_event(f.body, f.len, &e, &err) == 0)
+            count_dropped(c, p, lei_chan_get(c, (uint32_t)e.idx), 1, f.size, lost);
         off += f.size;
     }
 }
@@ -189,7 +198,7 @@ void lei_peer_q_clear(lei_ctx *c, lei_peer *p, int count_drops) {
     lei_qitem *it;
     size_t sent = p->woff; /* of the head item only */
     while ((it = lei_q_pop(&p->q))) {
-        if (count_drops) count_drop(c, p, it, sent);
+        if (count_drops) count_drop(c, p, it, sent, !p->policy_cut);
         sent = 0;
         item_done(p, it);
     }
@@ -261,7 +270,16 @@ void lei_peer_lost(lei_peer *p, const char *reason) {
     p->next_code = 0;
     p->loss = p->next_loss;
     memset(&p->next_loss, 0, sizeof p->next_loss);
+    uint64_t und = c->peer_s.und_events;
     lei_peer_q_clear(c, p, 1);
+    if (c->peer_s.und_events > und) {
+        /* async events nobody will be told of otherwise: said here, and
+         * reported by ctx:close() (and the program's end) */
+        snprintf(c->peer_s.und_why, sizeof c->peer_s.und_why, "%s: %s", p->addr, reason);
+        lei_logf(c, "%llu event%s queued for %s not delivered: its connection ended (%s)",
+                 (unsigned long long)(c->peer_s.und_events - und),
+                 c->peer_s.und_events - und == 1 ? "" : "s", p->addr, reason);
+    }
     if (p->nbound) memset(p->bound, 0, p->nbound); /* bound is NULL until a channel is sent */
     lei_syncs_peer_lost(c, p, reason);
     lei_peer_note(p, 0, reason);
@@ -298,6 +316,7 @@ int lei_peer_dial(lei_peer *p) {
      * later connection's loss. */
     p->next_code = 0;
     memset(&p->next_loss, 0, sizeof p->next_loss);
+    p->policy_cut = 0; /* what this dial's connection loses is undelivered */
     if (lei_addr_parse(p->addr, 0, &a, &why)) {
         snprintf(p->reason, sizeof p->reason, "bad address '%s': %s", p->addr, why);
         dial_failed(p, LEI_E_INVALID, 0);
@@ -497,16 +516,20 @@ int lei_peer_bind(lei_ctx *c, const char *addr, uint32_t chid) {
 static inline int admit(lei_ctx *c, lei_peer *p, lei_chan *ch, size_t total, uint64_t sync,
                         int policy) {
     if (!lei_peer_live(p) && (peer_want(p), !lei_peer_live(p))) {
-        /* Unreachable since a failed attempt, not yet dialled again: counted. */
-        p->st.drops++;
-        ch->drops++;
+        /* Unreachable since a failed attempt, not yet dialled again:
+         * counted; an async one as undelivered too (said at close), unless
+         * the disconnect policy cut the peer (a sync one's submit fails) */
+        int lost = !p->policy_cut && !sync;
+        count_dropped(c, p, ch, 1, LEI_EVENT_HDR_MAX + total, lost);
+        if (lost)
+            snprintf(c->peer_s.und_why, sizeof c->peer_s.und_why, "%s: %s", p->addr,
+                     p->reason[0] ? p->reason : "not connected");
         return -1;
     }
     size_t esize = LEI_EVENT_HDR_MAX + total;
     if (!sync && p->q.count && p->q.bytes + esize > c->o.queue_limit) {
         if (policy == LEI_DROP_NEWEST) {
-            p->st.drops++;
-            ch->drops++;
+            count_dropped(c, p, ch, 1, 0, 0);
             return -1;
         }
         if (policy == LEI_DISCONNECT) {
@@ -514,14 +537,14 @@ static inline int admit(lei_ctx *c, lei_peer *p, lei_chan *ch, size_t total, uin
             snprintf(why, sizeof why, "outgoing queue over its limit of %zu bytes (policy disconnect)",
                      c->o.queue_limit);
             lei_logf(c, "disconnecting slow peer %s: %s", p->addr, why);
+            p->policy_cut = 1; /* its queue is the policy's drop */
             if (p->conn) {
                 lei_conn_retire(p->conn, why);
             } else { /* awaiting the remote's connection: nothing written yet */
                 p->await_in = 0;
                 lei_peer_lost(p, why);
             }
-            p->st.drops++;
-            ch->drops++;
+            count_dropped(c, p, ch, 1, 0, 0);
             return -1;
         }
     }
@@ -545,7 +568,7 @@ static inline void queued(lei_ctx *c, lei_peer *p, lei_chan *ch, lei_qitem *it, 
                 if (p->q.tail == x) p->q.tail = prev;
                 p->q.bytes -= x->size;
                 p->q.count--;
-                count_drop(c, p, x, 0);
+                count_drop(c, p, x, 0, 0);
                 item_free(c, p, x);
             } else {
                 prev = x;

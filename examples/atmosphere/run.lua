@@ -120,14 +120,15 @@ local function start(name, script, args)
 end
 
 -- Everything below ends in finish(): stop the children, print their
--- errors when something went wrong, remove the temporary files.
-local function finish(ok, summary)
+-- errors when something went wrong (said: the cause was said in one line
+-- already, nothing more), remove the temporary files.
+local function finish(ok, summary, said)
   local clean = proc.stop_all(children, 3)
   local all_gone = true
   for _, c in ipairs(children) do
     if not c.status then all_gone = false end
   end
-  if not ok or opts.verbose then
+  if (not ok and not said) or opts.verbose then
     for _, c in ipairs(children) do
       local e = read(c.err)
       if e ~= "" then out("--- %s (%s) stderr:\n%s", c.name, tostring(c.status), e) end
@@ -190,7 +191,15 @@ if opts.http ~= "none" then
     out("live view: %s (open it in a browser; the demo runs %g s%s)", url, opts.seconds,
         opts.seconds < 120 and ": DEMO_SECONDS=120 make demo for longer" or "")
   else
-    out("run: the gateway did not start: %s", read(gw.err))
+    -- one line with the cause (a busy --http/DEMO_HTTP port: "cannot
+    -- listen on ...: Address already in use"), then stop: not a summary of
+    -- viewers that never ran burying it
+    local why = read(gw.err):match("lecho%-gateway: ([^\n]+)")
+      or (proc.poll(gw) and ("exited (%s)"):format(tostring(gw.status))) or "no URL within 20 s"
+    out("make demo: the live view's gateway did not start: %s%s", why,
+        why:find("in use", 1, true) and (" (DEMO_HTTP=127.0.0.1:0 make demo takes a free port; "
+          .. "DEMO_HTTP=none runs without the live view)") or "")
+    finish(false, nil, true)
   end
 end
 

@@ -193,7 +193,17 @@ end
 function M.flush(p) return protect(function() p:flush(); return true end) end
 
 -- path: record what p submits into that file (lecho.recorder); nil: no more
+-- (or into a recorder of M.recorder_open)
 function M.producer_record(p, path) return protect(p.record, p, path) end
+
+-- ctx:recorder(path, opts) (lecho.recorder); opts: a table or nil
+function M.recorder_open(ctx, path, opts)
+  require "lecho.recorder"
+  return protect(ctx.recorder, ctx, path, opts)
+end
+function M.recorder_flush(r, fsync) return protect(r.flush, r, { fsync = fsync }) end
+function M.recorder_stats(r) return protect(r.stats, r) end
+function M.recorder_close(r) return protect(r.close, r) end
 
 function M.producer_close(p) return protect(function() p:close(); return true end) end
 

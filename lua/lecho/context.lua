@@ -986,11 +986,11 @@ end
 -- logged), "timeout".
 function Context:close(opts)
   if opts ~= nil then options.check(opts, options.CLOSE, "ctx:close", 2) end
-  if self.closed then return self.close_ok, self.close_err, self.close_err and "timeout" end
+  if self.closed then return self.close_ok, self.close_err, self.close_code end
   if self.closing then
     -- Another close is delivering (in a callback that waits): its result.
     self:_wait(function() return self.closed end)
-    return self.close_ok, self.close_err, self.close_err and "timeout"
+    return self.close_ok, self.close_err, self.close_code
   end
   self.closing = true
   if self.trustwatch then require("lecho.trustwatch").stop(self) end
@@ -1030,18 +1030,29 @@ function Context:close(opts)
       self:_wait(function() return self.c:pending() == 0 end, now(self) + wait)
     end
   end
-  local open, events, bytes = self.c:pending()
+  -- what is still queued, and what a connection's end (or no connection)
+  -- dropped since the start: async events nobody was told of otherwise
+  -- (not a queue policy the user chose; doc/semantics.md "Close")
+  local open, events, bytes, lost, lost_bytes, lost_why = self.c:pending()
+  local code
   if events > 0 then
-    ok, err = nil, ("%d events (%d bytes) not delivered within the linger time of %gs"):format(
-      events, bytes, linger)
+    ok, err, code = nil, ("%d events (%d bytes) not delivered within the linger time of %gs"):format(
+      events, bytes, linger), "timeout"
+  end
+  if lost > 0 then
+    local m = ("%d events (%d bytes) not delivered: lost with a connection that ended before they were "
+      .. "written (the last: %s)"):format(lost, lost_bytes, lost_why)
+    ok, err, code = nil, err and (err .. "; " .. m) or m, code or "closed"
+  elseif events > 0 then
+    -- (said above)
   elseif open > 0 and linger > 0 and not sent_events(self) then
     -- nothing of ours undelivered: a remote slow to close (not running its
     -- loop) is said, not a failure of this close
     self.log(("close: %d connection%s not closed by their remote within the linger time of %gs "
       .. "(no event of ours was sent there: nothing undelivered)"):format(open, open == 1 and "" or "s", linger))
   elseif open > 0 and linger > 0 then
-    ok, err = nil, ("%d connection%s not closed by their remote within the linger time of %gs: "
-      .. "what was sent there may not have been read"):format(open, open == 1 and "" or "s", linger)
+    ok, err, code = nil, ("%d connection%s not closed by their remote within the linger time of %gs: "
+      .. "what was sent there may not have been read"):format(open, open == 1 and "" or "s", linger), "timeout"
   end
   if err and self.ending then
     err = err .. " (at the program's end: ctx:close() was not called)"
@@ -1052,12 +1063,12 @@ function Context:close(opts)
     end
   end
   if err then self.log("close: " .. err) end
-  self.close_ok, self.close_err = ok, err
+  self.close_ok, self.close_err, self.close_code = ok, err, code
   self.closed = true
   open_ctxs[self] = nil
   self:_end_guard_off()
   self.c:close()
-  return ok, err, err and "timeout"
+  return ok, err, code
 end
 
 --- The program ends (LuaJIT's lua_close runs the finalizers: a script's

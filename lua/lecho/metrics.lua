@@ -62,6 +62,7 @@ local CTX = {
   { "lecho_read_buffer_bytes", "gauge", "Bytes in the read buffers of all connections (max_buffered).", "read_buffer_bytes" },
   { "lecho_local_queue_events", "gauge", "Events queued for local consumers.", "local_queue_events" },
   { "lecho_local_queue_bytes", "gauge", "Bytes queued for local consumers.", "local_queue_bytes" },
+  { "lecho_undelivered_total", "counter", "Events of ours lost with a connection (not a queue policy): ctx:close() reports them.", "undelivered" },
 }
 local PEER = {
   { "lecho_peer_events_in_total", "counter", "Events received from the peer.", "events_in" },
@@ -69,7 +70,8 @@ local PEER = {
   { "lecho_peer_bytes_in_total", "counter", "Wire bytes received from the peer.", "bytes_in" },
   { "lecho_peer_bytes_out_total", "counter", "Wire bytes sent to the peer.", "bytes_out" },
   { "lecho_peer_batches_total", "counter", "Writes (writev calls) to the peer.", "batches" },
-  { "lecho_peer_drops_total", "counter", "Events dropped for the peer by its queue policy.", "drops" },
+  { "lecho_peer_drops_total", "counter", "Events dropped for the peer: its queue policy, or lost with its connection.", "drops" },
+  { "lecho_peer_undelivered_total", "counter", "Of drops: events lost with the peer's connection, not a queue policy.", "undelivered" },
   { "lecho_peer_ctrl_in_total", "counter", "Control messages received from the peer.", "ctrl_in" },
   { "lecho_peer_ctrl_out_total", "counter", "Control messages sent to the peer.", "ctrl_out" },
   { "lecho_peer_dials_total", "counter", "Connections this context started to the peer.", "dials" },
@@ -92,7 +94,8 @@ local CHAN = {
   { "lecho_channel_events_local_total", "counter", "Events delivered to consumers in this process.", "events_local" },
   { "lecho_channel_events_no_dest_total", "counter", "Events submitted while the channel had no consumer, remote or local.", "events_no_dest" },
   { "lecho_channel_encodes_total", "counter", "Values of the channel encoded.", "encodes" },
-  { "lecho_channel_drops_total", "counter", "Events of the channel dropped by a queue policy.", "drops" },
+  { "lecho_channel_drops_total", "counter", "Events of the channel dropped: a queue policy, or lost with a connection.", "drops" },
+  { "lecho_channel_undelivered_total", "counter", "Of drops: events of the channel lost with a connection, not a queue policy.", "undelivered" },
   { "lecho_channel_gaps_total", "counter", "Sequence gaps on the channel.", "gaps" },
   { "lecho_channel_lost_total", "counter", "Events of the channel known lost.", "lost" },
   { "lecho_channel_duplicates_total", "counter", "Duplicate events on the channel.", "duplicates" },

@@ -14,6 +14,7 @@ is a peer like any other.  doc/python.md is the reference.
 import atexit
 import collections
 import gc
+import os
 import sys
 import threading
 import time
@@ -24,7 +25,7 @@ from threading import get_ident as _ident
 from ._ffi import ffi, lib, LIBRARY
 from . import _values
 
-__all__ = ["Context", "Channel", "Producer", "Consumer", "Subscription", "Service", "Meta",
+__all__ = ["Context", "Channel", "Producer", "Consumer", "Subscription", "Service", "Meta", "Recorder",
            "LechoError", "SyncError", "CallError", "modulator", "keygen", "CODES", "LIBRARY"]
 
 # The shared error codes (README "Errors"; lua/lecho/errors.lua): name <-> number.
@@ -372,6 +373,21 @@ class Context:
             raise LechoError("invalid", _s(lib.lecho_errmsg(self._x)) or "bad channel name")
         return Channel(self, ch, name)
 
+    def recorder(self, path, policy=None, buffer_bytes=None, max_bytes=None, keep=None, append=None,
+                 fsync=None):
+        """A recording of this context's producers in the file at path (Lua's
+        ctx:recorder, doc/recording.md "In the producer's process"): a
+        producer made with `ch.producer(record=rec)` or `p.record(rec)`
+        records into it.  policy: "block" (default: a submit waits for the
+        writer, nothing is lost) or "drop" (counted in stats()["dropped"]);
+        buffer_bytes (8 MiB); max_bytes and keep (rotation: `lecho record
+        --max-bytes/--keep`); append (an existing file goes on; else one is
+        refused); fsync (close fsyncs).  A Recorder; LechoError when the
+        file cannot be opened or an option is wrong (code "invalid")."""
+        return Recorder(self, path, dict((k, v) for k, v in (
+            ("policy", policy), ("buffer_bytes", buffer_bytes), ("max_bytes", max_bytes), ("keep", keep),
+            ("append", append), ("fsync", fsync)) if v is not None))
+
     def service(self, name, fn, **opts):
         """Serves `name`: fn(args, meta) -> result runs for each call (in the
         loop calls; it cannot wait).  opts: version, concurrency, queue,
@@ -708,11 +724,20 @@ class Channel:
         self._ch = ch
         self.name = _s(lib.lecho_channel_name(ch))
 
-    def producer(self, policy=None):
+    def producer(self, policy=None, record=None):
         """A producer: returns once the channel's manager said where the
         consumers are.  policy: None (the context's), "block",
-        "drop_oldest", "drop_newest", "disconnect"."""
-        return Producer(self, policy)
+        "drop_oldest", "drop_newest", "disconnect".  record: a file name
+        or a Recorder (ctx.recorder): every event it submits is recorded
+        (as p.record(record); Lua's `ch:producer{ record = }`)."""
+        p = Producer(self, policy)
+        if record is not None:
+            try:
+                p.record(record)
+            except BaseException:
+                p.close()
+                raise
+        return p
 
     def consumer(self, fn, modulator=None, params=None, period=None, capabilities=None, raw=False,
                  on_error=None):
@@ -822,9 +847,12 @@ class Producer:
         ctx._kick()
         return self._sync_result(await ctx._await_pending(holder))
 
-    @staticmethod
-    def _sync_result(r):
-        """True, or SyncError from a finished lecho_submit_sync_start table."""
+    def _sync_result(self, r):
+        """True, or SyncError from a finished lecho_submit_sync_start table.
+        Its errors are never empty: a failure decided here before any
+        consumer was asked (noconsumer at once: the channel has no consumer
+        anywhere; a closed producer or context) is one entry with this
+        context's address and consumer ""."""
         if r.get("ok"):
             return True
         flat = r.get("errors") or []
@@ -832,7 +860,10 @@ class Producer:
             flat = [flat.get(i) for i in range(1, max([k for k in flat if isinstance(k, int)] or [0]) + 1)]
         lst = [{"context": flat[i] or "", "consumer": flat[i + 1] or "", "message": flat[i + 2] or "",
                 "code": flat[i + 3] or ""} for i in range(0, len(flat) - 3, 4)]
-        raise SyncError(r.get("code") or "failed", r.get("message") or "", lst)
+        code, message = r.get("code") or "failed", r.get("message") or ""
+        if not lst:
+            lst = [{"context": self.ctx.address, "consumer": "", "message": message, "code": code}]
+        raise SyncError(code, message, lst)
 
     def flush(self):
         self.ctx._check()
@@ -842,15 +873,24 @@ class Producer:
         if rc != 0:
             self.ctx._fail(rc)
 
-    def record(self, path):
-        """Records every event this producer submits from now on into the
-        file at path (doc/recording.md; a writer thread of the library,
-        policy "block"); None: no more (the file closed).  An existing
-        file is refused."""
+    def record(self, target):
+        """Records every event this producer submits from now on: into the
+        file at path target (a recorder of its own: doc/recording.md; a
+        writer thread of the library, policy "block"; an existing file is
+        refused), or into a Recorder of its context (ctx.recorder, with
+        its options); None: no more (its own file closed)."""
         self.ctx._check()
         if self._p is None:
             raise LechoError("closed", "producer is closed")
-        rc = lib.lecho_producer_record(self._p, path.encode() if path is not None else ffi.NULL)
+        if isinstance(target, Recorder):
+            if target.ctx is not self.ctx:
+                raise LechoError("invalid", "p.record: a recorder of another context")
+            rc = lib.lecho_producer_record_to(self._p, target._handle())
+        elif target is None or isinstance(target, (str, os.PathLike)):
+            rc = lib.lecho_producer_record(self._p, os.fsencode(target) if target is not None else ffi.NULL)
+        else:
+            raise TypeError("p.record: a file name, a Recorder (ctx.recorder) or None expected, not %s"
+                            % type(target).__name__)
         if rc != 0:
             self.ctx._fail(rc)
 
@@ -859,6 +899,67 @@ class Producer:
             self.ctx._check()
             lib.lecho_producer_close(self._p)
         self._p = None
+
+
+class Recorder:
+    """A recording of a context's producers (ctx.recorder): flush(),
+    stats(), close(); a context manager that closes.  Closed with its
+    context at the latest."""
+
+    def __init__(self, ctx, path, opts):
+        self.ctx = ctx
+        self.path = os.fspath(path)
+        x = ctx._check()
+        o = ctx._value(opts) if opts else ffi.NULL
+        out = ffi.new("lecho_recorder **")
+        rc = lib.lecho_recorder_open(x, os.fsencode(self.path), o, out)
+        if rc != 0:
+            ctx._fail(rc)
+        self._r = out[0]
+        self._last = None
+
+    def _handle(self):
+        self.ctx._check()
+        if self._r is None:
+            raise LechoError("closed", "recorder is closed")
+        return self._r
+
+    def flush(self, fsync=False):
+        """Waits until every event its producers submitted is in the file
+        (fsync=True: and on the disk)."""
+        rc = lib.lecho_recorder_flush(self._handle(), 1 if fsync else 0)
+        if rc != 0:
+            self.ctx._fail(rc)
+
+    def stats(self):
+        """{events (written), submitted, queued, dropped, lost, bytes,
+        rotations, blocked, buffered, open, error}; after close(), the last
+        ones."""
+        if self._r is None and self._last is not None:
+            return dict(self._last)
+        v = lib.lecho_recorder_stats(self._handle())
+        if v == ffi.NULL:
+            self.ctx._fail(lib.LECHO_EFAILED)
+        return self.ctx._read(self.ctx._own(v))
+
+    def close(self):
+        """Writes what is left, closes the file (its producers record
+        nothing more); returns its last stats()."""
+        if self._r is None:
+            return dict(self._last or {})
+        if self.ctx._x is None:     # closed with its context
+            self._r = None
+            return dict(self._last or {})
+        r, self._r = self._handle(), None
+        v = lib.lecho_recorder_close(r)
+        self._last = self.ctx._read(self.ctx._own(v)) if v != ffi.NULL else {}
+        return dict(self._last)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, etype, exc, tb):
+        self.close()
 
 
 class _Handled:

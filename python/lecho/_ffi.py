@@ -42,6 +42,7 @@ typedef struct lecho_producer lecho_producer;
 typedef struct lecho_consumer lecho_consumer;
 typedef struct lecho_errors lecho_errors;
 typedef struct lecho_service lecho_service;
+typedef struct lecho_recorder lecho_recorder;
 
 typedef struct lecho_meta {
     const char *channel;
@@ -102,6 +103,11 @@ int lecho_submit(lecho_producer *p, const lecho_value *ev);
 int lecho_submit_sync(lecho_producer *p, const lecho_value *ev, double timeout, lecho_errors **errs);
 int lecho_flush(lecho_producer *p);
 int lecho_producer_record(lecho_producer *p, const char *path);
+int lecho_recorder_open(lecho_ctx *ctx, const char *path, const lecho_value *opts, lecho_recorder **out);
+int lecho_producer_record_to(lecho_producer *p, lecho_recorder *r);
+int lecho_recorder_flush(lecho_recorder *r, int fsync);
+lecho_value *lecho_recorder_stats(lecho_recorder *r);
+lecho_value *lecho_recorder_close(lecho_recorder *r);
 void lecho_producer_close(lecho_producer *p);
 
 size_t lecho_errors_count(const lecho_errors *e);

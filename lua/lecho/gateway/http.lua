@@ -25,8 +25,8 @@ local ICON = '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16">'
   .. '<rect width="16" height="16" rx="3" fill="#182028"/>'
   .. '<path d="M2 9h3l2-5 2 8 2-5h3" fill="none" stroke="#4fb3ff" stroke-width="1.6" stroke-linejoin="round"/></svg>\n'
 
-function Gateway:_http_error(cl, code, why)
-  self:_http_send(cl, code, "text/plain; charset=utf-8", why .. "\n")
+function Gateway:_http_error(cl, code, why, extra)
+  self:_http_send(cl, code, "text/plain; charset=utf-8", why .. "\n", extra)
   if code ~= 404 then
     self.ctx.log(("gateway: client %d (%s) refused: %d %s"):format(cl.id, cl.peer or "?", code, why))
   end
@@ -36,7 +36,7 @@ function Gateway:_http_send(cl, code, ctype, body, extra)
   cl.kind = "done"
   if cl.watch then cl.watch:stop(); cl.watch = nil end
   cl.out:put(("HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nCache-Control: no-store\r\n%sConnection: close\r\n\r\n"):format(
-    code, REASON[code] or "Error", ctype, #body, extra or ""), body)
+    code, REASON[code] or "Error", ctype, #body, extra or ""), cl.head_only and "" or body) -- HEAD: no body (RFC 9110 9.3.2)
   cl.closing = true
   self:_flush(cl)
 end
@@ -51,6 +51,7 @@ function Gateway:_http(cl, rest)
   cl.head = ""
   local method, target, ver = head:match("^(%u+) (%S+) HTTP/(%d%.%d)\r\n")
   if not method then return self:_http_error(cl, 400, "not an HTTP/1.x request") end
+  cl.head_only = method == "HEAD"
   local h = {}
   for k, v in head:gmatch("\r\n([^:\r\n]+):[ \t]*([^\r\n]*)") do
     k = k:lower()
@@ -60,7 +61,7 @@ function Gateway:_http(cl, rest)
   local q = {}
   for k, v in query:gmatch("([^&=]+)=([^&]*)") do q[unquery(k)] = unquery(v) end
   if (h.upgrade or ""):lower() ~= "websocket" then
-    if method ~= "GET" and method ~= "HEAD" then return self:_http_error(cl, 405, "only GET") end
+    if method ~= "GET" and method ~= "HEAD" then return self:_http_error(cl, 405, "only GET and HEAD", "Allow: GET, HEAD\r\n") end
     if path == "/" or path == "/index.html" then
       return self:_http_send(cl, 200, "text/html; charset=utf-8", self.page)
     end

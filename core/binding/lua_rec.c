@@ -161,18 +161,6 @@ static void deadline_in(struct timespec *ts, long ms) {
     ts->tv_nsec %= 1000000000L;
 }
 
-static size_t put_varint(unsigned char *o, uint64_t v) {
-    size_t i = 0;
-    do {
-        unsigned char b = v & 0x7f;
-        v >>= 7;
-        o[i++] = v ? (unsigned char)(b | 0x80) : b;
-    } while (v);
-    return i;
-}
-static void put_u32(unsigned char *o, uint32_t v) {
-    o[0] = v & 0xff, o[1] = (v >> 8) & 0xff, o[2] = (v >> 16) & 0xff, o[3] = (v >> 24) & 0xff;
-}
 
 /* ---- the writer thread ---- */
 
@@ -231,7 +219,7 @@ static void write_chunk(lb_rec *r, rec_chunk *ch) {
         unsigned char *rec = ch->data + off;
         uint32_t len = get_u32(rec);
         size_t n = 8 + (size_t)len;
-        put_u32(rec + 4, libdeflate_crc32(0, rec + 8, len));
+        lb_rsink_put_u32(rec + 4, libdeflate_crc32(0, rec + 8, len));
         if (rec[8] == 'C' || rec[8] == 'P') {
             rec_kept *k = malloc(sizeof *k + n); /* owned by r->kept */
             if (k) {
@@ -404,11 +392,11 @@ static int rec_name(lb_rec *r, char kind, uint32_t idx, const char *name) {
     unsigned char *o = r->cur->data + r->cur->len;
     size_t hn = 8;
     o[hn++] = (unsigned char)kind;
-    hn += put_varint(o + hn, idx);
+    hn += lb_rsink_put_varint(o + hn, idx);
     memcpy(o + hn, name, nl);
     hn += nl;
-    put_u32(o, (uint32_t)(hn - 8));
-    put_u32(o + 4, 0); /* the writer's */
+    lb_rsink_put_u32(o, (uint32_t)(hn - 8));
+    lb_rsink_put_u32(o + 4, 0); /* the writer's */
     r->cur->len += hn;
     return 0;
 }
@@ -446,17 +434,17 @@ int lb_rec_event(lb_rec *r, uint32_t cidx, uint32_t pidx, uint64_t seq, int sync
     size_t hn = 8;
     double us = (now - r->created) * 1e6;
     o[hn++] = 'E';
-    hn += put_varint(o + hn, cidx);
-    hn += put_varint(o + hn, pidx);
-    hn += put_varint(o + hn, seq);
-    hn += put_varint(o + hn, us > 0 ? (uint64_t)(us + 0.5) : 0);
+    hn += lb_rsink_put_varint(o + hn, cidx);
+    hn += lb_rsink_put_varint(o + hn, pidx);
+    hn += lb_rsink_put_varint(o + hn, seq);
+    hn += lb_rsink_put_varint(o + hn, us > 0 ? (uint64_t)(us + 0.5) : 0);
     o[hn++] = sync ? 1 : 0;
     if (m->next == 0)
         memcpy(o + hn, m->own.data, n);
     else
         lei_msg_flatten(m, (char *)o + hn);
-    put_u32(o, (uint32_t)(hn - 8 + n));
-    put_u32(o + 4, 0); /* the writer's */
+    lb_rsink_put_u32(o, (uint32_t)(hn - 8 + n));
+    lb_rsink_put_u32(o + 4, 0); /* the writer's */
     ch->len += hn + n;
     ch->nev++;
     return 0;

@@ -222,6 +222,7 @@ void lb_rec_open(lua_State *L);
 lb_rec *lb_rec_check(lua_State *L, int idx);
 lb_ctx *lb_rec_ctx(const lb_rec *r);
 int lb_rec_attach(lb_rec *r, const char *chname, const char *pname, uint32_t *cidx, uint32_t *pidx);
+lei_msg *lb_rec_stage(lb_rec *r, uint32_t cidx, uint32_t pidx, uint64_t seq, const uint8_t *p, size_t n);
 int lb_rec_event(lb_rec *r, uint32_t cidx, uint32_t pidx, uint64_t seq, int sync, lei_msg *m);
 void lb_rec_close_all(lb_ctx *b);
 void lb_loop_open(lua_State *L);

@@ -6,12 +6,19 @@
  * submits to lb_rec_event, on the producer's thread, once the core took
  * it: the event's record of doc/recording.md (length, a checksum left at
  * 0, kind `E`, indexes, sequence, time, flags, then the encoded value: the
- * bytes the wire gets) is appended to the 64 KiB chunk being filled, one
- * memcpy of the value.  A full chunk, one 50 ms old at the next event, and
+ * bytes the wire gets) is in the 64 KiB chunk being filled.  An event
+ * staged (lua_prod.c dp_stage, dp_submit_bytes: every Lua submit the FFI
+ * encoder takes, and the C API's) is copied once, straight into the chunk
+ * after room for its record's head (lb_rec_stage), and the message the
+ * core, the wire and the queues get borrows those bytes (lei_msg.lent)
+ * instead of a malloc'd buffer of its own; the submit then only writes the
+ * head.  Another event (a value the FFI encoder does not take, a staged
+ * one that cannot be placed) is copied in as a whole record, one memcpy
+ * of the value.  A full chunk, one 50 ms old at the next event, and
  * every flush (and the 50 ms tick from Lua) are handed to the writer
  * thread through a ring; it fills in each record's CRC-32, rotates past
  * max bytes, write()s, and gives the chunk back through a second ring.
- * So the producer pays a copy, no checksum, no system call, no second TCP
+ * So the producer pays one copy, no checksum, no system call, no second TCP
  * destination; the file is the one `lecho record` writes (Lua wrote its
  * magic line and header, recording.writer), and a crash leaves what a
  * crash of `lecho record` leaves: whole records, and at worst one torn
@@ -41,11 +48,24 @@
  * the events after it are counted as lost, the error kept for stats and
  * said once in the log (lecho.recorder), the producer never blocked by it.
  *
+ * Lent bytes: a chunk whose bytes a message borrows is reused only once
+ * the writer wrote it and the last such message is gone (rec_lent_done,
+ * called by lei_msg_release on the context's thread: the wire wrote it, a
+ * queue dropped it, a staged one was never submitted).  Back from the
+ * writer before that, it is held (r->held): its bytes count in held_bytes,
+ * not in nbytes, since only the loop, not the writer, lets them go and a
+ * submit waiting for room must not wait for them; past limit held bytes
+ * (a consumer that stopped reading), events are copied as above.  So the
+ * recorder's chunks take at most about 2 x buffer_bytes, and the messages
+ * of a queue keep alive at most the chunks their bytes are in.
+ *
  * Owners: the lb_rec is the userdata's memory (REC_MT); its chunks, rings,
  * path, header and kept records are malloc'd and owned by it (freed by
- * rec_close once the thread is joined).  The userdata's environment pins
- * the context userdata; the context lists its open recorders (b->recs)
- * and closes them (flushed, joined) before it goes (lb_rec_close_all). */
+ * rec_close once the thread is joined), but a chunk some message still
+ * borrows from, which rec_close leaves to it (owner NULL: the last lent
+ * message frees it).  The userdata's environment pins the context
+ * userdata; the context lists its open recorders (b->recs) and closes
+ * them (flushed, joined) before it goes (lb_rec_close_all). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -815,7 +835,9 @@ static int l_flush(lua_State *L) {
 
 /* r:stats() -> { events (written), submitted, dropped, lost, queued
  * (events handed over, not written yet), bytes, rotations, blocked (waits
- * for room), buffered (bytes of chunks held), error }. */
+ * for room), buffered (bytes of chunks held), held (bytes of written
+ * chunks whose lent messages live on), inplace (events staged straight
+ * into a chunk), error }. */
 static int l_stats(lua_State *L) {
     lb_rec *r = lb_rec_check(L, 1);
     if (r->open) take_back(r);

@@ -54,10 +54,15 @@
  * queue dropped it, a staged one was never submitted).  Back from the
  * writer before that, it is held (r->held): its bytes count in held_bytes,
  * not in nbytes, since only the loop, not the writer, lets them go and a
- * submit waiting for room must not wait for them; past limit held bytes
- * (a consumer that stopped reading), events are copied as above.  So the
- * recorder's chunks take at most about 2 x buffer_bytes, and the messages
- * of a queue keep alive at most the chunks their bytes are in.
+ * submit waiting for room must not wait for them.  They are the bytes
+ * the queues hold (which would otherwise be buffers of the messages' own),
+ * and a queue holds a run of events: it keeps alive the chunks its events
+ * are in, and one more at most.  An event is staged in place only while
+ * held_bytes is under the limit; past it (a consumer that stopped
+ * reading, a local handler keeping messages) events are copied as above:
+ * held chunks take less than twice the limit (the chunks in flight when
+ * it was reached may all come back held), all chunks less than three
+ * times it.
  *
  * Owners: the lb_rec is the userdata's memory (REC_MT); its chunks, rings,
  * path, header and kept records are malloc'd and owned by it (freed by
@@ -130,7 +135,7 @@ struct lb_rec {
     size_t pend_hn;         /* its record's head: 8 + kind .. flags */
     double pend_t;          /* its time */
     rec_chunk *held;        /* owned: written chunks whose lent messages live on (hnext) */
-    size_t held_bytes;      /* their bytes: at most limit more (past it, events are copied) */
+    size_t held_bytes;      /* their bytes: events are lent while under limit (past it, copied) */
     uint64_t inplace;       /* events recorded in place */
     /* between the threads, lock-free */
     rec_ring full;          /* producer -> writer: chunks to write, in order */
@@ -539,7 +544,7 @@ static size_t event_head(const lb_rec *r, unsigned char *o, uint32_t cidx, uint3
  * last (bench/README.md "recplay").  The chunk is reused once the writer
  * wrote it and its lent messages are gone (rec_lent_done).  NULL, nothing
  * done, when it cannot (recorder closed, another staged record waiting,
- * held_bytes at the limit, no chunk under the drop policy, out of
+ * held chunks at the limit, no chunk under the drop policy, out of
  * memory): the caller stages as usual and lb_rec_event copies. */
 lei_msg *lb_rec_stage(lb_rec *r, uint32_t cidx, uint32_t pidx, uint64_t seq, const uint8_t *p, size_t n) {
     if (!r->open || r->pend || r->held_bytes >= r->limit || n == 0) return NULL;

@@ -133,6 +133,8 @@ struct lb_rec {
     lei_msg *pend;          /* the staged message whose record waits at cur's end, or NULL */
     rec_chunk *pend_ch;     /* the chunk it is in */
     size_t pend_hn;         /* its record's head: 8 + kind .. flags */
+    uint64_t pend_seq;      /* the sequence number its head says */
+    uint32_t pend_c, pend_p; /* and its indexes */
     double pend_t;          /* its time */
     rec_chunk *held;        /* owned: written chunks whose lent messages live on (hnext) */
     size_t held_bytes;      /* their bytes: events are lent while under limit (past it, copied) */
@@ -568,6 +570,9 @@ lei_msg *lb_rec_stage(lb_rec *r, uint32_t cidx, uint32_t pidx, uint64_t seq, con
     r->pend = m;
     r->pend_ch = ch;
     r->pend_hn = hn;
+    r->pend_seq = seq;
+    r->pend_c = cidx;
+    r->pend_p = pidx;
     r->pend_t = now;
     return m;
 }
@@ -585,11 +590,15 @@ int lb_rec_event(lb_rec *r, uint32_t cidx, uint32_t pidx, uint64_t seq, int sync
         r->pend = NULL;
         rec_chunk *ch = r->cur;
         if (ch && ch == r->pend_ch) {
-            unsigned char head[REC_HEAD_MAX];
-            size_t hn = 8 + event_head(r, head, cidx, pidx, seq, r->pend_t, sync);
+            unsigned char *o = ch->data + ch->len, head[REC_HEAD_MAX];
+            size_t hn = r->pend_hn;
+            /* (another submit of its producer came between, or it was
+             * attached again: its head is written again) */
+            int again = seq != r->pend_seq || cidx != r->pend_c || pidx != r->pend_p;
+            if (again) hn = 8 + event_head(r, head, cidx, pidx, seq, r->pend_t, sync);
             if (hn == r->pend_hn) { /* (always, but when its sequence grew a byte since it was staged) */
-                unsigned char *o = ch->data + ch->len;
-                memcpy(o + 8, head, hn - 8);
+                if (again) memcpy(o + 8, head, hn - 8);
+                o[hn - 1] = sync ? 1 : 0; /* its flags */
                 lb_rsink_put_u32(o, (uint32_t)(hn - 8 + m->own.len));
                 lb_rsink_put_u32(o + 4, 0); /* the writer's */
                 ch->len += hn + m->own.len;

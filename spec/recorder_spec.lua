@@ -315,4 +315,120 @@ describe("issue 29: recording in the producer's process", function()
     assert.is_nil((ctx:recorder(file)))   -- exists: refused without append
     ctx:close()
   end)
+
+  -- The bytes of an event staged by a recording producer go straight into
+  -- the recorder's chunk and the message the core gets borrows them there
+  -- (lua_rec.c lb_rec_stage): one copy on the producer's thread, not two.
+  it("records a staged event in place: its bytes copied once, the queues reading them from the recording", function()
+    local lecho = require "lecho"
+    local ctx = lecho.context{ quiet = true }
+    local file = S.tmpname("inplace") .. ".lecho"
+    local rec = assert(ctx:recorder(file))
+    local ch = ctx:channel("rt.inplace")
+    local got, bad = 0, 0
+    assert(ch:consumer(function(ev)   -- a local consumer: its queue holds the messages
+      got = got + 1
+      if ev.i ~= got or ev.pad ~= ("p"):rep(ev.i % 200 + 1) then bad = bad + 1 end
+    end))
+    local p = assert(ch:producer{ record = rec })
+    for k = 1, 3000 do
+      assert(p:submit({ i = k, pad = ("p"):rep(k % 200 + 1) }))
+      if k % 500 == 0 then ctx:run_once(0) end
+    end
+    assert(p:submit_sync({ i = 3001, pad = ("p"):rep(3001 % 200 + 1) }))
+    assert.are.same({ 3001, 0 }, { got, bad })
+    local st = rec:close()
+    assert.are.same({ 3001, 3001, 0, 0 }, { st.submitted, st.events, st.dropped, st.lost })
+    assert.are.equal(3001, st.inplace, "events copied twice (not staged in place)")
+    local evs = events_of(file)
+    assert.are.equal(3001, #evs)
+    for k, e in ipairs(evs) do
+      assert(e.seq == k and e.i == k, ("event %d: seq %d i %s"):format(k, e.seq, tostring(e.i)))
+    end
+    assert.is_true(evs[3001].sync)
+    ctx:close()
+  end)
+
+  -- What the wire still holds of a recording's chunks is never reused nor
+  -- freed under it: a consumer stopped while events of 1000 B pile up in
+  -- the queue toward it (more than the recorder's buffer_bytes of them,
+  -- so some are copied, lb_rec_stage's held_bytes bound), a second
+  -- producer of the same recorder submitting meanwhile (its events copied
+  -- while the first one's staged record waits for room); then a recorder
+  -- closed while the queue holds its chunks.  The consumer checks every
+  -- byte of every event when it wakes.
+  it("chunks the wire still holds are neither reused nor freed under it (a stopped consumer, a closed recorder)",
+     function()
+    local lecho = require "lecho"
+    local _, ns = S.nameserver("--quiet")
+    local N = 30000   -- 30 MB: more than the socket buffers hold, so the queue fills
+    local cons = S.lua([[
+      local lecho = require "lecho"
+      local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+      local n, bad, last = 0, 0, 0
+      assert(ctx:channel("rt.lend"):consumer(function(ev)
+        n = n + 1
+        if ev.i ~= last + 1 or ev.pad ~= string.char(65 + ev.i % 26):rep(1000) .. ev.i then bad = bad + 1 end
+        last = ev.i
+        if n == tonumber(arg[2]) then ctx:stop() end
+      end))
+      io.stdout:write("ready\n") io.stdout:flush()
+      ctx:after(120, function() ctx:stop() end)
+      ctx:run()
+      io.stdout:write(("got %d bad %d\n"):format(n, bad))
+      ctx:close()
+    ]], ns, tostring(N))
+    assert(S.wait_file(cons.out, "ready", 20), S.errors(cons))
+    local ctx = lecho.context{ nameserver = ns, quiet = true, queue_limit = 256 * 1024 }
+    local ch = ctx:channel("rt.lend")
+    local pa = assert(ch:producer{ policy = "block" })
+    local deadline = ctx:now() + 20
+    while ctx:now() < deadline and not next(ch.dests) do ctx:run_once(0.02) end
+    assert(next(ch.dests), "the consumer did not join")
+    local chb = ctx:channel("rt.lend.b")
+    local nb = 0
+    assert(chb:consumer(function() nb = nb + 1 end))
+    local function ev(k) return { i = k, pad = string.char(65 + k % 26):rep(1000) .. k } end
+    -- phase 1: the queue holds chunks while the recorder goes on
+    local file1 = S.tmpname("lend1") .. ".lecho"
+    local rec1 = assert(ctx:recorder(file1, { buffer_bytes = 131072 }))
+    assert(pa:record(rec1))
+    local pb = assert(chb:producer{ record = rec1 })
+    local kb = 0
+    local tb = ctx:every(0.002, function() kb = kb + 1 assert(pb:submit({ b = kb })) end)
+    S.kill(cons, "STOP")
+    ctx:after(1.0, function() S.kill(cons, "CONT") end)
+    for k = 1, N / 2 do assert(pa:submit(ev(k))) end
+    tb:stop()
+    local st1 = rec1:close()
+    assert.are.same({ 0, 0 }, { st1.dropped, st1.lost })
+    assert.are.equal(N / 2 + kb, st1.events)
+    assert(st1.inplace > 0 and st1.inplace < st1.events,
+           ("in place %d of %d: both paths expected"):format(st1.inplace, st1.events))
+    local evs = events_of(file1)
+    local ka, kbb = 0, 0
+    for _, e in ipairs(evs) do
+      if e.channel == "rt.lend" then ka = ka + 1 assert(e.i == ka and e.seq == ka, "rt.lend event " .. ka)
+      else kbb = kbb + 1 assert(e.seq == kbb, "rt.lend.b event " .. kbb) end
+    end
+    assert.are.same({ N / 2, kb }, { ka, kbb })
+    -- phase 2: the recorder closed while the stopped consumer's queue holds its chunks
+    local file2 = S.tmpname("lend2") .. ".lecho"
+    local rec2 = assert(ctx:recorder(file2, { buffer_bytes = 131072 }))
+    assert(pa:record(rec2))
+    S.kill(cons, "STOP")
+    local closed
+    ctx:after(0.5, function() closed = rec2:close() end)
+    ctx:after(1.0, function() S.kill(cons, "CONT") end)
+    for k = N / 2 + 1, N do assert(pa:submit(ev(k))) end
+    assert.is_table(closed, "the recorder was not closed while the queue was full")
+    assert(closed.events > 0 and closed.inplace > 0)
+    -- the queue drains as the loop turns
+    local until_t = ctx:now() + 60
+    while ctx:now() < until_t and not S.output(cons):find("got") do ctx:run_once(0.05) end
+    assert.are.equal(0, finish(cons, 30, "consumer"))
+    assert.matches("got " .. N .. " bad 0", S.output(cons))
+    assert.are.equal(closed.events, #events_of(file2))
+    ctx:close()
+  end)
 end)

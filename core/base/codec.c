@@ -422,7 +422,10 @@ void lei_msg_release(lei_msg *m, lei_unpin_fn unpin, void *ud) {
     if (!m || --m->refcnt > 0) return;
     if (unpin)
         for (i = 0; i < m->next; i++) unpin(ud, m->ext[i].ref);
-    lei_wbuf_free(&m->own);
+    if (m->lent)
+        m->lent(m->lent_ud, m); /* own's bytes are its lender's */
+    else
+        lei_wbuf_free(&m->own);
     free(m->ext);
     free(m);
 }

@@ -215,6 +215,13 @@ typedef struct lei_msg {
     int next;     /* ro: number of used entries in ext */
     int ext_cap;  /* ro: allocated entries in ext */
     size_t total; /* ro: own.len + sum of ext[i].len: the encoded size */
+    /* NULL; or own's bytes are lent by another owner (lua_rec.c: a
+     * recorder's chunk, the event's record written around them), and
+     * lei_msg_release calls lent(lent_ud, m) when the last reference goes,
+     * in place of freeing own.data.  Such a message is complete: nobody
+     * appends to it (own.cap == own.len). */
+    void (*lent)(void *ud, struct lei_msg *m);
+    void *lent_ud;
 } lei_msg;
 
 typedef void (*lei_unpin_fn)(void *ud, int ref);
@@ -222,7 +229,8 @@ typedef void (*lei_unpin_fn)(void *ud, int ref);
 /* New empty message with refcnt 1, or NULL (ENOMEM). */
 lei_msg *lei_msg_new(void);
 /* Drop one reference. When the count reaches 0, calls unpin(ud, ref) for each
- * ext (if unpin is not NULL) and frees the message. NULL is a no-op. */
+ * ext (if unpin is not NULL), gives own's bytes back (m->lent, or free) and
+ * frees the message. NULL is a no-op. */
 void lei_msg_release(lei_msg *m, lei_unpin_fn unpin, void *ud);
 /* Append a pinned slice at the current end of own; takes over ref on success
  * (0). -1 on ENOMEM: the caller still owns ref. Call lei_msg_sync after. */

@@ -198,6 +198,22 @@ void lb_rsink_free(lb_ctx *b);
 /* Moves PATH.(keep-1) .. PATH to PATH.keep .. PATH.1 (a recording's
  * rotation; libc only, any thread): 0, or -1 out of memory. */
 int lb_rsink_rotate_names(const char *path, int keep);
+/* A recording's varint (doc/recording.md: doc/wire-format.md's, 7 bits a
+ * byte, low first; at most 10 bytes) at o: its length.  Both recorders
+ * write their records with these (lua_rsink.c, lua_rec.c). */
+static inline size_t lb_rsink_put_varint(unsigned char *o, uint64_t v) {
+    size_t i = 0;
+    do {
+        unsigned char b = v & 0x7f;
+        v >>= 7;
+        o[i++] = v ? (unsigned char)(b | 0x80) : b;
+    } while (v);
+    return i;
+}
+/* A record's u32 (its length, its CRC), little-endian, at o. */
+static inline void lb_rsink_put_u32(unsigned char *o, uint32_t v) {
+    o[0] = v & 0xff, o[1] = (v >> 8) & 0xff, o[2] = (v >> 16) & 0xff, o[3] = (v >> 24) & 0xff;
+}
 /* lua_rec.c: a recorder in the producer's process, its writer a thread of
  * its own (ctx:recorder_open); producer handles append their events */
 typedef struct lb_rec lb_rec;
@@ -206,6 +222,7 @@ void lb_rec_open(lua_State *L);
 lb_rec *lb_rec_check(lua_State *L, int idx);
 lb_ctx *lb_rec_ctx(const lb_rec *r);
 int lb_rec_attach(lb_rec *r, const char *chname, const char *pname, uint32_t *cidx, uint32_t *pidx);
+lei_msg *lb_rec_stage(lb_rec *r, uint32_t cidx, uint32_t pidx, uint64_t seq, const uint8_t *p, size_t n);
 int lb_rec_event(lb_rec *r, uint32_t cidx, uint32_t pidx, uint64_t seq, int sync, lei_msg *m);
 void lb_rec_close_all(lb_ctx *b);
 void lb_loop_open(lua_State *L);

@@ -54,7 +54,7 @@ static lei_msg *msg_take(lb_prod *h) {
 /* Done with m (a message of the data plane: no pins): kept as the spare when
  * nobody else holds it, else released. */
 static void msg_done(lb_prod *h, lei_msg *m) {
-    if (m && !h->spare && m->refcnt == 1 && m->next == 0 && m->own.cap <= SPARE_MAX) {
+    if (m && !h->spare && m->refcnt == 1 && m->next == 0 && !m->lent && m->own.cap <= SPARE_MAX) {
         m->own.len = 0;
         m->total = 0;
         h->spare = m;
@@ -215,7 +215,13 @@ static int dp_stage(void *hp, const uint8_t *p, size_t n) {
     lb_prod *h = hp;
     msg_done(h, h->staged); /* a staged message has no pins */
     h->staged = NULL;
-    lei_msg *m = msg_take(h);
+    /* recorded: the bytes go straight into the recording, lent to the message (lua_rec.c) */
+    lei_msg *m = h->rec ? lb_rec_stage(h->rec, h->rec_c, h->rec_p, h->seq + 1, p, n) : NULL;
+    if (m) {
+        h->staged = m;
+        return 0;
+    }
+    m = msg_take(h);
     if (!m || lei_wbuf_put(&m->own, p, n)) {
         lei_msg_release(m, NULL, NULL);
         return -1;
@@ -234,8 +240,9 @@ static int dp_submit_bytes(void *hp, const uint8_t *p, size_t n, char *err, size
         snprintf(err, errlen, "%s", why);
         return LEI_E_LIMIT; /* a C-built value is well formed: only a limit fails it */
     }
-    lei_msg *m = msg_take(h); /* ours until msg_done below; the queues take their own references */
-    if (!m || lei_wbuf_put(&m->own, p, n)) {
+    /* ours until msg_done below; the queues take their own references */
+    lei_msg *m = h->rec ? lb_rec_stage(h->rec, h->rec_c, h->rec_p, h->seq + 1, p, n) : NULL;
+    if (!m && (!(m = msg_take(h)) || lei_wbuf_put(&m->own, p, n))) {
         lei_msg_release(m, NULL, NULL);
         snprintf(err, errlen, "%s", lei_err_text(LEI_E_NOMEM));
         return LEI_E_NOMEM;

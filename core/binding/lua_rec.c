@@ -6,12 +6,19 @@
  * submits to lb_rec_event, on the producer's thread, once the core took
  * it: the event's record of doc/recording.md (length, a checksum left at
  * 0, kind `E`, indexes, sequence, time, flags, then the encoded value: the
- * bytes the wire gets) is appended to the 64 KiB chunk being filled, one
- * memcpy of the value.  A full chunk, one 50 ms old at the next event, and
+ * bytes the wire gets) is in the 64 KiB chunk being filled.  An event
+ * staged (lua_prod.c dp_stage, dp_submit_bytes: every Lua submit the FFI
+ * encoder takes, and the C API's) is copied once, straight into the chunk
+ * after room for its record's head (lb_rec_stage), and the message the
+ * core, the wire and the queues get borrows those bytes (lei_msg.lent)
+ * instead of a malloc'd buffer of its own; the submit then only writes the
+ * head.  Another event (a value the FFI encoder does not take, a staged
+ * one that cannot be placed) is copied in as a whole record, one memcpy
+ * of the value.  A full chunk, one 50 ms old at the next event, and
  * every flush (and the 50 ms tick from Lua) are handed to the writer
  * thread through a ring; it fills in each record's CRC-32, rotates past
  * max bytes, write()s, and gives the chunk back through a second ring.
- * So the producer pays a copy, no checksum, no system call, no second TCP
+ * So the producer pays one copy, no checksum, no system call, no second TCP
  * destination; the file is the one `lecho record` writes (Lua wrote its
  * magic line and header, recording.writer), and a crash leaves what a
  * crash of `lecho record` leaves: whole records, and at worst one torn
@@ -41,11 +48,29 @@
  * the events after it are counted as lost, the error kept for stats and
  * said once in the log (lecho.recorder), the producer never blocked by it.
  *
+ * Lent bytes: a chunk whose bytes a message borrows is reused only once
+ * the writer wrote it and the last such message is gone (rec_lent_done,
+ * called by lei_msg_release on the context's thread: the wire wrote it, a
+ * queue dropped it, a staged one was never submitted).  Back from the
+ * writer before that, it is held (r->held): its bytes count in held_bytes,
+ * not in nbytes, since only the loop, not the writer, lets them go and a
+ * submit waiting for room must not wait for them.  They are the bytes
+ * the queues hold (which would otherwise be buffers of the messages' own),
+ * and a queue holds a run of events: it keeps alive the chunks its events
+ * are in, and one more at most.  An event is staged in place only while
+ * held_bytes is under the limit; past it (a consumer that stopped
+ * reading, a local handler keeping messages) events are copied as above:
+ * held chunks take less than twice the limit (the chunks in flight when
+ * it was reached may all come back held), all chunks less than three
+ * times it.
+ *
  * Owners: the lb_rec is the userdata's memory (REC_MT); its chunks, rings,
  * path, header and kept records are malloc'd and owned by it (freed by
- * rec_close once the thread is joined).  The userdata's environment pins
- * the context userdata; the context lists its open recorders (b->recs)
- * and closes them (flushed, joined) before it goes (lb_rec_close_all). */
+ * rec_close once the thread is joined), but a chunk some message still
+ * borrows from, which rec_close leaves to it (owner NULL: the last lent
+ * message frees it).  The userdata's environment pins the context
+ * userdata; the context lists its open recorders (b->recs) and closes
+ * them (flushed, joined) before it goes (lb_rec_close_all). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -68,6 +93,11 @@ typedef struct rec_chunk {
     struct rec_chunk *next; /* in spare */
     size_t len, cap;
     uint64_t nev;           /* its E records */
+    /* the producer thread's (the writer reads none of these) */
+    lb_rec *owner;          /* NULL once the recorder closed: its last lent message frees it */
+    uint32_t lent;          /* messages whose bytes are in it (lb_rec_stage), alive */
+    int held;               /* on owner->held: back from the writer, waiting for them */
+    struct rec_chunk *hnext, **hprev;
     unsigned char data[];
 } rec_chunk;
 
@@ -98,6 +128,17 @@ struct lb_rec {
     uint64_t submitted, dropped, blocked;
     rec_chunk *spare;       /* owned: given back, REC_CHUNK each, reused last in first out */
     size_t nbytes, limit;   /* bytes of all chunks (cur, both rings, spare), its bound */
+    /* records made in place (lb_rec_stage): the value's bytes staged
+     * straight into cur, lent to the message the wire gets */
+    lei_msg *pend;          /* the staged message whose record waits at cur's end, or NULL */
+    rec_chunk *pend_ch;     /* the chunk it is in */
+    size_t pend_hn;         /* its record's head: 8 + kind .. flags */
+    uint64_t pend_seq;      /* the sequence number its head says */
+    uint32_t pend_c, pend_p; /* and its indexes */
+    double pend_t;          /* its time */
+    rec_chunk *held;        /* owned: written chunks whose lent messages live on (hnext) */
+    size_t held_bytes;      /* their bytes: events are lent while under limit (past it, copied) */
+    uint64_t inplace;       /* events recorded in place */
     /* between the threads, lock-free */
     rec_ring full;          /* producer -> writer: chunks to write, in order */
     rec_ring back;          /* writer -> producer: chunks written */
@@ -161,18 +202,6 @@ static void deadline_in(struct timespec *ts, long ms) {
     ts->tv_nsec %= 1000000000L;
 }
 
-static size_t put_varint(unsigned char *o, uint64_t v) {
-    size_t i = 0;
-    do {
-        unsigned char b = v & 0x7f;
-        v >>= 7;
-        o[i++] = v ? (unsigned char)(b | 0x80) : b;
-    } while (v);
-    return i;
-}
-static void put_u32(unsigned char *o, uint32_t v) {
-    o[0] = v & 0xff, o[1] = (v >> 8) & 0xff, o[2] = (v >> 16) & 0xff, o[3] = (v >> 24) & 0xff;
-}
 
 /* ---- the writer thread ---- */
 
@@ -231,7 +260,7 @@ static void write_chunk(lb_rec *r, rec_chunk *ch) {
         unsigned char *rec = ch->data + off;
         uint32_t len = get_u32(rec);
         size_t n = 8 + (size_t)len;
-        put_u32(rec + 4, libdeflate_crc32(0, rec + 8, len));
+        lb_rsink_put_u32(rec + 4, libdeflate_crc32(0, rec + 8, len));
         if (rec[8] == 'C' || rec[8] == 'P') {
             rec_kept *k = malloc(sizeof *k + n); /* owned by r->kept */
             if (k) {
@@ -314,20 +343,68 @@ static void poke(lb_rec *r) {
     if (LOAD(r->wwait)) wake(&r->mu, &r->cv_work);
 }
 
-/* Chunks the writer gave back: REC_CHUNK ones kept for reuse (the last
- * given back first: its lines are the likeliest still in a cache), larger
- * ones freed. */
+/* A chunk back on the producer's side (written, or empty): held while a
+ * message lent bytes of it lives (its bytes then count in held_bytes, not
+ * in nbytes: the wire's queue holds them, and only the loop, not the
+ * writer, lets them go, so a submit never waits for them); else a
+ * REC_CHUNK one kept for reuse (the last given back first: its lines are
+ * the likeliest still in a cache), a larger one freed. */
+static void park(lb_rec *r, rec_chunk *ch) {
+    if (ch->lent) {
+        r->nbytes -= ch->cap;
+        r->held_bytes += ch->cap;
+        ch->held = 1;
+        ch->hnext = r->held;
+        if (r->held) r->held->hprev = &ch->hnext;
+        ch->hprev = &r->held;
+        r->held = ch;
+    } else if (ch->cap == REC_CHUNK) {
+        ch->next = r->spare;
+        r->spare = ch;
+    } else {
+        r->nbytes -= ch->cap;
+        free(ch);
+    }
+}
+
+/* Chunks the writer gave back. */
 static void take_back(lb_rec *r) {
     rec_chunk *ch;
-    while ((ch = ring_get(&r->back))) {
-        if (ch->cap == REC_CHUNK) {
-            ch->next = r->spare;
-            r->spare = ch;
-        } else {
-            r->nbytes -= ch->cap;
-            free(ch);
-        }
+    while ((ch = ring_get(&r->back))) park(r, ch);
+}
+
+/* The last message lent bytes of ch is gone (lei_msg_release, on the
+ * context's thread: the wire wrote it, a queue dropped it, or it was staged
+ * and never submitted: its place at cur's end is free again). */
+static void rec_lent_done(void *ud, lei_msg *m) {
+    rec_chunk *ch = ud;
+    lb_rec *r = ch->owner;
+    if (r && r->pend == m) r->pend = NULL;
+    if (--ch->lent) return;
+    if (!r) { /* the recorder closed meanwhile: its last user frees it */
+        free(ch);
+        return;
     }
+    if (!ch->held) return; /* being filled, or the writer's */
+    *ch->hprev = ch->hnext;
+    if (ch->hnext) ch->hnext->hprev = ch->hprev;
+    ch->held = 0;
+    r->held_bytes -= ch->cap;
+    if (ch->cap == REC_CHUNK && r->nbytes + ch->cap <= r->limit) {
+        r->nbytes += ch->cap;
+        ch->next = r->spare;
+        r->spare = ch;
+    } else {
+        free(ch);
+    }
+}
+
+/* A chunk the recorder lets go of: freed, or left to its lent messages. */
+static void drop_chunk(rec_chunk *ch) {
+    if (ch->lent)
+        ch->owner = NULL;
+    else
+        free(ch);
 }
 
 /* Hands the chunk being filled to the writer. */
@@ -339,9 +416,25 @@ static void hand_over(lb_rec *r) {
     if ((size_t)ring_count(&r->full) * REC_CHUNK >= r->limit / 4) poke(r);
 }
 
+/* Nothing more goes into the chunk being filled: a staged record's bytes
+ * lie at its end (r->pend), and something else is to be appended first.
+ * What it holds goes to the writer; the staged bytes stay where they are,
+ * lent to their message (its record is then copied, lb_rec_event). */
+static void retire_cur(lb_rec *r) {
+    rec_chunk *ch = r->cur;
+    if (!ch) return;
+    if (ch->len) {
+        hand_over(r);
+        return;
+    }
+    r->cur = NULL;
+    park(r, ch);
+}
+
 /* A chunk with room for need bytes as r->cur: 0; -1 when the policy
  * drops (or out of memory).  always: wait whatever the policy. */
 static int take_chunk(lb_rec *r, size_t need, int always) {
+    if (r->pend && r->pend_ch == r->cur) retire_cur(r);
     if (r->cur && r->cur->len + need <= r->cur->cap) return 0;
     size_t cap = need <= REC_CHUNK ? REC_CHUNK : need;
     hand_over(r);
@@ -391,6 +484,9 @@ static int take_chunk(lb_rec *r, size_t need, int always) {
     ch->len = 0;
     ch->nev = 0;
     ch->next = NULL;
+    ch->owner = r;
+    ch->lent = 0;
+    ch->held = 0;
     r->cur = ch;
     return 0;
 }
@@ -404,11 +500,11 @@ static int rec_name(lb_rec *r, char kind, uint32_t idx, const char *name) {
     unsigned char *o = r->cur->data + r->cur->len;
     size_t hn = 8;
     o[hn++] = (unsigned char)kind;
-    hn += put_varint(o + hn, idx);
+    hn += lb_rsink_put_varint(o + hn, idx);
     memcpy(o + hn, name, nl);
     hn += nl;
-    put_u32(o, (uint32_t)(hn - 8));
-    put_u32(o + 4, 0); /* the writer's */
+    lb_rsink_put_u32(o, (uint32_t)(hn - 8));
+    lb_rsink_put_u32(o + 4, 0); /* the writer's */
     r->cur->len += hn;
     return 0;
 }
@@ -423,13 +519,100 @@ int lb_rec_attach(lb_rec *r, const char *chname, const char *pname, uint32_t *ci
     return 0;
 }
 
+/* An event record's head after its length and checksum (kind E, channel
+ * and producer indexes, sequence, time, flags) at o: its length (at most
+ * REC_HEAD_MAX). */
+static size_t event_head(const lb_rec *r, unsigned char *o, uint32_t cidx, uint32_t pidx, uint64_t seq,
+                         double t, int sync) {
+    size_t hn = 0;
+    double us = (t - r->created) * 1e6;
+    o[hn++] = 'E';
+    hn += lb_rsink_put_varint(o + hn, cidx);
+    hn += lb_rsink_put_varint(o + hn, pidx);
+    hn += lb_rsink_put_varint(o + hn, seq);
+    hn += lb_rsink_put_varint(o + hn, us > 0 ? (uint64_t)(us + 0.5) : 0);
+    o[hn++] = sync ? 1 : 0;
+    return hn;
+}
+
+/* A recording producer's stage (lua_prod.c dp_stage, dp_submit_bytes: the
+ * encoded value, n bytes at p, the next submit's): the bytes copied
+ * straight into the chunk being filled, after room for their record's
+ * head, and lent to a new message (m->lent) that the submit gives the
+ * core, the wire and the queues in place of a buffer of its own: the
+ * submit (lb_rec_event with that message) then only writes the head.  The
+ * producer's thread copies an event once, into memory it reuses, where it
+ * copied it twice, the second time into memory the writer's core read
+ * last (bench/README.md "recplay").  The chunk is reused once the writer
+ * wrote it and its lent messages are gone (rec_lent_done).  NULL, nothing
+ * done, when it cannot (recorder closed, another staged record waiting,
+ * held chunks at the limit, no chunk under the drop policy, out of
+ * memory): the caller stages as usual and lb_rec_event copies. */
+lei_msg *lb_rec_stage(lb_rec *r, uint32_t cidx, uint32_t pidx, uint64_t seq, const uint8_t *p, size_t n) {
+    if (!r->open || r->pend || r->held_bytes >= r->limit || n == 0) return NULL;
+    double now = ev_time();
+    size_t need = 8 + REC_HEAD_MAX + n;
+    if (r->cur && r->cur->len && now - r->cur_t0 > REC_AGE) hand_over(r);
+    if ((!r->cur || r->cur->len + need > r->cur->cap) && take_chunk(r, need, 0)) return NULL;
+    lei_msg *m = lei_msg_new();
+    if (!m) return NULL;
+    rec_chunk *ch = r->cur;
+    if (!ch->len) r->cur_t0 = now;
+    unsigned char *o = ch->data + ch->len;
+    size_t hn = 8 + event_head(r, o + 8, cidx, pidx, seq, now, 0);
+    memcpy(o + hn, p, n);
+    m->own.data = (char *)o + hn; /* lent: ch's, while m lives */
+    m->own.len = m->own.cap = n;
+    m->total = n;
+    m->lent = rec_lent_done;
+    m->lent_ud = ch;
+    ch->lent++;
+    r->pend = m;
+    r->pend_ch = ch;
+    r->pend_hn = hn;
+    r->pend_seq = seq;
+    r->pend_c = cidx;
+    r->pend_p = pidx;
+    r->pend_t = now;
+    return m;
+}
+
 /* One event, after the core took it (lua_prod.c prod_send): its record
- * appended to the chunk being filled (the value's bytes copied, the
- * checksum left to the writer); 1 when it was not recorded (dropped under
- * the policy, or the recorder is closed), 0 else. */
+ * completed in place when m is the staged message whose bytes wait at the
+ * chunk's end (lb_rec_stage), else appended to the chunk being filled
+ * (the value's bytes copied, the checksum left to the writer); 1 when it
+ * was not recorded (dropped under the policy, or the recorder is closed),
+ * 0 else. */
 int lb_rec_event(lb_rec *r, uint32_t cidx, uint32_t pidx, uint64_t seq, int sync, lei_msg *m) {
     if (!r->open) return 1;
     r->submitted++;
+    if (r->pend && m == r->pend) {
+        r->pend = NULL;
+        rec_chunk *ch = r->cur;
+        if (ch && ch == r->pend_ch) {
+            unsigned char *o = ch->data + ch->len, head[REC_HEAD_MAX];
+            size_t hn = r->pend_hn;
+            /* (another submit of its producer came between, or it was
+             * attached again: its head is written again) */
+            int again = seq != r->pend_seq || cidx != r->pend_c || pidx != r->pend_p;
+            if (again) hn = 8 + event_head(r, head, cidx, pidx, seq, r->pend_t, sync);
+            if (hn == r->pend_hn) { /* (always, but when its sequence grew a byte since it was staged) */
+                if (again) memcpy(o + 8, head, hn - 8);
+                o[hn - 1] = sync ? 1 : 0; /* its flags */
+                lb_rsink_put_u32(o, (uint32_t)(hn - 8 + m->own.len));
+                lb_rsink_put_u32(o + 4, 0); /* the writer's */
+                ch->len += hn + m->own.len;
+                ch->nev++;
+                r->inplace++;
+                return 0;
+            }
+            /* its place cannot be completed: its bytes stay lent at the
+             * chunk's end, and its record is copied into the next one */
+            retire_cur(r);
+        }
+    } else if (r->pend && r->pend_ch == r->cur) {
+        retire_cur(r); /* a staged record waits at cur's end */
+    }
     size_t n = m->total, need = 8 + REC_HEAD_MAX + n;
     double now = ev_time();
     rec_chunk *ch = r->cur;
@@ -443,20 +626,13 @@ int lb_rec_event(lb_rec *r, uint32_t cidx, uint32_t pidx, uint64_t seq, int sync
     ch = r->cur;
     if (!ch->len) r->cur_t0 = now;
     unsigned char *o = ch->data + ch->len;
-    size_t hn = 8;
-    double us = (now - r->created) * 1e6;
-    o[hn++] = 'E';
-    hn += put_varint(o + hn, cidx);
-    hn += put_varint(o + hn, pidx);
-    hn += put_varint(o + hn, seq);
-    hn += put_varint(o + hn, us > 0 ? (uint64_t)(us + 0.5) : 0);
-    o[hn++] = sync ? 1 : 0;
+    size_t hn = 8 + event_head(r, o + 8, cidx, pidx, seq, now, sync);
     if (m->next == 0)
         memcpy(o + hn, m->own.data, n);
     else
         lei_msg_flatten(m, (char *)o + hn);
-    put_u32(o, (uint32_t)(hn - 8 + n));
-    put_u32(o + 4, 0); /* the writer's */
+    lb_rsink_put_u32(o, (uint32_t)(hn - 8 + n));
+    lb_rsink_put_u32(o + 4, 0); /* the writer's */
     ch->len += hn + n;
     ch->nev++;
     return 0;
@@ -487,16 +663,26 @@ static void rec_close(lb_rec *r, int want_fsync) {
     r->open = 0;
     if (r->fd >= 0) close(r->fd);
     r->fd = -1;
-    free(r->cur);
+    /* chunks with lent messages alive (the wire's queue, a local one, a
+     * staged one) are left to them: the last one frees it */
+    r->pend = NULL;
+    if (r->cur) drop_chunk(r->cur);
     r->cur = NULL;
     rec_chunk *ch;
-    while ((ch = ring_get(&r->full))) free(ch); /* none after the flush; for form */
-    while ((ch = ring_get(&r->back))) free(ch);
+    while ((ch = ring_get(&r->full))) drop_chunk(ch); /* none after the flush; for form */
+    while ((ch = ring_get(&r->back))) drop_chunk(ch);
     while (r->spare) {
         ch = r->spare;
         r->spare = ch->next;
         free(ch);
     }
+    while (r->held) {
+        ch = r->held;
+        r->held = ch->hnext;
+        ch->held = 0;
+        ch->owner = NULL;
+    }
+    r->held_bytes = 0;
     r->nbytes = 0;
     free(r->full.slot);
     free(r->back.slot);
@@ -663,7 +849,9 @@ static int l_flush(lua_State *L) {
 
 /* r:stats() -> { events (written), submitted, dropped, lost, queued
  * (events handed over, not written yet), bytes, rotations, blocked (waits
- * for room), buffered (bytes of chunks held), error }. */
+ * for room), buffered (bytes of chunks held), held (bytes of written
+ * chunks whose lent messages live on), inplace (events staged straight
+ * into a chunk), error }. */
 static int l_stats(lua_State *L) {
     lb_rec *r = lb_rec_check(L, 1);
     if (r->open) take_back(r);
@@ -688,6 +876,10 @@ static int l_stats(lua_State *L) {
     lua_setfield(L, -2, "blocked");
     lua_pushnumber(L, (lua_Number)r->nbytes);
     lua_setfield(L, -2, "buffered");
+    lua_pushnumber(L, (lua_Number)r->held_bytes);
+    lua_setfield(L, -2, "held");
+    lua_pushnumber(L, (lua_Number)r->inplace);
+    lua_setfield(L, -2, "inplace");
     lua_pushboolean(L, r->open);
     lua_setfield(L, -2, "open");
     if (LOAD(r->err)) {

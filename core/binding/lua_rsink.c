@@ -61,18 +61,6 @@ static uint32_t crc32_of(uint32_t crc, const unsigned char *p, size_t n) {
     return libdeflate_crc32(crc, p, n);
 }
 
-static size_t put_varint(unsigned char *o, uint64_t v) {
-    size_t i = 0;
-    do {
-        unsigned char b = v & 0x7f;
-        v >>= 7;
-        o[i++] = v ? (unsigned char)(b | 0x80) : b;
-    } while (v);
-    return i;
-}
-static void put_u32(unsigned char *o, uint32_t v) {
-    o[0] = v & 0xff, o[1] = (v >> 8) & 0xff, o[2] = (v >> 16) & 0xff, o[3] = (v >> 24) & 0xff;
-}
 
 static int rs_write_out(lb_rsink *s) {
     size_t off = 0;
@@ -108,8 +96,8 @@ static int rs_record(lb_rsink *s, const unsigned char *head, size_t hn, const un
     size_t n = 8 + hn + tn;
     if (rs_room(s, n)) return -1;
     unsigned char *o = s->buf + s->len;
-    put_u32(o, (uint32_t)(hn + tn));
-    put_u32(o + 4, crc32_of(crc32_of(0, head, hn), tail, tn));
+    lb_rsink_put_u32(o, (uint32_t)(hn + tn));
+    lb_rsink_put_u32(o + 4, crc32_of(crc32_of(0, head, hn), tail, tn));
     memcpy(o + 8, head, hn);
     if (tn) memcpy(o + 8 + hn, tail, tn);
     s->len += n;
@@ -234,7 +222,7 @@ int lb_rsink_event(lb_ctx *b, lei_peer *from, uint32_t chid, uint64_t producer, 
     if (s->max && s->size + need + 2 * (8 + 16 + sizeof pname) > s->max && s->events && rs_rotate(s)) return 1;
     if (s->cseg[chid] != s->seg) {
         head[0] = 'C';
-        hn = 1 + put_varint(head + 1, chid + 1);
+        hn = 1 + lb_rsink_put_varint(head + 1, chid + 1);
         const char *nm = s->cname[chid];
         if (rs_record(s, head, hn, (const unsigned char *)nm, strlen(nm))) return 1;
         s->cseg[chid] = s->seg;
@@ -253,17 +241,17 @@ int lb_rsink_event(lb_ctx *b, lei_peer *from, uint32_t chid, uint64_t producer, 
     }
     if (pr->seg != s->seg) {
         head[0] = 'P';
-        hn = 1 + put_varint(head + 1, pr->idx);
+        hn = 1 + lb_rsink_put_varint(head + 1, pr->idx);
         if (rs_record(s, head, hn, (const unsigned char *)pr->name, strlen(pr->name))) return 1;
         pr->seg = s->seg;
     }
     double us = (ev_time() - s->created) * 1e6;
     head[0] = 'E';
     hn = 1;
-    hn += put_varint(head + hn, chid + 1);
-    hn += put_varint(head + hn, pr->idx);
-    hn += put_varint(head + hn, seq);
-    hn += put_varint(head + hn, us > 0 ? (uint64_t)(us + 0.5) : 0);
+    hn += lb_rsink_put_varint(head + hn, chid + 1);
+    hn += lb_rsink_put_varint(head + hn, pr->idx);
+    hn += lb_rsink_put_varint(head + hn, seq);
+    hn += lb_rsink_put_varint(head + hn, us > 0 ? (uint64_t)(us + 0.5) : 0);
     head[hn++] = sync ? 1 : 0;
     if (rs_record(s, head, hn, p, n)) return 1;
     s->events++;

@@ -3,7 +3,8 @@
 -- doc/recording.md, the one `lecho record` writes); a producer made with
 -- `ch:producer{ record = rec }` (or `record = "path"`: a recorder of its
 -- own, closed with it) appends every event it submits, as the bytes the
--- wire gets.  The producer's thread copies each event into a chunk
+-- wire gets.  The producer's thread puts each event's encoded bytes into a
+-- chunk once, and the message the wire gets reads them there
 -- (core/binding/lua_rec.c); a writer thread checksums and writes them.
 
 local Context = require "lecho.context"

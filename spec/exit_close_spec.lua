@@ -233,3 +233,59 @@ keep_guard = guard
     assert.are.equal(N, res.count, "the consumer got " .. res.count .. ": " .. S.errors(child))
   end)
 end)
+
+-- (noticed since before: "a keyed context left open after a failed busted
+-- test segfaults in lua_close at exit") busted runs each spec file in an
+-- insulate block that removes the modules the file loaded from
+-- package.loaded.  The context left open is closed by its finalizer in
+-- lua_close; its close required lecho.trustwatch again, that chunk
+-- lecho.keys and lua-cjson (`require("cjson").new()`): a new cjson userdata
+-- made after the first round of finalizers had dlclosed cjson.so, whose
+-- __gc then ran in the next round at an address no longer mapped (SIGSEGV,
+-- status 139).  The keyed modules are kept by the context, not required
+-- while it closes.
+describe("a keyed context left open at the program's end", function()
+  local keys = require "lecho.keys"
+  local dir, key, trust
+  setup(function()
+    dir = S.tmpname("keys")
+    os.execute("mkdir -p " .. S.sh_quote(dir))
+    local a, b = keys.generate("a"), keys.generate("b")
+    key, trust = dir .. "/a.key", dir .. "/b.pub"
+    assert(keys.write_secret(key, a))
+    assert(keys.write_public(trust, b))
+  end)
+  teardown(function() S.cleanup() end)
+
+  local CTX = ("local ctx = require('lecho').context{ key = %q, trust = %q, quiet = true }")
+
+  it("closes at the end of a busted run whose test failed, with busted's status, no crash", function()
+    local spec = S.write(S.tmpname("keyed_open") .. "_spec.lua", ([[
+describe("a keyed context", function()
+  it("is left open by a failing test", function()
+    %s
+    assert.are.equal(1, 2)
+  end)
+end)
+]]):format(CTX:format(key, trust)))
+    local busted = os.getenv("BUSTED") or "/usr/bin/busted"
+    local ok, out, code = S.sh(("%s %s -o utfTerminal %s"):format(S.luajit, busted, S.sh_quote(spec)))
+    assert.is_false(ok)
+    assert.are.equal(1, code, out)                 -- one failure (139: SIGSEGV)
+    assert.matches("0 successes / 1 failure", out)
+  end)
+
+  it("closes at the end of a script that emptied package.loaded, with status 0", function()
+    local child = S.lua(CTX:format(key, trust) .. [[
+
+for k in pairs(package.loaded) do
+  if k:match("^lecho") or k == "cjson" then package.loaded[k] = nil end
+end
+io.stdout:write("open ", ctx.addr, "\n")
+]])
+    local done, rc = S.wait(child, 30)
+    assert.is_true(done, S.errors(child))
+    assert.are.equal(0, rc, S.errors(child))
+    assert.matches("open ", S.output(child))
+  end)
+end)

@@ -169,6 +169,7 @@ help:
 	@echo "  INST_PYDIR=$(INST_PYDIR)  make install: where the Python package goes"
 	@echo "  SAN                      extra compiler flags for sanitizers (make asan sets them)"
 	@echo "  ASAN_LEAKS=$(ASAN_LEAKS) ASAN_LOG    make asan: LeakSanitizer on (0: off); where its reports go"
+	@echo "  ASAN_SLOW=$(ASAN_SLOW)            make asan: how much slower processes run (specs widen their margins for a process's own work)"
 	@echo "  PREFIX=$(PREFIX) DESTDIR  make install: where to (DESTDIR: a staging root)"
 	@echo "  INST_LIBDIR, INST_LUADIR, INST_BINDIR  make install: the Lua tree, the core, the scripts (under PREFIX)"
 	@echo "  INST_INCDIR, INST_CLIBDIR, INST_PCDIR   make install: the C API (LuaRocks: only when INST_INCDIR is given)"
@@ -415,6 +416,9 @@ test: deps
 # matching it runs the symbolizer at its exit: ~0.3 s of CPU and a 42 MiB
 # llvm-symbolizer child; under a heavy load specs that wait a few seconds
 # for a child's exit may fail.  ASAN_LEAKS=0: no leak check (the run before).
+# ASAN_SLOW: how much slower the processes run (spec/support.lua's S.SLOW,
+# the factor on the margins specs give a process's own work).
+ASAN_SLOW ?= 4
 ASAN_LIBS := $(shell $(CC) -print-file-name=libasan.so) $(shell $(CC) -print-file-name=libubsan.so)
 ASAN_LOG  ?= $(CURDIR)/asan-logs
 ASAN_LEAKS ?= 1
@@ -427,7 +431,7 @@ asan: deps
 	@st=0; \
 	$(MAKE) all ctest SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" \
 	  LDFLAGS="-fsanitize=address,undefined" $(ASAN_ENV) || st=$$?; \
-	[ $$st -ne 0 ] || $(MAKE) spec SPEC_PRE='LD_PRELOAD="$(ASAN_LIBS)" $(ASAN_ENV)' || st=$$?; \
+	[ $$st -ne 0 ] || $(MAKE) spec SPEC_PRE='LD_PRELOAD="$(ASAN_LIBS)" LECHO_SPEC_SLOW=$(ASAN_SLOW) $(ASAN_ENV)' || st=$$?; \
 	$(MAKE) clean; \
 	bash spec/support/asan_report.sh $(ASAN_LOG) $$st
 

@@ -268,5 +268,11 @@ int main(int argc, char **argv) {
     }
     printf("{\"clients\":%d,\"events\":%ld,\"min\":%ld,\"drops\":%ld,\"seconds\":%.6f}\n", k, total, minev, drops,
            last > first ? last - first : 0.0);
+    for (int i = 0; i < k; i++) {
+        close(cs[i].fd);
+        free(cs[i].buf);
+    }
+    free(cs);
+    close(ep);
     return 0;
 }

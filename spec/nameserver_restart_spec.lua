@@ -229,11 +229,14 @@ ctx:run()
       return a == 2
     end, 10), "no call went through after the restart: " .. tostring(got and got[2]))
     assert.are.same({ 2, saddr }, got)
-    -- and a caller that starts after the restart finds it too (its lookup
-    -- is held while the name server recovers: the default timeout, 5 s,
-    -- outlasts the window)
+    -- and a caller that starts after the restart finds it too: its lookup
+    -- and join are held while the name server recovers, which is 3 s from
+    -- the first message, or from the last lookup of a context that lost it
+    -- (the server's: it dials again at least every retry_max, 2 s), so
+    -- its timeout outlasts both (make asan: the server's lookup came 1.9 s
+    -- after the caller's, the window ended 4.9 s after the caller began)
     local late = lecho.context{ quiet = true, nameserver = ns }
-    local a, b = late:call("echo", 3, { timeout = 5 })
+    local a, b = late:call("echo", 3, { timeout = 3 + 2 + 2 * S.SLOW })
     late:close{ linger = 0 }
     assert.are.same({ 3, saddr }, { a, b })
   end)

@@ -236,14 +236,17 @@ describe("two hosts (network namespaces) and a cut link", function()
     print(("\n  cut at 0: producer side declared the consumer dead at %.2f s (%s),"
            .. "\n  consumer side the producer at %.2f s (%s); heal at %.2f s, events again at %.2f s")
           :format(dp, pd.m, dc, cd.m, t_heal - t_cut, t_resume - t_cut))
-    assert.is_true(dp > 0 and dp <= 2 * HB + 0.3, "producer side: " .. dp)
-    assert.is_true(dc > 0 and dc <= 2 * HB + 0.3, "consumer side: " .. dc)
+    -- (the margin beyond two intervals is the process's own latency, its
+    -- check timer's turn: make asan at load 11 declared it at 2.37 s)
+    local late = 0.3 * S.SLOW
+    assert.is_true(dp > 0 and dp <= 2 * HB + late, "producer side: " .. dp)
+    assert.is_true(dc > 0 and dc <= 2 * HB + late, "consumer side: " .. dc)
 
     -- sync waits: none hung until the heal; one in flight at the cut failed
     -- with the heartbeat's reason
     local failed
     for _, s in ipairs(P.syncs) do
-      assert.is_true(s.t1 - s.t0 < 2 * HB + 0.5, ("sync %d waited %.2f s"):format(s.seq, s.t1 - s.t0))
+      assert.is_true(s.t1 - s.t0 < 2 * HB + 0.5 * S.SLOW, ("sync %d waited %.2f s"):format(s.seq, s.t1 - s.t0))
       -- (while the consumer is out of the membership nobody consumes the
       -- channel: such a sync submit is "no consumer of cut" at once)
       if not s.ok and not s.err:find("^no consumer of cut") then

@@ -236,6 +236,53 @@ describe("lecho.ns.registry membership", function()
     assert.are.equal(M2, reply_to(w, C1).manager)    -- recovered: new channels at once
   end)
 
+  it("lets a context that comes back in the window join within it, before a caller's held join is answered", function()
+    -- A caller's lookup opens the window of a restarted name server (0 .. 3);
+    -- the server of the service, a consumer that lost it, comes back at 1.9
+    -- (widened to 4.9).  Both lookups are answered when the first window
+    -- ends, so the server joins again inside the widened one and the
+    -- caller's join, held to its end, lists it.  (Holding each lookup to
+    -- the end of the window it widened would answer the server's with the
+    -- caller's join, whose list would lack it: "no service".)
+    local ns, w = new("nameserver", { settle = 3.0, recovering = true }), wire()
+    req(ns, w, C1, { op = "lookup", ch = "svc" }, 0)
+    req(ns, w, C2, { op = "lookup", ch = "svc", recovering = true }, 1.9)
+    assert.are.same({}, w.take())
+    ns:tick(w.send, 3.0)
+    local s1, s2 = reply_to(w, C1).settle, reply_to(w, C2).settle
+    assert.is_true(math.abs(s1 - 1.9) < 1e-9 and math.abs(s2 - 1.9) < 1e-9, s1 .. " " .. s2)
+    local id = req(ns, w, C1, { op = "join", ch = "svc", role = "producer", settle = s1 }, 3.0)
+    assert.are.same({}, w.take(C1))            -- held to 4.9
+    req(ns, w, C2, { op = "join", ch = "svc", role = "consumer", settle = s2 }, 3.1)
+    local m = members_to(w, C1)[1]
+    ns:handle(C1, { op = "members_ok", ch = "svc", ver = m.ver, mid = m.mid }, w.send, 3.2)
+    ns:tick(w.send, 4.8)
+    assert.are.same({}, w.take(C1))
+    ns:tick(w.send, 4.95)
+    local r = reply_to(w, C1)
+    assert.are.equal(id, r.rid)
+    assert.are.same({ C2 }, r.consumers)
+  end)
+
+  it("widens the recovery window once per rejoining lookup, not again when it answers a held one", function()
+    -- (make asan, nameserver_restart: a rejoining context's lookup, held,
+    -- widened the window again when it was answered: joins made after it
+    -- waited up to `settle` more, and a caller started after the restart
+    -- found no server within its 5 s)
+    local ns, w = new("nameserver", { settle = 2.0 }), wire()
+    req(ns, w, C1, { op = "lookup", ch = "x" }, 49)   -- (not recovering: answered)
+    reply_to(w, C1)
+    local id = req(ns, w, C2, { op = "lookup", ch = "y", recovering = true }, 50)   -- the window: 50 .. 52
+    assert.are.same({}, w.take(C2))             -- held (y is assigned to nobody yet)
+    ns:tick(w.send, 52.0)
+    local r = reply_to(w, C2)
+    assert.are.equal(id, r.rid)
+    assert.is_nil(r.settle)                     -- the window it was held for has ended
+    req(ns, w, C1, { op = "lookup", ch = "z" }, 52.5)
+    r = reply_to(w, C1)                         -- recovered: answered at once, with no wait
+    assert.is_nil(r.settle)
+    assert.are.equal(NS, r.manager)
+  end)
   it("answers a consumer join after ack_timeout with the late producers", function()
     local reg, w = new("manager", { ack_timeout = 2.0 }), wire()
     req(reg, w, P1, { op = "join", ch = "x", role = "producer" })

@@ -23,6 +23,11 @@ M.output, M.errors, M.kill = P.output, P.errors, P.kill
 -- specs that bound a process's growth add this much.
 M.asan = (os.getenv("LD_PRELOAD") or ""):find("libasan", 1, true) ~= nil
 M.MEM_SLACK_KIB = M.asan and 48 * 1024 or 0
+-- How much slower than usual the processes run: the margin a spec gives a
+-- process's own work (start-up, a redial, a handshake) beyond the times the
+-- protocol sets is multiplied by this.  LECHO_SPEC_SLOW (make asan sets it:
+-- ASan makes start-up and work 3-5x dearer), else 4 under ASan, else 1.
+M.SLOW = tonumber(os.getenv("LECHO_SPEC_SLOW")) or (M.asan and 4 or 1)
 
 function M.tmpdir()
   if not tmpdir then tmpdir = P.tmpdir("lecho-spec") end

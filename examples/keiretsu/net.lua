@@ -10,7 +10,10 @@
 --   net.prefix("hub")         -- argv prefix that runs a program there ({} on loopback)
 --   net.ip("hub"), net.ip(2)  -- the listen IP of each host
 --   net.silence(k, child)     -- node k goes silent (link down, or SIGSTOP on loopback)
---   net.names()               -- the namespaces made (for the watchdog)
+--   net.names()               -- the namespaces made
+--   M.names(nnodes, tag)      -- every namespace new() may make (for the
+--                             -- watchdog, started before: the driver may
+--                             -- be killed while they are made)
 --   net.teardown()            -- deletes them (every process in them stopped first)
 
 local M = {}
@@ -22,11 +25,18 @@ end
 
 local function sleep(s) os.execute(("sleep %.2f"):format(s)) end
 
+function M.names(nnodes, tag)
+  local l = { "keiretsu-hub-" .. tag }
+  for k = 1, nnodes do l[k + 1] = ("keiretsu-n%d-%s"):format(k, tag) end
+  return l
+end
+
 function M.new(nnodes, tag, force_loopback)
   local N = { kind = "loopback" }
-  local hub, bridge = "keiretsu-hub-" .. tag, "kb" .. tag
+  local names = M.names(nnodes, tag)
+  local hub, bridge = names[1], "kb" .. tag
   local nss = {}
-  for k = 1, nnodes do nss[k] = ("keiretsu-n%d-%s"):format(k, tag) end
+  for k = 1, nnodes do nss[k] = names[k + 1] end
   local made = {}
 
   function N.names() return made end

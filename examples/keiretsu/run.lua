@@ -159,17 +159,21 @@ end
 
 local result = { ok = false }
 local function main()
-  net = NET.new(NNODES, tag, o.loopback)
   -- The watchdog: when this driver is gone (killed, even), it kills what it
-  -- started and deletes the namespaces.
+  -- started and deletes the namespaces (every one this run may make: it
+  -- starts before them, make asan killed a driver while it made them).
   -- (and every luajit whose command line names this run's directory: a
   -- child started as the driver died never reached the list; "[l]uajit"
-  -- keeps the pattern from matching this shell's own command line)
+  -- keeps the pattern from matching this shell's own command line).  It
+  -- runs without LD_PRELOAD: under make asan (libasan preloaded in every
+  -- process) pkill hangs in a futex at its start, for good, and the
+  -- namespaces stayed.
   local wd = ("while kill -0 %d 2>/dev/null; do sleep 1; done; for p in $(cat %s 2>/dev/null); do grep -qs keiretsu /proc/$p/cmdline && kill -9 $p; done; "
               .. "pkill -9 -f %s 2>/dev/null; for n in %s; do ip netns del $n 2>/dev/null; done; %s")
     :format(tonumber(read("/proc/self/stat"):match("^(%d+)")), sq(pidfile), sq("[l]uajit .*" .. tmp .. "/"),
-            table.concat(net.names(), " "), o.verbose and "true" or ("rm -rf " .. sq(tmp)))
-  os.execute(("setsid sh -c %s >/dev/null 2>&1 </dev/null &"):format(sq(wd)))
+            table.concat(NET.names(NNODES, tag), " "), o.verbose and "true" or ("rm -rf " .. sq(tmp)))
+  os.execute(("env -u LD_PRELOAD setsid sh -c %s >/dev/null 2>&1 </dev/null &"):format(sq(wd)))
+  net = NET.new(NNODES, tag, o.loopback)
   if net.kind == "netns" then
     out("hosts: %d network namespaces (nodes 10.233.0.1-%d, hub 10.233.0.254 with the name servers and the clients), veth pairs on a bridge",
         NNODES + 1, NNODES)

@@ -21,6 +21,7 @@ local options = require "lecho.options"
 local ffi = require "ffi"
 local sbuf = require "string.buffer"
 local core = require "lecho.core"
+local logfmt = require("lecho.log").format
 
 local Context = {}
 pcall(ffi.cdef, "int getpid(void);")
@@ -83,7 +84,7 @@ function Context:_check_nameserver(addr)
   if self:_nameserver_ok(addr) then return nil end
   local name, pk = self.c:peer_identity(addr)
   local why = name and ("refused: name server %s is %s (key %s), not %s"):format(addr, name,
-    require("lecho.keys").hex(pk), self.ns_principal)
+    core.hex(pk), self.ns_principal)
     or ("refused: name server %s did not authenticate as %s"):format(addr, self.ns_principal)
   self.log(why)
   self:_fail_pending(addr, why, "refused")
@@ -896,7 +897,7 @@ local SIGNAME = { [2] = "SIGINT", [15] = "SIGTERM" }
 function Context:run()
   keep_views(self)
   -- keyed: SIGHUP reloads the trust files and policy (lecho.trustwatch)
-  local sig = self.c:run(self.signals, self.trustwatch and require("lecho.trustwatch").hup or nil)
+  local sig = self.c:run(self.signals, self.trustwatch and self._trustwatch.hup or nil)
   if not sig then return end
   self.log(("%s: closing the context (delivering what was submitted, for at most %gs); "
     .. "a second signal ends the process at once"):format(SIGNAME[sig] or "signal " .. sig, self.linger))
@@ -993,7 +994,7 @@ function Context:close(opts)
     return self.close_ok, self.close_err, self.close_code
   end
   self.closing = true
-  if self.trustwatch then require("lecho.trustwatch").stop(self) end
+  if self.trustwatch then self._trustwatch.stop(self) end
   local linger = opts and opts.linger or self.linger
   -- (at the program's end, the linger left after the other contexts wrote)
   local wait = self.end_deadline and math.max(self.end_deadline - now(self), 0) or linger
@@ -1005,7 +1006,11 @@ function Context:close(opts)
     if ch.rejoin then ch.rejoin:stop() end
   end
   -- in-process recorders (lecho.recorder): what their producers submitted, written
-  if self.recorders then require("lecho.recorder")._close_all(self) end
+  if self.recorders then
+    local list = {}
+    for r in pairs(self.recorders) do list[#list + 1] = r end
+    for _, r in ipairs(list) do r:close() end
+  end
   if self.tick then self.tick:stop() end
   if self.metrics then self.metrics:close() end
   if self.reregister then self.reregister:stop() end
@@ -1058,7 +1063,7 @@ function Context:close(opts)
     err = err .. " (at the program's end: ctx:close() was not called)"
     if self.quiet then
       -- quiet silences the log, not a loss no caller can see any more
-      pcall(io.stderr.write, io.stderr, require("lecho.log").format("error", ("lecho[%s]"):format(self.addr),
+      pcall(io.stderr.write, io.stderr, logfmt("error", ("lecho[%s]"):format(self.addr),
         "context", "close: " .. err) .. "\n")
     end
   end
@@ -1080,6 +1085,12 @@ end
 -- userdata's __gc, so the core context, the producer handles, timers,
 -- modulator states and open files are all still there.  (No GC step runs
 -- inside a finalizer: what the linger allocates waits for lua_close.)
+-- Nothing on the close's path requires a module: a test runner (busted's
+-- insulate) may have emptied package.loaded, so the module's chunk would
+-- run again, and lua-cjson's (under lecho.keys) made a userdata whose __gc
+-- ran, in the next round of finalizers, after cjson.so was unloaded:
+-- SIGSEGV (spec/exit_close_spec.lua).  The keyed modules are kept in the
+-- context (init.lua), the others required when context.lua loads.
 function Context:_at_end()
   if self.closed or self.closing then return end
   -- A forked child that ends shares our sockets: a graceful close there

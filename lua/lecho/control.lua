@@ -546,10 +546,10 @@ function Context:_on_ctrl(from, msg, gen)
   elseif op == "revocations" then
     -- keyed: a name server's revocation lists (checked there: who sent
     -- them, who signed them, newer only; lecho.trustwatch)
-    if self.keyed then require("lecho.trustwatch").received(self, from, msg) end
+    if self.keyed then self._trustwatch.received(self, from, msg) end
   elseif op == "policy" and self.reg and self.reg.role == "manager" then
     -- keyed: a name server's reloaded policy (lecho.trustwatch checks who sent it)
-    require("lecho.trustwatch").policy_received(self, from, msg)
+    (self._trustwatch or require("lecho.trustwatch")).policy_received(self, from, msg)
   elseif op == "gchange" then
     -- a group's change, from one of its name servers (lecho.group)
     self:_on_gchange(from, msg)

@@ -232,7 +232,7 @@ function M.context(opts)
       if up and self.keyed then
         self:_check_nameserver(paddr)
         -- a name server hands its revocation lists to who connects
-        if self.trustwatch then require("lecho.trustwatch").peer_up(self, paddr) end
+        if self.trustwatch then self._trustwatch.peer_up(self, paddr) end
       end
       return self:_on_peer(idx, paddr, up, reason, gen, code, unreached)
     end,
@@ -247,7 +247,11 @@ function M.context(opts)
     self.revocation_lists = identity.trust.lists
     self.authorities = {}       -- keyed: trusted authority keys (revocation lists they sign)
     for _, e in ipairs(identity.trust.authorities) do self.authorities[e.public] = true end
-    require("lecho.trustwatch").start(self, identity, self.reg and opts.policy_file or nil, opts.trust_poll)
+    -- (the module kept: nothing keyed is required again later, when a
+    -- close at the program's end could run a module's chunk again:
+    -- Context:_at_end)
+    self._trustwatch = require "lecho.trustwatch"
+    self._trustwatch.start(self, identity, self.reg and opts.policy_file or nil, opts.trust_poll)
   end
   if opts.manager and opts.nameserver then
     local r, rerr = self:request(self.ns, { op = "register_manager" })

@@ -136,12 +136,5 @@ function Recorder:close(opts)
   return st
 end
 
--- Closes the context's recorders (Context:close, after its producers).
-function Recorder._close_all(ctx)
-  local list = {}
-  for r in pairs(ctx.recorders or {}) do list[#list + 1] = r end
-  for _, r in ipairs(list) do r:close() end
-end
-
 options.RECORDER = Recorder
 return Recorder

@@ -21,6 +21,10 @@ dir=$1 status=$2
 tool() {
   case "$1" in
     mktemp|cp|install|rm|date) return 0 ;;  # coreutils (spec temp dirs, make install): free nothing before exit
+    sed|sort|tail) return 0 ;;         # text tools of the specs' and the bench's shell pipelines: the same
+    git) return 0 ;;                   # docs_spec (git ls-files, check-ignore) and the bench's commit: its caches kept to exit
+    zip) return 0 ;;                   # luarocks' pack in the rockspec and install specs
+    gnuplot) return 0 ;;               # the bench's charts (bench/report.lua)
     ip) return 0 ;;                    # iproute2 (the network namespace specs): its netlink caches kept to exit
     cc|gcc|gcc-*|cc1|collect2|lto-wrapper|as|ld|ld.bfd|x86_64-linux-gnu-*) return 0 ;;
                                        # gcc, as, ld (specs that build C: examples, relays, make install): xmalloc'd tables kept to exit

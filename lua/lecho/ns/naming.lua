@@ -276,8 +276,12 @@ function ops.lookup(self, from, msg, io)
     if not ok then return fail(self, io, from, msg.rid, serr, "refused") end
   end
   -- A context that lost its name server or manager and joins again says
-  -- so: the control plane is recovering, for `settle` seconds from now.
-  if msg.recovering == true then self.recover_until = math.max(self.recover_until, io.now + self.settle) end
+  -- so: the control plane is recovering, for `settle` seconds from now
+  -- (from when it said so: a lookup held meanwhile and answered now
+  -- widened the window then, not again).
+  if msg.recovering == true and not msg.waited then
+    self.recover_until = math.max(self.recover_until, io.now + self.settle)
+  end
   local settle = self.recover_until - io.now
   local orphan = self.orphans[ch]
   if orphan then

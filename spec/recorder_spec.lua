@@ -426,7 +426,7 @@ describe("issue 29: recording in the producer's process", function()
     -- the queue drains as the loop turns
     local until_t = ctx:now() + 60
     while ctx:now() < until_t and not S.output(cons):find("got") do ctx:run_once(0.05) end
-    assert.are.equal(0, finish(cons, 30, "consumer"))
+    assert.are.equal(0, S.finish(cons, 30, "consumer"))
     assert.matches("got " .. N .. " bad 0", S.output(cons))
     assert.are.equal(closed.events, #events_of(file2))
     ctx:close()

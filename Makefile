@@ -409,9 +409,13 @@ test: deps
 # exit status (exitcode=0: a spec checks behaviour, the report is judged
 # after).  spec/support/lsan.supp: the leaks at exit that are not leaks (each
 # with its why); spec/support/asan_report.sh: the verdict, the last line
-# ("make asan: PASS" or "make asan: FAIL"): a report of lecho's own
-# processes fails the run, the leaks of the tools the specs start (cc1, as,
-# mktemp, ...) are only counted.  The price of the leak check: a process
+# ("make asan: PASS" or "make asan: FAIL"): a report is lecho's, and fails
+# the run, when its process is lecho's code (luajit; a C program of bench/,
+# spec/support/, core/test/, core/fuzz/, examples/c/) or a frame of it is
+# (core/, bench/, spec/support/, lecho/*.so, liblecho.so); the leaks of any
+# other program the specs start (cc1, as, mktemp, sed, git, zip, python3's
+# peer, ...) are counted by program, not failed; a memory error or a UBSan
+# report fails whatever the program (spec/asan_report_spec.lua).  The price of the leak check: a process
 # that ends by os.exit(code) (lua_close skipped) has a suppressed leak, and
 # matching it runs the symbolizer at its exit: ~0.3 s of CPU and a 42 MiB
 # llvm-symbolizer child; under a heavy load specs that wait a few seconds

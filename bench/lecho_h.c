@@ -182,8 +182,11 @@ int main(int argc, char **argv)
             ((double *)payload)[i] = (double)i;
         if (!v || lecho_set_array(v, "field", "<f8", 1, shape, payload, free_payload, NULL))
             die("lecho_set_array failed");
-    } else if (!v || (size && lecho_set_string(v, NULL, payload, size)))
-        die("out of memory");
+    } else {
+        if (!v || (size && lecho_set_string(v, NULL, payload, size)))
+            die("out of memory");
+        free(payload); /* the value holds a copy of its bytes */
+    }
 
     const struct bench_parent bp = { &pa, submit, wait_ctl, flush };
     double *samples;

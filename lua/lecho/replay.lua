@@ -30,9 +30,15 @@ function M.new(ctx, files, opts)
   -- bytes and a 40-byte struct an event: issue 29 F4), one after the other
   local torn, scans, lists, streams, seen = {}, {}, {}, {}, {}
   local damaged, unindexed, total = 0, 0, 0
+  -- refused: the files' bytes freed now, not whenever the GC comes (it
+  -- does not see malloc'd memory: a REPL's refused replays would pile up)
+  local function refused(...)
+    for _, r in ipairs(scans) do r.events:free() end
+    return nil, ...
+  end
   for _, f in ipairs(files) do
     local r, err = recording.scan(f)
-    if not r then return nil, err end
+    if not r then return refused(err) end
     scans[#scans + 1] = r
     for _, d in ipairs(r.damage) do
       torn[#torn + 1] = ("%s: DAMAGED record at byte %d (%s): %d bytes skipped, read on from byte %d")
@@ -55,6 +61,8 @@ function M.new(ctx, files, opts)
                             first_seq = r.events:ref(1).seq, last_seq = r.events:ref(r.events.n).seq,
                             producers = r.producers }
       total = total + r.events.n
+    else
+      r.events:free()   -- (no event: nothing of its bytes is read again)
     end
     for _, s in ipairs(r.streams) do
       local key = s.ch .. "\0" .. s.producer
@@ -68,7 +76,7 @@ function M.new(ctx, files, opts)
     end
   end
   local oerr = recording.order(scans)
-  if oerr then return nil, oerr end
+  if oerr then return refused(oerr) end
   -- a rename of a channel the files do not hold is a typo: refused, else
   -- the replay goes to the recorded (live) channel (issue 29, third
   -- outside review #2); code "usage"
@@ -81,9 +89,8 @@ function M.new(ctx, files, opts)
   table.sort(olds)
   for _, old in ipairs(olds) do
     if not held[old] then
-      for _, r in ipairs(scans) do r.events:free() end
-      return nil, ("--rename %s=%s: the recording holds no channel '%s' (its channels: %s)"):format(old,
-        opts.rename[old], old, #hold > 0 and table.concat(hold, ", ") or "none"), "usage"
+      return refused(("--rename %s=%s: the recording holds no channel '%s' (its channels: %s)"):format(old,
+        opts.rename[old], old, #hold > 0 and table.concat(hold, ", ") or "none"), "usage")
     end
   end
   -- the times go forward all along (each file's, and from one to the
@@ -95,7 +102,7 @@ function M.new(ctx, files, opts)
   end
   local speed = opts.speed or 1
   if speed ~= "max" and (type(speed) ~= "number" or not (speed > 0)) then
-    return nil, "speed must be a number > 0 or \"max\""
+    return refused("speed must be a number > 0 or \"max\"")
   end
   local t0 = lists[1] and lists[1].first or 0
   local rp = setmetatable({ ctx = ctx, lists = lists, cur = lists[1], total = total, t0 = t0, sorted = sorted,
@@ -135,7 +142,7 @@ end
 
 -- The time of event pos, seconds from the first event; nil past the end.
 function Replay:_t(pos)
-  if pos < 1 or pos > self.total then return nil end
+  if self.closed or pos < 1 or pos > self.total then return nil end
   local list, k = self:_locate(pos)
   return list.ev[k - 1].wall - self.t0
 end
@@ -143,7 +150,7 @@ end
 --- Event pos (1 to total) as a table { ch, producer, seq, wall, t, sync,
 -- data }, or nil: made when asked (a replay keeps none).
 function Replay:event(pos)
-  if pos < 1 or pos > self.total or pos % 1 ~= 0 then return nil end
+  if self.closed or pos < 1 or pos > self.total or pos % 1 ~= 0 then return nil end
   local list, k = self:_locate(pos)
   local e = list[k]
   e.t = e.wall - self.t0
@@ -182,6 +189,7 @@ end
 -- frozen while paused).  Issue 29 F6: a pause in the middle of a gap kept
 -- no trace of it, and play sent the next event at once.
 function Replay:_played()
+  if self.closed then return self.closed_t end
   local et = self:_t(self.pos)
   if not et then return self.duration end
   if self.paused or self.speed == "max" then return self.base_t end
@@ -276,6 +284,7 @@ end
 
 --- Sends the next n events (default 1) now, paused or not (it pauses).
 function Replay:step(n)
+  if self.closed then return nil, "replay is closed" end
   self:pause()
   for _ = 1, n or 1 do
     local pos = self.pos
@@ -299,6 +308,7 @@ end
 function Replay:seek(to)
   if type(to) == "number" then to = { t = to } end
   if type(to) ~= "table" then error("lecho: seek takes { t = seconds } or { seq = n }", 2) end
+  if self.closed then return nil, "replay is closed" end
   local k
   if (to.t and self.sorted) or (to.seq and not to.t and to.producer == nil and self.seq_sorted) then
     -- the times (or the sequence numbers, of every event) go forward: the
@@ -448,11 +458,19 @@ function Replay:command(line)
                 :format(c))
 end
 
+--- Stops it for good: its producers closed (what they queued delivered
+-- as a close does), and the files' bytes and index freed now (malloc'd:
+-- the GC does not count them, and a process that ends by os.exit never
+-- runs their finalizer).  Then status() says where it stopped; step, seek
+-- and resume are refused; event() is nil.
 function Replay:close()
   if self.closed then return end
+  self.closed_t = self.base_now and self:_played() or 0   -- (closed by new(), before its start: 0)
   self.closed = true
   if self.timer then self.timer:stop() self.timer = nil end
   for _, p in pairs(self.producers) do p:close() end
+  for _, x in ipairs(self.lists) do x.list:free() end
+  self.cur = nil
 end
 
 return M

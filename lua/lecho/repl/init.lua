@@ -135,10 +135,19 @@ function M.main(opts)
   ----------------------------------------------------------------------------
   -- Exit paths: all go through finish(), which restores the terminal.
 
+  -- The replays replay() made (weak keys: one dropped is the GC's): closed
+  -- at the end, which frees their files' bytes (malloc'd, never freed by
+  -- a process that ends by os.exit) and delivers what they queued.
+  R.replays = setmetatable({}, { __mode = "k" })
+  function R.close_replays()
+    for rp in pairs(R.replays) do pcall(rp.close, rp) end
+  end
+
   function R.finish(code)
     if R.prompt_shown then T.write("\r\n") R.prompt_shown = false end
     T.term.restore()
     R.history:save()
+    R.close_replays()
     io.stdout:flush()
     os.exit(code)
   end
@@ -147,6 +156,7 @@ function M.main(opts)
   os.exit = function(code, close) -- luacheck: ignore
     T.term.restore()
     R.history:save()
+    R.close_replays()
     io.stdout:flush()
     return real_exit(code, close)
   end

@@ -161,6 +161,7 @@ r:set_speed(x), r:status(), r:close().  paused = true starts paused.]], function
       end,
     })
     if not rp then error("replay: " .. tostring(err), 2) end
+    R.replays[rp] = true    -- closed at the session's end (R.close_replays)
     for _, t in ipairs(rp.torn) do R.out("replay: " .. t) end
     local st = rp:status()
     R.out(("replay: %d events over %.3f s%s"):format(st.total, st.duration, rp.paused and ", paused" or ""))

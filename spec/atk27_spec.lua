@@ -73,3 +73,70 @@ describe("issue 27 attacked: a log hook during a modulator's batch", function()
     assert.matches("done", out)
   end)
 end)
+
+-- A producer of "field": events { i } every 5 ms for 30 s.
+local FIELD = [[
+local lecho = require "lecho"
+local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+local p = assert(ctx:channel("field"):producer())
+io.stdout:write("ready ", ctx.addr, "\n"); io.stdout:flush()
+local i = 0
+ctx:every(0.005, function() i = i + 1; p:submit{ i = i } end)
+ctx:after(30, function() ctx:stop() end)
+ctx:run()
+ctx:close()
+]]
+
+describe("issue 27 attacked: a modulator key squatted through the manager", function()
+  after_each(function() S.cleanup() end)
+
+  -- main 874af8a: the victim's direct install (its key checked as the hash
+  -- of its code) joined the instance the rogue's subscription had put
+  -- under that key (neither the manager nor the producer hashes a member
+  -- list's keys): the victim's handler got the rogue's code's events,
+  -- {tag = "forged"}, as its own modulator's output.  Through the manager
+  -- alone (no direct install) the victim's consumer is refused: the key is
+  -- taken (a denial, never a forgery).
+  it("never gives a consumer another context's code's output as its own modulator's", function()
+    local lecho = require "lecho"
+    local modulator = require "lecho.modulator"
+    local _, ns = S.nameserver("--quiet")
+    local prod = S.lua(FIELD, ns)
+    assert(S.wait_file(prod.out, "ready", 20), S.errors(prod))
+    local TAG = "function enqueue(ev) ev.tag = params.tag return ev end"
+    local EVIL = "function enqueue(ev) ev.tag = 'forged' return ev end"
+    local key = modulator.spec(TAG, { tag = 1 }, nil, nil, 1).key  -- the victim's, from its code
+    -- the rogue: a member (a plain consumer), then a subscription naming
+    -- the victim's key with its own code
+    local rogue = lecho.context{ nameserver = ns, quiet = true }
+    local rch = rogue:channel("field")
+    local rn = 0
+    assert(rch:consumer(function() rn = rn + 1 end))
+    assert(S.run_until(rogue, function() return rn > 3 end, 20), S.errors(prod))
+    local r, err = rogue:request(rch.manager, { op = "subscribe", ch = rch.name,
+      subs = { plain = true, sseq = 1e6, mods = { [key] = { src = EVIL, params = { tag = 1 }, caps = {} } } } }, 10)
+    local squatted = r ~= nil
+    -- the victim: a member (a plain consumer), then the consumer with TAG
+    local v = lecho.context{ nameserver = ns, quiet = true }
+    local vch = v:channel("field")
+    local vn = 0
+    assert(vch:consumer(function() vn = vn + 1 end))
+    local function serve(t)
+      local deadline = v:now() + t
+      while v:now() < deadline do v:run_once(0.005); rogue:run_once(0.005) end
+    end
+    local served = false
+    assert(S.run_until(v, function() rogue:run_once(0) return vn > 3 end, 20))
+    local tags = {}
+    local con, cerr = vch:consumer(function(ev) tags[tostring(ev.tag)] = (tags[tostring(ev.tag)] or 0) + 1 end,
+                                   { modulator = TAG, params = { tag = 1 } })
+    serve(1)
+    served = true
+    assert.is_true(served)
+    -- a refusal (the key taken) or the victim's own code: never the rogue's
+    assert.is_nil(tags.forged, ("squatted %s (%s); consumer %s (%s): %s"):format(
+      tostring(squatted), tostring(err), tostring(con), tostring(cerr), require("cjson").encode(tags)))
+    if con then assert.is_true((tags["1"] or 0) > 0, require("cjson").encode(tags)) end
+    v:close(); rogue:close()
+  end)
+end)

@@ -116,6 +116,9 @@ describe("issue 27 attacked: a modulator key squatted through the manager", func
     local r, err = rogue:request(rch.manager, { op = "subscribe", ch = rch.name,
       subs = { plain = true, sseq = 1e6, mods = { [key] = { src = EVIL, params = { tag = 1 }, caps = {} } } } }, 10)
     local squatted = r ~= nil
+    -- the manager hashes the keys it is given: refused there
+    assert.is_nil(r)
+    assert.matches("is not the hash of its code", tostring(err))
     -- the victim: a member (a plain consumer), then the consumer with TAG
     local v = lecho.context{ nameserver = ns, quiet = true }
     local vch = v:channel("field")
@@ -138,5 +141,36 @@ describe("issue 27 attacked: a modulator key squatted through the manager", func
       tostring(squatted), tostring(err), tostring(con), tostring(cerr), require("cjson").encode(tags)))
     if con then assert.is_true((tags["1"] or 0) > 0, require("cjson").encode(tags)) end
     v:close(); rogue:close()
+  end)
+end)
+
+describe("issue 27 attacked: a producer whose list put other code under a key", function()
+  -- a manager that did not hash its keys (874af8a's) put the rogue's code
+  -- under the victim's key in its list: the producer takes the victim's
+  -- install (its key is its code's hash) but does not join it to that
+  -- instance.  On 874af8a: taken (true), the victim joined to it.
+  it("refuses an install that would join an instance of other code", function()
+    local lecho = require "lecho"
+    local modulator = require "lecho.modulator"
+    local c = lecho.context{ quiet = true }
+    local ch = c:channel("sq")
+    assert(ch:producer())
+    local TAG = "function enqueue(ev) ev.tag = params.tag return ev end"
+    local EVIL = "function enqueue(ev) ev.tag = 'forged' return ev end"
+    local spec = modulator.spec(TAG, { tag = 1 }, nil, nil, 1)
+    local key = spec.key
+    local victim, rogue = "127.0.0.1:7", "127.0.0.1:9"
+    -- the list as such a manager made it: both members, the rogue's code under key
+    local mods = { [key] = { src = EVIL, params = { tag = 1 }, caps = {}, base = spec.base, dests = { rogue } } }
+    ch.last_members = { list = { victim, rogue }, mods = mods }
+    ch.lsseq = { [victim] = 1, [rogue] = 1 }
+    ch.mods[key] = { key = key, spec = mods[key], dests = { rogue } }
+    local ok, why, code = ch:_install_req(victim, { op = "install", ch = ch.name, sseq = 2,
+      mods = { [key] = { src = TAG, params = { tag = 1 }, caps = {} } } })
+    ch.mods[key] = nil
+    c:close()
+    assert.is_nil(ok)
+    assert.are.equal("refused", code)
+    assert.matches("runs other code", why)
   end)
 end)

@@ -16,7 +16,7 @@ local Context = require "lecho.context"
 local Channel = require "lecho.channel"
 
 local CAPS = options.CAPS
-local check_subs = require("lecho.subs").check
+local check_subs, key_ok = require("lecho.subs").check, require("lecho.subs").key_ok
 local others = Channel.without
 local sorted_keys, same = require("lecho.tables").sorted_keys, require("lecho.tables").same
 local ENOENT = 2   -- errno.h: 2 on Linux, the BSDs and macOS (io.open gives the errno third)
@@ -25,38 +25,10 @@ local M = {}
 
 -- A deterministic text of a value (sorted keys), so that equal params give
 -- equal modulator keys in every process.  The value was checked encodable.
-local function canon(v, out)
-  local t = type(v)
-  if t == "table" then
-    local keys = {}
-    for k in pairs(v) do keys[#keys + 1] = k end
-    table.sort(keys, function(a, b)
-      local ta, tb = type(a), type(b)
-      if ta ~= tb then return ta < tb end
-      if ta == "boolean" then return not a and b end
-      return a < b
-    end)
-    out[#out + 1] = "{"
-    for _, k in ipairs(keys) do
-      canon(k, out)
-      out[#out + 1] = "="
-      canon(v[k], out)
-      out[#out + 1] = ";"
-    end
-    out[#out + 1] = "}"
-  elseif t == "string" then
-    out[#out + 1] = ("%q"):format(v)
-  elseif t == "number" then
-    out[#out + 1] = ("%.17g"):format(v)
-  else
-    out[#out + 1] = tostring(v)
-  end
-  return out
-end
+-- (the canonical text of a value and the keys made from it: lecho.subs,
+-- which the manager shares to check that a key is its code's)
+local canon = require("lecho.subs").canon
 
--- For the hint when source does not compile: one line without the
--- punctuation every modulator has ("(", ")", "="):
--- a file name, not source text.
 local function looks_like_file(s)
   return not s:find("[\n()=]")
 end
@@ -90,9 +62,7 @@ end
 -- first params of it, doc/modulators.md "Ordering"): the key then names
 -- code, params and that stream, so that equal keys are one instance on one
 -- stream, and a consumer using the first key elsewhere is another instance.
-local function stream_key(base, params, stream)
-  return core.hash(base .. table.concat(canon(params, {})) .. (stream and "|" .. stream or ""))
-end
+local stream_key = require("lecho.subs").stream_key
 
 local function mod_spec(src, params, period, caps, level, stream)
   if type(src) ~= "string" or src == "" then
@@ -434,14 +404,23 @@ function Channel:_install_req(from, msg)
        and same(o.params, m.params) then
       m.base = o.base
     else
-      local cl = {}
-      for _, c in ipairs(m.caps or {}) do cl[#cl + 1] = c end
-      table.sort(cl)
-      local base = core.hash(table.concat(canon({ m.src, m.period or 0, cl }, {})))
-      if m.params == nil or not core.encode(m.params) or stream_key(base, m.params, m.stream) ~= key then
+      local kok, base = key_ok(key, m)
+      if not kok then
         return nil, ("modulator %s: the key is not the hash of its code and params"):format(key:sub(1, 16)), "refused"
       end
       m.base = base
+    end
+    -- an instance running here under that key runs its code too: a list
+    -- of a manager that did not hash its keys (before issue 27's attack)
+    -- could have put another context's code under it, whose output this
+    -- consumer would then take for its own modulator's (the params are
+    -- not compared: an in-band change leaves the instance's spec behind)
+    local inst = self.mods[key]
+    local is = inst and inst.spec
+    if is and not (is.src == m.src and is.period == m.period and caps_combo(is.caps) == caps_combo(m.caps)
+                   and (is.stream or key) == (m.stream or key)) then
+      return nil, ("modulator %s: the instance under that key here runs other code"):format(key:sub(1, 16)),
+             "refused"
     end
     -- a stream kept through in-band params changes is its consumer's alone
     local s = m.stream or key

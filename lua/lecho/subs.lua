@@ -7,7 +7,74 @@
 -- Never compiled, as lecho.ns.* (Debian's LuaJIT and LuaJIT #827).
 if jit then jit.off(true, true) end
 
+local core = require "lecho.core"
+
 local M = {}
+
+-- A deterministic text of a value (sorted keys), so that equal params give
+-- equal modulator keys in every process.  The value was checked encodable.
+local function canon(v, out)
+  local t = type(v)
+  if t == "table" then
+    local keys = {}
+    for k in pairs(v) do keys[#keys + 1] = k end
+    table.sort(keys, function(a, b)
+      local ta, tb = type(a), type(b)
+      if ta ~= tb then return ta < tb end
+      if ta == "boolean" then return not a and b end
+      return a < b
+    end)
+    out[#out + 1] = "{"
+    for _, k in ipairs(keys) do
+      canon(k, out)
+      out[#out + 1] = "="
+      canon(v[k], out)
+      out[#out + 1] = ";"
+    end
+    out[#out + 1] = "}"
+  elseif t == "string" then
+    out[#out + 1] = ("%q"):format(v)
+  elseif t == "number" then
+    out[#out + 1] = ("%.17g"):format(v)
+  else
+    out[#out + 1] = tostring(v)
+  end
+  return out
+end
+
+-- For the hint when source does not compile: one line without the
+-- punctuation every modulator has ("(", ")", "="):
+-- a file name, not source text.
+M.canon = canon
+
+-- The key of a modulator: the hash of its code (`base`, from M.base_of),
+-- its params and `stream` (the stream an in-band params change keeps: the
+-- key of the first params of it, doc/modulators.md "Ordering"): equal keys
+-- are one instance on one stream.
+function M.stream_key(base, params, stream)
+  return core.hash(base .. table.concat(canon(params, {})) .. (stream and "|" .. stream or ""))
+end
+
+-- The hash of a modulator's code: its source, period and capabilities
+-- (sorted).
+function M.base_of(src, period, caps)
+  local cl = {}
+  for _, c in ipairs(type(caps) == "table" and caps or {}) do cl[#cl + 1] = c end
+  table.sort(cl)
+  return core.hash(table.concat(canon({ src, period or 0, cl }, {})))
+end
+
+-- Whether `key` is the key of entry `m` of a checked subscription (M.check)
+-- (the hash of its code, params and stream: one key is one modulator,
+-- whoever else uses it; a key of other code would let a consumer's own
+-- modulator be joined to that code's instance): true and its base, or
+-- false.
+function M.key_ok(key, m)
+  if m.params == nil or not core.encode(m.params) then return false end
+  local base = M.base_of(m.src, m.period, m.caps)
+  if M.stream_key(base, m.params, m.stream) ~= key then return false end
+  return true, base
+end
 
 -- A consumer context's subscriptions: { plain = bool, mods = { [key] = {
 -- src, params, period, caps, base } } }.  Absent: the plain stream only.

@@ -322,14 +322,32 @@ end
 
 -- A consumer context's subscriptions, checked: lecho.subs (shared with
 -- a producer's check of a direct install).
-local check_subs = require("lecho.subs").check
+local check_subs, key_ok = require("lecho.subs").check, require("lecho.subs").key_ok
 
 -- Keys name modulators (a 64-bit hash made by the consumer): two consumers
 -- using one key must mean one modulator, or one would receive the other's
 -- stream.  Returns nil, err when `subs` reuses a key of another context's
--- subscription for different code or params.
+-- subscription for different code or params, or names a key that is not
+-- the hash of its code, params and stream (recomputed here, and `base`
+-- with it, for an entry not the same as in `from`'s subscription before):
+-- a key squatted with other code would be joined by the consumer whose
+-- code it is (a direct install, checked by hash at the producer, joins
+-- the instance running under its key) and take that code's output for
+-- its own modulator's.
 local function check_keys(c, from, subs, op)
+  local before = c.consumers[from] and c.consumers[from].subs and c.consumers[from].subs.mods or {}
   for key, m in pairs(subs.mods) do
+    local o = before[key]
+    if o and o.base and o.src == m.src and o.period == m.period and same(o.caps, m.caps)
+       and same(o.params, m.params) and o.stream == m.stream then
+      m.base = o.base
+    else
+      local ok, base = key_ok(key, m)
+      if not ok then
+        return nil, ("%s: modulator key %s is not the hash of its code and params"):format(op, key)
+      end
+      m.base = base
+    end
     for addr, r in pairs(c.consumers) do
       local o = addr ~= from and r.subs.mods[key]
       if o and not (o.src == m.src and o.period == m.period and same(o.caps, m.caps)

@@ -174,3 +174,63 @@ describe("issue 27 attacked: a producer whose list put other code under a key", 
     assert.matches("runs other code", why)
   end)
 end)
+
+-- A producer whose log hook turns the loop (a careless "keep serving while
+-- logging"), a granted `log` modulator of a remote consumer logging each
+-- event: the events go through its batches, and the hook runs inside them.
+local LOOPY = [[
+local lecho = require "lecho"
+local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+local p = assert(ctx:channel("rt"):producer{ grant = { "log" } })
+local refused = 0
+ctx.log = function(msg)
+  if not msg:match("^modulator") then return end
+  for _ = 1, 60 do   -- (10 lines a second: the hook turns the loop most of the time)
+    local ok, err = pcall(ctx.run_once, ctx, 0.002)
+    if not ok then
+      refused = refused + 1
+      if refused == 1 then io.stdout:write("refused ", tostring(err), "\n"); io.stdout:flush() end
+      break
+    end
+  end
+end
+io.stdout:write("ready\n"); io.stdout:flush()
+local i = 0
+ctx:every(0.002, function() for _ = 1, 5 do i = i + 1; p:submit(i) end end)
+ctx:after(25, function() ctx:stop() end)
+ctx:run()
+io.stdout:write("alive\n"); io.stdout:flush()
+ctx:close()
+]]
+
+describe("issue 27 attacked: a remote consumer's close while the producer's log hook turns the loop", function()
+  after_each(function() S.cleanup() end)
+
+  -- main 874af8a: the producer segfaulted (the close's install, read in
+  -- the hook's turn, unloaded the modulator whose batch was running): a
+  -- remote consumer's ordinary close cost the producing process
+  it("costs the producer nothing", function()
+    local lecho = require "lecho"
+    local _, ns = S.nameserver("--quiet")
+    local prod = S.lua(LOOPY, ns)
+    assert(S.wait_file(prod.out, "ready", 20), S.errors(prod))
+    local v = lecho.context{ nameserver = ns, quiet = true }
+    local ch = v:channel("rt")
+    local n, m = 0, 0
+    assert(ch:consumer(function() n = n + 1 end))
+    assert(S.run_until(v, function() return n > 10 end, 20), S.errors(prod))
+    for round = 1, 3 do
+      local con = assert(ch:consumer(function() m = m + 1 end,
+        { capabilities = { "log" }, modulator = "function enqueue(ev) log('ev', ev) return ev end" }))
+      local m0 = m
+      assert(S.run_until(v, function() return m > m0 + 5 end, 20), "round " .. round .. ": " .. S.errors(prod))
+      con:close()
+      S.run_until(v, function() return false end, 0.5)
+      assert.is_true(S.alive(prod), "round " .. round .. ": the producer died: " .. S.errors(prod))
+    end
+    local n0 = n
+    assert(S.run_until(v, function() return n > n0 + 10 end, 20), "no more events: " .. S.errors(prod))
+    v:close()
+    S.kill(prod, "TERM")
+  end)
+end)

@@ -234,3 +234,47 @@ describe("issue 27 attacked: a remote consumer's close while the producer's log 
     S.kill(prod, "TERM")
   end)
 end)
+
+describe("issue 27 attacked: a key squatted through the manager, keyed", function()
+  local T = require "spec.support.trust_world"
+  local w
+  after_each(function() T.stop(w); w = nil end)
+
+  -- main 874af8a: cons2 (allowed consume and modulate, as cons) put its
+  -- code under cons's key at the manager; cons's direct install joined it
+  it("never gives cons another principal's code's output as its own modulator's", function()
+    local lecho = require "lecho"
+    local modulator = require "lecho.modulator"
+    w = T.start{ mode = "keyed", duration = 40 }
+    local TAG = "function enqueue(ev) if type(ev) == 'table' then ev.tag = params.tag end return ev end"
+    local EVIL = "function enqueue(ev) if type(ev) == 'table' then ev.tag = 'forged' end return ev end"
+    local key = modulator.spec(TAG, { tag = 1 }, nil, nil, 1).key
+    local rogue = assert(lecho.context{ nameserver = w.ns, key = w.ids.cons2.key, trust = w.ids.trust, quiet = true })
+    local v
+    -- (closed whatever happens: a keyed context left open when busted
+    -- closes its state segfaults it, hiding the failure's report)
+    finally(function() if v then v:close() end rogue:close() end)
+    local rch = rogue:channel(T.CHANNEL)
+    local rn = 0
+    assert(rch:consumer(function() rn = rn + 1 end))
+    assert(S.run_until(rogue, function() return rn > 3 end, 20), S.errors(w.prod))
+    local r, err = rogue:request(rch.manager, { op = "subscribe", ch = rch.name,
+      subs = { plain = true, sseq = 1e6, mods = { [key] = { src = EVIL, params = { tag = 1 }, caps = {} } } } }, 10)
+    v = assert(lecho.context{ nameserver = w.ns, key = w.ids.cons.key, trust = w.ids.trust, quiet = true })
+    local vch = v:channel(T.CHANNEL)
+    local vn = 0
+    assert(vch:consumer(function() vn = vn + 1 end))
+    assert(S.run_until(v, function() rogue:run_once(0) return vn > 3 end, 20))
+    local tags = {}
+    local con, cerr = vch:consumer(function(ev)
+      local t = type(ev) == "table" and tostring(ev.tag) or "?"
+      tags[t] = (tags[t] or 0) + 1
+    end, { modulator = TAG, params = { tag = 1 } })
+    local deadline = v:now() + 1.5
+    while v:now() < deadline do v:run_once(0.005); rogue:run_once(0.005) end
+    assert.is_nil(tags.forged, ("squatted %s (%s); consumer %s (%s): %s"):format(
+      tostring(r ~= nil), tostring(err), tostring(con), tostring(cerr), require("cjson").encode(tags)))
+    assert.is_nil(r)
+    if con then assert.is_true((tags["1"] or 0) > 0, require("cjson").encode(tags)) end
+  end)
+end)

@@ -278,3 +278,102 @@ describe("issue 27 attacked: a key squatted through the manager, keyed", functio
     if con then assert.is_true((tags["1"] or 0) > 0, require("cjson").encode(tags)) end
   end)
 end)
+
+-- A keyed producer child (its key opts.key) of "temp", granting clock:
+-- { i } every 20 ms.
+local KPROD = [[
+local cjson = require "cjson"
+local lecho = require "lecho"
+local opts = cjson.decode(arg[1])
+local ctx = assert(lecho.context{ nameserver = opts.ns, key = opts.key, trust = opts.trust,
+  listen = "127.0.0.1:0", timeout = 5, quiet = true })
+local p = assert(ctx:channel("temp"):producer{ grant = { "clock" } })
+io.stdout:write("ready ", ctx.addr, "\n"); io.stdout:flush()
+local i = 0
+ctx:every(0.02, function() i = i + 1; p:submit({ i = i }) end)
+ctx:after(40, function() ctx:stop() end)
+ctx:run()
+ctx:close()
+]]
+
+-- A keyed name server child reading policy file opts.policy every 0.2 s:
+-- "reloaded" on stdout each time it took a new one.
+local KNS = [[
+local cjson = require "cjson"
+local lecho = require "lecho"
+local opts = cjson.decode(arg[1])
+local ctx = assert(lecho.context{ listen = "127.0.0.1:0", key = opts.key, trust = opts.trust,
+  ticket_ttl = 9, policy_file = opts.policy, trust_poll = 0.2,
+  log = function(m) if m:find("policy reloaded", 1, true) then io.stdout:write("reloaded\n"); io.stdout:flush() end end })
+io.stdout:write("ready ", ctx.addr, "\n"); io.stdout:flush()
+ctx:after(40, function() ctx:stop() end)
+ctx:run()
+ctx:close()
+]]
+
+describe("issue 27 attacked: a policy reload racing a direct install", function()
+  local cjson = require "cjson"
+  local lecho = require "lecho"
+  local socket = require "socket"
+  local v
+  after_each(function()
+    if v then pcall(v.close, v, { linger = 0 }) end
+    v = nil
+    S.cleanup()
+  end)
+
+  -- main 874af8a: the policy withdrew `modulate with clock` from cons
+  -- between its direct install of a clock modulator and its subscription
+  -- telling the manager (20 ms later): the manager, which knew of no such
+  -- modulator, sent no list (the producer kept the old grants) and refused
+  -- the subscription, which nobody heard of: the modulator ran on with the
+  -- withdrawn capability, its events still coming 3 s after the reload,
+  -- its consumer's on_error silent
+  it("withdraws the capability from the directly installed modulator too, and says so", function()
+    local dir = S.tmpname("atk-reload")
+    local function keygen(args)
+      local out = S.sh_out(("%s %s/scripts/lecho-keygen %s"):format(S.luajit, S.root, args))
+      assert(out:find("rc=0\n", 1, true), out)
+    end
+    keygen(("--dir %s --authority ca --valid-for 2d"):format(dir))
+    keygen(("--dir %s --sign-with %s/ca.key nameserver prod cons --valid-for 1d"):format(dir, dir))
+    local trust, pol = { dir .. "/ca.pub" }, dir .. "/policy.json"
+    local function policy(rules)
+      S.write(pol .. ".tmp", cjson.encode{ lecho = "policy", version = 1, rules = rules })
+      os.rename(pol .. ".tmp", pol)
+    end
+    local PROD = { principal = "prod", channel = "*", allow = { "produce" } }
+    policy{ PROD, { principal = "cons", channel = "*", allow = { "consume", "modulate" }, caps = { "clock" } } }
+    local nsc = S.lua(KNS, cjson.encode{ key = dir .. "/nameserver.key", trust = trust, policy = pol })
+    local ns = assert(S.wait_file(nsc.out, "ready", 20), S.errors(nsc)):match("ready (%S+)")
+    local prod = S.lua(KPROD, cjson.encode{ ns = ns, key = dir .. "/prod.key", trust = trust })
+    assert(S.wait_file(prod.out, "ready", 20), S.errors(prod))
+    v = assert(lecho.context{ nameserver = ns, key = dir .. "/cons.key", trust = trust, quiet = true })
+    local ch = v:channel("temp")
+    local n = 0
+    assert(ch:consumer(function() n = n + 1 end))
+    assert(S.run_until(v, function() return n > 3 end, 20), S.errors(prod))
+    S.run_until(v, function() return false end, 1.1)  -- (a file time's second)
+    local mev, errs = {}, {}
+    local con = assert(ch:consumer(function() mev[#mev + 1] = v:now() end,
+      { modulator = "function enqueue(ev) return ev.i end", capabilities = { "clock" },
+        on_error = function(e) errs[#errs + 1] = tostring(e) end }))
+    assert(con)
+    -- the policy withdraws clock; the name server reloads it before this
+    -- context turns again (its subscription goes 20 ms after the install)
+    policy{ PROD, { principal = "cons", channel = "*", allow = { "consume", "modulate" } } }
+    local t0 = socket.gettime()
+    while not S.output(nsc):match("reloaded") and socket.gettime() - t0 < 5 do socket.sleep(0.02) end
+    assert.matches("reloaded", S.output(nsc), "the policy was not reloaded")
+    local at = v:now()
+    local deadline = at + 3
+    while v:now() < deadline do v:run_once(0.01) end
+    local last = mev[#mev]
+    assert.is_true(last == nil or last - at < 2.0,
+      ("modulated events came %.2f s after the reload (%d of them); on_error: %s"):format(
+        (last or at) - at, #mev, cjson.encode(errs)))
+    assert.is_true(#errs > 0, "on_error heard nothing")
+    assert.matches("clock", errs[1])
+    assert.is_true(n > 10)
+  end)
+end)

@@ -223,7 +223,7 @@ function Channel:_direct_wrong(a, d, members)
     local mine = g[a]
     for _, m in pairs(d.mods) do
       if not (mine and mine[caps_combo(m.caps)]) then
-        return ("the manager's list does not grant it modulate with caps {%s}"):format(caps_combo(m.caps))
+        return ("the manager's list does not grant it modulate with caps {%s}"):format(caps_combo(m.caps)), "grants"
       end
     end
   end
@@ -247,8 +247,16 @@ function Channel:_with_direct(mods)
   local over = {}
   for _, a in ipairs(sorted_keys(self.direct)) do
     local d = self.direct[a]
-    local why = self:_direct_wrong(a, d, members)
-    if why then self.direct[a] = nil else over[a] = d end
+    local why, kind = self:_direct_wrong(a, d, members)
+    if why then
+      self.direct[a] = nil
+      -- withdrawn by the policy before the manager heard of it (it then
+      -- refuses the subscription telling it, to nobody): the modulators
+      -- of the set the list does not give `a` stop here, and `a` is told
+      if kind == "grants" then self:_direct_withdrawn(a, d, mods, why) end
+    else
+      over[a] = d
+    end
   end
   if next(over) == nil then return mods end
   local out = {}
@@ -277,6 +285,27 @@ function Channel:_with_direct(mods)
     end
   end
   return out
+end
+
+-- Direct set `d` of context `a` withdrawn (why): `a` is told of each of
+-- its modulators that `mods` (the manager's list) does not run for it, as
+-- a mod_error (its consumers' on_error), never left without events and a
+-- word.
+function Channel:_direct_withdrawn(a, d, mods, why)
+  local ctx = self.ctx
+  for _, key in ipairs(sorted_keys(d.mods)) do
+    local m, listed = mods[key], false
+    for _, x in ipairs(type(m) == "table" and m.dests or {}) do
+      if x == a then listed = true break end
+    end
+    if not listed then
+      ctx:_warn_limited("modulator withdrawn", ("modulator %s of %s on '%s' stopped here: %s"):format(
+        key:sub(1, 16), a, self.short, why))
+      -- (a consumer believes it only from a producer with the channel bound there)
+      if a ~= ctx.addr then ctx.c:bind_at(self.chid, a) end
+      ctx:_send_ctrl(a, { op = "mod_error", ch = self.name, key = key, err = why, producer = ctx.addr })
+    end
+  end
 end
 
 -- Context `from`'s new set `mods` applied to the running instances only

@@ -377,3 +377,33 @@ describe("issue 27 attacked: a policy reload racing a direct install", function(
     assert.is_true(n > 10)
   end)
 end)
+
+describe("issue 27 attacked: params holding an array", function()
+  local lecho = require "lecho"
+  local c
+  after_each(function() if c then c:close() end c = nil end)
+
+  -- main 874af8a: a modulator's key hashed an array of its params as
+  -- "lecho.array <f8 [2]", whatever its elements: a set_params changing
+  -- only them returned true and changed nothing (the key was the same), and
+  -- two consumers with other arrays shared one instance, the second given
+  -- the first one's params' output
+  it("are keyed by their elements: set_params applies, other arrays are other modulators", function()
+    c = lecho.context{ quiet = true }
+    local ch = c:channel("a")
+    local p = assert(ch:producer())
+    local src = "function enqueue(ev) return params.m:get(0) end"
+    local a1, a2, a3 = lecho.array.new("<f8", { 2 }), lecho.array.new("<f8", { 2 }), lecho.array.new("<f8", { 2 })
+    a1:set(0, 1.5); a2:set(0, 9.5); a3:set(0, 4.5)
+    local got, other = {}, {}
+    local con = assert(ch:consumer(function(ev) got[#got + 1] = ev end, { modulator = src, params = { m = a1 } }))
+    assert(ch:consumer(function(ev) other[#other + 1] = ev end, { modulator = src, params = { m = a3 } }))
+    assert(p:submit_sync(0))
+    assert.is_true(con:set_params{ m = a2 })
+    assert.are.equal(2, con:params_version())
+    assert(p:submit_sync(0))
+    c:run_once(0.05)
+    assert.are.same({ 1.5, 9.5 }, got)
+    assert.are.same({ 4.5, 4.5 }, other)
+  end)
+end)

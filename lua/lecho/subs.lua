@@ -36,6 +36,13 @@ local function canon(v, out)
     out[#out + 1] = ("%q"):format(v)
   elseif t == "number" then
     out[#out + 1] = ("%.17g"):format(v)
+  elseif t == "userdata" or t == "cdata" then
+    -- an array (the only such value params may hold): its dtype, shape
+    -- and elements, as encoded (tostring says only "lecho.array <f8 [2]":
+    -- a change of its elements alone made no new key, so set_params was a
+    -- no-op said true, and other arrays shared one instance)
+    local e = core.encode(v)
+    out[#out + 1] = "A" .. (e and core.hash(e) or tostring(v))
   else
     out[#out + 1] = tostring(v)
   end

@@ -407,3 +407,58 @@ describe("issue 27 attacked: params holding an array", function()
     assert.are.same({ 4.5, 4.5 }, other)
   end)
 end)
+
+describe("issue 27 attacked: huge params in an install", function()
+  local lecho = require "lecho"
+  local modulator = require "lecho.modulator"
+  local SRC = "function enqueue(ev) return ev end"
+  local N = 300000
+  local function huge()
+    local t = {}
+    for i = 1, N do t["k" .. i] = i end
+    return t
+  end
+
+  -- main 874af8a: a member's install whose params hold 300,000 entries
+  -- (3.9 MB, well inside a CTRL frame) cost the producer 1.2 s of CPU in
+  -- its event loop, before any check that charges the sender (the key's
+  -- canonical text: a sort and a %q per entry), however often sent; the
+  -- same cost came to the manager with its key check
+  it("costs the producer and the manager a bounded CPU time per message", function()
+    local c = lecho.context{ quiet = true }
+    local ch = c:channel("hp")
+    assert(ch:producer())
+    local from = "127.0.0.1:7"
+    ch.last_members = { list = { from }, mods = {} }
+    ch.lsseq = { [from] = 1 }
+    local params = huge()
+    local key = modulator.spec(SRC, { k = 1 }, nil, nil, 1).key  -- (any key: the cost is before the compare)
+    local t0 = os.clock()
+    local ok, why = ch:_install_req(from, { op = "install", ch = ch.name, sseq = 2,
+      mods = { [key] = { src = SRC, params = params, caps = {} } } })
+    local producer_cpu = os.clock() - t0
+    c:close()
+    assert.is_nil(ok)
+    assert.matches("params", why)
+    assert.is_true(producer_cpu < 0.3, ("the producer spent %.2f s of CPU on one install"):format(producer_cpu))
+    -- the manager: a subscription with them
+    local R = require "lecho.ns.registry"
+    local reg = R.new{ addr = "127.0.0.1:7700", role = "manager", ack_timeout = 2.0 }
+    local sent = {}
+    local function send(to, msg) sent[#sent + 1] = msg end
+    assert.is_true(reg:handle(from, { op = "join", ch = "hp", role = "consumer", rid = 1 }, send, 0))
+    t0 = os.clock()
+    assert.is_true(reg:handle(from, { op = "subscribe", ch = "hp", rid = 2,
+      subs = { mods = { [key] = { src = SRC, params = params, caps = {} } } } }, send, 0))
+    local manager_cpu = os.clock() - t0
+    assert.is_false(sent[#sent].ok)
+    assert.is_true(manager_cpu < 0.3, ("the manager spent %.2f s of CPU on one subscription"):format(manager_cpu))
+  end)
+
+  it("refuses them at the consumer's call, with the limit said", function()
+    assert.has_error(function() modulator.spec(SRC, huge(), nil, nil, 1) end)
+    local ok, err = pcall(modulator.spec, SRC, huge(), nil, nil, 1)
+    assert.is_false(ok)
+    assert.matches("more than %d+ table entries", err)
+  end)
+end)

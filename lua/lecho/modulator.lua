@@ -17,6 +17,7 @@ local Channel = require "lecho.channel"
 
 local CAPS = options.CAPS
 local check_subs, key_ok = require("lecho.subs").check, require("lecho.subs").key_ok
+local params_too_big = require("lecho.subs").params_too_big
 local others = Channel.without
 local sorted_keys, same = require("lecho.tables").sorted_keys, require("lecho.tables").same
 local ENOENT = 2   -- errno.h: 2 on Linux, the BSDs and macOS (io.open gives the errno third)
@@ -82,6 +83,8 @@ local function mod_spec(src, params, period, caps, level, stream)
   if params == nil then params = {} end
   local ok, err = core.encode(params)
   if not ok then error("lecho: modulator params cannot be sent: " .. err, level) end
+  local big = params_too_big(params)
+  if big then error("lecho: modulator " .. big, level) end
   local cl = {}
   for _, c in ipairs(caps or {}) do cl[#cl + 1] = c end
   table.sort(cl)
@@ -97,6 +100,8 @@ local function respec(m, params, level, stream)
   if params == nil then params = {} end
   local ok, err = core.encode(params)
   if not ok then error("lecho: modulator params cannot be sent: " .. err, level) end
+  local big = params_too_big(params)
+  if big then error("lecho: modulator " .. big, level) end
   local key = stream_key(m.base, params, stream)
   return { src = m.src, params = params, period = m.period, caps = m.caps, base = m.base, key = key,
            stream = stream or key }
@@ -435,7 +440,7 @@ function Channel:_install_req(from, msg)
     else
       local kok, base = key_ok(key, m)
       if not kok then
-        return nil, ("modulator %s: the key is not the hash of its code and params"):format(key:sub(1, 16)), "refused"
+        return nil, ("modulator %s: %s"):format(key:sub(1, 16), base), "refused"
       end
       m.base = base
     end
@@ -745,6 +750,8 @@ function Channel:_params_req(from, msg)
   if pseq <= (inst.pseq or 0) then
     return nil, ("params %d after %d: an older change"):format(pseq, inst.pseq), "refused"
   end
+  local big = params_too_big(msg.params)
+  if big then return nil, big, "refused" end
   if stream_key(inst.base, msg.params, s) ~= key then
     return nil, "the key is not the hash of the modulator, these params and the stream", "refused"
   end

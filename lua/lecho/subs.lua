@@ -71,15 +71,44 @@ function M.base_of(src, period, caps)
   return core.hash(table.concat(canon({ src, period or 0, cl }, {})))
 end
 
+-- The most table entries (keys of every table, nested ones too) a
+-- modulator's params may hold: its key is the hash of their canonical text
+-- (a sort and a %q per entry, ~4 us each here), made where the params are
+-- given and again by the manager and by each producer of a direct
+-- install before anything charges the sender: 300,000 entries cost a
+-- producer 1.2 s of CPU per message.  Bulk data goes in an array (hashed
+-- as its encoding: linear).
+M.MAX_PARAMS_ENTRIES = 16384
+
+-- nil when `v` holds at most M.MAX_PARAMS_ENTRIES table entries, else why
+-- (the walk stops past the limit).
+function M.params_too_big(v)
+  local n, lim = 0, M.MAX_PARAMS_ENTRIES
+  local function walk(t)
+    for _, x in next, t do
+      n = n + 1
+      if n > lim then return true end
+      if type(x) == "table" and walk(x) then return true end
+    end
+    return false
+  end
+  if type(v) == "table" and walk(v) then
+    return ("params have more than %d table entries (an array holds bulk data)"):format(lim)
+  end
+  return nil
+end
+
 -- Whether `key` is the key of entry `m` of a checked subscription (M.check)
 -- (the hash of its code, params and stream: one key is one modulator,
 -- whoever else uses it; a key of other code would let a consumer's own
 -- modulator be joined to that code's instance): true and its base, or
--- false.
+-- false and why.
 function M.key_ok(key, m)
-  if m.params == nil or not core.encode(m.params) then return false end
+  if m.params == nil or not core.encode(m.params) then return false, "params missing or not encodable" end
+  local big = M.params_too_big(m.params)
+  if big then return false, big end
   local base = M.base_of(m.src, m.period, m.caps)
-  if M.stream_key(base, m.params, m.stream) ~= key then return false end
+  if M.stream_key(base, m.params, m.stream) ~= key then return false, "the key is not the hash of its code and params" end
   return true, base
 end
 

@@ -355,7 +355,7 @@ local function check_keys(c, from, subs, op)
     else
       local ok, base = key_ok(key, m)
       if not ok then
-        return nil, ("%s: modulator key %s is not the hash of its code and params"):format(op, key)
+        return nil, ("%s: modulator key %s: %s"):format(op, key, base)
       end
       m.base = base
     end

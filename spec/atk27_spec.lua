@@ -128,14 +128,13 @@ describe("issue 27 attacked: a modulator key squatted through the manager", func
       local deadline = v:now() + t
       while v:now() < deadline do v:run_once(0.005); rogue:run_once(0.005) end
     end
-    local served = false
     assert(S.run_until(v, function() rogue:run_once(0) return vn > 3 end, 20))
     local tags = {}
     local con, cerr = vch:consumer(function(ev) tags[tostring(ev.tag)] = (tags[tostring(ev.tag)] or 0) + 1 end,
                                    { modulator = TAG, params = { tag = 1 } })
-    serve(1)
-    served = true
-    assert.is_true(served)
+    -- (until the first events through it, forged or not: busy cores)
+    S.run_until(v, function() rogue:run_once(0) return next(tags) ~= nil end, 15)
+    serve(0.5)
     -- a refusal (the key taken) or the victim's own code: never the rogue's
     assert.is_nil(tags.forged, ("squatted %s (%s); consumer %s (%s): %s"):format(
       tostring(squatted), tostring(err), tostring(con), tostring(cerr), require("cjson").encode(tags)))
@@ -270,7 +269,8 @@ describe("issue 27 attacked: a key squatted through the manager, keyed", functio
       local t = type(ev) == "table" and tostring(ev.tag) or "?"
       tags[t] = (tags[t] or 0) + 1
     end, { modulator = TAG, params = { tag = 1 } })
-    local deadline = v:now() + 1.5
+    S.run_until(v, function() rogue:run_once(0) return next(tags) ~= nil end, 15)
+    local deadline = v:now() + 0.5
     while v:now() < deadline do v:run_once(0.005); rogue:run_once(0.005) end
     assert.is_nil(tags.forged, ("squatted %s (%s); consumer %s (%s): %s"):format(
       tostring(r ~= nil), tostring(err), tostring(con), tostring(cerr), require("cjson").encode(tags)))
@@ -366,10 +366,10 @@ describe("issue 27 attacked: a policy reload racing a direct install", function(
     while not S.output(nsc):match("reloaded") and socket.gettime() - t0 < 5 do socket.sleep(0.02) end
     assert.matches("reloaded", S.output(nsc), "the policy was not reloaded")
     local at = v:now()
-    local deadline = at + 3
+    local deadline = at + 5
     while v:now() < deadline do v:run_once(0.01) end
     local last = mev[#mev]
-    assert.is_true(last == nil or last - at < 2.0,
+    assert.is_true(last == nil or last - at < 3.0,
       ("modulated events came %.2f s after the reload (%d of them); on_error: %s"):format(
         (last or at) - at, #mev, cjson.encode(errs)))
     assert.is_true(#errs > 0, "on_error heard nothing")

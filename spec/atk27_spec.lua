@@ -455,6 +455,32 @@ describe("issue 27 attacked: huge params in an install", function()
     assert.is_true(manager_cpu < 0.3, ("the manager spent %.2f s of CPU on one subscription"):format(manager_cpu))
   end)
 
+  -- (each under the limit, 64 of them together over it: 64 keys hashed
+  -- per message)
+  it("bounds the CPU of an install of 64 modulators with params of 16000 entries each", function()
+    local c = lecho.context{ quiet = true }
+    local ch = c:channel("hp")
+    assert(ch:producer())
+    local from = "127.0.0.1:7"
+    ch.last_members = { list = { from }, mods = {} }
+    ch.lsseq = { [from] = 1 }
+    local mods = {}
+    for k = 1, 64 do
+      local t = {}
+      for i = 1, 16000 do t[i] = i end
+      t.k = k
+      -- (their true keys, which a member can make: every one is hashed)
+      mods[modulator.spec(SRC, t, nil, nil, 1).key] = { src = SRC, params = t, caps = {} }
+    end
+    local t0 = os.clock()
+    local ok, why = ch:_install_req(from, { op = "install", ch = ch.name, sseq = 2, mods = mods })
+    local cpu = os.clock() - t0
+    c:close()
+    assert.is_true(cpu < 0.3, ("the producer spent %.2f s of CPU on one install"):format(cpu))
+    assert.is_nil(ok)
+    assert.matches("params", why)
+  end)
+
   it("refuses them at the consumer's call, with the limit said", function()
     assert.has_error(function() modulator.spec(SRC, huge(), nil, nil, 1) end)
     local ok, err = pcall(modulator.spec, SRC, huge(), nil, nil, 1)

@@ -80,9 +80,9 @@ end
 -- as its encoding: linear).
 M.MAX_PARAMS_ENTRIES = 16384
 
--- nil when `v` holds at most M.MAX_PARAMS_ENTRIES table entries, else why
--- (the walk stops past the limit).
-function M.params_too_big(v)
+-- nil when the values of list `vs` hold at most M.MAX_PARAMS_ENTRIES
+-- table entries together, else why (the walk stops past the limit).
+local function too_big(vs)
   local n, lim = 0, M.MAX_PARAMS_ENTRIES
   local function walk(t)
     for _, x in next, t do
@@ -92,11 +92,17 @@ function M.params_too_big(v)
     end
     return false
   end
-  if type(v) == "table" and walk(v) then
-    return ("params have more than %d table entries (an array holds bulk data)"):format(lim)
+  for _, v in ipairs(vs) do
+    if type(v) == "table" and walk(v) then
+      return ("params have more than %d table entries (an array holds bulk data)"):format(lim)
+    end
   end
   return nil
 end
+
+-- nil when params `v` hold at most M.MAX_PARAMS_ENTRIES table entries,
+-- else why.
+function M.params_too_big(v) return too_big({ v }) end
 
 -- Whether `key` is the key of entry `m` of a checked subscription (M.check)
 -- (the hash of its code, params and stream: one key is one modulator,
@@ -152,6 +158,12 @@ function M.check(msg)
     mods[k] = { src = m.src, params = m.params, period = m.period, caps = m.caps,
                 base = type(m.base) == "string" and m.base or nil, stream = m.stream, pseq = m.pseq }
   end
+  -- the params of all its modulators together (each message's keys are
+  -- hashed over them: 64 modulators of the limit each would be 64 times it)
+  local plist = {}
+  for _, m in pairs(mods) do plist[#plist + 1] = m.params end
+  local big = too_big(plist)
+  if big then return nil, ("%s: the modulators' %s together"):format(op, big) end
   -- a service's server (lecho.service): the versions it serves here
   local svc
   if s.svc ~= nil then

@@ -488,3 +488,40 @@ describe("issue 27 attacked: huge params in an install", function()
     assert.matches("more than %d+ table entries", err)
   end)
 end)
+
+describe("issue 27 attacked: a log hook's submit during a producer's submit, with history", function()
+  local lecho = require "lecho"
+  local core = require "lecho.core"
+  local c
+  after_each(function() if c then c:close() end c = nil end)
+
+  -- main 874af8a: the producer's history copy of an event was taken from
+  -- the context's encoder buffer after the core took the event; a submit
+  -- from the log hook its modulator's call ran (on any producer of the
+  -- context) had encoded into that buffer meanwhile: the history kept
+  -- bytes of the other event cut at this one's length ("truncated input"),
+  -- which a late joiner would get
+  it("keeps the event's own bytes in the history", function()
+    c = lecho.context{ quiet = true }
+    local chA, chB = c:channel("A"), c:channel("B")
+    local p1 = assert(chA:producer{ grant = { "log" }, history = 10 })
+    local p2 = assert(chB:producer())
+    local n = 0
+    c.log = function(msg)
+      if not msg:match("^modulator") then return end
+      n = n + 1
+      if n == 1 then assert(p2:submit({ inner = string.rep("X", 40) })) end
+    end
+    assert(chA:consumer(function() end, { capabilities = { "log" },
+      modulator = "function enqueue(ev) log('x') return ev end" }))
+    assert(p1:submit_sync({ outer = 1 }))   -- (sync: its call runs within the submit)
+    assert(p1:submit_sync({ outer = 2 }))
+    assert.are.equal(2, n)
+    local got = {}
+    for i = p1.hist.first, p1.hist.last do
+      local ok, v = core.decode(p1.hist.data[i])
+      got[#got + 1] = ok and v or tostring(v)
+    end
+    assert.are.same({ { outer = 1 }, { outer = 2 } }, got)
+  end)
+end)

@@ -524,4 +524,30 @@ describe("issue 27 attacked: a log hook's submit during a producer's submit, wit
     end
     assert.are.same({ { outer = 1 }, { outer = 2 } }, got)
   end)
+
+  -- main 874af8a: a submit on the same producer from the hook took the next
+  -- sequence number and was added to the history first; the event whose
+  -- call ran it was added after, under the hook's number (h:seq() read
+  -- after the submit): seqs 2, 2, 3 for events 1, 2, 3, in the order 2, 1, 3
+  it("keeps each event under its own sequence number, in order", function()
+    c = lecho.context{ quiet = true }
+    local ch = c:channel("A")
+    local p = assert(ch:producer{ grant = { "log" }, history = 10 })
+    local n = 0
+    c.log = function(msg)
+      if not msg:match("^modulator") then return end
+      n = n + 1
+      if n == 1 then assert(p:submit({ inner = 1 })) end
+    end
+    assert(ch:consumer(function() end, { capabilities = { "log" },
+      modulator = "function enqueue(ev) log('x') return ev end" }))
+    assert(p:submit_sync({ outer = 1 }))
+    assert(p:submit_sync({ outer = 2 }))
+    local got = {}
+    for i = p.hist.first, p.hist.last do
+      local ok, v = core.decode(p.hist.data[i])
+      got[#got + 1] = { p.hist.seqs[i], ok and (v.outer or -v.inner) or tostring(v) }
+    end
+    assert.are.same({ { 1, 1 }, { 2, -1 }, { 3, 2 } }, got)
+  end)
 end)

@@ -61,6 +61,12 @@ end
 
 local function refused(r) return { r.ok, r.code, r.err } end
 
+-- A modulator key: the hash of its code and params (the manager checks it).
+local subs_mod = require "lecho.subs"
+local function key_of(src, params, caps)
+  return subs_mod.stream_key(subs_mod.base_of(src, nil, caps), params)
+end
+
 describe("issue 10: the registry enforces the policy in keyed mode", function()
   it("joins: produce, consume, modulate with capabilities; refused before anything is made", function()
     local reg, w = world()
@@ -73,12 +79,12 @@ describe("issue 10: the registry enforces the policy in keyed mode", function()
     local src = "function enqueue(ev) return ev end"
     assert.are.same({ false, "refused", "not allowed: viewer-1 may not modulate with clock, log atmos/ozone" },
                     refused(w.ask(VIEW, { op = "join", ch = CH, role = "consumer",
-                                          subs = { mods = { k = { src = src, caps = { "clock", "log" } } } } })))
+                                          subs = { mods = { [key_of(src, {}, { "clock", "log" })] = { src = src, params = {}, caps = { "clock", "log" } } } } })))
     assert.is_true(w.ask(VIEW, { op = "join", ch = CH, role = "consumer",
-                                 subs = { mods = { k = { src = src, caps = { "clock" } } } } }).ok)
+                                 subs = { mods = { [key_of(src, {}, { "clock" })] = { src = src, params = {}, caps = { "clock" } } } } }).ok)
     assert.are.same({ false, "refused", "not allowed: viewer-1 may not modulate with log atmos/ozone" },
                     refused(w.ask(VIEW, { op = "subscribe", ch = CH,
-                                          subs = { mods = { k = { src = src, caps = { "log" } } } } })))
+                                          subs = { mods = { [key_of(src, {}, { "log" })] = { src = src, params = {}, caps = { "log" } } } } })))
     assert.are.same({ false, "refused", "not allowed: eve may not consume atmos/ozone" },
                     refused(w.ask(EVE, { op = "subscribe", ch = CH, subs = {} })))
   end)
@@ -97,11 +103,11 @@ describe("issue 10: the registry enforces the policy in keyed mode", function()
     assert.are.equal(exp .. "SIG<lecho-producer-v2\0" .. CH .. "\0" .. pk(SIM) .. exp .. ">", r.ticket)
     assert.are.same({ [VIEW] = pk(VIEW) }, r.keys)
     w.ask(VIEW, { op = "subscribe", ch = CH, subs = { plain = false,
-                   mods = { k = { src = "function enqueue(ev) return ev end" } } } })
+                   mods = { [key_of("function enqueue(ev) return ev end", {})] = { src = "function enqueue(ev) return ev end", params = {} } } } })
     local m = w.members(SIM)
     assert.are.equal(1, #m)
     assert.are.same({ [VIEW] = pk(VIEW) }, m[1].keys)
-    assert.are.same({ VIEW }, m[1].mods.k.dests)
+    assert.are.same({ VIEW }, m[1].mods[key_of("function enqueue(ev) return ev end", {})].dests)
   end)
 
   it("lookups: making an entry needs produce or consume; replies carry the manager's key", function()
@@ -265,7 +271,8 @@ describe("issue 10: the registry enforces the policy in keyed mode", function()
     local reg, w = world()
     assert.is_true(w.ask(SIM, { op = "join", ch = CH, role = "producer" }).ok ~= false)
     reg.policy = no_sim
-    w.ask(VIEW, { op = "join", ch = CH, role = "consumer", subs = { mods = { k1 = { src = "SECRET SOURCE",
+    w.ask(VIEW, { op = "join", ch = CH, role = "consumer", subs = { mods = {
+      [key_of("SECRET SOURCE", { token = "T0K3N" }, { "clock" })] = { src = "SECRET SOURCE",
       params = { token = "T0K3N" }, caps = { "clock" } } } } })
     assert.are.same({}, w.members(SIM))
     assert.is_nil(reg:snapshot().channels[CH].producers[SIM])

@@ -19,6 +19,9 @@ local NS = "127.0.0.1:7700"
 local P1, C1, X = "10.0.0.1:1", "10.0.0.3:3", "10.0.0.9:9"
 local TOKEN = "api-token-5f1e2d"
 local SRC = "-- secret-filter\nfunction enqueue(ev) if ev.k == params.k then return ev end end"
+-- its key: the hash of its code and params (the manager checks it)
+local subs = require "lecho.subs"
+local K1 = subs.stream_key(subs.base_of(SRC, 0.5, { "clock" }), { k = TOKEN })
 
 -- Does value v hold string s anywhere (keys included)?
 local function holds(v, s, seen)
@@ -47,13 +50,13 @@ describe("issue 10: list shows no modulator source or params", function()
         return l
       end
       reg:handle(C1, { op = "join", ch = "c", role = "consumer", rid = 1,
-                       subs = { plain = false, mods = { K1 = { src = SRC, params = { k = TOKEN },
+                       subs = { plain = false, mods = { [K1] = { src = SRC, params = { k = TOKEN },
                                                                period = 0.5, caps = { "clock" } } } } },
                  send, 0)
       reg:handle(X, { op = "list", rid = 2 }, send, 0)
       local l = replies(X)[1]
       assert.is_true(l.ok)
-      assert.are.same({ K1 = { consumers = { C1 }, period = 0.5, caps = { "clock" } } },
+      assert.are.same({ [K1] = { consumers = { C1 }, period = 0.5, caps = { "clock" } } },
                       l.channels.c.modulators)
       assert.is_false(holds(l, TOKEN), role .. ": list carries the params")
       assert.is_false(holds(l, "secret-filter"), role .. ": list carries the source")
@@ -61,8 +64,8 @@ describe("issue 10: list shows no modulator source or params", function()
       reg:handle(P1, { op = "join", ch = "c", role = "producer", rid = 3 }, send, 0)
       local j = replies(P1)[1]
       assert.is_true(j.ok)
-      assert.are.equal(SRC, j.mods.K1.src)
-      assert.are.same({ k = TOKEN }, j.mods.K1.params)
+      assert.are.equal(SRC, j.mods[K1].src)
+      assert.are.same({ k = TOKEN }, j.mods[K1].params)
     end
   end)
 

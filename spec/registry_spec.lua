@@ -526,38 +526,50 @@ end)
 
 describe("lecho.ns.registry modulator subscriptions", function()
   local SRC = "function enqueue(ev) return ev end"
+  -- a key is the hash of its code and params (the manager checks it)
+  local subs = require "lecho.subs"
+  local function key_of(src, params) return subs.stream_key(subs.base_of(src), params) end
+  local K = key_of(SRC, { k = 1 })
 
   it("merges equal modulators by key and sends producers their destinations", function()
     local reg, w = new("manager"), wire()
     req(reg, w, P1, { op = "join", ch = "x", role = "producer" }); w.take()
     local m = { src = SRC, params = { k = 1 } }
-    req(reg, w, C1, { op = "join", ch = "x", role = "consumer", subs = { plain = false, mods = { K = m } } })
-    req(reg, w, C2, { op = "join", ch = "x", role = "consumer", subs = { plain = true, mods = { K = m } } })
+    req(reg, w, C1, { op = "join", ch = "x", role = "consumer", subs = { plain = false, mods = { [K] = m } } })
+    req(reg, w, C2, { op = "join", ch = "x", role = "consumer", subs = { plain = true, mods = { [K] = m } } })
     local ms = members_to(w, P1)
     local last = ms[#ms]
     assert.are.same({ C2 }, last.consumers)            -- only C2 takes the plain stream
-    assert.are.same({ C1, C2 }, last.mods.K.dests)
-    assert.are.equal(SRC, last.mods.K.src)
+    assert.are.same({ C1, C2 }, last.mods[K].dests)
+    assert.are.equal(SRC, last.mods[K].src)
   end)
 
-  it("refuses a key another context uses for a different modulator", function()
+  -- (a key is the hash of its code and params, checked here: another
+  -- context's key with other code or params is a key that is not theirs'
+  -- hash; issue 27's attack squatted a key so)
+  it("refuses a key another context uses for a different modulator, and a key not its code's hash", function()
     local reg, w = new("manager"), wire()
     req(reg, w, C1, { op = "join", ch = "x", role = "consumer",
-                      subs = { mods = { K = { src = SRC, params = { k = 1 } } } } })
+                      subs = { mods = { [K] = { src = SRC, params = { k = 1 } } } } })
     assert.is_true(reply_to(w, C1).ok)
     req(reg, w, C2, { op = "join", ch = "x", role = "consumer",
-                      subs = { mods = { K = { src = SRC, params = { k = 2 } } } } })
+                      subs = { mods = { [K] = { src = SRC, params = { k = 2 } } } } })
     local r = reply_to(w, C2)
     assert.is_false(r.ok)
-    assert.matches("already used by " .. C1:gsub("%.", "%%."), r.err)
+    assert.matches("is not the hash of its code and params", r.err)
     req(reg, w, C2, { op = "join", ch = "x", role = "consumer" })   -- plain: fine
     assert.is_true(reply_to(w, C2).ok)
     req(reg, w, C2, { op = "subscribe", ch = "x",
-                      subs = { mods = { K = { src = "x = 1", params = { k = 1 } } } } })
+                      subs = { mods = { [K] = { src = "x = 1", params = { k = 1 } } } } })
     assert.is_false(reply_to(w, C2).ok)
     req(reg, w, C2, { op = "subscribe", ch = "x",
-                      subs = { mods = { K = { src = SRC, params = { k = 1 } } } } })
+                      subs = { mods = { [K] = { src = SRC, params = { k = 1 } } } } })
     assert.is_true(reply_to(w, C2).ok)                 -- the same modulator: shared
+    -- a key made up, first on the channel: refused all the same (squatted,
+    -- the consumer whose code it is would join its instance directly)
+    req(reg, w, C1, { op = "subscribe", ch = "x",
+                      subs = { mods = { [key_of(SRC, { k = 9 })] = { src = "x = 2", params = { k = 9 } } } } })
+    assert.is_false(reply_to(w, C1).ok)
   end)
 end)
 

@@ -203,6 +203,7 @@ static void ctx_close(lb_ctx *b, lua_State *L) {
  * it when the outermost run or run_once returns. */
 static int l_close(lua_State *L) {
     lb_ctx *b = luaL_checkudata(L, 1, CTX_MT);
+    lb_moe_not_busy(L, b, "closing the context");
     if (b->c && lei_ctx_depth(b->c) > 0) {
         if (!b->close_pending) {
             b->close_pending = 1;

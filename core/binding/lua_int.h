@@ -160,6 +160,11 @@ void lb_moe_open(lua_State *L);
  * lei_moe_flush): before anything that writes, counts or waits on the
  * queues (flush, pending, shutdown). */
 void lb_moe_flush_all(lb_ctx *b);
+/* Raises unless no modulator or sandbox of b is in a call, a batch or the
+ * submit of its outputs (lei_moe_group_busy): from there (a log hook the
+ * call runs) a turn of the loop or a close could free the state whose
+ * call is up the stack.  `what`: the refused action, for the message. */
+void lb_moe_not_busy(lua_State *L, const lb_ctx *b, const char *what);
 
 /* lua_prod.c: producer handles (ctx:producer) and the data plane table
  * (core.dataplane, lua_prod.h) in the module table on top */

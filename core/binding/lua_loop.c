@@ -51,6 +51,7 @@ static void wake_cb(struct ev_loop *loop, ev_timer *w, int revents) {
  * seconds (nil: until something happens, 0: not at all). */
 static int l_run_once(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
+    lb_moe_not_busy(L, b, "a turn of the loop");
     if (lua_isnoneornil(L, 2)) {
         ev_run(lei_ctx_loop(b->c), EVRUN_ONCE);
     } else {
@@ -99,6 +100,7 @@ static void run_hup_cb(struct ev_loop *loop, ev_signal *w, int revents) {
 static int l_run(lua_State *L) {
     static const int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
     lb_ctx *b = lb_check_ctx(L);
+    lb_moe_not_busy(L, b, "running the loop");
     int catch = lua_toboolean(L, 2), caught[3] = {0, 0, 0};
     int nsigs = catch && lua_isfunction(L, 3) ? 3 : 2;
     struct sigaction old[3];
@@ -180,7 +182,8 @@ static int l_stop(lua_State *L) {
  * callback (the loop is running), one crossing otherwise. */
 static int l_catch_up(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
-    int n = lei_ctx_depth(b->c) > 0 ? 0 : lei_live_catch_up(b->c);
+    /* (not inside a modulator's call either: what it reads could unload it) */
+    int n = lei_ctx_depth(b->c) > 0 || (b->moeg && lei_moe_group_busy(b->moeg)) ? 0 : lei_live_catch_up(b->c);
     lb_close_if_pending(b, L);
     lua_pushinteger(L, n);
     return 1;

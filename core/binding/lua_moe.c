@@ -25,6 +25,12 @@ static void lb_moe_failed(void *ud, lei_moe *m, const char *why) {
     lb_pcall(b, 2, 0);
 }
 
+void lb_moe_not_busy(lua_State *L, const lb_ctx *b, const char *what) {
+    if (b->moeg && lei_moe_group_busy(b->moeg))
+        luaL_error(L, "lecho: %s from inside a modulator's call (its log hook): refused, "
+                      "the modulator's state is in use up the stack", what);
+}
+
 void lb_moe_flush_all(lb_ctx *b) {
     /* from the start after each one: a failure's hook (Lua) may change the list */
 again:
@@ -409,7 +415,16 @@ static int l_sbx_close(lua_State *L) {
     return 0;
 }
 
-const luaL_Reg lb_moe_ctx_methods[] = {{"moe", l_moe}, {"sandbox", l_sandbox}, {NULL, NULL}};
+/* ctx:moe_busy() -> true while a modulator or sandbox of the context is in
+ * a call, a batch or the submit of its outputs (lb_moe_not_busy). */
+static int l_moe_busy(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    lua_pushboolean(L, b->moeg && lei_moe_group_busy(b->moeg));
+    return 1;
+}
+
+const luaL_Reg lb_moe_ctx_methods[] = {
+    {"moe", l_moe}, {"sandbox", l_sandbox}, {"moe_busy", l_moe_busy}, {NULL, NULL}};
 
 /* The metatable of modulators. */
 void lb_moe_open(lua_State *L) {

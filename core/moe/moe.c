@@ -560,6 +560,7 @@ int moe_run_step(lei_moe *m, lua_CFunction fn, void *arg) {
     }
     lei_moe_group *g = m->o.group;
     lei_moe *outer = g ? g->cur : NULL; /* a log hook may run another moe's call */
+    if (g) g->busy++;
     m->in_call = 1;
     m->over = 0;
     m->stop = 0;
@@ -576,6 +577,7 @@ int moe_run_step(lei_moe *m, lua_CFunction fn, void *arg) {
         rc = lua_cpcall(L, fn, arg);
     }
     m->in_call = 0;
+    if (g) g->busy--;
     struct timespec t;
     clock_gettime(MOE_WALL_CLOCK, &t);
     uint64_t ns = (uint64_t)((moe_ts_sec(&t) - moe_ts_sec(&m->mono0)) * 1e9);
@@ -693,6 +695,8 @@ long lei_moe_keyframes(const lei_moe *m, const lei_moe_kf **kf) {
 /* Submits the first n outputs of the last step, in order; the others are
  * dropped. */
 static void submit_outs_n(lei_moe *m, size_t n, int keep_syncs) {
+    lei_moe_group *g = m->o.group; /* a line logged here may run the application's Lua */
+    if (g) g->busy++;
     for (size_t i = 0; i < m->nout; i++) {
         moe_out *o = &m->out[i];
         if (i >= n) {
@@ -724,6 +728,7 @@ static void submit_outs_n(lei_moe *m, size_t n, int keep_syncs) {
         o->msg = NULL;
     }
     m->nout = 0;
+    if (g) g->busy--;
 }
 
 /* Submits the outputs of the last step, in order. */
@@ -739,6 +744,8 @@ static void notify_fail(lei_moe *m) {
  * failed (now or before), the rest of them go as every later event does. */
 static int run_batch(lei_moe *m, int notify) {
     int rc = 0;
+    lei_moe_group *g = m->o.group; /* between the steps too (lei_moe_group_busy) */
+    if (g) g->busy++;
     m->in_batch = 1;
     m->istg = 0;
     while (m->L && m->istg < m->nstg) {
@@ -758,6 +765,7 @@ static int run_batch(lei_moe *m, int notify) {
     for (int i = 0; i < m->nstg; i++) lei_msg_release(m->stg[i].msg, NULL, NULL);
     m->nstg = m->istg = 0;
     m->in_batch = 0;
+    if (g) g->busy--;
     if (rc && notify) notify_fail(m);
     return rc ? -1 : 0;
 }

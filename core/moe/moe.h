@@ -58,6 +58,12 @@ typedef struct lei_moe_group lei_moe_group;
  * enforces budgets, as before. */
 lei_moe_group *lei_moe_group_new(lei_ctx *c, size_t mem_cap, double cpu_share);
 void lei_moe_group_free(lei_moe_group *g);
+/* 1 while a member's call, batch or the submit of its outputs runs: the
+ * application's Lua may run then (a granted log's line goes to the
+ * context's log hook), and what it does must not free a member up the
+ * stack: the binding refuses a turn of the loop (whose control messages
+ * unload modulators) and the context's close meanwhile. */
+int lei_moe_group_busy(const lei_moe_group *g);
 
 typedef struct lei_moe_opts {
     double budget;            /* CPU seconds per call (default 0.005) */

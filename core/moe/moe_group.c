@@ -110,6 +110,8 @@ lei_moe_group *lei_moe_group_new(lei_ctx *c, size_t mem_cap, double cpu_share) {
     return g;
 }
 
+int lei_moe_group_busy(const lei_moe_group *g) { return g && g->busy > 0; }
+
 void lei_moe_group_free(lei_moe_group *g) {
     if (!g) return;
     /* timer_delete drops a signal of it still pending (Linux) */

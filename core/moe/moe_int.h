@@ -165,6 +165,7 @@ struct lei_moe_group {
     timer_t tid;               /* owned (timer_delete) */
     /* shared with the signal handler (same thread) */
     lei_moe *volatile cur;     /* the moe in a call, or NULL */
+    int busy;                  /* members' calls, batches, output submits running (lei_moe_group_busy) */
     volatile sig_atomic_t armed;
     volatile unsigned long callno;
     /* The sandbox's setup chunk (moe_env.c) as bytecode, dumped from the

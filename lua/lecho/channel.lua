@@ -15,7 +15,7 @@
 --                    _tell_failed, _dead_key, _fresh,
 --                    _params_req, _params_here, _params_at, _params_at_tell,
 --                    _install_req, _install_apply, _with_direct, _direct_wrong,
---                    _direct_apply
+--                    _direct_apply, _direct_withdrawn
 
 local options = require "lecho.options"
 local Context = require "lecho.context"

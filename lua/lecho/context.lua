@@ -988,6 +988,13 @@ end
 function Context:close(opts)
   if opts ~= nil then options.check(opts, options.CLOSE, "ctx:close", 2) end
   if self.closed then return self.close_ok, self.close_err, self.close_code end
+  -- from a log hook that a modulator's call runs: its state is up the
+  -- stack (the close would free it, its delivery turn the loop): refused
+  -- before anything is closed
+  if self.c:moe_busy() then
+    error("lecho: ctx:close() from inside a modulator's call (its log hook): refused, "
+          .. "the modulator's state is in use up the stack", 2)
+  end
   if self.closing then
     -- Another close is delivering (in a callback that waits): its result.
     self:_wait(function() return self.closed end)

@@ -64,7 +64,14 @@ function Ring:add(seq, s)
   end
   local last = self.last + 1
   self.last = last
-  self.seqs[last], self.data[last] = seq, s
+  -- in sequence order: an event submitted from a log hook within this
+  -- one's modulator call was added first (its submit returned first)
+  local at = last
+  while at > self.first and self.seqs[at - 1] > seq do
+    self.seqs[at], self.data[at] = self.seqs[at - 1], self.data[at - 1]
+    at = at - 1
+  end
+  self.seqs[at], self.data[at] = seq, s
   self.bytes = self.bytes + len
   local first = self.first
   while last - first + 1 > self.n or self.bytes > self.max do

@@ -16,7 +16,8 @@ local Context = require "lecho.context"
 local Channel = require "lecho.channel"
 
 local CAPS = options.CAPS
-local check_subs = require("lecho.subs").check
+local check_subs, key_ok = require("lecho.subs").check, require("lecho.subs").key_ok
+local params_too_big = require("lecho.subs").params_too_big
 local others = Channel.without
 local sorted_keys, same = require("lecho.tables").sorted_keys, require("lecho.tables").same
 local ENOENT = 2   -- errno.h: 2 on Linux, the BSDs and macOS (io.open gives the errno third)
@@ -25,38 +26,10 @@ local M = {}
 
 -- A deterministic text of a value (sorted keys), so that equal params give
 -- equal modulator keys in every process.  The value was checked encodable.
-local function canon(v, out)
-  local t = type(v)
-  if t == "table" then
-    local keys = {}
-    for k in pairs(v) do keys[#keys + 1] = k end
-    table.sort(keys, function(a, b)
-      local ta, tb = type(a), type(b)
-      if ta ~= tb then return ta < tb end
-      if ta == "boolean" then return not a and b end
-      return a < b
-    end)
-    out[#out + 1] = "{"
-    for _, k in ipairs(keys) do
-      canon(k, out)
-      out[#out + 1] = "="
-      canon(v[k], out)
-      out[#out + 1] = ";"
-    end
-    out[#out + 1] = "}"
-  elseif t == "string" then
-    out[#out + 1] = ("%q"):format(v)
-  elseif t == "number" then
-    out[#out + 1] = ("%.17g"):format(v)
-  else
-    out[#out + 1] = tostring(v)
-  end
-  return out
-end
+-- (the canonical text of a value and the keys made from it: lecho.subs,
+-- which the manager shares to check that a key is its code's)
+local canon = require("lecho.subs").canon
 
--- For the hint when source does not compile: one line without the
--- punctuation every modulator has ("(", ")", "="):
--- a file name, not source text.
 local function looks_like_file(s)
   return not s:find("[\n()=]")
 end
@@ -90,9 +63,7 @@ end
 -- first params of it, doc/modulators.md "Ordering"): the key then names
 -- code, params and that stream, so that equal keys are one instance on one
 -- stream, and a consumer using the first key elsewhere is another instance.
-local function stream_key(base, params, stream)
-  return core.hash(base .. table.concat(canon(params, {})) .. (stream and "|" .. stream or ""))
-end
+local stream_key = require("lecho.subs").stream_key
 
 local function mod_spec(src, params, period, caps, level, stream)
   if type(src) ~= "string" or src == "" then
@@ -112,6 +83,8 @@ local function mod_spec(src, params, period, caps, level, stream)
   if params == nil then params = {} end
   local ok, err = core.encode(params)
   if not ok then error("lecho: modulator params cannot be sent: " .. err, level) end
+  local big = params_too_big(params)
+  if big then error("lecho: modulator " .. big, level) end
   local cl = {}
   for _, c in ipairs(caps or {}) do cl[#cl + 1] = c end
   table.sort(cl)
@@ -127,6 +100,8 @@ local function respec(m, params, level, stream)
   if params == nil then params = {} end
   local ok, err = core.encode(params)
   if not ok then error("lecho: modulator params cannot be sent: " .. err, level) end
+  local big = params_too_big(params)
+  if big then error("lecho: modulator " .. big, level) end
   local key = stream_key(m.base, params, stream)
   return { src = m.src, params = params, period = m.period, caps = m.caps, base = m.base, key = key,
            stream = stream or key }
@@ -253,7 +228,7 @@ function Channel:_direct_wrong(a, d, members)
     local mine = g[a]
     for _, m in pairs(d.mods) do
       if not (mine and mine[caps_combo(m.caps)]) then
-        return ("the manager's list does not grant it modulate with caps {%s}"):format(caps_combo(m.caps))
+        return ("the manager's list does not grant it modulate with caps {%s}"):format(caps_combo(m.caps)), "grants"
       end
     end
   end
@@ -277,8 +252,16 @@ function Channel:_with_direct(mods)
   local over = {}
   for _, a in ipairs(sorted_keys(self.direct)) do
     local d = self.direct[a]
-    local why = self:_direct_wrong(a, d, members)
-    if why then self.direct[a] = nil else over[a] = d end
+    local why, kind = self:_direct_wrong(a, d, members)
+    if why then
+      self.direct[a] = nil
+      -- withdrawn by the policy before the manager heard of it (it then
+      -- refuses the subscription telling it, to nobody): the modulators
+      -- of the set the list does not give `a` stop here, and `a` is told
+      if kind == "grants" then self:_direct_withdrawn(a, d, mods, why) end
+    else
+      over[a] = d
+    end
   end
   if next(over) == nil then return mods end
   local out = {}
@@ -307,6 +290,27 @@ function Channel:_with_direct(mods)
     end
   end
   return out
+end
+
+-- Direct set `d` of context `a` withdrawn (why): `a` is told of each of
+-- its modulators that `mods` (the manager's list) does not run for it, as
+-- a mod_error (its consumers' on_error), never left without events and a
+-- word.
+function Channel:_direct_withdrawn(a, d, mods, why)
+  local ctx = self.ctx
+  for _, key in ipairs(sorted_keys(d.mods)) do
+    local m, listed = mods[key], false
+    for _, x in ipairs(type(m) == "table" and m.dests or {}) do
+      if x == a then listed = true break end
+    end
+    if not listed then
+      ctx:_warn_limited("modulator withdrawn", ("modulator %s of %s on '%s' stopped here: %s"):format(
+        key:sub(1, 16), a, self.short, why))
+      -- (a consumer believes it only from a producer with the channel bound there)
+      if a ~= ctx.addr then ctx.c:bind_at(self.chid, a) end
+      ctx:_send_ctrl(a, { op = "mod_error", ch = self.name, key = key, err = why, producer = ctx.addr })
+    end
+  end
 end
 
 -- Context `from`'s new set `mods` applied to the running instances only
@@ -434,14 +438,23 @@ function Channel:_install_req(from, msg)
        and same(o.params, m.params) then
       m.base = o.base
     else
-      local cl = {}
-      for _, c in ipairs(m.caps or {}) do cl[#cl + 1] = c end
-      table.sort(cl)
-      local base = core.hash(table.concat(canon({ m.src, m.period or 0, cl }, {})))
-      if m.params == nil or not core.encode(m.params) or stream_key(base, m.params, m.stream) ~= key then
-        return nil, ("modulator %s: the key is not the hash of its code and params"):format(key:sub(1, 16)), "refused"
+      local kok, base = key_ok(key, m)
+      if not kok then
+        return nil, ("modulator %s: %s"):format(key:sub(1, 16), base), "refused"
       end
       m.base = base
+    end
+    -- an instance running here under that key runs its code too: a list
+    -- of a manager that did not hash its keys (before issue 27's attack)
+    -- could have put another context's code under it, whose output this
+    -- consumer would then take for its own modulator's (the params are
+    -- not compared: an in-band change leaves the instance's spec behind)
+    local inst = self.mods[key]
+    local is = inst and inst.spec
+    if is and not (is.src == m.src and is.period == m.period and caps_combo(is.caps) == caps_combo(m.caps)
+                   and (is.stream or key) == (m.stream or key)) then
+      return nil, ("modulator %s: the instance under that key here runs other code"):format(key:sub(1, 16)),
+             "refused"
     end
     -- a stream kept through in-band params changes is its consumer's alone
     local s = m.stream or key
@@ -737,6 +750,8 @@ function Channel:_params_req(from, msg)
   if pseq <= (inst.pseq or 0) then
     return nil, ("params %d after %d: an older change"):format(pseq, inst.pseq), "refused"
   end
+  local big = params_too_big(msg.params)
+  if big then return nil, big, "refused" end
   if stream_key(inst.base, msg.params, s) ~= key then
     return nil, "the key is not the hash of the modulator, these params and the stream", "refused"
   end

@@ -106,8 +106,13 @@ end
 local function try_submit(self, ev, sync, bytes)
   local h = self[H]
   local r, err, code
+  -- (with history: this event's sequence number if the core takes it,
+  -- read before: a submit from a log hook within this one's modulator
+  -- calls takes the next ones)
+  local seq
   if bytes then
     if DP.stage(self[HP], bytes, #bytes) ~= 0 then return false, nil, "out of memory", "nomem" end
+    if self.hist then seq = h:seq() + 1 end
     r, err, code = h:submit_staged(sync)
   else
     local enc = self[ENC]
@@ -115,17 +120,21 @@ local function try_submit(self, ev, sync, bytes)
     if enc then p, n = enc(ev) end
     if p then
       if DP.stage(self[HP], p, n) ~= 0 then return false, nil, "out of memory", "nomem" end
+      -- issue 29: a producer keeping history keeps these bytes (a string),
+      -- taken before the submit: the encoder's buffer is the context's, and
+      -- a log hook a modulator's call runs within it may submit (on any
+      -- producer here), encoding its event over this one's
+      if self.hist then bytes, seq = Producer._ffi.string(p, n), h:seq() + 1 end
       r, err, code = h:submit_staged(sync)
-      -- issue 29: a producer keeping history keeps these bytes (a string)
-      if r and self.hist then bytes = Producer._ffi.string(p, n) end
       -- a wait keeps the bytes (the encoder's buffer is the next submit's)
-      if code == "wouldblock" then return true, nil, err, code, Producer._ffi.string(p, n) end
+      if code == "wouldblock" then return true, nil, err, code, bytes or Producer._ffi.string(p, n) end
     else
+      if self.hist then seq = h:seq() + 1 end
       r, err, code = h:submit(ev, sync)
     end
   end
   if r then
-    if self.hist then history.add(self, h:seq(), bytes, ev) end  -- kept for late joiners
+    if self.hist then history.add(self, seq, bytes, ev) end  -- kept for late joiners
     return false, r
   end
   return code == "wouldblock", r, err, code

@@ -7,7 +7,116 @@
 -- Never compiled, as lecho.ns.* (Debian's LuaJIT and LuaJIT #827).
 if jit then jit.off(true, true) end
 
+local core = require "lecho.core"
+
 local M = {}
+
+-- A deterministic text of a value (sorted keys), so that equal params give
+-- equal modulator keys in every process.  The value was checked encodable.
+local function canon(v, out)
+  local t = type(v)
+  if t == "table" then
+    local keys = {}
+    for k in pairs(v) do keys[#keys + 1] = k end
+    table.sort(keys, function(a, b)
+      local ta, tb = type(a), type(b)
+      if ta ~= tb then return ta < tb end
+      if ta == "boolean" then return not a and b end
+      return a < b
+    end)
+    out[#out + 1] = "{"
+    for _, k in ipairs(keys) do
+      canon(k, out)
+      out[#out + 1] = "="
+      canon(v[k], out)
+      out[#out + 1] = ";"
+    end
+    out[#out + 1] = "}"
+  elseif t == "string" then
+    out[#out + 1] = ("%q"):format(v)
+  elseif t == "number" then
+    out[#out + 1] = ("%.17g"):format(v)
+  elseif t == "userdata" or t == "cdata" then
+    -- an array (the only such value params may hold): its dtype, shape
+    -- and elements, as encoded (tostring says only "lecho.array <f8 [2]":
+    -- a change of its elements alone made no new key, so set_params was a
+    -- no-op said true, and other arrays shared one instance)
+    local e = core.encode(v)
+    out[#out + 1] = "A" .. (e and core.hash(e) or tostring(v))
+  else
+    out[#out + 1] = tostring(v)
+  end
+  return out
+end
+
+-- For the hint when source does not compile: one line without the
+-- punctuation every modulator has ("(", ")", "="):
+-- a file name, not source text.
+M.canon = canon
+
+-- The key of a modulator: the hash of its code (`base`, from M.base_of),
+-- its params and `stream` (the stream an in-band params change keeps: the
+-- key of the first params of it, doc/modulators.md "Ordering"): equal keys
+-- are one instance on one stream.
+function M.stream_key(base, params, stream)
+  return core.hash(base .. table.concat(canon(params, {})) .. (stream and "|" .. stream or ""))
+end
+
+-- The hash of a modulator's code: its source, period and capabilities
+-- (sorted).
+function M.base_of(src, period, caps)
+  local cl = {}
+  for _, c in ipairs(type(caps) == "table" and caps or {}) do cl[#cl + 1] = c end
+  table.sort(cl)
+  return core.hash(table.concat(canon({ src, period or 0, cl }, {})))
+end
+
+-- The most table entries (keys of every table, nested ones too) a
+-- modulator's params may hold: its key is the hash of their canonical text
+-- (a sort and a %q per entry, ~4 us each here), made where the params are
+-- given and again by the manager and by each producer of a direct
+-- install before anything charges the sender: 300,000 entries cost a
+-- producer 1.2 s of CPU per message.  Bulk data goes in an array (hashed
+-- as its encoding: linear).
+M.MAX_PARAMS_ENTRIES = 16384
+
+-- nil when the values of list `vs` hold at most M.MAX_PARAMS_ENTRIES
+-- table entries together, else why (the walk stops past the limit).
+local function too_big(vs)
+  local n, lim = 0, M.MAX_PARAMS_ENTRIES
+  local function walk(t)
+    for _, x in next, t do
+      n = n + 1
+      if n > lim then return true end
+      if type(x) == "table" and walk(x) then return true end
+    end
+    return false
+  end
+  for _, v in ipairs(vs) do
+    if type(v) == "table" and walk(v) then
+      return ("params have more than %d table entries (an array holds bulk data)"):format(lim)
+    end
+  end
+  return nil
+end
+
+-- nil when params `v` hold at most M.MAX_PARAMS_ENTRIES table entries,
+-- else why.
+function M.params_too_big(v) return too_big({ v }) end
+
+-- Whether `key` is the key of entry `m` of a checked subscription (M.check)
+-- (the hash of its code, params and stream: one key is one modulator,
+-- whoever else uses it; a key of other code would let a consumer's own
+-- modulator be joined to that code's instance): true and its base, or
+-- false and why.
+function M.key_ok(key, m)
+  if m.params == nil or not core.encode(m.params) then return false, "params missing or not encodable" end
+  local big = M.params_too_big(m.params)
+  if big then return false, big end
+  local base = M.base_of(m.src, m.period, m.caps)
+  if M.stream_key(base, m.params, m.stream) ~= key then return false, "the key is not the hash of its code and params" end
+  return true, base
+end
 
 -- A consumer context's subscriptions: { plain = bool, mods = { [key] = {
 -- src, params, period, caps, base } } }.  Absent: the plain stream only.
@@ -49,6 +158,12 @@ function M.check(msg)
     mods[k] = { src = m.src, params = m.params, period = m.period, caps = m.caps,
                 base = type(m.base) == "string" and m.base or nil, stream = m.stream, pseq = m.pseq }
   end
+  -- the params of all its modulators together (each message's keys are
+  -- hashed over them: 64 modulators of the limit each would be 64 times it)
+  local plist = {}
+  for _, m in pairs(mods) do plist[#plist + 1] = m.params end
+  local big = too_big(plist)
+  if big then return nil, ("%s: the modulators' %s together"):format(op, big) end
   -- a service's server (lecho.service): the versions it serves here
   local svc
   if s.svc ~= nil then

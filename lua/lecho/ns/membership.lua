@@ -100,6 +100,15 @@ local function grants_of(self, c)
   return g
 end
 
+-- The text of grants `g` (grants_of), to tell a change: what the last
+-- member lists of a channel said is kept as c.grants_sent.
+local function grants_text(g)
+  if not g then return "" end
+  local out = {}
+  for _, a in ipairs(sorted_keys(g)) do out[#out + 1] = a .. "=" .. table.concat(g[a], "|") end
+  return table.concat(out, ";")
+end
+
 -- Keyed mode: the public keys of the consumer contexts a member list
 -- names, { [addr] = pk }: the producer pins each address to its key before
 -- it sends there.  nil in protected mode.
@@ -231,12 +240,14 @@ local function publish_members(self, c, io, hist)
       if ok then r.checked = self.policy else drop_producer(self, c, p, why, io) end
     end
   end
+  local grants = grants_of(self, c)
+  c.grants_sent = grants_text(grants)
   for _, p in ipairs(sorted_keys(c.producers)) do
     self.mid = self.mid + 1
     local plain, mods, svc, sseq = members_of(c)
     emit(self, io, p, { op = "members", ch = c.name, ver = c.ver, consumers = plain, mods = mods, svc = svc,
                         keys = keys_of(self, plain, mods), mid = self.mid, hist = hist,
-                        sseq = sseq, grants = grants_of(self, c) })
+                        sseq = sseq, grants = grants })
   end
 end
 
@@ -322,14 +333,32 @@ end
 
 -- A consumer context's subscriptions, checked: lecho.subs (shared with
 -- a producer's check of a direct install).
-local check_subs = require("lecho.subs").check
+local check_subs, key_ok = require("lecho.subs").check, require("lecho.subs").key_ok
 
 -- Keys name modulators (a 64-bit hash made by the consumer): two consumers
 -- using one key must mean one modulator, or one would receive the other's
 -- stream.  Returns nil, err when `subs` reuses a key of another context's
--- subscription for different code or params.
+-- subscription for different code or params, or names a key that is not
+-- the hash of its code, params and stream (recomputed here, and `base`
+-- with it, for an entry not the same as in `from`'s subscription before):
+-- a key squatted with other code would be joined by the consumer whose
+-- code it is (a direct install, checked by hash at the producer, joins
+-- the instance running under its key) and take that code's output for
+-- its own modulator's.
 local function check_keys(c, from, subs, op)
+  local before = c.consumers[from] and c.consumers[from].subs and c.consumers[from].subs.mods or {}
   for key, m in pairs(subs.mods) do
+    local o = before[key]
+    if o and o.base and o.src == m.src and o.period == m.period and same(o.caps, m.caps)
+       and same(o.params, m.params) and o.stream == m.stream then
+      m.base = o.base
+    else
+      local ok, base = key_ok(key, m)
+      if not ok then
+        return nil, ("%s: modulator key %s: %s"):format(op, key, base)
+      end
+      m.base = base
+    end
     for addr, r in pairs(c.consumers) do
       local o = addr ~= from and r.subs.mods[key]
       if o and not (o.src == m.src and o.period == m.period and same(o.caps, m.caps)
@@ -654,6 +683,13 @@ function M.recheck(self, io)
           end
         end
       end
+    end
+    -- the grants changed alone (no modulator the manager knows of lost
+    -- its caps): the producers take them from a new list all the same,
+    -- since a direct install the manager has not heard of yet may hold
+    -- caps no longer granted (lecho.modulator _direct_wrong)
+    if not changed and c.grants_sent ~= nil and grants_text(grants_of(self, c)) ~= c.grants_sent then
+      changed = true
     end
     if changed then publish_members(self, c, io) end
     check_waits(self, c, io)

@@ -25,17 +25,18 @@ local M = {}
 
 -- A deterministic text of a value (sorted keys), so that equal params give
 -- equal modulator keys in every process.  The value was checked encodable.
+local function key_before(a, b)
+  local ta, tb = type(a), type(b)
+  if ta ~= tb then return ta < tb end
+  if ta == "boolean" then return not a and b end
+  return a < b
+end
 local function canon(v, out)
   local t = type(v)
   if t == "table" then
     local keys = {}
     for k in pairs(v) do keys[#keys + 1] = k end
-    table.sort(keys, function(a, b)
-      local ta, tb = type(a), type(b)
-      if ta ~= tb then return ta < tb end
-      if ta == "boolean" then return not a and b end
-      return a < b
-    end)
+    table.sort(keys, key_before)   -- (one function for every table: no closure per call)
     out[#out + 1] = "{"
     for _, k in ipairs(keys) do
       canon(k, out)

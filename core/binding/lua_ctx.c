@@ -672,6 +672,8 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
     lb_prod_open(L); /* core.dataplane, core.dataplane_cdef */
     lua_pushcfunction(L, l_hash);
     lua_setfield(L, -2, "hash");
+    lua_pushcfunction(L, lb_moe_stream_key);
+    lua_setfield(L, -2, "stream_key");
     lua_pushcfunction(L, l_on_exit);
     lua_setfield(L, -2, "on_exit");
     lua_pushcfunction(L, l_exit_lost);

@@ -159,6 +159,8 @@ extern const luaL_Reg lb_chan_methods[];
 /* lua_moe.c: modulators */
 extern const luaL_Reg lb_moe_ctx_methods[];
 void lb_moe_open(lua_State *L);
+/* core.stream_key (lua_moe.c): a modulator's key, or nil for lecho.modulator's canon */
+int lb_moe_stream_key(lua_State *L);
 /* Runs the batch of async events staged in each modulator of b (moe.h
  * lei_moe_flush): before anything that writes, counts or waits on the
  * queues (flush, pending, shutdown). */

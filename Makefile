@@ -81,6 +81,7 @@ RUN_DEPS := /usr/bin/luajit:luajit \
         /usr/include/nettle/sha1.h:nettle-dev
 DEPS := $(RUN_DEPS) \
         /usr/bin/busted:lua-busted \
+        /usr/bin/valgrind:valgrind \
         /usr/share/lua/5.1/socket.lua:lua-socket \
         /usr/sbin/ip:iproute2 \
         /usr/bin/luarocks:luarocks \

@@ -137,7 +137,7 @@ static int l_new(lua_State *L) {
     lb_ctx *b = lua_newuserdata(L, sizeof *b);
     memset(b, 0, sizeof *b);
     b->ref_event = b->ref_ctrl = b->ref_peer = b->ref_log = b->ref_moe_error = LUA_NOREF;
-    b->ref_turn = b->ref_events = b->ref_sinks = LUA_NOREF;
+    b->ref_turn = b->ref_events = b->ref_sinks = b->ref_sinks_held = LUA_NOREF;
     b->lim = lim;
     b->pin_threshold = pin;
     lei_hooks h;
@@ -195,7 +195,7 @@ static void ctx_close(lb_ctx *b, lua_State *L) {
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_calls);
     b->L = NULL;
     b->ref_event = b->ref_ctrl = b->ref_peer = b->ref_log = b->ref_moe_error = LUA_NOREF;
-    b->ref_turn = b->ref_events = b->ref_sinks = LUA_NOREF;
+    b->ref_turn = b->ref_events = b->ref_sinks = b->ref_sinks_held = LUA_NOREF;
 }
 
 /* ctx:close(): frees the context now, or, from inside one of its own
@@ -684,6 +684,8 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
     lb_prod_open(L); /* core.dataplane, core.dataplane_cdef */
     lua_pushcfunction(L, l_hash);
     lua_setfield(L, -2, "hash");
+    lua_pushcfunction(L, lb_moe_stream_key);
+    lua_setfield(L, -2, "stream_key");
     lua_pushcfunction(L, l_on_exit);
     lua_setfield(L, -2, "on_exit");
     lua_pushcfunction(L, l_exit_lost);

@@ -60,6 +60,9 @@ typedef struct lb_ctx {
                              * each channel that has one (lua_sink.c), else NULL */
     uint32_t nsinks;
     int ref_sinks;         /* the table chid -> sink userdata pinning them */
+    int sink_calls;        /* lb_sink_event's bytes calls running (nested: more than 1) */
+    int ref_sinks_held;    /* a list of the sinks set_sink let go while one ran (pinned
+                            * till the outermost returns), or LUA_NOREF */
     uint64_t array_collections; /* collections run to find adopted read buffers let go of
                                  * (ctx:keep_array, ctx:reclaim): stats "array_collections" */
 } lb_ctx;
@@ -156,6 +159,8 @@ extern const luaL_Reg lb_chan_methods[];
 /* lua_moe.c: modulators */
 extern const luaL_Reg lb_moe_ctx_methods[];
 void lb_moe_open(lua_State *L);
+/* core.stream_key (lua_moe.c): a modulator's key, or nil for lecho.modulator's canon */
+int lb_moe_stream_key(lua_State *L);
 /* Runs the batch of async events staged in each modulator of b (moe.h
  * lei_moe_flush): before anything that writes, counts or waits on the
  * queues (flush, pending, shutdown). */

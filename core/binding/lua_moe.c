@@ -6,6 +6,7 @@
 #include "lua_int.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -425,6 +426,168 @@ static int l_moe_busy(lua_State *L) {
 
 const luaL_Reg lb_moe_ctx_methods[] = {
     {"moe", l_moe}, {"sandbox", l_sandbox}, {"moe_busy", l_moe_busy}, {NULL, NULL}};
+
+/* ---- core.stream_key: a modulator's key in C (lecho.modulator) ----
+ * lecho.modulator names an instance by core.hash(base .. canon(params) ..
+ * ("|" .. stream)), canon a text of the params with sorted keys, written
+ * in Lua and run interpreted (a pairs loop: LuaJIT issue 829): ~1.2-2.4 us
+ * per params change at the consumer and again at the producer's check.
+ * Here the same text for the values whose text is certain to be the same:
+ * strings of printable ASCII without '"' or '\\' (what %q leaves as it is,
+ * between quotes), integers of at most 2^53 in magnitude other than -0
+ * (what %.17g writes as their digits), booleans, and tables of those
+ * (keys ordered by type name, then false < true, numbers and strings by
+ * <) at most 16 deep.  Anything else: nil, and lecho.modulator's canon
+ * makes the text (so both ends, running this same code, agree). */
+
+typedef struct ck_key {
+    int rank;        /* 0 boolean, 1 number, 2 string: type names in order */
+    double num;      /* boolean (0/1) or number */
+    const char *s;   /* string (anchored by the table while canon runs) */
+    size_t len;
+} ck_key;
+
+static int ck_cmp(const void *pa, const void *pb) {
+    const ck_key *a = pa, *b = pb;
+    if (a->rank != b->rank) return a->rank < b->rank ? -1 : 1;
+    if (a->rank < 2) return a->num < b->num ? -1 : a->num > b->num;
+    size_t n = a->len < b->len ? a->len : b->len;
+    int c = memcmp(a->s, b->s, n);
+    if (c) return c;
+    return a->len < b->len ? -1 : a->len > b->len;
+}
+
+static int ck_str_ok(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x20 || c > 0x7e || c == '"' || c == '\\') return 0;
+    }
+    return 1;
+}
+
+/* An integer of at most 2^53 in magnitude, not -0: its decimal digits. */
+static int ck_num_ok(double x) {
+    return x >= -9007199254740992.0 && x <= 9007199254740992.0 && x == floor(x) &&
+           !(x == 0 && signbit(x));
+}
+
+static int ck_put_num(lei_wbuf *b, double x) {
+    char t[32];
+    int n = snprintf(t, sizeof t, "%.0f", x);
+    return lei_wbuf_put(b, t, (size_t)n);
+}
+
+/* Appends the canon of the value at idx (absolute) to b: 0, 1 not one of
+ * ours (the Lua canon makes it), -1 out of memory. */
+static int ck_value(lua_State *L, int idx, lei_wbuf *b, int depth) {
+    switch (lua_type(L, idx)) {
+    case LUA_TBOOLEAN: return lei_wbuf_put(b, lua_toboolean(L, idx) ? "true" : "false",
+                                           lua_toboolean(L, idx) ? 4 : 5) ? -1 : 0;
+    case LUA_TNUMBER: {
+        double x = lua_tonumber(L, idx);
+        if (!ck_num_ok(x)) return 1;
+        return ck_put_num(b, x) ? -1 : 0;
+    }
+    case LUA_TSTRING: {
+        size_t n;
+        const char *s = lua_tolstring(L, idx, &n);
+        if (!ck_str_ok(s, n)) return 1;
+        return lei_wbuf_put_u8(b, '"') || lei_wbuf_put(b, s, n) || lei_wbuf_put_u8(b, '"') ? -1 : 0;
+    }
+    case LUA_TTABLE: break;
+    default: return 1;
+    }
+    if (depth >= 16 || !lua_checkstack(L, 4)) return 1;
+    size_t nk = 0, cap = 8;
+    ck_key *keys = malloc(cap * sizeof *keys); /* owned here, freed below */
+    if (!keys) return -1;
+    int rc = 0;
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        ck_key k = {0, 0, NULL, 0};
+        int t = lua_type(L, -2);
+        if (t == LUA_TBOOLEAN) {
+            k.rank = 0;
+            k.num = lua_toboolean(L, -2);
+        } else if (t == LUA_TNUMBER) {
+            k.rank = 1;
+            k.num = lua_tonumber(L, -2);
+            if (!ck_num_ok(k.num)) rc = 1;
+        } else if (t == LUA_TSTRING) {
+            k.rank = 2;
+            k.s = lua_tolstring(L, -2, &k.len); /* a string key: no conversion in place */
+            if (!ck_str_ok(k.s, k.len)) rc = 1;
+        } else
+            rc = 1;
+        lua_pop(L, 1);
+        if (rc) {
+            lua_pop(L, 1);
+            break;
+        }
+        if (nk == cap) {
+            ck_key *nkeys = realloc(keys, 2 * cap * sizeof *keys);
+            if (!nkeys) {
+                lua_pop(L, 1);
+                rc = -1;
+                break;
+            }
+            keys = nkeys;
+            cap *= 2;
+        }
+        keys[nk++] = k;
+    }
+    if (!rc) {
+        qsort(keys, nk, sizeof *keys, ck_cmp);
+        rc = lei_wbuf_put_u8(b, '{') ? -1 : 0;
+        for (size_t i = 0; !rc && i < nk; i++) {
+            const ck_key *k = &keys[i];
+            if (k->rank == 0)
+                lua_pushboolean(L, k->num != 0);
+            else if (k->rank == 1)
+                lua_pushnumber(L, k->num);
+            else
+                lua_pushlstring(L, k->s, k->len);
+            rc = ck_value(L, lua_gettop(L), b, depth + 1); /* the key, as canon writes it */
+            if (!rc) rc = lei_wbuf_put_u8(b, '=') ? -1 : 0;
+            lua_rawget(L, idx);
+            if (!rc) rc = ck_value(L, lua_gettop(L), b, depth + 1);
+            lua_pop(L, 1);
+            if (!rc) rc = lei_wbuf_put_u8(b, ';') ? -1 : 0;
+        }
+        if (!rc) rc = lei_wbuf_put_u8(b, '}') ? -1 : 0;
+    }
+    free(keys);
+    return rc;
+}
+
+/* core.stream_key(base, params, stream|nil) -> the key (16 hex digits, as
+ * core.hash of base .. canon(params) .. "|" .. stream), or nil when params
+ * hold what only lecho.modulator's canon writes. */
+int lb_moe_stream_key(lua_State *L) {
+    size_t bl, sl = 0;
+    const char *base = luaL_checklstring(L, 1, &bl);
+    const char *stream = lua_isnoneornil(L, 3) ? NULL : luaL_checklstring(L, 3, &sl);
+    luaL_checkany(L, 2);
+    lei_wbuf b = {0}; /* owned here, freed below */
+    int rc = lei_wbuf_put(&b, base, bl) ? -1 : ck_value(L, 2, &b, 0);
+    if (!rc && stream) rc = lei_wbuf_put_u8(&b, '|') || lei_wbuf_put(&b, stream, sl) ? -1 : 0;
+    if (rc) {
+        lei_wbuf_free(&b);
+        if (rc < 0) return luaL_error(L, "lecho: out of memory");
+        lua_pushnil(L);
+        return 1;
+    }
+    uint64_t h = 1469598103934665603ull; /* FNV-1a, as core.hash */
+    for (size_t i = 0; i < b.len; i++) {
+        h ^= (unsigned char)b.data[i];
+        h *= 1099511628211ull;
+    }
+    lei_wbuf_free(&b);
+    char out[17];
+    snprintf(out, sizeof out, "%016llx", (unsigned long long)h);
+    lua_pushstring(L, out);
+    return 1;
+}
 
 /* The metatable of modulators. */
 void lb_moe_open(lua_State *L) {

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 struct lua_State;
+struct lb_bounds;
 
 /* lb_dataplane.submit's "nothing done: take the Lua path" (no error code of
  * errors.h is negative). */
@@ -39,10 +40,28 @@ typedef struct lb_dataplane {
     /* submit for a value already encoded by the caller (liblecho's values
      * built in C): p[0..n), one value in the codec's wire form, checked
      * against the context's limits (LEI_E_LIMIT, with err), copied once
-     * into the message the queues hold, sent as submit sends.  Same
-     * returns as submit; touches no Lua state and never raises. */
-    int (*submit_bytes)(void *h, const uint8_t *p, size_t n, char *err, size_t errlen);
+     * into the message the queues hold, sent as submit sends.  bd (or
+     * NULL) is what the caller vouches for p: when its bounds are within
+     * the limits, the check is those three comparisons instead of a read
+     * of every item (lb_bounds).  Same returns as submit; touches no Lua
+     * state and never raises. */
+    int (*submit_bytes)(void *h, const uint8_t *p, size_t n, const struct lb_bounds *bd, char *err,
+                        size_t errlen);
 } lb_dataplane;
+
+/* What the maker of an encoded value vouches for, so that submit_bytes
+ * checks the context's limits in O(1): the bytes are one well-formed value
+ * (every table's keys strings, no trailing bytes) whose longest string
+ * (key or value) has at most longest bytes, whose tables nest at most
+ * tables deep (0: no table; a table in a table: 2) and whose decoded size,
+ * as the codec charges it (codec.h, LEI_DEC_*), is at most decoded.  Upper
+ * bounds: when one is past its limit, the bytes are read as before (a
+ * value within the limits is never refused for a loose bound). */
+typedef struct lb_bounds {
+    size_t longest;
+    unsigned tables;
+    size_t decoded;
+} lb_bounds;
 
 /* One async event for a C sink: the record the event hook hands over (the
  * value itself is decoded onto the sink's Lua stack, or for a bytes sink
@@ -90,6 +109,6 @@ typedef struct lb_sink {
 #define LB_DATAPLANE_CDEF                                                          \
     "typedef struct lb_dataplane { int (*submit)(void *, void *, int, char *, size_t);" \
     " int (*stage)(void *, const uint8_t *, size_t);"                                   \
-    " int (*submit_bytes)(void *, const uint8_t *, size_t, char *, size_t); } lb_dataplane;"
+    " int (*submit_bytes)(void *, const uint8_t *, size_t, const void *, char *, size_t); } lb_dataplane;"
 
 #endif

@@ -528,13 +528,16 @@ int lecho_submit(lecho_producer *p, const lecho_value *ev) {
     if (x->in_handler && p->blocks)
         return lei_lecho_fail(x, LECHO_EINVAL, "lecho_submit: not from a consumer handler "
                             "with a producer under the block policy (it may have to wait)");
-    struct op o = { .a = p, .b = ev };
     if (p->ph && ev->cb && x->dp->submit_bytes) {
-        /* built in C: its bytes to the core, no Lua state touched */
-        int rc = x->dp->submit_bytes(p->ph, (const uint8_t *)ev->enc.data, ev->enc.len, x->err,
+        /* built in C: its bytes to the core, no Lua state touched, the
+         * limits checked from what the value is by construction */
+        lb_bounds bd;
+        lei_lecho_value_bounds(ev, &bd);
+        int rc = x->dp->submit_bytes(p->ph, (const uint8_t *)ev->enc.data, ev->enc.len, &bd, x->err,
                                      sizeof x->err);
         if (rc != LB_PROD_SLOW) return rc;
     }
+    struct op o = { .a = p, .b = ev };
     if (p->ph && !ev->cb) {
         int rc = lei_lecho_protect(x, op_submit_fast, &o);
         if (rc != LB_PROD_SLOW) return rc;

@@ -39,7 +39,10 @@ struct lecho_value {
      * handle (freed by lecho_value_free or lecho_close), is its encoding
      * and the Lua slot is unused; lecho_submit hands enc to the core
      * without a Lua call.  What needs a Lua value decodes it once into the
-     * slot (lei_lecho_value_decode) and clears cb. */
+     * slot (lei_lecho_value_decode) and clears cb.  Only cb_set writes
+     * enc, so it holds a scalar, a string, an empty table or a table of
+     * string keys whose values are those (never an array, at most two
+     * tables deep): lei_lecho_value_bounds relies on it. */
     int cb;
     lei_wbuf enc;
     /* excl: a queued consumer's events taken into this handle
@@ -220,5 +223,8 @@ int lei_lecho_value_bytes_array(const lecho_value *v, const char *key, lecho_arr
 void lei_lecho_value_push_sent(lua_State *L, const lecho_value *v);
 /* Pushes what the value handle v holds (decoding a byte-backed one). */
 void lei_lecho_value_push_slot(lua_State *L, const lecho_value *v);
+/* For a value built in C (v->cb): what its encoding is known to be by
+ * construction (lb_bounds), so that a submit checks the limits in O(1). */
+void lei_lecho_value_bounds(const lecho_value *v, lb_bounds *bd);
 
 #endif

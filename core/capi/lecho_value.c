@@ -325,6 +325,20 @@ lua:
     return 0;
 }
 
+/* What cb_set's encodings are (struct lecho_value, cb): no string longer
+ * than the whole; tables two deep at most (a field set to an empty table);
+ * decoded, by codec.h's charges, at most 64 + 24 bytes per byte: a pair of
+ * n bytes (n >= 3: a key of k bytes, 2 + k, and its value) costs two slots
+ * (32) and its key (24 + k), plus 24 + v for a string value (n >= 4 + k +
+ * v) or 64 for an empty table (n = 5 + k), so at most 24n; the header (one
+ * table, 64) takes at least 3 bytes.  32 per byte leaves a margin. */
+void lei_lecho_value_bounds(const lecho_value *v, lb_bounds *bd) {
+    size_t n = v->enc.len;
+    bd->longest = n;
+    bd->tables = n && (uint8_t)v->enc.data[0] == LEI_T_TABLE ? 2 : 0;
+    bd->decoded = n <= ((size_t)-1 - 64) / 32 ? 64 + 32 * n : (size_t)-1;
+}
+
 static int set(lecho_value *v, const char *key, struct op *o) {
     if (!v) return LECHO_EINVAL;
     int rc;
@@ -654,6 +668,14 @@ static int get(const lecho_value *v, const char *key, struct op *o) {
 }
 
 int lecho_type(const lecho_value *v, const char *key) {
+    if (v && !key && (v->bp || v->cb)) {
+        /* the value itself, in bytes checked (a sink's event) or built
+         * well formed: its first byte's tag says it (a read of the whole
+         * item and a struct op cost ~230 instructions per event) */
+        const uint8_t *p = v->bp ? v->bp : (const uint8_t *)v->enc.data;
+        size_t n = v->bp ? v->bn : v->enc.len;
+        if (n) return bv_type(p[0]);
+    }
     struct op o = { .kind = G_TYPE };
     return get(v, key, &o) == 0 ? o.i : LECHO_TNIL;
 }

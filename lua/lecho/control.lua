@@ -86,11 +86,22 @@ end
 -- keyed, from the principal or key that address must have (p.principal:
 -- a name server's; p.pk: the key it was pinned to, a manager's or a
 -- member's).  Returns rid, p.
-local random_id = require("lecho.core").random_id
+local lcore = require "lecho.core"
+-- A fresh request id: from this context's pool, refilled 64 at a time (one
+-- read of the system's randomness, not one per request).
+local function fresh_id(self)
+  local pool, n = self.rid_pool, self.rid_n or 0
+  if n == 0 then
+    pool, n = lcore.random_ids(64), 64
+    self.rid_pool = pool
+  end
+  self.rid_n = n - 1
+  return pool[n]
+end
 function Context:_pend(to)
   local pending = self.pending
   local rid
-  repeat rid = random_id() until not pending[rid]
+  repeat rid = fresh_id(self) until not pending[rid]
   local p = { to = to, gen = to ~= self.addr and self.c:peer_gen(to) or 0 }
   if self.keyed and to ~= self.addr then
     if self.nameservers[to] then p.principal = self.ns_principal end
@@ -153,7 +164,7 @@ end
 -- waiting): its id is random too, and not pending, so its reply is dropped.
 function Context:_notify(to, msg)
   local rid
-  repeat rid = random_id() until not self.pending[rid]
+  repeat rid = fresh_id(self) until not self.pending[rid]
   msg.rid = rid
   self:_send_ctrl(to, msg)
 end
@@ -475,6 +486,8 @@ function Context:_on_ctrl(from, msg, gen)
     end
     if msg.rid ~= nil then
       self:_send_ctrl(from, { op = "reply", rid = msg.rid, ok = ok or false, err = why, code = code })
+      -- written now, not at the end of the turn: the consumer waits for it
+      if from ~= self.addr then self.c:flush() end
     end
   elseif op == "install" then
     -- a consumer's direct install (modulator.lua _install_req checks who

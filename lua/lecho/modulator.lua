@@ -1108,6 +1108,7 @@ end
 M.spec = mod_spec
 M.stream_key = stream_key
 M.respec = respec
+M._lua_stream_key = require("lecho.subs").lua_stream_key   -- (spec/params_cost_spec.lua compares the two)
 M.reply_errors = reply_errors
 M.stream_events = stream_events
 

@@ -153,14 +153,23 @@ describe("modulator batches (issue 27)", function()
   -- (and a realloc, two frees) per event.  The handle's pool reuses a
   -- message once nobody else holds it (lua_prod.c msg_take / msg_done).
   it("allocates no message per staged event, and delivers every event intact", function()
-    if S.asan then return pending("ASan's calloc comes first in the preload order") end
-    local so = S.tmpname("calloc_count") .. ".so"
-    local ok, log = S.sh(("cc -O2 -Wall -Wextra -Werror -shared -fPIC -o %s %s/spec/support/calloc_count.c -ldl")
-      :format(S.sh_quote(so), S.sh_quote(S.root)))
-    assert(ok, log)
-    local v = S.lua_with("export LD_PRELOAD=" .. S.sh_quote(so), [[
+    -- under make asan, ASan's calloc comes first in the preload order: the
+    -- events are checked, the count is not
+    local pre = "true"
+    if not S.asan then
+      local so = S.tmpname("calloc_count") .. ".so"
+      local ok, log = S.sh(("cc -O2 -Wall -Wextra -Werror -shared -fPIC -o %s %s/spec/support/calloc_count.c -ldl")
+        :format(S.sh_quote(so), S.sh_quote(S.root)))
+      assert(ok, log)
+      pre = "export LD_PRELOAD=" .. S.sh_quote(so)
+    end
+    local v = S.lua_with(pre, [[
       local ffi = require "ffi"
       ffi.cdef "long shim_ncalloc(void);"
+      local function ncalloc()
+        local ok, n = pcall(function() return tonumber(ffi.C.shim_ncalloc()) end)
+        return ok and n or 0
+      end
       local lecho = require "lecho"
       local c = lecho.context{ quiet = true }
       local ch = c:channel("pool")
@@ -176,9 +185,9 @@ describe("modulator batches (issue 27)", function()
         c:run_once(0)
       end
       for _ = 1, 20 do round() end
-      local n0 = tonumber(ffi.C.shim_ncalloc())
+      local n0 = ncalloc()
       for _ = 1, 50 do round() end
-      local n1 = tonumber(ffi.C.shim_ncalloc())
+      local n1 = ncalloc()
       c:flush()
       local t = os.time() + 20
       while got < k and os.time() < t do c:run_once(0.01) end
@@ -193,6 +202,6 @@ describe("modulator batches (issue 27)", function()
     assert.are.equal("0", bad)
     -- before: 2.0 per event (the message, and one of the local delivery's
     -- own that stays); with the pool 1.0
-    assert.is_true(tonumber(per) < 1.5, "callocs per event: " .. per)
+    if not S.asan then assert.is_true(tonumber(per) < 1.5, "callocs per event: " .. per) end
   end)
 end)

@@ -7,7 +7,7 @@
  * (lb_dataplane, lua_prod.h).
  *
  * Ownership: the userdata owns its moes array, its staged and spare messages,
- * one reference to each message of its pool (msg_done); its
+ * its pool array and one reference to each message in it (msg_done); its
  * environment table pins the context userdata (so b outlives the handle)
  * and the Lua modulator list whose userdata the moes array points at.
  */
@@ -43,8 +43,9 @@ typedef struct lb_prod {
     /* owned, one reference each: messages of the data plane sent while
      * another still held them (a modulator's stage, a queue), oldest at
      * pool[phead]; msg_take reuses the oldest once it holds the only
-     * reference (POOL_MAX, POOL_CAP below) */
-    lei_msg *pool[POOL_MAX];
+     * reference (POOL_MAX, POOL_CAP below); the array (owned) made at the
+     * first such message: a handle that never needs it costs no more */
+    lei_msg **pool;
     int phead, npool;
     lb_rec *rec;     /* h:set_record: its recorder (lua_rec.c; pinned by the environment) or NULL */
     uint32_t rec_c, rec_p; /* its channel's and its own index in the recording */
@@ -89,7 +90,8 @@ static void msg_done(lb_prod *h, lei_msg *m) {
         h->spare = m;
         return;
     }
-    if (m->refcnt > 1 && m->next == 0 && m->own.cap <= POOL_CAP) {
+    if (m->refcnt > 1 && m->next == 0 && m->own.cap <= POOL_CAP &&
+        (h->pool || (h->pool = calloc(POOL_MAX, sizeof *h->pool)))) {
         if (h->npool == POOL_MAX) {
             lei_msg_release(h->pool[h->phead], NULL, NULL);
             h->pool[h->phead] = NULL;
@@ -483,6 +485,8 @@ static void prod_free(lb_prod *h) {
         h->pool[h->phead] = NULL;
     }
     h->phead = 0;
+    free(h->pool);
+    h->pool = NULL;
 }
 
 /* h:set_pid(pid): the producer id its events carry from now on (a replay's

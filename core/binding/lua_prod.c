@@ -6,7 +6,8 @@
  * liblecho submits through the same handle without entering Lua
  * (lb_dataplane, lua_prod.h).
  *
- * Ownership: the userdata owns its moes array, its staged and spare messages; its
+ * Ownership: the userdata owns its moes array, its staged and spare messages,
+ * its pool array and one reference to each message in it (msg_done); its
  * environment table pins the context userdata (so b outlives the handle)
  * and the Lua modulator list whose userdata the moes array points at.
  */
@@ -19,6 +20,12 @@
 #include <string.h>
 
 #define PROD_MT "lecho.producer"
+
+/* The pool of a handle (lb_prod.pool): a full stage of a modulator (STG_MAX,
+ * core/moe/moe_int.h, 64) and some, messages whose buffer is at most
+ * POOL_CAP bytes: at most 72 KiB of buffers per handle. */
+#define POOL_MAX 72
+#define POOL_CAP 1024
 
 typedef struct lb_prod {
     lb_ctx *b;     /* ro: the context (pinned by the environment table) */
@@ -33,6 +40,13 @@ typedef struct lb_prod {
     int closed;
     lei_msg *staged; /* owned: what lb_dataplane.stage copied for the next submit_staged */
     lei_msg *spare;  /* owned: an emptied message of a data-plane submit no queue kept, for the next one */
+    /* owned, one reference each: messages of the data plane sent while
+     * another still held them (a modulator's stage, a queue), oldest at
+     * pool[phead]; msg_take reuses the oldest once it holds the only
+     * reference (POOL_MAX, POOL_CAP below); the array (owned) made at the
+     * first such message: a handle that never needs it costs no more */
+    lei_msg **pool;
+    int phead, npool;
     lb_rec *rec;     /* h:set_record: its recorder (lua_rec.c; pinned by the environment) or NULL */
     uint32_t rec_c, rec_p; /* its channel's and its own index in the recording */
 } lb_prod;
@@ -46,18 +60,48 @@ typedef struct lb_prod {
 
 static lei_msg *msg_take(lb_prod *h) {
     lei_msg *m = h->spare;
-    if (!m) return lei_msg_new();
-    h->spare = NULL;
-    return m;
+    if (m) {
+        h->spare = NULL;
+        return m;
+    }
+    /* the pool's oldest, once nobody else holds it (the stage released it
+     * when its batch ran, a queue when it was written): ours alone */
+    if (h->npool && (m = h->pool[h->phead])->refcnt == 1) {
+        h->pool[h->phead] = NULL;
+        h->phead = (h->phead + 1) % POOL_MAX;
+        h->npool--;
+        m->own.len = 0;
+        m->total = 0;
+        return m;
+    }
+    return lei_msg_new();
 }
 
 /* Done with m (a message of the data plane: no pins): kept as the spare when
- * nobody else holds it, else released. */
+ * nobody else holds it; while another holds it (a modulator's stage, a
+ * queue), our reference goes to the pool for msg_take to reuse it once that
+ * one released it (a full pool drops its oldest: its holders keep it);
+ * else released. */
 static void msg_done(lb_prod *h, lei_msg *m) {
-    if (m && !h->spare && m->refcnt == 1 && m->next == 0 && !m->lent && m->own.cap <= SPARE_MAX) {
+    if (!m) return;
+    if (m->refcnt == 1 && !h->spare && m->next == 0 && !m->lent && m->own.cap <= SPARE_MAX) {
         m->own.len = 0;
         m->total = 0;
         h->spare = m;
+        return;
+    }
+    /* (never a message whose bytes a recorder's chunk lends: lua_rec.c
+     * takes those back when the last holder releases it) */
+    if (m->refcnt > 1 && m->next == 0 && !m->lent && m->own.cap <= POOL_CAP &&
+        (h->pool || (h->pool = calloc(POOL_MAX, sizeof *h->pool)))) {
+        if (h->npool == POOL_MAX) {
+            lei_msg_release(h->pool[h->phead], NULL, NULL);
+            h->pool[h->phead] = NULL;
+            h->phead = (h->phead + 1) % POOL_MAX;
+            h->npool--;
+        }
+        h->pool[(h->phead + h->npool) % POOL_MAX] = m;
+        h->npool++;
         return;
     }
     lei_msg_release(m, NULL, NULL);
@@ -457,6 +501,13 @@ static void prod_free(lb_prod *h) {
     h->staged = NULL;
     lei_msg_release(h->spare, NULL, NULL);
     h->spare = NULL;
+    for (; h->npool; h->npool--, h->phead = (h->phead + 1) % POOL_MAX) {
+        lei_msg_release(h->pool[h->phead], NULL, NULL);
+        h->pool[h->phead] = NULL;
+    }
+    h->phead = 0;
+    free(h->pool);
+    h->pool = NULL;
 }
 
 /* h:set_pid(pid): the producer id its events carry from now on (a replay's

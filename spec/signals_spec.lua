@@ -140,3 +140,68 @@ ctx:close()
     assert.are.equal(tonumber(before, 16) % 2, tonumber(kid, 16) % 2, "SIGHUP blocked for the children")
   end)
 end)
+
+-- A SIGINT that LuaJIT's own handler takes (outside ctx:run(), with
+-- signals = false, or just before ctx:run()'s watchers start) raises
+-- "interrupted!" at the next Lua instruction: inside a consumer's handler or
+-- a callback, whose errors lecho catches, Ctrl-C was logged and lost: the
+-- program ran on (CI at load 12: signals_spec's first case, the SIGINT sent
+-- as the run began).  Now it stops the loop and is raised on the main line
+-- (run_once, a main-line wait, ctx:run() with signals = false) or closes as
+-- a caught SIGINT (ctx:run()).  "run-race" makes that hook by hand: the
+-- signal cannot be timed into the gap.
+local INTERRUPTED = [==[
+-- a callback during which SIGINT comes while lecho's handlers are not set
+local lecho = require "lecho"
+local ffi = require "ffi"
+ffi.cdef "int kill(int pid, int sig); int getpid(void);"
+local mode = arg[1]
+local ctx = lecho.context{ quiet = true, signals = mode ~= "run-nosig" }
+local ch = ctx:channel("sigcb")
+local sent = false
+assert(ch:consumer(function()
+  if not sent then
+    sent = true
+    if mode == "run-race" then
+      -- what LuaJIT's own SIGINT handler does when the signal comes just
+      -- before ctx:run()'s watchers start: a hook that raises
+      debug.sethook(function() debug.sethook() error("interrupted!") end, "", 1)
+    else
+      ffi.C.kill(ffi.C.getpid(), 2)
+    end
+    local x = 0
+    for i = 1, 1e6 do x = x + i end   -- the interrupt hook fires in here
+  end
+end))
+local p = assert(ch:producer())
+p:submit(1)
+io.stdout:write("submitted\n") io.stdout:flush()
+if mode == "run_once" then
+  local t = ctx:now() + 3
+  while ctx:now() < t do ctx:run_once(0.05) end
+  io.stdout:write("still running\n")
+else
+  local t = ctx:now() + 3
+  ctx:after(3, function() ctx:stop() end)
+  ctx:run()
+  io.stdout:write("still running\n")
+end
+ctx:close()
+]==]
+
+describe("a SIGINT LuaJIT's own handler turns into an error inside a callback", function()
+  local ctx
+  setup(function() ctx = require("lecho").context{ quiet = true } end)
+  teardown(function() ctx:close() S.cleanup() end)
+  for _, case in ipairs{ { "run_once", 1, "interrupted!" }, { "run-nosig", 1, "interrupted!" },
+                         { "run-race", 130 } } do
+    it(("ends the program (%s), not logged and lost"):format(case[1]), function()
+      local child = S.lua(INTERRUPTED, case[1])
+      local done, rc = S.wait(child, 20, ctx)
+      assert.is_true(done, S.errors(child))
+      assert.are.equal(case[2], rc, S.output(child) .. S.errors(child))
+      assert.not_matches("still running", S.output(child))
+      if case[3] then assert.matches(case[3], S.errors(child), 1, true) end
+    end)
+  end
+end)

@@ -114,10 +114,12 @@ end
 -- Runs one handler; a raise is counted on con and, for a sync event, added
 -- to errs (returned) with its code, "failed" (the ACK carries it: the
 -- producer never reads a code from the message), else logged.
+local sigint_in_callback
 local function run_handler(self, con, handler, value, meta, sync, errs, short)
   local ok, err = pcall(handler, value, meta)
   if not ok then
     err = tostring(err)
+    sigint_in_callback(self, err)
     con.errors = con.errors + 1
     if sync > 0 then
       errs = errs or {}
@@ -388,9 +390,31 @@ end
 local FREE = {}
 local POOL_MAX = 128
 
+-- A callback's error, logged.  LuaJIT's interpreter answers a SIGINT that
+-- comes while lecho's own handlers are not set (outside ctx:run(), or just
+-- before its watchers start) by raising "interrupted!" at the next Lua
+-- instruction: inside a callback, whose error is caught here, Ctrl-C was
+-- lost (the program ran on).  Such an error stops the loop and is raised
+-- again on the main line (main_wait, run_once; ctx:run() closes as on a
+-- SIGINT it caught itself).
+sigint_in_callback = function(self, err)
+  if err:find("interrupted!$") or err:find("interrupted!\n", 1, true) then
+    self.sigint_pending = true
+    self.c:stop()
+  end
+end
+local function callback_failed(self, err)
+  sigint_in_callback(self, err)
+  self.log("error in callback: " .. err)
+end
+local function raise_sigint(self)
+  self.sigint_pending = nil
+  error("interrupted!", 0)
+end
+
 local function work(self, fn, ...)
   local ok, err = xpcall(fn, traceback, ...)
-  if not ok then self.log("error in callback: " .. tostring(err)) end
+  if not ok then callback_failed(self, tostring(err)) end
   return work(self, coroutine.yield(FREE))
 end
 
@@ -426,7 +450,7 @@ function Context:_resume(co, ...)
   local ok, r = coroutine.resume(co, ...)
   while ok and bare_yield(self, co, r) do ok, r = coroutine.resume(co) end
   if not ok then
-    self.log("error in callback: " .. traceback(co, tostring(r)))
+    callback_failed(self, traceback(co, tostring(r)))
     return false
   end
   if r == FREE then
@@ -483,6 +507,7 @@ local function main_wait(self, done, a, b, deadline)
     if self.interrupt and self.interrupt() then r = false break end
     keep_views(self)
     self.c:run_once(left)
+    if self.sigint_pending then self.main_waits = self.main_waits - 1 raise_sigint(self) end
   end
   self.main_waits = self.main_waits - 1
   return r
@@ -842,7 +867,7 @@ function Context:every(sec, fn)
   local function run(t)
     local ok, err = xpcall(fn, traceback, t)
     busy = false
-    if not ok then self.log("error in callback: " .. tostring(err)) end
+    if not ok then callback_failed(self, tostring(err)) end
   end
   return self.c:timer(sec, sec, function(t)
     if busy then return end
@@ -857,7 +882,7 @@ function Context:after(sec, fn)
   return self.c:timer(sec, 0, function()
     self:_spawn(function()
       local ok, err = xpcall(fn, traceback)
-      if not ok then self.log("error in callback: " .. tostring(err)) end
+      if not ok then callback_failed(self, tostring(err)) end
     end)
   end)
 end
@@ -879,7 +904,7 @@ function Context:on_readable(fd, fn)
   return self.c:io(fd, function(w)
     self:_spawn(function()
       local ok, err = xpcall(fn, traceback, w)
-      if not ok then self.log("error in callback: " .. tostring(err)) end
+      if not ok then callback_failed(self, tostring(err)) end
     end)
   end)
 end
@@ -898,6 +923,15 @@ function Context:run()
   keep_views(self)
   -- keyed: SIGHUP reloads the trust files and policy (lecho.trustwatch)
   local sig = self.c:run(self.signals, self.trustwatch and self._trustwatch.hup or nil)
+  if not sig and self.sigint_pending then
+    -- a SIGINT that came as the run began, before its watchers (above)
+    if not self.signals then raise_sigint(self) end
+    self.sigint_pending, sig = nil, 2
+    -- (the run put back the action it found, LuaJIT's: the default for the
+    -- raise below)
+    pcall(ffi.cdef, "void (*signal(int sig, void (*fn)(int)))(int);")
+    ffi.C.signal(sig, nil)
+  end
   if not sig then return end
   self.log(("%s: closing the context (delivering what was submitted, for at most %gs); "
     .. "a second signal ends the process at once"):format(SIGNAME[sig] or "signal " .. sig, self.linger))
@@ -916,7 +950,9 @@ end
 function Context:run_once(timeout)
   if timeout ~= nil then options.check_time(timeout, "ctx:run_once", "timeout", 2) end
   keep_views(self)
-  return self.c:run_once(timeout)
+  local r = self.c:run_once(timeout)
+  if self.sigint_pending then raise_sigint(self) end
+  return r
 end
 
 function Context:stop() return self.c:stop() end

@@ -743,6 +743,17 @@ ctx:close()
     l:send_json{ op = "pub", id = 11, ch = "gw.numbers", data = "after", sync = true }
     assert.is_true(reply(l, 11).ok)
     assert.are.equal("after", (next_event(c, "gw.numbers")))
+    -- (nit 3) one table type: a published [] comes back {} (doc/gateway.md "Values")
+    l:send_raw('{"op":"pub","id":12,"ch":"gw.numbers","sync":true,"data":{"a":[],"b":[1]}}\n')
+    assert.is_true(reply(l, 12).ok)
+    local raw
+    assert.truthy(until_(function()
+      local op, d = c:recv(5)
+      raw = d
+      return op == 1 and d:find('"ch":"gw.numbers"', 1, true)
+    end, 10))
+    assert.matches('"a":{}', raw, 1, true)
+    assert.matches('"b":[1]', raw, 1, true)
     l:close(); c:close()
   end)
 

@@ -56,9 +56,14 @@ describe("the gateway's live view in headless Chromium", function()
     local _, ns = S.nameserver("--quiet")
     S.lua(FIELDS, ns)
     -- a keyed gateway: bob may consume t.* but not list
-    local tokens = S.write(S.tmpname("tokens") .. ".json", '{"bob-token-0123456789": "bob"}')
+    -- (review 6) viewer may consume atmosphere.field and list other.* only:
+    -- its list comes back empty
+    local tokens = S.write(S.tmpname("tokens") .. ".json",
+      '{"bob-token-0123456789": "bob", "viewer-token-0123456789": "viewer"}')
     local policy = S.write(S.tmpname("policy") .. ".lua",
-      'return { rules = { { principal = "bob", channel = "t.*", allow = { "consume" } } } }')
+      'return { rules = { { principal = "bob", channel = "t.*", allow = { "consume" } },'
+      .. ' { principal = "viewer", channel = "atmosphere.field", allow = { "consume" } },'
+      .. ' { principal = "viewer", channel = "other.*", allow = { "list" } } } }')
     local kgw = S.spawn(("%s %s/scripts/lecho-gateway --nameserver %s --http 127.0.0.1:0 --tokens %s --policy %s --for 100")
       :format(S.luajit, S.root, ns, tokens, policy))
     local kline = P.wait_file(kgw.err, "lecho%-gateway: http://[%d.]+:%d+/", 20)
@@ -236,6 +241,27 @@ describe("the gateway's live view in headless Chromium", function()
     assert.truthy(b:wait("window.lechoView && lechoView.frames >= 2", 20), "no events after opening t.img: " .. text("fch"))
     assert.are.equal("t.img", text("fch"))
     assert.matches("ch=t.img", b:eval("location.search"), 1, true)
+    assert.are.same({}, b:eval("window.__errs"))
+  end)
+
+  -- Sixth review of issue 28: a principal whose list comes back empty (it
+  -- may list other.* only) saw a blank Channels panel, no hint, no field
+  it("offers the by-name field when the list is empty, and opening a channel there subscribes it", function()
+    b:eval("window.__old = true")
+    b:eval(("location.href = %q; true"):format(("http://127.0.0.1:%d/?token=viewer-token-0123456789"):format(kp)))
+    assert.truthy(b:wait("!window.__old && !!document.getElementById('chname')", 20),
+      "no field: " .. tostring(b:eval([[document.getElementById("channels") && document.getElementById("channels").textContent]])))
+    local hint = text("channels")
+    assert.matches("No channel to show", hint, 1, true)
+    assert.matches("Open a channel by name", hint, 1, true)
+    assert.matches("?ch=NAME", hint, 1, true)
+    b:eval([[document.getElementById("chname").value = "atmosphere.field"; document.getElementById("open").requestSubmit(); true]])
+    assert.truthy(b:wait("window.lechoView && lechoView.frames >= 2", 30), "no events after opening atmosphere.field: " .. text("fch"))
+    assert.are.equal("atmosphere.field", text("fch"))
+    assert.matches("ch=atmosphere.field", b:eval("location.search"), 1, true)
+    -- the list (every 5 s) still empty: the field stays, holding the name
+    assert.truthy(b:wait("lechoView.frames >= 2 && !!document.getElementById('chname')", 1))
+    assert.are.equal("atmosphere.field", b:eval([[document.getElementById("chname").value]]))
     assert.are.same({}, b:eval("window.__errs"))
   end)
 end)

@@ -701,6 +701,62 @@ ctx:close()
     l:close()
   end)
 
+  -- review 6: 9007199254740993 was acknowledged and delivered as ...992,
+  -- Infinity and NaN as null; a request holding either is refused (code
+  -- invalid, nothing published) wherever the number is: pub data, call args,
+  -- sub params; over JSON lines and WebSocket alike
+  it("refuses integers that would be rounded and numbers JSON has not (Infinity, NaN)", function()
+    local c = assert(ws(hp))
+    c:send_json{ op = "sub", id = 1, ch = "gw.numbers" }
+    assert.is_true(reply(c, 1).ok)
+    local l = assert(W.lines("127.0.0.1", lp))
+    assert(l:json())
+    local bad = {
+      { '{"op":"pub","id":2,"ch":"gw.numbers","data":9007199254740993,"sync":true}', "integer 9007199254740993 is not exactly representable" },
+      { '{"op":"pub","id":3,"ch":"gw.numbers","data":{"a":[1,-12345678901234567891]}}', "integer %-12345678901234567891 is not exactly representable" },
+      { '{"op":"call","id":4,"ch":"gw.svc","args":[9007199254740995]}', "integer 9007199254740995 is not exactly representable" },
+      { '{"op":"sub","id":5,"ch":"gw.x","params":{"n":90071992547409931}}', "integer 90071992547409931 is not exactly representable" },
+      { '{"op":"pub","id":6,"ch":"gw.numbers","data":Infinity}', "not a JSON number: Infinity" },
+      { '{"op":"pub","id":7,"ch":"gw.numbers","data":-Infinity}', "not a JSON number: %-Infinity" },
+      { '{"op":"pub","id":8,"ch":"gw.numbers","data":[NaN]}', "not a JSON number: NaN" },
+      { '{"op":"pub","id":9,"ch":"gw.numbers","data":0x10}', "not a JSON number: 0x10" },
+    }
+    for _, b in ipairs(bad) do
+      l:send_raw(b[1] .. "\n")
+      local r = assert(l:json(5, true))
+      assert.matches(b[2], r.error or "", 1, false)
+      assert.are.equal("invalid", r.code)
+      c:send_text(b[1])
+      local r2 = assert(c:json(5, true))
+      assert.matches(b[2], r2.error or "")
+      assert.are.equal("invalid", r2.code)
+    end
+    -- exact numbers pass: 2^53, 2^60 (a double exactly), the digits in a
+    -- string (one that looks like a number token inside it too), a long
+    -- fraction (a double's nearest, as JSON means)
+    l:send_raw('{"op":"pub","id":10,"ch":"gw.numbers","sync":true,"data":{"a":9007199254740992,"b":1152921504606846976,"s":"9007199254740993","t":"x, 9007199254740993]","f":0.30000000000000004}}\n')
+    local r = reply(l, 10)
+    assert.is_true(r.ok, cjson.encode(r))
+    local ev, m = assert(next_event(c, "gw.numbers"))
+    assert.are.same({ a = 9007199254740992, b = 1152921504606846976, s = "9007199254740993", t = "x, 9007199254740993]", f = 0.30000000000000004 }, ev)
+    -- none of the refused ones was published: the next event is this one
+    l:send_json{ op = "pub", id = 11, ch = "gw.numbers", data = "after", sync = true }
+    assert.is_true(reply(l, 11).ok)
+    assert.are.equal("after", (next_event(c, "gw.numbers")))
+    -- (nit 3) one table type: a published [] comes back {} (doc/gateway.md "Values")
+    l:send_raw('{"op":"pub","id":12,"ch":"gw.numbers","sync":true,"data":{"a":[],"b":[1]}}\n')
+    assert.is_true(reply(l, 12).ok)
+    local raw
+    assert.truthy(until_(function()
+      local op, d = c:recv(5)
+      raw = d
+      return op == 1 and d:find('"ch":"gw.numbers"', 1, true)
+    end, 10))
+    assert.matches('"a":{}', raw, 1, true)
+    assert.matches('"b":[1]', raw, 1, true)
+    l:close(); c:close()
+  end)
+
   it("holds a client to --max-subs subscriptions and tells it so", function()
     local l = assert(W.lines("127.0.0.1", lp))
     assert.are.equal(3, l:json().limits.subs)

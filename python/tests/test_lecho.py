@@ -47,6 +47,19 @@ def test_values_round_trip_through_a_context():
             p.submit({"f": object()})
 
 
+def test_an_empty_list_arrives_as_an_empty_dict():
+    # doc/python.md "Values" (review 6 nit): lecho values have one table
+    # type, as in Lua; an empty one comes back as {}
+    with lecho.Context(quiet=True) as ctx:
+        ch = ctx.channel("empty")
+        got = []
+        ch.consumer(lambda ev, meta: got.append(ev))
+        p = ch.producer()
+        assert p.submit_sync([]) is True
+        assert p.submit_sync({"a": [], "b": {}, "c": [1]}) is True
+        assert got == [{}, {"a": {}, "b": {}, "c": [1]}]
+
+
 def test_errors_carry_the_shared_codes(nameserver):
     with pytest.raises(lecho.LechoError) as e:
         lecho.Context(nameserver=nameserver, namserver="typo")

@@ -32,8 +32,8 @@ local OPS = {}
 M.OPS = OPS
 
 function Gateway:_message(cl, text)
-  local ok, m = pcall(cj.decode, text)
-  if not ok then return err(cl, nil, "not a JSON object: " .. tostring(m), "invalid") end
+  local m, why = wire.decode(text)
+  if why then return err(cl, nil, why, "invalid") end
   if type(m) ~= "table" then return err(cl, nil, "not a JSON object (a " .. (m == null and "null" or type(m)) .. ")", "invalid") end
   local op, id = m.op, m.id
   if id ~= nil and type(id) ~= "number" and type(id) ~= "string" then id = nil end

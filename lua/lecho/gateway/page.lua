@@ -254,34 +254,42 @@ async function subscribe(name) {
   listChannels();
 }
 
+// the field to open a channel by name (review 3: a principal that may
+// consume but not list; review 6: one whose list comes back empty), kept
+// in the address as ?ch=NAME, as doc/gateway.md says
+function openField(ul) {
+  const li = document.createElement("li"); li.className = "n hint";
+  li.innerHTML = "<form id=open>Open a channel by name (or add <code>?ch=NAME</code> to this address):" +
+    "<input id=chname aria-label=channel placeholder=channel><button type=submit>open</button></form>";
+  ul.appendChild(li);
+  if (subscribed) $("chname").value = subscribed;
+  $("open").onsubmit = (e) => {
+    e.preventDefault();
+    const name = $("chname").value.trim();
+    if (!name) return;
+    q.set("ch", name); history.replaceState(null, "", "?" + q.toString());
+    subscribe(name);
+  };
+}
+
 async function listChannels() {
   const r = await send({ op: "list" });
   const ul = $("channels");
-  if (r.error && r.code === "denied" && $("open")) return;   // the hint stays, with what is typed in it
+  // a result that is not an array (an older gateway wrote an empty list as
+  // {}: review 5) is no channel, and ?ch= is still subscribed
+  const chans = r.error ? null : (Array.isArray(r.result) ? r.result : []);
+  // still refused or still empty: the field stays, with what is typed in it
+  if ($("open") && (r.error ? r.code !== "closed" : chans.length === 0)) return;
   ul.innerHTML = "";
   if (r.error) {
     ul.innerHTML = "<li class=n></li>"; ul.firstChild.textContent = r.error;
-    // a principal that may consume but not list: open a channel by name
-    // (the address keeps it: ?ch=NAME, as doc/gateway.md says)
-    if (r.code === "denied") {
-      const li = document.createElement("li"); li.className = "n hint";
-      li.innerHTML = "<form id=open>Open a channel by name (or add <code>?ch=NAME</code> to this address):" +
-        "<input id=chname aria-label=channel placeholder=channel><button type=submit>open</button></form>";
-      ul.appendChild(li);
-      if (subscribed) $("chname").value = subscribed;
-      $("open").onsubmit = (e) => {
-        e.preventDefault();
-        const name = $("chname").value.trim();
-        if (!name) return;
-        q.set("ch", name); history.replaceState(null, "", "?" + q.toString());
-        subscribe(name);
-      };
-    }
+    if (r.code !== "closed") openField(ul);   // refused: the view is used by name
     return;
   }
-  // a result that is not an array (an older gateway wrote an empty list as
-  // {}: review 5) is no channel, and ?ch= is still subscribed
-  const chans = Array.isArray(r.result) ? r.result : [];
+  if (chans.length === 0) {
+    ul.innerHTML = "<li class=n>No channel to show: none, or none this view may list.</li>";
+    openField(ul);
+  }
   for (const c of chans) {
     const li = document.createElement("li"); li.dataset.channel = c.channel;
     if (c.channel === subscribed) li.className = "sub";

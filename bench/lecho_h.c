@@ -194,8 +194,6 @@ int main(int argc, char **argv)
     lecho_set_bool(v, NULL, 1);
     submit(&pa, 0);
     lecho_close(c, 2);
-    if (!as_array)
-        free(payload); /* (as an array it was the value's, freed with it) */
     if (reap_child())
         return 1;
     print_result(as_array ? "lecho_h_array" : "lecho_h", wname, size, nops, warmup, secs);

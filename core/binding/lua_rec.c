@@ -75,6 +75,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -291,6 +292,36 @@ static void write_chunk(lb_rec *r, rec_chunk *ch) {
     if (!failed && !write_all(r, ch->data + from, off - from)) done = ch->nev;
     __atomic_fetch_add(&r->written, done, __ATOMIC_RELEASE);
     __atomic_fetch_add(&r->lost, ch->nev - done, __ATOMIC_RELEASE);
+}
+
+/* write(2) to a recording raises SIGPIPE (a FIFO whose reader went) or
+ * SIGXFSZ (past a file size limit, ulimit -f) at the thread that writes,
+ * and their default action ends the whole process (an outside attack: exit
+ * 141 and 153, nothing said).  The writer thread runs with both blocked
+ * (pthread_create below, between rec_sigs_block and rec_sigs_restore: it
+ * inherits the mask), so its write fails with EPIPE or EFBIG, said and
+ * counted as any write error; a signal a write raised stays pending on that
+ * thread alone (a thread's own signal), never delivered.  The one write on
+ * the caller's thread (a stream's header into a FIFO) blocks them around
+ * it and takes back what it raised. */
+static void rec_sigs(sigset_t *s) {
+    sigemptyset(s);
+    sigaddset(s, SIGPIPE);
+    sigaddset(s, SIGXFSZ);
+}
+static void rec_sigs_block(sigset_t *old) {
+    sigset_t s;
+    rec_sigs(&s);
+    pthread_sigmask(SIG_BLOCK, &s, old);
+}
+static void rec_sigs_restore(const sigset_t *old, int take) {
+    if (take) { /* what this thread's writes raised: not delivered at the unblock */
+        sigset_t s;
+        struct timespec zero = { 0, 0 };
+        rec_sigs(&s);
+        while (sigtimedwait(&s, NULL, &zero) > 0) {}
+    }
+    pthread_sigmask(SIG_SETMASK, old, NULL);
 }
 
 static void *writer_main(void *arg) {
@@ -784,21 +815,28 @@ static int l_recorder_open(lua_State *L) {
     }
     if (initial) { /* a stream's magic line and header (a FIFO: Lua did not open it) */
         size_t off = 0;
+        sigset_t old;
+        rec_sigs_block(&old);
+        int e = 0;
         while (off < il) {
             ssize_t w = write(fd, initial + off, il - off);
             if (w < 0 && errno == EINTR) continue;
             if (w < 0) {
-                int e = errno;
-                free(r->full.slot);
-                free(r->back.slot);
-                free(r->path);
-                free(r->hdr);
-                close(fd);
-                lua_pushnil(L);
-                lua_pushfstring(L, "%s: %s", path, strerror(e));
-                return 2;
+                e = errno;
+                break;
             }
             off += (size_t)w;
+        }
+        rec_sigs_restore(&old, 1);
+        if (e) {
+            free(r->full.slot);
+            free(r->back.slot);
+            free(r->path);
+            free(r->hdr);
+            close(fd);
+            lua_pushnil(L);
+            lua_pushfstring(L, "%s: %s", path, strerror(e));
+            return 2;
         }
     }
     off_t end = lseek(fd, 0, SEEK_END);
@@ -808,7 +846,11 @@ static int l_recorder_open(lua_State *L) {
     pthread_cond_init(&r->cv_work, NULL);
     pthread_cond_init(&r->cv_room, NULL);
     pthread_cond_init(&r->cv_done, NULL);
-    if (pthread_create(&r->thr, NULL, writer_main, r) != 0) {
+    sigset_t oldmask;
+    rec_sigs_block(&oldmask); /* the writer inherits SIGPIPE and SIGXFSZ blocked */
+    int cr = pthread_create(&r->thr, NULL, writer_main, r);
+    rec_sigs_restore(&oldmask, 0);
+    if (cr != 0) {
         free(r->full.slot);
         free(r->back.slot);
         free(r->path);

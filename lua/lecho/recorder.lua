@@ -80,7 +80,8 @@ function Context:recorder(path, opts)
   local h, err = self.c:recorder_open(path, recording.MAGIC .. header, created, opts.max_bytes or 0,
                                       opts.keep or 3, opts.policy or "block", opts.buffer_bytes, initial)
   if not h then return nil, err end
-  local r = setmetatable({ h = h, ctx = self, path = path, fsync = opts.fsync, cut = cut }, Recorder)
+  local r = setmetatable({ h = h, ctx = self, path = path, fsync = opts.fsync, cut = cut,
+                           policy = opts.policy or "block" }, Recorder)
   -- what an idle producer submitted last is written within 50 ms; a write
   -- error is said once
   r.timer = self:every(0.05, function()
@@ -129,8 +130,8 @@ function Recorder:close(opts)
   self.h:close((opts and opts.fsync) or self.fsync)
   local st = self.h:stats()
   if st.dropped > 0 or st.lost > 0 or st.error then
-    ctx.log(("recorder %s: %d of %d events recorded, %d dropped (disk slower than the producer, policy drop), "
-             .. "%d lost%s"):format(self.path, st.events, st.submitted, st.dropped, st.lost,
+    ctx.log(("recorder %s: %d of %d events recorded, %d dropped (disk slower than the producer, policy %s), "
+             .. "%d lost%s"):format(self.path, st.events, st.submitted, st.dropped, self.policy, st.lost,
                                    st.error and (" (" .. st.error .. ")") or ""))
   end
   return st

@@ -67,6 +67,67 @@ describe("modulator pass-through (issue 27)", function()
     assert.are.equal(1, st.passed) -- two results are encoded each, as before
   end)
 
+  -- nil, booleans, doubles and integers of one encoded byte (-64..63) reach
+  -- enqueue without the decoder (core/moe/moe.c push_scalar): the same
+  -- values, told unchanged from their bits, as the decoded ones were
+  it("gives enqueue the same scalars whatever their encoding, and tells them unchanged by their bits", function()
+    local evs = { -64, 63, -65, 64, 0, -0.0, 0 / 0, 0.5, true, false, 2^31, -2^53 }
+    local got, st = run([[function enqueue(ev)
+      if ev == "end" then return ev end
+      return ev, type(ev), ev ~= ev and "nan" or ev == 0 and 1 / ev or ev
+    end]], evs)
+    assert.are.equal(3 * #evs, #got)
+    for i, ev in ipairs(evs) do
+      local v, t, x = got[3 * i - 2], got[3 * i - 1], got[3 * i]
+      assert.are.equal(type(ev), t)
+      if ev ~= ev then
+        assert.is_true(v ~= v)
+        assert.are.equal("nan", x)
+      else
+        assert.are.equal(ev, v)
+        if ev == 0 then assert.are.equal(1 / ev, x) else assert.are.equal(ev, x) end
+      end
+    end
+    assert.are.equal(1, st.passed) -- several results: each encoded; "end" passed
+    -- one result, unchanged: passed, whatever the encoding; changed by type
+    -- or bits (true for 1, 0 for -0, a NaN rebuilt): encoded
+    got, st = run("function enqueue(ev) return ev end", evs)
+    assert.are.equal(#evs, #got)
+    assert.are.equal(#evs + 1, st.passed)
+    got, st = run([[function enqueue(ev)
+      if ev == 1 then return true elseif ev == true then return 1
+      elseif ev == 0 then return 0 end
+      return ev
+    end]], { 1, true, -0.0, 5 })
+    assert.are.same({ true, 1, 0, 5 }, got)
+    assert.are.equal(1 / 0, 1 / got[3])
+    assert.are.equal(2, st.passed) -- 5 and "end"; -0 -> 0 is other bits
+  end)
+
+  it("gives enqueue the null event as nil: passed when returned, dropped when not", function()
+    c = lecho.context{ quiet = true }
+    local ch = c:channel("nil")
+    local p = assert(ch:producer())
+    local got, n = {}, 0
+    assert(ch:consumer(function(ev) n = n + 1; got[n] = ev end, { modulator = [[
+      local k = 0
+      function enqueue(ev)
+        if ev ~= nil then return ev end
+        k = k + 1
+        if k == 1 then return ev elseif k == 2 then return nil, "second" end
+      end]] }))
+    for _ = 1, 3 do assert(p:submit(nil)) end
+    assert(p:submit_sync("end"))
+    assert(S.run_until(c, function() return got[n] == "end" end, 5))
+    -- the first nil returned: a nil result is not sent (as decoded before);
+    -- the second's "second"; the third returned nothing (dropped)
+    assert.are.same({ "second", "end" }, { got[1], got[2] })
+    assert.are.equal(2, n)
+    local st = mstats(c)
+    assert.are.equal(1, st.dropped)
+    assert.are.equal(1, st.passed)
+  end)
+
   it("shares the message with a plain consumer of the channel, sync and async", function()
     c = lecho.context{ quiet = true }
     local ch = c:channel("both")

@@ -233,6 +233,14 @@ static void route_same(lua_State *L, lei_moe *m) {
     o->key = key;
 }
 
+/* The bits of a number (the same bits: the same number, -0 and NaN kept
+ * apart as the bytes would be). */
+static inline uint64_t num_bits(lua_Number x) {
+    uint64_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
 /* 1 when the value at r is the decoded event at v unchanged: the same
  * boolean, the same string (interned: the same bytes), a number of the same
  * bits.  A table or an array may have been changed in place: never. */
@@ -241,8 +249,7 @@ static int unchanged(lua_State *L, int v, int r) {
     if (lua_type(L, r) != t) return 0;
     if (t == LUA_TBOOLEAN || t == LUA_TSTRING) return lua_rawequal(L, v, r);
     if (t != LUA_TNUMBER) return 0;
-    lua_Number a = lua_tonumber(L, v), b = lua_tonumber(L, r);
-    return memcmp(&a, &b, sizeof a) == 0;
+    return num_bits(lua_tonumber(L, v)) == num_bits(lua_tonumber(L, r));
 }
 
 /* Sends (after the step) or holds the value at idx, per the stage. */
@@ -314,7 +321,9 @@ static void push_env_fn(lua_State *L, lei_moe *m, const char *fn) {
 /* push_env_fn with the name kept in the registry at ref (the same lookup,
  * metamethods of the environment included, without interning the name). */
 static void push_env_ref(lua_State *L, lei_moe *m, int ref, const char *fn) {
-    if (lua_istable(L, lua_upvalueindex(2))) { /* the hot step (make_hot) */
+    /* the hot step (make_hot): every step of a modulator once its state is
+     * set up (hot_ref is set last in step_init), with these upvalues */
+    if (m->hot_ref != LUA_NOREF && ref != LUA_NOREF) {
         lua_pushvalue(L, lua_upvalueindex(ref == m->ref_kenq ? 3 : 4));
         lua_gettable(L, lua_upvalueindex(2));
         return;
@@ -350,16 +359,64 @@ typedef struct init_args {
     size_t len;
 } init_args;
 
+/* The event m->in pushed without the decoder when it is nil, a boolean, a
+ * double or an integer of one byte (the encodings lei_codec_read_item reads
+ * for them: codec.h; what most streams of numbers carry): its Lua type,
+ * and in *bits its number's bits or its boolean; -1 and nothing pushed for
+ * anything else (the decoder's business). */
+static int push_scalar(lua_State *L, const lei_moe *m, uint64_t *bits) {
+    const uint8_t *p = m->in;
+    size_t n = m->inlen;
+    if (n == 1 && p[0] == LEI_T_NIL) {
+        lua_pushnil(L);
+        *bits = 0;
+        return LUA_TNIL;
+    }
+    if (n == 1 && (p[0] == LEI_T_TRUE || p[0] == LEI_T_FALSE)) {
+        *bits = p[0] == LEI_T_TRUE;
+        lua_pushboolean(L, (int)*bits);
+        return LUA_TBOOLEAN;
+    }
+    lua_Number x;
+    if (n == 2 && p[0] == LEI_T_INT && p[1] < 0x80) {
+        x = (lua_Number)lei_zigzag_decode(p[1]);
+    } else if (n == 9 && p[0] == LEI_T_DOUBLE) {
+        uint64_t u = 0;
+        for (int i = 0; i < 8; i++) u |= (uint64_t)p[1 + i] << (8 * i);
+        memcpy(&x, &u, sizeof x);
+    } else {
+        return -1;
+    }
+    lua_pushnumber(L, x);
+    *bits = num_bits(x);
+    return LUA_TNUMBER;
+}
+
 /* One enqueue call on the event m->in (the ST_ENQ step, and each event of
  * a batch): its results routed, a lone one that is the event unchanged as
  * the submitted message (route_same). */
 static void enq_one(lua_State *L, lei_moe *m) {
     push_env_ref(L, m, m->ref_kenq, "enqueue");
-    if (lua_isnil(L, -1)) {
+    int f = lua_gettop(L), t = lua_type(L, f);
+    uint64_t bits;
+    if (t == LUA_TNIL) {
         lua_pop(L, 1);
         decode_in(L, m);
         moe_route(L, m, -1);
         lua_pop(L, 1);
+    } else if (m->in_msg && m->ref_q == LUA_NOREF && (t = push_scalar(L, m, &bits)) >= 0) {
+        /* a boolean or a number (push_scalar): the event unchanged is
+         * told from its bits, no copy of it kept on the stack */
+        lua_call(L, 1, LUA_MULTRET);
+        int top = lua_gettop(L);
+        if (top == f - 1)
+            m->st.dropped++;
+        else if (top == f && t != LUA_TNIL && lua_type(L, top) == t &&
+                 (t == LUA_TNUMBER ? num_bits(lua_tonumber(L, top)) : (uint64_t)lua_toboolean(L, top)) == bits)
+            route_same(L, m);
+        else
+            for (int i = f; i <= top; i++) moe_route(L, m, i);
+        lua_settop(L, f - 1);
     } else if (m->in_msg && m->ref_q == LUA_NOREF) {
         decode_in(L, m);
         int v = lua_gettop(L);

@@ -802,6 +802,32 @@ ctx:close()
     l:close(); c:close()
   end)
 
+  -- review 7 (H): README's JSON-lines example piped into nc, which make
+  -- deps does not install (nor does Debian by default): the example's
+  -- client line, run as written (the spec's port, 3 s, not 10), needs
+  -- nothing but bash and coreutils, and prints the hello and events
+  it("README's JSON-lines example runs as written with what make deps installs", function()
+    local readme = assert(S.read(S.root .. "/README.md"))
+    local block = assert(readme:match("\n## In a browser.-```sh[^\n]*\n(.-)```"), "no sh block in README's In a browser")
+    local line
+    for l in block:gmatch("[^\n]+") do
+      if l:find("8081", 1, true) and not l:find("^lecho%-gateway") then line = l end
+    end
+    assert.truthy(line, "no client line in:\n" .. block)
+    local cmd, n = line:gsub("8081", tostring(lp)):gsub("%f[%w]10%f[^%w]", "3")
+    assert.truthy(n >= 1, line)
+    local _, text, code = S.sh("bash -c " .. S.sh_quote(cmd))
+    -- (timeout ends the reader: status 124)
+    assert.truthy(code == 0 or code == 124, tostring(code) .. ": " .. text:sub(1, 300))
+    local first = text:match("^[^\n]*")
+    assert.matches('"hello":"lecho-gateway"', first, 1, true)
+    local events = 0
+    for l in text:gmatch("[^\n]+") do
+      if l:find('"ch":"atmosphere.field"', 1, true) and l:find('"ev":', 1, true) then events = events + 1 end
+    end
+    assert.truthy(events >= 2, "events: " .. events .. "; output: " .. text:sub(1, 300))
+  end)
+
   it("holds a client to --max-subs subscriptions and tells it so", function()
     local l = assert(W.lines("127.0.0.1", lp))
     assert.are.equal(3, l:json().limits.subs)

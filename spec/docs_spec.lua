@@ -183,6 +183,30 @@ describe("README.md", function()
     assert.are.same({}, missing)
   end)
 
+  -- review 7 (F): README said Python's arrays are "NumPy arrays over the
+  -- received memory, no copy", while doc/python.md (and the package:
+  -- HOLD_MIN) copies those under 256 KiB
+  it("says when Python's arrays are copied, as doc/python.md and the package do", function()
+    local kib = tonumber(read("python/lecho/_values.py"):match("\nHOLD_MIN = (%d+) %* 1024\n"))
+    assert.truthy(kib, "no HOLD_MIN in python/lecho/_values.py")
+    local flat = function(t) return (t:gsub("%s+", " ")) end
+    assert.matches(("An array of %d KiB or more"):format(kib), flat(read("doc/python.md")), 1, true)
+    local py = flat(assert(read("README.md"):match("\n## From Python\n(.-)\n## ")))
+    local says = assert(py:match("arrays are ([^)]*)"), "README's From Python says nothing of arrays")
+    assert.matches(("%d KiB"):format(kib), says, 1, true)
+    assert.matches("copied", says, 1, true)
+  end)
+
+  -- review 7 (recheck 1): README's close paragraph gave a consumer "stopped
+  -- or killed" as what close reports, the case that at moderate volume it
+  -- cannot know (the events are in the kernel's buffers): it says how much
+  -- those hold
+  it("says how much close cannot know: what the kernel's buffers hold", function()
+    local flat = read("README.md"):gsub("%s+", " ")
+    local close = assert(flat:match("`ctx:close%(%)` delivers what was submitted(.-)doc/semantics.md \"Close\""))
+    assert.matches("%d+ [MK]i?B on loopback", close)
+  end)
+
   it("doc/architecture.md names in its Layout every script and every page of doc/ (issue 25)", function()
     local layout = read("doc/architecture.md"):match("\n## Layout\n(.-)\n## ") or read("doc/architecture.md"):match("\n## Layout\n(.*)$")
     assert.truthy(layout, "doc/architecture.md has no Layout section")

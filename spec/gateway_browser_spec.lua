@@ -138,6 +138,70 @@ describe("the gateway's live view in headless Chromium", function()
   end
   local function text(id) return b:eval(("document.getElementById(%q).textContent"):format(id)) end
 
+  -- Seventh review of issue 28 (B): the form ran JSON.parse on the value and
+  -- sent it re-serialised: 9007199254740993 went out as ...992 (the form
+  -- said true), 1e400 as null (the field dropped, true), and
+  -- 12345678901234567890, rewritten ...567000, was refused by a reply with
+  -- no id (the form showed "…" forever).  Sent as written, each is
+  -- refused by the gateway, and its reason is on the page.
+  it("the steering form sends the value as written: the gateway's number checks apply, their error is shown", function()
+    assert.truthy(open(("http://127.0.0.1:%d/"):format(hp), 2), "no events of atmosphere.field")
+    local function steer(value)
+      b:eval(([[document.getElementById("answer").className = "";
+        document.getElementById("sval").value = %q; document.getElementById("steer").requestSubmit(); true]]):format(value))
+      assert.truthy(b:wait([[document.getElementById("answer").className !== ""]], 10),
+        value .. ": no answer: " .. tostring(text("answer")))
+      return b:eval([[document.getElementById("answer").className]]), text("answer")
+    end
+    for _, case in ipairs{
+      { '{"emission": 9007199254740993}', "error (invalid): integer 9007199254740993 is not exactly representable (|n| > 2^53)" },
+      { '{"n": 1e400}', "error (invalid): number 1e400 is beyond a double's range (it would be Infinity)" },
+      { '{"emission": 12345678901234567890}', "error (invalid): integer 12345678901234567890 is not exactly representable (|n| > 2^53)" },
+      { '{"emission": 9.007199254740993e15}', "error (invalid): integer 9.007199254740993e15 is not exactly representable (|n| > 2^53)" },
+    } do
+      local class, answer = steer(case[1])
+      assert.are.equal("err", class, case[1] .. ": " .. tostring(answer))
+      assert.are.equal(case[2], answer)
+    end
+    -- a value as written reaches the simulation (2.25e0: not rewritten to 2.25 on the way, the same number)
+    local class, answer = steer('{"emission": 2.25e0}')
+    assert.are.equal("ok", class, answer)
+    assert.truthy(b:wait("lechoView.last && lechoView.last.emission === 2.25", 20), "the simulation did not apply the value")
+    -- text that is not JSON is refused on the page, nothing sent
+    class, answer = steer('{"emission": 3')
+    assert.are.equal("err", class)
+    assert.matches("^not JSON: ", answer)
+    assert.are.same({}, b:eval("window.__errs"))
+  end)
+
+  -- Seventh review of issue 28 (G): opening atmosphere.settings (no field)
+  -- left the field's heat map, grid "3x36x72" and step under its name
+  it("clears the field's heat map, grid and step when another channel is opened", function()
+    assert.truthy(open(("http://127.0.0.1:%d/"):format(hp), 2), "no events of atmosphere.field")
+    assert.are.equal("3×36×72", text("fgrid"))
+    assert.truthy(b:eval(PIXELS).colours > 20)
+    assert.truthy(b:wait([[!!document.querySelector('#channels li[data-channel="atmosphere.settings"]')]], 10))
+    b:eval([[document.querySelector('#channels li[data-channel="atmosphere.settings"]').click(); true]])
+    assert.truthy(b:wait([[document.getElementById("fch").textContent === "atmosphere.settings"]], 10))
+    -- a second for a stray frame of the field to show up if it could
+    b:eval("new Promise((r) => setTimeout(() => r(true), 1000))")
+    assert.are.equal("atmosphere.settings", text("fch"))
+    assert.are.equal("—", text("fgrid"))
+    assert.are.equal("—", text("fstep"))
+    assert.are.equal("—", text("smin"))
+    assert.are.equal("—", text("smax"))
+    -- every pixel of the heat map cleared (transparent: the canvas's background shows)
+    assert.are.equal(0, b:eval([=[(() => {
+      const c = document.getElementById("heat"), d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+      let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i] !== 0) n++;
+      return n; })()]=]))
+    -- and back to the field: drawn again
+    b:eval([[document.querySelector('#channels li[data-channel="atmosphere.field"]').click(); true]])
+    assert.truthy(b:wait([[document.getElementById("fgrid").textContent === "3×36×72"]], 20))
+    assert.truthy(b:eval(PIXELS).colours > 20)
+    assert.are.same({}, b:eval("window.__errs"))
+  end)
+
   -- Outside review of issue 28 (BUG 5): one NaN made colour() throw on
   -- every event (nothing drawn), an infinity made the scale useless, an
   -- <i8 field's BigInt elements were skipped ("Infinity – Infinity", one

@@ -757,6 +757,77 @@ ctx:close()
     l:close(); c:close()
   end)
 
+  -- review 7 (C): 1e400 (-1e400, 1E+400) was acknowledged and arrived as
+  -- inf (Python) or null (JSON lines); 9.007199254740993e15, an integer
+  -- past 2^53 with an exponent, arrived rounded; a long number went whole
+  -- into the error text.  (B) Every such refusal's reply lost the
+  -- request's id, so a client waiting on it (the live view's form) waited
+  -- forever.  Each is refused, code invalid, its id kept; nothing published.
+  it("refuses numbers a double would make infinite or round, with the request's id; a long one cut", function()
+    local c = assert(ws(hp))
+    c:send_json{ op = "sub", id = 1, ch = "gw.numbers2" }
+    assert.is_true(reply(c, 1).ok)
+    local l = assert(W.lines("127.0.0.1", lp))
+    assert(l:json())
+    local long = "1" .. ("0"):rep(3000)   -- (under --max-message 4096)
+    local bad = {
+      { '{"op":"pub","id":2,"ch":"gw.numbers2","data":{"n":1e400},"sync":true}', "number 1e400 is beyond a double's range (it would be Infinity)", 2 },
+      { '{"op":"pub","id":"m3","ch":"gw.numbers2","data":{"n":-1e400}}', "number -1e400 is beyond a double's range", "m3" },
+      { '{"op":"pub","id":4,"ch":"gw.numbers2","data":[1E+400]}', "number 1E+400 is beyond a double's range", 4 },
+      { '{"op":"pub","id":5,"ch":"gw.numbers2","data":9.007199254740993e15,"sync":true}', "integer 9.007199254740993e15 is not exactly representable (|n| > 2^53)", 5 },
+      { '{"op":"pub","id":6,"ch":"gw.numbers2","data":9007199254740993.0}', "integer 9007199254740993.0 is not exactly representable", 6 },
+      { '{"op":"call","id":7,"svc":"gw.svc","args":[90071992.54740993e8]}', "integer 90071992.54740993e8 is not exactly representable", 7 },
+      { '{"op":"pub","id":8,"ch":"gw.numbers2","data":' .. long .. '}', "number 100000000000000000000000...00000000 (3001 characters) is beyond a double's range", 8 },
+      { '{"op":"pub","id":9,"ch":"gw.numbers2","data":9007199254740993,"sync":true}', "integer 9007199254740993 is not exactly representable", 9 },
+      { '{"op":"pub","id":10,"ch":"gw.numbers2","data":{"n":Infinity},"sync":true}', "not a JSON number: Infinity", 10 },
+      { '{"op":"pub","ch":"gw.numbers2","data":[NaN,-Infinity],"id":11}', "not a JSON number: NaN", 11 },
+    }
+    for _, b in ipairs(bad) do
+      for _, cl in ipairs{ l, c } do
+        if cl == l then l:send_raw(b[1] .. "\n") else c:send_text(b[1]) end
+        local r = assert(cl:json(5, true))
+        assert.are.equal(b[2], (r.error or ""):sub(1, #b[2]), b[1]:sub(1, 80))
+        assert.truthy(#r.error < 200, "error text of " .. #r.error .. " bytes")
+        assert.are.equal("invalid", r.code)
+        assert.are.equal(b[3], r.id, "the reply to " .. b[1]:sub(1, 80) .. " has no id")
+      end
+    end
+    -- kept: 6.022e23 and 9.9999999999999992e22 (their digits are the
+    -- double's), 9.007199254740992e15 (2^53), 1e-400 (0), a fraction
+    l:send_raw('{"op":"pub","id":12,"ch":"gw.numbers2","sync":true,"data":{"a":6.022e23,"b":9.9999999999999992e22,"c":9.007199254740992e15,"d":1e-400,"e":9007199254740993.5}}\n')
+    local r = reply(l, 12)
+    assert.is_true(r.ok, cjson.encode(r))
+    local ev = assert(next_event(c, "gw.numbers2"))
+    assert.are.same({ a = 6.022e23, b = 9.9999999999999992e22, c = 2 ^ 53, d = 0, e = 9007199254740993.5 }, ev)
+    l:close(); c:close()
+  end)
+
+  -- review 7 (H): README's JSON-lines example piped into nc, which make
+  -- deps does not install (nor does Debian by default): the example's
+  -- client line, run as written (the spec's port, 3 s, not 10), needs
+  -- nothing but bash and coreutils, and prints the hello and events
+  it("README's JSON-lines example runs as written with what make deps installs", function()
+    local readme = assert(S.read(S.root .. "/README.md"))
+    local block = assert(readme:match("\n## In a browser.-```sh[^\n]*\n(.-)```"), "no sh block in README's In a browser")
+    local line
+    for l in block:gmatch("[^\n]+") do
+      if l:find("8081", 1, true) and not l:find("^lecho%-gateway") then line = l end
+    end
+    assert.truthy(line, "no client line in:\n" .. block)
+    local cmd, n = line:gsub("8081", tostring(lp)):gsub("%f[%w]10%f[^%w]", "3")
+    assert.truthy(n >= 1, line)
+    local _, text, code = S.sh("bash -c " .. S.sh_quote(cmd))
+    -- (timeout ends the reader: status 124)
+    assert.truthy(code == 0 or code == 124, tostring(code) .. ": " .. text:sub(1, 300))
+    local first = text:match("^[^\n]*")
+    assert.matches('"hello":"lecho-gateway"', first, 1, true)
+    local events = 0
+    for l in text:gmatch("[^\n]+") do
+      if l:find('"ch":"atmosphere.field"', 1, true) and l:find('"ev":', 1, true) then events = events + 1 end
+    end
+    assert.truthy(events >= 2, "events: " .. events .. "; output: " .. text:sub(1, 300))
+  end)
+
   it("holds a client to --max-subs subscriptions and tells it so", function()
     local l = assert(W.lines("127.0.0.1", lp))
     assert.are.equal(3, l:json().limits.subs)

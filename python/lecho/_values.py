@@ -6,7 +6,9 @@ array of nodes in pre-order.  No byte of the wire format is read or
 written here: the codec stays liblecho's.
 
 Python -> event:  None -> nil, bool -> boolean, int and float -> number (a
-double: an int of magnitude above 2**53 is refused, it would be rounded),
+double: an int that a double does not hold exactly is refused, it would be
+rounded: every int up to 2**53 in magnitude, a larger one such as 2**60
+only when its float() converts back to it),
 str -> string (UTF-8), bytes/bytearray/memoryview -> string (the bytes),
 dict -> table (keys: str, bytes, int, float, bool), list and tuple -> Lua
 array (1-based), a NumPy array -> a Lua array of its elements (.tolist()).
@@ -339,6 +341,33 @@ def set_arrays(v, arrays):
     return 0
 
 
+def _int_text(v):
+    """An int for an error message: its digits, a long one cut (and no
+    str() of one past Python's digit limit)."""
+    if v.bit_length() > 3000:
+        return "of %d bits" % v.bit_length()
+    t = str(v)
+    return t if len(t) <= 40 else "%s...%s (%d digits)" % (t[:24], t[-8:], len(t.lstrip("-")))
+
+
+def _exact_float(v):
+    """int v as the double that holds it exactly, or ValueError: every int
+    up to 2**53 in magnitude is one, a larger one only when a double holds
+    it (2**60 does, 2**53 + 1 does not: it would arrive rounded)."""
+    if -_EXACT <= v <= _EXACT:
+        return float(v)
+    try:
+        f = float(v)
+    except OverflowError:
+        raise ValueError("lecho: the integer %s is beyond a double's range (|x| > 1.8e308)"
+                         % _int_text(v)) from None
+    if int(f) != v:
+        raise ValueError("lecho: the integer %s is not exactly representable as a double (it would "
+                         "arrive as %s; ints up to 2**53 always are, larger ones when a double "
+                         "holds them, as 2**60)" % (_int_text(v), _int_text(int(f))))
+    return f
+
+
 def _str(b, out, keep):
     c = ffi.from_buffer(b)
     keep.append(c)
@@ -351,9 +380,7 @@ def _add(v, out, keep, depth, path=None, arrays=None):
     elif v is True or v is False:
         out.append((TBOOLEAN, 0, 0, 1.0 if v else 0.0, NULL))
     elif isinstance(v, int):
-        if not -_EXACT <= v <= _EXACT:
-            raise ValueError("lecho: the integer %d does not fit a double exactly (|x| > 2**53)" % v)
-        out.append((TNUMBER, 0, 0, float(v), NULL))
+        out.append((TNUMBER, 0, 0, _exact_float(v), NULL))
     elif isinstance(v, float):
         out.append((TNUMBER, 0, 0, v, NULL))
     elif isinstance(v, str):

@@ -32,8 +32,14 @@ local OPS = {}
 M.OPS = OPS
 
 function Gateway:_message(cl, text)
-  local m, why = wire.decode(text)
-  if why then return err(cl, nil, why, "invalid") end
+  local m, why, rid = wire.decode(text)
+  -- refused (a number a double would change, Infinity, ...): the reply
+  -- carries the request's id when it could be read (review 7: it had none,
+  -- and the live view's form waited for it forever)
+  if why then
+    if type(rid) ~= "number" and type(rid) ~= "string" then rid = nil end
+    return err(cl, rid, why, "invalid")
+  end
   if type(m) ~= "table" then return err(cl, nil, "not a JSON object (a " .. (m == null and "null" or type(m)) .. ")", "invalid") end
   local op, id = m.op, m.id
   if id ~= nil and type(id) ~= "number" and type(id) ~= "string" then id = nil end

@@ -92,6 +92,18 @@ const view = { frames: 0, last: null, binary: 0, typed: null };
 window.lechoView = view;   // read by the browser spec
 
 function send(m) { return new Promise((res) => { m.id = nextId++; pending[m.id] = res; ws.send(JSON.stringify(m)); }); }
+// a request whose field `key` is raw JSON text sent as it is (the steering
+// form's value: JSON.parse and JSON.stringify would round 9007199254740993,
+// turn 1e400 into null, rewrite 12345678901234567890; sent as written, the
+// gateway's number checks apply and its error comes back to this id).
+// raw must be one JSON value (checked by the caller).
+function sendRaw(m, key, raw) {
+  return new Promise((res) => {
+    m.id = nextId++; pending[m.id] = res;
+    const head = JSON.stringify(m);
+    ws.send(head.slice(0, -1) + (head.length > 2 ? "," : "") + JSON.stringify(key) + ":" + raw + "}");
+  });
+}
 
 // a colour scale (viridis-like, 5 stops); values that are not finite have
 // colours of their own, outside the scale (the legend says which)
@@ -178,6 +190,15 @@ function draw(f) {
   $("fgrid").textContent = f.nz + "×" + f.ny + "×" + f.nx;
 }
 $("level").onchange = () => { if (field) draw(field); };
+// another channel: nothing of the last one's field stays (review 7: its
+// heat map, grid and step stayed under the new channel's name)
+function clearField() {
+  const c = $("heat");
+  c.getContext("2d").clearRect(0, 0, c.width, c.height);
+  for (const id of ["fstep", "fgrid", "smin", "smax"]) $(id).textContent = "—";
+  $("snf").textContent = ""; $("fcount").textContent = "0"; $("level").innerHTML = "";
+  view.last = null; view.typed = null;
+}
 
 // one line per event: a table's scalars as k=v (step and t first), arrays by their length
 function summary(ev) {
@@ -249,6 +270,7 @@ async function subscribe(name) {
   if (subscribed) await send({ op: "unsub", ch: subscribed });
   subscribed = name; evCount = 0; field = null;
   $("events").innerHTML = ""; $("fch").textContent = name;
+  clearField();
   const r = await send({ op: "sub", ch: name });
   if (r.error) { $("fch").textContent = name + " (" + r.error + ")"; subscribed = null; }
   listChannels();
@@ -326,9 +348,10 @@ async function viewers() {
 $("steer").onsubmit = async (e) => {
   e.preventDefault();
   const a = $("answer"); a.className = ""; a.textContent = "…";
-  let data;
-  try { data = JSON.parse($("sval").value); } catch (x) { a.className = "err"; a.textContent = "not JSON: " + x.message; return; }
-  const r = await send({ op: "pub", ch: $("sch").value, data, sync: true });
+  // checked for JSON syntax only, and sent as written (sendRaw)
+  const raw = $("sval").value;
+  try { JSON.parse(raw); } catch (x) { a.className = "err"; a.textContent = "not JSON: " + x.message; return; }
+  const r = await sendRaw({ op: "pub", ch: $("sch").value, sync: true }, "data", raw);
   if (r.error) { a.className = "err"; a.textContent = "error (" + r.code + "): " + r.error; }
   else { a.className = "ok"; a.textContent = "true: every consumer ran its handler"; }
   view.steered = r;

@@ -220,53 +220,119 @@ local function encode(t)
   return s
 end
 
--- Client JSON: a number token must be a JSON number, and an integer one
--- must read back exactly (lecho numbers are doubles: 9007199254740993
--- would arrive as ...992, nothing said).  15 significant digits always
--- read back, so only a run of 16 digits matters, and it holds an aligned
--- 8-byte block of digits: one 64-bit load per 8 bytes finds those (high
--- nibbles 3, and still 3 after adding 6 to each byte: 0x30-0x39); a
--- pattern find of 16 %d took 8 us a KiB, a byte loop 4 us.  A run that
--- stands as an integer token and changes when printed back (suspect) then
--- costs the exact scan, which skips strings (inexact: the token, or nil).
+-- Client JSON: a number token must be a JSON number, must not overflow a
+-- double (1e400 would arrive as inf: a JSON reader's null), and a whole
+-- number past 2^53 must not arrive rounded (lecho numbers are doubles:
+-- 9007199254740993 would arrive as ...992, nothing said): written as
+-- digits, every digit counts and it must be a double exactly (2^60 is);
+-- written with a fraction or an exponent (9.007199254740993e15), its
+-- significant digits must be kept (the double printed to as many digits
+-- gives them back: 6.022e23, 9.9999999999999992e22 do, and 15 digits or
+-- fewer always do; a number that is not whole is a float, rounded to the
+-- nearest double as JSON means).  Only a run of 16 digits or
+-- a digit before an e/E can make a number refused: a run of 16 holds an
+-- aligned 8-byte block of digits, and one 64-bit load per 8 bytes finds
+-- those (high nibbles 3, and still 3 after adding 6 to each byte:
+-- 0x30-0x39), and a block holding an e or E (its bytes OR 0x20 compared
+-- with 'e') is looked at byte by byte; a pattern find of 16 %d took 8 us a
+-- KiB, a byte loop 4 us.  A suspect text then costs the exact scan, which
+-- skips strings (refused: the token, why).
 -- The request path: +0.1-0.3 us per message of 80 B-1 KiB (cjson.decode
 -- 0.5-6 us), +2.5 us for 60 floats of 17 digits.
 local u64p = ffi.typeof("const uint64_t *")
 local bit = require "bit"
-local band = bit.band
-local M30, MF0, P06 = 0x3030303030303030ULL, 0xF0F0F0F0F0F0F0F0ULL, 0x0606060606060606ULL
+local band, bor, bxor, bnot, lshift, rshift = bit.band, bit.bor, bit.bxor, bit.bnot, bit.lshift, bit.rshift
+local M30, MF0, M0F, P06 = 0x3030303030303030ULL, 0xF0F0F0F0F0F0F0F0ULL, 0x0F0F0F0F0F0F0F0FULL, 0x0606060606060606ULL
+local M20, M65, M7F, M80 = 0x2020202020202020ULL, 0x6565656565656565ULL, 0x7F7F7F7F7F7F7F7FULL, 0x8080808080808080ULL
 local function isdigit(c) return c and c >= 48 and c <= 57 end
 local NUM_BEFORE = { [91] = true, [58] = true, [44] = true, [32] = true, [9] = true, [10] = true, [13] = true }   -- [ : , and space
 local NUM_AFTER = { [93] = true, [125] = true, [44] = true, [32] = true, [9] = true, [10] = true, [13] = true }   -- ] } , and space
+-- The high bit of each zero byte of v (exact: no borrow between bytes).
+local function zeros(v) return band(bnot(bor(band(v, M7F) + M7F, v)), M80) end
 -- Is there a run of 16 or more digits that stands as an integer token (not
 -- in a fraction, an exponent or a string's start: 0.30000000000000004 and
--- "9007199254740993" are not) and changes when printed back?  Then the
--- exact scan below decides (the run may still be inside a string).
+-- "9007199254740993" are not) and changes when printed back, or one
+-- followed by a fraction or an exponent, or a digit followed by an e or E
+-- anywhere (an exponent)?  Then the exact scan below decides (the run, the
+-- e, may still be inside a string).  Per 8-byte block: all digits (high
+-- nibbles 3, still 3 after adding 6 to each byte), else E marks its e and
+-- E bytes (OR 0x20, compared with 'e'), and only a block holding one has
+-- D, its digits, made (high nibble 3, low nibble + 6 no carry): a digit
+-- before an e is D shifted by one byte (little-endian) AND E, or the
+-- previous block's last byte before an e in byte 0.
 local function suspect(text)
   local n = #text
   local p = ffi.cast(u64p, text)
-  local i, nb = 0, bit.rshift(n, 3)
+  local i, nb = 0, rshift(n, 3)
   while i < nb do
     local x = p[i]
     if band(x, MF0) == M30 and band(x + P06, MF0) == M30 then
       local a, b = i * 8 + 1, i * 8 + 8   -- the run around block i (1-based)
       while isdigit(text:byte(a - 1)) do a = a - 1 end
       while isdigit(text:byte(b + 1)) do b = b + 1 end
+      local after = text:byte(b + 1)
+      if after == 101 or after == 69 then return true end   -- e E: an exponent
       if b - a + 1 >= 16 then
+        if after == 46 then return true end   -- a fraction
         local c = text:byte(a - 1)
         if c == 45 then c = text:byte(a - 2) end   -- a sign
-        if (a == 1 or NUM_BEFORE[c]) and (b == n or NUM_AFTER[text:byte(b + 1)]) then
+        if (a == 1 or NUM_BEFORE[c]) and (b == n or NUM_AFTER[after]) then
           local digits = text:sub(a, b):gsub("^0+", "")
           if #digits > 15 and ("%.0f"):format(tonumber(digits)) ~= digits then return true end
         end
       end
-      i = bit.rshift(b - 1, 3) + 1
+      i = rshift(b, 3)   -- the block of the byte after the run (not all digits: looked at for an e)
     else
+      local E = zeros(bxor(bor(x, M20), M65))
+      if E ~= 0ULL then
+        local D = zeros(bor(bxor(band(x, MF0), M30), band(band(x, M0F) + P06, MF0)))
+        if band(lshift(D, 8), E) ~= 0ULL or (band(E, 0x80ULL) ~= 0ULL and isdigit(text:byte(i * 8))) then return true end
+      end
       i = i + 1
     end
   end
+  for k = nb * 8 + 1, n do   -- the last bytes, past the 8-byte blocks
+    local c = text:byte(k)
+    if (c == 101 or c == 69) and isdigit(text:byte(k - 1)) then return true end
+  end
   return false
 end
+
+local TWO53 = 2 ^ 53
+-- Significant digits and the power of ten of a number's text (no sign):
+-- "9.007199254740993e15" is "9007199254740993", 0; "6.022e23" "6022", 20;
+-- zero is "", 0.
+local function decimal(s)
+  local int, frac, ex = s:match("^(%d*)%.?(%d*)[eE]?([%+%-]?%d*)$")
+  local d, e = (int or "") .. (frac or ""), (tonumber(ex) or 0) - #(frac or "")
+  d = d:gsub("^0+", "")
+  local z = #d:match("0*$")
+  if z > 0 then d, e = d:sub(1, -z - 1), e + z end
+  if d == "" then e = 0 end
+  return d, e
+end
+
+-- Why the number token tok may not be taken, or nil.
+local function refused(tok)
+  local v = tonumber(tok)
+  if not v then return nil end
+  local a = math.abs(v)
+  if a == math.huge then return "overflow" end
+  if a < TWO53 then return nil end   -- a whole number below 2^53 is a double exactly
+  if not tok:find("[%.eE]") then   -- digits: a double exactly (2^60 is)
+    local digits = tok:gsub("^%-", ""):gsub("^0+", "")
+    if ("%.0f"):format(a) ~= digits then return "inexact" end
+    return nil
+  end
+  local d, e = decimal(tok:gsub("^%-", ""))
+  if e < 0 or #d <= 15 then return nil end   -- not whole (a float), or 15 digits: a double keeps them
+  if #d > 780 then return "inexact" end      -- more digits than a double's exact expansion has
+  -- the double printed to as many significant digits as were written
+  local sd, se = decimal((("%." .. (#d - 1) .. "e"):format(a)))
+  if sd == d and se == e then return nil end
+  return "inexact"
+end
+
 local function inexact(text)
   if not suspect(text) then return nil end
   local pos = 1
@@ -281,37 +347,65 @@ local function inexact(text)
         if text:byte(q) == 92 then p = q + 2 else pos = q + 1; break end
       end
     else                         -- a number (outside strings, only numbers hold digits)
-      local _, e, tok = text:find("^(%-?%d+)", s)
+      local _, e = text:find("^%-?%d+%.?%d*", s)
       if not e then pos = s + 1
       else
-        local nx = text:sub(e + 1, e + 1)
-        if nx == "." or nx == "e" or nx == "E" then   -- not an integer token
-          local _, e2 = text:find("^[%.%deE%+%-]*", e + 1); pos = e2 + 1
-        else
-          local digits = tok:gsub("^%-", ""):gsub("^0+", "")
-          if #digits > 15 and ("%.0f"):format(math.abs(tonumber(tok))) ~= digits then return tok end
-          pos = e + 1
-        end
+        local _, e2 = text:find("^[eE][%+%-]?%d+", e + 1)
+        e = e2 or e
+        local tok = text:sub(s, e)
+        local why = refused(tok)
+        if why then return tok, why end
+        pos = e + 1
       end
     end
   end
 end
 
+-- A token for an error text: a long one cut (a client's 10,000 digits are
+-- not sent back whole).
+local function cut(tok)
+  if #tok <= 40 then return tok end
+  return ("%s...%s (%d characters)"):format(tok:sub(1, 24), tok:sub(-8), #tok)
+end
+
+-- The id of a request that cjson refused at character `at` (a token such
+-- as Infinity, NaN or 0x10): each bad token read as null, at most 8, then
+-- the object's id if it has one now.
+local function id_of(text, at)
+  for _ = 1, 8 do
+    local tok = text:match("^[%w%.%+%-]+", at)
+    if not tok then return nil end
+    text = text:sub(1, at - 1) .. "null" .. text:sub(at + #tok)
+    local ok, m = pcall(cj.decode, text)
+    if ok then return type(m) == "table" and m.id or nil end
+    at = tonumber(tostring(m):match("invalid %a+ at character (%d+)"))
+    if not at then return nil end
+  end
+end
+
 --- A client's JSON text decoded, or nil, why (for an error reply, code
--- invalid): cjson's reason, "not a JSON number: Infinity", or "integer N is
--- not exactly representable (|n| > 2^53)".
+-- invalid), the request's id when it could be read (the reply carries it):
+-- cjson's reason, "not a JSON number: Infinity", "number 1e400 is beyond a
+-- double's range (it would be Infinity)" or "integer N is not exactly
+-- representable (|n| > 2^53)" (a long N cut).
 function M.decode(text)
   local ok, m = pcall(cj.decode, text)
   if not ok then
     local at = tostring(m):match("invalid %a+ at character (%d+)")
     local tok = at and text:match("^[%w%.%+%-]+", tonumber(at))
     if tok and (tok:find("^[%+%-]?[Ii][Nn][Ff]") or tok:find("^[%+%-]?[Nn][Aa][Nn]") or tok:find("^[%+%-]?0[xX]")) then
-      return nil, "not a JSON number: " .. tok
+      return nil, "not a JSON number: " .. cut(tok), id_of(text, tonumber(at))
     end
     return nil, "not a JSON object: " .. tostring(m)
   end
-  local big = inexact(text)
-  if big then return nil, ("integer %s is not exactly representable (|n| > 2^53)"):format(big) end
+  local big, why = inexact(text)
+  if big then
+    local id = type(m) == "table" and m.id or nil
+    if why == "overflow" then
+      return nil, ("number %s is beyond a double's range (it would be Infinity)"):format(cut(big)), id
+    end
+    return nil, ("integer %s is not exactly representable (|n| > 2^53)"):format(cut(big)), id
+  end
   return m
 end
 

@@ -1,4 +1,5 @@
-/* lecho_int.h: what the files of liblecho (lecho.c, lecho_value.c) share:
+/* lecho_int.h: what the files of liblecho (lecho.c, lecho_value.c, lecho_array.c,
+ * lecho_pending.c, lecho_recorder.c) share:
  * the structs behind lecho.h's opaque handles and the protected-call
  * helpers.  Private: nothing outside liblecho includes it. */
 #ifndef LECHO_INT_H

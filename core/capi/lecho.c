@@ -725,10 +725,7 @@ static int op_consumer(lua_State *L) {
     c->box = lua_newuserdata(L, sizeof *c->box);
     c->box->c = c;
     lua_pushcclosure(L, trampoline, 1);
-    if (o->b)
-        lei_lecho_value_push_slot(L, o->b);
-    else
-        lua_pushnil(L);
+    lei_lecho_value_push_opt(L, o->b);
     lua_newtable(L);
     c->slot = luaL_ref(L, LUA_REGISTRYINDEX);
     c->sink = lua_newuserdata(L, sizeof *c->sink);
@@ -852,10 +849,7 @@ static int op_consumer_queued(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     lecho_consumer *c = o->res;
     lei_lecho_push_ref(L, ((const lecho_channel *)o->a)->h.ref);
-    if (o->b)
-        lei_lecho_value_push_slot(L, o->b);
-    else
-        lua_pushnil(L);
+    lei_lecho_value_push_opt(L, o->b);
     lua_pushnumber(L, (lua_Number)o->n);
     int b;
     if ((o->rc = lei_lecho_glue_call(L, o->x, "consumer_queued", 3, &b)) != 0) return 0;
@@ -1032,10 +1026,7 @@ static int op_service(lua_State *L) {
     s->box = lua_newuserdata(L, sizeof *s->box);
     s->box->s = s;
     lua_pushcclosure(L, svc_trampoline, 1);
-    if (o->b)
-        lei_lecho_value_push_slot(L, o->b);
-    else
-        lua_pushnil(L);
+    lei_lecho_value_push_opt(L, o->b);
     int b;
     if ((o->rc = lei_lecho_glue_call(L, o->x, "service", 4, &b)) != 0) {
         s->box->s = NULL;
@@ -1080,14 +1071,8 @@ void lecho_service_close(lecho_service *s) {
 void lei_lecho_push_call(lua_State *L, const struct op *o) {
     lei_lecho_push_ref(L, o->x->self);
     lua_pushstring(L, o->s);
-    if (o->a)
-        lei_lecho_value_push_slot(L, o->a);
-    else
-        lua_pushnil(L);
-    if (o->b)
-        lei_lecho_value_push_slot(L, o->b);
-    else
-        lua_pushnil(L);
+    lei_lecho_value_push_opt(L, o->a);
+    lei_lecho_value_push_opt(L, o->b);
 }
 
 static int op_call(lua_State *L) {

@@ -33,10 +33,7 @@ static int op_recorder_open(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     lei_lecho_push_ref(L, o->x->self);
     lua_pushstring(L, o->s);
-    if (o->b)
-        lei_lecho_value_push_slot(L, o->b);
-    else
-        lua_pushnil(L);
+    lei_lecho_value_push_opt(L, o->b);
     int b;
     if ((o->rc = lei_lecho_glue_call(L, o->x, "recorder_open", 3, &b)) != 0) return 0;
     lua_pushvalue(L, b);

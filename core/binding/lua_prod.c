@@ -539,14 +539,7 @@ const luaL_Reg lb_prod_ctx_methods[] = {{"producer", l_producer}, {NULL, NULL}};
 /* The handle's metatable; core.dataplane and core.dataplane_cdef in the
  * module table on top. */
 void lb_prod_open(lua_State *L) {
-    if (luaL_newmetatable(L, PROD_MT)) {
-        lua_newtable(L);
-        luaL_register(L, NULL, prod_methods);
-        lua_setfield(L, -2, "__index");
-        lua_pushcfunction(L, l_gc);
-        lua_setfield(L, -2, "__gc");
-    }
-    lua_pop(L, 1);
+    lb_metatable(L, PROD_MT, prod_methods, l_gc);
     lua_pushcfunction(L, l_dataplane);
     lua_setfield(L, -2, "dataplane");
     lua_pushstring(L, LB_DATAPLANE_CDEF);

@@ -718,19 +718,32 @@ static void proxy_close(proxy *px) {
     if (px->b >= 0) close(px->b);
 }
 
+/* Keyed sides a and b with the proxy px between them, and a control
+ * message from b to a through it, which makes b dial (test_tamper,
+ * test_bad_auth). */
+static void proxied_sides(keys *k, side *a, side *b, proxy *px) {
+    make_keys(k);
+    keyed_sides(k, a, b);
+    proxy_open(px);
+    lei_msg *m = msg_of(5);
+    const char *err;
+    CHECK(lei_send_ctrl(b->c, px->addr, m, &err) == 0);
+    lei_msg_release(m, NULL, NULL);
+}
+
+/* The end of a test through the proxy: both contexts freed, the proxy closed. */
+static void proxied_free(side *a, side *b, proxy *px) {
+    lei_ctx_free(a->c);
+    lei_ctx_free(b->c);
+    proxy_close(px);
+}
+
 /* A record changed on the way closes the connection ("bad record"). */
 static void test_tamper(void) {
     keys k;
     side a, b;
     proxy px = {.lfd = -1, .a = -1, .b = -1};
-    make_keys(&k);
-    keyed_sides(&k, &a, &b);
-    proxy_open(&px);
-    /* a control message brings the connection up, through the proxy */
-    lei_msg *m = msg_of(5);
-    const char *err;
-    CHECK(lei_send_ctrl(b.c, px.addr, m, &err) == 0);
-    lei_msg_release(m, NULL, NULL);
+    proxied_sides(&k, &a, &b, &px); /* the connection comes up, through the proxy */
     pump(&a, &b, &px, b_up, 5);
     CHECK(b.ups == 1);
     px.tamper = 1;
@@ -738,9 +751,7 @@ static void test_tamper(void) {
     pump(&a, &b, &px, acceptor_bad, 5);
     CHECK(px.tamper == 2 && a.events == 0 && b.downs == 1 && strstr(b.reason, "bad record"));
     if (!strstr(b.reason, "bad record")) fprintf(stderr, "tamper: '%s'\n", b.reason);
-    lei_ctx_free(a.c);
-    lei_ctx_free(b.c);
-    proxy_close(&px);
+    proxied_free(&a, &b, &px);
 }
 
 /* A changed AUTH is refused, and the dialler reads why (in a record). */
@@ -748,20 +759,12 @@ static void test_bad_auth(void) {
     keys k;
     side a, b;
     proxy px = {.lfd = -1, .a = -1, .b = -1, .tamper = 3};
-    make_keys(&k);
-    keyed_sides(&k, &a, &b);
-    proxy_open(&px);
-    lei_msg *m = msg_of(5);
-    const char *err;
-    CHECK(lei_send_ctrl(b.c, px.addr, m, &err) == 0);
-    lei_msg_release(m, NULL, NULL);
+    proxied_sides(&k, &a, &b, &px);
     pump(&a, &b, &px, acceptor_bad, 5);
     CHECK(px.tamper == 4 && b.ups == 0 && a.ctrls == 0);
     CHECK(strstr(b.reason, "refused by peer: bad handshake signature (AUTH)") != NULL);
     if (!strstr(b.reason, "bad handshake signature")) fprintf(stderr, "bad auth: '%s'\n", b.reason);
-    lei_ctx_free(a.c);
-    lei_ctx_free(b.c);
-    proxy_close(&px);
+    proxied_free(&a, &b, &px);
 }
 
 /* Simultaneous dials, keyed: one connection survives and nothing is lost. */
@@ -1065,9 +1068,7 @@ static void downgrade_case(int tamper, const char *want_b) {
             fprintf(stderr, "downgrade %d: sync answer done=%d err='%s' code=%d\n", tamper, an.done,
                     an.err ? an.err : "-", an.code);
     }
-    lei_ctx_free(a.c);
-    lei_ctx_free(b.c);
-    proxy_close(&px);
+    proxied_free(&a, &b, &px);
 }
 
 static void test_downgrade(void) {

@@ -615,23 +615,30 @@ static void test_refusals(void) {
     refusal("cert address (acceptor)", set_cert_acceptor_addr, "certificate of a does not list address 127.0.0.1:", 1);
 }
 
+/* Sides a (keyed) and b, whose key cert (cl bytes) of the authority apk,
+ * which a trusts, vouches for; b sends a three events and the pump waits
+ * for them (test_cert, test_cert_live). */
+static void cert_sides(keys *k, side *a, side *b, const uint8_t *cert, size_t cl, const uint8_t *apk) {
+    char err[160];
+    side_init(a, "a", k->ask);
+    side_init(b, "b", NULL);
+    CHECK(lei_auth_set_identity(b->c, k->bsk, "b", cert, cl, err) == 0);
+    lei_auth_trust_authority(a->c, apk, 0, 0);
+    lei_auth_trust_key(b->c, k->apk, "a");
+    authorize(a, b, k);
+    send_events(a, b, NULL, 0);
+    pump(a, b, NULL, got3, 5);
+}
+
 /* An authority's certificate stands for a trusted key. */
 static void test_cert(void) {
     keys k;
     side a, b;
     uint8_t apk[32], ask[64], cert[LEI_CERT_MAX];
-    char err[160];
     make_keys(&k);
     crypto_sign_keypair(apk, ask);
     cert_for(ask, k.bpk, cert);
-    side_init(&a, "a", k.ask);
-    side_init(&b, "b", NULL);
-    CHECK(lei_auth_set_identity(b.c, k.bsk, "b", cert, cert_len, err) == 0);
-    lei_auth_trust_authority(a.c, apk, 0, 0);
-    lei_auth_trust_key(b.c, k.apk, "a");
-    authorize(&a, &b, &k);
-    send_events(&a, &b, NULL, 0);
-    pump(&a, &b, NULL, got3, 5);
+    cert_sides(&k, &a, &b, cert, cert_len, apk);
     CHECK(a.events == 3 && b.downs == 0);
     lei_ctx_free(a.c);
     lei_ctx_free(b.c);
@@ -645,19 +652,11 @@ static void test_cert_live(void) {
     keys k;
     side a, b;
     uint8_t ask[64], cert[LEI_CERT_MAX];
-    char err[160];
     make_keys(&k);
     crypto_sign_keypair(cert_apk, ask);
     uint64_t now = (uint64_t)time(NULL);
-    side_init(&a, "a", k.ask);
-    side_init(&b, "b", NULL);
     size_t cl = cert_v2(ask, "b", k.bpk, now - 60, now + 2, NULL, cert);
-    CHECK(lei_auth_set_identity(b.c, k.bsk, "b", cert, cl, err) == 0);
-    lei_auth_trust_authority(a.c, cert_apk, 0, 0);
-    lei_auth_trust_key(b.c, k.apk, "a");
-    authorize(&a, &b, &k);
-    send_events(&a, &b, NULL, 0);
-    pump(&a, &b, NULL, got3, 5);
+    cert_sides(&k, &a, &b, cert, cl, cert_apk);
     CHECK(a.events == 3 && b.downs == 0);
     pump(&a, &b, NULL, dialler_down, 5);
     double t = (double)time(NULL);
@@ -667,15 +666,8 @@ static void test_cert_live(void) {
     lei_ctx_free(b.c);
     /* its authority's validity cut short by a reload: closed at once */
     make_keys(&k);
-    side_init(&a, "a", k.ask);
-    side_init(&b, "b", NULL);
     cl = cert_v2(ask, "b", k.bpk, now - 60, now + 3600, NULL, cert);
-    CHECK(lei_auth_set_identity(b.c, k.bsk, "b", cert, cl, err) == 0);
-    lei_auth_trust_authority(a.c, cert_apk, 0, 0);
-    lei_auth_trust_key(b.c, k.apk, "a");
-    authorize(&a, &b, &k);
-    send_events(&a, &b, NULL, 0);
-    pump(&a, &b, NULL, got3, 5);
+    cert_sides(&k, &a, &b, cert, cl, cert_apk);
     CHECK(a.events == 3 && b.downs == 0);
     lei_auth_trust_authority(a.c, cert_apk, 0, now - 1);
     pump(&a, &b, NULL, dialler_down, 5);

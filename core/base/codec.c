@@ -506,12 +506,3 @@ int lei_msg_flatten(const lei_msg *m, char *out) {
     if (m->own.len > pos) memcpy(out, m->own.data + pos, m->own.len - pos);
     return 0;
 }
-
-const uint8_t *lei_msg_bytes(const lei_msg *m, uint8_t **tmp) {
-    *tmp = NULL;
-    if (m->next == 0) return (const uint8_t *)m->own.data;
-    *tmp = malloc(m->total ? m->total : 1);
-    if (!*tmp) return NULL;
-    lei_msg_flatten(m, (char *)*tmp);
-    return *tmp;
-}

@@ -112,4 +112,3 @@ lecho_value *lecho_recorder_close(lecho_recorder *r) {
     lei_lecho_h_free(&r->h);
     return st;
 }
-

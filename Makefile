@@ -354,7 +354,7 @@ fuzz-quick: fuzz-build
 # loads the Lua layer.  build/liblecho.so finds the Lua files of this
 # checkout; the installed one (build/inst/) those of INST_LUADIR/INST_LIBDIR.
 LECHO_LIBS := -lluajit-5.1
-LECHO_SRC  := core/capi/lecho.c core/capi/lecho_value.c core/capi/lecho_array.c core/capi/lecho_pending.c core/base/errors.c core/base/codec.c
+LECHO_SRC  := core/capi/lecho.c core/capi/lecho_value.c core/capi/lecho_array.c core/capi/lecho_pending.c core/capi/lecho_recorder.c core/base/errors.c core/base/codec.c
 build/liblecho.so: $(LECHO_SRC) core/lecho.h core/capi/lecho_int.h core/binding/lua_prod.h core/base/errors.h core/base/array.h core/base/codec.h | build
 	$(CC) $(ALLCFLAGS) -shared -o $@ $(LECHO_SRC) \
 	  -DLECHO_LUA_DIR='"$(CURDIR)/lua"' -DLECHO_LUA_CDIR='"$(CURDIR)/lua"' $(LECHO_LIBS) $(LDFLAGS)

@@ -29,17 +29,6 @@ local function result(child)
   return cjson.decode(line)
 end
 
--- n processes spinning for ever, each started with `prefix` (e.g. taskset).
-local function busy_loops(n, prefix)
-  local t = {}
-  for i = 1, n do
-    t[i] = S.spawn(("%s%s -e 'while true do end'"):format(prefix or "", S.luajit))
-  end
-  S.sleep(0.2)
-  for i = 1, n do assert(S.alive(t[i]), "busy loop did not start: " .. S.errors(t[i])) end
-  return t
-end
-
 -- Waits for child with a bound; a child still running then is killed and
 -- the spec fails saying what it printed.
 local function finish(child, timeout, what)
@@ -129,7 +118,7 @@ describe("issue 8, obs. 4: three modulated consumers with every core busy", func
   it("the filter gets the 10,000 even events and the final one, the failed modulators are reported,"
      .. " and submit_sync returns after the filter's consumer handled it (3 rounds)", function()
     local t0 = socket.gettime()
-    busy_loops(3, "nice -n -5 ")
+    S.busy_loops(3, "nice -n -5 ")
     local _, ns = S.nameserver("--quiet")
     local lines = {}
     for r = 1, 3 do
@@ -183,7 +172,7 @@ describe("issue 8, obs. 5: a producer starved of CPU", function()
     local t0 = socket.gettime()
     -- Two busy loops at normal priority on core 0, the producer on core 0 at
     -- nice 19: it gets under 1% of that core, in slices far apart.
-    busy_loops(2, "taskset -c 0 ")
+    S.busy_loops(2, "taskset -c 0 ")
     local _, ns = S.nameserver("--quiet")
     -- (at under 1% of a core the producer's own start-up bounds the case:
     -- make asan's is S.SLOW times dearer, and printed nothing in 50 s)

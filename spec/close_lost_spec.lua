@@ -12,7 +12,6 @@
 -- policy the user chose (disconnect) is a drop, not undelivered.  Two busy
 -- loops run beside every case.
 local S = require "spec.support"
-local P = require "spec.support.proc"
 local lecho = require "lecho"
 
 -- A consumer of "cl.ch" with its own name server elsewhere: the producer
@@ -46,24 +45,6 @@ repeat ctx:run_once(0.05) until dropped() >= 900 or ctx:now() > deadline
 io.stdout:write("dropped ", dropped(), " undelivered ", tostring(ctx:stats().undelivered), "\n")
 ]]
 
-local function busy_loops(n)
-  local t = {}
-  for i = 1, n do t[i] = S.spawn(("%s -e 'while true do end'"):format(S.luajit)) end
-  S.sleep(0.2)
-  for i = 1, n do assert(S.alive(t[i]), "busy loop did not start: " .. S.errors(t[i])) end
-  return t
-end
-
-local function state(pid)
-  local s = S.read(("/proc/%d/stat"):format(pid)) or ""
-  return s:match("^%d+ %b() (%a)")
-end
-
-local function stop(child)
-  S.kill(child, "STOP")
-  assert(P.wait_until(function() return state(child.pid) == "T" end, 5), "the consumer did not stop")
-end
-
 describe("events a connection's end dropped", function()
   after_each(function() S.cleanup() end)
 
@@ -73,8 +54,8 @@ describe("events a connection's end dropped", function()
     local file = S.tmpname("ready")
     local c = S.lua(CONSUMER, ns, file)
     assert(S.wait_file(file, "ready", 30), "consumer did not start: " .. S.errors(c))
-    busy_loops(2)
-    stop(c)
+    S.busy_loops(2)
+    S.sigstop(c, "the consumer")
     return ns, c
   end
 

@@ -84,13 +84,6 @@ end
 ctx:close()
 ]]
 
--- n processes spinning until killed.
-local function busy_loops(n)
-  local t = {}
-  for i = 1, n do t[i] = S.spawn(("%s -e 'while true do end'"):format(S.luajit)) end
-  return t
-end
-
 -- A consumer's record of what it got: { seq, i, history } per event.
 local function recorder(into)
   return function(ev, meta)
@@ -333,7 +326,7 @@ describe("issue 29: late joiners get the last values, then the live stream", fun
     local o = { ns = ns, ch = "flood", hist = 8, stop = S.tmpname("stop") }
     local prod = S.lua(FLOOD, cjson.encode(o))
     assert(S.wait_file(prod.out, "ready", 20), "producer did not start: " .. S.errors(prod))
-    busy_loops(2)
+    S.busy_loops(2)
     local logs = {}
     local ctx = lecho.context{ nameserver = ns, log = function(level, msg) logs[#logs + 1] = msg end }
     local ch = ctx:channel("flood")

@@ -12,7 +12,6 @@
 -- handshake_timeout while the loop runs (last case; and
 -- spec/limits_conn_spec.lua for the accepting side).
 local S = require "spec.support"
-local P = require "spec.support.proc"
 local lecho = require "lecho"
 
 -- A consumer of "hs.ch" (counts the events: service "hs.count") and a
@@ -33,17 +32,6 @@ ctx:after(60, function() ctx:stop() end)
 ctx:run()
 ]]
 
--- The process state letter of pid (T: stopped), from /proc.
-local function state(pid)
-  local s = S.read(("/proc/%d/stat"):format(pid)) or ""
-  return s:match("^%d+ %b() (%a)")
-end
-
-local function stop(child)
-  S.kill(child, "STOP")
-  assert(P.wait_until(function() return state(child.pid) == "T" end, 5), "the consumer did not stop")
-end
-
 describe("a dial still in its handshake when the program stops running the loop", function()
   after_each(function() S.cleanup() end)
 
@@ -58,7 +46,7 @@ describe("a dial still in its handshake when the program stops running the loop"
   it("completes with the answer that came during the idle: submit_sync delivers, at once", function()
     local ns, c = world()
     local ctx = lecho.context{ nameserver = ns, quiet = true, handshake_timeout = 1 }
-    stop(c)
+    S.sigstop(c, "the consumer")
     local p = assert(ctx:channel("hs.ch"):producer())
     -- the dial to the consumer's process is out, its HELLO unanswered
     S.kill(c, "CONT")
@@ -74,7 +62,7 @@ describe("a dial still in its handshake when the program stops running the loop"
   it("completes it for a call to that process after the idle: answered the first time, at once", function()
     local ns, c = world()
     local ctx = lecho.context{ nameserver = ns, quiet = true, handshake_timeout = 1 }
-    stop(c)
+    S.sigstop(c, "the consumer")
     assert(ctx:channel("hs.ch"):producer())
     S.kill(c, "CONT")
     S.sleep(2)
@@ -92,7 +80,7 @@ describe("a dial still in its handshake when the program stops running the loop"
     -- and its close wait in the socket
     local ns, c = world(0.3)
     local ctx = lecho.context{ nameserver = ns, quiet = true, handshake_timeout = 1, heartbeat = 0.5 }
-    stop(c)
+    S.sigstop(c, "the consumer")
     local p = assert(ctx:channel("hs.ch"):producer())
     for i = 1, 3 do assert(p:submit({ i = i })) end -- queued behind the handshake
     S.kill(c, "CONT")
@@ -120,7 +108,7 @@ describe("a dial still in its handshake when the program stops running the loop"
     local c = T.consumer(w, "cons")
     local ctx = lecho.context{ nameserver = ns, quiet = true, key = w.ids.prod.key, trust = w.ids.trust,
                                handshake_timeout = 1 }
-    stop(c)
+    S.sigstop(c, "the consumer")
     local p = assert(ctx:channel(T.CHANNEL):producer())
     S.kill(c, "CONT")
     S.sleep(2)
@@ -135,7 +123,7 @@ describe("a dial still in its handshake when the program stops running the loop"
   it("still cuts a dial whose peer never answers at handshake_timeout while the loop runs", function()
     local ns, c = world()
     local ctx = lecho.context{ nameserver = ns, quiet = true, handshake_timeout = 1 }
-    stop(c) -- for good: the kernel accepts the dial, nobody answers
+    S.sigstop(c, "the consumer") -- for good: the kernel accepts the dial, nobody answers
     local t0 = ctx:now()
     local p = assert(ctx:channel("hs.ch"):producer())
     local ok, errs = p:submit_sync({ x = 1 }, { timeout = 5 })
@@ -150,7 +138,7 @@ describe("a dial still in its handshake when the program stops running the loop"
   it("cuts a dial whose connect completed during the idle but whose peer then never answers, one deadline later", function()
     local ns, c = world()
     local ctx = lecho.context{ nameserver = ns, quiet = true, handshake_timeout = 1 }
-    stop(c) -- for good
+    S.sigstop(c, "the consumer") -- for good
     local p = assert(ctx:channel("hs.ch"):producer())
     S.sleep(2) -- the connect's answer waits: the deadline starts again once, our HELLO goes out, unanswered
     local t0 = ctx:now()

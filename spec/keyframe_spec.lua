@@ -89,12 +89,6 @@ io.stdout:write(require("cjson").encode({ bad = t.bad or false, n = t.n, nh = t.
 ctx:close()
 ]]
 
-local function busy_loops(n)
-  local t = {}
-  for i = 1, n do t[i] = S.spawn(("%s -e 'while true do end'"):format(S.luajit)) end
-  return t
-end
-
 -- A demodulator that rebuilds the sum and checks it at every event against
 -- the sum of every i from t.i0 (the first event the instance saw; 1 unless
 -- given), and the seqs: one run of consecutive numbers, history first,
@@ -293,7 +287,7 @@ ctx:close()
     local stop = S.tmpname("stop")
     local prod = S.lua(PROD, ns, stop)
     assert(S.wait_file(prod.out, "ready", 20), S.errors(prod))
-    busy_loops(2)
+    S.busy_loops(2)
     S.sleep(1)
     local joiner = S.lua(JOIN, ns)
     assert(S.wait(joiner, 90), "joiner still running: " .. S.output(joiner) .. S.errors(joiner))
@@ -333,7 +327,7 @@ ctx:close()
     local o = { ns = ns, ch = "kflood", stop = S.tmpname("stop") }
     local prod = S.lua(FLOOD, cjson.encode(o))
     assert(S.wait_file(prod.out, "ready", 20), "producer did not start: " .. S.errors(prod))
-    busy_loops(2)
+    S.busy_loops(2)
     local logs = {}
     local ctx = lecho.context{ nameserver = ns, log = function(_, msg) logs[#logs + 1] = msg end }
     local ch = ctx:channel("kflood")

@@ -76,15 +76,19 @@ end
 
 -- A consumer of channel arg[2] that takes arg[3] events { i = 1, 2, ... }
 -- and says "got N bad B": B the events out of order (or, with arg[4]
--- "replay", not flagged meta.replay).
+-- "replay", not flagged meta.replay; with "pad", whose ev.pad is not the
+-- letter 65 + i % 26 a thousand times, then i).
 local IN_ORDER = [[
 local lecho = require "lecho"
 local ctx = lecho.context{ nameserver = arg[1], quiet = true }
-local want_replay = arg[4] == "replay"
+local want_replay, want_pad = arg[4] == "replay", arg[4] == "pad"
 local n, bad, last = 0, 0, 0
 assert(ctx:channel(arg[2]):consumer(function(ev, meta)
   n = n + 1
-  if ev.i ~= last + 1 or (want_replay and not meta.replay) then bad = bad + 1 end
+  if ev.i ~= last + 1 or (want_replay and not meta.replay)
+     or (want_pad and ev.pad ~= string.char(65 + ev.i % 26):rep(1000) .. ev.i) then
+    bad = bad + 1
+  end
   last = ev.i
   if n == tonumber(arg[3]) then ctx:stop() end
 end))
@@ -390,22 +394,7 @@ describe("issue 29: recording in the producer's process", function()
     local lecho = require "lecho"
     local _, ns = S.nameserver("--quiet")
     local N = 30000   -- 30 MB: more than the socket buffers hold, so the queue fills
-    local cons = S.lua([[
-      local lecho = require "lecho"
-      local ctx = lecho.context{ nameserver = arg[1], quiet = true }
-      local n, bad, last = 0, 0, 0
-      assert(ctx:channel("rt.lend"):consumer(function(ev)
-        n = n + 1
-        if ev.i ~= last + 1 or ev.pad ~= string.char(65 + ev.i % 26):rep(1000) .. ev.i then bad = bad + 1 end
-        last = ev.i
-        if n == tonumber(arg[2]) then ctx:stop() end
-      end))
-      io.stdout:write("ready\n") io.stdout:flush()
-      ctx:after(120, function() ctx:stop() end)
-      ctx:run()
-      io.stdout:write(("got %d bad %d\n"):format(n, bad))
-      ctx:close()
-    ]], ns, tostring(N))
+    local cons = S.lua(IN_ORDER, ns, "rt.lend", tostring(N), "pad")
     assert(S.wait_file(cons.out, "ready", 20), S.errors(cons))
     local ctx = lecho.context{ nameserver = ns, quiet = true, queue_limit = 256 * 1024 }
     local ch = ctx:channel("rt.lend")

@@ -154,13 +154,28 @@ function M.count(log, text)
 end
 
 --- n processes spinning for ever (cores kept busy; killed by M.cleanup),
--- each checked to be running: a list of children.
-function M.busy_loops(n)
+-- each started with the shell words `prefix` when given ("nice -n -5 ",
+-- "taskset -c 0 ") and checked to be running: a list of children.
+function M.busy_loops(n, prefix)
   local t = {}
-  for i = 1, n do t[i] = M.spawn(("%s -e 'while true do end'"):format(M.luajit)) end
+  for i = 1, n do t[i] = M.spawn(("%s%s -e 'while true do end'"):format(prefix or "", M.luajit)) end
   M.sleep(0.2)
   for i = 1, n do assert(M.alive(t[i]), "busy loop did not start: " .. M.errors(t[i])) end
   return t
+end
+
+--- The state letter of process pid from /proc (T: stopped), or nil.
+function M.proc_state(pid)
+  local s = M.read(("/proc/%d/stat"):format(pid)) or ""
+  return s:match("^%d+ %b() (%a)")
+end
+
+--- SIGSTOPs child and waits (5 s at most, else raises "WHAT did not stop";
+-- what: "the process" unless given) until it is stopped.
+function M.sigstop(child, what)
+  M.kill(child, "STOP")
+  assert(P.wait_until(function() return M.proc_state(child.pid) == "T" end, 5),
+         (what or "the process") .. " did not stop")
 end
 
 --- Starts scripts/lecho-nameserver on a port chosen by the OS (for at most

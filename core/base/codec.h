@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <sys/uio.h>
 
 /* ---- value tags (one byte in front of every value) ------------------- */
@@ -244,6 +245,18 @@ void lei_msg_sync(lei_msg *m);
 int lei_msg_iov(const lei_msg *m, size_t skip, struct iovec *iov, int max, size_t *covered);
 /* Copy all total bytes to out (which must hold m->total). Returns 0. */
 int lei_msg_flatten(const lei_msg *m, char *out);
+/* m's total bytes in one piece: its own buffer when it has no pinned
+ * slices (*tmp NULL), else a copy in *tmp (malloc'd, owned by the caller,
+ * who frees it); NULL when that copy cannot be made.  Inline: a
+ * modulated producer's submit calls it per event. */
+static inline const uint8_t *lei_msg_bytes(const lei_msg *m, uint8_t **tmp) {
+    *tmp = NULL;
+    if (m->next == 0) return (const uint8_t *)m->own.data;
+    *tmp = malloc(m->total ? m->total : 1);
+    if (!*tmp) return NULL;
+    lei_msg_flatten(m, (char *)*tmp);
+    return *tmp;
+}
 
 /* ---- Lua bridge (codec_lua.c; declared here without lua.h) ------------ */
 /* lei_encode_lua: encode the value at idx, appending to m; strings of at least

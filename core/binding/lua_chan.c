@@ -92,21 +92,11 @@ static lei_msg *lb_encode_at(lua_State *L, lb_ctx *b, int idx) {
     return m;
 }
 
-/* Flat bytes of m: its own buffer, or a copy in *tmp (pinned slices). */
-static const uint8_t *msg_bytes(lei_msg *m, uint8_t **tmp) {
-    *tmp = NULL;
-    if (m->next == 0) return (const uint8_t *)m->own.data;
-    *tmp = malloc(m->total ? m->total : 1);
-    if (!*tmp) return NULL;
-    lei_msg_flatten(m, (char *)*tmp);
-    return *tmp;
-}
-
 /* Encodes the value at idx: 0, or -1 with nil, err, code pushed (3 results). */
 int lb_flat_encode(lua_State *L, lb_ctx *b, int idx, lb_flat *f) {
     f->m = lb_encode_at(L, b, idx);
     if (!f->m) return -1;
-    f->p = msg_bytes(f->m, &f->tmp);
+    f->p = lei_msg_bytes(f->m, &f->tmp);
     f->n = f->m->total;
     if (!f->p) {
         lei_msg_release(f->m, lb_hook_unpin, b);

@@ -522,6 +522,21 @@ void lb_setn(lua_State *L, const char *k, double v) {
     lua_setfield(L, -2, k);
 }
 
+void lb_metatable(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc) {
+    if (luaL_newmetatable(L, name)) {
+        if (methods) {
+            lua_newtable(L);
+            luaL_register(L, NULL, methods);
+            lua_setfield(L, -2, "__index");
+        }
+        if (gc) {
+            lua_pushcfunction(L, gc);
+            lua_setfield(L, -2, "__gc");
+        }
+    }
+    lua_pop(L, 1);
+}
+
 /* ctx:stats() -> { encodes, bad_frames, local_queue, peers = {[addr] = {...}},
  *                  channels = {[name] = {...}} } */
 static int l_stats(lua_State *L) {

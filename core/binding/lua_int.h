@@ -114,6 +114,9 @@ int lb_ok_or_err(lua_State *L, const char *err, int code);
 lb_ctx *lb_check_ctx(lua_State *L);
 size_t lb_opt_size(lua_State *L, int t, const char *k, size_t def);
 void lb_setn(lua_State *L, const char *k, double v);
+/* The metatable `name` of a userdata type, made once: __index a table of
+ * methods (NULL: none), __gc gc (NULL: none).  Leaves the stack as it was. */
+void lb_metatable(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc);
 /* After a run or run_once returned: a close asked for from inside. */
 void lb_close_if_pending(lb_ctx *b, lua_State *L);
 

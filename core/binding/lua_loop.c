@@ -331,13 +331,6 @@ const luaL_Reg lb_loop_methods[] = {
 
 /* The metatable of timers and watchers. */
 void lb_loop_open(lua_State *L) {
-    if (luaL_newmetatable(L, TIMER_MT)) {
-        lua_newtable(L);
-        lua_pushcfunction(L, l_timer_stop);
-        lua_setfield(L, -2, "stop");
-        lua_setfield(L, -2, "__index");
-        lua_pushcfunction(L, l_timer_gc);
-        lua_setfield(L, -2, "__gc");
-    }
-    lua_pop(L, 1);
+    static const luaL_Reg timer_methods[] = {{"stop", l_timer_stop}, {NULL, NULL}};
+    lb_metatable(L, TIMER_MT, timer_methods, l_timer_gc);
 }

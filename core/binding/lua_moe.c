@@ -589,36 +589,18 @@ int lb_moe_stream_key(lua_State *L) {
     return 1;
 }
 
-/* The metatable of modulators. */
+/* The metatables of modulators, their guards and sandboxes. */
 void lb_moe_open(lua_State *L) {
-    if (luaL_newmetatable(L, MOE_MT)) {
-        static const luaL_Reg moe_methods[] = {{"params", l_moe_params}, {"error", l_moe_error},
-                                               {"retarget", l_moe_retarget},
-                                               {"receivers", l_moe_receivers}, {"keyframes", l_moe_keyframes},
-                                               {"stats", l_moe_stats},   {"close", l_moe_close},
-                                               {NULL, NULL}};
-        lua_newtable(L);
-        luaL_register(L, NULL, moe_methods);
-        lua_setfield(L, -2, "__index");
-        lua_pushcfunction(L, l_moe_close);
-        lua_setfield(L, -2, "__gc");
-    }
-    lua_pop(L, 1);
-    if (luaL_newmetatable(L, GUARD_MT)) {
-        lua_pushcfunction(L, guard_gc);
-        lua_setfield(L, -2, "__gc");
-    }
-    lua_pop(L, 1);
-    if (luaL_newmetatable(L, SBX_MT)) {
-        static const luaL_Reg sbx_methods[] = {{"call", l_sbx_call},   {"invoke", l_sbx_invoke},
-                                               {"names", l_sbx_names}, {"error", l_sbx_error},
-                                               {"stats", l_sbx_stats}, {"close", l_sbx_close},
-                                               {NULL, NULL}};
-        lua_newtable(L);
-        luaL_register(L, NULL, sbx_methods);
-        lua_setfield(L, -2, "__index");
-        lua_pushcfunction(L, l_sbx_close);
-        lua_setfield(L, -2, "__gc");
-    }
-    lua_pop(L, 1);
+    static const luaL_Reg moe_methods[] = {{"params", l_moe_params}, {"error", l_moe_error},
+                                           {"retarget", l_moe_retarget},
+                                           {"receivers", l_moe_receivers}, {"keyframes", l_moe_keyframes},
+                                           {"stats", l_moe_stats},   {"close", l_moe_close},
+                                           {NULL, NULL}};
+    static const luaL_Reg sbx_methods[] = {{"call", l_sbx_call},   {"invoke", l_sbx_invoke},
+                                           {"names", l_sbx_names}, {"error", l_sbx_error},
+                                           {"stats", l_sbx_stats}, {"close", l_sbx_close},
+                                           {NULL, NULL}};
+    lb_metatable(L, MOE_MT, moe_methods, l_moe_close);
+    lb_metatable(L, GUARD_MT, NULL, guard_gc);
+    lb_metatable(L, SBX_MT, sbx_methods, l_sbx_close);
 }

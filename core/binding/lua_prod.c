@@ -149,16 +149,6 @@ static int sync_marker(lb_ctx *b, uint32_t chid, uint64_t *sid) {
     return rc;
 }
 
-/* Flat bytes of m: its own buffer, or a copy in *tmp (pinned slices). */
-static const uint8_t *msg_bytes(lei_msg *m, uint8_t **tmp) {
-    *tmp = NULL;
-    if (m->next == 0) return (const uint8_t *)m->own.data;
-    *tmp = malloc(m->total ? m->total : 1);
-    if (!*tmp) return NULL;
-    lei_msg_flatten(m, (char *)*tmp);
-    return *tmp;
-}
-
 /* Sends m (the caller keeps its reference) as the producer's next event:
  * plain, then through each modulator (a failing one is reported by its
  * hook and does not stop the others).  Sync: its ids are pushed on L (one
@@ -215,7 +205,7 @@ static int prod_send(lb_prod *h, lei_msg *m, int sync, lua_State *L, const char 
         }
     }
     uint8_t *tmp;
-    const uint8_t *bytes = msg_bytes(m, &tmp);
+    const uint8_t *bytes = lei_msg_bytes(m, &tmp);
     for (int i = 0; bytes && i < h->nmoes; i++) {
         lei_moe *x = h->moes[i]->m;
         if (!x || lei_moe_error(x)) continue;
@@ -549,14 +539,7 @@ const luaL_Reg lb_prod_ctx_methods[] = {{"producer", l_producer}, {NULL, NULL}};
 /* The handle's metatable; core.dataplane and core.dataplane_cdef in the
  * module table on top. */
 void lb_prod_open(lua_State *L) {
-    if (luaL_newmetatable(L, PROD_MT)) {
-        lua_newtable(L);
-        luaL_register(L, NULL, prod_methods);
-        lua_setfield(L, -2, "__index");
-        lua_pushcfunction(L, l_gc);
-        lua_setfield(L, -2, "__gc");
-    }
-    lua_pop(L, 1);
+    lb_metatable(L, PROD_MT, prod_methods, l_gc);
     lua_pushcfunction(L, l_dataplane);
     lua_setfield(L, -2, "dataplane");
     lua_pushstring(L, LB_DATAPLANE_CDEF);

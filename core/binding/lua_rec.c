@@ -959,12 +959,5 @@ static const luaL_Reg rec_methods[] = {
 const luaL_Reg lb_rec_ctx_methods[] = {{"recorder_open", l_recorder_open}, {NULL, NULL}};
 
 void lb_rec_open(lua_State *L) {
-    if (luaL_newmetatable(L, REC_MT)) {
-        lua_newtable(L);
-        luaL_register(L, NULL, rec_methods);
-        lua_setfield(L, -2, "__index");
-        lua_pushcfunction(L, l_gc);
-        lua_setfield(L, -2, "__gc");
-    }
-    lua_pop(L, 1);
+    lb_metatable(L, REC_MT, rec_methods, l_gc);
 }

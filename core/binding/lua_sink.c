@@ -87,6 +87,24 @@ typedef struct sink_args {
     char err[256];
 } sink_args;
 
+/* One event's sink_args, on the caller's stack: nothing decoded yet, no
+ * views, no error (ev.decode NULL: a bytes sink sets sink_decode). */
+static void sink_args_init(sink_args *a, lb_ctx *b, lb_sink *s, uint32_t chid, lei_peer *from,
+                           uint64_t producer, uint64_t seq, const uint8_t *p, size_t n) {
+    a->b = b;
+    a->s = s;
+    a->chid = chid;
+    a->p = p;
+    a->ev.from = from ? lei_peer_addr(from) : NULL;
+    a->ev.producer = producer;
+    a->ev.seq = seq;
+    a->ev.n = n;
+    a->ev.decode = NULL;
+    a->bad = 0;
+    a->vref = LUA_NOREF;
+    a->err[0] = '\0';
+}
+
 /* lb_event.decode for a bytes sink: the value and its views (or nil) on L;
  * the list is also pinned in a->vref so that lb_sink_event ends them once
  * the sink returned or raised. */
@@ -172,8 +190,8 @@ static void views_end(lua_State *L, int vref) {
  * raises, so no protected call; they are checked first as a decode would
  * check them.  The sink stays pinned while it runs (b->sink_calls: a
  * handler may close its consumer). */
-static int sink_bytes_event(lb_ctx *b, lb_sink *s, lua_State *L, lei_peer *from, uint64_t producer,
-                            uint64_t seq, const uint8_t *p, size_t n) {
+static int sink_bytes_event(lb_ctx *b, lb_sink *s, lua_State *L, lei_peer *from, uint32_t chid,
+                            uint64_t producer, uint64_t seq, const uint8_t *p, size_t n) {
     const char *why;
     if (lei_codec_validate(p, n, &b->lim, &why)) {
         lei_logf(b->c, "bad event value from %s: %s", from ? lei_peer_addr(from) : "local", why);
@@ -181,15 +199,8 @@ static int sink_bytes_event(lb_ctx *b, lb_sink *s, lua_State *L, lei_peer *from,
         return -1;
     }
     sink_args a;
-    a.b = b;
-    a.s = s;
-    a.p = p;
-    a.ev.from = from ? lei_peer_addr(from) : NULL;
-    a.ev.producer = producer;
-    a.ev.seq = seq;
-    a.ev.n = n;
+    sink_args_init(&a, b, s, chid, from, producer, seq, p, n);
     a.ev.decode = sink_decode;
-    a.vref = LUA_NOREF;
     int top = lua_gettop(L);
     b->sink_calls++;
     s->bytes(s, L, p, &a.ev);
@@ -207,20 +218,9 @@ int lb_sink_event(lb_ctx *b, lei_peer *from, uint32_t chid, uint64_t producer, u
     lb_sink *s = chid < b->nsinks ? b->sinks[chid] : NULL;
     lua_State *L = b->L;
     if (!s || sync || !L || !lua_checkstack(L, 6)) return LB_NO_SINK;
-    if (s->bytes) return sink_bytes_event(b, s, L, from, producer, seq, p, n);
+    if (s->bytes) return sink_bytes_event(b, s, L, from, chid, producer, seq, p, n);
     sink_args a;
-    a.b = b;
-    a.s = s;
-    a.chid = chid;
-    a.p = p;
-    a.ev.from = from ? lei_peer_addr(from) : NULL;
-    a.ev.producer = producer;
-    a.ev.seq = seq;
-    a.ev.n = n;
-    a.ev.decode = NULL;
-    a.bad = 0;
-    a.vref = LUA_NOREF;
-    a.err[0] = '\0';
+    sink_args_init(&a, b, s, chid, from, producer, seq, p, n);
     const char *src = from ? lei_peer_addr(from) : "local";
     int rc = lb_calls_pcall(L, b, LB_CALL_SINK, &a);
 

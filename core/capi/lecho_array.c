@@ -138,6 +138,17 @@ int lecho_set_array(lecho_value *v, const char *key, const char *dtype, int ndim
     return lei_lecho_protect(v->h.ctx, op_set_array, &a.o);
 }
 
+/* What lecho.h tells of a contiguous array: *out filled from arr (data
+ * NULL when it has no elements; shape past ndim zeroed). */
+static void info_of(const lei_array *arr, lecho_array_info *out) {
+    out->data = arr->count ? arr->data : NULL;
+    out->dtype = DTYPES[arr->dtype];
+    out->ndim = arr->ndim;
+    for (int d = 0; d < LECHO_ARRAY_MAXDIM; d++) out->shape[d] = d < arr->ndim ? (size_t)arr->shape[d] : 0;
+    out->count = (size_t)arr->count;
+    out->itemsize = SIZES[arr->dtype];
+}
+
 static int op_get_array(lua_State *L) {
     struct arr_op *a = lua_touserdata(L, 1);
     struct op *o = &a->o;
@@ -169,13 +180,7 @@ static int op_get_array(lua_State *L) {
         lua_pushvalue(L, idx);
         lua_call(L, 1, 0);
     }
-    lecho_array_info *in = a->info;
-    in->data = arr->count ? arr->data : NULL;
-    in->dtype = DTYPES[arr->dtype];
-    in->ndim = arr->ndim;
-    for (int d = 0; d < LECHO_ARRAY_MAXDIM; d++) in->shape[d] = d < arr->ndim ? (size_t)arr->shape[d] : 0;
-    in->count = (size_t)arr->count;
-    in->itemsize = SIZES[arr->dtype];
+    info_of(arr, a->info);
     return 0;
 }
 
@@ -210,11 +215,6 @@ int lei_lecho_array_node(lecho_ctx *x, lua_State *L, int idx, lecho_array_info *
         lua_pushvalue(L, idx);
         lua_call(L, 1, 0);
     }
-    out->data = arr->count ? arr->data : NULL;
-    out->dtype = DTYPES[arr->dtype];
-    out->ndim = arr->ndim;
-    for (int d = 0; d < LECHO_ARRAY_MAXDIM; d++) out->shape[d] = d < arr->ndim ? (size_t)arr->shape[d] : 0;
-    out->count = (size_t)arr->count;
-    out->itemsize = SIZES[arr->dtype];
+    info_of(arr, out);
     return 1;
 }

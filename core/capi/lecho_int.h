@@ -1,4 +1,5 @@
-/* lecho_int.h: what the files of liblecho (lecho.c, lecho_value.c) share:
+/* lecho_int.h: what the files of liblecho (lecho.c, lecho_value.c, lecho_array.c,
+ * lecho_pending.c, lecho_recorder.c) share:
  * the structs behind lecho.h's opaque handles and the protected-call
  * helpers.  Private: nothing outside liblecho includes it. */
 #ifndef LECHO_INT_H
@@ -223,6 +224,8 @@ int lei_lecho_value_bytes_array(const lecho_value *v, const char *key, lecho_arr
 void lei_lecho_value_push_sent(lua_State *L, const lecho_value *v);
 /* Pushes what the value handle v holds (decoding a byte-backed one). */
 void lei_lecho_value_push_slot(lua_State *L, const lecho_value *v);
+/* The same for an optional argument: v's value, or nil when v is NULL. */
+void lei_lecho_value_push_opt(lua_State *L, const lecho_value *v);
 /* For a value built in C (v->cb): what its encoding is known to be by
  * construction (lb_bounds), so that a submit checks the limits in O(1). */
 void lei_lecho_value_bounds(const lecho_value *v, lb_bounds *bd);

@@ -123,6 +123,13 @@ void lei_lecho_value_push_slot(lua_State *L, const lecho_value *v) {
     push_slot_peek(L, v);
 }
 
+void lei_lecho_value_push_opt(lua_State *L, const lecho_value *v) {
+    if (v)
+        lei_lecho_value_push_slot(L, v);
+    else
+        lua_pushnil(L);
+}
+
 enum { S_NIL, S_BOOL, S_NUMBER, S_STRING, S_NUMBERS, S_TABLE, S_VALUE, S_NODES };
 
 static int build_nodes(struct op *o, lua_State *L, size_t *i, int depth);

@@ -15,6 +15,7 @@
  */
 #define _GNU_SOURCE
 #include "ctx_int.h"
+#include "fuzz_sock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -44,13 +45,6 @@ static struct {
 } S;
 
 static int verbose;
-
-static lei_msg *msg_of(const char *s) {
-    lei_msg *m = lei_msg_new();
-    if (!m || lei_enc_string(&m->own, s, strlen(s))) abort();
-    lei_msg_sync(m);
-    return m;
-}
 
 /* What a hook does this time: 0 nothing, 1 close, 2 submit, 3 re-target,
  * 4 stop consuming, 5 suspend (events), 6 ack, 7 send ctrl, 8 say bad. */
@@ -159,15 +153,6 @@ static void on_log(void *ud, const char *msg) {
     if (verbose) fprintf(stderr, "lecho: %s\n", msg);
 }
 
-static int unix_connect(const char *path) {
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa)) abort();
-    fcntl(fd, F_SETFL, O_NONBLOCK);
-    return fd;
-}
-
 /* Runs the loop a few turns; a suspended dispatch is resumed after one. */
 static void run(int turns) {
     for (int i = 0; i < turns; i++) {
@@ -177,12 +162,6 @@ static void run(int turns) {
             lei_peer *p = lei_peer_get(S.c, D_ADDR, 0);
             if (p) lei_resume(S.c, p, 0);
         }
-    }
-}
-
-static void drain(int fd) {
-    uint8_t buf[65536];
-    while (read(fd, buf, sizeof buf) > 0) {
     }
 }
 

@@ -18,6 +18,7 @@
  */
 #define _GNU_SOURCE
 #include "ctx_int.h"
+#include "fuzz_sock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -135,13 +136,6 @@ static lei_ctx *make_ctx(int remote, const char *listen) {
     return c;
 }
 
-static lei_msg *msg_of(const char *s) {
-    lei_msg *m = lei_msg_new();
-    if (!m || lei_enc_string(&m->own, s, strlen(s))) abort();
-    lei_msg_sync(m);
-    return m;
-}
-
 static int unix_listen(const char *path) {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
@@ -151,24 +145,9 @@ static int unix_listen(const char *path) {
     return fd;
 }
 
-static int unix_connect(const char *path) {
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa)) abort();
-    fcntl(fd, F_SETFL, O_NONBLOCK);
-    return fd;
-}
-
 static void run(lei_ctx *c, int stream, int turns) {
     rng_cur = stream;
     for (int i = 0; i < turns; i++) ev_run(lei_ctx_loop(c), EVRUN_NOWAIT);
-}
-
-static void drain(int fd) {
-    uint8_t buf[65536];
-    while (read(fd, buf, sizeof buf) > 0) {
-    }
 }
 
 /* Sends what remains of p to fd, running c meanwhile. */

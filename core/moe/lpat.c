@@ -448,6 +448,24 @@ static void ms_init(lpat_ms *ms, lua_State *L, const char *s, size_t ls, size_t 
     if (ls > LPAT_BIG || lp > LPAT_BIG) ms_poll(ms);
 }
 
+/* Where a search from s1 may next match: s1, or with a first literal lit
+ * (first_literal; -1: none) the next place holding it, the bytes skipped
+ * counted against the budget; NULL when none is left (and at the end itself
+ * it cannot match). */
+static inline const char *next_start(lpat_ms *ms, const char *s1, int lit) {
+    if (lit < 0 || s1 >= ms->end || (unsigned char)*s1 == lit) return s1;
+    const char *n = memchr(s1, lit, (size_t)(ms->end - s1));
+    if (n) ms_step(ms, (size_t)(n - s1) >> 6);
+    return n;
+}
+
+/* One match attempt of p at s1, from a clean state: its end, or NULL. */
+static inline const char *match_at(lpat_ms *ms, const char *s1, const char *p) {
+    ms->level = 0;
+    ms->depth = 0;
+    return do_match(ms, s1, p);
+}
+
 /* ---- find, match, gmatch, gsub ------------------------------------------ */
 
 static int find_aux(lua_State *L, int find) {
@@ -476,15 +494,8 @@ static int find_aux(lua_State *L, int find) {
         int lit = anchor ? -1 : first_literal(p);
         const char *s1 = s + init;
         do {
-            if (lit >= 0 && s1 < ms.end && (unsigned char)*s1 != lit) {
-                const char *n = memchr(s1, lit, (size_t)(ms.end - s1));
-                if (!n) break; /* and at the end itself it cannot match */
-                ms_step(&ms, (size_t)(n - s1) >> 6);
-                s1 = n;
-            }
-            ms.level = 0;
-            ms.depth = 0;
-            const char *e = do_match(&ms, s1, p);
+            if (!(s1 = next_start(&ms, s1, lit))) break;
+            const char *e = match_at(&ms, s1, p);
             if (e) {
                 if (!find) return push_captures(&ms, s1, e);
                 lua_pushinteger(L, s1 - s + 1);
@@ -515,15 +526,8 @@ static int l_gmatch_next(lua_State *L) {
     ms_init(&ms, L, s, ls, lp);
     int lit = first_literal(p);
     for (const char *s1 = s + *pos; s1 <= ms.end; s1++) {
-        if (lit >= 0 && s1 < ms.end && (unsigned char)*s1 != lit) {
-            const char *n = memchr(s1, lit, (size_t)(ms.end - s1));
-            if (!n) break;
-            ms_step(&ms, (size_t)(n - s1) >> 6);
-            s1 = n;
-        }
-        ms.level = 0;
-        ms.depth = 0;
-        const char *e = do_match(&ms, s1, p);
+        if (!(s1 = next_start(&ms, s1, lit))) break;
+        const char *e = match_at(&ms, s1, p);
         if (e) {
             /* after an empty match the next search starts one further on */
             *pos = (size_t)(e - s) + (e == s1);
@@ -627,9 +631,7 @@ static int l_gsub(lua_State *L) {
             src = nx;
             if (src == ms.end) break;
         }
-        ms.level = 0;
-        ms.depth = 0;
-        const char *e = do_match(&ms, src, p);
+        const char *e = match_at(&ms, src, p);
         if (e) {
             n++;
             add_value(&ms, &b, src, e, tr);

@@ -615,23 +615,30 @@ static void test_refusals(void) {
     refusal("cert address (acceptor)", set_cert_acceptor_addr, "certificate of a does not list address 127.0.0.1:", 1);
 }
 
+/* Sides a (keyed) and b, whose key cert (cl bytes) of the authority apk,
+ * which a trusts, vouches for; b sends a three events and the pump waits
+ * for them (test_cert, test_cert_live). */
+static void cert_sides(keys *k, side *a, side *b, const uint8_t *cert, size_t cl, const uint8_t *apk) {
+    char err[160];
+    side_init(a, "a", k->ask);
+    side_init(b, "b", NULL);
+    CHECK(lei_auth_set_identity(b->c, k->bsk, "b", cert, cl, err) == 0);
+    lei_auth_trust_authority(a->c, apk, 0, 0);
+    lei_auth_trust_key(b->c, k->apk, "a");
+    authorize(a, b, k);
+    send_events(a, b, NULL, 0);
+    pump(a, b, NULL, got3, 5);
+}
+
 /* An authority's certificate stands for a trusted key. */
 static void test_cert(void) {
     keys k;
     side a, b;
     uint8_t apk[32], ask[64], cert[LEI_CERT_MAX];
-    char err[160];
     make_keys(&k);
     crypto_sign_keypair(apk, ask);
     cert_for(ask, k.bpk, cert);
-    side_init(&a, "a", k.ask);
-    side_init(&b, "b", NULL);
-    CHECK(lei_auth_set_identity(b.c, k.bsk, "b", cert, cert_len, err) == 0);
-    lei_auth_trust_authority(a.c, apk, 0, 0);
-    lei_auth_trust_key(b.c, k.apk, "a");
-    authorize(&a, &b, &k);
-    send_events(&a, &b, NULL, 0);
-    pump(&a, &b, NULL, got3, 5);
+    cert_sides(&k, &a, &b, cert, cert_len, apk);
     CHECK(a.events == 3 && b.downs == 0);
     lei_ctx_free(a.c);
     lei_ctx_free(b.c);
@@ -645,19 +652,11 @@ static void test_cert_live(void) {
     keys k;
     side a, b;
     uint8_t ask[64], cert[LEI_CERT_MAX];
-    char err[160];
     make_keys(&k);
     crypto_sign_keypair(cert_apk, ask);
     uint64_t now = (uint64_t)time(NULL);
-    side_init(&a, "a", k.ask);
-    side_init(&b, "b", NULL);
     size_t cl = cert_v2(ask, "b", k.bpk, now - 60, now + 2, NULL, cert);
-    CHECK(lei_auth_set_identity(b.c, k.bsk, "b", cert, cl, err) == 0);
-    lei_auth_trust_authority(a.c, cert_apk, 0, 0);
-    lei_auth_trust_key(b.c, k.apk, "a");
-    authorize(&a, &b, &k);
-    send_events(&a, &b, NULL, 0);
-    pump(&a, &b, NULL, got3, 5);
+    cert_sides(&k, &a, &b, cert, cl, cert_apk);
     CHECK(a.events == 3 && b.downs == 0);
     pump(&a, &b, NULL, dialler_down, 5);
     double t = (double)time(NULL);
@@ -667,15 +666,8 @@ static void test_cert_live(void) {
     lei_ctx_free(b.c);
     /* its authority's validity cut short by a reload: closed at once */
     make_keys(&k);
-    side_init(&a, "a", k.ask);
-    side_init(&b, "b", NULL);
     cl = cert_v2(ask, "b", k.bpk, now - 60, now + 3600, NULL, cert);
-    CHECK(lei_auth_set_identity(b.c, k.bsk, "b", cert, cl, err) == 0);
-    lei_auth_trust_authority(a.c, cert_apk, 0, 0);
-    lei_auth_trust_key(b.c, k.apk, "a");
-    authorize(&a, &b, &k);
-    send_events(&a, &b, NULL, 0);
-    pump(&a, &b, NULL, got3, 5);
+    cert_sides(&k, &a, &b, cert, cl, cert_apk);
     CHECK(a.events == 3 && b.downs == 0);
     lei_auth_trust_authority(a.c, cert_apk, 0, now - 1);
     pump(&a, &b, NULL, dialler_down, 5);
@@ -718,19 +710,32 @@ static void proxy_close(proxy *px) {
     if (px->b >= 0) close(px->b);
 }
 
+/* Keyed sides a and b with the proxy px between them, and a control
+ * message from b to a through it, which makes b dial (test_tamper,
+ * test_bad_auth). */
+static void proxied_sides(keys *k, side *a, side *b, proxy *px) {
+    make_keys(k);
+    keyed_sides(k, a, b);
+    proxy_open(px);
+    lei_msg *m = msg_of(5);
+    const char *err;
+    CHECK(lei_send_ctrl(b->c, px->addr, m, &err) == 0);
+    lei_msg_release(m, NULL, NULL);
+}
+
+/* The end of a test through the proxy: both contexts freed, the proxy closed. */
+static void proxied_free(side *a, side *b, proxy *px) {
+    lei_ctx_free(a->c);
+    lei_ctx_free(b->c);
+    proxy_close(px);
+}
+
 /* A record changed on the way closes the connection ("bad record"). */
 static void test_tamper(void) {
     keys k;
     side a, b;
     proxy px = {.lfd = -1, .a = -1, .b = -1};
-    make_keys(&k);
-    keyed_sides(&k, &a, &b);
-    proxy_open(&px);
-    /* a control message brings the connection up, through the proxy */
-    lei_msg *m = msg_of(5);
-    const char *err;
-    CHECK(lei_send_ctrl(b.c, px.addr, m, &err) == 0);
-    lei_msg_release(m, NULL, NULL);
+    proxied_sides(&k, &a, &b, &px); /* the connection comes up, through the proxy */
     pump(&a, &b, &px, b_up, 5);
     CHECK(b.ups == 1);
     px.tamper = 1;
@@ -738,9 +743,7 @@ static void test_tamper(void) {
     pump(&a, &b, &px, acceptor_bad, 5);
     CHECK(px.tamper == 2 && a.events == 0 && b.downs == 1 && strstr(b.reason, "bad record"));
     if (!strstr(b.reason, "bad record")) fprintf(stderr, "tamper: '%s'\n", b.reason);
-    lei_ctx_free(a.c);
-    lei_ctx_free(b.c);
-    proxy_close(&px);
+    proxied_free(&a, &b, &px);
 }
 
 /* A changed AUTH is refused, and the dialler reads why (in a record). */
@@ -748,20 +751,12 @@ static void test_bad_auth(void) {
     keys k;
     side a, b;
     proxy px = {.lfd = -1, .a = -1, .b = -1, .tamper = 3};
-    make_keys(&k);
-    keyed_sides(&k, &a, &b);
-    proxy_open(&px);
-    lei_msg *m = msg_of(5);
-    const char *err;
-    CHECK(lei_send_ctrl(b.c, px.addr, m, &err) == 0);
-    lei_msg_release(m, NULL, NULL);
+    proxied_sides(&k, &a, &b, &px);
     pump(&a, &b, &px, acceptor_bad, 5);
     CHECK(px.tamper == 4 && b.ups == 0 && a.ctrls == 0);
     CHECK(strstr(b.reason, "refused by peer: bad handshake signature (AUTH)") != NULL);
     if (!strstr(b.reason, "bad handshake signature")) fprintf(stderr, "bad auth: '%s'\n", b.reason);
-    lei_ctx_free(a.c);
-    lei_ctx_free(b.c);
-    proxy_close(&px);
+    proxied_free(&a, &b, &px);
 }
 
 /* Simultaneous dials, keyed: one connection survives and nothing is lost. */
@@ -1065,9 +1060,7 @@ static void downgrade_case(int tamper, const char *want_b) {
             fprintf(stderr, "downgrade %d: sync answer done=%d err='%s' code=%d\n", tamper, an.done,
                     an.err ? an.err : "-", an.code);
     }
-    lei_ctx_free(a.c);
-    lei_ctx_free(b.c);
-    proxy_close(&px);
+    proxied_free(&a, &b, &px);
 }
 
 static void test_downgrade(void) {

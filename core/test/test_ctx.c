@@ -145,6 +145,17 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* A sync submit on p of { [flag] = true }, which tells the consumer
+ * thread's handler what to do; the value freed, the code returned (errs as
+ * lecho_submit_sync's). */
+static int submit_flag(lecho_ctx *ctx, lecho_producer *p, const char *flag, lecho_errors **errs) {
+    lecho_value *v = lecho_value_new(ctx);
+    lecho_set_bool(v, flag, 1);
+    int rc = lecho_submit_sync(p, v, 5, errs);
+    lecho_value_free(v);
+    return rc;
+}
+
 static int count_field(const char *key, const lecho_value *v, void *ud) {
     (void)v;
     if (strcmp(key, "a") == 0 || strcmp(key, "s") == 0) ++*(int *)ud;
@@ -545,21 +556,15 @@ int main(void) {
     lecho_producer *lp = NULL;
     lecho_channel *lch = lecho_channel_get(ctx, "loc");
     CHECK(lecho_consumer_open(lch, handler, ctx, &lc) == 0 && lecho_producer_open(lch, NULL, &lp) == 0);
-    bad_ev = lecho_value_new(ctx);
-    lecho_set_bool(bad_ev, "fail", 1);
-    CHECK(lecho_submit_sync(lp, bad_ev, 5, &errs) == LECHO_EFAILED);
+    CHECK(submit_flag(ctx, lp, "fail", &errs) == LECHO_EFAILED);
     CHECK(lecho_errors_context(errs, 0) && strcmp(lecho_errors_context(errs, 0), "local") == 0);
     lecho_errors_free(errs);
-    lecho_value_free(bad_ev);
     lecho_producer_close(lp);
     lecho_consumer_close(lc);
 
     /* A handler freeing its borrowed event. */
-    lecho_value *fr = lecho_value_new(ctx);
-    lecho_set_bool(fr, "free_ev", 1);
-    CHECK(lecho_submit_sync(p, fr, 5, NULL) == 0);
+    CHECK(submit_flag(ctx, p, "free_ev", NULL) == 0);
     CHECK(__atomic_load_n(&borrowed_ok, __ATOMIC_ACQUIRE) == 1);
-    lecho_value_free(fr);
 
     /* A consumer that does not answer in time. */
     lecho_value *slow = lecho_value_new(ctx);
@@ -572,11 +577,8 @@ int main(void) {
     lecho_value_free(slow);
 
     /* Calls that wait, from a handler. */
-    lecho_value *nested = lecho_value_new(ctx);
-    lecho_set_bool(nested, "nested", 1);
-    CHECK(lecho_submit_sync(p, nested, 5, NULL) == 0);
+    CHECK(submit_flag(ctx, p, "nested", NULL) == 0);
     CHECK(__atomic_load_n(&nested_ok, __ATOMIC_ACQUIRE) == 1);
-    lecho_value_free(nested);
 
     /* Misuse: no value. */
     CHECK(lecho_submit(p, NULL) == LECHO_EINVAL);

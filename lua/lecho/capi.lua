@@ -131,13 +131,14 @@ function M.submit_sync(p, ev, timeout)
   return nil, tostring(errs), code, flat
 end
 
--- A started operation just ended (r.done): the loop call that carries it
+-- A started operation r just ended: r.done, and the loop call that carries it
 -- returns without polling first.  Its coroutine is mostly resumed by the
 -- turn hook (the prepare phase, Context:_turn), after which the poll would
 -- sleep until the next event or the caller's turn timeout (0.1 s a call in
 -- the same process) before the caller could see it (c:break_once: that
 -- iteration, ctx:run goes on).
-local function done_now(ctx)
+local function done_now(ctx, r)
+  r.done = true
   if not ctx.closed then ctx.c:break_once() end
 end
 
@@ -156,8 +157,7 @@ function M.submit_sync_start(p, ev, timeout)
     else
       r.ok, r.message, r.code, r.errors = false, res[2], res[3], res[4]
     end
-    r.done = true
-    done_now(ctx)
+    done_now(ctx, r)
   end)
   if not ok then return raised(err) end
   return r
@@ -183,8 +183,7 @@ function M.call_start(ctx, name, args, opts)
         or tostring(e)
       r.code = type(a[3]) == "string" and a[3] or "failed"
     end
-    r.done = true
-    done_now(ctx)
+    done_now(ctx, r)
   end)
   if not ok then return raised(err) end
   return r

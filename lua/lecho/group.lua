@@ -122,6 +122,17 @@ local function deliver(self, change)
   end)
 end
 
+-- One name server's view { [addr] = { data, principal, dv } } merged into
+-- data, who, dvs ({ [addr] = ... }): a member new there, or whose data
+-- this view has newer (by the version dv its member stamped), takes it.
+local function merge_view(view, data, who, dvs)
+  for a, m in pairs(view) do
+    if data[a] == nil or (m.dv and (dvs[a] == nil or m.dv > dvs[a])) then
+      data[a], who[a], dvs[a] = m.data, m.principal, m.dv
+    end
+  end
+end
+
 -- Who is online now (the union over the name servers with a view) against
 -- what the callback was told: the difference goes to it.  No name server
 -- with a view: nothing is known, nothing changes.
@@ -134,12 +145,7 @@ function Group:_recompute()
     local st = self.ns[addr]
     if st.view then
       known = true
-      for a, m in pairs(st.view) do
-        -- (of the name servers' data of a member, the newest its member stamped)
-        if online[a] == nil or (m.dv and (dvs[a] == nil or m.dv > dvs[a])) then
-          online[a], principal[a], dvs[a] = m.data, m.principal, m.dv
-        end
-      end
+      merge_view(st.view, online, principal, dvs)
     end
   end
   for _, addr in ipairs(self.ctx.nslist) do
@@ -313,11 +319,7 @@ function Group:members()
     local view = usable(res)
     if view then
       any = true
-      for a, m in pairs(view) do
-        if out[a] == nil or (m.dv and (dvs[a] == nil or m.dv > dvs[a])) then
-          out[a], who[a], dvs[a] = m.data, m.principal, m.dv
-        end
-      end
+      merge_view(view, out, who, dvs)
     end
   end
   if any then return out, who end

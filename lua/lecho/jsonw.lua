@@ -67,22 +67,6 @@ local function number(v, opts)
 end
 M.number = function(v, opts) return number(v, opts) end
 
-local fbox = ffi.new("float[1]")
--- The shortest text that reads back as float x (x: the double of a float).
-local function float32(x, opts)
-  if x ~= x or x == huge or x == -huge then return nonfinite(x, opts) end
-  if x == floor(x) and x < 1e21 and x > -1e21 then
-    if x == 0 and 1 / x < 0 then return "-0.0" end
-    return format("%.0f", x)
-  end
-  for n = 6, 9 do
-    local s = format("%." .. n .. "g", x)
-    fbox[0] = tonumber(s)
-    if fbox[0] == x then return s end
-  end
-  return format("%.9g", x)
-end
-
 local ESC = { ['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f", ["\n"] = "\\n", ["\r"] = "\\r",
               ["\t"] = "\\t" }
 local function str(s)

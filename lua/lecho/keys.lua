@@ -129,9 +129,20 @@ local function read_file(what, path)
   return table.concat(parts), bit.band(st.mode, 4095)
 end
 
--- The object of file path as a table whose "lecho" field names its kind,
--- and the file's permission bits.
-local function read_json(what, path)
+local KIND = { ["secret-key"] = "a lecho secret key", ["public-key"] = "a lecho public key",
+               trust = "a lecho trust list" }
+
+-- nil, "WHAT PATH: it is KIND, not WANT" for a file of the wrong kind.
+local function wrong_kind(what, path, t, want)
+  local is = KIND[t.lecho]
+  return nil, ("%s %s: %s%s"):format(what, path, "not " .. want, is and (" (it is " .. is .. ")") or ""),
+         "invalid"
+end
+
+-- The object of file path as a table whose "lecho" field names its kind
+-- (kind given: that one, want its words for wrong_kind), and the file's
+-- permission bits.
+local function read_json(what, path, kind, want)
   local text, mode, code = read_file(what, path)
   if not text then return nil, mode, code end
   local ok, t = pcall(cjson.decode, text)
@@ -142,17 +153,8 @@ local function read_json(what, path)
     return nil, ("%s %s: version %s is not one this lecho reads (1)"):format(what, path, tostring(t.version)),
            "invalid"
   end
+  if kind and t.lecho ~= kind then return wrong_kind(what, path, t, want) end
   return t, mode
-end
-
-local KIND = { ["secret-key"] = "a lecho secret key", ["public-key"] = "a lecho public key",
-               trust = "a lecho trust list" }
-
--- nil, "WHAT PATH: it is KIND, not WANT" for a file of the wrong kind.
-local function wrong_kind(what, path, t, want)
-  local is = KIND[t.lecho]
-  return nil, ("%s %s: %s%s"):format(what, path, "not " .. want, is and (" (it is " .. is .. ")") or ""),
-         "invalid"
 end
 
 -- name and public key of entry e (fields "name", "public"), or nil, why.
@@ -265,9 +267,8 @@ local function is_time(v) return type(v) == "number" and v >= 0 and v < 2^53 and
 -- (cert and authority nil unless an authority signed it), or nil, err, code.
 function M.read_secret(path)
   local what = "key file"
-  local t, mode, code = read_json(what, path)
+  local t, mode, code = read_json(what, path, "secret-key", "a lecho secret key")
   if not t then return nil, mode, code end
-  if t.lecho ~= "secret-key" then return wrong_kind(what, path, t, "a lecho secret key") end
   if bit.band(mode, 63) ~= 0 then     -- as ssh: group or others may read it
     return nil, ("%s %s: permissions %04o are too open: a secret key must be readable by its owner "
       .. "only (chmod 600 %s)"):format(what, path, mode, path), "refused"
@@ -318,9 +319,8 @@ end
 -- nil, err, code.
 function M.read_public(path)
   local what = "public key file"
-  local t, err, code = read_json(what, path)
+  local t, err, code = read_json(what, path, "public-key", "a lecho public key")
   if not t then return nil, err, code end
-  if t.lecho ~= "public-key" then return wrong_kind(what, path, t, "a lecho public key") end
   local name, pk = name_and_key(t, ("%s %s"):format(what, path))
   if not name then return nil, pk, "invalid" end
   if t.authority ~= nil and type(t.authority) ~= "boolean" then
@@ -340,9 +340,8 @@ end
 -- against the authorities trusted), or nil, err, code.
 function M.read_revocations(path)
   local what = "revocation list"
-  local t, err, code = read_json(what, path)
+  local t, err, code = read_json(what, path, "revocations", "a lecho revocation list")
   if not t then return nil, err, code end
-  if t.lecho ~= "revocations" then return wrong_kind(what, path, t, "a lecho revocation list") end
   local l = { authority = unhex(t.authority, 32), seq = t.seq, issued = t.issued, sig = unhex(t.sig, 64),
               keys = {}, path = path }
   if not l.authority or not l.sig or not is_time(l.seq) or not is_time(l.issued) or type(t.keys) ~= "table" then

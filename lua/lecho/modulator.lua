@@ -64,6 +64,7 @@ end
 -- code, params and that stream, so that equal keys are one instance on one
 -- stream, and a consumer using the first key elsewhere is another instance.
 local stream_key = require("lecho.subs").stream_key
+local add_dest = require("lecho.subs").add_dest
 
 local function mod_spec(src, params, period, caps, level, stream)
   if type(src) ~= "string" or src == "" then
@@ -279,14 +280,7 @@ function Channel:_with_direct(mods)
   end
   for _, a in ipairs(sorted_keys(over)) do
     for _, key in ipairs(sorted_keys(over[a].mods)) do
-      local e = out[key]
-      if not e then
-        local m = over[a].mods[key]
-        e = { src = m.src, params = m.params, period = m.period, caps = m.caps, base = m.base,
-              stream = m.stream, pseq = m.pseq, dests = {} }
-        out[key] = e
-      end
-      e.dests[#e.dests + 1] = a
+      add_dest(out, key, over[a].mods[key], a)
     end
   end
   return out

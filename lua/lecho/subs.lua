@@ -118,6 +118,21 @@ function M.params_too_big(v) return too_big({ v }) end
 -- whoever else uses it; a key of other code would let a consumer's own
 -- modulator be joined to that code's instance): true and its base, or
 -- false and why.
+-- A member list's modulators (doc/protocol.md `members`): the entry of
+-- key in mods (made from subscription m's fields the first time) lists
+-- context a as a destination too.  The manager's list (membership.lua
+-- members_of) and a producer's direct installs (modulator.lua) both build
+-- it so.
+function M.add_dest(mods, key, m, a)
+  local e = mods[key]
+  if not e then
+    e = { src = m.src, params = m.params, period = m.period, caps = m.caps, base = m.base,
+          stream = m.stream, pseq = m.pseq, dests = {} }
+    mods[key] = e
+  end
+  e.dests[#e.dests + 1] = a
+end
+
 function M.key_ok(key, m)
   if m.params == nil or not core.encode(m.params) then return false, "params missing or not encodable" end
   local big = M.params_too_big(m.params)

@@ -13,6 +13,7 @@ local naming = require "lecho.ns.naming"
 
 local tables = require "lecho.tables"
 local sorted_keys, same = tables.sorted_keys, tables.same
+local add_dest = require("lecho.subs").add_dest
 local emit, reply, fail = outbox.emit, outbox.reply, outbox.fail
 local check_ch, claim, allowed = naming.check_ch, naming.claim, naming.allowed
 
@@ -68,14 +69,7 @@ local function members_of(c)
       svc[a] = subs.svc
     end
     for _, k in ipairs(sorted_keys(subs.mods)) do
-      local m = subs.mods[k]
-      local e = mods[k]
-      if not e then
-        e = { src = m.src, params = m.params, period = m.period, caps = m.caps, base = m.base,
-              stream = m.stream, pseq = m.pseq, dests = {} }
-        mods[k] = e
-      end
-      e.dests[#e.dests + 1] = a
+      add_dest(mods, k, subs.mods[k], a)
     end
   end
   return plain, mods, svc, sseq

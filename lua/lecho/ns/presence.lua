@@ -378,12 +378,26 @@ function ops.gjoin(self, from, msg, io)
   renewal(self, io, from, msg, g, msg.watch == true)
 end
 
-function ops.gleave(self, from, msg, io)
+-- The group request msg (op) names, checked, when from holds right
+-- ("produce" or "consume") on it; else nil, the failure answered.
+local function group_allowed(self, from, msg, io, op, right)
   local name, err, ecode = check_group(self, msg)
-  if not name then return fail(self, io, from, msg.rid, err, ecode) end
+  if not name then
+    fail(self, io, from, msg.rid, err, ecode)
+    return nil
+  end
+  local ok; ok, err = naming.allowed(self, from, right, name)
+  if not ok then
+    fail(self, io, from, msg.rid, op .. ": " .. err, "refused")
+    return nil
+  end
+  return name
+end
+
+function ops.gleave(self, from, msg, io)
   -- (leaving needs the right joining needs: produce)
-  local ok; ok, err = naming.allowed(self, from, "produce", name)
-  if not ok then return fail(self, io, from, msg.rid, "gleave: " .. err, "refused") end
+  local name = group_allowed(self, from, msg, io, "gleave", "produce")
+  if not name then return end
   local g = self.groups[name]
   local m = g and g.members[from]
   local _, pk = ident(self, from)
@@ -407,10 +421,8 @@ function ops.gleave(self, from, msg, io)
 end
 
 function ops.glist(self, from, msg, io)
-  local name, err, ecode = check_group(self, msg)
-  if not name then return fail(self, io, from, msg.rid, err, ecode) end
-  local ok; ok, err = naming.allowed(self, from, "consume", name)
-  if not ok then return fail(self, io, from, msg.rid, "glist: " .. err, "refused") end
+  local name = group_allowed(self, from, msg, io, "glist", "consume")
+  if not name then return end
   local g = self.groups[name]
   local ep = epoch(self, io.now)
   reply(self, io, from, msg.rid, { members = g and member_list(g, io.now) or {}, epoch = ep,

@@ -110,7 +110,9 @@ LECHO_API int lecho_open(const char *const *opts, lecho_ctx **out, char *err, si
  * context and every handle made from it.  0, or a code when something could
  * not be delivered (LECHO_ETIMEOUT: still queued at the end of linger;
  * LECHO_ECLOSED: async events a connection's end dropped, at any time since
- * the context began, counted in the stats' "undelivered"; it is logged
+ * the context began, counted in the stats' "undelivered", or written to a
+ * consuming context whose connection ended abnormally before it confirmed
+ * reading them, counted in "unconfirmed"; it is logged
  * unless "quiet"; the context is freed all the same).  NULL is a no-op.  A program that returns from
  * main, or calls exit(), without lecho_close has its contexts closed so
  * (with their `linger`; what could not be delivered on stderr, and an

@@ -11,8 +11,10 @@
 --   * the protected-mode examples are played to a live lecho.core context
 --     (127.0.0.1, port from the OS): it must take the HELLO, answer with a
 --     HELLO_OK of the documented layout, deliver the BIND + EVENT example to
---     its event hook, answer with the ACK example byte for byte, answer the
---     PING with the HEARTBEAT example, hand the CTRL example to its control
+--     its event hook, send the read confirmation offer example after that
+--     first BIND and then the ACK example byte for byte, answer the PING
+--     with the HEARTBEAT example, the CONFIRM_ASK example with the CONFIRM
+--     example, hand the CTRL example to its control
 --     hook, and refuse the version-1 HELLO with the ERROR example;
 --   * the keyed examples are recomputed with libsodium from the seeds the
 --     page gives (transcript hash, both signatures, records, certificate,
@@ -106,6 +108,20 @@ end
 
 function CHECK.heartbeat() assert.equals("", frame_of("heartbeat", R.F.HEARTBEAT)) end
 function CHECK.ping() assert.equals("", frame_of("ping", R.F.PING)) end
+
+function CHECK.confirm_offer()
+  local ok, v = core.decode(frame_of("confirm_offer", R.F.CTRL))
+  assert.is_true(ok, v)
+  deep_same({ op = "reply", rid = 0, confirm = 1 }, v)
+end
+
+function CHECK.confirm_ask()
+  assert.same({ 1, 2 }, { R.get_varint(frame_of("confirm_ask", R.F.CONFIRM_ASK), 1) })
+end
+
+function CHECK.confirm()
+  assert.same({ 1, 2 }, { R.get_varint(frame_of("confirm", R.F.CONFIRM), 1) })
+end
 
 function CHECK.ctrl_lookup()
   local ok, v = core.decode(frame_of("ctrl_lookup", R.F.CTRL))
@@ -246,7 +262,7 @@ describe("doc/protocol.md", function()
       if t and #EX[name] >= 5 and R.get_u32le(EX[name], 1) + 4 == #EX[name] then seen[t] = true end
     end
     seen[R.F.AUTH_OK] = seen[R.F.AUTH_OK] or open_record(EX.record_auth_ok, select(2, session())) ~= nil
-    for t = 1, 11 do assert.is_true(seen[t] == true, "no example of frame type " .. t) end
+    for t = 1, 13 do assert.is_true(seen[t] == true, "no example of frame type " .. t) end
   end)
 
   for _, name in ipairs(ORDER) do
@@ -293,6 +309,9 @@ describe("doc/protocol.md played to lecho", function()
       assert.equals(R.frame(R.F.HELLO_OK, "LECH\0\3" .. body:sub(7, after - 1) .. R.varint(#h.addr)
                                           .. h.addr .. "\0"), bytes)
       send(k, EX.bind .. EX.event)
+      -- the first BIND accepted: the read confirmation offer (section 8), then the ACK
+      t, body, bytes = next_frame(c, k)
+      assert.equals(EX.confirm_offer, bytes, "the read confirmation offer after the first BIND")
       t, body, bytes = next_frame(c, k)
       assert.equals(1, #events)
       local e = events[1]
@@ -302,6 +321,9 @@ describe("doc/protocol.md played to lecho", function()
       send(k, EX.ping)
       repeat t, body, bytes = next_frame(c, k) until t ~= R.F.ACK
       assert.equals(EX.heartbeat, bytes, "the answer to the PING example")
+      send(k, EX.confirm_ask)
+      t, body, bytes = next_frame(c, k)
+      assert.equals(EX.confirm, bytes, "the answer to the CONFIRM_ASK example")
       send(k, EX.ctrl_lookup)
       pump(c, k, function() return #ctrls > 0 end)
       assert.same({ from = "127.0.0.1:7701", msg = { op = "lookup", ch = "127.0.0.1:7700/temp", rid = 1 } },

@@ -485,7 +485,11 @@ static int l_shutdown(lua_State *L) {
 
 /* ctx:pending() -> open connections, events queued, bytes queued, and
  * since the start: async events lost with a connection (not a queue
- * policy), their bytes, the last such loss ("ADDR: reason") */
+ * policy), their bytes, the last such loss ("ADDR: reason"); async events
+ * written to a peer that confirms reads on connections that ended
+ * abnormally before it confirmed them, their bytes, the last such end;
+ * async events written on connections still up not confirmed yet, their
+ * bytes */
 static int l_pending(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     uint64_t ev, by;
@@ -499,7 +503,14 @@ static int l_pending(lua_State *L) {
     lua_pushnumber(L, (lua_Number)cs.undelivered);
     lua_pushnumber(L, (lua_Number)cs.undelivered_bytes);
     lua_pushstring(L, lei_ctx_undelivered_why(b->c));
-    return 6;
+    lua_pushnumber(L, (lua_Number)cs.unconfirmed);
+    lua_pushnumber(L, (lua_Number)cs.unconfirmed_bytes);
+    lua_pushstring(L, lei_ctx_unconfirmed_why(b->c));
+    uint64_t uev, uby;
+    lei_ctx_unconfirmed_open(b->c, &uev, &uby);
+    lua_pushnumber(L, (lua_Number)uev);
+    lua_pushnumber(L, (lua_Number)uby);
+    return 11;
 }
 
 /* core.hash(s) -> 16 hex digits (FNV-1a, 64 bits): names, not security. */
@@ -558,6 +569,8 @@ static int l_stats(lua_State *L) {
     lb_setn(L, "array_collections", (double)b->array_collections);
     lb_setn(L, "undelivered", (double)cs.undelivered);
     lb_setn(L, "undelivered_bytes", (double)cs.undelivered_bytes);
+    lb_setn(L, "unconfirmed", (double)cs.unconfirmed);
+    lb_setn(L, "unconfirmed_bytes", (double)cs.unconfirmed_bytes);
     lua_newtable(L);
     for (int i = 0; i < lei_peer_total(c); i++) {
         lei_peer *p = lei_peers_at(c, i);
@@ -571,6 +584,11 @@ static int l_stats(lua_State *L) {
         lb_setn(L, "batches", (double)ps.st.batches);
         lb_setn(L, "drops", (double)ps.st.drops);
         lb_setn(L, "undelivered", (double)ps.st.undelivered);
+        lb_setn(L, "confirmed", (double)ps.confirmed);
+        lb_setn(L, "unconfirmed", (double)ps.unconfirmed);
+        lb_setn(L, "unconfirmed_bytes", (double)ps.unconfirmed_bytes);
+        lua_pushboolean(L, ps.confirms);
+        lua_setfield(L, -2, "confirms");
         lb_setn(L, "ctrl_in", (double)ps.st.ctrl_in);
         lb_setn(L, "ctrl_out", (double)ps.st.ctrl_out);
         lb_setn(L, "dials", (double)ps.st.dials);

@@ -88,7 +88,11 @@ static const char *conn_bind(lei_conn *k, const lei_frame *f) {
                                : lei_chan_find(c, (const char *)name, nl);
     /* keyed: the binding lasts while its ticket does (auth.c) */
     if (c->id.keyed && lei_ticket_bound(k, idx, ch ? ticket : NULL)) return "out of memory";
-    if (ch) return lei_inmap_set(k, idx, ch->id + 1) ? "out of memory" : NULL;
+    if (ch) {
+        if (lei_inmap_set(k, idx, ch->id + 1)) return "out of memory";
+        lei_live_offer(k->peer); /* it sends us events: read confirmation offered, once */
+        return NULL;
+    }
     /* A producer we refused stops at a few: many refusals are an attack
      * on our memory (each keeps its name for the ACKs' error text). */
     if (++k->nrefused > REFUSED_BINDS_MAX) { /* an attack: told, logged once per 10 s */
@@ -216,6 +220,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f, ev_batch *bt) {
     lei_peer *p = k->peer;
     if (f->type != LEI_F_EVENT && batch_flush(k, bt)) return -1;
     if (f->type == LEI_F_HEARTBEAT || f->type == LEI_F_PING) return lei_live_frame(k, f);
+    if (f->type == LEI_F_CONFIRM_ASK || f->type == LEI_F_CONFIRM) return lei_live_confirm_frame(k, f);
     switch (f->type) {
     case LEI_F_EVENT: {
         lei_event_hdr e;
@@ -282,6 +287,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f, ev_batch *bt) {
     case LEI_F_CTRL:
         if (k->mech->ctrl_in(k, f)) return -1;
         p->st.ctrl_in++;
+        if (lei_live_offer_in(k, f)) break; /* read confirmation offered (live.c) */
         lei_ctx_hook_enter(c);
         c->refusal[0] = '\0';
         if (c->h.ctrl(c->h.ud, p, f->body, f->len)) {
@@ -518,6 +524,7 @@ void lei_conn_io_read_cb(struct ev_loop *loop, ev_io *w, int revents) {
         return;
     }
     if (n == 0) {
+        k->eof = 1; /* an orderly end (lei_peer_lost: not an abnormal one) */
         lei_conn_close(k, "connection closed by peer", 0);
         return;
     }

@@ -257,8 +257,21 @@ void lei_ctx_shutdown(lei_ctx *c) {
         nk = k->next; /* a failed write frees k */
         if (k->state == LEI_CONN_CLOSED) continue;
         if ((k->state == LEI_CONN_UP || k->state == LEI_CONN_CLOSING) && k->peer &&
-            k->peer->conn == k)
+            k->peer->conn == k) {
+            lei_peer *p = k->peer;
+            /* read confirmation of what we wrote and queued: asked behind
+             * it, answered before the remote's FIN (live.c) */
+            if (k->state == LEI_CONN_UP && p->cf.on && (p->cf.wr > p->cf.ok || p->q.head)) {
+                k->busy++; /* a failed write closes k: it must outlive this call */
+                lei_live_ask(p);
+                k->busy--;
+                if (k->state == LEI_CONN_CLOSED) {
+                    lei_conn_free(k);
+                    continue;
+                }
+            }
             lei_peer_flush(k->peer); /* FIN once written */
+        }
         else
             lei_conn_fin(k); /* UP without its peer; no-op in any other state */
     }
@@ -414,6 +427,19 @@ void lei_ctx_stats(const lei_ctx *c, lei_stats_ctx *out) {
     out->rbuf_adopted = c->rbuf_s.adopted;
     out->undelivered = c->peer_s.und_events;
     out->undelivered_bytes = c->peer_s.und_bytes;
+    out->unconfirmed = c->peer_s.unc_events;
+    out->unconfirmed_bytes = c->peer_s.unc_bytes;
 }
 
 const char *lei_ctx_undelivered_why(const lei_ctx *c) { return c->peer_s.und_why; }
+const char *lei_ctx_unconfirmed_why(const lei_ctx *c) { return c->peer_s.unc_why; }
+
+void lei_ctx_unconfirmed_open(const lei_ctx *c, uint64_t *events, uint64_t *bytes) {
+    *events = *bytes = 0;
+    for (int i = 0; i < c->peers_s.npeers; i++) {
+        const lei_peer *p = c->peers_s.peers[i];
+        if (!p->conn || !p->cf.on || p->cf.wr <= p->cf.ok) continue;
+        *events += p->cf.wr - p->cf.ok;
+        *bytes += p->cf.wr_bytes - p->cf.ok_bytes;
+    }
+}

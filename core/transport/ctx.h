@@ -141,10 +141,17 @@ typedef struct lei_stats_ctx {
     uint64_t rbuf_adopted;    /* read buffers handed over to a kept array (lei_rbuf_adopt) */
     uint64_t undelivered, undelivered_bytes; /* async events of ours a connection's end (or no
                                * connection) dropped, not a queue policy: since the start */
+    uint64_t unconfirmed, unconfirmed_bytes; /* async events of ours written to a peer that
+                               * offered read confirmation, on connections that ended
+                               * abnormally before it confirmed them read: since the start */
 } lei_stats_ctx;
 
 typedef struct lei_stats_peer {
     lei_pstats st;
+    uint64_t confirmed;       /* async events it confirmed read (read confirmation) */
+    uint64_t unconfirmed, unconfirmed_bytes; /* written to it, never confirmed: their
+                               * connection ended abnormally first */
+    int confirms;             /* its current connection confirms reads (it offered) */
     size_t queue_bytes, queue_events;       /* waiting for the socket */
     uint64_t hb_in, hb_out, timeouts, gaps, lost, dups; /* liveness and sequences */
     uint64_t refused;         /* events dropped: their BIND had no valid ticket */
@@ -221,6 +228,8 @@ void lei_chan_count_encode(lei_ctx *c, uint32_t chid);
 void lei_ctx_stats(const lei_ctx *c, lei_stats_ctx *out);
 /* The last loss counted in lei_stats_ctx.undelivered: "ADDR: reason" ("": none). */
 const char *lei_ctx_undelivered_why(const lei_ctx *c);
+/* The last connection counted in lei_stats_ctx.unconfirmed: "ADDR: reason" ("": none). */
+const char *lei_ctx_unconfirmed_why(const lei_ctx *c);
 /* log.c: one line to the log hook (lei_hooks log), or stderr. */
 void lei_logf(lei_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The kinds of refusal lei_ratelog counts apart (issue 11: a refused peer
@@ -481,5 +490,8 @@ void lei_ctx_stop_listening(lei_ctx *c);
 /* After lei_ctx_shutdown: connections still open, and the events and bytes
  * still queued on them (not yet written). */
 int lei_ctx_pending(lei_ctx *c, uint64_t *events, uint64_t *bytes);
+/* Of the async events written on connections still up to peers that
+ * confirm reads, those not confirmed yet (and their bytes). */
+void lei_ctx_unconfirmed_open(const lei_ctx *c, uint64_t *events, uint64_t *bytes);
 
 #endif

@@ -246,6 +246,33 @@ typedef struct lei_live {
     uint64_t hb_in, hb_out, timeouts, gaps, lost, dups; /* ro: counters */
 } lei_live;
 
+/* Read confirmation of our async events (doc/protocol.md "Read
+ * confirmation"), per peer.  The remote offers it (a CTRL, after the first
+ * BIND it accepts on a connection); we then ask now and then (CONFIRM_ASK
+ * with a token, behind what is queued: on the liveness timer when events
+ * went out since the last ask, and at shutdown) and it answers CONFIRM with
+ * the token once it has read up to the ask.  Counted from the connection's
+ * start (reset by lei_live_peer_up): wr by peer.c as items are written, an
+ * ask's counts by peer.c when the ask is written, ok by live.c from the
+ * answer; what a connection that ends abnormally leaves unconfirmed is
+ * counted by peer.c's lei_peer_lost. */
+#define LEI_CF_ASKS 4
+typedef struct lei_confirm {
+    uint8_t on;               /* the remote offered confirmations on this connection */
+    uint8_t offered;          /* we offered ours on this connection */
+    uint8_t nasks, nwritten;  /* asks outstanding, of them written (the oldest first) */
+    uint64_t wr, wr_bytes;    /* async EVENTs of ours (and their bytes) written on this connection */
+    uint64_t ok, ok_bytes;    /* of them, confirmed read (by a CONFIRM) */
+    uint64_t mark;            /* wr when the last ask was queued: the timer asks again only past it */
+    uint64_t tok;             /* the last ask's token (per peer, never reset: no answer
+                               * on one connection matches an ask of another) */
+    struct lei_cf_ask { uint64_t tok, ev, bytes; } asks[LEI_CF_ASKS]; /* oldest first */
+    uint64_t confirmed;       /* ro: events confirmed read, since the start */
+    uint64_t unconfirmed, unconfirmed_bytes; /* ro: since the start, async events written to
+                               * it on connections that ended abnormally (not the remote's
+                               * orderly close) before it confirmed them read */
+} lei_confirm;
+
 struct lei_peer {
     lei_ctx *ctx;
     size_t ack_bytes;         /* ACK frames in q: a peer that does not read them is cut at queue_limit */
@@ -304,6 +331,7 @@ struct lei_peer {
     uint8_t key[32];
     char principal[LEI_NAME_MAX + 1];
     uint64_t refused;         /* ro: events dropped from BINDs without a valid ticket */
+    lei_confirm cf;           /* read confirmation (live.c, peer.c) */
 };
 
 /* What every event reads or counts sits in the first 64 bytes, and the
@@ -487,6 +515,12 @@ struct lei_peer_state {
      * why: the last such loss, "ADDR: reason" */
     uint64_t und_events, und_bytes;
     char und_why[LEI_ADDR_MAX + 162];
+    /* ro: async events of ours (and their wire bytes) written to a peer
+     * that offered read confirmation, on connections that ended abnormally
+     * before it confirmed them read (lei_peer_lost): ctx:close() reports
+     * them (lei_ctx_unconfirmed_why: the last, "ADDR: reason") */
+    uint64_t unc_events, unc_bytes;
+    char unc_why[LEI_ADDR_MAX + 162];
 };
 
 struct lei_ctx {
@@ -640,6 +674,7 @@ struct lei_conn {
     lei_sec *sec;       /* owned by the keyed mechanism: its state, opaque
                          * outside secure.c; NULL (protected, or closed) */
     int fin_pending;    /* our FIN goes out once the pending records are written */
+    int eof;            /* the remote closed in order (its FIN read): not an abnormal end */
 };
 
 /* The handshake is done and the connection still carries the peer's
@@ -857,6 +892,10 @@ int lei_live_may_dial(lei_peer *p);
  * and sequence tracking start again for a new incarnation. */
 void lei_live_peer_up(lei_peer *p, uint64_t incarnation);
 int lei_live_frame(lei_conn *k, const lei_frame *f);
+int lei_live_confirm_frame(lei_conn *k, const lei_frame *f);
+int lei_live_offer_in(lei_conn *k, const lei_frame *f);
+void lei_live_offer(lei_peer *p);
+void lei_live_ask(lei_peer *p);
 int lei_live_seq(lei_ctx *c, lei_peer *p, lei_chan *ch, uint64_t producer, uint64_t seq);
 void lei_live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents);
 

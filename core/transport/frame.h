@@ -67,7 +67,10 @@ enum lei_frame_type {
     LEI_F_HEARTBEAT = 8, /* empty: I am here (sent when idle, and to answer a PING) */
     LEI_F_PING = 9,      /* empty: nothing came from you for a while: answer HEARTBEAT */
     LEI_F_AUTH = 10,     /* keyed: the dialler's signature of the transcript (in the clear) */
-    LEI_F_AUTH_OK = 11   /* keyed: empty, the acceptor's first record: the dialler is up */
+    LEI_F_AUTH_OK = 11,  /* keyed: empty, the acceptor's first record: the dialler is up */
+    LEI_F_CONFIRM_ASK = 12, /* varint token: answer CONFIRM once you have read up to here
+                             * (only to a peer that offered confirmations: live.c) */
+    LEI_F_CONFIRM = 13   /* varint token: every EVENT before that CONFIRM_ASK was read */
 };
 
 typedef struct lei_frame {

@@ -79,6 +79,142 @@ int lei_live_frame(lei_conn *k, const lei_frame *f) {
     return k->state == LEI_CONN_CLOSED ? -1 : 0;
 }
 
+/* ---- read confirmation ---------------------------------------------------
+ *
+ * What the kernel took is not what the consumer read: a consumer process
+ * stopped (or dead) after its connection came up leaves our events in its
+ * socket, and a connection that then ends (the deadline, a reset) took them
+ * with it.  So a consuming context that speaks it offers read confirmation
+ * to the peer that sends it events: once per connection, after the first
+ * BIND it accepts, a CTRL `{ op = "reply", rid = 0, confirm = 1 }`, a reply to
+ * nothing that a context of before drops without a word (as the keyed
+ * fallback marker, secure.c).  To a peer that offered, and only to it (an
+ * unknown frame type closes a connection of before), we send now and then a
+ * CONFIRM_ASK carrying a token, queued behind what we sent; the remote
+ * answers CONFIRM with the token when its read callback reaches the ask, so
+ * every EVENT before the ask was read (taken off the connection and handed
+ * to its dispatch).  peer.c records, when the ask is written, how many of
+ * our async events (and bytes) went out before it; the answer makes them
+ * confirmed.  Asked by the liveness timer when events were written since
+ * the last ask (at most once per its run, so about once per heartbeat, never
+ * per event) and by lei_ctx_shutdown before our FIN.  What a connection
+ * that ends abnormally leaves unconfirmed is counted by lei_peer_lost. */
+
+/* The offer: { op = "reply", rid = 0, confirm = 1 } as a CTRL frame into b
+ * (LIVE_OFFER_MAX bytes); its length, or 0. */
+#define LIVE_OFFER_MAX 64
+static size_t live_offer_frame(uint8_t *b) {
+    lei_wbuf w = {0};
+    size_t n = 0;
+    if (lei_enc_table_header(&w, 0, 3) == 0 && lei_enc_string(&w, "op", 2) == 0 &&
+        lei_enc_string(&w, "reply", 5) == 0 && lei_enc_string(&w, "rid", 3) == 0 &&
+        lei_enc_number(&w, 0) == 0 && lei_enc_string(&w, "confirm", 7) == 0 &&
+        lei_enc_number(&w, 1) == 0 && w.len + LEI_FRAME_HDR <= LIVE_OFFER_MAX) {
+        lei_frame_hdr(b, LEI_F_CTRL, w.len);
+        memcpy(b + LEI_FRAME_HDR, w.data, w.len);
+        n = LEI_FRAME_HDR + w.len;
+    }
+    lei_wbuf_free(&w);
+    return n;
+}
+
+/* Queues a small control frame (an offer, an ask, an answer) behind what
+ * is queued; counted with the ACKs (ack_bytes: a peer that never reads them
+ * is cut at queue_limit, lei_ack) when ack is set.  0, or -1. */
+static int live_queue(lei_peer *p, const uint8_t *b, size_t n, int ack) {
+    lei_ctx *c = p->ctx;
+    lei_qitem *it = lei_item_bytes(b, n, NULL, 0);
+    if (!it) return -1;
+    if (ack) {
+        if (p->ack_bytes && p->ack_bytes + it->size > c->o.queue_limit && p->conn) {
+            char why[160];
+            snprintf(why, sizeof why, "not reading read confirmations: %zu bytes of them queued "
+                                      "(queue_limit %zu)", p->ack_bytes, c->o.queue_limit);
+            lei_item_free(c, it);
+            lei_accept_refuse(p->conn, LEI_RL_SLOW_ACKS, why);
+            return -1;
+        }
+        it->ack = 1;
+        p->ack_bytes += it->size;
+    }
+    lei_q_push(&p->q, it);
+    return 0;
+}
+
+/* We accepted a BIND of p's connection (a channel open here; keyed: its
+ * ticket valid): our offer, once per connection (a producer we refuse is
+ * offered nothing). */
+void lei_live_offer(lei_peer *p) {
+    if (p->cf.offered || !lei_peer_is_up(p)) return;
+    p->cf.offered = 1;
+    uint8_t b[LIVE_OFFER_MAX];
+    size_t n = live_offer_frame(b);
+    if (n && live_queue(p, b, n, 0) == 0) {
+        p->st.ctrl_out++;
+        lei_peer_flush(p);
+    }
+}
+
+/* Is this CTRL the remote's offer?  1 (taken: not handed to the control
+ * hook), 0 (any other). */
+int lei_live_offer_in(lei_conn *k, const lei_frame *f) {
+    uint8_t b[LIVE_OFFER_MAX];
+    size_t n = live_offer_frame(b);
+    if (!n || f->len != n - LEI_FRAME_HDR || memcmp(f->body, b + LEI_FRAME_HDR, f->len) != 0) return 0;
+    k->peer->cf.on = 1;
+    return 1;
+}
+
+/* Asks p (which offered) to confirm what is queued before this ask: a
+ * CONFIRM_ASK with a fresh token, unless LEI_CF_ASKS are outstanding. */
+void lei_live_ask(lei_peer *p) {
+    if (!p->cf.on || !lei_peer_is_up(p) || p->cf.nasks >= LEI_CF_ASKS) return;
+    uint8_t b[LEI_FRAME_HDR + 10];
+    size_t n = lei_varint_encode(b + LEI_FRAME_HDR, ++p->cf.tok);
+    lei_frame_hdr(b, LEI_F_CONFIRM_ASK, n);
+    if (live_queue(p, b, LEI_FRAME_HDR + n, 0)) return;
+    struct lei_cf_ask *a = &p->cf.asks[p->cf.nasks++];
+    a->tok = p->cf.tok;
+    a->ev = a->bytes = 0; /* set when it is written (peer.c) */
+    p->cf.mark = p->cf.wr;
+    lei_peer_flush(p);
+}
+
+/* A CONFIRM_ASK (answered at once: every frame before it was handed over)
+ * or a CONFIRM (an answer to an ask of ours written on this connection; any
+ * other token changes nothing).  0, or -1 after closing k. */
+int lei_live_confirm_frame(lei_conn *k, const lei_frame *f) {
+    lei_peer *p = k->peer;
+    uint64_t tok;
+    size_t used = 0;
+    if (lei_varint_decode(f->body, f->len, &tok, &used) || used != f->len) {
+        lei_conn_close(k, f->type == LEI_F_CONFIRM ? "malformed CONFIRM frame" : "malformed CONFIRM_ASK frame", 1);
+        return -1;
+    }
+    if (f->type == LEI_F_CONFIRM_ASK) {
+        uint8_t b[LEI_FRAME_HDR + 10];
+        size_t n = lei_varint_encode(b + LEI_FRAME_HDR, tok);
+        lei_frame_hdr(b, LEI_F_CONFIRM, n);
+        if (live_queue(p, b, LEI_FRAME_HDR + n, 1) == 0) lei_peer_flush(p);
+        return k->state == LEI_CONN_CLOSED || k->state == LEI_CONN_RETIRED ? -1 : 0;
+    }
+    for (int i = 0; i < p->cf.nwritten; i++) {
+        if (p->cf.asks[i].tok != tok) continue;
+        if (p->cf.asks[i].ev > p->cf.ok) {
+            p->cf.confirmed += p->cf.asks[i].ev - p->cf.ok;
+            p->cf.ok = p->cf.asks[i].ev;
+            p->cf.ok_bytes = p->cf.asks[i].bytes;
+        }
+        /* it and the older ones answered: gone */
+        int rest = p->cf.nasks - (i + 1);
+        memmove(p->cf.asks, p->cf.asks + i + 1, (size_t)rest * sizeof *p->cf.asks);
+        p->cf.nasks = (uint8_t)rest;
+        p->cf.nwritten = (uint8_t)(p->cf.nwritten - (i + 1));
+        break;
+    }
+    return 0;
+}
+
 /* When k's next PING (*ping) or HEARTBEAT, whichever is first, is due. */
 static ev_tstamp live_due(const lei_ctx *c, const lei_conn *k, ev_tstamp *ping) {
     double hb = c->o.heartbeat;
@@ -152,6 +288,17 @@ void lei_live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
         }
         /* A quiet connection's drained read buffer goes back to small. */
         lei_rbuf_idle(k, now - k->last_in >= hb);
+        /* Read confirmation: events went out since the last ask */
+        if (k->peer && k->peer->conn == k && k->peer->cf.on && k->peer->cf.wr > k->peer->cf.mark) {
+            k->busy++; /* a failed write closes k: it must outlive this call */
+            lei_live_ask(k->peer);
+            k->busy--;
+            if (k->state == LEI_CONN_CLOSED) {
+                lei_conn_free(k);
+                k = nk;
+                continue;
+            }
+        }
         /* A PING when input is silent, else a HEARTBEAT when output is
          * idle (the PING is output too). */
         ev_tstamp ping, due = live_due(c, k, &ping);
@@ -289,6 +436,11 @@ int lei_live_may_dial(lei_peer *p) {
  * peer: a new process at the same address starts again at 1. */
 void lei_live_peer_up(lei_peer *p, uint64_t incarnation) {
     p->lv.fails = 0;
+    /* read confirmation starts over with each connection (the token, the
+     * totals go on) */
+    lei_confirm *cf = &p->cf;
+    cf->on = cf->offered = cf->nasks = cf->nwritten = 0;
+    cf->wr = cf->wr_bytes = cf->ok = cf->ok_bytes = cf->mark = 0;
     if (p->lv.incarnation == incarnation) return;
     p->lv.incarnation = incarnation;
     if (p->lv.seqs) memset(p->lv.seqs, 0, (size_t)p->lv.seqcap * sizeof *p->lv.seqs);

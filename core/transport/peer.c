@@ -188,8 +188,12 @@ static void count_drop(lei_ctx *c, lei_peer *p, lei_qitem *it, size_t sent, int 
     const char *err;
     while (off < len && lei_frame_next(b + off, len - off, len, &f, &err) == 1) {
         if (off + f.size > sent && f.type == LEI_F_EVENT &&
-            lei_parse_event(f.body, f.len, &e, &err) == 0)
+            lei_parse_event(f.body, f.len, &e, &err) == 0) {
             count_dropped(c, p, lei_chan_get(c, (uint32_t)e.idx), 1, f.size, lost);
+        } else if (off + f.size <= sent && f.type == LEI_F_EVENT) {
+            p->cf.wr++; /* written whole: what read confirmation counts (cf_written) */
+            p->cf.wr_bytes += f.size;
+        }
         off += f.size;
     }
 }
@@ -259,6 +263,7 @@ static lei_qitem *batch_event(lei_peer *p, uint32_t chid, const uint8_t *hdr, si
  * channel announcements are forgotten, waiting syncs fail. */
 void lei_peer_lost(lei_peer *p, const char *reason) {
     lei_ctx *c = p->ctx;
+    lei_conn *k = p->conn; /* the connection that ended, or NULL */
     p->conn = NULL;
     if (p->dial_pending) {
         p->dial_pending = 0;
@@ -272,6 +277,24 @@ void lei_peer_lost(lei_peer *p, const char *reason) {
     memset(&p->next_loss, 0, sizeof p->next_loss);
     uint64_t und = c->peer_s.und_events;
     lei_peer_q_clear(c, p, 1);
+    /* Read confirmation: what this connection wrote that the remote (which
+     * offered confirmations) did not confirm read, when it ended abnormally
+     * (a deadline, a reset, an error; not the remote's orderly close, nor
+     * one we retired: the remote reads on until it closes). */
+    if (k && p->cf.on && !k->eof && k->state != LEI_CONN_RETIRED && p->cf.wr > p->cf.ok) {
+        uint64_t n = p->cf.wr - p->cf.ok, b = p->cf.wr_bytes - p->cf.ok_bytes;
+        p->cf.unconfirmed += n;
+        p->cf.unconfirmed_bytes += b;
+        c->peer_s.unc_events += n;
+        c->peer_s.unc_bytes += b;
+        snprintf(c->peer_s.unc_why, sizeof c->peer_s.unc_why, "%s: %s", p->addr, reason);
+        lei_logf(c, "%llu event%s (%llu bytes) written to %s not confirmed read: its connection "
+                    "ended (%s)", (unsigned long long)n, n == 1 ? "" : "s", (unsigned long long)b,
+                 p->addr, reason);
+    }
+    p->cf.wr = 0; /* counted once (a second loss without a connection) */
+    p->cf.wr_bytes = p->cf.ok = p->cf.ok_bytes = 0;
+    p->cf.on = 0;
     if (c->peer_s.und_events > und) {
         /* async events nobody will be told of otherwise: said here, and
          * reported by ctx:close() (and the program's end) */
@@ -458,6 +481,21 @@ int lei_peer_queue_iov(lei_peer *p, struct iovec *iov, int max) {
     return n;
 }
 
+/* An item written whole (read confirmation, live.c): its async events
+ * count as written on this connection; a CONFIRM_ASK written records what
+ * was written before it, which its answer confirms.  Per item, not per
+ * event (a batch counts its nev at once). */
+static inline void cf_written(lei_peer *p, const lei_qitem *it) {
+    if (it->droppable) {
+        p->cf.wr += it->batch ? it->nev : 1;
+        p->cf.wr_bytes += it->size;
+    } else if (it->hlen > 4 && it->hdr[4] == LEI_F_CONFIRM_ASK && p->cf.nwritten < p->cf.nasks) {
+        struct lei_cf_ask *a = &p->cf.asks[p->cf.nwritten++];
+        a->ev = p->cf.wr;
+        a->bytes = p->cf.wr_bytes;
+    }
+}
+
 /* w bytes of p's queue went out (or into a record): items done are freed. */
 void lei_peer_queue_took(lei_peer *p, size_t w) {
     while (w) {
@@ -466,6 +504,7 @@ void lei_peer_queue_took(lei_peer *p, size_t w) {
         if (w >= rem) {
             w -= rem;
             p->woff = 0;
+            cf_written(p, it);
             item_done(p, lei_q_pop(&p->q));
         } else {
             p->woff += w;
@@ -829,6 +868,10 @@ void lei_peer_stats(const lei_peer *p, lei_stats_peer *out) {
     out->lost = p->lv.lost;
     out->dups = p->lv.dups;
     out->refused = p->refused;
+    out->confirmed = p->cf.confirmed;
+    out->unconfirmed = p->cf.unconfirmed;
+    out->unconfirmed_bytes = p->cf.unconfirmed_bytes;
+    out->confirms = p->cf.on && lei_peer_is_up(p);
 }
 
 /* A sync write to p: at once outside any callback (the main line), else at

@@ -1081,7 +1081,8 @@ function Context:close(opts)
   -- what is still queued, and what a connection's end (or no connection)
   -- dropped since the start: async events nobody was told of otherwise
   -- (not a queue policy the user chose; doc/semantics.md "Close")
-  local open, events, bytes, lost, lost_bytes, lost_why = self.c:pending()
+  local open, events, bytes, lost, lost_bytes, lost_why, unc, unc_bytes, unc_why, unc_open, unc_open_bytes =
+    self.c:pending()
   local code
   if events > 0 then
     ok, err, code = nil, ("%d events (%d bytes) not delivered within the linger time of %gs"):format(
@@ -1091,6 +1092,17 @@ function Context:close(opts)
     local m = ("%d events (%d bytes) not delivered: lost with a connection that ended before they were "
       .. "written (the last: %s)"):format(lost, lost_bytes, lost_why)
     ok, err, code = nil, err and (err .. "; " .. m) or m, code or "closed"
+  end
+  if unc > 0 then
+    -- written (the kernel took them) to a context that confirms reads, on
+    -- a connection that ended abnormally before it confirmed reading them
+    -- (doc/semantics.md "Close", "Read confirmation")
+    local m = ("%d events (%d bytes) not confirmed: written to a consuming context whose connection "
+      .. "ended before it confirmed reading them (the last: %s)"):format(unc, unc_bytes, unc_why)
+    ok, err, code = nil, err and (err .. "; " .. m) or m, code or "closed"
+  end
+  if lost > 0 or unc > 0 then
+    -- (said above)
   elseif events > 0 then
     -- (said above)
   elseif open > 0 and linger > 0 and not sent_events(self) then
@@ -1099,8 +1111,11 @@ function Context:close(opts)
     self.log(("close: %d connection%s not closed by their remote within the linger time of %gs "
       .. "(no event of ours was sent there: nothing undelivered)"):format(open, open == 1 and "" or "s", linger))
   elseif open > 0 and linger > 0 then
-    ok, err, code = nil, ("%d connection%s not closed by their remote within the linger time of %gs: "
-      .. "what was sent there may not have been read"):format(open, open == 1 and "" or "s", linger), "timeout"
+    -- (its consumer confirms reads: how much of it was not confirmed read)
+    local what = unc_open > 0 and ("%d events (%d bytes) written there not confirmed read"):format(
+      unc_open, unc_open_bytes) or "what was sent there may not have been read"
+    ok, err, code = nil, ("%d connection%s not closed by their remote within the linger time of %gs: %s")
+      :format(open, open == 1 and "" or "s", linger, what), "timeout"
   end
   if err and self.ending then
     err = err .. " (at the program's end: ctx:close() was not called)"

@@ -63,6 +63,7 @@ local CTX = {
   { "lecho_local_queue_events", "gauge", "Events queued for local consumers.", "local_queue_events" },
   { "lecho_local_queue_bytes", "gauge", "Bytes queued for local consumers.", "local_queue_bytes" },
   { "lecho_undelivered_total", "counter", "Events of ours lost with a connection (not a queue policy): ctx:close() reports them.", "undelivered" },
+  { "lecho_unconfirmed_total", "counter", "Events of ours written to a consumer context whose connection ended abnormally before it confirmed reading them: ctx:close() reports them.", "unconfirmed" },
 }
 local PEER = {
   { "lecho_peer_events_in_total", "counter", "Events received from the peer.", "events_in" },
@@ -72,6 +73,8 @@ local PEER = {
   { "lecho_peer_batches_total", "counter", "Writes (writev calls) to the peer.", "batches" },
   { "lecho_peer_drops_total", "counter", "Events dropped for the peer: its queue policy, or lost with its connection.", "drops" },
   { "lecho_peer_undelivered_total", "counter", "Of drops: events lost with the peer's connection, not a queue policy.", "undelivered" },
+  { "lecho_peer_confirmed_total", "counter", "Events of ours the peer confirmed reading (read confirmation).", "confirmed" },
+  { "lecho_peer_unconfirmed_total", "counter", "Events of ours written to the peer, never confirmed read: its connection ended abnormally first.", "unconfirmed" },
   { "lecho_peer_ctrl_in_total", "counter", "Control messages received from the peer.", "ctrl_in" },
   { "lecho_peer_ctrl_out_total", "counter", "Control messages sent to the peer.", "ctrl_out" },
   { "lecho_peer_dials_total", "counter", "Connections this context started to the peer.", "dials" },

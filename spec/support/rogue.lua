@@ -29,7 +29,7 @@ local M = {}
 -- layouts have no mode byte in HELLO and no ticket byte in BIND).
 M.VERSION = core.protocol_version or 2
 M.F = { HELLO = 1, HELLO_OK = 2, ERROR = 3, CTRL = 4, BIND = 5, EVENT = 6, ACK = 7,
-        HEARTBEAT = 8, PING = 9, AUTH = 10, AUTH_OK = 11 }
+        HEARTBEAT = 8, PING = 9, AUTH = 10, AUTH_OK = 11, CONFIRM_ASK = 12, CONFIRM = 13 }
 M.NAMES = {}
 for k, v in pairs(M.F) do M.NAMES[v] = k end
 

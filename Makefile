@@ -60,7 +60,7 @@ HDRS       := $(wildcard core/*.h core/*/*.h)
 SO         := lua/lecho/core.so
 WS_SO      := lua/lecho/ws.so
 CTESTS     := build/test_codec build/test_frame build/test_inmap build/test_ctx build/test_addr build/test_errors \
-              build/test_auth build/test_lpat build/test_shared
+              build/test_auth build/test_lpat build/test_shared build/test_args
 
 # Debian packages the project needs, by the file that proves each is there:
 # RUN_DEPS to build lecho and run it (make, make demo, the scripts), the
@@ -363,6 +363,10 @@ liblecho: build/liblecho.so $(SO)
 
 build/test_ctx: core/test/test_ctx.c core/lecho.h core/test/test.h build/liblecho.so | build
 	$(CC) $(ALLCFLAGS) -o $@ core/test/test_ctx.c -Lbuild -llecho -Wl,-rpath,$(CURDIR)/build -lpthread $(LDFLAGS)
+
+# Every function of lecho.h with NULL in each pointer argument, NaN as each timeout: one forked child a case.
+build/test_args: core/test/test_args.c core/lecho.h core/test/test.h build/liblecho.so | build
+	$(CC) $(ALLCFLAGS) -o $@ core/test/test_args.c -Lbuild -llecho -Wl,-rpath,$(CURDIR)/build -lm $(LDFLAGS)
 
 # errors.c is compiled in as well: lei_err_name is hidden in liblecho.
 build/test_errors: core/test/test_errors.c core/base/errors.c core/base/errors.h core/lecho.h core/test/test.h build/liblecho.so | build

@@ -113,7 +113,10 @@ LECHO_API int lecho_open(const char *const *opts, lecho_ctx **out, char *err, si
  * the context began, counted in the stats' "undelivered", or written to a
  * consuming context whose connection ended abnormally before it confirmed
  * reading them, counted in "unconfirmed"; it is logged
- * unless "quiet"; the context is freed all the same).  NULL is a no-op.  A program that returns from
+ * unless "quiet"; the context is freed all the same).  NULL is a no-op.
+ * A linger that is NaN is refused (LECHO_EINVAL, as in a consumer handler):
+ * nothing is closed nor freed, the context stays open and usable, and the
+ * caller closes it again with a number.  A program that returns from
  * main, or calls exit(), without lecho_close has its contexts closed so
  * (with their `linger`; what could not be delivered on stderr, and an
  * exit status 0 made 1 then: the handler flushes stdio and _exits) by an exit
@@ -200,7 +203,8 @@ LECHO_API const char *lecho_get_string(const lecho_value *v, const char *key, si
 LECHO_API size_t lecho_len(const lecho_value *v, const char *key);
 /* Copies at most max numbers of the array (elements 1.. of the Lua table) to
  * out and returns how many elements the array has (which may be more than
- * max); a non-number element is copied as NaN. */
+ * max); a non-number element is copied as NaN.  out NULL: nothing copied
+ * (the count only). */
 LECHO_API size_t lecho_get_numbers(const lecho_value *v, const char *key, double *out, size_t max);
 /* A new handle on the field `key` (NULL: on array element `index`, 0-based)
  * of the table in v.  Owned by the caller (lecho_value_free).  NULL when v

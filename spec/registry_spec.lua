@@ -283,6 +283,33 @@ describe("lecho.ns.registry membership", function()
     assert.is_nil(r.settle)
     assert.are.equal(NS, r.manager)
   end)
+  it("believes a lookup's recovering only in its first seconds, and holds a lookup at most LOOKUP_HOLD", function()
+    -- (s7 outside attack, b1: any peer's recovering lookup, every 2 s, kept
+    -- the window open forever; b3: --settle 8 held a new channel's lookup
+    -- past the asker's 5 s timeout)
+    local naming = require "lecho.ns.naming"
+    local ns, w = new("nameserver", { settle = 2.0 }), wire()
+    req(ns, w, C1, { op = "lookup", ch = "a" }, 0)            -- the start: 0
+    reply_to(w, C1)
+    local late, hold = (naming.RECOVER_BELIEVE or 5) + 1, naming.LOOKUP_HOLD or 3
+    req(ns, w, C2, { op = "lookup", ch = "b", recovering = true }, late)
+    local r = reply_to(w, C2)                                   -- answered at once: not believed
+    assert.are.equal(NS, r.manager)
+    assert.is_nil(r.settle)
+    req(ns, w, C1, { op = "lookup", ch = "c" }, late + 0.1)
+    assert.is_nil(reply_to(w, C1).settle)                       -- nobody else waits
+    -- a restarted name server with a window longer than LOOKUP_HOLD
+    local ns2, w2 = new("nameserver", { settle = 8.0, recovering = true }), wire()
+    local id = req(ns2, w2, C1, { op = "lookup", ch = "x" }, 0)
+    assert.are.same({}, w2.take(C1))                            -- held
+    ns2:tick(w2.send, hold - 0.1)
+    assert.are.same({}, w2.take(C1))
+    ns2:tick(w2.send, hold)
+    r = reply_to(w2, C1)
+    assert.are.equal(id, r.rid)
+    assert.are.equal(8.0 - hold, r.settle)      -- the rest: its join waits it out
+  end)
+
   it("answers a consumer join after ack_timeout with the late producers", function()
     local reg, w = new("manager", { ack_timeout = 2.0 }), wire()
     req(reg, w, P1, { op = "join", ch = "x", role = "producer" })

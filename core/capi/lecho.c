@@ -20,6 +20,7 @@
 #include "lecho_int.h"
 
 #include <lualib.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -293,11 +294,25 @@ static int op_close(lua_State *L) {
     return 0;
 }
 
+/* A timeout or a linger that is NaN: refused (LECHO_EINVAL with the
+ * message) by every call that takes one, before anything is done; a NaN
+ * compared as "< 0" or "> 0" is neither, so the Lua layer waited forever
+ * on it (lecho_consumer_wait) or took it for another value. */
+static int nan_time(lecho_ctx *x, double d, const char *what) {
+    if (!isnan(d)) return 0;
+    char msg[96];
+    snprintf(msg, sizeof msg, "%s is NaN (a number of seconds, or < 0)", what);
+    return x ? lei_lecho_fail(x, LECHO_EINVAL, msg) : LECHO_EINVAL;
+}
+
 int lecho_close(lecho_ctx *x, double linger) {
     return lecho_close_err(x, linger, NULL, 0);
 }
 
 int lecho_close_err(lecho_ctx *x, double linger, char *err, size_t errlen) {
+    /* A refused linger frees nothing: the context stays open and usable
+     * (as a close refused in a handler), and the caller closes it again. */
+    if (x && isnan(linger)) return lecho_close_keep(x, linger, err, errlen);
     int rc = lecho_close_keep(x, linger, err, errlen);
     if (x && !x->in_handler) ctx_free(x);   /* in a handler: refused, nothing freed */
     return rc;
@@ -310,8 +325,11 @@ void lecho_close_free(lecho_ctx *x) {
 int lecho_close_keep(lecho_ctx *x, double linger, char *err, size_t errlen) {
     if (err && errlen) err[0] = 0;
     if (!x) return 0;
-    if (x->in_handler) {
-        lei_lecho_fail(x, LECHO_EINVAL, "lecho_close: not from a consumer handler or a lecho_each callback");
+    if (x->in_handler || isnan(linger)) {
+        if (x->in_handler)
+            lei_lecho_fail(x, LECHO_EINVAL, "lecho_close: not from a consumer handler or a lecho_each callback");
+        else
+            nan_time(x, linger, "lecho_close: linger");
         if (err && errlen) snprintf(err, errlen, "%s", x->err);
         return LECHO_EINVAL;
     }
@@ -330,12 +348,13 @@ int lecho_close_keep(lecho_ctx *x, double linger, char *err, size_t errlen) {
 }
 
 const char *lecho_address(const lecho_ctx *x) {
-    return x->addr;
+    return x ? x->addr : NULL;
 }
 
 const char *lecho_nameserver(const lecho_ctx *x) {
-    return x->ns;
+    return x ? x->ns : NULL;
 }
+
 
 /* ---- the loop ---- */
 
@@ -361,6 +380,7 @@ int lecho_run(lecho_ctx *x) {
 int lecho_run_once(lecho_ctx *x, double timeout) {
     if (!x) return LECHO_EINVAL;
     if (x->in_handler) return lei_lecho_fail(x, LECHO_EINVAL, "lecho_run_once: not from a consumer handler");
+    if (isnan(timeout)) return nan_time(x, timeout, "lecho_run_once: timeout");
     struct op o = { .s = "run_once", .kind = 1, .d = timeout };
     return lei_lecho_protect(x, op_loop, &o);
 }
@@ -434,7 +454,7 @@ lecho_channel *lecho_channel_get(lecho_ctx *x, const char *name) {
 }
 
 const char *lecho_channel_name(const lecho_channel *ch) {
-    return ch->name;
+    return ch ? ch->name : NULL;
 }
 
 static int op_producer(lua_State *L) {
@@ -455,8 +475,8 @@ static int op_producer(lua_State *L) {
 }
 
 int lecho_producer_open(lecho_channel *ch, const char *policy, lecho_producer **out) {
-    *out = NULL;
-    if (!ch) return LECHO_EINVAL;
+    if (out) *out = NULL;
+    if (!ch || !out) return LECHO_EINVAL;
     lecho_ctx *x = ch->h.ctx;
     if (x->in_handler) return lei_lecho_fail(x, LECHO_EINVAL, "lecho_producer_open: not from a consumer handler");
     lecho_producer *p = lei_lecho_h_new(x, sizeof *p, H_PRODUCER);
@@ -551,6 +571,7 @@ int lecho_submit_sync(lecho_producer *p, const lecho_value *ev, double timeout,
     if (!p || !ev || ev->h.ctx != p->h.ctx) return LECHO_EINVAL;
     lecho_ctx *x = p->h.ctx;
     if (x->in_handler) return lei_lecho_fail(x, LECHO_EINVAL, "lecho_submit_sync: not from a consumer handler");
+    if (isnan(timeout)) return nan_time(x, timeout, "lecho_submit_sync: timeout");
     struct op o = { .a = p, .b = ev, .kind = 1, .d = timeout };
     int rc = lei_lecho_protect(x, op_submit, &o);
     if (errs)
@@ -763,8 +784,8 @@ int lecho_consumer_open(lecho_channel *ch, lecho_handler fn, void *ud, lecho_con
 
 int lecho_consumer_open_opts(lecho_channel *ch, lecho_handler fn, void *ud, const lecho_value *opts,
                              lecho_consumer **out) {
-    *out = NULL;
-    if (!ch || !fn || (opts && opts->h.ctx != ch->h.ctx)) return LECHO_EINVAL;
+    if (out) *out = NULL;
+    if (!ch || !fn || !out || (opts && opts->h.ctx != ch->h.ctx)) return LECHO_EINVAL;
     lecho_ctx *x = ch->h.ctx;
     if (x->in_handler) return lei_lecho_fail(x, LECHO_EINVAL, "lecho_consumer_open: not from a consumer handler");
     lecho_consumer *c = lei_lecho_h_new(x, sizeof *c, H_CONSUMER);
@@ -932,6 +953,7 @@ int lecho_consumer_wait(lecho_consumer *c, double timeout) {
     if (!c || c->qref == LUA_NOREF) return LECHO_EINVAL;
     lecho_ctx *x = c->h.ctx;
     if (x->in_handler) return lei_lecho_fail(x, LECHO_EINVAL, "lecho_consumer_wait: not from a consumer handler");
+    if (isnan(timeout)) return nan_time(x, timeout, "lecho_consumer_wait: timeout");
     struct op o = { .a = c, .d = timeout };
     return lei_lecho_protect(x, op_wait, &o);
 }

@@ -6,6 +6,7 @@
  * that the loop calls (lecho_run_once) carry; the caller reads the value
  * handle it got, a table whose "done" turns true with the outcome. */
 #include "lecho_int.h"
+#include <math.h>
 
 /* Leaves in o->i the ref of a value box holding the glue's table. */
 static int op_start(lua_State *L) {
@@ -53,6 +54,7 @@ int lecho_submit_sync_start(lecho_producer *p, const lecho_value *ev, double tim
     lecho_ctx *x = p->h.ctx;
     if (x->in_handler)
         return lei_lecho_fail(x, LECHO_EINVAL, "lecho_submit_sync_start: not from a consumer handler");
+    if (isnan(timeout)) return lei_lecho_fail(x, LECHO_EINVAL, "lecho_submit_sync_start: timeout is NaN (a number of seconds, or < 0)");
     struct op o = { .x = x, .a = p, .b = ev, .kind = 0, .d = timeout };
     return start(x, &o, pending);
 }

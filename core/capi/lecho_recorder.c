@@ -42,8 +42,9 @@ static int op_recorder_open(lua_State *L) {
 }
 
 int lecho_recorder_open(lecho_ctx *x, const char *path, const lecho_value *opts, lecho_recorder **out) {
-    *out = NULL;
-    if (!x || !path) return x ? lei_lecho_fail(x, LECHO_EINVAL, "lecho_recorder_open: no path") : LECHO_EINVAL;
+    if (out) *out = NULL;
+    if (!x || !out) return LECHO_EINVAL;
+    if (!path) return lei_lecho_fail(x, LECHO_EINVAL, "lecho_recorder_open: no path");
     if (x->in_handler) return lei_lecho_fail(x, LECHO_EINVAL, "lecho_recorder_open: not from a consumer handler");
     lecho_recorder *r = lei_lecho_h_new(x, sizeof *r, H_RECORDER);
     if (!r) return lei_lecho_fail(x, LECHO_ENOMEM, "out of memory");

@@ -377,6 +377,7 @@ int lecho_set_string(lecho_value *v, const char *key, const char *s, size_t len)
 }
 
 int lecho_set_numbers(lecho_value *v, const char *key, const double *x, size_t n) {
+    if (!x && n > 0) return v ? lei_lecho_fail(v->h.ctx, LECHO_EINVAL, "lecho_set_numbers: x is NULL") : LECHO_EINVAL;
     if (n > 0x7fffffff) return LECHO_ELIMIT;
     struct op o = { .kind = S_NUMBERS, .nums = x, .n = n };
     return set(v, key, &o);
@@ -688,6 +689,7 @@ int lecho_type(const lecho_value *v, const char *key) {
 }
 
 int lecho_get_number(const lecho_value *v, const char *key, double *out) {
+    if (!out) return LECHO_EINVAL;
     struct op o = { .kind = G_NUMBER };
     int rc = get(v, key, &o);
     if (rc == 0) *out = o.d;
@@ -695,6 +697,7 @@ int lecho_get_number(const lecho_value *v, const char *key, double *out) {
 }
 
 int lecho_get_bool(const lecho_value *v, const char *key, int *out) {
+    if (!out) return LECHO_EINVAL;
     struct op o = { .kind = G_BOOL };
     int rc = get(v, key, &o);
     if (rc == 0) *out = o.i;
@@ -714,6 +717,7 @@ size_t lecho_len(const lecho_value *v, const char *key) {
 }
 
 size_t lecho_get_numbers(const lecho_value *v, const char *key, double *out, size_t max) {
+    if (!out) max = 0;   /* nothing copied: the count */
     struct op o = { .kind = G_NUMBERS, .out = out, .idx = max };
     return get(v, key, &o) == 0 ? o.n : 0;
 }

@@ -90,27 +90,40 @@ end
 M.MAX_PARAMS_ENTRIES = 16384
 
 -- nil when the values of list `vs` hold at most M.MAX_PARAMS_ENTRIES
--- table entries together, else why (the walk stops past the limit).
+-- table entries together, each keyed by a string, a number or a boolean,
+-- else why (the walk stops at the first fault).  Any other key (a table:
+-- the codec encodes it) has no order, so no canonical text and no key:
+-- refused here, where the params are given and where they are read (the
+-- manager's join, a producer's install), with this reason, not as an
+-- error of the sort inside canon (issue 7 of the s7 attack, item 11).
+local KEY_TYPES = { string = true, number = true, boolean = true }
 local function too_big(vs)
   local n, lim = 0, M.MAX_PARAMS_ENTRIES
   local function walk(t)
-    for _, x in next, t do
+    for k, x in next, t do
       n = n + 1
-      if n > lim then return true end
-      if type(x) == "table" and walk(x) then return true end
+      if n > lim then return "big" end
+      if not KEY_TYPES[type(k)] then return type(k) end
+      if type(x) == "table" then
+        local why = walk(x)
+        if why then return why end
+      end
     end
-    return false
+    return nil
   end
   for _, v in ipairs(vs) do
-    if type(v) == "table" and walk(v) then
+    local why = type(v) == "table" and walk(v)
+    if why == "big" then
       return ("params have more than %d table entries (an array holds bulk data)"):format(lim)
+    elseif why then
+      return ("params have a %s as a table key (keys: strings, numbers, booleans)"):format(why), "key"
     end
   end
   return nil
 end
 
 -- nil when params `v` hold at most M.MAX_PARAMS_ENTRIES table entries,
--- else why.
+-- keyed by strings, numbers or booleans, else why.
 function M.params_too_big(v) return too_big({ v }) end
 
 -- Whether `key` is the key of entry `m` of a checked subscription (M.check)
@@ -186,7 +199,8 @@ function M.check(msg)
   -- hashed over them: 64 modulators of the limit each would be 64 times it)
   local plist = {}
   for _, m in pairs(mods) do plist[#plist + 1] = m.params end
-  local big = too_big(plist)
+  local big, kind = too_big(plist)
+  if kind == "key" then return nil, ("%s: a modulator's %s"):format(op, big) end
   if big then return nil, ("%s: the modulators' %s together"):format(op, big) end
   -- a service's server (lecho.service): the versions it serves here
   local svc

@@ -263,6 +263,23 @@ end
 
 local ops = {}
 
+-- A lookup held while the name server recovers is answered when the window
+-- ends, or LOOKUP_HOLD seconds after it came if that is sooner: the
+-- asker's request gives up at its `timeout` (5 s by default), and a
+-- `--settle` longer than that made a new channel's producer fail after a
+-- restart (s7 attack, b3).  By then the managers have registered again
+-- (they dial at least every `retry_max`, 2 s), so the channel is not split;
+-- the reply's `settle` (what is left of the window) holds the asker's join
+-- at its manager for the rest, and the asker waits for that join its
+-- `timeout` plus that `settle`.
+M.LOOKUP_HOLD = 3.0
+-- (the first seconds of a name server in which a lookup's `recovering` is
+-- believed: below)
+M.RECOVER_BELIEVE = 5.0
+local function hold_until(self, io)
+  return math.min(self.recover_until, io.now + M.LOOKUP_HOLD)
+end
+
 -- Name server: which manager owns `ch`? Assigns (stickily) on first lookup.
 function ops.lookup(self, from, msg, io)
   if self.role ~= "nameserver" then
@@ -275,11 +292,21 @@ function ops.lookup(self, from, msg, io)
     local ok, serr = may_see(self, from, ch)
     if not ok then return fail(self, io, from, msg.rid, serr, "refused") end
   end
-  -- A context that lost its name server or manager and joins again says
-  -- so: the control plane is recovering, for `settle` seconds from now
-  -- (from when it said so: a lookup held meanwhile and answered now
-  -- widened the window then, not again).
-  if msg.recovering == true and not msg.waited then
+  -- A context that lost its name server and joins again says so
+  -- (`recovering`): the control plane is recovering, for `settle` seconds
+  -- from when it said so (a lookup held meanwhile and answered now widened
+  -- the window then, not again), so that the joins of the others wait for
+  -- it too.  Believed only from a context that could have known a name
+  -- server before this one: in this one's first RECOVER_BELIEVE seconds,
+  -- or `settle` if longer (such a context dials again at least every
+  -- `retry_max`, 2 s, so it is back by then; a run mark cannot tell: a
+  -- name server first started on port 0 has none).  So the window ends at
+  -- most that plus `settle` after the start, whoever sends what (any
+  -- peer's flag, every 2 s, kept it open forever: s7 attack, b1).  A
+  -- channel whose manager died is the name server's own knowledge
+  -- (orphans, below).
+  if msg.recovering == true and not msg.waited
+     and io.now < self.born + math.max(M.RECOVER_BELIEVE, self.settle) then
     self.recover_until = math.max(self.recover_until, io.now + self.settle)
   end
   local settle = self.recover_until - io.now
@@ -303,10 +330,10 @@ function ops.lookup(self, from, msg, io)
       ok, qerr = quota_room(self, who, "lookup")
       if not ok then return fail(self, io, from, msg.rid, qerr, "limit") end
       self.lheld[who] = (self.lheld[who] or 0) + 1
-      self.lwaits[#self.lwaits + 1] = { from = from, msg = msg, hold = self.recover_until, who = who }
+      self.lwaits[#self.lwaits + 1] = { from = from, msg = msg, hold = hold_until(self, io), who = who }
       return
     end
-    self.lwaits[#self.lwaits + 1] = { from = from, msg = msg, hold = self.recover_until }
+    self.lwaits[#self.lwaits + 1] = { from = from, msg = msg, hold = hold_until(self, io) }
     return
   end
   if msg.create == false then

@@ -206,6 +206,7 @@ function M.new(opts)
     tick_visits = 0,                      -- channel records the ticks have visited (introspection)
     recover_until = -math.huge,           -- name server: recovering until then
     recover_at_start = opts.recovering == true, -- the window opens at the first call
+    born = math.huge,                     -- the time of the first call (handle or tick): the start
     orphans = {},                         -- name server: ch -> when its manager died
     lwaits = {},                          -- name server: lookups held while recovering
     used = {}, forget_at = -math.huge,    -- name server: ch -> last time it was in use
@@ -250,6 +251,7 @@ function Registry:handle(from, msg, send, now)
   if type(msg) ~= "table" then return host_misuse(self, "handle: msg must be a table") end
   local io = { send = send, now = now }
   local op, rid = msg.op, msg.rid
+  if self.born == math.huge then self.born = now end
   if self.recover_at_start then
     self.recover_at_start = nil
     self.recover_until = now + self.settle
@@ -325,6 +327,7 @@ function Registry:tick(send, now)
   if type(send) ~= "function" then return host_misuse(self, "tick: send must be a function") end
   if type(now) ~= "number" then return host_misuse(self, "tick: now must be a number") end
   local io = { send = send, now = now }
+  if self.born == math.huge then self.born = now end
   guarded(self, function()
     if self.role == "nameserver" then
       naming.forget_unused(self, now)

@@ -164,7 +164,7 @@ describe("issue 27 attacked: a producer whose list put other code under a key", 
     local mods = { [key] = { src = EVIL, params = { tag = 1 }, caps = {}, base = spec.base, dests = { rogue } } }
     ch.last_members = { list = { victim, rogue }, mods = mods }
     ch.lsseq = { [victim] = 1, [rogue] = 1 }
-    ch.mods[key] = { key = key, spec = mods[key], dests = { rogue } }
+    ch.mods[key] = { key = key, spec = mods[key], runs = mods[key], dests = { rogue } }  -- (runs: what it runs)
     local ok, why, code = ch:_install_req(victim, { op = "install", ch = ch.name, sseq = 2,
       mods = { [key] = { src = TAG, params = { tag = 1 }, caps = {} } } })
     ch.mods[key] = nil

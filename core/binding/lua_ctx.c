@@ -513,18 +513,18 @@ static int l_pending(lua_State *L) {
     return 11;
 }
 
-/* core.hash(s) -> 16 hex digits (FNV-1a, 64 bits): names, not security. */
+/* core.hash(s) -> 64 hex digits: BLAKE2b-256 of s (crypto_generichash, no
+ * key).  It names modulator code and params (lecho.subs: a modulator's base,
+ * key and stream), names that peers compare and believe (one key is one
+ * modulator, whoever else uses it), so two texts must not be made to give
+ * one name: the FNV-1a 64 it was collided in minutes (doc/modulators.md
+ * "Keys"). */
 static int l_hash(lua_State *L) {
     size_t n;
     const unsigned char *p = (const unsigned char *)luaL_checklstring(L, 1, &n);
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 1099511628211ull;
-    }
-    char out[17];
-    snprintf(out, sizeof out, "%016llx", (unsigned long long)h);
-    lua_pushstring(L, out);
+    char out[LB_KEY_HEX + 1];
+    lb_moe_key_hex(p, n, out);
+    lua_pushlstring(L, out, LB_KEY_HEX);
     return 1;
 }
 

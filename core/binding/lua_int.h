@@ -164,6 +164,10 @@ extern const luaL_Reg lb_moe_ctx_methods[];
 void lb_moe_open(lua_State *L);
 /* core.stream_key (lua_moe.c): a modulator's key, or nil for lecho.modulator's canon */
 int lb_moe_stream_key(lua_State *L);
+/* The key of n bytes at p (lua_moe.c): BLAKE2b-256 as LB_KEY_HEX lowercase hex
+ * digits and a NUL in out (core.hash, core.stream_key) */
+#define LB_KEY_HEX 64
+void lb_moe_key_hex(const void *p, size_t n, char out[LB_KEY_HEX + 1]);
 /* Runs the batch of async events staged in each modulator of b (moe.h
  * lei_moe_flush): before anything that writes, counts or waits on the
  * queues (flush, pending, shutdown). */

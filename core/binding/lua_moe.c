@@ -6,6 +6,7 @@
 #include "lua_int.h"
 
 #include <math.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -429,7 +430,7 @@ const luaL_Reg lb_moe_ctx_methods[] = {
 
 /* ---- core.stream_key: a modulator's key in C (lecho.modulator) ----
  * lecho.modulator names an instance by core.hash(base .. canon(params) ..
- * ("|" .. stream)), canon a text of the params with sorted keys, written
+ * ("|" .. stream)) (BLAKE2b-256, lb_moe_key_hex), canon a text of the params with sorted keys, written
  * in Lua and run interpreted (a pairs loop: LuaJIT issue 829): ~1.2-2.4 us
  * per params change at the consumer and again at the producer's check.
  * Here the same text for the values whose text is certain to be the same:
@@ -560,7 +561,18 @@ static int ck_value(lua_State *L, int idx, lei_wbuf *b, int depth) {
     return rc;
 }
 
-/* core.stream_key(base, params, stream|nil) -> the key (16 hex digits, as
+/* The key of n bytes at p: BLAKE2b-256 (crypto_generichash, 32 bytes, no
+ * key) in lowercase hex.  Keys name modulator code and params between peers
+ * (a producer joins a consumer to the instance of its key): a 64-bit FNV-1a
+ * was used until a pair of sources of one key was found in minutes
+ * (spec/modulator_keys_spec.lua); a collision of this one costs ~2^128. */
+void lb_moe_key_hex(const void *p, size_t n, char out[LB_KEY_HEX + 1]) {
+    unsigned char h[LB_KEY_HEX / 2];
+    crypto_generichash(h, sizeof h, (const unsigned char *)p, (unsigned long long)n, NULL, 0);
+    sodium_bin2hex(out, LB_KEY_HEX + 1, h, sizeof h);
+}
+
+/* core.stream_key(base, params, stream|nil) -> the key (64 hex digits, as
  * core.hash of base .. canon(params) .. "|" .. stream), or nil when params
  * hold what only lecho.modulator's canon writes. */
 int lb_moe_stream_key(lua_State *L) {
@@ -577,15 +589,10 @@ int lb_moe_stream_key(lua_State *L) {
         lua_pushnil(L);
         return 1;
     }
-    uint64_t h = 1469598103934665603ull; /* FNV-1a, as core.hash */
-    for (size_t i = 0; i < b.len; i++) {
-        h ^= (unsigned char)b.data[i];
-        h *= 1099511628211ull;
-    }
+    char out[LB_KEY_HEX + 1];
+    lb_moe_key_hex(b.data, b.len, out);
     lei_wbuf_free(&b);
-    char out[17];
-    snprintf(out, sizeof out, "%016llx", (unsigned long long)h);
-    lua_pushstring(L, out);
+    lua_pushlstring(L, out, LB_KEY_HEX);
     return 1;
 }
 

@@ -898,7 +898,12 @@ function Channel:_apply_members(list, mods)
   if self.regrace then
     self.regrace = nil
     local kmods = {}
-    for key, inst in pairs(self.mods) do kmods[key] = { base = inst.base, dests = inst.dests } end
+    -- (with what the instance runs: an entry found under its key names it)
+    for key, inst in pairs(self.mods) do
+      local r = inst.runs
+      kmods[key] = { base = inst.base, dests = inst.dests, src = r.src, period = r.period, caps = r.caps,
+                     params = r.params }
+    end
     self.kept = { dests = self.dests, mods = kmods }
     if self.kept_timer then self.kept_timer:stop() end
     self.kept_timer = ctx:after(REJOIN_GRACE, function()

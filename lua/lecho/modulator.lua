@@ -18,6 +18,7 @@ local Channel = require "lecho.channel"
 local CAPS = options.CAPS
 local check_subs, key_ok = require("lecho.subs").check, require("lecho.subs").key_ok
 local params_too_big = require("lecho.subs").params_too_big
+local same_code, same_mod = require("lecho.subs").same_code, require("lecho.subs").same_mod
 local others = Channel.without
 local sorted_keys, same = require("lecho.tables").sorted_keys, require("lecho.tables").same
 local ENOENT = 2   -- errno.h: 2 on Linux, the BSDs and macOS (io.open gives the errno third)
@@ -141,13 +142,28 @@ function Channel:_set_consumers(list, mods)
   for _, key in ipairs(sorted_keys(mods)) do
     local m = mods[key]
     local inst = self.mods[key]
+    if inst and not same_mod(inst.runs, m) then
+      -- a key is believed where it was hashed, the instance found under it
+      -- only when it runs the entry's code and params: one that does not
+      -- (a context's direct install under a key that named other code too,
+      -- doc/modulators.md "Keys") is not joined by the entry's consumers,
+      -- who would take its output for their modulator's; it goes, and the
+      -- entry gets an instance of its own code
+      ctx:_warn_limited("modulator key mismatch", ("modulator %s on '%s': the instance under that key here ran"
+        .. " other code or params than the member list's entry: replaced"):format(key:sub(1, 16), self.short))
+      if bystream[inst.stream] == inst then bystream[inst.stream] = nil end
+      used[inst] = true
+      self:_unload(inst)
+      inst = nil
+    end
     if inst then used[inst] = true end
     if not inst and self.failed[key] then self:_tell_failed(key, m.dests) end
     if not inst and not self.failed[key] then
       local same = table.concat(m.dests or {}, ",")
       local s = type(m.stream) == "string" and m.stream or key
       local cur = bystream[s]
-      if cur and not used[cur] and not mods[cur.key] and cur.base == m.base and cur.dests_key == same then
+      if cur and not used[cur] and not mods[cur.key] and cur.base == m.base and same_code(cur.runs, m)
+         and cur.dests_key == same then
         take(cur)
         if (cur.pseq or 0) > (type(m.pseq) == "number" and m.pseq or 0) then
           inst = cur
@@ -167,7 +183,7 @@ function Channel:_set_consumers(list, mods)
           self:_unload(cur)
         end
         for i, old in ipairs(gone) do
-          if old.base == m.base and old.dests_key == same and not self.fresh_only then
+          if old.base == m.base and same_code(old.runs, m) and old.dests_key == same and not self.fresh_only then
             table.remove(gone, i)
             used[old] = true
             inst = self:_rekey(old, key, m)
@@ -264,6 +280,29 @@ function Channel:_with_direct(mods)
       over[a] = d
     end
   end
+  -- a key of a direct set names the code and params the list (or a set
+  -- before it) has under that key, or the set goes as one the list's
+  -- grants withdrew: one key, one modulator (its context's install was
+  -- believed by its hash; another context's entry under the same key is
+  -- what a collision of keys would give)
+  local seen = {}
+  for _, a in ipairs(sorted_keys(over)) do
+    local d, why = over[a], nil
+    for _, key in ipairs(sorted_keys(d.mods)) do
+      local m, o = d.mods[key], mods[key] or seen[key]
+      if type(o) == "table" and not same_mod(o, m) then
+        why = ("modulator %s: another context's modulator of other code or params has that key here")
+              :format(key:sub(1, 16))
+        break
+      end
+    end
+    if why then
+      over[a], self.direct[a] = nil, nil
+      self:_direct_withdrawn(a, d, mods, why)
+    else
+      for key, m in pairs(d.mods) do seen[key] = seen[key] or m end
+    end
+  end
   if next(over) == nil then return mods end
   local out = {}
   for key, m in pairs(mods) do
@@ -355,7 +394,16 @@ function Channel:_direct_apply(from, mods)
     if not had[key] and not self.failed[key] then
       local m = mods[key]
       local inst = self.mods[key]
-      if inst then
+      if inst and not same_mod(inst.runs, m) then
+        -- (_install_req checked it this turn: never so, kept as the rule;
+        -- told, not marked failed: the instance stays its consumers')
+        local why = "the instance under that key here runs other code or params"
+        ctx:_warn_limited("modulator refused", ("modulator %s of %s on '%s' not joined: %s"):format(
+          key:sub(1, 16), from, self.short, why))
+        if from ~= ctx.addr then ctx.c:bind_at(self.chid, from) end
+        ctx:_send_ctrl(from, { op = "mod_error", ch = self.name, key = key, err = why, producer = ctx.addr })
+        inst = nil
+      elseif inst then
         local dl = {}
         for i, a in ipairs(inst.dests or {}) do dl[i] = a end
         dl[#dl + 1] = from
@@ -438,17 +486,25 @@ function Channel:_install_req(from, msg)
       end
       m.base = base
     end
-    -- an instance running here under that key runs its code too: a list
-    -- of a manager that did not hash its keys (before issue 27's attack)
-    -- could have put another context's code under it, whose output this
-    -- consumer would then take for its own modulator's (the params are
-    -- not compared: an in-band change leaves the instance's spec behind)
+    -- an instance running here under that key runs its code and params
+    -- too, and the manager's list and the other direct sets name the same
+    -- under it: a list of a manager that did not hash its keys (before
+    -- issue 27's attack), or another context's install under a key that
+    -- named other code too (keys of FNV-1a 64 before issue 26's hash: a
+    -- pair of sources of one key was made in minutes), would hand this
+    -- consumer that code's output for its own modulator's
     local inst = self.mods[key]
-    local is = inst and inst.spec
-    if is and not (is.src == m.src and is.period == m.period and caps_combo(is.caps) == caps_combo(m.caps)
-                   and (is.stream or key) == (m.stream or key)) then
-      return nil, ("modulator %s: the instance under that key here runs other code"):format(key:sub(1, 16)),
-             "refused"
+    if inst and not (same_mod(inst.runs, m) and inst.stream == (m.stream or key)) then
+      return nil, ("modulator %s: the instance under that key here runs other code or params"):format(
+        key:sub(1, 16)), "refused"
+    end
+    local o = lmods[key]
+    for a2, d2 in pairs(self.direct or {}) do
+      if a2 ~= from and d2.mods[key] then o = o or d2.mods[key] end
+    end
+    if type(o) == "table" and not same_mod(o, m) then
+      return nil, ("modulator %s: another context's modulator of other code or params has that key here")
+                  :format(key:sub(1, 16)), "refused"
     end
     -- a stream kept through in-band params changes is its consumer's alone
     local s = m.stream or key
@@ -621,7 +677,11 @@ function Channel:_install(key, m)
     self:_refuse(key, err, m.dests)
     return nil
   end
+  -- runs: what it runs (its code and current params), which an entry found
+  -- under its key must name too (subs.same_mod)
   local inst = { id = ctx.nextmoe, key = key, base = m.base, moe = moe, dchid = dchid, ch = self,
+                 runs = { src = m.src, period = m.period, caps = m.caps,
+                          params = m.params == nil and {} or m.params },
                  dests = m.dests, principals = whose,
                  stream = type(m.stream) == "string" and m.stream or key,
                  pseq = type(m.pseq) == "number" and m.pseq or 0 }
@@ -668,6 +728,7 @@ function Channel:_rekey(inst, key, m)
     return nil
   end
   inst.key, inst.dchid, inst.dests, inst.stream = key, dchid, m.dests, s
+  inst.runs.params = m.params == nil and {} or m.params
   inst.pseq = type(m.pseq) == "number" and m.pseq or 0
   self.mods[key] = inst
   return inst
@@ -695,6 +756,7 @@ function Channel:_params_here(inst, key, params, pseq)
     return nil
   end
   inst.key, inst.pseq = key, type(pseq) == "number" and pseq or inst.pseq
+  inst.runs.params = params == nil and {} or params
   self.mods[key] = inst
   return inst
 end

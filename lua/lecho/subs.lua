@@ -55,7 +55,8 @@ end
 -- a file name, not source text.
 M.canon = canon
 
--- The key of a modulator: the hash of its code (`base`, from M.base_of),
+-- The key of a modulator: the hash (core.hash: BLAKE2b-256, 64 hex digits,
+-- which no one can make collide) of its code (`base`, from M.base_of),
 -- its params and `stream` (the stream an in-band params change keeps: the
 -- key of the first params of it, doc/modulators.md "Ordering"): equal keys
 -- are one instance on one stream.
@@ -79,6 +80,32 @@ function M.base_of(src, period, caps)
   table.sort(cl)
   return core.hash(table.concat(canon({ src, period or 0, cl }, {})))
 end
+
+-- Whether a running modulator (`a`: its src, period, caps, params) is the
+-- one entry `b` asks for: the same code and params, compared as they are,
+-- not by key (a key is believed where it was hashed; where a producer or
+-- the manager finds an instance or an entry under a key, what it runs must
+-- be what the key's asker sent, or a collision of keys would hand one
+-- context's output to another).  Params are compared deeply, and when
+-- that says no (an array is one only by identity there), by their
+-- canonical text (an array's as the hash of its encoding).
+local same = require("lecho.tables").same
+local function caps_text(caps)
+  local cl = {}
+  for _, c in ipairs(type(caps) == "table" and caps or {}) do cl[#cl + 1] = tostring(c) end
+  table.sort(cl)
+  return table.concat(cl, ",")
+end
+function M.same_code(a, b)
+  return a.src == b.src and (a.period or 0) == (b.period or 0) and caps_text(a.caps) == caps_text(b.caps)
+end
+function M.same_params(pa, pb)
+  if pa == nil then pa = {} end
+  if pb == nil then pb = {} end
+  if same(pa, pb) then return true end
+  return table.concat(canon(pa, {})) == table.concat(canon(pb, {}))
+end
+function M.same_mod(a, b) return M.same_code(a, b) and M.same_params(a.params, b.params) end
 
 -- The most table entries (keys of every table, nested ones too) a
 -- modulator's params may hold: its key is the hash of their canonical text

@@ -328,6 +328,7 @@ end
 -- A consumer context's subscriptions, checked: lecho.subs (shared with
 -- a producer's check of a direct install).
 local check_subs, key_ok = require("lecho.subs").check, require("lecho.subs").key_ok
+local same_mod = require("lecho.subs").same_mod
 
 -- Keys name modulators (a 64-bit hash made by the consumer): two consumers
 -- using one key must mean one modulator, or one would receive the other's
@@ -354,9 +355,10 @@ local function check_keys(c, from, subs, op)
       m.base = base
     end
     for addr, r in pairs(c.consumers) do
+      -- (params compared as values: arrays by content, not identity, or
+      -- a second consumer of one modulator with array params was refused)
       local o = addr ~= from and r.subs.mods[key]
-      if o and not (o.src == m.src and o.period == m.period and same(o.caps, m.caps)
-                    and same(o.params, m.params) and o.stream == m.stream) then
+      if o and not (same_mod(o, m) and o.stream == m.stream) then
         return nil, ("%s: modulator key %s is already used by %s for another modulator"):format(
           op, key, addr)
       end

@@ -464,7 +464,7 @@ local function demod1(ev)
   if ev.done then return end
   if ev.m ~= 1 then mixed = mixed + 1 end
   n1 = n1 + 1
-  busy(0.015)                      -- a slow viewer: the backlog takes seconds
+  busy(a.work or 0.015)            -- a slow viewer: the backlog takes seconds
   -- a.wait: once, after the switch, the old demodulator waits that long
   -- (what comes next from the producer is held back meanwhile)
   if a.wait and switched and not slept then slept = true ctx:sleep(a.wait) end
@@ -499,7 +499,13 @@ describe("replacing the modulator of a backlogged consumer", function()
     local _, ns = S.nameserver("--quiet")
     local ctx = lecho.context{ nameserver = ns, quiet = true }
     local p = assert(ctx:channel("slow"):producer())
-    local v = S.lua(SLOW_SWITCHER, cjson.encode{ ns = ns, wait = wait, burn = o.burn, st = o.st })
+    -- the viewer's CPU per event scaled by the fraction of a core it gets
+    -- (S.core_fraction), so its backlog takes ~3 s of wall at any load: 3 s
+    -- of CPU at 0.04-0.05 of a core (load 23-25, 2 busy loops, make asan)
+    -- took past the 60 s bounds (3 of 4 cases: "switched" never seen, "no
+    -- answer within 60 s")
+    local work = 0.015 * S.core_fraction()
+    local v = S.lua(SLOW_SWITCHER, cjson.encode{ ns = ns, wait = wait, burn = o.burn, st = o.st, work = work })
     assert(S.run_until(ctx, function() return S.output(v):match("ready") end, 20))
     -- ~3 s of work for the viewer; 8 KB each, so that one read does not
     -- take them all in before the viewer sees the manager's answer

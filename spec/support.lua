@@ -153,6 +153,25 @@ function M.count(log, text)
   end
 end
 
+--- The fraction of a core a spinning process of normal priority gets now,
+-- measured over `seconds` (0.5): 1 on a quiet host, 0.04-0.08 at load
+-- 15-25 on 2 cores.  A case whose own CPU work must fit a wall-clock bound
+-- scales that work by it (as by 1/M.SLOW under ASan); never a bound.
+function M.core_fraction(seconds)
+  local probe = M.lua(([[
+    local ffi = require "ffi"
+    ffi.cdef"typedef struct { long s, ns; } cf_ts; int clock_gettime(int, cf_ts *);"
+    local function now(clk) local t = ffi.new("cf_ts") ffi.C.clock_gettime(clk, t) return tonumber(t.s) + tonumber(t.ns) * 1e-9 end
+    local w0, c0 = now(1), now(2)  -- CLOCK_MONOTONIC, CLOCK_PROCESS_CPUTIME_ID
+    while now(1) - w0 < %g do end
+    print((now(2) - c0) / (now(1) - w0))
+  ]]):format(seconds or 0.5))
+  assert(M.wait(probe, 60), "the probe did not end")
+  local f = tonumber(M.output(probe):match("[%d.e-]+"))
+  assert(f, "no fraction from the probe: " .. M.output(probe) .. M.errors(probe))
+  return math.max(0.02, math.min(1, f))
+end
+
 --- n processes spinning for ever (cores kept busy; killed by M.cleanup),
 -- each started with the shell words `prefix` when given ("nice -n -5 ",
 -- "taskset -c 0 ") and checked to be running: a list of children.

@@ -811,7 +811,7 @@ ctx:close()
     local block = assert(readme:match("\n## In a browser.-```sh[^\n]*\n(.-)```"), "no sh block in README's In a browser")
     local line
     for l in block:gmatch("[^\n]+") do
-      if l:find("8081", 1, true) and not l:find("^lecho%-gateway") then line = l end
+      if l:find("8081", 1, true) and not l:find("lecho-gateway --", 1, true) then line = l end
     end
     assert.truthy(line, "no client line in:\n" .. block)
     local cmd, n = line:gsub("8081", tostring(lp)):gsub("%f[%w]10%f[^%w]", "3")

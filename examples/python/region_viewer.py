@@ -16,7 +16,7 @@ Options:
   --stride N              block side in cells (default 2)
   --every N               report (and save) every N steps (default 10)
   --out DIR               save each reported field there (PNG, or .npy without matplotlib)
-  --seconds S             stop after S seconds without the final event (default 60)
+  --seconds S             stop after S seconds if the final event has not come by then (default 60)
 Ends at the simulation's final event (or Ctrl-C)."""
 import argparse
 import os

@@ -541,7 +541,8 @@ class Context:
         KeyboardInterrupt: ctx.close()`, a `with` block left by an
         exception): then the error is only logged (unless quiet) and kept
         in .close_error, so that the exception being handled is not
-        replaced.  Large received arrays (over the context's memory) still
+        replaced.  Subscriptions still open are closed as by their
+        close(): the events they handed out count as handled.  Large received arrays (over the context's memory) still
         alive stay valid: the context's memory is freed when the last of
         them goes."""
         self._close(linger, sys.exc_info()[0] is not None)
@@ -573,6 +574,12 @@ class Context:
             gc.collect()
         self.detach()
         self._drain()
+        # open subscriptions close as sub.close() does: the events they
+        # handed out (sub.get(), a loop's last) count as handled, their
+        # producers' submit_sync answered before the connection goes
+        for h in list(self._handles):
+            if isinstance(h, Subscription):
+                h.close()
         x, self._x = self._x, None
         for h in self._handles:
             h._dead()

@@ -19,7 +19,7 @@ local lecho = require "lecho"
 -- else says why on stderr and exits 1.
 local RELAY = [[
 local lecho = require "lecho"
-local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+local ctx = lecho.context{ nameserver = arg[1], quiet = true, key = arg[2], trust = arg[3] }
 local p = assert(ctx:channel("b"):producer())
 local done = false
 local c = assert(ctx:channel("a"):consumer(function(ev)
@@ -39,12 +39,26 @@ os.exit(done and 0 or 2)
 describe("read confirmation at a close", function()
   after_each(function() S.cleanup() end)
 
-  it("a consumer that read everything, closing as the producer's context closes: close true (5 rounds)",
-    function()
+  -- keyed: each context's key (a, the relay's b) and the other's public key
+  local function keyed()
+    local keys = require "lecho.keys"
+    local dir = S.tmpname("keys")
+    os.execute("mkdir -p " .. dir)
+    local a, b = keys.generate("nameserver"), keys.generate("b") -- (the name server's principal)
+    assert(keys.write_secret(dir .. "/a.key", a))
+    assert(keys.write_public(dir .. "/a.pub", a))
+    assert(keys.write_secret(dir .. "/b.key", b))
+    assert(keys.write_public(dir .. "/b.pub", b))
+    return { key = dir .. "/a.key", trust = dir .. "/b.pub" }, { dir .. "/b.key", dir .. "/a.pub" }
+  end
+
+  local function rounds(n, opts, rargs)
       local pad = ("x"):rep(3600)
-      for round = 1, 5 do
-        local ctx = assert(lecho.context{ quiet = true })
-        local relay = S.lua(RELAY, ctx.addr)
+      for round = 1, n do
+        local o = { quiet = true }
+        for k, v in pairs(opts or {}) do o[k] = v end
+        local ctx = assert(lecho.context(o))
+        local relay = S.lua(RELAY, ctx.addr, unpack(rargs or {}))
         assert(S.run_until(ctx, function() return (S.read(relay.out) or ""):find("ready") end, 30),
                "the relay did not start: " .. S.errors(relay))
         local got = 0
@@ -68,5 +82,12 @@ describe("read confirmation at a close", function()
         local ok, err = ctx:close()
         assert.is_true(ok, err)
       end
-    end)
+  end
+
+  it("a consumer that read everything, closing as the producer's context closes: close true (5 rounds)",
+    function() rounds(5) end)
+
+  it("the same over keyed connections (records): close true (3 rounds)", function()
+    rounds(3, keyed())
+  end)
 end)

@@ -518,6 +518,14 @@ void lei_peer_queue_took(lei_peer *p, size_t w) {
  * records sealed from them); arms the write watcher when the socket is full. */
 void lei_peer_flush(lei_peer *p) {
     if (!lei_peer_is_up(p)) return;
+    /* CLOSING: our FIN is out (lei_conn_fin: sent once the queue was
+     * written), so what was queued since (a reply, a CONFIRM, a HEARTBEAT
+     * the remote's frames called for while we read on to its close) can
+     * never go: a write would fail with EPIPE, of our own making, and end
+     * the connection as broken before the remote's CONFIRM and orderly
+     * close are read, counting what it read as unconfirmed.  It stays
+     * queued, dropped (and any event in it counted) when the remote closes. */
+    if (p->conn->state == LEI_CONN_CLOSING) return;
     p->conn->mech->flush(p);
 }
 

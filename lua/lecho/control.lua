@@ -671,6 +671,7 @@ function Context:_on_peer(idx, addr, up, reason, gen, code, unreached)
   for _, ch in pairs(self.byname) do
     for key in pairs(ch.streams) do ch:_stream_ended(key, addr) end
     ch:_forget_kept(addr)
+    if ch.cmanager == addr then ch.cmanager = nil end   -- it dropped our membership with the connection
     if ch.manager == addr or (ch.ns == addr and ch.manager ~= self.addr) then
       ch.manager = nil
       -- Versions are the lost manager's: the next one counts from its own
@@ -821,7 +822,7 @@ function Channel:_join(role)
       end
     end
   else
-    self.cjoined = true
+    self.cjoined, self.cmanager = true, mgr
     self.producers_seen = type(r.producers) == "table" and r.producers or nil
     self:_check_reach(r.producers)
   end
@@ -859,14 +860,29 @@ function Channel:_revoked(msg)
 end
 
 function Channel:_leave(role)
-  if role == "consumer" then self.cjoined = false end
-  if self.manager and not self.ctx.closed then
-    self.ctx:_notify(self.manager, { op = "leave", ch = self.name, role = role })
+  local to = self.manager
+  if role == "consumer" then
+    -- the manager this context joined as a consumer, should the channel's
+    -- have been forgotten since (a producer's failed join): the leave must
+    -- reach the manager that lists us, or we stay a phantom consumer there
+    -- whose sync events fail with noconsumer for everyone (issue 28, review 7)
+    to = self.cmanager or to
+    self.cjoined, self.cmanager = false, nil
   end
-  -- Without endpoints here, the next one looks the manager up again: an
-  -- unused channel is forgotten by the name server after forget_after, and
-  -- may then go to another manager.
-  if self.nprod == 0 and #self.all == 0 then self.manager, self.left_manager = nil, self.manager end
+  if to and not self.ctx.closed then
+    self.ctx:_notify(to, { op = "leave", ch = self.name, role = role })
+  end
+  -- Joined in no role here any more: the next endpoint looks the manager up
+  -- again (an unused channel is forgotten by the name server after
+  -- forget_after, and may then go to another manager).  Not while the
+  -- consumer's leave is still to be sent (its last consumer closed in this
+  -- turn, the leave waits for the next: _update_subs): c:close() then
+  -- p:close() in one turn forgot the manager here, the consumer's leave then
+  -- had nowhere to go, and the manager listed this context as a consumer for
+  -- as long as it ran (issue 28, review 7).
+  if self.nprod == 0 and #self.all == 0 and not self.cjoined then
+    self.manager, self.left_manager = nil, self.manager
+  end
 end
 
 -- How long a producer that lost its manager keeps sending to the consumers
@@ -1024,7 +1040,7 @@ function Channel:_update_subs(nowait)
   end
   local mgr, err, code = self:_manager()
   if not mgr then return nil, err, code end
-  self.subs_sig = sig
+  self.subs_sig, self.cmanager = sig, mgr
   local msg = { op = "subscribe", ch = self.name, subs = subs }
   if nowait then return self.ctx:_notify(mgr, msg) end
   local r

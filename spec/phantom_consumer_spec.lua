@@ -31,22 +31,25 @@ local CASES = {
 
 -- Is addr listed as a consumer of channel `name` by the name server (which
 -- manages every channel here)?  Asked from ctx (its loop runs meanwhile).
-local function listed(ctx, name, addr)
-  local chans, err = ctx:list()
+-- (role: "producers" to ask of producers; at: the manager to ask, else
+-- the name server)
+local function listed(ctx, name, addr, role, at)
+  local chans, err = ctx:list(at)
   assert(chans, err)
   local e = chans[ctx.ns .. "/" .. name]
-  return e ~= nil and e.consumers ~= nil and e.consumers[addr] ~= nil
+  local set = e and e[role or "consumers"]
+  return set ~= nil and set[addr] ~= nil
 end
 
--- Runs ctx's loop until addr is no longer a listed consumer of `name`, at
--- most `secs` seconds: true when it left.
-local function left(ctx, name, addr, secs)
+-- Runs ctx's loop until addr is no longer a listed consumer (or `role`) of
+-- `name`, at most `secs` seconds: true when it left.
+local function left(ctx, name, addr, secs, role, at)
   local deadline = socket.gettime() + secs
   repeat
-    if not listed(ctx, name, addr) then return true end
+    if not listed(ctx, name, addr, role, at) then return true end
     S.run_until(ctx, function() return false end, 0.1)
   until socket.gettime() > deadline
-  return not listed(ctx, name, addr)
+  return not listed(ctx, name, addr, role, at)
 end
 
 -- `lecho pub NAME VALUE --sync` from another process, ctx's loop served
@@ -138,6 +141,9 @@ describe("a context that consumed and produced a channel, both closed (issue 28,
     assert.truthy(perr)
     c:close()
     assert.is_true(left(ctx, name, ctx.addr, 5), ctx.addr .. " still listed as a consumer of " .. name)
+    -- nor as a producer: the join the name server answered too late was
+    -- taken back (a producer the manager lists and this context does not know)
+    assert.is_true(left(ctx, name, ctx.addr, 5, "producers"), ctx.addr .. " still listed as a producer of " .. name)
     local rc, err = pub_sync(ns, name, ctx)
     assert.are.equal(0, rc, err)
     assert.falsy(err:find(ctx.addr, 1, true), err)
@@ -183,4 +189,51 @@ describe("a context that consumed and produced a channel, both closed (issue 28,
       S.kill(gw, "TERM")
     end)
   end
+end)
+
+-- A name server restarted while its channel's manager (a lecho-manager of
+-- its own) ran on: the context joined that manager again, which still
+-- listed it, and counted one endpoint more; the one leave of each close
+-- then left it listed as a consumer and a producer for as long as it ran.
+describe("a name server restarted, its manager not (issue 28, review 7)", function()
+  after_each(function() S.cleanup() end)
+
+  it("the context's rejoin is its one membership: closing both leaves no phantom", function()
+    local nsc, ns = S.nameserver("--quiet")
+    local pf = S.tmpname("mgr")
+    S.spawn(("%s %s/scripts/lecho-manager --nameserver %s --port-file %s --for 120 --quiet")
+      :format(S.luajit, S.root, ns, pf))
+    local mgr = S.wait_file(pf, "%d+:%d+", 20)
+    assert(mgr, "manager did not start")
+    mgr = mgr:match("[^\n]+")
+    local name = "rejoined"
+    S.consumer{ ns = ns, channels = { name }, duration = 120 }
+    local ctx = lecho.context{ nameserver = ns, quiet = true, timeout = 2 }
+    local ch = ctx:channel(name)
+    local c = assert(ch:consumer(function() end))
+    local p = assert(ch:producer())
+    assert.are.equal(mgr, ch.manager)
+    assert.is_true(S.run_until(ctx, function() return p:submit_sync("probe", { timeout = 3 }) end, 15))
+    S.kill(nsc, "KILL")
+    S.wait(nsc, 5)
+    local port_file = S.tmpname("ns-addr")
+    local argv = P.nameserver_argv{ root = S.root, luajit = S.luajit, listen = ns, port_file = port_file,
+                                    args = { "--for", "120", "--settle", "2", "--quiet" } }
+    S.spawn(P.sh_join(argv))
+    assert(S.wait_file(port_file, "\n", 10), "the name server did not restart")
+    -- lost, then joined the same manager again
+    assert.is_true(S.run_until(ctx, function() return ch.recovering ~= nil end, 10), "the name server's loss not seen")
+    assert.is_true(S.run_until(ctx, function() return ch.recovering == nil and ch.manager == mgr end, 20),
+                   ("not joined again to %s (manager %s)"):format(mgr, tostring(ch.manager)))
+    assert.is_true(listed(ctx, name, ctx.addr, "consumers", mgr))
+    c:close(); p:close()
+    local gone_c = left(ctx, name, ctx.addr, 5, "consumers", mgr)
+    local gone_p = left(ctx, name, ctx.addr, 5, "producers", mgr)
+    local rc, err = pub_sync(ns, name, ctx)
+    assert.are.equal(0, rc, err)
+    assert.falsy(err:find(ctx.addr, 1, true), err)
+    assert.is_true(gone_c, ctx.addr .. " still listed as a consumer by the manager")
+    assert.is_true(gone_p, ctx.addr .. " still listed as a producer by the manager")
+    ctx:close()
+  end)
 end)

@@ -785,16 +785,29 @@ function Channel:_manager()
   return r.manager
 end
 
-function Channel:_join(role)
+-- rejoin: joined again after losing the name server or the manager
+-- (_schedule_rejoin): a manager that still lists this context in `role`
+-- (only the name server was lost) keeps its one membership, not one more
+-- (one more, and the one leave at the close left a phantom member).
+function Channel:_join(role, rejoin)
   local mgr, err, code = self:_manager()
   if not mgr then return nil, err, code end
   local r
   local ver_before = self.ver
   local settle = self.settle
   r, err, code = self.ctx:request(mgr, { op = "join", ch = self.name, role = role, settle = settle,
-                                         subs = role == "consumer" and self:_subs() or nil },
+                                         subs = role == "consumer" and self:_subs() or nil,
+                                         rejoin = rejoin or nil },
                                   self.ctx.timeout + (settle or 0))
   if not r then
+    -- A first join not answered in time may still have reached the manager
+    -- (a busy or stopped one answers later): taken back, or that manager
+    -- lists a member this context does not know it is, for as long as it
+    -- runs (a leave after no join is refused there, harmlessly).  A rejoin
+    -- is not: it does not add to a membership the manager holds.
+    if code == "timeout" and not rejoin and not self.ctx.closed then
+      self.ctx:_notify(mgr, { op = "leave", ch = self.name, role = role })
+    end
     self.manager = nil
     return nil, ("joining '%s' as %s: %s"):format(self.name, role, err), code
   end
@@ -970,8 +983,8 @@ end
 function Channel:_schedule_rejoin()
   if self.rejoin or self.ctx.closed then return end
   self.rejoin = self.ctx:every(0.5, function(t)
-    if self.nprod > 0 and not self:_join("producer") then return end
-    if #self.all > 0 and not self:_join("consumer") then return end
+    if self.nprod > 0 and not self:_join("producer", true) then return end
+    if #self.all > 0 and not self:_join("consumer", true) then return end
     t:stop()
     self.rejoin = nil
     self.recovering = nil

@@ -502,6 +502,13 @@ static int l_pending(lua_State *L) {
     return 6;
 }
 
+/* ctx:unsure() -> of the connections still open, those where an event of
+ * ours may be unread (lei_ctx_unsure): close's report after the linger. */
+static int l_unsure(lua_State *L) {
+    lua_pushinteger(L, lei_ctx_unsure(lb_check_ctx(L)->c));
+    return 1;
+}
+
 /* core.hash(s) -> 16 hex digits (FNV-1a, 64 bits): names, not security. */
 static int l_hash(lua_State *L) {
     size_t n;
@@ -652,6 +659,7 @@ static const luaL_Reg ctx_methods[] = {
     {"close", l_close},           {"depth", l_depth},           {"keep_array", l_keep_array},
     {"reclaim", l_reclaim},
     {"shutdown", l_shutdown},     {"pending", l_pending},
+    {"unsure", l_unsure},
     {NULL, NULL}};
 
 __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {

@@ -481,5 +481,10 @@ void lei_ctx_stop_listening(lei_ctx *c);
 /* After lei_ctx_shutdown: connections still open, and the events and bytes
  * still queued on them (not yet written). */
 int lei_ctx_pending(lei_ctx *c, uint64_t *events, uint64_t *bytes);
+/* Of those open connections, the ones where an event of ours may be unread:
+ * events were queued to their peer and the last of them is not a sync event
+ * the peer answered (an ACK says everything before it on the connection was
+ * read too). */
+int lei_ctx_unsure(lei_ctx *c);
 
 #endif

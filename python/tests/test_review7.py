@@ -6,6 +6,7 @@ failed with noconsumer from it.  Every order, with and without a loop turn
 between the closes."""
 import json
 import os
+import signal
 import subprocess
 import time
 
@@ -71,3 +72,24 @@ def test_closed_consumer_and_producer_leave_no_phantom(nameserver, procs, first,
         assert ctx.address not in listed, "%s still listed as a consumer: %r" % (ctx.address, listed)
         assert len(ran) == 1
     readline(real, r"^1\s+steer$")
+
+
+def test_close_after_answered_syncs_to_a_stopped_consumer_does_not_fail(nameserver, procs):
+    # D of the same review: eight 2 MiB submit_sync, all True; the consumer
+    # then stopped running its loop; ctx.close() raised timeout "1 connection
+    # not closed by their remote ... may not have been read", though the last
+    # event written there was answered (so was everything before it).
+    real = procs.lua("consume", nameserver, "py7.big", 100)
+    readline(real, "^ready$")
+    ctx = lecho.Context(nameserver=nameserver, quiet=True, linger=1)
+    p = ctx.channel("py7.big").producer()
+    pad = b"x" * (2 * 1024 * 1024)
+    for k in range(1, 9):
+        assert p.submit_sync({"k": k, "pad": pad}, timeout=20) is True
+    readline(real, r"^8\b")
+    real.send_signal(signal.SIGSTOP)
+    try:
+        ctx.close()                     # no exception: nothing of ours can be unread there
+        assert ctx.close_error is None
+    finally:
+        real.send_signal(signal.SIGCONT)

@@ -290,7 +290,7 @@ int lei_ctx_unsure(lei_ctx *c) {
         if (k->state == LEI_CONN_CLOSED) continue;
         lei_peer *p = k->peer;
         /* (a connection not its peer's current one, or of no peer: unknown) */
-        if (!p || p->conn != k || (p->st.ev_out > 0 && !p->tail_acked)) n++;
+        if (!p || p->conn != k || p->acked_ev != p->st.ev_out) n++;
     }
     return n;
 }

@@ -193,7 +193,7 @@ describe("read confirmation of async events", function()
     local ok, err, code = ctx:close()
     assert.is_nil(ok)
     assert.are.equal("timeout", code, err)
-    assert.matches("^1 connection not closed by their remote within the linger time of 1s: 900 events "
+    assert.matches("^1 connection not closed by its remote within the linger time of 1s: 900 events "
                    .. "%(%d+ bytes%) written there not confirmed read", err)
   end)
 

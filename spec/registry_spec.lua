@@ -379,6 +379,32 @@ describe("lecho.ns.registry membership", function()
     assert.are.equal("leave: " .. C1 .. " is not a consumer of channel 'x'", reply_to(w, C1).err)
   end)
 
+  -- issue 28, review 7: a context that lost its name server but not its
+  -- manager joins that manager again (rejoin = true): its one membership,
+  -- not one endpoint more, or its one leave at the close left it listed
+  it("takes a rejoin of a member as its one membership (join, rejoin, leave: gone)", function()
+    local reg, w = new("manager"), wire()
+    req(reg, w, P1, { op = "join", ch = "x", role = "producer" }); w.take()
+    req(reg, w, C1, { op = "join", ch = "x", role = "consumer" })
+    local m = members_to(w, P1)
+    reg:handle(P1, { op = "members_ok", ch = "x", ver = m[1].ver }, w.send, 0)
+    assert.are.equal(1, reply_to(w, C1).count)
+    req(reg, w, P1, { op = "join", ch = "x", role = "producer", rejoin = true })
+    assert.are.equal(1, reply_to(w, P1).count)
+    req(reg, w, C1, { op = "join", ch = "x", role = "consumer", rejoin = true })
+    assert.are.equal(1, reply_to(w, C1).count)
+    assert.are.same({ [C1] = 1 }, reg:snapshot().channels.x.consumers)
+    req(reg, w, C1, { op = "leave", ch = "x", role = "consumer" })
+    assert.are.equal(0, reply_to(w, C1).count)
+    req(reg, w, P1, { op = "leave", ch = "x", role = "producer" })
+    assert.are.equal(0, reply_to(w, P1).count)
+    local snap = reg:snapshot().channels.x
+    assert.is_true(snap == nil or (next(snap.consumers) == nil and next(snap.producers) == nil))
+    -- a rejoin that finds no membership (the manager lost it) makes one
+    req(reg, w, C1, { op = "join", ch = "x", role = "consumer", rejoin = true })
+    assert.are.equal(1, reply_to(w, C1).count)
+  end)
+
   it("sends members with increasing versions, only when the consumer set changes", function()
     local reg, w = new("manager"), wire()
     req(reg, w, P1, { op = "join", ch = "x", role = "producer" }); w.take()

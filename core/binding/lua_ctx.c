@@ -513,6 +513,13 @@ static int l_pending(lua_State *L) {
     return 11;
 }
 
+/* ctx:unsure() -> of the connections still open, those where an event of
+ * ours may be unread (lei_ctx_unsure): close's report after the linger. */
+static int l_unsure(lua_State *L) {
+    lua_pushinteger(L, lei_ctx_unsure(lb_check_ctx(L)->c));
+    return 1;
+}
+
 /* core.hash(s) -> 64 hex digits: BLAKE2b-256 of s (crypto_generichash, no
  * key).  It names modulator code and params (lecho.subs: a modulator's base,
  * key and stream), names that peers compare and believe (one key is one
@@ -685,6 +692,7 @@ static const luaL_Reg ctx_methods[] = {
     {"close", l_close},           {"depth", l_depth},           {"keep_array", l_keep_array},
     {"reclaim", l_reclaim},
     {"shutdown", l_shutdown},     {"pending", l_pending},
+    {"unsure", l_unsure},
     {NULL, NULL}};
 
 __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {

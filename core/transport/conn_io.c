@@ -307,6 +307,7 @@ static int conn_frame(lei_conn *k, const lei_frame *f, ev_batch *bt) {
         const uint8_t *errs;
         size_t elen;
         if (lei_parse_ack(f->body, f->len, &sync, &nran, &errs, &elen, &err)) break;
+        if (sync && sync == p->last_sync) p->acked_ev = p->last_sync_ev; /* (lei_ctx_unsure) */
         lei_sync_answered(c, p, sync, nran, errs, elen);
         break;
     }

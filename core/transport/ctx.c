@@ -297,6 +297,25 @@ int lei_ctx_pending(lei_ctx *c, uint64_t *events, uint64_t *bytes) {
     return open;
 }
 
+int lei_ctx_unsure(lei_ctx *c) {
+    int n = 0;
+    for (lei_conn *k = c->conns; k; k = k->next) {
+        if (k->state == LEI_CONN_CLOSED) continue;
+        lei_peer *p = k->peer;
+        /* (a connection not its peer's current one, or of no peer: unknown;
+         * a peer that confirms reads and confirmed all that was written
+         * there: sure, as after an answered sync) */
+        if (!p || p->conn != k) {
+            n++;
+            continue;
+        }
+        if (p->acked_ev == p->st.ev_out) continue;
+        if (p->cf.on && p->cf.wr <= p->cf.ok && !p->q.head) continue;
+        n++;
+    }
+    return n;
+}
+
 lei_ctx *lei_ctx_new(const lei_opts *o, const lei_hooks *h) {
     if (sodium_init() < 0) return NULL; /* idempotent, thread-safe */
     lei_ctx *c = calloc(1, sizeof *c);

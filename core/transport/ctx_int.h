@@ -325,6 +325,12 @@ struct lei_peer {
                                * an identity a principal pin refuses); cleared when a dial
                                * starts and when a connection comes up */
     lei_pstats st;            /* ro */
+    uint64_t last_sync;       /* the sync id of the last sync event queued to it */
+    uint64_t last_sync_ev;    /* st.ev_out once it was queued */
+    uint64_t acked_ev;        /* last_sync_ev when the peer ACKed last_sync: while it
+                               * equals st.ev_out (no event queued since), the peer read
+                               * everything queued to it, nothing of ours can be unread
+                               * there (lei_ctx_unsure); the async path writes none */
     lei_live lv;              /* liveness and sequence tracking (live.c) */
     int has_key;              /* ro: key/principal are those of the current or last
                                * authenticated connection */

@@ -604,6 +604,7 @@ static inline void queued(lei_ctx *c, lei_peer *p, lei_chan *ch, lei_qitem *it, 
                           uint64_t sync, int policy) {
     p->st.ev_out++;
     ch->ev_out++; /* per destination: what was queued toward a consuming context */
+    if (sync) p->last_sync = sync, p->last_sync_ev = p->st.ev_out; /* (lei_ctx_unsure) */
     ch->bytes_out += total;
     if (policy == LEI_DROP_OLDEST) {
         /* Drop whole, unstarted async events from the front until under the limit. */

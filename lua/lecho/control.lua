@@ -671,6 +671,7 @@ function Context:_on_peer(idx, addr, up, reason, gen, code, unreached)
   for _, ch in pairs(self.byname) do
     for key in pairs(ch.streams) do ch:_stream_ended(key, addr) end
     ch:_forget_kept(addr)
+    if ch.cmanager == addr then ch.cmanager = nil end   -- it dropped our membership with the connection
     if ch.manager == addr or (ch.ns == addr and ch.manager ~= self.addr) then
       ch.manager = nil
       -- Versions are the lost manager's: the next one counts from its own
@@ -784,16 +785,29 @@ function Channel:_manager()
   return r.manager
 end
 
-function Channel:_join(role)
+-- rejoin: joined again after losing the name server or the manager
+-- (_schedule_rejoin): a manager that still lists this context in `role`
+-- (only the name server was lost) keeps its one membership, not one more
+-- (one more, and the one leave at the close left a phantom member).
+function Channel:_join(role, rejoin)
   local mgr, err, code = self:_manager()
   if not mgr then return nil, err, code end
   local r
   local ver_before = self.ver
   local settle = self.settle
   r, err, code = self.ctx:request(mgr, { op = "join", ch = self.name, role = role, settle = settle,
-                                         subs = role == "consumer" and self:_subs() or nil },
+                                         subs = role == "consumer" and self:_subs() or nil,
+                                         rejoin = rejoin or nil },
                                   self.ctx.timeout + (settle or 0))
   if not r then
+    -- A first join not answered in time may still have reached the manager
+    -- (a busy or stopped one answers later): taken back, or that manager
+    -- lists a member this context does not know it is, for as long as it
+    -- runs (a leave after no join is refused there, harmlessly).  A rejoin
+    -- is not: it does not add to a membership the manager holds.
+    if code == "timeout" and not rejoin and not self.ctx.closed then
+      self.ctx:_notify(mgr, { op = "leave", ch = self.name, role = role })
+    end
     self.manager = nil
     return nil, ("joining '%s' as %s: %s"):format(self.name, role, err), code
   end
@@ -821,7 +835,7 @@ function Channel:_join(role)
       end
     end
   else
-    self.cjoined = true
+    self.cjoined, self.cmanager = true, mgr
     self.producers_seen = type(r.producers) == "table" and r.producers or nil
     self:_check_reach(r.producers)
   end
@@ -859,14 +873,29 @@ function Channel:_revoked(msg)
 end
 
 function Channel:_leave(role)
-  if role == "consumer" then self.cjoined = false end
-  if self.manager and not self.ctx.closed then
-    self.ctx:_notify(self.manager, { op = "leave", ch = self.name, role = role })
+  local to = self.manager
+  if role == "consumer" then
+    -- the manager this context joined as a consumer, should the channel's
+    -- have been forgotten since (a producer's failed join): the leave must
+    -- reach the manager that lists us, or we stay a phantom consumer there
+    -- whose sync events fail with noconsumer for everyone (issue 28, review 7)
+    to = self.cmanager or to
+    self.cjoined, self.cmanager = false, nil
   end
-  -- Without endpoints here, the next one looks the manager up again: an
-  -- unused channel is forgotten by the name server after forget_after, and
-  -- may then go to another manager.
-  if self.nprod == 0 and #self.all == 0 then self.manager, self.left_manager = nil, self.manager end
+  if to and not self.ctx.closed then
+    self.ctx:_notify(to, { op = "leave", ch = self.name, role = role })
+  end
+  -- Joined in no role here any more: the next endpoint looks the manager up
+  -- again (an unused channel is forgotten by the name server after
+  -- forget_after, and may then go to another manager).  Not while the
+  -- consumer's leave is still to be sent (its last consumer closed in this
+  -- turn, the leave waits for the next: _update_subs): c:close() then
+  -- p:close() in one turn forgot the manager here, the consumer's leave then
+  -- had nowhere to go, and the manager listed this context as a consumer for
+  -- as long as it ran (issue 28, review 7).
+  if self.nprod == 0 and #self.all == 0 and not self.cjoined then
+    self.manager, self.left_manager = nil, self.manager
+  end
 end
 
 -- How long a producer that lost its manager keeps sending to the consumers
@@ -959,8 +988,8 @@ end
 function Channel:_schedule_rejoin()
   if self.rejoin or self.ctx.closed then return end
   self.rejoin = self.ctx:every(0.5, function(t)
-    if self.nprod > 0 and not self:_join("producer") then return end
-    if #self.all > 0 and not self:_join("consumer") then return end
+    if self.nprod > 0 and not self:_join("producer", true) then return end
+    if #self.all > 0 and not self:_join("consumer", true) then return end
     t:stop()
     self.rejoin = nil
     self.recovering = nil
@@ -1029,7 +1058,7 @@ function Channel:_update_subs(nowait)
   end
   local mgr, err, code = self:_manager()
   if not mgr then return nil, err, code end
-  self.subs_sig = sig
+  self.subs_sig, self.cmanager = sig, mgr
   local msg = { op = "subscribe", ch = self.name, subs = subs }
   if nowait then return self.ctx:_notify(mgr, msg) end
   local r

@@ -476,7 +476,9 @@ function ops.join(self, from, msg, io)
   if role == "producer" then
     local p = c.producers[from]
     if p then
-      p.count = p.count + 1
+      -- (a rejoin, after the context lost its name server but not us: its
+      -- one membership, or its one leave at the end leaves a phantom)
+      if msg.rejoin ~= true then p.count = p.count + 1 end
     else
       -- The reply carries the current list: that is this context's confirmation.
       p = { count = 1, acked = c.ver, checked = self.policy }   -- (authorize granted it)
@@ -506,7 +508,7 @@ function ops.join(self, from, msg, io)
                 :format(ch, c.nconsumers, self.max_members), "limit")
   end
   if r then
-    r.count = r.count + 1
+    if msg.rejoin ~= true then r.count = r.count + 1 end   -- (a rejoin: as for a producer)
     if msg.subs == nil then return wait_for(self, c, from, msg, r, io) end
   else
     r = { count = 1 }

@@ -84,11 +84,23 @@ describe("queue policies", function()
     end
     S.kill(cons, "STOP")
     local small = ("s"):rep(100)   -- small events: batched in the queue
-    local M = 100000
-    for i = 1, M do
+    -- Submits until both channels have dropped, and 20,000 more of each
+    -- (at most 100,000): not a fixed count, whose time is this process's own
+    -- work, while the stopped consumer's name server declares it dead after
+    -- 10 s of silence (heartbeat 5 s, misses 2), and the producer, told so,
+    -- has no consumer of q (under make asan at load 13-18, asan7: 100,000
+    -- of each took more than that: "no consumer of q" at the sync below)
+    local M, first = 0, nil
+    for i = 1, 100000 do
       assert.is_true(pq:submit(small))
       assert.is_true(pr:submit(small))
-      if i % 5000 == 0 then ctx:run_once(0) end
+      M = i
+      if i % 5000 == 0 then
+        ctx:run_once(0)
+        local cs = ctx:stats().channels
+        if not first and cs[ns .. "/q"].drops > 0 and cs[ns .. "/r"].drops > 0 then first = i end
+        if first and i >= first + 20000 then break end
+      end
     end
     local st = ctx:stats()
     local drops = st.peers[peer].drops

@@ -391,8 +391,13 @@ describe("atmosphere demo steered by a user too", function()
     -- the page, as the README invites: it wanted its own value last
     local _, ns = S.nameserver("--quiet")
     local json = S.tmpname("summary") .. ".json"
-    local child = S.spawn(("LECHO_NAMESERVER=%s DEMO_SECONDS=6 %s %s/run.lua --json %s"):format(
-      ns, S.luajit, dir, S.sh_quote(json)))
+    -- the demo's seconds, times S.SLOW: the user's process must start, find
+    -- the steering channel and send while the simulation still steps (under
+    -- make asan at load 13-18, asan7: 6 s left 2.3 s of steps after the
+    -- demo's own steering, and no "emission 7" came)
+    local secs = 6 * S.SLOW
+    local child = S.spawn(("LECHO_NAMESERVER=%s DEMO_SECONDS=%d %s %s/run.lua --json %s"):format(
+      ns, secs, S.luajit, dir, S.sh_quote(json)))
     assert.truthy(S.wait_file(child.out, "steering the simulation", 60), S.output(child) .. S.errors(child))
     -- the user, once the demo has steered: emission 7, every 0.2 s
     local user = S.lua([[
@@ -416,7 +421,7 @@ describe("atmosphere demo steered by a user too", function()
     end
     assert.is_true(steered, out)
     assert.are.equal(0, rc, out)
-    assert.matches("the demo runs 6 s: DEMO_SECONDS=120 make demo for longer", S.output(child))
+    assert.matches(("the demo runs %d s: DEMO_SECONDS=120 make demo for longer"):format(secs), S.output(child))
     S.kill(user, "KILL")
   end)
 end)

@@ -84,21 +84,22 @@ describe("queue policies", function()
     end
     S.kill(cons, "STOP")
     local small = ("s"):rep(100)   -- small events: batched in the queue
-    -- Submitted until both channels have dropped and 5,000 more of each
-    -- (at most 100,000): the consumer stays stopped no longer than needed.
-    -- A fixed 100,000 took 8.8 s and more at load 16 (2 busy loops, make
-    -- asan, 7 helpers), and past 10 s the name server (heartbeat 5 s, 2
-    -- misses) rightly declared the stopped consumer dead: "no consumer of
-    -- q" for the sync "end" (1 of 2 runs, 2 of 2 alone with the loops).
-    local M, more = 0, nil
-    while M < 100000 and not (more and M >= more) do
-      M = M + 1
+    -- Submits until both channels have dropped, and 20,000 more of each
+    -- (at most 100,000): not a fixed count, whose time is this process's own
+    -- work, while the stopped consumer's name server declares it dead after
+    -- 10 s of silence (heartbeat 5 s, misses 2), and the producer, told so,
+    -- has no consumer of q (under make asan at load 13-18, asan7: 100,000
+    -- of each took more than that: "no consumer of q" at the sync below)
+    local M, first = 0, nil
+    for i = 1, 100000 do
       assert.is_true(pq:submit(small))
       assert.is_true(pr:submit(small))
-      if M % 5000 == 0 then
+      M = i
+      if i % 5000 == 0 then
         ctx:run_once(0)
-        local ch = ctx:stats().channels
-        if not more and ch[ns .. "/q"].drops > 0 and ch[ns .. "/r"].drops > 0 then more = M + 5000 end
+        local cs = ctx:stats().channels
+        if not first and cs[ns .. "/q"].drops > 0 and cs[ns .. "/r"].drops > 0 then first = i end
+        if first and i >= first + 20000 then break end
       end
     end
     local st = ctx:stats()

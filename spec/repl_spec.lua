@@ -149,11 +149,12 @@ describe("lecho-repl", function()
     local _
     _, ns = S.nameserver("--quiet")
     ctx = lecho.context{ nameserver = ns, quiet = true }
-    -- (600 s at most, S.cleanup ends it before: under make asan this file
-    -- ran 585-905 s and its cases after 150 s found "no producer on
-    -- 'atmosphere.field' yet")
-    sim = S.spawn(("%s %s --nameserver %s --seconds 600 --grid 1x6x12 --rate 5")
-      :format(S.luajit, SIM, ns))
+    -- (600 s at most, times S.SLOW as the name server's bound, S.cleanup
+    -- ends it before: under make asan this file ran 585-905 s and its cases
+    -- after 150 s found "no producer on 'atmosphere.field' yet"; at load
+    -- 13-18 it ran 1084 s)
+    sim = S.spawn(("%s %s --nameserver %s --seconds %d --grid 1x6x12 --rate 5")
+      :format(S.luajit, SIM, ns, 600 * S.SLOW))
     -- Wait until the simulation publishes and listens to steering.
     local field, steer = ns .. "/atmosphere.field", ns .. "/atmosphere.steer"
     assert(S.run_until(ctx, function()
@@ -217,12 +218,17 @@ describe("lecho-repl", function()
   end)
 
   it("keeps the line being typed intact while events print above it", function()
-    repl:run('sub("atmosphere.field", { fields = { "step" }, limit = 6 })')
-    repl:mark()
+    -- The events are looked for from the line of the sub() (its run sets
+    -- the mark), typing starts right after it: under make asan at load
+    -- 13-18 (asan7) the six events (1.2 s at 5 a second) had all printed
+    -- before a mark set after the sub() line and typing, three tmux calls
+    -- later; the limit, times S.SLOW, keeps them coming while it types.
+    local limit = 6 * S.SLOW
+    repl:run(('sub("atmosphere.field", { fields = { "step" }, limit = %d })'):format(limit))
     repl:type("x = 4")
     repl:expect("%[sub%d+ atmosphere%.field #%d+%] step=%d+")
     -- The prompt and the half-typed line were drawn again below the events.
-    repl:expect("limit of 6 reached, unsubscribed\nlecho> x = 4$")
+    repl:expect(("limit of %d reached, unsubscribed\nlecho> x = 4$"):format(limit))
     repl:type("0 + 2")
     repl:keys("Enter")
     repl:run("x")

@@ -201,10 +201,12 @@ end
 -- 600 s: a bound for a stray one, M.cleanup kills it before; a spec file's
 -- setup may start one for all its cases, and under make asan on a loaded
 -- machine exit_close_spec's took more than the 120 s it had: its last case
--- found "connection refused"); extra: more of its options, one string
--- ("--quiet").  Returns the child and its address.
+-- found "connection refused"; times M.SLOW: under make asan at load 13-18
+-- (asan7) repl_spec's ran 1084 s and every case after the 600th second
+-- found "cannot reach the name server ... Connection refused"); extra: more
+-- of its options, one string ("--quiet").  Returns the child and its address.
 function M.nameserver(extra)
-  local args = { "--for", "600", "--settle", "0" }
+  local args = { "--for", tostring(600 * M.SLOW), "--settle", "0" }
   for w in (extra or ""):gmatch("%S+") do args[#args + 1] = w end
   local child, addr = P.nameserver{ root = M.root, luajit = M.luajit, port_file = M.tmpname("ns-addr"),
                                     args = args, start = function(argv) return M.spawn(P.sh_join(argv)) end }

@@ -13,7 +13,7 @@
 --                    _refuse, _mod_failed, _mod_errors, _attach, _detach,
 --                    _end_watch, _end_streams, _stream_ended, _tell_mod_error,
 --                    _tell_failed, _dead_key, _fresh,
---                    _params_req, _params_here, _params_at, _params_at_tell,
+--                    _params_req, _params_here, _params_at, _params_at_tell, _tell_owed,
 --                    _install_req, _install_apply, _with_direct, _direct_wrong,
 --                    _direct_apply, _direct_withdrawn
 

@@ -738,6 +738,8 @@ function Channel:_take_ticket(t)
   if type(t) ~= "string" or #t ~= 72 or self.ticket == t then return end
   self.ticket = t
   self:_secure_all()
+  -- in-band params_at tells that waited for a BIND (modulator.lua)
+  self:_tell_owed()
 end
 
 function Channel:_secure_all()

@@ -696,12 +696,38 @@ end
 
 -- Tells the consumers of inst, in band, that its events from here on are
 -- made by key inst.key (they believe it from a producer with the stream
--- bound there: bound first, if no event did yet).
-function Channel:_params_at_tell(inst)
+-- bound there: bound first, if no event did yet).  A consumer where the
+-- stream cannot be bound yet is owed it (inst.owed): keyed, a producer
+-- that handles a member list while its join waits (the list came in the
+-- same read as the join's reply, or before it) has no ticket until the
+-- reply is taken, and a params_at sent then, before any BIND, was ignored
+-- there: the events that followed carried the version the stream started
+-- with, made with the new params (stress seed 19 churn, filter).  It is
+-- told when the ticket comes (_tell_owed), before any event can be
+-- submitted (the join has not returned).
+function Channel:_params_at_tell(inst, only)
   local ctx = self.ctx
   for _, a in ipairs(inst.dests or {}) do
-    if a == ctx.addr then ctx.c:drain_local() else ctx.c:bind_at(inst.dchid, a) end
-    ctx:_send_ctrl(a, { op = "params_at", ch = self.name, stream = inst.stream, key = inst.key })
+    if not only or only[a] then
+      local bound = true
+      if a == ctx.addr then ctx.c:drain_local() else bound = ctx.c:bind_at(inst.dchid, a) end
+      if bound then
+        if inst.owed then inst.owed[a] = nil end
+        ctx:_send_ctrl(a, { op = "params_at", ch = self.name, stream = inst.stream, key = inst.key })
+      else
+        inst.owed = inst.owed or {}
+        inst.owed[a] = true
+      end
+    end
+  end
+  if inst.owed and next(inst.owed) == nil then inst.owed = nil end
+end
+
+-- The params_at tells owed since the stream could not be bound (a ticket
+-- came: control.lua _take_ticket); one still not bindable stays owed.
+function Channel:_tell_owed()
+  for _, inst in pairs(self.mods) do
+    if inst.owed then self:_params_at_tell(inst, inst.owed) end
   end
 end
 

@@ -923,7 +923,11 @@ function Context:run()
   keep_views(self)
   -- keyed: SIGHUP reloads the trust files and policy (lecho.trustwatch)
   local sig = self.c:run(self.signals, self.trustwatch and self._trustwatch.hup or nil)
-  if not sig and self.sigint_pending then
+  if sig then
+    -- (a callback lecho's handler interrupted raised "interrupted!": that
+    -- signal, not another)
+    self.sigint_pending = nil
+  elseif self.sigint_pending then
     -- a SIGINT that came as the run began, before its watchers (above)
     if not self.signals then raise_sigint(self) end
     self.sigint_pending, sig = nil, 2

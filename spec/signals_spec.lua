@@ -314,3 +314,44 @@ ctx:close()
     assert.matches("run raised: interrupted!", S.errors(child), 1, true)
   end)
 end)
+
+-- ctx:call on the main line (outside attack s7, item 3): a Ctrl-C during
+-- its wait is LuaJIT's "interrupted!", raised where the program is; the
+-- call turned it into a failure (nil, "call failed: ...interrupted!") and
+-- the script went on.
+describe("Ctrl-C during ctx:call on the main line", function()
+  local ns, srv
+  setup(function()
+    S.busy_loops(2)
+    _, ns = S.nameserver("--quiet")
+    srv = S.lua([[
+      local lecho = require "lecho"
+      local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+      assert(ctx:service("slowsvc", function() ctx:sleep(60) return 1 end))
+      print("ready") io.stdout:flush()
+      ctx:after(120, function() ctx:stop() end)
+      ctx:run()
+    ]], ns)
+    assert(S.wait_file(srv.out, "ready", 20), S.errors(srv))
+  end)
+  teardown(function() S.cleanup() end)
+  it("is raised to the script, not returned as the call's failure", function()
+    local child = S.terminal_lua([[
+local lecho = require "lecho"
+local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+io.stderr:write("calling\n")
+local ok, r1, r2 = pcall(ctx.call, ctx, "slowsvc", {}, { timeout = 30 })
+io.stderr:write("pcall: ", tostring(ok), " ", tostring(r1), " ", tostring(r2), "\n")
+ctx:close()
+]], ns)
+    assert(S.wait_file(child.err, "calling", 20), S.errors(child))
+    S.sleep(1.5)
+    S.ctrl_c(child, "INT")
+    local done, rc = S.wait(child, 10)
+    if not done then S.ctrl_c(child, "KILL") end
+    assert.is_true(done, S.errors(child))
+    assert.are.equal(0, rc, S.errors(child))
+    assert.matches("pcall: false [^\n]*interrupted!", S.errors(child))
+    assert.not_matches("call failed", S.errors(child))
+  end)
+end)

@@ -532,9 +532,32 @@ local function suspend(self, co, w, sid)
   if h then h:pause() end
   local r = coroutine.yield(WAIT)
   if h then h:resume() end
+  if w.cancel then error(w.cancel, 0) end
   return r
 end
 local function call_ready(ready) return ready() end
+
+-- Ends the lecho wait coroutine co is suspended in (a sleep, a call, a
+-- sync submit, a lookup) by raising err there, at the next loop turn: the
+-- REPL's Ctrl-C on a line that waits.  False when co waits in none.
+function Context:_interrupt_wait(co, err)
+  for _, w in ipairs(self.waiters) do
+    if w.co == co then
+      w.cancel, w.deadline = err, 0
+      self.c:want_turn(true)
+      return true
+    end
+  end
+  for _, w in pairs(self.sync_waiters or {}) do
+    if w.co == co then
+      w.cancel, w.deadline = err, 0
+      self.wake_due = true
+      self.c:want_turn(true)
+      return true
+    end
+  end
+  return false
+end
 local function settled(c, sid) return not c:sync_pending(sid) end
 
 -- Waits until ready() is true: true; or until deadline (a ctx:now() time,

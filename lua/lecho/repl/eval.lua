@@ -71,7 +71,7 @@ end
 -- consumer is closed, said once, else the next event runs it again and the
 -- prompt never comes back (a handler that loops for ever).  The handler is
 -- the first function up the stack that is a consumer's of the context.
-function M.close_consumer_of(R)
+local function close_consumer_of(R)
   local ctx = R.ctx
   for level = 3, 40 do
     local info = debug.getinfo(level, "f")
@@ -148,7 +148,7 @@ function M.install(R)
     if info and not is_internal(info.source)
         and ((R.busy and co == R.chunk_co) or info.source == "=stdin" or info.source == "=(command line)") then
       R.interrupted = false
-      if co ~= R.chunk_co then M.close_consumer_of(R) end
+      if co ~= R.chunk_co then close_consumer_of(R) end
       error("interrupted", 0)
     end
   end

@@ -313,6 +313,29 @@ ctx:close()
     assert.are.equal(0, rc, S.errors(child))
     assert.matches("run raised: interrupted!", S.errors(child), 1, true)
   end)
+
+  it("raises it too when it lands in a callback the core calls (a raw timer), not logged and lost", function()
+    local child = S.terminal_lua([[
+local lecho = require "lecho"
+local ctx = lecho.context{ signals = false }
+local function busy() local t = os.clock() + 0.05 while os.clock() < t do end end
+jit.off(busy)
+local timer = ctx.c:timer(0.01, 0.01, busy)
+io.stderr:write("running\n")
+local ok, err = pcall(ctx.run, ctx)
+io.stderr:write("run raised: ", tostring(err), "\n")
+ctx:close()
+]])
+    assert(S.wait_file(child.err, "running", 20), S.errors(child))
+    S.sleep(0.5)
+    S.ctrl_c(child, "INT")
+    local done, rc = S.wait(child, 10)
+    if not done then S.ctrl_c(child, "KILL") end
+    assert.is_true(done, "one SIGINT did not end the run: " .. S.errors(child))
+    assert.are.equal(0, rc, S.errors(child))
+    assert.matches("run raised: interrupted!", S.errors(child), 1, true)
+    assert.not_matches("error in callback", S.errors(child))
+  end)
 end)
 
 -- ctx:call on the main line (outside attack s7, item 3): a Ctrl-C during

@@ -64,6 +64,9 @@ typedef struct lb_ctx {
                             * ctx:run (signals true), or 0; a second one ends the process */
     volatile sig_atomic_t sig_chained; /* signals false: the host's handler ran (the run
                             * lets Lua run once so that a hook it set can fire) */
+    int sig_in_cb;         /* a callback C called (lb_pcall) raised LuaJIT's "interrupted!"
+                            * (a SIGINT's hook): the loop stops, run raises it again
+                            * or closes, run_once returns true (context.lua) */
     lua_Hook old_hook;     /* the hook of b->L's state when the run began: put back */
     int old_hook_mask, old_hook_count;
     int signal;            /* the signal that ended the last ctx:run(true), or 0 */

@@ -70,6 +70,12 @@ static int l_run_once(lua_State *L) {
         }
     }
     lb_close_if_pending(b, L);
+    if (b->sig_in_cb) {
+        /* (context.lua raises it again on the main line) */
+        b->sig_in_cb = 0;
+        lua_pushboolean(L, 1);
+        return 1;
+    }
     return 0;
 }
 
@@ -261,8 +267,22 @@ static int l_run(lua_State *L) {
     /* (the signals the process had blocked stay blocked) */
     sigprocmask(SIG_SETMASK, &oldmask, NULL);
     int raised = 0;
+    /* A SIGINT that came as the run began (before the handlers above) to
+     * LuaJIT's handler set a hook and nothing else: a Lua function called
+     * once lets it fire (an idle loop runs none). */
+    if (lua_gethook(b->L) && host_hook_check(L)) {
+        const char *e = lua_tostring(L, -1);
+        if (catch && e && strcmp(e, "interrupted!") == 0) {
+            lua_pop(L, 1);
+            b->signal = SIGINT;
+            b->stopping = 1;
+        } else {
+            raised = 1;
+        }
+    }
     /* No Lua error leaves this loop (every callback is a protected call). */
-    while (!b->stopping && b->c && !b->close_pending) {
+    b->sig_in_cb = 0;
+    while (!raised && !b->stopping && b->c && !b->close_pending && !b->sig_in_cb) {
         ev_run(loop, EVRUN_ONCE);
         if (b->sig_chained) {
             b->sig_chained = 0;
@@ -283,6 +303,14 @@ static int l_run(lua_State *L) {
     /* A callback that the hook interrupted stopped the loop itself. */
     sigprocmask(SIG_BLOCK, &sigs, NULL);
     if (catch && b->sig_pending) b->signal = b->sig_pending;
+    /* LuaJIT's SIGINT inside a callback C called: with signals, closed as
+     * one this run caught; without, raised on the main line below. */
+    if (b->sig_in_cb && catch && !b->signal) b->signal = SIGINT;
+    if (b->sig_in_cb && !catch && !raised) {
+        lua_pushliteral(L, "interrupted!");
+        raised = 1;
+    }
+    b->sig_in_cb = 0;
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;

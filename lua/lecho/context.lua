@@ -506,7 +506,7 @@ local function main_wait(self, done, a, b, deadline)
     -- an embedder's interrupt (lecho_set_interrupt: Python's Ctrl-C)
     if self.interrupt and self.interrupt() then r = false break end
     keep_views(self)
-    self.c:run_once(left)
+    if self.c:run_once(left) then self.sigint_pending = true end
     if self.sigint_pending then self.main_waits = self.main_waits - 1 raise_sigint(self) end
   end
   self.main_waits = self.main_waits - 1
@@ -977,9 +977,8 @@ end
 function Context:run_once(timeout)
   if timeout ~= nil then options.check_time(timeout, "ctx:run_once", "timeout", 2) end
   keep_views(self)
-  local r = self.c:run_once(timeout)
+  if self.c:run_once(timeout) then self.sigint_pending = true end
   if self.sigint_pending then raise_sigint(self) end
-  return r
 end
 
 function Context:stop() return self.c:stop() end

@@ -148,7 +148,10 @@ LECHO_API const char *lecho_nameserver(const lecho_ctx *ctx);
 
 /* ---- the event loop: events leave, arrive and handlers run only inside
  * these calls (and inside a waiting submit_sync or lecho_close) ---- */
-/* Runs until lecho_stop.  0, or a code. */
+/* Runs until lecho_stop.  0, or a code.  Unless opened with signals false,
+ * SIGINT and SIGTERM during it close the context and end the process by
+ * that signal; a handler that loops in C is not interrupted by the first,
+ * and a second one ends the process at once (doc/c-api.md). */
 LECHO_API int lecho_run(lecho_ctx *ctx);
 /* One loop turn: waits at most timeout seconds for something to do (0: does
  * not block; < 0: until something happens), then runs what is due. */

@@ -298,3 +298,70 @@ describe("lecho, the command-line tool", function()
     assert.is_true(r.rtt_median_us > 0 and r.rtt_median_us <= r.rtt_p99_us)
   end)
 end)
+
+-- Ctrl-C ends every command with 130 while it waits (outside attack s7,
+-- items 4 and 5): each started as a terminal starts a job (its own
+-- process group, SIGINT at its default action), SIGINT to the group while
+-- it waits on something that does not come (a service that sleeps, a
+-- consumer that does not answer, a consumer that is not there, a name
+-- server that is stopped), two busy loops beside.  Before: `call` exited
+-- 1 (the call swallowed the interrupt), `pub --sync` only at its sync
+-- timeout, `replay` with "internal error" and 1.
+describe("lecho, Ctrl-C during a wait", function()
+  local ns, stopped_ns, peer, rec
+  setup(function()
+    S.busy_loops(2)
+    _, ns = S.nameserver("--quiet")
+    peer = S.lua([[
+      local lecho = require "lecho"
+      local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+      local p = assert(ctx:channel("flood"):producer{ policy = "drop_oldest" })
+      local i = 0
+      ctx:every(0.01, function() i = i + 1 p:submit({ i = i }) end)
+      assert(ctx:service("slowsvc", function() ctx:sleep(60) return 1 end))
+      assert(ctx:channel("slow"):consumer(function() ctx:sleep(60) end))
+      print("ready") io.stdout:flush()
+      ctx:after(300, function() ctx:stop() end)
+      ctx:run()
+    ]], ns)
+    assert(S.wait_file(peer.out, "ready", 20), S.errors(peer))
+    rec = S.tmpname("rec") .. ".lecho"
+    local body, rc = split(lecho(("record flood --out %s --for 1 --nameserver %s"):format(rec, ns)))
+    assert.are.equal(0, rc, body)
+    local nsc
+    nsc, stopped_ns = S.nameserver("--quiet")
+    S.kill(nsc, "STOP")
+  end)
+  teardown(function() S.cleanup() end)
+
+  local cases = {
+    { "call slowsvc {} --timeout 30", "ns" },
+    { "pub slow 1 --sync", "ns" },
+    { "replay REC --wait 30 --rename flood=nobody", "ns" },
+    { "sub flood", "ns" },
+    { "record flood --out OUT", "ns" },
+    { "bench --for 30", "stopped" },
+    { "top", "ns" },
+    { "ls --timeout 30", "stopped" },
+    { "stats --timeout 30", "stopped" },
+  }
+  for _, case in ipairs(cases) do
+    it(case[1] .. ": 130, at once", function()
+      local args = case[1]:gsub("REC", rec):gsub("OUT", S.tmpname("out") .. ".lecho")
+      local argv = { S.luajit, S.root .. "/scripts/lecho" }
+      for w in args:gmatch("%S+") do argv[#argv + 1] = w end
+      argv[#argv + 1] = "--nameserver"
+      argv[#argv + 1] = case[2] == "ns" and ns or stopped_ns
+      local child = S.terminal_job(argv)
+      S.sleep(2.5)
+      assert.is_true(S.alive(child), "ended before the signal: " .. S.errors(child))
+      S.ctrl_c(child, "INT")
+      local done, rc = S.wait(child, 6)
+      if not done then S.ctrl_c(child, "KILL") end
+      assert.is_true(done, "not ended 6 s after SIGINT: " .. S.errors(child))
+      assert.are.equal(130, rc, S.output(child) .. S.errors(child))
+      assert.not_matches("internal error", S.errors(child))
+      assert.not_matches("traceback", S.errors(child))
+    end)
+  end
+end)

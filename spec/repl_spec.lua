@@ -268,6 +268,40 @@ describe("lecho-repl", function()
     repl:expect("\n2\n")
   end)
 
+  it("Ctrl-C interrupts a line waiting in lecho and a handler typed at the prompt that loops", function()
+    -- (outside attack s7, item 2: Ctrl-C during ctx:sleep, ctx:call, a sync
+    -- send or a looping handler of the prompt's was lost: the interrupt was
+    -- raised in an unrelated callback, logged there, and the line waited on)
+    local busy = S.busy_loops(2)
+    local srv = S.lua([[
+      local lecho = require "lecho"
+      local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+      assert(ctx:service("slowsvc", function() ctx:sleep(120) return 1 end))
+      assert(ctx:channel("slowch"):consumer(function() ctx:sleep(120) end))
+      print("ready") io.stdout:flush()
+      ctx:after(300, function() ctx:stop() end)
+      ctx:run()
+    ]], ns)
+    assert(S.wait_file(srv.out, "ready", 20), S.errors(srv))
+    for _, line in ipairs{ "ctx:sleep(3600)", "=ctx:call('slowsvc', {}, { timeout = 600 })",
+                           "send('slowch', 1)" } do
+      repl:run(line)
+      S.sleep(1.5)
+      repl:keys("C-c")
+      repl:expect("\ninterrupted\n")
+      repl:run("1 + 41")
+      repl:expect("\n42\n")
+    end
+    repl:run("looping = ctx:channel('atmosphere.field'):consumer(function() while true do end end)")
+    S.sleep(2)
+    repl:keys("C-c")
+    repl:expect("its handler interrupted by Ctrl%-C, the consumer closed")
+    repl:run("1 + 41")
+    repl:expect("\n42\n")
+    for _, b in ipairs(busy) do S.kill(b, "KILL") end
+    S.kill(srv, "KILL")
+  end)
+
   it("takes multi-line input with a continuation prompt", function()
     repl:run("function sq(x)")
     repl:expect("%.%.%.>")

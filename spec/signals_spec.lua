@@ -205,3 +205,176 @@ describe("a SIGINT LuaJIT's own handler turns into an error inside a callback", 
     end)
   end
 end)
+
+-- A handler or callback that never returns under ctx:run() (outside
+-- attack s7, item 1): lecho's handler interrupts the Lua code running at
+-- its next instruction, the run closes and the process ends by the signal;
+-- code no hook reaches (a loop LuaJIT compiled, a C handler) is ended by a
+-- second signal.  Signals to the process group, as a terminal's Ctrl-C, with
+-- two busy loops beside.  (Before: libev only recorded the signals, and only
+-- SIGKILL ended such a program.)
+local LOOPING = [==[
+local lecho = require "lecho"
+local mode = arg[1]
+local ctx = lecho.context{}
+local ch = ctx:channel("x")
+local function spin()
+  io.stderr:write("handler start\n")
+  if mode == "compiled" then while true do end end
+  local x = 0
+  while true do x = x + 1 end
+end
+if mode ~= "compiled" then jit.off(spin) end
+if mode == "timer" then
+  ctx:after(0.1, spin)
+else
+  assert(ch:consumer(spin))
+  assert(assert(ch:producer()):submit(1))
+end
+ctx:run()
+io.stderr:write("run returned\n")
+]==]
+
+describe("a program whose handler never returns, in ctx:run()", function()
+  local busy
+  setup(function() busy = S.busy_loops(2) end)
+  teardown(function() S.cleanup() end)
+
+  local function started(child)
+    assert(S.wait_file(child.err, "handler start", 20), "the handler did not start: " .. S.errors(child))
+    S.sleep(0.3)
+  end
+
+  for _, case in ipairs{ { "handler", "INT", 130 }, { "timer", "INT", 130 }, { "handler", "TERM", 143 } } do
+    it(("ends on one SIG%s (a %s that loops)"):format(case[2], case[1]), function()
+      assert.is_true(S.alive(busy[1]) and S.alive(busy[2]))
+      local child = S.terminal_lua(LOOPING, case[1])
+      started(child)
+      S.ctrl_c(child, case[2])
+      local done, rc = S.wait(child, 15)
+      if not done then S.ctrl_c(child, "KILL") end
+      assert.is_true(done, "one signal did not end it: " .. S.errors(child))
+      assert.are.equal(case[3], rc, S.errors(child))
+      assert.matches("SIG" .. case[2] .. ": closing the context", S.errors(child))
+      assert.not_matches("run returned", S.errors(child))
+    end)
+  end
+
+  it("ends at the second SIGINT when the first cannot interrupt (a compiled loop)", function()
+    local child = S.terminal_lua(LOOPING, "compiled")
+    started(child)
+    S.ctrl_c(child, "INT")
+    S.sleep(0.5)
+    S.ctrl_c(child, "INT")
+    local done, rc = S.wait(child, 10)
+    if not done then S.ctrl_c(child, "KILL") end
+    assert.is_true(done, "two SIGINTs did not end it: " .. S.errors(child))
+    assert.are.equal(130, rc, S.errors(child))
+  end)
+
+  it("ends a C program at the second SIGINT when its C handler loops under lecho_run", function()
+    local bin = S.capi_program(S.root .. "/spec/support/capi_sigloop.c")
+    local child = S.terminal_job({ bin })
+    started(child)
+    S.ctrl_c(child, "INT")
+    S.sleep(0.5)
+    S.ctrl_c(child, "INT")
+    local done, rc = S.wait(child, 10)
+    if not done then S.ctrl_c(child, "KILL") end
+    assert.is_true(done, "two SIGINTs did not end it: " .. S.errors(child))
+    assert.are.equal(130, rc, S.errors(child))
+    assert.not_matches("lecho_run returned", S.errors(child))
+  end)
+end)
+
+-- signals = false, an idle ctx:run() (outside attack s7, item 6): LuaJIT's
+-- own handler only sets a hook, and an idle loop runs no Lua: the first
+-- SIGINT was lost (a second one killed the process).  The run wakes on it
+-- now and raises "interrupted!" on the main line, as doc/api.md says.
+describe("ctx:run() with signals = false, idle", function()
+  setup(function() S.busy_loops(2) end)
+  teardown(function() S.cleanup() end)
+  it("raises LuaJIT's \"interrupted!\" on the main line at the first SIGINT", function()
+    local child = S.terminal_lua([[
+local lecho = require "lecho"
+local ctx = lecho.context{ quiet = true, signals = false }
+assert(ctx:channel("x"):consumer(function() end))
+io.stderr:write("running\n")
+local ok, err = pcall(ctx.run, ctx)
+io.stderr:write("run raised: ", tostring(err), "\n")
+ctx:close()
+]])
+    assert(S.wait_file(child.err, "running", 20), S.errors(child))
+    S.sleep(0.5)
+    S.ctrl_c(child, "INT")
+    local done, rc = S.wait(child, 10)
+    if not done then S.ctrl_c(child, "KILL") end
+    assert.is_true(done, "one SIGINT did not end the run: " .. S.errors(child))
+    assert.are.equal(0, rc, S.errors(child))
+    assert.matches("run raised: interrupted!", S.errors(child), 1, true)
+  end)
+
+  it("raises it too when it lands in a callback the core calls (a raw timer), not logged and lost", function()
+    local child = S.terminal_lua([[
+local lecho = require "lecho"
+local ctx = lecho.context{ signals = false }
+local function busy() local t = os.clock() + 0.05 while os.clock() < t do end end
+jit.off(busy)
+local timer = ctx.c:timer(0.01, 0.01, busy)
+io.stderr:write("running\n")
+local ok, err = pcall(ctx.run, ctx)
+io.stderr:write("run raised: ", tostring(err), "\n")
+ctx:close()
+]])
+    assert(S.wait_file(child.err, "running", 20), S.errors(child))
+    S.sleep(0.5)
+    S.ctrl_c(child, "INT")
+    local done, rc = S.wait(child, 10)
+    if not done then S.ctrl_c(child, "KILL") end
+    assert.is_true(done, "one SIGINT did not end the run: " .. S.errors(child))
+    assert.are.equal(0, rc, S.errors(child))
+    assert.matches("run raised: interrupted!", S.errors(child), 1, true)
+    assert.not_matches("error in callback", S.errors(child))
+  end)
+end)
+
+-- ctx:call on the main line (outside attack s7, item 3): a Ctrl-C during
+-- its wait is LuaJIT's "interrupted!", raised where the program is; the
+-- call turned it into a failure (nil, "call failed: ...interrupted!") and
+-- the script went on.
+describe("Ctrl-C during ctx:call on the main line", function()
+  local ns, srv
+  setup(function()
+    S.busy_loops(2)
+    _, ns = S.nameserver("--quiet")
+    srv = S.lua([[
+      local lecho = require "lecho"
+      local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+      assert(ctx:service("slowsvc", function() ctx:sleep(60) return 1 end))
+      print("ready") io.stdout:flush()
+      ctx:after(120, function() ctx:stop() end)
+      ctx:run()
+    ]], ns)
+    assert(S.wait_file(srv.out, "ready", 20), S.errors(srv))
+  end)
+  teardown(function() S.cleanup() end)
+  it("is raised to the script, not returned as the call's failure", function()
+    local child = S.terminal_lua([[
+local lecho = require "lecho"
+local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+io.stderr:write("calling\n")
+local ok, r1, r2 = pcall(ctx.call, ctx, "slowsvc", {}, { timeout = 30 })
+io.stderr:write("pcall: ", tostring(ok), " ", tostring(r1), " ", tostring(r2), "\n")
+ctx:close()
+]], ns)
+    assert(S.wait_file(child.err, "calling", 20), S.errors(child))
+    S.sleep(1.5)
+    S.ctrl_c(child, "INT")
+    local done, rc = S.wait(child, 10)
+    if not done then S.ctrl_c(child, "KILL") end
+    assert.is_true(done, S.errors(child))
+    assert.are.equal(0, rc, S.errors(child))
+    assert.matches("pcall: false [^\n]*interrupted!", S.errors(child))
+    assert.not_matches("call failed", S.errors(child))
+  end)
+end)

@@ -172,6 +172,40 @@ function M.core_fraction(seconds)
   return math.max(0.02, math.min(1, f))
 end
 
+--- Starts argv (a list of words, shell-quoted here) as a terminal starts a
+-- foreground job: in a process group of its own, SIGINT and SIGTERM at
+-- their default actions (a background job of a shell, M.spawn's, starts
+-- with SIGINT ignored).  M.ctrl_c(child) then signals the group, as a
+-- terminal's Ctrl-C does.  Returns a child as M.spawn.
+function M.terminal_job(argv)
+  local q = {}
+  for i, a in ipairs(argv) do q[i] = sh_quote(a) end
+  local wrap = [[
+local ffi = require "ffi"
+ffi.cdef "int setpgid(int, int); void (*signal(int, void (*)(int)))(int); int execvp(const char *, char *const *);"
+ffi.C.setpgid(0, 0)
+ffi.C.signal(2, nil) ffi.C.signal(15, nil)
+local argv = ffi.new("char *[?]", #arg + 1)
+local keep = {}
+for i = 1, #arg do keep[i] = ffi.new("char[?]", #arg[i] + 1, arg[i]) argv[i - 1] = keep[i] end
+ffi.C.execvp(argv[0], argv)
+io.stderr:write("exec failed\n") os.exit(127)
+]]
+  local file = M.write(M.tmpname("fgjob") .. ".lua", wrap)
+  return M.spawn(("exec %s %s %s"):format(M.luajit, file, table.concat(q, " ")))
+end
+
+--- A Lua script (source text) under luajit as M.terminal_job starts it.
+function M.terminal_lua(src, ...)
+  local file = M.write(M.tmpname("script") .. ".lua", src)
+  return M.terminal_job({ M.luajit, file, ... })
+end
+
+--- sig ("INT") to child's process group, as a terminal sends Ctrl-C.
+function M.ctrl_c(child, sig)
+  return P.signal(-child.pid, sig or "INT")
+end
+
 --- n processes spinning for ever (cores kept busy; killed by M.cleanup),
 -- each started with the shell words `prefix` when given ("nice -n -5 ",
 -- "taskset -c 0 ") and checked to be running: a list of children.

@@ -21,7 +21,18 @@ int lb_pcall(lb_ctx *b, int nargs, int nres) {
     int rc = lua_pcall(L, nargs, nres, base);
     lua_remove(L, base);
     if (rc) {
-        const char *m = lua_tostring(L, -1);
+        size_t n = 0;
+        const char *m = lua_tolstring(L, -1, &n);
+        if (m && n >= 12 && strstr(m, "interrupted!") && b->c) {
+            /* A SIGINT's hook (LuaJIT's, or lecho's in ctx:run): not this
+             * callback's error but the program's; caught here, it was lost
+             * (the program ran on).  The loop stops and its caller raises
+             * it again on the main line (lua_loop.c, context.lua). */
+            b->sig_in_cb = 1;
+            ev_break(lei_ctx_loop(b->c), EVBREAK_ALL);
+            lua_pop(L, 1);
+            return -1;
+        }
         lei_logf(b->c, "error in callback: %s", m ? m : "(non-string error)");
         lua_pop(L, 1);
         return -1;

@@ -16,6 +16,8 @@
 #ifndef LECHO_LUA_INT_H
 #define LECHO_LUA_INT_H
 
+#include <signal.h>
+
 #include <lauxlib.h>
 #include <lua.h>
 
@@ -52,9 +54,21 @@ typedef struct lb_ctx {
     lb_timer *timers;      /* live timers, stopped when the context closes */
     lb_moe *moes;          /* live modulators, freed when the context closes */
     lei_moe_group *moeg;   /* owned: what they share (made by the first), freed after them */
-    ev_signal sigw[3];     /* ctx:run(true): SIGINT, SIGTERM, and SIGHUP with a reload
+    ev_signal sigw[3];     /* ctx:run(true, fn): [2] SIGHUP with a reload (SIGINT and SIGTERM:
+                            * lua_loop.c's own handler; [0], [1] unused), a reload
                             * function; started only inside l_run */
     int hup;               /* a SIGHUP came during ctx:run(true, fn): fn runs next */
+    ev_async sigasync;     /* ctx:run: woken by lua_loop.c's signal handler (started only
+                            * inside l_run) */
+    volatile sig_atomic_t sig_pending; /* the SIGINT/SIGTERM lecho's handler took during
+                            * ctx:run (signals true), or 0; a second one ends the process */
+    volatile sig_atomic_t sig_chained; /* signals false: the host's handler ran (the run
+                            * lets Lua run once so that a hook it set can fire) */
+    int sig_in_cb;         /* a callback C called (lb_pcall) raised LuaJIT's "interrupted!"
+                            * (a SIGINT's hook): the loop stops, run raises it again
+                            * or closes, run_once returns true (context.lua) */
+    lua_Hook old_hook;     /* the hook of b->L's state when the run began: put back */
+    int old_hook_mask, old_hook_count;
     int signal;            /* the signal that ended the last ctx:run(true), or 0 */
     struct lb_sink **sinks; /* owned array by channel id (nsinks long): the C sink of
                              * each channel that has one (lua_sink.c), else NULL */

@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "lua_int.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <limits.h>
@@ -69,16 +70,103 @@ static int l_run_once(lua_State *L) {
         }
     }
     lb_close_if_pending(b, L);
+    if (b->sig_in_cb) {
+        /* (context.lua raises it again on the main line) */
+        b->sig_in_cb = 0;
+        lua_pushboolean(L, 1);
+        return 1;
+    }
     return 0;
 }
 
-/* SIGINT or SIGTERM during ctx:run(true): the run ends, the caller closes. */
-static void run_sig_cb(struct ev_loop *loop, ev_signal *w, int revents) {
+/* SIGINT and SIGTERM during ctx:run(): lecho's own handler, not libev's
+ * (libev's only records a signal for the loop: a handler or callback that
+ * never returned kept the process from ending by any signal but SIGKILL).
+ *
+ * signals true: the first signal is recorded (b->sig_pending) and wakes the
+ * loop (sigasync: the run ends, the caller closes and ends the process by
+ * it); and, should Lua code be running (a handler that loops), a hook of
+ * the main state (a count of 1, as LuaJIT's own luajit.c does; a
+ * modulator's state has its own hook and is not touched) raises
+ * "interrupted!" at its next instruction, which lecho's callers of
+ * callbacks take as the signal (context.lua sigint_in_callback).  Code the
+ * hook cannot reach (C, or a loop LuaJIT compiled: hooks do not run in
+ * compiled traces) goes on, and a second signal while the first is pending
+ * ends the process at once: the default action, raised again.
+ *
+ * signals false: the host's handler stays; when it is a function (LuaJIT's
+ * interpreter, whose handler only sets a hook) it is called through this
+ * one, which wakes the loop so that Lua runs once and the hook it set can
+ * fire (an idle loop runs no Lua: the first Ctrl-C was lost).
+ *
+ * A signal handler reaches its context through this pointer only: the one
+ * process-wide state it needs (one ctx:run at a time catches signals; a
+ * nested run keeps the outer's and puts it back).  Written with the
+ * signals blocked. */
+static lb_ctx *volatile run_sig_ctx;
+static struct sigaction run_sig_host[2]; /* signals false: the host's actions, chained */
+
+static const int run_sigs[3] = {SIGINT, SIGTERM, SIGHUP};
+
+static void die_by(int sig) {
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, NULL);
+    /* Blocked while this handler runs: delivered, with its default
+     * action, when it returns. */
+    raise(sig);
+}
+
+static void sig_hook(lua_State *L, lua_Debug *ar) {
+    (void)ar;
+    lb_ctx *b = run_sig_ctx;
+    if (b) lua_sethook(L, b->old_hook, b->old_hook_mask, b->old_hook_count);
+    else lua_sethook(L, NULL, 0, 0);
+    luaL_error(L, "interrupted!");
+}
+
+static void run_sig_handler(int sig) {
+    int saved = errno;
+    lb_ctx *b = run_sig_ctx;
+    if (!b || b->sig_pending) {
+        die_by(sig);
+    } else {
+        b->sig_pending = sig;
+        lua_sethook(b->L, sig_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+        ev_async_send(lei_ctx_loop(b->c), &b->sigasync);
+    }
+    errno = saved;
+}
+
+static void run_sig_chain(int sig, siginfo_t *si, void *uc) {
+    int saved = errno;
+    const struct sigaction *h = &run_sig_host[sig == SIGINT ? 0 : 1];
+    if (h->sa_flags & SA_SIGINFO) h->sa_sigaction(sig, si, uc);
+    else if (h->sa_handler != SIG_DFL && h->sa_handler != SIG_IGN) h->sa_handler(sig);
+    lb_ctx *b = run_sig_ctx;
+    if (b) {
+        b->sig_chained = 1;
+        ev_async_send(lei_ctx_loop(b->c), &b->sigasync);
+    }
+    errno = saved;
+}
+
+/* On the loop (the highest priority: before the callbacks of its turn). */
+static void run_async_cb(struct ev_loop *loop, ev_async *w, int revents) {
     lb_ctx *b = w->data;
     (void)revents;
-    b->signal = w->signum;
-    b->stopping = 1;
-    ev_break(loop, EVBREAK_ALL);
+    if (b->sig_pending) {
+        /* No Lua code runs now: the hook is not needed (the callbacks due
+         * in this turn run as usual). */
+        lua_sethook(b->L, b->old_hook, b->old_hook_mask, b->old_hook_count);
+        b->signal = b->sig_pending;
+        b->stopping = 1;
+        ev_break(loop, EVBREAK_ALL);
+    } else if (b->sig_chained) {
+        ev_break(loop, EVBREAK_ALL);
+    }
 }
 
 static void run_hup_cb(struct ev_loop *loop, ev_signal *w, int revents) {
@@ -88,42 +176,121 @@ static void run_hup_cb(struct ev_loop *loop, ev_signal *w, int revents) {
     ev_break(loop, EVBREAK_ONE);
 }
 
+/* signals false, after the host's handler ran: a Lua function called once
+ * (a hook that handler set fires in it); its error is the run's. */
+static int host_hook_check(lua_State *L) {
+    if (luaL_loadbuffer(L, "return", 6, "=ctx:run") != 0) {
+        lua_pop(L, 1);
+        return 0;
+    }
+    if (lua_pcall(L, 0, 0, 0) == 0) return 0;
+    /* LuaJIT's: "ctx:run:0: interrupted!", where the program is */
+    size_t n;
+    const char *e = lua_tolstring(L, -1, &n);
+    if (e && n >= 12 && strcmp(e + n - 12, "interrupted!") == 0) {
+        lua_pop(L, 1);
+        lua_pushliteral(L, "interrupted!");
+    }
+    return 1;
+}
+
 /* ctx:run([signals [, reload]]): serves the loop until ctx:stop().  With
  * signals true, SIGINT and SIGTERM (those the process does not ignore) are
- * caught for the run only: they end it, and it returns the signal's number;
- * the actions and the signal mask the process had are put back before it
- * returns, or, when a signal ended it, the default actions (the caller
- * closes and exits: a second signal ends the process at once).  With a
- * function reload too, SIGHUP (unless ignored) is caught for the run as
- * well and calls it (a protected call; the run goes on).  Returns nothing
- * otherwise. */
+ * caught for the run only (lecho's handler above): they end it, and it
+ * returns the signal's number; the actions and the signal mask the process
+ * had are put back before it returns, or, when a signal ended it, the
+ * default actions (the caller closes and exits: a second signal ends the
+ * process at once; one during the run, while the first is pending, too).
+ * With a function reload too, SIGHUP (unless ignored) is caught for the
+ * run as well and calls it (a protected call; the run goes on).  With
+ * signals false, a host's handler of SIGINT or SIGTERM is chained (above):
+ * an error a hook of the host raised in Lua then is raised by the run.
+ * Returns nothing otherwise. */
 static int l_run(lua_State *L) {
-    static const int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
     lb_ctx *b = lb_check_ctx(L);
     lb_moe_not_busy(L, b, "running the loop");
     int catch = lua_toboolean(L, 2), caught[3] = {0, 0, 0};
     int nsigs = catch && lua_isfunction(L, 3) ? 3 : 2;
-    struct sigaction old[3];
-    sigset_t oldmask;
+    struct sigaction old[3], host_saved[2];
+    sigset_t oldmask, sigs;
     struct ev_loop *loop = lei_ctx_loop(b->c);
+    lb_ctx *outer = run_sig_ctx;
     b->stopping = 0;
     b->signal = 0;
     b->hup = 0;
-    if (catch) {
-        sigprocmask(SIG_SETMASK, NULL, &oldmask);
-        for (int i = 0; i < nsigs; i++) {
-            if (sigaction(sigs[i], NULL, &old[i]) != 0) continue;
+    b->sig_pending = 0;
+    b->sig_chained = 0;
+    b->old_hook = lua_gethook(b->L);
+    b->old_hook_mask = lua_gethookmask(b->L);
+    b->old_hook_count = lua_gethookcount(b->L);
+    ev_async_init(&b->sigasync, run_async_cb);
+    ev_set_priority(&b->sigasync, EV_MAXPRI);
+    b->sigasync.data = b;
+    ev_async_start(loop, &b->sigasync);
+    sigemptyset(&sigs);
+    for (int i = 0; i < 3; i++) sigaddset(&sigs, run_sigs[i]);
+    /* The handlers' state is set with the signals blocked. */
+    sigprocmask(SIG_BLOCK, &sigs, &oldmask);
+    memcpy(host_saved, run_sig_host, sizeof host_saved);
+    run_sig_ctx = b;
+    for (int i = 0; i < nsigs; i++) {
+        if (sigaction(run_sigs[i], NULL, &old[i]) != 0) continue;
+        int ign = !(old[i].sa_flags & SA_SIGINFO) && old[i].sa_handler == SIG_IGN;
+        int dfl = !(old[i].sa_flags & SA_SIGINFO) && old[i].sa_handler == SIG_DFL;
+        if (i == 2) {
             /* An ignored signal stays ignored (nohup, a background job). */
-            if (!(old[i].sa_flags & SA_SIGINFO) && old[i].sa_handler == SIG_IGN) continue;
-            ev_signal_init(&b->sigw[i], i == 2 ? run_hup_cb : run_sig_cb, sigs[i]);
-            b->sigw[i].data = b;
-            ev_signal_start(loop, &b->sigw[i]);
-            caught[i] = 1;
+            if (!catch || ign) continue;
+            ev_signal_init(&b->sigw[2], run_hup_cb, SIGHUP);
+            b->sigw[2].data = b;
+            ev_signal_start(loop, &b->sigw[2]);
+            caught[2] = 1;
+            continue;
+        }
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sigemptyset(&sa.sa_mask);
+        sigaddset(&sa.sa_mask, SIGINT);
+        sigaddset(&sa.sa_mask, SIGTERM);
+        if (catch) {
+            if (ign) continue;
+            sa.sa_handler = run_sig_handler;
+        } else {
+            /* the host's: chained when it is a function */
+            if (ign || dfl) continue;
+            run_sig_host[i] = old[i];
+            sa.sa_sigaction = run_sig_chain;
+            sa.sa_flags = SA_SIGINFO | (old[i].sa_flags & SA_RESTART);
+        }
+        sigaction(run_sigs[i], &sa, NULL);
+        caught[i] = 1;
+    }
+    /* (the signals the process had blocked stay blocked) */
+    sigprocmask(SIG_SETMASK, &oldmask, NULL);
+    int raised = 0;
+    /* A SIGINT that came as the run began (before the handlers above) to
+     * LuaJIT's handler set a hook and nothing else: a Lua function called
+     * once lets it fire (an idle loop runs none). */
+    if (lua_gethook(b->L) && host_hook_check(L)) {
+        const char *e = lua_tostring(L, -1);
+        if (catch && e && strcmp(e, "interrupted!") == 0) {
+            lua_pop(L, 1);
+            b->signal = SIGINT;
+            b->stopping = 1;
+        } else {
+            raised = 1;
         }
     }
     /* No Lua error leaves this loop (every callback is a protected call). */
-    while (!b->stopping && b->c && !b->close_pending) {
+    b->sig_in_cb = 0;
+    while (!raised && !b->stopping && b->c && !b->close_pending && !b->sig_in_cb) {
         ev_run(loop, EVRUN_ONCE);
+        if (b->sig_chained) {
+            b->sig_chained = 0;
+            if (host_hook_check(L)) {
+                raised = 1;
+                break;
+            }
+        }
         if (b->hup) {
             b->hup = 0;
             lua_pushvalue(L, 3);
@@ -133,24 +300,42 @@ static int l_run(lua_State *L) {
             }
         }
     }
-    if (catch) {
-        struct sigaction dfl;
-        memset(&dfl, 0, sizeof dfl);
-        dfl.sa_handler = SIG_DFL;
-        sigemptyset(&dfl.sa_mask);
-        for (int i = 0; i < nsigs; i++) {
-            if (!caught[i]) continue;
+    /* A callback that the hook interrupted stopped the loop itself. */
+    sigprocmask(SIG_BLOCK, &sigs, NULL);
+    if (catch && b->sig_pending) b->signal = b->sig_pending;
+    /* LuaJIT's SIGINT inside a callback C called: with signals, closed as
+     * one this run caught; without, raised on the main line below. */
+    if (b->sig_in_cb && catch && !b->signal) b->signal = SIGINT;
+    if (b->sig_in_cb && !catch && !raised) {
+        lua_pushliteral(L, "interrupted!");
+        raised = 1;
+    }
+    b->sig_in_cb = 0;
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    for (int i = 0; i < nsigs; i++) {
+        if (!caught[i]) continue;
+        const struct sigaction *to = b->signal ? &dfl : &old[i];
+        if (i == 2) {
             /* The action is set before the stop (with signalfd, libev
              * unblocks the signal there: one pending is delivered to it)
              * and again after (without, libev sets SIG_DFL). */
-            const struct sigaction *to = b->signal ? &dfl : &old[i];
-            sigaction(sigs[i], to, NULL);
-            ev_signal_stop(loop, &b->sigw[i]);
-            sigaction(sigs[i], to, NULL);
+            sigaction(SIGHUP, to, NULL);
+            ev_signal_stop(loop, &b->sigw[2]);
         }
-        sigprocmask(SIG_SETMASK, &oldmask, NULL);
+        sigaction(run_sigs[i], to, NULL);
     }
+    if (b->sig_pending) lua_sethook(b->L, b->old_hook, b->old_hook_mask, b->old_hook_count);
+    b->sig_pending = 0;
+    b->sig_chained = 0;
+    run_sig_ctx = outer;
+    memcpy(run_sig_host, host_saved, sizeof host_saved);
+    ev_async_stop(loop, &b->sigasync);
+    sigprocmask(SIG_SETMASK, &oldmask, NULL);
     b->stopping = 0;
+    if (raised) lua_error(L);
     lb_close_if_pending(b, L);
     if (b->signal) {
         lua_pushinteger(L, b->signal);

@@ -308,6 +308,11 @@ local function call_done(self, ok, ...)
   self.svc_ncalls = self.svc_ncalls - 1
   if ok then return ... end
   local e = ...
+  -- Ctrl-C on the main line (LuaJIT's "interrupted!", raised again by the
+  -- wait: context.lua main_wait) or the REPL's "interrupted": the
+  -- program's, not the call's failure (it was returned as one: the script
+  -- went on)
+  if type(e) == "string" and (e == "interrupted" or e:find("interrupted!$")) then error(e, 0) end
   self.log("ctx:call failed: " .. tostring(e))
   return nil, "call failed: " .. tostring(e), "failed"
 end

@@ -506,7 +506,7 @@ local function main_wait(self, done, a, b, deadline)
     -- an embedder's interrupt (lecho_set_interrupt: Python's Ctrl-C)
     if self.interrupt and self.interrupt() then r = false break end
     keep_views(self)
-    self.c:run_once(left)
+    if self.c:run_once(left) then self.sigint_pending = true end
     if self.sigint_pending then self.main_waits = self.main_waits - 1 raise_sigint(self) end
   end
   self.main_waits = self.main_waits - 1
@@ -532,9 +532,32 @@ local function suspend(self, co, w, sid)
   if h then h:pause() end
   local r = coroutine.yield(WAIT)
   if h then h:resume() end
+  if w.cancel then error(w.cancel, 0) end
   return r
 end
 local function call_ready(ready) return ready() end
+
+-- Ends the lecho wait coroutine co is suspended in (a sleep, a call, a
+-- sync submit, a lookup) by raising err there, at the next loop turn: the
+-- REPL's Ctrl-C on a line that waits.  False when co waits in none.
+function Context:_interrupt_wait(co, err)
+  for _, w in ipairs(self.waiters) do
+    if w.co == co then
+      w.cancel, w.deadline = err, 0
+      self.c:want_turn(true)
+      return true
+    end
+  end
+  for _, w in pairs(self.sync_waiters or {}) do
+    if w.co == co then
+      w.cancel, w.deadline = err, 0
+      self.wake_due = true
+      self.c:want_turn(true)
+      return true
+    end
+  end
+  return false
+end
 local function settled(c, sid) return not c:sync_pending(sid) end
 
 -- Waits until ready() is true: true; or until deadline (a ctx:now() time,
@@ -923,7 +946,11 @@ function Context:run()
   keep_views(self)
   -- keyed: SIGHUP reloads the trust files and policy (lecho.trustwatch)
   local sig = self.c:run(self.signals, self.trustwatch and self._trustwatch.hup or nil)
-  if not sig and self.sigint_pending then
+  if sig then
+    -- (a callback lecho's handler interrupted raised "interrupted!": that
+    -- signal, not another)
+    self.sigint_pending = nil
+  elseif self.sigint_pending then
     -- a SIGINT that came as the run began, before its watchers (above)
     if not self.signals then raise_sigint(self) end
     self.sigint_pending, sig = nil, 2
@@ -950,9 +977,8 @@ end
 function Context:run_once(timeout)
   if timeout ~= nil then options.check_time(timeout, "ctx:run_once", "timeout", 2) end
   keep_views(self)
-  local r = self.c:run_once(timeout)
+  if self.c:run_once(timeout) then self.sigint_pending = true end
   if self.sigint_pending then raise_sigint(self) end
-  return r
 end
 
 function Context:stop() return self.c:stop() end

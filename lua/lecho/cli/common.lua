@@ -37,7 +37,14 @@ local COMMON_OPTS = {
   { "--trust", "trust", "string", many = true }, { "--timeout", "timeout", "seconds" },
 }
 
+-- (the signal that came, M.on_signals: a failure after it, a wait it cut
+-- short, is its doing: the exit is the signal's)
+local signalled
 local function die(cmd, msg, code)
+  if signalled then
+    msg, code = "interrupted (" .. msg .. ")", signalled == 2 and EXIT.sigint
+      or (signalled == 15 and EXIT.sigterm or 128 + signalled)
+  end
   io.stderr:write("lecho", cmd and (" " .. cmd) or "", ": ", msg, "\n")
   os.exit(code or EXIT.usage)
 end
@@ -151,25 +158,54 @@ function M.context(cmd, opts, extra)
   end
   local ok, ctx = pcall(lecho.context, copts)
   if not ok then die(cmd, server.message(ctx), EXIT.failed) end
+  M.on_signals(ctx)
   return ctx
 end
 
--- SIGINT and SIGTERM from a signalfd on the loop (lecho.repl.term): fn(sig)
--- runs in a callback; the default ends the program cleanly.
+-- SIGINT and SIGTERM (and SIGHUP, SIGQUIT) from a signalfd on the loop
+-- (lecho.repl.term), from the context's making on, for every command: the
+-- signal is kept (ctx.cli_signal: M.finish exits with it, 130 or 143), a
+-- wait on the main line it came during (a call, a sync submit, a lookup)
+-- ends at once (ctx.interrupt, as Python's Ctrl-C; not a later one: the
+-- close still delivers within linger), and the command's fn(sig), if it
+-- set one with on_signals(ctx, fn), runs in the callback (at once when the
+-- signal came before).  (A SIGINT before the signalfd is LuaJIT's
+-- "interrupted!": M.main ends with 130 on it.)
 function M.on_signals(ctx, fn)
+  local st = ctx.cli_sigs
+  if st then
+    st.fn = fn
+    if fn and ctx.cli_signal then fn(ctx.cli_signal) end
+    return st.w
+  end
+  st = { fn = fn }
+  ctx.cli_sigs = st
   local term = require "lecho.repl.term"
   local sig = term.sig
   sig.setup()
   if sig.fd < 0 then return nil end
-  return ctx:on_readable(sig.fd, function()
+  ctx.interrupt = function()
+    if not st.cut then return false end
+    st.cut = false
+    return true
+  end
+  st.w = ctx:on_readable(sig.fd, function()
     local s = sig.take()
-    if s then fn(s) end
+    if not s then return end
+    ctx.cli_signal = ctx.cli_signal or s
+    signalled = signalled or s
+    if (ctx.main_waits or 0) > 0 then st.cut = true end
+    if st.fn then st.fn(s) end
   end)
+  return st.w
 end
 function M.signal_exit(s) return s == 2 and EXIT.sigint or (s == 15 and EXIT.sigterm or 128 + s) end
 
--- Finishing: close the context (delivering what was queued), flush, exit.
+-- Finishing: close the context (delivering what was queued), flush, exit
+-- (with the signal's code when one came: M.on_signals).
 function M.finish(ctx, code)
+  if ctx and ctx.cli_signal then code = M.signal_exit(ctx.cli_signal) end
+  if ctx and ctx.cli_sigs then ctx.cli_sigs.cut = false end
   if ctx and not ctx.closed then ctx:close() end
   io.stdout:flush()
   os.exit(code)
@@ -204,6 +240,7 @@ function M.wait_consumers(ctx, ch, wait)
         return true
       end
     end
+    if ctx.cli_signal then return false end
     ctx:run_once(0.02)
   end
   return false

@@ -90,7 +90,15 @@ function M.main(argv)
   local rest = {}
   for i = 2, #argv do rest[#rest + 1] = argv[i] end
   local opts, pos = M.parse(cmd, rest)
-  local ok, err = xpcall(entry.run, debug.traceback, opts, pos)
+  local ok, err = xpcall(entry.run, function(e)
+    -- LuaJIT's SIGINT (before the command's signalfd): the signal's exit
+    if type(e) == "string" and e:find("interrupted!$") then return false end
+    return debug.traceback(e, 2)
+  end, opts, pos)
+  if not ok and err == false then
+    io.stderr:write("lecho ", cmd, ": interrupted\n")
+    os.exit(EXIT.sigint)
+  end
   if not ok then C.die(cmd, "internal error: " .. tostring(err), EXIT.failed) end
   os.exit(EXIT.ok)
 end

@@ -291,6 +291,8 @@ function M.pub.run(opts, pos)
     else
       local ok, serr, scode
       if opts.sync then ok, serr, scode = p:submit_sync(item[2]) else ok, serr, scode = p:submit(item[2]) end
+      -- (a sync wait the signal ended: no answer yet, not a failure to say)
+      if not ok and interrupted then break end
       if opts.json then emit{ n = n, ok = ok and true or false, error = not ok and tostring(serr) or nil,
                               code = not ok and scode or nil } end
       if not ok then
@@ -323,6 +325,11 @@ function M.call.run(opts, pos)
   end
   local ctx = context("call", opts)
   local r = pack(ctx:call(name, args, { timeout = opts.timeout, version = opts.version, at = opts.at }))
+  if ctx.cli_signal then
+    -- (the call's wait ended by the signal: not the service's doing)
+    io.stderr:write("lecho call: interrupted\n")
+    finish(ctx, EXIT.failed)
+  end
   if r[1] == nil and r.n >= 2 then
     io.stderr:write(("lecho call: %s\n"):format(tostring(r[2])))
     if opts.json then emit{ error = tostring(r[2]), code = r[3] } end

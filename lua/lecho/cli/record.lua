@@ -238,12 +238,14 @@ function M.replay.run(opts, pos)
       -- as lecho pub: a consumer waited for first (default 2 s); a replay
       -- is long, so one may still come: said, and the replay goes on
       local wait = opts.wait == nil and 2 or opts.wait
-      if ch and wait > 0 and not wait_consumers(ctx, ch, wait) then
+      if ch and wait > 0 and not wait_consumers(ctx, ch, wait) and not ctx.cli_signal then
         io.stderr:write(("lecho replay: no consumer of %s yet (what goes to it before one joins is lost)\n")
                         :format(name))
       end
     end
   end
+  -- (a signal while it waited for consumers: nothing played)
+  if ctx.cli_signal then finish(ctx, signal_exit(ctx.cli_signal)) end
   if opts.seek_time then rp:seek{ t = opts.seek_time } end
   if opts.seek_seq then rp:seek{ seq = opts.seek_seq } end
   on_signals(ctx, function(s) code = signal_exit(s); ctx:stop() end)

@@ -67,6 +67,29 @@ local function traceback_handler(e)
   return setmetatable({ err = e, tb = keep }, Caught)
 end
 
+-- Ctrl-C interrupted a handler typed at the prompt (not the line): its
+-- consumer is closed, said once, else the next event runs it again and the
+-- prompt never comes back (a handler that loops for ever).  The handler is
+-- the first function up the stack that is a consumer's of the context.
+local function close_consumer_of(R)
+  local ctx = R.ctx
+  for level = 3, 40 do
+    local info = debug.getinfo(level, "f")
+    if not info then return end
+    for _, ch in pairs(ctx.byname or {}) do
+      for _, con in ipairs(ch.all or {}) do
+        if con.handler == info.func and not con.closed_by_repl then
+          con.closed_by_repl = true
+          pcall(con.close, con)
+          R.out(("consumer %s on '%s': its handler interrupted by Ctrl-C, the consumer closed")
+            :format(con.id, ch.short or ch.name))
+          return
+        end
+      end
+    end
+  end
+end
+
 --- Adds to session R: note_input, on_signal, hook, run_chunk, submit_line.
 function M.install(R)
   local last_poll = 0
@@ -82,6 +105,13 @@ function M.install(R)
         R.inbuf = R.inbuf:sub(i + 1)
         -- Code blocked in ctx:run() (typed at the prompt) returns from it.
         if R.busy then R.ctx:stop() end
+        -- A line waiting in lecho (ctx:sleep, ctx:call, send, a lookup):
+        -- the wait raises "interrupted" (the hook below never saw it run).
+        local co = R.chunk_co
+        if R.busy and co and co ~= coroutine.running() and coroutine.status(co) == "suspended"
+            and R.ctx:_interrupt_wait(co, "interrupted") then
+          R.interrupted = false
+        end
       end
     end
   end
@@ -109,9 +139,16 @@ function M.install(R)
       end
       if not R.interrupted then return end
     end
+    -- Raised in the line's own coroutine, or in a callback's only where it
+    -- runs code typed at the prompt (a handler defined there): not in
+    -- lecho's own callbacks (it was logged there as theirs, and the line
+    -- went on).
     local info = debug.getinfo(2, "S")
-    if info and not is_internal(info.source) then
+    local co = coroutine.running()
+    if info and not is_internal(info.source)
+        and ((R.busy and co == R.chunk_co) or info.source == "=stdin" or info.source == "=(command line)") then
       R.interrupted = false
+      if co ~= R.chunk_co then close_consumer_of(R) end
       error("interrupted", 0)
     end
   end
@@ -121,11 +158,13 @@ function M.install(R)
   function R.run_chunk(f)
     setfenv(f, R.env)
     jit.off(f, true)
+    R.chunk_co = coroutine.running()
     R.busy = true
     R.interrupted = false
     local r = { n = 0 }
     local function pack(...) r.n = select("#", ...) for i = 1, r.n do r[i] = (select(i, ...)) end end
     pack(xpcall(f, traceback_handler))
+    R.chunk_co = nil
     R.busy = false
     R.interrupted = false
     if r[1] then

@@ -206,6 +206,19 @@ function M.ctrl_c(child, sig)
   return P.signal(-child.pid, sig or "INT")
 end
 
+--- Each signal of sigs (a list, 0.5 s apart) to child's group as M.ctrl_c
+-- sends it, then at most `within` s (10) for it to end; a child still
+-- running then is killed.  Returns done, rc as M.wait.
+function M.ctrl_c_wait(child, sigs, within)
+  for i, sig in ipairs(sigs) do
+    if i > 1 then M.sleep(0.5) end
+    M.ctrl_c(child, sig)
+  end
+  local done, rc = M.wait(child, within or 10)
+  if not done then M.ctrl_c(child, "KILL") end
+  return done, rc
+end
+
 --- n processes spinning for ever (cores kept busy; killed by M.cleanup),
 -- each started with the shell words `prefix` when given ("nice -n -5 ",
 -- "taskset -c 0 ") and checked to be running: a list of children.

@@ -842,6 +842,29 @@ ctx:close()
     assert.truthy(events >= 2, "events: " .. events .. "; output: " .. text:sub(1, 300))
   end)
 
+  -- review 8 of issue 28 (rev28i, finding 2): a client that closed while
+  -- its pub was being served left the gateway a producer of that channel
+  -- for as long as it ran (_release skipped it, and nothing came back to it)
+  it("closes the producer of a client that left while its pub was being served", function()
+    for i = 1, 3 do
+      local l = assert(W.lines("127.0.0.1", lp))
+      l:send_json{ op = "pub", id = 2, ch = "gw.leak" .. i, data = { a = 1 }, sync = true, timeout = 5 }
+      l:close()
+    end
+    local function listed()
+      local v = assert(ws(hp))
+      v:send_json{ op = "list", id = 1 }
+      local names = {}
+      for _, x in ipairs(reply(v, 1).result) do
+        if x.channel:find("^gw%.leak") and x.producers > 0 then names[#names + 1] = x.channel end
+      end
+      v:close()
+      return names
+    end
+    assert.truthy(until_(function() return #listed() == 0 end, 10 * S.SLOW, 0.3),
+                  "still a producer of: " .. table.concat(listed(), " "))
+  end)
+
   it("holds a client to --max-subs subscriptions and tells it so", function()
     local l = assert(W.lines("127.0.0.1", lp))
     assert.are.equal(3, l:json().limits.subs)

@@ -58,6 +58,7 @@ function Gateway:_message(cl, text)
       self.ctx.log("gateway: op " .. op .. " failed: " .. tostring(e))
       err(cl, id, "internal error", "internal")
     end
+    if cl.release_owed and cl.inflight == 0 then self:_release(cl) end
   end)
 end
 
@@ -246,12 +247,21 @@ function Gateway:_use(cl, key, how)
 end
 
 function Gateway:_release(cl)
+  -- a request still being served may use the producers (a submit_sync in
+  -- progress): released when the last one ends (_message), not skipped
+  -- (a client that closed right after a pub left the gateway a producer
+  -- of that channel for as long as it ran: review 8 of issue 28)
+  if cl.inflight > 0 then
+    cl.release_owed = true
+    return
+  end
+  cl.release_owed = nil
   for key, how in pairs(cl.used) do
     if how == "pub" then
       local n = (self.pubusers[key] or 1) - 1
       self.pubusers[key] = n > 0 and n or nil
       local p = self.producers[key]
-      if n <= 0 and p and cl.inflight == 0 then
+      if n <= 0 and p then
         self.producers[key] = nil
         p:close()
       end

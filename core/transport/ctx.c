@@ -303,14 +303,15 @@ int lei_ctx_unsure(lei_ctx *c) {
         if (k->state == LEI_CONN_CLOSED) continue;
         lei_peer *p = k->peer;
         /* (a connection not its peer's current one, or of no peer: unknown;
-         * a peer that confirms reads and confirmed all that was written
-         * there: sure, as after an answered sync) */
+         * a peer that confirms reads, confirmed every async event written
+         * there (cf counts those) and answered the last sync one, nothing
+         * left queued: sure, as after an answered sync) */
         if (!p || p->conn != k) {
             n++;
             continue;
         }
         if (p->acked_ev == p->st.ev_out) continue;
-        if (p->cf.on && p->cf.wr <= p->cf.ok && !p->q.head) continue;
+        if (p->cf.on && p->cf.wr <= p->cf.ok && !p->q.head && p->last_sync_ev == p->acked_ev) continue;
         n++;
     }
     return n;

@@ -277,6 +277,56 @@ describe("a program whose handler never returns, in ctx:run()", function()
   end)
 end)
 
+-- Three events queued to a handler that loops (outside attack of sigfix,
+-- F1): the first SIGINT interrupted the handler of event 1, and event 2 of
+-- the same batch ran it again: the program did not stop (a second SIGINT
+-- or SIGKILL).  Also when the handler caught "interrupted!" with pcall and
+-- returned, and with signals = false (LuaJIT's own handler).  Now no
+-- handler runs after an interrupt and the close says what was not handled.
+local QUEUED = [==[
+local lecho = require "lecho"
+local mode = arg[1]
+local ctx = lecho.context{ linger = 1, signals = mode ~= "nosig" }
+local ch = ctx:channel("q")
+local function spin(ev)
+  io.stderr:write("handler start " .. ev .. "\n")
+  local x = 0
+  if mode == "pcall" then
+    local ok, err = pcall(function() while true do x = x + 1 end end)
+    io.stderr:write("caught: " .. tostring(err) .. "\n")
+    return
+  end
+  while true do x = x + 1 end
+end
+jit.off() -- (the hook reaches no compiled loop: that case ends at a second SIGINT, above)
+assert(ch:consumer(spin))
+local p = assert(ch:producer())
+for i = 1, 3 do assert(p:submit(i)) end
+ctx:run()
+io.stderr:write("run returned\n")
+]==]
+
+describe("events queued behind a handler a SIGINT interrupts", function()
+  local busy
+  setup(function() busy = S.busy_loops(2) end)
+  teardown(function() S.cleanup() end)
+
+  for _, case in ipairs{ { "loop", 130 }, { "pcall", 130 }, { "nosig", 1 } } do
+    it(("are not handled, and one SIGINT ends the program (%s)"):format(case[1]), function()
+      assert.is_true(S.alive(busy[1]) and S.alive(busy[2]))
+      local child = S.terminal_lua(QUEUED, case[1])
+      assert(S.wait_file(child.err, "handler start 1", 20), "the handler did not start: " .. S.errors(child))
+      S.sleep(0.3)
+      local done, rc = S.ctrl_c_wait(child, { "INT" }, 15)
+      assert.is_true(done, "one SIGINT did not end it: " .. S.errors(child))
+      assert.are.equal(case[2], rc, S.errors(child))
+      assert.not_matches("handler start 2", S.errors(child))
+      assert.not_matches("run returned", S.errors(child))
+      assert.matches("2 events received not handled: the program was interrupted", S.errors(child))
+    end)
+  end
+end)
+
 -- signals = false, an idle ctx:run() (outside attack s7, item 6): LuaJIT's
 -- own handler only sets a hook, and an idle loop runs no Lua: the first
 -- SIGINT was lost (a second one killed the process).  The run wakes on it

@@ -124,6 +124,16 @@ static void sig_hook(lua_State *L, lua_Debug *ar) {
     lb_ctx *b = run_sig_ctx;
     if (b) lua_sethook(L, b->old_hook, b->old_hook_mask, b->old_hook_count);
     else lua_sethook(L, NULL, 0, 0);
+    /* Said to context.lua (INTR.raised) before the raise, which a
+     * handler's pcall may catch: no further event is dispatched to a
+     * handler (the next event of a batch ran the interrupted handler
+     * again, and the program did not stop). */
+    lua_getfield(L, LUA_REGISTRYINDEX, "lecho.interrupt");
+    if (lua_istable(L, -1)) {
+        lua_pushboolean(L, 1);
+        lua_setfield(L, -2, "raised");
+    }
+    lua_pop(L, 1);
     luaL_error(L, "interrupted!");
 }
 

@@ -128,6 +128,9 @@ local function run_handler(self, con, handler, value, meta, sync, errs, short)
   if not ok then
     err = tostring(err)
     sigint_in_callback(self, err)
+    -- a C-API handler an embedder's interrupt ended (Python's
+    -- KeyboardInterrupt): as "interrupted!" in Lua
+    if self.interrupt and self.interrupt() then self:_interrupted() end
     con.errors = con.errors + 1
     if sync > 0 then
       errs = errs or {}
@@ -290,6 +293,14 @@ local function interrupted_event(self, chid, sync)
       tostring(self.addr), name) } }
 end
 
+-- An interrupt was raised in a handler (a SIGINT's "interrupted!", caught
+-- or not; an embedder's, lecho_set_interrupt): no handler runs for an
+-- event until the main line took it (raise_sigint).
+function Context:_interrupted()
+  INTR.raised = true
+  if not self.closed then self.c:interrupted(true) end
+end
+
 function Context:_on_event(chid, value, peer, producer, seq, sync, rv)
   -- producer 0, seq 0: a sync marker on a modulated stream (the modulator
   -- sent nothing for a sync event): acknowledged once all before it ran.
@@ -424,7 +435,7 @@ local POOL_MAX = 128
 sigint_in_callback = function(self, err)
   if err:find("interrupted!$") or err:find("interrupted!\n", 1, true) then
     self.sigint_pending = true
-    INTR.raised = true
+    self:_interrupted()
     self.c:stop()
   end
 end
@@ -435,6 +446,7 @@ end
 local function raise_sigint(self)
   self.sigint_pending = nil
   INTR.raised = nil
+  if not self.closed then self.c:interrupted(false) end
   error("interrupted!", 0)
 end
 

@@ -411,4 +411,32 @@ ctx:close()
     assert.matches("pcall: false [^\n]*interrupted!", S.errors(child))
     assert.not_matches("call failed", S.errors(child))
   end)
+
+  -- A service of this process whose handler computes (outside attack of
+  -- sigfix, F4): the SIGINT landed in the handler and came back as the
+  -- call's failure ("call 2 failed"), the loop of calls went on.
+  it("is raised to the script when it lands in a local service's handler, not the call's failure", function()
+    local child = S.terminal_lua([[
+jit.off()
+local lecho = require "lecho"
+local ctx = lecho.context{ linger = 1 }
+assert(ctx:service("busysvc", function() local t = os.clock() while os.clock() - t < 0.3 do end return 1 end))
+io.stderr:write("calling\n")
+local ok, err = pcall(function()
+  for i = 1, 200 do
+    local r, e = ctx:call("busysvc", {}, { timeout = 20 })
+    if not r then io.stderr:write(("call %d failed: %s\n"):format(i, tostring(e))) end
+  end
+end)
+io.stderr:write("loop: ", tostring(ok), " ", tostring(err), "\n")
+ctx:close()
+]])
+    assert(S.wait_file(child.err, "calling", 20), S.errors(child))
+    S.sleep(1)
+    local done, rc = S.ctrl_c_wait(child, { "INT" }, 15)
+    assert.is_true(done, "one SIGINT did not end the loop of calls: " .. S.errors(child))
+    assert.are.equal(0, rc, S.errors(child))
+    assert.matches("loop: false [^\n]*interrupted!", S.errors(child))
+    assert.not_matches("call %d+ failed", S.errors(child))
+  end)
 end)

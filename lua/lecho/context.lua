@@ -439,6 +439,8 @@ sigint_in_callback = function(self, err)
     self.c:stop()
   end
 end
+-- (lecho.service: a service handler's "interrupted!")
+function Context:_sigint_in_callback(err) sigint_in_callback(self, err) end
 local function callback_failed(self, err)
   sigint_in_callback(self, err)
   self.log("error in callback: " .. err)

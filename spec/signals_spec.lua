@@ -327,6 +327,36 @@ describe("events queued behind a handler a SIGINT interrupts", function()
   end
 end)
 
+-- Two contexts, one running (outside attack of sigfix, F5): ctx2 had 5
+-- events queued to its own consumer; the SIGINT closed ctx1 and ended the
+-- process: ctx2's events were never delivered and nothing said so.  Now
+-- every open context is closed first, as at a normal exit.
+describe("a SIGINT to one running context of two", function()
+  setup(function() S.busy_loops(2) end)
+  teardown(function() S.cleanup() end)
+  it("closes the other one too, delivering what it queued", function()
+    local child = S.terminal_lua([[
+local lecho = require "lecho"
+local ctx1 = lecho.context{ linger = 1 }
+local ctx2 = lecho.context{ linger = 1 }
+local ch = ctx2:channel("two")
+assert(ch:consumer(function(ev) io.stderr:write("ctx2 got " .. ev .. "\n") end))
+local p = assert(ch:producer())
+for i = 1, 5 do assert(p:submit(i)) end
+io.stderr:write("running ctx1\n")
+ctx1:run()
+io.stderr:write("run returned\n")
+]])
+    assert(S.wait_file(child.err, "running ctx1", 20), S.errors(child))
+    S.sleep(0.3)
+    local done, rc = S.ctrl_c_wait(child, { "INT" }, 15)
+    assert.is_true(done, S.errors(child))
+    assert.are.equal(130, rc, S.errors(child))
+    for i = 1, 5 do assert.matches("ctx2 got " .. i .. "\n", S.errors(child)) end
+    assert.not_matches("run returned", S.errors(child))
+  end)
+end)
+
 -- signals = false, an idle ctx:run() (outside attack s7, item 6): LuaJIT's
 -- own handler only sets a hook, and an idle loop runs no Lua: the first
 -- SIGINT was lost (a second one killed the process).  The run wakes on it

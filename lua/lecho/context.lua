@@ -973,6 +973,7 @@ function Context:on_readable(fd, fn)
 end
 
 -- (A dispatch's view is copied before the loop runs inside it.)
+local open_ctxs -- (below: the open contexts of this state)
 local SIGNAME = { [2] = "SIGINT", [15] = "SIGTERM" }
 
 --- Serves the loop until ctx:stop().  Unless the context was made with
@@ -1002,6 +1003,16 @@ function Context:run()
   if not sig then return end
   self.log(("%s: closing the context (delivering what was submitted, for at most %gs); "
     .. "a second signal ends the process at once"):format(SIGNAME[sig] or "signal " .. sig, self.linger))
+  -- The other open contexts of the process are closed first, as at a
+  -- normal exit (what they could not deliver said on stderr; this one still
+  -- open, their loops turned beside it: _at_end): their queued events were
+  -- lost without a word (outside attack of sigfix, F5).  open_ctxs (weak
+  -- keys) copied first: a close changes it.
+  local others = {}
+  for o in pairs(open_ctxs) do others[#others + 1] = o end
+  for _, o in ipairs(others) do
+    if o ~= self and not o.closed then pcall(o._at_end, o) end
+  end
   self:close()
   io.stdout:flush()
   io.stderr:flush()
@@ -1070,7 +1081,7 @@ end
 
 -- The contexts of this Lua state still open (weak keys: a Lua table per
 -- state, no C state), for a close at the program's end (Context:_at_end).
-local open_ctxs = setmetatable({}, { __mode = "k" })
+open_ctxs = setmetatable({}, { __mode = "k" })
 function Context:_opened() open_ctxs[self] = true end
 -- The others still open, or nil.
 local function open_others(self)

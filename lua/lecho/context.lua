@@ -437,12 +437,18 @@ sigint_in_callback = function(self, err)
     self.sigint_pending = true
     self:_interrupted()
     self.c:stop()
+    return true
   end
 end
 -- (lecho.service: a service handler's "interrupted!")
 function Context:_sigint_in_callback(err) sigint_in_callback(self, err) end
 local function callback_failed(self, err)
-  sigint_in_callback(self, err)
+  if sigint_in_callback(self, err) then
+    -- not the callback's error but the program's signal: one line, info
+    -- (it logged "error in callback: ...interrupted!" with a traceback)
+    self.log("a signal interrupted a callback (lecho's or the program's): the loop stops", "info")
+    return
+  end
   self.log("error in callback: " .. err)
 end
 local function raise_sigint(self)

@@ -302,6 +302,21 @@ describe("lecho-repl", function()
     S.kill(srv, "KILL")
   end)
 
+  -- Outside attack of sigfix, F3: a looping handler typed at the prompt,
+  -- while the line waits in ctx:sleep: Ctrl-C went to the line's wait only
+  -- (cancelled at the next loop turn, which never came) and the handler was
+  -- never interrupted: Ctrl-C x3, =5+6, Ctrl-D all ignored, SIGTERM needed.
+  it("interrupts a looping handler typed at the prompt while the line waits in ctx:sleep", function()
+    repl:run("P2 = ctx:channel('loop.sleep'):producer(); C2 = ctx:channel('loop.sleep'):consumer(function(ev) "
+      .. "local x = 0 while true do x = x + 1 end end); P2:submit(1); P2:submit(2); ctx:sleep(20)")
+    S.sleep(1.5)
+    repl:keys("C-c")
+    repl:expect("its handler interrupted by Ctrl%-C, the consumer closed", 10)
+    repl:expect("\ninterrupted\n", 10)
+    repl:run("1 + 41")
+    repl:expect("\n42\n")
+  end)
+
   it("takes multi-line input with a continuation prompt", function()
     repl:run("function sq(x)")
     repl:expect("%.%.%.>")

@@ -255,6 +255,10 @@ describe("a program whose handler never returns, in ctx:run()", function()
       assert.are.equal(case[3], rc, S.errors(child))
       assert.matches("SIG" .. case[2] .. ": closing the context", S.errors(child))
       assert.not_matches("run returned", S.errors(child))
+      -- an interrupt is not an error (outside attack of sigfix, nit: a
+      -- timer's was "error in callback: ...interrupted!" with a traceback)
+      assert.not_matches("error in callback", S.errors(child))
+      assert.not_matches("stack traceback", S.errors(child))
     end)
   end
 
@@ -274,6 +278,86 @@ describe("a program whose handler never returns, in ctx:run()", function()
     assert.is_true(done, "two SIGINTs did not end it: " .. S.errors(child))
     assert.are.equal(130, rc, S.errors(child))
     assert.not_matches("lecho_run returned", S.errors(child))
+  end)
+end)
+
+-- Three events queued to a handler that loops (outside attack of sigfix,
+-- F1): the first SIGINT interrupted the handler of event 1, and event 2 of
+-- the same batch ran it again: the program did not stop (a second SIGINT
+-- or SIGKILL).  Also when the handler caught "interrupted!" with pcall and
+-- returned, and with signals = false (LuaJIT's own handler).  Now no
+-- handler runs after an interrupt and the close says what was not handled.
+local QUEUED = [==[
+local lecho = require "lecho"
+local mode = arg[1]
+local ctx = lecho.context{ linger = 1, signals = mode ~= "nosig" }
+local ch = ctx:channel("q")
+local function spin(ev)
+  io.stderr:write("handler start " .. ev .. "\n")
+  local x = 0
+  if mode == "pcall" then
+    local ok, err = pcall(function() while true do x = x + 1 end end)
+    io.stderr:write("caught: " .. tostring(err) .. "\n")
+    return
+  end
+  while true do x = x + 1 end
+end
+jit.off() -- (the hook reaches no compiled loop: that case ends at a second SIGINT, above)
+assert(ch:consumer(spin))
+local p = assert(ch:producer())
+for i = 1, 3 do assert(p:submit(i)) end
+ctx:run()
+io.stderr:write("run returned\n")
+]==]
+
+describe("events queued behind a handler a SIGINT interrupts", function()
+  local busy
+  setup(function() busy = S.busy_loops(2) end)
+  teardown(function() S.cleanup() end)
+
+  for _, case in ipairs{ { "loop", 130 }, { "pcall", 130 }, { "nosig", 1 } } do
+    it(("are not handled, and one SIGINT ends the program (%s)"):format(case[1]), function()
+      assert.is_true(S.alive(busy[1]) and S.alive(busy[2]))
+      local child = S.terminal_lua(QUEUED, case[1])
+      assert(S.wait_file(child.err, "handler start 1", 20), "the handler did not start: " .. S.errors(child))
+      S.sleep(0.3)
+      local done, rc = S.ctrl_c_wait(child, { "INT" }, 15)
+      assert.is_true(done, "one SIGINT did not end it: " .. S.errors(child))
+      assert.are.equal(case[2], rc, S.errors(child))
+      assert.not_matches("handler start 2", S.errors(child))
+      assert.not_matches("run returned", S.errors(child))
+      assert.matches("2 events received not handled: the program was interrupted", S.errors(child))
+    end)
+  end
+end)
+
+-- Two contexts, one running (outside attack of sigfix, F5): ctx2 had 5
+-- events queued to its own consumer; the SIGINT closed ctx1 and ended the
+-- process: ctx2's events were never delivered and nothing said so.  Now
+-- every open context is closed first, as at a normal exit.
+describe("a SIGINT to one running context of two", function()
+  setup(function() S.busy_loops(2) end)
+  teardown(function() S.cleanup() end)
+  it("closes the other one too, delivering what it queued", function()
+    local child = S.terminal_lua([[
+local lecho = require "lecho"
+local ctx1 = lecho.context{ linger = 1 }
+local ctx2 = lecho.context{ linger = 1 }
+local ch = ctx2:channel("two")
+assert(ch:consumer(function(ev) io.stderr:write("ctx2 got " .. ev .. "\n") end))
+local p = assert(ch:producer())
+for i = 1, 5 do assert(p:submit(i)) end
+io.stderr:write("running ctx1\n")
+ctx1:run()
+io.stderr:write("run returned\n")
+]])
+    assert(S.wait_file(child.err, "running ctx1", 20), S.errors(child))
+    S.sleep(0.3)
+    local done, rc = S.ctrl_c_wait(child, { "INT" }, 15)
+    assert.is_true(done, S.errors(child))
+    assert.are.equal(130, rc, S.errors(child))
+    for i = 1, 5 do assert.matches("ctx2 got " .. i .. "\n", S.errors(child)) end
+    assert.not_matches("run returned", S.errors(child))
   end)
 end)
 
@@ -360,5 +444,33 @@ ctx:close()
     assert.are.equal(0, rc, S.errors(child))
     assert.matches("pcall: false [^\n]*interrupted!", S.errors(child))
     assert.not_matches("call failed", S.errors(child))
+  end)
+
+  -- A service of this process whose handler computes (outside attack of
+  -- sigfix, F4): the SIGINT landed in the handler and came back as the
+  -- call's failure ("call 2 failed"), the loop of calls went on.
+  it("is raised to the script when it lands in a local service's handler, not the call's failure", function()
+    local child = S.terminal_lua([[
+jit.off()
+local lecho = require "lecho"
+local ctx = lecho.context{ linger = 1 }
+assert(ctx:service("busysvc", function() local t = os.clock() while os.clock() - t < 0.3 do end return 1 end))
+io.stderr:write("calling\n")
+local ok, err = pcall(function()
+  for i = 1, 200 do
+    local r, e = ctx:call("busysvc", {}, { timeout = 20 })
+    if not r then io.stderr:write(("call %d failed: %s\n"):format(i, tostring(e))) end
+  end
+end)
+io.stderr:write("loop: ", tostring(ok), " ", tostring(err), "\n")
+ctx:close()
+]])
+    assert(S.wait_file(child.err, "calling", 20), S.errors(child))
+    S.sleep(1)
+    local done, rc = S.ctrl_c_wait(child, { "INT" }, 15)
+    assert.is_true(done, "one SIGINT did not end the loop of calls: " .. S.errors(child))
+    assert.are.equal(0, rc, S.errors(child))
+    assert.matches("loop: false [^\n]*interrupted!", S.errors(child))
+    assert.not_matches("call %d+ failed", S.errors(child))
   end)
 end)

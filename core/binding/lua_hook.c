@@ -230,7 +230,8 @@ static int lb_hook_event(void *ud, lei_peer *from, uint32_t chid, uint64_t produ
             return 0;
         }
     }
-    int sunk = lb_sink_event(b, from, chid, producer, seq, sync, p, n); /* a C consumer */
+    /* (after an interrupt: to the Lua dispatch, which runs no handler) */
+    int sunk = b->intr_raised ? LB_NO_SINK : lb_sink_event(b, from, chid, producer, seq, sync, p, n); /* a C consumer */
     if (sunk != LB_NO_SINK) return sunk;
     /* field by field: an initializer would zero err[] (256 bytes) per event */
     hook_args a;
@@ -360,6 +361,8 @@ static int lb_hook_events(void *ud, lei_peer *from, const lei_event_in *ev, int 
                 }
                 if (r > 0) continue;
             }
+            /* after an interrupt: to the Lua dispatch, which runs no handler */
+            if (b->intr_raised) break;
             int r = b->nsinks ? lb_sink_event(b, from, e->chid, e->producer, e->seq, 0, e->p, e->n) : LB_NO_SINK;
             if (r == LB_NO_SINK) break;
             if (r < 0) return i;

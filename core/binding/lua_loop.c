@@ -122,8 +122,22 @@ static void die_by(int sig) {
 static void sig_hook(lua_State *L, lua_Debug *ar) {
     (void)ar;
     lb_ctx *b = run_sig_ctx;
-    if (b) lua_sethook(L, b->old_hook, b->old_hook_mask, b->old_hook_count);
-    else lua_sethook(L, NULL, 0, 0);
+    if (b) {
+        lua_sethook(L, b->old_hook, b->old_hook_mask, b->old_hook_count);
+        b->intr_raised = 1;
+    } else {
+        lua_sethook(L, NULL, 0, 0);
+    }
+    /* Said to context.lua (INTR.raised) before the raise, which a
+     * handler's pcall may catch: no further event is dispatched to a
+     * handler (the next event of a batch ran the interrupted handler
+     * again, and the program did not stop). */
+    lua_getfield(L, LUA_REGISTRYINDEX, "lecho.interrupt");
+    if (lua_istable(L, -1)) {
+        lua_pushboolean(L, 1);
+        lua_setfield(L, -2, "raised");
+    }
+    lua_pop(L, 1);
     luaL_error(L, "interrupted!");
 }
 
@@ -344,6 +358,14 @@ static int l_run(lua_State *L) {
     return 0;
 }
 
+/* c:interrupted(on): sets or clears b->intr_raised (context.lua's
+ * INTR.raised, for this context's C sinks). */
+static int l_interrupted(lua_State *L) {
+    lb_ctx *b = lb_check_ctx(L);
+    b->intr_raised = lua_toboolean(L, 2);
+    return 0;
+}
+
 /* c:break_once(): the innermost ev_run returns once this loop iteration's
  * callbacks are done; called from the turn hook (the prepare phase), it
  * returns before the poll: a main-line wait whose condition a resumed
@@ -511,6 +533,7 @@ const luaL_Reg lb_loop_methods[] = {
     {"stop", l_stop},             {"now", l_now},
     {"catch_up", l_catch_up},
     {"break_once", l_break_once},
+    {"interrupted", l_interrupted},
     {"timer", l_timer},           {"io", l_io},
     {"want_turn", l_want_turn},   {NULL, NULL}};
 

@@ -249,6 +249,10 @@ end
 -- Context:_on_event does for a Lua handler.
 function M.consumer_failed(c, err)
   c.errors = c.errors + 1
+  -- the embedder's interrupt ended it (Python's KeyboardInterrupt): no
+  -- further event goes to a handler until the main line raised it
+  local ctx = c.ch.ctx
+  if ctx.interrupt and ctx.interrupt() then ctx:_interrupted() end
   c.ch.ctx.log(("consumer %s on '%s' failed: %s"):format(c.id, c.ch.short, err))
 end
 

@@ -115,11 +115,22 @@ end
 -- to errs (returned) with its code, "failed" (the ACK carries it: the
 -- producer never reads a code from the message), else logged.
 local sigint_in_callback
+-- INTR.raised: an interrupt ("interrupted!") was raised in Lua since the
+-- main line last took one: by lecho's signal hook (lua_loop.c sig_hook sets
+-- it through the registry, even when a handler's pcall then caught it), or
+-- seen as a callback's error.  No handler runs while it is set
+-- (interrupted_event); raise_sigint (the main line's wait, ctx:run_once)
+-- clears it; ctx:run ends the process.  Process-wide, as a signal is.
+local INTR = {}
+debug.getregistry()["lecho.interrupt"] = INTR
 local function run_handler(self, con, handler, value, meta, sync, errs, short)
   local ok, err = pcall(handler, value, meta)
   if not ok then
     err = tostring(err)
     sigint_in_callback(self, err)
+    -- a C-API handler an embedder's interrupt ended (Python's
+    -- KeyboardInterrupt): as "interrupted!" in Lua
+    if self.interrupt and self.interrupt() then self:_interrupted() end
     con.errors = con.errors + 1
     if sync > 0 then
       errs = errs or {}
@@ -267,10 +278,34 @@ local function unhandled(self, chid)
              err = ("no consumer of %s at %s any more: not handled"):format(name, tostring(self.addr)) } }
 end
 
+-- An event that came after an interrupt was raised in Lua (INTR.raised,
+-- below): no handler runs for it (the handler it interrupted ran again for
+-- the next event of the same batch, and the program did not stop: outside
+-- attack F1).  Counted, for the close to say (Context:close); a sync one
+-- answered not handled (code failed: its submit_sync is never true).
+local function interrupted_event(self, chid, sync)
+  self.nintr = (self.nintr or 0) + 1
+  if sync == 0 then return 0, nil end
+  local ch = self.bychid[chid]
+  local name = ch and (ch.name or ch.short) or "the channel"
+  return 0, { { consumer = self.addr, code = "failed",
+    err = ("not handled: the consuming program at %s was interrupted (a signal) before %s's handler ran"):format(
+      tostring(self.addr), name) } }
+end
+
+-- An interrupt was raised in a handler (a SIGINT's "interrupted!", caught
+-- or not; an embedder's, lecho_set_interrupt): no handler runs for an
+-- event until the main line took it (raise_sigint).
+function Context:_interrupted()
+  INTR.raised = true
+  if not self.closed then self.c:interrupted(true) end
+end
+
 function Context:_on_event(chid, value, peer, producer, seq, sync, rv)
   -- producer 0, seq 0: a sync marker on a modulated stream (the modulator
   -- sent nothing for a sync event): acknowledged once all before it ran.
   if producer == 0 and seq == 0 then return 0, nil end
+  if INTR.raised then return interrupted_event(self, chid, sync) end
   -- A plain channel with one consumer: two dense arrays, not the channel's
   -- tables (thousands of channels: cache misses are the cost).
   local con = self.dcon[chid]
@@ -400,15 +435,26 @@ local POOL_MAX = 128
 sigint_in_callback = function(self, err)
   if err:find("interrupted!$") or err:find("interrupted!\n", 1, true) then
     self.sigint_pending = true
+    self:_interrupted()
     self.c:stop()
+    return true
   end
 end
+-- (lecho.service: a service handler's "interrupted!")
+function Context:_sigint_in_callback(err) sigint_in_callback(self, err) end
 local function callback_failed(self, err)
-  sigint_in_callback(self, err)
+  if sigint_in_callback(self, err) then
+    -- not the callback's error but the program's signal: one line, info
+    -- (it logged "error in callback: ...interrupted!" with a traceback)
+    self.log("a signal interrupted a callback (lecho's or the program's): the loop stops", "info")
+    return
+  end
   self.log("error in callback: " .. err)
 end
 local function raise_sigint(self)
   self.sigint_pending = nil
+  INTR.raised = nil
+  if not self.closed then self.c:interrupted(false) end
   error("interrupted!", 0)
 end
 
@@ -507,7 +553,7 @@ local function main_wait(self, done, a, b, deadline)
     if self.interrupt and self.interrupt() then r = false break end
     keep_views(self)
     if self.c:run_once(left) then self.sigint_pending = true end
-    if self.sigint_pending then self.main_waits = self.main_waits - 1 raise_sigint(self) end
+    if self.sigint_pending or INTR.raised then self.main_waits = self.main_waits - 1 raise_sigint(self) end
   end
   self.main_waits = self.main_waits - 1
   return r
@@ -933,6 +979,7 @@ function Context:on_readable(fd, fn)
 end
 
 -- (A dispatch's view is copied before the loop runs inside it.)
+local open_ctxs -- (below: the open contexts of this state)
 local SIGNAME = { [2] = "SIGINT", [15] = "SIGTERM" }
 
 --- Serves the loop until ctx:stop().  Unless the context was made with
@@ -962,6 +1009,16 @@ function Context:run()
   if not sig then return end
   self.log(("%s: closing the context (delivering what was submitted, for at most %gs); "
     .. "a second signal ends the process at once"):format(SIGNAME[sig] or "signal " .. sig, self.linger))
+  -- The other open contexts of the process are closed first, as at a
+  -- normal exit (what they could not deliver said on stderr; this one still
+  -- open, their loops turned beside it: _at_end): their queued events were
+  -- lost without a word (outside attack of sigfix, F5).  open_ctxs (weak
+  -- keys) copied first: a close changes it.
+  local others = {}
+  for o in pairs(open_ctxs) do others[#others + 1] = o end
+  for _, o in ipairs(others) do
+    if o ~= self and not o.closed then pcall(o._at_end, o) end
+  end
   self:close()
   io.stdout:flush()
   io.stderr:flush()
@@ -978,7 +1035,7 @@ function Context:run_once(timeout)
   if timeout ~= nil then options.check_time(timeout, "ctx:run_once", "timeout", 2) end
   keep_views(self)
   if self.c:run_once(timeout) then self.sigint_pending = true end
-  if self.sigint_pending then raise_sigint(self) end
+  if self.sigint_pending or INTR.raised then raise_sigint(self) end
 end
 
 function Context:stop() return self.c:stop() end
@@ -1030,7 +1087,7 @@ end
 
 -- The contexts of this Lua state still open (weak keys: a Lua table per
 -- state, no C state), for a close at the program's end (Context:_at_end).
-local open_ctxs = setmetatable({}, { __mode = "k" })
+open_ctxs = setmetatable({}, { __mode = "k" })
 function Context:_opened() open_ctxs[self] = true end
 -- The others still open, or nil.
 local function open_others(self)
@@ -1126,6 +1183,16 @@ function Context:close(opts)
     local m = ("%d events (%d bytes) not confirmed: written to a consuming context whose connection "
       .. "ended before it confirmed reading them (the last: %s)"):format(unc, unc_bytes, unc_why)
     ok, err, code = nil, err and (err .. "; " .. m) or m, code or "closed"
+  end
+  local nintr = self.nintr or 0
+  if nintr > 0 then
+    -- events that came after an interrupt: no handler ran (interrupted_event)
+    self.nintr = 0
+    -- Said, not a failure of the close: the program was interrupted (a
+    -- script's `except KeyboardInterrupt: ctx.close()` closes cleanly), as
+    -- an event that came for a consumer closed meanwhile is not one.
+    self.log(("close: %d events received not handled: the program was interrupted (a signal) before their "
+      .. "handlers ran"):format(nintr), "warn")
   end
   if lost > 0 or unc > 0 then
     -- (said above)

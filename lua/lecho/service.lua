@@ -155,8 +155,15 @@ local function pack_reply(ok, ...)
   return { e = err_value(w.e), c = w.c or "failed", tb = w.tb }
 end
 
+-- set by on_error when the handler's error was a SIGINT's "interrupted!"
+-- (read at once by run_call: nothing runs in between)
+local intr_seen = false
+
 on_error = function(e)
   sethook()  -- the handler is over (a budget's hook must not fire in here)
+  if type(e) == "string" and (e:find("interrupted!$") or e:find("interrupted!\n", 1, true)) then
+    intr_seen = true
+  end
   if getmetatable(e) == FAIL then return { e = e.e, c = e.c, tb = e.tb } end
   if getmetatable(e) == BUDGET then return { e = e.e, c = "limit", tb = traceback(e.e, 2) } end
   -- (a value that is no string: the traceback alone, "stack traceback:...")
@@ -199,7 +206,19 @@ local function run_call(ctx, s, peer, gen, sync, req, caller)
     ctx:_on_wait(co, b)
     b:resume()
   end
+  intr_seen = false
   local reply = pack_reply(xpcall(s.handler, on_error, req.a, meta))
+  if intr_seen then
+    -- A SIGINT's "interrupted!" (outside attack F4: a main-line call of
+    -- this service returned it as the call's failure and the script went
+    -- on): the signal, raised again on the main line by its wait (or ctx:run
+    -- closes), as a callback's (Context:_sigint_in_callback); the caller, if
+    -- it is another process, is told the call was not done.
+    intr_seen = false
+    ctx:_sigint_in_callback("interrupted!")
+    reply = { e = ("%s@%d: interrupted: the service's program got a signal"):format(s.name, s.version),
+              c = "failed" }
+  end
   if b then
     b:pause()
     ctx:_on_wait(co, nil)

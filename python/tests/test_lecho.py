@@ -216,6 +216,58 @@ def test_ctrl_c_closes_cleanly(nameserver, procs, tmp_path):
         assert e.value.code == "noconsumer"
 
 
+def test_ctrl_c_in_a_looping_handler_reaches_the_script_and_the_queued_events_are_not_handled(procs, tmp_path):
+    # Outside attack of sigfix, F2: each Ctrl-C interrupted one handler call
+    # ("consumer ... failed: interrupted") and the next queued event ran the
+    # handler again; after 4 Ctrl-C `except KeyboardInterrupt` had not run.
+    # Now the first one ends the run: no handler runs after it, and the
+    # close says what was not handled.  Two busy loops beside.
+    for _ in range(2):
+        procs.start([sys.executable, "-c", "while True: pass"])
+    script = tmp_path / "loop.py"
+    script.write_text(textwrap.dedent("""
+        import sys, lecho
+        ctx = lecho.Context(linger=1, quiet=False)
+        ch = ctx.channel("py.loop")
+        def h(ev, meta=None):
+            print("handler start %d" % ev["i"], flush=True)
+            while True:
+                pass
+        ch.consumer(h)
+        p = ch.producer()
+        for i in range(5):
+            p.submit({"i": i})
+        try:
+            ctx.run(seconds=30)
+            print("run returned", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            ctx.close()
+            print("closed", flush=True)
+    """))
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    p = procs.start([sys.executable, str(script)], env=env,
+                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    readline(p, "^handler start 0")
+    time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    lines = []
+    end = time.monotonic() + 10
+    while time.monotonic() < end and "closed" not in lines:
+        try:
+            ln = p.lines.get(timeout=0.2)
+        except Exception:
+            continue
+        if ln is None:
+            break
+        lines.append(ln.strip())
+    assert "interrupted" in lines, "one SIGINT did not reach the script: %r" % lines
+    assert "closed" in lines, lines
+    assert not any(ln.startswith("handler start 1") for ln in lines), lines
+    assert any("4 events received not handled" in ln for ln in lines), lines
+    assert p.wait(10) == 0
+
+
 @pytest.mark.parametrize("what", ["submit_sync", "call"])
 def test_ctrl_c_stops_a_blocking_wait_at_once_and_close_then_closes(nameserver, procs, tmp_path, what):
     # Issue 28: the KeyboardInterrupt came only when the 15 s timeout ran

@@ -96,7 +96,7 @@ function M.install(R)
 
   -- New input arrived while code runs: a Ctrl-C (byte 3) interrupts it and
   -- throws away what was typed before it.
-  function R.note_input(data)
+  function R.note_input(data, in_hook)
     R.inbuf = R.inbuf .. data
     if R.interactive then
       local i = R.inbuf:find("\3", 1, true)
@@ -108,8 +108,13 @@ function M.install(R)
         -- A line waiting in lecho (ctx:sleep, ctx:call, send, a lookup):
         -- the wait raises "interrupted" (the hook below never saw it run).
         local co = R.chunk_co
+        -- From the hook (in_hook: Lua code ran for a while without a loop
+        -- turn, a handler typed at the prompt that loops): the wait ends at
+        -- the next turn, and R.interrupted stays so that the hook interrupts
+        -- that handler too (outside attack F3: the Ctrl-C went to the
+        -- wait only, whose turn never came).
         if R.busy and co and co ~= coroutine.running() and coroutine.status(co) == "suspended"
-            and R.ctx:_interrupt_wait(co, "interrupted") then
+            and R.ctx:_interrupt_wait(co, "interrupted") and not in_hook then
           R.interrupted = false
         end
       end
@@ -131,7 +136,7 @@ function M.install(R)
       last_poll = now
       if R.interactive and T.readable(0) then
         local d = T.read_fd(0)
-        if d then R.note_input(d) end
+        if d then R.note_input(d, true) end
       end
       if T.readable(T.sig.fd) then
         local s = T.sig.take()

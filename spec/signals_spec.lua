@@ -474,3 +474,47 @@ ctx:close()
     assert.not_matches("call %d+ failed", S.errors(child))
   end)
 end)
+
+-- A signal that interrupted a handler, then a close that lingers (events
+-- queued to a stopped consumer): the close's waits raised "interrupted!"
+-- again and the process exited 1 with a traceback (CI ci-s7d: a name
+-- server stopped by the stress harness, stress seed 3)
+describe("a signal that interrupted a handler, then a lingering close", function()
+  setup(function() S.busy_loops(2) end)
+  teardown(function() S.cleanup() end)
+  it("closes within its linger and ends by the signal, no second raise", function()
+    local _, ns = S.nameserver("--quiet")
+    local cons = S.lua([[
+local lecho = require "lecho"
+local ctx = lecho.context{ nameserver = arg[1], quiet = true }
+assert(ctx:channel("sc.out"):consumer(function() end))
+print("ready") io.stdout:flush()
+ctx:after(120, function() ctx:stop() end)
+ctx:run()
+]], ns)
+    assert(S.wait_file(cons.out, "ready", 20), S.errors(cons))
+    S.kill(cons, "STOP")
+    local child = S.terminal_lua([[
+local lecho = require "lecho"
+jit.off()
+local ctx = lecho.context{ nameserver = arg[1], linger = 1 }
+local out = assert(ctx:channel("sc.out"):producer())
+for _ = 1, 2000 do out:submit(("x"):rep(1000)) end
+assert(ctx:channel("sc.in"):consumer(function()
+  io.stderr:write("handler start\n")
+  local x = 0
+  while true do x = x + 1 end
+end))
+assert(ctx:channel("sc.in"):producer():submit(1))
+ctx:run()
+]], ns)
+    assert(S.wait_file(child.err, "handler start", 20), S.errors(child))
+    S.sleep(0.3)
+    local done, rc = S.ctrl_c_wait(child, { "INT" }, 15)
+    S.kill(cons, "CONT")
+    assert.is_true(done, "one SIGINT did not end it: " .. S.errors(child))
+    assert.are.equal(130, rc, S.errors(child))
+    assert.matches("SIGINT: closing the context", S.errors(child))
+    assert.not_matches("traceback", S.errors(child))
+  end)
+end)

@@ -1170,8 +1170,7 @@ function Context:close(opts)
   -- what is still queued, and what a connection's end (or no connection)
   -- dropped since the start: async events nobody was told of otherwise
   -- (not a queue policy the user chose; doc/semantics.md "Close")
-  local open, events, bytes, lost, lost_bytes, lost_why, unc, unc_bytes, unc_why, unc_open, unc_open_bytes =
-    self.c:pending()
+  local open, events, bytes, lost, lost_bytes, lost_why, unc, unc_bytes, unc_why = self.c:pending()
   local code
   if events > 0 then
     ok, err, code = nil, ("%d events (%d bytes) not delivered within the linger time of %gs"):format(
@@ -1211,7 +1210,10 @@ function Context:close(opts)
     -- close (not running its loop) is said, not a failure of this close.
     -- (review 7 of issue 28: eight sync events, all true, then the consumer
     -- stopped its loop: close failed.)
-    local unsure = sent_events(self) and self.c:unsure() or 0
+    -- (and, from the same walk, what was written to a consumer that
+    -- confirms reads not confirmed read yet)
+    local unsure, unc_open, unc_open_bytes = 0, 0, 0
+    if sent_events(self) then unsure, unc_open, unc_open_bytes = self.c:unsure() end
     local function conns(n)
       return n == 1 and "1 connection not closed by its remote" or ("%d connections not closed by their remotes"):format(n)
     end

@@ -89,7 +89,7 @@ static int l_run_once(lua_State *L) {
  * the main state (a count of 1, as LuaJIT's own luajit.c does; a
  * modulator's state has its own hook and is not touched) raises
  * "interrupted!" at its next instruction, which lecho's callers of
- * callbacks take as the signal (context.lua sigint_in_callback).  Code the
+ * callbacks take as the signal (lecho.signals M.in_callback).  Code the
  * hook cannot reach (C, or a loop LuaJIT compiled: hooks do not run in
  * compiled traces) goes on, and a second signal while the first is pending
  * ends the process at once: the default action, raised again.
@@ -128,7 +128,7 @@ static void sig_hook(lua_State *L, lua_Debug *ar) {
     } else {
         lua_sethook(L, NULL, 0, 0);
     }
-    /* Said to context.lua (INTR.raised) before the raise, which a
+    /* Said to lecho.signals (INTR.raised) before the raise, which a
      * handler's pcall may catch: no further event is dispatched to a
      * handler (the next event of a batch ran the interrupted handler
      * again, and the program did not stop). */
@@ -358,7 +358,7 @@ static int l_run(lua_State *L) {
     return 0;
 }
 
-/* c:interrupted(on): sets or clears b->intr_raised (context.lua's
+/* c:interrupted(on): sets or clears b->intr_raised (lecho.signals'
  * INTR.raised, for this context's C sinks). */
 static int l_interrupted(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);

@@ -278,8 +278,9 @@ local function unhandled(self, chid)
 end
 
 -- An interrupt was raised in a handler (a SIGINT's "interrupted!", caught
--- or not; an embedder's, lecho_set_interrupt): lecho.signals.
-function Context:_interrupted() signals.interrupted(self) end
+-- or not; an embedder's, lecho_set_interrupt): no handler runs for an
+-- event until the main line took it (lecho.signals owns the flag).
+function Context:_interrupted() signals.interrupted() end
 
 function Context:_on_event(chid, value, peer, producer, seq, sync, rv)
   -- producer 0, seq 0: a sync marker on a modulated stream (the modulator
@@ -1015,7 +1016,11 @@ end
 -- The contexts of this Lua state still open (weak keys: a Lua table per
 -- state, no C state), for a close at the program's end (Context:_at_end).
 open_ctxs = setmetatable({}, { __mode = "k" })
-function Context:_opened() open_ctxs[self] = true end
+signals.track(open_ctxs)  -- (the contexts the interrupt flag is kept in)
+function Context:_opened()
+  open_ctxs[self] = true
+  signals.opened(self)
+end
 -- The others still open, or nil.
 local function open_others(self)
   local t

@@ -1,28 +1,73 @@
 -- lecho.signals: SIGINT and SIGTERM in the Lua half of a context.  The
 -- handler itself, the hook that interrupts running Lua and the second
 -- signal that ends the process are C's (core/binding/lua_loop.c).  Here:
--- the interrupt flag (INTR, below), LuaJIT's "interrupted!" taken as the
--- signal when a callback or a handler raised it (M.in_callback), raised
--- again on the main line (M.raise), the events that came after it, which
--- no handler runs (M.interrupted_event), close's line about them
--- (M.close_report), and the end of a ctx:run() a signal ended
--- (M.run_ended: every open context closed, the process ended by the
+-- the interrupt flag (INTR, below: its owner), LuaJIT's "interrupted!"
+-- taken as the signal when a callback or a handler raised it
+-- (M.in_callback), raised again on the main line (M.raise), the events
+-- that came after it, which no handler runs (M.interrupted_event), close's
+-- line about them (M.close_report), and the end of a ctx:run() a signal
+-- ended (M.run_ended: every open context closed, the process ended by the
 -- signal).  lecho.context calls these; Context's methods for the other
--- modules (_interrupted, _sigint_in_callback) stay there and call here.
+-- modules (_interrupted: M.interrupted; _sigint_in_callback) stay there
+-- and call here.
 
 local ffi = require "ffi"
 
 local M = {}
 
--- INTR.raised: an interrupt ("interrupted!") was raised in Lua since the
--- main line last took one: by lecho's signal hook (lua_loop.c sig_hook sets
--- it through the registry, even when a handler's pcall then caught it), or
--- seen as a callback's error.  No handler runs while it is set
--- (M.interrupted_event); M.raise (the main line's wait, ctx:run_once)
--- clears it; ctx:run ends the process.  Process-wide, as a signal is.
+-- The interrupt: an "interrupted!" was raised in Lua since the main line
+-- last took one (by lecho's signal hook, even when a handler's pcall then
+-- caught it; seen as a callback's error; an embedder's interrupt ended a
+-- handler).  Owner: this module.  M.interrupted is the one function that
+-- sets it (lua_loop.c's sig_hook calls it too, through the registry's
+-- "lecho.interrupt", before it raises), M.taken the one that clears it
+-- (M.raise: the main line's wait, ctx:run_once; M.run_ended).  It is held
+-- in two places, kept in step by those two only:
+--   INTR.raised, in Lua: no handler runs while it is set
+--     (Context:_on_event, M.interrupted_event), and a main-line wait
+--     raises it (context.lua main_wait, Context:run_once);
+--   each open context's b->intr_raised, in C (c:interrupted(on),
+--     core/binding/lua_int.h): lb_hook_events hands no event to a C sink
+--     while it is set (an int test per event, not a look-up in Lua).
+-- Process-wide (one per Lua state, for all its contexts), as a signal is:
+-- an interrupt stops the program's handlers whichever context's dispatch
+-- would run them, and the main line takes it once, in whichever context
+-- waits (it was per context in C: another context's C sinks ran on, or
+-- went through the Lua dispatch after the interrupt was taken).
 local INTR = {}
-M.INTR = INTR
-debug.getregistry()["lecho.interrupt"] = INTR
+M.INTR = INTR           -- (read, not written, in context.lua)
+local contexts = {}     -- the open contexts of this state (context.lua's open_ctxs: M.track)
+
+local function copy(ctx, on)
+  ctx.c:interrupted(on)  -- (a closed context's too: a field of its userdata)
+end
+
+function M.interrupted()
+  INTR.raised = true
+  for ctx in pairs(contexts) do copy(ctx, true) end
+end
+
+function M.taken()
+  INTR.raised = nil
+  for ctx in pairs(contexts) do copy(ctx, false) end
+end
+
+-- (Not hot, but a loop over open contexts a long session could compile:
+-- kept interpreted, LuaJIT #829.)
+jit.off(M.interrupted)
+jit.off(M.taken)
+
+-- A context opened (Context:_opened) while the interrupt is raised gets its
+-- copy too.
+function M.opened(ctx)
+  if INTR.raised then copy(ctx, true) end
+end
+
+-- The set of open contexts the copies are kept in (weak keys; context.lua
+-- gives its open_ctxs once, when it loads).
+function M.track(open) contexts = open end
+
+debug.getregistry()["lecho.interrupt"] = M.interrupted
 
 -- An event that came after an interrupt was raised in Lua (INTR.raised,
 -- above): no handler runs for it (the handler it interrupted ran again for
@@ -39,14 +84,6 @@ function M.interrupted_event(self, chid, sync)
       tostring(self.addr), name) } }
 end
 
--- An interrupt was raised in a handler (a SIGINT's "interrupted!", caught
--- or not; an embedder's, lecho_set_interrupt): no handler runs for an
--- event until the main line took it (M.raise; Context:_interrupted).
-function M.interrupted(self)
-  INTR.raised = true
-  if not self.closed then self.c:interrupted(true) end
-end
-
 -- A callback's error (context.lua's callers of callbacks; Context:_sigint_in_callback):
 -- true when it is a signal's.  LuaJIT's interpreter answers a SIGINT that
 -- comes while lecho's own handlers are not set (outside ctx:run(), or just
@@ -58,7 +95,7 @@ end
 function M.in_callback(self, err)
   if err:find("interrupted!$") or err:find("interrupted!\n", 1, true) then
     self.sigint_pending = true
-    self:_interrupted()
+    M.interrupted()
     self.c:stop()
     return true
   end
@@ -68,8 +105,7 @@ end
 -- context.lua), taken: the flag cleared.
 function M.raise(self)
   self.sigint_pending = nil
-  INTR.raised = nil
-  if not self.closed then self.c:interrupted(false) end
+  M.taken()
   error("interrupted!", 0)
 end
 
@@ -98,8 +134,7 @@ function M.run_ended(self, sig, open_ctxs)
   -- did) is not raised again by the waits of the closes below (a name
   -- server's close lingering on its connections raised "interrupted!" and
   -- exited 1 with a traceback: CI ci-s7d, stress seed 3)
-  INTR.raised = nil
-  if not self.closed then self.c:interrupted(false) end
+  M.taken()
   self.log(("%s: closing the context (delivering what was submitted, for at most %gs); "
     .. "a second signal ends the process at once"):format(SIGNAME[sig] or "signal " .. sig, self.linger))
   -- The other open contexts of the process are closed first, as at a

@@ -518,3 +518,40 @@ ctx:run()
     assert.not_matches("traceback", S.errors(child))
   end)
 end)
+
+-- The interrupt flag has one owner, lecho.signals: its flag in Lua
+-- (INTR.raised: no Lua handler runs) and each context's copy in C
+-- (b->intr_raised: no C sink runs) are set and cleared together, for every
+-- open context of the process (review of the Ctrl-C work, issue 26's
+-- note).  Before, the C copy was per context: set only in the context
+-- whose handler was interrupted (another context's C sinks ran their
+-- handlers while its Lua handlers did not), cleared only in the one whose
+-- main line took it (the other's C sinks went through the Lua dispatch
+-- for good).  In process: c:interrupted() reads a context's copy.
+describe("an interrupt raised in one context of several", function()
+  it("is in every context's copy while raised, and taken from all by any one's main line", function()
+    local lecho = require "lecho"
+    local a = assert(lecho.context{ linger = 0, quiet = true })
+    local b = assert(lecho.context{ linger = 0, quiet = true })
+    local ch = a:channel("intr.owner")
+    assert(ch:consumer(function() error("interrupted!") end))
+    assert(assert(ch:producer()):submit(1))
+    -- a's loop turned by the core (no main-line wait takes it yet)
+    local deadline = a:now() + 5
+    while not a.sigint_pending and a:now() < deadline do a.c:run_once(0.05) end
+    assert.is_true(a.sigint_pending, "the handler's interrupt was not raised")
+    assert.is_true(a.c:interrupted(), "a's copy")
+    assert.is_true(b.c:interrupted(), "b's copy (another context of the process)")
+    -- a context opened while it is raised
+    local c = assert(lecho.context{ linger = 0, quiet = true })
+    assert.is_true(c.c:interrupted(), "the copy of a context opened meanwhile")
+    -- b's main line takes it (the flag is process-wide): cleared everywhere
+    local ok, err = pcall(b.run_once, b, 0)
+    assert.is_false(ok)
+    assert.are.equal("interrupted!", err)
+    assert.is_false(a.c:interrupted(), "a's copy after b took it")
+    assert.is_false(b.c:interrupted())
+    assert.is_false(c.c:interrupted())
+    a:close() b:close() c:close()
+  end)
+end)

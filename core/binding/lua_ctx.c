@@ -487,9 +487,7 @@ static int l_shutdown(lua_State *L) {
  * since the start: async events lost with a connection (not a queue
  * policy), their bytes, the last such loss ("ADDR: reason"); async events
  * written to a peer that confirms reads on connections that ended
- * abnormally before it confirmed them, their bytes, the last such end;
- * async events written on connections still up not confirmed yet, their
- * bytes */
+ * abnormally before it confirmed them, their bytes, the last such end */
 static int l_pending(lua_State *L) {
     lb_ctx *b = lb_check_ctx(L);
     uint64_t ev, by;
@@ -506,18 +504,19 @@ static int l_pending(lua_State *L) {
     lua_pushnumber(L, (lua_Number)cs.unconfirmed);
     lua_pushnumber(L, (lua_Number)cs.unconfirmed_bytes);
     lua_pushstring(L, lei_ctx_unconfirmed_why(b->c));
-    uint64_t uev, uby;
-    lei_ctx_unconfirmed_open(b->c, &uev, &uby);
-    lua_pushnumber(L, (lua_Number)uev);
-    lua_pushnumber(L, (lua_Number)uby);
-    return 11;
+    return 9;
 }
 
 /* ctx:unsure() -> of the connections still open, those where an event of
- * ours may be unread (lei_ctx_unsure): close's report after the linger. */
+ * ours may be unread; the async events written on them to peers that
+ * confirm reads not confirmed yet, their bytes (lei_ctx_unsure, one walk):
+ * close's report after the linger. */
 static int l_unsure(lua_State *L) {
-    lua_pushinteger(L, lei_ctx_unsure(lb_check_ctx(L)->c));
-    return 1;
+    uint64_t ev, by;
+    lua_pushinteger(L, lei_ctx_unsure(lb_check_ctx(L)->c, &ev, &by));
+    lua_pushnumber(L, (lua_Number)ev);
+    lua_pushnumber(L, (lua_Number)by);
+    return 3;
 }
 
 /* core.hash(s) -> 64 hex digits: BLAKE2b-256 of s (crypto_generichash, no

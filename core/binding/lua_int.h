@@ -64,9 +64,11 @@ typedef struct lb_ctx {
                             * ctx:run (signals true), or 0; a second one ends the process */
     volatile sig_atomic_t sig_chained; /* signals false: the host's handler ran (the run
                             * lets Lua run once so that a hook it set can fire) */
-    int intr_raised;       /* an interrupt was raised in a handler (INTR.raised in context.lua,
-                            * ctx:interrupted(on)): lb_hook_events hands no event to a C sink
-                            * while set (the Lua dispatch counts them not handled) */
+    int intr_raised;       /* an interrupt was raised in Lua, not yet taken by the main line:
+                            * a copy of lecho.signals' flag (process-wide), which that module
+                            * owns and writes (c:interrupted(on)); lb_hook_events hands no
+                            * event to a C sink while set (the Lua dispatch counts them not
+                            * handled) */
     int sig_in_cb;         /* a callback C called (lb_pcall) raised LuaJIT's "interrupted!"
                             * (a SIGINT's hook): the loop stops, run raises it again
                             * or closes, run_once returns true (context.lua) */

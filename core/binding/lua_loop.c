@@ -89,7 +89,7 @@ static int l_run_once(lua_State *L) {
  * the main state (a count of 1, as LuaJIT's own luajit.c does; a
  * modulator's state has its own hook and is not touched) raises
  * "interrupted!" at its next instruction, which lecho's callers of
- * callbacks take as the signal (context.lua sigint_in_callback).  Code the
+ * callbacks take as the signal (lecho.signals M.in_callback).  Code the
  * hook cannot reach (C, or a loop LuaJIT compiled: hooks do not run in
  * compiled traces) goes on, and a second signal while the first is pending
  * ends the process at once: the default action, raised again.
@@ -122,22 +122,24 @@ static void die_by(int sig) {
 static void sig_hook(lua_State *L, lua_Debug *ar) {
     (void)ar;
     lb_ctx *b = run_sig_ctx;
-    if (b) {
+    if (b)
         lua_sethook(L, b->old_hook, b->old_hook_mask, b->old_hook_count);
-        b->intr_raised = 1;
-    } else {
+    else
         lua_sethook(L, NULL, 0, 0);
-    }
-    /* Said to context.lua (INTR.raised) before the raise, which a
-     * handler's pcall may catch: no further event is dispatched to a
-     * handler (the next event of a batch ran the interrupted handler
-     * again, and the program did not stop). */
+    /* Said to lecho.signals, the owner of the interrupt flag (its setter,
+     * the registry's "lecho.interrupt": the flag in Lua and every open
+     * context's b->intr_raised), before the raise, which a handler's pcall
+     * may catch: no further event is dispatched to a handler (the next
+     * event of a batch ran the interrupted handler again, and the program
+     * did not stop).  (A hook may call Lua: LuaJIT runs no hook inside
+     * it; an error of the setter's is dropped, the raise below is what
+     * counts.) */
     lua_getfield(L, LUA_REGISTRYINDEX, "lecho.interrupt");
-    if (lua_istable(L, -1)) {
-        lua_pushboolean(L, 1);
-        lua_setfield(L, -2, "raised");
+    if (lua_isfunction(L, -1)) {
+        if (lua_pcall(L, 0, 0, 0) != 0) lua_pop(L, 1);
+    } else {
+        lua_pop(L, 1);
     }
-    lua_pop(L, 1);
     luaL_error(L, "interrupted!");
 }
 
@@ -358,10 +360,17 @@ static int l_run(lua_State *L) {
     return 0;
 }
 
-/* c:interrupted(on): sets or clears b->intr_raised (context.lua's
- * INTR.raised, for this context's C sinks). */
+/* c:interrupted(on): sets or clears b->intr_raised, this context's copy
+ * of the interrupt flag for its C sinks; written by lecho.signals only
+ * (M.interrupted, M.taken: the flag's owner keeps every open context's
+ * copy in step with its own).  c:interrupted(): the copy, true or false.
+ * A field of the userdata: a closed context's too (no error). */
 static int l_interrupted(lua_State *L) {
-    lb_ctx *b = lb_check_ctx(L);
+    lb_ctx *b = luaL_checkudata(L, 1, CTX_MT);
+    if (lua_gettop(L) < 2) {
+        lua_pushboolean(L, b->intr_raised);
+        return 1;
+    }
     b->intr_raised = lua_toboolean(L, 2);
     return 0;
 }

@@ -297,11 +297,14 @@ int lei_ctx_pending(lei_ctx *c, uint64_t *events, uint64_t *bytes) {
     return open;
 }
 
-int lei_ctx_unsure(lei_ctx *c) {
+int lei_ctx_unsure(const lei_ctx *c, uint64_t *events, uint64_t *bytes) {
     int n = 0;
-    for (lei_conn *k = c->conns; k; k = k->next) {
+    *events = *bytes = 0;
+    /* One walk of the connections (a peer's current connection is open and
+     * listed here: its close clears p->conn, lei_peer_lost). */
+    for (const lei_conn *k = c->conns; k; k = k->next) {
         if (k->state == LEI_CONN_CLOSED) continue;
-        lei_peer *p = k->peer;
+        const lei_peer *p = k->peer;
         /* (a connection not its peer's current one, or of no peer: unknown;
          * a peer that confirms reads, confirmed every async event written
          * there (cf counts those) and answered the last sync one, nothing
@@ -309,6 +312,11 @@ int lei_ctx_unsure(lei_ctx *c) {
         if (!p || p->conn != k) {
             n++;
             continue;
+        }
+        /* written there, not confirmed yet (a peer that confirms reads) */
+        if (p->cf.on && p->cf.wr > p->cf.ok) {
+            *events += p->cf.wr - p->cf.ok;
+            *bytes += p->cf.wr_bytes - p->cf.ok_bytes;
         }
         if (p->acked_ev == p->st.ev_out) continue;
         if (p->cf.on && p->cf.wr <= p->cf.ok && !p->q.head && p->last_sync_ev == p->acked_ev) continue;
@@ -453,13 +461,3 @@ void lei_ctx_stats(const lei_ctx *c, lei_stats_ctx *out) {
 
 const char *lei_ctx_undelivered_why(const lei_ctx *c) { return c->peer_s.und_why; }
 const char *lei_ctx_unconfirmed_why(const lei_ctx *c) { return c->peer_s.unc_why; }
-
-void lei_ctx_unconfirmed_open(const lei_ctx *c, uint64_t *events, uint64_t *bytes) {
-    *events = *bytes = 0;
-    for (int i = 0; i < c->peers_s.npeers; i++) {
-        const lei_peer *p = c->peers_s.peers[i];
-        if (!p->conn || !p->cf.on || p->cf.wr <= p->cf.ok) continue;
-        *events += p->cf.wr - p->cf.ok;
-        *bytes += p->cf.wr_bytes - p->cf.ok_bytes;
-    }
-}

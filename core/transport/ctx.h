@@ -490,14 +490,14 @@ void lei_ctx_stop_listening(lei_ctx *c);
 /* After lei_ctx_shutdown: connections still open, and the events and bytes
  * still queued on them (not yet written). */
 int lei_ctx_pending(lei_ctx *c, uint64_t *events, uint64_t *bytes);
-/* Of the async events written on connections still up to peers that
- * confirm reads, those not confirmed yet (and their bytes). */
-void lei_ctx_unconfirmed_open(const lei_ctx *c, uint64_t *events, uint64_t *bytes);
-/* Of those open connections, the ones where an event of ours may be unread:
- * events were queued to their peer and the last of them is not a sync event
- * the peer answered (an ACK says everything before it on the connection was
- * read too), nor one the peer confirmed reading with all before it (read
- * confirmation) with nothing left queued. */
-int lei_ctx_unsure(lei_ctx *c);
+/* Close's report after the linger, from one walk of the open connections:
+ * returns those where an event of ours may be unread: events were queued
+ * to their peer and the last of them is not a sync event the peer answered
+ * (an ACK says everything before it on the connection was read too), nor
+ * one the peer confirmed reading with all before it (read confirmation)
+ * with nothing left queued; and sets *events, *bytes to the async events
+ * (and their bytes) written on them to peers that confirm reads, not
+ * confirmed yet. */
+int lei_ctx_unsure(const lei_ctx *c, uint64_t *events, uint64_t *bytes);
 
 #endif

@@ -16,12 +16,20 @@
 --   lecho.push:      sandbox, push, unload_pushed, pushed
 --   lecho.modulator: _moe_error
 --   lecho.recorder:  recorder
+-- SIGINT and SIGTERM (the interrupt flag, the end of a run a signal ended):
+-- lecho.signals, called from here (it defines no method).
 
 local options = require "lecho.options"
 local ffi = require "ffi"
 local sbuf = require "string.buffer"
 local core = require "lecho.core"
 local logfmt = require("lecho.log").format
+-- SIGINT and SIGTERM: the interrupt flag, "interrupted!" in a callback, the
+-- end of a run a signal ended (lecho.signals)
+local signals = require "lecho.signals"
+local INTR = signals.INTR
+local interrupted_event, sigint_in_callback, raise_sigint =
+  signals.interrupted_event, signals.in_callback, signals.raise
 
 local Context = {}
 pcall(ffi.cdef, "int getpid(void);")
@@ -114,15 +122,6 @@ end
 -- Runs one handler; a raise is counted on con and, for a sync event, added
 -- to errs (returned) with its code, "failed" (the ACK carries it: the
 -- producer never reads a code from the message), else logged.
-local sigint_in_callback
--- INTR.raised: an interrupt ("interrupted!") was raised in Lua since the
--- main line last took one: by lecho's signal hook (lua_loop.c sig_hook sets
--- it through the registry, even when a handler's pcall then caught it), or
--- seen as a callback's error.  No handler runs while it is set
--- (interrupted_event); raise_sigint (the main line's wait, ctx:run_once)
--- clears it; ctx:run ends the process.  Process-wide, as a signal is.
-local INTR = {}
-debug.getregistry()["lecho.interrupt"] = INTR
 local function run_handler(self, con, handler, value, meta, sync, errs, short)
   local ok, err = pcall(handler, value, meta)
   if not ok then
@@ -278,28 +277,10 @@ local function unhandled(self, chid)
              err = ("no consumer of %s at %s any more: not handled"):format(name, tostring(self.addr)) } }
 end
 
--- An event that came after an interrupt was raised in Lua (INTR.raised,
--- below): no handler runs for it (the handler it interrupted ran again for
--- the next event of the same batch, and the program did not stop: outside
--- attack F1).  Counted, for the close to say (Context:close); a sync one
--- answered not handled (code failed: its submit_sync is never true).
-local function interrupted_event(self, chid, sync)
-  self.nintr = (self.nintr or 0) + 1
-  if sync == 0 then return 0, nil end
-  local ch = self.bychid[chid]
-  local name = ch and (ch.name or ch.short) or "the channel"
-  return 0, { { consumer = self.addr, code = "failed",
-    err = ("not handled: the consuming program at %s was interrupted (a signal) before %s's handler ran"):format(
-      tostring(self.addr), name) } }
-end
-
 -- An interrupt was raised in a handler (a SIGINT's "interrupted!", caught
 -- or not; an embedder's, lecho_set_interrupt): no handler runs for an
--- event until the main line took it (raise_sigint).
-function Context:_interrupted()
-  INTR.raised = true
-  if not self.closed then self.c:interrupted(true) end
-end
+-- event until the main line took it (lecho.signals owns the flag).
+function Context:_interrupted() signals.interrupted() end
 
 function Context:_on_event(chid, value, peer, producer, seq, sync, rv)
   -- producer 0, seq 0: a sync marker on a modulated stream (the modulator
@@ -425,22 +406,7 @@ end
 local FREE = {}
 local POOL_MAX = 128
 
--- A callback's error, logged.  LuaJIT's interpreter answers a SIGINT that
--- comes while lecho's own handlers are not set (outside ctx:run(), or just
--- before its watchers start) by raising "interrupted!" at the next Lua
--- instruction: inside a callback, whose error is caught here, Ctrl-C was
--- lost (the program ran on).  Such an error stops the loop and is raised
--- again on the main line (main_wait, run_once; ctx:run() closes as on a
--- SIGINT it caught itself).
-sigint_in_callback = function(self, err)
-  if err:find("interrupted!$") or err:find("interrupted!\n", 1, true) then
-    self.sigint_pending = true
-    self:_interrupted()
-    self.c:stop()
-    return true
-  end
-end
--- (lecho.service: a service handler's "interrupted!")
+-- (lecho.service: a service handler's "interrupted!"; lecho.signals)
 function Context:_sigint_in_callback(err) sigint_in_callback(self, err) end
 local function callback_failed(self, err)
   if sigint_in_callback(self, err) then
@@ -450,12 +416,6 @@ local function callback_failed(self, err)
     return
   end
   self.log("error in callback: " .. err)
-end
-local function raise_sigint(self)
-  self.sigint_pending = nil
-  INTR.raised = nil
-  if not self.closed then self.c:interrupted(false) end
-  error("interrupted!", 0)
 end
 
 local function work(self, fn, ...)
@@ -980,7 +940,6 @@ end
 
 -- (A dispatch's view is copied before the loop runs inside it.)
 local open_ctxs -- (below: the open contexts of this state)
-local SIGNAME = { [2] = "SIGINT", [15] = "SIGTERM" }
 
 --- Serves the loop until ctx:stop().  Unless the context was made with
 -- signals = false, SIGINT and SIGTERM (those the process does not ignore)
@@ -993,46 +952,9 @@ function Context:run()
   keep_views(self)
   -- keyed: SIGHUP reloads the trust files and policy (lecho.trustwatch)
   local sig = self.c:run(self.signals, self.trustwatch and self._trustwatch.hup or nil)
-  if sig then
-    -- (a callback lecho's handler interrupted raised "interrupted!": that
-    -- signal, not another)
-    self.sigint_pending = nil
-  elseif self.sigint_pending then
-    -- a SIGINT that came as the run began, before its watchers (above)
-    if not self.signals then raise_sigint(self) end
-    self.sigint_pending, sig = nil, 2
-    -- (the run put back the action it found, LuaJIT's: the default for the
-    -- raise below)
-    pcall(ffi.cdef, "void (*signal(int sig, void (*fn)(int)))(int);")
-    ffi.C.signal(sig, nil)
-  end
-  if not sig then return end
-  -- the signal is taken here: the interrupt it raised in a callback (if it
-  -- did) is not raised again by the waits of the closes below (a name
-  -- server's close lingering on its connections raised "interrupted!" and
-  -- exited 1 with a traceback: CI ci-s7d, stress seed 3)
-  INTR.raised = nil
-  if not self.closed then self.c:interrupted(false) end
-  self.log(("%s: closing the context (delivering what was submitted, for at most %gs); "
-    .. "a second signal ends the process at once"):format(SIGNAME[sig] or "signal " .. sig, self.linger))
-  -- The other open contexts of the process are closed first, as at a
-  -- normal exit (what they could not deliver said on stderr; this one still
-  -- open, their loops turned beside it: _at_end): their queued events were
-  -- lost without a word (outside attack of sigfix, F5).  open_ctxs (weak
-  -- keys) copied first: a close changes it.
-  local others = {}
-  for o in pairs(open_ctxs) do others[#others + 1] = o end
-  for _, o in ipairs(others) do
-    if o ~= self and not o.closed then pcall(o._at_end, o) end
-  end
-  self:close()
-  io.stdout:flush()
-  io.stderr:flush()
-  -- Ended by the signal itself (its action is the default again): the
-  -- parent sees what it sent (a shell's $? is 128 + sig, 130 or 143).
-  pcall(ffi.cdef, "int raise(int sig);")
-  ffi.C.raise(sig)
-  os.exit(128 + sig)      -- (the signal blocked by the host program)
+  -- a SIGINT or SIGTERM ended it (or came as it began): every open context
+  -- closed, the process ended by the signal (lecho.signals)
+  signals.run_ended(self, sig, open_ctxs)
 end
 
 --- One loop turn, waiting at most timeout seconds (nil: until something
@@ -1094,7 +1016,11 @@ end
 -- The contexts of this Lua state still open (weak keys: a Lua table per
 -- state, no C state), for a close at the program's end (Context:_at_end).
 open_ctxs = setmetatable({}, { __mode = "k" })
-function Context:_opened() open_ctxs[self] = true end
+signals.track(open_ctxs)  -- (the contexts the interrupt flag is kept in)
+function Context:_opened()
+  open_ctxs[self] = true
+  signals.opened(self)
+end
 -- The others still open, or nil.
 local function open_others(self)
   local t
@@ -1170,8 +1096,7 @@ function Context:close(opts)
   -- what is still queued, and what a connection's end (or no connection)
   -- dropped since the start: async events nobody was told of otherwise
   -- (not a queue policy the user chose; doc/semantics.md "Close")
-  local open, events, bytes, lost, lost_bytes, lost_why, unc, unc_bytes, unc_why, unc_open, unc_open_bytes =
-    self.c:pending()
+  local open, events, bytes, lost, lost_bytes, lost_why, unc, unc_bytes, unc_why = self.c:pending()
   local code
   if events > 0 then
     ok, err, code = nil, ("%d events (%d bytes) not delivered within the linger time of %gs"):format(
@@ -1190,16 +1115,8 @@ function Context:close(opts)
       .. "ended before it confirmed reading them (the last: %s)"):format(unc, unc_bytes, unc_why)
     ok, err, code = nil, err and (err .. "; " .. m) or m, code or "closed"
   end
-  local nintr = self.nintr or 0
-  if nintr > 0 then
-    -- events that came after an interrupt: no handler ran (interrupted_event)
-    self.nintr = 0
-    -- Said, not a failure of the close: the program was interrupted (a
-    -- script's `except KeyboardInterrupt: ctx.close()` closes cleanly), as
-    -- an event that came for a consumer closed meanwhile is not one.
-    self.log(("close: %d events received not handled: the program was interrupted (a signal) before their "
-      .. "handlers ran"):format(nintr), "warn")
-  end
+  -- events that came after an interrupt, not handled: said (lecho.signals)
+  signals.close_report(self)
   if lost > 0 or unc > 0 then
     -- (said above)
   elseif events > 0 then
@@ -1211,7 +1128,10 @@ function Context:close(opts)
     -- close (not running its loop) is said, not a failure of this close.
     -- (review 7 of issue 28: eight sync events, all true, then the consumer
     -- stopped its loop: close failed.)
-    local unsure = sent_events(self) and self.c:unsure() or 0
+    -- (and, from the same walk, what was written to a consumer that
+    -- confirms reads not confirmed read yet)
+    local unsure, unc_open, unc_open_bytes = 0, 0, 0
+    if sent_events(self) then unsure, unc_open, unc_open_bytes = self.c:unsure() end
     local function conns(n)
       return n == 1 and "1 connection not closed by its remote" or ("%d connections not closed by their remotes"):format(n)
     end

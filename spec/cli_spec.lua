@@ -22,19 +22,21 @@ local function json_lines(body)
   return t
 end
 
--- Waits until the name server lists a consumer of channel `name`.
-local function wait_consumer(ns, name, timeout)
+-- Waits until the name server lists a consumer (role "producers": a
+-- producer) of channel `name`.
+local function wait_member(ns, name, timeout, role)
   local deadline = os.time() + (timeout or 20)
   while os.time() <= deadline do
     local body, rc = split(lecho(("ls --json --nameserver %s"):format(ns)))
     if rc == 0 then
       for _, e in ipairs(json_lines(body)) do
-        if e.channel == ns .. "/" .. name and #e.consumers > 0 then return e end
+        if e.channel == ns .. "/" .. name and #e[role or "consumers"] > 0 then return e end
       end
     end
     S.sleep(0.1)
   end
 end
+local wait_consumer = wait_member
 
 describe("lecho, the command-line tool", function()
   after_each(function() S.cleanup() end)
@@ -151,7 +153,11 @@ describe("lecho, the command-line tool", function()
     S.spawn(("sh -c %s"):format(S.sh_quote(("exec 3>%s; echo '1' >&3; sleep 60"):format(fifo))))
     local pub = S.spawn(("sh -c %s"):format(S.sh_quote(("exec %s %s/scripts/lecho pub x - --wait 0 --nameserver %s <%s")
       :format(S.luajit, S.root, ns, fifo))))
-    S.sleep(1)
+    -- joined as a producer: past its start (a Ctrl-C during the start says
+    -- "lecho pub: interrupted"; make asan's start took more than the 1 s
+    -- slept here before), then a moment on the loop
+    assert.truthy(wait_member(ns, "x", 30, "producers"), "lecho pub never joined x")
+    S.sleep(0.5)
     assert.is_true(S.alive(pub))
     S.kill(pub, "INT")
     local ended, code = S.wait(pub, 20)

@@ -186,6 +186,8 @@ describe("the gateway's live view in headless Chromium", function()
     -- a second for a stray frame of the field to show up if it could
     b:eval("new Promise((r) => setTimeout(() => r(true), 1000))")
     assert.are.equal("atmosphere.settings", text("fch"))
+    -- the clicked channel is in the address (a reload or a shared link opens it)
+    assert.matches("ch=atmosphere.settings", b:eval("location.search"), 1, true)
     assert.are.equal("—", text("fgrid"))
     assert.are.equal("—", text("fstep"))
     assert.are.equal("—", text("smin"))

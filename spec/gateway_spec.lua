@@ -712,6 +712,15 @@ ctx:close()
     assert.matches("not a JSON object %(a string%)", a.error)
     assert.matches("not a JSON object %(a null%)", b.error)
     assert.matches("not a JSON object: .+", c.error)
+    -- any other refusal keeps the request's id (the top-level one, not
+    -- the data's): a lone surrogate escape, a missing comma
+    l:send_raw('{"op":"pub","id":21,"ch":"gw.x","data":{"id":99,"s":"\\ud800"}}\n')
+    l:send_raw('{"op":"pub","data":{"id":99},"id":"r22" "ch":"gw.x"}\n')
+    local d, e = l:json(5, true), l:json(5, true)
+    assert.matches("not a JSON object: .+", d.error)
+    assert.are.equal(21, d.id)
+    assert.are.equal("invalid", d.code)
+    assert.are.equal("r22", e.id)
     l:close()
   end)
 

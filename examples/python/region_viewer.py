@@ -54,6 +54,18 @@ def extent(ev):
     return [west, west + ev["dlon"] * ev["nlon"], south, south + ev["dlat"] * ev["nlat"]]
 
 
+def limits(ev):
+    """The axes' ranges (lon, lat), each None to keep the image's: the box
+    asked for (ev.region), since the blocks' edges reach past it by up to a
+    block (a partial block at the box's edge is drawn a block wide: 0-180
+    in blocks of 10 degrees drew to 187.5); a box across 0 degrees east
+    (lon_min > lon_max) keeps the image's."""
+    r = ev.get("region") or {}
+    lon = (r["lon_min"], r["lon_max"]) if r.get("lon_min", 0) < r.get("lon_max", 0) else None
+    lat = (r["lat_min"], r["lat_max"]) if r.get("lat_min", 0) < r.get("lat_max", 0) else None
+    return lon, lat
+
+
 def save(field, ev, path_base):
     try:
         import matplotlib
@@ -64,6 +76,13 @@ def save(field, ev, path_base):
         return path_base + ".npy"
     fig, ax = plt.subplots(figsize=(6, 4))
     im = ax.imshow(field[0], origin="lower", extent=extent(ev), aspect="auto", cmap="viridis")
+    xlim, ylim = limits(ev)
+    if xlim:
+        ax.set_xlim(*xlim)
+    if ylim:
+        ax.set_ylim(*ylim)
+    ax.set_xlabel("longitude (degrees east)")
+    ax.set_ylabel("latitude")
     fig.colorbar(im, ax=ax)
     ax.set_title("step %d, level 1" % ev["step"])
     fig.savefig(path_base + ".png")

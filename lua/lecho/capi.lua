@@ -437,10 +437,20 @@ end
 
 -- cfn(args, meta) is lecho.c's service trampoline: true, result; or nil,
 -- message (raised here: the caller gets it with code "failed").
+-- A C handler's failure goes to the caller as its message alone (a Lua
+-- traceback here would show only this wrapper: "[C]: in function 'error'");
+-- one that the embedder's interrupt ended (Python's KeyboardInterrupt, kept
+-- for the loop call to raise) says so, as a Lua service's does.
 function M.service(ctx, name, cfn, opts)
+  local Service = require "lecho.service"
   return protect(ctx.service, ctx, name, function(args, meta)
     local ok, r = cfn(args, meta)
-    if not ok then error(r, 0) end
+    if not ok then
+      if ctx.interrupt and ctx.interrupt() then
+        Service.fail(("%s@%s: interrupted: the service's program got a signal"):format(meta.service, tostring(meta.version)), "failed")
+      end
+      Service.fail(r, "failed")
+    end
     return r
   end, opts)
 end

@@ -273,6 +273,7 @@ async function subscribe(name) {
   clearField();
   const r = await send({ op: "sub", ch: name });
   if (r.error) { $("fch").textContent = name + " (" + r.error + ")"; subscribed = null; }
+  else { q.set("ch", name); history.replaceState(null, "", "?" + q.toString()); }   // a reload or a shared link opens it
   listChannels();
 }
 
@@ -289,7 +290,6 @@ function openField(ul) {
     e.preventDefault();
     const name = $("chname").value.trim();
     if (!name) return;
-    q.set("ch", name); history.replaceState(null, "", "?" + q.toString());
     subscribe(name);
   };
 }

@@ -383,6 +383,43 @@ local function id_of(text, at)
   end
 end
 
+-- The id of a request cjson refused for any other reason (a bad escape
+-- such as \ud800, a missing comma): the value of the key "id" of the
+-- top-level object, read before the fault, if it is a number or a string
+-- without escapes; a scan that skips strings and counts depth, so an "id"
+-- inside the data is not taken.  Only on a refused request (bounded by the
+-- message limit).
+local function top_id(text)
+  if not text:find("^%s*{") then return nil end
+  local depth, pos, expect_key = 0, 1, false
+  while true do
+    local s = text:find('[{}%[%]",]', pos)
+    if not s then return nil end
+    local c = text:byte(s)
+    if c == 34 then                           -- a string: to its closing quote
+      local p, q = s + 1, nil
+      while true do
+        q = text:find('["\\]', p)
+        if not q then return nil end
+        if text:byte(q) == 92 then p = q + 2 else break end
+      end
+      if depth == 1 and expect_key and text:sub(s + 1, q - 1) == "id" then
+        local v = text:match("^%s*:%s*(%-?%d+%.?%d*[eE]?[%+%-]?%d*)%s*[,}]", q + 1)
+        if v then return tonumber(v) end
+        v = text:match('^%s*:%s*"([^"\\]*)"', q + 1)
+        return v
+      end
+      expect_key, pos = false, q + 1
+    else
+      if c == 123 or c == 91 then depth = depth + 1
+      elseif c == 125 or c == 93 then depth = depth - 1
+        if depth <= 0 then return nil end
+      end
+      expect_key, pos = depth == 1 and (c == 123 or c == 44), s + 1
+    end
+  end
+end
+
 --- A client's JSON text decoded, or nil, why (for an error reply, code
 -- invalid), the request's id when it could be read (the reply carries it):
 -- cjson's reason, "not a JSON number: Infinity", "number 1e400 is beyond a
@@ -394,9 +431,9 @@ function M.decode(text)
     local at = tostring(m):match("invalid %a+ at character (%d+)")
     local tok = at and text:match("^[%w%.%+%-]+", tonumber(at))
     if tok and (tok:find("^[%+%-]?[Ii][Nn][Ff]") or tok:find("^[%+%-]?[Nn][Aa][Nn]") or tok:find("^[%+%-]?0[xX]")) then
-      return nil, "not a JSON number: " .. cut(tok), id_of(text, tonumber(at))
+      return nil, "not a JSON number: " .. cut(tok), id_of(text, tonumber(at)) or top_id(text)
     end
-    return nil, "not a JSON object: " .. tostring(m)
+    return nil, "not a JSON object: " .. tostring(m), top_id(text)
   end
   local big, why = inexact(text)
   if big then

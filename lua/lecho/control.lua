@@ -1025,23 +1025,41 @@ local function subs_sig(subs)
     .. (subs.hist and ":h" .. subs.hist or "")
 end
 
+-- The leave a close in a loop turn put off (_update_subs), now: at the
+-- next turn, or when the loop call (ctx:run, run_once) returns to the
+-- main line before it (a handler that closed and stopped the loop), unless
+-- a consumer came since.
+function Channel:_leave_due()
+  local ctx = self.ctx
+  if self.leave_timer then self.leave_timer:stop() self.leave_timer = nil end
+  if ctx.leaves_due then ctx.leaves_due[self] = nil end
+  if #self.all == 0 and self.cjoined and not ctx.closed then
+    self.subs_sig = nil
+    self:_leave("consumer")
+  end
+end
+
 -- Joins, re-subscribes or leaves to match the consumers; waits for the
 -- producers' confirmations.  Returns the reply (or true), or nil, err.
 function Channel:_update_subs(nowait)
   local ctx = self.ctx
   if #self.all == 0 then
-    if nowait and self.cjoined and not ctx.closing and not ctx.closed then
-      -- The last consumer closed: leave at the next turn, unless another
-      -- consumer comes first (closed and opened at once: the producers
-      -- never stop sending here, and no gap is seen where they did)
+    if nowait and self.cjoined and not ctx.closing and not ctx.closed and ctx.c:depth() > 0 then
+      -- The last consumer closed inside a loop turn (a handler, a timer):
+      -- leave at the next turn, unless another consumer comes first
+      -- (closed and opened at once: the producers never stop sending here,
+      -- and no gap is seen where they did).  On the main line (no loop turn
+      -- running, none may come: a script that closes and then sleeps or
+      -- computes) the leave goes out now, or the manager listed this
+      -- context as a consumer until its liveness ended (~10 s) or longer,
+      -- and every other process's submit_sync on the channel failed
+      -- meanwhile (issue 28: phantom consumer).
       if not self.leave_timer then
-        self.leave_timer = ctx:after(0, function()
-          self.leave_timer = nil
-          if #self.all == 0 and self.cjoined and not ctx.closed then
-            self.subs_sig = nil
-            self:_leave("consumer")
-          end
-        end)
+        self.leave_timer = ctx:after(0, function() self:_leave_due() end)
+        -- (and when the loop call returns first: lecho.context leaves_due)
+        local due = ctx.leaves_due
+        if not due then due = {}; ctx.leaves_due = due end
+        due[self] = true
       end
       return true
     end
@@ -1049,7 +1067,11 @@ function Channel:_update_subs(nowait)
     if self.cjoined then self:_leave("consumer") end
     return true
   end
-  if self.leave_timer then self.leave_timer:stop() self.leave_timer = nil end
+  if self.leave_timer then
+    self.leave_timer:stop()
+    self.leave_timer = nil
+    if ctx.leaves_due then ctx.leaves_due[self] = nil end
+  end
   local subs = self:_subs()
   local sig = subs_sig(subs)
   if self.cjoined and sig == self.subs_sig then return true end

@@ -90,12 +90,22 @@ local function start_closer(ns, name, how)
   return child, out:match("^([^\n]+)")
 end
 
+-- The same from the C API: spec/support/capi_close.c.
+local capi_bin
+local function start_capi(ns, name, how)
+  capi_bin = capi_bin or S.capi_program(S.root .. "/spec/support/capi_close.c")
+  local child = S.spawn(("%s %s %s %s"):format(capi_bin, ns, name, how))
+  local out = S.wait_file(child.out, "\n", 20)
+  assert(out, "C closer did not start: " .. S.errors(child))
+  return child, out:match("^([^\n]+)")
+end
+
 describe("a consumer closed, then no loop runs (issue 28)", function()
   local ns
   lazy_setup(function()
     _, ns = S.nameserver("--quiet")
     -- the real consumer of ccB*, another process
-    S.consumer{ ns = ns, channels = { "ccB1", "ccB2" }, duration = 300 }
+    S.consumer{ ns = ns, channels = { "ccB1", "ccB2", "ccB3", "ccB4" }, duration = 300 }
   end)
   lazy_teardown(function() S.cleanup() end)
 
@@ -138,6 +148,34 @@ describe("a consumer closed, then no loop runs (issue 28)", function()
     local t = within(ctx, 2, function() return not listed(ctx, "ccB2", addr) end)
     assert.truthy(t, addr .. " still listed as a consumer of ccB2 2 s after its close")
     local rc, err, secs = pub_sync(ns, "ccB2", ctx)
+    assert.are.equal(0, rc, err)
+    assert.truthy(secs < 4, ("submit_sync took %.1f s"):format(secs))
+    ctx:close()
+  end)
+
+  it("C API, lecho_consumer_close on the main line then sleep: no longer listed, submit_sync goes through", function()
+    local ctx = lecho.context{ nameserver = ns, quiet = true }
+    local child, addr = start_capi(ns, "ccB3", "main")
+    assert(S.wait_file(child.out, "closed", 20), S.errors(child))
+    local t = within(ctx, 2, function() return not listed(ctx, "ccB3", addr) end)
+    assert.truthy(t, addr .. " still listed as a consumer of ccB3 2 s after its close")
+    local rc, err, secs = pub_sync(ns, "ccB3", ctx)
+    assert.are.equal(0, rc, err)
+    assert.truthy(secs < 4, ("submit_sync took %.1f s"):format(secs))
+    assert.truthy(S.alive(child), "the C closer should still be sleeping")
+    ctx:close()
+  end)
+
+  it("C API, lecho_consumer_close in a handler that stops lecho_run, then sleep: no longer listed", function()
+    local ctx = lecho.context{ nameserver = ns, quiet = true }
+    local child, addr = start_capi(ns, "ccB4", "handler")
+    assert(S.wait_file(child.out, "running", 20), S.errors(child))
+    local p = assert(ctx:channel("ccB4"):producer())
+    assert.is_true(p:submit_sync("close-in-handler", { timeout = 8 }))
+    assert(S.wait_file(child.out, "closed", 20), S.errors(child))
+    local t = within(ctx, 2, function() return not listed(ctx, "ccB4", addr) end)
+    assert.truthy(t, addr .. " still listed as a consumer of ccB4 2 s after its close")
+    local rc, err, secs = pub_sync(ns, "ccB4", ctx)
     assert.are.equal(0, rc, err)
     assert.truthy(secs < 4, ("submit_sync took %.1f s"):format(secs))
     ctx:close()

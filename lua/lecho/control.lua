@@ -836,6 +836,16 @@ function Channel:_join(role, rejoin)
         self:_apply_members(r.consumers or {}, r.mods)
       end
     end
+  elseif #self.all == 0 then
+    -- Every consumer here closed while this join waited (a rejoin after a
+    -- lost connection, answered after the last close's leave went out):
+    -- not a consumer.  Marked joined, the next consumer's subscription
+    -- went to a manager that no longer listed this context ("subscribe:
+    -- not a consumer", its open failed).  A consumer closed while its own
+    -- first join waited sent no leave (not joined yet): the manager lists
+    -- us by this join, so a leave now (where the leave went out after
+    -- this join, the manager refuses this one, harmlessly: not listed).
+    if not self.ctx.closed then self.ctx:_notify(mgr, { op = "leave", ch = self.name, role = role }) end
   else
     self.cjoined, self.cmanager = true, mgr
     self.producers_seen = type(r.producers) == "table" and r.producers or nil

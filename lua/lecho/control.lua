@@ -1054,7 +1054,8 @@ end
 function Channel:_update_subs(nowait)
   local ctx = self.ctx
   if #self.all == 0 then
-    if nowait and self.cjoined and not ctx.closing and not ctx.closed and ctx.c:depth() > 0 then
+    if nowait and self.cjoined and not ctx.closing and not ctx.closed
+       and (ctx.c:depth() > 0 or ctx.c:moe_busy()) then
       -- The last consumer closed inside a loop turn (a handler, a timer):
       -- leave at the next turn, unless another consumer comes first
       -- (closed and opened at once: the producers never stop sending here,
@@ -1063,7 +1064,10 @@ function Channel:_update_subs(nowait)
       -- computes) the leave goes out now, or the manager listed this
       -- context as a consumer until its liveness ended (~10 s) or longer,
       -- and every other process's submit_sync on the channel failed
-      -- meanwhile (issue 28: phantom consumer).
+      -- meanwhile (issue 28: phantom consumer).  Nor while a modulator of
+      -- this context is in a call up the stack (a close from its log hook,
+      -- on the main line: a submit's enqueue): a leave handled here (this
+      -- context the manager) unloads it under its own call (atk27_spec).
       if not self.leave_timer then
         self.leave_timer = ctx:after(0, function() self:_leave_due() end)
         -- (and when the loop call returns first: lecho.context leaves_due)

@@ -526,7 +526,11 @@ LECHO_API int lecho_consumer_settle(lecho_consumer *c, size_t n, const char *err
  * returns once every producer applied them (c:set_params); 0, or a code
  * (LECHO_EINVAL: the consumer has no modulator).  Not from a handler. */
 LECHO_API int lecho_consumer_set_params(lecho_consumer *c, const lecho_value *params);
-/* Leaves: fn is not called again.  Frees the handle.  NULL is a no-op. */
+/* Leaves: fn is not called again.  Frees the handle.  NULL is a no-op.
+ * The channel's manager is told before it returns (no lecho_run needed
+ * after it); from a handler, at the next loop turn or when lecho_run or
+ * lecho_run_once returns, whichever comes first (a close and an open in
+ * one handler keep the flow). */
 LECHO_API void lecho_consumer_close(lecho_consumer *c);
 
 /* ---- services and calls (README "Services and calls") ---- */

@@ -489,10 +489,17 @@ ctx:after(60, function() ctx:stop() end)
 ctx:run()
 ]]
 
+-- In a loop turn (a handler, a timer: the loop goes on) the leave waits
+-- for the next turn and a consumer opened before then keeps the
+-- membership.  On the main line the leave goes out at once (issue 28: a
+-- script that closes and then sleeps must not stay a consumer), so a
+-- consumer opened after it joins again: it gets every event submitted
+-- after its open returned, but the producers stopped sending here in
+-- between (no consumer was here), and no gap is promised there.
 describe("a consumer closed and another opened at once", function()
   after_each(function() S.cleanup() end)
 
-  local function swap(hist)
+  local function swap(hist, main)
     local _, ns = S.nameserver("--quiet")
     local logs = {}
     local c = lecho.context{ nameserver = ns, log = function(m) logs[#logs + 1] = m end }
@@ -505,11 +512,22 @@ describe("a consumer closed and another opened at once", function()
     for _ = 1, 10 do
       local n0 = n
       assert(S.run_until(c, function() return n > n0 + 50 end, 20))
-      con:close()
-      con = assert(ch:consumer(function() n = n + 1 end, opts))
+      if main then
+        con:close()
+        con = assert(ch:consumer(function() n = n + 1 end, opts))
+      else
+        local swapped
+        c:after(0, function()
+          con:close()
+          con = assert(ch:consumer(function() n = n + 1 end, opts))
+          swapped = true
+        end)
+        assert(S.run_until(c, function() return swapped end, 20))
+      end
     end
     local n0 = n
     assert(S.run_until(c, function() return n > n0 + 200 end, 20))
+    if main then return c:close() end
     local gaps = {}
     for _, m in ipairs(logs) do
       if m:match("gap from") then gaps[#gaps + 1] = m end
@@ -519,8 +537,10 @@ describe("a consumer closed and another opened at once", function()
     c:close()
   end
 
-  it("logs no gap", function() swap(false) end)
-  it("logs no gap with history", function() swap(true) end)
+  it("in a loop turn logs no gap", function() swap(false) end)
+  it("in a loop turn logs no gap with history", function() swap(true) end)
+  it("on the main line goes on receiving", function() swap(false, true) end)
+  it("on the main line goes on receiving with history", function() swap(true, true) end)
 end)
 
 -- A producer at full rate with the context's default queue_limit: event k

@@ -6,7 +6,7 @@
 -- code):
 --   lecho.producer:  producer
 --   lecho.consumer:  consumer, _install_direct, _direct_ok
---   lecho.control:   _join, _leave, _manager, _apply_members, _update_subs, _subs,
+--   lecho.control:   _join, _leave, _leave_due, _manager, _apply_members, _update_subs, _subs,
 --                    _schedule_rejoin, _forget_kept, _revoked, _secure,
 --                    _secure_all, _take_ticket
 --   lecho.modulator: _set_consumers, _rebuild_modlist, _install, _rekey, _unload,

@@ -938,6 +938,21 @@ function Context:on_readable(fd, fn)
   end)
 end
 
+-- Back on the main line from a loop call (ctx:run, run_once): the leaves
+-- that closes in its turns put off to the next turn go out now, for no
+-- turn may come (a handler closed its consumer and stopped the loop, and
+-- the script sleeps): else the manager still listed this context as a
+-- consumer (lecho.control _update_subs, issue 28).  Not inside a callback
+-- (a nested run_once: the loop goes on).
+local function leaves_due(self)
+  local due = self.leaves_due
+  if not due or self.closed or self.c:depth() > 0 then return end
+  self.leaves_due = nil
+  local list = {}
+  for ch in pairs(due) do list[#list + 1] = ch end
+  for _, ch in ipairs(list) do ch:_leave_due() end
+end
+
 -- (A dispatch's view is copied before the loop runs inside it.)
 local open_ctxs -- (below: the open contexts of this state)
 
@@ -952,6 +967,7 @@ function Context:run()
   keep_views(self)
   -- keyed: SIGHUP reloads the trust files and policy (lecho.trustwatch)
   local sig = self.c:run(self.signals, self.trustwatch and self._trustwatch.hup or nil)
+  leaves_due(self)
   -- a SIGINT or SIGTERM ended it (or came as it began): every open context
   -- closed, the process ended by the signal (lecho.signals)
   signals.run_ended(self, sig, open_ctxs)
@@ -963,6 +979,7 @@ function Context:run_once(timeout)
   if timeout ~= nil then options.check_time(timeout, "ctx:run_once", "timeout", 2) end
   keep_views(self)
   if self.c:run_once(timeout) then self.sigint_pending = true end
+  leaves_due(self)
   if self.sigint_pending or INTR.raised then raise_sigint(self) end
 end
 

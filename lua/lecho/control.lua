@@ -836,6 +836,16 @@ function Channel:_join(role, rejoin)
         self:_apply_members(r.consumers or {}, r.mods)
       end
     end
+  elseif #self.all == 0 then
+    -- Every consumer here closed while this join waited (a rejoin after a
+    -- lost connection, answered after the last close's leave went out):
+    -- not a consumer.  Marked joined, the next consumer's subscription
+    -- went to a manager that no longer listed this context ("subscribe:
+    -- not a consumer", its open failed).  A consumer closed while its own
+    -- first join waited sent no leave (not joined yet): the manager lists
+    -- us by this join, so a leave now (where the leave went out after
+    -- this join, the manager refuses this one, harmlessly: not listed).
+    if not self.ctx.closed then self.ctx:_notify(mgr, { op = "leave", ch = self.name, role = role }) end
   else
     self.cjoined, self.cmanager = true, mgr
     self.producers_seen = type(r.producers) == "table" and r.producers or nil
@@ -1025,23 +1035,45 @@ local function subs_sig(subs)
     .. (subs.hist and ":h" .. subs.hist or "")
 end
 
+-- The leave a close in a loop turn put off (_update_subs), now: at the
+-- next turn, or when the loop call (ctx:run, run_once) returns to the
+-- main line before it (a handler that closed and stopped the loop), unless
+-- a consumer came since.
+function Channel:_leave_due()
+  local ctx = self.ctx
+  if self.leave_timer then self.leave_timer:stop() self.leave_timer = nil end
+  if ctx.leaves_due then ctx.leaves_due[self] = nil end
+  if #self.all == 0 and self.cjoined and not ctx.closed then
+    self.subs_sig = nil
+    self:_leave("consumer")
+  end
+end
+
 -- Joins, re-subscribes or leaves to match the consumers; waits for the
 -- producers' confirmations.  Returns the reply (or true), or nil, err.
 function Channel:_update_subs(nowait)
   local ctx = self.ctx
   if #self.all == 0 then
-    if nowait and self.cjoined and not ctx.closing and not ctx.closed then
-      -- The last consumer closed: leave at the next turn, unless another
-      -- consumer comes first (closed and opened at once: the producers
-      -- never stop sending here, and no gap is seen where they did)
+    if nowait and self.cjoined and not ctx.closing and not ctx.closed
+       and (ctx.c:depth() > 0 or ctx.c:moe_busy()) then
+      -- The last consumer closed inside a loop turn (a handler, a timer):
+      -- leave at the next turn, unless another consumer comes first
+      -- (closed and opened at once: the producers never stop sending here,
+      -- and no gap is seen where they did).  On the main line (no loop turn
+      -- running, none may come: a script that closes and then sleeps or
+      -- computes) the leave goes out now, or the manager listed this
+      -- context as a consumer until its liveness ended (~10 s) or longer,
+      -- and every other process's submit_sync on the channel failed
+      -- meanwhile (issue 28: phantom consumer).  Nor while a modulator of
+      -- this context is in a call up the stack (a close from its log hook,
+      -- on the main line: a submit's enqueue): a leave handled here (this
+      -- context the manager) unloads it under its own call (atk27_spec).
       if not self.leave_timer then
-        self.leave_timer = ctx:after(0, function()
-          self.leave_timer = nil
-          if #self.all == 0 and self.cjoined and not ctx.closed then
-            self.subs_sig = nil
-            self:_leave("consumer")
-          end
-        end)
+        self.leave_timer = ctx:after(0, function() self:_leave_due() end)
+        -- (and when the loop call returns first: lecho.context leaves_due)
+        local due = ctx.leaves_due
+        if not due then due = {}; ctx.leaves_due = due end
+        due[self] = true
       end
       return true
     end
@@ -1049,7 +1081,11 @@ function Channel:_update_subs(nowait)
     if self.cjoined then self:_leave("consumer") end
     return true
   end
-  if self.leave_timer then self.leave_timer:stop() self.leave_timer = nil end
+  if self.leave_timer then
+    self.leave_timer:stop()
+    self.leave_timer = nil
+    if ctx.leaves_due then ctx.leaves_due[self] = nil end
+  end
   local subs = self:_subs()
   local sig = subs_sig(subs)
   if self.cjoined and sig == self.subs_sig then return true end

@@ -144,6 +144,23 @@ describe("atmosphere region modulator", function()
     assert.is_true(math.abs(out.field:get(0, 0, 18) - w2) < 1e-12)
   end)
 
+  -- final review of issue 28: after set_params the plan (worked out per grid
+  -- shape) was kept, the old box sent under the new box's name
+  it("takes new params (set_params: a new table) at the next event; the region says the box sent", function()
+    local ev = step_of(model.new())
+    local m = load_strict(mods.region, mods.region_params{ lat_min = 0, lat_max = 90, lon_min = 0, lon_max = 180, stride = 2 })
+    local a = m.enqueue(ev)
+    assert.are.same({ 3, 9, 19 }, a.field:shape())
+    m.params = mods.region_params{ lat_min = -30, lat_max = 30, lon_min = 0, lon_max = 60, stride = 1 }
+    local b = m.enqueue(ev)
+    local fresh = load_strict(mods.region, mods.region_params{ lat_min = -30, lat_max = 30, lon_min = 0, lon_max = 60, stride = 1 }).enqueue(ev)
+    assert.are.same(fresh.field:shape(), b.field:shape())
+    assert.are.same({ 3, 12, 13 }, b.field:shape())
+    assert.are.equal(fresh.lat0, b.lat0)
+    assert.are.equal(-27.5, b.lat0)
+    assert.are.same({ lat_min = -30, lat_max = 30, lon_min = 0, lon_max = 60, stride = 1 }, b.region)
+  end)
+
   it("handles a box across the 0 meridian and passes other events unchanged", function()
     local ev, cells = step_of(model.new())
     local m = load_strict(mods.region, mods.region_params{ lat_min = -10, lat_max = 10, lon_min = 350, lon_max = 10, stride = 1, levels = { 1 } })

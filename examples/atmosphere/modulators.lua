@@ -52,7 +52,8 @@ local function is_field(ev) return type(ev) == "table" and type(ev.field) == "us
 -- views' concatenation (array.cat); the means one reduce, in C.
 
 M.region = COPY .. [==[
-local plan, plan_key     -- the box, worked out once per grid shape and params
+local plan, plan_key, plan_params -- the box, worked out once per grid shape and params
+                                  -- (params is a new table after each set_params)
 
 local function in_lon(lon, a, b)
   local w = (b - a) % 360
@@ -93,14 +94,15 @@ local function make_plan(ev)
   local lv = {}
   for i, k in ipairs(levels) do lv[i] = k - 1 end
   return { row0 = rows[1] or 0, nrows = #rows, cols = runs(cols), ncols = #cols, levels = levels,
-           lruns = runs(lv), s = s, first_lat = rows[1], first_col = cols[1] }
+           lruns = runs(lv), s = s, first_lat = rows[1], first_col = cols[1],
+           region = { lat_min = p.lat_min, lat_max = p.lat_max, lon_min = p.lon_min, lon_max = p.lon_max, stride = s } }
 end
 
 function enqueue(ev)
   if not is_field(ev) then return ev end
   local f = ev.field
   local key = ev.nlev .. "x" .. ev.nlat .. "x" .. ev.nlon
-  if plan_key ~= key then plan, plan_key = make_plan(ev), key end
+  if plan_key ~= key or plan_params ~= params then plan, plan_key, plan_params = make_plan(ev), key, params end
   local out = header(ev)
   local by_level = {}
   for _, lr in ipairs(plan.lruns) do
@@ -116,8 +118,7 @@ function enqueue(ev)
   local shape = out.field:shape()
   out.nlev, out.nlat, out.nlon = shape[1], shape[2], shape[3]
   out.levels = plan.levels
-  out.region = { lat_min = params.lat_min, lat_max = params.lat_max,
-                 lon_min = params.lon_min, lon_max = params.lon_max, stride = plan.s }
+  out.region = plan.region   -- the box this field is (the params it was made with)
   if plan.first_lat then
     out.lat0 = ev.lat0 + plan.first_lat * ev.dlat + (plan.s - 1) * ev.dlat / 2
     out.lon0 = (ev.lon0 + plan.first_col * ev.dlon + (plan.s - 1) * ev.dlon / 2) % 360

@@ -19,7 +19,7 @@ step (the simulation's with its modulators), and the checks:
   - the zfp view's field is within --tolerance of the source, the quant
     view's within scale/2, each in fewer bytes than the full view,
   - the region view's cells are the block means of the source,
-  - the steering event sent about half-way reached the simulation (its
+  - the steering event sent 40% of the way through reached the simulation (its
     handler acknowledged it, and the next full field carries the settings;
     steering from the live page afterwards does not fail the check).
 Exits 0 when every check passed.  Every process it started is stopped.
@@ -33,7 +33,7 @@ Exits 0 when every check passed.  Every process it started is stopped.
   --stride N              the region view's block side (default 2)
   --tolerance X           the zfp view's error bound (default 0.01)
   --scale X               the quant view's step (default 0.005)
-  --steer LUA             a steering event sent about half-way through
+  --steer LUA             a steering event sent 40% of the way through
                           (default "{ emission = 4 }"; "none": no steering;
                           runs shorter than 3 s are not steered)
   --http ADDRESS          where lecho-gateway serves the live view (default:
@@ -267,7 +267,7 @@ local function reduction(r, full)
 end
 
 -- 4. Live lines, until every viewer has sent its final report; about
--- half-way through the simulation, one steering event.
+-- 40% of the way through the simulation, one steering event.
 local steer_p
 if opts.steer then
   local err

@@ -59,9 +59,12 @@ def limits(ev):
     asked for (ev.region), since the blocks' edges reach past it by up to a
     block (a partial block at the box's edge is drawn a block wide: 0-180
     in blocks of 10 degrees drew to 187.5); a box across 0 degrees east
-    (lon_min > lon_max) keeps the image's."""
+    (lon_min > lon_max) runs past 360 on the axis, its labels modulo 360."""
     r = ev.get("region") or {}
-    lon = (r["lon_min"], r["lon_max"]) if r.get("lon_min", 0) < r.get("lon_max", 0) else None
+    lon = None
+    if "lon_min" in r and "lon_max" in r and r["lon_min"] != r["lon_max"]:
+        # across 0 degrees east (350 to 10): 350 to 370 on the axis, labelled modulo 360
+        lon = (r["lon_min"], r["lon_max"] + (360 if r["lon_min"] > r["lon_max"] else 0))
     lat = (r["lat_min"], r["lat_max"]) if r.get("lat_min", 0) < r.get("lat_max", 0) else None
     return lon, lat
 
@@ -79,6 +82,9 @@ def save(field, ev, path_base):
     xlim, ylim = limits(ev)
     if xlim:
         ax.set_xlim(*xlim)
+        if xlim[1] > 360:
+            from matplotlib.ticker import FuncFormatter
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: "%g" % (x % 360)))
     if ylim:
         ax.set_ylim(*ylim)
     ax.set_xlabel("longitude (degrees east)")

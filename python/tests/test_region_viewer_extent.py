@@ -30,6 +30,6 @@ def test_axes_show_the_box_asked_for():
           "region": {"lat_min": 0, "lat_max": 90, "lon_min": 0, "lon_max": 180, "stride": 2}}
     assert rv.extent(ev)[1] == 187.5
     assert rv.limits(ev) == ((0, 180), (0, 90))
-    # a box across 0 degrees east keeps the image's range
-    ev["region"] = {"lat_min": -30, "lat_max": 30, "lon_min": 350, "lon_max": 10, "stride": 2}
-    assert rv.limits(ev) == (None, (-30, 30))
+    # a box across 0 degrees east runs past 360 on the axis (labelled modulo 360)
+    ev["region"] = {"lat_min": -30, "lat_max": 30, "lon_min": 300, "lon_max": 60, "stride": 2}
+    assert rv.limits(ev) == ((300, 420), (-30, 30))

@@ -261,6 +261,29 @@ function M.nameserver(extra)
   return child, addr
 end
 
+-- Contexts of this process opened by M.context, closed by M.cleanup.
+local ctxs = {}
+
+--- lecho.context(opts), closed by M.cleanup (linger 0: the peers' ends
+-- not waited for) before it kills the children: a describe block whose
+-- cases open their contexts here needs no after_each but M.cleanup.
+function M.context(opts)
+  local ctx = require("lecho").context(opts)
+  ctxs[#ctxs + 1] = ctx
+  return ctx
+end
+
+--- A name server process (M.nameserver(extra), extra "--quiet" when nil)
+-- and a quiet context of this process using it, closed by M.cleanup (the
+-- options in `opts` beside): returns the context, the name server's
+-- address and its child.
+function M.ns_context(opts, extra)
+  local child, ns = M.nameserver(extra or "--quiet")
+  local o = { quiet = true, nameserver = ns }
+  for k, v in pairs(opts or {}) do o[k] = v end
+  return M.context(o), ns, child
+end
+
 -- Sockets held by M.refusing_addr until M.cleanup.
 local held = {}
 
@@ -277,8 +300,12 @@ function M.refusing_addr()
   return "127.0.0.1:" .. port, tonumber(port)
 end
 
---- Kills every child still running and removes the temporary files.
+--- Closes the contexts M.context opened (latest first), kills every child
+-- still running and removes the temporary files.
 function M.cleanup()
+  local open = ctxs
+  ctxs = {}
+  for i = #open, 1, -1 do open[i]:close{ linger = 0 } end
   for _, s in ipairs(held) do s:close() end
   held = {}
   if group then group:kill_all("KILL") end

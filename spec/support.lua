@@ -219,6 +219,32 @@ function M.ctrl_c_wait(child, sigs, within)
   return done, rc
 end
 
+--- Runs scripts/lecho-keygen with the shell words `args`: its output;
+-- raises with that output unless it exited 0.
+function M.keygen(args)
+  local out = M.sh_out(("%s %s/scripts/lecho-keygen %s"):format(M.luajit, M.root, args))
+  assert(out:find("rc=0\n", 1, true), out)
+  return out
+end
+
+--- Makes in `dir` (lecho-keygen) an authority "ca", valid 2 days, and the
+-- keys of `names` (principals, one string) it certified for a day.
+function M.certified_keys(dir, names)
+  M.keygen(("--dir %s --authority ca --valid-for 2d"):format(dir))
+  M.keygen(("--dir %s --sign-with %s/ca.key %s --valid-for 1d"):format(dir, dir, names))
+end
+
+--- Waits (serving ctx's loop, `timeout` seconds at most) until child's
+-- stdout matches `pattern` or child exited: the capture, or nil.
+function M.wait_output(ctx, child, pattern, timeout)
+  local got
+  M.run_until(ctx, function()
+    got = (M.read(child.out) or ""):match(pattern)
+    return got ~= nil or not M.alive(child)
+  end, timeout)
+  return got or (M.read(child.out) or ""):match(pattern)
+end
+
 --- n processes spinning for ever (cores kept busy; killed by M.cleanup),
 -- each started with the shell words `prefix` when given ("nice -n -5 ",
 -- "taskset -c 0 ") and checked to be running: a list of children.

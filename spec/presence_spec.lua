@@ -723,23 +723,12 @@ describe("groups in keyed mode", function()
   after_each(S.cleanup)
 
   it("are authorized by the policy like channels: join needs produce, list and watch need consume", function()
-    local dir = S.tmpdir() .. "/keys"
-    assert(os.execute("mkdir -p " .. S.sh_quote(dir)))
-    local names = { "nameserver", "member", "viewer", "eve" }
-    local ok, out = S.sh(("%s %s/scripts/lecho-keygen %s --dir %s"):format(S.luajit, S.root,
-                                                                           table.concat(names, " "), S.sh_quote(dir)))
-    assert(ok, out)
-    local trust = {}
-    for i, n in ipairs(names) do trust[i] = ("%s/%s.pub"):format(dir, n) end
-    local pol = S.write(dir .. "/policy.lua", [[
+    local ns, dir, trust = S.keyed_nameserver({ "nameserver", "member", "viewer", "eve" }, [[
 return { rules = {
   { principal = "member", channel = "chat*", allow = { "produce" } },
   { principal = "viewer", channel = "chat*", allow = { "consume" } },
 } }
 ]])
-    local args = { "--quiet", "--key", dir .. "/nameserver.key", "--policy", pol }
-    for _, t in ipairs(trust) do args[#args + 1] = "--trust " .. t end
-    local _, ns = S.nameserver(table.concat(args, " "))
     local function as(name)
       return S.context{ nameserver = ns, key = ("%s/%s.key"):format(dir, name), trust = trust, quiet = true }
     end

@@ -234,6 +234,27 @@ function M.certified_keys(dir, names)
   M.keygen(("--dir %s --sign-with %s/ca.key %s --valid-for 1d"):format(dir, dir, names))
 end
 
+--- A keyed name server process: keys for the principals `names` (a list,
+-- "nameserver" among them; lecho-keygen, none certified) in a new
+-- directory, the policy file of Lua source `policy` there, and a name
+-- server (M.nameserver) with the key of "nameserver", that policy, and
+-- every one of those public keys trusted.  Returns its address, the
+-- directory and the trust list (the .pub files, in the order of names).
+function M.keyed_nameserver(names, policy)
+  local dir = M.tmpname("keys")
+  assert(os.execute("mkdir -p " .. sh_quote(dir)))
+  local ok, out = M.sh(("%s %s/scripts/lecho-keygen %s --dir %s"):format(M.luajit, M.root,
+                                                                         table.concat(names, " "), sh_quote(dir)))
+  assert(ok, out)
+  local trust = {}
+  for i, n in ipairs(names) do trust[i] = ("%s/%s.pub"):format(dir, n) end
+  local pol = M.write(dir .. "/policy.lua", policy)
+  local args = { "--quiet", "--key", dir .. "/nameserver.key", "--policy", pol }
+  for _, t in ipairs(trust) do args[#args + 1] = "--trust " .. t end
+  local _, ns = M.nameserver(table.concat(args, " "))
+  return ns, dir, trust
+end
+
 --- Waits (serving ctx's loop, `timeout` seconds at most) until child's
 -- stdout matches `pattern` or child exited: the capture, or nil.
 function M.wait_output(ctx, child, pattern, timeout)

@@ -1,6 +1,7 @@
 """python/lecho against real processes: a Lua name server, Lua producers,
 consumers and servers (peer.lua), Python consumers and producers."""
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -780,15 +781,23 @@ def _rss_mib():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
+@contextlib.contextmanager
+def big_producer(nameserver, procs, ch, *args):
+    """A context subscribed to channel ch and peer.lua's "big" producer of it
+    (args: its count, array bytes, mode): yields the context, the
+    subscription and the producer's process."""
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        sub = ctx.channel(ch).subscribe()
+        yield ctx, sub, procs.lua("big", nameserver, ch, *args)
+
+
 def test_large_arrays_held_past_later_events_keep_their_values(nameserver, procs):
     # 1 MiB arrays come without a copy (the read buffer handed over): one
     # held while 40 more arrive, and their buffers recycled, keeps its
     # elements; letting it go frees it (the context closes: no BufferError)
     import numpy as np
     m = 2 ** 20 // 8
-    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
-        sub = ctx.channel("py.big").subscribe()
-        lua = procs.lua("big", nameserver, "py.big", 41, 2 ** 20)
+    with big_producer(nameserver, procs, "py.big", 41, 2 ** 20) as (ctx, sub, lua):
         held = {}
         with sub:
             for ev in sub:
@@ -817,9 +826,7 @@ def test_the_iterator_lets_go_of_the_event_it_handed_out_before_it_waits_for_the
     import weakref
     n = 6
     died = {}
-    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
-        sub = ctx.channel("py.letgo").subscribe()
-        lua = procs.lua("big", nameserver, "py.letgo", n, 2 ** 20, "paced")
+    with big_producer(nameserver, procs, "py.letgo", n, 2 ** 20, "paced") as (ctx, sub, lua):
 
         def dead(k):
             died[k] = ctx.stats()["arrays_adopted"]
@@ -841,9 +848,7 @@ def test_a_loop_that_lets_each_array_go_reads_every_frame_into_the_same_buffer(n
     # it, still in the CPU's cache: not two or four buffers taking turns
     # (a Python consumer of 8 MiB arrays went at 0.8x or 0.5x raw TCP then).
     n = 10
-    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
-        sub = ctx.channel("py.same").subscribe()
-        lua = procs.lua("big", nameserver, "py.same", n, 2 ** 20, "paced")
+    with big_producer(nameserver, procs, "py.same", n, 2 ** 20, "paced") as (ctx, sub, lua):
         where = []
         with sub:
             for ev in sub:
@@ -867,9 +872,7 @@ def test_arrays_let_go_come_back_without_a_collection_of_the_library_state(names
     # same buffer, each array intact while it is held.
     import numpy as np
     n, m = 10, 2 ** 20 // 8
-    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
-        sub = ctx.channel("py.nocollect").subscribe()
-        lua = procs.lua("big", nameserver, "py.nocollect", n, 2 ** 20, "paced")
+    with big_producer(nameserver, procs, "py.nocollect", n, 2 ** 20, "paced") as (ctx, sub, lua):
         where = []
         with sub:
             for ev in sub:
@@ -929,9 +932,7 @@ def test_a_field_handle_made_from_taken_events_keeps_their_arrays(nameserver, pr
     import numpy as np
     from lecho._ffi import ffi, lib
     n, m = 6, 2 ** 20 // 8
-    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
-        sub = ctx.channel("py.field").subscribe()
-        lua = procs.lua("big", nameserver, "py.field", n, 2 ** 20, "paced")
+    with big_producer(nameserver, procs, "py.field", n, 2 ** 20, "paced") as (ctx, sub, lua):
         fields = []
         c = ffi.new("size_t[2]")
         done = False
@@ -968,9 +969,7 @@ def test_a_field_handle_made_from_taken_events_keeps_their_arrays(nameserver, pr
 
 def test_a_thousand_large_array_events_keep_memory_bounded(nameserver, procs):
     n, size = 1000, 2 ** 20
-    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
-        sub = ctx.channel("py.rss").subscribe()
-        lua = procs.lua("big", nameserver, "py.rss", n, size, "sparse")
+    with big_producer(nameserver, procs, "py.rss", n, size, "sparse") as (ctx, sub, lua):
         got, rss = 0, []
         with sub:
             for ev in sub:

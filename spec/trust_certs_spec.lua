@@ -40,18 +40,13 @@ local WAIT = 20
 -- "ev I TIME" per event) of opts.channel, "log TIME MSG" for each line its
 -- context logs, "fail ERR" when its producer or consumer is refused,
 -- "ticket N" (a producer: its ticket's length), "ready ADDR", "done".
-local CHILD = [[
-local cjson = require "cjson"
-local socket = require "socket"
-local lecho = require "lecho"
-local opts = cjson.decode(arg[1])
+local CHILD = require("spec.children").prelude .. [[
 -- A test runner started under nohup passes SIGHUP ignored to every child,
 -- and lecho keeps an ignored signal ignored (a background job's choice):
 -- this child starts as a program from a terminal would, SIGHUP at its default.
 local ffi = require "ffi"
 pcall(ffi.cdef, "typedef void (*lecho_sighandler)(int); lecho_sighandler signal(int, lecho_sighandler);")
 ffi.C.signal(1, ffi.cast("lecho_sighandler", 0))
-io.stdout:setvbuf("line")
 local ctx = assert(lecho.context{ nameserver = opts.ns, key = opts.key, trust = opts.trust,
   listen = opts.listen, trust_poll = opts.trust_poll, timeout = 5,
   log = function(m) io.stdout:write(("log %.3f %s\n"):format(socket.gettime(), m)) end })

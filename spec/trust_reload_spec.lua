@@ -34,12 +34,7 @@ local WAIT = 20
 -- modulator asking for the clock capability, "mev I TIME") of
 -- opts.channel; "log TIME MSG" per log line, "fail ERR" when refused,
 -- "ready ADDR".
-local CHILD = [[
-local cjson = require "cjson"
-local socket = require "socket"
-local lecho = require "lecho"
-local opts = cjson.decode(arg[1])
-io.stdout:setvbuf("line")
+local CHILD = require("spec.children").prelude .. [[
 local ctx = assert(lecho.context{ nameserver = opts.ns, key = opts.key, trust = opts.trust,
   listen = "127.0.0.1:0", timeout = 5,
   log = function(m) io.stdout:write(("log %.3f %s\n"):format(socket.gettime(), m)) end })

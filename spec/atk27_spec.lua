@@ -350,12 +350,7 @@ describe("issue 27 attacked: a policy reload racing a direct install", function(
     -- (two busy loops beside, as the users' machines have)
     for _ = 1, 2 do S.spawn(("%s -e 'local t = os.time() + 60 while os.time() < t do end'"):format(S.luajit)) end
     local dir = S.tmpname("atk-reload")
-    local function keygen(args)
-      local out = S.sh_out(("%s %s/scripts/lecho-keygen %s"):format(S.luajit, S.root, args))
-      assert(out:find("rc=0\n", 1, true), out)
-    end
-    keygen(("--dir %s --authority ca --valid-for 2d"):format(dir))
-    keygen(("--dir %s --sign-with %s/ca.key nameserver prod cons --valid-for 1d"):format(dir, dir))
+    S.certified_keys(dir, "nameserver prod cons")
     local trust, pol = { dir .. "/ca.pub" }, dir .. "/policy.json"
     local function policy(rules)
       S.write(pol .. ".tmp", cjson.encode{ lecho = "policy", version = 1, rules = rules })

@@ -4,6 +4,22 @@
 -- process where the break was a crash.
 local S = require "spec.support"
 
+-- A context of this process (its caller closes it) with a producer of
+-- channel `name` whose last member list is `members` (addresses nobody
+-- listens at), each at list sequence 1, with the modulators `mods` (none
+-- when nil): for the cases that hand the producer an install as from one
+-- of them (ch:_install_req).  Returns the context and the channel.
+local function producer_listing(name, members, mods)
+  local c = require("lecho").context{ quiet = true }
+  local ch = c:channel(name)
+  assert(ch:producer())
+  local lsseq = {}
+  for _, a in ipairs(members) do lsseq[a] = 1 end
+  ch.last_members = { list = members, mods = mods or {} }
+  ch.lsseq = lsseq
+  return c, ch
+end
+
 -- A producer with a local modulated consumer whose modulator logs (the
 -- `log` capability granted) and whose context's log hook runs arg[1]'s
 -- action once, from inside the modulator's call (during a batch): the
@@ -155,11 +171,7 @@ describe("issue 27 attacked: a producer whose list put other code under a key", 
   -- install (its key is its code's hash) but does not join it to that
   -- instance.  On 874af8a: taken (true), the victim joined to it.
   it("refuses an install that would join an instance of other code", function()
-    local lecho = require "lecho"
     local modulator = require "lecho.modulator"
-    local c = lecho.context{ quiet = true }
-    local ch = c:channel("sq")
-    assert(ch:producer())
     local TAG = "function enqueue(ev) ev.tag = params.tag return ev end"
     local EVIL = "function enqueue(ev) ev.tag = 'forged' return ev end"
     local spec = modulator.spec(TAG, { tag = 1 }, nil, nil, 1)
@@ -167,8 +179,7 @@ describe("issue 27 attacked: a producer whose list put other code under a key", 
     local victim, rogue = "127.0.0.1:7", "127.0.0.1:9"
     -- the list as such a manager made it: both members, the rogue's code under key
     local mods = { [key] = { src = EVIL, params = { tag = 1 }, caps = {}, base = spec.base, dests = { rogue } } }
-    ch.last_members = { list = { victim, rogue }, mods = mods }
-    ch.lsseq = { [victim] = 1, [rogue] = 1 }
+    local c, ch = producer_listing("sq", { victim, rogue }, mods)
     ch.mods[key] = { key = key, spec = mods[key], runs = mods[key], dests = { rogue } }  -- (runs: what it runs)
     local ok, why, code = ch:_install_req(victim, { op = "install", ch = ch.name, sseq = 2,
       mods = { [key] = { src = TAG, params = { tag = 1 }, caps = {} } } })
@@ -339,12 +350,7 @@ describe("issue 27 attacked: a policy reload racing a direct install", function(
     -- (two busy loops beside, as the users' machines have)
     for _ = 1, 2 do S.spawn(("%s -e 'local t = os.time() + 60 while os.time() < t do end'"):format(S.luajit)) end
     local dir = S.tmpname("atk-reload")
-    local function keygen(args)
-      local out = S.sh_out(("%s %s/scripts/lecho-keygen %s"):format(S.luajit, S.root, args))
-      assert(out:find("rc=0\n", 1, true), out)
-    end
-    keygen(("--dir %s --authority ca --valid-for 2d"):format(dir))
-    keygen(("--dir %s --sign-with %s/ca.key nameserver prod cons --valid-for 1d"):format(dir, dir))
+    S.certified_keys(dir, "nameserver prod cons")
     local trust, pol = { dir .. "/ca.pub" }, dir .. "/policy.json"
     local function policy(rules)
       S.write(pol .. ".tmp", cjson.encode{ lecho = "policy", version = 1, rules = rules })
@@ -417,7 +423,6 @@ describe("issue 27 attacked: params holding an array", function()
 end)
 
 describe("issue 27 attacked: huge params in an install", function()
-  local lecho = require "lecho"
   local modulator = require "lecho.modulator"
   local SRC = "function enqueue(ev) return ev end"
   local N = 300000
@@ -433,12 +438,8 @@ describe("issue 27 attacked: huge params in an install", function()
   -- canonical text: a sort and a %q per entry), however often sent; the
   -- same cost came to the manager with its key check
   it("costs the producer and the manager a bounded CPU time per message", function()
-    local c = lecho.context{ quiet = true }
-    local ch = c:channel("hp")
-    assert(ch:producer())
     local from = "127.0.0.1:7"
-    ch.last_members = { list = { from }, mods = {} }
-    ch.lsseq = { [from] = 1 }
+    local c, ch = producer_listing("hp", { from })
     local params = huge()
     local key = modulator.spec(SRC, { k = 1 }, nil, nil, 1).key  -- (any key: the cost is before the compare)
     local t0 = os.clock()
@@ -466,12 +467,8 @@ describe("issue 27 attacked: huge params in an install", function()
   -- (each under the limit, 64 of them together over it: 64 keys hashed
   -- per message)
   it("bounds the CPU of an install of 64 modulators with params of 16000 entries each", function()
-    local c = lecho.context{ quiet = true }
-    local ch = c:channel("hp")
-    assert(ch:producer())
     local from = "127.0.0.1:7"
-    ch.last_members = { list = { from }, mods = {} }
-    ch.lsseq = { [from] = 1 }
+    local c, ch = producer_listing("hp", { from })
     local mods = {}
     for k = 1, 64 do
       local t = {}

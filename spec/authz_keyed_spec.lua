@@ -41,18 +41,7 @@ end
 -- Key files for every principal (lecho-keygen), a trust list of all of
 -- them, the policy, and a name server that uses them.
 local function keyed_world()
-  dir = S.tmpdir() .. "/keys"
-  assert(os.execute("mkdir -p " .. S.sh_quote(dir)))
-  local ok, out = S.sh(("%s %s/scripts/lecho-keygen %s --dir %s"):format(S.luajit, S.root,
-                                                                         table.concat(NAMES, " "), S.sh_quote(dir)))
-  assert(ok, out)
-  trust = {}
-  for i, n in ipairs(NAMES) do trust[i] = ("%s/%s.pub"):format(dir, n) end
-  local pol = S.write(dir .. "/policy.lua", POLICY)
-  local args = { "--quiet", "--key", dir .. "/nameserver.key", "--policy", pol }
-  for _, t in ipairs(trust) do args[#args + 1] = "--trust " .. t end
-  local _
-  _, ns = S.nameserver(table.concat(args, " "))
+  ns, dir, trust = S.keyed_nameserver(NAMES, POLICY)
 end
 
 local function as(name, extra)

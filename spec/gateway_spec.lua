@@ -71,6 +71,26 @@ local function ws(port, opts)
   return c, hello
 end
 
+-- A WebSocket client of the gateway (http port hp) subscribed to channel
+-- ch, and a JSON-lines client (port lp), its greeting read: returns both.
+local function sub_and_lines(hp, lp, ch)
+  local c = assert(ws(hp))
+  c:send_json{ op = "sub", id = 1, ch = ch }
+  assert.is_true(reply(c, 1).ok)
+  local l = assert(W.lines("127.0.0.1", lp))
+  assert(l:json())
+  return c, l
+end
+
+-- Sends the request text req over JSON lines (l), then over WebSocket (c),
+-- and calls check(r) on the reply each one gets (within 5 s).
+local function ask_both(l, c, req, check)
+  l:send_raw(req .. "\n")
+  check(assert(l:json(5, true)))
+  c:send_text(req)
+  check(assert(c:json(5, true)))
+end
+
 describe("lecho-gateway", function()
   local ns, gw, hp, lp
   lazy_setup(function()
@@ -729,11 +749,7 @@ ctx:close()
   -- invalid, nothing published) wherever the number is: pub data, call args,
   -- sub params; over JSON lines and WebSocket alike
   it("refuses integers that would be rounded and numbers JSON has not (Infinity, NaN)", function()
-    local c = assert(ws(hp))
-    c:send_json{ op = "sub", id = 1, ch = "gw.numbers" }
-    assert.is_true(reply(c, 1).ok)
-    local l = assert(W.lines("127.0.0.1", lp))
-    assert(l:json())
+    local c, l = sub_and_lines(hp, lp, "gw.numbers")
     local bad = {
       { '{"op":"pub","id":2,"ch":"gw.numbers","data":9007199254740993,"sync":true}', "integer 9007199254740993 is not exactly representable" },
       { '{"op":"pub","id":3,"ch":"gw.numbers","data":{"a":[1,-12345678901234567891]}}', "integer %-12345678901234567891 is not exactly representable" },
@@ -745,14 +761,10 @@ ctx:close()
       { '{"op":"pub","id":9,"ch":"gw.numbers","data":0x10}', "not a JSON number: 0x10" },
     }
     for _, b in ipairs(bad) do
-      l:send_raw(b[1] .. "\n")
-      local r = assert(l:json(5, true))
-      assert.matches(b[2], r.error or "", 1, false)
-      assert.are.equal("invalid", r.code)
-      c:send_text(b[1])
-      local r2 = assert(c:json(5, true))
-      assert.matches(b[2], r2.error or "")
-      assert.are.equal("invalid", r2.code)
+      ask_both(l, c, b[1], function(r)
+        assert.matches(b[2], r.error or "", 1, false)
+        assert.are.equal("invalid", r.code)
+      end)
     end
     -- exact numbers pass: 2^53, 2^60 (a double exactly), the digits in a
     -- string (one that looks like a number token inside it too), a long
@@ -787,11 +799,7 @@ ctx:close()
   -- request's id, so a client waiting on it (the live view's form) waited
   -- forever.  Each is refused, code invalid, its id kept; nothing published.
   it("refuses numbers a double would make infinite or round, with the request's id; a long one cut", function()
-    local c = assert(ws(hp))
-    c:send_json{ op = "sub", id = 1, ch = "gw.numbers2" }
-    assert.is_true(reply(c, 1).ok)
-    local l = assert(W.lines("127.0.0.1", lp))
-    assert(l:json())
+    local c, l = sub_and_lines(hp, lp, "gw.numbers2")
     local long = "1" .. ("0"):rep(3000)   -- (under --max-message 4096)
     local bad = {
       { '{"op":"pub","id":2,"ch":"gw.numbers2","data":{"n":1e400},"sync":true}', "number 1e400 is beyond a double's range (it would be Infinity)", 2 },
@@ -806,14 +814,12 @@ ctx:close()
       { '{"op":"pub","ch":"gw.numbers2","data":[NaN,-Infinity],"id":11}', "not a JSON number: NaN", 11 },
     }
     for _, b in ipairs(bad) do
-      for _, cl in ipairs{ l, c } do
-        if cl == l then l:send_raw(b[1] .. "\n") else c:send_text(b[1]) end
-        local r = assert(cl:json(5, true))
+      ask_both(l, c, b[1], function(r)
         assert.are.equal(b[2], (r.error or ""):sub(1, #b[2]), b[1]:sub(1, 80))
         assert.truthy(#r.error < 200, "error text of " .. #r.error .. " bytes")
         assert.are.equal("invalid", r.code)
         assert.are.equal(b[3], r.id, "the reply to " .. b[1]:sub(1, 80) .. " has no id")
-      end
+      end)
     end
     -- kept: 6.022e23 and 9.9999999999999992e22 (their digits are the
     -- double's), 9.007199254740992e15 (2^53), 1e-400 (0), a fraction

@@ -40,16 +40,10 @@ end
 local function pause(ctx, s) S.run_until(ctx, function() return false end, s) end
 
 describe("a name server killed and restarted on the same port", function()
-  local ctx
-  after_each(function()
-    if ctx then ctx:close{ linger = 0 } end
-    ctx = nil
-    S.cleanup()
-  end)
+  after_each(S.cleanup)
 
   it("loses no event of a flowing channel, and a consumer joining after it gets events", function()
-    local ns_child, ns = S.nameserver("--quiet")
-    ctx = lecho.context{ quiet = true, nameserver = ns, timeout = 2 }
+    local ctx, ns, ns_child = S.ns_context{ timeout = 2 }
     local before = S.lua(kids.sink, cjson.encode({ ns = ns, channel = "flow", stop_on = "end", duration = 40 }))
     assert(S.wait_file(before.out, "ready", 20), "consumer did not start: " .. S.errors(before))
     local p = assert(ctx:channel("flow"):producer())
@@ -85,8 +79,7 @@ describe("a name server killed and restarted on the same port", function()
   end)
 
   it("has a group's members again within a beacon, and its watchers are told no false 'left'", function()
-    local ns_child, ns = S.nameserver("--quiet")
-    ctx = lecho.context{ quiet = true, nameserver = ns, timeout = 1 }
+    local ctx, ns, ns_child = S.ns_context{ timeout = 1 }
     -- the lease: the member's own renewals (every third of it) must come in
     -- time, a margin of a process's work (under make asan a member at load
     -- 17 missed three and was told expired: scaled)
@@ -135,8 +128,7 @@ describe("a name server killed and restarted on the same port", function()
     -- (attack restart3 MODE=restart: the member's lease 1.5 s, the
     -- watcher's 10: its "expired" came 12.6 s after the member died; the
     -- lease of a member learnt from a notice was the watcher's own)
-    local ns_child, ns = S.nameserver("--quiet")
-    ctx = lecho.context{ quiet = true, nameserver = ns, timeout = 1 }
+    local ctx, ns, ns_child = S.ns_context{ timeout = 1 }
     local seen = {}
     assert(ctx:group("room", { join = false, lease = 12, watch = function(c) seen[#seen + 1] = c end }))
     local m = S.lua(kids.group_member, cjson.encode({ ns = { ns }, group = "room", lease = 1.5, data = "m", timeout = 1 }))
@@ -159,7 +151,7 @@ describe("a name server killed and restarted on the same port", function()
     -- (attack restart3 MODE=restart WL=3: expired, a false joined, expired again)
     local nsa_child, nsa = S.nameserver("--quiet")
     local _, nsb = S.nameserver("--quiet")
-    ctx = lecho.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 1 }
+    local ctx = S.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 1 }
     local seen = {}
     assert(ctx:group("room", { join = false, lease = 3, watch = function(c) seen[#seen + 1] = c end }))
     local m = S.lua(kids.group_member, cjson.encode({ ns = { nsa, nsb }, group = "room", lease = 1.5, data = "m",
@@ -186,7 +178,7 @@ describe("a name server killed and restarted on the same port", function()
     -- after one of two name servers restarted, while the other listed the member)
     local nsa_child, nsa = S.nameserver("--quiet")
     local _, nsb = S.nameserver("--quiet")
-    ctx = lecho.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 2 }
+    local ctx = S.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 2 }
     local m = S.lua(kids.group_member, cjson.encode({ ns = { nsa, nsb }, group = "room", lease = 30, data = "m" }))
     local addr = (assert(S.wait_file(m.out, "ready %S+\n", 20), "member did not join")):match("ready (%S+)")
     S.kill(nsa_child, "KILL")
@@ -204,8 +196,7 @@ describe("a name server killed and restarted on the same port", function()
   end)
 
   it("keeps a service registered before it callable after it", function()
-    local ns_child, ns = S.nameserver("--quiet")
-    ctx = lecho.context{ quiet = true, nameserver = ns, timeout = 2 }
+    local ctx, ns, ns_child = S.ns_context{ timeout = 2 }
     local server = S.lua(kids.prelude .. [==[
 local ctx = lecho.context{ nameserver = opts.ns, quiet = true }
 assert(ctx:service("echo", function(a) return a, ctx.addr end))

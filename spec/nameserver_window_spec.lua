@@ -33,12 +33,7 @@ local function open_fresh(ctx, name)
 end
 
 describe("the name server's recovery window", function()
-  local ctx
-  after_each(function()
-    if ctx then ctx:close{ linger = 0 } end
-    ctx = nil
-    S.cleanup()
-  end)
+  after_each(S.cleanup)
 
   it("is not kept open by a peer's lookups marked recovering (only its first seconds believe them)", function()
     local rundir = S.tmpdir() .. "/run7"
@@ -58,7 +53,7 @@ describe("the name server's recovery window", function()
       ctx:run()
     ]], ns)
     assert(S.wait_file(atk.out, "ready", 20), "the attacker did not start: " .. S.errors(atk))
-    ctx = lecho.context{ quiet = true, nameserver = ns }
+    local ctx = S.context{ quiet = true, nameserver = ns }
     -- past the seconds in which a `recovering` is believed (5) and the
     -- window the last believed one opened (2 more): new channels at once
     S.run_until(ctx, function() return false end, 7.5)
@@ -89,7 +84,7 @@ describe("the name server's recovery window", function()
       local f = assert(io.open(rundir .. "/nameserver-" .. ns:gsub("[^%w%.%-]", "_"), "w"))
       f:write("x\n"); f:close()
       start_ns(ns, 6, rundir)
-      ctx = lecho.context{ quiet = true, nameserver = ns }     -- timeout: the default, 5 s
+      local ctx = S.context{ quiet = true, nameserver = ns }     -- timeout: the default, 5 s
       assert.are.equal(5, ctx.timeout)
       local took, p, err = open_fresh(ctx, "brandnew")
       assert(p, ("the new producer failed after %.2f s: %s"):format(took, tostring(err)))
@@ -102,8 +97,7 @@ describe("the name server's recovery window", function()
   end)
 
   it("refuses modulator params with a table as a key: locally at ch:consumer, and at the manager's join", function()
-    local _, ns = S.nameserver("--quiet")
-    ctx = lecho.context{ quiet = true, nameserver = ns }
+    local ctx, ns = S.ns_context()
     local ch = ctx:channel("tk")
     assert(ch:producer())
     local ok, err = pcall(ch.consumer, ch, function() end,

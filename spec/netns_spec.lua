@@ -23,56 +23,13 @@ local socket = require "socket"
 local keys = require "lecho.keys"
 local S = require "spec.support"
 
-local tag = tostring(math.random(1000, 9999)) .. tostring(os.time() % 1000)
-local NS_A, NS_B = "lecho-a-" .. tag, "lecho-b-" .. tag
-local DEV_A, DEV_B = "lva" .. tag, "lvb" .. tag   -- at most 15 characters
-local IP_A, IP_B = "10.231.0.1", "10.231.0.2"
+local H = require("spec.support.veth").hosts{ ns = { "lecho-a-", "lecho-b-" }, dev = { "lva", "lvb" },
+                                              ip = { "10.231.0.1", "10.231.0.2" } }
+local NS_A, NS_B, DEV_A = H.ns_a, H.ns_b, H.dev_a
+local IP_A, IP_B = H.ip_a, H.ip_b
 local HB = 1.0     -- heartbeat given to both sides; misses 2: dead after 2 s
 local CUT = 5      -- seconds the link stays down
-
-local function sh(cmd)
-  local ok = os.execute(cmd .. " >/dev/null 2>&1")
-  return ok == 0 or ok == true
-end
-
-local function netns_works()
-  local p = io.popen("id -u")
-  local uid = p:read("*l")
-  p:close()
-  if uid ~= "0" then return false, "not root" end
-  if not sh("ip netns add " .. NS_A) then return false, "`ip netns add` failed" end
-  return true
-end
-
-local function setup()
-  local cmds = {
-    "ip netns add " .. NS_B,
-    ("ip link add %s type veth peer name %s"):format(DEV_A, DEV_B),
-    ("ip link set %s netns %s"):format(DEV_A, NS_A),
-    ("ip link set %s netns %s"):format(DEV_B, NS_B),
-    ("ip -n %s addr add %s/24 dev %s"):format(NS_A, IP_A, DEV_A),
-    ("ip -n %s addr add %s/24 dev %s"):format(NS_B, IP_B, DEV_B),
-    ("ip -n %s link set lo up"):format(NS_A),
-    ("ip -n %s link set lo up"):format(NS_B),
-    ("ip -n %s link set %s up"):format(NS_A, DEV_A),
-    ("ip -n %s link set %s up"):format(NS_B, DEV_B),
-  }
-  for _, c in ipairs(cmds) do assert(sh(c), "setup failed: " .. c) end
-  -- both ends up (carrier) before the processes start (no ping here: it
-  -- may not be installed)
-  local deadline = os.time() + 10
-  while not (sh(("ip -n %s link show %s | grep -q LOWER_UP"):format(NS_A, DEV_A))
-             and sh(("ip -n %s link show %s | grep -q LOWER_UP"):format(NS_B, DEV_B))) do
-    assert(os.time() < deadline, "the veth pair did not come up")
-    S.sleep(0.05)
-  end
-end
-
-local function teardown()
-  sh("ip netns del " .. NS_A)
-  sh("ip netns del " .. NS_B)
-  sh("ip link del " .. DEV_A) -- only if a step failed before it moved
-end
+local sh = require("spec.support.veth").sh
 
 -- Both children log with wall-clock times (one clock for all namespaces).
 local PRODUCER = [[
@@ -186,16 +143,16 @@ end
 
 describe("two hosts (network namespaces) and a cut link", function()
   it("detects the cut within two heartbeats, fails sync waits at once, resumes after the heal, and reports the loss as a gap", function()
-    local ok, why = netns_works()
+    local ok, why = H:works()
     if not ok then
       pending("needs root and `ip netns` (" .. why .. "): skipped")
       return
     end
     finally(function()
       S.cleanup()
-      teardown()
+      H:remove()
     end)
-    setup()
+    H:make()
     local go, stop, addrfile = S.tmpname("go"), S.tmpname("stop"), S.tmpname("addr")
     local pkey, ckey, trust = make_keys()
     local prod = in_ns(NS_A, PRODUCER, { listen = IP_A .. ":0", heartbeat = HB, go = go, stop = stop,

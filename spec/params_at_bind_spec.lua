@@ -72,17 +72,7 @@ describe("in-band params_at of a producer whose join still waits (keyed)", funct
 
   it("events made with the newest params carry its version, not the stream's first", function()
     if not KEYED then pending("keyed mode not in this tree") return end
-    local dir = S.tmpdir() .. "/keys"
-    assert(os.execute("mkdir -p " .. S.sh_quote(dir)))
-    local ok, out = S.sh(("%s %s/scripts/lecho-keygen %s --dir %s"):format(S.luajit, S.root,
-                                                                           table.concat(NAMES, " "), S.sh_quote(dir)))
-    assert(ok, out)
-    local trust = {}
-    for i, n in ipairs(NAMES) do trust[i] = ("%s/%s.pub"):format(dir, n) end
-    local pol = S.write(dir .. "/policy.lua", POLICY)
-    local args = { "--quiet", "--key", dir .. "/nameserver.key", "--policy", pol }
-    for _, t in ipairs(trust) do args[#args + 1] = "--trust " .. t end
-    local _, ns = S.nameserver(table.concat(args, " "))
+    local ns, dir, trust = S.keyed_nameserver(NAMES, POLICY)
     local go = S.tmpname("go")
     local env = ("export LECHO_KEY=%s LECHO_TRUST=%s"):format(S.sh_quote(dir .. "/viewer.key"),
                                                              S.sh_quote(table.concat(trust, ":")))

@@ -15,22 +15,16 @@ local function raised(fn, ...)
 end
 
 describe("the nameserver option", function()
-  local ctx
-  after_each(function()
-    if ctx then ctx:close{ linger = 0 } end
-    ctx = nil
-    S.cleanup()
-  end)
+  after_each(S.cleanup)
 
   it("takes one address: ctx.ns is it, ctx.nslist the list of it", function()
-    local _, ns = S.nameserver("--quiet")
-    ctx = lecho.context{ quiet = true, nameserver = ns }
+    local ctx, ns = S.ns_context()
     assert.are.equal(ns, ctx.ns)
     assert.are.same({ ns }, ctx.nslist)
   end)
 
   it("is this context's own address in nslist when omitted (embedded name server)", function()
-    ctx = lecho.context{ quiet = true }
+    local ctx = S.context{ quiet = true }
     assert.are.equal(ctx.addr, ctx.ns)
     assert.are.same({ ctx.addr }, ctx.nslist)
   end)
@@ -38,7 +32,7 @@ describe("the nameserver option", function()
   it("takes an ordered list: ctx.ns is the first, channels are looked up there", function()
     local _, a = S.nameserver("--quiet")
     local _, b = S.nameserver("--quiet")
-    ctx = lecho.context{ quiet = true, nameserver = { b, a } }
+    local ctx = S.context{ quiet = true, nameserver = { b, a } }
     assert.are.same({ b, a }, ctx.nslist)
     assert.are.equal(b, ctx.ns)
     local ch = ctx:channel("x")
@@ -128,16 +122,10 @@ local function count(t)
 end
 
 describe("a group", function()
-  local ctx
-  after_each(function()
-    if ctx then ctx:close{ linger = 0 } end
-    ctx = nil
-    S.cleanup()
-  end)
+  after_each(S.cleanup)
 
   it("is joined, listed with each member's data, watched, and left (the others told 'left')", function()
-    local _, ns = S.nameserver("--quiet")
-    ctx = lecho.context{ quiet = true, nameserver = ns }
+    local ctx, ns = S.ns_context()
     local g, seen = watcher(ctx, "chat", { lease = 2, data = { nick = "me" } })
     -- ann leaves when told (a file), not after a time: under ASan and load
     -- bob's start took longer than a fixed delay, and she was gone before
@@ -178,8 +166,7 @@ describe("a group", function()
   end)
 
   it("loses a member killed with SIGKILL after its lease; the others are told once, 'expired'", function()
-    local _, ns = S.nameserver("--quiet")
-    ctx = lecho.context{ quiet = true, nameserver = ns }
+    local ctx, ns = S.ns_context()
     local g, seen = watcher(ctx, "room", { lease = 1 })
     local child, a = member({ ns }, "room", { lease = 1 })
     assert.is_true(S.run_until(ctx, function() return online(seen)[a] ~= nil end, 10))
@@ -196,8 +183,7 @@ describe("a group", function()
   end)
 
   it("loses a SIGSTOPped member after its lease, and has it again after SIGCONT", function()
-    local _, ns = S.nameserver("--quiet")
-    ctx = lecho.context{ quiet = true, nameserver = ns }
+    local ctx, ns = S.ns_context()
     local g, seen = watcher(ctx, "room", { lease = 1 })
     local child, a = member({ ns }, "room", { lease = 1, data = "x" })
     assert.is_true(S.run_until(ctx, function() return online(seen)[a] ~= nil end, 10))
@@ -214,17 +200,12 @@ describe("a group", function()
 end)
 
 describe("a group at two name servers", function()
-  local ctx
-  after_each(function()
-    if ctx then ctx:close{ linger = 0 } end
-    ctx = nil
-    S.cleanup()
-  end)
+  after_each(S.cleanup)
 
   it("answers members() throughout while one is killed and restarted, and tells no false 'left'", function()
     local nsa_child, nsa = S.nameserver("--quiet")
     local _, nsb = S.nameserver("--quiet")
-    ctx = lecho.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 3 }
+    local ctx = S.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 3 }
     local g, seen = watcher(ctx, "pool", { lease = 1.5 })
     local _, a1 = member({ nsa, nsb }, "pool", { lease = 1.5, data = 1, timeout = 1 })
     local _, a2 = member({ nsb, nsa }, "pool", { lease = 1.5, data = 2, timeout = 1 })
@@ -268,13 +249,7 @@ describe("a group at two name servers", function()
 end)
 
 describe("a group whose first answer from a name server is read after that one's notices", function()
-  local ctx, probe
-  after_each(function()
-    if ctx then ctx:close{ linger = 0 } end
-    if probe then probe:close{ linger = 0 } end
-    ctx, probe = nil, nil
-    S.cleanup()
-  end)
+  after_each(S.cleanup)
 
   it("learns at once the member those notices told of, not at the next beacon", function()
     -- (the flake of "answers members() throughout": the watcher's first
@@ -285,7 +260,7 @@ describe("a group whose first answer from a name server is read after that one's
     -- killed meanwhile, both were told 'expired')
     local _, nsa = S.nameserver("--quiet")
     local nsb_child, nsb = S.nameserver("--quiet")
-    ctx = lecho.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 5 }
+    local ctx = S.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 5 }
     assert(ctx:request(nsb, { op = "glist", group = "pool" }))   -- (the connection there is up)
     -- the second stopped: the watcher's registration is written to it, unread
     S.kill(nsb_child, "STOP")
@@ -294,7 +269,7 @@ describe("a group whose first answer from a name server is read after that one's
     -- second name server answers the watcher (its list: the watcher only),
     -- then a member joins there only (its notice to the watcher)
     S.kill(nsb_child, "CONT")
-    probe = lecho.context{ quiet = true, nameserver = nsb }
+    local probe = S.context{ quiet = true, nameserver = nsb }
     local function listed(addr)
       return S.run_until(probe, function()
         local r = probe:request(nsb, { op = "glist", group = "pool" }, 1)
@@ -313,12 +288,7 @@ describe("a group whose first answer from a name server is read after that one's
 end)
 
 describe("a group at a stopped and a live name server", function()
-  local ctx
-  after_each(function()
-    if ctx then ctx:close{ linger = 0 } end
-    ctx = nil
-    S.cleanup()
-  end)
+  after_each(S.cleanup)
 
   it("is joined without waiting on the stopped one, and beacons the live one meanwhile: no false 'expired'", function()
     -- (attack stop1: ctx:group() waited the whole timeout on the stopped
@@ -329,7 +299,7 @@ describe("a group at a stopped and a live name server", function()
                                                       join = false }))
     assert(S.wait_file(w.out, "ready %S+\n", 20), "watcher did not start: " .. S.errors(w))
     S.kill(nsa_child, "STOP")
-    ctx = lecho.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 3 }
+    local ctx = S.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 3 }
     local t0 = ctx:now()
     local g = assert(ctx:group("pool", { lease = 0.6 }))
     assert.is_true(ctx:now() - t0 < 0.5, ("ctx:group took %.2fs"):format(ctx:now() - t0))
@@ -348,7 +318,7 @@ describe("a group at a stopped and a live name server", function()
     local _, nsb = S.nameserver("--quiet")
     -- (the watcher's renewal at the stopped one outlasts the stop: its view
     -- there stays, and the resumed one's notices come in order, old data)
-    ctx = lecho.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 5 }
+    local ctx = S.context{ quiet = true, nameserver = { nsa, nsb }, timeout = 5 }
     local ks = {}
     assert(ctx:group("sd", { join = false, lease = 10, watch = function(c)
       for _, d in pairs(c.joined) do ks[#ks + 1] = d.k end
@@ -379,12 +349,7 @@ ctx:run()
 end)
 
 describe("the name server's bounds on groups", function()
-  local ctx
-  after_each(function()
-    if ctx then ctx:close{ linger = 0 } end
-    ctx = nil
-    S.cleanup()
-  end)
+  after_each(S.cleanup)
 
   local function refused(r, err, code)
     assert.is_nil(r)
@@ -422,8 +387,7 @@ describe("the name server's bounds on groups", function()
   end)
 
   it("refuse big data, a lease out of range, a bad name, past the quota: each with a reason", function()
-    local _, ns = S.nameserver("--quiet --group-quota 3")
-    ctx = lecho.context{ quiet = true, nameserver = ns }
+    local ctx, ns = S.ns_context(nil, "--quiet --group-quota 3")
     local function gjoin(group, lease, data)
       return ctx:request(ns, { op = "gjoin", group = group, lease = lease, data = data })
     end
@@ -462,7 +426,7 @@ describe("the name server's bounds on groups", function()
   end)
 
   it("refuse a member past max_members, saying so, and the others go on", function()
-    ctx = lecho.context{ quiet = true, max_members = 2 }    -- the name server is in this context
+    local ctx = S.context{ quiet = true, max_members = 2 }    -- the name server is in this context
     local _, a1 = member({ ctx.addr }, "full", { lease = 1 }, ctx)
     local _, a2 = member({ ctx.addr }, "full", { lease = 1 }, ctx)
     assert(a1 and a2)
@@ -479,8 +443,7 @@ describe("the name server's bounds on groups", function()
   end)
 
   it("never fall to a rogue peer's junk g* messages: each refused, the name server and the watchers go on", function()
-    local ns_child, ns = S.nameserver("--quiet")
-    ctx = lecho.context{ quiet = true, nameserver = ns }
+    local ctx, ns, ns_child = S.ns_context()
     local g, seen = watcher(ctx, "safe", { lease = 1 })
     local rogue = S.lua(kids.prelude .. [==[
 local ctx = lecho.context{ quiet = true, nameserver = opts.ns, timeout = 2 }
@@ -757,35 +720,17 @@ describe("the name server's groups (lecho.ns.registry, no I/O)", function()
 end)
 
 describe("groups in keyed mode", function()
-  local ctxs = {}
-  after_each(function()
-    for _, c in ipairs(ctxs) do c:close{ linger = 0 } end
-    ctxs = {}
-    S.cleanup()
-  end)
+  after_each(S.cleanup)
 
   it("are authorized by the policy like channels: join needs produce, list and watch need consume", function()
-    local dir = S.tmpdir() .. "/keys"
-    assert(os.execute("mkdir -p " .. S.sh_quote(dir)))
-    local names = { "nameserver", "member", "viewer", "eve" }
-    local ok, out = S.sh(("%s %s/scripts/lecho-keygen %s --dir %s"):format(S.luajit, S.root,
-                                                                           table.concat(names, " "), S.sh_quote(dir)))
-    assert(ok, out)
-    local trust = {}
-    for i, n in ipairs(names) do trust[i] = ("%s/%s.pub"):format(dir, n) end
-    local pol = S.write(dir .. "/policy.lua", [[
+    local ns, dir, trust = S.keyed_nameserver({ "nameserver", "member", "viewer", "eve" }, [[
 return { rules = {
   { principal = "member", channel = "chat*", allow = { "produce" } },
   { principal = "viewer", channel = "chat*", allow = { "consume" } },
 } }
 ]])
-    local args = { "--quiet", "--key", dir .. "/nameserver.key", "--policy", pol }
-    for _, t in ipairs(trust) do args[#args + 1] = "--trust " .. t end
-    local _, ns = S.nameserver(table.concat(args, " "))
     local function as(name)
-      local c = lecho.context{ nameserver = ns, key = ("%s/%s.key"):format(dir, name), trust = trust, quiet = true }
-      ctxs[#ctxs + 1] = c
-      return c
+      return S.context{ nameserver = ns, key = ("%s/%s.key"):format(dir, name), trust = trust, quiet = true }
     end
     local member_ctx, viewer, eve = as("member"), as("viewer"), as("eve")
     assert(member_ctx:group("chat", { lease = 2, data = "m" }))

@@ -116,17 +116,7 @@ return {
 ]]
 
 local function keyed_world()
-  local dir = S.tmpdir() .. "/keys"
-  assert(os.execute("mkdir -p " .. S.sh_quote(dir)))
-  local ok, out = S.sh(("%s %s/scripts/lecho-keygen %s --dir %s"):format(S.luajit, S.root,
-                                                                         table.concat(NAMES, " "), S.sh_quote(dir)))
-  assert(ok, out)
-  local trust = {}
-  for i, n in ipairs(NAMES) do trust[i] = ("%s/%s.pub"):format(dir, n) end
-  local pol = S.write(dir .. "/policy.lua", POLICY)
-  local args = { "--quiet", "--key", dir .. "/nameserver.key", "--policy", pol }
-  for _, t in ipairs(trust) do args[#args + 1] = "--trust " .. t end
-  local _, ns = S.nameserver(table.concat(args, " "))
+  local ns, dir, trust = S.keyed_nameserver(NAMES, POLICY)
   local function as(name)
     return lecho.context{ nameserver = ns, key = ("%s/%s.key"):format(dir, name), trust = trust, quiet = true }
   end

@@ -219,6 +219,53 @@ function M.ctrl_c_wait(child, sigs, within)
   return done, rc
 end
 
+--- Runs scripts/lecho-keygen with the shell words `args`: its output;
+-- raises with that output unless it exited 0.
+function M.keygen(args)
+  local out = M.sh_out(("%s %s/scripts/lecho-keygen %s"):format(M.luajit, M.root, args))
+  assert(out:find("rc=0\n", 1, true), out)
+  return out
+end
+
+--- Makes in `dir` (lecho-keygen) an authority "ca", valid 2 days, and the
+-- keys of `names` (principals, one string) it certified for a day.
+function M.certified_keys(dir, names)
+  M.keygen(("--dir %s --authority ca --valid-for 2d"):format(dir))
+  M.keygen(("--dir %s --sign-with %s/ca.key %s --valid-for 1d"):format(dir, dir, names))
+end
+
+--- A keyed name server process: keys for the principals `names` (a list,
+-- "nameserver" among them; lecho-keygen, none certified) in a new
+-- directory, the policy file of Lua source `policy` there, and a name
+-- server (M.nameserver) with the key of "nameserver", that policy, and
+-- every one of those public keys trusted.  Returns its address, the
+-- directory and the trust list (the .pub files, in the order of names).
+function M.keyed_nameserver(names, policy)
+  local dir = M.tmpname("keys")
+  assert(os.execute("mkdir -p " .. sh_quote(dir)))
+  local ok, out = M.sh(("%s %s/scripts/lecho-keygen %s --dir %s"):format(M.luajit, M.root,
+                                                                         table.concat(names, " "), sh_quote(dir)))
+  assert(ok, out)
+  local trust = {}
+  for i, n in ipairs(names) do trust[i] = ("%s/%s.pub"):format(dir, n) end
+  local pol = M.write(dir .. "/policy.lua", policy)
+  local args = { "--quiet", "--key", dir .. "/nameserver.key", "--policy", pol }
+  for _, t in ipairs(trust) do args[#args + 1] = "--trust " .. t end
+  local _, ns = M.nameserver(table.concat(args, " "))
+  return ns, dir, trust
+end
+
+--- Waits (serving ctx's loop, `timeout` seconds at most) until child's
+-- stdout matches `pattern` or child exited: the capture, or nil.
+function M.wait_output(ctx, child, pattern, timeout)
+  local got
+  M.run_until(ctx, function()
+    got = (M.read(child.out) or ""):match(pattern)
+    return got ~= nil or not M.alive(child)
+  end, timeout)
+  return got or (M.read(child.out) or ""):match(pattern)
+end
+
 --- n processes spinning for ever (cores kept busy; killed by M.cleanup),
 -- each started with the shell words `prefix` when given ("nice -n -5 ",
 -- "taskset -c 0 ") and checked to be running: a list of children.
@@ -261,6 +308,29 @@ function M.nameserver(extra)
   return child, addr
 end
 
+-- Contexts of this process opened by M.context, closed by M.cleanup.
+local ctxs = {}
+
+--- lecho.context(opts), closed by M.cleanup (linger 0: the peers' ends
+-- not waited for) before it kills the children: a describe block whose
+-- cases open their contexts here needs no after_each but M.cleanup.
+function M.context(opts)
+  local ctx = require("lecho").context(opts)
+  ctxs[#ctxs + 1] = ctx
+  return ctx
+end
+
+--- A name server process (M.nameserver(extra), extra "--quiet" when nil)
+-- and a quiet context of this process using it, closed by M.cleanup (the
+-- options in `opts` beside): returns the context, the name server's
+-- address and its child.
+function M.ns_context(opts, extra)
+  local child, ns = M.nameserver(extra or "--quiet")
+  local o = { quiet = true, nameserver = ns }
+  for k, v in pairs(opts or {}) do o[k] = v end
+  return M.context(o), ns, child
+end
+
 -- Sockets held by M.refusing_addr until M.cleanup.
 local held = {}
 
@@ -277,8 +347,12 @@ function M.refusing_addr()
   return "127.0.0.1:" .. port, tonumber(port)
 end
 
---- Kills every child still running and removes the temporary files.
+--- Closes the contexts M.context opened (latest first), kills every child
+-- still running and removes the temporary files.
 function M.cleanup()
+  local open = ctxs
+  ctxs = {}
+  for i = #open, 1, -1 do open[i]:close{ linger = 0 } end
   for _, s in ipairs(held) do s:close() end
   held = {}
   if group then group:kill_all("KILL") end

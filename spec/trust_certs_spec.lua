@@ -29,7 +29,6 @@
 
 local cjson = require "cjson"
 local socket = require "socket"
-local lecho = require "lecho"
 local keys = require "lecho.keys"
 local S = require "spec.support"
 local R = require "spec.support.rogue"
@@ -41,18 +40,13 @@ local WAIT = 20
 -- "ev I TIME" per event) of opts.channel, "log TIME MSG" for each line its
 -- context logs, "fail ERR" when its producer or consumer is refused,
 -- "ticket N" (a producer: its ticket's length), "ready ADDR", "done".
-local CHILD = [[
-local cjson = require "cjson"
-local socket = require "socket"
-local lecho = require "lecho"
-local opts = cjson.decode(arg[1])
+local CHILD = require("spec.children").prelude .. [[
 -- A test runner started under nohup passes SIGHUP ignored to every child,
 -- and lecho keeps an ignored signal ignored (a background job's choice):
 -- this child starts as a program from a terminal would, SIGHUP at its default.
 local ffi = require "ffi"
 pcall(ffi.cdef, "typedef void (*lecho_sighandler)(int); lecho_sighandler signal(int, lecho_sighandler);")
 ffi.C.signal(1, ffi.cast("lecho_sighandler", 0))
-io.stdout:setvbuf("line")
 local ctx = assert(lecho.context{ nameserver = opts.ns, key = opts.key, trust = opts.trust,
   listen = opts.listen, trust_poll = opts.trust_poll, timeout = 5,
   log = function(m) io.stdout:write(("log %.3f %s\n"):format(socket.gettime(), m)) end })
@@ -76,16 +70,7 @@ io.stdout:write("done\n")
 ctx:close()
 ]]
 
-local function keygen(args)
-  local out = S.sh_out(("%s %s/scripts/lecho-keygen %s"):format(S.luajit, S.root, args))
-  assert(out:find("rc=0\n", 1, true), out)
-  return out
-end
-
--- n busy loops beside the processes (killed by S.cleanup)
-local function busy(n)
-  for _ = 1, n do S.spawn(("%s -e 'local t = os.time() + 120 while os.time() < t do end'"):format(S.luajit)) end
-end
+local keygen = S.keygen
 
 local function child(opts)
   opts.channel = opts.channel or "temp"
@@ -97,15 +82,7 @@ local function out(c) return S.read(c.out) or "" end
 local function said(c) return (out(c):gsub("ev [^\n]*\n", "")) .. S.errors(c) end
 
 -- Waits (serving ctx) until child c's output matches pattern: the capture.
-local function wait_out(ctx, c, pattern, timeout)
-  local got
-  S.run_until(ctx, function()
-    got = out(c):match(pattern)
-    return got ~= nil or not S.alive(c)
-  end, timeout or WAIT)
-  got = got or out(c):match(pattern)
-  return got
-end
+local function wait_out(ctx, c, pattern, timeout) return S.wait_output(ctx, c, pattern, timeout or WAIT) end
 
 local function events(c)
   local t = {}
@@ -125,36 +102,28 @@ end
 
 describe("issue 23, obs. 3: certificates that expire, revocation, tickets that expire", function()
   local dir, ca, ns, trust
-  local ctxs = {}
 
   -- A keyed name server (and manager) in this process: "nameserver",
   -- certified by ca, trusting ca.pub and ca.revoked.
   local function nameserver(o)
     o = o or {}
-    local c = lecho.context{ listen = "127.0.0.1:0", key = o.key or (dir .. "/nameserver.key"), trust = trust,
-                             ticket_ttl = o.ticket_ttl, policy_file = o.policy_file, quiet = not o.log,
-                             log = o.log, trust_poll = o.trust_poll }
-    ctxs[#ctxs + 1] = c
-    return c
+    return S.context{ listen = "127.0.0.1:0", key = o.key or (dir .. "/nameserver.key"), trust = trust,
+                      ticket_ttl = o.ticket_ttl, policy_file = o.policy_file, quiet = not o.log,
+                      log = o.log, trust_poll = o.trust_poll }
   end
 
   before_each(function()
     dir = S.tmpname("certs")
-    keygen(("--dir %s --authority ca --valid-for 2d"):format(dir))
-    keygen(("--dir %s --sign-with %s/ca.key nameserver prod cons --valid-for 1d"):format(dir, dir))
+    S.certified_keys(dir, "nameserver prod cons")
     -- an empty revocation list: the file the trust option names from the start
     local none = assert(keys.read_secret(dir .. "/ca.key"))
     assert(keys.write_revocations(dir .. "/ca.revoked", keys.sign_revocations(none, 0, os.time(), {})))
     ca = none
     trust = { dir .. "/ca.pub", dir .. "/ca.revoked" }
-    busy(2)
+    S.busy_loops(2)     -- (killed by S.cleanup)
   end)
 
-  after_each(function()
-    for _, c in ipairs(ctxs) do pcall(c.close, c, { linger = 0 }) end
-    ctxs = {}
-    S.cleanup()
-  end)
+  after_each(S.cleanup)     -- (the name servers' contexts too: S.context)
 
   it("refuses a certificate that ended or has not begun, with the reason, as acceptor and as dialler", function()
     local c = nameserver()

@@ -22,7 +22,6 @@
 
 local cjson = require "cjson"
 local socket = require "socket"
-local lecho = require "lecho"
 local S = require "spec.support"
 local R = require "spec.support.rogue"
 local keys = require "lecho.keys"
@@ -35,12 +34,7 @@ local WAIT = 20
 -- modulator asking for the clock capability, "mev I TIME") of
 -- opts.channel; "log TIME MSG" per log line, "fail ERR" when refused,
 -- "ready ADDR".
-local CHILD = [[
-local cjson = require "cjson"
-local socket = require "socket"
-local lecho = require "lecho"
-local opts = cjson.decode(arg[1])
-io.stdout:setvbuf("line")
+local CHILD = require("spec.children").prelude .. [[
 local ctx = assert(lecho.context{ nameserver = opts.ns, key = opts.key, trust = opts.trust,
   listen = "127.0.0.1:0", timeout = 5,
   log = function(m) io.stdout:write(("log %.3f %s\n"):format(socket.gettime(), m)) end })
@@ -83,27 +77,12 @@ ctx:run()
 ctx:close()
 ]]
 
-local function keygen(args)
-  local out = S.sh_out(("%s %s/scripts/lecho-keygen %s"):format(S.luajit, S.root, args))
-  assert(out:find("rc=0\n", 1, true), out)
-  return out
-end
-
-local function busy(n)
-  for _ = 1, n do S.spawn(("%s -e 'local t = os.time() + 120 while os.time() < t do end'"):format(S.luajit)) end
-end
 
 local function out(c) return S.read(c.out) or "" end
 local function said(c) return (out(c):gsub("m?ev [^\n]*\n", "")) .. S.errors(c) end
 
-local function wait_out(ctx, c, pattern, timeout)
-  local got
-  S.run_until(ctx, function()
-    got = out(c):match(pattern)
-    return got ~= nil or not S.alive(c)
-  end, timeout or WAIT)
-  return got or out(c):match(pattern)
-end
+-- Waits (serving ctx) until child c's output matches pattern: the capture.
+local function wait_out(ctx, c, pattern, timeout) return S.wait_output(ctx, c, pattern, timeout or WAIT) end
 
 -- the time of child c's last event line of `kind` ("ev", "mev")
 local function last_event(c, kind)
@@ -114,7 +93,6 @@ end
 
 describe("issue 23: a reloaded policy withdraws rights from the members that hold them", function()
   local dir, trust, pol
-  local ctxs = {}
   local reloaded = {}
 
   local function policy(rules)
@@ -125,13 +103,11 @@ describe("issue 23: a reloaded policy withdraws rights from the members that hol
   -- A keyed name server (and the channel's manager) in this process; the
   -- times of its "policy reloaded" lines go to `reloaded`.
   local function nameserver()
-    local c = lecho.context{ listen = "127.0.0.1:0", key = dir .. "/nameserver.key", trust = trust,
-                             ticket_ttl = 9, policy_file = pol, trust_poll = 0.2,
-                             log = function(m)
-                               if m:find("policy reloaded", 1, true) then reloaded[#reloaded + 1] = socket.gettime() end
-                             end }
-    ctxs[#ctxs + 1] = c
-    return c
+    return S.context{ listen = "127.0.0.1:0", key = dir .. "/nameserver.key", trust = trust,
+                      ticket_ttl = 9, policy_file = pol, trust_poll = 0.2,
+                      log = function(m)
+                        if m:find("policy reloaded", 1, true) then reloaded[#reloaded + 1] = socket.gettime() end
+                      end }
   end
 
   local function child(c, opts)
@@ -154,19 +130,14 @@ describe("issue 23: a reloaded policy withdraws rights from the members that hol
 
   before_each(function()
     dir = S.tmpname("reload")
-    keygen(("--dir %s --authority ca --valid-for 2d"):format(dir))
-    keygen(("--dir %s --sign-with %s/ca.key nameserver prod cons --valid-for 1d"):format(dir, dir))
+    S.certified_keys(dir, "nameserver prod cons")
     trust = { dir .. "/ca.pub" }
     pol = dir .. "/policy.json"
     reloaded = {}
-    busy(2)
+    S.busy_loops(2)     -- (killed by S.cleanup)
   end)
 
-  after_each(function()
-    for _, c in ipairs(ctxs) do pcall(c.close, c, { linger = 0 }) end
-    ctxs = {}
-    S.cleanup()
-  end)
+  after_each(S.cleanup)     -- (the name servers' contexts too: S.context)
 
   it("consume withdrawn: the consumer's events stop within two seconds of the reload; its on_error says why",
   function()

@@ -10,49 +10,10 @@
 -- namespaces are deleted after the test, also when it fails.
 local S = require "spec.support"
 
-local tag = tostring(math.random(1000, 9999)) .. tostring(os.time() % 1000)
-local NS_A, NS_B = "lecho-ra-" .. tag, "lecho-rb-" .. tag
-local DEV_A, DEV_B = "lra" .. tag, "lrb" .. tag   -- at most 15 characters
-local IP_A, IP_B = "10.232.0.1", "10.232.0.2"
-
-local function sh(cmd)
-  local ok = os.execute(cmd .. " >/dev/null 2>&1")
-  return ok == 0 or ok == true
-end
-
-local function netns_works()
-  local p = io.popen("id -u")
-  local uid = p:read("*l")
-  p:close()
-  if uid ~= "0" then return false, "not root" end
-  if not sh("ip netns add " .. NS_A) then return false, "`ip netns add` failed" end
-  return true
-end
-
-local function make_hosts()
-  for _, c in ipairs{
-    "ip netns add " .. NS_B,
-    ("ip link add %s type veth peer name %s"):format(DEV_A, DEV_B),
-    ("ip link set %s netns %s"):format(DEV_A, NS_A),
-    ("ip link set %s netns %s"):format(DEV_B, NS_B),
-    ("ip -n %s addr add %s/24 dev %s"):format(NS_A, IP_A, DEV_A),
-    ("ip -n %s addr add %s/24 dev %s"):format(NS_B, IP_B, DEV_B),
-    ("ip -n %s link set lo up"):format(NS_A), ("ip -n %s link set lo up"):format(NS_B),
-    ("ip -n %s link set %s up"):format(NS_A, DEV_A), ("ip -n %s link set %s up"):format(NS_B, DEV_B),
-  } do assert(sh(c), "setup failed: " .. c) end
-  local deadline = os.time() + 10
-  while not (sh(("ip -n %s link show %s | grep -q LOWER_UP"):format(NS_A, DEV_A))
-             and sh(("ip -n %s link show %s | grep -q LOWER_UP"):format(NS_B, DEV_B))) do
-    assert(os.time() < deadline, "the veth pair did not come up")
-    S.sleep(0.05)
-  end
-end
-
-local function remove_hosts()
-  sh("ip netns del " .. NS_A)
-  sh("ip netns del " .. NS_B)
-  sh("ip link del " .. DEV_A)
-end
+local H = require("spec.support.veth").hosts{ ns = { "lecho-ra-", "lecho-rb-" }, dev = { "lra", "lrb" },
+                                              ip = { "10.232.0.1", "10.232.0.2" } }
+local NS_A, NS_B, IP_A = H.ns_a, H.ns_b, H.ip_a
+local sh = require("spec.support.veth").sh
 
 -- The command lines of README's "Keys across two hosts" recipe (its ```sh block).
 local function recipe()
@@ -70,8 +31,8 @@ describe("README's keyed recipe on two hosts", function()
   local dir
 
   setup(function()
-    ok_ns, why = netns_works()
-    if ok_ns then make_hosts() end
+    ok_ns, why = H:works()
+    if ok_ns then H:make() end
     -- A directory standing for the checkout, where keys/ is made.
     dir = S.tmpdir() .. "/checkout"
     os.execute("mkdir -p " .. S.sh_quote(dir))
@@ -82,7 +43,7 @@ describe("README's keyed recipe on two hosts", function()
 
   teardown(function()
     S.cleanup()
-    if ok_ns then remove_hosts() end
+    if ok_ns then H:remove() end
   end)
 
   local spawned = {}

@@ -44,6 +44,11 @@ class Procs:
     def lua_script(self, path, *args):
         return self.start(["luajit", path] + [str(a) for a in args])
 
+    def lua_source(self, path, src, *args):
+        """Writes the Lua source src to path (a pathlib.Path) and starts it."""
+        path.write_text(src)
+        return self.lua_script(str(path), *args)
+
     def close(self):
         for p in self.procs:
             if p.poll() is None:
@@ -85,6 +90,17 @@ def procs():
     ps = Procs()
     yield ps
     ps.close()
+
+
+@pytest.fixture
+def busy():
+    """Two processes spinning for the test's length (the cores busy, as a
+    user's may be), killed after it."""
+    spin = [subprocess.Popen(["luajit", "-e", "while true do end"]) for _ in range(2)]
+    yield spin
+    for p in spin:
+        p.kill()
+        p.wait()
 
 
 @pytest.fixture

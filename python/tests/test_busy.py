@@ -2,22 +2,12 @@
 the busted specs do): a Lua producer at full rate, Python consumers as a
 callback and as an iterator, events in order and each once, the sync final
 event answered only once its handler ran; large arrays keep their values."""
-import subprocess
 import time
 
 import pytest
 
 import lecho
 from conftest import readline
-
-
-@pytest.fixture
-def busy(procs):
-    spin = [subprocess.Popen(["luajit", "-e", "while true do end"]) for _ in range(2)]
-    yield spin
-    for p in spin:
-        p.kill()
-        p.wait()
 
 
 @pytest.mark.parametrize("style", ["callback", "iterator"])

@@ -7,7 +7,6 @@ the connection went; now both say so (code "closed"), and the stats count
 them ("undelivered").  Two busy loops run beside."""
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -45,19 +44,9 @@ SCRIPT = textwrap.dedent("""
 
 
 @pytest.fixture
-def busy():
-    spin = [subprocess.Popen(["luajit", "-e", "while true do end"]) for _ in range(2)]
-    yield spin
-    for p in spin:
-        p.kill()
-        p.wait()
-
-
-@pytest.fixture
 def stopped(nameserver, procs, busy, tmp_path):
     """The consumer's process, joined, then SIGSTOPped (SIGCONTed after)."""
-    (tmp_path / "consumer.lua").write_text(CONSUMER)
-    c = procs.lua_script(str(tmp_path / "consumer.lua"), nameserver)
+    c = procs.lua_source(tmp_path / "consumer.lua", CONSUMER, nameserver)
     readline(c, "^ready")
     os.kill(c.pid, signal.SIGSTOP)
     yield c

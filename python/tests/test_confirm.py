@@ -10,7 +10,6 @@ stats count them ("unconfirmed").  A consumer alive and reading: close
 succeeds.  Two busy loops run beside."""
 import os
 import signal
-import subprocess
 import textwrap
 import time
 
@@ -35,18 +34,8 @@ CONSUMER = textwrap.dedent("""
 
 
 @pytest.fixture
-def busy():
-    spin = [subprocess.Popen(["luajit", "-e", "while true do end"]) for _ in range(2)]
-    yield spin
-    for p in spin:
-        p.kill()
-        p.wait()
-
-
-@pytest.fixture
 def consumer(nameserver, procs, busy, tmp_path):
-    (tmp_path / "consumer.lua").write_text(CONSUMER)
-    c = procs.lua_script(str(tmp_path / "consumer.lua"), nameserver)
+    c = procs.lua_source(tmp_path / "consumer.lua", CONSUMER, nameserver)
     readline(c, "^ready")
     yield c
     try:

@@ -49,6 +49,25 @@ class Kernel:
                 break
         return self.reply(msg_id)["content"]["status"], "".join(out), ename
 
+    def error_name(self, msg_id, timeout):
+        """Reads request msg_id's messages until the kernel is idle again (at
+        most timeout seconds): the name of the error its cell ended with, or
+        None."""
+        deadline = time.monotonic() + timeout
+        ename = None
+        while time.monotonic() < deadline:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=1)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "error":
+                ename = msg["content"]["ename"]
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+        return ename
+
     def reply(self, msg_id):
         """The shell reply to request msg_id (replies to earlier ones skipped)."""
         while True:
@@ -135,19 +154,7 @@ def test_the_stop_button_interrupts_a_waiting_cell_and_the_next_cell_works(names
     msg_id = kernel.kc.execute("ev = sub.get(timeout=60)")
     time.sleep(1.5)
     kernel.km.interrupt_kernel()
-    deadline = time.monotonic() + 20
-    ename = None
-    while time.monotonic() < deadline:
-        try:
-            msg = kernel.kc.get_iopub_msg(timeout=1)
-        except queue.Empty:
-            continue
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "error":
-            ename = msg["content"]["ename"]
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
+    ename = kernel.error_name(msg_id, 20)
     assert kernel.reply(msg_id)["content"]["status"] == "error"
     assert ename == "KeyboardInterrupt"
     # the context still works after the interrupt
@@ -197,19 +204,7 @@ def test_every_stop_button_press_interrupts_a_cell_while_a_callback_consumer_flo
         msg_id = kernel.kc.execute("ctx.run(30); print('RETURNED normally')", stop_on_error=False)
         time.sleep(1.0)
         kernel.km.interrupt_kernel()
-        deadline = time.monotonic() + 40
-        ename = None
-        while time.monotonic() < deadline:
-            try:
-                msg = kernel.kc.get_iopub_msg(timeout=1)
-            except queue.Empty:
-                continue
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            if msg["msg_type"] == "error":
-                ename = msg["content"]["ename"]
-            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                break
+        ename = kernel.error_name(msg_id, 40)
         kernel.reply(msg_id)
         got.append(ename)
     st, out, e = kernel.run("print(n[0] > 0); ctx.close(0.5)")

@@ -1,6 +1,7 @@
 """python/lecho against real processes: a Lua name server, Lua producers,
 consumers and servers (peer.lua), Python consumers and producers."""
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -539,13 +540,21 @@ def _syncs(lua):
     return out
 
 
+@contextlib.contextmanager
+def lua_producer(nameserver, procs, kind, ch, *args):
+    """A context subscribed to channel ch, then peer.lua's producer `kind`
+    ("syncs", "big") of it (args: the rest of peer.lua's arguments):
+    yields the context, the subscription and the producer's process."""
+    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
+        sub = ctx.channel(ch).subscribe()
+        yield ctx, sub, procs.lua(kind, nameserver, ch, *args)
+
+
 def test_sync_submit_to_an_iterator_returns_once_the_loop_body_ran(nameserver, procs):
     # "true from a sync call means it happened": the ack of a sync event
     # taken by a subscription is held until the body of the loop ran for it
     # (the iterator asks for the next event), not sent once it is queued.
-    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
-        sub = ctx.channel("py.syncit").subscribe()
-        lua = procs.lua("syncs", nameserver, "py.syncit", 2)
+    with lua_producer(nameserver, procs, "syncs", "py.syncit", 2) as (ctx, sub, lua):
         bodies = []
         with sub:
             for ev in sub:
@@ -566,9 +575,7 @@ def test_sync_submit_to_an_iterator_returns_once_the_loop_body_ran(nameserver, p
 
 
 def test_sync_submit_to_an_iterator_whose_body_raises_fails(nameserver, procs):
-    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
-        sub = ctx.channel("py.syncraise").subscribe()
-        lua = procs.lua("syncs", nameserver, "py.syncraise", 2)
+    with lua_producer(nameserver, procs, "syncs", "py.syncraise", 2) as (ctx, sub, lua):
         with pytest.raises(RuntimeError, match="bad event"):
             for ev in sub:
                 if ev.get("ping"):
@@ -590,9 +597,7 @@ def test_sync_submit_to_an_iterator_whose_body_raises_fails(nameserver, procs):
 
 
 def test_closing_a_subscription_fails_the_sync_events_it_did_not_hand_out(nameserver, procs):
-    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
-        sub = ctx.channel("py.syncclose").subscribe()
-        lua = procs.lua("syncs", nameserver, "py.syncclose", 1)
+    with lua_producer(nameserver, procs, "syncs", "py.syncclose", 1) as (ctx, sub, lua):
         for ev in sub:
             assert ev.get("ping")
             sub.done()                  # the ping handled: the producer goes on to k = 1
@@ -615,9 +620,7 @@ def test_sync_events_that_come_after_the_subscription_closed_fail(nameserver, pr
     # the subscription is known, so the producer is told only after all
     # three came: each fails, answered by this context, code noconsumer.
     ns_proc = procs.procs[0]            # the nameserver fixture's process
-    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
-        sub = ctx.channel("py.syncgone").subscribe()
-        lua = procs.lua("syncs", nameserver, "py.syncgone", 3)
+    with lua_producer(nameserver, procs, "syncs", "py.syncgone", 3) as (ctx, sub, lua):
         ev = sub.get(timeout=10)
         assert ev.get("ping")
         os.kill(ns_proc.pid, signal.SIGSTOP)
@@ -722,9 +725,7 @@ def _iterate(sub, how, k_stop):
     ("done-break", "ok"),       # sub.done() said it was handled
 ])
 def test_how_a_loop_stops_decides_the_sync_event_it_stopped_at(nameserver, procs, how, want):
-    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
-        sub = ctx.channel("py.stop").subscribe()
-        lua = procs.lua("syncs", nameserver, "py.stop", 1)
+    with lua_producer(nameserver, procs, "syncs", "py.stop", 1) as (ctx, sub, lua):
         _iterate(sub, how, 1)
         sub.close()
         while lua.poll() is None:
@@ -738,9 +739,7 @@ def test_how_a_loop_stops_decides_the_sync_event_it_stopped_at(nameserver, procs
 def test_normal_iteration_acks_each_event_once_the_next_is_asked_for(nameserver, procs):
     # a loop that goes on: k = 1 and 2 are acked when the body asks for the
     # next one, k = 3's loop is left inside `with` by the subscription closing
-    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
-        sub = ctx.channel("py.normal").subscribe()
-        lua = procs.lua("syncs", nameserver, "py.normal", 3)
+    with lua_producer(nameserver, procs, "syncs", "py.normal", 3) as (ctx, sub, lua):
         seen = []
         with sub:
             for ev in sub:
@@ -786,9 +785,7 @@ def test_large_arrays_held_past_later_events_keep_their_values(nameserver, procs
     # elements; letting it go frees it (the context closes: no BufferError)
     import numpy as np
     m = 2 ** 20 // 8
-    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
-        sub = ctx.channel("py.big").subscribe()
-        lua = procs.lua("big", nameserver, "py.big", 41, 2 ** 20)
+    with lua_producer(nameserver, procs, "big", "py.big", 41, 2 ** 20) as (ctx, sub, lua):
         held = {}
         with sub:
             for ev in sub:
@@ -817,9 +814,7 @@ def test_the_iterator_lets_go_of_the_event_it_handed_out_before_it_waits_for_the
     import weakref
     n = 6
     died = {}
-    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
-        sub = ctx.channel("py.letgo").subscribe()
-        lua = procs.lua("big", nameserver, "py.letgo", n, 2 ** 20, "paced")
+    with lua_producer(nameserver, procs, "big", "py.letgo", n, 2 ** 20, "paced") as (ctx, sub, lua):
 
         def dead(k):
             died[k] = ctx.stats()["arrays_adopted"]
@@ -841,9 +836,7 @@ def test_a_loop_that_lets_each_array_go_reads_every_frame_into_the_same_buffer(n
     # it, still in the CPU's cache: not two or four buffers taking turns
     # (a Python consumer of 8 MiB arrays went at 0.8x or 0.5x raw TCP then).
     n = 10
-    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
-        sub = ctx.channel("py.same").subscribe()
-        lua = procs.lua("big", nameserver, "py.same", n, 2 ** 20, "paced")
+    with lua_producer(nameserver, procs, "big", "py.same", n, 2 ** 20, "paced") as (ctx, sub, lua):
         where = []
         with sub:
             for ev in sub:
@@ -867,9 +860,7 @@ def test_arrays_let_go_come_back_without_a_collection_of_the_library_state(names
     # same buffer, each array intact while it is held.
     import numpy as np
     n, m = 10, 2 ** 20 // 8
-    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
-        sub = ctx.channel("py.nocollect").subscribe()
-        lua = procs.lua("big", nameserver, "py.nocollect", n, 2 ** 20, "paced")
+    with lua_producer(nameserver, procs, "big", "py.nocollect", n, 2 ** 20, "paced") as (ctx, sub, lua):
         where = []
         with sub:
             for ev in sub:
@@ -929,9 +920,7 @@ def test_a_field_handle_made_from_taken_events_keeps_their_arrays(nameserver, pr
     import numpy as np
     from lecho._ffi import ffi, lib
     n, m = 6, 2 ** 20 // 8
-    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
-        sub = ctx.channel("py.field").subscribe()
-        lua = procs.lua("big", nameserver, "py.field", n, 2 ** 20, "paced")
+    with lua_producer(nameserver, procs, "big", "py.field", n, 2 ** 20, "paced") as (ctx, sub, lua):
         fields = []
         c = ffi.new("size_t[2]")
         done = False
@@ -968,9 +957,7 @@ def test_a_field_handle_made_from_taken_events_keeps_their_arrays(nameserver, pr
 
 def test_a_thousand_large_array_events_keep_memory_bounded(nameserver, procs):
     n, size = 1000, 2 ** 20
-    with lecho.Context(nameserver=nameserver, quiet=True) as ctx:
-        sub = ctx.channel("py.rss").subscribe()
-        lua = procs.lua("big", nameserver, "py.rss", n, size, "sparse")
+    with lua_producer(nameserver, procs, "big", "py.rss", n, size, "sparse") as (ctx, sub, lua):
         got, rss = 0, []
         with sub:
             for ev in sub:

@@ -89,7 +89,11 @@ static const char *conn_bind(lei_conn *k, const lei_frame *f) {
     /* keyed: the binding lasts while its ticket does (auth.c) */
     if (c->id.keyed && lei_ticket_bound(k, idx, ch ? ticket : NULL)) return "out of memory";
     if (ch) {
+        /* bound to ch on this connection already: the producer took us back
+         * as a destination (lei_live_bind) */
+        int again = lei_inmap_get(k, idx, &old) == 0 && old == ch->id + 1;
         if (lei_inmap_set(k, idx, ch->id + 1)) return "out of memory";
+        if (k->peer) lei_live_bind(k->peer, ch, again);
         lei_live_offer(k->peer); /* it sends us events: read confirmation offered, once */
         return NULL;
     }

@@ -240,6 +240,11 @@ typedef struct lei_live {
     uint32_t seqcap, seqn, seqhit;
     lei_seqent *bych;         /* owned: [chid], nbych entries, at most 4 per used + 64 */
     uint32_t nbych, nbych_used;
+    /* owned: [chid], nbind entries, at most 4 per used + 64: per channel the
+     * peer BINDs to us, our channel's epoch at its last BIND and how often a
+     * BIND started its producers' sequences again (lei_live_bind) */
+    struct lei_bindst { uint32_t epoch, restarts; } *bind;
+    uint32_t nbind, nbind_used;
     ev_tstamp log_t;          /* gap logging: window start, lines, untold gaps */
     uint32_t log_n;
     uint64_t log_skipped;
@@ -285,6 +290,7 @@ struct lei_peer {
     ev_tstamp unused_at;      /* since when nothing uses it (0: in use); freed
                                * LEI_PEER_FREE_AFTER later (lei_peers_sweep) */
     uint8_t mark;             /* lei_peers_sweep: something refers to it */
+    uint8_t in_dests;         /* scratch of lei_peer_set_dests: in the new list */
     char addr[LEI_ADDR_MAX];  /* ro: the remote context's listen address */
     lei_conn *conn;           /* ro: current connection or NULL */
     uint64_t gen;             /* ro: generation of conn (unique in the context,
@@ -903,6 +909,10 @@ int lei_live_offer_in(lei_conn *k, const lei_frame *f);
 void lei_live_offer(lei_peer *p);
 void lei_live_ask(lei_peer *p);
 int lei_live_seq(lei_ctx *c, lei_peer *p, lei_chan *ch, uint64_t producer, uint64_t seq);
+/* A BIND of ch from p (again: the index was bound to ch on this connection
+ * already): its producers' sequences there start again when our local
+ * consumers of ch went away since its last BIND. */
+void lei_live_bind(lei_peer *p, lei_chan *ch, int again);
 void lei_live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents);
 
 #endif

@@ -448,6 +448,47 @@ void lei_live_peer_up(lei_peer *p, uint64_t incarnation) {
     p->lv.seqhit = 0;
     if (p->lv.bych) memset(p->lv.bych, 0, (size_t)p->lv.nbych * sizeof *p->lv.bych);
     p->lv.nbych_used = 0;
+    if (p->lv.bind) memset(p->lv.bind, 0, (size_t)p->lv.nbind * sizeof *p->lv.bind);
+    p->lv.nbind_used = 0;
+}
+
+/* A BIND of our channel ch from p.  A producer BINDs a channel to a
+ * destination on each connection before its first event there, and again
+ * when it takes back a destination it had dropped (lei_peer_set_dests), in
+ * the stream, before the first event it sends there since.  A BIND again on
+ * one connection after our local consumers of ch went away (closed: a leave)
+ * and came back (ch->epoch moved since the last BIND) marks where the events
+ * owed to them start: what the producer submitted between its drop and the
+ * BIND went to no one here and is no gap.  Its producers' sequences there
+ * start again (the next event of each is a baseline: lei_live_seq compares
+ * the entries' epoch with ch->epoch + restarts).  With the epoch unmoved
+ * (consumers here all along: the producer dropped us, say the manager lost
+ * us, while we wanted its events) the sequence goes on and what we missed is
+ * a gap, counted and logged; so too across a new connection (its first
+ * BIND).  O(1), no scan: a peer that BINDs in a loop costs us nothing more.
+ * Tracked for channel ids below 4 per channel bound + 64 (as bych); a
+ * channel above, or without memory, is not: its sequence goes on. */
+void lei_live_bind(lei_peer *p, lei_chan *ch, int again) {
+    lei_live *lv = &p->lv;
+    uint32_t chid = ch->id;
+    if (chid >= lv->nbind) {
+        if ((uint64_t)chid + 1 > 4 * ((uint64_t)lv->nbind_used + 16)) return;
+        uint32_t n = lv->nbind ? lv->nbind : 64;
+        while (n <= chid) n *= 2;
+        struct lei_bindst *b = realloc(lv->bind, (size_t)n * sizeof *b); /* owned by lv (bind) */
+        if (!b) return;
+        memset(b + lv->nbind, 0, (size_t)(n - lv->nbind) * sizeof *b);
+        lv->bind = b;
+        lv->nbind = n;
+    }
+    struct lei_bindst *st = &lv->bind[chid];
+    /* epoch + 1: 0 is never bound (ch->epoch starts at 0) */
+    if (!st->epoch) {
+        lv->nbind_used++;
+    } else if (again && st->epoch != ch->epoch + 1) {
+        st->restarts++;
+    }
+    st->epoch = ch->epoch + 1;
 }
 
 
@@ -550,8 +591,10 @@ int lei_live_seq(lei_ctx *c, lei_peer *p, lei_chan *ch, uint64_t producer, uint6
     lei_seqent *e = seq_slot(&p->lv, ch->id, producer);
     if (!e) return 0;
     uint64_t last = e->last;
-    if (e->epoch != ch->epoch) { /* first event since local consumers appeared */
-        e->epoch = ch->epoch;
+    /* the channel's epoch, moved on by each restart a BIND marked */
+    uint32_t epoch = ch->epoch + (ch->id < p->lv.nbind ? p->lv.bind[ch->id].restarts : 0);
+    if (e->epoch != epoch) { /* first event since local consumers appeared, or a restart */
+        e->epoch = epoch;
         e->last = seq ? seq : 1;
         return 0;
     }

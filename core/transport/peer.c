@@ -410,6 +410,20 @@ void lei_peer_set_dests(lei_ctx *c, uint32_t id, const char **addrs, int n) {
         lei_peer *p = lei_peer_get(c, addrs[i], 1);
         if (p && d) d[nd++] = p;
     }
+    /* A peer dropped here gets the channel's BIND again before the next
+     * event we send it (queue_bind), behind what is queued for it already:
+     * there, a receiver whose consumers left and came back meanwhile starts
+     * our sequence again (live.c lei_live_bind): the events we submitted
+     * while it was no destination are no gap. */
+    if (ch->ndests) {
+        for (int i = 0; i < nd; i++) d[i]->in_dests = 1;
+        lei_peer **od = ch->ndests > 1 ? ch->d.many : &ch->d.one;
+        for (int i = 0; i < ch->ndests; i++) {
+            lei_peer *q = od[i];
+            if (!q->in_dests && ch->id < q->nbound) q->bound[ch->id] = 0;
+        }
+        for (int i = 0; i < nd; i++) d[i]->in_dests = 0;
+    }
     /* the peers dropped here may now be unused: lei_peers_sweep looks */
     if (ch->ndests) lei_expiry_at(c, ev_now(c->loop) + c->o.peer_free_after);
     if (ch->ndests > 1) free(ch->d.many);

@@ -126,7 +126,7 @@ lei_peer *lei_peers_new(lei_ctx *c, const char *addr) {
 }
 
 /* Frees p and what its record owns: its spare batch buffer, its channel
- * flags (bound) and its sequence tracking's tables (p->lv's seqs and bych,
+ * flags (bound) and its sequence tracking's tables (p->lv's seqs, bych and bind,
  * which live.c allocates).  Its queue is empty: a peer is freed unused
  * (peer_unused), or at the context's end after ctx.c cleared every queue
  * (lei_peer_q_clear: the queue is peer.c's, a layer above this table). */
@@ -134,6 +134,7 @@ static void peers_free(lei_peer *p) {
     lei_msg_release(p->spare, NULL, NULL);
     free(p->lv.seqs);
     free(p->lv.bych);
+    free(p->lv.bind);
     free(p->bound);
     free(p);
 }

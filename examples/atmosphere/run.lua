@@ -19,8 +19,9 @@ step (the simulation's with its modulators), and the checks:
   - the zfp view's field is within --tolerance of the source, the quant
     view's within scale/2, each in fewer bytes than the full view,
   - the region view's cells are the block means of the source,
-  - the steering event sent 40% of the way through reached the simulation (its
-    handler acknowledged it, and the next full field carries the settings;
+  - the steering event sent at the first live line past 40% of the run
+    (about half-way) reached the simulation (its handler acknowledged
+    it, and the next full field carries the settings;
     steering from the live page afterwards does not fail the check).
 Exits 0 when every check passed.  Every process it started is stopped.
 
@@ -33,7 +34,8 @@ Exits 0 when every check passed.  Every process it started is stopped.
   --stride N              the region view's block side (default 2)
   --tolerance X           the zfp view's error bound (default 0.01)
   --scale X               the quant view's step (default 0.005)
-  --steer LUA             a steering event sent 40% of the way through
+  --steer LUA             a steering event sent at the first live line
+                          past 40% of the run (about half-way)
                           (default "{ emission = 4 }"; "none": no steering;
                           runs shorter than 3 s are not steered)
   --http ADDRESS          where lecho-gateway serves the live view (default:
@@ -267,7 +269,7 @@ local function reduction(r, full)
 end
 
 -- 4. Live lines, until every viewer has sent its final report; about
--- 40% of the way through the simulation, one steering event.
+-- at the first live line past 40% of the simulation (about half-way: lines come once a second), one steering event.
 local steer_p
 if opts.steer then
   local err
@@ -478,7 +480,7 @@ if all_there() then
     -- replaced them before a field showed them: the ack then says it)
     local ok = steered_at and steer.acked and (steer.seen or steer.other) and true or false
     local detail
-    if not steered_at then detail = "never sent (the full view did not get half-way)"
+    if not steered_at then detail = "never sent (the full view did not get 40% of the way)"
     elseif not steer.acked then detail = opts.steer_text .. " not acknowledged by the simulation"
     elseif steer.seen then
       detail = ("%s sent after step %d; the field of step %d has it"):format(opts.steer_text, steered_at, steer.seen)

@@ -72,6 +72,12 @@ function M.open(list)
   end)
 end
 
+-- lecho_close's first step, before the C API's handlers stop: the events
+-- for the context's own consumers handled (Context:_close_local)
+function M.close_local(ctx, linger)
+  return protect(ctx._close_local, ctx, not (linger < 0) and { linger = linger } or nil)
+end
+
 function M.close(ctx, linger)
   return protect(ctx.close, ctx, not (linger < 0) and { linger = linger } or nil)
 end

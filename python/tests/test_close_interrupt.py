@@ -84,3 +84,22 @@ def test_ctrl_c_in_close_says_it_ended_the_linger(nameserver, procs, tmp_path):
     assert "not delivered when a signal interrupted the close after" in text, text
     assert "of its linger time of 10s" in text, text
     assert "within the linger time of 10s" not in text, text
+
+
+def test_a_subscription_closed_with_events_unread_says_how_many(capfd):
+    # Outside attack s8 C: a Ctrl-C in the loop body, then close(): the
+    # events received and not handed out were dropped without a word (a
+    # callback consumer's close says "close: N events received not handled").
+    ctx = lecho.Context()
+    sub = ctx.channel("py.unread").subscribe()
+    p = ctx.channel("py.unread").producer()
+    for i in range(20):
+        p.submit(i)
+    try:
+        for ev in sub:
+            raise KeyboardInterrupt     # as a Ctrl-C in the loop body
+    except KeyboardInterrupt:
+        pass
+    ctx.close()
+    err = capfd.readouterr().err
+    assert "close: 19 events received not handled: subscription" in err, err

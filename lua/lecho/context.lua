@@ -1106,8 +1106,10 @@ end
 -- every queue is written, then each connection ends and close waits until
 -- the remote closed its side too (it has read everything), for at most
 -- opts.linger seconds (the context's `linger`, 2 s by default; 0: do not
--- wait).  Returns true, or nil, what could not be delivered (also
--- logged), "timeout".
+-- wait); the events submitted to its own consumers are handled first,
+-- within the same linger.  Returns true, or nil, what could not be
+-- delivered (also logged), "timeout".  A signal's "interrupted!" in its
+-- wait ends the linger: the close is finished, then raises it.
 function Context:close(opts)
   if opts ~= nil then options.check(opts, options.CLOSE, "ctx:close", 2) end
   if self.closed then return self.close_ok, self.close_err, self.close_code end

@@ -37,6 +37,30 @@ describe("close of a context with events for its own consumers", function()
     assert.are.equal("timeout", code)
   end)
 
+  it("inside a handler says those queued behind it, which cannot run before it returns", function()
+    local lecho = require "lecho"
+    local ctx = assert(lecho.context{ quiet = true })
+    local p = assert(ctx:channel("own.d"):producer())
+    local got, res = 0, nil
+    assert(ctx:channel("own.d"):consumer(function(v)
+      got = got + 1
+      if v == 1 then
+        for i = 10, 12 do p:submit(i) end
+        res = { ctx:close() }
+      end
+    end))
+    assert(p:submit(1))
+    for _ = 1, 20 do
+      if ctx.closed then break end
+      ctx:run_once(0.05)
+    end
+    assert.is_true(ctx.closed)
+    assert.are.equal(1, got)
+    assert.is_nil(res[1])
+    assert.matches("^3 events %(%d+ bytes%) to this context's own consumers not handled %(queued behind the handler "
+                   .. "that called close%)", res[2])
+  end)
+
   it("from the C API (lecho_close) runs the C handlers too", function()
     local src = S.write(S.tmpname("own_close") .. ".c", [[
 #include <stdio.h>

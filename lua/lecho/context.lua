@@ -1191,7 +1191,16 @@ function Context:close(opts)
   -- (linger 0, a close inside a callback, the linger's end, a signal)
   local lq, lq_bytes = self.c:local_queued()
   if lq > 0 then
-    local m = ("%d events (%d bytes) to this context's own consumers not handled %s"):format(lq, lq_bytes, span)
+    -- (a close inside a callback: those behind the running handler, of
+    -- its channel, wait for it to return; a callback that cannot wait runs
+    -- none)
+    local why = span
+    if not can_wait then
+      why = "(a close inside a callback does not wait)"
+    elseif wait > 0 and not st.cut and now(self) < deadline then
+      why = "(queued behind the handler that called close)"
+    end
+    local m = ("%d events (%d bytes) to this context's own consumers not handled %s"):format(lq, lq_bytes, why)
     ok, err, code = nil, err and (err .. "; " .. m) or m, code or "timeout"
   end
   if lost > 0 then

@@ -940,6 +940,7 @@ end
 
 -- (A dispatch's view is copied before the loop runs inside it.)
 local open_ctxs -- (below: the open contexts of this state)
+local signal_closing -- a signal ended ctx:run(): its closes run (Context:run)
 
 --- Serves the loop until ctx:stop().  Unless the context was made with
 -- signals = false, SIGINT and SIGTERM (those the process does not ignore)
@@ -952,6 +953,10 @@ function Context:run()
   keep_views(self)
   -- keyed: SIGHUP reloads the trust files and policy (lecho.trustwatch)
   local sig = self.c:run(self.signals, self.trustwatch and self._trustwatch.hup or nil)
+  -- a signal's close follows (lecho.signals run_ended): the other
+  -- contexts' closes there (_at_end) leave the default actions it set (a
+  -- second signal ends the process at once)
+  if sig or (self.sigint_pending and self.signals) then signal_closing = true end
   -- a SIGINT or SIGTERM ended it (or came as it began): every open context
   -- closed, the process ended by the signal (lecho.signals)
   signals.run_ended(self, sig, open_ctxs)
@@ -1294,8 +1299,10 @@ function Context:_at_end()
   if ffi.C.getpid() ~= self._pid then return end
   self.ending = true
   -- SIGINT and SIGTERM now end the linger, not the process: what was not
-  -- delivered is said, then the process ends by the signal (core.end_signals)
-  core.end_signals()
+  -- delivered is said, then the process ends by the signal (core.end_signals);
+  -- not in the closes of a signal ctx:run() caught, where a second signal
+  -- ends the process at once
+  if not signal_closing then core.end_signals() end
   local others = open_others(self)
   if others and self.c:depth() == 0 then
     -- Several contexts in this state (one may consume what another

@@ -342,7 +342,7 @@ static void exit_cb(int status, void *arg) {
         }
     }
     /* a signal ended the closes' linger: the process ends by it */
-    lb_end_signal_exit();
+    lb_loop_end_exit();
     if (x->lost && status == 0) {
         fflush(NULL);
         _exit(LB_EXIT_LOST);
@@ -748,7 +748,7 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
     lua_setfield(L, -2, "exit_lost");
     lua_pushcfunction(L, lei_lpat_new); /* core.lpat(): the modulators' pattern functions */
     lua_setfield(L, -2, "lpat");
-    luaL_register(L, NULL, lb_end_funcs);  /* end_signals, end_signal */
+    luaL_register(L, NULL, lb_loop_end_funcs);  /* end_signals, end_signal */
     luaL_register(L, NULL, lb_auth_funcs); /* keypair, sign, verify, hex, unhex, random_id */
     lua_pushinteger(L, LEI_PROTO_VERSION);
     lua_setfield(L, -2, "protocol_version");

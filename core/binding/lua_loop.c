@@ -373,7 +373,7 @@ static int l_run(lua_State *L) {
  * first signal is recorded (end_sig), and the wait it interrupts (a loop
  * turn's poll returns, EINTR) ends; the close sees core.end_signal(), ends
  * its linger, says what it did not deliver, and the process then ends by
- * that signal (lb_end_signal_exit, from the exit handler: a shell's $? 130
+ * that signal (lb_loop_end_exit, from the exit handler: a shell's $? 130
  * or 143, as after ctx:run).  A second signal ends the process at once.
  * Process-wide, as a signal is, and written by the handler only: the
  * program is ending, the action is never put back. */
@@ -410,14 +410,14 @@ static int l_end_signal(lua_State *L) {
     return 1;
 }
 
-void lb_end_signal_exit(void) {
+void lb_loop_end_exit(void) {
     if (!end_sig) return;
     fflush(NULL);
     die_by(end_sig);
     _exit(128 + end_sig); /* (the signal blocked by the host program) */
 }
 
-const luaL_Reg lb_end_funcs[] = {{"end_signals", l_end_signals}, {"end_signal", l_end_signal}, {NULL, NULL}};
+const luaL_Reg lb_loop_end_funcs[] = {{"end_signals", l_end_signals}, {"end_signal", l_end_signal}, {NULL, NULL}};
 
 /* c:interrupted(on): sets or clears b->intr_raised, this context's copy
  * of the interrupt flag for its C sinks; written by lecho.signals only

@@ -286,11 +286,15 @@ describe("lecho-repl", function()
     for _, line in ipairs{ "ctx:sleep(3600)", "=ctx:call('slowsvc', {}, { timeout = 600 })",
                            "send('slowch', 1)" } do
       repl:run(line)
+      local at = repl.from
       S.sleep(1.5)
       repl:keys("C-c")
       repl:expect("\ninterrupted\n")
       repl:run("1 + 41")
       repl:expect("\n42\n")
+      -- a plain "interrupted": no traceback of lecho's own frames (the
+      -- wait in context.lua, producer.lua: outside attack s8 E)
+      assert.not_matches("stack traceback", repl:text(at), 1, true)
     end
     repl:run("looping = ctx:channel('atmosphere.field'):consumer(function() while true do end end)")
     S.sleep(2)

@@ -341,6 +341,8 @@ static void exit_cb(int status, void *arg) {
             lua_pop(L, 1);
         }
     }
+    /* a signal ended the closes' linger: the process ends by it */
+    lb_loop_end_exit();
     if (x->lost && status == 0) {
         fflush(NULL);
         _exit(LB_EXIT_LOST);
@@ -505,6 +507,20 @@ static int l_pending(lua_State *L) {
     lua_pushnumber(L, (lua_Number)cs.unconfirmed_bytes);
     lua_pushstring(L, lei_ctx_unconfirmed_why(b->c));
     return 9;
+}
+
+/* ctx:local_queued() -> the events queued for this context's own
+ * consumers (local delivery, core/transport/local.c) and their bytes; then
+ * those of them held behind a handler that waits (a suspended handler
+ * holds its channel).  close runs them within its linger, before its
+ * consumers go, and reports those left (lecho.context, Context:close). */
+static int l_local_queued(lua_State *L) {
+    lei_stats_ctx cs;
+    lei_ctx_stats(lb_check_ctx(L)->c, &cs);
+    lua_pushnumber(L, (lua_Number)(cs.local_events + cs.deferred_events));
+    lua_pushnumber(L, (lua_Number)(cs.local_bytes + cs.deferred_bytes));
+    lua_pushnumber(L, (lua_Number)cs.deferred_events);
+    return 3;
 }
 
 /* ctx:unsure() -> of the connections still open, those where an event of
@@ -691,7 +707,7 @@ static const luaL_Reg ctx_methods[] = {
     {"close", l_close},           {"depth", l_depth},           {"keep_array", l_keep_array},
     {"reclaim", l_reclaim},
     {"shutdown", l_shutdown},     {"pending", l_pending},
-    {"unsure", l_unsure},
+    {"unsure", l_unsure},         {"local_queued", l_local_queued},
     {NULL, NULL}};
 
 __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
@@ -732,6 +748,7 @@ __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {
     lua_setfield(L, -2, "exit_lost");
     lua_pushcfunction(L, lei_lpat_new); /* core.lpat(): the modulators' pattern functions */
     lua_setfield(L, -2, "lpat");
+    luaL_register(L, NULL, lb_loop_end_funcs);  /* end_signals, end_signal */
     luaL_register(L, NULL, lb_auth_funcs); /* keypair, sign, verify, hex, unhex, random_id */
     lua_pushinteger(L, LEI_PROTO_VERSION);
     lua_setfield(L, -2, "protocol_version");

@@ -220,6 +220,11 @@ extern const luaL_Reg lb_auth_funcs[];
 
 /* lua_loop.c: running the loop, timers, watchers */
 extern const luaL_Reg lb_loop_methods[];
+/* core.end_signals, core.end_signal: SIGINT and SIGTERM during the close at
+ * the program's end (lua_loop.c); lb_loop_end_exit: the process ends by
+ * the one that came then, if one did (the exit handler, lua_ctx.c). */
+extern const luaL_Reg lb_loop_end_funcs[];
+void lb_loop_end_exit(void);
 /* lua_raw.c: channels whose events reach Lua as their encoded bytes */
 extern const luaL_Reg lb_raw_methods[];
 int lb_raw_is(const lb_ctx *b, uint32_t chid);

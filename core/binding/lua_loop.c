@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
+#include <stdio.h>
 
 /* ctx:want_turn(on): call the turn hook before each loop turn's writes. */
 static int l_want_turn(lua_State *L) {
@@ -359,6 +361,63 @@ static int l_run(lua_State *L) {
     }
     return 0;
 }
+
+/* SIGINT and SIGTERM during the close at the program's end (lecho.context
+ * Context:_at_end: a script that ended without ctx:close(), os.exit, a C
+ * program's return from main).  No ctx:run() catches them then, and
+ * LuaJIT's interpreter has put back the default action after the script:
+ * one Ctrl-C during that close's linger killed the process with nothing
+ * said about what was still queued (outside attack s8 B).
+ *
+ * core.end_signals() sets this handler for both (unless ignored): the
+ * first signal is recorded (end_sig), and the wait it interrupts (a loop
+ * turn's poll returns, EINTR) ends; the close sees core.end_signal(), ends
+ * its linger, says what it did not deliver, and the process then ends by
+ * that signal (lb_loop_end_exit, from the exit handler: a shell's $? 130
+ * or 143, as after ctx:run).  A second signal ends the process at once.
+ * Process-wide, as a signal is, and written by the handler only: the
+ * program is ending, the action is never put back. */
+static volatile sig_atomic_t end_sig;
+
+static void end_sig_handler(int sig) {
+    int saved = errno;
+    if (end_sig) die_by(sig);
+    end_sig = sig;
+    errno = saved;
+}
+
+static int l_end_signals(lua_State *L) {
+    (void)L;
+    for (int i = 0; i < 2; i++) {
+        struct sigaction old, sa;
+        if (sigaction(run_sigs[i], NULL, &old) != 0) continue;
+        if (!(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_IGN) continue;
+        if (!(old.sa_flags & SA_SIGINFO) && old.sa_handler == end_sig_handler) continue;
+        memset(&sa, 0, sizeof sa);
+        sigemptyset(&sa.sa_mask);
+        sigaddset(&sa.sa_mask, SIGINT);
+        sigaddset(&sa.sa_mask, SIGTERM);
+        sa.sa_handler = end_sig_handler;
+        sigaction(run_sigs[i], &sa, NULL);
+    }
+    return 0;
+}
+
+/* core.end_signal() -> the signal that came during the program's end, or nil. */
+static int l_end_signal(lua_State *L) {
+    if (!end_sig) return 0;
+    lua_pushinteger(L, end_sig);
+    return 1;
+}
+
+void lb_loop_end_exit(void) {
+    if (!end_sig) return;
+    fflush(NULL);
+    die_by(end_sig);
+    _exit(128 + end_sig); /* (the signal blocked by the host program) */
+}
+
+const luaL_Reg lb_loop_end_funcs[] = {{"end_signals", l_end_signals}, {"end_signal", l_end_signal}, {NULL, NULL}};
 
 /* c:interrupted(on): sets or clears b->intr_raised, this context's copy
  * of the interrupt flag for its C sinks; written by lecho.signals only

@@ -290,7 +290,7 @@ static int op_close(lua_State *L) {
     struct op *o = lua_touserdata(L, 1);
     lei_lecho_push_ref(L, o->x->self);
     lua_pushnumber(L, o->d);
-    o->rc = lei_lecho_glue_call(L, o->x, "close", 2, NULL);
+    o->rc = lei_lecho_glue_call(L, o->x, o->s ? o->s : "close", 2, NULL);
     return 0;
 }
 
@@ -333,6 +333,11 @@ int lecho_close_keep(lecho_ctx *x, double linger, char *err, size_t errlen) {
         if (err && errlen) snprintf(err, errlen, "%s", x->err);
         return LECHO_EINVAL;
     }
+    /* The events submitted to this context's own consumers run first,
+     * within the linger, while the handlers are still here (they were
+     * freed unseen: outside attack s8 D); an error here is close's to say. */
+    struct op lo = { .d = linger, .s = "close_local" };
+    (void)lei_lecho_protect(x, op_close, &lo);
     /* No handler runs once closing started: the trampolines find no consumer. */
     for (struct lei_h *h = x->handles; h; h = h->next)
         if (h->kind == H_CONSUMER) {

@@ -72,6 +72,12 @@ function M.open(list)
   end)
 end
 
+-- lecho_close's first step, before the C API's handlers stop: the events
+-- for the context's own consumers handled (Context:_close_local)
+function M.close_local(ctx, linger)
+  return protect(ctx._close_local, ctx, not (linger < 0) and { linger = linger } or nil)
+end
+
 function M.close(ctx, linger)
   return protect(ctx.close, ctx, not (linger < 0) and { linger = linger } or nil)
 end
@@ -490,6 +496,15 @@ function M.consumer_close(c)
     local q = queues[c]
     if q then
       queues[c] = nil
+      -- said, as a callback consumer's close says the events no handler
+      -- ran (lecho.signals close_report): those taken by the binding and
+      -- not handed out, and those still queued (a Ctrl-C in the loop body
+      -- dropped them without a word: outside attack s8 C)
+      local n = q.nin - q.nset
+      if n > 0 then
+        q.ctx.log(("close: %d events received not handled: subscription %s on '%s' closed with them unread")
+          :format(n, tostring(q.id), c.ch.short), "warn")
+      end
       q.nout = q.nin
       settle(q, q.nin, "not handled: the subscription closed")
     end

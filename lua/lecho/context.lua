@@ -955,6 +955,7 @@ end
 
 -- (A dispatch's view is copied before the loop runs inside it.)
 local open_ctxs -- (below: the open contexts of this state)
+local signal_closing -- a signal ended ctx:run(): its closes run (Context:run)
 
 --- Serves the loop until ctx:stop().  Unless the context was made with
 -- signals = false, SIGINT and SIGTERM (those the process does not ignore)
@@ -968,6 +969,10 @@ function Context:run()
   -- keyed: SIGHUP reloads the trust files and policy (lecho.trustwatch)
   local sig = self.c:run(self.signals, self.trustwatch and self._trustwatch.hup or nil)
   leaves_due(self)
+  -- a signal's close follows (lecho.signals run_ended): the other
+  -- contexts' closes there (_at_end) leave the default actions it set (a
+  -- second signal ends the process at once)
+  if sig or (self.sigint_pending and self.signals) then signal_closing = true end
   -- a SIGINT or SIGTERM ended it (or came as it began): every open context
   -- closed, the process ended by the signal (lecho.signals)
   signals.run_ended(self, sig, open_ctxs)
@@ -1047,12 +1052,86 @@ local function open_others(self)
   return t
 end
 
+-- A close's state (Context:close, and lecho_close's first step,
+-- Context:_close_local): its linger, start and deadline, whether it may
+-- wait, and what ended its linger early: a signal.  On the main line
+-- LuaJIT's (or lecho's) "interrupted!" raised in a wait (intr: raised again
+-- once the context is closed, so that the program still stops; the close
+-- itself is finished, and a second close returns its result: an
+-- interrupted close left `closing` set and a second close waited forever,
+-- outside attack s8 A); the embedder's interrupt (Python's Ctrl-C:
+-- self.interrupt); at the program's end, the signal lecho catches then
+-- (core.end_signal, Context:_at_end).  cut: the linger was ended so.
+local function close_state(self, linger)
+  local st = self._cst
+  if st then return st end
+  -- (at the program's end, the linger left after the other contexts wrote)
+  local wait = self.end_deadline and math.max(self.end_deadline - now(self), 0) or linger
+  local t0 = now(self)
+  st = { linger = linger, wait = wait, t0 = t0, deadline = t0 + wait,
+         -- lingering waits: on the main line, or in a callback of ours (it suspends)
+         can_wait = self.c:depth() == 0 or self.cos[coroutine.running() or 0] }
+  self._cst = st
+  return st
+end
+
+local function close_stopped(self, st)
+  if st.cut then return true end
+  if (self.interrupt and self.interrupt()) or (self.ending and core.end_signal()) then st.cut = true end
+  return st.cut
+end
+
+-- Waits until ready() or the close's deadline.
+local function close_wait(self, st, ready)
+  if self.ending and self.c:depth() == 0 then
+    -- at the program's end: turns of at most 50 ms, so that a signal that
+    -- came between two turns (not in a poll it would cut short) is seen soon
+    while not ready() and now(self) < st.deadline do
+      self.c:run_once(math.min(0.05, math.max(st.deadline - now(self), 0)))
+    end
+    return
+  end
+  local wok, werr = pcall(self._wait, self, ready, st.deadline)
+  if not wok then st.intr, st.cut = werr, true end
+end
+
+-- Events submitted to this context's own consumers (local delivery: a
+-- loop turn runs them) are handled first, while those consumers are still
+-- here, within the linger (they were freed unseen when close came before
+-- a loop turn: outside attack s8 D).  In a callback of ours, those held
+-- behind a waiting handler (its own, maybe) are not waited for; what is
+-- left is reported by close.
+local function close_local(self, st)
+  st.local_done = true
+  if st.wait > 0 and st.can_wait and not st.cut and self.c:local_queued() > 0 then
+    local main = self.c:depth() == 0
+    close_wait(self, st, function()
+      if close_stopped(self, st) then return true end
+      local n, _, held = self.c:local_queued()
+      return n == 0 or (not main and n == held)
+    end)
+  end
+end
+
+-- lecho_close's first step (lua/lecho/capi.lua), while the C API's
+-- handlers still run: the events for this context's own consumers handled,
+-- within the close's linger (opts as close's; the close that follows
+-- counts its linger from here).
+function Context:_close_local(opts)
+  if self.closed or self.closing then return true end
+  local st = close_state(self, opts and opts.linger or self.linger)
+  close_local(self, st)
+  return true
+end
+
 --- Closes the context.  What was submitted before is delivered first:
 -- every queue is written, then each connection ends and close waits until
 -- the remote closed its side too (it has read everything), for at most
 -- opts.linger seconds (the context's `linger`, 2 s by default; 0: do not
--- wait).  Returns true, or nil, what could not be delivered (also
--- logged), "timeout".
+-- wait); the events submitted to its own consumers are handled first,
+-- within the same linger.  Returns true, or nil, what could not be
+-- delivered (also logged), "timeout".  A signal's "interrupted!" in its
+-- wait ends the linger: the close is finished, then raises it.
 function Context:close(opts)
   if opts ~= nil then options.check(opts, options.CLOSE, "ctx:close", 2) end
   if self.closed then return self.close_ok, self.close_err, self.close_code end
@@ -1063,16 +1142,26 @@ function Context:close(opts)
     error("lecho: ctx:close() from inside a modulator's call (its log hook): refused, "
           .. "the modulator's state is in use up the stack", 2)
   end
+  local linger = opts and opts.linger or self.linger
   if self.closing then
-    -- Another close is delivering (in a callback that waits): its result.
-    self:_wait(function() return self.closed end)
+    -- Another close is delivering (in a callback that waits, or up the
+    -- stack: a handler that close's linger runs): its result, waited for
+    -- at most this close's linger (it waited with no deadline: a close up
+    -- the stack never ended, the program hung)
+    if not self:_wait(function() return self.closed end, now(self) + linger) then
+      return nil, ("another close of this context is still delivering (waited %gs)"):format(linger), "timeout"
+    end
     return self.close_ok, self.close_err, self.close_code
   end
   self.closing = true
   if self.trustwatch then self._trustwatch.stop(self) end
-  local linger = opts and opts.linger or self.linger
-  -- (at the program's end, the linger left after the other contexts wrote)
-  local wait = self.end_deadline and math.max(self.end_deadline - now(self), 0) or linger
+  local st = close_state(self, linger)
+  local wait, t0, deadline, can_wait = st.wait, st.t0, st.deadline, st.can_wait
+  linger = st.linger
+  local function stopped() return close_stopped(self, st) end
+  local function wait_for(ready) return close_wait(self, st, ready) end
+  -- this context's own consumers first (lecho_close ran it already: capi)
+  if not st.local_done then close_local(self, st) end
   -- groups (lecho.group): left at every name server, the others told now
   for _, g in pairs(self.groups or {}) do g:leave() end
   for _, ch in pairs(self.byname) do
@@ -1090,34 +1179,51 @@ function Context:close(opts)
   if self.metrics then self.metrics:close() end
   if self.reregister then self.reregister:stop() end
   local ok, err = true, nil
-  -- Lingering waits: on the main line, or in a callback of ours (it suspends).
-  local can_wait = self.c:depth() == 0 or self.cos[coroutine.running() or 0]
-  if wait > 0 and can_wait then
+  if wait > 0 and can_wait and not st.cut then
     self.c:shutdown()
     local others = self.ending and open_others(self)
     if others then
       -- at the program's end no loop runs but this one: the other contexts
       -- of this state (this one's peers, maybe) are turned beside it, so
       -- that they read what it sends and close their side
-      local deadline = now(self) + wait
-      while self.c:pending() ~= 0 and now(self) < deadline do
+      while self.c:pending() ~= 0 and now(self) < deadline and not stopped() do
         self.c:run_once(0.01)
         for _, o in ipairs(others) do
           if not o.closed and o.c:depth() == 0 then o.c:run_once(0) end
         end
       end
     else
-      self:_wait(function() return self.c:pending() == 0 end, now(self) + wait)
+      wait_for(function() return stopped() or self.c:pending() == 0 end)
     end
   end
+  -- the time the close waited: its linger, or what it had of it when a
+  -- signal ended it (it said "within the linger time of 10s" after 1 s:
+  -- outside attack s8 H)
+  local span = st.cut and ("when a signal interrupted the close after %.1fs of its linger time of %gs"):format(
+    now(self) - t0, linger) or ("within the linger time of %gs"):format(linger)
   -- what is still queued, and what a connection's end (or no connection)
   -- dropped since the start: async events nobody was told of otherwise
   -- (not a queue policy the user chose; doc/semantics.md "Close")
   local open, events, bytes, lost, lost_bytes, lost_why, unc, unc_bytes, unc_why = self.c:pending()
   local code
   if events > 0 then
-    ok, err, code = nil, ("%d events (%d bytes) not delivered within the linger time of %gs"):format(
-      events, bytes, linger), "timeout"
+    ok, err, code = nil, ("%d events (%d bytes) not delivered %s"):format(events, bytes, span), "timeout"
+  end
+  -- events for this context's own consumers whose handlers did not run
+  -- (linger 0, a close inside a callback, the linger's end, a signal)
+  local lq, lq_bytes = self.c:local_queued()
+  if lq > 0 then
+    -- (a close inside a callback: those behind the running handler, of
+    -- its channel, wait for it to return; a callback that cannot wait runs
+    -- none)
+    local why = span
+    if not can_wait then
+      why = "(a close inside a callback does not wait)"
+    elseif wait > 0 and not st.cut and now(self) < deadline then
+      why = "(queued behind the handler that called close)"
+    end
+    local m = ("%d events (%d bytes) to this context's own consumers not handled %s"):format(lq, lq_bytes, why)
+    ok, err, code = nil, err and (err .. "; " .. m) or m, code or "timeout"
   end
   if lost > 0 then
     local m = ("%d events (%d bytes) not delivered: lost with a connection that ended before they were "
@@ -1153,17 +1259,21 @@ function Context:close(opts)
       return n == 1 and "1 connection not closed by its remote" or ("%d connections not closed by their remotes"):format(n)
     end
     if unsure == 0 then
-      self.log(("close: %s within the linger time of %gs (nothing of ours unread there: no event sent, "
-        .. "the last one answered, or all confirmed read)"):format(conns(open), linger))
+      self.log(("close: %s %s (nothing of ours unread there: no event sent, "
+        .. "the last one answered, or all confirmed read)"):format(conns(open), span))
     else
       -- (a consumer that confirms reads: how much was not confirmed read)
       local what = unc_open > 0 and ("%d events (%d bytes) written there not confirmed read"):format(
         unc_open, unc_open_bytes) or "what was sent there may not have been read"
-      ok, err, code = nil, ("%s within the linger time of %gs: %s"):format(conns(unsure), linger, what), "timeout"
+      local m = ("%s %s: %s"):format(conns(unsure), span, what)
+      ok, err, code = nil, err and (err .. "; " .. m) or m, code or "timeout"
     end
   end
   if err and self.ending then
     err = err .. " (at the program's end: ctx:close() was not called)"
+  end
+  if err and (self.ending or st.intr) then
+    -- (a close a signal interrupted raises it: its caller does not get this)
     if self.quiet then
       -- quiet silences the log, not a loss no caller can see any more
       pcall(io.stderr.write, io.stderr, logfmt("error", ("lecho[%s]"):format(self.addr),
@@ -1176,6 +1286,10 @@ function Context:close(opts)
   open_ctxs[self] = nil
   self:_end_guard_off()
   self.c:close()
+  -- the signal that ended the linger, raised again now that the context is
+  -- closed: the program still stops
+  self._cst = nil
+  if st.intr then error(st.intr, 0) end
   return ok, err, code
 end
 
@@ -1201,6 +1315,11 @@ function Context:_at_end()
   -- context's __gc frees its copy, saying what that copy held).
   if ffi.C.getpid() ~= self._pid then return end
   self.ending = true
+  -- SIGINT and SIGTERM now end the linger, not the process: what was not
+  -- delivered is said, then the process ends by the signal (core.end_signals);
+  -- not in the closes of a signal ctx:run() caught, where a second signal
+  -- ends the process at once
+  if not signal_closing then core.end_signals() end
   local others = open_others(self)
   if others and self.c:depth() == 0 then
     -- Several contexts in this state (one may consume what another
@@ -1211,7 +1330,7 @@ function Context:_at_end()
     local all, deadline = { self, unpack(others) }, now(self) + self.linger
     self.end_deadline = deadline
     local settle = 10
-    while settle > 0 and now(self) < deadline do
+    while settle > 0 and now(self) < deadline and not core.end_signal() do
       local queued = false
       for _, o in ipairs(all) do
         if not o.closed and o.c:depth() == 0 then
@@ -1224,6 +1343,8 @@ function Context:_at_end()
     end
   end
   local pok, ok, err = pcall(self.close, self)
+  -- (an error raised once closed, the close done: its result)
+  if not pok and self.closed then pok, ok = true, self.close_ok end
   if not pok then
     pcall(io.stderr.write, io.stderr, ("lecho[%s]: close at the program's end failed, what was queued "
       .. "is lost: %s\n"):format(tostring(self.addr), tostring(ok)))

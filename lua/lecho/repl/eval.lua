@@ -178,6 +178,10 @@ function M.install(R)
     else
       local e, tb = r[2], {}
       if type(e) == "table" and getmetatable(e) == Caught then e, tb = e.err, e.tb end
+      -- a Ctrl-C is not a bug of the line: no traceback (one of lecho's
+      -- own frames, a ctx:sleep's or a send's wait, was printed: outside
+      -- attack s8 E)
+      if e == "interrupted" or e == "interrupted!" then tb = {} end
       local msg = errobj_string(e)
       if #tb > 1 then msg = msg .. "\nstack traceback:\n" .. table.concat(tb, "\n") end
       R.show_error(msg)

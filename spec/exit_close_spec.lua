@@ -290,3 +290,95 @@ io.stdout:write("open ", ctx.addr, "\n")
     assert.matches("open ", S.output(child))
   end)
 end)
+
+-- LuaJIT 2.1 before its commit 119fd1f (Debian 12's 2.1.0~beta3+git20220320)
+-- never ends a compiled `pairs` loop (bytecode ITERN) whose trace exits
+-- back to the loop's head where no side trace can be recorded: in a
+-- finalizer, or after lua_close turned the compiler off, where the close at
+-- the program's end runs (context.lua, `each`).  3 of ~47 runs of
+-- moe_passthrough_spec at load 18-21 spun in lua_close for minutes.
+describe("the close at the program's end and LuaJIT's compiled pairs loops", function()
+  teardown(function() S.cleanup() end)
+
+  it("ends when the loops of its close ran hot before (a channel of 100 producers)", function()
+    -- the consumer's close at the end runs Channel:_hot_update's loop over
+    -- the 100 producers, compiled by the creation of the consumer, its exit
+    -- at the loop's end without a side trace (the members' list applied by
+    -- control.lua, never compiled, ran history's loop over them too)
+    local child = S.lua([[
+local lecho = require "lecho"
+local c = lecho.context{ quiet = true }
+local ch = c:channel("x")
+for _ = 1, 100 do assert(ch:producer()) end
+assert(ch:consumer(function() end))
+io.stdout:write("ready\n")
+]])
+    local done, rc = S.wait(child, 20 * S.SLOW)
+    if not done then S.kill(child, "KILL") end
+    assert.is_true(done, "the script did not end within 20 s of its last line (it spun in lua_close): "
+      .. S.output(child) .. S.errors(child))
+    assert.are.equal(0, rc, S.errors(child))
+    assert.matches("ready", S.output(child))
+  end)
+
+  it("runs no loop LuaJIT compiles as ITERN in a function it may compile", function()
+    -- Every Lua function the close at the end runs (Context._exit_all: the
+    -- same _at_end and close as the finalizer's), with channels, producers,
+    -- consumers, a modulator, sync events, a recorder, a timer and the
+    -- context's own name server: none holds an ITERN loop unless its module
+    -- is never compiled (`jit.off(true, true)` at its top).
+    local child = S.lua([[
+local lecho = require "lecho"
+local ju, vmdef = require "jit.util", require "jit.vmdef"
+local ITERN = (vmdef.bcnames:find("ITERN", 1, true) - 1) / 6
+local c = lecho.context{ quiet = true }
+local ch = c:channel("x")
+for _ = 1, 5 do assert(ch:producer()) end
+local got = 0
+assert(ch:consumer(function() got = got + 1 end))
+assert(ch:consumer(function() got = got + 1 end, { modulator = "function enqueue(e) return e end" }))
+local p = assert(c:channel("y"):producer())
+assert(c:channel("y"):consumer(function() got = got + 1 end))
+assert(p:record(arg[1]))
+assert(ch:producer():submit_sync("a"))
+for i = 1, 10 do p:submit({ i = i }) end
+c:every(0.01, function() end)
+c:sleep(0.05)
+local seen, off, found = {}, {}, {}
+local function never_compiled(src)
+  if off[src] == nil then
+    local f = io.open(src:sub(2))
+    local text = f and f:read("*a") or ""
+    if f then f:close() end
+    off[src] = text:find("\nif jit then jit.off(true, true) end\n", 1, true) ~= nil
+  end
+  return off[src]
+end
+debug.sethook(function()
+  local info = debug.getinfo(2, "fS")
+  if not info or info.what ~= "Lua" or seen[info.func] then return end
+  seen[info.func] = true
+  if not info.source:find("/lecho/", 1, true) or never_compiled(info.source) then return end
+  local pc = 0
+  while true do
+    local ins = ju.funcbc(info.func, pc)
+    if not ins then break end
+    if ins % 256 == ITERN then found[#found + 1] = info.short_src .. ":" .. info.linedefined break end
+    pc = pc + 1
+  end
+end, "c")
+require("lecho.context")._exit_all()
+debug.sethook()
+table.sort(found)
+io.stdout:write("closed ", tostring(c.closed), "\n", table.concat(found, "\n"), "\n")
+]], S.tmpname("rec"))
+    local done, rc = S.wait(child, 30 * S.SLOW)
+    if not done then S.kill(child, "KILL") end
+    assert.is_true(done, S.errors(child))
+    assert.are.equal(0, rc, S.errors(child))
+    local out = S.output(child)
+    assert.matches("closed true", out, 1, true)
+    assert.are.equal("", out:match("closed true\n(.*)$"):gsub("%s+$", ""),
+                     "ITERN loops in functions the close at the end runs")
+  end)
+end)

@@ -16,6 +16,9 @@
 local options = require "lecho.options"
 local Context = require "lecho.context"
 local svcname = require "lecho.svcname"
+-- Loops over keys as `in each(t)`, never `in pairs(t)`: no ITERN loop, which
+-- Debian's LuaJIT may never end in the close at the program's end (context.lua).
+local each = pairs
 
 local jit_ok, jit = pcall(require, "jit")
 local traceback = require("lecho.errors").traceback  -- (without lecho's own frames)
@@ -109,7 +112,7 @@ end
 
 local function vlist(vs)
   local l = {}
-  for v in pairs(vs) do l[#l + 1] = v end
+  for v in each(vs) do l[#l + 1] = v end
   table.sort(l)
   return table.concat(l, ", ")
 end
@@ -134,7 +137,7 @@ local function candidates(ctx, cl, ch, opts, tried)
   local svc = ch.svc
   local at = opts.at
   local addrs, all = {}, {}
-  for addr, info in pairs(svc or {}) do
+  for addr, info in each(svc or {}) do
     local vs = versions_of(info)
     local t = tried[addr] -- true: tried; a table: those versions answered noservice
     if vs and t ~= true and (not at or at == addr) then
@@ -152,7 +155,7 @@ local function candidates(ctx, cl, ch, opts, tried)
     want = all[opts.version] and opts.version or nil
   else
     local floor = opts.min_version or 1
-    for v in pairs(all) do
+    for v in each(all) do
       if v >= floor and (want == nil or v > want) then want = v end
     end
   end
@@ -225,7 +228,7 @@ local function results_bad(reply, n)
   if type(n) ~= "number" or n ~= n or n < 0 or n > MAX_RESULTS or n % 1 ~= 0 then
     return ("result count %s (an integer 0..%d is expected)"):format(tostring(n), MAX_RESULTS)
   end
-  for k in pairs(reply) do
+  for k in each(reply) do
     if k ~= "n" and (type(k) ~= "number" or k < 1 or k > n or k % 1 ~= 0) then
       return ("a result at %s, outside 1..%d"):format(tostring(k), n)
     end

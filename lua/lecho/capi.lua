@@ -7,6 +7,9 @@
 local lecho = require "lecho"
 local address = require "lecho.addr"
 local core = require "lecho.core"
+-- Loops over keys as `in each(t)`, never `in pairs(t)`: no ITERN loop, which
+-- Debian's LuaJIT may never end in the close at the program's end (context.lua).
+local each = pairs
 
 local M = {}
 
@@ -227,7 +230,7 @@ local HELD = 100
 local function hold_errors(opts)
   if type(opts) ~= "table" or opts.on_error ~= true then return opts, nil end
   local o = {}
-  for k, v in pairs(opts) do o[k] = v end
+  for k, v in each(opts) do o[k] = v end
   local held = { n = 0, lost = 0 }
   o.on_error = function(msg)
     if held.n < HELD then held.n = held.n + 1 held[held.n] = msg else held.lost = held.lost + 1 end
@@ -545,7 +548,7 @@ local function show(v, depth, out)
       shown = shown + 1
     end
     local keys = {}
-    for k in pairs(v) do
+    for k in each(v) do
       if not (type(k) == "number" and k >= 1 and k <= n and k % 1 == 0) then keys[#keys + 1] = k end
     end
     table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)

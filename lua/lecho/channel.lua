@@ -21,6 +21,9 @@ local options = require "lecho.options"
 local Context = require "lecho.context"
 
 local address = require "lecho.addr"
+-- Loops over keys as `in each(t)`, never `in pairs(t)`: no ITERN loop, which
+-- Debian's LuaJIT may never end in the close at the program's end (context.lua).
+local each = pairs
 
 local Channel = {}
 Channel.__index = Channel
@@ -81,7 +84,7 @@ function Channel:_plain() return #self.dests > 0 or #self.consumers > 0 end
 function Channel:_hot_update()
   local plain = self:_plain()
   local mods = self.modlist[1] and self.modlist or false
-  for p in pairs(self.producers) do p:_retarget(mods, plain) end
+  for p in each(self.producers) do p:_retarget(mods, plain) end
   -- Context:_on_event's fast path: a plain channel with one consumer
   -- (called whenever that list changes: Channel:consumer, Consumer:_unlink);
   -- when that consumer is C code (lecho.capi sets its `sink`), its async

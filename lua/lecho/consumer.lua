@@ -6,6 +6,9 @@ local options = require "lecho.options"
 local modulator = require "lecho.modulator"
 local history = require "lecho.history"
 local Channel = require "lecho.channel"
+-- Loops over keys as `in each(t)`, never `in pairs(t)`: no ITERN loop, which
+-- Debian's LuaJIT may never end in the close at the program's end (context.lua).
+local each = pairs
 
 local mod_spec, reply_errors = modulator.spec, modulator.reply_errors
 
@@ -195,7 +198,7 @@ function Consumer:_switch(spec, handler)
     -- producers that ended it already, for this change (the list of the
     -- reply's version or a later one), not an earlier use of the same key
     local rver = type(r) == "table" and type(r.ver) == "number" and r.ver or math.huge
-    for a, v in pairs(old_entry.early or {}) do
+    for a, v in each(old_entry.early or {}) do
       if v >= rver then ending[a] = nil end
     end
     old_entry.early = nil
@@ -241,7 +244,7 @@ local function known_producers(ch, chid)
   end
   for _, a in ipairs(type(ch.producers_seen) == "table" and ch.producers_seen or {}) do add(a) end
   if ch.nprod > 0 then add(ctx.addr) end
-  for idx in pairs(ctx.pnames) do
+  for idx in each(ctx.pnames) do
     local a = idx ~= 0 and ctx:_peer_addr(idx)
     if a and not seen[a] and (ctx.c:peer_binds(a, ch.chid) or (chid and ctx.c:peer_binds(a, chid))) then
       add(a)
@@ -476,12 +479,12 @@ function Consumer:params_version() return self.mod and self.mod.version or 0 end
 function Consumer:stats()
   local c = self.ch.ctx.c
   local ev, by = 0, 0
-  for chid in pairs(self.chids) do
+  for chid in each(self.chids) do
     local ein, bin, eloc = c:chan_stats(chid)
     ev, by = ev + ein + eloc, by + bin
   end
   local lost = self.undelivered or 0
-  for _, rec in pairs(self.given_up or {}) do
+  for _, rec in each(self.given_up or {}) do
     lost = lost + (rec.upto or modulator.stream_events(c, rec.chid)) - rec.base
   end
   return { events = ev, bytes = by, errors = self.errors, modulator_errors = self.mod_errors,

@@ -31,6 +31,28 @@ local INTR = signals.INTR
 local interrupted_event, sigint_in_callback, raise_sigint =
   signals.interrupted_event, signals.in_callback, signals.raise
 
+-- Every loop over a table's keys here is `for k, v in each(t)`, never
+-- `in pairs(t)` nor `in next, t`: LuaJIT's parser makes those two an ITERN
+-- loop, and LuaJIT 2.1 before its commit 119fd1f (August 2023, "Ensure
+-- forward progress on trace exit to BC_ITERN", its issues 1000 and 1045;
+-- Debian 12's 2.1.0~beta3+git20220320 is one) never ends a compiled ITERN
+-- loop whose trace exits back to the loop's head when no side trace can be
+-- recorded there: the exit enters the same trace again, which exits again,
+-- at full CPU for ever.  No trace is recorded in a finalizer nor after
+-- lua_close turned the compiler off, and the close at the program's end
+-- runs there (Context:_at_end); nor flushed (jit.flush and jit.off raise
+-- "bad action while in __gc metamethod").  3 of ~47 runs of
+-- spec/moe_passthrough_spec.lua at load 18-21, 4 of 40 at load 14-19, spun
+-- in lua_close for minutes: in the trace of channel.lua's _hot_update's
+-- loop over a channel's producers, at the exit of the loop's end (its side
+-- trace never compiles: it returns into control.lua or modulator.lua,
+-- never compiled); which loops are compiled at the end depends on the
+-- timing, hence the load.  A loop of `each(t)` is an ITERC one, compiled
+-- too, whose head checks the key before it enters the trace.  The close at
+-- the end runs no ITERN loop of a compiled function: spec/exit_close_spec.lua
+-- "runs no compiled pairs loop" checks it, by bytecode.
+local each = pairs
+
 local Context = {}
 pcall(ffi.cdef, "int getpid(void);")
 Context.__index = Context
@@ -554,7 +576,7 @@ function Context:_interrupt_wait(co, err)
       return true
     end
   end
-  for _, w in pairs(self.sync_waiters or {}) do
+  for _, w in each(self.sync_waiters or {}) do
     if w.co == co then
       w.cancel, w.deadline = err, 0
       self.wake_due = true
@@ -622,13 +644,13 @@ function Context:_turn_syncs()
   local resumed = false
   if self.closed then
     go = {}
-    for sid, w in pairs(sw) do go[#go + 1] = { sid, w, false } end
+    for sid, w in each(sw) do go[#go + 1] = { sid, w, false } end
   else
     local ids = self.sync_ids
     local n = c:sync_done(ids)
     if n < 0 then
       go = {}
-      for sid, w in pairs(sw) do
+      for sid, w in each(sw) do
         if not c:sync_pending(sid) and (not w.ready or w.ready()) then go[#go + 1] = { sid, w, true } end
       end
     else
@@ -646,7 +668,7 @@ function Context:_turn_syncs()
     if self.wake_due then
       local t = now(self)
       go = go or {}
-      for sid, w in pairs(sw) do
+      for sid, w in each(sw) do
         if w.deadline and t >= w.deadline then go[#go + 1] = { sid, w, false } end
       end
     end
@@ -697,7 +719,7 @@ function Context:_turn()
     for _, w in ipairs(ws) do
       if w.deadline and (not first or w.deadline < first) then first = w.deadline end
     end
-    for _, w in pairs(self.sync_waiters or {}) do
+    for _, w in each(self.sync_waiters or {}) do
       if w.deadline and (not first or w.deadline < first) then first = w.deadline end
     end
     if first then self:_wake_at(first) end
@@ -949,7 +971,7 @@ local function leaves_due(self)
   if not due or self.closed or self.c:depth() > 0 then return end
   self.leaves_due = nil
   local list = {}
-  for ch in pairs(due) do list[#list + 1] = ch end
+  for ch in each(due) do list[#list + 1] = ch end
   for _, ch in ipairs(list) do ch:_leave_due() end
 end
 
@@ -1008,7 +1030,7 @@ end
 -- close must answer for: an async event has no other way to say it was not
 -- read).  A context that only consumed, served or called has not.
 local function sent_events(self)
-  for _, cs in pairs(self.c:stats().channels or {}) do
+  for _, cs in each(self.c:stats().channels or {}) do
     if (cs.events_out or 0) > 0 then return true end
   end
   return false
@@ -1018,14 +1040,14 @@ end
 function Context:stats()
   local s = self.c:stats()
   s.addr = self.addr
-  for name, ch in pairs(self.byname) do
+  for name, ch in each(self.byname) do
     local cs = s.channels[name]
     if cs then
       cs.consumers = #ch.all
       cs.producers = ch.nprod
     end
     -- Modulators running here for this channel's consumers, by key.
-    for key, inst in pairs(ch.mods) do
+    for key, inst in each(ch.mods) do
       local ms = inst.moe:stats()
       ms.consumers = inst.dests
       s.modulators = s.modulators or {}
@@ -1046,7 +1068,7 @@ end
 -- The others still open, or nil.
 local function open_others(self)
   local t
-  for o in pairs(open_ctxs) do
+  for o in each(open_ctxs) do
     if o ~= self and not o.closed then t = t or {}; t[#t + 1] = o end
   end
   return t
@@ -1163,16 +1185,16 @@ function Context:close(opts)
   -- this context's own consumers first (lecho_close ran it already: capi)
   if not st.local_done then close_local(self, st) end
   -- groups (lecho.group): left at every name server, the others told now
-  for _, g in pairs(self.groups or {}) do g:leave() end
-  for _, ch in pairs(self.byname) do
+  for _, g in each(self.groups or {}) do g:leave() end
+  for _, ch in each(self.byname) do
     for _, con in ipairs({ unpack(ch.all) }) do con:close() end
-    for p in pairs(ch.producers) do p:close() end
+    for p in each(ch.producers) do p:close() end
     if ch.rejoin then ch.rejoin:stop() end
   end
   -- in-process recorders (lecho.recorder): what their producers submitted, written
   if self.recorders then
     local list = {}
-    for r in pairs(self.recorders) do list[#list + 1] = r end
+    for r in each(self.recorders) do list[#list + 1] = r end
     for _, r in ipairs(list) do r:close() end
   end
   if self.tick then self.tick:stop() end
@@ -1361,7 +1383,7 @@ end
 -- (core/binding/lua_ctx.c), in the thread and process that made them.
 function Context._exit_all()
   local list = {}
-  for o in pairs(open_ctxs) do
+  for o in each(open_ctxs) do
     if not o.closed then list[#list + 1] = o end
   end
   for _, o in ipairs(list) do

@@ -23,6 +23,9 @@ local options = require "lecho.options"
 local errors = require "lecho.errors"
 local Context = require "lecho.context"
 local same = require("lecho.tables").same  -- (a member's unchanged data is no news)
+-- Loops over keys as `in each(t)`, never `in pairs(t)`: no ITERN loop, which
+-- Debian's LuaJIT may never end in the close at the program's end (context.lua).
+local each = pairs
 
 local Group = {}
 Group.__index = Group
@@ -38,7 +41,7 @@ local function now(ctx) return ctx.c:now() end
 local function parse_members(t, limit)
   if type(t) ~= "table" then return nil end
   local view, n = {}, 0
-  for a, m in pairs(t) do
+  for a, m in each(t) do
     n = n + 1
     if n > limit or type(a) ~= "string" or a == "" or #a > MAX_ADDR or type(m) ~= "table" then return nil end
     local lease = m.lease
@@ -126,7 +129,7 @@ end
 -- data, who, dvs ({ [addr] = ... }): a member new there, or whose data
 -- this view has newer (by the version dv its member stamped), takes it.
 local function merge_view(view, data, who, dvs)
-  for a, m in pairs(view) do
+  for a, m in each(view) do
     if data[a] == nil or (m.dv and (dvs[a] == nil or m.dv > dvs[a])) then
       data[a], who[a], dvs[a] = m.data, m.principal, m.dv
     end
@@ -154,7 +157,7 @@ function Group:_recompute()
       -- (a carried member keeps one told online so; it never brings back
       -- one told gone meanwhile: that was a false "joined")
       local left = false
-      for a, m in pairs(st.carry) do
+      for a, m in each(st.carry) do
         if st.view[a] or m.till <= t or self.online[a] == nil then
           st.carry[a] = nil
         else
@@ -177,7 +180,7 @@ function Group:_recompute()
   end
   if not known then return end
   local joined, left, any, who = {}, {}, false, nil
-  for a, d in pairs(online) do
+  for a, d in each(online) do
     local told = self.dvs[a]
     if told and (dvs[a] == nil or dvs[a] < told) and self.online[a] ~= nil then
       -- older data than the watcher was told (a resumed name server's
@@ -193,7 +196,7 @@ function Group:_recompute()
       if principal[a] then who = who or {}; who[a] = principal[a] end
     end
   end
-  for a in pairs(self.online) do
+  for a in each(self.online) do
     if online[a] == nil then
       left[a], any = self.why[a] or "expired", true
     end
@@ -215,7 +218,7 @@ function Group:_absorb(st, r)
     local before = st.view or st.stale
     if st.epoch and before then
       local carry = st.carry or {}
-      for a, m in pairs(before) do
+      for a, m in each(before) do
         -- (the member's own lease; unknown: not carried.  Never the
         -- watcher's: a dead member was told gone a watcher's lease late)
         if m.lease then carry[a] = { data = m.data, principal = m.principal, till = t - age + m.lease } end
@@ -350,7 +353,7 @@ function Group:leave()
   if self.closed then return true end
   self.closed = true
   if self.timer then self.timer:stop() end
-  for _, st in pairs(self.ns) do
+  for _, st in each(self.ns) do
     if st.retry then st.retry:stop(); st.retry = nil end
   end
   if self.carry_timer then self.carry_timer:stop(); self.carry_timer = nil end
@@ -430,18 +433,18 @@ function Context:_on_gchange(from, msg)
   if type(ver) ~= "number" or type(msg.epoch) ~= "string" or type(joined) ~= "table" or type(left) ~= "table" then
     return self:_warn_limited("gchange", ("ignoring a malformed gchange from %s"):format(from))
   end
-  for a, why in pairs(left) do
+  for a, why in each(left) do
     if type(a) ~= "string" or #a > MAX_ADDR or type(why) ~= "string" then
       return self:_warn_limited("gchange", ("ignoring a malformed gchange from %s"):format(from))
     end
   end
-  for a in pairs(joined) do
+  for a in each(joined) do
     if type(a) ~= "string" or a == "" or #a > MAX_ADDR then
       return self:_warn_limited("gchange", ("ignoring a malformed gchange from %s"):format(from))
     end
   end
   local n = 0
-  for _ in pairs(joined) do n = n + 1 end
+  for _ in each(joined) do n = n + 1 end
   if n > self.max_members then
     return self:_warn_limited("gchange", ("ignoring a gchange from %s: %d joined (limit %d)"):format(from, n,
                                                                                                self.max_members))
@@ -458,7 +461,7 @@ function Context:_on_gchange(from, msg)
   local leases = type(msg.lease) == "table" and msg.lease or {}
   local who = type(msg.who) == "table" and msg.who or {}
   local dvs = type(msg.dv) == "table" and msg.dv or {}
-  for a, d in pairs(joined) do
+  for a, d in each(joined) do
     -- the member's lease from the notice (never the watcher's: F3 of the
     -- issue 12 attack, a dead member told gone a watcher's lease late)
     local l = leases[a]
@@ -468,7 +471,7 @@ function Context:_on_gchange(from, msg)
     st.view[a] = { data = d, lease = l, principal = type(p) == "string" and p or nil,
                    dv = type(v) == "number" and v == v and v or nil }
   end
-  for a, why in pairs(left) do
+  for a, why in each(left) do
     st.view[a] = nil
     g.why[a] = why
   end

@@ -27,6 +27,9 @@
 -- whatever the rate.  meta.history is true on what came from history.
 
 local core = require "lecho.core"
+-- Loops over keys as `in each(t)`, never `in pairs(t)`: no ITERN loop, which
+-- Debian's LuaJIT may never end in the close at the program's end (context.lua).
+local each = pairs
 
 local M = {}
 
@@ -132,7 +135,7 @@ end
 local function collect_all(ch)
   local out = {}
   local ps = {}
-  for p in pairs(ch.producers) do
+  for p in each(ch.producers) do
     if p.hist then ps[#ps + 1] = p end
   end
   table.sort(ps, function(a, b) return a.id < b.id end)
@@ -151,12 +154,12 @@ M.SNAPSHOT_AGE = 30   -- seconds
 -- snapshot of v: the seam, however many events come before it asks.
 function M.snapshot(ch)
   local any = false
-  for p in pairs(ch.producers) do any = any or p.hist ~= nil end
+  for p in each(ch.producers) do any = any or p.hist ~= nil end
   -- each modulator instance's key-frame ring (what it sent since the last
   -- key frame it marked, doc/modulators.md "Key frames"), copied: the
   -- instance sends on, to the joiner too, once this list is applied
   local keys
-  for key, inst in pairs(ch.mods or {}) do
+  for key, inst in each(ch.mods or {}) do
     local kf = inst.moe and inst.moe:keyframes()
     if kf then
       keys = keys or {}
@@ -170,7 +173,7 @@ function M.snapshot(ch)
   local now = ch.ctx.c:now()
   -- the seam: each producer's last sequence number (with or without history)
   local seam = {}
-  for p in pairs(ch.producers) do seam[#seam + 1] = { pid = p.id, seq = p:_seq() } end
+  for p in each(ch.producers) do seam[#seam + 1] = { pid = p.id, seq = p:_seq() } end
   snaps[#snaps + 1] = { ver = ch.ver, t = now, entries = collect_all(ch), seam = seam, keys = keys }
   while #snaps > M.SNAPSHOTS or (snaps[1] and now - snaps[1].t > M.SNAPSHOT_AGE) do
     table.remove(snaps, 1)
@@ -309,11 +312,11 @@ end
 -- check takes it (doc/semantics.md "Restarts"): a restarted producer's
 -- 1..N are not "delivered from history already".
 function M.peer_lost(ctx, addr)
-  for st in pairs(ctx.hist_states or {}) do
+  for st in each(ctx.hist_states or {}) do
     local s = st.by[addr]
     if s and s.late then M.settle_late(st, addr, nil, ("no history from %s: connection lost"):format(addr)) end
     if s and s.done then
-      for _ in pairs(s.last) do st.lasts = st.lasts - 1 end
+      for _ in each(s.last) do st.lasts = st.lasts - 1 end
       s.last = {}
       if st.lasts <= 0 and st.fetched and (st.late or 0) == 0 then M.unwrap(st) end
     end
@@ -389,7 +392,7 @@ function M.pushed(ctx, from, msg)
   if type(msg.ver) ~= "number" or type(msg.entries) ~= "table" then return end
   -- a consumer here whose join stopped waiting for it (M.late): taken now,
   -- where it comes on a's connection (after what came before the seam)
-  for st in pairs(ctx.hist_states or {}) do
+  for st in each(ctx.hist_states or {}) do
     local s = st.con.ch == ch and st.by[from]
     if s and s.late and s.late.ver == msg.ver and s.late.key == msg.key then
       M.settle_late(st, from, msg)
@@ -439,7 +442,7 @@ end
 
 local function copy_meta(meta)
   local m = {}
-  for k, v in pairs(meta) do
+  for k, v in each(meta) do
     if type(k) == "string" then m[k] = v end
   end
   return m
@@ -556,7 +559,7 @@ function M.flush(st, paddr, entries, why, seam, kf)
   for _, b in ipairs(s.buf) do
     if not first[b.pid] then first[b.pid] = b.meta.seq end
   end
-  for pid, seq in pairs(cut) do first[pid] = seq + 1 end
+  for pid, seq in each(cut) do first[pid] = seq + 1 end
   local last = s.last
   if not kf then
     table.sort(entries or {}, function(a, b)
@@ -599,10 +602,10 @@ function M.flush(st, paddr, entries, why, seam, kf)
     end
   end
   -- what is at or below the seam and still comes (a local producer's queue) is dropped
-  for pid, seq in pairs(cut) do
+  for pid, seq in each(cut) do
     if not last[pid] or last[pid] < seq then last[pid] = seq end
   end
-  for _ in pairs(last) do st.lasts = st.lasts + 1 end
+  for _ in each(last) do st.lasts = st.lasts + 1 end
   s.buf = {}
 end
 
@@ -622,7 +625,7 @@ function M.fetch(st, r)
     st.by[a] = st.by[a] or { buf = {}, last = {} }
   end
   st.listed = true
-  for paddr in pairs(st.by) do
+  for paddr in each(st.by) do
     if not listed[paddr] then M.flush(st, paddr, {}) end
   end
   local key = con.mod and con.mod.key or nil
@@ -749,7 +752,7 @@ function M.settle_late(st, a, push, why)
       end
     end
     local seam = {}
-    for pid, seq in pairs(cut) do seam[#seam + 1] = { pid = pid, seq = seq } end
+    for pid, seq in each(cut) do seam[#seam + 1] = { pid = pid, seq = seq } end
     M.flush(st, a, nil, n > 0 and ("%s; the %d events it sent before the seam are not delivered"):format(why, n)
                         or why, seam)
   end

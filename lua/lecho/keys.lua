@@ -38,6 +38,9 @@
 local cjson = require("cjson").new()
 local ffi = require "ffi"
 local bit = require "bit"
+-- Loops over keys as `in each(t)`, never `in pairs(t)`: no ITERN loop, which
+-- Debian's LuaJIT may never end in the close at the program's end (context.lua).
+local each = pairs
 
 local M = {}
 
@@ -432,7 +435,7 @@ function M.read_trust(paths)
     if not cur or l.seq > cur.seq then out.lists[l.authority] = l end
   end
   local seen = {}
-  for _, l in pairs(out.lists) do
+  for _, l in each(out.lists) do
     for _, pk in ipairs(l.keys) do
       if not seen[pk] then seen[pk] = true; out.revoked[#out.revoked + 1] = pk end
     end

@@ -22,6 +22,9 @@ local ffi = require "ffi"
 local bit = require "bit"
 local addr = require "lecho.addr"
 local stats = require "lecho.stats"
+-- Loops over keys as `in each(t)`, never `in pairs(t)`: no ITERN loop, which
+-- Debian's LuaJIT may never end in the close at the program's end (context.lua).
+local each = pairs
 
 local M = {}
 
@@ -110,7 +113,7 @@ local CHAN = {
 
 local function sorted(t)
   local k = {}
-  for n in pairs(t or {}) do k[#k + 1] = n end
+  for n in each(t or {}) do k[#k + 1] = n end
   table.sort(k)
   return k
 end
@@ -307,7 +310,7 @@ function Server:close()
   if self.closed then return end
   self.closed = true
   self.watch:stop()
-  for cn in pairs(self.conns) do self:_drop(cn) end
+  for cn in each(self.conns) do self:_drop(cn) end
   C.close(self.fd)
 end
 

@@ -14,6 +14,9 @@
 -- (the name server hands it to its managers).  Pure Lua; no I/O but the load.
 
 local address = require "lecho.addr"
+-- Loops over keys as `in each(t)`, never `in pairs(t)`: no ITERN loop, which
+-- Debian's LuaJIT may never end in the close at the program's end (context.lua).
+local each = pairs
 
 local M = {}
 
@@ -74,7 +77,7 @@ local function patterns(v, what, where, check)
     return nil, ("%s: %s must be a string or a non-empty list of strings"):format(where, what)
   end
   local out = {}
-  for i, p in pairs(v) do
+  for i, p in each(v) do
     if type(i) ~= "number" or type(p) ~= "string" or p == "" or #p > MAX_PATTERN then
       return nil, ("%s: %s must be a string or a non-empty list of strings"):format(where, what)
     end
@@ -109,7 +112,7 @@ function M.new(t, where)
   if t.version ~= nil and t.version ~= 1 then
     return nil, ("%s: version %s is not known (this lecho reads version 1)"):format(where, tostring(t.version))
   end
-  for k in pairs(t) do
+  for k in each(t) do
     if k ~= "lecho" and k ~= "version" and k ~= "rules" then
       return nil, ("%s: unknown field '%s' (known: lecho, version, rules)"):format(where, tostring(k))
     end
@@ -117,14 +120,14 @@ function M.new(t, where)
   local rules = t.rules
   if type(rules) ~= "table" then return nil, where .. ": 'rules' must be a list of rules" end
   local n = 0
-  for _ in pairs(rules) do n = n + 1 end
+  for _ in each(rules) do n = n + 1 end
   if n ~= #rules then return nil, where .. ": 'rules' must be a list of rules" end
   if n > MAX_RULES then return nil, ("%s: more than %d rules"):format(where, MAX_RULES) end
   local out = {}
   for i, r in ipairs(rules) do
     local at = ("%s: rule %d"):format(where, i)
     if type(r) ~= "table" then return nil, at .. " is not a table" end
-    for k in pairs(r) do
+    for k in each(r) do
       if k ~= "principal" and k ~= "channel" and k ~= "allow" and k ~= "caps" then
         return nil, ("%s: unknown field '%s' (known: principal, channel, allow, caps)"):format(at, tostring(k))
       end
@@ -138,7 +141,7 @@ function M.new(t, where)
     if type(al) ~= "table" or #al == 0 then
       return nil, ("%s: 'allow' must list actions (%s)"):format(at, table.concat(M.ACTIONS, ", "))
     end
-    for _, a in pairs(al) do
+    for _, a in each(al) do
       if not ACTION[a] then
         return nil, ("%s: unknown action '%s' (known: %s)"):format(at, tostring(a), table.concat(M.ACTIONS, ", "))
       end
@@ -148,7 +151,7 @@ function M.new(t, where)
     if r.caps ~= nil then
       if not allow.modulate then return nil, at .. ": 'caps' needs the action modulate" end
       if type(r.caps) ~= "table" then return nil, at .. ": 'caps' must be a list of capability names" end
-      for _, c in pairs(r.caps) do
+      for _, c in each(r.caps) do
         if not CAPS[c] then
           return nil, ("%s: unknown capability '%s' in 'caps'"):format(at, tostring(c))
         end
@@ -193,7 +196,7 @@ function Policy:table()
   for i, r in ipairs(self.rules) do
     local allow, caps = {}, {}
     for _, a in ipairs(M.ACTIONS) do if r.allow[a] then allow[#allow + 1] = a end end
-    for c in pairs(r.caps) do caps[#caps + 1] = c end
+    for c in each(r.caps) do caps[#caps + 1] = c end
     table.sort(caps)
     rules[i] = { principal = r.principal, channel = r.channel, allow = allow, caps = caps[1] and caps or nil }
   end

@@ -6,6 +6,9 @@ local options = require "lecho.options"
 local Channel = require "lecho.channel"
 local stats = require "lecho.stats"
 local history = require "lecho.history"
+-- Loops over keys as `in each(t)`, never `in pairs(t)`: no ITERN loop, which
+-- Debian's LuaJIT may never end in the close at the program's end (context.lua).
+local each = pairs
 
 local sorted_keys = require("lecho.tables").sorted_keys
 
@@ -209,7 +212,7 @@ end
 -- failed plus ch's failed modulators not in it yet (failed nil and none
 -- failed: nil, no table).
 local function add_failed(failed, ch)
-  for key, why in pairs(ch.failed) do
+  for key, why in each(ch.failed) do
     if not (failed and failed[key]) then
       failed = failed or {}
       failed[key] = { why = why, dests = ch.failed_dests[key] }

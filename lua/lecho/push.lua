@@ -30,6 +30,9 @@
 -- ctx:pushed(node) call it at node ("host:port") alone.
 
 local Context = require "lecho.context"
+-- Loops over keys as `in each(t)`, never `in pairs(t)`: no ITERN loop, which
+-- Debian's LuaJIT may never end in the close at the program's end (context.lua).
+local each = pairs
 
 local M = {}
 
@@ -201,7 +204,7 @@ local function load(ctx, cfg, req, who)
   -- a name the node serves already (any version) is the pusher's only if
   -- every version of it served here is one it pushed
   local served = ctx.svc_names and ctx.svc_names[req.name]
-  for v in pairs(served and served.byver or {}) do
+  for v in each(served and served.byver or {}) do
     local k = ("%s@%d"):format(req.name, v)
     local e = ctx.code_loaded[k] or ctx.code_loading[k] -- (a load under way is served already)
     if not e or e.by ~= who then
@@ -211,7 +214,7 @@ local function load(ctx, cfg, req, who)
   end
   -- (loads in progress count: the service's join waits)
   local n = ctx.code_nloading
-  for _ in pairs(ctx.code_loaded) do n = n + 1 end
+  for _ in each(ctx.code_loaded) do n = n + 1 end
   if n >= M.MAX_LOADED then refuse(("%d pushed services are loaded here (the limit)"):format(n), "limit") end
   local sb, err, code = ctx:sandbox(req.src, key, { budget = req.budget, memory = req.memory, principal = who })
   if not sb then refuse(err, code) end
@@ -274,7 +277,7 @@ function M.serve(ctx, accept)
       if not valid_name(req.name) then refuse("name must be 1..200 bytes of [A-Za-z0-9._-]") end
       if req.version ~= nil and type(req.version) ~= "number" then refuse("version must be an integer >= 1") end
       local gone, others = {}, 0
-      for key, e in pairs(ctx.code_loaded) do
+      for key, e in each(ctx.code_loaded) do
         if e.name == req.name and (req.version == nil or e.version == req.version) then
           -- only by its pusher (keyed: principal; protected: context
           -- address) or the node itself
@@ -295,7 +298,7 @@ function M.serve(ctx, accept)
     end
     if req.op == "list" then
       local out = {}
-      for key, e in pairs(ctx.code_loaded) do
+      for key, e in each(ctx.code_loaded) do
         local st = e.sb:stats()
         out[key] = { name = e.name, version = e.version, by = e.by, functions = e.functions,
                      calls = st.calls, memory = st.memory, time = st.time }

@@ -10,6 +10,9 @@
 local Context = require "lecho.context"
 local options = require "lecho.options"
 local recording = require "lecho.recording"
+-- Loops over keys as `in each(t)`, never `in pairs(t)`: no ITERN loop, which
+-- Debian's LuaJIT may never end in the close at the program's end (context.lua).
+local each = pairs
 
 local function sh_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
@@ -27,7 +30,7 @@ local OPTS = {
 local function check(opts)
   if opts == nil then return {} end
   if type(opts) ~= "table" then error("ctx:recorder: options must be a table", 3) end
-  for k, v in pairs(opts) do
+  for k, v in each(opts) do
     if not OPTS[k] then error(("ctx:recorder: unknown option '%s'"):format(tostring(k)), 3) end
     if (k == "max_bytes" or k == "keep" or k == "buffer_bytes")
        and (type(v) ~= "number" or v ~= math.floor(v) or v < (k == "keep" and 1 or 0)) then

@@ -18,6 +18,9 @@
 --   }
 
 local addr = require "lecho.addr"
+-- Loops over keys as `in each(t)`, never `in pairs(t)`: no ITERN loop, which
+-- Debian's LuaJIT may never end in the close at the program's end (context.lua).
+local each = pairs
 
 local M = {}
 
@@ -94,7 +97,7 @@ end
 function M.parse(argv, spec)
   local prog, usage = spec.prog, spec.usage
   local opts, by = {}, {}
-  for k, v in pairs(spec.defaults or {}) do opts[k] = v end
+  for k, v in each(spec.defaults or {}) do opts[k] = v end
   if spec.positional then opts[spec.positional] = {} end
   for _, o in ipairs(spec.options) do
     by[o[1]] = o

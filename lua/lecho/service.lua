@@ -17,6 +17,9 @@
 
 local options = require "lecho.options"
 local Context = require "lecho.context"
+-- Loops over keys as `in each(t)`, never `in pairs(t)`: no ITERN loop, which
+-- Debian's LuaJIT may never end in the close at the program's end (context.lua).
+local each = pairs
 
 local jit_ok, jit = pcall(require, "jit")
 local sethook, clock = debug.sethook, os.clock
@@ -36,7 +39,7 @@ local check_name, nslist = svcname.check_name, svcname.nslist
 
 local function sorted_versions(byver)
   local vs = {}
-  for v in pairs(byver) do vs[#vs + 1] = v end
+  for v in each(byver) do vs[#vs + 1] = v end
   table.sort(vs)
   return vs
 end

@@ -15,6 +15,11 @@ local ffi = require "ffi"
 
 local M = {}
 
+-- Loops over keys as `in each(t)`, never `in pairs(t)`: no ITERN loop, which
+-- Debian's LuaJIT may never leave in the close at a program's end (the why:
+-- lecho.context, at its own `each`).
+local each = pairs
+
 -- The interrupt: an "interrupted!" was raised in Lua since the main line
 -- last took one (by lecho's signal hook, even when a handler's pcall then
 -- caught it; seen as a callback's error; an embedder's interrupt ended a
@@ -44,12 +49,12 @@ end
 
 function M.interrupted()
   INTR.raised = true
-  for ctx in pairs(contexts) do copy(ctx, true) end
+  for ctx in each(contexts) do copy(ctx, true) end
 end
 
 function M.taken()
   INTR.raised = nil
-  for ctx in pairs(contexts) do copy(ctx, false) end
+  for ctx in each(contexts) do copy(ctx, false) end
 end
 
 -- (Not hot, but a loop over open contexts a long session could compile:
@@ -143,7 +148,7 @@ function M.run_ended(self, sig, open_ctxs)
   -- lost without a word (outside attack of sigfix, F5).  open_ctxs (weak
   -- keys) copied first: a close changes it.
   local others = {}
-  for o in pairs(open_ctxs) do others[#others + 1] = o end
+  for o in each(open_ctxs) do others[#others + 1] = o end
   for _, o in ipairs(others) do
     if o ~= self and not o.closed then pcall(o._at_end, o) end
   end

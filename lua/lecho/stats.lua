@@ -54,6 +54,9 @@ local started = {}   -- ctx -> when M.snapshot first saw it (weak)
 setmetatable(started, { __mode = "k" })
 
 local ffi = require "ffi"
+-- Loops over keys as `in each(t)`, never `in pairs(t)`: no ITERN loop, which
+-- Debian's LuaJIT may never end in the close at the program's end (context.lua).
+local each = pairs
 pcall(ffi.cdef, "int getpid(void);")
 
 --- Everything a remote asker gets: ctx:stats() plus `role` (nameserver,
@@ -75,7 +78,7 @@ function M.snapshot(ctx)
     local t = s[k]
     if t then
       local names = {}
-      for n in pairs(t) do names[#names + 1] = n end
+      for n in each(t) do names[#names + 1] = n end
       if #names > M.MAX_ENTRIES then
         table.sort(names)
         local kept = {}

@@ -13,6 +13,9 @@
 -- change.  The policy file replaces the registry's policy the same way.
 
 local keys = require "lecho.keys"
+-- Loops over keys as `in each(t)`, never `in pairs(t)`: no ITERN loop, which
+-- Debian's LuaJIT may never end in the close at the program's end (context.lua).
+local each = pairs
 
 local M = {}
 
@@ -38,7 +41,7 @@ end
 local function merge_lists(ctx, lists)
   ctx.revocation_lists = ctx.revocation_lists or {}
   local changed = 0
-  for apk, l in pairs(lists) do
+  for apk, l in each(lists) do
     local cur = ctx.revocation_lists[apk]
     if not cur or l.seq > cur.seq then        -- never an older one over a newer
       ctx.revocation_lists[apk] = l
@@ -47,7 +50,7 @@ local function merge_lists(ctx, lists)
   end
   if changed == 0 then return 0, 0 end
   local seen, revoked = {}, {}
-  for _, l in pairs(ctx.revocation_lists) do
+  for _, l in each(ctx.revocation_lists) do
     for _, pk in ipairs(l.keys) do
       if not seen[pk] then seen[pk] = true; revoked[#revoked + 1] = pk end
     end
@@ -61,7 +64,7 @@ M.merge_lists = merge_lists
 -- A name server's lists, as a control message (byte strings as they are).
 local function lists_msg(ctx)
   local out = {}
-  for _, l in pairs(ctx.revocation_lists or {}) do
+  for _, l in each(ctx.revocation_lists or {}) do
     out[#out + 1] = { authority = l.authority, seq = l.seq, issued = l.issued, keys = l.keys, sig = l.sig }
   end
   return #out > 0 and { op = "revocations", lists = out } or nil
@@ -158,7 +161,7 @@ function M.reload(ctx, w, only)
       -- a name server hands newer lists on to every context connected
       if changed > 0 and is_nameserver(ctx) then
         local msg = lists_msg(ctx)
-        for addr, st in pairs(ctx.c:stats().peers or {}) do
+        for addr, st in each(ctx.c:stats().peers or {}) do
           if st.connected and addr ~= ctx.addr then ctx:_send_ctrl(addr, msg) end
         end
       end
@@ -175,7 +178,7 @@ function M.reload(ctx, w, only)
       ctx.reg:set_policy(pol, ctx._send, ctx.c:now())
       -- the managers registered here enforce it too: told now (as in the
       -- reply to their register_manager)
-      for addr in pairs(ctx.reg.managers or {}) do
+      for addr in each(ctx.reg.managers or {}) do
         if addr ~= ctx.addr then ctx:_send_ctrl(addr, { op = "policy", policy = pol:table() }) end
       end
     end
@@ -217,7 +220,7 @@ end
 --- On SIGHUP (ctx:run, core/binding/lua_loop.c): every watching context of the
 -- process reads its files again.
 function M.hup()
-  for x, xw in pairs(hup.ctxs) do
+  for x, xw in each(hup.ctxs) do
     if not x.closed then
       xw.stamp = stamps(xw.paths)
       xw.tstamp = stamps(xw.trust_paths or {})

@@ -102,13 +102,14 @@ end
 
 -- The closer has said `closed`: within 2 s the name server no longer lists
 -- it as a consumer of name, and another process's `lecho pub --sync` then
--- answers in under 4 s.  Returns its exit code, error text, seconds.
+-- answers in under 4 s (times S.SLOW).  Returns its exit code, error text, seconds.
 local function gone(ctx, ns, name, child, addr)
   assert(S.wait_file(child.out, "closed", 20), S.errors(child))
   local t = within(ctx, 2, function() return not listed(ctx, name, addr) end)
   assert.truthy(t, addr .. " still listed as a consumer of " .. name .. " 2 s after its close")
   local rc, err, secs = pub_sync(ns, name, ctx)
-  assert.truthy(secs < 4, ("submit_sync took %.1f s: %s"):format(secs, err))
+  -- (the pub is a new process: make asan's start S.SLOW times dearer; 6 s seen)
+  assert.truthy(secs < 4 * S.SLOW, ("submit_sync took %.1f s: %s"):format(secs, err))
   return rc, err
 end
 

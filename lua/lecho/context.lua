@@ -1127,11 +1127,18 @@ local function close_local(self, st)
   st.local_done = true
   if st.wait > 0 and st.can_wait and not st.cut and self.c:local_queued() > 0 then
     local main = self.c:depth() == 0
+    -- one handler per loop turn: the linger's end and a signal are seen
+    -- between two handlers (a handler already running finishes), the rest
+    -- is reported by close (30 handlers of 0.2 s all ran in one turn, 9.8 s
+    -- for a linger of 2, and a Ctrl-C waited for them all: outside attack
+    -- s8 F4, F3, F2)
+    self.c:local_batch(1)
     close_wait(self, st, function()
-      if close_stopped(self, st) then return true end
+      if close_stopped(self, st) or now(self) >= st.deadline then return true end
       local n, _, held = self.c:local_queued()
       return n == 0 or (not main and n == held)
     end)
+    if not self.closed then self.c:local_batch(0) end
   end
 end
 

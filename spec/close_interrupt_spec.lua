@@ -206,6 +206,27 @@ describe("close's own-consumer handlers", function()
     assert.are.equal("timeout", code2)
   end)
 
+  it("called again from one of those handlers, returns at once and the close goes on", function()
+    -- (outside attack s8 F5: the inner close waited for the outer, which
+    -- waited for the handler: it never returned)
+    local lecho = require "lecho"
+    local ctx = assert(lecho.context{ quiet = true })
+    local got, inner = 0, nil
+    assert(ctx:channel("own.inner"):consumer(function()
+      got = got + 1
+      if got == 2 then inner = { ctx:close() } end
+    end))
+    local p = assert(ctx:channel("own.inner"):producer())
+    for i = 1, 5 do assert(p:submit(i)) end
+    local ok, err = ctx:close{ linger = 1 }
+    assert.is_true(ok, tostring(err))
+    assert.are.equal(5, got)
+    assert.is_table(inner, "the inner close did not return")
+    assert.is_nil(inner[1])
+    assert.matches("in a handler that the close of this context runs", inner[2], 1, true)
+    assert.are.equal("busy", inner[3])
+  end)
+
   local OWN = [[
 local lecho = require "lecho"
 local ctx = assert(lecho.context{ quiet = true })

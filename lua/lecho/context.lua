@@ -1133,11 +1133,13 @@ local function close_local(self, st)
     -- for a linger of 2, and a Ctrl-C waited for them all: outside attack
     -- s8 F4, F3, F2)
     self.c:local_batch(1)
+    st.delivering = true
     close_wait(self, st, function()
       if close_stopped(self, st) or now(self) >= st.deadline then return true end
       local n, _, held = self.c:local_queued()
       return n == 0 or (not main and n == held)
     end)
+    st.delivering = nil
     if not self.closed then self.c:local_batch(0) end
   end
 end
@@ -1172,6 +1174,13 @@ function Context:close(opts)
           .. "the modulator's state is in use up the stack", 2)
   end
   local linger = opts and opts.linger or self.linger
+  local cst = self._cst
+  if cst and cst.delivering and self.c:depth() > 0 then
+    -- from a handler that close's local delivery runs: that close goes on
+    -- below (its result is its own); waiting for it here waited for this
+    -- handler to return, and it never returned (outside attack s8 F5)
+    return nil, "ctx:close() in a handler that the close of this context runs: that close goes on", "busy"
+  end
   if self.closing then
     -- Another close is delivering (in a callback that waits, or up the
     -- stack: a handler that close's linger runs): its result, waited for

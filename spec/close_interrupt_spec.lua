@@ -166,6 +166,35 @@ ctx:run()
     assert.not_matches("freed without close", err)
   end)
 
+  it("at the script's end stops the handlers of events another context sent, and says so", function()
+    -- (outside attack s8 F3: one read of 30 events ran all their handlers
+    -- of 0.2 s before the close saw the signal, 8.4 s after it)
+    local child = S.terminal_lua([[
+local lecho = require "lecho"
+local A = lecho.context{ nameserver = arg[1], quiet = true }
+local B = lecho.context{ nameserver = arg[1], quiet = true }
+local got = 0
+assert(A:channel("ci.many"):consumer(function()
+  got = got + 1
+  if got == 2 then io.stderr:write("CLOSING\n") end
+  local e = os.clock() + 0.2 while os.clock() < e do end
+end))
+local p = assert(B:channel("ci.many"):producer())
+for _ = 1, 30 do A:run_once(0.01); B:run_once(0.01) end
+for i = 1, 40 do p:submit({ n = i }) end
+]], ns)
+    assert(S.wait_file(child.err, "CLOSING", 30), S.errors(child))
+    S.sleep(0.3)
+    local t0 = clock()
+    local done, rc = S.ctrl_c_wait(child, { "INT" }, 20)
+    local took = clock() - t0
+    local err = S.errors(child)
+    assert.is_true(done, err)
+    assert.are.equal(130, rc, err)
+    assert.is_true(took < 4, ("ended %.1fs after the Ctrl-C: %s"):format(took, err))
+    assert.matches("close: %d+ events received not handled: the program was interrupted", err)
+  end)
+
   it("at the script's end says what was not delivered and ends by the signal", function()
     local child, done, rc = run("end")
     local err = S.errors(child)

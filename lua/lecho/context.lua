@@ -304,11 +304,23 @@ end
 -- event until the main line took it (lecho.signals owns the flag).
 function Context:_interrupted() signals.interrupted() end
 
+-- The close at the program's end has begun (Context:_at_end, any context
+-- of this state): a signal then (core.end_signal) is an interrupt, no
+-- handler runs for a further event (a read of 30 events from a peer ran all
+-- their handlers of 0.2 s in one loop turn before the close looked at the
+-- signal: the process ended 8.4 s after a Ctrl-C, outside attack s8 F3);
+-- they are counted and said by close (signals.close_report).
+local AT_END = {}
+local function end_interrupted()
+  if core.end_signal() then signals.interrupted() return true end
+  return false
+end
+
 function Context:_on_event(chid, value, peer, producer, seq, sync, rv)
   -- producer 0, seq 0: a sync marker on a modulated stream (the modulator
   -- sent nothing for a sync event): acknowledged once all before it ran.
   if producer == 0 and seq == 0 then return 0, nil end
-  if INTR.raised then return interrupted_event(self, chid, sync) end
+  if INTR.raised or (AT_END.on and end_interrupted()) then return interrupted_event(self, chid, sync) end
   -- A plain channel with one consumer: two dense arrays, not the channel's
   -- tables (thousands of channels: cache misses are the cost).
   local con = self.dcon[chid]
@@ -1277,7 +1289,11 @@ function Context:close(opts)
     ok, err, code = nil, err and (err .. "; " .. m) or m, code or "closed"
   end
   -- events that came after an interrupt, not handled: said (lecho.signals)
-  signals.close_report(self)
+  local said = signals.close_report(self)
+  if said and self.ending and self.quiet then
+    -- (at the program's end: nobody can see it otherwise)
+    pcall(io.stderr.write, io.stderr, logfmt("warn", ("lecho[%s]"):format(self.addr), "context", said) .. "\n")
+  end
   if lost > 0 or unc > 0 then
     -- (said above)
   elseif events > 0 then
@@ -1353,6 +1369,7 @@ function Context:_at_end()
   -- context's __gc frees its copy, saying what that copy held).
   if ffi.C.getpid() ~= self._pid then return end
   self.ending = true
+  AT_END.on = true
   -- SIGINT and SIGTERM now end the linger, not the process: what was not
   -- delivered is said, then the process ends by the signal (core.end_signals);
   -- not in the closes of a signal ctx:run() caught, where a second signal

@@ -7,6 +7,7 @@
 -- script's end says what was not delivered and ends the process by the
 -- signal (B: killed at once, nothing said).
 local S = require "spec.support"
+local clock = require("spec.support.proc").clock
 
 -- D: local delivery is on a loop turn; a close before any turn delivers.
 describe("close of a context with events for its own consumers", function()
@@ -165,6 +166,35 @@ ctx:run()
     assert.not_matches("freed without close", err)
   end)
 
+  it("at the script's end stops the handlers of events another context sent, and says so", function()
+    -- (outside attack s8 F3: one read of 30 events ran all their handlers
+    -- of 0.2 s before the close saw the signal, 8.4 s after it)
+    local child = S.terminal_lua([[
+local lecho = require "lecho"
+local A = lecho.context{ nameserver = arg[1], quiet = true }
+local B = lecho.context{ nameserver = arg[1], quiet = true }
+local got = 0
+assert(A:channel("ci.many"):consumer(function()
+  got = got + 1
+  if got == 2 then io.stderr:write("CLOSING\n") end
+  local e = os.clock() + 0.2 while os.clock() < e do end
+end))
+local p = assert(B:channel("ci.many"):producer())
+for _ = 1, 30 do A:run_once(0.01); B:run_once(0.01) end
+for i = 1, 40 do p:submit({ n = i }) end
+]], ns)
+    assert(S.wait_file(child.err, "CLOSING", 30), S.errors(child))
+    S.sleep(0.3)
+    local t0 = clock()
+    local done, rc = S.ctrl_c_wait(child, { "INT" }, 20)
+    local took = clock() - t0
+    local err = S.errors(child)
+    assert.is_true(done, err)
+    assert.are.equal(130, rc, err)
+    assert.is_true(took < 4, ("ended %.1fs after the Ctrl-C: %s"):format(took, err))
+    assert.matches("close: %d+ events received not handled: the program was interrupted", err)
+  end)
+
   it("at the script's end says what was not delivered and ends by the signal", function()
     local child, done, rc = run("end")
     local err = S.errors(child)
@@ -172,5 +202,109 @@ ctx:run()
     assert.are.equal(130, rc, err)
     assert.matches("close: %d+ events %(%d+ bytes%) not delivered when a signal interrupted the close after "
                    .. "[%d.]+s of its linger time of 10s %(at the program's end: ctx:close%(%) was not called%)", err)
+  end)
+end)
+
+-- The handlers of events for the context's own consumers that close runs
+-- are bounded by its linger and end at a signal (outside attack s8, F4, F3,
+-- F2: a loop turn ran all 30 queued handlers of 0.2 s, 9.8 s for a linger
+-- of 2, close true; a Ctrl-C waited for all of them at the script's end,
+-- and in ctx:close() the other 26 were dropped with no word, a second close
+-- true).
+describe("close's own-consumer handlers", function()
+  it("start no more once the linger has passed; the rest are reported", function()
+    local lecho = require "lecho"
+    local ctx = assert(lecho.context{ quiet = true })
+    local got = 0
+    assert(ctx:channel("own.slow"):consumer(function() got = got + 1; S.sleep(0.15) end))
+    local p = assert(ctx:channel("own.slow"):producer())
+    for i = 1, 20 do assert(p:submit(i)) end
+    local t0 = clock()
+    local ok, err, code = ctx:close{ linger = 0.5 }
+    local took = clock() - t0
+    assert.is_nil(ok, "all 20 handled in " .. took .. "s")
+    assert.is_true(took < 1.6, took)
+    assert.is_true(got < 20, got)
+    assert.matches("^" .. (20 - got) .. " events %(%d+ bytes%) to this context's own consumers not handled "
+                   .. "within the linger time of 0.5s", err)
+    assert.are.equal("timeout", code)
+    -- a second close: the same result
+    local ok2, err2, code2 = ctx:close()
+    assert.is_nil(ok2)
+    assert.are.equal(err, err2)
+    assert.are.equal("timeout", code2)
+  end)
+
+  it("called again from one of those handlers, returns at once and the close goes on", function()
+    -- (outside attack s8 F5: the inner close waited for the outer, which
+    -- waited for the handler: it never returned)
+    local lecho = require "lecho"
+    local ctx = assert(lecho.context{ quiet = true })
+    local got, inner = 0, nil
+    assert(ctx:channel("own.inner"):consumer(function()
+      got = got + 1
+      if got == 2 then inner = { ctx:close() } end
+    end))
+    local p = assert(ctx:channel("own.inner"):producer())
+    for i = 1, 5 do assert(p:submit(i)) end
+    local ok, err = ctx:close{ linger = 1 }
+    assert.is_true(ok, tostring(err))
+    assert.are.equal(5, got)
+    assert.is_table(inner, "the inner close did not return")
+    assert.is_nil(inner[1])
+    assert.matches("in a handler that the close of this context runs", inner[2], 1, true)
+    assert.are.equal("busy", inner[3])
+  end)
+
+  local OWN = [[
+local lecho = require "lecho"
+local ctx = assert(lecho.context{ quiet = true })
+local got = 0
+assert(ctx:channel("own.int"):consumer(function()
+  got = got + 1
+  if got == 2 then io.stderr:write("CLOSING\n") end
+  local e = os.clock() + 0.2 while os.clock() < e do end
+end))
+local p = assert(ctx:channel("own.int"):producer())
+for i = 1, 60 do assert(p:submit(i)) end
+if arg[1] == "end" then return end
+local ok, e = pcall(ctx.close, ctx, { linger = 30 })
+io.stderr:write(("first close: %s %s handled %d\n"):format(tostring(ok), tostring(e), got))
+local ok2, err2, code2 = ctx:close()
+io.stderr:write(("second close: %s %s %s\n"):format(tostring(ok2), tostring(err2), tostring(code2)))
+]]
+
+  it("end at a Ctrl-C in ctx:close(): said with the time, even with quiet, and the second close returns it", function()
+    local child = S.terminal_lua(OWN, "close")
+    assert(S.wait_file(child.err, "CLOSING", 30), S.errors(child))
+    S.sleep(0.5)
+    local t0 = clock()
+    local done, rc = S.ctrl_c_wait(child, { "INT" }, 20)
+    local took = clock() - t0
+    local err = S.errors(child)
+    assert.is_true(done, err)
+    assert.are.equal(0, rc, err)
+    assert.is_true(took < 4, ("ended %.1fs after the Ctrl-C: %s"):format(took, err))
+    assert.matches("first close: false interrupted! handled %d", err)
+    local said = "close: %d+ events %(%d+ bytes%) to this context's own consumers not handled when a signal "
+      .. "interrupted the close after [%d.]+s of its linger time of 30s"
+    assert.matches(said, err)
+    assert.matches("second close: nil %d+ events %(%d+ bytes%) to this context's own consumers not handled when a "
+                   .. "signal interrupted [^\n]* timeout", err)
+  end)
+
+  it("end at a Ctrl-C in the close at the script's end, which says it was interrupted", function()
+    local child = S.terminal_lua(OWN, "end")
+    assert(S.wait_file(child.err, "CLOSING", 30), S.errors(child))
+    S.sleep(0.5)
+    local t0 = clock()
+    local done, rc = S.ctrl_c_wait(child, { "INT" }, 20)
+    local took = clock() - t0
+    local err = S.errors(child)
+    assert.is_true(done, err)
+    assert.are.equal(130, rc, err)
+    assert.is_true(took < 4, ("ended %.1fs after the Ctrl-C: %s"):format(took, err))
+    assert.matches("close: %d+ events %(%d+ bytes%) to this context's own consumers not handled when a signal "
+                   .. "interrupted the close after [%d.]+s of its linger time of 2s %(at the program's end", err)
   end)
 end)

@@ -523,6 +523,14 @@ static int l_local_queued(lua_State *L) {
     return 3;
 }
 
+/* ctx:local_batch(n): at most n local handlers per loop turn (0: the
+ * default); close's local delivery sets 1 to see its deadline and a
+ * signal between two handlers (lei_local_batch). */
+static int l_local_batch(lua_State *L) {
+    lei_local_batch(lb_check_ctx(L)->c, (int)luaL_checkinteger(L, 2));
+    return 0;
+}
+
 /* ctx:unsure() -> of the connections still open, those where an event of
  * ours may be unread; the async events written on them to peers that
  * confirm reads not confirmed yet, their bytes (lei_ctx_unsure, one walk):
@@ -708,6 +716,7 @@ static const luaL_Reg ctx_methods[] = {
     {"reclaim", l_reclaim},
     {"shutdown", l_shutdown},     {"pending", l_pending},
     {"unsure", l_unsure},         {"local_queued", l_local_queued},
+    {"local_batch", l_local_batch},
     {NULL, NULL}};
 
 __attribute__((visibility("default"))) int luaopen_lecho_core(lua_State *L) {

@@ -412,6 +412,11 @@ int lei_sync_done_take(lei_ctx *c, const uint64_t **ids);
 void lei_peer_flush_all(lei_ctx *c);
 /* Runs the local delivery queue until it is empty. */
 void lei_drain_local(lei_ctx *c);
+/* At most n local handlers run per loop turn (n <= 0: the default, 4096).
+ * Close's local delivery (lecho.context) sets 1: between two handlers it
+ * sees its linger's end and a signal (a turn of 30 slow handlers ran all
+ * of them past the linger: outside attack s8 F4, F3). */
+void lei_local_batch(lei_ctx *c, int n);
 /* Closes a peer's connection, dropping its queue, with a logged reason. */
 void lei_peer_close(lei_peer *p, const char *reason);
 /* The suspended dispatch from `from` finished (NULL: a local one of

@@ -478,6 +478,8 @@ struct lei_local_state {
     ev_idle idle;             /* runs the local delivery queue */
     lei_queue lq;             /* local deliveries */
     lei_queue ldef;           /* local items of held channels, in order */
+    int batch;                /* handlers run per loop turn at most (0: 4096); close's
+                               * local delivery sets 1 (lei_local_batch) */
 };
 
 /* accept.c: listening, accepting, the limits on connections */

@@ -71,8 +71,11 @@ void lei_local_idle_cb(struct ev_loop *loop, ev_idle *w, int revents) {
     (void)loop;
     (void)revents;
     /* A bounded batch per turn so that sockets are served too. */
-    run_local(w->data, 4096);
+    lei_ctx *c = w->data;
+    run_local(c, c->local_s.batch > 0 ? c->local_s.batch : 4096);
 }
+
+void lei_local_batch(lei_ctx *c, int n) { c->local_s.batch = n > 0 ? n : 0; }
 
 void lei_resume(lei_ctx *c, lei_peer *from, uint32_t chid) {
     if (!from) {

@@ -82,7 +82,20 @@ function M.close_local(ctx, linger)
 end
 
 function M.close(ctx, linger)
-  return protect(ctx.close, ctx, not (linger < 0) and { linger = linger } or nil)
+  local opts = not (linger < 0) and { linger = linger } or nil
+  local ok, a, b, c = pcall(ctx.close, ctx, opts)
+  if not ok and ctx.closed then
+    -- "interrupted!" raised once the close was finished (a signal, the
+    -- embedder's interrupt in a handler the close ran): the close's result;
+    -- the embedder raises its own interrupt (it came back as "invalid",
+    -- which Python took for a refused close: the loss was not kept, a
+    -- second close succeeded, outside attack s8 F2)
+    if ctx.close_ok then return true end
+    return nil, tostring(ctx.close_err), ctx.close_code or "failed"
+  end
+  if not ok then return raised(a) end
+  if a == nil then return nil, tostring(b), type(c) == "string" and c or "failed" end
+  return a, b, c
 end
 
 function M.run(ctx) return protect(function() ctx:run(); return true end) end

@@ -304,11 +304,23 @@ end
 -- event until the main line took it (lecho.signals owns the flag).
 function Context:_interrupted() signals.interrupted() end
 
+-- The close at the program's end has begun (Context:_at_end, any context
+-- of this state): a signal then (core.end_signal) is an interrupt, no
+-- handler runs for a further event (a read of 30 events from a peer ran all
+-- their handlers of 0.2 s in one loop turn before the close looked at the
+-- signal: the process ended 8.4 s after a Ctrl-C, outside attack s8 F3);
+-- they are counted and said by close (signals.close_report).
+local AT_END = {}
+local function end_interrupted()
+  if core.end_signal() then signals.interrupted() return true end
+  return false
+end
+
 function Context:_on_event(chid, value, peer, producer, seq, sync, rv)
   -- producer 0, seq 0: a sync marker on a modulated stream (the modulator
   -- sent nothing for a sync event): acknowledged once all before it ran.
   if producer == 0 and seq == 0 then return 0, nil end
-  if INTR.raised then return interrupted_event(self, chid, sync) end
+  if INTR.raised or (AT_END.on and end_interrupted()) then return interrupted_event(self, chid, sync) end
   -- A plain channel with one consumer: two dense arrays, not the channel's
   -- tables (thousands of channels: cache misses are the cost).
   local con = self.dcon[chid]
@@ -1127,11 +1139,20 @@ local function close_local(self, st)
   st.local_done = true
   if st.wait > 0 and st.can_wait and not st.cut and self.c:local_queued() > 0 then
     local main = self.c:depth() == 0
+    -- one handler per loop turn: the linger's end and a signal are seen
+    -- between two handlers (a handler already running finishes), the rest
+    -- is reported by close (30 handlers of 0.2 s all ran in one turn, 9.8 s
+    -- for a linger of 2, and a Ctrl-C waited for them all: outside attack
+    -- s8 F4, F3, F2)
+    self.c:local_batch(1)
+    st.delivering = true
     close_wait(self, st, function()
-      if close_stopped(self, st) then return true end
+      if close_stopped(self, st) or now(self) >= st.deadline then return true end
       local n, _, held = self.c:local_queued()
       return n == 0 or (not main and n == held)
     end)
+    st.delivering = nil
+    if not self.closed then self.c:local_batch(0) end
   end
 end
 
@@ -1165,6 +1186,13 @@ function Context:close(opts)
           .. "the modulator's state is in use up the stack", 2)
   end
   local linger = opts and opts.linger or self.linger
+  local cst = self._cst
+  if cst and cst.delivering and self.c:depth() > 0 then
+    -- from a handler that close's local delivery runs: that close goes on
+    -- below (its result is its own); waiting for it here waited for this
+    -- handler to return, and it never returned (outside attack s8 F5)
+    return nil, "ctx:close() in a handler that the close of this context runs: that close goes on", "busy"
+  end
   if self.closing then
     -- Another close is delivering (in a callback that waits, or up the
     -- stack: a handler that close's linger runs): its result, waited for
@@ -1261,7 +1289,11 @@ function Context:close(opts)
     ok, err, code = nil, err and (err .. "; " .. m) or m, code or "closed"
   end
   -- events that came after an interrupt, not handled: said (lecho.signals)
-  signals.close_report(self)
+  local said = signals.close_report(self)
+  if said and self.ending and self.quiet then
+    -- (at the program's end: nobody can see it otherwise)
+    pcall(io.stderr.write, io.stderr, logfmt("warn", ("lecho[%s]"):format(self.addr), "context", said) .. "\n")
+  end
   if lost > 0 or unc > 0 then
     -- (said above)
   elseif events > 0 then
@@ -1337,6 +1369,7 @@ function Context:_at_end()
   -- context's __gc frees its copy, saying what that copy held).
   if ffi.C.getpid() ~= self._pid then return end
   self.ending = true
+  AT_END.on = true
   -- SIGINT and SIGTERM now end the linger, not the process: what was not
   -- delivered is said, then the process ends by the signal (core.end_signals);
   -- not in the closes of a signal ctx:run() caught, where a second signal

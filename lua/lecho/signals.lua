@@ -171,8 +171,10 @@ function M.close_report(self)
     -- Said, not a failure of the close: the program was interrupted (a
     -- script's `except KeyboardInterrupt: ctx.close()` closes cleanly), as
     -- an event that came for a consumer closed meanwhile is not one.
-    self.log(("close: %d events received not handled: the program was interrupted (a signal) before their "
-      .. "handlers ran"):format(nintr), "warn")
+    local m = ("close: %d events received not handled: the program was interrupted (a signal) before their "
+      .. "handlers ran"):format(nintr)
+    self.log(m, "warn")
+    return m
   end
 end
 

@@ -557,16 +557,31 @@ class Context:
         try:
             self._close(-1.0, True)
         except BaseException as e:        # never raised out of atexit or __del__
-            self.close_error = e
+            # (a Ctrl-C during the close: the loss it kept in close_error is
+            # what is said; it printed an empty line, outside attack s8 F6)
+            if not isinstance(self.close_error, LechoError):
+                self.close_error = e
         if self.close_error is not None and self._quiet:
             try:
-                sys.stderr.write("lecho: close at %s (close() was not called): %s\n" % (when, self.close_error))
+                ce = self.close_error
+                sys.stderr.write("lecho: close at %s (close() was not called): %s\n"
+                                 % (when, ce if str(ce) else "%s, nothing said lost" % type(ce).__name__))
                 sys.stderr.flush()
             except Exception:
                 pass
 
     def _close(self, linger, handling):
         if self._x is None:
+            # closed: a second close has the first one's result (its
+            # LechoError raised again, or kept while an exception is handled;
+            # after an interrupted close it returned as a success: outside
+            # attack s8 F7)
+            e = getattr(self, "_close_exc", None)
+            if e is not None:
+                if handling:
+                    self.close_error = e
+                    return
+                raise e
             return
         self._check()
         atexit.unregister(getattr(self, "_at_exit", None))   # (absent when __init__ failed early)
@@ -591,9 +606,21 @@ class Context:
         mem, self._mem = self._mem, None
         mem.closed = rc != lib.LECHO_EINVAL     # EINVAL: refused (from a handler), nothing to free yet
         mem = None
-        self._reraise()
+        if rc != 0 and rc != lib.LECHO_EINVAL:
+            self._close_exc = LechoError(rc, _s(err))
+        try:
+            self._reraise()
+        except BaseException:
+            # a Ctrl-C in the close (or in a handler it ran) goes on; what
+            # the close could not do is kept, not dropped (outside attack s8
+            # F2: close_error None, a second close succeeded)
+            if rc != 0 and rc != lib.LECHO_EINVAL:
+                self.close_error = self._close_exc
+            raise
         if rc != 0:
             e = LechoError(rc, _s(err))
+            if rc != lib.LECHO_EINVAL:
+                e = self._close_exc
             if handling and rc != lib.LECHO_EINVAL:
                 self.close_error = e    # the context logged it (ctx:close), unless quiet
                 return

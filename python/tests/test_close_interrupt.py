@@ -67,6 +67,11 @@ def test_ctrl_c_in_close_says_it_ended_the_linger(nameserver, procs, tmp_path):
         except KeyboardInterrupt:
             print("KeyboardInterrupt after %.1f" % (time.time() - t), flush=True)
         print("error: %s" % ctx.close_error, flush=True)
+        try:                    # (outside attack s8 F7: it returned as a success)
+            ctx.close()
+            print("second close: ok", flush=True)
+        except lecho.LechoError as e:
+            print("second close raised %s: %s" % (e.code, e), flush=True)
     """))
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
     p = procs.start([sys.executable, str(script), nameserver, str(cons.pid)], env=env,
@@ -84,6 +89,9 @@ def test_ctrl_c_in_close_says_it_ended_the_linger(nameserver, procs, tmp_path):
     assert "not delivered when a signal interrupted the close after" in text, text
     assert "of its linger time of 10s" in text, text
     assert "within the linger time of 10s" not in text, text
+    assert "second close raised timeout: " in text and "second close: ok" not in text, text
+    second = [ln for ln in lines if ln.startswith("second close raised")][0]
+    assert "when a signal interrupted the close after" in second, text
 
 
 def test_a_subscription_closed_with_events_unread_says_how_many(capfd):
@@ -103,3 +111,69 @@ def test_a_subscription_closed_with_events_unread_says_how_many(capfd):
     ctx.close()
     err = capfd.readouterr().err
     assert "close: 19 events received not handled: subscription" in err, err
+
+
+# Outside attack s8 F2, F6: a Ctrl-C while close (or the close at the
+# script's end) runs the handlers of the context's own consumers: the loss
+# was dropped (close_error None, a second close succeeded) or said as an
+# empty line ("lecho: close at the program's end (close() was not called): ").
+OWN = textwrap.dedent("""
+    import sys, time, lecho
+    ctx = lecho.Context(quiet=True)
+    got = []
+    def h(ev, meta):
+        got.append(ev)
+        if len(got) == 2:
+            print("CLOSING", flush=True)
+        t = time.time() + 0.2
+        while time.time() < t:
+            pass
+    ctx.channel("py.ownint").consumer(h)
+    p = ctx.channel("py.ownint").producer()
+    for i in range(60):
+        p.submit(i)
+    if sys.argv[1] == "close":
+        try:
+            ctx.close(30)
+        except KeyboardInterrupt:
+            print("KeyboardInterrupt, handled %d" % len(got), flush=True)
+        print("error: %s" % ctx.close_error, flush=True)
+        try:
+            ctx.close()
+            print("second close: ok", flush=True)
+        except lecho.LechoError as e:
+            print("second close raised %s: %s" % (e.code, e), flush=True)
+""")
+
+
+def _own_run(tmp_path, procs, mode):
+    script = tmp_path / "own.py"
+    script.write_text(OWN)
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    p = procs.start([sys.executable, str(script), mode], env=env,
+                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    readline(p, "^CLOSING", 30)
+    time.sleep(0.5)
+    t = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    lines = rest(p, 20)
+    return "\n".join(lines), time.monotonic() - t
+
+
+def test_ctrl_c_in_close_with_own_consumers_keeps_what_was_not_handled(tmp_path, procs):
+    text, took = _own_run(tmp_path, procs, "close")
+    assert took < 6, text
+    assert "KeyboardInterrupt, handled" in text, text
+    said = "own consumers not handled when a signal interrupted the close after"
+    # said on stderr even with quiet, kept in close_error, raised by a second close
+    assert [ln for ln in text.splitlines() if "context: close: " in ln and said in ln], text
+    assert [ln for ln in text.splitlines() if ln.startswith("error: ") and said in ln], text
+    assert [ln for ln in text.splitlines() if ln.startswith("second close raised timeout: ") and said in ln], text
+
+
+def test_ctrl_c_in_the_close_at_the_end_says_the_loss_with_quiet(tmp_path, procs):
+    text, took = _own_run(tmp_path, procs, "end")
+    assert took < 6, text
+    line = [ln for ln in text.splitlines() if ln.startswith("lecho: close at the program's end")]
+    assert line, text
+    assert "own consumers not handled when a signal interrupted the close after" in line[0], text

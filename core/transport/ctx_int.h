@@ -920,7 +920,7 @@ void lei_live_bind(lei_peer *p, lei_chan *ch, int again);
 /* ch's epoch as it was a few seconds ago (LEI_EPOCH_RECENT to twice that):
  * the appearances of local consumers since may still have BINDs again on
  * their way (lei_live_bind) */
-#define LEI_EPOCH_RECENT 3.0
+#define LEI_EPOCH_RECENT 10.0
 uint32_t lei_chan_epoch_recent(lei_chan *ch, ev_tstamp now);
 void lei_live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents);
 

@@ -100,8 +100,21 @@ int lei_chan_has_dest(lei_ctx *c, uint32_t chid) {
 void lei_chan_set_local(lei_ctx *c, uint32_t id, int on) {
     lei_chan *ch = lei_chan_get(c, id);
     if (!ch) return;
-    if (on && !ch->local) ch->epoch++;
+    if (on && !ch->local) {
+        lei_chan_epoch_recent(ch, ev_now(c->loop));
+        ch->epoch++;
+    }
     ch->local = on;
+}
+
+/* O(1): moved on lazily, at each appearance and each look */
+uint32_t lei_chan_epoch_recent(lei_chan *ch, ev_tstamp now) {
+    if (now - ch->ep_t >= LEI_EPOCH_RECENT) {
+        ch->ep_old = now - ch->ep_t >= 2 * LEI_EPOCH_RECENT ? ch->epoch : ch->ep_cur;
+        ch->ep_cur = ch->epoch;
+        ch->ep_t = now;
+    }
+    return ch->ep_old;
 }
 
 void lei_chan_set_calls(lei_ctx *c, uint32_t id, int on) {

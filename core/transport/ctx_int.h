@@ -384,6 +384,10 @@ struct lei_chan {
                                * none; dropped when full or when no queue holds it) */
     uint8_t sb_busy;          /* peer.c: its last shared batch was dropped full (the next
                                * one may be a pooled BATCH_MAX buffer) */
+    /* lei_chan_epoch_recent: the epoch as it was between LEI_EPOCH_RECENT
+     * and twice that seconds ago (ep_old), at ep_t (ep_cur) */
+    uint32_t ep_old, ep_cur;
+    ev_tstamp ep_t;
 };
 
 /* The channel's destinations, ch->ndests of them. */
@@ -915,6 +919,11 @@ int lei_live_seq(lei_ctx *c, lei_peer *p, lei_chan *ch, uint64_t producer, uint6
  * already): its producers' sequences there start again when our local
  * consumers of ch went away since its last BIND. */
 void lei_live_bind(lei_peer *p, lei_chan *ch, int again);
+/* ch's epoch as it was a few seconds ago (LEI_EPOCH_RECENT to twice that):
+ * the appearances of local consumers since may still have BINDs again on
+ * their way (lei_live_bind) */
+#define LEI_EPOCH_RECENT 10.0
+uint32_t lei_chan_epoch_recent(lei_chan *ch, ev_tstamp now);
 void lei_live_timer_cb(struct ev_loop *loop, ev_timer *w, int revents);
 
 #endif

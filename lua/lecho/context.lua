@@ -1326,8 +1326,9 @@ function Context:close(opts)
   if err and self.ending then
     err = err .. " (at the program's end: ctx:close() was not called)"
   end
-  if err and (self.ending or st.intr) then
-    -- (a close a signal interrupted raises it: its caller does not get this)
+  if err and (self.ending or st.intr or st.cut) then
+    -- (a close a signal interrupted raises it: its caller does not get this;
+    -- st.cut: the embedder's interrupt, Python's KeyboardInterrupt)
     if self.quiet then
       -- quiet silences the log, not a loss no caller can see any more
       pcall(io.stderr.write, io.stderr, logfmt("error", ("lecho[%s]"):format(self.addr),

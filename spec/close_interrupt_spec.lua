@@ -274,17 +274,24 @@ local ok2, err2, code2 = ctx:close()
 io.stderr:write(("second close: %s %s %s\n"):format(tostring(ok2), tostring(err2), tostring(code2)))
 ]]
 
-  it("end at a Ctrl-C in ctx:close(): said with the time, even with quiet, and the second close returns it", function()
-    local child = S.terminal_lua(OWN, "close")
+  -- OWN run in a terminal (mode: "close" or "end"), a Ctrl-C half a second
+  -- into its close: ended within 4 s of it with exit code rc; its stderr.
+  local function ctrl_c_in_close(mode, rc)
+    local child = S.terminal_lua(OWN, mode)
     assert(S.wait_file(child.err, "CLOSING", 30), S.errors(child))
     S.sleep(0.5)
     local t0 = clock()
-    local done, rc = S.ctrl_c_wait(child, { "INT" }, 20)
+    local done, code = S.ctrl_c_wait(child, { "INT" }, 20)
     local took = clock() - t0
     local err = S.errors(child)
     assert.is_true(done, err)
-    assert.are.equal(0, rc, err)
+    assert.are.equal(rc, code, err)
     assert.is_true(took < 4, ("ended %.1fs after the Ctrl-C: %s"):format(took, err))
+    return err
+  end
+
+  it("end at a Ctrl-C in ctx:close(): said with the time, even with quiet, and the second close returns it", function()
+    local err = ctrl_c_in_close("close", 0)
     assert.matches("first close: false interrupted! handled %d", err)
     local said = "close: %d+ events %(%d+ bytes%) to this context's own consumers not handled when a signal "
       .. "interrupted the close after [%d.]+s of its linger time of 30s"
@@ -294,16 +301,7 @@ io.stderr:write(("second close: %s %s %s\n"):format(tostring(ok2), tostring(err2
   end)
 
   it("end at a Ctrl-C in the close at the script's end, which says it was interrupted", function()
-    local child = S.terminal_lua(OWN, "end")
-    assert(S.wait_file(child.err, "CLOSING", 30), S.errors(child))
-    S.sleep(0.5)
-    local t0 = clock()
-    local done, rc = S.ctrl_c_wait(child, { "INT" }, 20)
-    local took = clock() - t0
-    local err = S.errors(child)
-    assert.is_true(done, err)
-    assert.are.equal(130, rc, err)
-    assert.is_true(took < 4, ("ended %.1fs after the Ctrl-C: %s"):format(took, err))
+    local err = ctrl_c_in_close("end", 130)
     assert.matches("close: %d+ events %(%d+ bytes%) to this context's own consumers not handled when a signal "
                    .. "interrupted the close after [%d.]+s of its linger time of 2s %(at the program's end", err)
   end)

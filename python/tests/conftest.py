@@ -1,5 +1,6 @@
 """Fixtures of the Python package's tests: real processes (a Lua name
 server, Lua producers, consumers and servers: peer.lua) on 127.0.0.1."""
+import json
 import os
 import queue
 import re
@@ -16,6 +17,7 @@ LUA_ENV = dict(os.environ,
                LUA_PATH="%s/lua/?.lua;%s/lua/?/init.lua;;" % (ROOT, ROOT),
                LUA_CPATH="%s/lua/?.so;;" % ROOT, LECHO_ROOT=ROOT)
 PEER = os.path.join(ROOT, "python", "tests", "peer.lua")
+LECHO = [os.environ.get("LUAJIT", "luajit"), os.path.join(ROOT, "scripts", "lecho")]
 
 
 class Procs:
@@ -109,3 +111,15 @@ def nameserver(procs):
     p = procs.start(["luajit", os.path.join(ROOT, "scripts", "lecho-nameserver"),
                      "--listen", "127.0.0.1:0"])
     return readline(p, r"^lecho-nameserver: listening on (\S+)$").group(1)
+
+
+def consumers(ns, name):
+    """The consumers `lecho ls --json` lists for channel name."""
+    out = subprocess.run(LECHO + ["ls", "--json", "--nameserver", ns], env=LUA_ENV,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    for line in out.stdout.splitlines():
+        e = json.loads(line)
+        if e["channel"] == "%s/%s" % (ns, name):
+            return e["consumers"]
+    return []

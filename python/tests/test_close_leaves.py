@@ -5,7 +5,6 @@ listed as a consumer of the channel ~10 s or longer, and every other
 process's submit_sync on the channel waited for it and failed meanwhile.
 A closer process with another real consumer beside it: within 2 s it is
 no longer listed, and `lecho pub --sync` exits 0 in < 4 s."""
-import json
 import os
 import subprocess
 import sys
@@ -14,9 +13,8 @@ import time
 
 import pytest
 
-from conftest import LUA_ENV, ROOT, readline
+from conftest import LECHO, LUA_ENV, ROOT, consumers, readline
 
-LECHO = [os.environ.get("LUAJIT", "luajit"), os.path.join(ROOT, "scripts", "lecho")]
 PYENV = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
 
 CLOSER = textwrap.dedent("""
@@ -36,18 +34,6 @@ CLOSER = textwrap.dedent("""
     print("closed", flush=True)
     time.sleep(30)
 """)
-
-
-def consumers(ns, name):
-    """The consumers `lecho ls --json` lists for channel name."""
-    out = subprocess.run(LECHO + ["ls", "--json", "--nameserver", ns], env=LUA_ENV,
-                         capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0, out.stderr
-    for line in out.stdout.splitlines():
-        e = json.loads(line)
-        if e["channel"] == "%s/%s" % (ns, name):
-            return e["consumers"]
-    return []
 
 
 @pytest.mark.parametrize("how", ["consumer", "subscription", "iterator"])

@@ -4,7 +4,6 @@ loop turn between, stayed a consumer at the manager for as long as it ran
 (`lecho ls` listed it) and every other process's submit_sync on the channel
 failed with noconsumer from it.  Every order, with and without a loop turn
 between the closes."""
-import json
 import os
 import signal
 import subprocess
@@ -13,21 +12,8 @@ import time
 import pytest
 
 import lecho
-from conftest import LUA_ENV, ROOT, readline
+from conftest import LECHO, LUA_ENV, ROOT, consumers, readline
 
-LECHO = [os.environ.get("LUAJIT", "luajit"), os.path.join(ROOT, "scripts", "lecho")]
-
-
-def consumers(ns, name):
-    """The consumers `lecho ls --json` lists for channel name."""
-    out = subprocess.run(LECHO + ["ls", "--json", "--nameserver", ns], env=LUA_ENV,
-                         capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0, out.stderr
-    for line in out.stdout.splitlines():
-        e = json.loads(line)
-        if e["channel"] == "%s/%s" % (ns, name):
-            return e["consumers"]
-    return []
 
 
 def serve_until(ctx, proc, timeout=30):
